@@ -1,0 +1,3 @@
+"""fogshift: stateful stream pipelines across fog nodes on PySpark + NATS JetStream."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,23 @@
+"""Node-agent errors."""
+
+from __future__ import annotations
+
+from fogshift.exceptions import Conflict, NotFound, Unavailable
+
+
+class UnknownElement(NotFound):
+    """The node does not host that PE."""
+
+    code = "unknown_element"
+
+
+class NodeNotReady(Unavailable):
+    """The node's Spark session is still starting."""
+
+    code = "node_not_ready"
+
+
+class ElementBusy(Conflict):
+    """Another operation on the same PE is under way."""
+
+    code = "element_busy"

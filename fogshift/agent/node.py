@@ -1,0 +1,253 @@
+"""The PEs a node hosts: one Structured Streaming query each, on the node's one session."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fogshift.agent.config import AgentConfig
+from fogshift.agent.exceptions import NodeNotReady, UnknownElement
+from fogshift.runtime.csv_io import read_marker, reset_sink
+from fogshift.runtime.engine import QueryPlan, start_query
+from fogshift.runtime.kinds import KINDS
+from fogshift.spec.models import ElementSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger("fogshift.agent")
+
+RESTART_BACKOFF_MAX_S = 30.0
+
+
+@dataclass
+class HostedElement:
+    """One PE on this node and what is known about its query."""
+
+    plan: QueryPlan
+    query: StreamingQuery | None = None
+    state: str = "starting"
+    error: str | None = None
+    restarts: int = 0
+    retry_at: float = 0.0
+    events_in: int = 0
+    last_batch: int = -1
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.plan.pipeline, self.plan.element.id)
+
+
+class NodeRuntime:
+    """Owns the node's SparkSession and the queries of its PEs.
+
+    Thread-safe: REST handlers, the monitor and the heartbeat call in from several threads.
+    """
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.spark: SparkSession | None = None
+        self.spark_error: str | None = None
+        self._elements: dict[tuple[str, str], HostedElement] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        # Every Spark control call runs on the thread that created the session: a query
+        # started from another thread (e.g. a web worker) may not see the session's
+        # registered Python data sources.
+        self._spark_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark")
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start Spark (slow, ~7 s) and the monitor, in the background."""
+        self._spark_thread.submit(self._start_spark)
+        threading.Thread(target=self._monitor, name="monitor", daemon=True).start()
+
+    def _start_spark(self) -> None:
+        from fogshift.runtime.session import build_session
+
+        try:
+            local = self.config.home / "spark-local"
+            local.mkdir(parents=True, exist_ok=True)
+            self.spark = build_session(self.config.name, self.config.spark_master, str(local))
+        except Exception as exc:  # reported through /health; the agent stays up to say so
+            log.exception("spark session failed to start")
+            self.spark_error = f"{type(exc).__name__}: {exc}"
+
+    @property
+    def ready(self) -> bool:
+        return self.spark is not None
+
+    def close(self) -> None:
+        """Stop every query (their checkpoints stay) and the session."""
+        self._stop.set()
+        with self._lock:
+            for hosted in self._elements.values():
+                self._stop_query(hosted)
+        if self.spark is not None:
+            self._spark_thread.submit(self.spark.stop).result()
+        self._spark_thread.shutdown()
+
+    # -- paths ------------------------------------------------------------------------------
+
+    def checkpoint_dir(self, pipeline: str, pe: str) -> Path:
+        return self.config.home / "checkpoints" / pipeline / pe
+
+    def _metrics_file(self, pipeline: str, pe: str) -> Path:
+        return self.config.home / "metrics" / pipeline / f"{pe}.json"
+
+    # -- operations -------------------------------------------------------------------------
+
+    def deploy(self, pipeline: str, element: ElementSpec, fresh: bool) -> dict[str, Any]:
+        """Start ``element`` of ``pipeline`` here, resuming its local checkpoint unless ``fresh``.
+
+        Deploying a PE that already runs here is a no-op (idempotent), unless ``fresh``.
+        """
+        if self.spark is None:
+            raise NodeNotReady(
+                f"node {self.config.name!r} is still starting Spark",
+                hint=self.spark_error or "try again in a few seconds",
+            )
+        key = (pipeline, element.id)
+        with self._lock:
+            current = self._elements.get(key)
+            if current is not None and not fresh and current.state in ("running", "starting"):
+                return self.describe(current)
+            if current is not None:
+                self._stop_query(current)
+            checkpoint = self.checkpoint_dir(pipeline, element.id)
+            metrics = self._metrics_file(pipeline, element.id)
+            if fresh:
+                shutil.rmtree(checkpoint, ignore_errors=True)
+                metrics.unlink(missing_ok=True)
+                if KINDS[element.kind].role == "sink":
+                    reset_sink(element.options["path"])
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            plan = QueryPlan(
+                pipeline=pipeline,
+                element=element,
+                broker_file=str(self.config.broker_file),
+                checkpoint_dir=str(checkpoint),
+                trigger_ms=self.config.trigger_ms,
+            )
+            hosted = HostedElement(plan=plan)
+            if metrics.exists():
+                saved = json.loads(metrics.read_text())
+                hosted.events_in, hosted.last_batch = saved["events_in"], saved["last_batch"]
+            self._elements[key] = hosted
+            self._start_query(hosted)
+            return self.describe(hosted)
+
+    def _start_query(self, hosted: HostedElement) -> None:
+        assert self.spark is not None
+        try:
+            spark = self.spark
+            hosted.query = self._spark_thread.submit(start_query, spark, hosted.plan).result()
+            hosted.state, hosted.error = "running", None
+            hosted.started_at = time.time()
+        except Exception as exc:  # the failure is the PE's status; the monitor retries
+            log.exception("cannot start %s", hosted.plan.query_name)
+            self._failed(hosted, f"{type(exc).__name__}: {exc}")
+
+    def _failed(self, hosted: HostedElement, error: str) -> None:
+        hosted.state, hosted.error = "failed", error[:2000]
+        hosted.retry_at = time.time() + min(RESTART_BACKOFF_MAX_S, 2.0**hosted.restarts)
+
+    def _stop_query(self, hosted: HostedElement) -> None:
+        if hosted.query is not None:
+            try:
+                self._spark_thread.submit(hosted.query.stop).result()
+            except Exception:  # a query that already died cannot be stopped twice
+                log.warning("stopping %s raised", hosted.plan.query_name, exc_info=True)
+            hosted.query = None
+        hosted.state = "stopped"
+
+    def remove(self, pipeline: str, pe: str) -> dict[str, Any]:
+        """Stop a PE and forget it (its checkpoint stays on disk)."""
+        with self._lock:
+            hosted = self._elements.pop((pipeline, pe), None)
+            if hosted is None:
+                raise UnknownElement(
+                    f"node {self.config.name!r} does not host {pipeline}/{pe}",
+                    hint="`fogshift status` shows where each element runs",
+                )
+            self._stop_query(hosted)
+            return self.describe(hosted)
+
+    def remove_pipeline(self, pipeline: str) -> list[dict[str, Any]]:
+        """Stop every PE of ``pipeline`` on this node."""
+        with self._lock:
+            keys = [k for k in self._elements if k[0] == pipeline]
+            return [self.remove(*k) for k in keys]
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def describe(self, hosted: HostedElement) -> dict[str, Any]:
+        element = hosted.plan.element
+        info: dict[str, Any] = {
+            "pipeline": hosted.plan.pipeline,
+            "element": element.id,
+            "kind": element.kind,
+            "state": hosted.state,
+            "error": hosted.error,
+            "restarts": hosted.restarts,
+            "events_in": hosted.events_in,
+            "last_batch": hosted.last_batch,
+        }
+        if KINDS[element.kind].role == "sink":
+            info["lines_written"] = int(read_marker(element.options["path"])["lines"])
+        return info
+
+    def elements(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [self.describe(h) for h in self._elements.values()]
+
+    # -- monitor ----------------------------------------------------------------------------
+
+    def _monitor(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                for hosted in list(self._elements.values()):
+                    try:
+                        self._check(hosted)
+                    except Exception:  # the monitor must survive any one PE's trouble
+                        log.exception("monitor failed on %s", hosted.plan.query_name)
+
+    def _check(self, hosted: HostedElement) -> None:
+        query = hosted.query
+        if hosted.state == "failed":
+            if time.time() >= hosted.retry_at and self.spark is not None:
+                hosted.restarts += 1
+                log.warning("restarting %s (try %d)", hosted.plan.query_name, hosted.restarts)
+                self._start_query(hosted)
+            return
+        if query is None:
+            return
+        self._count(hosted, query)
+        if not query.isActive:
+            error = query.exception()
+            self._failed(hosted, str(error) if error else "query stopped by itself")
+
+    def _count(self, hosted: HostedElement, query: StreamingQuery) -> None:
+        changed = False
+        for progress in query.recentProgress:
+            batch = int(progress["batchId"])
+            if batch > hosted.last_batch:
+                hosted.events_in += int(progress["numInputRows"])
+                hosted.last_batch = batch
+                changed = True
+        if changed:
+            target = self._metrics_file(*hosted.key)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"events_in": hosted.events_in, "last_batch": hosted.last_batch}))
+            tmp.replace(target)

@@ -1,0 +1,237 @@
+"""A synchronous face for nats-py, for code that runs outside an event loop.
+
+Spark calls data-source methods synchronously, in processes fogshift does not control. A
+``SyncJetStream`` owns a private event loop in a daemon thread, so one connection can be
+kept for the life of the process and used from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
+from fogshift.broker.naming import stream_name, stream_subjects
+
+T = TypeVar("T")
+
+DUPLICATE_WINDOW_S = 120.0
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Where the broker is and how to log in. Serialised to a 0600 file, never logged.
+
+    Attributes:
+        url: ``nats://host:port``.
+        user: The NATS user.
+        password: The NATS password.
+    """
+
+    url: str
+    user: str | None = None
+    password: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "user": self.user, "password": self.password}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BrokerAddress:
+        return cls(url=data["url"], user=data.get("user"), password=data.get("password"))
+
+    @classmethod
+    def load(cls, path: str | Path) -> BrokerAddress:
+        """Read a broker file written by :meth:`save`."""
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def save(self, path: str | Path) -> Path:
+        """Write this address to ``path`` readable by the owner only."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_dict()))
+        tmp.chmod(0o600)
+        tmp.replace(target)
+        return target
+
+
+class SyncJetStream:
+    """A NATS connection with JetStream, usable from synchronous code.
+
+    Args:
+        address: Where to connect.
+        connect_timeout_s: How long to try before raising :class:`BrokerUnavailable`.
+    """
+
+    def __init__(self, address: BrokerAddress, connect_timeout_s: float = 5.0) -> None:
+        self.address = address
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._timeout = connect_timeout_s
+        self._lock = threading.Lock()
+
+    def run(self, make: Callable[[JetStreamContext], Awaitable[T]], timeout: float = 30.0) -> T:
+        """Run ``make(js)`` on the private loop and return its result.
+
+        Raises:
+            BrokerUnavailable: The broker cannot be reached.
+        """
+        with self._lock:
+            if self._js is None:
+                self._js = self._submit(self._connect(), self._timeout + 1)
+
+        js = self._js
+
+        async def call() -> T:
+            return await make(js)
+
+        return self._submit(call(), timeout)
+
+    @property
+    def connection(self) -> Client:
+        """The underlying nats-py client (use only inside :meth:`run`)."""
+        if self._nc is None:
+            raise BrokerUnavailable(f"not connected to the broker at {self.address.url}")
+        return self._nc
+
+    def _submit(self, coro: Awaitable[T], timeout: float) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        return future.result(timeout)
+
+    async def _connect(self) -> JetStreamContext:
+        try:
+            self._nc = await nats.connect(
+                self.address.url,
+                user=self.address.user,
+                password=self.address.password,
+                connect_timeout=self._timeout,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                allow_reconnect=True,
+            )
+        except Exception as exc:  # nats raises several unrelated types here
+            raise BrokerUnavailable(
+                f"cannot connect to the broker at {self.address.url}: {exc!r}",
+                hint="is `fogshift up` running, and are the credentials in the home dir current?",
+            ) from exc
+        return self._nc.jetstream()
+
+    def close(self) -> None:
+        """Drain the connection and stop the loop."""
+        if self._nc is not None:
+            try:
+                self._submit(self._nc.close(), 5)
+            except Exception:  # closing a dead connection must not mask the real error
+                pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+_shared: dict[BrokerAddress, SyncJetStream] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_client(address: BrokerAddress) -> SyncJetStream:
+    """One connection per broker address per process (Spark reuses its Python workers)."""
+    with _shared_lock:
+        client = _shared.get(address)
+        if client is None:
+            client = _shared[address] = SyncJetStream(address)
+        return client
+
+
+async def ensure_pe_stream(js: JetStreamContext, pipeline: str, pe: str) -> None:
+    """Create the output stream of ``pe`` if it does not exist yet (idempotent)."""
+    name = stream_name(pipeline, pe)
+    try:
+        await js.stream_info(name)
+        return
+    except NotFoundError:
+        pass
+    try:
+        await js.add_stream(
+            StreamConfig(
+                name=name,
+                subjects=stream_subjects(pipeline, pe),
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                duplicate_window=DUPLICATE_WINDOW_S,
+            )
+        )
+    except Exception as exc:
+        raise BrokerError(f"cannot create stream {name} for {pipeline}/{pe}: {exc!r}") from exc
+
+
+async def delete_pe_stream(js: JetStreamContext, pipeline: str, pe: str) -> None:
+    """Delete the output stream of ``pe`` if it exists."""
+    try:
+        await js.delete_stream(stream_name(pipeline, pe))
+    except NotFoundError:
+        pass
+
+
+async def last_seq(js: JetStreamContext, stream: str) -> int:
+    """The sequence of the last message in ``stream`` (0 when empty)."""
+    info = await js.stream_info(stream)
+    return int(info.state.last_seq or 0)
+
+
+async def subject_counts(js: JetStreamContext, stream: str) -> dict[str, int]:
+    """Messages stored per subject of ``stream``."""
+    try:
+        info = await js.stream_info(stream, subjects_filter=">")
+    except NotFoundError:
+        return {}
+    return dict(info.state.subjects or {})
+
+
+async def fetch_range(
+    js: JetStreamContext, stream: str, subject: str, start: int, end: int, batch: int = 500
+) -> list[Any]:
+    """Messages on ``subject`` with stream sequence in ``(start, end]``, in order.
+
+    Uses an ephemeral, unacknowledged pull consumer starting at ``start + 1``.
+    """
+    if end <= start:
+        return []
+    psub = await js.pull_subscribe(
+        subject,
+        stream=stream,
+        config=nats.js.api.ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start + 1,
+            ack_policy=nats.js.api.AckPolicy.NONE,
+            inactive_threshold=30.0,
+        ),
+    )
+    out: list[Any] = []
+    try:
+        info = await psub.consumer_info()
+        pending = int(info.num_pending or 0)
+        while pending > 0:
+            msgs = await psub.fetch(min(batch, pending), timeout=10)
+            for msg in msgs:
+                seq = msg.metadata.sequence.stream
+                if seq > end:
+                    return out
+                out.append(msg)
+                pending = int(msg.metadata.num_pending)
+                if seq == end:
+                    return out
+    finally:
+        await psub.unsubscribe()
+    return out

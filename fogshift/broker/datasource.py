@@ -1,0 +1,216 @@
+"""The Spark side of the broker: a Python Data Source for JetStream.
+
+Reading (``spark.readStream.format("fogshift-jetstream")``): the offsets are the stream
+sequences of the element's inputs, as ``{"type": "jetstream", "positions": {pe: seq}}``.
+A micro-batch ``(start, end]`` becomes one partition whose rows come in a fixed order (input by
+input, then by sequence) and carry an ``origin``: the sum of all input positions after the
+row. It grows strictly, so it identifies the row's place in the element's input history and is
+the same every time the batch is re-executed.
+
+Writing (``writeStream.format("fogshift-jetstream")``): every record goes through
+:func:`fogshift.broker.publish.publish_records`, which makes re-executed batches idempotent.
+
+Contract: both sides run in Spark's Python workers, which share no memory with the driver;
+everything they need comes through the options (strings) — never credentials: those are
+read from the broker file named by the ``broker`` option.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from fogshift.broker.client import BrokerAddress, fetch_range, last_seq, shared_client
+from fogshift.broker.exceptions import BrokerError
+from fogshift.broker.naming import data_subject, stream_name
+from fogshift.broker.publish import Record, publish_records
+from fogshift.exceptions import InvariantViolation
+
+#: The rows a reader yields: one input event each.
+EVENT_SCHEMA = "origin long, seq long, timestamp double, creator string, body string"
+#: The rows a writer takes: one output record each (``dead`` is the reason of a dead letter).
+RECORD_SCHEMA = (
+    "origin long, idx int, seq long, timestamp double, creator string, body string, dead string"
+)
+OFFSET_TYPE = "jetstream"
+
+
+def offset(positions: dict[str, int]) -> dict[str, Any]:
+    """A reader offset as a typed plain dict."""
+    return {"type": OFFSET_TYPE, "positions": dict(positions)}
+
+
+def positions_of(value: dict[str, Any]) -> dict[str, int]:
+    """The positions in a reader offset (checks the type tag)."""
+    if value.get("type") != OFFSET_TYPE:
+        raise InvariantViolation(f"not a jetstream offset: {value!r}")
+    return {k: int(v) for k, v in value["positions"].items()}
+
+
+@dataclass(frozen=True)
+class Range:
+    """Stream sequences ``(start, end]`` of one input."""
+
+    input: str
+    start: int
+    end: int
+
+
+class JetStreamPartition(InputPartition):
+    """One micro-batch: a range per input, read in this order."""
+
+    def __init__(self, ranges: Sequence[Range]) -> None:
+        super().__init__(list(ranges))
+        self.ranges = list(ranges)
+
+
+class JetStreamDataSource(DataSource):
+    """Options: ``broker`` (broker file), ``pipeline``, ``pe`` (the element itself),
+    ``inputs`` (comma-separated element ids, reader only), ``max_events_per_batch``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "fogshift-jetstream"
+
+    def schema(self) -> str:
+        return EVENT_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        return JetStreamReader(dict(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
+        return JetStreamWriter(dict(self.options))
+
+
+class JetStreamReader(DataSourceStreamReader):
+    """Reads the data subjects of an element's inputs. Created by Spark, once per query."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.broker = BrokerAddress.load(options["broker"])
+        self.pipeline = options["pipeline"]
+        self.inputs = [i for i in options["inputs"].split(",") if i]
+        self.max_events = int(options.get("max_events_per_batch", "10000"))
+
+    def initialOffset(self) -> dict:  # noqa: N802
+        return offset({name: 0 for name in self.inputs})
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        return ReadMaxRows(self.max_events)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+        begin = positions_of(start)
+        client = shared_client(self.broker)
+        latest: dict[str, int] = {}
+        for name in self.inputs:
+            stream = stream_name(self.pipeline, name)
+            last = client.run(lambda js, s=stream: last_seq(js, s))
+            position = begin.get(name, 0)
+            if last < position:
+                raise InvariantViolation(
+                    f"input {name!r} of pipeline {self.pipeline!r} went backwards: stream "
+                    f"{stream} ends at {last} but this query already read up to {position}",
+                    hint="the stream was deleted or purged under a running query",
+                )
+            if not isinstance(limit, ReadAllAvailable) and isinstance(limit, ReadMaxRows):
+                last = min(last, position + limit.max_rows)
+            latest[name] = last
+        return offset(latest)
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin, finish = positions_of(start), positions_of(end)
+        ranges = [Range(n, begin.get(n, 0), finish[n]) for n in self.inputs]
+        if all(r.end <= r.start for r in ranges):
+            return []
+        return [JetStreamPartition(ranges)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        assert isinstance(partition, JetStreamPartition)
+        client = shared_client(self.broker)
+        ranges = partition.ranges
+        # origin = sum of every input's position once this row is consumed; inputs are read
+        # one after another, so the ones before are at their end, the ones after at start.
+        done = 0
+        for i, rng in enumerate(ranges):
+            later = sum(r.start for r in ranges[i + 1 :])
+            msgs = client.run(
+                lambda js, r=rng: fetch_range(
+                    js,
+                    stream_name(self.pipeline, r.input),
+                    data_subject(self.pipeline, r.input),
+                    r.start,
+                    r.end,
+                ),
+                timeout=120,
+            )
+            for msg in msgs:
+                seq = int(msg.metadata.sequence.stream)
+                payload = json.loads(msg.data)
+                yield (
+                    done + seq + later,
+                    int(payload["seq"]),
+                    float(payload["timestamp"]),
+                    str(payload["creator"]),
+                    str(payload["body"]),
+                )
+            done += rng.end
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: offsets live in Spark's checkpoint, streams keep their history."""
+
+
+@dataclass
+class PublishedCount(WriterCommitMessage):
+    """How many records one write task appended."""
+
+    appended: int
+
+
+class JetStreamWriter(DataSourceStreamWriter):
+    """Appends records to the element's own stream. Expects a single partition per batch."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.broker = BrokerAddress.load(options["broker"])
+        self.pipeline = options["pipeline"]
+        self.pe = options["pe"]
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        records = [
+            Record(
+                origin=int(row.origin),
+                index=int(row.idx),
+                seq=int(row.seq),
+                timestamp=float(row.timestamp),
+                creator=str(row.creator),
+                body=str(row.body),
+                dead=row.dead,
+            )
+            for row in iterator
+        ]
+        if not records:
+            return PublishedCount(0)
+        client = shared_client(self.broker)
+        appended = client.run(
+            lambda js: publish_records(js, self.pipeline, self.pe, records), timeout=300
+        )
+        return PublishedCount(appended)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """The records are already durable in JetStream when ``write`` returns."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Nothing to undo: a retried batch skips what was appended (see publish)."""
+
+
+__all__ = ["BrokerError", "JetStreamDataSource", "EVENT_SCHEMA", "RECORD_SCHEMA"]

@@ -1,0 +1,24 @@
+"""Broker errors."""
+
+from __future__ import annotations
+
+from fogshift.exceptions import FogshiftError, InvariantViolation, Unavailable
+
+
+class BrokerUnavailable(Unavailable):
+    """The NATS server cannot be reached or refused the credentials."""
+
+    code = "broker_unavailable"
+
+
+class BrokerError(FogshiftError):
+    """JetStream refused an operation."""
+
+    code = "broker_error"
+
+
+class WriterConflict(InvariantViolation):
+    """Another writer appended to a PE's output stream: this instance must not write on."""
+
+    code = "writer_conflict"
+    http_status = 409

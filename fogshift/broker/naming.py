@@ -1,0 +1,33 @@
+"""Stream and subject names: one JetStream stream per PE output.
+
+Each PE owns one stream ``FS_<pipeline>_<pe>`` with two subjects: ``fs.<pipeline>.<pe>.data``
+for its output events and ``fs.<pipeline>.<pe>.dead`` for its dead letters. One stream per PE
+makes the PE the single writer of its stream, which is what lets the writer check the last
+stored message to make re-executed batches idempotent (see ``broker.datasource``).
+"""
+
+from __future__ import annotations
+
+import re
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+
+
+def stream_name(pipeline: str, pe: str) -> str:
+    """The JetStream stream holding the output of ``pe`` in ``pipeline``."""
+    return f"FS_{pipeline}_{pe}"
+
+
+def data_subject(pipeline: str, pe: str) -> str:
+    """The subject of ``pe``'s output events."""
+    return f"fs.{pipeline}.{pe}.data"
+
+
+def dead_subject(pipeline: str, pe: str) -> str:
+    """The subject of ``pe``'s dead letters."""
+    return f"fs.{pipeline}.{pe}.dead"
+
+
+def stream_subjects(pipeline: str, pe: str) -> list[str]:
+    """Every subject of ``pe``'s stream."""
+    return [data_subject(pipeline, pe), dead_subject(pipeline, pe)]

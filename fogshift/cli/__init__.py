@@ -1,0 +1,1 @@
+"""The ``fogshift`` command line (Typer + Rich)."""

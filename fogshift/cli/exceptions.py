@@ -1,0 +1,18 @@
+"""CLI errors."""
+
+from __future__ import annotations
+
+from fogshift.exceptions import Conflict, FogshiftError
+
+
+class NotUp(FogshiftError):
+    """No cluster is running under the given home."""
+
+    code = "not_up"
+    http_status = 503
+
+
+class AlreadyUp(Conflict):
+    """A cluster already runs under the given home."""
+
+    code = "already_up"

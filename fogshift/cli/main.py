@@ -1,0 +1,265 @@
+"""``fogshift``: the command line. Environment variables are read here and nowhere else."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fogshift.cli import cluster as cluster_ops
+from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.spec.loader import load_spec
+
+app = typer.Typer(
+    help="fogshift: stateful stream pipelines across fog nodes (PySpark + NATS JetStream).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+Home = Annotated[
+    Path,
+    typer.Option("--home", envvar="FOGSHIFT_HOME", help="Folder of the local cluster's state."),
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+@app.command()
+def up(
+    home: Home = Path(".fogshift"),
+    nodes: Annotated[str, typer.Option(help="Comma-separated node names.")] = "cloud,fog-a,fog-b",
+    host: Annotated[str, typer.Option(help="Interface the services bind.")] = "127.0.0.1",
+    nats_url: Annotated[
+        str | None, typer.Option(envvar="FOGSHIFT_NATS_URL", help="Use this NATS server.")
+    ] = None,
+    nats_user: Annotated[str | None, typer.Option(envvar="FOGSHIFT_NATS_USER")] = None,
+    nats_password: Annotated[str | None, typer.Option(envvar="FOGSHIFT_NATS_PASSWORD")] = None,
+    spark_master: Annotated[str, typer.Option(help="Spark master of every node.")] = "local[*]",
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for health.")] = 240,
+) -> None:
+    """Start the broker, the orchestrator and one node agent per node; wait until healthy."""
+    names = [n.strip() for n in nodes.split(",") if n.strip()]
+    with console.status("starting fogshift") as status:
+        cluster_ops.up(
+            home.resolve(),
+            names,
+            host=host,
+            nats_url=nats_url,
+            nats_user=nats_user,
+            nats_password=nats_password,
+            spark_master=spark_master,
+            timeout_s=timeout,
+            on_progress=lambda msg: status.update(msg),
+        )
+    console.print(f"[green]up[/]: nodes {', '.join(names)} healthy (home {home})")
+
+
+@app.command()
+def down(home: Home = Path(".fogshift")) -> None:
+    """Stop everything `up` started. Pipelines, checkpoints and outputs are kept."""
+    stopped = cluster_ops.down(home.resolve())
+    console.print(f"[green]down[/]: stopped {', '.join(stopped)}")
+
+
+@app.command()
+def deploy(
+    spec: Annotated[Path, typer.Argument(help="The pipeline spec (YAML).")],
+    home: Home = Path(".fogshift"),
+    as_json: AsJson = False,
+) -> None:
+    """Validate a pipeline spec and start it on its nodes."""
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        nodes = [n["name"] for n in client.get("/nodes")]
+        pipeline = load_spec(spec, nodes)
+        result = client.post("/pipelines", json=pipeline.model_dump(mode="json"))
+    if as_json:
+        _print_json(result)
+    else:
+        console.print(f"[green]deployed[/] {pipeline.pipeline}")
+        _status_table([result])
+
+
+def _status_table(pipelines: list[dict[str, Any]]) -> None:
+    for pipeline in pipelines:
+        table = Table(title=f"{pipeline['pipeline']} ({pipeline['status']})")
+        for column in ("element", "kind", "node", "state", "in", "out", "dead letters"):
+            table.add_column(column)
+        for e in pipeline["elements"]:
+            state = e["state"] if not e.get("error") else f"{e['state']}: {e['error'][:60]}"
+            table.add_row(
+                e["element"], e["kind"], e["node"], state,
+                str(e["events_in"]), str(e["events_out"]), str(e["dead_letters"]),
+            )  # fmt: skip
+        console.print(table)
+
+
+@app.command()
+def status(
+    pipeline: Annotated[str | None, typer.Argument()] = None,
+    home: Home = Path(".fogshift"),
+    as_json: AsJson = False,
+) -> None:
+    """Per PE: node, state, events in/out, dead letters."""
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        data = [client.get(f"/pipelines/{pipeline}")] if pipeline else client.get("/pipelines")
+    if as_json:
+        _print_json(data if not pipeline else data[0])
+    else:
+        _status_table(data)
+
+
+@app.command()
+def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
+    """Per node: name, url, pid, pgid, healthy."""
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        data = client.get("/nodes")
+    if as_json:
+        _print_json(data)
+        return
+    table = Table(title="nodes")
+    for column in ("name", "url", "pid", "pgid", "healthy", "elements"):
+        table.add_column(column)
+    for n in data:
+        table.add_row(
+            n["name"], n["url"], str(n["pid"]), str(n["pgid"]),
+            "[green]yes[/]" if n["healthy"] else "[red]no[/]", ", ".join(n["elements"]),
+        )  # fmt: skip
+    console.print(table)
+
+
+@app.command()
+def errors(
+    pipeline: str,
+    home: Home = Path(".fogshift"),
+    limit: Annotated[int, typer.Option(help="At most this many.")] = 100,
+    as_json: AsJson = False,
+) -> None:
+    """The pipeline's dead letters, with their reasons."""
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        data = client.get(f"/pipelines/{pipeline}/errors", params={"limit": limit})
+    if as_json:
+        _print_json(data)
+        return
+    table = Table(title=f"dead letters of {pipeline} ({len(data)})")
+    for column in ("element", "seq", "reason", "event"):
+        table.add_column(column)
+    for d in data:
+        table.add_row(d["element"], str(d["seq"]), d["reason"] or "", str(d["event"])[:60])
+    console.print(table)
+
+
+@app.command()
+def stop(pipeline: str, home: Home = Path(".fogshift")) -> None:
+    """Stop a pipeline's PEs (streams, checkpoints and output stay)."""
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        result = client.post(f"/pipelines/{pipeline}/stop")
+    console.print(f"[green]stopped[/] {pipeline}")
+    if result.get("unreachable_nodes"):
+        console.print(f"[yellow]unreachable nodes[/]: {', '.join(result['unreachable_nodes'])}")
+
+
+@app.command()
+def demo(
+    home: Home = Path(".fogshift-demo"),
+    spec: Annotated[Path, typer.Option(help="The Case 1 spec.")] = Path("examples/case1/case1.yaml"),
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the output.")] = 300,
+    keep: Annotated[bool, typer.Option(help="Leave the cluster up afterwards.")] = False,
+) -> None:
+    """Run Case 1 over three nodes and print a consistency verdict (exit 1 if inconsistent)."""
+    from fogshift.cli.demo import run_demo
+
+    ok = run_demo(home.resolve(), spec, timeout, keep, console)
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command("serve-agent", hidden=True)
+def serve_agent(
+    name: Annotated[str, typer.Option()],
+    home: Annotated[Path, typer.Option()],
+    port: Annotated[int, typer.Option()],
+    orchestrator: Annotated[str, typer.Option()],
+    token_file: Annotated[Path, typer.Option()],
+    broker_file: Annotated[Path, typer.Option()],
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    spark_master: Annotated[str, typer.Option()] = "local[*]",
+    trigger_ms: Annotated[int, typer.Option()] = 200,
+) -> None:
+    """Run one node agent in the foreground (started by `up`)."""
+    import uvicorn
+
+    from fogshift.agent.app import create_app
+    from fogshift.agent.config import AgentConfig
+
+    config = AgentConfig(
+        name=name,
+        host=host,
+        port=port,
+        home=home.resolve(),
+        token=token_file.read_text().strip(),
+        orchestrator_url=orchestrator,
+        broker_file=broker_file.resolve(),
+        spark_master=spark_master,
+        trigger_ms=trigger_ms,
+    )
+    config.home.mkdir(parents=True, exist_ok=True)
+    _log_setup()
+    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
+
+
+@app.command("serve-orchestrator", hidden=True)
+def serve_orchestrator(
+    home: Annotated[Path, typer.Option()],
+    port: Annotated[int, typer.Option()],
+    token_file: Annotated[Path, typer.Option()],
+    broker_file: Annotated[Path, typer.Option()],
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+) -> None:
+    """Run the orchestrator in the foreground (started by `up`)."""
+    import uvicorn
+
+    from fogshift.orchestrator.app import create_app
+    from fogshift.orchestrator.service import OrchestratorConfig
+
+    config = OrchestratorConfig(
+        home=home.resolve(),
+        host=host,
+        port=port,
+        token=token_file.read_text().strip(),
+        broker_file=broker_file.resolve(),
+    )
+    _log_setup()
+    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
+
+
+def _log_setup() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("py4j", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main() -> None:
+    """Entry point: runs the app, printing fogshift errors as messages, not tracebacks."""
+    try:
+        app()
+    except FogshiftError as exc:
+        err_console.print(f"[red]error[/] ({exc.code}): {exc.render()}", highlight=False)
+        sys.exit(2 if isinstance(exc, InvalidInput) else 1)
+
+
+if __name__ == "__main__":
+    main()

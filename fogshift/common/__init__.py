@@ -1,0 +1,1 @@
+"""Pieces shared by the REST services and their clients."""

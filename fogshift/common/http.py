@@ -1,0 +1,127 @@
+"""REST plumbing shared by the orchestrator and the node agents.
+
+Every service requires ``Authorization: Bearer <token>``; every :class:`FogshiftError` is
+sent as JSON with its HTTP status, and :func:`raise_for_error` turns such a response back
+into the same error class on the client side.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from fogshift.exceptions import FogshiftError, InvalidInput, Unauthorized, Unavailable
+
+_BY_CODE: dict[str, type[FogshiftError]] = {}
+
+
+def _collect(cls: type[FogshiftError]) -> None:
+    _BY_CODE.setdefault(cls.code, cls)
+    for sub in cls.__subclasses__():
+        _collect(sub)
+
+
+def install_error_handlers(app: FastAPI, token: str) -> None:
+    """Require the bearer token on every route and map errors to JSON responses."""
+
+    @app.middleware("http")
+    async def check_token(request: Request, call_next: Callable[[Request], Any]) -> Any:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            err = Unauthorized(
+                "missing or wrong token",
+                hint="the token is in the cluster file written by `fogshift up` (--home)",
+            )
+            return JSONResponse(err.to_dict(), status_code=err.http_status)
+        return await call_next(request)
+
+    @app.exception_handler(FogshiftError)
+    async def fogshift_error(request: Request, exc: FogshiftError) -> JSONResponse:
+        return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        err = InvalidInput(
+            f"bad request to {request.url.path}: "
+            + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()),
+            received=repr(first.get("input"))[:200],
+        )
+        return JSONResponse(err.to_dict(), status_code=err.http_status)
+
+
+def raise_for_error(response: httpx.Response, what: str) -> Any:
+    """The JSON body of a successful response; otherwise raise the error it carries."""
+    if response.is_success:
+        return response.json() if response.content else None
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if not _BY_CODE:
+        _collect(FogshiftError)
+    cls = _BY_CODE.get(str(body.get("code")), FogshiftError)
+    raise cls(
+        str(body.get("message") or f"{what} answered HTTP {response.status_code}"),
+        expected=body.get("expected"),
+        received=body.get("received"),
+        hint=body.get("hint"),
+    )
+
+
+class ServiceClient:
+    """A small authenticated JSON client for one fogshift service.
+
+    Args:
+        url: The service's base URL.
+        token: The bearer token.
+        name: How the service is named in errors ("node agent fog-a").
+        timeout_s: Per-request timeout.
+    """
+
+    def __init__(self, url: str, token: str, name: str, timeout_s: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.name = name
+        self._client = httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout_s,
+        )
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Send a request; raise the service's own error or :class:`Unavailable`."""
+        try:
+            response = self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise Unavailable(
+                f"{self.name} at {self.url} cannot be reached: {type(exc).__name__}",
+                hint="is it running? `fogshift nodes` shows the node agents",
+            ) from exc
+        return raise_for_error(response, self.name)
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self.request("POST", path, **kwargs)
+
+    def put(self, path: str, **kwargs: Any) -> Any:
+        return self.request("PUT", path, **kwargs)
+
+    def delete(self, path: str, **kwargs: Any) -> Any:
+        return self.request("DELETE", path, **kwargs)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

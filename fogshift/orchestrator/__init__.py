@@ -1,0 +1,1 @@
+"""The orchestrator: pipelines, nodes and placement (routing state), behind a REST API."""

@@ -1,0 +1,64 @@
+"""The orchestrator's REST API."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Body, FastAPI
+
+from fogshift.common.http import install_error_handlers
+from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+
+
+def create_app(config: OrchestratorConfig) -> FastAPI:
+    """The orchestrator's FastAPI app; runs the reconciler with the server."""
+    orchestrator = Orchestrator(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        thread = threading.Thread(target=orchestrator.run_reconciler, daemon=True)
+        thread.start()
+        yield
+        orchestrator.close()
+
+    app = FastAPI(title="fogshift orchestrator", lifespan=lifespan)
+    app.state.orchestrator = orchestrator
+    install_error_handlers(app, config.token)
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"ok": True, "nodes": len(orchestrator.registry.nodes())}
+
+    @app.post("/nodes/{name}/heartbeat")
+    def heartbeat(name: str, report: dict[str, Any] = Body(...)) -> dict[str, Any]:
+        orchestrator.heartbeat(name, report)
+        return {"ok": True}
+
+    @app.get("/nodes")
+    def nodes() -> list[dict[str, Any]]:
+        return orchestrator.nodes()
+
+    @app.post("/pipelines")
+    def deploy(spec: dict[str, Any] = Body(...)) -> dict[str, Any]:
+        return orchestrator.deploy(spec)
+
+    @app.get("/pipelines")
+    def status_all() -> list[dict[str, Any]]:
+        return orchestrator.status()
+
+    @app.get("/pipelines/{name}")
+    def status(name: str) -> dict[str, Any]:
+        return orchestrator.status(name)[0]
+
+    @app.get("/pipelines/{name}/errors")
+    def errors(name: str, limit: int = 1000) -> list[dict[str, Any]]:
+        return orchestrator.errors(name, limit)
+
+    @app.post("/pipelines/{name}/stop")
+    def stop(name: str) -> dict[str, Any]:
+        return orchestrator.stop(name)
+
+    return app

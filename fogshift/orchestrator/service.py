@@ -1,0 +1,316 @@
+"""What the orchestrator does: deploy, stop, report, and keep the cluster as specified."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fogshift.broker.client import (
+    BrokerAddress,
+    SyncJetStream,
+    delete_pe_stream,
+    ensure_pe_stream,
+    fetch_range,
+    last_seq,
+    subject_counts,
+)
+from fogshift.broker.naming import data_subject, dead_subject, stream_name
+from fogshift.common.http import ServiceClient
+from fogshift.exceptions import FogshiftError, Unavailable
+from fogshift.orchestrator.exceptions import PipelineExists, UnknownNode, UnknownPipeline
+from fogshift.orchestrator.registry import NodeRecord, PipelineRecord, Registry
+from fogshift.runtime.kinds import KINDS
+from fogshift.spec.loader import parse_spec, validate_spec
+from fogshift.spec.models import ElementSpec, PipelineSpec
+
+log = logging.getLogger("fogshift.orchestrator")
+
+
+class OrchestratorConfig(BaseModel):
+    """Orchestrator settings (frozen; built at the CLI edge).
+
+    Attributes:
+        home: Where the registry database lives.
+        host: Interface to bind; loopback unless told otherwise.
+        port: TCP port.
+        token: The cluster's bearer token.
+        broker_file: The broker address file.
+        node_timeout_s: A node silent for longer is reported unhealthy.
+        reconcile_s: Interval of the loop that redeploys PEs missing from healthy nodes.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    token: str = Field(min_length=16)
+    broker_file: Path
+    node_timeout_s: float = Field(default=5.0, gt=0)
+    reconcile_s: float = Field(default=2.0, gt=0)
+
+
+class Orchestrator:
+    """The central controller. Thread-safe; one instance per orchestrator process."""
+
+    def __init__(self, config: OrchestratorConfig) -> None:
+        self.config = config
+        self.registry = Registry(config.home / "orchestrator.db")
+        self.broker = SyncJetStream(BrokerAddress.load(config.broker_file))
+        self._agents: dict[str, ServiceClient] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    def heartbeat(self, name: str, report: dict[str, Any]) -> None:
+        """Record that node ``name`` is alive and what it runs."""
+        self.registry.heartbeat(name, report["url"], report.get("pid"), report.get("pgid"), report)
+
+    def healthy(self, node: NodeRecord) -> bool:
+        return time.time() - node.last_seen <= self.config.node_timeout_s
+
+    def node_names(self) -> list[str]:
+        return [n.name for n in self.registry.nodes()]
+
+    def agent(self, name: str) -> ServiceClient:
+        """A client for node ``name``'s agent."""
+        node = self.registry.node(name)
+        if node is None:
+            raise UnknownNode(
+                f"node {name!r} has never registered",
+                expected="one of " + (", ".join(self.node_names()) or "(none)"),
+            )
+        with self._lock:
+            client = self._agents.get(name)
+            if client is None or client.url != node.url:
+                client = ServiceClient(node.url, self.config.token, f"node agent {name!r}", 120)
+                self._agents[name] = client
+            return client
+
+    def nodes(self) -> list[dict[str, Any]]:
+        out = []
+        for node in self.registry.nodes():
+            out.append(
+                {
+                    "name": node.name,
+                    "url": node.url,
+                    "pid": node.pid,
+                    "pgid": node.pgid,
+                    "healthy": self.healthy(node) and bool(node.report.get("ready")),
+                    "alive": self.healthy(node),
+                    "ready": bool(node.report.get("ready")),
+                    "error": node.report.get("error"),
+                    "last_seen_s": round(time.time() - node.last_seen, 3),
+                    "elements": [
+                        f"{e['pipeline']}/{e['element']}" for e in node.report.get("elements", [])
+                    ],
+                }
+            )
+        return out
+
+    # -- pipelines --------------------------------------------------------------------------
+
+    def pipeline(self, name: str) -> PipelineRecord:
+        record = self.registry.get_pipeline(name)
+        if record is None:
+            known = [p.name for p in self.registry.pipelines()]
+            raise UnknownPipeline(
+                f"no pipeline named {name!r}",
+                expected="one of " + (", ".join(known) or "(none deployed)"),
+            )
+        return record
+
+    def deploy(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Validate a spec (paths already absolute) and start all of its PEs, fresh.
+
+        Raises:
+            InvalidSpec: The spec is invalid or names an unknown node.
+            PipelineExists: A pipeline of that name is running.
+            Unavailable: A node agent refused or could not be reached; the PEs already
+                started are stopped again.
+        """
+        spec = parse_spec(data)
+        validate_spec(spec, nodes=self.node_names())
+        existing = self.registry.get_pipeline(spec.pipeline)
+        if existing is not None and existing.status in ("running", "deploying"):
+            raise PipelineExists(
+                f"pipeline {spec.pipeline!r} is already {existing.status}",
+                hint=f"`fogshift stop {spec.pipeline}` first, or deploy under another name",
+            )
+        for node in {e.node for e in spec.elements}:
+            record = self.registry.node(node)
+            if record is None or not self.healthy(record) or not record.report.get("ready"):
+                raise Unavailable(
+                    f"node {node!r} (needed by pipeline {spec.pipeline!r}) is not healthy",
+                    hint="`fogshift nodes` shows node health; wait for it or change the spec",
+                )
+
+        def reset_streams(js: Any) -> Any:
+            async def go() -> None:
+                for element in spec.elements:
+                    await delete_pe_stream(js, spec.pipeline, element.id)
+                    await ensure_pe_stream(js, spec.pipeline, element.id)
+
+            return go()
+
+        self.broker.run(reset_streams)
+        self.registry.put_pipeline(spec, "deploying")
+        started: list[ElementSpec] = []
+        try:
+            # Downstream first, so nothing is produced before its consumer exists.
+            for element in reversed(spec.topological_order()):
+                self._deploy_element(spec.pipeline, element, fresh=True)
+                started.append(element)
+        except FogshiftError:
+            for element in started:
+                self._remove_quietly(spec.pipeline, element)
+            self.registry.set_status(spec.pipeline, "failed")
+            raise
+        self.registry.set_status(spec.pipeline, "running")
+        return self.status(spec.pipeline)[0]
+
+    def _deploy_element(self, pipeline: str, element: ElementSpec, fresh: bool) -> Any:
+        return self.agent(element.node).put(
+            f"/pipelines/{pipeline}/elements/{element.id}",
+            json={"element": element.model_dump(mode="json"), "fresh": fresh},
+        )
+
+    def _remove_quietly(self, pipeline: str, element: ElementSpec) -> None:
+        try:
+            self.agent(element.node).delete(f"/pipelines/{pipeline}/elements/{element.id}")
+        except FogshiftError as exc:
+            log.warning("could not remove %s/%s: %s", pipeline, element.id, exc)
+
+    def stop(self, name: str) -> dict[str, Any]:
+        """Stop every PE of a pipeline; its streams, checkpoints and output stay."""
+        record = self.pipeline(name)
+        self.registry.set_status(name, "stopping")
+        unreachable = []
+        for node in sorted(set(record.placement.values())):
+            try:
+                self.agent(node).delete(f"/pipelines/{name}")
+            except Unavailable:
+                unreachable.append(node)
+        self.registry.set_status(name, "stopped")
+        return {"pipeline": name, "status": "stopped", "unreachable_nodes": unreachable}
+
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Per pipeline, per PE: node, state, events in/out, dead letters."""
+        records = [self.pipeline(name)] if name else self.registry.pipelines()
+        nodes = {n.name: n for n in self.registry.nodes()}
+        out = []
+        for record in records:
+            elements = []
+            for element in record.spec.elements:
+                node_name = record.placement[element.id]
+                node = nodes.get(node_name)
+                report = next(
+                    (
+                        e
+                        for e in (node.report.get("elements", []) if node else [])
+                        if e["pipeline"] == record.name and e["element"] == element.id
+                    ),
+                    None,
+                )
+                counts = self.broker.run(
+                    lambda js, e=element: subject_counts(js, stream_name(record.name, e.id))
+                )
+                role = KINDS[element.kind].role
+                if node is None or not self.healthy(node):
+                    state = "node-lost"
+                elif report is None:
+                    state = "pending" if record.status == "running" else record.status
+                else:
+                    state = report["state"]
+                out_count = (
+                    (report or {}).get("lines_written", 0)
+                    if role == "sink"
+                    else counts.get(data_subject(record.name, element.id), 0)
+                )
+                elements.append(
+                    {
+                        "element": element.id,
+                        "kind": element.kind,
+                        "node": node_name,
+                        "state": state,
+                        "events_in": (report or {}).get("events_in", 0),
+                        "events_out": out_count,
+                        "dead_letters": counts.get(dead_subject(record.name, element.id), 0),
+                        "restarts": (report or {}).get("restarts", 0),
+                        "error": (report or {}).get("error"),
+                    }
+                )
+            out.append({"pipeline": record.name, "status": record.status, "elements": elements})
+        return out
+
+    def errors(self, name: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """The pipeline's dead letters with their reasons, PE by PE."""
+        record = self.pipeline(name)
+        letters: list[dict[str, Any]] = []
+        for element in record.spec.elements:
+            stream = stream_name(name, element.id)
+
+            async def dead(js: Any, stream: str = stream, pe: str = element.id) -> list[Any]:
+                end = await last_seq(js, stream)
+                return await fetch_range(js, stream, dead_subject(name, pe), 0, end)
+
+            for msg in self.broker.run(dead, timeout=60)[:limit]:
+                payload = json.loads(msg.data)
+                letters.append(
+                    {
+                        "element": element.id,
+                        "seq": payload["seq"],
+                        "reason": payload.get("reason"),
+                        "event": payload["body"],
+                    }
+                )
+        return letters[:limit]
+
+    # -- reconciliation ---------------------------------------------------------------------
+
+    def reconcile_once(self) -> None:
+        """Start PEs of running pipelines that their (healthy) node does not run."""
+        nodes = {n.name: n for n in self.registry.nodes()}
+        for record in self.registry.pipelines():
+            if record.status != "running":
+                continue
+            for element in record.spec.elements:
+                node = nodes.get(record.placement[element.id])
+                if node is None or not self.healthy(node) or not node.report.get("ready"):
+                    continue
+                hosted = {
+                    (e["pipeline"], e["element"]) for e in node.report.get("elements", [])
+                }
+                if (record.name, element.id) in hosted:
+                    continue
+                placed = element.model_copy(update={"node": node.name})
+                log.info("reconcile: starting %s/%s on %s", record.name, element.id, node.name)
+                try:
+                    self._deploy_element(record.name, placed, fresh=False)
+                except FogshiftError as exc:
+                    log.warning("reconcile of %s/%s failed: %s", record.name, element.id, exc)
+
+    def run_reconciler(self) -> None:
+        """Loop :meth:`reconcile_once` until :meth:`close`."""
+        while not self._stop.wait(self.config.reconcile_s):
+            try:
+                self.reconcile_once()
+            except Exception:  # the loop must outlive any one failure
+                log.exception("reconcile failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        for client in self._agents.values():
+            client.close()
+        self.broker.close()
+        self.registry.close()
+
+
+__all__ = ["Orchestrator", "OrchestratorConfig", "PipelineSpec"]

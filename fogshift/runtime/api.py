@@ -1,0 +1,176 @@
+"""The developer API of a pipeline element (PE).
+
+A PE declares its processing state as class attributes made with :func:`state`, the way the
+thesis's ``@StateObject`` marks fields. fogshift then snapshots and restores it for free::
+
+    class Counter(Processor):
+        count: int = state(0)
+
+        def process(self, event):
+            self.count += 1
+            return {"count": self.count}
+
+The contract, after bytewax's ``snapshot()`` + ``builder(resume_state)``:
+
+* state is never built in ``__init__``: :meth:`ProcessingElement.build` creates the instance
+  and then calls :meth:`restore` with a snapshot, or with ``None`` for fresh defaults;
+* :meth:`snapshot` returns a JSON-serialisable dict; override it together with
+  :meth:`restore` for state that is not plain data;
+* ``process`` must be deterministic: the same state and event give the same outputs, which
+  is what makes re-executed batches, migration and restoration exact.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from fogshift.events import Event
+from fogshift.runtime.exceptions import BadState
+
+_MISSING: Any = object()
+
+
+class StateField:
+    """A declared state field; see :func:`state`."""
+
+    def __init__(self, default: Any, default_factory: Callable[[], Any] | None) -> None:
+        self.default = default
+        self.default_factory = default_factory
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def fresh(self) -> Any:
+        """The initial value of this field for a new PE instance."""
+        if self.default_factory is not None:
+            return self.default_factory()
+        return copy.deepcopy(self.default)
+
+
+def state(default: Any = _MISSING, *, default_factory: Callable[[], Any] | None = None) -> Any:
+    """Declare a processing-state field of a PE class.
+
+    Args:
+        default: The initial value (deep-copied per instance).
+        default_factory: Called for the initial value instead, e.g. ``list``.
+    """
+    if default is _MISSING and default_factory is None:
+        raise TypeError("state() needs a default or a default_factory")
+    return StateField(None if default is _MISSING else default, default_factory)
+
+
+class ProcessingElement:
+    """Base of every PE implementation run by fogshift.
+
+    Args:
+        options: The element's validated options from the pipeline spec.
+        element_id: The PE id in its pipeline.
+
+    Lifecycle hooks (all optional, called by the runtime): :meth:`on_assign` once the PE is
+    placed on a node, :meth:`on_pause` / :meth:`on_resume` around a migration, :meth:`on_revoke`
+    when it leaves the node, :meth:`close` at the very end.
+    """
+
+    state_fields: ClassVar[dict[str, StateField]] = {}
+    #: The pydantic model of the element's options; validated once, in the constructor.
+    options_model: ClassVar[type[BaseModel] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fields: dict[str, StateField] = {}
+        for klass in reversed(cls.__mro__):
+            for name, value in vars(klass).items():
+                if isinstance(value, StateField):
+                    fields[name] = value
+        cls.state_fields = fields
+
+    def __init__(self, options: Mapping[str, Any], element_id: str = "") -> None:
+        self.options = dict(options)
+        self.element_id = element_id
+        self.config: Any = (
+            self.options_model.model_validate(self.options) if self.options_model else None
+        )
+
+    @classmethod
+    def build(
+        cls, options: Mapping[str, Any], element_id: str, resume_state: Mapping[str, Any] | None
+    ) -> ProcessingElement:
+        """Create an instance and give it its state: ``resume_state`` or fresh defaults."""
+        instance = cls(options, element_id)
+        instance.restore(resume_state)
+        return instance
+
+    @classmethod
+    def is_stateful(cls) -> bool:
+        """Whether the PE has processing state (declared fields or its own snapshot)."""
+        return bool(cls.state_fields) or cls.snapshot is not ProcessingElement.snapshot
+
+    def snapshot(self) -> dict[str, Any]:
+        """The processing state as a JSON-serialisable dict. Called once per batch."""
+        return {name: getattr(self, name) for name in self.state_fields}
+
+    def restore(self, snapshot: Mapping[str, Any] | None) -> None:
+        """Set the processing state from ``snapshot`` (``None``: fresh defaults).
+
+        Raises:
+            BadState: The snapshot lacks a declared field or has unknown ones.
+        """
+        if snapshot is None:
+            for name, declared in self.state_fields.items():
+                setattr(self, name, declared.fresh())
+            return
+        expected, received = set(self.state_fields), set(snapshot)
+        if expected != received:
+            raise BadState(
+                f"state for PE {self.element_id!r} ({type(self).__name__}) does not match "
+                "its declared fields",
+                expected=", ".join(sorted(expected)) or "no fields",
+                received=", ".join(sorted(received)) or "no fields",
+                hint="was the snapshot taken from another version of this PE class?",
+            )
+        for name in self.state_fields:
+            setattr(self, name, snapshot[name])
+
+    def dump_state(self) -> str:
+        """The snapshot as JSON text (strict: NaN and infinities are refused)."""
+        return json.dumps(self.snapshot(), allow_nan=False, separators=(",", ":"))
+
+    def on_assign(self) -> None:
+        """Called when the PE starts on a node."""
+
+    def on_revoke(self) -> None:
+        """Called when the PE leaves a node (migration, stop)."""
+
+    def on_pause(self) -> None:
+        """Called when processing is paused at a batch boundary."""
+
+    def on_resume(self) -> None:
+        """Called when processing resumes after a pause."""
+
+    def close(self) -> None:
+        """Called once, last."""
+
+
+ProcessorOutput = Event | Mapping[str, Any] | Iterable[Event | Mapping[str, Any]] | None
+
+
+class Processor(ProcessingElement):
+    """A PE between a source and a sink: events in, events out."""
+
+    def process(self, event: Event) -> ProcessorOutput:
+        """Process one event; called in input order, once per event per batch execution.
+
+        Returns:
+            ``None`` for no output, a body dict for one output event with the input's ``seq``
+            and ``timestamp``, an :class:`Event`, or an iterable of those.
+
+        Raises:
+            DeadLetter: The event is invalid; it goes to the dead letter with the reason.
+        """
+        raise NotImplementedError

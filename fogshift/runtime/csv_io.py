@@ -1,0 +1,325 @@
+"""CSV files as Spark sources and sinks (Python Data Sources).
+
+``fogshift-csv-source`` reads a CSV file with a header row; data row *k* (1-based) becomes the
+event with ``seq = k``. Its offset is ``{"type": "csv-rows", "row": k}``: the number of data rows
+already read. One record per line (no newlines inside quotes).
+
+``fogshift-csv-sink`` appends events to a CSV file exactly once. Next to the file a marker
+(``.<name>.fogshift.json``) records the last input position written and the file's length at
+that point; it is replaced atomically after the data is fsynced. A re-executed batch is
+skipped up to the marker, and bytes past the marker's length (a crash mid-append) are cut.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from fogshift.broker.client import BrokerAddress, shared_client
+from fogshift.broker.datasource import RECORD_SCHEMA
+from fogshift.broker.publish import Record, publish_records
+from fogshift.events import dump_body, load_body, parse_value
+from fogshift.exceptions import InvariantViolation
+
+ROWS_OFFSET = "csv-rows"
+#: A row handed to the sink: ``(origin, seq, timestamp, body_json)``.
+SinkRow = tuple[int, int, float, str]
+
+
+def _rows(value: dict[str, Any]) -> int:
+    if value.get("type") != ROWS_OFFSET:
+        raise InvariantViolation(f"not a csv-rows offset: {value!r}")
+    return int(value["row"])
+
+
+class LineIndex:
+    """Byte offsets of the lines of a file, re-scanned when the file grows."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.size = -1
+        self.starts: list[int] = []  # starts[i] = byte offset of line i (0 = header)
+        self.end = 0
+
+    def refresh(self) -> None:
+        size = os.path.getsize(self.path)
+        if size == self.size:
+            return
+        if size < self.size:
+            raise InvariantViolation(f"source file {self.path} shrank from {self.size} to {size}")
+        with open(self.path, "rb") as handle:
+            data = handle.read()
+        starts, pos = [], 0
+        for line in data.splitlines(keepends=True):
+            starts.append(pos)
+            pos += len(line)
+        self.starts, self.end, self.size = starts, pos, size
+
+    @property
+    def data_rows(self) -> int:
+        return max(0, len(self.starts) - 1)
+
+    def byte_range(self, first_row: int, last_row: int) -> tuple[int, int]:
+        """Bytes of data rows ``first_row..last_row`` (1-based, inclusive)."""
+        begin = self.starts[first_row]
+        end = self.starts[last_row + 1] if last_row + 1 < len(self.starts) else self.end
+        return begin, end
+
+
+class CsvRowsPartition(InputPartition):
+    """Data rows ``(start, end]`` of the file and where they are."""
+
+    def __init__(self, start: int, end: int, byte_begin: int, byte_end: int) -> None:
+        super().__init__((start, end))
+        self.start, self.end = start, end
+        self.byte_begin, self.byte_end = byte_begin, byte_end
+
+
+class CsvSourceDataSource(DataSource):
+    """Options: ``path``, ``pe``, ``rate`` (events/s, 0 = unlimited), ``max_events_per_batch``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "fogshift-csv-source"
+
+    def schema(self) -> str:
+        return RECORD_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        return CsvSourceReader(dict(self.options))
+
+
+class CsvSourceReader(DataSourceStreamReader):
+    """Reads a CSV file at a configured rate. Created by Spark, once per query."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path = options["path"]
+        self.pe = options["pe"]
+        self.rate = float(options.get("rate", "0"))
+        self.max_events = int(options.get("max_events_per_batch", "10000"))
+        self.index = LineIndex(self.path)
+        # Rate limiting: rows allowed = rows at the first call + rate * seconds since then.
+        self._clock: tuple[float, int] | None = None
+
+    def initialOffset(self) -> dict:  # noqa: N802
+        return {"type": ROWS_OFFSET, "row": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        return ReadMaxRows(self.max_events)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+        begin = _rows(start)
+        self.index.refresh()
+        latest = self.index.data_rows
+        if latest < begin:
+            raise InvariantViolation(
+                f"source {self.pe!r}: file {self.path} has {latest} data rows but {begin} "
+                "were already read"
+            )
+        if self.rate > 0:
+            now = time.monotonic()
+            if self._clock is None:
+                self._clock = (now, begin)
+            t0, base = self._clock
+            latest = min(latest, base + int((now - t0) * self.rate))
+        if isinstance(limit, ReadMaxRows) and not isinstance(limit, ReadAllAvailable):
+            latest = min(latest, begin + limit.max_rows)
+        return {"type": ROWS_OFFSET, "row": max(begin, latest)}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        first, last = _rows(start), _rows(end)
+        if last <= first:
+            return []
+        self.index.refresh()
+        begin, finish = self.index.byte_range(first + 1, last)
+        return [CsvRowsPartition(first, last, begin, finish)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        assert isinstance(partition, CsvRowsPartition)
+        with open(self.path, "rb") as handle:
+            header_line = handle.readline().decode("utf-8-sig")
+            handle.seek(partition.byte_begin)
+            chunk = handle.read(partition.byte_end - partition.byte_begin).decode("utf-8")
+        header = next(csv.reader([header_line]))
+        now = time.time() * 1000.0
+        lines = chunk.splitlines()
+        for k, line in zip(range(partition.start + 1, partition.end + 1), lines, strict=True):
+            cells = next(csv.reader([line]), [])
+            if len(cells) != len(header):
+                reason = (
+                    f"row {k} has {len(cells)} columns, the header has {len(header)} "
+                    f"({', '.join(header)})"
+                )
+                yield (k, 0, k, now, self.pe, json.dumps({"line": line}), reason)
+                continue
+            body = {name: parse_value(cell) for name, cell in zip(header, cells, strict=True)}
+            yield (k, 0, k, now, self.pe, dump_body(body), None)
+
+
+@dataclass
+class SinkRows(WriterCommitMessage):
+    """Rows of one write task, handed to the driver, which appends them."""
+
+    rows: list[SinkRow]
+
+
+class CsvSinkDataSource(DataSource):
+    """Options: ``path``, ``pipeline``, ``pe``, ``broker`` (for the sink's dead letters)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "fogshift-csv-sink"
+
+    def schema(self) -> str:
+        return "origin long, seq long, timestamp double, creator string, body string"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
+        return CsvSinkWriter(dict(self.options))
+
+
+def marker_path(path: str | Path) -> Path:
+    """Where the exactly-once marker of output file ``path`` lives."""
+    target = Path(path)
+    return target.with_name(f".{target.name}.fogshift.json")
+
+
+def read_marker(path: str | Path) -> dict[str, Any]:
+    """The marker of output file ``path`` (a fresh one if none was written yet)."""
+    marker = marker_path(path)
+    if marker.exists():
+        return dict(json.loads(marker.read_text()))
+    return {"type": "csv-sink", "origin": 0, "bytes": 0, "lines": 0, "fields": None}
+
+
+def _write_marker(path: str | Path, marker: dict[str, Any]) -> None:
+    target = marker_path(path)
+    tmp = target.with_suffix(".tmp")
+    with open(tmp, "w") as handle:
+        json.dump(marker, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(target)
+
+
+def reset_sink(path: str | Path) -> None:
+    """Forget what a sink wrote: empty the file and drop its marker (fresh deploys)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(b"")
+    marker_path(target).unlink(missing_ok=True)
+
+
+def _cell(value: Any) -> str:
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def append_exactly_once(
+    path: str | Path,
+    rows: list[SinkRow],
+    on_refused: Callable[[list[tuple[SinkRow, str]]], None] | None = None,
+) -> int:
+    """Append rows ``(origin, seq, timestamp, body_json)`` not yet in the file.
+
+    Args:
+        path: The output file.
+        rows: One batch's rows, in any order.
+        on_refused: Called with the rows whose fields do not match the file's header (and the
+            reason) before anything is appended, so they are dead-lettered before the marker
+            moves past them.
+
+    Returns:
+        The number of lines appended.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    marker = read_marker(target)
+    size = target.stat().st_size if target.exists() else 0
+    if size < marker["bytes"]:
+        raise InvariantViolation(
+            f"sink file {target} is {size} bytes but {marker['bytes']} were committed to it",
+            hint="the output file was truncated or replaced while the pipeline ran",
+        )
+    fresh = sorted((r for r in rows if r[0] > marker["origin"]), key=lambda r: r[0])
+    if not fresh:
+        return 0
+    fields: list[str] | None = marker["fields"]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    refused: list[tuple[SinkRow, str]] = []
+    written = 0
+    for row in fresh:
+        body = load_body(row[3])
+        if fields is None:
+            fields = list(body)
+            writer.writerow(["seq", *fields])
+        if list(body) != fields:
+            refused.append((row, f"fields {list(body)} do not match the output header {fields}"))
+            continue
+        writer.writerow([row[1], *(_cell(body[f]) for f in fields)])
+        written += 1
+    if refused and on_refused is not None:
+        on_refused(refused)
+    data = buffer.getvalue().encode()
+    with open(target, "r+b" if target.exists() else "w+b") as handle:
+        handle.truncate(marker["bytes"])  # cut a torn tail left by a crash mid-append
+        handle.seek(marker["bytes"])
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    _write_marker(
+        target,
+        {
+            "type": "csv-sink",
+            "origin": fresh[-1][0],
+            "bytes": marker["bytes"] + len(data),
+            "lines": marker["lines"] + written,
+            "fields": fields,
+        },
+    )
+    return written
+
+
+class CsvSinkWriter(DataSourceStreamWriter):
+    """Collects rows on the executors; the driver appends them in ``commit``."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.path = options["path"]
+        self.pipeline = options["pipeline"]
+        self.pe = options["pe"]
+        self.broker = options["broker"]
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return SinkRows(
+            [(int(r.origin), int(r.seq), float(r.timestamp), str(r.body)) for r in iterator]
+        )
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        rows = [row for m in messages if isinstance(m, SinkRows) for row in m.rows]
+        append_exactly_once(self.path, rows, self._dead_letter)
+
+    def _dead_letter(self, refused: list[tuple[SinkRow, str]]) -> None:
+        records = [
+            Record(row[0], 0, row[1], row[2], self.pe, row[3], reason) for row, reason in refused
+        ]
+        client = shared_client(BrokerAddress.load(self.broker))
+        client.run(lambda js: publish_records(js, self.pipeline, self.pe, records))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Nothing was appended before ``commit``."""

@@ -1,0 +1,29 @@
+"""Runtime errors: PE construction and execution."""
+
+from __future__ import annotations
+
+from fogshift.exceptions import FogshiftError, InvalidInput
+
+
+class DeadLetter(Exception):
+    """Raised by a processor for an input event it cannot process.
+
+    The event goes to the pipeline's dead letter with ``reason``; the processor's state must
+    be left as it was before the event (raise before changing state).
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class ElementError(FogshiftError):
+    """A PE could not be built or run."""
+
+    code = "element_error"
+
+
+class BadState(InvalidInput):
+    """A snapshot that does not match the PE's declared state."""
+
+    code = "bad_state"

@@ -1,0 +1,69 @@
+"""``window-aggregate``: an aggregate over the last N valid values of one field."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fogshift.events import Event, is_finite_number
+from fogshift.runtime.api import Processor, state
+from fogshift.runtime.exceptions import DeadLetter
+
+AGGREGATES: dict[str, Callable[[Sequence[float]], float | int]] = {
+    "avg": lambda values: math.fsum(values) / len(values),
+    "sum": math.fsum,
+    "min": min,
+    "max": max,
+    "count": len,
+}
+
+
+class WindowAggregateOptions(BaseModel):
+    """Options of ``window-aggregate``.
+
+    Attributes:
+        field: The body field to aggregate.
+        window: How many of the latest valid values the aggregate covers (count window).
+        function: avg, sum, min, max or count.
+        pad_bytes: Extra state carried along, to emulate a PE with a large state (benchmarks).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    field: str = Field(min_length=1)
+    window: int = Field(ge=1, le=1_000_000)
+    function: Literal["avg", "sum", "min", "max", "count"] = "avg"
+    pad_bytes: int = Field(default=0, ge=0, le=512 * 1024 * 1024)
+
+
+class WindowAggregate(Processor):
+    """Emits, for every valid input event, ``{field: aggregate of the last window values}``.
+
+    An event whose field is missing or not a finite number raises :class:`DeadLetter` before
+    touching the window. Until ``window`` values have been seen the aggregate covers all.
+    """
+
+    options_model = WindowAggregateOptions
+    values: list[float] = state(default_factory=list)
+    padding: str = state("")
+
+    def restore(self, snapshot: dict | None) -> None:  # type: ignore[override]
+        super().restore(snapshot)
+        wanted = self.config.pad_bytes
+        if len(self.padding) != wanted:
+            self.padding = "x" * wanted
+
+    def process(self, event: Event) -> dict[str, float | int]:
+        opts: WindowAggregateOptions = self.config
+        if opts.field not in event.body:
+            raise DeadLetter(f"field {opts.field!r} is missing (fields: {sorted(event.body)})")
+        value = event.body[opts.field]
+        if not is_finite_number(value):
+            raise DeadLetter(f"field {opts.field!r} is {value!r}, not a finite number")
+        self.values.append(value)
+        if len(self.values) > opts.window:
+            del self.values[: len(self.values) - opts.window]
+        return {opts.field: AGGREGATES[opts.function](self.values)}

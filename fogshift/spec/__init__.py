@@ -1,0 +1,15 @@
+"""Pipeline specs: YAML, validated with pydantic, checked as a graph."""
+
+from fogshift.spec.exceptions import InvalidSpec
+from fogshift.spec.models import ElementSpec, PipelineSpec, RecoverySpec
+from fogshift.spec.loader import load_spec, parse_spec, validate_spec
+
+__all__ = [
+    "ElementSpec",
+    "InvalidSpec",
+    "PipelineSpec",
+    "RecoverySpec",
+    "load_spec",
+    "parse_spec",
+    "validate_spec",
+]

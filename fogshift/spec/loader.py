@@ -1,0 +1,213 @@
+"""Loading and checking specs: every refusal names the element and what was expected."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from fogshift.runtime.kinds import KINDS
+from fogshift.spec.exceptions import InvalidSpec
+from fogshift.spec.models import PipelineSpec
+
+
+def _where(loc: tuple[Any, ...], data: Any) -> str:
+    """A readable location like ``elements[1] (id 'aggregate').kind``."""
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            label = f"[{part}]"
+            if isinstance(node, list) and part < len(node) and isinstance(node[part], dict):
+                if "id" in node[part]:
+                    label += f" (id {node[part]['id']!r})"
+                node = node[part]
+            out += label
+        else:
+            out += f".{part}" if out else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out or "spec"
+
+
+def _pydantic_error(exc: ValidationError, data: Any, what: str) -> InvalidSpec:
+    first = exc.errors()[0]
+    lines = [f"{_where(tuple(e['loc']), data)}: {e['msg']}" for e in exc.errors()]
+    return InvalidSpec(
+        f"{what} is invalid: " + "; ".join(lines),
+        received=repr(first.get("input"))[:200],
+        hint="see the spec example in the README",
+    )
+
+
+def parse_spec(data: Any, base_dir: Path | None = None) -> PipelineSpec:
+    """Validate a spec given as plain data and resolve its relative paths.
+
+    Args:
+        data: The parsed YAML/JSON.
+        base_dir: Relative paths in path options are resolved against it; ``None`` keeps them.
+
+    Raises:
+        InvalidSpec: Naming the element and what was expected.
+    """
+    if not isinstance(data, dict):
+        raise InvalidSpec(
+            "a pipeline spec must be a mapping",
+            expected="keys `pipeline` and `elements`",
+            received=type(data).__name__,
+        )
+    try:
+        spec = PipelineSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _pydantic_error(exc, data, "the pipeline spec") from None
+    elements = []
+    for element in spec.elements:
+        kind = KINDS.get(element.kind)
+        if kind is None:
+            raise InvalidSpec(
+                f"element {element.id!r} has an unknown kind",
+                expected="one of " + ", ".join(sorted(KINDS)),
+                received=repr(element.kind),
+            )
+        try:
+            kind.options_model.model_validate(element.options)
+        except ValidationError as exc:
+            raise _pydantic_error(
+                exc, element.options, f"options of element {element.id!r} ({element.kind})"
+            ) from None
+        options = dict(element.options)
+        if base_dir is not None:
+            for name in kind.path_options:
+                if isinstance(options.get(name), str):
+                    options[name] = str((base_dir / options[name]).resolve())
+        elements.append(element.model_copy(update={"options": options}))
+    spec = spec.model_copy(update={"elements": tuple(elements)})
+    validate_spec(spec)
+    return spec
+
+
+def validate_spec(
+    spec: PipelineSpec, nodes: Iterable[str] | None = None, check_files: bool = False
+) -> None:
+    """Check the spec as a graph, and optionally its nodes and files.
+
+    Args:
+        spec: A spec whose fields already validated.
+        nodes: The known node names; ``None`` skips the node check.
+        check_files: Also check that input files exist.
+
+    Raises:
+        InvalidSpec: Unknown node, duplicate id, bad input, a cycle, a missing file.
+    """
+    ids = [e.id for e in spec.elements]
+    seen: set[str] = set()
+    for element_id in ids:
+        if element_id in seen:
+            raise InvalidSpec(
+                f"pipeline {spec.pipeline!r} has two elements with id {element_id!r}",
+                hint="element ids must be unique in a pipeline",
+            )
+        seen.add(element_id)
+    known_nodes = sorted(nodes) if nodes is not None else None
+    for element in spec.elements:
+        kind = KINDS[element.kind]
+        if known_nodes is not None and element.node not in known_nodes:
+            raise InvalidSpec(
+                f"element {element.id!r} is placed on unknown node {element.node!r}",
+                expected="one of " + (", ".join(known_nodes) or "(no node is up)"),
+                received=repr(element.node),
+                hint="`fogshift nodes` lists the nodes; `fogshift up --nodes` starts them",
+            )
+        if kind.role == "source" and element.inputs:
+            raise InvalidSpec(
+                f"element {element.id!r} is a source ({element.kind}) and takes no inputs",
+                expected="inputs: []",
+                received=f"inputs: {list(element.inputs)}",
+            )
+        if kind.role != "source" and not element.inputs:
+            raise InvalidSpec(
+                f"element {element.id!r} ({element.kind}) has no inputs",
+                expected="inputs: [<id of an element feeding it>]",
+                received="no inputs",
+                hint="known elements: " + ", ".join(ids),
+            )
+        if len(set(element.inputs)) != len(element.inputs):
+            raise InvalidSpec(f"element {element.id!r} names the same input twice")
+        for name in element.inputs:
+            if name not in seen:
+                raise InvalidSpec(
+                    f"element {element.id!r} has input {name!r}, which is not an element "
+                    f"of pipeline {spec.pipeline!r}",
+                    expected="one of " + ", ".join(i for i in ids if i != element.id),
+                    received=repr(name),
+                )
+            if KINDS[spec.element(name).kind].role == "sink":
+                raise InvalidSpec(
+                    f"element {element.id!r} has input {name!r}, which is a sink and emits "
+                    "no events",
+                    hint="connect it to a source or processor instead",
+                )
+        if check_files:
+            for option in kind.must_exist:
+                value = element.options.get(option)
+                if isinstance(value, str) and not Path(value).exists():
+                    raise InvalidSpec(
+                        f"element {element.id!r}: file {value!r} (option `{option}`) "
+                        "does not exist",
+                        hint="relative paths are relative to the spec file",
+                    )
+    cycle = _find_cycle(spec)
+    if cycle:
+        raise InvalidSpec(
+            f"pipeline {spec.pipeline!r} has a cycle: " + " -> ".join(cycle),
+            expected="a directed acyclic graph of elements",
+        )
+
+
+def _find_cycle(spec: PipelineSpec) -> list[str]:
+    feeds = {e.id: list(e.inputs) for e in spec.elements}
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in feeds.get(node, []):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for element_id in feeds:
+        if element_id not in state:
+            found = visit(element_id)
+            if found:
+                return list(reversed(found))
+    return []
+
+
+def load_spec(path: str | Path, nodes: Iterable[str] | None = None) -> PipelineSpec:
+    """Read, validate and resolve a YAML spec file, checking that input files exist.
+
+    Raises:
+        InvalidSpec: The file cannot be read or parsed, or the spec is invalid.
+    """
+    source = Path(path)
+    try:
+        text = source.read_text()
+    except OSError as exc:
+        raise InvalidSpec(f"cannot read spec file {str(source)!r}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidSpec(f"spec file {str(source)!r} is not valid YAML: {exc}") from None
+    spec = parse_spec(data, source.resolve().parent)
+    validate_spec(spec, nodes, check_files=True)
+    return spec

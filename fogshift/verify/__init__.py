@@ -1,0 +1,1 @@
+"""Consistency checks: pipeline output against an independently computed reference."""

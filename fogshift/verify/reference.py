@@ -1,0 +1,105 @@
+"""An independent computation of Case 1, for consistency verdicts.
+
+Deliberately shares no code with the runtime: rows are split with the ``csv`` module, values
+are validated with pandas (``to_numeric`` + ``isfinite``) and aggregated with pandas'
+``rolling`` — a different algorithm from the window PE's list, so agreement means something.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Expected Case 1 output: ``(seq, value)`` rows and the number of dropped input rows."""
+
+    rows: list[tuple[int, float]]
+    dropped: int
+
+
+def case1_reference(csv_path: str | Path, field_name: str, window: int, function: str) -> Reference:
+    """What a single process computes for source → window-aggregate over ``csv_path``."""
+    with open(csv_path, newline="", encoding="utf-8-sig") as handle:
+        lines = handle.read().splitlines()
+    header = next(csv.reader([lines[0]]))
+    seqs, raw = [], []
+    dropped = 0
+    for k, line in enumerate(lines[1:], start=1):
+        cells = next(csv.reader([line]), [])
+        if len(cells) != len(header) or field_name not in header:
+            dropped += 1
+            continue
+        seqs.append(k)
+        raw.append(cells[header.index(field_name)].strip())
+    values = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").astype(float)
+    valid = values.notna() & np.isfinite(values)
+    dropped += int((~valid).sum())
+    kept = values[valid].reset_index(drop=True)
+    seq_kept = [s for s, ok in zip(seqs, valid, strict=True) if ok]
+    rolling = kept.rolling(window, min_periods=1)
+    method = {"avg": "mean", "sum": "sum", "min": "min", "max": "max", "count": "count"}[function]
+    result = getattr(rolling, method)()
+    return Reference(list(zip(seq_kept, result.tolist(), strict=True)), dropped)
+
+
+def read_sink(path: str | Path, field_name: str) -> list[tuple[int, float]]:
+    """``(seq, value)`` rows of a csv-sink output file."""
+    target = Path(path)
+    if not target.exists() or target.stat().st_size == 0:
+        return []
+    frame = pd.read_csv(target)
+    return list(zip(frame["seq"].astype(int).tolist(), frame[field_name].astype(float).tolist(), strict=True))
+
+
+@dataclass
+class Verdict:
+    """The outcome of comparing an output with its reference."""
+
+    consistent: bool
+    expected_rows: int
+    actual_rows: int
+    problems: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        head = "CONSISTENT" if self.consistent else "INCONSISTENT"
+        text = f"{head}: {self.actual_rows} output rows, {self.expected_rows} expected"
+        return text + "".join(f"\n  - {p}" for p in self.problems[:10])
+
+
+def compare(
+    expected: list[tuple[int, float]], actual: list[tuple[int, float]], rel_tol: float = 1e-9
+) -> Verdict:
+    """Same rows, same order, values equal within ``rel_tol`` (float sums differ in order).
+
+    Missing rows, extra rows (duplicates) and reordering are all reported.
+    """
+    problems = []
+    seen: dict[int, int] = {}
+    for seq, _ in actual:
+        seen[seq] = seen.get(seq, 0) + 1
+    duplicates = sorted(s for s, n in seen.items() if n > 1)
+    if duplicates:
+        problems.append(f"{len(duplicates)} seq written more than once, first {duplicates[:5]}")
+    expected_seqs = {s for s, _ in expected}
+    missing = sorted(expected_seqs - set(seen))
+    if missing:
+        problems.append(f"{len(missing)} seq missing, first {missing[:5]}")
+    extra = sorted(set(seen) - expected_seqs)
+    if extra:
+        problems.append(f"{len(extra)} unexpected seq, first {extra[:5]}")
+    if not problems:
+        for i, ((s1, v1), (s2, v2)) in enumerate(zip(expected, actual, strict=True)):
+            if s1 != s2:
+                problems.append(f"row {i + 1}: seq {s2}, expected {s1} (order differs)")
+                break
+            if not math.isclose(v1, v2, rel_tol=rel_tol, abs_tol=1e-6):
+                problems.append(f"seq {s1}: value {v2!r}, expected {v1!r}")
+                break
+    return Verdict(not problems, len(expected), len(actual), problems)
