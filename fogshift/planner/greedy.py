@@ -188,7 +188,6 @@ def _remote(
     heapq.heapify(heap)
     best: Option | None = None
     best_z = 0.0
-    cpu_blocked = recovery_blocked = False
     while heap:
         neg_z, hops, hops_wi, i, j, pos = heapq.heappop(heap)
         width = -neg_z
@@ -198,10 +197,7 @@ def _remote(
         if pos + 1 < len(lst):
             nz, nh, nj = lst[pos + 1]
             heapq.heappush(heap, (nz, nh, hops_wi, i, nj, pos + 1))
-        if j == work:
-            continue
-        if not state.cpu_fits(work, j, t.cpu):
-            cpu_blocked = True
+        if j == work or not state.cpu_fits(work, j, t.cpu):
             continue
         rec_route = net.route(i, j)
         assert rec_route is not None
@@ -212,14 +208,27 @@ def _remote(
             if state.recovery_fits(work, rec_route, z):
                 best, best_z = (i, j, z), z
                 break
-        else:
-            recovery_blocked = True
     if best is not None:
         return best, "latency"
-    # Name the constraint that rejected the pairs that got furthest.
-    if recovery_blocked:
-        return None, "recovery_bandwidth"
-    return None, "cpu" if cpu_blocked else "latency"
+    return None, _blocker(net, state, task, backups)
+
+
+def _blocker(net: Network, state: _State, task: int, backups: list[int]) -> ConstraintKind:
+    """Why phase 2 found nothing although backup and CPU candidates exist.
+
+    If some pair of a usable backup server and a server with CPU left could meet ``l_τ``
+    with its route's whole bottleneck, eq. 4 (what is left of it) is to blame; else latency.
+    """
+    t = net.topology.tasks[task]
+    work = net.task_server[task]
+    targets = [
+        j for j in range(len(net.server_ids)) if j != work and state.cpu_fits(work, j, t.cpu)
+    ]
+    for i in backups:
+        for j in targets:
+            if i != j and within(net.recovery_ms(task, i, j, net.bottleneck(i, j)), t.latency_ms):
+                return "recovery_bandwidth"
+    return "latency"
 
 
 _WHY: dict[str, str] = {

@@ -1,0 +1,217 @@
+"""Case 1 end to end: real nats-server, real Spark, three real node-agent processes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+
+from fogshift.verify.reference import case1_reference, compare, read_sink
+from tests.conftest import Cluster
+from tests.integration.helpers import write_case1_csv, write_spec
+
+pytestmark = pytest.mark.integration
+
+AGGREGATES = [  # (function, window, node)
+    ("avg", 3, "fog-a"),
+    ("sum", 1, "fog-b"),
+    ("min", 10, "fog-a"),
+    ("max", 25, "fog-b"),
+    ("count", 7, "fog-a"),
+]
+ROWS = 400
+
+
+@pytest.fixture(scope="module")
+def fan(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One source feeding five aggregates (all functions, several windows), five sinks."""
+    work = tmp_path_factory.mktemp("fan")
+    data = write_case1_csv(work / "data" / "in.csv", ROWS, seed=7)
+    elements: list[dict] = [
+        {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "data/in.csv"}}
+    ]
+    for function, window, node in AGGREGATES:
+        name = f"{function}{window}"
+        elements.append(
+            {
+                "id": name,
+                "kind": "window-aggregate",
+                "node": node,
+                "inputs": ["source"],
+                "options": {"field": "value", "window": window, "function": function},
+            }
+        )
+        elements.append(
+            {
+                "id": f"sink-{name}",
+                "kind": "csv-sink",
+                "node": "cloud",
+                "inputs": [name],
+                "options": {"path": f"out/{name}.csv"},
+            }
+        )
+    spec = write_spec(work / "fan.yaml", "fan", elements)
+    cluster.cli("deploy", str(spec))
+    return {"work": work, "data": data, "spec": spec}
+
+
+def test_all_functions_and_windows_match_the_reference(cluster: Cluster, fan: dict) -> None:
+    for function, window, _ in AGGREGATES:
+        name = f"{function}{window}"
+        ref = case1_reference(fan["data"], "value", window, function)
+        cluster.wait_for("fan", f"sink-{name}", len(ref.rows))
+        verdict = compare(ref.rows, read_sink(fan["work"] / "out" / f"{name}.csv", "value"))
+        assert verdict.consistent, f"{name}: {verdict.summary()}"
+
+
+def test_status_counts_and_dead_letters(cluster: Cluster, fan: dict) -> None:
+    ref = case1_reference(fan["data"], "value", 3, "avg")
+    cluster.wait_for("fan", "sink-avg3", len(ref.rows))
+    status = cluster.status("fan")
+    by_id = {e["element"]: e for e in status["elements"]}
+    assert status["status"] == "running"
+    assert all(e["state"] == "running" for e in status["elements"]), status
+    source, agg = by_id["source"], by_id["avg3"]
+    assert source["events_in"] == ROWS
+    assert source["events_out"] + source["dead_letters"] == ROWS
+    assert agg["events_in"] == source["events_out"]
+    assert source["dead_letters"] + agg["dead_letters"] == ref.dropped
+    assert by_id["sink-avg3"]["events_out"] == len(ref.rows)
+    assert (by_id["avg3"]["node"], by_id["sink-avg3"]["node"]) == ("fog-a", "cloud")
+
+    letters = cluster.json("errors", "fan", "--limit", "10000")
+    from_source = [d for d in letters if d["element"] == "source"]
+    from_avg = [d for d in letters if d["element"] == "avg3"]
+    assert len(from_source) == source["dead_letters"]
+    assert all("columns, the header has 3" in d["reason"] for d in from_source)
+    assert len(from_avg) == agg["dead_letters"]
+    assert all("not a finite number" in d["reason"] for d in from_avg)
+
+
+def test_stateless_and_custom_processors(cluster: Cluster, tmp_path: Path) -> None:
+    data = write_case1_csv(tmp_path / "in.csv", 200, seed=11)
+    procs = Path(__file__).resolve().parent
+    spec = write_spec(
+        tmp_path / "ops.yaml",
+        "ops",
+        [
+            {"id": "src", "kind": "csv-source", "node": "fog-b", "options": {"path": "in.csv"}},
+            {
+                "id": "hot",
+                "kind": "filter",
+                "node": "fog-b",
+                "inputs": ["src"],
+                "options": {"where": "isfinite(value) and value > 20"},
+            },
+            {
+                "id": "double",
+                "kind": "map",
+                "node": "fog-a",
+                "inputs": ["hot"],
+                "options": {"set": {"value2": "value * 2"}, "keep": False},
+            },
+            {"id": "out", "kind": "csv-sink", "node": "cloud", "inputs": ["double"],
+             "options": {"path": "out/double.csv"}},
+            {
+                "id": "stats",
+                "kind": "custom",
+                "node": "fog-a",
+                "inputs": ["src"],
+                "options": {"class": "procs:RunningStats", "path": str(procs)},
+            },
+            {"id": "out-stats", "kind": "csv-sink", "node": "cloud", "inputs": ["stats"],
+             "options": {"path": "out/stats.csv"}},
+        ],
+    )  # fmt: skip
+    cluster.cli("deploy", str(spec))
+    # Independent reference with pandas: valid rows only.
+    frame = pd.read_csv(data, on_bad_lines="skip", dtype=str, keep_default_na=False)
+    frame.index = range(1, len(frame) + 1)
+    lines = data.read_text().splitlines()[1:]
+    seqs = [k for k, line in enumerate(lines, start=1) if line.count(",") == 2]
+    values = pd.to_numeric(pd.Series([ln.split(",")[2] for ln in lines if ln.count(",") == 2],
+                                     index=seqs), errors="coerce")  # fmt: skip
+    finite = values[values.notna() & values.abs().lt(float("inf"))]
+    hot = finite[finite > 20]
+    cluster.wait_for("ops", "out", len(hot))
+    doubled = pd.read_csv(tmp_path / "out" / "double.csv")
+    assert doubled["seq"].tolist() == hot.index.tolist()
+    assert doubled["value2"].tolist() == pytest.approx((hot * 2).tolist(), rel=1e-12)
+    cluster.wait_for("ops", "out-stats", len(finite))
+    stats = pd.read_csv(tmp_path / "out" / "stats.csv")
+    assert stats["seq"].tolist() == finite.index.tolist()
+    assert stats["count"].tolist() == list(range(1, len(finite) + 1))
+    assert stats["total"].tolist() == pytest.approx(finite.cumsum().tolist(), rel=1e-9)
+
+
+def test_bad_specs_are_refused_before_anything_starts(cluster: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "in.csv").write_text("value\n1\n")
+    spec = write_spec(
+        tmp_path / "bad.yaml",
+        "bad",
+        [{"id": "s", "kind": "csv-source", "node": "fog-z", "options": {"path": "in.csv"}}],
+    )
+    result = cluster.cli("deploy", str(spec), check=False)
+    assert result.returncode == 2
+    assert "unknown node 'fog-z'" in result.stderr
+    assert "expected: one of cloud, fog-a, fog-b" in result.stderr
+    missing = write_spec(
+        tmp_path / "missing.yaml",
+        "missing",
+        [{"id": "s", "kind": "csv-source", "node": "cloud", "options": {"path": "no.csv"}}],
+    )
+    result = cluster.cli("deploy", str(missing), check=False)
+    assert result.returncode == 2 and "does not exist" in result.stderr
+    names = [p["pipeline"] for p in cluster.json("status")]
+    assert "bad" not in names and "missing" not in names
+    result = cluster.cli("status", "nope", check=False)
+    assert result.returncode == 1 and "no pipeline named 'nope'" in result.stderr
+
+
+def test_redeploying_a_running_pipeline_is_a_conflict(cluster: Cluster, fan: dict) -> None:
+    result = cluster.cli("deploy", str(fan["spec"]), check=False)
+    assert result.returncode == 1
+    assert "already running" in result.stderr and "fogshift stop fan" in result.stderr
+
+
+def test_nodes_are_separate_process_groups_behind_a_token(cluster: Cluster) -> None:
+    nodes = {n["name"]: n for n in cluster.json("nodes")}
+    assert set(nodes) == {"cloud", "fog-a", "fog-b"}
+    assert all(n["healthy"] for n in nodes.values())
+    assert len({n["pgid"] for n in nodes.values()}) == 3
+    assert all(n["pid"] == n["pgid"] for n in nodes.values())
+    assert all(n["url"].startswith("http://127.0.0.1:") for n in nodes.values())
+    # No token, no answer: neither from an agent nor from the orchestrator.
+    assert httpx.get(nodes["fog-a"]["url"] + "/elements").status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert httpx.get(nodes["cloud"]["url"] + "/health", headers=wrong).status_code == 401
+
+
+def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
+    write_case1_csv(tmp_path / "in.csv", 50, seed=3)
+    spec = write_spec(
+        tmp_path / "s.yaml",
+        "short",
+        [
+            {"id": "s", "kind": "csv-source", "node": "cloud", "options": {"path": "in.csv"}},
+            {"id": "k", "kind": "csv-sink", "node": "fog-b", "inputs": ["s"],
+             "options": {"path": "out.csv"}},
+        ],
+    )  # fmt: skip
+    cluster.cli("deploy", str(spec))
+    done = cluster.wait_for("short", "k", 1)
+    cluster.cli("stop", "short")
+    status = cluster.status("short")
+    assert status["status"] == "stopped"
+    assert (tmp_path / "out.csv").stat().st_size > 0
+    assert done["events_out"] >= 1
+    deadline = time.monotonic() + 10  # node reports arrive with the next heartbeat
+    while time.monotonic() < deadline:
+        hosted = [e for n in cluster.json("nodes") for e in n["elements"]]
+        if not any(e.startswith("short/") for e in hosted):
+            break
+        time.sleep(0.5)
+    assert not any(e.startswith("short/") for e in hosted), hosted

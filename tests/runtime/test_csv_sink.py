@@ -1,0 +1,54 @@
+"""The exactly-once CSV append, without Spark."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fogshift.exceptions import InvariantViolation
+from fogshift.runtime.csv_io import append_exactly_once, marker_path, read_marker, reset_sink
+
+
+def rows(*pairs: tuple[int, float]) -> list[tuple[int, int, float, str]]:
+    return [(o, o, 0.0, json.dumps({"v": v})) for o, v in pairs]
+
+
+def test_reexecuted_batches_append_nothing_twice(tmp_path: Path) -> None:
+    out = tmp_path / "o.csv"
+    assert append_exactly_once(out, rows((1, 1.5), (2, 2.0))) == 2
+    assert append_exactly_once(out, rows((2, 2.0), (1, 1.5))) == 0  # the same batch again
+    assert append_exactly_once(out, rows((2, 2.0), (3, 3.25))) == 1  # overlap
+    assert out.read_text() == "seq,v\n1,1.5\n2,2.0\n3,3.25\n"
+    assert read_marker(out)["lines"] == 3
+
+
+def test_a_torn_tail_is_cut(tmp_path: Path) -> None:
+    out = tmp_path / "o.csv"
+    append_exactly_once(out, rows((1, 1.0)))
+    with open(out, "a") as handle:
+        handle.write("2,2.")  # a crash in the middle of the next append
+    append_exactly_once(out, rows((2, 2.0)))
+    assert out.read_text() == "seq,v\n1,1.0\n2,2.0\n"
+
+
+def test_mismatched_fields_are_refused_before_the_marker_moves(tmp_path: Path) -> None:
+    out = tmp_path / "o.csv"
+    refused: list = []
+    batch = rows((1, 1.0)) + [(2, 2, 0.0, json.dumps({"w": 1}))]
+    append_exactly_once(out, batch, refused.extend)
+    assert [r[0][0] for r in refused] == [2]
+    assert "do not match the output header" in refused[0][1]
+    assert out.read_text() == "seq,v\n1,1.0\n"
+
+
+def test_a_truncated_output_is_an_error_and_reset_starts_over(tmp_path: Path) -> None:
+    out = tmp_path / "o.csv"
+    append_exactly_once(out, rows((1, 1.0)))
+    out.write_text("")
+    with pytest.raises(InvariantViolation, match="truncated"):
+        append_exactly_once(out, rows((2, 2.0)))
+    reset_sink(out)
+    assert not marker_path(out).exists()
+    assert append_exactly_once(out, rows((1, 1.0))) == 1

@@ -1,0 +1,151 @@
+"""The PE developer API and the built-in processors, as pure logic."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from fogshift.events import Event, parse_value
+from fogshift.runtime.api import Processor, state
+from fogshift.runtime.batch import run_events
+from fogshift.runtime.exceptions import BadState, DeadLetter
+from fogshift.runtime.kinds import processor_for
+from fogshift.runtime.operators.expr import Filter, Map
+from fogshift.runtime.operators.window import WindowAggregate
+
+
+class Counter(Processor):
+    count: int = state(0)
+    seen: list[int] = state(default_factory=list)
+
+    def process(self, event: Event) -> dict:
+        if event.body.get("bad"):
+            raise DeadLetter("bad flag set")
+        self.count += 1
+        self.seen.append(event.seq)
+        return {"count": self.count}
+
+
+def ev(seq: int, **body: object) -> Event:
+    return Event(seq, 1000.0 + seq, "source", dict(body))
+
+
+def test_declared_state_snapshot_and_restore_round_trip() -> None:
+    first = Counter.build({}, "c", None)
+    assert Counter.is_stateful()
+    for k in range(1, 4):
+        first.process(ev(k))
+    snap = json.loads(first.dump_state())
+    assert snap == {"count": 3, "seen": [1, 2, 3]}
+    second = Counter.build({}, "c", snap)
+    assert second.process(ev(4)) == {"count": 4}
+    # Fresh instances never share mutable defaults.
+    assert Counter.build({}, "c", None).seen == []
+
+
+def test_restore_refuses_a_snapshot_of_another_shape() -> None:
+    with pytest.raises(BadState) as err:
+        Counter.build({}, "c", {"count": 1})
+    assert err.value.expected == "count, seen"
+    assert err.value.received == "count"
+
+
+def test_state_needs_a_default() -> None:
+    with pytest.raises(TypeError):
+        state()
+
+
+def window(function: str, size: int) -> WindowAggregate:
+    proc = WindowAggregate.build({"field": "v", "window": size, "function": function}, "agg", None)
+    assert isinstance(proc, WindowAggregate)
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("function", "expected"),
+    [
+        ("avg", [1.0, 1.5, 2.0, 3.0, 4.0]),
+        ("sum", [1.0, 3.0, 6.0, 9.0, 12.0]),
+        ("min", [1, 1, 1, 2, 3]),
+        ("max", [1, 2, 3, 4, 5]),
+        ("count", [1, 2, 3, 3, 3]),
+    ],
+)
+def test_window_aggregate_over_last_three(function: str, expected: list[float]) -> None:
+    proc = window(function, 3)
+    assert [proc.process(ev(k, v=k))["v"] for k in range(1, 6)] == expected
+
+
+@pytest.mark.parametrize("value", ["n/a", None, math.nan, math.inf, True, "3"])
+def test_invalid_values_are_dead_letters_and_leave_the_window_alone(value: object) -> None:
+    proc = window("sum", 2)
+    proc.process(ev(1, v=5))
+    with pytest.raises(DeadLetter, match="not a finite number"):
+        proc.process(ev(2, v=value))
+    assert proc.values == [5]
+    with pytest.raises(DeadLetter, match="missing"):
+        proc.process(ev(3, w=1))
+    assert proc.process(ev(4, v=1)) == {"v": 6.0}
+
+
+def test_window_padding_emulates_large_state() -> None:
+    proc = WindowAggregate.build({"field": "v", "window": 2, "pad_bytes": 1000}, "agg", None)
+    assert len(proc.dump_state()) > 1000
+
+
+def test_map_and_filter() -> None:
+    m = Map.build({"set": {"double": "v * 2", "big": "v > 2"}}, "m", None)
+    assert m.process(ev(1, v=3)) == {"v": 3, "double": 6, "big": True}
+    only = Map.build({"set": {"double": "v * 2"}, "keep": False}, "m", None)
+    assert only.process(ev(1, v=3)) == {"double": 6}
+    with pytest.raises(DeadLetter, match="expression 'v \\* 2' failed"):
+        m.process(ev(2, w=1))
+    f = Filter.build({"where": "v >= 2 and seq % 2 == 0"}, "f", None)
+    assert f.process(ev(2, v=3)) == {"v": 3}
+    assert f.process(ev(3, v=3)) is None
+    assert not Map.is_stateful()
+
+
+def test_expressions_cannot_reach_python() -> None:
+    m = Map.build({"set": {"x": "().__class__"}}, "m", None)
+    with pytest.raises(DeadLetter):
+        m.process(ev(1, v=1))
+
+
+def test_run_events_turns_bad_input_into_dead_letters() -> None:
+    proc = Counter.build({}, "c", None)
+    rows = [
+        (1, 1, 1.0, "src", json.dumps({"a": 1})),
+        (2, 2, 2.0, "src", "{not json"),
+        (3, 3, 3.0, "src", json.dumps({"bad": True})),
+        (4, 4, 4.0, "src", json.dumps({"a": 2})),
+    ]
+    out = list(run_events(proc, rows))
+    assert [(r[0], r[1], r[6] is None) for r in out] == [
+        (1, 0, True),
+        (2, 0, False),
+        (3, 0, False),
+        (4, 0, True),
+    ]
+    assert out[2][6] == "bad flag set"
+    assert out[1][5] == "{not json"  # the input is kept as received
+    assert json.loads(out[3][5]) == {"count": 2}
+
+
+def test_processor_for_custom_classes() -> None:
+    cls, opts = processor_for("window-aggregate", {"field": "v", "window": 1})
+    assert cls is WindowAggregate and opts == {"field": "v", "window": 1}
+    cls, opts = processor_for(
+        "custom", {"class": "tests.runtime.test_runtime_api:Counter", "options": {"k": 1}}
+    )
+    assert cls.__name__ == "Counter" and opts == {"k": 1}
+
+
+def test_parse_value() -> None:
+    assert parse_value("12") == 12
+    assert parse_value(" -1.5e3 ") == -1500.0
+    assert parse_value("nan") == "nan"
+    assert parse_value("inf") == "inf"
+    assert parse_value("abc") == "abc"
