@@ -249,5 +249,7 @@ class NodeRuntime:
             target = self._metrics_file(*hosted.key)
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"events_in": hosted.events_in, "last_batch": hosted.last_batch}))
+            tmp.write_text(
+                json.dumps({"events_in": hosted.events_in, "last_batch": hosted.last_batch})
+            )
             tmp.replace(target)

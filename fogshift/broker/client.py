@@ -8,6 +8,7 @@ kept for the life of the process and used from any thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Awaitable, Callable
@@ -134,10 +135,9 @@ class SyncJetStream:
     def close(self) -> None:
         """Drain the connection and stop the loop."""
         if self._nc is not None:
-            try:
+            # Closing a dead connection must not mask the error that killed it.
+            with contextlib.suppress(Exception):
                 self._submit(self._nc.close(), 5)
-            except Exception:  # closing a dead connection must not mask the real error
-                pass
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
@@ -178,10 +178,8 @@ async def ensure_pe_stream(js: JetStreamContext, pipeline: str, pe: str) -> None
 
 async def delete_pe_stream(js: JetStreamContext, pipeline: str, pe: str) -> None:
     """Delete the output stream of ``pe`` if it exists."""
-    try:
+    with contextlib.suppress(NotFoundError):
         await js.delete_stream(stream_name(pipeline, pe))
-    except NotFoundError:
-        pass
 
 
 async def last_seq(js: JetStreamContext, stream: str) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -115,7 +116,7 @@ class JetStreamReader(DataSourceStreamReader):
         latest: dict[str, int] = {}
         for name in self.inputs:
             stream = stream_name(self.pipeline, name)
-            last = client.run(lambda js, s=stream: last_seq(js, s))
+            last = client.run(partial(last_seq, stream=stream))
             position = begin.get(name, 0)
             if last < position:
                 raise InvariantViolation(
@@ -145,12 +146,12 @@ class JetStreamReader(DataSourceStreamReader):
         for i, rng in enumerate(ranges):
             later = sum(r.start for r in ranges[i + 1 :])
             msgs = client.run(
-                lambda js, r=rng: fetch_range(
-                    js,
-                    stream_name(self.pipeline, r.input),
-                    data_subject(self.pipeline, r.input),
-                    r.start,
-                    r.end,
+                partial(
+                    fetch_range,
+                    stream=stream_name(self.pipeline, rng.input),
+                    subject=data_subject(self.pipeline, rng.input),
+                    start=rng.start,
+                    end=rng.end,
                 ),
                 timeout=120,
             )
@@ -213,4 +214,4 @@ class JetStreamWriter(DataSourceStreamWriter):
         """Nothing to undo: a retried batch skips what was appended (see publish)."""
 
 
-__all__ = ["BrokerError", "JetStreamDataSource", "EVENT_SCHEMA", "RECORD_SCHEMA"]
+__all__ = ["EVENT_SCHEMA", "RECORD_SCHEMA", "BrokerError", "JetStreamDataSource"]

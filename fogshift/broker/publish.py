@@ -96,7 +96,9 @@ async def publish_records(
             INDEX_HEADER: str(record.index),
             "Nats-Expected-Last-Sequence": str(last_seq),
         }
-        subject = dead_subject(pipeline, pe) if record.dead is not None else data_subject(pipeline, pe)
+        subject = (
+            dead_subject(pipeline, pe) if record.dead is not None else data_subject(pipeline, pe)
+        )
         try:
             ack = await js.publish(subject, json.dumps(payload).encode(), headers=headers)
         except APIError as exc:

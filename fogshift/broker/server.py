@@ -83,17 +83,18 @@ def start_nats_server(
         f'authorization {{ user: fogshift, password: "{password}" }}\n'
     )
     config.chmod(0o600)
-    log = open(log_file or home / "nats.log", "ab")
-    proc = subprocess.Popen(
-        [nats_server_binary(), "-c", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    log_path = log_file or home / "nats.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     if not wait_for_port(host, port, 15):
         proc.kill()
         raise BrokerUnavailable(
-            f"nats-server did not start on {host}:{port}", hint=f"see {log.name}"
+            f"nats-server did not start on {host}:{port}", hint=f"see {log_path}"
         )
     address = BrokerAddress(url=f"nats://{host}:{port}", user="fogshift", password=password)
     return BrokerProcess(address=address, pid=proc.pid, config_file=config, store_dir=store)

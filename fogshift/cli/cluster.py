@@ -7,6 +7,7 @@ node — agent, JVM and Python workers — with one signal. What was started is 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -111,20 +112,30 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "fogshift.cli.main", *args]
 
 
-def start_node(home: Path, name: str, orchestrator_url: str, host: str, spark_master: str) -> ProcessInfo:
+def start_node(
+    home: Path, name: str, orchestrator_url: str, host: str, spark_master: str
+) -> ProcessInfo:
     """Start the agent of node ``name`` in a new process group."""
     port = free_port(host)
     info = _spawn(
         _cli(
             "serve-agent",
-            "--name", name,
-            "--home", str(home / "nodes" / name),
-            "--host", host,
-            "--port", str(port),
-            "--orchestrator", orchestrator_url,
-            "--token-file", str(token_file(home)),
-            "--broker-file", str(broker_file(home)),
-            "--spark-master", spark_master,
+            "--name",
+            name,
+            "--home",
+            str(home / "nodes" / name),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--orchestrator",
+            orchestrator_url,
+            "--token-file",
+            str(token_file(home)),
+            "--broker-file",
+            str(broker_file(home)),
+            "--spark-master",
+            spark_master,
         ),
         home / "logs" / f"node-{name}.log",
     )
@@ -191,11 +202,16 @@ def up(
         orchestrator = _spawn(
             _cli(
                 "serve-orchestrator",
-                "--home", str(home),
-                "--host", host,
-                "--port", str(port),
-                "--token-file", str(token_file(home)),
-                "--broker-file", str(broker_file(home)),
+                "--home",
+                str(home),
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--token-file",
+                str(token_file(home)),
+                "--broker-file",
+                str(broker_file(home)),
             ),
             home / "logs" / "orchestrator.log",
         ).model_copy(update={"url": f"http://{host}:{port}"})
@@ -237,7 +253,9 @@ def wait_healthy(
                 time.sleep(0.3)
                 continue
             waiting = [n for n in nodes if not reports.get(n, {}).get("healthy")]
-            errors = [f"{n}: {reports[n]['error']}" for n in nodes if reports.get(n, {}).get("error")]
+            errors = [
+                f"{n}: {reports[n]['error']}" for n in nodes if reports.get(n, {}).get("error")
+            ]
             if errors:
                 raise Unavailable("node failed to start: " + "; ".join(errors))
             if not waiting:
@@ -256,10 +274,8 @@ def wait_healthy(
 
 def kill_group(pgid: int, sig: int) -> None:
     """Send ``sig`` to a whole process group, if it still exists."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _group_alive(pgid: int) -> bool:
@@ -299,10 +315,8 @@ def down(home: Path, grace_s: float = 15) -> list[str]:
     # Nodes first (they stop their queries cleanly), then the services they talk to.
     for tier in tiers:
         for info in tier.values():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(info.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace_s
         while any(alive(i.pid) for i in tier.values()) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -72,7 +72,9 @@ def _run(home: Path, spec: PipelineSpec, timeout_s: float, console: Console) -> 
             written = 0
             while time.monotonic() < deadline:
                 status = client.get(f"/pipelines/{spec.pipeline}")
-                written = next(e["events_out"] for e in status["elements"] if e["kind"] == "csv-sink")
+                written = next(
+                    e["events_out"] for e in status["elements"] if e["kind"] == "csv-sink"
+                )
                 progress.update(task, completed=written)
                 if written >= len(reference.rows):
                     break

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -173,7 +172,9 @@ def stop(pipeline: str, home: Home = Path(".fogshift")) -> None:
 @app.command()
 def demo(
     home: Home = Path(".fogshift-demo"),
-    spec: Annotated[Path, typer.Option(help="The Case 1 spec.")] = Path("examples/case1/case1.yaml"),
+    spec: Annotated[Path, typer.Option(help="The Case 1 spec.")] = Path(
+        "examples/case1/case1.yaml"
+    ),
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the output.")] = 300,
     keep: Annotated[bool, typer.Option(help="Leave the cluster up afterwards.")] = False,
 ) -> None:

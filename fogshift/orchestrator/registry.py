@@ -136,7 +136,9 @@ class Registry:
 
     # -- nodes ------------------------------------------------------------------------------
 
-    def heartbeat(self, name: str, url: str, pid: int | None, pgid: int | None, report: dict) -> None:
+    def heartbeat(
+        self, name: str, url: str, pid: int | None, pgid: int | None, report: dict
+    ) -> None:
         with self._tx() as db:
             db.execute(
                 "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "

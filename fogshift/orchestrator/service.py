@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -219,9 +220,8 @@ class Orchestrator:
                     ),
                     None,
                 )
-                counts = self.broker.run(
-                    lambda js, e=element: subject_counts(js, stream_name(record.name, e.id))
-                )
+                stream = stream_name(record.name, element.id)
+                counts = self.broker.run(partial(subject_counts, stream=stream))
                 role = KINDS[element.kind].role
                 if node is None or not self.healthy(node):
                     state = "node-lost"
@@ -285,9 +285,7 @@ class Orchestrator:
                 node = nodes.get(record.placement[element.id])
                 if node is None or not self.healthy(node) or not node.report.get("ready"):
                     continue
-                hosted = {
-                    (e["pipeline"], e["element"]) for e in node.report.get("elements", [])
-                }
+                hosted = {(e["pipeline"], e["element"]) for e in node.report.get("elements", [])}
                 if (record.name, element.id) in hosted:
                     continue
                 placed = element.model_copy(update={"node": node.name})

@@ -143,9 +143,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
                 )
             )
         else:
-            out = events.mapInPandas(
-                _stateless(element.kind, options, element.id), RECORD_SCHEMA
-            )
+            out = events.mapInPandas(_stateless(element.kind, options, element.id), RECORD_SCHEMA)
         writer = out.coalesce(1).writeStream.format("fogshift-jetstream")
     else:
         writer = (

@@ -12,7 +12,9 @@ if TYPE_CHECKING:
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-def build_session(node: str, master: str = "local[*]", local_dir: str | None = None) -> SparkSession:
+def build_session(
+    node: str, master: str = "local[*]", local_dir: str | None = None
+) -> SparkSession:
     """Create (or get) the node's SparkSession and register fogshift's data sources.
 
     Called once per process: a session costs ~7 s to start. One shuffle partition, because

@@ -1,8 +1,8 @@
 """Pipeline specs: YAML, validated with pydantic, checked as a graph."""
 
 from fogshift.spec.exceptions import InvalidSpec
-from fogshift.spec.models import ElementSpec, PipelineSpec, RecoverySpec
 from fogshift.spec.loader import load_spec, parse_spec, validate_spec
+from fogshift.spec.models import ElementSpec, PipelineSpec, RecoverySpec
 
 __all__ = [
     "ElementSpec",

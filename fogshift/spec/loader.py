@@ -176,7 +176,7 @@ def _find_cycle(spec: PipelineSpec) -> list[str]:
         path.append(node)
         for nxt in feeds.get(node, []):
             if state.get(nxt) == 1:
-                return path[path.index(nxt) :] + [nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:

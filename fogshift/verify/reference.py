@@ -55,7 +55,11 @@ def read_sink(path: str | Path, field_name: str) -> list[tuple[int, float]]:
     if not target.exists() or target.stat().st_size == 0:
         return []
     frame = pd.read_csv(target)
-    return list(zip(frame["seq"].astype(int).tolist(), frame[field_name].astype(float).tolist(), strict=True))
+    return list(
+        zip(
+            frame["seq"].astype(int).tolist(), frame[field_name].astype(float).tolist(), strict=True
+        )
+    )
 
 
 @dataclass

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from fogshift.broker import publish
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, fetch_range, last_seq
 from fogshift.broker.exceptions import WriterConflict
 from fogshift.broker.naming import data_subject, stream_name
-from fogshift.broker import publish
 from fogshift.broker.publish import Record, publish_records
 
 pytestmark = pytest.mark.integration

@@ -23,9 +23,7 @@ def forced_remote(t2_backup_rate: float | None = None) -> Topology:
     tasks = [task("t1", "s1", cpu=30, backup_rate=10, transfer_size=100, latency_ms=10_000)]
     load_s2 = 100.0
     if t2_backup_rate is not None:
-        tasks.append(
-            task("t2", "s2", cpu=10, backup_rate=t2_backup_rate, latency_ms=20_000)
-        )
+        tasks.append(task("t2", "s2", cpu=10, backup_rate=t2_backup_rate, latency_ms=20_000))
         load_s2 = 90.0
     return topo(
         [("s1", 100, 0), ("s2", 100, load_s2), ("s3", 100, 50)],
@@ -157,8 +155,7 @@ def test_cpu_infeasible_names_task_need_and_failing_server() -> None:
         err = info.value
         assert err.constraint == "cpu" and err.proven and err.task_id == "t3"
         assert err.message == (
-            "task t3 needs 40 CPU but no server other than its primary s1 has 40 free "
-            "when s1 fails"
+            "task t3 needs 40 CPU but no server other than its primary s1 has 40 free when s1 fails"
         )
         assert err.received == "the most free CPU is 30 on s2"
 

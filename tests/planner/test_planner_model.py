@@ -71,7 +71,10 @@ def test_models_are_frozen() -> None:
             "servers[0].cpu: server 's1' has capacity 10",
         ),
         (
-            {"servers": [{"id": "s1", "cpu": 10}], "links": [{"a": "s1", "b": "s1", "bandwidth": 1}]},
+            {
+                "servers": [{"id": "s1", "cpu": 10}],
+                "links": [{"a": "s1", "b": "s1", "bandwidth": 1}],
+            },
             "links[0]: link joins server 's1' to itself",
         ),
         (
@@ -85,7 +88,10 @@ def test_models_are_frozen() -> None:
             "links[1]: second link",
         ),
         (
-            {"servers": [{"id": "s1", "cpu": 10}], "links": [{"a": "s1", "b": "x", "bandwidth": 1}]},
+            {
+                "servers": [{"id": "s1", "cpu": 10}],
+                "links": [{"a": "s1", "b": "x", "bandwidth": 1}],
+            },
             "links[0].b: unknown server 'x'",
         ),
         ({"servers": [{"id": "s1", "cpu": float("nan")}]}, "servers[0].cpu"),

@@ -36,7 +36,7 @@ def test_a_torn_tail_is_cut(tmp_path: Path) -> None:
 def test_mismatched_fields_are_refused_before_the_marker_moves(tmp_path: Path) -> None:
     out = tmp_path / "o.csv"
     refused: list = []
-    batch = rows((1, 1.0)) + [(2, 2, 0.0, json.dumps({"w": 1}))]
+    batch = [*rows((1, 1.0)), (2, 2, 0.0, json.dumps({"w": 1}))]
     append_exactly_once(out, batch, refused.extend)
     assert [r[0][0] for r in refused] == [2]
     assert "do not match the output header" in refused[0][1]

@@ -111,18 +111,24 @@ def test_bad_options_name_the_field() -> None:
 def test_source_with_inputs_and_processor_without() -> None:
     data = case1()
     data["elements"][0]["inputs"] = ["sink"]
-    with pytest.raises(InvalidSpec, match="source .* takes no inputs"):
+    with pytest.raises(InvalidSpec, match=r"source .* takes no inputs"):
         parse_spec(data)
     data = case1()
     data["elements"][1]["inputs"] = []
-    with pytest.raises(InvalidSpec, match="'aggregate' .* has no inputs"):
+    with pytest.raises(InvalidSpec, match=r"'aggregate' .* has no inputs"):
         parse_spec(data)
 
 
 def test_a_sink_cannot_feed_anything() -> None:
     data = case1()
     data["elements"].append(
-        {"id": "s2", "kind": "csv-sink", "node": "cloud", "inputs": ["sink"], "options": {"path": "x"}}
+        {
+            "id": "s2",
+            "kind": "csv-sink",
+            "node": "cloud",
+            "inputs": ["sink"],
+            "options": {"path": "x"},
+        }
     )
     with pytest.raises(InvalidSpec, match="'sink', which is a sink"):
         parse_spec(data)

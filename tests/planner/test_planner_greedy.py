@@ -1,0 +1,131 @@
+"""The greedy (Algorithm 1): its documented choices, and properties on random instances."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from planner_testlib import brute_force, task, topo, topologies
+
+from fogshift.planner import InfeasiblePlan, SolverFailed, Topology
+from fogshift.planner.bench import random_topology
+from fogshift.planner.greedy import solve_greedy
+from fogshift.planner.milp import solve_exact
+
+
+def test_phase_one_prefers_fewest_hops_then_widest_residual() -> None:
+    # From s1: s2 and s3 are one hop away (residual 50 and 80), s4 two hops.
+    t = topo(
+        [("s1", 100, 0), ("s2", 100, 0), ("s3", 100, 0), ("s4", 100, 0)],
+        [task("t1", "s1")],
+        [("s1", "s2", 50), ("s1", "s3", 80), ("s3", "s4", 1000)],
+    )
+    p = solve_greedy(t)
+    assert (p.assignments[0].backup, p.assignments[0].redeploy) == ("s3", "s3")
+    assert p.method == "greedy" and p.status == "heuristic"
+
+
+def test_tasks_are_served_by_ascending_latency_requirement() -> None:
+    # Only one of s1's tasks fits on s2 (the only neighbour with CPU) when s1 fails; the
+    # other must recover remotely. The more urgent task (lower l_τ) gets s2, whatever the
+    # input order.
+    servers = [("s1", 100, 0), ("s2", 100, 85), ("s3", 100, 0)]
+    links = [("s1", "s2", 100), ("s2", "s3", 100)]
+    for order in ((0, 1), (1, 0)):
+        tasks = [
+            task("urgent", "s1", cpu=10, latency_ms=3000),
+            task("relaxed", "s1", cpu=10, latency_ms=9000),
+        ]
+        t = topo(servers, [tasks[k] for k in order], links)
+        p = solve_greedy(t).by_task()
+        assert (p["urgent"].backup, p["urgent"].redeploy) == ("s2", "s2")
+        assert p["relaxed"].redeploy != "s2"
+
+
+def test_phase_two_takes_the_largest_recovery_bandwidth() -> None:
+    # t1 on s1 may back up on s2 or s3 (no CPU there) and must run on s4. Recovery from s3
+    # (60 Mb/s link to s4) beats s2 (20 Mb/s).
+    t = topo(
+        [("s1", 100, 0), ("s2", 100, 100), ("s3", 100, 100), ("s4", 100, 0)],
+        [task("t1", "s1", cpu=10, backup_rate=10, transfer_size=120)],
+        [("s1", "s2", 100), ("s1", "s3", 100), ("s2", "s4", 20), ("s3", "s4", 60), ("s1", "s4", 1)],
+    )
+    p = solve_greedy(t)
+    a = p.assignments[0]
+    assert (a.backup, a.redeploy, a.recovery_bandwidth) == ("s3", "s4", 60.0)
+    assert p.objective_ms == pytest.approx(2000.0)
+    best = brute_force(t)
+    assert best is not None and best[0] == pytest.approx(2000.0)
+
+
+def test_greedy_is_deterministic() -> None:
+    t = random_topology(40, 12, seed=3)
+    try:
+        first = solve_greedy(t)
+    except InfeasiblePlan:
+        pytest.skip("instance not solvable by the greedy")
+    second = solve_greedy(t)
+    assert first.assignments == second.assignments
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topologies(max_servers=3, max_tasks=3))
+def test_greedy_is_feasible_and_never_beats_brute_force(t: Topology) -> None:
+    best = brute_force(t)
+    try:
+        p = solve_greedy(t)
+    except InfeasiblePlan as err:
+        # A proven infeasibility must be real; otherwise the greedy is allowed to give up.
+        if err.proven:
+            assert best is None
+        return
+    assert p.check(t) == []
+    assert best is not None
+    assert p.objective_ms >= best[0] - 1e-6
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topologies(max_servers=6, max_tasks=8))
+def test_greedy_is_feasible_and_never_beats_exact(t: Topology) -> None:
+    try:
+        greedy = solve_greedy(t)
+    except InfeasiblePlan:
+        return
+    assert greedy.check(t) == []
+    exact = solve_exact(t, time_limit_s=20)
+    assert exact.check(t) == []
+    if exact.status == "optimal":
+        assert greedy.objective_ms >= exact.objective_ms - 1e-6 * max(1.0, exact.objective_ms)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n_tasks=st.integers(1, 60),
+    n_servers=st.integers(2, 25),
+    seed=st.integers(0, 10_000),
+)
+def test_greedy_plans_on_bench_instances_satisfy_every_constraint(
+    n_tasks: int, n_servers: int, seed: int
+) -> None:
+    try:
+        t = random_topology(n_tasks, n_servers, seed)
+    except ValueError:
+        return  # too many tasks for the servers' CPU
+    try:
+        p = solve_greedy(t)
+    except InfeasiblePlan:
+        return
+    assert p.check(t) == []
+    assert len(p.assignments) == n_tasks
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_greedy_never_beats_exact_on_bench_instances(seed: int) -> None:
+    t = random_topology(20, 8, seed)
+    try:
+        greedy = solve_greedy(t)
+        exact = solve_exact(t, time_limit_s=20)
+    except (InfeasiblePlan, SolverFailed):
+        pytest.skip("instance infeasible or greedy stuck")
+    assert exact.status == "optimal"
+    assert greedy.objective_ms >= exact.objective_ms - 1e-6
