@@ -26,9 +26,8 @@ def test_phase_one_prefers_fewest_hops_then_widest_residual() -> None:
 
 
 def test_tasks_are_served_by_ascending_latency_requirement() -> None:
-    # Only one of s1's tasks fits on s2 (the only neighbour with CPU) when s1 fails; the
-    # other must recover remotely. The more urgent task (lower l_τ) gets s2, whatever the
-    # input order.
+    # Only one of s1's tasks fits on s2, its only neighbour, when s1 fails; the other has to
+    # go two hops to s3. The more urgent task (lower l_τ) gets s2, whatever the input order.
     servers = [("s1", 100, 0), ("s2", 100, 85), ("s3", 100, 0)]
     links = [("s1", "s2", 100), ("s2", "s3", 100)]
     for order in ((0, 1), (1, 0)):
