@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -10,15 +11,21 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict
 
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.node import NodeRuntime
 from fogshift.common.http import install_error_handlers
+from fogshift.exceptions import InvalidInput
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.agent")
+
+#: Headers of a shipped checkpoint: its sha256 and ``{"batch", "offset"}``.
+SHA_HEADER = "X-Fogshift-Sha256"
+INFO_HEADER = "X-Fogshift-Checkpoint"
 
 
 class DeployRequest(BaseModel):
@@ -28,6 +35,15 @@ class DeployRequest(BaseModel):
 
     element: ElementSpec
     fresh: bool = False
+    gate: dict[str, Any] | None = None
+
+
+class GateRequest(BaseModel):
+    """Body of ``PUT .../gate``: the new gate, ``null`` to open it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gate: dict[str, Any] | None = None
 
 
 def heartbeat_loop(config: AgentConfig, runtime: NodeRuntime, stop: threading.Event) -> None:
@@ -89,11 +105,49 @@ def create_app(config: AgentConfig) -> FastAPI:
 
     @app.put("/pipelines/{pipeline}/elements/{element}")
     def deploy(pipeline: str, element: str, request: DeployRequest) -> dict[str, Any]:
-        return runtime.deploy(pipeline, request.element, request.fresh)
+        if request.element.id != element:
+            raise InvalidInput(
+                f"deploy request for {pipeline}/{element} carries element {request.element.id!r}",
+                expected=repr(element),
+                received=repr(request.element.id),
+            )
+        return runtime.deploy(pipeline, request.element, request.fresh, request.gate)
 
     @app.delete("/pipelines/{pipeline}/elements/{element}")
-    def remove(pipeline: str, element: str) -> dict[str, Any]:
-        return runtime.remove(pipeline, element)
+    def remove(pipeline: str, element: str, discard: bool = False) -> dict[str, Any]:
+        return runtime.remove(pipeline, element, discard)
+
+    @app.post("/pipelines/{pipeline}/elements/{element}/pause")
+    def pause(pipeline: str, element: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        return runtime.pause(pipeline, element, timeout_s)
+
+    @app.post("/pipelines/{pipeline}/elements/{element}/resume")
+    def resume(pipeline: str, element: str) -> dict[str, Any]:
+        return runtime.resume(pipeline, element)
+
+    @app.put("/pipelines/{pipeline}/elements/{element}/gate")
+    def gate(pipeline: str, element: str, request: GateRequest) -> dict[str, Any]:
+        return runtime.set_gate(pipeline, element, request.gate)
+
+    @app.get("/pipelines/{pipeline}/elements/{element}/progress")
+    def progress(pipeline: str, element: str) -> dict[str, Any]:
+        return runtime.progress(pipeline, element)
+
+    @app.get("/pipelines/{pipeline}/elements/{element}/checkpoint")
+    def get_checkpoint(pipeline: str, element: str, warm: bool = False) -> Response:
+        data, digest, info = runtime.checkpoint(pipeline, element, warm)
+        return Response(
+            content=data,
+            media_type="application/octet-stream",
+            headers={SHA_HEADER: digest, INFO_HEADER: json.dumps(info)},
+        )
+
+    @app.put("/pipelines/{pipeline}/elements/{element}/checkpoint")
+    async def put_checkpoint(pipeline: str, element: str, request: Request) -> dict[str, Any]:
+        data = await request.body()
+        digest = request.headers.get(SHA_HEADER, "")
+        await run_in_threadpool(runtime.install_checkpoint, pipeline, element, data, digest)
+        return {"installed_bytes": len(data)}
 
     @app.delete("/pipelines/{pipeline}")
     def remove_pipeline(pipeline: str) -> list[dict[str, Any]]:

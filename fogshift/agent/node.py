@@ -13,9 +13,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fogshift.agent.config import AgentConfig
-from fogshift.agent.exceptions import NodeNotReady, UnknownElement
+from fogshift.agent.exceptions import ElementBusy, NodeNotReady, UnknownElement
+from fogshift.checkpoint.spark_dir import (
+    committed_batch,
+    committed_offset,
+    copy_checkpoint,
+    pack,
+    planned_batch,
+    progress_of,
+    unpack,
+)
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
+from fogshift.runtime.gate import acknowledged, open_gate, write_gate
 from fogshift.runtime.kinds import KINDS
 from fogshift.spec.models import ElementSpec
 
@@ -37,6 +47,7 @@ class HostedElement:
     state: str = "starting"
     error: str | None = None
     restarts: int = 0
+    gated: bool = False
     retry_at: float = 0.0
     events_in: int = 0
     last_batch: int = -1
@@ -105,12 +116,25 @@ class NodeRuntime:
     def _metrics_file(self, pipeline: str, pe: str) -> Path:
         return self.config.home / "metrics" / pipeline / f"{pe}.json"
 
+    def gate_file(self, pipeline: str, pe: str) -> Path:
+        return self.config.home / "gates" / pipeline / f"{pe}.json"
+
     # -- operations -------------------------------------------------------------------------
 
-    def deploy(self, pipeline: str, element: ElementSpec, fresh: bool) -> dict[str, Any]:
+    def deploy(
+        self,
+        pipeline: str,
+        element: ElementSpec,
+        fresh: bool,
+        gate: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Start ``element`` of ``pipeline`` here, resuming its local checkpoint unless ``fresh``.
 
         Deploying a PE that already runs here is a no-op (idempotent), unless ``fresh``.
+
+        Args:
+            gate: Start behind this gate (``{"mode": "hold"|"cap", "limit": offset}``),
+                e.g. as a warm standby during a migration; ``None`` starts open.
         """
         if self.spark is None:
             raise NodeNotReady(
@@ -120,7 +144,11 @@ class NodeRuntime:
         key = (pipeline, element.id)
         with self._lock:
             current = self._elements.get(key)
-            if current is not None and not fresh and current.state in ("running", "starting"):
+            if (
+                current is not None
+                and not fresh
+                and current.state in ("running", "starting", "paused")
+            ):
                 return self.describe(current)
             if current is not None:
                 self._stop_query(current)
@@ -132,14 +160,20 @@ class NodeRuntime:
                 if KINDS[element.kind].role == "sink":
                     reset_sink(element.options["path"])
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            gate_file = self.gate_file(pipeline, element.id)
+            if gate is None:
+                open_gate(gate_file)
+            else:
+                write_gate(gate_file, gate["mode"], gate.get("limit"))
             plan = QueryPlan(
                 pipeline=pipeline,
                 element=element,
                 broker_file=str(self.config.broker_file),
                 checkpoint_dir=str(checkpoint),
                 trigger_ms=self.config.trigger_ms,
+                gate_file=str(gate_file),
             )
-            hosted = HostedElement(plan=plan)
+            hosted = HostedElement(plan=plan, gated=gate is not None)
             if metrics.exists():
                 saved = json.loads(metrics.read_text())
                 hosted.events_in, hosted.last_batch = saved["events_in"], saved["last_batch"]
@@ -171,17 +205,124 @@ class NodeRuntime:
             hosted.query = None
         hosted.state = "stopped"
 
-    def remove(self, pipeline: str, pe: str) -> dict[str, Any]:
-        """Stop a PE and forget it (its checkpoint stays on disk)."""
+    def hosted(self, pipeline: str, pe: str) -> HostedElement:
+        """The hosted PE, or :class:`UnknownElement`."""
+        hosted = self._elements.get((pipeline, pe))
+        if hosted is None:
+            raise UnknownElement(
+                f"node {self.config.name!r} does not host {pipeline}/{pe}",
+                hint="`fogshift status` shows where each element runs",
+            )
+        return hosted
+
+    def remove(self, pipeline: str, pe: str, discard: bool = False) -> dict[str, Any]:
+        """Stop a PE and forget it. Its checkpoint stays on disk unless ``discard``."""
         with self._lock:
-            hosted = self._elements.pop((pipeline, pe), None)
-            if hosted is None:
-                raise UnknownElement(
-                    f"node {self.config.name!r} does not host {pipeline}/{pe}",
-                    hint="`fogshift status` shows where each element runs",
-                )
+            if discard and (pipeline, pe) not in self._elements:
+                # A migration target that got its checkpoint but never started.
+                shutil.rmtree(self.checkpoint_dir(pipeline, pe), ignore_errors=True)
+                return {"pipeline": pipeline, "element": pe, "state": "discarded"}
+            hosted = self.hosted(pipeline, pe)
+            del self._elements[(pipeline, pe)]
             self._stop_query(hosted)
+            open_gate(self.gate_file(pipeline, pe))
+            if discard:
+                shutil.rmtree(self.checkpoint_dir(pipeline, pe), ignore_errors=True)
+                self._metrics_file(pipeline, pe).unlink(missing_ok=True)
             return self.describe(hosted)
+
+    # -- pause, resume, state ---------------------------------------------------------------
+
+    def pause(self, pipeline: str, pe: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Hold the PE's input and wait until it is quiescent at a batch boundary.
+
+        The query stays up (warm): the batch in flight commits, no new batch is planned,
+        nothing is emitted afterwards. Returns the committed batch and its end offset.
+
+        Raises:
+            NodeNotReady: The PE did not reach a boundary within ``timeout_s`` (it is
+                resumed again before this is raised).
+        """
+        hosted = self.hosted(pipeline, pe)
+        gate = self.gate_file(pipeline, pe)
+        checkpoint = self.checkpoint_dir(pipeline, pe)
+        nonce = write_gate(gate, "hold")
+        hosted.gated = True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if hosted.state == "failed":
+                break
+            if acknowledged(gate, nonce):
+                batch = committed_batch(checkpoint)
+                query = hosted.query
+                busy = query is not None and query.status["isTriggerActive"]
+                if planned_batch(checkpoint) == batch and not busy:
+                    hosted.state = "paused"
+                    return self._position(hosted)
+            time.sleep(0.01)
+        self.resume(pipeline, pe)
+        raise NodeNotReady(
+            f"{pipeline}/{pe} on node {self.config.name!r} did not reach a batch boundary "
+            f"within {timeout_s:.0f} s (state {hosted.state}: {hosted.error})",
+            hint="the PE was resumed; try again",
+        )
+
+    def resume(self, pipeline: str, pe: str) -> dict[str, Any]:
+        """Open the PE's input gate again."""
+        hosted = self.hosted(pipeline, pe)
+        open_gate(self.gate_file(pipeline, pe))
+        hosted.gated = False
+        if hosted.state == "paused":
+            hosted.state = "running"
+        return self._position(hosted)
+
+    def _position(self, hosted: HostedElement) -> dict[str, Any]:
+        batch, offset = committed_offset(Path(hosted.plan.checkpoint_dir))
+        return {
+            **self.describe(hosted),
+            "committed_batch": batch,
+            "offset": offset,
+            "progress": progress_of(offset),
+        }
+
+    def progress(self, pipeline: str, pe: str) -> dict[str, Any]:
+        """The PE's committed batch and end offset, and its query state."""
+        return self._position(self.hosted(pipeline, pe))
+
+    def checkpoint(self, pipeline: str, pe: str, warm: bool) -> tuple[bytes, str, dict[str, Any]]:
+        """A consistent copy of the PE's checkpoint, packed: ``(archive, sha256, info)``.
+
+        Args:
+            warm: Drop the last commit, so a query started on the copy re-executes (and
+                emits nothing for) the last batch — see :func:`copy_checkpoint`.
+        """
+        self.hosted(pipeline, pe)
+        source = self.checkpoint_dir(pipeline, pe)
+        staging = self.config.home / "outgoing" / pipeline / pe
+        try:
+            info = copy_checkpoint(source, staging, warm=warm)
+            data, digest = pack(staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return data, digest, info
+
+    def install_checkpoint(self, pipeline: str, pe: str, data: bytes, digest: str) -> None:
+        """Install a shipped checkpoint as the PE's local one (the PE must not run here)."""
+        if (pipeline, pe) in self._elements:
+            raise ElementBusy(
+                f"{pipeline}/{pe} already runs on node {self.config.name!r}",
+                hint="a checkpoint can only be installed for a PE this node does not run",
+            )
+        unpack(data, digest, self.checkpoint_dir(pipeline, pe))
+
+    def set_gate(self, pipeline: str, pe: str, gate: dict[str, Any] | None) -> dict[str, Any]:
+        """Replace the PE's gate (``None`` opens it)."""
+        hosted = self.hosted(pipeline, pe)
+        if gate is None:
+            return self.resume(pipeline, pe)
+        write_gate(self.gate_file(pipeline, pe), gate["mode"], gate.get("limit"))
+        hosted.gated = True
+        return self._position(hosted)
 
     def remove_pipeline(self, pipeline: str) -> list[dict[str, Any]]:
         """Stop every PE of ``pipeline`` on this node."""
@@ -202,6 +343,7 @@ class NodeRuntime:
             "restarts": hosted.restarts,
             "events_in": hosted.events_in,
             "last_batch": hosted.last_batch,
+            "gated": hosted.gated,
         }
         if KINDS[element.kind].role == "sink":
             info["lines_written"] = int(read_marker(element.options["path"])["lines"])

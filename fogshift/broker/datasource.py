@@ -38,6 +38,7 @@ from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.naming import data_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
 from fogshift.exceptions import InvariantViolation
+from fogshift.runtime.gate import read_gate
 
 #: The rows a reader yields: one input event each.
 EVENT_SCHEMA = "origin long, seq long, timestamp double, creator string, body string"
@@ -79,7 +80,8 @@ class JetStreamPartition(InputPartition):
 
 class JetStreamDataSource(DataSource):
     """Options: ``broker`` (broker file), ``pipeline``, ``pe`` (the element itself),
-    ``inputs`` (comma-separated element ids, reader only), ``max_events_per_batch``."""
+    ``inputs`` (comma-separated element ids, reader only), ``max_events_per_batch``,
+    ``gate`` (the gate file, see :mod:`fogshift.runtime.gate`; reader only)."""
 
     @classmethod
     def name(cls) -> str:
@@ -103,6 +105,7 @@ class JetStreamReader(DataSourceStreamReader):
         self.pipeline = options["pipeline"]
         self.inputs = [i for i in options["inputs"].split(",") if i]
         self.max_events = int(options.get("max_events_per_batch", "10000"))
+        self.gate = options.get("gate")
 
     def initialOffset(self) -> dict:  # noqa: N802
         return offset({name: 0 for name in self.inputs})
@@ -112,6 +115,10 @@ class JetStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
         begin = positions_of(start)
+        gate = read_gate(self.gate)
+        if gate is not None and gate["mode"] == "hold":
+            return start
+        cap = positions_of(gate["limit"]) if gate is not None and gate["limit"] else None
         client = shared_client(self.broker)
         latest: dict[str, int] = {}
         for name in self.inputs:
@@ -126,6 +133,8 @@ class JetStreamReader(DataSourceStreamReader):
                 )
             if not isinstance(limit, ReadAllAvailable) and isinstance(limit, ReadMaxRows):
                 last = min(last, position + limit.max_rows)
+            if cap is not None:
+                last = max(position, min(last, cap.get(name, position)))
             latest[name] = last
         return offset(latest)
 

@@ -160,6 +160,45 @@ def errors(
 
 
 @app.command()
+def migrate(
+    pipeline: str,
+    element: str,
+    to: Annotated[str, typer.Option("--to", help="The node to move the PE to.")],
+    mode: Annotated[
+        str, typer.Option(help="precopy (warm standby, short downtime) or literal (thesis).")
+    ] = "precopy",
+    home: Home = Path(".fogshift"),
+    as_json: AsJson = False,
+) -> None:
+    """Live-migrate a running PE to another node (exit 1 if it failed; the origin runs on)."""
+    if mode not in ("precopy", "literal"):
+        raise InvalidInput(
+            "unknown migration mode", expected="precopy or literal", received=repr(mode)
+        )
+    with cluster_ops.orchestrator_client(home.resolve(), timeout_s=600) as client:
+        try:
+            report = client.post(
+                f"/pipelines/{pipeline}/elements/{element}/migrate",
+                json={"target": to, "mode": mode},
+            )
+        except FogshiftError as exc:
+            details = getattr(exc, "details", None)
+            if as_json and details is not None:
+                _print_json(details)
+                raise typer.Exit(1) from exc
+            raise
+    if as_json:
+        _print_json(report)
+        return
+    phases = ", ".join(f"{k} {v:.0f} ms" for k, v in report["phases_ms"].items())
+    console.print(
+        f"[green]migrated[/] {pipeline}/{element}: {report['origin']} -> {report['target']} "
+        f"({report['mode']}); state {report['state_bytes']} bytes; {phases}; "
+        f"downtime {report['downtime_ms']} ms"
+    )
+
+
+@app.command()
 def stop(pipeline: str, home: Home = Path(".fogshift")) -> None:
     """Stop a pipeline's PEs (streams, checkpoints and output stay)."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:

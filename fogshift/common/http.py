@@ -43,7 +43,11 @@ def install_error_handlers(app: FastAPI, token: str) -> None:
 
     @app.exception_handler(FogshiftError)
     async def fogshift_error(request: Request, exc: FogshiftError) -> JSONResponse:
-        return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+        body = exc.to_dict()
+        report = getattr(exc, "report", None)
+        if report is not None:  # e.g. a failed migration's phase timings
+            body["report"] = report.to_dict()
+        return JSONResponse(body, status_code=exc.http_status)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -67,12 +71,14 @@ def raise_for_error(response: httpx.Response, what: str) -> Any:
     if not _BY_CODE:
         _collect(FogshiftError)
     cls = _BY_CODE.get(str(body.get("code")), FogshiftError)
-    raise cls(
+    error = cls(
         str(body.get("message") or f"{what} answered HTTP {response.status_code}"),
         expected=body.get("expected"),
         received=body.get("received"),
         hint=body.get("hint"),
     )
+    error.details = body.get("report")  # type: ignore[attr-defined]
+    raise error
 
 
 class ServiceClient:
@@ -94,8 +100,13 @@ class ServiceClient:
             timeout=timeout_s,
         )
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Send a request; raise the service's own error or :class:`Unavailable`."""
+    def raw(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Send a request and return the successful response itself (binary bodies).
+
+        Raises:
+            Unavailable: The service cannot be reached.
+            FogshiftError: The service's own error, re-raised as its class.
+        """
         try:
             response = self._client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -103,7 +114,13 @@ class ServiceClient:
                 f"{self.name} at {self.url} cannot be reached: {type(exc).__name__}",
                 hint="is it running? `fogshift nodes` shows the node agents",
             ) from exc
-        return raise_for_error(response, self.name)
+        raise_for_error(response, self.name)
+        return response
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Send a request and return its JSON body (see :meth:`raw` for the errors)."""
+        response = self.raw(method, path, **kwargs)
+        return response.json() if response.content else None
 
     def get(self, path: str, **kwargs: Any) -> Any:
         return self.request("GET", path, **kwargs)

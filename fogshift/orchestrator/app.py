@@ -8,9 +8,20 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Body, FastAPI
+from pydantic import BaseModel, ConfigDict
 
 from fogshift.common.http import install_error_handlers
+from fogshift.migration.procedure import Mode
 from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+
+
+class MigrateRequest(BaseModel):
+    """Body of ``POST /pipelines/{name}/elements/{element}/migrate``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str
+    mode: Mode = "precopy"
 
 
 def create_app(config: OrchestratorConfig) -> FastAPI:
@@ -56,6 +67,10 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.get("/pipelines/{name}/errors")
     def errors(name: str, limit: int = 1000) -> list[dict[str, Any]]:
         return orchestrator.errors(name, limit)
+
+    @app.post("/pipelines/{name}/elements/{element}/migrate")
+    def migrate(name: str, element: str, request: MigrateRequest) -> dict[str, Any]:
+        return orchestrator.migrate(name, element, request.target, request.mode)
 
     @app.post("/pipelines/{name}/stop")
     def stop(name: str) -> dict[str, Any]:

@@ -114,6 +114,14 @@ class Registry:
                 (status, time.time(), name),
             )
 
+    def set_placement(self, pipeline: str, element: str, node: str) -> None:
+        """Record that ``element`` of ``pipeline`` now runs on ``node`` (routing state)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE placements SET node = ?, updated = ? WHERE pipeline = ? AND element = ?",
+                (node, time.time(), pipeline, element),
+            )
+
     def get_pipeline(self, name: str) -> PipelineRecord | None:
         with self._lock:
             row = self._db.execute(

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import (
     BrokerAddress,
     SyncJetStream,
@@ -23,7 +24,10 @@ from fogshift.broker.client import (
 )
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.common.http import ServiceClient
-from fogshift.exceptions import FogshiftError, Unavailable
+from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+from fogshift.migration.exceptions import MigrationInProgress
+from fogshift.migration.procedure import Mode
+from fogshift.migration.procedure import migrate as run_migration
 from fogshift.orchestrator.exceptions import PipelineExists, UnknownNode, UnknownPipeline
 from fogshift.orchestrator.registry import NodeRecord, PipelineRecord, Registry
 from fogshift.runtime.kinds import KINDS
@@ -67,6 +71,7 @@ class Orchestrator:
         self._agents: dict[str, ServiceClient] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        self._migrating: set[tuple[str, str]] = set()
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -273,6 +278,73 @@ class Orchestrator:
                 )
         return letters[:limit]
 
+    # -- migration --------------------------------------------------------------------------
+
+    def migrate(
+        self, pipeline: str, element_id: str, target: str, mode: Mode = "precopy"
+    ) -> dict[str, Any]:
+        """Live-migrate a running PE to ``target`` (see :mod:`fogshift.migration.procedure`).
+
+        Raises:
+            UnknownPipeline / UnknownElement / UnknownNode: A name does not exist.
+            InvalidInput: The PE already runs on ``target``, or the pipeline is not running.
+            MigrationInProgress: Another migration of this PE is under way.
+            Unavailable: ``target`` is not healthy.
+            MigrationFailed: The procedure failed and was rolled back (origin running).
+        """
+        record = self.pipeline(pipeline)
+        try:
+            element = record.spec.element(element_id)
+        except KeyError:
+            raise UnknownElement(
+                f"pipeline {pipeline!r} has no element {element_id!r}",
+                expected="one of " + ", ".join(e.id for e in record.spec.elements),
+            ) from None
+        if record.status != "running":
+            raise InvalidInput(
+                f"pipeline {pipeline!r} is {record.status}, not running",
+                hint="only running pipelines can be migrated",
+            )
+        node = self.registry.node(target)
+        if node is None:
+            raise UnknownNode(
+                f"cannot migrate {pipeline}/{element_id} to unknown node {target!r}",
+                expected="one of " + ", ".join(self.node_names()),
+                received=repr(target),
+            )
+        origin = record.placement[element_id]
+        if origin == target:
+            raise InvalidInput(
+                f"{pipeline}/{element_id} already runs on node {target!r}",
+                hint="choose another node; `fogshift nodes` lists them",
+            )
+        if not self.healthy(node) or not node.report.get("ready"):
+            raise Unavailable(
+                f"node {target!r} is not healthy: cannot migrate {pipeline}/{element_id} there",
+                hint="`fogshift nodes` shows node health",
+            )
+        key = (pipeline, element_id)
+        with self._lock:
+            if key in self._migrating:
+                raise MigrationInProgress(
+                    f"{pipeline}/{element_id} is already being migrated",
+                    hint="wait for that migration to finish",
+                )
+            self._migrating.add(key)
+        try:
+            report = run_migration(
+                pipeline,
+                element,
+                (origin, self.agent(origin)),
+                (target, self.agent(target)),
+                mode=mode,
+                on_routing_change=lambda: self.registry.set_placement(pipeline, element_id, target),
+            )
+            return report.to_dict()
+        finally:
+            with self._lock:
+                self._migrating.discard(key)
+
     # -- reconciliation ---------------------------------------------------------------------
 
     def reconcile_once(self) -> None:
@@ -282,6 +354,8 @@ class Orchestrator:
             if record.status != "running":
                 continue
             for element in record.spec.elements:
+                if (record.name, element.id) in self._migrating:
+                    continue  # the migration owns both instances until it ends
                 node = nodes.get(record.placement[element.id])
                 if node is None or not self.healthy(node) or not node.report.get("ready"):
                     continue

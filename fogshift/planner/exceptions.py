@@ -30,7 +30,7 @@ class PlannerError(FogshiftError):
     http_status = 500
 
 
-class InvalidTopology(PlannerError, InvalidInput):  # noqa: N818 (fogshift.exceptions naming)
+class InvalidTopology(PlannerError, InvalidInput):
     """A topology (servers, tasks, links) that fails validation.
 
     The message names the offending field as a path such as ``tasks[2].cpu``.
@@ -40,7 +40,7 @@ class InvalidTopology(PlannerError, InvalidInput):  # noqa: N818 (fogshift.excep
     http_status = 422
 
 
-class InfeasiblePlan(PlannerError, InvalidInput):  # noqa: N818 (fogshift.exceptions naming)
+class InfeasiblePlan(PlannerError, InvalidInput):
     """No backup/redeploy assignment satisfies the constraints (or the greedy found none).
 
     Args:
@@ -77,7 +77,7 @@ class InfeasiblePlan(PlannerError, InvalidInput):  # noqa: N818 (fogshift.except
         super().__init__(message, expected=expected, received=received, hint=hint)
 
 
-class SolverFailed(PlannerError):  # noqa: N818 (fogshift.exceptions naming)
+class SolverFailed(PlannerError):
     """The MILP solver stopped without a usable answer (time limit with no plan, solver error)."""
 
     code = "solver_failed"

@@ -261,11 +261,6 @@ def solve_greedy(topology: Topology, *, shares: Sequence[float] = DEFAULT_SHARES
     grid = normalise_shares(shares)
     net = topology.network()
     tasks = sorted(range(len(net.task_ids)), key=lambda k: topology.tasks[k].latency_ms)
-    for task in tasks:
-        # Fail fast, with the proven explanation, before spending effort on the others.
-        err = explain_task(net, task)
-        if err is not None:
-            raise err
     state = _State(net)
     chosen: dict[int, Option] = {}
     layers_of: dict[int, list[list[int]]] = {}
@@ -284,6 +279,11 @@ def solve_greedy(topology: Topology, *, shares: Sequence[float] = DEFAULT_SHARES
     for task in left:
         option, blocked = _remote(net, state, task, order, grid)
         if option is None:
+            # A task with no admissible option on its own makes the instance infeasible:
+            # say so (proven) rather than blame the greedy.
+            err = explain_task(net, task)
+            if err is not None:
+                raise err
             t = topology.tasks[task]
             raise InfeasiblePlan(
                 f"greedy could not place task {t.id} (on {t.server}): {_WHY[blocked]}",

@@ -65,6 +65,11 @@ def state(default: Any = _MISSING, *, default_factory: Callable[[], Any] | None 
     return StateField(None if default is _MISSING else default, default_factory)
 
 
+def encode_state(value: Any) -> str:
+    """Canonical JSON text of (part of) a snapshot; NaN and infinities are refused."""
+    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+
+
 class ProcessingElement:
     """Base of every PE implementation run by fogshift.
 
@@ -111,6 +116,14 @@ class ProcessingElement:
         """Whether the PE has processing state (declared fields or its own snapshot)."""
         return bool(cls.state_fields) or cls.snapshot is not ProcessingElement.snapshot
 
+    @classmethod
+    def state_parts(cls) -> list[str] | None:
+        """The parts the runtime stores separately (declared fields), or ``None`` when the
+        class has its own :meth:`snapshot`, whose result is stored as one blob."""
+        if cls.snapshot is not ProcessingElement.snapshot:
+            return None
+        return list(cls.state_fields)
+
     def snapshot(self) -> dict[str, Any]:
         """The processing state as a JSON-serialisable dict. Called once per batch."""
         return {name: getattr(self, name) for name in self.state_fields}
@@ -139,7 +152,7 @@ class ProcessingElement:
 
     def dump_state(self) -> str:
         """The snapshot as JSON text (strict: NaN and infinities are refused)."""
-        return json.dumps(self.snapshot(), allow_nan=False, separators=(",", ":"))
+        return encode_state(self.snapshot())
 
     def on_assign(self) -> None:
         """Called when the PE starts on a node."""

@@ -37,6 +37,7 @@ from fogshift.broker.datasource import RECORD_SCHEMA
 from fogshift.broker.publish import Record, publish_records
 from fogshift.events import dump_body, load_body, parse_value
 from fogshift.exceptions import InvariantViolation
+from fogshift.runtime.gate import read_gate
 
 ROWS_OFFSET = "csv-rows"
 #: A row handed to the sink: ``(origin, seq, timestamp, body_json)``.
@@ -93,7 +94,8 @@ class CsvRowsPartition(InputPartition):
 
 
 class CsvSourceDataSource(DataSource):
-    """Options: ``path``, ``pe``, ``rate`` (events/s, 0 = unlimited), ``max_events_per_batch``."""
+    """Options: ``path``, ``pe``, ``rate`` (events/s, 0 = unlimited), ``max_events_per_batch``,
+    ``gate`` (see :mod:`fogshift.runtime.gate`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -114,6 +116,7 @@ class CsvSourceReader(DataSourceStreamReader):
         self.pe = options["pe"]
         self.rate = float(options.get("rate", "0"))
         self.max_events = int(options.get("max_events_per_batch", "10000"))
+        self.gate = options.get("gate")
         self.index = LineIndex(self.path)
         # Rate limiting: rows allowed = rows at the first call + rate * seconds since then.
         self._clock: tuple[float, int] | None = None
@@ -126,6 +129,9 @@ class CsvSourceReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
         begin = _rows(start)
+        gate = read_gate(self.gate)
+        if gate is not None and gate["mode"] == "hold":
+            return start
         self.index.refresh()
         latest = self.index.data_rows
         if latest < begin:
@@ -141,6 +147,8 @@ class CsvSourceReader(DataSourceStreamReader):
             latest = min(latest, base + int((now - t0) * self.rate))
         if isinstance(limit, ReadMaxRows) and not isinstance(limit, ReadAllAvailable):
             latest = min(latest, begin + limit.max_rows)
+        if gate is not None and gate["limit"]:
+            latest = min(latest, _rows(gate["limit"]))
         return {"type": ROWS_OFFSET, "row": max(begin, latest)}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fogshift.broker.datasource import EVENT_SCHEMA, RECORD_SCHEMA
+from fogshift.runtime.api import encode_state
 from fogshift.runtime.batch import RECORD_COLUMNS, run_events
 from fogshift.runtime.kinds import KINDS, processor_for
 from fogshift.spec.models import ElementSpec
@@ -37,6 +38,7 @@ class QueryPlan:
         broker_file: The node's broker file.
         checkpoint_dir: The query's checkpoint location on the node's disk.
         trigger_ms: The micro-batch trigger interval.
+        gate_file: The gate of the query's input (pause/resume, see ``runtime.gate``).
     """
 
     pipeline: str
@@ -44,6 +46,7 @@ class QueryPlan:
     broker_file: str
     checkpoint_dir: str
     trigger_ms: int = 200
+    gate_file: str = ""
 
     @property
     def query_name(self) -> str:
@@ -57,6 +60,7 @@ def _read_inputs(spark: SparkSession, plan: QueryPlan, max_events: int = 10_000)
         .option("pipeline", plan.pipeline)
         .option("inputs", ",".join(plan.element.inputs))
         .option("max_events_per_batch", str(max_events))
+        .option("gate", plan.gate_file)
         .schema(EVENT_SCHEMA)
         .load()
     )
@@ -83,25 +87,44 @@ def _stateless(kind: str, options: dict[str, Any], pe: str):  # type: ignore[no-
 
 
 def _stateful_processor(kind: str, options: dict[str, Any], pe: str):  # type: ignore[no-untyped-def]
-    """A ``StatefulProcessor`` keeping the PE's snapshot in one ValueState."""
+    """A ``StatefulProcessor`` keeping the PE's snapshot in the state store.
+
+    Each declared state field is a ValueState of its own, written only when its JSON text
+    changed: a PE with a large, rarely changing field pays for it once, not every batch.
+    """
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    opaque_part = "__snapshot__"
 
     class SnapshotProcessor(StatefulProcessor):
         def init(self, handle) -> None:  # type: ignore[no-untyped-def]
-            self.snapshot = handle.getValueState("snapshot", "state string")
+            self.cls, self.opts = processor_for(kind, options)
+            self.parts = self.cls.state_parts()
+            names = self.parts if self.parts is not None else [opaque_part]
+            self.values = {n: handle.getValueState(f"f_{n}", "json string") for n in names}
 
         def handleInputRows(self, key, rows, timerValues):  # type: ignore[no-untyped-def]  # noqa: N802, N803
             import pandas as pd
 
             frame = pd.concat(list(rows), ignore_index=True).sort_values("origin")
-            resume = json.loads(self.snapshot.get()[0]) if self.snapshot.exists() else None
-            cls, opts = processor_for(kind, options)
-            processor = cls.build(opts, pe, resume)
+            stored = {n: v.get()[0] for n, v in self.values.items() if v.exists()}
+            resume: dict[str, Any] | None = None
+            if stored:
+                decoded = {n: json.loads(text) for n, text in stored.items()}
+                resume = decoded if self.parts is not None else decoded[opaque_part]
+            processor = self.cls.build(self.opts, pe, resume)
             tuples = frame[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
                 index=False, name=None
             )
             out = list(run_events(processor, tuples))  # type: ignore[arg-type]
-            self.snapshot.update((processor.dump_state(),))
+            snapshot = processor.snapshot()
+            if self.parts is None:
+                fresh = {opaque_part: encode_state(snapshot)}
+            else:
+                fresh = {n: encode_state(snapshot[n]) for n in self.parts}
+            for name, text in fresh.items():
+                if stored.get(name) != text:
+                    self.values[name].update((text,))
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
 
@@ -123,6 +146,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
             .option("pe", element.id)
             .option("rate", str(options.get("rate", 0)))
             .option("max_events_per_batch", str(options.get("max_events_per_batch", 10_000)))
+            .option("gate", plan.gate_file)
             .load()
         )
         writer = frame.writeStream.format("fogshift-jetstream")

@@ -41,6 +41,9 @@ def build_session(
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        # Bound the checkpoint (it is copied on migration): keep few batches, clean often.
+        .config("spark.sql.streaming.minBatchesToRetain", "10")
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "10s")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

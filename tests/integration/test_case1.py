@@ -70,8 +70,15 @@ def test_all_functions_and_windows_match_the_reference(cluster: Cluster, fan: di
 def test_status_counts_and_dead_letters(cluster: Cluster, fan: dict) -> None:
     ref = case1_reference(fan["data"], "value", 3, "avg")
     cluster.wait_for("fan", "sink-avg3", len(ref.rows))
-    status = cluster.status("fan")
-    by_id = {e["element"]: e for e in status["elements"]}
+    # Counters reach the orchestrator with the next monitor pass and heartbeat.
+    deadline = time.monotonic() + 20
+    while True:
+        status = cluster.status("fan")
+        by_id = {e["element"]: e for e in status["elements"]}
+        settled = by_id["avg3"]["events_in"] == by_id["source"]["events_out"]
+        if settled and by_id["source"]["events_in"] == ROWS or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert status["status"] == "running"
     assert all(e["state"] == "running" for e in status["elements"]), status
     source, agg = by_id["source"], by_id["avg3"]

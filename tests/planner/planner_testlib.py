@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import strategies as st
@@ -24,9 +25,9 @@ Choice = tuple[str, str, float | None]
 
 
 def topo(
-    servers: list[tuple[str, float, float]],
-    tasks: list[dict[str, Any]],
-    links: list[tuple[str, str, float]],
+    servers: Sequence[tuple[str, float, float]],
+    tasks: Sequence[dict[str, Any]],
+    links: Sequence[tuple[str, str, float]],
 ) -> Topology:
     """Build a topology from ``(id, cpu, load)``, task dicts and ``(a, b, bandwidth)``."""
     return Topology.from_dict(
@@ -101,36 +102,102 @@ def brute_force(
 
 
 @st.composite
-def topologies(draw: st.DrawFn, max_servers: int = 4, max_tasks: int = 3) -> Topology:
-    """Small random topologies with integer data; some are infeasible, some disconnected."""
-    n = draw(st.integers(2, max_servers))
+def generic_topologies(draw: st.DrawFn, max_servers: int = 4, max_tasks: int = 3) -> Topology:
+    """Small random topologies with integer data.
+
+    Free CPU per server is drawn from a few levels including "none", so that co-location is
+    often impossible and remote recoveries (and their bandwidth shares) get exercised; some
+    instances are infeasible and some networks disconnected.
+    """
+    n = draw(st.integers(min(3, max_servers), max_servers))
     ids = [f"s{k + 1}" for k in range(n)]
-    capacity = [float(draw(st.sampled_from([40, 60, 100]))) for _ in ids]
     used = [0.0] * n
     tasks = []
     for k in range(draw(st.integers(1, max_tasks))):
         host = draw(st.integers(0, n - 1))
         cpu = float(draw(st.integers(0, 30)))
-        if used[host] + cpu > capacity[host]:
-            cpu = 0.0
         used[host] += cpu
         tasks.append(
             task(
                 f"t{k + 1}",
                 ids[host],
                 cpu=cpu,
-                latency_ms=float(draw(st.sampled_from([500, 2000, 5000, 20_000]))),
-                backup_rate=float(draw(st.integers(0, 20))),
+                latency_ms=float(draw(st.sampled_from([1000, 5000, 20_000, 60_000]))),
+                backup_rate=float(draw(st.integers(0, 10))),
                 transfer_size=float(draw(st.integers(10, 200))),
             )
         )
-    load = [float(draw(st.integers(0, int(capacity[i] - used[i])))) for i in range(n)]
+    servers = []
+    for i in range(n):
+        free = float(draw(st.sampled_from([0, 15, 40, 100])))
+        servers.append((ids[i], used[i] + free, 0.0))
     pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
-    chosen = draw(st.lists(st.sampled_from(pairs), unique=True, min_size=1)) if pairs else []
+    # Usually connected (a path through all servers plus extras), sometimes not.
+    chain = [(k, k + 1) for k in range(n - 1)] if draw(st.integers(0, 4)) else []
+    extra = draw(st.lists(st.sampled_from(pairs), unique=True, min_size=0 if chain else 1))
+    chosen = sorted(set(chain) | set(extra))
     links = [
         (ids[a], ids[b], float(draw(st.sampled_from([5, 10, 20, 40, 100])))) for a, b in chosen
     ]
-    return topo([(ids[i], capacity[i], load[i]) for i in range(n)], tasks, links)
+    # A server's capacity must be positive; an idle server with no free CPU gets load instead.
+    servers = [(sid, cap, 0.0) if cap > 0 else (sid, 1.0, 1.0) for sid, cap, _ in servers]
+    return topo(servers, tasks, links)
+
+
+@st.composite
+def fog_topologies(draw: st.DrawFn, max_servers: int = 4, max_tasks: int = 3) -> Topology:
+    """Small instances shaped so that remote recovery is often the only or the best plan.
+
+    s1 hosts most tasks. "Near" servers have no free CPU but fat links to s1; "far" servers
+    have CPU but at most a 5 Mb/s direct link to s1 (too thin for most backups), so backups
+    go near and recoveries travel near -> far at a share of the near-far bottleneck. Tasks
+    may also run on near servers, whose replication then competes with the recoveries.
+    """
+    n = draw(st.integers(3, max(3, max_servers)))
+    ids = [f"s{k + 1}" for k in range(n)]
+    roles = ["host", "near", "far"] + [draw(st.sampled_from(["near", "far"])) for _ in ids[3:]]
+    near = [k for k in range(n) if roles[k] == "near"]
+    used = [0.0] * n
+    tasks = []
+    for k in range(draw(st.integers(1, max_tasks))):
+        host = draw(st.sampled_from([0, 0, *near]))
+        cpu = float(draw(st.integers(0, 30)))
+        used[host] += cpu
+        tasks.append(
+            task(
+                f"t{k + 1}",
+                ids[host],
+                cpu=cpu,
+                latency_ms=float(draw(st.sampled_from([5000, 20_000, 60_000]))),
+                backup_rate=float(draw(st.integers(4, 10))),
+                transfer_size=float(draw(st.integers(10, 200))),
+            )
+        )
+    servers = []
+    for k in range(n):
+        free = 0.0 if roles[k] == "near" else float(draw(st.sampled_from([15, 40, 100])))
+        cap = used[k] + free
+        servers.append((ids[k], cap, 0.0) if cap > 0 else (ids[k], 1.0, 1.0))
+    links = []
+    for a in range(n):
+        for b in range(a + 1, n):
+            kinds = {roles[a], roles[b]}
+            if kinds == {"host", "near"}:
+                bw = draw(st.sampled_from([20, 40, 100]))
+            elif kinds == {"host", "far"}:
+                bw = draw(st.sampled_from([0, 5, 5]))
+            else:
+                bw = draw(st.sampled_from([0, 5, 10, 20, 40]))
+            if bw:
+                links.append((ids[a], ids[b], float(bw)))
+    return topo(servers, tasks, links)
+
+
+def topologies(max_servers: int = 4, max_tasks: int = 3) -> st.SearchStrategy[Topology]:
+    """Generic or fog-shaped small topologies (see the two strategies)."""
+    return st.one_of(
+        generic_topologies(max_servers, max_tasks), fog_topologies(max_servers, max_tasks)
+    )
 
 
 def close(a: float, b: float) -> bool:

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planner_testlib import brute_force, task, topo, topologies
 
-from fogshift.planner import InfeasiblePlan, SolverFailed, Topology
+from fogshift.planner import InfeasiblePlan, Topology
 from fogshift.planner.bench import random_topology
 from fogshift.planner.greedy import solve_greedy
 from fogshift.planner.milp import solve_exact
@@ -58,13 +58,10 @@ def test_phase_two_takes_the_largest_recovery_bandwidth() -> None:
 
 
 def test_greedy_is_deterministic() -> None:
-    t = random_topology(40, 12, seed=3)
-    try:
-        first = solve_greedy(t)
-    except InfeasiblePlan:
-        pytest.skip("instance not solvable by the greedy")
-    second = solve_greedy(t)
-    assert first.assignments == second.assignments
+    t = random_topology(40, 12, seed=1)
+    first = solve_greedy(t)
+    assert first.assignments == solve_greedy(t).assignments
+    assert any(a.backup != a.redeploy for a in first.assignments)  # phase 2 was exercised
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -118,13 +115,12 @@ def test_greedy_plans_on_bench_instances_satisfy_every_constraint(
     assert len(p.assignments) == n_tasks
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [4, 5])
 def test_greedy_never_beats_exact_on_bench_instances(seed: int) -> None:
+    # Seeds whose optimum needs remote recoveries (objective > 0).
     t = random_topology(20, 8, seed)
-    try:
-        greedy = solve_greedy(t)
-        exact = solve_exact(t, time_limit_s=20)
-    except (InfeasiblePlan, SolverFailed):
-        pytest.skip("instance infeasible or greedy stuck")
-    assert exact.status == "optimal"
+    greedy = solve_greedy(t)
+    exact = solve_exact(t, time_limit_s=30)
+    assert exact.status == "optimal" and exact.objective_ms > 0
+    assert greedy.check(t) == [] and exact.check(t) == []
     assert greedy.objective_ms >= exact.objective_ms - 1e-6

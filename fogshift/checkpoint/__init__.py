@@ -1,0 +1,1 @@
+"""Checkpoints: reading, copying and shipping Spark checkpoint directories."""
