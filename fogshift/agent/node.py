@@ -114,7 +114,8 @@ class NodeRuntime:
         return self.config.home / "checkpoints" / pipeline / pe
 
     def _metrics_file(self, pipeline: str, pe: str) -> Path:
-        return self.config.home / "metrics" / pipeline / f"{pe}.json"
+        # Inside the checkpoint, so the counters travel with it (migration, restore).
+        return self.checkpoint_dir(pipeline, pe) / "fogshift-metrics.json"
 
     def gate_file(self, pipeline: str, pe: str) -> Path:
         return self.config.home / "gates" / pipeline / f"{pe}.json"
@@ -156,10 +157,9 @@ class NodeRuntime:
             metrics = self._metrics_file(pipeline, element.id)
             if fresh:
                 shutil.rmtree(checkpoint, ignore_errors=True)
-                metrics.unlink(missing_ok=True)
                 if KINDS[element.kind].role == "sink":
                     reset_sink(element.options["path"])
-            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            checkpoint.mkdir(parents=True, exist_ok=True)
             gate_file = self.gate_file(pipeline, element.id)
             if gate is None:
                 open_gate(gate_file)
@@ -228,7 +228,6 @@ class NodeRuntime:
             open_gate(self.gate_file(pipeline, pe))
             if discard:
                 shutil.rmtree(self.checkpoint_dir(pipeline, pe), ignore_errors=True)
-                self._metrics_file(pipeline, pe).unlink(missing_ok=True)
             return self.describe(hosted)
 
     # -- pause, resume, state ---------------------------------------------------------------
@@ -278,11 +277,13 @@ class NodeRuntime:
 
     def _position(self, hosted: HostedElement) -> dict[str, Any]:
         batch, offset = committed_offset(Path(hosted.plan.checkpoint_dir))
+        last: dict[str, Any] = (hosted.query.lastProgress or {}) if hosted.query else {}
         return {
             **self.describe(hosted),
             "committed_batch": batch,
             "offset": offset,
             "progress": progress_of(offset),
+            "last_batch_ms": last.get("durationMs"),
         }
 
     def progress(self, pipeline: str, pe: str) -> dict[str, Any]:

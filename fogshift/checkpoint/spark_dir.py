@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -64,11 +65,14 @@ def committed_offset(checkpoint: Path) -> tuple[int | None, dict[str, Any] | Non
 def copy_checkpoint(source: Path, target: Path, warm: bool = False) -> dict[str, Any]:
     """Copy a (possibly running) query's checkpoint consistently.
 
-    ``commits/`` is listed first: everything that batch's commit depends on is already in
+    ``commits/`` is listed first: everything a committed batch depends on is already in
     place, and what is newer is dropped, so the copy is the checkpoint as of one committed
-    batch N. With ``warm``, commit N is dropped too: a query started on the copy re-executes
-    batch N (its outputs are already in the stream, so it emits nothing) and so warms up
-    its workers without getting ahead of the original.
+    batch N.
+
+    With ``warm``, N is the last committed batch that read input, and its commit is dropped
+    together with state versions after it: a query started on the copy re-executes batch N —
+    emitting nothing, its outputs are already in the stream — which starts its workers and
+    loads its state without getting ahead of the original.
 
     Returns:
         ``{"batch": N, "offset": end offset of N}`` (``batch`` None for an empty checkpoint).
@@ -80,16 +84,33 @@ def copy_checkpoint(source: Path, target: Path, warm: bool = False) -> dict[str,
         target.mkdir(parents=True)
         return {"batch": None, "offset": None}
     batch = commits[-1]
-    keep_commit = batch - 1 if warm else batch
+    keep_commit = batch
+    if warm:
+        ends = {b: progress_of(end_offset(source, b)) for b in commits}
+        busy = [b for b in commits if ends[b] > ends.get(b - 1, 0)]
+        if busy:
+            batch = busy[-1]
+            keep_commit = batch - 1
 
     def ignore(folder: str, names: list[str]) -> list[str]:
-        limit = {"commits": keep_commit, "offsets": batch}.get(Path(folder).name)
-        if limit is None:
-            return [n for n in names if n.endswith(".tmp")]
-        return [n for n in names if (_batch_name(n) or -1) > limit]
+        here = Path(folder)
+        limit = {"commits": keep_commit, "offsets": batch}.get(here.name)
+        if limit is not None:
+            return [n for n in names if (_batch_name(n) or -1) > limit]
+        if here.parent.parent.name == "state" and keep_commit < batch:
+            # state/<op>/<partition>/<version>.changelog|zip: version v is after batch v-1.
+            return [n for n in names if (_state_version(n) or -1) > batch]
+        return [n for n in names if n.endswith(".tmp")]
 
     shutil.copytree(source, target, ignore=ignore)
     return {"batch": batch, "offset": end_offset(source, batch)}
+
+
+def _state_version(name: str) -> int | None:
+    """``v`` for ``v.changelog``, ``v.zip`` and their ``.crc`` files, else None."""
+    core = name[1:-4] if name.startswith(".") and name.endswith(".crc") else name
+    stem, _, ext = core.partition(".")
+    return int(stem) if stem.isdigit() and ext in ("changelog", "zip") else None
 
 
 def _batch_name(name: str) -> int | None:
@@ -129,6 +150,33 @@ def unpack(data: bytes, digest: str, target: Path) -> None:
     except (tarfile.TarError, OSError) as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise TornCheckpoint(f"checkpoint archive for {target} cannot be read: {exc}") from exc
+    relocate(staging, target)
     if target.exists():
         shutil.rmtree(target)
     staging.replace(target)
+
+
+_SCHEMA_PATH = re.compile(r'"file:[^"]*?/state/(\d+)/_stateSchema/')
+
+
+def relocate(checkpoint: Path, final: Path) -> int:
+    """Point a copied checkpoint's state-schema references at its new place.
+
+    Spark records the absolute paths of the state schema files in the operator metadata
+    (``state/<op>/_metadata/v2/<batch>``); a copy on another node must refer to its own
+    files. The checksum files of rewritten entries are dropped (Hadoop then skips the check).
+
+    Returns:
+        How many metadata files were rewritten.
+    """
+    rewritten = 0
+    for meta in checkpoint.glob("state/*/_metadata/v2/*"):
+        if meta.name.startswith("."):
+            continue
+        text = meta.read_text()
+        fixed = _SCHEMA_PATH.sub(lambda m: f'"file:{final}/state/{m.group(1)}/_stateSchema/', text)
+        if fixed != text:
+            meta.write_text(fixed)
+            (meta.parent / f".{meta.name}.crc").unlink(missing_ok=True)
+            rewritten += 1
+    return rewritten

@@ -60,10 +60,10 @@ def install_error_handlers(app: FastAPI, token: str) -> None:
         return JSONResponse(err.to_dict(), status_code=err.http_status)
 
 
-def raise_for_error(response: httpx.Response, what: str) -> Any:
-    """The JSON body of a successful response; otherwise raise the error it carries."""
+def raise_for_error(response: httpx.Response, what: str) -> None:
+    """Raise the error an unsuccessful response carries, as its own class."""
     if response.is_success:
-        return response.json() if response.content else None
+        return
     try:
         body = response.json()
     except ValueError:

@@ -54,9 +54,20 @@ class MigrationReport:
     caught_up_events: int = 0
     error: str | None = None
     rolled_back: bool = False
+    #: ``[ms since start, node, committed batch, input progress, last batch ms]`` as observed.
+    trace: list[list[Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._t0 = time.perf_counter()
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def observe(self, node: str, info: dict[str, Any]) -> None:
+        """Add a progress observation to the trace when it differs from the last one."""
+        row = [node, info.get("committed_batch"), info.get("progress"), info.get("last_batch_ms")]
+        if not self.trace or self.trace[-1][1:] != row:
+            self.trace.append([round((time.perf_counter() - self._t0) * 1000, 1), *row])
 
 
 class Stopwatch:
@@ -76,18 +87,20 @@ def _path(pipeline: str, element: str, tail: str = "") -> str:
     return f"/pipelines/{pipeline}/elements/{element}{tail}"
 
 
-def _waitprogress_of(
+def _wait_progress(
     agent: ServiceClient,
     path: str,
     at_least: int,
     timeout_s: float,
     what: str,
+    report: MigrationReport,
 ) -> dict[str, Any]:
     """Poll a PE's progress until it reaches ``at_least``; fail if its query failed."""
     deadline = time.monotonic() + timeout_s
     info: dict[str, Any] = {}
     while time.monotonic() < deadline:
         info = agent.get(path)
+        report.observe(report.target, info)
         if info["state"] == "failed":
             raise MigrationFailed(f"{what}: the target's query failed: {info['error']}")
         if info["committed_batch"] is not None and info["progress"] >= at_least:
@@ -108,6 +121,7 @@ def migrate(
     timeout_s: float = 120.0,
     live_wait_s: float = 30.0,
     on_routing_change: Any = None,
+    precopy_rounds: int = 3,
 ) -> MigrationReport:
     """Move a running PE from ``origin`` to ``target``; see the module docstring.
 
@@ -137,11 +151,13 @@ def migrate(
             target_agent.put(here, json={"element": placed, "fresh": False, "gate": gate})
             if info["batch"] is not None:
                 # The re-executed batch commits: workers are up, state is loaded.
-                _waitprogress_of(target_agent, here + "/progress", progress_of(limit), timeout_s,
-                               "warming up")  # fmt: skip
+                _wait_progress(target_agent, here + "/progress", progress_of(limit), timeout_s,
+                               "warming up", report)  # fmt: skip
+            _converge(report, here, origin_agent, target_agent, timeout_s, precopy_rounds)
             watch.lap("prepare")
         paused_at = time.perf_counter()
         position = origin_agent.post(here + "/pause", params={"timeout_s": timeout_s})
+        report.observe(origin_name, position)
         watch.lap("pause")
         if mode == "literal":
             data, digest, info = _fetch_checkpoint(origin_agent, here, warm=False)
@@ -152,8 +168,8 @@ def migrate(
         else:
             watch.lap("state")  # the position is in the pause answer: nothing to ship
             target_agent.put(here + "/gate", json={"gate": None})
-        live = _waitprogress_of(target_agent, here + "/progress", position["progress"], timeout_s,
-                              "catching up")  # fmt: skip
+        live = _wait_progress(target_agent, here + "/progress", position["progress"], timeout_s,
+                              "catching up", report)  # fmt: skip
         watch.lap("invoke")
         if on_routing_change is not None:
             on_routing_change()
@@ -181,11 +197,37 @@ def migrate(
             if live["progress"] > position["progress"]
             else target_agent.get(here + "/progress")
         )
+        report.observe(target_name, info_now)
         if info_now["progress"] > position["progress"]:
             report.downtime_ms = round((time.perf_counter() - paused_at) * 1000, 1)
             break
         time.sleep(0.02)
     return report
+
+
+def _converge(
+    report: MigrationReport,
+    path: str,
+    origin: ServiceClient,
+    target: ServiceClient,
+    timeout_s: float,
+    rounds: int,
+) -> None:
+    """Let the warm standby follow the origin for a few rounds before the pause.
+
+    Each round raises the standby's cap to where the origin has committed and waits for the
+    standby to get there (re-processing, not emitting). What is left for the downtime is what
+    the origin processes during the last round — like iterative pre-copy of VM migration.
+    """
+    for _ in range(rounds):
+        now = origin.get(path + "/progress")
+        report.observe(report.origin, now)
+        current = target.get(path + "/progress")
+        if now["offset"] is None or now["progress"] <= current["progress"]:
+            return
+        target.put(path + "/gate", json={"gate": {"mode": "cap", "limit": now["offset"]}})
+        _wait_progress(target, path + "/progress", now["progress"], timeout_s, "following",
+                       report)  # fmt: skip
 
 
 def _fetch_checkpoint(

@@ -263,7 +263,11 @@ def _write_csv(path: Path, rows: Sequence[BenchRow]) -> None:
 
 
 def _plot(path: Path, rows: Sequence[BenchRow]) -> bool:
-    """Draw ``bench.png``; return False (and log why) if matplotlib is missing."""
+    """Draw ``bench.png``; return False (and log why) if matplotlib is missing.
+
+    The x axis is the number of tasks, one line per server count and method (Fig. 5); when
+    only the server count varies it is the number of servers instead (Fig. 6).
+    """
     try:
         import matplotlib
 
@@ -272,22 +276,20 @@ def _plot(path: Path, rows: Sequence[BenchRow]) -> bool:
     except ImportError:
         log.warning("matplotlib is not installed: skipped %s (the CSV has all the data)", path)
         return False
+    by_servers = len({r.tasks for r in rows}) == 1 and len({r.servers for r in rows}) > 1
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method, style in (("exact", "o-"), ("greedy", "s--")):
-        for n_servers in sorted({r.servers for r in rows}):
+        groups = sorted({r.tasks if by_servers else r.servers for r in rows})
+        for group in groups:
             cell: dict[int, list[float]] = {}
             for r in rows:
-                if r.method == method and r.servers == n_servers:
-                    cell.setdefault(r.tasks, []).append(r.time_ms)
+                if r.method == method and (r.tasks if by_servers else r.servers) == group:
+                    cell.setdefault(r.servers if by_servers else r.tasks, []).append(r.time_ms)
             xs = sorted(cell)
-            ax.plot(
-                xs,
-                [statistics.fmean(cell[x]) for x in xs],
-                style,
-                label=f"{method}, {n_servers} servers",
-            )
+            label = f"{method}, {group} {'tasks' if by_servers else 'servers'}"
+            ax.plot(xs, [statistics.fmean(cell[x]) for x in xs], style, label=label)
     ax.set_yscale("log")
-    ax.set_xlabel("tasks")
+    ax.set_xlabel("servers" if by_servers else "tasks")
     ax.set_ylabel("mean time per run (ms)")
     ax.set_title("Backup-location planning: exact (HiGHS) vs greedy")
     ax.grid(True, which="both", alpha=0.3)

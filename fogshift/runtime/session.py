@@ -59,4 +59,15 @@ def build_session(
     spark.sparkContext.setLogLevel("ERROR")
     for source in (JetStreamDataSource, CsvSourceDataSource, CsvSinkDataSource):
         spark.dataSource.register(source)
+    _warm_up(spark)
     return spark
+
+
+def _identity(frames):  # type: ignore[no-untyped-def]
+    yield from frames
+
+
+def _warm_up(spark: SparkSession) -> None:
+    """Run one tiny pandas job, so the first PE (or migration target) on this node does not
+    pay for the JVM's and Python workers' first-use costs inside its downtime."""
+    spark.range(4).mapInPandas(_identity, "id long").collect()

@@ -76,7 +76,7 @@ def test_status_counts_and_dead_letters(cluster: Cluster, fan: dict) -> None:
         status = cluster.status("fan")
         by_id = {e["element"]: e for e in status["elements"]}
         settled = by_id["avg3"]["events_in"] == by_id["source"]["events_out"]
-        if settled and by_id["source"]["events_in"] == ROWS or time.monotonic() > deadline:
+        if (settled and by_id["source"]["events_in"] == ROWS) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert status["status"] == "running"

@@ -102,3 +102,9 @@ def test_cli_prints_one_line_per_run(tmp_path: Path, capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 4
     assert out[0].startswith("exact ")
+
+
+def test_run_bench_plots_against_servers_when_only_they_vary(tmp_path: Path) -> None:
+    rows = run_bench(tmp_path, [2], [3, 4], trials=1, time_limit_s=5)
+    assert {r.servers for r in rows} == {3, 4}
+    assert (tmp_path / "bench.png").stat().st_size > 0

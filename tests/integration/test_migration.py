@@ -1,0 +1,171 @@
+"""Live migration with real agents: exactly-once output through many migrations, rollback."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fogshift.verify.reference import case1_reference, compare, read_sink
+from tests.conftest import Cluster
+from tests.integration.helpers import write_case1_csv, write_spec
+
+pytestmark = pytest.mark.integration
+
+NODES = ["cloud", "fog-a", "fog-b"]
+
+
+def case1_spec(work: Path, name: str, rows: int, rate: float, pad_bytes: int = 0) -> Path:
+    write_case1_csv(work / "in.csv", rows, seed=len(name) + rows)
+    return write_spec(
+        work / f"{name}.yaml",
+        name,
+        [
+            {"id": "source", "kind": "csv-source", "node": "cloud",
+             "options": {"path": "in.csv", "rate": rate}},
+            {"id": "aggregate", "kind": "window-aggregate", "node": "fog-a", "inputs": ["source"],
+             "options": {"field": "value", "window": 10, "function": "avg",
+                         "pad_bytes": pad_bytes}},
+            {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
+             "options": {"path": "out/case1.csv"}},
+        ],
+    )  # fmt: skip
+
+
+def migrate(cluster: Cluster, pipeline: str, element: str, to: str, mode: str) -> dict[str, Any]:
+    result = cluster.cli(
+        "migrate", pipeline, element, "--to", to, "--mode", mode, "--json", check=False
+    )
+    report = json.loads(result.stdout) if result.stdout.strip() else {}
+    report["exit_code"] = result.returncode
+    report["stderr"] = result.stderr
+    return report
+
+
+def finish_and_compare(cluster: Cluster, work: Path, pipeline: str) -> None:
+    ref = case1_reference(work / "in.csv", "value", 10, "avg")
+    cluster.wait_for(pipeline, "sink", len(ref.rows), timeout_s=400)
+    time.sleep(2)  # a duplicate would show up within a batch or two
+    verdict = compare(ref.rows, read_sink(work / "out" / "case1.csv", "value"))
+    assert verdict.consistent, verdict.summary()
+
+
+def test_many_migrations_during_a_stream_keep_output_exact(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    spec = case1_spec(tmp_path, "bounce", rows=2400, rate=20)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("bounce", "sink", 20)
+    rnd = random.Random(1234)
+    placement = {"source": "cloud", "aggregate": "fog-a", "sink": "cloud"}
+    plan = ["aggregate", "aggregate", "source", "aggregate", "sink", "source", "aggregate"]
+    reports = []
+    for i, element in enumerate(plan):
+        time.sleep(rnd.uniform(0, 2))
+        target = rnd.choice([n for n in NODES if n != placement[element]])
+        mode = "literal" if i % 3 == 1 else "precopy"
+        report = migrate(cluster, "bounce", element, target, mode)
+        assert report["exit_code"] == 0, report
+        assert report["status"] == "migrated"
+        assert (report["origin"], report["target"]) == (placement[element], target)
+        expected_phases = {"pause", "state", "invoke", "finalize"}
+        assert expected_phases <= set(report["phases_ms"]), report["phases_ms"]
+        assert report["state_bytes"] > 0
+        placement[element] = target
+        reports.append(report)
+        status = {e["element"]: e for e in cluster.status("bounce")["elements"]}
+        assert status[element]["node"] == target
+    still_running = cluster.element("bounce", "sink")["events_out"]
+    assert still_running < 2400 - 50, "the stream ended before the last migration"
+    finish_and_compare(cluster, tmp_path, "bounce")
+    measured = [r["downtime_ms"] for r in reports if r["downtime_ms"] is not None]
+    assert measured, "no migration saw the target process new input"
+    hosts = {n["name"]: n["elements"] for n in cluster.json("nodes")}
+    for element, node in placement.items():
+        assert [n for n, hosted in hosts.items() if f"bounce/{element}" in hosted] == [node]
+
+
+def test_bad_migrations_are_refused_and_the_pipeline_runs_on(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    spec = case1_spec(tmp_path, "refuse", rows=300, rate=30)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("refuse", "sink", 10)
+    unknown = migrate(cluster, "refuse", "aggregate", "fog-z", "precopy")
+    assert unknown["exit_code"] == 1 and "unknown node 'fog-z'" in unknown["stderr"]
+    same = migrate(cluster, "refuse", "aggregate", "fog-a", "precopy")
+    assert same["exit_code"] == 2 and "already runs on node 'fog-a'" in same["stderr"]
+    no_pe = migrate(cluster, "refuse", "nope", "fog-b", "precopy")
+    assert no_pe["exit_code"] == 1 and "has no element 'nope'" in no_pe["stderr"]
+    finish_and_compare(cluster, tmp_path, "refuse")
+
+
+def test_concurrent_migrations_of_one_pe_conflict(cluster: Cluster, tmp_path: Path) -> None:
+    spec = case1_spec(tmp_path, "race", rows=900, rate=30)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("race", "sink", 10)
+    data = json.loads((cluster.home / "cluster.json").read_text())
+    token = (cluster.home / "token").read_text().strip()
+    url = data["orchestrator"]["url"] + "/pipelines/race/elements/aggregate/migrate"
+    results: dict[str, httpx.Response] = {}
+
+    def go(target: str) -> None:
+        results[target] = httpx.post(
+            url,
+            json={"target": target},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=300,
+        )
+
+    threads = [threading.Thread(target=go, args=(t,)) for t in ("fog-b", "cloud")]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    codes = sorted(r.status_code for r in results.values())
+    assert codes == [200, 409], {k: r.text[:300] for k, r in results.items()}
+    loser = next(r for r in results.values() if r.status_code == 409)
+    assert "already being migrated" in loser.json()["message"]
+    finish_and_compare(cluster, tmp_path, "race")
+
+
+def test_a_pe_with_megabytes_of_state_migrates_both_ways(cluster: Cluster, tmp_path: Path) -> None:
+    pad = 4 * 1024 * 1024
+    spec = case1_spec(tmp_path, "heavy", rows=1200, rate=20, pad_bytes=pad)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("heavy", "sink", 20)
+    literal = migrate(cluster, "heavy", "aggregate", "fog-b", "literal")
+    assert literal["exit_code"] == 0, literal
+    precopy = migrate(cluster, "heavy", "aggregate", "cloud", "precopy")
+    assert precopy["exit_code"] == 0, precopy
+    for report in (literal, precopy):
+        # base64 of random bytes: gzip keeps at least 3/4 of it.
+        assert report["state_bytes"] > pad * 0.7, report["state_bytes"]
+    finish_and_compare(cluster, tmp_path, "heavy")
+
+
+def test_migration_to_a_killed_node_rolls_back(cluster: Cluster, tmp_path: Path) -> None:
+    spec = case1_spec(tmp_path, "victim", rows=600, rate=20)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("victim", "sink", 10)
+    fog_b = next(n for n in cluster.json("nodes") if n["name"] == "fog-b")
+    os.killpg(fog_b["pgid"], signal.SIGKILL)
+    report = migrate(cluster, "victim", "aggregate", "fog-b", "precopy")
+    assert report["exit_code"] == 1
+    if report.get("status") == "failed":  # the orchestrator still believed fog-b healthy
+        assert report["rolled_back"] is True, report
+        assert "rolled back" in report["stderr"] or report["error"]
+    else:  # it had already noticed fog-b's silence
+        assert "not healthy" in report["stderr"], report
+    agg = cluster.element("victim", "aggregate")
+    assert (agg["node"], agg["state"]) == ("fog-a", "running")
+    finish_and_compare(cluster, tmp_path, "victim")
