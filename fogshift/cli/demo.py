@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fogshift.cli import cluster as cluster_ops
 from fogshift.cli.exceptions import NotUp
+from fogshift.common.http import ServiceClient
 from fogshift.exceptions import InvalidInput
 from fogshift.spec.loader import load_spec
 from fogshift.spec.models import PipelineSpec
@@ -32,7 +33,14 @@ def case1_parts(spec: PipelineSpec) -> tuple[str, dict, str]:
     )
 
 
-def run_demo(home: Path, spec_path: Path, timeout_s: float, keep: bool, console: Console) -> bool:
+def run_demo(
+    home: Path,
+    spec_path: Path,
+    timeout_s: float,
+    keep: bool,
+    console: Console,
+    migrate_to: tuple[str, ...] = ("fog-b", "cloud"),
+) -> bool:
     """Bring a cluster up if needed, run Case 1, compare with the reference; True if consistent."""
     spec = load_spec(spec_path)
     nodes = sorted({e.node for e in spec.elements} | {"cloud", "fog-a", "fog-b"})
@@ -44,14 +52,30 @@ def run_demo(home: Path, spec_path: Path, timeout_s: float, keep: bool, console:
             cluster_ops.up(home, nodes, on_progress=lambda m: status.update(m))
         started = True
     try:
-        return _run(home, spec, timeout_s, console)
+        return _run(home, spec, timeout_s, console, migrate_to)
     finally:
         if started and not keep:
             cluster_ops.down(home)
             console.print("cluster stopped (fogshift down)")
 
 
-def _run(home: Path, spec: PipelineSpec, timeout_s: float, console: Console) -> bool:
+def _sink_rows(client: ServiceClient, pipeline: str, at_least: int, deadline: float) -> int:
+    """Lines the pipeline's sink has written, once there are at least ``at_least``."""
+    while True:
+        status = client.get(f"/pipelines/{pipeline}")
+        written = int(next(e["events_out"] for e in status["elements"] if e["kind"] == "csv-sink"))
+        if written >= at_least or time.monotonic() > deadline:
+            return written
+        time.sleep(0.5)
+
+
+def _run(
+    home: Path,
+    spec: PipelineSpec,
+    timeout_s: float,
+    console: Console,
+    migrate_to: tuple[str, ...],
+) -> bool:
     source, agg, sink = case1_parts(spec)
     reference = case1_reference(source, agg["field"], agg["window"], agg.get("function", "avg"))
     with cluster_ops.orchestrator_client(home) as client:
@@ -64,6 +88,19 @@ def _run(home: Path, spec: PipelineSpec, timeout_s: float, console: Console) -> 
             + ", ".join(f"{e.id}@{e.node}" for e in spec.elements)
         )
         deadline = time.monotonic() + timeout_s
+        aggregate = next(e.id for e in spec.elements if e.kind == "window-aggregate")
+        _sink_rows(client, spec.pipeline, at_least=30, deadline=deadline)
+        for target in migrate_to:
+            report = client.post(
+                f"/pipelines/{spec.pipeline}/elements/{aggregate}/migrate",
+                json={"target": target},
+            )
+            phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases_ms"].items())
+            console.print(
+                f"live-migrated [bold]{aggregate}[/] {report['origin']} -> {report['target']}: "
+                f"phases ms: {phases}; downtime {report['downtime_ms']} ms; "
+                f"state {report['state_bytes']} bytes"
+            )
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), console=console,
