@@ -16,6 +16,7 @@ import pytest
 
 from fogshift.broker.client import BrokerAddress, SyncJetStream
 from fogshift.broker.server import BrokerProcess, start_nats_server
+from fogshift.cli.cluster import group_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,18 +108,6 @@ def pgids_of(home: Path) -> list[int]:
     if data.get("broker"):
         groups.append(data["broker"]["pgid"])
     return groups
-
-
-def group_alive(pgid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().split(")")[-1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -22,11 +21,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from fogshift.broker.client import BrokerAddress
+from fogshift.broker.naming import NAME_PATTERN
 from fogshift.broker.server import free_port, start_nats_server
 from fogshift.cli.exceptions import AlreadyUp, NotUp
 from fogshift.common.http import ServiceClient
 from fogshift.exceptions import InvalidInput, Unavailable
-from fogshift.spec.models import _NAME
 
 
 class ProcessInfo(BaseModel):
@@ -165,7 +164,7 @@ def up(
     """
     say = on_progress or (lambda _msg: None)
     for name in nodes:
-        if not re.match(_NAME, name):
+        if not NAME_PATTERN.match(name):
             raise InvalidInput(
                 f"bad node name {name!r}",
                 expected="letters, digits, '_' and '-' (e.g. cloud,fog-a,fog-b)",
@@ -278,7 +277,7 @@ def kill_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
@@ -323,7 +322,7 @@ def down(home: Path, grace_s: float = 15) -> list[str]:
         for info in tier.values():
             kill_group(info.pgid, signal.SIGKILL)
         for info in tier.values():
-            while _group_alive(info.pgid) and time.monotonic() < deadline + 5:
+            while group_alive(info.pgid) and time.monotonic() < deadline + 5:
                 time.sleep(0.05)
     cluster_file(home).unlink(missing_ok=True)
     return [label for tier in tiers for label in tier]
