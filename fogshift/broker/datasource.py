@@ -78,6 +78,25 @@ class JetStreamPartition(InputPartition):
         self.ranges = list(ranges)
 
 
+def _event_fields(data: bytes) -> tuple[int, float, str, str]:
+    """``(seq, timestamp, creator, body)`` of a stored message.
+
+    A message that is not a fogshift event (someone else published on the subject) is passed
+    on with its raw text as the body: the consuming PE dead-letters it with the reason,
+    instead of the query failing on it again and again.
+    """
+    try:
+        payload = json.loads(data)
+        return (
+            int(payload["seq"]),
+            float(payload["timestamp"]),
+            str(payload["creator"]),
+            str(payload["body"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return (0, 0.0, "?", data.decode("utf-8", errors="replace"))
+
+
 class JetStreamDataSource(DataSource):
     """Options: ``broker`` (broker file), ``pipeline``, ``pe`` (the element itself),
     ``inputs`` (comma-separated element ids, reader only), ``max_events_per_batch``,
@@ -166,14 +185,7 @@ class JetStreamReader(DataSourceStreamReader):
             )
             for msg in msgs:
                 seq = int(msg.metadata.sequence.stream)
-                payload = json.loads(msg.data)
-                yield (
-                    done + seq + later,
-                    int(payload["seq"]),
-                    float(payload["timestamp"]),
-                    str(payload["creator"]),
-                    str(payload["body"]),
-                )
+                yield (done + seq + later, *_event_fields(msg.data))
             done += rng.end
 
     def commit(self, end: dict) -> None:

@@ -273,7 +273,11 @@ def append_exactly_once(
     refused: list[tuple[SinkRow, str]] = []
     written = 0
     for row in fresh:
-        body = load_body(row[3])
+        try:
+            body = load_body(row[3])
+        except ValueError as exc:
+            refused.append((row, f"not an event body: {exc}"))
+            continue
         if fields is None:
             fields = list(body)
             writer.writerow(["seq", *fields])

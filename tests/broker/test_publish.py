@@ -70,3 +70,15 @@ def test_fetch_range_skips_dead_letters_and_honours_bounds(js_client: SyncJetStr
     got = js_client.run(lambda js: fetch_range(js, stream, subject, 2, 7))
     assert [m.metadata.sequence.stream for m in got] == [4, 5, 6]
     assert js_client.run(lambda js: fetch_range(js, stream, subject, 5, 5)) == []
+
+
+def test_foreign_messages_become_readable_rows() -> None:
+    from fogshift.broker.datasource import _event_fields
+
+    assert _event_fields(b'{"seq": 3, "timestamp": 1.5, "creator": "s", "body": "{}"}') == (
+        3,
+        1.5,
+        "s",
+        "{}",
+    )
+    assert _event_fields(b"not json at all") == (0, 0.0, "?", "not json at all")

@@ -52,3 +52,11 @@ def test_a_truncated_output_is_an_error_and_reset_starts_over(tmp_path: Path) ->
     reset_sink(out)
     assert not marker_path(out).exists()
     assert append_exactly_once(out, rows((1, 1.0))) == 1
+
+
+def test_a_body_that_is_not_json_is_refused_not_fatal(tmp_path: Path) -> None:
+    out = tmp_path / "o.csv"
+    refused: list = []
+    append_exactly_once(out, [*rows((1, 1.0)), (2, 2, 0.0, "garbage{")], refused.extend)
+    assert [r[0][0] for r in refused] == [2] and "not an event body" in refused[0][1]
+    assert out.read_text() == "seq,v\n1,1.0\n"
