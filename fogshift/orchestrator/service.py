@@ -331,6 +331,7 @@ class Orchestrator:
                     hint="wait for that migration to finish",
                 )
             self._migrating.add(key)
+        log.info("migrating %s/%s: %s -> %s (%s)", pipeline, element_id, origin, target, mode)
         try:
             report = run_migration(
                 pipeline,
@@ -340,7 +341,11 @@ class Orchestrator:
                 mode=mode,
                 on_routing_change=lambda: self.registry.set_placement(pipeline, element_id, target),
             )
+            log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
             return report.to_dict()
+        except FogshiftError as exc:
+            log.warning("migration of %s/%s failed: %s", pipeline, element_id, exc.render())
+            raise
         finally:
             with self._lock:
                 self._migrating.discard(key)

@@ -1,8 +1,9 @@
 """CSV files as Spark sources and sinks (Python Data Sources).
 
 ``fogshift-csv-source`` reads a CSV file with a header row; data row *k* (1-based) becomes the
-event with ``seq = k``. Its offset is ``{"type": "csv-rows", "row": k}``: the number of data rows
-already read. One record per line (no newlines inside quotes).
+event with ``seq = k``. Its offset is ``{"type": "csv-rows", "row": k, "t0": epoch s}``: the
+number of data rows already read, and when the source started (with ``rate``, row *k* becomes
+available at ``t0 + k / rate``). One record per line (no newlines inside quotes).
 
 ``fogshift-csv-sink`` appends events to a CSV file exactly once. Next to the file a marker
 (``.<name>.fogshift.json``) records the last input position written and the file's length at
@@ -118,11 +119,12 @@ class CsvSourceReader(DataSourceStreamReader):
         self.max_events = int(options.get("max_events_per_batch", "10000"))
         self.gate = options.get("gate")
         self.index = LineIndex(self.path)
-        # Rate limiting: rows allowed = rows at the first call + rate * seconds since then.
-        self._clock: tuple[float, int] | None = None
 
     def initialOffset(self) -> dict:  # noqa: N802
-        return {"type": ROWS_OFFSET, "row": 0}
+        # ``t0`` anchors the rate schedule in wall-clock time and travels in every offset, so
+        # an instance resumed elsewhere (migration, restart) keeps the same schedule instead
+        # of starting its own and trailing the original forever.
+        return {"type": ROWS_OFFSET, "row": 0, "t0": time.time()}
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         return ReadMaxRows(self.max_events)
@@ -139,17 +141,14 @@ class CsvSourceReader(DataSourceStreamReader):
                 f"source {self.pe!r}: file {self.path} has {latest} data rows but {begin} "
                 "were already read"
             )
+        t0 = float(start.get("t0", time.time()))
         if self.rate > 0:
-            now = time.monotonic()
-            if self._clock is None:
-                self._clock = (now, begin)
-            t0, base = self._clock
-            latest = min(latest, base + int((now - t0) * self.rate))
+            latest = min(latest, int((time.time() - t0) * self.rate))
         if isinstance(limit, ReadMaxRows) and not isinstance(limit, ReadAllAvailable):
             latest = min(latest, begin + limit.max_rows)
         if gate is not None and gate["limit"]:
             latest = min(latest, _rows(gate["limit"]))
-        return {"type": ROWS_OFFSET, "row": max(begin, latest)}
+        return {"type": ROWS_OFFSET, "row": max(begin, latest), "t0": t0}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         first, last = _rows(start), _rows(end)

@@ -73,7 +73,7 @@ def test_many_migrations_during_a_stream_keep_output_exact(
         target = rnd.choice([n for n in NODES if n != placement[element]])
         mode = "literal" if i % 3 == 1 else "precopy"
         report = migrate(cluster, "bounce", element, target, mode)
-        assert report["exit_code"] == 0, report
+        assert report["exit_code"] == 0, (report.get("error"), report["stderr"])
         assert report["status"] == "migrated"
         assert (report["origin"], report["target"]) == (placement[element], target)
         expected_phases = {"pause", "state", "invoke", "finalize"}
