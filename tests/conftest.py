@@ -55,9 +55,10 @@ def fogshift(*args: str, check: bool = True, timeout: float = 400) -> subprocess
 class Cluster:
     """A local cluster started with `fogshift up` under a temp home."""
 
-    def __init__(self, home: Path, nodes: list[str]) -> None:
+    def __init__(self, home: Path, nodes: list[str], up_args: tuple[str, ...] = ()) -> None:
         self.home = home
         self.nodes = nodes
+        self.up_args = up_args
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return fogshift(*args, "--home", str(self.home), check=check)
@@ -66,7 +67,7 @@ class Cluster:
         return json.loads(self.cli(*args, "--json").stdout)
 
     def up(self) -> None:
-        self.cli("up", "--nodes", ",".join(self.nodes))
+        self.cli("up", "--nodes", ",".join(self.nodes), *self.up_args)
 
     def down(self) -> None:
         if (self.home / "cluster.json").exists():
@@ -111,10 +112,18 @@ def pgids_of(home: Path) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def up_args() -> tuple[str, ...]:
+    """Extra `fogshift up` options; a test module overrides this fixture to change them."""
+    return ()
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, up_args: tuple[str, ...]
+) -> Iterator[Cluster]:
     """Three nodes (cloud, fog-a, fog-b) as real processes, shared by a test module."""
     home = tmp_path_factory.mktemp("home")
-    c = Cluster(home, ["cloud", "fog-a", "fog-b"])
+    c = Cluster(home, ["cloud", "fog-a", "fog-b"], up_args)
     c.up()
     try:
         yield c

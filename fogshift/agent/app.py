@@ -16,7 +16,9 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict
 
 from fogshift.agent.config import AgentConfig
+from fogshift.agent.exceptions import UnknownElement
 from fogshift.agent.node import NodeRuntime
+from fogshift.checkpoint.store import snapshot_file
 from fogshift.common.http import install_error_handlers
 from fogshift.exceptions import InvalidInput
 from fogshift.spec.models import ElementSpec
@@ -36,6 +38,7 @@ class DeployRequest(BaseModel):
     element: ElementSpec
     fresh: bool = False
     gate: dict[str, Any] | None = None
+    epoch: int = 0
 
 
 class GateRequest(BaseModel):
@@ -111,7 +114,7 @@ def create_app(config: AgentConfig) -> FastAPI:
                 expected=repr(element),
                 received=repr(request.element.id),
             )
-        return runtime.deploy(pipeline, request.element, request.fresh, request.gate)
+        return runtime.deploy(pipeline, request.element, request.fresh, request.gate, request.epoch)
 
     @app.delete("/pipelines/{pipeline}/elements/{element}")
     def remove(pipeline: str, element: str, discard: bool = False) -> dict[str, Any]:
@@ -141,6 +144,24 @@ def create_app(config: AgentConfig) -> FastAPI:
             media_type="application/octet-stream",
             headers={SHA_HEADER: digest, INFO_HEADER: json.dumps(info)},
         )
+
+    @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/latest")
+    def latest_snapshot(pipeline: str, element: str) -> dict[str, Any]:
+        manifest = runtime.latest_snapshot(pipeline, element)
+        if manifest is None:
+            raise UnknownElement(
+                f"node {config.name!r} has no node-level checkpoint of {pipeline}/{element}"
+            )
+        return manifest
+
+    @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/{snapshot}/files/{rel:path}")
+    def snapshot_file_bytes(pipeline: str, element: str, snapshot: str, rel: str) -> Response:
+        try:
+            path = snapshot_file(runtime.snapshot_store(pipeline, element), snapshot, rel)
+            data = path.read_bytes()
+        except (ValueError, OSError) as exc:
+            raise UnknownElement(f"no file {rel!r} in snapshot {snapshot}: {exc}") from None
+        return Response(content=data, media_type="application/octet-stream")
 
     @app.put("/pipelines/{pipeline}/elements/{element}/checkpoint")
     async def put_checkpoint(pipeline: str, element: str, request: Request) -> dict[str, Any]:

@@ -22,6 +22,7 @@ class AgentConfig(BaseModel):
         trigger_ms: Micro-batch trigger interval of every query.
         heartbeat_s: Interval between heartbeats.
         advertise_url: The URL the orchestrator should use (defaults to http://host:port).
+        checkpoint_interval_s: Interval of node-level checkpoints (snapshots) of each PE.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -37,6 +38,7 @@ class AgentConfig(BaseModel):
     trigger_ms: int = Field(default=200, ge=10)
     heartbeat_s: float = Field(default=1.0, gt=0)
     advertise_url: str | None = None
+    checkpoint_interval_s: float = Field(default=5.0, gt=0)
 
     @property
     def url(self) -> str:

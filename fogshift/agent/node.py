@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import ElementBusy, NodeNotReady, UnknownElement
+from fogshift.broker.exceptions import FENCED_TOKEN
 from fogshift.checkpoint.spark_dir import (
     committed_batch,
     committed_offset,
@@ -23,6 +24,7 @@ from fogshift.checkpoint.spark_dir import (
     progress_of,
     unpack,
 )
+from fogshift.checkpoint.store import latest_manifest, take_snapshot
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.gate import acknowledged, open_gate, write_gate
@@ -82,6 +84,7 @@ class NodeRuntime:
         """Start Spark (slow, ~7 s) and the monitor, in the background."""
         self._spark_thread.submit(self._start_spark)
         threading.Thread(target=self._monitor, name="monitor", daemon=True).start()
+        threading.Thread(target=self.run_snapshots, name="snapshots", daemon=True).start()
 
     def _start_spark(self) -> None:
         from fogshift.runtime.session import build_session
@@ -117,6 +120,9 @@ class NodeRuntime:
         # Inside the checkpoint, so the counters travel with it (migration, restore).
         return self.checkpoint_dir(pipeline, pe) / "fogshift-metrics.json"
 
+    def snapshot_store(self, pipeline: str, pe: str) -> Path:
+        return self.config.home / "node-checkpoints" / pipeline / pe
+
     def gate_file(self, pipeline: str, pe: str) -> Path:
         return self.config.home / "gates" / pipeline / f"{pe}.json"
 
@@ -128,6 +134,7 @@ class NodeRuntime:
         element: ElementSpec,
         fresh: bool,
         gate: dict[str, Any] | None = None,
+        epoch: int = 0,
     ) -> dict[str, Any]:
         """Start ``element`` of ``pipeline`` here, resuming its local checkpoint unless ``fresh``.
 
@@ -136,6 +143,7 @@ class NodeRuntime:
         Args:
             gate: Start behind this gate (``{"mode": "hold"|"cap", "limit": offset}``),
                 e.g. as a warm standby during a migration; ``None`` starts open.
+            epoch: The epoch this instance writes under (fencing).
         """
         if self.spark is None:
             raise NodeNotReady(
@@ -157,6 +165,7 @@ class NodeRuntime:
             metrics = self._metrics_file(pipeline, element.id)
             if fresh:
                 shutil.rmtree(checkpoint, ignore_errors=True)
+                shutil.rmtree(self.snapshot_store(pipeline, element.id), ignore_errors=True)
                 if KINDS[element.kind].role == "sink":
                     reset_sink(element.options["path"])
             checkpoint.mkdir(parents=True, exist_ok=True)
@@ -172,6 +181,7 @@ class NodeRuntime:
                 checkpoint_dir=str(checkpoint),
                 trigger_ms=self.config.trigger_ms,
                 gate_file=str(gate_file),
+                epoch=epoch,
             )
             hosted = HostedElement(plan=plan, gated=gate is not None)
             if metrics.exists():
@@ -346,6 +356,13 @@ class NodeRuntime:
             "last_batch": hosted.last_batch,
             "gated": hosted.gated,
         }
+        snap = latest_manifest(self.snapshot_store(hosted.plan.pipeline, element.id))
+        info["epoch"] = hosted.plan.epoch
+        info["node_checkpoint"] = (
+            {k: snap[k] for k in ("id", "batch", "progress", "created", "bytes", "new_bytes")}
+            if snap
+            else None
+        )
         if KINDS[element.kind].role == "sink":
             info["lines_written"] = int(read_marker(element.options["path"])["lines"])
         return info
@@ -378,7 +395,35 @@ class NodeRuntime:
         self._count(hosted, query)
         if not query.isActive:
             error = query.exception()
-            self._failed(hosted, str(error) if error else "query stopped by itself")
+            text = str(error) if error else "query stopped by itself"
+            if FENCED_TOKEN in text:
+                # A newer instance owns the output: never restart this one.
+                hosted.state, hosted.error = "fenced", text[:2000]
+                hosted.query = None
+                log.warning("%s is fenced: %s", hosted.plan.query_name, text[:300])
+                return
+            self._failed(hosted, text)
+
+    def snapshot_all(self) -> None:
+        """Take a node-level checkpoint of every running PE that committed a new batch."""
+        with self._lock:
+            hosted = [h for h in self._elements.values() if h.state in ("running", "paused")]
+        for h in hosted:
+            pipeline, pe = h.key
+            try:
+                take_snapshot(
+                    Path(h.plan.checkpoint_dir), self.snapshot_store(pipeline, pe), pipeline, pe
+                )
+            except (OSError, ValueError) as exc:  # a PE removed meanwhile, a file in flux
+                log.warning("node-level checkpoint of %s failed: %s", h.plan.query_name, exc)
+
+    def run_snapshots(self) -> None:
+        """Loop :meth:`snapshot_all` every ``checkpoint_interval_s`` until :meth:`close`."""
+        while not self._stop.wait(self.config.checkpoint_interval_s):
+            self.snapshot_all()
+
+    def latest_snapshot(self, pipeline: str, pe: str) -> dict[str, Any] | None:
+        return latest_manifest(self.snapshot_store(pipeline, pe))
 
     def _count(self, hosted: HostedElement, query: StreamingQuery) -> None:
         changed = False

@@ -206,6 +206,7 @@ class JetStreamWriter(DataSourceStreamWriter):
         self.broker = BrokerAddress.load(options["broker"])
         self.pipeline = options["pipeline"]
         self.pe = options["pe"]
+        self.epoch = int(options.get("epoch", "0"))
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         records = [
@@ -224,7 +225,8 @@ class JetStreamWriter(DataSourceStreamWriter):
             return PublishedCount(0)
         client = shared_client(self.broker)
         appended = client.run(
-            lambda js: publish_records(js, self.pipeline, self.pe, records), timeout=300
+            lambda js: publish_records(js, self.pipeline, self.pe, records, self.epoch),
+            timeout=300,
         )
         return PublishedCount(appended)
 

@@ -22,3 +22,16 @@ class WriterConflict(InvariantViolation):
 
     code = "writer_conflict"
     http_status = 409
+
+
+class Fenced(WriterConflict):
+    """This PE instance runs under an epoch that was superseded: it must never write again.
+
+    The message starts with :data:`FENCED_TOKEN` so that an agent recognises it in the text
+    of a Spark query's failure.
+    """
+
+    code = "fenced"
+
+
+FENCED_TOKEN = "FOGSHIFT_FENCED"

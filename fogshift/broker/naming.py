@@ -28,6 +28,11 @@ def dead_subject(pipeline: str, pe: str) -> str:
     return f"fs.{pipeline}.{pe}.dead"
 
 
+def fence_subject(pipeline: str, pe: str) -> str:
+    """The subject of fence markers: the orchestrator's "epochs before N may not write"."""
+    return f"fs.{pipeline}.{pe}.fence"
+
+
 def stream_subjects(pipeline: str, pe: str) -> list[str]:
     """Every subject of ``pe``'s stream."""
-    return [data_subject(pipeline, pe), dead_subject(pipeline, pe)]
+    return [data_subject(pipeline, pe), dead_subject(pipeline, pe), fence_subject(pipeline, pe)]

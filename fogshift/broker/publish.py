@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from fogshift.broker.exceptions import BrokerError, WriterConflict
-from fogshift.broker.naming import data_subject, dead_subject, stream_name
-from fogshift.events import INDEX_HEADER, MSG_ID_HEADER, ORIGIN_HEADER, message_id
+from fogshift.broker.exceptions import FENCED_TOKEN, BrokerError, Fenced, WriterConflict
+from fogshift.broker.naming import data_subject, dead_subject, fence_subject, stream_name
+from fogshift.events import EPOCH_HEADER, INDEX_HEADER, MSG_ID_HEADER, ORIGIN_HEADER, message_id
 
 #: JetStream's error code for a failed Nats-Expected-Last-Sequence check.
 WRONG_LAST_SEQUENCE = 10071
@@ -52,31 +52,44 @@ class Record:
         return (self.origin, self.index)
 
 
-async def last_position(js: JetStreamContext, stream: str) -> tuple[int, tuple[int, int]]:
-    """The last stream sequence and the ``(origin, index)`` of the record stored there."""
+async def last_position(js: JetStreamContext, stream: str) -> tuple[int, tuple[int, int], int]:
+    """The last stream sequence, and the ``(origin, index)`` and epoch stored there."""
     info = await js.stream_info(stream)
     last = int(info.state.last_seq or 0)
     if last == 0 or not info.state.messages:
-        return last, (0, -1)
+        return last, (0, -1), 0
     msg = await js.get_msg(stream, seq=last)
     headers = msg.headers or {}
-    return last, (int(headers.get(ORIGIN_HEADER, 0)), int(headers.get(INDEX_HEADER, -1)))
+    position = (int(headers.get(ORIGIN_HEADER, 0)), int(headers.get(INDEX_HEADER, -1)))
+    return last, position, int(headers.get(EPOCH_HEADER, 0))
+
+
+def _fenced(pipeline: str, pe: str, mine: int, seen: int) -> Fenced:
+    return Fenced(
+        f"{FENCED_TOKEN}: {pipeline}/{pe} runs under epoch {mine}, but epoch {seen} has "
+        "taken over its output: this instance must not write",
+        hint="a newer instance of this PE runs elsewhere (it was restored); this one stops",
+    )
 
 
 async def publish_records(
-    js: JetStreamContext, pipeline: str, pe: str, records: Iterable[Record]
+    js: JetStreamContext, pipeline: str, pe: str, records: Iterable[Record], epoch: int = 0
 ) -> int:
     """Append the records of ``pe`` not yet in its stream; return how many were appended.
 
     Args:
         records: Records of one batch; they are sorted by position here.
+        epoch: The epoch this instance runs under (fencing).
 
     Raises:
+        Fenced: The stream's last message is from a newer epoch (or a fence marker for one).
         WriterConflict: Another writer appended meanwhile.
         BrokerError: JetStream refused an append for another reason.
     """
     stream = stream_name(pipeline, pe)
-    last_seq, last_pos = await last_position(js, stream)
+    last_seq, last_pos, last_epoch = await last_position(js, stream)
+    if last_epoch > epoch:
+        raise _fenced(pipeline, pe, epoch, last_epoch)
     ordered = sorted(records, key=lambda r: r.position)
     appended = 0
     for record in ordered:
@@ -94,6 +107,7 @@ async def publish_records(
             MSG_ID_HEADER: message_id(pipeline, pe, record.origin, record.index),
             ORIGIN_HEADER: str(record.origin),
             INDEX_HEADER: str(record.index),
+            EPOCH_HEADER: str(epoch),
             "Nats-Expected-Last-Sequence": str(last_seq),
         }
         subject = (
@@ -103,6 +117,9 @@ async def publish_records(
             ack = await js.publish(subject, json.dumps(payload).encode(), headers=headers)
         except APIError as exc:
             if exc.err_code == WRONG_LAST_SEQUENCE:
+                _, _, now_epoch = await last_position(js, stream)
+                if now_epoch > epoch:
+                    raise _fenced(pipeline, pe, epoch, now_epoch) from exc
                 raise WriterConflict(
                     f"output stream {stream} of {pipeline}/{pe} was appended to by another "
                     f"writer (expected last sequence {last_seq})",
@@ -118,3 +135,32 @@ async def publish_records(
         last_pos = record.position
         appended += 1
     return appended
+
+
+async def fence(js: JetStreamContext, pipeline: str, pe: str, epoch: int) -> int:
+    """Append a fence marker for ``epoch`` to ``pe``'s stream; return its sequence.
+
+    After it, every writer of an older epoch finds a newer epoch at the end of the stream
+    (and fails), or has its append rejected by ``Nats-Expected-Last-Sequence`` (and then
+    finds it). The marker repeats the last record's position, so de-duplication by position
+    is unaffected; readers of the data subject never see it.
+    """
+    stream = stream_name(pipeline, pe)
+    for _ in range(50):
+        last_seq, (origin, index), last_epoch = await last_position(js, stream)
+        if last_epoch >= epoch:
+            return last_seq
+        headers = {
+            ORIGIN_HEADER: str(origin),
+            INDEX_HEADER: str(index),
+            EPOCH_HEADER: str(epoch),
+            "Nats-Expected-Last-Sequence": str(last_seq),
+        }
+        try:
+            ack = await js.publish(fence_subject(pipeline, pe), b"{}", headers=headers)
+        except APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                continue  # the old instance appended meanwhile: read again, fence after it
+            raise BrokerError(f"cannot fence {pipeline}/{pe}: {exc}") from exc
+        return int(ack.seq)
+    raise BrokerError(f"cannot fence {pipeline}/{pe}: its stream keeps moving")

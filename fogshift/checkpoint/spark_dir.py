@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import tarfile
@@ -62,7 +63,9 @@ def committed_offset(checkpoint: Path) -> tuple[int | None, dict[str, Any] | Non
     return batch, (end_offset(checkpoint, batch) if batch is not None else None)
 
 
-def copy_checkpoint(source: Path, target: Path, warm: bool = False) -> dict[str, Any]:
+def copy_checkpoint(
+    source: Path, target: Path, warm: bool = False, link_from: Path | None = None
+) -> dict[str, Any]:
     """Copy a (possibly running) query's checkpoint consistently.
 
     ``commits/`` is listed first: everything a committed batch depends on is already in
@@ -73,6 +76,10 @@ def copy_checkpoint(source: Path, target: Path, warm: bool = False) -> dict[str,
     together with state versions after it: a query started on the copy re-executes batch N —
     emitting nothing, its outputs are already in the stream — which starts its workers and
     loads its state without getting ahead of the original.
+
+    Args:
+        link_from: An earlier copy: a file present there with the same size is the same
+            immutable file, and is hard-linked instead of copied.
 
     Returns:
         ``{"batch": N, "offset": end offset of N}`` (``batch`` None for an empty checkpoint).
@@ -102,7 +109,15 @@ def copy_checkpoint(source: Path, target: Path, warm: bool = False) -> dict[str,
             return [n for n in names if (_state_version(n) or -1) > batch]
         return [n for n in names if n.endswith(".tmp")]
 
-    shutil.copytree(source, target, ignore=ignore)
+    def copy(src: str, dst: str) -> None:
+        if link_from is not None:
+            earlier = link_from / Path(src).relative_to(source)
+            if earlier.exists() and earlier.stat().st_size == Path(src).stat().st_size:
+                os.link(earlier, dst)
+                return
+        shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, ignore=ignore, copy_function=copy)
     return {"batch": batch, "offset": end_offset(source, batch)}
 
 

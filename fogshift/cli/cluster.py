@@ -112,7 +112,12 @@ def _cli(*args: str) -> list[str]:
 
 
 def start_node(
-    home: Path, name: str, orchestrator_url: str, host: str, spark_master: str
+    home: Path,
+    name: str,
+    orchestrator_url: str,
+    host: str,
+    spark_master: str,
+    checkpoint_interval_s: float = 5.0,
 ) -> ProcessInfo:
     """Start the agent of node ``name`` in a new process group."""
     port = free_port(host)
@@ -135,6 +140,8 @@ def start_node(
             str(broker_file(home)),
             "--spark-master",
             spark_master,
+            "--checkpoint-interval",
+            str(checkpoint_interval_s),
         ),
         home / "logs" / f"node-{name}.log",
     )
@@ -151,6 +158,8 @@ def up(
     spark_master: str = "local[*]",
     timeout_s: float = 180,
     on_progress: Callable[[str], None] | None = None,
+    checkpoint_interval_s: float = 5.0,
+    central_interval_s: float = 15.0,
 ) -> ClusterFile:
     """Start the broker (unless ``nats_url``), the orchestrator and the node agents.
 
@@ -211,6 +220,8 @@ def up(
                 str(token_file(home)),
                 "--broker-file",
                 str(broker_file(home)),
+                "--central-interval",
+                str(central_interval_s),
             ),
             home / "logs" / "orchestrator.log",
         ).model_copy(update={"url": f"http://{host}:{port}"})
@@ -218,7 +229,9 @@ def up(
         node_infos = {}
         for name in nodes:
             say(f"starting node agent {name}")
-            node_infos[name] = start_node(home, name, str(orchestrator.url), host, spark_master)
+            node_infos[name] = start_node(
+                home, name, str(orchestrator.url), host, spark_master, checkpoint_interval_s
+            )
             started.append(node_infos[name])
         cluster = ClusterFile(
             orchestrator=orchestrator,
@@ -305,13 +318,14 @@ def down(home: Path, grace_s: float = 15) -> list[str]:
         carries on with the pipelines that were running.
     """
     cluster, _ = load_cluster(home)
+    # The orchestrator first: it must not take stopping nodes for lost ones and restore them.
     tiers: list[dict[str, ProcessInfo]] = [
-        {f"node {n}": p for n, p in cluster.nodes.items()},
         {"orchestrator": cluster.orchestrator},
+        {f"node {n}": p for n, p in cluster.nodes.items()},
     ]
     if cluster.broker is not None:
         tiers.append({"broker": cluster.broker})
-    # Nodes first (they stop their queries cleanly), then the services they talk to.
+    # Then the nodes (they stop their queries cleanly), then the broker.
     for tier in tiers:
         for info in tier.values():
             with contextlib.suppress(ProcessLookupError):

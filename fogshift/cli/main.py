@@ -47,6 +47,12 @@ def up(
     nats_password: Annotated[str | None, typer.Option(envvar="FOGSHIFT_NATS_PASSWORD")] = None,
     spark_master: Annotated[str, typer.Option(help="Spark master of every node.")] = "local[*]",
     timeout: Annotated[float, typer.Option(help="Seconds to wait for health.")] = 240,
+    checkpoint_interval: Annotated[
+        float, typer.Option(help="Seconds between node-level checkpoints.")
+    ] = 5.0,
+    central_interval: Annotated[
+        float, typer.Option(help="Seconds between central checkpoint pulls.")
+    ] = 15.0,
 ) -> None:
     """Start the broker, the orchestrator and one node agent per node; wait until healthy."""
     names = [n.strip() for n in nodes.split(",") if n.strip()]
@@ -61,6 +67,8 @@ def up(
             spark_master=spark_master,
             timeout_s=timeout,
             on_progress=lambda msg: status.update(msg),
+            checkpoint_interval_s=checkpoint_interval,
+            central_interval_s=central_interval,
         )
     console.print(f"[green]up[/]: nodes {', '.join(names)} healthy (home {home})")
 
@@ -199,6 +207,40 @@ def migrate(
 
 
 @app.command()
+def restore(
+    pipeline: str,
+    element: str,
+    to: Annotated[
+        str | None, typer.Option("--to", help="The node to restore on (default: least busy).")
+    ] = None,
+    home: Home = Path(".fogshift"),
+    as_json: AsJson = False,
+) -> None:
+    """Restore a PE from its latest central checkpoint, exactly-once, fencing the old one."""
+    with cluster_ops.orchestrator_client(home.resolve(), timeout_s=900) as client:
+        try:
+            report = client.post(
+                f"/pipelines/{pipeline}/elements/{element}/restore", json={"target": to}
+            )
+        except FogshiftError as exc:
+            details = getattr(exc, "details", None)
+            if as_json and details is not None:
+                _print_json(details)
+                raise typer.Exit(1) from exc
+            raise
+    if as_json:
+        _print_json(report)
+        return
+    console.print(
+        f"[green]restored[/] {pipeline}/{element} on {report['target']} (epoch "
+        f"{report['epoch']}) from checkpoint {report['checkpoint']} "
+        f"({report['checkpoint_age_ms']} ms old): reprocessed {report['reprocessed_events']} "
+        f"events in {report['reprocess_ms']:.0f} ms, intermediate "
+        f"{report['intermediate_events']} in {report['intermediate_ms']:.0f} ms"
+    )
+
+
+@app.command()
 def stop(pipeline: str, home: Home = Path(".fogshift")) -> None:
     """Stop a pipeline's PEs (streams, checkpoints and output stay)."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
@@ -265,6 +307,7 @@ def serve_agent(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     spark_master: Annotated[str, typer.Option()] = "local[*]",
     trigger_ms: Annotated[int, typer.Option()] = 200,
+    checkpoint_interval: Annotated[float, typer.Option()] = 5.0,
 ) -> None:
     """Run one node agent in the foreground (started by `up`)."""
     import uvicorn
@@ -282,6 +325,7 @@ def serve_agent(
         broker_file=broker_file.resolve(),
         spark_master=spark_master,
         trigger_ms=trigger_ms,
+        checkpoint_interval_s=checkpoint_interval,
     )
     config.home.mkdir(parents=True, exist_ok=True)
     _log_setup()
@@ -295,6 +339,7 @@ def serve_orchestrator(
     token_file: Annotated[Path, typer.Option()],
     broker_file: Annotated[Path, typer.Option()],
     host: Annotated[str, typer.Option()] = "127.0.0.1",
+    central_interval: Annotated[float, typer.Option()] = 15.0,
 ) -> None:
     """Run the orchestrator in the foreground (started by `up`)."""
     import uvicorn
@@ -308,6 +353,7 @@ def serve_orchestrator(
         port=port,
         token=token_file.read_text().strip(),
         broker_file=broker_file.resolve(),
+        central_interval_s=central_interval,
     )
     _log_setup()
     uvicorn.run(create_app(config), host=host, port=port, log_level="warning")

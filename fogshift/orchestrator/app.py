@@ -24,14 +24,22 @@ class MigrateRequest(BaseModel):
     mode: Mode = "precopy"
 
 
+class RestoreRequest(BaseModel):
+    """Body of ``POST /pipelines/{name}/elements/{element}/restore``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str | None = None
+
+
 def create_app(config: OrchestratorConfig) -> FastAPI:
     """The orchestrator's FastAPI app; runs the reconciler with the server."""
     orchestrator = Orchestrator(config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        thread = threading.Thread(target=orchestrator.run_reconciler, daemon=True)
-        thread.start()
+        for loop in (orchestrator.run_reconciler, orchestrator.run_central):
+            threading.Thread(target=loop, daemon=True).start()
         yield
         orchestrator.close()
 
@@ -71,6 +79,10 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.post("/pipelines/{name}/elements/{element}/migrate")
     def migrate(name: str, element: str, request: MigrateRequest) -> dict[str, Any]:
         return orchestrator.migrate(name, element, request.target, request.mode)
+
+    @app.post("/pipelines/{name}/elements/{element}/restore")
+    def restore(name: str, element: str, request: RestoreRequest) -> dict[str, Any]:
+        return orchestrator.restore(name, element, request.target)
 
     @app.post("/pipelines/{name}/stop")
     def stop(name: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS placements (
     element TEXT NOT NULL,
     node TEXT NOT NULL,
     updated REAL NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (pipeline, element)
 );
 CREATE TABLE IF NOT EXISTS nodes (
@@ -103,7 +104,7 @@ class Registry:
                 (spec.pipeline, spec.model_dump_json(), status, now),
             )
             db.executemany(
-                "INSERT INTO placements VALUES (?, ?, ?, ?)",
+                "INSERT INTO placements VALUES (?, ?, ?, ?, 1)",
                 [(spec.pipeline, e.id, e.node, now) for e in spec.elements],
             )
 
@@ -120,6 +121,27 @@ class Registry:
             db.execute(
                 "UPDATE placements SET node = ?, updated = ? WHERE pipeline = ? AND element = ?",
                 (node, time.time(), pipeline, element),
+            )
+
+    def next_epoch(self, pipeline: str, element: str) -> int:
+        """Bump and return the epoch of a PE (a restored instance supersedes the old one)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE placements SET epoch = epoch + 1 WHERE pipeline = ? AND element = ?",
+                (pipeline, element),
+            )
+            row = db.execute(
+                "SELECT epoch FROM placements WHERE pipeline = ? AND element = ?",
+                (pipeline, element),
+            ).fetchone()
+        return int(row[0])
+
+    def epochs(self, pipeline: str) -> dict[str, int]:
+        with self._lock:
+            return dict(
+                self._db.execute(
+                    "SELECT element, epoch FROM placements WHERE pipeline = ?", (pipeline,)
+                ).fetchall()
             )
 
     def get_pipeline(self, name: str) -> PipelineRecord | None:

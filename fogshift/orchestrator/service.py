@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -23,6 +24,7 @@ from fogshift.broker.client import (
     subject_counts,
 )
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
+from fogshift.checkpoint.central import CentralStore
 from fogshift.common.http import ServiceClient
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
@@ -30,11 +32,19 @@ from fogshift.migration.procedure import Mode
 from fogshift.migration.procedure import migrate as run_migration
 from fogshift.orchestrator.exceptions import PipelineExists, UnknownNode, UnknownPipeline
 from fogshift.orchestrator.registry import NodeRecord, PipelineRecord, Registry
+from fogshift.restoration.procedure import restore as run_restore
 from fogshift.runtime.kinds import KINDS
 from fogshift.spec.loader import parse_spec, validate_spec
 from fogshift.spec.models import ElementSpec, PipelineSpec
 
 log = logging.getLogger("fogshift.orchestrator")
+
+
+def _aged(snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A node-level checkpoint summary with its age."""
+    if snapshot is None:
+        return None
+    return {**snapshot, "age_ms": round((time.time() - snapshot["created"]) * 1000, 1)}
 
 
 class OrchestratorConfig(BaseModel):
@@ -47,7 +57,9 @@ class OrchestratorConfig(BaseModel):
         token: The cluster's bearer token.
         broker_file: The broker address file.
         node_timeout_s: A node silent for longer is reported unhealthy.
-        reconcile_s: Interval of the loop that redeploys PEs missing from healthy nodes.
+        reconcile_s: Interval of the loop that redeploys PEs missing from healthy nodes,
+            restores PEs of lost nodes and removes superseded instances.
+        central_interval_s: Interval of central-level checkpoint pulls.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -59,6 +71,7 @@ class OrchestratorConfig(BaseModel):
     broker_file: Path
     node_timeout_s: float = Field(default=5.0, gt=0)
     reconcile_s: float = Field(default=2.0, gt=0)
+    central_interval_s: float = Field(default=15.0, gt=0)
 
 
 class Orchestrator:
@@ -71,7 +84,11 @@ class Orchestrator:
         self._agents: dict[str, ServiceClient] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        # PEs under migration or restoration: those operations own their instances.
         self._migrating: set[tuple[str, str]] = set()
+        self.central = CentralStore(config.home / "central")
+        self.central_stats: dict[tuple[str, str], dict[str, Any]] = {}
+        self.started_at = time.time()
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -116,6 +133,15 @@ class Orchestrator:
                     "last_seen_s": round(time.time() - node.last_seen, 3),
                     "elements": [
                         f"{e['pipeline']}/{e['element']}" for e in node.report.get("elements", [])
+                    ],
+                    "checkpoints": [
+                        {
+                            "element": f"{e['pipeline']}/{e['element']}",
+                            "epoch": e.get("epoch"),
+                            "node_level": _aged(e.get("node_checkpoint")),
+                            "central": self.checkpoint_status(e["pipeline"], e["element"]),
+                        }
+                        for e in node.report.get("elements", [])
                     ],
                 }
             )
@@ -183,9 +209,10 @@ class Orchestrator:
         return self.status(spec.pipeline)[0]
 
     def _deploy_element(self, pipeline: str, element: ElementSpec, fresh: bool) -> Any:
+        epoch = self.registry.epochs(pipeline).get(element.id, 1)
         return self.agent(element.node).put(
             f"/pipelines/{pipeline}/elements/{element.id}",
-            json={"element": element.model_dump(mode="json"), "fresh": fresh},
+            json={"element": element.model_dump(mode="json"), "fresh": fresh, "epoch": epoch},
         )
 
     def _remove_quietly(self, pipeline: str, element: ElementSpec) -> None:
@@ -293,13 +320,7 @@ class Orchestrator:
             MigrationFailed: The procedure failed and was rolled back (origin running).
         """
         record = self.pipeline(pipeline)
-        try:
-            element = record.spec.element(element_id)
-        except KeyError:
-            raise UnknownElement(
-                f"pipeline {pipeline!r} has no element {element_id!r}",
-                expected="one of " + ", ".join(e.id for e in record.spec.elements),
-            ) from None
+        element = self._element(record, element_id)
         if record.status != "running":
             raise InvalidInput(
                 f"pipeline {pipeline!r} is {record.status}, not running",
@@ -323,14 +344,7 @@ class Orchestrator:
                 f"node {target!r} is not healthy: cannot migrate {pipeline}/{element_id} there",
                 hint="`fogshift nodes` shows node health",
             )
-        key = (pipeline, element_id)
-        with self._lock:
-            if key in self._migrating:
-                raise MigrationInProgress(
-                    f"{pipeline}/{element_id} is already being migrated",
-                    hint="wait for that migration to finish",
-                )
-            self._migrating.add(key)
+        key = self._claim(pipeline, element_id)
         log.info("migrating %s/%s: %s -> %s (%s)", pipeline, element_id, origin, target, mode)
         try:
             report = run_migration(
@@ -350,29 +364,212 @@ class Orchestrator:
             with self._lock:
                 self._migrating.discard(key)
 
-    # -- reconciliation ---------------------------------------------------------------------
+    def _claim(self, pipeline: str, element_id: str) -> tuple[str, str]:
+        """Reserve a PE for one migration or restore at a time."""
+        key = (pipeline, element_id)
+        with self._lock:
+            if key in self._migrating:
+                raise MigrationInProgress(
+                    f"{pipeline}/{element_id} is already being migrated or restored",
+                    hint="wait for that operation to finish",
+                )
+            self._migrating.add(key)
+        return key
 
-    def reconcile_once(self) -> None:
-        """Start PEs of running pipelines that their (healthy) node does not run."""
+    # -- restoration ------------------------------------------------------------------------
+
+    def _element(self, record: PipelineRecord, element_id: str) -> ElementSpec:
+        try:
+            return record.spec.element(element_id)
+        except KeyError:
+            raise UnknownElement(
+                f"pipeline {record.name!r} has no element {element_id!r}",
+                expected="one of " + ", ".join(e.id for e in record.spec.elements),
+            ) from None
+
+    def pick_node(self, exclude: set[str]) -> str:
+        """The healthy, ready node hosting the fewest PEs, outside ``exclude``."""
+        candidates = [
+            n
+            for n in self.registry.nodes()
+            if n.name not in exclude and self.healthy(n) and n.report.get("ready")
+        ]
+        if not candidates:
+            raise Unavailable(
+                "no healthy node to restore on",
+                hint="`fogshift nodes` shows node health; start a node or wait",
+            )
+        return min(candidates, key=lambda n: (len(n.report.get("elements", [])), n.name)).name
+
+    def restore(self, pipeline: str, element_id: str, target: str | None = None) -> dict[str, Any]:
+        """Restore a PE on ``target`` (or a healthy node) from its central checkpoint.
+
+        Raises:
+            UnknownPipeline / UnknownElement / UnknownNode: A name does not exist.
+            Unavailable: The target is not healthy.
+            MigrationInProgress: Another migration or restore of this PE is under way.
+            RestoreFailed: It failed; the target instance was discarded; retry elsewhere.
+        """
+        record = self.pipeline(pipeline)
+        element = self._element(record, element_id)
+        current = record.placement[element_id]
+        if target is None:
+            target = self.pick_node({current})
+        node = self.registry.node(target)
+        if node is None:
+            raise UnknownNode(
+                f"cannot restore {pipeline}/{element_id} on unknown node {target!r}",
+                expected="one of " + ", ".join(self.node_names()),
+                received=repr(target),
+            )
+        if not self.healthy(node) or not node.report.get("ready"):
+            raise Unavailable(
+                f"node {target!r} is not healthy: cannot restore {pipeline}/{element_id} there",
+                hint="choose another node (`fogshift nodes`)",
+            )
+        key = self._claim(pipeline, element_id)
+        try:
+            epoch = self.registry.next_epoch(pipeline, element_id)
+            log.info("restoring %s/%s on %s (epoch %d)", pipeline, element_id, target, epoch)
+            report = run_restore(
+                pipeline, element, epoch, (target, self.agent(target)), self.central, self.broker
+            )
+            self.registry.set_placement(pipeline, element_id, target)
+            log.info("restored %s/%s: %s", pipeline, element_id, report.to_dict())
+            return report.to_dict()
+        except FogshiftError as exc:
+            log.warning("restore of %s/%s failed: %s", pipeline, element_id, exc.render())
+            raise
+        finally:
+            with self._lock:
+                self._migrating.discard(key)
+
+    # -- central checkpoints ----------------------------------------------------------------
+
+    def pull_checkpoints(self) -> None:
+        """Copy each running PE's newest node-level checkpoint into the central store."""
         nodes = {n.name: n for n in self.registry.nodes()}
         for record in self.registry.pipelines():
             if record.status != "running":
                 continue
             for element in record.spec.elements:
+                node = nodes.get(record.placement[element.id])
+                if node is None or not self.healthy(node):
+                    continue
+                key = (record.name, element.id)
+                try:
+                    self._pull_one(record.name, element.id, node.name, key)
+                except FogshiftError as exc:
+                    log.info("central checkpoint of %s/%s skipped: %s", *key, exc.message)
+
+    def _pull_one(self, pipeline: str, pe: str, node: str, key: tuple[str, str]) -> None:
+        agent = self.agent(node)
+        here = f"/pipelines/{pipeline}/elements/{pe}/snapshots"
+        manifest = agent.get(here + "/latest")
+        known = self.central.manifests(pipeline, pe)
+        if known and known[0]["id"] >= manifest["id"] and known[0].get("node") == node:
+            return
+        manifest = {**manifest, "node": node}
+        started = time.perf_counter()
+        shipped = self.central.put(
+            manifest,
+            lambda rel: agent.raw("GET", f"{here}/{manifest['id']}/files/{rel}").content,
+        )
+        self.central_stats[key] = {
+            "id": manifest["id"],
+            "shipped_bytes": shipped,
+            "bytes": manifest["bytes"],
+            "took_ms": round((time.perf_counter() - started) * 1000, 1),
+        }
+
+    def run_central(self) -> None:
+        """Loop :meth:`pull_checkpoints` until :meth:`close`."""
+        while not self._stop.wait(self.config.central_interval_s):
+            try:
+                self.pull_checkpoints()
+            except Exception:  # the loop must outlive any one failure
+                log.exception("central checkpointing failed")
+
+    def checkpoint_status(self, pipeline: str, pe: str) -> dict[str, Any] | None:
+        """The newest central checkpoint of a PE, with its age."""
+        manifests = self.central.manifests(pipeline, pe)
+        if not manifests:
+            return None
+        newest = manifests[0]
+        return {
+            "id": newest["id"],
+            "batch": newest["batch"],
+            "age_ms": round((time.time() - newest["created"]) * 1000, 1),
+            "bytes": newest["bytes"],
+            "shipped_bytes": newest.get("shipped_bytes"),
+        }
+
+    # -- reconciliation ---------------------------------------------------------------------
+
+    def reconcile_once(self) -> None:
+        """Keep running pipelines as placed.
+
+        * a PE missing from its healthy node is started there (from its local checkpoint);
+        * a PE whose node has been silent longer than the pipeline's ``detect_after_s`` is
+          restored on a healthy node, if its recovery is automatic;
+        * an instance on a node that is not the PE's placement (a fenced zombie, a leftover)
+          is removed.
+        """
+        nodes = {n.name: n for n in self.registry.nodes()}
+        placed: set[tuple[str, str, str]] = set()
+        for record in self.registry.pipelines():
+            if record.status != "running":
+                continue
+            for element in record.spec.elements:
+                placed.add((record.name, element.id, record.placement[element.id]))
                 if (record.name, element.id) in self._migrating:
                     continue  # the migration owns both instances until it ends
                 node = nodes.get(record.placement[element.id])
-                if node is None or not self.healthy(node) or not node.report.get("ready"):
+                if node is None:
+                    continue
+                # Silence counts from this process's start: after a restart of the whole
+                # cluster, nodes that have not re-registered yet are not lost.
+                silent = time.time() - max(node.last_seen, self.started_at)
+                if record.spec.recovery.auto and silent > record.spec.recovery.detect_after_s:
+                    log.warning(
+                        "node %s silent for %.1f s: restoring %s/%s",
+                        node.name, silent, record.name, element.id,
+                    )  # fmt: skip
+                    try:
+                        self.restore(record.name, element.id)
+                    except FogshiftError as exc:
+                        log.warning("auto-restore of %s/%s: %s", record.name, element.id, exc)
+                    continue
+                if not self.healthy(node) or not node.report.get("ready"):
                     continue
                 hosted = {(e["pipeline"], e["element"]) for e in node.report.get("elements", [])}
                 if (record.name, element.id) in hosted:
                     continue
-                placed = element.model_copy(update={"node": node.name})
+                here = element.model_copy(update={"node": node.name})
                 log.info("reconcile: starting %s/%s on %s", record.name, element.id, node.name)
                 try:
-                    self._deploy_element(record.name, placed, fresh=False)
+                    self._deploy_element(record.name, here, fresh=False)
                 except FogshiftError as exc:
                     log.warning("reconcile of %s/%s failed: %s", record.name, element.id, exc)
+        self._remove_strays(nodes, placed)
+
+    def _remove_strays(
+        self, nodes: dict[str, NodeRecord], placed: set[tuple[str, str, str]]
+    ) -> None:
+        running = {(p, e) for p, e, _ in placed}
+        for node in nodes.values():
+            if not self.healthy(node):
+                continue
+            for hosted in node.report.get("elements", []):
+                key = (hosted["pipeline"], hosted["element"])
+                if key not in running or key in self._migrating:
+                    continue
+                if (*key, node.name) not in placed:
+                    log.warning("removing superseded %s/%s from %s", *key, node.name)
+                    with contextlib.suppress(FogshiftError):
+                        self.agent(node.name).delete(
+                            f"/pipelines/{key[0]}/elements/{key[1]}", params={"discard": True}
+                        )
 
     def run_reconciler(self) -> None:
         """Loop :meth:`reconcile_once` until :meth:`close`."""

@@ -14,6 +14,7 @@ skipped up to the marker, and bytes past the marker's length (a crash mid-append
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
@@ -35,6 +36,7 @@ from pyspark.sql.types import StructType
 
 from fogshift.broker.client import BrokerAddress, shared_client
 from fogshift.broker.datasource import RECORD_SCHEMA
+from fogshift.broker.exceptions import FENCED_TOKEN, Fenced
 from fogshift.broker.publish import Record, publish_records
 from fogshift.events import dump_body, load_body, parse_value
 from fogshift.exceptions import InvariantViolation
@@ -241,6 +243,23 @@ def append_exactly_once(
     path: str | Path,
     rows: list[SinkRow],
     on_refused: Callable[[list[tuple[SinkRow, str]]], None] | None = None,
+    epoch: int = 0,
+    owner: str = "",
+) -> int:
+    """Append under the file's lock; see :func:`_append`."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(marker_path(target).with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _append(target, rows, on_refused, epoch, owner)
+
+
+def _append(
+    target: Path,
+    rows: list[SinkRow],
+    on_refused: Callable[[list[tuple[SinkRow, str]]], None] | None,
+    epoch: int,
+    owner: str,
 ) -> int:
     """Append rows ``(origin, seq, timestamp, body_json)`` not yet in the file.
 
@@ -250,13 +269,21 @@ def append_exactly_once(
         on_refused: Called with the rows whose fields do not match the file's header (and the
             reason) before anything is appended, so they are dead-lettered before the marker
             moves past them.
+        epoch: The writing instance's epoch; the marker keeps the highest seen.
+        owner: Names the writer in a fencing error.
 
     Returns:
         The number of lines appended.
+
+    Raises:
+        Fenced: A newer epoch has written to this file: this instance must not.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     marker = read_marker(target)
+    if int(marker.get("epoch", 0)) > epoch:
+        raise Fenced(
+            f"{FENCED_TOKEN}: sink {owner or target} runs under epoch {epoch}, but epoch "
+            f"{marker['epoch']} has written {target}: this instance must not write",
+        )
     size = target.stat().st_size if target.exists() else 0
     if size < marker["bytes"]:
         raise InvariantViolation(
@@ -302,6 +329,7 @@ def append_exactly_once(
             "bytes": marker["bytes"] + len(data),
             "lines": marker["lines"] + written,
             "fields": fields,
+            "epoch": max(epoch, int(marker.get("epoch", 0))),
         },
     )
     return written
@@ -315,6 +343,7 @@ class CsvSinkWriter(DataSourceStreamWriter):
         self.pipeline = options["pipeline"]
         self.pe = options["pe"]
         self.broker = options["broker"]
+        self.epoch = int(options.get("epoch", "0"))
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         return SinkRows(
@@ -323,14 +352,16 @@ class CsvSinkWriter(DataSourceStreamWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         rows = [row for m in messages if isinstance(m, SinkRows) for row in m.rows]
-        append_exactly_once(self.path, rows, self._dead_letter)
+        append_exactly_once(
+            self.path, rows, self._dead_letter, self.epoch, f"{self.pipeline}/{self.pe}"
+        )
 
     def _dead_letter(self, refused: list[tuple[SinkRow, str]]) -> None:
         records = [
             Record(row[0], 0, row[1], row[2], self.pe, row[3], reason) for row, reason in refused
         ]
         client = shared_client(BrokerAddress.load(self.broker))
-        client.run(lambda js: publish_records(js, self.pipeline, self.pe, records))
+        client.run(lambda js: publish_records(js, self.pipeline, self.pe, records, self.epoch))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """Nothing was appended before ``commit``."""

@@ -39,6 +39,7 @@ class QueryPlan:
         checkpoint_dir: The query's checkpoint location on the node's disk.
         trigger_ms: The micro-batch trigger interval.
         gate_file: The gate of the query's input (pause/resume, see ``runtime.gate``).
+        epoch: The epoch this instance writes under (fencing).
     """
 
     pipeline: str
@@ -47,6 +48,7 @@ class QueryPlan:
     checkpoint_dir: str
     trigger_ms: int = 200
     gate_file: str = ""
+    epoch: int = 0
 
     @property
     def query_name(self) -> str:
@@ -179,6 +181,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
         writer.option("broker", plan.broker_file)
         .option("pipeline", plan.pipeline)
         .option("pe", element.id)
+        .option("epoch", str(plan.epoch))
         .option("checkpointLocation", plan.checkpoint_dir)
         .queryName(plan.query_name)
         .outputMode("append")

@@ -1,0 +1,112 @@
+"""Node-level checkpoints: periodic, incremental snapshots of a query's checkpoint.
+
+Spark checkpoints every micro-batch into the query's live directory. Every few seconds the
+node agent freezes a consistent copy of it (as of one committed batch, see
+``spark_dir.copy_checkpoint``) into the node's own store. Files Spark writes are immutable
+once in place (offset and commit log entries, RocksDB SSTs, changelogs, snapshot zips), so a
+file already in the previous snapshot is hard-linked, not copied: a snapshot costs what
+changed. The manifest — every file with its size and sha256 — is written last and atomically:
+a snapshot without one is incomplete and ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from fogshift.checkpoint.spark_dir import committed_batch, copy_checkpoint, progress_of
+
+MANIFEST = "manifest.json"
+KEEP = 2
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def snapshot_id(batch: int) -> str:
+    """Snapshot ids sort by batch."""
+    return f"b{batch:012d}"
+
+
+def latest_manifest(store: Path) -> dict[str, Any] | None:
+    """The newest complete snapshot's manifest in ``store`` (a PE's folder), if any."""
+    if not store.is_dir():
+        return None
+    for folder in sorted(store.iterdir(), reverse=True):
+        manifest = folder / MANIFEST
+        if manifest.exists():
+            return dict(json.loads(manifest.read_text()))
+    return None
+
+
+def take_snapshot(live: Path, store: Path, pipeline: str, pe: str) -> dict[str, Any] | None:
+    """Snapshot the live checkpoint of a PE into ``store`` if it committed a newer batch.
+
+    Returns:
+        The new manifest, or ``None`` when there was nothing new to snapshot.
+    """
+    batch = committed_batch(live)
+    previous = latest_manifest(store)
+    if batch is None or (previous is not None and previous["batch"] >= batch):
+        return None
+    started = time.perf_counter()
+    staging = store / f".staging-{os.getpid()}"
+    old_dir = store / previous["id"] if previous else None
+    info = copy_checkpoint(live, staging, link_from=old_dir)
+    folder = store / snapshot_id(info["batch"])
+    if folder.exists():
+        shutil.rmtree(staging)
+        return None
+    old_files: dict[str, dict[str, Any]] = previous["files"] if previous else {}
+    files: dict[str, dict[str, Any]] = {}
+    copied_bytes = 0
+    for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+        rel = path.relative_to(staging).as_posix()
+        size = path.stat().st_size
+        before = old_files.get(rel)
+        if before is not None and before["size"] == size and path.stat().st_nlink > 1:
+            files[rel] = before  # hard-linked from the previous snapshot: already hashed
+        else:
+            files[rel] = {"size": size, "sha256": sha256_file(path)}
+            copied_bytes += size
+    manifest = {
+        "type": "fogshift-checkpoint",
+        "id": snapshot_id(info["batch"]),
+        "pipeline": pipeline,
+        "element": pe,
+        "batch": info["batch"],
+        "offset": info["offset"],
+        "progress": progress_of(info["offset"]),
+        "created": time.time(),
+        "bytes": sum(f["size"] for f in files.values()),
+        "new_bytes": copied_bytes,
+        "took_ms": 0.0,
+        "files": files,
+    }
+    manifest["took_ms"] = round((time.perf_counter() - started) * 1000, 1)
+    tmp = staging / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest))
+    tmp.replace(staging / MANIFEST)
+    staging.replace(folder)
+    for old in sorted(store.iterdir(), reverse=True)[KEEP:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return manifest
+
+
+def snapshot_file(store: Path, snapshot: str, rel: str) -> Path:
+    """The path of one file of a snapshot, refusing paths that leave the snapshot."""
+    base = (store / snapshot).resolve()
+    target = (base / rel).resolve()
+    if base not in target.parents:
+        raise ValueError(f"{rel!r} is not inside snapshot {snapshot}")
+    return target

@@ -1,0 +1,171 @@
+"""Restoring a PE on a new node, exactly-once, with the old instance fenced.
+
+1. **Fence**: the PE's epoch is bumped and a fence marker for it appended to the PE's output
+   stream. From then on, the old instance — should it come back to life — finds a newer epoch
+   at the end of the stream (or has its append rejected) and stops itself; a sink finds it in
+   its marker file.
+2. **Checkpoint**: the newest central checkpoint that verifies (a torn one is skipped); if
+   there is none yet, the PE starts from the beginning of its input, which the broker keeps.
+3. **Reprocess** the events between the checkpoint and what the old instance had already
+   emitted, *without emitting*: the target runs behind a gate capped at the last emitted input
+   position, and its writer skips every record up to that position.
+4. **Intermediate** events (arrived while the PE was down): the cap is raised to where the
+   input stood when the restore began.
+5. **Live**: the gate opens; routing state is updated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from fogshift.agent.app import SHA_HEADER
+from fogshift.broker.client import SyncJetStream, last_seq
+from fogshift.broker.naming import stream_name
+from fogshift.broker.publish import fence, last_position
+from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.exceptions import CheckpointError
+from fogshift.checkpoint.spark_dir import pack, progress_of
+from fogshift.common.http import ServiceClient
+from fogshift.exceptions import FogshiftError
+from fogshift.restoration.exceptions import RestoreFailed
+from fogshift.runtime.kinds import KINDS
+from fogshift.spec.models import ElementSpec
+
+
+@dataclass
+class RestoreReport:
+    """What ``fogshift restore --json`` prints."""
+
+    pipeline: str
+    element: str
+    target: str
+    status: str = "running"
+    epoch: int = 0
+    checkpoint: str | None = None
+    checkpoint_age_ms: float | None = None
+    skipped_checkpoints: list[str] = field(default_factory=list)
+    state_bytes: int = 0
+    reprocessed_events: int = 0
+    reprocess_ms: float = 0.0
+    intermediate_events: int = 0
+    intermediate_ms: float = 0.0
+    total_ms: float = 0.0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _wait(agent: ServiceClient, path: str, at_least: int, timeout_s: float) -> float:
+    """Wait until the PE's committed input progress reaches ``at_least``; return ms waited."""
+    started = time.perf_counter()
+    deadline = time.monotonic() + timeout_s
+    info: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        info = agent.get(path + "/progress")
+        if info["state"] in ("failed", "fenced"):
+            raise RestoreFailed(f"the restored query failed: {info['error']}")
+        if info["committed_batch"] is not None and info["progress"] >= at_least:
+            return round((time.perf_counter() - started) * 1000, 1)
+        time.sleep(0.05)
+    raise RestoreFailed(
+        f"the restored PE did not reach input position {at_least} in {timeout_s:.0f} s "
+        f"(at {info.get('progress')})"
+    )
+
+
+def _cap(element: ElementSpec, position: int, t0: float | None) -> dict[str, Any] | None:
+    """A gate limit at input position ``position``, if the PE's offsets allow one."""
+    if KINDS[element.kind].role == "source":
+        return {"type": "csv-rows", "row": position, "t0": t0 or time.time()}
+    if len(element.inputs) == 1:
+        return {"type": "jetstream", "positions": {element.inputs[0]: position}}
+    return None  # several inputs: a sum of positions names no single offset
+
+
+def restore(
+    pipeline: str,
+    element: ElementSpec,
+    epoch: int,
+    target: tuple[str, ServiceClient],
+    central: CentralStore,
+    broker: SyncJetStream,
+    timeout_s: float = 300.0,
+) -> RestoreReport:
+    """Restore ``element`` on ``target`` under ``epoch`` (already recorded by the caller).
+
+    Raises:
+        RestoreFailed: With the report in ``report``; the target instance is discarded and
+            the restore can be retried (on another node).
+    """
+    target_name, agent = target
+    report = RestoreReport(pipeline, element.id, target_name, epoch=epoch)
+    started = time.perf_counter()
+    here = f"/pipelines/{pipeline}/elements/{element.id}"
+    placed = element.model_copy(update={"node": target_name}).model_dump(mode="json")
+    try:
+        broker.run(lambda js: fence(js, pipeline, element.id, epoch))
+        _, (emitted, _), _ = broker.run(
+            lambda js: last_position(js, stream_name(pipeline, element.id))
+        )
+        upstream = sum(
+            int(broker.run(partial(last_seq, stream=stream_name(pipeline, name))))
+            for name in element.inputs
+        )
+        staging = Path(tempfile.mkdtemp(prefix="fogshift-restore-"))
+        try:
+            try:
+                manifest, report.skipped_checkpoints = central.latest_whole(pipeline, element.id)
+                central.materialize(manifest, staging / "checkpoint")
+                report.checkpoint = manifest["id"]
+                report.checkpoint_age_ms = round((time.time() - manifest["created"]) * 1000, 1)
+                offset = manifest["offset"]
+            except CheckpointError as exc:
+                (staging / "checkpoint").mkdir()
+                report.skipped_checkpoints.append(f"none usable ({exc.message})")
+                offset = None
+            data, digest = pack(staging / "checkpoint")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        report.state_bytes = len(data)
+        agent.raw("PUT", here + "/checkpoint", content=data, headers={SHA_HEADER: digest})
+        start_at = progress_of(offset)
+        t0 = offset.get("t0") if offset else None
+        report.reprocessed_events = max(0, emitted - start_at)
+        cap = _cap(element, max(emitted, start_at), t0)
+        gate = {"mode": "cap", "limit": cap} if cap else None
+        agent.put(here, json={"element": placed, "fresh": False, "gate": gate, "epoch": epoch})
+        if cap is not None:
+            report.reprocess_ms = _wait(agent, here, max(emitted, start_at), timeout_s)
+        if KINDS[element.kind].role != "source" and upstream > max(emitted, start_at):
+            report.intermediate_events = upstream - max(emitted, start_at)
+            limit = _cap(element, upstream, t0)
+            if limit is not None:
+                agent.put(here + "/gate", json={"gate": {"mode": "cap", "limit": limit}})
+            else:
+                agent.put(here + "/gate", json={"gate": None})
+            report.intermediate_ms = _wait(agent, here, upstream, timeout_s)
+        agent.put(here + "/gate", json={"gate": None})
+        report.status = "restored"
+    except FogshiftError as exc:
+        report.status = "failed"
+        report.error = exc.render()
+        with contextlib.suppress(FogshiftError):  # the target may be gone too
+            agent.delete(here, params={"discard": True})
+        failure = RestoreFailed(
+            f"restore of {pipeline}/{element.id} on {target_name} failed: {exc.message}",
+            hint="retry, on another node if this one is in trouble (`fogshift restore "
+            f"{pipeline} {element.id} --to NODE`)",
+        )
+        failure.report = report  # type: ignore[attr-defined]
+        raise failure from exc
+    finally:
+        report.total_ms = round((time.perf_counter() - started) * 1000, 1)
+    return report

@@ -1,0 +1,152 @@
+"""Restoration after node loss, from dual-level checkpoints, exactly-once, with fencing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.broker.client import BrokerAddress, SyncJetStream, fetch_range, last_seq
+from fogshift.broker.naming import fence_subject, stream_name
+from fogshift.events import EPOCH_HEADER
+from fogshift.verify.reference import case1_reference, compare, read_sink
+from tests.conftest import Cluster
+from tests.integration.helpers import write_case1_csv, write_spec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def up_args() -> tuple[str, ...]:
+    # Short intervals keep the test quick; the defaults are 5 s and 15 s.
+    return ("--checkpoint-interval", "1", "--central-interval", "2")
+
+
+def case1(work: Path, name: str, rows: int, rate: float, detect_after_s: float = 600) -> Path:
+    write_case1_csv(work / "in.csv", rows, seed=rows + len(name))
+    spec = write_spec(
+        work / f"{name}.yaml",
+        name,
+        [
+            {"id": "source", "kind": "csv-source", "node": "cloud",
+             "options": {"path": "in.csv", "rate": rate}},
+            {"id": "aggregate", "kind": "window-aggregate", "node": "fog-a", "inputs": ["source"],
+             "options": {"field": "value", "window": 10, "function": "avg"}},
+            {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
+             "options": {"path": "out/case1.csv"}},
+        ],
+    )  # fmt: skip
+    text = spec.read_text() + f"recovery: {{auto: true, detect_after_s: {detect_after_s}}}\n"
+    spec.write_text(text)
+    return spec
+
+
+def node(cluster: Cluster, name: str) -> dict[str, Any]:
+    return next(n for n in cluster.json("nodes") if n["name"] == name)
+
+
+def wait_central(cluster: Cluster, pipeline: str, element: str, timeout_s: float = 60) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for n in cluster.json("nodes"):
+            for c in n.get("checkpoints", []):
+                if c["element"] == f"{pipeline}/{element}" and c["central"]:
+                    return dict(c)
+        time.sleep(0.5)
+    raise AssertionError(f"no central checkpoint of {pipeline}/{element} in {timeout_s}s")
+
+
+def finish_and_compare(cluster: Cluster, work: Path, pipeline: str) -> None:
+    ref = case1_reference(work / "in.csv", "value", 10, "avg")
+    cluster.wait_for(pipeline, "sink", len(ref.rows), timeout_s=400)
+    time.sleep(2)
+    verdict = compare(ref.rows, read_sink(work / "out" / "case1.csv", "value"))
+    assert verdict.consistent, verdict.summary()
+
+
+def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> None:
+    spec = case1(tmp_path, "killed", rows=1000, rate=20)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("killed", "sink", 40)
+    status = wait_central(cluster, "killed", "aggregate")
+    assert status["node_level"]["batch"] >= status["central"]["batch"] >= 0
+    os.killpg(node(cluster, "fog-a")["pgid"], signal.SIGKILL)
+    time.sleep(2)
+    result = cluster.cli("restore", "killed", "aggregate", "--to", "fog-b", "--json")
+    report = json.loads(result.stdout)
+    assert report["status"] == "restored" and report["epoch"] == 2, report
+    assert report["checkpoint"] is not None and report["checkpoint_age_ms"] >= 0
+    for key in ("reprocessed_events", "reprocess_ms", "intermediate_events", "intermediate_ms"):
+        assert report[key] >= 0
+    assert cluster.element("killed", "aggregate")["node"] == "fog-b"
+    finish_and_compare(cluster, tmp_path, "killed")
+    cluster.cli("stop", "killed")
+
+
+def test_torn_central_checkpoint_falls_back_to_an_older_one(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    spec = case1(tmp_path, "torn", rows=800, rate=20)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("torn", "sink", 20)
+    folder = cluster.home / "central" / "checkpoints" / "torn" / "source"
+    deadline = time.monotonic() + 60
+    while len(list(folder.glob("*.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    manifests = sorted(folder.glob("*.json"))
+    assert len(manifests) >= 2
+    newest = json.loads(manifests[-1].read_text())
+    older = json.loads(manifests[-2].read_text())
+    unique = [e["sha256"] for rel, e in newest["files"].items() if older["files"].get(rel) != e]
+    assert unique, "the newest checkpoint shares every file with the older one"
+    (cluster.home / "central" / "blobs" / unique[0]).write_bytes(b"torn")
+    # The source's node (cloud) is alive: the old instance is fenced by the restore.
+    report = json.loads(cluster.cli("restore", "torn", "source", "--to", "fog-b", "--json").stdout)
+    assert report["checkpoint"] != newest["id"], report
+    assert any(newest["id"] in s for s in report["skipped_checkpoints"]), report
+    finish_and_compare(cluster, tmp_path, "torn")
+    cluster.cli("stop", "torn")
+
+
+def test_frozen_node_is_restored_automatically_and_its_zombie_never_writes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    spec = case1(tmp_path, "zombie", rows=1000, rate=20, detect_after_s=4)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("zombie", "sink", 40)
+    wait_central(cluster, "zombie", "aggregate")
+    frozen = node(cluster, "fog-a")
+    os.killpg(frozen["pgid"], signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 120
+        while cluster.element("zombie", "aggregate")["node"] == "fog-a":
+            assert time.monotonic() < deadline, "the frozen node's PE was not restored"
+            time.sleep(1)
+        restored_on = cluster.element("zombie", "aggregate")["node"]
+        time.sleep(3)  # the restored instance emits under epoch 2
+    finally:
+        os.killpg(frozen["pgid"], signal.SIGCONT)
+    # The zombie wakes up mid-batch; it must be fenced and removed, never write.
+    deadline = time.monotonic() + 60
+    while "zombie/aggregate" in node(cluster, "fog-a")["elements"]:
+        assert time.monotonic() < deadline, "the zombie was not removed from fog-a"
+        time.sleep(1)
+    assert cluster.element("zombie", "aggregate")["node"] == restored_on
+    finish_and_compare(cluster, tmp_path, "zombie")
+    address = BrokerAddress.load(cluster.home / "broker.json")
+    client = SyncJetStream(address)
+    try:
+        stream = stream_name("zombie", "aggregate")
+        end = client.run(lambda js: last_seq(js, stream))
+        msgs = client.run(lambda js: fetch_range(js, stream, "fs.zombie.aggregate.>", 0, end))
+    finally:
+        client.close()
+    fences = [m for m in msgs if m.subject == fence_subject("zombie", "aggregate")]
+    assert fences, "no fence marker was written"
+    after = [m for m in msgs if m.metadata.sequence.stream > fences[-1].metadata.sequence.stream]
+    assert after and all(int(m.headers[EPOCH_HEADER]) >= 2 for m in after)
