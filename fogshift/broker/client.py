@@ -154,8 +154,14 @@ def shared_client(address: BrokerAddress) -> SyncJetStream:
         return client
 
 
-async def ensure_pe_stream(js: JetStreamContext, pipeline: str, pe: str) -> None:
-    """Create the output stream of ``pe`` if it does not exist yet (idempotent)."""
+async def ensure_pe_stream(
+    js: JetStreamContext, pipeline: str, pe: str, duplicate_window_s: float = DUPLICATE_WINDOW_S
+) -> None:
+    """Create the output stream of ``pe`` if it does not exist yet (idempotent).
+
+    ``duplicate_window_s`` only bounds the broker's own de-duplication by message id;
+    fogshift's exactly-once does not depend on it (see ``broker.publish``).
+    """
     name = stream_name(pipeline, pe)
     try:
         await js.stream_info(name)
@@ -169,7 +175,7 @@ async def ensure_pe_stream(js: JetStreamContext, pipeline: str, pe: str) -> None
                 subjects=stream_subjects(pipeline, pe),
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
-                duplicate_window=DUPLICATE_WINDOW_S,
+                duplicate_window=duplicate_window_s,
             )
         )
     except Exception as exc:

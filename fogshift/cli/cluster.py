@@ -160,6 +160,7 @@ def up(
     on_progress: Callable[[str], None] | None = None,
     checkpoint_interval_s: float = 5.0,
     central_interval_s: float = 15.0,
+    duplicate_window_s: float = 120.0,
 ) -> ClusterFile:
     """Start the broker (unless ``nats_url``), the orchestrator and the node agents.
 
@@ -222,6 +223,8 @@ def up(
                 str(broker_file(home)),
                 "--central-interval",
                 str(central_interval_s),
+                "--duplicate-window",
+                str(duplicate_window_s),
             ),
             home / "logs" / "orchestrator.log",
         ).model_copy(update={"url": f"http://{host}:{port}"})

@@ -53,6 +53,9 @@ def up(
     central_interval: Annotated[
         float, typer.Option(help="Seconds between central checkpoint pulls.")
     ] = 15.0,
+    duplicate_window: Annotated[
+        float, typer.Option(help="The broker's de-duplication window of new streams (s).")
+    ] = 120.0,
 ) -> None:
     """Start the broker, the orchestrator and one node agent per node; wait until healthy."""
     names = [n.strip() for n in nodes.split(",") if n.strip()]
@@ -69,6 +72,7 @@ def up(
             on_progress=lambda msg: status.update(msg),
             checkpoint_interval_s=checkpoint_interval,
             central_interval_s=central_interval,
+            duplicate_window_s=duplicate_window,
         )
     console.print(f"[green]up[/]: nodes {', '.join(names)} healthy (home {home})")
 
@@ -340,6 +344,7 @@ def serve_orchestrator(
     broker_file: Annotated[Path, typer.Option()],
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     central_interval: Annotated[float, typer.Option()] = 15.0,
+    duplicate_window: Annotated[float, typer.Option()] = 120.0,
 ) -> None:
     """Run the orchestrator in the foreground (started by `up`)."""
     import uvicorn
@@ -354,6 +359,7 @@ def serve_orchestrator(
         token=token_file.read_text().strip(),
         broker_file=broker_file.resolve(),
         central_interval_s=central_interval,
+        duplicate_window_s=duplicate_window,
     )
     _log_setup()
     uvicorn.run(create_app(config), host=host, port=port, log_level="warning")

@@ -122,12 +122,15 @@ def migrate(
     live_wait_s: float = 30.0,
     on_routing_change: Any = None,
     precopy_rounds: int = 3,
+    epoch: int = 1,
 ) -> MigrationReport:
     """Move a running PE from ``origin`` to ``target``; see the module docstring.
 
     Args:
         on_routing_change: Called with no argument once the target is live and before the
             origin is detached: the caller updates the routing state there.
+        epoch: The PE's current epoch; the target writes under the same one (the origin is
+            paused, then detached: the two never write concurrently).
 
     Returns:
         The report (status ``migrated``). On failure a :class:`MigrationFailed` carries
@@ -148,7 +151,9 @@ def migrate(
             _install(target_agent, here, data, digest)
             limit = info["offset"]
             gate = {"mode": "cap", "limit": limit} if limit else {"mode": "hold"}
-            target_agent.put(here, json={"element": placed, "fresh": False, "gate": gate})
+            target_agent.put(
+                here, json={"element": placed, "fresh": False, "gate": gate, "epoch": epoch}
+            )
             if info["batch"] is not None:
                 # The re-executed batch commits: workers are up, state is loaded.
                 _wait_progress(target_agent, here + "/progress", progress_of(limit), timeout_s,
@@ -164,7 +169,7 @@ def migrate(
             report.state_bytes = len(data)
             watch.lap("state")
             _install(target_agent, here, data, digest)
-            target_agent.put(here, json={"element": placed, "fresh": False})
+            target_agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
         else:
             watch.lap("state")  # the position is in the pause answer: nothing to ship
             target_agent.put(here + "/gate", json={"gate": None})

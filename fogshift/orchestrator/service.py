@@ -60,6 +60,7 @@ class OrchestratorConfig(BaseModel):
         reconcile_s: Interval of the loop that redeploys PEs missing from healthy nodes,
             restores PEs of lost nodes and removes superseded instances.
         central_interval_s: Interval of central-level checkpoint pulls.
+        duplicate_window_s: The broker's de-duplication window of new streams.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -72,6 +73,7 @@ class OrchestratorConfig(BaseModel):
     node_timeout_s: float = Field(default=5.0, gt=0)
     reconcile_s: float = Field(default=2.0, gt=0)
     central_interval_s: float = Field(default=15.0, gt=0)
+    duplicate_window_s: float = Field(default=120.0, gt=0)
 
 
 class Orchestrator:
@@ -188,7 +190,9 @@ class Orchestrator:
             async def go() -> None:
                 for element in spec.elements:
                     await delete_pe_stream(js, spec.pipeline, element.id)
-                    await ensure_pe_stream(js, spec.pipeline, element.id)
+                    await ensure_pe_stream(
+                        js, spec.pipeline, element.id, self.config.duplicate_window_s
+                    )
 
             return go()
 
@@ -354,6 +358,7 @@ class Orchestrator:
                 (target, self.agent(target)),
                 mode=mode,
                 on_routing_change=lambda: self.registry.set_placement(pipeline, element_id, target),
+                epoch=self.registry.epochs(pipeline).get(element_id, 1),
             )
             log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
             return report.to_dict()

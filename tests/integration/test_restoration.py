@@ -23,8 +23,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def up_args() -> tuple[str, ...]:
-    # Short intervals keep the test quick; the defaults are 5 s and 15 s.
-    return ("--checkpoint-interval", "1", "--central-interval", "2")
+    # Short intervals keep the test quick (defaults 5 s and 15 s); a 1 s duplicate window
+    # (default 120 s) makes every outage here longer than the broker's de-duplication.
+    return ("--checkpoint-interval", "1", "--central-interval", "2", "--duplicate-window", "1")
 
 
 def case1(
@@ -83,7 +84,7 @@ def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> Non
     status = wait_central(cluster, "killed", "aggregate")
     assert status["node_level"]["batch"] >= status["central"]["batch"] >= 0
     os.killpg(node(cluster, "fog-a")["pgid"], signal.SIGKILL)
-    time.sleep(2)
+    time.sleep(3)  # longer than the streams' duplicate window (checked below)
     result = cluster.cli("restore", "killed", "aggregate", "--to", "fog-b", "--json")
     report = json.loads(result.stdout)
     assert report["status"] == "restored" and report["epoch"] == 2, report
@@ -92,6 +93,12 @@ def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> Non
         assert report[key] >= 0
     assert cluster.element("killed", "aggregate")["node"] == "fog-b"
     finish_and_compare(cluster, tmp_path, "killed")
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    try:
+        info = client.run(lambda js: js.stream_info(stream_name("killed", "aggregate")))
+    finally:
+        client.close()
+    assert info.config.duplicate_window == pytest.approx(1.0)
     cluster.cli("stop", "killed")
 
 
