@@ -171,6 +171,23 @@ def errors(
     console.print(table)
 
 
+def _run_operation(home: Path, path: str, body: dict[str, Any], as_json: bool) -> Any:
+    """POST a long operation (migrate, restore); with ``as_json`` print its report, also
+    the report of a failure (then exit 1)."""
+    with cluster_ops.orchestrator_client(home.resolve(), timeout_s=900) as client:
+        try:
+            report = client.post(path, json=body)
+        except FogshiftError as exc:
+            details = getattr(exc, "details", None)
+            if as_json and details is not None:
+                _print_json(details)
+                raise typer.Exit(1) from exc
+            raise
+    if as_json:
+        _print_json(report)
+    return report
+
+
 @app.command()
 def migrate(
     pipeline: str,
@@ -187,20 +204,11 @@ def migrate(
         raise InvalidInput(
             "unknown migration mode", expected="precopy or literal", received=repr(mode)
         )
-    with cluster_ops.orchestrator_client(home.resolve(), timeout_s=600) as client:
-        try:
-            report = client.post(
-                f"/pipelines/{pipeline}/elements/{element}/migrate",
-                json={"target": to, "mode": mode},
-            )
-        except FogshiftError as exc:
-            details = getattr(exc, "details", None)
-            if as_json and details is not None:
-                _print_json(details)
-                raise typer.Exit(1) from exc
-            raise
+    report = _run_operation(
+        home, f"/pipelines/{pipeline}/elements/{element}/migrate", {"target": to, "mode": mode},
+        as_json,
+    )  # fmt: skip
     if as_json:
-        _print_json(report)
         return
     phases = ", ".join(f"{k} {v:.0f} ms" for k, v in report["phases_ms"].items())
     console.print(
@@ -221,19 +229,10 @@ def restore(
     as_json: AsJson = False,
 ) -> None:
     """Restore a PE from its latest central checkpoint, exactly-once, fencing the old one."""
-    with cluster_ops.orchestrator_client(home.resolve(), timeout_s=900) as client:
-        try:
-            report = client.post(
-                f"/pipelines/{pipeline}/elements/{element}/restore", json={"target": to}
-            )
-        except FogshiftError as exc:
-            details = getattr(exc, "details", None)
-            if as_json and details is not None:
-                _print_json(details)
-                raise typer.Exit(1) from exc
-            raise
+    report = _run_operation(
+        home, f"/pipelines/{pipeline}/elements/{element}/restore", {"target": to}, as_json
+    )
     if as_json:
-        _print_json(report)
         return
     console.print(
         f"[green]restored[/] {pipeline}/{element} on {report['target']} (epoch "

@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -348,9 +349,8 @@ class Orchestrator:
                 f"node {target!r} is not healthy: cannot migrate {pipeline}/{element_id} there",
                 hint="`fogshift nodes` shows node health",
             )
-        key = self._claim(pipeline, element_id)
         log.info("migrating %s/%s: %s -> %s (%s)", pipeline, element_id, origin, target, mode)
-        try:
+        with self._exclusive(pipeline, element_id, "migration"):
             report = run_migration(
                 pipeline,
                 element,
@@ -360,17 +360,16 @@ class Orchestrator:
                 on_routing_change=lambda: self.registry.set_placement(pipeline, element_id, target),
                 epoch=self.registry.epochs(pipeline).get(element_id, 1),
             )
-            log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
-            return report.to_dict()
-        except FogshiftError as exc:
-            log.warning("migration of %s/%s failed: %s", pipeline, element_id, exc.render())
-            raise
-        finally:
-            with self._lock:
-                self._migrating.discard(key)
+        log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
+        return report.to_dict()
 
-    def _claim(self, pipeline: str, element_id: str) -> tuple[str, str]:
-        """Reserve a PE for one migration or restore at a time."""
+    @contextlib.contextmanager
+    def _exclusive(self, pipeline: str, element_id: str, what: str) -> Iterator[None]:
+        """Run one migration or restore of a PE at a time; log its failure.
+
+        Raises:
+            MigrationInProgress: Another one is under way.
+        """
         key = (pipeline, element_id)
         with self._lock:
             if key in self._migrating:
@@ -379,7 +378,14 @@ class Orchestrator:
                     hint="wait for that operation to finish",
                 )
             self._migrating.add(key)
-        return key
+        try:
+            yield
+        except FogshiftError as exc:
+            log.warning("%s of %s/%s failed: %s", what, pipeline, element_id, exc.render())
+            raise
+        finally:
+            with self._lock:
+                self._migrating.discard(key)
 
     # -- restoration ------------------------------------------------------------------------
 
@@ -432,22 +438,15 @@ class Orchestrator:
                 f"node {target!r} is not healthy: cannot restore {pipeline}/{element_id} there",
                 hint="choose another node (`fogshift nodes`)",
             )
-        key = self._claim(pipeline, element_id)
-        try:
+        with self._exclusive(pipeline, element_id, "restore"):
             epoch = self.registry.next_epoch(pipeline, element_id)
             log.info("restoring %s/%s on %s (epoch %d)", pipeline, element_id, target, epoch)
             report = run_restore(
                 pipeline, element, epoch, (target, self.agent(target)), self.central, self.broker
             )
             self.registry.set_placement(pipeline, element_id, target)
-            log.info("restored %s/%s: %s", pipeline, element_id, report.to_dict())
-            return report.to_dict()
-        except FogshiftError as exc:
-            log.warning("restore of %s/%s failed: %s", pipeline, element_id, exc.render())
-            raise
-        finally:
-            with self._lock:
-                self._migrating.discard(key)
+        log.info("restored %s/%s: %s", pipeline, element_id, report.to_dict())
+        return report.to_dict()
 
     # -- central checkpoints ----------------------------------------------------------------
 
