@@ -110,15 +110,29 @@ def copy_checkpoint(
         return [n for n in names if n.endswith(".tmp")]
 
     def copy(src: str, dst: str) -> None:
-        if link_from is not None:
-            earlier = link_from / Path(src).relative_to(source)
-            if earlier.exists() and earlier.stat().st_size == Path(src).stat().st_size:
-                os.link(earlier, dst)
-                return
-        shutil.copy2(src, dst)
+        try:
+            if link_from is not None:
+                earlier = link_from / Path(src).relative_to(source)
+                if earlier.exists() and earlier.stat().st_size == Path(src).stat().st_size:
+                    os.link(earlier, dst)
+                    return
+            shutil.copy2(src, dst)
+        except FileNotFoundError:
+            pass  # purged by Spark's log cleanup meanwhile: older than what batch N needs
 
-    shutil.copytree(source, target, ignore=ignore, copy_function=copy)
-    return {"batch": batch, "offset": end_offset(source, batch)}
+    try:
+        shutil.copytree(source, target, ignore=ignore, copy_function=copy)
+    except shutil.Error as exc:
+        real = [e for e in exc.args[0] if "No such file or directory" not in str(e[-1])]
+        if real:
+            raise CheckpointError(f"cannot copy checkpoint {source}: {real[:3]}") from exc
+    for needed in (f"commits/{keep_commit}" if keep_commit >= 0 else None, f"offsets/{batch}"):
+        if needed and not (target / needed).exists():
+            raise CheckpointError(
+                f"checkpoint {source} moved on while it was copied: {needed} was purged",
+                hint="the query ran more batches than Spark retains during the copy; retry",
+            )
+    return {"batch": batch, "offset": end_offset(target, batch)}
 
 
 def _state_version(name: str) -> int | None:

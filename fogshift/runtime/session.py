@@ -41,8 +41,8 @@ def build_session(
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-        # Bound the checkpoint (it is copied on migration): keep few batches, clean often.
-        .config("spark.sql.streaming.minBatchesToRetain", "10")
+        # Retain Spark's default 100 batches: a checkpoint is copied while its query runs,
+        # and what the copy needs must not be purged under it. Changelogs keep this small.
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "10s")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.ui.enabled", "false")
