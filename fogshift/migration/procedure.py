@@ -31,6 +31,7 @@ from typing import Any, Literal
 from fogshift.agent.app import INFO_HEADER, SHA_HEADER
 from fogshift.checkpoint.spark_dir import progress_of
 from fogshift.common.http import ServiceClient
+from fogshift.common.progress import wait_for_progress
 from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.spec.models import ElementSpec
@@ -95,20 +96,15 @@ def _wait_progress(
     what: str,
     report: MigrationReport,
 ) -> dict[str, Any]:
-    """Poll a PE's progress until it reaches ``at_least``; fail if its query failed."""
-    deadline = time.monotonic() + timeout_s
-    info: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        info = agent.get(path)
-        report.observe(report.target, info)
-        if info["state"] == "failed":
-            raise MigrationFailed(f"{what}: the target's query failed: {info['error']}")
-        if info["committed_batch"] is not None and info["progress"] >= at_least:
-            return info
-        time.sleep(0.02)
-    raise MigrationFailed(
-        f"{what}: the target did not reach input position {at_least} in {timeout_s:.0f} s "
-        f"(at {info.get('progress')}, state {info.get('state')})"
+    """Wait for the target PE (``path`` is its element path) to reach ``at_least``."""
+    return wait_for_progress(
+        agent,
+        path,
+        at_least,
+        timeout_s,
+        MigrationFailed,
+        what,
+        lambda info: report.observe(report.target, info),
     )
 
 
@@ -156,7 +152,7 @@ def migrate(
             )
             if info["batch"] is not None:
                 # The re-executed batch commits: workers are up, state is loaded.
-                _wait_progress(target_agent, here + "/progress", progress_of(limit), timeout_s,
+                _wait_progress(target_agent, here, progress_of(limit), timeout_s,
                                "warming up", report)  # fmt: skip
             _converge(report, here, origin_agent, target_agent, timeout_s, precopy_rounds)
             watch.lap("prepare")
@@ -173,7 +169,7 @@ def migrate(
         else:
             watch.lap("state")  # the position is in the pause answer: nothing to ship
             target_agent.put(here + "/gate", json={"gate": None})
-        live = _wait_progress(target_agent, here + "/progress", position["progress"], timeout_s,
+        live = _wait_progress(target_agent, here, position["progress"], timeout_s,
                               "catching up", report)  # fmt: skip
         watch.lap("invoke")
         if on_routing_change is not None:
@@ -231,7 +227,7 @@ def _converge(
         if now["offset"] is None or now["progress"] <= current["progress"]:
             return
         target.put(path + "/gate", json={"gate": {"mode": "cap", "limit": now["offset"]}})
-        _wait_progress(target, path + "/progress", now["progress"], timeout_s, "following",
+        _wait_progress(target, path, now["progress"], timeout_s, "following",
                        report)  # fmt: skip
 
 

@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -488,11 +488,15 @@ class Orchestrator:
 
     def run_central(self) -> None:
         """Loop :meth:`pull_checkpoints` until :meth:`close`."""
-        while not self._stop.wait(self.config.central_interval_s):
+        self._every(self.config.central_interval_s, self.pull_checkpoints, "central checkpointing")
+
+    def _every(self, interval_s: float, step: Callable[[], None], what: str) -> None:
+        """Run ``step`` every ``interval_s`` until :meth:`close`; a failure is logged, not fatal."""
+        while not self._stop.wait(interval_s):
             try:
-                self.pull_checkpoints()
+                step()
             except Exception:  # the loop must outlive any one failure
-                log.exception("central checkpointing failed")
+                log.exception("%s failed", what)
 
     def checkpoint_status(self, pipeline: str, pe: str) -> dict[str, Any] | None:
         """The newest central checkpoint of a PE, with its age."""
@@ -577,11 +581,7 @@ class Orchestrator:
 
     def run_reconciler(self) -> None:
         """Loop :meth:`reconcile_once` until :meth:`close`."""
-        while not self._stop.wait(self.config.reconcile_s):
-            try:
-                self.reconcile_once()
-            except Exception:  # the loop must outlive any one failure
-                log.exception("reconcile failed")
+        self._every(self.config.reconcile_s, self.reconcile_once, "reconcile")
 
     def close(self) -> None:
         self._stop.set()

@@ -33,6 +33,7 @@ from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.exceptions import CheckpointError
 from fogshift.checkpoint.spark_dir import pack, progress_of
 from fogshift.common.http import ServiceClient
+from fogshift.common.progress import wait_for_progress
 from fogshift.exceptions import FogshiftError
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.runtime.kinds import KINDS
@@ -64,21 +65,10 @@ class RestoreReport:
 
 
 def _wait(agent: ServiceClient, path: str, at_least: int, timeout_s: float) -> float:
-    """Wait until the PE's committed input progress reaches ``at_least``; return ms waited."""
+    """Wait until the restored PE's input progress reaches ``at_least``; return ms waited."""
     started = time.perf_counter()
-    deadline = time.monotonic() + timeout_s
-    info: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        info = agent.get(path + "/progress")
-        if info["state"] in ("failed", "fenced"):
-            raise RestoreFailed(f"the restored query failed: {info['error']}")
-        if info["committed_batch"] is not None and info["progress"] >= at_least:
-            return round((time.perf_counter() - started) * 1000, 1)
-        time.sleep(0.05)
-    raise RestoreFailed(
-        f"the restored PE did not reach input position {at_least} in {timeout_s:.0f} s "
-        f"(at {info.get('progress')})"
-    )
+    wait_for_progress(agent, path, at_least, timeout_s, RestoreFailed, "restoring")
+    return round((time.perf_counter() - started) * 1000, 1)
 
 
 def _cap(element: ElementSpec, position: int, t0: float | None) -> dict[str, Any] | None:

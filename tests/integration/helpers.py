@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+from fogshift.verify.reference import case1_reference, compare, read_sink
+
+if TYPE_CHECKING:
+    from tests.conftest import Cluster
 
 
 def write_case1_csv(path: Path, rows: int, seed: int) -> Path:
@@ -30,3 +36,43 @@ def write_case1_csv(path: Path, rows: int, seed: int) -> Path:
 def write_spec(path: Path, pipeline: str, elements: list[dict[str, Any]]) -> Path:
     path.write_text(yaml.safe_dump({"pipeline": pipeline, "elements": elements}))
     return path
+
+
+def case1_spec(
+    work: Path,
+    name: str,
+    rows: int,
+    rate: float,
+    agg_node: str = "fog-a",
+    pad_bytes: int = 0,
+    detect_after_s: float | None = None,
+) -> Path:
+    """Case 1 (source on cloud -> avg over 10 on ``agg_node`` -> sink on cloud) in ``work``."""
+    write_case1_csv(work / "in.csv", rows, seed=len(name) + rows)
+    spec = write_spec(
+        work / f"{name}.yaml",
+        name,
+        [
+            {"id": "source", "kind": "csv-source", "node": "cloud",
+             "options": {"path": "in.csv", "rate": rate}},
+            {"id": "aggregate", "kind": "window-aggregate", "node": agg_node,
+             "inputs": ["source"],
+             "options": {"field": "value", "window": 10, "function": "avg",
+                         "pad_bytes": pad_bytes}},
+            {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
+             "options": {"path": "out/case1.csv"}},
+        ],
+    )  # fmt: skip
+    if detect_after_s is not None:
+        recovery = f"recovery: {{auto: true, detect_after_s: {detect_after_s}}}\n"
+        spec.write_text(spec.read_text() + recovery)
+    return spec
+
+
+def finish_and_compare(cluster: Cluster, work: Path, pipeline: str) -> None:
+    """Wait for a :func:`case1_spec` pipeline to finish; its output must equal the reference."""
+    ref = case1_reference(work / "in.csv", "value", 10, "avg")
+    cluster.wait_for(pipeline, "sink", len(ref.rows), timeout_s=400)
+    time.sleep(2)  # a duplicate would show up within a batch or two
+    verdict = compare(ref.rows, read_sink(work / "out" / "case1.csv", "value"))
+    assert verdict.consistent, verdict.summary()

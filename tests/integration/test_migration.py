@@ -14,30 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
-from fogshift.verify.reference import case1_reference, compare, read_sink
 from tests.conftest import Cluster
-from tests.integration.helpers import write_case1_csv, write_spec
+from tests.integration.helpers import case1_spec, finish_and_compare
 
 pytestmark = pytest.mark.integration
 
 NODES = ["cloud", "fog-a", "fog-b"]
-
-
-def case1_spec(work: Path, name: str, rows: int, rate: float, pad_bytes: int = 0) -> Path:
-    write_case1_csv(work / "in.csv", rows, seed=len(name) + rows)
-    return write_spec(
-        work / f"{name}.yaml",
-        name,
-        [
-            {"id": "source", "kind": "csv-source", "node": "cloud",
-             "options": {"path": "in.csv", "rate": rate}},
-            {"id": "aggregate", "kind": "window-aggregate", "node": "fog-a", "inputs": ["source"],
-             "options": {"field": "value", "window": 10, "function": "avg",
-                         "pad_bytes": pad_bytes}},
-            {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
-             "options": {"path": "out/case1.csv"}},
-        ],
-    )  # fmt: skip
 
 
 def migrate(cluster: Cluster, pipeline: str, element: str, to: str, mode: str) -> dict[str, Any]:
@@ -48,14 +30,6 @@ def migrate(cluster: Cluster, pipeline: str, element: str, to: str, mode: str) -
     report["exit_code"] = result.returncode
     report["stderr"] = result.stderr
     return report
-
-
-def finish_and_compare(cluster: Cluster, work: Path, pipeline: str) -> None:
-    ref = case1_reference(work / "in.csv", "value", 10, "avg")
-    cluster.wait_for(pipeline, "sink", len(ref.rows), timeout_s=400)
-    time.sleep(2)  # a duplicate would show up within a batch or two
-    verdict = compare(ref.rows, read_sink(work / "out" / "case1.csv", "value"))
-    assert verdict.consistent, verdict.summary()
 
 
 def test_many_migrations_during_a_stream_keep_output_exact(

@@ -14,9 +14,8 @@ import pytest
 from fogshift.broker.client import BrokerAddress, SyncJetStream, fetch_range, last_seq
 from fogshift.broker.naming import fence_subject, stream_name
 from fogshift.events import EPOCH_HEADER
-from fogshift.verify.reference import case1_reference, compare, read_sink
 from tests.conftest import Cluster
-from tests.integration.helpers import write_case1_csv, write_spec
+from tests.integration.helpers import case1_spec, finish_and_compare
 
 pytestmark = pytest.mark.integration
 
@@ -26,32 +25,6 @@ def up_args() -> tuple[str, ...]:
     # Short intervals keep the test quick (defaults 5 s and 15 s); a 1 s duplicate window
     # (default 120 s) makes every outage here longer than the broker's de-duplication.
     return ("--checkpoint-interval", "1", "--central-interval", "2", "--duplicate-window", "1")
-
-
-def case1(
-    work: Path,
-    name: str,
-    rows: int,
-    rate: float,
-    detect_after_s: float = 600,
-    agg_node: str = "fog-a",
-) -> Path:
-    write_case1_csv(work / "in.csv", rows, seed=rows + len(name))
-    spec = write_spec(
-        work / f"{name}.yaml",
-        name,
-        [
-            {"id": "source", "kind": "csv-source", "node": "cloud",
-             "options": {"path": "in.csv", "rate": rate}},
-            {"id": "aggregate", "kind": "window-aggregate", "node": agg_node, "inputs": ["source"],
-             "options": {"field": "value", "window": 10, "function": "avg"}},
-            {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
-             "options": {"path": "out/case1.csv"}},
-        ],
-    )  # fmt: skip
-    text = spec.read_text() + f"recovery: {{auto: true, detect_after_s: {detect_after_s}}}\n"
-    spec.write_text(text)
-    return spec
 
 
 def node(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -69,16 +42,8 @@ def wait_central(cluster: Cluster, pipeline: str, element: str, timeout_s: float
     raise AssertionError(f"no central checkpoint of {pipeline}/{element} in {timeout_s}s")
 
 
-def finish_and_compare(cluster: Cluster, work: Path, pipeline: str) -> None:
-    ref = case1_reference(work / "in.csv", "value", 10, "avg")
-    cluster.wait_for(pipeline, "sink", len(ref.rows), timeout_s=400)
-    time.sleep(2)
-    verdict = compare(ref.rows, read_sink(work / "out" / "case1.csv", "value"))
-    assert verdict.consistent, verdict.summary()
-
-
 def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> None:
-    spec = case1(tmp_path, "killed", rows=1000, rate=20)
+    spec = case1_spec(tmp_path, "killed", rows=1000, rate=20, detect_after_s=600)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("killed", "sink", 40)
     status = wait_central(cluster, "killed", "aggregate")
@@ -106,7 +71,7 @@ def test_torn_central_checkpoint_falls_back_to_an_older_one(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     # fog-a was killed by the previous test: this pipeline lives on cloud and fog-b.
-    spec = case1(tmp_path, "torn", rows=800, rate=20, agg_node="fog-b")
+    spec = case1_spec(tmp_path, "torn", rows=800, rate=20, agg_node="fog-b", detect_after_s=600)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("torn", "sink", 20)
     folder = cluster.home / "central" / "checkpoints" / "torn" / "source"
@@ -138,7 +103,7 @@ def test_torn_central_checkpoint_falls_back_to_an_older_one(
 def test_frozen_node_is_restored_automatically_and_its_zombie_never_writes(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    spec = case1(tmp_path, "zombie", rows=1000, rate=20, detect_after_s=4, agg_node="fog-b")
+    spec = case1_spec(tmp_path, "zombie", rows=1000, rate=20, agg_node="fog-b", detect_after_s=4)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("zombie", "sink", 40)
     wait_central(cluster, "zombie", "aggregate")
