@@ -76,6 +76,10 @@ class Cluster:
     def status(self, pipeline: str) -> dict[str, Any]:
         return dict(self.json("status", pipeline))
 
+    def node(self, name: str) -> dict[str, Any]:
+        """Node ``name`` as `fogshift nodes --json` reports it."""
+        return next(n for n in self.json("nodes") if n["name"] == name)
+
     def element(self, pipeline: str, element: str) -> dict[str, Any]:
         return next(e for e in self.status(pipeline)["elements"] if e["element"] == element)
 
@@ -118,12 +122,18 @@ def up_args() -> tuple[str, ...]:
 
 
 @pytest.fixture(scope="module")
+def cluster_nodes() -> list[str]:
+    """The nodes of the module's cluster; a test module overrides this fixture to add some."""
+    return ["cloud", "fog-a", "fog-b"]
+
+
+@pytest.fixture(scope="module")
 def cluster(
-    tmp_path_factory: pytest.TempPathFactory, up_args: tuple[str, ...]
+    tmp_path_factory: pytest.TempPathFactory, up_args: tuple[str, ...], cluster_nodes: list[str]
 ) -> Iterator[Cluster]:
-    """Three nodes (cloud, fog-a, fog-b) as real processes, shared by a test module."""
+    """Nodes (by default cloud, fog-a, fog-b) as real processes, shared by a test module."""
     home = tmp_path_factory.mktemp("home")
-    c = Cluster(home, ["cloud", "fog-a", "fog-b"], up_args)
+    c = Cluster(home, cluster_nodes, up_args)
     c.up()
     try:
         yield c

@@ -13,11 +13,14 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict
 
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import UnknownElement
+from fogshift.agent.load import CpuMeter
 from fogshift.agent.node import NodeRuntime
+from fogshift.agent.replicas import Replicas
 from fogshift.checkpoint.store import snapshot_file
 from fogshift.common.http import install_error_handlers
 from fogshift.exceptions import InvalidInput
@@ -41,6 +44,19 @@ class DeployRequest(BaseModel):
     epoch: int = 0
 
 
+class CopyRequest(BaseModel):
+    """Body of ``POST /replicas/...`` and ``POST .../checkpoint/install``.
+
+    ``manifest`` is a central checkpoint manifest (``None`` on install: start over);
+    ``source`` the base URL serving its blobs (``None``: the orchestrator).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    manifest: dict[str, Any] | None = None
+    source: str | None = None
+
+
 class GateRequest(BaseModel):
     """Body of ``PUT .../gate``: the new gate, ``null`` to open it."""
 
@@ -49,8 +65,12 @@ class GateRequest(BaseModel):
     gate: dict[str, Any] | None = None
 
 
-def heartbeat_loop(config: AgentConfig, runtime: NodeRuntime, stop: threading.Event) -> None:
-    """Tell the orchestrator, every ``heartbeat_s``, that this node lives and what it runs."""
+def heartbeat_loop(
+    config: AgentConfig, runtime: NodeRuntime, replicas: Replicas, stop: threading.Event
+) -> None:
+    """Tell the orchestrator, every ``heartbeat_s``, that this node lives, what it runs, what
+    checkpoint copies it holds and how much CPU it uses."""
+    meter = CpuMeter()
     with httpx.Client(
         base_url=config.orchestrator_url,
         headers={"Authorization": f"Bearer {config.token}"},
@@ -64,6 +84,8 @@ def heartbeat_loop(config: AgentConfig, runtime: NodeRuntime, stop: threading.Ev
                 "ready": runtime.ready,
                 "error": runtime.spark_error,
                 "elements": runtime.elements(),
+                "replicas": replicas.held(),
+                "cpu_percent": meter.percent(),
             }
             try:
                 client.post(f"/nodes/{config.name}/heartbeat", json=body)
@@ -75,13 +97,17 @@ def heartbeat_loop(config: AgentConfig, runtime: NodeRuntime, stop: threading.Ev
 def create_app(config: AgentConfig) -> FastAPI:
     """The agent's FastAPI app; starts Spark and the heartbeat with the server."""
     runtime = NodeRuntime(config)
+    replicas = Replicas(config, runtime)
     stop = threading.Event()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime.start()
         beat = threading.Thread(
-            target=heartbeat_loop, args=(config, runtime, stop), name="heartbeat", daemon=True
+            target=heartbeat_loop,
+            args=(config, runtime, replicas, stop),
+            name="heartbeat",
+            daemon=True,
         )
         beat.start()
         yield
@@ -169,6 +195,30 @@ def create_app(config: AgentConfig) -> FastAPI:
         digest = request.headers.get(SHA_HEADER, "")
         await run_in_threadpool(runtime.install_checkpoint, pipeline, element, data, digest)
         return {"installed_bytes": len(data)}
+
+    @app.post("/pipelines/{pipeline}/elements/{element}/checkpoint/install")
+    def install_checkpoint(pipeline: str, element: str, request: CopyRequest) -> dict[str, Any]:
+        return replicas.install(pipeline, element, request.manifest, request.source)
+
+    @app.get("/replicas")
+    def held_replicas() -> list[dict[str, Any]]:
+        return replicas.held()
+
+    @app.post("/replicas/{pipeline}/{element}")
+    def copy_replica(pipeline: str, element: str, request: CopyRequest) -> dict[str, Any]:
+        if request.manifest is None or (
+            request.manifest.get("pipeline"),
+            request.manifest.get("element"),
+        ) != (pipeline, element):
+            raise InvalidInput(
+                f"replica request for {pipeline}/{element} needs that PE's checkpoint manifest",
+                received=repr(request.manifest)[:120],
+            )
+        return {"fetched_bytes": replicas.copy(request.manifest, request.source)}
+
+    @app.get("/checkpoints/blobs/{sha}")
+    def replica_blob(sha: str) -> FileResponse:
+        return FileResponse(replicas.store.blob_path(sha), media_type="application/octet-stream")
 
     @app.delete("/pipelines/{pipeline}")
     def remove_pipeline(pipeline: str) -> list[dict[str, Any]]:

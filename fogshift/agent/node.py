@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING, Any
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import ElementBusy, NodeNotReady, UnknownElement
 from fogshift.broker.exceptions import FENCED_TOKEN
+from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.spark_dir import (
     committed_batch,
     committed_offset,
     copy_checkpoint,
+    incoming,
+    install,
     pack,
     planned_batch,
     progress_of,
@@ -319,12 +322,34 @@ class NodeRuntime:
 
     def install_checkpoint(self, pipeline: str, pe: str, data: bytes, digest: str) -> None:
         """Install a shipped checkpoint as the PE's local one (the PE must not run here)."""
+        self._not_running(pipeline, pe)
+        unpack(data, digest, self.checkpoint_dir(pipeline, pe))
+
+    def install_from_store(
+        self, pipeline: str, pe: str, store: CentralStore, manifest: dict[str, Any] | None
+    ) -> None:
+        """Install a checkpoint held in a content-addressed ``store`` as the PE's local one.
+
+        Args:
+            manifest: The checkpoint (its blobs must be in ``store`` and whole); ``None``
+                removes the local checkpoint, so the PE starts from the beginning.
+        """
+        self._not_running(pipeline, pe)
+        target = self.checkpoint_dir(pipeline, pe)
+        if manifest is None:
+            shutil.rmtree(target, ignore_errors=True)
+            return
+        staging = incoming(target)
+        store.materialize(manifest, staging)
+        staging.mkdir(exist_ok=True)  # a checkpoint may have no files yet
+        install(staging, target)
+
+    def _not_running(self, pipeline: str, pe: str) -> None:
         if (pipeline, pe) in self._elements:
             raise ElementBusy(
                 f"{pipeline}/{pe} already runs on node {self.config.name!r}",
                 hint="a checkpoint can only be installed for a PE this node does not run",
             )
-        unpack(data, digest, self.checkpoint_dir(pipeline, pe))
 
     def set_gate(self, pipeline: str, pe: str, gate: dict[str, Any] | None) -> dict[str, Any]:
         """Replace the PE's gate (``None`` opens it)."""
@@ -359,7 +384,13 @@ class NodeRuntime:
         snap = latest_manifest(self.snapshot_store(hosted.plan.pipeline, element.id))
         info["epoch"] = hosted.plan.epoch
         info["node_checkpoint"] = (
-            {k: snap[k] for k in ("id", "batch", "progress", "created", "bytes", "new_bytes")}
+            {
+                **{
+                    k: snap[k] for k in ("id", "batch", "progress", "created", "bytes", "new_bytes")
+                },
+                # What the snapshot cost (absent from manifests written before they existed).
+                **{k: snap.get(k) for k in ("took_ms", "copy_ms", "hash_ms", "state_store")},
+            }
             if snap
             else None
         )
@@ -412,7 +443,11 @@ class NodeRuntime:
             pipeline, pe = h.key
             try:
                 take_snapshot(
-                    Path(h.plan.checkpoint_dir), self.snapshot_store(pipeline, pe), pipeline, pe
+                    Path(h.plan.checkpoint_dir),
+                    self.snapshot_store(pipeline, pe),
+                    pipeline,
+                    pe,
+                    _state_metrics(h.query),
                 )
             except (OSError, ValueError) as exc:  # a PE removed meanwhile, a file in flux
                 log.warning("node-level checkpoint of %s failed: %s", h.plan.query_name, exc)
@@ -441,3 +476,32 @@ class NodeRuntime:
                 json.dumps({"events_in": hosted.events_in, "last_batch": hosted.last_batch})
             )
             tmp.replace(target)
+
+
+def _state_metrics(query: StreamingQuery | None) -> dict[int, dict[str, Any]]:
+    """Spark's state-store metrics of the query's recent batches, by batch id.
+
+    Per batch, summed over its stateful operators: ``commit_ms`` (``commitTimeMs``: the state
+    store's commit, where the batch's state changes are serialised and written), ``updates_ms``
+    (``allUpdatesTimeMs``), ``memory_bytes`` and ``rows``; and ``batch_ms``, the batch's
+    ``triggerExecution`` time. Empty for a stateless query or one that is gone.
+    """
+    if query is None:
+        return {}
+    try:
+        recent = list(query.recentProgress)
+    except Exception:  # a query stopped meanwhile has no progress to give: no metrics
+        return {}
+    out: dict[int, dict[str, Any]] = {}
+    for progress in recent:
+        operators = progress.get("stateOperators") or []
+        if not operators:
+            continue
+        out[int(progress["batchId"])] = {
+            "commit_ms": sum(int(op.get("commitTimeMs") or 0) for op in operators),
+            "updates_ms": sum(int(op.get("allUpdatesTimeMs") or 0) for op in operators),
+            "memory_bytes": sum(int(op.get("memoryUsedBytes") or 0) for op in operators),
+            "rows": sum(int(op.get("numRowsTotal") or 0) for op in operators),
+            "batch_ms": (progress.get("durationMs") or {}).get("triggerExecution"),
+        }
+    return out

@@ -1,5 +1,8 @@
 """Central-level checkpoints: content-addressed copies of node-level snapshots.
 
+The same store holds the extra copies a node keeps as a PE's planned backup
+(``fogshift.agent.replicas``).
+
 The orchestrator pulls each PE's newest node-level snapshot at its own interval. Files are
 stored once per content (``blobs/<sha256>``), so a pull ships only the files that changed
 since any earlier pull — what is shipped grows with what changed, not with the state. A
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -19,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
+from fogshift.exceptions import InvalidInput, NotFound
+
+_SHA = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CentralStore:
@@ -65,6 +73,7 @@ class CentralStore:
         for rel, entry in manifest["files"].items():
             blob = self.blobs / entry["sha256"]
             if blob.exists() and blob.stat().st_size == entry["size"]:
+                os.utime(blob)  # in use again: out of reach of a concurrent collection
                 continue
             data = fetch(rel)
             if hashlib.sha256(data).hexdigest() != entry["sha256"]:
@@ -82,9 +91,55 @@ class CentralStore:
         tmp = folder / f".{manifest['id']}.tmp"
         tmp.write_text(json.dumps(stored))
         tmp.replace(folder / f"{manifest['id']}.json")
-        for old in sorted(folder.glob("*.json"), reverse=True)[self.keep :]:
+        expired = sorted(folder.glob("*.json"), reverse=True)[self.keep :]
+        for old in expired:
             old.unlink(missing_ok=True)
+        if expired:
+            self.collect_garbage()
         return shipped
+
+    def collect_garbage(self) -> int:
+        """Delete blobs no kept checkpoint names; returns how many.
+
+        Without it the store would grow with every changed file forever. A blob is written
+        before the manifest naming it, so one that is being stored right now (its manifest
+        not yet visible) is spared by age.
+        """
+        referenced: set[str] = set()
+        for manifest_file in (self.root / "checkpoints").glob("*/*/*.json"):
+            try:
+                files = json.loads(manifest_file.read_text())["files"]
+            except (OSError, ValueError, KeyError):
+                continue
+            referenced.update(entry["sha256"] for entry in files.values())
+        removed = 0
+        horizon = time.time() - 600
+        for blob in self.blobs.iterdir():
+            if blob.name in referenced:
+                continue
+            try:
+                if blob.stat().st_mtime < horizon:
+                    blob.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
+
+    def blob_path(self, sha: str) -> Path:
+        """The file of blob ``sha`` (served to nodes that copy a checkpoint).
+
+        Raises:
+            InvalidInput: ``sha`` is not a sha256 in hex.
+            NotFound: The store does not hold it.
+        """
+        if not _SHA.match(sha):
+            raise InvalidInput(
+                "bad checkpoint blob name", expected="a sha256 in hex", received=repr(sha)[:80]
+            )
+        path = self.blobs / sha
+        if not path.is_file():
+            raise NotFound(f"no checkpoint blob {sha[:12]}… in {self.root}")
+        return path
 
     def verify(self, manifest: dict[str, Any]) -> str | None:
         """Why a checkpoint is unusable (missing or corrupt blob), or ``None`` if it is whole."""

@@ -169,16 +169,28 @@ def unpack(data: bytes, digest: str, target: Path) -> None:
             expected=digest,
             received=hashlib.sha256(data).hexdigest(),
         )
-    staging = target.with_name(target.name + ".incoming")
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    staging = incoming(target)
+    staging.mkdir()
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             tar.extractall(staging, filter="data")
     except (tarfile.TarError, OSError) as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise TornCheckpoint(f"checkpoint archive for {target} cannot be read: {exc}") from exc
+    install(staging, target)
+
+
+def incoming(target: Path) -> Path:
+    """The empty staging folder beside ``target`` where a checkpoint for it is assembled."""
+    staging = target.with_name(target.name + ".incoming")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    return staging
+
+
+def install(staging: Path, target: Path) -> None:
+    """Make the checkpoint assembled in ``staging`` the one at ``target`` (replacing it)."""
     relocate(staging, target)
     if target.exists():
         shutil.rmtree(target)

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,23 @@ def latest_manifest(store: Path) -> dict[str, Any] | None:
     return None
 
 
-def take_snapshot(live: Path, store: Path, pipeline: str, pe: str) -> dict[str, Any] | None:
+def take_snapshot(
+    live: Path,
+    store: Path,
+    pipeline: str,
+    pe: str,
+    state_metrics: Mapping[int, dict[str, Any]] | None = None,
+) -> dict[str, Any] | None:
     """Snapshot the live checkpoint of a PE into ``store`` if it committed a newer batch.
+
+    Besides the files, the manifest records what the snapshot cost: ``took_ms`` (all of
+    it), ``copy_ms`` (freezing the committed batch: hard links and copies) and ``hash_ms``
+    (digests of the new files), and ``state_store``: Spark's state-store metrics of the batch
+    the snapshot freezes (where the operator state was serialised), if known.
+
+    Args:
+        state_metrics: State-store metrics by batch id (see the agent's ``snapshot_all``);
+            the entry of the snapshotted batch goes into the manifest, ``None`` if absent.
 
     Returns:
         The new manifest, or ``None`` when there was nothing new to snapshot.
@@ -63,6 +79,7 @@ def take_snapshot(live: Path, store: Path, pipeline: str, pe: str) -> dict[str, 
     staging = store / f".staging-{os.getpid()}"
     old_dir = store / previous["id"] if previous else None
     info = copy_checkpoint(live, staging, link_from=old_dir)
+    copied_at = time.perf_counter()
     folder = store / snapshot_id(info["batch"])
     if folder.exists():
         shutil.rmtree(staging)
@@ -79,6 +96,7 @@ def take_snapshot(live: Path, store: Path, pipeline: str, pe: str) -> dict[str, 
         else:
             files[rel] = {"size": size, "sha256": sha256_file(path)}
             copied_bytes += size
+    hashed_at = time.perf_counter()
     manifest = {
         "type": "fogshift-checkpoint",
         "id": snapshot_id(info["batch"]),
@@ -91,6 +109,9 @@ def take_snapshot(live: Path, store: Path, pipeline: str, pe: str) -> dict[str, 
         "bytes": sum(f["size"] for f in files.values()),
         "new_bytes": copied_bytes,
         "took_ms": 0.0,
+        "copy_ms": round((copied_at - started) * 1000, 1),
+        "hash_ms": round((hashed_at - copied_at) * 1000, 1),
+        "state_store": (state_metrics or {}).get(info["batch"]),
         "files": files,
     }
     manifest["took_ms"] = round((time.perf_counter() - started) * 1000, 1)

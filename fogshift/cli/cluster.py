@@ -3,6 +3,11 @@
 Every service runs in a process group of its own, so ``down`` (or a test) can kill a whole
 node — agent, JVM and Python workers — with one signal. What was started is written to
 ``<home>/cluster.json``; the token and broker password live in 0600 files.
+
+With ``isolate``, each node agent runs in a network namespace of its own, joined to the host
+by a veth pair with the node's bandwidth (``tbf``), and reaches the broker and the
+orchestrator — still bound to loopback — only through its relay, which adds the node's
+delay (:mod:`fogshift.network`). The orchestrator reaches the agent through the relay too.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
@@ -25,7 +31,26 @@ from fogshift.broker.naming import NAME_PATTERN
 from fogshift.broker.server import free_port, start_nats_server
 from fogshift.cli.exceptions import AlreadyUp, NotUp
 from fogshift.common.http import ServiceClient
-from fogshift.exceptions import InvalidInput, Unavailable
+from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+from fogshift.network.exceptions import NetworkCommandFailed, NotIsolated
+from fogshift.network.links import LinkProfile
+from fogshift.network.namespaces import (
+    NodeLink,
+    cleanup_stale,
+    create_links,
+    destroy_link,
+    link_state,
+    require_support,
+    set_link,
+)
+from fogshift.network.relay import EchoSpec, RelayConfig, Route, spawn_relay
+from fogshift.network.rtt import RttReport, measure_rtt
+from fogshift.orchestrator.planning import FogTopology
+
+#: Port of an isolated node's agent inside its namespace (the namespace has nothing else).
+ISOLATED_AGENT_PORT = 8700
+#: Port of the RTT echo server the relay opens inside each namespace.
+ISOLATED_ECHO_PORT = 8701
 
 
 class ProcessInfo(BaseModel):
@@ -38,6 +63,23 @@ class ProcessInfo(BaseModel):
     url: str | None = None
 
 
+class IsolatedNode(BaseModel):
+    """An isolated node's namespace and link, and the relay that carries its traffic.
+
+    Attributes:
+        link: The namespace, veth pair, addresses and profile.
+        relay: The relay process (its own process group).
+        routes: Each relay route's bound ``(host, port)``: ``broker`` and ``orchestrator``
+            (on the host end of the veth), ``agent`` and ``echo`` (on loopback).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    link: NodeLink
+    relay: ProcessInfo
+    routes: dict[str, tuple[str, int]]
+
+
 class ClusterFile(BaseModel):
     """``<home>/cluster.json``: what ``up`` started and how to reach it."""
 
@@ -47,6 +89,8 @@ class ClusterFile(BaseModel):
     broker: ProcessInfo | None  # None when an external broker is used
     nodes: dict[str, ProcessInfo]
     broker_url: str
+    #: The isolated nodes (all of them with ``up --isolate``; none without).
+    network: dict[str, IsolatedNode] = {}
 
 
 def cluster_file(home: Path) -> Path:
@@ -91,6 +135,15 @@ def load_cluster(home: Path) -> tuple[ClusterFile, str]:
     return ClusterFile.model_validate_json(path.read_text()), token_file(home).read_text().strip()
 
 
+def cluster_running(home: Path) -> bool:
+    """Whether a cluster started under ``home`` still runs (its orchestrator lives)."""
+    try:
+        cluster = ClusterFile.model_validate_json(cluster_file(home).read_text())
+    except (OSError, ValueError):
+        return False
+    return alive(cluster.orchestrator.pid)
+
+
 def orchestrator_client(home: Path, timeout_s: float = 120) -> ServiceClient:
     """A client for the orchestrator of the cluster under ``home``."""
     cluster, token = load_cluster(home)
@@ -111,6 +164,42 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "fogshift.cli.main", *args]
 
 
+def _agent_args(
+    home: Path,
+    name: str,
+    host: str,
+    port: int,
+    orchestrator_url: str,
+    node_broker_file: Path,
+    spark_master: str,
+    checkpoint_interval_s: float,
+    advertise_url: str | None = None,
+) -> list[str]:
+    advertise = ["--advertise-url", advertise_url] if advertise_url else []
+    return _cli(
+        "serve-agent",
+        *advertise,
+        "--name",
+        name,
+        "--home",
+        str(home / "nodes" / name),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--orchestrator",
+        orchestrator_url,
+        "--token-file",
+        str(token_file(home)),
+        "--broker-file",
+        str(node_broker_file),
+        "--spark-master",
+        spark_master,
+        "--checkpoint-interval",
+        str(checkpoint_interval_s),
+    )
+
+
 def start_node(
     home: Path,
     name: str,
@@ -122,30 +211,84 @@ def start_node(
     """Start the agent of node ``name`` in a new process group."""
     port = free_port(host)
     info = _spawn(
-        _cli(
-            "serve-agent",
-            "--name",
-            name,
-            "--home",
-            str(home / "nodes" / name),
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--orchestrator",
-            orchestrator_url,
-            "--token-file",
-            str(token_file(home)),
-            "--broker-file",
-            str(broker_file(home)),
-            "--spark-master",
-            spark_master,
-            "--checkpoint-interval",
-            str(checkpoint_interval_s),
+        _agent_args(
+            home, name, host, port, orchestrator_url, broker_file(home), spark_master,
+            checkpoint_interval_s,
         ),
         home / "logs" / f"node-{name}.log",
-    )
+    )  # fmt: skip
     return info.model_copy(update={"url": f"http://{host}:{port}"})
+
+
+def _host_port(url: str, default_port: int) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.hostname is None:
+        raise InvalidInput(f"cannot relay to {url!r}: it names no host", received=repr(url))
+    return parts.hostname, parts.port or default_port
+
+
+def start_isolated_node(
+    home: Path,
+    link: NodeLink,
+    orchestrator_url: str,
+    broker: BrokerAddress,
+    spark_master: str,
+    checkpoint_interval_s: float = 5.0,
+) -> tuple[ProcessInfo, IsolatedNode]:
+    """Start node ``link.node``'s relay, then its agent inside the node's namespace.
+
+    The relay listens on the host end of the veth for the broker and the orchestrator, and
+    on loopback for the agent and the RTT echo; the agent gets a broker file of its own
+    (same credentials, the relay's address) and advertises its loopback route. Both run in
+    process groups of their own; ``ip netns exec`` execs the agent, so the agent's pid is
+    the group's leader, as without isolation.
+
+    Returns:
+        The agent's process and the node's link and relay.
+
+    Raises:
+        RelayFailed: The relay did not start (nothing of this node is left running).
+    """
+    name = link.node
+    folder = home / "network" / name
+    broker_host, broker_port = _host_port(broker.url, 4222)
+    orchestrator_host, orchestrator_port = _host_port(orchestrator_url, 80)
+    config = RelayConfig(
+        profile=link.profile,
+        routes=[
+            Route(name="broker", listen_host=link.host_ip, target_host=broker_host,
+                  target_port=broker_port),
+            Route(name="orchestrator", listen_host=link.host_ip,
+                  target_host=orchestrator_host, target_port=orchestrator_port),
+            Route(name="agent", listen_host="127.0.0.1", target_host=link.ns_ip,
+                  target_port=ISOLATED_AGENT_PORT),
+            Route(name="echo", listen_host="127.0.0.1", target_host=link.ns_ip,
+                  target_port=ISOLATED_ECHO_PORT),
+        ],
+        echo=EchoSpec(namespace=link.namespace, host=link.ns_ip, port=ISOLATED_ECHO_PORT),
+        watch_interface=link.host_if,
+    )  # fmt: skip
+    ready = spawn_relay(config, folder, home / "logs" / f"relay-{name}.log")
+    relay = ProcessInfo(pid=ready.pid, pgid=ready.pid)
+    try:
+        node_broker = BrokerAddress(
+            url=f"nats://{link.host_ip}:{ready.routes['broker'][1]}",
+            user=broker.user,
+            password=broker.password,
+        ).save(folder / "broker.json")
+        agent_url = f"http://127.0.0.1:{ready.routes['agent'][1]}"
+        args = _agent_args(
+            home, name, link.ns_ip, ISOLATED_AGENT_PORT,
+            f"http://{link.host_ip}:{ready.routes['orchestrator'][1]}", node_broker,
+            spark_master, checkpoint_interval_s, advertise_url=agent_url,
+        )  # fmt: skip
+        agent = _spawn(["ip", "netns", "exec", link.namespace, *args],
+                       home / "logs" / f"node-{name}.log")  # fmt: skip
+    except BaseException:
+        kill_group(relay.pgid, signal.SIGKILL)
+        raise
+    isolated = IsolatedNode(link=link, relay=relay, routes=ready.routes)
+    return agent.model_copy(update={"url": agent_url}), isolated
 
 
 def up(
@@ -161,16 +304,29 @@ def up(
     checkpoint_interval_s: float = 5.0,
     central_interval_s: float = 15.0,
     duplicate_window_s: float = 120.0,
+    isolate: bool = False,
+    links: dict[str, LinkProfile] | None = None,
+    topology: Path | None = None,
+    plan_interval_s: float = 10.0,
 ) -> ClusterFile:
     """Start the broker (unless ``nats_url``), the orchestrator and the node agents.
 
     Returns once the orchestrator answers and every node reports a ready Spark session.
 
+    Args:
+        isolate: Run each agent in a network namespace of its own, behind a relay (module
+            docstring). Links a killed run of this home left behind are removed first.
+        links: Each isolated node's profile (default: no limit, no delay); needs ``isolate``.
+        topology: A fog topology (YAML) for the planner, copied to ``<home>/topology.yaml``
+            (``fogshift topology set`` replaces it later); validated before anything starts.
+        plan_interval_s: Interval of the orchestrator's backup/redeploy planner.
+
     Raises:
         AlreadyUp: A cluster already runs under ``home``.
-        InvalidInput: A bad node name.
+        InvalidInput: A bad node name, or ``links`` without ``isolate``.
+        IsolationUnsupported: ``isolate`` here is impossible (not root, no ``ip``/``tc``).
         Unavailable: Something did not become healthy within ``timeout_s``; what was started
-            is stopped again.
+            is stopped again (namespaces included).
     """
     say = on_progress or (lambda _msg: None)
     for name in nodes:
@@ -182,6 +338,28 @@ def up(
             )
     if not nodes:
         raise InvalidInput("no nodes to start", expected="--nodes cloud,fog-a,fog-b")
+    if links and not isolate:
+        raise InvalidInput(
+            "link profiles need isolated nodes",
+            expected="--isolate with --link",
+            received=" ".join(
+                f"--link {n}={p.label()}" for n, p in links.items() if p != LinkProfile()
+            ),
+        )
+    profiles = {name: (links or {}).get(name, LinkProfile()) for name in nodes}
+    fog_text = None
+    if topology is not None:
+        try:
+            fog_text = topology.read_text()
+        except OSError as exc:
+            raise InvalidInput(
+                f"cannot read fog topology {str(topology)!r}: {exc.strerror or exc}",
+                hint="pass the path of a YAML file (see examples/fog/topology.yaml)",
+            ) from None
+        FogTopology.parse(fog_text, source=repr(str(topology)))
+    if isolate:
+        require_support(need_tc=any(p.bandwidth for p in profiles.values()))
+    stale_network = False
     if cluster_file(home).exists():
         cluster, _ = load_cluster(home)
         if alive(cluster.orchestrator.pid):
@@ -189,12 +367,20 @@ def up(
                 f"a fogshift cluster is already up under {str(home)!r}",
                 hint="`fogshift down` first, or use another --home",
             )
+        stale_network = bool(cluster.network)
         cluster_file(home).unlink()
+    if isolate or (stale_network and os.geteuid() == 0):
+        # A killed isolated run leaves namespaces, veths and routes; relays follow their
+        # veth. Nothing of this home runs now (checked above), so they all go.
+        cleanup_stale(home, cluster_running)
     home.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
     token_file(home).write_text(token)
     token_file(home).chmod(0o600)
+    if fog_text is not None:
+        (home / "topology.yaml").write_text(fog_text)
     started: list[ProcessInfo] = []
+    made_links: dict[str, NodeLink] = {}
     try:
         broker_info: ProcessInfo | None = None
         if nats_url is None:
@@ -225,22 +411,36 @@ def up(
                 str(central_interval_s),
                 "--duplicate-window",
                 str(duplicate_window_s),
+                "--plan-interval",
+                str(plan_interval_s),
             ),
             home / "logs" / "orchestrator.log",
         ).model_copy(update={"url": f"http://{host}:{port}"})
         started.append(orchestrator)
         node_infos = {}
+        isolated: dict[str, IsolatedNode] = {}
+        if isolate:
+            say("creating a network namespace per node")
+            made_links = create_links(home, profiles)
         for name in nodes:
             say(f"starting node agent {name}")
-            node_infos[name] = start_node(
-                home, name, str(orchestrator.url), host, spark_master, checkpoint_interval_s
-            )
+            if isolate:
+                node_infos[name], isolated[name] = start_isolated_node(
+                    home, made_links[name], str(orchestrator.url), address, spark_master,
+                    checkpoint_interval_s,
+                )  # fmt: skip
+                started.append(isolated[name].relay)
+            else:
+                node_infos[name] = start_node(
+                    home, name, str(orchestrator.url), host, spark_master, checkpoint_interval_s
+                )
             started.append(node_infos[name])
         cluster = ClusterFile(
             orchestrator=orchestrator,
             broker=broker_info,
             nodes=node_infos,
             broker_url=address.url,
+            network=isolated,
         )
         cluster_file(home).write_text(cluster.model_dump_json(indent=2))
         wait_healthy(home, nodes, timeout_s, say)
@@ -248,6 +448,9 @@ def up(
     except BaseException:
         for info in started:
             kill_group(info.pgid, signal.SIGKILL)
+        for link in made_links.values():
+            with contextlib.suppress(FogshiftError):
+                destroy_link(link)
         cluster_file(home).unlink(missing_ok=True)
         raise
 
@@ -316,9 +519,16 @@ def down(home: Path, grace_s: float = 15) -> list[str]:
     Each service's leader gets SIGTERM (the agents stop their queries cleanly); whatever is
     left of its process group (JVM, Python workers) gets SIGKILL after ``grace_s``.
 
+    Isolated nodes' relays stop after the nodes (which may still talk through them while
+    they stop), then their namespaces, veths and routes are removed.
+
     Returns:
         What was stopped. The registry, checkpoints and outputs stay, so a later ``up``
         carries on with the pipelines that were running.
+
+    Raises:
+        NetworkCommandFailed: A namespace or veth could not be removed (everything else was
+            stopped; the next ``up`` of this home removes the leftovers).
     """
     cluster, _ = load_cluster(home)
     # The orchestrator first: it must not take stopping nodes for lost ones and restore them.
@@ -326,6 +536,8 @@ def down(home: Path, grace_s: float = 15) -> list[str]:
         {"orchestrator": cluster.orchestrator},
         {f"node {n}": p for n, p in cluster.nodes.items()},
     ]
+    if cluster.network:
+        tiers.append({f"relay {n}": i.relay for n, i in cluster.network.items()})
     if cluster.broker is not None:
         tiers.append({"broker": cluster.broker})
     # Then the nodes (they stop their queries cleanly), then the broker.
@@ -341,5 +553,117 @@ def down(home: Path, grace_s: float = 15) -> list[str]:
         for info in tier.values():
             while group_alive(info.pgid) and time.monotonic() < deadline + 5:
                 time.sleep(0.05)
+    failures: list[NetworkCommandFailed] = []
+    for isolated in cluster.network.values():
+        try:
+            destroy_link(isolated.link)
+        except NetworkCommandFailed as exc:
+            failures.append(exc)
     cluster_file(home).unlink(missing_ok=True)
-    return [label for tier in tiers for label in tier]
+    if failures:
+        raise NetworkCommandFailed(
+            f"stopped the cluster under {str(home)!r}, but {len(failures)} link(s) remain",
+            received="; ".join(f.render() for f in failures),
+            hint="the next `fogshift up --isolate` of this home removes them",
+        )
+    stopped = [label for tier in tiers for label in tier]
+    return stopped + [f"network {n}" for n in cluster.network]
+
+
+# -- isolated nodes' links -----------------------------------------------------------------
+
+
+def isolated_node(home: Path, node: str) -> IsolatedNode:
+    """Node ``node``'s link and relay in the cluster under ``home``.
+
+    Raises:
+        NotUp: No cluster runs there.
+        NotIsolated: The cluster was not started with ``--isolate``, or has no such node.
+    """
+    cluster, _ = load_cluster(home)
+    if not cluster.network:
+        raise NotIsolated(
+            f"the cluster under {str(home)!r} runs its nodes without isolation: they have no "
+            "links to partition or measure",
+            hint="`fogshift down`, then `fogshift up --isolate`",
+        )
+    if node not in cluster.network:
+        raise NotIsolated(
+            f"no isolated node {node!r} in the cluster under {str(home)!r}",
+            expected="one of " + ", ".join(cluster.network),
+            received=repr(node),
+        )
+    return cluster.network[node]
+
+
+def partition(home: Path, node: str) -> NodeLink:
+    """Cut node ``node`` off: its link drops every packet until :func:`heal`.
+
+    The node keeps running (unlike a SIGSTOP): its connections stall, its heartbeats stop
+    arriving, and the orchestrator's requests to it fail.
+    """
+    link = isolated_node(home, node).link
+    set_link(link, up=False)
+    return link
+
+
+def heal(home: Path, node: str) -> NodeLink:
+    """Restore node ``node``'s link after :func:`partition`."""
+    link = isolated_node(home, node).link
+    set_link(link, up=True)
+    return link
+
+
+def node_rtt(home: Path, node: str, samples: int = 5, timeout_s: float = 5.0) -> RttReport:
+    """The round-trip time node ``node``'s link gives now: relay delay both ways, veth, tbf.
+
+    Raises:
+        LinkDown: The link is partitioned or its relay is gone.
+        NotUp / NotIsolated: See :func:`isolated_node`.
+    """
+    isolated = isolated_node(home, node)
+    host, port = isolated.routes["echo"]
+    return measure_rtt(host, port, samples, timeout_s, what=f"the link of node {node!r}")
+
+
+def network_status(home: Path, samples: int = 5, timeout_s: float = 3.0) -> list[dict[str, Any]]:
+    """Per isolated node: namespace, addresses, profile, link state, relay, measured RTT.
+
+    A link that is down, or whose RTT cannot be measured, has ``rtt`` ``None`` and the
+    reason in ``rtt_error``.
+    """
+    cluster, _ = load_cluster(home)
+    if not cluster.network:
+        isolated_node(home, "")  # raises NotIsolated with the explanation
+    rows = []
+    for name, isolated in cluster.network.items():
+        link = isolated.link
+        state = link_state(link)
+        rtt: RttReport | None = None
+        error: str | None = None
+        if state != "up":
+            error = "partitioned" if state == "down" else "the link does not exist"
+        else:
+            try:
+                rtt = node_rtt(home, name, samples, timeout_s)
+            except FogshiftError as exc:
+                error = exc.message
+        rows.append(
+            {
+                "node": name,
+                "namespace": link.namespace,
+                "host_if": link.host_if,
+                "host_ip": link.host_ip,
+                "ns_ip": link.ns_ip,
+                "profile": link.profile.label(),
+                "bandwidth": link.profile.bandwidth,
+                "delay_mean_ms": link.profile.mean_ms,
+                "delay_sd_ms": link.profile.sd_ms,
+                "link": state,
+                "relay_pid": isolated.relay.pid,
+                "relay_alive": alive(isolated.relay.pid),
+                "rtt": rtt.model_dump() if rtt else None,
+                "rtt_error": error,
+            }
+        )
+    return rows

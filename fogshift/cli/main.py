@@ -13,6 +13,9 @@ from rich.console import Console
 from rich.table import Table
 
 from fogshift.cli import cluster as cluster_ops
+from fogshift.cli import net as net_cli
+from fogshift.cli.bench import bench_app
+from fogshift.cli.topology import topology_app
 from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.spec.loader import load_spec
 
@@ -21,6 +24,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.add_typer(bench_app, name="bench")
+app.add_typer(topology_app, name="topology")
+app.add_typer(net_cli.app, name="net")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -56,9 +62,35 @@ def up(
     duplicate_window: Annotated[
         float, typer.Option(help="The broker's de-duplication window of new streams (s).")
     ] = 120.0,
+    isolate: Annotated[
+        bool,
+        typer.Option(
+            help="Run each node agent in a network namespace of its own, behind a link "
+            "(veth + tbf + delaying relay) that `fogshift net` can partition. Needs root."
+        ),
+    ] = False,
+    link: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--link",
+            help="NODE=PROFILE (repeatable; *=PROFILE for every node): bandwidth and/or "
+            "one-way delay of an isolated node's link, e.g. fog-a=10mbit,n100; delays n0, "
+            "n100 (100±10 ms), n500 (500±50 ms) or normal:MEAN:SD (ms).",
+        ),
+    ] = None,
+    topology: Annotated[
+        Path | None,
+        typer.Option(help="Fog topology for the planner (see examples/fog/topology.yaml)."),
+    ] = None,
+    plan_interval: Annotated[
+        float, typer.Option(help="Seconds between backup/redeploy plans.")
+    ] = 10.0,
 ) -> None:
     """Start the broker, the orchestrator and one node agent per node; wait until healthy."""
+    from fogshift.network.links import parse_link_assignments
+
     names = [n.strip() for n in nodes.split(",") if n.strip()]
+    profiles = parse_link_assignments(link, names) if link else None
     with console.status("starting fogshift") as status:
         cluster_ops.up(
             home.resolve(),
@@ -73,8 +105,13 @@ def up(
             checkpoint_interval_s=checkpoint_interval,
             central_interval_s=central_interval,
             duplicate_window_s=duplicate_window,
+            isolate=isolate,
+            links=profiles,
+            topology=topology,
+            plan_interval_s=plan_interval,
         )
-    console.print(f"[green]up[/]: nodes {', '.join(names)} healthy (home {home})")
+    isolated = " in network namespaces" if isolate else ""
+    console.print(f"[green]up[/]: nodes {', '.join(names)} healthy{isolated} (home {home})")
 
 
 @app.command()
@@ -105,13 +142,16 @@ def deploy(
 def _status_table(pipelines: list[dict[str, Any]]) -> None:
     for pipeline in pipelines:
         table = Table(title=f"{pipeline['pipeline']} ({pipeline['status']})")
-        for column in ("element", "kind", "node", "state", "in", "out", "dead letters"):
+        columns = ("element", "kind", "node", "state", "in", "out", "dead letters", "backup",
+                   "redeploy")  # fmt: skip
+        for column in columns:
             table.add_column(column)
         for e in pipeline["elements"]:
             state = e["state"] if not e.get("error") else f"{e['state']}: {e['error'][:60]}"
             table.add_row(
                 e["element"], e["kind"], e["node"], state,
                 str(e["events_in"]), str(e["events_out"]), str(e["dead_letters"]),
+                e.get("planned_backup") or "-", e.get("planned_redeploy") or "-",
             )  # fmt: skip
         console.print(table)
 
@@ -234,6 +274,8 @@ def restore(
     )
     if as_json:
         return
+    for attempt in report["attempts"]:
+        console.print(f"[yellow]attempt on {attempt['node']} failed[/]: {attempt['error']}")
     console.print(
         f"[green]restored[/] {pipeline}/{element} on {report['target']} (epoch "
         f"{report['epoch']}) from checkpoint {report['checkpoint']} "
@@ -311,6 +353,9 @@ def serve_agent(
     spark_master: Annotated[str, typer.Option()] = "local[*]",
     trigger_ms: Annotated[int, typer.Option()] = 200,
     checkpoint_interval: Annotated[float, typer.Option()] = 5.0,
+    advertise_url: Annotated[
+        str | None, typer.Option(help="The URL the orchestrator should use (isolated nodes).")
+    ] = None,
 ) -> None:
     """Run one node agent in the foreground (started by `up`)."""
     import uvicorn
@@ -329,6 +374,7 @@ def serve_agent(
         spark_master=spark_master,
         trigger_ms=trigger_ms,
         checkpoint_interval_s=checkpoint_interval,
+        advertise_url=advertise_url,
     )
     config.home.mkdir(parents=True, exist_ok=True)
     _log_setup()
@@ -344,6 +390,7 @@ def serve_orchestrator(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     central_interval: Annotated[float, typer.Option()] = 15.0,
     duplicate_window: Annotated[float, typer.Option()] = 120.0,
+    plan_interval: Annotated[float, typer.Option()] = 10.0,
 ) -> None:
     """Run the orchestrator in the foreground (started by `up`)."""
     import uvicorn
@@ -359,6 +406,7 @@ def serve_orchestrator(
         broker_file=broker_file.resolve(),
         central_interval_s=central_interval,
         duplicate_window_s=duplicate_window,
+        plan_interval_s=plan_interval,
     )
     _log_setup()
     uvicorn.run(create_app(config), host=host, port=port, log_level="warning")

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Body, FastAPI
+from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict
 
 from fogshift.common.http import install_error_handlers
@@ -38,7 +39,8 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        for loop in (orchestrator.run_reconciler, orchestrator.run_central):
+        loops = (orchestrator.run_reconciler, orchestrator.run_central, orchestrator.run_planner)
+        for loop in loops:
             threading.Thread(target=loop, daemon=True).start()
         yield
         orchestrator.close()
@@ -83,6 +85,20 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.post("/pipelines/{name}/elements/{element}/restore")
     def restore(name: str, element: str, request: RestoreRequest) -> dict[str, Any]:
         return orchestrator.restore(name, element, request.target)
+
+    @app.get("/plan")
+    def plan() -> dict[str, Any]:
+        return orchestrator.plan
+
+    @app.put("/topology")
+    def put_topology(text: str = Body(..., media_type="text/plain")) -> dict[str, Any]:
+        return orchestrator.set_topology(text)
+
+    @app.get("/checkpoints/blobs/{sha}")
+    def central_blob(sha: str) -> FileResponse:
+        return FileResponse(
+            orchestrator.central.blob_path(sha), media_type="application/octet-stream"
+        )
 
     @app.post("/pipelines/{name}/stop")
     def stop(name: str) -> dict[str, Any]:

@@ -32,7 +32,19 @@ from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.migration.procedure import Mode
 from fogshift.migration.procedure import migrate as run_migration
 from fogshift.orchestrator.exceptions import PipelineExists, UnknownNode, UnknownPipeline
+from fogshift.orchestrator.planning import (
+    FogTopology,
+    LiveNode,
+    LivePE,
+    build_topology,
+    describe_plan,
+    nearest_first,
+)
 from fogshift.orchestrator.registry import NodeRecord, PipelineRecord, Registry
+from fogshift.planner import plan as plan_backups
+from fogshift.planner.model import Topology
+from fogshift.restoration.exceptions import RestoreFailed
+from fogshift.restoration.procedure import Copy
 from fogshift.restoration.procedure import restore as run_restore
 from fogshift.runtime.kinds import KINDS
 from fogshift.spec.loader import parse_spec, validate_spec
@@ -62,6 +74,8 @@ class OrchestratorConfig(BaseModel):
             restores PEs of lost nodes and removes superseded instances.
         central_interval_s: Interval of central-level checkpoint pulls.
         duplicate_window_s: The broker's de-duplication window of new streams.
+        plan_interval_s: Interval of the backup/redeploy planner (see ``planning``).
+        plan_time_limit_s: Time limit of one exact solve; the greedy answers when it is hit.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -75,6 +89,13 @@ class OrchestratorConfig(BaseModel):
     reconcile_s: float = Field(default=2.0, gt=0)
     central_interval_s: float = Field(default=15.0, gt=0)
     duplicate_window_s: float = Field(default=120.0, gt=0)
+    plan_interval_s: float = Field(default=10.0, gt=0)
+    plan_time_limit_s: float = Field(default=5.0, gt=0)
+
+    @property
+    def topology_file(self) -> Path:
+        """The fog topology (node capacities, link bandwidths) the planner uses."""
+        return self.home / "topology.yaml"
 
 
 class Orchestrator:
@@ -91,7 +112,13 @@ class Orchestrator:
         self._migrating: set[tuple[str, str]] = set()
         self.central = CentralStore(config.home / "central")
         self.central_stats: dict[tuple[str, str], dict[str, Any]] = {}
+        self.replica_stats: dict[tuple[str, str], dict[str, Any]] = {}
+        #: The report of each PE's last restore (manual or automatic).
+        self.last_restore: dict[tuple[str, str], dict[str, Any]] = {}
         self.started_at = time.time()
+        #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
+        self.plan: dict[str, Any] = {"assignments": {}, "error": "not computed yet"}
+        self._topology: Topology | None = None
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -134,6 +161,11 @@ class Orchestrator:
                     "ready": bool(node.report.get("ready")),
                     "error": node.report.get("error"),
                     "last_seen_s": round(time.time() - node.last_seen, 3),
+                    "cpu_percent": node.report.get("cpu_percent"),
+                    "replicas": [
+                        f"{r['pipeline']}/{r['element']}@{r['id']}"
+                        for r in node.report.get("replicas", [])
+                    ],
                     "elements": [
                         f"{e['pipeline']}/{e['element']}" for e in node.report.get("elements", [])
                     ],
@@ -282,6 +314,9 @@ class Orchestrator:
                         "dead_letters": counts.get(dead_subject(record.name, element.id), 0),
                         "restarts": (report or {}).get("restarts", 0),
                         "error": (report or {}).get("error"),
+                        "planned_backup": self.planned(record.name, element.id).get("backup"),
+                        "planned_redeploy": self.planned(record.name, element.id).get("redeploy"),
+                        "last_restore": self.last_restore.get((record.name, element.id)),
                     }
                 )
             out.append({"pipeline": record.name, "status": record.status, "elements": elements})
@@ -331,24 +366,13 @@ class Orchestrator:
                 f"pipeline {pipeline!r} is {record.status}, not running",
                 hint="only running pipelines can be migrated",
             )
-        node = self.registry.node(target)
-        if node is None:
-            raise UnknownNode(
-                f"cannot migrate {pipeline}/{element_id} to unknown node {target!r}",
-                expected="one of " + ", ".join(self.node_names()),
-                received=repr(target),
-            )
         origin = record.placement[element_id]
         if origin == target:
             raise InvalidInput(
                 f"{pipeline}/{element_id} already runs on node {target!r}",
                 hint="choose another node; `fogshift nodes` lists them",
             )
-        if not self.healthy(node) or not node.report.get("ready"):
-            raise Unavailable(
-                f"node {target!r} is not healthy: cannot migrate {pipeline}/{element_id} there",
-                hint="`fogshift nodes` shows node health",
-            )
+        self._usable_node(target, f"migrate {pipeline}/{element_id} to")
         log.info("migrating %s/%s: %s -> %s (%s)", pipeline, element_id, origin, target, mode)
         with self._exclusive(pipeline, element_id, "migration"):
             report = run_migration(
@@ -362,6 +386,27 @@ class Orchestrator:
             )
         log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
         return report.to_dict()
+
+    def _usable_node(self, name: str, what: str) -> NodeRecord:
+        """Node ``name``, known, healthy and ready, to ``what`` (e.g. "restore p/e on").
+
+        Raises:
+            UnknownNode: It never registered.
+            Unavailable: It is not healthy (silent, or its Spark session is not ready).
+        """
+        node = self.registry.node(name)
+        if node is None:
+            raise UnknownNode(
+                f"cannot {what} unknown node {name!r}",
+                expected="one of " + ", ".join(self.node_names()),
+                received=repr(name),
+            )
+        if not self.healthy(node) or not node.report.get("ready"):
+            raise Unavailable(
+                f"cannot {what} node {name!r}: it is not healthy",
+                hint="choose another node; `fogshift nodes` shows node health",
+            )
+        return node
 
     @contextlib.contextmanager
     def _exclusive(self, pipeline: str, element_id: str, what: str) -> Iterator[None]:
@@ -398,55 +443,118 @@ class Orchestrator:
                 expected="one of " + ", ".join(e.id for e in record.spec.elements),
             ) from None
 
-    def pick_node(self, exclude: set[str]) -> str:
-        """The healthy, ready node hosting the fewest PEs, outside ``exclude``."""
+    def restore_candidates(self, pipeline: str, element_id: str, exclude: set[str]) -> list[str]:
+        """Healthy, ready nodes outside ``exclude``: the PE's planned redeploy node first,
+        then the least busy (fewest PEs)."""
         candidates = [
             n
             for n in self.registry.nodes()
             if n.name not in exclude and self.healthy(n) and n.report.get("ready")
         ]
-        if not candidates:
-            raise Unavailable(
-                "no healthy node to restore on",
-                hint="`fogshift nodes` shows node health; start a node or wait",
-            )
-        return min(candidates, key=lambda n: (len(n.report.get("elements", [])), n.name)).name
+        planned = self.planned(pipeline, element_id).get("redeploy")
+        ranked = sorted(
+            candidates,
+            key=lambda n: (n.name != planned, len(n.report.get("elements", [])), n.name),
+        )
+        return [n.name for n in ranked]
+
+    def checkpoint_copies(
+        self, pipeline: str, element_id: str, target: str
+    ) -> Callable[[dict[str, Any]], list[Copy]]:
+        """Where ``target`` can copy a checkpoint of the PE from, nearest first (by the fog
+        topology's route bandwidth): replicas on healthy nodes, then the central store."""
+
+        def copies(manifest: dict[str, Any]) -> list[Copy]:
+            holders: dict[str, str] = {}
+            for n in self.registry.nodes():
+                held = {
+                    r["id"]
+                    for r in n.report.get("replicas", [])
+                    if (r["pipeline"], r["element"]) == (pipeline, element_id)
+                }
+                # Another node helps only with this very checkpoint; the target's own copy,
+                # even an older one, saves every file the two have in common.
+                if self.healthy(n) and (manifest["id"] in held or (held and n.name == target)):
+                    holders[n.name] = n.url
+            if self._topology is None:
+                order = [*sorted(holders, key=lambda n: n != target), "central"]
+            else:
+                fog = FogTopology.load(self.config.topology_file)
+                central = fog.central_node(self.node_names())
+                order = nearest_first(self._topology, target, sorted(holders), central)
+            # The target's own copy needs no source of its own: what it lacks comes from
+            # the central store.
+            return [
+                ("central", None)
+                if name == "central"
+                else (f"replica@{name}", None if name == target else holders[name])
+                for name in order
+            ]
+
+        return copies
 
     def restore(self, pipeline: str, element_id: str, target: str | None = None) -> dict[str, Any]:
-        """Restore a PE on ``target`` (or a healthy node) from its central checkpoint.
+        """Restore a PE from its central checkpoint on ``target``, or on the best healthy node.
+
+        Without ``target`` a failed attempt (the chosen node died or failed during the
+        restore) is retried on the next candidate; every attempt fences the previous ones
+        with a new epoch. The report's ``attempts`` lists the failed attempts.
 
         Raises:
             UnknownPipeline / UnknownElement / UnknownNode: A name does not exist.
-            Unavailable: The target is not healthy.
+            Unavailable: The target (or, without one, every candidate) is not healthy.
             MigrationInProgress: Another migration or restore of this PE is under way.
-            RestoreFailed: It failed; the target instance was discarded; retry elsewhere.
+            RestoreFailed: Every attempt failed; the report lists them. Retry elsewhere.
         """
         record = self.pipeline(pipeline)
         element = self._element(record, element_id)
         current = record.placement[element_id]
-        if target is None:
-            target = self.pick_node({current})
-        node = self.registry.node(target)
-        if node is None:
-            raise UnknownNode(
-                f"cannot restore {pipeline}/{element_id} on unknown node {target!r}",
-                expected="one of " + ", ".join(self.node_names()),
-                received=repr(target),
-            )
-        if not self.healthy(node) or not node.report.get("ready"):
-            raise Unavailable(
-                f"node {target!r} is not healthy: cannot restore {pipeline}/{element_id} there",
-                hint="choose another node (`fogshift nodes`)",
-            )
+        if target is not None:
+            self._usable_node(target, f"restore {pipeline}/{element_id} on")
+            candidates = [target]
+        else:
+            candidates = self.restore_candidates(pipeline, element_id, {current})
+            if not candidates:
+                raise Unavailable(
+                    f"no healthy node to restore {pipeline}/{element_id} on "
+                    f"(it was on {current!r})",
+                    hint="`fogshift nodes` shows node health; start a node or wait",
+                )
+        attempts: list[dict[str, Any]] = []
         with self._exclusive(pipeline, element_id, "restore"):
-            epoch = self.registry.next_epoch(pipeline, element_id)
-            log.info("restoring %s/%s on %s (epoch %d)", pipeline, element_id, target, epoch)
-            report = run_restore(
-                pipeline, element, epoch, (target, self.agent(target)), self.central, self.broker
-            )
-            self.registry.set_placement(pipeline, element_id, target)
-        log.info("restored %s/%s: %s", pipeline, element_id, report.to_dict())
-        return report.to_dict()
+            for name in candidates:
+                node = self.registry.node(name)
+                if attempts and (node is None or not self.healthy(node)):
+                    attempts.append({"node": name, "error": "not healthy any more: skipped"})
+                    continue
+                epoch = self.registry.next_epoch(pipeline, element_id)
+                log.info("restoring %s/%s on %s (epoch %d)", pipeline, element_id, name, epoch)
+                try:
+                    report = run_restore(
+                        pipeline, element, epoch, (name, self.agent(name)), self.central,
+                        self.broker, copies=self.checkpoint_copies(pipeline, element_id, name),
+                    )  # fmt: skip
+                except RestoreFailed as exc:
+                    failed = getattr(exc, "report", None)
+                    attempts.append({"node": name, "epoch": epoch, "error": exc.message})
+                    if failed is not None:
+                        failed.attempts = list(attempts)
+                        self.last_restore[(pipeline, element_id)] = failed.to_dict()
+                    if name == candidates[-1]:
+                        raise
+                    log.warning("restore of %s/%s on %s failed; trying the next node: %s",
+                                pipeline, element_id, name, exc.message)  # fmt: skip
+                    continue
+                report.attempts = attempts
+                self.registry.set_placement(pipeline, element_id, name)
+                self.last_restore[(pipeline, element_id)] = report.to_dict()
+                log.info("restored %s/%s: %s", pipeline, element_id, report.to_dict())
+                return report.to_dict()
+        raise Unavailable(  # every candidate became unhealthy before its turn
+            f"no healthy node left to restore {pipeline}/{element_id} on",
+            received="; ".join(f"{a['node']}: {a['error']}" for a in attempts),
+            hint="`fogshift nodes` shows node health",
+        )
 
     # -- central checkpoints ----------------------------------------------------------------
 
@@ -486,11 +594,60 @@ class Orchestrator:
             "took_ms": round((time.perf_counter() - started) * 1000, 1),
         }
 
+    def push_replicas(self) -> None:
+        """Give each PE's planned backup node a copy of the PE's newest central checkpoint.
+
+        The node fetches only the files it lacks, from the central store. Runs after each
+        central pull; a node that is down or fails is retried at the next round.
+        """
+        nodes = {n.name: n for n in self.registry.nodes()}
+        for record in self.registry.pipelines():
+            if record.status != "running":
+                continue
+            for element in record.spec.elements:
+                backup = self.planned(record.name, element.id).get("backup")
+                node = nodes.get(backup or "")
+                if node is None or backup == record.placement[element.id]:
+                    continue
+                if not self.healthy(node):
+                    continue
+                manifests = self.central.manifests(record.name, element.id)
+                if not manifests:
+                    continue
+                newest = manifests[0]
+                held = {
+                    r["id"]
+                    for r in node.report.get("replicas", [])
+                    if (r["pipeline"], r["element"]) == (record.name, element.id)
+                }
+                if newest["id"] in held:
+                    continue
+                started = time.perf_counter()
+                try:
+                    result = self.agent(node.name).post(
+                        f"/replicas/{record.name}/{element.id}", json={"manifest": newest}
+                    )
+                except FogshiftError as exc:
+                    log.info("replica of %s/%s on %s skipped: %s",
+                             record.name, element.id, node.name, exc.message)  # fmt: skip
+                    continue
+                self.replica_stats[(record.name, element.id)] = {
+                    "node": node.name,
+                    "id": newest["id"],
+                    "fetched_bytes": result["fetched_bytes"],
+                    "took_ms": round((time.perf_counter() - started) * 1000, 1),
+                }
+
     def run_central(self) -> None:
         """Loop :meth:`pull_checkpoints` until :meth:`close`."""
-        self._every(self.config.central_interval_s, self.pull_checkpoints, "central checkpointing")
 
-    def _every(self, interval_s: float, step: Callable[[], None], what: str) -> None:
+        def step() -> None:
+            self.pull_checkpoints()
+            self.push_replicas()
+
+        self._every(self.config.central_interval_s, step, "central checkpointing")
+
+    def _every(self, interval_s: float, step: Callable[[], object], what: str) -> None:
         """Run ``step`` every ``interval_s`` until :meth:`close`; a failure is logged, not fatal."""
         while not self._stop.wait(interval_s):
             try:
@@ -512,6 +669,77 @@ class Orchestrator:
             "shipped_bytes": newest.get("shipped_bytes"),
         }
 
+    # -- planning ---------------------------------------------------------------------------
+
+    def planned(self, pipeline: str, element_id: str) -> dict[str, Any]:
+        """The PE's planned ``backup`` and ``redeploy`` nodes (empty before a plan exists)."""
+        return dict(self.plan["assignments"].get(f"{pipeline}/{element_id}", {}))
+
+    def set_topology(self, text: str) -> dict[str, Any]:
+        """Validate and store a new fog topology (YAML), then plan with it at once.
+
+        Raises:
+            InvalidInput: The topology is invalid (nothing is changed).
+        """
+        FogTopology.parse(text, source="(uploaded)")
+        tmp = self.config.topology_file.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(self.config.topology_file)
+        return self.replan()
+
+    def replan(self) -> dict[str, Any]:
+        """Recompute the plan from the fog topology, live CPU use and checkpoint sizes.
+
+        PEs whose node is not healthy keep their previous assignment: that is the plan for
+        the failure at hand. An instance the planner cannot satisfy keeps the previous plan
+        and reports the reason in ``error``.
+        """
+        fog = FogTopology.load(self.config.topology_file)
+        live = [n for n in self.registry.nodes() if self.healthy(n) and n.report.get("ready")]
+        pes = []
+        for record in self.registry.pipelines():
+            if record.status != "running":
+                continue
+            for element in record.spec.elements:
+                key = (record.name, element.id)
+                manifests = self.central.manifests(*key)
+                shipped = self.central_stats.get(key, {}).get("shipped_bytes", 0)
+                pes.append(
+                    LivePE(
+                        key=f"{record.name}/{element.id}",
+                        node=record.placement[element.id],
+                        latency_ms=record.spec.recovery.latency_ms,
+                        checkpoint_bytes=int(manifests[0]["bytes"]) if manifests else 0,
+                        shipped_bytes_per_s=shipped / self.config.central_interval_s,
+                    )
+                )
+        previous = self.plan["assignments"]
+        try:
+            topology = build_topology(
+                fog, [LiveNode(n.name, float(n.report.get("cpu_percent") or 0.0)) for n in live],
+                pes,
+            )  # fmt: skip
+            result = (
+                plan_backups(topology, "exact", time_limit_s=self.config.plan_time_limit_s)
+                if topology.tasks
+                else None
+            )
+        except FogshiftError as exc:
+            self.plan = {**self.plan, "error": exc.render(), "computed_at": time.time()}
+            return self.plan
+        self._topology = topology
+        fresh = describe_plan(result, topology) if result else {"assignments": {}}
+        planned_now = {t.id for t in topology.tasks}
+        kept = {k: v for k, v in previous.items() if k not in planned_now and
+                any(pe.key == k for pe in pes)}  # fmt: skip
+        fresh["assignments"] = {**kept, **fresh["assignments"]}
+        self.plan = {**fresh, "error": None, "computed_at": time.time()}
+        return self.plan
+
+    def run_planner(self) -> None:
+        """Loop :meth:`replan` until :meth:`close`."""
+        self._every(self.config.plan_interval_s, self.replan, "planning")
+
     # -- reconciliation ---------------------------------------------------------------------
 
     def reconcile_once(self) -> None:
@@ -523,7 +751,6 @@ class Orchestrator:
         * an instance on a node that is not the PE's placement (a fenced zombie, a leftover)
           is removed.
         """
-        nodes = {n.name: n for n in self.registry.nodes()}
         placed: set[tuple[str, str, str]] = set()
         for record in self.registry.pipelines():
             if record.status != "running":
@@ -532,7 +759,8 @@ class Orchestrator:
                 placed.add((record.name, element.id, record.placement[element.id]))
                 if (record.name, element.id) in self._migrating:
                     continue  # the migration owns both instances until it ends
-                node = nodes.get(record.placement[element.id])
+                # Read afresh: a restore in this round may have taken many seconds.
+                node = self.registry.node(record.placement[element.id])
                 if node is None:
                     continue
                 # Silence counts from this process's start: after a restart of the whole
@@ -559,7 +787,7 @@ class Orchestrator:
                     self._deploy_element(record.name, here, fresh=False)
                 except FogshiftError as exc:
                     log.warning("reconcile of %s/%s failed: %s", record.name, element.id, exc)
-        self._remove_strays(nodes, placed)
+        self._remove_strays({n.name: n for n in self.registry.nodes()}, placed)
 
     def _remove_strays(
         self, nodes: dict[str, NodeRecord], placed: set[tuple[str, str, str]]

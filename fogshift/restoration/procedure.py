@@ -4,7 +4,9 @@
    stream. From then on, the old instance — should it come back to life — finds a newer epoch
    at the end of the stream (or has its append rejected) and stops itself; a sink finds it in
    its marker file.
-2. **Checkpoint**: the newest central checkpoint that verifies (a torn one is skipped); if
+2. **Checkpoint**: the newest central checkpoint that verifies (a torn one is skipped),
+   copied to the target from its nearest copy (the target's own replica, the PE's planned
+   backup node, else the central store), fetching only the files the target lacks; if
    there is none yet, the PE starts from the beginning of its input, which the broker keeps.
 3. **Reprocess** the events between the checkpoint and what the old instance had already
    emitted, *without emitting*: the target runs behind a gate capped at the last emitted input
@@ -17,21 +19,18 @@
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from fogshift.agent.app import SHA_HEADER
 from fogshift.broker.client import SyncJetStream, last_seq
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence, last_position
 from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.exceptions import CheckpointError
-from fogshift.checkpoint.spark_dir import pack, progress_of
+from fogshift.checkpoint.spark_dir import progress_of
 from fogshift.common.http import ServiceClient
 from fogshift.common.progress import wait_for_progress
 from fogshift.exceptions import FogshiftError
@@ -52,6 +51,11 @@ class RestoreReport:
     checkpoint: str | None = None
     checkpoint_age_ms: float | None = None
     skipped_checkpoints: list[str] = field(default_factory=list)
+    #: Where the checkpoint was copied from (``central`` or ``replica@NODE``), the bytes
+    #: that actually moved, and the nearer copies that failed.
+    checkpoint_source: str | None = None
+    fetched_bytes: int = 0
+    skipped_copies: list[str] = field(default_factory=list)
     state_bytes: int = 0
     reprocessed_events: int = 0
     reprocess_ms: float = 0.0
@@ -59,6 +63,8 @@ class RestoreReport:
     intermediate_ms: float = 0.0
     total_ms: float = 0.0
     error: str | None = None
+    #: Earlier failed attempts of this restore: ``{"node", "epoch", "error"}``.
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -80,6 +86,45 @@ def _cap(element: ElementSpec, position: int, t0: float | None) -> dict[str, Any
     return None  # several inputs: a sum of positions names no single offset
 
 
+#: Where a checkpoint can be copied from: ``(label, source URL)``; ``None`` is the central
+#: store (the orchestrator), any other URL a node agent holding a replica.
+Copy = tuple[str, str | None]
+
+
+def central_only(manifest: dict[str, Any]) -> list[Copy]:
+    return [("central", None)]
+
+
+def _install(
+    agent: ServiceClient,
+    here: str,
+    manifest: dict[str, Any] | None,
+    copies: list[Copy],
+    report: RestoreReport,
+) -> None:
+    """Install ``manifest`` on the target from the first copy that works (the central store
+    last); ``None`` clears the target's checkpoint, so the PE replays its input from the start.
+    """
+    if manifest is None:
+        agent.post(here + "/checkpoint/install", json={"manifest": None})
+        return
+    if not any(source is None for _, source in copies):
+        copies = [*copies, ("central", None)]
+    for label, source in copies:
+        try:
+            result = agent.post(
+                here + "/checkpoint/install", json={"manifest": manifest, "source": source}
+            )
+        except FogshiftError as exc:
+            if source is None:
+                raise
+            report.skipped_copies.append(f"{label}: {exc.message}")
+            continue
+        report.checkpoint_source = label
+        report.fetched_bytes = int(result["fetched_bytes"])
+        return
+
+
 def restore(
     pipeline: str,
     element: ElementSpec,
@@ -88,8 +133,14 @@ def restore(
     central: CentralStore,
     broker: SyncJetStream,
     timeout_s: float = 300.0,
+    copies: Callable[[dict[str, Any]], list[Copy]] = central_only,
 ) -> RestoreReport:
     """Restore ``element`` on ``target`` under ``epoch`` (already recorded by the caller).
+
+    Args:
+        copies: For the chosen checkpoint, where the target may copy it from, nearest first;
+            the central store is always tried last. The target fetches only the files it
+            does not already hold.
 
     Raises:
         RestoreFailed: With the report in ``report``; the target instance is discarded and
@@ -109,23 +160,16 @@ def restore(
             int(broker.run(partial(last_seq, stream=stream_name(pipeline, name))))
             for name in element.inputs
         )
-        staging = Path(tempfile.mkdtemp(prefix="fogshift-restore-"))
         try:
-            try:
-                manifest, report.skipped_checkpoints = central.latest_whole(pipeline, element.id)
-                central.materialize(manifest, staging / "checkpoint")
-                report.checkpoint = manifest["id"]
-                report.checkpoint_age_ms = round((time.time() - manifest["created"]) * 1000, 1)
-                offset = manifest["offset"]
-            except CheckpointError as exc:
-                (staging / "checkpoint").mkdir()
-                report.skipped_checkpoints.append(f"none usable ({exc.message})")
-                offset = None
-            data, digest = pack(staging / "checkpoint")
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        report.state_bytes = len(data)
-        agent.raw("PUT", here + "/checkpoint", content=data, headers={SHA_HEADER: digest})
+            manifest, report.skipped_checkpoints = central.latest_whole(pipeline, element.id)
+            report.checkpoint = manifest["id"]
+            report.checkpoint_age_ms = round((time.time() - manifest["created"]) * 1000, 1)
+            report.state_bytes = int(manifest["bytes"])
+            offset = manifest["offset"]
+        except CheckpointError as exc:
+            report.skipped_checkpoints.append(f"none usable ({exc.message})")
+            manifest, offset = None, None
+        _install(agent, here, manifest, copies(manifest) if manifest else [], report)
         start_at = progress_of(offset)
         t0 = offset.get("t0") if offset else None
         report.reprocessed_events = max(0, emitted - start_at)

@@ -37,12 +37,15 @@ class RecoverySpec(BaseModel):
     Attributes:
         auto: Restore its PEs elsewhere automatically.
         detect_after_s: How long a node may stay silent before it is declared lost.
+        latency_ms: How long moving a PE's checkpoint to its redeploy node may take (the
+            planner's latency requirement ``l_τ``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     auto: bool = True
     detect_after_s: float = Field(default=10.0, gt=0)
+    latency_ms: float = Field(default=30_000.0, gt=0)
 
 
 class PipelineSpec(BaseModel):

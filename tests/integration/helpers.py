@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from fogshift.broker.client import BrokerAddress, SyncJetStream, fetch_range, last_seq
+from fogshift.broker.naming import fence_subject, stream_name
+from fogshift.events import EPOCH_HEADER
 from fogshift.verify.reference import case1_reference, compare, read_sink
 
 if TYPE_CHECKING:
@@ -76,3 +79,44 @@ def finish_and_compare(cluster: Cluster, work: Path, pipeline: str) -> None:
     time.sleep(2)  # a duplicate would show up within a batch or two
     verdict = compare(ref.rows, read_sink(work / "out" / "case1.csv", "value"))
     assert verdict.consistent, verdict.summary()
+
+
+def wait_central(
+    cluster: Cluster, pipeline: str, element: str, timeout_s: float = 90
+) -> dict[str, Any]:
+    """Wait for a central checkpoint of ``pipeline/element``; its ``nodes --json`` entry."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for n in cluster.json("nodes"):
+            for c in n.get("checkpoints", []):
+                if c["element"] == f"{pipeline}/{element}" and c["central"]:
+                    return dict(c)
+        time.sleep(0.5)
+    raise AssertionError(f"no central checkpoint of {pipeline}/{element} in {timeout_s}s")
+
+
+def stream_messages(cluster: Cluster, pipeline: str, element: str) -> list[Any]:
+    """Every message (data, dead letters, fence markers) of a PE's output stream."""
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    try:
+        stream = stream_name(pipeline, element)
+        end = client.run(lambda js: last_seq(js, stream))
+        subjects = f"fs.{pipeline}.{element}.>"
+        return list(client.run(lambda js: fetch_range(js, stream, subjects, 0, end)))
+    finally:
+        client.close()
+
+
+def assert_only_new_epochs_after_fence(
+    cluster: Cluster, pipeline: str, element: str, epoch: int = 2
+) -> None:
+    """A fence marker was written and every message after the last one has ``epoch`` or newer:
+    the fenced instance never wrote again."""
+    msgs = stream_messages(cluster, pipeline, element)
+    fences = [m for m in msgs if m.subject == fence_subject(pipeline, element)]
+    assert fences, f"no fence marker was written for {pipeline}/{element}"
+    last = fences[-1].metadata.sequence.stream
+    after = [m for m in msgs if m.metadata.sequence.stream > last]
+    assert after, f"nothing was written to {pipeline}/{element} after the fence"
+    stale = [m.metadata.sequence.stream for m in after if int(m.headers[EPOCH_HEADER]) < epoch]
+    assert not stale, f"messages {stale[:10]} after the fence carry an epoch below {epoch}"

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress, SyncJetStream, fetch_range, last_seq
-from fogshift.broker.naming import fence_subject, stream_name
-from fogshift.events import EPOCH_HEADER
+from fogshift.broker.client import BrokerAddress, SyncJetStream
+from fogshift.broker.naming import stream_name
 from tests.conftest import Cluster
-from tests.integration.helpers import case1_spec, finish_and_compare
+from tests.integration.helpers import (
+    assert_only_new_epochs_after_fence,
+    case1_spec,
+    finish_and_compare,
+    wait_central,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -27,19 +33,9 @@ def up_args() -> tuple[str, ...]:
     return ("--checkpoint-interval", "1", "--central-interval", "2", "--duplicate-window", "1")
 
 
-def node(cluster: Cluster, name: str) -> dict[str, Any]:
-    return next(n for n in cluster.json("nodes") if n["name"] == name)
-
-
-def wait_central(cluster: Cluster, pipeline: str, element: str, timeout_s: float = 60) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for n in cluster.json("nodes"):
-            for c in n.get("checkpoints", []):
-                if c["element"] == f"{pipeline}/{element}" and c["central"]:
-                    return dict(c)
-        time.sleep(0.5)
-    raise AssertionError(f"no central checkpoint of {pipeline}/{element} in {timeout_s}s")
+@pytest.fixture(scope="module")
+def cluster_nodes() -> list[str]:
+    return ["cloud", "fog-a", "fog-b", "fog-c"]
 
 
 def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> None:
@@ -48,7 +44,9 @@ def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> Non
     cluster.wait_for("killed", "sink", 40)
     status = wait_central(cluster, "killed", "aggregate")
     assert status["node_level"]["batch"] >= status["central"]["batch"] >= 0
-    os.killpg(node(cluster, "fog-a")["pgid"], signal.SIGKILL)
+    # A random moment: mid-batch, between checkpoints, or while one is being taken.
+    time.sleep(random.uniform(0, 2))
+    os.killpg(cluster.node("fog-a")["pgid"], signal.SIGKILL)
     time.sleep(3)  # longer than the streams' duplicate window (checked below)
     result = cluster.cli("restore", "killed", "aggregate", "--to", "fog-b", "--json")
     report = json.loads(result.stdout)
@@ -107,7 +105,7 @@ def test_frozen_node_is_restored_automatically_and_its_zombie_never_writes(
     cluster.cli("deploy", str(spec))
     cluster.wait_for("zombie", "sink", 40)
     wait_central(cluster, "zombie", "aggregate")
-    frozen = node(cluster, "fog-b")
+    frozen = cluster.node("fog-b")
     os.killpg(frozen["pgid"], signal.SIGSTOP)
     try:
         deadline = time.monotonic() + 120
@@ -120,20 +118,44 @@ def test_frozen_node_is_restored_automatically_and_its_zombie_never_writes(
         os.killpg(frozen["pgid"], signal.SIGCONT)
     # The zombie wakes up mid-batch; it must be fenced and removed, never write.
     deadline = time.monotonic() + 60
-    while "zombie/aggregate" in node(cluster, "fog-b")["elements"]:
+    while "zombie/aggregate" in cluster.node("fog-b")["elements"]:
         assert time.monotonic() < deadline, "the zombie was not removed from fog-b"
         time.sleep(1)
     assert cluster.element("zombie", "aggregate")["node"] == restored_on
     finish_and_compare(cluster, tmp_path, "zombie")
-    address = BrokerAddress.load(cluster.home / "broker.json")
-    client = SyncJetStream(address)
-    try:
-        stream = stream_name("zombie", "aggregate")
-        end = client.run(lambda js: last_seq(js, stream))
-        msgs = client.run(lambda js: fetch_range(js, stream, "fs.zombie.aggregate.>", 0, end))
-    finally:
-        client.close()
-    fences = [m for m in msgs if m.subject == fence_subject("zombie", "aggregate")]
-    assert fences, "no fence marker was written"
-    after = [m for m in msgs if m.metadata.sequence.stream > fences[-1].metadata.sequence.stream]
-    assert after and all(int(m.headers[EPOCH_HEADER]) >= 2 for m in after)
+    assert_only_new_epochs_after_fence(cluster, "zombie", "aggregate")
+    cluster.cli("stop", "zombie")
+
+
+def test_restore_target_that_dies_during_the_restore_is_retried_elsewhere(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # fog-a is dead (first test); fog-b woke up (previous test); fog-c has hosted nothing.
+    spec = case1_spec(tmp_path, "retry", rows=1000, rate=20, agg_node="fog-b", detect_after_s=600)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("retry", "sink", 40)
+    wait_central(cluster, "retry", "aggregate")
+    os.killpg(cluster.node("fog-b")["pgid"], signal.SIGKILL)
+    doomed = cluster.node("fog-c")
+    assert doomed["healthy"] and not doomed["elements"], doomed
+    # Without --to the least busy healthy node comes first: fog-c (cloud runs source and sink).
+    restore = subprocess.Popen(
+        [sys.executable, "-m", "fogshift.cli.main", "restore", "retry", "aggregate", "--json",
+         "--home", str(cluster.home)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    installed = cluster.home / "nodes" / "fog-c" / "checkpoints" / "retry" / "aggregate"
+    deadline = time.monotonic() + 120
+    while not installed.exists():
+        assert restore.poll() is None, restore.communicate()
+        assert time.monotonic() < deadline, "the restore never reached fog-c"
+        time.sleep(0.02)
+    os.killpg(doomed["pgid"], signal.SIGKILL)  # mid-restore: checkpoint installed, not live
+    out, err = restore.communicate(timeout=600)
+    assert restore.returncode == 0, out + err
+    report = json.loads(out)
+    assert report["status"] == "restored" and report["target"] == "cloud", report
+    assert [a["node"] for a in report["attempts"]] == ["fog-c"], report
+    assert report["epoch"] == report["attempts"][0]["epoch"] + 1, report
+    assert cluster.element("retry", "aggregate")["node"] == "cloud"
+    finish_and_compare(cluster, tmp_path, "retry")

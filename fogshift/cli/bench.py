@@ -1,0 +1,181 @@
+"""``fogshift bench ...``: the benchmark commands, one per experiment.
+
+Each command measures, writes its raw data (CSV) and renders plots and a ``results.md`` from
+that data into ``--out DIR``. The measuring and reporting live in the library (e.g.
+:mod:`fogshift.planner.bench`); this module only parses options and shows progress, so a
+benchmark can also be run from Python without the CLI. Heavy imports (HiGHS, numpy,
+matplotlib) happen inside the commands to keep ``fogshift --help`` fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+if TYPE_CHECKING:
+    from fogshift.planner.bench import RunRow, Sweep
+
+bench_app = typer.Typer(
+    help="Benchmarks: each writes a CSV of every run, PNG plots and results.md into --out.",
+    no_args_is_help=True,
+)
+console = Console(log_path=False)  # the source line of a log call is noise here
+
+OutDir = Annotated[
+    Path, typer.Option("--out", help="Folder for the CSV, plots and results.md (created).")
+]
+
+
+@bench_app.command("planner")
+def planner(
+    out: OutDir,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick", help="Fewer points and trials, 10 s limit: a few minutes on 2 cores."
+        ),
+    ] = False,
+    time_limit: Annotated[
+        float | None,
+        typer.Option(help="Seconds per exact solve (default 60; 10 with --quick)."),
+    ] = None,
+    trials: Annotated[
+        int | None,
+        typer.Option(help="Random instances per point (default 10; 3 with --quick)."),
+    ] = None,
+    note: Annotated[
+        str, typer.Option(help="Free text for results.md, e.g. what else ran on the machine.")
+    ] = "",
+    report_only: Annotated[
+        bool,
+        typer.Option(
+            "--report-only", help="Measure nothing: re-render results.md and plots from DIR."
+        ),
+    ] = False,
+) -> None:
+    """Exact MILP vs greedy backup-location planning: Iijima et al.'s Fig. 5 and 6, and beyond.
+
+    Fig. 5: 10..120 tasks on 30 servers. Fig. 6: 30 tasks on 30..60 servers.
+
+    Both methods run on the same random instances; then the greedy alone up to 1000 x 200.
+
+    Writes runs.csv, run.json, one PNG per sweep and results.md (see docs/planner.md).
+    """
+    from fogshift.exceptions import InvalidInput
+    from fogshift.planner import bench
+
+    if report_only:
+        given = [
+            name
+            for name, value in (
+                ("--quick", quick),
+                ("--trials", trials is not None),
+                ("--time-limit", time_limit is not None),
+                ("--note", bool(note)),
+            )
+            if value
+        ]
+        if given:
+            # These shape a measurement; silently ignoring them would mislead.
+            raise InvalidInput(
+                "--report-only measures nothing, so it takes no measurement options",
+                expected="--out DIR --report-only",
+                received=", ".join(given),
+                hint="drop them, or drop --report-only to measure anew",
+            )
+        path = bench.write_report(out)
+        console.print(f"[green]wrote[/] {path} (from {out / bench.CSV_NAME})")
+        return
+    preset = bench.quick_config if quick else bench.reference_config
+    # Only the options given override the preset's defaults, so `--quick` alone stays quick;
+    # replace() re-validates the result.
+    config = preset()
+    if trials is not None:
+        config = dataclasses.replace(config, trials=trials)
+    if time_limit is not None:
+        config = dataclasses.replace(config, time_limit_s=time_limit)
+    command = ["fogshift", "bench", "planner", "--out", str(out)]
+    command += ["--quick"] if quick else []
+    command += [] if trials is None else ["--trials", str(trials)]
+    command += [] if time_limit is None else ["--time-limit", f"{time_limit:g}"]
+    command += ["--note", note] if note else []
+
+    start = time.perf_counter()
+    with Progress(
+        TextColumn("[bold]{task.fields[sweep]:<13}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+    ) as progress:
+        bars: dict[str, TaskID] = {
+            s.name: progress.add_task("", total=config.runs_of(s), sweep=s.name)
+            for s in config.sweeps
+        }
+        done: list[RunRow] = []
+
+        def on_start(sweep: Sweep, tasks: int, servers: int, trial: int, method: str) -> None:
+            progress.update(
+                bars[sweep.name],
+                description=f"{tasks} tasks x {servers} servers, trial "
+                f"{trial + 1}/{config.trials}: {method}",
+            )
+
+        def on_row(row: RunRow) -> None:
+            progress.advance(bars[row.sweep])
+            done.append(row)
+            sweep = next(s for s in config.sweeps if s.name == row.sweep)
+            if row.trial == config.trials - 1 and row.method == sweep.methods[-1]:
+                _log_point(progress, done, row)
+
+        try:
+            rows = bench.run_benchmark(
+                config,
+                out,
+                command=shlex.join(command),
+                note=note,
+                on_start=on_start,
+                on_row=on_row,
+            )
+        except KeyboardInterrupt:
+            # runs.csv is flushed after every run, so what was measured is kept.
+            progress.stop()
+            console.print(
+                f"[yellow]interrupted[/]: {out / bench.CSV_NAME} keeps the {len(done)} runs "
+                f"measured; `fogshift bench planner --out {out} --report-only` reports them"
+            )
+            raise typer.Exit(130) from None
+    minutes = (time.perf_counter() - start) / 60
+    console.print(
+        f"[green]done[/]: {len(rows)} runs in {minutes:.1f} min; "
+        f"{out / bench.REPORT_NAME}, {out / bench.CSV_NAME} and one PNG per sweep"
+    )
+
+
+def _log_point(progress: Progress, rows: list[RunRow], last: RunRow) -> None:
+    """One line per finished point: mean times and outcomes, computed like the report."""
+    from fogshift.planner.bench import fmt_time, summarise
+
+    point = (last.sweep, last.tasks, last.servers)
+    mine = [r for r in rows if (r.sweep, r.tasks, r.servers) == point]
+    (p,) = summarise(mine)
+    parts = []
+    for method, counts in p.outcomes.items():
+        outcome = ", ".join(f"{n} {s}" for s, n in counts.most_common())
+        parts.append(f"{method} mean {fmt_time(p.mean(method))} ({outcome})")
+    progress.console.log(f"{last.sweep} {last.tasks}x{last.servers}: " + "; ".join(parts))

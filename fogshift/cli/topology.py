@@ -1,0 +1,72 @@
+"""``fogshift topology ...``: the fog topology the orchestrator plans with, and its live plan."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fogshift.cli import cluster as cluster_ops
+from fogshift.exceptions import InvalidInput
+from fogshift.orchestrator.planning import FogTopology
+
+topology_app = typer.Typer(
+    help="The fog topology (node CPU, link bandwidths) and the live backup/redeploy plan.",
+    no_args_is_help=True,
+)
+console = Console()
+
+Home = Annotated[Path, typer.Option(help="The cluster's home folder.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _show(plan: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(plan, indent=2) + "\n")
+        return
+    if plan.get("error"):
+        console.print(f"[yellow]planner[/]: {plan['error']}")
+    table = Table("PE", "backup", "redeploy", "recovery ms")
+    for key, choice in sorted(plan.get("assignments", {}).items()):
+        table.add_row(key, choice["backup"], choice["redeploy"], f"{choice['recovery_ms']:.1f}")
+    console.print(table)
+    servers = ", ".join(
+        f"{s['node']} {s['load']:.0f}/{s['cpu']:.0f}" for s in plan.get("servers", [])
+    )
+    if servers:
+        console.print(
+            f"{plan['method']} plan ({plan['status']}, {plan['solve_ms']:.0f} ms); "
+            f"node load/capacity (% of a core): {servers}"
+        )
+
+
+@topology_app.command("set")
+def set_topology(
+    file: Annotated[Path, typer.Argument(help="YAML: central, nodes: {NAME: {cpu}}, links.")],
+    home: Home = Path(".fogshift"),
+    as_json: AsJson = False,
+) -> None:
+    """Give the orchestrator a fog topology; it re-plans at once and prints the plan."""
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot read fog topology {str(file)!r}: {exc.strerror or exc}",
+            hint="pass the path of a YAML file",
+        ) from None
+    FogTopology.parse(text, source=repr(str(file)))  # refuse before touching the cluster
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        plan = client.put("/topology", content=text, headers={"Content-Type": "text/plain"})
+    _show(plan, as_json)
+
+
+@topology_app.command("show")
+def show(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
+    """Each PE's planned backup node (extra checkpoint copy) and redeploy node."""
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        _show(client.get("/plan"), as_json)

@@ -1,0 +1,250 @@
+"""Where each PE's backup lives and where it is redeployed: the planner, fed live.
+
+The orchestrator turns what it knows into the planner's model (:mod:`fogshift.planner`)
+every ``plan_interval_s``:
+
+* **servers** are the healthy nodes; their capacity comes from the fog topology file
+  (``<home>/topology.yaml``, see :class:`FogTopology`), their load from the CPU use the node
+  agents report with every heartbeat;
+* **links** and their bandwidths come from the topology file (a full mesh at the default
+  bandwidth when it names none);
+* **tasks** are the running PEs: CPU need from the file (``pe_cpu``), latency requirement
+  from the pipeline's ``recovery.latency_ms``, backup rate from the bytes the central pulls
+  shipped per interval, transfer size from the newest checkpoint's size.
+
+The plan decides two nodes per PE: its *backup* node, which keeps an extra copy of each
+central checkpoint (pushed incrementally after each pull), and its *redeploy* node, the
+first candidate of a restore. A restore then fetches the checkpoint from the nearest copy —
+the target's own, the backup node's, or the central store's — by the route bandwidth of
+the topology.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fogshift.exceptions import InvalidInput
+from fogshift.planner.model import Link, Server, Task, Topology
+
+#: Megabits per byte, for the planner's units (Mb, Mb/s).
+MB_PER_BYTE = 8 / 1_000_000
+
+
+class NodeCapacity(BaseModel):
+    """A node's entry in the fog topology file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpu: float = Field(gt=0, description="CPU capacity, in percent of one core")
+
+
+class FogLink(BaseModel):
+    """A link of the fog topology file (undirected, Mb/s)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    a: str
+    b: str
+    bandwidth: float = Field(gt=0)
+
+
+class FogTopology(BaseModel):
+    """The operator's description of the fog: node capacities and link bandwidths.
+
+    Attributes:
+        central: The node the central checkpoint store sits beside (the orchestrator's
+            host); ``None``: the node named ``cloud`` if there is one, else as far from every
+            node as the narrowest link.
+        default_cpu: Capacity of a node the file does not name (percent of one core).
+        default_bandwidth: Bandwidth of every pair of nodes when ``links`` is empty (Mb/s).
+        pe_cpu: CPU a PE needs wherever it runs (percent of one core).
+        nodes: Capacities by node name.
+        links: The network; empty means a full mesh at ``default_bandwidth``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    central: str | None = None
+    default_cpu: float = Field(default=100.0, gt=0)
+    default_bandwidth: float = Field(default=1000.0, gt=0)
+    pe_cpu: float = Field(default=10.0, ge=0)
+    nodes: dict[str, NodeCapacity] = Field(default_factory=dict)
+    links: tuple[FogLink, ...] = ()
+
+    @classmethod
+    def load(cls, path: Path) -> FogTopology:
+        """The topology in ``path``, or the defaults when the file does not exist.
+
+        Raises:
+            InvalidInput: The file is not valid YAML or not a valid fog topology.
+        """
+        if not path.exists():
+            return cls()
+        return cls.parse(path.read_text(), source=str(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str = "topology") -> FogTopology:
+        """Validate a fog topology given as YAML text.
+
+        Raises:
+            InvalidInput: Naming the bad field, what was expected and what was received.
+        """
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise InvalidInput(f"fog topology {source} is not valid YAML: {exc}") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+            raise InvalidInput(
+                f"invalid fog topology {source}: {where}: {first['msg']}",
+                expected="central, default_cpu, default_bandwidth, pe_cpu, "
+                "nodes: {NAME: {cpu}}, links: [{a, b, bandwidth}]",
+                received=repr(first.get("input"))[:200],
+                hint="see docs/planner.md, section 'Wiring'",
+            ) from None
+
+    def central_node(self, nodes: list[str]) -> str | None:
+        if self.central is not None:
+            return self.central
+        return "cloud" if "cloud" in nodes else None
+
+
+@dataclass(frozen=True)
+class LiveNode:
+    """What the orchestrator knows of a healthy node when it plans."""
+
+    name: str
+    cpu_percent: float
+
+
+@dataclass(frozen=True)
+class LivePE:
+    """What the orchestrator knows of a running PE when it plans."""
+
+    key: str  # "pipeline/element"
+    node: str
+    latency_ms: float
+    checkpoint_bytes: int
+    shipped_bytes_per_s: float
+
+
+def build_topology(fog: FogTopology, nodes: list[LiveNode], pes: list[LivePE]) -> Topology:
+    """The planner's instance for the current cluster.
+
+    A node's load is its measured CPU use minus what its PEs are assumed to need, kept
+    within ``[0, capacity - PE needs]`` (the planner refuses an overloaded server; a node
+    running hotter than its capacity simply has no spare CPU). PEs whose node is not among
+    ``nodes`` are left out: they are being restored, not planned for.
+
+    Raises:
+        InvalidInput: A link names a node twice or a node's PEs alone exceed its capacity.
+    """
+    names = [n.name for n in nodes]
+    placed = [pe for pe in pes if pe.node in names]
+    servers = []
+    for node in nodes:
+        capacity = fog.nodes[node.name].cpu if node.name in fog.nodes else fog.default_cpu
+        needs = fog.pe_cpu * sum(1 for pe in placed if pe.node == node.name)
+        if needs > capacity:
+            raise InvalidInput(
+                f"node {node.name!r} runs PEs needing {needs:g} % CPU, more than its "
+                f"capacity {capacity:g} %",
+                hint="raise its cpu in the fog topology or lower pe_cpu",
+            )
+        load = min(max(node.cpu_percent - needs, 0.0), capacity - needs)
+        servers.append(Server(id=node.name, cpu=capacity, load=load))
+    if fog.links:
+        links = [
+            Link(a=link.a, b=link.b, bandwidth=link.bandwidth)
+            for link in fog.links
+            if link.a in names and link.b in names
+        ]
+    else:
+        links = [
+            Link(a=a, b=b, bandwidth=fog.default_bandwidth)
+            for i, a in enumerate(names)
+            for b in names[i + 1 :]
+        ]
+    tasks = [
+        Task(
+            id=pe.key,
+            server=pe.node,
+            cpu=fog.pe_cpu,
+            latency_ms=pe.latency_ms,
+            backup_rate=pe.shipped_bytes_per_s * MB_PER_BYTE,
+            # The planner needs a size > 0; a PE without a checkpoint yet moves ~nothing.
+            transfer_size=max(pe.checkpoint_bytes * MB_PER_BYTE, 1e-6),
+        )
+        for pe in placed
+    ]
+    return Topology.from_dict(
+        {
+            "servers": [s.model_dump() for s in servers],
+            "tasks": [t.model_dump() for t in tasks],
+            "links": [link.model_dump() for link in links],
+        },
+        source="the live fog topology",
+    )
+
+
+def route_bandwidth(topology: Topology, a: str, b: str) -> float:
+    """The bottleneck bandwidth (Mb/s) between nodes ``a`` and ``b``; ``inf`` if a == b,
+    0 if either is unknown or they are not connected."""
+    if a == b:
+        return math.inf
+    net = topology.network()
+    if a not in net.server_index or b not in net.server_index:
+        return 0.0
+    i, j = net.server_index[a], net.server_index[b]
+    return net.bottleneck(i, j) if net.route(i, j) is not None else 0.0
+
+
+def nearest_first(
+    topology: Topology, target: str, holders: list[str], central: str | None
+) -> list[str]:
+    """Copies of a checkpoint ordered nearest to ``target`` first, central last on ties.
+
+    Args:
+        holders: Nodes holding a whole copy (replicas).
+        central: The node beside the central store, or ``None`` when it is not in the fog
+            topology (then the central copy comes after every replica).
+
+    Returns:
+        Node names, and ``"central"`` for the central store.
+    """
+    ranked: list[tuple[float, int, str]] = [
+        (-route_bandwidth(topology, node, target), 0, node) for node in holders
+    ]
+    away = -route_bandwidth(topology, central, target) if central else 0.0
+    ranked.append((away, 1, "central"))
+    return [name for _, _, name in sorted(ranked)]
+
+
+def describe_plan(plan: Any, topology: Topology) -> dict[str, Any]:
+    """A plan as the orchestrator reports it (``GET /plan``, ``status --json``)."""
+    return {
+        "method": plan.method,
+        "status": plan.status,
+        "objective_ms": round(plan.objective_ms, 3),
+        "solve_ms": round(plan.solve_ms, 1),
+        "servers": [
+            {"node": s.id, "cpu": s.cpu, "load": round(s.load, 1)} for s in topology.servers
+        ],
+        "assignments": {
+            a.task: {
+                "backup": a.backup,
+                "redeploy": a.redeploy,
+                "recovery_ms": round(a.recovery_ms, 3),
+            }
+            for a in plan.assignments
+        },
+    }

@@ -1,0 +1,69 @@
+"""The content-addressed checkpoint store (central store and node replicas)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.exceptions import TornCheckpoint
+from fogshift.exceptions import InvalidInput, NotFound
+
+
+def manifest(batch: int, files: dict[str, bytes]) -> dict:
+    return {
+        "id": f"b{batch:012d}", "pipeline": "p", "element": "agg", "batch": batch,
+        "created": time.time(), "bytes": sum(map(len, files.values())), "offset": None,
+        "files": {rel: {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d)}
+                  for rel, d in files.items()},
+    }  # fmt: skip
+
+
+def test_put_ships_only_new_files_and_materializes_whole(tmp_path: Path) -> None:
+    store = CentralStore(tmp_path / "store")
+    first = {"offsets/0": b"o0", "state/0/1.changelog": b"x" * 1000}
+    second = {**first, "offsets/1": b"o1"}
+    asked: list[str] = []
+
+    def fetch_from(files: dict[str, bytes]):  # type: ignore[no-untyped-def]
+        return lambda rel: asked.append(rel) or files[rel]
+
+    assert store.put(manifest(0, first), fetch_from(first)) == 1002
+    assert store.put(manifest(1, second), fetch_from(second)) == 2
+    assert asked == ["offsets/0", "state/0/1.changelog", "offsets/1"]
+    newest, skipped = store.latest_whole("p", "agg")
+    assert newest["id"] == "b000000000001" and skipped == []
+    store.materialize(newest, tmp_path / "out")
+    assert (tmp_path / "out" / "offsets" / "1").read_bytes() == b"o1"
+    assert (tmp_path / "out" / "state" / "0" / "1.changelog").stat().st_size == 1000
+
+
+def test_a_file_changed_in_transit_is_refused(tmp_path: Path) -> None:
+    store = CentralStore(tmp_path / "store")
+    with pytest.raises(TornCheckpoint, match="offsets/0"):
+        store.put(manifest(0, {"offsets/0": b"o0"}), lambda rel: b"??")
+    assert store.manifests("p", "agg") == []
+
+
+def test_old_blobs_are_collected_once_no_kept_checkpoint_names_them(tmp_path: Path) -> None:
+    store = CentralStore(tmp_path / "store", keep=1)
+    old = {"offsets/0": b"gone"}
+    store.put(manifest(0, old), old.__getitem__)
+    stale = store.blobs / hashlib.sha256(b"gone").hexdigest()
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    new = {"offsets/1": b"kept"}
+    store.put(manifest(1, new), new.__getitem__)
+    assert not stale.exists()
+    assert store.verify(store.manifests("p", "agg")[0]) is None
+
+
+def test_blob_path_checks_its_argument(tmp_path: Path) -> None:
+    store = CentralStore(tmp_path / "store")
+    with pytest.raises(InvalidInput):
+        store.blob_path("../../etc/passwd")
+    with pytest.raises(NotFound):
+        store.blob_path("0" * 64)

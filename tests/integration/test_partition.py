@@ -1,0 +1,121 @@
+"""A partitioned node (not a frozen one): restored elsewhere, and its zombie never writes.
+
+The nodes run in network namespaces of their own (`fogshift up --isolate`). Partitioning
+fog-b cuts its link while every process on it keeps running: its queries stall on the
+broker, its heartbeats stop arriving, the orchestrator restores its PE on another node.
+When the link heals, the old instance comes back with its connections and its state; it
+must find itself fenced, never append, and be removed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.events import EPOCH_HEADER
+from tests.conftest import Cluster
+from tests.integration.helpers import (
+    assert_only_new_epochs_after_fence,
+    case1_spec,
+    finish_and_compare,
+    stream_messages,
+    wait_central,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def up_args() -> tuple[str, ...]:
+    # Short checkpoint intervals keep the test quick (defaults 5 s and 15 s).
+    return ("--isolate", "--checkpoint-interval", "1", "--central-interval", "2")
+
+
+def _run(*args: str) -> str:
+    return subprocess.run(args, capture_output=True, text=True, check=True).stdout
+
+
+def links(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    return {row["node"]: row for row in json.loads(cluster.cli("net", "show", "--json").stdout)}
+
+
+def process_state(pid: int) -> str:
+    """The kernel's state letter of ``pid`` (R, S, D, T for stopped, Z...)."""
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+
+
+def test_every_node_runs_isolated_behind_a_measured_link(cluster: Cluster) -> None:
+    rows = links(cluster)
+    assert set(rows) == {"cloud", "fog-a", "fog-b"}
+    for name, row in rows.items():
+        assert row["link"] == "up" and row["relay_alive"], row
+        assert row["rtt"] is not None and row["rtt"]["median_ms"] >= 0, row
+        # The agent is reached through its relay on loopback, never on its namespace's IP.
+        assert cluster.node(name)["url"].startswith("http://127.0.0.1:")
+    assert len({row["namespace"] for row in rows.values()}) == 3
+    assert len({row["ns_ip"] for row in rows.values()}) == 3
+
+
+def test_partitioned_node_is_restored_and_its_zombie_never_writes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # 80 s of input: it still flows when the restored instance takes over and after the heal.
+    spec = case1_spec(tmp_path, "part", rows=1600, rate=20, agg_node="fog-b", detect_after_s=4)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("part", "sink", 40)
+    wait_central(cluster, "part", "aggregate")
+    cut = cluster.node("fog-b")
+    cluster.cli("net", "partition", "fog-b")
+    try:
+        assert links(cluster)["fog-b"]["link"] == "down"
+        deadline = time.monotonic() + 180
+        while cluster.element("part", "aggregate")["node"] == "fog-b":
+            assert time.monotonic() < deadline, "the partitioned node's PE was not restored"
+            time.sleep(1)
+        restored_on = cluster.element("part", "aggregate")["node"]
+        # Keep fog-b cut off until the restored instance has emitted under the new epoch.
+        deadline = time.monotonic() + 120
+        while not any(
+            m.subject.endswith(".data") and int(m.headers[EPOCH_HEADER]) >= 2
+            for m in stream_messages(cluster, "part", "aggregate")
+        ):
+            assert time.monotonic() < deadline, "the restored instance emitted nothing"
+            time.sleep(1)
+        time.sleep(3)
+        # Partitioned, not frozen: fog-b's agent ran all along.
+        assert process_state(cut["pid"]) not in ("T", "t", "Z")
+    finally:
+        cluster.cli("net", "heal", "fog-b")
+    assert links(cluster)["fog-b"]["link"] == "up"
+    # The zombie's connections come back: it must be fenced and removed, never write.
+    deadline = time.monotonic() + 120
+    while "part/aggregate" in cluster.node("fog-b")["elements"]:
+        assert time.monotonic() < deadline, "the zombie was not removed from fog-b"
+        time.sleep(1)
+    assert cluster.node("fog-b")["pid"] == cut["pid"]  # the same agent, back on the network
+    assert cluster.element("part", "aggregate")["node"] == restored_on
+    finish_and_compare(cluster, tmp_path, "part")
+    assert_only_new_epochs_after_fence(cluster, "part", "aggregate")
+    assert cluster.element("part", "sink")["node"] == "cloud"  # never taken for lost
+    cluster.cli("stop", "part")
+
+
+def test_down_removes_namespaces_links_and_relays(cluster: Cluster) -> None:
+    # Last in the module: the fixture's own `down` then has nothing left to do.
+    data = json.loads((cluster.home / "cluster.json").read_text())
+    isolated = data["network"]
+    cluster.down()
+    netns = {n["name"] for n in json.loads(_run("ip", "-j", "netns", "list") or "[]")}
+    for name, entry in isolated.items():
+        assert entry["link"]["namespace"] not in netns, name
+        assert not Path(f"/sys/class/net/{entry['link']['host_if']}").exists(), name
+        assert entry["link"]["subnet"] not in _run("ip", "-4", "route"), name
+        assert (
+            not Path(f"/proc/{entry['relay']['pid']}").exists()
+            or process_state(entry["relay"]["pid"]) == "Z"
+        ), f"the relay of {name} still runs"

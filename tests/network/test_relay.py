@@ -1,0 +1,202 @@
+"""The delaying relay, with real sockets on loopback: bytes, order, delay, half-close, errors.
+
+Only lower bounds on time are asserted: the machine is shared and loaded, so anything may
+take longer, but nothing may arrive before the relay releases it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from fogshift.network.exceptions import LinkDown
+from fogshift.network.links import LinkProfile, parse_link_profile
+from fogshift.network.relay import Route, ThreadedRelay
+from fogshift.network.rtt import measure_rtt
+
+
+class Server:
+    """A loopback TCP server running ``handle(conn)`` on a thread per connection."""
+
+    def __init__(self, handle: Callable[[socket.socket], None]) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self.handle = handle
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(ConnectionResetError):  # a test's client may reset
+            self.handle(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def echo(conn: socket.socket) -> None:
+    while data := conn.recv(65536):
+        conn.sendall(data)
+
+
+def recv_exactly(sock: socket.socket, size: int) -> bytes:
+    out = bytearray()
+    while len(out) < size:
+        chunk = sock.recv(min(65536, size - len(out)))
+        assert chunk, f"connection closed after {len(out)} of {size} bytes"
+        out += chunk
+    return bytes(out)
+
+
+@pytest.fixture()
+def echo_server() -> Iterator[Server]:
+    server = Server(echo)
+    yield server
+    server.close()
+
+
+def relay_to(port: int, profile: LinkProfile, seed: int = 1) -> ThreadedRelay:
+    route = Route(name="test", listen_host="127.0.0.1", target_host="127.0.0.1", target_port=port)
+    return ThreadedRelay(profile, [route], seed=seed)
+
+
+def connect(relay: ThreadedRelay) -> socket.socket:
+    sock = socket.create_connection(relay.addresses["test"], timeout=60)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+@pytest.mark.parametrize("profile", ["n0", "normal:5:3"])
+def test_bytes_pass_unchanged_both_ways(echo_server: Server, profile: str) -> None:
+    payload = os.urandom(3 * 1024 * 1024 + 17)
+    with relay_to(echo_server.port, parse_link_profile(profile)) as relay, connect(relay) as sock:
+        received: list[bytes] = []
+        reader = threading.Thread(target=lambda: received.append(recv_exactly(sock, len(payload))))
+        reader.start()
+        sock.sendall(payload)
+        reader.join(120)
+    assert received and received[0] == payload
+
+
+def test_server_data_and_end_of_stream_reach_the_client() -> None:
+    blob = os.urandom(1024 * 1024)
+
+    def send_and_close(conn: socket.socket) -> None:
+        conn.sendall(blob)
+
+    server = Server(send_and_close)
+    try:
+        profile = parse_link_profile("normal:3:2")
+        with relay_to(server.port, profile) as relay, connect(relay) as sock:
+            data = bytearray()
+            while chunk := sock.recv(65536):
+                data += chunk
+    finally:
+        server.close()
+    assert bytes(data) == blob  # the EOF came after every byte, not before
+
+
+def test_half_close_lets_the_reply_come_back() -> None:
+    def reply_after_eof(conn: socket.socket) -> None:
+        request = bytearray()
+        while chunk := conn.recv(4096):
+            request += chunk
+        conn.sendall(b"got " + bytes(request))
+
+    server = Server(reply_after_eof)
+    try:
+        with relay_to(server.port, parse_link_profile("n0")) as relay, connect(relay) as sock:
+            sock.sendall(b"question")
+            sock.shutdown(socket.SHUT_WR)
+            answer = bytearray()
+            while chunk := sock.recv(4096):
+                answer += chunk
+    finally:
+        server.close()
+    assert bytes(answer) == b"got question"
+
+
+def test_order_is_kept_although_each_chunk_draws_its_own_delay(echo_server: Server) -> None:
+    # A deviation as large as the mean: in a relay without the ordering rule, about half
+    # the chunks would overtake their predecessor.
+    messages = [f"<{i:05d}>".encode() for i in range(300)]
+    expected = b"".join(messages)
+    profile = parse_link_profile("normal:15:15")
+    with relay_to(echo_server.port, profile, seed=3) as relay, connect(relay) as sock:
+        received: list[bytes] = []
+        reader = threading.Thread(target=lambda: received.append(recv_exactly(sock, len(expected))))
+        reader.start()
+        for message in messages:
+            sock.sendall(message)
+            time.sleep(0.002)  # separate writes: separate chunks, separate delays
+        reader.join(120)
+    assert received and received[0] == expected
+
+
+def test_round_trip_gains_about_twice_the_mean_delay(echo_server: Server) -> None:
+    direct = measure_rtt("127.0.0.1", echo_server.port, samples=5)
+    with relay_to(echo_server.port, parse_link_profile("n100")) as relay:
+        host, port = relay.addresses["test"]
+        delayed = measure_rtt(host, port, samples=7)
+    # 2 x 100 ms one way, minus a generous margin for the ±10 ms draws; no upper bound.
+    assert delayed.median_ms >= 2 * 100 - 40, delayed
+    assert delayed.min_ms >= 2 * 100 - 60, delayed
+    assert delayed.median_ms > direct.median_ms + 150, (direct, delayed)
+
+
+def test_an_unreachable_target_resets_the_client_and_rtt_says_link_down() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead_port = int(closed.getsockname()[1])  # nothing listens once closed
+    with relay_to(dead_port, parse_link_profile("n0")) as relay:
+        host, port = relay.addresses["test"]
+        with pytest.raises(LinkDown) as caught:
+            measure_rtt(host, port, samples=1, timeout_s=10, what="the test link")
+    assert "no echo through the test link" in caught.value.render()
+    assert caught.value.hint and "heal" in caught.value.hint
+
+
+def test_a_reset_by_the_server_reaches_the_client() -> None:
+    def reset(conn: socket.socket) -> None:
+        conn.recv(10)
+        # SO_LINGER 0: close() sends a RST instead of a FIN.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+
+    server = Server(reset)
+    try:
+        with relay_to(server.port, parse_link_profile("n0")) as relay, connect(relay) as sock:
+            sock.sendall(b"hello")
+            with pytest.raises(ConnectionResetError):
+                while sock.recv(4096):
+                    pass
+    finally:
+        server.close()
+
+
+def test_closing_the_relay_frees_its_port_and_drops_connections(echo_server: Server) -> None:
+    relay = relay_to(echo_server.port, parse_link_profile("n0")).start()
+    sock = connect(relay)
+    sock.sendall(b"ping")
+    assert recv_exactly(sock, 4) == b"ping"
+    relay.close()
+    with sock:
+        sock.settimeout(10)
+        try:
+            gone = sock.recv(10) == b""  # closed: EOF ...
+        except ConnectionResetError:
+            gone = True  # ... or reset: either way the connection is gone
+    assert gone
+    with pytest.raises(OSError):
+        socket.create_connection(relay.addresses["test"], timeout=5)

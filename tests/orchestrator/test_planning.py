@@ -1,0 +1,119 @@
+"""The live planner's inputs and the choice of the nearest checkpoint copy (pure logic)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fogshift.exceptions import InvalidInput
+from fogshift.orchestrator.planning import (
+    MB_PER_BYTE,
+    FogTopology,
+    LiveNode,
+    LivePE,
+    build_topology,
+    nearest_first,
+    route_bandwidth,
+)
+from fogshift.planner import plan
+
+FOG = """
+central: cloud
+default_cpu: 100
+pe_cpu: 10
+nodes: {cloud: {cpu: 400}, fog-b: {cpu: 15}}
+links:
+  - {a: cloud, b: fog-a, bandwidth: 10}
+  - {a: fog-a, b: fog-c, bandwidth: 100}
+  - {a: cloud, b: fog-b, bandwidth: 50}
+"""
+
+NODES = [LiveNode("cloud", 30.0), LiveNode("fog-a", 12.0), LiveNode("fog-b", 0.0),
+         LiveNode("fog-c", 250.0)]  # fmt: skip
+
+
+def pe(key: str, node: str, size: int = 2_000_000) -> LivePE:
+    return LivePE(key, node, latency_ms=30_000, checkpoint_bytes=size, shipped_bytes_per_s=1000)
+
+
+def test_live_topology_takes_capacities_loads_and_sizes() -> None:
+    fog = FogTopology.parse(FOG)
+    topo = build_topology(fog, NODES, [pe("p/agg", "fog-a"), pe("p/src", "cloud"),
+                                       pe("p/gone", "fog-x")])  # fmt: skip
+    servers = {s.id: s for s in topo.servers}
+    assert servers["cloud"].cpu == 400 and servers["fog-a"].cpu == 100
+    # Measured CPU minus what the node's own PEs are assumed to need, clamped to capacity.
+    assert servers["cloud"].load == pytest.approx(20.0)
+    assert servers["fog-a"].load == pytest.approx(2.0)
+    assert servers["fog-c"].load == pytest.approx(100.0)  # 250 % measured: no spare CPU
+    assert [t.id for t in topo.tasks] == ["p/agg", "p/src"]  # fog-x is not healthy
+    agg = topo.tasks[0]
+    assert agg.transfer_size == pytest.approx(2_000_000 * MB_PER_BYTE)
+    assert agg.backup_rate == pytest.approx(1000 * MB_PER_BYTE)
+    assert {frozenset((link.a, link.b)) for link in topo.links} == {
+        frozenset(("cloud", "fog-a")), frozenset(("fog-a", "fog-c")),
+        frozenset(("cloud", "fog-b")),
+    }  # fmt: skip
+
+
+def test_plan_of_the_live_topology_avoids_full_and_failed_nodes() -> None:
+    fog = FogTopology.parse(FOG)
+    topo = build_topology(fog, NODES, [pe("p/agg", "fog-a")])
+    result = plan(topo, "exact", time_limit_s=10)
+    (choice,) = result.assignments
+    assert choice.redeploy not in ("fog-a", "fog-c")  # the failed node; no spare CPU
+    assert choice.backup != "fog-a"
+    assert result.check(topo) == []
+
+
+def test_default_topology_is_a_full_mesh() -> None:
+    topo = build_topology(FogTopology(), NODES[:3], [])
+    assert len(topo.links) == 3 and all(link.bandwidth == 1000 for link in topo.links)
+    assert FogTopology().central_node(["cloud", "fog-a"]) == "cloud"
+    assert FogTopology().central_node(["edge"]) is None
+
+
+def test_nearest_copy_first_and_central_last_on_a_tie() -> None:
+    topo = build_topology(FogTopology.parse(FOG), NODES, [])
+    assert route_bandwidth(topo, "fog-c", "fog-c") == math.inf
+    assert route_bandwidth(topo, "fog-c", "cloud") == 10  # fog-c -> fog-a -> cloud
+    # Restoring on fog-a: fog-c's replica (100 Mb/s) beats the central store on cloud (10).
+    assert nearest_first(topo, "fog-a", ["fog-c"], "cloud") == ["fog-c", "central"]
+    # Restoring on fog-b: cloud (50) beats fog-c (10, through cloud and fog-a).
+    assert nearest_first(topo, "fog-b", ["fog-c"], "cloud") == ["central", "fog-c"]
+    # The target's own copy always comes first.
+    assert nearest_first(topo, "fog-c", ["fog-a", "fog-c"], "cloud")[0] == "fog-c"
+    # A central store outside the topology comes after every replica.
+    assert nearest_first(topo, "fog-b", ["fog-c"], None) == ["fog-c", "central"]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("nodes: {fog-a: {cpu: -1}}", "nodes.fog-a.cpu"),
+        ("links: [{a: x, b: y}]", "links.0.bandwidth"),
+        ("pe_cpu: lots", "pe_cpu"),
+        ("nodes: [", "not valid YAML"),
+        ("colour: blue", "colour"),
+    ],
+)
+def test_bad_fog_topologies_are_refused_with_the_field(text: str, needle: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        FogTopology.parse(text, source="t.yaml")
+    assert needle in err.value.render() and "t.yaml" in err.value.message
+
+
+def test_a_node_whose_pes_exceed_its_capacity_is_named() -> None:
+    fog = FogTopology.parse("pe_cpu: 60\nnodes: {fog-a: {cpu: 100}}")
+    with pytest.raises(InvalidInput, match="fog-a"):
+        build_topology(fog, [LiveNode("fog-a", 0)], [pe("p/x", "fog-a"), pe("p/y", "fog-a")])
+
+
+def test_the_example_fog_topology_is_valid() -> None:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "fog" / "topology.yaml"
+    fog = FogTopology.load(path)
+    assert fog.central == "cloud" and set(fog.nodes) == {"cloud", "fog-a", "fog-b"}
+    assert FogTopology.load(path.with_name("absent.yaml")) == FogTopology()
