@@ -44,9 +44,12 @@ def latest_manifest(store: Path) -> dict[str, Any] | None:
     if not store.is_dir():
         return None
     for folder in sorted(store.iterdir(), reverse=True):
-        manifest = folder / MANIFEST
-        if manifest.exists():
-            return dict(json.loads(manifest.read_text()))
+        if folder.name.startswith("."):
+            continue  # a snapshot being written (``.staging-*``), renamed away any moment
+        try:
+            return dict(json.loads((folder / MANIFEST).read_text()))
+        except FileNotFoundError:
+            continue  # incomplete, or removed by the clean-up meanwhile
     return None
 
 

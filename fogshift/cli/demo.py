@@ -82,9 +82,11 @@ def _kill_and_restore(
     key = f"{pipeline}/{element}"
     with console.status(f"waiting for a central checkpoint of {key}"):
         while True:
-            nodes = client.get("/nodes")
-            host = next(n for n in nodes if key in n["elements"])
-            central = next(c["central"] for c in host["checkpoints"] if c["element"] == key)
+            # The placement, not the nodes' reports: those lag a heartbeat behind a migration.
+            status = client.get(f"/pipelines/{pipeline}")
+            placed = next(e["node"] for e in status["elements"] if e["element"] == element)
+            host = next(n for n in client.get("/nodes") if n["name"] == placed)
+            central = next((c["central"] for c in host["checkpoints"] if c["element"] == key), None)
             if central is not None or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
