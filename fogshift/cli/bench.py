@@ -33,6 +33,16 @@ bench_app = typer.Typer(
     help="Benchmarks: each writes a CSV of every run, PNG plots and results.md into --out.",
     no_args_is_help=True,
 )
+
+
+def _register_thesis_experiments() -> None:
+    # The thesis's E1-E3 and the seamless run live in fogshift.bench (they drive clusters).
+    from fogshift.bench.commands import register
+
+    register(bench_app)
+
+
+_register_thesis_experiments()
 console = Console(log_path=False)  # the source line of a log call is noise here
 
 OutDir = Annotated[

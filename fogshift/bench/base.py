@@ -1,0 +1,305 @@
+"""What every experiment shares: run logs (CSV), statistics, the machine, progress display.
+
+A run log is a CSV with a fixed header, appended to and flushed after every run, so an
+interrupted bench keeps what it measured; plots and ``results.md`` are rendered from these
+files only (:mod:`fogshift.bench.report`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+MIB = 1024 * 1024
+
+
+# -- run logs ---------------------------------------------------------------------------------
+
+
+class RunLog:
+    """A CSV file with a fixed header, one row per run (or sample), written as it goes.
+
+    Args:
+        path: The CSV file; created with its header (replacing an older one).
+        fields: The column names; a row may leave some out (empty cells), never add one.
+    """
+
+    def __init__(self, path: Path, fields: Sequence[str]) -> None:
+        self.path = path
+        self.fields = list(fields)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as handle:
+            csv.writer(handle).writerow(self.fields)
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Append one row and flush it to disk.
+
+        Raises:
+            ValueError: ``row`` names a column the log does not have (a programming error).
+        """
+        unknown = set(row) - set(self.fields)
+        if unknown:
+            raise ValueError(f"{self.path.name}: unknown columns {sorted(unknown)}")
+        with open(self.path, "a", newline="") as handle:
+            csv.writer(handle).writerow([_cell(row.get(f)) for f in self.fields])
+
+    def extend(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in rows:
+            self.append(row)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a run log as strings (empty list if the file does not exist)."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def num(value: str | None) -> float | None:
+    """A CSV cell as a number; ``None`` for an empty cell."""
+    if value is None or value == "":
+        return None
+    return float(value)
+
+
+def truthy(value: str | None) -> bool:
+    return value == "true"
+
+
+# -- statistics -------------------------------------------------------------------------------
+
+
+def mean_std(values: Iterable[float | None]) -> tuple[float | None, float | None, int]:
+    """Mean, sample standard deviation (``None`` below two values) and count of the non-None."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return None, None, 0
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None), len(xs)
+
+
+def least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float] | None:
+    """Ordinary least squares ``y = slope * x + intercept``: ``(slope, intercept, r²)``.
+
+    Returns:
+        ``None`` with fewer than two points or no spread in ``x`` (no line is defined).
+    """
+    if len(xs) != len(ys) or len(xs) < 2:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    slope = sxy / sxx
+    intercept = my - slope * mx
+    syy = sum((y - my) ** 2 for y in ys)
+    r2 = 1.0 if syy == 0 else (sxy * sxy) / (sxx * syy)
+    return slope, intercept, r2
+
+
+def fmt(value: float | None, digits: int = 0, unit: str = "") -> str:
+    """A table cell: ``-`` for no value, else the number rounded to ``digits``."""
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}{unit}"
+
+
+def fmt_mean_std(values: Iterable[float | None], digits: int = 0, unit: str = "") -> str:
+    """``mean ± std`` (or just the mean for one value, ``-`` for none)."""
+    mean, std, _ = mean_std(values)
+    if mean is None:
+        return "-"
+    if std is None:
+        return fmt(mean, digits, unit)
+    return f"{fmt(mean, digits)} ± {fmt(std, digits)}{unit}"
+
+
+# -- the machine ------------------------------------------------------------------------------
+
+
+def _first_line(args: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (proc.stdout or proc.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _ram_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / MIB, 1)
+    except OSError:
+        pass
+    return None
+
+
+def machine_description() -> dict[str, Any]:
+    """Cores, CPU model, RAM and the versions of what runs the pipelines."""
+    import pyspark
+
+    nats = shutil.which("nats-server", path=str(Path(sys.executable).parent)) or shutil.which(
+        "nats-server"
+    )
+    java = _first_line(["java", "-version"])
+    match = re.search(r'"([^"]+)"', java or "")
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "ram_gib": _ram_gib(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "java": match.group(1) if match else java,
+        "spark": pyspark.__version__,
+        "nats_server": _first_line([nats, "--version"]) if nats else None,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def write_machine(out: Path) -> dict[str, Any]:
+    """Describe the machine into ``out/machine.json`` (kept if one exists: the first run's)."""
+    path = out / "machine.json"
+    if path.exists():
+        return dict(json.loads(path.read_text()))
+    out.mkdir(parents=True, exist_ok=True)
+    data = machine_description()
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return data
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+
+class Reporter:
+    """Rich progress bars and notes for a bench session.
+
+    Args:
+        console: Where to draw; a non-terminal console gets plain lines (tests, CI logs).
+    """
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self._progress: Progress | None = None
+
+    @contextmanager
+    def session(self) -> Iterator[Reporter]:
+        """Show the bars while the block runs."""
+        with Progress(
+            TextColumn("[bold]{task.fields[name]}[/]"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("{task.description}"), console=self.console,
+            transient=False,
+        ) as progress:  # fmt: skip
+            self._progress = progress
+            try:
+                yield self
+            finally:
+                self._progress = None
+
+    def task(self, name: str, total: int) -> TaskID | None:
+        """A bar of ``total`` steps (runs) named ``name``."""
+        if self._progress is None:
+            return None
+        return self._progress.add_task("", total=total, name=name)
+
+    def step(self, task: TaskID | None, text: str) -> None:
+        """What the task does now (shown beside its bar)."""
+        if self._progress is not None and task is not None:
+            self._progress.update(task, description=text)
+
+    def advance(self, task: TaskID | None) -> None:
+        if self._progress is not None and task is not None:
+            self._progress.advance(task)
+
+    def note(self, text: str) -> None:
+        """A line above the bars."""
+        self.console.print(text, highlight=False)
+
+
+def now() -> float:
+    """Wall-clock seconds (the clock the nodes' timestamps use)."""
+    return time.time()
+
+
+# -- notes of an experiment -------------------------------------------------------------------
+
+
+def write_notes(folder: Path, settings: Mapping[str, Any], skipped: Sequence[str] = ()) -> None:
+    """``folder/notes.json``: the experiment's settings and what it did not run, and why.
+
+    The settings must be those in effect (e.g. a shared cluster's checkpoint intervals, not
+    the experiment's defaults): ``results.md`` quotes them.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {"settings": dict(settings), "skipped": list(skipped)}
+    (folder / "notes.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def read_notes(folder: Path) -> dict[str, Any]:
+    path = folder / "notes.json"
+    if not path.exists():
+        return {"settings": {}, "skipped": []}
+    return dict(json.loads(path.read_text()))
+
+
+def record_command(out: Path, command: str, elapsed_s: float, ok: bool) -> None:
+    """Add a bench invocation (and its wall time) to ``out/machine.json``'s ``commands``."""
+    data = write_machine(out)
+    data.setdefault("commands", []).append(
+        {"command": command, "wall_s": round(elapsed_s, 1), "completed": ok}
+    )
+    (out / "machine.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+def one_line(text: str | None, limit: int = 200) -> str:
+    """An error message for a Markdown list item: one line, at most ``limit`` characters."""
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -1,0 +1,231 @@
+"""The ``fogshift bench`` commands: ``e1``, ``e2``, ``e3``, ``seamless``, ``all``, ``report``.
+
+:func:`register` adds them to an existing Typer group (``fogshift bench``). Each command
+starts its own clusters through the CLI (under ``--work``, a temporary folder by default, that
+is removed afterwards), shows progress bars, appends to the CSVs under ``--out`` as runs
+finish, and renders ``--out/results.md`` at the end — also after a failure, from what was
+measured.
+
+Run a command on its own with ``python -m fogshift.bench.commands e1 --quick --out DIR``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from fogshift.bench import e1, e2, e3, report, seamless
+from fogshift.bench.base import Reporter, record_command, write_machine
+from fogshift.bench.cluster import Clusters, delay_of
+from fogshift.bench.exceptions import BadBenchOption
+
+console = Console()
+
+Out = Annotated[
+    Path, typer.Option("--out", help="Folder of the CSVs, PNGs and results.md.", show_default=False)
+]
+Quick = Annotated[
+    bool, typer.Option("--quick", help="Few runs: all experiments in under 20 min on 2 cores.")
+]
+Work = Annotated[
+    Path | None,
+    typer.Option(
+        "--work", help="Keep the clusters' homes (logs, checkpoints) here instead of a temp dir."
+    ),
+]
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if not values or any(v < 0 for v in values):
+        raise BadBenchOption(
+            f"bad {what}", expected="comma-separated whole numbers, e.g. 0,1,5", received=text
+        )
+    return values
+
+
+def _session(out: Path, work: Path | None, body: Callable[[Clusters, Reporter], None]) -> None:
+    """Run ``body`` with fresh clusters under ``work`` and render ``results.md`` after it."""
+    out = out.resolve()
+    write_machine(out)
+    root = work.resolve() if work else Path(tempfile.mkdtemp(prefix="fogshift-bench-"))
+    command = (
+        shlex.join(["fogshift", "bench", *sys.argv[sys.argv.index("bench") + 1 :]])
+        if ("bench" in sys.argv)
+        else shlex.join(["fogshift", "bench", *sys.argv[1:]])
+    )
+    reporter = Reporter(console)
+    started = time.monotonic()
+    completed = False
+    # SIGTERM (e.g. `timeout`) must still stop the clusters and render what was measured.
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        with reporter.session():
+            body(Clusters(root), reporter)
+        completed = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        record_command(out, command, time.monotonic() - started, completed)
+        path = report.render(out)
+        if work is None:
+            shutil.rmtree(root, ignore_errors=True)
+        console.print(
+            f"results: {path} ({(time.monotonic() - started) / 60:.1f} min"
+            + ("" if completed else ", incomplete")
+            + ")"
+        )
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def register(bench_app: typer.Typer) -> None:
+    """Add the bench commands to ``bench_app`` (the ``fogshift bench`` group)."""
+
+    @bench_app.command("e1")
+    def cmd_e1(
+        out: Out,
+        quick: Quick = False,
+        work: Work = None,
+        runs: Annotated[int | None, typer.Option(help="Runs per series (default 10).")] = None,
+        sizes: Annotated[
+            str | None, typer.Option(help="Added state in MiB, e.g. 0,1,5,50.")
+        ] = None,
+        link_profile: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--link-profile",
+                help="Link profile of the origin node (repeat): n0, n100, n500, 10mbit,n100.",
+            ),
+        ] = None,
+        modes: Annotated[str | None, typer.Option(help="precopy,literal")] = None,
+    ) -> None:
+        """E1: live migration by link delay, state size and mode (thesis Fig. 20-21)."""
+        config = e1.E1Config.quick() if quick else e1.E1Config()
+        config = _e1_overrides(config, runs, sizes, link_profile, modes)
+        _session(out, work, lambda clusters, rep: e1.run(config, clusters, out.resolve(), rep))
+
+    @bench_app.command("e2")
+    def cmd_e2(
+        out: Out,
+        quick: Quick = False,
+        work: Work = None,
+        runs: Annotated[int | None, typer.Option(help="Restorations (default 100).")] = None,
+    ) -> None:
+        """E2: restoration after SIGKILL of the aggregate's node (thesis Fig. 22-23)."""
+        config = e2.E2Config.quick() if quick else e2.E2Config()
+        if runs is not None:
+            config = replace(config, runs=runs)
+        _session(out, work, lambda clusters, rep: e2.run(config, clusters, out.resolve(), rep))
+
+    @bench_app.command("e3")
+    def cmd_e3(
+        out: Out,
+        quick: Quick = False,
+        work: Work = None,
+        sizes: Annotated[str | None, typer.Option(help="Added state in MiB.")] = None,
+        duration: Annotated[float | None, typer.Option(help="Seconds per size.")] = None,
+    ) -> None:
+        """E3: node-level checkpoint cost and central shipping by state size (thesis Fig. 24)."""
+        config = e3.E3Config.quick() if quick else e3.E3Config()
+        if sizes is not None:
+            config = replace(config, sizes_mib=_ints(sizes, "state sizes"))
+        if duration is not None:
+            config = replace(config, duration_s=duration)
+        _session(out, work, lambda clusters, rep: e3.run(config, clusters, out.resolve(), rep))
+
+    @bench_app.command("seamless")
+    def cmd_seamless(
+        out: Out,
+        quick: Quick = False,
+        work: Work = None,
+        rate: Annotated[
+            float | None,
+            typer.Option(help="Events/s (default: the highest rate the probes find sustained)."),
+        ] = None,
+    ) -> None:
+        """Throughput and latency through a migration and a restoration, at high load."""
+        config = seamless.SeamlessConfig.quick() if quick else seamless.SeamlessConfig()
+        if rate is not None:
+            config = replace(config, rate=rate)
+        _session(
+            out, work, lambda clusters, rep: seamless.run(config, clusters, out.resolve(), rep)
+        )
+
+    @bench_app.command("all")
+    def cmd_all(out: Out, quick: Quick = False, work: Work = None) -> None:
+        """E1, E2, E3 and seamless, one after the other (--quick: under 20 min)."""
+        target = out.resolve()
+
+        def body(clusters: Clusters, rep: Reporter) -> None:
+            # Each on a cluster of its own: on E1's cluster, with its delayed nodes, the
+            # orchestrator's replica pushes to those nodes hold up the central pulls E3 counts.
+            e1.run(e1.E1Config.quick() if quick else e1.E1Config(), clusters, target, rep)
+            e3.run(e3.E3Config.quick() if quick else e3.E3Config(), clusters, target, rep)
+            e2.run(e2.E2Config.quick() if quick else e2.E2Config(), clusters, target, rep)
+            config = seamless.SeamlessConfig.quick() if quick else seamless.SeamlessConfig()
+            seamless.run(config, clusters, target, rep)
+
+        _session(out, work, body)
+
+    @bench_app.command("report")
+    def cmd_report(out: Out) -> None:
+        """Render results.md and the PNGs again from the CSVs in --out."""
+        console.print(f"results: {report.render(out.resolve())}")
+
+
+def _e1_overrides(
+    config: e1.E1Config,
+    runs: int | None,
+    sizes: str | None,
+    profiles: list[str] | None,
+    modes: str | None,
+) -> e1.E1Config:
+    if runs is not None:
+        config = replace(config, runs=runs)
+    if sizes is not None:
+        config = replace(config, sizes_mib=_ints(sizes, "state sizes"))
+    if profiles:
+        for profile in profiles:
+            delay_of(profile)
+        config = replace(config, profiles=tuple(profiles))
+    if modes is not None:
+        chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
+        if not chosen or set(chosen) - {"precopy", "literal"}:
+            raise BadBenchOption(
+                "bad migration modes", expected="precopy, literal or both", received=modes
+            )
+        config = replace(config, modes=chosen)
+    return config
+
+
+def main() -> None:
+    """``python -m fogshift.bench.commands ...``: the bench without the ``fogshift`` CLI."""
+    from fogshift.exceptions import FogshiftError, InvalidInput
+
+    app = typer.Typer(help="fogshift bench", no_args_is_help=True, pretty_exceptions_enable=False)
+    register(app)
+    try:
+        app()
+    except FogshiftError as exc:
+        Console(stderr=True).print(f"[red]error[/] ({exc.code}): {exc.render()}", highlight=False)
+        sys.exit(2 if isinstance(exc, InvalidInput) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Every bench experiment, end to end, in a tiny real configuration on one shared cluster.
+
+One cluster (cloud, fog-a, fog-b, fog-c; loopback) serves all four experiments in the order
+they can share it: E1 migrates fog-a -> cloud, E3 checkpoints on fog-a, seamless migrates
+fog-a -> fog-b, kills fog-b and restores on fog-a, E2 kills fog-a and restores on fog-c.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fogshift.bench import e1, e2, e3, report, seamless
+from fogshift.bench.base import Reporter, fmt_mean_std, write_machine
+from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
+from fogshift.cli.cluster import group_alive
+from fogshift.verify.reference import case1_reference, compare, read_sink
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BenchCluster]:
+    home = tmp_path_factory.mktemp("bench-home")
+    cluster = BenchCluster(
+        home,
+        ClusterOptions(
+            ("cloud", "fog-a", "fog-b", "fog-c"), checkpoint_interval_s=1, central_interval_s=2
+        ),
+    )
+    cluster.up()
+    groups = cluster.process_groups()
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+        leftovers = [g for g in groups if group_alive(g)]
+        for g in leftovers:
+            os.killpg(g, signal.SIGKILL)
+        assert not leftovers, f"the bench left process groups {leftovers} running"
+
+
+@pytest.fixture(scope="module")
+def out(shared: BenchCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run the four experiments once; their output folder."""
+    folder = tmp_path_factory.mktemp("bench-out")
+    write_machine(folder)
+    clusters = Clusters(shared.home.parent, shared=shared)
+    reporter = Reporter()
+    with reporter.session():
+        e1.run(
+            e1.E1Config(runs=1, sizes_mib=(0,), modes=("precopy",), profiles=("n0",),
+                        wait_s=(0.5, 1.0), warm_up=False),
+            clusters, folder, reporter,
+        )  # fmt: skip
+        e3.run(e3.E3Config(sizes_mib=(0,), duration_s=5), clusters, folder, reporter)
+        seamless.run(
+            seamless.SeamlessConfig(rate=200, before_s=5, between_s=2, restore_wait_s=0.5,
+                                    tail_s=6),
+            clusters, folder, reporter,
+        )  # fmt: skip
+        e2.run(
+            e2.E2Config(runs=1, kill_after_s=(0.0, 0.5), restore_wait_s=(0.5, 1.0)),
+            clusters, folder, reporter,
+        )  # fmt: skip
+    report.render(folder)
+    return folder
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_every_experiment_writes_csv_png_and_results(out: Path) -> None:
+    for name, pngs in (
+        ("e1", ["e1.png", "e1_cpu.png"]),
+        ("e2", ["e2.png"]),
+        ("e3", ["e3.png"]),
+        ("seamless", ["seamless.png"]),
+    ):
+        rows = _rows(out / name / "runs.csv")
+        assert rows, f"{name}: no runs"
+        for png in pngs:
+            assert (out / name / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    text = (out / "results.md").read_text()
+    for heading in ("## Machine", "## E1", "## E2", "## E3", "## Seamless"):
+        assert heading in text
+    assert "Fig. 22a p. 48" in text  # the thesis's anchors are cited beside our figures
+
+
+def test_each_run_migrated_or_restored_and_was_compared(out: Path, shared: BenchCluster) -> None:
+    (run,) = _rows(out / "e1" / "runs.csv")
+    assert run["status"] == "migrated", run
+    (restore,) = _rows(out / "e2" / "runs.csv")
+    assert restore["status"] == "restored", restore
+    for row in (run, restore):
+        # The consistency column is a real comparison: redo it from the run's files.
+        work = shared.home / "runs" / row["run"]
+        expected = case1_reference(work / "in.csv", "value", 10, "avg")
+        verdict = compare(expected.rows, read_sink(work / "out" / "out.csv", "value"))
+        assert row["consistent"] == ("true" if verdict.consistent else "false")
+        assert verdict.consistent, verdict.summary()
+        # ... and one that would catch a lost row.
+        assert not compare(
+            expected.rows, read_sink(work / "out" / "out.csv", "value")[1:]
+        ).consistent
+
+
+def test_results_are_recomputed_from_the_csv(out: Path, tmp_path: Path) -> None:
+    (run,) = _rows(out / "e1" / "runs.csv")
+    downtime = fmt_mean_std([float(run["downtime_ms"])], 0)
+    row = next(line for line in (out / "results.md").read_text().splitlines()
+               if line.startswith("| n0 |"))  # fmt: skip
+    assert f"| {downtime} |" in row
+    # Edit the CSV, render again: the table follows the CSV, nothing else.
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    path = copy / "e1" / "runs.csv"
+    rows = _rows(path)
+    rows[0]["downtime_ms"] = "12345.0"
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    text = report.render(copy).read_text()
+    assert "| 12,345 |" in text
+    seamless_rows = _rows(copy / "seamless" / "runs.csv")
+    assert seamless_rows[-1]["consistent"] in ("true", "false")

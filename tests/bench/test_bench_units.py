@@ -1,0 +1,123 @@
+"""The bench's pure parts: statistics, CSV logs, parsing, rendering and the command group."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from fogshift.bench import e1, e2, report, thesis
+from fogshift.bench.base import RunLog, fmt_mean_std, least_squares, one_line, read_rows
+from fogshift.bench.cluster import ClusterOptions, _rtts, delay_of
+from fogshift.bench.commands import register
+from fogshift.bench.exceptions import BadBenchOption
+from fogshift.bench.seamless import _bins, _round_down
+from fogshift.bench.workload import HEADER, InputFeeder
+
+
+def test_least_squares_recovers_a_line() -> None:
+    xs = [1.0, 2.0, 3.0, 10.0]
+    slope, intercept, r2 = least_squares(xs, [0.5 * x + 7 for x in xs]) or (0, 0, 0)
+    assert math.isclose(slope, 0.5) and math.isclose(intercept, 7) and math.isclose(r2, 1)
+    assert least_squares([1.0, 1.0], [2.0, 3.0]) is None  # no spread in x: no line
+    assert least_squares([1.0], [2.0]) is None
+
+
+def test_fmt_mean_std() -> None:
+    assert fmt_mean_std([1000.0, 3000.0]) == "2,000 ± 1,414"
+    assert fmt_mean_std([None, 12.34], 1, " %") == "12.3 %"
+    assert fmt_mean_std([]) == "-"
+
+
+def test_run_log_writes_rows_and_refuses_unknown_columns(tmp_path: Path) -> None:
+    log = RunLog(tmp_path / "runs.csv", ["run", "ok", "ms", "note"])
+    log.append({"run": "a", "ok": True, "ms": 1.5, "note": None})
+    with pytest.raises(ValueError, match="unknown columns"):
+        log.append({"run": "b", "typo": 1})
+    assert read_rows(tmp_path / "runs.csv") == [{"run": "a", "ok": "true", "ms": "1.5", "note": ""}]
+
+
+def test_link_profiles_and_rtt_parsing() -> None:
+    assert delay_of("n100") == "n100"
+    assert delay_of("10mbit,n500") == "n500"
+    assert delay_of("10mbit") == "n0"
+    with pytest.raises(BadBenchOption):
+        delay_of(" , ")
+    shown = [
+        {"node": "cloud", "rtt": {"median_ms": 0.04}},
+        {"node": "fog-n500", "rtt": {"median_ms": 1003.2}},
+        {"node": "fog-x", "rtt": None, "rtt_error": "timed out"},
+    ]
+    assert _rtts(shown) == {"cloud": 0.04, "fog-n500": 1003.2}
+    assert ClusterOptions(("cloud", "fog-a"), links=(("fog-a", "n100"),)).profile_of("fog-a") == (
+        "n100"
+    )
+
+
+def test_e1_quick_plan_and_origin_names() -> None:
+    quick = e1.E1Config.quick()
+    assert quick.series("n0") == [(s, m) for s in (0, 1, 5) for m in ("precopy", "literal")]
+    assert quick.series("n500") == [(1, "literal")]
+    assert e1.origin_name("10mbit,n100") == "fog-10mbit-n100"
+
+
+def test_input_feeder_writes_whole_rows(tmp_path: Path) -> None:
+    feeder = InputFeeder(tmp_path / "in.csv", rate=0, seed=3)
+    feeder.prefill(5)
+    lines = (tmp_path / "in.csv").read_text().splitlines()
+    assert lines[0] == HEADER and len(lines) == 6
+    assert all(len(line.split(",")) == 3 for line in lines)
+
+
+def test_seamless_helpers() -> None:
+    assert _round_down(1837.4) == 1800 and _round_down(0.0) == 0.0 and _round_down(57.9) == 57
+    # seq k is due at t0 + k / rate: seq 10 at 101 s, seq 20 at 102 s, seq 30 at 103 s.
+    bins = _bins("r", [(101.5, 10), (101.9, 20), (103.7, 30)], t0=100.0, rate=10.0)
+    assert [b["lines"] for b in bins] == [0, 2, 0, 1]
+    assert bins[1]["lat_max_ms"] == pytest.approx(500.0)
+    assert bins[1]["lat_mean_ms"] == pytest.approx(200.0)  # (500 - 100) / 2
+    assert bins[3]["lat_p50_ms"] == pytest.approx(700.0)
+
+
+def test_thesis_anchors_are_cited() -> None:
+    assert thesis.E2_REPROCESS_MS_PER_EVENT.cite() == "0.608 ms/event (Fig. 22a p. 48)"
+    assert thesis.E3_SERIALISATION_SHARE_PCT[5].cite() == "40.6% (§6.2.3 p. 49-50)"
+    assert math.isclose(thesis.thesis_rate_per_s(), 10 / 3)
+
+
+def test_report_of_a_hand_written_e2_log(tmp_path: Path) -> None:
+    """The E2 table's regression comes from the CSV rows only."""
+    log = RunLog(tmp_path / "e2" / "runs.csv", e2.RUN_FIELDS)
+    for i, (events, ms) in enumerate(((10, 1010.0), (20, 1020.0), (40, 1040.0))):
+        log.append(
+            {"run": f"r{i}", "status": "restored", "consistent": True,
+             "reprocessed_events": events, "reprocess_ms": ms, "intermediate_events": 0,
+             "intermediate_ms": 0.0}
+        )  # fmt: skip
+    log.append({"run": "bad", "status": "restored", "consistent": False,
+                "reprocessed_events": 30, "reprocess_ms": 99999.0})  # fmt: skip
+    (tmp_path / "e2" / "notes.json").write_text(json.dumps({"settings": {}, "skipped": []}))
+    text = report.render(tmp_path).read_text()
+    assert "| reprocessed | 3 | 10-40 | 1.000 | 1,000 | 1.00 |" in text
+    assert "`bad` failed" in text
+
+
+def test_register_adds_the_commands() -> None:
+    app = typer.Typer()
+    register(app)
+    runner = CliRunner()
+    listing = runner.invoke(app, ["--help"]).output
+    for name in ("e1", "e2", "e3", "seamless", "all", "report"):
+        assert name in listing
+    assert "--link-profile" in runner.invoke(app, ["e1", "--help"]).output
+    bad = runner.invoke(app, ["e1", "--out", "x", "--sizes", "a,b"])
+    assert isinstance(bad.exception, BadBenchOption)
+
+
+def test_one_line() -> None:
+    assert one_line("a\nb   c") == "a b c"
+    assert len(one_line("x" * 500, 50)) == 50
