@@ -303,3 +303,13 @@ def one_line(text: str | None, limit: int = 200) -> str:
     """An error message for a Markdown list item: one line, at most ``limit`` characters."""
     flat = " ".join((text or "").split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def failure_line(row: dict[str, Any], what: str) -> str:
+    """A results.md bullet for a failed or inconsistent run: ``what`` happened, then its
+    error and the problems its comparison found."""
+    return (
+        f"- `{row['run']}` {what}"
+        + (f"; {one_line(row['error'])}" if row.get("error") else "")
+        + (f"; {one_line(row['problems'])}" if row.get("problems") else "")
+    )

@@ -30,6 +30,7 @@ from fogshift.bench.base import (
     MIB,
     Reporter,
     RunLog,
+    failure_line,
     fmt,
     fmt_mean_std,
     mean_std,
@@ -267,12 +268,7 @@ def _one_run(
     finally:
         feeder.finish()
         cluster.cli("stop", name, check=False)
-    samples = [
-        {"t_s": round(s.t - t0, 2), "origin_pct": s.groups["origin"],
-         "target_pct": s.groups["target"], "machine_pct": s.machine}
-        for s in sampler.samples
-    ]  # fmt: skip
-    return row, samples
+    return row, sampler.rows(t0)
 
 
 def _sum(*values: float | None) -> float | None:
@@ -359,9 +355,7 @@ def section(folder: Path) -> str | None:
     )
     for r in failures:
         out.append(
-            f"- `{r['run']}` failed: status {r['status'] or '-'}, consistent {r['consistent']}"
-            + (f"; {one_line(r['error'])}" if r["error"] else "")
-            + (f"; {one_line(r['problems'])}" if r["problems"] else "")
+            failure_line(r, f"failed: status {r['status'] or '-'}, consistent {r['consistent']}")
         )
     out += [f"- not run: {s}" for s in notes["skipped"]]
     out += ["", f"![E1 phases]({NAME}/e1.png)", "", f"![E1 CPU]({NAME}/e1_cpu.png)", ""]

@@ -29,6 +29,7 @@ from fogshift.bench.base import (
     MIB,
     Reporter,
     RunLog,
+    failure_line,
     fmt,
     fmt_mean_std,
     least_squares,
@@ -226,12 +227,7 @@ def _one_run(
     finally:
         feeder.finish()
         cluster.cli("stop", name, check=False)
-    samples = [
-        {"t_s": round(s.t - t0, 2), "target_pct": s.groups["target"],
-         "edge_pct": s.groups["edge"], "machine_pct": s.machine}
-        for s in sampler.samples
-    ]  # fmt: skip
-    return row, samples
+    return row, sampler.rows(t0)
 
 
 def _say(reporter: Reporter, row: dict[str, Any]) -> None:
@@ -338,10 +334,9 @@ def section(folder: Path) -> str | None:
     for r in rows:
         if not ok(r):
             out.append(
-                f"- `{r['run']}` failed: status {r['status'] or '-'}, consistent "
-                f"{r['consistent']}"
-                + (f"; {one_line(r['error'])}" if r["error"] else "")
-                + (f"; {one_line(r['problems'])}" if r["problems"] else "")
+                failure_line(
+                    r, f"failed: status {r['status'] or '-'}, consistent {r['consistent']}"
+                )
             )
     out += ["", f"![E2]({NAME}/e2.png)", ""]
     return "\n".join(out)

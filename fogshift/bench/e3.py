@@ -30,6 +30,7 @@ from fogshift.bench.base import (
     MIB,
     Reporter,
     RunLog,
+    failure_line,
     fmt,
     fmt_mean_std,
     mean_std,
@@ -276,11 +277,7 @@ def section(folder: Path) -> str | None:
         )  # fmt: skip
     for r in runs:
         if not truthy(r["consistent"]):
-            out.append(
-                f"- `{r['run']}` inconsistent or failed"
-                + (f": {one_line(r['error'])}" if r["error"] else "")
-                + (f"; {one_line(r['problems'])}" if r["problems"] else "")
-            )
+            out.append(failure_line(r, "inconsistent or failed"))
     out += ["", f"![E3]({NAME}/e3.png)", ""]
     return "\n".join(out)
 

@@ -10,31 +10,18 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_TICKS = os.sysconf("SC_CLK_TCK")
+from fogshift.common.cpu import TICKS, group_ticks
 
 
 def _group_ticks(groups: dict[str, int]) -> dict[str, int]:
-    """CPU ticks (user + system, with reaped children) per label of ``groups`` (label: pgid)."""
-    by_pgid = {pgid: label for label, pgid in groups.items()}
-    ticks = dict.fromkeys(groups, 0)
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:  # the process ended meanwhile
-            continue
-        label = by_pgid.get(int(fields[2]))
-        if label is not None:
-            ticks[label] += sum(int(f) for f in fields[11:15])
-    return ticks
+    """CPU ticks per label of ``groups`` (label: pgid)."""
+    by_pgid = group_ticks(groups.values())
+    return {label: by_pgid[pgid] for label, pgid in groups.items()}
 
 
 def _machine_ticks() -> tuple[int, int]:
@@ -89,7 +76,7 @@ class CpuSampler:
             busy, total = _machine_ticks()
             elapsed = max(t - last_t, 1e-6)
             loads = {
-                label: max(0.0, (ticks[label] - last[label]) / _TICKS / elapsed * 100.0)
+                label: max(0.0, (ticks[label] - last[label]) / TICKS / elapsed * 100.0)
                 for label in self.groups
             }
             machine = 100.0 * (busy - last_busy) / max(total - last_total, 1)
@@ -107,6 +94,15 @@ class CpuSampler:
             if start <= s.t <= end + self.interval_s
         ]
         return sum(values) / len(values) if values else None
+
+    def rows(self, t0: float) -> list[dict[str, float]]:
+        """The samples as CSV rows: ``t_s`` since ``t0``, ``<label>_pct`` per group, and
+        ``machine_pct``."""
+        return [
+            {"t_s": round(s.t - t0, 2), **{f"{k}_pct": v for k, v in s.groups.items()},
+             "machine_pct": s.machine}
+            for s in self.samples
+        ]  # fmt: skip
 
     def peak(self, label: str, start: float, end: float) -> float | None:
         values = [s.groups[label] for s in self.samples if start <= s.t <= end + self.interval_s]

@@ -17,14 +17,15 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from fogshift.bench.cluster import BenchCluster
-from fogshift.cli.demo import case1_parts
 from fogshift.spec.loader import load_spec
-from fogshift.verify.reference import Verdict, case1_reference, compare, read_sink
+
+if TYPE_CHECKING:
+    from fogshift.verify.reference import Verdict
 
 HEADER = "timestamp,sensor,value"
 INPUT = "in.csv"
@@ -173,6 +174,10 @@ def verdict(
     missing, extra, duplicated, reordered rows and wrong values all make the run
     inconsistent.
     """
+    # pandas (the reference) loads only here, not with every `fogshift` command.
+    from fogshift.cli.demo import case1_parts
+    from fogshift.verify.reference import case1_reference, compare, read_sink
+
     spec = load_spec(spec_path)
     source, agg, sink = case1_parts(spec)
     reference = case1_reference(source, agg["field"], agg["window"], agg.get("function", "avg"))

@@ -347,16 +347,7 @@ def up(
             ),
         )
     profiles = {name: (links or {}).get(name, LinkProfile()) for name in nodes}
-    fog_text = None
-    if topology is not None:
-        try:
-            fog_text = topology.read_text()
-        except OSError as exc:
-            raise InvalidInput(
-                f"cannot read fog topology {str(topology)!r}: {exc.strerror or exc}",
-                hint="pass the path of a YAML file (see examples/fog/topology.yaml)",
-            ) from None
-        FogTopology.parse(fog_text, source=repr(str(topology)))
+    fog_text = FogTopology.read_text(topology) if topology is not None else None
     if isolate:
         require_support(need_tc=any(p.bandwidth for p in profiles.values()))
     stale_network = False

@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.table import Table
 
 from fogshift.cli import cluster as cluster_ops
-from fogshift.exceptions import InvalidInput
 from fogshift.orchestrator.planning import FogTopology
 
 topology_app = typer.Typer(
@@ -52,14 +51,7 @@ def set_topology(
     as_json: AsJson = False,
 ) -> None:
     """Give the orchestrator a fog topology; it re-plans at once and prints the plan."""
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise InvalidInput(
-            f"cannot read fog topology {str(file)!r}: {exc.strerror or exc}",
-            hint="pass the path of a YAML file",
-        ) from None
-    FogTopology.parse(text, source=repr(str(file)))  # refuse before touching the cluster
+    text = FogTopology.read_text(file)  # refused before touching the cluster
     with cluster_ops.orchestrator_client(home.resolve()) as client:
         plan = client.put("/topology", content=text, headers={"Content-Type": "text/plain"})
     _show(plan, as_json)

@@ -88,6 +88,23 @@ class FogTopology(BaseModel):
             return cls()
         return cls.parse(path.read_text(), source=str(path))
 
+    @staticmethod
+    def read_text(path: Path) -> str:
+        """The text of a fog topology file given by a user, once it validates.
+
+        Raises:
+            InvalidInput: The file cannot be read or is not a valid fog topology.
+        """
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise InvalidInput(
+                f"cannot read fog topology {str(path)!r}: {exc.strerror or exc}",
+                hint="pass the path of a YAML file (see examples/fog/topology.yaml)",
+            ) from None
+        FogTopology.parse(text, source=repr(str(path)))
+        return text
+
     @classmethod
     def parse(cls, text: str, source: str = "topology") -> FogTopology:
         """Validate a fog topology given as YAML text.

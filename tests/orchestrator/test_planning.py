@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,13 @@ def test_the_example_fog_topology_is_valid() -> None:
     fog = FogTopology.load(path)
     assert fog.central == "cloud" and set(fog.nodes) == {"cloud", "fog-a", "fog-b"}
     assert FogTopology.load(path.with_name("absent.yaml")) == FogTopology()
+
+
+def test_an_unreadable_or_invalid_topology_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="cannot read fog topology"):
+        FogTopology.read_text(tmp_path / "absent.yaml")
+    (tmp_path / "bad.yaml").write_text("pe_cpu: -3")
+    with pytest.raises(InvalidInput, match="pe_cpu"):
+        FogTopology.read_text(tmp_path / "bad.yaml")
+    (tmp_path / "ok.yaml").write_text("pe_cpu: 5")
+    assert FogTopology.read_text(tmp_path / "ok.yaml") == "pe_cpu: 5"
