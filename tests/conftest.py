@@ -94,16 +94,23 @@ class Cluster:
             if info["events_out"] >= count:
                 return info
             time.sleep(0.5)
+        others = [e for e in self.status(pipeline)["elements"] if e["element"] != element]
         raise AssertionError(
             f"{pipeline}/{element} emitted {info.get('events_out')} of {count} in {timeout_s}s: "
-            f"{info}\n{self.logs()}"
+            f"{info}\nthe other elements: {others}\n{self.logs()}"
         )
 
     def logs(self) -> str:
         out = []
         for log in sorted((self.home / "logs").glob("*.log")):
-            lines = [ln for ln in log.read_text(errors="replace").splitlines() if "ERROR" in ln]
-            out.append(f"--- {log.name}: {len(lines)} error lines\n" + "\n".join(lines[-5:]))
+            text = log.read_text(errors="replace").splitlines()
+            lines = [ln for ln in text if "ERROR" in ln]
+            # The exception lines say why a query died; the ERROR lines alone only say that.
+            causes = [ln for ln in text if "Exception:" in ln or "Error:" in ln]
+            out.append(
+                f"--- {log.name}: {len(lines)} error lines\n"
+                + "\n".join(lines[-5:] + sorted(set(causes))[-8:])
+            )
         return "\n".join(out)
 
 

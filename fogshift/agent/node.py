@@ -17,6 +17,7 @@ from fogshift.agent.exceptions import ElementBusy, NodeNotReady, UnknownElement
 from fogshift.broker.exceptions import FENCED_TOKEN
 from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.spark_dir import (
+    clear_orphan_state,
     committed_batch,
     committed_offset,
     copy_checkpoint,
@@ -196,6 +197,9 @@ class NodeRuntime:
 
     def _start_query(self, hosted: HostedElement) -> None:
         assert self.spark is not None
+        if clear_orphan_state(Path(hosted.plan.checkpoint_dir)):
+            log.warning("%s: removed state files left without any batch in its checkpoint",
+                        hosted.plan.query_name)  # fmt: skip
         try:
             spark = self.spark
             hosted.query = self._spark_thread.submit(start_query, spark, hosted.plan).result()

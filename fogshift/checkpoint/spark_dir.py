@@ -57,6 +57,21 @@ def progress_of(offset: dict[str, Any] | None) -> int:
     return int(offset.get("row", 0))
 
 
+def clear_orphan_state(checkpoint: Path) -> bool:
+    """Remove state files a checkpoint holds without any offset log entry; True if any.
+
+    Spark refuses to start batch 0 on a non-empty ``state/`` folder
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), and such files belong to no batch: they
+    are left by a state store's background upload that finished after its checkpoint was
+    discarded. Without an offset log the query starts from its first input anyway.
+    """
+    state = checkpoint / "state"
+    if planned_batch(checkpoint) is not None or not state.is_dir():
+        return False
+    shutil.rmtree(state)
+    return True
+
+
 def committed_offset(checkpoint: Path) -> tuple[int | None, dict[str, Any] | None]:
     """The last committed batch and its end offset."""
     batch = committed_batch(checkpoint)

@@ -419,7 +419,7 @@ class Orchestrator:
         with self._lock:
             if key in self._migrating:
                 raise MigrationInProgress(
-                    f"{pipeline}/{element_id} is already being migrated or restored",
+                    f"{pipeline}/{element_id} is already being migrated, restored or cleaned up",
                     hint="wait for that operation to finish",
                 )
             self._migrating.add(key)
@@ -751,61 +751,86 @@ class Orchestrator:
         * an instance on a node that is not the PE's placement (a fenced zombie, a leftover)
           is removed.
         """
-        placed: set[tuple[str, str, str]] = set()
         for record in self.registry.pipelines():
-            if record.status != "running":
-                continue
             for element in record.spec.elements:
-                placed.add((record.name, element.id, record.placement[element.id]))
-                if (record.name, element.id) in self._migrating:
-                    continue  # the migration owns both instances until it ends
-                # Read afresh: a restore in this round may have taken many seconds.
-                node = self.registry.node(record.placement[element.id])
-                if node is None:
-                    continue
-                # Silence counts from this process's start: after a restart of the whole
-                # cluster, nodes that have not re-registered yet are not lost.
-                silent = time.time() - max(node.last_seen, self.started_at)
-                if record.spec.recovery.auto and silent > record.spec.recovery.detect_after_s:
-                    log.warning(
-                        "node %s silent for %.1f s: restoring %s/%s",
-                        node.name, silent, record.name, element.id,
-                    )  # fmt: skip
-                    try:
-                        self.restore(record.name, element.id)
-                    except FogshiftError as exc:
-                        log.warning("auto-restore of %s/%s: %s", record.name, element.id, exc)
-                    continue
-                if not self.healthy(node) or not node.report.get("ready"):
-                    continue
-                hosted = {(e["pipeline"], e["element"]) for e in node.report.get("elements", [])}
-                if (record.name, element.id) in hosted:
-                    continue
-                here = element.model_copy(update={"node": node.name})
-                log.info("reconcile: starting %s/%s on %s", record.name, element.id, node.name)
-                try:
-                    self._deploy_element(record.name, here, fresh=False)
-                except FogshiftError as exc:
-                    log.warning("reconcile of %s/%s failed: %s", record.name, element.id, exc)
-        self._remove_strays({n.name: n for n in self.registry.nodes()}, placed)
+                self._reconcile_element(record.name, element.id)
+        self._remove_strays()
 
-    def _remove_strays(
-        self, nodes: dict[str, NodeRecord], placed: set[tuple[str, str, str]]
-    ) -> None:
-        running = {(p, e) for p, e, _ in placed}
-        for node in nodes.values():
+    def _reconcile_element(self, pipeline: str, element_id: str) -> None:
+        """One PE's part of :meth:`reconcile_once`.
+
+        Its placement is read afresh, and a restart happens inside the PE's exclusive
+        section: a migration or restore (this round's, or one from the REST API) may have
+        moved it since the round began, and a stale view would start a second instance on
+        the node it left.
+        """
+        record = self.registry.get_pipeline(pipeline)
+        if (
+            record is None
+            or record.status != "running"
+            or (pipeline, element_id) in self._migrating
+        ):
+            return  # a migration or restore owns the PE's instances until it ends
+        node = self.registry.node(record.placement[element_id])
+        if node is None:
+            return
+        # Silence counts from this process's start: after a restart of the whole cluster,
+        # nodes that have not re-registered yet are not lost.
+        silent = time.time() - max(node.last_seen, self.started_at)
+        if record.spec.recovery.auto and silent > record.spec.recovery.detect_after_s:
+            log.warning("node %s silent for %.1f s: restoring %s/%s",
+                        node.name, silent, pipeline, element_id)  # fmt: skip
+            try:
+                self.restore(pipeline, element_id)
+            except FogshiftError as exc:
+                log.warning("auto-restore of %s/%s: %s", pipeline, element_id, exc)
+            return
+        if not self.healthy(node) or not node.report.get("ready"):
+            return
+        hosted = {(e["pipeline"], e["element"]) for e in node.report.get("elements", [])}
+        if (pipeline, element_id) in hosted:
+            return
+        try:
+            with self._exclusive(pipeline, element_id, "restart"):
+                record = self.registry.get_pipeline(pipeline)
+                if record is None or record.placement.get(element_id) != node.name:
+                    return  # moved meanwhile
+                here = record.spec.element(element_id).model_copy(update={"node": node.name})
+                log.info("reconcile: starting %s/%s on %s", pipeline, element_id, node.name)
+                self._deploy_element(pipeline, here, fresh=False)
+        except MigrationInProgress:
+            return
+        except FogshiftError as exc:
+            log.warning("reconcile of %s/%s failed: %s", pipeline, element_id, exc)
+
+    def _remove_strays(self) -> None:
+        """Remove instances running on a node that is not their PE's placement.
+
+        The placement is read afresh for every instance, inside the PE's exclusive section:
+        a restore or migration that ended a moment ago has moved the placement to the very
+        instance a stale view would call superseded (and removing it discards its checkpoint).
+        """
+        for node in self.registry.nodes():
             if not self.healthy(node):
                 continue
             for hosted in node.report.get("elements", []):
                 key = (hosted["pipeline"], hosted["element"])
-                if key not in running or key in self._migrating:
-                    continue
-                if (*key, node.name) not in placed:
-                    log.warning("removing superseded %s/%s from %s", *key, node.name)
-                    with contextlib.suppress(FogshiftError):
-                        self.agent(node.name).delete(
-                            f"/pipelines/{key[0]}/elements/{key[1]}", params={"discard": True}
-                        )
+                try:
+                    with self._exclusive(*key, "removal of a superseded instance"):
+                        record = self.registry.get_pipeline(key[0])
+                        if (
+                            record is None
+                            or record.status != "running"
+                            or record.placement.get(key[1]) in (None, node.name)
+                        ):
+                            continue
+                        log.warning("removing superseded %s/%s from %s", *key, node.name)
+                        with contextlib.suppress(FogshiftError):
+                            self.agent(node.name).delete(
+                                f"/pipelines/{key[0]}/elements/{key[1]}", params={"discard": True}
+                            )
+                except MigrationInProgress:
+                    continue  # the operation under way owns the PE's instances
 
     def run_reconciler(self) -> None:
         """Loop :meth:`reconcile_once` until :meth:`close`."""

@@ -1,0 +1,106 @@
+"""Which instances the reconciler removes as superseded.
+
+A real orchestrator object and registry, and a real HTTP server standing in for the node
+agent that hosts the instance (it records the removals it is asked for); no Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from fogshift.broker.client import BrokerAddress
+from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+from fogshift.spec import parse_spec
+
+SPEC = {
+    "pipeline": "p",
+    "elements": [
+        {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "in.csv"}},
+        {"id": "aggregate", "kind": "window-aggregate", "node": "fog-a", "inputs": ["source"],
+         "options": {"field": "value", "window": 3, "function": "avg"}},
+        {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
+         "options": {"path": "out/o.csv"}},
+    ],
+}  # fmt: skip
+
+
+class _Agent(BaseHTTPRequestHandler):
+    removed: list[str] = []
+
+    def do_DELETE(self) -> None:
+        self.removed.append(self.path)
+        body = json.dumps({"state": "stopped"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def agent() -> Iterator[tuple[str, list[str]]]:
+    removed: list[str] = []
+    handler = type("Agent", (_Agent,), {"removed": removed})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", removed
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def orchestrator(tmp_path: Path, agent: tuple[str, list[str]]) -> Iterator[Orchestrator]:
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orch = Orchestrator(config)
+    orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+    # fog-c hosts an instance of the aggregate (e.g. the one a restore just started).
+    url, _ = agent
+    report = {"url": url, "ready": True, "elements": [{"pipeline": "p", "element": "aggregate"}]}
+    orch.heartbeat("fog-c", report)
+    yield orch
+    orch.close()
+
+
+def test_the_instance_a_restore_just_placed_is_kept(
+    orchestrator: Orchestrator, agent: tuple[str, list[str]]
+) -> None:
+    # The restore moved the placement after the reconcile round began: the round must
+    # judge by the placement as it is now, not by the view it started with.
+    orchestrator.registry.set_placement("p", "aggregate", "fog-c")
+    orchestrator._remove_strays()
+    assert agent[1] == []
+
+
+def test_an_instance_under_migration_or_restore_is_kept(
+    orchestrator: Orchestrator, agent: tuple[str, list[str]]
+) -> None:
+    orchestrator._migrating.add(("p", "aggregate"))
+    orchestrator._remove_strays()
+    assert agent[1] == []
+
+
+def test_an_instance_off_its_placement_is_removed_with_its_checkpoint(
+    orchestrator: Orchestrator, agent: tuple[str, list[str]]
+) -> None:
+    orchestrator._remove_strays()  # placed on fog-a, running on fog-c: a leftover
+    assert agent[1] == ["/pipelines/p/elements/aggregate?discard=true"]
+    assert ("p", "aggregate") not in orchestrator._migrating
+
+
+def test_instances_of_stopped_pipelines_are_left_alone(
+    orchestrator: Orchestrator, agent: tuple[str, list[str]]
+) -> None:
+    orchestrator.registry.set_status("p", "stopped")
+    orchestrator._remove_strays()
+    assert agent[1] == []
