@@ -20,7 +20,6 @@ from __future__ import annotations
 import random
 import re
 import time
-import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -50,8 +49,7 @@ from fogshift.bench.cluster import (
 )
 from fogshift.bench.exceptions import BenchError
 from fogshift.bench.probes import CpuSampler
-from fogshift.bench.workload import InputFeeder, verdict, wait_rows, warm_up, write_case1
-from fogshift.exceptions import FogshiftError
+from fogshift.bench.workload import Case1Run, wait_rows, warm_up
 
 NAME = "e1"
 TARGET = "cloud"
@@ -224,15 +222,13 @@ def _one_run(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Deploy, wait, migrate, finish the input, compare. Never raises a FogshiftError: a
     failed step is the run's ``status``/``error``."""
-    work = cluster.home / "runs" / name
-    feeder = InputFeeder(work / "in.csv", config.rate, seed=zlib.crc32(name.encode()) ^ config.seed)
-    spec = write_case1(work, name, rate=config.rate, agg_node=origin, pad_bytes=size_mib * MIB)
-    row: dict[str, Any] = {"wait_s": round(wait_s, 2), "status": "error"}
-    t0 = time.time()
     sampler = CpuSampler(groups)
-    feeder.start()
-    try:
-        cluster.cli("deploy", str(spec))
+    with Case1Run(
+        cluster, name, rate=config.rate, seed=config.seed, agg_node=origin,
+        pad_bytes=size_mib * MIB, row={"wait_s": round(wait_s, 2), "status": "error"},
+    ) as run:  # fmt: skip
+        t0 = run.t0
+        run.deploy()
         with sampler:
             if wait_rows(cluster, name, 1, config.timeout_s) < 1:
                 raise BenchError(f"{name}: no output within {config.timeout_s:.0f} s")
@@ -241,34 +237,28 @@ def _one_run(
             report = cluster.operation(
                 name, "aggregate", "migrate", {"target": TARGET, "mode": mode}
             )
-            row["events"] = feeder.finish()
+            run.finish_input()
             phases = {p: report.get("phases_ms", {}).get(p) for p in PHASES}
             # The phases run back to back from the POST; the report comes back later (after
             # the downtime is measured), so the migration's window ends with its phases.
             start = called
             end = called + sum(v for v in phases.values() if v is not None) / 1000.0
-            result = verdict(cluster, spec, config.timeout_s)
-        row.update(
-            status=report.get("status"), error=report.get("error"),
-            state_bytes=report.get("state_bytes"),
-            **{f"{p}_ms": v for p, v in phases.items()},
-            phases123_ms=_sum(phases["pause"], phases["state"], phases["invoke"]),
-            total_ms=_sum(*phases.values()), downtime_ms=report.get("downtime_ms"),
-            caught_up_events=report.get("caught_up_events"),
-            consistent=result.consistent, problems="; ".join(result.problems) or None,
-            mig_start_s=round(start - t0, 2), mig_end_s=round(end - t0, 2),
-            cpu_origin_before_pct=sampler.mean("origin", t0, start),
-            cpu_origin_migration_pct=sampler.mean("origin", start, end),
-            cpu_target_migration_pct=sampler.mean("target", start, end),
-            cpu_origin_peak_pct=sampler.peak("origin", start, end),
-            machine_busy_pct=sampler.mean("machine", t0, time.time()),
-        )  # fmt: skip
-    except FogshiftError as exc:
-        row.update(error=exc.message, consistent=False)
-    finally:
-        feeder.finish()
-        cluster.cli("stop", name, check=False)
-    return row, sampler.rows(t0)
+            run.check(config.timeout_s)
+            run.row.update(
+                status=report.get("status"), error=report.get("error"),
+                state_bytes=report.get("state_bytes"),
+                **{f"{p}_ms": v for p, v in phases.items()},
+                phases123_ms=_sum(phases["pause"], phases["state"], phases["invoke"]),
+                total_ms=_sum(*phases.values()), downtime_ms=report.get("downtime_ms"),
+                caught_up_events=report.get("caught_up_events"),
+                mig_start_s=round(start - t0, 2), mig_end_s=round(end - t0, 2),
+                cpu_origin_before_pct=sampler.mean("origin", t0, start),
+                cpu_origin_migration_pct=sampler.mean("origin", start, end),
+                cpu_target_migration_pct=sampler.mean("target", start, end),
+                cpu_origin_peak_pct=sampler.peak("origin", start, end),
+                machine_busy_pct=sampler.mean("machine", t0, time.time()),
+            )  # fmt: skip
+    return run.row, sampler.rows(run.t0)
 
 
 def _sum(*values: float | None) -> float | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import random
 import time
-import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,7 @@ from fogshift.bench.base import (
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters, isolation_available
 from fogshift.bench.exceptions import BenchError
 from fogshift.bench.probes import CpuSampler
-from fogshift.bench.workload import InputFeeder, verdict, wait_rows, warm_up, write_case1
-from fogshift.exceptions import FogshiftError
+from fogshift.bench.workload import Case1Run, wait_rows, warm_up
 
 NAME = "e2"
 EDGE = "cloud"
@@ -181,21 +179,16 @@ def _one_run(
     """Deploy on ``origin``, kill it, restore on ``target``, compare. A failed step is the
     run's ``status``/``error``, never an exception."""
     kill_after, restore_wait = waits
-    work = cluster.home / "runs" / name
-    feeder = InputFeeder(work / "in.csv", config.rate, seed=zlib.crc32(name.encode()) ^ config.seed)
-    spec = write_case1(
-        work, name, rate=config.rate, agg_node=origin, pad_bytes=config.state_mib * MIB,
-        auto_recovery=False,  # the bench restores, after its own random wait
-    )  # fmt: skip
-    row: dict[str, Any] = {
-        "status": "error", "kill_after_s": round(kill_after, 2),
-        "restore_wait_s": round(restore_wait, 2),
-    }  # fmt: skip
-    t0 = time.time()
     sampler = CpuSampler(groups)
-    feeder.start()
-    try:
-        cluster.cli("deploy", str(spec))
+    with Case1Run(
+        cluster, name, rate=config.rate, seed=config.seed, agg_node=origin,
+        pad_bytes=config.state_mib * MIB,
+        auto_recovery=False,  # the bench restores, after its own random wait
+        row={"status": "error", "kill_after_s": round(kill_after, 2),
+             "restore_wait_s": round(restore_wait, 2)},
+    ) as run:  # fmt: skip
+        t0 = run.t0
+        run.deploy()
         with sampler:
             if wait_rows(cluster, name, 1, config.timeout_s) < 1:
                 raise BenchError(f"{name}: no output within {config.timeout_s:.0f} s")
@@ -206,28 +199,22 @@ def _one_run(
             time.sleep(restore_wait)
             start = time.time()
             report = cluster.operation(name, "aggregate", "restore", {"target": target})
-            row["events"] = feeder.finish()
+            run.finish_input()
             end = start + float(report.get("total_ms") or 0.0) / 1000.0
-            result = verdict(cluster, spec, config.timeout_s)
-        row.update(
-            {k: report.get(k) for k in (
-                "status", "error", "epoch", "checkpoint", "checkpoint_age_ms", "state_bytes",
-                "reprocessed_events", "reprocess_ms", "intermediate_events", "intermediate_ms",
-                "total_ms")},
-            consistent=result.consistent, problems="; ".join(result.problems) or None,
-            kill_s=round(killed_at - t0, 2), restore_start_s=round(start - t0, 2),
-            restore_end_s=round(end - t0, 2),
-            cpu_target_before_pct=sampler.mean("target", t0, killed_at),
-            cpu_target_restore_pct=sampler.mean("target", start, end),
-            cpu_target_peak_pct=sampler.peak("target", start, end),
-            machine_busy_pct=sampler.mean("machine", t0, time.time()),
-        )  # fmt: skip
-    except FogshiftError as exc:
-        row.update(error=exc.message, consistent=False)
-    finally:
-        feeder.finish()
-        cluster.cli("stop", name, check=False)
-    return row, sampler.rows(t0)
+            run.check(config.timeout_s)
+            run.row.update(
+                {k: report.get(k) for k in (
+                    "status", "error", "epoch", "checkpoint", "checkpoint_age_ms", "state_bytes",
+                    "reprocessed_events", "reprocess_ms", "intermediate_events",
+                    "intermediate_ms", "total_ms")},
+                kill_s=round(killed_at - t0, 2), restore_start_s=round(start - t0, 2),
+                restore_end_s=round(end - t0, 2),
+                cpu_target_before_pct=sampler.mean("target", t0, killed_at),
+                cpu_target_restore_pct=sampler.mean("target", start, end),
+                cpu_target_peak_pct=sampler.peak("target", start, end),
+                machine_busy_pct=sampler.mean("machine", t0, time.time()),
+            )  # fmt: skip
+    return run.row, sampler.rows(run.t0)
 
 
 def _say(reporter: Reporter, row: dict[str, Any]) -> None:

@@ -20,7 +20,6 @@ Every run's whole output is compared with the reference too.
 from __future__ import annotations
 
 import time
-import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,7 @@ from fogshift.bench.base import (
 )
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.bench.exceptions import BenchError
-from fogshift.bench.workload import InputFeeder, sink_rows, verdict, warm_up, write_case1
-from fogshift.exceptions import FogshiftError
+from fogshift.bench.workload import Case1Run, sink_rows, warm_up
 
 NAME = "e3"
 NODE, EDGE = "fog-a", "cloud"
@@ -142,15 +140,12 @@ def _one_run(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run one size; returns the run's row and its checkpoints (never raises a
     FogshiftError: a failed step is the run's ``status``/``error``)."""
-    work = cluster.home / "runs" / name
-    feeder = InputFeeder(work / "in.csv", config.rate, seed=zlib.crc32(name.encode()) ^ config.seed)
-    spec = write_case1(work, name, rate=config.rate, agg_node=node, pad_bytes=size_mib * MIB)
-    row: dict[str, Any] = {"status": "error"}
     node_level: dict[str, dict[str, Any]] = {}
     central: dict[str, dict[str, Any]] = {}
-    feeder.start()
-    try:
-        cluster.cli("deploy", str(spec))
+    with Case1Run(
+        cluster, name, rate=config.rate, seed=config.seed, agg_node=node, pad_bytes=size_mib * MIB
+    ) as run:
+        run.deploy()
         # Watched from the deploy on: the first (full) checkpoints may precede the first output.
         started = time.monotonic()
         deadline: float | None = None
@@ -165,17 +160,10 @@ def _one_run(
             elif deadline is None and time.monotonic() - started > config.timeout_s:
                 raise BenchError(f"{name}: no output within {config.timeout_s:.0f} s")
             time.sleep(0.5)
-        row["events"] = feeder.finish()
-        result = verdict(cluster, spec, config.timeout_s)
-        row.update(
-            status="done", consistent=result.consistent,
-            problems="; ".join(result.problems) or None,
-        )  # fmt: skip
-    except FogshiftError as exc:
-        row.update(error=exc.message, consistent=False)
-    finally:
-        feeder.finish()
-        cluster.cli("stop", name, check=False)
+        run.finish_input()
+        run.check(config.timeout_s)
+        run.row["status"] = "done"
+    row = run.row
     row.update(node_checkpoints=len(node_level), central_checkpoints=len(central))
     return row, _rows(node_level, central)
 

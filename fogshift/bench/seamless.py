@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +48,7 @@ from fogshift.bench.base import (
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.bench.exceptions import BenchError
 from fogshift.bench.probes import SinkWatcher
-from fogshift.bench.workload import OUTPUT, InputFeeder, verdict, warm_up, write_case1
-from fogshift.exceptions import FogshiftError
+from fogshift.bench.workload import OUTPUT, Case1Run, warm_up
 
 NAME = "seamless"
 EDGE, FIRST, SECOND = "cloud", "fog-a", "fog-b"
@@ -186,25 +184,20 @@ def _round_down(rate: float) -> float:
 
 def _calibrate(cluster: BenchCluster, config: SeamlessConfig) -> dict[str, Any]:
     name = "seamless-calibration"
-    work = cluster.home / "runs" / name
-    InputFeeder(work / "in.csv", 0, seed=config.seed).prefill(config.calibration_rows)
-    spec = write_case1(work, name, rate=0, agg_node=FIRST)
     row: dict[str, Any] = {
         "run": name, "kind": "calibration", "rate": 0, "events": config.calibration_rows,
     }  # fmt: skip
-    try:
-        cluster.cli("deploy", str(spec))
-        with SinkWatcher(work / OUTPUT) as watcher:
-            result = verdict(cluster, spec, config.timeout_s)
+    with Case1Run(
+        cluster, name, rate=0, seed=config.seed, agg_node=FIRST, row=row,
+        prefill=config.calibration_rows,
+    ) as run:  # fmt: skip
+        run.deploy()
+        with SinkWatcher(run.work / OUTPUT) as watcher:
+            run.check(config.timeout_s)
         times = [t for t, _ in watcher.seen]
         lo, hi = int(len(times) * 0.2), int(len(times) * 0.9)
         if hi - lo >= 2 and times[hi - 1] > times[lo]:
             row["max_rate"] = round((hi - 1 - lo) / (times[hi - 1] - times[lo]), 1)
-        row.update(consistent=result.consistent, problems="; ".join(result.problems) or None)
-    except FogshiftError as exc:
-        row.update(error=exc.message, consistent=False)
-    finally:
-        cluster.cli("stop", name, check=False)
     return row
 
 
@@ -234,18 +227,16 @@ def _latencies(seen: list[tuple[float, int]], t0: float, rate: float) -> list[tu
 
 def _probe(cluster: BenchCluster, name: str, rate: float, config: SeamlessConfig) -> dict[str, Any]:
     """Run at ``rate`` for ``probe_s``; sustained if latency does not grow (module doc)."""
-    work = cluster.home / "runs" / name
     events = int(rate * config.probe_s)
-    feeder = InputFeeder(work / "in.csv", rate, seed=zlib.crc32(name.encode()) ^ config.seed)
-    feeder.prefill(events)  # a file that does not change is never re-scanned
-    spec = write_case1(work, name, rate=rate, agg_node=FIRST)
     row: dict[str, Any] = {"run": name, "kind": "probe", "rate": rate, "events": events,
                            "duration_s": config.probe_s, "sustained": False}  # fmt: skip
-    try:
-        cluster.cli("deploy", str(spec))
-        with SinkWatcher(work / OUTPUT) as watcher:
+    with Case1Run(
+        cluster, name, rate=rate, seed=config.seed, agg_node=FIRST, row=row, prefill=events
+    ) as run:
+        run.deploy()
+        with SinkWatcher(run.work / OUTPUT) as watcher:
             t0 = _source_t0(cluster, name, config.timeout_s)
-            result = verdict(cluster, spec, config.timeout_s)
+            result = run.check(config.timeout_s)
         points = [
             (due, ms)
             for due, ms in _latencies(watcher.seen, t0, rate)
@@ -261,11 +252,6 @@ def _probe(cluster: BenchCluster, name: str, rate: float, config: SeamlessConfig
                 lat_slope=round(line[0], 4),
                 sustained=result.consistent and line[0] <= config.max_slope,
             )  # fmt: skip
-        row.update(consistent=result.consistent, problems="; ".join(result.problems) or None)
-    except FogshiftError as exc:
-        row.update(error=exc.message, consistent=False)
-    finally:
-        cluster.cli("stop", name, check=False)
     return row
 
 
@@ -274,19 +260,16 @@ def _run_at(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The run at ``rate``: returns its row and its one-second bins."""
     name = "seamless-run"
-    work = cluster.home / "runs" / name
-    # Appends of tail_s / 2 seconds of input at a time: the source re-scans its file once
-    # per append, not once per batch.
-    feeder = InputFeeder(
-        work / "in.csv", rate, seed=zlib.crc32(name.encode()) ^ config.seed, lead_s=config.tail_s
-    )
-    spec = write_case1(work, name, rate=rate, agg_node=FIRST, auto_recovery=False)
     row: dict[str, Any] = {"run": name, "kind": "run", "rate": rate}
     bins: list[dict[str, Any]] = []
-    feeder.start()
-    try:
-        cluster.cli("deploy", str(spec))
-        with SinkWatcher(work / OUTPUT) as watcher:
+    # Appends of tail_s / 2 seconds of input at a time: the source re-scans its file once
+    # per append, not once per batch.
+    with Case1Run(
+        cluster, name, rate=rate, seed=config.seed, agg_node=FIRST, row=row,
+        lead_s=config.tail_s, auto_recovery=False,
+    ) as run:  # fmt: skip
+        run.deploy()
+        with SinkWatcher(run.work / OUTPUT) as watcher:
             t0 = _source_t0(cluster, name, config.timeout_s)
             _sleep_until(t0 + config.before_s)
             called = time.time()
@@ -309,16 +292,9 @@ def _run_at(
                 reprocessed_events=restore.get("reprocessed_events"),
                 intermediate_events=restore.get("intermediate_events"),
             )  # fmt: skip
-            row["events"] = feeder.finish()
-            row["duration_s"] = round(row["events"] / rate, 1)
-            result = verdict(cluster, spec, config.timeout_s)
-        row.update(consistent=result.consistent, problems="; ".join(result.problems) or None)
+            row["duration_s"] = round(run.finish_input() / rate, 1)
+            run.check(config.timeout_s)
         bins = _bins(name, watcher.seen, t0, rate)
-    except FogshiftError as exc:
-        row.update(error=exc.message, consistent=False)
-    finally:
-        feeder.finish()
-        cluster.cli("stop", name, check=False)
     return row, bins
 
 

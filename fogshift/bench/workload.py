@@ -16,12 +16,14 @@ from __future__ import annotations
 import random
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from fogshift.bench.cluster import BenchCluster
+from fogshift.exceptions import FogshiftError
 from fogshift.spec.loader import load_spec
 
 if TYPE_CHECKING:
@@ -190,6 +192,86 @@ def verdict(
         )
         result.consistent = False
     return result
+
+
+class Case1Run:
+    """One run of Case 1: its input fed at a rate, its pipeline, and the run's row.
+
+    Used as ``with Case1Run(...) as run:``: on entry the input starts growing; the block
+    calls :meth:`deploy`, does the experiment's action, :meth:`finish_input` and
+    :meth:`check`. A :class:`FogshiftError` in the block is the run's failure (the row's
+    ``error``, not consistent) and goes no further: the bench carries on with its next run.
+    On exit the input stops and the pipeline is stopped.
+
+    Args:
+        cluster: The cluster to run on.
+        name: The pipeline's name; its files live in ``<cluster home>/runs/<name>``.
+        rate: Events per second of the source.
+        seed: The experiment's seed (mixed with ``name``: every run has its own input).
+        agg_node: Where the aggregate runs.
+        row: The row's first columns (default ``{"status": "error"}``, until the block sets
+            the real status).
+        lead_s: How far ahead of its schedule the input is written (:class:`InputFeeder`).
+        prefill: Write this many rows at once instead of growing the input on a schedule.
+        spec_options: More :func:`write_case1` options (``pad_bytes``, ``auto_recovery``).
+    """
+
+    def __init__(
+        self,
+        cluster: BenchCluster,
+        name: str,
+        *,
+        rate: float,
+        seed: int,
+        agg_node: str,
+        row: dict[str, Any] | None = None,
+        lead_s: float = 4.0,
+        prefill: int = 0,
+        **spec_options: Any,
+    ) -> None:
+        self.cluster = cluster
+        self.name = name
+        self.work = cluster.home / "runs" / name
+        self.feeder = InputFeeder(
+            self.work / INPUT, rate, seed=zlib.crc32(name.encode()) ^ seed, lead_s=lead_s
+        )
+        self.spec = write_case1(self.work, name, rate=rate, agg_node=agg_node, **spec_options)
+        self.row: dict[str, Any] = row if row is not None else {"status": "error"}
+        self.prefill = prefill
+        self.t0 = 0.0
+
+    def __enter__(self) -> Case1Run:
+        self.t0 = time.time()
+        if self.prefill:
+            self.feeder.prefill(self.prefill)  # a file that does not change is never re-scanned
+        else:
+            self.feeder.start()
+        return self
+
+    def deploy(self) -> None:
+        """Deploy the pipeline (its source starts reading the growing input)."""
+        self.cluster.cli("deploy", str(self.spec))
+
+    def finish_input(self) -> int:
+        """Stop the input growing (the experiment's action is over); records ``events``."""
+        self.row["events"] = self.feeder.finish()
+        return int(self.row["events"])
+
+    def check(self, timeout_s: float) -> Verdict:
+        """The run's :func:`verdict`, recorded as ``consistent`` and ``problems``."""
+        result = verdict(self.cluster, self.spec, timeout_s)
+        self.row.update(consistent=result.consistent, problems="; ".join(result.problems) or None)
+        return result
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> bool:
+        self.feeder.finish()
+        self.cluster.cli("stop", self.name, check=False)
+        if isinstance(exc, FogshiftError):
+            self.row.update(error=exc.message, consistent=False)
+            return True  # a failed run is a row, not the end of the bench
+        return False
 
 
 def warm_up(cluster: BenchCluster, nodes: list[str], work: Path, timeout_s: float = 600) -> None:

@@ -798,10 +798,10 @@ class Orchestrator:
                 here = record.spec.element(element_id).model_copy(update={"node": node.name})
                 log.info("reconcile: starting %s/%s on %s", pipeline, element_id, node.name)
                 self._deploy_element(pipeline, here, fresh=False)
-        except MigrationInProgress:
+        except FogshiftError:
+            # MigrationInProgress: the operation under way owns the PE; a failed start was
+            # logged by _exclusive and is retried next round.
             return
-        except FogshiftError as exc:
-            log.warning("reconcile of %s/%s failed: %s", pipeline, element_id, exc)
 
     def _remove_strays(self) -> None:
         """Remove instances running on a node that is not their PE's placement.

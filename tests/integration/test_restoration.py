@@ -131,14 +131,25 @@ def test_restore_target_that_dies_during_the_restore_is_retried_elsewhere(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     # fog-a is dead (first test); fog-b woke up (previous test); fog-c has hosted nothing.
+    # cloud (source + sink) has no CPU to spare for one more PE in this fog topology, so the
+    # planner's redeploy node for the aggregate is fog-c: a restore without --to tries fog-c
+    # first and cloud (the least busy of the rest) next.
+    (tmp_path / "fog.yaml").write_text(
+        "pe_cpu: 10\nnodes: {cloud: {cpu: 25}, fog-a: {cpu: 100}, fog-b: {cpu: 100}, "
+        "fog-c: {cpu: 100}}\n"
+    )
+    cluster.cli("topology", "set", str(tmp_path / "fog.yaml"))
     spec = case1_spec(tmp_path, "retry", rows=1000, rate=20, agg_node="fog-b", detect_after_s=600)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("retry", "sink", 40)
     wait_central(cluster, "retry", "aggregate")
+    deadline = time.monotonic() + 60
+    while cluster.element("retry", "aggregate")["planned_redeploy"] != "fog-c":
+        assert time.monotonic() < deadline, cluster.element("retry", "aggregate")
+        time.sleep(0.5)
     os.killpg(cluster.node("fog-b")["pgid"], signal.SIGKILL)
     doomed = cluster.node("fog-c")
     assert doomed["healthy"] and not doomed["elements"], doomed
-    # Without --to the least busy healthy node comes first: fog-c (cloud runs source and sink).
     restore = subprocess.Popen(
         [sys.executable, "-m", "fogshift.cli.main", "restore", "retry", "aggregate", "--json",
          "--home", str(cluster.home)],
