@@ -206,12 +206,11 @@ def machine_description() -> dict[str, Any]:
 
 
 def write_machine(out: Path) -> dict[str, Any]:
-    """Describe the machine into ``out/machine.json`` (kept if one exists: the first run's)."""
+    """Describe the machine into ``out/machine.json``, keeping the commands recorded there."""
     path = out / "machine.json"
-    if path.exists():
-        return dict(json.loads(path.read_text()))
+    previous = dict(json.loads(path.read_text())) if path.exists() else {}
     out.mkdir(parents=True, exist_ok=True)
-    data = machine_description()
+    data = {**machine_description(), "commands": previous.get("commands", [])}
     path.write_text(json.dumps(data, indent=2) + "\n")
     return data
 
@@ -255,9 +254,10 @@ class Reporter:
         if self._progress is not None and task is not None:
             self._progress.update(task, description=text)
 
-    def advance(self, task: TaskID | None) -> None:
+    def advance(self, task: TaskID | None, steps: int = 1) -> None:
+        """``steps`` more steps of the task are done (or skipped)."""
         if self._progress is not None and task is not None:
-            self._progress.advance(task)
+            self._progress.advance(task, steps)
 
     def note(self, text: str) -> None:
         """A line above the bars."""
@@ -290,12 +290,32 @@ def read_notes(folder: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text()))
 
 
-def record_command(out: Path, command: str, elapsed_s: float, ok: bool) -> None:
-    """Add a bench invocation (and its wall time) to ``out/machine.json``'s ``commands``."""
+def record_command(
+    out: Path,
+    command: str,
+    experiments: tuple[str, ...],
+    started: dict[str, Any],
+    elapsed_s: float,
+    ok: bool,
+) -> None:
+    """Add a bench invocation to ``out/machine.json``'s ``commands``.
+
+    An earlier command whose experiments this one all re-ran is dropped: its CSV files were
+    overwritten, so it no longer produced anything in the folder.
+
+    Args:
+        experiments: The experiments it ran (their folders under ``out``).
+        started: ``measured_at`` and ``load_average_at_start`` when it started
+            (:func:`machine_description`).
+    """
     data = write_machine(out)
-    data.setdefault("commands", []).append(
-        {"command": command, "wall_s": round(elapsed_s, 1), "completed": ok}
-    )
+    kept = [c for c in data["commands"] if not set(c.get("experiments", ())) <= set(experiments)]
+    kept.append(
+        {"command": command, "experiments": list(experiments), "wall_s": round(elapsed_s, 1),
+         "completed": ok, "started_at": started["measured_at"],
+         "load_average_at_start": started["load_average_at_start"]}
+    )  # fmt: skip
+    data["commands"] = kept
     (out / "machine.json").write_text(json.dumps(data, indent=2) + "\n")
 
 

@@ -58,10 +58,16 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
-def _session(out: Path, work: Path | None, body: Callable[[Clusters, Reporter], None]) -> None:
-    """Run ``body`` with fresh clusters under ``work`` and render ``results.md`` after it."""
+def _session(
+    out: Path,
+    work: Path | None,
+    experiments: tuple[str, ...],
+    body: Callable[[Clusters, Reporter], None],
+) -> None:
+    """Run ``body`` (the ``experiments``) with fresh clusters under ``work`` and render
+    ``results.md`` after it."""
     out = out.resolve()
-    write_machine(out)
+    at_start = write_machine(out)
     root = work.resolve() if work else Path(tempfile.mkdtemp(prefix="fogshift-bench-"))
     command = (
         shlex.join(["fogshift", "bench", *sys.argv[sys.argv.index("bench") + 1 :]])
@@ -79,7 +85,7 @@ def _session(out: Path, work: Path | None, body: Callable[[Clusters, Reporter], 
         completed = True
     finally:
         signal.signal(signal.SIGTERM, previous)
-        record_command(out, command, time.monotonic() - started, completed)
+        record_command(out, command, experiments, at_start, time.monotonic() - started, completed)
         path = report.render(out)
         if work is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -118,7 +124,12 @@ def register(bench_app: typer.Typer) -> None:
         """E1: live migration by link delay, state size and mode (thesis Fig. 20-21)."""
         config = e1.E1Config.quick() if quick else e1.E1Config()
         config = _e1_overrides(config, runs, sizes, link_profile, modes)
-        _session(out, work, lambda clusters, rep: e1.run(config, clusters, out.resolve(), rep))
+        _session(
+            out,
+            work,
+            (e1.NAME,),
+            lambda clusters, rep: e1.run(config, clusters, out.resolve(), rep),
+        )
 
     @bench_app.command("e2")
     def cmd_e2(
@@ -131,7 +142,12 @@ def register(bench_app: typer.Typer) -> None:
         config = e2.E2Config.quick() if quick else e2.E2Config()
         if runs is not None:
             config = replace(config, runs=runs)
-        _session(out, work, lambda clusters, rep: e2.run(config, clusters, out.resolve(), rep))
+        _session(
+            out,
+            work,
+            (e2.NAME,),
+            lambda clusters, rep: e2.run(config, clusters, out.resolve(), rep),
+        )
 
     @bench_app.command("e3")
     def cmd_e3(
@@ -147,7 +163,12 @@ def register(bench_app: typer.Typer) -> None:
             config = replace(config, sizes_mib=_ints(sizes, "state sizes"))
         if duration is not None:
             config = replace(config, duration_s=duration)
-        _session(out, work, lambda clusters, rep: e3.run(config, clusters, out.resolve(), rep))
+        _session(
+            out,
+            work,
+            (e3.NAME,),
+            lambda clusters, rep: e3.run(config, clusters, out.resolve(), rep),
+        )
 
     @bench_app.command("seamless")
     def cmd_seamless(
@@ -164,7 +185,10 @@ def register(bench_app: typer.Typer) -> None:
         if rate is not None:
             config = replace(config, rate=rate)
         _session(
-            out, work, lambda clusters, rep: seamless.run(config, clusters, out.resolve(), rep)
+            out,
+            work,
+            (seamless.NAME,),
+            lambda clusters, rep: seamless.run(config, clusters, out.resolve(), rep),
         )
 
     @bench_app.command("all")
@@ -181,7 +205,7 @@ def register(bench_app: typer.Typer) -> None:
             config = seamless.SeamlessConfig.quick() if quick else seamless.SeamlessConfig()
             seamless.run(config, clusters, target, rep)
 
-        _session(out, work, body)
+        _session(out, work, tuple(m.NAME for m in report.EXPERIMENTS), body)
 
     @bench_app.command("report")
     def cmd_report(out: Out) -> None:

@@ -22,6 +22,12 @@ def _commands(out: Path) -> list[str]:
     lines = [
         f"- `{c['command']}`: {c['wall_s'] / 60:.1f} min"
         + ("" if c.get("completed") else " (did not complete)")
+        + (
+            f", started {c['started_at']}, load average then "
+            + "/".join(f"{x:g}" for x in c["load_average_at_start"])
+            if c.get("started_at")
+            else ""
+        )
         for c in commands
     ]
     return ["Produced by:", "", *lines, ""] if lines else []
@@ -32,16 +38,14 @@ def _machine(out: Path) -> list[str]:
     if not path.exists():
         return []
     m = json.loads(path.read_text())
-    load = ", ".join(f"{x:g}" for x in m.get("load_average_at_start") or [])
     return [
         "## Machine",
         "",
-        "| cores | CPU | RAM | OS | Python | Java | Spark | nats-server | load average at "
-        "start (1/5/15 min) | measured |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| cores | CPU | RAM | OS | Python | Java | Spark | nats-server |",
+        "|---|---|---|---|---|---|---|---|",
         f"| {m.get('cores')} | {m.get('cpu_model')} | {fmt(m.get('ram_gib'), 1)} GiB | "
         f"{m.get('os')} | {m.get('python')} | {m.get('java')} | {m.get('spark')} | "
-        f"{m.get('nats_server') or '-'} | {load} | {m.get('measured_at')} |",
+        f"{m.get('nats_server') or '-'} |",
         "",
         "All nodes, the orchestrator and nats-server share this one machine; other work may "
         "have run on it at the same time (see *machine busy*, % of all cores, in the tables). "

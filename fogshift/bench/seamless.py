@@ -157,9 +157,10 @@ def run(config: SeamlessConfig, clusters: Clusters, out: Path, reporter: Reporte
                     + f" (latency {probe.get('lat_first_ms')} -> {probe.get('lat_second_ms')} ms, "
                     f"growing {probe.get('lat_slope')} s/s)"
                 )
-                reporter.advance(task)
                 if probe.get("sustained") or index == config.probes - 1:
+                    reporter.advance(task, config.probes - index)  # the rest are not needed
                     break
+                reporter.advance(task)
                 rate = _round_down(rate * 0.75)
         reporter.step(task, f"running at {rate:g} events/s")
         row, bins = _run_at(cluster, rate, config)

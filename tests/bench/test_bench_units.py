@@ -11,7 +11,14 @@ import typer
 from typer.testing import CliRunner
 
 from fogshift.bench import e1, e2, report, thesis
-from fogshift.bench.base import RunLog, fmt_mean_std, least_squares, one_line, read_rows
+from fogshift.bench.base import (
+    RunLog,
+    fmt_mean_std,
+    least_squares,
+    one_line,
+    read_rows,
+    record_command,
+)
 from fogshift.bench.cluster import ClusterOptions, _rtts, delay_of
 from fogshift.bench.commands import register
 from fogshift.bench.exceptions import BadBenchOption
@@ -121,3 +128,19 @@ def test_register_adds_the_commands() -> None:
 def test_one_line() -> None:
     assert one_line("a\nb   c") == "a b c"
     assert len(one_line("x" * 500, 50)) == 50
+
+
+def test_a_command_that_reruns_an_experiment_supersedes_the_earlier_one(tmp_path: Path) -> None:
+    start = {"measured_at": "2026-01-01 00:00:00 UTC", "load_average_at_start": [0.5, 0.4, 0.3]}
+    record_command(tmp_path, "fogshift bench e1", ("e1",), start, 60.0, True)
+    record_command(tmp_path, "fogshift bench e2", ("e2",), start, 120.0, False)
+    record_command(tmp_path, "fogshift bench all", ("e1", "e2", "e3"), start, 600.0, True)
+    commands = json.loads((tmp_path / "machine.json").read_text())["commands"]
+    # e1's and e2's CSVs were overwritten by `all`: only it produced the folder now.
+    assert [c["command"] for c in commands] == ["fogshift bench all"]
+    record_command(tmp_path, "fogshift bench e3", ("e3",), start, 30.0, True)
+    commands = json.loads((tmp_path / "machine.json").read_text())["commands"]
+    assert [c["command"] for c in commands] == ["fogshift bench all", "fogshift bench e3"]
+    assert commands[1]["load_average_at_start"] == [0.5, 0.4, 0.3]
+    lines = report._commands(tmp_path)
+    assert "- `fogshift bench e3`: 0.5 min, started 2026-01-01 00:00:00 UTC" in lines[-2]
