@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,28 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from fogshift.bench import thesis
+
 MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ClusterRunConfig:
+    """The settings every experiment shares (each sets its own defaults).
+
+    Attributes:
+        checkpoint_interval_s: Node-level checkpoints (the thesis: 5 s).
+        central_interval_s: Central pulls.
+        timeout_s: Limit of each wait (first output; the whole output while it grows).
+        seed: Seed of the random waits and the inputs.
+        warm_up: Run a short pipeline on the experiment's nodes before the measured runs.
+    """
+
+    checkpoint_interval_s: float = thesis.E2_CHECKPOINT_INTERVAL_S
+    central_interval_s: float = 15.0
+    timeout_s: float = 600.0
+    seed: int = 0
+    warm_up: bool = False
 
 
 # -- run logs ---------------------------------------------------------------------------------

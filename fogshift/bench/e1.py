@@ -27,6 +27,7 @@ from typing import Any
 from fogshift.bench import thesis
 from fogshift.bench.base import (
     MIB,
+    ClusterRunConfig,
     Reporter,
     RunLog,
     failure_line,
@@ -70,7 +71,7 @@ CPU_FIELDS = ("run", "t_s", "origin_pct", "target_pct", "machine_pct")
 
 
 @dataclass(frozen=True)
-class E1Config:
+class E1Config(ClusterRunConfig):
     """Settings of E1.
 
     Attributes:
@@ -83,14 +84,10 @@ class E1Config:
             ``None`` runs every size and mode there too.
         rate: Events per second (the thesis: one every 300 ms).
         wait_s: Range of the random wait between the first output and the migration.
-        checkpoint_interval_s: Node-level checkpoints (the thesis: 5 s).
-        central_interval_s: Central pulls.
-        timeout_s: Limit of each wait (first output; the whole output while it grows).
-        seed: Seed of the random waits and the inputs.
-        warm_up: Run a short pipeline on every node before the measured runs. Off by
-            default: the first run of every round is a precopy run (``modes`` order), whose
-            ``prepare`` pays the target's first query outside the measured phases, and an
-            origin's first query only delays its first output.
+
+    ``warm_up`` is off: the first run of every round is a precopy run (``modes`` order),
+    whose ``prepare`` pays the target's first query outside the measured phases, and an
+    origin's first query only delays its first output.
     """
 
     runs: int = thesis.E1_RUNS_PER_SERIES
@@ -100,11 +97,7 @@ class E1Config:
     delayed_series: tuple[tuple[int, str], ...] | None = None
     rate: float = thesis.thesis_rate_per_s()
     wait_s: tuple[float, float] = (2.0, 10.0)
-    checkpoint_interval_s: float = thesis.E2_CHECKPOINT_INTERVAL_S
-    central_interval_s: float = 15.0
-    timeout_s: float = 600.0
     seed: int = 1
-    warm_up: bool = False
 
     @classmethod
     def quick(cls) -> E1Config:

@@ -26,6 +26,7 @@ from typing import Any
 from fogshift.bench import thesis
 from fogshift.bench.base import (
     MIB,
+    ClusterRunConfig,
     Reporter,
     RunLog,
     failure_line,
@@ -60,7 +61,7 @@ CPU_FIELDS = ("run", "t_s", "target_pct", "edge_pct", "machine_pct")
 
 
 @dataclass(frozen=True)
-class E2Config:
+class E2Config(ClusterRunConfig):
     """Settings of E2.
 
     Attributes:
@@ -71,11 +72,8 @@ class E2Config:
         kill_after_s: Range of the random wait between the first central checkpoint and the
             kill.
         restore_wait_s: Range of the random wait between the kill and the restore.
-        checkpoint_interval_s: Node-level checkpoints (the thesis: 5 s).
-        central_interval_s: Central pulls (restoration reads central checkpoints).
-        timeout_s: Limit of each wait.
-        seed: Seed of the random waits and the inputs.
-        warm_up: Run a short pipeline on every fog node of a fresh cluster first.
+
+    ``warm_up`` is on: every fog node of a fresh cluster runs a short pipeline first.
     """
 
     runs: int = int(thesis.E2_RUNS.value)
@@ -84,9 +82,6 @@ class E2Config:
     rate: float = thesis.thesis_rate_per_s()
     kill_after_s: tuple[float, float] = (0.0, 15.0)
     restore_wait_s: tuple[float, float] = (1.0, 30.0)
-    checkpoint_interval_s: float = thesis.E2_CHECKPOINT_INTERVAL_S
-    central_interval_s: float = 15.0
-    timeout_s: float = 600.0
     seed: int = 2
     warm_up: bool = True
 

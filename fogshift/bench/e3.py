@@ -27,6 +27,7 @@ from typing import Any
 from fogshift.bench import thesis
 from fogshift.bench.base import (
     MIB,
+    ClusterRunConfig,
     Reporter,
     RunLog,
     failure_line,
@@ -74,29 +75,23 @@ CHECKPOINT_FIELDS = (
 
 
 @dataclass(frozen=True)
-class E3Config:
+class E3Config(ClusterRunConfig):
     """Settings of E3.
 
     Attributes:
         sizes_mib: Added state in MiB.
         duration_s: How long each size runs after its first output.
         rate: Events per second (the thesis's: little state changes per checkpoint).
-        checkpoint_interval_s: Node-level checkpoints (the thesis: 5 s).
-        central_interval_s: Central pulls; short, to see several per run.
-        timeout_s: Limit of each wait.
-        seed: Seed of the inputs.
-        warm_up: Run a short pipeline on the node first (off: snapshots and central pulls
-            do not depend on the query's start).
+
+    Central pulls are every 5 s, to see several per run; ``warm_up`` is off: snapshots and
+    central pulls do not depend on the query's start.
     """
 
     sizes_mib: tuple[int, ...] = thesis.E1_STATE_MIB
     duration_s: float = 120.0
     rate: float = thesis.thesis_rate_per_s()
-    checkpoint_interval_s: float = thesis.E2_CHECKPOINT_INTERVAL_S
     central_interval_s: float = 5.0
-    timeout_s: float = 600.0
     seed: int = 3
-    warm_up: bool = False
 
     @classmethod
     def quick(cls) -> E3Config:

@@ -35,6 +35,7 @@ from typing import Any
 
 from fogshift.bench import thesis
 from fogshift.bench.base import (
+    ClusterRunConfig,
     Reporter,
     RunLog,
     fmt,
@@ -65,7 +66,7 @@ TIMELINE_FIELDS = (
 
 
 @dataclass(frozen=True)
-class SeamlessConfig:
+class SeamlessConfig(ClusterRunConfig):
     """Settings of the seamless experiment.
 
     Attributes:
@@ -79,12 +80,9 @@ class SeamlessConfig:
         between_s: From the end of the migration to the kill.
         restore_wait_s: From the kill to the restore.
         tail_s: Input after the restore (and how far the input file runs ahead).
-        checkpoint_interval_s: Node-level checkpoints.
-        central_interval_s: Central pulls (the restore starts from the newest).
-        timeout_s: Limit of each wait.
-        seed: Seed of the inputs.
-        warm_up: Run a short pipeline on both fog nodes first (off: the calibration warms
-            fog-a, and precopy warms fog-b before the pause).
+
+    Central pulls are every 5 s (the restore starts from the newest); ``warm_up`` is off: the
+    calibration warms fog-a, and precopy warms fog-b before the pause.
     """
 
     calibration_rows: int = 60_000
@@ -97,11 +95,9 @@ class SeamlessConfig:
     between_s: float = 15.0
     restore_wait_s: float = 2.0
     tail_s: float = 30.0
-    checkpoint_interval_s: float = 5.0
     central_interval_s: float = 5.0
     timeout_s: float = 900.0
     seed: int = 4
-    warm_up: bool = False
 
     @classmethod
     def quick(cls) -> SeamlessConfig:

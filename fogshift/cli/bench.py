@@ -17,14 +17,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 if TYPE_CHECKING:
     from fogshift.planner.bench import RunRow, Sweep
@@ -85,6 +77,7 @@ def planner(
 
     Writes runs.csv, run.json, one PNG per sweep and results.md (see docs/planner.md).
     """
+    from fogshift.bench.base import Reporter
     from fogshift.exceptions import InvalidInput
     from fogshift.planner import bench
 
@@ -125,35 +118,26 @@ def planner(
     command += ["--note", note] if note else []
 
     start = time.perf_counter()
-    with Progress(
-        TextColumn("[bold]{task.fields[sweep]:<13}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console,
-    ) as progress:
-        bars: dict[str, TaskID] = {
-            s.name: progress.add_task("", total=config.runs_of(s), sweep=s.name)
-            for s in config.sweeps
-        }
-        done: list[RunRow] = []
+    reporter = Reporter(console)
+    done: list[RunRow] = []
+    try:
+        with reporter.session():
+            bars = {s.name: reporter.task(s.name, config.runs_of(s)) for s in config.sweeps}
 
-        def on_start(sweep: Sweep, tasks: int, servers: int, trial: int, method: str) -> None:
-            progress.update(
-                bars[sweep.name],
-                description=f"{tasks} tasks x {servers} servers, trial "
-                f"{trial + 1}/{config.trials}: {method}",
-            )
+            def on_start(sweep: Sweep, tasks: int, servers: int, trial: int, method: str) -> None:
+                reporter.step(
+                    bars[sweep.name],
+                    f"{tasks} tasks x {servers} servers, trial {trial + 1}/{config.trials}: "
+                    f"{method}",
+                )
 
-        def on_row(row: RunRow) -> None:
-            progress.advance(bars[row.sweep])
-            done.append(row)
-            sweep = next(s for s in config.sweeps if s.name == row.sweep)
-            if row.trial == config.trials - 1 and row.method == sweep.methods[-1]:
-                _log_point(progress, done, row)
+            def on_row(row: RunRow) -> None:
+                reporter.advance(bars[row.sweep])
+                done.append(row)
+                sweep = next(s for s in config.sweeps if s.name == row.sweep)
+                if row.trial == config.trials - 1 and row.method == sweep.methods[-1]:
+                    reporter.note(_point_line(done, row))
 
-        try:
             rows = bench.run_benchmark(
                 config,
                 out,
@@ -162,14 +146,13 @@ def planner(
                 on_start=on_start,
                 on_row=on_row,
             )
-        except KeyboardInterrupt:
-            # runs.csv is flushed after every run, so what was measured is kept.
-            progress.stop()
-            console.print(
-                f"[yellow]interrupted[/]: {out / bench.CSV_NAME} keeps the {len(done)} runs "
-                f"measured; `fogshift bench planner --out {out} --report-only` reports them"
-            )
-            raise typer.Exit(130) from None
+    except KeyboardInterrupt:
+        # runs.csv is flushed after every run, so what was measured is kept.
+        console.print(
+            f"[yellow]interrupted[/]: {out / bench.CSV_NAME} keeps the {len(done)} runs "
+            f"measured; `fogshift bench planner --out {out} --report-only` reports them"
+        )
+        raise typer.Exit(130) from None
     minutes = (time.perf_counter() - start) / 60
     console.print(
         f"[green]done[/]: {len(rows)} runs in {minutes:.1f} min; "
@@ -177,7 +160,7 @@ def planner(
     )
 
 
-def _log_point(progress: Progress, rows: list[RunRow], last: RunRow) -> None:
+def _point_line(rows: list[RunRow], last: RunRow) -> str:
     """One line per finished point: mean times and outcomes, computed like the report."""
     from fogshift.planner.bench import fmt_time, summarise
 
@@ -188,4 +171,4 @@ def _log_point(progress: Progress, rows: list[RunRow], last: RunRow) -> None:
     for method, counts in p.outcomes.items():
         outcome = ", ".join(f"{n} {s}" for s, n in counts.most_common())
         parts.append(f"{method} mean {fmt_time(p.mean(method))} ({outcome})")
-    progress.console.log(f"{last.sweep} {last.tasks}x{last.servers}: " + "; ".join(parts))
+    return f"{last.sweep} {last.tasks}x{last.servers}: " + "; ".join(parts)

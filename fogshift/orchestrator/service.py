@@ -119,6 +119,8 @@ class Orchestrator:
         #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
         self.plan: dict[str, Any] = {"assignments": {}, "error": "not computed yet"}
         self._topology: Topology | None = None
+        #: The central node of the fog topology ``_topology`` was built from.
+        self._central: str | None = None
 
     # -- nodes ------------------------------------------------------------------------------
 
@@ -479,9 +481,7 @@ class Orchestrator:
             if self._topology is None:
                 order = [*sorted(holders, key=lambda n: n != target), "central"]
             else:
-                fog = FogTopology.load(self.config.topology_file)
-                central = fog.central_node(self.node_names())
-                order = nearest_first(self._topology, target, sorted(holders), central)
+                order = nearest_first(self._topology, target, sorted(holders), self._central)
             # The target's own copy needs no source of its own: what it lacks comes from
             # the central store.
             return [
@@ -728,6 +728,7 @@ class Orchestrator:
             self.plan = {**self.plan, "error": exc.render(), "computed_at": time.time()}
             return self.plan
         self._topology = topology
+        self._central = fog.central_node(self.node_names())
         fresh = describe_plan(result, topology) if result else {"assignments": {}}
         planned_now = {t.id for t in topology.tasks}
         kept = {k: v for k, v in previous.items() if k not in planned_now and
