@@ -18,6 +18,17 @@ INDEX_HEADER = "Fogshift-Index"
 EPOCH_HEADER = "Fogshift-Epoch"
 MSG_ID_HEADER = "Nats-Msg-Id"
 
+#: nats-server's default ``max_payload``: the largest message it accepts, headers included.
+BROKER_MAX_PAYLOAD = 1024 * 1024
+#: Room left for a record's headers (message id, origin, index, epoch, expected sequence),
+#: which count against ``max_payload`` on the server but not in the client's own check.
+HEADER_MARGIN = 16 * 1024
+#: The default limit of one encoded record (see :func:`oversize`); a larger output is a
+#: dead letter instead of an append the broker refuses (which would fail the batch for good).
+DEFAULT_MAX_RECORD_BYTES = BROKER_MAX_PAYLOAD - HEADER_MARGIN
+#: The longest dead-letter reason kept: a reason must never be what makes a record too big.
+MAX_REASON_CHARS = 2000
+
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 _INTEGER = re.compile(r"^[+-]?\d+$")
 
@@ -44,13 +55,19 @@ def parse_value(text: str) -> Any:
     """A CSV cell as an int, a finite float, or the original string.
 
     ``nan``/``inf`` are kept as strings on purpose: they are not finite numbers, so an
-    aggregate sees them as invalid instead of poisoning its window.
+    aggregate sees them as invalid instead of poisoning its window. So is a literal that
+    overflows a float (``1e999``) — it would be infinity, which no event body may hold — and
+    an integer with more digits than Python converts (``sys.get_int_max_str_digits``).
     """
     stripped = text.strip()
     if _INTEGER.match(stripped):
-        return int(stripped)
+        try:
+            return int(stripped)
+        except ValueError:  # over the interpreter's digit limit: JSON readers refuse it too
+            return text
     if _NUMBER.match(stripped):
-        return float(stripped)
+        value = float(stripped)
+        return value if math.isfinite(value) else text
     return text
 
 
@@ -74,6 +91,85 @@ def load_body(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"an event body must be a JSON object, got {type(value).__name__}")
     return value
+
+
+def record_payload(
+    seq: int, timestamp: float, creator: str, body: str, reason: str | None = None
+) -> bytes:
+    """The broker payload of one output record, as the writer encodes it.
+
+    Kept beside the event encoding so that the runtime can measure a record before it is
+    appended (see :func:`oversize`); ``fogshift.broker.publish`` must encode the same way.
+    """
+    payload: dict[str, Any] = {
+        "seq": seq,
+        "timestamp": timestamp,
+        "creator": creator,
+        "body": body,
+    }
+    if reason is not None:
+        payload["reason"] = reason
+    return json.dumps(payload).encode()
+
+
+def oversize(
+    seq: int, timestamp: float, creator: str, body: str, reason: str | None, limit: int
+) -> int | None:
+    """The size of :func:`record_payload` if it is over ``limit`` bytes, else ``None``.
+
+    JSON with ASCII escapes spends at most 12 bytes per Python character (a character outside
+    the Basic Multilingual Plane becomes two 6-byte surrogate escapes), and the rest of the
+    payload is under 128 bytes: a record whose texts are short enough is not encoded twice
+    just to be measured.
+    """
+    bound = (len(body) + len(creator) + len(reason or "")) * 12 + 128
+    if bound <= limit:
+        return None
+    size = len(record_payload(seq, timestamp, creator, body, reason))
+    return size if size > limit else None
+
+
+def fit_reason(reason: str, max_chars: int = MAX_REASON_CHARS) -> str:
+    """``reason`` cut to ``max_chars`` characters, saying so."""
+    if len(reason) <= max_chars:
+        return reason
+    mark = " ...[reason cut]"
+    return reason[: max(0, max_chars - len(mark))] + mark
+
+
+def _fitting_prefix(text: str, budget: int) -> int:
+    """The length of the longest prefix of ``text`` whose JSON escape is ``budget`` bytes at
+    most (escapes make the size non-linear in the length: binary search)."""
+    low, high = 0, len(text)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if len(json.dumps(text[:mid])) - 2 <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def fit_dead_letter(
+    seq: int, timestamp: float, creator: str, body: str, reason: str, limit: int
+) -> tuple[str, str]:
+    """``(body, reason)`` of a dead letter, cut so that the record is at most ``limit`` bytes.
+
+    A dead letter carries the input as received; an input too big to be carried whole (a
+    huge CSV line, an output that was too big itself) keeps its longest prefix that fits,
+    followed by a note of how long it was: a dead letter must itself be appendable. The
+    reason is cut to :data:`MAX_REASON_CHARS`, and further if the limit is that small.
+    """
+    reason = fit_reason(reason)
+    if oversize(seq, timestamp, creator, body, reason, limit) is None:
+        return body, reason
+    note = f" ...[cut: {len(body)} characters in all]"
+    fixed = len(record_payload(seq, timestamp, creator, note, reason))
+    if fixed > limit:  # the reason alone is too long for this limit
+        bare = len(record_payload(seq, timestamp, creator, note, ""))
+        reason = fit_reason(reason, _fitting_prefix(reason, max(0, limit - bare - 32)))
+        fixed = len(record_payload(seq, timestamp, creator, note, reason))
+    return body[: _fitting_prefix(body, limit - fixed)] + note, reason
 
 
 def message_id(pipeline: str, pe: str, origin: int, index: int) -> str:

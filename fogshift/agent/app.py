@@ -1,10 +1,15 @@
-"""The node agent's REST API and heartbeat."""
+"""The node agent's REST API and heartbeat.
+
+Every name in a URL is checked against ``fogshift.common.names`` before a handler runs, and
+again where it becomes a path; who may call what is :func:`agent_access`.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,16 +19,30 @@ import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.agent.load import CpuMeter
 from fogshift.agent.node import NodeRuntime
 from fogshift.agent.replicas import Replicas
+from fogshift.checkpoint.central import check_manifest
 from fogshift.checkpoint.store import snapshot_file
-from fogshift.common.http import install_error_handlers
-from fogshift.exceptions import InvalidInput
+from fogshift.common.exceptions import Forbidden
+from fogshift.common.http import (
+    URL_RE,
+    Access,
+    NameParam,
+    RelPathParam,
+    ShaParam,
+    SnapshotParam,
+    blob_token,
+    install_error_handlers,
+    node_token,
+    same_token,
+    wrong_token,
+)
+from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.agent")
@@ -47,14 +66,16 @@ class DeployRequest(BaseModel):
 class CopyRequest(BaseModel):
     """Body of ``POST /replicas/...`` and ``POST .../checkpoint/install``.
 
-    ``manifest`` is a central checkpoint manifest (``None`` on install: start over);
-    ``source`` the base URL serving its blobs (``None``: the orchestrator).
+    ``manifest`` is a central checkpoint manifest (``None`` on install: start over), checked
+    by ``checkpoint.central.check_manifest`` before anything is fetched or written;
+    ``source`` the base URL serving its blobs (``None``: the orchestrator), which must be a
+    node of the orchestrator's directory (``agent.replicas``).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     manifest: dict[str, Any] | None = None
-    source: str | None = None
+    source: str | None = Field(default=None, pattern=URL_RE, max_length=2048)
 
 
 class GateRequest(BaseModel):
@@ -63,6 +84,37 @@ class GateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     gate: dict[str, Any] | None = None
+
+
+_BLOBS = re.compile(r"/checkpoints/blobs/[^/]+")
+
+
+def agent_access(config: AgentConfig) -> Access:
+    """Who may call this agent.
+
+    Its own node token (the orchestrator's calls) and the operator token (an operator's
+    tools) open everything; the agent recognises the operator token by deriving its node
+    token from it, so it never holds the operator token. Its blob token (other nodes
+    copying one of its replicas) opens only ``GET /checkpoints/blobs/{sha256}``.
+    """
+    blobs = blob_token(config.token)
+
+    def access(method: str, path: str, given: str) -> FogshiftError | None:
+        if same_token(given, config.token) or same_token(
+            node_token(given, config.name), config.token
+        ):
+            return None
+        if same_token(given, blobs):
+            if method == "GET" and _BLOBS.fullmatch(path):
+                return None
+            return Forbidden(
+                f"node {config.name!r}'s blob token only reads checkpoint blobs, "
+                f"not {method} {path}",
+                hint="control requests to a node come from the orchestrator",
+            )
+        return wrong_token(f"node agent {config.name!r}")
+
+    return access
 
 
 def heartbeat_loop(
@@ -116,7 +168,7 @@ def create_app(config: AgentConfig) -> FastAPI:
 
     app = FastAPI(title=f"fogshift node agent {config.name}", lifespan=lifespan)
     app.state.runtime = runtime
-    install_error_handlers(app, config.token)
+    install_error_handlers(app, agent_access(config))
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -133,7 +185,7 @@ def create_app(config: AgentConfig) -> FastAPI:
         return runtime.elements()
 
     @app.put("/pipelines/{pipeline}/elements/{element}")
-    def deploy(pipeline: str, element: str, request: DeployRequest) -> dict[str, Any]:
+    def deploy(pipeline: NameParam, element: NameParam, request: DeployRequest) -> dict[str, Any]:
         if request.element.id != element:
             raise InvalidInput(
                 f"deploy request for {pipeline}/{element} carries element {request.element.id!r}",
@@ -143,27 +195,27 @@ def create_app(config: AgentConfig) -> FastAPI:
         return runtime.deploy(pipeline, request.element, request.fresh, request.gate, request.epoch)
 
     @app.delete("/pipelines/{pipeline}/elements/{element}")
-    def remove(pipeline: str, element: str, discard: bool = False) -> dict[str, Any]:
+    def remove(pipeline: NameParam, element: NameParam, discard: bool = False) -> dict[str, Any]:
         return runtime.remove(pipeline, element, discard)
 
     @app.post("/pipelines/{pipeline}/elements/{element}/pause")
-    def pause(pipeline: str, element: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    def pause(pipeline: NameParam, element: NameParam, timeout_s: float = 60.0) -> dict[str, Any]:
         return runtime.pause(pipeline, element, timeout_s)
 
     @app.post("/pipelines/{pipeline}/elements/{element}/resume")
-    def resume(pipeline: str, element: str) -> dict[str, Any]:
+    def resume(pipeline: NameParam, element: NameParam) -> dict[str, Any]:
         return runtime.resume(pipeline, element)
 
     @app.put("/pipelines/{pipeline}/elements/{element}/gate")
-    def gate(pipeline: str, element: str, request: GateRequest) -> dict[str, Any]:
+    def gate(pipeline: NameParam, element: NameParam, request: GateRequest) -> dict[str, Any]:
         return runtime.set_gate(pipeline, element, request.gate)
 
     @app.get("/pipelines/{pipeline}/elements/{element}/progress")
-    def progress(pipeline: str, element: str) -> dict[str, Any]:
+    def progress(pipeline: NameParam, element: NameParam) -> dict[str, Any]:
         return runtime.progress(pipeline, element)
 
     @app.get("/pipelines/{pipeline}/elements/{element}/checkpoint")
-    def get_checkpoint(pipeline: str, element: str, warm: bool = False) -> Response:
+    def get_checkpoint(pipeline: NameParam, element: NameParam, warm: bool = False) -> Response:
         data, digest, info = runtime.checkpoint(pipeline, element, warm)
         return Response(
             content=data,
@@ -172,7 +224,7 @@ def create_app(config: AgentConfig) -> FastAPI:
         )
 
     @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/latest")
-    def latest_snapshot(pipeline: str, element: str) -> dict[str, Any]:
+    def latest_snapshot(pipeline: NameParam, element: NameParam) -> dict[str, Any]:
         manifest = runtime.latest_snapshot(pipeline, element)
         if manifest is None:
             raise UnknownElement(
@@ -181,23 +233,32 @@ def create_app(config: AgentConfig) -> FastAPI:
         return manifest
 
     @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/{snapshot}/files/{rel:path}")
-    def snapshot_file_bytes(pipeline: str, element: str, snapshot: str, rel: str) -> Response:
+    def snapshot_file_bytes(
+        pipeline: NameParam, element: NameParam, snapshot: SnapshotParam, rel: RelPathParam
+    ) -> Response:
+        # A bad name or a path leaving the snapshot raises InvalidName/PathEscape (422).
+        path = snapshot_file(runtime.snapshot_store(pipeline, element), snapshot, rel)
         try:
-            path = snapshot_file(runtime.snapshot_store(pipeline, element), snapshot, rel)
             data = path.read_bytes()
-        except (ValueError, OSError) as exc:
+        except OSError as exc:
             raise UnknownElement(f"no file {rel!r} in snapshot {snapshot}: {exc}") from None
         return Response(content=data, media_type="application/octet-stream")
 
     @app.put("/pipelines/{pipeline}/elements/{element}/checkpoint")
-    async def put_checkpoint(pipeline: str, element: str, request: Request) -> dict[str, Any]:
+    async def put_checkpoint(
+        pipeline: NameParam, element: NameParam, request: Request
+    ) -> dict[str, Any]:
         data = await request.body()
         digest = request.headers.get(SHA_HEADER, "")
         await run_in_threadpool(runtime.install_checkpoint, pipeline, element, data, digest)
         return {"installed_bytes": len(data)}
 
     @app.post("/pipelines/{pipeline}/elements/{element}/checkpoint/install")
-    def install_checkpoint(pipeline: str, element: str, request: CopyRequest) -> dict[str, Any]:
+    def install_checkpoint(
+        pipeline: NameParam, element: NameParam, request: CopyRequest
+    ) -> dict[str, Any]:
+        if request.manifest is not None:
+            check_manifest(request.manifest, pipeline, element)
         return replicas.install(pipeline, element, request.manifest, request.source)
 
     @app.get("/replicas")
@@ -205,23 +266,23 @@ def create_app(config: AgentConfig) -> FastAPI:
         return replicas.held()
 
     @app.post("/replicas/{pipeline}/{element}")
-    def copy_replica(pipeline: str, element: str, request: CopyRequest) -> dict[str, Any]:
-        if request.manifest is None or (
-            request.manifest.get("pipeline"),
-            request.manifest.get("element"),
-        ) != (pipeline, element):
+    def copy_replica(
+        pipeline: NameParam, element: NameParam, request: CopyRequest
+    ) -> dict[str, Any]:
+        if request.manifest is None:
             raise InvalidInput(
                 f"replica request for {pipeline}/{element} needs that PE's checkpoint manifest",
-                received=repr(request.manifest)[:120],
+                received="null",
             )
+        check_manifest(request.manifest, pipeline, element)
         return {"fetched_bytes": replicas.copy(request.manifest, request.source)}
 
     @app.get("/checkpoints/blobs/{sha}")
-    def replica_blob(sha: str) -> FileResponse:
+    def replica_blob(sha: ShaParam) -> FileResponse:
         return FileResponse(replicas.store.blob_path(sha), media_type="application/octet-stream")
 
     @app.delete("/pipelines/{pipeline}")
-    def remove_pipeline(pipeline: str) -> list[dict[str, Any]]:
+    def remove_pipeline(pipeline: NameParam) -> list[dict[str, Any]]:
         return runtime.remove_pipeline(pipeline)
 
     return app

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fogshift.common.names import NAME_RE
+
 
 class AgentConfig(BaseModel):
     """Everything a node agent needs to run.
@@ -15,7 +17,10 @@ class AgentConfig(BaseModel):
         host: Interface to bind; loopback unless told otherwise.
         port: TCP port to bind.
         home: The node's own folder: checkpoints, metrics, logs.
-        token: The cluster's bearer token.
+        token: This node's token (``fogshift.common.http.node_token`` of the operator
+            token, from a 0600 file ``up`` writes into the node's home): sent with the
+            heartbeats and checkpoint fetches, and what the orchestrator calls this agent
+            with. The operator token itself is accepted too, but never stored here.
         orchestrator_url: Where to send heartbeats.
         broker_file: The broker address file (0600).
         spark_master: ``local[*]`` or a Spark cluster URL.
@@ -27,7 +32,7 @@ class AgentConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str
+    name: str = Field(pattern=NAME_RE)
     host: str = "127.0.0.1"
     port: int = Field(ge=1, le=65535)
     home: Path

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fogshift.exceptions import Conflict, NotFound, Unavailable
+from fogshift.exceptions import Conflict, InvalidInput, NotFound, Unavailable
 
 
 class UnknownElement(NotFound):
@@ -21,3 +21,9 @@ class ElementBusy(Conflict):
     """Another operation on the same PE is under way."""
 
     code = "element_busy"
+
+
+class UnknownSource(InvalidInput):
+    """A checkpoint source URL that is neither the orchestrator nor a node it knows."""
+
+    code = "unknown_source"

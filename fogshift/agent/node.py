@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import shutil
 import threading
 import time
@@ -29,8 +31,10 @@ from fogshift.checkpoint.spark_dir import (
     unpack,
 )
 from fogshift.checkpoint.store import latest_manifest, take_snapshot
+from fogshift.common.names import pe_folder
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
+from fogshift.runtime.exceptions import ElementError
 from fogshift.runtime.gate import acknowledged, open_gate, write_gate
 from fogshift.runtime.kinds import KINDS
 from fogshift.spec.models import ElementSpec
@@ -41,7 +45,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fogshift.agent")
 
+#: A failed query is restarted after 1, 2, 4... seconds (failures in a row), at most this.
 RESTART_BACKOFF_MAX_S = 30.0
+#: Restarts in a row after which a PE that cannot be built stays ``failed`` (an
+#: :class:`ElementError`: its class, constructor, options or ``restore()``; no event did it,
+#: so restarting cannot help until someone changes the PE and deploys it again). Other
+#: failures (broker or disk trouble) are retried with the backoff as long as they last.
+ELEMENT_ERROR_RESTARTS = 3
 
 
 @dataclass
@@ -55,6 +65,10 @@ class HostedElement:
     restarts: int = 0
     gated: bool = False
     retry_at: float = 0.0
+    #: Failures since the query last committed a batch (drives backoff and giving up).
+    failures: int = 0
+    #: ``last_batch`` when the query was last started: a later batch means it works.
+    started_batch: int = -1
     events_in: int = 0
     last_batch: int = -1
     started_at: float = field(default_factory=time.time)
@@ -118,17 +132,18 @@ class NodeRuntime:
     # -- paths ------------------------------------------------------------------------------
 
     def checkpoint_dir(self, pipeline: str, pe: str) -> Path:
-        return self.config.home / "checkpoints" / pipeline / pe
+        # Names come from requests: checked, and the folder must stay inside the node's.
+        return pe_folder(self.config.home / "checkpoints", pipeline, pe)
 
     def _metrics_file(self, pipeline: str, pe: str) -> Path:
         # Inside the checkpoint, so the counters travel with it (migration, restore).
         return self.checkpoint_dir(pipeline, pe) / "fogshift-metrics.json"
 
     def snapshot_store(self, pipeline: str, pe: str) -> Path:
-        return self.config.home / "node-checkpoints" / pipeline / pe
+        return pe_folder(self.config.home / "node-checkpoints", pipeline, pe)
 
     def gate_file(self, pipeline: str, pe: str) -> Path:
-        return self.config.home / "gates" / pipeline / f"{pe}.json"
+        return pe_folder(self.config.home / "gates", pipeline, pe).with_name(f"{pe}.json")
 
     # -- operations -------------------------------------------------------------------------
 
@@ -205,13 +220,32 @@ class NodeRuntime:
             hosted.query = self._spark_thread.submit(start_query, spark, hosted.plan).result()
             hosted.state, hosted.error = "running", None
             hosted.started_at = time.time()
+            hosted.started_batch = hosted.last_batch
+        except ElementError as exc:  # the PE cannot be built: no traceback needed
+            log.error("cannot start %s: %s", hosted.plan.query_name, exc)
+            self._failed(hosted, f"{type(exc).__name__}: {exc}", element_error=True)
         except Exception as exc:  # the failure is the PE's status; the monitor retries
             log.exception("cannot start %s", hosted.plan.query_name)
             self._failed(hosted, f"{type(exc).__name__}: {exc}")
 
-    def _failed(self, hosted: HostedElement, error: str) -> None:
+    def _failed(self, hosted: HostedElement, error: str, element_error: bool = False) -> None:
+        """Mark the PE failed; schedule its restart, or give up on one that cannot be built.
+
+        Restarts back off exponentially with the failures in a row (never a hot loop); an
+        :class:`ElementError` is restarted :data:`ELEMENT_ERROR_RESTARTS` times at most.
+        """
+        hosted.failures += 1
         hosted.state, hosted.error = "failed", error[:2000]
-        hosted.retry_at = time.time() + min(RESTART_BACKOFF_MAX_S, 2.0**hosted.restarts)
+        if element_error and hosted.failures > ELEMENT_ERROR_RESTARTS:
+            hosted.retry_at = math.inf
+            hosted.error = (
+                f"{error[:2000]}\ngave up after {hosted.failures - 1} restarts in a row: the "
+                "PE cannot be built; change it and deploy again"
+            )
+            log.error("%s: %s", hosted.plan.query_name, hosted.error)
+            return
+        delay = min(RESTART_BACKOFF_MAX_S, 2.0 ** (hosted.failures - 1))
+        hosted.retry_at = time.time() + delay
 
     def _stop_query(self, hosted: HostedElement) -> None:
         if hosted.query is not None:
@@ -428,6 +462,8 @@ class NodeRuntime:
         if query is None:
             return
         self._count(hosted, query)
+        if hosted.last_batch > hosted.started_batch:
+            hosted.failures = 0  # it committed a batch since its (re)start: it works
         if not query.isActive:
             error = query.exception()
             text = str(error) if error else "query stopped by itself"
@@ -437,7 +473,15 @@ class NodeRuntime:
                 hosted.query = None
                 log.warning("%s is fenced: %s", hosted.plan.query_name, text[:300])
                 return
-            self._failed(hosted, text)
+            cause = python_error(text)
+            if cause is None:
+                self._failed(hosted, text)
+                return
+            # Spark's text around a Python worker's exception is a plan and a JVM stack:
+            # the status says what the PE raised; the log keeps the rest.
+            log.warning("%s failed: %s", hosted.plan.query_name, text[:4000])
+            kind, message = cause
+            self._failed(hosted, f"{kind}: {message}", element_error=kind == ElementError.__name__)
 
     def snapshot_all(self) -> None:
         """Take a node-level checkpoint of every running PE that committed a new batch."""
@@ -467,6 +511,10 @@ class NodeRuntime:
     def _count(self, hosted: HostedElement, query: StreamingQuery) -> None:
         changed = False
         for progress in query.recentProgress:
+            if "addBatch" not in (progress.get("durationMs") or {}):
+                # An idle trigger's progress carries the id of the batch still to come:
+                # counting it would skip that batch's rows when it does come.
+                continue
             batch = int(progress["batchId"])
             if batch > hosted.last_batch:
                 hosted.events_in += int(progress["numInputRows"])
@@ -480,6 +528,30 @@ class NodeRuntime:
                 json.dumps({"events_in": hosted.events_in, "last_batch": hosted.last_batch})
             )
             tmp.replace(target)
+
+
+_SPARK_TRAILERS = re.compile(r" SQLSTATE: |\n=== Streaming Query ===|\n\tat |\n\s*at org\.apache")
+
+
+def python_error(text: str) -> tuple[str, str] | None:
+    """``(type name, message)`` of the Python exception a query failed with, if it did.
+
+    Spark reports an exception raised in a Python worker as ``[PYTHON_EXCEPTION] ...
+    Traceback (most recent call last): ... module.Type: message`` followed by its own plan
+    and stack; the last traceback is the outermost exception (chained ones come before).
+    """
+    at = text.rfind("Traceback (most recent call last):")
+    if at < 0:
+        return None
+    body = text[at:]
+    trailer = _SPARK_TRAILERS.search(body)
+    lines = (body[: trailer.start()] if trailer else body).splitlines()
+    for i, line in enumerate(lines[1:], start=1):
+        if line and not line[0].isspace():  # frames are indented; the exception is not
+            name, _, first = line.partition(": ")
+            message = "\n".join([first, *lines[i + 1 :]]).strip()
+            return name.rpartition(".")[2], message
+    return None
 
 
 def _state_metrics(query: StreamingQuery | None) -> dict[int, dict[str, Any]]:

@@ -5,6 +5,11 @@ node fetches only the files it does not hold yet (content-addressed, like the ce
 store) from a *source* — the orchestrator's central store or another node's replicas; both
 serve ``GET /checkpoints/blobs/{sha256}``. A restore installs a checkpoint the same way,
 from the nearest copy, so a restore onto the backup node moves nothing over the network.
+
+A token goes only where it belongs: the node's own token only to the orchestrator it was
+configured with, and another node's blob token only to the URL the orchestrator's node
+directory lists for that node. A ``source`` that is neither is refused before any request
+is made — a request (or a compromised peer) cannot make this node send a token anywhere.
 """
 
 from __future__ import annotations
@@ -15,10 +20,16 @@ from typing import Any
 import httpx
 
 from fogshift.agent.config import AgentConfig
+from fogshift.agent.exceptions import UnknownSource
 from fogshift.agent.node import NodeRuntime
-from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.central import CentralStore, check_manifest
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
+from fogshift.common.http import NodeDirectory, raise_for_error
 from fogshift.exceptions import Unavailable
+
+
+def _same_url(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
 
 
 class Replicas:
@@ -29,10 +40,55 @@ class Replicas:
         self.runtime = runtime
         self.store = CentralStore(config.home / "replicas", keep=2)
 
+    def directory(self) -> NodeDirectory:
+        """The orchestrator's node directory: the nodes this node may copy from.
+
+        Raises:
+            Unavailable: The orchestrator cannot be reached or refuses.
+        """
+        what = f"the orchestrator at {self.config.orchestrator_url}"
+        try:
+            response = httpx.get(
+                f"{self.config.orchestrator_url.rstrip('/')}/nodes/{self.config.name}/directory",
+                headers={"Authorization": f"Bearer {self.config.token}"},
+                timeout=30,
+            )
+        except httpx.HTTPError as exc:
+            raise Unavailable(
+                f"node {self.config.name!r} cannot ask {what} for its node directory: {exc}"
+            ) from exc
+        raise_for_error(response, what)
+        return NodeDirectory.model_validate(response.json())
+
+    def credentials(self, source: str | None) -> tuple[str, str]:
+        """Where to fetch from and the token to send there: ``(base URL, token)``.
+
+        ``None`` (or the orchestrator's own URL) is the central store, reached with this
+        node's token; any other source must be a node of the orchestrator's directory,
+        reached with that node's blob token.
+
+        Raises:
+            UnknownSource: ``source`` is no node of the directory; nothing was sent to it.
+            Unavailable: The directory cannot be read.
+        """
+        if source is None or _same_url(source, self.config.orchestrator_url):
+            return self.config.orchestrator_url, self.config.token
+        nodes = self.directory().nodes
+        for node in nodes:
+            if _same_url(source, node.url):
+                return node.url, node.blob_token
+        raise UnknownSource(
+            f"node {self.config.name!r} will not fetch checkpoint files from {source!r}: "
+            "it is neither the orchestrator nor a node the orchestrator knows",
+            expected="one of " + ", ".join([self.config.orchestrator_url, *(n.url for n in nodes)]),
+            received=repr(source)[:200],
+            hint="a checkpoint source is chosen by the orchestrator among the nodes' replicas",
+        )
+
     def _fetcher(self, manifest: dict[str, Any], source: str | None) -> Callable[[str], bytes]:
-        base = source or self.config.orchestrator_url
+        base, token = self.credentials(source)
         client = httpx.Client(
-            base_url=base, headers={"Authorization": f"Bearer {self.config.token}"}, timeout=120
+            base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=120
         )
 
         def fetch(rel: str) -> bytes:
@@ -59,9 +115,12 @@ class Replicas:
         (default: the orchestrator). Returns the bytes fetched.
 
         Raises:
+            InvalidName / InvalidInput: The manifest names an unsafe path (nothing fetched).
+            UnknownSource: ``source`` is not a known node (nothing fetched).
             TornCheckpoint: A fetched file does not match its digest.
             Unavailable: The source cannot be reached.
         """
+        check_manifest(manifest)
         fetch = self._fetcher(manifest, source)
         try:
             return self.store.put(manifest, fetch)

@@ -1,10 +1,11 @@
-"""The ``fogshift bench`` commands: ``e1``, ``e2``, ``e3``, ``seamless``, ``all``, ``report``.
+"""The ``fogshift bench`` commands: ``e1``, ``e2``, ``e3``, ``seamless``, ``all``, ``report``,
+``soak``.
 
 :func:`register` adds them to an existing Typer group (``fogshift bench``). Each command
 starts its own clusters through the CLI (under ``--work``, a temporary folder by default, that
 is removed afterwards), shows progress bars, appends to the CSVs under ``--out`` as runs
 finish, and renders ``--out/results.md`` at the end — also after a failure, from what was
-measured.
+measured. ``soak`` writes its own ``results.md`` (:func:`fogshift.bench.soak.render`).
 
 Run a command on its own with ``python -m fogshift.bench.commands e1 --quick --out DIR``.
 """
@@ -20,12 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from fogshift.bench import e1, e2, e3, report, seamless
+from fogshift.bench import e1, e2, e3, report, seamless, soak
 from fogshift.bench.base import Reporter, record_command, write_machine
 from fogshift.bench.cluster import Clusters, delay_of
 from fogshift.bench.exceptions import BadBenchOption
@@ -63,8 +64,9 @@ def _session(
     work: Path | None,
     experiments: tuple[str, ...],
     body: Callable[[Clusters, Reporter], None],
+    render: Callable[[Path], Path] = report.render,
 ) -> None:
-    """Run ``body`` (the ``experiments``) with fresh clusters under ``work`` and render
+    """Run ``body`` (the ``experiments``) with fresh clusters under ``work`` and ``render``
     ``results.md`` after it."""
     out = out.resolve()
     at_start = write_machine(out)
@@ -86,7 +88,7 @@ def _session(
     finally:
         signal.signal(signal.SIGTERM, previous)
         record_command(out, command, experiments, at_start, time.monotonic() - started, completed)
-        path = report.render(out)
+        path = render(out)
         if work is None:
             shutil.rmtree(root, ignore_errors=True)
         console.print(
@@ -206,6 +208,60 @@ def register(bench_app: typer.Typer) -> None:
             seamless.run(config, clusters, target, rep)
 
         _session(out, work, tuple(m.NAME for m in report.EXPERIMENTS), body)
+
+    @bench_app.command("soak")
+    def cmd_soak(
+        out: Out,
+        migrations: Annotated[int, typer.Option(help="Migrations in the schedule.")] = 200,
+        kills: Annotated[
+            int, typer.Option(help="Node kills (SIGKILL of a node's process group).")
+        ] = 50,
+        orchestrator_kills: Annotated[
+            int, typer.Option(help="Orchestrator kills (SIGKILL), then started again.")
+        ] = 1,
+        mid_migration: Annotated[
+            float,
+            typer.Option(help="Probability that an orchestrator kill lands during a migration."),
+        ] = 0.5,
+        duration: Annotated[
+            float | None,
+            typer.Option(help="Start no operation after this many seconds (a cap)."),
+        ] = None,
+        seed: Annotated[int, typer.Option(help="Seed of the schedule, choices and inputs.")] = 0,
+        nodes: Annotated[
+            str, typer.Option(help="Comma-separated node names (at least two).")
+        ] = "cloud,fog-a,fog-b,fog-c",
+        rate: Annotated[float, typer.Option(help="Events/s of each source.")] = 10.0,
+        work: Work = None,
+        report_only: Annotated[
+            bool,
+            typer.Option("--report-only", help="Run nothing: render results.md from --out again."),
+        ] = False,
+    ) -> None:
+        """Soak: Case 1 and a two-input pipeline under random migrations and SIGKILLs of nodes
+        and the orchestrator; counts lost, duplicated and wrong output rows."""
+        target = out.resolve()
+        if report_only:
+            console.print(f"results: {soak.render(target)}")
+            return
+        config = soak.SoakConfig(
+            migrations=migrations, kills=kills, orchestrator_kills=orchestrator_kills,
+            mid_migration=mid_migration, duration_s=duration, seed=seed,
+            nodes=tuple(n.strip() for n in nodes.split(",") if n.strip()), rate=rate,
+        )  # fmt: skip
+        config.check()  # before a cluster starts
+        verdict: dict[str, Any] = {}
+        _session(
+            out,
+            work,
+            (soak.NAME,),
+            lambda clusters, rep: verdict.update(soak.run(config, clusters, target, rep)),
+            render=soak.render,
+        )
+        if not verdict.get("zero_errors"):
+            # Like `fogshift demo`: the run completed, its output did not match (verdict.json).
+            console.print("[red]soak: lost, duplicated or wrong output rows[/] (verdict.json)")
+            raise typer.Exit(1)
 
     @bench_app.command("report")
     def cmd_report(out: Out) -> None:

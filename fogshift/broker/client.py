@@ -25,6 +25,7 @@ from nats.js.errors import NotFoundError
 
 from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
 from fogshift.broker.naming import stream_name, stream_subjects
+from fogshift.common.files import write_private
 
 T = TypeVar("T")
 
@@ -58,14 +59,8 @@ class BrokerAddress:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def save(self, path: str | Path) -> Path:
-        """Write this address to ``path`` readable by the owner only."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict()))
-        tmp.chmod(0o600)
-        tmp.replace(target)
-        return target
+        """Write this address to ``path``, 0600 from the start (it holds the password)."""
+        return write_private(Path(path), json.dumps(self.to_dict()))
 
 
 class SyncJetStream:

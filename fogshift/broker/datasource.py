@@ -4,8 +4,14 @@ Reading (``spark.readStream.format("fogshift-jetstream")``): the offsets are the
 sequences of the element's inputs, as ``{"type": "jetstream", "positions": {pe: seq}}``.
 A micro-batch ``(start, end]`` becomes one partition whose rows come in a fixed order (input by
 input, then by sequence) and carry an ``origin``: the sum of all input positions after the
-row. It grows strictly, so it identifies the row's place in the element's input history and is
-the same every time the batch is re-executed.
+row. It grows strictly, so it identifies the row's place in the element's input history.
+
+For an element with several inputs that place depends on where batches are cut, so every cut
+is *logged* in the element's own stream (subject ``.cut``, under its epoch, fenced like a
+record) before the batch runs, and every later execution — a restart, a restore from an older
+checkpoint, a migration target — replays the logged cuts instead of cutting anew. The order in
+which the inputs' events meet the element, and so every ``origin``, is therefore the same in
+every execution; fresh cuts are made only at the end of the log.
 
 Writing (``writeStream.format("fogshift-jetstream")``): every record goes through
 :func:`fogshift.broker.publish.publish_records`, which makes re-executed batches idempotent.
@@ -33,10 +39,16 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from fogshift.broker.client import BrokerAddress, fetch_range, last_seq, shared_client
-from fogshift.broker.exceptions import BrokerError
+from fogshift.broker.client import (
+    BrokerAddress,
+    SyncJetStream,
+    fetch_range,
+    last_seq,
+    shared_client,
+)
+from fogshift.broker.exceptions import BrokerError, Fenced, WriterConflict
 from fogshift.broker.naming import data_subject, stream_name
-from fogshift.broker.publish import Record, publish_records
+from fogshift.broker.publish import Cut, Record, append_cut, next_cut, publish_records
 from fogshift.exceptions import InvariantViolation
 from fogshift.runtime.gate import read_gate
 
@@ -49,9 +61,21 @@ RECORD_SCHEMA = (
 OFFSET_TYPE = "jetstream"
 
 
-def offset(positions: dict[str, int]) -> dict[str, Any]:
-    """A reader offset as a typed plain dict."""
-    return {"type": OFFSET_TYPE, "positions": dict(positions)}
+def offset(positions: dict[str, int], cut: int | None = None) -> dict[str, Any]:
+    """A reader offset as a typed plain dict.
+
+    ``cut`` (PEs with several inputs): the stream sequence of the logged cut that ends at
+    ``positions``; the next batch's cut is looked up after it.
+    """
+    value: dict[str, Any] = {"type": OFFSET_TYPE, "positions": dict(positions)}
+    if cut is not None:
+        value["cut"] = int(cut)
+    return value
+
+
+def cut_of(value: dict[str, Any]) -> int:
+    """The sequence of the logged cut an offset ends at (0: none yet, look from the start)."""
+    return int(value.get("cut", 0))
 
 
 def positions_of(value: dict[str, Any]) -> dict[str, int]:
@@ -122,6 +146,8 @@ class JetStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.broker = BrokerAddress.load(options["broker"])
         self.pipeline = options["pipeline"]
+        self.pe = options.get("pe", "")
+        self.epoch = int(options.get("epoch", "0"))
         self.inputs = [i for i in options["inputs"].split(",") if i]
         self.max_events = int(options.get("max_events_per_batch", "10000"))
         self.gate = options.get("gate")
@@ -139,6 +165,66 @@ class JetStreamReader(DataSourceStreamReader):
             return start
         cap = positions_of(gate["limit"]) if gate is not None and gate["limit"] else None
         client = shared_client(self.broker)
+        if len(self.inputs) > 1:
+            # Several inputs: the order in which their events meet the PE is fixed by where
+            # batches are cut. A cut logged by any earlier execution is replayed as it was,
+            # so a re-execution (restart, restore, migration) sees the same order.
+            logged = client.run(
+                partial(next_cut, pipeline=self.pipeline, pe=self.pe, after=cut_of(start))
+            )
+            if logged is not None:
+                return self._replay(start, begin, logged, cap)
+        latest = self._available(client, begin, limit, cap)
+        if latest == begin:
+            return start
+        if len(self.inputs) == 1:
+            return offset(latest)
+        try:
+            seq = client.run(
+                partial(
+                    append_cut,
+                    pipeline=self.pipeline,
+                    pe=self.pe,
+                    epoch=self.epoch,
+                    start=begin,
+                    end=latest,
+                )
+            )
+        except Fenced:
+            raise
+        except WriterConflict:
+            # Someone else logged the next cut first (a racing instance under the same epoch
+            # is refused elsewhere): follow the log, never a history of our own.
+            logged = client.run(
+                partial(next_cut, pipeline=self.pipeline, pe=self.pe, after=cut_of(start))
+            )
+            if logged is None:
+                raise
+            return self._replay(start, begin, logged, cap)
+        return offset(latest, cut=seq)
+
+    def _replay(
+        self, start: dict, begin: dict[str, int], logged: Cut, cap: dict[str, int] | None
+    ) -> dict:
+        """The offset of a logged cut, or ``start`` while a cap keeps the query short of it."""
+        if logged.start != begin:
+            raise InvariantViolation(
+                f"cut log of {self.pipeline}/{self.pe} does not continue where this query "
+                f"stands: the next logged cut starts at {logged.start}, the query at {begin}",
+                hint="two instances of this PE planned batches; restore it to fence the other",
+            )
+        if cap is not None and any(logged.end[n] > cap.get(n, 0) for n in self.inputs):
+            return start  # a capped standby must not run ahead of the instance it follows
+        return offset(logged.end, cut=logged.seq)
+
+    def _available(
+        self,
+        client: SyncJetStream,
+        begin: dict[str, int],
+        limit: ReadLimit,
+        cap: dict[str, int] | None,
+    ) -> dict[str, int]:
+        """Every input's end for the next batch: what is stored, within the limit and cap."""
         latest: dict[str, int] = {}
         for name in self.inputs:
             stream = stream_name(self.pipeline, name)
@@ -155,7 +241,7 @@ class JetStreamReader(DataSourceStreamReader):
             if cap is not None:
                 last = max(position, min(last, cap.get(name, position)))
             latest[name] = last
-        return offset(latest)
+        return latest
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, finish = positions_of(start), positions_of(end)

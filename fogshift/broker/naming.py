@@ -1,7 +1,8 @@
 """Stream and subject names: one JetStream stream per PE output.
 
 Each PE owns one stream ``FS_<pipeline>_<pe>`` with two subjects: ``fs.<pipeline>.<pe>.data``
-for its output events and ``fs.<pipeline>.<pe>.dead`` for its dead letters. One stream per PE
+for its output events and ``fs.<pipeline>.<pe>.dead`` for its dead letters (plus ``.fence``
+for fence markers and ``.cut`` for the batch cuts of a PE with several inputs). One stream per PE
 makes the PE the single writer of its stream, which is what lets the writer check the last
 stored message to make re-executed batches idempotent (see ``broker.datasource``).
 """
@@ -33,6 +34,17 @@ def fence_subject(pipeline: str, pe: str) -> str:
     return f"fs.{pipeline}.{pe}.fence"
 
 
+def cut_subject(pipeline: str, pe: str) -> str:
+    """The subject of the cut log of a PE with several inputs: each micro-batch's input ranges,
+    logged before the batch runs, so every re-execution cuts its input the same way."""
+    return f"fs.{pipeline}.{pe}.cut"
+
+
 def stream_subjects(pipeline: str, pe: str) -> list[str]:
     """Every subject of ``pe``'s stream."""
-    return [data_subject(pipeline, pe), dead_subject(pipeline, pe), fence_subject(pipeline, pe)]
+    return [
+        data_subject(pipeline, pe),
+        dead_subject(pipeline, pe),
+        fence_subject(pipeline, pe),
+        cut_subject(pipeline, pe),
+    ]

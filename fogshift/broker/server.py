@@ -8,11 +8,13 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fogshift.broker.client import BrokerAddress
 from fogshift.broker.exceptions import BrokerUnavailable
+from fogshift.broker.permissions import BrokerUsers, node_user, users_file, write_config
 
 
 def nats_server_binary() -> str:
@@ -50,12 +52,19 @@ def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
 
 @dataclass(frozen=True)
 class BrokerProcess:
-    """A started nats-server: its address, process and files."""
+    """A started nats-server: its address, process and files.
+
+    Attributes:
+        address: The admin user's address (the orchestrator's and the operator's).
+        node_addresses: Each node's own address: a user that may touch only the streams of
+            the PEs the node hosts (see :mod:`fogshift.broker.permissions`).
+    """
 
     address: BrokerAddress
     pid: int
     config_file: Path
     store_dir: Path
+    node_addresses: dict[str, BrokerAddress] = field(default_factory=dict)
 
 
 def start_nats_server(
@@ -63,8 +72,11 @@ def start_nats_server(
     host: str = "127.0.0.1",
     port: int | None = None,
     log_file: Path | None = None,
+    nodes: Iterable[str] = (),
 ) -> BrokerProcess:
-    """Start nats-server with JetStream, a store dir under ``home`` and a generated password.
+    """Start nats-server with JetStream, a store dir under ``home`` and generated passwords:
+    one admin user, and one user per node in ``nodes`` with no rights yet (the orchestrator
+    grants them as it places PEs).
 
     The server runs in its own process group (``start_new_session``) so ``down`` can kill it
     and everything it started in one signal.
@@ -75,14 +87,13 @@ def start_nats_server(
     home.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
     store = home / "jetstream"
-    password = secrets.token_urlsafe(24)
     config = home / "nats.conf"
-    config.write_text(
-        f"listen: {host}:{port}\n"
-        f'jetstream {{ store_dir: "{store}" }}\n'
-        f'authorization {{ user: fogshift, password: "{password}" }}\n'
-    )
-    config.chmod(0o600)
+    users = BrokerUsers("fogshift", secrets.token_urlsafe(24))
+    for node in nodes:
+        users.add_node(node)
+    users.save(users_file(config))  # 0600 from the start: it holds the passwords
+    head = f'listen: {host}:{port}\njetstream {{ store_dir: "{store}" }}\n'
+    write_config(config, head, users, {})
     log_path = log_file or home / "nats.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -96,5 +107,12 @@ def start_nats_server(
         raise BrokerUnavailable(
             f"nats-server did not start on {host}:{port}", hint=f"see {log_path}"
         )
-    address = BrokerAddress(url=f"nats://{host}:{port}", user="fogshift", password=password)
-    return BrokerProcess(address=address, pid=proc.pid, config_file=config, store_dir=store)
+    url = f"nats://{host}:{port}"
+    address = BrokerAddress(url=url, user=users.admin_user, password=users.admin_password)
+    per_node = {
+        node: BrokerAddress(url=url, user=node_user(node), password=password)
+        for node, password in users.nodes.items()
+    }
+    return BrokerProcess(
+        address=address, pid=proc.pid, config_file=config, store_dir=store, node_addresses=per_node
+    )

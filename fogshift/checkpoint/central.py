@@ -9,6 +9,11 @@ since any earlier pull — what is shipped grows with what changed, not with the
 checkpoint becomes visible when its manifest is written (atomically, after every blob it
 names is in place). Reading verifies every blob's size and digest; a checkpoint that fails is
 torn, and the previous one is used.
+
+A manifest comes from another process (a node's snapshot, a restore request), so every
+name in it — pipeline, element, id, each file's path and digest — is checked
+(:func:`check_manifest`) before anything is fetched or written, and every path built from
+it must resolve inside its folder.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -24,9 +28,59 @@ from pathlib import Path
 from typing import Any
 
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
+from fogshift.common.names import (
+    check_name,
+    check_relative_path,
+    check_sha256,
+    check_snapshot_id,
+    contained,
+    pe_folder,
+)
 from fogshift.exceptions import InvalidInput, NotFound
 
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+
+def check_manifest(
+    manifest: Any, pipeline: str | None = None, pe: str | None = None
+) -> dict[str, Any]:
+    """Return ``manifest`` once every name in it is safe to turn into a path.
+
+    Args:
+        pipeline, pe: The PE the manifest must belong to, if known.
+
+    Raises:
+        InvalidName: The pipeline, element or id is not a valid name, or a file path is not
+            a normalised relative path (``../x``, ``/etc/x``, ``a\\b``...), or a digest is
+            not a sha256.
+        InvalidInput: It is not a manifest (no ``files`` mapping, a size that is not a
+            count), or belongs to another PE than ``pipeline/pe``.
+    """
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise InvalidInput(
+            "not a checkpoint manifest",
+            expected="an object with id, pipeline, element and files",
+            received=repr(manifest)[:120],
+        )
+    owner_pipeline = check_name(manifest.get("pipeline"), "pipeline name in a manifest")
+    owner_pe = check_name(manifest.get("element"), "element name in a manifest")
+    owner = f"{owner_pipeline}/{owner_pe}"
+    if pipeline is not None and pe is not None and owner != f"{pipeline}/{pe}":
+        raise InvalidInput(
+            f"checkpoint manifest for {pipeline}/{pe} belongs to another PE",
+            expected=f"{pipeline}/{pe}",
+            received=owner,
+        )
+    check_snapshot_id(manifest.get("id"), f"checkpoint id of {owner}")
+    for rel, entry in manifest["files"].items():
+        check_relative_path(rel, f"file path in checkpoint {manifest['id']} of {owner}")
+        size = entry.get("size") if isinstance(entry, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InvalidInput(
+                f"file {rel} of checkpoint {manifest['id']} of {owner} has no valid size",
+                expected="a byte count (an integer >= 0)",
+                received=repr(entry)[:120],
+            )
+        check_sha256(entry.get("sha256"), f"digest of file {rel} of {owner}")
+    return manifest
 
 
 class CentralStore:
@@ -44,7 +98,7 @@ class CentralStore:
         self.keep = keep
 
     def _folder(self, pipeline: str, pe: str) -> Path:
-        return self.root / "checkpoints" / pipeline / pe
+        return pe_folder(self.root / "checkpoints", pipeline, pe)
 
     def manifests(self, pipeline: str, pe: str) -> list[dict[str, Any]]:
         """Every visible checkpoint of a PE, newest first."""
@@ -67,8 +121,12 @@ class CentralStore:
             fetch: Returns the bytes of one file of the snapshot, by relative path.
 
         Raises:
+            InvalidName / InvalidInput: The manifest names something that cannot be a path
+                here (:func:`check_manifest`); nothing was fetched or written.
             TornCheckpoint: A fetched file does not match the manifest's digest.
         """
+        check_manifest(manifest)
+        folder = self._folder(manifest["pipeline"], manifest["element"])
         shipped = 0
         for rel, entry in manifest["files"].items():
             blob = self.blobs / entry["sha256"]
@@ -85,7 +143,6 @@ class CentralStore:
             tmp.write_bytes(data)
             tmp.replace(blob)
             shipped += len(data)
-        folder = self._folder(manifest["pipeline"], manifest["element"])
         folder.mkdir(parents=True, exist_ok=True)
         stored = {**manifest, "stored": time.time(), "shipped_bytes": shipped}
         tmp = folder / f".{manifest['id']}.tmp"
@@ -129,20 +186,21 @@ class CentralStore:
         """The file of blob ``sha`` (served to nodes that copy a checkpoint).
 
         Raises:
-            InvalidInput: ``sha`` is not a sha256 in hex.
+            InvalidName: ``sha`` is not a sha256 in hex.
             NotFound: The store does not hold it.
         """
-        if not _SHA.match(sha):
-            raise InvalidInput(
-                "bad checkpoint blob name", expected="a sha256 in hex", received=repr(sha)[:80]
-            )
-        path = self.blobs / sha
+        path = self.blobs / check_sha256(sha)
         if not path.is_file():
             raise NotFound(f"no checkpoint blob {sha[:12]}… in {self.root}")
         return path
 
     def verify(self, manifest: dict[str, Any]) -> str | None:
-        """Why a checkpoint is unusable (missing or corrupt blob), or ``None`` if it is whole."""
+        """Why a checkpoint is unusable (missing or corrupt blob), or ``None`` if it is whole.
+
+        Raises:
+            InvalidName / InvalidInput: See :func:`check_manifest`.
+        """
+        check_manifest(manifest)
         for rel, entry in manifest["files"].items():
             blob = self.blobs / entry["sha256"]
             if not blob.exists():
@@ -173,10 +231,17 @@ class CentralStore:
         )
 
     def materialize(self, manifest: dict[str, Any], target: Path) -> None:
-        """Rebuild a checkpoint directory from its blobs."""
+        """Rebuild a checkpoint directory from its blobs.
+
+        Raises:
+            InvalidName / InvalidInput: The manifest names a file outside ``target``
+                (:func:`check_manifest`); nothing was written.
+            PathEscape: A file would resolve outside ``target`` all the same.
+        """
+        check_manifest(manifest)
         if target.exists():
             shutil.rmtree(target)
         for rel, entry in manifest["files"].items():
-            path = target / rel
+            path = contained(target, *rel.split("/"), what=f"checkpoint file {rel}")
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.blobs / entry["sha256"], path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
+
+log = logging.getLogger("fogshift.checkpoint")
 
 
 def _batches(folder: Path) -> list[int]:
@@ -133,7 +136,9 @@ def copy_checkpoint(
                     return
             shutil.copy2(src, dst)
         except FileNotFoundError:
-            pass  # purged by Spark's log cleanup meanwhile: older than what batch N needs
+            # Purged by Spark's log cleanup meanwhile: older than what batch N needs (the
+            # files batch N does need are checked below).
+            log.debug("checkpoint copy of %s: %s was purged meanwhile, skipped", source, src)
 
     try:
         shutil.copytree(source, target, ignore=ignore, copy_function=copy)

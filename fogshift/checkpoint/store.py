@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fogshift.checkpoint.spark_dir import committed_batch, copy_checkpoint, progress_of
+from fogshift.common.names import check_relative_path, check_snapshot_id, contained
 
 MANIFEST = "manifest.json"
 KEEP = 2
@@ -128,9 +129,17 @@ def take_snapshot(
 
 
 def snapshot_file(store: Path, snapshot: str, rel: str) -> Path:
-    """The path of one file of a snapshot, refusing paths that leave the snapshot."""
-    base = (store / snapshot).resolve()
-    target = (base / rel).resolve()
-    if base not in target.parents:
-        raise ValueError(f"{rel!r} is not inside snapshot {snapshot}")
-    return target
+    """The path of one file of a snapshot in ``store`` (a PE's folder of snapshots).
+
+    Both names come from a request: the snapshot must be a snapshot id and ``rel`` a
+    normalised relative path, and the resolved file must lie inside the snapshot, which
+    must lie inside ``store`` (a ``..`` or a symbolic link reads nothing elsewhere).
+
+    Raises:
+        InvalidName: ``snapshot`` or ``rel`` is not a valid id or relative path.
+        PathEscape: The file resolves outside the snapshot.
+    """
+    check_snapshot_id(snapshot)
+    check_relative_path(rel, f"file path in snapshot {snapshot}")
+    folder = contained(store, snapshot, what=f"snapshot {snapshot}")
+    return contained(folder, *rel.split("/"), what=f"file of snapshot {snapshot}")

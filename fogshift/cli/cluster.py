@@ -2,7 +2,9 @@
 
 Every service runs in a process group of its own, so ``down`` (or a test) can kill a whole
 node — agent, JVM and Python workers — with one signal. What was started is written to
-``<home>/cluster.json``; the token and broker password live in 0600 files.
+``<home>/cluster.json``; the secrets live in files created 0600: the operator token
+(``<home>/token``, the CLI's), each node's own token (``<home>/nodes/<node>/token``, derived
+from the operator token, see ``fogshift.common.http``) and the broker's password.
 
 With ``isolate``, each node agent runs in a network namespace of its own, joined to the host
 by a veth pair with the node's bandwidth (``tbf``), and reaches the broker and the
@@ -30,7 +32,8 @@ from fogshift.broker.client import BrokerAddress
 from fogshift.broker.naming import NAME_PATTERN
 from fogshift.broker.server import free_port, start_nats_server
 from fogshift.cli.exceptions import AlreadyUp, NotUp
-from fogshift.common.http import ServiceClient
+from fogshift.common.files import write_private
+from fogshift.common.http import ServiceClient, node_token
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.network.exceptions import NetworkCommandFailed, NotIsolated
 from fogshift.network.links import LinkProfile
@@ -103,6 +106,30 @@ def token_file(home: Path) -> Path:
 
 def broker_file(home: Path) -> Path:
     return home / "broker.json"
+
+
+def node_broker_file(home: Path, node: str) -> Path:
+    """Node ``node``'s broker address: a broker user of its own, with the rights of the PEs
+    it hosts only (see ``fogshift.broker.permissions``)."""
+    return home / "nodes" / node / "broker.json"
+
+
+def node_token_file(home: Path, node: str) -> Path:
+    """Node ``node``'s token, in its own folder: all its agent holds of the cluster's keys."""
+    return home / "nodes" / node / "token"
+
+
+def write_tokens(home: Path, nodes: list[str]) -> str:
+    """Generate a new operator token and write it and each node's token, all 0600.
+
+    Returns:
+        The operator token.
+    """
+    token = secrets.token_urlsafe(32)
+    write_private(token_file(home), token)
+    for node in nodes:
+        write_private(node_token_file(home, node), node_token(token, node))
+    return token
 
 
 def alive(pid: int) -> bool:
@@ -190,7 +217,7 @@ def _agent_args(
         "--orchestrator",
         orchestrator_url,
         "--token-file",
-        str(token_file(home)),
+        str(node_token_file(home, name)),
         "--broker-file",
         str(node_broker_file),
         "--spark-master",
@@ -208,12 +235,12 @@ def start_node(
     spark_master: str,
     checkpoint_interval_s: float = 5.0,
 ) -> ProcessInfo:
-    """Start the agent of node ``name`` in a new process group."""
+    """Start the agent of node ``name`` (its broker file written) in a new process group."""
     port = free_port(host)
     info = _spawn(
         _agent_args(
-            home, name, host, port, orchestrator_url, broker_file(home), spark_master,
-            checkpoint_interval_s,
+            home, name, host, port, orchestrator_url, node_broker_file(home, name),
+            spark_master, checkpoint_interval_s,
         ),
         home / "logs" / f"node-{name}.log",
     )  # fmt: skip
@@ -239,7 +266,7 @@ def start_isolated_node(
 
     The relay listens on the host end of the veth for the broker and the orchestrator, and
     on loopback for the agent and the RTT echo; the agent gets a broker file of its own
-    (same credentials, the relay's address) and advertises its loopback route. Both run in
+    (its own broker user, the relay's address) and advertises its loopback route. Both run in
     process groups of their own; ``ip netns exec`` execs the agent, so the agent's pid is
     the group's leader, as without isolation.
 
@@ -275,7 +302,7 @@ def start_isolated_node(
             url=f"nats://{link.host_ip}:{ready.routes['broker'][1]}",
             user=broker.user,
             password=broker.password,
-        ).save(folder / "broker.json")
+        ).save(node_broker_file(home, name))
         agent_url = f"http://127.0.0.1:{ready.routes['agent'][1]}"
         args = _agent_args(
             home, name, link.ns_ip, ISOLATED_AGENT_PORT,
@@ -312,6 +339,9 @@ def up(
     """Start the broker (unless ``nats_url``), the orchestrator and the node agents.
 
     Returns once the orchestrator answers and every node reports a ready Spark session.
+    On a cluster whose orchestrator died while its node agents run, only the orchestrator
+    is started again (:func:`restart_orchestrator`; the other arguments but the intervals
+    are then ignored).
 
     Args:
         isolate: Run each agent in a network namespace of its own, behind a relay (module
@@ -358,6 +388,12 @@ def up(
                 f"a fogshift cluster is already up under {str(home)!r}",
                 hint="`fogshift down` first, or use another --home",
             )
+        if any(alive(p.pid) for p in cluster.nodes.values()):
+            # Only the orchestrator died: start it again where the agents look for it.
+            return restart_orchestrator(
+                home, cluster, central_interval_s, duplicate_window_s, plan_interval_s,
+                timeout_s, say,
+            )  # fmt: skip
         stale_network = bool(cluster.network)
         cluster_file(home).unlink()
     if isolate or (stale_network and os.geteuid() == 0):
@@ -365,9 +401,7 @@ def up(
         # veth. Nothing of this home runs now (checked above), so they all go.
         cleanup_stale(home, cluster_running)
     home.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    token_file(home).write_text(token)
-    token_file(home).chmod(0o600)
+    write_tokens(home, nodes)
     if fog_text is not None:
         (home / "topology.yaml").write_text(fog_text)
     started: list[ProcessInfo] = []
@@ -376,37 +410,25 @@ def up(
         broker_info: ProcessInfo | None = None
         if nats_url is None:
             say("starting nats-server (JetStream)")
-            broker = start_nats_server(home / "broker", host="127.0.0.1")
+            broker = start_nats_server(home / "broker", host="127.0.0.1", nodes=nodes)
             broker_info = ProcessInfo(pid=broker.pid, pgid=broker.pid, url=broker.address.url)
             started.append(broker_info)
             address = broker.address
+            per_node = broker.node_addresses
         else:
+            # An external broker: fogshift does not manage its users; every node gets the
+            # credentials given (no per-node least privilege).
             address = BrokerAddress(url=nats_url, user=nats_user, password=nats_password)
+            per_node = {}
         address.save(broker_file(home))
+        for name in nodes:
+            per_node.get(name, address).save(node_broker_file(home, name))
         say("starting the orchestrator")
         port = free_port(host)
-        orchestrator = _spawn(
-            _cli(
-                "serve-orchestrator",
-                "--home",
-                str(home),
-                "--host",
-                host,
-                "--port",
-                str(port),
-                "--token-file",
-                str(token_file(home)),
-                "--broker-file",
-                str(broker_file(home)),
-                "--central-interval",
-                str(central_interval_s),
-                "--duplicate-window",
-                str(duplicate_window_s),
-                "--plan-interval",
-                str(plan_interval_s),
-            ),
-            home / "logs" / "orchestrator.log",
-        ).model_copy(update={"url": f"http://{host}:{port}"})
+        orchestrator = start_orchestrator(
+            home, host, port, central_interval_s, duplicate_window_s, plan_interval_s,
+            broker_info.pid if broker_info else None,
+        )  # fmt: skip
         started.append(orchestrator)
         node_infos = {}
         isolated: dict[str, IsolatedNode] = {}
@@ -417,8 +439,8 @@ def up(
             say(f"starting node agent {name}")
             if isolate:
                 node_infos[name], isolated[name] = start_isolated_node(
-                    home, made_links[name], str(orchestrator.url), address, spark_master,
-                    checkpoint_interval_s,
+                    home, made_links[name], str(orchestrator.url), per_node.get(name, address),
+                    spark_master, checkpoint_interval_s,
                 )  # fmt: skip
                 started.append(isolated[name].relay)
             else:
@@ -444,6 +466,90 @@ def up(
                 destroy_link(link)
         cluster_file(home).unlink(missing_ok=True)
         raise
+
+
+def start_orchestrator(
+    home: Path,
+    host: str,
+    port: int,
+    central_interval_s: float,
+    duplicate_window_s: float,
+    plan_interval_s: float,
+    broker_pid: int | None = None,
+) -> ProcessInfo:
+    """Start the orchestrator on ``host:port`` in a new process group (it logs to
+    ``<home>/logs/orchestrator.log``). With ``broker_pid`` (a broker `up` started), it
+    manages each node's broker rights through the server's config."""
+    managed = (
+        ["--broker-config", str(home / "broker" / "nats.conf"), "--broker-pid", str(broker_pid)]
+        if broker_pid is not None
+        else []
+    )
+    return _spawn(
+        _cli(
+            "serve-orchestrator",
+            "--home",
+            str(home),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--token-file",
+            str(token_file(home)),
+            "--broker-file",
+            str(broker_file(home)),
+            "--central-interval",
+            str(central_interval_s),
+            "--duplicate-window",
+            str(duplicate_window_s),
+            "--plan-interval",
+            str(plan_interval_s),
+            *managed,
+        ),
+        home / "logs" / "orchestrator.log",
+    ).model_copy(update={"url": f"http://{host}:{port}"})
+
+
+def restart_orchestrator(
+    home: Path,
+    cluster: ClusterFile,
+    central_interval_s: float,
+    duplicate_window_s: float,
+    plan_interval_s: float,
+    timeout_s: float,
+    say: Callable[[str], None],
+) -> ClusterFile:
+    """Start the orchestrator of a cluster whose orchestrator died and whose agents run.
+
+    Same address (the agents and relays know no other), token and broker; the registry on
+    disk carries on, and the new orchestrator resolves the operations the dead one left
+    unfinished. Returns once it answers and every living node is healthy again; nodes that
+    died too are left to it (they are silent, so their PEs are restored).
+
+    Raises:
+        Unavailable: The cluster's broker is gone too (``fogshift down`` first), or the
+            orchestrator did not become healthy within ``timeout_s`` (it is stopped again).
+    """
+    if cluster.broker is not None and not alive(cluster.broker.pid):
+        raise Unavailable(
+            f"the cluster under {str(home)!r} lost its orchestrator and its broker",
+            hint="`fogshift down`, then `fogshift up`",
+        )
+    assert cluster.orchestrator.url is not None
+    host, port = _host_port(cluster.orchestrator.url, 80)
+    say("restarting the orchestrator")
+    info = start_orchestrator(
+        home, host, port, central_interval_s, duplicate_window_s, plan_interval_s,
+        cluster.broker.pid if cluster.broker else None,
+    )  # fmt: skip
+    cluster = cluster.model_copy(update={"orchestrator": info})
+    cluster_file(home).write_text(cluster.model_dump_json(indent=2))
+    try:
+        wait_healthy(home, [n for n, p in cluster.nodes.items() if alive(p.pid)], timeout_s, say)
+    except BaseException:
+        kill_group(info.pgid, signal.SIGKILL)
+        raise
+    return cluster
 
 
 def wait_healthy(

@@ -44,9 +44,11 @@ def run_demo(
 ) -> bool:
     """Bring a cluster up if needed, run Case 1, compare with the reference; True if consistent.
 
-    On the way the aggregate is live-migrated to each node of ``migrate_to``; then the node it
-    ended on is killed (SIGKILL of its whole process group) and the aggregate is restored on
-    another node from its central checkpoint.
+    On the way the aggregate is live-migrated to each node of ``migrate_to``; then, while the
+    source is still reading its file, the node the aggregate ended on is killed (SIGKILL of
+    its whole process group) and the aggregate is restored on another node from its central
+    checkpoint: it reprocesses what it had emitted since that checkpoint, without emitting
+    it again, and the events that arrived while it was down.
     """
     spec = load_spec(spec_path)
     nodes = sorted({e.node for e in spec.elements} | {"cloud", "fog-a", "fog-b"})
@@ -76,9 +78,22 @@ def _sink_rows(client: ServiceClient, pipeline: str, at_least: int, deadline: fl
 
 
 def _kill_and_restore(
-    client: ServiceClient, pipeline: str, element: str, console: Console, deadline: float
-) -> None:
-    """Kill the node hosting ``element`` once it has a central checkpoint; restore the PE."""
+    client: ServiceClient,
+    pipeline: str,
+    element: str,
+    source_rows: int,
+    console: Console,
+    deadline: float,
+) -> dict:
+    """Kill the node hosting ``element`` once it has a central checkpoint; restore the PE.
+
+    The kill comes at once (the newest central checkpoint of the PE, from whichever node, is
+    what a restore starts from), so the input still flows: the PE has emitted events since
+    that checkpoint, which the restore reprocesses, and more arrive while it is down.
+
+    Returns:
+        The restore's report.
+    """
     key = f"{pipeline}/{element}"
     with console.status(f"waiting for a central checkpoint of {key}"):
         while True:
@@ -91,18 +106,31 @@ def _kill_and_restore(
                 break
             time.sleep(0.5)
     cluster_ops.kill_group(int(host["pgid"]), signal.SIGKILL)
+    source = next(e for e in status["elements"] if e["kind"] == "csv-source")
+    read = int(source["events_out"]) + int(source["dead_letters"])  # malformed rows too
+    flow = (
+        f"while the input still flows (the source at row {read} of {source_rows})"
+        if read < source_rows
+        else f"after the input ended (all {source_rows} rows read): nothing new arrives"
+    )
     console.print(
         f"[red]killed[/] node [bold]{host['name']}[/] (SIGKILL of its process group) "
-        f"with {key} on it; central checkpoint: "
-        + (f"batch {central['batch']}, {central['age_ms']:.0f} ms old" if central else "none")
+        f"with {key} on it, {flow}; central checkpoint: "
+        + (
+            f"batch {central['batch']}, input position {central.get('progress')}, "
+            f"{central['age_ms']:.0f} ms old"
+            if central
+            else "none (it replays its input from the start)"
+        )
     )
-    report = client.post(f"/pipelines/{pipeline}/elements/{element}/restore", json={})
+    report: dict = client.post(f"/pipelines/{pipeline}/elements/{element}/restore", json={})
     console.print(
         f"restored [bold]{element}[/] on {report['target']} (epoch {report['epoch']}): "
         f"reprocessed {report['reprocessed_events']} events without emitting in "
         f"{report['reprocess_ms']:.0f} ms, then {report['intermediate_events']} intermediate "
         f"in {report['intermediate_ms']:.0f} ms; the old instance is fenced"
     )
+    return report
 
 
 def _run(
@@ -125,7 +153,8 @@ def _run(
         )
         deadline = time.monotonic() + timeout_s
         aggregate = next(e.id for e in spec.elements if e.kind == "window-aggregate")
-        _sink_rows(client, spec.pipeline, at_least=30, deadline=deadline)
+        # Early, so the migration and the kill both happen while the source still reads.
+        _sink_rows(client, spec.pipeline, at_least=15, deadline=deadline)
         for target in migrate_to:
             report = client.post(
                 f"/pipelines/{spec.pipeline}/elements/{aggregate}/migrate",
@@ -137,7 +166,9 @@ def _run(
                 f"phases ms: {phases}; downtime {report['downtime_ms']} ms; "
                 f"state {report['state_bytes']} bytes"
             )
-        _kill_and_restore(client, spec.pipeline, aggregate, console, deadline)
+        with open(source, "rb") as rows:
+            source_rows = sum(1 for line in rows if line.strip()) - 1  # less the header
+        _kill_and_restore(client, spec.pipeline, aggregate, source_rows, console, deadline)
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), console=console,

@@ -256,6 +256,8 @@ def migrate(
         f"({report['mode']}); state {report['state_bytes']} bytes; {phases}; "
         f"downtime {report['downtime_ms']} ms"
     )
+    for warning in report.get("warnings", []):
+        console.print(f"[yellow]warning[/]: {warning}")
 
 
 @app.command()
@@ -391,6 +393,16 @@ def serve_orchestrator(
     central_interval: Annotated[float, typer.Option()] = 15.0,
     duplicate_window: Annotated[float, typer.Option()] = 120.0,
     plan_interval: Annotated[float, typer.Option()] = 10.0,
+    broker_config: Annotated[Path | None, typer.Option()] = None,
+    broker_pid: Annotated[int | None, typer.Option()] = None,
+    test_pause_at: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FOGSHIFT_TEST_PAUSE_AT",
+            help="Test hook: stop at this operation phase (e.g. migration:switching) and wait "
+            "to be killed.",
+        ),
+    ] = None,
 ) -> None:
     """Run the orchestrator in the foreground (started by `up`)."""
     import uvicorn
@@ -407,6 +419,9 @@ def serve_orchestrator(
         central_interval_s=central_interval,
         duplicate_window_s=duplicate_window,
         plan_interval_s=plan_interval,
+        test_pause_at=test_pause_at or None,
+        broker_config=broker_config.resolve() if broker_config else None,
+        broker_pid=broker_pid,
     )
     _log_setup()
     uvicorn.run(create_app(config), host=host, port=port, log_level="warning")

@@ -3,22 +3,149 @@
 Every service requires ``Authorization: Bearer <token>``; every :class:`FogshiftError` is
 sent as JSON with its HTTP status, and :func:`raise_for_error` turns such a response back
 into the same error class on the client side.
+
+Tokens. ``fogshift up`` generates one *operator token* (``<home>/token``): the CLI's, good
+for every endpoint. Each node agent gets only its *node token*, derived from it with
+:func:`node_token` (an HMAC, so the orchestrator, which holds the operator token, can check
+any node's token without a list, and a node cannot work the operator token out of its own).
+The orchestrator accepts a node token only on that node's endpoints (heartbeat, node
+directory, checkpoint blobs) and calls each agent with that agent's node token, never with
+the operator token: a compromised node learns nothing it did not already hold. A node that
+copies checkpoint files from another node's replicas sends that node's *blob token*
+(:func:`blob_token`), which the node directory hands out and which opens nothing but
+``GET /checkpoints/blobs/{sha256}`` there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import re
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 
+from fogshift.common.exceptions import InvalidName
+from fogshift.common.names import (
+    EXPECTED,
+    MAX_REL_PATH,
+    NAME_RE,
+    REL_PATH_RE,
+    SHA256_RE,
+    SNAPSHOT_RE,
+)
 from fogshift.exceptions import FogshiftError, InvalidInput, Unauthorized, Unavailable
 
 _BY_CODE: dict[str, type[FogshiftError]] = {}
+
+# -- path parameters -----------------------------------------------------------------------
+# Checked by FastAPI before any handler runs (422 with expected/received/hint); the storage
+# layer checks again (fogshift.common.names).
+
+#: A pipeline, element or node name in a URL.
+NameParam = Annotated[str, PathParam(pattern=NAME_RE)]
+#: A snapshot id in a URL.
+SnapshotParam = Annotated[str, PathParam(pattern=SNAPSHOT_RE)]
+#: A checkpoint blob's sha256 in a URL.
+ShaParam = Annotated[str, PathParam(pattern=SHA256_RE)]
+#: A file path inside a snapshot, in a URL (``{rel:path}``).
+RelPathParam = Annotated[str, PathParam(pattern=REL_PATH_RE, max_length=MAX_REL_PATH)]
+
+#: The URL of another service: where a checkpoint may be copied from.
+URL_RE = r"^https?://[^\s/?#]+(?:/[^\s?#]*)?$"
+
+# -- tokens --------------------------------------------------------------------------------
+
+_NODE_TOKEN = re.compile(r"fsnode\.([A-Za-z0-9][A-Za-z0-9_-]{0,62})\.[0-9a-f]{64}")
+
+
+def _mac(key: str, message: str) -> str:
+    return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
+
+
+def node_token(operator_token: str, node: str) -> str:
+    """The token of node ``node``: ``fsnode.<node>.<HMAC-SHA256(operator token, node)>``.
+
+    It names its node, so a service can tell whose it is before checking it.
+    """
+    return f"fsnode.{node}.{_mac(operator_token, f'fogshift node token {node}')}"
+
+
+def token_node(token: str) -> str | None:
+    """The node a token claims to be the node token of, ``None`` if it is not shaped like
+    one (the claim is worth nothing until :func:`node_token` confirms it)."""
+    match = _NODE_TOKEN.fullmatch(token)
+    return match.group(1) if match else None
+
+
+def blob_token(node_tok: str) -> str:
+    """The token that reads checkpoint blobs from the replicas of the node holding
+    ``node_tok`` — and nothing else there."""
+    return f"fsblob.{_mac(node_tok, 'fogshift blob token')}"
+
+
+def same_token(given: str, expected: str) -> bool:
+    """Constant-time comparison (works for any text, unlike ``compare_digest`` on str)."""
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def bearer(request: Request) -> str:
+    """The request's bearer token, ``""`` if it has none."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+#: Decides one request from ``(method, path, bearer token)``: ``None`` lets it through,
+#: otherwise the error (401 or 403) to answer instead. ``path`` is the decoded path the
+#: router matches, so a decision about a path is a decision about the route it reaches.
+Access = Callable[[str, str, str], FogshiftError | None]
+
+
+def wrong_token(where: str) -> Unauthorized:
+    """The answer to a missing or wrong token."""
+    return Unauthorized(
+        f"missing or wrong token for {where}",
+        hint="the token is in the cluster file written by `fogshift up` (--home)",
+    )
+
+
+def operator_only(token: str) -> Access:
+    """Every endpoint needs exactly ``token``."""
+
+    def access(method: str, path: str, given: str) -> FogshiftError | None:
+        return None if same_token(given, token) else wrong_token("this service")
+
+    return access
+
+
+class DirectoryEntry(BaseModel):
+    """One node of the orchestrator's node directory (``GET /nodes/{name}/directory``).
+
+    Attributes:
+        name: The node.
+        url: Where its agent is reached (the URL it reports in its heartbeats).
+        blob_token: What opens ``GET /checkpoints/blobs/{sha256}`` on it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    url: str
+    blob_token: str
+
+
+class NodeDirectory(BaseModel):
+    """The nodes a node agent may copy checkpoint files from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nodes: list[DirectoryEntry]
 
 
 def _collect(cls: type[FogshiftError]) -> None:
@@ -27,17 +154,19 @@ def _collect(cls: type[FogshiftError]) -> None:
         _collect(sub)
 
 
-def install_error_handlers(app: FastAPI, token: str) -> None:
-    """Require the bearer token on every route and map errors to JSON responses."""
+def install_error_handlers(app: FastAPI, access: str | Access) -> None:
+    """Check the bearer token of every request and map errors to JSON responses.
+
+    Args:
+        access: The policy (see :data:`Access`); a plain token means "exactly this token,
+            on every endpoint".
+    """
+    decide = operator_only(access) if isinstance(access, str) else access
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Callable[[Request], Any]) -> Any:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            err = Unauthorized(
-                "missing or wrong token",
-                hint="the token is in the cluster file written by `fogshift up` (--home)",
-            )
+        err = decide(request.method, request.url.path, bearer(request))
+        if err is not None:
             return JSONResponse(err.to_dict(), status_code=err.http_status)
         return await call_next(request)
 
@@ -51,12 +180,27 @@ def install_error_handlers(app: FastAPI, token: str) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        err = InvalidInput(
-            f"bad request to {request.url.path}: "
-            + "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()),
-            received=repr(first.get("input"))[:200],
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        # A name that failed its pattern is answered in the words of fogshift.common.names,
+        # not with the regular expression.
+        named = [e for e in errors if e.get("ctx", {}).get("pattern") in EXPECTED]
+        message = f"bad request to {request.url.path}: " + "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: "
+            + (f"{e['input']!r} cannot be used as a name" if e in named else e["msg"])
+            for e in errors
         )
+        received = repr(first.get("input"))[:200]
+        expected = [f"{e['loc'][-1]}: {EXPECTED[e['ctx']['pattern']]}" for e in named]
+        if expected:
+            err: FogshiftError = InvalidName(
+                message,
+                expected="; ".join(expected),
+                received=received,
+                hint="names are letters, digits, '_' and '-'; a path may not leave its folder",
+            )
+        else:
+            err = InvalidInput(message, received=received)
         return JSONResponse(err.to_dict(), status_code=err.http_status)
 
 

@@ -18,17 +18,33 @@ the origin already emitted without emitting them — and goes live.
 
 ``downtime_ms`` runs from the pause until the target commits its first batch beyond the
 origin's pause position.
+
+Crash safety. The caller journals each phase (:class:`MigrationSteps`) before its side effect:
+``preparing`` (the target gets a copy), ``pausing`` (the origin's gate closes), ``switching``
+(the origin is paused; the target takes over its input), ``routed`` (the placement points at
+the target — recorded with the placement itself). An operation found unfinished before
+``routed`` is rolled back, after it completed (``Orchestrator.recover_operations``).
+
+Never two writers under one epoch. Before the routing change, a failure rolls back: the
+target is discarded and only then the origin resumed; if the target cannot be discarded (its
+node does not answer) it may still write, so the PE is fenced under a new epoch and the origin
+restarted under that one instead. After the routing change nothing rolls back: the target is
+the PE; an origin that cannot be removed stays held at its gate, and the reconciler removes
+it as superseded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fogshift.agent.app import INFO_HEADER, SHA_HEADER
+from fogshift.agent.exceptions import UnknownElement
 from fogshift.checkpoint.spark_dir import progress_of
 from fogshift.common.http import ServiceClient
 from fogshift.common.progress import wait_for_progress
@@ -36,7 +52,40 @@ from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.spec.models import ElementSpec
 
+log = logging.getLogger("fogshift.migration")
+
 Mode = Literal["precopy", "literal"]
+
+#: Journal phases, in order; each is entered before the side effect it names.
+PHASES = ("preparing", "pausing", "switching", "routed")
+
+
+def _no_phase(phase: str) -> None:
+    """The default journal: records nothing."""
+
+
+def _no_route() -> None:
+    """The default routing change: none (the caller keeps no routing state)."""
+
+
+@dataclass(frozen=True)
+class MigrationSteps:
+    """What the migration asks of its caller on the way.
+
+    Attributes:
+        phase: Called with each phase of :data:`PHASES` but ``routed``, before its side
+            effect (the caller journals it; it may raise to stop the migration there).
+        route: The routing change: the caller points the PE's placement at the target (and
+            journals ``routed`` with it). Called once the target is live, before the origin
+            is detached; from then on the migration never rolls back.
+        fence: Bumps the PE's epoch and fences its output stream with it; returns the new
+            epoch. Used when a rollback cannot make sure the target stopped: the origin is
+            then restarted under the new epoch. ``None``: the origin is resumed regardless.
+    """
+
+    phase: Callable[[str], None] = _no_phase
+    route: Callable[[], None] = _no_route
+    fence: Callable[[], int] | None = None
 
 
 @dataclass
@@ -55,6 +104,10 @@ class MigrationReport:
     caught_up_events: int = 0
     error: str | None = None
     rolled_back: bool = False
+    #: The epoch the PE writes under afterwards (new if a rollback had to fence).
+    epoch: int = 0
+    #: What went wrong without changing the outcome (an origin left for the reconciler).
+    warnings: list[str] = field(default_factory=list)
     #: ``[ms since start, node, committed batch, input progress, last batch ms]`` as observed.
     trace: list[list[Any]] = field(default_factory=list)
 
@@ -116,37 +169,45 @@ def migrate(
     mode: Mode = "precopy",
     timeout_s: float = 120.0,
     live_wait_s: float = 30.0,
-    on_routing_change: Any = None,
+    steps: MigrationSteps | None = None,
     precopy_rounds: int = 3,
     epoch: int = 1,
 ) -> MigrationReport:
     """Move a running PE from ``origin`` to ``target``; see the module docstring.
 
     Args:
-        on_routing_change: Called with no argument once the target is live and before the
-            origin is detached: the caller updates the routing state there.
+        steps: The caller's journal, routing change and fencing (see
+            :class:`MigrationSteps`); default: none.
         epoch: The PE's current epoch; the target writes under the same one (the origin is
             paused, then detached: the two never write concurrently).
 
     Returns:
-        The report (status ``migrated``). On failure a :class:`MigrationFailed` carries
-        the report in its ``report`` attribute, after the rollback.
+        The report (status ``migrated``; ``warnings`` if the origin could not be removed).
+
+    Raises:
+        MigrationFailed: The migration failed before the routing change and was rolled
+            back; the report (in ``report``) says whether the origin runs again
+            (``rolled_back``) and under which epoch.
     """
+    steps = steps or MigrationSteps()
     origin_name, origin_agent = origin
     target_name, target_agent = target
-    report = MigrationReport(pipeline, element.id, origin_name, target_name, mode)
+    report = MigrationReport(pipeline, element.id, origin_name, target_name, mode, epoch=epoch)
     watch = Stopwatch(report)
     here = _path(pipeline, element.id)
     placed = element.model_copy(update={"node": target_name}).model_dump(mode="json")
     paused_at: float | None = None
     info: dict[str, Any] = {}
+    started = False  # whether the target was asked to run (it may write from then on)
     try:
+        steps.phase("preparing")
         if mode == "precopy":
             data, digest, info = _fetch_checkpoint(origin_agent, here, warm=True)
             report.state_bytes = len(data)
             _install(target_agent, here, data, digest)
             limit = info["offset"]
             gate = {"mode": "cap", "limit": limit} if limit else {"mode": "hold"}
+            started = True
             target_agent.put(
                 here, json={"element": placed, "fresh": False, "gate": gate, "epoch": epoch}
             )
@@ -156,15 +217,18 @@ def migrate(
                                "warming up", report)  # fmt: skip
             _converge(report, here, origin_agent, target_agent, timeout_s, precopy_rounds)
             watch.lap("prepare")
+        steps.phase("pausing")
         paused_at = time.perf_counter()
         position = origin_agent.post(here + "/pause", params={"timeout_s": timeout_s})
         report.observe(origin_name, position)
         watch.lap("pause")
+        steps.phase("switching")
         if mode == "literal":
             data, digest, info = _fetch_checkpoint(origin_agent, here, warm=False)
             report.state_bytes = len(data)
             watch.lap("state")
             _install(target_agent, here, data, digest)
+            started = True
             target_agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
         else:
             watch.lap("state")  # the position is in the pause answer: nothing to ship
@@ -172,38 +236,75 @@ def migrate(
         live = _wait_progress(target_agent, here, position["progress"], timeout_s,
                               "catching up", report)  # fmt: skip
         watch.lap("invoke")
-        if on_routing_change is not None:
-            on_routing_change()
-        origin_agent.delete(here, params={"discard": True})
-        watch.lap("finalize")
-        report.status = "migrated"
-        report.caught_up_events = max(0, position["progress"] - progress_of(info.get("offset")))
-    except FogshiftError as exc:
-        report.error = exc.render()
+        steps.route()
+    except Exception as exc:  # whatever failed before the routing change: roll back
+        message = exc.message if isinstance(exc, FogshiftError) else f"{type(exc).__name__}: {exc}"
+        report.error = exc.render() if isinstance(exc, FogshiftError) else message
         report.status = "failed"
-        _rollback(report, here, origin_agent, target_agent)
+        undone = roll_back(
+            pipeline, element, origin, target, report.epoch, steps.fence if started else None
+        )
+        report.rolled_back, report.epoch = undone.resumed, undone.epoch
+        if undone.notes:
+            report.error = "; ".join([report.error, *undone.notes])
+        if report.rolled_back:
+            outcome = "was rolled back"
+            hint = f"{element.id} runs on {origin_name} again (epoch {report.epoch})"
+        else:
+            outcome = "could not be rolled back"
+            hint = (
+                f"see the error; once {origin_name} answers, the reconciler resumes the PE "
+                "held at its gate there (or restarts it under its newest epoch)"
+            )
         failure = MigrationFailed(
             f"migration of {pipeline}/{element.id} from {origin_name} to {target_name} failed "
-            f"and was rolled back: {exc.message}",
-            hint=f"{element.id} runs on {origin_name} again",
+            f"and {outcome}: {message}",
+            hint=hint,
         )
         failure.report = report  # type: ignore[attr-defined]
         raise failure from exc
+    # Routed: the target is the PE now. Nothing below may undo that.
+    try:
+        origin_agent.delete(here, params={"discard": True})
+    except FogshiftError as exc:
+        # It stays held at its gate (it writes nothing); the reconciler removes it as
+        # superseded once its node answers.
+        report.warnings.append(f"the origin on {origin_name} was not removed: {exc.message}")
+        log.warning("migration of %s/%s: the origin on %s was not removed (left to the "
+                    "reconciler): %s", pipeline, element.id, origin_name, exc.message)  # fmt: skip
+    watch.lap("finalize")
+    report.status = "migrated"
+    report.caught_up_events = max(0, position["progress"] - progress_of(info.get("offset")))
     # Downtime ends when the target has processed input beyond the pause position.
     assert paused_at is not None
+    try:
+        _measure_downtime(report, here, target_agent, live, position, paused_at, live_wait_s)
+    except FogshiftError as exc:
+        report.warnings.append(f"downtime not measured: {exc.message}")
+    return report
+
+
+def _measure_downtime(
+    report: MigrationReport,
+    here: str,
+    target: ServiceClient,
+    live: dict[str, Any],
+    position: dict[str, Any],
+    paused_at: float,
+    live_wait_s: float,
+) -> None:
+    """Set ``downtime_ms`` once the target commits input beyond the pause position (``None``
+    if no new input arrives within ``live_wait_s``)."""
     deadline = time.monotonic() + live_wait_s
     while time.monotonic() < deadline:
         info_now = (
-            live
-            if live["progress"] > position["progress"]
-            else target_agent.get(here + "/progress")
+            live if live["progress"] > position["progress"] else target.get(here + "/progress")
         )
-        report.observe(target_name, info_now)
+        report.observe(report.target, info_now)
         if info_now["progress"] > position["progress"]:
             report.downtime_ms = round((time.perf_counter() - paused_at) * 1000, 1)
-            break
+            return
         time.sleep(0.02)
-    return report
 
 
 def _converge(
@@ -242,15 +343,72 @@ def _install(agent: ServiceClient, path: str, data: bytes, digest: str) -> None:
     agent.raw("PUT", path + "/checkpoint", content=data, headers={SHA_HEADER: digest})
 
 
-def _rollback(
-    report: MigrationReport, path: str, origin: ServiceClient, target: ServiceClient
-) -> None:
-    """Discard the target instance and resume the origin; never raises."""
-    with contextlib.suppress(FogshiftError):  # the target may be gone: nothing to discard
-        target.delete(path, params={"discard": True})
+@dataclass
+class Rollback:
+    """What :func:`roll_back` achieved.
+
+    Attributes:
+        resumed: The origin runs again.
+        epoch: The epoch it runs under (new if the PE had to be fenced).
+        notes: What went wrong on the way, for the report.
+    """
+
+    resumed: bool
+    epoch: int
+    notes: list[str] = field(default_factory=list)
+
+
+def roll_back(
+    pipeline: str,
+    element: ElementSpec,
+    origin: tuple[str, ServiceClient],
+    target: tuple[str, ServiceClient],
+    epoch: int,
+    fence: Callable[[], int] | None,
+) -> Rollback:
+    """Discard the target instance, then run the origin again; never raises.
+
+    If the target cannot be discarded it may still write (its gate may have opened): the PE
+    is fenced under a new epoch and the origin restarted under it, so exactly one instance
+    writes under the newest epoch. Used by a failing migration and by the orchestrator's
+    recovery of a migration it left unfinished before the routing change.
+
+    Args:
+        fence: See :attr:`MigrationSteps.fence`; ``None`` when the target was never asked to
+            run (nothing of it can write): the origin is resumed whatever the discard did.
+    """
+    (origin_name, origin_agent), (target_name, target_agent) = origin, target
+    path = _path(pipeline, element.id)
+    result = Rollback(resumed=False, epoch=epoch)
     try:
-        origin.post(path + "/resume")
+        target_agent.delete(path, params={"discard": True})
+        target_stopped = True
+    except UnknownElement:
+        target_stopped = True  # it never started there: nothing can write from it
     except FogshiftError as exc:
-        report.error = f"{report.error}; resuming the origin failed too: {exc.message}"
-        return
-    report.rolled_back = True
+        target_stopped = False
+        result.notes.append(f"discarding the target on {target_name} failed: {exc.message}")
+        log.warning("rollback of %s/%s: the target on %s could not be discarded: %s",
+                    pipeline, element.id, target_name, exc.message)  # fmt: skip
+    try:
+        if target_stopped or fence is None:
+            origin_agent.post(path + "/resume")
+        else:
+            result.epoch = fence()
+            # A paused query keeps its epoch: it is stopped and started again from its own
+            # checkpoint (which stays) under the new one.
+            # (Unknown there: its agent restarted and forgot it; it is started afresh below.)
+            with contextlib.suppress(UnknownElement):
+                origin_agent.delete(path)
+            placed = element.model_copy(update={"node": origin_name}).model_dump(mode="json")
+            origin_agent.put(path, json={"element": placed, "fresh": False, "epoch": result.epoch})
+            result.notes.append(
+                f"the PE was fenced under epoch {result.epoch} and the origin restarted under it"
+            )
+    except FogshiftError as exc:
+        result.notes.append(f"running the origin on {origin_name} again failed: {exc.message}")
+        log.warning("rollback of %s/%s: the origin on %s does not run again: %s",
+                    pipeline, element.id, origin_name, exc.message)  # fmt: skip
+        return result
+    result.resumed = True
+    return result

@@ -1,7 +1,14 @@
-"""The orchestrator's REST API."""
+"""The orchestrator's REST API.
+
+Two kinds of caller: the operator (the CLI, with the operator token: every endpoint) and
+the node agents (each with its own node token: only its node endpoints — heartbeat, node
+directory — and the central store's checkpoint blobs); see :func:`orchestrator_access`.
+Every name in a URL is checked against ``fogshift.common.names`` before a handler runs.
+"""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,11 +16,71 @@ from typing import Any
 
 from fastapi import Body, FastAPI
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from fogshift.common.http import install_error_handlers
+from fogshift.common.exceptions import Forbidden
+from fogshift.common.http import (
+    URL_RE,
+    Access,
+    DirectoryEntry,
+    NameParam,
+    NodeDirectory,
+    ShaParam,
+    blob_token,
+    install_error_handlers,
+    node_token,
+    same_token,
+    token_node,
+    wrong_token,
+)
+from fogshift.common.names import NAME_RE
+from fogshift.exceptions import FogshiftError
 from fogshift.migration.procedure import Mode
 from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+
+_BLOBS = re.compile(r"/checkpoints/blobs/[^/]+")
+
+
+def orchestrator_access(operator_token: str) -> Access:
+    """The operator token opens every endpoint; node ``X``'s token (see
+    ``common.http.node_token``) only ``POST /nodes/X/heartbeat``, ``GET /nodes/X/directory``
+    and ``GET /checkpoints/blobs/{sha256}``: a node can neither speak for another node nor
+    deploy, migrate, restore, stop or read the registry."""
+
+    def access(method: str, path: str, given: str) -> FogshiftError | None:
+        if same_token(given, operator_token):
+            return None
+        node = token_node(given)
+        if node is None or not same_token(given, node_token(operator_token, node)):
+            return wrong_token("the orchestrator")
+        allowed = {("POST", f"/nodes/{node}/heartbeat"), ("GET", f"/nodes/{node}/directory")}
+        if (method, path) in allowed or (method == "GET" and _BLOBS.fullmatch(path)):
+            return None
+        return Forbidden(
+            f"node {node!r}'s token cannot call {method} {path} on the orchestrator: it opens "
+            "only that node's heartbeat and directory and the central checkpoint blobs",
+            hint="operator commands need the operator token in <home>/token",
+        )
+
+    return access
+
+
+class HeartbeatReport(BaseModel):
+    """Body of ``POST /nodes/{name}/heartbeat``: what a node runs and how it is reached.
+
+    Fields not listed here are kept as they come (the registry stores the whole report).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    url: str = Field(pattern=URL_RE, max_length=2048)
+    pid: int | None = None
+    pgid: int | None = None
+    ready: bool = False
+    error: str | None = None
+    elements: list[dict[str, Any]] = []
+    replicas: list[dict[str, Any]] = []
+    cpu_percent: float | None = None
 
 
 class MigrateRequest(BaseModel):
@@ -21,7 +88,7 @@ class MigrateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    target: str
+    target: str = Field(pattern=NAME_RE)
     mode: Mode = "precopy"
 
 
@@ -30,7 +97,7 @@ class RestoreRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    target: str | None = None
+    target: str | None = Field(default=None, pattern=NAME_RE)
 
 
 def create_app(config: OrchestratorConfig) -> FastAPI:
@@ -47,16 +114,30 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
 
     app = FastAPI(title="fogshift orchestrator", lifespan=lifespan)
     app.state.orchestrator = orchestrator
-    install_error_handlers(app, config.token)
+    install_error_handlers(app, orchestrator_access(config.token))
 
     @app.get("/health")
     def health() -> dict[str, Any]:
         return {"ok": True, "nodes": len(orchestrator.registry.nodes())}
 
     @app.post("/nodes/{name}/heartbeat")
-    def heartbeat(name: str, report: dict[str, Any] = Body(...)) -> dict[str, Any]:
-        orchestrator.heartbeat(name, report)
+    def heartbeat(name: NameParam, report: HeartbeatReport) -> dict[str, Any]:
+        orchestrator.heartbeat(name, report.model_dump())
         return {"ok": True}
+
+    @app.get("/nodes/{name}/directory")
+    def directory(name: NameParam) -> NodeDirectory:
+        """The nodes ``name`` may copy checkpoint files from, with their blob tokens."""
+        return NodeDirectory(
+            nodes=[
+                DirectoryEntry(
+                    name=n.name,
+                    url=n.url,
+                    blob_token=blob_token(node_token(config.token, n.name)),
+                )
+                for n in orchestrator.registry.nodes()
+            ]
+        )
 
     @app.get("/nodes")
     def nodes() -> list[dict[str, Any]]:
@@ -71,19 +152,19 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         return orchestrator.status()
 
     @app.get("/pipelines/{name}")
-    def status(name: str) -> dict[str, Any]:
+    def status(name: NameParam) -> dict[str, Any]:
         return orchestrator.status(name)[0]
 
     @app.get("/pipelines/{name}/errors")
-    def errors(name: str, limit: int = 1000) -> list[dict[str, Any]]:
+    def errors(name: NameParam, limit: int = 1000) -> list[dict[str, Any]]:
         return orchestrator.errors(name, limit)
 
     @app.post("/pipelines/{name}/elements/{element}/migrate")
-    def migrate(name: str, element: str, request: MigrateRequest) -> dict[str, Any]:
+    def migrate(name: NameParam, element: NameParam, request: MigrateRequest) -> dict[str, Any]:
         return orchestrator.migrate(name, element, request.target, request.mode)
 
     @app.post("/pipelines/{name}/elements/{element}/restore")
-    def restore(name: str, element: str, request: RestoreRequest) -> dict[str, Any]:
+    def restore(name: NameParam, element: NameParam, request: RestoreRequest) -> dict[str, Any]:
         return orchestrator.restore(name, element, request.target)
 
     @app.get("/plan")
@@ -95,13 +176,13 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         return orchestrator.set_topology(text)
 
     @app.get("/checkpoints/blobs/{sha}")
-    def central_blob(sha: str) -> FileResponse:
+    def central_blob(sha: ShaParam) -> FileResponse:
         return FileResponse(
             orchestrator.central.blob_path(sha), media_type="application/octet-stream"
         )
 
     @app.post("/pipelines/{name}/stop")
-    def stop(name: str) -> dict[str, Any]:
+    def stop(name: NameParam) -> dict[str, Any]:
         return orchestrator.stop(name)
 
     return app

@@ -1,8 +1,18 @@
-"""The orchestrator's durable state in SQLite: pipelines, placements, nodes.
+"""The orchestrator's durable state in SQLite: pipelines, placements, epochs, nodes and the
+journal of migrations and restores.
 
 Placement is the routing state of the thesis: which node hosts each PE, and so who feeds
 whom. It survives restarts of the orchestrator, which is what lets a restarted cluster carry
 on where it stopped.
+
+Epochs (fencing) live in a table of their own that no redeployment or removal of a pipeline
+clears: a PE's epoch only ever grows, so an instance left over from any earlier deployment
+is older than every instance started since, and is fenced.
+
+The operations journal records each migration and restore as it passes each phase, *before*
+the side effect the phase names, so an orchestrator that dies mid-way finds, on restart,
+every operation it left unfinished and how far it got (``Orchestrator.recover_operations``).
+The routing change of an operation is recorded in the same transaction as the placement.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ import json
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +45,27 @@ CREATE TABLE IF NOT EXISTS placements (
     epoch INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (pipeline, element)
 );
+CREATE TABLE IF NOT EXISTS epochs (
+    pipeline TEXT NOT NULL,
+    element TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, element)
+);
+CREATE TABLE IF NOT EXISTS operations (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    pipeline TEXT NOT NULL,
+    element TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    target TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    phase TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    started REAL NOT NULL,
+    updated REAL NOT NULL,
+    outcome TEXT
+);
+CREATE INDEX IF NOT EXISTS unfinished_operations ON operations (outcome) WHERE outcome IS NULL;
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY,
     url TEXT NOT NULL,
@@ -58,6 +90,43 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
+class Operation:
+    """One migration or restore as the journal last recorded it.
+
+    Attributes:
+        id: Unique id of the operation (one per restore attempt).
+        kind: ``migration`` or ``restore``.
+        origin: Where the PE was placed when the operation began.
+        target: Where the operation moves it.
+        epoch: The epoch the target instance writes under (a restore's new one; a
+            migration's current one, or the one it fenced with when rolling back).
+        phase: The last phase entered (recorded before its side effect).
+        owner: The orchestrator process that runs it; an unfinished operation of another
+            owner was left by an orchestrator that died.
+        outcome: ``None`` while unfinished; then what happened (``migrated``,
+            ``rolled_back``, ``restored``, ``failed``, ``recovered: ...``).
+    """
+
+    id: str
+    kind: str
+    pipeline: str
+    element: str
+    origin: str
+    target: str
+    epoch: int
+    phase: str
+    owner: str
+    started: float
+    updated: float
+    outcome: str | None
+
+
+_OPERATION_COLUMNS = (
+    "id, kind, pipeline, element, origin, target, epoch, phase, owner, started, updated, outcome"
+)
+
+
+@dataclass(frozen=True)
 class PipelineRecord:
     """A deployed pipeline and where its PEs are."""
 
@@ -79,6 +148,11 @@ class Registry:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        # Registries written before the epochs table kept epochs with the placements.
+        self._db.execute(
+            "INSERT INTO epochs SELECT pipeline, element, epoch FROM placements WHERE true "
+            "ON CONFLICT(pipeline, element) DO UPDATE SET epoch = max(epoch, excluded.epoch)"
+        )
         self._lock = threading.Lock()
 
     @contextmanager
@@ -94,8 +168,15 @@ class Registry:
 
     # -- pipelines --------------------------------------------------------------------------
 
-    def put_pipeline(self, spec: PipelineSpec, status: str) -> None:
-        """Insert or replace a pipeline with the placement its spec asks for."""
+    def put_pipeline(self, spec: PipelineSpec, status: str) -> dict[str, int]:
+        """Insert or replace a pipeline with the placement its spec asks for.
+
+        Every PE gets a new epoch, above any it had in an earlier deployment of the same
+        name, so instances left over from that deployment are fenced by the new ones.
+
+        Returns:
+            The new epoch of each PE.
+        """
         now = time.time()
         with self._tx() as db:
             db.execute("DELETE FROM pipelines WHERE name = ?", (spec.pipeline,))
@@ -103,10 +184,12 @@ class Registry:
                 "INSERT INTO pipelines VALUES (?, ?, ?, ?)",
                 (spec.pipeline, spec.model_dump_json(), status, now),
             )
+            epochs = {e.id: self._bump_epoch(db, spec.pipeline, e.id) for e in spec.elements}
             db.executemany(
-                "INSERT INTO placements VALUES (?, ?, ?, ?, 1)",
-                [(spec.pipeline, e.id, e.node, now) for e in spec.elements],
+                "INSERT INTO placements VALUES (?, ?, ?, ?, ?)",
+                [(spec.pipeline, e.id, e.node, now, epochs[e.id]) for e in spec.elements],
             )
+        return epochs
 
     def set_status(self, name: str, status: str) -> None:
         with self._tx() as db:
@@ -123,24 +206,47 @@ class Registry:
                 (node, time.time(), pipeline, element),
             )
 
-    def next_epoch(self, pipeline: str, element: str) -> int:
-        """Bump and return the epoch of a PE (a restored instance supersedes the old one)."""
-        with self._tx() as db:
-            db.execute(
-                "UPDATE placements SET epoch = epoch + 1 WHERE pipeline = ? AND element = ?",
-                (pipeline, element),
-            )
-            row = db.execute(
-                "SELECT epoch FROM placements WHERE pipeline = ? AND element = ?",
-                (pipeline, element),
-            ).fetchone()
+    @staticmethod
+    def _bump_epoch(db: sqlite3.Connection, pipeline: str, element: str) -> int:
+        """Inside a transaction: raise a PE's epoch by one (from 0 if it never had one)."""
+        row = db.execute(
+            "INSERT INTO epochs VALUES (?, ?, 1) ON CONFLICT(pipeline, element) "
+            "DO UPDATE SET epoch = epoch + 1 RETURNING epoch",
+            (pipeline, element),
+        ).fetchone()
         return int(row[0])
 
+    def next_epoch(self, pipeline: str, element: str, operation: str | None = None) -> int:
+        """Bump and return the epoch of a PE: an instance started under it supersedes every
+        older one.
+
+        Args:
+            operation: The journal entry whose target writes under the new epoch (it is
+                recorded there in the same transaction).
+        """
+        with self._tx() as db:
+            epoch = self._bump_epoch(db, pipeline, element)
+            if operation is not None:
+                db.execute(
+                    "UPDATE operations SET epoch = ?, updated = ? WHERE id = ?",
+                    (epoch, time.time(), operation),
+                )
+        return epoch
+
+    def epoch(self, pipeline: str, element: str) -> int:
+        """The newest epoch a PE was given (0 if never): never decreases."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT epoch FROM epochs WHERE pipeline = ? AND element = ?", (pipeline, element)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
     def epochs(self, pipeline: str) -> dict[str, int]:
+        """The newest epoch of each PE ever deployed under the pipeline's name."""
         with self._lock:
             return dict(
                 self._db.execute(
-                    "SELECT element, epoch FROM placements WHERE pipeline = ?", (pipeline,)
+                    "SELECT element, epoch FROM epochs WHERE pipeline = ?", (pipeline,)
                 ).fetchall()
             )
 
@@ -163,6 +269,103 @@ class Registry:
             names = [r[0] for r in self._db.execute("SELECT name FROM pipelines ORDER BY name")]
         records = [self.get_pipeline(n) for n in names]
         return [r for r in records if r is not None]
+
+    # -- operations journal -----------------------------------------------------------------
+
+    def begin_operation(
+        self,
+        kind: str,
+        pipeline: str,
+        element: str,
+        origin: str,
+        target: str,
+        owner: str,
+        phase: str,
+        new_epoch: bool = False,
+    ) -> Operation:
+        """Record that an operation starts; with ``new_epoch`` the PE's epoch is bumped for it
+        in the same transaction (a restore), otherwise it runs under the current one."""
+        now = time.time()
+        op_id = uuid.uuid4().hex[:16]
+        with self._tx() as db:
+            if new_epoch:
+                epoch = self._bump_epoch(db, pipeline, element)
+            else:
+                row = db.execute(
+                    "SELECT epoch FROM epochs WHERE pipeline = ? AND element = ?",
+                    (pipeline, element),
+                ).fetchone()
+                epoch = int(row[0]) if row else 0
+            db.execute(
+                f"INSERT INTO operations ({_OPERATION_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                (op_id, kind, pipeline, element, origin, target, epoch, phase, owner, now, now),
+            )
+        operation = self.operation(op_id)
+        assert operation is not None
+        return operation
+
+    def advance(self, op_id: str, phase: str) -> None:
+        """Record that an operation enters ``phase`` (before the phase's side effect)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE operations SET phase = ?, updated = ? WHERE id = ?",
+                (phase, time.time(), op_id),
+            )
+
+    def route(self, op_id: str, node: str, phase: str = "routed") -> None:
+        """The routing change of an operation: its PE's placement moves to ``node`` and the
+        operation enters ``phase``, in one transaction (neither is ever seen without the
+        other)."""
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT pipeline, element FROM operations WHERE id = ?", (op_id,)
+            ).fetchone()
+            db.execute(
+                "UPDATE placements SET node = ?, updated = ? WHERE pipeline = ? AND element = ?",
+                (node, now, row[0], row[1]),
+            )
+            db.execute(
+                "UPDATE operations SET phase = ?, updated = ? WHERE id = ?", (phase, now, op_id)
+            )
+
+    def finish(self, op_id: str, outcome: str) -> None:
+        """Record how an operation ended; it is no longer unfinished."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE operations SET outcome = ?, updated = ? WHERE id = ?",
+                (outcome, time.time(), op_id),
+            )
+
+    def operation(self, op_id: str) -> Operation | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE id = ?", (op_id,)
+            ).fetchone()
+        return Operation(*row) if row else None
+
+    def operations(
+        self, pipeline: str | None = None, element: str | None = None
+    ) -> list[Operation]:
+        """Journal entries, oldest first; of one pipeline and/or PE if given."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_OPERATION_COLUMNS} FROM operations "
+                "WHERE (? IS NULL OR pipeline = ?) AND (? IS NULL OR element = ?) "
+                "ORDER BY started, rowid",
+                (pipeline, pipeline, element, element),
+            ).fetchall()
+        return [Operation(*r) for r in rows]
+
+    def unfinished(self) -> list[Operation]:
+        """Operations without an outcome, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE outcome IS NULL "
+                "ORDER BY started, rowid"
+            ).fetchall()
+        return [Operation(*r) for r in rows]
 
     # -- nodes ------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
@@ -25,13 +26,17 @@ from fogshift.broker.client import (
     subject_counts,
 )
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
+from fogshift.broker.publish import fence
 from fogshift.checkpoint.central import CentralStore
-from fogshift.common.http import ServiceClient
+from fogshift.checkpoint.spark_dir import progress_of
+from fogshift.common.http import ServiceClient, node_token
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
-from fogshift.migration.exceptions import MigrationInProgress
-from fogshift.migration.procedure import Mode
+from fogshift.migration.exceptions import MigrationFailed, MigrationInProgress
+from fogshift.migration.procedure import MigrationSteps, Mode
 from fogshift.migration.procedure import migrate as run_migration
+from fogshift.migration.procedure import roll_back as run_rollback
 from fogshift.orchestrator.exceptions import PipelineExists, UnknownNode, UnknownPipeline
+from fogshift.orchestrator.permissions import BrokerPermissions
 from fogshift.orchestrator.planning import (
     FogTopology,
     LiveNode,
@@ -40,11 +45,11 @@ from fogshift.orchestrator.planning import (
     describe_plan,
     nearest_first,
 )
-from fogshift.orchestrator.registry import NodeRecord, PipelineRecord, Registry
+from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord, Registry
 from fogshift.planner import plan as plan_backups
 from fogshift.planner.model import Topology
 from fogshift.restoration.exceptions import RestoreFailed
-from fogshift.restoration.procedure import Copy
+from fogshift.restoration.procedure import Copy, RestoreSteps
 from fogshift.restoration.procedure import restore as run_restore
 from fogshift.runtime.kinds import KINDS
 from fogshift.spec.loader import parse_spec, validate_spec
@@ -76,6 +81,13 @@ class OrchestratorConfig(BaseModel):
         duplicate_window_s: The broker's de-duplication window of new streams.
         plan_interval_s: Interval of the backup/redeploy planner (see ``planning``).
         plan_time_limit_s: Time limit of one exact solve; the greedy answers when it is hit.
+        broker_config: The config of the nats-server ``fogshift up`` started (``None``: an
+            external broker, whose users fogshift does not manage).
+        broker_pid: That server's process, signalled to reload per-node rights.
+        test_pause_at: Test hook: ``<kind>:<phase>`` of an operation (e.g.
+            ``migration:switching``, ``restore:installing``) at which this orchestrator stops,
+            once the journal has recorded that phase and before its side effect, and waits to
+            be killed. ``None`` (always, outside tests): never.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -91,6 +103,9 @@ class OrchestratorConfig(BaseModel):
     duplicate_window_s: float = Field(default=120.0, gt=0)
     plan_interval_s: float = Field(default=10.0, gt=0)
     plan_time_limit_s: float = Field(default=5.0, gt=0)
+    test_pause_at: str | None = Field(default=None, pattern=r"^(migration|restore):[a-z_]+$")
+    broker_config: Path | None = None
+    broker_pid: int | None = Field(default=None, ge=1)
 
     @property
     def topology_file(self) -> Path:
@@ -105,9 +120,14 @@ class Orchestrator:
         self.config = config
         self.registry = Registry(config.home / "orchestrator.db")
         self.broker = SyncJetStream(BrokerAddress.load(config.broker_file))
+        #: Each node's broker rights follow placement (least privilege).
+        self.permissions = BrokerPermissions(config.broker_config, config.broker_pid)
         self._agents: dict[str, ServiceClient] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        #: Owner of the journal entries this process writes: an unfinished entry of another
+        #: owner was left by an orchestrator that died (see :meth:`recover_operations`).
+        self.run_id = uuid.uuid4().hex[:12]
         # PEs under migration or restoration: those operations own their instances.
         self._migrating: set[tuple[str, str]] = set()
         self.central = CentralStore(config.home / "central")
@@ -145,7 +165,9 @@ class Orchestrator:
         with self._lock:
             client = self._agents.get(name)
             if client is None or client.url != node.url:
-                client = ServiceClient(node.url, self.config.token, f"node agent {name!r}", 120)
+                # The node's own token: a node never receives the operator token.
+                token = node_token(self.config.token, name)
+                client = ServiceClient(node.url, token, f"node agent {name!r}", 120)
                 self._agents[name] = client
             return client
 
@@ -199,6 +221,11 @@ class Orchestrator:
     def deploy(self, data: dict[str, Any]) -> dict[str, Any]:
         """Validate a spec (paths already absolute) and start all of its PEs, fresh.
 
+        Each PE gets a new epoch, above any it had in an earlier deployment of the same name,
+        and its fresh output stream starts with a fence marker for it: an instance left over
+        from an earlier deployment (on a node that missed the stop) is fenced at its first
+        write.
+
         Raises:
             InvalidSpec: The spec is invalid or names an unknown node.
             PipelineExists: A pipeline of that name is running.
@@ -221,6 +248,9 @@ class Orchestrator:
                     hint="`fogshift nodes` shows node health; wait for it or change the spec",
                 )
 
+        epochs = self.registry.put_pipeline(spec, "deploying")
+        self.permissions.sync(self.registry)  # the nodes may use their PEs' streams
+
         def reset_streams(js: Any) -> Any:
             async def go() -> None:
                 for element in spec.elements:
@@ -228,11 +258,15 @@ class Orchestrator:
                     await ensure_pe_stream(
                         js, spec.pipeline, element.id, self.config.duplicate_window_s
                     )
+                    await fence(js, spec.pipeline, element.id, epochs[element.id])
 
             return go()
 
-        self.broker.run(reset_streams)
-        self.registry.put_pipeline(spec, "deploying")
+        try:
+            self.broker.run(reset_streams)
+        except FogshiftError:
+            self.registry.set_status(spec.pipeline, "failed")
+            raise
         started: list[ElementSpec] = []
         try:
             # Downstream first, so nothing is produced before its consumer exists.
@@ -248,7 +282,8 @@ class Orchestrator:
         return self.status(spec.pipeline)[0]
 
     def _deploy_element(self, pipeline: str, element: ElementSpec, fresh: bool) -> Any:
-        epoch = self.registry.epochs(pipeline).get(element.id, 1)
+        """Start ``element`` on ``element.node`` under the PE's newest epoch."""
+        epoch = self.registry.epoch(pipeline, element.id)
         return self.agent(element.node).put(
             f"/pipelines/{pipeline}/elements/{element.id}",
             json={"element": element.model_dump(mode="json"), "fresh": fresh, "epoch": epoch},
@@ -271,6 +306,7 @@ class Orchestrator:
             except Unavailable:
                 unreachable.append(node)
         self.registry.set_status(name, "stopped")
+        self.permissions.sync_quietly(self.registry)
         return {"pipeline": name, "status": "stopped", "unreachable_nodes": unreachable}
 
     def status(self, name: str | None = None) -> list[dict[str, Any]]:
@@ -359,7 +395,8 @@ class Orchestrator:
             InvalidInput: The PE already runs on ``target``, or the pipeline is not running.
             MigrationInProgress: Another migration of this PE is under way.
             Unavailable: ``target`` is not healthy.
-            MigrationFailed: The procedure failed and was rolled back (origin running).
+            MigrationFailed: The procedure failed before its routing change and was rolled
+                back (its report says whether the origin runs again, and under which epoch).
         """
         record = self.pipeline(pipeline)
         element = self._element(record, element_id)
@@ -368,26 +405,202 @@ class Orchestrator:
                 f"pipeline {pipeline!r} is {record.status}, not running",
                 hint="only running pipelines can be migrated",
             )
-        origin = record.placement[element_id]
-        if origin == target:
-            raise InvalidInput(
-                f"{pipeline}/{element_id} already runs on node {target!r}",
-                hint="choose another node; `fogshift nodes` lists them",
-            )
+        self._refuse_current_node(record, element_id, target, "migrate")
         self._usable_node(target, f"migrate {pipeline}/{element_id} to")
-        log.info("migrating %s/%s: %s -> %s (%s)", pipeline, element_id, origin, target, mode)
         with self._exclusive(pipeline, element_id, "migration"):
-            report = run_migration(
-                pipeline,
-                element,
-                (origin, self.agent(origin)),
-                (target, self.agent(target)),
-                mode=mode,
-                on_routing_change=lambda: self.registry.set_placement(pipeline, element_id, target),
-                epoch=self.registry.epochs(pipeline).get(element_id, 1),
+            # Afresh: a restore or migration that just ended may have moved the PE.
+            record = self.pipeline(pipeline)
+            self._refuse_current_node(record, element_id, target, "migrate")
+            origin = record.placement[element_id]
+            log.info("migrating %s/%s: %s -> %s (%s)", pipeline, element_id, origin, target, mode)
+            op = self.registry.begin_operation(
+                "migration", pipeline, element_id, origin, target, self.run_id, "preparing"
             )
+            self.permissions.sync(self.registry)  # the target may read and, later, write
+            steps = MigrationSteps(
+                phase=partial(self._enter, op),
+                route=partial(self._route, op),
+                fence=partial(self._fence_for, op),
+            )
+            try:
+                report = run_migration(
+                    pipeline, element, (origin, self.agent(origin)),
+                    (target, self.agent(target)), mode=mode, steps=steps, epoch=op.epoch,
+                )  # fmt: skip
+            except MigrationFailed as exc:
+                failed = getattr(exc, "report", None)
+                rolled_back = failed is not None and failed.rolled_back
+                self.registry.finish(op.id, "rolled_back" if rolled_back else "failed")
+                raise
+            # Anything else escaping the procedure leaves the entry unfinished: the next
+            # reconcile round resolves it by its phase (see recover_operations).
+            self.registry.finish(op.id, "migrated")
         log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
         return report.to_dict()
+
+    def _refuse_current_node(
+        self, record: PipelineRecord, element_id: str, node: str, what: str
+    ) -> None:
+        """Refuse to ``what`` (migrate, restore) a PE onto the node it is placed on.
+
+        Raises:
+            InvalidInput: ``node`` is the PE's placement; nothing was changed.
+        """
+        if record.placement[element_id] != node:
+            return
+        raise InvalidInput(
+            f"{record.name}/{element_id} already runs on node {node!r}: cannot {what} it there",
+            expected="a node other than " + repr(node),
+            received=repr(node),
+            hint=(
+                "choose another node (`fogshift nodes` lists them)"
+                if what == "migrate"
+                else "restore it on another node, or leave --to out; a PE missing from its "
+                "healthy node is started there again by the reconciler"
+            ),
+        )
+
+    # -- operations journal -----------------------------------------------------------------
+
+    def _test_pause(self, point: str) -> None:
+        """The test hook of :attr:`OrchestratorConfig.test_pause_at`: block at ``point``."""
+        if point != self.config.test_pause_at:
+            return
+        log.warning("test pause at %s: waiting to be killed", point)
+        self._stop.wait()
+        raise Unavailable(f"the orchestrator stopped while held at {point} (test hook)")
+
+    def _enter(self, op: Operation, phase: str) -> None:
+        """Journal that ``op`` enters ``phase`` (before the phase's side effect)."""
+        self.registry.advance(op.id, phase)
+        self._test_pause(f"{op.kind}:{phase}")
+
+    def _route(self, op: Operation) -> None:
+        """The routing change of ``op``: placement and journal move to the target at once."""
+        self.registry.route(op.id, op.target)
+        log.info("%s of %s/%s: routed to %s", op.kind, op.pipeline, op.element, op.target)
+        self._test_pause(f"{op.kind}:routed")
+
+    def _fence_for(self, op: Operation) -> int:
+        """Give ``op``'s PE a new epoch and fence its output stream with it; return it."""
+        epoch = self.registry.next_epoch(op.pipeline, op.element, operation=op.id)
+        self.broker.run(lambda js: fence(js, op.pipeline, op.element, epoch))
+        log.warning("%s of %s/%s: fenced under epoch %d", op.kind, op.pipeline, op.element,
+                    epoch)  # fmt: skip
+        return epoch
+
+    def recover_operations(self) -> list[str]:
+        """Resolve every migration and restore left unfinished by an orchestrator that died.
+
+        An entry is unfinished and nobody runs it when its PE's exclusive section is free
+        (an operation of this process holds it from its first journal entry to its outcome).
+        Each is resolved by the phase it had reached:
+
+        * a migration before its routing change is rolled back: the target instance is
+          discarded and the origin resumed (fenced under a new epoch and restarted if the
+          target cannot be discarded);
+        * a migration after it is completed: the target's gate is opened, the origin removed;
+        * a restore whose target runs under the entry's epoch (and nothing newer exists) is
+          carried on: the target's gate opens and the placement moves to it;
+        * any other restore is restarted (what its attempt left on the target is discarded):
+          the PE ends up running under a newer epoch — if no node takes it and its own node
+          is alive, it is started again there (see :meth:`restore`).
+
+        Each decision is logged. An entry whose resolution fails is retried next round.
+
+        Returns:
+            The decisions taken, one line each.
+        """
+        decisions: list[str] = []
+        for op in self.registry.unfinished():
+            restart = False
+            try:
+                with self._exclusive(op.pipeline, op.element, "recovery"):
+                    current = self.registry.operation(op.id)
+                    if current is None or current.outcome is not None:
+                        continue  # resolved meanwhile
+                    decision, restart = self._recover(current)
+                    self.registry.finish(op.id, f"recovered: {decision}")
+            except MigrationInProgress:
+                continue  # an operation of this process runs: it owns the entry
+            except FogshiftError:
+                continue  # logged by _exclusive; the entry stays for the next round
+            line = (f"{op.kind} {op.id} of {op.pipeline}/{op.element} {op.origin} -> "
+                    f"{op.target} (epoch {op.epoch}), left at {op.phase!r} by orchestrator "
+                    f"{op.owner}: {decision}")  # fmt: skip
+            log.warning("recovery: %s", line)
+            decisions.append(line)
+            if restart:
+                try:
+                    self.restore(op.pipeline, op.element)
+                except FogshiftError as exc:
+                    log.warning("recovery: restarting the restore of %s/%s failed: %s",
+                                op.pipeline, op.element, exc.render())  # fmt: skip
+        return decisions
+
+    def _recover(self, op: Operation) -> tuple[str, bool]:
+        """Resolve one unfinished entry (inside its PE's exclusive section).
+
+        Returns:
+            The decision, and whether the restore must be started again.
+        """
+        record = self.registry.get_pipeline(op.pipeline)
+        here = f"/pipelines/{op.pipeline}/elements/{op.element}"
+        if record is None or record.status != "running" or op.element not in record.placement:
+            self._discard_quietly(op.target, here, record, op)
+            return "abandoned: the PE does not run any more; the target was discarded", False
+        element = record.spec.element(op.element)
+        if op.kind == "migration":
+            if op.phase != "routed":
+                undone = run_rollback(
+                    op.pipeline, element, (op.origin, self.agent(op.origin)),
+                    (op.target, self.agent(op.target)), op.epoch, partial(self._fence_for, op),
+                )  # fmt: skip
+                notes = "; ".join(undone.notes)
+                if undone.resumed:
+                    return f"rolled back: {op.origin} runs under epoch {undone.epoch}" + (
+                        f" ({notes})" if notes else ""
+                    ), False
+                return f"rolled back, but the origin does not run again ({notes})", False
+            self._open_gate_quietly(op.target, here)
+            self._discard_quietly(op.origin, here, record, op)
+            return f"completed: {op.target} is the PE, the origin was removed", False
+        if op.phase == "routed":
+            self._open_gate_quietly(op.target, here)
+            return f"completed: {op.target} runs it under epoch {op.epoch}", False
+        newest = self.registry.epoch(op.pipeline, op.element)
+        if op.phase in ("starting", "live") and newest == op.epoch:
+            try:
+                info = self.agent(op.target).get(here + "/progress")
+            except FogshiftError as exc:
+                info = {"state": f"unreachable ({exc.message})"}
+            if int(info.get("epoch") or 0) == op.epoch and info.get("state") in (
+                "running", "starting", "paused",
+            ):  # fmt: skip
+                self.agent(op.target).put(here + "/gate", json={"gate": None})
+                self.registry.route(op.id, op.target)
+                return f"carried on: {op.target} runs it under epoch {op.epoch}, now live", False
+        self._discard_quietly(op.target, here, record, op)
+        return "restarted: the attempt's leftovers on the target were discarded", True
+
+    def _discard_quietly(
+        self, node: str, here: str, record: PipelineRecord | None, op: Operation
+    ) -> None:
+        """Discard what ``op`` left on ``node`` — never the PE's placed instance."""
+        if record is not None and record.placement.get(op.element) == node:
+            return
+        try:
+            self.agent(node).delete(here, params={"discard": True})
+        except FogshiftError as exc:
+            # Not placed there: the reconciler removes it once the node answers.
+            log.warning("recovery: %s on %s not removed: %s", here, node, exc.message)
+
+    def _open_gate_quietly(self, node: str, here: str) -> None:
+        try:
+            self.agent(node).put(here + "/gate", json={"gate": None})
+        except FogshiftError as exc:
+            # Not there or its node is silent: the reconciler restarts or restores it.
+            log.warning("recovery: the gate of %s on %s not opened: %s", here, node, exc.message)
 
     def _usable_node(self, name: str, what: str) -> NodeRecord:
         """Node ``name``, known, healthy and ready, to ``what`` (e.g. "restore p/e on").
@@ -498,63 +711,158 @@ class Orchestrator:
 
         Without ``target`` a failed attempt (the chosen node died or failed during the
         restore) is retried on the next candidate; every attempt fences the previous ones
-        with a new epoch. The report's ``attempts`` lists the failed attempts.
+        with a new epoch. The report's ``attempts`` lists the failed attempts. Each attempt
+        is journaled (see :meth:`recover_operations`).
+
+        ``target`` may not be the node the PE is placed on: that is refused before anything
+        changes (nothing is fenced or discarded).
+
+        If every attempt fails while the PE's own node is healthy, the PE is started again
+        there — from its own checkpoint, under a newer epoch than every attempt's — so it
+        never stays fenced with nobody writing; the error says so.
 
         Raises:
             UnknownPipeline / UnknownElement / UnknownNode: A name does not exist.
+            InvalidInput: ``target`` is the node the PE is placed on.
             Unavailable: The target (or, without one, every candidate) is not healthy.
             MigrationInProgress: Another migration or restore of this PE is under way.
             RestoreFailed: Every attempt failed; the report lists them. Retry elsewhere.
         """
         record = self.pipeline(pipeline)
         element = self._element(record, element_id)
-        current = record.placement[element_id]
         if target is not None:
+            self._refuse_current_node(record, element_id, target, "restore")
             self._usable_node(target, f"restore {pipeline}/{element_id} on")
-            candidates = [target]
-        else:
-            candidates = self.restore_candidates(pipeline, element_id, {current})
-            if not candidates:
-                raise Unavailable(
-                    f"no healthy node to restore {pipeline}/{element_id} on "
-                    f"(it was on {current!r})",
-                    hint="`fogshift nodes` shows node health; start a node or wait",
-                )
-        attempts: list[dict[str, Any]] = []
         with self._exclusive(pipeline, element_id, "restore"):
-            for name in candidates:
-                node = self.registry.node(name)
-                if attempts and (node is None or not self.healthy(node)):
-                    attempts.append({"node": name, "error": "not healthy any more: skipped"})
-                    continue
-                epoch = self.registry.next_epoch(pipeline, element_id)
-                log.info("restoring %s/%s on %s (epoch %d)", pipeline, element_id, name, epoch)
-                try:
-                    report = run_restore(
-                        pipeline, element, epoch, (name, self.agent(name)), self.central,
-                        self.broker, copies=self.checkpoint_copies(pipeline, element_id, name),
-                    )  # fmt: skip
-                except RestoreFailed as exc:
-                    failed = getattr(exc, "report", None)
-                    attempts.append({"node": name, "epoch": epoch, "error": exc.message})
-                    if failed is not None:
-                        failed.attempts = list(attempts)
-                        self.last_restore[(pipeline, element_id)] = failed.to_dict()
-                    if name == candidates[-1]:
-                        raise
-                    log.warning("restore of %s/%s on %s failed; trying the next node: %s",
-                                pipeline, element_id, name, exc.message)  # fmt: skip
-                    continue
-                report.attempts = attempts
-                self.registry.set_placement(pipeline, element_id, name)
-                self.last_restore[(pipeline, element_id)] = report.to_dict()
-                log.info("restored %s/%s: %s", pipeline, element_id, report.to_dict())
-                return report.to_dict()
+            # Afresh: a migration or restore that just ended may have moved the PE.
+            record = self.pipeline(pipeline)
+            current = record.placement[element_id]
+            if target is not None:
+                self._refuse_current_node(record, element_id, target, "restore")
+                candidates = [target]
+            else:
+                candidates = self.restore_candidates(pipeline, element_id, {current})
+                if not candidates:
+                    raise Unavailable(
+                        f"no healthy node to restore {pipeline}/{element_id} on "
+                        f"(it was on {current!r})",
+                        hint="`fogshift nodes` shows node health; start a node or wait",
+                    )
+            attempts: list[dict[str, Any]] = []
+            try:
+                return self._restore_on(element, pipeline, current, candidates, attempts)
+            except FogshiftError as exc:
+                if not any("epoch" in a for a in attempts):
+                    raise  # nothing was fenced: the PE runs as it did
+                epoch = self._restart_in_place(pipeline, element, current)
+                if epoch is None:
+                    raise
+                failed = getattr(exc, "report", None)
+                if failed is not None:
+                    failed.fallback = f"restarted on {current} under epoch {epoch}"
+                    self.last_restore[(pipeline, element_id)] = failed.to_dict()
+                again = type(exc)(
+                    f"{exc.message}; {pipeline}/{element_id} runs again on {current} (its own "
+                    f"node, from its own checkpoint) under epoch {epoch}",
+                    expected=exc.expected,
+                    received=exc.received,
+                    hint=exc.hint,
+                )
+                again.report = failed  # type: ignore[attr-defined]
+                raise again from exc
+
+    def _restore_on(
+        self,
+        element: ElementSpec,
+        pipeline: str,
+        current: str,
+        candidates: list[str],
+        attempts: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        """The attempts of :meth:`restore`, in its exclusive section; failed ones are added
+        to ``attempts`` (with the epoch they fenced with)."""
+        element_id = element.id
+        for name in candidates:
+            node = self.registry.node(name)
+            if attempts and (node is None or not self.healthy(node)):
+                attempts.append({"node": name, "error": "not healthy any more: skipped"})
+                continue
+            op = self.registry.begin_operation(
+                "restore", pipeline, element_id, current, name, self.run_id, "fencing",
+                new_epoch=True,
+            )  # fmt: skip
+            self.permissions.sync_quietly(self.registry)  # the target may write, nobody else
+            log.info("restoring %s/%s on %s (epoch %d)", pipeline, element_id, name, op.epoch)
+            try:
+                self._test_pause("restore:fencing")
+                report = run_restore(
+                    pipeline, element, op.epoch, (name, self.agent(name)), self.central,
+                    self.broker, copies=self.checkpoint_copies(pipeline, element_id, name),
+                    steps=RestoreSteps(phase=partial(self._enter, op)),
+                )  # fmt: skip
+            except RestoreFailed as exc:
+                self.registry.finish(op.id, "failed")
+                failed = getattr(exc, "report", None)
+                attempts.append({"node": name, "epoch": op.epoch, "error": exc.message})
+                if failed is not None:
+                    failed.attempts = list(attempts)
+                    self.last_restore[(pipeline, element_id)] = failed.to_dict()
+                if name == candidates[-1]:
+                    raise
+                log.warning("restore of %s/%s on %s failed; trying the next node: %s",
+                            pipeline, element_id, name, exc.message)  # fmt: skip
+                continue
+            report.attempts = attempts
+            self.registry.route(op.id, name)
+            self.registry.finish(op.id, "restored")
+            self.last_restore[(pipeline, element_id)] = report.to_dict()
+            log.info("restored %s/%s: %s", pipeline, element_id, report.to_dict())
+            return report.to_dict()
         raise Unavailable(  # every candidate became unhealthy before its turn
             f"no healthy node left to restore {pipeline}/{element_id} on",
             received="; ".join(f"{a['node']}: {a['error']}" for a in attempts),
             hint="`fogshift nodes` shows node health",
         )
+
+    def _restart_in_place(self, pipeline: str, element: ElementSpec, node: str) -> int | None:
+        """Start ``element`` again on ``node``, its placement, under a new epoch.
+
+        After failed restore attempts its instance there was fenced (and an attempt's
+        instance elsewhere may still write under the epoch it got): a new epoch above all of
+        them, a fence marker for it, then the instance is stopped and started again from its
+        own checkpoint under it. Inside the PE's exclusive section.
+
+        Returns:
+            The new epoch, or ``None`` if ``node`` is not healthy or did not take it (logged;
+            the reconciler starts it under the newest epoch once the node can).
+        """
+        record = self.registry.node(node)
+        if record is None or not self.healthy(record) or not record.report.get("ready"):
+            log.warning("restore of %s/%s failed everywhere and its node %s is not healthy: "
+                        "left to the reconciler", pipeline, element.id, node)  # fmt: skip
+            return None
+        here = f"/pipelines/{pipeline}/elements/{element.id}"
+        try:
+            epoch = self.registry.next_epoch(pipeline, element.id)
+            self.broker.run(lambda js: fence(js, pipeline, element.id, epoch))
+            self._restart_instance(node, here, element, epoch)
+        except FogshiftError as exc:
+            log.warning("restore of %s/%s failed everywhere; restarting it on %s failed too "
+                        "(left to the reconciler): %s", pipeline, element.id, node,
+                        exc.message)  # fmt: skip
+            return None
+        log.warning("restore of %s/%s failed everywhere: restarted on its node %s under "
+                    "epoch %d", pipeline, element.id, node, epoch)  # fmt: skip
+        return epoch
+
+    def _restart_instance(self, node: str, here: str, element: ElementSpec, epoch: int) -> None:
+        """Stop the PE's instance on ``node`` (keeping its checkpoint) and start it again
+        under ``epoch``: an agent keeps a running instance's epoch on a plain deploy."""
+        agent = self.agent(node)
+        with contextlib.suppress(UnknownElement):  # not there: just start it
+            agent.delete(here)
+        placed = element.model_copy(update={"node": node}).model_dump(mode="json")
+        agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
 
     # -- central checkpoints ----------------------------------------------------------------
 
@@ -664,6 +972,8 @@ class Orchestrator:
         return {
             "id": newest["id"],
             "batch": newest["batch"],
+            # The input position it resumes from: a restore reprocesses what lies beyond.
+            "progress": progress_of(newest.get("offset")),
             "age_ms": round((time.time() - newest["created"]) * 1000, 1),
             "bytes": newest["bytes"],
             "shipped_bytes": newest.get("shipped_bytes"),
@@ -750,12 +1060,23 @@ class Orchestrator:
         * a PE whose node has been silent longer than the pipeline's ``detect_after_s`` is
           restored on a healthy node, if its recovery is automatic;
         * an instance on a node that is not the PE's placement (a fenced zombie, a leftover)
-          is removed.
+          is removed;
+        * a PE on its node under an epoch older than its newest (fenced, or about to be) is
+          started again there under the newest; one held at its gate with no operation under
+          way is resumed.
+
+        First, every operation an orchestrator left unfinished is resolved
+        (:meth:`recover_operations`); a PE whose entry could not be resolved is left alone
+        until it is.
         """
+        self.recover_operations()
+        self.permissions.sync_quietly(self.registry)
+        pending = {(op.pipeline, op.element) for op in self.registry.unfinished()}
         for record in self.registry.pipelines():
             for element in record.spec.elements:
-                self._reconcile_element(record.name, element.id)
-        self._remove_strays()
+                if (record.name, element.id) not in pending:
+                    self._reconcile_element(record.name, element.id)
+        self._remove_strays(pending)
 
     def _reconcile_element(self, pipeline: str, element_id: str) -> None:
         """One PE's part of :meth:`reconcile_once`.
@@ -788,8 +1109,18 @@ class Orchestrator:
             return
         if not self.healthy(node) or not node.report.get("ready"):
             return
-        hosted = {(e["pipeline"], e["element"]) for e in node.report.get("elements", [])}
-        if (pipeline, element_id) in hosted:
+        reported = next(
+            (
+                e
+                for e in node.report.get("elements", [])
+                if (e["pipeline"], e["element"]) == (pipeline, element_id)
+            ),
+            None,
+        )
+        newest = self.registry.epoch(pipeline, element_id)
+        if reported is not None and not (
+            reported.get("gated") or int(reported.get("epoch") or 0) < newest
+        ):
             return
         try:
             with self._exclusive(pipeline, element_id, "restart"):
@@ -797,25 +1128,58 @@ class Orchestrator:
                 if record is None or record.placement.get(element_id) != node.name:
                     return  # moved meanwhile
                 here = record.spec.element(element_id).model_copy(update={"node": node.name})
-                log.info("reconcile: starting %s/%s on %s", pipeline, element_id, node.name)
-                self._deploy_element(pipeline, here, fresh=False)
+                if reported is None:
+                    log.info("reconcile: starting %s/%s on %s", pipeline, element_id, node.name)
+                    self._deploy_element(pipeline, here, fresh=False)
+                else:
+                    self._mend(pipeline, here)
         except FogshiftError:
             # MigrationInProgress: the operation under way owns the PE; a failed start was
             # logged by _exclusive and is retried next round.
             return
 
-    def _remove_strays(self) -> None:
+    def _mend(self, pipeline: str, element: ElementSpec) -> None:
+        """The PE's instance on its node (``element.node``) looked stale in the node's last
+        report — under an older epoch than the PE's newest, or held at its gate. Judged again
+        by what the agent says now (a report lags a heartbeat); inside the exclusive section,
+        so no operation is under way.
+
+        An older epoch means a newer one was given (a restore that failed everywhere, a
+        rollback that had to fence) and this instance is, or will be at its next write,
+        fenced: it is started again under the newest, from its own checkpoint. A gate held
+        with no operation under way was left by one that ended without opening it.
+        """
+        here = f"/pipelines/{pipeline}/elements/{element.id}"
+        info = self.agent(element.node).get(here + "/progress")
+        newest = self.registry.epoch(pipeline, element.id)
+        if int(info.get("epoch") or 0) < newest:
+            log.warning("reconcile: %s/%s on %s runs under epoch %s, older than its newest %d: "
+                        "starting it again under that one", pipeline, element.id, element.node,
+                        info.get("epoch"), newest)  # fmt: skip
+            self._restart_instance(element.node, here, element, newest)
+        elif info.get("gated"):
+            log.warning("reconcile: %s/%s on %s is held at its gate with no operation under "
+                        "way: resuming it", pipeline, element.id, element.node)  # fmt: skip
+            self.agent(element.node).post(here + "/resume")
+
+    def _remove_strays(self, pending: set[tuple[str, str]] | None = None) -> None:
         """Remove instances running on a node that is not their PE's placement.
 
         The placement is read afresh for every instance, inside the PE's exclusive section:
         a restore or migration that ended a moment ago has moved the placement to the very
         instance a stale view would call superseded (and removing it discards its checkpoint).
+
+        Args:
+            pending: PEs with an unfinished journal entry: their instances are left to its
+                resolution.
         """
         for node in self.registry.nodes():
             if not self.healthy(node):
                 continue
             for hosted in node.report.get("elements", []):
                 key = (hosted["pipeline"], hosted["element"])
+                if key in (pending or set()):
+                    continue
                 try:
                     with self._exclusive(*key, "removal of a superseded instance"):
                         record = self.registry.get_pipeline(key[0])
@@ -826,10 +1190,15 @@ class Orchestrator:
                         ):
                             continue
                         log.warning("removing superseded %s/%s from %s", *key, node.name)
-                        with contextlib.suppress(FogshiftError):
+                        try:
                             self.agent(node.name).delete(
                                 f"/pipelines/{key[0]}/elements/{key[1]}", params={"discard": True}
                             )
+                        except FogshiftError as exc:
+                            # Gone meanwhile, or its node stopped answering: the next round
+                            # sees what its heartbeats then report.
+                            log.info("superseded %s/%s on %s not removed: %s", *key, node.name,
+                                     exc.message)  # fmt: skip
                 except MigrationInProgress:
                     continue  # the operation under way owns the PE's instances
 

@@ -13,18 +13,26 @@
    position, and its writer skips every record up to that position.
 4. **Intermediate** events (arrived while the PE was down): the cap is raised to where the
    input stood when the restore began.
-5. **Live**: the gate opens; routing state is updated.
+5. **Live**: the gate opens; routing state is updated (by the caller).
+
+Crash safety. The caller journals each phase (:class:`RestoreSteps`) before its side effect:
+``fencing`` (the epoch is bumped with the journal entry; the marker is being written),
+``installing`` (the checkpoint goes to the target), ``starting`` (the target starts behind its
+cap), ``live`` (its gate opens). An orchestrator that dies mid-way finds the entry on restart
+and carries the restore on (the target runs under the entry's epoch: open its gate, route) or
+restarts it (``Orchestrator.recover_operations``).
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from fogshift.agent.exceptions import ElementBusy
 from fogshift.broker.client import SyncJetStream, last_seq
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence, last_position
@@ -37,6 +45,28 @@ from fogshift.exceptions import FogshiftError
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.runtime.kinds import KINDS
 from fogshift.spec.models import ElementSpec
+
+log = logging.getLogger("fogshift.restoration")
+
+#: Journal phases, in order; each is entered before the side effect it names.
+PHASES = ("fencing", "installing", "starting", "live")
+
+
+def _no_phase(phase: str) -> None:
+    """The default journal: records nothing."""
+
+
+@dataclass(frozen=True)
+class RestoreSteps:
+    """What the restore asks of its caller on the way.
+
+    Attributes:
+        phase: Called with each phase of :data:`PHASES` but ``fencing`` (entered with the
+            new epoch, before the call), before its side effect; the caller journals it and
+            may raise to stop the restore there.
+    """
+
+    phase: Callable[[str], None] = _no_phase
 
 
 @dataclass
@@ -65,6 +95,8 @@ class RestoreReport:
     error: str | None = None
     #: Earlier failed attempts of this restore: ``{"node", "epoch", "error"}``.
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: When every attempt failed: what became of the PE (restarted on its own node).
+    fallback: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -134,23 +166,30 @@ def restore(
     broker: SyncJetStream,
     timeout_s: float = 300.0,
     copies: Callable[[dict[str, Any]], list[Copy]] = central_only,
+    steps: RestoreSteps | None = None,
 ) -> RestoreReport:
     """Restore ``element`` on ``target`` under ``epoch`` (already recorded by the caller).
+
+    The target must not run the PE: the caller never restores onto the PE's own node.
 
     Args:
         copies: For the chosen checkpoint, where the target may copy it from, nearest first;
             the central store is always tried last. The target fetches only the files it
             does not already hold.
+        steps: The caller's journal (see :class:`RestoreSteps`); default: none.
 
     Raises:
-        RestoreFailed: With the report in ``report``; the target instance is discarded and
-            the restore can be retried (on another node).
+        RestoreFailed: With the report in ``report``; what this restore put on the target
+            (checkpoint, instance) is discarded and the restore can be retried (on another
+            node). Anything the target held before the restore touched it stays.
     """
+    steps = steps or RestoreSteps()
     target_name, agent = target
     report = RestoreReport(pipeline, element.id, target_name, epoch=epoch)
     started = time.perf_counter()
     here = f"/pipelines/{pipeline}/elements/{element.id}"
     placed = element.model_copy(update={"node": target_name}).model_dump(mode="json")
+    touched = False  # whether the target holds anything of this restore's
     try:
         broker.run(lambda js: fence(js, pipeline, element.id, epoch))
         _, (emitted, _), _ = broker.run(
@@ -169,12 +208,19 @@ def restore(
         except CheckpointError as exc:
             report.skipped_checkpoints.append(f"none usable ({exc.message})")
             manifest, offset = None, None
-        _install(agent, here, manifest, copies(manifest) if manifest else [], report)
+        steps.phase("installing")
+        touched = True
+        try:
+            _install(agent, here, manifest, copies(manifest) if manifest else [], report)
+        except ElementBusy:
+            touched = False  # the target runs an instance of its own: not ours to discard
+            raise
         start_at = progress_of(offset)
         t0 = offset.get("t0") if offset else None
         report.reprocessed_events = max(0, emitted - start_at)
         cap = _cap(element, max(emitted, start_at), t0)
         gate = {"mode": "cap", "limit": cap} if cap else None
+        steps.phase("starting")
         agent.put(here, json={"element": placed, "fresh": False, "gate": gate, "epoch": epoch})
         if cap is not None:
             report.reprocess_ms = _wait(agent, here, max(emitted, start_at), timeout_s)
@@ -186,13 +232,20 @@ def restore(
             else:
                 agent.put(here + "/gate", json={"gate": None})
             report.intermediate_ms = _wait(agent, here, upstream, timeout_s)
+        steps.phase("live")
         agent.put(here + "/gate", json={"gate": None})
         report.status = "restored"
     except FogshiftError as exc:
         report.status = "failed"
         report.error = exc.render()
-        with contextlib.suppress(FogshiftError):  # the target may be gone too
-            agent.delete(here, params={"discard": True})
+        if touched:
+            try:
+                agent.delete(here, params={"discard": True})
+            except FogshiftError as cleanup:
+                # The target may be gone too; the next attempt fences whatever is left there,
+                # and the reconciler removes it once its node answers (it is not placed there).
+                log.warning("restore of %s/%s: the attempt on %s was not cleaned up: %s",
+                            pipeline, element.id, target_name, cleanup.message)  # fmt: skip
         failure = RestoreFailed(
             f"restore of {pipeline}/{element.id} on {target_name} failed: {exc.message}",
             hint="retry, on another node if this one is in trouble (`fogshift restore "

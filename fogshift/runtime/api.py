@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel
 
@@ -105,7 +105,7 @@ class ProcessingElement:
     @classmethod
     def build(
         cls, options: Mapping[str, Any], element_id: str, resume_state: Mapping[str, Any] | None
-    ) -> ProcessingElement:
+    ) -> Self:
         """Create an instance and give it its state: ``resume_state`` or fresh defaults."""
         instance = cls(options, element_id)
         instance.restore(resume_state)
@@ -174,7 +174,19 @@ ProcessorOutput = Event | Mapping[str, Any] | Iterable[Event | Mapping[str, Any]
 
 
 class Processor(ProcessingElement):
-    """A PE between a source and a sink: events in, events out."""
+    """A PE between a source and a sink: events in, events out.
+
+    Whatever ``process`` does for one event — raise any exception, return an output that
+    cannot be encoded or is too big — that event goes to the dead letter with the reason and
+    the state is restored as if it had never arrived (see :mod:`fogshift.runtime.batch`);
+    restoring it means rebuilding from the batch's last good snapshot, which costs in
+    proportion to the state.
+    """
+
+    #: ``True`` promises that ``process`` raises ``DeadLetter`` only before it changes
+    #: any state, so the runtime need not restore the state for those events (cheap dead
+    #: letters with a large state). Any other failure is still undone.
+    dead_letters_change_nothing: ClassVar[bool] = False
 
     def process(self, event: Event) -> ProcessorOutput:
         """Process one event; called in input order, once per event per batch execution.
@@ -185,5 +197,7 @@ class Processor(ProcessingElement):
 
         Raises:
             DeadLetter: The event is invalid; it goes to the dead letter with the reason.
+                Any other :class:`Exception` does too, the reason naming its type; either
+                way the state changes made for this event are undone.
         """
         raise NotImplementedError

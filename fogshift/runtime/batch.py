@@ -2,54 +2,460 @@
 
 Input rows are ``(origin, seq, timestamp, creator, body)`` (see
 ``fogshift.broker.datasource.EVENT_SCHEMA``); output rows follow ``RECORD_SCHEMA``.
+
+**Per-event isolation.** Whatever one event does — its body is not JSON, ``process()`` raises
+any :class:`Exception`, an output JSON cannot hold (a non-finite number, a set), an output
+over the record size limit — that event becomes a dead letter with the reason, the batch goes
+on, and the processor's state is as if the event had never arrived. Only what is not an
+:class:`Exception` (``KeyboardInterrupt``, ``SystemExit``) and a processor that cannot be
+built at all (:class:`~fogshift.runtime.exceptions.ElementError`: nothing an event did) end
+the batch.
+
+State is undone without copying it before every event: on a failure at event *k* the
+processor is rebuilt from the last *known-good* state (at first the batch's starting state,
+as stored), the events since then are run again silently (their outputs are already
+collected; processors are deterministic), *k* is skipped, and the state at that point becomes
+the new known-good one — so several failures in one batch cost one replay each, not a
+replay from the start. An event after which the state can no longer be encoded is found the
+same way (by bisection) and dead-lettered. Stateless processors (no declared state, see
+:mod:`fogshift.runtime.api`) have nothing to undo: they just skip the event.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
+from typing import Any, Generic, TypeVar
 
-from fogshift.events import Event, dump_body, load_body
-from fogshift.runtime.api import Processor
-from fogshift.runtime.exceptions import DeadLetter
+from fogshift.events import (
+    DEFAULT_MAX_RECORD_BYTES,
+    Event,
+    dump_body,
+    fit_dead_letter,
+    load_body,
+    oversize,
+)
+from fogshift.runtime.api import Processor, encode_state
+from fogshift.runtime.exceptions import DeadLetter, ElementError
 
 RECORD_COLUMNS = ["origin", "idx", "seq", "timestamp", "creator", "body", "dead"]
 
+#: One input row: ``(origin, seq, timestamp, creator, body)``.
+InputRow = tuple[int, int, float, str, str]
+#: One output row: ``(origin, idx, seq, timestamp, creator, body, dead)``.
+RecordRow = tuple[int, int, int, float, str, str, str | None]
+#: Builds the processor with a resume state (``None``: fresh), like ``Processor.build``.
+Builder = Callable[[Mapping[str, Any] | None], Processor]
 
-def _outputs(result: Any) -> list[Event | Mapping[str, Any]]:
+T = TypeVar("T")
+
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception, even one whose ``__str__`` raises."""
+    try:
+        text = str(exc)
+    except Exception:  # a user exception class with a broken __str__ still has a type
+        text = "<unprintable>"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _Rejected(Exception):
+    """One event's failure, with the dead letter's reason.
+
+    Attributes:
+        reason: Why the event is a dead letter.
+        touched: Whether ``process()`` ran, i.e. the state may have changed.
+    """
+
+    def __init__(self, reason: str, touched: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.touched = touched
+
+
+def _outputs(pe: str, result: Any) -> list[Any]:
+    """The outputs of one ``process()`` call as a list (a generator runs here)."""
     if result is None:
         return []
     if isinstance(result, (Event, Mapping)):
         return [result]
-    return list(result)
+    try:
+        return list(result)
+    except Exception as exc:  # not iterable, or a generator that raised part-way
+        raise _Rejected(
+            f"processor {pe!r} returned {type(result).__name__} and iterating it raised "
+            f"{_describe(exc)}; expected None, a dict, an Event or an iterable of those",
+            touched=True,
+        ) from exc
+
+
+def _encode(
+    pe: str, event: Event, outputs: Sequence[Any], limit: int
+) -> list[tuple[int, float, str]]:
+    """``(seq, timestamp, body_json)`` of each output.
+
+    Raises:
+        _Rejected: An output is not a body or an Event, has a header the schema cannot
+            hold, a body JSON cannot hold, or is over ``limit`` bytes encoded.
+    """
+    encoded = []
+    body: Mapping[str, Any]
+    for n, out in enumerate(outputs):
+        if isinstance(out, Event):
+            seq, timestamp, body = out.seq, out.timestamp, out.body
+        elif isinstance(out, Mapping):
+            seq, timestamp, body = event.seq, event.timestamp, out
+        else:
+            raise _Rejected(
+                f"processor {pe!r} returned output {n} of type {type(out).__name__}; "
+                "expected a dict (a body) or an Event",
+                touched=True,
+            )
+        try:
+            seq, timestamp = int(seq), float(timestamp)
+            if not (_LONG_MIN <= seq <= _LONG_MAX and math.isfinite(timestamp)):
+                raise ValueError(f"seq {seq!r} or timestamp {timestamp!r} is out of range")
+            text = dump_body(dict(body))
+        except Exception as exc:  # what the event encoding refuses, whatever the type
+            raise _Rejected(
+                f"processor {pe!r} returned output {n} that cannot be encoded "
+                f"({_describe(exc)}); bodies hold JSON values and finite numbers only",
+                touched=True,
+            ) from exc
+        size = oversize(seq, timestamp, pe, text, None, limit)
+        if size is not None:
+            raise _Rejected(
+                f"processor {pe!r} returned output {n} of {size} bytes encoded, over the "
+                f"limit of {limit} bytes (max_record_bytes)",
+                touched=True,
+            )
+        encoded.append((seq, timestamp, text))
+    return encoded
+
+
+def _event(pe: str, row: InputRow) -> Event:
+    """The event of an input row.
+
+    Raises:
+        _Rejected: The row is not an event (``process()`` never sees it).
+    """
+    _, seq, timestamp, creator, body_text = row
+    try:
+        return Event(int(seq), float(timestamp), str(creator), load_body(body_text))
+    except Exception as exc:  # whatever is wrong with the input, it changed no state
+        raise _Rejected(f"input of {pe!r} is not an event: {_describe(exc)}", False) from exc
+
+
+def _call(processor: Processor, pe: str, event: Event) -> list[Any]:
+    """``process(event)``'s outputs as a list.
+
+    Raises:
+        _Rejected: ``process()`` raised (any :class:`Exception`) or returned no outputs.
+    """
+    try:
+        result = processor.process(event)
+    except DeadLetter as exc:
+        raise _Rejected(exc.reason, touched=not processor.dead_letters_change_nothing) from exc
+    except Exception as exc:
+        raise _Rejected(f"processor {pe!r} raised {_describe(exc)}", touched=True) from exc
+    return _outputs(pe, result)
+
+
+def _process(
+    processor: Processor, pe: str, row: InputRow, limit: int
+) -> list[tuple[int, float, str]]:
+    """Run one input row through ``processor``; its encoded outputs.
+
+    Raises:
+        _Rejected: The event is a dead letter.
+    """
+    event = _event(pe, row)
+    return _encode(pe, event, _call(processor, pe, event), limit)
+
+
+def _dead_letter(row: InputRow, pe: str, reason: str, limit: int) -> RecordRow:
+    origin, seq, timestamp, _, body_text = row
+    body, reason = fit_dead_letter(int(seq), float(timestamp), pe, str(body_text), reason, limit)
+    return (origin, 0, seq, timestamp, pe, body, reason)
+
+
+class _ReplayFailed(Exception):
+    """A live event raised when run again: it is the culprit (see ``_Batch._replay``)."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index, self.reason = index, reason
+
+
+class _Batch(Generic[T]):
+    """One batch of a stateful processor; see the module docstring and :func:`run_batch`.
+
+    Invariants: ``results[i]`` holds event *i*'s records once it ran (``None``: not run, or
+    forgotten because an earlier event was found to have spoilt the state it ran on);
+    ``dead`` maps the dead-lettered events to their reasons; ``good_state()`` returns the
+    state after every live event before ``good_at``, and that state can be encoded.
+    """
+
+    def __init__(
+        self,
+        build: Builder,
+        start_state: Callable[[], Mapping[str, Any] | None],
+        rows: Sequence[InputRow],
+        finish: Callable[[Processor], T],
+        limit: int,
+        pe: str,
+        pipeline: str,
+    ) -> None:
+        self.build, self.rows, self.finish, self.limit, self.pe = build, rows, finish, limit, pe
+        #: Names the PE in errors (dead-letter reasons name the PE only: they live in its
+        #: pipeline's streams).
+        self.who = f"processor {pe!r}" + (f" of pipeline {pipeline!r}" if pipeline else "")
+        self.good_at = 0
+        self.good_state = start_state
+        self.results: list[list[RecordRow] | None] = [None] * len(rows)
+        self.dead: dict[int, str] = {}
+
+    def _rebuild(self) -> Processor:
+        """A processor holding the known-good state.
+
+        Raises:
+            ElementError: ``build``/``restore()`` raised: nothing any event did (non-data).
+        """
+        try:
+            return self.build(self.good_state())
+        except ElementError:
+            raise
+        except Exception as exc:
+            raise ElementError(
+                f"{self.who} cannot be built from its state: {_describe(exc)}",
+                hint="its constructor, options and restore() must accept what snapshot() returned",
+            ) from exc
+
+    def _run(self, processor: Processor, i: int) -> bool:
+        """Run event ``i``; ``False`` if it failed after ``process()`` ran (state to undo)."""
+        row = self.rows[i]
+        try:
+            outputs = _process(processor, self.pe, row, self.limit)
+        except _Rejected as rejected:
+            self._kill(i, rejected.reason)
+            return not rejected.touched
+        self.results[i] = [
+            (row[0], n, seq, ts, self.pe, text, None) for n, (seq, ts, text) in enumerate(outputs)
+        ]
+        return True
+
+    def _kill(self, i: int, reason: str) -> None:
+        self.dead[i] = reason
+        self.results[i] = [_dead_letter(self.rows[i], self.pe, reason, self.limit)]
+
+    def _replay(self, upto: int) -> Processor:
+        """The known-good state plus the live events in ``[good_at, upto)``, run silently.
+
+        Raises:
+            _ReplayFailed: A live event raised this time (the processor is not deterministic,
+                or its state does not survive a snapshot round trip).
+        """
+        processor = self._rebuild()
+        for j in range(self.good_at, upto):
+            if j in self.dead:
+                continue
+            try:
+                # Its outputs are already collected: only the state matters here.
+                _call(processor, self.pe, _event(self.pe, self.rows[j]))
+            except _Rejected as rejected:
+                raise _ReplayFailed(j, rejected.reason) from rejected
+        return processor
+
+    def _bisect(self, upto: int) -> tuple[int, str]:
+        """A live event in ``[good_at, upto)`` after which the state cannot be encoded.
+
+        The known-good state can be encoded and the state at ``upto`` cannot: some event in
+        between turned the one into the other. Each probe replays from the known-good state,
+        so this costs O(log n) replays — paid only when such an event exists.
+
+        Raises:
+            _ReplayFailed: A live event raised when run again.
+            ElementError: The state cannot be encoded even before these events.
+        """
+        live = [j for j in range(self.good_at, upto) if j not in self.dead]
+        error = _unencodable(self._rebuild())
+        if error is not None or not live:
+            raise ElementError(
+                f"{self.who} has a state that cannot be encoded ({error or 'whatever its events'})",
+                hint="snapshot() must return JSON values and finite numbers only",
+            )
+        low, high = 0, len(live)  # the state after live[:low] encodes, after live[:high] not
+        while high - low > 1:
+            mid = (low + high) // 2
+            if _unencodable(self._replay(live[mid - 1] + 1)) is None:
+                low = mid
+            else:
+                high = mid
+        error = _unencodable(self._replay(live[high - 1] + 1))
+        return live[high - 1], (
+            f"processor {self.pe!r} was left with a state that cannot be encoded "
+            f"({error}); state holds JSON values and finite numbers only"
+        )
+
+    def _settle(self, upto: int) -> tuple[Processor, bool]:
+        """Make the state after the live events before ``upto`` the known-good one.
+
+        If an event in between spoils it (raises when run again, or leaves a state that
+        cannot be encoded), that event becomes a dead letter, every event after it is
+        forgotten (to be run again), and the known-good state is the one before it.
+
+        Returns:
+            A processor holding the new known-good state, and whether a culprit was found.
+        """
+        found = False
+        while True:
+            try:
+                processor = self._replay(upto)
+                text = encode_state(processor.snapshot())
+            except _ReplayFailed as failed:
+                culprit, reason = (
+                    failed.index,
+                    (
+                        f"{failed.reason} (when run again to undo another event's changes: is "
+                        "the processor deterministic?)"
+                    ),
+                )
+            except ElementError:
+                raise
+            except Exception:
+                try:
+                    culprit, reason = self._bisect(upto)
+                except _ReplayFailed as failed:
+                    culprit, reason = failed.index, failed.reason
+            else:
+                self.good_at = upto
+                self.good_state = partial(json.loads, text)
+                return processor, found
+            found = True
+            self._kill(culprit, reason)
+            for j in range(culprit + 1, len(self.rows)):
+                self.results[j] = None
+                self.dead.pop(j, None)
+            upto = culprit
+
+    def run(self) -> tuple[list[RecordRow], T]:
+        processor = self._rebuild()
+        i = 0
+        while True:
+            while i < len(self.rows):
+                if self.results[i] is None and not self._run(processor, i):
+                    # The state may hold the failed event's changes: back to the state
+                    # before it (the failed event is dead now, so the replay skips it).
+                    processor, _ = self._settle(i)
+                    i = self.good_at
+                i += 1
+            try:
+                final = self.finish(processor)
+                break
+            except Exception as exc:
+                processor, found = self._settle(len(self.rows))
+                if not found:
+                    raise ElementError(
+                        f"{self.who}: its state cannot be stored "
+                        f"({_describe(exc)}), yet no event made it so",
+                        hint="snapshot() must return the declared fields as JSON values",
+                    ) from exc
+                i = self.good_at
+        return [record for result in self.results for record in result or ()], final
+
+
+def _unencodable(processor: Processor) -> str | None:
+    """Why the processor's snapshot cannot be encoded, or ``None`` if it can."""
+    try:
+        encode_state(processor.snapshot())
+    except Exception as exc:  # snapshot() itself may raise, like the encoding
+        return _describe(exc)
+    return None
+
+
+def run_batch(
+    build: Builder,
+    start_state: Callable[[], Mapping[str, Any] | None],
+    rows: Iterable[InputRow],
+    *,
+    finish: Callable[[Processor], T],
+    pe: str,
+    pipeline: str = "",
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> tuple[list[RecordRow], T]:
+    """Run one batch of a **stateful** processor with per-event isolation.
+
+    Args:
+        build: Builds the processor from a resume state (``Processor.build`` with its
+            options and id). Called once, and again for each failed event.
+        start_state: Returns the batch's starting state, a fresh object on every call (the
+            processor may mutate what it is given): e.g. decodes the stored JSON again.
+        rows: The batch's input rows, sorted by origin.
+        finish: Turns the final processor into what the caller stores (e.g. the encoded
+            snapshot); raising means the state cannot be stored, and the event that made it
+            so becomes a dead letter.
+        pe: The element id (creator of the records, named in reasons).
+        pipeline: The pipeline, named in errors.
+        max_record_bytes: The largest encoded output record.
+
+    Returns:
+        The output records (events and dead letters, by origin) and ``finish``'s result for
+        the state as if every dead-lettered event had never arrived.
+
+    Raises:
+        ElementError: The processor cannot be built, or rebuilt from its own snapshot.
+    """
+    batch = _Batch(build, start_state, list(rows), finish, max_record_bytes, pe, pipeline)
+    return batch.run()
 
 
 def run_events(
-    processor: Processor, rows: Iterable[tuple[int, int, float, str, str]]
-) -> Iterator[tuple[int, int, int, float, str, str, str | None]]:
+    processor: Processor,
+    rows: Iterable[InputRow],
+    *,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> Iterator[RecordRow]:
     """Feed ``rows`` (sorted by origin) to ``processor``; yield output records.
 
-    An event that cannot be parsed, or for which the processor raises, becomes a dead letter
-    carrying the input body and the reason; processing goes on with the next event.
+    An event that cannot be parsed, for which the processor raises, or whose outputs cannot
+    be encoded or are over ``max_record_bytes``, becomes a dead letter carrying the input
+    body and the reason; processing goes on with the next event. A stateful ``processor``
+    ends the batch with the state as if those events had never arrived (its state is
+    snapshotted once, up front, to undo them; the engine uses :func:`run_batch` with the
+    stored state instead).
     """
     pe = processor.element_id
-    for origin, seq, timestamp, creator, body_text in rows:
-        try:
-            event = Event(int(seq), float(timestamp), str(creator), load_body(body_text))
-            outputs = _outputs(processor.process(event))
-            encoded = []
-            for out in outputs:
-                if isinstance(out, Event):
-                    encoded.append((out.seq, out.timestamp, dump_body(dict(out.body))))
-                else:
-                    encoded.append((event.seq, event.timestamp, dump_body(dict(out))))
-        except DeadLetter as exc:
-            yield (origin, 0, seq, timestamp, pe, body_text, exc.reason)
-            continue
-        except (ValueError, TypeError, KeyError, ArithmeticError, json.JSONDecodeError) as exc:
-            reason = f"processor {pe!r} raised {type(exc).__name__}: {exc}"
-            yield (origin, 0, seq, timestamp, pe, body_text, reason)
-            continue
-        for index, (out_seq, out_ts, out_body) in enumerate(encoded):
-            yield (origin, index, out_seq, out_ts, pe, out_body, None)
+    rows = list(rows)
+    if not processor.is_stateful():
+        for row in rows:
+            try:
+                outputs = _process(processor, pe, row, max_record_bytes)
+            except _Rejected as rejected:
+                yield _dead_letter(row, pe, rejected.reason, max_record_bytes)
+                continue
+            for n, (seq, ts, text) in enumerate(outputs):
+                yield (row[0], n, seq, ts, pe, text, None)
+        return
+    start = encode_state(processor.snapshot())
+    first = [processor]
+
+    def build(resume: Mapping[str, Any] | None) -> Processor:
+        if first:  # the caller's instance runs the batch until an event has to be undone
+            return first.pop()
+        return type(processor).build(processor.options, pe, resume)
+
+    records, final = run_batch(
+        build,
+        lambda: json.loads(start),
+        rows,
+        finish=lambda p: p,
+        pe=pe,
+        max_record_bytes=max_record_bytes,
+    )
+    if final is not processor:
+        processor.restore(json.loads(encode_state(final.snapshot())))
+    yield from records

@@ -1,9 +1,19 @@
-"""CSV files as Spark sources and sinks (Python Data Sources).
+r"""CSV files as Spark sources and sinks (Python Data Sources).
 
 ``fogshift-csv-source`` reads a CSV file with a header row; data row *k* (1-based) becomes the
-event with ``seq = k``. Its offset is ``{"type": "csv-rows", "row": k, "t0": epoch s}``: the
-number of data rows already read, and when the source started (with ``rate``, row *k* becomes
-available at ``t0 + k / rate``). One record per line (no newlines inside quotes).
+event with ``seq = k``. Its offset is ``{"type": "csv-rows", "row": k, "t0": epoch s,
+"bytes": b}``: the number of data rows already read, when the source started (with ``rate``,
+row *k* becomes available at ``t0 + k / rate``) and where row *k* ends in the file (so that a
+re-executed batch reads the same bytes). One record per line (no newlines inside quotes).
+
+Lines end at ``\n`` only (a ``\r`` before it is dropped), in the index that counts them and
+in the reader that parses them alike: ``\f``, ``\v``, ``\x1c`` to ``\x1e``, U+0085, U+2028 are
+ordinary characters. The last line of the file without its ``\n`` is not a row while the file
+grows; once the file has not changed for ``tail_settle_s`` its writer is taken to have
+finished, and it is the last row (read once: if the writer then carries on that line, the
+rest of it belongs to that row and is not read). A row that is not valid UTF-8, not CSV (a
+field over ``csv.field_size_limit``, a lone ``\r``), has the wrong number of columns, or is
+over ``max_record_bytes`` as an event becomes a dead letter with the reason.
 
 ``fogshift-csv-sink`` appends events to a CSV file exactly once. Next to the file a marker
 (``.<name>.fogshift.json``) records the last input position written and the file's length at
@@ -38,11 +48,20 @@ from fogshift.broker.client import BrokerAddress, shared_client
 from fogshift.broker.datasource import RECORD_SCHEMA
 from fogshift.broker.exceptions import FENCED_TOKEN, Fenced
 from fogshift.broker.publish import Record, publish_records
-from fogshift.events import dump_body, load_body, parse_value
+from fogshift.events import (
+    DEFAULT_MAX_RECORD_BYTES,
+    dump_body,
+    fit_dead_letter,
+    load_body,
+    oversize,
+    parse_value,
+)
 from fogshift.exceptions import InvariantViolation
 from fogshift.runtime.gate import read_gate
 
 ROWS_OFFSET = "csv-rows"
+#: Seconds without a change after which a file's unterminated last line counts as a row.
+TAIL_SETTLE_S = 2.0
 #: A row handed to the sink: ``(origin, seq, timestamp, body_json)``.
 SinkRow = tuple[int, int, float, str]
 
@@ -54,37 +73,86 @@ def _rows(value: dict[str, Any]) -> int:
 
 
 class LineIndex:
-    """Byte offsets of the lines of a file, re-scanned when the file grows."""
+    r"""Byte offsets of the lines of an append-only file, scanned on from where it stopped.
 
-    def __init__(self, path: str) -> None:
+    A line ends with ``b"\n"``. The bytes after the last one (the *tail*) are a line only once
+    the file has not changed for ``settle_s`` seconds (its writer finished without a final
+    newline); until then they may be half a line.
+
+    Args:
+        path: The file.
+        settle_s: Quiet time after which the tail counts.
+    """
+
+    def __init__(self, path: str, settle_s: float = TAIL_SETTLE_S) -> None:
         self.path = path
-        self.size = -1
-        self.starts: list[int] = []  # starts[i] = byte offset of line i (0 = header)
-        self.end = 0
+        self.settle_s = settle_s
+        self.size = 0  # bytes scanned
+        self.starts: list[int] = []  # starts[i] = byte offset of whole line i (0 = header)
+        self.end = 0  # where the tail begins: just after the last b"\n"
+        self.mtime = 0.0
 
     def refresh(self) -> None:
-        size = os.path.getsize(self.path)
-        if size == self.size:
+        stat = os.stat(self.path)
+        self.mtime = stat.st_mtime
+        if stat.st_size == self.size:
             return
-        if size < self.size:
-            raise InvariantViolation(f"source file {self.path} shrank from {self.size} to {size}")
+        if stat.st_size < self.size:
+            raise InvariantViolation(
+                f"source file {self.path} shrank from {self.size} to {stat.st_size} bytes",
+                hint="a csv-source reads a file that is only appended to",
+            )
         with open(self.path, "rb") as handle:
-            data = handle.read()
-        starts, pos = [], 0
-        for line in data.splitlines(keepends=True):
-            starts.append(pos)
-            pos += len(line)
-        self.starts, self.end, self.size = starts, pos, size
+            handle.seek(self.end)
+            data = handle.read(stat.st_size - self.end)
+        pieces = data.split(b"\n")  # the last piece is the new tail (maybe empty)
+        pos = self.end
+        for piece in pieces[:-1]:
+            self.starts.append(pos)
+            pos += len(piece) + 1
+        self.end = pos
+        self.size = stat.st_size
+
+    @property
+    def tail_ready(self) -> bool:
+        """Whether the unterminated last line (if any) counts as a line."""
+        return self.size > self.end and time.time() - self.mtime >= self.settle_s
+
+    @property
+    def lines(self) -> int:
+        """Lines, the header included (and the tail if it counts)."""
+        return len(self.starts) + (1 if self.tail_ready else 0)
 
     @property
     def data_rows(self) -> int:
-        return max(0, len(self.starts) - 1)
+        return max(0, self.lines - 1)
 
-    def byte_range(self, first_row: int, last_row: int) -> tuple[int, int]:
-        """Bytes of data rows ``first_row..last_row`` (1-based, inclusive)."""
-        begin = self.starts[first_row]
-        end = self.starts[last_row + 1] if last_row + 1 < len(self.starts) else self.end
-        return begin, end
+    def line_end(self, line: int) -> int:
+        """Where line ``line`` (0 = header) ends, its newline included; the tail ends at the
+        end of the file whether it counts yet or not.
+
+        Raises:
+            InvariantViolation: The file has no such line.
+        """
+        if line + 1 < len(self.starts):
+            return self.starts[line + 1]
+        if line + 1 == len(self.starts):
+            return self.end
+        if line == len(self.starts) and self.size > self.end:
+            return self.size
+        raise InvariantViolation(f"source file {self.path} has no line {line}")
+
+    def line_start(self, line: int) -> int:
+        """Where line ``line`` begins (the tail's start for the line after the last whole one).
+
+        Raises:
+            InvariantViolation: The file has no such line.
+        """
+        if line < len(self.starts):
+            return self.starts[line]
+        if line == len(self.starts) and self.size > self.end:
+            return self.end
+        raise InvariantViolation(f"source file {self.path} has no line {line}")
 
 
 class CsvRowsPartition(InputPartition):
@@ -112,15 +180,21 @@ class CsvSourceDataSource(DataSource):
 
 
 class CsvSourceReader(DataSourceStreamReader):
-    """Reads a CSV file at a configured rate. Created by Spark, once per query."""
+    """Reads a CSV file at a configured rate. Created by Spark, once per query.
+
+    Options (strings): ``path``, ``pe``, ``rate``, ``max_events_per_batch``, ``gate``,
+    ``max_record_bytes`` (the largest event, encoded), ``tail_settle_s`` (see
+    :class:`LineIndex`).
+    """
 
     def __init__(self, options: dict[str, str]) -> None:
         self.path = options["path"]
         self.pe = options["pe"]
         self.rate = float(options.get("rate", "0"))
         self.max_events = int(options.get("max_events_per_batch", "10000"))
+        self.max_record_bytes = int(options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
         self.gate = options.get("gate")
-        self.index = LineIndex(self.path)
+        self.index = LineIndex(self.path, float(options.get("tail_settle_s", TAIL_SETTLE_S)))
 
     def initialOffset(self) -> dict:  # noqa: N802
         # ``t0`` anchors the rate schedule in wall-clock time and travels in every offset, so
@@ -138,10 +212,13 @@ class CsvSourceReader(DataSourceStreamReader):
             return start
         self.index.refresh()
         latest = self.index.data_rows
+        if latest == begin - 1 and self.index.size > self.index.end:
+            latest = begin  # the tail was read as the last row already (it had settled)
         if latest < begin:
             raise InvariantViolation(
                 f"source {self.pe!r}: file {self.path} has {latest} data rows but {begin} "
-                "were already read"
+                "were already read",
+                hint="a csv-source reads a file that is only appended to",
             )
         t0 = float(start.get("t0", time.time()))
         if self.rate > 0:
@@ -150,36 +227,80 @@ class CsvSourceReader(DataSourceStreamReader):
             latest = min(latest, begin + limit.max_rows)
         if gate is not None and gate["limit"]:
             latest = min(latest, _rows(gate["limit"]))
-        return {"type": ROWS_OFFSET, "row": max(begin, latest), "t0": t0}
+        if latest <= begin:
+            return start
+        return {"type": ROWS_OFFSET, "row": latest, "t0": t0, "bytes": self.index.line_end(latest)}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         first, last = _rows(start), _rows(end)
         if last <= first:
             return []
         self.index.refresh()
-        begin, finish = self.index.byte_range(first + 1, last)
+        # Rows before ``first`` were whole lines or the settled tail, whose continuation (if
+        # its writer carried on) is skipped with it: the index says where row first+1 begins.
+        # The end comes from the offset where there is one, so that a batch re-executed after
+        # its last row (a settled tail) grew reads what it read the first time.
+        begin = self.index.line_start(first + 1)
+        finish = int(end["bytes"]) if "bytes" in end else self.index.line_end(last)
         return [CsvRowsPartition(first, last, begin, finish)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         assert isinstance(partition, CsvRowsPartition)
         with open(self.path, "rb") as handle:
-            header_line = handle.readline().decode("utf-8-sig")
+            # A header that is not UTF-8 still names its columns (with replacement
+            # characters): failing on it would fail every batch of the query.
+            header_line = handle.readline().decode("utf-8-sig", errors="replace")
             handle.seek(partition.byte_begin)
-            chunk = handle.read(partition.byte_end - partition.byte_begin).decode("utf-8")
-        header = next(csv.reader([header_line]))
+            chunk = handle.read(partition.byte_end - partition.byte_begin)
+        header = next(csv.reader([header_line.rstrip("\r\n")]), [])
+        lines = chunk.split(b"\n")
+        if chunk.endswith(b"\n"):
+            lines.pop()  # the empty piece after the last newline
+        if len(lines) != partition.end - partition.start:
+            raise InvariantViolation(
+                f"source {self.pe!r}: bytes {partition.byte_begin}-{partition.byte_end} of "
+                f"{self.path} hold {len(lines)} lines, not rows "
+                f"{partition.start + 1}-{partition.end}",
+                hint="a csv-source reads a file that is only appended to",
+            )
         now = time.time() * 1000.0
-        lines = chunk.splitlines()
-        for k, line in zip(range(partition.start + 1, partition.end + 1), lines, strict=True):
+        for k, line in enumerate(lines, start=partition.start + 1):
+            yield self._row(k, line.removesuffix(b"\r"), header, now)
+
+    def _row(self, k: int, raw: bytes, header: list[str], now: float) -> tuple:
+        """The record of data row ``k`` (``raw``: its bytes without the line end)."""
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            reason = f"row {k} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            return self._dead(k, raw.decode("utf-8", errors="backslashreplace"), reason, now)
+        try:
             cells = next(csv.reader([line]), [])
-            if len(cells) != len(header):
-                reason = (
-                    f"row {k} has {len(cells)} columns, the header has {len(header)} "
-                    f"({', '.join(header)})"
-                )
-                yield (k, 0, k, now, self.pe, json.dumps({"line": line}), reason)
-                continue
-            body = {name: parse_value(cell) for name, cell in zip(header, cells, strict=True)}
-            yield (k, 0, k, now, self.pe, dump_body(body), None)
+        except csv.Error as exc:  # a field over csv.field_size_limit, a lone \r, a NUL...
+            return self._dead(k, line, f"row {k} cannot be read as CSV: {exc}", now)
+        if len(cells) != len(header):
+            reason = (
+                f"row {k} has {len(cells)} columns, the header has {len(header)} "
+                f"({', '.join(header)})"
+            )
+            return self._dead(k, line, reason, now)
+        body = dump_body(
+            {name: parse_value(cell) for name, cell in zip(header, cells, strict=True)}
+        )
+        size = oversize(k, now, self.pe, body, None, self.max_record_bytes)
+        if size is not None:
+            reason = (
+                f"row {k} is {size} bytes as an event, over the limit of "
+                f"{self.max_record_bytes} bytes (max_record_bytes)"
+            )
+            return self._dead(k, line, reason, now)
+        return (k, 0, k, now, self.pe, body, None)
+
+    def _dead(self, k: int, line: str, reason: str, now: float) -> tuple:
+        body, reason = fit_dead_letter(
+            k, now, self.pe, json.dumps({"line": line}), reason, self.max_record_bytes
+        )
+        return (k, 0, k, now, self.pe, body, reason)
 
 
 @dataclass
@@ -344,6 +465,7 @@ class CsvSinkWriter(DataSourceStreamWriter):
         self.pe = options["pe"]
         self.broker = options["broker"]
         self.epoch = int(options.get("epoch", "0"))
+        self.max_record_bytes = int(options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         return SinkRows(
@@ -358,10 +480,15 @@ class CsvSinkWriter(DataSourceStreamWriter):
 
     def _dead_letter(self, refused: list[tuple[SinkRow, str]]) -> None:
         records = [
-            Record(row[0], 0, row[1], row[2], self.pe, row[3], reason) for row, reason in refused
+            Record(row[0], 0, row[1], row[2], self.pe, *self._fit(row, reason))
+            for row, reason in refused
         ]
         client = shared_client(BrokerAddress.load(self.broker))
         client.run(lambda js: publish_records(js, self.pipeline, self.pe, records, self.epoch))
+
+    def _fit(self, row: SinkRow, reason: str) -> tuple[str, str]:
+        """Body and reason of a dead letter for ``row``, cut to fit the record size limit."""
+        return fit_dead_letter(row[1], row[2], self.pe, row[3], reason, self.max_record_bytes)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """Nothing was appended before ``commit``."""

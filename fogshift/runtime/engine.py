@@ -7,6 +7,13 @@
 * sink (``csv-sink``): JetStream reader → exactly-once CSV writer.
 
 Every query has a single partition end to end: a PE's events keep their order.
+
+What one event does never stops a query (see :mod:`fogshift.runtime.batch`). What no event
+does — a processor class that cannot be imported, a constructor, options or ``restore()``
+that fail — raises :class:`~fogshift.runtime.exceptions.ElementError` naming the pipeline and
+PE: in the driver, from :func:`start_query`, for what can be checked there (import,
+constructor, options); else in the first batch (``restore()`` of the stored state). The node
+agent knows such a failure by that type and restarts it only a bounded number of times.
 """
 
 from __future__ import annotations
@@ -17,8 +24,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fogshift.broker.datasource import EVENT_SCHEMA, RECORD_SCHEMA
-from fogshift.runtime.api import encode_state
-from fogshift.runtime.batch import RECORD_COLUMNS, run_events
+from fogshift.events import DEFAULT_MAX_RECORD_BYTES
+from fogshift.runtime.api import Processor, encode_state
+from fogshift.runtime.batch import RECORD_COLUMNS, run_batch, run_events
+from fogshift.runtime.exceptions import ElementError
 from fogshift.runtime.kinds import KINDS, processor_for
 from fogshift.spec.models import ElementSpec
 
@@ -40,6 +49,8 @@ class QueryPlan:
         trigger_ms: The micro-batch trigger interval.
         gate_file: The gate of the query's input (pause/resume, see ``runtime.gate``).
         epoch: The epoch this instance writes under (fencing).
+        max_record_bytes: The largest record the PE may append (encoded, without headers);
+            an output over it is a dead letter instead of an append the broker refuses.
     """
 
     pipeline: str
@@ -49,6 +60,7 @@ class QueryPlan:
     trigger_ms: int = 200
     gate_file: str = ""
     epoch: int = 0
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
     @property
     def query_name(self) -> str:
@@ -60,6 +72,8 @@ def _read_inputs(spark: SparkSession, plan: QueryPlan, max_events: int = 10_000)
         spark.readStream.format("fogshift-jetstream")
         .option("broker", plan.broker_file)
         .option("pipeline", plan.pipeline)
+        .option("pe", plan.element.id)
+        .option("epoch", str(plan.epoch))
         .option("inputs", ",".join(plan.element.inputs))
         .option("max_events_per_batch", str(max_events))
         .option("gate", plan.gate_file)
@@ -68,31 +82,87 @@ def _read_inputs(spark: SparkSession, plan: QueryPlan, max_events: int = 10_000)
     )
 
 
-def _stateless(kind: str, options: dict[str, Any], pe: str):  # type: ignore[no-untyped-def]
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _processor_class(
+    pipeline: str, pe: str, kind: str, options: dict[str, Any]
+) -> tuple[type[Processor], dict[str, Any]]:
+    """The processor class and its options, or an ElementError naming pipeline and PE."""
+    try:
+        return processor_for(kind, options)
+    except ElementError as exc:
+        raise ElementError(
+            f"PE {pe!r} of pipeline {pipeline!r}: {exc.message}",
+            expected=exc.expected,
+            received=exc.received,
+            hint=exc.hint,
+        ) from exc
+
+
+def _build(
+    pipeline: str,
+    pe: str,
+    cls: type[Processor],
+    options: dict[str, Any],
+    resume: Any,
+) -> Processor:
+    """``cls.build``; whatever it raises is an ElementError (nothing an event did)."""
+    try:
+        return cls.build(options, pe, resume)
+    except Exception as exc:
+        what = "from its stored state" if resume is not None else "with its options"
+        raise ElementError(
+            f"processor {pe!r} ({cls.__name__}) of pipeline {pipeline!r} cannot be built "
+            f"{what}: {_describe(exc)}",
+            hint="check the element's options, and that its constructor and restore() accept "
+            "them" + (" and the state its snapshot() stored" if resume is not None else ""),
+        ) from exc
+
+
+def check_processor(plan: QueryPlan) -> type[Processor]:
+    """Import and build the processor of ``plan`` once, in the driver.
+
+    A PE that cannot be built at all then fails at its start with a clear error, instead of
+    in a Python worker, batch after batch.
+
+    Raises:
+        ElementError: The class cannot be imported, or its constructor rejects the options.
+    """
+    element = plan.element
+    cls, opts = _processor_class(plan.pipeline, element.id, element.kind, dict(element.options))
+    _build(plan.pipeline, element.id, cls, opts, None)
+    return cls
+
+
+def _stateless(kind: str, options: dict[str, Any], pipeline: str, pe: str, limit: int):  # type: ignore[no-untyped-def]
     """A ``mapInPandas`` function running a stateless processor (must be picklable)."""
 
     def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
-        cls, opts = processor_for(kind, options)
-        processor = cls.build(opts, pe, None)
+        cls, opts = _processor_class(pipeline, pe, kind, options)
+        processor = _build(pipeline, pe, cls, opts, None)
         for frame in frames:
             ordered = frame.sort_values("origin")
             rows = ordered[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
                 index=False, name=None
             )
-            out = list(run_events(processor, rows))  # type: ignore[arg-type]
+            out = list(run_events(processor, rows, max_record_bytes=limit))  # type: ignore[arg-type]
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
 
     return run
 
 
-def _stateful_processor(kind: str, options: dict[str, Any], pe: str):  # type: ignore[no-untyped-def]
+def _stateful_processor(kind: str, options: dict[str, Any], pipeline: str, pe: str, limit: int):  # type: ignore[no-untyped-def]
     """A ``StatefulProcessor`` keeping the PE's snapshot in the state store.
 
     Each declared state field is a ValueState of its own, written only when its JSON text
     changed: a PE with a large, rarely changing field pays for it once, not every batch.
+    Events are isolated (:func:`~fogshift.runtime.batch.run_batch`): to undo a failed
+    event, the processor is rebuilt from the stored texts, decoded again.
     """
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -100,7 +170,7 @@ def _stateful_processor(kind: str, options: dict[str, Any], pe: str):  # type: i
 
     class SnapshotProcessor(StatefulProcessor):
         def init(self, handle) -> None:  # type: ignore[no-untyped-def]
-            self.cls, self.opts = processor_for(kind, options)
+            self.cls, self.opts = _processor_class(pipeline, pe, kind, options)
             self.parts = self.cls.state_parts()
             names = self.parts if self.parts is not None else [opaque_part]
             self.values = {n: handle.getValueState(f"f_{n}", "json string") for n in names}
@@ -110,20 +180,35 @@ def _stateful_processor(kind: str, options: dict[str, Any], pe: str):  # type: i
 
             frame = pd.concat(list(rows), ignore_index=True).sort_values("origin")
             stored = {n: v.get()[0] for n, v in self.values.items() if v.exists()}
-            resume: dict[str, Any] | None = None
-            if stored:
+            parts = self.parts
+
+            def start_state() -> Any:
+                if not stored:
+                    return None
                 decoded = {n: json.loads(text) for n, text in stored.items()}
-                resume = decoded if self.parts is not None else decoded[opaque_part]
-            processor = self.cls.build(self.opts, pe, resume)
+                return decoded if parts is not None else decoded[opaque_part]
+
+            def build(resume: Any) -> Processor:
+                return _build(pipeline, pe, self.cls, self.opts, resume)
+
+            def finish(processor: Processor) -> dict[str, str]:
+                snapshot = processor.snapshot()
+                if parts is None:
+                    return {opaque_part: encode_state(snapshot)}
+                return {n: encode_state(snapshot[n]) for n in parts}
+
             tuples = frame[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
                 index=False, name=None
             )
-            out = list(run_events(processor, tuples))  # type: ignore[arg-type]
-            snapshot = processor.snapshot()
-            if self.parts is None:
-                fresh = {opaque_part: encode_state(snapshot)}
-            else:
-                fresh = {n: encode_state(snapshot[n]) for n in self.parts}
+            out, fresh = run_batch(
+                build,
+                start_state,
+                tuples,  # type: ignore[arg-type]
+                finish=finish,
+                pe=pe,
+                pipeline=pipeline,
+                max_record_bytes=limit,
+            )
             for name, text in fresh.items():
                 if stored.get(name) != text:
                     self.values[name].update((text,))
@@ -148,6 +233,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
             .option("pe", element.id)
             .option("rate", str(options.get("rate", 0)))
             .option("max_events_per_batch", str(options.get("max_events_per_batch", 10_000)))
+            .option("max_record_bytes", str(plan.max_record_bytes))
             .option("gate", plan.gate_file)
             .load()
         )
@@ -155,27 +241,29 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
     elif kind.role == "processor":
         from pyspark.sql import functions as F  # noqa: N812
 
+        cls = check_processor(plan)
         events = _read_inputs(spark, plan)
-        cls, _ = processor_for(element.kind, options)
+        args = (element.kind, options, plan.pipeline, element.id, plan.max_record_bytes)
         if cls.is_stateful():
             out = (
                 events.withColumn("pe_key", F.lit(element.id))
                 .groupBy("pe_key")
                 .transformWithStateInPandas(
-                    statefulProcessor=_stateful_processor(element.kind, options, element.id),
+                    statefulProcessor=_stateful_processor(*args),
                     outputStructType=RECORD_SCHEMA,
                     outputMode="Append",
                     timeMode="None",
                 )
             )
         else:
-            out = events.mapInPandas(_stateless(element.kind, options, element.id), RECORD_SCHEMA)
+            out = events.mapInPandas(_stateless(*args), RECORD_SCHEMA)
         writer = out.coalesce(1).writeStream.format("fogshift-jetstream")
     else:
         writer = (
             _read_inputs(spark, plan)
             .writeStream.format("fogshift-csv-sink")
             .option("path", options["path"])
+            .option("max_record_bytes", str(plan.max_record_bytes))
         )
     return (
         writer.option("broker", plan.broker_file)

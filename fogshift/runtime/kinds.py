@@ -125,7 +125,8 @@ def load_class(reference: str, path: str | None = None) -> type[Processor]:
     """Import ``module:ClassName``, a :class:`Processor` subclass.
 
     Raises:
-        ElementError: It cannot be imported or is not a Processor.
+        ElementError: It cannot be imported (whatever its module raises) or is not a
+            Processor.
     """
     if path and path not in sys.path:
         sys.path.insert(0, str(Path(path)))
@@ -133,9 +134,9 @@ def load_class(reference: str, path: str | None = None) -> type[Processor]:
     try:
         module = importlib.import_module(module_name)
         cls = getattr(module, class_name)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # not found, or the module itself raises (SyntaxError...)
         raise ElementError(
-            f"cannot import processor class {reference!r}: {exc}",
+            f"cannot import processor class {reference!r}: {type(exc).__name__}: {exc}",
             hint="the module must be importable on the node (set `path` in the options)",
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, Processor)):

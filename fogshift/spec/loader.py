@@ -158,12 +158,46 @@ def validate_spec(
                         "does not exist",
                         hint="relative paths are relative to the spec file",
                     )
+    _check_single_writer_files(spec)
     cycle = _find_cycle(spec)
     if cycle:
         raise InvalidSpec(
             f"pipeline {spec.pipeline!r} has a cycle: " + " -> ".join(cycle),
             expected="a directed acyclic graph of elements",
         )
+
+
+def _check_single_writer_files(spec: PipelineSpec) -> None:
+    """Refuse shapes whose output could not be exactly-once: two sinks appending to one file
+    (their exactly-once markers would overwrite each other), or a source reading a file a sink
+    of the same pipeline writes (a feedback loop the broker cannot see)."""
+    writers: dict[str, str] = {}
+    for element in spec.elements:
+        path = element.options.get("path")
+        if KINDS[element.kind].role != "sink" or not isinstance(path, str):
+            continue
+        key = str(Path(path).resolve())
+        if key in writers:
+            raise InvalidSpec(
+                f"sinks {writers[key]!r} and {element.id!r} of pipeline {spec.pipeline!r} both "
+                f"write {path!r}",
+                expected="one sink per output file",
+                received=f"{writers[key]}.path == {element.id}.path",
+                hint="give each sink its own `path`, or feed one sink from both inputs",
+            )
+        writers[key] = element.id
+    for element in spec.elements:
+        path = element.options.get("path")
+        if KINDS[element.kind].role == "source" and isinstance(path, str):
+            key = str(Path(path).resolve())
+            if key in writers:
+                raise InvalidSpec(
+                    f"source {element.id!r} of pipeline {spec.pipeline!r} reads {path!r}, "
+                    f"which sink {writers[key]!r} writes",
+                    expected="a source file no sink of the pipeline writes",
+                    received=repr(path),
+                    hint="a pipeline is a directed acyclic graph; loops through files are not",
+                )
 
 
 def _find_cycle(spec: PipelineSpec) -> list[str]:

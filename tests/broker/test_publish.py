@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from fogshift.broker import publish
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, fetch_range, last_seq
-from fogshift.broker.exceptions import WriterConflict
-from fogshift.broker.naming import data_subject, stream_name
+from fogshift.broker.exceptions import Fenced, WriterConflict
+from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
 
 pytestmark = pytest.mark.integration
@@ -41,24 +42,112 @@ def test_reexecuted_batches_are_skipped_beyond_the_duplicate_window(
     assert js_client.run(lambda js: last_seq(js, stream_name("t", pe))) == 5
 
 
-def test_a_racing_writer_is_detected(
-    js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def interleaved(batch: list[Record], action: Callable[[], object]) -> Iterator[Record]:
+    """The records of ``batch``, running ``action`` (on another connection) once the writer
+    has read the stream's tail and starts consuming its records: a real race, no patching."""
+    action()
+    yield from batch
+
+
+def test_a_racing_writer_is_detected(js_client: SyncJetStream, nats_server: object) -> None:
     pe = fresh_pe(js_client)
     stream = stream_name("t", pe)
     js_client.run(lambda js: publish_records(js, "t", pe, records([1])))
-    seen = js_client.run(lambda js: publish.last_position(js, stream))
-    # Writer A appends; writer B had read the last position before that.
-    js_client.run(lambda js: publish_records(js, "t", pe, records([2])))
-
-    async def stale(js: object, name: str) -> tuple[int, tuple[int, int]]:
-        return seen
-
-    monkeypatch.setattr(publish, "last_position", stale)
-    with pytest.raises(WriterConflict, match="another writer"):
-        js_client.run(lambda js: publish_records(js, "t", pe, records([3])))
-    monkeypatch.undo()
+    other = SyncJetStream(js_client.address)
+    try:
+        rival = interleaved(
+            records([3]),
+            lambda: other.run(lambda js: publish_records(js, "t", pe, records([2]))),
+        )
+        with pytest.raises(WriterConflict, match="another writer"):
+            js_client.run(lambda js: publish_records(js, "t", pe, rival))
+    finally:
+        other.close()
     assert js_client.run(lambda js: last_seq(js, stream)) == 2
+
+
+def foreign(js_client: SyncJetStream, pe: str, subject: str | None = None) -> None:
+    """Publish a message without fogshift headers into ``pe``'s stream."""
+    target = subject or data_subject("t", pe)
+    js_client.run(lambda js: js.publish(target, b"hello from outside"))
+
+
+def test_a_foreign_message_resets_neither_deduplication_nor_fencing(
+    js_client: SyncJetStream,
+) -> None:
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+    js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2, 3]), epoch=2))
+    foreign(js_client, pe)
+    foreign(js_client, pe, dead_subject("t", pe))
+    tail = js_client.run(lambda js: publish.read_tail(js, stream))
+    assert (tail.last_seq, tail.mark_seq, tail.position, tail.epoch) == (5, 3, (3, 0), 2)
+    # A re-executed batch is still skipped, and an older epoch is still fenced.
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([2, 3]), epoch=2)) == 0
+    with pytest.raises(Fenced):
+        js_client.run(lambda js: publish_records(js, "t", pe, records([4]), epoch=1))
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([3, 4]), epoch=2)) == 1
+    assert js_client.run(lambda js: last_seq(js, stream)) == 6
+
+
+def test_a_foreign_message_during_an_append_is_stepped_over(js_client: SyncJetStream) -> None:
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+    js_client.run(lambda js: publish_records(js, "t", pe, records([1])))
+    other = SyncJetStream(js_client.address)
+    try:
+        batch = interleaved(records([2, 3]), lambda: foreign(other, pe))
+        assert js_client.run(lambda js: publish_records(js, "t", pe, batch)) == 2
+    finally:
+        other.close()
+    tail = js_client.run(lambda js: publish.read_tail(js, stream))
+    assert (tail.last_seq, tail.mark_seq, tail.position) == (4, 4, (3, 0))
+
+
+def test_a_zombie_is_refused_after_the_fence_even_behind_foreign_messages(
+    js_client: SyncJetStream,
+) -> None:
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+    js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2]), epoch=1))
+    fenced_at = js_client.run(lambda js: publish.fence(js, "t", pe, 2))
+    foreign(js_client, pe)
+    # The fence repeats the last position, so the new epoch skips what is stored ...
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([2, 3]), epoch=2)) == 1
+    # ... and the old instance, trying to write its next record, is refused.
+    with pytest.raises(Fenced, match="FOGSHIFT_FENCED"):
+        js_client.run(lambda js: publish_records(js, "t", pe, records([4]), epoch=1))
+    with pytest.raises(Fenced):
+        js_client.run(lambda js: publish.append_cut(js, "t", pe, 1, {"a": 0}, {"a": 1}))
+    assert fenced_at == 3
+    assert js_client.run(lambda js: last_seq(js, stream)) == 5
+    # Fencing again at the same epoch is a no-op.
+    assert js_client.run(lambda js: publish.fence(js, "t", pe, 2)) == 5
+
+
+def test_cuts_are_logged_in_order_and_found_after_a_sequence(js_client: SyncJetStream) -> None:
+    pe = fresh_pe(js_client)
+    assert js_client.run(lambda js: publish.next_cut(js, "t", pe, 0)) is None
+    first = js_client.run(
+        lambda js: publish.append_cut(js, "t", pe, 1, {"a": 0, "b": 0}, {"a": 3, "b": 1})
+    )
+    js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2]), epoch=1))
+    foreign(js_client, pe)
+    second = js_client.run(
+        lambda js: publish.append_cut(js, "t", pe, 1, {"a": 3, "b": 1}, {"a": 5, "b": 4})
+    )
+    # A cut carries the last record's position: de-duplication is unaffected by it.
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([2, 3]), epoch=1)) == 1
+    got = js_client.run(lambda js: publish.next_cut(js, "t", pe, 0))
+    assert (got.seq, got.start, got.end, got.epoch) == (
+        first,
+        {"a": 0, "b": 0},
+        {"a": 3, "b": 1},
+        1,
+    )
+    got = js_client.run(lambda js: publish.next_cut(js, "t", pe, first))
+    assert (got.seq, got.start, got.end) == (second, {"a": 3, "b": 1}, {"a": 5, "b": 4})
+    assert js_client.run(lambda js: publish.next_cut(js, "t", pe, second)) is None
 
 
 def test_fetch_range_skips_dead_letters_and_honours_bounds(js_client: SyncJetStream) -> None:

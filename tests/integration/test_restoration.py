@@ -9,13 +9,21 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress, SyncJetStream
-from fogshift.broker.naming import stream_name
+from fogshift.broker.client import BrokerAddress, SyncJetStream, last_seq, subject_counts
+from fogshift.broker.exceptions import FENCED_TOKEN
+from fogshift.broker.naming import data_subject, dead_subject, fence_subject, stream_name
+from fogshift.broker.publish import last_position
+from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.spark_dir import progress_of
+from fogshift.events import EPOCH_HEADER
 from tests.conftest import Cluster
+from tests.integration.control import kill_orchestrator
 from tests.integration.helpers import (
     assert_only_new_epochs_after_fence,
     case1_spec,
@@ -38,22 +46,72 @@ def cluster_nodes() -> list[str]:
     return ["cloud", "fog-a", "fog-b", "fog-c"]
 
 
+def rows_read(cluster: Cluster, pipeline: str, source: str = "source") -> int:
+    """How many rows a csv-source has read so far: its events and its dead letters."""
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    try:
+        counts = client.run(partial(subject_counts, stream=stream_name(pipeline, source)))
+    finally:
+        client.close()
+    return counts.get(data_subject(pipeline, source), 0) + counts.get(
+        dead_subject(pipeline, source), 0
+    )
+
+
+def freeze_past_central_checkpoint(
+    cluster: Cluster, pipeline: str, element: str, pgid: int, timeout_s: float = 60
+) -> tuple[int, int]:
+    """SIGSTOP process group ``pgid`` (the node hosting ``element``) at a moment when the PE has
+    emitted output derived from input beyond its newest central checkpoint.
+
+    Once the node is frozen no further central checkpoint of the PE can be taken (its agent
+    answers no pull), so what a restore will reprocess is fixed: the input between that
+    checkpoint and the last output. Returns ``(position of the last output, position of the
+    newest central checkpoint)``.
+    """
+    central = CentralStore(cluster.home / "central")
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    stream = stream_name(pipeline, element)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            os.killpg(pgid, signal.SIGSTOP)
+            time.sleep(0.5)  # a pull in flight completes (all fetched) or stalls (it cannot)
+            _, (emitted, _), _ = client.run(lambda js: last_position(js, stream))
+            newest = central.manifests(pipeline, element)
+            checkpoint = progress_of(newest[0]["offset"]) if newest else 0
+            if emitted > checkpoint:
+                return emitted, checkpoint
+            os.killpg(pgid, signal.SIGCONT)
+            assert time.monotonic() < deadline, f"{element} never emitted past its checkpoint"
+            time.sleep(random.uniform(0.5, 1.5))
+    finally:
+        client.close()
+
+
 def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> None:
-    spec = case1_spec(tmp_path, "killed", rows=1000, rate=20, detect_after_s=600)
+    rows = 1400  # 70 s of input: it still flows at the kill, however slow the start
+    spec = case1_spec(tmp_path, "killed", rows=rows, rate=20, detect_after_s=600)
     cluster.cli("deploy", str(spec))
-    cluster.wait_for("killed", "sink", 40)
+    cluster.wait_for("killed", "sink", 20)
     status = wait_central(cluster, "killed", "aggregate")
     assert status["node_level"]["batch"] >= status["central"]["batch"] >= 0
     # A random moment: mid-batch, between checkpoints, or while one is being taken.
     time.sleep(random.uniform(0, 2))
-    os.killpg(cluster.node("fog-a")["pgid"], signal.SIGKILL)
+    pgid = cluster.node("fog-a")["pgid"]
+    emitted, checkpoint = freeze_past_central_checkpoint(cluster, "killed", "aggregate", pgid)
+    os.killpg(pgid, signal.SIGKILL)
+    assert rows_read(cluster, "killed") < rows, "the input had ended before the kill"
     time.sleep(3)  # longer than the streams' duplicate window (checked below)
     result = cluster.cli("restore", "killed", "aggregate", "--to", "fog-b", "--json")
     report = json.loads(result.stdout)
     assert report["status"] == "restored" and report["epoch"] == 2, report
     assert report["checkpoint"] is not None and report["checkpoint_age_ms"] >= 0
-    for key in ("reprocessed_events", "reprocess_ms", "intermediate_events", "intermediate_ms"):
-        assert report[key] >= 0
+    # Killed while input still flowed: the restore re-processed, without emitting, exactly
+    # what the killed instance had emitted since the checkpoint, then what arrived meanwhile.
+    assert report["reprocessed_events"] == emitted - checkpoint > 0, (report, emitted)
+    assert report["intermediate_events"] > 0 and report["intermediate_ms"] > 0, report
+    assert report["reprocess_ms"] > 0, report
     assert cluster.element("killed", "aggregate")["node"] == "fog-b"
     finish_and_compare(cluster, tmp_path, "killed")
     client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
@@ -98,7 +156,7 @@ def test_torn_central_checkpoint_falls_back_to_an_older_one(
     cluster.cli("stop", "torn")
 
 
-def test_frozen_node_is_restored_automatically_and_its_zombie_never_writes(
+def test_frozen_node_is_restored_automatically_and_its_zombie_is_refused(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     spec = case1_spec(tmp_path, "zombie", rows=1000, rate=20, agg_node="fog-b", detect_after_s=4)
@@ -106,6 +164,7 @@ def test_frozen_node_is_restored_automatically_and_its_zombie_never_writes(
     cluster.wait_for("zombie", "sink", 40)
     wait_central(cluster, "zombie", "aggregate")
     frozen = cluster.node("fog-b")
+    zombie_log = cluster.home / "logs" / "node-fog-b.log"
     os.killpg(frozen["pgid"], signal.SIGSTOP)
     try:
         deadline = time.monotonic() + 120
@@ -113,10 +172,22 @@ def test_frozen_node_is_restored_automatically_and_its_zombie_never_writes(
             assert time.monotonic() < deadline, "the frozen node's PE was not restored"
             time.sleep(1)
         restored_on = cluster.element("zombie", "aggregate")["node"]
-        time.sleep(3)  # the restored instance emits under epoch 2
+        wait_for_epoch(cluster, "zombie", "aggregate", 2)  # the new instance writes
+        # Without an orchestrator nothing removes the zombie once it wakes: it gets to try
+        # to write, which is what this test is about.
+        kill_orchestrator(cluster)
+        logged = zombie_log.stat().st_size
     finally:
         os.killpg(frozen["pgid"], signal.SIGCONT)
-    # The zombie wakes up mid-batch; it must be fenced and removed, never write.
+    # The zombie wakes up mid-batch and goes on: refused. Its writer finds the newer epoch
+    # (fenced: it stops itself), or the broker refuses the node rights to a PE it no longer
+    # hosts (its reads and writes fail), whichever comes first.
+    refusals = (FENCED_TOKEN, "permissions violation")
+    deadline = time.monotonic() + 60
+    while not any(r in zombie_log.read_text(errors="replace")[logged:] for r in refusals):
+        assert time.monotonic() < deadline, "the zombie was never refused: it tried nothing"
+        time.sleep(0.2)
+    cluster.up()  # the orchestrator only: it removes the zombie
     deadline = time.monotonic() + 60
     while "zombie/aggregate" in cluster.node("fog-b")["elements"]:
         assert time.monotonic() < deadline, "the zombie was not removed from fog-b"
@@ -125,6 +196,30 @@ def test_frozen_node_is_restored_automatically_and_its_zombie_never_writes(
     finish_and_compare(cluster, tmp_path, "zombie")
     assert_only_new_epochs_after_fence(cluster, "zombie", "aggregate")
     cluster.cli("stop", "zombie")
+
+
+def wait_for_epoch(
+    cluster: Cluster, pipeline: str, element: str, epoch: int, timeout_s: float = 60
+) -> None:
+    """Wait until the PE's output stream ends with a record (not a fence marker) of ``epoch``
+    or newer: the instance that got it writes."""
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    stream = stream_name(pipeline, element)
+
+    async def last(js: Any) -> tuple[str, int]:
+        msg = await js.get_msg(stream, seq=await last_seq(js, stream))
+        return msg.subject, int((msg.headers or {}).get(EPOCH_HEADER, 0))
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            subject, seen = client.run(last)
+            if seen >= epoch and subject != fence_subject(pipeline, element):
+                return
+            assert time.monotonic() < deadline, f"nothing was written under epoch {epoch}"
+            time.sleep(0.2)
+    finally:
+        client.close()
 
 
 def test_restore_target_that_dies_during_the_restore_is_retried_elsewhere(

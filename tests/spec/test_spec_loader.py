@@ -164,3 +164,28 @@ def test_map_expression_is_checked_at_load() -> None:
     }
     with pytest.raises(InvalidSpec, match="not a valid expression"):
         parse_spec(data)
+
+
+def test_shapes_that_could_not_be_exactly_once_are_refused(tmp_path: Path) -> None:
+    data = case1()
+    data["elements"].append(
+        {
+            "id": "sink2",
+            "kind": "csv-sink",
+            "node": "fog-b",
+            "inputs": ["source"],
+            "options": {"path": "out/../out/o.csv"},
+        }
+    )
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data, tmp_path)
+    assert "sinks 'sink' and 'sink2'" in err.value.message
+    assert err.value.expected == "one sink per output file"
+    loop = case1()
+    loop["elements"][2]["options"]["path"] = "in.csv"
+    with pytest.raises(InvalidSpec, match="which sink 'sink' writes"):
+        parse_spec(loop, tmp_path)
+    twice = case1()
+    twice["elements"][1]["inputs"] = ["source", "source"]
+    with pytest.raises(InvalidSpec, match="same input twice"):
+        parse_spec(twice, tmp_path)

@@ -49,6 +49,7 @@ class WindowAggregate(Processor):
     """
 
     options_model = WindowAggregateOptions
+    dead_letters_change_nothing = True  # process() checks the value before the window
     values: list[float] = state(default_factory=list)
     padding: str = state("")
 

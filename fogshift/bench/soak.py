@@ -1,0 +1,1266 @@
+"""Soak: two pipelines under random migrations and SIGKILLs, then lost, duplicated, wrong rows.
+
+``fogshift bench soak --migrations N --kills M`` starts one cluster (``--nodes``, 4 by default)
+and runs two pipelines on it while their inputs keep growing:
+
+* **Case 1** (csv-source -> window-aggregate avg 10 -> csv-sink), through
+  :class:`~fogshift.bench.workload.Case1Run`, compared with
+  :func:`~fogshift.verify.reference.case1_reference`;
+* **merge**, a two-input pipeline (``examples/soak/merge.yaml``): two csv-sources ``left``
+  and ``right`` -> one ``filter`` reading both (``value % 3 != 0``) -> csv-sink. Its reference
+  (:func:`merge_reference`) is computed from the input files alone: the multiset of
+  ``(source, seq) -> (timestamp, value)`` of the rows the filter keeps.
+
+Then a seeded random schedule of ``N`` migrations, ``M`` node kills and ``K``
+(``--orchestrator-kills``, at least one by default) orchestrator kills runs, one operation at
+a time, after a random pause each:
+
+* **migrate**: a random PE of either pipeline to a random other live node, ``precopy`` or
+  ``literal`` at random (the REST call ``fogshift migrate`` makes).
+* **kill-node**: SIGKILL of a random node's whole process group; the orchestrator restores
+  its PEs by itself (the specs keep ``recovery.auto``); a PE still on the dead node after
+  ``restore_timeout_s`` is restored by hand (``fogshift restore``). Then the node's agent is
+  started again, exactly as ``fogshift up`` had started it (:func:`start_node_again`).
+* **kill-orchestrator**: SIGKILL of the orchestrator's process group, idle or - with
+  probability ``mid_migration`` - while a migration it runs is under way; then ``fogshift
+  up`` starts it again (only it: the agents still run), and it resolves what the dead one
+  left unfinished (:func:`start_orchestrator_again`).
+
+Each operation is one row of ``runs.csv``: outcome (``ok``, ``rolled back``, ``failed``,
+``interrupted``, ``refused``, ``skipped``) and durations. A failed operation is recorded and
+the soak goes on; before the next one it waits (up to ``settle_timeout_s``) until every PE
+runs on a live node. At the end the inputs stop growing, the outputs drain, and each is
+counted against its reference (:func:`tally`): ``verdict.json``; ``results.md`` is rendered
+from ``runs.csv`` and ``verdict.json`` only (``--report-only`` renders it again).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from rich.progress import TaskID
+
+from fogshift.bench.base import (
+    ClusterRunConfig,
+    Reporter,
+    RunLog,
+    fmt,
+    num,
+    one_line,
+    read_rows,
+)
+from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters, cli_command
+from fogshift.bench.exceptions import BadBenchOption, BenchError
+from fogshift.bench.workload import Case1Run, InputFeeder, wait_rows
+from fogshift.cli.cluster import (
+    ProcessInfo,
+    cluster_file,
+    group_alive,
+    kill_group,
+    load_cluster,
+    orchestrator_client,
+    wait_healthy,
+)
+from fogshift.exceptions import FogshiftError
+from fogshift.spec.loader import load_spec
+
+NAME = "soak"
+CASE1 = "soak-case1"
+MERGE = "soak-merge"
+#: The merge pipeline's sources, in the order its filter lists them as inputs.
+MERGE_SOURCES = ("left", "right")
+MERGE_HEADER = "timestamp,src,value"
+#: The merge filter's condition; :func:`merge_reference` evaluates it on its own.
+MERGE_WHERE = "value % 3 != 0"
+MERGE_OUTPUT = "out/merge.csv"
+#: Timestamps of generated rows: row *k* has ``TIMESTAMP_BASE + k`` (as in Case 1's inputs).
+TIMESTAMP_BASE = 1_700_000_000
+
+MIGRATE, KILL_NODE, KILL_ORCHESTRATOR = "migrate", "kill-node", "kill-orchestrator"
+OPERATIONS = (MIGRATE, KILL_NODE, KILL_ORCHESTRATOR)
+OUTCOMES = ("ok", "rolled back", "failed", "interrupted", "refused", "skipped")
+MODES = ("precopy", "literal")
+
+OP_FIELDS = (
+    "index", "op", "started_s", "pipeline", "element", "origin", "target", "mode", "outcome",
+    "duration_ms", "downtime_ms", "recovered_ms", "restore_ms", "restart_ms", "settled_ms",
+    "note", "error",
+)  # fmt: skip
+RUNS_CSV = "runs.csv"
+VERDICT_JSON = "verdict.json"
+RESULTS_MD = "results.md"
+#: The counts every pipeline's verdict carries (integers).
+COUNTS = ("expected", "written", "lost", "duplicated", "wrong")
+
+
+@dataclass(frozen=True)
+class SoakConfig(ClusterRunConfig):
+    """Settings of a soak.
+
+    Attributes:
+        migrations: Migrations in the schedule.
+        kills: Node kills in the schedule (SIGKILL of a node's process group).
+        orchestrator_kills: Orchestrator kills in the schedule (the issue asks for one at
+            least; 0 leaves them out).
+        mid_migration: Probability that an orchestrator kill lands while a migration runs.
+        interrupt_after_s: Range of the wait between starting that migration and the kill.
+        duration_s: Start no operation after this many seconds of schedule (``None``: no cap).
+        nodes: The cluster's nodes; the first hosts the sources and sinks at first.
+        rate: Events per second of each of the three sources.
+        gap_s: Range of the random pause before each operation.
+        restore_timeout_s: How long each PE of a killed node may take to be restored
+            automatically (the orchestrator restores them one after the other) before the
+            soak restores the rest by hand.
+        settle_timeout_s: How long to wait after an operation for every PE to run again.
+        restart_timeout_s: How long a restarted node (its Spark session) or orchestrator may
+            take to be healthy again.
+        quiet_s: At the end, a sink counts as drained once it wrote nothing for this long
+            (after reaching its reference's length, or stalling).
+        stall_s: At the end, give up on a sink that wrote nothing for this long.
+
+    ``timeout_s`` bounds every wait for output (first rows, the drain); node-level
+    checkpoints every 2 s and central pulls every 5 s keep restores from recent checkpoints.
+    """
+
+    migrations: int = 200
+    kills: int = 50
+    orchestrator_kills: int = 1
+    mid_migration: float = 0.5
+    interrupt_after_s: tuple[float, float] = (0.5, 5.0)
+    duration_s: float | None = None
+    nodes: tuple[str, ...] = ("cloud", "fog-a", "fog-b", "fog-c")
+    rate: float = 10.0
+    gap_s: tuple[float, float] = (0.0, 5.0)
+    restore_timeout_s: float = 120.0
+    settle_timeout_s: float = 180.0
+    restart_timeout_s: float = 240.0
+    quiet_s: float = 5.0
+    stall_s: float = 180.0
+    checkpoint_interval_s: float = 2.0
+    central_interval_s: float = 5.0
+    timeout_s: float = 900.0
+
+    def check(self) -> None:
+        """Refuse settings a soak cannot run with.
+
+        Raises:
+            BadBenchOption: A negative count, a probability outside 0..1, fewer than two
+                nodes, a repeated node, a non-positive rate or duration.
+        """
+        for name in ("migrations", "kills", "orchestrator_kills"):
+            value = getattr(self, name)
+            if value < 0:
+                raise BadBenchOption(
+                    f"bad --{name.replace('_', '-')}",
+                    expected="a whole number >= 0",
+                    received=str(value),
+                )
+        if not 0.0 <= self.mid_migration <= 1.0:
+            raise BadBenchOption(
+                "bad --mid-migration",
+                expected="a probability between 0 and 1",
+                received=f"{self.mid_migration:g}",
+            )
+        if len(self.nodes) < 2 or len(set(self.nodes)) != len(self.nodes):
+            raise BadBenchOption(
+                "a soak needs at least two distinct nodes",
+                expected="comma-separated node names, e.g. cloud,fog-a,fog-b,fog-c",
+                received=",".join(self.nodes) or "(none)",
+                hint="a killed node's PEs must have another node to be restored on",
+            )
+        if self.rate <= 0:
+            raise BadBenchOption(
+                "bad --rate",
+                expected="events per second > 0 (the inputs grow on this schedule)",
+                received=f"{self.rate:g}",
+            )
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise BadBenchOption(
+                "bad --duration", expected="seconds > 0, or no --duration",
+                received=f"{self.duration_s:g}",
+            )  # fmt: skip
+
+    def schedule(self) -> list[str]:
+        """The operations in their seeded random order (same seed, same order)."""
+        ops = [MIGRATE] * self.migrations + [KILL_NODE] * self.kills
+        ops += [KILL_ORCHESTRATOR] * self.orchestrator_kills
+        random.Random(self.seed).shuffle(ops)
+        return ops
+
+
+# -- the merge pipeline: inputs, spec, reference ------------------------------------------------
+
+
+def tagged_lines(src: str, first: int, count: int, rnd: random.Random) -> list[str]:
+    """``count`` rows of a merge input (``timestamp,src,value``) from data row ``first`` on.
+
+    ``value`` is a whole number in 0..999, so the filter keeps about two rows in three.
+    """
+    return [
+        f"{TIMESTAMP_BASE + k},{src},{rnd.randint(0, 999)}\n" for k in range(first, first + count)
+    ]
+
+
+class TaggedFeeder(InputFeeder):
+    """A merge input growing on the source's schedule, like Case 1's (:class:`InputFeeder`),
+    with rows that name their source (``src``) so the output says where each row came from.
+
+    Args:
+        src: The source element's id, written into every row.
+    """
+
+    def __init__(self, path: Path, rate: float, seed: int, src: str, lead_s: float = 4.0) -> None:
+        self.src = src
+        super().__init__(path, rate, seed, lead_s)
+        # The parent wrote Case 1's header; the schedule (start/finish) is all it is reused for.
+        path.write_text(MERGE_HEADER + "\n")
+
+    def prefill(self, rows: int) -> None:
+        """Append ``rows`` rows now."""
+        lines = tagged_lines(self.src, self.rows + 1, rows, self._random)
+        self.rows += rows
+        with open(self.path, "a") as handle:
+            handle.write("".join(lines))
+
+
+def merge_spec(
+    name: str,
+    *,
+    rate: float,
+    placement: Mapping[str, str],
+    paths: Mapping[str, str] | None = None,
+    auto_recovery: bool = True,
+) -> dict[str, Any]:
+    """The merge pipeline's spec: ``left`` and ``right`` -> ``merge`` (filter) -> ``sink``.
+
+    Args:
+        placement: Node of each element (``left``, ``right``, ``merge``, ``sink``).
+        paths: Input file of each source (default ``<source>.csv``) and ``sink`` output.
+    """
+    files = {**{s: f"{s}.csv" for s in MERGE_SOURCES}, "sink": MERGE_OUTPUT, **(paths or {})}
+    sources = [
+        {"id": s, "kind": "csv-source", "node": placement[s],
+         "options": {"path": files[s], "rate": rate}}
+        for s in MERGE_SOURCES
+    ]  # fmt: skip
+    return {
+        "pipeline": name,
+        "elements": [
+            *sources,
+            {"id": "merge", "kind": "filter", "node": placement["merge"],
+             "inputs": list(MERGE_SOURCES), "options": {"where": MERGE_WHERE}},
+            {"id": "sink", "kind": "csv-sink", "node": placement["sink"], "inputs": ["merge"],
+             "options": {"path": files["sink"]}},
+        ],
+        "recovery": {"auto": auto_recovery},
+    }  # fmt: skip
+
+
+def merge_reference(inputs: Mapping[str, Path]) -> dict[tuple[str, int], tuple[int, int]]:
+    """The merge pipeline's expected output, from its input files alone.
+
+    Shares no code with the runtime: rows are split with the ``csv`` module and the filter's
+    condition is evaluated here in Python.
+
+    Args:
+        inputs: Each source's id and input file.
+
+    Returns:
+        ``(source, seq) -> (timestamp, value)`` of every row the filter keeps, where ``seq``
+        is the row's number in its file (its event's ``seq``).
+    """
+    import csv
+
+    expected: dict[tuple[str, int], tuple[int, int]] = {}
+    for src, path in inputs.items():
+        with open(path, newline="") as handle:
+            reader = csv.reader(handle)
+            next(reader)  # header
+            for k, cells in enumerate(reader, start=1):
+                timestamp, _, value = int(cells[0]), cells[1], int(cells[2])
+                if value % 3 != 0:
+                    expected[(src, k)] = (timestamp, value)
+    return expected
+
+
+def read_merge_sink(path: Path) -> list[tuple[tuple[str, int], tuple[int, int] | None]]:
+    """``((src, seq), (timestamp, value))`` per output line of the merge sink, in file order.
+
+    A line that cannot be read as such keeps its place as ``(("?", line number), None)``: it
+    counts as wrong.
+    """
+    import csv
+
+    if not path.exists() or path.stat().st_size == 0:
+        return []
+    rows: list[tuple[tuple[str, int], tuple[int, int] | None]] = []
+    with open(path, newline="") as handle:
+        for number, row in enumerate(csv.DictReader(handle), start=2):
+            try:
+                key = (str(row["src"]), int(row["seq"]))
+                rows.append((key, (int(row["timestamp"]), int(row["value"]))))
+            except (KeyError, TypeError, ValueError):
+                rows.append((("?", number), None))
+    return rows
+
+
+class MergeRun:
+    """One run of the merge pipeline: its two inputs growing, its spec, deploy and stop.
+
+    Used like :class:`~fogshift.bench.workload.Case1Run`: on entry the inputs start growing,
+    :meth:`finish_input` stops them; on exit they stop and the pipeline is stopped. Errors
+    are not swallowed here (the soak records them).
+
+    Args:
+        cluster: The cluster to run on.
+        name: The pipeline's name; its files live in ``<cluster home>/runs/<name>``.
+        rate: Events per second of each source.
+        seed: The soak's seed (mixed with the name and the source: each input differs).
+        placement: Node of each element.
+    """
+
+    def __init__(
+        self,
+        cluster: BenchCluster,
+        name: str,
+        *,
+        rate: float,
+        seed: int,
+        placement: Mapping[str, str],
+    ) -> None:
+        self.cluster = cluster
+        self.name = name
+        self.work = cluster.home / "runs" / name
+        self.feeders = {
+            src: TaggedFeeder(
+                self.work / f"{src}.csv", rate, zlib.crc32(f"{name}/{src}".encode()) ^ seed, src
+            )
+            for src in MERGE_SOURCES
+        }
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.spec = self.work / f"{name}.yaml"
+        spec = merge_spec(name, rate=rate, placement=placement)
+        self.spec.write_text(yaml.safe_dump(spec, sort_keys=False))
+
+    def __enter__(self) -> MergeRun:
+        for feeder in self.feeders.values():
+            feeder.start()
+        return self
+
+    def deploy(self) -> None:
+        self.cluster.cli("deploy", str(self.spec))
+
+    def finish_input(self) -> int:
+        """Stop both inputs growing; returns their data rows together."""
+        return sum(feeder.finish() for feeder in self.feeders.values())
+
+    def inputs(self) -> dict[str, Path]:
+        return {src: feeder.path for src, feeder in self.feeders.items()}
+
+    def __exit__(self, *exc_info: object) -> None:
+        for feeder in self.feeders.values():
+            feeder.finish()
+        self.cluster.cli("stop", self.name, check=False)
+
+
+# -- counting ---------------------------------------------------------------------------------
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class Tally:
+    """An output counted against its reference.
+
+    Attributes:
+        expected: Rows the reference has.
+        written: Lines the output has.
+        lost: Expected keys the output never wrote.
+        duplicated: Lines beyond the first for a key written more than once.
+        wrong: Keys written with a value other than the reference's (any of their lines), or
+            not in the reference at all.
+        examples: Up to five keys of each kind (``lost``, ``duplicated``, ``wrong``).
+    """
+
+    expected: int
+    written: int
+    lost: int
+    duplicated: int
+    wrong: int
+    examples: dict[str, list[Any]] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return self.lost == self.duplicated == self.wrong == 0
+
+
+def tally(
+    expected: Mapping[K, V],
+    written: Sequence[tuple[K, V | None]],
+    same: Callable[[V, V], bool],
+) -> Tally:
+    """Count lost, duplicated and wrong rows of ``written`` against ``expected``.
+
+    Order is not judged here (Case 1's order is, by :func:`~fogshift.verify.reference.compare`).
+
+    Args:
+        expected: The reference: key -> value.
+        written: The output's ``(key, value)`` lines in file order; ``None`` is a value that
+            could not be read (always wrong).
+        same: Whether a written value equals the expected one.
+    """
+    lines = Counter(key for key, _ in written)
+    lost = [key for key in expected if key not in lines]
+    duplicated = [key for key, n in lines.items() if n > 1]
+    wrong: dict[K, None] = {}  # insertion-ordered set: the first wrong keys are the examples
+    for key, value in written:
+        if key in wrong:
+            continue
+        if key not in expected or value is None or not same(value, expected[key]):
+            wrong[key] = None
+    return Tally(
+        expected=len(expected),
+        written=len(written),
+        lost=len(lost),
+        duplicated=sum(lines[key] - 1 for key in duplicated),
+        wrong=len(wrong),
+        examples={"lost": lost[:5], "duplicated": duplicated[:5], "wrong": list(wrong)[:5]},
+    )
+
+
+def _close(a: float, b: float) -> bool:
+    # The tolerance of verify.reference.compare: float sums differ in order.
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
+
+
+def drain(cluster: BenchCluster, pipeline: str, rows: int, config: SoakConfig) -> int:
+    """Wait until the sink wrote ``rows`` lines (or stalled), then until it is quiet.
+
+    A duplicate or a late row shows within a few batches, so the output is read only after
+    ``quiet_s`` without a new line. Returns the lines written.
+    """
+    written = wait_rows(cluster, pipeline, rows, config.timeout_s, config.stall_s)
+    quiet_since, deadline = time.monotonic(), time.monotonic() + config.timeout_s
+    while time.monotonic() - quiet_since < config.quiet_s and time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _sink_rows(cluster, pipeline)
+        if now != written:
+            written, quiet_since = now, time.monotonic()
+    return written
+
+
+def _sink_rows(cluster: BenchCluster, pipeline: str) -> int:
+    return int(cluster.element(pipeline, "sink")["events_out"])
+
+
+def count_case1(run: Case1Run, config: SoakConfig, events: int) -> dict[str, Any]:
+    """Drain Case 1 and count its output against the Case 1 reference."""
+    # pandas (the reference) loads only here, as in workload.verdict.
+    from fogshift.cli.demo import case1_parts
+    from fogshift.verify.reference import case1_reference, compare, read_sink
+
+    spec = load_spec(run.spec)
+    source, agg, sink = case1_parts(spec)
+    reference = case1_reference(source, agg["field"], agg["window"], agg.get("function", "avg"))
+    drain(run.cluster, run.name, len(reference.rows), config)
+    actual = read_sink(sink, agg["field"])
+    counted = tally(dict(reference.rows), actual, _close)
+    verdict = compare(reference.rows, actual)
+    return _pipeline_verdict("case1", events, counted, verdict.consistent, verdict.problems)
+
+
+def count_merge(run: MergeRun, config: SoakConfig, events: int) -> dict[str, Any]:
+    """Drain the merge pipeline and count its output against :func:`merge_reference`."""
+    expected = merge_reference(run.inputs())
+    drain(run.cluster, run.name, len(expected), config)
+    counted = tally(expected, read_merge_sink(run.work / MERGE_OUTPUT), lambda a, b: a == b)
+    return _pipeline_verdict("two inputs", events, counted, counted.clean, [])
+
+
+def _pipeline_verdict(
+    kind: str, events: int, counted: Tally, consistent: bool, problems: list[str]
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "events": events,
+        **{name: getattr(counted, name) for name in COUNTS},
+        "consistent": consistent and counted.clean,
+        "problems": problems,
+        "examples": {k: [list(x) if isinstance(x, tuple) else x for x in v]
+                     for k, v in counted.examples.items()},
+    }  # fmt: skip
+
+
+# -- bringing killed processes back -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a cluster process was started, read from ``/proc`` while it still runs, so that it
+    can be started again exactly so: same options, same port (the agents know the
+    orchestrator's URL, and the orchestrator learns a node's URL from its heartbeats).
+
+    Attributes:
+        argv: Its command line.
+        cwd: Its working directory.
+        log: The file its output went to (appended to again).
+        url: Its URL in ``cluster.json``.
+    """
+
+    argv: tuple[str, ...]
+    cwd: str
+    log: str
+    url: str | None
+
+    @classmethod
+    def of(cls, info: ProcessInfo, what: str) -> Launch:
+        """The launch of the running process ``info`` (``what`` names it in errors).
+
+        Raises:
+            BenchError: It no longer runs.
+        """
+        proc = Path("/proc") / str(info.pid)
+        try:
+            argv = tuple(a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0") if a)
+            cwd, log = os.readlink(proc / "cwd"), os.readlink(proc / "fd" / "1")
+        except OSError as exc:
+            raise BenchError(
+                f"cannot read how {what} (pid {info.pid}) was started: {exc.strerror}",
+                hint="it is no longer running: nothing of it can be started again",
+            ) from exc
+        if not argv:
+            raise BenchError(f"{what} (pid {info.pid}) has no command line: it has exited")
+        return cls(argv, cwd, log, info.url)
+
+
+class Processes:
+    """Kills and restarts the cluster's orchestrator and node agents, keeping
+    ``cluster.json`` current so ``fogshift down`` stops what runs now.
+
+    Args:
+        home: The cluster's home.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        #: Processes started here (reaped after their kill so they leave no zombie).
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    def info(self, node: str | None) -> ProcessInfo:
+        """The orchestrator's (``node`` None) or node ``node``'s process in ``cluster.json``."""
+        cluster, _ = load_cluster(self.home)
+        return cluster.orchestrator if node is None else cluster.nodes[node]
+
+    def kill(self, node: str | None, timeout_s: float = 60.0) -> Launch:
+        """SIGKILL the process group of the orchestrator (``node`` None) or of node ``node``
+        and wait until it is gone; returns how to start it again.
+
+        Raises:
+            BenchError: It was not running, or its group outlived ``timeout_s``.
+        """
+        what = "the orchestrator" if node is None else f"node {node!r}"
+        info = self.info(node)
+        launch = Launch.of(info, what)
+        kill_group(info.pgid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while group_alive(info.pgid):
+            if time.monotonic() > deadline:
+                raise BenchError(f"{what}'s process group {info.pgid} outlived SIGKILL")
+            time.sleep(0.05)
+        child = self._children.pop(_role(node), None)
+        if child is not None:
+            child.wait(timeout=timeout_s)
+        return launch
+
+    def start(self, node: str | None, launch: Launch) -> ProcessInfo:
+        """Start a killed process again from its :class:`Launch`, in a process group of its
+        own, and record it in ``cluster.json``."""
+        with open(launch.log, "ab") as out:
+            child = subprocess.Popen(
+                list(launch.argv), stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=launch.cwd,
+            )  # fmt: skip
+        self._children[_role(node)] = child
+        info = ProcessInfo(pid=child.pid, pgid=child.pid, url=launch.url)
+        cluster, _ = load_cluster(self.home)
+        if node is None:
+            cluster = cluster.model_copy(update={"orchestrator": info})
+        else:
+            cluster = cluster.model_copy(update={"nodes": {**cluster.nodes, node: info}})
+        cluster_file(self.home).write_text(cluster.model_dump_json(indent=2))
+        return info
+
+
+def _role(node: str | None) -> str:
+    return "orchestrator" if node is None else f"node {node}"
+
+
+def start_orchestrator_again(cluster: BenchCluster, timeout_s: float) -> tuple[float, float]:
+    """Start a killed orchestrator again with ``fogshift up`` (on a cluster whose agents run,
+    it starts only the orchestrator, where the agents look for it, and returns once every
+    living node is healthy again).
+
+    Returns:
+        Seconds until it answered, and until ``fogshift up`` returned.
+
+    Raises:
+        BenchError: ``fogshift up`` failed or did not return within ``timeout_s``.
+    """
+    command = cli_command("up", *cluster.options.up_args(), "--home", str(cluster.home))
+    started = time.monotonic()
+    answered: float | None = None
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as up:  # fmt: skip
+        while up.poll() is None and time.monotonic() - started < timeout_s:
+            if answered is None and _answers(cluster.home):
+                answered = time.monotonic() - started
+            time.sleep(0.2)
+        if up.poll() is None:
+            up.kill()
+        output = up.communicate()[0] or ""
+    if up.returncode != 0:
+        raise BenchError(
+            f"`fogshift up` did not start the orchestrator again (exit {up.returncode})",
+            received=one_line(output[-1500:], 1500),
+            hint=f"see {cluster.home / 'logs' / 'orchestrator.log'}",
+        )
+    total = time.monotonic() - started
+    return (answered if answered is not None else total), total
+
+
+def _answers(home: Path) -> bool:
+    """Whether the orchestrator of ``home`` answers a request now."""
+    try:
+        with orchestrator_client(home, timeout_s=2) as client:
+            client.get("/nodes")
+    except FogshiftError:
+        return False
+    return True
+
+
+def start_node_again(processes: Processes, node: str, launch: Launch, timeout_s: float) -> float:
+    """Start a killed node's agent again, exactly as ``fogshift up`` had started it (no
+    command starts one node); returns the seconds until it is healthy (Spark up).
+
+    Raises:
+        Unavailable: It did not become healthy within ``timeout_s``.
+    """
+    started = time.monotonic()
+    processes.start(node, launch)
+    wait_healthy(processes.home, [node], timeout_s, lambda _: None)
+    return time.monotonic() - started
+
+
+# -- the operations ---------------------------------------------------------------------------
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 1)
+
+
+class Soak:
+    """Runs the schedule against the two pipelines on ``cluster``, one row per operation.
+
+    Args:
+        cluster: The running cluster.
+        config: The soak's settings.
+        log: ``runs.csv``.
+        reporter: Progress display.
+        pipelines: The pipelines whose PEs are migrated and counted.
+    """
+
+    def __init__(
+        self,
+        cluster: BenchCluster,
+        config: SoakConfig,
+        log: RunLog,
+        reporter: Reporter,
+        pipelines: Sequence[str] = (CASE1, MERGE),
+    ) -> None:
+        self.cluster = cluster
+        self.config = config
+        self.log = log
+        self.reporter = reporter
+        self.pipelines = tuple(pipelines)
+        self.rng = random.Random(config.seed)
+        self.processes = Processes(cluster.home)
+        #: Nodes that could not be started again after their kill (left out from then on).
+        self.lost: set[str] = set()
+        self.done: Counter[str] = Counter()
+        self.t0 = time.monotonic()
+
+    # -- state ------------------------------------------------------------------------------
+
+    def alive(self) -> list[str]:
+        return [n for n in self.config.nodes if n not in self.lost]
+
+    def status(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Every PE's status (node, state, last restore) by ``(pipeline, element)``.
+
+        Raises:
+            FogshiftError: The orchestrator does not answer.
+        """
+        return {
+            (p, e["element"]): dict(e)
+            for p in self.pipelines
+            for e in self.cluster.client.get(f"/pipelines/{p}")["elements"]
+        }
+
+    def settle(self) -> float | None:
+        """Wait until every PE runs on a live node; seconds waited, ``None`` if it timed out."""
+        started = time.monotonic()
+        deadline = started + self.config.settle_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                pes = self.status()
+            except FogshiftError:
+                pes = {}
+            alive = set(self.alive())
+            if pes and all(e["state"] == "running" and e["node"] in alive for e in pes.values()):
+                return time.monotonic() - started
+            time.sleep(0.5)
+        return None
+
+    # -- the schedule -----------------------------------------------------------------------
+
+    def run(
+        self,
+        ops: Sequence[str],
+        on_op: Callable[[int, str], None] = lambda _i, _op: None,
+        on_done: Callable[[], None] = lambda: None,
+    ) -> Counter[str]:
+        """Run ``ops`` in order (until ``duration_s``); returns the operations done by kind.
+
+        Args:
+            on_op: Called with each operation's index and kind before it starts.
+            on_done: Called after each operation's rows are written.
+
+        Raises:
+            BenchError: The orchestrator could not be started again (nothing can go on).
+        """
+        self.t0 = time.monotonic()
+        with ThreadPoolExecutor(1, thread_name_prefix="soak-migration") as pool:
+            for index, op in enumerate(ops, start=1):
+                if self.config.duration_s is not None and self.elapsed() >= self.config.duration_s:
+                    break
+                time.sleep(self.rng.uniform(*self.config.gap_s))
+                on_op(index, op)
+                if op == MIGRATE:
+                    rows = [self.migrate(index)]
+                elif op == KILL_NODE:
+                    rows = [self.kill_node(index)]
+                else:
+                    rows = self.kill_orchestrator(index, pool)
+                fatal = [str(r.pop("fatal")) for r in rows if "fatal" in r]
+                settled = None if fatal else self.settle()
+                for row in rows:
+                    row["settled_ms"] = _ms(settled)
+                    if settled is None:
+                        _add_note(row, "PEs not all running afterwards")
+                    if row["outcome"] == "interrupted":
+                        # Where the orchestrator's recovery left it: origin or target.
+                        _add_note(row, f"afterwards on {self.node_of(row) or 'no node'}")
+                    self.log.append(row)
+                    self.done[row["op"]] += 1
+                    if row["outcome"] != "ok":
+                        self.reporter.note(_say(row))
+                on_done()
+                if fatal:
+                    raise BenchError(
+                        "the orchestrator could not be started again after its kill",
+                        received=one_line(fatal[0]),
+                        hint=f"see the logs in {self.cluster.home / 'logs'}",
+                    )
+        return self.done
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def node_of(self, row: Mapping[str, Any]) -> str | None:
+        """The node the PE of a migration ``row`` is placed on now (``None``: unknown)."""
+        try:
+            return str(self.status()[(row["pipeline"], row["element"])]["node"])
+        except (FogshiftError, KeyError):
+            return None
+
+    def _row(self, index: int, op: str, **values: Any) -> dict[str, Any]:
+        return {"index": index, "op": op, "started_s": round(self.elapsed(), 2), **values}
+
+    def choose_migration(self) -> tuple[str, str, str, str, str] | None:
+        """A random PE, a random other live node and a random mode (``None``: no choice)."""
+        try:
+            pes = self.status()
+        except FogshiftError:
+            return None
+        (pipeline, element), info = self.rng.choice(sorted(pes.items()))
+        targets = [n for n in self.alive() if n != info["node"]]
+        if not targets:
+            return None
+        return pipeline, element, info["node"], self.rng.choice(targets), self.rng.choice(MODES)
+
+    def migrate(
+        self, index: int, chosen: tuple[str, str, str, str, str] | None = None
+    ) -> dict[str, Any]:
+        """Migrate a PE (``chosen``, else a random one); the row of its outcome."""
+        chosen = chosen or self.choose_migration()
+        if chosen is None:
+            return self._row(index, MIGRATE, outcome="skipped",
+                             error="no PE and live target to choose from")  # fmt: skip
+        pipeline, element, origin, target, mode = chosen
+        row = self._row(index, MIGRATE, pipeline=pipeline, element=element, origin=origin,
+                        target=target, mode=mode)  # fmt: skip
+        started = time.monotonic()
+        try:
+            report = self.cluster.operation(
+                pipeline, element, "migrate", {"target": target, "mode": mode}
+            )
+        except FogshiftError as exc:
+            # No report: refused before it began (409, unknown or unhealthy node), or the
+            # orchestrator went away while it ran (interrupted; the caller says so).
+            return {**row, "outcome": "refused", "duration_ms": _ms(time.monotonic() - started),
+                    "error": exc.message}  # fmt: skip
+        if report.get("status") == "migrated":
+            outcome = "ok"
+        else:
+            outcome = "rolled back" if report.get("rolled_back") else "failed"
+        return {
+            **row, "outcome": outcome, "duration_ms": _ms(time.monotonic() - started),
+            "downtime_ms": report.get("downtime_ms"), "error": report.get("error"),
+        }  # fmt: skip
+
+    def kill_node(self, index: int) -> dict[str, Any]:
+        """SIGKILL a random live node, wait for its PEs' restore, start it again."""
+        alive = self.alive()
+        if len(alive) < 2:
+            return self._row(index, KILL_NODE, outcome="skipped",
+                             error="fewer than two live nodes: nowhere to restore")  # fmt: skip
+        victim = self.rng.choice(alive)
+        row = self._row(index, KILL_NODE, origin=victim)
+        try:
+            before = self.status()
+        except FogshiftError as exc:
+            return {**row, "outcome": "skipped", "error": exc.message}
+        moved = sorted(key for key, e in before.items() if e["node"] == victim)
+        row["element"] = ";".join(f"{p}/{e}" for p, e in moved)
+        started = time.monotonic()
+        try:
+            launch = self.processes.kill(victim)
+        except FogshiftError as exc:
+            return {**row, "outcome": "failed", "error": exc.message}
+        errors: list[str] = []
+        row["mode"], recovered, after = self._await_restores(victim, moved, started, errors)
+        row["recovered_ms"] = _ms(recovered)
+        row["target"] = ";".join(sorted({after[k]["node"] for k in moved if k in after}))
+        totals = [
+            float((after.get(k, {}).get("last_restore") or {}).get("total_ms") or 0) for k in moved
+        ]
+        row["restore_ms"] = max(totals) if any(totals) else None
+        try:
+            restart = start_node_again(
+                self.processes, victim, launch, self.config.restart_timeout_s
+            )
+            row["restart_ms"] = _ms(restart)
+        except FogshiftError as exc:
+            self.lost.add(victim)
+            errors.append(f"node {victim} did not come back: {exc.message}")
+        row["duration_ms"] = _ms(time.monotonic() - started)
+        row["outcome"] = "ok" if recovered is not None and not errors else "failed"
+        row["error"] = "; ".join(errors) or None
+        return row
+
+    def _await_restores(
+        self,
+        victim: str,
+        moved: list[tuple[str, str]],
+        killed_at: float,
+        errors: list[str],
+    ) -> tuple[str, float | None, dict[tuple[str, str], dict[str, Any]]]:
+        """Wait until every PE of ``moved`` runs on another node: automatically, else (after
+        ``restore_timeout_s``) by a restore the soak asks for.
+
+        Returns:
+            How they were restored (``auto``; ``manual`` if a restore the soak asked for
+            succeeded; ``none`` to restore), the seconds from the kill until all ran elsewhere
+            (``None``: not all did), and their status.
+        """
+        if not moved:
+            return "none", 0.0, {}
+
+        def placed(pes: dict[tuple[str, str], dict[str, Any]]) -> bool:
+            return all(
+                k in pes and pes[k]["node"] != victim and pes[k]["state"] == "running"
+                for k in moved
+            )
+
+        how = "auto"
+        pes: dict[tuple[str, str], dict[str, Any]] = {}
+        # A manual restore may race the automatic one (409): only the end result counts.
+        refused: list[str] = []
+        # The orchestrator restores one PE after the other: each gets restore_timeout_s.
+        waits = (self.config.restore_timeout_s * len(moved), self.config.settle_timeout_s)
+        for attempt, wait_s in enumerate(waits):
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                try:
+                    pes = self.status()
+                except FogshiftError:
+                    pes = {}
+                if placed(pes):
+                    return how, time.monotonic() - killed_at, pes
+                time.sleep(0.5)
+            if attempt == len(waits) - 1:
+                break
+            for pipeline, element in moved:
+                if pes.get((pipeline, element), {}).get("node") != victim:
+                    continue
+                try:
+                    report = self.cluster.operation(pipeline, element, "restore", {})
+                except FogshiftError as exc:
+                    refused.append(f"restore of {pipeline}/{element}: {exc.message}")
+                    continue
+                if report.get("status") == "restored":
+                    how = "manual"
+                else:
+                    refused.append(f"restore of {pipeline}/{element}: {report.get('error')}")
+        errors += [f"PEs of {victim} not all running elsewhere in time", *refused]
+        return how, None, pes
+
+    def kill_orchestrator(self, index: int, pool: ThreadPoolExecutor) -> list[dict[str, Any]]:
+        """SIGKILL the orchestrator, idle or during a migration, and start it again.
+
+        Returns:
+            Its row, and the migration's row if one ran. Its row has ``fatal`` (the reason,
+            not a ``runs.csv`` column) when it could not be started again.
+        """
+        row = self._row(index, KILL_ORCHESTRATOR, mode="idle")
+        migration: Future[dict[str, Any]] | None = None
+        if self.rng.random() < self.config.mid_migration:
+            chosen = self.choose_migration()
+            if chosen is not None:
+                migration = pool.submit(self.migrate, index, chosen)
+                time.sleep(self.rng.uniform(*self.config.interrupt_after_s))
+        if migration is not None:
+            row["mode"] = "idle (the migration had ended)" if migration.done() else "mid-migration"
+        started = time.monotonic()
+        try:
+            self.processes.kill(None)
+        except FogshiftError as exc:
+            rows = [{**row, "outcome": "failed", "error": exc.message}]
+            return rows + ([migration.result()] if migration else [])
+        try:
+            answered, healthy = start_orchestrator_again(
+                self.cluster, self.config.restart_timeout_s
+            )
+            row.update(outcome="ok", recovered_ms=_ms(answered), restart_ms=_ms(healthy))
+        except FogshiftError as exc:
+            row.update(outcome="failed", error=exc.message, fatal=exc.message)
+        row["duration_ms"] = _ms(time.monotonic() - started)
+        rows = [row]
+        if migration is not None:
+            moved = migration.result()
+            if row["mode"] == "mid-migration" and moved["outcome"] != "refused":
+                # It got its report after all: it ended just before the kill.
+                row["mode"] = "idle (the migration had ended)"
+            if row["mode"] == "mid-migration":
+                moved["note"] = "the orchestrator was killed while it ran"
+                moved["outcome"] = "interrupted"
+            row["pipeline"], row["element"] = moved.get("pipeline"), moved.get("element")
+            rows.append(moved)
+        return rows
+
+
+def _add_note(row: dict[str, Any], note: str) -> None:
+    row["note"] = "; ".join(filter(None, [row.get("note"), note]))
+
+
+def _say(row: Mapping[str, Any]) -> str:
+    what = " ".join(
+        str(row[k]) for k in ("pipeline", "element", "origin", "target", "mode") if row.get(k)
+    )
+    error = f" ({one_line(str(row['error']), 160)})" if row.get("error") else ""
+    note = f" [{row['note']}]" if row.get("note") else ""
+    return f"soak #{row['index']} {row['op']} {what}: {row['outcome']}{error}{note}"
+
+
+# -- the soak ---------------------------------------------------------------------------------
+
+
+def run(config: SoakConfig, clusters: Clusters, out: Path, reporter: Reporter) -> dict[str, Any]:
+    """Run the soak on a fresh cluster; write ``runs.csv`` and ``verdict.json`` into ``out``.
+
+    Returns:
+        The verdict (also written when the soak fails part-way, with ``error`` set).
+
+    Raises:
+        BadBenchOption: See :meth:`SoakConfig.check`.
+        BenchError: The soak could not be carried out (a cluster, a deploy, the orchestrator's
+            restart failed); ``verdict.json`` says how far it got.
+    """
+    config.check()
+    ops = config.schedule()
+    out.mkdir(parents=True, exist_ok=True)
+    log = RunLog(out / RUNS_CSV, OP_FIELDS)
+    verdict: dict[str, Any] = {
+        "status": "failed",
+        "error": None,
+        "settings": asdict(config),
+        "planned": {op: ops.count(op) for op in OPERATIONS},
+        "done": {op: 0 for op in OPERATIONS},
+        "pipelines": {},
+    }
+    task = reporter.task("soak", len(ops) + 2)
+    started = time.monotonic()
+    try:
+        reporter.step(task, "starting the cluster")
+        options = ClusterOptions(
+            config.nodes, config.checkpoint_interval_s, config.central_interval_s
+        )
+        with clusters.cluster(options) as cluster:
+            _soak(cluster, config, ops, log, reporter, task, verdict)
+    except FogshiftError as exc:
+        verdict["error"] = exc.render()
+        raise
+    finally:
+        verdict["elapsed_s"] = round(time.monotonic() - started, 1)
+        if verdict["error"] is None and verdict["pipelines"]:
+            verdict["status"] = "complete"
+        counts = [p.get(k) for p in verdict["pipelines"].values() for k in COUNTS[2:]]
+        verdict["zero_errors"] = bool(counts) and all(c == 0 for c in counts)
+        (out / VERDICT_JSON).write_text(json.dumps(verdict, indent=2, default=str) + "\n")
+    return verdict
+
+
+def _soak(
+    cluster: BenchCluster,
+    config: SoakConfig,
+    ops: list[str],
+    log: RunLog,
+    reporter: Reporter,
+    task: TaskID | None,
+    verdict: dict[str, Any],
+) -> None:
+    """Deploy both pipelines, run ``ops``, drain and count (filling ``verdict``)."""
+    nodes = config.nodes
+    placement = {"left": nodes[0], "right": nodes[-1], "merge": nodes[2 % len(nodes)],
+                 "sink": nodes[0]}  # fmt: skip
+    case1_row: dict[str, Any] = {}
+    soak = Soak(cluster, config, log, reporter)
+    with Case1Run(
+        cluster, CASE1, rate=config.rate, seed=config.seed, agg_node=nodes[1],
+        edge_node=nodes[0], row=case1_row,
+    ) as case1, MergeRun(
+        cluster, MERGE, rate=config.rate, seed=config.seed, placement=placement
+    ) as merge:  # fmt: skip
+        reporter.step(task, "deploying Case 1 and the two-input pipeline")
+        case1.deploy()
+        merge.deploy()
+        for pipeline in (CASE1, MERGE):
+            if wait_rows(cluster, pipeline, 1, config.timeout_s) < 1:
+                raise BenchError(f"{pipeline}: no output within {config.timeout_s:.0f} s")
+        reporter.advance(task)
+
+        try:
+            soak.run(
+                ops,
+                on_op=lambda index, op: reporter.step(task, f"#{index}/{len(ops)} {op}"),
+                on_done=lambda: reporter.advance(task),
+            )
+        finally:
+            verdict["done"] = {op: soak.done[op] for op in OPERATIONS}
+            verdict["schedule_s"] = round(soak.elapsed(), 1)
+        events = {CASE1: case1.finish_input(), MERGE: merge.finish_input()}
+        reporter.step(task, "draining the outputs")
+        verdict["pipelines"] = {
+            CASE1: count_case1(case1, config, events[CASE1]),
+            MERGE: count_merge(merge, config, events[MERGE]),
+        }
+        reporter.advance(task)
+    if case1_row.get("error"):  # Case1Run records a FogshiftError of the block, then ends it
+        raise BenchError("the soak failed", received=one_line(str(case1_row["error"]), 400))
+    for name, counted in verdict["pipelines"].items():
+        reporter.note(
+            f"soak {name}: {counted['written']} lines for {counted['expected']} expected; lost "
+            f"{counted['lost']}, duplicated {counted['duplicated']}, wrong {counted['wrong']}"
+        )
+
+
+# -- results (from runs.csv and verdict.json only) ---------------------------------------------
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """The nearest-rank ``p``-th percentile (``None`` for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100.0 * len(ordered)) - 1)]
+
+
+#: The durations results.md summarises per operation: (column, what it measures).
+MEASURES: dict[str, tuple[tuple[str, str], ...]] = {
+    MIGRATE: (("duration_ms", "the migrate call"), ("downtime_ms", "downtime (its report)")),
+    KILL_NODE: (
+        ("recovered_ms", "kill -> its PEs run elsewhere"),
+        ("restore_ms", "slowest restore (its report)"),
+        ("restart_ms", "node started again -> healthy"),
+    ),
+    KILL_ORCHESTRATOR: (
+        ("recovered_ms", "`fogshift up` -> it answers"),
+        ("restart_ms", "`fogshift up` -> every node healthy"),
+    ),
+}
+
+
+def render(out: Path) -> Path:
+    """Write ``out/results.md`` from ``runs.csv`` and ``verdict.json``; returns its path."""
+    rows = read_rows(out / RUNS_CSV)
+    path = out / VERDICT_JSON
+    verdict = json.loads(path.read_text()) if path.exists() else {}
+    settings = verdict.get("settings", {})
+    parts = [
+        "# fogshift soak",
+        "",
+        "Case 1 (csv-source -> window avg -> csv-sink) and a two-input pipeline (two "
+        "csv-sources -> one filter reading both -> csv-sink, `examples/soak/merge.yaml`) ran "
+        "while PEs were migrated and nodes and the orchestrator were SIGKILLed at random "
+        "(`fogshift/bench/soak.py`). Every number below comes from `runs.csv` (one row per "
+        "operation) and `verdict.json` beside this file.",
+        "",
+        *_header(out, verdict, settings),
+        "## Output against the references",
+        "",
+        "| pipeline | input events | expected rows | lines written | lost | duplicated | wrong "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, p in verdict.get("pipelines", {}).items():
+        parts.append(
+            f"| {name} ({p.get('kind')}) | {p.get('events')} | {p.get('expected')} | "
+            f"{p.get('written')} | **{p.get('lost')}** | **{p.get('duplicated')}** | "
+            f"**{p.get('wrong')}** | {'consistent' if p.get('consistent') else 'INCONSISTENT'} |"
+        )
+    if not verdict.get("pipelines"):
+        parts.append("| (not counted: the soak did not get that far) | | | | | | | |")
+    parts += ["", *_examples(verdict), *_outcomes(rows, verdict), *_durations(rows)]
+    parts += _failures(rows)
+    target = out / RESULTS_MD
+    target.write_text("\n".join(parts).rstrip() + "\n")
+    return target
+
+
+def _header(out: Path, verdict: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
+    lines = []
+    if verdict:
+        error = verdict.get("error")
+        lines.append(
+            f"Status: **{verdict.get('status')}**"
+            + (f" ({one_line(str(error), 300)})" if error else "")
+            + f"; {fmt((verdict.get('elapsed_s') or 0) / 60, 1)} min in all, of which the "
+            f"schedule {fmt((verdict.get('schedule_s') or 0) / 60, 1)} min. Seed "
+            f"{settings.get('seed')}, nodes {', '.join(settings.get('nodes', []))}, "
+            f"{settings.get('rate')} events/s per source, node-level checkpoints every "
+            f"{settings.get('checkpoint_interval_s')} s, central pulls every "
+            f"{settings.get('central_interval_s')} s."
+        )
+    machine = out / "machine.json"
+    if machine.exists():
+        m = json.loads(machine.read_text())
+        lines.append(
+            f"Machine: {m.get('cores')} cores ({m.get('cpu_model')}), {m.get('ram_gib')} GiB, "
+            f"Spark {m.get('spark')}, Java {m.get('java')}; every node, the orchestrator and "
+            "nats-server ran on it."
+        )
+        for c in m.get("commands", []):
+            done = "" if c.get("completed") else ", did not complete"
+            lines.append(f"Command: `{c['command']}` ({c['wall_s'] / 60:.1f} min{done}).")
+    return [f"{line}\n" for line in lines]
+
+
+def _examples(verdict: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for name, p in verdict.get("pipelines", {}).items():
+        for kind, keys in (p.get("examples") or {}).items():
+            if keys:
+                lines.append(f"- {name}: first {kind} keys {keys}")
+        for problem in p.get("problems") or []:
+            lines.append(f"- {name}: {one_line(problem)}")
+    return [*lines, ""] if lines else []
+
+
+def _outcomes(rows: list[dict[str, str]], verdict: Mapping[str, Any]) -> list[str]:
+    planned = verdict.get("planned", {})
+    lines = [
+        "## Operations",
+        "",
+        "Planned: the seeded schedule; done: rows of `runs.csv` (a migration the orchestrator "
+        "was killed during is a row of its own).",
+        "",
+        f"| operation | planned | done | {' | '.join(OUTCOMES)} |",
+        "|---|---|---|" + "---|" * len(OUTCOMES),
+    ]
+    for op in OPERATIONS:
+        mine = [r for r in rows if r["op"] == op]
+        counts = Counter(r["outcome"] for r in mine)
+        lines.append(
+            f"| {op} | {planned.get(op, '-')} | {len(mine)} | "
+            + " | ".join(str(counts.get(o, 0)) for o in OUTCOMES)
+            + " |"
+        )
+    mid = sum(1 for r in rows if r["op"] == KILL_ORCHESTRATOR and r["mode"] == "mid-migration")
+    unsettled = sum(1 for r in rows if not r["settled_ms"])
+    lines += [
+        "",
+        f"Orchestrator kills during a migration: {mid}. Operations after which not every PE "
+        f"ran again within the settle timeout: {unsettled}.",
+        "",
+    ]
+    return lines
+
+
+def _durations(rows: list[dict[str, str]]) -> list[str]:
+    lines = [
+        "## Durations",
+        "",
+        "| operation | measure | n | p50 ms | p99 ms | max ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for op, measures in MEASURES.items():
+        for column, label in measures:
+            values = [v for r in rows if r["op"] == op and (v := num(r[column])) is not None]
+            lines.append(
+                f"| {op} | {label} | {len(values)} | {fmt(percentile(values, 50))} | "
+                f"{fmt(percentile(values, 99))} | {fmt(max(values, default=None))} |"
+            )
+    settled = [v for r in rows if (v := num(r["settled_ms"])) is not None]
+    lines.append(
+        f"| any | operation end -> every PE running | {len(settled)} | "
+        f"{fmt(percentile(settled, 50))} | {fmt(percentile(settled, 99))} | "
+        f"{fmt(max(settled, default=None))} |"
+    )
+    return [*lines, ""]
+
+
+def _failures(rows: list[dict[str, str]], limit: int = 30) -> list[str]:
+    bad = [r for r in rows if r["outcome"] != "ok"]
+    if not bad:
+        return []
+    lines = ["## Operations that did not succeed", ""]
+    lines += [f"- {_say(r)}" for r in bad[:limit]]
+    if len(bad) > limit:
+        lines.append(f"- ... and {len(bad) - limit} more (see `runs.csv`)")
+    return lines

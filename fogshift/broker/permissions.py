@@ -1,0 +1,155 @@
+"""Least privilege on the broker: each node gets a user of its own that may touch only the
+streams of the PEs it hosts and of their inputs.
+
+The broker enforces it (nats-server ``authorization.users[].permissions``), so a compromised
+or stale node cannot publish into another PE's stream, fence anybody, create or delete
+streams, or read pipelines it has nothing to do with. The orchestrator keeps the permissions
+in step with placement (deploy, migration, restore, stop) by rewriting the server's config
+and asking it to reload (SIGHUP); the admin user (the orchestrator's) keeps every right.
+
+A node hosting PE ``e`` of pipeline ``p`` with inputs ``i…`` may:
+
+* publish ``fs.p.e.data``, ``fs.p.e.dead`` and ``fs.p.e.cut`` (never ``.fence``: fencing is
+  the orchestrator's);
+* read the tail of its own stream (``STREAM.INFO``, ``STREAM.MSG.GET``);
+* read its inputs' streams through ephemeral pull consumers (``STREAM.INFO``,
+  ``CONSUMER.CREATE/INFO/DELETE/MSG.NEXT`` on those streams only);
+* receive replies on its inbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fogshift.broker.exceptions import BrokerError
+from fogshift.broker.naming import cut_subject, data_subject, dead_subject, stream_name
+from fogshift.common.files import write_private
+
+API = "$JS.API"
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """One PE a node hosts (or is about to: a migration or restore target)."""
+
+    pipeline: str
+    element: str
+    inputs: tuple[str, ...] = ()
+
+
+def node_user(node: str) -> str:
+    """The broker user of ``node``."""
+    return f"node-{node}"
+
+
+def node_permissions(hosted: Iterable[Hosted]) -> dict[str, Any]:
+    """The nats-server permissions of a node hosting ``hosted`` (nothing hosted: no rights
+    but its inbox)."""
+    publish: set[str] = set()
+    for pe in hosted:
+        own = stream_name(pe.pipeline, pe.element)
+        publish |= {
+            data_subject(pe.pipeline, pe.element),
+            dead_subject(pe.pipeline, pe.element),
+            cut_subject(pe.pipeline, pe.element),
+            f"{API}.STREAM.INFO.{own}",
+            f"{API}.STREAM.MSG.GET.{own}",
+        }
+        for name in pe.inputs:
+            source = stream_name(pe.pipeline, name)
+            publish |= {
+                f"{API}.STREAM.INFO.{source}",
+                f"{API}.CONSUMER.CREATE.{source}",
+                f"{API}.CONSUMER.CREATE.{source}.>",
+                f"{API}.CONSUMER.INFO.{source}.>",
+                f"{API}.CONSUMER.DELETE.{source}.>",
+                f"{API}.CONSUMER.MSG.NEXT.{source}.>",
+            }
+    return {
+        "publish": {"allow": sorted(publish) or ["_INBOX.none"]},
+        "subscribe": {"allow": ["_INBOX.>"]},
+    }
+
+
+@dataclass
+class BrokerUsers:
+    """The broker's users: the admin and one per node, with their passwords (a 0600 file).
+
+    Attributes:
+        admin_user: The orchestrator's (and operator's) user: every right.
+        admin_password: Its password.
+        nodes: Node name → its user's password.
+    """
+
+    admin_user: str
+    admin_password: str
+    nodes: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> BrokerUsers:
+        data = json.loads(path.read_text())
+        return cls(data["admin_user"], data["admin_password"], dict(data["nodes"]))
+
+    def save(self, path: Path) -> Path:
+        body = {
+            "admin_user": self.admin_user,
+            "admin_password": self.admin_password,
+            "nodes": self.nodes,
+        }
+        return write_private(path, json.dumps(body))
+
+    def add_node(self, node: str) -> str:
+        """The password of ``node``'s user, made on first use."""
+        if node not in self.nodes:
+            self.nodes[node] = secrets.token_urlsafe(24)
+        return self.nodes[node]
+
+    def authorization(self, hosted: Mapping[str, Iterable[Hosted]]) -> str:
+        """The ``authorization`` block of nats.conf for ``hosted`` (node → its PEs)."""
+        users: list[dict[str, Any]] = [{"user": self.admin_user, "password": self.admin_password}]
+        for node, password in sorted(self.nodes.items()):
+            users.append(
+                {
+                    "user": node_user(node),
+                    "password": password,
+                    "permissions": node_permissions(hosted.get(node, ())),
+                }
+            )
+        # nats.conf is a superset of JSON: a JSON list is a valid value.
+        return f"authorization {{\n  users = {json.dumps(users, indent=2)}\n}}\n"
+
+
+def users_file(config_file: Path) -> Path:
+    """Where the users of the server configured by ``config_file`` are kept."""
+    return config_file.with_name("users.json")
+
+
+def write_config(config_file: Path, head: str, users: BrokerUsers, hosted: Mapping) -> None:
+    """Write nats.conf: ``head`` (listen, jetstream) and the authorization block."""
+    write_private(config_file, head + users.authorization(hosted))
+
+
+def apply_permissions(config_file: Path, pid: int, hosted: Mapping[str, Iterable[Hosted]]) -> None:
+    """Rewrite the server's permissions for ``hosted`` and make it reload them.
+
+    Raises:
+        BrokerError: The config or its users cannot be read, or the server is gone.
+    """
+    try:
+        text = config_file.read_text()
+        users = BrokerUsers.load(users_file(config_file))
+    except (OSError, ValueError, KeyError) as exc:
+        raise BrokerError(f"cannot read the broker's config {config_file}: {exc}") from exc
+    head = text.split("authorization {", 1)[0]
+    write_config(config_file, head, users, hosted)
+    try:
+        os.kill(pid, signal.SIGHUP)  # nats-server reloads its config on SIGHUP
+    except ProcessLookupError as exc:
+        raise BrokerError(f"nats-server (pid {pid}) is gone: cannot apply permissions") from exc

@@ -1,0 +1,26 @@
+"""Errors of the shared REST and naming plumbing."""
+
+from __future__ import annotations
+
+from fogshift.exceptions import FogshiftError, InvalidInput
+
+
+class InvalidName(InvalidInput):
+    """A pipeline, element, node or snapshot name, or a checkpoint file path, that could
+    not safely become part of a path on disk."""
+
+    code = "invalid_name"
+
+
+class PathEscape(InvalidInput):
+    """A path that, once resolved (``..``, symbolic links), lies outside its intended root."""
+
+    code = "path_escape"
+
+
+class Forbidden(FogshiftError):
+    """A valid token that does not allow this request (e.g. a node's token on an operator
+    endpoint)."""
+
+    code = "forbidden"
+    http_status = 403

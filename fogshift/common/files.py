@@ -1,0 +1,44 @@
+"""Writing files that hold secrets (tokens, broker passwords)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+#: The mode of every file holding a secret: the owner reads and writes, nobody else.
+PRIVATE_MODE = 0o600
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` (created or replaced) readable by its owner only.
+
+    The file is 0600 from its first byte: it is created 0600 under a fresh name in the same
+    folder (``O_EXCL``: never an existing file or a planted symbolic link), written, synced
+    and renamed over ``path``. Writing then ``chmod``-ing would leave a window in which the
+    secret is readable by others under the umask's mode; replacing an existing, wider file
+    in place would keep that file's mode.
+
+    Returns:
+        ``path``.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
+    try:
+        # The umask may only have removed bits; set exactly 0600 (still on the private fd).
+        os.fchmod(fd, PRIVATE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            fd = -1  # the file object owns it now
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    return path

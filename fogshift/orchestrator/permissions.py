@@ -1,0 +1,104 @@
+"""Keeping each node's broker rights in step with placement (least privilege).
+
+A node may touch only the streams of the PEs placed on it, of their inputs, and — while a
+migration or restore moves a PE to it — of the PE being moved (see
+:mod:`fogshift.broker.permissions`). The orchestrator calls :meth:`BrokerPermissions.sync`
+whenever placement may have changed (deploy, stop, each operation's start, each reconcile
+round); it rewrites the server's config and makes it reload only when the rights changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+from fogshift.broker.exceptions import BrokerError
+from fogshift.broker.permissions import Hosted, apply_permissions
+from fogshift.orchestrator.registry import Registry
+
+log = logging.getLogger("fogshift.orchestrator")
+
+#: Pipelines whose PEs hold broker rights (a stopped or failed pipeline's nodes lose them).
+ACTIVE = ("deploying", "running", "stopping")
+
+
+def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:
+    """Node → the PEs it may serve: placed there, or the target of an unfinished migration
+    or restore, or the origin of an unfinished migration (it runs until the handover); the
+    node a restore moves a PE away from loses its rights to it at once."""
+    hosted: dict[str, set[Hosted]] = defaultdict(set)
+    specs = {}
+    for record in registry.pipelines():
+        specs[record.name] = record.spec
+        if record.status not in ACTIVE:
+            continue
+        for element in record.spec.elements:
+            node = record.placement.get(element.id, element.node)
+            hosted[node].add(Hosted(record.name, element.id, tuple(element.inputs)))
+    for op in registry.unfinished():
+        spec = specs.get(op.pipeline)
+        if spec is None:
+            continue
+        try:
+            element = spec.element(op.element)
+        except KeyError:
+            continue
+        pe = Hosted(op.pipeline, op.element, tuple(element.inputs))
+        hosted[op.target].add(pe)
+        if op.kind == "migration":
+            hosted[op.origin].add(pe)
+        elif op.origin != op.target:
+            hosted[op.origin].discard(pe)  # a restore: the node it leaves is presumed lost
+    return {
+        node: sorted(pes, key=lambda h: (h.pipeline, h.element)) for node, pes in hosted.items()
+    }
+
+
+class BrokerPermissions:
+    """The broker rights the orchestrator manages (a cluster whose broker ``fogshift up``
+    started); ``config_file=None`` (an external broker) manages none.
+
+    Args:
+        config_file: The nats-server config (with ``users.json`` beside it).
+        pid: The nats-server process, signalled to reload.
+    """
+
+    def __init__(self, config_file: Path | None, pid: int | None) -> None:
+        self.config_file = config_file
+        self.pid = pid
+        self._applied: dict[str, list[Hosted]] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def managed(self) -> bool:
+        return self.config_file is not None and self.pid is not None
+
+    def sync(self, registry: Registry) -> bool:
+        """Apply the rights placement implies now; True if they changed.
+
+        Raises:
+            BrokerError: The config could not be rewritten or the server is gone.
+        """
+        if not self.managed:
+            return False
+        assert self.config_file is not None and self.pid is not None
+        with self._lock:
+            wanted = hosted_by_node(registry)
+            if wanted == self._applied:
+                return False
+            apply_permissions(self.config_file, self.pid, wanted)
+            self._applied = wanted
+            log.info(
+                "broker rights: %s",
+                {n: [f"{h.pipeline}/{h.element}" for h in pes] for n, pes in wanted.items()},
+            )
+            return True
+
+    def sync_quietly(self, registry: Registry) -> None:
+        """:meth:`sync` for loops that must go on: a failure is logged and retried later."""
+        try:
+            self.sync(registry)
+        except BrokerError as exc:
+            log.error("cannot update the broker's per-node rights: %s", exc.message)

@@ -1,0 +1,373 @@
+"""Hostile requests to a node agent: names that try to leave the PE's folders, tokens that
+open more than they should, checkpoint sources that would receive a token.
+
+The agent's real FastAPI app, without Spark (its lifespan does not run): in process through
+FastAPI's TestClient, and through a real uvicorn server where the path must reach the agent
+byte for byte (an HTTP client normalises a literal ``..`` away before sending).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import io
+import json
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from fogshift.agent.app import create_app
+from fogshift.agent.config import AgentConfig
+from fogshift.common.http import blob_token, node_token
+
+OPERATOR = "operator-token-" + "o" * 32
+SECRET = "broker-password-s3cr3t"
+SNAPSHOT = "b000000000001"
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A cluster home: the broker's password file, two nodes' folders, one PE's snapshot."""
+    (tmp_path / "broker.json").write_text(json.dumps({"url": "nats://x", "password": SECRET}))
+    node = tmp_path / "nodes" / "fog-a"
+    snap = node / "node-checkpoints" / "p" / "agg" / SNAPSHOT
+    (snap / "offsets").mkdir(parents=True)
+    (snap / "offsets" / "0").write_text("offset zero")
+    (node / "checkpoints" / "p" / "agg").mkdir(parents=True)
+    (node / "checkpoints" / "p" / "agg" / "metadata").write_text("{}")
+    sentinel = tmp_path / "nodes" / "fog-b" / "checkpoints" / "q" / "x"
+    sentinel.mkdir(parents=True)
+    (sentinel / "keep").write_text("must survive")
+    (tmp_path / "nodes" / "fog-b" / "token").write_text(SECRET)  # another node's secret
+    return tmp_path
+
+
+def config(home: Path, orchestrator_url: str = "http://127.0.0.1:9") -> AgentConfig:
+    return AgentConfig(
+        name="fog-a",
+        port=1,
+        home=home / "nodes" / "fog-a",
+        token=node_token(OPERATOR, "fog-a"),
+        orchestrator_url=orchestrator_url,
+        broker_file=home / "broker.json",
+    )
+
+
+def client(app: FastAPI, token: str) -> TestClient:
+    return TestClient(app, headers={"Authorization": f"Bearer {token}"})
+
+
+def intact(home: Path) -> bool:
+    """Nothing outside the PE's folders was deleted."""
+    return (
+        (home / "broker.json").read_text().count(SECRET) == 1
+        and (home / "nodes" / "fog-b" / "token").read_text() == SECRET
+        and (home / "nodes" / "fog-b" / "checkpoints" / "q" / "x" / "keep").exists()
+        and (home / "nodes" / "fog-a" / "node-checkpoints" / "p" / "agg" / SNAPSHOT).is_dir()
+    )
+
+
+#: Reads that reach a secret when names are not checked (another node's token two levels
+#: up, the broker's password file three levels up, any absolute path), and reads that are
+#: merely malformed; ``422`` where the route matches and the name is refused, ``404`` where
+#: an encoded separator makes the path match no route at all.
+HOSTILE_READS = [
+    ("/pipelines/%2e%2e/elements/%2e%2e/snapshots/%2e%2e/files/fog-b/token", 422),
+    ("/pipelines/%2e%2e/elements/%2e%2e/snapshots/%2e%2e/files/..%2Fbroker.json", 422),
+    ("/pipelines/%2E%2E/elements/%2E%2E/snapshots/%2E%2E/files/fog-b/token", 422),
+    (f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/..%2F..%2F..%2F..%2F..%2Fbroker.json",
+     422),
+    (f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/offsets/%2e%2e/%2e%2e/%2e%2e/%2e%2e/"
+     "%2e%2e/%2e%2e/broker.json", 422),
+    (f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/%2F{{home}}/broker.json", 422),
+    (f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/..%5C..%5Cbroker.json", 422),
+    (f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/offsets%00", 422),
+    ("/pipelines/%2e%2e/elements/%2e%2e/progress", 422),
+    ("/pipelines/%2e%2e/elements/%2e%2e/snapshots/latest", 422),
+    (f"/pipelines/p%2F..%2F..%2F../elements/agg/snapshots/{SNAPSHOT}/files/broker.json", 404),
+    ("/checkpoints/blobs/..%2F..%2F..%2F..%2Fbroker.json", 404),
+    ("/checkpoints/blobs/%2e%2e", 422),
+]  # fmt: skip
+
+#: Deletes that remove the node's folders (``..`` twice is ``<home>/nodes``) when names are
+#: not checked.
+HOSTILE_DELETES = [
+    ("/pipelines/%2e%2e/elements/%2e%2e?discard=true", 422),
+    ("/pipelines/p/elements/%2e%2e?discard=true", 422),
+    ("/pipelines/%2e%2e/elements/fog-b?discard=true", 422),
+    ("/pipelines/%2e%2e%2F%2e%2e/elements/fog-b?discard=true", 404),
+    ("/pipelines/%2Ftmp/elements/x?discard=true", 404),
+    ("/pipelines/p%5C..%5C../elements/agg?discard=true", 422),
+    ("/pipelines/%2e%2e", 422),
+]
+
+
+def test_a_legitimate_snapshot_file_is_served(home: Path) -> None:
+    # The control for the tests below: their 4xx is the validation, not a broken route.
+    # (The client is not entered as a context: that would run the lifespan, i.e. Spark.)
+    c = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))
+    response = c.get(f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/offsets/0")
+    assert response.status_code == 200 and response.text == "offset zero"
+
+
+@pytest.mark.parametrize(("path", "status"), HOSTILE_READS)
+def test_hostile_names_read_nothing(home: Path, path: str, status: int) -> None:
+    c = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))
+    response = c.get(path.replace("{home}", quote(str(home).lstrip("/"), safe="")))
+    assert response.status_code == status, response.text
+    assert SECRET not in response.text
+    assert intact(home)
+
+
+@pytest.mark.parametrize(("path", "status"), HOSTILE_DELETES)
+def test_hostile_names_delete_nothing(home: Path, path: str, status: int) -> None:
+    c = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))
+    response = c.delete(path)
+    assert response.status_code == status, response.text
+    assert intact(home)
+    assert (home / "nodes" / "fog-a" / "checkpoints" / "p" / "agg" / "metadata").exists()
+
+
+def test_a_name_error_says_what_was_expected(home: Path) -> None:
+    c = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))
+    body = c.delete("/pipelines/%2e%2e/elements/%2e%2e?discard=true").json()
+    assert body["code"] == "invalid_name"
+    assert "letters, digits" in body["expected"] and body["received"] == "'..'"
+    assert body["hint"]
+
+
+def test_a_symbolic_link_out_of_a_snapshot_is_not_followed(home: Path) -> None:
+    snap = home / "nodes" / "fog-a" / "node-checkpoints" / "p" / "agg" / SNAPSHOT
+    (snap / "offsets" / "1").symlink_to(home / "broker.json")
+    c = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))
+    response = c.get(f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/offsets/1")
+    assert response.status_code == 422 and response.json()["code"] == "path_escape"
+    assert SECRET not in response.text
+
+
+@contextmanager
+def serve(app: FastAPI) -> Iterator[int]:
+    """``app`` on a real uvicorn server (no lifespan: no Spark); yields its port."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def raw(port: int, method: str, path: str, token: str) -> tuple[int, str]:
+    """Send ``path`` exactly as given (``..`` included), as curl --path-as-is would."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, headers={"Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        return response.status, response.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def test_literal_dot_dot_reaches_the_agent_and_is_refused(home: Path) -> None:
+    token = node_token(OPERATOR, "fog-a")
+    with serve(create_app(config(home))) as port:
+        status, _ = raw(port, "GET", f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/"
+                        "offsets/0", token)  # fmt: skip
+        assert status == 200  # the control: the same server serves a legitimate file
+        attacks = [
+            ("GET", "/pipelines/../elements/../snapshots/../files/fog-b/token"),
+            ("GET", "/pipelines/../elements/../snapshots/../files/../broker.json"),
+            ("GET", f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/../../../../../x"),
+            ("GET", f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/{'../' * 5}broker.json"),
+            ("GET", "/pipelines/p/elements/agg/snapshots/../files/../../broker.json"),
+            ("DELETE", "/pipelines/../elements/..?discard=true"),
+            ("DELETE", "/pipelines/p/elements/..?discard=true"),
+            ("DELETE", "/pipelines/.."),
+        ]
+        for method, path in attacks:
+            status, body = raw(port, method, path, token)
+            assert 400 <= status < 500, (method, path, status, body)
+            assert SECRET not in body
+    assert intact(home)
+    assert (home / "nodes" / "fog-a" / "checkpoints" / "p" / "agg" / "metadata").exists()
+
+
+# -- tokens -------------------------------------------------------------------------------
+
+
+def test_the_agent_accepts_its_node_token_and_the_operator_token_only(home: Path) -> None:
+    app = create_app(config(home))
+    assert client(app, node_token(OPERATOR, "fog-a")).get("/elements").status_code == 200
+    assert client(app, OPERATOR).get("/elements").status_code == 200
+    assert client(app, node_token(OPERATOR, "fog-b")).get("/elements").status_code == 401
+    assert client(app, "fsnode.fog-a." + "0" * 64).get("/elements").status_code == 401
+    assert TestClient(app).get("/elements").status_code == 401
+
+
+def test_the_blob_token_reads_blobs_and_nothing_else(home: Path) -> None:
+    app = create_app(config(home))
+    blobs = client(app, blob_token(node_token(OPERATOR, "fog-a")))
+    data = b"replica bytes"
+    sha = hashlib.sha256(data).hexdigest()
+    (home / "nodes" / "fog-a" / "replicas" / "blobs" / sha).write_bytes(data)
+    assert blobs.get(f"/checkpoints/blobs/{sha}").content == data
+    assert blobs.get("/elements").status_code == 403
+    assert blobs.delete("/pipelines/p/elements/agg?discard=true").status_code == 403
+    assert (home / "nodes" / "fog-a" / "checkpoints" / "p" / "agg" / "metadata").exists()
+    # Another node's blob token opens nothing here.
+    other = client(app, blob_token(node_token(OPERATOR, "fog-b")))
+    assert other.get(f"/checkpoints/blobs/{sha}").status_code == 401
+
+
+# -- checkpoint sources -------------------------------------------------------------------
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """A stand-in HTTP service that records every request (path, Authorization)."""
+
+    seen: list[tuple[str, str]]
+    answers: dict[str, tuple[int, bytes]]
+
+    def do_GET(self) -> None:
+        self.seen.append((self.path, self.headers.get("Authorization", "")))
+        status, body = self.answers.get(self.path, (404, b'{"code": "not_found"}'))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def recorder(answers: dict[str, tuple[int, bytes]] | None = None) -> Iterator[Any]:
+    seen: list[tuple[str, str]] = []
+    answers = {} if answers is None else answers
+    handler = type("R", (Recorder,), {"seen": seen, "answers": answers})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.seen = seen  # type: ignore[attr-defined]
+    server.answers = answers  # type: ignore[attr-defined]
+    server.url = f"http://127.0.0.1:{server.server_port}"  # type: ignore[attr-defined]
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def manifest(files: dict[str, bytes]) -> dict[str, Any]:
+    return {
+        "id": SNAPSHOT, "pipeline": "p", "element": "agg", "batch": 1, "created": time.time(),
+        "bytes": sum(map(len, files.values())),
+        "files": {rel: {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d)}
+                  for rel, d in files.items()},
+    }  # fmt: skip
+
+
+def test_an_unknown_source_gets_no_request_and_no_token(home: Path) -> None:
+    data = b"offset zero"
+    m = manifest({"offsets/0": data})
+    with recorder() as attacker, recorder() as peer:
+        directory = {"nodes": [{"name": "fog-b", "url": peer.url, "blob_token": "fsblob.peer"}]}
+        answers = {"/nodes/fog-a/directory": (200, json.dumps(directory).encode())}
+        with recorder(answers) as orchestrator:
+            c = client(create_app(config(home, orchestrator.url)), node_token(OPERATOR, "fog-a"))
+            for path in ("/replicas/p/agg", "/pipelines/p/elements/agg/checkpoint/install"):
+                response = c.post(path, json={"manifest": m, "source": attacker.url})
+                assert response.status_code == 422, response.text
+                assert response.json()["code"] == "unknown_source"
+                assert peer.url in response.json()["expected"]
+            assert attacker.seen == []
+            # The agent asked only its own orchestrator, with its own token.
+            assert {a for _, a in orchestrator.seen} == {f"Bearer {node_token(OPERATOR, 'fog-a')}"}
+            # A listed node gets that node's blob token, never this node's own token.
+            peer.answers[f"/checkpoints/blobs/{hashlib.sha256(data).hexdigest()}"] = (200, data)
+            response = c.post("/replicas/p/agg", json={"manifest": m, "source": peer.url + "/"})
+            assert response.status_code == 200, response.text
+            assert response.json() == {"fetched_bytes": len(data)}
+            assert [a for _, a in peer.seen] == ["Bearer fsblob.peer"]
+    assert attacker.seen == []
+
+
+def test_a_source_that_is_not_a_url_is_refused(home: Path) -> None:
+    c = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))
+    m = manifest({"offsets/0": b"x"})
+    for source in ("file:///etc/passwd", "http://a b", "gopher://x", ""):
+        response = c.post("/replicas/p/agg", json={"manifest": m, "source": source})
+        assert response.status_code == 422, (source, response.text)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"files": {"../x": None}},
+        {"files": {"/abs/x": None}},
+        {"files": {"a\\..\\..\\x": None}},
+        {"files": {"offsets/../../../../x": None}},
+        {"id": "../../../x"},
+        {"pipeline": ".."},
+        {"element": "../../fog-b"},
+    ],
+)
+def test_a_manifest_naming_paths_outside_is_refused_before_any_fetch(
+    home: Path, bad: dict[str, Any]
+) -> None:
+    data = b"payload"
+    m = manifest({"offsets/0": data})
+    if "files" in bad:
+        rel = next(iter(bad["files"]))
+        m["files"] = {rel: m["files"]["offsets/0"]}
+    else:
+        m.update(bad)
+    with recorder() as orchestrator:
+        c = client(create_app(config(home, orchestrator.url)), node_token(OPERATOR, "fog-a"))
+        for path in ("/replicas/p/agg", "/pipelines/p/elements/agg/checkpoint/install"):
+            response = c.post(path, json={"manifest": m})
+            assert response.status_code == 422, response.text
+        assert orchestrator.seen == []  # nothing fetched
+    written = [p for p in home.rglob("*") if p.is_file() and p.read_bytes() == data]
+    assert written == []
+    assert not (home / "x").exists() and not (home / "nodes" / "x").exists()
+    assert intact(home)
+
+
+def test_a_shipped_archive_with_members_outside_writes_nothing_there(home: Path) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name in ("offsets/0", "../../../../planted", "/tmp/fogshift-planted"):
+            info = tarfile.TarInfo(name)
+            info.size = len(b"planted")
+            tar.addfile(info, io.BytesIO(b"planted"))
+    data = buffer.getvalue()
+    c = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))
+    response = c.put(
+        "/pipelines/p/elements/agg/checkpoint",
+        content=data,
+        headers={"X-Fogshift-Sha256": hashlib.sha256(data).hexdigest()},
+    )
+    assert not response.is_success
+    assert response.json()["code"] == "torn_checkpoint"
+    assert not (home / "planted").exists() and not (home / "nodes" / "planted").exists()
+    assert not Path("/tmp/fogshift-planted").exists()
+    assert intact(home)

@@ -1,0 +1,197 @@
+"""How the node agent restarts a failed query: with backoff, and a PE that cannot be built
+only a bounded number of times, with the error in its status. No Spark: the query is faked."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.agent import node
+from fogshift.agent.config import AgentConfig
+from fogshift.agent.node import (
+    ELEMENT_ERROR_RESTARTS,
+    RESTART_BACKOFF_MAX_S,
+    HostedElement,
+    NodeRuntime,
+    python_error,
+)
+from fogshift.runtime.engine import QueryPlan
+from fogshift.runtime.exceptions import ElementError
+from fogshift.spec.models import ElementSpec
+
+# What Spark 4 reports for an exception raised in a Python worker (abridged).
+WORKER_FAILURE = """[PYTHON_EXCEPTION] An exception was thrown from the Python worker: \
+Traceback (most recent call last):
+  File "/x/engine.py", line 7, in handleInputRows
+    raise ValueError("inner")
+ValueError: inner
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/x/batch.py", line 9, in _rebuild
+    raise ElementError(...)
+fogshift.runtime.exceptions.ElementError: processor 'p' of pipeline 'x' cannot be built \
+from its state: BadState: no
+hint: its restore() must accept what snapshot() returned
+ SQLSTATE: 38000
+=== Streaming Query ===
+Identifier: [id = 1]
+\tat org.apache.spark.sql.execution.SQLExecution$.withNewExecutionId(SQLExecution.scala:317)
+"""
+
+
+def batch(batch_id: int, rows: int) -> dict[str, Any]:
+    """The progress of a batch that ran (Spark times its ``addBatch``)."""
+    return {"batchId": batch_id, "numInputRows": rows, "durationMs": {"addBatch": 3}}
+
+
+def idle(next_batch: int) -> dict[str, Any]:
+    """The progress of an idle trigger: it names the batch still to come."""
+    return {"batchId": next_batch, "numInputRows": 0, "durationMs": {"latestOffset": 1}}
+
+
+class FakeQuery:
+    def __init__(self, error: str | None = None, batches: int = 0) -> None:
+        self.isActive = error is None
+        self.error = error
+        self.recentProgress = [batch(b, 1) for b in range(batches)]
+
+    def exception(self) -> Any:
+        return RuntimeError(self.error) if self.error else None
+
+    def stop(self) -> None:
+        self.isActive = False
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> NodeRuntime:
+    config = AgentConfig(
+        name="n1",
+        port=9999,
+        home=tmp_path,
+        token="t" * 32,
+        orchestrator_url="http://127.0.0.1:1",
+        broker_file=tmp_path / "broker.json",
+    )
+    rt = NodeRuntime(config)
+    rt.spark = object()  # type: ignore[assignment]  # never called: start_query is faked
+    return rt
+
+
+def hosted(tmp_path: Path) -> HostedElement:
+    element = ElementSpec(id="p", kind="map", node="n1", inputs=("s",), options={"set": {}})
+    plan = QueryPlan("x", element, str(tmp_path / "broker.json"), str(tmp_path / "cp"))
+    return HostedElement(plan=plan)
+
+
+def test_python_error_takes_the_outermost_exception_out_of_sparks_text() -> None:
+    assert python_error(WORKER_FAILURE) == (
+        "ElementError",
+        "processor 'p' of pipeline 'x' cannot be built from its state: BadState: no\n"
+        "hint: its restore() must accept what snapshot() returned",
+    )
+    assert python_error("java.io.IOException: disk full") is None
+
+
+def run_monitor(rt: NodeRuntime, h: HostedElement, rounds: int) -> list[int]:
+    """Let time pass for every scheduled restart; the delays the agent chose."""
+    delays = []
+    for _ in range(rounds):
+        if h.retry_at == math.inf:
+            break
+        delays.append(round(h.retry_at - time.time()))
+        h.retry_at = 0.0  # the backoff has elapsed
+        rt._check(h)
+    return delays
+
+
+def test_a_pe_that_cannot_be_built_gives_up_after_bounded_restarts(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = []
+
+    def start_query(spark: Any, plan: QueryPlan) -> Any:
+        calls.append(plan.element.id)
+        raise ElementError("cannot import processor class 'nope:Missing': ModuleNotFoundError")
+
+    monkeypatch.setattr(node, "start_query", start_query)
+    h = hosted(tmp_path)
+    runtime._start_query(h)
+    delays = run_monitor(runtime, h, rounds=20)
+    assert delays == [1, 2, 4]
+    assert len(calls) == 1 + ELEMENT_ERROR_RESTARTS
+    assert (h.state, h.restarts, h.retry_at) == ("failed", ELEMENT_ERROR_RESTARTS, math.inf)
+    assert "ElementError: cannot import processor class 'nope:Missing'" in (h.error or "")
+    assert f"gave up after {ELEMENT_ERROR_RESTARTS} restarts in a row" in (h.error or "")
+    info = runtime.describe(h)
+    assert (info["state"], info["restarts"]) == ("failed", ELEMENT_ERROR_RESTARTS)
+    assert info["error"] == h.error
+    runtime._check(h)  # never again
+    assert len(calls) == 1 + ELEMENT_ERROR_RESTARTS
+
+
+def test_a_worker_side_element_error_is_bounded_too_and_reported_short(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node, "start_query", lambda spark, plan: FakeQuery(WORKER_FAILURE))
+    h = hosted(tmp_path)
+    runtime._start_query(h)
+    runtime._check(h)  # the query died in its first batch
+    assert h.state == "failed"
+    assert h.error == (
+        "ElementError: processor 'p' of pipeline 'x' cannot be built from its state: BadState:"
+        " no\nhint: its restore() must accept what snapshot() returned"
+    )
+    delays = []
+    for _ in range(20):
+        if h.retry_at == math.inf:
+            break
+        delays.append(round(h.retry_at - time.time()))
+        h.retry_at = 0.0
+        runtime._check(h)  # restart
+        runtime._check(h)  # and see it fail again
+    assert delays == [1, 2, 4]
+    assert h.restarts == ELEMENT_ERROR_RESTARTS and "gave up" in (h.error or "")
+
+
+def test_other_failures_are_retried_with_capped_backoff_and_reset_by_progress(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node, "start_query", lambda spark, plan: FakeQuery("broker gone"))
+    h = hosted(tmp_path)
+    runtime._start_query(h)
+    delays = []
+    for _ in range(8):
+        runtime._check(h)  # it fails
+        delays.append(round(h.retry_at - time.time()))
+        h.retry_at = 0.0
+        runtime._check(h)  # restart
+    assert delays == [1, 2, 4, 8, 16, 30, 30, 30]
+    assert max(delays) == RESTART_BACKOFF_MAX_S
+    assert h.state == "running" and h.restarts == 8
+    # A query that commits a batch after its restart works: the backoff starts over.
+    h.query = FakeQuery(batches=3)  # type: ignore[assignment]
+    runtime._check(h)
+    assert h.failures == 0
+    h.query = FakeQuery("broker gone again")  # type: ignore[assignment]
+    runtime._check(h)
+    assert round(h.retry_at - time.time()) == 1
+
+
+def test_events_in_counts_a_batch_that_follows_an_idle_trigger(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    h = hosted(tmp_path)
+    query = FakeQuery()
+    query.recentProgress = [batch(0, 2), idle(1), idle(1), batch(1, 5), idle(2)]
+    h.query = query  # type: ignore[assignment]
+    runtime._check(h)
+    assert (h.events_in, h.last_batch) == (7, 1)
+    query.recentProgress.append(batch(2, 4))
+    runtime._check(h)
+    assert (h.events_in, h.last_batch) == (11, 2)

@@ -1,0 +1,352 @@
+"""`fogshift bench soak`: its counting, inputs, schedule, process restarts and results (unit),
+and one small soak end to end through the real CLI (integration)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from fogshift.bench import soak
+from fogshift.bench.base import RunLog
+from fogshift.bench.commands import register
+from fogshift.bench.exceptions import BadBenchOption
+from fogshift.cli.cluster import ClusterFile, ProcessInfo, group_alive, kill_group, load_cluster
+from fogshift.spec.loader import load_spec, parse_spec, validate_spec
+from tests.conftest import ROOT, fogshift
+
+EXAMPLE = ROOT / "examples" / "soak"
+
+
+# -- counting -----------------------------------------------------------------------------------
+
+
+def test_tally_counts_lost_duplicated_and_wrong_rows() -> None:
+    expected = {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 5: 5.0}
+    written: list[tuple[int, float | None]] = [
+        (1, 1.0), (2, 2.0), (2, 2.0), (2, 2.0),  # 2 written three times: two duplicates
+        (3, 3.5),                                # wrong value
+        (9, 9.0),                                # not in the reference: wrong
+        (5, None),                               # unreadable: wrong
+    ]  # fmt: skip
+    counted = soak.tally(expected, written, lambda a, b: a == b)
+    assert (counted.expected, counted.written) == (5, 7)
+    assert (counted.lost, counted.duplicated, counted.wrong) == (1, 2, 3)
+    assert counted.examples == {"lost": [4], "duplicated": [2], "wrong": [3, 9, 5]}
+    assert not counted.clean
+    assert soak.tally(expected, list(expected.items()), lambda a, b: a == b).clean
+
+
+def test_a_duplicate_with_another_value_is_duplicated_and_wrong() -> None:
+    counted = soak.tally({1: 1.0}, [(1, 1.0), (1, 1.5)], lambda a, b: a == b)
+    assert (counted.lost, counted.duplicated, counted.wrong) == (0, 1, 1)
+
+
+def test_merge_reference_and_sink_rows(tmp_path: Path) -> None:
+    left = tmp_path / "left.csv"
+    left.write_text("timestamp,src,value\n1700000001,left,3\n1700000002,left,4\n")
+    right = tmp_path / "right.csv"
+    right.write_text("timestamp,src,value\n1700000001,right,5\n1700000002,right,999\n")
+    expected = soak.merge_reference({"left": left, "right": right})
+    # value % 3 != 0 keeps 4 and 5; the key is (source, row number = seq).
+    assert expected == {("left", 2): (1700000002, 4), ("right", 1): (1700000001, 5)}
+    sink = tmp_path / "out.csv"
+    sink.write_text(
+        "seq,timestamp,src,value\n1,1700000001,right,5\n2,1700000002,left,4\n"
+        "1,1700000001,right,5\n2,x,left,4\n"
+    )
+    rows = soak.read_merge_sink(sink)
+    assert rows[:3] == [(("right", 1), (1700000001, 5)), (("left", 2), (1700000002, 4)),
+                        (("right", 1), (1700000001, 5))]  # fmt: skip
+    assert rows[3] == (("?", 5), None)  # an unreadable line keeps its place, as wrong
+    counted = soak.tally(expected, rows, lambda a, b: a == b)
+    assert (counted.lost, counted.duplicated, counted.wrong) == (0, 1, 1)
+    assert soak.read_merge_sink(tmp_path / "missing.csv") == []
+
+
+# -- inputs and the example ---------------------------------------------------------------------
+
+
+def test_tagged_feeder_writes_whole_rows_naming_their_source(tmp_path: Path) -> None:
+    feeder = soak.TaggedFeeder(tmp_path / "left.csv", rate=0, seed=7, src="left")
+    feeder.prefill(4)
+    feeder.prefill(2)
+    lines = (tmp_path / "left.csv").read_text().splitlines()
+    assert lines[0] == soak.MERGE_HEADER and len(lines) == 7
+    rows = [line.split(",") for line in lines[1:]]
+    assert [int(r[0]) for r in rows] == [soak.TIMESTAMP_BASE + k for k in range(1, 7)]
+    assert {r[1] for r in rows} == {"left"}
+    assert all(0 <= int(r[2]) <= 999 for r in rows)
+    again = soak.TaggedFeeder(tmp_path / "again.csv", rate=0, seed=7, src="left")
+    again.prefill(6)
+    assert (tmp_path / "again.csv").read_text() == (tmp_path / "left.csv").read_text()
+
+
+def _load_make_data() -> Any:
+    spec = importlib.util.spec_from_file_location("make_data", EXAMPLE / "make_data.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_data_is_what_its_generator_writes(tmp_path: Path) -> None:
+    committed = {p.name: p.read_text() for p in (EXAMPLE / "data").glob("*.csv")}
+    rows = len(committed["left.csv"].splitlines()) - 1
+    assert rows > 0
+    written = _load_make_data().write_inputs(tmp_path, rows)
+    assert {p.name: p.read_text() for p in written.values()} == committed
+
+
+def test_example_spec_is_the_spec_the_soak_deploys() -> None:
+    example = load_spec(EXAMPLE / "merge.yaml", ["cloud", "fog-a", "fog-b"])
+    placement = {e.id: e.node for e in example.elements}
+    generated = parse_spec(
+        soak.merge_spec("merge", rate=10, placement=placement,
+                        paths={"left": "data/left.csv", "right": "data/right.csv"}),
+        EXAMPLE,
+    )  # fmt: skip
+    validate_spec(generated, ["cloud", "fog-a", "fog-b"], check_files=True)
+    assert generated.model_dump() == example.model_dump()
+    merge = next(e for e in generated.elements if e.kind == "filter")
+    assert merge.inputs == soak.MERGE_SOURCES  # two inputs, as the soak needs
+
+
+# -- settings and schedule ----------------------------------------------------------------------
+
+
+def test_schedule_has_every_operation_once_per_count_and_follows_the_seed() -> None:
+    config = soak.SoakConfig(migrations=7, kills=3, orchestrator_kills=2, seed=5)
+    ops = config.schedule()
+    assert sorted(ops) == sorted(["migrate"] * 7 + ["kill-node"] * 3 + ["kill-orchestrator"] * 2)
+    assert ops == soak.SoakConfig(migrations=7, kills=3, orchestrator_kills=2, seed=5).schedule()
+    others = {tuple(soak.SoakConfig(migrations=7, kills=3, seed=s).schedule()) for s in range(6)}
+    assert len(others) > 1  # the seed changes the order
+
+
+@pytest.mark.parametrize(
+    ("changes", "option"),
+    [
+        ({"migrations": -1}, "--migrations"),
+        ({"orchestrator_kills": -2}, "--orchestrator-kills"),
+        ({"mid_migration": 1.5}, "--mid-migration"),
+        ({"nodes": ("cloud",)}, "two distinct nodes"),
+        ({"nodes": ("cloud", "cloud")}, "two distinct nodes"),
+        ({"rate": 0.0}, "--rate"),
+        ({"duration_s": 0.0}, "--duration"),
+    ],
+)
+def test_bad_settings_are_refused_with_what_was_expected(
+    changes: dict[str, Any], option: str
+) -> None:
+    with pytest.raises(BadBenchOption) as caught:
+        soak.SoakConfig(**changes).check()
+    assert option in caught.value.message
+    assert caught.value.expected and caught.value.received is not None
+
+
+def test_the_command_refuses_bad_nodes_before_any_cluster_starts(tmp_path: Path) -> None:
+    app = typer.Typer()
+    register(app)
+    runner = CliRunner()
+    assert "--orchestrator-kills" in runner.invoke(app, ["soak", "--help"]).output
+    result = runner.invoke(app, ["soak", "--out", str(tmp_path / "out"), "--nodes", "cloud"])
+    assert isinstance(result.exception, BadBenchOption)
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_only_renders_results_again_from_the_files(tmp_path: Path) -> None:
+    log = RunLog(tmp_path / soak.RUNS_CSV, soak.OP_FIELDS)
+    log.append({"index": 1, "op": "kill-node", "origin": "fog-b", "outcome": "ok",
+                "recovered_ms": 4000.0, "settled_ms": 1.0})  # fmt: skip
+    app = typer.Typer()
+    register(app)
+    result = CliRunner().invoke(app, ["soak", "--out", str(tmp_path), "--report-only"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / soak.RESULTS_MD).read_text()
+    assert "| kill-node | - | 1 | 1 | 0 | 0 | 0 | 0 | 0 |" in text
+    assert "(not counted: the soak did not get that far)" in text  # no verdict.json
+
+
+# -- killing and restarting processes -----------------------------------------------------------
+
+SLEEPER = "import sys, time\nprint('started', sys.argv[1], flush=True)\ntime.sleep(600)\n"
+
+
+@pytest.fixture()
+def fake_home(tmp_path: Path) -> Iterator[Path]:
+    """A home whose cluster.json names one stand-in "orchestrator" process (a sleeper in a
+    process group of its own, writing to a log)."""
+    home = tmp_path / "home"
+    (home / "logs").mkdir(parents=True)
+    log = home / "logs" / "orchestrator.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SLEEPER, "first"], stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, cwd=tmp_path,
+        )  # fmt: skip
+    info = ProcessInfo(pid=proc.pid, pgid=proc.pid, url="http://127.0.0.1:1")
+    cluster = ClusterFile(orchestrator=info, broker=None, nodes={}, broker_url="nats://x:1")
+    (home / "cluster.json").write_text(cluster.model_dump_json())
+    (home / "token").write_text("t" * 32)
+    deadline = time.monotonic() + 30
+    while "started" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield home
+    finally:
+        kill_group(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        current, _ = load_cluster(home)
+        kill_group(current.orchestrator.pgid, signal.SIGKILL)
+
+
+def test_a_killed_process_starts_again_as_it_was_started(fake_home: Path) -> None:
+    processes = soak.Processes(fake_home)
+    first = processes.info(None)
+    launch = processes.kill(None)
+    assert not group_alive(first.pgid)
+    assert launch.argv[-1] == "first" and launch.argv[0] == sys.executable
+    assert launch.cwd == str(fake_home.parent)
+    assert launch.log == str(fake_home / "logs" / "orchestrator.log")
+    second = processes.start(None, launch)
+    assert second.pid != first.pid and second.url == first.url
+    assert load_cluster(fake_home)[0].orchestrator == second  # `fogshift down` finds it
+    log = fake_home / "logs" / "orchestrator.log"
+    deadline = time.monotonic() + 30
+    while log.read_text().count("started first") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.read_text().count("started first") == 2  # same argv, same log, appended
+    processes.kill(None)
+    assert not group_alive(second.pgid)
+
+
+def test_reading_how_a_dead_process_was_started_fails_with_a_reason(fake_home: Path) -> None:
+    processes = soak.Processes(fake_home)
+    processes.kill(None)
+    with pytest.raises(soak.BenchError, match="cannot read how the orchestrator"):
+        processes.kill(None)
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert soak.percentile(values, 50) == 50.0
+    assert soak.percentile(values, 99) == 99.0
+    assert soak.percentile([7.0], 99) == 7.0
+    assert soak.percentile([], 50) is None
+
+
+def test_results_are_rendered_from_runs_csv_and_verdict_json(tmp_path: Path) -> None:
+    log = RunLog(tmp_path / soak.RUNS_CSV, soak.OP_FIELDS)
+    for i, ms in enumerate((100.0, 300.0, 200.0), start=1):
+        log.append({"index": i, "op": "migrate", "outcome": "ok", "duration_ms": ms,
+                    "downtime_ms": ms / 10, "settled_ms": 5.0})  # fmt: skip
+    log.append({"index": 4, "op": "migrate", "pipeline": "soak-merge", "element": "merge",
+                "outcome": "rolled back", "error": "target died", "settled_ms": 5.0})  # fmt: skip
+    log.append({"index": 5, "op": "kill-node", "origin": "fog-a", "outcome": "ok",
+                "recovered_ms": 12000.0, "restart_ms": 9000.0, "settled_ms": 5.0})  # fmt: skip
+    log.append({"index": 6, "op": "kill-orchestrator", "mode": "mid-migration", "outcome": "ok",
+                "recovered_ms": 2500.0, "restart_ms": 3000.0})  # fmt: skip
+    verdict = {
+        "status": "complete", "error": None, "elapsed_s": 600.0, "schedule_s": 480.0,
+        "settings": {"seed": 3, "nodes": ["cloud", "fog-a"], "rate": 10.0},
+        "planned": {"migrate": 4, "kill-node": 1, "kill-orchestrator": 1},
+        "pipelines": {
+            "soak-case1": {"kind": "case1", "events": 900, "expected": 900, "written": 900,
+                           "lost": 0, "duplicated": 0, "wrong": 0, "consistent": True,
+                           "examples": {"lost": [], "duplicated": [], "wrong": []}},
+            "soak-merge": {"kind": "two inputs", "events": 1800, "expected": 1200,
+                           "written": 1203, "lost": 2, "duplicated": 5, "wrong": 1,
+                           "consistent": False,
+                           "examples": {"lost": [["left", 7]], "duplicated": [], "wrong": []}},
+        },
+    }  # fmt: skip
+    (tmp_path / soak.VERDICT_JSON).write_text(json.dumps(verdict))
+    text = soak.render(tmp_path).read_text()
+    assert "| soak-case1 (case1) | 900 | 900 | 900 | **0** | **0** | **0** | consistent |" in text
+    assert "| soak-merge (two inputs) | 1800 | 1200 | 1203 | **2** | **5** | **1** |" in text
+    assert "soak-merge: first lost keys [['left', 7]]" in text
+    assert "| migrate | 4 | 4 | 3 | 1 | 0 | 0 | 0 | 0 |" in text
+    assert "| migrate | the migrate call | 3 | 200 | 300 | 300 |" in text
+    assert "| kill-orchestrator | `fogshift up` -> it answers | 1 | 2,500 | 2,500 | 2,500 |" in text
+    assert "Orchestrator kills during a migration: 1." in text
+    assert "not every PE ran again within the settle timeout: 1." in text
+    assert "soak #4 migrate soak-merge merge: rolled back (target died)" in text
+
+
+# -- one small soak, end to end -----------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(2400)
+def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    started = time.monotonic()
+    proc = fogshift(
+        "bench", "soak", "--migrations", "2", "--kills", "1", "--orchestrator-kills", "1",
+        "--mid-migration", "1", "--nodes", "cloud,fog-a,fog-b", "--seed", "3",
+        "--out", str(out), "--work", str(work), check=False, timeout=2300,
+    )  # fmt: skip
+    minutes = (time.monotonic() - started) / 60
+    verdict = json.loads((out / soak.VERDICT_JSON).read_text())
+    assert verdict["status"] == "complete", (verdict.get("error"), proc.stdout[-3000:])
+    pipelines = verdict["pipelines"]
+    for name in (soak.CASE1, soak.MERGE):
+        counts = {k: pipelines[name][k] for k in soak.COUNTS}
+        assert all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values())
+        assert counts["expected"] > 0 and pipelines[name]["events"] > 0, counts
+        print(f"{name}: {counts} ({minutes:.1f} min)")
+    case1 = pipelines[soak.CASE1]
+    # Case 1 (one input per PE) is exactly-once through migrations, node and orchestrator
+    # kills (also one during a migration); the two-input pipeline's counts are reported, not
+    # judged, until the multi-input fix lands.
+    assert (case1["lost"], case1["duplicated"], case1["wrong"]) == (0, 0, 0), case1
+    assert case1["consistent"], case1
+    assert proc.returncode == (0 if verdict["zero_errors"] else 1), proc.stderr[-2000:]
+    with open(out / soak.RUNS_CSV, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    # Two scheduled migrations, and the one the orchestrator is killed during.
+    ops = sorted(r["op"] for r in rows)
+    assert ops == ["kill-node", "kill-orchestrator", "migrate", "migrate", "migrate"], rows
+    assert all(r["outcome"] in soak.OUTCOMES for r in rows), rows
+    killed = {r["op"]: r for r in rows if r["op"] != "migrate"}
+    assert killed["kill-node"]["outcome"] == "ok", killed  # restored, and the node came back
+    assert killed["kill-orchestrator"]["outcome"] == "ok", killed
+    interrupted = [r for r in rows if r["outcome"] == "interrupted"]
+    for row in interrupted:  # where the orchestrator's recovery left the PE is recorded
+        assert row["op"] == "migrate" and "afterwards on " in row["note"], row
+    assert len(interrupted) == (killed["kill-orchestrator"]["mode"] == "mid-migration")
+    assert all(r["settled_ms"] for r in rows), rows  # every PE ran again after each one
+    text = (out / soak.RESULTS_MD).read_text()
+    assert f"| {soak.CASE1} (case1) |" in text and "## Durations" in text
+    # `fogshift down` ran: it removes cluster.json, and no process group of it is left.
+    homes = list(work.glob("cluster-*"))
+    assert homes and not any((h / "cluster.json").exists() for h in homes)
+    assert not any(_running_under(h) for h in homes)
+
+
+def _running_under(home: Path) -> bool:
+    """Whether a process still runs with ``home`` on its command line (a leftover)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if str(home).encode() in (entry / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False

@@ -1,0 +1,106 @@
+"""Per-node broker users, enforced by a real nats-server, following placement on reload."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from fogshift.broker.client import BrokerAddress, ensure_pe_stream
+from fogshift.broker.naming import data_subject, fence_subject
+from fogshift.broker.permissions import Hosted, apply_permissions, users_file
+from fogshift.broker.publish import Record, publish_records
+from fogshift.broker.server import BrokerProcess, start_nats_server
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    server = start_nats_server(tmp_path_factory.mktemp("perm"), nodes=["n1", "n2"])
+    yield server
+    os.killpg(server.pid, signal.SIGKILL)
+
+
+def run(address: BrokerAddress, action: Callable[[Any], Awaitable[Any]]) -> Any:
+    """``action(js)`` on a fresh connection with a short API timeout; the exception if any."""
+
+    async def go() -> Any:
+        nc = await nats.connect(address.url, user=address.user, password=address.password)
+        try:
+            return await action(nc.jetstream(timeout=1.0))
+        except Exception as exc:  # a denied request times out or is refused: either says no
+            return exc
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def allowed(result: Any) -> bool:
+    return not isinstance(result, Exception)
+
+
+def until(check: Callable[[], bool], timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def record(origin: int) -> list[Record]:
+    return [Record(origin, 0, origin, 0.0, "pe1", json.dumps({"v": origin}))]
+
+
+def test_a_node_may_touch_only_the_streams_of_the_pes_it_hosts(broker: BrokerProcess) -> None:
+    admin, n1, n2 = broker.address, broker.node_addresses["n1"], broker.node_addresses["n2"]
+    assert oct(users_file(broker.config_file).stat().st_mode & 0o777) == "0o600"
+    assert oct(broker.config_file.stat().st_mode & 0o777) == "0o600"
+    for pe in ("src", "pe1", "pe2"):
+        assert allowed(run(admin, lambda js, pe=pe: ensure_pe_stream(js, "p", pe)))
+    assert allowed(run(admin, lambda js: js.publish(data_subject("p", "src"), b"{}")))
+    # No PE placed yet: a node can do nothing.
+    assert not allowed(run(n1, lambda js: js.stream_info("FS_p_src")))
+
+    apply_permissions(broker.config_file, broker.pid, {"n1": [Hosted("p", "pe1", ("src",))]})
+    assert until(lambda: allowed(run(n1, lambda js: js.stream_info("FS_p_src"))))
+    # n1 reads its input and appends to its own stream ...
+    sub = run(n1, lambda js: consume_one(js, "FS_p_src", data_subject("p", "src")))
+    assert sub == b"{}"
+    assert run(n1, lambda js: publish_records(js, "p", "pe1", record(1), epoch=1)) == 1
+    # ... but cannot write another PE's stream, fence, or delete streams.
+    assert not allowed(run(n1, lambda js: js.publish(data_subject("p", "pe2"), b"x")))
+    assert not allowed(run(n1, lambda js: js.publish(fence_subject("p", "pe1"), b"{}")))
+    assert not allowed(run(n1, lambda js: js.delete_stream("FS_p_pe2")))
+    assert not allowed(run(n2, lambda js: publish_records(js, "p", "pe1", record(2), epoch=1)))
+
+    # pe1 moves to n2: n2 gains the rights, n1 loses them.
+    apply_permissions(broker.config_file, broker.pid, {"n2": [Hosted("p", "pe1", ("src",))]})
+    assert until(lambda: not allowed(run(n1, lambda js: js.stream_info("FS_p_pe1"))))
+    assert run(n2, lambda js: publish_records(js, "p", "pe1", record(2), epoch=1)) == 1
+    assert not allowed(run(n1, lambda js: publish_records(js, "p", "pe1", record(3), epoch=1)))
+    info = run(admin, lambda js: js.stream_info("FS_p_pe1"))
+    assert info.state.messages == 2
+
+
+async def consume_one(js: Any, stream: str, subject: str) -> bytes:
+    from fogshift.broker.client import fetch_range
+
+    msgs = await fetch_range(js, stream, subject, 0, 1)
+    return bytes(msgs[0].data)
+
+
+def test_the_config_keeps_the_listen_and_store_lines(broker: BrokerProcess) -> None:
+    text = Path(broker.config_file).read_text()
+    assert text.startswith("listen: 127.0.0.1:")
+    assert "jetstream" in text and text.count("authorization {") == 1

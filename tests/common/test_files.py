@@ -1,0 +1,72 @@
+"""Secret files are 0600 from the moment they exist."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fogshift.broker.client import BrokerAddress
+from fogshift.common.files import write_private
+
+
+@pytest.fixture
+def created(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, int]]]:
+    """Every file created through ``os.open``, with its mode right after creation; the
+    umask is 0 meanwhile, so nothing but the creator's own mode narrows it."""
+    seen: list[tuple[str, int]] = []
+    real_open = os.open
+
+    def spy(path: str | os.PathLike[str], flags: int, mode: int = 0o777, **kw: object) -> int:
+        fd = real_open(path, flags, mode, **kw)  # type: ignore[arg-type]
+        if flags & os.O_CREAT:
+            seen.append((os.fspath(path), stat.S_IMODE(os.fstat(fd).st_mode)))
+        return fd
+
+    monkeypatch.setattr(os, "open", spy)
+    old = os.umask(0)
+    try:
+        yield seen
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_write_private_creates_0600_and_replaces_a_wider_file(
+    tmp_path: Path, created: list[tuple[str, int]]
+) -> None:
+    target = tmp_path / "sub" / "token"
+    target.parent.mkdir()
+    target.write_text("old")
+    target.chmod(0o644)
+    write_private(target, "s3cret")
+    assert target.read_text() == "s3cret" and mode(target) == 0o600
+    assert created and all(m == 0o600 for _, m in created), created
+    assert sorted(p.name for p in target.parent.iterdir()) == ["token"]  # no temp file left
+
+
+def test_write_private_refuses_to_follow_a_planted_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    write_private(tmp_path / "token", "s3cret")
+    # The temporary name is random and opened O_EXCL: a link planted under the final name
+    # is replaced, not written through.
+    (tmp_path / "token").unlink()
+    (tmp_path / "token").symlink_to(victim)
+    write_private(tmp_path / "token", "s3cret")
+    assert victim.read_text() == "untouched"
+    assert not (tmp_path / "token").is_symlink() and mode(tmp_path / "token") == 0o600
+
+
+def test_the_broker_address_file_is_0600_from_the_start(
+    tmp_path: Path, created: list[tuple[str, int]]
+) -> None:
+    path = BrokerAddress("nats://h:1", "u", "pw").save(tmp_path / "broker.json")
+    assert mode(path) == 0o600 and BrokerAddress.load(path).password == "pw"
+    assert created and all(m == 0o600 for _, m in created), created

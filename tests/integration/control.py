@@ -1,0 +1,75 @@
+"""Killing and restarting a test cluster's orchestrator, and stopping it at a named step.
+
+The orchestrator is a process of its own (``fogshift up`` starts it in its own process
+group); ``fogshift up`` on a cluster whose orchestrator died starts just that one again. Its
+test hook ``FOGSHIFT_TEST_PAUSE_AT=<kind>:<phase>`` (read once, at start-up) makes it stop in
+the middle of an operation, right after the journal recorded that phase, so a test can
+SIGKILL it there deterministically.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import ROOT, Cluster, group_alive, pgids_of
+
+
+def orchestrator_log(cluster: Cluster) -> Path:
+    return cluster.home / "logs" / "orchestrator.log"
+
+
+def kill_orchestrator(cluster: Cluster) -> None:
+    """SIGKILL the cluster's orchestrator (its whole process group) and wait until it is gone."""
+    pgid = pgids_of(cluster.home)[0]
+    os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while group_alive(pgid):
+        assert time.monotonic() < deadline, "the orchestrator outlived SIGKILL"
+        time.sleep(0.05)
+
+
+def restart_orchestrator(cluster: Cluster, pause_at: str | None = None) -> int:
+    """SIGKILL the orchestrator, wherever it is, and start a new one with `fogshift up`.
+
+    Args:
+        pause_at: The new one's test hook (``None``: it never stops).
+
+    Returns:
+        Where the orchestrator log stood before the new one started (for :func:`wait_logged`).
+    """
+    kill_orchestrator(cluster)
+    since = orchestrator_log(cluster).stat().st_size
+    env = {k: v for k, v in os.environ.items() if k != "FOGSHIFT_TEST_PAUSE_AT"}
+    if pause_at is not None:
+        env["FOGSHIFT_TEST_PAUSE_AT"] = pause_at
+    args = ["up", "--home", str(cluster.home), "--nodes", ",".join(cluster.nodes)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fogshift.cli.main", *args, *cluster.up_args],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"restarting the orchestrator failed\n{proc.stdout}{proc.stderr}"
+    return since
+
+
+def start_cli(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
+    """Run ``fogshift ARGS --home HOME`` in the background (e.g. an operation to interrupt)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fogshift.cli.main", *args, "--home", str(cluster.home)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+
+
+def wait_logged(cluster: Cluster, text: str, since: int, timeout_s: float = 240) -> str:
+    """Wait until the orchestrator log, past offset ``since``, holds ``text``; return that part."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        logged = orchestrator_log(cluster).read_text(errors="replace")[since:]
+        if text in logged:
+            return logged
+        assert time.monotonic() < deadline, f"the orchestrator never logged {text!r}:\n{logged}"
+        time.sleep(0.1)

@@ -1,0 +1,140 @@
+"""The orchestrator SIGKILLed in the middle of a migration or a restore, with real processes.
+
+Each test stops the orchestrator at a named step with its test hook, SIGKILLs it there and
+starts a new one (``fogshift up`` on a cluster whose orchestrator died). The new one finds
+the operation in its journal and rolls it back or completes it: no PE stays paused, none
+stays fenced with nobody writing, and the output is exactly the reference.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster
+from tests.integration.control import restart_orchestrator, start_cli, wait_logged
+from tests.integration.helpers import (
+    assert_only_new_epochs_after_fence,
+    case1_spec,
+    finish_and_compare,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def up_args() -> tuple[str, ...]:
+    # Quick checkpoints, so restores have a recent central one (defaults 5 s and 15 s).
+    return ("--checkpoint-interval", "1", "--central-interval", "2")
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 120) -> Any:
+    """Poll ``check`` until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        time.sleep(0.5)
+
+
+def hosts(cluster: Cluster, key: str) -> dict[str, int]:
+    """The nodes whose agents report an instance of ``key`` (pipeline/element), with its epoch."""
+    return {
+        n["name"]: c["epoch"]
+        for n in cluster.json("nodes")
+        for c in n["checkpoints"]
+        if c["element"] == key
+    }
+
+
+def test_killed_while_a_migration_holds_the_origin_it_is_rolled_back(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    spec = case1_spec(tmp_path, "held", rows=900, rate=30)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("held", "sink", 10)
+    since = restart_orchestrator(cluster, pause_at="migration:switching")
+    migration = start_cli(cluster, "migrate", "held", "aggregate", "--to", "fog-b", "--json")
+    wait_logged(cluster, "test pause at migration:switching", since)
+    # The origin is paused at its gate now; the warm target waits behind its own.
+    wait_until("the origin paused", lambda: cluster.element("held", "aggregate")["state"]
+               == "paused")  # fmt: skip
+    since = restart_orchestrator(cluster)  # SIGKILL right there, then a plain one
+    assert migration.wait(timeout=60) != 0
+    logged = wait_logged(cluster, "recovery: migration", since)
+    assert "left at 'switching'" in logged and "rolled back: fog-a runs under epoch 1" in logged
+    wait_until(
+        "the origin running again, alone",
+        lambda: (
+            cluster.element("held", "aggregate")["state"] == "running"
+            and hosts(cluster, "held/aggregate") == {"fog-a": 1}
+        ),
+    )
+    assert cluster.element("held", "aggregate")["node"] == "fog-a"
+    finish_and_compare(cluster, tmp_path, "held")
+    cluster.cli("stop", "held")
+
+
+def test_killed_after_the_routing_change_of_a_migration_it_is_completed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    spec = case1_spec(tmp_path, "routed", rows=900, rate=30)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("routed", "sink", 10)
+    since = restart_orchestrator(cluster, pause_at="migration:routed")
+    migration = start_cli(cluster, "migrate", "routed", "aggregate", "--to", "fog-b", "--json")
+    wait_logged(cluster, "test pause at migration:routed", since)
+    assert cluster.element("routed", "aggregate")["node"] == "fog-b"  # the placement moved
+    since = restart_orchestrator(cluster)
+    assert migration.wait(timeout=60) != 0
+    logged = wait_logged(cluster, "recovery: migration", since)
+    assert "left at 'routed'" in logged and "completed: fog-b is the PE" in logged
+    wait_until(
+        "the target running, the origin gone",
+        lambda: (
+            cluster.element("routed", "aggregate")["state"] == "running"
+            and hosts(cluster, "routed/aggregate") == {"fog-b": 1}
+        ),
+    )
+    finish_and_compare(cluster, tmp_path, "routed")
+    cluster.cli("stop", "routed")
+
+
+def test_killed_in_the_middle_of_a_restore_the_pe_runs_under_the_newest_epoch(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    spec = case1_spec(tmp_path, "fenced", rows=900, rate=30)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("fenced", "sink", 10)
+    # A restore onto the node the PE runs on is refused, and nothing is fenced or discarded.
+    refused = cluster.cli("restore", "fenced", "aggregate", "--to", "fog-a", check=False)
+    assert refused.returncode == 2, refused.stderr
+    assert "already runs on node 'fog-a'" in " ".join(refused.stderr.split()), refused.stderr
+    assert hosts(cluster, "fenced/aggregate") == {"fog-a": 1}
+    since = restart_orchestrator(cluster, pause_at="restore:installing")
+    restore = start_cli(cluster, "restore", "fenced", "aggregate", "--to", "fog-b", "--json")
+    # Stopped after the fence (epoch 2): fog-a's instance is fenced, no other runs yet.
+    wait_logged(cluster, "test pause at restore:installing", since)
+    since = restart_orchestrator(cluster)
+    assert restore.wait(timeout=60) != 0
+    logged = wait_logged(cluster, "recovery: restore", since)
+    assert "left at 'installing'" in logged and "restarted" in logged, logged
+    # The restart fences again (epoch 3) and restores on a node other than fog-a.
+    node = wait_until(
+        "the PE running under epoch 3, alone",
+        lambda: (
+            (e := cluster.element("fenced", "aggregate"))["state"] == "running"
+            and hosts(cluster, "fenced/aggregate") == {e["node"]: 3}
+            and e["node"]
+        ),
+    )
+    assert node != "fog-a"
+    finish_and_compare(cluster, tmp_path, "fenced")
+    assert_only_new_epochs_after_fence(cluster, "fenced", "aggregate", epoch=3)
+    cluster.cli("stop", "fenced")

@@ -1,0 +1,88 @@
+"""Hostile requests against a real cluster started by `fogshift up` (one node): the secret
+files it writes, what a node's own credentials open, and the path-traversal requests a user
+tried (``..`` as pipeline, element and snapshot names) sent byte for byte to the agent."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import stat
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.conftest import Cluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster_nodes() -> list[str]:
+    return ["cloud"]
+
+
+def raw(url: str, method: str, path: str, token: str) -> tuple[int, str]:
+    """Send ``path`` exactly as given (an HTTP client would normalise ``..`` away)."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    try:
+        conn.request(method, path, headers={"Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        return response.status, response.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
+def test_secret_files_are_0600(cluster: Cluster) -> None:
+    home = cluster.home
+    secrets = [home / "token", home / "nodes" / "cloud" / "token", home / "broker.json"]
+    secrets.append(home / "broker" / "nats.conf")
+    for path in secrets:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_a_nodes_token_opens_only_its_node_endpoints(cluster: Cluster) -> None:
+    data = json.loads((cluster.home / "cluster.json").read_text())
+    orchestrator = data["orchestrator"]["url"]
+    token = (cluster.home / "nodes" / "cloud" / "token").read_text()
+    operator = (cluster.home / "token").read_text()
+    assert token != operator and operator not in token
+    headers = {"Authorization": f"Bearer {token}"}
+    spec = {"pipeline": "x", "elements": []}
+    assert httpx.post(f"{orchestrator}/pipelines", json=spec, headers=headers).status_code == 403
+    assert httpx.get(f"{orchestrator}/nodes", headers=headers).status_code == 403
+    directory = httpx.get(f"{orchestrator}/nodes/cloud/directory", headers=headers)
+    assert directory.status_code == 200 and operator not in directory.text
+    # The agent, which holds only that token, heartbeats with it all the while.
+    seen = cluster.node("cloud")["last_seen_s"]
+    assert cluster.node("cloud")["healthy"] and seen < 5
+
+
+def test_dot_dot_names_read_and_delete_nothing_on_a_real_agent(cluster: Cluster) -> None:
+    home: Path = cluster.home
+    password = json.loads((home / "broker.json").read_text())["password"]
+    url = cluster.node("cloud")["url"]
+    operator = (home / "token").read_text()
+    node_home = home / "nodes" / "cloud"
+    before = sorted(p.name for p in node_home.iterdir())
+    attacks = [
+        # <node home>/node-checkpoints/../.. is the node home; one more .. is <home>/nodes.
+        ("GET", "/pipelines/../elements/../snapshots/../files/../broker.json"),
+        ("GET", "/pipelines/../elements/../snapshots/../files/cloud/token"),
+        ("GET", "/pipelines/%2e%2e/elements/%2e%2e/snapshots/%2e%2e/files/..%2Fbroker.json"),
+        ("DELETE", "/pipelines/../elements/..?discard=true"),
+        ("DELETE", "/pipelines/%2e%2e/elements/%2e%2e?discard=true"),
+    ]
+    for method, path in attacks:
+        status, body = raw(url, method, path, operator)
+        assert 400 <= status < 500, (method, path, status, body)
+        assert password not in body and operator not in body
+    assert sorted(p.name for p in node_home.iterdir()) == before
+    assert (home / "broker.json").exists()
+    deadline = time.monotonic() + 10  # still alive and heartbeating
+    while time.monotonic() < deadline and not cluster.node("cloud")["healthy"]:
+        time.sleep(0.5)
+    assert cluster.node("cloud")["healthy"]

@@ -1,0 +1,222 @@
+"""PEs with two inputs through precopy and literal migration, a node's SIGKILL with restore,
+and a SIGKILL of the whole cluster: every output equals a reference computed from the inputs
+in the order the PE's logged cuts define (a stateful PE whose output depends on that order, a
+stateless filter, and a csv-sink with two inputs)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from fogshift.broker.client import BrokerAddress, SyncJetStream, subject_counts
+from fogshift.broker.naming import cut_subject, data_subject, stream_name
+from tests.conftest import Cluster, group_alive, pgids_of
+from tests.integration.helpers import stream_messages, write_spec
+
+pytestmark = pytest.mark.integration
+
+CHUNK = 10  # rows appended to each input every TICK_S while the operations run
+TICK_S = 0.2
+
+
+class Feeder:
+    """Appends whole lines to the two input files from a thread until stopped: input flows
+    during every operation however long it takes, and the total is known at the end."""
+
+    def __init__(self, paths: dict[str, Path], seed: int) -> None:
+        self.paths, self.rows = paths, 0
+        self.rnd = random.Random(seed)
+        self.stop = threading.Event()
+        for path in paths.values():
+            path.write_text("timestamp,sensor,value\n")
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def lines(self, name: str) -> str:
+        out = []
+        for k in range(self.rows + 1, self.rows + CHUNK + 1):
+            value = f"{self.rnd.uniform(-50, 50):.3f}" if self.rnd.random() > 0.03 else "n/a"
+            out.append(f"{1_700_000_000 + k},{name}{k % 3},{value}\n")
+        return "".join(out)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for name, path in self.paths.items():
+                with path.open("a") as handle:
+                    handle.write(self.lines(name))  # whole lines, one write each
+            self.rows += CHUNK
+            self.stop.wait(TICK_S)
+
+    def __enter__(self) -> Feeder:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+@pytest.fixture(scope="module")
+def up_args() -> tuple[str, ...]:
+    return ("--checkpoint-interval", "1", "--central-interval", "3")
+
+
+def merged(cluster: Cluster, pipeline: str, pe: str, inputs: list[str]) -> list[Any]:
+    """The input events of ``pe`` in the order its logged cuts define; checks the log is one
+    unbroken chain from the first event to the last."""
+    events = {
+        name: {m.metadata.sequence.stream: m for m in stream_messages(cluster, pipeline, name)
+               if m.subject == data_subject(pipeline, name)}
+        for name in inputs
+    }  # fmt: skip
+    cuts = [
+        json.loads(m.data)
+        for m in stream_messages(cluster, pipeline, pe)
+        if m.subject == cut_subject(pipeline, pe)
+    ]
+    assert cuts, f"{pipeline}/{pe} logged no cut"
+    assert cuts[0]["start"] == dict.fromkeys(inputs, 0)
+    for before, after in itertools.pairwise(cuts):
+        assert after["start"] == before["end"], f"the cut log of {pe} has a gap or a fork"
+    order = []
+    for cut in cuts:
+        for name in inputs:
+            order += [events[name][s] for s in sorted(events[name])
+                      if cut["start"][name] < s <= cut["end"][name]]  # fmt: skip
+    assert cuts[-1]["end"] == {n: max(events[n]) for n in inputs}, "input left unprocessed"
+    return order
+
+
+def bodies(cluster: Cluster, pipeline: str, pe: str) -> list[dict[str, Any]]:
+    msgs = stream_messages(cluster, pipeline, pe)
+    return [
+        json.loads(json.loads(m.data)["body"])
+        for m in msgs
+        if m.subject == data_subject(pipeline, pe)
+    ]
+
+
+def wait_records(cluster: Cluster, pipeline: str, pe: str, count: int, timeout_s: float) -> None:
+    """Wait until ``pe``'s stream holds ``count`` output events (what is stored, not counters)."""
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    subject, stored = data_subject(pipeline, pe), 0
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = client.run(lambda js: subject_counts(js, stream_name(pipeline, pe)))
+            stored = got.get(subject, 0)
+            if stored >= count:
+                return
+            time.sleep(0.5)
+    finally:
+        client.close()
+    raise AssertionError(f"{pipeline}/{pe} stored {stored} of {count} events\n{cluster.logs()}")
+
+
+def finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and abs(value) < float("inf")
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not group_alive(pgid)
+
+
+def migrate(cluster: Cluster, pe: str, to: str, mode: str) -> None:
+    """Migrate ``pe``; a rolled-back attempt (a Python worker that could not start on a
+    loaded machine) leaves the pipeline running and is tried again, at most twice."""
+    for _ in range(3):
+        result = cluster.cli("migrate", "duo", pe, "--to", to, "--mode", mode, "--json",
+                             check=False)  # fmt: skip
+        report = json.loads(result.stdout)
+        if report["status"] == "migrated":
+            return
+        assert report["rolled_back"], report  # a failure must leave the origin running
+        assert cluster.element("duo", pe)["node"] != to
+    raise AssertionError(f"migrating {pe} to {to} failed three times: {report}")
+
+
+@pytest.mark.timeout(1800)  # four operations and two kills: long on a loaded 2-core machine
+def test_two_input_pes_stay_exactly_once_through_migrations_restores_and_restarts(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    procs = Path(__file__).parent
+    feeder = Feeder({"a": tmp_path / "a.csv", "b": tmp_path / "b.csv"}, seed=1)
+    spec = write_spec(
+        tmp_path / "duo.yaml",
+        "duo",
+        [
+            {"id": "a", "kind": "csv-source", "node": "cloud", "options": {"path": "a.csv"}},
+            {"id": "b", "kind": "csv-source", "node": "cloud", "options": {"path": "b.csv"}},
+            {"id": "pick", "kind": "filter", "node": "fog-a", "inputs": ["a", "b"],
+             "options": {"where": "isfinite(value) and value > 0"}},
+            {"id": "tally", "kind": "custom", "node": "fog-a", "inputs": ["a", "b"],
+             "options": {"class": "procs_multi:Interleave", "path": str(procs)}},
+            {"id": "both", "kind": "csv-sink", "node": "fog-b", "inputs": ["a", "b"],
+             "options": {"path": "out/both.csv"}},
+        ],
+    )  # fmt: skip
+    spec.write_text(spec.read_text() + "recovery: {auto: false}\n")
+    cluster.cli("deploy", str(spec))
+    with feeder:
+        for _ in range(3):  # a few batches committed: a copy is of a query in its stride
+            cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
+        for pe, mode, to in (
+            ("tally", "precopy", "fog-b"),
+            ("pick", "literal", "fog-b"),
+            ("both", "precopy", "fog-a"),
+        ):
+            migrate(cluster, pe, to, mode)
+
+        # fog-b, with tally and pick on it, dies while both inputs flow.
+        cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
+        kill_group(cluster.node("fog-b")["pgid"])
+        for pe in ("tally", "pick"):
+            report = json.loads(cluster.cli("restore", "duo", pe, "--to", "fog-a", "--json").stdout)
+            assert report["status"] == "restored" and report["epoch"] >= 2, report
+
+        # Then everything dies at once, and comes back.
+        cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
+        for pgid in pgids_of(cluster.home):
+            kill_group(pgid)  # fog-b's group is gone already
+        cluster.up()
+        cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
+    total = 2 * feeder.rows
+    wait_records(cluster, "duo", "tally", total, timeout_s=300)
+    order = merged(cluster, "duo", "tally", ["a", "b"])
+    expected = [
+        {"n": n, "src": json.loads(m.data)["creator"], "src_seq": json.loads(m.data)["seq"]}
+        for n, m in enumerate(order, start=1)
+    ]
+    assert bodies(cluster, "duo", "tally") == expected
+
+    events = [json.loads(m.data) for m in merged(cluster, "duo", "pick", ["a", "b"])]
+    hot = [e for e in events if finite(json.loads(e["body"])["value"])
+           and json.loads(e["body"])["value"] > 0]  # fmt: skip
+    wait_records(cluster, "duo", "pick", len(hot), timeout_s=120)
+    assert bodies(cluster, "duo", "pick") == [json.loads(e["body"]) for e in hot]
+
+    out = tmp_path / "out" / "both.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(out.read_text().splitlines()) < total + 1:
+        time.sleep(0.5)
+    time.sleep(1)  # a duplicate would show within a batch
+    rows = pd.read_csv(out, dtype=str)
+    want = [json.loads(m.data) for m in merged(cluster, "duo", "both", ["a", "b"])]
+    assert list(zip(rows["seq"].astype(int), rows["sensor"], strict=True)) == [
+        (e["seq"], json.loads(e["body"])["sensor"]) for e in want
+    ]

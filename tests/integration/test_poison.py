@@ -1,0 +1,169 @@
+"""Poison events end to end: odd CSV bytes, a ``1e999`` cell and a custom PE that raises or
+returns a non-finite number on some events. Each bad event is a dead letter with its reason,
+the output equals a reference computed without them, and no query restarts. A PE whose
+class cannot be imported is ``failed`` with the error after a bounded number of restarts."""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cluster
+from tests.integration.helpers import write_spec
+
+pytestmark = pytest.mark.integration
+
+ROWS = 300
+ODD = ["\f", "\v", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+#: seq -> (element, what its dead letter's reason says)
+BAD = {
+    40: ("poison", "cannot be encoded (ValueError: Out of range float values"),
+    60: ("poison", "processor 'poison' raised IndexError: list index out of range"),
+    61: ("poison", "processor 'poison' raised IndexError: list index out of range"),
+    90: ("source", "row 90 is not valid UTF-8"),
+    110: ("source", "row 110 cannot be read as CSV: field larger than field limit"),
+    130: ("poison", "processor 'poison' raised RuntimeError: sensor boom-runtime is cursed"),
+    150: ("source", "row 150 has 2 columns, the header has 3"),
+}
+
+
+@pytest.fixture(scope="module")
+def cluster_nodes() -> list[str]:
+    return ["cloud", "fog-a"]
+
+
+def write_input(path: Path) -> None:
+    """A CSV of ROWS data rows with the bad rows of BAD, odd characters in many sensor names,
+    a CRLF line and no newline after the last row (its writer has finished)."""
+    rnd = random.Random(5)
+    lines: list[bytes] = [b"timestamp,sensor,value"]
+    for k in range(1, ROWS + 1):
+        sensor = f"s{k % 4}"
+        if k % 7 == 0:
+            odd = ODD[k % len(ODD)]
+            sensor = f"{odd}s{odd}{k % 4}{odd}"
+        value = f"{rnd.uniform(-50, 150):.4f}"
+        line = f"{1_700_000_000 + k},{sensor},{value}".encode()
+        if k == 40:
+            line = f"{1_700_000_000 + k},s0,1e999".encode()
+        elif k in (60, 61):
+            line = f"{1_700_000_000 + k},boom-index,{value}".encode()
+        elif k == 130:
+            line = f"{1_700_000_000 + k},boom-runtime,{value}".encode()
+        elif k == 90:
+            line = f"{1_700_000_000 + k},s\xff,{value}".encode("latin-1")
+        elif k == 110:
+            line = f"{1_700_000_000 + k},{'x' * (csv.field_size_limit() + 1)},{value}".encode()
+        elif k == 150:
+            line = f"{1_700_000_000 + k},{value}".encode()
+        elif k == 170:
+            line += b"\r"
+        lines.append(line)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(lines))  # no final newline
+
+
+def reference(path: Path) -> list[tuple[int, int, float, str]]:
+    """``(seq, count, total, sensor)`` the pipeline must write, computed here from the bytes:
+    rows split at b"\\n" only, the PE fed only the rows it can process."""
+    out = []
+    count, total = 0, 0.0
+    for k, raw in enumerate(path.read_bytes().split(b"\n")[1:], start=1):
+        try:
+            cells = next(csv.reader([raw.removesuffix(b"\r").decode("utf-8")]))
+        except (UnicodeDecodeError, csv.Error):
+            continue
+        if len(cells) != 3 or cells[1] in ("boom-index", "boom-runtime"):
+            continue
+        value = float(cells[2])
+        if not math.isfinite(total + value):
+            continue
+        count, total = count + 1, total + value
+        out.append((k, count, total, cells[1]))
+    return out
+
+
+def read_output(path: Path) -> list[tuple[int, int, float, str]]:
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    return [(int(r["seq"]), int(r["count"]), float(r["total"]), r["sensor"]) for r in rows]
+
+
+def wait_element(
+    cluster: Cluster, pipeline: str, element: str, done: Any, timeout_s: float = 120
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    info: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        info = cluster.element(pipeline, element)
+        if done(info):
+            return info
+        time.sleep(0.5)
+    raise AssertionError(f"{pipeline}/{element} never got there: {info}\n{cluster.logs()}")
+
+
+def test_poison_events_are_dead_letters_and_the_rest_is_exact(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    data = tmp_path / "in.csv"
+    write_input(data)
+    ref = reference(data)
+    assert len(ref) == ROWS - len(BAD)
+    assert any(ch in sensor for _, _, _, sensor in ref for ch in ODD)
+    spec = write_spec(
+        tmp_path / "poison.yaml",
+        "poison",
+        [
+            {"id": "source", "kind": "csv-source", "node": "cloud",
+             "options": {"path": "in.csv", "rate": 0}},
+            {"id": "poison", "kind": "custom", "node": "fog-a", "inputs": ["source"],
+             "options": {"class": "procs_poison:Poisoned", "path": str(Path(__file__).parent)}},
+            {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["poison"],
+             "options": {"path": "out/poison.csv"}},
+        ],
+    )  # fmt: skip
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("poison", "sink", len(ref), timeout_s=180)
+    assert read_output(tmp_path / "out" / "poison.csv") == ref
+
+    letters = cluster.json("errors", "poison", "--limit", "10000")
+    got = {d["seq"]: (d["element"], d["reason"]) for d in letters}
+    assert sorted(got) == sorted(BAD), got
+    for seq, (element, reason) in BAD.items():
+        assert got[seq][0] == element and reason in got[seq][1], (seq, got[seq])
+
+    by_id = {e["element"]: e for e in cluster.status("poison")["elements"]}
+    for element in ("source", "poison", "sink"):
+        assert (by_id[element]["state"], by_id[element]["restarts"]) == ("running", 0), by_id
+    assert by_id["source"]["dead_letters"] == 3 and by_id["poison"]["dead_letters"] == 4
+
+
+def test_a_class_that_cannot_be_imported_fails_after_bounded_restarts(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    (tmp_path / "in.csv").write_text("value\n1\n2\n")
+    spec = write_spec(
+        tmp_path / "broken.yaml",
+        "broken",
+        [
+            {"id": "source", "kind": "csv-source", "node": "cloud",
+             "options": {"path": "in.csv"}},
+            {"id": "ghost", "kind": "custom", "node": "fog-a", "inputs": ["source"],
+             "options": {"class": "fogshift_no_such_module:Missing"}},
+        ],
+    )  # fmt: skip
+    cluster.cli("deploy", str(spec))
+    info = wait_element(
+        cluster, "broken", "ghost", lambda e: "gave up" in (e.get("error") or ""), timeout_s=90
+    )
+    assert info["state"] == "failed"
+    assert info["restarts"] == 3
+    assert "cannot import processor class 'fogshift_no_such_module:Missing'" in info["error"]
+    assert "PE 'ghost' of pipeline 'broken'" in info["error"]
+    assert cluster.element("broken", "source")["state"] == "running"

@@ -1,0 +1,237 @@
+"""Failures in the middle of a migration or restore never leave a PE fenced with nobody
+writing, nor two writers under one epoch; redeployments never reuse an epoch.
+
+A real orchestrator, a real nats-server (fence markers, streams), and real HTTP servers
+standing in for the node agents (``standin``), told to fail where each test needs it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.agent.app import INFO_HEADER, SHA_HEADER
+from fogshift.broker.client import SyncJetStream
+from fogshift.broker.exceptions import Fenced
+from fogshift.broker.naming import fence_subject, stream_name
+from fogshift.broker.publish import Record, last_position, publish_records
+from fogshift.broker.server import BrokerProcess
+from fogshift.migration.exceptions import MigrationFailed
+from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+from fogshift.restoration.exceptions import RestoreFailed
+from tests.orchestrator.standin import StandIn, standins
+
+pytestmark = pytest.mark.integration  # a real nats-server (no Spark, no agents): ~1 s
+_names = itertools.count()
+
+
+def spec(tmp_path: Path, name: str) -> dict[str, Any]:
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n1,s1,2.0\n")
+    return {
+        "pipeline": name,
+        "elements": [
+            {"id": "source", "kind": "csv-source", "node": "cloud",
+             "options": {"path": str(tmp_path / "in.csv")}},
+            {"id": "aggregate", "kind": "window-aggregate", "node": "fog-a",
+             "inputs": ["source"], "options": {"field": "value", "window": 3}},
+            {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
+             "options": {"path": str(tmp_path / "out" / "o.csv")}},
+        ],
+    }  # fmt: skip
+
+
+@pytest.fixture
+def agents() -> Iterator[dict[str, StandIn]]:
+    with standins("cloud", "fog-a", "fog-b") as agents:
+        yield agents
+
+
+@pytest.fixture
+def orch(
+    tmp_path: Path, nats_server: BrokerProcess, agents: dict[str, StandIn]
+) -> Iterator[Orchestrator]:
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orchestrator = Orchestrator(config)
+    for name, agent in agents.items():
+        orchestrator.heartbeat(name, {"url": agent.url, "ready": True, "elements": []})
+    yield orchestrator
+    orchestrator.close()
+
+
+@pytest.fixture
+def pipeline(orch: Orchestrator, tmp_path: Path, agents: dict[str, StandIn]) -> str:
+    """A pipeline deployed (on the stand-ins) under a name of its own; the aggregate on fog-a."""
+    name = f"fence{next(_names)}"
+    orch.deploy(spec(tmp_path, name))
+    running = {"cloud": ["source", "sink"], "fog-a": ["aggregate"]}
+    for node, agent in agents.items():
+        elements = [{"pipeline": name, "element": e, "state": "running", "epoch": 1}
+                    for e in running.get(node, [])]  # fmt: skip
+        orch.heartbeat(node, {"url": agent.url, "ready": True, "elements": elements})
+        agent.calls.clear()
+    return name
+
+
+def tail(js_client: SyncJetStream, pipeline: str, pe: str) -> tuple[str, int]:
+    """The subject and epoch of the last message of a PE's output stream."""
+
+    async def last(js: Any) -> tuple[str, int]:
+        seq, _, epoch = await last_position(js, stream_name(pipeline, pe))
+        msg = await js.get_msg(stream_name(pipeline, pe), seq=seq)
+        return msg.subject, epoch
+
+    return js_client.run(last)
+
+
+def literal_migration_answers(agents: dict[str, StandIn], here: str) -> None:
+    """fog-a pauses at input position 30 and ships a checkpoint; fog-b takes it and runs."""
+    offset = {"type": "jetstream", "positions": {"source": 30}}
+    agents["fog-a"].answer("POST", here + "/pause", body={
+        "state": "paused", "committed_batch": 3, "offset": offset, "progress": 30})  # fmt: skip
+    agents["fog-a"].answer(
+        "GET", here + "/checkpoint", content=b"checkpoint",
+        headers={SHA_HEADER: "0" * 64, INFO_HEADER: json.dumps({"batch": 3, "offset": offset})},
+    )  # fmt: skip
+    agents["fog-b"].answer("GET", here + "/progress", body={
+        "state": "running", "committed_batch": 4, "progress": 31, "error": None})  # fmt: skip
+
+
+def test_a_redeployment_fences_instances_of_the_earlier_one(
+    orch: Orchestrator, tmp_path: Path, agents: dict[str, StandIn], js_client: SyncJetStream
+) -> None:
+    name = f"fence{next(_names)}"
+    orch.deploy(spec(tmp_path, name))
+    orch.stop(name)
+    orch.deploy(spec(tmp_path, name))
+    puts = [
+        c.body for c in agents["fog-a"].received("PUT", f"/pipelines/{name}/elements/aggregate")
+    ]
+    assert [p["epoch"] for p in puts] == [1, 2]
+    assert tail(js_client, name, "aggregate") == (fence_subject(name, "aggregate"), 2)
+    # An instance of the first deployment that missed the stop tries to write: refused.
+    record = Record(1, 0, 1, 0.0, "aggregate", json.dumps({"value": 1.0}))
+    with pytest.raises(Fenced):
+        js_client.run(lambda js: publish_records(js, name, "aggregate", [record], epoch=1))
+
+
+def test_a_failure_after_the_routing_change_completes_the_migration(
+    orch: Orchestrator, pipeline: str, agents: dict[str, StandIn]
+) -> None:
+    here = f"/pipelines/{pipeline}/elements/aggregate"
+    literal_migration_answers(agents, here)
+    agents["fog-a"].fail("DELETE", here)  # the origin cannot be removed after the switch
+    report = orch.migrate(pipeline, "aggregate", "fog-b", mode="literal")
+    assert report["status"] == "migrated" and report["rolled_back"] is False, report
+    assert any("fog-a was not removed" in w for w in report["warnings"]), report
+    assert orch.registry.get_pipeline(pipeline).placement["aggregate"] == "fog-b"  # type: ignore[union-attr]
+    # The origin stays held at its gate: it is never resumed as a second writer.
+    assert agents["fog-a"].received("POST", here + "/resume") == []
+    assert orch.registry.epoch(pipeline, "aggregate") == 1
+    assert [o.outcome for o in orch.registry.operations(pipeline)] == ["migrated"]
+    # The reconciler removes it once its node answers.
+    agents["fog-a"].answer("DELETE", here)
+    held = {"pipeline": pipeline, "element": "aggregate", "state": "paused", "epoch": 1}
+    orch.heartbeat("fog-a", {"url": agents["fog-a"].url, "ready": True, "elements": [held]})
+    orch.reconcile_once()
+    assert agents["fog-a"].received("DELETE", here)[-1].query == {"discard": "true"}
+
+
+def test_a_rollback_that_cannot_discard_the_target_fences_and_restarts_the_origin(
+    orch: Orchestrator, pipeline: str, agents: dict[str, StandIn], js_client: SyncJetStream
+) -> None:
+    here = f"/pipelines/{pipeline}/elements/aggregate"
+    literal_migration_answers(agents, here)
+    agents["fog-b"].fail("GET", here + "/progress")  # the target goes silent after its start
+    agents["fog-b"].fail("DELETE", here)
+    with pytest.raises(MigrationFailed) as failed:
+        orch.migrate(pipeline, "aggregate", "fog-b", mode="literal")
+    report = failed.value.report  # type: ignore[attr-defined]
+    assert report.rolled_back is True and report.epoch == 2, report
+    assert "discarding the target on fog-b failed" in report.error
+    # The target may still write under epoch 1: the origin does not resume under it, it is
+    # stopped and started again under epoch 2, behind a fence marker for 2.
+    assert agents["fog-a"].received("POST", here + "/resume") == []
+    deletes = agents["fog-a"].received("DELETE", here)
+    assert [d.query for d in deletes] == [{}]  # its checkpoint is kept
+    put = agents["fog-a"].received("PUT", here)[-1].body
+    assert (put["epoch"], put["fresh"], put["element"]["node"]) == (2, False, "fog-a")
+    assert orch.registry.epoch(pipeline, "aggregate") == 2
+    assert tail(js_client, pipeline, "aggregate") == (fence_subject(pipeline, "aggregate"), 2)
+    assert orch.registry.get_pipeline(pipeline).placement["aggregate"] == "fog-a"  # type: ignore[union-attr]
+    assert [o.outcome for o in orch.registry.operations(pipeline)] == ["rolled_back"]
+
+
+def test_a_rollback_whose_origin_does_not_run_again_is_not_reported_rolled_back(
+    orch: Orchestrator, pipeline: str, agents: dict[str, StandIn]
+) -> None:
+    here = f"/pipelines/{pipeline}/elements/aggregate"
+    literal_migration_answers(agents, here)
+    agents["fog-b"].fail("PUT", here)  # the target does not start
+    agents["fog-a"].fail("POST", here + "/resume")
+    with pytest.raises(MigrationFailed) as failed:
+        orch.migrate(pipeline, "aggregate", "fog-b", mode="literal")
+    report = failed.value.report  # type: ignore[attr-defined]
+    assert report.rolled_back is False, report
+    assert "could not be rolled back" in failed.value.message
+    assert "running the origin on fog-a again failed" in report.error
+    assert [o.outcome for o in orch.registry.operations(pipeline)] == ["failed"]
+
+
+def test_a_restore_failing_everywhere_restarts_the_pe_on_its_live_node(
+    orch: Orchestrator, pipeline: str, agents: dict[str, StandIn], js_client: SyncJetStream
+) -> None:
+    here = f"/pipelines/{pipeline}/elements/aggregate"
+    for node in ("cloud", "fog-b"):  # every candidate refuses the checkpoint
+        agents[node].fail("POST", here + "/checkpoint/install")
+    with pytest.raises(RestoreFailed) as failed:
+        orch.restore(pipeline, "aggregate")
+    # Two attempts fenced fog-a's instance (epochs 2, 3); it runs again under a newer one.
+    assert "runs again on fog-a" in failed.value.message and "epoch 4" in failed.value.message
+    assert [d.query for d in agents["fog-a"].received("DELETE", here)] == [{}]
+    put = agents["fog-a"].received("PUT", here)[-1].body
+    assert (put["epoch"], put["fresh"], put["element"]["node"]) == (4, False, "fog-a")
+    assert orch.registry.epoch(pipeline, "aggregate") == 4
+    assert tail(js_client, pipeline, "aggregate") == (fence_subject(pipeline, "aggregate"), 4)
+    assert [(o.target, o.epoch, o.outcome) for o in orch.registry.operations(pipeline)] == [
+        ("fog-b", 2, "failed"), ("cloud", 3, "failed"),  # the least busy node first
+    ]  # fmt: skip
+    assert orch.last_restore[(pipeline, "aggregate")]["fallback"] == (
+        "restarted on fog-a under epoch 4"
+    )
+    assert orch.registry.get_pipeline(pipeline).placement["aggregate"] == "fog-a"  # type: ignore[union-attr]
+
+
+def test_a_failed_restore_of_a_pe_whose_node_is_silent_leaves_it_to_the_reconciler(
+    orch: Orchestrator, pipeline: str, agents: dict[str, StandIn], js_client: SyncJetStream
+) -> None:
+    here = f"/pipelines/{pipeline}/elements/aggregate"
+    agents["fog-b"].fail("POST", here + "/checkpoint/install")
+    # fog-a was last heard of a minute ago: silent (a restore of its PE is what it needs).
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
+    with pytest.raises(RestoreFailed) as failed:
+        orch.restore(pipeline, "aggregate", "fog-b")
+    assert "runs again" not in failed.value.message
+    assert agents["fog-a"].calls == []
+    assert orch.registry.epoch(pipeline, "aggregate") == 2
+
+
+def test_a_target_that_never_started_is_no_writer_and_the_origin_simply_resumes(
+    orch: Orchestrator, pipeline: str, agents: dict[str, StandIn]
+) -> None:
+    here = f"/pipelines/{pipeline}/elements/aggregate"
+    literal_migration_answers(agents, here)
+    agents["fog-b"].fail("PUT", here + "/checkpoint")  # the install fails: nothing started
+    agents["fog-b"].fail("DELETE", here)
+    with pytest.raises(MigrationFailed) as failed:
+        orch.migrate(pipeline, "aggregate", "fog-b", mode="literal")
+    report = failed.value.report  # type: ignore[attr-defined]
+    assert report.rolled_back is True and report.epoch == 1, report
+    assert len(agents["fog-a"].received("POST", here + "/resume")) == 1
+    assert agents["fog-a"].received("PUT", here) == []
+    assert orch.registry.epoch(pipeline, "aggregate") == 1

@@ -1,0 +1,66 @@
+"""Which node may touch which PE's streams, as placement and operations change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fogshift.broker.permissions import Hosted, node_permissions
+from fogshift.orchestrator.permissions import BrokerPermissions, hosted_by_node
+from fogshift.orchestrator.registry import Registry
+from fogshift.spec import parse_spec
+
+
+def spec() -> dict:
+    return {
+        "pipeline": "p",
+        "elements": [
+            {"id": "src", "kind": "csv-source", "node": "cloud", "options": {"path": "in.csv"}},
+            {"id": "agg", "kind": "window-aggregate", "node": "fog-a", "inputs": ["src"],
+             "options": {"field": "value", "window": 3, "function": "avg"}},
+        ],
+    }  # fmt: skip
+
+
+def names(hosted: dict[str, list[Hosted]]) -> dict[str, list[str]]:
+    return {node: [h.element for h in pes] for node, pes in hosted.items() if pes}
+
+
+def test_rights_follow_placement_operations_and_status(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "o.db")
+    registry.put_pipeline(parse_spec(spec(), tmp_path), "running")
+    assert names(hosted_by_node(registry)) == {"cloud": ["src"], "fog-a": ["agg"]}
+    assert hosted_by_node(registry)["fog-a"] == [Hosted("p", "agg", ("src",))]
+
+    # A migration: origin and target both hold the PE until it ends.
+    op = registry.begin_operation("migration", "p", "agg", "fog-a", "fog-b", "me", "preparing")
+    assert names(hosted_by_node(registry)) == {
+        "cloud": ["src"], "fog-a": ["agg"], "fog-b": ["agg"]
+    }  # fmt: skip
+    registry.route(op.id, "fog-b")
+    registry.finish(op.id, "migrated")
+    assert names(hosted_by_node(registry)) == {"cloud": ["src"], "fog-b": ["agg"]}
+
+    # A restore: the node it leaves loses the PE at once.
+    registry.begin_operation("restore", "p", "agg", "fog-b", "fog-a", "me", "fencing", True)
+    assert names(hosted_by_node(registry)) == {"cloud": ["src"], "fog-a": ["agg"]}
+
+    registry.set_status("p", "stopped")
+    assert names(hosted_by_node(registry)) == {"fog-a": ["agg"]}  # the restore still runs
+    registry.close()
+
+
+def test_node_permissions_name_only_the_hosted_streams() -> None:
+    perms = node_permissions([Hosted("p", "agg", ("src",))])
+    allow = perms["publish"]["allow"]
+    assert "fs.p.agg.data" in allow and "fs.p.agg.cut" in allow
+    assert "fs.p.agg.fence" not in allow and "fs.p.src.data" not in allow
+    assert "$JS.API.CONSUMER.MSG.NEXT.FS_p_src.>" in allow
+    assert not any(a.startswith("$JS.API.STREAM.DELETE") for a in allow)
+    assert perms["subscribe"]["allow"] == ["_INBOX.>"]
+    assert node_permissions([])["publish"]["allow"] == ["_INBOX.none"]
+
+
+def test_an_external_broker_is_not_managed(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "o.db")
+    assert BrokerPermissions(None, None).sync(registry) is False
+    registry.close()

@@ -1,0 +1,131 @@
+"""Who may call what on the orchestrator, and names in its URLs.
+
+The orchestrator's real FastAPI app and registry, in process (FastAPI's TestClient, no
+lifespan: no background loops); its broker is never reached by these requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from fogshift.broker.client import BrokerAddress
+from fogshift.common.http import blob_token, node_token
+from fogshift.orchestrator.app import create_app
+from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+
+OPERATOR = "operator-token-" + "o" * 32
+SPEC = {
+    "pipeline": "p",
+    "elements": [
+        {"id": "s", "kind": "csv-source", "node": "fog-a", "options": {"path": "in.csv"}},
+        {"id": "k", "kind": "csv-sink", "node": "fog-a", "inputs": ["s"],
+         "options": {"path": "out.csv"}},
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[FastAPI]:
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token=OPERATOR, broker_file=broker)
+    app = create_app(config)
+    yield app
+    app.state.orchestrator.close()
+
+
+def as_(app: FastAPI, token: str) -> TestClient:
+    return TestClient(app, headers={"Authorization": f"Bearer {token}"})
+
+
+def beat(url: str = "http://127.0.0.1:8700") -> dict[str, object]:
+    return {"url": url, "pid": 1, "pgid": 1, "ready": True, "elements": [], "replicas": []}
+
+
+def test_a_node_token_opens_its_heartbeat_and_nothing_of_the_operator(app: FastAPI) -> None:
+    orchestrator: Orchestrator = app.state.orchestrator
+    node = as_(app, node_token(OPERATOR, "fog-a"))
+    assert node.post("/nodes/fog-a/heartbeat", json=beat()).status_code == 200
+    assert orchestrator.registry.node("fog-a") is not None
+    refused = [
+        node.post("/pipelines", json=SPEC),
+        node.post("/pipelines/p/elements/s/migrate", json={"target": "fog-a"}),
+        node.post("/pipelines/p/elements/s/restore", json={}),
+        node.post("/pipelines/p/stop"),
+        node.put("/topology", content="nodes: {}", headers={"Content-Type": "text/plain"}),
+        node.get("/nodes"),
+        node.get("/pipelines"),
+        node.get("/plan"),
+        # Another node's endpoints: a node cannot speak for another one.
+        node.post("/nodes/fog-b/heartbeat", json=beat("http://evil.example:1")),
+        node.get("/nodes/fog-b/directory"),
+    ]
+    for response in refused:
+        assert response.status_code == 403, (response.request.url, response.text)
+        assert response.json()["code"] == "forbidden"
+    assert orchestrator.registry.pipelines() == []
+    assert orchestrator.registry.node("fog-b") is None
+    # The same requests with the operator token pass the token check.
+    operator = as_(app, OPERATOR)
+    assert operator.get("/nodes").status_code == 200
+    assert operator.post("/nodes/fog-b/heartbeat", json=beat()).status_code == 200
+
+
+def test_wrong_and_forged_tokens_are_refused(app: FastAPI) -> None:
+    forged = "fsnode.fog-a." + hashlib.sha256(b"guess").hexdigest()
+    for token in ("", "nope", forged, node_token("another cluster's token", "fog-a")):
+        response = as_(app, token).post("/nodes/fog-a/heartbeat", json=beat())
+        assert response.status_code == 401, token
+    assert TestClient(app).get("/nodes").status_code == 401
+    assert app.state.orchestrator.registry.node("fog-a") is None
+
+
+def test_the_directory_gives_each_node_its_blob_token(app: FastAPI) -> None:
+    operator = as_(app, OPERATOR)
+    for name, port in (("fog-a", 1), ("fog-b", 2)):
+        assert operator.post(f"/nodes/{name}/heartbeat", json=beat(f"http://h:{port}")).is_success
+    response = as_(app, node_token(OPERATOR, "fog-a")).get("/nodes/fog-a/directory")
+    assert response.status_code == 200
+    nodes = {n["name"]: n for n in response.json()["nodes"]}
+    assert nodes["fog-b"]["url"] == "http://h:2"
+    assert nodes["fog-b"]["blob_token"] == blob_token(node_token(OPERATOR, "fog-b"))
+    # Neither the operator token nor a node token is handed out.
+    assert OPERATOR not in response.text and node_token(OPERATOR, "fog-b") not in response.text
+
+
+def test_a_node_token_reads_central_blobs(app: FastAPI) -> None:
+    data = b"central blob"
+    sha = hashlib.sha256(data).hexdigest()
+    (app.state.orchestrator.central.blobs / sha).write_bytes(data)
+    node = as_(app, node_token(OPERATOR, "fog-a"))
+    assert node.get(f"/checkpoints/blobs/{sha}").content == data
+    assert node.get("/checkpoints/blobs/%2e%2e").status_code == 422
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/pipelines/%2e%2e",
+        "/pipelines/%2e%2e/errors",
+        "/pipelines/a%5Cb",
+        "/pipelines/a%00",
+        "/pipelines/" + "x" * 64,
+    ],
+)
+def test_hostile_names_in_operator_urls_are_refused(app: FastAPI, path: str) -> None:
+    response = as_(app, OPERATOR).get(path)
+    assert response.status_code == 422, response.text
+    assert response.json()["expected"]
+
+
+def test_a_heartbeat_needs_an_http_url_and_a_valid_node_name(app: FastAPI) -> None:
+    operator = as_(app, OPERATOR)
+    for url in ("file:///etc/passwd", "javascript:x", "http://a b", ""):
+        assert operator.post("/nodes/fog-a/heartbeat", json=beat(url)).status_code == 422, url
+    assert operator.post("/nodes/%2e%2e/heartbeat", json=beat()).status_code == 422
+    assert app.state.orchestrator.registry.nodes() == []

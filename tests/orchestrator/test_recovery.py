@@ -1,0 +1,251 @@
+"""How a restarted orchestrator resolves the operations a dead one left in its journal, and how
+the reconciler mends a PE left under an old epoch or held at its gate.
+
+A real orchestrator object and registry; real HTTP servers stand in for the node agents
+(``standin``) and record what they are asked; no broker, no Spark. The journal entries are
+written as the dead orchestrator would have left them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.broker.client import BrokerAddress
+from fogshift.exceptions import InvalidInput
+from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+from fogshift.spec import parse_spec
+from tests.orchestrator.standin import StandIn, standins
+
+SPEC = {
+    "pipeline": "p",
+    "elements": [
+        {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "in.csv"}},
+        {"id": "aggregate", "kind": "window-aggregate", "node": "fog-a", "inputs": ["source"],
+         "options": {"field": "value", "window": 3, "function": "avg"}},
+        {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
+         "options": {"path": "out/o.csv"}},
+    ],
+}  # fmt: skip
+AGG = "/pipelines/p/elements/aggregate"
+
+
+def hosted(element: str, epoch: int = 1, gated: bool = False) -> dict[str, Any]:
+    return {"pipeline": "p", "element": element, "state": "running", "epoch": epoch,
+            "gated": gated}  # fmt: skip
+
+
+@pytest.fixture
+def agents() -> Iterator[dict[str, StandIn]]:
+    with standins("cloud", "fog-a", "fog-b") as agents:
+        yield agents
+
+
+@pytest.fixture
+def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orchestrator = Orchestrator(config)
+    orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+    beat(orchestrator, agents, {"cloud": [hosted("source"), hosted("sink")],
+                                "fog-a": [hosted("aggregate")]})  # fmt: skip
+    yield orchestrator
+    orchestrator.close()
+
+
+def beat(
+    orch: Orchestrator, agents: dict[str, StandIn], elements: dict[str, list[dict[str, Any]]]
+) -> None:
+    """A heartbeat from every stand-in, reporting ``elements`` per node."""
+    for name, agent in agents.items():
+        orch.heartbeat(name, {"url": agent.url, "ready": True, "elements": elements.get(name, [])})
+
+
+def left_by_dead_orchestrator(
+    orch: Orchestrator, kind: str, phase: str, routed: bool = False
+) -> str:
+    """A journal entry moving the aggregate fog-a -> fog-b, as a killed orchestrator left it."""
+    op = orch.registry.begin_operation(
+        kind, "p", "aggregate", "fog-a", "fog-b", "dead0rchestr", "preparing" if kind ==
+        "migration" else "fencing", new_epoch=kind == "restore",
+    )  # fmt: skip
+    orch.registry.advance(op.id, phase)
+    if routed:
+        orch.registry.route(op.id, "fog-b")
+    return op.id
+
+
+def calls(agents: dict[str, StandIn]) -> list[tuple[str, str, str, dict[str, str]]]:
+    """Every call on any stand-in, in order: ``(node, method, path, query)``."""
+    everywhere = next(iter(agents.values())).everywhere
+    return [(node, c.method, c.path, c.query) for node, c in everywhere]
+
+
+def test_a_migration_left_paused_is_rolled_back_target_first(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    op = left_by_dead_orchestrator(orch, "migration", "switching")  # the origin was paused
+    decisions = orch.recover_operations()
+    assert calls(agents) == [
+        ("fog-b", "DELETE", AGG, {"discard": "true"}),  # the target cannot write any more...
+        ("fog-a", "POST", AGG + "/resume", {}),  # ...before the origin runs again
+    ]
+    entry = orch.registry.operation(op)
+    assert entry is not None and entry.outcome is not None
+    assert entry.outcome.startswith("recovered: rolled back: fog-a runs under epoch 1"), entry
+    assert orch.registry.get_pipeline("p").placement["aggregate"] == "fog-a"  # type: ignore[union-attr]
+    assert len(decisions) == 1 and "left at 'switching'" in decisions[0]
+    assert orch.registry.unfinished() == []
+
+
+def test_a_migration_left_after_its_routing_change_is_completed(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    op = left_by_dead_orchestrator(orch, "migration", "switching", routed=True)
+    orch.recover_operations()
+    assert calls(agents) == [
+        ("fog-b", "PUT", AGG + "/gate", {}),
+        ("fog-a", "DELETE", AGG, {"discard": "true"}),
+    ]
+    assert agents["fog-b"].received("PUT", AGG + "/gate")[0].body == {"gate": None}
+    assert orch.registry.get_pipeline("p").placement["aggregate"] == "fog-b"  # type: ignore[union-attr]
+    entry = orch.registry.operation(op)
+    assert entry is not None and entry.outcome == (
+        "recovered: completed: fog-b is the PE, the origin was removed"
+    )
+
+
+def test_a_restore_whose_target_runs_under_its_epoch_is_carried_on(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    restarted: list[tuple[str, str]] = []
+    monkeypatch.setattr(orch, "restore", lambda p, e, target=None: restarted.append((p, e)))
+    op = left_by_dead_orchestrator(orch, "restore", "live")  # epoch 2; the gate was capped
+    agents["fog-b"].answer("GET", AGG + "/progress", body={"state": "running", "epoch": 2})
+    orch.recover_operations()
+    assert agents["fog-b"].received("PUT", AGG + "/gate")[0].body == {"gate": None}
+    assert orch.registry.get_pipeline("p").placement["aggregate"] == "fog-b"  # type: ignore[union-attr]
+    assert agents["fog-b"].received("DELETE", AGG) == [] and restarted == []
+    entry = orch.registry.operation(op)
+    assert entry is not None and entry.outcome is not None
+    assert entry.outcome.startswith("recovered: carried on"), entry
+
+
+@pytest.mark.parametrize(
+    ("phase", "target_says"),
+    [
+        ("installing", None),  # fenced, the target never started
+        ("starting", {"state": "running", "epoch": 1}),  # not this restore's instance
+        ("live", {"state": "fenced", "epoch": 2}),  # this restore's instance, but dead
+    ],
+)
+def test_a_restore_left_before_its_target_ran_is_restarted(
+    orch: Orchestrator,
+    agents: dict[str, StandIn],
+    monkeypatch: pytest.MonkeyPatch,
+    phase: str,
+    target_says: dict[str, Any] | None,
+) -> None:
+    restarted: list[tuple[str, str]] = []
+    monkeypatch.setattr(orch, "restore", lambda p, e, target=None: restarted.append((p, e)))
+    op = left_by_dead_orchestrator(orch, "restore", phase)
+    if target_says is not None:
+        agents["fog-b"].answer("GET", AGG + "/progress", body=target_says)
+    orch.recover_operations()
+    assert agents["fog-b"].received("DELETE", AGG)[0].query == {"discard": "true"}
+    assert agents["fog-b"].received("PUT", AGG + "/gate") == []
+    assert agents["fog-a"].calls == []  # the placed instance is the restart's business
+    assert restarted == [("p", "aggregate")]
+    assert orch.registry.get_pipeline("p").placement["aggregate"] == "fog-a"  # type: ignore[union-attr]
+    entry = orch.registry.operation(op)
+    assert entry is not None and entry.outcome is not None
+    assert entry.outcome.startswith("recovered: restarted"), entry
+
+
+def test_an_operation_this_orchestrator_runs_is_not_recovered(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    op = left_by_dead_orchestrator(orch, "migration", "switching")
+    orch._migrating.add(("p", "aggregate"))  # its exclusive section is held: it runs
+    assert orch.recover_operations() == []
+    assert calls(agents) == []
+    assert [o.id for o in orch.registry.unfinished()] == [op]
+
+
+def test_a_reconcile_round_resolves_the_journal_first(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    op = left_by_dead_orchestrator(orch, "migration", "switching", routed=True)
+    agents["fog-b"].fail("PUT", AGG + "/gate")  # completion goes on without it
+    orch.reconcile_once()
+    entry = orch.registry.operation(op)
+    assert entry is not None and entry.outcome is not None
+    assert agents["fog-a"].received("DELETE", AGG)[0].query == {"discard": "true"}
+
+
+def test_a_pe_whose_entry_cannot_be_resolved_yet_is_left_to_it(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(orch, "restore", lambda p, e, target=None: None)
+    op = left_by_dead_orchestrator(orch, "restore", "live")  # epoch 2, on fog-b
+    agents["fog-b"].answer("GET", AGG + "/progress", body={"state": "running", "epoch": 2})
+    agents["fog-b"].fail("PUT", AGG + "/gate")
+    orch.reconcile_once()
+    # fog-a's instance is under epoch 1 < 2, but the entry decides about the PE, not the
+    # reconciler: nothing restarts it meanwhile.
+    assert agents["fog-a"].calls == []
+    assert [o.id for o in orch.registry.unfinished()] == [op]
+    agents["fog-b"].answer("PUT", AGG + "/gate")
+    orch.reconcile_once()
+    entry = orch.registry.operation(op)
+    assert entry is not None and entry.outcome is not None
+    assert entry.outcome.startswith("recovered: carried on"), entry
+
+
+def test_restore_onto_the_pes_own_node_is_refused_and_changes_nothing(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        orch.restore("p", "aggregate", "fog-a")
+    assert "already runs on node 'fog-a'" in refused.value.message
+    assert refused.value.expected == "a node other than 'fog-a'"
+    assert calls(agents) == []  # nothing fenced, installed or discarded
+    assert orch.registry.epoch("p", "aggregate") == 1
+    assert orch.registry.operations() == []
+
+
+def test_a_pe_under_an_older_epoch_than_its_newest_is_restarted_under_the_newest(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # A restore failed everywhere while fog-a was silent; fog-a is back with the old one.
+    orch.registry.next_epoch("p", "aggregate")
+    agents["fog-a"].answer("GET", AGG + "/progress", body={"state": "fenced", "epoch": 1})
+    orch.reconcile_once()
+    assert [(m, q) for n, m, p, q in calls(agents) if n == "fog-a" and p == AGG] == [
+        ("DELETE", {}),  # stopped, its checkpoint kept...
+        ("PUT", {}),  # ...and started again
+    ]
+    put = agents["fog-a"].received("PUT", AGG)[0].body
+    assert (put["epoch"], put["fresh"], put["element"]["node"]) == (2, False, "fog-a")
+
+
+def test_a_pe_held_at_its_gate_with_no_operation_is_resumed(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    beat(orch, agents, {"cloud": [hosted("source"), hosted("sink")],
+                        "fog-a": [hosted("aggregate", gated=True)]})  # fmt: skip
+    agents["fog-a"].answer("GET", AGG + "/progress", body={"state": "paused", "epoch": 1,
+                                                            "gated": True})  # fmt: skip
+    orch.reconcile_once()
+    assert len(agents["fog-a"].received("POST", AGG + "/resume")) == 1
+    assert agents["fog-a"].received("DELETE", AGG) == []
+
+
+def test_a_current_pe_is_left_alone_by_the_reconciler(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    orch.reconcile_once()
+    assert calls(agents) == []

@@ -1,0 +1,385 @@
+"""Per-event isolation in ``runtime.batch``: whatever one event does, it is a dead letter with
+its reason, the others are processed, and the state is as if it had never arrived."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from fogshift.events import Event, oversize
+from fogshift.runtime.api import Processor, encode_state, state
+from fogshift.runtime.batch import InputRow, RecordRow, run_batch, run_events
+from fogshift.runtime.exceptions import DeadLetter, ElementError
+
+
+class Boom(Exception):
+    """A user-defined exception type."""
+
+
+class BrokenStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+EXCEPTIONS: dict[str, Callable[[], Any]] = {
+    "IndexError": lambda: [][1],
+    "AttributeError": lambda: None.nope,  # type: ignore[attr-defined]
+    "RuntimeError": lambda: RuntimeError("boom"),
+    "AssertionError": lambda: AssertionError("boom"),
+    "ValueError": lambda: ValueError("boom"),
+    "TypeError": lambda: TypeError("boom"),
+    "KeyError": lambda: KeyError("boom"),
+    "ZeroDivisionError": lambda: 1 / 0,
+    "RecursionError": lambda: RecursionError("boom"),
+    "MemoryError": lambda: MemoryError("boom"),
+    "Boom": lambda: Boom("boom"),
+    "BrokenStr": lambda: BrokenStr(),
+}
+
+
+class Acc(Processor):
+    """Changes its state first, then misbehaves as the event's ``mode`` says."""
+
+    seen: list[int] = state(default_factory=list)
+    total: float = state(0.0)
+
+    def process(self, event: Event) -> Any:
+        self.seen.append(event.seq)
+        self.total += event.body.get("v", 0)
+        mode = event.body.get("mode")
+        if mode == "raise":
+            made = EXCEPTIONS[event.body["exc"]]()  # some raise while being made
+            raise made
+        if mode == "dead":
+            raise DeadLetter("told to")
+        if mode == "nan":
+            return {"total": math.nan}
+        if mode == "inf":
+            return {"total": -math.inf}
+        if mode == "set":
+            return {"total": {1, 2}}
+        if mode == "int":
+            return 7
+        if mode == "big":
+            return {"pad": "x" * event.body["size"]}
+        if mode == "spoil":  # a state JSON cannot hold; the output does not show it
+            self.total = math.nan
+            return {"n": len(self.seen)}
+        if mode == "gen":
+            return self._half(event)
+        if mode == "event":
+            return Event(event.seq * 10, event.timestamp, "x", {"n": len(self.seen)})
+        return {"total": self.total, "n": len(self.seen)}
+
+    def _half(self, event: Event) -> Iterator[dict[str, Any]]:
+        yield {"n": len(self.seen)}
+        self.seen.append(-1)
+        raise IndexError("half way")
+
+
+def row(seq: int, **body: Any) -> InputRow:
+    return (seq * 2, seq, 1000.0 + seq, "src", json.dumps(body))
+
+
+def reference(rows: list[InputRow], skip: set[int]) -> tuple[list[tuple[int, int, str]], Any]:
+    """Outputs ``(origin, idx, body)`` and final state of a processor fed directly, in order,
+    without the events in ``skip`` (by seq): what the batch must equal."""
+    proc = Acc.build({}, "p", None)
+    outs = []
+    for origin, seq, ts, creator, body in rows:
+        if seq in skip:
+            continue
+        result = proc.process(Event(seq, ts, creator, json.loads(body)))
+        results = [result] if isinstance(result, (dict, Event)) else list(result or [])
+        for n, out in enumerate(results):
+            out_body = out.body if isinstance(out, Event) else out
+            outs.append((origin, n, json.dumps(out_body, separators=(",", ":"))))
+    return outs, json.loads(proc.dump_state())
+
+
+class Counted:
+    """``build`` for run_batch, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, resume: Mapping[str, Any] | None) -> Processor:
+        self.calls += 1
+        return Acc.build({}, "p", resume)
+
+
+def batch(
+    rows: list[InputRow], start: dict[str, Any] | None = None, limit: int = 1_000_000
+) -> tuple[list[RecordRow], dict[str, Any], Counted]:
+    build = Counted()
+    text = json.dumps(start) if start is not None else None
+    records, final = run_batch(
+        build,
+        lambda: json.loads(text) if text is not None else None,
+        rows,
+        finish=lambda p: json.loads(encode_state(p.snapshot())),
+        pe="p",
+        max_record_bytes=limit,
+    )
+    return records, final, build
+
+
+def split(records: list[RecordRow]) -> tuple[list[tuple[int, int, str]], dict[int, str]]:
+    """``(origin, idx, body)`` of the events, and ``{seq: reason}`` of the dead letters."""
+    events = [(r[0], r[1], r[5]) for r in records if r[6] is None]
+    dead = {r[2]: r[6] for r in records if r[6] is not None}
+    return events, dead
+
+
+@pytest.mark.parametrize("name", sorted(EXCEPTIONS))
+def test_any_exception_is_a_dead_letter_and_its_changes_are_undone(name: str) -> None:
+    rows = [row(1, v=1), row(2, v=2), row(3, v=4, mode="raise", exc=name), row(4, v=8)]
+    records, final, _ = batch(rows)
+    events, dead = split(records)
+    expected, expected_state = reference(rows, {3})
+    assert events == expected
+    assert final == expected_state == {"seen": [1, 2, 4], "total": 11.0}
+    assert list(dead) == [3]
+    assert dead[3].startswith(f"processor 'p' raised {name}")
+    # The dead letter carries the input as received, at the input's position.
+    letter = next(r for r in records if r[6] is not None)
+    assert (letter[0], letter[1], letter[5]) == (6, 0, rows[2][4])
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_base_exceptions_that_are_not_errors_end_the_batch(exc: type[BaseException]) -> None:
+    class Quits(Processor):
+        n: int = state(0)
+
+        def process(self, event: Event) -> Any:
+            raise exc()
+
+    with pytest.raises(exc):
+        run_events(Quits.build({}, "q", None), [row(1)]).__next__()
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [
+        ("nan", "cannot be encoded (ValueError: Out of range float values"),
+        ("inf", "cannot be encoded (ValueError: Out of range float values"),
+        ("set", "cannot be encoded (TypeError: Object of type set is not JSON serializable"),
+        ("int", "returned int and iterating it raised TypeError"),
+        ("gen", "returned generator and iterating it raised IndexError: half way"),
+        ("dead", "told to"),
+    ],
+)
+def test_outputs_the_encoding_refuses_are_dead_letters(mode: str, reason: str) -> None:
+    rows = [row(1, v=1), row(2, v=10, mode=mode), row(3, v=100)]
+    records, final, _ = batch(rows)
+    events, dead = split(records)
+    expected, expected_state = reference(rows, {2})
+    assert events == expected
+    assert final == expected_state
+    assert list(dead) == [2] and reason in dead[2], dead
+
+
+def test_an_output_over_the_record_limit_is_a_dead_letter_that_fits() -> None:
+    limit = 4000
+    # The input itself is too big to be carried whole in its dead letter.
+    rows = [row(1, v=1), row(2, v=2, mode="big", size=5000, junk="é" * 1000), row(3, v=3)]
+    records, final, _ = batch(rows, limit=limit)
+    events, dead = split(records)
+    expected, expected_state = reference(rows, {2})
+    assert events == expected
+    assert final == expected_state
+    assert "over the limit of 4000 bytes (max_record_bytes)" in dead[2]
+    letter = next(r for r in records if r[6] is not None)
+    assert oversize(letter[2], letter[3], letter[4], letter[5], letter[6], limit) is None
+    assert letter[5].startswith(rows[1][4][:100]) and "[cut: " in letter[5]
+    # An output just under the limit goes through.
+    small = [row(1, v=0, mode="big", size=limit - 200)]
+    records, _, _ = batch(small, limit=limit)
+    assert split(records)[1] == {}
+
+
+def test_several_failures_in_one_batch_cost_one_rebuild_each() -> None:
+    rows = [row(k, v=k) for k in range(1, 201)]
+    bad = {7, 8, 50, 51, 52, 120, 199}
+    for k in bad:
+        rows[k - 1] = row(k, v=k, mode="raise", exc="RuntimeError")
+    start = {"seen": [0], "total": 0.5}
+    records, final, build = batch(rows, start=start)
+    events, dead = split(records)
+    ref = Acc.build({}, "p", dict(start))
+    ref_outs = []
+    for origin, seq, ts, creator, body in rows:
+        if seq not in bad:
+            out = ref.process(Event(seq, ts, creator, json.loads(body)))
+            ref_outs.append((origin, 0, json.dumps(out, separators=(",", ":"))))
+    assert events == ref_outs
+    assert final == json.loads(ref.dump_state())
+    assert set(dead) == bad
+    # The first build, then one per failed event: each replay starts at the last recovery.
+    assert build.calls == 1 + len(bad)
+
+
+def test_an_event_that_leaves_a_state_json_cannot_hold_is_found_and_dead_lettered() -> None:
+    # Event 3 spoils the state silently; event 5's output then shows it (an output failure,
+    # whose recovery finds that the state before it cannot be stored).
+    rows = [row(1, v=1), row(2, v=2), row(3, v=3, mode="spoil"), row(4, v=4), row(5, v=5)]
+    records, final, _ = batch(rows)
+    events, dead = split(records)
+    expected, expected_state = reference(rows, {3})
+    assert events == expected
+    assert final == expected_state
+    assert list(dead) == [3] and "left with a state that cannot be encoded" in dead[3]
+
+
+def test_a_spoilt_state_found_only_at_the_end_of_the_batch() -> None:
+    rows = [row(k, v=k, mode="event") for k in range(1, 40)]
+    rows[25] = row(26, v=26, mode="spoil")
+    records, final, _ = batch(rows)
+    events, dead = split(records)
+    expected, expected_state = reference(rows, {26})
+    assert events == expected
+    assert final == expected_state
+    assert list(dead) == [26]
+    # Outputs keep the Event's own header.
+    assert [r[2] for r in records if r[6] is None][:2] == [10, 20]
+
+
+def test_input_that_is_not_an_event_changes_nothing_and_needs_no_rebuild() -> None:
+    rows = [row(1, v=1), (4, 2, 1002.0, "src", "{not json"), (6, 3, 1003.0, "src", "[1]")]
+    records, final, build = batch(rows)
+    events, dead = split(records)
+    assert events == [(2, 0, '{"total":1.0,"n":1}')]
+    assert final == {"seen": [1], "total": 1.0}
+    assert set(dead) == {2, 3} and "is not an event" in dead[2]
+    assert build.calls == 1
+    assert next(r for r in records if r[2] == 2)[5] == "{not json"
+
+
+def test_a_processor_that_is_not_deterministic_loses_the_event_that_changed() -> None:
+    class Flaky(Processor):
+        n: int = state(0)
+        calls: dict[int, int] = {}
+
+        def process(self, event: Event) -> Any:
+            Flaky.calls[event.seq] = Flaky.calls.get(event.seq, 0) + 1
+            if event.seq == 2 and Flaky.calls[2] > 1:
+                raise RuntimeError("second time")
+            if event.seq == 3:
+                raise RuntimeError("always")
+            self.n += 1
+            return {"n": self.n}
+
+    records, final = run_batch(
+        lambda resume: Flaky.build({}, "f", resume),
+        lambda: None,
+        [row(1), row(2), row(3), row(4)],
+        finish=lambda p: p.snapshot(),
+        pe="f",
+    )
+    events, dead = split(records)
+    assert set(dead) == {2, 3}
+    assert "is the processor deterministic?" in dead[2]
+    # 4 was recomputed on the state without 2: n == 2, not 3.
+    assert events == [(2, 0, '{"n":1}'), (8, 0, '{"n":2}')]
+    assert final == {"n": 2}
+
+
+def test_stateless_processors_skip_the_event_and_keep_going() -> None:
+    class Picky(Processor):
+        def process(self, event: Event) -> Any:
+            return {"inv": 1 / event.body["v"]}
+
+    assert not Picky.is_stateful()
+    out = list(run_events(Picky.build({}, "s", None), [row(1, v=2), row(2, v=0), row(3, v=4)]))
+    assert [(r[2], r[5], r[6]) for r in out] == [
+        (1, '{"inv":0.5}', None),
+        (2, '{"v": 0}', "processor 's' raised ZeroDivisionError: division by zero"),
+        (3, '{"inv":0.25}', None),
+    ]
+
+
+def test_run_events_leaves_the_callers_instance_with_the_isolated_state() -> None:
+    proc = Acc.build({}, "p", {"seen": [], "total": 0.0})
+    rows = [row(1, v=1), row(2, v=2, mode="raise", exc="IndexError"), row(3, v=3)]
+    out = list(run_events(proc, rows))
+    assert len(out) == 3
+    assert json.loads(proc.dump_state()) == {"seen": [1, 3], "total": 4.0}
+
+
+def test_a_processor_that_cannot_be_built_is_an_element_error() -> None:
+    class Picky(Processor):
+        n: int = state(0)
+
+        def restore(self, snapshot: Mapping[str, Any] | None) -> None:
+            raise RuntimeError("cannot restore")
+
+        def process(self, event: Event) -> Any:
+            return None
+
+    with pytest.raises(ElementError, match="cannot be built from its state: RuntimeError"):
+        run_batch(
+            lambda resume: Picky.build({}, "p", resume),
+            lambda: {"n": 1},
+            [row(1)],
+            finish=lambda p: None,
+            pe="p",
+            pipeline="pl",
+        )
+
+
+def test_a_snapshot_that_never_encodes_is_an_element_error() -> None:
+    class Opaque(Processor):
+        def snapshot(self) -> dict[str, Any]:
+            return {"x": object()}
+
+        def restore(self, snapshot: Mapping[str, Any] | None) -> None:
+            pass
+
+        def process(self, event: Event) -> Any:
+            return {"ok": 1}
+
+    with pytest.raises(ElementError, match="state that cannot be encoded"):
+        run_batch(
+            lambda resume: Opaque.build({}, "o", resume),
+            lambda: None,
+            [row(1), row(2)],
+            finish=lambda p: encode_state(p.snapshot()),
+            pe="o",
+        )
+
+
+def test_a_processor_may_promise_its_dead_letters_change_nothing() -> None:
+    class Careful(Acc):
+        dead_letters_change_nothing = True
+
+        def process(self, event: Event) -> Any:
+            if event.body.get("mode") == "dead":
+                raise DeadLetter("checked first")
+            return super().process(event)
+
+    build = Counted()
+    rows = [row(1, v=1), row(2, v=2, mode="dead"), row(3, v=3)]
+    records, final = run_batch(
+        lambda resume: (build(resume), Careful.build({}, "p", resume))[1],
+        lambda: None,
+        rows,
+        finish=lambda p: p.snapshot(),
+        pe="p",
+    )
+    assert build.calls == 1  # no rebuild for its dead letter
+    assert final == {"seen": [1, 3], "total": 4.0}
+    assert split(records)[1] == {2: "checked first"}
+    # Any other failure is still undone.
+    rows[1] = row(2, v=2, mode="raise", exc="IndexError")
+    records, final = run_batch(
+        lambda resume: Careful.build({}, "p", resume),
+        lambda: None,
+        rows,
+        finish=lambda p: p.snapshot(),
+        pe="p",
+    )
+    assert final == {"seen": [1, 3], "total": 4.0}

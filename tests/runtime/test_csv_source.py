@@ -1,0 +1,200 @@
+"""The csv-source's line index and reader: they agree on where rows are, whatever the bytes,
+and a row that cannot be an event is a dead letter, never a failed batch."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.events import oversize
+from fogshift.runtime.csv_io import CsvSourceReader, LineIndex
+
+
+def reader(path: Path, **options: Any) -> CsvSourceReader:
+    return CsvSourceReader(
+        {"path": str(path), "pe": "src", "rate": "0", **{k: str(v) for k, v in options.items()}}
+    )
+
+
+def next_batch(source: CsvSourceReader, start: dict[str, Any]) -> tuple[dict[str, Any], list]:
+    """Plan and read one batch from ``start``, as Spark does: ``(end offset, rows)``."""
+    end = source.latestOffset(start, source.getDefaultReadLimit())
+    rows = [r for p in source.partitions(start, end) for r in source.read(p)]
+    return end, rows
+
+
+def fits(record: tuple, limit: int) -> bool:
+    """Whether a record is within ``limit`` bytes as the writer encodes it."""
+    _, _, seq, timestamp, creator, body, reason = record
+    return oversize(seq, timestamp, creator, body, reason, limit) is None
+
+
+def read_all(path: Path, **options: Any) -> list[tuple]:
+    source = reader(path, **options)
+    _, rows = next_batch(source, source.initialOffset())
+    return rows
+
+
+ODD = ["\f", "\v", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\x00"]
+
+
+@pytest.mark.parametrize("odd", ODD, ids=[f"U+{ord(c):04X}" for c in ODD])
+def test_odd_characters_are_part_of_the_cell_not_line_breaks(tmp_path: Path, odd: str) -> None:
+    data = tmp_path / "in.csv"
+    data.write_bytes(f"name,value\na{odd}b,1\nc,2{odd}5\n{odd},3\nd,4\n".encode())
+    index = LineIndex(str(data))
+    index.refresh()
+    assert index.data_rows == 4
+    rows = read_all(data)
+    assert [r[0] for r in rows] == [1, 2, 3, 4]
+    assert [r[6] for r in rows] == [None] * 4
+    bodies = [json.loads(r[5]) for r in rows]
+    assert bodies[0] == {"name": f"a{odd}b", "value": 1}
+    assert bodies[1]["value"] == f"2{odd}5"  # not a number: kept as text
+    assert bodies[2] == {"name": odd, "value": 3}
+    assert bodies[3] == {"name": "d", "value": 4}
+
+
+def test_crlf_line_ends_and_a_lone_carriage_return(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\r\na,1\r\nb\rx,2\r\nc,3\n")
+    rows = read_all(data)
+    assert [json.loads(r[5]) for r in rows if r[6] is None] == [
+        {"name": "a", "value": 1},
+        {"name": "c", "value": 3},
+    ]
+    dead = [r for r in rows if r[6] is not None]
+    assert [r[0] for r in dead] == [2]
+    assert dead[0][6].startswith("row 2 cannot be read as CSV: new-line character")
+
+
+def test_invalid_utf8_is_a_dead_letter_with_the_raw_bytes_shown(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\na,1\nb\xff\xfe,2\nc,3\n")
+    rows = read_all(data)
+    assert [(r[0], r[6] is None) for r in rows] == [(1, True), (2, False), (3, True)]
+    assert rows[1][6] == "row 2 is not valid UTF-8 (invalid start byte at byte 1)"
+    assert json.loads(rows[1][5]) == {"line": "b\\xff\\xfe,2"}
+
+
+def test_a_field_over_the_csv_limit_is_a_dead_letter_that_fits(tmp_path: Path) -> None:
+    limit = csv.field_size_limit()
+    data = tmp_path / "in.csv"
+    data.write_text(f"name,value\na,1\n{'x' * (limit + 10)},2\nc,3\n")
+    rows = read_all(data, max_record_bytes=50_000)
+    assert [(r[0], r[6] is None) for r in rows] == [(1, True), (2, False), (3, True)]
+    assert rows[1][6] == f"row 2 cannot be read as CSV: field larger than field limit ({limit})"
+    assert fits(rows[1], 50_000)
+    assert "[cut: " in rows[1][5]
+
+
+def test_a_row_over_the_record_limit_is_a_dead_letter(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    data.write_text(f"name,value\na,1\n{'é' * 500},2\nc,3\n")
+    rows = read_all(data, max_record_bytes=1000)
+    assert [(r[0], r[6] is None) for r in rows] == [(1, True), (2, False), (3, True)]
+    assert "over the limit of 1000 bytes (max_record_bytes)" in rows[1][6]
+    assert fits(rows[1], 1000)
+
+
+def test_overflowing_and_huge_numbers_stay_text(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    digits = "9" * 5000
+    data.write_text(f"a,b,c\n1e999,-1e999,{digits}\n1e-999,2.5,7\n")
+    rows = read_all(data)
+    assert [r[6] for r in rows] == [None, None]
+    assert json.loads(rows[0][5]) == {"a": "1e999", "b": "-1e999", "c": digits}
+    assert json.loads(rows[1][5]) == {"a": 0.0, "b": 2.5, "c": 7}
+
+
+def _age(path: Path, seconds: float) -> None:
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+
+
+def test_an_unterminated_last_line_is_a_row_only_once_complete(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\na,1\nb,2")  # the writer is half-way through row 2
+    source = reader(data, tail_settle_s=60)
+    end, rows = next_batch(source, source.initialOffset())
+    assert [(r[0], json.loads(r[5])) for r in rows] == [(1, {"name": "a", "value": 1})]
+    assert end["row"] == 1
+    assert next_batch(source, end) == (end, [])  # still half a row: nothing to read
+    with open(data, "ab") as handle:
+        handle.write(b"5\nc,3\n")
+    end, rows = next_batch(source, end)
+    assert [(r[0], json.loads(r[5])) for r in rows] == [
+        (2, {"name": "b", "value": 25}),
+        (3, {"name": "c", "value": 3}),
+    ]
+    # Nothing more: no row is read twice.
+    assert next_batch(source, end) == (end, [])
+
+
+def test_the_tail_of_a_finished_file_is_its_last_row_and_stays_as_read(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\na,1\nb,2")
+    _age(data, 10)  # the writer finished without a final newline
+    source = reader(data, tail_settle_s=2)
+    start = source.initialOffset()
+    end, rows = next_batch(source, start)
+    assert [(r[0], json.loads(r[5])) for r in rows] == [
+        (1, {"name": "a", "value": 1}),
+        (2, {"name": "b", "value": 2}),
+    ]
+    # The writer was not finished after all: it carries on row 2 and adds row 3.
+    with open(data, "ab") as handle:
+        handle.write(b"5\nc,3\n")
+    # A re-execution of the first batch (same offsets, e.g. after a crash) reads the same.
+    again = reader(data, tail_settle_s=2)
+    assert [r[5] for p in again.partitions(start, end) for r in again.read(p)] == [
+        r[5] for r in rows
+    ]
+    # The next batch starts after the whole of line 2: row 2 is never read a second time.
+    end2, rows2 = next_batch(source, end)
+    assert [(r[0], json.loads(r[5])) for r in rows2] == [(3, {"name": "c", "value": 3})]
+    assert end2["row"] == 3
+
+
+def test_a_fresh_reader_resumes_after_a_tail_it_read_before(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\na,1\nb,2")
+    _age(data, 10)
+    end, _ = next_batch(reader(data, tail_settle_s=2), reader(data).initialOffset())
+    assert end["row"] == 2
+    data.write_bytes(data.read_bytes())  # touched again: its tail is not settled now
+    restarted = reader(data, tail_settle_s=60)
+    assert next_batch(restarted, end) == (end, [])
+
+
+def test_blank_and_short_rows_keep_their_reasons(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\n\na\nb,2\n")
+    rows = read_all(data)
+    assert [(r[0], r[6]) for r in rows] == [
+        (1, "row 1 has 0 columns, the header has 2 (name, value)"),
+        (2, "row 2 has 1 columns, the header has 2 (name, value)"),
+        (3, None),
+    ]
+    assert json.loads(rows[1][5]) == {"line": "a"}
+
+
+def test_the_index_scans_on_from_where_it_stopped(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"h\n1\n2")
+    index = LineIndex(str(data), settle_s=60)
+    index.refresh()
+    assert (index.starts, index.end, index.data_rows) == ([0, 2], 4, 1)
+    with open(data, "ab") as handle:
+        handle.write(b"2\n3\n")
+    index.refresh()
+    assert (index.starts, index.end, index.data_rows) == ([0, 2, 4, 7], 9, 3)
+    data.write_bytes(b"h\n")
+    with pytest.raises(Exception, match="shrank"):
+        index.refresh()

@@ -1,0 +1,79 @@
+"""What no event does: a PE that cannot be built fails its start with a clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from fogshift.events import DEFAULT_MAX_RECORD_BYTES, Event
+from fogshift.runtime.api import Processor
+from fogshift.runtime.engine import QueryPlan, check_processor
+from fogshift.runtime.exceptions import ElementError
+from fogshift.spec.models import ElementSpec
+
+
+class Strict(Processor):
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        factor: int
+
+    options_model = Options
+
+    def process(self, event: Event) -> dict:
+        return {"x": self.config.factor}
+
+
+class Explodes(Processor):
+    def __init__(self, options: dict, element_id: str = "") -> None:
+        raise RuntimeError("no constructor today")
+
+
+def plan(tmp_path: Path, options: dict) -> QueryPlan:
+    element = ElementSpec(id="pe1", kind="custom", node="n", inputs=("s",), options=options)
+    return QueryPlan("pl", element, str(tmp_path / "b.json"), str(tmp_path / "cp"))
+
+
+def test_the_record_limit_has_one_default(tmp_path: Path) -> None:
+    assert plan(tmp_path, {"class": "x:Y"}).max_record_bytes == DEFAULT_MAX_RECORD_BYTES
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"class": "no_such_module_here:Missing"},
+            "PE 'pe1' of pipeline 'pl': cannot import processor class "
+            "'no_such_module_here:Missing': ModuleNotFoundError",
+        ),
+        (
+            {"class": "bad_syntax:Thing", "path": "SYNTAX"},
+            "cannot import processor class 'bad_syntax:Thing': SyntaxError",
+        ),
+        (
+            {"class": "tests.runtime.test_engine_checks:Strict", "options": {"factr": 2}},
+            "processor 'pe1' (Strict) of pipeline 'pl' cannot be built with its options: "
+            "ValidationError",
+        ),
+        (
+            {"class": "tests.runtime.test_engine_checks:Explodes"},
+            "processor 'pe1' (Explodes) of pipeline 'pl' cannot be built with its options: "
+            "RuntimeError: no constructor today",
+        ),
+    ],
+)
+def test_a_processor_that_cannot_be_built_fails_its_start(
+    tmp_path: Path, options: dict, message: str
+) -> None:
+    if options.get("path") == "SYNTAX":
+        (tmp_path / "bad_syntax.py").write_text("def broken(:\n")
+        options = {**options, "path": str(tmp_path)}
+    with pytest.raises(ElementError) as err:
+        check_processor(plan(tmp_path, options))
+    assert message in err.value.message
+
+
+def test_a_processor_that_can_be_built_passes(tmp_path: Path) -> None:
+    options = {"class": "tests.runtime.test_engine_checks:Strict", "options": {"factor": 2}}
+    assert check_processor(plan(tmp_path, options)).__qualname__ == "Strict"
