@@ -40,15 +40,16 @@ def run_demo(
     timeout_s: float,
     keep: bool,
     console: Console,
-    migrate_to: tuple[str, ...] = ("fog-b",),
+    migrate_to: tuple[str, ...] | None = None,
 ) -> bool:
     """Bring a cluster up if needed, run Case 1, compare with the reference; True if consistent.
 
-    On the way the aggregate is live-migrated to each node of ``migrate_to``; then, while the
-    source is still reading its file, the node the aggregate ended on is killed (SIGKILL of
-    its whole process group) and the aggregate is restored on another node from its central
-    checkpoint: it reprocesses what it had emitted since that checkpoint, without emitting
-    it again, and the events that arrived while it was down.
+    On the way, early (while the source still reads its file, however long anything else
+    takes), the node hosting the aggregate is killed (SIGKILL of its whole process group) and
+    the aggregate restored on another node from its central checkpoint: it reprocesses what
+    it had emitted since that checkpoint, without emitting it again, then the events that
+    arrived while it was down. Then the restored aggregate is live-migrated to each node of
+    ``migrate_to`` (default: a healthy node it is not on).
     """
     spec = load_spec(spec_path)
     nodes = sorted({e.node for e in spec.elements} | {"cloud", "fog-a", "fog-b"})
@@ -81,28 +82,33 @@ def _kill_and_restore(
     client: ServiceClient,
     pipeline: str,
     element: str,
+    window: int,
     source_rows: int,
     console: Console,
     deadline: float,
 ) -> dict:
-    """Kill the node hosting ``element`` once it has a central checkpoint; restore the PE.
+    """Kill the node hosting ``element`` while its input flows; restore the PE.
 
-    The kill comes at once (the newest central checkpoint of the PE, from whichever node, is
-    what a restore starts from), so the input still flows: the PE has emitted events since
-    that checkpoint, which the restore reprocesses, and more arrive while it is down.
+    The kill waits for a central checkpoint of the PE and for the PE to have processed two
+    windows of input beyond it (by its node-level checkpoints, which run ahead of the central
+    ones): the restore then has events to reprocess, whatever the timing.
 
     Returns:
         The restore's report.
     """
     key = f"{pipeline}/{element}"
-    with console.status(f"waiting for a central checkpoint of {key}"):
+    with console.status(f"waiting for a central checkpoint of {key} and input beyond it"):
         while True:
-            # The placement, not the nodes' reports: those lag a heartbeat behind a migration.
+            # The placement, not the nodes' reports: those lag a heartbeat behind a move.
             status = client.get(f"/pipelines/{pipeline}")
             placed = next(e["node"] for e in status["elements"] if e["element"] == element)
             host = next(n for n in client.get("/nodes") if n["name"] == placed)
-            central = next((c["central"] for c in host["checkpoints"] if c["element"] == key), None)
-            if central is not None or time.monotonic() > deadline:
+            mine: dict = next((c for c in host["checkpoints"] if c["element"] == key), {})
+            central, local = mine.get("central"), mine.get("node_level")
+            ahead = central is not None and local is not None and (
+                local["progress"] >= (central.get("progress") or 0) + 2 * window
+            )  # fmt: skip
+            if ahead or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
     cluster_ops.kill_group(int(host["pgid"]), signal.SIGKILL)
@@ -133,12 +139,26 @@ def _kill_and_restore(
     return report
 
 
+def _migrate(
+    client: ServiceClient, pipeline: str, element: str, target: str, console: Console
+) -> None:
+    report = client.post(
+        f"/pipelines/{pipeline}/elements/{element}/migrate", json={"target": target}
+    )
+    phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases_ms"].items())
+    console.print(
+        f"live-migrated [bold]{element}[/] {report['origin']} -> {report['target']}: "
+        f"phases ms: {phases}; downtime {report['downtime_ms']} ms; "
+        f"state {report['state_bytes']} bytes"
+    )
+
+
 def _run(
     home: Path,
     spec: PipelineSpec,
     timeout_s: float,
     console: Console,
-    migrate_to: tuple[str, ...],
+    migrate_to: tuple[str, ...] | None,
 ) -> bool:
     source, agg, sink = case1_parts(spec)
     reference = case1_reference(source, agg["field"], agg["window"], agg.get("function", "avg"))
@@ -153,22 +173,18 @@ def _run(
         )
         deadline = time.monotonic() + timeout_s
         aggregate = next(e.id for e in spec.elements if e.kind == "window-aggregate")
-        # Early, so the migration and the kill both happen while the source still reads.
         _sink_rows(client, spec.pipeline, at_least=15, deadline=deadline)
-        for target in migrate_to:
-            report = client.post(
-                f"/pipelines/{spec.pipeline}/elements/{aggregate}/migrate",
-                json={"target": target},
-            )
-            phases = ", ".join(f"{k} {v:.0f}" for k, v in report["phases_ms"].items())
-            console.print(
-                f"live-migrated [bold]{aggregate}[/] {report['origin']} -> {report['target']}: "
-                f"phases ms: {phases}; downtime {report['downtime_ms']} ms; "
-                f"state {report['state_bytes']} bytes"
-            )
         with open(source, "rb") as rows:
             source_rows = sum(1 for line in rows if line.strip()) - 1  # less the header
-        _kill_and_restore(client, spec.pipeline, aggregate, source_rows, console, deadline)
+        # The kill comes first: a migration's warm-up can take longer than the input lasts.
+        restored = _kill_and_restore(
+            client, spec.pipeline, aggregate, int(agg["window"]), source_rows, console, deadline
+        )
+        if migrate_to is None:
+            healthy = sorted(n["name"] for n in client.get("/nodes") if n["healthy"])
+            migrate_to = tuple(n for n in healthy if n != restored["target"])[:1]
+        for target in migrate_to:
+            _migrate(client, spec.pipeline, aggregate, target, console)
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), console=console,
