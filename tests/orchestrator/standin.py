@@ -17,6 +17,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+#: A Case 1 pipeline: source on cloud, aggregate on fog-a, sink on cloud.
+SPEC = {
+    "pipeline": "p",
+    "elements": [
+        {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "in.csv"}},
+        {"id": "aggregate", "kind": "window-aggregate", "node": "fog-a", "inputs": ["source"],
+         "options": {"field": "value", "window": 3, "function": "avg"}},
+        {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
+         "options": {"path": "out/o.csv"}},
+    ],
+}  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Call:

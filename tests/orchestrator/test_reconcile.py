@@ -17,17 +17,7 @@ import pytest
 from fogshift.broker.client import BrokerAddress
 from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
 from fogshift.spec import parse_spec
-
-SPEC = {
-    "pipeline": "p",
-    "elements": [
-        {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "in.csv"}},
-        {"id": "aggregate", "kind": "window-aggregate", "node": "fog-a", "inputs": ["source"],
-         "options": {"field": "value", "window": 3, "function": "avg"}},
-        {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
-         "options": {"path": "out/o.csv"}},
-    ],
-}  # fmt: skip
+from tests.orchestrator.standin import SPEC
 
 
 class _Agent(BaseHTTPRequestHandler):

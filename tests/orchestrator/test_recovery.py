@@ -18,18 +18,8 @@ from fogshift.broker.client import BrokerAddress
 from fogshift.exceptions import InvalidInput
 from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
 from fogshift.spec import parse_spec
-from tests.orchestrator.standin import StandIn, standins
+from tests.orchestrator.standin import SPEC, StandIn, standins
 
-SPEC = {
-    "pipeline": "p",
-    "elements": [
-        {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "in.csv"}},
-        {"id": "aggregate", "kind": "window-aggregate", "node": "fog-a", "inputs": ["source"],
-         "options": {"field": "value", "window": 3, "function": "avg"}},
-        {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
-         "options": {"path": "out/o.csv"}},
-    ],
-}  # fmt: skip
 AGG = "/pipelines/p/elements/aggregate"
 
 
