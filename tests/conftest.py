@@ -16,7 +16,7 @@ import pytest
 
 from fogshift.broker.client import BrokerAddress, SyncJetStream
 from fogshift.broker.server import BrokerProcess, start_nats_server
-from fogshift.cli.cluster import group_alive
+from fogshift.supervisor.cluster import group_alive, orchestrator_client
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,11 @@ def fogshift(*args: str, check: bool = True, timeout: float = 400) -> subprocess
 
 
 class Cluster:
-    """A local cluster started with `fogshift up` under a temp home."""
+    """A local cluster started with `fogshift up` under a temp home.
+
+    Reads (status, nodes, dead letters) go to the orchestrator's REST API from this process;
+    commands that change something go through the real CLI in a subprocess.
+    """
 
     def __init__(self, home: Path, nodes: list[str], up_args: tuple[str, ...] = ()) -> None:
         self.home = home
@@ -63,7 +67,21 @@ class Cluster:
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return fogshift(*args, "--home", str(self.home), check=check)
 
+    def get(self, path: str, **params: Any) -> Any:
+        """GET ``path`` of the orchestrator (with the operator token)."""
+        with orchestrator_client(self.home, timeout_s=30) as client:
+            return client.get(path, params=params or None)
+
     def json(self, *args: str) -> Any:
+        """What `fogshift ARGS --json` prints; reads are asked of the orchestrator directly."""
+        command, *rest = args
+        if command == "status":
+            return self.get(f"/pipelines/{rest[0]}") if rest else self.get("/pipelines")
+        if command == "nodes" and not rest:
+            return self.get("/nodes")
+        if command == "errors" and rest:
+            limit = rest[rest.index("--limit") + 1] if "--limit" in rest else "100"
+            return self.get(f"/pipelines/{rest[0]}/errors", limit=int(limit))
         return json.loads(self.cli(*args, "--json").stdout)
 
     def up(self) -> None:
@@ -72,6 +90,20 @@ class Cluster:
     def down(self) -> None:
         if (self.home / "cluster.json").exists():
             self.cli("down")
+
+    def heal(self) -> None:
+        """Start again whatever of the cluster a test killed (`fogshift up` starts only what
+        died)."""
+        data = json.loads((self.home / "cluster.json").read_text())
+        groups = [data["orchestrator"]["pgid"], *(n["pgid"] for n in data["nodes"].values())]
+        if not all(group_alive(g) for g in groups):
+            self.up()
+
+    def stop_all(self) -> None:
+        """Stop every running pipeline (outputs stay), so the next module starts quiet."""
+        for pipeline in self.json("status"):
+            if pipeline["status"] != "stopped":
+                self.cli("stop", pipeline["pipeline"], check=False)
 
     def status(self, pipeline: str) -> dict[str, Any]:
         return dict(self.json("status", pipeline))
@@ -93,7 +125,7 @@ class Cluster:
             info = self.element(pipeline, element)
             if info["events_out"] >= count:
                 return info
-            time.sleep(0.5)
+            time.sleep(0.25)
         others = [e for e in self.status(pipeline)["elements"] if e["element"] != element]
         raise AssertionError(
             f"{pipeline}/{element} emitted {info.get('events_out')} of {count} in {timeout_s}s: "
@@ -122,25 +154,34 @@ def pgids_of(home: Path) -> list[int]:
     return groups
 
 
-@pytest.fixture(scope="module")
-def up_args() -> tuple[str, ...]:
-    """Extra `fogshift up` options; a test module overrides this fixture to change them."""
-    return ()
+#: The cluster most integration tests share (one start-up for the session): four nodes,
+#: frequent checkpoints, and a de-duplication window of 1 s, so exactly-once never leans on
+#: the broker dropping a re-sent message.
+SHARED_NODES = ["cloud", "fog-a", "fog-b", "fog-c"]
+SHARED_UP_ARGS = (
+    "--checkpoint-interval",
+    "1",
+    "--central-interval",
+    "2",
+    "--duplicate-window",
+    "1",
+)
 
 
 @pytest.fixture(scope="module")
-def cluster_nodes() -> list[str]:
-    """The nodes of the module's cluster; a test module overrides this fixture to add some."""
-    return ["cloud", "fog-a", "fog-b"]
+def up_args() -> tuple[str, ...] | None:
+    """Extra `fogshift up` options of a cluster of the module's own; None: the shared one."""
+    return None
 
 
 @pytest.fixture(scope="module")
-def cluster(
-    tmp_path_factory: pytest.TempPathFactory, up_args: tuple[str, ...], cluster_nodes: list[str]
-) -> Iterator[Cluster]:
-    """Nodes (by default cloud, fog-a, fog-b) as real processes, shared by a test module."""
-    home = tmp_path_factory.mktemp("home")
-    c = Cluster(home, cluster_nodes, up_args)
+def cluster_nodes() -> list[str] | None:
+    """The nodes of a cluster of the module's own; None: the shared one."""
+    return None
+
+
+def _start(home: Path, nodes: list[str], up_args: tuple[str, ...]) -> Iterator[Cluster]:
+    c = Cluster(home, nodes, up_args)
     c.up()
     try:
         yield c
@@ -151,6 +192,33 @@ def cluster(
         for g in leftovers:
             os.killpg(g, signal.SIGKILL)
         assert not leftovers, f"`fogshift down` left process groups {leftovers} running"
+
+
+@pytest.fixture(scope="session")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The session's shared cluster (:data:`SHARED_NODES`, :data:`SHARED_UP_ARGS`)."""
+    yield from _start(tmp_path_factory.mktemp("shared"), SHARED_NODES, SHARED_UP_ARGS)
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    up_args: tuple[str, ...] | None,
+    cluster_nodes: list[str] | None,
+) -> Iterator[Cluster]:
+    """The module's cluster: the shared one, whole again and quiet (its earlier pipelines
+    stopped) — or, when the module overrides ``up_args`` or ``cluster_nodes``, one of its
+    own. Pipeline names must be unique across the modules that share it."""
+    if up_args is None and cluster_nodes is None:
+        shared: Cluster = request.getfixturevalue("shared_cluster")
+        shared.heal()
+        yield shared
+        shared.heal()
+        shared.stop_all()
+        return
+    home = tmp_path_factory.mktemp("home")
+    yield from _start(home, cluster_nodes or ["cloud", "fog-a", "fog-b"], up_args or ())
 
 
 __all__ = ["BrokerAddress", "Cluster", "fogshift", "group_alive", "pgids_of"]

@@ -29,6 +29,7 @@ from fogshift.agent.replicas import Replicas
 from fogshift.checkpoint.central import check_manifest
 from fogshift.checkpoint.store import snapshot_file
 from fogshift.common.exceptions import Forbidden
+from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import (
     URL_RE,
     Access,
@@ -46,10 +47,6 @@ from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.agent")
-
-#: Headers of a shipped checkpoint: its sha256 and ``{"batch", "offset"}``.
-SHA_HEADER = "X-Fogshift-Sha256"
-INFO_HEADER = "X-Fogshift-Checkpoint"
 
 
 class DeployRequest(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from fogshift.common.cpu import TICKS, group_ticks
+from fogshift.common.cpu import group_cpu_seconds
 
 
 class CpuMeter:
@@ -19,7 +19,7 @@ class CpuMeter:
         self._last = (time.monotonic(), self._seconds())
 
     def _seconds(self) -> float:
-        return group_ticks([self.pgid])[self.pgid] / TICKS
+        return group_cpu_seconds([self.pgid])[self.pgid]
 
     def percent(self) -> float:
         """Percent of one core used since the previous call (or since construction).

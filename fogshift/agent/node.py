@@ -35,7 +35,7 @@ from fogshift.common.names import pe_folder
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.exceptions import ElementError
-from fogshift.runtime.gate import acknowledged, open_gate, write_gate
+from fogshift.runtime.gate import acknowledged, end_run, open_gate, write_gate
 from fogshift.runtime.kinds import KINDS
 from fogshift.spec.models import ElementSpec
 
@@ -254,6 +254,9 @@ class NodeRuntime:
             except Exception:  # a query that already died cannot be stopped twice
                 log.warning("stopping %s raised", hosted.plan.query_name, exc_info=True)
             hosted.query = None
+        if hosted.plan.gate_file:
+            # The Python workers keeping its processor call on_revoke() and close().
+            end_run(hosted.plan.gate_file)
         hosted.state = "stopped"
 
     def hosted(self, pipeline: str, pe: str) -> HostedElement:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -185,6 +186,7 @@ def _first_line(args: list[str]) -> str | None:
 
 
 def _cpu_model() -> str:
+    # psutil has no CPU model name: /proc/cpuinfo is the one place Linux gives it.
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -196,12 +198,9 @@ def _cpu_model() -> str:
 
 def _ram_gib() -> float | None:
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / MIB, 1)
-    except OSError:
-        pass
-    return None
+        return round(psutil.virtual_memory().total / MIB / 1024, 1)
+    except (OSError, RuntimeError):
+        return None
 
 
 def machine_description() -> dict[str, Any]:

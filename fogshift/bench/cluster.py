@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from fogshift.bench.exceptions import BadBenchOption, BenchError, IsolationUnavailable
-from fogshift.cli.cluster import group_alive, kill_group, load_cluster, orchestrator_client
 from fogshift.common.http import ServiceClient
 from fogshift.exceptions import FogshiftError
+from fogshift.supervisor.cluster import group_alive, kill_group, load_cluster, orchestrator_client
 
 #: The delay of a link profile of ``fogshift up --link NODE=PROFILE`` (``n0``, ``n100``,
 #: ``n500``), possibly after a bandwidth (``10mbit,n100``); ``fogshift up`` validates the rest.
@@ -181,6 +181,16 @@ class BenchCluster:
                 hint=f"see the logs in {self.home / 'logs'}",
             )
         return data
+
+    @classmethod
+    def attach(cls, home: Path) -> BenchCluster:
+        """The cluster already up under ``home`` (started by someone else).
+
+        Raises:
+            NotUp: No cluster runs under ``home``.
+        """
+        cluster, _ = load_cluster(home)
+        return cls(home, ClusterOptions(tuple(cluster.nodes)))
 
     def up(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)

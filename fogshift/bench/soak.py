@@ -66,7 +66,9 @@ from fogshift.bench.base import (
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters, cli_command
 from fogshift.bench.exceptions import BadBenchOption, BenchError
 from fogshift.bench.workload import Case1Run, InputFeeder, wait_rows
-from fogshift.cli.cluster import (
+from fogshift.exceptions import FogshiftError
+from fogshift.spec.loader import load_spec
+from fogshift.supervisor.cluster import (
     ProcessInfo,
     cluster_file,
     group_alive,
@@ -75,8 +77,7 @@ from fogshift.cli.cluster import (
     orchestrator_client,
     wait_healthy,
 )
-from fogshift.exceptions import FogshiftError
-from fogshift.spec.loader import load_spec
+from fogshift.verify.case1 import case1_parts
 
 NAME = "soak"
 CASE1 = "soak-case1"
@@ -471,7 +472,6 @@ def _sink_rows(cluster: BenchCluster, pipeline: str) -> int:
 def count_case1(run: Case1Run, config: SoakConfig, events: int) -> dict[str, Any]:
     """Drain Case 1 and count its output against the Case 1 reference."""
     # pandas (the reference) loads only here, as in workload.verdict.
-    from fogshift.cli.demo import case1_parts
     from fogshift.verify.reference import case1_reference, compare, read_sink
 
     spec = load_spec(run.spec)

@@ -25,6 +25,7 @@ import yaml
 from fogshift.bench.cluster import BenchCluster
 from fogshift.exceptions import FogshiftError
 from fogshift.spec.loader import load_spec
+from fogshift.verify.case1 import case1_parts
 
 if TYPE_CHECKING:
     from fogshift.verify.reference import Verdict
@@ -177,7 +178,6 @@ def verdict(
     inconsistent.
     """
     # pandas (the reference) loads only here, not with every `fogshift` command.
-    from fogshift.cli.demo import case1_parts
     from fogshift.verify.reference import case1_reference, compare, read_sink
 
     spec = load_spec(spec_path)

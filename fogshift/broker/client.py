@@ -1,23 +1,23 @@
 """A synchronous face for nats-py, for code that runs outside an event loop.
 
 Spark calls data-source methods synchronously, in processes fogshift does not control. A
-``SyncJetStream`` owns a private event loop in a daemon thread, so one connection can be
-kept for the life of the process and used from any thread.
+``SyncJetStream`` owns a private event loop in a thread of its own (an anyio blocking portal),
+so one connection can be kept for the life of the process and used from any thread.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import threading
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import nats
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -66,6 +66,11 @@ class BrokerAddress:
 class SyncJetStream:
     """A NATS connection with JetStream, usable from synchronous code.
 
+    It connects on first use. :meth:`close` (or leaving a ``with`` block) closes the
+    connection and joins the loop's thread; the client cannot be used after that. The
+    thread is a daemon, so a process that never closes its client (Spark's Python workers
+    keep theirs, :func:`shared_client`) still exits.
+
     Args:
         address: Where to connect.
         connect_timeout_s: How long to try before raising :class:`BrokerUnavailable`.
@@ -73,9 +78,10 @@ class SyncJetStream:
 
     def __init__(self, address: BrokerAddress, connect_timeout_s: float = 5.0) -> None:
         self.address = address
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = start_blocking_portal(
+            "asyncio", name=f"nats {address.url}"
+        )
+        self._portal = self._portal_cm.__enter__()
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._timeout = connect_timeout_s
@@ -88,15 +94,23 @@ class SyncJetStream:
             BrokerUnavailable: The broker cannot be reached.
         """
         with self._lock:
+            if self._portal_cm is None:
+                raise BrokerUnavailable(f"the client of the broker at {self.address.url} is closed")
             if self._js is None:
-                self._js = self._submit(self._connect(), self._timeout + 1)
+                self._js = self._submit(self._connect, self._timeout + 1)
 
         js = self._js
 
         async def call() -> T:
             return await make(js)
 
-        return self._submit(call(), timeout)
+        return self._submit(call, timeout)
+
+    def __enter__(self) -> SyncJetStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def connection(self) -> Client:
@@ -105,9 +119,10 @@ class SyncJetStream:
             raise BrokerUnavailable(f"not connected to the broker at {self.address.url}")
         return self._nc
 
-    def _submit(self, coro: Awaitable[T], timeout: float) -> T:
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
-        return future.result(timeout)
+    def _submit(self, call: Callable[[], Awaitable[T]], timeout: float) -> T:
+        # Not portal.call: that has no timeout. On a timeout the call keeps running, as
+        # before; close() cancels whatever is left.
+        return self._portal.start_task_soon(call).result(timeout)
 
     async def _connect(self) -> JetStreamContext:
         try:
@@ -128,12 +143,19 @@ class SyncJetStream:
         return self._nc.jetstream()
 
     def close(self) -> None:
-        """Drain the connection and stop the loop."""
-        if self._nc is not None:
+        """Close the connection, stop the loop and join its thread (idempotent)."""
+        with self._lock:
+            portal_cm, self._portal_cm = self._portal_cm, None
+        if portal_cm is None:
+            return
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None:
             # Closing a dead connection must not mask the error that killed it.
             with contextlib.suppress(Exception):
-                self._submit(self._nc.close(), 5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+                self._submit(nc.close, 5)
+        # Cancel what is still running (a call that timed out), then join the thread.
+        self._portal.call(self._portal.stop, True)
+        portal_cm.__exit__(None, None, None)
 
 
 _shared: dict[BrokerAddress, SyncJetStream] = {}

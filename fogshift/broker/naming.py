@@ -5,13 +5,12 @@ for its output events and ``fs.<pipeline>.<pe>.dead`` for its dead letters (plus
 for fence markers and ``.cut`` for the batch cuts of a PE with several inputs). One stream per PE
 makes the PE the single writer of its stream, which is what lets the writer check the last
 stored message to make re-executed batches idempotent (see ``broker.datasource``).
+
+The names that go into them are checked where they enter (the spec, ``fogshift up``) against
+:data:`fogshift.common.names.NAME_PATTERN`, which keeps them valid subject tokens.
 """
 
 from __future__ import annotations
-
-import re
-
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 
 def stream_name(pipeline: str, pe: str) -> str:

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from fogshift.broker.client import BrokerAddress
 from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.permissions import BrokerUsers, node_user, users_file, write_config
+from fogshift.common.waiting import wait_until
+from fogshift.exceptions import FogshiftError
 
 
 def nats_server_binary() -> str:
@@ -32,22 +37,36 @@ def nats_server_binary() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
+    """A TCP port nobody listens on right now (someone else may take it before the caller
+    binds it: prefer letting the server choose, as :func:`start_nats_server` does)."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
-    """Whether something accepts TCP connections on ``host:port`` within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return True
-        except OSError:
-            time.sleep(0.05)
-    return False
+def _ports_of(ports_dir: Path, proc: subprocess.Popen[bytes]) -> dict[str, list[str]] | None:
+    """The ports nats-server ``proc`` listens on, once it has written its ports file.
+
+    Raises:
+        BrokerUnavailable: It exited.
+    """
+    # nats-server names the file <executable>_<pid>.ports and writes it once it listens.
+    for path in ports_dir.glob(f"*_{proc.pid}.ports"):
+        with contextlib.suppress(OSError, ValueError):
+            ports = json.loads(path.read_text())
+            if ports.get("nats") and ports.get("monitoring"):
+                return {k: list(v) for k, v in ports.items()}
+    if proc.poll() is not None:
+        raise BrokerUnavailable(f"nats-server exited with code {proc.returncode} while starting")
+    return None
+
+
+def _healthy(monitor_url: str) -> bool:
+    """Whether the server's monitoring endpoint reports it (JetStream included) healthy."""
+    try:
+        return httpx.get(monitor_url + "/healthz", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -58,6 +77,7 @@ class BrokerProcess:
         address: The admin user's address (the orchestrator's and the operator's).
         node_addresses: Each node's own address: a user that may touch only the streams of
             the PEs the node hosts (see :mod:`fogshift.broker.permissions`).
+        monitor_url: The server's HTTP monitoring endpoint (``/healthz``, ``/jsz``, ...).
     """
 
     address: BrokerAddress
@@ -65,6 +85,7 @@ class BrokerProcess:
     config_file: Path
     store_dir: Path
     node_addresses: dict[str, BrokerAddress] = field(default_factory=dict)
+    monitor_url: str | None = None
 
 
 def start_nats_server(
@@ -79,40 +100,60 @@ def start_nats_server(
     grants them as it places PEs).
 
     The server runs in its own process group (``start_new_session``) so ``down`` can kill it
-    and everything it started in one signal.
+    and everything it started in one signal. It chooses its own client and monitoring
+    ports (on ``host``) and is ready once its monitoring endpoint's ``/healthz`` answers
+    ok, JetStream included.
+
+    Args:
+        port: A fixed client port instead (default: one the server chooses).
 
     Raises:
-        BrokerUnavailable: It did not accept connections within 15 s.
+        BrokerUnavailable: It exited, or was not healthy within 15 s (it is then killed).
     """
     home.mkdir(parents=True, exist_ok=True)
-    port = port or free_port(host)
     store = home / "jetstream"
     config = home / "nats.conf"
     users = BrokerUsers("fogshift", secrets.token_urlsafe(24))
     for node in nodes:
         users.add_node(node)
     users.save(users_file(config))  # 0600 from the start: it holds the passwords
-    head = f'listen: {host}:{port}\njetstream {{ store_dir: "{store}" }}\n'
+    # Port -1: the server binds a free port itself (no race with another process between
+    # choosing a port and binding it) and reports it in its ports file. The config keeps
+    # -1, which a reload (SIGHUP, see fogshift.broker.permissions) leaves alone.
+    head = f'listen: {host}:{port or -1}\nhttp: {host}:-1\njetstream {{ store_dir: "{store}" }}\n'
     write_config(config, head, users, {})
     log_path = log_file or home / "nats.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [nats_server_binary(), "-c", str(config)],
+            [nats_server_binary(), "-c", str(config), "--ports_file_dir", str(home)],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    if not wait_for_port(host, port, 15):
+    try:
+        ports = wait_until(lambda: _ports_of(home, proc), 15, describe="nats-server's ports")
+        monitor_url = ports["monitoring"][0]
+        wait_until(
+            lambda: _healthy(monitor_url), 15, describe=f"nats-server healthy at {monitor_url}"
+        )
+    except FogshiftError as exc:
         proc.kill()
         raise BrokerUnavailable(
-            f"nats-server did not start on {host}:{port}", hint=f"see {log_path}"
-        )
-    url = f"nats://{host}:{port}"
+            f"nats-server did not start on {host}",
+            received=exc.message,
+            hint=f"see {log_path}",
+        ) from exc
+    url = ports["nats"][0]
     address = BrokerAddress(url=url, user=users.admin_user, password=users.admin_password)
     per_node = {
         node: BrokerAddress(url=url, user=node_user(node), password=password)
         for node, password in users.nodes.items()
     }
     return BrokerProcess(
-        address=address, pid=proc.pid, config_file=config, store_dir=store, node_addresses=per_node
+        address=address,
+        pid=proc.pid,
+        config_file=config,
+        store_dir=store,
+        node_addresses=per_node,
+        monitor_url=monitor_url,
     )

@@ -96,6 +96,32 @@ class CentralStore:
         self.blobs = root / "blobs"
         self.blobs.mkdir(parents=True, exist_ok=True)
         self.keep = keep
+        # Blobs whose digest this process checked, with the (size, mtime) it saw then: a
+        # blob changed on disk since (a torn write, a bad disk, a hand) is checked again
+        # before a new checkpoint counts on it, instead of being trusted for its name.
+        self._checked: dict[str, tuple[int, int]] = {}
+
+    def _intact(self, blob: Path, sha: str, size: int) -> bool:
+        """Whether ``blob`` holds the ``size`` bytes whose digest is ``sha``.
+
+        A blob that does not is removed, so the next checkpoint that names it ships it
+        again: content is shared by every checkpoint that holds the same file (Spark
+        writes many identical small files), and one corrupt copy must not make all of
+        them unusable.
+        """
+        try:
+            stat = blob.stat()
+        except FileNotFoundError:
+            return False
+        seen = (stat.st_size, stat.st_mtime_ns)
+        if self._checked.get(sha) == seen:
+            return True
+        if stat.st_size == size and hashlib.sha256(blob.read_bytes()).hexdigest() == sha:
+            self._checked[sha] = seen
+            return True
+        self._checked.pop(sha, None)
+        blob.unlink(missing_ok=True)
+        return False
 
     def _folder(self, pipeline: str, pe: str) -> Path:
         return pe_folder(self.root / "checkpoints", pipeline, pe)
@@ -130,8 +156,9 @@ class CentralStore:
         shipped = 0
         for rel, entry in manifest["files"].items():
             blob = self.blobs / entry["sha256"]
-            if blob.exists() and blob.stat().st_size == entry["size"]:
+            if self._intact(blob, entry["sha256"], entry["size"]):
                 os.utime(blob)  # in use again: out of reach of a concurrent collection
+                self._checked[entry["sha256"]] = (entry["size"], blob.stat().st_mtime_ns)
                 continue
             data = fetch(rel)
             if hashlib.sha256(data).hexdigest() != entry["sha256"]:
@@ -142,6 +169,7 @@ class CentralStore:
             tmp = blob.with_suffix(".tmp")
             tmp.write_bytes(data)
             tmp.replace(blob)
+            self._checked[entry["sha256"]] = (len(data), blob.stat().st_mtime_ns)
             shipped += len(data)
         folder.mkdir(parents=True, exist_ok=True)
         stored = {**manifest, "stored": time.time(), "shipped_bytes": shipped}
@@ -206,10 +234,16 @@ class CentralStore:
             if not blob.exists():
                 return f"file {rel} is missing"
             if blob.stat().st_size != entry["size"]:
-                return f"file {rel} has {blob.stat().st_size} bytes, not {entry['size']}"
-            digest = hashlib.sha256(blob.read_bytes()).hexdigest()
-            if digest != entry["sha256"]:
-                return f"file {rel} is corrupt (sha256 {digest[:12]}…)"
+                problem = f"file {rel} has {blob.stat().st_size} bytes, not {entry['size']}"
+            else:
+                digest = hashlib.sha256(blob.read_bytes()).hexdigest()
+                if digest == entry["sha256"]:
+                    continue
+                problem = f"file {rel} is corrupt (sha256 {digest[:12]}…)"
+            # Removed, so the next checkpoint holding this content ships it again.
+            self._checked.pop(entry["sha256"], None)
+            blob.unlink(missing_ok=True)
+            return problem
         return None
 
     def latest_whole(self, pipeline: str, pe: str) -> tuple[dict[str, Any], list[str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -9,29 +10,28 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fogshift.cli import cluster as cluster_ops
-from fogshift.cli.exceptions import NotUp
 from fogshift.common.http import ServiceClient
-from fogshift.exceptions import InvalidInput
+from fogshift.spec.examples import example_path
 from fogshift.spec.loader import load_spec
 from fogshift.spec.models import PipelineSpec
+from fogshift.supervisor import cluster as cluster_ops
+from fogshift.supervisor.exceptions import NotUp
+from fogshift.verify.case1 import case1_parts
 from fogshift.verify.reference import Verdict, case1_reference, compare, read_sink
 
 
-def case1_parts(spec: PipelineSpec) -> tuple[str, dict, str]:
-    """The source file, the aggregate's options and the sink file of a Case 1 spec."""
-    by_kind = {e.kind: e for e in spec.elements}
-    if not {"csv-source", "window-aggregate", "csv-sink"} <= set(by_kind):
-        raise InvalidInput(
-            f"pipeline {spec.pipeline!r} is not a Case 1 pipeline",
-            expected="a csv-source, a window-aggregate and a csv-sink",
-            received=", ".join(e.kind for e in spec.elements),
-        )
-    return (
-        by_kind["csv-source"].options["path"],
-        by_kind["window-aggregate"].options,
-        by_kind["csv-sink"].options["path"],
-    )
+def demo_copy(home: Path) -> Path:
+    """A fresh copy of the Case 1 example (spec and data) in ``<home>/demo/case1``; returns
+    its spec.
+
+    The demo runs from a copy, not from the example itself: the spec's sink writes beside
+    the spec, and an installed example may sit in a folder the user cannot (or should not)
+    write. A previous run's output is left for the deploy, which starts the sink afresh.
+    """
+    source = example_path("case1")
+    target = home / "demo" / "case1"
+    shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("out"))
+    return target / "case1.yaml"
 
 
 def run_demo(

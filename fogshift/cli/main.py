@@ -5,19 +5,27 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
+import time
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.status import Status
 from rich.table import Table
 
-from fogshift.cli import cluster as cluster_ops
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.topology import topology_app
 from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.orchestrator.views import OperationView
+from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.loader import load_spec
+from fogshift.spec.models import PipelineSpec
+from fogshift.supervisor import cluster as cluster_ops
 
 app = typer.Typer(
     help="fogshift: stateful stream pipelines across fog nodes (PySpark + NATS JetStream).",
@@ -39,6 +47,27 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a ta
 
 def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"fogshift {metadata.version('fogshift')}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print the installed fogshift version and exit.",
+        ),
+    ] = False,
+) -> None:
+    """fogshift: stateful stream pipelines across fog nodes (PySpark + NATS JetStream)."""
 
 
 @app.command()
@@ -139,6 +168,55 @@ def deploy(
         _status_table([result])
 
 
+def _spec_summary(spec: PipelineSpec) -> dict[str, Any]:
+    """What ``validate`` reports of a valid spec: its PEs in topological order."""
+    return {
+        "valid": True,
+        "pipeline": spec.pipeline,
+        "elements": [
+            {"id": e.id, "kind": e.kind, "node": e.node, "inputs": list(e.inputs)}
+            for e in spec.topological_order()
+        ],
+        "nodes": sorted({e.node for e in spec.elements}),
+    }
+
+
+@app.command()
+def validate(
+    spec: Annotated[Path, typer.Argument(help="The pipeline spec (YAML).")],
+    nodes: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated node names the PEs must be placed on (default: any)."),
+    ] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Check a spec offline with the checks `deploy` makes first; exit 1 if refused."""
+    names = [n.strip() for n in nodes.split(",") if n.strip()] if nodes is not None else None
+    try:
+        pipeline = load_spec(spec, names)
+    except InvalidSpec as exc:
+        if as_json:
+            _print_json({"valid": False, "error": exc.to_dict()})
+        else:
+            err_console.print(f"[red]refused[/] ({exc.code}): {escape(exc.render())}")
+        raise typer.Exit(1) from None
+    summary = _spec_summary(pipeline)
+    if as_json:
+        _print_json(summary)
+        return
+    elements = summary["elements"]
+    console.print(
+        f"[green]valid[/]: pipeline [bold]{escape(pipeline.pipeline)}[/], {len(elements)} PEs "
+        f"on {len(summary['nodes'])} nodes ({escape(', '.join(summary['nodes']))})"
+    )
+    table = Table()
+    for column in ("element", "kind", "node", "inputs"):
+        table.add_column(column)
+    for e in elements:
+        table.add_row(e["id"], e["kind"], e["node"], ", ".join(e["inputs"]) or "-")
+    console.print(table)
+
+
 def _status_table(pipelines: list[dict[str, Any]]) -> None:
     for pipeline in pipelines:
         table = Table(title=f"{pipeline['pipeline']} ({pipeline['status']})")
@@ -167,6 +245,8 @@ def status(
         data = [client.get(f"/pipelines/{pipeline}")] if pipeline else client.get("/pipelines")
     if as_json:
         _print_json(data if not pipeline else data[0])
+    elif not data:
+        console.print("no pipelines are deployed (`fogshift deploy SPEC.yaml` starts one)")
     else:
         _status_table(data)
 
@@ -211,12 +291,95 @@ def errors(
     console.print(table)
 
 
-def _run_operation(home: Path, path: str, body: dict[str, Any], as_json: bool) -> Any:
-    """POST a long operation (migrate, restore); with ``as_json`` print its report, also
-    the report of a failure (then exit 1)."""
-    with cluster_ops.orchestrator_client(home.resolve(), timeout_s=900) as client:
+@app.command()
+def logs(
+    node: Annotated[
+        str | None,
+        typer.Argument(help="A node, `orchestrator`, or another log's name (default: all)."),
+    ] = None,
+    home: Home = Path(".fogshift"),
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")
+    ] = False,
+    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="Lines of each tail.")] = 20,
+) -> None:
+    """The tail of a node's log (<home>/logs/node-NODE.log), the orchestrator's, or all."""
+    from fogshift.cli.logs import follow as follow_logs
+    from fogshift.cli.logs import select_logs, tail
+
+    files = select_logs(home.resolve(), node)
+    several = len(files) > 1
+
+    def write(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()  # a pipe (`| grep`) sees each line as it comes
+
+    for name, path in files.items():
+        if several:
+            write(f"==> {name} ({path}) <==")
+        for line in tail(path, lines):
+            write(line)
+    if not follow:
+        return
+    try:
+        follow_logs(files, write, prefix=several)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+def _watch_phases(
+    home: Path, pipeline: str, element: str, kind: str, status: Status, stop: threading.Event
+) -> None:
+    """Show the phase of the running ``kind`` of ``pipeline/element`` in ``status`` until
+    ``stop`` is set, polling the orchestrator's view of its journal. A poll that fails is
+    skipped: the line only informs, the POST the CLI waits for decides."""
+    started = time.monotonic()
+    try:
+        client = cluster_ops.orchestrator_client(home, timeout_s=5)
+    except FogshiftError:
+        return
+    with client:
+        while not stop.wait(0.5):
+            try:
+                view = OperationView.model_validate(
+                    client.get(f"/pipelines/{pipeline}/elements/{element}/operation")
+                )
+            except (FogshiftError, ValueError):
+                continue
+            if view.running and view.kind == kind:
+                status.update(
+                    f"{kind} of {pipeline}/{element} {view.origin} -> {view.target}: "
+                    f"[bold]{escape(view.phase)}[/] ({time.monotonic() - started:.0f} s)"
+                )
+
+
+def _run_operation(
+    home: Path, pipeline: str, element: str, kind: str, body: dict[str, Any], as_json: bool
+) -> Any:
+    """POST a long operation (``migration`` or ``restore``) of ``pipeline/element``; show its
+    phases as it runs (not with ``as_json``); with ``as_json`` print its report, also the
+    report of a failure (then exit 1)."""
+    verb = "migrate" if kind == "migration" else "restore"
+    path = f"/pipelines/{pipeline}/elements/{element}/{verb}"
+    home = home.resolve()
+    with cluster_ops.orchestrator_client(home, timeout_s=900) as client:
         try:
-            report = client.post(path, json=body)
+            if as_json:
+                report = client.post(path, json=body)
+            else:
+                stop = threading.Event()
+                with console.status(f"{kind} of {pipeline}/{element}: starting") as status:
+                    watcher = threading.Thread(
+                        target=_watch_phases,
+                        args=(home, pipeline, element, kind, status, stop),
+                        daemon=True,  # never holds up the exit (Ctrl-C included)
+                    )
+                    watcher.start()
+                    try:
+                        report = client.post(path, json=body)
+                    finally:
+                        stop.set()
+                        watcher.join(timeout=6)
         except FogshiftError as exc:
             details = getattr(exc, "details", None)
             if as_json and details is not None:
@@ -245,9 +408,8 @@ def migrate(
             "unknown migration mode", expected="precopy or literal", received=repr(mode)
         )
     report = _run_operation(
-        home, f"/pipelines/{pipeline}/elements/{element}/migrate", {"target": to, "mode": mode},
-        as_json,
-    )  # fmt: skip
+        home, pipeline, element, "migration", {"target": to, "mode": mode}, as_json
+    )
     if as_json:
         return
     phases = ", ".join(f"{k} {v:.0f} ms" for k, v in report["phases_ms"].items())
@@ -271,9 +433,7 @@ def restore(
     as_json: AsJson = False,
 ) -> None:
     """Restore a PE from its latest central checkpoint, exactly-once, fencing the old one."""
-    report = _run_operation(
-        home, f"/pipelines/{pipeline}/elements/{element}/restore", {"target": to}, as_json
-    )
+    report = _run_operation(home, pipeline, element, "restore", {"target": to}, as_json)
     if as_json:
         return
     for attempt in report["attempts"]:
@@ -330,16 +490,21 @@ def plan(
 @app.command()
 def demo(
     home: Home = Path(".fogshift-demo"),
-    spec: Annotated[Path, typer.Option(help="The Case 1 spec.")] = Path(
-        "examples/case1/case1.yaml"
-    ),
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            help="The Case 1 spec (default: the packaged example, run from a fresh copy in "
+            "<home>/demo/case1, where its output goes)."
+        ),
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the output.")] = 300,
     keep: Annotated[bool, typer.Option(help="Leave the cluster up afterwards.")] = False,
 ) -> None:
     """Run Case 1 over three nodes and print a consistency verdict (exit 1 if inconsistent)."""
-    from fogshift.cli.demo import run_demo
+    from fogshift.cli.demo import demo_copy, run_demo
 
-    ok = run_demo(home.resolve(), spec, timeout, keep, console)
+    home = home.resolve()
+    ok = run_demo(home, spec if spec is not None else demo_copy(home), timeout, keep, console)
     raise typer.Exit(0 if ok else 1)
 
 

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fogshift.cli import cluster as cluster_ops
+from fogshift.supervisor import cluster as cluster_ops
 
 app = typer.Typer(
     help="Isolated nodes' links (`fogshift up --isolate`): partition, heal, show.",

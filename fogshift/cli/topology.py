@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fogshift.cli import cluster as cluster_ops
 from fogshift.orchestrator.planning import FogTopology
+from fogshift.supervisor import cluster as cluster_ops
 
 topology_app = typer.Typer(
     help="The fog topology (node CPU, link bandwidths) and the live backup/redeploy plan.",

@@ -1,31 +1,35 @@
-"""CPU time of whole process groups, read from ``/proc`` (a node = one process group)."""
+"""CPU time of whole process groups (a node = one process group), via psutil."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
 
-#: Clock ticks per second of ``/proc/<pid>/stat`` times.
+import psutil
+
+from fogshift.common.processes import group_members
+
+#: Clock ticks per second: the unit of :func:`group_ticks`.
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def group_ticks(pgids: Iterable[int]) -> dict[int, int]:
-    """CPU ticks (user + system, with reaped children) of every live process, per group.
+def group_cpu_seconds(pgids: Iterable[int]) -> dict[int, float]:
+    """CPU seconds (user + system, with reaped children) of every live process, per group.
 
-    One scan of ``/proc`` serves all the groups asked for; a group with no live process
-    counts 0.
+    One pass over the process table serves all the groups asked for; a group with no live
+    process counts 0. Processes that ended since drop out of the sum, so a group's total can
+    go down between two calls.
     """
-    ticks = dict.fromkeys(pgids, 0)
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    seconds = dict.fromkeys(pgids, 0.0)
+    for pgid, proc in group_members(seconds):
         try:
-            with open(f"/proc/{entry.name}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):  # the process ended while we looked
+            times = proc.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # ended while we looked
             continue
-        # After the command: state, ppid, pgrp, ...; utime, stime, cutime, cstime are 11-14.
-        pgid = int(fields[2])
-        if pgid in ticks:
-            ticks[pgid] += sum(int(f) for f in fields[11:15])
-    return ticks
+        seconds[pgid] += times.user + times.system + times.children_user + times.children_system
+    return seconds
+
+
+def group_ticks(pgids: Iterable[int]) -> dict[int, int]:
+    """:func:`group_cpu_seconds` in clock ticks (``TICKS`` per second)."""
+    return {pgid: round(s * TICKS) for pgid, s in group_cpu_seconds(pgids).items()}

@@ -24,3 +24,22 @@ class Forbidden(FogshiftError):
 
     code = "forbidden"
     http_status = 403
+
+
+class WaitTimedOut(FogshiftError):
+    """A condition awaited with :func:`fogshift.common.waiting.wait_until` did not hold
+    before its deadline.
+
+    Attributes:
+        what: What was awaited.
+        last: The condition's last answer (or the last error it raised that counts as "not
+            yet"), for the caller's own message.
+    """
+
+    code = "timeout"
+    http_status = 504
+
+    def __init__(self, message: str, *, what: str, last: object, hint: str | None = None) -> None:
+        self.what = what
+        self.last = last
+        super().__init__(message, received=f"last seen: {last!r}", hint=hint)

@@ -1,4 +1,4 @@
-"""Writing files that hold secrets (tokens, broker passwords)."""
+"""Writing files whole (atomically), and files that hold secrets (tokens, passwords)."""
 
 from __future__ import annotations
 
@@ -11,24 +11,23 @@ from pathlib import Path
 PRIVATE_MODE = 0o600
 
 
-def write_private(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` (created or replaced) readable by its owner only.
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
+    """Write ``text`` to ``path`` (created or replaced) so that a reader sees either the
+    old file or the whole new one, never a part, even if the writer dies midway.
 
-    The file is 0600 from its first byte: it is created 0600 under a fresh name in the same
-    folder (``O_EXCL``: never an existing file or a planted symbolic link), written, synced
-    and renamed over ``path``. Writing then ``chmod``-ing would leave a window in which the
-    secret is readable by others under the umask's mode; replacing an existing, wider file
-    in place would keep that file's mode.
+    The text goes to a fresh file in the same folder (``O_EXCL``: never an existing file or
+    a planted symbolic link), created with exactly ``mode``, synced and renamed over
+    ``path``.
 
     Returns:
         ``path``.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        # The umask may only have removed bits; set exactly 0600 (still on the private fd).
-        os.fchmod(fd, PRIVATE_MODE)
+        # The umask may only have removed bits; set exactly ``mode`` (still on the fd).
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             fd = -1  # the file object owns it now
             handle.write(text)
@@ -42,3 +41,17 @@ def write_private(path: Path, text: str) -> Path:
             tmp.unlink()
         raise
     return path
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` (created or replaced) readable by its owner only.
+
+    The file is 0600 from its first byte: it is created 0600 under a fresh name in the same
+    folder and renamed over ``path`` (:func:`write_atomic`). Writing then ``chmod``-ing
+    would leave a window in which the secret is readable by others under the umask's mode;
+    replacing an existing, wider file in place would keep that file's mode.
+
+    Returns:
+        ``path``.
+    """
+    return write_atomic(path, text, PRIVATE_MODE)

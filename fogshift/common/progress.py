@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
+from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.http import ServiceClient
+from fogshift.common.waiting import wait_until
 from fogshift.exceptions import FogshiftError
 
 
@@ -29,9 +30,10 @@ def wait_for_progress(
     Returns:
         The last progress answer.
     """
-    deadline = time.monotonic() + timeout_s
     info: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    def reached() -> dict[str, Any] | None:
+        nonlocal info
         info = agent.get(element_path + "/progress")
         if observe is not None:
             observe(info)
@@ -39,8 +41,14 @@ def wait_for_progress(
             raise error(f"{what}: the PE's query {info['state']}: {info['error']}")
         if info["committed_batch"] is not None and info["progress"] >= at_least:
             return info
-        time.sleep(0.02)
-    raise error(
-        f"{what}: the PE did not reach input position {at_least} in {timeout_s:.0f} s "
-        f"(at {info.get('progress')}, state {info.get('state')})"
-    )
+        return None
+
+    try:
+        return wait_until(
+            reached, timeout_s, interval_s=0.02, describe=f"{what}: input position {at_least}"
+        )
+    except WaitTimedOut:
+        raise error(
+            f"{what}: the PE did not reach input position {at_least} in {timeout_s:.0f} s "
+            f"(at {info.get('progress')}, state {info.get('state')})"
+        ) from None

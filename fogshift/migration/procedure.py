@@ -43,11 +43,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fogshift.agent.app import INFO_HEADER, SHA_HEADER
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.checkpoint.spark_dir import progress_of
+from fogshift.common.exceptions import WaitTimedOut
+from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
 from fogshift.common.progress import wait_for_progress
+from fogshift.common.waiting import wait_until
 from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.spec.models import ElementSpec
@@ -295,16 +297,17 @@ def _measure_downtime(
 ) -> None:
     """Set ``downtime_ms`` once the target commits input beyond the pause position (``None``
     if no new input arrives within ``live_wait_s``)."""
-    deadline = time.monotonic() + live_wait_s
-    while time.monotonic() < deadline:
+
+    def moved_on() -> bool:
         info_now = (
             live if live["progress"] > position["progress"] else target.get(here + "/progress")
         )
         report.observe(report.target, info_now)
-        if info_now["progress"] > position["progress"]:
-            report.downtime_ms = round((time.perf_counter() - paused_at) * 1000, 1)
-            return
-        time.sleep(0.02)
+        return bool(info_now["progress"] > position["progress"])
+
+    with contextlib.suppress(WaitTimedOut):  # no new input: the downtime stays unknown
+        wait_until(moved_on, live_wait_s, interval_s=0.02, describe=f"{here} beyond the pause")
+        report.downtime_ms = round((time.perf_counter() - paused_at) * 1000, 1)
 
 
 def _converge(

@@ -25,7 +25,7 @@ Everything here runs ``ip`` and ``tc`` and needs root (:func:`require_support`).
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import functools
 import hashlib
 import ipaddress
 import json
@@ -33,13 +33,16 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
 from pydantic import BaseModel, ConfigDict
 
+from fogshift.common.exceptions import WaitTimedOut
+from fogshift.common.processes import alive
+from fogshift.common.waiting import wait_until
 from fogshift.network.exceptions import IsolationUnsupported, NetworkCommandFailed, NotIsolated
 from fogshift.network.links import LinkProfile
 
@@ -147,33 +150,22 @@ def _ip_json(*args: str) -> list[dict[str, Any]]:
     return list(json.loads(out)) if out.strip() else []
 
 
-_lock_depth = 0
+@functools.cache
+def _file_lock(path: Path) -> FileLock:
+    # One object per path: FileLock is re-entrant per object (a nested acquire counts up),
+    # and per thread, so a second thread waits like a second process does.
+    return FileLock(path)
 
 
 @contextlib.contextmanager
 def _lock() -> Iterator[None]:
     """Serialise allocation, creation and clean-up between concurrent ``fogshift up``s.
 
-    Re-entrant within a process (a second ``flock`` on a new descriptor would wait for the
-    first forever); not thread-safe, which the CLI does not need.
+    Re-entrant within a thread, so a function holding it may call one that takes it.
     """
-    global _lock_depth
-    if _lock_depth:
-        _lock_depth += 1
-        try:
-            yield
-        finally:
-            _lock_depth -= 1
-        return
     RECORD_DIR.mkdir(parents=True, exist_ok=True)
-    with open(RECORD_DIR.parent / "lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        _lock_depth = 1
-        try:
-            yield
-        finally:
-            _lock_depth = 0
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with _file_lock(RECORD_DIR.parent / "lock"):
+        yield
 
 
 def _taken_networks() -> list[ipaddress.IPv4Network]:
@@ -337,12 +329,17 @@ def namespace_pids(namespace: str) -> list[int]:
 
 def _kill_inside(namespace: str, timeout_s: float = 10.0) -> None:
     """SIGKILL every process still inside ``namespace`` and wait until they are gone."""
-    deadline = time.monotonic() + timeout_s
-    while (pids := namespace_pids(namespace)) and time.monotonic() < deadline:
+
+    def emptied() -> bool:
+        pids = namespace_pids(namespace)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
+        return not pids
+
+    # Past the deadline the namespace is removed anyway; what still runs inside is orphaned.
+    with contextlib.suppress(WaitTimedOut):
+        wait_until(emptied, timeout_s, interval_s=0.1, describe=f"namespace {namespace} empty")
 
 
 def destroy_link(link: NodeLink) -> None:
@@ -410,16 +407,6 @@ def _namespaces() -> list[str]:
     return [n["name"] for n in _ip_json("netns", "list")]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_stale(home: Path, is_live: Callable[[Path], bool]) -> list[str]:
     """Remove links a killed run left behind; return the namespaces removed.
 
@@ -445,7 +432,7 @@ def cleanup_stale(home: Path, is_live: Callable[[Path], bool]) -> list[str]:
         for namespace, record in records.items():
             ours = record.link.home == str(home)
             orphan = (
-                not _alive(record.creator_pid)
+                not alive(record.creator_pid)
                 and not namespace_pids(namespace)
                 and not is_live(Path(record.link.home))
             )

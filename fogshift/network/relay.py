@@ -33,11 +33,12 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fogshift.common.exceptions import WaitTimedOut
+from fogshift.common.waiting import wait_until
 from fogshift.network.exceptions import RelayFailed
 from fogshift.network.links import LinkProfile
 
@@ -446,13 +447,16 @@ def spawn_relay(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def ready_or_exited() -> RelayReady | bool:
         if ready_file.exists():
             return RelayReady.model_validate_json(ready_file.read_text())
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
+        return proc.poll() is not None  # it exited: no use waiting on
+
+    with contextlib.suppress(WaitTimedOut):
+        ready = wait_until(ready_or_exited, timeout_s, describe=f"the relay in {folder}")
+        if isinstance(ready, RelayReady):
+            return ready
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

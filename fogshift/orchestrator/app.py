@@ -12,6 +12,7 @@ import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import Body, FastAPI
@@ -34,9 +35,10 @@ from fogshift.common.http import (
     wrong_token,
 )
 from fogshift.common.names import NAME_RE
-from fogshift.exceptions import FogshiftError
+from fogshift.exceptions import FogshiftError, NotFound
 from fogshift.migration.procedure import Mode
 from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+from fogshift.orchestrator.views import OperationView
 
 _BLOBS = re.compile(r"/checkpoints/blobs/[^/]+")
 
@@ -166,6 +168,20 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.post("/pipelines/{name}/elements/{element}/restore")
     def restore(name: NameParam, element: NameParam, request: RestoreRequest) -> dict[str, Any]:
         return orchestrator.restore(name, element, request.target)
+
+    @app.get("/pipelines/{name}/elements/{element}/operation")
+    def operation(name: NameParam, element: NameParam) -> OperationView:
+        """The PE's latest migration or restore as journaled, running or not: the CLI polls
+        it to show the phase of the operation it waits for."""
+        journal = orchestrator.registry.operations(name, element)
+        if not journal:
+            raise NotFound(
+                f"no migration or restore of {name}/{element} has been journaled",
+                hint="`fogshift migrate` and `fogshift restore` start one",
+            )
+        op = asdict(journal[-1])
+        del op["owner"]  # which orchestrator process runs it: internal to recovery
+        return OperationView.model_validate({**op, "running": op["outcome"] is None})
 
     @app.get("/plan")
     def plan() -> dict[str, Any]:

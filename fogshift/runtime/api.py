@@ -17,7 +17,14 @@ The contract, after bytewax's ``snapshot()`` + ``builder(resume_state)``:
 * :meth:`snapshot` returns a JSON-serialisable dict; override it together with
   :meth:`restore` for state that is not plain data;
 * ``process`` must be deterministic: the same state and event give the same outputs, which
-  is what makes re-executed batches, migration and restoration exact.
+  is what makes re-executed batches, migration and restoration exact;
+* an instance lives across micro-batches: the runtime builds one per query run (and
+  partition) in the Spark Python worker that processes it and keeps it while it holds the
+  state the next batch starts from (:mod:`fogshift.runtime.instances`). Load models and files
+  in :meth:`ProcessingElement.on_assign`, release them in :meth:`ProcessingElement.close`;
+  keep processing state only in declared fields (or :meth:`snapshot`), never in attributes
+  the snapshot does not cover: an instance may be replaced by one built from the snapshot
+  at any batch.
 """
 
 from __future__ import annotations
@@ -77,9 +84,14 @@ class ProcessingElement:
         options: The element's validated options from the pipeline spec.
         element_id: The PE id in its pipeline.
 
-    Lifecycle hooks (all optional, called by the runtime): :meth:`on_assign` once the PE is
-    placed on a node, :meth:`on_pause` / :meth:`on_resume` around a migration, :meth:`on_revoke`
-    when it leaves the node, :meth:`close` at the very end.
+    Lifecycle hooks (all optional), called by the runtime in the Spark Python worker that
+    holds the instance, never concurrently with :meth:`Processor.process`: :meth:`on_assign`
+    once per instance before its first event, :meth:`on_pause` / :meth:`on_resume` around a
+    pause of its input (a migration), :meth:`on_revoke` when the PE leaves the node,
+    :meth:`close` when the instance is dropped. Only ``on_assign`` is guaranteed (an
+    exception from it fails the PE's start like a constructor's); the others are best
+    effort: a Python worker that is killed (its node stops, Spark reaps an idle worker, a
+    crash) calls nothing. What they raise is logged and otherwise ignored.
     """
 
     state_fields: ClassVar[dict[str, StateField]] = {}
@@ -155,19 +167,38 @@ class ProcessingElement:
         return encode_state(self.snapshot())
 
     def on_assign(self) -> None:
-        """Called when the PE starts on a node."""
+        """Set up the instance on the node, after :meth:`build` and before its first event.
+
+        Called once on every instance the runtime builds to process events: once per start
+        of the PE's query in the normal run, and again for each instance built from the
+        stored state instead of reusing the kept one (a retried batch, a restored or
+        migrated checkpoint, a worker that did not run the previous batch, an event undone
+        by per-event isolation). Never called on the probe instance the driver builds to
+        check the options. The place to load a model or open a file.
+
+        Raises:
+            Exception: Anything: the PE cannot be set up; it fails like a constructor that
+                rejects its options (state ``failed`` after bounded restarts).
+        """
 
     def on_revoke(self) -> None:
-        """Called when the PE leaves a node (migration, stop)."""
+        """Called when the PE leaves the node: its query was stopped by the agent (the
+        origin of a migration, a removed pipeline), within ~0.1 s of the stop; followed by
+        :meth:`close`. Not called when the query is merely restarted here. Best effort."""
 
     def on_pause(self) -> None:
-        """Called when processing is paused at a batch boundary."""
+        """Called when the PE's input is held (``hold`` gate: a migration's pause), once the
+        batch in flight has finished, within ~0.1 s of the gate. A pause shorter than that
+        may go unseen, and then so does its resume. Best effort."""
 
     def on_resume(self) -> None:
-        """Called when processing resumes after a pause."""
+        """Called when the input is open again after :meth:`on_pause`; always before the
+        next event this instance processes."""
 
     def close(self) -> None:
-        """Called once, last."""
+        """Called once when the runtime drops the instance: after :meth:`on_revoke`, when
+        a newer one replaces it (restart, rebuilt state) or after a failed batch. Best
+        effort: not called in a Python worker that is killed."""
 
 
 ProcessorOutput = Event | Mapping[str, Any] | Iterable[Event | Mapping[str, Any]] | None

@@ -209,8 +209,10 @@ class _Batch(Generic[T]):
         limit: int,
         pe: str,
         pipeline: str,
+        live: Processor | None = None,
     ) -> None:
         self.build, self.rows, self.finish, self.limit, self.pe = build, rows, finish, limit, pe
+        self.live = live
         #: Names the PE in errors (dead-letter reasons name the PE only: they live in its
         #: pipeline's streams).
         self.who = f"processor {pe!r}" + (f" of pipeline {pipeline!r}" if pipeline else "")
@@ -343,7 +345,9 @@ class _Batch(Generic[T]):
             upto = culprit
 
     def run(self) -> tuple[list[RecordRow], T]:
-        processor = self._rebuild()
+        # An instance that already holds the starting state saves decoding and building it;
+        # undoing an event still rebuilds from ``good_state``, never from this instance.
+        processor = self.live if self.live is not None else self._rebuild()
         i = 0
         while True:
             while i < len(self.rows):
@@ -386,12 +390,14 @@ def run_batch(
     pe: str,
     pipeline: str = "",
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    live: Processor | None = None,
 ) -> tuple[list[RecordRow], T]:
     """Run one batch of a **stateful** processor with per-event isolation.
 
     Args:
         build: Builds the processor from a resume state (``Processor.build`` with its
-            options and id). Called once, and again for each failed event.
+            options and id). Called once (not at all when ``live`` is given), and again
+            for each failed event.
         start_state: Returns the batch's starting state, a fresh object on every call (the
             processor may mutate what it is given): e.g. decodes the stored JSON again.
         rows: The batch's input rows, sorted by origin.
@@ -401,6 +407,9 @@ def run_batch(
         pe: The element id (creator of the records, named in reasons).
         pipeline: The pipeline, named in errors.
         max_record_bytes: The largest encoded output record.
+        live: An instance that holds exactly ``start_state()`` (e.g. kept from the previous
+            batch, see :mod:`fogshift.runtime.instances`): it runs the batch until an event
+            has to be undone. ``finish`` then receives it or an instance ``build`` made.
 
     Returns:
         The output records (events and dead letters, by origin) and ``finish``'s result for
@@ -409,7 +418,7 @@ def run_batch(
     Raises:
         ElementError: The processor cannot be built, or rebuilt from its own snapshot.
     """
-    batch = _Batch(build, start_state, list(rows), finish, max_record_bytes, pe, pipeline)
+    batch = _Batch(build, start_state, list(rows), finish, max_record_bytes, pe, pipeline, live)
     return batch.run()
 
 
@@ -441,11 +450,8 @@ def run_events(
                 yield (row[0], n, seq, ts, pe, text, None)
         return
     start = encode_state(processor.snapshot())
-    first = [processor]
 
     def build(resume: Mapping[str, Any] | None) -> Processor:
-        if first:  # the caller's instance runs the batch until an event has to be undone
-            return first.pop()
         return type(processor).build(processor.options, pe, resume)
 
     records, final = run_batch(
@@ -455,6 +461,7 @@ def run_events(
         finish=lambda p: p,
         pe=pe,
         max_record_bytes=max_record_bytes,
+        live=processor,  # the caller's instance runs the batch until an event is undone
     )
     if final is not processor:
         processor.restore(json.loads(encode_state(final.snapshot())))

@@ -8,6 +8,11 @@
 
 Every query has a single partition end to end: a PE's events keep their order.
 
+A processor is built once per query run and partition in the Python worker that runs it, and
+kept across micro-batches while it provably holds the state the next batch starts from
+(:mod:`fogshift.runtime.instances`); every instance the runtime builds gets ``on_assign``
+before its first event and ``close`` when it is dropped.
+
 What one event does never stops a query (see :mod:`fogshift.runtime.batch`). What no event
 does — a processor class that cannot be imported, a constructor, options or ``restore()``
 that fail — raises :class:`~fogshift.runtime.exceptions.ElementError` naming the pipeline and
@@ -19,6 +24,7 @@ agent knows such a failure by that type and restarts it only a bounded number of
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,6 +34,8 @@ from fogshift.events import DEFAULT_MAX_RECORD_BYTES
 from fogshift.runtime.api import Processor, encode_state
 from fogshift.runtime.batch import RECORD_COLUMNS, run_batch, run_events
 from fogshift.runtime.exceptions import ElementError
+from fogshift.runtime.gate import start_run
+from fogshift.runtime.instances import InstanceKey, call_hook, registry
 from fogshift.runtime.kinds import KINDS, processor_for
 from fogshift.spec.models import ElementSpec
 
@@ -121,48 +129,98 @@ def _build(
         ) from exc
 
 
+def _assign(pipeline: str, pe: str, processor: Processor) -> Processor:
+    """``on_assign()`` of a new instance; what it raises is an ElementError (set-up failed)."""
+    try:
+        processor.on_assign()
+    except Exception as exc:
+        call_hook(processor, "close", f"processor {pe!r} of pipeline {pipeline!r}")
+        raise ElementError(
+            f"processor {pe!r} ({type(processor).__name__}) of pipeline {pipeline!r} cannot be "
+            f"set up: on_assign() raised {_describe(exc)}",
+            hint="check what on_assign() loads (files, models) on the node",
+        ) from exc
+    return processor
+
+
+def _drop(instances: list[Processor], keep: Processor | None, key: InstanceKey) -> None:
+    """``close()`` every instance a batch used or built, except the one kept."""
+    for instance in instances:
+        if instance is not keep:
+            call_hook(instance, "close", key)
+
+
 def check_processor(plan: QueryPlan) -> type[Processor]:
     """Import and build the processor of ``plan`` once, in the driver.
 
     A PE that cannot be built at all then fails at its start with a clear error, instead of
-    in a Python worker, batch after batch.
+    in a Python worker, batch after batch. The instance is closed at once; it is never
+    assigned (``on_assign`` runs only where events are processed).
 
     Raises:
         ElementError: The class cannot be imported, or its constructor rejects the options.
     """
     element = plan.element
     cls, opts = _processor_class(plan.pipeline, element.id, element.kind, dict(element.options))
-    _build(plan.pipeline, element.id, cls, opts, None)
+    probe = _build(plan.pipeline, element.id, cls, opts, None)
+    call_hook(probe, "close", plan.query_name)
     return cls
 
 
-def _stateless(kind: str, options: dict[str, Any], pipeline: str, pe: str, limit: int):  # type: ignore[no-untyped-def]
-    """A ``mapInPandas`` function running a stateless processor (must be picklable)."""
+def _partition() -> str:
+    """The Spark partition this task processes (``0`` outside a task)."""
+    from pyspark import TaskContext
 
-    def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    context = TaskContext.get()
+    return str(context.partitionId()) if context is not None else "0"
+
+
+def _stateless(  # type: ignore[no-untyped-def]
+    kind: str, options: dict[str, Any], pipeline: str, pe: str, limit: int, run: str, gate: str
+):
+    """A ``mapInPandas`` function running a stateless processor (must be picklable).
+
+    The processor is kept across batches in the worker's registry (reached through
+    :func:`~fogshift.runtime.instances.registry`, never a pickled copy).
+    """
+
+    def run_frames(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
-        cls, opts = _processor_class(pipeline, pe, kind, options)
-        processor = _build(pipeline, pe, cls, opts, None)
-        for frame in frames:
-            ordered = frame.sort_values("origin")
-            rows = ordered[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
-                index=False, name=None
-            )
-            out = list(run_events(processor, rows, max_record_bytes=limit))  # type: ignore[arg-type]
-            if out:
-                yield pd.DataFrame(out, columns=RECORD_COLUMNS)
+        key = InstanceKey(pipeline, pe, run, _partition())
+        processor = registry().checkout(key, None)
+        if processor is None:
+            cls, opts = _processor_class(pipeline, pe, kind, options)
+            processor = _assign(pipeline, pe, _build(pipeline, pe, cls, opts, None))
+        try:
+            for frame in frames:
+                ordered = frame.sort_values("origin")
+                rows = ordered[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
+                    index=False, name=None
+                )
+                out = list(run_events(processor, rows, max_record_bytes=limit))  # type: ignore[arg-type]
+                if out:
+                    yield pd.DataFrame(out, columns=RECORD_COLUMNS)
+        except BaseException:
+            _drop([processor], None, key)
+            raise
+        registry().keep(key, processor, None, gate)
 
-    return run
+    return run_frames
 
 
-def _stateful_processor(kind: str, options: dict[str, Any], pipeline: str, pe: str, limit: int):  # type: ignore[no-untyped-def]
+def _stateful_processor(  # type: ignore[no-untyped-def]
+    kind: str, options: dict[str, Any], pipeline: str, pe: str, limit: int, run: str, gate: str
+):
     """A ``StatefulProcessor`` keeping the PE's snapshot in the state store.
 
     Each declared state field is a ValueState of its own, written only when its JSON text
     changed: a PE with a large, rarely changing field pays for it once, not every batch.
+    The processor instance is kept in the worker across batches, and reused for a batch only
+    if the texts it encoded at the end of its last batch equal the stored ones (see
+    :mod:`fogshift.runtime.instances`); otherwise it is built from the stored texts.
     Events are isolated (:func:`~fogshift.runtime.batch.run_batch`): to undo a failed
-    event, the processor is rebuilt from the stored texts, decoded again.
+    event, the processor is rebuilt from the batch's last good state.
     """
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -181,6 +239,10 @@ def _stateful_processor(kind: str, options: dict[str, Any], pipeline: str, pe: s
             frame = pd.concat(list(rows), ignore_index=True).sort_values("origin")
             stored = {n: v.get()[0] for n, v in self.values.items() if v.exists()}
             parts = self.parts
+            instance = InstanceKey(pipeline, pe, run, repr(key))
+            live = registry().checkout(instance, stored)
+            # Every instance this batch uses: the ones not kept at its end are closed.
+            used: list[Processor] = [live] if live is not None else []
 
             def start_state() -> Any:
                 if not stored:
@@ -189,29 +251,40 @@ def _stateful_processor(kind: str, options: dict[str, Any], pipeline: str, pe: s
                 return decoded if parts is not None else decoded[opaque_part]
 
             def build(resume: Any) -> Processor:
-                return _build(pipeline, pe, self.cls, self.opts, resume)
+                processor = _build(pipeline, pe, self.cls, self.opts, resume)
+                used.append(processor)
+                return _assign(pipeline, pe, processor)
 
-            def finish(processor: Processor) -> dict[str, str]:
+            def finish(processor: Processor) -> tuple[dict[str, str], Processor]:
                 snapshot = processor.snapshot()
                 if parts is None:
-                    return {opaque_part: encode_state(snapshot)}
-                return {n: encode_state(snapshot[n]) for n in parts}
+                    return {opaque_part: encode_state(snapshot)}, processor
+                return {n: encode_state(snapshot[n]) for n in parts}, processor
 
             tuples = frame[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
                 index=False, name=None
             )
-            out, fresh = run_batch(
-                build,
-                start_state,
-                tuples,  # type: ignore[arg-type]
-                finish=finish,
-                pe=pe,
-                pipeline=pipeline,
-                max_record_bytes=limit,
-            )
+            try:
+                out, (fresh, final) = run_batch(
+                    build,
+                    start_state,
+                    tuples,  # type: ignore[arg-type]
+                    finish=finish,
+                    pe=pe,
+                    pipeline=pipeline,
+                    max_record_bytes=limit,
+                    live=live,
+                )
+            except BaseException:
+                _drop(used, None, instance)
+                raise
             for name, text in fresh.items():
                 if stored.get(name) != text:
                     self.values[name].update((text,))
+            _drop(used, final, instance)
+            # Kept with the texts just stored: the next batch reuses it only if its stored
+            # texts are these (not if this batch is retried, or an older checkpoint restored).
+            registry().keep(instance, final, fresh, gate)
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
 
@@ -243,7 +316,17 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
 
         cls = check_processor(plan)
         events = _read_inputs(spark, plan)
-        args = (element.kind, options, plan.pipeline, element.id, plan.max_record_bytes)
+        # A new run: processors kept by the workers for an earlier start are closed.
+        run = start_run(plan.gate_file) if plan.gate_file else uuid.uuid4().hex
+        args = (
+            element.kind,
+            options,
+            plan.pipeline,
+            element.id,
+            plan.max_record_bytes,
+            run,
+            plan.gate_file,
+        )
         if cls.is_stateful():
             out = (
                 events.withColumn("pe_key", F.lit(element.id))

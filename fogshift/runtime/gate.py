@@ -13,6 +13,12 @@ Each gate carries a ``nonce``; the reader writes it to ``<gate>.ack`` when it fi
 gate, so the agent knows every later batch plan honours it. The reader runs in a Python
 worker of the node's driver, which shares no memory with the agent: a file on the node's disk
 is the channel that reaches it.
+
+Beside the gate, ``<gate>.run`` names the query's current *run* (:func:`start_run`, written
+at each start of the query; removed by :func:`end_run` when the agent stops it). The Python
+workers keeping the PE's processor follow both files for its lifecycle hooks
+(:mod:`fogshift.runtime.instances`): ``on_pause``/``on_resume`` on the gate, ``on_revoke`` on
+the end of the run.
 """
 
 from __future__ import annotations
@@ -71,3 +77,49 @@ def read_gate(gate: str | None) -> dict[str, Any] | None:
         tmp.write_text(state["nonce"])
         tmp.replace(ack)
     return dict(state)
+
+
+def gate_mode(gate: str | Path) -> str | None:
+    """The mode of the gate in force (``None``: open), without acknowledging it.
+
+    For observers (the lifecycle hooks of kept processors, see
+    :mod:`fogshift.runtime.instances`): only the reader acknowledges a gate, because an
+    acknowledgement promises that every later batch plan honours it.
+    """
+    try:
+        return str(json.loads(Path(gate).read_text())["mode"])
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def run_path(gate: str | Path) -> Path:
+    """The file naming the current run of the query behind ``gate``."""
+    return Path(f"{gate}.run")
+
+
+def start_run(gate: str | Path) -> str:
+    """Record that the query behind ``gate`` starts a new run; return its token.
+
+    Processors kept in Python workers belong to one run: one whose token is no longer the
+    current one is closed, and one whose run file is gone (:func:`end_run`) is revoked.
+    """
+    token = uuid.uuid4().hex
+    target = run_path(gate)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(f"{target}.{os.getpid()}.tmp")
+    tmp.write_text(token)
+    tmp.replace(target)
+    return token
+
+
+def end_run(gate: str | Path) -> None:
+    """Record that the query behind ``gate`` was stopped: the PE leaves the node or stops."""
+    run_path(gate).unlink(missing_ok=True)
+
+
+def current_run(gate: str | Path) -> str | None:
+    """The token of the current run of the query behind ``gate`` (``None``: stopped)."""
+    try:
+        return run_path(gate).read_text() or None
+    except FileNotFoundError:
+        return None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
+import types
+import typing
 from collections.abc import Iterable
+from graphlib import CycleError
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from fogshift.runtime.kinds import KINDS
 from fogshift.spec.exceptions import InvalidSpec
@@ -32,14 +36,80 @@ def _where(loc: tuple[Any, ...], data: Any) -> str:
     return out or "spec"
 
 
-def _pydantic_error(exc: ValidationError, data: Any, what: str) -> InvalidSpec:
-    first = exc.errors()[0]
-    lines = [f"{_where(tuple(e['loc']), data)}: {e['msg']}" for e in exc.errors()]
-    return InvalidSpec(
-        f"{what} is invalid: " + "; ".join(lines),
-        received=repr(first.get("input"))[:200],
-        hint="see the spec example in the README",
-    )
+def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to a misspelt ``word`` (``difflib``), or ``None`` if none is
+    close enough to be worth suggesting."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (``tuple[ElementSpec, ...]`` -> ElementSpec)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if arg is not Ellipsis and arg is not types.NoneType:
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _field_names_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names (aliases where set) of the model found at ``loc`` below ``model``;
+    empty if ``loc`` leads out of pydantic models (into a free-form dict)."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a tuple/list field: the model was unwrapped already
+        field = current.model_fields.get(part) if current is not None else None
+        current = _model_in(field.annotation) if field is not None else None
+        if current is None:
+            return []
+    assert current is not None
+    return [f.alias or name for name, f in current.model_fields.items()]
+
+
+def _unknown_keys(
+    exc: ValidationError, model: type[BaseModel]
+) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """Each unknown key in ``exc`` with the known key closest to it (``None`` if none is
+    close), and the known keys where the first unknown key was found."""
+    unknown: list[tuple[str, str | None]] = []
+    known: list[str] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        if error["type"] != "extra_forbidden" or not loc or not isinstance(loc[-1], str):
+            continue
+        names = _field_names_at(model, loc[:-1])
+        known = known or names
+        unknown.append((loc[-1], did_you_mean(loc[-1], names)))
+    return unknown, known
+
+
+def _pydantic_error(
+    exc: ValidationError, data: Any, what: str, model: type[BaseModel]
+) -> InvalidSpec:
+    """One refusal for every error pydantic found in ``data`` (validated as ``model``), with
+    a "did you mean" for each misspelt key and the keys that would have been valid."""
+    errors = exc.errors()
+    lines = [f"{_where(tuple(e['loc']), data)}: {e['msg']}" for e in errors]
+    received = repr(errors[0].get("input"))[:200]
+    unknown, known = _unknown_keys(exc, model)
+    guesses = [(key, guess) for key, guess in unknown if guess is not None]
+    if unknown:
+        received = ("unknown key " if len(unknown) == 1 else "unknown keys ") + ", ".join(
+            repr(key) for key, _ in unknown
+        )
+    if len(guesses) == 1:
+        hint = f"did you mean {guesses[0][1]!r}?"
+    elif guesses:
+        hint = "did you mean " + ", ".join(f"{g!r} for {k!r}" for k, g in guesses) + "?"
+    else:
+        hint = "see the spec example in the README"
+    if known:
+        hint += " (known keys there: " + ", ".join(known) + ")"
+    return InvalidSpec(f"{what} is invalid: " + "; ".join(lines), received=received, hint=hint)
 
 
 def parse_spec(data: Any, base_dir: Path | None = None) -> PipelineSpec:
@@ -61,21 +131,26 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> PipelineSpec:
     try:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
-        raise _pydantic_error(exc, data, "the pipeline spec") from None
+        raise _pydantic_error(exc, data, "the pipeline spec", PipelineSpec) from None
     elements = []
     for element in spec.elements:
         kind = KINDS.get(element.kind)
         if kind is None:
+            guess = did_you_mean(element.kind, KINDS)
             raise InvalidSpec(
                 f"element {element.id!r} has an unknown kind",
                 expected="one of " + ", ".join(sorted(KINDS)),
                 received=repr(element.kind),
+                hint=f"did you mean {guess!r}?" if guess else "see the kinds in the README",
             )
         try:
             kind.options_model.model_validate(element.options)
         except ValidationError as exc:
             raise _pydantic_error(
-                exc, element.options, f"options of element {element.id!r} ({element.kind})"
+                exc,
+                element.options,
+                f"options of element {element.id!r} ({element.kind})",
+                kind.options_model,
             ) from None
         options = dict(element.options)
         if base_dir is not None:
@@ -114,11 +189,13 @@ def validate_spec(
     for element in spec.elements:
         kind = KINDS[element.kind]
         if known_nodes is not None and element.node not in known_nodes:
+            guess = did_you_mean(element.node, known_nodes)
             raise InvalidSpec(
                 f"element {element.id!r} is placed on unknown node {element.node!r}",
                 expected="one of " + (", ".join(known_nodes) or "(no node is up)"),
                 received=repr(element.node),
-                hint="`fogshift nodes` lists the nodes; `fogshift up --nodes` starts them",
+                hint=(f"did you mean {guess!r}? " if guess else "")
+                + "`fogshift nodes` lists the nodes; `fogshift up --nodes` starts them",
             )
         if kind.role == "source" and element.inputs:
             raise InvalidSpec(
@@ -137,11 +214,14 @@ def validate_spec(
             raise InvalidSpec(f"element {element.id!r} names the same input twice")
         for name in element.inputs:
             if name not in seen:
+                others = [i for i in ids if i != element.id]
+                guess = did_you_mean(name, others)
                 raise InvalidSpec(
                     f"element {element.id!r} has input {name!r}, which is not an element "
                     f"of pipeline {spec.pipeline!r}",
-                    expected="one of " + ", ".join(i for i in ids if i != element.id),
+                    expected="one of " + ", ".join(others),
                     received=repr(name),
+                    hint=f"did you mean {guess!r}?" if guess else None,
                 )
             if KINDS[spec.element(name).kind].role == "sink":
                 raise InvalidSpec(
@@ -159,12 +239,17 @@ def validate_spec(
                         hint="relative paths are relative to the spec file",
                     )
     _check_single_writer_files(spec)
-    cycle = _find_cycle(spec)
-    if cycle:
+    try:
+        spec.topological_order()
+    except CycleError as exc:
+        cycle = [str(i) for i in exc.args[1]]
         raise InvalidSpec(
             f"pipeline {spec.pipeline!r} has a cycle: " + " -> ".join(cycle),
             expected="a directed acyclic graph of elements",
-        )
+            received=f"{cycle[0]} feeds itself through " + ", ".join(cycle[1:-1])
+            if len(cycle) > 2
+            else f"{cycle[0]} lists itself as an input",
+        ) from None
 
 
 def _check_single_writer_files(spec: PipelineSpec) -> None:
@@ -198,33 +283,6 @@ def _check_single_writer_files(spec: PipelineSpec) -> None:
                     received=repr(path),
                     hint="a pipeline is a directed acyclic graph; loops through files are not",
                 )
-
-
-def _find_cycle(spec: PipelineSpec) -> list[str]:
-    feeds = {e.id: list(e.inputs) for e in spec.elements}
-    state: dict[str, int] = {}
-    path: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        state[node] = 1
-        path.append(node)
-        for nxt in feeds.get(node, []):
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt) :], nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        state[node] = 2
-        path.pop()
-        return []
-
-    for element_id in feeds:
-        if element_id not in state:
-            found = visit(element_id)
-            if found:
-                return list(reversed(found))
-    return []
 
 
 def load_spec(path: str | Path, nodes: Iterable[str] | None = None) -> PipelineSpec:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from graphlib import TopologicalSorter
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fogshift.broker.naming import NAME_PATTERN
+from fogshift.common.names import NAME_RE
 
-_NAME = NAME_PATTERN.pattern
+_NAME = NAME_RE
 
 
 class ElementSpec(BaseModel):
@@ -65,16 +66,20 @@ class PipelineSpec(BaseModel):
         raise KeyError(element_id)
 
     def topological_order(self) -> list[ElementSpec]:
-        """Elements with every element after its inputs (the spec must be validated)."""
-        done: set[str] = set()
+        """Elements with every element after its inputs, level by level, each level in spec
+        order (so the order is the same on every call and every Python).
+
+        Raises:
+            graphlib.CycleError: The elements form a cycle; ``args[1]`` lists it, in the
+                direction events flow, its first element repeated at its end.
+        """
+        index = {e.id: i for i, e in enumerate(self.elements)}
+        sorter = TopologicalSorter({e.id: e.inputs for e in self.elements})
+        sorter.prepare()
         order: list[ElementSpec] = []
-        pending = list(self.elements)
-        while pending:
-            ready = [e for e in pending if all(i in done for i in e.inputs)]
-            for element in ready:
-                order.append(element)
-                done.add(element.id)
-            pending = [e for e in pending if e.id not in done]
-            if not ready:
-                raise ValueError("cycle")
+        while sorter.is_active():
+            ready = sorted(sorter.get_ready(), key=lambda i: index.get(i, len(index)))
+            # An input naming no element is the loader's to refuse; it has no place here.
+            order.extend(self.elements[index[i]] for i in ready if i in index)
+            sorter.done(*ready)
         return order

@@ -8,9 +8,7 @@ fog-a -> fog-b, kills fog-b and restores on fog-a, E2 kills fog-a and restores o
 from __future__ import annotations
 
 import csv
-import os
 import shutil
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,31 +17,23 @@ import pytest
 from fogshift.bench import e1, e2, e3, report, seamless
 from fogshift.bench.base import Reporter, fmt_mean_std, write_machine
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
-from fogshift.cli.cluster import group_alive
 from fogshift.verify.reference import case1_reference, compare, read_sink
+from tests.conftest import Cluster
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BenchCluster]:
-    home = tmp_path_factory.mktemp("bench-home")
-    cluster = BenchCluster(
-        home,
+def shared(cluster: Cluster) -> Iterator[BenchCluster]:
+    """The session's shared cluster (cloud, fog-a, fog-b, fog-c; checkpoints every 1 s,
+    central pulls every 2 s), seen as a bench cluster; the nodes the bench kills are started
+    again after the module."""
+    yield BenchCluster(
+        cluster.home,
         ClusterOptions(
             ("cloud", "fog-a", "fog-b", "fog-c"), checkpoint_interval_s=1, central_interval_s=2
         ),
     )
-    cluster.up()
-    groups = cluster.process_groups()
-    try:
-        yield cluster
-    finally:
-        cluster.down()
-        leftovers = [g for g in groups if group_alive(g)]
-        for g in leftovers:
-            os.killpg(g, signal.SIGKILL)
-        assert not leftovers, f"the bench left process groups {leftovers} running"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fogshift.checkpoint.central import CentralStore
-from fogshift.checkpoint.exceptions import TornCheckpoint
+from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.exceptions import InvalidInput, NotFound
 
 
@@ -40,6 +40,32 @@ def test_put_ships_only_new_files_and_materializes_whole(tmp_path: Path) -> None
     store.materialize(newest, tmp_path / "out")
     assert (tmp_path / "out" / "offsets" / "1").read_bytes() == b"o1"
     assert (tmp_path / "out" / "state" / "0" / "1.changelog").stat().st_size == 1000
+
+
+def test_a_corrupt_shared_blob_is_shipped_again_by_the_next_checkpoint(tmp_path: Path) -> None:
+    # Spark writes many identical small files: one blob serves every checkpoint holding that
+    # content. A copy damaged on disk must not be trusted for its name by later checkpoints.
+    store = CentralStore(tmp_path / "store")
+    common = {"commits/0": b"v1\n{}"}
+    store.put(manifest(0, {**common, "offsets/0": b"o0"}), lambda rel: {**common,
+              "offsets/0": b"o0"}[rel])  # fmt: skip
+    blob = store.blobs / hashlib.sha256(b"v1\n{}").hexdigest()
+    blob.write_bytes(b"v2\n{}")  # same size, other bytes
+    asked: list[str] = []
+    files = {**common, "offsets/1": b"o1"}
+    shipped = store.put(manifest(1, files), lambda rel: asked.append(rel) or files[rel])
+    assert sorted(asked) == ["commits/0", "offsets/1"] and shipped == len(b"v1\n{}o1")
+    newest, skipped = store.latest_whole("p", "agg")
+    assert newest["id"] == "b000000000001" and skipped == []
+    # Damaged after the last put: the restore skips it, and the blob goes, so the next
+    # checkpoint ships it again instead of counting on it.
+    blob.write_bytes(b"v3\n{}")
+    with pytest.raises(CheckpointError, match="commits/0 is corrupt"):
+        store.latest_whole("p", "agg")
+    assert not blob.exists()
+    files = {**common, "offsets/2": b"o2"}
+    store.put(manifest(2, files), files.__getitem__)
+    assert store.latest_whole("p", "agg")[0]["id"] == "b000000000002"
 
 
 def test_a_file_changed_in_transit_is_refused(tmp_path: Path) -> None:

@@ -1,11 +1,14 @@
-"""CPU time of process groups, from /proc."""
+"""CPU time of process groups."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
-from fogshift.common.cpu import TICKS, group_ticks
+from fogshift.common.cpu import TICKS, group_cpu_seconds, group_ticks
+from fogshift.common.waiting import wait_until
 
 
 def test_own_group_accumulates_cpu_and_an_absent_group_counts_zero() -> None:
@@ -17,3 +20,25 @@ def test_own_group_accumulates_cpu_and_an_absent_group_counts_zero() -> None:
     after = group_ticks([me])
     assert (after[me] - before[me]) / TICKS >= 0.2
     assert before[999_999_999] == 0
+
+
+def test_cpu_seconds_count_a_child_group_and_its_reaped_children() -> None:
+    # The child burns CPU in a grandchild it reaps: its group's total includes that time.
+    code = (
+        "import subprocess, sys, time\n"
+        "subprocess.run([sys.executable, '-c', "
+        "'import time\\nt = time.process_time() + 0.3\\nwhile time.process_time() < t: pass'])\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        seconds = wait_until(
+            lambda: group_cpu_seconds([proc.pid])[proc.pid] >= 0.3,
+            30,
+            describe="the child group's CPU time",
+        )
+        assert seconds
+        assert group_ticks([proc.pid])[proc.pid] >= 0.3 * TICKS
+    finally:
+        proc.kill()
+        proc.wait()

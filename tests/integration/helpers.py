@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,22 +19,86 @@ if TYPE_CHECKING:
     from tests.conftest import Cluster
 
 
+def _case1_line(rnd: random.Random, k: int) -> str:
+    """Row ``k`` of a Case 1 input: now and then a malformed one (bad number, short row)."""
+    value = f"{rnd.uniform(-50, 150):.4f}"
+    roll = rnd.random()
+    if roll < 0.02:
+        value = rnd.choice(["n/a", "", "inf", "NaN", "1.2.3"])
+    line = f"{1_700_000_000 + k},s{k % 4},{value}"
+    if 0.02 <= roll < 0.03:
+        line = f"{1_700_000_000 + k},s{k % 4}"
+    return line + "\n"
+
+
 def write_case1_csv(path: Path, rows: int, seed: int) -> Path:
     """A Case 1 input with a few malformed rows (bad numbers, wrong column counts)."""
     rnd = random.Random(seed)
-    lines = ["timestamp,sensor,value"]
-    for k in range(1, rows + 1):
-        value = f"{rnd.uniform(-50, 150):.4f}"
-        roll = rnd.random()
-        if roll < 0.02:
-            value = rnd.choice(["n/a", "", "inf", "NaN", "1.2.3"])
-        line = f"{1_700_000_000 + k},s{k % 4},{value}"
-        if 0.02 <= roll < 0.03:
-            line = f"{1_700_000_000 + k},s{k % 4}"
-        lines.append(line)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(
+        "timestamp,sensor,value\n" + "".join(_case1_line(rnd, k) for k in range(1, rows + 1))
+    )
     return path
+
+
+class Feeder:
+    """Feeds a Case 1 input file from a thread: ``first`` rows at once, then ``chunk`` whole
+    rows every ``tick_s`` until stopped.
+
+    Input flows during every operation of a test however long the operation takes, and the
+    test ends as soon as its operations do (no trickle of a fixed length to wait out); the
+    reference is computed from the file once the feeder stopped. Few, larger appends keep
+    the micro-batches few, which is what costs CPU on a small machine.
+    """
+
+    def __init__(
+        self, path: Path, seed: int, first: int = 100, chunk: int = 12, tick_s: float = 0.5
+    ) -> None:
+        self.path, self.chunk, self.tick_s = path, chunk, tick_s
+        self.rnd = random.Random(seed)
+        self.rows = 0
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("timestamp,sensor,value\n")
+        self.append(first)
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"feeder {path}")
+        self.thread.start()
+
+    def append(self, count: int) -> None:
+        """Append ``count`` rows now (whole lines, one write)."""
+        with self.lock:
+            lines = "".join(
+                _case1_line(self.rnd, k) for k in range(self.rows + 1, self.rows + count + 1)
+            )
+            with self.path.open("a") as handle:
+                handle.write(lines)  # whole lines, in one write
+            self.rows += count
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.tick_s):
+            self.append(self.chunk)
+
+    @property
+    def feeding(self) -> bool:
+        return not self.stopped.is_set()
+
+    def stop(self) -> int:
+        """Stop appending; the number of rows written."""
+        self.stopped.set()
+        self.thread.join()
+        return self.rows
+
+
+#: The feeder of each Case 1 work folder (:func:`case1_spec`), stopped by
+#: :func:`finish_and_compare` (or by :func:`stop_feeders` at the end of a test).
+FEEDERS: dict[Path, Feeder] = {}
+
+
+def stop_feeders() -> None:
+    for feeder in FEEDERS.values():
+        feeder.stop()
+    FEEDERS.clear()
 
 
 def write_spec(path: Path, pipeline: str, elements: list[dict[str, Any]]) -> Path:
@@ -44,20 +109,20 @@ def write_spec(path: Path, pipeline: str, elements: list[dict[str, Any]]) -> Pat
 def case1_spec(
     work: Path,
     name: str,
-    rows: int,
-    rate: float,
     agg_node: str = "fog-a",
     pad_bytes: int = 0,
     detect_after_s: float | None = None,
+    first: int = 100,
 ) -> Path:
-    """Case 1 (source on cloud -> avg over 10 on ``agg_node`` -> sink on cloud) in ``work``."""
-    write_case1_csv(work / "in.csv", rows, seed=len(name) + rows)
+    """Case 1 (source on cloud -> avg over 10 on ``agg_node`` -> sink on cloud) in ``work``,
+    its input fed (:class:`Feeder`, ``first`` rows, then more) until :func:`finish_and_compare`."""
+    FEEDERS[work] = Feeder(work / "in.csv", seed=len(name), first=first)
     spec = write_spec(
         work / f"{name}.yaml",
         name,
         [
             {"id": "source", "kind": "csv-source", "node": "cloud",
-             "options": {"path": "in.csv", "rate": rate}},
+             "options": {"path": "in.csv"}},
             {"id": "aggregate", "kind": "window-aggregate", "node": agg_node,
              "inputs": ["source"],
              "options": {"field": "value", "window": 10, "function": "avg",
@@ -72,13 +137,20 @@ def case1_spec(
     return spec
 
 
-def finish_and_compare(cluster: Cluster, work: Path, pipeline: str) -> None:
-    """Wait for a :func:`case1_spec` pipeline to finish; its output must equal the reference."""
+def finish_and_compare(cluster: Cluster, work: Path, pipeline: str, stop: bool = True) -> None:
+    """Stop feeding a :func:`case1_spec` pipeline and wait until it finished; its output must
+    equal the reference. Then, with ``stop``, stop the pipeline: a finished pipeline left
+    running still costs its nodes checkpoints and the orchestrator pulls."""
+    feeder = FEEDERS.pop(work, None)
+    if feeder is not None:
+        feeder.stop()
     ref = case1_reference(work / "in.csv", "value", 10, "avg")
     cluster.wait_for(pipeline, "sink", len(ref.rows), timeout_s=400)
-    time.sleep(2)  # a duplicate would show up within a batch or two
+    time.sleep(1)  # a duplicate would show up within a batch or two
     verdict = compare(ref.rows, read_sink(work / "out" / "case1.csv", "value"))
     assert verdict.consistent, verdict.summary()
+    if stop:
+        cluster.cli("stop", pipeline)
 
 
 def wait_central(

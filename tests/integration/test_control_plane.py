@@ -26,12 +26,6 @@ from tests.integration.helpers import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def up_args() -> tuple[str, ...]:
-    # Quick checkpoints, so restores have a recent central one (defaults 5 s and 15 s).
-    return ("--checkpoint-interval", "1", "--central-interval", "2")
-
-
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 120) -> Any:
     """Poll ``check`` until it returns something truthy; return that."""
     deadline = time.monotonic() + timeout_s
@@ -56,7 +50,7 @@ def hosts(cluster: Cluster, key: str) -> dict[str, int]:
 def test_killed_while_a_migration_holds_the_origin_it_is_rolled_back(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    spec = case1_spec(tmp_path, "held", rows=900, rate=30)
+    spec = case1_spec(tmp_path, "held")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("held", "sink", 10)
     since = restart_orchestrator(cluster, pause_at="migration:switching")
@@ -78,13 +72,12 @@ def test_killed_while_a_migration_holds_the_origin_it_is_rolled_back(
     )
     assert cluster.element("held", "aggregate")["node"] == "fog-a"
     finish_and_compare(cluster, tmp_path, "held")
-    cluster.cli("stop", "held")
 
 
 def test_killed_after_the_routing_change_of_a_migration_it_is_completed(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    spec = case1_spec(tmp_path, "routed", rows=900, rate=30)
+    spec = case1_spec(tmp_path, "routed")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("routed", "sink", 10)
     since = restart_orchestrator(cluster, pause_at="migration:routed")
@@ -103,13 +96,12 @@ def test_killed_after_the_routing_change_of_a_migration_it_is_completed(
         ),
     )
     finish_and_compare(cluster, tmp_path, "routed")
-    cluster.cli("stop", "routed")
 
 
 def test_killed_in_the_middle_of_a_restore_the_pe_runs_under_the_newest_epoch(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    spec = case1_spec(tmp_path, "fenced", rows=900, rate=30)
+    spec = case1_spec(tmp_path, "fenced")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("fenced", "sink", 10)
     # A restore onto the node the PE runs on is refused, and nothing is fenced or discarded.
@@ -137,4 +129,3 @@ def test_killed_in_the_middle_of_a_restore_the_pe_runs_under_the_newest_epoch(
     assert node != "fog-a"
     finish_and_compare(cluster, tmp_path, "fenced")
     assert_only_new_epochs_after_fence(cluster, "fenced", "aggregate", epoch=3)
-    cluster.cli("stop", "fenced")

@@ -19,11 +19,6 @@ from tests.conftest import Cluster
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def cluster_nodes() -> list[str]:
-    return ["cloud"]
-
-
 def raw(url: str, method: str, path: str, token: str) -> tuple[int, str]:
     """Send ``path`` exactly as given (an HTTP client would normalise ``..`` away)."""
     parts = urlsplit(url)

@@ -35,17 +35,19 @@ def migrate(cluster: Cluster, pipeline: str, element: str, to: str, mode: str) -
 def test_many_migrations_during_a_stream_keep_output_exact(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    spec = case1_spec(tmp_path, "bounce", rows=2400, rate=20)
+    spec = case1_spec(tmp_path, "bounce")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("bounce", "sink", 20)
     rnd = random.Random(1234)
     placement = {"source": "cloud", "aggregate": "fog-a", "sink": "cloud"}
-    plan = ["aggregate", "aggregate", "source", "aggregate", "sink", "source", "aggregate"]
+    # Each kind of PE, each mode for the stateful one; every migration starts a query,
+    # which is what costs time here.
+    plan = [("aggregate", "precopy"), ("aggregate", "literal"), ("source", "precopy"),
+            ("sink", "literal")]  # fmt: skip
     reports = []
-    for i, element in enumerate(plan):
-        time.sleep(rnd.uniform(0, 2))
+    for element, mode in plan:
+        time.sleep(rnd.uniform(0, 1))
         target = rnd.choice([n for n in NODES if n != placement[element]])
-        mode = "literal" if i % 3 == 1 else "precopy"
         report = migrate(cluster, "bounce", element, target, mode)
         assert report["exit_code"] == 0, (report.get("error"), report["stderr"])
         assert report["status"] == "migrated"
@@ -57,20 +59,19 @@ def test_many_migrations_during_a_stream_keep_output_exact(
         reports.append(report)
         status = {e["element"]: e for e in cluster.status("bounce")["elements"]}
         assert status[element]["node"] == target
-    still_running = cluster.element("bounce", "sink")["events_out"]
-    assert still_running < 2400 - 50, "the stream ended before the last migration"
-    finish_and_compare(cluster, tmp_path, "bounce")
-    measured = [r["downtime_ms"] for r in reports if r["downtime_ms"] is not None]
-    assert measured, "no migration saw the target process new input"
     hosts = {n["name"]: n["elements"] for n in cluster.json("nodes")}
     for element, node in placement.items():
         assert [n for n, hosted in hosts.items() if f"bounce/{element}" in hosted] == [node]
+    # The input flowed during every migration: the feeder stops in finish_and_compare.
+    finish_and_compare(cluster, tmp_path, "bounce")
+    measured = [r["downtime_ms"] for r in reports if r["downtime_ms"] is not None]
+    assert measured, "no migration saw the target process new input"
 
 
 def test_bad_migrations_are_refused_and_the_pipeline_runs_on(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    spec = case1_spec(tmp_path, "refuse", rows=300, rate=30)
+    spec = case1_spec(tmp_path, "refuse")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("refuse", "sink", 10)
     unknown = migrate(cluster, "refuse", "aggregate", "fog-z", "precopy")
@@ -83,7 +84,7 @@ def test_bad_migrations_are_refused_and_the_pipeline_runs_on(
 
 
 def test_concurrent_migrations_of_one_pe_conflict(cluster: Cluster, tmp_path: Path) -> None:
-    spec = case1_spec(tmp_path, "race", rows=900, rate=30)
+    spec = case1_spec(tmp_path, "race")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("race", "sink", 10)
     data = json.loads((cluster.home / "cluster.json").read_text())
@@ -114,7 +115,7 @@ def test_concurrent_migrations_of_one_pe_conflict(cluster: Cluster, tmp_path: Pa
 
 def test_a_pe_with_megabytes_of_state_migrates_both_ways(cluster: Cluster, tmp_path: Path) -> None:
     pad = 4 * 1024 * 1024
-    spec = case1_spec(tmp_path, "heavy", rows=1200, rate=20, pad_bytes=pad)
+    spec = case1_spec(tmp_path, "heavy", pad_bytes=pad)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("heavy", "sink", 20)
     literal = migrate(cluster, "heavy", "aggregate", "fog-b", "literal")
@@ -128,7 +129,7 @@ def test_a_pe_with_megabytes_of_state_migrates_both_ways(cluster: Cluster, tmp_p
 
 
 def test_migration_to_a_killed_node_rolls_back(cluster: Cluster, tmp_path: Path) -> None:
-    spec = case1_spec(tmp_path, "victim", rows=600, rate=20)
+    spec = case1_spec(tmp_path, "victim")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("victim", "sink", 10)
     fog_b = next(n for n in cluster.json("nodes") if n["name"] == "fog-b")

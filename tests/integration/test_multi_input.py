@@ -1,7 +1,8 @@
 """PEs with two inputs through precopy and literal migration, a node's SIGKILL with restore,
 and a SIGKILL of the whole cluster: every output equals a reference computed from the inputs
 in the order the PE's logged cuts define (a stateful PE whose output depends on that order, a
-stateless filter, and a csv-sink with two inputs)."""
+stateless filter, and a csv-sink with two inputs). A Case 1 pipeline goes through the whole
+cluster's SIGKILL too, and its output equals the single-process reference."""
 
 from __future__ import annotations
 
@@ -21,16 +22,17 @@ import pytest
 
 from fogshift.broker.client import BrokerAddress, SyncJetStream, subject_counts
 from fogshift.broker.naming import cut_subject, data_subject, stream_name
+from fogshift.verify.reference import case1_reference, compare, read_sink
 from tests.conftest import Cluster, group_alive, pgids_of
-from tests.integration.helpers import stream_messages, write_spec
+from tests.integration.helpers import FEEDERS, Feeder, stream_messages, write_spec
 
 pytestmark = pytest.mark.integration
 
-CHUNK = 10  # rows appended to each input every TICK_S while the operations run
-TICK_S = 0.2
+CHUNK = 12  # rows appended to each input every TICK_S while the operations run
+TICK_S = 0.5
 
 
-class Feeder:
+class DuoFeeder:
     """Appends whole lines to the two input files from a thread until stopped: input flows
     during every operation however long it takes, and the total is known at the end."""
 
@@ -57,18 +59,13 @@ class Feeder:
             self.rows += CHUNK
             self.stop.wait(TICK_S)
 
-    def __enter__(self) -> Feeder:
+    def __enter__(self) -> DuoFeeder:
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
-
-
-@pytest.fixture(scope="module")
-def up_args() -> tuple[str, ...]:
-    return ("--checkpoint-interval", "1", "--central-interval", "3")
 
 
 def merged(cluster: Cluster, pipeline: str, pe: str, inputs: list[str]) -> list[Any]:
@@ -155,7 +152,7 @@ def test_two_input_pes_stay_exactly_once_through_migrations_restores_and_restart
     cluster: Cluster, tmp_path: Path
 ) -> None:
     procs = Path(__file__).parent
-    feeder = Feeder({"a": tmp_path / "a.csv", "b": tmp_path / "b.csv"}, seed=1)
+    feeder = DuoFeeder({"a": tmp_path / "a.csv", "b": tmp_path / "b.csv"}, seed=1)
     spec = write_spec(
         tmp_path / "duo.yaml",
         "duo",
@@ -189,11 +186,23 @@ def test_two_input_pes_stay_exactly_once_through_migrations_restores_and_restart
             report = json.loads(cluster.cli("restore", "duo", pe, "--to", "fog-a", "--json").stdout)
             assert report["status"] == "restored" and report["epoch"] >= 2, report
 
-        # Then everything dies at once, and comes back.
+        # Then everything dies at once, and comes back: the two-input pipeline and a Case 1
+        # one, both with input flowing at the kill.
+        whole = tmp_path / "whole"
+        case1 = FEEDERS[whole] = Feeder(whole / "in.csv", seed=21)
+        cluster.cli("deploy", str(whole_spec(whole)))
+        cluster.wait_for("whole", "sink", 30)
         cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
+        assert case1.feeding  # the input flows at the kill
         for pgid in pgids_of(cluster.home):
             kill_group(pgid)  # fog-b's group is gone already
-        cluster.up()
+        case1.stop()
+        case1.append(50)  # input that arrives while everything is down
+        ref = case1_reference(whole / "in.csv", "value", 10, "avg")
+        partial = read_sink(whole / "out" / "case1.csv", "value")
+        assert compare(ref.rows[: len(partial)], partial).consistent  # a prefix, no duplicates
+        assert len(partial) < len(ref.rows), "the output was complete before the kill"
+        cluster.up()  # same home: registry, streams and checkpoints are all on disk
         cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
     total = 2 * feeder.rows
     wait_records(cluster, "duo", "tally", total, timeout_s=300)
@@ -220,3 +229,28 @@ def test_two_input_pes_stay_exactly_once_through_migrations_restores_and_restart
     assert list(zip(rows["seq"].astype(int), rows["sensor"], strict=True)) == [
         (e["seq"], json.loads(e["body"])["sensor"]) for e in want
     ]
+
+    # The Case 1 pipeline carried on where it was killed, exactly once.
+    cluster.wait_for("whole", "sink", len(ref.rows))
+    verdict = compare(ref.rows, read_sink(whole / "out" / "case1.csv", "value"))
+    assert verdict.consistent, verdict.summary()
+    status = cluster.status("whole")
+    assert all(e["state"] == "running" for e in status["elements"]), status
+    for pipeline in ("duo", "whole"):
+        cluster.cli("stop", pipeline)
+
+
+def whole_spec(work: Path) -> Path:
+    """Case 1 with its three PEs on three nodes, reading ``work/in.csv``."""
+    return write_spec(
+        work / "whole.yaml",
+        "whole",
+        [
+            {"id": "source", "kind": "csv-source", "node": "cloud",
+             "options": {"path": "in.csv"}},
+            {"id": "aggregate", "kind": "window-aggregate", "node": "fog-a", "inputs": ["source"],
+             "options": {"field": "value", "window": 10, "function": "avg"}},
+            {"id": "sink", "kind": "csv-sink", "node": "fog-c", "inputs": ["aggregate"],
+             "options": {"path": "out/case1.csv"}},
+        ],
+    )  # fmt: skip

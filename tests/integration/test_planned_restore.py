@@ -32,16 +32,6 @@ links:
 """
 
 
-@pytest.fixture(scope="module")
-def cluster_nodes() -> list[str]:
-    return ["cloud", "fog-a", "fog-b", "fog-c"]
-
-
-@pytest.fixture(scope="module")
-def up_args() -> tuple[str, ...]:
-    return ("--checkpoint-interval", "1", "--central-interval", "2")
-
-
 def wait(what: str, check: Any, timeout_s: float = 120) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -57,7 +47,7 @@ def test_node_loss_restores_on_the_planned_node_from_the_planned_backup(
 ) -> None:
     (tmp_path / "fog.yaml").write_text(FOG)
     cluster.cli("topology", "set", str(tmp_path / "fog.yaml"))
-    spec = case1_spec(tmp_path, "planned", rows=1000, rate=20, agg_node="fog-a", detect_after_s=4)
+    spec = case1_spec(tmp_path, "planned", agg_node="fog-a", detect_after_s=4)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("planned", "sink", 40)
     agg = wait(

@@ -33,11 +33,6 @@ BAD = {
 }
 
 
-@pytest.fixture(scope="module")
-def cluster_nodes() -> list[str]:
-    return ["cloud", "fog-a"]
-
-
 def write_input(path: Path) -> None:
     """A CSV of ROWS data rows with the bad rows of BAD, odd characters in many sensor names,
     a CRLF line and no newline after the last row (its writer has finished)."""

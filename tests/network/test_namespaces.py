@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from fogshift.cli.cluster import cluster_running
 from fogshift.network.exceptions import LinkDown, NotIsolated
 from fogshift.network.links import LinkProfile, parse_link_profile
 from fogshift.network.namespaces import (
@@ -39,6 +38,7 @@ from fogshift.network.namespaces import (
 )
 from fogshift.network.relay import EchoSpec, RelayConfig, RelayReady, Route, spawn_relay
 from fogshift.network.rtt import measure_rtt
+from fogshift.supervisor.cluster import cluster_running
 
 ROOT = Path(__file__).resolve().parents[2]
 ECHO_PORT = 7801
@@ -295,9 +295,9 @@ def test_orphans_of_other_homes_go_but_live_clusters_stay(tmp_path: Path) -> Non
 def test_isolation_is_refused_clearly_where_it_cannot_be_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fogshift.cli import cluster
     from fogshift.network import namespaces as ns_module
     from fogshift.network.exceptions import IsolationUnsupported
+    from fogshift.supervisor import cluster
 
     monkeypatch.setattr(ns_module.os, "geteuid", lambda: 1000)
     with pytest.raises(IsolationUnsupported) as caught:

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from fogshift.agent.app import INFO_HEADER, SHA_HEADER
 from fogshift.broker.client import SyncJetStream
 from fogshift.broker.exceptions import Fenced
 from fogshift.broker.naming import fence_subject, stream_name
 from fogshift.broker.publish import Record, last_position, publish_records
 from fogshift.broker.server import BrokerProcess
+from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
 from fogshift.restoration.exceptions import RestoreFailed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,94 @@ def test_shapes_that_could_not_be_exactly_once_are_refused(tmp_path: Path) -> No
     twice["elements"][1]["inputs"] = ["source", "source"]
     with pytest.raises(InvalidSpec, match="same input twice"):
         parse_spec(twice, tmp_path)
+
+
+def test_a_misspelt_kind_or_key_gets_a_did_you_mean() -> None:
+    data = case1()
+    data["elements"][1]["kind"] = "window-agregate"
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert err.value.hint == "did you mean 'window-aggregate'?"
+    data = case1()
+    data["elements"][1]["options"] = {"field": "value", "window": 3, "fucntion": "avg"}
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert "options of element 'aggregate'" in err.value.message
+    assert (err.value.hint or "").startswith("did you mean 'function'?")
+    assert err.value.received == "unknown key 'fucntion'"
+    data = case1()
+    data["elements"][2]["input"] = data["elements"][2].pop("inputs")
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert (err.value.hint or "").startswith("did you mean 'inputs'?")
+    data = case1(recovery={"detect_after": 3})
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert (err.value.hint or "").startswith("did you mean 'detect_after_s'?")
+
+
+def test_several_misspelt_options_each_get_their_guess_and_far_ones_none() -> None:
+    data = case1()
+    data["elements"][1]["options"] = {"feild": "value", "windw": 3}
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert "'field' for 'feild'" in (err.value.hint or "")
+    assert "'window' for 'windw'" in (err.value.hint or "")
+    data["elements"][1]["options"] = {"field": "value", "window": 3, "zzzz": 1}
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert "did you mean" not in (err.value.hint or "")
+    assert "field, window, function" in (err.value.hint or "")
+    data = case1()
+    data["elements"][1]["kind"] = "quantum"
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert "did you mean" not in (err.value.hint or "")
+
+
+def test_a_misspelt_input_or_node_gets_a_did_you_mean() -> None:
+    data = case1()
+    data["elements"][2]["inputs"] = ["agregate"]
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert err.value.hint == "did you mean 'aggregate'?"
+    spec = parse_spec(case1())
+    with pytest.raises(InvalidSpec) as err:
+        validate_spec(spec, nodes=["cloud", "fog-b"])
+    assert (err.value.hint or "").startswith("did you mean 'fog-b'?")
+
+
+def test_a_longer_cycle_is_named_in_the_direction_events_flow() -> None:
+    data = case1()
+    data["elements"] += [
+        {"id": "m1", "kind": "map", "node": "cloud", "inputs": ["m3"],
+         "options": {"set": {"x": "1"}}},
+        {"id": "m2", "kind": "map", "node": "cloud", "inputs": ["m1"],
+         "options": {"set": {"x": "1"}}},
+        {"id": "m3", "kind": "filter", "node": "cloud", "inputs": ["m2"],
+         "options": {"where": "x > 0"}},
+    ]  # fmt: skip
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    named = err.value.message.split("has a cycle: ")[1]
+    steps = named.split(" -> ")
+    assert steps[0] == steps[-1] and sorted(steps[:-1]) == ["m1", "m2", "m3"]
+    # m1 feeds m2, m2 feeds m3, m3 feeds m1: each step follows the data.
+    inputs = {e["id"]: e.get("inputs", []) for e in data["elements"]}
+    assert all(a in inputs[b] for a, b in itertools.pairwise(steps))
+    loop = case1()
+    loop["elements"][1]["inputs"] = ["aggregate"]
+    with pytest.raises(InvalidSpec, match="aggregate -> aggregate"):
+        parse_spec(loop)
+
+
+def test_topological_order_is_by_level_then_spec_order() -> None:
+    data = case1()
+    data["elements"][2]["inputs"] = ["aggregate", "side"]
+    data["elements"].insert(
+        0,
+        {"id": "side", "kind": "map", "node": "cloud", "inputs": ["source"],
+         "options": {"set": {"x": "1"}}},
+    )  # fmt: skip
+    spec = parse_spec(data)
+    assert [e.id for e in spec.topological_order()] == ["source", "side", "aggregate", "sink"]

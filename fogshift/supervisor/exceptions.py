@@ -1,4 +1,4 @@
-"""CLI errors."""
+"""Supervisor errors: a cluster that is, or is not, up under a home."""
 
 from __future__ import annotations
 

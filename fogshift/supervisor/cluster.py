@@ -26,14 +26,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.broker.naming import NAME_PATTERN
 from fogshift.broker.server import free_port, start_nats_server
-from fogshift.cli.exceptions import AlreadyUp, NotUp
-from fogshift.common.files import write_private
+from fogshift.common.exceptions import WaitTimedOut
+from fogshift.common.files import write_atomic, write_private
 from fogshift.common.http import ServiceClient, node_token
+from fogshift.common.names import NAME_PATTERN
+from fogshift.common.processes import alive, group_alive
+from fogshift.common.waiting import wait_until
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.network.exceptions import NetworkCommandFailed, NotIsolated
 from fogshift.network.links import LinkProfile
@@ -49,6 +51,7 @@ from fogshift.network.namespaces import (
 from fogshift.network.relay import EchoSpec, RelayConfig, Route, spawn_relay
 from fogshift.network.rtt import RttReport, measure_rtt
 from fogshift.orchestrator.planning import FogTopology
+from fogshift.supervisor.exceptions import AlreadyUp, NotUp
 
 #: Port of an isolated node's agent inside its namespace (the namespace has nothing else).
 ISOLATED_AGENT_PORT = 8700
@@ -64,6 +67,9 @@ class ProcessInfo(BaseModel):
     pid: int
     pgid: int
     url: str | None = None
+    #: The command it was started with (a node agent's: so that ``up`` can start a node
+    #: that died again, on the same port, home and settings).
+    argv: tuple[str, ...] = ()
 
 
 class IsolatedNode(BaseModel):
@@ -132,21 +138,6 @@ def write_tokens(home: Path, nodes: list[str]) -> str:
     return token
 
 
-def alive(pid: int) -> bool:
-    """Whether a process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def load_cluster(home: Path) -> tuple[ClusterFile, str]:
     """The running cluster's file and token.
 
@@ -159,7 +150,43 @@ def load_cluster(home: Path) -> tuple[ClusterFile, str]:
             f"no fogshift cluster is up under {str(home)!r}",
             hint="run `fogshift up` (or pass the --home it was started with)",
         )
-    return ClusterFile.model_validate_json(path.read_text()), token_file(home).read_text().strip()
+    return read_cluster(path), token_file(home).read_text().strip()
+
+
+def read_cluster(path: Path) -> ClusterFile:
+    """Read a cluster file written by :func:`save_cluster`.
+
+    Raises:
+        InvalidInput: It cannot be read, or is not a cluster file (not JSON, or not the
+            fields ``up`` writes) — a file of another fogshift version, or edited by hand.
+    """
+    try:
+        return ClusterFile.model_validate_json(path.read_text())
+    except OSError as exc:
+        problem = f"{type(exc).__name__}: {exc.strerror or exc}"
+    except UnicodeDecodeError as exc:
+        problem = f"not text: {exc.reason} at byte {exc.start}"
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        problem = first["msg"] + (f" at {where}" if where else "")
+        if exc.error_count() > 1:
+            problem += f" (and {exc.error_count() - 1} more)"
+    raise InvalidInput(
+        f"cannot read the cluster file {str(path)!r}",
+        expected="the JSON `fogshift up` writes: orchestrator, broker, nodes and broker_url",
+        received=problem,
+        hint=(
+            "if no cluster runs under this home, delete the file and run `fogshift up`; "
+            "if one does, stop its processes by hand (`fogshift down` needs this file)"
+        ),
+    )
+
+
+def save_cluster(home: Path, cluster: ClusterFile) -> Path:
+    """Write ``<home>/cluster.json`` atomically: a reader (``fogshift down``, another CLI
+    command) never sees it half-written, even if ``up`` is killed while writing it."""
+    return write_atomic(cluster_file(home), cluster.model_dump_json(indent=2))
 
 
 def cluster_running(home: Path) -> bool:
@@ -184,7 +211,7 @@ def _spawn(args: list[str], log: Path) -> ProcessInfo:
         proc = subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd()
         )
-    return ProcessInfo(pid=proc.pid, pgid=proc.pid)
+    return ProcessInfo(pid=proc.pid, pgid=proc.pid, argv=tuple(args))
 
 
 def _cli(*args: str) -> list[str]:
@@ -339,9 +366,9 @@ def up(
     """Start the broker (unless ``nats_url``), the orchestrator and the node agents.
 
     Returns once the orchestrator answers and every node reports a ready Spark session.
-    On a cluster whose orchestrator died while its node agents run, only the orchestrator
-    is started again (:func:`restart_orchestrator`; the other arguments but the intervals
-    are then ignored).
+    On a cluster that runs in part, only what died is started again: the orchestrator
+    (:func:`restart_orchestrator`) and the node agents (:func:`restart_nodes`, as they were
+    started); the other arguments but the intervals are then ignored.
 
     Args:
         isolate: Run each agent in a network namespace of its own, behind a relay (module
@@ -352,7 +379,7 @@ def up(
         plan_interval_s: Interval of the orchestrator's backup/redeploy planner.
 
     Raises:
-        AlreadyUp: A cluster already runs under ``home``.
+        AlreadyUp: A cluster already runs whole under ``home``.
         InvalidInput: A bad node name, or ``links`` without ``isolate``.
         IsolationUnsupported: ``isolate`` here is impossible (not root, no ``ip``/``tc``).
         Unavailable: Something did not become healthy within ``timeout_s``; what was started
@@ -383,17 +410,23 @@ def up(
     stale_network = False
     if cluster_file(home).exists():
         cluster, _ = load_cluster(home)
+        dead = [n for n, p in cluster.nodes.items() if not alive(p.pid)]
         if alive(cluster.orchestrator.pid):
-            raise AlreadyUp(
-                f"a fogshift cluster is already up under {str(home)!r}",
-                hint="`fogshift down` first, or use another --home",
-            )
-        if any(alive(p.pid) for p in cluster.nodes.values()):
-            # Only the orchestrator died: start it again where the agents look for it.
-            return restart_orchestrator(
+            if not dead:
+                raise AlreadyUp(
+                    f"a fogshift cluster is already up under {str(home)!r}",
+                    hint="`fogshift down` first, or use another --home",
+                )
+            # Some nodes died (killed, crashed): start them again, as they were started.
+            return restart_nodes(home, cluster, dead, timeout_s, say)
+        if len(dead) < len(cluster.nodes):
+            # The orchestrator died while agents run: start it again where the agents look
+            # for it, then the nodes that died too.
+            cluster = restart_orchestrator(
                 home, cluster, central_interval_s, duplicate_window_s, plan_interval_s,
                 timeout_s, say,
             )  # fmt: skip
+            return restart_nodes(home, cluster, dead, timeout_s, say) if dead else cluster
         stale_network = bool(cluster.network)
         cluster_file(home).unlink()
     if isolate or (stale_network and os.geteuid() == 0):
@@ -455,7 +488,7 @@ def up(
             broker_url=address.url,
             network=isolated,
         )
-        cluster_file(home).write_text(cluster.model_dump_json(indent=2))
+        save_cluster(home, cluster)
         wait_healthy(home, nodes, timeout_s, say)
         return cluster
     except BaseException:
@@ -543,11 +576,57 @@ def restart_orchestrator(
         cluster.broker.pid if cluster.broker else None,
     )  # fmt: skip
     cluster = cluster.model_copy(update={"orchestrator": info})
-    cluster_file(home).write_text(cluster.model_dump_json(indent=2))
+    save_cluster(home, cluster)
     try:
         wait_healthy(home, [n for n, p in cluster.nodes.items() if alive(p.pid)], timeout_s, say)
     except BaseException:
         kill_group(info.pgid, signal.SIGKILL)
+        raise
+    return cluster
+
+
+def restart_nodes(
+    home: Path,
+    cluster: ClusterFile,
+    nodes: list[str],
+    timeout_s: float,
+    say: Callable[[str], None],
+) -> ClusterFile:
+    """Start the agents of ``nodes`` (dead members of a running cluster) again.
+
+    Each starts with the command ``up`` started it with (same port, home, token and
+    broker user), so the orchestrator finds it where it was; the PEs it hosted were
+    restored elsewhere or are restarted by the reconciler, and an instance the node still
+    remembers is fenced. Returns once every node of the cluster is healthy again.
+
+    Raises:
+        InvalidInput: A node runs isolated (its namespace and relay are not restarted here),
+            or was started by an older fogshift that did not record its command.
+        Unavailable: A node did not become healthy within ``timeout_s`` (it is stopped
+            again).
+    """
+    fresh = dict(cluster.nodes)
+    for name in nodes:
+        info = cluster.nodes[name]
+        if name in cluster.network or not info.argv:
+            raise InvalidInput(
+                f"node {name!r} of the cluster under {str(home)!r} died and cannot be "
+                "started alone",
+                expected="a node started without --isolate by this version of `fogshift up`",
+                received="an isolated node" if name in cluster.network else "no start command",
+                hint="`fogshift down`, then `fogshift up`",
+            )
+        say(f"restarting node agent {name}")
+        fresh[name] = _spawn(list(info.argv), home / "logs" / f"node-{name}.log").model_copy(
+            update={"url": info.url}
+        )
+    cluster = cluster.model_copy(update={"nodes": fresh})
+    save_cluster(home, cluster)
+    try:
+        wait_healthy(home, list(cluster.nodes), timeout_s, say)
+    except BaseException:
+        for name in nodes:
+            kill_group(fresh[name].pgid, signal.SIGKILL)
         raise
     return cluster
 
@@ -557,34 +636,38 @@ def wait_healthy(
 ) -> list[dict[str, Any]]:
     """Wait until the orchestrator reports every node in ``nodes`` healthy."""
     client = orchestrator_client(home, timeout_s=5)
-    deadline = time.monotonic() + timeout_s
     last: Any = None
+    healthy: list[dict[str, Any]] = []
+
+    def all_healthy() -> bool:
+        nonlocal last, healthy
+        try:
+            reports = {n["name"]: n for n in client.get("/nodes")}
+        except Unavailable as exc:  # the orchestrator is still starting
+            last = exc
+            return False
+        waiting = [n for n in nodes if not reports.get(n, {}).get("healthy")]
+        errors = [f"{n}: {reports[n]['error']}" for n in nodes if reports.get(n, {}).get("error")]
+        if errors:
+            raise Unavailable("node failed to start: " + "; ".join(errors))
+        if not waiting:
+            healthy = list(reports.values())  # may be empty: no node to wait for
+            return True
+        say("waiting for Spark on " + ", ".join(waiting))
+        last = waiting
+        return False
+
     try:
-        while time.monotonic() < deadline:
-            try:
-                reports = {n["name"]: n for n in client.get("/nodes")}
-            except Unavailable as exc:
-                last = exc
-                time.sleep(0.3)
-                continue
-            waiting = [n for n in nodes if not reports.get(n, {}).get("healthy")]
-            errors = [
-                f"{n}: {reports[n]['error']}" for n in nodes if reports.get(n, {}).get("error")
-            ]
-            if errors:
-                raise Unavailable("node failed to start: " + "; ".join(errors))
-            if not waiting:
-                return list(reports.values())
-            say("waiting for Spark on " + ", ".join(waiting))
-            last = waiting
-            time.sleep(0.5)
+        wait_until(all_healthy, timeout_s, interval_s=0.3, describe="healthy nodes")
+        return healthy
+    except WaitTimedOut:
+        raise Unavailable(
+            f"the cluster under {str(home)!r} did not become healthy in {timeout_s:.0f} s "
+            f"(still waiting for: {last})",
+            hint=f"see the logs in {home / 'logs'}",
+        ) from None
     finally:
         client.close()
-    raise Unavailable(
-        f"the cluster under {str(home)!r} did not become healthy in {timeout_s:.0f} s "
-        f"(still waiting for: {last})",
-        hint=f"see the logs in {home / 'logs'}",
-    )
 
 
 def kill_group(pgid: int, sig: int) -> None:
@@ -593,21 +676,30 @@ def kill_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    # A group whose members are all zombies is gone for our purposes.
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().split(")")[-1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+def _stop_tier(tier: dict[str, ProcessInfo], grace_s: float) -> None:
+    """SIGTERM each leader of ``tier``, SIGKILL their groups after ``grace_s`` (at once if
+    the leaders are gone before), then give the groups up to 5 s more to disappear."""
+    infos = list(tier.values())
+    for info in infos:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(info.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    with contextlib.suppress(WaitTimedOut):  # the stragglers get SIGKILL below
+        wait_until(
+            lambda: not any(alive(i.pid) for i in infos),
+            grace_s,
+            interval_s=0.1,
+            describe="the leaders of " + ", ".join(tier) + " to exit",
+        )
+    for info in infos:
+        kill_group(info.pgid, signal.SIGKILL)
+    with contextlib.suppress(WaitTimedOut):
+        wait_until(
+            lambda: not any(group_alive(i.pgid) for i in infos),
+            max(0.0, deadline + 5 - time.monotonic()),
+            interval_s=0.05,
+            describe="the process groups of " + ", ".join(tier) + " to end",
+        )
 
 
 def down(home: Path, grace_s: float = 15) -> list[str]:
@@ -639,17 +731,7 @@ def down(home: Path, grace_s: float = 15) -> list[str]:
         tiers.append({"broker": cluster.broker})
     # Then the nodes (they stop their queries cleanly), then the broker.
     for tier in tiers:
-        for info in tier.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(info.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while any(alive(i.pid) for i in tier.values()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for info in tier.values():
-            kill_group(info.pgid, signal.SIGKILL)
-        for info in tier.values():
-            while group_alive(info.pgid) and time.monotonic() < deadline + 5:
-                time.sleep(0.05)
+        _stop_tier(tier, grace_s)
     failures: list[NetworkCommandFailed] = []
     for isolated in cluster.network.values():
         try:

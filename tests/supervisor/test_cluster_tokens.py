@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fogshift.cli.cluster import _agent_args, node_token_file, token_file, write_tokens
 from fogshift.common.http import node_token, token_node
+from fogshift.supervisor.cluster import _agent_args, node_token_file, token_file, write_tokens
 
 
 def test_up_writes_the_operator_token_and_one_token_per_node_0600(

@@ -1,0 +1,125 @@
+"""``fogshift logs``: the tail of the services' log files under ``<home>/logs``, optionally
+followed like ``tail -f``.
+
+Every process ``fogshift up`` starts writes one file there: ``node-<NODE>.log`` per node
+agent, ``orchestrator.log``, and for isolated nodes ``relay-<NODE>.log``. A log is named by
+its node (``fog-a``), ``orchestrator``, or its file's stem for the others.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fogshift.exceptions import InvalidInput, NotFound
+from fogshift.spec.loader import did_you_mean
+
+#: How much of a file is read at a time when looking for its last lines from the end.
+_BLOCK = 64 * 1024
+
+
+def log_files(home: Path) -> dict[str, Path]:
+    """Every log under ``home``: the orchestrator's first, then the nodes', then the rest.
+
+    Raises:
+        NotFound: ``home`` has no logs folder (no cluster was ever started there).
+    """
+    folder = home / "logs"
+    files = sorted(folder.glob("*.log")) if folder.is_dir() else []
+    if not files:
+        raise NotFound(
+            f"no logs under {str(folder)!r}",
+            hint="`fogshift up` writes them there (pass the --home it was started with)",
+        )
+    named: dict[str, Path] = {}
+    for path in files:
+        named.setdefault(path.stem.removeprefix("node-"), path)
+    rank = {p: (0 if p.stem == "orchestrator" else 1 if p.stem.startswith("node-") else 2)
+            for p in files}  # fmt: skip
+    return dict(sorted(named.items(), key=lambda item: (rank[item[1]], item[0])))
+
+
+def select_logs(home: Path, name: str | None) -> dict[str, Path]:
+    """The log of ``name`` (a node, ``orchestrator``, ...), or every log if ``None``.
+
+    Raises:
+        NotFound: No logs under ``home``.
+        InvalidInput: No log has that name; names the ones that exist.
+    """
+    files = log_files(home)
+    if name is None:
+        return files
+    if name not in files:
+        guess = did_you_mean(name, files)
+        raise InvalidInput(
+            f"no log named {name!r} under {str(home / 'logs')!r}",
+            expected="one of " + ", ".join(files),
+            received=repr(name),
+            hint=f"did you mean {guess!r}?" if guess else "`fogshift nodes` lists the nodes",
+        )
+    return {name: files[name]}
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` lines of ``path`` (without their line ends), reading it from the end
+    so that a large log costs no more than its tail."""
+    if lines <= 0:
+        return []
+    with open(path, "rb") as handle:
+        end = handle.seek(0, os.SEEK_END)
+        data = b""
+        position = end
+        # lines + 1 line ends: the text after the one before the first wanted line.
+        while position > 0 and data.count(b"\n") <= lines:
+            step = min(_BLOCK, position)
+            position -= step
+            handle.seek(position)
+            data = handle.read(step) + data
+    text = data.decode("utf-8", errors="replace")
+    return text.splitlines()[-lines:]
+
+
+def follow(
+    files: dict[str, Path],
+    write: Callable[[str], None],
+    *,
+    prefix: bool,
+    interval_s: float = 0.2,
+    keep_going: Callable[[], bool] = lambda: True,
+) -> None:
+    """Write every line appended to ``files`` from now on, as ``tail -f`` does, while
+    ``keep_going()`` (the CLI stops on Ctrl-C).
+
+    A partly written last line waits for its line end. A file that shrinks (truncated or
+    replaced) is read again from its start.
+
+    Args:
+        prefix: Start each line with its log's name (when following several).
+    """
+    positions = {name: _size(path) for name, path in files.items()}
+    pending = dict.fromkeys(files, b"")
+    while keep_going():
+        for name, path in files.items():
+            size = _size(path)
+            if size < positions[name]:
+                positions[name], pending[name] = 0, b""
+            if size == positions[name]:
+                continue
+            with open(path, "rb") as handle:
+                handle.seek(positions[name])
+                chunk = handle.read(size - positions[name])
+            positions[name] += len(chunk)
+            *complete, pending[name] = (pending[name] + chunk).split(b"\n")
+            for raw in complete:
+                line = raw.decode("utf-8", errors="replace")
+                write(f"{name} | {line}" if prefix else line)
+        time.sleep(interval_s)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:  # between a rotation's removal and its new file
+        return 0

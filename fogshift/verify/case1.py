@@ -1,0 +1,34 @@
+"""Where a Case 1 spec keeps what its verdict needs: the input, the window and the output.
+
+Both ``fogshift demo`` and the bench compare a Case 1 run with
+:func:`fogshift.verify.reference.case1_reference`; this is the part of that comparison that
+reads the spec. It lives here, below both of them, so that the bench does not import the CLI.
+It loads no pandas: callers import :mod:`fogshift.verify.reference` only when they compare.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fogshift.exceptions import InvalidInput
+from fogshift.spec.models import PipelineSpec
+
+
+def case1_parts(spec: PipelineSpec) -> tuple[str, dict[str, Any], str]:
+    """The source file, the aggregate's options and the sink file of a Case 1 spec.
+
+    Raises:
+        InvalidInput: The pipeline lacks a csv-source, a window-aggregate or a csv-sink.
+    """
+    by_kind = {e.kind: e for e in spec.elements}
+    if not {"csv-source", "window-aggregate", "csv-sink"} <= set(by_kind):
+        raise InvalidInput(
+            f"pipeline {spec.pipeline!r} is not a Case 1 pipeline",
+            expected="a csv-source, a window-aggregate and a csv-sink",
+            received=", ".join(e.kind for e in spec.elements),
+        )
+    return (
+        by_kind["csv-source"].options["path"],
+        by_kind["window-aggregate"].options,
+        by_kind["csv-sink"].options["path"],
+    )

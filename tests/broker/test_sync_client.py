@@ -1,0 +1,48 @@
+"""SyncJetStream: calls from synchronous code; close() ends the connection and its thread."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream, last_seq
+from fogshift.broker.exceptions import BrokerUnavailable
+from fogshift.broker.naming import stream_name
+from fogshift.broker.server import BrokerProcess
+
+pytestmark = pytest.mark.integration  # a real nats-server (no Spark, no agents)
+
+
+def loop_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("nats nats://")}
+
+
+def test_run_then_close_joins_the_loop_thread_and_refuses_more(
+    nats_server: BrokerProcess,
+) -> None:
+    before = loop_threads()
+    with SyncJetStream(nats_server.address) as client:
+        client.run(lambda js: ensure_pe_stream(js, "sync-client", "pe"))
+        assert client.run(lambda js: last_seq(js, stream_name("sync-client", "pe"))) == 0
+        ours = loop_threads() - before
+        assert len(ours) == 1
+    assert not next(iter(ours)).is_alive()
+    client.close()  # a second close is a no-op
+    with pytest.raises(BrokerUnavailable, match="closed"):
+        client.run(lambda js: last_seq(js, stream_name("sync-client", "pe")))
+
+
+def test_close_cancels_a_call_that_timed_out(nats_server: BrokerProcess) -> None:
+    before = loop_threads()
+    client = SyncJetStream(nats_server.address)
+    ours = loop_threads() - before
+
+    async def forever(_js: object) -> None:
+        await anyio.sleep(3600)
+
+    with pytest.raises(TimeoutError):
+        client.run(forever, timeout=0.2)
+    client.close()  # does not wait an hour for the call
+    assert len(ours) == 1 and not next(iter(ours)).is_alive()

@@ -1,0 +1,335 @@
+"""The CLI's newcomer touches, without a cluster: ``--version``, ``validate``, ``status`` with
+nothing deployed, ``logs``, the demo's copy of the example, and the phases ``migrate`` and
+``restore`` show while they run (against a stand-in orchestrator client)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from fogshift.cli import logs as cli_logs
+from fogshift.cli import main as cli
+from fogshift.cli.demo import demo_copy
+from fogshift.common.waiting import wait_until
+from fogshift.exceptions import InvalidInput, NotFound
+from fogshift.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+CASE1 = ROOT / "examples" / "case1" / "case1.yaml"
+runner = CliRunner()
+
+
+def flat(text: str) -> str:
+    """The console wraps long lines: compare with every run of whitespace as one space."""
+    return " ".join(text.split())
+
+
+def real_cli(*args: str, cwd: str | Path = "/tmp") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fogshift.cli.main", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+# -- --version ------------------------------------------------------------------------------
+
+
+def test_version_is_the_installed_packages() -> None:
+    result = real_cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"fogshift {metadata.version('fogshift')}\n"
+
+
+# -- validate -------------------------------------------------------------------------------
+
+
+def write_spec(folder: Path, aggregate: str) -> Path:
+    (folder / "in.csv").write_text("timestamp,value\n1,2\n")
+    spec = folder / "p.yaml"
+    spec.write_text(
+        "pipeline: p\nelements:\n"
+        "  - {id: source, kind: csv-source, node: cloud, options: {path: in.csv}}\n"
+        f"  - {{id: aggregate, node: fog-a, inputs: [source], {aggregate}}}\n"
+        "  - {id: sink, kind: csv-sink, node: cloud, inputs: [aggregate],"
+        " options: {path: out.csv}}\n"
+    )
+    return spec
+
+
+def test_validate_summarises_a_valid_spec_offline() -> None:
+    result = runner.invoke(cli.app, ["validate", str(CASE1)])
+    assert result.exit_code == 0, result.output
+    text = flat(result.output)
+    assert "valid: pipeline case1, 3 PEs on 2 nodes (cloud, fog-a)" in text
+    assert "aggregate │ window-aggregate │ fog-a │ source" in text
+    result = runner.invoke(cli.app, ["validate", str(CASE1), "--json"])
+    summary = json.loads(result.stdout)
+    assert summary["valid"] is True and summary["nodes"] == ["cloud", "fog-a"]
+    assert [(e["id"], e["inputs"]) for e in summary["elements"]] == [
+        ("source", []), ("aggregate", ["source"]), ("sink", ["aggregate"]),
+    ]  # fmt: skip
+
+
+def test_validate_refuses_with_expected_received_and_a_guess(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path, "kind: window-aggregate, options: {field: value, window: 2, fucntion: avg}"
+    )
+    result = runner.invoke(cli.app, ["validate", str(spec)])
+    assert result.exit_code == 1
+    text = flat(result.stderr)
+    assert "refused (invalid_spec): options of element 'aggregate'" in text
+    assert "received: unknown key 'fucntion'" in text
+    assert "hint: did you mean 'function'?" in text
+    result = runner.invoke(cli.app, ["validate", str(spec), "--json"])
+    assert result.exit_code == 1
+    answer = json.loads(result.stdout)
+    assert answer["valid"] is False and answer["error"]["code"] == "invalid_spec"
+    assert answer["error"]["hint"].startswith("did you mean 'function'?")
+
+
+def test_validate_exits_1_from_the_real_cli_and_checks_nodes_when_given(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, "kind: window-agregate, options: {field: value, window: 2}")
+    result = real_cli("validate", str(spec))
+    assert result.returncode == 1
+    assert "did you mean 'window-aggregate'?" in result.stderr
+    fixed = write_spec(tmp_path, "kind: window-aggregate, options: {field: value, window: 2}")
+    assert real_cli("validate", str(fixed)).returncode == 0
+    result = runner.invoke(cli.app, ["validate", str(fixed), "--nodes", "cloud,fog-b"])
+    assert result.exit_code == 1
+    assert "unknown node 'fog-a'" in flat(result.stderr)
+
+
+# -- a stand-in orchestrator ----------------------------------------------------------------
+
+
+class StandInClient:
+    """Answers the CLI's requests from a table; records them."""
+
+    def __init__(self, gets: dict[str, Any], post: Any = None) -> None:
+        self.gets = gets
+        self.post_answer = post
+        self.requests: list[tuple[str, str]] = []
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        self.requests.append(("GET", path))
+        answer = self.gets[path]
+        return answer() if callable(answer) else answer
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        self.requests.append(("POST", path))
+        return self.post_answer() if callable(self.post_answer) else self.post_answer
+
+    def __enter__(self) -> StandInClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def use(monkeypatch: pytest.MonkeyPatch, client: StandInClient) -> None:
+    monkeypatch.setattr(cli.cluster_ops, "orchestrator_client", lambda home, timeout_s=0: client)
+
+
+def test_status_with_no_pipelines_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    use(monkeypatch, StandInClient({"/pipelines": []}))
+    result = runner.invoke(cli.app, ["status"])
+    assert result.exit_code == 0
+    assert (
+        result.stdout.strip()
+        == "no pipelines are deployed (`fogshift deploy SPEC.yaml` starts one)"
+    )
+    result = runner.invoke(cli.app, ["status", "--json"])
+    assert json.loads(result.stdout) == []
+
+
+# -- migrate / restore phases ---------------------------------------------------------------
+
+OPERATION = "/pipelines/p/elements/aggregate/operation"
+MIGRATED = {"origin": "fog-a", "target": "fog-b", "mode": "precopy", "state_bytes": 10,
+            "phases_ms": {"pause": 1.0}, "downtime_ms": 2.0, "rolled_back": False}  # fmt: skip
+
+
+class Phases:
+    """A migration journaled phase after phase: each poll sees the next phase; the POST
+    answers once every phase has been polled."""
+
+    def __init__(self, kind: str, phases: list[str]) -> None:
+        self.kind = kind
+        self.phases = phases
+        self.polls = 0
+        self.all_seen = threading.Event()
+
+    def view(self) -> dict[str, Any]:
+        phase = self.phases[min(self.polls, len(self.phases) - 1)]
+        self.polls += 1
+        if self.polls >= len(self.phases):
+            self.all_seen.set()
+        return {"id": "op1", "kind": self.kind, "pipeline": "p", "element": "aggregate",
+                "origin": "fog-a", "target": "fog-b", "epoch": 1, "phase": phase,
+                "started": 0.0, "updated": 0.0, "outcome": None, "running": True}  # fmt: skip
+
+    def answer(self, report: dict[str, Any]) -> Any:
+        def post() -> dict[str, Any]:
+            assert self.all_seen.wait(30), "the CLI did not poll the operation's phases"
+            return report
+
+        return post
+
+
+@contextmanager
+def recorded_status(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every text the CLI's rich status line shows."""
+    shown: list[str] = []
+
+    class Line:
+        def update(self, text: str) -> None:
+            shown.append(text)
+
+    @contextmanager
+    def status(text: str) -> Iterator[Line]:
+        shown.append(text)
+        yield Line()
+
+    monkeypatch.setattr(cli.console, "status", status)
+    yield shown
+
+
+def test_migrate_shows_each_phase_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    phases = Phases("migration", ["preparing", "pausing", "switching"])
+    use(monkeypatch, StandInClient({OPERATION: phases.view}, phases.answer(MIGRATED)))
+    with recorded_status(monkeypatch) as shown:
+        result = runner.invoke(cli.app, ["migrate", "p", "aggregate", "--to", "fog-b"])
+    assert result.exit_code == 0, result.output
+    assert "migrated p/aggregate: fog-a -> fog-b" in flat(result.stdout)
+    seen = [phase for phase in phases.phases if any(f"[bold]{phase}[/]" in s for s in shown)]
+    assert seen == phases.phases, shown
+    assert all("migration of p/aggregate" in s for s in shown)
+
+
+def test_restore_shows_its_phases_and_json_output_is_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    restored = {"target": "fog-b", "epoch": 2, "checkpoint": "b1", "checkpoint_age_ms": 1.0,
+                "reprocessed_events": 3, "reprocess_ms": 4.0, "intermediate_events": 5,
+                "intermediate_ms": 6.0, "attempts": []}  # fmt: skip
+    phases = Phases("restore", ["fencing", "installing", "starting", "live"])
+    use(monkeypatch, StandInClient({OPERATION: phases.view}, phases.answer(restored)))
+    with recorded_status(monkeypatch) as shown:
+        result = runner.invoke(cli.app, ["restore", "p", "aggregate"])
+    assert result.exit_code == 0, result.output
+    assert all(any(f"[bold]{p}[/]" in s for s in shown) for p in phases.phases), shown
+    # --json: the report alone on stdout, and no polling at all.
+    client = StandInClient({}, restored)
+    use(monkeypatch, client)
+    with recorded_status(monkeypatch) as shown:
+        result = runner.invoke(cli.app, ["restore", "p", "aggregate", "--json"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == restored
+    assert client.requests == [("POST", "/pipelines/p/elements/aggregate/restore")]
+    assert shown == []
+
+
+# -- logs -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name in ("node-cloud", "node-fog-a", "orchestrator"):
+        lines = "".join(f"{name} line {i}\n" for i in range(1, 51))
+        (logs / f"{name}.log").write_text(lines)
+    return tmp_path
+
+
+def test_logs_prints_the_tail_of_one_node_or_of_all(home: Path) -> None:
+    result = runner.invoke(cli.app, ["logs", "fog-a", "--home", str(home), "--lines", "3"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [f"node-fog-a line {i}" for i in (48, 49, 50)]
+    result = runner.invoke(cli.app, ["logs", "orchestrator", "--home", str(home), "-n", "1"])
+    assert result.stdout.splitlines() == ["orchestrator line 50"]
+    result = runner.invoke(cli.app, ["logs", "--home", str(home), "-n", "2"])
+    lines = result.stdout.splitlines()
+    assert [line.split(" (")[0] for line in lines if line.startswith("==> ")] == [
+        "==> orchestrator", "==> cloud", "==> fog-a",
+    ]  # fmt: skip
+    assert lines[1:3] == ["orchestrator line 49", "orchestrator line 50"]
+    assert len(lines) == 9
+
+
+def test_tail_reads_from_the_end_across_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_logs, "_BLOCK", 3)  # lines span blocks
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)) + "no end")
+    assert cli_logs.tail(log, 3) == ["line 98", "line 99", "no end"]
+    assert len(cli_logs.tail(log, 500)) == 101
+    assert cli_logs.tail(log, 0) == []
+
+
+def test_logs_of_an_unknown_node_names_the_ones_that_exist(home: Path, tmp_path: Path) -> None:
+    result = runner.invoke(cli.app, ["logs", "fog-b", "--home", str(home)])
+    assert isinstance(result.exception, InvalidInput)
+    assert result.exception.expected == "one of orchestrator, cloud, fog-a"
+    assert result.exception.hint == "did you mean 'fog-a'?"
+    result = runner.invoke(cli.app, ["logs", "--home", str(tmp_path / "nowhere")])
+    assert isinstance(result.exception, NotFound)
+
+
+def test_logs_follow_prints_appended_lines_until_ctrl_c(home: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fogshift.cli.main", "logs", "fog-a", "-f", "-n", "1",
+         "--home", str(home)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp",
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(proc.stdout.readline, "")))
+    reader.start()
+    try:
+        wait_until(lambda: seen == ["node-fog-a line 50\n"], 60, describe="the tail")
+        with open(home / "logs" / "node-fog-a.log", "a") as log:
+            log.write("appended 1\nappended")  # the second line is not complete yet
+            log.flush()
+            wait_until(lambda: "appended 1\n" in seen, 30, describe="the appended line")
+            log.write(" 2\n")
+        wait_until(lambda: "appended 2\n" in seen, 30, describe="the completed line")
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=30)
+    assert seen == ["node-fog-a line 50\n", "appended 1\n", "appended 2\n"]
+
+
+# -- the demo's example ---------------------------------------------------------------------
+
+
+def test_demo_runs_from_a_fresh_copy_of_the_packaged_example(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    spec_path = demo_copy(home)
+    assert spec_path == home / "demo" / "case1" / "case1.yaml"
+    spec = load_spec(spec_path)
+    # Its input is the example's data and its output goes to the copy, not to the example.
+    source = Path(spec.element("source").options["path"])
+    assert source.read_bytes() == (CASE1.parent / "data" / "case1.csv").read_bytes()
+    assert Path(spec.element("sink").options["path"]).is_relative_to(home / "demo")
+    # Again, after the user changed the copy: the example comes back as it is.
+    spec_path.write_text("broken")
+    assert demo_copy(home).read_text() == CASE1.read_text()
+    shutil.rmtree(home)

@@ -1,0 +1,70 @@
+"""Processors that log their construction and lifecycle hooks, for tests in real Spark queries.
+
+Imported by the Python workers through the ``custom`` kind's ``path`` option. Each line of the
+log file named by the ``log`` option is ``<what> <pid>``: the process tells the driver's probe
+build (``check_processor``) from the workers' builds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from fogshift.events import Event
+from fogshift.runtime.api import Processor, state
+
+
+class _Logging(Processor):
+    """Appends a line per construction and hook to ``options["log"]``."""
+
+    def __init__(self, options: dict[str, Any], element_id: str = "") -> None:
+        super().__init__(options, element_id)
+        self._note("build")
+
+    def _note(self, what: str) -> None:
+        with open(self.options["log"], "a") as log:
+            log.write(f"{what} {os.getpid()}\n")
+
+    def on_assign(self) -> None:
+        self._note("assign")
+
+    def on_pause(self) -> None:
+        self._note("pause")
+
+    def on_resume(self) -> None:
+        self._note("resume")
+
+    def on_revoke(self) -> None:
+        self._note("revoke")
+
+    def close(self) -> None:
+        self._note("close")
+
+
+class CountingStats(_Logging):
+    """Count and running total of ``value``; an event with ``bad`` fails after changing the
+    state (so per-event isolation must undo it); an event with ``crash`` ends the task with
+    ``SystemExit`` the first time it is seen (a marker beside the log), so Spark retries it."""
+
+    count: int = state(0)
+    total: float = state(0.0)
+
+    def process(self, event: Event) -> dict[str, float]:
+        self.count += 1
+        self.total += event.body["value"]
+        if event.body.get("bad"):
+            raise ValueError("bad event, after changing the state")
+        if event.body.get("crash"):
+            marker = Path(f"{self.options['log']}.crashed")
+            if not marker.exists():
+                marker.write_text("once")
+                raise SystemExit(3)
+        return {"count": self.count, "total": self.total}
+
+
+class Doubling(_Logging):
+    """Stateless: doubles ``value``."""
+
+    def process(self, event: Event) -> dict[str, float]:
+        return {"value": 2 * event.body["value"]}

@@ -1,0 +1,258 @@
+"""The PE contract in real Spark queries: one processor per query, not one per micro-batch,
+and the lifecycle hooks called where the README says.
+
+A local SparkSession in this process and a real nats-server; the processors
+(``lifecycle_procs``) log each construction and hook with the pid that ran it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream, fetch_range, last_seq
+from fogshift.broker.naming import data_subject, dead_subject, stream_name
+from fogshift.broker.publish import Record, publish_records
+from fogshift.broker.server import BrokerProcess
+from fogshift.common.waiting import wait_until
+from fogshift.runtime.engine import QueryPlan, start_query
+from fogshift.runtime.gate import end_run, open_gate, write_gate
+from fogshift.spec.models import ElementSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+pytestmark = pytest.mark.integration
+
+HERE = Path(__file__).resolve().parent
+_pipelines = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    from fogshift.runtime.session import build_session
+
+    # local[2,3]: a failed task is tried again (up to 3 times), as on a cluster.
+    session = build_session("lifecycle", "local[2,3]", str(tmp_path_factory.mktemp("spark-local")))
+    yield session
+    session.stop()
+
+
+class Run:
+    """One processor PE fed by a stream ``src`` that the test appends to."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        js: SyncJetStream,
+        broker: BrokerProcess,
+        home: Path,
+        cls: str,
+    ) -> None:
+        self.spark, self.js, self.home = spark, js, home
+        self.pipeline = f"life{next(_pipelines)}"
+        self.log = home / "hooks.log"
+        self.log.touch()
+        broker_file = home / "broker.json"
+        broker.address.save(broker_file)
+        for pe in ("src", "pe"):
+            js.run(lambda j, pe=pe: ensure_pe_stream(j, self.pipeline, pe))
+        element = ElementSpec(
+            id="pe",
+            kind="custom",
+            node="n",
+            inputs=("src",),
+            options={"class": f"lifecycle_procs:{cls}", "path": str(HERE),
+                     "options": {"log": str(self.log)}},
+        )  # fmt: skip
+        self.gate = str(home / "gates" / "pe.json")
+        self.plan = QueryPlan(
+            self.pipeline,
+            element,
+            str(broker_file),
+            str(home / "checkpoint"),
+            gate_file=self.gate,
+            trigger_ms=100,
+        )
+        self.sent = 0
+        self.query: StreamingQuery | None = None
+
+    def start(self) -> None:
+        self.query = start_query(self.spark, self.plan)
+
+    def stop(self) -> None:
+        """Stop the query as the node agent does: its run ends with it."""
+        if self.query is not None:
+            self.query.stop()
+            self.query = None
+        end_run(self.gate)
+
+    def send(self, bodies: list[dict[str, Any]]) -> None:
+        """Append ``bodies`` to the input and wait until the PE has answered every one."""
+        first = self.sent + 1
+        records = [
+            Record(first + n, 0, first + n, 1000.0 + first + n, "src", json.dumps(body))
+            for n, body in enumerate(bodies)
+        ]
+        self.js.run(lambda j: publish_records(j, self.pipeline, "src", records))
+        self.sent += len(bodies)
+        stream = stream_name(self.pipeline, "pe")
+        wait_until(
+            lambda: self.js.run(lambda j: last_seq(j, stream)) >= self.sent,
+            120,
+            describe=f"{self.pipeline}/pe answered {self.sent} events",
+        )
+
+    def outputs(self, subject: str = "data") -> list[dict[str, Any]]:
+        stream = stream_name(self.pipeline, "pe")
+        name = (data_subject if subject == "data" else dead_subject)(self.pipeline, "pe")
+        end = self.js.run(lambda j: last_seq(j, stream))
+        messages = self.js.run(lambda j: fetch_range(j, stream, name, 0, end))
+        return [json.loads(m.data) for m in messages]
+
+    def lines(self, what: str, workers_only: bool = True) -> list[str]:
+        """The log lines ``what`` (build, assign, ...), of the Python workers by default."""
+        entries = [line.split() for line in self.log.read_text().splitlines()]
+        driver = str(os.getpid())
+        return [
+            pid for kind, pid in entries if kind == what and not (workers_only and pid == driver)
+        ]
+
+    def hooks(self) -> list[str]:
+        return [line.split()[0] for line in self.log.read_text().splitlines()]
+
+    def wait_batches(self, count: int) -> None:
+        """Wait until ``count`` batches with input have reported progress (a batch's
+        progress is posted after its commit, i.e. after its outputs are in the stream)."""
+        query = self.query
+        assert query is not None
+        wait_until(
+            lambda: len([p for p in query.recentProgress if p["numInputRows"] > 0]) >= count,
+            30,
+            describe=f"{count} batches of {self.pipeline}/pe",
+        )
+
+
+@pytest.fixture()
+def make_run(
+    spark: SparkSession,
+    js_client: SyncJetStream,
+    nats_server: BrokerProcess,
+    tmp_path: Path,
+) -> Iterator[Any]:
+    runs: list[Run] = []
+
+    def make(cls: str) -> Run:
+        home = tmp_path / f"run{len(runs)}"
+        home.mkdir()
+        run = Run(spark, js_client, nats_server, home, cls)
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.stop()
+
+
+def expected_stats(values: list[float]) -> list[dict[str, float]]:
+    return [{"count": n, "total": float(sum(values[:n]))} for n in range(1, len(values) + 1)]
+
+
+def test_a_stateful_processor_is_built_once_over_many_batches(make_run: Any) -> None:
+    run = make_run("CountingStats")
+    run.start()
+    values: list[float] = []
+    for round_ in range(5):
+        batch = [float(10 * round_ + k) for k in range(4)]
+        run.send([{"value": v} for v in batch])
+        values += batch
+    run.wait_batches(5)
+    assert [json.loads(o["body"]) for o in run.outputs()] == expected_stats(values)
+    # One instance in the workers for five batches (and one probe in the driver, closed).
+    assert len(run.lines("build")) == 1
+    assert run.lines("assign") == run.lines("build")
+    assert run.lines("close") == []
+    assert len(run.lines("build", workers_only=False)) == 2
+
+
+def test_a_stateless_processor_is_built_once_over_many_batches(make_run: Any) -> None:
+    run = make_run("Doubling")
+    run.start()
+    for round_ in range(5):
+        run.send([{"value": round_ + k} for k in range(3)])
+    run.wait_batches(5)
+    assert [json.loads(o["body"])["value"] for o in run.outputs()] == [
+        2 * (round_ + k) for round_ in range(5) for k in range(3)
+    ]
+    assert len(run.lines("build")) == 1
+    assert run.lines("assign") == run.lines("build")
+
+
+def test_hooks_follow_the_gate_and_the_end_of_the_run(make_run: Any) -> None:
+    run = make_run("CountingStats")
+    run.start()
+    run.send([{"value": 1.0}, {"value": 2.0}])
+    write_gate(run.gate, "hold")
+    wait_until(lambda: run.lines("pause"), 30, describe="on_pause in the worker")
+    open_gate(run.gate)
+    wait_until(lambda: run.lines("resume"), 30, describe="on_resume in the worker")
+    run.send([{"value": 3.0}])
+    run.stop()
+    wait_until(lambda: run.lines("close"), 30, describe="close in the worker")
+    worker = run.lines("build")
+    assert len(worker) == 1
+    # Every hook ran in the one worker that holds the instance, in the contract's order.
+    for hook in ("assign", "pause", "resume", "revoke", "close"):
+        assert run.lines(hook) == worker, hook
+    in_worker = [h for h, pid in (line.split() for line in run.log.read_text().splitlines())
+                 if pid == worker[0]]  # fmt: skip
+    assert in_worker == ["build", "assign", "pause", "resume", "revoke", "close"]
+    assert [json.loads(o["body"]) for o in run.outputs()] == expected_stats([1.0, 2.0, 3.0])
+
+
+def test_rolled_back_events_and_a_retried_batch_give_the_reference_output(
+    make_run: Any,
+) -> None:
+    run = make_run("CountingStats")
+    run.start()
+    run.send([{"value": 1.0}, {"value": 2.0, "bad": True}, {"value": 3.0}])
+    run.send([{"value": 4.0}])
+    # The task dies with the third event of this batch (SystemExit: its worker ends) and
+    # Spark tries it again: the state is the stored one, as if the first try never ran.
+    run.send([{"value": 5.0}, {"value": 6.0}, {"value": 7.0, "crash": True}])
+    run.send([{"value": 8.0, "bad": True}, {"value": 9.0}])
+    good = [1.0, 3.0, 4.0, 5.0, 6.0, 7.0, 9.0]
+    assert [json.loads(o["body"]) for o in run.outputs()] == expected_stats(good)
+    assert [json.loads(d["body"])["value"] for d in run.outputs("dead")] == [2.0, 8.0]
+    assert Path(f"{run.log}.crashed").exists()
+    # Each undone event built one instance; the crashed task's worker built one more.
+    builds, closes = run.lines("build"), run.lines("close")
+    assert len(builds) >= 4
+    assert run.lines("assign") == builds
+    assert len(closes) == len(builds) - 1  # all but the one kept now
+
+
+def test_a_restart_from_an_older_checkpoint_rebuilds_from_its_state(make_run: Any) -> None:
+    run = make_run("CountingStats")
+    run.start()
+    run.send([{"value": 1.0}, {"value": 2.0}])
+    run.stop()
+    older = run.home / "older"
+    shutil.copytree(run.plan.checkpoint_dir, older)
+    run.start()
+    run.send([{"value": 3.0}])
+    run.stop()
+    shutil.rmtree(run.plan.checkpoint_dir)
+    shutil.copytree(older, run.plan.checkpoint_dir)
+    run.start()  # re-executes nothing new: the output of value 3 is already stored
+    run.send([{"value": 4.0}])
+    # Had the instance of the second run (count 3) been reused, the last count would be 5.
+    assert [json.loads(o["body"]) for o in run.outputs()][-1] == {"count": 4, "total": 10.0}

@@ -1,0 +1,96 @@
+"""The cluster file: written whole or not at all; a bad one is a clear error, not a traceback."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fogshift.exceptions import InvalidInput
+from fogshift.supervisor.cluster import (
+    ClusterFile,
+    ProcessInfo,
+    cluster_file,
+    cluster_running,
+    load_cluster,
+    save_cluster,
+    token_file,
+)
+from fogshift.supervisor.exceptions import NotUp
+
+
+def a_cluster(orchestrator_pid: int = 4242) -> ClusterFile:
+    return ClusterFile(
+        orchestrator=ProcessInfo(
+            pid=orchestrator_pid, pgid=orchestrator_pid, url="http://127.0.0.1:1"
+        ),
+        broker=None,
+        nodes={"fog-a": ProcessInfo(pid=4243, pgid=4243, url="http://127.0.0.1:2")},
+        broker_url="nats://127.0.0.1:3",
+    )
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    token_file(tmp_path).write_text("secret\n")
+    return tmp_path
+
+
+def test_saved_cluster_loads_back_and_leaves_no_temporary_file(home: Path) -> None:
+    save_cluster(home, a_cluster())
+    cluster, token = load_cluster(home)
+    assert cluster == a_cluster() and token == "secret"
+    assert sorted(p.name for p in home.iterdir()) == ["cluster.json", "token"]
+
+
+def test_a_write_that_fails_midway_leaves_the_previous_file_whole(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    save_cluster(home, a_cluster(1))
+    before = cluster_file(home).read_text()
+
+    def crash(src: object, dst: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_cluster(home, a_cluster(2))
+    assert cluster_file(home).read_text() == before
+    assert sorted(p.name for p in home.iterdir()) == ["cluster.json", "token"]
+
+
+@pytest.mark.parametrize(
+    ("content", "received"),
+    [
+        (b'{"orchestrator": {"pid": 1', "Invalid JSON"),
+        (b"", "Invalid JSON"),
+        (b'{"orchestrator": {"pid": 1, "pgid": 1}}', "Field required"),
+        (b"\xff\xfe\x00garbage", "not text"),
+    ],
+    ids=["truncated", "empty", "wrong-shape", "binary"],
+)
+def test_a_corrupt_file_names_itself_what_was_expected_and_what_to_do(
+    home: Path, content: bytes, received: str
+) -> None:
+    cluster_file(home).write_bytes(content)
+    with pytest.raises(InvalidInput) as caught:
+        load_cluster(home)
+    error = caught.value
+    assert str(cluster_file(home)) in error.message
+    assert error.expected is not None and "fogshift up" in error.expected
+    assert error.received is not None and received in error.received
+    assert error.hint is not None and "delete the file" in error.hint
+    assert not cluster_running(home)  # the liveness probe just says "no"
+
+
+def test_an_unreadable_file_is_the_same_clear_error(home: Path) -> None:
+    cluster_file(home).mkdir()  # reading it fails with an OSError
+    with pytest.raises(InvalidInput, match="cannot read the cluster file") as caught:
+        load_cluster(home)
+    assert caught.value.received is not None and "IsADirectoryError" in caught.value.received
+
+
+def test_no_file_still_means_no_cluster(home: Path) -> None:
+    with pytest.raises(NotUp):
+        load_cluster(home)

@@ -1,0 +1,35 @@
+"""Reading a Case 1 spec's input, window and output (shared by the demo and the bench)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fogshift.exceptions import InvalidInput
+from fogshift.spec.examples import example_path
+from fogshift.spec.loader import load_spec
+from fogshift.spec.models import ElementSpec, PipelineSpec
+from fogshift.verify.case1 import case1_parts
+
+
+def test_parts_of_the_case1_example() -> None:
+    spec = load_spec(example_path("case1") / "case1.yaml")
+    source, aggregate, sink = case1_parts(spec)
+    assert source.endswith(".csv") and sink.endswith(".csv") and source != sink
+    assert {"field", "window"} <= set(aggregate)
+
+
+def test_a_pipeline_that_is_not_case1_is_refused_by_name() -> None:
+    spec = PipelineSpec(
+        pipeline="other",
+        elements=[
+            ElementSpec(id="src", kind="csv-source", node="cloud", options={"path": "in.csv"}),
+            ElementSpec(
+                id="out", kind="csv-sink", node="cloud", inputs=("src",),
+                options={"path": "out.csv"},
+            ),
+        ],
+    )  # fmt: skip
+    with pytest.raises(InvalidInput) as caught:
+        case1_parts(spec)
+    assert "'other'" in caught.value.message
+    assert caught.value.received == "csv-source, csv-sink"
