@@ -4,12 +4,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: setup demo test test-unit lint format clean
+.PHONY: setup demo test test-fast test-unit lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,bench]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -21,8 +21,11 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
-test-unit: setup
+# Unit and in-process tests: no cluster, no Spark session.
+test-fast: setup
 	$(PY) -m pytest -q -m "not integration"
+
+test-unit: test-fast
 
 lint: setup
 	$(VENV)/bin/ruff format --check fogshift tests

@@ -440,8 +440,15 @@ class NodeRuntime:
         return info
 
     def elements(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [self.describe(h) for h in self._elements.values()]
+        """What runs here, for heartbeats and ``GET /elements``.
+
+        Taken without the node's lock: a query start holds it for seconds (tens under
+        load), and a heartbeat that waited behind it would make a busy node look lost to
+        the orchestrator. A copy of the table (one step under the GIL) is consistent
+        enough: each PE's fields are read as they are at that moment.
+        """
+        hosted = list(self._elements.values())
+        return [self.describe(h) for h in hosted]
 
     # -- monitor ----------------------------------------------------------------------------
 

@@ -203,8 +203,30 @@ def _ram_gib() -> float | None:
         return None
 
 
+def load_average() -> list[float] | None:
+    """The 1/5/15-minute load averages, or None where the platform has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def host_description() -> dict[str, Any]:
+    """The machine every benchmark reports: cores (all and usable), CPU model, RAM, OS and
+    Python."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "cpu_model": _cpu_model(),
+        "ram_gib": _ram_gib(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
 def machine_description() -> dict[str, Any]:
-    """Cores, CPU model, RAM and the versions of what runs the pipelines."""
+    """:func:`host_description` and the versions of what runs the pipelines."""
     import pyspark
 
     nats = shutil.which("nats-server", path=str(Path(sys.executable).parent)) or shutil.which(
@@ -213,15 +235,11 @@ def machine_description() -> dict[str, Any]:
     java = _first_line(["java", "-version"])
     match = re.search(r'"([^"]+)"', java or "")
     return {
-        "cores": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "ram_gib": _ram_gib(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
+        **host_description(),
         "java": match.group(1) if match else java,
         "spark": pyspark.__version__,
         "nats_server": _first_line([nats, "--version"]) if nats else None,
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "load_average_at_start": load_average(),
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 

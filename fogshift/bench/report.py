@@ -79,7 +79,10 @@ def render(out: Path) -> Path:
         folder = out / experiment.NAME
         if not folder.is_dir():
             continue
-        experiment.plot(folder)
+        try:
+            experiment.plot(folder)
+        except ImportError:  # matplotlib is the `bench` extra: the tables need no plots
+            parts += [f"(no plots of {experiment.NAME}: `pip install 'fogshift[bench]'`)", ""]
         text = experiment.section(folder)
         if text:
             parts += [text, ""]

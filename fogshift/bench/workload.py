@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from fogshift.bench.cluster import BenchCluster
+from fogshift.bench.padded import aggregate_element
 from fogshift.exceptions import FogshiftError
 from fogshift.spec.loader import load_spec
 from fogshift.verify.case1 import case1_parts
@@ -121,10 +122,7 @@ def write_case1(
         "elements": [
             {"id": "source", "kind": "csv-source", "node": edge_node,
              "options": {"path": INPUT, "rate": rate}},
-            {"id": "aggregate", "kind": "window-aggregate", "node": agg_node,
-             "inputs": ["source"],
-             "options": {"field": "value", "window": window, "function": "avg",
-                         "pad_bytes": pad_bytes}},
+            aggregate_element(agg_node, pad_bytes, window),
             {"id": "sink", "kind": "csv-sink", "node": edge_node, "inputs": ["aggregate"],
              "options": {"path": OUTPUT}},
         ],

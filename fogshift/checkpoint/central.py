@@ -261,7 +261,8 @@ class CentralStore:
         raise CheckpointError(
             f"no usable central checkpoint of {pipeline}/{pe}"
             + (f" (skipped: {'; '.join(skipped)})" if skipped else ""),
-            hint="central checkpoints are pulled every 15 s from the node; none was taken yet",
+            hint="central checkpoints are pulled from the node every --central-interval seconds "
+            "(`fogshift up`); none was taken yet",
         )
 
     def materialize(self, manifest: dict[str, Any], target: Path) -> None:

@@ -2,7 +2,7 @@
 
 Each command measures, writes its raw data (CSV) and renders plots and a ``results.md`` from
 that data into ``--out DIR``. The measuring and reporting live in the library (e.g.
-:mod:`fogshift.planner.bench`); this module only parses options and shows progress, so a
+:mod:`fogshift.bench.planner`); this module only parses options and shows progress, so a
 benchmark can also be run from Python without the CLI. Heavy imports (HiGHS, numpy,
 matplotlib) happen inside the commands to keep ``fogshift --help`` fast.
 """
@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from fogshift.planner.bench import RunRow, Sweep
+    from fogshift.bench.planner import RunRow, Sweep
 
 bench_app = typer.Typer(
     help="Benchmarks: each writes a CSV of every run, PNG plots and results.md into --out.",
@@ -77,9 +77,9 @@ def planner(
 
     Writes runs.csv, run.json, one PNG per sweep and results.md (see docs/planner.md).
     """
+    from fogshift.bench import planner as bench
     from fogshift.bench.base import Reporter
     from fogshift.exceptions import InvalidInput
-    from fogshift.planner import bench
 
     if report_only:
         given = [
@@ -162,7 +162,7 @@ def planner(
 
 def _point_line(rows: list[RunRow], last: RunRow) -> str:
     """One line per finished point: mean times and outcomes, computed like the report."""
-    from fogshift.planner.bench import fmt_time, summarise
+    from fogshift.bench.planner import fmt_time, summarise
 
     point = (last.sweep, last.tasks, last.servers)
     mine = [r for r in rows if (r.sweep, r.tasks, r.servers) == point]

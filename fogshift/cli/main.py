@@ -84,13 +84,13 @@ def up(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for health.")] = 240,
     checkpoint_interval: Annotated[
         float, typer.Option(help="Seconds between node-level checkpoints.")
-    ] = 5.0,
+    ] = cluster_ops.CHECKPOINT_INTERVAL_S,
     central_interval: Annotated[
         float, typer.Option(help="Seconds between central checkpoint pulls.")
-    ] = 15.0,
+    ] = cluster_ops.CENTRAL_INTERVAL_S,
     duplicate_window: Annotated[
         float, typer.Option(help="The broker's de-duplication window of new streams (s).")
-    ] = 120.0,
+    ] = cluster_ops.DUPLICATE_WINDOW_S,
     isolate: Annotated[
         bool,
         typer.Option(
@@ -113,7 +113,7 @@ def up(
     ] = None,
     plan_interval: Annotated[
         float, typer.Option(help="Seconds between backup/redeploy plans.")
-    ] = 10.0,
+    ] = cluster_ops.PLAN_INTERVAL_S,
 ) -> None:
     """Start the broker, the orchestrator and one node agent per node; wait until healthy."""
     from fogshift.network.links import parse_link_assignments
@@ -518,8 +518,8 @@ def serve_agent(
     broker_file: Annotated[Path, typer.Option()],
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     spark_master: Annotated[str, typer.Option()] = "local[*]",
-    trigger_ms: Annotated[int, typer.Option()] = 200,
-    checkpoint_interval: Annotated[float, typer.Option()] = 5.0,
+    trigger_ms: Annotated[int, typer.Option()] = cluster_ops.TRIGGER_MS,
+    checkpoint_interval: Annotated[float, typer.Option()] = cluster_ops.CHECKPOINT_INTERVAL_S,
     advertise_url: Annotated[
         str | None, typer.Option(help="The URL the orchestrator should use (isolated nodes).")
     ] = None,
@@ -555,9 +555,9 @@ def serve_orchestrator(
     token_file: Annotated[Path, typer.Option()],
     broker_file: Annotated[Path, typer.Option()],
     host: Annotated[str, typer.Option()] = "127.0.0.1",
-    central_interval: Annotated[float, typer.Option()] = 15.0,
-    duplicate_window: Annotated[float, typer.Option()] = 120.0,
-    plan_interval: Annotated[float, typer.Option()] = 10.0,
+    central_interval: Annotated[float, typer.Option()] = cluster_ops.CENTRAL_INTERVAL_S,
+    duplicate_window: Annotated[float, typer.Option()] = cluster_ops.DUPLICATE_WINDOW_S,
+    plan_interval: Annotated[float, typer.Option()] = cluster_ops.PLAN_INTERVAL_S,
     broker_config: Annotated[Path | None, typer.Option()] = None,
     broker_pid: Annotated[int | None, typer.Option()] = None,
     test_pause_at: Annotated[
@@ -573,7 +573,7 @@ def serve_orchestrator(
     import uvicorn
 
     from fogshift.orchestrator.app import create_app
-    from fogshift.orchestrator.service import OrchestratorConfig
+    from fogshift.orchestrator.config import OrchestratorConfig
 
     config = OrchestratorConfig(
         home=home.resolve(),

@@ -37,7 +37,8 @@ from fogshift.common.http import (
 from fogshift.common.names import NAME_RE
 from fogshift.exceptions import FogshiftError, NotFound
 from fogshift.migration.procedure import Mode
-from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.service import Orchestrator
 from fogshift.orchestrator.views import OperationView
 
 _BLOBS = re.compile(r"/checkpoints/blobs/[^/]+")

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fogshift.agent.config import AgentConfig
 from fogshift.broker.client import BrokerAddress
 from fogshift.broker.server import free_port, start_nats_server
 from fogshift.common.exceptions import WaitTimedOut
@@ -50,8 +51,16 @@ from fogshift.network.namespaces import (
 )
 from fogshift.network.relay import EchoSpec, RelayConfig, Route, spawn_relay
 from fogshift.network.rtt import RttReport, measure_rtt
+from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.planning import FogTopology
 from fogshift.supervisor.exceptions import AlreadyUp, NotUp
+
+#: The services' defaults, from their config models (the one place each is written).
+CHECKPOINT_INTERVAL_S: float = AgentConfig.model_fields["checkpoint_interval_s"].default
+TRIGGER_MS: int = AgentConfig.model_fields["trigger_ms"].default
+CENTRAL_INTERVAL_S: float = OrchestratorConfig.model_fields["central_interval_s"].default
+DUPLICATE_WINDOW_S: float = OrchestratorConfig.model_fields["duplicate_window_s"].default
+PLAN_INTERVAL_S: float = OrchestratorConfig.model_fields["plan_interval_s"].default
 
 #: Port of an isolated node's agent inside its namespace (the namespace has nothing else).
 ISOLATED_AGENT_PORT = 8700
@@ -260,7 +269,7 @@ def start_node(
     orchestrator_url: str,
     host: str,
     spark_master: str,
-    checkpoint_interval_s: float = 5.0,
+    checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
 ) -> ProcessInfo:
     """Start the agent of node ``name`` (its broker file written) in a new process group."""
     port = free_port(host)
@@ -287,7 +296,7 @@ def start_isolated_node(
     orchestrator_url: str,
     broker: BrokerAddress,
     spark_master: str,
-    checkpoint_interval_s: float = 5.0,
+    checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
 ) -> tuple[ProcessInfo, IsolatedNode]:
     """Start node ``link.node``'s relay, then its agent inside the node's namespace.
 
@@ -355,13 +364,13 @@ def up(
     spark_master: str = "local[*]",
     timeout_s: float = 180,
     on_progress: Callable[[str], None] | None = None,
-    checkpoint_interval_s: float = 5.0,
-    central_interval_s: float = 15.0,
-    duplicate_window_s: float = 120.0,
+    checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
+    central_interval_s: float = CENTRAL_INTERVAL_S,
+    duplicate_window_s: float = DUPLICATE_WINDOW_S,
     isolate: bool = False,
     links: dict[str, LinkProfile] | None = None,
     topology: Path | None = None,
-    plan_interval_s: float = 10.0,
+    plan_interval_s: float = PLAN_INTERVAL_S,
 ) -> ClusterFile:
     """Start the broker (unless ``nats_url``), the orchestrator and the node agents.
 

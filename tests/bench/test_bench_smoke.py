@@ -20,18 +20,18 @@ from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.verify.reference import case1_reference, compare, read_sink
 from tests.conftest import Cluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def shared(cluster: Cluster) -> Iterator[BenchCluster]:
-    """The session's shared cluster (cloud, fog-a, fog-b, fog-c; checkpoints every 1 s,
-    central pulls every 2 s), seen as a bench cluster; the nodes the bench kills are started
+    """The session's shared cluster (cloud, fog-a, fog-b, fog-c; checkpoints every 2 s,
+    central pulls every 4 s), seen as a bench cluster; the nodes the bench kills are started
     again after the module."""
     yield BenchCluster(
         cluster.home,
         ClusterOptions(
-            ("cloud", "fog-a", "fog-b", "fog-c"), checkpoint_interval_s=1, central_interval_s=2
+            ("cloud", "fog-a", "fog-b", "fog-c"), checkpoint_interval_s=2, central_interval_s=4
         ),
     )
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -111,6 +114,29 @@ def test_report_of_a_hand_written_e2_log(tmp_path: Path) -> None:
     text = report.render(tmp_path).read_text()
     assert "| reprocessed | 3 | 10-40 | 1.000 | 1,000 | 1.00 |" in text
     assert "`bad` failed" in text
+
+
+def test_results_render_without_matplotlib_as_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """matplotlib is the `bench` extra: without it the tables come out, the plots are named."""
+    log = RunLog(tmp_path / "e2" / "runs.csv", e2.RUN_FIELDS)
+    log.append({"run": "r0", "status": "restored", "consistent": True,
+                "reprocessed_events": 10, "reprocess_ms": 1010.0, "intermediate_events": 0,
+                "intermediate_ms": 0.0})  # fmt: skip
+    (tmp_path / "e2" / "notes.json").write_text(json.dumps({"settings": {}, "skipped": []}))
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("matplotlib") or name == "fogshift.bench.plotting":
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "fogshift.bench.plotting", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    text = report.render(tmp_path).read_text()
+    assert "(no plots of e2: `pip install 'fogshift[bench]'`)" in text
+    assert "## E2" in text and not (tmp_path / "e2" / "e2.png").exists()
 
 
 def test_register_adds_the_commands() -> None:

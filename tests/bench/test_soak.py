@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -30,7 +32,7 @@ from fogshift.supervisor.cluster import (
     kill_group,
     load_cluster,
 )
-from tests.conftest import ROOT, Cluster, fogshift
+from tests.conftest import ROOT, fogshift
 
 EXAMPLE = ROOT / "examples" / "soak"
 
@@ -298,15 +300,19 @@ def test_results_are_rendered_from_runs_csv_and_verdict_json(tmp_path: Path) -> 
 
 
 @pytest.mark.integration
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_a_small_soak_counts_every_output_row(cluster: Cluster, tmp_path: Path) -> None:
+def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
+    # A cluster of its own (the soak starts and stops it): on the shared one, whose
+    # checkpoints are more frequent and which has a fourth node to restore on, it took
+    # three times as long.
     out, work = tmp_path / "out", tmp_path / "work"
     started = time.monotonic()
     proc = fogshift(
         "bench", "soak", "--migrations", "2", "--kills", "1", "--orchestrator-kills", "1",
         "--mid-migration", "1", "--nodes", "cloud,fog-a,fog-b", "--seed", "3",
-        "--out", str(out), "--work", str(work), "--home", str(cluster.home),
-        check=False, timeout=2300,
+        "--out", str(out), "--work", str(work), check=False, timeout=2300,
     )  # fmt: skip
     minutes = (time.monotonic() - started) / 60
     verdict = json.loads((out / soak.VERDICT_JSON).read_text())
@@ -340,5 +346,15 @@ def test_a_small_soak_counts_every_output_row(cluster: Cluster, tmp_path: Path) 
     assert all(r["settled_ms"] for r in rows), rows  # every PE ran again after each one
     text = (out / soak.RESULTS_MD).read_text()
     assert f"| {soak.CASE1} (case1) |" in text and "## Durations" in text
-    # The cluster it was given runs on, whole: what the soak killed it started again.
-    assert all(n["healthy"] for n in cluster.json("nodes")), cluster.json("nodes")
+    # `fogshift down` ran: it removes cluster.json, and no process group of it is left.
+    homes = list(work.glob("cluster-*"))
+    assert homes and not any((h / "cluster.json").exists() for h in homes)
+    assert not any(_running_under(h) for h in homes)
+
+
+def _running_under(home: Path) -> bool:
+    """Whether a process still runs with ``home`` on its command line (a leftover)."""
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.info["pid"] != os.getpid() and str(home) in " ".join(proc.info["cmdline"] or ()):
+            return True
+    return False

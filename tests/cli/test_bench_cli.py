@@ -35,7 +35,7 @@ def _csv(out: Path) -> list[dict[str, str]]:
 
 
 def test_csv_has_exactly_the_configured_runs(run: Path) -> None:
-    from fogshift.planner.bench import instance_seed, quick_config
+    from fogshift.bench.planner import instance_seed, quick_config
 
     config = quick_config(trials=TRIALS, time_limit_s=TIME_LIMIT_S)
     rows = _csv(run)
@@ -153,8 +153,8 @@ def test_results_md_gaps_equal_a_recomputation_from_the_csv(run: Path) -> None:
 
 
 def test_every_greedy_plan_passes_the_feasibility_checker(run: Path) -> None:
-    from fogshift.planner.bench import random_topology
     from fogshift.planner.greedy import solve_greedy
+    from fogshift.planner.instances import random_topology
 
     checked = 0
     for r in _csv(run):

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import ROOT, Cluster, fogshift
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 
 def test_demo_kills_restores_migrates_and_is_consistent(cluster: Cluster, tmp_path: Path) -> None:

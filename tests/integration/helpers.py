@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from fogshift.bench.padded import aggregate_element
 from fogshift.broker.client import BrokerAddress, SyncJetStream, fetch_range, last_seq
 from fogshift.broker.naming import fence_subject, stream_name
 from fogshift.events import EPOCH_HEADER
@@ -123,10 +124,7 @@ def case1_spec(
         [
             {"id": "source", "kind": "csv-source", "node": "cloud",
              "options": {"path": "in.csv"}},
-            {"id": "aggregate", "kind": "window-aggregate", "node": agg_node,
-             "inputs": ["source"],
-             "options": {"field": "value", "window": 10, "function": "avg",
-                         "pad_bytes": pad_bytes}},
+            aggregate_element(agg_node, pad_bytes),
             {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
              "options": {"path": "out/case1.csv"}},
         ],

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import Cluster
 from tests.integration.helpers import case1_spec, finish_and_compare
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NODES = ["cloud", "fog-a", "fog-b"]
 

@@ -26,7 +26,7 @@ from fogshift.verify.reference import case1_reference, compare, read_sink
 from tests.conftest import Cluster, group_alive, pgids_of
 from tests.integration.helpers import FEEDERS, Feeder, stream_messages, write_spec
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CHUNK = 12  # rows appended to each input every TICK_S while the operations run
 TICK_S = 0.5

@@ -10,6 +10,8 @@ must find itself fenced, never append, and be removed.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -27,7 +29,14 @@ from tests.integration.helpers import (
     wait_central,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.root,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+        reason="isolated nodes need root and iproute2 (`ip netns`, `tc`): `fogshift up --isolate`",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

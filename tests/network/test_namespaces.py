@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,10 +43,15 @@ from fogshift.supervisor.cluster import cluster_running
 ROOT = Path(__file__).resolve().parents[2]
 ECHO_PORT = 7801
 
-needs_root = pytest.mark.skipif(
+_without_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
     reason="network namespaces need root and the `ip` and `tc` commands",
 )
+
+
+def needs_root(test: Callable[..., None]) -> Callable[..., None]:
+    """Marked ``root``, and skipped with the reason where root (or iproute2) is missing."""
+    return pytest.mark.root(_without_root(test))  # type: ignore[no-any-return]
 
 
 def run(*args: str) -> str:

@@ -22,7 +22,8 @@ from fogshift.broker.publish import Record, last_position, publish_records
 from fogshift.broker.server import BrokerProcess
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.migration.exceptions import MigrationFailed
-from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration.exceptions import RestoreFailed
 from tests.orchestrator.standin import StandIn, standins
 

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from fogshift.broker.client import BrokerAddress
 from fogshift.common.http import node_token
 from fogshift.orchestrator.app import create_app
+from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.registry import Registry
-from fogshift.orchestrator.service import OrchestratorConfig
 from fogshift.orchestrator.views import OperationView
 
 OPERATOR = "operator-token-" + "o" * 32

@@ -17,7 +17,8 @@ from fastapi.testclient import TestClient
 from fogshift.broker.client import BrokerAddress
 from fogshift.common.http import blob_token, node_token
 from fogshift.orchestrator.app import create_app
-from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.service import Orchestrator
 
 OPERATOR = "operator-token-" + "o" * 32
 SPEC = {

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
 from tests.orchestrator.standin import SPEC
 

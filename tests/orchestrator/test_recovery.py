@@ -16,7 +16,8 @@ import pytest
 
 from fogshift.broker.client import BrokerAddress
 from fogshift.exceptions import InvalidInput
-from fogshift.orchestrator.service import Orchestrator, OrchestratorConfig
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
 from tests.orchestrator.standin import SPEC, StandIn, standins
 

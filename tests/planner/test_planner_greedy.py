@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from planner_testlib import brute_force, task, topo, topologies
 
 from fogshift.planner import InfeasiblePlan, Topology
-from fogshift.planner.bench import random_topology
 from fogshift.planner.greedy import solve_greedy
+from fogshift.planner.instances import random_topology
 from fogshift.planner.milp import solve_exact
 
 

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from planner_testlib import brute_force, close, task, topo, topologies
 
 from fogshift.planner import InfeasiblePlan, SolverFailed, Topology, plan
-from fogshift.planner.bench import random_topology
 from fogshift.planner.greedy import solve_greedy
+from fogshift.planner.instances import random_topology
 from fogshift.planner.milp import solve_exact
 
 

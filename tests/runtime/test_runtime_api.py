@@ -90,11 +90,6 @@ def test_invalid_values_are_dead_letters_and_leave_the_window_alone(value: objec
     assert proc.process(ev(4, v=1)) == {"v": 6.0}
 
 
-def test_window_padding_emulates_large_state() -> None:
-    proc = WindowAggregate.build({"field": "v", "window": 2, "pad_bytes": 1000}, "agg", None)
-    assert len(proc.dump_state()) > 1000
-
-
 def test_map_and_filter() -> None:
     m = Map.build({"set": {"double": "v * 2", "big": "v > 2"}}, "m", None)
     assert m.process(ev(1, v=3)) == {"v": 3, "double": 6, "big": True}

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import math
-import random
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -30,7 +28,6 @@ class WindowAggregateOptions(BaseModel):
         field: The body field to aggregate.
         window: How many of the latest valid values the aggregate covers (count window).
         function: avg, sum, min, max or count.
-        pad_bytes: Extra state carried along, to emulate a PE with a large state (benchmarks).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -38,7 +35,6 @@ class WindowAggregateOptions(BaseModel):
     field: str = Field(min_length=1)
     window: int = Field(ge=1, le=1_000_000)
     function: Literal["avg", "sum", "min", "max", "count"] = "avg"
-    pad_bytes: int = Field(default=0, ge=0, le=512 * 1024 * 1024)
 
 
 class WindowAggregate(Processor):
@@ -51,15 +47,6 @@ class WindowAggregate(Processor):
     options_model = WindowAggregateOptions
     dead_letters_change_nothing = True  # process() checks the value before the window
     values: list[float] = state(default_factory=list)
-    padding: str = state("")
-
-    def restore(self, snapshot: dict | None) -> None:  # type: ignore[override]
-        super().restore(snapshot)
-        wanted = self.config.pad_bytes
-        if len(self.padding) != wanted:
-            # Incompressible, like real model state: a transfer of it costs its size.
-            noise = random.Random(wanted).randbytes(wanted)
-            self.padding = base64.b64encode(noise).decode()[:wanted]
 
     def process(self, event: Event) -> dict[str, float | int]:
         opts: WindowAggregateOptions = self.config

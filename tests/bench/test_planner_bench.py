@@ -1,5 +1,6 @@
-"""The planner benchmark in-process: instance generator, configurations, statuses, summaries,
-the report, and a tiny real run whose plans are re-checked independently."""
+"""The planner benchmark (`fogshift.bench.planner`) in-process: instance generator,
+configurations, statuses, summaries, the report, and a tiny real run whose plans are
+re-checked independently."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from planner_testlib import task, topo
 
-from fogshift.planner.bench import (
+from fogshift.bench.planner import (
     CSV_FIELDS,
     CSV_NAME,
     META_NAME,
@@ -36,6 +36,7 @@ from fogshift.planner.bench import (
     write_report,
 )
 from fogshift.planner.greedy import solve_greedy
+from tests.planner.planner_testlib import task, topo
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -15,7 +15,7 @@ Data flow, in two steps so that every published number comes from the raw data:
    per sweep. It can re-render a finished or interrupted run (``--report-only``).
 
 The command line is ``fogshift bench planner`` (:mod:`fogshift.cli.bench`); this module has
-no user interface of its own.
+no user interface of its own. The instances come from :mod:`fogshift.planner.instances`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import platform
-import random
 import re
 import statistics
 import time
@@ -37,110 +34,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
+from fogshift.bench.base import host_description, load_average
 from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.planner.exceptions import InfeasiblePlan, PlannerError, SolverFailed
 from fogshift.planner.greedy import solve_greedy
+from fogshift.planner.instances import random_topology
 from fogshift.planner.milp import solve_exact
-from fogshift.planner.model import Link, Plan, Server, Task, Topology
-
-#: Link bandwidths (Mb/s) drawn for the random network: edge-grade links, as in the paper's
-#: experiment with 10 and 100 Mb/s between servers.
-BANDWIDTHS: tuple[float, ...] = (20.0, 50.0, 100.0)
-
-
-def _floor1(x: float) -> float:
-    # Round down, never up, so load + tasks stays within capacity.
-    return math.floor(x * 10.0) / 10.0
-
-
-def random_topology(
-    n_tasks: int,
-    n_servers: int,
-    seed: int,
-    *,
-    fog_fraction: float = 0.1,
-    extra_links: float = 1.5,
-) -> Topology:
-    """A random fog instance in the spirit of the paper's Fig. 5/6 experiments.
-
-    The paper does not publish its generator; this one makes the trade-off of section V
-    appear: servers with spare CPU are few, so co-locating backup and redeploy server pulls
-    replication traffic across the network, and when links fill up tasks must keep their
-    backup nearby and recover remotely.
-
-    * Servers: ``fog_fraction`` of them (at least one) are fog servers, ``c_s = 200`` with a
-      background load uniform in ``[0, 50]``; the others are edge servers, ``c_s = 100``,
-      hosting the tasks and loaded so that only 0-5 CPU stays free.
-    * Network: a random spanning tree plus ``extra_links * n_servers`` random extra links
-      (connected, multi-hop), each with a bandwidth drawn from :data:`BANDWIDTHS`.
-    * Tasks: ``c_τ`` uniform in ``[5, 20]`` on a random edge server with room;
-      ``d_τ^store`` uniform in ``[1, 8]`` Mb/s; ``d_τ^sum`` uniform in ``[40, 400]`` Mb (the
-      paper's experiment moves about 20 MB = 160 Mb); ``l_τ`` uniform in ``[2, 30]`` s.
-
-    More tasks on the same servers leave less bandwidth, so, as in Fig. 5, the problem gets
-    harder with the number of tasks. Some instances are infeasible.
-
-    Args:
-        n_tasks: Number of tasks (>= 0).
-        n_servers: Number of servers (>= 1).
-        seed: Seed of the private random generator; equal arguments give equal topologies.
-        fog_fraction: Share of fog servers, in ``[0, 1]``.
-        extra_links: Extra links per server on top of the spanning tree.
-
-    Raises:
-        ValueError: If the sizes are invalid or the tasks do not fit the servers' CPU.
-    """
-    if n_servers < 1 or n_tasks < 0 or not 0.0 <= fog_fraction <= 1.0:
-        raise ValueError(
-            f"need n_servers >= 1, n_tasks >= 0, 0 <= fog_fraction <= 1; got "
-            f"{n_tasks}, {n_servers}, {fog_fraction}"
-        )
-    rng = random.Random(seed)
-    ids = [f"s{k + 1}" for k in range(n_servers)]
-    fog = set(rng.sample(range(n_servers), max(1, round(fog_fraction * n_servers))))
-    edge = [i for i in range(n_servers) if i not in fog]
-    capacity = [200.0 if i in fog else 100.0 for i in range(n_servers)]
-    used = [0.0] * n_servers
-    tasks = []
-    for k in range(n_tasks):
-        cpu = float(rng.randint(5, 20))
-        room = [i for i in edge if used[i] + cpu <= capacity[i] - 5.0]
-        if not room:  # edge servers full: spill onto any server with room
-            room = [i for i in range(n_servers) if used[i] + cpu <= capacity[i]]
-        if not room:
-            raise ValueError(f"{n_tasks} tasks do not fit on {n_servers} servers")
-        host = rng.choice(room)
-        used[host] += cpu
-        tasks.append(
-            Task(
-                id=f"t{k + 1}",
-                server=ids[host],
-                cpu=cpu,
-                latency_ms=float(rng.randint(2000, 30000)),
-                backup_rate=float(rng.randint(1, 8)),
-                transfer_size=float(rng.randint(40, 400)),
-            )
-        )
-    load = []
-    for i in range(n_servers):
-        if i in fog:
-            load.append(_floor1(min(rng.uniform(0.0, 50.0), capacity[i] - used[i])))
-        else:
-            free = rng.uniform(0.0, 5.0)
-            load.append(_floor1(max(0.0, capacity[i] - used[i] - free)))
-    pairs: set[tuple[int, int]] = set()
-    for k in range(1, n_servers):
-        pairs.add((rng.randrange(k), k))
-    wanted = min(len(pairs) + int(extra_links * n_servers), n_servers * (n_servers - 1) // 2)
-    while len(pairs) < wanted:
-        a, b = sorted(rng.sample(range(n_servers), 2))
-        pairs.add((a, b))
-    links = tuple(
-        Link(a=ids[a], b=ids[b], bandwidth=rng.choice(BANDWIDTHS)) for a, b in sorted(pairs)
-    )
-    servers = tuple(Server(id=sid, cpu=capacity[k], load=load[k]) for k, sid in enumerate(ids))
-    return Topology(servers=servers, tasks=tuple(tasks), links=links)
-
+from fogshift.planner.model import Plan, Topology
 
 # --------------------------------------------------------------------------- configuration
 
@@ -431,16 +331,8 @@ def instance_seed(tasks: int, servers: int, trial: int) -> int:
     return tasks * 1_000_003 + servers * 1_009 + trial
 
 
-def _loadavg() -> list[float] | None:
-    """The 1/5/15-minute load averages, or None where the platform has none."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
-
-
 def _load1() -> float | None:
-    avg = _loadavg()
+    avg = load_average()
     return None if avg is None else avg[0]
 
 
@@ -491,27 +383,7 @@ def measure(method: Method, topology: Topology, time_limit_s: float) -> Outcome:
 
 
 def machine_info() -> dict[str, Any]:
-    """The machine the benchmark runs on: cores, CPU model, RAM, OS, Python, HiGHS.
-
-    Values that cannot be read are ``None`` rather than errors (e.g. no ``/proc``).
-    """
-    cpu_model = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    ram_gib = None
-    try:
-        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("MemTotal:"):
-                ram_gib = int(line.split()[1]) / 1024**2  # the value is in KiB
-                break
-    except (OSError, ValueError, IndexError):
-        pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    """The machine (:func:`~fogshift.bench.base.host_description`) and the solver's versions."""
 
     def version(dist: str) -> str | None:
         try:
@@ -521,16 +393,7 @@ def machine_info() -> dict[str, Any]:
 
     import highspy  # already imported by the solver; here only for HiGHS' own version
 
-    return {
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "cpu_model": cpu_model,
-        "ram_gib": ram_gib,
-        "os": platform.platform(),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "highspy": version("highspy"),
-        "highs": highspy.Highs().version(),
-    }
+    return {**host_description(), "highspy": version("highspy"), "highs": highspy.Highs().version()}
 
 
 def _now() -> str:
@@ -602,7 +465,7 @@ def run_benchmark(
         "started": _now(),
         "finished": None,
         "wall_s": None,
-        "load_start": _loadavg(),
+        "load_start": load_average(),
         "load_end": None,
     }
     _write_json(out / META_NAME, meta)
@@ -647,7 +510,7 @@ def run_benchmark(
     meta.update(
         finished=_now(),
         wall_s=time.perf_counter() - start,
-        load_end=_loadavg(),
+        load_end=load_average(),
     )
     _write_json(out / META_NAME, meta)
     write_report(out)
@@ -1035,7 +898,7 @@ def render_report(
         "## What is measured",
         "",
         "- Instances come from `random_topology(tasks, servers, seed, extra_links=...)` "
-        "(`fogshift/planner/bench.py`); the CSV's `seed` and `extra_links` rebuild each one. "
+        "(`fogshift/planner/instances.py`); the CSV's `seed` and `extra_links` rebuild each one. "
         "Every method of a sweep runs on the same instances.",
         "- Time: wall-clock of one solve (routes, model building, solving), not generating "
         "the instance nor re-checking the plan. The exact solver starts cold (no greedy warm "
@@ -1100,7 +963,8 @@ def write_plots(out_dir: str | Path, config: BenchConfig, rows: Sequence[RunRow]
     except ImportError as exc:
         raise BenchError(
             "matplotlib is needed for the benchmark's plots",
-            hint="pip install matplotlib, then `fogshift bench planner --out DIR --report-only`",
+            hint="pip install 'fogshift[bench]', then "
+            "`fogshift bench planner --out DIR --report-only`",
         ) from exc
     out = Path(out_dir)
     written: dict[str, str] = {}

@@ -1,0 +1,56 @@
+"""Orchestrator configuration (frozen; built at the CLI edge). Its field defaults are the
+only ones: ``fogshift up`` and the CLI take theirs from here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OrchestratorConfig(BaseModel):
+    """Orchestrator settings (frozen; built at the CLI edge).
+
+    Attributes:
+        home: Where the registry database lives.
+        host: Interface to bind; loopback unless told otherwise.
+        port: TCP port.
+        token: The cluster's bearer token.
+        broker_file: The broker address file.
+        node_timeout_s: A node silent for longer is reported unhealthy.
+        reconcile_s: Interval of the loop that redeploys PEs missing from healthy nodes,
+            restores PEs of lost nodes and removes superseded instances.
+        central_interval_s: Interval of central-level checkpoint pulls.
+        duplicate_window_s: The broker's de-duplication window of new streams.
+        plan_interval_s: Interval of the backup/redeploy planner (see ``planning``).
+        plan_time_limit_s: Time limit of one exact solve; the greedy answers when it is hit.
+        broker_config: The config of the nats-server ``fogshift up`` started (``None``: an
+            external broker, whose users fogshift does not manage).
+        broker_pid: That server's process, signalled to reload per-node rights.
+        test_pause_at: Test hook: ``<kind>:<phase>`` of an operation (e.g.
+            ``migration:switching``, ``restore:installing``) at which this orchestrator stops,
+            once the journal has recorded that phase and before its side effect, and waits to
+            be killed. ``None`` (always, outside tests): never.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    token: str = Field(min_length=16)
+    broker_file: Path
+    node_timeout_s: float = Field(default=5.0, gt=0)
+    reconcile_s: float = Field(default=2.0, gt=0)
+    central_interval_s: float = Field(default=15.0, gt=0)
+    duplicate_window_s: float = Field(default=120.0, gt=0)
+    plan_interval_s: float = Field(default=10.0, gt=0)
+    plan_time_limit_s: float = Field(default=5.0, gt=0)
+    test_pause_at: str | None = Field(default=None, pattern=r"^(migration|restore):[a-z_]+$")
+    broker_config: Path | None = None
+    broker_pid: int | None = Field(default=None, ge=1)
+
+    @property
+    def topology_file(self) -> Path:
+        """The fog topology (node capacities, link bandwidths) the planner uses."""
+        return self.home / "topology.yaml"

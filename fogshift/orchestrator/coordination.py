@@ -1,0 +1,313 @@
+"""Migration and restore coordination: the orchestrator's side of the thesis's procedures
+(:mod:`fogshift.migration`, :mod:`fogshift.restoration`), journaled step by step."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from fogshift.agent.exceptions import UnknownElement
+from fogshift.broker.publish import fence
+from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+from fogshift.migration.exceptions import MigrationFailed
+from fogshift.migration.procedure import MigrationSteps, Mode
+from fogshift.migration.procedure import migrate as run_migration
+from fogshift.orchestrator.deployment import Deployment
+from fogshift.orchestrator.planning import (
+    nearest_first,
+)
+from fogshift.orchestrator.registry import PipelineRecord
+from fogshift.restoration.exceptions import RestoreFailed
+from fogshift.restoration.procedure import Copy, RestoreSteps
+from fogshift.restoration.procedure import restore as run_restore
+from fogshift.spec.models import ElementSpec
+
+log = logging.getLogger("fogshift.orchestrator")
+
+
+class Coordination(Deployment):
+    """Live migration and restoration of a PE."""
+
+    def migrate(
+        self, pipeline: str, element_id: str, target: str, mode: Mode = "precopy"
+    ) -> dict[str, Any]:
+        """Live-migrate a running PE to ``target`` (see :mod:`fogshift.migration.procedure`).
+
+        Raises:
+            UnknownPipeline / UnknownElement / UnknownNode: A name does not exist.
+            InvalidInput: The PE already runs on ``target``, or the pipeline is not running.
+            MigrationInProgress: Another migration of this PE is under way.
+            Unavailable: ``target`` is not healthy.
+            MigrationFailed: The procedure failed before its routing change and was rolled
+                back (its report says whether the origin runs again, and under which epoch).
+        """
+        record = self.pipeline(pipeline)
+        element = self._element(record, element_id)
+        if record.status != "running":
+            raise InvalidInput(
+                f"pipeline {pipeline!r} is {record.status}, not running",
+                hint="only running pipelines can be migrated",
+            )
+        self._refuse_current_node(record, element_id, target, "migrate")
+        self._usable_node(target, f"migrate {pipeline}/{element_id} to")
+        with self._exclusive(pipeline, element_id, "migration"):
+            # Afresh: a restore or migration that just ended may have moved the PE.
+            record = self.pipeline(pipeline)
+            self._refuse_current_node(record, element_id, target, "migrate")
+            origin = record.placement[element_id]
+            log.info("migrating %s/%s: %s -> %s (%s)", pipeline, element_id, origin, target, mode)
+            op = self.registry.begin_operation(
+                "migration", pipeline, element_id, origin, target, self.run_id, "preparing"
+            )
+            self.permissions.sync(self.registry)  # the target may read and, later, write
+            steps = MigrationSteps(
+                phase=partial(self._enter, op),
+                route=partial(self._route, op),
+                fence=partial(self._fence_for, op),
+            )
+            try:
+                report = run_migration(
+                    pipeline, element, (origin, self.agent(origin)),
+                    (target, self.agent(target)), mode=mode, steps=steps, epoch=op.epoch,
+                )  # fmt: skip
+            except MigrationFailed as exc:
+                failed = getattr(exc, "report", None)
+                rolled_back = failed is not None and failed.rolled_back
+                self.registry.finish(op.id, "rolled_back" if rolled_back else "failed")
+                raise
+            # Anything else escaping the procedure leaves the entry unfinished: the next
+            # reconcile round resolves it by its phase (see recover_operations).
+            self.registry.finish(op.id, "migrated")
+        log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
+        return report.to_dict()
+
+    def _refuse_current_node(
+        self, record: PipelineRecord, element_id: str, node: str, what: str
+    ) -> None:
+        """Refuse to ``what`` (migrate, restore) a PE onto the node it is placed on.
+
+        Raises:
+            InvalidInput: ``node`` is the PE's placement; nothing was changed.
+        """
+        if record.placement[element_id] != node:
+            return
+        raise InvalidInput(
+            f"{record.name}/{element_id} already runs on node {node!r}: cannot {what} it there",
+            expected="a node other than " + repr(node),
+            received=repr(node),
+            hint=(
+                "choose another node (`fogshift nodes` lists them)"
+                if what == "migrate"
+                else "restore it on another node, or leave --to out; a PE missing from its "
+                "healthy node is started there again by the reconciler"
+            ),
+        )
+
+    def restore_candidates(self, pipeline: str, element_id: str, exclude: set[str]) -> list[str]:
+        """Healthy, ready nodes outside ``exclude``: the PE's planned redeploy node first,
+        then the least busy (fewest PEs)."""
+        candidates = [
+            n
+            for n in self.registry.nodes()
+            if n.name not in exclude and self.healthy(n) and n.report.get("ready")
+        ]
+        planned = self.planned(pipeline, element_id).get("redeploy")
+        ranked = sorted(
+            candidates,
+            key=lambda n: (n.name != planned, len(n.report.get("elements", [])), n.name),
+        )
+        return [n.name for n in ranked]
+
+    def checkpoint_copies(
+        self, pipeline: str, element_id: str, target: str
+    ) -> Callable[[dict[str, Any]], list[Copy]]:
+        """Where ``target`` can copy a checkpoint of the PE from, nearest first (by the fog
+        topology's route bandwidth): replicas on healthy nodes, then the central store."""
+
+        def copies(manifest: dict[str, Any]) -> list[Copy]:
+            holders: dict[str, str] = {}
+            for n in self.registry.nodes():
+                held = {
+                    r["id"]
+                    for r in n.report.get("replicas", [])
+                    if (r["pipeline"], r["element"]) == (pipeline, element_id)
+                }
+                # Another node helps only with this very checkpoint; the target's own copy,
+                # even an older one, saves every file the two have in common.
+                if self.healthy(n) and (manifest["id"] in held or (held and n.name == target)):
+                    holders[n.name] = n.url
+            if self._topology is None:
+                order = [*sorted(holders, key=lambda n: n != target), "central"]
+            else:
+                order = nearest_first(self._topology, target, sorted(holders), self._central)
+            # The target's own copy needs no source of its own: what it lacks comes from
+            # the central store.
+            return [
+                ("central", None)
+                if name == "central"
+                else (f"replica@{name}", None if name == target else holders[name])
+                for name in order
+            ]
+
+        return copies
+
+    def restore(self, pipeline: str, element_id: str, target: str | None = None) -> dict[str, Any]:
+        """Restore a PE from its central checkpoint on ``target``, or on the best healthy node.
+
+        Without ``target`` a failed attempt (the chosen node died or failed during the
+        restore) is retried on the next candidate; every attempt fences the previous ones
+        with a new epoch. The report's ``attempts`` lists the failed attempts. Each attempt
+        is journaled (see :meth:`recover_operations`).
+
+        ``target`` may not be the node the PE is placed on: that is refused before anything
+        changes (nothing is fenced or discarded).
+
+        If every attempt fails while the PE's own node is healthy, the PE is started again
+        there — from its own checkpoint, under a newer epoch than every attempt's — so it
+        never stays fenced with nobody writing; the error says so.
+
+        Raises:
+            UnknownPipeline / UnknownElement / UnknownNode: A name does not exist.
+            InvalidInput: ``target`` is the node the PE is placed on.
+            Unavailable: The target (or, without one, every candidate) is not healthy.
+            MigrationInProgress: Another migration or restore of this PE is under way.
+            RestoreFailed: Every attempt failed; the report lists them. Retry elsewhere.
+        """
+        record = self.pipeline(pipeline)
+        element = self._element(record, element_id)
+        if target is not None:
+            self._refuse_current_node(record, element_id, target, "restore")
+            self._usable_node(target, f"restore {pipeline}/{element_id} on")
+        with self._exclusive(pipeline, element_id, "restore"):
+            # Afresh: a migration or restore that just ended may have moved the PE.
+            record = self.pipeline(pipeline)
+            current = record.placement[element_id]
+            if target is not None:
+                self._refuse_current_node(record, element_id, target, "restore")
+                candidates = [target]
+            else:
+                candidates = self.restore_candidates(pipeline, element_id, {current})
+                if not candidates:
+                    raise Unavailable(
+                        f"no healthy node to restore {pipeline}/{element_id} on "
+                        f"(it was on {current!r})",
+                        hint="`fogshift nodes` shows node health; start a node or wait",
+                    )
+            attempts: list[dict[str, Any]] = []
+            try:
+                return self._restore_on(element, pipeline, current, candidates, attempts)
+            except FogshiftError as exc:
+                if not any("epoch" in a for a in attempts):
+                    raise  # nothing was fenced: the PE runs as it did
+                epoch = self._restart_in_place(pipeline, element, current)
+                if epoch is None:
+                    raise
+                failed = getattr(exc, "report", None)
+                if failed is not None:
+                    failed.fallback = f"restarted on {current} under epoch {epoch}"
+                    self.last_restore[(pipeline, element_id)] = failed.to_dict()
+                again = type(exc)(
+                    f"{exc.message}; {pipeline}/{element_id} runs again on {current} (its own "
+                    f"node, from its own checkpoint) under epoch {epoch}",
+                    expected=exc.expected,
+                    received=exc.received,
+                    hint=exc.hint,
+                )
+                again.report = failed  # type: ignore[attr-defined]
+                raise again from exc
+
+    def _restore_on(
+        self,
+        element: ElementSpec,
+        pipeline: str,
+        current: str,
+        candidates: list[str],
+        attempts: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        """The attempts of :meth:`restore`, in its exclusive section; failed ones are added
+        to ``attempts`` (with the epoch they fenced with)."""
+        element_id = element.id
+        for name in candidates:
+            node = self.registry.node(name)
+            if attempts and (node is None or not self.healthy(node)):
+                attempts.append({"node": name, "error": "not healthy any more: skipped"})
+                continue
+            op = self.registry.begin_operation(
+                "restore", pipeline, element_id, current, name, self.run_id, "fencing",
+                new_epoch=True,
+            )  # fmt: skip
+            self.permissions.sync_quietly(self.registry)  # the target may write, nobody else
+            log.info("restoring %s/%s on %s (epoch %d)", pipeline, element_id, name, op.epoch)
+            try:
+                self._test_pause("restore:fencing")
+                report = run_restore(
+                    pipeline, element, op.epoch, (name, self.agent(name)), self.central,
+                    self.broker, copies=self.checkpoint_copies(pipeline, element_id, name),
+                    steps=RestoreSteps(phase=partial(self._enter, op)),
+                )  # fmt: skip
+            except RestoreFailed as exc:
+                self.registry.finish(op.id, "failed")
+                failed = getattr(exc, "report", None)
+                attempts.append({"node": name, "epoch": op.epoch, "error": exc.message})
+                if failed is not None:
+                    failed.attempts = list(attempts)
+                    self.last_restore[(pipeline, element_id)] = failed.to_dict()
+                if name == candidates[-1]:
+                    raise
+                log.warning("restore of %s/%s on %s failed; trying the next node: %s",
+                            pipeline, element_id, name, exc.message)  # fmt: skip
+                continue
+            report.attempts = attempts
+            self.registry.route(op.id, name)
+            self.registry.finish(op.id, "restored")
+            self.last_restore[(pipeline, element_id)] = report.to_dict()
+            log.info("restored %s/%s: %s", pipeline, element_id, report.to_dict())
+            return report.to_dict()
+        raise Unavailable(  # every candidate became unhealthy before its turn
+            f"no healthy node left to restore {pipeline}/{element_id} on",
+            received="; ".join(f"{a['node']}: {a['error']}" for a in attempts),
+            hint="`fogshift nodes` shows node health",
+        )
+
+    def _restart_in_place(self, pipeline: str, element: ElementSpec, node: str) -> int | None:
+        """Start ``element`` again on ``node``, its placement, under a new epoch.
+
+        After failed restore attempts its instance there was fenced (and an attempt's
+        instance elsewhere may still write under the epoch it got): a new epoch above all of
+        them, a fence marker for it, then the instance is stopped and started again from its
+        own checkpoint under it. Inside the PE's exclusive section.
+
+        Returns:
+            The new epoch, or ``None`` if ``node`` is not healthy or did not take it (logged;
+            the reconciler starts it under the newest epoch once the node can).
+        """
+        record = self.registry.node(node)
+        if record is None or not self.healthy(record) or not record.report.get("ready"):
+            log.warning("restore of %s/%s failed everywhere and its node %s is not healthy: "
+                        "left to the reconciler", pipeline, element.id, node)  # fmt: skip
+            return None
+        here = f"/pipelines/{pipeline}/elements/{element.id}"
+        try:
+            epoch = self.registry.next_epoch(pipeline, element.id)
+            self.broker.run(lambda js: fence(js, pipeline, element.id, epoch))
+            self._restart_instance(node, here, element, epoch)
+        except FogshiftError as exc:
+            log.warning("restore of %s/%s failed everywhere; restarting it on %s failed too "
+                        "(left to the reconciler): %s", pipeline, element.id, node,
+                        exc.message)  # fmt: skip
+            return None
+        log.warning("restore of %s/%s failed everywhere: restarted on its node %s under "
+                    "epoch %d", pipeline, element.id, node, epoch)  # fmt: skip
+        return epoch
+
+    def _restart_instance(self, node: str, here: str, element: ElementSpec, epoch: int) -> None:
+        """Stop the PE's instance on ``node`` (keeping its checkpoint) and start it again
+        under ``epoch``: an agent keeps a running instance's epoch on a plain deploy."""
+        agent = self.agent(node)
+        with contextlib.suppress(UnknownElement):  # not there: just start it
+            agent.delete(here)
+        placed = element.model_copy(update={"node": node}).model_dump(mode="json")
+        agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})

@@ -1,0 +1,98 @@
+"""The orchestrator's state and its node directory: who the nodes are, whether they are alive,
+and a client for each node's agent (with that node's own token)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from fogshift.broker.client import (
+    BrokerAddress,
+    SyncJetStream,
+)
+from fogshift.checkpoint.central import CentralStore
+from fogshift.common.http import ServiceClient, node_token
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.exceptions import UnknownNode
+from fogshift.orchestrator.permissions import BrokerPermissions
+from fogshift.orchestrator.registry import NodeRecord, Registry
+from fogshift.planner.model import Topology
+
+log = logging.getLogger("fogshift.orchestrator")
+
+
+class OrchestratorCore:
+    """The orchestrator's shared state and its node directory (the base of
+    :class:`~fogshift.orchestrator.service.Orchestrator`)."""
+
+    def __init__(self, config: OrchestratorConfig) -> None:
+        self.config = config
+        self.registry = Registry(config.home / "orchestrator.db")
+        self.broker = SyncJetStream(BrokerAddress.load(config.broker_file))
+        #: Each node's broker rights follow placement (least privilege).
+        self.permissions = BrokerPermissions(config.broker_config, config.broker_pid)
+        self._agents: dict[str, ServiceClient] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        #: Owner of the journal entries this process writes: an unfinished entry of another
+        #: owner was left by an orchestrator that died (see :meth:`recover_operations`).
+        self.run_id = uuid.uuid4().hex[:12]
+        # PEs under migration or restoration: those operations own their instances.
+        self._migrating: set[tuple[str, str]] = set()
+        self.central = CentralStore(config.home / "central")
+        self.central_stats: dict[tuple[str, str], dict[str, Any]] = {}
+        self.replica_stats: dict[tuple[str, str], dict[str, Any]] = {}
+        #: The report of each PE's last restore (manual or automatic).
+        self.last_restore: dict[tuple[str, str], dict[str, Any]] = {}
+        self.started_at = time.time()
+        #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
+        self.plan: dict[str, Any] = {"assignments": {}, "error": "not computed yet"}
+        self._topology: Topology | None = None
+        #: The central node of the fog topology ``_topology`` was built from.
+        self._central: str | None = None
+
+    def heartbeat(self, name: str, report: dict[str, Any]) -> None:
+        """Record that node ``name`` is alive and what it runs."""
+        self.registry.heartbeat(name, report["url"], report.get("pid"), report.get("pgid"), report)
+
+    def healthy(self, node: NodeRecord) -> bool:
+        return time.time() - node.last_seen <= self.config.node_timeout_s
+
+    def node_names(self) -> list[str]:
+        return [n.name for n in self.registry.nodes()]
+
+    def agent(self, name: str) -> ServiceClient:
+        """A client for node ``name``'s agent."""
+        node = self.registry.node(name)
+        if node is None:
+            raise UnknownNode(
+                f"node {name!r} has never registered",
+                expected="one of " + (", ".join(self.node_names()) or "(none)"),
+            )
+        with self._lock:
+            client = self._agents.get(name)
+            if client is None or client.url != node.url:
+                # The node's own token: a node never receives the operator token.
+                token = node_token(self.config.token, name)
+                client = ServiceClient(node.url, token, f"node agent {name!r}", 120)
+                self._agents[name] = client
+            return client
+
+    def _every(self, interval_s: float, step: Callable[[], object], what: str) -> None:
+        """Run ``step`` every ``interval_s`` until :meth:`close`; a failure is logged, not fatal."""
+        while not self._stop.wait(interval_s):
+            try:
+                step()
+            except Exception:  # the loop must outlive any one failure
+                log.exception("%s failed", what)
+
+    def close(self) -> None:
+        self._stop.set()
+        for client in self._agents.values():
+            client.close()
+        self.broker.close()
+        self.registry.close()

@@ -1,0 +1,249 @@
+"""Deploying, stopping and reporting pipelines, and the nodes' view with their checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from functools import partial
+from typing import Any
+
+from fogshift.broker.client import (
+    delete_pe_stream,
+    ensure_pe_stream,
+    fetch_range,
+    last_seq,
+    subject_counts,
+)
+from fogshift.broker.naming import data_subject, dead_subject, stream_name
+from fogshift.broker.publish import fence
+from fogshift.exceptions import FogshiftError, Unavailable
+from fogshift.orchestrator.exceptions import PipelineExists, UnknownPipeline
+from fogshift.orchestrator.journal import Journal
+from fogshift.orchestrator.registry import PipelineRecord
+from fogshift.runtime.kinds import KINDS
+from fogshift.spec.loader import parse_spec, validate_spec
+from fogshift.spec.models import ElementSpec
+
+log = logging.getLogger("fogshift.orchestrator")
+
+
+def _aged(snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A node-level checkpoint summary with its age."""
+    if snapshot is None:
+        return None
+    return {**snapshot, "age_ms": round((time.time() - snapshot["created"]) * 1000, 1)}
+
+
+class Deployment(Journal):
+    """Deploy, stop, status, dead letters and the node view."""
+
+    def nodes(self) -> list[dict[str, Any]]:
+        out = []
+        for node in self.registry.nodes():
+            out.append(
+                {
+                    "name": node.name,
+                    "url": node.url,
+                    "pid": node.pid,
+                    "pgid": node.pgid,
+                    "healthy": self.healthy(node) and bool(node.report.get("ready")),
+                    "alive": self.healthy(node),
+                    "ready": bool(node.report.get("ready")),
+                    "error": node.report.get("error"),
+                    "last_seen_s": round(time.time() - node.last_seen, 3),
+                    "cpu_percent": node.report.get("cpu_percent"),
+                    "replicas": [
+                        f"{r['pipeline']}/{r['element']}@{r['id']}"
+                        for r in node.report.get("replicas", [])
+                    ],
+                    "elements": [
+                        f"{e['pipeline']}/{e['element']}" for e in node.report.get("elements", [])
+                    ],
+                    "checkpoints": [
+                        {
+                            "element": f"{e['pipeline']}/{e['element']}",
+                            "epoch": e.get("epoch"),
+                            "node_level": _aged(e.get("node_checkpoint")),
+                            "central": self.checkpoint_status(e["pipeline"], e["element"]),
+                        }
+                        for e in node.report.get("elements", [])
+                    ],
+                }
+            )
+        return out
+
+    def pipeline(self, name: str) -> PipelineRecord:
+        record = self.registry.get_pipeline(name)
+        if record is None:
+            known = [p.name for p in self.registry.pipelines()]
+            raise UnknownPipeline(
+                f"no pipeline named {name!r}",
+                expected="one of " + (", ".join(known) or "(none deployed)"),
+            )
+        return record
+
+    def deploy(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Validate a spec (paths already absolute) and start all of its PEs, fresh.
+
+        Each PE gets a new epoch, above any it had in an earlier deployment of the same name,
+        and its fresh output stream starts with a fence marker for it: an instance left over
+        from an earlier deployment (on a node that missed the stop) is fenced at its first
+        write.
+
+        Raises:
+            InvalidSpec: The spec is invalid or names an unknown node.
+            PipelineExists: A pipeline of that name is running.
+            Unavailable: A node agent refused or could not be reached; the PEs already
+                started are stopped again.
+        """
+        spec = parse_spec(data)
+        validate_spec(spec, nodes=self.node_names())
+        existing = self.registry.get_pipeline(spec.pipeline)
+        if existing is not None and existing.status in ("running", "deploying"):
+            raise PipelineExists(
+                f"pipeline {spec.pipeline!r} is already {existing.status}",
+                hint=f"`fogshift stop {spec.pipeline}` first, or deploy under another name",
+            )
+        for node in {e.node for e in spec.elements}:
+            record = self.registry.node(node)
+            if record is None or not self.healthy(record) or not record.report.get("ready"):
+                raise Unavailable(
+                    f"node {node!r} (needed by pipeline {spec.pipeline!r}) is not healthy",
+                    hint="`fogshift nodes` shows node health; wait for it or change the spec",
+                )
+
+        epochs = self.registry.put_pipeline(spec, "deploying")
+        self.permissions.sync(self.registry)  # the nodes may use their PEs' streams
+
+        def reset_streams(js: Any) -> Any:
+            async def go() -> None:
+                for element in spec.elements:
+                    await delete_pe_stream(js, spec.pipeline, element.id)
+                    await ensure_pe_stream(
+                        js, spec.pipeline, element.id, self.config.duplicate_window_s
+                    )
+                    await fence(js, spec.pipeline, element.id, epochs[element.id])
+
+            return go()
+
+        try:
+            self.broker.run(reset_streams)
+        except FogshiftError:
+            self.registry.set_status(spec.pipeline, "failed")
+            raise
+        started: list[ElementSpec] = []
+        try:
+            # Downstream first, so nothing is produced before its consumer exists.
+            for element in reversed(spec.topological_order()):
+                self._deploy_element(spec.pipeline, element, fresh=True)
+                started.append(element)
+        except FogshiftError:
+            for element in started:
+                self._remove_quietly(spec.pipeline, element)
+            self.registry.set_status(spec.pipeline, "failed")
+            raise
+        self.registry.set_status(spec.pipeline, "running")
+        return self.status(spec.pipeline)[0]
+
+    def _deploy_element(self, pipeline: str, element: ElementSpec, fresh: bool) -> Any:
+        """Start ``element`` on ``element.node`` under the PE's newest epoch."""
+        epoch = self.registry.epoch(pipeline, element.id)
+        return self.agent(element.node).put(
+            f"/pipelines/{pipeline}/elements/{element.id}",
+            json={"element": element.model_dump(mode="json"), "fresh": fresh, "epoch": epoch},
+        )
+
+    def _remove_quietly(self, pipeline: str, element: ElementSpec) -> None:
+        try:
+            self.agent(element.node).delete(f"/pipelines/{pipeline}/elements/{element.id}")
+        except FogshiftError as exc:
+            log.warning("could not remove %s/%s: %s", pipeline, element.id, exc)
+
+    def stop(self, name: str) -> dict[str, Any]:
+        """Stop every PE of a pipeline; its streams, checkpoints and output stay."""
+        record = self.pipeline(name)
+        self.registry.set_status(name, "stopping")
+        unreachable = []
+        for node in sorted(set(record.placement.values())):
+            try:
+                self.agent(node).delete(f"/pipelines/{name}")
+            except Unavailable:
+                unreachable.append(node)
+        self.registry.set_status(name, "stopped")
+        self.permissions.sync_quietly(self.registry)
+        return {"pipeline": name, "status": "stopped", "unreachable_nodes": unreachable}
+
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Per pipeline, per PE: node, state, events in/out, dead letters."""
+        records = [self.pipeline(name)] if name else self.registry.pipelines()
+        nodes = {n.name: n for n in self.registry.nodes()}
+        out = []
+        for record in records:
+            elements = []
+            for element in record.spec.elements:
+                node_name = record.placement[element.id]
+                node = nodes.get(node_name)
+                report = next(
+                    (
+                        e
+                        for e in (node.report.get("elements", []) if node else [])
+                        if e["pipeline"] == record.name and e["element"] == element.id
+                    ),
+                    None,
+                )
+                stream = stream_name(record.name, element.id)
+                counts = self.broker.run(partial(subject_counts, stream=stream))
+                role = KINDS[element.kind].role
+                if node is None or not self.healthy(node):
+                    state = "node-lost"
+                elif report is None:
+                    state = "pending" if record.status == "running" else record.status
+                else:
+                    state = report["state"]
+                out_count = (
+                    (report or {}).get("lines_written", 0)
+                    if role == "sink"
+                    else counts.get(data_subject(record.name, element.id), 0)
+                )
+                elements.append(
+                    {
+                        "element": element.id,
+                        "kind": element.kind,
+                        "node": node_name,
+                        "state": state,
+                        "events_in": (report or {}).get("events_in", 0),
+                        "events_out": out_count,
+                        "dead_letters": counts.get(dead_subject(record.name, element.id), 0),
+                        "restarts": (report or {}).get("restarts", 0),
+                        "error": (report or {}).get("error"),
+                        "planned_backup": self.planned(record.name, element.id).get("backup"),
+                        "planned_redeploy": self.planned(record.name, element.id).get("redeploy"),
+                        "last_restore": self.last_restore.get((record.name, element.id)),
+                    }
+                )
+            out.append({"pipeline": record.name, "status": record.status, "elements": elements})
+        return out
+
+    def errors(self, name: str, limit: int = 1000) -> list[dict[str, Any]]:
+        """The pipeline's dead letters with their reasons, PE by PE."""
+        record = self.pipeline(name)
+        letters: list[dict[str, Any]] = []
+        for element in record.spec.elements:
+            stream = stream_name(name, element.id)
+
+            async def dead(js: Any, stream: str = stream, pe: str = element.id) -> list[Any]:
+                end = await last_seq(js, stream)
+                return await fetch_range(js, stream, dead_subject(name, pe), 0, end)
+
+            for msg in self.broker.run(dead, timeout=60)[:limit]:
+                payload = json.loads(msg.data)
+                letters.append(
+                    {
+                        "element": element.id,
+                        "seq": payload["seq"],
+                        "reason": payload.get("reason"),
+                        "event": payload["body"],
+                    }
+                )
+        return letters[:limit]

@@ -1,0 +1,268 @@
+"""Keeping the cluster as specified: resolving operations a dead orchestrator left unfinished,
+restarting missing PEs, restoring those of lost nodes, removing strays."""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+
+from fogshift.exceptions import FogshiftError
+from fogshift.migration.exceptions import MigrationInProgress
+from fogshift.migration.procedure import roll_back as run_rollback
+from fogshift.orchestrator.coordination import Coordination
+from fogshift.orchestrator.registry import Operation
+from fogshift.spec.models import ElementSpec
+
+log = logging.getLogger("fogshift.orchestrator")
+
+
+class Reconciler(Coordination):
+    """Recovery of unfinished operations and the reconcile loop."""
+
+    def recover_operations(self) -> list[str]:
+        """Resolve every migration and restore left unfinished by an orchestrator that died.
+
+        An entry is unfinished and nobody runs it when its PE's exclusive section is free
+        (an operation of this process holds it from its first journal entry to its outcome).
+        Each is resolved by the phase it had reached:
+
+        * a migration before its routing change is rolled back: the target instance is
+          discarded and the origin resumed (fenced under a new epoch and restarted if the
+          target cannot be discarded);
+        * a migration after it is completed: the target's gate is opened, the origin removed;
+        * a restore whose target runs under the entry's epoch (and nothing newer exists) is
+          carried on: the target's gate opens and the placement moves to it;
+        * any other restore is restarted (what its attempt left on the target is discarded):
+          the PE ends up running under a newer epoch — if no node takes it and its own node
+          is alive, it is started again there (see :meth:`restore`).
+
+        Each decision is logged. An entry whose resolution fails is retried next round.
+
+        Returns:
+            The decisions taken, one line each.
+        """
+        decisions: list[str] = []
+        for op in self.registry.unfinished():
+            restart = False
+            try:
+                with self._exclusive(op.pipeline, op.element, "recovery"):
+                    current = self.registry.operation(op.id)
+                    if current is None or current.outcome is not None:
+                        continue  # resolved meanwhile
+                    decision, restart = self._recover(current)
+                    self.registry.finish(op.id, f"recovered: {decision}")
+            except MigrationInProgress:
+                continue  # an operation of this process runs: it owns the entry
+            except FogshiftError:
+                continue  # logged by _exclusive; the entry stays for the next round
+            line = (f"{op.kind} {op.id} of {op.pipeline}/{op.element} {op.origin} -> "
+                    f"{op.target} (epoch {op.epoch}), left at {op.phase!r} by orchestrator "
+                    f"{op.owner}: {decision}")  # fmt: skip
+            log.warning("recovery: %s", line)
+            decisions.append(line)
+            if restart:
+                try:
+                    self.restore(op.pipeline, op.element)
+                except FogshiftError as exc:
+                    log.warning("recovery: restarting the restore of %s/%s failed: %s",
+                                op.pipeline, op.element, exc.render())  # fmt: skip
+        return decisions
+
+    def _recover(self, op: Operation) -> tuple[str, bool]:
+        """Resolve one unfinished entry (inside its PE's exclusive section).
+
+        Returns:
+            The decision, and whether the restore must be started again.
+        """
+        record = self.registry.get_pipeline(op.pipeline)
+        here = f"/pipelines/{op.pipeline}/elements/{op.element}"
+        if record is None or record.status != "running" or op.element not in record.placement:
+            self._discard_quietly(op.target, here, record, op)
+            return "abandoned: the PE does not run any more; the target was discarded", False
+        element = record.spec.element(op.element)
+        if op.kind == "migration":
+            if op.phase != "routed":
+                undone = run_rollback(
+                    op.pipeline, element, (op.origin, self.agent(op.origin)),
+                    (op.target, self.agent(op.target)), op.epoch, partial(self._fence_for, op),
+                )  # fmt: skip
+                notes = "; ".join(undone.notes)
+                if undone.resumed:
+                    return f"rolled back: {op.origin} runs under epoch {undone.epoch}" + (
+                        f" ({notes})" if notes else ""
+                    ), False
+                return f"rolled back, but the origin does not run again ({notes})", False
+            self._open_gate_quietly(op.target, here)
+            self._discard_quietly(op.origin, here, record, op)
+            return f"completed: {op.target} is the PE, the origin was removed", False
+        if op.phase == "routed":
+            self._open_gate_quietly(op.target, here)
+            return f"completed: {op.target} runs it under epoch {op.epoch}", False
+        newest = self.registry.epoch(op.pipeline, op.element)
+        if op.phase in ("starting", "live") and newest == op.epoch:
+            try:
+                info = self.agent(op.target).get(here + "/progress")
+            except FogshiftError as exc:
+                info = {"state": f"unreachable ({exc.message})"}
+            if int(info.get("epoch") or 0) == op.epoch and info.get("state") in (
+                "running", "starting", "paused",
+            ):  # fmt: skip
+                self.agent(op.target).put(here + "/gate", json={"gate": None})
+                self.registry.route(op.id, op.target)
+                return f"carried on: {op.target} runs it under epoch {op.epoch}, now live", False
+        self._discard_quietly(op.target, here, record, op)
+        return "restarted: the attempt's leftovers on the target were discarded", True
+
+    def reconcile_once(self) -> None:
+        """Keep running pipelines as placed.
+
+        * a PE missing from its healthy node is started there (from its local checkpoint);
+        * a PE whose node has been silent longer than the pipeline's ``detect_after_s`` is
+          restored on a healthy node, if its recovery is automatic;
+        * an instance on a node that is not the PE's placement (a fenced zombie, a leftover)
+          is removed;
+        * a PE on its node under an epoch older than its newest (fenced, or about to be) is
+          started again there under the newest; one held at its gate with no operation under
+          way is resumed.
+
+        First, every operation an orchestrator left unfinished is resolved
+        (:meth:`recover_operations`); a PE whose entry could not be resolved is left alone
+        until it is.
+        """
+        self.recover_operations()
+        self.permissions.sync_quietly(self.registry)
+        pending = {(op.pipeline, op.element) for op in self.registry.unfinished()}
+        for record in self.registry.pipelines():
+            for element in record.spec.elements:
+                if (record.name, element.id) not in pending:
+                    self._reconcile_element(record.name, element.id)
+        self._remove_strays(pending)
+
+    def _reconcile_element(self, pipeline: str, element_id: str) -> None:
+        """One PE's part of :meth:`reconcile_once`.
+
+        Its placement is read afresh, and a restart happens inside the PE's exclusive
+        section: a migration or restore (this round's, or one from the REST API) may have
+        moved it since the round began, and a stale view would start a second instance on
+        the node it left.
+        """
+        record = self.registry.get_pipeline(pipeline)
+        if (
+            record is None
+            or record.status != "running"
+            or (pipeline, element_id) in self._migrating
+        ):
+            return  # a migration or restore owns the PE's instances until it ends
+        node = self.registry.node(record.placement[element_id])
+        if node is None:
+            return
+        # Silence counts from this process's start: after a restart of the whole cluster,
+        # nodes that have not re-registered yet are not lost.
+        silent = time.time() - max(node.last_seen, self.started_at)
+        if record.spec.recovery.auto and silent > record.spec.recovery.detect_after_s:
+            log.warning("node %s silent for %.1f s: restoring %s/%s",
+                        node.name, silent, pipeline, element_id)  # fmt: skip
+            try:
+                self.restore(pipeline, element_id)
+            except FogshiftError as exc:
+                log.warning("auto-restore of %s/%s: %s", pipeline, element_id, exc)
+            return
+        if not self.healthy(node) or not node.report.get("ready"):
+            return
+        reported = next(
+            (
+                e
+                for e in node.report.get("elements", [])
+                if (e["pipeline"], e["element"]) == (pipeline, element_id)
+            ),
+            None,
+        )
+        newest = self.registry.epoch(pipeline, element_id)
+        if reported is not None and not (
+            reported.get("gated") or int(reported.get("epoch") or 0) < newest
+        ):
+            return
+        try:
+            with self._exclusive(pipeline, element_id, "restart"):
+                record = self.registry.get_pipeline(pipeline)
+                if record is None or record.placement.get(element_id) != node.name:
+                    return  # moved meanwhile
+                here = record.spec.element(element_id).model_copy(update={"node": node.name})
+                if reported is None:
+                    log.info("reconcile: starting %s/%s on %s", pipeline, element_id, node.name)
+                    self._deploy_element(pipeline, here, fresh=False)
+                else:
+                    self._mend(pipeline, here)
+        except FogshiftError:
+            # MigrationInProgress: the operation under way owns the PE; a failed start was
+            # logged by _exclusive and is retried next round.
+            return
+
+    def _mend(self, pipeline: str, element: ElementSpec) -> None:
+        """The PE's instance on its node (``element.node``) looked stale in the node's last
+        report — under an older epoch than the PE's newest, or held at its gate. Judged again
+        by what the agent says now (a report lags a heartbeat); inside the exclusive section,
+        so no operation is under way.
+
+        An older epoch means a newer one was given (a restore that failed everywhere, a
+        rollback that had to fence) and this instance is, or will be at its next write,
+        fenced: it is started again under the newest, from its own checkpoint. A gate held
+        with no operation under way was left by one that ended without opening it.
+        """
+        here = f"/pipelines/{pipeline}/elements/{element.id}"
+        info = self.agent(element.node).get(here + "/progress")
+        newest = self.registry.epoch(pipeline, element.id)
+        if int(info.get("epoch") or 0) < newest:
+            log.warning("reconcile: %s/%s on %s runs under epoch %s, older than its newest %d: "
+                        "starting it again under that one", pipeline, element.id, element.node,
+                        info.get("epoch"), newest)  # fmt: skip
+            self._restart_instance(element.node, here, element, newest)
+        elif info.get("gated"):
+            log.warning("reconcile: %s/%s on %s is held at its gate with no operation under "
+                        "way: resuming it", pipeline, element.id, element.node)  # fmt: skip
+            self.agent(element.node).post(here + "/resume")
+
+    def _remove_strays(self, pending: set[tuple[str, str]] | None = None) -> None:
+        """Remove instances running on a node that is not their PE's placement.
+
+        The placement is read afresh for every instance, inside the PE's exclusive section:
+        a restore or migration that ended a moment ago has moved the placement to the very
+        instance a stale view would call superseded (and removing it discards its checkpoint).
+
+        Args:
+            pending: PEs with an unfinished journal entry: their instances are left to its
+                resolution.
+        """
+        for node in self.registry.nodes():
+            if not self.healthy(node):
+                continue
+            for hosted in node.report.get("elements", []):
+                key = (hosted["pipeline"], hosted["element"])
+                if key in (pending or set()):
+                    continue
+                try:
+                    with self._exclusive(*key, "removal of a superseded instance"):
+                        record = self.registry.get_pipeline(key[0])
+                        if (
+                            record is None
+                            or record.status != "running"
+                            or record.placement.get(key[1]) in (None, node.name)
+                        ):
+                            continue
+                        log.warning("removing superseded %s/%s from %s", *key, node.name)
+                        try:
+                            self.agent(node.name).delete(
+                                f"/pipelines/{key[0]}/elements/{key[1]}", params={"discard": True}
+                            )
+                        except FogshiftError as exc:
+                            # Gone meanwhile, or its node stopped answering: the next round
+                            # sees what its heartbeats then report.
+                            log.info("superseded %s/%s on %s not removed: %s", *key, node.name,
+                                     exc.message)  # fmt: skip
+                except MigrationInProgress:
+                    continue  # the operation under way owns the PE's instances
+
+    def run_reconciler(self) -> None:
+        """Loop :meth:`reconcile_once` until :meth:`close`."""
+        self._every(self.config.reconcile_s, self.reconcile_once, "reconcile")

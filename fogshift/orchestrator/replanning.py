@@ -1,0 +1,95 @@
+"""The planning loop: the fog topology, and a backup/redeploy plan for every running PE
+(the planner itself is :mod:`fogshift.planner`; the live inputs, :mod:`.planning`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fogshift.exceptions import FogshiftError
+from fogshift.orchestrator.core import OrchestratorCore
+from fogshift.orchestrator.planning import (
+    FogTopology,
+    LiveNode,
+    LivePE,
+    build_topology,
+    describe_plan,
+)
+from fogshift.planner import plan as plan_backups
+
+log = logging.getLogger("fogshift.orchestrator")
+
+
+class Replanning(OrchestratorCore):
+    """The backup/redeploy planning loop."""
+
+    def planned(self, pipeline: str, element_id: str) -> dict[str, Any]:
+        """The PE's planned ``backup`` and ``redeploy`` nodes (empty before a plan exists)."""
+        return dict(self.plan["assignments"].get(f"{pipeline}/{element_id}", {}))
+
+    def set_topology(self, text: str) -> dict[str, Any]:
+        """Validate and store a new fog topology (YAML), then plan with it at once.
+
+        Raises:
+            InvalidInput: The topology is invalid (nothing is changed).
+        """
+        FogTopology.parse(text, source="(uploaded)")
+        tmp = self.config.topology_file.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(self.config.topology_file)
+        return self.replan()
+
+    def replan(self) -> dict[str, Any]:
+        """Recompute the plan from the fog topology, live CPU use and checkpoint sizes.
+
+        PEs whose node is not healthy keep their previous assignment: that is the plan for
+        the failure at hand. An instance the planner cannot satisfy keeps the previous plan
+        and reports the reason in ``error``.
+        """
+        fog = FogTopology.load(self.config.topology_file)
+        live = [n for n in self.registry.nodes() if self.healthy(n) and n.report.get("ready")]
+        pes = []
+        for record in self.registry.pipelines():
+            if record.status != "running":
+                continue
+            for element in record.spec.elements:
+                key = (record.name, element.id)
+                manifests = self.central.manifests(*key)
+                shipped = self.central_stats.get(key, {}).get("shipped_bytes", 0)
+                pes.append(
+                    LivePE(
+                        key=f"{record.name}/{element.id}",
+                        node=record.placement[element.id],
+                        latency_ms=record.spec.recovery.latency_ms,
+                        checkpoint_bytes=int(manifests[0]["bytes"]) if manifests else 0,
+                        shipped_bytes_per_s=shipped / self.config.central_interval_s,
+                    )
+                )
+        previous = self.plan["assignments"]
+        try:
+            topology = build_topology(
+                fog, [LiveNode(n.name, float(n.report.get("cpu_percent") or 0.0)) for n in live],
+                pes,
+            )  # fmt: skip
+            result = (
+                plan_backups(topology, "exact", time_limit_s=self.config.plan_time_limit_s)
+                if topology.tasks
+                else None
+            )
+        except FogshiftError as exc:
+            self.plan = {**self.plan, "error": exc.render(), "computed_at": time.time()}
+            return self.plan
+        self._topology = topology
+        self._central = fog.central_node(self.node_names())
+        fresh = describe_plan(result, topology) if result else {"assignments": {}}
+        planned_now = {t.id for t in topology.tasks}
+        kept = {k: v for k, v in previous.items() if k not in planned_now and
+                any(pe.key == k for pe in pes)}  # fmt: skip
+        fresh["assignments"] = {**kept, **fresh["assignments"]}
+        self.plan = {**fresh, "error": None, "computed_at": time.time()}
+        return self.plan
+
+    def run_planner(self) -> None:
+        """Loop :meth:`replan` until :meth:`close`."""
+        self._every(self.config.plan_interval_s, self.replan, "planning")
