@@ -7,31 +7,15 @@ loops); the journal is written through the registry as the migration and restore
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.common.http import node_token
-from fogshift.orchestrator.app import create_app
-from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.registry import Registry
 from fogshift.orchestrator.views import OperationView
+from tests.orchestrator.conftest import OPERATOR
 
-OPERATOR = "operator-token-" + "o" * 32
 URL = "/pipelines/p/elements/aggregate/operation"
-
-
-@pytest.fixture
-def app(tmp_path: Path) -> Iterator[FastAPI]:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token=OPERATOR, broker_file=broker)
-    app = create_app(config)
-    yield app
-    app.state.orchestrator.close()
 
 
 def operator(app: FastAPI) -> TestClient:

@@ -7,20 +7,15 @@ lifespan: no background loops); its broker is never reached by these requests.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.common.http import blob_token, node_token
-from fogshift.orchestrator.app import create_app
-from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
+from tests.orchestrator.conftest import OPERATOR
 
-OPERATOR = "operator-token-" + "o" * 32
 SPEC = {
     "pipeline": "p",
     "elements": [
@@ -29,15 +24,6 @@ SPEC = {
          "options": {"path": "out.csv"}},
     ],
 }  # fmt: skip
-
-
-@pytest.fixture
-def app(tmp_path: Path) -> Iterator[FastAPI]:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token=OPERATOR, broker_file=broker)
-    app = create_app(config)
-    yield app
-    app.state.orchestrator.close()
 
 
 def as_(app: FastAPI, token: str) -> TestClient:

@@ -1,0 +1,25 @@
+"""The orchestrator's REST app in-process, with a broker address that is never dialled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+
+from fogshift.broker.client import BrokerAddress
+from fogshift.orchestrator.app import create_app
+from fogshift.orchestrator.config import OrchestratorConfig
+
+#: The operator token of :func:`app`.
+OPERATOR = "operator-token-" + "o" * 32
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[FastAPI]:
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token=OPERATOR, broker_file=broker)
+    app = create_app(config)
+    yield app
+    app.state.orchestrator.close()
