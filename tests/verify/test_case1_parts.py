@@ -33,3 +33,38 @@ def test_a_pipeline_that_is_not_case1_is_refused_by_name() -> None:
         case1_parts(spec)
     assert "'other'" in caught.value.message
     assert caught.value.received == "csv-source, csv-sink"
+
+
+def test_a_padded_custom_aggregate_counts_as_the_window_aggregate() -> None:
+    # The benchmarks' padded aggregate (`fogshift.bench.padded`) is a custom processor.
+    padded = {
+        "class": "fogshift.bench.padded:PaddedWindowAggregate",
+        "options": {"field": "value", "window": 5, "function": "avg", "pad_bytes": 64},
+    }
+    spec = PipelineSpec(
+        pipeline="heavy",
+        elements=[
+            ElementSpec(id="source", kind="csv-source", node="cloud", options={"path": "in.csv"}),
+            ElementSpec(id="aggregate", kind="custom", node="fog-a", inputs=("source",),
+                        options=padded),
+            ElementSpec(id="sink", kind="csv-sink", node="cloud", inputs=("aggregate",),
+                        options={"path": "out.csv"}),
+        ],
+    )  # fmt: skip
+    source, aggregate, sink = case1_parts(spec)
+    assert (source, sink) == ("in.csv", "out.csv")
+    assert (aggregate["field"], aggregate["window"], aggregate["function"]) == ("value", 5, "avg")
+    # A custom processor without a window's options is not taken for one.
+    other = spec.model_copy(
+        update={
+            "elements": [
+                *spec.elements[:1],
+                spec.elements[1].model_copy(
+                    update={"options": {"class": "m:C", "options": {"x": 1}}}
+                ),
+                spec.elements[2],
+            ]
+        }
+    )
+    with pytest.raises(InvalidInput, match="not a Case 1 pipeline"):
+        case1_parts(other)
