@@ -164,7 +164,7 @@ def test_bad_specs_are_refused_before_anything_starts(cluster: Cluster, tmp_path
     result = cluster.cli("deploy", str(spec), check=False)
     assert result.returncode == 2
     assert "unknown node 'fog-z'" in result.stderr
-    assert "expected: one of cloud, fog-a, fog-b" in result.stderr
+    assert f"expected: one of {', '.join(sorted(cluster.nodes))}" in result.stderr
     missing = write_spec(
         tmp_path / "missing.yaml",
         "missing",
@@ -186,9 +186,9 @@ def test_redeploying_a_running_pipeline_is_a_conflict(cluster: Cluster, fan: dic
 
 def test_nodes_are_separate_process_groups_behind_a_token(cluster: Cluster) -> None:
     nodes = {n["name"]: n for n in cluster.json("nodes")}
-    assert set(nodes) == {"cloud", "fog-a", "fog-b"}
+    assert set(nodes) == set(cluster.nodes)
     assert all(n["healthy"] for n in nodes.values())
-    assert len({n["pgid"] for n in nodes.values()}) == 3
+    assert len({n["pgid"] for n in nodes.values()}) == len(cluster.nodes)
     assert all(n["pid"] == n["pgid"] for n in nodes.values())
     assert all(n["url"].startswith("http://127.0.0.1:") for n in nodes.values())
     # No token, no answer: neither from an agent nor from the orchestrator.
