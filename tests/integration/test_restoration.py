@@ -225,6 +225,7 @@ def test_restore_target_that_dies_during_the_restore_is_retried_elsewhere(
     # nothing. cloud (source + sink) has no CPU to spare for one more PE in this fog
     # topology, so the planner's redeploy node for the aggregate is fog-c: a restore without
     # --to tries fog-c first and cloud (the least busy of the rest) next.
+    cluster.stop_all()  # cloud's CPU in this topology fits this pipeline's PEs only
     fog_a = cluster.node("fog-a")
     if group_alive(fog_a["pgid"]):
         os.killpg(fog_a["pgid"], signal.SIGKILL)
