@@ -94,9 +94,7 @@ class Cluster:
     def heal(self) -> None:
         """Start again whatever of the cluster a test killed (`fogshift up` starts only what
         died)."""
-        data = json.loads((self.home / "cluster.json").read_text())
-        groups = [data["orchestrator"]["pgid"], *(n["pgid"] for n in data["nodes"].values())]
-        if not all(group_alive(g) for g in groups):
+        if not all(group_alive(g) for g in pgids_of(self.home, broker=False)):
             self.up()
 
     def stop_all(self) -> None:
@@ -146,10 +144,12 @@ class Cluster:
         return "\n".join(out)
 
 
-def pgids_of(home: Path) -> list[int]:
+def pgids_of(home: Path, broker: bool = True) -> list[int]:
+    """The process groups `fogshift up` recorded: orchestrator, nodes and (with ``broker``)
+    the broker it started."""
     data = json.loads((home / "cluster.json").read_text())
     groups = [data["orchestrator"]["pgid"], *(n["pgid"] for n in data["nodes"].values())]
-    if data.get("broker"):
+    if broker and data.get("broker"):
         groups.append(data["broker"]["pgid"])
     return groups
 
