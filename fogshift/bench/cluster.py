@@ -182,16 +182,6 @@ class BenchCluster:
             )
         return data
 
-    @classmethod
-    def attach(cls, home: Path) -> BenchCluster:
-        """The cluster already up under ``home`` (started by someone else).
-
-        Raises:
-            NotUp: No cluster runs under ``home``.
-        """
-        cluster, _ = load_cluster(home)
-        return cls(home, ClusterOptions(tuple(cluster.nodes)))
-
     def up(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         self.cli("up", *self.options.up_args(), timeout_s=600)

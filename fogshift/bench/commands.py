@@ -28,7 +28,7 @@ from rich.console import Console
 
 from fogshift.bench import e1, e2, e3, report, seamless, soak
 from fogshift.bench.base import Reporter, record_command, write_machine
-from fogshift.bench.cluster import BenchCluster, Clusters, delay_of
+from fogshift.bench.cluster import Clusters, delay_of
 from fogshift.bench.exceptions import BadBenchOption
 
 console = Console()
@@ -65,10 +65,9 @@ def _session(
     experiments: tuple[str, ...],
     body: Callable[[Clusters, Reporter], None],
     render: Callable[[Path], Path] = report.render,
-    home: Path | None = None,
 ) -> None:
-    """Run ``body`` (the ``experiments``) with fresh clusters under ``work`` — or on the
-    cluster already up under ``home`` — and ``render`` ``results.md`` after it."""
+    """Run ``body`` (the ``experiments``) with fresh clusters under ``work`` and ``render``
+    ``results.md`` after it."""
     out = out.resolve()
     at_start = write_machine(out)
     root = work.resolve() if work else Path(tempfile.mkdtemp(prefix="fogshift-bench-"))
@@ -84,8 +83,7 @@ def _session(
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         with reporter.session():
-            shared = BenchCluster.attach(home.resolve()) if home is not None else None
-            body(Clusters(root, shared=shared), reporter)
+            body(Clusters(root), reporter)
         completed = True
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -235,14 +233,6 @@ def register(bench_app: typer.Typer) -> None:
         ] = "cloud,fog-a,fog-b,fog-c",
         rate: Annotated[float, typer.Option(help="Events/s of each source.")] = 10.0,
         work: Work = None,
-        home: Annotated[
-            Path | None,
-            typer.Option(
-                "--home",
-                help="Soak the cluster already up under HOME instead of a fresh one (it is "
-                "neither started nor stopped; what the soak kills it starts again).",
-            ),
-        ] = None,
         report_only: Annotated[
             bool,
             typer.Option("--report-only", help="Run nothing: render results.md from --out again."),
@@ -267,7 +257,6 @@ def register(bench_app: typer.Typer) -> None:
             (soak.NAME,),
             lambda clusters, rep: verdict.update(soak.run(config, clusters, target, rep)),
             render=soak.render,
-            home=home,
         )
         if not verdict.get("zero_errors"):
             # Like `fogshift demo`: the run completed, its output did not match (verdict.json).
