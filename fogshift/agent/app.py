@@ -6,7 +6,6 @@ again where it becomes a path; who may call what is :func:`agent_access`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -31,7 +30,7 @@ from fogshift.checkpoint.store import snapshot_file
 from fogshift.common.exceptions import Forbidden
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import (
-    URL_RE,
+    ERROR_RESPONSES,
     Access,
     NameParam,
     RelPathParam,
@@ -42,6 +41,19 @@ from fogshift.common.http import (
     node_token,
     same_token,
     wrong_token,
+)
+from fogshift.contracts import (
+    URL_RE,
+    AgentHealth,
+    CheckpointManifest,
+    CopyResult,
+    ElementInfo,
+    ElementProgress,
+    Gate,
+    Heartbeat,
+    InstalledCheckpoint,
+    InstallResult,
+    ReplicaInfo,
 )
 from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.spec.models import ElementSpec
@@ -56,15 +68,16 @@ class DeployRequest(BaseModel):
 
     element: ElementSpec
     fresh: bool = False
-    gate: dict[str, Any] | None = None
+    gate: Gate | None = None
     epoch: int = 0
 
 
 class CopyRequest(BaseModel):
     """Body of ``POST /replicas/...`` and ``POST .../checkpoint/install``.
 
-    ``manifest`` is a central checkpoint manifest (``None`` on install: start over), checked
-    by ``checkpoint.central.check_manifest`` before anything is fetched or written;
+    ``manifest`` is a central checkpoint manifest (``None`` on install: start over), taken as
+    it comes and checked by ``checkpoint.central.check_manifest`` before anything is fetched
+    or written (that check names the unsafe path or digest, as a model's would not);
     ``source`` the base URL serving its blobs (``None``: the orchestrator), which must be a
     node of the orchestrator's directory (``agent.replicas``).
     """
@@ -80,7 +93,7 @@ class GateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    gate: dict[str, Any] | None = None
+    gate: Gate | None = None
 
 
 _BLOBS = re.compile(r"/checkpoints/blobs/[^/]+")
@@ -126,18 +139,18 @@ def heartbeat_loop(
         timeout=5,
     ) as client:
         while not stop.is_set():
-            body = {
-                "url": config.url,
-                "pid": os.getpid(),
-                "pgid": os.getpgid(0),
-                "ready": runtime.ready,
-                "error": runtime.spark_error,
-                "elements": runtime.elements(),
-                "replicas": replicas.held(),
-                "cpu_percent": meter.percent(),
-            }
+            beat = Heartbeat(
+                url=config.url,
+                pid=os.getpid(),
+                pgid=os.getpgid(0),
+                ready=runtime.ready,
+                error=runtime.spark_error,
+                elements=runtime.elements(),
+                replicas=replicas.held(),
+                cpu_percent=meter.percent(),
+            )
             try:
-                client.post(f"/nodes/{config.name}/heartbeat", json=body)
+                client.post(f"/nodes/{config.name}/heartbeat", json=beat.model_dump(mode="json"))
             except httpx.HTTPError as exc:  # the orchestrator may be restarting
                 log.debug("heartbeat failed: %s", exc)
             stop.wait(config.heartbeat_s)
@@ -163,26 +176,29 @@ def create_app(config: AgentConfig) -> FastAPI:
         stop.set()
         runtime.close()
 
-    app = FastAPI(title=f"fogshift node agent {config.name}", lifespan=lifespan)
+    # The schema (/openapi.json, /docs) is served behind the token like everything else.
+    app = FastAPI(
+        title=f"fogshift node agent {config.name}", lifespan=lifespan, responses=ERROR_RESPONSES
+    )
     app.state.runtime = runtime
     install_error_handlers(app, agent_access(config))
 
     @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {
-            "node": config.name,
-            "ready": runtime.ready,
-            "error": runtime.spark_error,
-            "pid": os.getpid(),
-            "pgid": os.getpgid(0),
-        }
+    def health() -> AgentHealth:
+        return AgentHealth(
+            node=config.name,
+            ready=runtime.ready,
+            error=runtime.spark_error,
+            pid=os.getpid(),
+            pgid=os.getpgid(0),
+        )
 
     @app.get("/elements")
-    def elements() -> list[dict[str, Any]]:
+    def elements() -> list[ElementInfo]:
         return runtime.elements()
 
     @app.put("/pipelines/{pipeline}/elements/{element}")
-    def deploy(pipeline: NameParam, element: NameParam, request: DeployRequest) -> dict[str, Any]:
+    def deploy(pipeline: NameParam, element: NameParam, request: DeployRequest) -> ElementInfo:
         if request.element.id != element:
             raise InvalidInput(
                 f"deploy request for {pipeline}/{element} carries element {request.element.id!r}",
@@ -192,23 +208,23 @@ def create_app(config: AgentConfig) -> FastAPI:
         return runtime.deploy(pipeline, request.element, request.fresh, request.gate, request.epoch)
 
     @app.delete("/pipelines/{pipeline}/elements/{element}")
-    def remove(pipeline: NameParam, element: NameParam, discard: bool = False) -> dict[str, Any]:
+    def remove(pipeline: NameParam, element: NameParam, discard: bool = False) -> ElementInfo:
         return runtime.remove(pipeline, element, discard)
 
     @app.post("/pipelines/{pipeline}/elements/{element}/pause")
-    def pause(pipeline: NameParam, element: NameParam, timeout_s: float = 60.0) -> dict[str, Any]:
+    def pause(pipeline: NameParam, element: NameParam, timeout_s: float = 60.0) -> ElementProgress:
         return runtime.pause(pipeline, element, timeout_s)
 
     @app.post("/pipelines/{pipeline}/elements/{element}/resume")
-    def resume(pipeline: NameParam, element: NameParam) -> dict[str, Any]:
+    def resume(pipeline: NameParam, element: NameParam) -> ElementProgress:
         return runtime.resume(pipeline, element)
 
     @app.put("/pipelines/{pipeline}/elements/{element}/gate")
-    def gate(pipeline: NameParam, element: NameParam, request: GateRequest) -> dict[str, Any]:
+    def gate(pipeline: NameParam, element: NameParam, request: GateRequest) -> ElementProgress:
         return runtime.set_gate(pipeline, element, request.gate)
 
     @app.get("/pipelines/{pipeline}/elements/{element}/progress")
-    def progress(pipeline: NameParam, element: NameParam) -> dict[str, Any]:
+    def progress(pipeline: NameParam, element: NameParam) -> ElementProgress:
         return runtime.progress(pipeline, element)
 
     @app.get("/pipelines/{pipeline}/elements/{element}/checkpoint")
@@ -217,11 +233,11 @@ def create_app(config: AgentConfig) -> FastAPI:
         return Response(
             content=data,
             media_type="application/octet-stream",
-            headers={SHA_HEADER: digest, INFO_HEADER: json.dumps(info)},
+            headers={SHA_HEADER: digest, INFO_HEADER: info.model_dump_json()},
         )
 
     @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/latest")
-    def latest_snapshot(pipeline: NameParam, element: NameParam) -> dict[str, Any]:
+    def latest_snapshot(pipeline: NameParam, element: NameParam) -> CheckpointManifest:
         manifest = runtime.latest_snapshot(pipeline, element)
         if manifest is None:
             raise UnknownElement(
@@ -244,42 +260,40 @@ def create_app(config: AgentConfig) -> FastAPI:
     @app.put("/pipelines/{pipeline}/elements/{element}/checkpoint")
     async def put_checkpoint(
         pipeline: NameParam, element: NameParam, request: Request
-    ) -> dict[str, Any]:
+    ) -> InstalledCheckpoint:
         data = await request.body()
         digest = request.headers.get(SHA_HEADER, "")
         await run_in_threadpool(runtime.install_checkpoint, pipeline, element, data, digest)
-        return {"installed_bytes": len(data)}
+        return InstalledCheckpoint(installed_bytes=len(data))
 
     @app.post("/pipelines/{pipeline}/elements/{element}/checkpoint/install")
     def install_checkpoint(
         pipeline: NameParam, element: NameParam, request: CopyRequest
-    ) -> dict[str, Any]:
+    ) -> InstallResult:
         if request.manifest is not None:
             check_manifest(request.manifest, pipeline, element)
         return replicas.install(pipeline, element, request.manifest, request.source)
 
     @app.get("/replicas")
-    def held_replicas() -> list[dict[str, Any]]:
+    def held_replicas() -> list[ReplicaInfo]:
         return replicas.held()
 
     @app.post("/replicas/{pipeline}/{element}")
-    def copy_replica(
-        pipeline: NameParam, element: NameParam, request: CopyRequest
-    ) -> dict[str, Any]:
+    def copy_replica(pipeline: NameParam, element: NameParam, request: CopyRequest) -> CopyResult:
         if request.manifest is None:
             raise InvalidInput(
                 f"replica request for {pipeline}/{element} needs that PE's checkpoint manifest",
                 received="null",
             )
         check_manifest(request.manifest, pipeline, element)
-        return {"fetched_bytes": replicas.copy(request.manifest, request.source)}
+        return CopyResult(fetched_bytes=replicas.copy(request.manifest, request.source))
 
     @app.get("/checkpoints/blobs/{sha}")
     def replica_blob(sha: ShaParam) -> FileResponse:
         return FileResponse(replicas.store.blob_path(sha), media_type="application/octet-stream")
 
     @app.delete("/pipelines/{pipeline}")
-    def remove_pipeline(pipeline: NameParam) -> list[dict[str, Any]]:
+    def remove_pipeline(pipeline: NameParam) -> list[ElementInfo]:
         return runtime.remove_pipeline(pipeline)
 
     return app

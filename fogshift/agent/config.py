@@ -1,16 +1,25 @@
-"""Node-agent configuration (frozen; built at the CLI edge)."""
+"""Node-agent configuration (frozen; built at the CLI edge). Its field defaults are the only
+ones: ``fogshift up``, the CLI and the benchmarks take theirs from here."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fogshift.common.names import NAME_RE
+from fogshift.runtime.session import JAVA_OPTIONS
 
 
-class AgentConfig(BaseModel):
+class AgentConfig(BaseSettings):
     """Everything a node agent needs to run.
+
+    Settings: a value given to the constructor (the CLI's options) wins; a field not given is
+    read from the environment variable ``FOGSHIFT_<FIELD>`` (e.g.
+    ``FOGSHIFT_CHECKPOINT_INTERVAL_S=2``); otherwise its default applies. Nothing else in the
+    agent reads the environment.
 
     Attributes:
         name: The node's name (``cloud``, ``fog-a``...).
@@ -28,9 +37,13 @@ class AgentConfig(BaseModel):
         heartbeat_s: Interval between heartbeats.
         advertise_url: The URL the orchestrator should use (defaults to http://host:port).
         checkpoint_interval_s: Interval of node-level checkpoints (snapshots) of each PE.
+        java_options: The Spark driver JVM's options (why these: ``JAVA_OPTIONS`` in
+            :mod:`fogshift.runtime.session`); ``FOGSHIFT_JAVA_OPTIONS`` replaces them.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="FOGSHIFT_", frozen=True, extra="forbid", env_ignore_empty=True
+    )
 
     name: str = Field(pattern=NAME_RE)
     host: str = "127.0.0.1"
@@ -44,6 +57,12 @@ class AgentConfig(BaseModel):
     heartbeat_s: float = Field(default=1.0, gt=0)
     advertise_url: str | None = None
     checkpoint_interval_s: float = Field(default=5.0, gt=0)
+    java_options: str = JAVA_OPTIONS
+
+    @classmethod
+    def default(cls, field: str) -> Any:
+        """The default of ``field``: for the CLI's help and the benchmarks' settings."""
+        return cls.model_fields[field].get_default(call_default_factory=True)
 
     @property
     def url(self) -> str:

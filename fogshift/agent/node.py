@@ -32,6 +32,15 @@ from fogshift.checkpoint.spark_dir import (
 )
 from fogshift.checkpoint.store import latest_manifest, take_snapshot
 from fogshift.common.names import pe_folder
+from fogshift.contracts import (
+    CheckpointInfo,
+    CheckpointManifest,
+    ElementInfo,
+    ElementProgress,
+    Gate,
+    NodeCheckpoint,
+    PEState,
+)
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.exceptions import ElementError
@@ -60,7 +69,7 @@ class HostedElement:
 
     plan: QueryPlan
     query: StreamingQuery | None = None
-    state: str = "starting"
+    state: PEState = PEState.STARTING
     error: str | None = None
     restarts: int = 0
     gated: bool = False
@@ -110,7 +119,9 @@ class NodeRuntime:
         try:
             local = self.config.home / "spark-local"
             local.mkdir(parents=True, exist_ok=True)
-            self.spark = build_session(self.config.name, self.config.spark_master, str(local))
+            self.spark = build_session(
+                self.config.name, self.config.spark_master, str(local), self.config.java_options
+            )
         except Exception as exc:  # reported through /health; the agent stays up to say so
             log.exception("spark session failed to start")
             self.spark_error = f"{type(exc).__name__}: {exc}"
@@ -152,16 +163,16 @@ class NodeRuntime:
         pipeline: str,
         element: ElementSpec,
         fresh: bool,
-        gate: dict[str, Any] | None = None,
+        gate: Gate | None = None,
         epoch: int = 0,
-    ) -> dict[str, Any]:
+    ) -> ElementInfo:
         """Start ``element`` of ``pipeline`` here, resuming its local checkpoint unless ``fresh``.
 
         Deploying a PE that already runs here is a no-op (idempotent), unless ``fresh``.
 
         Args:
-            gate: Start behind this gate (``{"mode": "hold"|"cap", "limit": offset}``),
-                e.g. as a warm standby during a migration; ``None`` starts open.
+            gate: Start behind this gate, e.g. as a warm standby during a migration;
+                ``None`` starts open.
             epoch: The epoch this instance writes under (fencing).
         """
         if self.spark is None:
@@ -175,7 +186,7 @@ class NodeRuntime:
             if (
                 current is not None
                 and not fresh
-                and current.state in ("running", "starting", "paused")
+                and current.state in (PEState.RUNNING, PEState.STARTING, PEState.PAUSED)
             ):
                 return self.describe(current)
             if current is not None:
@@ -192,7 +203,7 @@ class NodeRuntime:
             if gate is None:
                 open_gate(gate_file)
             else:
-                write_gate(gate_file, gate["mode"], gate.get("limit"))
+                write_gate(gate_file, gate.mode, gate.limit)
             plan = QueryPlan(
                 pipeline=pipeline,
                 element=element,
@@ -218,7 +229,7 @@ class NodeRuntime:
         try:
             spark = self.spark
             hosted.query = self._spark_thread.submit(start_query, spark, hosted.plan).result()
-            hosted.state, hosted.error = "running", None
+            hosted.state, hosted.error = PEState.RUNNING, None
             hosted.started_at = time.time()
             hosted.started_batch = hosted.last_batch
         except ElementError as exc:  # the PE cannot be built: no traceback needed
@@ -235,7 +246,7 @@ class NodeRuntime:
         :class:`ElementError` is restarted :data:`ELEMENT_ERROR_RESTARTS` times at most.
         """
         hosted.failures += 1
-        hosted.state, hosted.error = "failed", error[:2000]
+        hosted.state, hosted.error = PEState.FAILED, error[:2000]
         if element_error and hosted.failures > ELEMENT_ERROR_RESTARTS:
             hosted.retry_at = math.inf
             hosted.error = (
@@ -257,7 +268,7 @@ class NodeRuntime:
         if hosted.plan.gate_file:
             # The Python workers keeping its processor call on_revoke() and close().
             end_run(hosted.plan.gate_file)
-        hosted.state = "stopped"
+        hosted.state = PEState.STOPPED
 
     def hosted(self, pipeline: str, pe: str) -> HostedElement:
         """The hosted PE, or :class:`UnknownElement`."""
@@ -269,13 +280,13 @@ class NodeRuntime:
             )
         return hosted
 
-    def remove(self, pipeline: str, pe: str, discard: bool = False) -> dict[str, Any]:
+    def remove(self, pipeline: str, pe: str, discard: bool = False) -> ElementInfo:
         """Stop a PE and forget it. Its checkpoint stays on disk unless ``discard``."""
         with self._lock:
             if discard and (pipeline, pe) not in self._elements:
                 # A migration target that got its checkpoint but never started.
                 shutil.rmtree(self.checkpoint_dir(pipeline, pe), ignore_errors=True)
-                return {"pipeline": pipeline, "element": pe, "state": "discarded"}
+                return ElementInfo(pipeline=pipeline, element=pe, state=PEState.DISCARDED)
             hosted = self.hosted(pipeline, pe)
             del self._elements[(pipeline, pe)]
             self._stop_query(hosted)
@@ -286,7 +297,7 @@ class NodeRuntime:
 
     # -- pause, resume, state ---------------------------------------------------------------
 
-    def pause(self, pipeline: str, pe: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    def pause(self, pipeline: str, pe: str, timeout_s: float = 60.0) -> ElementProgress:
         """Hold the PE's input and wait until it is quiescent at a batch boundary.
 
         The query stays up (warm): the batch in flight commits, no new batch is planned,
@@ -303,14 +314,14 @@ class NodeRuntime:
         hosted.gated = True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if hosted.state == "failed":
+            if hosted.state == PEState.FAILED:
                 break
             if acknowledged(gate, nonce):
                 batch = committed_batch(checkpoint)
                 query = hosted.query
                 busy = query is not None and query.status["isTriggerActive"]
                 if planned_batch(checkpoint) == batch and not busy:
-                    hosted.state = "paused"
+                    hosted.state = PEState.PAUSED
                     return self._position(hosted)
             time.sleep(0.01)
         self.resume(pipeline, pe)
@@ -320,31 +331,31 @@ class NodeRuntime:
             hint="the PE was resumed; try again",
         )
 
-    def resume(self, pipeline: str, pe: str) -> dict[str, Any]:
+    def resume(self, pipeline: str, pe: str) -> ElementProgress:
         """Open the PE's input gate again."""
         hosted = self.hosted(pipeline, pe)
         open_gate(self.gate_file(pipeline, pe))
         hosted.gated = False
-        if hosted.state == "paused":
-            hosted.state = "running"
+        if hosted.state == PEState.PAUSED:
+            hosted.state = PEState.RUNNING
         return self._position(hosted)
 
-    def _position(self, hosted: HostedElement) -> dict[str, Any]:
+    def _position(self, hosted: HostedElement) -> ElementProgress:
         batch, offset = committed_offset(Path(hosted.plan.checkpoint_dir))
         last: dict[str, Any] = (hosted.query.lastProgress or {}) if hosted.query else {}
-        return {
-            **self.describe(hosted),
-            "committed_batch": batch,
-            "offset": offset,
-            "progress": progress_of(offset),
-            "last_batch_ms": last.get("durationMs"),
-        }
+        return ElementProgress(
+            **self.describe(hosted).model_dump(),
+            committed_batch=batch,
+            offset=offset,
+            progress=progress_of(offset),
+            last_batch_ms=last.get("durationMs"),
+        )
 
-    def progress(self, pipeline: str, pe: str) -> dict[str, Any]:
+    def progress(self, pipeline: str, pe: str) -> ElementProgress:
         """The PE's committed batch and end offset, and its query state."""
         return self._position(self.hosted(pipeline, pe))
 
-    def checkpoint(self, pipeline: str, pe: str, warm: bool) -> tuple[bytes, str, dict[str, Any]]:
+    def checkpoint(self, pipeline: str, pe: str, warm: bool) -> tuple[bytes, str, CheckpointInfo]:
         """A consistent copy of the PE's checkpoint, packed: ``(archive, sha256, info)``.
 
         Args:
@@ -359,7 +370,7 @@ class NodeRuntime:
             data, digest = pack(staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return data, digest, info
+        return data, digest, CheckpointInfo.model_validate(info)
 
     def install_checkpoint(self, pipeline: str, pe: str, data: bytes, digest: str) -> None:
         """Install a shipped checkpoint as the PE's local one (the PE must not run here)."""
@@ -392,16 +403,16 @@ class NodeRuntime:
                 hint="a checkpoint can only be installed for a PE this node does not run",
             )
 
-    def set_gate(self, pipeline: str, pe: str, gate: dict[str, Any] | None) -> dict[str, Any]:
+    def set_gate(self, pipeline: str, pe: str, gate: Gate | None) -> ElementProgress:
         """Replace the PE's gate (``None`` opens it)."""
         hosted = self.hosted(pipeline, pe)
         if gate is None:
             return self.resume(pipeline, pe)
-        write_gate(self.gate_file(pipeline, pe), gate["mode"], gate.get("limit"))
+        write_gate(self.gate_file(pipeline, pe), gate.mode, gate.limit)
         hosted.gated = True
         return self._position(hosted)
 
-    def remove_pipeline(self, pipeline: str) -> list[dict[str, Any]]:
+    def remove_pipeline(self, pipeline: str) -> list[ElementInfo]:
         """Stop every PE of ``pipeline`` on this node."""
         with self._lock:
             keys = [k for k in self._elements if k[0] == pipeline]
@@ -409,37 +420,40 @@ class NodeRuntime:
 
     # -- reporting --------------------------------------------------------------------------
 
-    def describe(self, hosted: HostedElement) -> dict[str, Any]:
+    def describe(self, hosted: HostedElement) -> ElementInfo:
+        """What is known of one hosted PE (its PE info)."""
         element = hosted.plan.element
-        info: dict[str, Any] = {
-            "pipeline": hosted.plan.pipeline,
-            "element": element.id,
-            "kind": element.kind,
-            "state": hosted.state,
-            "error": hosted.error,
-            "restarts": hosted.restarts,
-            "events_in": hosted.events_in,
-            "last_batch": hosted.last_batch,
-            "gated": hosted.gated,
-        }
         snap = latest_manifest(self.snapshot_store(hosted.plan.pipeline, element.id))
-        info["epoch"] = hosted.plan.epoch
-        info["node_checkpoint"] = (
-            {
-                **{
-                    k: snap[k] for k in ("id", "batch", "progress", "created", "bytes", "new_bytes")
-                },
-                # What the snapshot cost (absent from manifests written before they existed).
-                **{k: snap.get(k) for k in ("took_ms", "copy_ms", "hash_ms", "state_store")},
-            }
-            if snap
-            else None
+        sink = KINDS[element.kind].role == "sink"
+        return ElementInfo(
+            pipeline=hosted.plan.pipeline,
+            element=element.id,
+            kind=element.kind,
+            state=hosted.state,
+            error=hosted.error,
+            restarts=hosted.restarts,
+            retry_in_s=(
+                round(max(0.0, hosted.retry_at - time.time()), 1)
+                if hosted.state == PEState.FAILED and math.isfinite(hosted.retry_at)
+                else None
+            ),
+            events_in=hosted.events_in,
+            last_batch=hosted.last_batch,
+            gated=hosted.gated,
+            epoch=hosted.plan.epoch,
+            # The manifest's summary; what the snapshot cost is absent from manifests
+            # written before it was recorded (those fields default to None).
+            node_checkpoint=(
+                NodeCheckpoint.model_validate(
+                    {k: snap.get(k) for k in NodeCheckpoint.model_fields if k in snap}
+                )
+                if snap
+                else None
+            ),
+            lines_written=int(read_marker(element.options["path"])["lines"]) if sink else None,
         )
-        if KINDS[element.kind].role == "sink":
-            info["lines_written"] = int(read_marker(element.options["path"])["lines"])
-        return info
 
-    def elements(self) -> list[dict[str, Any]]:
+    def elements(self) -> list[ElementInfo]:
         """What runs here, for heartbeats and ``GET /elements``.
 
         Taken without the node's lock: a query start holds it for seconds (tens under
@@ -463,7 +477,7 @@ class NodeRuntime:
 
     def _check(self, hosted: HostedElement) -> None:
         query = hosted.query
-        if hosted.state == "failed":
+        if hosted.state == PEState.FAILED:
             if time.time() >= hosted.retry_at and self.spark is not None:
                 hosted.restarts += 1
                 log.warning("restarting %s (try %d)", hosted.plan.query_name, hosted.restarts)
@@ -479,7 +493,7 @@ class NodeRuntime:
             text = str(error) if error else "query stopped by itself"
             if FENCED_TOKEN in text:
                 # A newer instance owns the output: never restart this one.
-                hosted.state, hosted.error = "fenced", text[:2000]
+                hosted.state, hosted.error = PEState.FENCED, text[:2000]
                 hosted.query = None
                 log.warning("%s is fenced: %s", hosted.plan.query_name, text[:300])
                 return
@@ -496,7 +510,9 @@ class NodeRuntime:
     def snapshot_all(self) -> None:
         """Take a node-level checkpoint of every running PE that committed a new batch."""
         with self._lock:
-            hosted = [h for h in self._elements.values() if h.state in ("running", "paused")]
+            hosted = [
+                h for h in self._elements.values() if h.state in (PEState.RUNNING, PEState.PAUSED)
+            ]
         for h in hosted:
             pipeline, pe = h.key
             try:
@@ -515,8 +531,10 @@ class NodeRuntime:
         while not self._stop.wait(self.config.checkpoint_interval_s):
             self.snapshot_all()
 
-    def latest_snapshot(self, pipeline: str, pe: str) -> dict[str, Any] | None:
-        return latest_manifest(self.snapshot_store(pipeline, pe))
+    def latest_snapshot(self, pipeline: str, pe: str) -> CheckpointManifest | None:
+        """The PE's newest node-level checkpoint here, if it has one."""
+        manifest = latest_manifest(self.snapshot_store(pipeline, pe))
+        return CheckpointManifest.model_validate(manifest) if manifest else None
 
     def _count(self, hosted: HostedElement, query: StreamingQuery) -> None:
         changed = False

@@ -25,6 +25,7 @@ from fogshift.agent.node import NodeRuntime
 from fogshift.checkpoint.central import CentralStore, check_manifest
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.common.http import NodeDirectory, raise_for_error
+from fogshift.contracts import CheckpointManifest, InstallResult, ReplicaInfo
 from fogshift.exceptions import Unavailable
 
 
@@ -85,25 +86,25 @@ class Replicas:
             hint="a checkpoint source is chosen by the orchestrator among the nodes' replicas",
         )
 
-    def _fetcher(self, manifest: dict[str, Any], source: str | None) -> Callable[[str], bytes]:
+    def _fetcher(self, manifest: CheckpointManifest, source: str | None) -> Callable[[str], bytes]:
         base, token = self.credentials(source)
         client = httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=120
         )
 
         def fetch(rel: str) -> bytes:
-            sha = manifest["files"][rel]["sha256"]
+            sha = manifest.files[rel].sha256
             try:
                 response = client.get(f"/checkpoints/blobs/{sha}")
             except httpx.HTTPError as exc:
                 raise Unavailable(
                     f"node {self.config.name!r} cannot fetch checkpoint file {rel} of "
-                    f"{manifest['pipeline']}/{manifest['element']} from {base}: {exc}"
+                    f"{manifest.pipeline}/{manifest.element} from {base}: {exc}"
                 ) from exc
             if response.status_code != 200:
                 raise Unavailable(
                     f"{base} answered {response.status_code} for checkpoint file {rel} of "
-                    f"{manifest['pipeline']}/{manifest['element']}"
+                    f"{manifest.pipeline}/{manifest.element}"
                 )
             return response.content
 
@@ -120,8 +121,8 @@ class Replicas:
             TornCheckpoint: A fetched file does not match its digest.
             Unavailable: The source cannot be reached.
         """
-        check_manifest(manifest)
-        fetch = self._fetcher(manifest, source)
+        check_manifest(manifest)  # its names, as paths: first, with the words for each
+        fetch = self._fetcher(CheckpointManifest.model_validate(manifest), source)
         try:
             return self.store.put(manifest, fetch)
         finally:
@@ -129,7 +130,7 @@ class Replicas:
 
     def install(
         self, pipeline: str, pe: str, manifest: dict[str, Any] | None, source: str | None
-    ) -> dict[str, Any]:
+    ) -> InstallResult:
         """Make checkpoint ``manifest`` the local checkpoint of ``pipeline/pe`` (not running
         here), copying what is missing from ``source``; ``None`` clears it (start over).
 
@@ -146,12 +147,12 @@ class Replicas:
                     f"{self.config.name!r} is not whole: {problem}"
                 )
         self.runtime.install_from_store(pipeline, pe, self.store, manifest)
-        return {"fetched_bytes": fetched, "source": source or "central"}
+        return InstallResult(fetched_bytes=fetched, source=source or "central")
 
-    def held(self) -> list[dict[str, Any]]:
-        """The newest whole-looking copy per PE: ``{pipeline, element, id, batch, created}``."""
+    def held(self) -> list[ReplicaInfo]:
+        """The newest whole-looking copy per PE."""
         root = self.store.root / "checkpoints"
-        out: list[dict[str, Any]] = []
+        out: list[ReplicaInfo] = []
         if not root.is_dir():
             return out
         for pipeline in sorted(p.name for p in root.iterdir() if p.is_dir()):
@@ -160,8 +161,8 @@ class Replicas:
                 if manifests:
                     m = manifests[0]
                     out.append(
-                        {"pipeline": pipeline, "element": pe, "id": m["id"],
-                         "batch": m["batch"], "created": m["created"]}
+                        ReplicaInfo(pipeline=pipeline, element=pe, id=m["id"], batch=m["batch"],
+                                    created=m["created"])
                     )  # fmt: skip
         return out
 

@@ -36,6 +36,7 @@ from rich.progress import (
 )
 
 from fogshift.bench import thesis
+from fogshift.orchestrator.config import OrchestratorConfig
 
 MIB = 1024 * 1024
 
@@ -53,7 +54,7 @@ class ClusterRunConfig:
     """
 
     checkpoint_interval_s: float = thesis.E2_CHECKPOINT_INTERVAL_S
-    central_interval_s: float = 15.0
+    central_interval_s: float = OrchestratorConfig.default("central_interval_s")
     timeout_s: float = 600.0
     seed: int = 0
     warm_up: bool = False

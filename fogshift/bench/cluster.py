@@ -24,9 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fogshift.agent.config import AgentConfig
 from fogshift.bench.exceptions import BadBenchOption, BenchError, IsolationUnavailable
 from fogshift.common.http import ServiceClient
-from fogshift.exceptions import FogshiftError
+from fogshift.migration.exceptions import MigrationFailed
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.supervisor.cluster import group_alive, kill_group, load_cluster, orchestrator_client
 
 #: The delay of a link profile of ``fogshift up --link NODE=PROFILE`` (``n0``, ``n100``,
@@ -83,8 +86,8 @@ class ClusterOptions:
     """
 
     nodes: tuple[str, ...]
-    checkpoint_interval_s: float = 5.0
-    central_interval_s: float = 15.0
+    checkpoint_interval_s: float = AgentConfig.default("checkpoint_interval_s")
+    central_interval_s: float = OrchestratorConfig.default("central_interval_s")
     isolate: bool = False
     links: tuple[tuple[str, str], ...] = ()
 
@@ -248,10 +251,9 @@ class BenchCluster:
         with orchestrator_client(self.home, timeout_s=900) as client:
             try:
                 return client.post(path, json=body)
-            except FogshiftError as exc:
-                details = getattr(exc, "details", None)
-                if isinstance(details, dict):
-                    return details
+            except (MigrationFailed, RestoreFailed) as exc:
+                if exc.report is not None:
+                    return exc.report.model_dump(mode="json")
                 raise
 
     def agent(self, node: str) -> ServiceClient:

@@ -49,8 +49,8 @@ from fogshift.broker.client import (
 from fogshift.broker.exceptions import BrokerError, Fenced, WriterConflict
 from fogshift.broker.naming import data_subject, stream_name
 from fogshift.broker.publish import Cut, Record, append_cut, next_cut, publish_records
+from fogshift.common.gate import read_gate
 from fogshift.exceptions import InvariantViolation
-from fogshift.runtime.gate import read_gate
 
 #: The rows a reader yields: one input event each.
 EVENT_SCHEMA = "origin long, seq long, timestamp double, creator string, body string"
@@ -124,7 +124,7 @@ def _event_fields(data: bytes) -> tuple[int, float, str, str]:
 class JetStreamDataSource(DataSource):
     """Options: ``broker`` (broker file), ``pipeline``, ``pe`` (the element itself),
     ``inputs`` (comma-separated element ids, reader only), ``max_events_per_batch``,
-    ``gate`` (the gate file, see :mod:`fogshift.runtime.gate`; reader only)."""
+    ``gate`` (the gate file, see :mod:`fogshift.common.gate`; reader only)."""
 
     @classmethod
     def name(cls) -> str:

@@ -12,16 +12,32 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 
+from fogshift.agent.config import AgentConfig
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.topology import topology_app
+from fogshift.common.settings import check_environment
+from fogshift.contracts import (
+    DeadLetter,
+    MigrationMode,
+    MigrationReport,
+    NodeView,
+    OperationKind,
+    OperationView,
+    PipelineStatus,
+    RestoreReport,
+    StopResult,
+)
 from fogshift.exceptions import FogshiftError, InvalidInput
-from fogshift.orchestrator.views import OperationView
+from fogshift.migration.exceptions import MigrationFailed
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.loader import load_spec
 from fogshift.spec.models import PipelineSpec
@@ -45,7 +61,25 @@ Home = Annotated[
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
+def _setting(config: type[AgentConfig | OrchestratorConfig], field: str, what: str) -> str:
+    """Help of an option whose default is a service's setting: where that default comes from.
+
+    Such options default to ``None`` here: the service then reads ``FOGSHIFT_<FIELD>`` or
+    takes the default its config class writes, the one place it is written."""
+    return f"{what} [default: ${'FOGSHIFT_' + field.upper()}, else {config.default(field)}]"
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    """The options given on the command line (not ``None``), to pass to a config class."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
 def _print_json(data: Any) -> None:
+    """Print ``data`` (a contract model, a list of them, or plain JSON) as JSON."""
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    elif isinstance(data, list):
+        data = [d.model_dump(mode="json") if isinstance(d, BaseModel) else d for d in data]
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
@@ -80,17 +114,37 @@ def up(
     ] = None,
     nats_user: Annotated[str | None, typer.Option(envvar="FOGSHIFT_NATS_USER")] = None,
     nats_password: Annotated[str | None, typer.Option(envvar="FOGSHIFT_NATS_PASSWORD")] = None,
-    spark_master: Annotated[str, typer.Option(help="Spark master of every node.")] = "local[*]",
+    spark_master: Annotated[
+        str | None,
+        typer.Option(help=_setting(AgentConfig, "spark_master", "Spark master of every node.")),
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for health.")] = 240,
     checkpoint_interval: Annotated[
-        float, typer.Option(help="Seconds between node-level checkpoints.")
-    ] = cluster_ops.CHECKPOINT_INTERVAL_S,
+        float | None,
+        typer.Option(
+            help=_setting(
+                AgentConfig, "checkpoint_interval_s", "Seconds between node-level checkpoints."
+            )
+        ),
+    ] = None,
     central_interval: Annotated[
-        float, typer.Option(help="Seconds between central checkpoint pulls.")
-    ] = cluster_ops.CENTRAL_INTERVAL_S,
+        float | None,
+        typer.Option(
+            help=_setting(
+                OrchestratorConfig, "central_interval_s", "Seconds between central pulls."
+            )
+        ),
+    ] = None,
     duplicate_window: Annotated[
-        float, typer.Option(help="The broker's de-duplication window of new streams (s).")
-    ] = cluster_ops.DUPLICATE_WINDOW_S,
+        float | None,
+        typer.Option(
+            help=_setting(
+                OrchestratorConfig,
+                "duplicate_window_s",
+                "The broker's de-duplication window of new streams (s).",
+            )
+        ),
+    ] = None,
     isolate: Annotated[
         bool,
         typer.Option(
@@ -112,12 +166,21 @@ def up(
         typer.Option(help="Fog topology for the planner (see examples/fog/topology.yaml)."),
     ] = None,
     plan_interval: Annotated[
-        float, typer.Option(help="Seconds between backup/redeploy plans.")
-    ] = cluster_ops.PLAN_INTERVAL_S,
+        float | None,
+        typer.Option(
+            help=_setting(
+                OrchestratorConfig, "plan_interval_s", "Seconds between backup/redeploy plans."
+            )
+        ),
+    ] = None,
 ) -> None:
     """Start the broker, the orchestrator and one node agent per node; wait until healthy."""
     from fogshift.network.links import parse_link_assignments
 
+    # The services read their settings from the environment they inherit: refuse a bad one
+    # here, before anything starts, rather than let a service die at start-up.
+    check_environment(AgentConfig)
+    check_environment(OrchestratorConfig)
     names = [n.strip() for n in nodes.split(",") if n.strip()]
     profiles = parse_link_assignments(link, names) if link else None
     with console.status("starting fogshift") as status:
@@ -158,9 +221,11 @@ def deploy(
 ) -> None:
     """Validate a pipeline spec and start it on its nodes."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
-        nodes = [n["name"] for n in client.get("/nodes")]
+        nodes = [NodeView.model_validate(n).name for n in client.get("/nodes")]
         pipeline = load_spec(spec, nodes)
-        result = client.post("/pipelines", json=pipeline.model_dump(mode="json"))
+        result = PipelineStatus.model_validate(
+            client.post("/pipelines", json=pipeline.model_dump(mode="json"))
+        )
     if as_json:
         _print_json(result)
     else:
@@ -217,19 +282,19 @@ def validate(
     console.print(table)
 
 
-def _status_table(pipelines: list[dict[str, Any]]) -> None:
+def _status_table(pipelines: list[PipelineStatus]) -> None:
     for pipeline in pipelines:
-        table = Table(title=f"{pipeline['pipeline']} ({pipeline['status']})")
+        table = Table(title=f"{pipeline.pipeline} ({pipeline.status})")
         columns = ("element", "kind", "node", "state", "in", "out", "dead letters", "backup",
                    "redeploy")  # fmt: skip
         for column in columns:
             table.add_column(column)
-        for e in pipeline["elements"]:
-            state = e["state"] if not e.get("error") else f"{e['state']}: {e['error'][:60]}"
+        for e in pipeline.elements:
+            state = e.state if not e.error else f"{e.state}: {e.error[:60]}"
             table.add_row(
-                e["element"], e["kind"], e["node"], state,
-                str(e["events_in"]), str(e["events_out"]), str(e["dead_letters"]),
-                e.get("planned_backup") or "-", e.get("planned_redeploy") or "-",
+                e.element, e.kind, e.node, state,
+                str(e.events_in), str(e.events_out), str(e.dead_letters),
+                e.planned_backup or "-", e.planned_redeploy or "-",
             )  # fmt: skip
         console.print(table)
 
@@ -242,7 +307,8 @@ def status(
 ) -> None:
     """Per PE: node, state, events in/out, dead letters."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
-        data = [client.get(f"/pipelines/{pipeline}")] if pipeline else client.get("/pipelines")
+        answer = [client.get(f"/pipelines/{pipeline}")] if pipeline else client.get("/pipelines")
+    data = [PipelineStatus.model_validate(p) for p in answer]
     if as_json:
         _print_json(data if not pipeline else data[0])
     elif not data:
@@ -255,7 +321,7 @@ def status(
 def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     """Per node: name, url, pid, pgid, healthy."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
-        data = client.get("/nodes")
+        data = [NodeView.model_validate(n) for n in client.get("/nodes")]
     if as_json:
         _print_json(data)
         return
@@ -264,8 +330,8 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
         table.add_column(column)
     for n in data:
         table.add_row(
-            n["name"], n["url"], str(n["pid"]), str(n["pgid"]),
-            "[green]yes[/]" if n["healthy"] else "[red]no[/]", ", ".join(n["elements"]),
+            n.name, n.url, str(n.pid), str(n.pgid),
+            "[green]yes[/]" if n.healthy else "[red]no[/]", ", ".join(n.elements),
         )  # fmt: skip
     console.print(table)
 
@@ -279,7 +345,8 @@ def errors(
 ) -> None:
     """The pipeline's dead letters, with their reasons."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
-        data = client.get(f"/pipelines/{pipeline}/errors", params={"limit": limit})
+        answer = client.get(f"/pipelines/{pipeline}/errors", params={"limit": limit})
+    data = [DeadLetter.model_validate(d) for d in answer]
     if as_json:
         _print_json(data)
         return
@@ -287,7 +354,7 @@ def errors(
     for column in ("element", "seq", "reason", "event"):
         table.add_column(column)
     for d in data:
-        table.add_row(d["element"], str(d["seq"]), d["reason"] or "", str(d["event"])[:60])
+        table.add_row(d.element, str(d.seq), d.reason or "", str(d.event)[:60])
     console.print(table)
 
 
@@ -328,7 +395,12 @@ def logs(
 
 
 def _watch_phases(
-    home: Path, pipeline: str, element: str, kind: str, status: Status, stop: threading.Event
+    home: Path,
+    pipeline: str,
+    element: str,
+    kind: OperationKind,
+    status: Status,
+    stop: threading.Event,
 ) -> None:
     """Show the phase of the running ``kind`` of ``pipeline/element`` in ``status`` until
     ``stop`` is set, polling the orchestrator's view of its journal. A poll that fails is
@@ -354,12 +426,21 @@ def _watch_phases(
 
 
 def _run_operation(
-    home: Path, pipeline: str, element: str, kind: str, body: dict[str, Any], as_json: bool
+    home: Path,
+    pipeline: str,
+    element: str,
+    kind: OperationKind,
+    body: dict[str, Any],
+    as_json: bool,
 ) -> Any:
     """POST a long operation (``migration`` or ``restore``) of ``pipeline/element``; show its
     phases as it runs (not with ``as_json``); with ``as_json`` print its report, also the
-    report of a failure (then exit 1)."""
-    verb = "migrate" if kind == "migration" else "restore"
+    report of a failure (then exit 1).
+
+    Returns:
+        The answer (the caller parses it into its report).
+    """
+    verb = "migrate" if kind == OperationKind.MIGRATION else "restore"
     path = f"/pipelines/{pipeline}/elements/{element}/{verb}"
     home = home.resolve()
     with cluster_ops.orchestrator_client(home, timeout_s=900) as client:
@@ -380,14 +461,11 @@ def _run_operation(
                     finally:
                         stop.set()
                         watcher.join(timeout=6)
-        except FogshiftError as exc:
-            details = getattr(exc, "details", None)
-            if as_json and details is not None:
-                _print_json(details)
+        except (MigrationFailed, RestoreFailed) as exc:
+            if as_json and exc.report is not None:
+                _print_json(exc.report)
                 raise typer.Exit(1) from exc
             raise
-    if as_json:
-        _print_json(report)
     return report
 
 
@@ -403,22 +481,26 @@ def migrate(
     as_json: AsJson = False,
 ) -> None:
     """Live-migrate a running PE to another node (exit 1 if it failed; the origin runs on)."""
-    if mode not in ("precopy", "literal"):
+    if mode not in tuple(MigrationMode):
         raise InvalidInput(
             "unknown migration mode", expected="precopy or literal", received=repr(mode)
         )
-    report = _run_operation(
-        home, pipeline, element, "migration", {"target": to, "mode": mode}, as_json
-    )
+    report = MigrationReport.model_validate(
+        _run_operation(
+            home, pipeline, element, OperationKind.MIGRATION, {"target": to, "mode": mode},
+            as_json,
+        )
+    )  # fmt: skip
     if as_json:
+        _print_json(report)
         return
-    phases = ", ".join(f"{k} {v:.0f} ms" for k, v in report["phases_ms"].items())
+    phases = ", ".join(f"{k} {v:.0f} ms" for k, v in report.phases_ms.items())
     console.print(
-        f"[green]migrated[/] {pipeline}/{element}: {report['origin']} -> {report['target']} "
-        f"({report['mode']}); state {report['state_bytes']} bytes; {phases}; "
-        f"downtime {report['downtime_ms']} ms"
+        f"[green]migrated[/] {pipeline}/{element}: {report.origin} -> {report.target} "
+        f"({report.mode}); state {report.state_bytes} bytes; {phases}; "
+        f"downtime {report.downtime_ms} ms"
     )
-    for warning in report.get("warnings", []):
+    for warning in report.warnings:
         console.print(f"[yellow]warning[/]: {warning}")
 
 
@@ -433,17 +515,20 @@ def restore(
     as_json: AsJson = False,
 ) -> None:
     """Restore a PE from its latest central checkpoint, exactly-once, fencing the old one."""
-    report = _run_operation(home, pipeline, element, "restore", {"target": to}, as_json)
+    report = RestoreReport.model_validate(
+        _run_operation(home, pipeline, element, OperationKind.RESTORE, {"target": to}, as_json)
+    )
     if as_json:
+        _print_json(report)
         return
-    for attempt in report["attempts"]:
-        console.print(f"[yellow]attempt on {attempt['node']} failed[/]: {attempt['error']}")
+    for attempt in report.attempts:
+        console.print(f"[yellow]attempt on {attempt.node} failed[/]: {attempt.error}")
     console.print(
-        f"[green]restored[/] {pipeline}/{element} on {report['target']} (epoch "
-        f"{report['epoch']}) from checkpoint {report['checkpoint']} "
-        f"({report['checkpoint_age_ms']} ms old): reprocessed {report['reprocessed_events']} "
-        f"events in {report['reprocess_ms']:.0f} ms, intermediate "
-        f"{report['intermediate_events']} in {report['intermediate_ms']:.0f} ms"
+        f"[green]restored[/] {pipeline}/{element} on {report.target} (epoch "
+        f"{report.epoch}) from checkpoint {report.checkpoint} "
+        f"({report.checkpoint_age_ms} ms old): reprocessed {report.reprocessed_events} "
+        f"events in {report.reprocess_ms:.0f} ms, intermediate "
+        f"{report.intermediate_events} in {report.intermediate_ms:.0f} ms"
     )
 
 
@@ -451,10 +536,10 @@ def restore(
 def stop(pipeline: str, home: Home = Path(".fogshift")) -> None:
     """Stop a pipeline's PEs (streams, checkpoints and output stay)."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
-        result = client.post(f"/pipelines/{pipeline}/stop")
+        result = StopResult.model_validate(client.post(f"/pipelines/{pipeline}/stop"))
     console.print(f"[green]stopped[/] {pipeline}")
-    if result.get("unreachable_nodes"):
-        console.print(f"[yellow]unreachable nodes[/]: {', '.join(result['unreachable_nodes'])}")
+    if result.unreachable_nodes:
+        console.print(f"[yellow]unreachable nodes[/]: {', '.join(result.unreachable_nodes)}")
 
 
 @app.command()
@@ -516,36 +601,38 @@ def serve_agent(
     orchestrator: Annotated[str, typer.Option()],
     token_file: Annotated[Path, typer.Option()],
     broker_file: Annotated[Path, typer.Option()],
-    host: Annotated[str, typer.Option()] = "127.0.0.1",
-    spark_master: Annotated[str, typer.Option()] = "local[*]",
-    trigger_ms: Annotated[int, typer.Option()] = cluster_ops.TRIGGER_MS,
-    checkpoint_interval: Annotated[float, typer.Option()] = cluster_ops.CHECKPOINT_INTERVAL_S,
+    host: Annotated[str | None, typer.Option()] = None,
+    spark_master: Annotated[str | None, typer.Option()] = None,
+    trigger_ms: Annotated[int | None, typer.Option()] = None,
+    checkpoint_interval: Annotated[float | None, typer.Option()] = None,
     advertise_url: Annotated[
         str | None, typer.Option(help="The URL the orchestrator should use (isolated nodes).")
     ] = None,
 ) -> None:
-    """Run one node agent in the foreground (started by `up`)."""
+    """Run one node agent in the foreground (started by `up`). Settings not given here are
+    read from ``FOGSHIFT_*`` or defaulted by :class:`AgentConfig`."""
     import uvicorn
 
     from fogshift.agent.app import create_app
-    from fogshift.agent.config import AgentConfig
 
     config = AgentConfig(
         name=name,
-        host=host,
         port=port,
         home=home.resolve(),
         token=token_file.read_text().strip(),
         orchestrator_url=orchestrator,
         broker_file=broker_file.resolve(),
-        spark_master=spark_master,
-        trigger_ms=trigger_ms,
-        checkpoint_interval_s=checkpoint_interval,
-        advertise_url=advertise_url,
+        **_given(
+            host=host,
+            spark_master=spark_master,
+            trigger_ms=trigger_ms,
+            checkpoint_interval_s=checkpoint_interval,
+            advertise_url=advertise_url,
+        ),
     )
     config.home.mkdir(parents=True, exist_ok=True)
     _log_setup()
-    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(config), host=config.host, port=port, log_level="warning")
 
 
 @app.command("serve-orchestrator", hidden=True)
@@ -554,42 +641,43 @@ def serve_orchestrator(
     port: Annotated[int, typer.Option()],
     token_file: Annotated[Path, typer.Option()],
     broker_file: Annotated[Path, typer.Option()],
-    host: Annotated[str, typer.Option()] = "127.0.0.1",
-    central_interval: Annotated[float, typer.Option()] = cluster_ops.CENTRAL_INTERVAL_S,
-    duplicate_window: Annotated[float, typer.Option()] = cluster_ops.DUPLICATE_WINDOW_S,
-    plan_interval: Annotated[float, typer.Option()] = cluster_ops.PLAN_INTERVAL_S,
+    host: Annotated[str | None, typer.Option()] = None,
+    central_interval: Annotated[float | None, typer.Option()] = None,
+    duplicate_window: Annotated[float | None, typer.Option()] = None,
+    plan_interval: Annotated[float | None, typer.Option()] = None,
     broker_config: Annotated[Path | None, typer.Option()] = None,
     broker_pid: Annotated[int | None, typer.Option()] = None,
     test_pause_at: Annotated[
         str | None,
         typer.Option(
-            envvar="FOGSHIFT_TEST_PAUSE_AT",
             help="Test hook: stop at this operation phase (e.g. migration:switching) and wait "
-            "to be killed.",
+            "to be killed [default: $FOGSHIFT_TEST_PAUSE_AT, else never].",
         ),
     ] = None,
 ) -> None:
-    """Run the orchestrator in the foreground (started by `up`)."""
+    """Run the orchestrator in the foreground (started by `up`). Settings not given here are
+    read from ``FOGSHIFT_*`` or defaulted by :class:`OrchestratorConfig`."""
     import uvicorn
 
     from fogshift.orchestrator.app import create_app
-    from fogshift.orchestrator.config import OrchestratorConfig
 
     config = OrchestratorConfig(
         home=home.resolve(),
-        host=host,
         port=port,
         token=token_file.read_text().strip(),
         broker_file=broker_file.resolve(),
-        central_interval_s=central_interval,
-        duplicate_window_s=duplicate_window,
-        plan_interval_s=plan_interval,
-        test_pause_at=test_pause_at or None,
-        broker_config=broker_config.resolve() if broker_config else None,
-        broker_pid=broker_pid,
+        **_given(
+            host=host,
+            central_interval_s=central_interval,
+            duplicate_window_s=duplicate_window,
+            plan_interval_s=plan_interval,
+            test_pause_at=test_pause_at or None,
+            broker_config=broker_config.resolve() if broker_config else None,
+            broker_pid=broker_pid,
+        ),
     )
     _log_setup()
-    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(config), host=config.host, port=port, log_level="warning")
 
 
 def _log_setup() -> None:
@@ -608,6 +696,16 @@ def main() -> None:
     except FogshiftError as exc:
         err_console.print(f"[red]error[/] ({exc.code}): {exc.render()}", highlight=False)
         sys.exit(2 if isinstance(exc, InvalidInput) else 1)
+    except ValidationError as exc:
+        # An answer that does not fit its contract (fogshift.contracts): a version mismatch
+        # between the CLI and the cluster, not the user's mistake.
+        err_console.print(
+            f"[red]error[/] (invariant): the cluster's answer is not a {exc.title}: "
+            f"{escape(str(exc.errors()[0]['loc']))}: {exc.errors()[0]['msg']}\n"
+            "hint: are the CLI and the cluster of one fogshift version?",
+            highlight=False,
+        )
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,14 @@ import hashlib
 import hmac
 import re
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fogshift.common.exceptions import InvalidName
 from fogshift.common.names import (
@@ -40,7 +40,16 @@ from fogshift.common.names import (
     SHA256_RE,
     SNAPSHOT_RE,
 )
-from fogshift.exceptions import FogshiftError, InvalidInput, Unauthorized, Unavailable
+from fogshift.contracts import ErrorBody, MigrationReport, RestoreReport
+from fogshift.exceptions import (
+    FogshiftError,
+    InvalidInput,
+    InvariantViolation,
+    Unauthorized,
+    Unavailable,
+)
+from fogshift.migration.exceptions import MigrationFailed
+from fogshift.restoration.exceptions import RestoreFailed
 
 _BY_CODE: dict[str, type[FogshiftError]] = {}
 
@@ -56,9 +65,6 @@ SnapshotParam = Annotated[str, PathParam(pattern=SNAPSHOT_RE)]
 ShaParam = Annotated[str, PathParam(pattern=SHA256_RE)]
 #: A file path inside a snapshot, in a URL (``{rel:path}``).
 RelPathParam = Annotated[str, PathParam(pattern=REL_PATH_RE, max_length=MAX_REL_PATH)]
-
-#: The URL of another service: where a checkpoint may be copied from.
-URL_RE = r"^https?://[^\s/?#]+(?:/[^\s?#]*)?$"
 
 # -- tokens --------------------------------------------------------------------------------
 
@@ -172,11 +178,7 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
 
     @app.exception_handler(FogshiftError)
     async def fogshift_error(request: Request, exc: FogshiftError) -> JSONResponse:
-        body = exc.to_dict()
-        report = getattr(exc, "report", None)
-        if report is not None:  # e.g. a failed migration's phase timings
-            body["report"] = report.to_dict()
-        return JSONResponse(body, status_code=exc.http_status)
+        return JSONResponse(error_body(exc), status_code=exc.http_status)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -204,25 +206,64 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
         return JSONResponse(err.to_dict(), status_code=err.http_status)
 
 
+def error_body(exc: FogshiftError) -> dict[str, Any]:
+    """The JSON body of ``exc`` (an :class:`ErrorBody`), with a failed operation's report."""
+    report = exc.report if isinstance(exc, MigrationFailed | RestoreFailed) else None
+    body = ErrorBody(
+        code=exc.code,
+        message=exc.message,
+        expected=exc.expected,
+        received=exc.received,
+        hint=exc.hint,
+        report=report if isinstance(report, MigrationReport | RestoreReport) else None,
+    )
+    # Without a report key when there is none: other errors' bodies stay as they always were.
+    return body.model_dump(mode="json", exclude={"report"} if body.report is None else None)
+
+
+#: The error answers every endpoint may give, for the OpenAPI schema (``responses=``).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": what}
+    for status, what in (
+        (401, "missing or wrong token"),
+        (403, "the token does not open this endpoint"),
+        (404, "no such pipeline, element or node"),
+        (409, "clashes with what runs"),
+        (422, "refused input: expected / received / hint"),
+        (500, "a fogshift error"),
+        (502, "a migration or restore failed (with its report)"),
+        (503, "a service it needs cannot be reached"),
+    )
+}
+
+
 def raise_for_error(response: httpx.Response, what: str) -> None:
-    """Raise the error an unsuccessful response carries, as its own class."""
+    """Raise the error an unsuccessful response carries, as its own class.
+
+    A failed migration's or restore's report comes back as the error's ``report``.
+    """
     if response.is_success:
         return
     try:
-        body = response.json()
-    except ValueError:
-        body = {}
+        body = ErrorBody.model_validate(response.json())
+    except (ValueError, ValidationError):
+        # Not one of ours (a proxy, a crash): the status is all there is to say.
+        body = ErrorBody(code="error", message=f"{what} answered HTTP {response.status_code}")
     if not _BY_CODE:
         _collect(FogshiftError)
-    cls = _BY_CODE.get(str(body.get("code")), FogshiftError)
+    cls = _BY_CODE.get(body.code, FogshiftError)
     error = cls(
-        str(body.get("message") or f"{what} answered HTTP {response.status_code}"),
-        expected=body.get("expected"),
-        received=body.get("received"),
-        hint=body.get("hint"),
+        body.message or f"{what} answered HTTP {response.status_code}",
+        expected=body.expected,
+        received=body.received,
+        hint=body.hint,
     )
-    error.details = body.get("report")  # type: ignore[attr-defined]
+    if isinstance(error, MigrationFailed | RestoreFailed):
+        error.report = body.report
     raise error
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ServiceClient:
@@ -265,6 +306,25 @@ class ServiceClient:
         """Send a request and return its JSON body (see :meth:`raw` for the errors)."""
         response = self.raw(method, path, **kwargs)
         return response.json() if response.content else None
+
+    def call(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
+        """Send a request and parse its JSON answer into ``model`` (its contract).
+
+        Raises:
+            InvariantViolation: The answer does not fit ``model``.
+            Unavailable / FogshiftError: As :meth:`raw`.
+        """
+        answer = self.request(method, path, **kwargs)
+        try:
+            return model.model_validate(answer)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise InvariantViolation(
+                f"{self.name} answered {method} {path} with what is not a {model.__name__}",
+                expected=f"{model.__name__} (fogshift.contracts)",
+                received=f"{'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']}",
+                hint="are the services of one fogshift version?",
+            ) from None
 
     def get(self, path: str, **kwargs: Any) -> Any:
         return self.request("GET", path, **kwargs)

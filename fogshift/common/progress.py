@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.http import ServiceClient
 from fogshift.common.waiting import wait_until
+from fogshift.contracts import ElementProgress, PEState
 from fogshift.exceptions import FogshiftError
 
 
@@ -18,28 +18,34 @@ def wait_for_progress(
     timeout_s: float,
     error: type[FogshiftError],
     what: str,
-    observe: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
+    observe: Callable[[ElementProgress], None] | None = None,
+) -> ElementProgress:
     """Poll ``<element_path>/progress`` until the committed input progress reaches ``at_least``.
 
     Args:
-        error: Raised (with ``what`` in its message) if the PE's query failed or was fenced,
-            or the position is not reached within ``timeout_s``.
+        error: Raised (with ``what`` in its message) if the PE was fenced, or its query
+            failed and the agent will not start it again, or the position is not reached
+            within ``timeout_s`` (a failed query the agent restarts is waited for).
         observe: Called with every answer (e.g. to record a trace).
 
     Returns:
         The last progress answer.
     """
-    info: dict[str, Any] = {}
+    info: ElementProgress | None = None
 
-    def reached() -> dict[str, Any] | None:
+    def reached() -> ElementProgress | None:
         nonlocal info
-        info = agent.get(element_path + "/progress")
+        info = agent.call(ElementProgress, "GET", element_path + "/progress")
         if observe is not None:
             observe(info)
-        if info["state"] in ("failed", "fenced"):
-            raise error(f"{what}: the PE's query {info['state']}: {info['error']}")
-        if info["committed_batch"] is not None and info["progress"] >= at_least:
+        # A failed query the agent starts again (a Python worker that could not start on a
+        # loaded node, broker trouble) may still get there in time: only a fenced PE or one
+        # the agent gave up on ends the wait early.
+        if info.state == PEState.FENCED or (
+            info.state == PEState.FAILED and info.retry_in_s is None
+        ):
+            raise error(f"{what}: the PE's query {info.state}: {info.error}")
+        if info.committed_batch is not None and info.progress >= at_least:
             return info
         return None
 
@@ -48,7 +54,8 @@ def wait_for_progress(
             reached, timeout_s, interval_s=0.02, describe=f"{what}: input position {at_least}"
         )
     except WaitTimedOut:
+        at = (info.progress, info.state) if info is not None else (None, None)
         raise error(
             f"{what}: the PE did not reach input position {at_least} in {timeout_s:.0f} s "
-            f"(at {info.get('progress')}, state {info.get('state')})"
+            f"(at {at[0]}, state {at[1]})"
         ) from None

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
 from fogshift.exceptions import Conflict, FogshiftError
 
 
 class MigrationFailed(FogshiftError):
-    """The migration did not complete; the origin runs again."""
+    """The migration did not complete; the origin runs again.
+
+    Attributes:
+        report: The migration's report (a ``fogshift.contracts.MigrationReport``: whether the
+            origin runs again, under which epoch), sent with the error and rebuilt from it
+            by ``common.http.raise_for_error``. Typed by its base class: errors import
+            nothing but errors and pydantic, so every layer can raise and catch them.
+    """
 
     code = "migration_failed"
     http_status = 502
+    report: BaseModel | None = None
 
 
 class MigrationInProgress(Conflict):

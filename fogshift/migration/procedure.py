@@ -36,12 +36,10 @@ it as superseded.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.checkpoint.spark_dir import progress_of
@@ -50,16 +48,24 @@ from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
 from fogshift.common.progress import wait_for_progress
 from fogshift.common.waiting import wait_until
+from fogshift.contracts import (
+    CheckpointInfo,
+    ElementProgress,
+    Gate,
+    GateMode,
+    MigrationMode,
+    MigrationPhase,
+    MigrationReport,
+    MigrationStatus,
+)
 from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.migration")
 
-Mode = Literal["precopy", "literal"]
-
 #: Journal phases, in order; each is entered before the side effect it names.
-PHASES = ("preparing", "pausing", "switching", "routed")
+PHASES = tuple(MigrationPhase)
 
 
 def _no_phase(phase: str) -> None:
@@ -90,42 +96,6 @@ class MigrationSteps:
     fence: Callable[[], int] | None = None
 
 
-@dataclass
-class MigrationReport:
-    """What ``fogshift migrate --json`` prints."""
-
-    pipeline: str
-    element: str
-    origin: str
-    target: str
-    mode: Mode
-    status: str = "running"
-    state_bytes: int = 0
-    phases_ms: dict[str, float] = field(default_factory=dict)
-    downtime_ms: float | None = None
-    caught_up_events: int = 0
-    error: str | None = None
-    rolled_back: bool = False
-    #: The epoch the PE writes under afterwards (new if a rollback had to fence).
-    epoch: int = 0
-    #: What went wrong without changing the outcome (an origin left for the reconciler).
-    warnings: list[str] = field(default_factory=list)
-    #: ``[ms since start, node, committed batch, input progress, last batch ms]`` as observed.
-    trace: list[list[Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._t0 = time.perf_counter()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-    def observe(self, node: str, info: dict[str, Any]) -> None:
-        """Add a progress observation to the trace when it differs from the last one."""
-        row = [node, info.get("committed_batch"), info.get("progress"), info.get("last_batch_ms")]
-        if not self.trace or self.trace[-1][1:] != row:
-            self.trace.append([round((time.perf_counter() - self._t0) * 1000, 1), *row])
-
-
 class Stopwatch:
     """Named phase timings in milliseconds."""
 
@@ -150,7 +120,7 @@ def _wait_progress(
     timeout_s: float,
     what: str,
     report: MigrationReport,
-) -> dict[str, Any]:
+) -> ElementProgress:
     """Wait for the target PE (``path`` is its element path) to reach ``at_least``."""
     return wait_for_progress(
         agent,
@@ -168,7 +138,7 @@ def migrate(
     element: ElementSpec,
     origin: tuple[str, ServiceClient],
     target: tuple[str, ServiceClient],
-    mode: Mode = "precopy",
+    mode: MigrationMode = MigrationMode.PRECOPY,
     timeout_s: float = 120.0,
     live_wait_s: float = 30.0,
     steps: MigrationSteps | None = None,
@@ -188,44 +158,55 @@ def migrate(
 
     Raises:
         MigrationFailed: The migration failed before the routing change and was rolled
-            back; the report (in ``report``) says whether the origin runs again
-            (``rolled_back``) and under which epoch.
+            back; its ``report`` says whether the origin runs again (``rolled_back``) and
+            under which epoch.
     """
     steps = steps or MigrationSteps()
     origin_name, origin_agent = origin
     target_name, target_agent = target
-    report = MigrationReport(pipeline, element.id, origin_name, target_name, mode, epoch=epoch)
+    report = MigrationReport(
+        pipeline=pipeline,
+        element=element.id,
+        origin=origin_name,
+        target=target_name,
+        mode=MigrationMode(mode),
+        epoch=epoch,
+    )
     watch = Stopwatch(report)
     here = _path(pipeline, element.id)
     placed = element.model_copy(update={"node": target_name}).model_dump(mode="json")
     paused_at: float | None = None
-    info: dict[str, Any] = {}
+    info = CheckpointInfo()
     started = False  # whether the target was asked to run (it may write from then on)
     try:
-        steps.phase("preparing")
-        if mode == "precopy":
+        steps.phase(MigrationPhase.PREPARING)
+        if mode == MigrationMode.PRECOPY:
             data, digest, info = _fetch_checkpoint(origin_agent, here, warm=True)
             report.state_bytes = len(data)
             _install(target_agent, here, data, digest)
-            limit = info["offset"]
-            gate = {"mode": "cap", "limit": limit} if limit else {"mode": "hold"}
+            limit = info.offset
+            gate = Gate(mode=GateMode.CAP, limit=limit) if limit else Gate(mode=GateMode.HOLD)
             started = True
             target_agent.put(
-                here, json={"element": placed, "fresh": False, "gate": gate, "epoch": epoch}
-            )
-            if info["batch"] is not None:
+                here,
+                json={"element": placed, "fresh": False, "gate": gate.model_dump(mode="json"),
+                      "epoch": epoch},
+            )  # fmt: skip
+            if info.batch is not None:
                 # The re-executed batch commits: workers are up, state is loaded.
                 _wait_progress(target_agent, here, progress_of(limit), timeout_s,
                                "warming up", report)  # fmt: skip
             _converge(report, here, origin_agent, target_agent, timeout_s, precopy_rounds)
             watch.lap("prepare")
-        steps.phase("pausing")
+        steps.phase(MigrationPhase.PAUSING)
         paused_at = time.perf_counter()
-        position = origin_agent.post(here + "/pause", params={"timeout_s": timeout_s})
+        position = origin_agent.call(
+            ElementProgress, "POST", here + "/pause", params={"timeout_s": timeout_s}
+        )
         report.observe(origin_name, position)
         watch.lap("pause")
-        steps.phase("switching")
-        if mode == "literal":
+        steps.phase(MigrationPhase.SWITCHING)
+        if mode == MigrationMode.LITERAL:
             data, digest, info = _fetch_checkpoint(origin_agent, here, warm=False)
             report.state_bytes = len(data)
             watch.lap("state")
@@ -235,14 +216,14 @@ def migrate(
         else:
             watch.lap("state")  # the position is in the pause answer: nothing to ship
             target_agent.put(here + "/gate", json={"gate": None})
-        live = _wait_progress(target_agent, here, position["progress"], timeout_s,
+        live = _wait_progress(target_agent, here, position.progress, timeout_s,
                               "catching up", report)  # fmt: skip
         watch.lap("invoke")
         steps.route()
     except Exception as exc:  # whatever failed before the routing change: roll back
         message = exc.message if isinstance(exc, FogshiftError) else f"{type(exc).__name__}: {exc}"
         report.error = exc.render() if isinstance(exc, FogshiftError) else message
-        report.status = "failed"
+        report.status = MigrationStatus.FAILED
         undone = roll_back(
             pipeline, element, origin, target, report.epoch, steps.fence if started else None
         )
@@ -263,7 +244,7 @@ def migrate(
             f"and {outcome}: {message}",
             hint=hint,
         )
-        failure.report = report  # type: ignore[attr-defined]
+        failure.report = report
         raise failure from exc
     # Routed: the target is the PE now. Nothing below may undo that.
     try:
@@ -275,8 +256,8 @@ def migrate(
         log.warning("migration of %s/%s: the origin on %s was not removed (left to the "
                     "reconciler): %s", pipeline, element.id, origin_name, exc.message)  # fmt: skip
     watch.lap("finalize")
-    report.status = "migrated"
-    report.caught_up_events = max(0, position["progress"] - progress_of(info.get("offset")))
+    report.status = MigrationStatus.MIGRATED
+    report.caught_up_events = max(0, position.progress - progress_of(info.offset))
     # Downtime ends when the target has processed input beyond the pause position.
     assert paused_at is not None
     try:
@@ -290,8 +271,8 @@ def _measure_downtime(
     report: MigrationReport,
     here: str,
     target: ServiceClient,
-    live: dict[str, Any],
-    position: dict[str, Any],
+    live: ElementProgress,
+    position: ElementProgress,
     paused_at: float,
     live_wait_s: float,
 ) -> None:
@@ -300,10 +281,12 @@ def _measure_downtime(
 
     def moved_on() -> bool:
         info_now = (
-            live if live["progress"] > position["progress"] else target.get(here + "/progress")
+            live
+            if live.progress > position.progress
+            else target.call(ElementProgress, "GET", here + "/progress")
         )
         report.observe(report.target, info_now)
-        return bool(info_now["progress"] > position["progress"])
+        return info_now.progress > position.progress
 
     with contextlib.suppress(WaitTimedOut):  # no new input: the downtime stays unknown
         wait_until(moved_on, live_wait_s, interval_s=0.02, describe=f"{here} beyond the pause")
@@ -325,21 +308,23 @@ def _converge(
     the origin processes during the last round — like iterative pre-copy of VM migration.
     """
     for _ in range(rounds):
-        now = origin.get(path + "/progress")
+        now = origin.call(ElementProgress, "GET", path + "/progress")
         report.observe(report.origin, now)
-        current = target.get(path + "/progress")
-        if now["offset"] is None or now["progress"] <= current["progress"]:
+        current = target.call(ElementProgress, "GET", path + "/progress")
+        if now.offset is None or now.progress <= current.progress:
             return
-        target.put(path + "/gate", json={"gate": {"mode": "cap", "limit": now["offset"]}})
-        _wait_progress(target, path, now["progress"], timeout_s, "following",
+        cap = Gate(mode=GateMode.CAP, limit=now.offset)
+        target.put(path + "/gate", json={"gate": cap.model_dump(mode="json")})
+        _wait_progress(target, path, now.progress, timeout_s, "following",
                        report)  # fmt: skip
 
 
 def _fetch_checkpoint(
     agent: ServiceClient, path: str, warm: bool
-) -> tuple[bytes, str, dict[str, Any]]:
+) -> tuple[bytes, str, CheckpointInfo]:
     response = agent.raw("GET", path + "/checkpoint", params={"warm": warm})
-    return response.content, response.headers[SHA_HEADER], json.loads(response.headers[INFO_HEADER])
+    info = CheckpointInfo.model_validate_json(response.headers[INFO_HEADER])
+    return response.content, response.headers[SHA_HEADER], info
 
 
 def _install(agent: ServiceClient, path: str, data: bytes, digest: str) -> None:

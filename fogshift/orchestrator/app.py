@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fogshift.common.exceptions import Forbidden
 from fogshift.common.http import (
-    URL_RE,
+    ERROR_RESPONSES,
     Access,
     DirectoryEntry,
     NameParam,
@@ -35,11 +35,23 @@ from fogshift.common.http import (
     wrong_token,
 )
 from fogshift.common.names import NAME_RE
+from fogshift.contracts import (
+    Ack,
+    DeadLetter,
+    Heartbeat,
+    MigrationMode,
+    MigrationReport,
+    NodeView,
+    OperationView,
+    OrchestratorHealth,
+    PipelineStatus,
+    PlanView,
+    RestoreReport,
+    StopResult,
+)
 from fogshift.exceptions import FogshiftError, NotFound
-from fogshift.migration.procedure import Mode
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
-from fogshift.orchestrator.views import OperationView
 
 _BLOBS = re.compile(r"/checkpoints/blobs/[^/]+")
 
@@ -68,31 +80,13 @@ def orchestrator_access(operator_token: str) -> Access:
     return access
 
 
-class HeartbeatReport(BaseModel):
-    """Body of ``POST /nodes/{name}/heartbeat``: what a node runs and how it is reached.
-
-    Fields not listed here are kept as they come (the registry stores the whole report).
-    """
-
-    model_config = ConfigDict(extra="allow")
-
-    url: str = Field(pattern=URL_RE, max_length=2048)
-    pid: int | None = None
-    pgid: int | None = None
-    ready: bool = False
-    error: str | None = None
-    elements: list[dict[str, Any]] = []
-    replicas: list[dict[str, Any]] = []
-    cpu_percent: float | None = None
-
-
 class MigrateRequest(BaseModel):
     """Body of ``POST /pipelines/{name}/elements/{element}/migrate``."""
 
     model_config = ConfigDict(extra="forbid")
 
     target: str = Field(pattern=NAME_RE)
-    mode: Mode = "precopy"
+    mode: MigrationMode = MigrationMode.PRECOPY
 
 
 class RestoreRequest(BaseModel):
@@ -115,18 +109,20 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         yield
         orchestrator.close()
 
-    app = FastAPI(title="fogshift orchestrator", lifespan=lifespan)
+    # The schema (/openapi.json, /docs) is served behind the operator token like everything
+    # else (see orchestrator_access): it describes every endpoint with its contract.
+    app = FastAPI(title="fogshift orchestrator", lifespan=lifespan, responses=ERROR_RESPONSES)
     app.state.orchestrator = orchestrator
     install_error_handlers(app, orchestrator_access(config.token))
 
     @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {"ok": True, "nodes": len(orchestrator.registry.nodes())}
+    def health() -> OrchestratorHealth:
+        return OrchestratorHealth(ok=True, nodes=len(orchestrator.registry.nodes()))
 
     @app.post("/nodes/{name}/heartbeat")
-    def heartbeat(name: NameParam, report: HeartbeatReport) -> dict[str, Any]:
-        orchestrator.heartbeat(name, report.model_dump())
-        return {"ok": True}
+    def heartbeat(name: NameParam, report: Heartbeat) -> Ack:
+        orchestrator.heartbeat(name, report)
+        return Ack()
 
     @app.get("/nodes/{name}/directory")
     def directory(name: NameParam) -> NodeDirectory:
@@ -143,31 +139,33 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         )
 
     @app.get("/nodes")
-    def nodes() -> list[dict[str, Any]]:
+    def nodes() -> list[NodeView]:
         return orchestrator.nodes()
 
     @app.post("/pipelines")
-    def deploy(spec: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    def deploy(spec: dict[str, Any] = Body(...)) -> PipelineStatus:
+        # The spec is taken as it comes: ``spec.loader`` refuses a bad one with "did you
+        # mean", which a model's validation error would not say.
         return orchestrator.deploy(spec)
 
     @app.get("/pipelines")
-    def status_all() -> list[dict[str, Any]]:
+    def status_all() -> list[PipelineStatus]:
         return orchestrator.status()
 
     @app.get("/pipelines/{name}")
-    def status(name: NameParam) -> dict[str, Any]:
+    def status(name: NameParam) -> PipelineStatus:
         return orchestrator.status(name)[0]
 
     @app.get("/pipelines/{name}/errors")
-    def errors(name: NameParam, limit: int = 1000) -> list[dict[str, Any]]:
+    def errors(name: NameParam, limit: int = 1000) -> list[DeadLetter]:
         return orchestrator.errors(name, limit)
 
     @app.post("/pipelines/{name}/elements/{element}/migrate")
-    def migrate(name: NameParam, element: NameParam, request: MigrateRequest) -> dict[str, Any]:
+    def migrate(name: NameParam, element: NameParam, request: MigrateRequest) -> MigrationReport:
         return orchestrator.migrate(name, element, request.target, request.mode)
 
     @app.post("/pipelines/{name}/elements/{element}/restore")
-    def restore(name: NameParam, element: NameParam, request: RestoreRequest) -> dict[str, Any]:
+    def restore(name: NameParam, element: NameParam, request: RestoreRequest) -> RestoreReport:
         return orchestrator.restore(name, element, request.target)
 
     @app.get("/pipelines/{name}/elements/{element}/operation")
@@ -185,11 +183,11 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         return OperationView.model_validate({**op, "running": op["outcome"] is None})
 
     @app.get("/plan")
-    def plan() -> dict[str, Any]:
+    def plan() -> PlanView:
         return orchestrator.plan
 
     @app.put("/topology")
-    def put_topology(text: str = Body(..., media_type="text/plain")) -> dict[str, Any]:
+    def put_topology(text: str = Body(..., media_type="text/plain")) -> PlanView:
         return orchestrator.set_topology(text)
 
     @app.get("/checkpoints/blobs/{sha}")
@@ -199,7 +197,7 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         )
 
     @app.post("/pipelines/{name}/stop")
-    def stop(name: NameParam) -> dict[str, Any]:
+    def stop(name: NameParam) -> StopResult:
         return orchestrator.stop(name)
 
     return app

@@ -1,15 +1,24 @@
 """Orchestrator configuration (frozen; built at the CLI edge). Its field defaults are the
-only ones: ``fogshift up`` and the CLI take theirs from here."""
+only ones: ``fogshift up``, the CLI and the benchmarks take theirs from here."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from fogshift.broker.client import DUPLICATE_WINDOW_S
 
 
-class OrchestratorConfig(BaseModel):
+class OrchestratorConfig(BaseSettings):
     """Orchestrator settings (frozen; built at the CLI edge).
+
+    Settings: a value given to the constructor (the CLI's options) wins; a field not given is
+    read from the environment variable ``FOGSHIFT_<FIELD>`` (e.g.
+    ``FOGSHIFT_PLAN_INTERVAL_S=30``, or the test hook ``FOGSHIFT_TEST_PAUSE_AT``); otherwise
+    its default applies. Nothing else in the orchestrator reads the environment.
 
     Attributes:
         home: Where the registry database lives.
@@ -21,7 +30,8 @@ class OrchestratorConfig(BaseModel):
         reconcile_s: Interval of the loop that redeploys PEs missing from healthy nodes,
             restores PEs of lost nodes and removes superseded instances.
         central_interval_s: Interval of central-level checkpoint pulls.
-        duplicate_window_s: The broker's de-duplication window of new streams.
+        duplicate_window_s: The broker's de-duplication window of new streams (the broker
+            client's default, :data:`fogshift.broker.client.DUPLICATE_WINDOW_S`).
         plan_interval_s: Interval of the backup/redeploy planner (see ``planning``).
         plan_time_limit_s: Time limit of one exact solve; the greedy answers when it is hit.
         broker_config: The config of the nats-server ``fogshift up`` started (``None``: an
@@ -33,7 +43,9 @@ class OrchestratorConfig(BaseModel):
             be killed. ``None`` (always, outside tests): never.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="FOGSHIFT_", frozen=True, extra="forbid", env_ignore_empty=True
+    )
 
     home: Path
     host: str = "127.0.0.1"
@@ -43,12 +55,17 @@ class OrchestratorConfig(BaseModel):
     node_timeout_s: float = Field(default=5.0, gt=0)
     reconcile_s: float = Field(default=2.0, gt=0)
     central_interval_s: float = Field(default=15.0, gt=0)
-    duplicate_window_s: float = Field(default=120.0, gt=0)
+    duplicate_window_s: float = Field(default=DUPLICATE_WINDOW_S, gt=0)
     plan_interval_s: float = Field(default=10.0, gt=0)
     plan_time_limit_s: float = Field(default=5.0, gt=0)
     test_pause_at: str | None = Field(default=None, pattern=r"^(migration|restore):[a-z_]+$")
     broker_config: Path | None = None
     broker_pid: int | None = Field(default=None, ge=1)
+
+    @classmethod
+    def default(cls, field: str) -> Any:
+        """The default of ``field``: for the CLI's help and the benchmarks' settings."""
+        return cls.model_fields[field].get_default(call_default_factory=True)
 
     @property
     def topology_file(self) -> Path:

@@ -7,13 +7,22 @@ import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.publish import fence
+from fogshift.contracts import (
+    CheckpointManifest,
+    MigrationMode,
+    MigrationReport,
+    OperationKind,
+    PipelineState,
+    RestoreAttempt,
+    RestorePhase,
+    RestoreReport,
+)
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.migration.exceptions import MigrationFailed
-from fogshift.migration.procedure import MigrationSteps, Mode
+from fogshift.migration.procedure import MigrationSteps
 from fogshift.migration.procedure import migrate as run_migration
 from fogshift.orchestrator.deployment import Deployment
 from fogshift.orchestrator.planning import (
@@ -32,8 +41,12 @@ class Coordination(Deployment):
     """Live migration and restoration of a PE."""
 
     def migrate(
-        self, pipeline: str, element_id: str, target: str, mode: Mode = "precopy"
-    ) -> dict[str, Any]:
+        self,
+        pipeline: str,
+        element_id: str,
+        target: str,
+        mode: MigrationMode = MigrationMode.PRECOPY,
+    ) -> MigrationReport:
         """Live-migrate a running PE to ``target`` (see :mod:`fogshift.migration.procedure`).
 
         Raises:
@@ -46,7 +59,7 @@ class Coordination(Deployment):
         """
         record = self.pipeline(pipeline)
         element = self._element(record, element_id)
-        if record.status != "running":
+        if record.status != PipelineState.RUNNING:
             raise InvalidInput(
                 f"pipeline {pipeline!r} is {record.status}, not running",
                 hint="only running pipelines can be migrated",
@@ -60,8 +73,9 @@ class Coordination(Deployment):
             origin = record.placement[element_id]
             log.info("migrating %s/%s: %s -> %s (%s)", pipeline, element_id, origin, target, mode)
             op = self.registry.begin_operation(
-                "migration", pipeline, element_id, origin, target, self.run_id, "preparing"
-            )
+                OperationKind.MIGRATION, pipeline, element_id, origin, target, self.run_id,
+                "preparing",
+            )  # fmt: skip
             self.permissions.sync(self.registry)  # the target may read and, later, write
             steps = MigrationSteps(
                 phase=partial(self._enter, op),
@@ -74,15 +88,15 @@ class Coordination(Deployment):
                     (target, self.agent(target)), mode=mode, steps=steps, epoch=op.epoch,
                 )  # fmt: skip
             except MigrationFailed as exc:
-                failed = getattr(exc, "report", None)
-                rolled_back = failed is not None and failed.rolled_back
+                failed = exc.report
+                rolled_back = isinstance(failed, MigrationReport) and failed.rolled_back
                 self.registry.finish(op.id, "rolled_back" if rolled_back else "failed")
                 raise
             # Anything else escaping the procedure leaves the entry unfinished: the next
             # reconcile round resolves it by its phase (see recover_operations).
             self.registry.finish(op.id, "migrated")
         log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
-        return report.to_dict()
+        return report
 
     def _refuse_current_node(
         self, record: PipelineRecord, element_id: str, node: str, what: str
@@ -112,32 +126,31 @@ class Coordination(Deployment):
         candidates = [
             n
             for n in self.registry.nodes()
-            if n.name not in exclude and self.healthy(n) and n.report.get("ready")
+            if n.name not in exclude and self.healthy(n) and n.report.ready
         ]
-        planned = self.planned(pipeline, element_id).get("redeploy")
+        planned = self.planned(pipeline, element_id).redeploy
         ranked = sorted(
-            candidates,
-            key=lambda n: (n.name != planned, len(n.report.get("elements", [])), n.name),
+            candidates, key=lambda n: (n.name != planned, len(n.report.elements), n.name)
         )
         return [n.name for n in ranked]
 
     def checkpoint_copies(
         self, pipeline: str, element_id: str, target: str
-    ) -> Callable[[dict[str, Any]], list[Copy]]:
+    ) -> Callable[[CheckpointManifest], list[Copy]]:
         """Where ``target`` can copy a checkpoint of the PE from, nearest first (by the fog
         topology's route bandwidth): replicas on healthy nodes, then the central store."""
 
-        def copies(manifest: dict[str, Any]) -> list[Copy]:
+        def copies(manifest: CheckpointManifest) -> list[Copy]:
             holders: dict[str, str] = {}
             for n in self.registry.nodes():
                 held = {
-                    r["id"]
-                    for r in n.report.get("replicas", [])
-                    if (r["pipeline"], r["element"]) == (pipeline, element_id)
+                    r.id
+                    for r in n.report.replicas
+                    if (r.pipeline, r.element) == (pipeline, element_id)
                 }
                 # Another node helps only with this very checkpoint; the target's own copy,
                 # even an older one, saves every file the two have in common.
-                if self.healthy(n) and (manifest["id"] in held or (held and n.name == target)):
+                if self.healthy(n) and (manifest.id in held or (held and n.name == target)):
                     holders[n.name] = n.url
             if self._topology is None:
                 order = [*sorted(holders, key=lambda n: n != target), "central"]
@@ -154,7 +167,7 @@ class Coordination(Deployment):
 
         return copies
 
-    def restore(self, pipeline: str, element_id: str, target: str | None = None) -> dict[str, Any]:
+    def restore(self, pipeline: str, element_id: str, target: str | None = None) -> RestoreReport:
         """Restore a PE from its central checkpoint on ``target``, or on the best healthy node.
 
         Without ``target`` a failed attempt (the chosen node died or failed during the
@@ -196,19 +209,19 @@ class Coordination(Deployment):
                         f"(it was on {current!r})",
                         hint="`fogshift nodes` shows node health; start a node or wait",
                     )
-            attempts: list[dict[str, Any]] = []
+            attempts: list[RestoreAttempt] = []
             try:
                 return self._restore_on(element, pipeline, current, candidates, attempts)
             except FogshiftError as exc:
-                if not any("epoch" in a for a in attempts):
+                if not any(a.epoch is not None for a in attempts):
                     raise  # nothing was fenced: the PE runs as it did
                 epoch = self._restart_in_place(pipeline, element, current)
                 if epoch is None:
                     raise
-                failed = getattr(exc, "report", None)
-                if failed is not None:
+                failed = exc.report if isinstance(exc, RestoreFailed) else None
+                if isinstance(failed, RestoreReport):
                     failed.fallback = f"restarted on {current} under epoch {epoch}"
-                    self.last_restore[(pipeline, element_id)] = failed.to_dict()
+                    self.last_restore[(pipeline, element_id)] = failed
                 again = type(exc)(
                     f"{exc.message}; {pipeline}/{element_id} runs again on {current} (its own "
                     f"node, from its own checkpoint) under epoch {epoch}",
@@ -216,7 +229,8 @@ class Coordination(Deployment):
                     received=exc.received,
                     hint=exc.hint,
                 )
-                again.report = failed  # type: ignore[attr-defined]
+                if isinstance(again, RestoreFailed):
+                    again.report = failed
                 raise again from exc
 
     def _restore_on(
@@ -225,19 +239,19 @@ class Coordination(Deployment):
         pipeline: str,
         current: str,
         candidates: list[str],
-        attempts: list[dict[str, Any]],
-    ) -> dict[str, Any]:
+        attempts: list[RestoreAttempt],
+    ) -> RestoreReport:
         """The attempts of :meth:`restore`, in its exclusive section; failed ones are added
         to ``attempts`` (with the epoch they fenced with)."""
         element_id = element.id
         for name in candidates:
             node = self.registry.node(name)
             if attempts and (node is None or not self.healthy(node)):
-                attempts.append({"node": name, "error": "not healthy any more: skipped"})
+                attempts.append(RestoreAttempt(node=name, error="not healthy any more: skipped"))
                 continue
             op = self.registry.begin_operation(
-                "restore", pipeline, element_id, current, name, self.run_id, "fencing",
-                new_epoch=True,
+                OperationKind.RESTORE, pipeline, element_id, current, name, self.run_id,
+                RestorePhase.FENCING, new_epoch=True,
             )  # fmt: skip
             self.permissions.sync_quietly(self.registry)  # the target may write, nobody else
             log.info("restoring %s/%s on %s (epoch %d)", pipeline, element_id, name, op.epoch)
@@ -250,11 +264,11 @@ class Coordination(Deployment):
                 )  # fmt: skip
             except RestoreFailed as exc:
                 self.registry.finish(op.id, "failed")
-                failed = getattr(exc, "report", None)
-                attempts.append({"node": name, "epoch": op.epoch, "error": exc.message})
-                if failed is not None:
+                failed = exc.report
+                attempts.append(RestoreAttempt(node=name, epoch=op.epoch, error=exc.message))
+                if isinstance(failed, RestoreReport):
                     failed.attempts = list(attempts)
-                    self.last_restore[(pipeline, element_id)] = failed.to_dict()
+                    self.last_restore[(pipeline, element_id)] = failed
                 if name == candidates[-1]:
                     raise
                 log.warning("restore of %s/%s on %s failed; trying the next node: %s",
@@ -263,12 +277,12 @@ class Coordination(Deployment):
             report.attempts = attempts
             self.registry.route(op.id, name)
             self.registry.finish(op.id, "restored")
-            self.last_restore[(pipeline, element_id)] = report.to_dict()
-            log.info("restored %s/%s: %s", pipeline, element_id, report.to_dict())
-            return report.to_dict()
+            self.last_restore[(pipeline, element_id)] = report
+            log.info("restored %s/%s: %s", pipeline, element_id, report.model_dump(mode="json"))
+            return report
         raise Unavailable(  # every candidate became unhealthy before its turn
             f"no healthy node left to restore {pipeline}/{element_id} on",
-            received="; ".join(f"{a['node']}: {a['error']}" for a in attempts),
+            received="; ".join(f"{a.node}: {a.error}" for a in attempts),
             hint="`fogshift nodes` shows node health",
         )
 
@@ -285,7 +299,7 @@ class Coordination(Deployment):
             the reconciler starts it under the newest epoch once the node can).
         """
         record = self.registry.node(node)
-        if record is None or not self.healthy(record) or not record.report.get("ready"):
+        if record is None or not self.healthy(record) or not record.report.ready:
             log.warning("restore of %s/%s failed everywhere and its node %s is not healthy: "
                         "left to the reconciler", pipeline, element.id, node)  # fmt: skip
             return None

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 from fogshift.broker.client import (
     BrokerAddress,
@@ -16,6 +16,7 @@ from fogshift.broker.client import (
 )
 from fogshift.checkpoint.central import CentralStore
 from fogshift.common.http import ServiceClient, node_token
+from fogshift.contracts import Heartbeat, PlanView, RestoreReport
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.permissions import BrokerPermissions
@@ -23,6 +24,26 @@ from fogshift.orchestrator.registry import NodeRecord, Registry
 from fogshift.planner.model import Topology
 
 log = logging.getLogger("fogshift.orchestrator")
+
+
+@dataclass(frozen=True)
+class CentralPull:
+    """The last pull of a PE's node-level checkpoint into the central store."""
+
+    id: str
+    shipped_bytes: int
+    bytes: int
+    took_ms: float
+
+
+@dataclass(frozen=True)
+class ReplicaPush:
+    """The last copy of a PE's central checkpoint to its planned backup node."""
+
+    node: str
+    id: str
+    fetched_bytes: int
+    took_ms: float
 
 
 class OrchestratorCore:
@@ -44,20 +65,22 @@ class OrchestratorCore:
         # PEs under migration or restoration: those operations own their instances.
         self._migrating: set[tuple[str, str]] = set()
         self.central = CentralStore(config.home / "central")
-        self.central_stats: dict[tuple[str, str], dict[str, Any]] = {}
-        self.replica_stats: dict[tuple[str, str], dict[str, Any]] = {}
+        #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
+        self.central_stats: dict[tuple[str, str], CentralPull] = {}
+        #: Each PE's last replica push: node, checkpoint id, bytes fetched, time it took.
+        self.replica_stats: dict[tuple[str, str], ReplicaPush] = {}
         #: The report of each PE's last restore (manual or automatic).
-        self.last_restore: dict[tuple[str, str], dict[str, Any]] = {}
+        self.last_restore: dict[tuple[str, str], RestoreReport] = {}
         self.started_at = time.time()
         #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
-        self.plan: dict[str, Any] = {"assignments": {}, "error": "not computed yet"}
+        self.plan = PlanView(error="not computed yet")
         self._topology: Topology | None = None
         #: The central node of the fog topology ``_topology`` was built from.
         self._central: str | None = None
 
-    def heartbeat(self, name: str, report: dict[str, Any]) -> None:
+    def heartbeat(self, name: str, report: Heartbeat) -> None:
         """Record that node ``name`` is alive and what it runs."""
-        self.registry.heartbeat(name, report["url"], report.get("pid"), report.get("pgid"), report)
+        self.registry.heartbeat(name, report)
 
     def healthy(self, node: NodeRecord) -> bool:
         return time.time() - node.last_seen <= self.config.node_timeout_s

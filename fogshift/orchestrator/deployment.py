@@ -17,6 +17,19 @@ from fogshift.broker.client import (
 )
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import fence
+from fogshift.contracts import (
+    AgedNodeCheckpoint,
+    CheckpointsView,
+    DeadLetter,
+    ElementStatus,
+    NodeCheckpoint,
+    NodeView,
+    PEState,
+    PipelineState,
+    PipelineStatus,
+    PlacementState,
+    StopResult,
+)
 from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.orchestrator.exceptions import PipelineExists, UnknownPipeline
 from fogshift.orchestrator.journal import Journal
@@ -28,48 +41,46 @@ from fogshift.spec.models import ElementSpec
 log = logging.getLogger("fogshift.orchestrator")
 
 
-def _aged(snapshot: dict[str, Any] | None) -> dict[str, Any] | None:
+def _aged(snapshot: NodeCheckpoint | None) -> AgedNodeCheckpoint | None:
     """A node-level checkpoint summary with its age."""
     if snapshot is None:
         return None
-    return {**snapshot, "age_ms": round((time.time() - snapshot["created"]) * 1000, 1)}
+    age_ms = round((time.time() - snapshot.created) * 1000, 1)
+    return AgedNodeCheckpoint(**snapshot.model_dump(), age_ms=age_ms)
 
 
 class Deployment(Journal):
     """Deploy, stop, status, dead letters and the node view."""
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self) -> list[NodeView]:
+        """Every node as last heard from, with the checkpoints of the PEs it runs."""
         out = []
         for node in self.registry.nodes():
+            report = node.report
             out.append(
-                {
-                    "name": node.name,
-                    "url": node.url,
-                    "pid": node.pid,
-                    "pgid": node.pgid,
-                    "healthy": self.healthy(node) and bool(node.report.get("ready")),
-                    "alive": self.healthy(node),
-                    "ready": bool(node.report.get("ready")),
-                    "error": node.report.get("error"),
-                    "last_seen_s": round(time.time() - node.last_seen, 3),
-                    "cpu_percent": node.report.get("cpu_percent"),
-                    "replicas": [
-                        f"{r['pipeline']}/{r['element']}@{r['id']}"
-                        for r in node.report.get("replicas", [])
+                NodeView(
+                    name=node.name,
+                    url=node.url,
+                    pid=node.pid,
+                    pgid=node.pgid,
+                    healthy=self.healthy(node) and report.ready,
+                    alive=self.healthy(node),
+                    ready=report.ready,
+                    error=report.error,
+                    last_seen_s=round(time.time() - node.last_seen, 3),
+                    cpu_percent=report.cpu_percent,
+                    replicas=[f"{r.pipeline}/{r.element}@{r.id}" for r in report.replicas],
+                    elements=[f"{e.pipeline}/{e.element}" for e in report.elements],
+                    checkpoints=[
+                        CheckpointsView(
+                            element=f"{e.pipeline}/{e.element}",
+                            epoch=e.epoch,
+                            node_level=_aged(e.node_checkpoint),
+                            central=self.checkpoint_status(e.pipeline, e.element),
+                        )
+                        for e in report.elements
                     ],
-                    "elements": [
-                        f"{e['pipeline']}/{e['element']}" for e in node.report.get("elements", [])
-                    ],
-                    "checkpoints": [
-                        {
-                            "element": f"{e['pipeline']}/{e['element']}",
-                            "epoch": e.get("epoch"),
-                            "node_level": _aged(e.get("node_checkpoint")),
-                            "central": self.checkpoint_status(e["pipeline"], e["element"]),
-                        }
-                        for e in node.report.get("elements", [])
-                    ],
-                }
+                )
             )
         return out
 
@@ -83,7 +94,7 @@ class Deployment(Journal):
             )
         return record
 
-    def deploy(self, data: dict[str, Any]) -> dict[str, Any]:
+    def deploy(self, data: dict[str, Any]) -> PipelineStatus:
         """Validate a spec (paths already absolute) and start all of its PEs, fresh.
 
         Each PE gets a new epoch, above any it had in an earlier deployment of the same name,
@@ -100,20 +111,23 @@ class Deployment(Journal):
         spec = parse_spec(data)
         validate_spec(spec, nodes=self.node_names())
         existing = self.registry.get_pipeline(spec.pipeline)
-        if existing is not None and existing.status in ("running", "deploying"):
+        if existing is not None and existing.status in (
+            PipelineState.RUNNING,
+            PipelineState.DEPLOYING,
+        ):
             raise PipelineExists(
                 f"pipeline {spec.pipeline!r} is already {existing.status}",
                 hint=f"`fogshift stop {spec.pipeline}` first, or deploy under another name",
             )
         for node in {e.node for e in spec.elements}:
             record = self.registry.node(node)
-            if record is None or not self.healthy(record) or not record.report.get("ready"):
+            if record is None or not self.healthy(record) or not record.report.ready:
                 raise Unavailable(
                     f"node {node!r} (needed by pipeline {spec.pipeline!r}) is not healthy",
                     hint="`fogshift nodes` shows node health; wait for it or change the spec",
                 )
 
-        epochs = self.registry.put_pipeline(spec, "deploying")
+        epochs = self.registry.put_pipeline(spec, PipelineState.DEPLOYING)
         self.permissions.sync(self.registry)  # the nodes may use their PEs' streams
 
         def reset_streams(js: Any) -> Any:
@@ -130,7 +144,7 @@ class Deployment(Journal):
         try:
             self.broker.run(reset_streams)
         except FogshiftError:
-            self.registry.set_status(spec.pipeline, "failed")
+            self.registry.set_status(spec.pipeline, PipelineState.FAILED)
             raise
         started: list[ElementSpec] = []
         try:
@@ -141,15 +155,15 @@ class Deployment(Journal):
         except FogshiftError:
             for element in started:
                 self._remove_quietly(spec.pipeline, element)
-            self.registry.set_status(spec.pipeline, "failed")
+            self.registry.set_status(spec.pipeline, PipelineState.FAILED)
             raise
-        self.registry.set_status(spec.pipeline, "running")
+        self.registry.set_status(spec.pipeline, PipelineState.RUNNING)
         return self.status(spec.pipeline)[0]
 
-    def _deploy_element(self, pipeline: str, element: ElementSpec, fresh: bool) -> Any:
+    def _deploy_element(self, pipeline: str, element: ElementSpec, fresh: bool) -> None:
         """Start ``element`` on ``element.node`` under the PE's newest epoch."""
         epoch = self.registry.epoch(pipeline, element.id)
-        return self.agent(element.node).put(
+        self.agent(element.node).put(
             f"/pipelines/{pipeline}/elements/{element.id}",
             json={"element": element.model_dump(mode="json"), "fresh": fresh, "epoch": epoch},
         )
@@ -160,21 +174,23 @@ class Deployment(Journal):
         except FogshiftError as exc:
             log.warning("could not remove %s/%s: %s", pipeline, element.id, exc)
 
-    def stop(self, name: str) -> dict[str, Any]:
+    def stop(self, name: str) -> StopResult:
         """Stop every PE of a pipeline; its streams, checkpoints and output stay."""
         record = self.pipeline(name)
-        self.registry.set_status(name, "stopping")
+        self.registry.set_status(name, PipelineState.STOPPING)
         unreachable = []
         for node in sorted(set(record.placement.values())):
             try:
                 self.agent(node).delete(f"/pipelines/{name}")
             except Unavailable:
                 unreachable.append(node)
-        self.registry.set_status(name, "stopped")
+        self.registry.set_status(name, PipelineState.STOPPED)
         self.permissions.sync_quietly(self.registry)
-        return {"pipeline": name, "status": "stopped", "unreachable_nodes": unreachable}
+        return StopResult(
+            pipeline=name, status=PipelineState.STOPPED, unreachable_nodes=unreachable
+        )
 
-    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+    def status(self, name: str | None = None) -> list[PipelineStatus]:
         """Per pipeline, per PE: node, state, events in/out, dead letters."""
         records = [self.pipeline(name)] if name else self.registry.pipelines()
         nodes = {n.name: n for n in self.registry.nodes()}
@@ -184,51 +200,48 @@ class Deployment(Journal):
             for element in record.spec.elements:
                 node_name = record.placement[element.id]
                 node = nodes.get(node_name)
-                report = next(
-                    (
-                        e
-                        for e in (node.report.get("elements", []) if node else [])
-                        if e["pipeline"] == record.name and e["element"] == element.id
-                    ),
-                    None,
-                )
+                report = node.report.element(record.name, element.id) if node else None
                 stream = stream_name(record.name, element.id)
                 counts = self.broker.run(partial(subject_counts, stream=stream))
                 role = KINDS[element.kind].role
+                state: PEState | PlacementState | PipelineState
                 if node is None or not self.healthy(node):
-                    state = "node-lost"
+                    state = PlacementState.NODE_LOST
                 elif report is None:
-                    state = "pending" if record.status == "running" else record.status
+                    running = record.status == PipelineState.RUNNING
+                    state = PlacementState.PENDING if running else record.status
                 else:
-                    state = report["state"]
-                out_count = (
-                    (report or {}).get("lines_written", 0)
-                    if role == "sink"
-                    else counts.get(data_subject(record.name, element.id), 0)
-                )
+                    state = report.state
+                if role == "sink":
+                    out_count = (report.lines_written if report else None) or 0
+                else:
+                    out_count = counts.get(data_subject(record.name, element.id), 0)
+                planned = self.planned(record.name, element.id)
                 elements.append(
-                    {
-                        "element": element.id,
-                        "kind": element.kind,
-                        "node": node_name,
-                        "state": state,
-                        "events_in": (report or {}).get("events_in", 0),
-                        "events_out": out_count,
-                        "dead_letters": counts.get(dead_subject(record.name, element.id), 0),
-                        "restarts": (report or {}).get("restarts", 0),
-                        "error": (report or {}).get("error"),
-                        "planned_backup": self.planned(record.name, element.id).get("backup"),
-                        "planned_redeploy": self.planned(record.name, element.id).get("redeploy"),
-                        "last_restore": self.last_restore.get((record.name, element.id)),
-                    }
+                    ElementStatus(
+                        element=element.id,
+                        kind=element.kind,
+                        node=node_name,
+                        state=state,
+                        events_in=report.events_in if report else 0,
+                        events_out=out_count,
+                        dead_letters=counts.get(dead_subject(record.name, element.id), 0),
+                        restarts=report.restarts if report else 0,
+                        error=report.error if report else None,
+                        planned_backup=planned.backup,
+                        planned_redeploy=planned.redeploy,
+                        last_restore=self.last_restore.get((record.name, element.id)),
+                    )
                 )
-            out.append({"pipeline": record.name, "status": record.status, "elements": elements})
+            out.append(
+                PipelineStatus(pipeline=record.name, status=record.status, elements=elements)
+            )
         return out
 
-    def errors(self, name: str, limit: int = 1000) -> list[dict[str, Any]]:
+    def errors(self, name: str, limit: int = 1000) -> list[DeadLetter]:
         """The pipeline's dead letters with their reasons, PE by PE."""
         record = self.pipeline(name)
-        letters: list[dict[str, Any]] = []
+        letters: list[DeadLetter] = []
         for element in record.spec.elements:
             stream = stream_name(name, element.id)
 
@@ -238,12 +251,13 @@ class Deployment(Journal):
 
             for msg in self.broker.run(dead, timeout=60)[:limit]:
                 payload = json.loads(msg.data)
+                # The dead letter's own format (``broker.publish``), read where it is stored.
                 letters.append(
-                    {
-                        "element": element.id,
-                        "seq": payload["seq"],
-                        "reason": payload.get("reason"),
-                        "event": payload["body"],
-                    }
+                    DeadLetter(
+                        element=element.id,
+                        seq=payload["seq"],
+                        reason=payload.get("reason"),
+                        event=payload["body"],
+                    )
                 )
         return letters[:limit]

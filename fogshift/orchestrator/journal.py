@@ -82,7 +82,7 @@ class Journal(Replication):
                 expected="one of " + ", ".join(self.node_names()),
                 received=repr(name),
             )
-        if not self.healthy(node) or not node.report.get("ready"):
+        if not self.healthy(node) or not node.report.ready:
             raise Unavailable(
                 f"cannot {what} node {name!r}: it is not healthy",
                 hint="choose another node; `fogshift nodes` shows node health",

@@ -42,10 +42,10 @@ def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:
         if spec is None:
             continue
         try:
-            element = spec.element(op.element)
+            inputs = tuple(spec.element(op.element).inputs)
         except KeyError:
             continue
-        pe = Hosted(op.pipeline, op.element, tuple(element.inputs))
+        pe = Hosted(op.pipeline, op.element, inputs)
         hosted[op.target].add(pe)
         if op.kind == "migration":
             hosted[op.origin].add(pe)

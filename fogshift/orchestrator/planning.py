@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from fogshift.contracts import Assignment, PlannedServer, PlanView
 from fogshift.exceptions import InvalidInput
 from fogshift.planner.model import Link, Server, Task, Topology
 
@@ -246,22 +247,20 @@ def nearest_first(
     return [name for _, _, name in sorted(ranked)]
 
 
-def describe_plan(plan: Any, topology: Topology) -> dict[str, Any]:
+def describe_plan(plan: Any, topology: Topology) -> PlanView:
     """A plan as the orchestrator reports it (``GET /plan``, ``status --json``)."""
-    return {
-        "method": plan.method,
-        "status": plan.status,
-        "objective_ms": round(plan.objective_ms, 3),
-        "solve_ms": round(plan.solve_ms, 1),
-        "servers": [
-            {"node": s.id, "cpu": s.cpu, "load": round(s.load, 1)} for s in topology.servers
+    return PlanView(
+        method=plan.method,
+        status=plan.status,
+        objective_ms=round(plan.objective_ms, 3),
+        solve_ms=round(plan.solve_ms, 1),
+        servers=[
+            PlannedServer(node=s.id, cpu=s.cpu, load=round(s.load, 1)) for s in topology.servers
         ],
-        "assignments": {
-            a.task: {
-                "backup": a.backup,
-                "redeploy": a.redeploy,
-                "recovery_ms": round(a.recovery_ms, 3),
-            }
+        assignments={
+            a.task: Assignment(
+                backup=a.backup, redeploy=a.redeploy, recovery_ms=round(a.recovery_ms, 3)
+            )
             for a in plan.assignments
         },
-    }
+    )

@@ -7,6 +7,7 @@ import logging
 import time
 from functools import partial
 
+from fogshift.contracts import ElementProgress, OperationKind, PEState, PipelineState
 from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.migration.procedure import roll_back as run_rollback
@@ -77,11 +78,15 @@ class Reconciler(Coordination):
         """
         record = self.registry.get_pipeline(op.pipeline)
         here = f"/pipelines/{op.pipeline}/elements/{op.element}"
-        if record is None or record.status != "running" or op.element not in record.placement:
+        if (
+            record is None
+            or record.status != PipelineState.RUNNING
+            or op.element not in record.placement
+        ):
             self._discard_quietly(op.target, here, record, op)
             return "abandoned: the PE does not run any more; the target was discarded", False
         element = record.spec.element(op.element)
-        if op.kind == "migration":
+        if op.kind == OperationKind.MIGRATION:
             if op.phase != "routed":
                 undone = run_rollback(
                     op.pipeline, element, (op.origin, self.agent(op.origin)),
@@ -101,13 +106,17 @@ class Reconciler(Coordination):
             return f"completed: {op.target} runs it under epoch {op.epoch}", False
         newest = self.registry.epoch(op.pipeline, op.element)
         if op.phase in ("starting", "live") and newest == op.epoch:
+            info: ElementProgress | None
             try:
-                info = self.agent(op.target).get(here + "/progress")
+                info = self.agent(op.target).call(ElementProgress, "GET", here + "/progress")
             except FogshiftError as exc:
-                info = {"state": f"unreachable ({exc.message})"}
-            if int(info.get("epoch") or 0) == op.epoch and info.get("state") in (
-                "running", "starting", "paused",
-            ):  # fmt: skip
+                log.info("recovery: %s on %s does not answer: %s", here, op.target, exc.message)
+                info = None
+            if (
+                info is not None
+                and info.epoch == op.epoch
+                and info.state in (PEState.RUNNING, PEState.STARTING, PEState.PAUSED)
+            ):
                 self.agent(op.target).put(here + "/gate", json={"gate": None})
                 self.registry.route(op.id, op.target)
                 return f"carried on: {op.target} runs it under epoch {op.epoch}, now live", False
@@ -150,7 +159,7 @@ class Reconciler(Coordination):
         record = self.registry.get_pipeline(pipeline)
         if (
             record is None
-            or record.status != "running"
+            or record.status != PipelineState.RUNNING
             or (pipeline, element_id) in self._migrating
         ):
             return  # a migration or restore owns the PE's instances until it ends
@@ -168,20 +177,11 @@ class Reconciler(Coordination):
             except FogshiftError as exc:
                 log.warning("auto-restore of %s/%s: %s", pipeline, element_id, exc)
             return
-        if not self.healthy(node) or not node.report.get("ready"):
+        if not self.healthy(node) or not node.report.ready:
             return
-        reported = next(
-            (
-                e
-                for e in node.report.get("elements", [])
-                if (e["pipeline"], e["element"]) == (pipeline, element_id)
-            ),
-            None,
-        )
+        reported = node.report.element(pipeline, element_id)
         newest = self.registry.epoch(pipeline, element_id)
-        if reported is not None and not (
-            reported.get("gated") or int(reported.get("epoch") or 0) < newest
-        ):
+        if reported is not None and not (reported.gated or reported.epoch < newest):
             return
         try:
             with self._exclusive(pipeline, element_id, "restart"):
@@ -211,14 +211,14 @@ class Reconciler(Coordination):
         with no operation under way was left by one that ended without opening it.
         """
         here = f"/pipelines/{pipeline}/elements/{element.id}"
-        info = self.agent(element.node).get(here + "/progress")
+        info = self.agent(element.node).call(ElementProgress, "GET", here + "/progress")
         newest = self.registry.epoch(pipeline, element.id)
-        if int(info.get("epoch") or 0) < newest:
+        if info.epoch < newest:
             log.warning("reconcile: %s/%s on %s runs under epoch %s, older than its newest %d: "
                         "starting it again under that one", pipeline, element.id, element.node,
-                        info.get("epoch"), newest)  # fmt: skip
+                        info.epoch, newest)  # fmt: skip
             self._restart_instance(element.node, here, element, newest)
-        elif info.get("gated"):
+        elif info.gated:
             log.warning("reconcile: %s/%s on %s is held at its gate with no operation under "
                         "way: resuming it", pipeline, element.id, element.node)  # fmt: skip
             self.agent(element.node).post(here + "/resume")
@@ -237,8 +237,8 @@ class Reconciler(Coordination):
         for node in self.registry.nodes():
             if not self.healthy(node):
                 continue
-            for hosted in node.report.get("elements", []):
-                key = (hosted["pipeline"], hosted["element"])
+            for hosted in node.report.elements:
+                key = (hosted.pipeline, hosted.element)
                 if key in (pending or set()):
                     continue
                 try:
@@ -246,7 +246,7 @@ class Reconciler(Coordination):
                         record = self.registry.get_pipeline(key[0])
                         if (
                             record is None
-                            or record.status != "running"
+                            or record.status != PipelineState.RUNNING
                             or record.placement.get(key[1]) in (None, node.name)
                         ):
                             continue

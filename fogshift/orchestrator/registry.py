@@ -17,7 +17,6 @@ The routing change of an operation is recorded in the same transaction as the pl
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 import time
@@ -28,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from fogshift.contracts import Heartbeat, OperationKind, PipelineState
 from fogshift.spec.models import PipelineSpec
 
 SCHEMA = """
@@ -86,7 +88,7 @@ class NodeRecord:
     pid: int | None
     pgid: int | None
     last_seen: float
-    report: dict[str, Any]
+    report: Heartbeat
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ class Operation:
     """
 
     id: str
-    kind: str
+    kind: OperationKind
     pipeline: str
     element: str
     origin: str
@@ -121,6 +123,20 @@ class Operation:
     outcome: str | None
 
 
+def _report(url: str, stored: str) -> Heartbeat:
+    """A node's stored heartbeat; one another version wrote that does not fit the contract
+    counts as a report of nothing (not ready, no PEs) until the node's next heartbeat
+    replaces it, a second later: a registry is never unreadable for its node table."""
+    try:
+        return Heartbeat.model_validate_json(stored)
+    except ValidationError:
+        return Heartbeat(url=url)
+
+
+def _operation(row: tuple[Any, ...]) -> Operation:
+    return Operation(row[0], OperationKind(row[1]), *row[2:])
+
+
 _OPERATION_COLUMNS = (
     "id, kind, pipeline, element, origin, target, epoch, phase, owner, started, updated, outcome"
 )
@@ -131,7 +147,7 @@ class PipelineRecord:
     """A deployed pipeline and where its PEs are."""
 
     spec: PipelineSpec
-    status: str
+    status: PipelineState
     placement: dict[str, str]
 
     @property
@@ -168,7 +184,7 @@ class Registry:
 
     # -- pipelines --------------------------------------------------------------------------
 
-    def put_pipeline(self, spec: PipelineSpec, status: str) -> dict[str, int]:
+    def put_pipeline(self, spec: PipelineSpec, status: PipelineState) -> dict[str, int]:
         """Insert or replace a pipeline with the placement its spec asks for.
 
         Every PE gets a new epoch, above any it had in an earlier deployment of the same
@@ -191,7 +207,7 @@ class Registry:
             )
         return epochs
 
-    def set_status(self, name: str, status: str) -> None:
+    def set_status(self, name: str, status: PipelineState) -> None:
         with self._tx() as db:
             db.execute(
                 "UPDATE pipelines SET status = ?, updated = ? WHERE name = ?",
@@ -262,7 +278,9 @@ class Registry:
                     "SELECT element, node FROM placements WHERE pipeline = ?", (name,)
                 ).fetchall()
             )
-        return PipelineRecord(PipelineSpec.model_validate_json(row[0]), row[1], placement)
+        return PipelineRecord(
+            PipelineSpec.model_validate_json(row[0]), PipelineState(row[1]), placement
+        )
 
     def pipelines(self) -> list[PipelineRecord]:
         with self._lock:
@@ -274,7 +292,7 @@ class Registry:
 
     def begin_operation(
         self,
-        kind: str,
+        kind: OperationKind,
         pipeline: str,
         element: str,
         origin: str,
@@ -343,7 +361,7 @@ class Registry:
             row = self._db.execute(
                 f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE id = ?", (op_id,)
             ).fetchone()
-        return Operation(*row) if row else None
+        return _operation(row) if row else None
 
     def operations(
         self, pipeline: str | None = None, element: str | None = None
@@ -356,7 +374,7 @@ class Registry:
                 "ORDER BY started, rowid",
                 (pipeline, pipeline, element, element),
             ).fetchall()
-        return [Operation(*r) for r in rows]
+        return [_operation(r) for r in rows]
 
     def unfinished(self) -> list[Operation]:
         """Operations without an outcome, oldest first."""
@@ -365,27 +383,27 @@ class Registry:
                 f"SELECT {_OPERATION_COLUMNS} FROM operations WHERE outcome IS NULL "
                 "ORDER BY started, rowid"
             ).fetchall()
-        return [Operation(*r) for r in rows]
+        return [_operation(r) for r in rows]
 
     # -- nodes ------------------------------------------------------------------------------
 
-    def heartbeat(
-        self, name: str, url: str, pid: int | None, pgid: int | None, report: dict
-    ) -> None:
+    def heartbeat(self, name: str, report: Heartbeat) -> None:
+        """Record node ``name``'s heartbeat: it lives now, as ``report`` says."""
         with self._tx() as db:
             db.execute(
                 "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
                 "url = excluded.url, pid = excluded.pid, pgid = excluded.pgid, "
                 "last_seen = excluded.last_seen, report = excluded.report",
-                (name, url, pid, pgid, time.time(), json.dumps(report)),
-            )
+                (name, report.url, report.pid, report.pgid, time.time(),
+                 report.model_dump_json()),
+            )  # fmt: skip
 
     def nodes(self) -> list[NodeRecord]:
         with self._lock:
             rows = self._db.execute(
                 "SELECT name, url, pid, pgid, last_seen, report FROM nodes ORDER BY name"
             ).fetchall()
-        return [NodeRecord(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+        return [NodeRecord(r[0], r[1], r[2], r[3], r[4], _report(r[1], r[5])) for r in rows]
 
     def node(self, name: str) -> NodeRecord | None:
         return next((n for n in self.nodes() if n.name == name), None)

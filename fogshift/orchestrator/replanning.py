@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
+from fogshift.contracts import Assignment, PipelineState, PlanView
 from fogshift.exceptions import FogshiftError
 from fogshift.orchestrator.core import OrchestratorCore
 from fogshift.orchestrator.planning import (
@@ -24,11 +24,11 @@ log = logging.getLogger("fogshift.orchestrator")
 class Replanning(OrchestratorCore):
     """The backup/redeploy planning loop."""
 
-    def planned(self, pipeline: str, element_id: str) -> dict[str, Any]:
-        """The PE's planned ``backup`` and ``redeploy`` nodes (empty before a plan exists)."""
-        return dict(self.plan["assignments"].get(f"{pipeline}/{element_id}", {}))
+    def planned(self, pipeline: str, element_id: str) -> Assignment:
+        """The PE's planned ``backup`` and ``redeploy`` nodes (``None`` before a plan exists)."""
+        return self.plan.assignments.get(f"{pipeline}/{element_id}", Assignment())
 
-    def set_topology(self, text: str) -> dict[str, Any]:
+    def set_topology(self, text: str) -> PlanView:
         """Validate and store a new fog topology (YAML), then plan with it at once.
 
         Raises:
@@ -40,7 +40,7 @@ class Replanning(OrchestratorCore):
         tmp.replace(self.config.topology_file)
         return self.replan()
 
-    def replan(self) -> dict[str, Any]:
+    def replan(self) -> PlanView:
         """Recompute the plan from the fog topology, live CPU use and checkpoint sizes.
 
         PEs whose node is not healthy keep their previous assignment: that is the plan for
@@ -48,15 +48,16 @@ class Replanning(OrchestratorCore):
         and reports the reason in ``error``.
         """
         fog = FogTopology.load(self.config.topology_file)
-        live = [n for n in self.registry.nodes() if self.healthy(n) and n.report.get("ready")]
+        live = [n for n in self.registry.nodes() if self.healthy(n) and n.report.ready]
         pes = []
         for record in self.registry.pipelines():
-            if record.status != "running":
+            if record.status != PipelineState.RUNNING:
                 continue
             for element in record.spec.elements:
                 key = (record.name, element.id)
                 manifests = self.central.manifests(*key)
-                shipped = self.central_stats.get(key, {}).get("shipped_bytes", 0)
+                pulled = self.central_stats.get(key)
+                shipped = pulled.shipped_bytes if pulled else 0
                 pes.append(
                     LivePE(
                         key=f"{record.name}/{element.id}",
@@ -66,10 +67,10 @@ class Replanning(OrchestratorCore):
                         shipped_bytes_per_s=shipped / self.config.central_interval_s,
                     )
                 )
-        previous = self.plan["assignments"]
+        previous = self.plan.assignments
         try:
             topology = build_topology(
-                fog, [LiveNode(n.name, float(n.report.get("cpu_percent") or 0.0)) for n in live],
+                fog, [LiveNode(n.name, float(n.report.cpu_percent or 0.0)) for n in live],
                 pes,
             )  # fmt: skip
             result = (
@@ -78,16 +79,23 @@ class Replanning(OrchestratorCore):
                 else None
             )
         except FogshiftError as exc:
-            self.plan = {**self.plan, "error": exc.render(), "computed_at": time.time()}
+            self.plan = self.plan.model_copy(
+                update={"error": exc.render(), "computed_at": time.time()}
+            )
             return self.plan
         self._topology = topology
         self._central = fog.central_node(self.node_names())
-        fresh = describe_plan(result, topology) if result else {"assignments": {}}
+        fresh = describe_plan(result, topology) if result else PlanView()
         planned_now = {t.id for t in topology.tasks}
         kept = {k: v for k, v in previous.items() if k not in planned_now and
                 any(pe.key == k for pe in pes)}  # fmt: skip
-        fresh["assignments"] = {**kept, **fresh["assignments"]}
-        self.plan = {**fresh, "error": None, "computed_at": time.time()}
+        self.plan = fresh.model_copy(
+            update={
+                "assignments": {**kept, **fresh.assignments},
+                "error": None,
+                "computed_at": time.time(),
+            }
+        )
         return self.plan
 
     def run_planner(self) -> None:

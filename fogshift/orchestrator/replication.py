@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from fogshift.checkpoint.spark_dir import progress_of
+from fogshift.contracts import CentralCheckpoint, CheckpointManifest, CopyResult, PipelineState
 from fogshift.exceptions import FogshiftError
+from fogshift.orchestrator.core import CentralPull, ReplicaPush
 from fogshift.orchestrator.replanning import Replanning
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -21,7 +22,7 @@ class Replication(Replanning):
         """Copy each running PE's newest node-level checkpoint into the central store."""
         nodes = {n.name: n for n in self.registry.nodes()}
         for record in self.registry.pipelines():
-            if record.status != "running":
+            if record.status != PipelineState.RUNNING:
                 continue
             for element in record.spec.elements:
                 node = nodes.get(record.placement[element.id])
@@ -36,22 +37,23 @@ class Replication(Replanning):
     def _pull_one(self, pipeline: str, pe: str, node: str, key: tuple[str, str]) -> None:
         agent = self.agent(node)
         here = f"/pipelines/{pipeline}/elements/{pe}/snapshots"
-        manifest = agent.get(here + "/latest")
+        latest = agent.call(CheckpointManifest, "GET", here + "/latest")
         known = self.central.manifests(pipeline, pe)
-        if known and known[0]["id"] >= manifest["id"] and known[0].get("node") == node:
+        if known and known[0]["id"] >= latest.id and known[0].get("node") == node:
             return
-        manifest = {**manifest, "node": node}
+        # Stored as the node wrote it (the store checks its names), with where it came from.
+        manifest = {**latest.model_dump(mode="json", exclude_unset=True), "node": node}
         started = time.perf_counter()
         shipped = self.central.put(
             manifest,
-            lambda rel: agent.raw("GET", f"{here}/{manifest['id']}/files/{rel}").content,
+            lambda rel: agent.raw("GET", f"{here}/{latest.id}/files/{rel}").content,
         )
-        self.central_stats[key] = {
-            "id": manifest["id"],
-            "shipped_bytes": shipped,
-            "bytes": manifest["bytes"],
-            "took_ms": round((time.perf_counter() - started) * 1000, 1),
-        }
+        self.central_stats[key] = CentralPull(
+            id=latest.id,
+            shipped_bytes=shipped,
+            bytes=latest.bytes,
+            took_ms=round((time.perf_counter() - started) * 1000, 1),
+        )
 
     def push_replicas(self) -> None:
         """Give each PE's planned backup node a copy of the PE's newest central checkpoint.
@@ -61,10 +63,10 @@ class Replication(Replanning):
         """
         nodes = {n.name: n for n in self.registry.nodes()}
         for record in self.registry.pipelines():
-            if record.status != "running":
+            if record.status != PipelineState.RUNNING:
                 continue
             for element in record.spec.elements:
-                backup = self.planned(record.name, element.id).get("backup")
+                backup = self.planned(record.name, element.id).backup
                 node = nodes.get(backup or "")
                 if node is None or backup == record.placement[element.id]:
                     continue
@@ -75,27 +77,28 @@ class Replication(Replanning):
                     continue
                 newest = manifests[0]
                 held = {
-                    r["id"]
-                    for r in node.report.get("replicas", [])
-                    if (r["pipeline"], r["element"]) == (record.name, element.id)
+                    r.id
+                    for r in node.report.replicas
+                    if (r.pipeline, r.element) == (record.name, element.id)
                 }
                 if newest["id"] in held:
                     continue
                 started = time.perf_counter()
                 try:
-                    result = self.agent(node.name).post(
-                        f"/replicas/{record.name}/{element.id}", json={"manifest": newest}
-                    )
+                    result = self.agent(node.name).call(
+                        CopyResult, "POST", f"/replicas/{record.name}/{element.id}",
+                        json={"manifest": newest},
+                    )  # fmt: skip
                 except FogshiftError as exc:
                     log.info("replica of %s/%s on %s skipped: %s",
                              record.name, element.id, node.name, exc.message)  # fmt: skip
                     continue
-                self.replica_stats[(record.name, element.id)] = {
-                    "node": node.name,
-                    "id": newest["id"],
-                    "fetched_bytes": result["fetched_bytes"],
-                    "took_ms": round((time.perf_counter() - started) * 1000, 1),
-                }
+                self.replica_stats[(record.name, element.id)] = ReplicaPush(
+                    node=node.name,
+                    id=newest["id"],
+                    fetched_bytes=result.fetched_bytes,
+                    took_ms=round((time.perf_counter() - started) * 1000, 1),
+                )
 
     def run_central(self) -> None:
         """Loop :meth:`pull_checkpoints` until :meth:`close`."""
@@ -106,18 +109,17 @@ class Replication(Replanning):
 
         self._every(self.config.central_interval_s, step, "central checkpointing")
 
-    def checkpoint_status(self, pipeline: str, pe: str) -> dict[str, Any] | None:
+    def checkpoint_status(self, pipeline: str, pe: str) -> CentralCheckpoint | None:
         """The newest central checkpoint of a PE, with its age."""
         manifests = self.central.manifests(pipeline, pe)
         if not manifests:
             return None
         newest = manifests[0]
-        return {
-            "id": newest["id"],
-            "batch": newest["batch"],
-            # The input position it resumes from: a restore reprocesses what lies beyond.
-            "progress": progress_of(newest.get("offset")),
-            "age_ms": round((time.time() - newest["created"]) * 1000, 1),
-            "bytes": newest["bytes"],
-            "shipped_bytes": newest.get("shipped_bytes"),
-        }
+        return CentralCheckpoint(
+            id=newest["id"],
+            batch=newest["batch"],
+            progress=progress_of(newest.get("offset")),
+            age_ms=round((time.time() - newest["created"]) * 1000, 1),
+            bytes=newest["bytes"],
+            shipped_bytes=newest.get("shipped_bytes"),
+        )

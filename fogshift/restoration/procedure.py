@@ -28,9 +28,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 from fogshift.agent.exceptions import ElementBusy
 from fogshift.broker.client import SyncJetStream, last_seq
@@ -41,6 +40,16 @@ from fogshift.checkpoint.exceptions import CheckpointError
 from fogshift.checkpoint.spark_dir import progress_of
 from fogshift.common.http import ServiceClient
 from fogshift.common.progress import wait_for_progress
+from fogshift.contracts import (
+    CheckpointManifest,
+    Gate,
+    GateMode,
+    InstallResult,
+    Offset,
+    RestorePhase,
+    RestoreReport,
+    RestoreStatus,
+)
 from fogshift.exceptions import FogshiftError
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.runtime.kinds import KINDS
@@ -48,8 +57,9 @@ from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.restoration")
 
-#: Journal phases, in order; each is entered before the side effect it names.
-PHASES = ("fencing", "installing", "starting", "live")
+#: Journal phases, in order; each is entered before the side effect it names (``routed``,
+#: the last, is the caller's: the placement moves with it).
+PHASES = tuple(RestorePhase)
 
 
 def _no_phase(phase: str) -> None:
@@ -62,44 +72,12 @@ class RestoreSteps:
 
     Attributes:
         phase: Called with each phase of :data:`PHASES` but ``fencing`` (entered with the
-            new epoch, before the call), before its side effect; the caller journals it and
-            may raise to stop the restore there.
+            new epoch, before the call) and ``routed`` (the caller's own, with the placement),
+            before its side effect; the caller journals it and may raise to stop the restore
+            there.
     """
 
     phase: Callable[[str], None] = _no_phase
-
-
-@dataclass
-class RestoreReport:
-    """What ``fogshift restore --json`` prints."""
-
-    pipeline: str
-    element: str
-    target: str
-    status: str = "running"
-    epoch: int = 0
-    checkpoint: str | None = None
-    checkpoint_age_ms: float | None = None
-    skipped_checkpoints: list[str] = field(default_factory=list)
-    #: Where the checkpoint was copied from (``central`` or ``replica@NODE``), the bytes
-    #: that actually moved, and the nearer copies that failed.
-    checkpoint_source: str | None = None
-    fetched_bytes: int = 0
-    skipped_copies: list[str] = field(default_factory=list)
-    state_bytes: int = 0
-    reprocessed_events: int = 0
-    reprocess_ms: float = 0.0
-    intermediate_events: int = 0
-    intermediate_ms: float = 0.0
-    total_ms: float = 0.0
-    error: str | None = None
-    #: Earlier failed attempts of this restore: ``{"node", "epoch", "error"}``.
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    #: When every attempt failed: what became of the PE (restarted on its own node).
-    fallback: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 def _wait(agent: ServiceClient, path: str, at_least: int, timeout_s: float) -> float:
@@ -109,8 +87,9 @@ def _wait(agent: ServiceClient, path: str, at_least: int, timeout_s: float) -> f
     return round((time.perf_counter() - started) * 1000, 1)
 
 
-def _cap(element: ElementSpec, position: int, t0: float | None) -> dict[str, Any] | None:
-    """A gate limit at input position ``position``, if the PE's offsets allow one."""
+def _cap(element: ElementSpec, position: int, t0: float | None) -> Offset | None:
+    """A gate limit at input position ``position``, if the PE's offsets allow one (the offset
+    of the PE's source, in that source's own form)."""
     if KINDS[element.kind].role == "source":
         return {"type": "csv-rows", "row": position, "t0": t0 or time.time()}
     if len(element.inputs) == 1:
@@ -123,14 +102,14 @@ def _cap(element: ElementSpec, position: int, t0: float | None) -> dict[str, Any
 Copy = tuple[str, str | None]
 
 
-def central_only(manifest: dict[str, Any]) -> list[Copy]:
+def central_only(manifest: CheckpointManifest) -> list[Copy]:
     return [("central", None)]
 
 
 def _install(
     agent: ServiceClient,
     here: str,
-    manifest: dict[str, Any] | None,
+    manifest: CheckpointManifest | None,
     copies: list[Copy],
     report: RestoreReport,
 ) -> None:
@@ -142,18 +121,20 @@ def _install(
         return
     if not any(source is None for _, source in copies):
         copies = [*copies, ("central", None)]
+    body = manifest.model_dump(mode="json", exclude_unset=True)  # as the store wrote it
     for label, source in copies:
         try:
-            result = agent.post(
-                here + "/checkpoint/install", json={"manifest": manifest, "source": source}
-            )
+            result = agent.call(
+                InstallResult, "POST", here + "/checkpoint/install",
+                json={"manifest": body, "source": source},
+            )  # fmt: skip
         except FogshiftError as exc:
             if source is None:
                 raise
             report.skipped_copies.append(f"{label}: {exc.message}")
             continue
         report.checkpoint_source = label
-        report.fetched_bytes = int(result["fetched_bytes"])
+        report.fetched_bytes = result.fetched_bytes
         return
 
 
@@ -165,7 +146,7 @@ def restore(
     central: CentralStore,
     broker: SyncJetStream,
     timeout_s: float = 300.0,
-    copies: Callable[[dict[str, Any]], list[Copy]] = central_only,
+    copies: Callable[[CheckpointManifest], list[Copy]] = central_only,
     steps: RestoreSteps | None = None,
 ) -> RestoreReport:
     """Restore ``element`` on ``target`` under ``epoch`` (already recorded by the caller).
@@ -179,13 +160,13 @@ def restore(
         steps: The caller's journal (see :class:`RestoreSteps`); default: none.
 
     Raises:
-        RestoreFailed: With the report in ``report``; what this restore put on the target
+        RestoreFailed: With its ``report``; what this restore put on the target
             (checkpoint, instance) is discarded and the restore can be retried (on another
             node). Anything the target held before the restore touched it stays.
     """
     steps = steps or RestoreSteps()
     target_name, agent = target
-    report = RestoreReport(pipeline, element.id, target_name, epoch=epoch)
+    report = RestoreReport(pipeline=pipeline, element=element.id, target=target_name, epoch=epoch)
     started = time.perf_counter()
     here = f"/pipelines/{pipeline}/elements/{element.id}"
     placed = element.model_copy(update={"node": target_name}).model_dump(mode="json")
@@ -199,16 +180,18 @@ def restore(
             int(broker.run(partial(last_seq, stream=stream_name(pipeline, name))))
             for name in element.inputs
         )
+        manifest: CheckpointManifest | None
         try:
-            manifest, report.skipped_checkpoints = central.latest_whole(pipeline, element.id)
-            report.checkpoint = manifest["id"]
-            report.checkpoint_age_ms = round((time.time() - manifest["created"]) * 1000, 1)
-            report.state_bytes = int(manifest["bytes"])
-            offset = manifest["offset"]
+            whole, report.skipped_checkpoints = central.latest_whole(pipeline, element.id)
+            manifest = CheckpointManifest.model_validate(whole)
+            report.checkpoint = manifest.id
+            report.checkpoint_age_ms = round((time.time() - manifest.created) * 1000, 1)
+            report.state_bytes = manifest.bytes
+            offset = manifest.offset
         except CheckpointError as exc:
             report.skipped_checkpoints.append(f"none usable ({exc.message})")
             manifest, offset = None, None
-        steps.phase("installing")
+        steps.phase(RestorePhase.INSTALLING)
         touched = True
         try:
             _install(agent, here, manifest, copies(manifest) if manifest else [], report)
@@ -219,8 +202,8 @@ def restore(
         t0 = offset.get("t0") if offset else None
         report.reprocessed_events = max(0, emitted - start_at)
         cap = _cap(element, max(emitted, start_at), t0)
-        gate = {"mode": "cap", "limit": cap} if cap else None
-        steps.phase("starting")
+        gate = Gate(mode=GateMode.CAP, limit=cap).model_dump(mode="json") if cap else None
+        steps.phase(RestorePhase.STARTING)
         agent.put(here, json={"element": placed, "fresh": False, "gate": gate, "epoch": epoch})
         if cap is not None:
             report.reprocess_ms = _wait(agent, here, max(emitted, start_at), timeout_s)
@@ -228,15 +211,16 @@ def restore(
             report.intermediate_events = upstream - max(emitted, start_at)
             limit = _cap(element, upstream, t0)
             if limit is not None:
-                agent.put(here + "/gate", json={"gate": {"mode": "cap", "limit": limit}})
+                raised = Gate(mode=GateMode.CAP, limit=limit)
+                agent.put(here + "/gate", json={"gate": raised.model_dump(mode="json")})
             else:
                 agent.put(here + "/gate", json={"gate": None})
             report.intermediate_ms = _wait(agent, here, upstream, timeout_s)
-        steps.phase("live")
+        steps.phase(RestorePhase.LIVE)
         agent.put(here + "/gate", json={"gate": None})
-        report.status = "restored"
+        report.status = RestoreStatus.RESTORED
     except FogshiftError as exc:
-        report.status = "failed"
+        report.status = RestoreStatus.FAILED
         report.error = exc.render()
         if touched:
             try:
@@ -251,7 +235,7 @@ def restore(
             hint="retry, on another node if this one is in trouble (`fogshift restore "
             f"{pipeline} {element.id} --to NODE`)",
         )
-        failure.report = report  # type: ignore[attr-defined]
+        failure.report = report
         raise failure from exc
     finally:
         report.total_ms = round((time.perf_counter() - started) * 1000, 1)

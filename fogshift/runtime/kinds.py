@@ -1,112 +1,36 @@
-"""The registry of PE kinds a pipeline spec may name.
+"""What runs each PE kind: the processor class of every built-in processor kind, and the
+loading of ``custom`` ones.
 
-A kind says which role the element plays (source, processor, sink), how its options are
-validated, and — for processors — which :class:`~fogshift.runtime.api.Processor` runs it.
-This module imports no Spark, so specs can be validated anywhere.
+The kinds themselves — their role and options — are the spec's
+(:data:`fogshift.spec.models.KINDS`, re-exported here for the callers that ask a kind's role);
+this module adds only what the runtime needs, and imports no Spark.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from fogshift.runtime.api import Processor
 from fogshift.runtime.exceptions import ElementError
-from fogshift.runtime.operators.expr import Filter, FilterOptions, Map, MapOptions
-from fogshift.runtime.operators.window import WindowAggregate, WindowAggregateOptions
+from fogshift.runtime.operators.expr import Filter, Map
+from fogshift.runtime.operators.window import WindowAggregate
+from fogshift.spec.kinds import CustomOptions
+from fogshift.spec.models import KINDS
 
-Role = Literal["source", "processor", "sink"]
+__all__ = ["KINDS", "PROCESSORS", "load_class", "processor_for"]
 
-
-class CsvSourceOptions(BaseModel):
-    """Options of ``csv-source``.
-
-    Attributes:
-        path: The CSV file (header row, then one record per line). Relative to the spec file.
-        rate: Events per second; 0 reads as fast as possible.
-        max_events_per_batch: Upper bound of one micro-batch.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    path: str = Field(min_length=1)
-    rate: float = Field(default=0, ge=0)
-    max_events_per_batch: int = Field(default=10_000, ge=1)
-
-
-class CsvSinkOptions(BaseModel):
-    """Options of ``csv-sink``.
-
-    Attributes:
-        path: The output CSV file. Relative to the spec file; its folder is created.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    path: str = Field(min_length=1)
-
-
-class CustomOptions(BaseModel):
-    """Options of ``custom``: a user-written :class:`Processor`.
-
-    Attributes:
-        cls: ``module:ClassName`` of the processor, importable on every node (``class`` in YAML).
-        path: A folder added to ``sys.path`` before importing (relative to the spec file).
-        options: Passed to the processor as its options.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    cls: str = Field(alias="class", pattern=r"^[\w.]+:\w+$")
-    path: str | None = None
-    options: dict[str, object] = Field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Kind:
-    """One PE kind.
-
-    Attributes:
-        name: The ``kind`` value in a spec.
-        role: source, processor or sink.
-        options_model: Validates the element's ``options``.
-        path_options: Option names that are file paths, resolved against the spec's folder.
-        must_exist: Path options that must name an existing file or folder at deploy time.
-        processor: The processor class, for built-in processors.
-    """
-
-    name: str
-    role: Role
-    options_model: type[BaseModel]
-    path_options: tuple[str, ...] = ()
-    must_exist: tuple[str, ...] = ()
-    processor: type[Processor] | None = None
-
-
-KINDS: dict[str, Kind] = {
-    kind.name: kind
-    for kind in (
-        Kind("csv-source", "source", CsvSourceOptions, ("path",), ("path",)),
-        Kind(
-            "window-aggregate",
-            "processor",
-            WindowAggregateOptions,
-            processor=WindowAggregate,
-        ),
-        Kind("map", "processor", MapOptions, processor=Map),
-        Kind("filter", "processor", FilterOptions, processor=Filter),
-        Kind("custom", "processor", CustomOptions, ("path",), ("path",)),
-        Kind("csv-sink", "sink", CsvSinkOptions, ("path",)),
-    )
+#: The processor class of each built-in processor kind (``custom`` names its own).
+PROCESSORS: dict[str, type[Processor]] = {
+    "window-aggregate": WindowAggregate,
+    "map": Map,
+    "filter": Filter,
 }
 
 
-def processor_for(kind: str, options: dict[str, object]) -> tuple[type[Processor], dict]:
+def processor_for(kind: str, options: Mapping[str, object]) -> tuple[type[Processor], dict]:
     """The processor class of a processor element and the options to build it with.
 
     Raises:
@@ -115,9 +39,9 @@ def processor_for(kind: str, options: dict[str, object]) -> tuple[type[Processor
     entry = KINDS.get(kind)
     if entry is None or entry.role != "processor":
         raise ElementError(f"kind {kind!r} is not a processor kind")
-    if entry.processor is not None:
-        return entry.processor, dict(options)
-    custom = CustomOptions.model_validate(options)
+    if kind in PROCESSORS:
+        return PROCESSORS[kind], dict(options)
+    custom = CustomOptions.model_validate(dict(options))
     return load_class(custom.cls, custom.path), dict(custom.options)
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
-from fogshift.runtime.kinds import KINDS
 from fogshift.spec.exceptions import InvalidSpec
-from fogshift.spec.models import PipelineSpec
+from fogshift.spec.models import KINDS, ElementSpec, PipelineSpec
 
 
 def _where(loc: tuple[Any, ...], data: Any) -> str:
@@ -71,13 +71,13 @@ def _field_names_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
 
 
 def _unknown_keys(
-    exc: ValidationError, model: type[BaseModel]
+    errors: list[ErrorDetails], model: type[BaseModel]
 ) -> tuple[list[tuple[str, str | None]], list[str]]:
-    """Each unknown key in ``exc`` with the known key closest to it (``None`` if none is
+    """Each unknown key in ``errors`` with the known key closest to it (``None`` if none is
     close), and the known keys where the first unknown key was found."""
     unknown: list[tuple[str, str | None]] = []
     known: list[str] = []
-    for error in exc.errors():
+    for error in errors:
         loc = tuple(error["loc"])
         if error["type"] != "extra_forbidden" or not loc or not isinstance(loc[-1], str):
             continue
@@ -88,14 +88,13 @@ def _unknown_keys(
 
 
 def _pydantic_error(
-    exc: ValidationError, data: Any, what: str, model: type[BaseModel]
+    errors: list[ErrorDetails], data: Any, what: str, model: type[BaseModel]
 ) -> InvalidSpec:
     """One refusal for every error pydantic found in ``data`` (validated as ``model``), with
     a "did you mean" for each misspelt key and the keys that would have been valid."""
-    errors = exc.errors()
     lines = [f"{_where(tuple(e['loc']), data)}: {e['msg']}" for e in errors]
     received = repr(errors[0].get("input"))[:200]
-    unknown, known = _unknown_keys(exc, model)
+    unknown, known = _unknown_keys(errors, model)
     guesses = [(key, guess) for key, guess in unknown if guess is not None]
     if unknown:
         received = ("unknown key " if len(unknown) == 1 else "unknown keys ") + ", ".join(
@@ -110,6 +109,77 @@ def _pydantic_error(
     if known:
         hint += " (known keys there: " + ", ".join(known) + ")"
     return InvalidSpec(f"{what} is invalid: " + "; ".join(lines), received=received, hint=hint)
+
+
+def _untagged(error: ErrorDetails) -> ErrorDetails:
+    """``error`` located as the spec writes it: pydantic puts the union member's tag after an
+    element's index (``elements.1.map.options``); a missing tag becomes a missing ``kind``."""
+    loc = tuple(error["loc"])
+    if error["type"] == "union_tag_not_found":
+        return {**error, "type": "missing", "loc": (*loc, "kind"), "msg": "Field required"}
+    if len(loc) > 2 and loc[0] == "elements" and isinstance(loc[1], int) and loc[2] in KINDS:
+        return {**error, "loc": loc[:2] + loc[3:]}
+    return error
+
+
+def _element_at(data: dict[str, Any], index: int | str) -> dict[str, Any]:
+    """The raw element at ``elements[index]`` of ``data`` (``{}`` if there is none)."""
+    elements = data.get("elements")
+    if not isinstance(elements, list) or not isinstance(index, int) or index >= len(elements):
+        return {}
+    element = elements[index]
+    return element if isinstance(element, dict) else {}
+
+
+def _refusal(exc: ValidationError, data: dict[str, Any]) -> InvalidSpec:
+    """The refusal of a spec pydantic rejected, most fundamental problem first: the spec's
+    shape, then an unknown kind, then the options of one element (as their own model)."""
+    errors = [_untagged(e) for e in exc.errors()]
+    if any(len(e["loc"]) > 1 and e["loc"][0] == "elements" for e in errors):
+        # pydantic counts an element that failed as missing, and adds "elements: should have
+        # at least 1 item" when it was the only one: noise beside that element's own error.
+        errors = [e for e in errors if not (e["type"] == "too_short" and e["loc"] == ("elements",))]
+    bad_kinds = [e for e in errors if e["type"] == "union_tag_invalid"]
+    in_options = [
+        e
+        for e in errors
+        if len(e["loc"]) > 3 and e["loc"][0] == "elements" and e["loc"][2] == "options"
+    ]
+    shape = [e for e in errors if e not in bad_kinds and e not in in_options]
+    if shape:
+        return _pydantic_error(shape, data, "the pipeline spec", PipelineSpec)
+    if bad_kinds:
+        element = _element_at(data, bad_kinds[0]["loc"][1])
+        kind = str(element.get("kind"))
+        guess = did_you_mean(kind, KINDS)
+        return InvalidSpec(
+            f"element {element.get('id')!r} has an unknown kind",
+            expected="one of " + ", ".join(sorted(KINDS)),
+            received=repr(element.get("kind")),
+            hint=f"did you mean {guess!r}?" if guess else "see the kinds in the README",
+        )
+    index = in_options[0]["loc"][1]
+    element = _element_at(data, index)
+    options_model = KINDS[element["kind"]].model_fields["options"].annotation
+    assert isinstance(options_model, type) and issubclass(options_model, BaseModel)
+    return _pydantic_error(
+        [{**e, "loc": e["loc"][3:]} for e in in_options if e["loc"][1] == index],
+        element.get("options"),
+        f"options of element {element.get('id')!r} ({element['kind']})",
+        options_model,
+    )
+
+
+def _resolved(element: ElementSpec, base_dir: Path) -> ElementSpec:
+    """``element`` with its path options made absolute against ``base_dir``."""
+    paths = {
+        name: str((base_dir / value).resolve())
+        for name in element.path_options
+        if isinstance(value := element.options.get(name), str)
+    }
+    if not paths:
+        return element
+    return element.model_copy(update={"options": element.options.model_copy(update=paths)})
 
 
 def parse_spec(data: Any, base_dir: Path | None = None) -> PipelineSpec:
@@ -131,34 +201,10 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> PipelineSpec:
     try:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
-        raise _pydantic_error(exc, data, "the pipeline spec", PipelineSpec) from None
-    elements = []
-    for element in spec.elements:
-        kind = KINDS.get(element.kind)
-        if kind is None:
-            guess = did_you_mean(element.kind, KINDS)
-            raise InvalidSpec(
-                f"element {element.id!r} has an unknown kind",
-                expected="one of " + ", ".join(sorted(KINDS)),
-                received=repr(element.kind),
-                hint=f"did you mean {guess!r}?" if guess else "see the kinds in the README",
-            )
-        try:
-            kind.options_model.model_validate(element.options)
-        except ValidationError as exc:
-            raise _pydantic_error(
-                exc,
-                element.options,
-                f"options of element {element.id!r} ({element.kind})",
-                kind.options_model,
-            ) from None
-        options = dict(element.options)
-        if base_dir is not None:
-            for name in kind.path_options:
-                if isinstance(options.get(name), str):
-                    options[name] = str((base_dir / options[name]).resolve())
-        elements.append(element.model_copy(update={"options": options}))
-    spec = spec.model_copy(update={"elements": tuple(elements)})
+        raise _refusal(exc, data) from None
+    if base_dir is not None:
+        elements = tuple(_resolved(element, base_dir) for element in spec.elements)
+        spec = spec.model_copy(update={"elements": elements})
     validate_spec(spec)
     return spec
 
@@ -187,7 +233,6 @@ def validate_spec(
         seen.add(element_id)
     known_nodes = sorted(nodes) if nodes is not None else None
     for element in spec.elements:
-        kind = KINDS[element.kind]
         if known_nodes is not None and element.node not in known_nodes:
             guess = did_you_mean(element.node, known_nodes)
             raise InvalidSpec(
@@ -197,13 +242,13 @@ def validate_spec(
                 hint=(f"did you mean {guess!r}? " if guess else "")
                 + "`fogshift nodes` lists the nodes; `fogshift up --nodes` starts them",
             )
-        if kind.role == "source" and element.inputs:
+        if element.role == "source" and element.inputs:
             raise InvalidSpec(
                 f"element {element.id!r} is a source ({element.kind}) and takes no inputs",
                 expected="inputs: []",
                 received=f"inputs: {list(element.inputs)}",
             )
-        if kind.role != "source" and not element.inputs:
+        if element.role != "source" and not element.inputs:
             raise InvalidSpec(
                 f"element {element.id!r} ({element.kind}) has no inputs",
                 expected="inputs: [<id of an element feeding it>]",
@@ -223,14 +268,14 @@ def validate_spec(
                     received=repr(name),
                     hint=f"did you mean {guess!r}?" if guess else None,
                 )
-            if KINDS[spec.element(name).kind].role == "sink":
+            if spec.element(name).role == "sink":
                 raise InvalidSpec(
                     f"element {element.id!r} has input {name!r}, which is a sink and emits "
                     "no events",
                     hint="connect it to a source or processor instead",
                 )
         if check_files:
-            for option in kind.must_exist:
+            for option in element.must_exist:
                 value = element.options.get(option)
                 if isinstance(value, str) and not Path(value).exists():
                     raise InvalidSpec(
@@ -259,7 +304,7 @@ def _check_single_writer_files(spec: PipelineSpec) -> None:
     writers: dict[str, str] = {}
     for element in spec.elements:
         path = element.options.get("path")
-        if KINDS[element.kind].role != "sink" or not isinstance(path, str):
+        if element.role != "sink" or not isinstance(path, str):
             continue
         key = str(Path(path).resolve())
         if key in writers:
@@ -273,7 +318,7 @@ def _check_single_writer_files(spec: PipelineSpec) -> None:
         writers[key] = element.id
     for element in spec.elements:
         path = element.options.get("path")
-        if KINDS[element.kind].role == "source" and isinstance(path, str):
+        if element.role == "source" and isinstance(path, str):
             key = str(Path(path).resolve())
             if key in writers:
                 raise InvalidSpec(

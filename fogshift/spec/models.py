@@ -1,35 +1,181 @@
-"""The pipeline spec models (frozen, validated)."""
+"""The pipeline spec models (frozen, validated).
+
+An element is one member of a union discriminated by ``kind``: each built-in kind has its
+element class, whose ``options`` are that kind's options model (:mod:`fogshift.spec.kinds`).
+Validating a :class:`PipelineSpec` therefore validates every element's options, once; an
+unknown ``kind`` is pydantic's ``union_tag_invalid`` error, which the loader words for people.
+"""
 
 from __future__ import annotations
 
 from graphlib import TopologicalSorter
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal, Self, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    ModelWrapValidatorHandler,
+    SerializeAsAny,
+    TypeAdapter,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from fogshift.common.names import NAME_RE
+from fogshift.spec.kinds import (
+    CsvSinkOptions,
+    CsvSourceOptions,
+    CustomOptions,
+    FilterOptions,
+    KindOptions,
+    MapOptions,
+    Role,
+    WindowAggregateOptions,
+)
 
 _NAME = NAME_RE
 
 
 class ElementSpec(BaseModel):
-    """One pipeline element (PE).
+    """One pipeline element (PE): the fields every kind shares.
+
+    Each kind subclasses it (:data:`KINDS`); constructing or validating an ``ElementSpec``
+    gives an instance of the subclass its ``kind`` names, so code and tests may write
+    ``ElementSpec(kind="map", ...)`` and fields may be typed ``ElementSpec``.
 
     Attributes:
         id: Unique in the pipeline; letters, digits, ``_`` and ``-``.
-        kind: A kind from :data:`fogshift.runtime.kinds.KINDS`.
+        kind: A key of :data:`KINDS`.
         node: The node that hosts it.
         inputs: The ids of the elements feeding it, in order.
-        options: The kind's options.
+        options: The kind's options (a model that also reads as a mapping).
+        role: (class) source, processor or sink.
+        path_options: (class) Option names that are file paths, resolved against the spec's
+            folder when a spec file is loaded.
+        must_exist: (class) Path options that must name an existing file at deploy time.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: ClassVar[Role]
+    path_options: ClassVar[tuple[str, ...]] = ()
+    must_exist: ClassVar[tuple[str, ...]] = ()
 
     id: str = Field(pattern=_NAME)
     kind: str
     node: str = Field(pattern=_NAME)
     inputs: tuple[str, ...] = ()
-    options: dict[str, Any] = Field(default_factory=dict)
+    # Serialized as what it is: a field typed ElementSpec holds a kind's element, whose
+    # options the base model does not know.
+    options: SerializeAsAny[KindOptions]
+
+    def __new__(cls, *args: Any, **data: Any) -> Self:
+        # Python then runs the chosen subclass's __init__, which validates with its schema.
+        # An unknown kind keeps the base class, whose validator raises pydantic's tag error.
+        target = KINDS.get(str(data.get("kind")), cls) if cls is ElementSpec else cls
+        return cast(Self, super().__new__(target))
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        # An API declaring an ElementSpec takes any kind's element: describe the union.
+        if cls is ElementSpec:
+            return handler(ELEMENT.core_schema)
+        return handler(core_schema)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _as_its_kind(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        # The base class validates as the union; each kind's class validates as itself.
+        if isinstance(data, dict) and "options" not in data:
+            # No options: each kind's own model says which it needs ("path: Field required").
+            data = {**data, "options": {}}
+        if cls is not ElementSpec or isinstance(data, ElementSpec):
+            return handler(data)
+        return cast(Self, ELEMENT.validate_python(data))
+
+
+class CsvSourceElement(ElementSpec):
+    """A ``csv-source``: reads a CSV file into events."""
+
+    role = "source"
+    path_options = ("path",)
+    must_exist = ("path",)
+    kind: Literal["csv-source"]
+    options: CsvSourceOptions
+
+
+class WindowAggregateElement(ElementSpec):
+    """A ``window-aggregate``: an aggregate over the last N values of one field."""
+
+    role = "processor"
+    kind: Literal["window-aggregate"]
+    options: WindowAggregateOptions
+
+
+class MapElement(ElementSpec):
+    """A ``map``: computes fields from expressions."""
+
+    role = "processor"
+    kind: Literal["map"]
+    options: MapOptions
+
+
+class FilterElement(ElementSpec):
+    """A ``filter``: passes the events an expression holds for."""
+
+    role = "processor"
+    kind: Literal["filter"]
+    options: FilterOptions
+
+
+class CustomElement(ElementSpec):
+    """A ``custom`` processor: a user-written class, loaded on its node."""
+
+    role = "processor"
+    path_options = ("path",)
+    must_exist = ("path",)
+    kind: Literal["custom"]
+    options: CustomOptions
+
+
+class CsvSinkElement(ElementSpec):
+    """A ``csv-sink``: appends events to a CSV file, exactly once."""
+
+    role = "sink"
+    path_options = ("path",)
+    kind: Literal["csv-sink"]
+    options: CsvSinkOptions
+
+
+#: Any element, validated as the class its ``kind`` names.
+AnyElement = Annotated[
+    CsvSourceElement
+    | WindowAggregateElement
+    | MapElement
+    | FilterElement
+    | CustomElement
+    | CsvSinkElement,
+    Field(discriminator="kind"),
+]
+ELEMENT: TypeAdapter[AnyElement] = TypeAdapter(AnyElement)
+
+#: The built-in kinds: ``kind`` -> its element class (``role``, ``options`` model, paths).
+KINDS: dict[str, type[ElementSpec]] = {
+    get_args(cls.model_fields["kind"].annotation)[0]: cls
+    for cls in (
+        CsvSourceElement,
+        WindowAggregateElement,
+        MapElement,
+        FilterElement,
+        CustomElement,
+        CsvSinkElement,
+    )
+}
 
 
 class RecoverySpec(BaseModel):
@@ -55,7 +201,7 @@ class PipelineSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     pipeline: str = Field(pattern=_NAME)
-    elements: tuple[ElementSpec, ...] = Field(min_length=1)
+    elements: tuple[AnyElement, ...] = Field(min_length=1)
     recovery: RecoverySpec = RecoverySpec()
 
     def element(self, element_id: str) -> ElementSpec:

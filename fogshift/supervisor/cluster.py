@@ -28,7 +28,6 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fogshift.agent.config import AgentConfig
 from fogshift.broker.client import BrokerAddress
 from fogshift.broker.server import free_port, start_nats_server
 from fogshift.common.exceptions import WaitTimedOut
@@ -51,21 +50,18 @@ from fogshift.network.namespaces import (
 )
 from fogshift.network.relay import EchoSpec, RelayConfig, Route, spawn_relay
 from fogshift.network.rtt import RttReport, measure_rtt
-from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.planning import FogTopology
 from fogshift.supervisor.exceptions import AlreadyUp, NotUp
-
-#: The services' defaults, from their config models (the one place each is written).
-CHECKPOINT_INTERVAL_S: float = AgentConfig.model_fields["checkpoint_interval_s"].default
-TRIGGER_MS: int = AgentConfig.model_fields["trigger_ms"].default
-CENTRAL_INTERVAL_S: float = OrchestratorConfig.model_fields["central_interval_s"].default
-DUPLICATE_WINDOW_S: float = OrchestratorConfig.model_fields["duplicate_window_s"].default
-PLAN_INTERVAL_S: float = OrchestratorConfig.model_fields["plan_interval_s"].default
 
 #: Port of an isolated node's agent inside its namespace (the namespace has nothing else).
 ISOLATED_AGENT_PORT = 8700
 #: Port of the RTT echo server the relay opens inside each namespace.
 ISOLATED_ECHO_PORT = 8701
+#: Node agents started at once; the next ones wait until these report a ready Spark session.
+#: A session's start (JVM class loading and compilation, the first Python workers) is
+#: CPU-bound: on a 2-core machine four at once took ~70 s, and a Python worker of a PE that
+#: started meanwhile could miss Spark's fixed 10 s to connect back.
+STARTING_AT_ONCE = max(1, (os.cpu_count() or 1) // 2)
 
 
 class ProcessInfo(BaseModel):
@@ -227,6 +223,17 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "fogshift.cli.main", *args]
 
 
+def _settings(**options: object) -> list[str]:
+    """``--option value`` for each setting given; a setting left ``None`` is not passed, so
+    the service takes it from its config (``FOGSHIFT_*`` in the environment it inherits,
+    else the default its config class writes: ``AgentConfig``, ``OrchestratorConfig``)."""
+    args: list[str] = []
+    for name, value in options.items():
+        if value is not None:
+            args += [f"--{name.replace('_', '-')}", str(value)]
+    return args
+
+
 def _agent_args(
     home: Path,
     name: str,
@@ -234,8 +241,8 @@ def _agent_args(
     port: int,
     orchestrator_url: str,
     node_broker_file: Path,
-    spark_master: str,
-    checkpoint_interval_s: float,
+    spark_master: str | None,
+    checkpoint_interval_s: float | None,
     advertise_url: str | None = None,
 ) -> list[str]:
     advertise = ["--advertise-url", advertise_url] if advertise_url else []
@@ -256,10 +263,7 @@ def _agent_args(
         str(node_token_file(home, name)),
         "--broker-file",
         str(node_broker_file),
-        "--spark-master",
-        spark_master,
-        "--checkpoint-interval",
-        str(checkpoint_interval_s),
+        *_settings(spark_master=spark_master, checkpoint_interval=checkpoint_interval_s),
     )
 
 
@@ -268,10 +272,13 @@ def start_node(
     name: str,
     orchestrator_url: str,
     host: str,
-    spark_master: str,
-    checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
+    spark_master: str | None = None,
+    checkpoint_interval_s: float | None = None,
 ) -> ProcessInfo:
-    """Start the agent of node ``name`` (its broker file written) in a new process group."""
+    """Start the agent of node ``name`` (its broker file written) in a new process group.
+
+    ``spark_master`` and ``checkpoint_interval_s`` left ``None`` are the agent's settings
+    (``AgentConfig``: ``FOGSHIFT_SPARK_MASTER``... or the default)."""
     port = free_port(host)
     info = _spawn(
         _agent_args(
@@ -295,8 +302,8 @@ def start_isolated_node(
     link: NodeLink,
     orchestrator_url: str,
     broker: BrokerAddress,
-    spark_master: str,
-    checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
+    spark_master: str | None = None,
+    checkpoint_interval_s: float | None = None,
 ) -> tuple[ProcessInfo, IsolatedNode]:
     """Start node ``link.node``'s relay, then its agent inside the node's namespace.
 
@@ -361,16 +368,16 @@ def up(
     nats_url: str | None = None,
     nats_user: str | None = None,
     nats_password: str | None = None,
-    spark_master: str = "local[*]",
+    spark_master: str | None = None,
     timeout_s: float = 180,
     on_progress: Callable[[str], None] | None = None,
-    checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
-    central_interval_s: float = CENTRAL_INTERVAL_S,
-    duplicate_window_s: float = DUPLICATE_WINDOW_S,
+    checkpoint_interval_s: float | None = None,
+    central_interval_s: float | None = None,
+    duplicate_window_s: float | None = None,
     isolate: bool = False,
     links: dict[str, LinkProfile] | None = None,
     topology: Path | None = None,
-    plan_interval_s: float = PLAN_INTERVAL_S,
+    plan_interval_s: float | None = None,
 ) -> ClusterFile:
     """Start the broker (unless ``nats_url``), the orchestrator and the node agents.
 
@@ -378,6 +385,11 @@ def up(
     On a cluster that runs in part, only what died is started again: the orchestrator
     (:func:`restart_orchestrator`) and the node agents (:func:`restart_nodes`, as they were
     started); the other arguments but the intervals are then ignored.
+
+    The services' settings (``spark_master`` and the intervals) left ``None`` are theirs:
+    each reads ``FOGSHIFT_<FIELD>`` from the environment it inherits, else takes the default
+    its config class writes (``fogshift.agent.config.AgentConfig``,
+    ``fogshift.orchestrator.config.OrchestratorConfig``).
 
     Args:
         isolate: Run each agent in a network namespace of its own, behind a relay (module
@@ -472,12 +484,19 @@ def up(
             broker_info.pid if broker_info else None,
         )  # fmt: skip
         started.append(orchestrator)
-        node_infos = {}
+        node_infos: dict[str, ProcessInfo] = {}
         isolated: dict[str, IsolatedNode] = {}
         if isolate:
             say("creating a network namespace per node")
             made_links = create_links(home, profiles)
-        for name in nodes:
+        for k, name in enumerate(nodes):
+            if k and k % STARTING_AT_ONCE == 0:
+                # The file names what runs so far: the orchestrator's view is read through it.
+                save_cluster(home, ClusterFile(
+                    orchestrator=orchestrator, broker=broker_info, nodes=node_infos,
+                    broker_url=address.url, network=isolated,
+                ))  # fmt: skip
+                wait_healthy(home, list(node_infos), timeout_s, say)
             say(f"starting node agent {name}")
             if isolate:
                 node_infos[name], isolated[name] = start_isolated_node(
@@ -514,14 +533,15 @@ def start_orchestrator(
     home: Path,
     host: str,
     port: int,
-    central_interval_s: float,
-    duplicate_window_s: float,
-    plan_interval_s: float,
+    central_interval_s: float | None,
+    duplicate_window_s: float | None,
+    plan_interval_s: float | None,
     broker_pid: int | None = None,
 ) -> ProcessInfo:
     """Start the orchestrator on ``host:port`` in a new process group (it logs to
     ``<home>/logs/orchestrator.log``). With ``broker_pid`` (a broker `up` started), it
-    manages each node's broker rights through the server's config."""
+    manages each node's broker rights through the server's config. The intervals left
+    ``None`` are the orchestrator's settings (``OrchestratorConfig``)."""
     managed = (
         ["--broker-config", str(home / "broker" / "nats.conf"), "--broker-pid", str(broker_pid)]
         if broker_pid is not None
@@ -540,12 +560,11 @@ def start_orchestrator(
             str(token_file(home)),
             "--broker-file",
             str(broker_file(home)),
-            "--central-interval",
-            str(central_interval_s),
-            "--duplicate-window",
-            str(duplicate_window_s),
-            "--plan-interval",
-            str(plan_interval_s),
+            *_settings(
+                central_interval=central_interval_s,
+                duplicate_window=duplicate_window_s,
+                plan_interval=plan_interval_s,
+            ),
             *managed,
         ),
         home / "logs" / "orchestrator.log",
@@ -555,9 +574,9 @@ def start_orchestrator(
 def restart_orchestrator(
     home: Path,
     cluster: ClusterFile,
-    central_interval_s: float,
-    duplicate_window_s: float,
-    plan_interval_s: float,
+    central_interval_s: float | None,
+    duplicate_window_s: float | None,
+    plan_interval_s: float | None,
     timeout_s: float,
     say: Callable[[str], None],
 ) -> ClusterFile:
@@ -625,16 +644,22 @@ def restart_nodes(
                 received="an isolated node" if name in cluster.network else "no start command",
                 hint="`fogshift down`, then `fogshift up`",
             )
-        say(f"restarting node agent {name}")
-        fresh[name] = _spawn(list(info.argv), home / "logs" / f"node-{name}.log").model_copy(
-            update={"url": info.url}
-        )
-    cluster = cluster.model_copy(update={"nodes": fresh})
-    save_cluster(home, cluster)
+    started: list[str] = []
     try:
+        for k, name in enumerate(nodes):
+            if k and k % STARTING_AT_ONCE == 0:
+                wait_healthy(home, started, timeout_s, say)
+            say(f"restarting node agent {name}")
+            info = cluster.nodes[name]
+            fresh[name] = _spawn(list(info.argv), home / "logs" / f"node-{name}.log").model_copy(
+                update={"url": info.url}
+            )
+            started.append(name)
+            save_cluster(home, cluster.model_copy(update={"nodes": fresh}))
+        cluster = cluster.model_copy(update={"nodes": fresh})
         wait_healthy(home, list(cluster.nodes), timeout_s, say)
     except BaseException:
-        for name in nodes:
+        for name in started:
             kill_group(fresh[name].pgid, signal.SIGKILL)
         raise
     return cluster

@@ -84,7 +84,7 @@ def runtime(tmp_path: Path) -> NodeRuntime:
 
 
 def hosted(tmp_path: Path) -> HostedElement:
-    element = ElementSpec(id="p", kind="map", node="n1", inputs=("s",), options={"set": {}})
+    element = ElementSpec(id="p", kind="map", node="n1", inputs=("s",), options={"set": {"x": "1"}})
     plan = QueryPlan("x", element, str(tmp_path / "broker.json"), str(tmp_path / "cp"))
     return HostedElement(plan=plan)
 
@@ -128,7 +128,7 @@ def test_a_pe_that_cannot_be_built_gives_up_after_bounded_restarts(
     assert (h.state, h.restarts, h.retry_at) == ("failed", ELEMENT_ERROR_RESTARTS, math.inf)
     assert "ElementError: cannot import processor class 'nope:Missing'" in (h.error or "")
     assert f"gave up after {ELEMENT_ERROR_RESTARTS} restarts in a row" in (h.error or "")
-    info = runtime.describe(h)
+    info = runtime.describe(h).model_dump()
     assert (info["state"], info["restarts"]) == ("failed", ELEMENT_ERROR_RESTARTS)
     assert info["error"] == h.error
     runtime._check(h)  # never again

@@ -24,6 +24,7 @@ from fogshift.cli import logs as cli_logs
 from fogshift.cli import main as cli
 from fogshift.cli.demo import demo_copy
 from fogshift.common.waiting import wait_until
+from fogshift.contracts import MigrationReport, RestoreReport
 from fogshift.exceptions import InvalidInput, NotFound
 from fogshift.spec import load_spec
 
@@ -158,8 +159,9 @@ def test_status_with_no_pipelines_says_so(monkeypatch: pytest.MonkeyPatch) -> No
 # -- migrate / restore phases ---------------------------------------------------------------
 
 OPERATION = "/pipelines/p/elements/aggregate/operation"
-MIGRATED = {"origin": "fog-a", "target": "fog-b", "mode": "precopy", "state_bytes": 10,
-            "phases_ms": {"pause": 1.0}, "downtime_ms": 2.0, "rolled_back": False}  # fmt: skip
+MIGRATED = MigrationReport(pipeline="p", element="aggregate", origin="fog-a", target="fog-b",
+                           mode="precopy", state_bytes=10, phases_ms={"pause": 1.0},
+                           downtime_ms=2.0, rolled_back=False).model_dump(mode="json")  # fmt: skip
 
 
 class Phases:
@@ -222,9 +224,10 @@ def test_migrate_shows_each_phase_while_it_runs(monkeypatch: pytest.MonkeyPatch)
 def test_restore_shows_its_phases_and_json_output_is_unchanged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    restored = {"target": "fog-b", "epoch": 2, "checkpoint": "b1", "checkpoint_age_ms": 1.0,
-                "reprocessed_events": 3, "reprocess_ms": 4.0, "intermediate_events": 5,
-                "intermediate_ms": 6.0, "attempts": []}  # fmt: skip
+    restored = RestoreReport(pipeline="p", element="aggregate", target="fog-b", epoch=2,
+                             checkpoint="b1", checkpoint_age_ms=1.0, reprocessed_events=3,
+                             reprocess_ms=4.0, intermediate_events=5, intermediate_ms=6.0,
+                             attempts=[]).model_dump(mode="json")  # fmt: skip
     phases = Phases("restore", ["fencing", "installing", "starting", "live"])
     use(monkeypatch, StandInClient({OPERATION: phases.view}, phases.answer(restored)))
     with recorded_status(monkeypatch) as shown:

@@ -21,6 +21,7 @@ from fogshift.broker.naming import fence_subject, stream_name
 from fogshift.broker.publish import Record, last_position, publish_records
 from fogshift.broker.server import BrokerProcess
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
+from fogshift.contracts import Heartbeat
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
@@ -60,7 +61,9 @@ def orch(
     config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
     orchestrator = Orchestrator(config)
     for name, agent in agents.items():
-        orchestrator.heartbeat(name, {"url": agent.url, "ready": True, "elements": []})
+        orchestrator.heartbeat(
+            name, Heartbeat.model_validate({"url": agent.url, "ready": True, "elements": []})
+        )
     yield orchestrator
     orchestrator.close()
 
@@ -74,7 +77,9 @@ def pipeline(orch: Orchestrator, tmp_path: Path, agents: dict[str, StandIn]) -> 
     for node, agent in agents.items():
         elements = [{"pipeline": name, "element": e, "state": "running", "epoch": 1}
                     for e in running.get(node, [])]  # fmt: skip
-        orch.heartbeat(node, {"url": agent.url, "ready": True, "elements": elements})
+        orch.heartbeat(
+            node, Heartbeat.model_validate({"url": agent.url, "ready": True, "elements": elements})
+        )
         agent.calls.clear()
     return name
 
@@ -93,14 +98,16 @@ def tail(js_client: SyncJetStream, pipeline: str, pe: str) -> tuple[str, int]:
 def literal_migration_answers(agents: dict[str, StandIn], here: str) -> None:
     """fog-a pauses at input position 30 and ships a checkpoint; fog-b takes it and runs."""
     offset = {"type": "jetstream", "positions": {"source": 30}}
+    pe = {"pipeline": here.split("/")[2], "element": "aggregate"}  # a PE's answers name it
     agents["fog-a"].answer("POST", here + "/pause", body={
-        "state": "paused", "committed_batch": 3, "offset": offset, "progress": 30})  # fmt: skip
+        **pe, "state": "paused", "committed_batch": 3, "offset": offset,
+        "progress": 30})  # fmt: skip
     agents["fog-a"].answer(
         "GET", here + "/checkpoint", content=b"checkpoint",
         headers={SHA_HEADER: "0" * 64, INFO_HEADER: json.dumps({"batch": 3, "offset": offset})},
     )  # fmt: skip
     agents["fog-b"].answer("GET", here + "/progress", body={
-        "state": "running", "committed_batch": 4, "progress": 31, "error": None})  # fmt: skip
+        **pe, "state": "running", "committed_batch": 4, "progress": 31, "error": None})  # fmt: skip
 
 
 def test_a_redeployment_fences_instances_of_the_earlier_one(
@@ -127,7 +134,7 @@ def test_a_failure_after_the_routing_change_completes_the_migration(
     here = f"/pipelines/{pipeline}/elements/aggregate"
     literal_migration_answers(agents, here)
     agents["fog-a"].fail("DELETE", here)  # the origin cannot be removed after the switch
-    report = orch.migrate(pipeline, "aggregate", "fog-b", mode="literal")
+    report = orch.migrate(pipeline, "aggregate", "fog-b", mode="literal").model_dump(mode="json")
     assert report["status"] == "migrated" and report["rolled_back"] is False, report
     assert any("fog-a was not removed" in w for w in report["warnings"]), report
     assert orch.registry.get_pipeline(pipeline).placement["aggregate"] == "fog-b"  # type: ignore[union-attr]
@@ -138,7 +145,10 @@ def test_a_failure_after_the_routing_change_completes_the_migration(
     # The reconciler removes it once its node answers.
     agents["fog-a"].answer("DELETE", here)
     held = {"pipeline": pipeline, "element": "aggregate", "state": "paused", "epoch": 1}
-    orch.heartbeat("fog-a", {"url": agents["fog-a"].url, "ready": True, "elements": [held]})
+    orch.heartbeat(
+        "fog-a",
+        Heartbeat.model_validate({"url": agents["fog-a"].url, "ready": True, "elements": [held]}),
+    )
     orch.reconcile_once()
     assert agents["fog-a"].received("DELETE", here)[-1].query == {"discard": "true"}
 
@@ -202,7 +212,7 @@ def test_a_restore_failing_everywhere_restarts_the_pe_on_its_live_node(
     assert [(o.target, o.epoch, o.outcome) for o in orch.registry.operations(pipeline)] == [
         ("fog-b", 2, "failed"), ("cloud", 3, "failed"),  # the least busy node first
     ]  # fmt: skip
-    assert orch.last_restore[(pipeline, "aggregate")]["fallback"] == (
+    assert orch.last_restore[(pipeline, "aggregate")].fallback == (
         "restarted on fog-a under epoch 4"
     )
     assert orch.registry.get_pipeline(pipeline).placement["aggregate"] == "fog-a"  # type: ignore[union-attr]

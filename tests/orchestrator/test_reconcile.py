@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fogshift.broker.client import BrokerAddress
+from fogshift.contracts import Heartbeat
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
@@ -58,7 +59,7 @@ def orchestrator(tmp_path: Path, agent: tuple[str, list[str]]) -> Iterator[Orche
     # fog-c hosts an instance of the aggregate (e.g. the one a restore just started).
     url, _ = agent
     report = {"url": url, "ready": True, "elements": [{"pipeline": "p", "element": "aggregate"}]}
-    orch.heartbeat("fog-c", report)
+    orch.heartbeat("fog-c", Heartbeat.model_validate(report))
     yield orch
     orch.close()
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from fogshift.broker.client import BrokerAddress
+from fogshift.contracts import Heartbeat
 from fogshift.exceptions import InvalidInput
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
@@ -22,6 +23,8 @@ from fogshift.spec import parse_spec
 from tests.orchestrator.standin import SPEC, StandIn, standins
 
 AGG = "/pipelines/p/elements/aggregate"
+#: What names the aggregate in its agent's answers (fogshift.contracts.ElementProgress).
+PE = {"pipeline": "p", "element": "aggregate"}
 
 
 def hosted(element: str, epoch: int = 1, gated: bool = False) -> dict[str, Any]:
@@ -52,7 +55,8 @@ def beat(
 ) -> None:
     """A heartbeat from every stand-in, reporting ``elements`` per node."""
     for name, agent in agents.items():
-        orch.heartbeat(name, {"url": agent.url, "ready": True, "elements": elements.get(name, [])})
+        beat = {"url": agent.url, "ready": True, "elements": elements.get(name, [])}
+        orch.heartbeat(name, Heartbeat.model_validate(beat))
 
 
 def left_by_dead_orchestrator(
@@ -115,7 +119,7 @@ def test_a_restore_whose_target_runs_under_its_epoch_is_carried_on(
     restarted: list[tuple[str, str]] = []
     monkeypatch.setattr(orch, "restore", lambda p, e, target=None: restarted.append((p, e)))
     op = left_by_dead_orchestrator(orch, "restore", "live")  # epoch 2; the gate was capped
-    agents["fog-b"].answer("GET", AGG + "/progress", body={"state": "running", "epoch": 2})
+    agents["fog-b"].answer("GET", AGG + "/progress", body={**PE, "state": "running", "epoch": 2})
     orch.recover_operations()
     assert agents["fog-b"].received("PUT", AGG + "/gate")[0].body == {"gate": None}
     assert orch.registry.get_pipeline("p").placement["aggregate"] == "fog-b"  # type: ignore[union-attr]
@@ -129,8 +133,8 @@ def test_a_restore_whose_target_runs_under_its_epoch_is_carried_on(
     ("phase", "target_says"),
     [
         ("installing", None),  # fenced, the target never started
-        ("starting", {"state": "running", "epoch": 1}),  # not this restore's instance
-        ("live", {"state": "fenced", "epoch": 2}),  # this restore's instance, but dead
+        ("starting", {**PE, "state": "running", "epoch": 1}),  # not this restore's instance
+        ("live", {**PE, "state": "fenced", "epoch": 2}),  # this restore's instance, but dead
     ],
 )
 def test_a_restore_left_before_its_target_ran_is_restarted(
@@ -182,7 +186,7 @@ def test_a_pe_whose_entry_cannot_be_resolved_yet_is_left_to_it(
 ) -> None:
     monkeypatch.setattr(orch, "restore", lambda p, e, target=None: None)
     op = left_by_dead_orchestrator(orch, "restore", "live")  # epoch 2, on fog-b
-    agents["fog-b"].answer("GET", AGG + "/progress", body={"state": "running", "epoch": 2})
+    agents["fog-b"].answer("GET", AGG + "/progress", body={**PE, "state": "running", "epoch": 2})
     agents["fog-b"].fail("PUT", AGG + "/gate")
     orch.reconcile_once()
     # fog-a's instance is under epoch 1 < 2, but the entry decides about the PE, not the
@@ -213,7 +217,7 @@ def test_a_pe_under_an_older_epoch_than_its_newest_is_restarted_under_the_newest
 ) -> None:
     # A restore failed everywhere while fog-a was silent; fog-a is back with the old one.
     orch.registry.next_epoch("p", "aggregate")
-    agents["fog-a"].answer("GET", AGG + "/progress", body={"state": "fenced", "epoch": 1})
+    agents["fog-a"].answer("GET", AGG + "/progress", body={**PE, "state": "fenced", "epoch": 1})
     orch.reconcile_once()
     assert [(m, q) for n, m, p, q in calls(agents) if n == "fog-a" and p == AGG] == [
         ("DELETE", {}),  # stopped, its checkpoint kept...
@@ -228,7 +232,7 @@ def test_a_pe_held_at_its_gate_with_no_operation_is_resumed(
 ) -> None:
     beat(orch, agents, {"cloud": [hosted("source"), hosted("sink")],
                         "fog-a": [hosted("aggregate", gated=True)]})  # fmt: skip
-    agents["fog-a"].answer("GET", AGG + "/progress", body={"state": "paused", "epoch": 1,
+    agents["fog-a"].answer("GET", AGG + "/progress", body={**PE, "state": "paused", "epoch": 1,
                                                             "gated": True})  # fmt: skip
     orch.reconcile_once()
     assert len(agents["fog-a"].received("POST", AGG + "/resume")) == 1

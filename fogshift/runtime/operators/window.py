@@ -4,37 +4,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from fogshift.events import Event, is_finite_number
 from fogshift.runtime.api import Processor, state
 from fogshift.runtime.exceptions import DeadLetter
+from fogshift.spec.kinds import AggregateName, WindowAggregateOptions
 
-AGGREGATES: dict[str, Callable[[Sequence[float]], float | int]] = {
+AGGREGATES: dict[AggregateName, Callable[[Sequence[float]], float | int]] = {
     "avg": lambda values: math.fsum(values) / len(values),
     "sum": math.fsum,
     "min": min,
     "max": max,
     "count": len,
 }
-
-
-class WindowAggregateOptions(BaseModel):
-    """Options of ``window-aggregate``.
-
-    Attributes:
-        field: The body field to aggregate.
-        window: How many of the latest valid values the aggregate covers (count window).
-        function: avg, sum, min, max or count.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    field: str = Field(min_length=1)
-    window: int = Field(ge=1, le=1_000_000)
-    function: Literal["avg", "sum", "min", "max", "count"] = "avg"
 
 
 class WindowAggregate(Processor):

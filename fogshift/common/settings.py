@@ -1,0 +1,38 @@
+"""Checks of the services' settings read from the environment (``FOGSHIFT_*``).
+
+A service validates its settings when it starts (:mod:`pydantic_settings`); this lets the CLI
+refuse a bad variable before ``fogshift up`` starts anything, instead of leaving a service that
+died at start-up to a health timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_settings import BaseSettings, EnvSettingsSource
+
+from fogshift.exceptions import InvalidInput
+
+
+def check_environment(settings: type[BaseSettings]) -> None:
+    """Validate each of ``settings``' fields that the environment sets, alone.
+
+    Raises:
+        InvalidInput: A variable the field refuses, named with pydantic's reason.
+    """
+    prefix = str(settings.model_config.get("env_prefix", ""))
+    for name, value in EnvSettingsSource(settings)().items():
+        field = settings.model_fields[name]
+        constrained: Any = (
+            Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+        )
+        try:
+            TypeAdapter(constrained).validate_python(value)
+        except ValidationError as exc:
+            raise InvalidInput(
+                f"environment variable {(prefix + name).upper()} is not a valid {name}",
+                expected="; ".join(e["msg"] for e in exc.errors()),
+                received=repr(value),
+                hint=f"fix or unset {(prefix + name).upper()}",
+            ) from None

@@ -1,0 +1,693 @@
+"""The typed contracts of everything that crosses a process boundary.
+
+Node agent -> orchestrator (heartbeats, PE info and progress, checkpoint manifests, replica
+copies), orchestrator -> CLI (status, nodes, plans, migration and restore reports, errors)
+and the gates the orchestrator sets on a PE's input. Each side builds these models and
+parses what it receives into them (``Model.model_validate(json)``), so a field is read as an
+attribute with its type, and a payload that does not fit is refused where it arrives, naming
+the field. FastAPI endpoints declare them as response models: the OpenAPI schema
+(``GET /openapi.json``, with the token) describes the real API.
+
+The field names are the JSON keys on the wire and in the CLI's ``--json`` output; the enums'
+values are the strings used there. Renaming either changes the API.
+
+This module sits in the lowest layer with ``common`` and ``events``: it imports nothing of
+fogshift but its errors' root, so every layer (and a client) can use it.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+#: The URL of another service: a node agent's in its heartbeat, a checkpoint source.
+URL_RE = r"^https?://[^\s/?#]+(?:/[^\s?#]*)?$"
+
+#: A source offset as Spark's checkpoint records it (the data source's own JSON: ``{"type":
+#: "csv-rows", "row", "t0"}`` or ``{"type": "jetstream", "positions": {input: seq}}``). It is
+#: carried opaquely — into a gate's limit, back to the same source — and only the checkpoint
+#: layer (``checkpoint.spark_dir.progress_of``) looks inside.
+Offset = dict[str, Any]
+
+_WIRE = ConfigDict(frozen=True, extra="forbid")
+
+
+# -- states -----------------------------------------------------------------------------------
+
+
+class PEState(StrEnum):
+    """The state of one PE's query on a node agent."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSED = "paused"
+    FAILED = "failed"
+    #: A newer instance owns the output; this one is never restarted.
+    FENCED = "fenced"
+    STOPPED = "stopped"
+    #: Removed with its checkpoint (a migration target that never started).
+    DISCARDED = "discarded"
+
+
+class PipelineState(StrEnum):
+    """A pipeline's status in the orchestrator's registry."""
+
+    DEPLOYING = "deploying"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class PlacementState(StrEnum):
+    """What ``status`` says of a PE its node does not report."""
+
+    #: Its node is silent (or never registered).
+    NODE_LOST = "node-lost"
+    #: Its node is healthy but does not run it (yet).
+    PENDING = "pending"
+
+
+class GateMode(StrEnum):
+    """How a PE's input gate holds its reads."""
+
+    #: Plan no new batch.
+    HOLD = "hold"
+    #: Read up to ``limit`` and no further.
+    CAP = "cap"
+
+
+class MigrationMode(StrEnum):
+    """The two migration procedures (``fogshift.migration.procedure``)."""
+
+    PRECOPY = "precopy"
+    LITERAL = "literal"
+
+
+class OperationKind(StrEnum):
+    """What an operations-journal entry records."""
+
+    MIGRATION = "migration"
+    RESTORE = "restore"
+
+
+class MigrationPhase(StrEnum):
+    """A migration's journal phases, in order; each is entered before its side effect."""
+
+    PREPARING = "preparing"
+    PAUSING = "pausing"
+    SWITCHING = "switching"
+    ROUTED = "routed"
+
+
+class RestorePhase(StrEnum):
+    """A restore's journal phases, in order (``routed``: the placement moved to it)."""
+
+    FENCING = "fencing"
+    INSTALLING = "installing"
+    STARTING = "starting"
+    LIVE = "live"
+    ROUTED = "routed"
+
+
+class MigrationStatus(StrEnum):
+    """How a migration stands."""
+
+    RUNNING = "running"
+    MIGRATED = "migrated"
+    FAILED = "failed"
+
+
+class RestoreStatus(StrEnum):
+    """How a restore stands."""
+
+    RUNNING = "running"
+    RESTORED = "restored"
+    FAILED = "failed"
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    """The body of every error response: a :class:`~fogshift.exceptions.FogshiftError`.
+
+    Attributes:
+        code: The error's class (``FogshiftError.code``), rebuilt on the client side.
+        report: A failed migration's or restore's report, if the error is one.
+    """
+
+    model_config = _WIRE
+
+    code: str
+    message: str
+    expected: str | None = None
+    received: str | None = None
+    hint: str | None = None
+    report: MigrationReport | RestoreReport | None = None
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+
+class StateStoreMetrics(BaseModel):
+    """Spark's state-store metrics of one batch, summed over its stateful operators."""
+
+    model_config = _WIRE
+
+    commit_ms: int
+    updates_ms: int
+    memory_bytes: int
+    rows: int
+    batch_ms: int | None = None
+
+
+class ManifestFile(BaseModel):
+    """One file of a checkpoint: its size and content digest."""
+
+    model_config = _WIRE
+
+    size: int = Field(ge=0)
+    sha256: str
+
+
+class CheckpointManifest(BaseModel):
+    """A node-level (or central) checkpoint: ``GET .../snapshots/latest``.
+
+    Names in it are checked again, as paths, by ``checkpoint.central.check_manifest`` before
+    anything is fetched or written; this model only gives it its shape. Keys it does not list
+    are kept (manifests written by earlier versions, or by the central store, carry a few more).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    type: str = "fogshift-checkpoint"
+    id: str
+    pipeline: str
+    element: str
+    batch: int | None
+    offset: Offset | None = None
+    progress: int = 0
+    created: float
+    bytes: int = 0
+    new_bytes: int | None = None
+    took_ms: float | None = None
+    copy_ms: float | None = None
+    hash_ms: float | None = None
+    state_store: StateStoreMetrics | None = None
+    files: dict[str, ManifestFile]
+    #: The node it was pulled from (central store only).
+    node: str | None = None
+
+
+class NodeCheckpoint(BaseModel):
+    """The summary of a PE's newest node-level checkpoint, in its PE info."""
+
+    model_config = _WIRE
+
+    id: str
+    batch: int | None
+    progress: int
+    created: float
+    bytes: int
+    new_bytes: int | None = None
+    # What the snapshot cost (absent from manifests written before they existed).
+    took_ms: float | None = None
+    copy_ms: float | None = None
+    hash_ms: float | None = None
+    state_store: StateStoreMetrics | None = None
+
+
+class AgedNodeCheckpoint(NodeCheckpoint):
+    """A node-level checkpoint summary with its age, in ``GET /nodes``."""
+
+    age_ms: float
+
+
+class CentralCheckpoint(BaseModel):
+    """The newest central checkpoint of a PE, in ``GET /nodes``."""
+
+    model_config = _WIRE
+
+    id: str
+    batch: int | None
+    #: The input position it resumes from: a restore reprocesses what lies beyond.
+    progress: int
+    age_ms: float
+    bytes: int
+    shipped_bytes: int | None = None
+
+
+class ReplicaInfo(BaseModel):
+    """The newest whole-looking checkpoint copy a node holds of one PE."""
+
+    model_config = _WIRE
+
+    pipeline: str
+    element: str
+    id: str
+    batch: int | None
+    created: float
+
+
+class InstallResult(BaseModel):
+    """Answer of ``POST .../checkpoint/install``."""
+
+    model_config = _WIRE
+
+    fetched_bytes: int
+    #: ``central`` or the URL of the node the files came from.
+    source: str
+
+
+class CopyResult(BaseModel):
+    """Answer of ``POST /replicas/{pipeline}/{element}``."""
+
+    model_config = _WIRE
+
+    fetched_bytes: int
+
+
+class InstalledCheckpoint(BaseModel):
+    """Answer of ``PUT .../checkpoint`` (a shipped, packed checkpoint)."""
+
+    model_config = _WIRE
+
+    installed_bytes: int
+
+
+class CheckpointInfo(BaseModel):
+    """The ``INFO_HEADER`` of ``GET .../checkpoint``: the packed copy's batch and offset."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    batch: int | None = None
+    offset: Offset | None = None
+
+
+# -- node agent -------------------------------------------------------------------------------
+
+
+class Gate(BaseModel):
+    """A PE's input gate as the orchestrator sets it (``None`` elsewhere means open)."""
+
+    model_config = _WIRE
+
+    mode: GateMode
+    #: The offset a ``cap`` gate stops at; ``None`` with ``hold``.
+    limit: Offset | None = None
+
+
+class ElementInfo(BaseModel):
+    """One PE on a node agent: ``GET /elements``, and each PE of a heartbeat.
+
+    Attributes:
+        state: Its query's state.
+        error: Why it failed or was fenced.
+        restarts: Restarts after failures.
+        events_in: Input rows committed (travels with the checkpoint).
+        last_batch: The last committed batch counted.
+        gated: Its input gate is closed or capped.
+        epoch: The epoch it writes under (fencing).
+        node_checkpoint: Its newest node-level checkpoint.
+        lines_written: A sink's committed output lines (``None`` for other PEs).
+        retry_in_s: A ``failed`` PE whose query the agent will start again: in how many
+            seconds (``0``: now). ``None``: not failed, or the agent gave up on it.
+    """
+
+    model_config = _WIRE
+
+    pipeline: str
+    element: str
+    kind: str | None = None
+    state: PEState = PEState.STARTING
+    error: str | None = None
+    restarts: int = 0
+    retry_in_s: float | None = None
+    events_in: int = 0
+    last_batch: int = -1
+    gated: bool = False
+    epoch: int = 0
+    node_checkpoint: NodeCheckpoint | None = None
+    lines_written: int | None = None
+
+
+class ElementProgress(ElementInfo):
+    """A PE with its committed position: ``GET .../progress`` and the answers of pause,
+    resume, gate and deploy.
+
+    Attributes:
+        committed_batch: The last committed batch (``None``: none yet).
+        offset: Its end offset.
+        progress: A number that grows with the offset (sum of positions / rows read).
+        last_batch_ms: Spark's ``durationMs`` of the last batch.
+    """
+
+    committed_batch: int | None = None
+    offset: Offset | None = None
+    progress: int = 0
+    last_batch_ms: dict[str, int] | None = None
+
+
+class AgentHealth(BaseModel):
+    """Answer of a node agent's ``GET /health``."""
+
+    model_config = _WIRE
+
+    node: str
+    ready: bool
+    error: str | None
+    pid: int
+    pgid: int
+
+
+class Heartbeat(BaseModel):
+    """Body of ``POST /nodes/{name}/heartbeat``: a node lives, what it runs and holds.
+
+    Attributes:
+        url: Where its agent is reached.
+        ready: Its Spark session is up.
+        error: Why its Spark session did not start.
+        elements: The PEs it hosts.
+        replicas: The checkpoint copies it holds.
+        cpu_percent: Its CPU use since the last heartbeat.
+    """
+
+    model_config = _WIRE
+
+    url: str = Field(pattern=URL_RE, max_length=2048)
+    pid: int | None = None
+    pgid: int | None = None
+    ready: bool = False
+    error: str | None = None
+    elements: list[ElementInfo] = []
+    replicas: list[ReplicaInfo] = []
+    cpu_percent: float | None = None
+
+    def element(self, pipeline: str, element: str) -> ElementInfo | None:
+        """The report of ``pipeline/element`` if this node runs it."""
+        return next(
+            (e for e in self.elements if (e.pipeline, e.element) == (pipeline, element)), None
+        )
+
+
+# -- operations -------------------------------------------------------------------------------
+
+
+class MigrationReport(BaseModel):
+    """What ``fogshift migrate --json`` prints (and a failed migration's error carries).
+
+    Attributes:
+        state_bytes: Size of the shipped checkpoint.
+        phases_ms: Duration of each phase (prepare, pause, state, invoke, finalize).
+        downtime_ms: From the pause until the target committed input beyond it.
+        caught_up_events: Events the target read beyond the copy it started from.
+        rolled_back: A failed migration was undone: the origin runs again.
+        epoch: The epoch the PE writes under afterwards (new if a rollback had to fence).
+        warnings: What went wrong without changing the outcome.
+        trace: ``[ms since start, node, committed batch, input progress, last batch ms]``.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    pipeline: str
+    element: str
+    origin: str
+    target: str
+    mode: MigrationMode
+    status: MigrationStatus = MigrationStatus.RUNNING
+    state_bytes: int = 0
+    phases_ms: dict[str, float] = {}
+    downtime_ms: float | None = None
+    caught_up_events: int = 0
+    error: str | None = None
+    rolled_back: bool = False
+    epoch: int = 0
+    warnings: list[str] = []
+    trace: list[list[Any]] = []
+
+    #: When the report was made: the origin of the trace's times.
+    _t0: float = PrivateAttr(default_factory=time.perf_counter)
+
+    def observe(self, node: str, info: ElementProgress) -> None:
+        """Add a progress observation to the trace when it differs from the last one."""
+        row = [node, info.committed_batch, info.progress, info.last_batch_ms]
+        if not self.trace or self.trace[-1][1:] != row:
+            self.trace.append([round((time.perf_counter() - self._t0) * 1000, 1), *row])
+
+
+class RestoreAttempt(BaseModel):
+    """A failed attempt of a restore.
+
+    Attributes:
+        epoch: The epoch it fenced with (``None``: skipped before it fenced anything).
+    """
+
+    model_config = _WIRE
+
+    node: str
+    epoch: int | None = None
+    error: str
+
+
+class RestoreReport(BaseModel):
+    """What ``fogshift restore --json`` prints (and a failed restore's error carries).
+
+    Attributes:
+        checkpoint_source: Where the checkpoint was copied from (``central`` or
+            ``replica@NODE``).
+        fetched_bytes: The bytes that actually moved.
+        skipped_copies: The nearer copies that failed.
+        attempts: Earlier failed attempts of this restore.
+        fallback: When every attempt failed: what became of the PE.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    pipeline: str
+    element: str
+    target: str
+    status: RestoreStatus = RestoreStatus.RUNNING
+    epoch: int = 0
+    checkpoint: str | None = None
+    checkpoint_age_ms: float | None = None
+    skipped_checkpoints: list[str] = []
+    checkpoint_source: str | None = None
+    fetched_bytes: int = 0
+    skipped_copies: list[str] = []
+    state_bytes: int = 0
+    reprocessed_events: int = 0
+    reprocess_ms: float = 0.0
+    intermediate_events: int = 0
+    intermediate_ms: float = 0.0
+    total_ms: float = 0.0
+    error: str | None = None
+    attempts: list[RestoreAttempt] = []
+    fallback: str | None = None
+
+
+class OperationView(BaseModel):
+    """Body of ``GET /pipelines/{name}/elements/{element}/operation``: the PE's latest
+    migration or restore (restore attempt) as the operations journal last recorded it.
+
+    Attributes:
+        id: The journal entry's id.
+        origin: Where the PE was placed when the operation began.
+        target: Where the operation moves it.
+        epoch: The epoch the target instance writes under.
+        phase: The last phase entered (journaled before its side effect), e.g. ``pausing``.
+        started: When it began (orchestrator's clock, seconds since the epoch).
+        updated: When the journal entry last changed.
+        outcome: ``None`` while it runs; then how it ended (``migrated``, ``restored``,
+            ``rolled_back``, ``failed``, ``recovered: ...``).
+        running: ``outcome is None``.
+    """
+
+    model_config = _WIRE
+
+    id: str
+    kind: OperationKind
+    pipeline: str
+    element: str
+    origin: str
+    target: str
+    epoch: int
+    #: One of :class:`MigrationPhase` or :class:`RestorePhase` as the procedures journal them;
+    #: a string, as the journal keeps whatever phase it is told.
+    phase: str
+    started: float
+    updated: float
+    outcome: str | None
+    running: bool
+
+
+# -- orchestrator -----------------------------------------------------------------------------
+
+
+class OrchestratorHealth(BaseModel):
+    """Answer of the orchestrator's ``GET /health``."""
+
+    model_config = _WIRE
+
+    ok: bool
+    nodes: int
+
+
+class Ack(BaseModel):
+    """Answer of a request that only needs acknowledging (a heartbeat)."""
+
+    model_config = _WIRE
+
+    ok: bool = True
+
+
+class CheckpointsView(BaseModel):
+    """One PE a node runs, with its node-level and central checkpoints."""
+
+    model_config = _WIRE
+
+    element: str
+    epoch: int | None
+    node_level: AgedNodeCheckpoint | None
+    central: CentralCheckpoint | None
+
+
+class NodeView(BaseModel):
+    """One node in ``GET /nodes`` (``fogshift nodes``).
+
+    Attributes:
+        healthy: ``alive`` and ``ready``.
+        alive: Heard from within the node timeout.
+        ready: Its Spark session is up.
+        last_seen_s: Seconds since its last heartbeat.
+        replicas: ``pipeline/element@checkpoint`` of each copy it holds.
+        elements: ``pipeline/element`` of each PE it runs.
+    """
+
+    model_config = _WIRE
+
+    name: str
+    url: str
+    pid: int | None
+    pgid: int | None
+    healthy: bool
+    alive: bool
+    ready: bool
+    error: str | None
+    last_seen_s: float
+    cpu_percent: float | None
+    replicas: list[str]
+    elements: list[str]
+    checkpoints: list[CheckpointsView]
+
+
+class ElementStatus(BaseModel):
+    """One PE in a pipeline's status.
+
+    Attributes:
+        state: What its node reports, or why it reports nothing (``node-lost``, ``pending``,
+            or the pipeline's status).
+        events_out: Records it emitted (a sink: lines written).
+        planned_backup: The planner's backup node for it.
+        planned_redeploy: The planner's redeploy node for it.
+        last_restore: The report of its last restore.
+    """
+
+    model_config = _WIRE
+
+    element: str
+    kind: str
+    node: str
+    state: PEState | PlacementState | PipelineState
+    events_in: int
+    events_out: int
+    dead_letters: int
+    restarts: int
+    error: str | None
+    planned_backup: str | None
+    planned_redeploy: str | None
+    last_restore: RestoreReport | None
+
+
+class PipelineStatus(BaseModel):
+    """A pipeline's status: ``GET /pipelines/{name}`` (``fogshift status``)."""
+
+    model_config = _WIRE
+
+    pipeline: str
+    status: PipelineState
+    elements: list[ElementStatus]
+
+
+class StopResult(BaseModel):
+    """Answer of ``POST /pipelines/{name}/stop``."""
+
+    model_config = _WIRE
+
+    pipeline: str
+    status: PipelineState
+    unreachable_nodes: list[str]
+
+
+class DeadLetter(BaseModel):
+    """One dead letter of ``GET /pipelines/{name}/errors``.
+
+    Attributes:
+        seq: Its input's stream sequence.
+        reason: Why the PE refused it.
+        event: The event as it came (any JSON).
+    """
+
+    model_config = _WIRE
+
+    element: str
+    seq: int
+    reason: str | None
+    event: Any
+
+
+class PlannedServer(BaseModel):
+    """A node as the planner saw it."""
+
+    model_config = _WIRE
+
+    node: str
+    cpu: float
+    load: float
+
+
+class Assignment(BaseModel):
+    """The planned backup and redeploy node of one PE."""
+
+    model_config = _WIRE
+
+    backup: str | None = None
+    redeploy: str | None = None
+    recovery_ms: float | None = None
+
+
+class PlanView(BaseModel):
+    """The latest backup/redeploy plan: ``GET /plan`` (and ``PUT /topology``).
+
+    Attributes:
+        assignments: By ``pipeline/element``.
+        error: Why the latest planning round kept the previous plan (``None``: it did not).
+        computed_at: When the latest round ran (``None``: never).
+    """
+
+    model_config = _WIRE
+
+    method: str | None = None
+    status: str | None = None
+    objective_ms: float | None = None
+    solve_ms: float | None = None
+    servers: list[PlannedServer] = []
+    assignments: dict[str, Assignment] = {}
+    error: str | None = None
+    computed_at: float | None = None
+
+
+ErrorBody.model_rebuild()

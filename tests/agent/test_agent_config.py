@@ -1,0 +1,124 @@
+"""The agent's settings: given > ``FOGSHIFT_*`` > the default its config class writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from fogshift.agent.config import AgentConfig
+from fogshift.cli.main import app
+from fogshift.exceptions import InvalidInput
+from fogshift.supervisor import cluster as cluster_ops
+
+
+def required(tmp_path: Path) -> dict[str, Any]:
+    return {
+        "name": "fog-a",
+        "port": 8000,
+        "home": tmp_path,
+        "token": "t" * 16,
+        "orchestrator_url": "http://127.0.0.1:1",
+        "broker_file": tmp_path / "broker.json",
+    }
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The settings under test read the environment: start each test from none of them.
+    for name in AgentConfig.model_fields:
+        monkeypatch.delenv(f"FOGSHIFT_{name.upper()}", raising=False)
+
+
+def test_a_setting_not_given_is_read_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert AgentConfig(**required(tmp_path)).checkpoint_interval_s == 5.0
+    monkeypatch.setenv("FOGSHIFT_CHECKPOINT_INTERVAL_S", "2.5")
+    monkeypatch.setenv("FOGSHIFT_SPARK_MASTER", "local[2]")
+    config = AgentConfig(**required(tmp_path))
+    assert (config.checkpoint_interval_s, config.spark_master) == (2.5, "local[2]")
+    # A value given (the CLI's option) wins over the environment.
+    assert AgentConfig(**required(tmp_path), checkpoint_interval_s=9).checkpoint_interval_s == 9
+    # Only the prefixed name counts; an empty variable is no setting.
+    monkeypatch.setenv("CHECKPOINT_INTERVAL_S", "1")
+    monkeypatch.setenv("FOGSHIFT_TRIGGER_MS", "")
+    config = AgentConfig(**required(tmp_path))
+    assert (config.checkpoint_interval_s, config.trigger_ms) == (2.5, 200)
+
+
+def test_a_bad_value_in_the_environment_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FOGSHIFT_TRIGGER_MS", "5")
+    with pytest.raises(ValidationError, match="trigger_ms"):
+        AgentConfig(**required(tmp_path))
+
+
+def test_the_config_is_frozen_and_strict(tmp_path: Path) -> None:
+    config = AgentConfig(**required(tmp_path))
+    with pytest.raises(ValidationError, match="frozen"):
+        config.trigger_ms = 100  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        AgentConfig(**required(tmp_path), trigger=100)
+
+
+def test_each_default_is_written_once_in_the_config_class(tmp_path: Path) -> None:
+    for field in ("checkpoint_interval_s", "trigger_ms", "spark_master", "heartbeat_s"):
+        assert AgentConfig.default(field) == getattr(AgentConfig(**required(tmp_path)), field)
+    # `up` passes a setting to the agent only when given; otherwise the agent's config
+    # decides (its environment, else its default): no second copy of the number.
+    args = cluster_ops._agent_args(
+        tmp_path, "fog-a", "127.0.0.1", 1, "http://o", tmp_path / "b.json", None, None
+    )
+    assert "--checkpoint-interval" not in args and "--spark-master" not in args
+    args = cluster_ops._agent_args(
+        tmp_path, "fog-a", "127.0.0.1", 1, "http://o", tmp_path / "b.json", "local[1]", 2.0
+    )
+    assert args[-4:] == ["--spark-master", "local[1]", "--checkpoint-interval", "2.0"]
+    up = typer.main.get_command(app).commands["up"]  # type: ignore[attr-defined]
+    help_of = {p.name: getattr(p, "help", "") for p in up.params}
+    assert "$FOGSHIFT_CHECKPOINT_INTERVAL_S, else 5.0]" in help_of["checkpoint_interval"]
+
+
+def test_serve_agent_takes_what_it_is_not_given_from_the_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    import fogshift.agent.app
+
+    built: list[AgentConfig] = []
+    monkeypatch.setattr(fogshift.agent.app, "create_app", built.append)
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
+    monkeypatch.setenv("FOGSHIFT_CHECKPOINT_INTERVAL_S", "3")
+    (tmp_path / "token").write_text("t" * 16)
+    base = ["serve-agent", "--name", "fog-a", "--home", str(tmp_path / "home"), "--port", "1",
+            "--orchestrator", "http://127.0.0.1:1", "--token-file", str(tmp_path / "token"),
+            "--broker-file", str(tmp_path / "broker.json")]  # fmt: skip
+    result = CliRunner().invoke(app, base)
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, [*base, "--trigger-ms", "50", "--checkpoint-interval", "4"])
+    assert result.exit_code == 0, result.output
+    assert [(c.checkpoint_interval_s, c.trigger_ms) for c in built] == [(3.0, 200), (4.0, 50)]
+
+
+def test_up_refuses_a_bad_setting_in_the_environment_before_starting_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[object] = []
+    monkeypatch.setattr(cluster_ops, "up", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setenv("FOGSHIFT_TRIGGER_MS", "3")
+    result = CliRunner().invoke(app, ["up", "--home", str(tmp_path), "--nodes", "a"])
+    assert isinstance(result.exception, InvalidInput) and started == []
+    assert "FOGSHIFT_TRIGGER_MS" in result.exception.message
+    assert result.exception.received == "'3'"
+    assert "greater than or equal to 10" in (result.exception.expected or "")
+    monkeypatch.setenv("FOGSHIFT_TRIGGER_MS", "50")
+    result = CliRunner().invoke(app, ["up", "--home", str(tmp_path), "--nodes", "a"])
+    assert result.exit_code == 0, result.output
+    assert len(started) == 1

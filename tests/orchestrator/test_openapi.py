@@ -1,0 +1,100 @@
+"""The orchestrator's OpenAPI schema: behind the token, and describing the real answers.
+
+Every endpoint declares its contract (``fogshift.contracts``) as its response model, so the
+schema a client reads (``GET /openapi.json``, ``/docs``) is the API the CLI parses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from fogshift.common.http import node_token
+from fogshift.contracts import NodeView
+from tests.orchestrator.conftest import OPERATOR
+
+#: ``(method, path)`` -> the contract its 200 answer is (``[...]``: a list of them).
+ANSWERS = {
+    ("get", "/health"): "OrchestratorHealth",
+    ("post", "/nodes/{name}/heartbeat"): "Ack",
+    ("get", "/nodes/{name}/directory"): "NodeDirectory",
+    ("get", "/nodes"): "[NodeView]",
+    ("post", "/pipelines"): "PipelineStatus",
+    ("get", "/pipelines"): "[PipelineStatus]",
+    ("get", "/pipelines/{name}"): "PipelineStatus",
+    ("get", "/pipelines/{name}/errors"): "[DeadLetter]",
+    ("post", "/pipelines/{name}/elements/{element}/migrate"): "MigrationReport",
+    ("post", "/pipelines/{name}/elements/{element}/restore"): "RestoreReport",
+    ("get", "/pipelines/{name}/elements/{element}/operation"): "OperationView",
+    ("get", "/plan"): "PlanView",
+    ("put", "/topology"): "PlanView",
+    ("post", "/pipelines/{name}/stop"): "StopResult",
+}
+
+
+def as_(app: FastAPI, token: str | None) -> TestClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return TestClient(app, headers=headers)
+
+
+def contract(schema: dict[str, Any]) -> str:
+    """The model a response schema names: ``Model`` or ``[Model]``."""
+    if schema.get("type") == "array":
+        return f"[{contract(schema['items'])}]"
+    return str(schema["$ref"]).rpartition("/")[2]
+
+
+def test_the_schema_and_docs_need_the_operator_token(app: FastAPI) -> None:
+    for path in ("/openapi.json", "/docs"):
+        assert as_(app, None).get(path).status_code == 401, path
+        assert as_(app, "wrong-" + OPERATOR).get(path).status_code == 401, path
+        # A node's token opens only its own endpoints.
+        node = as_(app, node_token(OPERATOR, "fog-a")).get(path)
+        assert node.status_code == 403 and node.json()["code"] == "forbidden", path
+        assert as_(app, OPERATOR).get(path).status_code == 200, path
+
+
+def test_every_endpoint_answers_with_its_contract(app: FastAPI) -> None:
+    schema = as_(app, OPERATOR).get("/openapi.json").json()
+    found = {}
+    for path, methods in schema["paths"].items():
+        for method, operation in methods.items():
+            ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
+            if (method, path) in ANSWERS:
+                found[(method, path)] = contract(ok)
+    assert found == ANSWERS
+    heartbeat = schema["paths"]["/nodes/{name}/heartbeat"]["post"]["requestBody"]
+    assert contract(heartbeat["content"]["application/json"]["schema"]) == "Heartbeat"
+    # Refusals are described too: expected / received / hint, a failed operation's report.
+    migrate = schema["paths"]["/pipelines/{name}/elements/{element}/migrate"]["post"]
+    for status in ("401", "404", "422", "502"):
+        refusal = migrate["responses"][status]["content"]["application/json"]["schema"]
+        assert contract(refusal) == "ErrorBody", status
+    models = schema["components"]["schemas"]
+    assert set(models["ErrorBody"]["properties"]) >= {"code", "expected", "received", "hint",
+                                                     "report"}  # fmt: skip
+    # States are enums in the schema, with the strings the API has always used.
+    assert set(models["PEState"]["enum"]) >= {"running", "paused", "failed", "fenced"}
+    assert models["MigrationMode"]["enum"] == ["precopy", "literal"]
+
+
+def test_a_heartbeat_comes_back_typed_in_the_node_view(app: FastAPI) -> None:
+    beat = {"url": "http://127.0.0.1:8701", "pid": 7, "pgid": 7, "ready": True,
+            "elements": [{"pipeline": "p", "element": "agg", "state": "paused", "epoch": 3}],
+            "replicas": [{"pipeline": "p", "element": "src", "id": "b000000002", "batch": 2,
+                          "created": 1.0}],
+            "cpu_percent": 4.0}  # fmt: skip
+    node = as_(app, node_token(OPERATOR, "fog-a"))
+    assert node.post("/nodes/fog-a/heartbeat", json=beat).json() == {"ok": True}
+    refused = node.post("/nodes/fog-a/heartbeat", json={**beat, "elements": [{"id": "agg"}]})
+    assert refused.status_code == 422 and refused.json()["code"] == "invalid"
+    assert "elements.0.pipeline" in refused.json()["message"]
+    (view,) = [NodeView.model_validate(n) for n in as_(app, OPERATOR).get("/nodes").json()]
+    assert (view.name, view.healthy, view.elements, view.replicas) == (
+        "fog-a", True, ["p/agg"], ["p/src@b000000002"],
+    )  # fmt: skip
+    assert [(c.element, c.epoch, c.node_level, c.central) for c in view.checkpoints] == [
+        ("p/agg", 3, None, None)
+    ]

@@ -1,0 +1,117 @@
+"""Elements as a union discriminated by ``kind``: options validated once, read as a mapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from fogshift.spec import InvalidSpec, parse_spec
+from fogshift.spec.kinds import CustomOptions, WindowAggregateOptions
+from fogshift.spec.models import (
+    KINDS,
+    CsvSourceElement,
+    CustomElement,
+    ElementSpec,
+    MapElement,
+    PipelineSpec,
+)
+
+
+class Deploy(BaseModel):
+    """A request body declaring an element, as a service's API does."""
+
+    element: ElementSpec
+
+
+def spec_data() -> dict:
+    return {
+        "pipeline": "p",
+        "elements": [
+            {"id": "src", "kind": "csv-source", "node": "cloud", "options": {"path": "in.csv"}},
+            {"id": "own", "kind": "custom", "node": "fog-a", "inputs": ["src"],
+             "options": {"class": "procs:Mine", "path": "lib", "options": {"k": 1}}},
+            {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["own"],
+             "options": {"path": "out.csv"}},
+        ],
+    }  # fmt: skip
+
+
+def test_each_kind_is_its_own_class_with_its_options_model() -> None:
+    spec = parse_spec(spec_data())
+    assert [type(e) for e in spec.elements][:2] == [CsvSourceElement, CustomElement]
+    assert isinstance(spec.elements[1].options, CustomOptions)
+    assert [e.role for e in spec.elements] == ["source", "processor", "sink"]
+    assert sorted(KINDS) == [
+        "csv-sink", "csv-source", "custom", "filter", "map", "window-aggregate",
+    ]  # fmt: skip
+
+
+def test_constructing_an_element_spec_gives_the_class_of_its_kind() -> None:
+    element = ElementSpec(id="m", kind="map", node="n", inputs=("s",), options={"set": {"y": "x"}})
+    assert type(element) is MapElement
+    assert element.options["keep"] is True  # the default, filled in
+    with pytest.raises(ValidationError, match="does not match any of the expected tags"):
+        ElementSpec(id="m", kind="mapp", node="n", options={})
+    with pytest.raises(ValidationError, match="at least 1 item"):
+        ElementSpec(id="m", kind="map", node="n", inputs=("s",), options={"set": {}})
+
+
+def test_options_read_as_a_mapping_under_their_spec_names(tmp_path: Path) -> None:
+    options = parse_spec(spec_data(), tmp_path).element("own").options
+    assert options["class"] == "procs:Mine" and "class" in options and "cls" not in options
+    assert options.get("path") == str(tmp_path / "lib")  # resolved against the spec folder
+    assert options.get("absent", 7) == 7
+    assert dict(options) == {"class": "procs:Mine", "path": str(tmp_path / "lib"),
+                             "options": {"k": 1}}  # fmt: skip
+    with pytest.raises(KeyError):
+        options["absent"]
+
+
+def test_a_spec_round_trips_through_json_with_its_spec_names() -> None:
+    spec = parse_spec(spec_data())
+    dumped = spec.model_dump(mode="json")
+    assert dumped["elements"][1]["options"]["class"] == "procs:Mine"
+    assert PipelineSpec.model_validate_json(spec.model_dump_json()) == spec
+    assert PipelineSpec.model_validate(dumped) == spec
+
+
+def test_a_field_typed_element_spec_validates_and_serializes_any_kind() -> None:
+    element = spec_data()["elements"][1]
+    body = Deploy.model_validate({"element": element})
+    assert type(body.element) is CustomElement
+    # Serialized as what it is, not as the base model (which knows no options).
+    assert body.model_dump(mode="json")["element"]["options"]["class"] == "procs:Mine"
+    assert Deploy.model_validate_json(body.model_dump_json()) == body
+    with pytest.raises(ValidationError):
+        Deploy.model_validate({"element": {**element, "options": {"clas": "procs:Mine"}}})
+    # The API schema names every kind, so a client sees what each kind's options are.
+    schema = Deploy.model_json_schema()
+    assert {"CustomOptions", "WindowAggregateOptions", "MapElement"} <= set(schema["$defs"])
+
+
+def test_options_are_frozen_and_strict() -> None:
+    options = WindowAggregateOptions(field="v", window=3)
+    with pytest.raises(ValidationError):
+        options.window = 4  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        WindowAggregateOptions.model_validate({"field": "v", "window": 3, "pad": 1})
+
+
+def test_an_element_without_options_is_told_which_it_needs() -> None:
+    data = spec_data()
+    del data["elements"][0]["options"]
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert "options of element 'src' (csv-source)" in err.value.message
+    assert "path: Field required" in err.value.message
+    assert "at least 1 item" not in err.value.message
+
+
+def test_a_missing_kind_is_a_missing_field_not_a_tag_error() -> None:
+    data = spec_data()
+    del data["elements"][1]["kind"]
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert "elements[1] (id 'own').kind: Field required" in err.value.message
