@@ -489,21 +489,21 @@ class RestoreReport(BaseModel):
     fallback: str | None = None
 
 
-class OperationView(BaseModel):
-    """Body of ``GET /pipelines/{name}/elements/{element}/operation``: the PE's latest
-    migration or restore (restore attempt) as the operations journal last recorded it.
+class OperationRecord(BaseModel):
+    """A migration or restore (restore attempt) as the operations journal last recorded it.
 
     Attributes:
-        id: The journal entry's id.
+        id: The journal entry's id (one per restore attempt).
+        kind: ``migration`` or ``restore``.
         origin: Where the PE was placed when the operation began.
         target: Where the operation moves it.
-        epoch: The epoch the target instance writes under.
+        epoch: The epoch the target instance writes under (a restore's new one; a
+            migration's current one, or the one it fenced with when rolling back).
         phase: The last phase entered (journaled before its side effect), e.g. ``pausing``.
         started: When it began (orchestrator's clock, seconds since the epoch).
         updated: When the journal entry last changed.
         outcome: ``None`` while it runs; then how it ended (``migrated``, ``restored``,
             ``rolled_back``, ``failed``, ``recovered: ...``).
-        running: ``outcome is None``.
     """
 
     model_config = _WIRE
@@ -521,6 +521,16 @@ class OperationView(BaseModel):
     started: float
     updated: float
     outcome: str | None
+
+
+class OperationView(OperationRecord):
+    """Body of ``GET /pipelines/{name}/elements/{element}/operation``: the PE's latest
+    migration or restore (restore attempt).
+
+    Attributes:
+        running: ``outcome is None``.
+    """
+
     running: bool
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import signal
 import subprocess
@@ -66,16 +65,17 @@ from fogshift.bench.base import (
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters, cli_command
 from fogshift.bench.exceptions import BadBenchOption, BenchError
 from fogshift.bench.workload import Case1Run, InputFeeder, wait_rows
+from fogshift.common.exceptions import WaitTimedOut
+from fogshift.common.waiting import wait_until
 from fogshift.exceptions import FogshiftError
 from fogshift.spec.loader import load_spec
 from fogshift.supervisor.cluster import (
     ProcessInfo,
-    cluster_file,
     group_alive,
     kill_group,
     load_cluster,
     orchestrator_client,
-    wait_healthy,
+    restart_nodes,
 )
 from fogshift.verify.case1 import case1_parts
 
@@ -509,48 +509,10 @@ def _pipeline_verdict(
 # -- bringing killed processes back -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Launch:
-    """How a cluster process was started, read from ``/proc`` while it still runs, so that it
-    can be started again exactly so: same options, same port (the agents know the
-    orchestrator's URL, and the orchestrator learns a node's URL from its heartbeats).
-
-    Attributes:
-        argv: Its command line.
-        cwd: Its working directory.
-        log: The file its output went to (appended to again).
-        url: Its URL in ``cluster.json``.
-    """
-
-    argv: tuple[str, ...]
-    cwd: str
-    log: str
-    url: str | None
-
-    @classmethod
-    def of(cls, info: ProcessInfo, what: str) -> Launch:
-        """The launch of the running process ``info`` (``what`` names it in errors).
-
-        Raises:
-            BenchError: It no longer runs.
-        """
-        proc = Path("/proc") / str(info.pid)
-        try:
-            argv = tuple(a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0") if a)
-            cwd, log = os.readlink(proc / "cwd"), os.readlink(proc / "fd" / "1")
-        except OSError as exc:
-            raise BenchError(
-                f"cannot read how {what} (pid {info.pid}) was started: {exc.strerror}",
-                hint="it is no longer running: nothing of it can be started again",
-            ) from exc
-        if not argv:
-            raise BenchError(f"{what} (pid {info.pid}) has no command line: it has exited")
-        return cls(argv, cwd, log, info.url)
-
-
 class Processes:
-    """Kills and restarts the cluster's orchestrator and node agents, keeping
-    ``cluster.json`` current so ``fogshift down`` stops what runs now.
+    """Kills the cluster's orchestrator and node agents (``cluster.json`` says where they
+    are); the supervisor starts them again (:func:`start_node_again`,
+    :func:`start_orchestrator_again`), as ``fogshift up`` had started them.
 
     Args:
         home: The cluster's home.
@@ -558,56 +520,32 @@ class Processes:
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        #: Processes started here (reaped after their kill so they leave no zombie).
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     def info(self, node: str | None) -> ProcessInfo:
         """The orchestrator's (``node`` None) or node ``node``'s process in ``cluster.json``."""
         cluster, _ = load_cluster(self.home)
         return cluster.orchestrator if node is None else cluster.nodes[node]
 
-    def kill(self, node: str | None, timeout_s: float = 60.0) -> Launch:
+    def kill(self, node: str | None, timeout_s: float = 60.0) -> None:
         """SIGKILL the process group of the orchestrator (``node`` None) or of node ``node``
-        and wait until it is gone; returns how to start it again.
+        and wait until it is gone.
 
         Raises:
             BenchError: It was not running, or its group outlived ``timeout_s``.
         """
         what = "the orchestrator" if node is None else f"node {node!r}"
         info = self.info(node)
-        launch = Launch.of(info, what)
+        if not group_alive(info.pgid):
+            raise BenchError(
+                f"{what} (process group {info.pgid}) is not running: there is nothing to kill",
+                hint="an earlier operation left it dead; see the cluster's logs",
+            )
         kill_group(info.pgid, signal.SIGKILL)
-        deadline = time.monotonic() + timeout_s
-        while group_alive(info.pgid):
-            if time.monotonic() > deadline:
-                raise BenchError(f"{what}'s process group {info.pgid} outlived SIGKILL")
-            time.sleep(0.05)
-        child = self._children.pop(_role(node), None)
-        if child is not None:
-            child.wait(timeout=timeout_s)
-        return launch
-
-    def start(self, node: str | None, launch: Launch) -> ProcessInfo:
-        """Start a killed process again from its :class:`Launch`, in a process group of its
-        own, and record it in ``cluster.json``."""
-        with open(launch.log, "ab") as out:
-            child = subprocess.Popen(
-                list(launch.argv), stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=launch.cwd,
-            )  # fmt: skip
-        self._children[_role(node)] = child
-        info = ProcessInfo(pid=child.pid, pgid=child.pid, url=launch.url)
-        cluster, _ = load_cluster(self.home)
-        if node is None:
-            cluster = cluster.model_copy(update={"orchestrator": info})
-        else:
-            cluster = cluster.model_copy(update={"nodes": {**cluster.nodes, node: info}})
-        cluster_file(self.home).write_text(cluster.model_dump_json(indent=2))
-        return info
-
-
-def _role(node: str | None) -> str:
-    return "orchestrator" if node is None else f"node {node}"
+        try:
+            wait_until(lambda: not group_alive(info.pgid), timeout_s, interval_s=0.05,
+                       describe=f"{what} gone")  # fmt: skip
+        except WaitTimedOut:
+            raise BenchError(f"{what}'s process group {info.pgid} outlived SIGKILL") from None
 
 
 def start_orchestrator_again(cluster: BenchCluster, timeout_s: float) -> tuple[float, float]:
@@ -654,16 +592,16 @@ def _answers(home: Path) -> bool:
     return True
 
 
-def start_node_again(processes: Processes, node: str, launch: Launch, timeout_s: float) -> float:
-    """Start a killed node's agent again, exactly as ``fogshift up`` had started it (no
-    command starts one node); returns the seconds until it is healthy (Spark up).
+def start_node_again(home: Path, node: str, timeout_s: float) -> float:
+    """Start a killed node's agent again, exactly as ``fogshift up`` had started it; returns
+    the seconds until every node of the cluster is healthy (its Spark session up).
 
     Raises:
         Unavailable: It did not become healthy within ``timeout_s``.
     """
     started = time.monotonic()
-    processes.start(node, launch)
-    wait_healthy(processes.home, [node], timeout_s, lambda _: None)
+    cluster, _ = load_cluster(home)
+    restart_nodes(home, cluster, [node], timeout_s, lambda _: None)
     return time.monotonic() - started
 
 
@@ -860,7 +798,7 @@ class Soak:
         row["element"] = ";".join(f"{p}/{e}" for p, e in moved)
         started = time.monotonic()
         try:
-            launch = self.processes.kill(victim)
+            self.processes.kill(victim)
         except FogshiftError as exc:
             return {**row, "outcome": "failed", "error": exc.message}
         errors: list[str] = []
@@ -872,9 +810,7 @@ class Soak:
         ]
         row["restore_ms"] = max(totals) if any(totals) else None
         try:
-            restart = start_node_again(
-                self.processes, victim, launch, self.config.restart_timeout_s
-            )
+            restart = start_node_again(self.cluster.home, victim, self.config.restart_timeout_s)
             row["restart_ms"] = _ms(restart)
         except FogshiftError as exc:
             self.lost.add(victim)

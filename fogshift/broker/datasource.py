@@ -3,15 +3,18 @@
 Reading (``spark.readStream.format("fogshift-jetstream")``): the offsets are the stream
 sequences of the element's inputs, as ``{"type": "jetstream", "positions": {pe: seq}}``.
 A micro-batch ``(start, end]`` becomes one partition whose rows come in a fixed order (input by
-input, then by sequence) and carry an ``origin``: the sum of all input positions after the
-row. It grows strictly, so it identifies the row's place in the element's input history.
+input, then by sequence; for a batch that replays several logged cuts, see below, cut by cut
+first) and carry an ``origin``: the sum of all input positions after the row. It grows
+strictly, so it identifies the row's place in the element's input history.
 
 For an element with several inputs that place depends on where batches are cut, so every cut
 is *logged* in the element's own stream (subject ``.cut``, under its epoch, fenced like a
 record) before the batch runs, and every later execution — a restart, a restore from an older
 checkpoint, a migration target — replays the logged cuts instead of cutting anew. The order in
 which the inputs' events meet the element, and so every ``origin``, is therefore the same in
-every execution; fresh cuts are made only at the end of the log.
+every execution; fresh cuts are made only at the end of the log. An execution behind the log
+replays several consecutive cuts in one batch, cut after cut: the same rows in the same
+order, in fewer batches, so that it can catch up with an instance that runs.
 
 Writing (``writeStream.format("fogshift-jetstream")``): every record goes through
 :func:`fogshift.broker.publish.publish_records`, which makes re-executed batches idempotent.
@@ -23,6 +26,7 @@ read from the broker file named by the ``broker`` option.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -85,6 +89,10 @@ def positions_of(value: dict[str, Any]) -> dict[str, int]:
     return {k: int(v) for k, v in value["positions"].items()}
 
 
+#: Logged cuts replayed in one batch at most (see :meth:`JetStreamReader._replay`).
+MAX_CUTS_PER_BATCH = 200
+
+
 @dataclass(frozen=True)
 class Range:
     """Stream sequences ``(start, end]`` of one input."""
@@ -94,12 +102,22 @@ class Range:
     end: int
 
 
-class JetStreamPartition(InputPartition):
-    """One micro-batch: a range per input, read in this order."""
+def span_range(span: Sequence[Range], name: str) -> Range:
+    """The range of input ``name`` in ``span``."""
+    return next(r for r in span if r.input == name)
 
-    def __init__(self, ranges: Sequence[Range]) -> None:
-        super().__init__(list(ranges))
-        self.ranges = list(ranges)
+
+class JetStreamPartition(InputPartition):
+    """One micro-batch: its spans in order, each a range per input, read input by input.
+
+    A batch is one span, except when a PE with several inputs replays several logged cuts
+    in one batch: then each cut is a span, and the rows come span by span, so that they
+    meet the PE in the order (and with the ``origin``) they had when the cuts ran one by one.
+    """
+
+    def __init__(self, spans: Sequence[Sequence[Range]]) -> None:
+        super().__init__([list(span) for span in spans])
+        self.spans = [list(span) for span in spans]
 
 
 def _event_fields(data: bytes) -> tuple[int, float, str, str]:
@@ -151,6 +169,9 @@ class JetStreamReader(DataSourceStreamReader):
         self.inputs = [i for i in options["inputs"].split(",") if i]
         self.max_events = int(options.get("max_events_per_batch", "10000"))
         self.gate = options.get("gate")
+        #: The logged cuts a planned batch replays, by the sequence of its last cut (the
+        #: planner process asks for a batch's partitions right after planning it).
+        self._planned: dict[int, list[Cut]] = {}
 
     def initialOffset(self) -> dict:  # noqa: N802
         return offset({name: 0 for name in self.inputs})
@@ -173,7 +194,7 @@ class JetStreamReader(DataSourceStreamReader):
                 partial(next_cut, pipeline=self.pipeline, pe=self.pe, after=cut_of(start))
             )
             if logged is not None:
-                return self._replay(start, begin, logged, cap)
+                return self._replay(client, start, begin, logged, cap, limit)
         latest = self._available(client, begin, limit, cap)
         if latest == begin:
             return start
@@ -200,22 +221,77 @@ class JetStreamReader(DataSourceStreamReader):
             )
             if logged is None:
                 raise
-            return self._replay(start, begin, logged, cap)
+            return self._replay(client, start, begin, logged, cap, limit)
+        self._planned = {seq: [Cut(seq, begin, latest, self.epoch)]}
         return offset(latest, cut=seq)
 
     def _replay(
-        self, start: dict, begin: dict[str, int], logged: Cut, cap: dict[str, int] | None
+        self,
+        client: SyncJetStream,
+        start: dict,
+        begin: dict[str, int],
+        first: Cut,
+        cap: dict[str, int] | None,
+        limit: ReadLimit,
     ) -> dict:
-        """The offset of a logged cut, or ``start`` while a cap keeps the query short of it."""
-        if logged.start != begin:
+        """The offset after the logged cuts the next batch replays, or ``start`` while a cap
+        keeps the query short of the first.
+
+        Consecutive logged cuts are replayed in one batch (up to :data:`MAX_CUTS_PER_BATCH`,
+        the read limit and the cap): an instance catching up on a log (a restart, a restore,
+        a migration target) would otherwise run one batch per cut, as many as the instance
+        it follows, and never catch up with a running one. The rows are the same, in the
+        same order (see :class:`JetStreamPartition`).
+        """
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        cuts: list[Cut] = []
+        cut: Cut | None = first
+        expected, events = begin, 0
+        while cut is not None and len(cuts) < MAX_CUTS_PER_BATCH:
+            if cut.start != expected:
+                raise InvariantViolation(
+                    f"cut log of {self.pipeline}/{self.pe} does not continue where this query "
+                    f"stands: the next logged cut starts at {cut.start}, the query at "
+                    f"{expected}",
+                    hint="two instances of this PE planned batches; restore it to fence the other",
+                )
+            if cap is not None and any(cut.end[n] > cap.get(n, 0) for n in self.inputs):
+                break  # a capped standby must not run ahead of the instance it follows
+            size = sum(cut.end[n] - cut.start[n] for n in self.inputs)
+            if cuts and budget is not None and events + size > budget:
+                break
+            cuts.append(cut)
+            expected, events = cut.end, events + size
+            cut = client.run(partial(next_cut, pipeline=self.pipeline, pe=self.pe, after=cut.seq))
+        if not cuts:
+            return start
+        self._planned = {cuts[-1].seq: cuts}
+        return offset(cuts[-1].end, cut=cuts[-1].seq)
+
+    def _cuts_between(self, start: dict, end: dict) -> list[Cut]:
+        """The logged cuts from ``start`` to ``end`` (planned here, or read from the log for
+        a batch planned by an earlier run of the query), checked to chain."""
+        last = cut_of(end)
+        cuts = self._planned.pop(last, None)
+        if cuts is None:
+            client = shared_client(self.broker)
+            cuts, after = [], cut_of(start)
+            while after < last:
+                cut = client.run(partial(next_cut, pipeline=self.pipeline, pe=self.pe, after=after))
+                if cut is None or cut.seq > last:
+                    break
+                cuts.append(cut)
+                after = cut.seq
+        begin, finish = positions_of(start), positions_of(end)
+        chained = bool(cuts) and cuts[0].start == begin and cuts[-1].end == finish
+        chained = chained and all(a.end == b.start for a, b in itertools.pairwise(cuts))
+        if not chained or cuts[-1].seq != last:
             raise InvariantViolation(
-                f"cut log of {self.pipeline}/{self.pe} does not continue where this query "
-                f"stands: the next logged cut starts at {logged.start}, the query at {begin}",
-                hint="two instances of this PE planned batches; restore it to fence the other",
+                f"cut log of {self.pipeline}/{self.pe} has no chain of cuts from {begin} "
+                f"(after cut {cut_of(start)}) to {finish} (cut {last})",
+                hint="only the PE's own instances may publish on its .cut subject",
             )
-        if cap is not None and any(logged.end[n] > cap.get(n, 0) for n in self.inputs):
-            return start  # a capped standby must not run ahead of the instance it follows
-        return offset(logged.end, cut=logged.seq)
+        return cuts
 
     def _available(
         self,
@@ -248,31 +324,44 @@ class JetStreamReader(DataSourceStreamReader):
         ranges = [Range(n, begin.get(n, 0), finish[n]) for n in self.inputs]
         if all(r.end <= r.start for r in ranges):
             return []
-        return [JetStreamPartition(ranges)]
+        if len(self.inputs) == 1 or cut_of(end) == 0:
+            return [JetStreamPartition([ranges])]
+        spans = [
+            [Range(n, cut.start.get(n, 0), cut.end[n]) for n in self.inputs]
+            for cut in self._cuts_between(start, end)
+        ]
+        return [JetStreamPartition(spans)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         assert isinstance(partition, JetStreamPartition)
         client = shared_client(self.broker)
-        ranges = partition.ranges
-        # origin = sum of every input's position once this row is consumed; inputs are read
-        # one after another, so the ones before are at their end, the ones after at start.
-        done = 0
-        for i, rng in enumerate(ranges):
-            later = sum(r.start for r in ranges[i + 1 :])
-            msgs = client.run(
+        spans = partition.spans
+        messages = {}
+        for name in self.inputs:  # each input's whole range at once, split by span below
+            first = min(span_range(span, name).start for span in spans)
+            last = max(span_range(span, name).end for span in spans)
+            messages[name] = client.run(
                 partial(
                     fetch_range,
-                    stream=stream_name(self.pipeline, rng.input),
-                    subject=data_subject(self.pipeline, rng.input),
-                    start=rng.start,
-                    end=rng.end,
+                    stream=stream_name(self.pipeline, name),
+                    subject=data_subject(self.pipeline, name),
+                    start=first,
+                    end=last,
                 ),
                 timeout=120,
             )
-            for msg in msgs:
-                seq = int(msg.metadata.sequence.stream)
-                yield (done + seq + later, *_event_fields(msg.data))
-            done += rng.end
+        for span in spans:
+            # origin = sum of every input's position once this row is consumed; inputs are
+            # read one after another, so the ones before are at their end, the ones after at
+            # their start.
+            done = 0
+            for i, rng in enumerate(span):
+                later = sum(r.start for r in span[i + 1 :])
+                for msg in messages[rng.input]:
+                    seq = int(msg.metadata.sequence.stream)
+                    if rng.start < seq <= rng.end:
+                        yield (done + seq + later, *_event_fields(msg.data))
+                done += rng.end
 
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, streams keep their history."""

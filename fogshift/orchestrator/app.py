@@ -12,7 +12,6 @@ import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import asdict
 from typing import Any
 
 from fastapi import Body, FastAPI
@@ -178,8 +177,8 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
                 f"no migration or restore of {name}/{element} has been journaled",
                 hint="`fogshift migrate` and `fogshift restore` start one",
             )
-        op = asdict(journal[-1])
-        del op["owner"]  # which orchestrator process runs it: internal to recovery
+        # ``owner`` (which orchestrator process runs it) is internal to recovery.
+        op = journal[-1].model_dump(exclude={"owner"})
         return OperationView.model_validate({**op, "running": op["outcome"] is None})
 
     @app.get("/plan")

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fogshift.contracts import Heartbeat, OperationKind, PipelineState
+from fogshift.contracts import Heartbeat, OperationKind, OperationRecord, PipelineState
 from fogshift.spec.models import PipelineSpec
 
 SCHEMA = """
@@ -91,36 +91,15 @@ class NodeRecord:
     report: Heartbeat
 
 
-@dataclass(frozen=True)
-class Operation:
-    """One migration or restore as the journal last recorded it.
+class Operation(OperationRecord):
+    """One migration or restore as the journal last recorded it (internal to the orchestrator).
 
     Attributes:
-        id: Unique id of the operation (one per restore attempt).
-        kind: ``migration`` or ``restore``.
-        origin: Where the PE was placed when the operation began.
-        target: Where the operation moves it.
-        epoch: The epoch the target instance writes under (a restore's new one; a
-            migration's current one, or the one it fenced with when rolling back).
-        phase: The last phase entered (recorded before its side effect).
         owner: The orchestrator process that runs it; an unfinished operation of another
             owner was left by an orchestrator that died.
-        outcome: ``None`` while unfinished; then what happened (``migrated``,
-            ``rolled_back``, ``restored``, ``failed``, ``recovered: ...``).
     """
 
-    id: str
-    kind: OperationKind
-    pipeline: str
-    element: str
-    origin: str
-    target: str
-    epoch: int
-    phase: str
     owner: str
-    started: float
-    updated: float
-    outcome: str | None
 
 
 def _report(url: str, stored: str) -> Heartbeat:
@@ -134,7 +113,7 @@ def _report(url: str, stored: str) -> Heartbeat:
 
 
 def _operation(row: tuple[Any, ...]) -> Operation:
-    return Operation(row[0], OperationKind(row[1]), *row[2:])
+    return Operation.model_validate(dict(zip(_OPERATION_COLUMNS.split(", "), row, strict=True)))
 
 
 _OPERATION_COLUMNS = (

@@ -18,6 +18,7 @@ import contextlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ from fogshift.common.http import ServiceClient, node_token
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.processes import alive, group_alive
 from fogshift.common.waiting import wait_until
+from fogshift.contracts import AgentHealth
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.network.exceptions import NetworkCommandFailed, NotIsolated
 from fogshift.network.links import LinkProfile
@@ -460,6 +462,7 @@ def up(
         (home / "topology.yaml").write_text(fog_text)
     started: list[ProcessInfo] = []
     made_links: dict[str, NodeLink] = {}
+    stack = contextlib.ExitStack()
     try:
         broker_info: ProcessInfo | None = None
         if nats_url is None:
@@ -477,13 +480,16 @@ def up(
         address.save(broker_file(home))
         for name in nodes:
             per_node.get(name, address).save(node_broker_file(home, name))
-        say("starting the orchestrator")
-        port = free_port(host)
-        orchestrator = start_orchestrator(
-            home, host, port, central_interval_s, duplicate_window_s, plan_interval_s,
-            broker_info.pid if broker_info else None,
-        )  # fmt: skip
-        started.append(orchestrator)
+        # The agents first, a wave at a time, then the orchestrator: an orchestrator that
+        # runs while agents are still starting would find them silent and restore their PEs
+        # elsewhere (after a whole cluster was killed, its registry still places them there).
+        # Agents keep sending heartbeats until the orchestrator answers.
+        # Its port is held (bound, not listening) while the agents start, so nothing else
+        # that binds meanwhile (Spark opens many sockets) takes it.
+        reservation = stack.enter_context(socket.socket())
+        reservation.bind((host, 0))
+        port = int(reservation.getsockname()[1])
+        orchestrator_url = f"http://{host}:{port}"
         node_infos: dict[str, ProcessInfo] = {}
         isolated: dict[str, IsolatedNode] = {}
         if isolate:
@@ -491,24 +497,26 @@ def up(
             made_links = create_links(home, profiles)
         for k, name in enumerate(nodes):
             if k and k % STARTING_AT_ONCE == 0:
-                # The file names what runs so far: the orchestrator's view is read through it.
-                save_cluster(home, ClusterFile(
-                    orchestrator=orchestrator, broker=broker_info, nodes=node_infos,
-                    broker_url=address.url, network=isolated,
-                ))  # fmt: skip
-                wait_healthy(home, list(node_infos), timeout_s, say)
+                wait_agents_ready(home, node_infos, timeout_s, say)
             say(f"starting node agent {name}")
             if isolate:
                 node_infos[name], isolated[name] = start_isolated_node(
-                    home, made_links[name], str(orchestrator.url), per_node.get(name, address),
+                    home, made_links[name], orchestrator_url, per_node.get(name, address),
                     spark_master, checkpoint_interval_s,
                 )  # fmt: skip
                 started.append(isolated[name].relay)
             else:
                 node_infos[name] = start_node(
-                    home, name, str(orchestrator.url), host, spark_master, checkpoint_interval_s
+                    home, name, orchestrator_url, host, spark_master, checkpoint_interval_s
                 )
             started.append(node_infos[name])
+        say("starting the orchestrator")
+        reservation.close()
+        orchestrator = start_orchestrator(
+            home, host, port, central_interval_s, duplicate_window_s, plan_interval_s,
+            broker_info.pid if broker_info else None,
+        )  # fmt: skip
+        started.append(orchestrator)
         cluster = ClusterFile(
             orchestrator=orchestrator,
             broker=broker_info,
@@ -527,6 +535,8 @@ def up(
                 destroy_link(link)
         cluster_file(home).unlink(missing_ok=True)
         raise
+    finally:
+        stack.close()
 
 
 def start_orchestrator(
@@ -663,6 +673,49 @@ def restart_nodes(
             kill_group(fresh[name].pgid, signal.SIGKILL)
         raise
     return cluster
+
+
+def wait_agents_ready(
+    home: Path, agents: dict[str, ProcessInfo], timeout_s: float, say: Callable[[str], None]
+) -> None:
+    """Wait until each agent in ``agents`` (name: process) says its Spark session is ready,
+    asking the agents themselves (with each node's token): no orchestrator is needed.
+
+    Raises:
+        Unavailable: An agent reported that its session failed, or one was not ready within
+            ``timeout_s``.
+    """
+    clients = {}
+    for name, info in agents.items():
+        token = node_token_file(home, name).read_text().strip()
+        clients[name] = ServiceClient(str(info.url), token, f"node agent {name!r}", timeout_s=5)
+    waiting = set(clients)
+
+    def ready() -> bool:
+        for name in sorted(waiting):
+            try:
+                health = clients[name].call(AgentHealth, "GET", "/health")
+            except Unavailable:  # still starting its web server
+                continue
+            if health.error:
+                raise Unavailable(f"node {name!r} failed to start: {health.error}")
+            if health.ready:
+                waiting.discard(name)
+        if waiting:
+            say("waiting for Spark on " + ", ".join(sorted(waiting)))
+        return not waiting
+
+    try:
+        wait_until(ready, timeout_s, interval_s=0.3, describe="ready agents")
+    except WaitTimedOut:
+        raise Unavailable(
+            f"node agents {sorted(waiting)} under {str(home)!r} had no Spark session after "
+            f"{timeout_s:.0f} s",
+            hint=f"see the logs in {home / 'logs'}",
+        ) from None
+    finally:
+        for client in clients.values():
+            client.close()
 
 
 def wait_healthy(

@@ -220,30 +220,15 @@ def fake_home(tmp_path: Path) -> Iterator[Path]:
         kill_group(current.orchestrator.pgid, signal.SIGKILL)
 
 
-def test_a_killed_process_starts_again_as_it_was_started(fake_home: Path) -> None:
+def test_a_kill_waits_until_the_group_is_gone_and_a_second_one_says_why(
+    fake_home: Path,
+) -> None:
     processes = soak.Processes(fake_home)
     first = processes.info(None)
-    launch = processes.kill(None)
-    assert not group_alive(first.pgid)
-    assert launch.argv[-1] == "first" and launch.argv[0] == sys.executable
-    assert launch.cwd == str(fake_home.parent)
-    assert launch.log == str(fake_home / "logs" / "orchestrator.log")
-    second = processes.start(None, launch)
-    assert second.pid != first.pid and second.url == first.url
-    assert load_cluster(fake_home)[0].orchestrator == second  # `fogshift down` finds it
-    log = fake_home / "logs" / "orchestrator.log"
-    deadline = time.monotonic() + 30
-    while log.read_text().count("started first") < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert log.read_text().count("started first") == 2  # same argv, same log, appended
+    assert group_alive(first.pgid)
     processes.kill(None)
-    assert not group_alive(second.pgid)
-
-
-def test_reading_how_a_dead_process_was_started_fails_with_a_reason(fake_home: Path) -> None:
-    processes = soak.Processes(fake_home)
-    processes.kill(None)
-    with pytest.raises(soak.BenchError, match="cannot read how the orchestrator"):
+    assert not group_alive(first.pgid)  # gone when kill returns, not some time later
+    with pytest.raises(soak.BenchError, match=r"the orchestrator .* is not running"):
         processes.kill(None)
 
 

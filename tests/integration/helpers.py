@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +44,9 @@ def write_case1_csv(path: Path, rows: int, seed: int) -> Path:
 
 
 class Feeder:
-    """Feeds a Case 1 input file from a thread: ``first`` rows at once, then ``chunk`` whole
-    rows every ``tick_s`` until stopped.
+    """Feeds a CSV input file from a thread: ``first`` rows at once, then ``chunk`` whole
+    rows every ``tick_s`` until stopped. Row ``k`` is ``line(rnd, k)`` (default: a Case 1
+    row, now and then a malformed one).
 
     Input flows during every operation of a test however long the operation takes, and the
     test ends as soon as its operations do (no trickle of a fixed length to wait out); the
@@ -53,9 +55,15 @@ class Feeder:
     """
 
     def __init__(
-        self, path: Path, seed: int, first: int = 100, chunk: int = 12, tick_s: float = 0.5
+        self,
+        path: Path,
+        seed: int,
+        first: int = 100,
+        chunk: int = 12,
+        tick_s: float = 0.5,
+        line: Callable[[random.Random, int], str] = _case1_line,
     ) -> None:
-        self.path, self.chunk, self.tick_s = path, chunk, tick_s
+        self.path, self.chunk, self.tick_s, self.line = path, chunk, tick_s, line
         self.rnd = random.Random(seed)
         self.rows = 0
         self.lock = threading.Lock()
@@ -70,7 +78,7 @@ class Feeder:
         """Append ``count`` rows now (whole lines, one write)."""
         with self.lock:
             lines = "".join(
-                _case1_line(self.rnd, k) for k in range(self.rows + 1, self.rows + count + 1)
+                self.line(self.rnd, k) for k in range(self.rows + 1, self.rows + count + 1)
             )
             with self.path.open("a") as handle:
                 handle.write(lines)  # whole lines, in one write

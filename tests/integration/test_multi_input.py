@@ -12,8 +12,8 @@ import json
 import os
 import random
 import signal
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,44 +28,15 @@ from tests.integration.helpers import FEEDERS, Feeder, stream_messages, write_sp
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CHUNK = 12  # rows appended to each input every TICK_S while the operations run
-TICK_S = 0.5
 
+def duo_line(name: str) -> Callable[[random.Random, int], str]:
+    """Row ``k`` of input ``name``: its sensor names the input; now and then no number."""
 
-class DuoFeeder:
-    """Appends whole lines to the two input files from a thread until stopped: input flows
-    during every operation however long it takes, and the total is known at the end."""
+    def line(rnd: random.Random, k: int) -> str:
+        value = f"{rnd.uniform(-50, 50):.3f}" if rnd.random() > 0.03 else "n/a"
+        return f"{1_700_000_000 + k},{name}{k % 3},{value}\n"
 
-    def __init__(self, paths: dict[str, Path], seed: int) -> None:
-        self.paths, self.rows = paths, 0
-        self.rnd = random.Random(seed)
-        self.stop = threading.Event()
-        for path in paths.values():
-            path.write_text("timestamp,sensor,value\n")
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def lines(self, name: str) -> str:
-        out = []
-        for k in range(self.rows + 1, self.rows + CHUNK + 1):
-            value = f"{self.rnd.uniform(-50, 50):.3f}" if self.rnd.random() > 0.03 else "n/a"
-            out.append(f"{1_700_000_000 + k},{name}{k % 3},{value}\n")
-        return "".join(out)
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            for name, path in self.paths.items():
-                with path.open("a") as handle:
-                    handle.write(self.lines(name))  # whole lines, one write each
-            self.rows += CHUNK
-            self.stop.wait(TICK_S)
-
-    def __enter__(self) -> DuoFeeder:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
+    return line
 
 
 def merged(cluster: Cluster, pipeline: str, pe: str, inputs: list[str]) -> list[Any]:
@@ -152,7 +123,10 @@ def test_two_input_pes_stay_exactly_once_through_migrations_restores_and_restart
     cluster: Cluster, tmp_path: Path
 ) -> None:
     procs = Path(__file__).parent
-    feeder = DuoFeeder({"a": tmp_path / "a.csv", "b": tmp_path / "b.csv"}, seed=1)
+    # Input flows into both from the start, through every operation however long it takes.
+    for seed, name in enumerate("ab", start=1):
+        FEEDERS[tmp_path / name] = Feeder(tmp_path / f"{name}.csv", seed, first=0,
+                                          line=duo_line(name))  # fmt: skip
     spec = write_spec(
         tmp_path / "duo.yaml",
         "duo",
@@ -169,42 +143,41 @@ def test_two_input_pes_stay_exactly_once_through_migrations_restores_and_restart
     )  # fmt: skip
     spec.write_text(spec.read_text() + "recovery: {auto: false}\n")
     cluster.cli("deploy", str(spec))
-    with feeder:
-        for _ in range(3):  # a few batches committed: a copy is of a query in its stride
-            cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
-        for pe, mode, to in (
-            ("tally", "precopy", "fog-b"),
-            ("pick", "literal", "fog-b"),
-            ("both", "precopy", "fog-a"),
-        ):
-            migrate(cluster, pe, to, mode)
+    for _ in range(3):  # a few batches committed: a copy is of a query in its stride
+        cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
+    for pe, mode, to in (
+        ("tally", "precopy", "fog-b"),
+        ("pick", "literal", "fog-b"),
+        ("both", "precopy", "fog-a"),
+    ):
+        migrate(cluster, pe, to, mode)
 
-        # fog-b, with tally and pick on it, dies while both inputs flow.
-        cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
-        kill_group(cluster.node("fog-b")["pgid"])
-        for pe in ("tally", "pick"):
-            report = json.loads(cluster.cli("restore", "duo", pe, "--to", "fog-a", "--json").stdout)
-            assert report["status"] == "restored" and report["epoch"] >= 2, report
+    # fog-b, with tally and pick on it, dies while both inputs flow.
+    cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
+    kill_group(cluster.node("fog-b")["pgid"])
+    for pe in ("tally", "pick"):
+        report = json.loads(cluster.cli("restore", "duo", pe, "--to", "fog-a", "--json").stdout)
+        assert report["status"] == "restored" and report["epoch"] >= 2, report
 
-        # Then everything dies at once, and comes back: the two-input pipeline and a Case 1
-        # one, both with input flowing at the kill.
-        whole = tmp_path / "whole"
-        case1 = FEEDERS[whole] = Feeder(whole / "in.csv", seed=21)
-        cluster.cli("deploy", str(whole_spec(whole)))
-        cluster.wait_for("whole", "sink", 30)
-        cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
-        assert case1.feeding  # the input flows at the kill
-        for pgid in pgids_of(cluster.home):
-            kill_group(pgid)  # fog-b's group is gone already
-        case1.stop()
-        case1.append(50)  # input that arrives while everything is down
-        ref = case1_reference(whole / "in.csv", "value", 10, "avg")
-        partial = read_sink(whole / "out" / "case1.csv", "value")
-        assert compare(ref.rows[: len(partial)], partial).consistent  # a prefix, no duplicates
-        assert len(partial) < len(ref.rows), "the output was complete before the kill"
-        cluster.up()  # same home: registry, streams and checkpoints are all on disk
-        cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
-    total = 2 * feeder.rows
+    # Then everything dies at once, and comes back: the two-input pipeline and a Case 1
+    # one, both with input flowing at the kill.
+    whole = tmp_path / "whole"
+    case1 = FEEDERS[whole] = Feeder(whole / "in.csv", seed=21)
+    cluster.cli("deploy", str(whole_spec(whole)))
+    cluster.wait_for("whole", "sink", 30)
+    cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
+    assert case1.feeding  # the input flows at the kill
+    for pgid in pgids_of(cluster.home):
+        kill_group(pgid)  # fog-b's group is gone already
+    case1.stop()
+    case1.append(50)  # input that arrives while everything is down
+    ref = case1_reference(whole / "in.csv", "value", 10, "avg")
+    partial = read_sink(whole / "out" / "case1.csv", "value")
+    assert compare(ref.rows[: len(partial)], partial).consistent  # a prefix, no duplicates
+    assert len(partial) < len(ref.rows), "the output was complete before the kill"
+    cluster.up()  # same home: registry, streams and checkpoints are all on disk
+    cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
+    total = sum(FEEDERS.pop(tmp_path / name).stop() for name in "ab")
     wait_records(cluster, "duo", "tally", total, timeout_s=300)
     order = merged(cluster, "duo", "tally", ["a", "b"])
     expected = [

@@ -11,8 +11,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from fogshift.common.http import node_token
+from fogshift.contracts import OperationView
 from fogshift.orchestrator.registry import Registry
-from fogshift.orchestrator.views import OperationView
 from tests.orchestrator.conftest import OPERATOR
 
 URL = "/pipelines/p/elements/aggregate/operation"

@@ -1,0 +1,94 @@
+"""A PE with several inputs replays logged cuts, several in one batch when it is behind the log:
+the same rows in the same order with the same origins as cut by cut. Against a real
+nats-server; the reader is called as Spark's planner and executor would call it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadMaxRows
+
+from fogshift.broker import publish
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream
+from fogshift.broker.datasource import JetStreamReader, cut_of, positions_of
+from fogshift.broker.publish import Record, publish_records
+from fogshift.broker.server import BrokerProcess
+from fogshift.common.gate import write_gate
+
+pytestmark = pytest.mark.integration
+
+#: Each cut's (start, end) positions of inputs a and b.
+CUTS = [
+    ({"a": 0, "b": 0}, {"a": 2, "b": 1}),
+    ({"a": 2, "b": 1}, {"a": 3, "b": 3}),
+    ({"a": 3, "b": 3}, {"a": 5, "b": 4}),
+]
+
+
+@pytest.fixture
+def logged(js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path) -> dict[str, str]:
+    """Inputs a (5 events) and b (4 events) of PE m in pipeline ``replay``, m's three cuts
+    logged; the reader's options."""
+    for name, count in (("a", 5), ("b", 4)):
+        js_client.run(lambda js, n=name: ensure_pe_stream(js, "replay", n))
+        rows = [
+            Record(k, 0, k, 1000.0 + k, name, json.dumps({"v": f"{name}{k}"}), None)
+            for k in range(1, count + 1)
+        ]
+        js_client.run(lambda js, n=name, r=rows: publish_records(js, "replay", n, r, epoch=1))
+    js_client.run(lambda js: ensure_pe_stream(js, "replay", "m"))
+    for start, end in CUTS:
+        js_client.run(lambda js, s=start, e=end: publish.append_cut(js, "replay", "m", 1, s, e))
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    return {"broker": str(broker), "pipeline": "replay", "pe": "m", "inputs": "a,b",
+            "epoch": "2", "gate": str(tmp_path / "gate")}  # fmt: skip
+
+
+def _rows(reader: JetStreamReader, start: dict, end: dict) -> list[tuple[int, str]]:
+    """``(origin, body value)`` of the batch ``(start, end]``, as an executor reads it."""
+    (partition,) = reader.partitions(start, end)
+    return [(row[0], json.loads(row[4])["v"]) for row in reader.read(partition)]
+
+
+def _cut_by_cut() -> list[tuple[int, str]]:
+    """The reference: each cut alone, inputs one after the other, origin = the sum of the
+    positions once the row is consumed."""
+    out = []
+    for start, end in CUTS:
+        for seq in range(start["a"] + 1, end["a"] + 1):
+            out.append((seq + start["b"], f"a{seq}"))
+        for seq in range(start["b"] + 1, end["b"] + 1):
+            out.append((end["a"] + seq, f"b{seq}"))
+    return out
+
+
+def test_a_reader_behind_the_log_replays_every_cut_in_one_batch_in_order(
+    logged: dict[str, str],
+) -> None:
+    reader = JetStreamReader(logged)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(10_000))
+    assert positions_of(end) == CUTS[-1][1] and cut_of(end) > 0
+    rows = _rows(reader, start, end)
+    assert rows == _cut_by_cut()
+    assert [origin for origin, _ in rows] == list(range(1, 10))  # strictly growing, no gap
+    # A re-execution of the batch (another process: nothing planned there) reads the same.
+    assert _rows(JetStreamReader(logged), start, end) == rows
+    # Nothing left to replay and no new input: no batch.
+    assert reader.latestOffset(end, ReadMaxRows(10_000)) == end
+
+
+def test_the_read_limit_and_a_cap_end_a_batch_at_a_cut(logged: dict[str, str]) -> None:
+    reader = JetStreamReader(logged)
+    start = reader.initialOffset()
+    # Four events at most: the first cut (three) fits, the second would not.
+    first = reader.latestOffset(start, ReadMaxRows(4))
+    assert positions_of(first) == CUTS[0][1]
+    # A cap at the second cut's end (a standby following an instance): two cuts, not three.
+    write_gate(logged["gate"], "cap", {"type": "jetstream", "positions": CUTS[1][1]})
+    capped = reader.latestOffset(start, ReadMaxRows(10_000))
+    assert positions_of(capped) == CUTS[1][1]
+    assert _rows(reader, start, capped) == _cut_by_cut()[:6]
+    assert reader.latestOffset(capped, ReadMaxRows(10_000)) == capped  # held at the cap
