@@ -37,7 +37,7 @@ from fogshift.common.http import ServiceClient, node_token
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.processes import alive, group_alive
 from fogshift.common.waiting import wait_until
-from fogshift.contracts import AgentHealth
+from fogshift.contracts import AgentHealth, NodeView
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.network.exceptions import NetworkCommandFailed, NotIsolated
 from fogshift.network.links import LinkProfile
@@ -720,23 +720,25 @@ def wait_agents_ready(
 
 def wait_healthy(
     home: Path, nodes: list[str], timeout_s: float, say: Callable[[str], None]
-) -> list[dict[str, Any]]:
-    """Wait until the orchestrator reports every node in ``nodes`` healthy."""
+) -> list[NodeView]:
+    """Wait until the orchestrator reports every node in ``nodes`` healthy; every node it
+    reports then."""
     client = orchestrator_client(home, timeout_s=5)
     last: Any = None
-    healthy: list[dict[str, Any]] = []
+    healthy: list[NodeView] = []
 
     def all_healthy() -> bool:
         nonlocal last, healthy
         try:
-            reports = {n["name"]: n for n in client.get("/nodes")}
+            views = [NodeView.model_validate(n) for n in client.get("/nodes")]
         except Unavailable as exc:  # the orchestrator is still starting
             last = exc
             return False
-        waiting = [n for n in nodes if not reports.get(n, {}).get("healthy")]
-        errors = [f"{n}: {reports[n]['error']}" for n in nodes if reports.get(n, {}).get("error")]
+        reports = {view.name: view for view in views}
+        errors = [f"{n}: {reports[n].error}" for n in nodes if n in reports and reports[n].error]
         if errors:
             raise Unavailable("node failed to start: " + "; ".join(errors))
+        waiting = [n for n in nodes if n not in reports or not reports[n].healthy]
         if not waiting:
             healthy = list(reports.values())  # may be empty: no node to wait for
             return True
