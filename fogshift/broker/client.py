@@ -7,9 +7,11 @@ so one connection can be kept for the life of the process and used from any thre
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -67,9 +69,10 @@ class SyncJetStream:
     """A NATS connection with JetStream, usable from synchronous code.
 
     It connects on first use. :meth:`close` (or leaving a ``with`` block) closes the
-    connection and joins the loop's thread; the client cannot be used after that. The
-    thread is a daemon, so a process that never closes its client (Spark's Python workers
-    keep theirs, :func:`shared_client`) still exits.
+    connection and joins the loop's thread; the client cannot be used after that. A client
+    still open when the interpreter exits is closed then (:func:`_close_at_exit`): the loop
+    runs in a thread the interpreter joins at exit, so a process that never closed its
+    client (Spark's Python workers keep theirs, :func:`shared_client`) would never exit.
 
     Args:
         address: Where to connect.
@@ -86,6 +89,7 @@ class SyncJetStream:
         self._js: JetStreamContext | None = None
         self._timeout = connect_timeout_s
         self._lock = threading.Lock()
+        _open_clients.add(self)
 
     def run(self, make: Callable[[JetStreamContext], Awaitable[T]], timeout: float = 30.0) -> T:
         """Run ``make(js)`` on the private loop and return its result.
@@ -157,6 +161,22 @@ class SyncJetStream:
         self._portal.call(self._portal.stop, True)
         portal_cm.__exit__(None, None, None)
 
+
+#: Clients not closed yet (weakly: a client nobody holds needs no closing at exit).
+_open_clients: weakref.WeakSet[SyncJetStream] = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    """Close every client still open. Runs when the interpreter starts to exit, before it
+    joins the threads of ``concurrent.futures`` executors, one of which runs each client's
+    event loop (anyio's blocking portal) and would otherwise be waited for forever."""
+    for client in list(_open_clients):
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+# threading's exit hooks run before executor threads are joined (atexit's only after).
+getattr(threading, "_register_atexit", atexit.register)(_close_at_exit)
 
 _shared: dict[BrokerAddress, SyncJetStream] = {}
 _shared_lock = threading.Lock()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import anyio
 import pytest
@@ -46,3 +49,28 @@ def test_close_cancels_a_call_that_timed_out(nats_server: BrokerProcess) -> None
         client.run(forever, timeout=0.2)
     client.close()  # does not wait an hour for the call
     assert len(ours) == 1 and not next(iter(ours)).is_alive()
+
+
+#: A process that uses a client (a shared one and one of its own) and never closes either.
+NEVER_CLOSES = """
+import sys
+from fogshift.broker.client import BrokerAddress, SyncJetStream, ensure_pe_stream, shared_client
+address = BrokerAddress.load(sys.argv[1])
+shared_client(address).run(lambda js: ensure_pe_stream(js, "sync-exit", "a"))
+SyncJetStream(address).run(lambda js: ensure_pe_stream(js, "sync-exit", "b"))
+print("used", flush=True)
+"""
+
+
+def test_a_process_that_never_closes_its_clients_still_exits(
+    nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # The loop runs in an executor thread the interpreter joins at exit: without closing the
+    # clients first, the process waited forever (a whole pytest run hung after its summary).
+    address = nats_server.address.save(tmp_path / "broker.json")
+    proc = subprocess.run(
+        [sys.executable, "-c", NEVER_CLOSES, str(address)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "used"
