@@ -31,6 +31,7 @@ from fogshift.checkpoint.spark_dir import (
     unpack,
 )
 from fogshift.checkpoint.store import latest_manifest, take_snapshot
+from fogshift.common.gate import acknowledged, open_gate, write_gate
 from fogshift.common.names import pe_folder
 from fogshift.contracts import (
     CheckpointInfo,
@@ -44,8 +45,7 @@ from fogshift.contracts import (
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.exceptions import ElementError
-from fogshift.runtime.gate import acknowledged, end_run, open_gate, write_gate
-from fogshift.runtime.kinds import KINDS
+from fogshift.runtime.gate import end_run
 from fogshift.spec.models import ElementSpec
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ class NodeRuntime:
             if fresh:
                 shutil.rmtree(checkpoint, ignore_errors=True)
                 shutil.rmtree(self.snapshot_store(pipeline, element.id), ignore_errors=True)
-                if KINDS[element.kind].role == "sink":
+                if element.role == "sink":
                     reset_sink(element.options["path"])
             checkpoint.mkdir(parents=True, exist_ok=True)
             gate_file = self.gate_file(pipeline, element.id)
@@ -424,7 +424,7 @@ class NodeRuntime:
         """What is known of one hosted PE (its PE info)."""
         element = hosted.plan.element
         snap = latest_manifest(self.snapshot_store(hosted.plan.pipeline, element.id))
-        sink = KINDS[element.kind].role == "sink"
+        sink = element.role == "sink"
         return ElementInfo(
             pipeline=hosted.plan.pipeline,
             element=element.id,

@@ -34,7 +34,6 @@ from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.orchestrator.exceptions import PipelineExists, UnknownPipeline
 from fogshift.orchestrator.journal import Journal
 from fogshift.orchestrator.registry import PipelineRecord
-from fogshift.runtime.kinds import KINDS
 from fogshift.spec.loader import parse_spec, validate_spec
 from fogshift.spec.models import ElementSpec
 
@@ -203,7 +202,7 @@ class Deployment(Journal):
                 report = node.report.element(record.name, element.id) if node else None
                 stream = stream_name(record.name, element.id)
                 counts = self.broker.run(partial(subject_counts, stream=stream))
-                role = KINDS[element.kind].role
+                role = element.role
                 state: PEState | PlacementState | PipelineState
                 if node is None or not self.healthy(node):
                     state = PlacementState.NODE_LOST

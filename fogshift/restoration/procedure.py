@@ -52,7 +52,6 @@ from fogshift.contracts import (
 )
 from fogshift.exceptions import FogshiftError
 from fogshift.restoration.exceptions import RestoreFailed
-from fogshift.runtime.kinds import KINDS
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.restoration")
@@ -90,7 +89,7 @@ def _wait(agent: ServiceClient, path: str, at_least: int, timeout_s: float) -> f
 def _cap(element: ElementSpec, position: int, t0: float | None) -> Offset | None:
     """A gate limit at input position ``position``, if the PE's offsets allow one (the offset
     of the PE's source, in that source's own form)."""
-    if KINDS[element.kind].role == "source":
+    if element.role == "source":
         return {"type": "csv-rows", "row": position, "t0": t0 or time.time()}
     if len(element.inputs) == 1:
         return {"type": "jetstream", "positions": {element.inputs[0]: position}}
@@ -207,7 +206,7 @@ def restore(
         agent.put(here, json={"element": placed, "fresh": False, "gate": gate, "epoch": epoch})
         if cap is not None:
             report.reprocess_ms = _wait(agent, here, max(emitted, start_at), timeout_s)
-        if KINDS[element.kind].role != "source" and upstream > max(emitted, start_at):
+        if element.role != "source" and upstream > max(emitted, start_at):
             report.intermediate_events = upstream - max(emitted, start_at)
             limit = _cap(element, upstream, t0)
             if limit is not None:

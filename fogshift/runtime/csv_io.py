@@ -48,6 +48,7 @@ from fogshift.broker.client import BrokerAddress, shared_client
 from fogshift.broker.datasource import RECORD_SCHEMA
 from fogshift.broker.exceptions import FENCED_TOKEN, Fenced
 from fogshift.broker.publish import Record, publish_records
+from fogshift.common.gate import read_gate
 from fogshift.events import (
     DEFAULT_MAX_RECORD_BYTES,
     dump_body,
@@ -57,7 +58,6 @@ from fogshift.events import (
     parse_value,
 )
 from fogshift.exceptions import InvariantViolation
-from fogshift.runtime.gate import read_gate
 
 ROWS_OFFSET = "csv-rows"
 #: Seconds without a change after which a file's unterminated last line counts as a row.
@@ -166,7 +166,7 @@ class CsvRowsPartition(InputPartition):
 
 class CsvSourceDataSource(DataSource):
     """Options: ``path``, ``pe``, ``rate`` (events/s, 0 = unlimited), ``max_events_per_batch``,
-    ``gate`` (see :mod:`fogshift.runtime.gate`)."""
+    ``gate`` (see :mod:`fogshift.common.gate`)."""
 
     @classmethod
     def name(cls) -> str:

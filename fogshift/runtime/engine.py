@@ -36,7 +36,7 @@ from fogshift.runtime.batch import RECORD_COLUMNS, run_batch, run_events
 from fogshift.runtime.exceptions import ElementError
 from fogshift.runtime.gate import start_run
 from fogshift.runtime.instances import InstanceKey, call_hook, registry
-from fogshift.runtime.kinds import KINDS, processor_for
+from fogshift.runtime.kinds import processor_for
 from fogshift.spec.models import ElementSpec
 
 if TYPE_CHECKING:
@@ -297,9 +297,8 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
 def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
     """Start the streaming query of one PE; it resumes from ``plan.checkpoint_dir`` if present."""
     element = plan.element
-    kind = KINDS[element.kind]
     options = dict(element.options)
-    if kind.role == "source":
+    if element.role == "source":
         frame = (
             spark.readStream.format("fogshift-csv-source")
             .option("path", options["path"])
@@ -311,7 +310,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
             .load()
         )
         writer = frame.writeStream.format("fogshift-jetstream")
-    elif kind.role == "processor":
+    elif element.role == "processor":
         from pyspark.sql import functions as F  # noqa: N812
 
         cls = check_processor(plan)

@@ -1,7 +1,7 @@
 """The runs of a PE's query, beside the gate of its input.
 
 The gate itself — how a query's input is held or capped at a batch boundary — is
-:mod:`fogshift.common.gate` (its functions are re-exported here for the runtime's callers).
+:mod:`fogshift.common.gate`.
 Beside the gate, ``<gate>.run`` names the query's current *run* (:func:`start_run`, written
 at each start of the query; removed by :func:`end_run` when the agent stops it). The Python
 workers keeping the PE's processor follow both files for its lifecycle hooks
@@ -15,27 +15,7 @@ import os
 import uuid
 from pathlib import Path
 
-from fogshift.common.gate import (
-    ack_path,
-    acknowledged,
-    gate_mode,
-    open_gate,
-    read_gate,
-    write_gate,
-)
-
-__all__ = [
-    "ack_path",
-    "acknowledged",
-    "current_run",
-    "end_run",
-    "gate_mode",
-    "open_gate",
-    "read_gate",
-    "run_path",
-    "start_run",
-    "write_gate",
-]
+__all__ = ["current_run", "end_run", "run_path", "start_run"]
 
 
 def run_path(gate: str | Path) -> Path:

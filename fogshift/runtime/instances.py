@@ -37,8 +37,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from fogshift.common.gate import gate_mode
 from fogshift.runtime.api import Processor
-from fogshift.runtime.gate import current_run, gate_mode
+from fogshift.runtime.gate import current_run
 
 log = logging.getLogger("fogshift.runtime.instances")
 

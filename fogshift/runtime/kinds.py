@@ -2,7 +2,7 @@
 loading of ``custom`` ones.
 
 The kinds themselves — their role and options — are the spec's
-(:data:`fogshift.spec.models.KINDS`, re-exported here for the callers that ask a kind's role);
+(:data:`fogshift.spec.models.KINDS`; an element's role is ``element.role``);
 this module adds only what the runtime needs, and imports no Spark.
 """
 
@@ -20,7 +20,7 @@ from fogshift.runtime.operators.window import WindowAggregate
 from fogshift.spec.kinds import CustomOptions
 from fogshift.spec.models import KINDS
 
-__all__ = ["KINDS", "PROCESSORS", "load_class", "processor_for"]
+__all__ = ["PROCESSORS", "load_class", "processor_for"]
 
 #: The processor class of each built-in processor kind (``custom`` names its own).
 PROCESSORS: dict[str, type[Processor]] = {

@@ -21,9 +21,10 @@ from fogshift.broker.client import SyncJetStream, ensure_pe_stream, fetch_range,
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import BrokerProcess
+from fogshift.common.gate import open_gate, write_gate
 from fogshift.common.waiting import wait_until
 from fogshift.runtime.engine import QueryPlan, start_query
-from fogshift.runtime.gate import end_run, open_gate, write_gate
+from fogshift.runtime.gate import end_run
 from fogshift.spec.models import ElementSpec
 
 if TYPE_CHECKING:

@@ -9,18 +9,11 @@ from typing import ClassVar
 
 import pytest
 
+from fogshift.common.gate import gate_mode, open_gate, read_gate, write_gate
 from fogshift.events import Event
 from fogshift.runtime.api import Processor, state
 from fogshift.runtime.batch import run_batch
-from fogshift.runtime.gate import (
-    current_run,
-    end_run,
-    gate_mode,
-    open_gate,
-    read_gate,
-    start_run,
-    write_gate,
-)
+from fogshift.runtime.gate import current_run, end_run, start_run
 from fogshift.runtime.instances import InstanceKey, Instances, registry
 
 
