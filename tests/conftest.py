@@ -156,9 +156,12 @@ def pgids_of(home: Path, broker: bool = True) -> list[int]:
 
 #: The cluster most integration tests share (one start-up for the session): four nodes,
 #: frequent checkpoints (every 2 s on the nodes, every 4 s centrally: more would load two
-#: cores with copying alone), and a de-duplication window of 1 s, so exactly-once never leans on
-#: the broker dropping a re-sent message.
+#: cores with copying alone), a de-duplication window of 1 s, so exactly-once never leans on
+#: the broker dropping a re-sent message, and micro-batches at most once a second: a batch
+#: costs ~0.5 s of CPU whatever its size, so at 200 ms the tests' pipelines kept both cores
+#: busy and every operation waited for CPU.
 SHARED_NODES = ["cloud", "fog-a", "fog-b", "fog-c"]
+SHARED_TRIGGER_MS = 1000
 SHARED_UP_ARGS = (
     "--checkpoint-interval",
     "2",
@@ -166,6 +169,8 @@ SHARED_UP_ARGS = (
     "4",
     "--duplicate-window",
     "1",
+    "--trigger-ms",
+    str(SHARED_TRIGGER_MS),
 )
 
 

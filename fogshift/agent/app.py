@@ -40,6 +40,7 @@ from fogshift.common.http import (
     install_error_handlers,
     node_token,
     same_token,
+    tls_context,
     wrong_token,
 )
 from fogshift.contracts import (
@@ -137,6 +138,7 @@ def heartbeat_loop(
         base_url=config.orchestrator_url,
         headers={"Authorization": f"Bearer {config.token}"},
         timeout=5,
+        verify=tls_context(),
     ) as client:
         while not stop.is_set():
             beat = Heartbeat(

@@ -24,7 +24,7 @@ from fogshift.agent.exceptions import UnknownSource
 from fogshift.agent.node import NodeRuntime
 from fogshift.checkpoint.central import CentralStore, check_manifest
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
-from fogshift.common.http import NodeDirectory, raise_for_error
+from fogshift.common.http import NodeDirectory, raise_for_error, tls_context
 from fogshift.contracts import CheckpointManifest, InstallResult, ReplicaInfo
 from fogshift.exceptions import Unavailable
 
@@ -53,6 +53,7 @@ class Replicas:
                 f"{self.config.orchestrator_url.rstrip('/')}/nodes/{self.config.name}/directory",
                 headers={"Authorization": f"Bearer {self.config.token}"},
                 timeout=30,
+                verify=tls_context(),
             )
         except httpx.HTTPError as exc:
             raise Unavailable(
@@ -89,7 +90,10 @@ class Replicas:
     def _fetcher(self, manifest: CheckpointManifest, source: str | None) -> Callable[[str], bytes]:
         base, token = self.credentials(source)
         client = httpx.Client(
-            base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=120
+            base_url=base,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=120,
+            verify=tls_context(),
         )
 
         def fetch(rel: str) -> bytes:
@@ -157,9 +161,8 @@ class Replicas:
             return out
         for pipeline in sorted(p.name for p in root.iterdir() if p.is_dir()):
             for pe in sorted(p.name for p in (root / pipeline).iterdir() if p.is_dir()):
-                manifests = self.store.manifests(pipeline, pe)
-                if manifests:
-                    m = manifests[0]
+                m = self.store.newest(pipeline, pe)
+                if m is not None:
                     out.append(
                         ReplicaInfo(pipeline=pipeline, element=pe, id=m["id"], batch=m["batch"],
                                     created=m["created"])

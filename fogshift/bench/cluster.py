@@ -81,6 +81,7 @@ class ClusterOptions:
         nodes: Node names; the first is the "cloud" node hosting sources and sinks.
         checkpoint_interval_s: ``--checkpoint-interval`` (node-level snapshots).
         central_interval_s: ``--central-interval`` (central pulls).
+        trigger_ms: ``--trigger-ms`` (every query's micro-batch trigger).
         isolate: Start the nodes in network namespaces (``--isolate``).
         links: ``(node, profile)`` pairs for ``--link NODE=PROFILE`` (needs ``isolate``).
     """
@@ -88,6 +89,7 @@ class ClusterOptions:
     nodes: tuple[str, ...]
     checkpoint_interval_s: float = AgentConfig.default("checkpoint_interval_s")
     central_interval_s: float = OrchestratorConfig.default("central_interval_s")
+    trigger_ms: int = AgentConfig.default("trigger_ms")
     isolate: bool = False
     links: tuple[tuple[str, str], ...] = ()
 
@@ -101,6 +103,7 @@ class ClusterOptions:
         args = ["--nodes", ",".join(self.nodes)]
         args += ["--checkpoint-interval", f"{self.checkpoint_interval_s:g}"]
         args += ["--central-interval", f"{self.central_interval_s:g}"]
+        args += ["--trigger-ms", str(self.trigger_ms)]
         if self.isolate or self.links:
             if not isolation_available():
                 raise IsolationUnavailable(
@@ -116,10 +119,12 @@ class ClusterOptions:
         return args
 
     def intervals(self) -> dict[str, float]:
-        """The checkpoint intervals in effect, as experiment settings name them."""
+        """The checkpoint intervals and the trigger in effect, as experiment settings name
+        them."""
         return {
             "checkpoint_interval_s": self.checkpoint_interval_s,
             "central_interval_s": self.central_interval_s,
+            "trigger_ms": self.trigger_ms,
         }
 
     def profile_of(self, node: str) -> str:

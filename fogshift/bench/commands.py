@@ -26,6 +26,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from fogshift.agent.config import AgentConfig
 from fogshift.bench import e1, e2, e3, report, seamless, soak
 from fogshift.bench.base import Reporter, record_command, write_machine
 from fogshift.bench.cluster import Clusters, delay_of
@@ -232,6 +233,13 @@ def register(bench_app: typer.Typer) -> None:
             str, typer.Option(help="Comma-separated node names (at least two).")
         ] = "cloud,fog-a,fog-b,fog-c",
         rate: Annotated[float, typer.Option(help="Events/s of each source.")] = 10.0,
+        trigger_ms: Annotated[
+            int,
+            typer.Option(
+                help="Micro-batch trigger of every query (ms): on two cores, the default's "
+                "batches of two pipelines keep the CPU busy, and every operation waits for it."
+            ),
+        ] = AgentConfig.default("trigger_ms"),
         work: Work = None,
         report_only: Annotated[
             bool,
@@ -248,6 +256,7 @@ def register(bench_app: typer.Typer) -> None:
             migrations=migrations, kills=kills, orchestrator_kills=orchestrator_kills,
             mid_migration=mid_migration, duration_s=duration, seed=seed,
             nodes=tuple(n.strip() for n in nodes.split(",") if n.strip()), rate=rate,
+            trigger_ms=trigger_ms,
         )  # fmt: skip
         config.check()  # before a cluster starts
         verdict: dict[str, Any] = {}

@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 import yaml
 from rich.progress import TaskID
 
+from fogshift.agent.config import AgentConfig
 from fogshift.bench.base import (
     ClusterRunConfig,
     Reporter,
@@ -153,6 +154,7 @@ class SoakConfig(ClusterRunConfig):
     stall_s: float = 180.0
     checkpoint_interval_s: float = 2.0
     central_interval_s: float = 5.0
+    trigger_ms: int = AgentConfig.default("trigger_ms")
     timeout_s: float = 900.0
 
     def check(self) -> None:
@@ -965,8 +967,9 @@ def run(config: SoakConfig, clusters: Clusters, out: Path, reporter: Reporter) -
     try:
         reporter.step(task, "starting the cluster")
         options = ClusterOptions(
-            config.nodes, config.checkpoint_interval_s, config.central_interval_s
-        )
+            config.nodes, config.checkpoint_interval_s, config.central_interval_s,
+            config.trigger_ms,
+        )  # fmt: skip
         with clusters.cluster(options) as cluster:
             _soak(cluster, config, ops, log, reporter, task, verdict)
     except FogshiftError as exc:
@@ -1111,7 +1114,8 @@ def _header(out: Path, verdict: Mapping[str, Any], settings: Mapping[str, Any]) 
             f"{settings.get('seed')}, nodes {', '.join(settings.get('nodes', []))}, "
             f"{settings.get('rate')} events/s per source, node-level checkpoints every "
             f"{settings.get('checkpoint_interval_s')} s, central pulls every "
-            f"{settings.get('central_interval_s')} s."
+            f"{settings.get('central_interval_s')} s, micro-batch trigger "
+            f"{settings.get('trigger_ms', 'the default')} ms."
         )
     machine = out / "machine.json"
     if machine.exists():

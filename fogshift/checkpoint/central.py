@@ -23,7 +23,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,16 +128,25 @@ class CentralStore:
 
     def manifests(self, pipeline: str, pe: str) -> list[dict[str, Any]]:
         """Every visible checkpoint of a PE, newest first."""
+        return list(self._manifests(pipeline, pe))
+
+    def newest(self, pipeline: str, pe: str) -> dict[str, Any] | None:
+        """The newest visible checkpoint of a PE, if any.
+
+        Reads one manifest, not all: heartbeats, pulls and plans ask for it every second or
+        so, and a PE keeps many.
+        """
+        return next(self._manifests(pipeline, pe), None)
+
+    def _manifests(self, pipeline: str, pe: str) -> Iterator[dict[str, Any]]:
         folder = self._folder(pipeline, pe)
         if not folder.is_dir():
-            return []
-        out = []
+            return
         for path in sorted(folder.glob("*.json"), reverse=True):
             try:
-                out.append(dict(json.loads(path.read_text())))
+                yield dict(json.loads(path.read_text()))
             except (OSError, ValueError):
                 continue  # a manifest that cannot be read is as good as absent
-        return out
 
     def put(self, manifest: dict[str, Any], fetch: Callable[[str], bytes]) -> int:
         """Store a node-level snapshot, fetching only unknown files; returns bytes shipped.
@@ -253,7 +262,7 @@ class CentralStore:
             CheckpointError: No whole checkpoint exists.
         """
         skipped: list[str] = []
-        for manifest in self.manifests(pipeline, pe):
+        for manifest in self._manifests(pipeline, pe):
             problem = self.verify(manifest)
             if problem is None:
                 return manifest, skipped

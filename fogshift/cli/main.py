@@ -127,6 +127,17 @@ def up(
             )
         ),
     ] = None,
+    trigger_ms: Annotated[
+        int | None,
+        typer.Option(
+            help=_setting(
+                AgentConfig,
+                "trigger_ms",
+                "Micro-batch trigger of every query (ms): longer means fewer batches, so less "
+                "CPU on a small node, for more latency.",
+            )
+        ),
+    ] = None,
     central_interval: Annotated[
         float | None,
         typer.Option(
@@ -197,6 +208,7 @@ def up(
             checkpoint_interval_s=checkpoint_interval,
             central_interval_s=central_interval,
             duplicate_window_s=duplicate_window,
+            trigger_ms=trigger_ms,
             isolate=isolate,
             links=profiles,
             topology=topology,

@@ -55,7 +55,7 @@ class Replanning(OrchestratorCore):
                 continue
             for element in record.spec.elements:
                 key = (record.name, element.id)
-                manifests = self.central.manifests(*key)
+                newest = self.central.newest(*key)
                 pulled = self.central_stats.get(key)
                 shipped = pulled.shipped_bytes if pulled else 0
                 pes.append(
@@ -63,7 +63,7 @@ class Replanning(OrchestratorCore):
                         key=f"{record.name}/{element.id}",
                         node=record.placement[element.id],
                         latency_ms=record.spec.recovery.latency_ms,
-                        checkpoint_bytes=int(manifests[0]["bytes"]) if manifests else 0,
+                        checkpoint_bytes=int(newest["bytes"]) if newest else 0,
                         shipped_bytes_per_s=shipped / self.config.central_interval_s,
                     )
                 )

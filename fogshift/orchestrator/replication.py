@@ -38,8 +38,8 @@ class Replication(Replanning):
         agent = self.agent(node)
         here = f"/pipelines/{pipeline}/elements/{pe}/snapshots"
         latest = agent.call(CheckpointManifest, "GET", here + "/latest")
-        known = self.central.manifests(pipeline, pe)
-        if known and known[0]["id"] >= latest.id and known[0].get("node") == node:
+        known = self.central.newest(pipeline, pe)
+        if known and known["id"] >= latest.id and known.get("node") == node:
             return
         # Stored as the node wrote it (the store checks its names), with where it came from.
         manifest = {**latest.model_dump(mode="json", exclude_unset=True), "node": node}
@@ -72,10 +72,9 @@ class Replication(Replanning):
                     continue
                 if not self.healthy(node):
                     continue
-                manifests = self.central.manifests(record.name, element.id)
-                if not manifests:
+                newest = self.central.newest(record.name, element.id)
+                if newest is None:
                     continue
-                newest = manifests[0]
                 held = {
                     r.id
                     for r in node.report.replicas
@@ -111,10 +110,9 @@ class Replication(Replanning):
 
     def checkpoint_status(self, pipeline: str, pe: str) -> CentralCheckpoint | None:
         """The newest central checkpoint of a PE, with its age."""
-        manifests = self.central.manifests(pipeline, pe)
-        if not manifests:
+        newest = self.central.newest(pipeline, pe)
+        if newest is None:
             return None
-        newest = manifests[0]
         return CentralCheckpoint(
             id=newest["id"],
             batch=newest["batch"],

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
+#: The module Spark's Python workers are forked from (see :mod:`fogshift.runtime.worker_daemon`).
+WORKER_DAEMON = "fogshift.runtime.worker_daemon"
+
 #: The driver JVM's options. A fog node has a core or two and hosts several JVMs and Python
 #: workers; at fog rates a batch is dominated by fixed costs, not by hot loops, so the C2
 #: compiler's CPU (and parallel GC threads) cost more than they return. Measured on the
@@ -82,23 +85,30 @@ def build_session(
 
 #: The interpreter Spark starts its Python workers with (see :func:`_worker_python`).
 _WORKER_SCRIPT = """#!/bin/sh
-# fogshift: Spark puts its own pyspark.zip first on a Python worker's PYTHONPATH. Modules
-# imported from a zip are compiled at every import (a zip has no bytecode cache): a fresh
-# worker spent ~1.2 s of CPU instead of ~0.4 s before connecting back, and on a loaded
-# 2-core node missed Spark's fixed 10 s. The installed pyspark is the same version and is
-# byte-compiled, so the zip is taken off the path; nothing else changes.
+# fogshift: Spark puts its own pyspark.zip and py4j zip first on a Python worker's PYTHONPATH
+# (and a Spark jar, which holds no Python). Modules imported from a zip are compiled at every
+# import (a zip has no bytecode cache): a fresh worker spent ~1.2 s of CPU instead of ~0.4 s
+# before connecting back, and on a loaded 2-core node missed Spark's fixed 10 s; every other
+# import also probed the jar's 6,000 entries first. The venv has the same pyspark and py4j,
+# byte-compiled, so these entries are taken off the path; nothing else changes.
 set -f
 new=
 IFS=:
 for entry in $PYTHONPATH; do
     case $entry in
-        */pyspark.zip) ;;
+        */pyspark.zip|*/py4j-*-src.zip|*/pyspark/jars/*.jar) ;;
         *) new=${new:+$new:}$entry ;;
     esac
 done
 unset IFS
 PYTHONPATH=$new
 export PYTHONPATH
+# Every daemon Spark forks Python workers from is fogshift's, which imports what they need
+# once, before it forks (fogshift.runtime.worker_daemon), instead of in every child.
+if [ "$1" = "-m" ] && [ "$2" = "pyspark.daemon" ]; then
+    shift 2
+    set -- -m {daemon} "$@"
+fi
 exec "{python}" "$@"
 """
 
@@ -110,7 +120,7 @@ def _worker_python(folder: Path) -> str:
     :data:`_WORKER_SCRIPT`). Its name depends on the interpreter, so sessions of different
     environments sharing ``folder`` do not overwrite each other's.
     """
-    text = _WORKER_SCRIPT.replace("{python}", sys.executable)
+    text = _WORKER_SCRIPT.replace("{python}", sys.executable).replace("{daemon}", WORKER_DAEMON)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     path = folder / f"fogshift-python-{digest}"
     if not path.exists():

@@ -246,6 +246,7 @@ def _agent_args(
     spark_master: str | None,
     checkpoint_interval_s: float | None,
     advertise_url: str | None = None,
+    trigger_ms: int | None = None,
 ) -> list[str]:
     advertise = ["--advertise-url", advertise_url] if advertise_url else []
     return _cli(
@@ -265,7 +266,11 @@ def _agent_args(
         str(node_token_file(home, name)),
         "--broker-file",
         str(node_broker_file),
-        *_settings(spark_master=spark_master, checkpoint_interval=checkpoint_interval_s),
+        *_settings(
+            spark_master=spark_master,
+            checkpoint_interval=checkpoint_interval_s,
+            trigger_ms=trigger_ms,
+        ),
     )
 
 
@@ -276,16 +281,17 @@ def start_node(
     host: str,
     spark_master: str | None = None,
     checkpoint_interval_s: float | None = None,
+    trigger_ms: int | None = None,
 ) -> ProcessInfo:
     """Start the agent of node ``name`` (its broker file written) in a new process group.
 
-    ``spark_master`` and ``checkpoint_interval_s`` left ``None`` are the agent's settings
-    (``AgentConfig``: ``FOGSHIFT_SPARK_MASTER``... or the default)."""
+    ``spark_master``, ``checkpoint_interval_s`` and ``trigger_ms`` left ``None`` are the
+    agent's settings (``AgentConfig``: ``FOGSHIFT_SPARK_MASTER``... or the default)."""
     port = free_port(host)
     info = _spawn(
         _agent_args(
             home, name, host, port, orchestrator_url, node_broker_file(home, name),
-            spark_master, checkpoint_interval_s,
+            spark_master, checkpoint_interval_s, trigger_ms=trigger_ms,
         ),
         home / "logs" / f"node-{name}.log",
     )  # fmt: skip
@@ -306,6 +312,7 @@ def start_isolated_node(
     broker: BrokerAddress,
     spark_master: str | None = None,
     checkpoint_interval_s: float | None = None,
+    trigger_ms: int | None = None,
 ) -> tuple[ProcessInfo, IsolatedNode]:
     """Start node ``link.node``'s relay, then its agent inside the node's namespace.
 
@@ -352,7 +359,7 @@ def start_isolated_node(
         args = _agent_args(
             home, name, link.ns_ip, ISOLATED_AGENT_PORT,
             f"http://{link.host_ip}:{ready.routes['orchestrator'][1]}", node_broker,
-            spark_master, checkpoint_interval_s, advertise_url=agent_url,
+            spark_master, checkpoint_interval_s, advertise_url=agent_url, trigger_ms=trigger_ms,
         )  # fmt: skip
         agent = _spawn(["ip", "netns", "exec", link.namespace, *args],
                        home / "logs" / f"node-{name}.log")  # fmt: skip
@@ -376,6 +383,7 @@ def up(
     checkpoint_interval_s: float | None = None,
     central_interval_s: float | None = None,
     duplicate_window_s: float | None = None,
+    trigger_ms: int | None = None,
     isolate: bool = False,
     links: dict[str, LinkProfile] | None = None,
     topology: Path | None = None,
@@ -388,7 +396,8 @@ def up(
     (:func:`restart_orchestrator`) and the node agents (:func:`restart_nodes`, as they were
     started); the other arguments but the intervals are then ignored.
 
-    The services' settings (``spark_master`` and the intervals) left ``None`` are theirs:
+    The services' settings (``spark_master``, the intervals and ``trigger_ms``, the queries'
+    micro-batch trigger) left ``None`` are theirs:
     each reads ``FOGSHIFT_<FIELD>`` from the environment it inherits, else takes the default
     its config class writes (``fogshift.agent.config.AgentConfig``,
     ``fogshift.orchestrator.config.OrchestratorConfig``).
@@ -502,13 +511,14 @@ def up(
             if isolate:
                 node_infos[name], isolated[name] = start_isolated_node(
                     home, made_links[name], orchestrator_url, per_node.get(name, address),
-                    spark_master, checkpoint_interval_s,
+                    spark_master, checkpoint_interval_s, trigger_ms,
                 )  # fmt: skip
                 started.append(isolated[name].relay)
             else:
                 node_infos[name] = start_node(
-                    home, name, orchestrator_url, host, spark_master, checkpoint_interval_s
-                )
+                    home, name, orchestrator_url, host, spark_master, checkpoint_interval_s,
+                    trigger_ms,
+                )  # fmt: skip
             started.append(node_infos[name])
         say("starting the orchestrator")
         reservation.close()

@@ -75,14 +75,18 @@ def test_each_default_is_written_once_in_the_config_class(tmp_path: Path) -> Non
     args = cluster_ops._agent_args(
         tmp_path, "fog-a", "127.0.0.1", 1, "http://o", tmp_path / "b.json", None, None
     )
-    assert "--checkpoint-interval" not in args and "--spark-master" not in args
+    assert not {"--checkpoint-interval", "--spark-master", "--trigger-ms"} & set(args)
     args = cluster_ops._agent_args(
-        tmp_path, "fog-a", "127.0.0.1", 1, "http://o", tmp_path / "b.json", "local[1]", 2.0
-    )
-    assert args[-4:] == ["--spark-master", "local[1]", "--checkpoint-interval", "2.0"]
+        tmp_path, "fog-a", "127.0.0.1", 1, "http://o", tmp_path / "b.json", "local[1]", 2.0,
+        trigger_ms=1000,
+    )  # fmt: skip
+    assert args[-6:] == [
+        "--spark-master", "local[1]", "--checkpoint-interval", "2.0", "--trigger-ms", "1000"
+    ]  # fmt: skip
     up = typer.main.get_command(app).commands["up"]  # type: ignore[attr-defined]
     help_of = {p.name: getattr(p, "help", "") for p in up.params}
     assert "$FOGSHIFT_CHECKPOINT_INTERVAL_S, else 5.0]" in help_of["checkpoint_interval"]
+    assert "$FOGSHIFT_TRIGGER_MS, else 200]" in help_of["trigger_ms"]
 
 
 def test_serve_agent_takes_what_it_is_not_given_from_the_settings(

@@ -18,7 +18,7 @@ from fogshift.bench import e1, e2, e3, report, seamless
 from fogshift.bench.base import Reporter, fmt_mean_std, write_machine
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.verify.reference import case1_reference, compare, read_sink
-from tests.conftest import Cluster
+from tests.conftest import SHARED_TRIGGER_MS, Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
@@ -26,12 +26,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def shared(cluster: Cluster) -> Iterator[BenchCluster]:
     """The session's shared cluster (cloud, fog-a, fog-b, fog-c; checkpoints every 2 s,
-    central pulls every 4 s), seen as a bench cluster; the nodes the bench kills are started
-    again after the module."""
+    central pulls every 4 s, a 1 s trigger), seen as a bench cluster; the nodes the bench
+    kills are started again after the module."""
     yield BenchCluster(
         cluster.home,
         ClusterOptions(
-            ("cloud", "fog-a", "fog-b", "fog-c"), checkpoint_interval_s=2, central_interval_s=4
+            ("cloud", "fog-a", "fog-b", "fog-c"),
+            checkpoint_interval_s=2,
+            central_interval_s=4,
+            trigger_ms=SHARED_TRIGGER_MS,
         ),
     )
 

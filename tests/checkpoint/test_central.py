@@ -68,6 +68,21 @@ def test_a_corrupt_shared_blob_is_shipped_again_by_the_next_checkpoint(tmp_path:
     assert store.latest_whole("p", "agg")[0]["id"] == "b000000000002"
 
 
+def test_newest_is_the_first_readable_manifest_newest_first(tmp_path: Path) -> None:
+    store = CentralStore(tmp_path / "store")
+    assert store.newest("p", "agg") is None
+    for batch in (0, 1, 2):
+        files = {f"offsets/{batch}": f"o{batch}".encode()}
+        store.put(manifest(batch, files), files.__getitem__)
+    assert store.newest("p", "agg") == store.manifests("p", "agg")[0]
+    assert store.newest("p", "agg")["batch"] == 2  # type: ignore[index]
+    # A manifest that cannot be read is as good as absent: the next older one is the newest.
+    folder = tmp_path / "store" / "checkpoints" / "p" / "agg"
+    sorted(folder.glob("*.json"))[-1].write_text("{torn")
+    assert store.newest("p", "agg")["batch"] == 1  # type: ignore[index]
+    assert [m["batch"] for m in store.manifests("p", "agg")] == [1, 0]
+
+
 def test_a_file_changed_in_transit_is_refused(tmp_path: Path) -> None:
     store = CentralStore(tmp_path / "store")
     with pytest.raises(TornCheckpoint, match="offsets/0"):

@@ -1,0 +1,85 @@
+"""The Python worker start-up: the interpreter wrapper Spark runs, and the daemon it forks
+workers from (real processes, no Spark session)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from fogshift.runtime.session import WORKER_DAEMON, _worker_python
+from fogshift.runtime.worker_daemon import TASK_WORKER, modules_for
+
+
+def test_the_wrapper_takes_sparks_zips_and_jars_off_the_path(tmp_path: Path) -> None:
+    wrapper = _worker_python(tmp_path)
+    spark = "/opt/venv/lib/python3.11/site-packages/pyspark"
+    path = ":".join([
+        f"{spark}/python/lib/pyspark.zip",
+        f"{spark}/python/lib/py4j-0.10.9.9-src.zip",
+        f"{spark}/jars/spark-core_2.13-4.3.0.jar",
+        "/home/user/lib",
+    ])  # fmt: skip
+    out = subprocess.run(
+        [wrapper, "-c", "import os, sys; print(os.environ['PYTHONPATH']); print(sys.executable)"],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == ["/home/user/lib", sys.executable]
+
+
+def test_preloading_leaves_a_single_thread_to_fork_from() -> None:
+    # A fork copies only the calling thread: a library that starts a thread on import would
+    # make every forked worker a deadlock risk. The daemon checks this at start-up; this test
+    # says which import did it, should an upgrade start one.
+    script = (
+        "import sys; from fogshift.runtime.worker_daemon import preload, modules_for, threads\n"
+        "missing = preload(modules_for('pyspark.worker'))\n"
+        "print(missing, threads(), all(m in sys.modules for m in modules_for('pyspark.worker')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "[] ['python'] True", out
+
+
+def test_task_workers_preload_pandas_and_planners_do_not() -> None:
+    assert set(TASK_WORKER) <= set(modules_for("pyspark.worker"))
+    planner = modules_for("pyspark.sql.worker.plan_data_source_read")
+    assert planner[0] == "pyspark.sql.worker.plan_data_source_read"
+    assert "pandas" not in planner and "fogshift.broker.datasource" in planner
+
+
+def test_spark_starting_its_daemon_gets_fogshifts_single_threaded_one(tmp_path: Path) -> None:
+    # What Spark's worker factory runs: the interpreter, `-m pyspark.daemon MODULE`, reading
+    # the daemon's port from its stdout and stopping it by closing its stdin.
+    wrapper = _worker_python(tmp_path)
+    daemon = subprocess.Popen(
+        [wrapper, "-m", "pyspark.daemon", "pyspark.sql.worker.plan_data_source_read"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert daemon.stdout is not None and daemon.stdin is not None
+        (port,) = struct.unpack("!i", daemon.stdout.read(4))  # written once it listens
+        assert 0 < port < 65536
+        process = psutil.Process(daemon.pid)
+        assert process.cmdline()[1:] == [
+            "-m", WORKER_DAEMON, "pyspark.sql.worker.plan_data_source_read"
+        ]  # fmt: skip
+        assert process.num_threads() == 1
+        daemon.stdin.close()  # Spark's way of telling the daemon to exit
+        daemon.wait(timeout=30)  # (its exit status is 1 then, as Spark's own daemon's)
+        assert daemon.stderr is not None
+        assert b"Traceback" not in daemon.stderr.read()
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
