@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from fogshift.contracts import PlanView
 from fogshift.orchestrator.planning import FogTopology
 from fogshift.supervisor import cluster as cluster_ops
 
@@ -24,22 +24,22 @@ Home = Annotated[Path, typer.Option(help="The cluster's home folder.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-def _show(plan: dict[str, Any], as_json: bool) -> None:
+def _show(plan: PlanView, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(plan, indent=2) + "\n")
+        sys.stdout.write(plan.model_dump_json(indent=2) + "\n")
         return
-    if plan.get("error"):
-        console.print(f"[yellow]planner[/]: {plan['error']}")
+    if plan.error:
+        console.print(f"[yellow]planner[/]: {plan.error}")
     table = Table("PE", "backup", "redeploy", "recovery ms")
-    for key, choice in sorted(plan.get("assignments", {}).items()):
-        table.add_row(key, choice["backup"], choice["redeploy"], f"{choice['recovery_ms']:.1f}")
+    for key, choice in sorted(plan.assignments.items()):
+        recovery = "-" if choice.recovery_ms is None else f"{choice.recovery_ms:.1f}"
+        table.add_row(key, choice.backup or "-", choice.redeploy or "-", recovery)
     console.print(table)
-    servers = ", ".join(
-        f"{s['node']} {s['load']:.0f}/{s['cpu']:.0f}" for s in plan.get("servers", [])
-    )
+    servers = ", ".join(f"{s.node} {s.load:.0f}/{s.cpu:.0f}" for s in plan.servers)
     if servers:
+        solve = "" if plan.solve_ms is None else f", {plan.solve_ms:.0f} ms"
         console.print(
-            f"{plan['method']} plan ({plan['status']}, {plan['solve_ms']:.0f} ms); "
+            f"{plan.method} plan ({plan.status}{solve}); "
             f"node load/capacity (% of a core): {servers}"
         )
 
@@ -53,7 +53,9 @@ def set_topology(
     """Give the orchestrator a fog topology; it re-plans at once and prints the plan."""
     text = FogTopology.read_text(file)  # refused before touching the cluster
     with cluster_ops.orchestrator_client(home.resolve()) as client:
-        plan = client.put("/topology", content=text, headers={"Content-Type": "text/plain"})
+        plan = client.call(
+            PlanView, "PUT", "/topology", content=text, headers={"Content-Type": "text/plain"}
+        )
     _show(plan, as_json)
 
 
@@ -61,4 +63,4 @@ def set_topology(
 def show(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     """Each PE's planned backup node (extra checkpoint copy) and redeploy node."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
-        _show(client.get("/plan"), as_json)
+        _show(client.call(PlanView, "GET", "/plan"), as_json)

@@ -1,0 +1,126 @@
+"""CPU per micro-batch of one PE's query: a real local Spark session and nats-server.
+
+Feeds ``--rows`` events every ``--every`` seconds into the input of one processor PE for
+``--seconds`` and reports the batches it committed, the CPU they cost (per process, the
+JVM and every Python worker, and the whole machine's busy time, which includes workers that
+ended meanwhile), then the CPU of the same query idle. Run it on a quiet machine:
+
+    .venv/bin/python scripts/batch_cpu.py --kind window-aggregate --trigger-ms 200
+
+A measurement tool, not part of the runtime (the planned ``fogshift bench dataplane`` will
+measure latency and throughput against plain Spark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream
+from fogshift.broker.publish import Record, publish_records
+from fogshift.broker.server import start_nats_server
+from fogshift.runtime.engine import QueryPlan, start_query
+from fogshift.runtime.session import build_session
+from fogshift.spec.models import ElementSpec
+
+OPTIONS = {
+    "window-aggregate": {"field": "value", "window": 10, "function": "avg"},
+    "filter": {"where": "value > 0"},
+}
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as handle:
+        values = [int(x) for x in handle.readline().split()[1:]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_process(me: psutil.Process) -> dict[int, tuple[float, str]]:
+    """CPU seconds so far of this process and its descendants, with their command lines."""
+    out = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            out[proc.pid] = (times.user + times.system, " ".join(proc.cmdline())[-70:])
+        except psutil.Error:
+            continue
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=sorted(OPTIONS), default="filter")
+    parser.add_argument("--every", type=float, default=0.5, help="seconds between appends")
+    parser.add_argument("--rows", type=int, default=12, help="events per append")
+    parser.add_argument("--seconds", type=float, default=40)
+    parser.add_argument("--trigger-ms", type=int, default=200)
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="batch-cpu-"))
+    broker = start_nats_server(home / "nats")
+    broker_file = home / "broker.json"
+    broker.address.save(broker_file)
+    js = SyncJetStream(broker.address)
+    for pe in ("src", "pe"):
+        js.run(lambda j, pe=pe: ensure_pe_stream(j, "p", pe))
+    element = ElementSpec(id="pe", kind=args.kind, node="n", inputs=("src",),
+                          options=OPTIONS[args.kind])  # fmt: skip
+    spark = build_session("batch-cpu", "local[2]", str(home / "spark"))
+    plan = QueryPlan("p", element, str(broker_file), str(home / "checkpoint"),
+                     trigger_ms=args.trigger_ms, gate_file=str(home / "gate.json"))  # fmt: skip
+    query = start_query(spark, plan)
+    sent = 0
+
+    def send(count: int) -> None:
+        nonlocal sent
+        records = [
+            Record(n, 0, n, 1000.0 + n, "src", json.dumps({"value": n % 7 - 2.5}))
+            for n in range(sent + 1, sent + count + 1)
+        ]
+        js.run(lambda j: publish_records(j, "p", "src", records))
+        sent += count
+
+    def committed() -> int:
+        folder = home / "checkpoint" / "commits"
+        return (
+            sum(1 for f in folder.iterdir() if not f.name.startswith(".")) if folder.exists() else 0
+        )
+
+    me = psutil.Process()
+    send(args.rows)
+    time.sleep(10)  # the first batches, and the workers' start, are not what is measured
+    before, batches, busy, started = cpu_by_process(me), committed(), machine_busy_s(), time.time()
+    while time.time() - started < args.seconds:
+        send(args.rows)
+        time.sleep(args.every)
+    time.sleep(2)
+    after, batches, busy = cpu_by_process(me), committed() - batches, machine_busy_s() - busy
+    wall = time.time() - started
+    spent = {pid: t - before.get(pid, (0.0, ""))[0] for pid, (t, _) in after.items()}
+    total = sum(spent.values())
+    print(f"{args.kind}, {args.rows} events every {args.every} s, trigger {args.trigger_ms} ms: "
+          f"{batches} batches in {wall:.0f} s; processes {total:.1f} s of CPU "
+          f"({1000 * total / max(batches, 1):.0f} ms a batch, {100 * total / wall:.0f}% of a "
+          f"core); machine busy {busy:.1f} s")  # fmt: skip
+    for pid, seconds in sorted(spent.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"  {seconds:6.1f} s  {1000 * seconds / max(batches, 1):5.0f} ms/batch  "
+              f"{after[pid][1]}")  # fmt: skip
+    idle_before = cpu_by_process(me)
+    time.sleep(15)
+    idle = sum(t - idle_before.get(pid, (0.0, ""))[0] for pid, (t, _) in cpu_by_process(me).items())
+    print(f"idle: {100 * idle / 15:.0f}% of a core")
+    query.stop()
+    spark.stop()
+    js.close()
+    os.killpg(broker.pid, 9)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""`fogshift topology show`'s rendering of the orchestrator's typed plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fogshift.cli.topology import _show
+from fogshift.contracts import Assignment, PlannedServer, PlanView
+
+PLAN = PlanView(
+    method="exact",
+    status="optimal",
+    solve_ms=12.0,
+    servers=[PlannedServer(node="fog-a", cpu=100, load=40)],
+    assignments={
+        "p/agg": Assignment(backup="fog-b", redeploy="fog-c", recovery_ms=250.5),
+        "p/sink": Assignment(),  # not placeable yet: nothing planned
+    },
+)
+
+
+def test_the_table_names_each_pe_its_nodes_and_the_servers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _show(PLAN, as_json=False)
+    out = capsys.readouterr().out
+    assert "p/agg" in out and "fog-b" in out and "250.5" in out
+    assert "p/sink" in out  # a PE without a plan is listed, not a crash
+    assert "exact plan (optimal, 12 ms)" in out and "fog-a 40/100" in out
+
+
+def test_json_is_the_plan_as_the_orchestrator_sent_it(capsys: pytest.CaptureFixture[str]) -> None:
+    _show(PLAN, as_json=True)
+    assert PlanView.model_validate(json.loads(capsys.readouterr().out)) == PLAN
