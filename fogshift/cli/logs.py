@@ -62,13 +62,20 @@ def select_logs(home: Path, name: str | None) -> dict[str, Path]:
     return {name: files[name]}
 
 
-def tail(path: Path, lines: int) -> list[str]:
+def tail(path: Path, lines: int, end: int | None = None) -> list[str]:
     """The last ``lines`` lines of ``path`` (without their line ends), reading it from the end
-    so that a large log costs no more than its tail."""
+    so that a large log costs no more than its tail.
+
+    Args:
+        end: Read the file only up to this offset (default: its end now). ``logs -f`` passes
+            the offset it then follows from, so a line appended meanwhile is followed, not
+            lost between the tail and the follow.
+    """
     if lines <= 0:
         return []
     with open(path, "rb") as handle:
-        end = handle.seek(0, os.SEEK_END)
+        size = handle.seek(0, os.SEEK_END)
+        end = size if end is None else min(end, size)
         data = b""
         position = end
         # lines + 1 line ends: the text after the one before the first wanted line.
@@ -81,6 +88,11 @@ def tail(path: Path, lines: int) -> list[str]:
     return text.splitlines()[-lines:]
 
 
+def sizes(files: dict[str, Path]) -> dict[str, int]:
+    """Each file's size now: where a follow that starts now begins."""
+    return {name: _size(path) for name, path in files.items()}
+
+
 def follow(
     files: dict[str, Path],
     write: Callable[[str], None],
@@ -88,17 +100,20 @@ def follow(
     prefix: bool,
     interval_s: float = 0.2,
     keep_going: Callable[[], bool] = lambda: True,
+    start: dict[str, int] | None = None,
 ) -> None:
-    """Write every line appended to ``files`` from now on, as ``tail -f`` does, while
-    ``keep_going()`` (the CLI stops on Ctrl-C).
+    """Write every line appended to ``files`` after ``start`` (default: now), as ``tail -f``
+    does, while ``keep_going()`` (the CLI stops on Ctrl-C).
 
     A partly written last line waits for its line end. A file that shrinks (truncated or
     replaced) is read again from its start.
 
     Args:
         prefix: Start each line with its log's name (when following several).
+        start: Each file's offset to follow from (:func:`sizes`, taken before its tail was
+            printed).
     """
-    positions = {name: _size(path) for name, path in files.items()}
+    positions = dict(start) if start is not None else sizes(files)
     pending = dict.fromkeys(files, b"")
     while keep_going():
         for name, path in files.items():

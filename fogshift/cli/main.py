@@ -384,10 +384,13 @@ def logs(
 ) -> None:
     """The tail of a node's log (<home>/logs/node-NODE.log), the orchestrator's, or all."""
     from fogshift.cli.logs import follow as follow_logs
-    from fogshift.cli.logs import select_logs, tail
+    from fogshift.cli.logs import select_logs, sizes, tail
 
     files = select_logs(home.resolve(), node)
     several = len(files) > 1
+    # Where the tails end and the follow starts: taken first, so that a line appended while
+    # the tails are printed is followed rather than lost between the two.
+    ends = sizes(files)
 
     def write(line: str) -> None:
         sys.stdout.write(line + "\n")
@@ -396,12 +399,12 @@ def logs(
     for name, path in files.items():
         if several:
             write(f"==> {name} ({path}) <==")
-        for line in tail(path, lines):
+        for line in tail(path, lines, end=ends[name]):
             write(line)
     if not follow:
         return
     try:
-        follow_logs(files, write, prefix=several)
+        follow_logs(files, write, prefix=several, start=ends)
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 

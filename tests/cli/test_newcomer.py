@@ -284,6 +284,23 @@ def test_tail_reads_from_the_end_across_blocks(
     assert cli_logs.tail(log, 0) == []
 
 
+def test_a_line_appended_between_the_tail_and_the_follow_is_followed(tmp_path: Path) -> None:
+    # `logs -f` takes the offsets first, prints the tails up to them, then follows from them:
+    # whatever is appended in between (a loaded node: the follow starts late) still shows.
+    log = tmp_path / "node-fog-a.log"
+    log.write_text("old 1\nold 2\n")
+    files = {"fog-a": log}
+    ends = cli_logs.sizes(files)
+    with open(log, "a") as handle:
+        handle.write("meanwhile\n")
+    assert cli_logs.tail(log, 5, end=ends["fog-a"]) == ["old 1", "old 2"]
+    seen: list[str] = []
+    rounds = iter(range(2))
+    cli_logs.follow(files, seen.append, prefix=False, interval_s=0.01, start=ends,
+                    keep_going=lambda: next(rounds, None) is not None)  # fmt: skip
+    assert seen == ["meanwhile"]
+
+
 def test_logs_of_an_unknown_node_names_the_ones_that_exist(home: Path, tmp_path: Path) -> None:
     result = runner.invoke(cli.app, ["logs", "fog-b", "--home", str(home)])
     assert isinstance(result.exception, InvalidInput)
