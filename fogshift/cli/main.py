@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import threading
 import time
@@ -403,10 +404,11 @@ def logs(
             write(line)
     if not follow:
         return
-    try:
-        follow_logs(files, write, prefix=several, start=ends)
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+    # Ctrl-C ends the follow at its next poll, whatever the process was doing when it came
+    # (and even if it was started with SIGINT ignored, as background jobs are).
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+    follow_logs(files, write, prefix=several, start=ends, keep_going=lambda: not stop.is_set())
 
 
 def _watch_phases(

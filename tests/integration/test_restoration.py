@@ -21,6 +21,7 @@ from fogshift.broker.naming import data_subject, dead_subject, fence_subject, st
 from fogshift.broker.publish import last_position
 from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.spark_dir import progress_of
+from fogshift.common.waiting import wait_until
 from fogshift.events import EPOCH_HEADER
 from tests.conftest import Cluster, group_alive
 from tests.integration.control import kill_orchestrator
@@ -82,8 +83,18 @@ def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> Non
     spec = case1_spec(tmp_path, "killed", detect_after_s=600)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("killed", "sink", 20)
-    status = wait_central(cluster, "killed", "aggregate")
-    assert status["node_level"]["batch"] >= status["central"]["batch"] >= 0
+    # The node-level figure comes with the node's heartbeat, the central one from the pull,
+    # which may have taken a snapshot newer than the last heartbeat told: wait for the next.
+    wait_until(
+        lambda: (
+            (c := wait_central(cluster, "killed", "aggregate"))["node_level"]["batch"]
+            >= c["central"]["batch"]
+            >= 0
+        ),
+        30,
+        interval_s=0.5,
+        describe="the node-level checkpoint reported at least as new as the central one",
+    )
     # A random moment: mid-batch, between checkpoints, or while one is being taken.
     time.sleep(random.uniform(0, 2))
     pgid = cluster.node("fog-a")["pgid"]
