@@ -86,7 +86,7 @@ def _kill_and_restore(
     source_rows: int,
     console: Console,
     deadline: float,
-) -> dict:
+) -> tuple[dict, str]:
     """Kill the node hosting ``element`` while its input flows; restore the PE.
 
     The kill waits for a central checkpoint of the PE and for the PE to have processed two
@@ -94,7 +94,7 @@ def _kill_and_restore(
     ones): the restore then has events to reprocess, whatever the timing.
 
     Returns:
-        The restore's report.
+        The restore's report and the name of the node killed.
     """
     key = f"{pipeline}/{element}"
     with console.status(f"waiting for a central checkpoint of {key} and input beyond it"):
@@ -136,7 +136,7 @@ def _kill_and_restore(
         f"{report['reprocess_ms']:.0f} ms, then {report['intermediate_events']} intermediate "
         f"in {report['intermediate_ms']:.0f} ms; the old instance is fenced"
     )
-    return report
+    return report, str(host["name"])
 
 
 def _migrate(
@@ -177,12 +177,14 @@ def _run(
         with open(source, "rb") as rows:
             source_rows = sum(1 for line in rows if line.strip()) - 1  # less the header
         # The kill comes first: a migration's warm-up can take longer than the input lasts.
-        restored = _kill_and_restore(
+        restored, killed = _kill_and_restore(
             client, spec.pipeline, aggregate, int(agg["window"]), source_rows, console, deadline
         )
         if migrate_to is None:
+            # Not the killed node: the orchestrator still calls it healthy until its heartbeats
+            # have been missing for node_timeout_s, and a restore can be quicker than that.
             healthy = sorted(n["name"] for n in client.get("/nodes") if n["healthy"])
-            migrate_to = tuple(n for n in healthy if n != restored["target"])[:1]
+            migrate_to = tuple(n for n in healthy if n not in (restored["target"], killed))[:1]
         for target in migrate_to:
             _migrate(client, spec.pipeline, aggregate, target, console)
         with Progress(
