@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -668,7 +668,7 @@ def restart_nodes(
     try:
         for k, name in enumerate(nodes):
             if k and k % STARTING_AT_ONCE == 0:
-                wait_healthy(home, started, timeout_s, say)
+                wait_healthy(home, started, timeout_s, say, _pids(fresh, started))
             say(f"restarting node agent {name}")
             info = cluster.nodes[name]
             fresh[name] = _spawn(list(info.argv), home / "logs" / f"node-{name}.log").model_copy(
@@ -677,12 +677,16 @@ def restart_nodes(
             started.append(name)
             save_cluster(home, cluster.model_copy(update={"nodes": fresh}))
         cluster = cluster.model_copy(update={"nodes": fresh})
-        wait_healthy(home, list(cluster.nodes), timeout_s, say)
+        wait_healthy(home, list(cluster.nodes), timeout_s, say, _pids(fresh, started))
     except BaseException:
         for name in started:
             kill_group(fresh[name].pgid, signal.SIGKILL)
         raise
     return cluster
+
+
+def _pids(infos: Mapping[str, ProcessInfo], names: list[str]) -> dict[str, int]:
+    return {name: infos[name].pid for name in names}
 
 
 def wait_agents_ready(
@@ -729,10 +733,21 @@ def wait_agents_ready(
 
 
 def wait_healthy(
-    home: Path, nodes: list[str], timeout_s: float, say: Callable[[str], None]
+    home: Path,
+    nodes: list[str],
+    timeout_s: float,
+    say: Callable[[str], None],
+    pids: Mapping[str, int] | None = None,
 ) -> list[NodeView]:
     """Wait until the orchestrator reports every node in ``nodes`` healthy; every node it
-    reports then."""
+    reports then.
+
+    Args:
+        pids: Nodes just started again, by the pid of their new agent: each counts only once
+            the orchestrator heard from that process. The dead agent's last heartbeat keeps
+            a node "healthy" for up to the orchestrator's node timeout after a kill.
+    """
+    pids = pids or {}
     client = orchestrator_client(home, timeout_s=5)
     last: Any = None
     healthy: list[NodeView] = []
@@ -748,7 +763,13 @@ def wait_healthy(
         errors = [f"{n}: {reports[n].error}" for n in nodes if n in reports and reports[n].error]
         if errors:
             raise Unavailable("node failed to start: " + "; ".join(errors))
-        waiting = [n for n in nodes if n not in reports or not reports[n].healthy]
+        waiting = [
+            n
+            for n in nodes
+            if n not in reports
+            or not reports[n].healthy
+            or (n in pids and reports[n].pid != pids[n])
+        ]
         if not waiting:
             healthy = list(reports.values())  # may be empty: no node to wait for
             return True
