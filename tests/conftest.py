@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from fogshift.broker.client import BrokerAddress, SyncJetStream
@@ -19,6 +20,33 @@ from fogshift.broker.server import BrokerProcess, start_nats_server
 from fogshift.supervisor.cluster import group_alive, orchestrator_client
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+#: Where to append one JSON line per test (wall clock and the machine's busy and idle CPU
+#: seconds over its setup, call and teardown), to tell a test that waits from one that
+#: computes; unset: nothing is recorded.
+PROFILE = os.environ.get("FOGSHIFT_TEST_PROFILE")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not PROFILE:
+        yield
+        return
+    started, before = time.monotonic(), psutil.cpu_times()
+    yield
+    after = psutil.cpu_times()
+    idle = (after.idle - before.idle) + (after.iowait - before.iowait)
+    total = sum(after) - sum(before)
+    record = {
+        "test": item.nodeid,
+        "wall_s": round(time.monotonic() - started, 2),
+        "busy_cpu_s": round(total - idle, 2),
+        "idle_cpu_s": round(idle, 2),
+        "cores": psutil.cpu_count(),
+    }
+    with open(PROFILE, "a") as out:
+        out.write(json.dumps(record) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,45 @@
+"""Sum a suite run's per-test profile by module: where the wall clock goes, and how much of
+it the machine's CPUs were busy (computing) or idle (tests waiting).
+
+Record with ``FOGSHIFT_TEST_PROFILE=/tmp/profile.jsonl make test`` (``tests/conftest.py``
+appends one line per test), then::
+
+    .venv/bin/python scripts/test_profile.py /tmp/profile.jsonl
+
+A module whose CPUs were mostly idle waits (timeouts, restarts, polls): shorter waits or
+running it beside another module would save its time. A busy one computes: only cheaper
+batches, fewer operations or fewer cluster starts save time there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profile", type=Path, help="the JSON-lines file the suite wrote")
+    parser.add_argument("--top", type=int, default=25, help="modules to list")
+    args = parser.parse_args()
+    modules: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for line in args.profile.read_text().splitlines():
+        record = json.loads(line)
+        module = modules[record["test"].split("::")[0]]
+        module[0] += record["wall_s"]
+        module[1] += record["busy_cpu_s"]
+        module[2] += record["idle_cpu_s"]
+        module[3] += 1
+    wall = sum(m[0] for m in modules.values())
+    busy = sum(m[1] for m in modules.values())
+    idle = sum(m[2] for m in modules.values())
+    print(f"{'module':60} {'tests':>5} {'wall s':>8} {'share':>6} {'busy %':>7}")
+    for name, (w, b, i, n) in sorted(modules.items(), key=lambda kv: -kv[1][0])[: args.top]:
+        print(f"{name:60} {n:5.0f} {w:8.1f} {w / wall:6.1%} {b / max(b + i, 1e-9):7.1%}")
+    print(f"{'all':60} {'':5} {wall:8.1f} {'':6} {busy / max(busy + idle, 1e-9):7.1%}")
+
+
+if __name__ == "__main__":
+    main()
