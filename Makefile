@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 	@scripts/check-java.sh
+	@scripts/check-chromium.sh
 
 demo: setup
 	$(VENV)/bin/fogshift demo

@@ -604,6 +604,11 @@ class ElementStatus(BaseModel):
         planned_backup: The planner's backup node for it.
         planned_redeploy: The planner's redeploy node for it.
         last_restore: The report of its last restore.
+        inputs: The PEs it reads (the pipeline's edges).
+        epoch: The epoch its instance writes under, as its node last reported (``None``:
+            no report).
+        last_migration: The report of its last migration (``None``: none since the
+            orchestrator started).
     """
 
     model_config = _WIRE
@@ -620,6 +625,9 @@ class ElementStatus(BaseModel):
     planned_backup: str | None
     planned_redeploy: str | None
     last_restore: RestoreReport | None
+    inputs: list[str] = []
+    epoch: int | None = None
+    last_migration: MigrationReport | None = None
 
 
 class PipelineStatus(BaseModel):

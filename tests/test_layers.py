@@ -39,7 +39,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("migration", "restoration"),
     ("agent", "orchestrator"),
     ("supervisor",),
-    ("bench",),
+    # The benchmarks and the web dashboard: clients of the services, started by the CLI.
+    ("bench", "web"),
     ("cli",),
 ]
 

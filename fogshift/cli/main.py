@@ -610,6 +610,27 @@ def demo(
     raise typer.Exit(0 if ok else 1)
 
 
+@app.command()
+def dashboard(
+    home: Home = Path(".fogshift"),
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (loopback unless you say otherwise).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port; 0 picks a free one.")] = 8765,
+    spec_dir: Annotated[
+        Path, typer.Option(help="Relative paths of specs deployed from the browser start here.")
+    ] = Path("."),
+) -> None:
+    """Serve the web dashboard of the cluster; prints a one-time login URL."""
+    from fogshift.web.serve import serve
+
+    def say(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()  # the login URL must reach a pipe (a test, `| tee`) at once
+
+    serve(home.resolve(), host, port, spec_dir.resolve(), say)
+
+
 @app.command("serve-agent", hidden=True)
 def serve_agent(
     name: Annotated[str, typer.Option()],

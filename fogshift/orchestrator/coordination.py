@@ -90,11 +90,14 @@ class Coordination(Deployment):
             except MigrationFailed as exc:
                 failed = exc.report
                 rolled_back = isinstance(failed, MigrationReport) and failed.rolled_back
+                if isinstance(failed, MigrationReport):
+                    self.last_migration[(pipeline, element_id)] = failed
                 self.registry.finish(op.id, "rolled_back" if rolled_back else "failed")
                 raise
             # Anything else escaping the procedure leaves the entry unfinished: the next
             # reconcile round resolves it by its phase (see recover_operations).
             self.registry.finish(op.id, "migrated")
+            self.last_migration[(pipeline, element_id)] = report
         log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
         return report
 

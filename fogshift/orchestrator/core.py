@@ -16,7 +16,7 @@ from fogshift.broker.client import (
 )
 from fogshift.checkpoint.central import CentralStore
 from fogshift.common.http import ServiceClient, node_token
-from fogshift.contracts import Heartbeat, PlanView, RestoreReport
+from fogshift.contracts import Heartbeat, MigrationReport, PlanView, RestoreReport
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.permissions import BrokerPermissions
@@ -71,6 +71,8 @@ class OrchestratorCore:
         self.replica_stats: dict[tuple[str, str], ReplicaPush] = {}
         #: The report of each PE's last restore (manual or automatic).
         self.last_restore: dict[tuple[str, str], RestoreReport] = {}
+        #: The report of each PE's last migration (migrated, rolled back or failed).
+        self.last_migration: dict[tuple[str, str], MigrationReport] = {}
         self.started_at = time.time()
         #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
         self.plan = PlanView(error="not computed yet")

@@ -230,6 +230,9 @@ class Deployment(Journal):
                         planned_backup=planned.backup,
                         planned_redeploy=planned.redeploy,
                         last_restore=self.last_restore.get((record.name, element.id)),
+                        inputs=list(element.inputs),
+                        epoch=report.epoch if report else None,
+                        last_migration=self.last_migration.get((record.name, element.id)),
                     )
                 )
             out.append(

@@ -341,10 +341,26 @@ def load_spec(path: str | Path, nodes: Iterable[str] | None = None) -> PipelineS
         text = source.read_text()
     except OSError as exc:
         raise InvalidSpec(f"cannot read spec file {str(source)!r}: {exc.strerror}") from None
+    return load_spec_text(text, source.resolve().parent, nodes, f"spec file {str(source)!r}")
+
+
+def load_spec_text(
+    text: str, base_dir: Path, nodes: Iterable[str] | None = None, what: str = "the spec"
+) -> PipelineSpec:
+    """Validate and resolve a YAML spec given as text (e.g. uploaded), checking that input
+    files exist.
+
+    Args:
+        base_dir: Relative paths in the spec are relative to it.
+        what: How errors name the spec.
+
+    Raises:
+        InvalidSpec: The text is not YAML, or the spec is invalid.
+    """
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InvalidSpec(f"spec file {str(source)!r} is not valid YAML: {exc}") from None
-    spec = parse_spec(data, source.resolve().parent)
+        raise InvalidSpec(f"{what} is not valid YAML: {exc}") from None
+    spec = parse_spec(data, base_dir)
     validate_spec(spec, nodes, check_files=True)
     return spec

@@ -1,0 +1,80 @@
+"""Login and sessions of the dashboard.
+
+`fogshift dashboard` prints a login URL carrying a one-time token (as Jupyter does): the first
+request with it gets a session cookie and the token is spent. The operator token (the one in
+``<home>/token``, which the CLI uses) also logs in, through the login form, for a browser that
+lost its cookie. Later requests carry only the cookie: ``HttpOnly`` (no script reads it) and
+``SameSite=Strict`` (no other site's page sends it); state-changing requests must also come
+from the dashboard's own origin.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+from fogshift.common.http import same_token
+from fogshift.web.exceptions import BadLogin
+
+#: The session cookie's name.
+COOKIE = "fogshift_session"
+
+
+@dataclass
+class Sessions:
+    """The one-time login token and the live sessions of one dashboard process.
+
+    Args:
+        operator_token: The cluster's operator token (also accepted by the login form).
+        idle_s: A session unused for this long ends.
+    """
+
+    operator_token: str
+    idle_s: float = 12 * 3600.0
+    login_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    _spent: bool = False
+    _sessions: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def login(self, token: str) -> str:
+        """A new session for ``token`` (the unspent one-time token, or the operator token).
+
+        Returns:
+            The session id to set as the cookie.
+
+        Raises:
+            BadLogin: ``token`` is neither, or it is the one-time token spent already.
+        """
+        with self._lock:
+            if not self._spent and same_token(token, self.login_token):
+                self._spent = True
+            elif not same_token(token, self.operator_token):
+                raise BadLogin(
+                    "this login link or token is not valid (a login link works once)",
+                    expected="the link `fogshift dashboard` printed, unused, or the operator "
+                    "token in <home>/token",
+                    hint="paste the token from <home>/token into the form, or start "
+                    "`fogshift dashboard` again for a new link",
+                )
+            session = secrets.token_urlsafe(32)
+            self._sessions[session] = time.monotonic()
+            return session
+
+    def valid(self, session: str | None) -> bool:
+        """Whether ``session`` is live (and mark it used now)."""
+        if not session:
+            return False
+        now = time.monotonic()
+        with self._lock:
+            for stale in [s for s, t in self._sessions.items() if now - t > self.idle_s]:
+                del self._sessions[stale]
+            if session not in self._sessions:
+                return False
+            self._sessions[session] = now
+            return True
+
+    def logout(self, session: str | None) -> None:
+        with self._lock:
+            self._sessions.pop(session or "", None)

@@ -1,0 +1,217 @@
+"""What the dashboard remembers of the last minutes: per-PE samples, rates and marks.
+
+The orchestrator reports counters (events in and out, dead letters) and placements as of now;
+the dashboard samples them every ``interval_s`` and keeps ``window_s`` of samples, from which
+come each PE's rate and the charts. A change between two samples becomes a mark on the
+timeline: a PE on another node (a migration or a restore: its last restore report tells which),
+a node lost or back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import pairwise
+
+from fogshift.contracts import ElementStatus, NodeView, PipelineStatus
+from fogshift.exceptions import FogshiftError
+
+#: One poll of the orchestrator: every pipeline's status and every node.
+Fetch = Callable[[], tuple[list[PipelineStatus], list[NodeView]]]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One PE as one poll saw it."""
+
+    t: float
+    events_in: int
+    events_out: int
+    dead_letters: int
+    node: str
+    state: str
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Something that happened between two polls.
+
+    Attributes:
+        t: When it was seen (the later poll; wall clock, seconds).
+        kind: ``migration``, ``restore``, ``node-lost`` or ``node-back``.
+        pipeline: The pipeline concerned (``None``: a node event).
+        text: What happened, for a person.
+    """
+
+    t: float
+    kind: str
+    pipeline: str | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one poll of the orchestrator returned."""
+
+    t: float
+    pipelines: list[PipelineStatus]
+    nodes: list[NodeView]
+
+
+class History:
+    """The samples of the last ``window_s`` seconds and the marks found in them.
+
+    Thread-safe: one thread records, request handlers read.
+    """
+
+    def __init__(self, window_s: float = 600.0) -> None:
+        self.window_s = window_s
+        self.latest: Snapshot | None = None
+        self._samples: dict[tuple[str, str], deque[Sample]] = {}
+        self._marks: deque[Mark] = deque()
+        self._lock = threading.Lock()
+
+    def record(self, snapshot: Snapshot) -> None:
+        """Add one poll; find what changed since the previous one."""
+        with self._lock:
+            previous = self.latest
+            self.latest = snapshot
+            if previous is not None:
+                self._marks.extend(_changes(previous, snapshot))
+            for status in snapshot.pipelines:
+                for e in status.elements:
+                    samples = self._samples.setdefault((status.pipeline, e.element), deque())
+                    samples.append(_sample(snapshot.t, e))
+            horizon = snapshot.t - self.window_s
+            for samples in self._samples.values():
+                while samples and samples[0].t < horizon:
+                    samples.popleft()
+            while self._marks and self._marks[0].t < horizon:
+                self._marks.popleft()
+
+    def rate(self, pipeline: str, element: str, over_s: float = 5.0) -> float | None:
+        """Events out per second over the last ``over_s`` seconds (``None``: too few samples).
+
+        A counter that went down (a PE restored from an older checkpoint counts from there)
+        gives no rate rather than a negative one.
+        """
+        with self._lock:
+            samples = list(self._samples.get((pipeline, element), ()))
+        if len(samples) < 2:
+            return None
+        last = samples[-1]
+        first = next((s for s in samples if s.t >= last.t - over_s), samples[0])
+        if first is last:
+            first = samples[-2]
+        if last.events_out < first.events_out or last.t <= first.t:
+            return None
+        return (last.events_out - first.events_out) / (last.t - first.t)
+
+    def series(self, pipeline: str, over_s: float = 5.0) -> dict[str, object]:
+        """Per PE of ``pipeline``, its rate at each sample over the ``over_s`` seconds before
+        it (counters move once per micro-batch: a shorter span shows the batches, not the
+        flow), and the marks: the chart's data (times in seconds since the epoch). A counter
+        that went down in the span gives no rate there."""
+        with self._lock:
+            mine = {e: list(s) for (p, e), s in self._samples.items() if p == pipeline}
+            marks = [m for m in self._marks if m.pipeline in (pipeline, None)]
+        times = sorted({s.t for samples in mine.values() for s in samples})
+        rates: dict[str, list[float | None]] = {}
+        for element, samples in sorted(mine.items()):
+            by_t = {s.t: k for k, s in enumerate(samples)}
+            row: list[float | None] = []
+            for t in times:
+                k = by_t.get(t)
+                if k is None:
+                    row.append(None)
+                    continue
+                span = [s for s in samples[: k + 1] if s.t >= t - over_s]
+                if len(span) < 2 and k > 0:
+                    span = samples[k - 1 : k + 1]
+                first, last = span[0], span[-1]
+                steady = all(a.events_out <= b.events_out for a, b in pairwise(span))
+                if first is last or not steady:
+                    row.append(None)
+                else:
+                    row.append(round((last.events_out - first.events_out) / (last.t - first.t), 2))
+            rates[element] = row
+        return {
+            "t": times,
+            "rates": rates,
+            "marks": [{"t": m.t, "kind": m.kind, "text": m.text} for m in marks],
+        }
+
+    def marks(self, pipeline: str | None = None) -> list[Mark]:
+        """The marks of the window, newest first (of ``pipeline`` and every node event)."""
+        with self._lock:
+            return [m for m in reversed(self._marks) if pipeline is None or m.pipeline in
+                    (pipeline, None)]  # fmt: skip
+
+
+def _sample(t: float, e: ElementStatus) -> Sample:
+    return Sample(t, e.events_in, e.events_out, e.dead_letters, e.node, str(e.state))
+
+
+def _changes(before: Snapshot, after: Snapshot) -> list[Mark]:
+    marks: list[Mark] = []
+    was = {n.name: n.healthy for n in before.nodes}
+    for node in after.nodes:
+        if node.name in was and was[node.name] != node.healthy:
+            kind = "node-back" if node.healthy else "node-lost"
+            marks.append(Mark(after.t, kind, None, f"node {node.name} "
+                              + ("is back" if node.healthy else "lost")))  # fmt: skip
+    placed = {
+        (p.pipeline, e.element): e for p in before.pipelines for e in p.elements
+    }  # fmt: skip
+    for status in after.pipelines:
+        for e in status.elements:
+            old = placed.get((status.pipeline, e.element))
+            if old is None or old.node == e.node:
+                continue
+            restored = e.last_restore is not None and e.last_restore != old.last_restore
+            kind = "restore" if restored else "migration"
+            marks.append(Mark(after.t, kind, status.pipeline,
+                              f"{e.element}: {old.node} → {e.node} ({kind})"))  # fmt: skip
+    return marks
+
+
+class Sampler:
+    """Polls the orchestrator into a :class:`History` every ``interval_s`` (a thread).
+
+    Args:
+        fetch: One poll (raises on failure: the error is kept for the pages to show).
+    """
+
+    def __init__(self, history: History, fetch: Fetch, interval_s: float = 1.0) -> None:
+        self.history = history
+        self.fetch = fetch
+        self.interval_s = interval_s
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poll(self) -> None:
+        """One poll now (the pages call it after an action, so its result shows at once)."""
+        try:
+            pipelines, nodes = self.fetch()
+        except FogshiftError as exc:
+            self.error = exc.message
+            return
+        self.error = None
+        self.history.record(Snapshot(time.time(), pipelines, nodes))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self.interval_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)

@@ -1,0 +1,73 @@
+// fogshift dashboard: the throughput chart (uPlot) and a busy note on long actions.
+"use strict";
+
+const MARK_COLOURS = { migration: "#0b5cad", restore: "#9a6700", "node-lost": "#cf222e", "node-back": "#1a7f37" };
+const LINE_COLOURS = ["#0b5cad", "#1a7f37", "#9a6700", "#8250df", "#cf222e", "#1b7c83", "#bc4c00"];
+
+function marksPlugin(getMarks) {
+  return {
+    hooks: {
+      draw: [(u) => {
+        const ctx = u.ctx;
+        ctx.save();
+        for (const m of getMarks()) {
+          const x = u.valToPos(m.t, "x", true);
+          if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+          ctx.strokeStyle = MARK_COLOURS[m.kind] || "#57606a";
+          ctx.setLineDash([4, 3]);
+          ctx.beginPath();
+          ctx.moveTo(x, u.bbox.top);
+          ctx.lineTo(x, u.bbox.top + u.bbox.height);
+          ctx.stroke();
+          ctx.fillStyle = ctx.strokeStyle;
+          ctx.fillText(m.text, x + 4, u.bbox.top + 12);
+        }
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+async function startChart(figure) {
+  let marks = [];
+  let plot = null;
+  let names = [];
+  const width = () => Math.max(figure.clientWidth - 16, 280);
+  async function refresh() {
+    let data;
+    try {
+      const response = await fetch(figure.dataset.series, { credentials: "same-origin" });
+      if (!response.ok) return;
+      data = await response.json();
+    } catch (e) { return; }
+    marks = data.marks;
+    const elements = Object.keys(data.rates).sort();
+    const rows = [data.t, ...elements.map((e) => data.rates[e])];
+    if (plot === null || elements.join() !== names.join()) {
+      if (plot !== null) plot.destroy();
+      names = elements;
+      plot = new uPlot({
+        width: width(), height: 240,
+        series: [{}, ...elements.map((e, i) => ({ label: e, stroke: LINE_COLOURS[i % LINE_COLOURS.length], width: 2, spanGaps: false }))],
+        axes: [{}, { label: "events/s" }],
+        plugins: [marksPlugin(() => marks)],
+      }, rows, figure);
+    } else {
+      plot.setData(rows);
+    }
+  }
+  await refresh();
+  setInterval(refresh, 2000);
+  window.addEventListener("resize", () => plot && plot.setSize({ width: width(), height: 240 }));
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.querySelectorAll("figure.chart[data-series]").forEach(startChart);
+  // A migration or restore answers when it is done: say so while the browser waits.
+  document.querySelectorAll("button[data-busy]").forEach((button) => {
+    button.form.addEventListener("submit", () => {
+      button.disabled = true;
+      button.textContent = button.dataset.busy;
+    });
+  });
+});

@@ -1,0 +1,196 @@
+"""The dashboard's pages and actions in-process, against a stand-in orchestrator: login and
+cookies, confirmation before every action, errors with expected/received/hint, names checked,
+cross-site posts refused. The real thing, in a real browser: test_dashboard_browser.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from fogshift.contracts import (
+    DeadLetter,
+    MigrationMode,
+    MigrationReport,
+    MigrationStatus,
+    NodeView,
+    OperationView,
+    PipelineState,
+    PipelineStatus,
+    PlanView,
+)
+from fogshift.exceptions import InvalidInput, NotFound
+from fogshift.web.app import DashboardConfig, create_app
+from fogshift.web.auth import COOKIE, Sessions
+from tests.web.test_graph import element
+from tests.web.test_history import node
+
+TOKEN = "o" * 32
+
+
+class StandIn:
+    """Answers like the orchestrator's REST API; records the actions it was asked for."""
+
+    def __init__(self) -> None:
+        self.actions: list[tuple[Any, ...]] = []
+        self.refuse: InvalidInput | None = None
+
+    def pipelines(self) -> list[PipelineStatus]:
+        return [self.pipeline("p")]
+
+    def pipeline(self, name: str) -> PipelineStatus:
+        if name != "p":
+            raise NotFound(f"no pipeline {name!r}", expected="p", received=name)
+        return PipelineStatus(
+            pipeline="p", status=PipelineState.RUNNING,
+            elements=[element("src", "cloud", [], out=10),
+                      element("pick", "fog-a", ["src"], events_in=8, out=6, epoch=3)],
+        )  # fmt: skip
+
+    def nodes(self) -> list[NodeView]:
+        return [node("cloud"), node("fog-a"), node("fog-b")]
+
+    def plan(self) -> PlanView:
+        return PlanView()
+
+    def errors(self, name: str) -> list[DeadLetter]:
+        return [DeadLetter(element="pick", seq=4, reason="processor 'pick' raised KeyError: "
+                           "'value'", event={"seq": 4})]  # fmt: skip
+
+    def operation(self, name: str, element: str) -> OperationView | None:
+        return None
+
+    def migrate(self, name: str, element: str, target: str, mode: str) -> MigrationReport:
+        self.actions.append(("migrate", name, element, target, mode))
+        if self.refuse:
+            raise self.refuse
+        return MigrationReport(
+            pipeline=name, element=element, origin="fog-a", target=target,
+            mode=MigrationMode(mode), status=MigrationStatus.MIGRATED,
+            phases_ms={"pause": 12.0, "state": 30.0}, downtime_ms=80.0, epoch=3,
+        )  # fmt: skip
+
+    def stop(self, name: str) -> Any:
+        self.actions.append(("stop", name))
+        raise AssertionError("not used")
+
+
+@pytest.fixture()
+def stand_in() -> StandIn:
+    return StandIn()
+
+
+@pytest.fixture()
+def sessions() -> Sessions:
+    return Sessions(operator_token=TOKEN)
+
+
+@pytest.fixture()
+def web(stand_in: StandIn, sessions: Sessions, tmp_path: Path) -> Iterator[TestClient]:
+    app = create_app(stand_in, sessions, DashboardConfig(tmp_path, interval_s=0.05))  # type: ignore[arg-type]
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+        yield client
+
+
+def logged_in(web: TestClient, sessions: Sessions) -> TestClient:
+    answer = web.get(f"/login?token={sessions.login_token}", follow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["location"] == "/"
+    cookie = answer.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert sessions.login_token not in cookie
+    return web
+
+
+def test_without_a_session_only_the_login_page_answers(web: TestClient, sessions: Sessions) -> None:
+    for path in ("/", "/pipelines", "/nodes", "/pipelines/p/elements/pick", "/deploy"):
+        answer = web.get(path, follow_redirects=False)
+        assert answer.status_code == 303 and answer.headers["location"] == "/login", path
+    assert web.post("/pipelines/p/stop").status_code == 401
+    assert web.get("/api/pipelines/p/series", headers={"hx-request": "true"}).status_code == 401
+    web.cookies.set(COOKIE, "made-up")
+    assert web.get("/pipelines", follow_redirects=False).status_code == 303
+    assert "Log in" in web.get("/login").text
+    assert web.get("/static/vendor/htmx.min.js").status_code == 200  # assets are local
+
+
+def test_the_link_logs_in_once_and_the_form_takes_the_operator_token(
+    web: TestClient, sessions: Sessions
+) -> None:
+    logged_in(web, sessions)
+    assert web.get("/pipelines").status_code == 200
+    web.cookies.clear()
+    again = web.get(f"/login?token={sessions.login_token}", follow_redirects=False)
+    assert again.status_code == 403 and "works once" in again.text
+    form = web.post("/login", data={"token": TOKEN}, follow_redirects=False)
+    assert form.status_code == 303 and COOKIE in form.headers["set-cookie"]
+
+
+def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
+    web: TestClient, sessions: Sessions
+) -> None:
+    logged_in(web, sessions)
+    overview = web.get("/pipelines").text
+    assert 'data-element="pick" data-node="fog-a"' in overview  # the drawing, from a poll
+    pipeline = web.get("/pipelines/p").text
+    assert "lag" in pipeline and ">2<" in pipeline  # src emitted 10, pick read 8
+    detail = web.get("/pipelines/p/elements/pick").text
+    assert "KeyError: &#39;value&#39;" in detail and "<option>fog-b</option>" in detail
+    assert "<option>fog-a</option>" not in detail.split('id="target"')[1].split("</select>")[0]
+    assert web.get("/pipelines/p/elements/nope").status_code == 404
+    assert web.get("/pipelines/..%2Fx").status_code in (404, 422)
+    assert web.get("/nodes").status_code == 200
+
+
+def test_an_action_asks_first_then_shows_its_report(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    url = "/pipelines/p/elements/pick/migrate"
+    ask = web.post(url, data={"target": "fog-b", "mode": "literal"})
+    assert ask.status_code == 200 and "from fog-a to fog-b (literal)?" in ask.text
+    assert stand_in.actions == []  # nothing happens before the confirmation
+    done = web.post(url, data={"target": "fog-b", "mode": "literal", "confirmed": "true"})
+    assert done.status_code == 200 and "Migrated." in done.text and "80 ms" in done.text
+    assert stand_in.actions == [("migrate", "p", "pick", "fog-b", "literal")]
+
+
+def test_a_refusal_shows_what_was_expected_received_and_a_hint(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    stand_in.refuse = InvalidInput(
+        "p/pick already runs on node 'fog-a': cannot migrate it there",
+        expected="a node other than 'fog-a'", received="'fog-a'", hint="choose another node",
+    )  # fmt: skip
+    url = "/pipelines/p/elements/pick/migrate"
+    answer = web.post(url, data={"target": "fog-a", "mode": "literal", "confirmed": "true"})
+    assert answer.status_code == 422
+    for text in ("already runs on node", "expected", "a node other than", "hint",
+                 "choose another node", "the pipeline runs on"):  # fmt: skip
+        assert text in answer.text.replace("&#39;", "'"), text
+    bad_mode = web.post(url, data={"target": "fog-b", "mode": "teleport"})
+    assert bad_mode.status_code == 422 and "precopy or literal" in bad_mode.text
+
+
+def test_a_post_from_another_site_is_refused(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    answer = web.post(
+        "/pipelines/p/elements/pick/migrate",
+        data={"target": "fog-b", "mode": "literal", "confirmed": "true"},
+        headers={"origin": "http://evil.example"},
+    )
+    assert answer.status_code == 403 and stand_in.actions == []
+
+
+def test_deploy_checks_the_spec_before_asking(web: TestClient, sessions: Sessions) -> None:
+    logged_in(web, sessions)
+    empty = web.post("/deploy", data={"spec_text": ""})
+    assert empty.status_code == 422 and "no pipeline spec" in empty.text
+    typo = "pipeline: q\nelements:\n  - {id: s, kind: csv-sourse, node: cloud}\n"
+    refused = web.post("/deploy", files={"spec_file": ("q.yaml", typo.encode())})
+    assert refused.status_code == 422 and "csv-source" in refused.text  # did you mean

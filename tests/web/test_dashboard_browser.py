@@ -1,0 +1,177 @@
+"""The dashboard in a real browser (Playwright driving Debian's chromium) against a real
+cluster and a real `fogshift dashboard` process: log in by the printed link, deploy Case 1
+from a file, watch it, find a dead letter and its reason, live-migrate the aggregate from the
+UI while input flows, see a refused deploy's expected/received/hint, stop the pipeline — and
+the output equals the independent reference (the UI's migration kept exactly-once).
+
+With ``FOGSHIFT_SCREENSHOTS=DIR`` the screenshots (the README's) are written to DIR too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fogshift.common.waiting import wait_until
+from tests.conftest import ROOT, Cluster
+from tests.integration.helpers import FEEDERS, case1_spec, finish_and_compare
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+#: As the machine's probe runs it: no sandbox as root, and none of the background
+#: connections a closed network refuses.
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+PIPELINE = "webui"
+
+
+@pytest.fixture()
+def dashboard(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
+    """A `fogshift dashboard` process for the cluster; its one-time login URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fogshift.cli.main", "dashboard", "--home", str(cluster.home),
+         "--port", "0", "--spec-dir", str(tmp_path / "work")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("open: "):
+                found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert found.wait(60), "".join(lines)
+        url = next(line for line in lines if line.startswith("open: "))[6:].strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/login\?token=[\w-]{40,}", url), url
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def browser() -> Iterator[object]:
+    assert Path(CHROMIUM).exists(), "chromium is missing: `make setup` installs it"
+    with playwright.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+def shoot(page: object, tmp_path: Path, name: str) -> None:
+    path = tmp_path / "screenshots" / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
+    if os.environ.get("FOGSHIFT_SCREENSHOTS"):
+        target = Path(os.environ["FOGSHIFT_SCREENSHOTS"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target / path.name)
+
+
+@pytest.mark.timeout(600)
+def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
+    cluster: Cluster, dashboard: str, browser: object, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    work = tmp_path / "work"
+    spec = case1_spec(work, PIPELINE, agg_node="fog-a")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+    page.set_default_timeout(60_000)
+    try:
+        # Nothing but the login page without the link; the link logs in (once).
+        page.goto(dashboard.split("/login")[0] + "/pipelines")
+        expect(page).to_have_url(re.compile(r"/login$"))
+        page.goto(dashboard)
+        expect(page).to_have_url(re.compile(r"/pipelines$"))
+
+        # Deploy from the file: checked and summarised first, deployed on confirmation.
+        page.get_by_role("link", name="Deploy", exact=True).click()
+        page.set_input_files("#spec_file", str(spec))
+        page.get_by_role("button", name="Check…").click()
+        expect(page.locator("#question")).to_contain_text("aggregate (window-aggregate) on fog-a")
+        page.get_by_role("button", name="Confirm").click()
+        expect(page.locator(".outcome")).to_have_text(f"Deployed {PIPELINE}.")
+        page.get_by_role("link", name="Continue").click()
+        cluster.wait_for(PIPELINE, "sink", 5)
+        aggregate_box = page.locator('svg.graph g.pe[data-element="aggregate"]')
+        expect(aggregate_box).to_have_attribute("data-node", "fog-a")
+        sink_out = page.locator('tr[data-element="sink"] td.num').nth(1)
+        expect(sink_out).not_to_have_text("0")  # the live table follows the sink
+        shoot(page, tmp_path, "pipeline")
+
+        # A dead letter and its reason, as the orchestrator reports it.
+        letters = wait_until(
+            lambda: cluster.get(f"/pipelines/{PIPELINE}/errors"), 120, interval_s=1,
+            describe="a dead letter (the input has malformed rows)",
+        )  # fmt: skip
+        first = letters[0]
+        page.goto(page.url + f"/elements/{first['element']}")
+        expect(page.locator("table.letters")).to_contain_text(first["reason"])
+
+        # Live migration of the aggregate from the UI, input still flowing.
+        page.goto(page.url.rsplit("/elements/", 1)[0] + "/elements/aggregate")
+        page.select_option("#target", "fog-b")
+        page.select_option("#mode", "literal")
+        shoot(page, tmp_path, "element")
+        page.get_by_role("button", name="Migrate…").click()
+        expect(page.locator("#question")).to_contain_text("from fog-a to fog-b (literal)")
+        assert FEEDERS[work].feeding
+        page.get_by_role("button", name="Confirm").click()
+        expect(page.locator(".outcome")).to_have_text("Migrated.", timeout=300_000)
+        expect(page.locator(".report")).to_contain_text("downtime")
+        assert cluster.element(PIPELINE, "aggregate")["node"] == "fog-b"
+        page.get_by_role("link", name="Continue").click()
+        expect(aggregate_box).to_have_attribute("data-node", "fog-b")
+        expect(page.locator(".marks")).to_contain_text("aggregate: fog-a → fog-b (migration)")
+
+        # At phone width the page itself does not scroll sideways (wide parts scroll inside).
+        page.set_viewport_size({"width": 390, "height": 844})
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        page.set_viewport_size({"width": 1280, "height": 900})
+
+        # A refused action says what was expected, what came, and what to do.
+        bad = tmp_path / "typo.yaml"
+        bad.write_text(spec.read_text().replace("window-aggregate", "window-agregate"))
+        page.goto(dashboard.split("/login")[0] + "/deploy")
+        page.set_input_files("#spec_file", str(bad))
+        page.get_by_role("button", name="Check…").click()
+        expect(page.get_by_role("alert")).to_contain_text("window-aggregate")
+        expect(page.get_by_role("alert")).to_contain_text("expected")
+        shoot(page, tmp_path, "refused")
+
+        # Exactly once through the UI's migration: the output equals the reference.
+        finish_and_compare(cluster, work, PIPELINE, stop=False)
+
+        # Stop from the UI.
+        page.goto(dashboard.split("/login")[0] + f"/pipelines/{PIPELINE}")
+        page.get_by_role("button", name="Stop pipeline…").click()
+        page.get_by_role("button", name="Confirm").click()
+        expect(page.locator(".outcome")).to_contain_text(f"Stopped {PIPELINE}.")
+        assert cluster.status(PIPELINE)["status"] == "stopped"
+        page.goto(dashboard.split("/login")[0] + "/nodes")
+        expect(page.locator('tr[data-node="fog-b"]')).to_contain_text("healthy")
+        shoot(page, tmp_path, "nodes")
+    finally:
+        page.close()
+        feeder = FEEDERS.pop(work, None)
+        if feeder is not None:
+            feeder.stop()

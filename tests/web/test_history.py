@@ -1,0 +1,77 @@
+"""The dashboard's memory of the last minutes: rates, chart series, marks."""
+
+from __future__ import annotations
+
+from fogshift.contracts import (
+    NodeView,
+    PipelineState,
+    PipelineStatus,
+    RestoreReport,
+    RestoreStatus,
+)
+from fogshift.web.history import History, Snapshot
+from tests.web.test_graph import element
+
+
+def node(name: str, healthy: bool = True) -> NodeView:
+    return NodeView(
+        name=name, url="http://127.0.0.1:1", pid=1, pgid=1, healthy=healthy, alive=healthy,
+        ready=True, error=None, last_seen_s=0.1, cpu_percent=None, replicas=[], elements=[],
+        checkpoints=[],
+    )  # fmt: skip
+
+
+def snap(t: float, out: int, where: str = "fog-a", restored: bool = False,
+         fog_b: bool = True) -> Snapshot:  # fmt: skip
+    report = (
+        RestoreReport(pipeline="p", element="pe", target=where, status=RestoreStatus.RESTORED)
+        if restored
+        else None
+    )
+    status = PipelineStatus(
+        pipeline="p", status=PipelineState.RUNNING,
+        elements=[element("pe", where, [], out=out, last_restore=report)],
+    )  # fmt: skip
+    return Snapshot(t, [status], [node("fog-a"), node("fog-b", fog_b)])
+
+
+def test_rate_over_the_last_seconds_and_none_when_a_counter_goes_back() -> None:
+    history = History()
+    assert history.rate("p", "pe") is None
+    for k in range(10):
+        history.record(snap(100.0 + k, out=10 * k))
+    assert history.rate("p", "pe", over_s=5) == 10.0
+    history.record(snap(110.0, out=20))  # restored from an older checkpoint
+    assert history.rate("p", "pe", over_s=5) is None
+
+
+def test_series_and_marks_of_a_migration_a_restore_and_a_node_loss() -> None:
+    history = History()
+    history.record(snap(100.0, out=0))
+    history.record(snap(101.0, out=5))
+    history.record(snap(102.0, out=9, where="fog-b"))  # moved, no new restore: a migration
+    history.record(snap(103.0, out=12, where="fog-b", fog_b=False))  # its node lost
+    history.record(snap(104.0, out=13, where="fog-a", restored=True, fog_b=False))
+    history.record(snap(105.0, out=15, where="fog-a"))
+    data = history.series("p", over_s=1)
+    assert data["t"] == [100.0, 101.0, 102.0, 103.0, 104.0, 105.0]
+    assert data["rates"] == {"pe": [None, 5.0, 4.0, 3.0, 1.0, 2.0]}
+    smooth = history.series("p", over_s=5)["rates"]
+    assert smooth == {"pe": [None, 5.0, 4.5, 4.0, 3.25, 3.0]}  # type: ignore[comparison-overlap]
+    kinds = [(m["t"], m["kind"]) for m in data["marks"]]  # type: ignore[index]
+    assert kinds == [
+        (102.0, "migration"),
+        (103.0, "node-lost"),
+        (104.0, "restore"),
+        (105.0, "node-back"),
+    ]
+    assert [m.kind for m in history.marks("p")][:2] == ["node-back", "restore"]  # newest first
+    assert history.series("other")["rates"] == {}
+
+
+def test_the_window_forgets_old_samples_and_marks() -> None:
+    history = History(window_s=10)
+    history.record(snap(100.0, out=0))
+    history.record(snap(101.0, out=1, where="fog-b"))
+    history.record(snap(120.0, out=30, where="fog-b"))
+    assert history.series("p")["t"] == [120.0] and history.marks() == []
