@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect, sync_playwright
 
 from fogshift.common.waiting import wait_until
 from tests.conftest import ROOT, Cluster
@@ -26,7 +27,6 @@ from tests.integration.helpers import FEEDERS, case1_spec, finish_and_compare
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
-playwright = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency")
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: As the machine's probe runs it: no sandbox as root, and none of the background
@@ -71,7 +71,7 @@ def dashboard(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture()
 def browser() -> Iterator[object]:
     assert Path(CHROMIUM).exists(), "chromium is missing: `make setup` installs it"
-    with playwright.sync_playwright() as p:
+    with sync_playwright() as p:
         launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield launched
         launched.close()
@@ -90,8 +90,6 @@ def shoot(page: object, tmp_path: Path, name: str) -> None:
 def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
     cluster: Cluster, dashboard: str, browser: object, tmp_path: Path
 ) -> None:
-    from playwright.sync_api import expect
-
     work = tmp_path / "work"
     spec = case1_spec(work, PIPELINE, agg_node="fog-a")
     page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
