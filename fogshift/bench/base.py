@@ -36,6 +36,7 @@ from rich.progress import (
 )
 
 from fogshift.bench import thesis
+from fogshift.common.text import one_line
 from fogshift.orchestrator.config import OrchestratorConfig
 
 MIB = 1024 * 1024
@@ -357,12 +358,6 @@ def record_command(
     )  # fmt: skip
     data["commands"] = kept
     (out / "machine.json").write_text(json.dumps(data, indent=2) + "\n")
-
-
-def one_line(text: str | None, limit: int = 200) -> str:
-    """An error message for a Markdown list item: one line, at most ``limit`` characters."""
-    flat = " ".join((text or "").split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def failure_line(row: dict[str, Any], what: str) -> str:

@@ -35,7 +35,6 @@ from fogshift.bench.base import (
     fmt_mean_std,
     mean_std,
     num,
-    one_line,
     read_notes,
     read_rows,
     truthy,
@@ -51,6 +50,7 @@ from fogshift.bench.cluster import (
 from fogshift.bench.exceptions import BenchError
 from fogshift.bench.probes import CpuSampler
 from fogshift.bench.workload import Case1Run, wait_rows, warm_up
+from fogshift.common.text import one_line
 
 NAME = "e1"
 TARGET = "cloud"

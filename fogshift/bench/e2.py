@@ -34,7 +34,6 @@ from fogshift.bench.base import (
     fmt_mean_std,
     least_squares,
     num,
-    one_line,
     read_notes,
     read_rows,
     truthy,
@@ -44,6 +43,7 @@ from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters, isola
 from fogshift.bench.exceptions import BenchError
 from fogshift.bench.probes import CpuSampler
 from fogshift.bench.workload import Case1Run, wait_rows, warm_up
+from fogshift.common.text import one_line
 
 NAME = "e2"
 EDGE = "cloud"

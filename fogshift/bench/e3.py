@@ -35,7 +35,6 @@ from fogshift.bench.base import (
     fmt_mean_std,
     mean_std,
     num,
-    one_line,
     read_notes,
     read_rows,
     truthy,
@@ -44,6 +43,7 @@ from fogshift.bench.base import (
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.bench.exceptions import BenchError
 from fogshift.bench.workload import Case1Run, sink_rows, warm_up
+from fogshift.common.text import one_line
 
 NAME = "e3"
 NODE, EDGE = "fog-a", "cloud"

@@ -41,7 +41,6 @@ from fogshift.bench.base import (
     fmt,
     least_squares,
     num,
-    one_line,
     read_rows,
     truthy,
     write_notes,
@@ -50,6 +49,7 @@ from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.bench.exceptions import BenchError
 from fogshift.bench.probes import SinkWatcher
 from fogshift.bench.workload import OUTPUT, Case1Run, warm_up
+from fogshift.common.text import one_line
 
 NAME = "seamless"
 EDGE, FIRST, SECOND = "cloud", "fog-a", "fog-b"

@@ -60,13 +60,13 @@ from fogshift.bench.base import (
     RunLog,
     fmt,
     num,
-    one_line,
     read_rows,
 )
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters, cli_command
 from fogshift.bench.exceptions import BadBenchOption, BenchError
 from fogshift.bench.workload import Case1Run, InputFeeder, wait_rows
 from fogshift.common.exceptions import WaitTimedOut
+from fogshift.common.text import one_line
 from fogshift.common.waiting import wait_until
 from fogshift.exceptions import FogshiftError
 from fogshift.spec.loader import load_spec

@@ -10,22 +10,35 @@ and a hint, as the CLI prints them.
 
 from __future__ import annotations
 
+import logging
+import secrets
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, File, Form, Request, UploadFile
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from fogshift.common.http import NameParam, ServiceClient
+from fogshift.common.text import one_line
 from fogshift.contracts import (
     DeadLetter,
+    ElementStatus,
     MigrationMode,
     MigrationReport,
     NodeView,
@@ -35,16 +48,57 @@ from fogshift.contracts import (
     RestoreReport,
     StopResult,
 )
-from fogshift.exceptions import FogshiftError, InvalidInput, NotFound
+from fogshift.exceptions import (
+    FogshiftError,
+    InvalidInput,
+    InvariantViolation,
+    NotFound,
+    Unavailable,
+)
 from fogshift.spec.loader import load_spec_text
 from fogshift.web.auth import COOKIE, Sessions
 from fogshift.web.exceptions import CrossSiteRequest
 from fogshift.web.graph import lag, layout
 from fogshift.web.history import History, Sampler
 
+log = logging.getLogger("fogshift.web")
+M = TypeVar("M", bound=BaseModel)
 HERE = Path(__file__).parent
+#: The names of this machine a loopback dashboard answers to.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+#: How long an action's result page can be shown again (a reload), and how many are kept.
+RESULT_TTL_S, RESULTS_KEPT = 600.0, 64
+#: Sent with every page: nothing of it in other sites' frames or referrers, nothing cached.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+    "style-src 'self' 'unsafe-inline'; script-src 'self'; frame-ancestors 'none'; "
+    "form-action 'self'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on our own
+    # form posts, which the same-origin check must refuse.
+    "Referrer-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
 #: Largest spec file the deploy form takes.
 MAX_SPEC_BYTES = 256 * 1024
+
+
+def _listed(model: type[M], data: Any, what: str) -> list[M]:
+    """``data`` as a list of ``model``.
+
+    Raises:
+        InvariantViolation: It is not one (a service of another version, a broken answer).
+    """
+    try:
+        return TypeAdapter(list[model]).validate_python(data)  # type: ignore[valid-type]
+    except ValidationError as exc:
+        raise InvariantViolation(
+            f"the orchestrator's answer to {what} does not fit the contract",
+            expected=f"a list of {model.__name__}",
+            received=one_line(str(exc), 300),
+            hint="are the dashboard and the orchestrator the same fogshift version?",
+        ) from None
 
 
 class Orchestrator:
@@ -54,19 +108,20 @@ class Orchestrator:
         self.client = client
 
     def pipelines(self) -> list[PipelineStatus]:
-        return [PipelineStatus.model_validate(p) for p in self.client.get("/pipelines")]
+        return _listed(PipelineStatus, self.client.get("/pipelines"), "GET /pipelines")
 
     def pipeline(self, name: str) -> PipelineStatus:
         return self.client.call(PipelineStatus, "GET", f"/pipelines/{name}")
 
     def nodes(self) -> list[NodeView]:
-        return [NodeView.model_validate(n) for n in self.client.get("/nodes")]
+        return _listed(NodeView, self.client.get("/nodes"), "GET /nodes")
 
     def plan(self) -> PlanView:
         return self.client.call(PlanView, "GET", "/plan")
 
     def errors(self, name: str) -> list[DeadLetter]:
-        return [DeadLetter.model_validate(d) for d in self.client.get(f"/pipelines/{name}/errors")]
+        path = f"/pipelines/{name}/errors"
+        return _listed(DeadLetter, self.client.get(path), f"GET {path}")
 
     def operation(self, name: str, element: str) -> OperationView | None:
         try:
@@ -103,11 +158,14 @@ class DashboardConfig:
         spec_dir: Relative paths in a deployed spec are relative to it.
         interval_s: How often the orchestrator is polled for the live parts.
         window_s: How much history the charts keep.
+        allowed_hosts: Host names requests may carry (a page of another site that resolves
+            its own name to this machine — DNS rebinding — is refused); ``*`` takes any.
     """
 
     spec_dir: Path
     interval_s: float = 1.0
     window_s: float = 600.0
+    allowed_hosts: tuple[str, ...] = LOOPBACK_NAMES
 
 
 def create_app(orchestrator: Orchestrator, sessions: Sessions, config: DashboardConfig) -> FastAPI:
@@ -116,6 +174,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     sampler = Sampler(
         history, lambda: (orchestrator.pipelines(), orchestrator.nodes()), config.interval_s
     )
+    results = Results()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -129,53 +188,96 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     templates.env.globals["fmt_rate"] = _fmt_rate
     templates.env.globals["fmt_time"] = lambda t: time.strftime("%H:%M:%S", time.localtime(t))
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Response:
-        path = request.url.path
-        if path.startswith("/static/") or path == "/login":
-            return await call_next(request)
-        if not sessions.valid(request.cookies.get(COOKIE)):
-            if request.method == "GET" and "hx-request" not in request.headers:
-                return RedirectResponse("/login", status_code=303)
-            return JSONResponse({"code": "not_logged_in", "message": "log in first"}, 401)
-        if request.method not in ("GET", "HEAD"):
-            origin = request.headers.get("origin")
-            if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
-                err = CrossSiteRequest(
-                    "this request came from another site's page",
-                    expected=f"a form of this dashboard ({request.headers.get('host')})",
-                    received=origin,
-                )
-                return _page(templates, request, "result.html", {"error": err}, err.http_status)
-        return await call_next(request)
-
     def page(
         request: Request, name: str, context: dict[str, Any], status_code: int = 200
     ) -> HTMLResponse:
         context.setdefault("poll_error", sampler.error)
         return _page(templates, request, name, context, status_code)
 
-    def failed(request: Request, err: FogshiftError, title: str) -> HTMLResponse:
-        return page(request, "result.html", {"error": err, "title": title}, err.http_status)
+    def error_page(request: Request, err: FogshiftError, title: str) -> HTMLResponse:
+        return page(request, "result.html", _outcome(err, title), err.http_status)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        response = await _guarded(request, call_next)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    async def _guarded(request: Request, call_next: Any) -> Response:
+        path = request.url.path
+        if "*" not in config.allowed_hosts and _hostname(request) not in config.allowed_hosts:
+            return PlainTextResponse("unknown host name", status_code=400)
+        if path.startswith("/static/") or path == "/login":
+            return await call_next(request)
+        if not sessions.valid(request.cookies.get(COOKIE)):
+            if "hx-request" in request.headers:  # a live part: htmx moves the page itself
+                return Response(status_code=401, headers={"HX-Redirect": "/login"})
+            if path.startswith("/api/"):
+                return JSONResponse({"code": "not_logged_in", "message": "log in first"}, 401)
+            return RedirectResponse("/login", status_code=303)
+        if request.method not in ("GET", "HEAD"):
+            origin = request.headers.get("origin")
+            foreign = origin is not None and urlsplit(origin).netloc != request.headers.get("host")
+            if foreign or request.headers.get("sec-fetch-site") == "cross-site":
+                err = CrossSiteRequest(
+                    "this request came from another site's page: nothing was done",
+                    expected=f"a form of this dashboard ({request.headers.get('host')})",
+                    received=origin or "a cross-site request",
+                )
+                return error_page(request, err, "refused")
+        return await call_next(request)
+
+    @app.exception_handler(FogshiftError)
+    async def on_error(request: Request, exc: FogshiftError) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse(exc.to_dict(), exc.http_status)
+        return error_page(request, exc, "error")
+
+    @app.exception_handler(RequestValidationError)
+    async def on_bad_request(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        err = InvalidInput(
+            "this request does not fit the dashboard's forms",
+            expected="names of letters, digits, '-' and '_'; the form's own fields",
+            received=one_line(problems, 300),
+        )
+        return await on_error(request, err)
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, exc: Exception) -> Response:
+        log.exception("dashboard request %s failed", request.url.path)
+        err = InvariantViolation(
+            f"the dashboard failed: {type(exc).__name__}: {one_line(str(exc), 300)}",
+            hint="see the dashboard's output; the pipelines are not affected",
+        )
+        response = await on_error(request, err)
+        response.headers.update(SECURITY_HEADERS)  # past the middleware
+        return response
 
     # -- login ----------------------------------------------------------------------------------
 
     @app.get("/login", response_class=HTMLResponse)
     def login_page(request: Request, token: str | None = None) -> Response:
         if token is None:
-            return page(request, "login.html", {})
-        return _log_in(request, token)
+            return page(request, "login.html", {"poll_error": None})
+        # The link's token is spent even when the cookie cannot come back with the redirect
+        # (a link opened from another site's page: a SameSite=Strict cookie is not sent on
+        # that navigation), so the answer is a page that moves on by itself, same-site.
+        return _log_in(request, token, one_time_only=True)
 
     @app.post("/login", response_class=HTMLResponse)
     def login_form(request: Request, token: Annotated[str, Form()] = "") -> Response:
-        return _log_in(request, token.strip())
+        return _log_in(request, token.strip(), one_time_only=False)
 
-    def _log_in(request: Request, token: str) -> Response:
+    def _log_in(request: Request, token: str, one_time_only: bool) -> Response:
         try:
-            session = sessions.login(token)
+            session = sessions.login(token, one_time_only=one_time_only)
         except FogshiftError as err:
-            return page(request, "login.html", {"error": err}, err.http_status)
-        response = RedirectResponse("/", status_code=303)
+            return page(request, "login.html", {"error": err, "poll_error": None},
+                        err.http_status)  # fmt: skip
+        response = page(request, "welcome.html", {"poll_error": None})
         response.set_cookie(COOKIE, session, httponly=True, samesite="strict", path="/")
         return response
 
@@ -227,23 +329,17 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
 
     @app.get("/pipelines/{name}", response_class=HTMLResponse)
     def pipeline_page(request: Request, name: NameParam) -> HTMLResponse:
-        try:
-            return page(request, "pipeline.html", pipeline_context(name))
-        except FogshiftError as err:
-            return failed(request, err, f"pipeline {name}")
+        return page(request, "pipeline.html", pipeline_context(name))
 
     @app.get("/fragments/pipelines/{name}", response_class=HTMLResponse)
     def pipeline_fragment(request: Request, name: NameParam) -> HTMLResponse:
-        try:
-            return page(request, "_pipeline.html", pipeline_context(name))
-        except FogshiftError as err:
-            return failed(request, err, f"pipeline {name}")
+        return page(request, "_pipeline.html", pipeline_context(name))
 
     @app.get("/api/pipelines/{name}/series")
     def series(name: NameParam) -> dict[str, object]:
         return history.series(name)
 
-    def element_context(name: str, element: str) -> dict[str, Any]:
+    def element_of(name: str, element: str) -> tuple[PipelineStatus, ElementStatus]:
         status = orchestrator.pipeline(name)
         mine = next((e for e in status.elements if e.element == element), None)
         if mine is None:
@@ -252,19 +348,23 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
                 expected="one of " + ", ".join(e.element for e in status.elements),
                 received=element,
             )
+        return status, mine
+
+    def element_context(name: str, element: str) -> dict[str, Any]:
+        status, mine = element_of(name, element)
         nodes = orchestrator.nodes()
         key = f"{name}/{element}"
-        checkpoints = next(
-            (c for n in nodes if n.name == mine.node for c in n.checkpoints if c.element == key),
-            None,
-        )
+        # Its own node's report first; while that node is lost, another's (the central
+        # checkpoint is what a restore needs, exactly then).
+        reports = [c for n in sorted(nodes, key=lambda n: n.name != mine.node)
+                   for c in n.checkpoints if c.element == key]  # fmt: skip
         by_id = {e.element: e for e in status.elements}
         return {
             "status": status,
             "e": mine,
             "rate": history.rate(name, element),
             "lag": lag(mine, by_id),
-            "checkpoints": checkpoints,
+            "checkpoints": reports[0] if reports else None,
             "operation": orchestrator.operation(name, element),
             "letters": [d for d in orchestrator.errors(name) if d.element == element][-50:],
             "targets": sorted(n.name for n in nodes if n.healthy and n.name != mine.node),
@@ -273,17 +373,11 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
 
     @app.get("/pipelines/{name}/elements/{element}", response_class=HTMLResponse)
     def element_page(request: Request, name: NameParam, element: NameParam) -> HTMLResponse:
-        try:
-            return page(request, "element.html", element_context(name, element))
-        except FogshiftError as err:
-            return failed(request, err, f"{name}/{element}")
+        return page(request, "element.html", element_context(name, element))
 
     @app.get("/nodes", response_class=HTMLResponse)
     def nodes_page(request: Request) -> HTMLResponse:
-        try:
-            nodes, plan = orchestrator.nodes(), orchestrator.plan()
-        except FogshiftError as err:
-            return failed(request, err, "nodes")
+        nodes, plan = orchestrator.nodes(), orchestrator.plan()
         backups: dict[str, list[str]] = {}
         for key, assignment in plan.assignments.items():
             if assignment.backup:
@@ -291,6 +385,29 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         return page(request, "nodes.html", {"nodes": nodes, "backups": backups, "plan": plan})
 
     # -- actions --------------------------------------------------------------------------------
+    # Post, then redirect to the result (post/redirect/get): reloading a result page shows it
+    # again and never repeats the action.
+
+    def done(title: str, run: Any, back: str) -> Response:
+        try:
+            context = {"title": title, "back": back, **run()}
+        except FogshiftError as err:
+            context = {**_outcome(err, title), "back": back}
+        sampler.poll()
+        return RedirectResponse(f"/results/{results.put(context)}", status_code=303)
+
+    @app.get("/results/{result}", response_class=HTMLResponse)
+    def result_page(request: Request, result: str) -> HTMLResponse:
+        context = results.get(result)
+        if context is None:
+            err = NotFound(
+                "this result is no longer kept",
+                hint=f"results are kept {RESULT_TTL_S / 60:.0f} minutes; the pipeline's page "
+                "shows each PE's last migration and restore",
+            )
+            return error_page(request, err, "result")
+        status = int(context.get("status_code", 200))
+        return page(request, "result.html", dict(context), status)
 
     @app.post("/pipelines/{name}/elements/{element}/migrate", response_class=HTMLResponse)
     def migrate(
@@ -300,34 +417,31 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         target: Annotated[str, Form()] = "",
         mode: Annotated[str, Form()] = MigrationMode.PRECOPY.value,
         confirmed: Annotated[bool, Form()] = False,
-    ) -> HTMLResponse:
+    ) -> Response:
         what = f"migrate {name}/{element}"
-        try:
-            if not target:
-                raise InvalidInput(
-                    f"no target node to {what} to", expected="a node name", received="nothing"
-                )
-            if mode not in {m.value for m in MigrationMode}:
-                raise InvalidInput(
-                    f"unknown migration mode for {name}/{element}",
-                    expected=" or ".join(m.value for m in MigrationMode), received=mode,
-                )  # fmt: skip
-            if not confirmed:
-                current = orchestrator.pipeline(name)
-                node = next((e.node for e in current.elements if e.element == element), "?")
-                return page(request, "confirm.html", {
-                    "title": f"Migrate {element}?",
-                    "question": f"Migrate {name}/{element} from {node} to {target} ({mode})?",
-                    "action": f"/pipelines/{name}/elements/{element}/migrate",
-                    "fields": {"target": target, "mode": mode},
-                    "back": f"/pipelines/{name}/elements/{element}",
-                })  # fmt: skip
-            report = orchestrator.migrate(name, element, target, mode)
-        except FogshiftError as err:
-            return failed(request, err, what)
-        sampler.poll()
-        return page(request, "result.html", {"title": what, "migration": report,
-                                             "back": f"/pipelines/{name}"})  # fmt: skip
+        if not target:
+            raise InvalidInput(
+                f"no target node to {what} to", expected="a node name", received="nothing"
+            )
+        if mode not in {m.value for m in MigrationMode}:
+            raise InvalidInput(
+                f"unknown migration mode for {name}/{element}",
+                expected=" or ".join(m.value for m in MigrationMode), received=mode,
+            )  # fmt: skip
+        if not confirmed:
+            _, mine = element_of(name, element)
+            return page(request, "confirm.html", {
+                "title": f"Migrate {element}?",
+                "question": f"Migrate {name}/{element} from {mine.node} to {target} ({mode})?",
+                "action": f"/pipelines/{name}/elements/{element}/migrate",
+                "fields": {"target": target, "mode": mode},
+                "back": f"/pipelines/{name}/elements/{element}",
+            })  # fmt: skip
+        return done(
+            what,
+            lambda: {"migration": orchestrator.migrate(name, element, target, mode)},
+            f"/pipelines/{name}",
+        )
 
     @app.post("/pipelines/{name}/elements/{element}/restore", response_class=HTMLResponse)
     def restore(
@@ -336,9 +450,9 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         element: NameParam,
         target: Annotated[str, Form()] = "",
         confirmed: Annotated[bool, Form()] = False,
-    ) -> HTMLResponse:
-        what = f"restore {name}/{element}"
+    ) -> Response:
         if not confirmed:
+            element_of(name, element)
             where = f"on {target}" if target else "on the best healthy node"
             return page(request, "confirm.html", {
                 "title": f"Restore {element}?",
@@ -348,31 +462,24 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
                 "fields": {"target": target},
                 "back": f"/pipelines/{name}/elements/{element}",
             })  # fmt: skip
-        try:
-            report = orchestrator.restore(name, element, target or None)
-        except FogshiftError as err:
-            return failed(request, err, what)
-        sampler.poll()
-        return page(request, "result.html", {"title": what, "restore": report,
-                                             "back": f"/pipelines/{name}"})  # fmt: skip
+        return done(
+            f"restore {name}/{element}",
+            lambda: {"restore": orchestrator.restore(name, element, target or None)},
+            f"/pipelines/{name}",
+        )
 
     @app.post("/pipelines/{name}/stop", response_class=HTMLResponse)
     def stop(
         request: Request, name: NameParam, confirmed: Annotated[bool, Form()] = False
-    ) -> HTMLResponse:
+    ) -> Response:
         if not confirmed:
+            orchestrator.pipeline(name)
             return page(request, "confirm.html", {
                 "title": f"Stop {name}?",
                 "question": f"Stop every PE of {name}? Their checkpoints and output stay.",
                 "action": f"/pipelines/{name}/stop", "fields": {}, "back": f"/pipelines/{name}",
             })  # fmt: skip
-        try:
-            result = orchestrator.stop(name)
-        except FogshiftError as err:
-            return failed(request, err, f"stop {name}")
-        sampler.poll()
-        return page(request, "result.html", {"title": f"stop {name}", "stopped": result,
-                                             "back": "/pipelines"})  # fmt: skip
+        return done(f"stop {name}", lambda: {"stopped": orchestrator.stop(name)}, "/pipelines")
 
     @app.get("/deploy", response_class=HTMLResponse)
     def deploy_page(request: Request) -> HTMLResponse:
@@ -384,41 +491,97 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         spec_file: Annotated[UploadFile | None, File()] = None,
         spec_text: Annotated[str, Form()] = "",
         confirmed: Annotated[bool, Form()] = False,
-    ) -> HTMLResponse:
+    ) -> Response:
         if spec_file is not None and spec_file.filename:
             raw = await spec_file.read(MAX_SPEC_BYTES + 1)
-            spec_text = raw.decode("utf-8", errors="replace")
             if len(raw) > MAX_SPEC_BYTES:
-                err = InvalidInput(
+                raise InvalidInput(
                     "the spec file is too large", expected=f"at most {MAX_SPEC_BYTES} bytes",
                     received=f"more than {MAX_SPEC_BYTES} bytes",
                 )  # fmt: skip
-                return failed(request, err, "deploy")
-        try:
-            if not spec_text.strip():
-                raise InvalidInput(
-                    "no pipeline spec to deploy", expected="a YAML spec file", received="nothing",
-                    hint="choose a file like examples/case1/case1.yaml",
-                )  # fmt: skip
-            nodes = [n.name for n in orchestrator.nodes()]
-            spec = load_spec_text(spec_text, config.spec_dir, nodes, "the uploaded spec")
-            if not confirmed:
-                return page(request, "confirm.html", {
-                    "title": f"Deploy {spec.pipeline}?",
-                    "question": f"Deploy pipeline {spec.pipeline}: "
-                                + ", ".join(f"{e.id} ({e.kind}) on {e.node}"
-                                            for e in spec.topological_order()) + "?",
-                    "action": "/deploy", "fields": {"spec_text": spec_text}, "back": "/deploy",
-                })  # fmt: skip
-            result = orchestrator.deploy(spec.model_dump(mode="json"))
-        except FogshiftError as err:
-            return failed(request, err, "deploy")
-        sampler.poll()
-        return page(request, "result.html", {"title": f"deploy {result.pipeline}",
-                                             "deployed": result,
-                                             "back": f"/pipelines/{result.pipeline}"})  # fmt: skip
+            spec_text = raw.decode("utf-8", errors="replace")
+        if not spec_text.strip():
+            raise InvalidInput(
+                "no pipeline spec to deploy", expected="a YAML spec file", received="nothing",
+                hint="choose a file like examples/case1/case1.yaml",
+            )  # fmt: skip
+        nodes = [n.name for n in orchestrator.nodes()]
+        spec = load_spec_text(spec_text, config.spec_dir, nodes, "the uploaded spec")
+        if not confirmed:
+            return page(request, "confirm.html", {
+                "title": f"Deploy {spec.pipeline}?",
+                "question": f"Deploy pipeline {spec.pipeline}: "
+                            + ", ".join(f"{e.id} ({e.kind}) on {e.node}"
+                                        for e in spec.topological_order()) + "?",
+                "action": "/deploy", "fields": {"spec_text": spec_text}, "back": "/deploy",
+            })  # fmt: skip
+        return done(
+            f"deploy {spec.pipeline}",
+            lambda: {"deployed": orchestrator.deploy(spec.model_dump(mode="json"))},
+            f"/pipelines/{spec.pipeline}",
+        )
 
     return app
+
+
+class Results:
+    """Actions' results by a random id, for the page the action redirects to (a few minutes,
+    the newest few dozen)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, context: dict[str, Any]) -> str:
+        key = secrets.token_urlsafe(12)
+        now = time.monotonic()
+        with self._lock:
+            self._kept[key] = (now, context)
+            for stale in [k for k, (t, _) in self._kept.items() if now - t > RESULT_TTL_S]:
+                del self._kept[stale]
+            while len(self._kept) > RESULTS_KEPT:
+                del self._kept[next(iter(self._kept))]
+        return key
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            kept = self._kept.get(key)
+        if kept is None or time.monotonic() - kept[0] > RESULT_TTL_S:
+            return None
+        return kept[1]
+
+
+def _outcome(err: FogshiftError, title: str) -> dict[str, Any]:
+    """What a result page says of ``err``: what became of the pipeline, and the report a
+    failed migration or restore carries."""
+    report = getattr(err, "report", None)
+    context: dict[str, Any] = {"title": title, "error": err, "status_code": err.http_status}
+    if isinstance(report, MigrationReport):
+        context["migration"] = report
+        context["outcome"] = (
+            f"The migration failed and was rolled back: {report.element} runs on "
+            f"{report.origin} again (epoch {report.epoch})."
+            if report.rolled_back
+            else "The migration failed; see its report and the PE's page."
+        )
+    elif isinstance(report, RestoreReport):
+        context["restore"] = report
+        context["outcome"] = "The restore failed" + (
+            f": {report.fallback}." if report.fallback else "; see its report and the PE's page."
+        )
+    elif isinstance(err, Unavailable):
+        context["outcome"] = (
+            "No answer in time: the operation may still be running. The PE's page shows its "
+            "last migration or restore and the operations journal."
+        )
+    else:
+        context["outcome"] = "Refused: nothing was changed, the pipelines run on."
+    return context
+
+
+def _hostname(request: Request) -> str:
+    host = request.headers.get("host", "")
+    return host.rsplit(":", 1)[0] if not host.endswith("]") else host
 
 
 def _page(

@@ -38,8 +38,12 @@ class Sessions:
     _sessions: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def login(self, token: str) -> str:
+    def login(self, token: str, one_time_only: bool = False) -> str:
         """A new session for ``token`` (the unspent one-time token, or the operator token).
+
+        Args:
+            one_time_only: Accept only the one-time token (a link: the operator token must
+                never travel in a URL, where history and logs keep it).
 
         Returns:
             The session id to set as the cookie.
@@ -50,7 +54,7 @@ class Sessions:
         with self._lock:
             if not self._spent and same_token(token, self.login_token):
                 self._spent = True
-            elif not same_token(token, self.operator_token):
+            elif one_time_only or not same_token(token, self.operator_token):
                 raise BadLogin(
                     "this login link or token is not valid (a login link works once)",
                     expected="the link `fogshift dashboard` printed, unused, or the operator "

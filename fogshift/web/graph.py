@@ -7,6 +7,7 @@ PEs. The template turns the layout into SVG; the same figures are in the table b
 
 from __future__ import annotations
 
+import graphlib
 from dataclasses import dataclass
 
 from fogshift.contracts import ElementStatus, PipelineStatus
@@ -66,19 +67,17 @@ def lag(element: ElementStatus, by_id: dict[str, ElementStatus]) -> int | None:
 
 
 def depths(elements: list[ElementStatus]) -> dict[str, int]:
-    """Each PE's column: 0 for a source, else one more than its deepest input."""
+    """Each PE's column: 0 for a source, else one more than its deepest input (inputs not in
+    the pipeline are ignored; a cycle, which a valid spec cannot have, puts every PE in 0)."""
     by_id = {e.element: e for e in elements}
+    graph = {e.element: [i for i in e.inputs if i in by_id] for e in elements}
+    try:
+        order = list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError:
+        return {name: 0 for name in graph}
     out: dict[str, int] = {}
-
-    def depth(name: str, seen: frozenset[str]) -> int:
-        if name not in out:
-            e = by_id.get(name)
-            inputs = [i for i in (e.inputs if e else []) if i in by_id and i not in seen]
-            out[name] = 1 + max((depth(i, seen | {name}) for i in inputs), default=-1)
-        return out[name]
-
-    for e in elements:
-        depth(e.element, frozenset())
+    for name in order:
+        out[name] = 1 + max((out[i] for i in graph[name]), default=-1)
     return out
 
 

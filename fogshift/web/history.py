@@ -9,6 +9,7 @@ a node lost or back.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -18,6 +19,8 @@ from itertools import pairwise
 
 from fogshift.contracts import ElementStatus, NodeView, PipelineStatus
 from fogshift.exceptions import FogshiftError
+
+log = logging.getLogger("fogshift.web")
 
 #: One poll of the orchestrator: every pipeline's status and every node.
 Fetch = Callable[[], tuple[list[PipelineStatus], list[NodeView]]]
@@ -75,9 +78,12 @@ class History:
         self._lock = threading.Lock()
 
     def record(self, snapshot: Snapshot) -> None:
-        """Add one poll; find what changed since the previous one."""
+        """Add one poll; find what changed since the previous one. A poll older than the
+        latest (two polls overlapped) is dropped: samples stay in time order."""
         with self._lock:
             previous = self.latest
+            if previous is not None and snapshot.t <= previous.t:
+                return
             self.latest = snapshot
             if previous is not None:
                 self._marks.extend(_changes(previous, snapshot))
@@ -103,12 +109,12 @@ class History:
         if len(samples) < 2:
             return None
         last = samples[-1]
-        first = next((s for s in samples if s.t >= last.t - over_s), samples[0])
-        if first is last:
-            first = samples[-2]
-        if last.events_out < first.events_out or last.t <= first.t:
+        span = [s for s in samples if s.t >= last.t - over_s]
+        if len(span) < 2:
+            span = samples[-2:]
+        if any(a.events_out > b.events_out for a, b in pairwise(span)):
             return None
-        return (last.events_out - first.events_out) / (last.t - first.t)
+        return (last.events_out - span[0].events_out) / (last.t - span[0].t)
 
     def series(self, pipeline: str, over_s: float = 5.0) -> dict[str, object]:
         """Per PE of ``pipeline``, its rate at each sample over the ``over_s`` seconds before
@@ -121,22 +127,27 @@ class History:
         times = sorted({s.t for samples in mine.values() for s in samples})
         rates: dict[str, list[float | None]] = {}
         for element, samples in sorted(mine.items()):
-            by_t = {s.t: k for k, s in enumerate(samples)}
+            at = {s.t: k for k, s in enumerate(samples)}
+            # drops[k]: how many decreases of the counter up to sample k (prefix sums), so a
+            # span with a decrease (a restore from an older checkpoint) shows no rate.
+            drops = [0]
+            for a, b in pairwise(samples):
+                drops.append(drops[-1] + (b.events_out < a.events_out))
             row: list[float | None] = []
+            first = 0
             for t in times:
-                k = by_t.get(t)
+                k = at.get(t)
                 if k is None:
                     row.append(None)
                     continue
-                span = [s for s in samples[: k + 1] if s.t >= t - over_s]
-                if len(span) < 2 and k > 0:
-                    span = samples[k - 1 : k + 1]
-                first, last = span[0], span[-1]
-                steady = all(a.events_out <= b.events_out for a, b in pairwise(span))
-                if first is last or not steady:
+                while samples[first].t < t - over_s:
+                    first += 1
+                start = min(first, k - 1) if k > 0 else k
+                if start == k or drops[k] != drops[start]:
                     row.append(None)
-                else:
-                    row.append(round((last.events_out - first.events_out) / (last.t - first.t), 2))
+                    continue
+                a, b = samples[start], samples[k]
+                row.append(round((b.events_out - a.events_out) / (b.t - a.t), 2))
             rates[element] = row
         return {
             "t": times,
@@ -191,27 +202,39 @@ class Sampler:
         self.interval_s = interval_s
         self.error: str | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+        self._poll_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
         self._thread.start()
 
     def poll(self) -> None:
-        """One poll now (the pages call it after an action, so its result shows at once)."""
-        try:
-            pipelines, nodes = self.fetch()
-        except FogshiftError as exc:
-            self.error = exc.message
-            return
-        self.error = None
-        self.history.record(Snapshot(time.time(), pipelines, nodes))
+        """One poll now (the pages call it after an action, so its result shows at once).
+
+        Polls never overlap, and each is stamped when its answer is in hand, so the history
+        stays in time order. A failure is kept in :attr:`error` for the pages to show.
+        """
+        with self._poll_lock:
+            try:
+                pipelines, nodes = self.fetch()
+            except FogshiftError as exc:
+                self.error = exc.message
+                return
+            self.error = None
+            self.history.record(Snapshot(time.time(), pipelines, nodes))
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.poll()
+            try:
+                self.poll()
+            except Exception as exc:  # a bug must not end the live views for good
+                log.exception("the dashboard's poll of the orchestrator failed")
+                self.error = f"{type(exc).__name__}: {exc}"
             self._stop.wait(self.interval_s)
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=10)

@@ -11,7 +11,7 @@ import uvicorn
 
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor.cluster import load_cluster, orchestrator_client
-from fogshift.web.app import DashboardConfig, Orchestrator, create_app
+from fogshift.web.app import LOOPBACK_NAMES, DashboardConfig, Orchestrator, create_app
 from fogshift.web.auth import Sessions
 
 
@@ -65,7 +65,14 @@ def serve(
     _, token = load_cluster(home)  # refuses a home without a cluster, clearly
     client = orchestrator_client(home)
     sessions = Sessions(operator_token=token)
-    app = create_app(Orchestrator(client), sessions, DashboardConfig(spec_dir, interval_s))
+    if host in ("0.0.0.0", "::"):  # every address: any name may reach it
+        allowed: tuple[str, ...] = ("*",)
+    else:
+        allowed = tuple(
+            dict.fromkeys((*LOOPBACK_NAMES, host, f"[{host}]" if ":" in host else host))
+        )
+    config = DashboardConfig(spec_dir, interval_s, allowed_hosts=allowed)
+    app = create_app(Orchestrator(client), sessions, config)
     sock = bind(host, port)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host

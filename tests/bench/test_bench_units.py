@@ -18,7 +18,6 @@ from fogshift.bench.base import (
     RunLog,
     fmt_mean_std,
     least_squares,
-    one_line,
     read_rows,
     record_command,
 )
@@ -27,6 +26,7 @@ from fogshift.bench.commands import register
 from fogshift.bench.exceptions import BadBenchOption
 from fogshift.bench.seamless import _bins, _round_down
 from fogshift.bench.workload import HEADER, InputFeeder
+from fogshift.common.text import one_line
 
 
 def test_least_squares_recovers_a_line() -> None:

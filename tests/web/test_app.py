@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
     DeadLetter,
     MigrationMode,
@@ -21,10 +22,14 @@ from fogshift.contracts import (
     PipelineState,
     PipelineStatus,
     PlanView,
+    RestoreReport,
+    RestoreStatus,
 )
-from fogshift.exceptions import InvalidInput, NotFound
+from fogshift.exceptions import FogshiftError, InvalidInput, NotFound
+from fogshift.migration.exceptions import MigrationFailed
 from fogshift.web.app import DashboardConfig, create_app
 from fogshift.web.auth import COOKIE, Sessions
+from fogshift.web.history import History, Sampler
 from tests.web.test_graph import element
 from tests.web.test_history import node
 
@@ -36,7 +41,8 @@ class StandIn:
 
     def __init__(self) -> None:
         self.actions: list[tuple[Any, ...]] = []
-        self.refuse: InvalidInput | None = None
+        self.refuse: FogshiftError | None = None
+        self.reason = "processor 'pick' raised KeyError: 'value'"
 
     def pipelines(self) -> list[PipelineStatus]:
         return [self.pipeline("p")]
@@ -57,8 +63,7 @@ class StandIn:
         return PlanView()
 
     def errors(self, name: str) -> list[DeadLetter]:
-        return [DeadLetter(element="pick", seq=4, reason="processor 'pick' raised KeyError: "
-                           "'value'", event={"seq": 4})]  # fmt: skip
+        return [DeadLetter(element="pick", seq=4, reason=self.reason, event={"seq": 4})]
 
     def operation(self, name: str, element: str) -> OperationView | None:
         return None
@@ -72,6 +77,11 @@ class StandIn:
             mode=MigrationMode(mode), status=MigrationStatus.MIGRATED,
             phases_ms={"pause": 12.0, "state": 30.0}, downtime_ms=80.0, epoch=3,
         )  # fmt: skip
+
+    def restore(self, name: str, element: str, target: str | None) -> RestoreReport:
+        self.actions.append(("restore", name, element, target))
+        return RestoreReport(pipeline=name, element=element, target=target or "fog-c",
+                             status=RestoreStatus.RESTORED, epoch=4)  # fmt: skip
 
     def stop(self, name: str) -> Any:
         self.actions.append(("stop", name))
@@ -97,7 +107,10 @@ def web(stand_in: StandIn, sessions: Sessions, tmp_path: Path) -> Iterator[TestC
 
 def logged_in(web: TestClient, sessions: Sessions) -> TestClient:
     answer = web.get(f"/login?token={sessions.login_token}", follow_redirects=False)
-    assert answer.status_code == 303 and answer.headers["location"] == "/"
+    # A page that moves on by itself (same-site, so the SameSite=Strict cookie goes along
+    # even when the link was opened from another site), not a redirect.
+    assert answer.status_code == 200 and 'url=/pipelines"' in answer.text
+    assert answer.headers["referrer-policy"] == "same-origin"
     cookie = answer.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie
     assert sessions.login_token not in cookie
@@ -108,8 +121,11 @@ def test_without_a_session_only_the_login_page_answers(web: TestClient, sessions
     for path in ("/", "/pipelines", "/nodes", "/pipelines/p/elements/pick", "/deploy"):
         answer = web.get(path, follow_redirects=False)
         assert answer.status_code == 303 and answer.headers["location"] == "/login", path
-    assert web.post("/pipelines/p/stop").status_code == 401
-    assert web.get("/api/pipelines/p/series", headers={"hx-request": "true"}).status_code == 401
+    post = web.post("/pipelines/p/stop", follow_redirects=False)
+    assert post.status_code == 303 and post.headers["location"] == "/login"
+    live = web.get("/fragments/pipelines", headers={"hx-request": "true"})
+    assert live.status_code == 401 and live.headers["hx-redirect"] == "/login"
+    assert web.get("/api/pipelines/p/series").status_code == 401
     web.cookies.set(COOKIE, "made-up")
     assert web.get("/pipelines", follow_redirects=False).status_code == 303
     assert "Log in" in web.get("/login").text
@@ -125,7 +141,10 @@ def test_the_link_logs_in_once_and_the_form_takes_the_operator_token(
     again = web.get(f"/login?token={sessions.login_token}", follow_redirects=False)
     assert again.status_code == 403 and "works once" in again.text
     form = web.post("/login", data={"token": TOKEN}, follow_redirects=False)
-    assert form.status_code == 303 and COOKIE in form.headers["set-cookie"]
+    assert form.status_code == 200 and COOKIE in form.headers["set-cookie"]
+    web.cookies.clear()
+    # Never the operator token in a URL (history and logs keep URLs).
+    assert web.get(f"/login?token={TOKEN}", follow_redirects=False).status_code == 403
 
 
 def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
@@ -152,9 +171,37 @@ def test_an_action_asks_first_then_shows_its_report(
     ask = web.post(url, data={"target": "fog-b", "mode": "literal"})
     assert ask.status_code == 200 and "from fog-a to fog-b (literal)?" in ask.text
     assert stand_in.actions == []  # nothing happens before the confirmation
-    done = web.post(url, data={"target": "fog-b", "mode": "literal", "confirmed": "true"})
+    posted = web.post(
+        url, data={"target": "fog-b", "mode": "literal", "confirmed": "true"},
+        follow_redirects=False,
+    )  # fmt: skip
+    assert posted.status_code == 303 and posted.headers["location"].startswith("/results/")
+    done = web.get(posted.headers["location"])
     assert done.status_code == 200 and "Migrated." in done.text and "80 ms" in done.text
-    assert stand_in.actions == [("migrate", "p", "pick", "fog-b", "literal")]
+    assert web.get(posted.headers["location"]).text == done.text  # a reload shows it again
+    assert stand_in.actions == [("migrate", "p", "pick", "fog-b", "literal")]  # ... only
+    restored = web.post("/pipelines/p/elements/pick/restore",
+                        data={"target": "", "confirmed": "true"})  # fmt: skip
+    assert "Restored." in restored.text and "on fog-c" in restored.text
+    assert stand_in.actions[-1] == ("restore", "p", "pick", None)
+
+
+def test_a_failed_migration_shows_its_report_and_where_the_pe_runs(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    report = stand_in.migrate("p", "pick", "fog-b", "precopy").model_copy(
+        update={"status": MigrationStatus.FAILED, "rolled_back": True, "epoch": 4,
+                "error": "the target died"}
+    )  # fmt: skip
+    failure = MigrationFailed("migration of p/pick from fog-a to fog-b failed")
+    failure.report = report
+    stand_in.refuse = failure
+    answer = web.post("/pipelines/p/elements/pick/migrate",
+                      data={"target": "fog-b", "mode": "precopy", "confirmed": "true"})  # fmt: skip
+    assert answer.status_code == 502
+    assert "rolled back: pick runs on fog-a again (epoch 4)" in answer.text
+    assert "the target died" in answer.text and "Migrated." not in answer.text
 
 
 def test_a_refusal_shows_what_was_expected_received_and_a_hint(
@@ -169,7 +216,7 @@ def test_a_refusal_shows_what_was_expected_received_and_a_hint(
     answer = web.post(url, data={"target": "fog-a", "mode": "literal", "confirmed": "true"})
     assert answer.status_code == 422
     for text in ("already runs on node", "expected", "a node other than", "hint",
-                 "choose another node", "the pipeline runs on"):  # fmt: skip
+                 "choose another node", "nothing was changed"):  # fmt: skip
         assert text in answer.text.replace("&#39;", "'"), text
     bad_mode = web.post(url, data={"target": "fog-b", "mode": "teleport"})
     assert bad_mode.status_code == 422 and "precopy or literal" in bad_mode.text
@@ -185,6 +232,42 @@ def test_a_post_from_another_site_is_refused(
         headers={"origin": "http://evil.example"},
     )
     assert answer.status_code == 403 and stand_in.actions == []
+    no_origin = web.post(
+        "/pipelines/p/elements/pick/migrate",
+        data={"target": "fog-b", "mode": "literal", "confirmed": "true"},
+        headers={"sec-fetch-site": "cross-site"},
+    )
+    assert no_origin.status_code == 403 and stand_in.actions == []
+    # A name of another site that resolves to this machine (DNS rebinding) is not served.
+    assert web.get("/pipelines", headers={"host": "evil.example:8765"}).status_code == 400
+
+
+def test_what_the_orchestrator_says_is_escaped(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    stand_in.reason = "<script>alert(1)</script>"
+    page = web.get("/pipelines/p/elements/pick").text
+    assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
+
+
+def test_the_sampler_outlives_a_bug_in_a_poll() -> None:
+    calls: list[int] = []
+
+    def fetch() -> tuple[list[PipelineStatus], list[NodeView]]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise TypeError("not a list")
+        return [], [node("cloud")]
+
+    history = History()
+    sampler = Sampler(history, fetch, interval_s=0.01)
+    sampler.start()
+    try:
+        wait_until(lambda: history.latest, 10, describe="a poll after the failed one")
+    finally:
+        sampler.close()
+    assert sampler.error is None and len(calls) >= 2
 
 
 def test_deploy_checks_the_spec_before_asking(web: TestClient, sessions: Sessions) -> None:

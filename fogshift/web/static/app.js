@@ -61,10 +61,28 @@ async function startChart(figure) {
   window.addEventListener("resize", () => plot && plot.setSize({ width: width(), height: 240 }));
 }
 
+// A live part is not refreshed while the keyboard focus is inside it: swapping it would
+// throw the focus away every two seconds.
+document.addEventListener("htmx:beforeRequest", (event) => {
+  const live = event.detail.elt;
+  if (live && live.contains(document.activeElement) && document.activeElement !== live) {
+    event.preventDefault();
+  }
+});
+
+// Back to a page whose button said "working…" (the browser's page cache): usable again.
+window.addEventListener("pageshow", () => {
+  document.querySelectorAll("button[data-busy]").forEach((button) => {
+    button.disabled = false;
+    if (button.dataset.label) button.textContent = button.dataset.label;
+  });
+});
+
 document.addEventListener("DOMContentLoaded", () => {
   document.querySelectorAll("figure.chart[data-series]").forEach(startChart);
   // A migration or restore answers when it is done: say so while the browser waits.
   document.querySelectorAll("button[data-busy]").forEach((button) => {
+    button.dataset.label = button.textContent;
     button.form.addEventListener("submit", () => {
       button.disabled = true;
       button.textContent = button.dataset.busy;

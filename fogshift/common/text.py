@@ -1,0 +1,9 @@
+"""Text for people: error messages shortened to one line."""
+
+from __future__ import annotations
+
+
+def one_line(text: str | None, limit: int = 200) -> str:
+    """``text`` on one line (whitespace runs become one space), at most ``limit`` characters."""
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
