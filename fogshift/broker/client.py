@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -28,8 +29,10 @@ from nats.js.errors import NotFoundError
 from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
 from fogshift.broker.naming import stream_name, stream_subjects
 from fogshift.common.files import write_private
+from fogshift.common.text import one_line
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 DUPLICATE_WINDOW_S = 120.0
 
@@ -138,6 +141,9 @@ class SyncJetStream:
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 allow_reconnect=True,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
             )
         except Exception as exc:  # nats raises several unrelated types here
             raise BrokerUnavailable(
@@ -145,6 +151,19 @@ class SyncJetStream:
                 hint="is `fogshift up` running, and are the credentials in the home dir current?",
             ) from exc
         return self._nc.jetstream()
+
+    # nats-py's default callbacks print a traceback to stderr for every failed reconnect
+    # attempt (every 0.5 s while the broker is down): one logged line each instead.
+    async def _on_error(self, exc: Exception) -> None:
+        log.debug("broker %s: %s", self.address.url, one_line(repr(exc)))
+
+    async def _on_disconnected(self) -> None:
+        # nats-py also calls this when the client is closed; close() drops _nc first.
+        if self._nc is not None and not self._nc.is_closed:
+            log.warning("broker %s: disconnected; reconnecting", self.address.url)
+
+    async def _on_reconnected(self) -> None:
+        log.info("broker %s: reconnected", self.address.url)
 
     def close(self) -> None:
         """Close the connection, stop the loop and join its thread (idempotent)."""

@@ -13,7 +13,7 @@ import pytest
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, last_seq
 from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.naming import stream_name
-from fogshift.broker.server import BrokerProcess
+from fogshift.broker.server import BrokerProcess, start_nats_server
 
 pytestmark = pytest.mark.integration  # a real nats-server (no Spark, no agents)
 
@@ -74,3 +74,34 @@ def test_a_process_that_never_closes_its_clients_still_exits(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "used"
+
+
+#: A client whose broker dies under it: what it prints while it tries to reconnect.
+BROKER_DIES = """
+import logging, os, signal, sys, time
+from fogshift.broker.client import BrokerAddress, SyncJetStream, ensure_pe_stream
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+client = SyncJetStream(BrokerAddress.load(sys.argv[1]))
+client.run(lambda js: ensure_pe_stream(js, "sync-dies", "a"))
+os.killpg(int(sys.argv[2]), signal.SIGKILL)
+time.sleep(2.5)  # several reconnect attempts, 0.5 s apart
+client.close()
+print("closed", flush=True)
+"""
+
+
+def test_a_broker_that_dies_is_one_logged_line_not_a_traceback_per_reconnect(
+    tmp_path: Path,
+) -> None:
+    # nats-py's default callbacks print a traceback for every failed reconnect attempt: an
+    # agent's log filled with them while its broker was down.
+    broker = start_nats_server(tmp_path / "nats")
+    address = broker.address.save(tmp_path / "broker.json")
+    proc = subprocess.run(
+        [sys.executable, "-c", BROKER_DIES, str(address), str(broker.pid)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "closed"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("disconnected; reconnecting") == 1, proc.stderr
