@@ -321,6 +321,8 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         by_id = {e.element: e for e in status.elements}
         return {
             "status": status,
+            "targets": sorted(healthy),
+            "modes": [m.value for m in MigrationMode],
             "drawing": layout(status, _rates(history, status), healthy),
             "rates": _rates(history, status),
             "lags": {e.element: lag(e, by_id) for e in status.elements},
@@ -443,6 +445,62 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             f"/pipelines/{name}",
         )
 
+    @app.post("/pipelines/{name}/migrate", response_class=HTMLResponse)
+    def migrate_several(
+        request: Request,
+        name: NameParam,
+        elements: Annotated[list[str], Form()] = [],  # noqa: B006 (FastAPI copies defaults)
+        target: Annotated[str, Form()] = "",
+        mode: Annotated[str, Form()] = MigrationMode.PRECOPY.value,
+        confirmed: Annotated[bool, Form()] = False,
+    ) -> Response:
+        status = orchestrator.pipeline(name)
+        by_id = {e.element: e for e in status.elements}
+        chosen = list(dict.fromkeys(elements))  # in the order given, each once
+        unknown = [e for e in chosen if e not in by_id]
+        if not chosen or unknown:
+            raise InvalidInput(
+                f"no PEs of {name} to migrate" if not chosen
+                else f"pipeline {name!r} has no element {unknown[0]!r}",
+                expected="one or more of " + ", ".join(by_id),
+                received=", ".join(unknown or chosen) or "nothing",
+                hint="tick the PEs to move",
+            )  # fmt: skip
+        if not target:
+            raise InvalidInput(
+                f"no target node to migrate PEs of {name} to",
+                expected="a node name", received="nothing",
+            )  # fmt: skip
+        if mode not in {m.value for m in MigrationMode}:
+            raise InvalidInput(
+                f"unknown migration mode for {name}",
+                expected=" or ".join(m.value for m in MigrationMode), received=mode,
+            )  # fmt: skip
+        there = [e for e in chosen if by_id[e].node == target]
+        if there:
+            raise InvalidInput(
+                f"{name}/{there[0]} already runs on node {target!r}",
+                expected=f"PEs that run elsewhere than {target!r}",
+                received=", ".join(there), hint="untick them, or choose another node",
+            )  # fmt: skip
+        if not confirmed:
+            moves = ", ".join(f"{e} (on {by_id[e].node})" for e in chosen)
+            several = f"{len(chosen)} PEs" if len(chosen) > 1 else chosen[0]
+            return page(request, "confirm.html", {
+                "title": f"Migrate {several}?",
+                "question": f"Migrate {moves} of {name} to {target} ({mode}), one after "
+                            "another? If one fails, it is rolled back and the rest stay where "
+                            "they are.",
+                "action": f"/pipelines/{name}/migrate",
+                "fields": {"elements": chosen, "target": target, "mode": mode},
+                "back": f"/pipelines/{name}",
+            })  # fmt: skip
+        return done(
+            f"migrate {len(chosen)} PE{'s' if len(chosen) > 1 else ''} of {name} to {target}",
+            lambda: _migrate_in_turn(orchestrator, name, chosen, target, mode),
+            f"/pipelines/{name}",
+        )
+
     @app.post("/pipelines/{name}/elements/{element}/restore", response_class=HTMLResponse)
     def restore(
         request: Request,
@@ -549,6 +607,28 @@ class Results:
         if kept is None or time.monotonic() - kept[0] > RESULT_TTL_S:
             return None
         return kept[1]
+
+
+def _migrate_in_turn(
+    orchestrator: Orchestrator, name: str, elements: list[str], target: str, mode: str
+) -> dict[str, Any]:
+    """Migrate ``elements`` of ``name`` to ``target`` one after another, stopping at the first
+    that fails (it is rolled back or refused; the ones after it are not tried).
+
+    Returns:
+        The result page's context: ``moves`` (each tried PE with its report or its error's
+        outcome), ``not_tried``, and the first error's ``status_code``.
+    """
+    moves: list[dict[str, Any]] = []
+    for index, element in enumerate(elements):
+        try:
+            report = orchestrator.migrate(name, element, target, mode)
+        except FogshiftError as err:
+            moves.append({"element": element, **_outcome(err, element)})
+            return {"moves": moves, "not_tried": elements[index + 1 :],
+                    "status_code": err.http_status}  # fmt: skip
+        moves.append({"element": element, "migration": report})
+    return {"moves": moves, "not_tried": []}
 
 
 def _outcome(err: FogshiftError, title: str) -> dict[str, Any]:

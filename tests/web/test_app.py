@@ -277,3 +277,64 @@ def test_deploy_checks_the_spec_before_asking(web: TestClient, sessions: Session
     typo = "pipeline: q\nelements:\n  - {id: s, kind: csv-sourse, node: cloud}\n"
     refused = web.post("/deploy", files={"spec_file": ("q.yaml", typo.encode())})
     assert refused.status_code == 422 and "csv-source" in refused.text  # did you mean
+
+
+def test_several_pes_migrate_one_after_another_after_one_confirmation(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    overview = web.get("/pipelines/p")
+    assert 'name="elements" value="src"' in overview.text
+    assert 'name="elements" value="pick"' in overview.text
+    form = {"elements": ["pick", "src"], "target": "fog-b", "mode": "precopy"}
+    ask = web.post("/pipelines/p/migrate", data=form)
+    assert ask.status_code == 200
+    assert "pick (on fog-a), src (on cloud) of p to fog-b (precopy)" in ask.text
+    # The confirmation carries every PE, in order.
+    assert ask.text.index('value="pick"') < ask.text.index('value="src"')
+    assert stand_in.actions == []
+    posted = web.post("/pipelines/p/migrate", data={**form, "confirmed": "true"},
+                      follow_redirects=False)  # fmt: skip
+    assert posted.status_code == 303
+    done = web.get(posted.headers["location"])
+    assert done.status_code == 200 and "Migrated 2 of 2." in done.text
+    assert stand_in.actions == [("migrate", "p", "pick", "fog-b", "precopy"),
+                                ("migrate", "p", "src", "fog-b", "precopy")]  # fmt: skip
+
+
+def test_several_pes_stop_at_the_first_that_fails_and_say_which_were_not_tried(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    stand_in.refuse = InvalidInput(
+        "node 'fog-b' is not healthy", expected="a healthy node", received="fog-b",
+        hint="see the nodes page",
+    )  # fmt: skip
+    answer = web.post("/pipelines/p/migrate", data={
+        "elements": ["pick", "src"], "target": "fog-b", "mode": "literal", "confirmed": "true",
+    })  # fmt: skip
+    assert answer.status_code == 422
+    text = answer.text.replace("&#39;", "'")
+    assert "Migrated 0 of 2." in text and "Not tried: src" in text
+    assert "node 'fog-b' is not healthy" in text and "see the nodes page" in text
+    assert stand_in.actions == [("migrate", "p", "pick", "fog-b", "literal")]
+
+
+@pytest.mark.parametrize(
+    ("form", "words"),
+    [
+        ({"target": "fog-b"}, "tick the PEs to move"),
+        ({"elements": ["pick", "nope"], "target": "fog-b"}, "has no element 'nope'"),
+        ({"elements": ["pick"], "target": ""}, "no target node"),
+        ({"elements": ["pick"], "target": "fog-b", "mode": "teleport"}, "precopy or literal"),
+        ({"elements": ["pick", "src"], "target": "cloud"}, "untick them"),
+    ],
+)
+def test_several_pes_refused_before_anything_moves(
+    web: TestClient, sessions: Sessions, stand_in: StandIn, form: dict[str, Any], words: str
+) -> None:
+    logged_in(web, sessions)
+    answer = web.post("/pipelines/p/migrate", data={**form, "confirmed": "true"})
+    assert answer.status_code == 422
+    assert words in answer.text.replace("&#39;", "'")
+    assert stand_in.actions == []
