@@ -48,6 +48,7 @@ def build_session(
 
     from fogshift.broker.datasource import JetStreamDataSource
     from fogshift.runtime.csv_io import CsvSinkDataSource, CsvSourceDataSource
+    from fogshift.runtime.jvm_archive import with_archive
 
     builder = (
         SparkSession.builder.master(master)
@@ -66,7 +67,8 @@ def build_session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         # Read when the driver JVM is launched, which the first session of a process does.
-        .config("spark.driver.extraJavaOptions", java_options)
+        # The environment's class archive, if made, saves ~a quarter of the JVM's start.
+        .config("spark.driver.extraJavaOptions", with_archive(java_options))
     )
     if master.startswith("local"):
         # A local session talks to nobody: keep its driver off the network.

@@ -47,6 +47,18 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     session.stop()
 
 
+def test_the_driver_jvm_maps_the_class_archive(spark: SparkSession) -> None:
+    # `make setup` makes the archive (fogshift.runtime.jvm_archive); a JVM that cannot use it
+    # ignores it silently, so what counts is that this one mapped it.
+    from fogshift.runtime.jvm_archive import archive_path
+
+    archive = archive_path()
+    assert archive.is_file(), f"no class archive at {archive}: `make setup` makes it"
+    pid = spark._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[union-attr]
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert str(archive) in maps, f"the driver JVM ({pid}) did not map {archive}"
+
+
 class Run:
     """One processor PE fed by a stream ``src`` that the test appends to."""
 

@@ -1,0 +1,34 @@
+"""The JVM class archive: when sessions use it (unit). That a real driver JVM maps it:
+``test_engine_lifecycle.py::test_the_driver_jvm_maps_the_class_archive``."""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+from fogshift.runtime.jvm_archive import archive_path, with_archive
+
+
+def test_the_archive_belongs_to_the_environment_and_its_pyspark() -> None:
+    path = archive_path()
+    assert path.is_relative_to(Path(sys.prefix))
+    assert path.name == f"spark-{version('pyspark')}.jsa"
+
+
+def test_sessions_use_the_archive_only_if_it_exists(tmp_path: Path) -> None:
+    archive = tmp_path / "spark.jsa"
+    assert with_archive("-XX:+UseSerialGC", archive) == "-XX:+UseSerialGC"
+    archive.write_bytes(b"made by the setup")
+    assert with_archive("-XX:+UseSerialGC", archive) == (
+        f"-XX:+UseSerialGC -XX:SharedArchiveFile={archive}"
+    )
+    assert with_archive("", archive) == f"-XX:SharedArchiveFile={archive}"
+
+
+def test_options_that_decide_class_sharing_themselves_are_left_alone(tmp_path: Path) -> None:
+    archive = tmp_path / "spark.jsa"
+    archive.write_bytes(b"made by the setup")
+    for options in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa",
+                    "-XX:ArchiveClassesAtExit=/new.jsa"):  # fmt: skip
+        assert with_archive(options, archive) == options
