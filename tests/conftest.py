@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,16 @@ def js_client(nats_server: BrokerProcess) -> Iterator[SyncJetStream]:
     client = SyncJetStream(nats_server.address)
     yield client
     client.close()
+
+
+def answer_json(handler: BaseHTTPRequestHandler, data: object, status: int = 200) -> None:
+    """Answer a stand-in HTTP server's request with ``data`` as JSON."""
+    body = json.dumps(data).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 def fogshift(*args: str, check: bool = True, timeout: float = 400) -> subprocess.CompletedProcess:

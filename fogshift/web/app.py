@@ -421,15 +421,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         confirmed: Annotated[bool, Form()] = False,
     ) -> Response:
         what = f"migrate {name}/{element}"
-        if not target:
-            raise InvalidInput(
-                f"no target node to {what} to", expected="a node name", received="nothing"
-            )
-        if mode not in {m.value for m in MigrationMode}:
-            raise InvalidInput(
-                f"unknown migration mode for {name}/{element}",
-                expected=" or ".join(m.value for m in MigrationMode), received=mode,
-            )  # fmt: skip
+        _check_move(what, target, mode)
         if not confirmed:
             _, mine = element_of(name, element)
             return page(request, "confirm.html", {
@@ -466,16 +458,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
                 received=", ".join(unknown or chosen) or "nothing",
                 hint="tick the PEs to move",
             )  # fmt: skip
-        if not target:
-            raise InvalidInput(
-                f"no target node to migrate PEs of {name} to",
-                expected="a node name", received="nothing",
-            )  # fmt: skip
-        if mode not in {m.value for m in MigrationMode}:
-            raise InvalidInput(
-                f"unknown migration mode for {name}",
-                expected=" or ".join(m.value for m in MigrationMode), received=mode,
-            )  # fmt: skip
+        _check_move(f"migrate PEs of {name}", target, mode)
         there = [e for e in chosen if by_id[e].node == target]
         if there:
             raise InvalidInput(
@@ -607,6 +590,18 @@ class Results:
         if kept is None or time.monotonic() - kept[0] > RESULT_TTL_S:
             return None
         return kept[1]
+
+
+def _check_move(what: str, target: str, mode: str) -> None:
+    """Refuse a migration form without a target node or with an unknown mode."""
+    if not target:
+        raise InvalidInput(f"no target node to {what} to", expected="a node name",
+                           received="nothing")  # fmt: skip
+    if mode not in {m.value for m in MigrationMode}:
+        raise InvalidInput(
+            f"unknown migration mode to {what}",
+            expected=" or ".join(m.value for m in MigrationMode), received=mode,
+        )  # fmt: skip
 
 
 def _migrate_in_turn(

@@ -6,7 +6,6 @@ agent that hosts the instance (it records the removals it is asked for); no Spar
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +18,7 @@ from fogshift.contracts import Heartbeat
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
+from tests.conftest import answer_json
 from tests.orchestrator.standin import SPEC
 
 
@@ -27,12 +27,7 @@ class _Agent(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self.removed.append(self.path)
-        body = json.dumps({"state": "stopped"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        answer_json(self, {"state": "stopped"})
 
     def log_message(self, *args: object) -> None:
         pass

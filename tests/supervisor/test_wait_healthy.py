@@ -7,7 +7,6 @@ starts, then the new agent ready.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fogshift.supervisor.cluster import ClusterFile, ProcessInfo, wait_healthy
+from tests.conftest import answer_json
 
 OLD_PID, NEW_PID = 1111, 2222
 
@@ -51,12 +51,7 @@ def orchestrator(tmp_path: Path) -> Iterator[tuple[Path, Script]]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = json.dumps([script.next()]).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            answer_json(self, [script.next()])
 
         def log_message(self, *args: object) -> None:
             pass
