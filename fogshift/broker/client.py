@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import nats
 from anyio.from_thread import BlockingPortal, start_blocking_portal
+from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -155,7 +156,8 @@ class SyncJetStream:
     # nats-py's default callbacks print a traceback to stderr for every failed reconnect
     # attempt (every 0.5 s while the broker is down): one logged line each instead.
     async def _on_error(self, exc: Exception) -> None:
-        log.debug("broker %s: %s", self.address.url, one_line(repr(exc)))
+        log.log(error_level(exc), "broker %s: %s: %s", self.address.url, type(exc).__name__,
+                one_line(str(exc)))  # fmt: skip
 
     async def _on_disconnected(self) -> None:
         # nats-py also calls this when the client is closed; close() drops _nc first.
@@ -179,6 +181,24 @@ class SyncJetStream:
         # Cancel what is still running (a call that timed out), then join the thread.
         self._portal.call(self._portal.stop, True)
         portal_cm.__exit__(None, None, None)
+
+
+#: What a client's broker connection raises while the broker is away: the disconnect is
+#: logged once, each failed reconnect attempt only at debug level.
+_RECONNECT_NOISE = (
+    OSError,  # refused, reset, timed out (TimeoutError is an OSError)
+    nats_errors.TimeoutError,
+    nats_errors.StaleConnectionError,
+    nats_errors.ConnectionClosedError,
+    nats_errors.NoServersError,
+)
+
+
+def error_level(exc: BaseException) -> int:
+    """How loudly to log an error the broker connection reports: a failed reconnect attempt
+    at debug level; anything else — a permissions violation, when the broker refuses a
+    node a PE it no longer hosts (a zombie), or a protocol error — as a warning."""
+    return logging.DEBUG if isinstance(exc, _RECONNECT_NOISE) else logging.WARNING
 
 
 #: Clients not closed yet (weakly: a client nobody holds needs no closing at exit).

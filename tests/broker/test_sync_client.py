@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import anyio
 import pytest
+from nats import errors as nats_errors
 
-from fogshift.broker.client import SyncJetStream, ensure_pe_stream, last_seq
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream, error_level, last_seq
 from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.naming import stream_name
 from fogshift.broker.server import BrokerProcess, start_nats_server
@@ -105,3 +107,13 @@ def test_a_broker_that_dies_is_one_logged_line_not_a_traceback_per_reconnect(
     assert proc.stdout.strip() == "closed"
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("disconnected; reconnecting") == 1, proc.stderr
+
+
+def test_a_refusal_by_the_broker_is_a_warning_a_failed_reconnect_is_not() -> None:
+    # The broker refusing a node a PE it no longer hosts is how a revived zombie is stopped:
+    # it must stay visible in the node's log (the frozen-node restore test looks for it).
+    refused = nats_errors.Error('nats: permissions violation for publish to "$js.api.x"')
+    assert error_level(refused) == logging.WARNING
+    for noise in (ConnectionRefusedError(111, "refused"), TimeoutError(),
+                  nats_errors.NoServersError(), nats_errors.UnexpectedEOF()):  # fmt: skip
+        assert error_level(noise) == logging.DEBUG, noise
