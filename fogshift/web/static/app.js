@@ -58,7 +58,8 @@ async function startChart(figure) {
   }
   await refresh();
   setInterval(refresh, 2000);
-  window.addEventListener("resize", () => plot && plot.setSize({ width: width(), height: 240 }));
+  // The figure's own box, not the window: it also changes when the page around it does.
+  new ResizeObserver(() => plot && plot.setSize({ width: width(), height: 240 })).observe(figure);
 }
 
 // A live part is not refreshed while the keyboard focus is inside it: swapping it would
