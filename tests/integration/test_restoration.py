@@ -191,11 +191,15 @@ def test_frozen_node_is_restored_automatically_and_its_zombie_is_refused(
     # (fenced: it stops itself), or the broker refuses the node rights to a PE it no longer
     # hosts (its reads and writes fail), whichever comes first.
     refusals = (FENCED_TOKEN, "permissions violation")
-    deadline = time.monotonic() + 60
-    while not any(r in zombie_log.read_text(errors="replace")[logged:] for r in refusals):
-        assert time.monotonic() < deadline, "the zombie was never refused: it tried nothing"
-        time.sleep(0.2)
-    cluster.up()  # the orchestrator only: it removes the zombie
+    try:
+        deadline = time.monotonic() + 60
+        while not any(r in zombie_log.read_text(errors="replace")[logged:] for r in refusals):
+            assert time.monotonic() < deadline, "the zombie was never refused: it tried nothing"
+            time.sleep(0.2)
+    finally:
+        # The orchestrator only: it removes the zombie. Also when the wait failed, so that
+        # the module's next tests find an orchestrator.
+        cluster.up()
     deadline = time.monotonic() + 60
     while "zombie/aggregate" in cluster.node("fog-b")["elements"]:
         assert time.monotonic() < deadline, "the zombie was not removed from fog-b"

@@ -142,13 +142,13 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
         expect(page.locator(".marks")).to_contain_text("aggregate: fog-a → fog-b (migration)")
 
         # At phone width the page itself does not scroll sideways (wide parts scroll inside).
-        # At once (the chart, still drawn wide, scrolls inside its box), and once the chart
-        # has been redrawn to its box's new width.
+        # At once (the chart, if drawn yet, still at the old width: it scrolls inside its box),
+        # and once the chart is drawn at its box's new width.
         page.set_viewport_size({"width": 390, "height": 844})
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
         page.wait_for_function(
-            "document.querySelector('figure.chart .uplot').getBoundingClientRect().width"
-            " <= window.innerWidth"
+            "(chart => chart !== null && chart.getBoundingClientRect().width <= window.innerWidth)"
+            "(document.querySelector('figure.chart .uplot'))"
         )
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
         page.set_viewport_size({"width": 1280, "height": 900})
