@@ -19,6 +19,7 @@ ignored by the JVM (``-Xshare:auto``, its default): a slower start, never a fail
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -61,9 +62,10 @@ def ensure(archive: Path | None = None, timeout_s: float = 600) -> bool:
         if archive.is_file():
             return True
         started = time.monotonic()
-        fd, tmp = tempfile.mkstemp(dir=archive.parent, prefix=".spark-", suffix=".jsa")
-        os.close(fd)
-        os.unlink(tmp)  # the JVM writes it at exit
+        # Under the lock the name is ours; the JVM writes it at exit, then it is renamed.
+        tmp = str(archive.with_name(archive.name + ".part"))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a previous attempt's, cut off
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", "fogshift.runtime.jvm_archive", "--dump-to", tmp],
@@ -86,6 +88,7 @@ def _dump(target: str) -> None:
     """Start a session whose JVM writes its loaded classes to ``target`` at exit, after
     running the kinds of query a node runs: a Python streaming source (fogshift's CSV
     source), ``transformWithStateInPandas`` on RocksDB, a Python streaming sink, mapInPandas."""
+    from fogshift.common.waiting import wait_until
     from fogshift.runtime.session import JAVA_OPTIONS, build_session
 
     with tempfile.TemporaryDirectory(prefix="fogshift-jsa-") as work:
@@ -117,15 +120,18 @@ def _dump(target: str) -> None:
             .trigger(processingTime="200 milliseconds")
             .start()
         )  # fmt: skip
-        # The CSV is read in one batch; done once a batch with rows has run.
-        deadline = time.monotonic() + 120
-        while query.isActive and time.monotonic() < deadline:
-            if any(p["numInputRows"] > 0 for p in query.recentProgress):
-                break
-            time.sleep(0.2)
-        failure = query.exception()
-        query.stop()
-        spark.stop()
+        try:
+            # The CSV is read in one batch; done once a batch with rows has run (or the
+            # query failed).
+            wait_until(
+                lambda: not query.isActive
+                or any(p["numInputRows"] > 0 for p in query.recentProgress),
+                120, interval_s=0.2, describe="the archive's query ran a batch",
+            )  # fmt: skip
+            failure = query.exception()
+        finally:
+            query.stop()
+            spark.stop()
         if failure is not None:
             raise SystemExit(f"the archive's query failed: {failure}")
 
@@ -151,6 +157,8 @@ def _counter():  # type: ignore[no-untyped-def]
 
 
 def _discard_sink():  # type: ignore[no-untyped-def]
+    """A Python streaming sink that keeps nothing (fogshift's own sinks need a broker for
+    their dead letters; the archive needs only the JVM side of a Python sink)."""
     from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
 
     class DiscardWriter(DataSourceStreamWriter):

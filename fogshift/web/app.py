@@ -319,12 +319,13 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         nodes = orchestrator.nodes()
         healthy = {n.name for n in nodes if n.healthy}
         by_id = {e.element: e for e in status.elements}
+        rates = _rates(history, status)
         return {
             "status": status,
             "targets": sorted(healthy),
             "modes": [m.value for m in MigrationMode],
-            "drawing": layout(status, _rates(history, status), healthy),
-            "rates": _rates(history, status),
+            "drawing": layout(status, rates, healthy),
+            "rates": rates,
             "lags": {e.element: lag(e, by_id) for e in status.elements},
             "marks": history.marks(name)[:20],
         }
