@@ -9,6 +9,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.exceptions import ElementError
 from fogshift.runtime.gate import end_run
+from fogshift.runtime.progress import ProgressFeed
 from fogshift.spec.models import ElementSpec
 
 if TYPE_CHECKING:
@@ -81,6 +83,12 @@ class HostedElement:
     events_in: int = 0
     last_batch: int = -1
     started_at: float = field(default_factory=time.time)
+    #: Spark's state-store metrics of the query's recent batches, by batch id (see
+    #: :func:`state_metrics`), for the node-level checkpoints' manifests.
+    state_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Spark's run ids of the queries started for this PE here: only their progress counts
+    #: (not that of an instance this one replaced, reported late).
+    run_ids: set[str] = field(default_factory=set)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -104,6 +112,8 @@ class NodeRuntime:
         # started from another thread (e.g. a web worker) may not see the session's
         # registered Python data sources.
         self._spark_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark")
+        #: Spark's progress reports of every query, pushed by Spark (see _monitor).
+        self.progress_feed = ProgressFeed()
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -119,9 +129,11 @@ class NodeRuntime:
         try:
             local = self.config.home / "spark-local"
             local.mkdir(parents=True, exist_ok=True)
-            self.spark = build_session(
+            spark = build_session(
                 self.config.name, self.config.spark_master, str(local), self.config.java_options
             )
+            self.progress_feed.attach(spark)
+            self.spark = spark
         except Exception as exc:  # reported through /health; the agent stays up to say so
             log.exception("spark session failed to start")
             self.spark_error = f"{type(exc).__name__}: {exc}"
@@ -229,6 +241,7 @@ class NodeRuntime:
         try:
             spark = self.spark
             hosted.query = self._spark_thread.submit(start_query, spark, hosted.plan).result()
+            hosted.run_ids.add(str(hosted.query.runId))
             hosted.state, hosted.error = PEState.RUNNING, None
             hosted.started_at = time.time()
             hosted.started_batch = hosted.last_batch
@@ -469,13 +482,18 @@ class NodeRuntime:
     def _monitor(self) -> None:
         while not self._stop.wait(1.0):
             with self._lock:
+                reports = self.progress_feed.drain()
                 for hosted in list(self._elements.values()):
                     try:
-                        self._check(hosted)
+                        mine = reports.get(hosted.plan.query_name, [])
+                        self._check(hosted, [r for r in mine if r.get("runId") in hosted.run_ids])
                     except Exception:  # the monitor must survive any one PE's trouble
                         log.exception("monitor failed on %s", hosted.plan.query_name)
 
-    def _check(self, hosted: HostedElement) -> None:
+    def _check(self, hosted: HostedElement, reports: Sequence[dict[str, Any]] = ()) -> None:
+        """Count ``reports`` (Spark's progress of the PE's query since the last check), and
+        restart a failed query when its backoff has elapsed."""
+        self._count(hosted, reports)
         query = hosted.query
         if hosted.state == PEState.FAILED:
             if time.time() >= hosted.retry_at and self.spark is not None:
@@ -485,7 +503,6 @@ class NodeRuntime:
             return
         if query is None:
             return
-        self._count(hosted, query)
         if hosted.last_batch > hosted.started_batch:
             hosted.failures = 0  # it committed a batch since its (re)start: it works
         if not query.isActive:
@@ -521,7 +538,7 @@ class NodeRuntime:
                     self.snapshot_store(pipeline, pe),
                     pipeline,
                     pe,
-                    _state_metrics(h.query),
+                    dict(h.state_metrics),
                 )
             except (OSError, ValueError) as exc:  # a PE removed meanwhile, a file in flux
                 log.warning("node-level checkpoint of %s failed: %s", h.plan.query_name, exc)
@@ -536,9 +553,14 @@ class NodeRuntime:
         manifest = latest_manifest(self.snapshot_store(pipeline, pe))
         return CheckpointManifest.model_validate(manifest) if manifest else None
 
-    def _count(self, hosted: HostedElement, query: StreamingQuery) -> None:
+    def _count(self, hosted: HostedElement, reports: Sequence[dict[str, Any]]) -> None:
         changed = False
-        for progress in query.recentProgress:
+        for progress in reports:
+            metrics = state_metrics(progress)
+            if metrics is not None:
+                hosted.state_metrics[int(progress["batchId"])] = metrics
+                while len(hosted.state_metrics) > STATE_METRICS_KEPT:
+                    del hosted.state_metrics[min(hosted.state_metrics)]
             if "addBatch" not in (progress.get("durationMs") or {}):
                 # An idle trigger's progress carries the id of the batch still to come:
                 # counting it would skip that batch's rows when it does come.
@@ -582,30 +604,25 @@ def python_error(text: str) -> tuple[str, str] | None:
     return None
 
 
-def _state_metrics(query: StreamingQuery | None) -> dict[int, dict[str, Any]]:
-    """Spark's state-store metrics of the query's recent batches, by batch id.
+#: How many batches' state-store metrics a PE keeps (a snapshot is of a recent batch).
+STATE_METRICS_KEPT = 100
 
-    Per batch, summed over its stateful operators: ``commit_ms`` (``commitTimeMs``: the state
-    store's commit, where the batch's state changes are serialised and written), ``updates_ms``
-    (``allUpdatesTimeMs``), ``memory_bytes`` and ``rows``; and ``batch_ms``, the batch's
-    ``triggerExecution`` time. Empty for a stateless query or one that is gone.
+
+def state_metrics(progress: dict[str, Any]) -> dict[str, Any] | None:
+    """Spark's state-store metrics of one batch's progress report (``None``: no state).
+
+    Summed over the batch's stateful operators: ``commit_ms`` (``commitTimeMs``: the state
+    store's commit, where the batch's state changes are serialised and written),
+    ``updates_ms`` (``allUpdatesTimeMs``), ``memory_bytes`` and ``rows``; and ``batch_ms``,
+    the batch's ``triggerExecution`` time.
     """
-    if query is None:
-        return {}
-    try:
-        recent = list(query.recentProgress)
-    except Exception:  # a query stopped meanwhile has no progress to give: no metrics
-        return {}
-    out: dict[int, dict[str, Any]] = {}
-    for progress in recent:
-        operators = progress.get("stateOperators") or []
-        if not operators:
-            continue
-        out[int(progress["batchId"])] = {
-            "commit_ms": sum(int(op.get("commitTimeMs") or 0) for op in operators),
-            "updates_ms": sum(int(op.get("allUpdatesTimeMs") or 0) for op in operators),
-            "memory_bytes": sum(int(op.get("memoryUsedBytes") or 0) for op in operators),
-            "rows": sum(int(op.get("numRowsTotal") or 0) for op in operators),
-            "batch_ms": (progress.get("durationMs") or {}).get("triggerExecution"),
-        }
-    return out
+    operators = progress.get("stateOperators") or []
+    if not operators:
+        return None
+    return {
+        "commit_ms": sum(int(op.get("commitTimeMs") or 0) for op in operators),
+        "updates_ms": sum(int(op.get("allUpdatesTimeMs") or 0) for op in operators),
+        "memory_bytes": sum(int(op.get("memoryUsedBytes") or 0) for op in operators),
+        "rows": sum(int(op.get("numRowsTotal") or 0) for op in operators),
+        "batch_ms": (progress.get("durationMs") or {}).get("triggerExecution"),
+    }

@@ -56,10 +56,10 @@ def idle(next_batch: int) -> dict[str, Any]:
 
 
 class FakeQuery:
-    def __init__(self, error: str | None = None, batches: int = 0) -> None:
+    def __init__(self, error: str | None = None) -> None:
         self.isActive = error is None
         self.error = error
-        self.recentProgress = [batch(b, 1) for b in range(batches)]
+        self.runId = "run-1"
 
     def exception(self) -> Any:
         return RuntimeError(self.error) if self.error else None
@@ -175,8 +175,8 @@ def test_other_failures_are_retried_with_capped_backoff_and_reset_by_progress(
     assert max(delays) == RESTART_BACKOFF_MAX_S
     assert h.state == "running" and h.restarts == 8
     # A query that commits a batch after its restart works: the backoff starts over.
-    h.query = FakeQuery(batches=3)  # type: ignore[assignment]
-    runtime._check(h)
+    h.query = FakeQuery()  # type: ignore[assignment]
+    runtime._check(h, [batch(b, 1) for b in range(3)])
     assert h.failures == 0
     h.query = FakeQuery("broker gone again")  # type: ignore[assignment]
     runtime._check(h)
@@ -187,11 +187,8 @@ def test_events_in_counts_a_batch_that_follows_an_idle_trigger(
     runtime: NodeRuntime, tmp_path: Path
 ) -> None:
     h = hosted(tmp_path)
-    query = FakeQuery()
-    query.recentProgress = [batch(0, 2), idle(1), idle(1), batch(1, 5), idle(2)]
-    h.query = query  # type: ignore[assignment]
-    runtime._check(h)
+    h.query = FakeQuery()  # type: ignore[assignment]
+    runtime._check(h, [batch(0, 2), idle(1), idle(1), batch(1, 5), idle(2)])
     assert (h.events_in, h.last_batch) == (7, 1)
-    query.recentProgress.append(batch(2, 4))
-    runtime._check(h)
+    runtime._check(h, [batch(2, 4)])
     assert (h.events_in, h.last_batch) == (11, 2)

@@ -269,3 +269,29 @@ def test_a_restart_from_an_older_checkpoint_rebuilds_from_its_state(make_run: An
     run.send([{"value": 4.0}])
     # Had the instance of the second run (count 3) been reused, the last count would be 5.
     assert [json.loads(o["body"]) for o in run.outputs()][-1] == {"count": 4, "total": 10.0}
+
+
+def test_the_progress_feed_gets_every_batch_report_once_without_polling(
+    spark: SparkSession, make_run: Any
+) -> None:
+    from fogshift.runtime.progress import ProgressFeed
+
+    feed = ProgressFeed()
+    feed.attach(spark)
+    run = make_run("Doubling")
+    run.start()
+    for round_ in range(3):
+        run.send([{"value": float(round_ * 10 + k)} for k in range(3)])
+    assert run.query is not None
+    name, run_id = run.plan.query_name, str(run.query.runId)
+    reports: list[dict[str, Any]] = []
+
+    def counted() -> int:
+        reports.extend(feed.drain().get(name, []))
+        return sum(r["numInputRows"] for r in reports)
+
+    wait_until(lambda: counted() >= 9, 30, describe=f"reports of 9 input rows of {name}")
+    assert counted() == 9  # each batch reported once: nothing counted twice
+    ran = [r["batchId"] for r in reports if r["numInputRows"] > 0]
+    assert ran == sorted(set(ran)), ran  # in order, each batch once
+    assert {r["runId"] for r in reports} == {run_id}
