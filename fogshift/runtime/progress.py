@@ -60,10 +60,6 @@ class ProgressFeed:
         wrapper = jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper
         spark._jsparkSession.streams().addListener(wrapper(_Listener(self._reports)))
 
-    def put(self, report: dict[str, Any]) -> None:
-        """Queue a report made elsewhere (tests, or a report read from a query)."""
-        self._reports.put(json.dumps(report))
-
     def drain(self) -> dict[str, list[dict[str, Any]]]:
         """The reports queued since the last call, by query name, oldest first."""
         out: dict[str, list[dict[str, Any]]] = {}
