@@ -27,8 +27,10 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/fogshift demo
 
+# Two workers, a module whole on one: the suite waits on clusters about a third of the time
+# (tests/conftest.py).
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # Unit and in-process tests: no cluster, no Spark session.
 test-fast: setup

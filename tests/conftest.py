@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -15,6 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
+from filelock import FileLock
 
 from fogshift.broker.client import BrokerAddress, SyncJetStream
 from fogshift.broker.server import BrokerProcess, start_nats_server
@@ -48,6 +50,28 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     }
     with open(PROFILE, "a") as out:
         out.write(json.dumps(record) + "\n")
+
+
+#: Modules that create network namespaces, veth pairs and `tc` qdiscs: their names are
+#: machine-wide (and `fogshift up --isolate` removes stale ones), so under `make test`'s two
+#: workers (``-n 2 --dist loadfile``: a module runs whole on one worker, with its own session
+#: broker and shared cluster) one of them at a time holds :data:`MACHINE_WIDE_LOCK`.
+MACHINE_WIDE = {
+    "tests/integration/test_partition.py",
+    "tests/network/test_lock.py",
+    "tests/network/test_namespaces.py",
+}
+MACHINE_WIDE_LOCK = Path(tempfile.gettempdir()) / "fogshift-tests-machine-wide.lock"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def machine_wide(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Hold :data:`MACHINE_WIDE_LOCK` through a module of :data:`MACHINE_WIDE`."""
+    if Path(request.path).relative_to(ROOT).as_posix() not in MACHINE_WIDE:
+        yield
+        return
+    with FileLock(MACHINE_WIDE_LOCK):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -29,18 +29,15 @@ from fogshift.checkpoint.central import check_manifest
 from fogshift.checkpoint.store import snapshot_file
 from fogshift.common.exceptions import Forbidden
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
-from fogshift.common.http import (
+from fogshift.common.http import blob_token, node_token, same_token, tls_context
+from fogshift.common.service import (
     ERROR_RESPONSES,
     Access,
     NameParam,
     RelPathParam,
     ShaParam,
     SnapshotParam,
-    blob_token,
     install_error_handlers,
-    node_token,
-    same_token,
-    tls_context,
     wrong_token,
 )
 from fogshift.contracts import (

@@ -20,20 +20,22 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fogshift.common.exceptions import Forbidden
 from fogshift.common.http import (
-    ERROR_RESPONSES,
-    Access,
     DirectoryEntry,
-    NameParam,
     NodeDirectory,
-    ShaParam,
     blob_token,
-    install_error_handlers,
     node_token,
     same_token,
     token_node,
-    wrong_token,
 )
 from fogshift.common.names import NAME_RE
+from fogshift.common.service import (
+    ERROR_RESPONSES,
+    Access,
+    NameParam,
+    ShaParam,
+    install_error_handlers,
+    wrong_token,
+)
 from fogshift.contracts import (
     Ack,
     DeadLetter,

@@ -31,7 +31,6 @@ from fogshift.planner.exceptions import (
 )
 from fogshift.planner.feasibility import DEFAULT_SHARES
 from fogshift.planner.greedy import solve_greedy
-from fogshift.planner.milp import solve_exact
 from fogshift.planner.model import Assignment, Link, Plan, Server, Task, Topology
 
 __all__ = [
@@ -94,6 +93,10 @@ def plan(
             if exc.proven:
                 raise
     remaining = time_limit_s - (time.perf_counter() - start)
+    # Imported here: HiGHS and numpy take a tenth of a second to load, and most importers of
+    # this package (every CLI command, through the orchestrator's topology) never solve.
+    from fogshift.planner.milp import solve_exact
+
     result = solve_exact(
         topology, time_limit_s=max(remaining, 0.01), initial=initial, shares=shares
     )

@@ -34,7 +34,8 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from fogshift.common.http import NameParam, ServiceClient
+from fogshift.common.http import ServiceClient
+from fogshift.common.service import NameParam
 from fogshift.common.text import one_line
 from fogshift.contracts import (
     DeadLetter,

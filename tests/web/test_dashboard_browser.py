@@ -146,9 +146,18 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
         # and once the chart is drawn at its box's new width.
         page.set_viewport_size({"width": 390, "height": 844})
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
-        page.wait_for_function(
+        # Polled from here: Playwright's wait_for_function polls a string with eval inside the
+        # page, which the dashboard's Content-Security-Policy (script-src 'self') refuses; it
+        # only passed when the chart was already drawn at the first look.
+        chart_fits = (
             "(chart => chart !== null && chart.getBoundingClientRect().width <= window.innerWidth)"
             "(document.querySelector('figure.chart .uplot'))"
+        )
+        wait_until(
+            lambda: page.evaluate(chart_fits),  # type: ignore[attr-defined]
+            60,
+            interval_s=0.2,
+            describe="the chart redrawn at phone width",
         )
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
         page.set_viewport_size({"width": 1280, "height": 900})

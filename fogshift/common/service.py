@@ -1,0 +1,135 @@
+"""The server side of fogshift's REST services: token checks, error answers, path parameters.
+
+The agents, the orchestrator and the dashboard build their FastAPI apps with these; clients
+need only :mod:`fogshift.common.http` (tokens, :class:`~fogshift.common.http.ServiceClient`),
+which does not import FastAPI, so that a CLI command starts in a fraction of the time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from fogshift.common.exceptions import InvalidName
+from fogshift.common.http import error_body, same_token
+from fogshift.common.names import (
+    EXPECTED,
+    MAX_REL_PATH,
+    NAME_RE,
+    REL_PATH_RE,
+    SHA256_RE,
+    SNAPSHOT_RE,
+)
+from fogshift.contracts import ErrorBody
+from fogshift.exceptions import FogshiftError, InvalidInput, Unauthorized
+
+# -- path parameters -----------------------------------------------------------------------
+# Checked by FastAPI before any handler runs (422 with expected/received/hint); the storage
+# layer checks again (fogshift.common.names).
+
+#: A pipeline, element or node name in a URL.
+NameParam = Annotated[str, PathParam(pattern=NAME_RE)]
+#: A snapshot id in a URL.
+SnapshotParam = Annotated[str, PathParam(pattern=SNAPSHOT_RE)]
+#: A checkpoint blob's sha256 in a URL.
+ShaParam = Annotated[str, PathParam(pattern=SHA256_RE)]
+#: A file path inside a snapshot, in a URL (``{rel:path}``).
+RelPathParam = Annotated[str, PathParam(pattern=REL_PATH_RE, max_length=MAX_REL_PATH)]
+
+# -- access ------------------------------------------------------------------------------
+
+
+def bearer(request: Request) -> str:
+    """The request's bearer token, ``""`` if it has none."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+#: Decides one request from ``(method, path, bearer token)``: ``None`` lets it through,
+#: otherwise the error (401 or 403) to answer instead. ``path`` is the decoded path the
+#: router matches, so a decision about a path is a decision about the route it reaches.
+Access = Callable[[str, str, str], FogshiftError | None]
+
+
+def wrong_token(where: str) -> Unauthorized:
+    """The answer to a missing or wrong token."""
+    return Unauthorized(
+        f"missing or wrong token for {where}",
+        hint="the token is in the cluster file written by `fogshift up` (--home)",
+    )
+
+
+def operator_only(token: str) -> Access:
+    """Every endpoint needs exactly ``token``."""
+
+    def access(method: str, path: str, given: str) -> FogshiftError | None:
+        return None if same_token(given, token) else wrong_token("this service")
+
+    return access
+
+
+def install_error_handlers(app: FastAPI, access: str | Access) -> None:
+    """Check the bearer token of every request and map errors to JSON responses.
+
+    Args:
+        access: The policy (see :data:`Access`); a plain token means "exactly this token,
+            on every endpoint".
+    """
+    decide = operator_only(access) if isinstance(access, str) else access
+
+    @app.middleware("http")
+    async def check_token(request: Request, call_next: Callable[[Request], Any]) -> Any:
+        err = decide(request.method, request.url.path, bearer(request))
+        if err is not None:
+            return JSONResponse(err.to_dict(), status_code=err.http_status)
+        return await call_next(request)
+
+    @app.exception_handler(FogshiftError)
+    async def fogshift_error(request: Request, exc: FogshiftError) -> JSONResponse:
+        return JSONResponse(error_body(exc), status_code=exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        # A name that failed its pattern is answered in the words of fogshift.common.names,
+        # not with the regular expression.
+        named = [e for e in errors if e.get("ctx", {}).get("pattern") in EXPECTED]
+        message = f"bad request to {request.url.path}: " + "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: "
+            + (f"{e['input']!r} cannot be used as a name" if e in named else e["msg"])
+            for e in errors
+        )
+        received = repr(first.get("input"))[:200]
+        expected = [f"{e['loc'][-1]}: {EXPECTED[e['ctx']['pattern']]}" for e in named]
+        if expected:
+            err: FogshiftError = InvalidName(
+                message,
+                expected="; ".join(expected),
+                received=received,
+                hint="names are letters, digits, '_' and '-'; a path may not leave its folder",
+            )
+        else:
+            err = InvalidInput(message, received=received)
+        return JSONResponse(err.to_dict(), status_code=err.http_status)
+
+
+#: The error answers every endpoint may give, for the OpenAPI schema (``responses=``).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": what}
+    for status, what in (
+        (401, "missing or wrong token"),
+        (403, "the token does not open this endpoint"),
+        (404, "no such pipeline, element or node"),
+        (409, "clashes with what runs"),
+        (422, "refused input: expected / received / hint"),
+        (500, "a fogshift error"),
+        (502, "a migration or restore failed (with its report)"),
+        (503, "a service it needs cannot be reached"),
+    )
+}
