@@ -58,10 +58,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 #: broker and shared cluster) one of them at a time holds :data:`MACHINE_WIDE_LOCK`.
 MACHINE_WIDE = {
     "tests/integration/test_partition.py",
-    "tests/network/test_lock.py",
     "tests/network/test_namespaces.py",
 }
 MACHINE_WIDE_LOCK = Path(tempfile.gettempdir()) / "fogshift-tests-machine-wide.lock"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Integration modules first, each module's tests in their order: a worker takes the next
+    module when it is free, so the long ones start early and the short unit modules fill the
+    end instead of one worker finishing a long module alone."""
+    integration = {item.path for item in items if item.get_closest_marker("integration")}
+    position = {id(item): n for n, item in enumerate(items)}
+    # Python's sort is stable and a module's tests are adjacent: modules stay whole.
+    items.sort(key=lambda item: (item.path not in integration, position[id(item)]))
 
 
 @pytest.fixture(scope="module", autouse=True)
