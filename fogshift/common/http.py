@@ -1,4 +1,7 @@
-"""REST plumbing shared by the orchestrator and the node agents.
+"""REST plumbing shared by the orchestrator, the node agents and their clients: tokens, the
+client, and errors rebuilt from their answers. The services' own half (token checks, error
+handlers, path parameters) is :mod:`fogshift.common.service`; this module does not import
+FastAPI, so a CLI command does not load it.
 
 Every service requires ``Authorization: Bearer <token>``; every :class:`FogshiftError` is
 sent as JSON with its HTTP status, and :func:`raise_for_error` turns such a response back
