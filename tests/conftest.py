@@ -52,15 +52,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         out.write(json.dumps(record) + "\n")
 
 
-#: Modules that create network namespaces, veth pairs and `tc` qdiscs: their names are
-#: machine-wide (and `fogshift up --isolate` removes stale ones), so under `make test`'s two
-#: workers (``-n 2 --dist loadfile``: a module runs whole on one worker, with its own session
-#: broker and shared cluster) one of them at a time holds :data:`MACHINE_WIDE_LOCK`.
-MACHINE_WIDE = {
-    "tests/integration/test_partition.py",
-    "tests/network/test_namespaces.py",
-}
+#: Held through a module with a test marked ``root``: those create network namespaces, veth
+#: pairs and `tc` qdiscs, whose names are machine-wide (and `fogshift up --isolate` removes
+#: stale ones), so under `make test`'s two workers (``-n 2 --dist loadfile``: a module runs
+#: whole on one worker, with its own session broker and shared cluster) one runs at a time.
 MACHINE_WIDE_LOCK = Path(tempfile.gettempdir()) / "fogshift-tests-machine-wide.lock"
+_ROOT_MODULES = pytest.StashKey[set[Path]]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -68,15 +65,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     module when it is free, so the long ones start early and the short unit modules fill the
     end instead of one worker finishing a long module alone."""
     integration = {item.path for item in items if item.get_closest_marker("integration")}
-    position = {id(item): n for n, item in enumerate(items)}
-    # Python's sort is stable and a module's tests are adjacent: modules stay whole.
-    items.sort(key=lambda item: (item.path not in integration, position[id(item)]))
+    config.stash[_ROOT_MODULES] = {item.path for item in items if item.get_closest_marker("root")}
+    # A stable sort of adjacent tests: modules stay whole and keep their order.
+    items.sort(key=lambda item: item.path not in integration)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def machine_wide(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Hold :data:`MACHINE_WIDE_LOCK` through a module of :data:`MACHINE_WIDE`."""
-    if Path(request.path).relative_to(ROOT).as_posix() not in MACHINE_WIDE:
+    """Hold :data:`MACHINE_WIDE_LOCK` through a module with a test marked ``root``."""
+    if request.path not in request.config.stash.get(_ROOT_MODULES, set()):
         yield
         return
     with FileLock(MACHINE_WIDE_LOCK):
