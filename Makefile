@@ -30,7 +30,7 @@ demo: setup
 # Two workers, a module whole on one: the suite waits on clusters about a third of the time
 # (tests/conftest.py).
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # Unit and in-process tests: no cluster, no Spark session.
 test-fast: setup

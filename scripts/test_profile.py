@@ -9,6 +9,10 @@ appends one line per test), then::
 A module whose CPUs were mostly idle waits (timeouts, restarts, polls): shorter waits or
 running it beside another module would save its time. A busy one computes: only cheaper
 batches, fewer operations or fewer cluster starts save time there.
+
+``--write-seconds tests/module_seconds.json`` records each module's wall clock (those of at
+least ``--min-seconds``) as the order `make test` hands modules to its workers in: longest
+first (``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("profile", type=Path, help="the JSON-lines file the suite wrote")
     parser.add_argument("--top", type=int, default=25, help="modules to list")
+    parser.add_argument("--write-seconds", type=Path, help="write {module: wall s} here")
+    parser.add_argument("--min-seconds", type=float, default=5.0, help="modules to write")
     args = parser.parse_args()
     modules: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for line in args.profile.read_text().splitlines():
@@ -39,6 +45,13 @@ def main() -> None:
     for name, (w, b, i, n) in sorted(modules.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"{name:60} {n:5.0f} {w:8.1f} {w / wall:6.1%} {b / max(b + i, 1e-9):7.1%}")
     print(f"{'all':60} {'':5} {wall:8.1f} {'':6} {busy / max(busy + idle, 1e-9):7.1%}")
+    if args.write_seconds:
+        seconds = {
+            name: round(m[0])
+            for name, m in sorted(modules.items(), key=lambda kv: -kv[1][0])
+            if m[0] >= args.min_seconds
+        }
+        args.write_seconds.write_text(json.dumps(seconds, indent=1) + "\n")
 
 
 if __name__ == "__main__":
