@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -60,14 +64,30 @@ MACHINE_WIDE_LOCK = Path(tempfile.gettempdir()) / "fogshift-tests-machine-wide.l
 _ROOT_MODULES = pytest.StashKey[set[Path]]()
 
 
+#: Each long module's wall clock in a recent run (``scripts/test_profile.py --write-seconds``):
+#: only the order modules run in depends on it.
+MODULE_SECONDS = ROOT / "tests" / "module_seconds.json"
+#: What a module missing from :data:`MODULE_SECONDS` is taken to last: an integration one
+#: starts real processes, anything else is quick.
+UNKNOWN_INTEGRATION_S, UNKNOWN_S = 30.0, 0.0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Integration modules first, each module's tests in their order: a worker takes the next
-    module when it is free, so the long ones start early and the short unit modules fill the
-    end instead of one worker finishing a long module alone."""
+    """Modules longest first, each module's tests in their order: a worker takes the next
+    module when it is free (``--dist loadfile --no-loadscope-reorder``; xdist's own reorder
+    puts the modules with most tests first, which left a 90 s module with one test for the
+    end), so the long ones start early and the short unit modules fill the end instead of
+    one worker finishing a long module alone."""
     integration = {item.path for item in items if item.get_closest_marker("integration")}
     config.stash[_ROOT_MODULES] = {item.path for item in items if item.get_closest_marker("root")}
+    recorded = json.loads(MODULE_SECONDS.read_text()) if MODULE_SECONDS.is_file() else {}
+
+    def seconds(item: pytest.Item) -> float:
+        default = UNKNOWN_INTEGRATION_S if item.path in integration else UNKNOWN_S
+        return float(recorded.get(item.path.relative_to(ROOT).as_posix(), default))
+
     # A stable sort of adjacent tests: modules stay whole and keep their order.
-    items.sort(key=lambda item: item.path not in integration)
+    items.sort(key=lambda item: -seconds(item))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -121,11 +141,51 @@ def fogshift(*args: str, check: bool = True, timeout: float = 400) -> subprocess
     return proc
 
 
+#: CLI commands :meth:`Cluster.cli` runs in this process: they only talk to a cluster and
+#: print. A subprocess costs ~0.7 s of CPU to import the CLI again, some ninety times a
+#: run; the commands' own path (arguments, client, exit codes, messages) is the same, and
+#: `fogshift` as a process is tested on its own (tests/cli). A command that starts processes
+#: (`up`, `net`, `bench`, `demo`, `dashboard`) stays a subprocess: its children must not be
+#: this process's, which would have to reap them (a killed node would linger as a zombie).
+IN_PROCESS = frozenset({"deploy", "stop", "migrate", "restore", "status", "nodes", "errors",
+                        "plan", "topology", "validate", "down"})  # fmt: skip
+_in_process = threading.Lock()
+
+
+def fogshift_in_process(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the real CLI's entry point (:func:`fogshift.cli.main.main`) in this process, with
+    its output captured: what :func:`fogshift` returns, without starting an interpreter."""
+    from fogshift.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    # sys.argv and the standard streams are the process's: one command at a time.
+    with _in_process, redirect_stdout(out), redirect_stderr(err):
+        argv, sys.argv = sys.argv, ["fogshift", *args]
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code
+        except Exception:  # what an uncaught exception does to the process: a traceback, 1
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.argv = argv
+    returncode = code if isinstance(code, int) else (0 if code is None else 1)
+    proc = subprocess.CompletedProcess(["fogshift", *args], returncode, out.getvalue(),
+                                       err.getvalue())  # fmt: skip
+    if check and returncode != 0:
+        raise AssertionError(
+            f"fogshift {' '.join(args)} exited {returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
 class Cluster:
     """A local cluster started with `fogshift up` under a temp home.
 
     Reads (status, nodes, dead letters) go to the orchestrator's REST API from this process;
-    commands that change something go through the real CLI in a subprocess.
+    commands that change something go through the real CLI (:data:`IN_PROCESS`).
     """
 
     def __init__(self, home: Path, nodes: list[str], up_args: tuple[str, ...] = ()) -> None:
@@ -134,7 +194,8 @@ class Cluster:
         self.up_args = up_args
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return fogshift(*args, "--home", str(self.home), check=check)
+        run = fogshift_in_process if args[0] in IN_PROCESS else fogshift
+        return run(*args, "--home", str(self.home), check=check)
 
     def get(self, path: str, **params: Any) -> Any:
         """GET ``path`` of the orchestrator (with the operator token)."""
