@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fogshift.checkpoint.spark_dir import clear_orphan_state
+from fogshift.checkpoint.spark_dir import clear_orphan_state, copy_checkpoint
 
 
 def _write(path: Path, text: str = "x") -> None:
@@ -32,3 +32,62 @@ def test_a_missing_or_stateless_checkpoint_is_left_alone(tmp_path: Path) -> None
     assert clear_orphan_state(tmp_path / "absent") is False
     _write(tmp_path / "metadata")
     assert clear_orphan_state(tmp_path) is False
+
+
+def _checkpoint(root: Path, batches: int, snapshots: tuple[int, ...]) -> None:
+    """A query's checkpoint after ``batches`` batches (0 .. batches-1), each reading one
+    row, with RocksDB snapshots (zips) at ``snapshots`` and a changelog per version."""
+    _write(root / "metadata", '{"id": "q"}')
+    for b in range(batches):
+        _write(root / "offsets" / str(b), f'v1\n{{}}\n{{"row": {b + 1}}}')
+        _write(root / "offsets" / f".{b}.crc")
+        _write(root / "commits" / str(b), "v1\n{}")
+        _write(root / "commits" / f".{b}.crc")
+        _write(root / "state" / "0" / "0" / f"{b + 1}.changelog")
+        _write(root / "state" / "0" / "0" / f".{b + 1}.changelog.crc")
+    for v in snapshots:
+        _write(root / "state" / "0" / "0" / f"{v}.zip")
+        _write(root / "state" / "0" / "0" / f".{v}.zip.crc")
+    _write(root / "state" / "0" / "0" / "SSTs" / "000001-a.sst")
+    _write(root / "state" / "0" / "_metadata" / "v2" / "0")
+
+
+def _names(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+def test_a_copy_holds_what_resuming_reads_not_sparks_history(tmp_path: Path) -> None:
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    _checkpoint(live, 30, snapshots=(10, 20))
+    info = copy_checkpoint(live, copy)
+    assert info == {"batch": 29, "offset": {"row": 30}}
+    # Resuming after batch 29 reads offsets 29 (and 28, for a batch run again), commit 29.
+    assert _names(copy / "offsets") == {"27", "28", "29", ".27.crc", ".28.crc", ".29.crc"}
+    assert _names(copy / "commits") == {"27", "28", "29", ".27.crc", ".28.crc", ".29.crc"}
+    # ... and state version 30: the snapshot at 20 and the changelogs after it.
+    state = _names(copy / "state" / "0" / "0")
+    assert {"20.zip", ".20.zip.crc", "SSTs"} <= state
+    assert {f"{v}.changelog" for v in range(21, 31)} <= state
+    assert not {"10.zip", "19.changelog", ".19.changelog.crc", "1.changelog"} & state
+    assert (copy / "state" / "0" / "_metadata" / "v2" / "0").exists()
+    assert len(list(copy.rglob("*"))) < len(list(live.rglob("*"))) / 3
+
+
+def test_a_warm_copy_runs_its_last_batch_again_from_the_state_before_it(tmp_path: Path) -> None:
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    _checkpoint(live, 25, snapshots=(10, 20))
+    info = copy_checkpoint(live, copy, warm=True)
+    assert info["batch"] == 24
+    assert {"23", "24"} <= _names(copy / "offsets") and "25" not in _names(copy / "offsets")
+    assert "24" not in _names(copy / "commits") and "23" in _names(copy / "commits")
+    state = _names(copy / "state" / "0" / "0")
+    # Batch 24 runs again on version 24: snapshot 20, changelogs 21-24, nothing newer.
+    assert {"20.zip", "21.changelog", "24.changelog"} <= state
+    assert not {"25.changelog", "19.changelog", "10.zip"} & state
+
+
+def test_a_copy_before_any_snapshot_keeps_every_changelog(tmp_path: Path) -> None:
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    _checkpoint(live, 6, snapshots=())
+    copy_checkpoint(live, copy)
+    assert {f"{v}.changelog" for v in range(1, 7)} <= _names(copy / "state" / "0" / "0")
