@@ -163,7 +163,7 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
         # Before the chart is redrawn (if drawn yet, still at the old width: it scrolls inside
         # its box), and once it is drawn at its box's new width.
         page.set_viewport_size({"width": 390, "height": 844})
-        # Within a moment, not at the first look: one clean clone in six found the page wider
+        # Within a moment, not at the first look: a clean clone (one of eight) found the page wider
         # than the screen right after the resize (a live part being swapped in meanwhile).
         # What stays too wide is named.
         try:
