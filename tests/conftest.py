@@ -134,6 +134,14 @@ def fogshift(*args: str, check: bool = True, timeout: float = 400) -> subprocess
         timeout=timeout,
         cwd=ROOT,
     )
+    return _checked(proc, args, check)
+
+
+def _checked(
+    proc: subprocess.CompletedProcess, args: tuple[str, ...], check: bool
+) -> subprocess.CompletedProcess:
+    """``proc`` (`fogshift ARGS`); with ``check``, an AssertionError with its output if it
+    failed."""
     if check and proc.returncode != 0:
         raise AssertionError(
             f"fogshift {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -159,26 +167,19 @@ def fogshift_in_process(*args: str, check: bool = True) -> subprocess.CompletedP
 
     out, err = io.StringIO(), io.StringIO()
     code: int | str | None = 0
-    # sys.argv and the standard streams are the process's: one command at a time.
+    # The standard streams are the process's: one command at a time.
     with _in_process, redirect_stdout(out), redirect_stderr(err):
-        argv, sys.argv = sys.argv, ["fogshift", *args]
         try:
-            main()
+            main(list(args))
         except SystemExit as exc:
             code = exc.code
         except Exception:  # what an uncaught exception does to the process: a traceback, 1
             traceback.print_exc()
             code = 1
-        finally:
-            sys.argv = argv
     returncode = code if isinstance(code, int) else (0 if code is None else 1)
     proc = subprocess.CompletedProcess(["fogshift", *args], returncode, out.getvalue(),
                                        err.getvalue())  # fmt: skip
-    if check and returncode != 0:
-        raise AssertionError(
-            f"fogshift {' '.join(args)} exited {returncode}\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
+    return _checked(proc, args, check)
 
 
 class Cluster:

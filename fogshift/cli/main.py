@@ -727,10 +727,11 @@ def _log_setup() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def main() -> None:
-    """Entry point: runs the app, printing fogshift errors as messages, not tracebacks."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: runs the app on ``argv`` (default: the command line), printing fogshift
+    errors as messages, not tracebacks. Ends with :class:`SystemExit` like any command."""
     try:
-        app()
+        app(args=argv, prog_name="fogshift")
     except FogshiftError as exc:
         err_console.print(f"[red]error[/] ({exc.code}): {exc.render()}", highlight=False)
         sys.exit(2 if isinstance(exc, InvalidInput) else 1)
