@@ -45,9 +45,18 @@ def build_session(
     """
     from pyspark.sql import SparkSession
 
+    from fogshift.runtime import zygote
+
     # Some Python workers (the data-source planner among them) take their interpreter from
-    # the environment, not from spark.pyspark.python: point both at this venv.
-    worker_python = _worker_python(Path(local_dir) if local_dir else Path(tempfile.gettempdir()))
+    # the environment, not from spark.pyspark.python: point both at this venv. A node (a
+    # session with a local dir of its own) forks the per-query ones from its zygote.
+    zygote_socket = None
+    if local_dir:
+        zygote_socket = zygote.socket_path(Path(local_dir))
+        zygote.start(zygote_socket)
+    worker_python = _worker_python(
+        Path(local_dir) if local_dir else Path(tempfile.gettempdir()), zygote_socket
+    )
     os.environ["PYSPARK_PYTHON"] = worker_python
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
@@ -123,18 +132,40 @@ if [ "$1" = "-m" ] && [ "$2" = "pyspark.daemon" ]; then
     shift 2
     set -- -m {daemon} "$@"
 fi
+# The per-query runners and the daemons are forked from the node's zygote, which has their
+# imports done, when it listens (fogshift.runtime.zygote); otherwise, or should the hand-over
+# fail, the client becomes the interpreter itself.
+if [ "$1" = "-m" ] && [ -n "{socket}" ] && [ -S "{socket}" ]; then
+    case $2 in
+        {served}) exec "{python}" -I -S "{client}" "{socket}" "{python}" "$@" ;;
+    esac
+fi
 exec "{python}" "$@"
 """
 
 
-def _worker_python(folder: Path) -> str:
+def _worker_python(folder: Path, zygote: Path | None = None) -> str:
     """Write (atomically) the executable that starts Spark's Python workers; its path.
 
     It runs this venv's interpreter without Spark's ``pyspark.zip`` on the path (why: in
-    :data:`_WORKER_SCRIPT`). Its name depends on the interpreter, so sessions of different
-    environments sharing ``folder`` do not overwrite each other's.
+    :data:`_WORKER_SCRIPT`), and the processes a zygote serves through the one listening at
+    ``zygote``, if given and listening. Its name depends on its text (the interpreter, the
+    socket), so sessions of different environments sharing ``folder`` do not overwrite
+    each other's.
     """
-    text = _WORKER_SCRIPT.replace("{python}", sys.executable).replace("{daemon}", WORKER_DAEMON)
+    from fogshift.runtime import zygote_client
+    from fogshift.runtime.zygote import SERVED
+
+    replacements = {
+        "{python}": sys.executable,
+        "{daemon}": WORKER_DAEMON,
+        "{socket}": str(zygote or ""),
+        "{served}": "|".join(sorted(SERVED)),
+        "{client}": str(Path(zygote_client.__file__).resolve()),
+    }
+    text = _WORKER_SCRIPT
+    for key, value in replacements.items():
+        text = text.replace(key, value)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     path = folder / f"fogshift-python-{digest}"
     if not path.exists():

@@ -196,6 +196,28 @@ def test_a_stateful_processor_is_built_once_over_many_batches(make_run: Any) -> 
     assert len(run.lines("build", workers_only=False)) == 2
 
 
+def test_the_querys_python_processes_are_forked_from_the_nodes_zygote(
+    spark: SparkSession, make_run: Any
+) -> None:
+    import psutil
+
+    from fogshift.runtime.zygote import SOURCE_RUNNER
+
+    (server,) = [p for p in psutil.Process().children()
+                 if "fogshift.runtime.zygote" in " ".join(p.cmdline())]  # fmt: skip
+    run = make_run("CountingStats")
+    run.start()
+    run.send([{"value": 1.0}, {"value": 2.0}])
+    # The source's runner: Spark started the wrapper, which handed it to the zygote.
+    jvm = psutil.Process(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
+    started = [" ".join(p.cmdline()) for p in jvm.children()]
+    assert any("zygote_client.py" in c and SOURCE_RUNNER in c for c in started), started
+    # The processor's worker: forked by a daemon the zygote forked.
+    (worker,) = run.lines("build")
+    assert server.pid in [p.pid for p in psutil.Process(int(worker)).parents()]
+    assert [json.loads(o["body"]) for o in run.outputs()] == expected_stats([1.0, 2.0])
+
+
 def test_a_stateless_processor_is_built_once_over_many_batches(make_run: Any) -> None:
     run = make_run("Doubling")
     run.start()

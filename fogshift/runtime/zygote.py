@@ -1,0 +1,285 @@
+"""A node's fork server for the Python processes Spark starts per query.
+
+Spark starts a fresh interpreter for every streaming query's data source runner
+(``python_streaming_source_runner``) and for every ``transformWithStateInPandas`` query's
+set-up runner (``transform_with_state_driver_worker``), and one daemon per kind of worker
+(:mod:`fogshift.runtime.worker_daemon`). Each of them first imports pyspark, pyarrow,
+numpy, nats and fogshift: ~0.4 s of CPU before it does anything, on the critical path of
+every query start (a deploy, a migration's target, a restore), several times per start.
+Measured over the test suite on the 2-core machine: ~400 such interpreters, ~150 s of CPU.
+
+The zygote imports all of that once per node, then forks a child for each such process:
+
+- Spark runs the interpreter wrapper (:func:`fogshift.runtime.session.build_session`); for a
+  module in :data:`SERVED` and a zygote listening, the wrapper runs the tiny stdlib-only
+  :mod:`fogshift.runtime.zygote_client` instead of a full interpreter;
+- the client sends its arguments, environment, working directory and its stdin, stdout and
+  stderr (the pipes Spark reads) over a Unix socket; the zygote forks, and the child runs
+  the module as ``python -m`` would, with exactly those;
+- the client waits and exits as the child did (same code, same signal). When Spark stops
+  the client (``Process.destroy``), the zygote sends the child SIGTERM, as Spark would have.
+
+Nothing depends on the zygote being there: without its socket, or when anything in the
+hand-over fails before the child runs, the client becomes the interpreter Spark asked for
+(``exec``), as before. A child is in the node's process group (a killed node takes it
+along); the zygote exits when the process that started it does.
+
+The socket is in a folder only the node's user can open (0700; the socket itself 0600),
+and the zygote runs only the modules in :data:`SERVED`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+from fogshift.runtime.worker_daemon import SINGLE_THREADED, modules_for, preload, threads
+
+#: The modules Spark starts interpreters for, which the zygote runs: the per-query runners
+#: and the worker daemon (the wrapper runs it in place of ``pyspark.daemon``).
+SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+TWS_RUNNER = "pyspark.sql.streaming.transform_with_state_driver_worker"
+SERVED = frozenset({SOURCE_RUNNER, TWS_RUNNER, "fogshift.runtime.worker_daemon"})
+
+#: The worker modules Spark's daemons serve (each daemon preloads its own: all of them here).
+_DAEMON_WORKERS = (
+    "pyspark.worker",
+    "pyspark.sql.worker.create_data_source",
+    "pyspark.sql.worker.plan_data_source_read",
+    "pyspark.sql.worker.write_into_data_source",
+    "pyspark.sql.worker.python_streaming_sink_runner",
+)
+
+#: Everything a served process imports, loaded once before the first fork.
+PRELOAD: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        [SOURCE_RUNNER, TWS_RUNNER, "pyspark.daemon", "fogshift.runtime.worker_daemon"]
+        + [m for worker in _DAEMON_WORKERS for m in modules_for(worker)]
+    )
+)
+
+#: A request (arguments, environment) is a few KiB; one datagram of a SOCK_SEQPACKET socket.
+_MAX_REQUEST = 1 << 20
+#: A Unix socket's path must fit in ``sun_path`` (108 bytes on Linux, with its NUL).
+_MAX_PATH = 100
+#: How often the zygote checks that the process that started it is still there.
+_PARENT_CHECK_S = 1.0
+
+
+def socket_path(folder: Path) -> Path:
+    """Where the zygote of the node whose Spark local dir is ``folder`` listens: in a folder
+    of its own (0700), or under the temp dir when ``folder`` is too deep for a socket."""
+    candidate = folder / "zygote" / "socket"
+    if len(str(candidate)) <= _MAX_PATH:
+        return candidate
+    return Path(tempfile.mkdtemp(prefix="fogshift-zygote-")) / "socket"
+
+
+def start(path: Path) -> subprocess.Popen[bytes]:
+    """Start a zygote listening at ``path`` (a child of this process, in its process group);
+    it exits when this process does. Clients fall back to a fresh interpreter until it
+    listens (~1 s: its imports)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    # The imports stay single-threaded (a fork copies one thread); Spark starts every Python
+    # worker with PYTHONHASHSEED=0, and string hashing is fixed when an interpreter starts.
+    env = {**os.environ, **SINGLE_THREADED, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "fogshift.runtime.zygote", "--socket", str(path),
+         "--parent", str(os.getpid())],
+        stdin=subprocess.DEVNULL, env=env, close_fds=True,
+    )  # fmt: skip
+
+
+def serve(path: Path, parent: int, served: frozenset[str] = SERVED) -> None:
+    """Preload :data:`PRELOAD`, listen at ``path`` and fork a child per request to run one
+    of the modules ``served`` until process ``parent`` is gone.
+
+    Refuses to serve (returns at once, clients then start interpreters as before) if the
+    imports left a second thread, which a forked child would find stuck.
+    """
+    missing = preload(PRELOAD)
+    running = threads()
+    if len(running) > 1:
+        sys.stderr.write(f"fogshift zygote: imports started threads {running}; not serving\n")
+        return
+    if missing:  # the worker that needs it reports the error, as without the zygote
+        sys.stderr.write(f"fogshift zygote: could not preload {', '.join(missing)}\n")
+    gc.freeze()  # what is loaded now is shared copy-on-write and never collected
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    staging = path.with_name(path.name + f".{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(staging)
+    listener.bind(str(staging))
+    os.chmod(staging, 0o600)
+    listener.listen(64)
+    os.replace(staging, path)  # clients see a socket only once it accepts
+    identity = os.stat(path).st_ino
+    Zygote(listener, parent, served).run()
+    with contextlib.suppress(FileNotFoundError):
+        if os.stat(path).st_ino == identity:  # not a newer zygote's
+            os.unlink(path)
+
+
+class Zygote:
+    """The zygote's loop: accept requests, fork, report each child's exit to its client."""
+
+    def __init__(self, listener: socket.socket, parent: int, served: frozenset[str]) -> None:
+        self.listener = listener
+        self.parent = parent
+        self.served = served
+        self.clients: dict[int, socket.socket] = {}  # child pid -> its client's connection
+        self.wake_read, self.wake_write = os.pipe()
+        os.set_blocking(self.wake_read, False)
+        os.set_blocking(self.wake_write, False)
+
+    def run(self) -> None:
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
+        signal.set_wakeup_fd(self.wake_write)
+        while os.getppid() == self.parent:
+            conns = {conn.fileno(): pid for pid, conn in self.clients.items()}
+            listening = self.listener.fileno()
+            readable, _, _ = select.select(
+                [listening, self.wake_read, *conns], [], [], _PARENT_CHECK_S
+            )
+            for ready in readable:
+                if ready == listening:
+                    self._accept()
+                elif ready == self.wake_read:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake_read, 512)
+                else:  # a client closed its end: Spark stopped it, so stop its child
+                    self._client_gone(conns[ready])
+            self._reap()
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        fds: list[int] = []
+        try:
+            conn.settimeout(5)
+            data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 3)
+            request = json.loads(data)
+            args = list(request["args"])
+            if len(fds) != 3 or len(args) < 2 or args[0] != "-m" or args[1] not in self.served:
+                raise ValueError(f"not a request the zygote serves: {args[:2]}")
+            pid = os.fork()
+            if pid == 0:
+                self._child(request, fds, conn)  # never returns
+            conn.sendall(json.dumps({"pid": pid}).encode())
+            self.clients[pid] = conn
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # No child runs: the client starts the interpreter itself.
+            sys.stderr.write(f"fogshift zygote: refused a request: {exc}\n")
+            conn.close()
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _child(self, request: dict, fds: list[int], conn: socket.socket) -> None:
+        """In the forked child: become ``python ARGS`` run by the client, then exit."""
+        code = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for own in (self.listener, conn, *self.clients.values()):
+                own.close()
+            os.close(self.wake_read)
+            os.close(self.wake_write)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                os.close(fd)
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            sys.path[:0] = [p for p in extra if p not in sys.path]
+            _fresh_stdio(unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))
+            _, module, *rest = request["args"]
+            sys.argv = [module, *rest]
+            # Run as ``-m`` runs it: a fresh ``__main__``, not the preloaded module object.
+            sys.modules.pop(module, None)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = _exit_code(exc.code)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code)
+
+    def _client_gone(self, pid: int) -> None:
+        self.clients.pop(pid).close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.clients.pop(pid, None)
+            if conn is None:
+                continue
+            if os.WIFSIGNALED(status):
+                reply = {"signal": os.WTERMSIG(status)}
+            else:
+                reply = {"exit": os.waitstatus_to_exitcode(status)}
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps(reply).encode())
+            conn.close()
+
+
+def _fresh_stdio(unbuffered: bool) -> None:
+    """Standard streams on file descriptors 0-2 (the client's, just installed)."""
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        raw = io.FileIO(fd, "w", closefd=False)
+        stream = io.TextIOWrapper(
+            raw if unbuffered else io.BufferedWriter(raw),
+            line_buffering=not unbuffered,
+            write_through=unbuffered,
+        )
+        setattr(sys, name, stream)
+
+
+def _exit_code(code: object) -> int:
+    """The exit status ``sys.exit(code)`` gives an interpreter."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    sys.stderr.write(f"{code}\n")
+    return 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True, type=Path)
+    parser.add_argument("--parent", required=True, type=int)
+    args = parser.parse_args()
+    serve(args.socket, args.parent)
+
+
+if __name__ == "__main__":
+    main()

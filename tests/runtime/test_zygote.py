@@ -1,0 +1,187 @@
+"""The node's zygote (fogshift.runtime.zygote): real processes, no Spark session.
+
+Spark's side is played by the test: it starts the interpreter wrapper as Spark does
+(``WRAPPER -m MODULE``, pipes on stdin/stdout/stderr), reads what the process writes, and
+stops it the way ``Process.destroy`` does (SIGTERM to the process it started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fogshift.common.waiting import wait_until
+from fogshift.runtime import zygote
+from fogshift.runtime.session import _worker_python
+
+ROOT = Path(__file__).resolve().parents[2]
+ECHO = "tests.runtime.zygote_echo"
+
+#: A zygote serving the test module besides its own (the preload is the real one).
+_SERVE = (
+    "import sys; from pathlib import Path; from fogshift.runtime import zygote\n"
+    "zygote.serve(Path(sys.argv[1]), int(sys.argv[2]), zygote.SERVED | {sys.argv[3]})\n"
+)
+
+
+@pytest.fixture()
+def served(tmp_path: Path) -> Iterator[tuple[psutil.Process, Path]]:
+    """A listening zygote (child of this process) and its socket."""
+    socket = zygote.socket_path(tmp_path)
+    socket.parent.mkdir(mode=0o700)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE, str(socket), str(os.getpid()), ECHO], cwd=ROOT
+    )
+    try:
+        wait_until(socket.exists, 60, describe="the zygote listens")
+        yield psutil.Process(proc.pid), socket
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+CLIENT = Path(zygote.__file__).with_name("zygote_client.py")
+
+
+def client_command(socket: Path, *args: str) -> list[str]:
+    """What the wrapper runs for a module the zygote serves (it routes only Spark's)."""
+    return [sys.executable, "-I", "-S", str(CLIENT), str(socket), sys.executable, *args]
+
+
+def spark_starts(socket: Path, *args: str, cwd: Path) -> subprocess.Popen[str]:
+    """Start the client of ``python -m ECHO ARGS`` with pipes, as Spark's worker factory
+    starts the wrapper."""
+    return subprocess.Popen(
+        client_command(socket, "-m", ECHO, *args),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=cwd, env={**os.environ, "ZYGOTE_TEST_MARKER": "m-42", "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+
+
+def test_a_forked_child_runs_with_the_callers_arguments_environment_and_streams(
+    served: tuple[psutil.Process, Path], tmp_path: Path
+) -> None:
+    server, socket = served
+    assert server.num_threads() == 1  # safe to fork from, after its whole preload
+    proc = spark_starts(socket, "echo", "3", cwd=tmp_path)
+    out, err = proc.communicate("hello\n", timeout=60)
+    report = json.loads(out)
+    assert report == {"argv": ["echo", "3"], "cwd": str(tmp_path), "pid": report["pid"],
+                      "marker": "m-42", "stdin": "hello"}  # fmt: skip
+    assert "to stderr" in err
+    assert proc.returncode == 3  # its exit status is the client's
+    # The module ran in the zygote's child, not in the process Spark started.
+    assert report["pid"] != proc.pid
+
+
+def test_the_child_is_forked_from_the_zygote(
+    served: tuple[psutil.Process, Path], tmp_path: Path
+) -> None:
+    server, socket = served
+    proc = spark_starts(socket, "sleep", cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        report = json.loads(proc.stdout.readline())
+        child = psutil.Process(report["pid"])
+        assert child.ppid() == server.pid
+        # Same process group as the zygote: a node killed as a group takes it along.
+        assert os.getpgid(child.pid) == os.getpgid(server.pid)
+        # Spark stops a worker by stopping the process it started: the child stops too.
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        wait_until(lambda: not psutil.pid_exists(child.pid) or child.status() == "zombie",
+                   30, describe="the child stopped with its client")  # fmt: skip
+    finally:
+        proc.kill()
+
+
+def test_a_child_killed_by_a_signal_is_reported_as_such(
+    served: tuple[psutil.Process, Path], tmp_path: Path
+) -> None:
+    _, socket = served
+    proc = spark_starts(socket, "signal", cwd=tmp_path)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM
+
+
+def test_without_a_zygote_the_client_is_the_interpreter(tmp_path: Path) -> None:
+    socket = tmp_path / "zygote" / "socket"  # nothing listens
+    proc = spark_starts(socket, "echo", "5", cwd=tmp_path)
+    out, _ = proc.communicate("x\n", timeout=60)
+    assert json.loads(out)["pid"] == proc.pid and proc.returncode == 5
+    # A socket file no zygote listens on (a killed node's) is the same.
+    import socket as sockets
+
+    socket.parent.mkdir()
+    stale = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
+    stale.bind(str(socket))
+    stale.close()
+    proc = spark_starts(socket, "echo", "6", cwd=tmp_path)
+    out, _ = proc.communicate("x\n", timeout=60)
+    assert json.loads(out)["pid"] == proc.pid and proc.returncode == 6
+
+
+def test_a_module_it_does_not_serve_gets_an_interpreter_of_its_own(tmp_path: Path) -> None:
+    socket = zygote.socket_path(tmp_path)
+    proc = zygote.start(socket)  # the real one: serves Spark's runners, not the echo
+    try:
+        wait_until(socket.exists, 60, describe="the zygote listens")
+        assert oct(socket.stat().st_mode & 0o777) == "0o600"
+        assert oct(socket.parent.stat().st_mode & 0o777) == "0o700"
+        # Asked to run a module it does not serve: refused, so the client runs python itself.
+        run = spark_starts(socket, "echo", "7", cwd=tmp_path)
+        out, _ = run.communicate("y\n", timeout=60)
+        assert json.loads(out)["pid"] == run.pid and run.returncode == 7
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_zygote_exits_with_the_process_that_started_it(tmp_path: Path) -> None:
+    socket = zygote.socket_path(tmp_path)
+    starter = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path; from fogshift.runtime import zygote\n"
+         "print(zygote.start(Path(sys.argv[1])).pid)", str(socket)],
+        capture_output=True, text=True, check=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    pid = int(starter.stdout)
+    wait_until(lambda: not psutil.pid_exists(pid), 60, describe="the orphaned zygote exited")
+    assert not socket.exists()
+
+
+def test_spark_starting_its_daemon_gets_one_forked_from_the_zygote(tmp_path: Path) -> None:
+    # What Spark's worker factory runs: the wrapper, `-m pyspark.daemon MODULE`, reading the
+    # daemon's port from its stdout and stopping it by closing its stdin.
+    socket = zygote.socket_path(tmp_path)
+    server = zygote.start(socket)
+    try:
+        wait_until(socket.exists, 60, describe="the zygote listens")
+        daemon = subprocess.Popen(
+            [_worker_python(tmp_path, socket), "-m", "pyspark.daemon",
+             "pyspark.sql.worker.plan_data_source_read"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert daemon.stdout is not None and daemon.stdin is not None
+        (port,) = struct.unpack("!i", daemon.stdout.read(4))  # written once it listens
+        assert 0 < port < 65536
+        assert str(CLIENT) in psutil.Process(daemon.pid).cmdline()
+        (forked,) = psutil.Process(server.pid).children()
+        assert forked.num_threads() == 1
+        daemon.stdin.close()  # Spark's way of telling the daemon to exit
+        daemon.wait(timeout=30)
+        assert daemon.returncode == 1, daemon.stderr.read() if daemon.stderr else ""
+        wait_until(lambda: not psutil.Process(server.pid).children(), 30,
+                   describe="the forked daemon exited")  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
