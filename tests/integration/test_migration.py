@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -14,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from fogshift.common.exceptions import WaitTimedOut
+from fogshift.common.waiting import wait_until
 from tests.conftest import Cluster
 from tests.integration.helpers import case1_spec, finish_and_compare
 
@@ -59,9 +62,21 @@ def test_many_migrations_during_a_stream_keep_output_exact(
         reports.append(report)
         status = {e["element"]: e for e in cluster.status("bounce")["elements"]}
         assert status[element]["node"] == target
-    hosts = {n["name"]: n["elements"] for n in cluster.json("nodes")}
-    for element, node in placement.items():
-        assert [n for n, hosted in hosts.items() if f"bounce/{element}" in hosted] == [node]
+
+    # What the nodes say they host comes with their heartbeats (every second): right after
+    # the last migration one may still be a beat behind. Each PE on exactly its node, soon.
+    def hosting() -> dict[str, list[str]]:
+        hosts = {n["name"]: n["elements"] for n in cluster.json("nodes")}
+        return {e: [n for n, hosted in hosts.items() if f"bounce/{e}" in hosted] for e in placement}
+
+    with contextlib.suppress(WaitTimedOut):
+        wait_until(
+            lambda: hosting() == {e: [n] for e, n in placement.items()},
+            30,
+            interval_s=0.5,
+            describe="the nodes' heartbeats show the placement",
+        )
+    assert hosting() == {e: [n] for e, n in placement.items()}
     # The input flowed during every migration: the feeder stops in finish_and_compare.
     finish_and_compare(cluster, tmp_path, "bounce")
     measured = [r["downtime_ms"] for r in reports if r["downtime_ms"] is not None]
