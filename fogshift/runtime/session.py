@@ -54,9 +54,7 @@ def build_session(
     if local_dir:
         zygote_socket = zygote.socket_path(Path(local_dir))
         zygote.start(zygote_socket)
-    worker_python = _worker_python(
-        Path(local_dir) if local_dir else Path(tempfile.gettempdir()), zygote_socket
-    )
+    worker_python = _worker_python(Path(local_dir or tempfile.gettempdir()), zygote_socket)
     os.environ["PYSPARK_PYTHON"] = worker_python
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
