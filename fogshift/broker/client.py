@@ -7,8 +7,10 @@ so one connection can be kept for the life of the process and used from any thre
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
+import datetime
 import json
 import logging
 import threading
@@ -252,6 +254,10 @@ async def ensure_pe_stream(
                 retention=RetentionPolicy.LIMITS,
                 storage=StorageType.FILE,
                 duplicate_window=duplicate_window_s,
+                # Records go in atomic batches (see fogshift.broker.publish), and readers
+                # take ranges with batched direct gets (get_range).
+                allow_atomic=True,
+                allow_direct=True,
             )
         )
     except Exception as exc:
@@ -314,4 +320,124 @@ async def fetch_range(
                     return out
     finally:
         await psub.unsubscribe()
+    return out
+
+
+#: The most messages one batched direct get asks for.
+DIRECT_BATCH = 1000
+#: How long to wait for the rest of a batched direct get's answer.
+DIRECT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """One message as the stream stores it.
+
+    Attributes:
+        seq: Its stream sequence.
+        subject: Its subject.
+        data: Its payload.
+        headers: Its headers (the broker's own ``Nats-*`` answer headers removed).
+        stored: When the broker stored it (RFC 3339, nanoseconds; empty when not known).
+    """
+
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    stored: str = ""
+
+    @property
+    def stored_at(self) -> float:
+        """:attr:`stored` in seconds since the epoch (microsecond precision)."""
+        whole, _, fraction = self.stored.rstrip("Z").partition(".")
+        moment = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC)
+        return moment.timestamp() + float(f"0.{fraction or 0}")
+
+
+_DIRECT_HEADERS = frozenset(
+    {"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Num-Pending",
+     "Nats-Last-Sequence"}
+)  # fmt: skip
+
+
+class _DirectGetUnavailable(Exception):
+    """The stream answers no direct gets (created without ``allow_direct``)."""
+
+
+async def _direct_batch(
+    js: JetStreamContext, stream: str, subject: str, first: int, count: int
+) -> list[StoredMessage]:
+    """Up to ``count`` messages on ``subject`` from sequence ``first`` on, in one request.
+
+    The server streams the messages to an inbox and ends with an end-of-batch status (204);
+    no message at all is a 404.
+    """
+    nc: Client = js._nc  # nats-py's JetStream context exposes no public handle on it
+    inbox = nc.new_inbox()
+    got: list[StoredMessage] = []
+    done = asyncio.get_running_loop().create_future()
+
+    async def on_message(msg: Any) -> None:
+        headers = msg.headers or {}
+        status = headers.get("Status")
+        if status is not None or (not msg.data and "Nats-Sequence" not in headers):
+            if not done.done():
+                done.set_result(status)
+            return
+        got.append(
+            StoredMessage(
+                seq=int(headers["Nats-Sequence"]),
+                subject=headers.get("Nats-Subject", subject),
+                data=msg.data,
+                headers={k: v for k, v in headers.items() if k not in _DIRECT_HEADERS},
+                stored=headers.get("Nats-Time-Stamp", ""),
+            )
+        )
+
+    sub = await nc.subscribe(inbox, cb=on_message)
+    try:
+        request = {"seq": first, "batch": count, "next_by_subj": subject}
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
+        status = await asyncio.wait_for(done, DIRECT_TIMEOUT_S)
+    finally:
+        await sub.unsubscribe()
+    if status == "503":
+        raise _DirectGetUnavailable(stream)
+    if status not in ("204", "404", None):
+        raise BrokerError(f"direct get of {stream} from sequence {first} answered status {status}")
+    return got
+
+
+async def get_range(
+    js: JetStreamContext, stream: str, subject: str, start: int, end: int
+) -> list[StoredMessage]:
+    """Messages on ``subject`` with stream sequence in ``(start, end]``, in order.
+
+    Batched direct gets (nats-server 2.11+, streams with ``allow_direct``): one request per
+    :data:`DIRECT_BATCH` messages and no consumer to create and delete — about half the
+    time of an ephemeral pull consumer for a large range, and one round trip instead of four
+    for a small one. A stream created without ``allow_direct`` is read with
+    :func:`fetch_range`.
+    """
+    out: list[StoredMessage] = []
+    first = start + 1
+    try:
+        while first <= end:
+            batch = await _direct_batch(
+                js, stream, subject, first, min(DIRECT_BATCH, end - first + 1)
+            )
+            for message in batch:
+                if message.seq > end:
+                    return out
+                out.append(message)
+            if not batch:
+                return out
+            first = batch[-1].seq + 1
+    except _DirectGetUnavailable:
+        messages = await fetch_range(js, stream, subject, first - 1, end)
+        out.extend(
+            StoredMessage(int(m.metadata.sequence.stream), m.subject, m.data, dict(m.headers or {}))
+            for m in messages
+        )
     return out

@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     InputPartition,
@@ -46,7 +48,7 @@ from pyspark.sql.types import StructType
 from fogshift.broker.client import (
     BrokerAddress,
     SyncJetStream,
-    fetch_range,
+    get_range,
     last_seq,
     shared_client,
 )
@@ -137,6 +139,27 @@ def _event_fields(data: bytes) -> tuple[int, float, str, str]:
         )
     except (ValueError, KeyError, TypeError):
         return (0, 0.0, "?", data.decode("utf-8", errors="replace"))
+
+
+#: The Arrow schema of :data:`EVENT_SCHEMA`.
+EVENT_ARROW_SCHEMA = pa.schema(
+    [
+        ("origin", pa.int64()),
+        ("seq", pa.int64()),
+        ("timestamp", pa.float64()),
+        ("creator", pa.string()),
+        ("body", pa.string()),
+    ]
+)
+
+
+def _arrow_rows(rows: Sequence[tuple[int, int, float, str, str]]) -> pa.RecordBatch:
+    """Event rows (:data:`EVENT_SCHEMA`) as one Arrow record batch."""
+    columns = list(zip(*rows, strict=True))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, EVENT_ARROW_SCHEMA, strict=True)],
+        schema=EVENT_ARROW_SCHEMA,
+    )
 
 
 class JetStreamDataSource(DataSource):
@@ -332,7 +355,7 @@ class JetStreamReader(DataSourceStreamReader):
         ]
         return [JetStreamPartition(spans)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, JetStreamPartition)
         client = shared_client(self.broker)
         spans = partition.spans
@@ -342,7 +365,7 @@ class JetStreamReader(DataSourceStreamReader):
             last = max(span_range(span, name).end for span in spans)
             messages[name] = client.run(
                 partial(
-                    fetch_range,
+                    get_range,
                     stream=stream_name(self.pipeline, name),
                     subject=data_subject(self.pipeline, name),
                     start=first,
@@ -350,6 +373,7 @@ class JetStreamReader(DataSourceStreamReader):
                 ),
                 timeout=120,
             )
+        rows: list[tuple[int, int, float, str, str]] = []
         for span in spans:
             # origin = sum of every input's position once this row is consumed; inputs are
             # read one after another, so the ones before are at their end, the ones after at
@@ -357,11 +381,16 @@ class JetStreamReader(DataSourceStreamReader):
             done = 0
             for i, rng in enumerate(span):
                 later = sum(r.start for r in span[i + 1 :])
-                for msg in messages[rng.input]:
-                    seq = int(msg.metadata.sequence.stream)
-                    if rng.start < seq <= rng.end:
-                        yield (done + seq + later, *_event_fields(msg.data))
+                rows.extend(
+                    (done + msg.seq + later, *_event_fields(msg.data))
+                    for msg in messages[rng.input]
+                    if rng.start < msg.seq <= rng.end
+                )
                 done += rng.end
+        if rows:
+            # One Arrow batch for the whole range: Spark takes it as is, instead of
+            # converting row by row.
+            yield _arrow_rows(rows)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, streams keep their history."""
@@ -374,8 +403,11 @@ class PublishedCount(WriterCommitMessage):
     appended: int
 
 
-class JetStreamWriter(DataSourceStreamWriter):
-    """Appends records to the element's own stream. Expects a single partition per batch."""
+class JetStreamWriter(DataSourceStreamArrowWriter):
+    """Appends records to the element's own stream. Expects a single partition per batch.
+
+    Takes the batch as Arrow record batches (no per-row conversion into Spark rows).
+    """
 
     def __init__(self, options: dict[str, str]) -> None:
         self.broker = BrokerAddress.load(options["broker"])
@@ -383,19 +415,17 @@ class JetStreamWriter(DataSourceStreamWriter):
         self.pe = options["pe"]
         self.epoch = int(options.get("epoch", "0"))
 
-    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        records = [
-            Record(
-                origin=int(row.origin),
-                index=int(row.idx),
-                seq=int(row.seq),
-                timestamp=float(row.timestamp),
-                creator=str(row.creator),
-                body=str(row.body),
-                dead=row.dead,
-            )
-            for row in iterator
-        ]
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        records: list[Record] = []
+        for batch in iterator:
+            columns = batch.to_pydict()
+            records.extend(
+                Record(int(o), int(i), int(q), float(t), str(c), str(b), d)
+                for o, i, q, t, c, b, d in zip(
+                    columns["origin"], columns["idx"], columns["seq"], columns["timestamp"],
+                    columns["creator"], columns["body"], columns["dead"], strict=True,
+                )
+            )  # fmt: skip
         if not records:
             return PublishedCount(0)
         client = shared_client(self.broker)

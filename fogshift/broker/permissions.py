@@ -12,8 +12,9 @@ A node hosting PE ``e`` of pipeline ``p`` with inputs ``i…`` may:
 * publish ``fs.p.e.data``, ``fs.p.e.dead`` and ``fs.p.e.cut`` (never ``.fence``: fencing is
   the orchestrator's);
 * read the tail of its own stream (``STREAM.INFO``, ``STREAM.MSG.GET``);
-* read its inputs' streams through ephemeral pull consumers (``STREAM.INFO``,
-  ``CONSUMER.CREATE/INFO/DELETE/MSG.NEXT`` on those streams only);
+* read its inputs' streams with batched direct gets (``DIRECT.GET``), or through ephemeral
+  pull consumers (``STREAM.INFO``, ``CONSUMER.CREATE/INFO/DELETE/MSG.NEXT``) from streams
+  made before direct gets, on those streams only;
 * receive replies on its inbox.
 """
 
@@ -66,6 +67,7 @@ def node_permissions(hosted: Iterable[Hosted]) -> dict[str, Any]:
             source = stream_name(pe.pipeline, name)
             publish |= {
                 f"{API}.STREAM.INFO.{source}",
+                f"{API}.DIRECT.GET.{source}",
                 f"{API}.CONSUMER.CREATE.{source}",
                 f"{API}.CONSUMER.CREATE.{source}.>",
                 f"{API}.CONSUMER.INFO.{source}.>",

@@ -6,12 +6,23 @@ records are appended in that order, and before appending, the writer reads the p
 the last stored record and skips everything up to it. Each append also states the stream
 sequence it expects to follow (``Nats-Expected-Last-Sequence``), so a second writer racing
 on the same stream makes the append fail instead of interleaving.
+
+A batch's records go as JetStream *atomic batches* (ADR-50, nats-server 2.12+, streams with
+``allow_atomic``) of up to :data:`ATOMIC_BATCH_MAX` messages: the first message carries the
+expected last sequence, the server checks it when the commit arrives, under the stream's
+lock, and stores all of the batch's messages or none. So a chunk is one round trip instead of
+one per record, and nothing — a fence marker, another writer, a foreign message — can land
+between two of its records: exactly the guarantee of the one-by-one chain, which an ordinary
+pipelined publish would lose (a record after a refused one would find the marker that caused
+the refusal as "its" expected last message). A stream created without ``allow_atomic`` is
+written one record at a time, as before.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from nats.errors import MaxPayloadError
@@ -36,8 +47,21 @@ from fogshift.events import (
 )
 from fogshift.exceptions import InvariantViolation
 
+#: The headers of an atomic batch (ADR-50).
+BATCH_ID_HEADER = "Nats-Batch-Id"
+BATCH_SEQUENCE_HEADER = "Nats-Batch-Sequence"
+BATCH_COMMIT_HEADER = "Nats-Batch-Commit"
 #: JetStream's error code for a failed Nats-Expected-Last-Sequence check.
 WRONG_LAST_SEQUENCE = 10071
+#: JetStream's error code for an atomic batch sent to a stream without ``allow_atomic``.
+ATOMIC_DISABLED = 10174
+#: The most messages nats-server accepts in one atomic batch.
+ATOMIC_BATCH_MAX = 1000
+#: The most payload bytes sent in one atomic batch: the server holds a batch in memory
+#: until its commit, and a fog node's broker is small.
+ATOMIC_BATCH_BYTES = 4 * 1024 * 1024
+#: How long to wait for the broker's answer to one message or commit of a batch.
+ATOMIC_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -154,31 +178,28 @@ def _fenced(pipeline: str, pe: str, mine: int, seen: int) -> Fenced:
     )
 
 
-async def _append(
+async def _retrying(
     js: JetStreamContext,
     stream: str,
-    subject: str,
-    payload: bytes,
-    headers: dict[str, str],
     tail: StreamTail,
     epoch: int,
     pipeline: str,
     pe: str,
-) -> tuple[int, StreamTail]:
-    """Append one fogshift message right after ``tail``; return its sequence and the new tail.
+    send: Callable[[StreamTail], Awaitable[StreamTail]],
+) -> StreamTail:
+    """``send(tail)`` — an append right after ``tail`` that returns the new tail — retried
+    while only foreign messages arrive after ``tail``.
 
-    Only foreign messages may have arrived since ``tail`` was read: then the append is retried
-    after them. A newer epoch means this instance is fenced; another fogshift message means a
+    A newer epoch at the tail means this instance is fenced; another fogshift message means a
     second writer.
     """
     who = f"{pipeline}/{pe}"
     for _ in range(FOREIGN_RETRIES):
-        headers["Nats-Expected-Last-Sequence"] = str(tail.last_seq)
         try:
-            ack = await js.publish(subject, payload, headers=headers)
+            return await send(tail)
         except MaxPayloadError as exc:
             raise BrokerError(
-                f"a message of {who} is {len(payload)} bytes, over the broker's max payload",
+                f"a message of {who} is over the broker's max payload",
                 hint="the runtime dead-letters oversize outputs; raise nats-server's "
                 "max_payload if such records are expected",
             ) from exc
@@ -196,20 +217,174 @@ async def _append(
                     hint="two instances of this PE are running; this one must stop",
                 ) from exc
             tail = now  # only foreign messages came in between: append after them
-            continue
-        position = _fogshift_headers(headers)
-        assert position is not None
-        return int(ack.seq), StreamTail(int(ack.seq), int(ack.seq), position[0], position[1])
     raise WriterConflict(
         f"output stream {stream} of {who} keeps receiving foreign messages",
         hint="something else publishes on this PE's subjects",
     )
 
 
+async def _append(
+    js: JetStreamContext,
+    stream: str,
+    subject: str,
+    payload: bytes,
+    headers: dict[str, str],
+    tail: StreamTail,
+    epoch: int,
+    pipeline: str,
+    pe: str,
+) -> StreamTail:
+    """Append one fogshift message right after ``tail``; return the new tail (see
+    :func:`_retrying`)."""
+    position = _fogshift_headers(headers)
+    assert position is not None
+
+    async def send(after: StreamTail) -> StreamTail:
+        headers["Nats-Expected-Last-Sequence"] = str(after.last_seq)
+        ack = await js.publish(subject, payload, headers=headers)
+        return StreamTail(int(ack.seq), int(ack.seq), position[0], position[1])
+
+    return await _retrying(js, stream, tail, epoch, pipeline, pe, send)
+
+
+@dataclass(frozen=True)
+class _Message:
+    """One append: where, what, with which headers, at which input position."""
+
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+    position: tuple[int, int]
+
+
+def _record_message(pipeline: str, pe: str, epoch: int, record: Record) -> _Message:
+    """The subject, payload and headers of one record's append."""
+    payload = record_payload(record.seq, record.timestamp, record.creator, record.body, record.dead)
+    headers = {
+        MSG_ID_HEADER: message_id(pipeline, pe, record.origin, record.index),
+        ORIGIN_HEADER: str(record.origin),
+        INDEX_HEADER: str(record.index),
+        EPOCH_HEADER: str(epoch),
+    }
+    subject = dead_subject(pipeline, pe) if record.dead is not None else data_subject(pipeline, pe)
+    return _Message(subject, payload, headers, record.position)
+
+
+def _chunks(messages: list[_Message]) -> Iterator[list[_Message]]:
+    """``messages`` in consecutive chunks of at most :data:`ATOMIC_BATCH_MAX` messages and
+    :data:`ATOMIC_BATCH_BYTES` bytes (a single larger message is a chunk of its own)."""
+    chunk: list[_Message] = []
+    size = 0
+    for message in messages:
+        full = len(chunk) >= ATOMIC_BATCH_MAX or size + len(message.payload) > ATOMIC_BATCH_BYTES
+        if chunk and full:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(message)
+        size += len(message.payload)
+    if chunk:
+        yield chunk
+
+
+class _AtomicDisabled(Exception):
+    """The stream was created without ``allow_atomic``."""
+
+
+def _api_error(reply: bytes) -> APIError | None:
+    """The error in a JetStream reply, if it is one."""
+    if not reply:
+        return None
+    try:
+        answer = json.loads(reply)
+    except ValueError:
+        return None
+    if not (isinstance(answer, dict) and "error" in answer):
+        return None
+    try:
+        APIError.from_error(answer["error"])  # raises the error's own APIError subclass
+    except APIError as exc:
+        return exc
+    return None
+
+
+async def _commit_chunk(js: JetStreamContext, chunk: list[_Message], tail: StreamTail) -> int:
+    """Send ``chunk`` as one atomic batch right after ``tail``; return the last sequence.
+
+    The first message opens the batch (a request: the broker confirms it with an empty
+    reply), the ones in between are plain publishes on the same connection (ordered), the
+    last commits it and is answered with the batch's ack.
+
+    Raises:
+        APIError: The broker refused the batch (a wrong last sequence among others).
+        _AtomicDisabled: The stream does not take atomic batches.
+    """
+    # nats-py's JetStream context has no public handle on its connection, and the batch's
+    # middle messages are plain publishes.
+    nc = js._nc
+    batch = uuid.uuid4().hex
+    last = len(chunk)
+    reply = b""
+    for n, message in enumerate(chunk, start=1):
+        headers = dict(message.headers)
+        headers[BATCH_ID_HEADER] = batch
+        headers[BATCH_SEQUENCE_HEADER] = str(n)
+        if n == 1:
+            headers["Nats-Expected-Last-Sequence"] = str(tail.last_seq)
+        if n == last:
+            headers[BATCH_COMMIT_HEADER] = "1"
+        if n == 1 or n == last:
+            answer = await nc.request(
+                message.subject, message.payload, timeout=ATOMIC_TIMEOUT_S, headers=headers
+            )
+            reply = answer.data
+            error = _api_error(reply)
+            if error is not None:
+                if error.err_code == ATOMIC_DISABLED:
+                    raise _AtomicDisabled
+                raise error
+        else:
+            await nc.publish(message.subject, message.payload, headers=headers)
+    ack = json.loads(reply)
+    seq, count = int(ack.get("seq", 0)), int(ack.get("count", 0))
+    if count != last or seq != tail.last_seq + last:
+        raise InvariantViolation(
+            f"the broker acknowledged an atomic batch of {last} records after sequence "
+            f"{tail.last_seq} with {ack!r}",
+            hint="the records must be stored together, right after the tail",
+        )
+    return seq
+
+
+async def _append_chunk(
+    js: JetStreamContext,
+    stream: str,
+    chunk: list[_Message],
+    tail: StreamTail,
+    epoch: int,
+    pipeline: str,
+    pe: str,
+) -> StreamTail:
+    """Append ``chunk`` right after ``tail`` as one atomic batch; return the new tail (see
+    :func:`_retrying`).
+
+    Raises:
+        _AtomicDisabled: The stream does not take atomic batches (write one by one).
+    """
+
+    async def send(after: StreamTail) -> StreamTail:
+        seq = await _commit_chunk(js, chunk, after)
+        return StreamTail(seq, seq, chunk[-1].position, epoch)
+
+    return await _retrying(js, stream, tail, epoch, pipeline, pe, send)
+
+
 async def publish_records(
     js: JetStreamContext, pipeline: str, pe: str, records: Iterable[Record], epoch: int = 0
 ) -> int:
     """Append the records of ``pe`` not yet in its stream; return how many were appended.
+
+    The records go in atomic batches (see the module's docstring); after a failure part-way,
+    the chunks already committed are stored whole and a retry skips them by position.
 
     Args:
         records: Records of one batch; they are sorted by position here.
@@ -226,24 +401,25 @@ async def publish_records(
     if tail.epoch > epoch:
         raise _fenced(pipeline, pe, epoch, tail.epoch)
     ordered = sorted(records, key=lambda r: r.position)
+    messages = [
+        _record_message(pipeline, pe, epoch, r) for r in ordered if r.position > tail.position
+    ]
     appended = 0
-    for record in ordered:
-        if record.position <= tail.position:
-            continue  # already stored by an earlier execution of this batch
-        payload = record_payload(
-            record.seq, record.timestamp, record.creator, record.body, record.dead
-        )
-        headers = {
-            MSG_ID_HEADER: message_id(pipeline, pe, record.origin, record.index),
-            ORIGIN_HEADER: str(record.origin),
-            INDEX_HEADER: str(record.index),
-            EPOCH_HEADER: str(epoch),
-        }
-        subject = (
-            dead_subject(pipeline, pe) if record.dead is not None else data_subject(pipeline, pe)
-        )
-        _, tail = await _append(js, stream, subject, payload, headers, tail, epoch, pipeline, pe)
-        appended += 1
+    atomic = True
+    for chunk in _chunks(messages):
+        if atomic:
+            try:
+                tail = await _append_chunk(js, stream, chunk, tail, epoch, pipeline, pe)
+                appended += len(chunk)
+                continue
+            except _AtomicDisabled:
+                atomic = False  # a stream created without allow_atomic: one by one
+        for message in chunk:
+            tail = await _append(
+                js, stream, message.subject, message.payload, dict(message.headers), tail,
+                epoch, pipeline, pe,
+            )  # fmt: skip
+            appended += 1
     return appended
 
 
@@ -343,7 +519,7 @@ async def append_cut(
         EPOCH_HEADER: str(epoch),
     }
     payload = json.dumps({"start": start, "end": end}, sort_keys=True).encode()
-    seq, _ = await _append(
+    stored = await _append(
         js, stream, cut_subject(pipeline, pe), payload, headers, tail, epoch, pipeline, pe
     )
-    return seq
+    return stored.last_seq

@@ -49,7 +49,8 @@ def logged(js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path)
 def _rows(reader: JetStreamReader, start: dict, end: dict) -> list[tuple[int, str]]:
     """``(origin, body value)`` of the batch ``(start, end]``, as an executor reads it."""
     (partition,) = reader.partitions(start, end)
-    return [(row[0], json.loads(row[4])["v"]) for row in reader.read(partition)]
+    rows = [row for batch in reader.read(partition) for row in batch.to_pylist()]
+    return [(row["origin"], json.loads(row["body"])["v"]) for row in rows]
 
 
 def _cut_by_cut() -> list[tuple[int, str]]:

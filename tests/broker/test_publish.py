@@ -9,7 +9,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from fogshift.broker import publish
-from fogshift.broker.client import SyncJetStream, ensure_pe_stream, fetch_range, last_seq
+from fogshift.broker.client import (
+    SyncJetStream,
+    ensure_pe_stream,
+    fetch_range,
+    get_range,
+    last_seq,
+)
 from fogshift.broker.exceptions import Fenced, WriterConflict
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
@@ -171,3 +177,84 @@ def test_foreign_messages_become_readable_rows() -> None:
         "{}",
     )
     assert _event_fields(b"not json at all") == (0, 0.0, "?", "not json at all")
+
+
+def test_records_beyond_one_atomic_batch_are_stored_in_order_and_once(
+    js_client: SyncJetStream,
+) -> None:
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+    count = 2 * publish.ATOMIC_BATCH_MAX + 345
+    dead = set(range(7, count, 50))
+    batch = records(list(range(1, count + 1)), dead)
+    assert js_client.run(lambda js: publish_records(js, "t", pe, reversed(batch))) == count
+    # A re-execution that overlaps the last chunk appends only what is new.
+    more = records(list(range(count - 10, count + 6)))
+    assert js_client.run(lambda js: publish_records(js, "t", pe, more)) == 5
+    data = js_client.run(lambda js: get_range(js, stream, data_subject("t", pe), 0, count + 5))
+    dead_letters = js_client.run(lambda js: get_range(js, stream, dead_subject("t", pe), 0, 10**9))
+    assert [json.loads(m.data)["seq"] for m in data] == [
+        o for o in range(1, count + 6) if o not in dead
+    ]
+    assert [json.loads(m.data)["seq"] for m in dead_letters] == sorted(dead)
+    stored = sorted(data + dead_letters, key=lambda m: m.seq)
+    assert [m.seq for m in stored] == list(range(1, count + 6))
+    assert [int(m.headers["Fogshift-Origin"]) for m in stored] == list(range(1, count + 6))
+
+
+def test_a_fence_between_two_atomic_batches_stops_the_writer_with_nothing_after_it(
+    js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+    orchestrator = SyncJetStream(js_client.address)
+    chunks = publish._chunks
+
+    def fenced_after_the_first(messages: list) -> Iterator[list]:  # type: ignore[type-arg]
+        for n, chunk in enumerate(chunks(messages)):
+            if n == 1:  # the first chunk is stored: the orchestrator fences, for real
+                orchestrator.run(lambda js: publish.fence(js, "t", pe, 2))
+            yield chunk
+
+    monkeypatch.setattr(publish, "_chunks", fenced_after_the_first)
+    try:
+        batch = records(list(range(1, publish.ATOMIC_BATCH_MAX + 11)))
+        with pytest.raises(Fenced):
+            js_client.run(lambda js: publish_records(js, "t", pe, batch, epoch=1))
+    finally:
+        orchestrator.close()
+    # The first chunk whole, then the fence marker, and nothing of the refused chunk.
+    assert js_client.run(lambda js: last_seq(js, stream)) == publish.ATOMIC_BATCH_MAX + 1
+    tail = js_client.run(lambda js: publish.read_tail(js, stream))
+    assert (tail.epoch, tail.position) == (2, (publish.ATOMIC_BATCH_MAX, 0))
+
+
+def test_streams_made_without_atomic_batches_or_direct_gets_are_still_written_and_read(
+    js_client: SyncJetStream,
+) -> None:
+    from nats.js.api import StreamConfig
+
+    from fogshift.broker.naming import stream_subjects
+
+    pe = f"pe{next(_names)}"
+    stream = stream_name("t", pe)
+    config = StreamConfig(name=stream, subjects=stream_subjects("t", pe))
+    js_client.run(lambda js: js.add_stream(config))
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2, 3], {2}))) == 3
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([2, 3, 4]))) == 1
+    got = js_client.run(lambda js: get_range(js, stream, data_subject("t", pe), 0, 4))
+    assert [m.seq for m in got] == [1, 3, 4]
+    assert [json.loads(m.data)["seq"] for m in got] == [1, 3, 4]
+
+
+def test_get_range_skips_other_subjects_and_honours_bounds(js_client: SyncJetStream) -> None:
+    pe = fresh_pe(js_client)
+    js_client.run(lambda js: publish_records(js, "t", pe, records(list(range(1, 11)), {3, 7})))
+    stream, subject = stream_name("t", pe), data_subject("t", pe)
+    got = js_client.run(lambda js: get_range(js, stream, subject, 0, 10))
+    assert [m.seq for m in got] == [1, 2, 4, 5, 6, 8, 9, 10]
+    assert all(m.subject == subject and "Nats-Sequence" not in m.headers for m in got)
+    middle = js_client.run(lambda js: get_range(js, stream, subject, 2, 7))
+    assert [m.seq for m in middle] == [4, 5, 6]
+    assert js_client.run(lambda js: get_range(js, stream, subject, 5, 5)) == []
+    assert js_client.run(lambda js: get_range(js, stream, subject, 10, 20)) == []
