@@ -172,3 +172,32 @@ def _point_line(rows: list[RunRow], last: RunRow) -> str:
         outcome = ", ".join(f"{n} {s}" for s, n in counts.most_common())
         parts.append(f"{method} mean {fmt_time(p.mean(method))} ({outcome})")
     return f"{last.sweep} {last.tasks}x{last.servers}: " + "; ".join(parts)
+
+
+@bench_app.command("dataplane")
+def dataplane(
+    out: OutDir,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Shorter runs and a smaller backlog: ~10 min.")
+    ] = False,
+    report_only: Annotated[
+        bool,
+        typer.Option("--report-only", help="Measure nothing: re-render results.md from DIR."),
+    ] = False,
+) -> None:
+    """One PE's data plane, fogshift beside a plain PySpark query of the same job.
+
+    For `map` and `window-aggregate`: per-hop latency at a steady input, the highest input
+    rate sustained at p99 <= 1 s, and the reprocessing rate of a backlog (with and without
+    the query's start), with Spark's per-batch durations. Writes dataplane.csv,
+    dataplane.png and results.md.
+    """
+    from fogshift.bench import dataplane as bench
+
+    out = out.resolve()
+    if report_only:
+        path = bench.render(out)
+    else:
+        settings = bench.QUICK if quick else bench.Settings()
+        path = bench.run(out, settings, log=console.log)
+    console.print(f"results: {path}")
