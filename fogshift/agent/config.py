@@ -33,7 +33,9 @@ class AgentConfig(BaseSettings):
         orchestrator_url: Where to send heartbeats.
         broker_file: The broker address file (0600).
         spark_master: ``local[*]`` or a Spark cluster URL.
-        trigger_ms: Micro-batch trigger interval of every query.
+        trigger_ms: Micro-batch trigger interval of every query; 0: the next batch as soon as
+            the previous one ended and input is there (lowest latency; a busy PE then runs
+            batches back to back).
         heartbeat_s: Interval between heartbeats.
         advertise_url: The URL the orchestrator should use (defaults to http://host:port).
         checkpoint_interval_s: Interval of node-level checkpoints (snapshots) of each PE.
@@ -53,7 +55,7 @@ class AgentConfig(BaseSettings):
     orchestrator_url: str
     broker_file: Path
     spark_master: str = "local[*]"
-    trigger_ms: int = Field(default=200, ge=10)
+    trigger_ms: int = Field(default=200, ge=0)
     heartbeat_s: float = Field(default=1.0, gt=0)
     advertise_url: str | None = None
     checkpoint_interval_s: float = Field(default=5.0, gt=0)

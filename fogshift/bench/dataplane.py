@@ -41,6 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fogshift.agent.config import AgentConfig
 from fogshift.bench.base import RunLog, fmt, num, read_rows, truthy, write_machine
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, get_range, last_seq
 from fogshift.broker.naming import data_subject, stream_name
@@ -89,7 +90,7 @@ class Settings:
     rates: tuple[int, ...] = (1000, 2500, 5000, 7500, 10000, 15000, 20000, 30000, 40000)
     sweep_s: float = 15.0
     backlog: int = 200_000
-    trigger_ms: int = 200
+    trigger_ms: int = AgentConfig.model_fields["trigger_ms"].default
 
 
 QUICK = Settings(

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -162,10 +164,39 @@ def _arrow_rows(rows: Sequence[tuple[int, int, float, str, str]]) -> pa.RecordBa
     )
 
 
+class InputArrivals:
+    """Wakes a waiting reader when a message arrives on one of its inputs.
+
+    A plain (core NATS) subscription on the inputs' data subjects: each message stored in an
+    input stream is also delivered here, and only counted. Arrivals between two waits are
+    not lost: :meth:`wait` returns at once if any came since the last call.
+    """
+
+    def __init__(self, client: SyncJetStream, subjects: Sequence[str]) -> None:
+        self._event = threading.Event()
+
+        async def on_message(msg: Any) -> None:
+            self._event.set()
+
+        async def subscribe(js: Any) -> None:
+            for subject in subjects:
+                await client.connection.subscribe(subject, cb=on_message)
+
+        client.run(subscribe)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether a message arrived since the last call, waiting up to ``timeout_s``."""
+        arrived = self._event.wait(max(0.0, timeout_s))
+        self._event.clear()
+        return arrived
+
+
 class JetStreamDataSource(DataSource):
     """Options: ``broker`` (broker file), ``pipeline``, ``pe`` (the element itself),
     ``inputs`` (comma-separated element ids, reader only), ``max_events_per_batch``,
-    ``gate`` (the gate file, see :mod:`fogshift.common.gate`; reader only)."""
+    ``gate`` (the gate file, see :mod:`fogshift.common.gate`; reader only), ``idle_wait_ms``
+    (reader only: how long ``latestOffset`` waits for new input before answering "nothing";
+    0, the default, answers at once)."""
 
     @classmethod
     def name(cls) -> str:
@@ -192,6 +223,8 @@ class JetStreamReader(DataSourceStreamReader):
         self.inputs = [i for i in options["inputs"].split(",") if i]
         self.max_events = int(options.get("max_events_per_batch", "10000"))
         self.gate = options.get("gate")
+        self.idle_wait_s = int(options.get("idle_wait_ms", "0")) / 1000
+        self._arrivals: InputArrivals | None = None
         #: The logged cuts a planned batch replays, by the sequence of its last cut (the
         #: planner process asks for a batch's partitions right after planning it).
         self._planned: dict[int, list[Cut]] = {}
@@ -203,6 +236,33 @@ class JetStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_events)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802
+        """The end of the next batch (``start``: none to run).
+
+        With ``idle_wait_ms``, an answer of "nothing" waits up to that long for an input to
+        receive a message (a plain subscription on the inputs' data subjects wakes it) and
+        looks again — so a query triggered continuously (trigger 0) starts its batch as soon
+        as input arrives, without asking the broker every few milliseconds while idle.
+        """
+        latest = self._latest(start, limit)
+        if latest != start or self.idle_wait_s <= 0:
+            return latest
+        if self._arrivals is None:
+            self._arrivals = InputArrivals(
+                shared_client(self.broker),
+                [data_subject(self.pipeline, name) for name in self.inputs],
+            )
+        deadline = time.monotonic() + self.idle_wait_s
+        while self._arrivals.wait(deadline - time.monotonic()):
+            # The subscription can hear of a message before the stream has stored it:
+            # look again for a moment (the gate too, it may have changed meanwhile).
+            for pause in (0.0, 0.002, 0.005, 0.01, 0.02):
+                time.sleep(pause)
+                latest = self._latest(start, limit)
+                if latest != start:
+                    return latest
+        return latest
+
+    def _latest(self, start: dict, limit: ReadLimit) -> dict:
         begin = positions_of(start)
         gate = read_gate(self.gate)
         if gate is not None and gate["mode"] == "hold":

@@ -15,7 +15,8 @@ A node hosting PE ``e`` of pipeline ``p`` with inputs ``i…`` may:
 * read its inputs' streams with batched direct gets (``DIRECT.GET``), or through ephemeral
   pull consumers (``STREAM.INFO``, ``CONSUMER.CREATE/INFO/DELETE/MSG.NEXT``) from streams
   made before direct gets, on those streams only;
-* receive replies on its inbox.
+* receive its inputs' data messages as they are stored (a plain subscription that only
+  wakes a reader waiting for input, see ``broker.datasource``), and replies on its inbox.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def node_permissions(hosted: Iterable[Hosted]) -> dict[str, Any]:
     """The nats-server permissions of a node hosting ``hosted`` (nothing hosted: no rights
     but its inbox)."""
     publish: set[str] = set()
+    subscribe: set[str] = {"_INBOX.>"}
     for pe in hosted:
         own = stream_name(pe.pipeline, pe.element)
         publish |= {
@@ -65,6 +67,7 @@ def node_permissions(hosted: Iterable[Hosted]) -> dict[str, Any]:
         }
         for name in pe.inputs:
             source = stream_name(pe.pipeline, name)
+            subscribe.add(data_subject(pe.pipeline, name))
             publish |= {
                 f"{API}.STREAM.INFO.{source}",
                 f"{API}.DIRECT.GET.{source}",
@@ -76,7 +79,7 @@ def node_permissions(hosted: Iterable[Hosted]) -> dict[str, Any]:
             }
     return {
         "publish": {"allow": sorted(publish) or ["_INBOX.none"]},
-        "subscribe": {"allow": ["_INBOX.>"]},
+        "subscribe": {"allow": sorted(subscribe)},
     }
 
 

@@ -180,6 +180,10 @@ def dataplane(
     quick: Annotated[
         bool, typer.Option("--quick", help="Shorter runs and a smaller backlog: ~10 min.")
     ] = False,
+    trigger_ms: Annotated[
+        int | None,
+        typer.Option(help="The queries' trigger (ms; default: the node agents' default)."),
+    ] = None,
     report_only: Annotated[
         bool,
         typer.Option("--report-only", help="Measure nothing: re-render results.md from DIR."),
@@ -199,5 +203,7 @@ def dataplane(
         path = bench.render(out)
     else:
         settings = bench.QUICK if quick else bench.Settings()
+        if trigger_ms is not None:
+            settings = dataclasses.replace(settings, trigger_ms=trigger_ms)
         path = bench.run(out, settings, log=console.log)
     console.print(f"results: {path}")

@@ -5,6 +5,8 @@ nats-server; the reader is called as Spark's planner and executor would call it.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,30 @@ def test_the_read_limit_and_a_cap_end_a_batch_at_a_cut(logged: dict[str, str]) -
     assert positions_of(capped) == CUTS[1][1]
     assert _rows(reader, start, capped) == _cut_by_cut()[:6]
     assert reader.latestOffset(capped, ReadMaxRows(10_000)) == capped  # held at the cap
+
+
+def test_an_idle_reader_answers_as_soon_as_input_arrives(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    for pe in ("waiting", "w_in"):
+        js_client.run(lambda js, pe=pe: ensure_pe_stream(js, "replay", pe))
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    reader = JetStreamReader({"broker": str(broker), "pipeline": "replay", "pe": "waiting",
+                              "inputs": "w_in", "idle_wait_ms": "300"})  # fmt: skip
+    start = reader.initialOffset()
+    limit = reader.getDefaultReadLimit()
+    # Nothing arrives: it waits, then answers "nothing".
+    began = time.monotonic()
+    assert reader.latestOffset(start, limit) == start
+    assert time.monotonic() - began >= 0.3
+    # Input arrives while it waits: it answers then, long before its wait is over.
+    reader.idle_wait_s = 20.0
+    later = threading.Timer(
+        0.5, lambda: js_client.run(lambda js: publish_records(js, "replay", "w_in", [
+            Record(1, 0, 1, 0.0, "w_in", json.dumps({"v": 1}))]))
+    )  # fmt: skip
+    later.start()
+    began = time.monotonic()
+    assert positions_of(reader.latestOffset(start, limit)) == {"w_in": 1}
+    assert time.monotonic() - began < 10
+    later.join()

@@ -55,8 +55,10 @@ def test_node_permissions_name_only_the_hosted_streams() -> None:
     assert "fs.p.agg.data" in allow and "fs.p.agg.cut" in allow
     assert "fs.p.agg.fence" not in allow and "fs.p.src.data" not in allow
     assert "$JS.API.CONSUMER.MSG.NEXT.FS_p_src.>" in allow
+    assert "$JS.API.DIRECT.GET.FS_p_src" in allow and "$JS.API.DIRECT.GET.FS_p_agg" not in allow
     assert not any(a.startswith("$JS.API.STREAM.DELETE") for a in allow)
-    assert perms["subscribe"]["allow"] == ["_INBOX.>"]
+    # Its inbox, and its input's data as it is stored (what wakes a reader waiting for it).
+    assert perms["subscribe"]["allow"] == ["_INBOX.>", "fs.p.src.data"]
     assert node_permissions([])["publish"]["allow"] == ["_INBOX.none"]
 
 
