@@ -4,13 +4,27 @@ ones: ``fogshift up``, the CLI and the benchmarks take theirs from here."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fogshift.common.names import NAME_RE
 from fogshift.runtime.session import JAVA_OPTIONS
+
+#: The shortest trigger interval other than 0 (continuous).
+MIN_TRIGGER_MS = 10
+
+
+def _continuous_or_at_least_min(value: int) -> int:
+    # Below 10 ms a trigger is Spark's own polling delay: continuous in all but name.
+    if 0 < value < MIN_TRIGGER_MS:
+        raise ValueError(f"0 (continuous) or at least {MIN_TRIGGER_MS} ms")
+    return value
+
+
+#: A query trigger in ms (the type carries the rule, so the CLI checks it in the environment).
+TriggerMs = Annotated[int, Field(ge=0), AfterValidator(_continuous_or_at_least_min)]
 
 
 class AgentConfig(BaseSettings):
@@ -55,7 +69,7 @@ class AgentConfig(BaseSettings):
     orchestrator_url: str
     broker_file: Path
     spark_master: str = "local[*]"
-    trigger_ms: int = Field(default=200, ge=0)
+    trigger_ms: TriggerMs = 200
     heartbeat_s: float = Field(default=1.0, gt=0)
     advertise_url: str | None = None
     checkpoint_interval_s: float = Field(default=5.0, gt=0)

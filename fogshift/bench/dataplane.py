@@ -90,7 +90,7 @@ class Settings:
     rates: tuple[int, ...] = (1000, 2500, 5000, 7500, 10000, 15000, 20000, 30000, 40000)
     sweep_s: float = 15.0
     backlog: int = 200_000
-    trigger_ms: int = AgentConfig.model_fields["trigger_ms"].default
+    trigger_ms: int = AgentConfig.default("trigger_ms")
 
 
 QUICK = Settings(

@@ -121,7 +121,7 @@ def test_up_refuses_a_bad_setting_in_the_environment_before_starting_anything(
     assert isinstance(result.exception, InvalidInput) and started == []
     assert "FOGSHIFT_TRIGGER_MS" in result.exception.message
     assert result.exception.received == "'3'"
-    assert "greater than or equal to 10" in (result.exception.expected or "")
+    assert "0 (continuous) or at least 10 ms" in (result.exception.expected or "")
     monkeypatch.setenv("FOGSHIFT_TRIGGER_MS", "50")
     result = CliRunner().invoke(app, ["up", "--home", str(tmp_path), "--nodes", "a"])
     assert result.exit_code == 0, result.output

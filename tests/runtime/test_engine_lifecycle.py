@@ -201,16 +201,24 @@ def test_the_querys_python_processes_are_forked_from_the_nodes_zygote(
 ) -> None:
     import psutil
 
-    from fogshift.runtime.zygote import SOURCE_RUNNER
+    from fogshift.runtime.zygote import SOURCE_RUNNER, socket_path
 
+    def command(process: psutil.Process) -> list[str]:
+        try:
+            return process.cmdline()
+        except psutil.Error:  # exited meanwhile, or a zombie not reaped yet
+            return []
+
+    # This session's zygote (a session an earlier module of this worker made has its own).
+    socket = str(socket_path(Path(spark.conf.get("spark.local.dir"))))
     (server,) = [p for p in psutil.Process().children()
-                 if "fogshift.runtime.zygote" in " ".join(p.cmdline())]  # fmt: skip
+                 if "fogshift.runtime.zygote" in command(p) and socket in command(p)]  # fmt: skip
     run = make_run("CountingStats")
     run.start()
     run.send([{"value": 1.0}, {"value": 2.0}])
     # The source's runner: Spark started the wrapper, which handed it to the zygote.
     jvm = psutil.Process(spark._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
-    started = [" ".join(p.cmdline()) for p in jvm.children()]
+    started = [" ".join(command(p)) for p in jvm.children()]
     assert any("zygote_client.py" in c and SOURCE_RUNNER in c for c in started), started
     # The processor's worker: forked by a daemon the zygote forked.
     (worker,) = run.lines("build")
