@@ -178,7 +178,7 @@ def _point_line(rows: list[RunRow], last: RunRow) -> str:
 def dataplane(
     out: OutDir,
     quick: Annotated[
-        bool, typer.Option("--quick", help="Shorter runs and a smaller backlog: ~10 min.")
+        bool, typer.Option("--quick", help="Shorter runs and a smaller backlog: ~6 min on 2 cores.")
     ] = False,
     trigger_ms: Annotated[
         int | None,
