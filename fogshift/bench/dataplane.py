@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -487,14 +487,8 @@ def run(out: Path, settings: Settings, log: Callable[[str], None] = print) -> Pa
                 rows.append({**base, "measure": "reprocess", "rate": "", **row})
     finally:
         bench.close()
-        threading.Thread(target=_remove, args=(work,), daemon=True).start()
+        shutil.rmtree(work, ignore_errors=True)
     return render(out)
-
-
-def _remove(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 # -- report ----------------------------------------------------------------------------------------

@@ -323,6 +323,14 @@ async def fetch_range(
     return out
 
 
+def connection_of(js: JetStreamContext) -> Client:
+    """The NATS connection under a JetStream context, for what goes around the JetStream API
+    (an atomic batch's plain publishes, a batched direct get's inbox): nats-py's context
+    exposes no public handle on it."""
+    nc: Client = js._nc
+    return nc
+
+
 #: The most messages one batched direct get asks for.
 DIRECT_BATCH = 1000
 #: How long to wait for the rest of a batched direct get's answer.
@@ -373,7 +381,7 @@ async def _direct_batch(
     The server streams the messages to an inbox and ends with an end-of-batch status (204);
     no message at all is a 404.
     """
-    nc: Client = js._nc  # nats-py's JetStream context exposes no public handle on it
+    nc = connection_of(js)
     inbox = nc.new_inbox()
     got: list[StoredMessage] = []
     done = asyncio.get_running_loop().create_future()
@@ -437,7 +445,13 @@ async def get_range(
     except _DirectGetUnavailable:
         messages = await fetch_range(js, stream, subject, first - 1, end)
         out.extend(
-            StoredMessage(int(m.metadata.sequence.stream), m.subject, m.data, dict(m.headers or {}))
+            StoredMessage(
+                int(m.metadata.sequence.stream),
+                m.subject,
+                m.data,
+                dict(m.headers or {}),
+                m.metadata.timestamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            )
             for m in messages
         )
     return out

@@ -167,9 +167,10 @@ def _arrow_rows(rows: Sequence[tuple[int, int, float, str, str]]) -> pa.RecordBa
 class InputArrivals:
     """Wakes a waiting reader when a message arrives on one of its inputs.
 
-    A plain (core NATS) subscription on the inputs' data subjects: each message stored in an
-    input stream is also delivered here, and only counted. Arrivals between two waits are
-    not lost: :meth:`wait` returns at once if any came since the last call.
+    A plain (core NATS) subscription on the inputs' data subjects: each message published to
+    an input is also delivered here, and only noted (the reader then asks the stream).
+    Arrivals between two waits are not lost: :meth:`wait` returns at once if any came since
+    the last call.
     """
 
     def __init__(self, client: SyncJetStream, subjects: Sequence[str]) -> None:

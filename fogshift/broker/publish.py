@@ -29,6 +29,7 @@ from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
+from fogshift.broker.client import connection_of
 from fogshift.broker.exceptions import FENCED_TOKEN, BrokerError, Fenced, WriterConflict
 from fogshift.broker.naming import (
     cut_subject,
@@ -318,9 +319,7 @@ async def _commit_chunk(js: JetStreamContext, chunk: list[_Message], tail: Strea
         APIError: The broker refused the batch (a wrong last sequence among others).
         _AtomicDisabled: The stream does not take atomic batches.
     """
-    # nats-py's JetStream context has no public handle on its connection, and the batch's
-    # middle messages are plain publishes.
-    nc = js._nc
+    nc = connection_of(js)  # the batch's middle messages are plain publishes
     batch = uuid.uuid4().hex
     last = len(chunk)
     reply = b""
