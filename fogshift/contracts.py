@@ -667,6 +667,43 @@ class DeadLetter(BaseModel):
     event: Any
 
 
+class TwinEntry(BaseModel):
+    """The state of one key of a PE (of the whole PE when it is not keyed).
+
+    Attributes:
+        key: The key (the ``key_by`` field's value as text); ``None`` for an unkeyed PE.
+        state: The processor's snapshot for that key, as it stored it.
+    """
+
+    model_config = _WIRE
+
+    key: str | None
+    state: Any
+
+
+class TwinState(BaseModel):
+    """Answer of ``GET .../elements/{element}/state``: a stateful PE's state as of a
+    committed micro-batch, read from its live state store.
+
+    Attributes:
+        node: The node whose state store was read.
+        batch: The committed batch the state is as of (``None``: no batch committed yet).
+        key_by: The PE's key field, ``None`` for an unkeyed PE.
+        keys: How many keys hold state (all of them, also when ``entries`` is cut).
+        entries: The keys asked for, sorted by key, at most ``limit`` of them.
+    """
+
+    model_config = _WIRE
+
+    pipeline: str
+    element: str
+    node: str
+    batch: int | None
+    key_by: str | None
+    keys: int
+    entries: list[TwinEntry]
+
+
 class PlannedServer(BaseModel):
     """A node as the planner saw it."""
 

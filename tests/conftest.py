@@ -156,7 +156,7 @@ def _checked(
 #: (`up`, `net`, `bench`, `demo`, `dashboard`) stays a subprocess: its children must not be
 #: this process's, which would have to reap them (a killed node would linger as a zombie).
 IN_PROCESS = frozenset({"deploy", "stop", "migrate", "restore", "status", "nodes", "errors",
-                        "plan", "topology", "validate", "down"})  # fmt: skip
+                        "plan", "topology", "validate", "down", "state"})  # fmt: skip
 _in_process = threading.Lock()
 
 

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,6 +52,7 @@ from fogshift.contracts import (
     InstalledCheckpoint,
     InstallResult,
     ReplicaInfo,
+    TwinState,
 )
 from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.spec.models import ElementSpec
@@ -225,6 +226,16 @@ def create_app(config: AgentConfig) -> FastAPI:
     @app.get("/pipelines/{pipeline}/elements/{element}/progress")
     def progress(pipeline: NameParam, element: NameParam) -> ElementProgress:
         return runtime.progress(pipeline, element)
+
+    @app.get("/pipelines/{pipeline}/elements/{element}/state")
+    def twin_state(
+        pipeline: NameParam,
+        element: NameParam,
+        key: str | None = Query(default=None, max_length=1024),
+        limit: int = Query(default=1000, ge=1, le=100_000),
+    ) -> TwinState:
+        """A stateful PE's state per key as of its newest committed batch (one Spark job)."""
+        return runtime.twin_state(pipeline, element, key, limit)
 
     @app.get("/pipelines/{pipeline}/elements/{element}/checkpoint")
     def get_checkpoint(pipeline: NameParam, element: NameParam, warm: bool = False) -> Response:

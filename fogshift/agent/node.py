@@ -42,12 +42,16 @@ from fogshift.contracts import (
     Gate,
     NodeCheckpoint,
     PEState,
+    TwinEntry,
+    TwinState,
 )
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
-from fogshift.runtime.exceptions import ElementError
+from fogshift.runtime.exceptions import ElementError, NoState
 from fogshift.runtime.gate import end_run
+from fogshift.runtime.kinds import processor_for
 from fogshift.runtime.progress import ProgressFeed
+from fogshift.runtime.state_reader import read_state
 from fogshift.spec.models import ElementSpec
 
 if TYPE_CHECKING:
@@ -430,6 +434,52 @@ class NodeRuntime:
         with self._lock:
             keys = [k for k in self._elements if k[0] == pipeline]
             return [self.remove(*k) for k in keys]
+
+    def twin_state(
+        self, pipeline: str, pe: str, key: str | None = None, limit: int = 1000
+    ) -> TwinState:
+        """The PE's state per key, as of its newest committed batch (see ``state_reader``).
+
+        Raises:
+            UnknownElement: The PE does not run here.
+            NoState: It holds no state (a source, a sink, a stateless processor).
+            NodeNotReady: The node's Spark session is not up yet.
+        """
+        hosted = self.hosted(pipeline, pe)
+        element = hosted.plan.element
+        who = f"{pipeline}/{pe} on node {self.config.name!r}"
+        stateless = NoState(
+            f"{who} holds no state: it is a {element.kind!r} "
+            + ("processor without state fields" if element.role == "processor" else element.role),
+            expected="a stateful processor (window-aggregate, or a custom one with state)",
+            received=f"{pe!r}, kind {element.kind!r}",
+            hint="`fogshift status PIPELINE` lists the elements and their kinds",
+        )
+        if element.role != "processor":
+            raise stateless
+        cls, _ = processor_for(element.kind, dict(element.options))
+        if not cls.is_stateful():
+            raise stateless
+        if self.spark is None:
+            raise NodeNotReady(f"node {self.config.name!r} is still starting Spark")
+        keyed = element.key_by is not None
+        batch, states = read_state(
+            self.spark,
+            self.checkpoint_dir(pipeline, pe),
+            cls.state_parts(),
+            keyed,
+            key if keyed else None,
+        )
+        entries = [TwinEntry(key=k, state=v) for k, v in list(states.items())[:limit]]
+        return TwinState(
+            pipeline=pipeline,
+            element=pe,
+            node=self.config.name,
+            batch=batch,
+            key_by=element.key_by,
+            keys=len(states),
+            entries=entries,
+        )
 
     # -- reporting --------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from fogshift.contracts import (
     PipelineStatus,
     RestoreReport,
     StopResult,
+    TwinState,
 )
 from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.migration.exceptions import MigrationFailed
@@ -369,6 +370,40 @@ def errors(
     for d in data:
         table.add_row(d.element, str(d.seq), d.reason or "", str(d.event)[:60])
     console.print(table)
+
+
+@app.command()
+def state(
+    pipeline: str,
+    element: str,
+    key: Annotated[
+        str | None, typer.Argument(help="One key of a keyed PE (default: every key).")
+    ] = None,
+    home: Home = Path(".fogshift"),
+    limit: Annotated[int, typer.Option(min=1, help="At most this many keys.")] = 1000,
+    as_json: AsJson = False,
+) -> None:
+    """A stateful PE's state per key (its digital twins), as of its last committed batch."""
+    params: dict[str, object] = {"limit": limit}
+    if key is not None:
+        params["key"] = key
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        answer = client.get(f"/pipelines/{pipeline}/elements/{element}/state", params=params)
+    data = TwinState.model_validate(answer)
+    if as_json:
+        _print_json(data)
+        return
+    batch = "no batch committed yet" if data.batch is None else f"batch {data.batch}"
+    keyed = f"keyed by {data.key_by}, {data.keys} keys" if data.key_by else "not keyed"
+    table = Table(title=f"state of {pipeline}/{element} on {data.node} ({batch}; {keyed})")
+    for column in ("key", "state"):
+        table.add_column(column)
+    for entry in data.entries:
+        text = json.dumps(entry.state, separators=(",", ":"))
+        table.add_row("-" if entry.key is None else entry.key, text[:200])
+    console.print(table)
+    if key is not None and not data.entries:
+        console.print(f"no state for key {key!r} (it has had no valid event yet)")
 
 
 @app.command()

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI, Query
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,6 +49,7 @@ from fogshift.contracts import (
     PlanView,
     RestoreReport,
     StopResult,
+    TwinState,
 )
 from fogshift.exceptions import FogshiftError, NotFound
 from fogshift.orchestrator.config import OrchestratorConfig
@@ -160,6 +161,16 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.get("/pipelines/{name}/errors")
     def errors(name: NameParam, limit: int = 1000) -> list[DeadLetter]:
         return orchestrator.errors(name, limit)
+
+    @app.get("/pipelines/{name}/elements/{element}/state")
+    def twin_state(
+        name: NameParam,
+        element: NameParam,
+        key: str | None = Query(default=None, max_length=1024),
+        limit: int = Query(default=1000, ge=1, le=100_000),
+    ) -> TwinState:
+        """A stateful PE's state per key (its digital twins), as of a committed batch."""
+        return orchestrator.twin_state(name, element, key, limit)
 
     @app.post("/pipelines/{name}/elements/{element}/migrate")
     def migrate(name: NameParam, element: NameParam, request: MigrateRequest) -> MigrationReport:

@@ -29,6 +29,7 @@ from fogshift.contracts import (
     PipelineStatus,
     PlacementState,
     StopResult,
+    TwinState,
 )
 from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.orchestrator.exceptions import PipelineExists, UnknownPipeline
@@ -263,3 +264,16 @@ class Deployment(Journal):
                     )
                 )
         return letters[:limit]
+
+    def twin_state(
+        self, name: str, element_id: str, key: str | None = None, limit: int = 1000
+    ) -> TwinState:
+        """A stateful PE's state per key, read by the node that runs it from its live state
+        store, as of its newest committed batch."""
+        record = self.pipeline(name)
+        self._element(record, element_id)
+        params: dict[str, Any] = {"limit": limit}
+        if key is not None:
+            params["key"] = key
+        path = f"/pipelines/{name}/elements/{element_id}/state"
+        return self.agent(record.placement[element_id]).call(TwinState, "GET", path, params=params)

@@ -25,6 +25,15 @@ The contract, after bytewax's ``snapshot()`` + ``builder(resume_state)``:
   keep processing state only in declared fields (or :meth:`snapshot`), never in attributes
   the snapshot does not cover: an instance may be replaced by one built from the snapshot
   at any batch.
+
+**Keyed PEs** (``key_by: FIELD`` in the spec) keep one state per value of that body field —
+per patient, per sensor — in the state store, and move, checkpoint and restore with it. The
+processor is still built once per query: before the events of one key, the runtime calls
+:meth:`~ProcessingElement.restore` with that key's snapshot (``None`` for a key not seen yet)
+and sets :attr:`~ProcessingElement.key`; after them it stores :meth:`snapshot` as that key's
+state. So ``restore`` must replace *all* processing state, and events of one key never see
+another key's state. Events of one key arrive in input order; across keys the runtime may
+interleave them (outputs are still appended in input order).
 """
 
 from __future__ import annotations
@@ -97,6 +106,11 @@ class ProcessingElement:
     state_fields: ClassVar[dict[str, StateField]] = {}
     #: The pydantic model of the element's options; validated once, in the constructor.
     options_model: ClassVar[type[BaseModel] | None] = None
+    #: A keyed PE's key field (its spec's ``key_by``), set by the runtime; ``None``: not keyed.
+    key_by: str | None = None
+    #: The key whose state the instance holds while it processes that key's events: the
+    #: ``key_by`` field's value as text (a string as is, a number as JSON writes it).
+    key: str | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

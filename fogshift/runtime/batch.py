@@ -183,6 +183,24 @@ def _dead_letter(row: InputRow, pe: str, reason: str, limit: int) -> RecordRow:
     return (origin, 0, seq, timestamp, pe, body, reason)
 
 
+def unkeyed_dead_letters(
+    rows: Iterable[InputRow], pe: str, key_by: str, limit: int = DEFAULT_MAX_RECORD_BYTES
+) -> list[RecordRow]:
+    """Dead letters for input rows of a keyed PE that have no key: their body is not an
+    event, or its ``key_by`` field is missing or null. No state is involved: such an event
+    belongs to no key's state."""
+    out = []
+    for row in rows:
+        try:
+            _event(pe, row)
+        except _Rejected as rejected:
+            out.append(_dead_letter(row, pe, rejected.reason, limit))
+            continue
+        reason = f"field {key_by!r} (key_by of {pe!r}) is missing or null: the event has no key"
+        out.append(_dead_letter(row, pe, reason, limit))
+    return out
+
+
 class _ReplayFailed(Exception):
     """A live event raised when run again: it is the culprit (see ``_Batch._replay``)."""
 

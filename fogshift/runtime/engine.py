@@ -2,8 +2,10 @@
 
 * source (``csv-source``): CSV data source → JetStream writer;
 * processor: JetStream reader → the processor → JetStream writer. A stateful processor runs
-  in ``transformWithStateInPandas`` with its snapshot in one ``ValueState`` (RocksDB state
-  store), so its state is versioned with Spark's checkpoint; a stateless one in ``mapInPandas``;
+  in ``transformWithStateInPandas`` with its snapshot in ``ValueState`` s (RocksDB state
+  store), so its state is versioned with Spark's checkpoint — one grouping key for the whole
+  PE, or, for a keyed PE (``key_by``), one per value of its key field, each key's snapshot
+  under its own key; a stateless one in ``mapInPandas``;
 * sink (``csv-sink``): JetStream reader → exactly-once CSV writer.
 
 Every query has a single partition end to end: a PE's events keep their order.
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from fogshift.broker.datasource import EVENT_SCHEMA, RECORD_SCHEMA
 from fogshift.events import DEFAULT_MAX_RECORD_BYTES
 from fogshift.runtime.api import Processor, encode_state
-from fogshift.runtime.batch import RECORD_COLUMNS, run_batch, run_events
+from fogshift.runtime.batch import RECORD_COLUMNS, run_batch, run_events, unkeyed_dead_letters
 from fogshift.runtime.exceptions import ElementError
 from fogshift.runtime.gate import start_run
 from fogshift.runtime.instances import InstanceKey, call_hook, registry
@@ -49,6 +51,16 @@ if TYPE_CHECKING:
 #: ``JetStreamReader.latestOffset``): idle, a query then costs a call every ~0.1 s instead
 #: of one every 10 ms (Spark's polling delay), ~11 % of a core each on the 2-core machine.
 IDLE_WAIT_MS = 100
+
+#: The grouping column of a stateful PE's query, and how its values read: a keyed PE's
+#: key is :data:`KEY_PREFIX` + the ``key_by`` field's value as text; events whose field is
+#: missing or null (or whose body is not JSON) share :data:`NO_KEY`, which no key can equal.
+GROUP_COLUMN = "pe_key"
+KEY_PREFIX = "k:"
+NO_KEY = "none"
+#: The one state part of a processor with its own ``snapshot()`` (declared fields are
+#: stored one part per field; see :func:`_stateful_processor`).
+OPAQUE_PART = "__snapshot__"
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,14 @@ def check_processor(plan: QueryPlan) -> type[Processor]:
     cls, opts = _processor_class(plan.pipeline, element.id, element.kind, dict(element.options))
     probe = _build(plan.pipeline, element.id, cls, opts, None)
     call_hook(probe, "close", plan.query_name)
+    if element.key_by is not None and not cls.is_stateful():
+        raise ElementError(
+            f"PE {element.id!r} of pipeline {plan.pipeline!r} has key_by: {element.key_by} but "
+            f"its processor {cls.__name__} declares no state",
+            expected="a processor with state (state() fields or snapshot()) when key_by is set",
+            received=f"{cls.__module__}.{cls.__qualname__}, stateless",
+            hint="remove key_by, or declare the state to keep per key",
+        )
     return cls
 
 
@@ -219,7 +239,14 @@ def _stateless(  # type: ignore[no-untyped-def]
 
 
 def _stateful_processor(  # type: ignore[no-untyped-def]
-    kind: str, options: dict[str, Any], pipeline: str, pe: str, limit: int, run: str, gate: str
+    kind: str,
+    options: dict[str, Any],
+    pipeline: str,
+    pe: str,
+    limit: int,
+    run: str,
+    gate: str,
+    key_by: str | None = None,
 ):
     """A ``StatefulProcessor`` keeping the PE's snapshot in the state store.
 
@@ -230,10 +257,14 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
     :mod:`fogshift.runtime.instances`); otherwise it is built from the stored texts.
     Events are isolated (:func:`~fogshift.runtime.batch.run_batch`): to undo a failed
     event, the processor is rebuilt from the batch's last good state.
+
+    With ``key_by`` the grouping key is the event's key, and one processor instance serves
+    every key of the query: built and assigned once, then given each key's stored state
+    with ``restore()`` before that key's events (see :mod:`fogshift.runtime.api`).
     """
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    opaque_part = "__snapshot__"
+    opaque_part = OPAQUE_PART
 
     class SnapshotProcessor(StatefulProcessor):
         def init(self, handle) -> None:  # type: ignore[no-untyped-def]
@@ -246,6 +277,12 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             import pandas as pd
 
             frame = pd.concat(list(rows), ignore_index=True).sort_values("origin")
+            tuples = frame[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
+                index=False, name=None
+            )
+            if key_by is not None:
+                yield from self._keyed(str(key[0]), tuples)
+                return
             stored = {n: v.get()[0] for n, v in self.values.items() if v.exists()}
             parts = self.parts
             instance = InstanceKey(pipeline, pe, run, repr(key))
@@ -270,9 +307,6 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     return {opaque_part: encode_state(snapshot)}, processor
                 return {n: encode_state(snapshot[n]) for n in parts}, processor
 
-            tuples = frame[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
-                index=False, name=None
-            )
             try:
                 out, (fresh, final) = run_batch(
                     build,
@@ -294,6 +328,66 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             # Kept with the texts just stored: the next batch reuses it only if its stored
             # texts are these (not if this batch is retried, or an older checkpoint restored).
             registry().keep(instance, final, fresh, gate)
+            if out:
+                yield pd.DataFrame(out, columns=RECORD_COLUMNS)
+
+        def _keyed(self, group: str, tuples: Any) -> Iterator[pd.DataFrame]:
+            """One key's events of a keyed PE, on the query's one shared instance."""
+            import pandas as pd
+
+            assert key_by is not None
+            if not group.startswith(KEY_PREFIX):  # NO_KEY: the events have no key
+                out = unkeyed_dead_letters(tuples, pe, key_by, limit)
+                yield pd.DataFrame(out, columns=RECORD_COLUMNS)
+                return
+            value = group[len(KEY_PREFIX) :]
+            stored = {n: v.get()[0] for n, v in self.values.items() if v.exists()}
+            parts = self.parts
+            # Holds no state between keys (each key's is restored into it): any instance
+            # of this run will do, like a stateless processor's.
+            instance = InstanceKey(pipeline, pe, run, "keyed")
+            shared = registry().checkout(instance, None)
+            if shared is None:
+                shared = _assign(pipeline, pe, _build(pipeline, pe, self.cls, self.opts, None))
+            shared.key_by = key_by
+
+            def start_state() -> Any:
+                if not stored:
+                    return None
+                decoded = {n: json.loads(text) for n, text in stored.items()}
+                return decoded if parts is not None else decoded[opaque_part]
+
+            def build(resume: Any) -> Processor:
+                shared.key = value
+                try:
+                    shared.restore(resume)
+                except Exception as exc:
+                    raise ElementError(
+                        f"processor {pe!r} ({self.cls.__name__}) of pipeline {pipeline!r} "
+                        f"cannot take the stored state of key {value!r}: {_describe(exc)}",
+                        hint="restore() must accept what snapshot() returned, and None",
+                    ) from exc
+                return shared
+
+            def finish(processor: Processor) -> dict[str, str]:
+                snapshot = processor.snapshot()
+                if parts is None:
+                    return {opaque_part: encode_state(snapshot)}
+                return {n: encode_state(snapshot[n]) for n in parts}
+
+            try:
+                out, fresh = run_batch(
+                    build, start_state, tuples, finish=finish, pe=pe, pipeline=pipeline,
+                    max_record_bytes=limit,
+                )  # fmt: skip
+            except BaseException:
+                _drop([shared], None, instance)
+                raise
+            for name, text in fresh.items():
+                if stored.get(name) != text:
+                    self.values[name].update((text,))
+            shared.key = None
+            registry().keep(instance, shared, None, gate)
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
 
@@ -336,11 +430,18 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
             plan.gate_file,
         )
         if cls.is_stateful():
+            if element.key_by is None:
+                group = F.lit(element.id)
+            else:
+                field = F.get_json_object("body", f"$.{element.key_by}")
+                group = F.when(field.isNull(), F.lit(NO_KEY)).otherwise(
+                    F.concat(F.lit(KEY_PREFIX), field)
+                )
             out = (
-                events.withColumn("pe_key", F.lit(element.id))
-                .groupBy("pe_key")
+                events.withColumn(GROUP_COLUMN, group)
+                .groupBy(GROUP_COLUMN)
                 .transformWithStateInPandas(
-                    statefulProcessor=_stateful_processor(*args),
+                    statefulProcessor=_stateful_processor(*args, key_by=element.key_by),
                     outputStructType=RECORD_SCHEMA,
                     outputMode="Append",
                     timeMode="None",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput
 
 
 class DeadLetter(Exception):
@@ -27,3 +27,9 @@ class BadState(InvalidInput):
     """A snapshot that does not match the PE's declared state."""
 
     code = "bad_state"
+
+
+class NoState(Conflict):
+    """A PE whose state was asked for holds none: a source, a sink or a stateless processor."""
+
+    code = "no_state"

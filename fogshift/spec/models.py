@@ -37,6 +37,8 @@ from fogshift.spec.kinds import (
 )
 
 _NAME = NAME_RE
+#: A ``key_by`` field: a top-level body field, named so that it is also a JSON path step.
+KEY_FIELD_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 
 
 class ElementSpec(BaseModel):
@@ -52,10 +54,13 @@ class ElementSpec(BaseModel):
         node: The node that hosts it.
         inputs: The ids of the elements feeding it, in order.
         options: The kind's options (a model that also reads as a mapping).
+        key_by: For a stateful processor: the body field whose value keys its state (one
+            state per key, e.g. per patient), ``None`` for one state for the whole PE.
         role: (class) source, processor or sink.
         path_options: (class) Option names that are file paths, resolved against the spec's
             folder when a spec file is loaded.
         must_exist: (class) Path options that must name an existing file at deploy time.
+        keyable: (class) Whether the kind may have ``key_by`` (it can hold state).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -63,6 +68,7 @@ class ElementSpec(BaseModel):
     role: ClassVar[Role]
     path_options: ClassVar[tuple[str, ...]] = ()
     must_exist: ClassVar[tuple[str, ...]] = ()
+    keyable: ClassVar[bool] = False
 
     id: str = Field(pattern=_NAME)
     kind: str
@@ -71,6 +77,7 @@ class ElementSpec(BaseModel):
     # Serialized as what it is: a field typed ElementSpec holds a kind's element, whose
     # options the base model does not know.
     options: SerializeAsAny[KindOptions]
+    key_by: str | None = Field(default=None, pattern=KEY_FIELD_RE)
 
     def __new__(cls, *args: Any, **data: Any) -> Self:
         # Python then runs the chosen subclass's __init__, which validates with its schema.
@@ -98,6 +105,16 @@ class ElementSpec(BaseModel):
             return handler(data)
         return cast(Self, ELEMENT.validate_python(data))
 
+    @model_validator(mode="after")
+    def _keyed_only_if_stateful(self) -> Self:
+        if self.key_by is not None and not self.keyable:
+            keyable = ", ".join(k for k, c in KINDS.items() if c.keyable)
+            raise ValueError(
+                f"key_by is for processors that hold state ({keyable}); a {self.kind!r} "
+                f"element has no state to key: remove key_by: {self.key_by}"
+            )
+        return self
+
 
 class CsvSourceElement(ElementSpec):
     """A ``csv-source``: reads a CSV file into events."""
@@ -113,6 +130,7 @@ class WindowAggregateElement(ElementSpec):
     """A ``window-aggregate``: an aggregate over the last N values of one field."""
 
     role = "processor"
+    keyable = True
     kind: Literal["window-aggregate"]
     options: WindowAggregateOptions
 
@@ -139,6 +157,7 @@ class CustomElement(ElementSpec):
     role = "processor"
     path_options = ("path",)
     must_exist = ("path",)
+    keyable = True
     kind: Literal["custom"]
     options: CustomOptions
 

@@ -24,12 +24,20 @@ class Reference:
     dropped: int
 
 
-def case1_reference(csv_path: str | Path, field_name: str, window: int, function: str) -> Reference:
-    """What a single process computes for source → window-aggregate over ``csv_path``."""
+def case1_reference(
+    csv_path: str | Path,
+    field_name: str,
+    window: int,
+    function: str,
+    key_field: str | None = None,
+) -> Reference:
+    """What a single process computes for source → window-aggregate over ``csv_path``;
+    with ``key_field``, one window per value of that column (a keyed aggregate, grouped here
+    with pandas' ``groupby().rolling()``)."""
     with open(csv_path, newline="", encoding="utf-8-sig") as handle:
         lines = handle.read().splitlines()
     header = next(csv.reader([lines[0]]))
-    seqs, raw = [], []
+    seqs, raw, keys = [], [], []
     dropped = 0
     for k, line in enumerate(lines[1:], start=1):
         cells = next(csv.reader([line]), [])
@@ -38,14 +46,19 @@ def case1_reference(csv_path: str | Path, field_name: str, window: int, function
             continue
         seqs.append(k)
         raw.append(cells[header.index(field_name)].strip())
+        keys.append(cells[header.index(key_field)].strip() if key_field else "")
     values = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").astype(float)
     valid = values.notna() & np.isfinite(values)
     dropped += int((~valid).sum())
     kept = values[valid].reset_index(drop=True)
     seq_kept = [s for s, ok in zip(seqs, valid, strict=True) if ok]
-    rolling = kept.rolling(window, min_periods=1)
     method = {"avg": "mean", "sum": "sum", "min": "min", "max": "max", "count": "count"}[function]
-    result = getattr(rolling, method)()
+    if key_field:
+        keys_kept = pd.Series([key for key, ok in zip(keys, valid, strict=True) if ok])
+        grouped = kept.groupby(keys_kept).rolling(window, min_periods=1)
+        result = getattr(grouped, method)().reset_index(level=0, drop=True).sort_index()
+    else:
+        result = getattr(kept.rolling(window, min_periods=1), method)()
     return Reference(list(zip(seq_kept, result.tolist(), strict=True)), dropped)
 
 

@@ -48,8 +48,10 @@ from fogshift.contracts import (
     PlanView,
     RestoreReport,
     StopResult,
+    TwinState,
 )
 from fogshift.exceptions import (
+    Conflict,
     FogshiftError,
     InvalidInput,
     InvariantViolation,
@@ -57,6 +59,7 @@ from fogshift.exceptions import (
     Unavailable,
 )
 from fogshift.spec.loader import load_spec_text
+from fogshift.spec.models import KINDS
 from fogshift.web.auth import COOKIE, Sessions
 from fogshift.web.exceptions import CrossSiteRequest
 from fogshift.web.graph import lag, layout
@@ -123,6 +126,26 @@ class Orchestrator:
     def errors(self, name: str) -> list[DeadLetter]:
         path = f"/pipelines/{name}/errors"
         return _listed(DeadLetter, self.client.get(path), f"GET {path}")
+
+    def twin_state(
+        self, name: str, element: str, kind: str, limit: int = 50
+    ) -> TwinState | str | None:
+        """The PE's state per key; ``None`` if it holds none, the reason if it cannot be
+        read now (its node is down, still starting)."""
+        known = KINDS.get(kind)
+        if known is None or not known.keyable:  # sources, sinks, map, filter: no state
+            return None
+        try:
+            return self.client.call(
+                TwinState,
+                "GET",
+                f"/pipelines/{name}/elements/{element}/state",
+                params={"limit": limit},
+            )
+        except Conflict:  # a custom processor without state
+            return None
+        except (Unavailable, InvariantViolation) as exc:
+            return exc.message
 
     def operation(self, name: str, element: str) -> OperationView | None:
         try:
@@ -371,6 +394,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             "checkpoints": reports[0] if reports else None,
             "operation": orchestrator.operation(name, element),
             "letters": [d for d in orchestrator.errors(name) if d.element == element][-50:],
+            "twins": orchestrator.twin_state(name, element, mine.kind),
             "targets": sorted(n.name for n in nodes if n.healthy and n.name != mine.node),
             "modes": [m.value for m in MigrationMode],
         }

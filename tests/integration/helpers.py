@@ -6,9 +6,12 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
 import yaml
 
 from fogshift.bench.padded import aggregate_element
@@ -21,13 +24,15 @@ if TYPE_CHECKING:
     from tests.conftest import Cluster
 
 
-def _case1_line(rnd: random.Random, k: int) -> str:
-    """Row ``k`` of a Case 1 input: now and then a malformed one (bad number, short row)."""
+def _case1_line(rnd: random.Random, k: int, keys: int = 0) -> str:
+    """Row ``k`` of a Case 1 input: now and then a malformed one (bad number, short row).
+    Its sensor is one of 4 in turn, or with ``keys``, one of that many at random."""
     value = f"{rnd.uniform(-50, 150):.4f}"
     roll = rnd.random()
     if roll < 0.02:
         value = rnd.choice(["n/a", "", "inf", "NaN", "1.2.3"])
-    line = f"{1_700_000_000 + k},s{k % 4},{value}"
+    sensor = f"s{rnd.randrange(keys)}" if keys else f"s{k % 4}"
+    line = f"{1_700_000_000 + k},{sensor},{value}"
     if 0.02 <= roll < 0.03:
         line = f"{1_700_000_000 + k},s{k % 4}"
     return line + "\n"
@@ -115,6 +120,10 @@ def write_spec(path: Path, pipeline: str, elements: list[dict[str, Any]]) -> Pat
     return path
 
 
+#: The key field of each keyed Case 1 work folder (``case1_spec(keys=...)``).
+KEYED: dict[Path, str] = {}
+
+
 def case1_spec(
     work: Path,
     name: str,
@@ -122,17 +131,24 @@ def case1_spec(
     pad_bytes: int = 0,
     detect_after_s: float | None = None,
     first: int = 100,
+    keys: int = 0,
 ) -> Path:
     """Case 1 (source on cloud -> avg over 10 on ``agg_node`` -> sink on cloud) in ``work``,
-    its input fed (:class:`Feeder`, ``first`` rows, then more) until :func:`finish_and_compare`."""
-    FEEDERS[work] = Feeder(work / "in.csv", seed=len(name), first=first)
+    its input fed (:class:`Feeder`, ``first`` rows, then more) until :func:`finish_and_compare`.
+    With ``keys``, the rows come from that many sensors and the aggregate is keyed by sensor
+    (one window per sensor)."""
+    line = partial(_case1_line, keys=keys)
+    FEEDERS[work] = Feeder(work / "in.csv", seed=len(name), first=first, line=line)
+    aggregate = aggregate_element(agg_node, pad_bytes)
+    if keys:
+        aggregate["key_by"] = KEYED[work] = "sensor"
     spec = write_spec(
         work / f"{name}.yaml",
         name,
         [
             {"id": "source", "kind": "csv-source", "node": "cloud",
              "options": {"path": "in.csv"}},
-            aggregate_element(agg_node, pad_bytes),
+            aggregate,
             {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
              "options": {"path": "out/case1.csv"}},
         ],
@@ -150,13 +166,27 @@ def finish_and_compare(cluster: Cluster, work: Path, pipeline: str, stop: bool =
     feeder = FEEDERS.pop(work, None)
     if feeder is not None:
         feeder.stop()
-    ref = case1_reference(work / "in.csv", "value", 10, "avg")
+    ref = case1_reference(work / "in.csv", "value", 10, "avg", key_field=KEYED.pop(work, None))
     cluster.wait_for(pipeline, "sink", len(ref.rows), timeout_s=400)
     time.sleep(1)  # a duplicate would show up within a batch or two
     verdict = compare(ref.rows, read_sink(work / "out" / "case1.csv", "value"))
     assert verdict.consistent, verdict.summary()
     if stop:
         cluster.cli("stop", pipeline)
+
+
+def keyed_windows(csv_path: Path, key_field: str, field: str, window: int) -> dict[str, list]:
+    """The last ``window`` valid values of ``field`` per ``key_field``: what the state of a
+    keyed Case 1 aggregate must hold once every row was processed (computed from the file,
+    with pandas' numeric parsing, as :func:`~fogshift.verify.reference.case1_reference`)."""
+    frame = pd.read_csv(csv_path, dtype=str, keep_default_na=False, on_bad_lines="skip")
+    values = pd.to_numeric(frame[field], errors="coerce")
+    valid = frame[values.notna() & np.isfinite(values)]
+    numbers = values[valid.index]
+    return {
+        str(key): numbers[group.index].tolist()[-window:]
+        for key, group in valid.groupby(key_field, sort=True)
+    }
 
 
 def wait_central(

@@ -18,7 +18,7 @@ import pytest
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.waiting import wait_until
 from tests.conftest import Cluster
-from tests.integration.helpers import case1_spec, finish_and_compare
+from tests.integration.helpers import case1_spec, finish_and_compare, keyed_windows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,7 +38,9 @@ def migrate(cluster: Cluster, pipeline: str, element: str, to: str, mode: str) -
 def test_many_migrations_during_a_stream_keep_output_exact(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    spec = case1_spec(tmp_path, "bounce")
+    # Keyed: the aggregate keeps one window per sensor, 50 of them, and every key's state
+    # moves with each migration (the reference keeps a window per sensor too).
+    spec = case1_spec(tmp_path, "bounce", keys=50)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("bounce", "sink", 20)
     rnd = random.Random(1234)
@@ -78,9 +80,25 @@ def test_many_migrations_during_a_stream_keep_output_exact(
         )
     assert hosting() == {e: [n] for e, n in placement.items()}
     # The input flowed during every migration: the feeder stops in finish_and_compare.
-    finish_and_compare(cluster, tmp_path, "bounce")
+    finish_and_compare(cluster, tmp_path, "bounce", stop=False)
     measured = [r["downtime_ms"] for r in reports if r["downtime_ms"] is not None]
     assert measured, "no migration saw the target process new input"
+    # Each sensor's twin, read from the live state store where the aggregate now runs,
+    # holds the last 10 valid values of that sensor in the whole input.
+    windows = keyed_windows(tmp_path / "in.csv", "sensor", "value", 10)
+    twins = cluster.json("state", "bounce", "aggregate")
+    assert (twins["node"], twins["key_by"], twins["keys"]) == (
+        placement["aggregate"],
+        "sensor",
+        len(windows),
+    )
+    assert twins["batch"] is not None
+    assert {e["key"]: e["state"]["values"] for e in twins["entries"]} == windows
+    one = cluster.json("state", "bounce", "aggregate", "s7")
+    assert [e["key"] for e in one["entries"]] == ["s7"] and one["keys"] == 1
+    refused = cluster.cli("state", "bounce", "source", check=False)
+    assert refused.returncode != 0 and "holds no state" in " ".join(refused.stderr.split())
+    cluster.cli("stop", "bounce")
 
 
 def test_bad_migrations_are_refused_and_the_pipeline_runs_on(

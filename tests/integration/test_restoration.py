@@ -80,7 +80,8 @@ def freeze_past_central_checkpoint(
 
 
 def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> None:
-    spec = case1_spec(tmp_path, "killed", detect_after_s=600)
+    # Keyed by sensor (50): every key's state comes back from the checkpoint.
+    spec = case1_spec(tmp_path, "killed", detect_after_s=600, keys=50)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("killed", "sink", 20)
     # The node-level figure comes with the node's heartbeat, the central one from the pull,

@@ -30,8 +30,10 @@ class Explodes(Processor):
         raise RuntimeError("no constructor today")
 
 
-def plan(tmp_path: Path, options: dict) -> QueryPlan:
-    element = ElementSpec(id="pe1", kind="custom", node="n", inputs=("s",), options=options)
+def plan(tmp_path: Path, options: dict, key_by: str | None = None) -> QueryPlan:
+    element = ElementSpec(
+        id="pe1", kind="custom", node="n", inputs=("s",), options=options, key_by=key_by
+    )
     return QueryPlan("pl", element, str(tmp_path / "b.json"), str(tmp_path / "cp"))
 
 
@@ -77,3 +79,11 @@ def test_a_processor_that_cannot_be_built_fails_its_start(
 def test_a_processor_that_can_be_built_passes(tmp_path: Path) -> None:
     options = {"class": "tests.runtime.test_engine_checks:Strict", "options": {"factor": 2}}
     assert check_processor(plan(tmp_path, options)).__qualname__ == "Strict"
+
+
+def test_a_keyed_processor_must_have_state(tmp_path: Path) -> None:
+    options = {"class": "tests.runtime.test_engine_checks:Strict", "options": {"factor": 2}}
+    with pytest.raises(ElementError) as err:
+        check_processor(plan(tmp_path, options, key_by="patient"))
+    assert "has key_by: patient but its processor Strict declares no state" in err.value.message
+    assert err.value.hint == "remove key_by, or declare the state to keep per key"

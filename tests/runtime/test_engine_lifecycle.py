@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from fogshift.common.gate import open_gate, write_gate
 from fogshift.common.waiting import wait_until
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.gate import end_run
+from fogshift.runtime.state_reader import read_state
 from fogshift.spec.models import ElementSpec
 
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ class Run:
         broker: BrokerProcess,
         home: Path,
         cls: str,
+        key_by: str | None = None,
     ) -> None:
         self.spark, self.js, self.home = spark, js, home
         self.pipeline = f"life{next(_pipelines)}"
@@ -85,6 +88,7 @@ class Run:
             inputs=("src",),
             options={"class": f"lifecycle_procs:{cls}", "path": str(HERE),
                      "options": {"log": str(self.log)}},
+            key_by=key_by,
         )  # fmt: skip
         self.gate = str(home / "gates" / "pe.json")
         self.plan = QueryPlan(
@@ -163,10 +167,10 @@ def make_run(
 ) -> Iterator[Any]:
     runs: list[Run] = []
 
-    def make(cls: str) -> Run:
+    def make(cls: str, key_by: str | None = None) -> Run:
         home = tmp_path / f"run{len(runs)}"
         home.mkdir()
-        run = Run(spark, js_client, nats_server, home, cls)
+        run = Run(spark, js_client, nats_server, home, cls, key_by)
         runs.append(run)
         return run
 
@@ -189,11 +193,61 @@ def test_a_stateful_processor_is_built_once_over_many_batches(make_run: Any) -> 
         values += batch
     run.wait_batches(5)
     assert [json.loads(o["body"]) for o in run.outputs()] == expected_stats(values)
+    # An unkeyed PE's state is one entry, without a key.
+    _, states = read_state(run.spark, Path(run.plan.checkpoint_dir), ["count", "total"], False)
+    assert states == {None: expected_stats(values)[-1]}
     # One instance in the workers for five batches (and one probe in the driver, closed).
     assert len(run.lines("build")) == 1
     assert run.lines("assign") == run.lines("build")
     assert run.lines("close") == []
     assert len(run.lines("build", workers_only=False)) == 2
+
+
+def test_a_keyed_processor_keeps_a_state_per_key_in_one_instance(make_run: Any) -> None:
+    run = make_run("CountingStats", key_by="patient")
+    run.start()
+    rnd = random.Random(7)
+    sent: list[dict[str, Any]] = []
+    for _ in range(4):
+        bodies: list[dict[str, Any]] = []
+        for _ in range(60):
+            body: dict[str, Any] = {"patient": f"p{rnd.randrange(50):02d}",
+                                    "value": float(rnd.randint(0, 100))}  # fmt: skip
+            roll = rnd.random()
+            if roll < 0.05:
+                del body["patient"]  # no key: a dead letter that touches no key's state
+            elif roll < 0.12:
+                body["bad"] = True  # fails after changing its key's state: undone
+            bodies.append(body)
+        run.send(bodies)
+        sent += bodies
+    # The reference: a count and total per patient, in input order, bad events skipped.
+    totals: dict[str, tuple[int, float]] = {}
+    expected, dead = [], []
+    for body in sent:
+        if "patient" not in body or body.get("bad"):
+            dead.append(body)
+            continue
+        count, total = totals.get(body["patient"], (0, 0.0))
+        totals[body["patient"]] = (count + 1, total + body["value"])
+        expected.append({"count": count + 1, "total": total + body["value"]})
+    assert len(totals) >= 45
+    assert [json.loads(o["body"]) for o in run.outputs()] == expected
+    letters = run.outputs("dead")
+    assert [json.loads(d["body"]) for d in letters] == dead
+    assert any("'patient' (key_by of 'pe') is missing" in d["reason"] for d in letters), letters
+    # The twins as stored: each key's state read back from the live state store.
+    batch, states = read_state(run.spark, Path(run.plan.checkpoint_dir), ["count", "total"], True)
+    assert batch is not None and batch >= 3
+    assert states == {k: {"count": c, "total": t} for k, (c, t) in sorted(totals.items())}
+    one = next(iter(totals))
+    assert read_state(run.spark, Path(run.plan.checkpoint_dir), ["count", "total"], True, one)[
+        1
+    ] == {one: states[one]}
+    # One instance for every key and batch, undone events included (restored, not rebuilt).
+    assert len(run.lines("build")) == 1
+    assert run.lines("assign") == run.lines("build")
+    assert run.lines("close") == []
 
 
 def test_the_querys_python_processes_are_forked_from_the_nodes_zygote(

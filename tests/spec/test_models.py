@@ -115,3 +115,20 @@ def test_a_missing_kind_is_a_missing_field_not_a_tag_error() -> None:
     with pytest.raises(InvalidSpec) as err:
         parse_spec(data)
     assert "elements[1] (id 'own').kind: Field required" in err.value.message
+
+
+def test_key_by_is_for_processors_that_hold_state() -> None:
+    data = spec_data()
+    data["elements"][1]["key_by"] = "patient"
+    assert parse_spec(data).element("own").key_by == "patient"
+    for index, kind in ((0, "csv-source"), (2, "csv-sink")):
+        bad = spec_data()
+        bad["elements"][index]["key_by"] = "patient"
+        with pytest.raises(InvalidSpec) as err:
+            parse_spec(bad)
+        assert f"a {kind!r} element has no state to key" in str(err.value)
+    for field in ("a.b", "1st", "$x", ""):
+        bad = spec_data()
+        bad["elements"][1]["key_by"] = field
+        with pytest.raises(InvalidSpec, match="key_by"):
+            parse_spec(bad)

@@ -17,6 +17,15 @@ def test_reference_drops_invalid_rows_and_aggregates_by_hand(tmp_path: Path) -> 
     assert case1_reference(data, "value", 2, "count").rows == [(1, 1.0), (2, 2.0), (5, 2.0)]
 
 
+def test_keyed_reference_keeps_a_window_per_key(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    data.write_text("value,name\n1,a\n3,b\nx,a\n5,a\n8,b\n2,a\n")
+    ref = case1_reference(data, "value", 2, "avg", key_field="name")
+    # a: 1, 5, 2 -> 1, 3, 3.5; b: 3, 8 -> 3, 5.5; the bad row of a is dropped.
+    assert ref.rows == [(1, 1.0), (2, 3.0), (4, 3.0), (5, 5.5), (6, 3.5)]
+    assert ref.dropped == 1
+
+
 def test_compare_finds_loss_duplicates_order_and_values() -> None:
     ref = [(1, 1.0), (2, 2.0), (3, 3.0)]
     assert compare(ref, list(ref)).consistent

@@ -24,6 +24,8 @@ from fogshift.contracts import (
     PlanView,
     RestoreReport,
     RestoreStatus,
+    TwinEntry,
+    TwinState,
 )
 from fogshift.exceptions import FogshiftError, InvalidInput, NotFound
 from fogshift.migration.exceptions import MigrationFailed
@@ -67,6 +69,13 @@ class StandIn:
 
     def operation(self, name: str, element: str) -> OperationView | None:
         return None
+
+    def twin_state(self, name: str, element: str, kind: str) -> TwinState | None:
+        if element != "pick":
+            return None
+        twins = [TwinEntry(key="p01", state={"zi": [0.5]}), TwinEntry(key="p02", state={})]
+        return TwinState(pipeline=name, element=element, node="fog-a", batch=7,
+                         key_by="patient", keys=3, entries=twins)  # fmt: skip
 
     def migrate(self, name: str, element: str, target: str, mode: str) -> MigrationReport:
         self.actions.append(("migrate", name, element, target, mode))
@@ -158,6 +167,9 @@ def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
     detail = web.get("/pipelines/p/elements/pick").text
     assert "KeyError: &#39;value&#39;" in detail and "<option>fog-b</option>" in detail
     assert "<option>fog-a</option>" not in detail.split('id="target"')[1].split("</select>")[0]
+    # Its twins, per key, as of a committed batch.
+    assert "Its state per patient (3 keys, 2 shown), as of batch 7 on fog-a" in detail
+    assert '<th scope="row">p01</th><td><code>{"zi": [0.5]}</code>' in detail
     assert web.get("/pipelines/p/elements/nope").status_code == 404
     assert web.get("/pipelines/..%2Fx").status_code in (404, 422)
     assert web.get("/nodes").status_code == 200

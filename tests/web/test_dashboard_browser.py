@@ -109,7 +109,7 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
     cluster: Cluster, dashboard: str, browser: object, tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
-    spec = case1_spec(work, PIPELINE, agg_node="fog-a")
+    spec = case1_spec(work, PIPELINE, agg_node="fog-a", keys=8)  # a window per sensor
     page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
     page.set_default_timeout(60_000)
     try:
@@ -145,6 +145,10 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
 
         # Live migration of the aggregate from the UI, input still flowing.
         page.goto(page.url.rsplit("/elements/", 1)[0] + "/elements/aggregate")
+        # Its twins: a window per sensor, read from the live state store on its node.
+        expect(page.locator("table.twins caption")).to_contain_text("Its state per sensor")
+        expect(page.locator("table.twins caption")).to_contain_text("on fog-a")
+        expect(page.locator("table.twins tbody th").first).to_have_text(re.compile(r"^s\d$"))
         page.select_option("#target", "fog-b")
         page.select_option("#mode", "literal")
         shoot(page, tmp_path, "element")

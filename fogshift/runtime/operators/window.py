@@ -24,13 +24,14 @@ class WindowAggregate(Processor):
 
     An event whose field is missing or not a finite number raises :class:`DeadLetter` before
     touching the window. Until ``window`` values have been seen the aggregate covers all.
+    Keyed (``key_by``), it keeps one window per key and its outputs carry the key field too.
     """
 
     options_model = WindowAggregateOptions
     dead_letters_change_nothing = True  # process() checks the value before the window
     values: list[float] = state(default_factory=list)
 
-    def process(self, event: Event) -> dict[str, float | int]:
+    def process(self, event: Event) -> dict[str, object]:
         opts: WindowAggregateOptions = self.config
         if opts.field not in event.body:
             raise DeadLetter(f"field {opts.field!r} is missing (fields: {sorted(event.body)})")
@@ -40,4 +41,7 @@ class WindowAggregate(Processor):
         self.values.append(value)
         if len(self.values) > opts.window:
             del self.values[: len(self.values) - opts.window]
-        return {opts.field: AGGREGATES[opts.function](self.values)}
+        aggregate = AGGREGATES[opts.function](self.values)
+        if self.key_by is not None:
+            return {self.key_by: event.body.get(self.key_by), opts.field: aggregate}
+        return {opts.field: aggregate}
