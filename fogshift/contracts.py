@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 URL_RE = r"^https?://[^\s/?#]+(?:/[^\s?#]*)?$"
 
 #: A source offset as Spark's checkpoint records it (the data source's own JSON: ``{"type":
-#: "csv-rows", "row", "t0"}`` or ``{"type": "jetstream", "positions": {input: seq}}``). It is
+#: "csv-rows", "row", "t0"}``, ``{"type": "ecg-windows", "event", "t0"}`` or ``{"type":
+#: "jetstream", "positions": {input: seq}}``). It is
 #: carried opaquely — into a gate's limit, back to the same source — and only the checkpoint
 #: layer (``checkpoint.spark_dir.progress_of``) looks inside.
 Offset = dict[str, Any]

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("common", "events", "contracts"),
     ("spec",),
     # Transport and storage, and the self-contained computations (placement, reference).
-    ("broker", "checkpoint", "network", "planner", "verify"),
+    ("broker", "checkpoint", "network", "planner", "verify", "ecg"),
     ("runtime",),
     ("migration", "restoration"),
     ("agent", "orchestrator"),

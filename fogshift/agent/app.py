@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Query, Request, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +37,8 @@ from fogshift.common.service import (
     RelPathParam,
     ShaParam,
     SnapshotParam,
+    StateKeyQuery,
+    StateLimitQuery,
     install_error_handlers,
     wrong_token,
 )
@@ -231,8 +233,8 @@ def create_app(config: AgentConfig) -> FastAPI:
     def twin_state(
         pipeline: NameParam,
         element: NameParam,
-        key: str | None = Query(default=None, max_length=1024),
-        limit: int = Query(default=1000, ge=1, le=100_000),
+        key: StateKeyQuery = None,
+        limit: StateLimitQuery = 1000,
     ) -> TwinState:
         """A stateful PE's state per key as of its newest committed batch (one Spark job)."""
         return runtime.twin_state(pipeline, element, key, limit)

@@ -57,6 +57,8 @@ def progress_of(offset: dict[str, Any] | None) -> int:
         return 0
     if "positions" in offset:
         return sum(int(v) for v in offset["positions"].values())
+    if "event" in offset:  # an ecg-source's windows
+        return int(offset["event"])
     return int(offset.get("row", 0))
 
 

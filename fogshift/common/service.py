@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -40,6 +40,13 @@ SnapshotParam = Annotated[str, PathParam(pattern=SNAPSHOT_RE)]
 ShaParam = Annotated[str, PathParam(pattern=SHA256_RE)]
 #: A file path inside a snapshot, in a URL (``{rel:path}``).
 RelPathParam = Annotated[str, PathParam(pattern=REL_PATH_RE, max_length=MAX_REL_PATH)]
+
+# -- query parameters of ``GET .../elements/{element}/state`` (orchestrator and agent) ---
+
+#: One key of a keyed PE (free text: it is only compared with the stored keys).
+StateKeyQuery = Annotated[str | None, Query(max_length=1024)]
+#: The most keys one answer lists.
+StateLimitQuery = Annotated[int, Query(ge=1, le=100_000)]
 
 # -- access ------------------------------------------------------------------------------
 

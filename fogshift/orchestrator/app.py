@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Body, FastAPI, Query
+from fastapi import Body, FastAPI
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,6 +33,8 @@ from fogshift.common.service import (
     Access,
     NameParam,
     ShaParam,
+    StateKeyQuery,
+    StateLimitQuery,
     install_error_handlers,
     wrong_token,
 )
@@ -166,8 +168,8 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     def twin_state(
         name: NameParam,
         element: NameParam,
-        key: str | None = Query(default=None, max_length=1024),
-        limit: int = Query(default=1000, ge=1, le=100_000),
+        key: StateKeyQuery = None,
+        limit: StateLimitQuery = 1000,
     ) -> TwinState:
         """A stateful PE's state per key (its digital twins), as of a committed batch."""
         return orchestrator.twin_state(name, element, key, limit)

@@ -89,6 +89,8 @@ def _wait(agent: ServiceClient, path: str, at_least: int, timeout_s: float) -> f
 def _cap(element: ElementSpec, position: int, t0: float | None) -> Offset | None:
     """A gate limit at input position ``position``, if the PE's offsets allow one (the offset
     of the PE's source, in that source's own form)."""
+    if element.kind == "ecg-source":
+        return {"type": "ecg-windows", "event": position, "t0": t0 or time.time()}
     if element.role == "source":
         return {"type": "csv-rows", "row": position, "t0": t0 or time.time()}
     if len(element.inputs) == 1:

@@ -273,6 +273,30 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             names = self.parts if self.parts is not None else [opaque_part]
             self.values = {n: handle.getValueState(f"f_{n}", "json string") for n in names}
 
+        def _stored(self) -> dict[str, str]:
+            """The current grouping key's stored state texts, by part."""
+            return {n: v.get()[0] for n, v in self.values.items() if v.exists()}
+
+        def _decoded(self, stored: dict[str, str]) -> Any:
+            """The resume state of stored texts (``None``: nothing stored, fresh)."""
+            if not stored:
+                return None
+            decoded = {n: json.loads(text) for n, text in stored.items()}
+            return decoded if self.parts is not None else decoded[opaque_part]
+
+        def _texts(self, processor: Processor) -> dict[str, str]:
+            """The processor's snapshot as texts, by part."""
+            snapshot = processor.snapshot()
+            if self.parts is None:
+                return {opaque_part: encode_state(snapshot)}
+            return {n: encode_state(snapshot[n]) for n in self.parts}
+
+        def _store(self, stored: dict[str, str], fresh: dict[str, str]) -> None:
+            """Write the parts whose text changed."""
+            for name, text in fresh.items():
+                if stored.get(name) != text:
+                    self.values[name].update((text,))
+
         def handleInputRows(self, key, rows, timerValues):  # type: ignore[no-untyped-def]  # noqa: N802, N803
             import pandas as pd
 
@@ -283,18 +307,11 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             if key_by is not None:
                 yield from self._keyed(str(key[0]), tuples)
                 return
-            stored = {n: v.get()[0] for n, v in self.values.items() if v.exists()}
-            parts = self.parts
+            stored = self._stored()
             instance = InstanceKey(pipeline, pe, run, repr(key))
             live = registry().checkout(instance, stored)
             # Every instance this batch uses: the ones not kept at its end are closed.
             used: list[Processor] = [live] if live is not None else []
-
-            def start_state() -> Any:
-                if not stored:
-                    return None
-                decoded = {n: json.loads(text) for n, text in stored.items()}
-                return decoded if parts is not None else decoded[opaque_part]
 
             def build(resume: Any) -> Processor:
                 processor = _build(pipeline, pe, self.cls, self.opts, resume)
@@ -302,15 +319,12 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 return _assign(pipeline, pe, processor)
 
             def finish(processor: Processor) -> tuple[dict[str, str], Processor]:
-                snapshot = processor.snapshot()
-                if parts is None:
-                    return {opaque_part: encode_state(snapshot)}, processor
-                return {n: encode_state(snapshot[n]) for n in parts}, processor
+                return self._texts(processor), processor
 
             try:
                 out, (fresh, final) = run_batch(
                     build,
-                    start_state,
+                    lambda: self._decoded(stored),
                     tuples,  # type: ignore[arg-type]
                     finish=finish,
                     pe=pe,
@@ -321,9 +335,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             except BaseException:
                 _drop(used, None, instance)
                 raise
-            for name, text in fresh.items():
-                if stored.get(name) != text:
-                    self.values[name].update((text,))
+            self._store(stored, fresh)
             _drop(used, final, instance)
             # Kept with the texts just stored: the next batch reuses it only if its stored
             # texts are these (not if this batch is retried, or an older checkpoint restored).
@@ -341,8 +353,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
                 return
             value = group[len(KEY_PREFIX) :]
-            stored = {n: v.get()[0] for n, v in self.values.items() if v.exists()}
-            parts = self.parts
+            stored = self._stored()
             # Holds no state between keys (each key's is restored into it): any instance
             # of this run will do, like a stateless processor's.
             instance = InstanceKey(pipeline, pe, run, "keyed")
@@ -350,12 +361,6 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             if shared is None:
                 shared = _assign(pipeline, pe, _build(pipeline, pe, self.cls, self.opts, None))
             shared.key_by = key_by
-
-            def start_state() -> Any:
-                if not stored:
-                    return None
-                decoded = {n: json.loads(text) for n, text in stored.items()}
-                return decoded if parts is not None else decoded[opaque_part]
 
             def build(resume: Any) -> Processor:
                 shared.key = value
@@ -369,23 +374,15 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     ) from exc
                 return shared
 
-            def finish(processor: Processor) -> dict[str, str]:
-                snapshot = processor.snapshot()
-                if parts is None:
-                    return {opaque_part: encode_state(snapshot)}
-                return {n: encode_state(snapshot[n]) for n in parts}
-
             try:
                 out, fresh = run_batch(
-                    build, start_state, tuples, finish=finish, pe=pe, pipeline=pipeline,
-                    max_record_bytes=limit,
+                    build, lambda: self._decoded(stored), tuples, finish=self._texts, pe=pe,
+                    pipeline=pipeline, max_record_bytes=limit,
                 )  # fmt: skip
             except BaseException:
                 _drop([shared], None, instance)
                 raise
-            for name, text in fresh.items():
-                if stored.get(name) != text:
-                    self.values[name].update((text,))
+            self._store(stored, fresh)
             shared.key = None
             registry().keep(instance, shared, None, gate)
             if out:
@@ -401,7 +398,17 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
     """Start the streaming query of one PE; it resumes from ``plan.checkpoint_dir`` if present."""
     element = plan.element
     options = dict(element.options)
-    if element.role == "source":
+    if element.kind == "ecg-source":
+        frame = (
+            spark.readStream.format("fogshift-ecg-source")
+            .option("options", element.options.model_dump_json())
+            .option("pe", element.id)
+            .option("max_record_bytes", str(plan.max_record_bytes))
+            .option("gate", plan.gate_file)
+            .load()
+        )
+        writer = frame.writeStream.format("fogshift-jetstream")
+    elif element.role == "source":
         frame = (
             spark.readStream.format("fogshift-csv-source")
             .option("path", options["path"])

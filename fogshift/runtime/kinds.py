@@ -15,6 +15,7 @@ from pathlib import Path
 
 from fogshift.runtime.api import Processor
 from fogshift.runtime.exceptions import ElementError
+from fogshift.runtime.operators.ecg import Amplify, Bandpass, Classify
 from fogshift.runtime.operators.expr import Filter, Map
 from fogshift.runtime.operators.window import WindowAggregate
 from fogshift.spec.kinds import CustomOptions
@@ -27,6 +28,9 @@ PROCESSORS: dict[str, type[Processor]] = {
     "window-aggregate": WindowAggregate,
     "map": Map,
     "filter": Filter,
+    "amplify": Amplify,
+    "bandpass": Bandpass,
+    "classify": Classify,
 }
 
 

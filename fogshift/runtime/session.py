@@ -60,6 +60,7 @@ def build_session(
 
     from fogshift.broker.datasource import JetStreamDataSource
     from fogshift.runtime.csv_io import CsvSinkDataSource, CsvSourceDataSource
+    from fogshift.runtime.ecg_source import EcgSourceDataSource
     from fogshift.runtime.jvm_archive import with_archive
 
     builder = (
@@ -98,7 +99,12 @@ def build_session(
         builder = builder.config("spark.local.dir", local_dir)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    for source in (JetStreamDataSource, CsvSourceDataSource, CsvSinkDataSource):
+    for source in (
+        JetStreamDataSource,
+        CsvSourceDataSource,
+        CsvSinkDataSource,
+        EcgSourceDataSource,
+    ):
         spark.dataSource.register(source)
     _warm_up(spark)
     return spark

@@ -140,3 +140,79 @@ class CustomOptions(KindOptions):
     cls: str = Field(alias="class", pattern=r"^[\w.]+:\w+$")
     path: str | None = None
     options: dict[str, object] = Field(default_factory=dict)
+
+
+# -- Case 2: ECG digital twins ------------------------------------------------------------
+
+
+class EcgSourceOptions(KindOptions):
+    """Options of ``ecg-source``: simulated wearables (neurokit2), one per patient.
+
+    Event *k* is one window of one patient's recording (patients in turn): the body is
+    ``{patient, t, fs, samples}`` (``t``: the window's start in seconds), the creator is the
+    patient's wearable. Every ``abnormal_every``-th patient's rhythm turns abnormal around
+    ``onset_s`` (seeded), the ground truth of the alarms.
+
+    Attributes:
+        patients: How many patients.
+        sampling_rate: Samples per second (Hz).
+        window_s: Seconds of signal per event.
+        duration_s: Seconds of signal per patient; the source ends after them.
+        seed: Seeds the patients (heart rates, gains, onsets) and their signals.
+        abnormal_every: Every n-th patient develops an abnormal rhythm (0: none).
+        onset_s: Around when it starts (± 20 %).
+        speed: Signal seconds per wall-clock second (1: real time; 0: as fast as possible).
+        max_events_per_batch: Upper bound of one micro-batch.
+    """
+
+    patients: int = Field(default=4, ge=1, le=99)
+    sampling_rate: int = Field(default=250, ge=250, le=2000)
+    window_s: float = Field(default=0.5, ge=0.5, le=10)
+    duration_s: float = Field(default=120.0, gt=0, le=3600)
+    seed: int = Field(default=1, ge=0, le=1_000_000)
+    abnormal_every: int = Field(default=2, ge=0)
+    onset_s: float = Field(default=30.0, gt=0)
+    speed: float = Field(default=1.0, ge=0)
+    max_events_per_batch: int = Field(default=1_000, ge=1)
+
+
+class AmplifyOptions(KindOptions):
+    """Options of ``amplify``: ``samples`` times ``gain``, divided by the patient's wearable
+    calibration (``calibration[patient]``, 1 if absent).
+
+    Attributes:
+        gain: The amplifier's gain.
+        calibration: Per patient, the gain of their wearable to undo.
+    """
+
+    gain: float = Field(default=1.0, gt=0)
+    calibration: dict[str, float] = Field(default_factory=dict)
+
+
+class BandpassOptions(KindOptions):
+    """Options of ``bandpass``: a Butterworth band-pass in second-order sections, its state
+    per patient (``key_by: patient``), so windows join without a transient.
+
+    Attributes:
+        low_hz: Lower cut-off.
+        high_hz: Upper cut-off (below half the sampling rate).
+        order: The filter's order.
+    """
+
+    low_hz: float = Field(default=0.5, gt=0)
+    high_hz: float = Field(default=40.0, gt=0)
+    order: int = Field(default=4, ge=1, le=10)
+
+
+class ClassifyOptions(KindOptions):
+    """Options of ``classify``: beats found in the filtered signal, the rhythm classified by
+    a small neural network (``fogshift/ecg/model.json``), an alarm raised after ``confirm``
+    abnormal windows in a row (and cleared after as many normal ones).
+
+    Attributes:
+        threshold: The network's probability above which a window is abnormal.
+        confirm: Abnormal windows in a row before an alarm.
+    """
+
+    threshold: float = Field(default=0.5, gt=0, lt=1)
+    confirm: int = Field(default=3, ge=1, le=100)

@@ -26,9 +26,13 @@ from pydantic_core import CoreSchema
 
 from fogshift.common.names import NAME_RE
 from fogshift.spec.kinds import (
+    AmplifyOptions,
+    BandpassOptions,
+    ClassifyOptions,
     CsvSinkOptions,
     CsvSourceOptions,
     CustomOptions,
+    EcgSourceOptions,
     FilterOptions,
     KindOptions,
     MapOptions,
@@ -61,6 +65,7 @@ class ElementSpec(BaseModel):
             folder when a spec file is loaded.
         must_exist: (class) Path options that must name an existing file at deploy time.
         keyable: (class) Whether the kind may have ``key_by`` (it can hold state).
+        needs_key: (class) Whether it must: its state only makes sense per key.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -69,6 +74,7 @@ class ElementSpec(BaseModel):
     path_options: ClassVar[tuple[str, ...]] = ()
     must_exist: ClassVar[tuple[str, ...]] = ()
     keyable: ClassVar[bool] = False
+    needs_key: ClassVar[bool] = False
 
     id: str = Field(pattern=_NAME)
     kind: str
@@ -112,6 +118,11 @@ class ElementSpec(BaseModel):
             raise ValueError(
                 f"key_by is for processors that hold state ({keyable}); a {self.kind!r} "
                 f"element has no state to key: remove key_by: {self.key_by}"
+            )
+        if self.key_by is None and self.needs_key:
+            raise ValueError(
+                f"a {self.kind!r} element keeps its state per patient: add key_by: patient "
+                "(the field naming whose signal an event carries)"
             )
         return self
 
@@ -171,6 +182,42 @@ class CsvSinkElement(ElementSpec):
     options: CsvSinkOptions
 
 
+class EcgSourceElement(ElementSpec):
+    """An ``ecg-source``: simulated patients' wearables (Case 2)."""
+
+    role = "source"
+    kind: Literal["ecg-source"]
+    options: EcgSourceOptions
+
+
+class AmplifyElement(ElementSpec):
+    """An ``amplify``: gain with a per-patient calibration (Case 2)."""
+
+    role = "processor"
+    kind: Literal["amplify"]
+    options: AmplifyOptions
+
+
+class BandpassElement(ElementSpec):
+    """A ``bandpass``: a Butterworth band-pass, its state per patient (Case 2)."""
+
+    role = "processor"
+    keyable = True
+    needs_key = True
+    kind: Literal["bandpass"]
+    options: BandpassOptions
+
+
+class ClassifyElement(ElementSpec):
+    """A ``classify``: beats, a neural network, alarms, its state per patient (Case 2)."""
+
+    role = "processor"
+    keyable = True
+    needs_key = True
+    kind: Literal["classify"]
+    options: ClassifyOptions
+
+
 #: Any element, validated as the class its ``kind`` names.
 AnyElement = Annotated[
     CsvSourceElement
@@ -178,7 +225,11 @@ AnyElement = Annotated[
     | MapElement
     | FilterElement
     | CustomElement
-    | CsvSinkElement,
+    | CsvSinkElement
+    | EcgSourceElement
+    | AmplifyElement
+    | BandpassElement
+    | ClassifyElement,
     Field(discriminator="kind"),
 ]
 ELEMENT: TypeAdapter[AnyElement] = TypeAdapter(AnyElement)
@@ -193,6 +244,10 @@ KINDS: dict[str, type[ElementSpec]] = {
         FilterElement,
         CustomElement,
         CsvSinkElement,
+        EcgSourceElement,
+        AmplifyElement,
+        BandpassElement,
+        ClassifyElement,
     )
 }
 

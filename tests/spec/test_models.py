@@ -44,7 +44,8 @@ def test_each_kind_is_its_own_class_with_its_options_model() -> None:
     assert isinstance(spec.elements[1].options, CustomOptions)
     assert [e.role for e in spec.elements] == ["source", "processor", "sink"]
     assert sorted(KINDS) == [
-        "csv-sink", "csv-source", "custom", "filter", "map", "window-aggregate",
+        "amplify", "bandpass", "classify", "csv-sink", "csv-source", "custom", "ecg-source",
+        "filter", "map", "window-aggregate",
     ]  # fmt: skip
 
 
@@ -132,3 +133,14 @@ def test_key_by_is_for_processors_that_hold_state() -> None:
         bad["elements"][1]["key_by"] = field
         with pytest.raises(InvalidSpec, match="key_by"):
             parse_spec(bad)
+
+
+def test_the_steps_that_keep_a_patients_state_need_key_by() -> None:
+    data = {"pipeline": "p", "elements": [
+        {"id": "w", "kind": "ecg-source", "node": "n"},
+        {"id": "b", "kind": "bandpass", "node": "n", "inputs": ["w"]},
+    ]}  # fmt: skip
+    with pytest.raises(InvalidSpec, match="keeps its state per patient: add key_by: patient"):
+        parse_spec(data)
+    data["elements"][1]["key_by"] = "patient"
+    assert parse_spec(data).element("b").options["high_hz"] == 40.0

@@ -1,0 +1,85 @@
+"""Streaming beat detection and rhythm features, window by window, with explicit state.
+
+R-peaks are found in the band-passed signal (``scipy.signal.find_peaks``) over the window
+plus a short tail of the one before, so a beat cut by a window boundary is still seen once;
+a peak counts only once the signal after it is in hand (:data:`SETTLE_S`) and it is later
+than the last beat by more than a refractory period, and by more than half the recent
+intervals (so a tall T wave is not a beat). From the last beats come three features
+of the rhythm — heart rate, and two robust measures of irregularity — that the classifier
+reads.
+The state is plain JSON (lists and numbers), kept per patient by the ``classify`` PE.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: Seconds of the previous windows kept to find the beats cut by a window boundary.
+TAIL_S = 0.6
+#: A peak counts once this much signal after it is in hand.
+SETTLE_S = 0.12
+#: No two beats closer than this (a refractory period: 240 bpm at most).
+REFRACTORY_S = 0.25
+#: Beats kept: the features use the intervals between them.
+BEATS = 13
+#: Fewest beats for features (5 intervals).
+MIN_BEATS = 6
+#: Beats in a recording's first second are not counted: the filter and the threshold are
+#: still settling (a first beat cut in half, a baseline step).
+WARMUP_S = 1.0
+
+
+def fresh() -> dict[str, Any]:
+    """The state before a patient's first window."""
+    return {"tail": [], "tail_start": 0, "beats": []}
+
+
+def step(state: dict[str, Any], samples: np.ndarray, fs: float) -> dict[str, Any]:
+    """The state after one more window of band-passed ``samples`` (a new dict)."""
+    from scipy.signal import find_peaks
+
+    tail = np.asarray(state["tail"], dtype=float)
+    segment = np.concatenate([tail, samples])
+    start = int(state["tail_start"])
+    beats = [int(b) for b in state["beats"]]
+    top = float(segment.max()) if segment.size else 0.0
+    if top > 0:
+        found, _ = find_peaks(segment, height=0.45 * top, distance=max(int(REFRACTORY_S * fs), 1))
+        settled = segment.size - int(SETTLE_S * fs)
+        for peak in found:
+            at = start + int(peak)
+            # Closer to the last beat than half the recent intervals: a T wave or noise,
+            # not a beat (even the most irregular rhythms simulated stay above that).
+            gap = REFRACTORY_S * fs
+            if len(beats) >= 4:
+                gap = max(gap, 0.5 * float(np.median(np.diff(beats[-4:]))))
+            fresh_beat = not beats or at - beats[-1] > gap
+            if peak <= settled and at >= WARMUP_S * fs and fresh_beat:
+                beats.append(at)
+    keep = int(TAIL_S * fs)
+    return {
+        "tail": segment[-keep:].tolist(),
+        "tail_start": start + max(segment.size - keep, 0),
+        "beats": beats[-BEATS:],
+    }
+
+
+def features(state: dict[str, Any], fs: float) -> list[float] | None:
+    """Heart rate (bpm / 100, from the median interval), the median change from one
+    interval to the next and the intervals' interquartile range, both over the median
+    interval; ``None`` until :data:`MIN_BEATS` beats have been seen."""
+    beats = np.asarray(state["beats"], dtype=float)
+    if beats.size < MIN_BEATS:
+        return None
+    rr = np.diff(beats) / fs
+    middle = float(np.median(rr))
+    q1, q3 = np.percentile(rr, [25, 75])
+    # Medians and quartiles: one premature beat (common, harmless) moves none of them much;
+    # a rhythm that is irregular throughout moves all of them.
+    return [
+        60.0 / middle / 100.0,
+        float(np.median(np.abs(np.diff(rr)))) / middle,
+        float(q3 - q1) / middle,
+    ]

@@ -1,0 +1,119 @@
+"""An offline reference of Case 2, and the quality of its alarms against the ground truth.
+
+One process runs what the pipeline runs on three nodes — wearables, amplifier, band-pass,
+classifier — over the same simulated recordings: the band-pass over each *whole* recording
+at once (``scipy.signal.sosfilt``), not window by window with a carried state as the PE does,
+so equal outputs mean the pipeline's filter state survived every window boundary, migration
+and restore; the beats, features and network are :mod:`fogshift.ecg`'s (the model is part of
+the spec, not of the system under test), the alarm rule is written again here.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.signal import sosfilt
+
+from fogshift.ecg import beats, dsp
+from fogshift.ecg.model import load
+from fogshift.ecg.simulate import Patient, layout, patients, recording
+from fogshift.spec.kinds import AmplifyOptions, BandpassOptions, ClassifyOptions, EcgSourceOptions
+
+#: One alarm: ``(patient, t, class)`` (the confidence is not compared: float formatting).
+Alarm = tuple[str, float, str]
+
+
+@dataclass(frozen=True)
+class Quality:
+    """How the alarms match the ground truth.
+
+    Attributes:
+        sensitivity: Of the patients whose rhythm turned abnormal, the share with an
+            ``abnormal`` alarm after the onset.
+        specificity: Of the normal stretches (a healthy patient's whole recording, a sick
+            one's before the onset), the share without an ``abnormal`` alarm.
+        latency_s: Per detected patient, seconds from onset to the first alarm after it.
+    """
+
+    sensitivity: float
+    specificity: float
+    latency_s: dict[str, float]
+
+
+def reference_filtered(
+    source: EcgSourceOptions, amplify: AmplifyOptions, band: BandpassOptions
+) -> dict[str, np.ndarray]:
+    """Each patient's amplified recording band-passed whole (the windows the source emits)."""
+    fs = source.sampling_rate
+    window, windows = layout(fs, source.window_s, source.duration_s)
+    sos = dsp.design(float(fs), band.low_hz, band.high_hz, band.order)
+    out: dict[str, np.ndarray] = {}
+    for p in patients(source.patients, source.seed, source.abnormal_every, source.onset_s):
+        raw = recording(p, source.duration_s, fs, source.seed)[: windows * window]
+        x = raw * (amplify.gain / amplify.calibration.get(p.name, 1.0))
+        out[p.name] = sosfilt(sos, x, zi=dsp.initial_state(sos, float(x[0])))[0]
+    return out
+
+
+def reference_alarms(
+    source: EcgSourceOptions,
+    amplify: AmplifyOptions,
+    band: BandpassOptions,
+    classify: ClassifyOptions,
+) -> list[Alarm]:
+    """The alarms of the Case 2 pipeline, in input order (event by event, patients in turn)."""
+    model = load()
+    fs = source.sampling_rate
+    window, windows = layout(fs, source.window_s, source.duration_s)
+    filtered = reference_filtered(source, amplify, band)
+    people = patients(source.patients, source.seed, source.abnormal_every, source.onset_s)
+    rhythm = {p.name: beats.fresh() for p in people}
+    streak = dict.fromkeys(rhythm, 0)
+    alarm = dict.fromkeys(rhythm, False)
+    out: list[Alarm] = []
+    for w in range(windows):
+        for p in people:
+            part = filtered[p.name][w * window : (w + 1) * window]
+            rhythm[p.name] = beats.step(rhythm[p.name], part, fs)
+            found = beats.features(rhythm[p.name], fs)
+            if found is None:
+                continue
+            abnormal = model.abnormal(found) >= classify.threshold
+            before = streak[p.name]
+            streak[p.name] = (max(before, 0) + 1) if abnormal else (min(before, 0) - 1)
+            if abs(streak[p.name]) >= classify.confirm and abnormal != alarm[p.name]:
+                alarm[p.name] = abnormal
+                t = round((w + 1) * window / fs, 3)
+                out.append((p.name, t, "abnormal" if abnormal else "normal"))
+    return out
+
+
+def read_alarms(path: str | Path) -> list[Alarm]:
+    """The alarms a csv-sink wrote (columns ``patient, t, class``)."""
+    target = Path(path)
+    if not target.exists() or target.stat().st_size == 0:
+        return []
+    with target.open(newline="") as handle:
+        return [(r["patient"], float(r["t"]), r["class"]) for r in csv.DictReader(handle)]
+
+
+def quality(alarms: list[Alarm], people: list[Patient]) -> Quality:
+    """Sensitivity, specificity and latency of ``alarms`` against the ground truth."""
+    sick = [p for p in people if p.onset_s is not None]
+    raised = [(who, t) for who, t, cls in alarms if cls == "abnormal"]
+    latency: dict[str, float] = {}
+    for p in sick:
+        after = [t for who, t in raised if who == p.name and t >= (p.onset_s or 0)]
+        if after:
+            latency[p.name] = round(min(after) - (p.onset_s or 0), 3)
+    stretches = [(p.name, p.onset_s) for p in people]  # (who, end of its normal stretch)
+    false = {who for who, t in raised for name, end in stretches
+             if who == name and (end is None or t < end)}  # fmt: skip
+    return Quality(
+        sensitivity=len(latency) / len(sick) if sick else 1.0,
+        specificity=1 - len(false) / len(stretches) if stretches else 1.0,
+        latency_s=latency,
+    )

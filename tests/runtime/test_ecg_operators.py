@@ -1,0 +1,75 @@
+"""Case 2's processors event by event (their state encoded after every batch, as stored):
+the band-pass equals the whole recording filtered, the classifier's alarms equal the
+reference's, and a window that is not one is a dead letter that changes nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from fogshift.ecg.simulate import patients
+from fogshift.events import Event
+from fogshift.runtime.api import Processor
+from fogshift.runtime.batch import run_events
+from fogshift.runtime.ecg_source import Stream
+from fogshift.runtime.operators.ecg import Amplify, Bandpass, Classify
+from fogshift.spec.kinds import AmplifyOptions, BandpassOptions, ClassifyOptions, EcgSourceOptions
+from fogshift.verify.case2 import reference_alarms, reference_filtered
+
+SOURCE = EcgSourceOptions(patients=1, duration_s=30.0, onset_s=12.0, seed=4, abnormal_every=1)
+
+
+def through(processor: Processor, bodies: list[dict[str, Any]], batch: int = 7) -> tuple[
+    list[dict[str, Any]], list[str]
+]:  # fmt: skip
+    """Outputs and dead-letter reasons of ``bodies`` in batches of ``batch`` events, the
+    state rebuilt from its JSON between batches (as the state store gives it back)."""
+    outputs, reasons = [], []
+    for start in range(0, len(bodies), batch):
+        rows = [(k, k, 1000.0 + k, "src", json.dumps(b))
+                for k, b in enumerate(bodies[start : start + batch], start=start + 1)]  # fmt: skip
+        for record in run_events(processor, rows):  # type: ignore[arg-type]
+            if record[6] is None:
+                outputs.append(json.loads(record[5]))
+            else:
+                reasons.append(record[6])
+        processor.restore(json.loads(json.dumps(processor.snapshot())))
+    return outputs, reasons
+
+
+def test_amplify_bandpass_and_classify_equal_the_reference() -> None:
+    stream = Stream(SOURCE)
+    bodies = [stream.event(k)[1] for k in range(1, stream.total + 1)]
+    (patient,) = patients(1, SOURCE.seed, SOURCE.abnormal_every, SOURCE.onset_s)
+    amplify_options = AmplifyOptions(gain=2.0, calibration={patient.name: patient.gain})
+    amplified, dead = through(Amplify.build(amplify_options.as_dict(), "amp", None), bodies)
+    assert not dead
+    filtered, dead = through(Bandpass.build({}, "band", None), amplified)
+    assert not dead
+    signal = np.concatenate([b["samples"] for b in filtered])
+    expected = reference_filtered(SOURCE, amplify_options, BandpassOptions())[patient.name]
+    assert np.array_equal(signal, expected)
+    classify = Classify.build({}, "classify", None)
+    classify.on_assign()
+    alarms, dead = through(classify, filtered)
+    assert not dead
+    reference = reference_alarms(SOURCE, amplify_options, BandpassOptions(), ClassifyOptions())
+    assert [(a["patient"], a["t"], a["class"]) for a in alarms] == reference
+    assert reference and reference[0][2] == "abnormal" and reference[0][1] > SOURCE.onset_s
+
+
+def test_a_window_that_is_not_one_is_a_dead_letter_and_changes_nothing() -> None:
+    band = Bandpass.build({}, "band", None)
+    good = {"patient": "p01", "t": 0.0, "fs": 250, "samples": [0.1, 0.2, 0.3]}
+    through(band, [good])
+    before = band.snapshot()
+    bad = [{**good, "samples": []}, {**good, "samples": [1, "x"]}, {**good, "fs": 0},
+           {**good, "patient": None}, {**good, "samples": [1e400]}]  # fmt: skip
+    outputs, reasons = through(band, bad)
+    assert outputs == [] and len(reasons) == len(bad)
+    assert band.snapshot() == before
+    classify = Classify.build({}, "classify", None)
+    classify.on_assign()
+    assert classify.process(Event(1, 0.0, "x", good)) is None  # no beats yet: no alarm
