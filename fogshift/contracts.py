@@ -440,6 +440,41 @@ class MigrationReport(BaseModel):
             self.trace.append([round((time.perf_counter() - self._t0) * 1000, 1), *row])
 
 
+class GroupMigrationStatus(StrEnum):
+    """How a migration of several PEs ended."""
+
+    #: Every PE runs on the target.
+    MIGRATED = "migrated"
+    #: One failed; those already moved were moved back: every PE runs where it ran before.
+    ROLLED_BACK = "rolled_back"
+    #: One failed and moving one back failed too: ``placement`` says where each runs.
+    FAILED = "failed"
+
+
+class GroupMigrationReport(BaseModel):
+    """Answer of ``POST /pipelines/{name}/migrate``: several PEs moved as one operation.
+
+    Attributes:
+        elements: The PEs, in the order they were moved.
+        migrations: Each move towards the target, in order; a failed one is the last.
+        undone: The moves back of the PEs that had reached the target, latest first.
+        error: Why the operation did not complete.
+        placement: Where each PE runs afterwards.
+    """
+
+    model_config = _WIRE
+
+    pipeline: str
+    elements: list[str]
+    target: str
+    mode: MigrationMode
+    status: GroupMigrationStatus
+    migrations: list[MigrationReport]
+    undone: list[MigrationReport] = []
+    error: str | None = None
+    placement: dict[str, str]
+
+
 class RestoreAttempt(BaseModel):
     """A failed attempt of a restore.
 

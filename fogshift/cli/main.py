@@ -26,6 +26,8 @@ from fogshift.cli.topology import topology_app
 from fogshift.common.settings import check_environment
 from fogshift.contracts import (
     DeadLetter,
+    GroupMigrationReport,
+    GroupMigrationStatus,
     MigrationMode,
     MigrationReport,
     NodeView,
@@ -524,19 +526,45 @@ def _run_operation(
 @app.command()
 def migrate(
     pipeline: str,
-    element: str,
-    to: Annotated[str, typer.Option("--to", help="The node to move the PE to.")],
+    element: Annotated[
+        str | None, typer.Argument(help="The PE (or give several with --elements).")
+    ] = None,
+    to: Annotated[str, typer.Option("--to", help="The node to move the PE to.")] = "",
     mode: Annotated[
         str, typer.Option(help="precopy (warm standby, short downtime) or literal (thesis).")
     ] = "precopy",
+    elements: Annotated[
+        str | None,
+        typer.Option(
+            "--elements",
+            help="Several PEs, comma-separated, moved as one operation: if one fails, the "
+            "ones moved go back.",
+        ),
+    ] = None,
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
-    """Live-migrate a running PE to another node (exit 1 if it failed; the origin runs on)."""
+    """Live-migrate a running PE (or several) to another node (exit 1 if it failed; the
+    origin runs on)."""
     if mode not in tuple(MigrationMode):
         raise InvalidInput(
             "unknown migration mode", expected="precopy or literal", received=repr(mode)
         )
+    if not to:
+        raise InvalidInput(
+            "migrate needs the node to move to", expected="--to NODE", received="no --to"
+        )
+    if (element is None) == (elements is None):
+        raise InvalidInput(
+            "migrate takes one PE or --elements, not both and not neither",
+            expected="`fogshift migrate P ELEMENT --to N` or `fogshift migrate P --elements "
+            "A,B --to N`",
+            received=f"element {element!r}, --elements {elements!r}",
+        )
+    if elements is not None:
+        _migrate_group(home, pipeline, elements.split(","), to, mode, as_json)
+        return
+    assert element is not None
     report = MigrationReport.model_validate(
         _run_operation(
             home, pipeline, element, OperationKind.MIGRATION, {"target": to, "mode": mode},
@@ -554,6 +582,35 @@ def migrate(
     )
     for warning in report.warnings:
         console.print(f"[yellow]warning[/]: {warning}")
+
+
+def _migrate_group(
+    home: Path, pipeline: str, elements: list[str], to: str, mode: str, as_json: bool
+) -> None:
+    names = [e.strip() for e in elements]
+    body = {"elements": names, "target": to, "mode": mode}
+    with (
+        cluster_ops.orchestrator_client(home.resolve(), timeout_s=1800) as client,
+        console.status(f"migrating {', '.join(names)} of {pipeline} to {to}"),
+    ):
+        report = GroupMigrationReport.model_validate(
+            client.post(f"/pipelines/{pipeline}/migrate", json=body)
+        )
+    if as_json:
+        _print_json(report)
+    else:
+        for move in report.migrations:
+            phases = ", ".join(f"{k} {v:.0f} ms" for k, v in move.phases_ms.items())
+            console.print(f"{move.element}: {move.origin} -> {move.target} {move.status}; {phases}")
+        for back in report.undone:
+            console.print(f"{back.element}: moved back to {back.target}")
+        where = ", ".join(f"{e} on {n}" for e, n in report.placement.items())
+        colour = "green" if report.status == GroupMigrationStatus.MIGRATED else "red"
+        console.print(f"[{colour}]{report.status}[/]: {where}")
+        if report.error:
+            console.print(f"error: {escape(report.error)}")
+    if report.status != GroupMigrationStatus.MIGRATED:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -12,7 +12,7 @@ import re
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Body, FastAPI
 from fastapi.responses import FileResponse
@@ -41,6 +41,7 @@ from fogshift.common.service import (
 from fogshift.contracts import (
     Ack,
     DeadLetter,
+    GroupMigrationReport,
     Heartbeat,
     MigrationMode,
     MigrationReport,
@@ -89,6 +90,16 @@ class MigrateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    target: str = Field(pattern=NAME_RE)
+    mode: MigrationMode = MigrationMode.PRECOPY
+
+
+class GroupMigrateRequest(BaseModel):
+    """Body of ``POST /pipelines/{name}/migrate``: several PEs to one node, as one operation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    elements: list[Annotated[str, Field(pattern=NAME_RE)]] = Field(min_length=1, max_length=64)
     target: str = Field(pattern=NAME_RE)
     mode: MigrationMode = MigrationMode.PRECOPY
 
@@ -177,6 +188,12 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.post("/pipelines/{name}/elements/{element}/migrate")
     def migrate(name: NameParam, element: NameParam, request: MigrateRequest) -> MigrationReport:
         return orchestrator.migrate(name, element, request.target, request.mode)
+
+    @app.post("/pipelines/{name}/migrate")
+    def migrate_group(name: NameParam, request: GroupMigrateRequest) -> GroupMigrationReport:
+        """Move several PEs to one node, one after another; if one fails, the ones moved are
+        moved back. Answers 200 with the outcome in ``status`` once anything moved."""
+        return orchestrator.migrate_group(name, request.elements, request.target, request.mode)
 
     @app.post("/pipelines/{name}/elements/{element}/restore")
     def restore(name: NameParam, element: NameParam, request: RestoreRequest) -> RestoreReport:

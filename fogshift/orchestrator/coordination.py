@@ -12,6 +12,8 @@ from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.publish import fence
 from fogshift.contracts import (
     CheckpointManifest,
+    GroupMigrationReport,
+    GroupMigrationStatus,
     MigrationMode,
     MigrationReport,
     OperationKind,
@@ -100,6 +102,84 @@ class Coordination(Deployment):
             self.last_migration[(pipeline, element_id)] = report
         log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
         return report
+
+    def migrate_group(
+        self,
+        pipeline: str,
+        element_ids: list[str],
+        target: str,
+        mode: MigrationMode = MigrationMode.PRECOPY,
+    ) -> GroupMigrationReport:
+        """Move several PEs of a pipeline to ``target`` as one operation: one after another
+        (each a live migration, exactly once), and if one fails, move back the ones that
+        had moved, so that the pipeline runs as before.
+
+        Everything that can be checked before a PE moves is (names, duplicates, current
+        nodes, the target's health): a refusal changes nothing.
+
+        Raises:
+            InvalidInput / UnknownElement / Unavailable: Refused before anything moved.
+        """
+        record = self.pipeline(pipeline)
+        if not element_ids or len(set(element_ids)) != len(element_ids):
+            raise InvalidInput(
+                f"cannot migrate elements {element_ids} of pipeline {pipeline!r} together",
+                expected="one or more distinct element ids",
+                received=", ".join(element_ids) or "(none)",
+                hint="e.g. --elements amplify,bandpass,classify",
+            )
+        for element_id in element_ids:
+            self._element(record, element_id)
+            self._refuse_current_node(record, element_id, target, "migrate")
+        self._usable_node(target, f"migrate {pipeline}/{','.join(element_ids)} to")
+        moved: list[MigrationReport] = []
+        try:
+            for element_id in element_ids:
+                moved.append(self.migrate(pipeline, element_id, target, mode))
+        except FogshiftError as exc:
+            failed = getattr(exc, "report", None)
+            forward = [*moved, failed] if isinstance(failed, MigrationReport) else moved
+            undone, problems = [], [f"{exc.message}"]
+            for report in reversed(moved):  # latest first: the way they came
+                try:
+                    undone.append(self.migrate(pipeline, report.element, report.origin, mode))
+                except FogshiftError as back:
+                    problems.append(f"moving {report.element} back failed: {back.message}")
+            status = (
+                GroupMigrationStatus.ROLLED_BACK
+                if len(undone) == len(moved)
+                else GroupMigrationStatus.FAILED
+            )
+            return self._group_report(
+                pipeline, element_ids, target, mode, status, forward, undone, "; ".join(problems)
+            )
+        return self._group_report(
+            pipeline, element_ids, target, mode, GroupMigrationStatus.MIGRATED, moved, [], None
+        )
+
+    def _group_report(
+        self,
+        pipeline: str,
+        element_ids: list[str],
+        target: str,
+        mode: MigrationMode,
+        status: GroupMigrationStatus,
+        migrations: list[MigrationReport],
+        undone: list[MigrationReport],
+        error: str | None,
+    ) -> GroupMigrationReport:
+        placement = self.pipeline(pipeline).placement
+        return GroupMigrationReport(
+            pipeline=pipeline,
+            elements=element_ids,
+            target=target,
+            mode=mode,
+            status=status,
+            migrations=migrations,
+            undone=undone,
+            error=error,
+            placement={e: placement[e] for e in element_ids},
+        )
 
     def _refuse_current_node(
         self, record: PipelineRecord, element_id: str, node: str, what: str

@@ -54,8 +54,8 @@ def out(shared: BenchCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
         )  # fmt: skip
         e3.run(e3.E3Config(sizes_mib=(0,), duration_s=5), clusters, folder, reporter)
         seamless.run(
-            seamless.SeamlessConfig(rate=200, before_s=5, between_s=2, restore_wait_s=0.5,
-                                    tail_s=6),
+            seamless.SeamlessConfig(rate=200, before_s=3, between_s=2, restore_wait_s=0.5,
+                                    tail_s=4),
             clusters, folder, reporter,
         )  # fmt: skip
         e2.run(

@@ -1,11 +1,11 @@
 """Case 2 on real agents: simulated patients' ECG through amplify, a keyed band-pass and a
-keyed classifier, both moved to another node mid-stream; the filtered signal (sample by
-sample) and the alarms equal an offline reference that filters each recording whole."""
+keyed classifier, both moved to another node mid-stream as one operation; the filtered
+signal (sample by sample) and the alarms equal an offline reference that filters each
+recording whole."""
 
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,6 @@ from fogshift.spec.kinds import AmplifyOptions, BandpassOptions, ClassifyOptions
 from fogshift.verify.case2 import quality, read_alarms, reference_alarms, reference_filtered
 from tests.conftest import Cluster
 from tests.integration.helpers import stream_messages, write_spec
-from tests.integration.test_migration import migrate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,14 +47,18 @@ def test_the_processing_moves_mid_stream_and_equals_the_reference(
     cluster.cli("deploy", str(spec))
     total = int(SOURCE.duration_s / SOURCE.window_s) * SOURCE.patients
     cluster.wait_for("ecg", "bandpass", 2 * SOURCE.patients, timeout_s=120)
-    # The wearable moves: its processing follows, both steps at once, while the patients
-    # keep streaming.
+    # A group with a PE that does not exist is refused before anything moves.
+    refused = cluster.cli("migrate", "ecg", "--elements", "bandpass,nope", "--to", "fog-b",
+                          check=False)  # fmt: skip
+    assert refused.returncode == 1 and "has no element 'nope'" in refused.stderr
+    assert cluster.element("ecg", "bandpass")["node"] == "fog-a"
+    # The wearable moves: its processing follows as one operation, while the patients keep
+    # streaming.
     assert cluster.element("ecg", "wearables")["events_out"] < total
-    moves = (("bandpass", "literal"), ("classify", "precopy"))
-    with ThreadPoolExecutor(len(moves)) as pool:
-        reports = list(pool.map(lambda m: migrate(cluster, "ecg", m[0], "fog-b", m[1]), moves))
-    for report in reports:
-        assert report["exit_code"] == 0, (report.get("error"), report["stderr"])
+    moved = cluster.json("migrate", "ecg", "--elements", "bandpass,classify", "--to", "fog-b")
+    assert moved["status"] == "migrated", moved
+    assert moved["placement"] == {"bandpass": "fog-b", "classify": "fog-b"}
+    assert [m["element"] for m in moved["migrations"]] == ["bandpass", "classify"]
     cluster.wait_for("ecg", "bandpass", total, timeout_s=300)
     amplify = AmplifyOptions.model_validate(elements[1]["options"])
     band, rule = BandpassOptions(), ClassifyOptions()

@@ -94,8 +94,6 @@ def test_many_migrations_during_a_stream_keep_output_exact(
     )
     assert twins["batch"] is not None
     assert {e["key"]: e["state"]["values"] for e in twins["entries"]} == windows
-    one = cluster.json("state", "bounce", "aggregate", "s7")
-    assert [e["key"] for e in one["entries"]] == ["s7"] and one["keys"] == 1
     refused = cluster.cli("state", "bounce", "source", check=False)
     assert refused.returncode != 0 and "holds no state" in " ".join(refused.stderr.split())
     cluster.cli("stop", "bounce")

@@ -1,0 +1,87 @@
+"""Several PEs moved as one operation: refused whole before anything moves, and when one
+move fails, the ones already moved are moved back (the logic of ``migrate_group``, with the
+single migrations standing in)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from fogshift.contracts import GroupMigrationStatus, MigrationMode, MigrationReport
+from fogshift.exceptions import InvalidInput
+from fogshift.migration.exceptions import MigrationFailed
+from fogshift.orchestrator.coordination import Coordination
+
+
+class Fake:
+    """The orchestrator around ``migrate_group``: a placement, and single migrations that
+    fail where the test says."""
+
+    def __init__(self, fail: set[tuple[str, str]]) -> None:
+        self.placement = {"a": "n1", "b": "n1", "c": "n1"}
+        self.fail = fail
+        self.calls: list[tuple[str, str]] = []
+
+    def pipeline(self, name: str) -> Any:
+        return SimpleNamespace(name=name, placement=dict(self.placement))
+
+    def _element(self, record: Any, element_id: str) -> None:
+        if element_id not in self.placement:
+            raise InvalidInput(f"pipeline 'p' has no element {element_id!r}")
+
+    def _refuse_current_node(self, record: Any, element_id: str, node: str, what: str) -> None:
+        if record.placement[element_id] == node:
+            raise InvalidInput(f"p/{element_id} already runs on node {node!r}")
+
+    def _usable_node(self, name: str, what: str) -> None:
+        pass
+
+    def migrate(self, pipeline: str, element: str, target: str, mode: MigrationMode) -> Any:
+        self.calls.append((element, target))
+        origin = self.placement[element]
+        report = MigrationReport(pipeline=pipeline, element=element, origin=origin,
+                                 target=target, mode=mode)  # fmt: skip
+        if (element, target) in self.fail:
+            error = MigrationFailed(f"migrating {element} to {target} failed")
+            error.report = report.model_copy(update={"status": "failed", "rolled_back": True})
+            raise error
+        self.placement[element] = target
+        return report.model_copy(update={"status": "migrated"})
+
+    def group(self, elements: list[str], target: str = "n2") -> Any:
+        self._group_report = Coordination._group_report.__get__(self)
+        return Coordination.migrate_group(self, "p", elements, target)  # type: ignore[arg-type]
+
+
+def test_all_move_or_none_is_tried() -> None:
+    fake = Fake(fail=set())
+    report = fake.group(["a", "b", "c"])
+    assert report.status == GroupMigrationStatus.MIGRATED
+    assert report.placement == {"a": "n2", "b": "n2", "c": "n2"} and report.undone == []
+    for bad in (["a", "zz"], ["a", "a"], []):
+        fake = Fake(fail=set())
+        with pytest.raises(InvalidInput):
+            fake.group(bad)
+        assert fake.calls == []  # refused before anything moved
+
+
+def test_a_failed_move_moves_the_others_back_latest_first() -> None:
+    fake = Fake(fail={("c", "n2")})
+    report = fake.group(["a", "b", "c"])
+    assert report.status == GroupMigrationStatus.ROLLED_BACK
+    assert fake.calls == [("a", "n2"), ("b", "n2"), ("c", "n2"), ("b", "n1"), ("a", "n1")]
+    assert report.placement == {"a": "n1", "b": "n1", "c": "n1"}
+    assert [m.element for m in report.migrations] == ["a", "b", "c"]
+    assert report.migrations[-1].status == "failed"
+    assert [u.element for u in report.undone] == ["b", "a"]
+    assert "migrating c to n2 failed" in (report.error or "")
+
+
+def test_a_move_back_that_fails_is_reported_with_where_each_runs() -> None:
+    fake = Fake(fail={("b", "n2"), ("a", "n1")})
+    report = fake.group(["a", "b"])
+    assert report.status == GroupMigrationStatus.FAILED
+    assert report.placement == {"a": "n2", "b": "n1"}
+    assert "moving a back failed" in (report.error or "")
