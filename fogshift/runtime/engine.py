@@ -274,8 +274,10 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             self.values = {n: handle.getValueState(f"f_{n}", "json string") for n in names}
 
         def _stored(self) -> dict[str, str]:
-            """The current grouping key's stored state texts, by part."""
-            return {n: v.get()[0] for n, v in self.values.items() if v.exists()}
+            """The current grouping key's stored state texts, by part (one call to the
+            state server per part: ``get()`` answers ``None`` for a part never stored)."""
+            got = {n: v.get() for n, v in self.values.items()}
+            return {n: value[0] for n, value in got.items() if value is not None}
 
         def _decoded(self, stored: dict[str, str]) -> Any:
             """The resume state of stored texts (``None``: nothing stored, fresh)."""
@@ -359,8 +361,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             instance = InstanceKey(pipeline, pe, run, "keyed")
             shared = registry().checkout(instance, None)
             if shared is None:
-                shared = _assign(pipeline, pe, _build(pipeline, pe, self.cls, self.opts, None))
-            shared.key_by = key_by
+                shared = _build(pipeline, pe, self.cls, self.opts, None)
+                shared.key_by = key_by
+                shared = _assign(pipeline, pe, shared)
 
             def build(resume: Any) -> Processor:
                 shared.key = value

@@ -20,7 +20,7 @@ from tests.integration.helpers import stream_messages, write_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SOURCE = EcgSourceOptions(patients=6, duration_s=40.0, speed=2.0, onset_s=12.0, seed=2)
+SOURCE = EcgSourceOptions(patients=4, duration_s=40.0, speed=2.0, onset_s=12.0, seed=2)
 
 
 def case2_elements(source: EcgSourceOptions) -> list[dict]:
