@@ -255,9 +255,8 @@ class FakeValueState:
     def exists(self) -> bool:
         return self.value is not None
 
-    def get(self) -> tuple[str]:
-        assert self.value is not None
-        return self.value
+    def get(self) -> tuple[str] | None:
+        return self.value  # None when nothing is stored, as Spark's ValueState.get()
 
     def update(self, value: tuple[str]) -> None:
         self.value = value
