@@ -740,6 +740,50 @@ class TwinState(BaseModel):
     entries: list[TwinEntry]
 
 
+class StreamEvent(BaseModel):
+    """One event a PE emitted, as its output stream holds it.
+
+    Attributes:
+        seq: Its stream sequence (the offset its consumers read it at).
+        epoch: The epoch of the instance that wrote it.
+        stored: When the broker stored it (seconds since the epoch, the broker's clock).
+        timestamp: The event's own timestamp (when its creator made it).
+        creator: The PE (a source: the device) that created it.
+        body: The body, decoded if it is JSON, else the text as it is.
+    """
+
+    model_config = _WIRE
+
+    seq: int
+    epoch: int
+    stored: float
+    timestamp: float
+    creator: str
+    body: Any
+
+
+class EventPage(BaseModel):
+    """Answer of ``GET .../elements/{element}/events``: a page of a PE's output events.
+
+    Attributes:
+        key: The key asked for (only events whose ``key_by`` field has it), or ``None``.
+        events: The events, in stream order.
+        scanned_after: The page covers the stream sequences after this one ...
+        scanned_to: ... up to this one: ask again with ``after=scanned_to`` for the next page.
+        last_seq: The stream's newest sequence when it was read.
+    """
+
+    model_config = _WIRE
+
+    pipeline: str
+    element: str
+    key: str | None
+    events: list[StreamEvent]
+    scanned_after: int
+    scanned_to: int
+    last_seq: int
+
+
 class PlannedServer(BaseModel):
     """A node as the planner saw it."""
 

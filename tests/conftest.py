@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -156,7 +157,7 @@ def _checked(
 #: (`up`, `net`, `bench`, `demo`, `dashboard`) stays a subprocess: its children must not be
 #: this process's, which would have to reap them (a killed node would linger as a zombie).
 IN_PROCESS = frozenset({"deploy", "stop", "migrate", "restore", "status", "nodes", "errors",
-                        "plan", "topology", "validate", "down", "state"})  # fmt: skip
+                        "plan", "topology", "validate", "down", "state", "events"})  # fmt: skip
 _in_process = threading.Lock()
 
 
@@ -359,3 +360,50 @@ def cluster(
 
 
 __all__ = ["BrokerAddress", "Cluster", "fogshift", "group_alive", "pgids_of"]
+
+
+# -- the dashboard in a real browser (tests/web/browser.py has the rest) ------------------
+
+
+@pytest.fixture()
+def dashboard(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
+    """A `fogshift dashboard` process for the cluster; its one-time login URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fogshift.cli.main", "dashboard", "--home", str(cluster.home),
+         "--port", "0", "--spec-dir", str(tmp_path / "work")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("open: "):
+                found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert found.wait(60), "".join(lines)
+        url = next(line for line in lines if line.startswith("open: "))[6:].strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/login\?token=[\w-]{40,}", url), url
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def browser() -> Iterator[object]:
+    """Debian's chromium, driven by Playwright (imported here: only these tests need it)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.web.browser import CHROMIUM, CHROMIUM_ARGS
+
+    assert Path(CHROMIUM).exists(), "chromium is missing: `make setup` installs it"
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()

@@ -55,12 +55,14 @@ def _machine(out: Path) -> list[str]:
     ]
 
 
-def render(out: Path) -> Path:
+def render(out: Path, plots: bool = True) -> Path:
     """Draw every experiment's plots and write ``out/results.md``; returns its path.
 
     Args:
         out: The bench output folder (``e1/``, ``e2/``, ... with their CSVs, and
             ``machine.json`` with the commands that produced them).
+        plots: Draw the plots too (False: the tables only, which need no matplotlib; the
+            plots already beside them are left as they are).
     """
     parts = [
         "# fogshift bench results",
@@ -80,7 +82,8 @@ def render(out: Path) -> Path:
         if not folder.is_dir():
             continue
         try:
-            experiment.plot(folder)
+            if plots:
+                experiment.plot(folder)
         except ImportError:  # matplotlib is the `bench` extra: the tables need no plots
             parts += [f"(no plots of {experiment.NAME}: `pip install 'fogshift[bench]'`)", ""]
         text = experiment.section(folder)

@@ -1,4 +1,5 @@
-"""``fogshift demo``: Case 1 across three nodes, with a consistency verdict."""
+"""``fogshift demo``: Case 1 (or Case 2, :mod:`fogshift.cli.demo_ecg`) across nodes, with a
+consistency verdict."""
 
 from __future__ import annotations
 
@@ -19,19 +20,24 @@ from fogshift.supervisor.exceptions import NotUp
 from fogshift.verify.case1 import case1_parts
 from fogshift.verify.reference import Verdict, case1_reference, compare, read_sink
 
+#: The demos: ``--case`` -> the example it runs, and the nodes a cluster it starts has
+#: besides the spec's (a spare to move to).
+CASES = {"case1": ("case1", ("cloud", "fog-a", "fog-b")), "ecg": ("case2", ("gateway-b",))}
 
-def demo_copy(home: Path) -> Path:
-    """A fresh copy of the Case 1 example (spec and data) in ``<home>/demo/case1``; returns
-    its spec.
+
+def demo_copy(home: Path, case: str = "case1") -> Path:
+    """A fresh copy of the example of ``case`` (spec and data) in ``<home>/demo/<example>``;
+    returns its spec.
 
     The demo runs from a copy, not from the example itself: the spec's sink writes beside
     the spec, and an installed example may sit in a folder the user cannot (or should not)
     write. A previous run's output is left for the deploy, which starts the sink afresh.
     """
-    source = example_path("case1")
-    target = home / "demo" / "case1"
+    example = CASES[case][0]
+    source = example_path(example)
+    target = home / "demo" / example
     shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("out"))
-    return target / "case1.yaml"
+    return target / f"{example}.yaml"
 
 
 def run_demo(
@@ -41,8 +47,11 @@ def run_demo(
     keep: bool,
     console: Console,
     migrate_to: tuple[str, ...] | None = None,
+    case: str = "case1",
 ) -> bool:
     """Bring a cluster up if needed, run Case 1, compare with the reference; True if consistent.
+
+    With ``case="ecg"``, Case 2 instead (:func:`fogshift.cli.demo_ecg.run_ecg`).
 
     On the way, early (while the source still reads its file, however long anything else
     takes), the node hosting the aggregate is killed (SIGKILL of its whole process group) and
@@ -52,7 +61,7 @@ def run_demo(
     ``migrate_to`` (default: a healthy node it is not on).
     """
     spec = load_spec(spec_path)
-    nodes = sorted({e.node for e in spec.elements} | {"cloud", "fog-a", "fog-b"})
+    nodes = sorted({e.node for e in spec.elements} | set(CASES[case][1]))
     started = False
     try:
         cluster_ops.load_cluster(home)
@@ -61,6 +70,10 @@ def run_demo(
             cluster_ops.up(home, nodes, on_progress=lambda m: status.update(m))
         started = True
     try:
+        if case == "ecg":
+            from fogshift.cli.demo_ecg import run_ecg  # scipy and the model: only for Case 2
+
+            return run_ecg(home, spec, timeout_s, console, migrate_to[0] if migrate_to else None)
         return _run(home, spec, timeout_s, console, migrate_to)
     finally:
         if started and not keep:
@@ -76,6 +89,39 @@ def _sink_rows(client: ServiceClient, pipeline: str, at_least: int, deadline: fl
         if written >= at_least or time.monotonic() > deadline:
             return written
         time.sleep(0.5)
+
+
+def checkpointed(
+    client: ServiceClient,
+    pipeline: str,
+    element: str,
+    ahead: int,
+    console: Console,
+    deadline: float,
+) -> tuple[dict, dict, dict | None]:
+    """Wait until ``element`` has a central checkpoint and has processed ``ahead`` input
+    events beyond it (by its node-level checkpoints, which run ahead of the central ones):
+    a restore then has events to reprocess, whatever the timing.
+
+    Returns:
+        The pipeline's status, the node hosting the PE (as ``GET /nodes`` lists it) and its
+        central checkpoint (``None`` if the deadline passed without one).
+    """
+    key = f"{pipeline}/{element}"
+    with console.status(f"waiting for a central checkpoint of {key} and input beyond it"):
+        while True:
+            # The placement, not the nodes' reports: those lag a heartbeat behind a move.
+            status = client.get(f"/pipelines/{pipeline}")
+            placed = next(e["node"] for e in status["elements"] if e["element"] == element)
+            host = next(n for n in client.get("/nodes") if n["name"] == placed)
+            mine: dict = next((c for c in host["checkpoints"] if c["element"] == key), {})
+            central, local = mine.get("central"), mine.get("node_level")
+            done = central is not None and local is not None and (
+                local["progress"] >= (central.get("progress") or 0) + ahead
+            )  # fmt: skip
+            if done or time.monotonic() > deadline:
+                return status, host, central
+            time.sleep(0.5)
 
 
 def _kill_and_restore(
@@ -96,21 +142,8 @@ def _kill_and_restore(
     Returns:
         The restore's report and the name of the node killed.
     """
+    status, host, central = checkpointed(client, pipeline, element, 2 * window, console, deadline)
     key = f"{pipeline}/{element}"
-    with console.status(f"waiting for a central checkpoint of {key} and input beyond it"):
-        while True:
-            # The placement, not the nodes' reports: those lag a heartbeat behind a move.
-            status = client.get(f"/pipelines/{pipeline}")
-            placed = next(e["node"] for e in status["elements"] if e["element"] == element)
-            host = next(n for n in client.get("/nodes") if n["name"] == placed)
-            mine: dict = next((c for c in host["checkpoints"] if c["element"] == key), {})
-            central, local = mine.get("central"), mine.get("node_level")
-            ahead = central is not None and local is not None and (
-                local["progress"] >= (central.get("progress") or 0) + 2 * window
-            )  # fmt: skip
-            if ahead or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
     cluster_ops.kill_group(int(host["pgid"]), signal.SIGKILL)
     source = next(e for e in status["elements"] if e["kind"] == "csv-source")
     read = int(source["events_out"]) + int(source["dead_letters"])  # malformed rows too

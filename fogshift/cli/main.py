@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,6 +27,7 @@ from fogshift.cli.topology import topology_app
 from fogshift.common.settings import check_environment
 from fogshift.contracts import (
     DeadLetter,
+    EventPage,
     GroupMigrationReport,
     GroupMigrationStatus,
     MigrationMode,
@@ -409,6 +411,42 @@ def state(
 
 
 @app.command()
+def events(
+    pipeline: str,
+    element: str,
+    key: Annotated[str | None, typer.Argument(help="Only this key's events (a keyed PE).")] = None,
+    home: Home = Path(".fogshift"),
+    tail: Annotated[
+        int, typer.Option(min=1, max=20_000, help="Look at the newest this-many messages.")
+    ] = 100,
+    limit: Annotated[int, typer.Option(min=1, max=5_000, help="At most this many events.")] = 20,
+    as_json: AsJson = False,
+) -> None:
+    """The newest events a PE emitted, as its output stream holds them."""
+    params: dict[str, object] = {"tail": tail, "limit": limit}
+    if key is not None:
+        params["key"] = key
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        answer = client.get(f"/pipelines/{pipeline}/elements/{element}/events", params=params)
+    data = EventPage.model_validate(answer)
+    if as_json:
+        _print_json(data)
+        return
+    table = Table(
+        title=f"events of {pipeline}/{element} (stream sequences "
+        f"{data.scanned_after + 1}-{data.scanned_to} of {data.last_seq})"
+    )
+    for column in ("seq", "epoch", "creator", "body"):
+        table.add_column(column)
+    for event in data.events:
+        text = json.dumps(event.body, separators=(",", ":"))
+        table.add_row(str(event.seq), str(event.epoch), event.creator, text[:160])
+    console.print(table)
+    if not data.events:
+        console.print("no events" + (f" of key {key!r}" if key is not None else "") + " there")
+
+
+@app.command()
 def logs(
     node: Annotated[
         str | None,
@@ -681,24 +719,41 @@ def plan(
     console.print(table)
 
 
+class DemoCase(StrEnum):
+    """What ``fogshift demo`` runs."""
+
+    case1 = "case1"
+    ecg = "ecg"
+
+
 @app.command()
 def demo(
     home: Home = Path(".fogshift-demo"),
+    case: Annotated[
+        DemoCase,
+        typer.Option(
+            help="case1: sensors' window averages, a node killed, the aggregate restored and "
+            "migrated; ecg: patients' ECG twins, the processing moved to another gateway, "
+            "that gateway killed and the processing restored."
+        ),
+    ] = DemoCase.case1,
     spec: Annotated[
         Path | None,
         typer.Option(
-            help="The Case 1 spec (default: the packaged example, run from a fresh copy in "
-            "<home>/demo/case1, where its output goes)."
+            help="The case's spec (default: its packaged example, run from a fresh copy in "
+            "<home>/demo/, where its output goes)."
         ),
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the output.")] = 300,
     keep: Annotated[bool, typer.Option(help="Leave the cluster up afterwards.")] = False,
 ) -> None:
-    """Run Case 1 over three nodes and print a consistency verdict (exit 1 if inconsistent)."""
+    """Run Case 1 (or Case 2: --case ecg) and print a consistency verdict (exit 1 if
+    inconsistent)."""
     from fogshift.cli.demo import demo_copy, run_demo
 
     home = home.resolve()
-    ok = run_demo(home, spec if spec is not None else demo_copy(home), timeout, keep, console)
+    path = spec if spec is not None else demo_copy(home, case.value)
+    ok = run_demo(home, path, timeout, keep, console, case=case.value)
     raise typer.Exit(0 if ok else 1)
 
 

@@ -48,6 +48,15 @@ StateKeyQuery = Annotated[str | None, Query(max_length=1024)]
 #: The most keys one answer lists.
 StateLimitQuery = Annotated[int, Query(ge=1, le=100_000)]
 
+# -- query parameters of ``GET .../elements/{element}/events`` (orchestrator) -------------
+
+#: Read the events after this stream sequence (forward paging).
+EventsAfterQuery = Annotated[int | None, Query(ge=0)]
+#: Read the stream's newest this-many messages (the tail) instead.
+EventsTailQuery = Annotated[int | None, Query(ge=1, le=20_000)]
+#: The most messages one page scans.
+EventsLimitQuery = Annotated[int, Query(ge=1, le=5_000)]
+
 # -- access ------------------------------------------------------------------------------
 
 

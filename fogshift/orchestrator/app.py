@@ -31,6 +31,9 @@ from fogshift.common.names import NAME_RE
 from fogshift.common.service import (
     ERROR_RESPONSES,
     Access,
+    EventsAfterQuery,
+    EventsLimitQuery,
+    EventsTailQuery,
     NameParam,
     ShaParam,
     StateKeyQuery,
@@ -41,6 +44,7 @@ from fogshift.common.service import (
 from fogshift.contracts import (
     Ack,
     DeadLetter,
+    EventPage,
     GroupMigrationReport,
     Heartbeat,
     MigrationMode,
@@ -184,6 +188,19 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     ) -> TwinState:
         """A stateful PE's state per key (its digital twins), as of a committed batch."""
         return orchestrator.twin_state(name, element, key, limit)
+
+    @app.get("/pipelines/{name}/elements/{element}/events")
+    def events(
+        name: NameParam,
+        element: NameParam,
+        key: StateKeyQuery = None,
+        after: EventsAfterQuery = None,
+        tail: EventsTailQuery = None,
+        limit: EventsLimitQuery = 500,
+    ) -> EventPage:
+        """A page of the events a PE emitted (its output stream): forward from ``after``, or
+        the newest ones; only a key's with ``key`` (a keyed PE)."""
+        return orchestrator.events(name, element, key, after, tail, limit)
 
     @app.post("/pipelines/{name}/elements/{element}/migrate")
     def migrate(name: NameParam, element: NameParam, request: MigrateRequest) -> MigrationReport:

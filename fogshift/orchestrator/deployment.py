@@ -22,6 +22,7 @@ from fogshift.contracts import (
     CheckpointsView,
     DeadLetter,
     ElementStatus,
+    EventPage,
     NodeCheckpoint,
     NodeView,
     PEState,
@@ -29,10 +30,12 @@ from fogshift.contracts import (
     PipelineStatus,
     PlacementState,
     StopResult,
+    StreamEvent,
     TwinState,
 )
+from fogshift.events import EPOCH_HEADER
 from fogshift.exceptions import FogshiftError, Unavailable
-from fogshift.orchestrator.exceptions import PipelineExists, UnknownPipeline
+from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPipeline
 from fogshift.orchestrator.journal import Journal
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.spec.loader import parse_spec, validate_spec
@@ -265,6 +268,80 @@ class Deployment(Journal):
                 )
         return letters[:limit]
 
+    def events(
+        self,
+        name: str,
+        element_id: str,
+        key: str | None = None,
+        after: int | None = None,
+        tail: int | None = None,
+        limit: int = 500,
+    ) -> EventPage:
+        """A page of the events a PE emitted, read from its output stream (dead letters and
+        control markers left out).
+
+        Args:
+            name: The pipeline.
+            element_id: The PE.
+            key: Only events whose ``key_by`` field has this value (as text, as the PE
+                groups them); only for a keyed PE.
+            after: Scan the ``limit`` stream sequences after this one (forward paging).
+            tail: Without ``after``: scan the newest ``tail`` sequences (default ``limit``)
+                and answer the last ``limit`` events among them.
+            limit: The most sequences a forward page scans; the most events an answer has.
+
+        Raises:
+            UnknownPipeline: No such pipeline.
+            UnknownElement: No such PE in it.
+            NotKeyed: ``key`` was given for a PE without ``key_by``.
+        """
+        record = self.pipeline(name)
+        element = self._element(record, element_id)
+        if key is not None and element.key_by is None:
+            raise NotKeyed(
+                f"{name}/{element_id} is not keyed: its events have no key to select",
+                expected="a key only for a PE with key_by",
+                received=f"key={key!r}",
+                hint=f"leave out key, or ask a keyed PE of {name}",
+            )
+        stream = stream_name(name, element_id)
+
+        async def read(js: Any) -> tuple[int, int, int, list[Any]]:
+            end = await last_seq(js, stream)
+            if after is not None:
+                start, stop = min(after, end), min(end, after + limit)
+            else:
+                start, stop = max(0, end - (tail or limit)), end
+            messages = await fetch_range(js, stream, data_subject(name, element_id), start, stop)
+            return start, stop, end, messages
+
+        start, stop, end, messages = self.broker.run(read, timeout=60)
+        events: list[StreamEvent] = []
+        for msg in messages:
+            payload = json.loads(msg.data)
+            try:
+                body = json.loads(payload["body"])
+            except ValueError:
+                body = payload["body"]
+            if key is not None and _key_text(body, element.key_by) != key:
+                continue
+            events.append(
+                StreamEvent(
+                    seq=msg.metadata.sequence.stream,
+                    epoch=int((msg.headers or {}).get(EPOCH_HEADER, 0)),
+                    stored=msg.metadata.timestamp.timestamp(),
+                    timestamp=payload["timestamp"],
+                    creator=payload["creator"],
+                    body=body,
+                )
+            )
+        if after is None:
+            events = events[-limit:]
+        return EventPage(
+            pipeline=name, element=element_id, key=key, events=events,
+            scanned_after=start, scanned_to=stop, last_seq=end,
+        )  # fmt: skip
+
     def twin_state(
         self, name: str, element_id: str, key: str | None = None, limit: int = 1000
     ) -> TwinState:
@@ -277,3 +354,12 @@ class Deployment(Journal):
             params["key"] = key
         path = f"/pipelines/{name}/elements/{element_id}/state"
         return self.agent(record.placement[element_id]).call(TwinState, "GET", path, params=params)
+
+
+def _key_text(body: Any, field: str | None) -> str | None:
+    """The key of an output body as a keyed PE groups it: the field's value as text (a
+    string as it is, anything else as JSON), ``None`` if it has none."""
+    if field is None or not isinstance(body, dict) or body.get(field) is None:
+        return None
+    value = body[field]
+    return value if isinstance(value, str) else json.dumps(value)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fogshift.exceptions import Conflict, NotFound
+from fogshift.exceptions import Conflict, InvalidInput, NotFound
 
 
 class UnknownPipeline(NotFound):
@@ -21,3 +21,9 @@ class PipelineExists(Conflict):
     """A pipeline of that name is already running."""
 
     code = "pipeline_exists"
+
+
+class NotKeyed(InvalidInput):
+    """A key was asked of a PE that is not keyed (no ``key_by``)."""
+
+    code = "not_keyed"

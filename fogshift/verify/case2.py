@@ -20,7 +20,9 @@ from scipy.signal import sosfilt
 from fogshift.ecg import beats, dsp
 from fogshift.ecg.model import load
 from fogshift.ecg.simulate import Patient, layout, patients, recording
+from fogshift.exceptions import InvalidInput
 from fogshift.spec.kinds import AmplifyOptions, BandpassOptions, ClassifyOptions, EcgSourceOptions
+from fogshift.spec.models import PipelineSpec
 
 #: One alarm: ``(patient, t, class)`` (the confidence is not compared: float formatting).
 Alarm = tuple[str, float, str]
@@ -41,6 +43,76 @@ class Quality:
     sensitivity: float
     specificity: float
     latency_s: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Case2Parts:
+    """What a Case 2 spec says that its verdict needs.
+
+    Attributes:
+        source: The ``ecg-source``'s options (the patients and their recordings).
+        amplify: The ``amplify``'s options.
+        band: The ``bandpass``'s options.
+        classify: The ``classify``'s options.
+        processing: The ids of the amplifier, band-pass and classifier, in that order (what
+            runs on a gateway and follows the wearable).
+        alarms: The file the alarm sink (a ``csv-sink`` reading the classifier) writes.
+    """
+
+    source: EcgSourceOptions
+    amplify: AmplifyOptions
+    band: BandpassOptions
+    classify: ClassifyOptions
+    processing: tuple[str, str, str]
+    alarms: Path
+
+    @property
+    def bandpass(self) -> str:
+        return self.processing[1]
+
+    @property
+    def classifier(self) -> str:
+        return self.processing[2]
+
+    @property
+    def windows(self) -> int:
+        """Events the source emits in all: windows per patient times patients."""
+        source = self.source
+        return layout(source.sampling_rate, source.window_s, source.duration_s)[1] * (
+            source.patients
+        )
+
+
+def case2_parts(spec: PipelineSpec) -> Case2Parts:
+    """The parts of a Case 2 spec: one ``ecg-source``, ``amplify``, ``bandpass`` and
+    ``classify`` each, and a ``csv-sink`` of the classifier's alarms.
+
+    Raises:
+        InvalidInput: The pipeline is not shaped so.
+    """
+    by_kind: dict[str, list] = {}
+    for element in spec.elements:
+        by_kind.setdefault(element.kind, []).append(element)
+    single = {k: v[0] for k, v in by_kind.items() if len(v) == 1}
+    needed = ("ecg-source", "amplify", "bandpass", "classify")
+    sinks = [e for e in by_kind.get("csv-sink", []) if "classify" in single
+             and single["classify"].id in e.inputs]  # fmt: skip
+    if not all(k in single for k in needed) or len(sinks) != 1:
+        raise InvalidInput(
+            f"pipeline {spec.pipeline!r} is not a Case 2 pipeline",
+            expected="one ecg-source, amplify, bandpass and classify each, and a csv-sink "
+            "reading the classifier",
+            received=", ".join(e.kind for e in spec.elements),
+            hint="start from examples/case2/case2.yaml",
+        )
+    return Case2Parts(
+        source=EcgSourceOptions.model_validate(single["ecg-source"].options),
+        amplify=AmplifyOptions.model_validate(single["amplify"].options),
+        band=BandpassOptions.model_validate(single["bandpass"].options),
+        classify=ClassifyOptions.model_validate(single["classify"].options),
+        processing=(single["amplify"].id, single["bandpass"].id, single["classify"].id),
+        alarms=Path(str(sinks[0].options["path"])),
+    )
 
 
 def reference_filtered(

@@ -35,11 +35,13 @@ from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from fogshift.common.http import ServiceClient
-from fogshift.common.service import NameParam
+from fogshift.common.service import NameParam, StateKeyQuery
 from fogshift.common.text import one_line
 from fogshift.contracts import (
     DeadLetter,
     ElementStatus,
+    EventPage,
+    GroupMigrationReport,
     MigrationMode,
     MigrationReport,
     NodeView,
@@ -86,6 +88,10 @@ SECURITY_HEADERS = {
 }
 #: Largest spec file the deploy form takes.
 MAX_SPEC_BYTES = 256 * 1024
+#: The ECG view: seconds of a patient's signal drawn; messages of the band-pass's stream read
+#: for it (all patients' windows: 10 s of 20 patients' half-second windows), and of the
+#: classifier's (alarms only: few).
+ECG_SECONDS, ECG_PATIENT_TAIL, ECG_ALARM_TAIL = 10.0, 400, 1_000
 
 
 def _listed(model: type[M], data: Any, what: str) -> list[M]:
@@ -147,6 +153,14 @@ class Orchestrator:
         except (Unavailable, InvariantViolation) as exc:
             return exc.message
 
+    def events(self, name: str, element: str, key: str | None, tail: int, limit: int) -> EventPage:
+        params: dict[str, Any] = {"tail": tail, "limit": limit}
+        if key is not None:
+            params["key"] = key
+        return self.client.call(
+            EventPage, "GET", f"/pipelines/{name}/elements/{element}/events", params=params
+        )
+
     def operation(self, name: str, element: str) -> OperationView | None:
         try:
             return self.client.call(
@@ -159,6 +173,14 @@ class Orchestrator:
         return self.client.call(
             MigrationReport, "POST", f"/pipelines/{name}/elements/{element}/migrate",
             json={"target": target, "mode": mode},
+        )  # fmt: skip
+
+    def migrate_group(
+        self, name: str, elements: list[str], target: str, mode: str
+    ) -> GroupMigrationReport:
+        return self.client.call(
+            GroupMigrationReport, "POST", f"/pipelines/{name}/migrate",
+            json={"elements": elements, "target": target, "mode": mode},
         )  # fmt: skip
 
     def restore(self, name: str, element: str, target: str | None) -> RestoreReport:
@@ -403,6 +425,70 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     def element_page(request: Request, name: NameParam, element: NameParam) -> HTMLResponse:
         return page(request, "element.html", element_context(name, element))
 
+    # -- Case 2: a patient's ECG and alarms ---------------------------------------------------
+
+    def ecg_elements(name: str) -> tuple[PipelineStatus, ElementStatus, ElementStatus | None]:
+        """The pipeline, its band-pass (the filtered signal) and its classifier (the alarms)."""
+        status = orchestrator.pipeline(name)
+        by_kind = {e.kind: e for e in status.elements}
+        if "bandpass" not in by_kind:
+            raise NotFound(
+                f"pipeline {name!r} has no ECG signal to show",
+                expected="a Case 2 pipeline (a bandpass element, and a classify one)",
+                received=", ".join(e.kind for e in status.elements),
+                hint="examples/case2/case2.yaml is one",
+            )
+        return status, by_kind["bandpass"], by_kind.get("classify")
+
+    def alarms_of(name: str, classify: ElementStatus | None, patient: str) -> list[Any]:
+        if classify is None:
+            return []
+        page_ = orchestrator.events(name, classify.element, patient, ECG_ALARM_TAIL, 50)
+        return [e.body for e in page_.events if isinstance(e.body, dict)]
+
+    @app.get("/pipelines/{name}/ecg", response_class=HTMLResponse)
+    def ecg_page(request: Request, name: NameParam, patient: StateKeyQuery = None) -> Response:
+        status, signal, classify = ecg_elements(name)
+        recent = orchestrator.events(name, signal.element, None, ECG_PATIENT_TAIL, 5_000)
+        patients = sorted({str(e.body["patient"]) for e in recent.events
+                           if isinstance(e.body, dict) and "patient" in e.body})  # fmt: skip
+        chosen = patient if patient is not None else (patients[0] if patients else None)
+        return page(request, "ecg.html", {
+            "status": status, "signal": signal, "classify": classify, "patients": patients,
+            "patient": chosen, "seconds": ECG_SECONDS,
+            "alarms": alarms_of(name, classify, chosen) if chosen else [],
+        })  # fmt: skip
+
+    @app.get("/fragments/pipelines/{name}/ecg", response_class=HTMLResponse)
+    def ecg_fragment(request: Request, name: NameParam, patient: StateKeyQuery = None) -> Response:
+        _, _, classify = ecg_elements(name)
+        alarms = alarms_of(name, classify, patient) if patient else []
+        return page(request, "_alarms.html", {"alarms": alarms, "patient": patient})
+
+    @app.get("/api/pipelines/{name}/ecg")
+    def ecg_series(name: NameParam, patient: StateKeyQuery = None) -> dict[str, object]:
+        """The patient's newest filtered signal (``t`` in seconds of the recording, ``y``)
+        and their alarms (``marks``), for the chart."""
+        _, signal, classify = ecg_elements(name)
+        if not patient:
+            return {"t": [], "y": [], "marks": []}
+        windows = orchestrator.events(name, signal.element, patient, ECG_PATIENT_TAIL, 5_000)
+        t: list[float] = []
+        y: list[float] = []
+        for event in windows.events:
+            body = event.body
+            if not isinstance(body, dict) or not isinstance(body.get("samples"), list):
+                continue
+            start, fs = float(body["t"]), float(body["fs"])
+            t.extend(start + i / fs for i in range(len(body["samples"])))
+            y.extend(body["samples"])
+        if t:  # the last ECG_SECONDS of it
+            first = next(i for i, x in enumerate(t) if x >= t[-1] - ECG_SECONDS)
+            t, y = t[first:], y[first:]
+        marks = [{"t": a["t"], "kind": str(a.get("class")), "text": str(a.get("class"))}
+                 for a in alarms_of(name, classify, patient) if "t" in a]  # fmt: skip
+        return {"t": t, "y": y, "marks": marks}
+
     @app.get("/nodes", response_class=HTMLResponse)
     def nodes_page(request: Request) -> HTMLResponse:
         nodes, plan = orchestrator.nodes(), orchestrator.plan()
@@ -497,16 +583,16 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             several = f"{len(chosen)} PEs" if len(chosen) > 1 else chosen[0]
             return page(request, "confirm.html", {
                 "title": f"Migrate {several}?",
-                "question": f"Migrate {moves} of {name} to {target} ({mode}), one after "
-                            "another? If one fails, it is rolled back and the rest stay where "
-                            "they are.",
+                "question": f"Migrate {moves} of {name} to {target} ({mode}) as one operation? "
+                            "They move one after another; if one fails, those already moved "
+                            "are moved back.",
                 "action": f"/pipelines/{name}/migrate",
                 "fields": {"elements": chosen, "target": target, "mode": mode},
                 "back": f"/pipelines/{name}",
             })  # fmt: skip
         return done(
             f"migrate {len(chosen)} PE{'s' if len(chosen) > 1 else ''} of {name} to {target}",
-            lambda: _migrate_in_turn(orchestrator, name, chosen, target, mode),
+            lambda: {"group": orchestrator.migrate_group(name, chosen, target, mode)},
             f"/pipelines/{name}",
         )
 
@@ -628,28 +714,6 @@ def _check_move(what: str, target: str, mode: str) -> None:
             f"unknown migration mode to {what}",
             expected=" or ".join(m.value for m in MigrationMode), received=mode,
         )  # fmt: skip
-
-
-def _migrate_in_turn(
-    orchestrator: Orchestrator, name: str, elements: list[str], target: str, mode: str
-) -> dict[str, Any]:
-    """Migrate ``elements`` of ``name`` to ``target`` one after another, stopping at the first
-    that fails (it is rolled back or refused; the ones after it are not tried).
-
-    Returns:
-        The result page's context: ``moves`` (each tried PE with its report or its error's
-        outcome), ``not_tried``, and the first error's ``status_code``.
-    """
-    moves: list[dict[str, Any]] = []
-    for index, element in enumerate(elements):
-        try:
-            report = orchestrator.migrate(name, element, target, mode)
-        except FogshiftError as err:
-            moves.append({"element": element, **_outcome(err, element)})
-            return {"moves": moves, "not_tried": elements[index + 1 :],
-                    "status_code": err.http_status}  # fmt: skip
-        moves.append({"element": element, "migration": report})
-    return {"moves": moves, "not_tried": []}
 
 
 def _outcome(err: FogshiftError, title: str) -> dict[str, Any]:

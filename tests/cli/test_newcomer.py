@@ -27,6 +27,7 @@ from fogshift.common.waiting import wait_until
 from fogshift.contracts import MigrationReport, RestoreReport
 from fogshift.exceptions import InvalidInput, NotFound
 from fogshift.spec import load_spec
+from fogshift.verify.case2 import case2_parts
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE1 = ROOT / "examples" / "case1" / "case1.yaml"
@@ -353,3 +354,19 @@ def test_demo_runs_from_a_fresh_copy_of_the_packaged_example(tmp_path: Path) -> 
     spec_path.write_text("broken")
     assert demo_copy(home).read_text() == CASE1.read_text()
     shutil.rmtree(home)
+
+
+def test_the_ecg_demo_runs_from_a_copy_of_case2_and_reads_its_parts(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    spec_path = demo_copy(home, "ecg")
+    assert spec_path == home / "demo" / "case2" / "case2.yaml"
+    spec = load_spec(spec_path)
+    parts = case2_parts(spec)
+    assert parts.processing == ("amplify", "bandpass", "classify")
+    assert parts.alarms.is_relative_to(home / "demo")  # its alarms go to the copy
+    windows = parts.source.duration_s / parts.source.window_s
+    assert parts.windows == windows * parts.source.patients
+    # A spec of another shape is refused with what a Case 2 pipeline needs.
+    with pytest.raises(InvalidInput, match="not a Case 2 pipeline") as refused:
+        case2_parts(load_spec(demo_copy(home)))
+    assert "a csv-sink reading the classifier" in str(refused.value.expected)

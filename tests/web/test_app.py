@@ -14,6 +14,9 @@ from fastapi.testclient import TestClient
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
     DeadLetter,
+    EventPage,
+    GroupMigrationReport,
+    GroupMigrationStatus,
     MigrationMode,
     MigrationReport,
     MigrationStatus,
@@ -24,6 +27,7 @@ from fogshift.contracts import (
     PlanView,
     RestoreReport,
     RestoreStatus,
+    StreamEvent,
     TwinEntry,
     TwinState,
 )
@@ -44,12 +48,20 @@ class StandIn:
     def __init__(self) -> None:
         self.actions: list[tuple[Any, ...]] = []
         self.refuse: FogshiftError | None = None
+        self.fail_last = False  # a group migration whose last PE fails (and is rolled back)
         self.reason = "processor 'pick' raised KeyError: 'value'"
 
     def pipelines(self) -> list[PipelineStatus]:
         return [self.pipeline("p")]
 
     def pipeline(self, name: str) -> PipelineStatus:
+        if name == "ecg":
+            return PipelineStatus(
+                pipeline="ecg", status=PipelineState.RUNNING,
+                elements=[element("wear", "cloud", [], kind="ecg-source"),
+                          element("band", "fog-a", ["wear"], kind="bandpass"),
+                          element("cls", "fog-a", ["band"], kind="classify")],
+            )  # fmt: skip
         if name != "p":
             raise NotFound(f"no pipeline {name!r}", expected="p", received=name)
         return PipelineStatus(
@@ -70,6 +82,23 @@ class StandIn:
     def operation(self, name: str, element: str) -> OperationView | None:
         return None
 
+    def events(self, name: str, element: str, key: str | None, tail: int, limit: int) -> EventPage:
+        """The ECG pipeline's streams: 30 s of two patients' half-second windows at 4 Hz
+        (the band-pass), and one alarm of p02 (the classifier)."""
+        self.actions.append(("events", name, element, key))
+        if element == "band":
+            bodies = [{"patient": who, "t": w / 2, "fs": 4, "samples": [w + 0.0, w + 0.5]}
+                      for w in range(60) for who in ("p01", "p02")]  # fmt: skip
+        else:
+            bodies = [{"patient": "p02", "t": 12.5, "class": "abnormal", "confidence": 0.93}]
+        chosen = [b for b in bodies if key is None or b["patient"] == key][-tail:]
+        return EventPage(
+            pipeline=name, element=element, key=key, scanned_after=0, scanned_to=len(bodies),
+            last_seq=len(bodies),
+            events=[StreamEvent(seq=n, epoch=1, stored=0.0, timestamp=0.0, creator="x", body=b)
+                    for n, b in enumerate(chosen, start=1)][-limit:],
+        )  # fmt: skip
+
     def twin_state(self, name: str, element: str, kind: str) -> TwinState | None:
         if element != "pick":
             return None
@@ -85,6 +114,33 @@ class StandIn:
             pipeline=name, element=element, origin="fog-a", target=target,
             mode=MigrationMode(mode), status=MigrationStatus.MIGRATED,
             phases_ms={"pause": 12.0, "state": 30.0}, downtime_ms=80.0, epoch=3,
+        )  # fmt: skip
+
+    def migrate_group(
+        self, name: str, elements: list[str], target: str, mode: str
+    ) -> GroupMigrationReport:
+        self.actions.append(("migrate_group", name, elements, target, mode))
+        if self.refuse:
+            raise self.refuse
+        moved = [self.migrate(name, e, target, mode) for e in elements]
+        self.actions[-len(elements) :] = []  # one action: the group
+        status, undone, error = GroupMigrationStatus.MIGRATED, [], None
+        if self.fail_last:
+            moved[-1] = moved[-1].model_copy(
+                update={
+                    "status": MigrationStatus.FAILED,
+                    "error": "the target died",
+                    "rolled_back": True,
+                }
+            )
+            undone = [m.model_copy(update={"origin": target, "target": "fog-a"})
+                      for m in reversed(moved[:-1])]  # fmt: skip
+            status, error = GroupMigrationStatus.ROLLED_BACK, f"{elements[-1]}: the target died"
+        placement = {e: "fog-a" if status != GroupMigrationStatus.MIGRATED else target
+                     for e in elements}  # fmt: skip
+        return GroupMigrationReport(
+            pipeline=name, elements=elements, target=target, mode=MigrationMode(mode),
+            status=status, migrations=moved, undone=undone, error=error, placement=placement,
         )  # fmt: skip
 
     def restore(self, name: str, element: str, target: str | None) -> RestoreReport:
@@ -291,7 +347,7 @@ def test_deploy_checks_the_spec_before_asking(web: TestClient, sessions: Session
     assert refused.status_code == 422 and "csv-source" in refused.text  # did you mean
 
 
-def test_several_pes_migrate_one_after_another_after_one_confirmation(
+def test_several_pes_migrate_as_one_operation_after_one_confirmation(
     web: TestClient, sessions: Sessions, stand_in: StandIn
 ) -> None:
     logged_in(web, sessions)
@@ -301,7 +357,7 @@ def test_several_pes_migrate_one_after_another_after_one_confirmation(
     form = {"elements": ["pick", "src"], "target": "fog-b", "mode": "precopy"}
     ask = web.post("/pipelines/p/migrate", data=form)
     assert ask.status_code == 200
-    assert "pick (on fog-a), src (on cloud) of p to fog-b (precopy)" in ask.text
+    assert "pick (on fog-a), src (on cloud) of p to fog-b (precopy) as one operation" in ask.text
     # The confirmation carries every PE, in order.
     assert ask.text.index('value="pick"') < ask.text.index('value="src"')
     assert stand_in.actions == []
@@ -309,12 +365,27 @@ def test_several_pes_migrate_one_after_another_after_one_confirmation(
                       follow_redirects=False)  # fmt: skip
     assert posted.status_code == 303
     done = web.get(posted.headers["location"])
-    assert done.status_code == 200 and "Migrated 2 of 2." in done.text
-    assert stand_in.actions == [("migrate", "p", "pick", "fog-b", "precopy"),
-                                ("migrate", "p", "src", "fog-b", "precopy")]  # fmt: skip
+    assert done.status_code == 200 and "Migrated 2 of 2 to fog-b." in done.text
+    # One request to the orchestrator's group endpoint, the PEs in the order ticked.
+    assert stand_in.actions == [("migrate_group", "p", ["pick", "src"], "fog-b", "precopy")]
 
 
-def test_several_pes_stop_at_the_first_that_fails_and_say_which_were_not_tried(
+def test_a_group_whose_last_pe_fails_shows_the_moves_back(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    stand_in.fail_last = True
+    answer = web.post("/pipelines/p/migrate", data={
+        "elements": ["pick", "src"], "target": "fog-b", "mode": "literal", "confirmed": "true",
+    })  # fmt: skip
+    text = answer.text.replace("&#39;", "'")
+    assert "Rolled back: src could not move" in text and "src: the target died" in text
+    assert "pick, moved back" in text and "Migration fog-b → fog-a" in text
+    # Where each runs now: back where they were.
+    assert '<th scope="row">pick</th><td class="node">fog-a</td>' in text
+
+
+def test_a_refused_group_changes_nothing_and_says_why(
     web: TestClient, sessions: Sessions, stand_in: StandIn
 ) -> None:
     logged_in(web, sessions)
@@ -327,9 +398,9 @@ def test_several_pes_stop_at_the_first_that_fails_and_say_which_were_not_tried(
     })  # fmt: skip
     assert answer.status_code == 422
     text = answer.text.replace("&#39;", "'")
-    assert "Migrated 0 of 2." in text and "Not tried: src" in text
+    assert "Refused: nothing was changed" in text
     assert "node 'fog-b' is not healthy" in text and "see the nodes page" in text
-    assert stand_in.actions == [("migrate", "p", "pick", "fog-b", "literal")]
+    assert stand_in.actions == [("migrate_group", "p", ["pick", "src"], "fog-b", "literal")]
 
 
 @pytest.mark.parametrize(
@@ -350,3 +421,28 @@ def test_several_pes_refused_before_anything_moves(
     assert answer.status_code == 422
     assert words in answer.text.replace("&#39;", "'")
     assert stand_in.actions == []
+
+
+def test_the_ecg_view_draws_a_patients_newest_signal_and_lists_their_alarms(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    assert "/pipelines/ecg/ecg" in web.get("/pipelines/ecg").text  # linked from the pipeline
+    view = web.get("/pipelines/ecg/ecg")
+    assert view.status_code == 200
+    # Every patient is a link; the first is shown.
+    assert 'href="/pipelines/ecg/ecg?patient=p02"' in view.text
+    assert "ECG of p01" in view.text and "No alarm for p01" in view.text
+    chosen = web.get("/pipelines/ecg/ecg", params={"patient": "p02"})
+    assert "<td>abnormal</td>" in chosen.text and "0.93" in chosen.text
+    series = web.get("/api/pipelines/ecg/ecg", params={"patient": "p02"}).json()
+    # The last 10 s of p02's recording, each sample at its own time, the alarm marked.
+    assert series["t"][0] == 19.75 and series["t"][-1] == 29.75
+    assert series["y"][:2] == [39.5, 40.0] and len(series["t"]) == len(series["y"]) == 41
+    assert series["marks"] == [{"t": 12.5, "kind": "abnormal", "text": "abnormal"}]
+    # Only that patient's windows and alarms were asked for.
+    assert ("events", "ecg", "band", "p02") in stand_in.actions
+    assert ("events", "ecg", "cls", "p02") in stand_in.actions
+    # A pipeline without an ECG is refused with what the view needs.
+    refused = web.get("/pipelines/p/ecg")
+    assert refused.status_code == 404 and "a bandpass element" in refused.text

@@ -4,104 +4,26 @@ from a file, watch it, find a dead letter and its reason, live-migrate the aggre
 UI while input flows, see a refused deploy's expected/received/hint, stop the pipeline — and
 the output equals the independent reference (the UI's migration kept exactly-once).
 
-With ``FOGSHIFT_SCREENSHOTS=DIR`` the screenshots (the README's) are written to DIR too.
+With ``FOGSHIFT_SCREENSHOTS=DIR`` the screenshots (the README's) are written to DIR too
+(``tests/web/browser.py``; the ECG view's is taken by ``tests/integration/test_case2.py``).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.waiting import wait_until
-from tests.conftest import ROOT, Cluster
+from tests.conftest import Cluster
 from tests.integration.helpers import FEEDERS, case1_spec, finish_and_compare
-
-#: The page itself does not scroll sideways (its wide parts scroll inside their boxes).
-PAGE_FITS = "document.documentElement.scrollWidth <= window.innerWidth + 1"
-
-
-def overflowing(page: object) -> str:
-    """The elements reaching past the viewport's right edge, widest first (a diagnosis)."""
-    found = page.evaluate(  # type: ignore[attr-defined]
-        "Array.from(document.querySelectorAll('body *'))"
-        ".map(e => [e.tagName.toLowerCase() + (e.className && e.className.baseVal === undefined"
-        " ? '.' + String(e.className).trim().replace(/\\s+/g, '.') : ''),"
-        " Math.round(e.getBoundingClientRect().right)])"
-        ".filter(([, right]) => right > window.innerWidth + 1)"
-        ".sort((a, b) => b[1] - a[1]).slice(0, 8)"
-    )
-    return f"elements past the right edge (right px): {found}"
-
+from tests.web.browser import PAGE_FITS, overflowing, shoot
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
-
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-#: As the machine's probe runs it: no sandbox as root, and none of the background
-#: connections a closed network refuses.
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
 PIPELINE = "webui"
-
-
-@pytest.fixture()
-def dashboard(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
-    """A `fogshift dashboard` process for the cluster; its one-time login URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fogshift.cli.main", "dashboard", "--home", str(cluster.home),
-         "--port", "0", "--spec-dir", str(tmp_path / "work")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    lines: list[str] = []
-    found = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("open: "):
-                found.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        assert found.wait(60), "".join(lines)
-        url = next(line for line in lines if line.startswith("open: "))[6:].strip()
-        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/login\?token=[\w-]{40,}", url), url
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-@pytest.fixture()
-def browser() -> Iterator[object]:
-    assert Path(CHROMIUM).exists(), "chromium is missing: `make setup` installs it"
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-
-
-def shoot(page: object, tmp_path: Path, name: str) -> None:
-    path = tmp_path / "screenshots" / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
-    if os.environ.get("FOGSHIFT_SCREENSHOTS"):
-        target = Path(os.environ["FOGSHIFT_SCREENSHOTS"])
-        target.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, target / path.name)
 
 
 @pytest.mark.timeout(600)

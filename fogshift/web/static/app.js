@@ -1,7 +1,10 @@
 // fogshift dashboard: the throughput chart (uPlot) and a busy note on long actions.
 "use strict";
 
-const MARK_COLOURS = { migration: "#0b5cad", restore: "#9a6700", "node-lost": "#cf222e", "node-back": "#1a7f37" };
+const MARK_COLOURS = {
+  migration: "#0b5cad", restore: "#9a6700", "node-lost": "#cf222e", "node-back": "#1a7f37",
+  abnormal: "#cf222e", normal: "#1a7f37",
+};
 const LINE_COLOURS = ["#0b5cad", "#1a7f37", "#9a6700", "#8250df", "#cf222e", "#1b7c83", "#bc4c00"];
 
 function marksPlugin(getMarks) {
@@ -62,6 +65,37 @@ async function startChart(figure) {
   new ResizeObserver(() => plot && plot.setSize({ width: width(), height: 240 })).observe(figure);
 }
 
+// The ECG view: one patient's filtered signal (x: seconds of the recording), alarms marked.
+async function startEcg(figure) {
+  let marks = [];
+  let plot = null;
+  const width = () => Math.max(figure.clientWidth - 16, 280);
+  async function refresh() {
+    let data;
+    try {
+      const response = await fetch(figure.dataset.ecg, { credentials: "same-origin" });
+      if (!response.ok) return;
+      data = await response.json();
+    } catch (e) { return; }
+    marks = data.marks;
+    const rows = [data.t, data.y];
+    if (plot === null) {
+      plot = new uPlot({
+        width: width(), height: 240,
+        scales: { x: { time: false } },
+        series: [{ label: "s" }, { label: "filtered", stroke: LINE_COLOURS[0], width: 1 }],
+        axes: [{ label: "seconds of the recording" }, { label: "mV" }],
+        plugins: [marksPlugin(() => marks)],
+      }, rows, figure);
+    } else {
+      plot.setData(rows);
+    }
+  }
+  await refresh();
+  setInterval(refresh, 2000);
+  new ResizeObserver(() => plot && plot.setSize({ width: width(), height: 240 })).observe(figure);
+}
+
 // A live part is not refreshed while the keyboard focus is inside it: swapping it would
 // throw the focus away every two seconds.
 document.addEventListener("htmx:beforeRequest", (event) => {
@@ -81,6 +115,7 @@ window.addEventListener("pageshow", () => {
 
 document.addEventListener("DOMContentLoaded", () => {
   document.querySelectorAll("figure.chart[data-series]").forEach(startChart);
+  document.querySelectorAll("figure.chart[data-ecg]").forEach(startEcg);
   // A migration or restore answers when it is done: say so while the browser waits.
   document.querySelectorAll("button[data-busy]").forEach((button) => {
     button.dataset.label = button.textContent;

@@ -1,0 +1,261 @@
+"""``fogshift demo --case ecg``: Case 2 — the wearable's processing follows it to another
+gateway mid-stream, that gateway is SIGKILLed and the orchestrator restores the processing;
+the verdict compares the filtered signal and the alarms with the offline reference, and the
+alarms with the simulator's ground truth."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+
+from fogshift.cli.demo import checkpointed
+from fogshift.common.http import ServiceClient
+from fogshift.ecg.simulate import patients
+from fogshift.spec.models import PipelineSpec
+from fogshift.supervisor import cluster as cluster_ops
+from fogshift.verify.case2 import (
+    Case2Parts,
+    case2_parts,
+    quality,
+    read_alarms,
+    reference_alarms,
+    reference_filtered,
+)
+
+#: The most stream sequences one read of the band-pass's output asks for.
+PAGE = 5_000
+
+
+def run_ecg(
+    home: Path, spec: PipelineSpec, timeout_s: float, console: Console, target: str | None
+) -> bool:
+    """Deploy Case 2, move its processing, kill its gateway, let it be restored; True if
+    the filtered signal and the alarms equal the reference's.
+
+    1. Once every patient's twin has seen two windows, the amplifier, band-pass and
+       classifier move as one group migration to ``target`` (default: the first healthy node
+       hosting none of the pipeline's PEs).
+    2. Once the classifier has a central checkpoint there and has processed two windows per
+       patient beyond it, that node's process group is SIGKILLed (the input still flowing,
+       unless the recordings are short).
+    3. The orchestrator restores the three PEs elsewhere when the node has been silent for
+       the spec's ``recovery.detect_after_s`` (or, with ``recovery.auto`` off, the demo asks
+       for each restore).
+    4. When the alarms are all there, each patient's filtered signal must equal the whole
+       recording filtered at once (sample by sample, so no window boundary, migration or
+       restore left a transient), and the alarms must equal the reference's.
+    """
+    parts = case2_parts(spec)
+    source = parts.source
+    people = patients(source.patients, source.seed, source.abnormal_every, source.onset_s)
+    expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
+    pipeline = spec.pipeline
+    with cluster_ops.orchestrator_client(home) as client:
+        existing = {p["pipeline"]: p for p in client.get("/pipelines")}
+        if existing.get(pipeline, {}).get("status") == "running":
+            client.post(f"/pipelines/{pipeline}/stop")
+        client.post("/pipelines", json=spec.model_dump(mode="json"))
+        console.print(
+            f"deployed [bold]{pipeline}[/] ({source.patients} patients, {source.duration_s:g} s "
+            f"of ECG each at {source.speed:g}x): "
+            + ", ".join(f"{e.id}@{e.node}" for e in spec.elements)
+        )
+        deadline = time.monotonic() + timeout_s
+        _wait(client, pipeline, parts.bandpass, 2 * source.patients, deadline, console,
+              "every twin warm")  # fmt: skip
+        placed = {e.id for e in spec.elements}
+        target = target or _spare(client, pipeline, placed)
+        if not _move(client, pipeline, parts, target, console):
+            return False
+        _status, host, central = checkpointed(
+            client, pipeline, parts.classifier, 2 * source.patients, console, deadline
+        )
+        killed = str(host["name"])
+        cluster_ops.kill_group(int(host["pgid"]), signal.SIGKILL)
+        sent = _element(client, pipeline, _source_id(spec))["events_out"]
+        flow = (
+            f"while the wearables still stream (window {sent} of {parts.windows})"
+            if sent < parts.windows
+            else "after the wearables' recordings ended"
+        )
+        console.print(
+            f"[red]killed[/] node [bold]{killed}[/] (SIGKILL of its process group) with "
+            f"{', '.join(parts.processing)} on it, {flow}; the classifier's central checkpoint: "
+            + (f"batch {central['batch']}, {central['age_ms']:.0f} ms old" if central else "none")
+        )
+        if not _restored(client, spec, parts, killed, deadline, console):
+            return False
+        _wait(client, pipeline, parts.bandpass, parts.windows, deadline, console,
+              "every window filtered")  # fmt: skip
+        sink = next(e.id for e in spec.elements if e.kind == "csv-sink")
+        _wait(client, pipeline, sink, len(expected), deadline, console, "every alarm")
+        time.sleep(1.0)  # a duplicate would show up within a batch or two: give it the chance
+        filtered = _filtered(client, pipeline, parts.bandpass)
+        dead = sum(e["dead_letters"] for e in client.get(f"/pipelines/{pipeline}")["elements"])
+    problems = _compare_filtered(filtered, reference_filtered(source, parts.amplify, parts.band))
+    alarms = read_alarms(parts.alarms)
+    if alarms != expected:
+        problems.append(f"alarms {alarms} differ from the reference's {expected}")
+    if dead:
+        problems.append(f"{dead} dead letters (the simulated signal has no bad event)")
+    samples = sum(len(v) for v in filtered.values())
+    if problems:
+        console.print("[red]INCONSISTENT[/]: " + "; ".join(problems))
+    else:
+        console.print(
+            f"[green]CONSISTENT[/]: {samples} filtered samples of {len(filtered)} patients "
+            f"equal the recordings filtered whole, sample by sample; {len(alarms)} alarms "
+            "equal the reference's"
+        )
+    found = quality(alarms, people)
+    latency = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(found.latency_s.items()))
+    console.print(
+        f"detection against the simulator's ground truth: sensitivity {found.sensitivity:.2f}, "
+        f"specificity {found.specificity:.2f}; onset -> alarm: {latency or 'no abnormal patient'}"
+    )
+    return not problems
+
+
+def _source_id(spec: PipelineSpec) -> str:
+    return next(e.id for e in spec.elements if e.kind == "ecg-source")
+
+
+def _element(client: ServiceClient, pipeline: str, element: str) -> dict:
+    status = client.get(f"/pipelines/{pipeline}")
+    return next(e for e in status["elements"] if e["element"] == element)
+
+
+def _wait(
+    client: ServiceClient,
+    pipeline: str,
+    element: str,
+    count: int,
+    deadline: float,
+    console: Console,
+    what: str,
+) -> None:
+    """Until ``element`` has emitted ``count`` events (a sink: lines) or the deadline."""
+    with console.status(f"waiting for {what} ({element}: {count} events)"):
+        while _element(client, pipeline, element)["events_out"] < count:
+            if time.monotonic() > deadline:
+                console.print(f"[yellow]gave up waiting for {what}[/]")
+                return
+            time.sleep(0.5)
+
+
+def _spare(client: ServiceClient, pipeline: str, placed: set[str]) -> str:
+    """The first healthy node that hosts none of the pipeline's PEs."""
+    status = client.get(f"/pipelines/{pipeline}")
+    busy = {e["node"] for e in status["elements"]}
+    spare = sorted(n["name"] for n in client.get("/nodes") if n["healthy"])
+    free = [n for n in spare if n not in busy]
+    if not free:
+        raise SystemExit(f"no healthy node without a PE of {pipeline} to move to: {spare}")
+    return free[0]
+
+
+def _move(
+    client: ServiceClient, pipeline: str, parts: Case2Parts, target: str, console: Console
+) -> bool:
+    report = client.post(
+        f"/pipelines/{pipeline}/migrate",
+        json={"elements": list(parts.processing), "target": target},
+    )
+    for one in report["migrations"]:
+        downtime = one["downtime_ms"]
+        console.print(
+            f"  {one['element']}: {one['origin']} -> {one['target']} {one['status']}, downtime "
+            + ("-" if downtime is None else f"{downtime:.0f} ms")
+            + f", state {one['state_bytes']} bytes"
+        )
+    if report["status"] != "migrated":
+        console.print(f"[red]the group migration ended {report['status']}[/]: {report}")
+        return False
+    console.print(
+        f"live-migrated [bold]{', '.join(parts.processing)}[/] to {target} as one group "
+        "while the patients stream"
+    )
+    return True
+
+
+def _restored(
+    client: ServiceClient,
+    spec: PipelineSpec,
+    parts: Case2Parts,
+    killed: str,
+    deadline: float,
+    console: Console,
+) -> bool:
+    """Until each processing PE is restored away from ``killed``; prints the reports."""
+    pipeline = spec.pipeline
+    before = {e: _element(client, pipeline, e)["epoch"] or 0 for e in parts.processing}
+    if not spec.recovery.auto:
+        for element in parts.processing:
+            client.post(f"/pipelines/{pipeline}/elements/{element}/restore", json={})
+    done: dict[str, dict] = {}
+    with console.status(
+        f"the orchestrator restores {', '.join(parts.processing)} once {killed} has been "
+        f"silent {spec.recovery.detect_after_s:g} s"
+    ):
+        while len(done) < len(parts.processing) and time.monotonic() < deadline:
+            for e in client.get(f"/pipelines/{pipeline}")["elements"]:
+                report = e.get("last_restore")
+                if (
+                    e["element"] in parts.processing
+                    and e["node"] != killed
+                    and report is not None
+                    and report["status"] == "restored"
+                    and report["epoch"] > before[e["element"]]
+                ):
+                    done.setdefault(e["element"], report)
+            time.sleep(0.5)
+    for element in parts.processing:
+        report = done.get(element)
+        if report is None:
+            console.print(f"[red]{element} was not restored in time[/]")
+            return False
+        console.print(
+            f"restored [bold]{element}[/] on {report['target']} (epoch {report['epoch']}) from "
+            f"its {report['checkpoint_source']} checkpoint: reprocessed "
+            f"{report['reprocessed_events']} events without emitting, then "
+            f"{report['intermediate_events']} intermediate; total {report['total_ms']:.0f} ms"
+        )
+    return True
+
+
+def _filtered(client: ServiceClient, pipeline: str, bandpass: str) -> dict[str, list[float]]:
+    """Each patient's filtered samples, in stream order, read page by page from the
+    band-pass's output stream through the orchestrator."""
+    out: dict[str, list[float]] = {}
+    after = 0
+    while True:
+        page = client.get(
+            f"/pipelines/{pipeline}/elements/{bandpass}/events",
+            params={"after": after, "limit": PAGE},
+        )
+        for event in page["events"]:
+            body = event["body"]
+            out.setdefault(str(body["patient"]), []).extend(body["samples"])
+        after = page["scanned_to"]
+        if after >= page["last_seq"]:
+            return out
+
+
+def _compare_filtered(
+    filtered: dict[str, list[float]], reference: dict[str, np.ndarray]
+) -> list[str]:
+    problems = []
+    if sorted(filtered) != sorted(reference):
+        problems.append(f"patients {sorted(filtered)}, expected {sorted(reference)}")
+    for patient, signal_ in reference.items():
+        got = np.asarray(filtered.get(patient, []))
+        if len(got) != len(signal_):
+            problems.append(f"{patient}: {len(got)} filtered samples, {len(signal_)} expected")
+        elif not np.array_equal(got, signal_):
+            first = int(np.flatnonzero(got != signal_)[0])
+            problems.append(f"{patient}: sample {first} differs ({got[first]} != {signal_[first]})")
+    return problems
