@@ -762,6 +762,31 @@ class StreamEvent(BaseModel):
     body: Any
 
 
+class HopLatency(BaseModel):
+    """A PE's newest per-hop latency: its newest output event against the input event it
+    came from, both by the broker's clock (``GET /pipelines/{name}/latency``).
+
+    Attributes:
+        element: The PE (one with a single input: a multi-input PE's outputs derive from a
+            cut of several inputs, not from one event).
+        input: The PE it reads.
+        seq: The output event's stream sequence.
+        input_seq: The input event's (the output's origin).
+        stored: When the output was stored (seconds since the epoch).
+        latency_ms: Output stored minus input stored: reading, processing and appending,
+            with the wait for the micro-batch.
+    """
+
+    model_config = _WIRE
+
+    element: str
+    input: str
+    seq: int
+    input_seq: int
+    stored: float
+    latency_ms: float
+
+
 class EventPage(BaseModel):
     """Answer of ``GET .../elements/{element}/events``: a page of a PE's output events.
 

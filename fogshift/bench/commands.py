@@ -1,5 +1,5 @@
-"""The ``fogshift bench`` commands: ``e1``, ``e2``, ``e3``, ``seamless``, ``all``, ``report``,
-``soak``.
+"""The ``fogshift bench`` commands: ``e1``, ``e2``, ``e3``, ``seamless``, ``ecg``, ``all``,
+``report``, ``soak``.
 
 :func:`register` adds them to an existing Typer group (``fogshift bench``). Each command
 starts its own clusters through the CLI (under ``--work``, a temporary folder by default, that
@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 
 from fogshift.agent.config import AgentConfig
-from fogshift.bench import e1, e2, e3, report, seamless, soak
+from fogshift.bench import e1, e2, e3, ecg, report, seamless, soak
 from fogshift.bench.base import Reporter, record_command, write_machine
 from fogshift.bench.cluster import Clusters, delay_of
 from fogshift.bench.exceptions import BadBenchOption
@@ -194,9 +194,20 @@ def register(bench_app: typer.Typer) -> None:
             lambda clusters, rep: seamless.run(config, clusters, out.resolve(), rep),
         )
 
+    @bench_app.command("ecg")
+    def cmd_ecg(out: Out, quick: Quick = False, work: Work = None) -> None:
+        """Case 2: window and alarm latency with the processing steady and while it moves."""
+        config = ecg.EcgConfig.quick() if quick else ecg.EcgConfig()
+        _session(
+            out,
+            work,
+            (ecg.NAME,),
+            lambda clusters, rep: ecg.run(config, clusters, out.resolve(), rep),
+        )
+
     @bench_app.command("all")
     def cmd_all(out: Out, quick: Quick = False, work: Work = None) -> None:
-        """E1, E2, E3 and seamless, one after the other (--quick: under 20 min)."""
+        """E1, E2, E3, seamless and ecg, one after the other (--quick: under 25 min)."""
         target = out.resolve()
 
         def body(clusters: Clusters, rep: Reporter) -> None:
@@ -207,6 +218,7 @@ def register(bench_app: typer.Typer) -> None:
             e2.run(e2.E2Config.quick() if quick else e2.E2Config(), clusters, target, rep)
             config = seamless.SeamlessConfig.quick() if quick else seamless.SeamlessConfig()
             seamless.run(config, clusters, target, rep)
+            ecg.run(ecg.EcgConfig.quick() if quick else ecg.EcgConfig(), clusters, target, rep)
 
         _session(out, work, tuple(m.NAME for m in report.EXPERIMENTS), body)
 

@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 from types import ModuleType
 
-from fogshift.bench import e1, e2, e3, seamless
+from fogshift.bench import e1, e2, e3, ecg, seamless
 from fogshift.bench.base import fmt
 
-EXPERIMENTS: tuple[ModuleType, ...] = (e1, e2, e3, seamless)
+EXPERIMENTS: tuple[ModuleType, ...] = (e1, e2, e3, seamless, ecg)
 
 
 def _commands(out: Path) -> list[str]:

@@ -47,6 +47,7 @@ from fogshift.contracts import (
     EventPage,
     GroupMigrationReport,
     Heartbeat,
+    HopLatency,
     MigrationMode,
     MigrationReport,
     NodeView,
@@ -178,6 +179,11 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.get("/pipelines/{name}/errors")
     def errors(name: NameParam, limit: int = 1000) -> list[DeadLetter]:
         return orchestrator.errors(name, limit)
+
+    @app.get("/pipelines/{name}/latency")
+    def latency(name: NameParam) -> list[HopLatency]:
+        """Each single-input PE's newest per-hop latency, by the broker's clock."""
+        return orchestrator.latency(name)
 
     @app.get("/pipelines/{name}/elements/{element}/state")
     def twin_state(

@@ -12,6 +12,7 @@ from fogshift.broker.client import (
     delete_pe_stream,
     ensure_pe_stream,
     fetch_range,
+    get_range,
     last_seq,
     subject_counts,
 )
@@ -23,6 +24,7 @@ from fogshift.contracts import (
     DeadLetter,
     ElementStatus,
     EventPage,
+    HopLatency,
     NodeCheckpoint,
     NodeView,
     PEState,
@@ -33,7 +35,7 @@ from fogshift.contracts import (
     StreamEvent,
     TwinState,
 )
-from fogshift.events import EPOCH_HEADER
+from fogshift.events import EPOCH_HEADER, ORIGIN_HEADER
 from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPipeline
 from fogshift.orchestrator.journal import Journal
@@ -42,6 +44,10 @@ from fogshift.spec.loader import parse_spec, validate_spec
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.orchestrator")
+
+#: How far back from a stream's end the newest data message is looked for (the end may be a
+#: fence or cut marker).
+LATENCY_SCAN = 20
 
 
 def _aged(snapshot: NodeCheckpoint | None) -> AgedNodeCheckpoint | None:
@@ -341,6 +347,43 @@ class Deployment(Journal):
             pipeline=name, element=element_id, key=key, events=events,
             scanned_after=start, scanned_to=stop, last_seq=end,
         )  # fmt: skip
+
+    def latency(self, name: str) -> list[HopLatency]:
+        """Each single-input PE's newest per-hop latency (:class:`HopLatency`); a PE that has
+        emitted nothing yet, or whose input event is no longer stored, is left out."""
+        record = self.pipeline(name)
+
+        async def read(js: Any) -> list[HopLatency]:
+            out: list[HopLatency] = []
+            for element in record.spec.elements:
+                if len(element.inputs) != 1:
+                    continue
+                (source,) = element.inputs
+                stream = stream_name(name, element.id)
+                end = await last_seq(js, stream)
+                # The newest data message among the last few (fence and cut markers too).
+                recent = await get_range(
+                    js, stream, data_subject(name, element.id), max(0, end - LATENCY_SCAN), end
+                )
+                if not recent or ORIGIN_HEADER not in recent[-1].headers:
+                    continue
+                newest = recent[-1]
+                origin = int(newest.headers[ORIGIN_HEADER])
+                came = await get_range(
+                    js, stream_name(name, source), data_subject(name, source), origin - 1, origin
+                )
+                if not came:
+                    continue
+                out.append(
+                    HopLatency(
+                        element=element.id, input=source, seq=newest.seq, input_seq=origin,
+                        stored=newest.stored_at,
+                        latency_ms=round((newest.stored_at - came[0].stored_at) * 1000, 1),
+                    )
+                )  # fmt: skip
+            return out
+
+        return list(self.broker.run(read, timeout=30))
 
     def twin_state(
         self, name: str, element_id: str, key: str | None = None, limit: int = 1000

@@ -42,6 +42,7 @@ from fogshift.contracts import (
     ElementStatus,
     EventPage,
     GroupMigrationReport,
+    HopLatency,
     MigrationMode,
     MigrationReport,
     NodeView,
@@ -128,6 +129,10 @@ class Orchestrator:
 
     def plan(self) -> PlanView:
         return self.client.call(PlanView, "GET", "/plan")
+
+    def latency(self, name: str) -> list[HopLatency]:
+        path = f"/pipelines/{name}/latency"
+        return _listed(HopLatency, self.client.get(path), f"GET {path}")
 
     def errors(self, name: str) -> list[DeadLetter]:
         path = f"/pipelines/{name}/errors"
@@ -218,7 +223,10 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     """The dashboard app: pages behind a session cookie, a sampler thread while it serves."""
     history = History(config.window_s)
     sampler = Sampler(
-        history, lambda: (orchestrator.pipelines(), orchestrator.nodes()), config.interval_s
+        history,
+        lambda: (orchestrator.pipelines(), orchestrator.nodes()),
+        config.interval_s,
+        orchestrator.latency,
     )
     results = Results()
 
@@ -372,6 +380,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             "modes": [m.value for m in MigrationMode],
             "drawing": layout(status, rates, healthy),
             "rates": rates,
+            "latencies": {e.element: history.latency(name, e.element) for e in status.elements},
             "lags": {e.element: lag(e, by_id) for e in status.elements},
             "marks": history.marks(name)[:20],
         }
@@ -412,6 +421,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             "status": status,
             "e": mine,
             "rate": history.rate(name, element),
+            "latency": history.latency(name, element),
             "lag": lag(mine, by_id),
             "checkpoints": reports[0] if reports else None,
             "operation": orchestrator.operation(name, element),

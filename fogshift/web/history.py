@@ -17,13 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
-from fogshift.contracts import ElementStatus, NodeView, PipelineStatus
+from fogshift.contracts import ElementStatus, HopLatency, NodeView, PipelineStatus
 from fogshift.exceptions import FogshiftError
 
 log = logging.getLogger("fogshift.web")
 
 #: One poll of the orchestrator: every pipeline's status and every node.
 Fetch = Callable[[], tuple[list[PipelineStatus], list[NodeView]]]
+#: One pipeline's newest per-hop latencies (``GET /pipelines/{name}/latency``).
+FetchLatency = Callable[[str], list[HopLatency]]
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class History:
         self.window_s = window_s
         self.latest: Snapshot | None = None
         self._samples: dict[tuple[str, str], deque[Sample]] = {}
+        # Per PE: (poll time, output seq, latency ms), one entry per newer output seen.
+        self._latency: dict[tuple[str, str], deque[tuple[float, int, float]]] = {}
         self._marks: deque[Mark] = deque()
         self._lock = threading.Lock()
 
@@ -95,8 +99,28 @@ class History:
             for samples in self._samples.values():
                 while samples and samples[0].t < horizon:
                     samples.popleft()
+            for points in self._latency.values():
+                while points and points[0][0] < horizon:
+                    points.popleft()
             while self._marks and self._marks[0].t < horizon:
                 self._marks.popleft()
+
+    def record_latency(self, t: float, pipeline: str, hops: list[HopLatency]) -> None:
+        """Add one poll's newest per-hop latencies of ``pipeline`` (as of poll time ``t``); a
+        PE whose newest output is the one seen before adds nothing (no new event, no new
+        latency: the chart shows a gap rather than a repeated value)."""
+        with self._lock:
+            for hop in hops:
+                points = self._latency.setdefault((pipeline, hop.element), deque())
+                if points and points[-1][1] >= hop.seq:
+                    continue
+                points.append((t, hop.seq, hop.latency_ms))
+
+    def latency(self, pipeline: str, element: str) -> float | None:
+        """The newest per-hop latency (ms) of the PE in the window, if any."""
+        with self._lock:
+            points = self._latency.get((pipeline, element))
+            return points[-1][2] if points else None
 
     def rate(self, pipeline: str, element: str, over_s: float = 5.0) -> float | None:
         """Events out per second over the last ``over_s`` seconds (``None``: too few samples).
@@ -124,6 +148,8 @@ class History:
         with self._lock:
             mine = {e: list(s) for (p, e), s in self._samples.items() if p == pipeline}
             marks = [m for m in self._marks if m.pipeline in (pipeline, None)]
+            hops = {e: {t: ms for t, _, ms in points}
+                    for (p, e), points in self._latency.items() if p == pipeline}  # fmt: skip
         times = sorted({s.t for samples in mine.values() for s in samples})
         rates: dict[str, list[float | None]] = {}
         for element, samples in sorted(mine.items()):
@@ -152,6 +178,9 @@ class History:
         return {
             "t": times,
             "rates": rates,
+            # Per single-input PE, the per-hop latency (ms) of a newer output seen at that
+            # sample, else None.
+            "latency": {e: [by_t.get(t) for t in times] for e, by_t in sorted(hops.items())},
             "marks": [{"t": m.t, "kind": m.kind, "text": m.text} for m in marks],
         }
 
@@ -194,11 +223,20 @@ class Sampler:
 
     Args:
         fetch: One poll (raises on failure: the error is kept for the pages to show).
+        fetch_latency: A running pipeline's newest per-hop latencies, asked after each poll
+            (``None``: none are kept).
     """
 
-    def __init__(self, history: History, fetch: Fetch, interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        history: History,
+        fetch: Fetch,
+        interval_s: float = 1.0,
+        fetch_latency: FetchLatency | None = None,
+    ) -> None:
         self.history = history
         self.fetch = fetch
+        self.fetch_latency = fetch_latency
         self.interval_s = interval_s
         self.error: str | None = None
         self._stop = threading.Event()
@@ -223,7 +261,18 @@ class Sampler:
                 self.error = exc.message
                 return
             self.error = None
-            self.history.record(Snapshot(time.time(), pipelines, nodes))
+            now = time.time()
+            self.history.record(Snapshot(now, pipelines, nodes))
+            if self.fetch_latency is None:
+                return
+            for status in pipelines:
+                if status.status != "running":
+                    continue
+                try:
+                    hops = self.fetch_latency(status.pipeline)
+                except FogshiftError:
+                    continue  # the counters were read; the latency waits for the next poll
+                self.history.record_latency(now, status.pipeline, hops)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -1,8 +1,9 @@
 """Every bench experiment, end to end, in a tiny real configuration on one shared cluster.
 
-One cluster (cloud, fog-a, fog-b, fog-c; loopback) serves all four experiments in the order
-they can share it: E1 migrates fog-a -> cloud, E3 checkpoints on fog-a, seamless migrates
-fog-a -> fog-b, kills fog-b and restores on fog-a, E2 kills fog-a and restores on fog-c.
+One cluster (cloud, fog-a, fog-b, fog-c; loopback) serves all five experiments in the order
+they can share it: E1 migrates fog-a -> cloud, E3 checkpoints on fog-a, ecg moves Case 2's
+processing fog-a -> fog-b, seamless migrates fog-a -> fog-b, kills fog-b and restores on
+fog-a, E2 kills fog-a and restores on fog-c.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from fogshift.bench import e1, e2, e3, report, seamless
+from fogshift.bench import e1, e2, e3, ecg, report, seamless
 from fogshift.bench.base import Reporter, fmt_mean_std, write_machine
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
+from fogshift.ecg.simulate import patients
+from fogshift.spec.kinds import AmplifyOptions, BandpassOptions, ClassifyOptions
+from fogshift.verify.case2 import read_alarms, reference_alarms
 from fogshift.verify.reference import case1_reference, compare, read_sink
 from tests.conftest import SHARED_TRIGGER_MS, Cluster
 
@@ -39,9 +43,15 @@ def shared(cluster: Cluster) -> Iterator[BenchCluster]:
     )
 
 
+#: Case 2 with its processing moving, only (the steady run is the same code without the
+#: migration): two patients, both turning abnormal, at twice real time.
+ECG = ecg.EcgConfig(patients=2, abnormal_every=1, duration_s=24.0, onset_s=6.0, move_at_s=6.0,
+                    speed=2.0, modes=("moving",), warm_up=False)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def out(shared: BenchCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Run the four experiments once; their output folder."""
+    """Run the five experiments once; their output folder."""
     folder = tmp_path_factory.mktemp("bench-out")
     write_machine(folder)
     clusters = Clusters(shared.home.parent, shared=shared)
@@ -53,6 +63,7 @@ def out(shared: BenchCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
             clusters, folder, reporter,
         )  # fmt: skip
         e3.run(e3.E3Config(sizes_mib=(0,), duration_s=5), clusters, folder, reporter)
+        ecg.run(ECG, clusters, folder, reporter)
         seamless.run(
             seamless.SeamlessConfig(rate=200, before_s=3, between_s=2, restore_wait_s=0.5,
                                     tail_s=4),
@@ -77,13 +88,14 @@ def test_every_experiment_writes_csv_png_and_results(out: Path) -> None:
         ("e2", ["e2.png"]),
         ("e3", ["e3.png"]),
         ("seamless", ["seamless.png"]),
+        ("ecg", ["ecg.png"]),
     ):
         rows = _rows(out / name / "runs.csv")
         assert rows, f"{name}: no runs"
         for png in pngs:
             assert (out / name / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     text = (out / "results.md").read_text()
-    for heading in ("## Machine", "## E1", "## E2", "## E3", "## Seamless"):
+    for heading in ("## Machine", "## E1", "## E2", "## E3", "## Seamless", "## Case 2"):
         assert heading in text
     assert "Fig. 22a p. 48" in text  # the thesis's anchors are cited beside our figures
 
@@ -104,6 +116,23 @@ def test_each_run_migrated_or_restored_and_was_compared(out: Path, shared: Bench
         assert not compare(
             expected.rows, read_sink(work / "out" / "out.csv", "value")[1:]
         ).consistent
+    # Case 2: the group moved, and the alarms the latencies are of are the reference's.
+    (moving,) = _rows(out / "ecg" / "runs.csv")
+    assert moving["mig_status"] == "migrated" and moving["consistent"] == "true", moving
+    source = ECG.source()
+    gains = {p.name: p.gain for p in patients(source.patients, source.seed,
+                                              source.abnormal_every, source.onset_s)}  # fmt: skip
+    expected_alarms = reference_alarms(
+        source, AmplifyOptions(calibration=gains), BandpassOptions(), ClassifyOptions()
+    )
+    assert read_alarms(shared.home / "runs" / "ecg-moving" / "out" / "alarms.csv") == (
+        expected_alarms
+    )
+    timed = _rows(out / "ecg" / "alarms.csv")
+    assert [(a["patient"], float(a["t"]), a["class"]) for a in timed] == expected_alarms
+    assert all(float(a["latency_ms"]) > 0 for a in timed)
+    windows = _rows(out / "ecg" / "windows.csv")
+    assert len(windows) == int(moving["windows"]) == source.patients * 48  # 24 s of 0.5 s
 
 
 def test_results_are_recomputed_from_the_csv(out: Path, tmp_path: Path) -> None:

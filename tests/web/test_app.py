@@ -17,6 +17,7 @@ from fogshift.contracts import (
     EventPage,
     GroupMigrationReport,
     GroupMigrationStatus,
+    HopLatency,
     MigrationMode,
     MigrationReport,
     MigrationStatus,
@@ -75,6 +76,10 @@ class StandIn:
 
     def plan(self) -> PlanView:
         return PlanView()
+
+    def latency(self, name: str) -> list[HopLatency]:
+        return [HopLatency(element="pick", input="src", seq=6, input_seq=8, stored=0.0,
+                           latency_ms=345.6)]  # fmt: skip
 
     def errors(self, name: str) -> list[DeadLetter]:
         return [DeadLetter(element="pick", seq=4, reason=self.reason, event={"seq": 4})]
@@ -446,3 +451,16 @@ def test_the_ecg_view_draws_a_patients_newest_signal_and_lists_their_alarms(
     # A pipeline without an ECG is refused with what the view needs.
     refused = web.get("/pipelines/p/ecg")
     assert refused.status_code == 404 and "a bandpass element" in refused.text
+
+
+def test_each_pes_newest_per_hop_latency_is_shown_and_charted(
+    web: TestClient, sessions: Sessions
+) -> None:
+    logged_in(web, sessions)
+    page = wait_until(lambda: (p := web.get("/pipelines/p")) and "346 ms" in p.text and p, 10,
+                      interval_s=0.05, describe="the latency on the pipeline page")  # fmt: skip
+    assert '<td class="num latency">346 ms</td>' in page.text
+    assert 'data-field="latency"' in page.text
+    series = web.get("/api/pipelines/p/series").json()
+    assert 345.6 in series["latency"]["pick"]
+    assert "346 ms" in web.get("/pipelines/p/elements/pick").text

@@ -18,8 +18,9 @@ from playwright.sync_api import expect
 
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.waiting import wait_until
+from fogshift.events import ORIGIN_HEADER
 from tests.conftest import Cluster
-from tests.integration.helpers import FEEDERS, case1_spec, finish_and_compare
+from tests.integration.helpers import FEEDERS, case1_spec, finish_and_compare, stream_messages
 from tests.web.browser import PAGE_FITS, overflowing, shoot
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -54,6 +55,21 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
         expect(aggregate_box).to_have_attribute("data-node", "fog-a")
         sink_out = page.locator('tr[data-element="sink"] td.num').nth(1)
         expect(sink_out).not_to_have_text("0")  # the live table follows the sink
+        # Each PE's newest per-hop latency, as the broker's clock says: recomputed here from
+        # the two stored messages the endpoint names.
+        expect(page.locator('tr[data-element="aggregate"] td.latency')).to_have_text(
+            re.compile(r"^\d+ ms$")
+        )
+        hops = {h["element"]: h for h in cluster.get(f"/pipelines/{PIPELINE}/latency")}
+        assert "aggregate" in hops and "source" not in hops, hops  # a source has no input
+        hop = hops["aggregate"]
+        out = {m.metadata.sequence.stream: m for m in stream_messages(cluster, PIPELINE,
+                                                                      "aggregate")}  # fmt: skip
+        came = {m.metadata.sequence.stream: m for m in stream_messages(cluster, PIPELINE,
+                                                                       "source")}  # fmt: skip
+        assert int(out[hop["seq"]].headers[ORIGIN_HEADER]) == hop["input_seq"]
+        stored = out[hop["seq"]].metadata.timestamp - came[hop["input_seq"]].metadata.timestamp
+        assert abs(stored.total_seconds() * 1000 - hop["latency_ms"]) < 1.0, hop
         shoot(page, tmp_path, "pipeline")
 
         # A dead letter and its reason, as the orchestrator reports it.

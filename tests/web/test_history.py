@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from fogshift.contracts import (
+    HopLatency,
     NodeView,
     PipelineState,
     PipelineStatus,
     RestoreReport,
     RestoreStatus,
 )
-from fogshift.web.history import History, Snapshot
+from fogshift.web.history import History, Sampler, Snapshot
 from tests.web.test_graph import element
 
 
@@ -75,3 +76,40 @@ def test_the_window_forgets_old_samples_and_marks() -> None:
     history.record(snap(101.0, out=1, where="fog-b"))
     history.record(snap(120.0, out=30, where="fog-b"))
     assert history.series("p")["t"] == [120.0] and history.marks() == []
+
+
+def hop(seq: int, ms: float) -> HopLatency:
+    return HopLatency(element="pe", input="src", seq=seq, input_seq=seq, stored=0.0,
+                      latency_ms=ms)  # fmt: skip
+
+
+def test_latency_is_kept_once_per_newer_output_and_charted_at_its_poll() -> None:
+    history = History(window_s=60)
+    assert history.latency("p", "pe") is None
+    for t, (seq, ms) in zip((100.0, 101.0, 102.0, 103.0), ((5, 210.0), (5, 210.0), (9, 480.0),
+                                                          (12, 230.0)), strict=True):  # fmt: skip
+        history.record(snap(t, out=seq))
+        history.record_latency(t, "p", [hop(seq, ms)])
+    # The second poll saw the same newest output: no new point, a gap in the chart.
+    assert history.series("p")["latency"] == {"pe": [210.0, None, 480.0, 230.0]}
+    assert history.latency("p", "pe") == 230.0
+    # Older than the window: forgotten with the samples.
+    history.record(snap(200.0, out=13))
+    assert history.latency("p", "pe") is None
+
+
+def test_the_sampler_asks_each_running_pipeline_for_its_latency() -> None:
+    asked: list[str] = []
+
+    def fetch_latency(name: str) -> list[HopLatency]:
+        asked.append(name)
+        return [hop(len(asked), 100.0 * len(asked))]
+
+    history = History()
+    stopped = PipelineStatus(pipeline="q", status=PipelineState.STOPPED, elements=[])
+    sampler = Sampler(history, lambda: ([snap(0, 1).pipelines[0], stopped], [node("fog-a")]),
+                      fetch_latency=fetch_latency)  # fmt: skip
+    sampler.poll()
+    sampler.poll()
+    assert asked == ["p", "p"]  # not the stopped one
+    assert history.latency("p", "pe") == 200.0

@@ -44,15 +44,17 @@ async function startChart(figure) {
       data = await response.json();
     } catch (e) { return; }
     marks = data.marks;
-    const elements = Object.keys(data.rates).sort();
-    const rows = [data.t, ...elements.map((e) => data.rates[e])];
+    const values = data[figure.dataset.field || "rates"] || {};
+    const elements = Object.keys(values).sort();
+    const rows = [data.t, ...elements.map((e) => values[e])];
     if (plot === null || elements.join() !== names.join()) {
       if (plot !== null) plot.destroy();
       names = elements;
       plot = new uPlot({
         width: width(), height: 240,
-        series: [{}, ...elements.map((e, i) => ({ label: e, stroke: LINE_COLOURS[i % LINE_COLOURS.length], width: 2, spanGaps: false }))],
-        axes: [{}, { label: "events/s" }],
+        // Latency is sampled when a PE emits: its gaps are joined; a rate's gaps are real.
+        series: [{}, ...elements.map((e, i) => ({ label: e, stroke: LINE_COLOURS[i % LINE_COLOURS.length], width: 2, spanGaps: figure.dataset.field === "latency" }))],
+        axes: [{}, { label: figure.dataset.unit || "events/s" }],
         plugins: [marksPlugin(() => marks)],
       }, rows, figure);
     } else {
