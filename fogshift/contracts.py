@@ -82,10 +82,12 @@ class GateMode(StrEnum):
 
 
 class MigrationMode(StrEnum):
-    """The two migration procedures (``fogshift.migration.procedure``)."""
+    """The migration procedures (``fogshift.migration.procedure``)."""
 
     PRECOPY = "precopy"
     LITERAL = "literal"
+    #: Make-before-break: the target runs live beside the origin under the next epoch.
+    HANDOVER = "handover"
 
 
 class OperationKind(StrEnum):

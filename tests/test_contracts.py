@@ -28,7 +28,14 @@ from fogshift.contracts import (
     RestoreReport,
     RestoreStatus,
 )
-from fogshift.exceptions import InvariantViolation, NotFound
+from fogshift.exceptions import (
+    Conflict,
+    FogshiftError,
+    InvalidInput,
+    InvariantViolation,
+    NotFound,
+    Unavailable,
+)
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.restoration.exceptions import RestoreFailed
 
@@ -38,7 +45,7 @@ WIRE_STRINGS = [
     (PipelineState, {"deploying", "running", "stopping", "stopped", "failed"}),
     (PlacementState, {"node-lost", "pending"}),
     (GateMode, {"hold", "cap"}),
-    (MigrationMode, {"precopy", "literal"}),
+    (MigrationMode, {"precopy", "literal", "handover"}),
     (OperationKind, {"migration", "restore"}),
     (MigrationStatus, {"running", "migrated", "failed"}),
     (RestoreStatus, {"running", "restored", "failed"}),
@@ -161,3 +168,21 @@ def test_an_answer_that_does_not_fit_its_contract_is_an_invariant_violation() ->
     assert "node agent 'fog-a' answered GET /pipelines/p/elements/agg/progress" in err.message
     assert err.expected is not None and "ElementProgress" in err.expected
     assert err.received is not None and err.received.startswith("pipeline: ")
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(422, InvalidInput), (404, NotFound), (409, Conflict), (503, Unavailable),
+     (500, FogshiftError)],
+)  # fmt: skip
+def test_an_error_of_a_class_this_process_never_imported_keeps_its_code_and_kind(
+    status: int, kind: type[FogshiftError]
+) -> None:
+    # The CLI does not import the services' modules: their own error classes reach it only
+    # as a code, and the HTTP status says what kind of error it is (and so the exit code).
+    body = {"code": "not_keyed_in_this_test", "message": "m", "expected": "e",
+            "received": "r", "hint": "h"}  # fmt: skip
+    with pytest.raises(FogshiftError) as raised:
+        raise_for_error(httpx.Response(status, json=body), "the orchestrator")
+    assert type(raised.value) is kind
+    assert raised.value.code == "not_keyed_in_this_test" and raised.value.hint == "h"

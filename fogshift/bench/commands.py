@@ -122,7 +122,9 @@ def register(bench_app: typer.Typer) -> None:
                 help="Link profile of the origin node (repeat): n0, n100, n500, 10mbit,n100.",
             ),
         ] = None,
-        modes: Annotated[str | None, typer.Option(help="precopy,literal")] = None,
+        modes: Annotated[
+            str | None, typer.Option(help="Of precopy,literal,handover (default precopy,literal).")
+        ] = None,
     ) -> None:
         """E1: live migration by link delay, state size and mode (thesis Fig. 20-21)."""
         config = e1.E1Config.quick() if quick else e1.E1Config()
@@ -307,9 +309,11 @@ def _e1_overrides(
         config = replace(config, profiles=tuple(profiles))
     if modes is not None:
         chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
-        if not chosen or set(chosen) - {"precopy", "literal"}:
+        if not chosen or set(chosen) - {"precopy", "literal", "handover"}:
             raise BadBenchOption(
-                "bad migration modes", expected="precopy, literal or both", received=modes
+                "bad migration modes",
+                expected="one or more of precopy, literal, handover (comma-separated)",
+                received=modes,
             )
         config = replace(config, modes=chosen)
     return config

@@ -11,7 +11,7 @@ import time
 from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel, ValidationError
@@ -58,6 +58,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(topology_app, name="topology")
 app.add_typer(net_cli.app, name="net")
 console = Console()
+M = TypeVar("M", bound=BaseModel)
 err_console = Console(stderr=True)
 
 Home = Annotated[
@@ -376,6 +377,24 @@ def errors(
     console.print(table)
 
 
+def _element_read(
+    home: Path,
+    pipeline: str,
+    element: str,
+    what: str,
+    model: type[M],
+    key: str | None,
+    params: dict[str, object],
+) -> M:
+    """``GET /pipelines/{pipeline}/elements/{element}/{what}`` (with ``key`` if given) as
+    ``model``."""
+    if key is not None:
+        params = {**params, "key": key}
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        answer = client.get(f"/pipelines/{pipeline}/elements/{element}/{what}", params=params)
+    return model.model_validate(answer)
+
+
 @app.command()
 def state(
     pipeline: str,
@@ -388,12 +407,7 @@ def state(
     as_json: AsJson = False,
 ) -> None:
     """A stateful PE's state per key (its digital twins), as of its last committed batch."""
-    params: dict[str, object] = {"limit": limit}
-    if key is not None:
-        params["key"] = key
-    with cluster_ops.orchestrator_client(home.resolve()) as client:
-        answer = client.get(f"/pipelines/{pipeline}/elements/{element}/state", params=params)
-    data = TwinState.model_validate(answer)
+    data = _element_read(home, pipeline, element, "state", TwinState, key, {"limit": limit})
     if as_json:
         _print_json(data)
         return
@@ -424,11 +438,7 @@ def events(
 ) -> None:
     """The newest events a PE emitted, as its output stream holds them."""
     params: dict[str, object] = {"tail": tail, "limit": limit}
-    if key is not None:
-        params["key"] = key
-    with cluster_ops.orchestrator_client(home.resolve()) as client:
-        answer = client.get(f"/pipelines/{pipeline}/elements/{element}/events", params=params)
-    data = EventPage.model_validate(answer)
+    data = _element_read(home, pipeline, element, "events", EventPage, key, params)
     if as_json:
         _print_json(data)
         return
@@ -569,7 +579,12 @@ def migrate(
     ] = None,
     to: Annotated[str, typer.Option("--to", help="The node to move the PE to.")] = "",
     mode: Annotated[
-        str, typer.Option(help="precopy (warm standby, short downtime) or literal (thesis).")
+        str,
+        typer.Option(
+            help="precopy (warm standby, short downtime), literal (the thesis's) or handover "
+            "(make-before-break: the target runs live beside the origin, no pause on the "
+            "output's path; not for sinks or multi-input PEs)."
+        ),
     ] = "precopy",
     elements: Annotated[
         str | None,
@@ -586,7 +601,9 @@ def migrate(
     origin runs on)."""
     if mode not in tuple(MigrationMode):
         raise InvalidInput(
-            "unknown migration mode", expected="precopy or literal", received=repr(mode)
+            "unknown migration mode",
+            expected=", ".join(m.value for m in MigrationMode),
+            received=repr(mode),
         )
     if not to:
         raise InvalidInput(

@@ -33,14 +33,22 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fogshift.contracts import ErrorBody, MigrationReport, RestoreReport
 from fogshift.exceptions import (
+    Conflict,
     FogshiftError,
+    InvalidInput,
     InvariantViolation,
+    NotFound,
+    Unauthorized,
     Unavailable,
 )
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.restoration.exceptions import RestoreFailed
 
 _BY_CODE: dict[str, type[FogshiftError]] = {}
+#: The base error of each HTTP status the services answer with.
+_BY_STATUS: dict[int, type[FogshiftError]] = {
+    cls.http_status: cls for cls in (InvalidInput, NotFound, Conflict, Unauthorized, Unavailable)
+}
 
 # -- tokens --------------------------------------------------------------------------------
 
@@ -134,15 +142,20 @@ def raise_for_error(response: httpx.Response, what: str) -> None:
     except (ValueError, ValidationError):
         # Not one of ours (a proxy, a crash): the status is all there is to say.
         body = ErrorBody(code="error", message=f"{what} answered HTTP {response.status_code}")
-    if not _BY_CODE:
-        _collect(FogshiftError)
-    cls = _BY_CODE.get(body.code, FogshiftError)
+    if body.code not in _BY_CODE:
+        _collect(FogshiftError)  # again: subclasses imported since the last look count too
+    cls = _BY_CODE.get(body.code)
+    if cls is None:
+        # A subclass this process never imported (the CLI does not load the services'
+        # modules): the kind of error its HTTP status says, with the code it was sent with.
+        cls = _BY_STATUS.get(response.status_code, FogshiftError)
     error = cls(
         body.message or f"{what} answered HTTP {response.status_code}",
         expected=body.expected,
         received=body.received,
         hint=body.hint,
     )
+    error.code = body.code
     if isinstance(error, MigrationFailed | RestoreFailed):
         error.report = body.report
     raise error

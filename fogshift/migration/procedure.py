@@ -16,8 +16,19 @@ which starts its workers, then idles. Only then is the origin paused; the target
 opens and it reads the few events since the copy from the broker — re-processing the ones
 the origin already emitted without emitting them — and goes live.
 
+``handover`` — make-before-break: as precopy, a copy of the origin's latest checkpoint starts
+on the target behind a capped gate and follows the origin; but under the *next* epoch, and
+then its gate opens while the origin still runs. Both process the same input; the output is
+idempotent by input position, so whichever appends a record first stores it and the other
+skips it — and once the target has appended, the origin's next append is refused (its epoch
+is older). Once the target has committed as far as the origin, the stream is fenced with the
+target's epoch, so the origin is cut off for sure, and then removed. No pause, no query start
+and no state shipped on the output's critical path. Only for PEs whose output the broker holds (not
+sinks) with at most one input (a multi-input PE's cut log is not handed over yet).
+
 ``downtime_ms`` runs from the pause until the target commits its first batch beyond the
-origin's pause position.
+origin's pause position (for ``handover``: from the fence until the target commits beyond
+where the origin had got; the target is live all along, so it is at most a batch).
 
 Crash safety. The caller journals each phase (:class:`MigrationSteps`) before its side effect:
 ``preparing`` (the target gets a copy), ``pausing`` (the origin's gate closes), ``switching``
@@ -89,11 +100,17 @@ class MigrationSteps:
         fence: Bumps the PE's epoch and fences its output stream with it; returns the new
             epoch. Used when a rollback cannot make sure the target stopped: the origin is
             then restarted under the new epoch. ``None``: the origin is resumed regardless.
+        bump: Bumps the PE's epoch (recorded with the journal entry) without fencing;
+            returns it: the epoch a ``handover`` target writes under beside the origin.
+        mark: Fences the PE's output stream with the given epoch (no bump): a ``handover``
+            cuts the origin off with the target's epoch.
     """
 
     phase: Callable[[str], None] = _no_phase
     route: Callable[[], None] = _no_route
     fence: Callable[[], int] | None = None
+    bump: Callable[[], int] | None = None
+    mark: Callable[[int], None] | None = None
 
 
 class Stopwatch:
@@ -162,6 +179,9 @@ def migrate(
             under which epoch.
     """
     steps = steps or MigrationSteps()
+    if mode == MigrationMode.HANDOVER:
+        return _handover(pipeline, element, origin, target, timeout_s, live_wait_s, steps,
+                         precopy_rounds, epoch)  # fmt: skip
     origin_name, origin_agent = origin
     target_name, target_agent = target
     report = MigrationReport(
@@ -265,6 +285,145 @@ def migrate(
     except FogshiftError as exc:
         report.warnings.append(f"downtime not measured: {exc.message}")
     return report
+
+
+def _handover(
+    pipeline: str,
+    element: ElementSpec,
+    origin: tuple[str, ServiceClient],
+    target: tuple[str, ServiceClient],
+    timeout_s: float,
+    live_wait_s: float,
+    steps: MigrationSteps,
+    rounds: int,
+    epoch: int,
+) -> MigrationReport:
+    """The ``handover`` mode (module docstring): make-before-break under the next epoch."""
+    if steps.bump is None or steps.mark is None or steps.fence is None:
+        raise ValueError("a handover needs the caller's bump, mark and fence steps")
+    origin_name, origin_agent = origin
+    target_name, target_agent = target
+    report = MigrationReport(
+        pipeline=pipeline, element=element.id, origin=origin_name, target=target_name,
+        mode=MigrationMode.HANDOVER, epoch=epoch,
+    )  # fmt: skip
+    watch = Stopwatch(report)
+    here = _path(pipeline, element.id)
+    placed = element.model_copy(update={"node": target_name}).model_dump(mode="json")
+    started = False
+    try:
+        steps.phase(MigrationPhase.PREPARING)
+        report.epoch = steps.bump()
+        data, digest, info = _fetch_checkpoint(origin_agent, here, warm=True)
+        report.state_bytes = len(data)
+        _install(target_agent, here, data, digest)
+        limit = info.offset
+        gate = Gate(mode=GateMode.CAP, limit=limit) if limit else Gate(mode=GateMode.HOLD)
+        started = True
+        target_agent.put(
+            here,
+            json={"element": placed, "fresh": False, "gate": gate.model_dump(mode="json"),
+                  "epoch": report.epoch},
+        )  # fmt: skip
+        if info.batch is not None:
+            _wait_progress(target_agent, here, progress_of(limit), timeout_s, "warming up",
+                           report)  # fmt: skip
+        _converge(report, here, origin_agent, target_agent, timeout_s, rounds)
+        watch.lap("prepare")
+        # Live beside the origin: from here on the target may append (under the new epoch).
+        steps.phase(MigrationPhase.SWITCHING)
+        target_agent.put(here + "/gate", json={"gate": None})
+        now = origin_agent.call(ElementProgress, "GET", here + "/progress")
+        report.observe(origin_name, now)
+        _wait_progress(target_agent, here, now.progress, timeout_s, "following", report)
+        watch.lap("follow")
+        # The origin is not paused: it may already be refused (the target appended first
+        # under its newer epoch). The fence makes that certain; its position before is as
+        # far as it can have got.
+        position = origin_agent.call(ElementProgress, "GET", here + "/progress")
+        report.observe(origin_name, position)
+        paused_at = time.perf_counter()
+        steps.mark(report.epoch)
+        watch.lap("fence")
+        live = _wait_progress(target_agent, here, position.progress, timeout_s, "taking over",
+                              report)  # fmt: skip
+        watch.lap("invoke")
+        steps.route()
+    except Exception as exc:  # before the routing change: roll back
+        message = exc.message if isinstance(exc, FogshiftError) else f"{type(exc).__name__}: {exc}"
+        report.error = exc.render() if isinstance(exc, FogshiftError) else message
+        report.status = MigrationStatus.FAILED
+        undone = _undo_handover(pipeline, element, origin, target, epoch, steps.fence,
+                                started)  # fmt: skip
+        report.rolled_back, report.epoch = undone.resumed, undone.epoch
+        if undone.notes:
+            report.error = "; ".join([report.error, *undone.notes])
+        failure = MigrationFailed(
+            f"handover of {pipeline}/{element.id} from {origin_name} to {target_name} failed "
+            f"and {'was' if report.rolled_back else 'could not be'} rolled back: {message}",
+            hint=f"{element.id} runs on {origin_name} again (epoch {report.epoch})"
+            if report.rolled_back
+            else "see the error; the reconciler restarts the PE under its newest epoch",
+        )
+        failure.report = report
+        raise failure from exc
+    try:
+        origin_agent.delete(here, params={"discard": True})
+    except FogshiftError as exc:
+        report.warnings.append(f"the origin on {origin_name} was not removed: {exc.message}")
+    watch.lap("finalize")
+    report.status = MigrationStatus.MIGRATED
+    report.caught_up_events = max(0, position.progress - progress_of(info.offset))
+    try:
+        _measure_downtime(report, here, target_agent, live, position, paused_at, live_wait_s)
+    except FogshiftError as exc:
+        report.warnings.append(f"downtime not measured: {exc.message}")
+    return report
+
+
+def _undo_handover(
+    pipeline: str,
+    element: ElementSpec,
+    origin: tuple[str, ServiceClient],
+    target: tuple[str, ServiceClient],
+    epoch: int,
+    fence: Callable[[], int],
+    started: bool,
+) -> Rollback:
+    """Roll a handover back; never raises.
+
+    The target is discarded. If it was ever asked to run it may have appended under its
+    epoch, which would refuse the origin's appends: the PE is fenced under a newer epoch still
+    and the origin restarted under it (from its own checkpoint). If it never ran, the origin
+    (never paused) just goes on under ``epoch``, its own; the reconciler restarts it under the
+    epoch the handover took, as it does any PE behind its newest epoch.
+    """
+    (origin_name, origin_agent), (target_name, target_agent) = origin, target
+    path = _path(pipeline, element.id)
+    result = Rollback(resumed=False, epoch=epoch)
+    try:
+        target_agent.delete(path, params={"discard": True})
+    except UnknownElement:
+        pass
+    except FogshiftError as exc:
+        result.notes.append(f"discarding the target on {target_name} failed: {exc.message}")
+    if not started:
+        result.resumed = True
+        return result
+    try:
+        result.epoch = fence()
+        with contextlib.suppress(UnknownElement):
+            origin_agent.delete(path)
+        placed = element.model_copy(update={"node": origin_name}).model_dump(mode="json")
+        origin_agent.put(path, json={"element": placed, "fresh": False, "epoch": result.epoch})
+        result.notes.append(
+            f"the PE was fenced under epoch {result.epoch} and the origin restarted under it"
+        )
+    except FogshiftError as exc:
+        result.notes.append(f"running the origin on {origin_name} again failed: {exc.message}")
+        return result
+    result.resumed = True
+    return result
 
 
 def _measure_downtime(

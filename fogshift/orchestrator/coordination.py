@@ -67,6 +67,8 @@ class Coordination(Deployment):
                 hint="only running pipelines can be migrated",
             )
         self._refuse_current_node(record, element_id, target, "migrate")
+        if mode == MigrationMode.HANDOVER:
+            _refuse_handover(pipeline, element)
         self._usable_node(target, f"migrate {pipeline}/{element_id} to")
         with self._exclusive(pipeline, element_id, "migration"):
             # Afresh: a restore or migration that just ended may have moved the PE.
@@ -83,6 +85,8 @@ class Coordination(Deployment):
                 phase=partial(self._enter, op),
                 route=partial(self._route, op),
                 fence=partial(self._fence_for, op),
+                bump=partial(self.registry.next_epoch, pipeline, element_id, operation=op.id),
+                mark=partial(self._mark, pipeline, element_id),
             )
             try:
                 report = run_migration(
@@ -129,8 +133,10 @@ class Coordination(Deployment):
                 hint="e.g. --elements amplify,bandpass,classify",
             )
         for element_id in element_ids:
-            self._element(record, element_id)
+            element = self._element(record, element_id)
             self._refuse_current_node(record, element_id, target, "migrate")
+            if mode == MigrationMode.HANDOVER:
+                _refuse_handover(pipeline, element)
         self._usable_node(target, f"migrate {pipeline}/{','.join(element_ids)} to")
         moved: list[MigrationReport] = []
         try:
@@ -408,3 +414,23 @@ class Coordination(Deployment):
             agent.delete(here)
         placed = element.model_copy(update={"node": node}).model_dump(mode="json")
         agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
+
+
+def _refuse_handover(pipeline: str, element: ElementSpec) -> None:
+    """A handover runs two instances side by side: only for a PE whose every output the
+    broker holds, idempotent by input position, with at most one input.
+
+    Raises:
+        InvalidInput: A sink (it writes outside the broker: two instances would both write)
+            or a PE with several inputs (its cut log is not handed over yet).
+    """
+    if element.role == "sink" or len(element.inputs) > 1:
+        why = "a sink writes outside the broker" if element.role == "sink" else (
+            f"it reads {len(element.inputs)} inputs (its cut log is not handed over yet)"
+        )  # fmt: skip
+        raise InvalidInput(
+            f"{pipeline}/{element.id} cannot be handed over: {why}",
+            expected="a source or a processor with one input for --mode handover",
+            received=f"{element.kind} with inputs {list(element.inputs)}",
+            hint="use --mode precopy (the default) for it",
+        )

@@ -49,6 +49,12 @@ class Journal(Replication):
                     epoch)  # fmt: skip
         return epoch
 
+    def _mark(self, pipeline: str, element: str, epoch: int) -> None:
+        """Fence ``pipeline/element``'s output stream with ``epoch`` (already the PE's newest:
+        a handover's target writes under it); an instance under an older one is refused."""
+        self.broker.run(lambda js: fence(js, pipeline, element, epoch))
+        log.info("%s/%s: output fenced with epoch %d", pipeline, element, epoch)
+
     def _discard_quietly(
         self, node: str, here: str, record: PipelineRecord | None, op: Operation
     ) -> None:

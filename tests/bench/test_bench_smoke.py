@@ -45,7 +45,7 @@ def shared(cluster: Cluster) -> Iterator[BenchCluster]:
 
 #: Case 2 with its processing moving, only (the steady run is the same code without the
 #: migration): two patients, both turning abnormal, at twice real time.
-ECG = ecg.EcgConfig(patients=2, abnormal_every=1, duration_s=24.0, onset_s=6.0, move_at_s=6.0,
+ECG = ecg.EcgConfig(patients=2, abnormal_every=1, duration_s=16.0, onset_s=4.0, move_at_s=4.0,
                     speed=2.0, modes=("moving",), warm_up=False)  # fmt: skip
 
 
@@ -132,7 +132,8 @@ def test_each_run_migrated_or_restored_and_was_compared(out: Path, shared: Bench
     assert [(a["patient"], float(a["t"]), a["class"]) for a in timed] == expected_alarms
     assert all(float(a["latency_ms"]) > 0 for a in timed)
     windows = _rows(out / "ecg" / "windows.csv")
-    assert len(windows) == int(moving["windows"]) == source.patients * 48  # 24 s of 0.5 s
+    per_patient = int(source.duration_s / source.window_s)
+    assert len(windows) == int(moving["windows"]) == source.patients * per_patient
 
 
 def test_results_are_recomputed_from_the_csv(out: Path, tmp_path: Path) -> None:

@@ -16,6 +16,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 def test_demo_kills_restores_migrates_and_is_consistent(cluster: Cluster, tmp_path: Path) -> None:
     # A copy of the example, so the run writes its output under tmp_path, not the checkout.
     shutil.copytree(ROOT / "examples" / "case1", tmp_path / "case1")
+    # Twice the example's rate: 25 s of input still outlasts the kill and the restore, and the
+    # test waits half as long for the rest.
+    spec = tmp_path / "case1" / "case1.yaml"
+    spec.write_text(spec.read_text().replace("rate: 30}", "rate: 60}"))
+    assert "rate: 60}" in spec.read_text()
     # On the session's running cluster (`make demo` starts one of its own: the same code
     # path but for `up` and `down`, which every cluster fixture runs through the CLI).
     home = cluster.home

@@ -106,7 +106,10 @@ def test_the_processing_moves_its_node_dies_and_the_output_equals_the_reference(
     assert page["events"][-1]["body"]["samples"] == filtered["p01"][-len(
         page["events"][-1]["body"]["samples"]):]  # fmt: skip
     unkeyed = cluster.cli("events", "ecg", "amplify", "p01", check=False)
-    assert unkeyed.returncode == 1 and "is not keyed" in unkeyed.stderr, unkeyed.stderr
+    # Refused as bad input (exit 2) with its own code, though the CLI never imports the
+    # orchestrator's error classes.
+    assert unkeyed.returncode == 2 and "(not_keyed)" in unkeyed.stderr, unkeyed.stderr
+    assert "is not keyed" in unkeyed.stderr
     # The dashboard's ECG view, in a real browser: a patient's signal drawn, their alarms
     # listed as the classifier emitted them (the screenshot is the README's).
     sick = next(who for who, _, cls in expected if cls == "abnormal")

@@ -18,7 +18,12 @@ import pytest
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.waiting import wait_until
 from tests.conftest import Cluster
-from tests.integration.helpers import case1_spec, finish_and_compare, keyed_windows
+from tests.integration.helpers import (
+    assert_only_new_epochs_after_fence,
+    case1_spec,
+    finish_and_compare,
+    keyed_windows,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -46,10 +51,12 @@ def test_many_migrations_during_a_stream_keep_output_exact(
     rnd = random.Random(1234)
     placement = {"source": "cloud", "aggregate": "fog-a", "sink": "cloud"}
     # Each kind of PE, each mode for the stateful one; every migration starts a query,
-    # which is what costs time here.
-    plan = [("aggregate", "precopy"), ("aggregate", "literal"), ("source", "precopy"),
-            ("sink", "literal")]  # fmt: skip
+    # which is what costs time here. The handover runs the target live beside the origin
+    # under the next epoch (make-before-break).
+    plan = [("aggregate", "precopy"), ("aggregate", "literal"), ("aggregate", "handover"),
+            ("source", "precopy"), ("sink", "literal")]  # fmt: skip
     reports = []
+    handed_over = False
     for element, mode in plan:
         time.sleep(rnd.uniform(0, 1))
         target = rnd.choice([n for n in NODES if n != placement[element]])
@@ -57,8 +64,14 @@ def test_many_migrations_during_a_stream_keep_output_exact(
         assert report["exit_code"] == 0, (report.get("error"), report["stderr"])
         assert report["status"] == "migrated"
         assert (report["origin"], report["target"]) == (placement[element], target)
-        expected_phases = {"pause", "state", "invoke", "finalize"}
+        expected_phases = (
+            {"prepare", "follow", "fence", "invoke", "finalize"} if mode == "handover"
+            else {"pause", "state", "invoke", "finalize"}
+        )  # fmt: skip
         assert expected_phases <= set(report["phases_ms"]), report["phases_ms"]
+        # Only the handover takes a new epoch (precopy and literal never run two writers).
+        handed_over |= mode == "handover"
+        assert report["epoch"] == (2 if element == "aggregate" and handed_over else 1), report
         assert report["state_bytes"] > 0
         placement[element] = target
         reports.append(report)
@@ -94,6 +107,9 @@ def test_many_migrations_during_a_stream_keep_output_exact(
     )
     assert twins["batch"] is not None
     assert {e["key"]: e["state"]["values"] for e in twins["entries"]} == windows
+    # The handover cut the origin off with the target's epoch: nothing under the old one
+    # came after that fence.
+    assert_only_new_epochs_after_fence(cluster, "bounce", "aggregate", epoch=2)
     refused = cluster.cli("state", "bounce", "source", check=False)
     assert refused.returncode != 0 and "holds no state" in " ".join(refused.stderr.split())
     cluster.cli("stop", "bounce")
@@ -111,6 +127,10 @@ def test_bad_migrations_are_refused_and_the_pipeline_runs_on(
     assert same["exit_code"] == 2 and "already runs on node 'fog-a'" in same["stderr"]
     no_pe = migrate(cluster, "refuse", "nope", "fog-b", "precopy")
     assert no_pe["exit_code"] == 1 and "has no element 'nope'" in no_pe["stderr"]
+    # Two sinks side by side would both write the file: a handover of one is refused.
+    sink = migrate(cluster, "refuse", "sink", "fog-b", "handover")
+    assert sink["exit_code"] == 2 and "cannot be handed over" in sink["stderr"], sink
+    assert "--mode precopy" in sink["stderr"]
     finish_and_compare(cluster, tmp_path, "refuse")
 
 

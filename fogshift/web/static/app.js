@@ -31,34 +31,29 @@ function marksPlugin(getMarks) {
   };
 }
 
-async function startChart(figure) {
+// A chart in ``figure`` redrawn every 2 s from the JSON at ``url``: ``build(data)`` gives
+// ``{key, options, rows}`` (a new key: the chart is made again, e.g. another set of PEs).
+async function liveChart(figure, url, build) {
   let marks = [];
   let plot = null;
-  let names = [];
+  let key = null;
   const width = () => Math.max(figure.clientWidth - 16, 280);
   async function refresh() {
     let data;
     try {
-      const response = await fetch(figure.dataset.series, { credentials: "same-origin" });
+      const response = await fetch(url, { credentials: "same-origin" });
       if (!response.ok) return;
       data = await response.json();
     } catch (e) { return; }
     marks = data.marks;
-    const values = data[figure.dataset.field || "rates"] || {};
-    const elements = Object.keys(values).sort();
-    const rows = [data.t, ...elements.map((e) => values[e])];
-    if (plot === null || elements.join() !== names.join()) {
+    const made = build(data);
+    if (plot === null || made.key !== key) {
       if (plot !== null) plot.destroy();
-      names = elements;
-      plot = new uPlot({
-        width: width(), height: 240,
-        // Latency is sampled when a PE emits: its gaps are joined; a rate's gaps are real.
-        series: [{}, ...elements.map((e, i) => ({ label: e, stroke: LINE_COLOURS[i % LINE_COLOURS.length], width: 2, spanGaps: figure.dataset.field === "latency" }))],
-        axes: [{}, { label: figure.dataset.unit || "events/s" }],
-        plugins: [marksPlugin(() => marks)],
-      }, rows, figure);
+      key = made.key;
+      const options = { width: width(), height: 240, plugins: [marksPlugin(() => marks)] };
+      plot = new uPlot({ ...options, ...made.options }, made.rows, figure);
     } else {
-      plot.setData(rows);
+      plot.setData(made.rows);
     }
   }
   await refresh();
@@ -67,35 +62,35 @@ async function startChart(figure) {
   new ResizeObserver(() => plot && plot.setSize({ width: width(), height: 240 })).observe(figure);
 }
 
+// Per PE of a pipeline: its throughput (``rates``) or per-hop latency (``latency``).
+function startChart(figure) {
+  const field = figure.dataset.field || "rates";
+  return liveChart(figure, figure.dataset.series, (data) => {
+    const values = data[field] || {};
+    const elements = Object.keys(values).sort();
+    return {
+      key: elements.join(),
+      rows: [data.t, ...elements.map((e) => values[e])],
+      options: {
+        // Latency is sampled when a PE emits: its gaps are joined; a rate's gaps are real.
+        series: [{}, ...elements.map((e, i) => ({ label: e, stroke: LINE_COLOURS[i % LINE_COLOURS.length], width: 2, spanGaps: field === "latency" }))],
+        axes: [{}, { label: figure.dataset.unit || "events/s" }],
+      },
+    };
+  });
+}
+
 // The ECG view: one patient's filtered signal (x: seconds of the recording), alarms marked.
-async function startEcg(figure) {
-  let marks = [];
-  let plot = null;
-  const width = () => Math.max(figure.clientWidth - 16, 280);
-  async function refresh() {
-    let data;
-    try {
-      const response = await fetch(figure.dataset.ecg, { credentials: "same-origin" });
-      if (!response.ok) return;
-      data = await response.json();
-    } catch (e) { return; }
-    marks = data.marks;
-    const rows = [data.t, data.y];
-    if (plot === null) {
-      plot = new uPlot({
-        width: width(), height: 240,
-        scales: { x: { time: false } },
-        series: [{ label: "s" }, { label: "filtered", stroke: LINE_COLOURS[0], width: 1 }],
-        axes: [{ label: "seconds of the recording" }, { label: "mV" }],
-        plugins: [marksPlugin(() => marks)],
-      }, rows, figure);
-    } else {
-      plot.setData(rows);
-    }
-  }
-  await refresh();
-  setInterval(refresh, 2000);
-  new ResizeObserver(() => plot && plot.setSize({ width: width(), height: 240 })).observe(figure);
+function startEcg(figure) {
+  return liveChart(figure, figure.dataset.ecg, (data) => ({
+    key: "ecg",
+    rows: [data.t, data.y],
+    options: {
+      scales: { x: { time: false } },
+      series: [{ label: "s" }, { label: "filtered", stroke: LINE_COLOURS[0], width: 1 }],
+      axes: [{ label: "seconds of the recording" }, { label: "mV" }],
+    },
+  }));
 }
 
 // A live part is not refreshed while the keyboard focus is inside it: swapping it would
