@@ -76,6 +76,7 @@ class EcgConfig(ClusterRunConfig):
         modes: The runs, of :data:`MODES`.
         abnormal_every: Every n-th patient turns abnormal.
         speed: Seconds of recording per wall-clock second (1: real time).
+        group: The PEs that move, of :data:`PROCESSING` (all three by default).
         warm_up: First a run, not measured, until the processing has moved fog-a -> fog-b:
             without it the first measured run's early windows waited for Python workers, JIT
             compilation and the simulation of the recordings (kept by the source's worker
@@ -89,6 +90,7 @@ class EcgConfig(ClusterRunConfig):
     modes: tuple[str, ...] = MODES
     abnormal_every: int = 2
     speed: float = 1.0
+    group: tuple[str, ...] = PROCESSING
     central_interval_s: float = 5.0
     warm_up: bool = True
     seed: int = 3
@@ -193,7 +195,7 @@ def _run(
             called = time.time()
             report = cluster.client.post(
                 f"/pipelines/{name}/migrate",
-                json={"elements": list(PROCESSING), "target": SECOND},
+                json={"elements": list(config.group), "target": SECOND},
             )
             row.update(
                 mig_start_s=called, mig_end_s=time.time(), mig_status=report["status"],

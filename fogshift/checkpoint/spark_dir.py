@@ -124,8 +124,10 @@ def copy_checkpoint(
         limit = {"commits": keep_commit, "offsets": batch}.get(here.name)
         if limit is not None:
             # Newer than the copy's batch, or older than what resuming reads (history).
-            return [n for n in names
-                    if not limit - LOG_HISTORY <= (_batch_name(n) or -1) <= limit]  # fmt: skip
+            # (Batch 0 is a batch: a warm copy at batch 0 keeps no commit, so its query
+            # runs batch 0 again from no state, rather than load a state version it lacks.)
+            return [n for n in names if (b := _batch_name(n)) is None
+                    or not limit - LOG_HISTORY <= b <= limit]  # fmt: skip
         if here.parent.parent.name == "state":
             # state/<op>/<partition>/<version>.changelog|zip: version v is after batch v-1,
             # so resuming after commit C loads version C + 1.

@@ -38,7 +38,7 @@ def run_ecg(
 
     1. Once every patient's twin has seen two windows, the amplifier, band-pass and
        classifier move as one group migration to ``target`` (default: the first healthy node
-       hosting none of the pipeline's PEs).
+       hosting none of the pipeline's PEs), each handed over make-before-break.
     2. Once the classifier has a central checkpoint there and has processed two windows per
        patient beyond it, that node's process group is SIGKILLed (the input still flowing,
        unless the recordings are short).
@@ -161,9 +161,11 @@ def _spare(client: ServiceClient, pipeline: str, placed: set[str]) -> str:
 def _move(
     client: ServiceClient, pipeline: str, parts: Case2Parts, target: str, console: Console
 ) -> bool:
+    # Make-before-break: each target runs live beside its origin (under the next epoch)
+    # before the origin is cut off, so the patients' windows never wait for a pause.
     report = client.post(
         f"/pipelines/{pipeline}/migrate",
-        json={"elements": list(parts.processing), "target": target},
+        json={"elements": list(parts.processing), "target": target, "mode": "handover"},
     )
     for one in report["migrations"]:
         downtime = one["downtime_ms"]
@@ -176,8 +178,8 @@ def _move(
         console.print(f"[red]the group migration ended {report['status']}[/]: {report}")
         return False
     console.print(
-        f"live-migrated [bold]{', '.join(parts.processing)}[/] to {target} as one group "
-        "while the patients stream"
+        f"handed over [bold]{', '.join(parts.processing)}[/] to {target} as one group while "
+        "the patients stream (make-before-break: each target live beside its origin first)"
     )
     return True
 

@@ -91,3 +91,22 @@ def test_a_copy_before_any_snapshot_keeps_every_changelog(tmp_path: Path) -> Non
     _checkpoint(live, 6, snapshots=())
     copy_checkpoint(live, copy)
     assert {f"{v}.changelog" for v in range(1, 7)} <= _names(copy / "state" / "0" / "0")
+
+
+def test_a_warm_copy_at_the_first_batch_keeps_no_commit(tmp_path: Path) -> None:
+    # A PE migrated in its first seconds: its only busy batch is batch 0 (batch 1 read
+    # nothing new). The copy runs batch 0 again from no state; a kept commit 0 would make
+    # its query load state version 1, which the copy (rightly) does not hold.
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    _checkpoint(live, 1, snapshots=(1,))
+    _write(live / "offsets" / "1", 'v1\n{}\n{"row": 1}')  # batch 1: no new input
+    _write(live / "commits" / "1", "v1\n{}")
+    _write(live / "state" / "0" / "0" / "2.changelog")
+    info = copy_checkpoint(live, copy, warm=True)
+    assert info == {"batch": 0, "offset": {"row": 1}}
+    assert not {"0", "1"} & _names(copy / "commits")
+    assert "0" in _names(copy / "offsets") and "1" not in _names(copy / "offsets")
+    assert not {"1.changelog", "1.zip", "2.changelog"} & _names(copy / "state" / "0" / "0")
+    # Not warm: the copy is as of batch 1, commit 0 and 1 kept (0 is a batch like any).
+    copy_checkpoint(live, copy)
+    assert {"0", "1"} <= _names(copy / "commits")
