@@ -20,6 +20,7 @@ COLOURS = {
     "finalize": "#9467bd",
     "precopy": "#1f77b4",
     "literal": "#d62728",
+    "handover": "#2ca02c",
     "thesis": "#000000",
     "origin": "#d62728",
     "target": "#1f77b4",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,14 @@ def test_a_command_that_reruns_an_experiment_supersedes_the_earlier_one(tmp_path
     assert commands[1]["load_average_at_start"] == [0.5, 0.4, 0.3]
     lines = report._commands(tmp_path)
     assert "- `fogshift bench e3`: 0.5 min, started 2026-01-01 00:00:00 UTC" in lines[-2]
+
+
+def test_the_committed_handover_run_renders_with_a_colour_per_mode(tmp_path: Path) -> None:
+    # E1 with --modes precopy,handover: its plots once had no colour for handover.
+    folder = tmp_path / "e1h"
+    shutil.copytree(Path(__file__).parents[2] / "docs" / "results" / "e1-handover", folder)
+    for png in folder.glob("e1/*.png"):
+        png.unlink()
+    text = report.render(folder).read_text()
+    assert "| n0 | 0.2 | 5 MiB | handover | 2 / 2 |" in text
+    assert (folder / "e1" / "e1_cpu.png").read_bytes()[:4] == b"\x89PNG"
