@@ -201,22 +201,10 @@ def migrate(
     try:
         steps.phase(MigrationPhase.PREPARING)
         if mode == MigrationMode.PRECOPY:
-            data, digest, info = _fetch_checkpoint(origin_agent, here, warm=True)
-            report.state_bytes = len(data)
-            _install(target_agent, here, data, digest)
-            limit = info.offset
-            gate = Gate(mode=GateMode.CAP, limit=limit) if limit else Gate(mode=GateMode.HOLD)
+            info = _copy_warm(report, here, origin_agent, target_agent)
             started = True
-            target_agent.put(
-                here,
-                json={"element": placed, "fresh": False, "gate": gate.model_dump(mode="json"),
-                      "epoch": epoch},
-            )  # fmt: skip
-            if info.batch is not None:
-                # The re-executed batch commits: workers are up, state is loaded.
-                _wait_progress(target_agent, here, progress_of(limit), timeout_s,
-                               "warming up", report)  # fmt: skip
-            _converge(report, here, origin_agent, target_agent, timeout_s, precopy_rounds)
+            _follow_capped(report, here, origin_agent, target_agent, placed, info, epoch,
+                           timeout_s, precopy_rounds)  # fmt: skip
             watch.lap("prepare")
         steps.phase(MigrationPhase.PAUSING)
         paused_at = time.perf_counter()
@@ -267,23 +255,9 @@ def migrate(
         failure.report = report
         raise failure from exc
     # Routed: the target is the PE now. Nothing below may undo that.
-    try:
-        origin_agent.delete(here, params={"discard": True})
-    except FogshiftError as exc:
-        # It stays held at its gate (it writes nothing); the reconciler removes it as
-        # superseded once its node answers.
-        report.warnings.append(f"the origin on {origin_name} was not removed: {exc.message}")
-        log.warning("migration of %s/%s: the origin on %s was not removed (left to the "
-                    "reconciler): %s", pipeline, element.id, origin_name, exc.message)  # fmt: skip
-    watch.lap("finalize")
-    report.status = MigrationStatus.MIGRATED
-    report.caught_up_events = max(0, position.progress - progress_of(info.offset))
-    # Downtime ends when the target has processed input beyond the pause position.
     assert paused_at is not None
-    try:
-        _measure_downtime(report, here, target_agent, live, position, paused_at, live_wait_s)
-    except FogshiftError as exc:
-        report.warnings.append(f"downtime not measured: {exc.message}")
+    _finish(report, watch, here, origin_agent, target_agent, (info, position, live),
+            paused_at, live_wait_s)  # fmt: skip
     return report
 
 
@@ -314,21 +288,10 @@ def _handover(
     try:
         steps.phase(MigrationPhase.PREPARING)
         report.epoch = steps.bump()
-        data, digest, info = _fetch_checkpoint(origin_agent, here, warm=True)
-        report.state_bytes = len(data)
-        _install(target_agent, here, data, digest)
-        limit = info.offset
-        gate = Gate(mode=GateMode.CAP, limit=limit) if limit else Gate(mode=GateMode.HOLD)
+        info = _copy_warm(report, here, origin_agent, target_agent)
         started = True
-        target_agent.put(
-            here,
-            json={"element": placed, "fresh": False, "gate": gate.model_dump(mode="json"),
-                  "epoch": report.epoch},
-        )  # fmt: skip
-        if info.batch is not None:
-            _wait_progress(target_agent, here, progress_of(limit), timeout_s, "warming up",
-                           report)  # fmt: skip
-        _converge(report, here, origin_agent, target_agent, timeout_s, rounds)
+        _follow_capped(report, here, origin_agent, target_agent, placed, info, report.epoch,
+                       timeout_s, rounds)  # fmt: skip
         watch.lap("prepare")
         # Live beside the origin: from here on the target may append (under the new epoch).
         steps.phase(MigrationPhase.SWITCHING)
@@ -367,18 +330,74 @@ def _handover(
         )
         failure.report = report
         raise failure from exc
+    _finish(report, watch, here, origin_agent, target_agent, (info, position, live),
+            paused_at, live_wait_s)  # fmt: skip
+    return report
+
+
+def _copy_warm(
+    report: MigrationReport, here: str, origin: ServiceClient, target: ServiceClient
+) -> CheckpointInfo:
+    """Install a warm copy of the origin's latest checkpoint on the target (not started)."""
+    data, digest, info = _fetch_checkpoint(origin, here, warm=True)
+    report.state_bytes = len(data)
+    _install(target, here, data, digest)
+    return info
+
+
+def _follow_capped(
+    report: MigrationReport,
+    here: str,
+    origin: ServiceClient,
+    target: ServiceClient,
+    placed: dict,
+    info: CheckpointInfo,
+    epoch: int,
+    timeout_s: float,
+    rounds: int,
+) -> None:
+    """Start the installed copy behind a gate capped at the copy's offset (it re-executes
+    its last batch without emitting: workers up, state loaded), then let it follow the
+    origin for a few rounds (:func:`_converge`)."""
+    limit = info.offset
+    gate = Gate(mode=GateMode.CAP, limit=limit) if limit else Gate(mode=GateMode.HOLD)
+    target.put(
+        here,
+        json={"element": placed, "fresh": False, "gate": gate.model_dump(mode="json"),
+              "epoch": epoch},
+    )  # fmt: skip
+    if info.batch is not None:
+        _wait_progress(target, here, progress_of(limit), timeout_s, "warming up", report)
+    _converge(report, here, origin, target, timeout_s, rounds)
+
+
+def _finish(
+    report: MigrationReport,
+    watch: Stopwatch,
+    here: str,
+    origin: ServiceClient,
+    target: ServiceClient,
+    where: tuple[CheckpointInfo, ElementProgress, ElementProgress],
+    paused_at: float,
+    live_wait_s: float,
+) -> None:
+    """After the routing change: remove the origin (left to the reconciler if its node does
+    not answer: it writes nothing any more), then measure the downtime — until the target
+    has processed input beyond ``where``'s position (the pause, or the fence)."""
+    info, position, live = where
     try:
-        origin_agent.delete(here, params={"discard": True})
+        origin.delete(here, params={"discard": True})
     except FogshiftError as exc:
-        report.warnings.append(f"the origin on {origin_name} was not removed: {exc.message}")
+        report.warnings.append(f"the origin on {report.origin} was not removed: {exc.message}")
+        log.warning("migration of %s: the origin on %s was not removed (left to the "
+                    "reconciler): %s", here, report.origin, exc.message)  # fmt: skip
     watch.lap("finalize")
     report.status = MigrationStatus.MIGRATED
     report.caught_up_events = max(0, position.progress - progress_of(info.offset))
     try:
-        _measure_downtime(report, here, target_agent, live, position, paused_at, live_wait_s)
+        _measure_downtime(report, here, target, live, position, paused_at, live_wait_s)
     except FogshiftError as exc:
         report.warnings.append(f"downtime not measured: {exc.message}")
-    return report
 
 
 def _undo_handover(
@@ -398,7 +417,7 @@ def _undo_handover(
     (never paused) just goes on under ``epoch``, its own; the reconciler restarts it under the
     epoch the handover took, as it does any PE behind its newest epoch.
     """
-    (origin_name, origin_agent), (target_name, target_agent) = origin, target
+    origin_name, (target_name, target_agent) = origin[0], target
     path = _path(pipeline, element.id)
     result = Rollback(resumed=False, epoch=epoch)
     try:
@@ -411,19 +430,33 @@ def _undo_handover(
         result.resumed = True
         return result
     try:
-        result.epoch = fence()
-        with contextlib.suppress(UnknownElement):
-            origin_agent.delete(path)
-        placed = element.model_copy(update={"node": origin_name}).model_dump(mode="json")
-        origin_agent.put(path, json={"element": placed, "fresh": False, "epoch": result.epoch})
-        result.notes.append(
-            f"the PE was fenced under epoch {result.epoch} and the origin restarted under it"
-        )
+        _restart_fenced(element, origin, path, fence, result)
     except FogshiftError as exc:
         result.notes.append(f"running the origin on {origin_name} again failed: {exc.message}")
         return result
     result.resumed = True
     return result
+
+
+def _restart_fenced(
+    element: ElementSpec,
+    origin: tuple[str, ServiceClient],
+    path: str,
+    fence: Callable[[], int],
+    result: Rollback,
+) -> None:
+    """Fence the PE under a new epoch and start the origin again under it, from its own
+    checkpoint (a running or paused query keeps its epoch: it is stopped first; unknown
+    there, its agent restarted and forgot it, and it is started afresh)."""
+    origin_name, origin_agent = origin
+    result.epoch = fence()
+    with contextlib.suppress(UnknownElement):
+        origin_agent.delete(path)
+    placed = element.model_copy(update={"node": origin_name}).model_dump(mode="json")
+    origin_agent.put(path, json={"element": placed, "fresh": False, "epoch": result.epoch})
+    result.notes.append(
+        f"the PE was fenced under epoch {result.epoch} and the origin restarted under it"
+    )
 
 
 def _measure_downtime(
@@ -541,17 +574,7 @@ def roll_back(
         if target_stopped or fence is None:
             origin_agent.post(path + "/resume")
         else:
-            result.epoch = fence()
-            # A paused query keeps its epoch: it is stopped and started again from its own
-            # checkpoint (which stays) under the new one.
-            # (Unknown there: its agent restarted and forgot it; it is started afresh below.)
-            with contextlib.suppress(UnknownElement):
-                origin_agent.delete(path)
-            placed = element.model_copy(update={"node": origin_name}).model_dump(mode="json")
-            origin_agent.put(path, json={"element": placed, "fresh": False, "epoch": result.epoch})
-            result.notes.append(
-                f"the PE was fenced under epoch {result.epoch} and the origin restarted under it"
-            )
+            _restart_fenced(element, origin, path, fence, result)
     except FogshiftError as exc:
         result.notes.append(f"running the origin on {origin_name} again failed: {exc.message}")
         log.warning("rollback of %s/%s: the origin on %s does not run again: %s",

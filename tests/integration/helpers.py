@@ -215,6 +215,21 @@ def stream_messages(cluster: Cluster, pipeline: str, element: str) -> list[Any]:
         client.close()
 
 
+def assert_no_older_epoch_after(cluster: Cluster, pipeline: str, element: str, epoch: int) -> None:
+    """Something was written under ``epoch`` (a record, or a fence marker) and nothing under
+    an older one came after it: the writer it superseded never wrote again. (A handover's
+    fence writes no marker when the new instance's own records already carry the epoch.)"""
+    msgs = stream_messages(cluster, pipeline, element)
+    newer = [m.metadata.sequence.stream for m in msgs if int(m.headers[EPOCH_HEADER]) >= epoch]
+    assert newer, f"nothing under epoch {epoch} was written to {pipeline}/{element}"
+    stale = [
+        m.metadata.sequence.stream
+        for m in msgs
+        if m.metadata.sequence.stream > newer[0] and int(m.headers[EPOCH_HEADER]) < epoch
+    ]
+    assert not stale, f"messages {stale[:10]} after epoch {epoch} began carry an older one"
+
+
 def assert_only_new_epochs_after_fence(
     cluster: Cluster, pipeline: str, element: str, epoch: int = 2
 ) -> None:
