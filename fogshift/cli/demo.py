@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -98,10 +99,15 @@ def checkpointed(
     ahead: int,
     console: Console,
     deadline: float,
+    ended: Callable[[dict], bool] | None = None,
 ) -> tuple[dict, dict, dict | None]:
     """Wait until ``element`` has a central checkpoint and has processed ``ahead`` input
     events beyond it (by its node-level checkpoints, which run ahead of the central ones):
     a restore then has events to reprocess, whatever the timing.
+
+    ``ended(status)`` says the input has ended (the pipeline's status as
+    ``GET /pipelines/{p}`` gives it): from then on a central checkpoint is enough, because
+    no input is left to run ahead of it.
 
     Returns:
         The pipeline's status, the node hosting the PE (as ``GET /nodes`` lists it) and its
@@ -118,6 +124,7 @@ def checkpointed(
             central, local = mine.get("central"), mine.get("node_level")
             done = central is not None and local is not None and (
                 local["progress"] >= (central.get("progress") or 0) + ahead
+                or (ended is not None and ended(status))
             )  # fmt: skip
             if done or time.monotonic() > deadline:
                 return status, host, central

@@ -71,17 +71,19 @@ def run_ecg(
         target = target or _spare(client, pipeline, placed)
         if not _move(client, pipeline, parts, target, console):
             return False
-        _status, host, central = checkpointed(
-            client, pipeline, parts.classifier, 2 * source.patients, console, deadline
+        console.print(
+            f"handed over [bold]{', '.join(parts.processing)}[/] to {target} as one group "
+            + _flow(client, spec, parts, "while the patients stream")
+            + " (make-before-break: each target live beside its origin first)"
         )
+        source_id = _source_id(spec)
+        _status, host, central = checkpointed(
+            client, pipeline, parts.classifier, 2 * source.patients, console, deadline,
+            ended=lambda status: _sent(status, source_id) >= parts.windows,
+        )  # fmt: skip
         killed = str(host["name"])
         cluster_ops.kill_group(int(host["pgid"]), signal.SIGKILL)
-        sent = _element(client, pipeline, _source_id(spec))["events_out"]
-        flow = (
-            f"while the wearables still stream (window {sent} of {parts.windows})"
-            if sent < parts.windows
-            else "after the wearables' recordings ended"
-        )
+        flow = _flow(client, spec, parts, "while the wearables still stream")
         console.print(
             f"[red]killed[/] node [bold]{killed}[/] (SIGKILL of its process group) with "
             f"{', '.join(parts.processing)} on it, {flow}; the classifier's central checkpoint: "
@@ -122,6 +124,11 @@ def run_ecg(
 
 def _source_id(spec: PipelineSpec) -> str:
     return next(e.id for e in spec.elements if e.kind == "ecg-source")
+
+
+def _sent(status: dict, source: str) -> int:
+    """How many windows the wearables have sent, by the pipeline's status."""
+    return int(next(e for e in status["elements"] if e["element"] == source)["events_out"])
 
 
 def _element(client: ServiceClient, pipeline: str, element: str) -> dict:
@@ -177,11 +184,16 @@ def _move(
     if report["status"] != "migrated":
         console.print(f"[red]the group migration ended {report['status']}[/]: {report}")
         return False
-    console.print(
-        f"handed over [bold]{', '.join(parts.processing)}[/] to {target} as one group while "
-        "the patients stream (make-before-break: each target live beside its origin first)"
-    )
     return True
+
+
+def _flow(client: ServiceClient, spec: PipelineSpec, parts: Case2Parts, during: str) -> str:
+    """``during`` and how far the wearables are, or that their recordings have ended: the
+    moment is the machine's to decide (the recordings stream at their own pace)."""
+    sent = _sent(client.get(f"/pipelines/{spec.pipeline}"), _source_id(spec))
+    if sent < parts.windows:
+        return f"{during} (window {sent} of {parts.windows})"
+    return "after the wearables' recordings ended"
 
 
 def _restored(
