@@ -752,6 +752,8 @@ class StreamEvent(BaseModel):
         timestamp: The event's own timestamp (when its creator made it).
         creator: The PE (a source: the device) that created it.
         body: The body, decoded if it is JSON, else the text as it is.
+        origin: The sequence, in the PE's input stream, of the event it came from (``None``
+            for a source's events and a multi-input PE's, which come from a cut of several).
     """
 
     model_config = _WIRE
@@ -762,6 +764,7 @@ class StreamEvent(BaseModel):
     timestamp: float
     creator: str
     body: Any
+    origin: int | None = None
 
 
 class HopLatency(BaseModel):

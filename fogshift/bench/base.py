@@ -158,6 +158,14 @@ def least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, floa
     return slope, intercept, r2
 
 
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """The nearest-rank ``p``-th percentile (``None`` for no values)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100.0 * len(ordered)) - 1)]
+
+
 def fmt(value: float | None, digits: int = 0, unit: str = "") -> str:
     """A table cell: ``-`` for no value, else the number rounded to ``digits``."""
     if value is None:

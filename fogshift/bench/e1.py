@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from fogshift.bench import thesis
+from fogshift.bench import gaps, thesis
 from fogshift.bench.base import (
     MIB,
     ClusterRunConfig,
@@ -66,6 +66,8 @@ RUN_FIELDS = (
     "caught_up_events", "events", "consistent", "problems", "wait_s", "mig_start_s",
     "mig_end_s", "cpu_origin_before_pct", "cpu_origin_migration_pct",
     "cpu_target_migration_pct", "cpu_origin_peak_pct", "machine_busy_pct",
+    *(f"{m}_ms" for m in ("steady_gap", "max_gap", "output_gap", "steady_p99", "window_p99",
+                          "added_p99")),
 )  # fmt: skip
 CPU_FIELDS = ("run", "t_s", "origin_pct", "target_pct", "machine_pct")
 
@@ -233,10 +235,14 @@ def _one_run(
             run.finish_input()
             phases = {p: report.get("phases_ms", {}).get(p) for p in PHASES}
             # The phases run back to back from the POST; the report comes back later (after
-            # the downtime is measured), so the migration's window ends with its phases.
+            # the downtime is measured), so the migration's window ends with its phases (a
+            # handover's own ones too: follow, fence).
             start = called
-            end = called + sum(v for v in phases.values() if v is not None) / 1000.0
+            end = called + sum(v for v in (report.get("phases_ms") or {}).values() if v) / 1000
             run.check(config.timeout_s)
+            # What the sink's side saw: the aggregate's output gap and added latency.
+            emitted = gaps.outputs(cluster.client, name, "aggregate", "source")
+            run.row.update(gaps.disruption(emitted, start, end).as_row())
             run.row.update(
                 status=report.get("status"), error=report.get("error"),
                 state_bytes=report.get("state_bytes"),
@@ -263,7 +269,8 @@ def _say(reporter: Reporter, row: dict[str, Any]) -> None:
     verdict_text = "[green]consistent[/]" if row.get("consistent") else "[red]INCONSISTENT[/]"
     reporter.note(
         f"{row['run']}: {row.get('status')}, downtime {row.get('downtime_ms')} ms, "
-        f"phases 1-3 {row.get('phases123_ms')} ms, total {row.get('total_ms')} ms; "
+        f"phases 1-3 {row.get('phases123_ms')} ms, total {row.get('total_ms')} ms, output gap "
+        f"{row.get('output_gap_ms')} ms, added p99 {row.get('added_p99_ms')} ms; "
         f"{verdict_text}" + (f" ({one_line(row['error'], 120)})" if row.get("error") else "")
     )
 
@@ -306,12 +313,17 @@ def section(folder: Path) -> str | None:
         "consistent (`ok`); *phases 1-3* (pause + state + invoke) is what the thesis reports "
         'as downtime ("an upper limit for the PE downtime"); *downtime* is measured: from '
         "the pause until the target committed its first batch beyond the pause position. "
+        "What the consumers saw, by the broker's store times (`fogshift/bench/gaps.py`): "
+        "*output gap* is the longest interval between two of the aggregate's outputs around "
+        "the migration minus the steady interval; *added p99* is the p99 per-hop latency "
+        "(output stored minus its input event stored) of the outputs during the migration "
+        "(and 1 s after) minus the p99 of the others. "
         "CPU: the origin node's process group, % of one core.",
         "",
         "| link | RTT ms | state | mode | ok / runs | pause ms | state ms | invoke ms | "
         "finalize ms | prepare s | phases 1-3 ms | downtime ms | thesis downtime | "
-        "CPU origin during migration | machine busy |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "output gap ms | added p99 ms | CPU origin during migration | machine busy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (profile, mib, mode), group in _groups(rows).items():
         good = [r for r in group if ok(r)]
@@ -326,6 +338,9 @@ def section(folder: Path) -> str | None:
                 fmt_mean_std((num(r["phases123_ms"]) for r in good), 0),
                 fmt_mean_std((num(r["downtime_ms"]) for r in good), 0),
                 anchor.cite() if anchor else "-",
+                # Runs from before these columns existed have none: "-".
+                fmt_mean_std((num(r.get("output_gap_ms")) for r in good), 0),
+                fmt_mean_std((num(r.get("added_p99_ms")) for r in good), 0),
                 fmt_mean_std((num(r["cpu_origin_migration_pct"]) for r in good), 0, " %"),
                 fmt_mean_std((num(r["machine_busy_pct"]) for r in group), 0, " %"),
             ]) + " |"

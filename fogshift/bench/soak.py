@@ -60,6 +60,7 @@ from fogshift.bench.base import (
     RunLog,
     fmt,
     num,
+    percentile,
     read_rows,
 )
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters, cli_command
@@ -1040,14 +1041,6 @@ def _soak(
 
 
 # -- results (from runs.csv and verdict.json only) ---------------------------------------------
-
-
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """The nearest-rank ``p``-th percentile (``None`` for no values)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100.0 * len(ordered)) - 1)]
 
 
 #: The durations results.md summarises per operation: (column, what it measures).

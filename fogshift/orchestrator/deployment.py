@@ -323,6 +323,7 @@ class Deployment(Journal):
 
         start, stop, end, messages = self.broker.run(read, timeout=60)
         events: list[StreamEvent] = []
+        single = len(element.inputs) == 1  # a multi-input PE's events come from a cut
         for msg in messages:
             payload = json.loads(msg.data)
             try:
@@ -339,6 +340,7 @@ class Deployment(Journal):
                     timestamp=payload["timestamp"],
                     creator=payload["creator"],
                     body=body,
+                    origin=_origin(msg.headers) if single else None,
                 )
             )
         if after is None:
@@ -406,3 +408,9 @@ def _key_text(body: Any, field: str | None) -> str | None:
         return None
     value = body[field]
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def _origin(headers: dict[str, str] | None) -> int | None:
+    """The input sequence a single-input PE's record names in its origin header."""
+    value = (headers or {}).get(ORIGIN_HEADER)
+    return int(value) if value is not None else None

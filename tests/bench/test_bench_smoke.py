@@ -9,6 +9,7 @@ fog-a, E2 kills fog-a and restores on fog-c.
 from __future__ import annotations
 
 import csv
+import itertools
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,6 +118,17 @@ def test_each_run_migrated_or_restored_and_was_compared(out: Path, shared: Bench
         assert not compare(
             expected.rows, read_sink(work / "out" / "out.csv", "value")[1:]
         ).consistent
+    # What the sink's side saw of the migration: the longest interval between two of the
+    # aggregate's outputs around it is one the stream really has (read here on its own).
+    stored = [e["stored"] for e in shared.client.get(
+        f"/pipelines/{run['run']}/elements/aggregate/events", params={"after": 0, "limit": 5000}
+    )["events"]]  # fmt: skip
+    intervals = [round((b - a) * 1000, 1) for a, b in itertools.pairwise(stored)]
+    assert float(run["max_gap_ms"]) in intervals, (run, intervals)
+    assert float(run["output_gap_ms"]) == pytest.approx(
+        float(run["max_gap_ms"]) - float(run["steady_gap_ms"]), abs=0.2
+    )
+    assert float(run["window_p99_ms"]) > 0 and float(run["steady_p99_ms"]) > 0, run
     # Case 2: the group moved, and the alarms the latencies are of are the reference's.
     (moving,) = _rows(out / "ecg" / "runs.csv")
     assert moving["mig_status"] == "migrated" and moving["consistent"] == "true", moving

@@ -1,0 +1,119 @@
+"""What a reconfiguration costs the output, as its consumers see it: the output gap and the
+added latency of one PE (issue #13's measures), from the broker's store times.
+
+A reconfiguration's own ``downtime_ms`` is the procedure's view (from the pause, or the fence,
+to the target committing beyond the origin). Its consumers see something else: outputs that
+stop for a while, and events that take longer to get through. Both are read here from the
+PE's output stream and its input stream, through the orchestrator's events endpoint, on the
+broker's clock alone:
+
+* the **output gap**: the longest interval between two consecutive outputs that touches the
+  reconfiguration's window, minus the longest steady one (the nearest-rank p99 of the
+  intervals outside it: with micro-batches, the interval between two batches), so a PE that
+  emits every 300 ms and stopped for 1.2 s has a gap of 0.9 s;
+* the **added latency**: the p99 per-hop latency (an output's store time minus its input
+  event's) of the outputs stored in the window, minus the p99 of those outside it.
+
+The window is ``[start, end + settle_s]``; outputs outside it are the steady ones (the first
+output is left out: it pays the query's first batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from fogshift.bench.base import percentile
+from fogshift.common.http import ServiceClient
+
+#: The most stream sequences one read of the events endpoint asks for.
+PAGE = 5_000
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of the PE: when the broker stored it, and its per-hop latency (``None``
+    when its input event is not known)."""
+
+    stored: float
+    latency_ms: float | None
+
+
+@dataclass(frozen=True)
+class Disruption:
+    """The output gap and added latency of one reconfiguration (ms; ``None`` when there
+    were too few outputs to tell). ``max_gap_ms`` is the longest interval in the window,
+    ``steady_gap_ms`` the longest usual one outside it."""
+
+    steady_gap_ms: float | None
+    max_gap_ms: float | None
+    output_gap_ms: float | None
+    steady_p99_ms: float | None
+    window_p99_ms: float | None
+    added_p99_ms: float | None
+
+    def as_row(self) -> dict[str, float | None]:
+        return {k: None if v is None else round(v, 1) for k, v in self.__dict__.items()}
+
+
+def stream_events(client: ServiceClient, pipeline: str, element: str) -> list[dict]:
+    """Every event of ``element``'s output stream, page by page, in stream order."""
+    out: list[dict] = []
+    after = 0
+    while True:
+        page = client.get(
+            f"/pipelines/{pipeline}/elements/{element}/events",
+            params={"after": after, "limit": PAGE},
+        )
+        out.extend(page["events"])
+        after = page["scanned_to"]
+        if after >= page["last_seq"]:
+            return out
+
+
+def outputs(client: ServiceClient, pipeline: str, element: str, source: str) -> list[Output]:
+    """``element``'s outputs (a single-input PE reading ``source``), each with its per-hop
+    latency against the input event it came from."""
+    stored_in = {e["seq"]: e["stored"] for e in stream_events(client, pipeline, source)}
+    out = []
+    for event in stream_events(client, pipeline, element):
+        came = stored_in.get(event.get("origin"))
+        latency = None if came is None else (event["stored"] - came) * 1000.0
+        out.append(Output(stored=event["stored"], latency_ms=latency))
+    return out
+
+
+def disruption(
+    emitted: Sequence[Output], start: float, end: float, settle_s: float = 1.0
+) -> Disruption:
+    """The output gap and added latency of a reconfiguration from ``start`` to ``end``
+    (seconds, the broker's clock; module doc). ``emitted`` is in stream order."""
+    times = [o.stored for o in emitted]
+    stop = end + settle_s
+    steady_gaps, window_gaps = [], []
+    for a, b in pairwise(times[1:]):  # the first output pays the query's first batch
+        (window_gaps if b >= start and a <= stop else steady_gaps).append((b - a) * 1000.0)
+    steady_gap = percentile(steady_gaps, 99)
+    max_gap = max(window_gaps, default=None)
+    inside = [
+        o.latency_ms for o in emitted if start <= o.stored <= stop and o.latency_ms is not None
+    ]
+    outside = [
+        o.latency_ms
+        for o in emitted[1:]
+        if not start <= o.stored <= stop and o.latency_ms is not None
+    ]
+    steady_p99, window_p99 = percentile(outside, 99), percentile(inside, 99)
+    return Disruption(
+        steady_gap_ms=steady_gap,
+        max_gap_ms=max_gap,
+        output_gap_ms=_minus(max_gap, steady_gap),
+        steady_p99_ms=steady_p99,
+        window_p99_ms=window_p99,
+        added_p99_ms=_minus(window_p99, steady_p99),
+    )
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b

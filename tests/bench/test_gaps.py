@@ -1,0 +1,100 @@
+"""The output gap and added latency of a reconfiguration (``fogshift.bench.gaps``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fogshift.bench import gaps
+from fogshift.bench.gaps import Output
+
+
+def _steady(first: float, last: float, latency_ms: float) -> list[Output]:
+    """An output every 300 ms from ``first`` to ``last`` (s), each ``latency_ms`` late."""
+    count = round((last - first) / 0.3) + 1
+    return [Output(round(first + 0.3 * k, 3), latency_ms) for k in range(count)]
+
+
+def test_a_stop_of_the_output_is_its_gap_beyond_the_steady_interval() -> None:
+    # The first output paid the query's start (5 s late); then one every 300 ms, 100 ms
+    # late; the reconfiguration from 10 to 12 s stopped the output from 9.9 to 11.4 s, and
+    # the events that waited came out 1.6 and 0.9 s late.
+    emitted = [
+        Output(0.0, 5000.0),
+        *_steady(0.3, 9.9, 100.0),
+        Output(11.4, 1600.0),
+        Output(11.7, 900.0),
+        *_steady(12.0, 20.1, 100.0),
+    ]
+    found = gaps.disruption(emitted, start=10.0, end=12.0, settle_s=1.0)
+    assert found.steady_gap_ms == pytest.approx(300.0)
+    assert found.max_gap_ms == pytest.approx(1500.0)
+    assert found.output_gap_ms == pytest.approx(1200.0)
+    # Outside the window every output was 100 ms late (the first, at 5 s, is left out).
+    assert found.steady_p99_ms == pytest.approx(100.0)
+    # Inside [10, 13]: 1600, 900 and four at 100: the nearest-rank p99 of six is the worst.
+    assert found.window_p99_ms == pytest.approx(1600.0)
+    assert found.added_p99_ms == pytest.approx(1500.0)
+    assert found.as_row()["output_gap_ms"] == 1200.0
+
+
+def test_a_reconfiguration_nobody_noticed_costs_nothing() -> None:
+    emitted = [Output(0.0, 100.0), *_steady(0.3, 30.0, 100.0)]
+    found = gaps.disruption(emitted, start=10.0, end=12.0)
+    assert found.output_gap_ms == pytest.approx(0.0, abs=1e-6)
+    assert found.added_p99_ms == pytest.approx(0.0)
+
+
+def test_too_few_outputs_say_nothing_rather_than_zero() -> None:
+    found = gaps.disruption([Output(0.0, 10.0), Output(1.0, None)], start=5.0, end=6.0)
+    assert found.max_gap_ms is None and found.output_gap_ms is None
+    assert found.window_p99_ms is None and found.added_p99_ms is None
+    assert set(found.as_row().values()) == {None}
+
+
+class _Pages:
+    """The events endpoint of two streams, three sequences a page."""
+
+    def __init__(self, streams: dict[str, list[dict[str, Any]]]) -> None:
+        self.streams = streams
+        self.calls: list[tuple[str, int]] = []
+
+    def get(self, path: str, params: dict[str, int]) -> dict[str, Any]:
+        element = path.split("/")[4]
+        events = self.streams[element]
+        after = params["after"]
+        self.calls.append((element, after))
+        stop = min(len(events), after + 3)
+        return {
+            "events": [e for e in events if after < e["seq"] <= stop],
+            "scanned_to": stop,
+            "last_seq": len(events),
+        }
+
+
+def test_outputs_are_joined_with_the_input_events_they_came_from() -> None:
+    source = [{"seq": n, "stored": 100.0 + n} for n in range(1, 8)]
+    # The aggregate's outputs name their input by origin; one names an input the stream no
+    # longer holds (no latency), and the stream's sequences are its own.
+    aggregate = [
+        {"seq": n, "stored": 100.5 + origin, "origin": origin}
+        for n, origin in enumerate([1, 2, 3, 5, 6, 99, 7], start=1)
+    ]
+    client = _Pages({"source": source, "aggregate": aggregate})
+    emitted = gaps.outputs(client, "p", "aggregate", "source")  # type: ignore[arg-type]
+    assert [o.stored for o in emitted] == [e["stored"] for e in aggregate]
+    assert [o.latency_ms for o in emitted] == [500.0] * 5 + [None, 500.0]
+    # Every page was read, forward from the last one.
+    assert [a for e, a in client.calls if e == "aggregate"] == [0, 3, 6]
+
+
+def test_with_micro_batches_the_steady_gap_is_the_interval_between_batches() -> None:
+    # Three outputs per batch (2 ms apart), a batch a second; the batches due at 10 and 11 s
+    # came at 12 s (with the one due then): the output stopped 3 s where it stops 1 s.
+    batches = [0.0, *range(1, 10), *range(12, 25)]
+    emitted = [Output(t + k * 0.002, 200.0) for t in batches for k in range(3)]
+    found = gaps.disruption(emitted, start=10.0, end=11.5)
+    assert found.steady_gap_ms == pytest.approx(996.0)
+    assert found.max_gap_ms == pytest.approx(2996.0)
+    assert found.output_gap_ms == pytest.approx(2000.0)
