@@ -234,6 +234,10 @@ def register(bench_app: typer.Typer) -> None:
         orchestrator_kills: Annotated[
             int, typer.Option(help="Orchestrator kills (SIGKILL), then started again.")
         ] = 1,
+        modes: Annotated[
+            str,
+            typer.Option(help="Migration modes drawn from, of precopy,literal,handover."),
+        ] = ",".join(soak.MODES),
         mid_migration: Annotated[
             float,
             typer.Option(help="Probability that an orchestrator kill lands during a migration."),
@@ -268,6 +272,7 @@ def register(bench_app: typer.Typer) -> None:
             return
         config = soak.SoakConfig(
             migrations=migrations, kills=kills, orchestrator_kills=orchestrator_kills,
+            modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
             mid_migration=mid_migration, duration_s=duration, seed=seed,
             nodes=tuple(n.strip() for n in nodes.split(",") if n.strip()), rate=rate,
             trigger_ms=trigger_ms,

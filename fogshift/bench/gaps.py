@@ -14,8 +14,9 @@ broker's clock alone:
 * the **added latency**: the p99 per-hop latency (an output's store time minus its input
   event's) of the outputs stored in the window, minus the p99 of those outside it.
 
-The window is ``[start, end + settle_s]``; outputs outside it are the steady ones (the first
-output is left out: it pays the query's first batch).
+The window is ``[start, end + settle_s]``; outputs outside it are the steady ones, but for
+the first ``warm_s`` of output: it pays the query's first batches and drains the input that
+queued while the query started (in E1 its latency was twice the steady p99).
 """
 
 from __future__ import annotations
@@ -85,25 +86,34 @@ def outputs(client: ServiceClient, pipeline: str, element: str, source: str) -> 
 
 
 def disruption(
-    emitted: Sequence[Output], start: float, end: float, settle_s: float = 1.0
+    emitted: Sequence[Output],
+    start: float,
+    end: float,
+    settle_s: float = 1.0,
+    warm_s: float = 1.0,
 ) -> Disruption:
     """The output gap and added latency of a reconfiguration from ``start`` to ``end``
     (seconds, the broker's clock; module doc). ``emitted`` is in stream order."""
+    if not emitted:
+        return Disruption(None, None, None, None, None, None)
     times = [o.stored for o in emitted]
-    stop = end + settle_s
+    stop, warm = end + settle_s, times[0] + warm_s
     steady_gaps, window_gaps = [], []
-    for a, b in pairwise(times[1:]):  # the first output pays the query's first batch
-        (window_gaps if b >= start and a <= stop else steady_gaps).append((b - a) * 1000.0)
+    for a, b in pairwise(times):
+        if b >= start and a <= stop:
+            window_gaps.append((b - a) * 1000.0)
+        elif a >= warm:
+            steady_gaps.append((b - a) * 1000.0)
     steady_gap = percentile(steady_gaps, 99)
     max_gap = max(window_gaps, default=None)
-    inside = [
-        o.latency_ms for o in emitted if start <= o.stored <= stop and o.latency_ms is not None
-    ]
-    outside = [
-        o.latency_ms
-        for o in emitted[1:]
-        if not start <= o.stored <= stop and o.latency_ms is not None
-    ]
+    inside, outside = [], []
+    for o in emitted:
+        if o.latency_ms is None:
+            continue
+        if start <= o.stored <= stop:
+            inside.append(o.latency_ms)
+        elif o.stored >= warm:
+            outside.append(o.latency_ms)
     steady_p99, window_p99 = percentile(outside, 99), percentile(inside, 99)
     return Disruption(
         steady_gap_ms=steady_gap,

@@ -15,8 +15,10 @@ Then a seeded random schedule of ``N`` migrations, ``M`` node kills and ``K``
 (``--orchestrator-kills``, at least one by default) orchestrator kills runs, one operation at
 a time, after a random pause each:
 
-* **migrate**: a random PE of either pipeline to a random other live node, ``precopy`` or
-  ``literal`` at random (the REST call ``fogshift migrate`` makes).
+* **migrate**: a random PE of either pipeline to a random other live node, in a mode drawn
+  from ``modes`` (``precopy``, ``literal``, ``handover``; a handover only for the PEs that
+  can be handed over: sources and one-input processors) (the REST call ``fogshift migrate``
+  makes).
 * **kill-node**: SIGKILL of a random node's whole process group; the orchestrator restores
   its PEs by itself (the specs keep ``recovery.auto``); a PE still on the dead node after
   ``restore_timeout_s`` is restored by hand (``fogshift restore``). Then the node's agent is
@@ -71,6 +73,7 @@ from fogshift.common.text import one_line
 from fogshift.common.waiting import wait_until
 from fogshift.exceptions import FogshiftError
 from fogshift.spec.loader import load_spec
+from fogshift.spec.models import KINDS
 from fogshift.supervisor.cluster import (
     ProcessInfo,
     group_alive,
@@ -96,7 +99,7 @@ TIMESTAMP_BASE = 1_700_000_000
 MIGRATE, KILL_NODE, KILL_ORCHESTRATOR = "migrate", "kill-node", "kill-orchestrator"
 OPERATIONS = (MIGRATE, KILL_NODE, KILL_ORCHESTRATOR)
 OUTCOMES = ("ok", "rolled back", "failed", "interrupted", "refused", "skipped")
-MODES = ("precopy", "literal")
+MODES = ("precopy", "literal", "handover")
 
 OP_FIELDS = (
     "index", "op", "started_s", "pipeline", "element", "origin", "target", "mode", "outcome",
@@ -119,6 +122,7 @@ class SoakConfig(ClusterRunConfig):
         kills: Node kills in the schedule (SIGKILL of a node's process group).
         orchestrator_kills: Orchestrator kills in the schedule (the issue asks for one at
             least; 0 leaves them out).
+        modes: The migration modes drawn from (:data:`MODES`).
         mid_migration: Probability that an orchestrator kill lands while a migration runs.
         interrupt_after_s: Range of the wait between starting that migration and the kill.
         duration_s: Start no operation after this many seconds of schedule (``None``: no cap).
@@ -142,6 +146,7 @@ class SoakConfig(ClusterRunConfig):
     migrations: int = 200
     kills: int = 50
     orchestrator_kills: int = 1
+    modes: tuple[str, ...] = MODES
     mid_migration: float = 0.5
     interrupt_after_s: tuple[float, float] = (0.5, 5.0)
     duration_s: float | None = None
@@ -173,6 +178,12 @@ class SoakConfig(ClusterRunConfig):
                     expected="a whole number >= 0",
                     received=str(value),
                 )
+        if not self.modes or not set(self.modes) <= set(MODES):
+            raise BadBenchOption(
+                "bad --modes",
+                expected=f"a comma-separated choice of {', '.join(MODES)}",
+                received=",".join(self.modes) or "(none)",
+            )
         if not 0.0 <= self.mid_migration <= 1.0:
             raise BadBenchOption(
                 "bad --mid-migration",
@@ -749,11 +760,15 @@ class Soak:
             pes = self.status()
         except FogshiftError:
             return None
-        (pipeline, element), info = self.rng.choice(sorted(pes.items()))
+        movable = sorted((pe, info) for pe, info in pes.items() if _modes(info, self.config.modes))
+        if not movable:
+            return None
+        (pipeline, element), info = self.rng.choice(movable)
         targets = [n for n in self.alive() if n != info["node"]]
         if not targets:
             return None
-        return pipeline, element, info["node"], self.rng.choice(targets), self.rng.choice(MODES)
+        mode = self.rng.choice(_modes(info, self.config.modes))
+        return pipeline, element, info["node"], self.rng.choice(targets), mode
 
     def migrate(
         self, index: int, chosen: tuple[str, str, str, str, str] | None = None
@@ -984,6 +999,13 @@ def run(config: SoakConfig, clusters: Clusters, out: Path, reporter: Reporter) -
         verdict["zero_errors"] = bool(counts) and all(c == 0 for c in counts)
         (out / VERDICT_JSON).write_text(json.dumps(verdict, indent=2, default=str) + "\n")
     return verdict
+
+
+def _modes(info: dict[str, Any], modes: Sequence[str]) -> list[str]:
+    """The ``modes`` a PE (its status) can migrate in: a handover only for a source or a
+    processor with one input (the orchestrator refuses the rest)."""
+    sink = KINDS[info["kind"]].role == "sink"
+    return [m for m in modes if m != "handover" or (not sink and len(info["inputs"]) <= 1)]
 
 
 def _soak(

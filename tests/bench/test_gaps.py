@@ -17,12 +17,13 @@ def _steady(first: float, last: float, latency_ms: float) -> list[Output]:
 
 
 def test_a_stop_of_the_output_is_its_gap_beyond_the_steady_interval() -> None:
-    # The first output paid the query's start (5 s late); then one every 300 ms, 100 ms
-    # late; the reconfiguration from 10 to 12 s stopped the output from 9.9 to 11.4 s, and
-    # the events that waited came out 1.6 and 0.9 s late.
+    # The first outputs paid the query's start (5 s and 3 s late, and 1.4 s apart);
+    # then one every 300 ms, 100 ms late; the reconfiguration from 10 to 12 s stopped the
+    # output from 9.9 to 11.4 s, and the events that waited came out 1.6 and 0.9 s late.
     emitted = [
         Output(0.0, 5000.0),
-        *_steady(0.3, 9.9, 100.0),
+        Output(0.7, 3000.0),
+        *_steady(2.1, 9.9, 100.0),
         Output(11.4, 1600.0),
         Output(11.7, 900.0),
         *_steady(12.0, 20.1, 100.0),
@@ -31,7 +32,7 @@ def test_a_stop_of_the_output_is_its_gap_beyond_the_steady_interval() -> None:
     assert found.steady_gap_ms == pytest.approx(300.0)
     assert found.max_gap_ms == pytest.approx(1500.0)
     assert found.output_gap_ms == pytest.approx(1200.0)
-    # Outside the window every output was 100 ms late (the first, at 5 s, is left out).
+    # Outside the window every output was 100 ms late (the first second is left out).
     assert found.steady_p99_ms == pytest.approx(100.0)
     # Inside [10, 13]: 1600, 900 and four at 100: the nearest-rank p99 of six is the worst.
     assert found.window_p99_ms == pytest.approx(1600.0)
@@ -49,6 +50,7 @@ def test_a_reconfiguration_nobody_noticed_costs_nothing() -> None:
 def test_too_few_outputs_say_nothing_rather_than_zero() -> None:
     found = gaps.disruption([Output(0.0, 10.0), Output(1.0, None)], start=5.0, end=6.0)
     assert found.max_gap_ms is None and found.output_gap_ms is None
+    assert gaps.disruption([], start=5.0, end=6.0) == found
     assert found.window_p99_ms is None and found.added_p99_ms is None
     assert set(found.as_row().values()) == {None}
 

@@ -149,6 +149,8 @@ def test_schedule_has_every_operation_once_per_count_and_follows_the_seed() -> N
         ({"migrations": -1}, "--migrations"),
         ({"orchestrator_kills": -2}, "--orchestrator-kills"),
         ({"mid_migration": 1.5}, "--mid-migration"),
+        ({"modes": ("teleport",)}, "--modes"),
+        ({"modes": ()}, "--modes"),
         ({"nodes": ("cloud",)}, "two distinct nodes"),
         ({"nodes": ("cloud", "cloud")}, "two distinct nodes"),
         ({"rate": 0.0}, "--rate"),
@@ -162,6 +164,17 @@ def test_bad_settings_are_refused_with_what_was_expected(
         soak.SoakConfig(**changes).check()
     assert option in caught.value.message
     assert caught.value.expected and caught.value.received is not None
+
+
+def test_a_handover_is_drawn_only_for_pes_that_can_be_handed_over() -> None:
+    every = soak.MODES
+    aggregate = {"kind": "window-aggregate", "inputs": ["source"]}
+    assert soak._modes(aggregate, every) == ["precopy", "literal", "handover"]
+    assert soak._modes({"kind": "csv-source", "inputs": []}, ("handover",)) == ["handover"]
+    assert soak._modes({"kind": "csv-sink", "inputs": ["aggregate"]}, every) == [
+        "precopy", "literal",
+    ]  # fmt: skip
+    assert soak._modes({"kind": "filter", "inputs": ["left", "right"]}, ("handover",)) == []
 
 
 def test_the_command_refuses_bad_nodes_before_any_cluster_starts(tmp_path: Path) -> None:
@@ -296,9 +309,10 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
     started = time.monotonic()
     proc = fogshift(
         # One migration only: the one the orchestrator is killed during (a whole one is
-        # what every migration test runs).
+        # what every migration test runs), a make-before-break handover.
         "bench", "soak", "--migrations", "0", "--kills", "1", "--orchestrator-kills", "1",
-        "--mid-migration", "1", "--nodes", "cloud,fog-a,fog-b", "--seed", "3",
+        "--mid-migration", "1", "--modes", "handover", "--nodes", "cloud,fog-a,fog-b",
+        "--seed", "3",
         # Batches at most once a second: two pipelines' 200 ms batches keep two cores busy,
         # and every operation then waits for CPU (what is tested does not depend on it).
         "--trigger-ms", "1000",
@@ -322,9 +336,10 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
     assert proc.returncode == (0 if verdict["zero_errors"] else 1), proc.stderr[-2000:]
     with open(out / soak.RUNS_CSV, newline="") as handle:
         rows = list(csv.DictReader(handle))
-    # The migration the orchestrator is killed during.
+    # The migration the orchestrator is killed during: a handover.
     ops = sorted(r["op"] for r in rows)
     assert ops == ["kill-node", "kill-orchestrator", "migrate"], rows
+    assert next(r for r in rows if r["op"] == "migrate")["mode"] == "handover", rows
     assert all(r["outcome"] in soak.OUTCOMES for r in rows), rows
     killed = {r["op"]: r for r in rows if r["op"] != "migrate"}
     assert killed["kill-node"]["outcome"] == "ok", killed  # restored, and the node came back
