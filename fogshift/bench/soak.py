@@ -16,9 +16,8 @@ Then a seeded random schedule of ``N`` migrations, ``M`` node kills and ``K``
 a time, after a random pause each:
 
 * **migrate**: a random PE of either pipeline to a random other live node, in a mode drawn
-  from ``modes`` (``precopy``, ``literal``, ``handover``; a handover only for the PEs that
-  can be handed over: sources and one-input processors) (the REST call ``fogshift migrate``
-  makes).
+  from ``modes`` (``precopy``, ``literal``, ``handover``; a handover not for sinks, which the
+  orchestrator refuses) (the REST call ``fogshift migrate`` makes).
 * **kill-node**: SIGKILL of a random node's whole process group; the orchestrator restores
   its PEs by itself (the specs keep ``recovery.auto``); a PE still on the dead node after
   ``restore_timeout_s`` is restored by hand (``fogshift restore``). Then the node's agent is
@@ -1002,10 +1001,10 @@ def run(config: SoakConfig, clusters: Clusters, out: Path, reporter: Reporter) -
 
 
 def _modes(info: dict[str, Any], modes: Sequence[str]) -> list[str]:
-    """The ``modes`` a PE (its status) can migrate in: a handover only for a source or a
-    processor with one input (the orchestrator refuses the rest)."""
+    """The ``modes`` a PE (its status) can migrate in: a handover not for a sink (the
+    orchestrator refuses it)."""
     sink = KINDS[info["kind"]].role == "sink"
-    return [m for m in modes if m != "handover" or (not sink and len(info["inputs"]) <= 1)]
+    return [m for m in modes if m != "handover" or not sink]
 
 
 def _soak(

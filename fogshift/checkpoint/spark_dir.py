@@ -113,8 +113,8 @@ def copy_checkpoint(
     batch = commits[-1]
     keep_commit = batch
     if warm:
-        ends = {b: progress_of(end_offset(source, b)) for b in commits}
-        busy = [b for b in commits if ends[b] > ends.get(b - 1, 0)]
+        ends = _ends(source, commits)
+        busy = [b for b in ends if ends[b] > ends.get(b - 1, 0)]
         if busy:
             batch = busy[-1]
             keep_commit = batch - 1
@@ -160,6 +160,23 @@ def copy_checkpoint(
                 hint="the query ran more batches than Spark retains during the copy; retry",
             )
     return {"batch": batch, "offset": end_offset(target, batch)}
+
+
+def _ends(checkpoint: Path, commits: list[int]) -> dict[int, int]:
+    """The progress at the end of each committed batch whose offsets are there.
+
+    The oldest commits may have none: a warm copy keeps the offsets of its batch N and the
+    commits up to N - 1 (each :data:`LOG_HISTORY` back), so a query started on it has a commit
+    older than any offset file until Spark purges it, 100 batches later; and a running
+    query's log cleanup may remove one while it is read.
+    """
+    ends = {}
+    for b in commits:
+        try:
+            ends[b] = progress_of(end_offset(checkpoint, b))
+        except FileNotFoundError:
+            continue
+    return ends
 
 
 #: Offset and commit log entries a copy keeps before its batch. Resuming reads the newest of

@@ -583,7 +583,7 @@ def migrate(
         typer.Option(
             help="precopy (warm standby, short downtime), literal (the thesis's) or handover "
             "(make-before-break: the target runs live beside the origin, no pause on the "
-            "output's path; not for sinks or multi-input PEs)."
+            "output's path; not for sinks)."
         ),
     ] = "precopy",
     elements: Annotated[

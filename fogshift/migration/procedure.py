@@ -23,8 +23,10 @@ idempotent by input position, so whichever appends a record first stores it and 
 skips it — and once the target has appended, the origin's next append is refused (its epoch
 is older). Once the target has committed as far as the origin, the stream is fenced with the
 target's epoch, so the origin is cut off for sure, and then removed. No pause, no query start
-and no state shipped on the output's critical path. Only for PEs whose output the broker holds (not
-sinks) with at most one input (a multi-input PE's cut log is not handed over yet).
+and no state shipped on the output's critical path. Only for PEs whose output the broker holds
+(not sinks). A PE with several inputs hands over its cut log too: whichever instance logs the
+next cut first, the other replays it (the reader follows a cut logged by a racing writer), and
+a cut logged under the target's epoch fences the origin like an output does.
 
 ``downtime_ms`` runs from the pause until the target commits its first batch beyond the
 origin's pause position (for ``handover``: from the fence until the target commits beyond

@@ -418,19 +418,15 @@ class Coordination(Deployment):
 
 def _refuse_handover(pipeline: str, element: ElementSpec) -> None:
     """A handover runs two instances side by side: only for a PE whose every output the
-    broker holds, idempotent by input position, with at most one input.
+    broker holds, idempotent by input position (with several inputs, by logged cut).
 
     Raises:
-        InvalidInput: A sink (it writes outside the broker: two instances would both write)
-            or a PE with several inputs (its cut log is not handed over yet).
+        InvalidInput: A sink (it writes outside the broker: two instances would both write).
     """
-    if element.role == "sink" or len(element.inputs) > 1:
-        why = "a sink writes outside the broker" if element.role == "sink" else (
-            f"it reads {len(element.inputs)} inputs (its cut log is not handed over yet)"
-        )  # fmt: skip
+    if element.role == "sink":
         raise InvalidInput(
-            f"{pipeline}/{element.id} cannot be handed over: {why}",
-            expected="a source or a processor with one input for --mode handover",
+            f"{pipeline}/{element.id} cannot be handed over: a sink writes outside the broker",
+            expected="a source or a processor for --mode handover",
             received=f"{element.kind} with inputs {list(element.inputs)}",
             hint="use --mode precopy (the default) for it",
         )

@@ -174,7 +174,8 @@ def test_a_handover_is_drawn_only_for_pes_that_can_be_handed_over() -> None:
     assert soak._modes({"kind": "csv-sink", "inputs": ["aggregate"]}, every) == [
         "precopy", "literal",
     ]  # fmt: skip
-    assert soak._modes({"kind": "filter", "inputs": ["left", "right"]}, ("handover",)) == []
+    two = {"kind": "filter", "inputs": ["left", "right"]}  # hands its cut log over too
+    assert soak._modes(two, ("handover",)) == ["handover"]
 
 
 def test_the_command_refuses_bad_nodes_before_any_cluster_starts(tmp_path: Path) -> None:

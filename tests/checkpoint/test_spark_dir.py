@@ -110,3 +110,21 @@ def test_a_warm_copy_at_the_first_batch_keeps_no_commit(tmp_path: Path) -> None:
     # Not warm: the copy is as of batch 1, commit 0 and 1 kept (0 is a batch like any).
     copy_checkpoint(live, copy)
     assert {"0", "1"} <= _names(copy / "commits")
+
+
+def test_a_query_started_on_a_warm_copy_can_be_copied_warm_again(tmp_path: Path) -> None:
+    # A PE migrated twice in a row: the first warm copy keeps the offsets of its batch N and
+    # the commits up to N - 1, each two back, so its oldest commit has no offsets; the query
+    # started on it runs on, and the next migration copies its checkpoint warm again.
+    live, first, second = tmp_path / "live", tmp_path / "first", tmp_path / "second"
+    _checkpoint(live, 10, snapshots=(5,))
+    assert copy_checkpoint(live, first, warm=True)["batch"] == 9
+    oldest = min(int(n) for n in _names(first / "commits") if n.isdigit())
+    assert not (first / "offsets" / str(oldest)).exists()  # the case at hand
+    for b in range(9, 12):  # the target re-runs batch 9, then two batches of its own
+        _write(first / "offsets" / str(b), f'v1\n{{}}\n{{"row": {b + 1}}}')
+        _write(first / "commits" / str(b), "v1\n{}")
+        _write(first / "state" / "0" / "0" / f"{b + 1}.changelog")
+    info = copy_checkpoint(first, second, warm=True)
+    assert info == {"batch": 11, "offset": {"row": 12}}
+    assert "10" in _names(second / "commits") and "11" not in _names(second / "commits")

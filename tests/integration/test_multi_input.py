@@ -1,6 +1,6 @@
-"""PEs with two inputs through precopy and literal migration, a node's SIGKILL with restore,
-and a SIGKILL of the whole cluster: every output equals a reference computed from the inputs
-in the order the PE's logged cuts define (a stateful PE whose output depends on that order, a
+"""PEs with two inputs through handover, precopy and literal migration, a node's SIGKILL with
+restore, and a SIGKILL of the whole cluster: every output equals a reference computed from the
+inputs in the order the PE's logged cuts define (a stateful PE whose output depends on that order, a
 stateless filter, and a csv-sink with two inputs). A Case 1 pipeline goes through the whole
 cluster's SIGKILL too, and its output equals the single-process reference."""
 
@@ -146,6 +146,9 @@ def test_two_input_pes_stay_exactly_once_through_migrations_restores_and_restart
     for _ in range(3):  # a few batches committed: a copy is of a query in its stride
         cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
     for pe, mode, to in (
+        # Make-before-break: both instances cut the two inputs; whichever logs a cut first,
+        # the other replays it.
+        ("tally", "handover", "fog-c"),
         ("tally", "precopy", "fog-b"),
         ("pick", "literal", "fog-b"),
         ("both", "precopy", "fog-a"),
