@@ -124,6 +124,15 @@ class MigrationStatus(StrEnum):
     FAILED = "failed"
 
 
+class RestoreMethod(StrEnum):
+    """How a PE was restored."""
+
+    #: From its newest central checkpoint, on a node that starts its query then.
+    CHECKPOINT = "checkpoint"
+    #: Its hot standby, already running on another node, took over (fence, lift the cap).
+    STANDBY = "standby"
+
+
 class RestoreStatus(StrEnum):
     """How a restore stands."""
 
@@ -501,6 +510,11 @@ class RestoreReport(BaseModel):
         skipped_copies: The nearer copies that failed.
         attempts: Earlier failed attempts of this restore.
         fallback: When every attempt failed: what became of the PE.
+        method: From a checkpoint, or by promoting the PE's standby.
+        standby_lag_events: A promoted standby: how far behind the primary's last output it
+            was (what it re-derived without emitting).
+        live_ms: From the restore's start until the new instance could emit (its gate
+            opened): the part of the outage a restore adds to failure detection.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -525,6 +539,9 @@ class RestoreReport(BaseModel):
     error: str | None = None
     attempts: list[RestoreAttempt] = []
     fallback: str | None = None
+    method: RestoreMethod = RestoreMethod.CHECKPOINT
+    standby_lag_events: int = 0
+    live_ms: float | None = None
 
 
 class OperationRecord(BaseModel):
@@ -632,6 +649,27 @@ class NodeView(BaseModel):
     checkpoints: list[CheckpointsView]
 
 
+class StandbyStatus(BaseModel):
+    """A PE's hot standby (``recovery.standby``), as ``status`` shows it.
+
+    Attributes:
+        node: Where it runs.
+        epoch: The epoch it writes under once promoted (newer than the primary's).
+        state: What its node reports (``pending`` while it starts).
+        lag_events: The primary's committed input position minus the standby's, when the
+            orchestrator last raised its cap (``None``: not followed yet).
+        ready_ms: How long starting it took (copy, start, warm-up).
+    """
+
+    model_config = _WIRE
+
+    node: str
+    epoch: int
+    state: PEState | PlacementState
+    lag_events: int | None = None
+    ready_ms: float | None = None
+
+
 class ElementStatus(BaseModel):
     """One PE in a pipeline's status.
 
@@ -647,6 +685,7 @@ class ElementStatus(BaseModel):
             no report).
         last_migration: The report of its last migration (``None``: none since the
             orchestrator started).
+        standby: Its hot standby, if the pipeline keeps one for it and one is up.
     """
 
     model_config = _WIRE
@@ -666,6 +705,7 @@ class ElementStatus(BaseModel):
     inputs: list[str] = []
     epoch: int | None = None
     last_migration: MigrationReport | None = None
+    standby: StandbyStatus | None = None
 
 
 class PipelineStatus(BaseModel):

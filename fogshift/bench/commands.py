@@ -142,11 +142,24 @@ def register(bench_app: typer.Typer) -> None:
         quick: Quick = False,
         work: Work = None,
         runs: Annotated[int | None, typer.Option(help="Restorations (default 100).")] = None,
+        methods: Annotated[
+            str | None,
+            typer.Option(help="How runs restore, in turn: checkpoint, standby (comma-separated)."),
+        ] = None,
     ) -> None:
         """E2: restoration after SIGKILL of the aggregate's node (thesis Fig. 22-23)."""
         config = e2.E2Config.quick() if quick else e2.E2Config()
         if runs is not None:
             config = replace(config, runs=runs)
+        if methods is not None:
+            chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
+            if not chosen or set(chosen) - set(e2.METHODS):
+                raise BadBenchOption(
+                    "bad restore methods",
+                    expected="one or more of " + ", ".join(e2.METHODS) + " (comma-separated)",
+                    received=methods,
+                )
+            config = replace(config, methods=chosen)
         _session(
             out,
             work,
@@ -251,6 +264,12 @@ def register(bench_app: typer.Typer) -> None:
             str, typer.Option(help="Comma-separated node names (at least two).")
         ] = "cloud,fog-a,fog-b,fog-c",
         rate: Annotated[float, typer.Option(help="Events/s of each source.")] = 10.0,
+        standby: Annotated[
+            str | None,
+            typer.Option(
+                help="planned: keep hot standbys; a killed node's PEs are taken over by them."
+            ),
+        ] = None,
         trigger_ms: Annotated[
             int,
             typer.Option(
@@ -275,7 +294,7 @@ def register(bench_app: typer.Typer) -> None:
             modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
             mid_migration=mid_migration, duration_s=duration, seed=seed,
             nodes=tuple(n.strip() for n in nodes.split(",") if n.strip()), rate=rate,
-            trigger_ms=trigger_ms,
+            trigger_ms=trigger_ms, standby=standby,
         )  # fmt: skip
         config.check()  # before a cluster starts
         verdict: dict[str, Any] = {}

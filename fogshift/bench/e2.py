@@ -9,6 +9,11 @@ after another random wait the aggregate is restored on the next fog node (``fogs
 intermediate ones. Every run's whole output is compared with the reference; the load of the
 restore target's process group is sampled.
 
+With ``methods`` (``--methods checkpoint,standby``) the runs take turns: a ``standby`` run's
+pipeline keeps a hot standby of the aggregate on the restore target (issue #13), the kill
+comes once the standby follows, and the restore promotes it instead of installing a
+checkpoint; results.md compares the two side by side.
+
 A killed node stays dead, so each cluster has ``fog_nodes`` fog nodes and gives
 ``fog_nodes - 1`` runs (the aggregate of run *i* is on the target of run *i - 1*, warm);
 then a fresh cluster is started.
@@ -49,10 +54,14 @@ NAME = "e2"
 EDGE = "cloud"
 FOG_NAMES = ("fog-a", "fog-b", "fog-c", "fog-d", "fog-e", "fog-f")
 
+#: How a run restores: from the central checkpoint, or by promoting a hot standby.
+METHODS = ("checkpoint", "standby")
+
 RUN_FIELDS = (
-    "run", "origin", "target", "isolated", "rtt_ms", "state_mib", "status", "error", "epoch",
-    "checkpoint", "checkpoint_age_ms", "state_bytes", "reprocessed_events", "reprocess_ms",
-    "intermediate_events", "intermediate_ms", "total_ms", "events", "consistent", "problems",
+    "run", "method", "origin", "target", "isolated", "rtt_ms", "state_mib", "status", "error",
+    "epoch", "checkpoint", "checkpoint_age_ms", "state_bytes", "reprocessed_events", "reprocess_ms",
+    "intermediate_events", "intermediate_ms", "total_ms", "live_ms", "standby_lag_events",
+    "events", "consistent", "problems",
     "kill_after_s", "restore_wait_s", "kill_s", "restore_start_s", "restore_end_s",
     "cpu_target_before_pct", "cpu_target_restore_pct", "cpu_target_peak_pct",
     "machine_busy_pct",
@@ -72,6 +81,7 @@ class E2Config(ClusterRunConfig):
         kill_after_s: Range of the random wait between the first central checkpoint and the
             kill.
         restore_wait_s: Range of the random wait between the kill and the restore.
+        methods: How runs restore, in turn (:data:`METHODS`).
 
     ``warm_up`` is on: every fog node of a fresh cluster runs a short pipeline first.
     """
@@ -84,6 +94,7 @@ class E2Config(ClusterRunConfig):
     restore_wait_s: tuple[float, float] = (1.0, 30.0)
     seed: int = 2
     warm_up: bool = True
+    methods: tuple[str, ...] = ("checkpoint",)
 
     @classmethod
     def quick(cls) -> E2Config:
@@ -95,6 +106,12 @@ class E2Config(ClusterRunConfig):
 
 def run(config: E2Config, clusters: Clusters, out: Path, reporter: Reporter) -> None:
     """Run E2 and write ``out/e2/runs.csv``, ``cpu.csv`` and ``notes.json``."""
+    if not config.methods or set(config.methods) - set(METHODS):
+        raise BenchError(
+            "bad E2 restore methods",
+            expected="one or more of " + ", ".join(METHODS),
+            received=", ".join(config.methods) or "(none)",
+        )
     if not 2 <= config.fog_nodes <= len(FOG_NAMES):
         raise BenchError(
             "E2 needs between 2 and 6 fog nodes per cluster",
@@ -134,12 +151,16 @@ def run(config: E2Config, clusters: Clusters, out: Path, reporter: Reporter) -> 
                 if done >= config.runs:
                     break
                 name = f"e2-r{done + 1:03d}"
-                reporter.step(task, f"{name}: {origin} -> {target}")
+                method = config.methods[done % len(config.methods)]
+                reporter.step(task, f"{name}: {origin} -> {target} ({method})")
                 waits = (rng.uniform(*config.kill_after_s), rng.uniform(*config.restore_wait_s))
                 groups = {"target": pgids[target], "edge": pgids[EDGE]}
-                row, samples = _one_run(cluster, name, origin, target, config, waits, groups)
+                row, samples = _one_run(
+                    cluster, name, (origin, target), config, waits, groups, method
+                )
                 row.update(
-                    run=name, origin=origin, target=target, isolated=cluster.options.isolate,
+                    run=name, method=method, origin=origin, target=target,
+                    isolated=cluster.options.isolate,
                     rtt_ms=rtts.get(target), state_mib=config.state_mib,
                 )  # fmt: skip
                 runs.append(row)
@@ -162,23 +183,40 @@ def _wait_central(cluster: BenchCluster, pipeline: str, timeout_s: float) -> dic
     raise BenchError(f"{pipeline}: no central checkpoint of the aggregate in {timeout_s:.0f} s")
 
 
+def _wait_standby(cluster: BenchCluster, pipeline: str, node: str, timeout_s: float) -> None:
+    """Wait until the aggregate's standby runs on ``node`` and its cap has been raised."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        standby = cluster.element(pipeline, "aggregate").get("standby") or {}
+        if (
+            standby.get("node") == node
+            and standby.get("state") == "running"
+            and standby.get("lag_events") is not None
+        ):
+            return
+        time.sleep(0.5)
+    raise BenchError(f"{pipeline}: no standby of the aggregate on {node} in {timeout_s:.0f} s")
+
+
 def _one_run(
     cluster: BenchCluster,
     name: str,
-    origin: str,
-    target: str,
+    nodes: tuple[str, str],
     config: E2Config,
     waits: tuple[float, float],
     groups: dict[str, int],
+    method: str,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Deploy on ``origin``, kill it, restore on ``target``, compare. A failed step is the
-    run's ``status``/``error``, never an exception."""
+    """Deploy on ``origin``, kill it, restore on ``target`` (``nodes``) by ``method``,
+    compare. A failed step is the run's ``status``/``error``, never an exception."""
+    origin, target = nodes
     kill_after, restore_wait = waits
     sampler = CpuSampler(groups)
     with Case1Run(
         cluster, name, rate=config.rate, seed=config.seed, agg_node=origin,
         pad_bytes=config.state_mib * MIB,
         auto_recovery=False,  # the bench restores, after its own random wait
+        standby=target if method == "standby" else None,
         row={"status": "error", "kill_after_s": round(kill_after, 2),
              "restore_wait_s": round(restore_wait, 2)},
     ) as run:  # fmt: skip
@@ -188,6 +226,8 @@ def _one_run(
             if wait_rows(cluster, name, 1, config.timeout_s) < 1:
                 raise BenchError(f"{name}: no output within {config.timeout_s:.0f} s")
             _wait_central(cluster, name, config.timeout_s)
+            if method == "standby":
+                _wait_standby(cluster, name, target, config.timeout_s)
             time.sleep(kill_after)
             killed_at = time.time()
             cluster.kill(origin)
@@ -201,7 +241,7 @@ def _one_run(
                 {k: report.get(k) for k in (
                     "status", "error", "epoch", "checkpoint", "checkpoint_age_ms", "state_bytes",
                     "reprocessed_events", "reprocess_ms", "intermediate_events",
-                    "intermediate_ms", "total_ms")},
+                    "intermediate_ms", "total_ms", "live_ms", "standby_lag_events")},
                 kill_s=round(killed_at - t0, 2), restore_start_s=round(start - t0, 2),
                 restore_end_s=round(end - t0, 2),
                 cpu_target_before_pct=sampler.mean("target", t0, killed_at),
@@ -290,6 +330,7 @@ def section(folder: Path) -> str | None:
             f"{fmt(fit['intercept'], 0)} | {fmt(fit['r2'], 2)} | {fmt(fit['per_event'], 3)} | "
             f"{anchor.cite()} |"
         )
+    out += _methods_table(rows)
     if len(good) < 10:
         out += [
             "",
@@ -322,6 +363,33 @@ def section(folder: Path) -> str | None:
             )
     out += ["", f"![E2]({NAME}/e2.png)", ""]
     return "\n".join(out)
+
+
+def _methods_table(rows: list[dict[str, str]]) -> list[str]:
+    """Checkpoint restore beside standby promotion (issue #13), when the run had both."""
+    methods = [m for m in METHODS if any((r.get("method") or "checkpoint") == m for r in rows)]
+    if len(methods) < 2:
+        return []
+    out = [
+        "",
+        "Checkpoint restore beside hot-standby promotion (runs take turns). *Live* runs from "
+        "the restore's start until the new instance may emit (its gate opens); *total* until "
+        "it has caught up with the input that arrived while it was down.",
+        "",
+        "| method | runs ok / all | live ms | total ms | re-derived events | state fetched bytes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for method in methods:
+        mine = [r for r in rows if (r.get("method") or "checkpoint") == method]
+        good = [r for r in mine if ok(r)]
+        out.append(
+            f"| {method} | {len(good)} / {len(mine)} | "
+            f"{fmt_mean_std((num(r['live_ms']) for r in good), 0)} | "
+            f"{fmt_mean_std((num(r['total_ms']) for r in good), 0)} | "
+            f"{fmt_mean_std((num(r['reprocessed_events']) for r in good), 0)} | "
+            f"{fmt_mean_std((num(r['state_bytes']) for r in good), 0)} |"
+        )
+    return out
 
 
 def plot(folder: Path) -> list[Path]:

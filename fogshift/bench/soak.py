@@ -72,7 +72,7 @@ from fogshift.common.text import one_line
 from fogshift.common.waiting import wait_until
 from fogshift.exceptions import FogshiftError
 from fogshift.spec.loader import load_spec
-from fogshift.spec.models import KINDS
+from fogshift.spec.models import KINDS, PLANNED_STANDBY
 from fogshift.supervisor.cluster import (
     ProcessInfo,
     group_alive,
@@ -137,6 +137,8 @@ class SoakConfig(ClusterRunConfig):
         quiet_s: At the end, a sink counts as drained once it wrote nothing for this long
             (after reaching its reference's length, or stalling).
         stall_s: At the end, give up on a sink that wrote nothing for this long.
+        standby: ``planned``: both pipelines keep hot standbys (``recovery.standby``); a
+            killed node's PEs are then taken over by them.
 
     ``timeout_s`` bounds every wait for output (first rows, the drain); node-level
     checkpoints every 2 s and central pulls every 5 s keep restores from recent checkpoints.
@@ -161,6 +163,7 @@ class SoakConfig(ClusterRunConfig):
     central_interval_s: float = 5.0
     trigger_ms: int = AgentConfig.default("trigger_ms")
     timeout_s: float = 900.0
+    standby: str | None = None
 
     def check(self) -> None:
         """Refuse settings a soak cannot run with.
@@ -207,6 +210,14 @@ class SoakConfig(ClusterRunConfig):
                 "bad --duration", expected="seconds > 0, or no --duration",
                 received=f"{self.duration_s:g}",
             )  # fmt: skip
+        if self.standby not in (None, PLANNED_STANDBY):
+            raise BadBenchOption(
+                "bad --standby",
+                expected=f"{PLANNED_STANDBY!r} (each PE's redeploy node, else the least busy)",
+                received=repr(self.standby),
+                hint="the soak's pipelines start on every node, and its migrations move PEs "
+                "anywhere: no fixed node can stay free for standbys",
+            )
 
     def schedule(self) -> list[str]:
         """The operations in their seeded random order (same seed, same order)."""
@@ -258,12 +269,14 @@ def merge_spec(
     placement: Mapping[str, str],
     paths: Mapping[str, str] | None = None,
     auto_recovery: bool = True,
+    standby: str | None = None,
 ) -> dict[str, Any]:
     """The merge pipeline's spec: ``left`` and ``right`` -> ``merge`` (filter) -> ``sink``.
 
     Args:
         placement: Node of each element (``left``, ``right``, ``merge``, ``sink``).
         paths: Input file of each source (default ``<source>.csv``) and ``sink`` output.
+        standby: ``recovery.standby`` (``None``: no standbys).
     """
     files = {**{s: f"{s}.csv" for s in MERGE_SOURCES}, "sink": MERGE_OUTPUT, **(paths or {})}
     sources = [
@@ -280,7 +293,7 @@ def merge_spec(
             {"id": "sink", "kind": "csv-sink", "node": placement["sink"], "inputs": ["merge"],
              "options": {"path": files["sink"]}},
         ],
-        "recovery": {"auto": auto_recovery},
+        "recovery": {"auto": auto_recovery, **({"standby": standby} if standby else {})},
     }  # fmt: skip
 
 
@@ -345,6 +358,7 @@ class MergeRun:
         rate: Events per second of each source.
         seed: The soak's seed (mixed with the name and the source: each input differs).
         placement: Node of each element.
+        standby: ``recovery.standby`` of the pipeline.
     """
 
     def __init__(
@@ -355,6 +369,7 @@ class MergeRun:
         rate: float,
         seed: int,
         placement: Mapping[str, str],
+        standby: str | None = None,
     ) -> None:
         self.cluster = cluster
         self.name = name
@@ -367,7 +382,7 @@ class MergeRun:
         }
         self.work.mkdir(parents=True, exist_ok=True)
         self.spec = self.work / f"{name}.yaml"
-        spec = merge_spec(name, rate=rate, placement=placement)
+        spec = merge_spec(name, rate=rate, placement=placement, standby=standby)
         self.spec.write_text(yaml.safe_dump(spec, sort_keys=False))
 
     def __enter__(self) -> MergeRun:
@@ -1024,9 +1039,10 @@ def _soak(
     soak = Soak(cluster, config, log, reporter)
     with Case1Run(
         cluster, CASE1, rate=config.rate, seed=config.seed, agg_node=nodes[1],
-        edge_node=nodes[0], row=case1_row,
+        edge_node=nodes[0], row=case1_row, standby=config.standby,
     ) as case1, MergeRun(
-        cluster, MERGE, rate=config.rate, seed=config.seed, placement=placement
+        cluster, MERGE, rate=config.rate, seed=config.seed, placement=placement,
+        standby=config.standby,
     ) as merge:  # fmt: skip
         reporter.step(task, "deploying Case 1 and the two-input pipeline")
         case1.deploy()

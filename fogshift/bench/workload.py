@@ -107,6 +107,7 @@ def write_case1(
     window: int = 10,
     edge_node: str = "cloud",
     auto_recovery: bool = True,
+    standby: str | None = None,
 ) -> Path:
     """Write the spec of Case 1 (csv-source -> window avg -> csv-sink) into ``work``.
 
@@ -116,6 +117,7 @@ def write_case1(
     Args:
         auto_recovery: Whether the orchestrator restores the pipeline's PEs by itself when
             their node goes silent; experiments that restore on their own turn it off.
+        standby: Keep hot standbys on this node (``recovery.standby``).
     """
     spec: dict[str, Any] = {
         "pipeline": name,
@@ -126,7 +128,7 @@ def write_case1(
             {"id": "sink", "kind": "csv-sink", "node": edge_node, "inputs": ["aggregate"],
              "options": {"path": OUTPUT}},
         ],
-        "recovery": {"auto": auto_recovery},
+        "recovery": {"auto": auto_recovery, **({"standby": standby} if standby else {})},
     }  # fmt: skip
     work.mkdir(parents=True, exist_ok=True)
     path = work / f"{name}.yaml"

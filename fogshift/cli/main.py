@@ -27,6 +27,7 @@ from fogshift.cli.topology import topology_app
 from fogshift.common.settings import check_environment
 from fogshift.contracts import (
     DeadLetter,
+    ElementStatus,
     EventPage,
     GroupMigrationReport,
     GroupMigrationStatus,
@@ -36,6 +37,7 @@ from fogshift.contracts import (
     OperationKind,
     OperationView,
     PipelineStatus,
+    RestoreMethod,
     RestoreReport,
     StopResult,
     TwinState,
@@ -301,11 +303,20 @@ def validate(
     console.print(table)
 
 
+def _standby_cell(element: ElementStatus) -> str:
+    """``fog-c (running, 3 behind)``, or ``-`` without a standby."""
+    standby = element.standby
+    if standby is None:
+        return "-"
+    lag = "" if standby.lag_events is None else f", {standby.lag_events} behind"
+    return f"{standby.node} ({standby.state}{lag})"
+
+
 def _status_table(pipelines: list[PipelineStatus]) -> None:
     for pipeline in pipelines:
         table = Table(title=f"{pipeline.pipeline} ({pipeline.status})")
         columns = ("element", "kind", "node", "state", "in", "out", "dead letters", "backup",
-                   "redeploy")  # fmt: skip
+                   "redeploy", "standby")  # fmt: skip
         for column in columns:
             table.add_column(column)
         for e in pipeline.elements:
@@ -313,7 +324,7 @@ def _status_table(pipelines: list[PipelineStatus]) -> None:
             table.add_row(
                 e.element, e.kind, e.node, state,
                 str(e.events_in), str(e.events_out), str(e.dead_letters),
-                e.planned_backup or "-", e.planned_redeploy or "-",
+                e.planned_backup or "-", e.planned_redeploy or "-", _standby_cell(e),
             )  # fmt: skip
         console.print(table)
 
@@ -678,7 +689,9 @@ def restore(
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
-    """Restore a PE from its latest central checkpoint, exactly-once, fencing the old one."""
+    """Restore a PE exactly-once, fencing the old one: its hot standby takes over if it has one
+    (and --to is left out or names the standby's node), else from its latest central
+    checkpoint."""
     report = RestoreReport.model_validate(
         _run_operation(home, pipeline, element, OperationKind.RESTORE, {"target": to}, as_json)
     )
@@ -687,6 +700,14 @@ def restore(
         return
     for attempt in report.attempts:
         console.print(f"[yellow]attempt on {attempt.node} failed[/]: {attempt.error}")
+    if report.method == RestoreMethod.STANDBY:
+        console.print(
+            f"[green]restored[/] {pipeline}/{element} on {report.target} (epoch "
+            f"{report.epoch}): its standby took over, live after {report.live_ms:.0f} ms; it "
+            f"re-derived {report.standby_lag_events} events without emitting, then "
+            f"{report.intermediate_events} new in {report.intermediate_ms:.0f} ms"
+        )
+        return
     console.print(
         f"[green]restored[/] {pipeline}/{element} on {report.target} (epoch "
         f"{report.epoch}) from checkpoint {report.checkpoint} "

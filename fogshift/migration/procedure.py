@@ -217,10 +217,10 @@ def migrate(
         watch.lap("pause")
         steps.phase(MigrationPhase.SWITCHING)
         if mode == MigrationMode.LITERAL:
-            data, digest, info = _fetch_checkpoint(origin_agent, here, warm=False)
+            data, digest, info = fetch_checkpoint(origin_agent, here, warm=False)
             report.state_bytes = len(data)
             watch.lap("state")
-            _install(target_agent, here, data, digest)
+            install_checkpoint(target_agent, here, data, digest)
             started = True
             target_agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
         else:
@@ -341,9 +341,9 @@ def _copy_warm(
     report: MigrationReport, here: str, origin: ServiceClient, target: ServiceClient
 ) -> CheckpointInfo:
     """Install a warm copy of the origin's latest checkpoint on the target (not started)."""
-    data, digest, info = _fetch_checkpoint(origin, here, warm=True)
+    data, digest, info = fetch_checkpoint(origin, here, warm=True)
     report.state_bytes = len(data)
-    _install(target, here, data, digest)
+    install_checkpoint(target, here, data, digest)
     return info
 
 
@@ -513,15 +513,19 @@ def _converge(
                        report)  # fmt: skip
 
 
-def _fetch_checkpoint(
+def fetch_checkpoint(
     agent: ServiceClient, path: str, warm: bool
 ) -> tuple[bytes, str, CheckpointInfo]:
+    """A PE's checkpoint from its agent (``path`` is its element path): the tarball, its
+    SHA-256 and what it holds; ``warm`` takes it from the running query without pausing it."""
     response = agent.raw("GET", path + "/checkpoint", params={"warm": warm})
     info = CheckpointInfo.model_validate_json(response.headers[INFO_HEADER])
     return response.content, response.headers[SHA_HEADER], info
 
 
-def _install(agent: ServiceClient, path: str, data: bytes, digest: str) -> None:
+def install_checkpoint(agent: ServiceClient, path: str, data: bytes, digest: str) -> None:
+    """Put a checkpoint from :func:`fetch_checkpoint` in place on an agent (the PE must not
+    run there)."""
     agent.raw("PUT", path + "/checkpoint", content=data, headers={SHA_HEADER: digest})
 
 

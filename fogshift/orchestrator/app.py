@@ -123,7 +123,12 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loops = (orchestrator.run_reconciler, orchestrator.run_central, orchestrator.run_planner)
+        loops = (
+            orchestrator.run_reconciler,
+            orchestrator.run_central,
+            orchestrator.run_planner,
+            orchestrator.run_standby_follower,
+        )
         for loop in loops:
             threading.Thread(target=loop, daemon=True).start()
         yield

@@ -30,6 +30,8 @@ class OrchestratorConfig(BaseSettings):
         reconcile_s: Interval of the loop that redeploys PEs missing from healthy nodes,
             restores PEs of lost nodes and removes superseded instances.
         central_interval_s: Interval of central-level checkpoint pulls.
+        standby_follow_s: Interval at which hot standbys' caps are raised to where their
+            primaries have committed (what a promotion has left to re-derive).
         duplicate_window_s: The broker's de-duplication window of new streams (the broker
             client's default, :data:`fogshift.broker.client.DUPLICATE_WINDOW_S`).
         plan_interval_s: Interval of the backup/redeploy planner (see ``planning``).
@@ -55,6 +57,7 @@ class OrchestratorConfig(BaseSettings):
     node_timeout_s: float = Field(default=5.0, gt=0)
     reconcile_s: float = Field(default=2.0, gt=0)
     central_interval_s: float = Field(default=15.0, gt=0)
+    standby_follow_s: float = Field(default=0.5, gt=0)
     duplicate_window_s: float = Field(default=DUPLICATE_WINDOW_S, gt=0)
     plan_interval_s: float = Field(default=10.0, gt=0)
     plan_time_limit_s: float = Field(default=5.0, gt=0)

@@ -26,11 +26,11 @@ from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.migration.procedure import MigrationSteps
 from fogshift.migration.procedure import migrate as run_migration
-from fogshift.orchestrator.deployment import Deployment
 from fogshift.orchestrator.planning import (
     nearest_first,
 )
 from fogshift.orchestrator.registry import PipelineRecord
+from fogshift.orchestrator.standbys import Standbys
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.restoration.procedure import Copy, RestoreSteps
 from fogshift.restoration.procedure import restore as run_restore
@@ -39,7 +39,7 @@ from fogshift.spec.models import ElementSpec
 log = logging.getLogger("fogshift.orchestrator")
 
 
-class Coordination(Deployment):
+class Coordination(Standbys):
     """Live migration and restoration of a PE."""
 
     def migrate(
@@ -75,6 +75,8 @@ class Coordination(Deployment):
             record = self.pipeline(pipeline)
             self._refuse_current_node(record, element_id, target, "migrate")
             origin = record.placement[element_id]
+            # The PE itself goes there: an instance cannot stand by for itself.
+            self.drop_standby_on(pipeline, element_id, target)
             log.info("migrating %s/%s: %s -> %s (%s)", pipeline, element_id, origin, target, mode)
             op = self.registry.begin_operation(
                 OperationKind.MIGRATION, pipeline, element_id, origin, target, self.run_id,
@@ -267,6 +269,11 @@ class Coordination(Deployment):
         ``target`` may not be the node the PE is placed on: that is refused before anything
         changes (nothing is fenced or discarded).
 
+        A PE with a hot standby on a healthy node (and no ``target``, or the standby's node as
+        ``target``) is taken over by it: fence, lift its cap (see
+        :mod:`fogshift.restoration.standby`); if that fails, the standby is dropped and the
+        PE restored from its checkpoint as below.
+
         If every attempt fails while the PE's own node is healthy, the PE is started again
         there — from its own checkpoint, under a newer epoch than every attempt's — so it
         never stays fenced with nobody writing; the error says so.
@@ -287,6 +294,20 @@ class Coordination(Deployment):
             # Afresh: a migration or restore that just ended may have moved the PE.
             record = self.pipeline(pipeline)
             current = record.placement[element_id]
+            attempts: list[RestoreAttempt] = []
+            standby = self.registry.standby(pipeline, element_id)
+            if (
+                standby is not None
+                and standby.node != current
+                and target in (None, standby.node)
+                and self._ready(self.registry.node(standby.node))
+            ):
+                try:
+                    return self.promote_standby(element, pipeline, current, standby)
+                except RestoreFailed as exc:
+                    log.warning("restore of %s/%s: %s; restoring from its checkpoint",
+                                pipeline, element_id, exc.message)  # fmt: skip
+                    attempts.append(RestoreAttempt(node=standby.node, error=exc.message))
             if target is not None:
                 self._refuse_current_node(record, element_id, target, "restore")
                 candidates = [target]
@@ -298,7 +319,6 @@ class Coordination(Deployment):
                         f"(it was on {current!r})",
                         hint="`fogshift nodes` shows node health; start a node or wait",
                     )
-            attempts: list[RestoreAttempt] = []
             try:
                 return self._restore_on(element, pipeline, current, candidates, attempts)
             except FogshiftError as exc:

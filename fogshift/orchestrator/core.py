@@ -16,7 +16,13 @@ from fogshift.broker.client import (
 )
 from fogshift.checkpoint.central import CentralStore
 from fogshift.common.http import ServiceClient, node_token
-from fogshift.contracts import Heartbeat, MigrationReport, PlanView, RestoreReport
+from fogshift.contracts import (
+    ElementProgress,
+    Heartbeat,
+    MigrationReport,
+    PlanView,
+    RestoreReport,
+)
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.permissions import BrokerPermissions
@@ -46,6 +52,15 @@ class ReplicaPush:
     took_ms: float
 
 
+@dataclass
+class Followed:
+    """What the standby follower last saw of a PE's standby: the primary's progress it capped
+    the standby at, and the standby's own progress then."""
+
+    primary: ElementProgress
+    standby: ElementProgress | None = None
+
+
 class OrchestratorCore:
     """The orchestrator's shared state and its node directory (the base of
     :class:`~fogshift.orchestrator.service.Orchestrator`)."""
@@ -73,6 +88,10 @@ class OrchestratorCore:
         self.last_restore: dict[tuple[str, str], RestoreReport] = {}
         #: The report of each PE's last migration (migrated, rolled back or failed).
         self.last_migration: dict[tuple[str, str], MigrationReport] = {}
+        #: Per PE: what the standby follower last capped its standby at.
+        self.followed: dict[tuple[str, str], Followed] = {}
+        #: Per PE: how long starting its current standby took (ms).
+        self.standby_ready_ms: dict[tuple[str, str], float] = {}
         self.started_at = time.time()
         #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
         self.plan = PlanView(error="not computed yet")

@@ -31,6 +31,7 @@ from fogshift.contracts import (
     PipelineState,
     PipelineStatus,
     PlacementState,
+    StandbyStatus,
     StopResult,
     StreamEvent,
     TwinState,
@@ -188,7 +189,10 @@ class Deployment(Journal):
         record = self.pipeline(name)
         self.registry.set_status(name, PipelineState.STOPPING)
         unreachable = []
-        for node in sorted(set(record.placement.values())):
+        standbys = self.registry.standbys(name)
+        for standby in standbys:
+            self.registry.drop_standby(standby.pipeline, standby.element, standby.epoch)
+        for node in sorted({*record.placement.values(), *(s.node for s in standbys)}):
             try:
                 self.agent(node).delete(f"/pipelines/{name}")
             except Unavailable:
@@ -243,12 +247,37 @@ class Deployment(Journal):
                         inputs=list(element.inputs),
                         epoch=report.epoch if report else None,
                         last_migration=self.last_migration.get((record.name, element.id)),
+                        standby=self.standby_status(record.name, element.id),
                     )
                 )
             out.append(
                 PipelineStatus(pipeline=record.name, status=record.status, elements=elements)
             )
         return out
+
+    def standby_status(self, pipeline: str, element_id: str) -> StandbyStatus | None:
+        """The PE's standby for ``status``."""
+        standby = self.registry.standby(pipeline, element_id)
+        if standby is None:
+            return None
+        node = self.registry.node(standby.node)
+        reported = node.report.element(pipeline, element_id) if node else None
+        state: PEState | PlacementState
+        if node is None or not self.healthy(node):
+            state = PlacementState.NODE_LOST
+        else:
+            state = reported.state if reported is not None else PlacementState.PENDING
+        seen = self.followed.get((pipeline, element_id))
+        lag = None
+        if seen is not None and seen.standby is not None:
+            lag = max(0, seen.primary.progress - seen.standby.progress)
+        return StandbyStatus(
+            node=standby.node,
+            epoch=standby.epoch,
+            state=state,
+            lag_events=lag,
+            ready_ms=self.standby_ready_ms.get((pipeline, element_id)),
+        )
 
     def errors(self, name: str, limit: int = 1000) -> list[DeadLetter]:
         """The pipeline's dead letters with their reasons, PE by PE."""

@@ -25,18 +25,23 @@ ACTIVE = ("deploying", "running", "stopping")
 
 
 def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:
-    """Node → the PEs it may serve: placed there, or the target of an unfinished migration
-    or restore, or the origin of an unfinished migration (it runs until the handover); the
-    node a restore moves a PE away from loses its rights to it at once."""
+    """Node → the PEs it may serve: placed there, or standing by for them there, or the
+    target of an unfinished migration or restore, or the origin of an unfinished migration
+    (it runs until the handover); the node a restore moves a PE away from loses its rights
+    to it at once."""
     hosted: dict[str, set[Hosted]] = defaultdict(set)
     specs = {}
+    standbys = {(s.pipeline, s.element): s.node for s in registry.standbys()}
     for record in registry.pipelines():
         specs[record.name] = record.spec
         if record.status not in ACTIVE:
             continue
         for element in record.spec.elements:
             node = record.placement.get(element.id, element.node)
-            hosted[node].add(Hosted(record.name, element.id, tuple(element.inputs)))
+            pe = Hosted(record.name, element.id, tuple(element.inputs))
+            hosted[node].add(pe)
+            if (record.name, element.id) in standbys:
+                hosted[standbys[(record.name, element.id)]].add(pe)
     for op in registry.unfinished():
         spec = specs.get(op.pipeline)
         if spec is None:

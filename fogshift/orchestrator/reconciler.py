@@ -33,7 +33,8 @@ class Reconciler(Coordination):
           target cannot be discarded);
         * a migration after it is completed: the target's gate is opened, the origin removed;
         * a restore whose target runs under the entry's epoch (and nothing newer exists) is
-          carried on: the target's gate opens and the placement moves to it;
+          carried on: the target's gate opens and the placement moves to it (a standby's
+          promotion, whose epoch is above the PE's until then, fences the stream first);
         * any other restore is restarted (what its attempt left on the target is discarded):
           the PE ends up running under a newer epoch — if no node takes it and its own node
           is alive, it is started again there (see :meth:`restore`).
@@ -104,8 +105,10 @@ class Reconciler(Coordination):
         if op.phase == "routed":
             self._open_gate_quietly(op.target, here)
             return f"completed: {op.target} runs it under epoch {op.epoch}", False
+        # A restore's epoch is the PE's newest; a standby's promotion runs under the standby's,
+        # above it until the routing change. Anything newer since supersedes the entry.
         newest = self.registry.epoch(op.pipeline, op.element)
-        if op.phase in ("starting", "live") and newest == op.epoch:
+        if op.phase in ("fencing", "starting", "live") and newest <= op.epoch:
             info: ElementProgress | None
             try:
                 info = self.agent(op.target).call(ElementProgress, "GET", here + "/progress")
@@ -117,6 +120,8 @@ class Reconciler(Coordination):
                 and info.epoch == op.epoch
                 and info.state in (PEState.RUNNING, PEState.STARTING, PEState.PAUSED)
             ):
+                if newest < op.epoch:  # a standby's promotion: it may not have fenced yet
+                    self._mark(op.pipeline, op.element, op.epoch)
                 self.agent(op.target).put(here + "/gate", json={"gate": None})
                 self.registry.route(op.id, op.target)
                 return f"carried on: {op.target} runs it under epoch {op.epoch}, now live", False
@@ -133,7 +138,9 @@ class Reconciler(Coordination):
           is removed;
         * a PE on its node under an epoch older than its newest (fenced, or about to be) is
           started again there under the newest; one held at its gate with no operation under
-          way is resumed.
+          way is resumed;
+        * a PE whose pipeline keeps standbys gets one where it lacks it (see
+          :meth:`keep_standbys`), once the rest of the round is done.
 
         First, every operation an orchestrator left unfinished is resolved
         (:meth:`recover_operations`); a PE whose entry could not be resolved is left alone
@@ -147,6 +154,7 @@ class Reconciler(Coordination):
                 if (record.name, element.id) not in pending:
                     self._reconcile_element(record.name, element.id)
         self._remove_strays(pending)
+        self.keep_standbys(pending)
 
     def _reconcile_element(self, pipeline: str, element_id: str) -> None:
         """One PE's part of :meth:`reconcile_once`.
@@ -244,10 +252,12 @@ class Reconciler(Coordination):
                 try:
                     with self._exclusive(*key, "removal of a superseded instance"):
                         record = self.registry.get_pipeline(key[0])
+                        standby = self.registry.standby(*key)
                         if (
                             record is None
                             or record.status != PipelineState.RUNNING
                             or record.placement.get(key[1]) in (None, node.name)
+                            or (standby is not None and standby.node == node.name)
                         ):
                             continue
                         log.warning("removing superseded %s/%s from %s", *key, node.name)

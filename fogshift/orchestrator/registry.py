@@ -9,6 +9,11 @@ Epochs (fencing) live in a table of their own that no redeployment or removal of
 clears: a PE's epoch only ever grows, so an instance left over from any earlier deployment
 is older than every instance started since, and is fenced.
 
+A PE's hot standby writes, once promoted, under an epoch newer than its primary's; that epoch
+is kept with the standby (table ``standbys``) rather than as the PE's, which stays the one its
+placed instance runs under. The row outlives the standby (``node`` NULL): every epoch given
+since is above it, so a dropped standby, should its node come back, is older than all.
+
 The operations journal records each migration and restore as it passes each phase, *before*
 the side effect the phase names, so an orchestrator that dies mid-way finds, on restart,
 every operation it left unfinished and how far it got (``Orchestrator.recover_operations``).
@@ -68,6 +73,14 @@ CREATE TABLE IF NOT EXISTS operations (
     outcome TEXT
 );
 CREATE INDEX IF NOT EXISTS unfinished_operations ON operations (outcome) WHERE outcome IS NULL;
+CREATE TABLE IF NOT EXISTS standbys (
+    pipeline TEXT NOT NULL,
+    element TEXT NOT NULL,
+    node TEXT,
+    epoch INTEGER NOT NULL,
+    updated REAL NOT NULL,
+    PRIMARY KEY (pipeline, element)
+);
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY,
     url TEXT NOT NULL,
@@ -119,6 +132,17 @@ def _operation(row: tuple[Any, ...]) -> Operation:
 _OPERATION_COLUMNS = (
     "id, kind, pipeline, element, origin, target, epoch, phase, owner, started, updated, outcome"
 )
+
+
+@dataclass(frozen=True)
+class StandbyRecord:
+    """A PE's hot standby: where it runs and the epoch it writes under once promoted."""
+
+    pipeline: str
+    element: str
+    node: str
+    epoch: int
+    updated: float
 
 
 @dataclass(frozen=True)
@@ -203,13 +227,73 @@ class Registry:
 
     @staticmethod
     def _bump_epoch(db: sqlite3.Connection, pipeline: str, element: str) -> int:
-        """Inside a transaction: raise a PE's epoch by one (from 0 if it never had one)."""
+        """Inside a transaction: raise a PE's epoch above every epoch it was given, its
+        standbys' too (from 1 if it never had one).
+
+        Its standby, if any, is dropped: it is older than the new epoch now, and would be
+        refused once promoted.
+        """
+        above = Registry._standby_epoch(db, pipeline, element)
         row = db.execute(
-            "INSERT INTO epochs VALUES (?, ?, 1) ON CONFLICT(pipeline, element) "
-            "DO UPDATE SET epoch = epoch + 1 RETURNING epoch",
-            (pipeline, element),
+            "INSERT INTO epochs VALUES (?, ?, ? + 1) ON CONFLICT(pipeline, element) "
+            "DO UPDATE SET epoch = max(epoch, ?) + 1 RETURNING epoch",
+            (pipeline, element, above, above),
         ).fetchone()
+        db.execute(
+            "UPDATE standbys SET node = NULL, updated = ? WHERE pipeline = ? AND element = ?",
+            (time.time(), pipeline, element),
+        )
         return int(row[0])
+
+    @staticmethod
+    def _standby_epoch(db: sqlite3.Connection, pipeline: str, element: str) -> int:
+        row = db.execute(
+            "SELECT epoch FROM standbys WHERE pipeline = ? AND element = ?", (pipeline, element)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    # -- standbys ---------------------------------------------------------------------------
+
+    def add_standby(self, pipeline: str, element: str, node: str) -> int:
+        """Record a new standby of a PE on ``node`` (replacing any); return its epoch, above
+        every epoch the PE or any of its standbys was given. The PE's own epoch stays."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT epoch FROM epochs WHERE pipeline = ? AND element = ?", (pipeline, element)
+            ).fetchone()
+            epoch = max(int(row[0]) if row else 0, self._standby_epoch(db, pipeline, element)) + 1
+            db.execute(
+                "INSERT INTO standbys VALUES (?, ?, ?, ?, ?) ON CONFLICT(pipeline, element) "
+                "DO UPDATE SET node = excluded.node, epoch = excluded.epoch, "
+                "updated = excluded.updated",
+                (pipeline, element, node, epoch, time.time()),
+            )
+        return epoch
+
+    def drop_standby(self, pipeline: str, element: str, epoch: int | None = None) -> None:
+        """Forget a PE's standby (only the one of ``epoch``, if given); its epoch stays
+        reserved."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE standbys SET node = NULL, updated = ? WHERE pipeline = ? AND element = ? "
+                "AND (? IS NULL OR epoch = ?)",
+                (time.time(), pipeline, element, epoch, epoch),
+            )
+
+    def standby(self, pipeline: str, element: str) -> StandbyRecord | None:
+        """The PE's standby, if it has one."""
+        return next((s for s in self.standbys(pipeline) if s.element == element), None)
+
+    def standbys(self, pipeline: str | None = None) -> list[StandbyRecord]:
+        """Every standby (of one pipeline, if given)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT pipeline, element, node, epoch, updated FROM standbys "
+                "WHERE node IS NOT NULL AND (? IS NULL OR pipeline = ?) "
+                "ORDER BY pipeline, element",
+                (pipeline, pipeline),
+            ).fetchall()
+        return [StandbyRecord(*r) for r in rows]
 
     def next_epoch(self, pipeline: str, element: str, operation: str | None = None) -> int:
         """Bump and return the epoch of a PE: an instance started under it supersedes every
@@ -279,15 +363,17 @@ class Registry:
         owner: str,
         phase: str,
         new_epoch: bool = False,
+        epoch: int | None = None,
     ) -> Operation:
         """Record that an operation starts; with ``new_epoch`` the PE's epoch is bumped for it
-        in the same transaction (a restore), otherwise it runs under the current one."""
+        in the same transaction (a restore), with ``epoch`` it runs under that one (a
+        standby's promotion: the standby's), otherwise under the PE's current one."""
         now = time.time()
         op_id = uuid.uuid4().hex[:16]
         with self._tx() as db:
             if new_epoch:
                 epoch = self._bump_epoch(db, pipeline, element)
-            else:
+            elif epoch is None:
                 row = db.execute(
                     "SELECT epoch FROM epochs WHERE pipeline = ? AND element = ?",
                     (pipeline, element),
@@ -313,15 +399,28 @@ class Registry:
     def route(self, op_id: str, node: str, phase: str = "routed") -> None:
         """The routing change of an operation: its PE's placement moves to ``node`` and the
         operation enters ``phase``, in one transaction (neither is ever seen without the
-        other)."""
+        other).
+
+        The PE's epoch becomes the operation's if that is newer (a promoted standby's), and
+        a standby no newer than it (the one promoted) is dropped.
+        """
         now = time.time()
         with self._tx() as db:
             row = db.execute(
-                "SELECT pipeline, element FROM operations WHERE id = ?", (op_id,)
+                "SELECT pipeline, element, epoch FROM operations WHERE id = ?", (op_id,)
             ).fetchone()
             db.execute(
                 "UPDATE placements SET node = ?, updated = ? WHERE pipeline = ? AND element = ?",
                 (node, now, row[0], row[1]),
+            )
+            db.execute(
+                "UPDATE epochs SET epoch = max(epoch, ?) WHERE pipeline = ? AND element = ?",
+                (row[2], row[0], row[1]),
+            )
+            db.execute(
+                "UPDATE standbys SET node = NULL, updated = ? WHERE pipeline = ? AND element = ? "
+                "AND epoch <= ?",
+                (now, row[0], row[1], row[2]),
             )
             db.execute(
                 "UPDATE operations SET phase = ?, updated = ? WHERE id = ?", (phase, now, op_id)

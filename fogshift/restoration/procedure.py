@@ -86,6 +86,21 @@ def _wait(agent: ServiceClient, path: str, at_least: int, timeout_s: float) -> f
     return round((time.perf_counter() - started) * 1000, 1)
 
 
+def fence_and_locate(
+    broker: SyncJetStream, pipeline: str, element: ElementSpec, epoch: int
+) -> tuple[int, int]:
+    """Fence the PE's output stream with ``epoch``; return the input position of its last
+    stored output (what the fenced instance had emitted) and where its inputs stand (the sum
+    of their last sequences: the input the new instance must reach to have caught up)."""
+    broker.run(lambda js: fence(js, pipeline, element.id, epoch))
+    _, (emitted, _), _ = broker.run(lambda js: last_position(js, stream_name(pipeline, element.id)))
+    upstream = sum(
+        int(broker.run(partial(last_seq, stream=stream_name(pipeline, name))))
+        for name in element.inputs
+    )
+    return emitted, upstream
+
+
 def _cap(element: ElementSpec, position: int, t0: float | None) -> Offset | None:
     """A gate limit at input position ``position``, if the PE's offsets allow one (the offset
     of the PE's source, in that source's own form)."""
@@ -173,14 +188,7 @@ def restore(
     placed = element.model_copy(update={"node": target_name}).model_dump(mode="json")
     touched = False  # whether the target holds anything of this restore's
     try:
-        broker.run(lambda js: fence(js, pipeline, element.id, epoch))
-        _, (emitted, _), _ = broker.run(
-            lambda js: last_position(js, stream_name(pipeline, element.id))
-        )
-        upstream = sum(
-            int(broker.run(partial(last_seq, stream=stream_name(pipeline, name))))
-            for name in element.inputs
-        )
+        emitted, upstream = fence_and_locate(broker, pipeline, element, epoch)
         manifest: CheckpointManifest | None
         try:
             whole, report.skipped_checkpoints = central.latest_whole(pipeline, element.id)
@@ -219,6 +227,7 @@ def restore(
             report.intermediate_ms = _wait(agent, here, upstream, timeout_s)
         steps.phase(RestorePhase.LIVE)
         agent.put(here + "/gate", json={"gate": None})
+        report.live_ms = round((time.perf_counter() - started) * 1000, 1)
         report.status = RestoreStatus.RESTORED
     except FogshiftError as exc:
         report.status = RestoreStatus.FAILED

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from fogshift.spec.exceptions import InvalidSpec
-from fogshift.spec.models import KINDS, ElementSpec, PipelineSpec
+from fogshift.spec.models import KINDS, PLANNED_STANDBY, ElementSpec, PipelineSpec, wants_standby
 
 
 def _where(loc: tuple[Any, ...], data: Any) -> str:
@@ -284,6 +284,7 @@ def validate_spec(
                         hint="relative paths are relative to the spec file",
                     )
     _check_single_writer_files(spec)
+    _check_standby(spec, known_nodes)
     try:
         spec.topological_order()
     except CycleError as exc:
@@ -295,6 +296,33 @@ def validate_spec(
             if len(cycle) > 2
             else f"{cycle[0]} lists itself as an input",
         ) from None
+
+
+def _check_standby(spec: PipelineSpec, nodes: list[str] | None) -> None:
+    """Refuse a standby node that does not exist, or that hosts a PE it would stand by for
+    (an instance cannot stand by for itself: a node loss would take both)."""
+    standby = spec.recovery.standby
+    if standby is None or standby == PLANNED_STANDBY:
+        return
+    if nodes is not None and standby not in nodes:
+        guess = did_you_mean(standby, nodes)
+        raise InvalidSpec(
+            f"pipeline {spec.pipeline!r} keeps its standbys on unknown node {standby!r}",
+            expected=f"{PLANNED_STANDBY!r} or one of " + (", ".join(nodes) or "(no node is up)"),
+            received=repr(standby),
+            hint=(f"did you mean {guess!r}? " if guess else "")
+            + "`fogshift nodes` lists the nodes",
+        )
+    placed = [e.id for e in spec.elements if e.node == standby and wants_standby(e)]
+    if placed:
+        raise InvalidSpec(
+            f"pipeline {spec.pipeline!r} keeps its standbys on {standby!r}, which also hosts "
+            + ", ".join(placed),
+            expected=f"no source or processor placed on {standby!r}",
+            received=f"{', '.join(placed)} on {standby!r}",
+            hint=f"use `standby: {PLANNED_STANDBY}` (each PE's redeploy node), or place "
+            f"{', '.join(placed)} elsewhere",
+        )
 
 
 def _check_single_writer_files(spec: PipelineSpec) -> None:

@@ -260,6 +260,11 @@ class RecoverySpec(BaseModel):
         detect_after_s: How long a node may stay silent before it is declared lost.
         latency_ms: How long moving a PE's checkpoint to its redeploy node may take (the
             planner's latency requirement ``l_τ``).
+        standby: Keep a hot standby of every source and processor: on this node, or
+            ``planned`` (the planner's redeploy node of each PE, else the least busy healthy
+            node). A lost node's PEs are then taken over by their standbys (fence, lift the
+            cap) instead of being restored from checkpoints. Sinks write outside the broker
+            and are always restored from checkpoints. ``None``: no standbys.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -267,6 +272,17 @@ class RecoverySpec(BaseModel):
     auto: bool = True
     detect_after_s: float = Field(default=10.0, gt=0)
     latency_ms: float = Field(default=30_000.0, gt=0)
+    standby: str | None = Field(default=None, pattern=_NAME)
+
+
+#: ``recovery.standby`` asking for each PE's planned redeploy node.
+PLANNED_STANDBY = "planned"
+
+
+def wants_standby(element: ElementSpec) -> bool:
+    """Whether ``element`` may have a hot standby: a sink writes outside the broker, where
+    nothing would skip the standby's writes, so it is restored from checkpoints."""
+    return element.role != "sink"
 
 
 class PipelineSpec(BaseModel):

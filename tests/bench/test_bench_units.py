@@ -117,6 +117,24 @@ def test_report_of_a_hand_written_e2_log(tmp_path: Path) -> None:
     assert "`bad` failed" in text
 
 
+def test_e2_sets_standby_promotion_beside_checkpoint_restore(tmp_path: Path) -> None:
+    log = RunLog(tmp_path / "e2" / "runs.csv", e2.RUN_FIELDS)
+    for i, (method, live, total, state) in enumerate((
+        ("checkpoint", 3000.0, 4000.0, 1000), ("standby", 100.0, 300.0, 0),
+        ("checkpoint", 5000.0, 6000.0, 3000), ("standby", 300.0, 500.0, 0),
+    )):  # fmt: skip
+        log.append(
+            {"run": f"r{i}", "method": method, "status": "restored", "consistent": True,
+             "live_ms": live, "total_ms": total, "state_bytes": state,
+             "reprocessed_events": 4, "reprocess_ms": 10.0}
+        )  # fmt: skip
+    log.append({"run": "lost", "method": "standby", "status": "failed", "consistent": False})
+    (tmp_path / "e2" / "notes.json").write_text(json.dumps({"settings": {}, "skipped": []}))
+    text = report.render(tmp_path).read_text()
+    assert "| checkpoint | 2 / 2 | 4,000 ± 1,414 | 5,000 ± 1,414 | 4 ± 0 | 2,000 ± 1,414 |" in text
+    assert "| standby | 2 / 3 | 200 ± 141 | 400 ± 141 | 4 ± 0 | 0 ± 0 |" in text
+
+
 def test_results_render_without_matplotlib_as_tables(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -155,6 +155,7 @@ def test_schedule_has_every_operation_once_per_count_and_follows_the_seed() -> N
         ({"nodes": ("cloud", "cloud")}, "two distinct nodes"),
         ({"rate": 0.0}, "--rate"),
         ({"duration_s": 0.0}, "--duration"),
+        ({"standby": "fog-b"}, "--standby"),
     ],
 )
 def test_bad_settings_are_refused_with_what_was_expected(

@@ -132,11 +132,12 @@ def case1_spec(
     detect_after_s: float | None = None,
     first: int = 100,
     keys: int = 0,
+    standby: str | None = None,
 ) -> Path:
     """Case 1 (source on cloud -> avg over 10 on ``agg_node`` -> sink on cloud) in ``work``,
     its input fed (:class:`Feeder`, ``first`` rows, then more) until :func:`finish_and_compare`.
     With ``keys``, the rows come from that many sensors and the aggregate is keyed by sensor
-    (one window per sensor)."""
+    (one window per sensor); with ``standby``, the pipeline keeps hot standbys there."""
     line = partial(_case1_line, keys=keys)
     FEEDERS[work] = Feeder(work / "in.csv", seed=len(name), first=first, line=line)
     aggregate = aggregate_element(agg_node, pad_bytes)
@@ -153,9 +154,10 @@ def case1_spec(
              "options": {"path": "out/case1.csv"}},
         ],
     )  # fmt: skip
-    if detect_after_s is not None:
-        recovery = f"recovery: {{auto: true, detect_after_s: {detect_after_s}}}\n"
-        spec.write_text(spec.read_text() + recovery)
+    recovery = {"detect_after_s": detect_after_s, "standby": standby}
+    if any(v is not None for v in recovery.values()):
+        fields = ", ".join(f"{k}: {v}" for k, v in recovery.items() if v is not None)
+        spec.write_text(spec.read_text() + f"recovery: {{auto: true, {fields}}}\n")
     return spec
 
 

@@ -30,6 +30,7 @@ from tests.integration.helpers import (
     assert_only_new_epochs_after_fence,
     case1_spec,
     finish_and_compare,
+    stream_messages,
     wait_central,
 )
 
@@ -208,6 +209,58 @@ def test_frozen_node_is_restored_automatically_and_its_zombie_is_refused(
     assert cluster.element("zombie", "aggregate")["node"] == restored_on
     finish_and_compare(cluster, tmp_path, "zombie")
     assert_only_new_epochs_after_fence(cluster, "zombie", "aggregate")
+
+
+def test_a_standby_takes_over_a_frozen_node_and_the_node_never_emits_again(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """#13 item 2: with ``standby: planned`` the aggregate has a warm, capped twin on another
+    node; when its node goes silent the twin is fenced in and let go (no checkpoint moves, no
+    query starts), and the node, when it wakes, writes nothing. fog-a is down since the first
+    test: the aggregate runs on fog-c, its standby on the least busy other node."""
+    spec = case1_spec(tmp_path, "standby", agg_node="fog-c", detect_after_s=3, keys=20,
+                      standby="planned")  # fmt: skip
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("standby", "sink", 20)
+
+    def followed() -> dict[str, Any] | None:
+        standby = cluster.element("standby", "aggregate")["standby"]
+        ready = standby and standby["state"] == "running" and standby["lag_events"] is not None
+        return standby if ready else None
+
+    standby = wait_until(followed, 120, interval_s=0.5, describe="a followed standby")
+    assert standby["node"] != "fog-c", standby
+    assert standby["epoch"] == 2 and cluster.element("standby", "aggregate")["epoch"] == 1
+    # The standby writes nothing while it follows: every message so far is the primary's.
+    assert {int(m.headers[EPOCH_HEADER]) for m in stream_messages(cluster, "standby",
+            "aggregate")} == {1}  # fmt: skip
+    frozen = cluster.node("fog-c")
+    os.killpg(frozen["pgid"], signal.SIGSTOP)
+    try:
+        moved = wait_until(
+            lambda: (e := cluster.element("standby", "aggregate"))["node"] != "fog-c" and e,
+            120, interval_s=0.5, describe="the standby promoted",
+        )  # fmt: skip
+        assert FEEDERS[tmp_path].feeding, "the input had ended before the promotion"
+    finally:
+        os.killpg(frozen["pgid"], signal.SIGCONT)
+    report = moved["last_restore"]
+    assert moved["node"] == standby["node"], (moved, standby)
+    assert report["method"] == "standby" and report["epoch"] == 2, report
+    assert report["checkpoint"] is None and report["fetched_bytes"] == 0, report
+    assert report["live_ms"] is not None and report["live_ms"] < report["total_ms"], report
+    # The node wakes: its instance is removed (or refused first), and a new standby stands
+    # by for the aggregate somewhere else than where it now runs.
+    wait_until(
+        lambda: "standby/aggregate" not in cluster.node("fog-c")["elements"]
+        or (cluster.element("standby", "aggregate")["standby"] or {}).get("node") == "fog-c",
+        60, interval_s=0.5, describe="the frozen node's instance removed",
+    )  # fmt: skip
+    again = wait_until(followed, 120, interval_s=0.5, describe="a new standby")
+    assert again["node"] != moved["node"] and again["epoch"] >= 3, again
+    finish_and_compare(cluster, tmp_path, "standby")
+    # Nothing the frozen primary (epoch 1) wrote came after the fence.
+    assert_only_new_epochs_after_fence(cluster, "standby", "aggregate", epoch=2)
 
 
 def wait_for_epoch(

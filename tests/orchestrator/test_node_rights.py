@@ -49,6 +49,23 @@ def test_rights_follow_placement_operations_and_status(tmp_path: Path) -> None:
     registry.close()
 
 
+def test_a_standby_node_holds_the_rights_of_the_pe_it_stands_by_for(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "o.db")
+    registry.put_pipeline(parse_spec(spec(), tmp_path), "running")
+    registry.add_standby("p", "agg", "fog-b")
+    assert names(hosted_by_node(registry)) == {"cloud": ["src"], "fog-a": ["agg"], "fog-b": ["agg"]}
+    # Promoted: the lost node loses the PE at once, the standby's node keeps it.
+    epoch = registry.add_standby("p", "agg", "fog-b")
+    op = registry.begin_operation("restore", "p", "agg", "fog-a", "fog-b", "me", "starting",
+                                  epoch=epoch)  # fmt: skip
+    assert names(hosted_by_node(registry)) == {"cloud": ["src"], "fog-b": ["agg"]}
+    registry.route(op.id, "fog-b")
+    registry.finish(op.id, "restored")
+    assert names(hosted_by_node(registry)) == {"cloud": ["src"], "fog-b": ["agg"]}
+    registry.drop_standby("p", "agg")
+    registry.close()
+
+
 def test_node_permissions_name_only_the_hosted_streams() -> None:
     perms = node_permissions([Hosted("p", "agg", ("src",))])
     allow = perms["publish"]["allow"]

@@ -118,3 +118,60 @@ def test_a_restore_entry_takes_a_new_epoch_and_a_fence_records_its_own(
     fenced = registry.operation(op.id)
     assert fenced is not None and fenced.epoch == 3
     assert [o.id for o in registry.unfinished()] == [op.id]
+
+
+def test_a_standby_writes_above_its_primary_which_keeps_its_epoch(
+    registry: Registry, tmp_path: Path
+) -> None:
+    registry.put_pipeline(spec(tmp_path), "running")
+    assert registry.add_standby("p", "source", "fog-b") == 2
+    assert registry.epoch("p", "source") == 1  # the placed instance is not behind
+    standby = registry.standby("p", "source")
+    assert standby is not None and (standby.node, standby.epoch) == ("fog-b", 2)
+    # A replacement (its node lost it) is newer than the one it replaces.
+    assert registry.add_standby("p", "source", "fog-a") == 3
+    assert [(s.element, s.node, s.epoch) for s in registry.standbys()] == [("source", "fog-a", 3)]
+
+
+def test_a_new_epoch_for_the_pe_goes_above_its_standby_and_drops_it(
+    registry: Registry, tmp_path: Path
+) -> None:
+    registry.put_pipeline(spec(tmp_path), "running")
+    registry.add_standby("p", "source", "fog-b")
+    # A handover or a fence: the standby would be refused once promoted.
+    assert registry.next_epoch("p", "source") == 3
+    assert registry.standby("p", "source") is None
+    # Its epoch stays taken: the next standby, and a redeployment, go above it.
+    registry.add_standby("p", "source", "fog-b")
+    registry.drop_standby("p", "source")
+    assert registry.standby("p", "source") is None
+    assert registry.add_standby("p", "source", "fog-a") == 5
+    assert registry.put_pipeline(spec(tmp_path), "running")["source"] == 6
+    assert registry.standbys() == []
+
+
+def test_promoting_a_standby_routes_the_pe_to_it_under_the_standby_epoch(
+    registry: Registry, tmp_path: Path
+) -> None:
+    registry.put_pipeline(spec(tmp_path), "running")
+    epoch = registry.add_standby("p", "source", "fog-b")
+    op = registry.begin_operation(
+        "restore", "p", "source", "cloud", "fog-b", "me", "starting", epoch=epoch
+    )
+    assert op.epoch == epoch == 2 and registry.epoch("p", "source") == 1
+    registry.route(op.id, "fog-b")
+    assert registry.epoch("p", "source") == 2
+    assert registry.get_pipeline("p").placement["source"] == "fog-b"  # type: ignore[union-attr]
+    assert registry.standby("p", "source") is None
+
+
+def test_a_migration_keeps_the_standby_of_the_pe_it_moves(
+    registry: Registry, tmp_path: Path
+) -> None:
+    registry.put_pipeline(spec(tmp_path), "running")
+    registry.add_standby("p", "source", "fog-b")
+    op = registry.begin_operation("migration", "p", "source", "cloud", "fog-a", "me", "preparing")
+    registry.route(op.id, "fog-a")
+    assert registry.epoch("p", "source") == 1
+    standby = registry.standby("p", "source")
+    assert standby is not None and standby.epoch == 2

@@ -281,3 +281,22 @@ def test_topological_order_is_by_level_then_spec_order() -> None:
     )  # fmt: skip
     spec = parse_spec(data)
     assert [e.id for e in spec.topological_order()] == ["source", "side", "aggregate", "sink"]
+
+
+def test_a_standby_node_must_exist_and_host_no_pe_it_would_stand_by_for() -> None:
+    def check(standby: str) -> None:
+        data = case1(recovery={"standby": standby})
+        data["elements"][2]["node"] = "fog-c"  # the sink
+        validate_spec(parse_spec(data), nodes=["cloud", "fog-a", "fog-b", "fog-c"])
+
+    check("planned")
+    check("fog-c")  # only the sink is there: sinks have no standby
+    with pytest.raises(InvalidSpec) as caught:
+        check("fog-a")
+    assert "hosts aggregate" in caught.value.message
+    assert "standby: planned" in (caught.value.hint or "")
+    with pytest.raises(InvalidSpec) as caught:
+        check("fog-d")
+    assert caught.value.received == "'fog-d'" and "'planned'" in (caught.value.expected or "")
+    with pytest.raises(InvalidSpec):
+        parse_spec(case1(recovery={"standby": "no such/node"}))

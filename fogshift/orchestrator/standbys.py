@@ -1,0 +1,262 @@
+"""Hot standbys (``recovery.standby``): choosing each PE's standby node, starting the standby,
+raising its cap as the primary commits, and promoting it when the primary's node is lost.
+
+The procedures are :mod:`fogshift.restoration.standby`'s; this is the orchestrator's side:
+the registry keeps each standby's node and epoch, the reconcile round starts missing ones
+(:meth:`Standbys.keep_standbys`), a loop of its own raises their caps
+(:meth:`Standbys.follow_standbys`), and a restore promotes the standby when there is one
+(:meth:`Standbys.promote_standby`). Each touches a PE only inside its exclusive section, so a
+migration or restore never races with a cap being raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from functools import partial
+
+from fogshift.agent.exceptions import UnknownElement
+from fogshift.contracts import (
+    OperationKind,
+    PEState,
+    PipelineState,
+    RestorePhase,
+    RestoreReport,
+)
+from fogshift.exceptions import FogshiftError
+from fogshift.migration.exceptions import MigrationInProgress
+from fogshift.orchestrator.core import Followed
+from fogshift.orchestrator.deployment import Deployment
+from fogshift.orchestrator.registry import NodeRecord, PipelineRecord, StandbyRecord
+from fogshift.restoration.exceptions import RestoreFailed
+from fogshift.restoration.procedure import RestoreSteps
+from fogshift.restoration.standby import establish, follow, promote
+from fogshift.spec.models import PLANNED_STANDBY, ElementSpec, wants_standby
+
+log = logging.getLogger("fogshift.orchestrator")
+
+#: How long a standby just started may be missing from its node's heartbeats.
+REPORT_GRACE_S = 10.0
+#: How long discarding a dropped standby may take before it is left to the reconciler.
+DROP_TIMEOUT_S = 10.0
+
+
+def _here(pipeline: str, element: str) -> str:
+    return f"/pipelines/{pipeline}/elements/{element}"
+
+
+class Standbys(Deployment):
+    """The orchestrator's hot standbys."""
+
+    # -- where ------------------------------------------------------------------------------
+
+    def _ready(self, node: NodeRecord | None) -> bool:
+        return node is not None and self.healthy(node) and node.report.ready
+
+    def standby_node(self, record: PipelineRecord, element: ElementSpec) -> str | None:
+        """Where the PE's standby should be started now (``None``: none wanted, or no node
+        can take it): the spec's node, or with ``planned`` the planner's redeploy node, else
+        the healthy node running the fewest PEs — never the PE's own node."""
+        wanted = record.spec.recovery.standby
+        current = record.placement[element.id]
+        if wanted is None or not wants_standby(element):
+            return None
+        if wanted != PLANNED_STANDBY:
+            return wanted if wanted != current and self._ready(self.registry.node(wanted)) else None
+        candidates = [n for n in self.registry.nodes() if n.name != current and self._ready(n)]
+        planned = self.planned(record.name, element.id).redeploy
+        ranked = sorted(
+            candidates, key=lambda n: (n.name != planned, len(n.report.elements), n.name)
+        )
+        return ranked[0].name if ranked else None
+
+    # -- keeping them -----------------------------------------------------------------------
+
+    def keep_standbys(self, pending: set[tuple[str, str]] | None = None) -> None:
+        """Give every running PE that should have a standby one: start it where missing,
+        start it again where its node lost it or it broke, drop one no longer wanted.
+
+        Args:
+            pending: PEs with an unfinished journal entry: left to its resolution.
+        """
+        for record in self.registry.pipelines():
+            if record.status != PipelineState.RUNNING:
+                continue
+            for element in record.spec.elements:
+                key = (record.name, element.id)
+                if key in (pending or set()) or key in self._migrating:
+                    continue
+                try:
+                    with self._exclusive(*key, "standby"):
+                        self._keep_standby(record.name, element.id)
+                except FogshiftError:
+                    continue  # logged by _exclusive; tried again next round
+
+    def _keep_standby(self, pipeline: str, element_id: str) -> None:
+        """:meth:`keep_standbys` for one PE, inside its exclusive section."""
+        record = self.registry.get_pipeline(pipeline)
+        if record is None or record.status != PipelineState.RUNNING:
+            return
+        element = record.spec.element(element_id)
+        primary = record.placement[element_id]
+        current = self.registry.standby(pipeline, element_id)
+        if current is not None:
+            if self._standby_sound(record, element, current):
+                return
+            self.drop_standby(current)
+        if not self._ready(self.registry.node(primary)):
+            return  # nothing to copy from: the restore of the PE comes first
+        target = self.standby_node(record, element)
+        if target is None:
+            return
+        epoch = self.registry.add_standby(pipeline, element_id, target)
+        self.permissions.sync(self.registry)  # it reads the PE's inputs and stream
+        log.info("starting a standby of %s/%s on %s (epoch %d; the PE runs on %s)",
+                 pipeline, element_id, target, epoch, primary)  # fmt: skip
+        try:
+            done = establish(
+                pipeline, element, (primary, self.agent(primary)), (target, self.agent(target)),
+                epoch,
+            )  # fmt: skip
+        except FogshiftError:
+            self.drop_standby(self.registry.standby(pipeline, element_id))
+            raise
+        self.standby_ready_ms[(pipeline, element_id)] = done.took_ms
+        log.info("standby of %s/%s on %s ready in %.0f ms (%d bytes of state)",
+                 pipeline, element_id, target, done.took_ms, done.state_bytes)  # fmt: skip
+
+    def _standby_sound(
+        self, record: PipelineRecord, element: ElementSpec, standby: StandbyRecord
+    ) -> bool:
+        """Whether ``standby`` may stay: still wanted there, its node healthy, and running
+        under its epoch as its node reports (or started too recently to be reported)."""
+        if record.spec.recovery.standby is None or not wants_standby(element):
+            return False
+        wanted = record.spec.recovery.standby
+        if standby.node == record.placement[element.id] or (
+            wanted != PLANNED_STANDBY and wanted != standby.node
+        ):
+            return False
+        node = self.registry.node(standby.node)
+        if not self._ready(node):
+            return False
+        assert node is not None
+        reported = node.report.element(record.name, element.id)
+        if reported is None:
+            return time.time() - standby.updated < REPORT_GRACE_S
+        broken = reported.state == PEState.FENCED or (
+            reported.state == PEState.FAILED and reported.retry_in_s is None
+        )
+        return reported.epoch == standby.epoch and not broken
+
+    def drop_standby(self, standby: StandbyRecord | None) -> None:
+        """Forget ``standby`` and discard its instance (if its node does not answer, the
+        reconciler removes it once it does: it is neither the placement nor a standby).
+        Inside the PE's exclusive section."""
+        if standby is None:
+            return
+        key = (standby.pipeline, standby.element)
+        self.registry.drop_standby(*key, epoch=standby.epoch)
+        self.followed.pop(key, None)
+        self.standby_ready_ms.pop(key, None)
+        log.info("dropping the standby of %s/%s on %s", *key, standby.node)
+        if not self._ready(self.registry.node(standby.node)):
+            return  # a silent node may hold a request for long: the reconciler removes it later
+        try:
+            self.agent(standby.node).delete(
+                _here(*key), params={"discard": True}, timeout=DROP_TIMEOUT_S
+            )
+        except UnknownElement:
+            pass
+        except FogshiftError as exc:
+            log.info("standby of %s/%s on %s not removed: %s", *key, standby.node, exc.message)
+
+    def drop_standby_on(self, pipeline: str, element_id: str, node: str) -> None:
+        """Drop the PE's standby if it runs on ``node`` (a migration is about to put the PE
+        itself there). Inside the PE's exclusive section."""
+        standby = self.registry.standby(pipeline, element_id)
+        if standby is not None and standby.node == node:
+            self.drop_standby(standby)
+
+    # -- following --------------------------------------------------------------------------
+
+    def follow_standbys(self) -> None:
+        """Raise every standby's cap to where its primary has committed (one round)."""
+        nodes = {n.name: n for n in self.registry.nodes()}
+        for standby in self.registry.standbys():
+            key = (standby.pipeline, standby.element)
+            record = self.registry.get_pipeline(standby.pipeline)
+            if record is None or record.status != PipelineState.RUNNING:
+                continue
+            primary = record.placement.get(standby.element)
+            if primary is None or primary == standby.node:
+                continue
+            if not (self._ready(nodes.get(primary)) and self._ready(nodes.get(standby.node))):
+                continue
+            try:
+                with self._exclusive(*key, "standby follow"):
+                    self._follow_one(standby, primary)
+            except MigrationInProgress:
+                continue  # a migration, restore or start of the standby owns it now
+
+    def _follow_one(self, standby: StandbyRecord, primary: str) -> None:
+        key = (standby.pipeline, standby.element)
+        here = _here(*key)
+        last = self.followed.get(key)
+        try:
+            now, answer = follow(
+                here, self.agent(primary), self.agent(standby.node), last.primary if last else None
+            )
+        except FogshiftError as exc:
+            # Its node is slow or lost it: keep_standbys judges that from the heartbeats.
+            log.debug("following %s/%s on %s: %s", *key, standby.node, exc.message)
+            return
+        if answer is not None:
+            self.followed[key] = Followed(primary=now, standby=answer)
+
+    def run_standby_follower(self) -> None:
+        """Loop :meth:`follow_standbys` until :meth:`close`."""
+        self._every(self.config.standby_follow_s, self.follow_standbys, "standby follower")
+
+    # -- promotion --------------------------------------------------------------------------
+
+    def promote_standby(
+        self, element: ElementSpec, pipeline: str, current: str, standby: StandbyRecord
+    ) -> RestoreReport:
+        """Make ``standby`` the PE (its primary was on ``current``), journaled as a restore
+        under the standby's epoch; inside the PE's exclusive section.
+
+        Raises:
+            RestoreFailed: The standby could not take over; it was dropped (the caller
+                restores from a checkpoint).
+        """
+        key = (pipeline, element.id)
+        op = self.registry.begin_operation(
+            OperationKind.RESTORE, pipeline, element.id, current, standby.node, self.run_id,
+            RestorePhase.STARTING, epoch=standby.epoch,
+        )  # fmt: skip
+        self.permissions.sync_quietly(self.registry)  # the lost node loses its rights
+        log.info("promoting the standby of %s/%s on %s (epoch %d; the PE was on %s)",
+                 pipeline, element.id, standby.node, standby.epoch, current)  # fmt: skip
+        try:
+            self._test_pause("restore:promoting")
+            report = promote(
+                pipeline, element, standby.epoch, (standby.node, self.agent(standby.node)),
+                self.broker, steps=RestoreSteps(phase=partial(self._enter, op)),
+            )  # fmt: skip
+        except RestoreFailed as exc:
+            self.registry.finish(op.id, "failed")
+            with contextlib.suppress(FogshiftError):
+                self.drop_standby(standby)
+            if isinstance(exc.report, RestoreReport):
+                self.last_restore[key] = exc.report
+            raise
+        self.registry.route(op.id, standby.node)  # the PE's epoch becomes the standby's
+        self.registry.finish(op.id, "restored")
+        self.followed.pop(key, None)
+        self.standby_ready_ms.pop(key, None)
+        self.last_restore[key] = report
+        log.info("promoted the standby of %s/%s: %s", pipeline, element.id,
+                 report.model_dump(mode="json"))  # fmt: skip
+        return report

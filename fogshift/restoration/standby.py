@@ -1,0 +1,211 @@
+"""Hot standbys (``recovery: {standby: NODE | planned}``): a PE's second instance on another
+node, warm and capped, that takes over when the PE's node is lost.
+
+**Following.** The standby starts from a warm copy of the primary's latest checkpoint (as a
+migration target does), under an epoch newer than the primary's, behind a gate capped at the
+primary's committed offset; the orchestrator raises the cap as the primary commits
+(:func:`follow`). Every batch the standby plans ends at or before an offset the primary has
+committed, and the primary appends a batch's output before it commits the batch: whatever
+the standby derives is in the stream already, so its writer skips all of it by position and
+appends nothing. Its newer epoch never shows in the stream while the primary lives, and the
+primary is never refused. (With several inputs it replays the primary's logged cuts, which
+reach at least as far as the cap.)
+
+**Promotion** (:func:`promote`): the output stream is fenced with the standby's epoch — a
+primary still appending is refused, one that comes back finds the marker and stops — and
+the standby's gate opens. Its next batch reads everything from its position: what the
+primary had emitted is reprocessed without emitting (skipped by position), the rest is new
+output. No checkpoint moves and no query starts on the critical path; what is left to
+reprocess is what the primary committed since the cap was last raised (a batch or two).
+
+Sinks have no standby: they write outside the broker, where nothing would skip a standby's
+writes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from fogshift.broker.client import SyncJetStream
+from fogshift.checkpoint.spark_dir import progress_of
+from fogshift.common.http import ServiceClient
+from fogshift.common.progress import wait_for_progress
+from fogshift.contracts import (
+    ElementProgress,
+    Gate,
+    GateMode,
+    PEState,
+    RestoreMethod,
+    RestorePhase,
+    RestoreReport,
+    RestoreStatus,
+)
+from fogshift.exceptions import FogshiftError
+from fogshift.migration.procedure import fetch_checkpoint, install_checkpoint
+from fogshift.restoration.exceptions import RestoreFailed
+from fogshift.restoration.procedure import RestoreSteps, fence_and_locate
+from fogshift.spec.models import ElementSpec
+
+#: The states in which a standby instance can be promoted.
+PROMOTABLE = (PEState.RUNNING, PEState.STARTING, PEState.PAUSED)
+
+
+def _path(pipeline: str, element: str) -> str:
+    return f"/pipelines/{pipeline}/elements/{element}"
+
+
+@dataclass(frozen=True)
+class Established:
+    """What :func:`establish` did.
+
+    Attributes:
+        state_bytes: The size of the checkpoint copied to the standby's node.
+        took_ms: From the copy's start until the standby had re-executed the copy's last
+            batch (workers up, state loaded) and followed the primary once.
+    """
+
+    state_bytes: int
+    took_ms: float
+
+
+def establish(
+    pipeline: str,
+    element: ElementSpec,
+    primary: tuple[str, ServiceClient],
+    standby: tuple[str, ServiceClient],
+    epoch: int,
+    timeout_s: float = 120.0,
+) -> Established:
+    """Start a standby of ``element`` on ``standby``'s node, from the primary's checkpoint.
+
+    Args:
+        epoch: The standby's epoch, newer than the primary's (it writes under it once
+            promoted).
+
+    Raises:
+        FogshiftError: The copy or the start failed, or the standby did not get warm within
+            ``timeout_s``; whatever was started is left for the caller to discard.
+    """
+    started = time.perf_counter()
+    (_, primary_agent), (name, agent) = primary, standby
+    here = _path(pipeline, element.id)
+    data, digest, info = fetch_checkpoint(primary_agent, here, warm=True)
+    install_checkpoint(agent, here, data, digest)
+    gate = Gate(mode=GateMode.CAP, limit=info.offset) if info.offset else Gate(mode=GateMode.HOLD)
+    placed = element.model_copy(update={"node": name}).model_dump(mode="json")
+    agent.put(
+        here,
+        json={"element": placed, "fresh": False, "gate": gate.model_dump(mode="json"),
+              "epoch": epoch},
+    )  # fmt: skip
+    if info.batch is not None:
+        what = f"standby of {pipeline}/{element.id} on {name} warming up"
+        wait_for_progress(agent, here, progress_of(info.offset), timeout_s, RestoreFailed, what)
+    follow(here, primary_agent, agent)
+    return Established(
+        state_bytes=len(data), took_ms=round((time.perf_counter() - started) * 1000, 1)
+    )
+
+
+def follow(
+    here: str,
+    primary: ServiceClient,
+    standby: ServiceClient,
+    last: ElementProgress | None = None,
+    timeout_s: float = 5.0,
+) -> tuple[ElementProgress, ElementProgress | None]:
+    """Raise the standby's cap to the primary's committed offset.
+
+    Args:
+        here: The PE's element path on both agents.
+        last: The primary's progress when the cap was last raised: the gate is rewritten only
+            if the primary committed since.
+        timeout_s: Per request: a frozen node must not hold the follower (and the PE's
+            exclusive section, which its promotion needs) for long.
+
+    Returns:
+        The primary's progress now, and the standby's answer if its gate was rewritten.
+    """
+    now = primary.call(ElementProgress, "GET", here + "/progress", timeout=timeout_s)
+    if now.offset is None or (last is not None and last.offset == now.offset):
+        return now, None
+    cap = Gate(mode=GateMode.CAP, limit=now.offset).model_dump(mode="json")
+    answer = standby.call(
+        ElementProgress, "PUT", here + "/gate", json={"gate": cap}, timeout=timeout_s
+    )
+    return now, answer
+
+
+def promote(
+    pipeline: str,
+    element: ElementSpec,
+    epoch: int,
+    standby: tuple[str, ServiceClient],
+    broker: SyncJetStream,
+    timeout_s: float = 60.0,
+    steps: RestoreSteps | None = None,
+) -> RestoreReport:
+    """Make the standby on ``standby``'s node the PE: fence, then lift its cap.
+
+    The caller has journaled the promotion (phase ``starting``: the instance already runs)
+    and moves the placement once this returns.
+
+    Args:
+        epoch: The standby's epoch (it must be running under it).
+
+    Raises:
+        RestoreFailed: The standby is not running under ``epoch`` (nothing was changed), or
+            the fence failed (its gate is still capped: nothing of it is live). Once the
+            gate is open the promotion has happened: a slow catch-up is only a warning in
+            the report.
+    """
+    steps = steps or RestoreSteps()
+    name, agent = standby
+    here = _path(pipeline, element.id)
+    report = RestoreReport(
+        pipeline=pipeline, element=element.id, target=name, epoch=epoch,
+        method=RestoreMethod.STANDBY,
+    )  # fmt: skip
+    started = time.perf_counter()
+    try:
+        info = agent.call(ElementProgress, "GET", here + "/progress")
+        if info.epoch != epoch or info.state not in PROMOTABLE:
+            raise RestoreFailed(
+                f"the standby of {pipeline}/{element.id} on {name} cannot take over: it is "
+                f"{info.state} under epoch {info.epoch}",
+                expected=f"running under epoch {epoch}",
+                received=f"{info.state} under epoch {info.epoch}",
+                hint="the PE is restored from its checkpoint instead",
+            )
+        steps.phase(RestorePhase.FENCING)
+        emitted, upstream = fence_and_locate(broker, pipeline, element, epoch)
+        if len(element.inputs) == 1 or element.role == "source":
+            # Positions are input sequences (or rows): the gap is what it skips re-deriving.
+            report.reprocessed_events = max(0, emitted - info.progress)
+        report.standby_lag_events = max(0, emitted - info.progress)
+        steps.phase(RestorePhase.LIVE)
+        agent.put(here + "/gate", json={"gate": None})
+    except FogshiftError as exc:
+        report.status = RestoreStatus.FAILED
+        report.error = exc.render()
+        report.total_ms = round((time.perf_counter() - started) * 1000, 1)
+        failure = RestoreFailed(
+            f"promotion of the standby of {pipeline}/{element.id} on {name} failed: {exc.message}",
+            hint="the PE is restored from its checkpoint instead",
+        )
+        failure.report = report
+        raise failure from exc
+    report.status = RestoreStatus.RESTORED
+    report.live_ms = round((time.perf_counter() - started) * 1000, 1)
+    if element.role != "source" and upstream > max(emitted, info.progress):
+        report.intermediate_events = upstream - max(emitted, info.progress)
+        caught = time.perf_counter()
+        try:
+            what = f"promoted standby of {pipeline}/{element.id} catching up"
+            wait_for_progress(agent, here, upstream, timeout_s, RestoreFailed, what)
+            report.intermediate_ms = round((time.perf_counter() - caught) * 1000, 1)
+        except FogshiftError as exc:
+            report.error = f"live, but not caught up yet: {exc.message}"
+    report.total_ms = round((time.perf_counter() - started) * 1000, 1)
+    return report
