@@ -513,8 +513,10 @@ class RestoreReport(BaseModel):
         method: From a checkpoint, or by promoting the PE's standby.
         standby_lag_events: A promoted standby: how far behind the primary's last output it
             was (what it re-derived without emitting).
-        live_ms: From the restore's start until the new instance could emit (its gate
-            opened): the part of the outage a restore adds to failure detection.
+        live_ms: From the restore's start until the new instance may emit new output (a
+            standby's gate opened; a checkpoint restore's cap raised beyond what the old
+            instance had emitted): what a restore adds to failure detection before output
+            flows again.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)

@@ -128,6 +128,7 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
             orchestrator.run_central,
             orchestrator.run_planner,
             orchestrator.run_standby_follower,
+            orchestrator.run_standby_keeper,
         )
         for loop in loops:
             threading.Thread(target=loop, daemon=True).start()

@@ -138,9 +138,10 @@ class Reconciler(Coordination):
           is removed;
         * a PE on its node under an epoch older than its newest (fenced, or about to be) is
           started again there under the newest; one held at its gate with no operation under
-          way is resumed;
-        * a PE whose pipeline keeps standbys gets one where it lacks it (see
-          :meth:`keep_standbys`), once the rest of the round is done.
+          way is resumed.
+
+        Standbys are kept by a loop of their own (:meth:`run_standby_keeper`): starting one
+        takes seconds, which must not delay noticing a lost node.
 
         First, every operation an orchestrator left unfinished is resolved
         (:meth:`recover_operations`); a PE whose entry could not be resolved is left alone
@@ -154,7 +155,6 @@ class Reconciler(Coordination):
                 if (record.name, element.id) not in pending:
                     self._reconcile_element(record.name, element.id)
         self._remove_strays(pending)
-        self.keep_standbys(pending)
 
     def _reconcile_element(self, pipeline: str, element_id: str) -> None:
         """One PE's part of :meth:`reconcile_once`.

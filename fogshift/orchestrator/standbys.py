@@ -2,8 +2,8 @@
 raising its cap as the primary commits, and promoting it when the primary's node is lost.
 
 The procedures are :mod:`fogshift.restoration.standby`'s; this is the orchestrator's side:
-the registry keeps each standby's node and epoch, the reconcile round starts missing ones
-(:meth:`Standbys.keep_standbys`), a loop of its own raises their caps
+the registry keeps each standby's node and epoch, a loop starts missing ones
+(:meth:`Standbys.keep_standbys`, a loop beside the reconciler's), another raises their caps
 (:meth:`Standbys.follow_standbys`), and a restore promotes the standby when there is one
 (:meth:`Standbys.promote_standby`). Each touches a PE only inside its exclusive section, so a
 migration or restore never races with a cap being raised.
@@ -73,19 +73,17 @@ class Standbys(Deployment):
 
     # -- keeping them -----------------------------------------------------------------------
 
-    def keep_standbys(self, pending: set[tuple[str, str]] | None = None) -> None:
+    def keep_standbys(self) -> None:
         """Give every running PE that should have a standby one: start it where missing,
-        start it again where its node lost it or it broke, drop one no longer wanted.
-
-        Args:
-            pending: PEs with an unfinished journal entry: left to its resolution.
-        """
+        start it again where its node lost it or it broke, drop one no longer wanted. A PE
+        with an unfinished journal entry is left to its resolution."""
+        pending = {(op.pipeline, op.element) for op in self.registry.unfinished()}
         for record in self.registry.pipelines():
             if record.status != PipelineState.RUNNING:
                 continue
             for element in record.spec.elements:
                 key = (record.name, element.id)
-                if key in (pending or set()) or key in self._migrating:
+                if key in pending or key in self._migrating:
                     continue
                 try:
                     with self._exclusive(*key, "standby"):
@@ -218,6 +216,10 @@ class Standbys(Deployment):
     def run_standby_follower(self) -> None:
         """Loop :meth:`follow_standbys` until :meth:`close`."""
         self._every(self.config.standby_follow_s, self.follow_standbys, "standby follower")
+
+    def run_standby_keeper(self) -> None:
+        """Loop :meth:`keep_standbys` (every ``reconcile_s``) until :meth:`close`."""
+        self._every(self.config.reconcile_s, self.keep_standbys, "standby keeper")
 
     # -- promotion --------------------------------------------------------------------------
 
