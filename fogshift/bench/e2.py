@@ -373,10 +373,14 @@ def _methods_table(rows: list[dict[str, str]]) -> list[str]:
     out = [
         "",
         "Checkpoint restore beside hot-standby promotion (runs take turns). *Live* runs from "
-        "the restore's start until the new instance may emit (its gate opens); *total* until "
-        "it has caught up with the input that arrived while it was down.",
+        "the restore's start until the new instance may emit new output (a standby's gate "
+        "opens; a checkpoint restore's cap passes what the killed instance had emitted); "
+        "*total* until it has caught up with the input that arrived while it was down. A "
+        "standby's state was copied when it started, long before: nothing moves during its "
+        "restore.",
         "",
-        "| method | runs ok / all | live ms | total ms | re-derived events | state fetched bytes |",
+        "| method | runs ok / all | live ms | total ms | re-derived events | state moved "
+        "during the restore, bytes |",
         "|---|---|---|---|---|---|",
     ]
     for method in methods:
