@@ -90,6 +90,8 @@ class Standbys(Deployment):
                         self._keep_standby(record.name, element.id)
                 except FogshiftError:
                     continue  # logged by _exclusive; tried again next round
+                except Exception:  # one PE's trouble must not stop the others' standbys
+                    log.exception("keeping the standby of %s/%s failed", *key)
 
     def _keep_standby(self, pipeline: str, element_id: str) -> None:
         """:meth:`keep_standbys` for one PE, inside its exclusive section."""
@@ -117,7 +119,7 @@ class Standbys(Deployment):
                 pipeline, element, (primary, self.agent(primary)), (target, self.agent(target)),
                 epoch,
             )  # fmt: skip
-        except FogshiftError:
+        except Exception:  # whatever it left on the target is discarded with it
             self.drop_standby(self.registry.standby(pipeline, element_id))
             raise
         self.standby_ready_ms[(pipeline, element_id)] = done.took_ms

@@ -1,0 +1,159 @@
+"""The orchestrator's side of hot standbys: starting one, raising its cap, promoting it, and
+carrying on a promotion a dead orchestrator left unfinished.
+
+A real orchestrator object and registry; stand-in agents (``standin``) record what they are
+asked; the broker's fence is replaced by a recorder (the integration test fences for real).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.broker.client import BrokerAddress
+from fogshift.common.headers import INFO_HEADER, SHA_HEADER
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.service import Orchestrator
+from fogshift.restoration import standby as standby_procedure
+from fogshift.spec import parse_spec
+from tests.orchestrator.standin import SPEC, StandIn, standins
+from tests.orchestrator.test_recovery import AGG, PE, beat, hosted
+
+OFFSET = {"type": "jetstream", "positions": {"source": 40}}
+
+
+@pytest.fixture
+def agents() -> Iterator[dict[str, StandIn]]:
+    with standins("cloud", "fog-a", "fog-b") as agents:
+        yield agents
+
+
+@pytest.fixture
+def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orchestrator = Orchestrator(config)
+    spec = {**SPEC, "recovery": {"standby": "fog-b"}}
+    orchestrator.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
+    beat(orchestrator, agents, {"cloud": [hosted("source"), hosted("sink")],
+                                "fog-a": [hosted("aggregate")]})  # fmt: skip
+    yield orchestrator
+    orchestrator.close()
+
+
+def progress(epoch: int, position: int, **more: Any) -> dict[str, Any]:
+    offset = {"type": "jetstream", "positions": {"source": position}}
+    return {**PE, "state": "running", "epoch": epoch, "committed_batch": 3, "offset": offset,
+            "progress": position, **more}  # fmt: skip
+
+
+def test_a_standby_starts_from_a_warm_copy_capped_under_a_newer_epoch(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    info = '{"batch": 3, "offset": ' + str(OFFSET).replace("'", '"') + "}"
+    agents["fog-a"].answer("GET", AGG + "/checkpoint", content=b"tarball",
+                           headers={INFO_HEADER: info, SHA_HEADER: "abc"})  # fmt: skip
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
+    agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 40))
+    orch.keep_standbys()
+    standby = orch.registry.standby("p", "aggregate")
+    assert standby is not None and (standby.node, standby.epoch) == ("fog-b", 2)
+    assert orch.registry.epoch("p", "aggregate") == 1  # the primary is not behind
+    assert agents["fog-a"].received("GET", AGG + "/checkpoint")[0].query == {"warm": "true"}
+    assert agents["fog-b"].received("PUT", AGG + "/checkpoint")[0].body is not None
+    (deploy,) = agents["fog-b"].received("PUT", AGG)
+    assert deploy.body["epoch"] == 2 and deploy.body["element"]["node"] == "fog-b"
+    assert deploy.body["gate"] == {"mode": "cap", "limit": OFFSET}
+    # Warm, it follows once: capped where the primary has committed, not beyond.
+    (cap,) = agents["fog-b"].received("PUT", AGG + "/gate")
+    assert cap.body["gate"]["limit"]["positions"] == {"source": 45}
+    # Sinks get none; the source's standby failed here (its checkpoint is not answered) and
+    # was forgotten, to be tried again next round.
+    assert [s.element for s in orch.registry.standbys()] == ["aggregate"]
+
+
+def test_the_follower_raises_the_cap_only_when_the_primary_committed(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    orch.registry.add_standby("p", "aggregate", "fog-b")
+    reports = {"cloud": [hosted("source"), hosted("sink")], "fog-a": [hosted("aggregate")],
+               "fog-b": [hosted("aggregate", 2)]}  # fmt: skip
+    beat(orch, agents, reports)
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+    agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 41))
+    orch.follow_standbys()
+    orch.follow_standbys()  # nothing committed since: the gate is left as it is
+    (cap,) = agents["fog-b"].received("PUT", AGG + "/gate")
+    limit = {"type": "jetstream", "positions": {"source": 45}}
+    assert cap.body == {"gate": {"mode": "cap", "limit": limit}}
+    status = orch.standby_status("p", "aggregate")
+    assert status is not None and status.lag_events == 4 and status.state == "running"
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 50))
+    orch.follow_standbys()
+    assert len(agents["fog-b"].received("PUT", AGG + "/gate")) == 2
+
+
+def test_a_restore_promotes_the_standby_fencing_before_it_lifts_the_cap(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    epoch = orch.registry.add_standby("p", "aggregate", "fog-b")
+    order: list[str] = []
+
+    def fence_and_locate(broker: object, pipeline: str, element: object, at: int) -> tuple:
+        order.append(f"fence {pipeline} {at}")
+        return 44, 44  # emitted, upstream: nothing arrived since
+
+    monkeypatch.setattr(standby_procedure, "fence_and_locate", fence_and_locate)
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(epoch, 41, gated=True))
+    report = orch.restore("p", "aggregate")
+    assert order == ["fence p 2"]
+    assert agents["fog-b"].received("PUT", AGG + "/gate")[0].body == {"gate": None}
+    assert agents["fog-b"].received("PUT", AGG + "/checkpoint") == []  # nothing installed
+    assert report.method == "standby" and report.target == "fog-b" and report.epoch == 2
+    assert report.standby_lag_events == 3 and report.live_ms is not None
+    record = orch.registry.get_pipeline("p")
+    assert record is not None and record.placement["aggregate"] == "fog-b"
+    assert orch.registry.epoch("p", "aggregate") == 2
+    assert orch.registry.standby("p", "aggregate") is None
+    (op,) = orch.registry.operations("p", "aggregate")
+    assert (op.kind, op.epoch, op.outcome) == ("restore", 2, "restored")
+
+
+def test_a_standby_that_is_not_running_under_its_epoch_is_dropped_not_promoted(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    orch.registry.add_standby("p", "aggregate", "fog-b")
+    fallback: list[list[str]] = []
+    monkeypatch.setattr(
+        orch, "_restore_on", lambda element, p, current, candidates, attempts: fallback.append(
+            [a.node for a in attempts]) or "restored from a checkpoint",
+    )  # fmt: skip
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(1, 41, state="fenced"))
+    assert orch.restore("p", "aggregate") == "restored from a checkpoint"  # type: ignore[comparison-overlap]
+    assert fallback == [["fog-b"]]  # the promotion is the first failed attempt
+    assert agents["fog-b"].received("PUT", AGG + "/gate") == []
+    assert agents["fog-b"].received("DELETE", AGG)[0].query == {"discard": "true"}
+    assert orch.registry.standby("p", "aggregate") is None
+
+
+def test_a_promotion_left_unfinished_is_carried_on_and_fenced_first(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    epoch = orch.registry.add_standby("p", "aggregate", "fog-b")
+    op = orch.registry.begin_operation(
+        "restore", "p", "aggregate", "fog-a", "fog-b", "dead0rchestr", "starting", epoch=epoch
+    )
+    marks: list[int] = []
+    monkeypatch.setattr(orch, "_mark", lambda pipeline, element, at: marks.append(at))
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(epoch, 41, gated=True))
+    orch.recover_operations()
+    assert marks == [2]
+    assert agents["fog-b"].received("PUT", AGG + "/gate")[0].body == {"gate": None}
+    assert orch.registry.epoch("p", "aggregate") == 2
+    assert orch.registry.standby("p", "aggregate") is None
+    entry = orch.registry.operation(op.id)
+    assert entry is not None and (entry.outcome or "").startswith("recovered: carried on")
