@@ -111,10 +111,10 @@ class Standbys(Deployment):
         if target is None:
             return
         epoch = self.registry.add_standby(pipeline, element_id, target)
-        self.permissions.sync(self.registry)  # it reads the PE's inputs and stream
         log.info("starting a standby of %s/%s on %s (epoch %d; the PE runs on %s)",
                  pipeline, element_id, target, epoch, primary)  # fmt: skip
         try:
+            self.permissions.sync(self.registry)  # it reads the PE's inputs and stream
             done = establish(
                 pipeline, element, (primary, self.agent(primary)), (target, self.agent(target)),
                 epoch,
