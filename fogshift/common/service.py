@@ -7,6 +7,7 @@ which does not import FastAPI, so that a CLI command starts in a fraction of the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -27,6 +28,8 @@ from fogshift.common.names import (
 )
 from fogshift.contracts import ErrorBody
 from fogshift.exceptions import FogshiftError, InvalidInput, Unauthorized
+
+log = logging.getLogger("fogshift.service")
 
 # -- path parameters -----------------------------------------------------------------------
 # Checked by FastAPI before any handler runs (422 with expected/received/hint); the storage
@@ -103,7 +106,18 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
         err = decide(request.method, request.url.path, bearer(request))
         if err is not None:
             return JSONResponse(err.to_dict(), status_code=err.http_status)
-        return await call_next(request)
+        try:
+            return await call_next(request)
+        except Exception as exc:  # a bug: answered here, so the server keeps the connection
+            # Left to the server, an unhandled exception closes the connection after its
+            # 500, and the client's next request on it fails as "cannot be reached" — which
+            # a migration would report as its target or origin being gone.
+            log.exception("%s %s failed", request.method, request.url.path)
+            bug = FogshiftError(
+                f"{request.method} {request.url.path} failed: {type(exc).__name__}: {exc}",
+                hint="a bug in the service: its log has the traceback",
+            )
+            return JSONResponse(bug.to_dict(), status_code=bug.http_status)
 
     @app.exception_handler(FogshiftError)
     async def fogshift_error(request: Request, exc: FogshiftError) -> JSONResponse:
