@@ -1,4 +1,5 @@
-"""The orchestrator's REST app in-process, with a broker address that is never dialled."""
+"""The orchestrator's REST app in-process, with a broker address that is never dialled, and
+stand-in node agents."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fastapi import FastAPI
 from fogshift.broker.client import BrokerAddress
 from fogshift.orchestrator.app import create_app
 from fogshift.orchestrator.config import OrchestratorConfig
+from tests.orchestrator.standin import StandIn, standins
 
 #: The operator token of :func:`app`.
 OPERATOR = "operator-token-" + "o" * 32
@@ -23,3 +25,10 @@ def app(tmp_path: Path) -> Iterator[FastAPI]:
     app = create_app(config)
     yield app
     app.state.orchestrator.close()
+
+
+@pytest.fixture
+def agents() -> Iterator[dict[str, StandIn]]:
+    """Stand-in agents of cloud, fog-a and fog-b (``standin``)."""
+    with standins("cloud", "fog-a", "fog-b") as agents:
+        yield agents

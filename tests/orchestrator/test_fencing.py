@@ -26,7 +26,7 @@ from fogshift.migration.exceptions import MigrationFailed
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration.exceptions import RestoreFailed
-from tests.orchestrator.standin import StandIn, standins
+from tests.orchestrator.standin import StandIn
 
 pytestmark = pytest.mark.integration  # a real nats-server (no Spark, no agents): ~1 s
 _names = itertools.count()
@@ -45,12 +45,6 @@ def spec(tmp_path: Path, name: str) -> dict[str, Any]:
              "options": {"path": str(tmp_path / "out" / "o.csv")}},
         ],
     }  # fmt: skip
-
-
-@pytest.fixture
-def agents() -> Iterator[dict[str, StandIn]]:
-    with standins("cloud", "fog-a", "fog-b") as agents:
-        yield agents
 
 
 @pytest.fixture

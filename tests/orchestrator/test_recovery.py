@@ -9,6 +9,7 @@ written as the dead orchestrator would have left them.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from fogshift.exceptions import InvalidInput
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
-from tests.orchestrator.standin import SPEC, StandIn, standins
+from tests.orchestrator.standin import SPEC, StandIn
 
 AGG = "/pipelines/p/elements/aggregate"
 #: What names the aggregate in its agent's answers (fogshift.contracts.ElementProgress).
@@ -32,22 +33,28 @@ def hosted(element: str, epoch: int = 1, gated: bool = False) -> dict[str, Any]:
             "gated": gated}  # fmt: skip
 
 
-@pytest.fixture
-def agents() -> Iterator[dict[str, StandIn]]:
-    with standins("cloud", "fog-a", "fog-b") as agents:
-        yield agents
+@contextmanager
+def orchestrator_of(
+    tmp_path: Path, agents: dict[str, StandIn], spec: dict[str, Any]
+) -> Iterator[Orchestrator]:
+    """An orchestrator running ``spec`` as placed (source and sink on cloud, the aggregate on
+    fog-a), every stand-in having sent a heartbeat."""
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orchestrator = Orchestrator(config)
+    orchestrator.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
+    beat(orchestrator, agents, {"cloud": [hosted("source"), hosted("sink")],
+                                "fog-a": [hosted("aggregate")]})  # fmt: skip
+    try:
+        yield orchestrator
+    finally:
+        orchestrator.close()
 
 
 @pytest.fixture
 def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
-    orchestrator = Orchestrator(config)
-    orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
-    beat(orchestrator, agents, {"cloud": [hosted("source"), hosted("sink")],
-                                "fog-a": [hosted("aggregate")]})  # fmt: skip
-    yield orchestrator
-    orchestrator.close()
+    with orchestrator_of(tmp_path, agents, SPEC) as orchestrator:
+        yield orchestrator
 
 
 def beat(

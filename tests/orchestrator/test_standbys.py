@@ -13,35 +13,26 @@ from typing import Any
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
-from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration import standby as standby_procedure
-from fogshift.spec import parse_spec
-from tests.orchestrator.standin import SPEC, StandIn, standins
-from tests.orchestrator.test_recovery import AGG, PE, beat, hosted
+from tests.orchestrator.standin import SPEC, StandIn
+from tests.orchestrator.test_recovery import (
+    AGG,
+    PE,
+    beat,
+    hosted,
+    orchestrator_of,
+)
 
 OFFSET = {"type": "jetstream", "positions": {"source": 40}}
 
 
 @pytest.fixture
-def agents() -> Iterator[dict[str, StandIn]]:
-    with standins("cloud", "fog-a", "fog-b") as agents:
-        yield agents
-
-
-@pytest.fixture
 def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
-    orchestrator = Orchestrator(config)
     spec = {**SPEC, "recovery": {"standby": "fog-b"}}
-    orchestrator.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
-    beat(orchestrator, agents, {"cloud": [hosted("source"), hosted("sink")],
-                                "fog-a": [hosted("aggregate")]})  # fmt: skip
-    yield orchestrator
-    orchestrator.close()
+    with orchestrator_of(tmp_path, agents, spec) as orchestrator:
+        yield orchestrator
 
 
 def progress(epoch: int, position: int, **more: Any) -> dict[str, Any]:
