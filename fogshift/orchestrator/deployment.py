@@ -42,7 +42,7 @@ from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPi
 from fogshift.orchestrator.journal import Journal
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.spec.loader import parse_spec, validate_spec
-from fogshift.spec.models import ElementSpec
+from fogshift.spec.models import ElementSpec, partition_of_key
 
 log = logging.getLogger("fogshift.orchestrator")
 
@@ -422,12 +422,39 @@ class Deployment(Journal):
         """A stateful PE's state per key, read by the node that runs it from its live state
         store, as of its newest committed batch."""
         record = self.pipeline(name)
-        self._element(record, element_id)
+        parts = record.spec.partitions_of(element_id)
+        if not parts:
+            self._element(record, element_id)
         params: dict[str, Any] = {"limit": limit}
         if key is not None:
             params["key"] = key
-        path = f"/pipelines/{name}/elements/{element_id}/state"
-        return self.agent(record.placement[element_id]).call(TwinState, "GET", path, params=params)
+        if parts and key is not None:
+            # A key lives in one partition: ask the one that owns it.
+            element_id = parts[partition_of_key(key, len(parts))].id
+        if not parts or key is not None:
+            path = f"/pipelines/{name}/elements/{element_id}/state"
+            return self.agent(record.placement[element_id]).call(
+                TwinState, "GET", path, params=params
+            )
+        # The whole partitioned element: every partition's keys, each read as of its own
+        # newest committed batch (the answer's batch is the oldest of those).
+        answers = [
+            self.agent(record.placement[p.id]).call(
+                TwinState, "GET", f"/pipelines/{name}/elements/{p.id}/state", params=params
+            )
+            for p in parts
+        ]
+        batches = [a.batch for a in answers]
+        entries = sorted((e for a in answers for e in a.entries), key=lambda e: e.key or "")
+        return TwinState(
+            pipeline=name,
+            element=element_id,
+            node=", ".join(dict.fromkeys(a.node for a in answers)),
+            batch=None if None in batches else min(b for b in batches if b is not None),
+            key_by=answers[0].key_by,
+            keys=sum(a.keys for a in answers),
+            entries=entries[:limit],
+        )
 
 
 def _key_text(body: Any, field: str | None) -> str | None:

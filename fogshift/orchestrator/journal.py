@@ -123,7 +123,10 @@ class Journal(Replication):
         try:
             return record.spec.element(element_id)
         except KeyError:
+            parts = [e.id for e in record.spec.partitions_of(element_id)]
             raise UnknownElement(
-                f"pipeline {record.name!r} has no element {element_id!r}",
+                f"pipeline {record.name!r} has no element {element_id!r}"
+                + (" (it is partitioned)" if parts else ""),
                 expected="one of " + ", ".join(e.id for e in record.spec.elements),
+                hint=f"name one of its partitions: {', '.join(parts)}" if parts else None,
             ) from None

@@ -447,6 +447,15 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
                 group = F.when(field.isNull(), F.lit(NO_KEY)).otherwise(
                     F.concat(F.lit(KEY_PREFIX), field)
                 )
+                if element.partition is not None:
+                    # A partition reads every input event and keeps those of its keys (as
+                    # spec.partition_of_key: CRC-32 of the key's text, keyless ones to 0).
+                    # Its outputs' origins stay the input positions, so the filter changes
+                    # nothing about exactly-once; it is evaluated in the JVM.
+                    owner = F.when(field.isNull(), F.lit(0)).otherwise(
+                        F.pmod(F.crc32(field.cast("binary")), F.lit(element.partition.count))
+                    )
+                    events = events.where(owner == F.lit(element.partition.index))
             out = (
                 events.withColumn(GROUP_COLUMN, group)
                 .groupBy(GROUP_COLUMN)

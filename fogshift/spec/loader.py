@@ -15,7 +15,14 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from fogshift.spec.exceptions import InvalidSpec
-from fogshift.spec.models import KINDS, PLANNED_STANDBY, ElementSpec, PipelineSpec, wants_standby
+from fogshift.spec.models import (
+    KINDS,
+    PLANNED_STANDBY,
+    ElementSpec,
+    PipelineSpec,
+    partition_id,
+    wants_standby,
+)
 
 
 def _where(loc: tuple[Any, ...], data: Any) -> str:
@@ -283,6 +290,7 @@ def validate_spec(
                         "does not exist",
                         hint="relative paths are relative to the spec file",
                     )
+    _check_partitions(spec)
     _check_single_writer_files(spec)
     _check_standby(spec, known_nodes)
     try:
@@ -296,6 +304,44 @@ def validate_spec(
             if len(cycle) > 2
             else f"{cycle[0]} lists itself as an input",
         ) from None
+
+
+def _check_partitions(spec: PipelineSpec) -> None:
+    """A partitioned element's partitions are all there, alike but for their node, and its
+    id names no other element: each key then has exactly one owner."""
+    groups: dict[str, list[ElementSpec]] = {}
+    for element in spec.elements:
+        if element.partition is not None:
+            groups.setdefault(element.partition.of, []).append(element)
+    ids = {e.id for e in spec.elements}
+    for of, parts in groups.items():
+        if of in ids:
+            raise InvalidSpec(
+                f"pipeline {spec.pipeline!r}: {of!r} is an element and also the partitioned "
+                "element of " + ", ".join(repr(p.id) for p in parts),
+                hint=f"rename element {of!r}",
+            )
+        count = parts[0].partition.count if parts[0].partition else 0
+        indices = sorted(p.partition.index for p in parts if p.partition)
+        if indices != list(range(count)) or any(
+            p.partition is None or p.partition.count != count for p in parts
+        ):
+            raise InvalidSpec(
+                f"pipeline {spec.pipeline!r}: the partitions of {of!r} do not own every key once",
+                expected=f"partitions 0 to {count - 1}, each once",
+                received="partitions " + ", ".join(map(str, indices)),
+                hint=f"write {of!r} once with partitions: [NODE, ...] and let fogshift "
+                "make its partitions",
+            )
+        alike = {p.model_dump_json(exclude={"id", "node", "partition"}) for p in parts}
+        if len(alike) > 1 or any(
+            p.id != partition_id(of, p.partition.index) for p in parts if p.partition
+        ):
+            raise InvalidSpec(
+                f"pipeline {spec.pipeline!r}: the partitions of {of!r} differ in more than "
+                "their node",
+                hint=f"write {of!r} once with partitions: [NODE, ...]",
+            )
 
 
 def _check_standby(spec: PipelineSpec, nodes: list[str] | None) -> None:

@@ -8,6 +8,7 @@ unknown ``kind`` is pydantic's ``union_tag_invalid`` error, which the loader wor
 
 from __future__ import annotations
 
+import zlib
 from graphlib import TopologicalSorter
 from typing import Annotated, Any, ClassVar, Literal, Self, cast, get_args
 
@@ -45,6 +46,38 @@ _NAME = NAME_RE
 KEY_FIELD_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 
 
+class Partition(BaseModel):
+    """Which partition of a partitioned keyed PE an element is.
+
+    Attributes:
+        of: The id the spec gave the partitioned element (its partitions are ``<of>-p<i>``).
+        index: This partition's number, from 0.
+        count: How many partitions the element has; a key belongs to partition
+            :func:`partition_of_key` of its text.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    of: str = Field(pattern=_NAME)
+    index: int = Field(ge=0)
+    count: int = Field(ge=1)
+
+
+def partition_id(element_id: str, index: int) -> str:
+    """The id of partition ``index`` of the partitioned element ``element_id``."""
+    return f"{element_id}-p{index}"
+
+
+def partition_of_key(key: str | None, count: int) -> int:
+    """The partition that owns ``key`` (a keyed PE's key text) among ``count``: CRC-32 of its
+    UTF-8 bytes modulo ``count``, which Spark computes alike (``pmod(crc32(key), count)``), so
+    the query's filter and the orchestrator's routing agree. Events without a key (``None``)
+    belong to partition 0, which dead-letters them."""
+    if key is None:
+        return 0
+    return zlib.crc32(key.encode("utf-8")) % count
+
+
 class ElementSpec(BaseModel):
     """One pipeline element (PE): the fields every kind shares.
 
@@ -60,6 +93,12 @@ class ElementSpec(BaseModel):
         options: The kind's options (a model that also reads as a mapping).
         key_by: For a stateful processor: the body field whose value keys its state (one
             state per key, e.g. per patient), ``None`` for one state for the whole PE.
+        partitions: For a keyed processor, instead of ``node``: the nodes of its partitions,
+            one partition per entry. Each partition is a PE of its own, ``<id>-p<i>``, that
+            owns the keys :func:`partition_of_key` gives it; elements naming ``<id>`` as an
+            input read every partition. :class:`PipelineSpec` replaces such an element by
+            its partitions, so no validated spec holds one.
+        partition: Set on each partition (:class:`Partition`); ``None`` on any other PE.
         role: (class) source, processor or sink.
         path_options: (class) Option names that are file paths, resolved against the spec's
             folder when a spec file is loaded.
@@ -84,6 +123,10 @@ class ElementSpec(BaseModel):
     # options the base model does not know.
     options: SerializeAsAny[KindOptions]
     key_by: str | None = Field(default=None, pattern=KEY_FIELD_RE)
+    partitions: tuple[Annotated[str, Field(pattern=_NAME)], ...] | None = Field(
+        default=None, min_length=1
+    )
+    partition: Partition | None = None
 
     def __new__(cls, *args: Any, **data: Any) -> Self:
         # Python then runs the chosen subclass's __init__, which validates with its schema.
@@ -107,6 +150,16 @@ class ElementSpec(BaseModel):
         if isinstance(data, dict) and "options" not in data:
             # No options: each kind's own model says which it needs ("path: Field required").
             data = {**data, "options": {}}
+        if isinstance(data, dict) and data.get("partitions") is not None:
+            nodes = data["partitions"]
+            first = nodes[0] if isinstance(nodes, (list, tuple)) and nodes else "-"
+            if data.get("node", first) != first:
+                raise ValueError(
+                    "a partitioned element is placed by `partitions` (one node per partition): "
+                    f"remove node: {data['node']}"
+                )
+            # Its partitions take their nodes from the list; node is only a placeholder.
+            data = {**data, "node": first}
         if cls is not ElementSpec or isinstance(data, ElementSpec):
             return handler(data)
         return cast(Self, ELEMENT.validate_python(data))
@@ -123,6 +176,16 @@ class ElementSpec(BaseModel):
             raise ValueError(
                 f"a {self.kind!r} element keeps its state per patient: add key_by: patient "
                 "(the field naming whose signal an event carries)"
+            )
+        if (self.partitions is not None or self.partition is not None) and self.key_by is None:
+            raise ValueError(
+                "partitions split a keyed PE's keys between instances: add key_by: FIELD "
+                "(the field whose value keys the state) or place it on one node"
+            )
+        if self.partition is not None and self.partition.index >= self.partition.count:
+            raise ValueError(
+                f"partition {self.partition.index} of {self.partition.of!r} is beyond its "
+                f"{self.partition.count} partitions"
             )
         return self
 
@@ -293,6 +356,49 @@ class PipelineSpec(BaseModel):
     pipeline: str = Field(pattern=_NAME)
     elements: tuple[AnyElement, ...] = Field(min_length=1)
     recovery: RecoverySpec = RecoverySpec()
+
+    @model_validator(mode="after")
+    def _partitioned(self) -> Self:
+        # Each partitioned element becomes its partitions, and every element that named it
+        # as an input reads them all (a key's events then come from one input only).
+        if not any(e.partitions is not None for e in self.elements):
+            return self
+        parts: dict[str, list[str]] = {}
+        elements: list[ElementSpec] = []
+        for element in self.elements:
+            if element.partitions is None:
+                elements.append(element)
+                continue
+            count = len(element.partitions)
+            ids = [partition_id(element.id, i) for i in range(count)]
+            if len(ids[-1]) > 63:
+                raise ValueError(
+                    f"element {element.id!r}: its partitions' ids ({ids[-1]!r}) would be "
+                    "longer than 63 characters: shorten the id"
+                )
+            parts[element.id] = ids
+            elements.extend(
+                element.model_copy(
+                    update={"id": pid, "node": node, "partitions": None,
+                            "partition": Partition(of=element.id, index=i, count=count)}
+                )
+                for i, (pid, node) in enumerate(zip(ids, element.partitions, strict=True))
+            )  # fmt: skip
+        elements = [
+            e.model_copy(update={"inputs": tuple(p for i in e.inputs for p in parts.get(i, [i]))})
+            if any(i in parts for i in e.inputs)
+            else e
+            for e in elements
+        ]
+        # Validation only: the frozen model gets its final elements before anyone sees it.
+        object.__setattr__(self, "elements", tuple(elements))
+        return self
+
+    def partitions_of(self, element_id: str) -> list[ElementSpec]:
+        """The partitions of the partitioned element ``element_id``, in order (``[]``: it
+        is not one)."""
+        found = [e for e in self.elements if e.partition and e.partition.of == element_id]
+        return sorted(found, key=lambda e: e.partition.index if e.partition else 0)
 
     def element(self, element_id: str) -> ElementSpec:
         """The element with id ``element_id`` (KeyError if none)."""

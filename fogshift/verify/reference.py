@@ -120,3 +120,33 @@ def compare(
                 problems.append(f"seq {s1}: value {v2!r}, expected {v1!r}")
                 break
     return Verdict(not problems, len(expected), len(actual), problems)
+
+
+def compare_per_key(
+    expected: list[tuple[int, float]],
+    actual: list[tuple[int, float]],
+    key_of: dict[int, str],
+    rel_tol: float = 1e-9,
+) -> Verdict:
+    """As :func:`compare`, but the order is checked per key only: what a partitioned PE
+    promises (each key's outputs in input order; keys of different partitions interleave as
+    the partitions' batches meet downstream).
+
+    Args:
+        expected: The reference's ``(seq, value)`` rows, in input order.
+        actual: The output's rows, in output order.
+        key_of: The key of every input ``seq``.
+    """
+    problems: list[str] = []
+    unknown = sorted({s for s, _ in actual} - set(key_of))
+    if unknown:
+        problems.append(f"{len(unknown)} seq of no input event, first {unknown[:5]}")
+    groups: dict[str, tuple[list[tuple[int, float]], list[tuple[int, float]]]] = {}
+    for rows, side in ((expected, 0), (actual, 1)):
+        for row in rows:
+            if row[0] in key_of:
+                groups.setdefault(key_of[row[0]], ([], []))[side].append(row)
+    for key in sorted(groups):
+        verdict = compare(*groups[key], rel_tol=rel_tol)
+        problems += [f"key {key}: {p}" for p in verdict.problems]
+    return Verdict(not problems, len(expected), len(actual), problems)

@@ -27,7 +27,7 @@ from fogshift.common.waiting import wait_until
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.gate import end_run
 from fogshift.runtime.state_reader import read_state
-from fogshift.spec.models import ElementSpec
+from fogshift.spec.models import ElementSpec, Partition, partition_of_key
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,6 +72,7 @@ class Run:
         home: Path,
         cls: str,
         key_by: str | None = None,
+        partition: Partition | None = None,
     ) -> None:
         self.spark, self.js, self.home = spark, js, home
         self.pipeline = f"life{next(_pipelines)}"
@@ -89,6 +90,7 @@ class Run:
             options={"class": f"lifecycle_procs:{cls}", "path": str(HERE),
                      "options": {"log": str(self.log)}},
             key_by=key_by,
+            partition=partition,
         )  # fmt: skip
         self.gate = str(home / "gates" / "pe.json")
         self.plan = QueryPlan(
@@ -112,8 +114,9 @@ class Run:
             self.query = None
         end_run(self.gate)
 
-    def send(self, bodies: list[dict[str, Any]]) -> None:
-        """Append ``bodies`` to the input and wait until the PE has answered every one."""
+    def send(self, bodies: list[dict[str, Any]], answered: bool = True) -> None:
+        """Append ``bodies`` to the input and wait until the PE has answered every one (with
+        ``answered=False``, until they are in a committed batch: a partition answers some)."""
         first = self.sent + 1
         records = [
             Record(first + n, 0, first + n, 1000.0 + first + n, "src", json.dumps(body))
@@ -121,6 +124,9 @@ class Run:
         ]
         self.js.run(lambda j: publish_records(j, self.pipeline, "src", records))
         self.sent += len(bodies)
+        if not answered:
+            self.wait_committed()
+            return
         stream = stream_name(self.pipeline, "pe")
         wait_until(
             lambda: self.js.run(lambda j: last_seq(j, stream)) >= self.sent,
@@ -178,10 +184,10 @@ def make_run(
 ) -> Iterator[Any]:
     runs: list[Run] = []
 
-    def make(cls: str, key_by: str | None = None) -> Run:
+    def make(cls: str, key_by: str | None = None, partition: Partition | None = None) -> Run:
         home = tmp_path / f"run{len(runs)}"
         home.mkdir()
-        run = Run(spark, js_client, nats_server, home, cls, key_by)
+        run = Run(spark, js_client, nats_server, home, cls, key_by, partition)
         runs.append(run)
         return run
 
@@ -260,6 +266,39 @@ def test_a_keyed_processor_keeps_a_state_per_key_in_one_instance(make_run: Any) 
     assert len(run.lines("build")) == 1
     assert run.lines("assign") == run.lines("build")
     assert run.lines("close") == []
+
+
+def test_a_partition_processes_only_the_keys_it_owns(make_run: Any) -> None:
+    # Partition 1 of 3: Spark's filter (pmod of crc32 in the JVM) must pick the keys the
+    # orchestrator routes to it (spec.partition_of_key, zlib's CRC-32).
+    run = make_run(
+        "CountingStats", key_by="patient", partition=Partition(of="pe", index=1, count=3)
+    )
+    run.start()
+    rnd = random.Random(11)
+    sent: list[dict[str, Any]] = []
+    for _ in range(2):
+        bodies: list[dict[str, Any]] = []
+        for _ in range(90):
+            body: dict[str, Any] = {"patient": f"p{rnd.randrange(30)}", "value": 1.0}
+            roll = rnd.random()
+            if roll < 0.05:
+                del body["patient"]  # keyless: partition 0's dead letter, not this one's
+            elif roll < 0.1:
+                body["bad"] = True
+            bodies.append(body)
+        run.send(bodies, answered=False)
+        sent += bodies
+    mine = [b for b in sent if "patient" in b and partition_of_key(b["patient"], 3) == 1]
+    counts: dict[str, int] = {}
+    expected = []
+    for body in mine:
+        if not body.get("bad"):
+            counts[body["patient"]] = counts.get(body["patient"], 0) + 1
+            expected.append({"count": counts[body["patient"]], "total": counts[body["patient"]]})
+    assert 0 < len(mine) < len([b for b in sent if "patient" in b])
+    assert [json.loads(o["body"]) for o in run.outputs()] == expected
+    assert [json.loads(d["body"]) for d in run.outputs("dead")] == [b for b in mine if b.get("bad")]
 
 
 def test_the_querys_python_processes_are_forked_from_the_nodes_zygote(

@@ -1,0 +1,92 @@
+"""Partitioned keyed PEs in the spec: one element written, its partitions validated."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import pytest
+
+from fogshift.spec import InvalidSpec, parse_spec
+from fogshift.spec.models import PipelineSpec, partition_of_key
+
+
+def data(**aggregate: Any) -> dict[str, Any]:
+    element = {
+        "id": "agg",
+        "kind": "window-aggregate",
+        "inputs": ["src"],
+        "key_by": "sensor",
+        "partitions": ["a", "b", "c"],
+        "options": {"field": "value", "window": 5, "function": "avg"},
+    }
+    element.update(aggregate)
+    return {
+        "pipeline": "p",
+        "elements": [
+            {"id": "src", "kind": "csv-source", "node": "a", "options": {"path": "in.csv"}},
+            {k: v for k, v in element.items() if v is not None},
+            {"id": "sink", "kind": "csv-sink", "node": "c", "inputs": ["agg"],
+             "options": {"path": "out.csv"}},
+        ],
+    }  # fmt: skip
+
+
+def test_a_partitioned_element_becomes_its_partitions_and_its_readers_read_them_all() -> None:
+    spec = parse_spec(data())
+    assert [(e.id, e.node) for e in spec.elements] == [
+        ("src", "a"), ("agg-p0", "a"), ("agg-p1", "b"), ("agg-p2", "c"), ("sink", "c")
+    ]  # fmt: skip
+    parts = spec.partitions_of("agg")
+    assert [(p.partition.index, p.partition.count) for p in parts if p.partition] == [
+        (0, 3), (1, 3), (2, 3)
+    ]  # fmt: skip
+    assert all(p.inputs == ("src",) and p.key_by == "sensor" for p in parts)
+    assert spec.element("sink").inputs == ("agg-p0", "agg-p1", "agg-p2")
+    assert spec.partitions_of("sink") == []
+    # As the registry keeps it: read back, the same spec (nothing is partitioned twice).
+    assert PipelineSpec.model_validate_json(spec.model_dump_json()) == spec
+
+
+def test_keys_spread_over_the_partitions_as_crc32_says() -> None:
+    owners = [partition_of_key(f"s{k}", 3) for k in range(300)]
+    assert owners == [zlib.crc32(f"s{k}".encode()) % 3 for k in range(300)]
+    assert all(owners.count(i) > 60 for i in range(3))
+    assert partition_of_key(None, 3) == 0  # keyless events: dead letters of partition 0
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"key_by": None}, "add key_by"),
+        ({"node": "b"}, "remove node: b"),
+        ({"partitions": []}, "at least 1 item"),
+        ({"partitions": ["a", "bad node"]}, "partitions"),
+        ({"id": "x" * 62}, "longer than 63 characters"),
+    ],
+)
+def test_a_bad_partitioned_element_is_refused_with_what_to_write(
+    change: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec(data(**change))
+    assert says in refused.value.render()
+
+
+def test_partitions_written_by_hand_must_own_every_key_once() -> None:
+    spec = parse_spec(data()).model_dump(mode="json")
+    missing = {**spec, "elements": [e for e in spec["elements"] if e["id"] != "agg-p1"]}
+    missing["elements"][-1]["inputs"] = ["agg-p0", "agg-p2"]
+    with pytest.raises(InvalidSpec, match="do not own every key once"):
+        parse_spec(missing)
+    unlike = parse_spec(data()).model_dump(mode="json")
+    unlike["elements"][2]["options"]["window"] = 6
+    with pytest.raises(InvalidSpec, match="differ in more than their node"):
+        parse_spec(unlike)
+    taken = data()
+    taken["elements"].append(
+        {"id": "agg-p1", "kind": "map", "node": "a", "inputs": ["src"],
+         "options": {"set": {"v": "value"}}}
+    )  # fmt: skip
+    with pytest.raises(InvalidSpec, match="two elements with id 'agg-p1'"):
+        parse_spec(taken)
