@@ -688,6 +688,8 @@ class ElementStatus(BaseModel):
         last_migration: The report of its last migration (``None``: none since the
             orchestrator started).
         standby: Its hot standby, if the pipeline keeps one for it and one is up.
+        partition_of: For a partition of a partitioned keyed PE: the element the spec
+            partitioned (``partition``: its number from 0, ``partitions``: how many).
     """
 
     model_config = _WIRE
@@ -708,6 +710,9 @@ class ElementStatus(BaseModel):
     epoch: int | None = None
     last_migration: MigrationReport | None = None
     standby: StandbyStatus | None = None
+    partition_of: str | None = None
+    partition: int | None = None
+    partitions: int | None = None
 
 
 class PipelineStatus(BaseModel):

@@ -321,8 +321,11 @@ def _status_table(pipelines: list[PipelineStatus]) -> None:
             table.add_column(column)
         for e in pipeline.elements:
             state = e.state if not e.error else f"{e.state}: {e.error[:60]}"
+            kind = e.kind
+            if e.partition_of is not None:
+                kind += f" ({e.partition_of}, p{e.partition} of {e.partitions})"
             table.add_row(
-                e.element, e.kind, e.node, state,
+                e.element, kind, e.node, state,
                 str(e.events_in), str(e.events_out), str(e.dead_letters),
                 e.planned_backup or "-", e.planned_redeploy or "-", _standby_cell(e),
             )  # fmt: skip

@@ -248,6 +248,7 @@ class Deployment(Journal):
                         epoch=report.epoch if report else None,
                         last_migration=self.last_migration.get((record.name, element.id)),
                         standby=self.standby_status(record.name, element.id),
+                        **_partition_fields(element),
                     )
                 )
             out.append(
@@ -455,6 +456,14 @@ class Deployment(Journal):
             keys=sum(a.keys for a in answers),
             entries=entries[:limit],
         )
+
+
+def _partition_fields(element: ElementSpec) -> dict[str, Any]:
+    """``partition_of``, ``partition`` and ``partitions`` of a status entry."""
+    part = element.partition
+    if part is None:
+        return {}
+    return {"partition_of": part.of, "partition": part.index, "partitions": part.count}
 
 
 def _key_text(body: Any, field: str | None) -> str | None:

@@ -21,7 +21,12 @@ def test_a_partitioned_pe_splits_its_keys_and_a_partition_moves_alone(
     spec = case1_spec(tmp_path, "split", keys=40, partitions=["fog-a", "fog-b"])
     cluster.cli("deploy", str(spec))
     cluster.wait_for("split", "sink", 20)
-    nodes = {e["element"]: e["node"] for e in cluster.status("split")["elements"]}
+    status = cluster.status("split")["elements"]
+    nodes = {e["element"]: e["node"] for e in status}
+    assert [(e["partition_of"], e["partition"], e["partitions"]) for e in status] == [
+        (None, None, None), ("aggregate", 0, 2), ("aggregate", 1, 2), (None, None, None)
+    ]  # fmt: skip
+    assert {e["element"]: e["inputs"] for e in status}["sink"] == ["aggregate-p0", "aggregate-p1"]
     assert nodes == {"source": "cloud", "aggregate-p0": "fog-a", "aggregate-p1": "fog-b",
                      "sink": "cloud"}  # fmt: skip
     # Partition 1 moves while partition 0 goes on, make-before-break, as any PE does.
