@@ -486,6 +486,60 @@ class GroupMigrationReport(BaseModel):
     placement: dict[str, str]
 
 
+class KeyOrder(StrEnum):
+    """In which order a key move sends its keys' states: as listed, or the key whose next
+    event is nearest first (PAM's look-ahead at the backlog)."""
+
+    FIFO = "fifo"
+    BACKLOG = "backlog"
+
+
+class KeyMoveStatus(StrEnum):
+    """``moved``: the target processes the keys; ``pending``: the move is stored (the keys
+    belong to the target, which holds their events) but a state has not come yet, e.g.
+    because the origin partition's node is down; it comes when that partition runs again."""
+
+    MOVED = "moved"
+    PENDING = "pending"
+
+
+class KeyMoveReport(BaseModel):
+    """Answer of ``POST /pipelines/{name}/elements/{element}/keys/migrate``.
+
+    Attributes:
+        element: The partitioned element (its partitions are ``<element>-p<i>``).
+        keys: The keys moved, in the order given.
+        already: Keys given that the target partition owned already (nothing to move).
+        origins: Each moved key's partition before the move.
+        target_partition: The partition that owns them afterwards (on ``target``).
+        move_seq: Where the move is stored in the partitions' input: the keys change owner
+            there, for every execution.
+        sent: The keys in the order their states were stored.
+        stoppage_ms: Per key, from the move being stored to its state being stored: how
+            long its events wait at the target (plus the target's next batch).
+        done_ms: From the request to the target having committed every state.
+        state_bytes: The states' size as sent.
+    """
+
+    model_config = _WIRE
+
+    pipeline: str
+    element: str
+    target: str
+    target_partition: str
+    order: KeyOrder
+    status: KeyMoveStatus
+    keys: list[str]
+    already: list[str] = []
+    origins: dict[str, str] = {}
+    move_seq: int
+    sent: list[str] = []
+    stoppage_ms: dict[str, float] = {}
+    done_ms: float | None = None
+    state_bytes: int = 0
+    error: str | None = None
+
+
 class RestoreAttempt(BaseModel):
     """A failed attempt of a restore.
 

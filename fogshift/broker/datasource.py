@@ -55,7 +55,19 @@ from fogshift.broker.client import (
     shared_client,
 )
 from fogshift.broker.exceptions import BrokerError, Fenced, WriterConflict
-from fogshift.broker.naming import data_subject, stream_name
+from fogshift.broker.keys import (
+    CONTROL_FIELD,
+    KEY_MOVE_IN,
+    KEY_MOVE_OUT,
+    KEY_STATE,
+    KeyMove,
+    KeyState,
+    Ownership,
+    key_text,
+    parse,
+    state_payload,
+)
+from fogshift.broker.naming import data_subject, keys_subject, stream_name
 from fogshift.broker.publish import Cut, Record, append_cut, next_cut, publish_records
 from fogshift.common.gate import read_gate
 from fogshift.exceptions import InvariantViolation
@@ -225,6 +237,13 @@ class JetStreamReader(DataSourceStreamReader):
         self.max_events = int(options.get("max_events_per_batch", "10000"))
         self.gate = options.get("gate")
         self.idle_wait_s = int(options.get("idle_wait_ms", "0")) / 1000
+        # A partition of a partitioned keyed PE with one input: "element:index:count".
+        part = options.get("partition", "")
+        self.key_by = options.get("key_by", "")
+        self.partition: tuple[str, int, int] | None = None
+        if part and len(self.inputs) == 1:
+            of, index, count = part.rsplit(":", 2)
+            self.partition = (of, int(index), int(count))
         self._arrivals: InputArrivals | None = None
         #: The logged cuts a planned batch replays, by the sequence of its last cut (the
         #: planner process asks for a batch's partitions right after planning it).
@@ -420,6 +439,11 @@ class JetStreamReader(DataSourceStreamReader):
         assert isinstance(partition, JetStreamPartition)
         client = shared_client(self.broker)
         spans = partition.spans
+        if self.partition is not None:
+            owned = self._partition_rows(client, spans[0][0])
+            if owned:
+                yield _arrow_rows(owned)
+            return
         messages = {}
         for name in self.inputs:  # each input's whole range at once, split by span below
             first = min(span_range(span, name).start for span in spans)
@@ -453,8 +477,138 @@ class JetStreamReader(DataSourceStreamReader):
             # converting row by row.
             yield _arrow_rows(rows)
 
+    def _partition_rows(
+        self, client: SyncJetStream, rng: Range
+    ) -> list[tuple[int, int, float, str, str]]:
+        """A partition's rows of ``rng``: the events of the keys it owns at their place, and
+        a row per key for each key move and key state that concerns it (see
+        :mod:`fogshift.broker.keys`), grouped with the key's events by its ``key_by`` field."""
+        assert self.partition is not None
+        of, index, count = self.partition
+        stream = stream_name(self.pipeline, rng.input)
+        owners = Ownership(count)
+        for move in _moves_until(client, self.pipeline, rng.input, of, rng.start):
+            owners.apply(move)
+
+        def fetch(subject: str) -> Any:
+            return client.run(
+                partial(get_range, stream=stream, subject=subject, start=rng.start, end=rng.end),
+                timeout=120,
+            )
+
+        messages = sorted(
+            [*fetch(data_subject(self.pipeline, rng.input)),
+             *fetch(keys_subject(self.pipeline, rng.input))],
+            key=lambda m: m.seq,
+        )  # fmt: skip
+        keys = keys_subject(self.pipeline, rng.input)
+        rows: list[tuple[int, int, float, str, str]] = []
+
+        def control(seq: int, kind: str, key: str, detail: dict[str, Any]) -> None:
+            body = json.dumps({self.key_by: key, CONTROL_FIELD: detail})
+            rows.append((seq, 0, 0.0, kind, body))
+
+        for msg in messages:
+            if msg.subject != keys:
+                fields = _event_fields(msg.data)
+                try:
+                    key = key_text(json.loads(fields[3]), self.key_by)
+                except ValueError:
+                    key = None
+                if owners.owner(key) == index:
+                    rows.append((msg.seq, *fields))
+                continue
+            item = parse(msg.seq, msg.data)
+            if item is None or item.element != of:
+                continue
+            if isinstance(item, KeyMove):
+                before = owners.apply(item)
+                for rank, key in enumerate(item.keys):
+                    detail = {"move": item.move, "to": item.to, "rank": rank,
+                              "order": item.order, "input": rng.input, "element": of,
+                              "key_by": self.key_by}  # fmt: skip
+                    if before.get(key) == index and item.to != index:
+                        control(msg.seq, KEY_MOVE_OUT, key, detail)
+                    elif item.to == index and before.get(key) != index:
+                        control(msg.seq, KEY_MOVE_IN, key, detail)
+            elif isinstance(item, KeyState) and item.to == index:
+                control(msg.seq, KEY_STATE, item.key, {"move": item.move, "state": item.state})
+        return rows
+
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, streams keep their history."""
+
+
+#: How far past a key move its origin looks for the moving keys' next events
+#: (``order: backlog``): keys not seen that far go last.
+BACKLOG_LOOKAHEAD = 10_000
+
+
+async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
+    """Append the states of moving keys (rows the processor made at their move, see
+    :mod:`fogshift.broker.keys`) to the ``.keys`` subject of the input they move on, in
+    the order their move asks. Sent again (a retried batch), a state is the same state:
+    the broker drops the copy within its duplicate window, the target ignores it after."""
+    moves: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in records:
+        state = json.loads(record.body)
+        state["at"] = record.origin  # the move's sequence in the input
+        moves.setdefault((state["input"], state["move"]), []).append(state)
+    for (source, move), states in moves.items():
+        states.sort(key=lambda s: s["rank"])
+        if states[0]["order"] == "backlog":
+            # PAM: the key whose next event is nearest goes first.
+            start = states[0]["at"]
+            ahead = await get_range(
+                js, stream_name(pipeline, source), data_subject(pipeline, source), start,
+                start + BACKLOG_LOOKAHEAD,
+            )  # fmt: skip
+            first: dict[str, int] = {}
+            wanted = {s["key"] for s in states}
+            for message in ahead:
+                try:
+                    key = key_text(json.loads(_event_fields(message.data)[3]), states[0]["key_by"])
+                except ValueError:
+                    continue
+                if key is not None and key in wanted and key not in first:
+                    first[key] = message.seq
+            states.sort(key=lambda s: (first.get(s["key"], 1 << 62), s["rank"]))
+        for state in states:
+            payload = state_payload(move, state["element"], state["key"], state["to"],
+                                    state["state"])  # fmt: skip
+            await js.publish(
+                keys_subject(pipeline, source),
+                payload,
+                stream=stream_name(pipeline, source),
+                headers={"Nats-Msg-Id": f"{state['element']}:{move}:{state['key']}"},
+            )
+
+
+#: The key moves read so far in this worker, by (stream, partitioned element): the
+#: sequence read up to, and the moves (a partition's reads replay them at every batch).
+_MOVES: dict[tuple[str, str], tuple[int, list[KeyMove]]] = {}
+_MOVES_LOCK = threading.Lock()
+
+
+def _moves_until(
+    client: SyncJetStream, pipeline: str, source: str, element: str, end: int
+) -> list[KeyMove]:
+    """The key moves of ``element`` stored in the stream of ``source`` at sequences up to
+    ``end``."""
+    stream = stream_name(pipeline, source)
+    with _MOVES_LOCK:
+        read, moves = _MOVES.get((stream, element), (0, []))
+        if read < end:
+            subject = keys_subject(pipeline, source)
+            found = client.run(
+                partial(get_range, stream=stream, subject=subject, start=read, end=end),
+                timeout=120,
+            )
+            parsed = (parse(m.seq, m.data) for m in found)
+            moves = moves + [m for m in parsed if isinstance(m, KeyMove) and m.element == element]
+            read = end
+            _MOVES[(stream, element)] = (read, moves)
+    return [m for m in moves if m.seq <= end]
 
 
 @dataclass
@@ -487,9 +641,13 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
                     columns["creator"], columns["body"], columns["dead"], strict=True,
                 )
             )  # fmt: skip
+        client = shared_client(self.broker)
+        states = [r for r in records if r.creator == KEY_STATE]
+        if states:
+            records = [r for r in records if r.creator != KEY_STATE]
+            client.run(lambda js: _send_states(js, self.pipeline, states), timeout=300)
         if not records:
             return PublishedCount(0)
-        client = shared_client(self.broker)
         appended = client.run(
             lambda js: publish_records(js, self.pipeline, self.pe, records, self.epoch),
             timeout=300,

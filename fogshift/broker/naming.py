@@ -2,7 +2,8 @@
 
 Each PE owns one stream ``FS_<pipeline>_<pe>`` with two subjects: ``fs.<pipeline>.<pe>.data``
 for its output events and ``fs.<pipeline>.<pe>.dead`` for its dead letters (plus ``.fence``
-for fence markers and ``.cut`` for the batch cuts of a PE with several inputs). One stream per PE
+for fence markers, ``.cut`` for the batch cuts of a PE with several inputs and ``.keys`` for
+the key moves of partitioned PEs reading it). One stream per PE
 makes the PE the single writer of its stream, which is what lets the writer check the last
 stored message to make re-executed batches idempotent (see ``broker.datasource``).
 
@@ -39,6 +40,14 @@ def cut_subject(pipeline: str, pe: str) -> str:
     return f"fs.{pipeline}.{pe}.cut"
 
 
+def keys_subject(pipeline: str, pe: str) -> str:
+    """The subject, in ``pe``'s stream, of the key moves of a partitioned PE reading ``pe``:
+    the orchestrator's "these keys go to that partition from here on" and the moving
+    partition's state of each key (see :mod:`fogshift.broker.keys`). In the input's stream,
+    so that both fall in place among the events the partitions read."""
+    return f"fs.{pipeline}.{pe}.keys"
+
+
 def stream_subjects(pipeline: str, pe: str) -> list[str]:
     """Every subject of ``pe``'s stream."""
     return [
@@ -46,4 +55,5 @@ def stream_subjects(pipeline: str, pe: str) -> list[str]:
         dead_subject(pipeline, pe),
         fence_subject(pipeline, pe),
         cut_subject(pipeline, pe),
+        keys_subject(pipeline, pe),
     ]

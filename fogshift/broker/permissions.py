@@ -10,7 +10,8 @@ and asking it to reload (SIGHUP); the admin user (the orchestrator's) keeps ever
 A node hosting PE ``e`` of pipeline ``p`` with inputs ``i…`` may:
 
 * publish ``fs.p.e.data``, ``fs.p.e.dead`` and ``fs.p.e.cut`` (never ``.fence``: fencing is
-  the orchestrator's);
+  the orchestrator's), and, for a partition of a keyed PE, ``fs.p.i.keys`` of its input (the
+  states of the keys it hands over);
 * read the tail of its own stream (``STREAM.INFO``, ``STREAM.MSG.GET``);
 * read its inputs' streams with batched direct gets (``DIRECT.GET``), or through ephemeral
   pull consumers (``STREAM.INFO``, ``CONSUMER.CREATE/INFO/DELETE/MSG.NEXT``) from streams
@@ -31,7 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from fogshift.broker.exceptions import BrokerError
-from fogshift.broker.naming import cut_subject, data_subject, dead_subject, stream_name
+from fogshift.broker.naming import (
+    cut_subject,
+    data_subject,
+    dead_subject,
+    keys_subject,
+    stream_name,
+)
 from fogshift.common.files import write_private
 
 API = "$JS.API"
@@ -44,6 +51,9 @@ class Hosted:
     pipeline: str
     element: str
     inputs: tuple[str, ...] = ()
+    #: A partition whose keys can move: it appends its moving keys' states to its input's
+    #: ``.keys`` subject (see ``broker.keys``).
+    moves_keys: bool = False
 
 
 def node_user(node: str) -> str:
@@ -68,6 +78,8 @@ def node_permissions(hosted: Iterable[Hosted]) -> dict[str, Any]:
         for name in pe.inputs:
             source = stream_name(pe.pipeline, name)
             subscribe.add(data_subject(pe.pipeline, name))
+            if pe.moves_keys:
+                publish.add(keys_subject(pe.pipeline, name))
             publish |= {
                 f"{API}.STREAM.INFO.{source}",
                 f"{API}.DIRECT.GET.{source}",

@@ -31,6 +31,9 @@ from fogshift.contracts import (
     EventPage,
     GroupMigrationReport,
     GroupMigrationStatus,
+    KeyMoveReport,
+    KeyMoveStatus,
+    KeyOrder,
     MigrationMode,
     MigrationReport,
     NodeView,
@@ -608,11 +611,41 @@ def migrate(
             "ones moved go back.",
         ),
     ] = None,
+    keys: Annotated[
+        str | None,
+        typer.Option(
+            "--keys",
+            help="Move only these keys (comma-separated) of a partitioned ELEMENT to its "
+            "partition on --to; every other key goes on where it is.",
+        ),
+    ] = None,
+    order: Annotated[
+        str,
+        typer.Option(
+            help="With --keys: backlog (the key whose next event is nearest goes first, PAM) "
+            "or fifo (as listed)."
+        ),
+    ] = "backlog",
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
-    """Live-migrate a running PE (or several) to another node (exit 1 if it failed; the
-    origin runs on)."""
+    """Live-migrate a running PE (or several, or single keys of a partitioned PE) to another
+    node (exit 1 if it failed; the origin runs on)."""
+    if keys is not None:
+        if element is None or elements is not None:
+            raise InvalidInput(
+                "--keys moves keys of one partitioned element",
+                expected="`fogshift migrate P ELEMENT --keys K1,K2 --to N`",
+                received=f"element {element!r}, --elements {elements!r}",
+            )
+        if order not in tuple(KeyOrder):
+            raise InvalidInput(
+                "unknown key order",
+                expected=", ".join(o.value for o in KeyOrder),
+                received=repr(order),
+            )
+        _migrate_keys(home, pipeline, element, keys.split(","), to, order, as_json)
+        return
     if mode not in tuple(MigrationMode):
         raise InvalidInput(
             "unknown migration mode",
@@ -651,6 +684,44 @@ def migrate(
     )
     for warning in report.warnings:
         console.print(f"[yellow]warning[/]: {warning}")
+
+
+def _migrate_keys(
+    home: Path, pipeline: str, element: str, keys: list[str], to: str, order: str, as_json: bool
+) -> None:
+    if not to:
+        raise InvalidInput(
+            "migrate needs the node to move to", expected="--to NODE", received="no --to"
+        )
+    body = {"keys": [k.strip() for k in keys], "target": to, "order": order}
+    with (
+        cluster_ops.orchestrator_client(home.resolve(), timeout_s=600) as client,
+        console.status(f"moving {len(keys)} keys of {pipeline}/{element} to {to}"),
+    ):
+        report = KeyMoveReport.model_validate(
+            client.post(f"/pipelines/{pipeline}/elements/{element}/keys/migrate", json=body)
+        )
+    if as_json:
+        _print_json(report)
+    else:
+        for key in report.sent:
+            console.print(
+                f"{key}: {report.origins.get(key)} -> {report.target_partition}, stopped "
+                f"{report.stoppage_ms.get(key, float('nan')):.0f} ms"
+            )
+        if report.already:
+            console.print(f"already on {report.target_partition}: {', '.join(report.already)}")
+        colour = "green" if report.status == KeyMoveStatus.MOVED else "yellow"
+        done = f" in {report.done_ms:.0f} ms" if report.done_ms is not None else ""
+        console.print(
+            f"[{colour}]{report.status}[/] {len(report.keys)} keys of {pipeline}/{element} to "
+            f"{report.target_partition} on {report.target}{done} ({report.order}, "
+            f"{report.state_bytes} bytes of state)"
+        )
+        if report.error:
+            console.print(f"note: {escape(report.error)}")
+    if report.status != KeyMoveStatus.MOVED:
+        raise typer.Exit(1)
 
 
 def _migrate_group(

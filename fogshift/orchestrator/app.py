@@ -48,6 +48,8 @@ from fogshift.contracts import (
     GroupMigrationReport,
     Heartbeat,
     HopLatency,
+    KeyMoveReport,
+    KeyOrder,
     MigrationMode,
     MigrationReport,
     NodeView,
@@ -107,6 +109,16 @@ class GroupMigrateRequest(BaseModel):
     elements: list[Annotated[str, Field(pattern=NAME_RE)]] = Field(min_length=1, max_length=64)
     target: str = Field(pattern=NAME_RE)
     mode: MigrationMode = MigrationMode.PRECOPY
+
+
+class KeyMoveRequest(BaseModel):
+    """Body of ``POST /pipelines/{name}/elements/{element}/keys/migrate``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keys: list[str] = Field(min_length=1, max_length=1000)
+    target: str = Field(pattern=NAME_RE)
+    order: KeyOrder = KeyOrder.BACKLOG
 
 
 class RestoreRequest(BaseModel):
@@ -223,6 +235,13 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         """Move several PEs to one node, one after another; if one fails, the ones moved are
         moved back. Answers 200 with the outcome in ``status`` once anything moved."""
         return orchestrator.migrate_group(name, request.elements, request.target, request.mode)
+
+    @app.post("/pipelines/{name}/elements/{element}/keys/migrate")
+    def migrate_keys(name: NameParam, element: NameParam, request: KeyMoveRequest) -> KeyMoveReport:
+        """Move single keys of a partitioned element to its partition on ``target``, while
+        every partition runs (PAM). Answers 200 with ``pending`` if a state has not come
+        within a minute: the move stands, the target holds those keys' events."""
+        return orchestrator.migrate_keys(name, element, request.keys, request.target, request.order)
 
     @app.post("/pipelines/{name}/elements/{element}/restore")
     def restore(name: NameParam, element: NameParam, request: RestoreRequest) -> RestoreReport:

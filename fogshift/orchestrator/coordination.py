@@ -26,11 +26,11 @@ from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.migration.procedure import MigrationSteps
 from fogshift.migration.procedure import migrate as run_migration
+from fogshift.orchestrator.keymoves import KeyMoves
 from fogshift.orchestrator.planning import (
     nearest_first,
 )
 from fogshift.orchestrator.registry import PipelineRecord
-from fogshift.orchestrator.standbys import Standbys
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.restoration.procedure import Copy, RestoreSteps
 from fogshift.restoration.procedure import restore as run_restore
@@ -39,7 +39,7 @@ from fogshift.spec.models import ElementSpec
 log = logging.getLogger("fogshift.orchestrator")
 
 
-class Coordination(Standbys):
+class Coordination(KeyMoves):
     """Live migration and restoration of a PE."""
 
     def migrate(

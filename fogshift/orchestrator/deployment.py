@@ -429,14 +429,23 @@ class Deployment(Journal):
         params: dict[str, Any] = {"limit": limit}
         if key is not None:
             params["key"] = key
-        if parts and key is not None:
-            # A key lives in one partition: ask the one that owns it.
-            element_id = parts[partition_of_key(key, len(parts))].id
-        if not parts or key is not None:
+        if not parts:
             path = f"/pipelines/{name}/elements/{element_id}/state"
             return self.agent(record.placement[element_id]).call(
                 TwinState, "GET", path, params=params
             )
+        if key is not None:
+            # A key lives in one partition: the one CRC-32 gives it, unless it moved; ask
+            # that one first, then the others.
+            first = partition_of_key(key, len(parts))
+            for part in [parts[first], *(p for p in parts if p is not parts[first])]:
+                path = f"/pipelines/{name}/elements/{part.id}/state"
+                answer = self.agent(record.placement[part.id]).call(
+                    TwinState, "GET", path, params=params
+                )
+                if answer.entries:
+                    return answer
+            return answer.model_copy(update={"element": element_id})
         # The whole partitioned element: every partition's keys, each read as of its own
         # newest committed batch (the answer's batch is the oldest of those).
         answers = [

@@ -17,11 +17,17 @@ from pathlib import Path
 from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.permissions import Hosted, apply_permissions
 from fogshift.orchestrator.registry import Registry
+from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.orchestrator")
 
 #: Pipelines whose PEs hold broker rights (a stopped or failed pipeline's nodes lose them).
 ACTIVE = ("deploying", "running", "stopping")
+
+
+def _hosted(pipeline: str, element: ElementSpec) -> Hosted:
+    moves = element.partition is not None and len(element.inputs) == 1
+    return Hosted(pipeline, element.id, tuple(element.inputs), moves_keys=moves)
 
 
 def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:
@@ -38,7 +44,7 @@ def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:
             continue
         for element in record.spec.elements:
             node = record.placement.get(element.id, element.node)
-            pe = Hosted(record.name, element.id, tuple(element.inputs))
+            pe = _hosted(record.name, element)
             hosted[node].add(pe)
             if (record.name, element.id) in standbys:
                 hosted[standbys[(record.name, element.id)]].add(pe)
@@ -47,10 +53,9 @@ def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:
         if spec is None:
             continue
         try:
-            inputs = tuple(spec.element(op.element).inputs)
+            pe = _hosted(op.pipeline, spec.element(op.element))
         except KeyError:
             continue
-        pe = Hosted(op.pipeline, op.element, inputs)
         hosted[op.target].add(pe)
         if op.kind == "migration":
             hosted[op.origin].add(pe)

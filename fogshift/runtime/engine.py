@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fogshift.broker.datasource import EVENT_SCHEMA, RECORD_SCHEMA
+from fogshift.broker.keys import CONTROL_FIELD, KEY_MOVE_IN, KEY_MOVE_OUT, KEY_STATE
 from fogshift.events import DEFAULT_MAX_RECORD_BYTES
 from fogshift.runtime.api import Processor, encode_state
 from fogshift.runtime.batch import RECORD_COLUMNS, run_batch, run_events, unkeyed_dead_letters
@@ -106,9 +107,20 @@ def _read_inputs(spark: SparkSession, plan: QueryPlan, max_events: int = 10_000)
         .option("gate", plan.gate_file)
         # Triggered continuously, the reader waits for input instead of being polled.
         .option("idle_wait_ms", str(IDLE_WAIT_MS if plan.trigger_ms == 0 else 0))
+        .option("partition", _movable(plan.element))
+        .option("key_by", plan.element.key_by or "")
         .schema(EVENT_SCHEMA)
         .load()
     )
+
+
+def _movable(element: ElementSpec) -> str:
+    """``element:index:count`` for a partition whose keys can move (one input: the reader
+    keeps its keys and places the moves, see :mod:`fogshift.broker.keys`), else ``""``."""
+    part = element.partition
+    if part is None or len(element.inputs) != 1:
+        return ""
+    return f"{part.of}:{part.index}:{part.count}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -247,6 +259,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
     run: str,
     gate: str,
     key_by: str | None = None,
+    movable: bool = False,
 ):
     """A ``StatefulProcessor`` keeping the PE's snapshot in the state store.
 
@@ -261,6 +274,12 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
     With ``key_by`` the grouping key is the event's key, and one processor instance serves
     every key of the query: built and assigned once, then given each key's stored state
     with ``restore()`` before that key's events (see :mod:`fogshift.runtime.api`).
+
+    With ``movable`` (a partition whose keys can move, :mod:`fogshift.broker.keys`), a key's
+    rows may also be its move out (its stored state becomes a ``key-state`` record and is
+    cleared), its move in (its events are held, in a ``held`` ValueState, from there on)
+    and its state arriving (installed, then the held events processed, their outputs at the
+    state's place in the input).
     """
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -272,6 +291,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             self.parts = self.cls.state_parts()
             names = self.parts if self.parts is not None else [opaque_part]
             self.values = {n: handle.getValueState(f"f_{n}", "json string") for n in names}
+            self.held = handle.getValueState("held", "json string") if movable else None
 
         def _stored(self) -> dict[str, str]:
             """The current grouping key's stored state texts, by part (one call to the
@@ -377,19 +397,81 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     ) from exc
                 return shared
 
-            try:
-                out, fresh = run_batch(
-                    build, lambda: self._decoded(stored), tuples, finish=self._texts, pe=pe,
+            def process(rows: Any, before: dict[str, str]) -> tuple[list[Any], dict[str, str]]:
+                got, fresh = run_batch(
+                    build, lambda: self._decoded(before), rows, finish=self._texts, pe=pe,
                     pipeline=pipeline, max_record_bytes=limit,
                 )  # fmt: skip
+                self._store(before, fresh)
+                return got, fresh
+
+            try:
+                if self.held is None:
+                    out, _ = process(tuples, stored)
+                else:
+                    out = self._moving(value, list(tuples), stored, process)
             except BaseException:
                 _drop([shared], None, instance)
                 raise
-            self._store(stored, fresh)
             shared.key = None
             registry().keep(instance, shared, None, gate)
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
+
+        def _moving(
+            self, key: str, rows: list[Any], stored: dict[str, str], process: Any
+        ) -> list[Any]:
+            """One key's rows of a partition whose keys move: events, and its moves."""
+            assert self.held is not None
+            out: list[Any] = []
+            saved = self.held.get()
+            held = json.loads(saved[0]) if saved is not None else None
+            segment: list[Any] = []
+
+            def flush() -> None:
+                nonlocal stored
+                if segment:
+                    got, stored = process(list(segment), stored)
+                    out.extend(got)
+                    segment.clear()
+
+            for row in rows:
+                creator = row[3]
+                if creator not in (KEY_MOVE_OUT, KEY_MOVE_IN, KEY_STATE):
+                    if held is not None:  # its state has not come yet: never processed
+                        held["events"].append([int(row[0]), int(row[1]), float(row[2]),
+                                               str(creator), str(row[4])])  # fmt: skip
+                    else:
+                        segment.append(row)
+                    continue
+                flush()
+                detail = json.loads(row[4])[CONTROL_FIELD]
+                if creator == KEY_MOVE_OUT:
+                    # The state as of the move, for the target; the writer sends it.
+                    record = {"key": key, **detail, "state": stored}
+                    out.append((int(row[0]), 0, 0, 0.0, KEY_STATE, json.dumps(record), None))
+                    for part in self.values.values():
+                        part.clear()
+                    stored = {}
+                elif creator == KEY_MOVE_IN:
+                    held = {"move": detail["move"], "events": []}
+                elif held is not None and detail["move"] == held["move"]:
+                    state = {n: t for n, t in detail["state"].items() if n in self.values}
+                    for name, text in state.items():
+                        self.values[name].update((text,))
+                    stored = state
+                    events = [tuple(e) for e in held["events"]]
+                    held = None
+                    got, stored = process(events, stored)
+                    # Their outputs take the state's place in the input (origins grow).
+                    out.extend((int(row[0]), n, *r[2:]) for n, r in enumerate(got))
+                # Another key-state (a copy the origin sent again): already installed.
+            flush()
+            if held is not None:
+                self.held.update((json.dumps(held),))
+            elif saved is not None:
+                self.held.clear()
+            return out
 
         def close(self) -> None:
             pass
@@ -447,7 +529,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
                 group = F.when(field.isNull(), F.lit(NO_KEY)).otherwise(
                     F.concat(F.lit(KEY_PREFIX), field)
                 )
-                if element.partition is not None:
+                if element.partition is not None and not _movable(element):
                     # A partition reads every input event and keeps those of its keys (as
                     # spec.partition_of_key: CRC-32 of the key's text, keyless ones to 0).
                     # Its outputs' origins stay the input positions, so the filter changes
@@ -460,7 +542,9 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
                 events.withColumn(GROUP_COLUMN, group)
                 .groupBy(GROUP_COLUMN)
                 .transformWithStateInPandas(
-                    statefulProcessor=_stateful_processor(*args, key_by=element.key_by),
+                    statefulProcessor=_stateful_processor(
+                        *args, key_by=element.key_by, movable=bool(_movable(element))
+                    ),
                     outputStructType=RECORD_SCHEMA,
                     outputMode="Append",
                     timeMode="None",

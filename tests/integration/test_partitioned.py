@@ -1,5 +1,6 @@
-"""A partitioned keyed PE on real agents: its keys split over nodes, each partition moved
-alone mid-stream, the output exact per key and every twin readable through the element."""
+"""A partitioned keyed PE on real agents: its keys split over nodes, single keys moved
+between partitions (PAM) and a partition moved whole, mid-stream; the output exact per key
+and every twin readable through the element."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tests.integration.helpers import case1_spec, finish_and_compare, keyed_wind
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_a_partitioned_pe_splits_its_keys_and_a_partition_moves_alone(
+def test_a_partitioned_pe_moves_single_keys_and_whole_partitions_exactly_once(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     spec = case1_spec(tmp_path, "split", keys=40, partitions=["fog-a", "fog-b"])
@@ -29,12 +30,42 @@ def test_a_partitioned_pe_splits_its_keys_and_a_partition_moves_alone(
     assert {e["element"]: e["inputs"] for e in status}["sink"] == ["aggregate-p0", "aggregate-p1"]
     assert nodes == {"source": "cloud", "aggregate-p0": "fog-a", "aggregate-p1": "fog-b",
                      "sink": "cloud"}  # fmt: skip
+    # Single keys move (PAM): three of partition 0's sensors to partition 1 on fog-b, their
+    # states pushed in backlog order, while both partitions run.
+    static = {f"s{i}": partition_of_key(f"s{i}", 2) for i in range(40)}
+    first = [k for k, p in static.items() if p == 0][:3]
+    moved = cluster.json(
+        "migrate", "split", "aggregate", "--keys", ",".join(first), "--to", "fog-b"
+    )
+    assert (moved["status"], moved["target_partition"], moved["order"]) == (
+        "moved", "aggregate-p1", "backlog"
+    )  # fmt: skip
+    assert moved["keys"] == first and sorted(moved["sent"]) == sorted(first)
+    assert moved["origins"] == dict.fromkeys(first, "aggregate-p0")
+    assert set(moved["stoppage_ms"]) == set(first) and moved["state_bytes"] > 0
+    # Keys already there are not moved again; a node without a partition is refused.
+    again = cluster.json("migrate", "split", "aggregate", "--keys", first[0], "--to", "fog-b")
+    assert (again["keys"], again["already"]) == ([], [first[0]])
+    nowhere = cluster.cli(
+        "migrate", "split", "aggregate", "--keys", first[0], "--to", "cloud", check=False
+    )
+    assert nowhere.returncode != 0 and "no partition of 'aggregate' runs there" in " ".join(
+        nowhere.stderr.split()
+    )
     # Partition 1 moves while partition 0 goes on, make-before-break, as any PE does.
     moved = cluster.cli(
         "migrate", "split", "aggregate-p1", "--to", "cloud", "--mode", "handover", "--json"
     )
     report = json.loads(moved.stdout)
     assert (report["status"], report["origin"], report["target"]) == ("migrated", "fog-b", "cloud")
+    # Two of partition 1's own keys go to partition 0 (fifo), after the handover.
+    second = [k for k, p in static.items() if p == 1][:2]
+    back = cluster.json(
+        "migrate", "split", "aggregate", "--keys", ",".join(second), "--to", "fog-a",
+        "--order", "fifo",
+    )  # fmt: skip
+    assert (back["status"], back["sent"]) == ("moved", second)
+    owner = {**static, **dict.fromkeys(first, 1), **dict.fromkeys(second, 0)}
     # The partitioned element is not a PE: naming it is refused with its partitions named.
     refused = cluster.cli("migrate", "split", "aggregate", "--to", "cloud", check=False)
     said = " ".join(refused.stderr.split())
@@ -48,12 +79,12 @@ def test_a_partitioned_pe_splits_its_keys_and_a_partition_moves_alone(
     assert {e["key"]: e["state"]["values"] for e in twins["entries"]} == windows
     for index, node in enumerate(["fog-a", "cloud"]):
         part = cluster.json("state", "split", f"aggregate-p{index}")
-        owned = {k for k in windows if partition_of_key(k, 2) == index}
+        owned = {k for k in windows if owner[k] == index}
         assert part["node"] == node
         assert {e["key"] for e in part["entries"]} == owned and owned
-    # One key is asked of the partition that owns it.
-    key = sorted(windows)[0]
-    one = cluster.json("state", "split", "aggregate", key)
-    assert one["element"] == f"aggregate-p{partition_of_key(key, 2)}"
-    assert [e["state"]["values"] for e in one["entries"]] == [windows[key]]
+    # One key is asked of the partition that owns it, moved or not.
+    for key in (first[0], second[0], sorted(set(windows) - set(first) - set(second))[0]):
+        one = cluster.json("state", "split", "aggregate", key)
+        assert one["element"] == f"aggregate-p{owner[key]}"
+        assert [e["state"]["values"] for e in one["entries"]] == [windows[key]]
     cluster.cli("stop", "split")

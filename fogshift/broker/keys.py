@@ -1,0 +1,126 @@
+"""Key moves of a partitioned keyed PE: which partition owns a key at each input position.
+
+A partition owns the keys :func:`~fogshift.spec.models.partition_of_key` gives it, until a
+*key move* says otherwise. The orchestrator appends a move (``{"type": "key-move"}``) to the
+``.keys`` subject of the partitions' input stream; its stream sequence ``X`` is where the
+keys change owner, for every partition and every execution, because it is stored among the
+events they read. From ``X`` on, the origin partition no longer gets the keys' events and
+the target holds them; the origin, on reaching ``X``, appends each key's state
+(``{"type": "key-state"}``) to the same subject, in the order the move asks (``fifo``: as
+listed; ``backlog``: the key whose next event comes first, first, as PAM orders them); the
+target, on reaching a key's state, installs it and processes the held events. So no key is
+processed against empty state, and every other key goes on untouched (PAM, seed 004).
+
+Ownership is a function of the stream: :class:`Ownership` replays the moves before a
+position, which is what a restarted or restored partition does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fogshift.spec.models import partition_of_key
+
+#: ``creator`` of the rows a partition's reader makes of key moves and states.
+KEY_MOVE_OUT = "fogshift:key-out"
+KEY_MOVE_IN = "fogshift:key-in"
+KEY_STATE = "fogshift:key-state"
+#: The rows' body field carrying the move (beside the ``key_by`` field, which groups them).
+CONTROL_FIELD = "fogshift_key_move"
+
+Order = Literal["fifo", "backlog"]
+
+
+@dataclass(frozen=True)
+class KeyMove:
+    """One stored key move: ``keys`` of ``element`` go to partition ``to`` from ``seq`` on."""
+
+    seq: int
+    move: str
+    element: str
+    keys: tuple[str, ...]
+    to: int
+    order: Order = "fifo"
+
+    def payload(self) -> bytes:
+        """The message body (``seq`` is where the broker stores it)."""
+        return json.dumps(
+            {"type": "key-move", "move": self.move, "element": self.element,
+             "keys": list(self.keys), "to": self.to, "order": self.order}
+        ).encode()  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """A key's state as the origin partition held it at its move."""
+
+    seq: int
+    move: str
+    element: str
+    key: str
+    to: int
+    state: dict[str, str]
+
+
+def parse(seq: int, data: bytes) -> KeyMove | KeyState | None:
+    """The move or state a ``.keys`` message holds; ``None`` for anything else (a foreign
+    message there is stepped over, as on every subject)."""
+    try:
+        value = json.loads(data)
+        if value.get("type") == "key-move":
+            keys = tuple(str(k) for k in value["keys"])
+            order: Order = "backlog" if value.get("order") == "backlog" else "fifo"
+            return KeyMove(seq, str(value["move"]), str(value["element"]), keys,
+                           int(value["to"]), order)  # fmt: skip
+        if value.get("type") == "key-state":
+            state = {str(k): str(v) for k, v in dict(value["state"]).items()}
+            return KeyState(seq, str(value["move"]), str(value["element"]), str(value["key"]),
+                            int(value["to"]), state)  # fmt: skip
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return None
+
+
+def state_payload(move: str, element: str, key: str, to: int, state: dict[str, str]) -> bytes:
+    """The ``.keys`` message with ``key``'s state for its move."""
+    return json.dumps(
+        {"type": "key-state", "move": move, "element": element, "key": key, "to": to,
+         "state": state}
+    ).encode()  # fmt: skip
+
+
+@dataclass
+class Ownership:
+    """Who owns each key of a partitioned element, as of the moves applied so far."""
+
+    count: int
+    moved: dict[str, int] = field(default_factory=dict)
+    applied: int = 0  # the sequence of the last move applied
+
+    def owner(self, key: str | None) -> int:
+        """The partition owning ``key`` (``None``: keyless, partition 0)."""
+        if key is not None and key in self.moved:
+            return self.moved[key]
+        return partition_of_key(key, self.count)
+
+    def apply(self, move: KeyMove) -> dict[str, int]:
+        """Apply ``move`` (once: a move at or before :attr:`applied` is skipped); the
+        previous owner of each key it moves."""
+        if move.seq <= self.applied:
+            return {}
+        before = {k: self.owner(k) for k in move.keys}
+        for key in move.keys:
+            self.moved[key] = move.to
+        self.applied = move.seq
+        return before
+
+
+def key_text(body: Any, key_by: str) -> str | None:
+    """An event body's key as the PE groups it: the field's value as text (a string as is,
+    anything else as JSON), ``None`` when missing or null or the body is not an object."""
+    if not isinstance(body, dict) or body.get(key_by) is None:
+        return None
+    value = body[key_by]
+    return value if isinstance(value, str) else json.dumps(value)

@@ -1,0 +1,202 @@
+"""Moving single keys between the partitions of a partitioned keyed PE (PAM, seed 004).
+
+The orchestrator only stores the move (:class:`~fogshift.broker.keys.KeyMove`) among the
+partitions' input events and watches it complete; the partitions do the rest themselves
+(:mod:`fogshift.broker.keys`): the origin pushes each key's state, in the order the move
+asks, and the target resumes each key as soon as its state arrives. Nothing is paused, no
+query restarts, and the keys that do not move never notice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from fogshift.broker.client import get_range, last_seq
+from fogshift.broker.keys import KeyMove, KeyState, Ownership, parse
+from fogshift.broker.naming import keys_subject, stream_name
+from fogshift.contracts import ElementProgress, KeyMoveReport, KeyMoveStatus, KeyOrder
+from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.orchestrator.standbys import Standbys
+
+log = logging.getLogger(__name__)
+
+#: How many keys one move may carry, and how long a key may be (its text).
+MAX_KEYS = 1000
+MAX_KEY_CHARS = 256
+
+
+class KeyMoves(Standbys):
+    """``migrate --keys``: move keys of a partitioned element to the partition on a node."""
+
+    def migrate_keys(
+        self,
+        pipeline: str,
+        element_id: str,
+        keys: list[str],
+        target: str,
+        order: KeyOrder = KeyOrder.BACKLOG,
+        timeout_s: float = 60.0,
+    ) -> KeyMoveReport:
+        """Move ``keys`` of the partitioned element ``element_id`` to its partition on
+        ``target``, while every partition keeps running.
+
+        Returns once the target has committed every moved key's state (``moved``), or after
+        ``timeout_s`` with ``pending`` (the move stands: the keys' events wait at the target
+        until the origin partition, e.g. once restored, sends their states).
+
+        Raises:
+            InvalidInput: Not a partitioned element, several inputs, no partition on
+                ``target``, bad keys; nothing was stored.
+            Unavailable: ``target`` is not healthy.
+        """
+        started = time.monotonic()
+        record = self.pipeline(pipeline)
+        parts = record.spec.partitions_of(element_id)
+        what = f"keys of {pipeline}/{element_id}"
+        if not parts:
+            self._element(record, element_id)  # an unknown id is refused as such
+            raise InvalidInput(
+                f"cannot move {what}: {element_id!r} is not partitioned",
+                expected="a keyed element written with partitions: [NODE, ...]",
+                received=f"element {element_id!r}",
+                hint="without --keys, `fogshift migrate` moves a whole PE",
+            )
+        if len(parts[0].inputs) != 1:
+            raise InvalidInput(
+                f"cannot move {what}: its partitions read {len(parts[0].inputs)} inputs",
+                expected="a partitioned element with one input (where keys change owner is a "
+                "position in that input)",
+                received="inputs " + ", ".join(parts[0].inputs),
+                hint="move its partitions whole with `fogshift migrate PIPELINE <id>-p<i>`",
+            )
+        here = [p for p in parts if record.placement.get(p.id) == target]
+        if not here:
+            raise InvalidInput(
+                f"cannot move {what} to {target!r}: no partition of {element_id!r} runs there",
+                expected="a node hosting one of "
+                + ", ".join(f"{p.id} ({record.placement.get(p.id)})" for p in parts),
+                received=repr(target),
+                hint=f"move a partition there first (`fogshift migrate {pipeline} "
+                f"{parts[0].id} --to {target}`)",
+            )
+        _check_keys(what, keys)
+        self._usable_node(target, f"move {what} to")
+        to = here[0]
+        assert to.partition is not None
+        source = parts[0].inputs[0]
+        owners = self._owners(pipeline, source, element_id, to.partition.count)
+        moving = [k for k in keys if owners.owner(k) != to.partition.index]
+        already = [k for k in keys if k not in moving]
+        move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(moving), to.partition.index,
+                       order.value)  # fmt: skip
+        base: dict[str, Any] = {
+            "pipeline": pipeline, "element": element_id, "target": target,
+            "target_partition": to.id, "order": order, "keys": moving, "already": already,
+            "origins": {k: parts[owners.owner(k)].id for k in moving},
+        }  # fmt: skip
+        if not moving:
+            return KeyMoveReport(**base, status=KeyMoveStatus.MOVED, move_seq=0,
+                                 done_ms=_ms_since(started))  # fmt: skip
+        stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
+
+        async def store(js: Any) -> int:
+            ack = await js.publish(subject, move.payload(), stream=stream)
+            return int(ack.seq)
+
+        at = self.broker.run(store, timeout=30)
+        log.info("moving %s of %s/%s to %s at %s", moving, pipeline, element_id, to.id, at)
+        deadline = started + timeout_s
+        states: dict[str, tuple[Any, int]] = {}
+        moved_at = None
+        while time.monotonic() < deadline and len(states) < len(moving):
+
+            async def read(js: Any) -> Any:
+                end = await last_seq(js, stream)
+                return await get_range(js, stream, subject, at - 1, end)
+
+            for message in self.broker.run(read, timeout=30):
+                item = parse(message.seq, message.data)
+                if isinstance(item, KeyMove) and item.move == move.move:
+                    moved_at = message.stored_at
+                elif isinstance(item, KeyState) and item.move == move.move:
+                    states.setdefault(item.key, (message, len(message.data)))
+            if len(states) < len(moving):
+                time.sleep(0.05)
+        ordered = sorted(states.items(), key=lambda kv: kv[1][0].seq)
+        stoppage = (
+            {k: round((m.stored_at - moved_at) * 1000, 1) for k, (m, _) in ordered}
+            if moved_at is not None
+            else {}
+        )
+        report = KeyMoveReport(
+            **base, status=KeyMoveStatus.MOVED, move_seq=at, sent=[k for k, _ in ordered],
+            stoppage_ms=stoppage, state_bytes=sum(size for _, (_, size) in ordered),
+        )  # fmt: skip
+        if len(states) < len(moving):
+            missing = sorted(set(moving) - set(states))
+            return report.model_copy(
+                update={
+                    "status": KeyMoveStatus.PENDING,
+                    "error": f"no state yet for {missing} after {timeout_s:.0f} s: their "
+                    "events wait at the target until their origin partition sends them",
+                }
+            )
+        last_state = max(m.seq for m, _ in states.values())
+        if not self._committed_past(pipeline, to.id, target, source, last_state, deadline):
+            return report.model_copy(
+                update={
+                    "status": KeyMoveStatus.PENDING,
+                    "error": f"{to.id} has not committed the states yet (it holds the keys)",
+                }
+            )
+        return report.model_copy(update={"done_ms": _ms_since(started)})
+
+    def _owners(self, pipeline: str, source: str, element_id: str, count: int) -> Ownership:
+        """Who owns each key now: the key moves stored so far, replayed."""
+        stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
+
+        async def read(js: Any) -> Any:
+            return await get_range(js, stream, subject, 0, await last_seq(js, stream))
+
+        owners = Ownership(count)
+        for message in self.broker.run(read, timeout=60):
+            item = parse(message.seq, message.data)
+            if isinstance(item, KeyMove) and item.element == element_id:
+                owners.apply(item)
+        return owners
+
+    def _committed_past(
+        self, pipeline: str, pe: str, node: str, source: str, seq: int, deadline: float
+    ) -> bool:
+        """Whether ``pe`` on ``node`` commits input ``source`` up to ``seq`` by ``deadline``."""
+        path = f"/pipelines/{pipeline}/elements/{pe}/progress"
+        while time.monotonic() < deadline:
+            try:
+                progress = self.agent(node).call(ElementProgress, "GET", path, timeout=5)
+            except FogshiftError:
+                progress = None
+            positions = (progress.offset or {}).get("positions", {}) if progress else {}
+            if int(positions.get(source, 0)) >= seq:
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def _ms_since(start: float) -> float:
+    return round((time.monotonic() - start) * 1000, 1)
+
+
+def _check_keys(what: str, keys: list[str]) -> None:
+    """Refuse an empty, too long or doubled key list, or a key no PE could hold."""
+    bad = [k for k in keys if not k or len(k) > MAX_KEY_CHARS or not k.isprintable()]
+    if not keys or len(keys) > MAX_KEYS or bad or len(set(keys)) != len(keys):
+        raise InvalidInput(
+            f"cannot move {what}: bad key list",
+            expected=f"1 to {MAX_KEYS} distinct keys, each 1 to {MAX_KEY_CHARS} printable "
+            "characters (a key is the key_by field's value as text)",
+            received=", ".join(repr(k) for k in (bad or keys)[:5]) or "(none)",
+            hint="e.g. --keys p01,p02",
+        )
