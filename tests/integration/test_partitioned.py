@@ -52,6 +52,12 @@ def test_a_partitioned_pe_moves_single_keys_and_whole_partitions_exactly_once(
     assert nowhere.returncode != 0 and "no partition of 'aggregate' runs there" in " ".join(
         nowhere.stderr.split()
     )
+    for args, says in [
+        (["source", "--keys", "s1", "--to", "fog-b"], "'source' is not partitioned"),
+        (["aggregate", "--keys", "s1,s1", "--to", "fog-b"], "distinct keys"),
+    ]:
+        refused = cluster.cli("migrate", "split", *args, check=False)
+        assert refused.returncode != 0 and says in " ".join(refused.stderr.split()), says
     # Partition 1 moves while partition 0 goes on, make-before-break, as any PE does.
     moved = cluster.cli(
         "migrate", "split", "aggregate-p1", "--to", "cloud", "--mode", "handover", "--json"

@@ -1,0 +1,49 @@
+"""Key moves as stored records: parsed back, replayed into who owns each key."""
+
+from __future__ import annotations
+
+import json
+
+from fogshift.broker.keys import KeyMove, KeyState, Ownership, key_text, parse, state_payload
+from fogshift.broker.permissions import Hosted, node_permissions
+from fogshift.spec.models import partition_of_key
+
+
+def test_a_move_and_a_state_read_back_as_stored() -> None:
+    move = KeyMove(0, "m1", "agg", ("s1", "s2"), 1, "backlog")
+    assert parse(17, move.payload()) == KeyMove(17, "m1", "agg", ("s1", "s2"), 1, "backlog")
+    state = state_payload("m1", "agg", "s1", 1, {"values": "[1.0]"})
+    assert parse(18, state) == KeyState(18, "m1", "agg", "s1", 1, {"values": "[1.0]"})
+    # Anything else on the subject is stepped over, never an error.
+    for junk in (b"", b"not json", b"[]", b'{"type": "key-move"}', json.dumps({"a": 1}).encode()):
+        assert parse(1, junk) is None
+
+
+def test_ownership_replays_moves_in_order_and_each_once() -> None:
+    owners = Ownership(3)
+    keys = [f"s{i}" for i in range(30)]
+    assert [owners.owner(k) for k in keys] == [partition_of_key(k, 3) for k in keys]
+    assert owners.owner(None) == 0
+    away = [k for k in keys if partition_of_key(k, 3) != 2][:4]
+    before = owners.apply(KeyMove(10, "m1", "agg", tuple(away), 2))
+    assert before == {k: partition_of_key(k, 3) for k in away}
+    assert all(owners.owner(k) == 2 for k in away)
+    # A move already applied (a replayed batch reads it again) changes nothing.
+    assert owners.apply(KeyMove(10, "m1", "agg", tuple(away), 0)) == {}
+    assert owners.apply(KeyMove(12, "m2", "agg", (away[0],), 1)) == {away[0]: 2}
+    assert owners.owner(away[0]) == 1 and owners.owner(away[1]) == 2
+
+
+def test_a_key_is_the_field_as_text() -> None:
+    assert key_text({"patient": "p01"}, "patient") == "p01"
+    assert key_text({"patient": 7}, "patient") == "7"
+    assert key_text({"patient": None}, "patient") is None
+    assert key_text(["p01"], "patient") is None
+
+
+def test_only_a_partition_may_append_key_states_to_its_input() -> None:
+    plain = node_permissions([Hosted("p", "agg", ("src",))])
+    moving = node_permissions([Hosted("p", "agg-p0", ("src",), moves_keys=True)])
+    assert "fs.p.src.keys" not in plain["publish"]["allow"]
+    assert "fs.p.src.keys" in moving["publish"]["allow"]
+    assert "fs.p.src.data" not in moving["publish"]["allow"]
