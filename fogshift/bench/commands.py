@@ -1,5 +1,5 @@
-"""The ``fogshift bench`` commands: ``e1``, ``e2``, ``e3``, ``seamless``, ``ecg``, ``all``,
-``report``, ``soak``.
+"""The ``fogshift bench`` commands: ``e1``, ``e2``, ``e3``, ``seamless``, ``ecg``, ``pam``,
+``all``, ``report``, ``soak``.
 
 :func:`register` adds them to an existing Typer group (``fogshift bench``). Each command
 starts its own clusters through the CLI (under ``--work``, a temporary folder by default, that
@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 
 from fogshift.agent.config import AgentConfig
-from fogshift.bench import e1, e2, e3, ecg, report, seamless, soak
+from fogshift.bench import e1, e2, e3, ecg, pam, report, seamless, soak
 from fogshift.bench.base import Reporter, record_command, write_machine
 from fogshift.bench.cluster import Clusters, delay_of
 from fogshift.bench.exceptions import BadBenchOption
@@ -220,6 +220,42 @@ def register(bench_app: typer.Typer) -> None:
             lambda clusters, rep: ecg.run(config, clusters, out.resolve(), rep),
         )
 
+    @bench_app.command("pam")
+    def cmd_pam(
+        out: Out,
+        quick: Quick = False,
+        work: Work = None,
+        keys: Annotated[
+            str | None, typer.Option(help="Numbers of keys, comma-separated (e.g. 10,100,1000).")
+        ] = None,
+        state_kib: Annotated[
+            str | None, typer.Option(help="KiB of state per key, comma-separated.")
+        ] = None,
+        runs: Annotated[int | None, typer.Option(help="Repetitions of each combination.")] = None,
+    ) -> None:
+        """Issue #16: moving a partition's keys one at a time (fifo, backlog order) vs the
+        whole PE, over uniform and Zipf traffic."""
+        config = pam.PamConfig.quick() if quick else pam.PamConfig()
+        try:
+            if keys:
+                config = replace(config, keys=tuple(int(k) for k in keys.split(",")))
+            if state_kib:
+                config = replace(config, state_kib=tuple(int(k) for k in state_kib.split(",")))
+        except ValueError:
+            raise BadBenchOption(
+                "--keys and --state-kib take whole numbers",
+                expected="e.g. --keys 10,100 --state-kib 1,64",
+                received=f"--keys {keys!r} --state-kib {state_kib!r}",
+            ) from None
+        if runs is not None:
+            config = replace(config, runs=runs)
+        _session(
+            out,
+            work,
+            (pam.NAME,),
+            lambda clusters, rep: pam.run(config, clusters, out.resolve(), rep),
+        )
+
     @bench_app.command("all")
     def cmd_all(out: Out, quick: Quick = False, work: Work = None) -> None:
         """E1, E2, E3, seamless and ecg, one after the other (--quick: under 25 min)."""
@@ -235,7 +271,7 @@ def register(bench_app: typer.Typer) -> None:
             seamless.run(config, clusters, target, rep)
             ecg.run(ecg.EcgConfig.quick() if quick else ecg.EcgConfig(), clusters, target, rep)
 
-        _session(out, work, tuple(m.NAME for m in report.EXPERIMENTS), body)
+        _session(out, work, tuple(m.NAME for m in report.EXPERIMENTS if m is not pam), body)
 
     @bench_app.command("soak")
     def cmd_soak(

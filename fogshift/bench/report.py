@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 from types import ModuleType
 
-from fogshift.bench import e1, e2, e3, ecg, seamless
+from fogshift.bench import e1, e2, e3, ecg, pam, seamless
 from fogshift.bench.base import fmt
 
-EXPERIMENTS: tuple[ModuleType, ...] = (e1, e2, e3, seamless, ecg)
+EXPERIMENTS: tuple[ModuleType, ...] = (e1, e2, e3, seamless, ecg, pam)
 
 
 def _commands(out: Path) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fogshift.bench import e1, e2, report, thesis
+from fogshift.bench import e1, e2, pam, report, thesis
 from fogshift.bench.base import (
     RunLog,
     fmt_mean_std,
@@ -163,7 +163,7 @@ def test_register_adds_the_commands() -> None:
     register(app)
     runner = CliRunner()
     listing = runner.invoke(app, ["--help"]).output
-    for name in ("e1", "e2", "e3", "seamless", "all", "report"):
+    for name in ("e1", "e2", "e3", "seamless", "pam", "all", "report"):
         assert name in listing
     assert "--link-profile" in runner.invoke(app, ["e1", "--help"]).output
     bad = runner.invoke(app, ["e1", "--out", "x", "--sizes", "a,b"])
@@ -200,3 +200,36 @@ def test_the_committed_handover_run_renders_with_a_colour_per_mode(tmp_path: Pat
     text = report.render(folder).read_text()
     assert "| n0 | 0.2 | 5 MiB | handover | 2 / 2 |" in text
     assert (folder / "e1" / "e1_cpu.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> None:
+    log = RunLog(tmp_path / "pam" / "runs.csv", pam.RUN_FIELDS)
+    for method, stall in (("whole", 900.0), ("backlog", 40.0), ("backlog", 60.0)):
+        log.append(
+            {"run": f"r-{method}-{stall}", "method": method, "traffic": "zipf", "keys": 20,
+             "state_kib": 64, "consistent": True, "stoppage_p50_ms": stall / 2,
+             "stoppage_max_ms": stall, "stable_s": stall / 100, "steady_p99_ms": 300,
+             "added_p99_ms": stall, "tput_before": 100, "tput_during": 95, "tput_after": 100,
+             "op_ms": 1000}
+        )  # fmt: skip
+    broken = {"run": "broken", "method": "fifo", "traffic": "zipf", "keys": 20, "state_kib": 64}
+    log.append({**broken, "consistent": False, "problems": "key s3: 1 seq missing"})
+    text = pam.section(tmp_path / "pam") or ""
+    rows = [line for line in text.splitlines() if line.startswith("| 20 |")]
+    # One row per method, in the order whole, fifo, backlog; means over the good runs only.
+    assert [r.split("|")[4].strip() for r in rows] == ["whole", "fifo", "backlog"]
+    assert "| 2/2 | 25 / 50 | 0.5 |" in rows[2]
+    assert "| 0/1 |" in rows[1]
+    assert "broken (key s3: 1 seq missing)" in text
+
+
+def test_pam_traffic_is_uniform_or_skewed_as_asked(tmp_path: Path) -> None:
+    counts = {}
+    for traffic in ("uniform", "zipf"):
+        feeder = pam.KeyedFeeder(tmp_path / f"{traffic}.csv", 2000, 20, traffic, 1.1, seed=3)
+        feeder.top_up(1.0)
+        lines = (tmp_path / f"{traffic}.csv").read_text().splitlines()
+        assert lines[0] == HEADER and len(lines) > 2000
+        sensors = [line.split(",")[1] for line in lines[1:]]
+        counts[traffic] = max(sensors.count(f"s{k}") for k in range(20)) / len(sensors)
+    assert counts["uniform"] < 0.1 < 0.25 < counts["zipf"]

@@ -1,0 +1,404 @@
+"""PAM (issue #16, seed 004): moving a partition's keys one at a time vs the whole PE.
+
+A keyed, padded window aggregate runs as two partitions (``fog-a``, ``fog-b``) behind a
+rate-limited source on ``cloud``; its input has ``keys`` sensors, drawn uniformly or by a
+Zipf law, and every key carries ``state_kib`` of state. ``before_s`` after the output
+flows, every key of partition 0 moves to ``fog-b``, by one of three methods, in separate
+runs on fresh pipelines:
+
+* ``whole``: partition 0 is live-migrated to ``fog-b`` (handover, make-before-break);
+* ``fifo``: its keys move to partition 1 (``migrate --keys``) with their states sent as listed;
+* ``backlog``: the same, the key whose next event is nearest first (PAM's order).
+
+Latency is measured from the broker's own timestamps, per event: when the partition's
+output record was stored minus when its input event was stored (one clock, no sink in the
+path). From these: the *steady* p50/p99 (the ``before_s / 2`` before the move), each moved
+key's *stoppage* (the largest latency of its events from the move on, less the steady
+p50), the time until the pipeline is *stable* again (from the move until every later
+half-second bin has its p99 within 1.5 times the steady p99, or 50 ms above it), the *added p99*
+(p99 from the move until stable, less the steady p99), and the output throughput before,
+during and after. Every run's sink output is compared per key with the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fogshift.bench.base import (
+    ClusterRunConfig,
+    Reporter,
+    RunLog,
+    fmt,
+    mean_std,
+    percentile,
+    read_rows,
+    truthy,
+    write_notes,
+)
+from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
+from fogshift.bench.padded import aggregate_element
+from fogshift.bench.workload import HEADER, INPUT, OUTPUT, wait_rows
+from fogshift.broker.client import BrokerAddress, SyncJetStream, get_range, last_seq
+from fogshift.broker.naming import data_subject, stream_name
+from fogshift.exceptions import FogshiftError
+from fogshift.spec.models import partition_of_key
+from fogshift.supervisor.cluster import orchestrator_client
+
+NAME = "pam"
+EDGE, FIRST, SECOND = "cloud", "fog-a", "fog-b"
+METHODS = ("whole", "fifo", "backlog")
+
+RUN_FIELDS = (
+    "run", "method", "traffic", "keys", "state_kib", "rate", "events", "moved_keys",
+    "op_ms", "state_bytes", "steady_p50_ms", "steady_p99_ms", "stoppage_p50_ms",
+    "stoppage_max_ms", "stable_s", "during_p99_ms", "added_p99_ms", "tput_before",
+    "tput_during", "tput_after", "consistent", "problems", "error",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PamConfig(ClusterRunConfig):
+    """Settings of the PAM benchmark.
+
+    Attributes:
+        keys: Numbers of keys (sensors) of the input.
+        state_kib: State per key (KiB of incompressible padding).
+        traffics: ``uniform`` and/or ``zipf`` (exponent ``zipf_s``) key choice.
+        methods: Any of :data:`METHODS`.
+        rate: Events per second of the source.
+        before_s: Output time before the move (the steady window is its second half).
+        after_s: Input time after the move.
+        runs: Repetitions of each combination.
+    """
+
+    keys: tuple[int, ...] = (10, 100, 1000)
+    state_kib: tuple[int, ...] = (1, 64, 1024)
+    traffics: tuple[str, ...] = ("uniform", "zipf")
+    methods: tuple[str, ...] = METHODS
+    rate: float = 100.0
+    before_s: float = 16.0
+    after_s: float = 16.0
+    runs: int = 1
+    zipf_s: float = 1.1
+    timeout_s: float = 600.0
+    seed: int = 16
+
+    @classmethod
+    def quick(cls) -> PamConfig:
+        """20 keys of 1 and 64 KiB, both traffics, every method: 12 runs."""
+        return cls(keys=(20,), state_kib=(1, 64), before_s=12.0, after_s=12.0)
+
+
+class KeyedFeeder:
+    """A Case 1 input whose sensor is drawn from ``keys`` uniformly or by a Zipf law, kept
+    ``lead_s`` ahead of the source's schedule (as :class:`~fogshift.bench.workload.InputFeeder`)."""
+
+    def __init__(
+        self, path: Path, rate: float, keys: int, traffic: str, zipf_s: float, seed: int
+    ) -> None:
+        self.path, self.rate, self.rows = path, rate, 0
+        self._random = random.Random(seed)
+        weights = [1.0 / (k + 1) ** zipf_s for k in range(keys)] if traffic == "zipf" else None
+        self._weights = weights
+        self._keys = [f"s{k}" for k in range(keys)]
+        self._t_ref = time.time()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(HEADER + "\n")
+
+    def start(self, lead_s: float = 4.0) -> None:
+        """Keep the file ``lead_s`` ahead of a schedule that starts now, until :meth:`finish`."""
+        self._t_ref = time.time()
+        self.top_up(lead_s)
+
+        def grow() -> None:
+            while not self._stop.wait(0.5):
+                self.top_up(lead_s)
+
+        self._thread = threading.Thread(target=grow, name="pam-feeder", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> int:
+        """Stop growing the file; its number of data rows."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.rows
+
+    def top_up(self, lead_s: float) -> None:
+        """Write the rows due within ``lead_s`` from now."""
+        wanted = int((time.time() - self._t_ref + lead_s) * self.rate) + 1
+        if wanted <= self.rows:
+            return
+        count = wanted - self.rows
+        sensors = self._random.choices(self._keys, weights=self._weights, k=count)
+        lines = []
+        for sensor in sensors:
+            self.rows += 1
+            lines.append(
+                f"{1_700_000_000 + self.rows},{sensor},{self._random.uniform(0, 100):.4f}\n"
+            )
+        with open(self.path, "a") as handle:
+            handle.write("".join(lines))
+
+
+def write_spec(work: Path, name: str, rate: float, pad_bytes: int) -> Path:
+    """The spec: source on cloud -> padded keyed aggregate in two partitions -> sink."""
+    aggregate = aggregate_element(FIRST, pad_bytes)
+    del aggregate["node"]
+    aggregate.update(partitions=[FIRST, SECOND], key_by="sensor")
+    spec = {
+        "pipeline": name,
+        "elements": [
+            {"id": "source", "kind": "csv-source", "node": EDGE,
+             "options": {"path": INPUT, "rate": rate}},
+            aggregate,
+            {"id": "sink", "kind": "csv-sink", "node": EDGE, "inputs": ["aggregate"],
+             "options": {"path": OUTPUT}},
+        ],
+        "recovery": {"auto": False},
+    }  # fmt: skip
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def run(config: PamConfig, clusters: Clusters, out: Path, reporter: Reporter) -> None:
+    """Every combination of the config, ``runs`` times; writes ``out/pam/runs.csv``."""
+    folder = out / NAME
+    runs = RunLog(folder / "runs.csv", RUN_FIELDS)
+    combos = [
+        (method, traffic, keys, kib, index)
+        for index in range(config.runs)
+        for keys in config.keys
+        for kib in config.state_kib
+        for traffic in config.traffics
+        for method in config.methods
+    ]
+    task = reporter.task(NAME, len(combos))
+    options = ClusterOptions(
+        (EDGE, FIRST, SECOND), config.checkpoint_interval_s, config.central_interval_s
+    )
+    with clusters.cluster(options) as cluster:
+        write_notes(folder, {**asdict(config), **cluster.options.intervals()})
+        for method, traffic, keys, kib, index in combos:
+            reporter.step(task, f"{method}: {keys} keys of {kib} KiB, {traffic}")
+            row = _one(cluster, config, method, traffic, keys, kib, index)
+            runs.append(row)
+            reporter.note(
+                f"pam {method} {traffic} {keys}x{kib} KiB: stoppage max "
+                f"{row.get('stoppage_max_ms')} ms, stable after {row.get('stable_s')} s, "
+                f"{'consistent' if row.get('consistent') else 'INCONSISTENT'}"
+                + (f" ({row['error']})" if row.get("error") else "")
+            )
+            reporter.advance(task)
+
+
+def _one(
+    cluster: BenchCluster, config: PamConfig, method: str, traffic: str, keys: int, kib: int,
+    index: int,
+) -> dict[str, Any]:  # fmt: skip
+    name = f"pam-{method}-{traffic}-{keys}k-{kib}kib-{index + 1}"
+    row: dict[str, Any] = {"run": name, "method": method, "traffic": traffic, "keys": keys,
+                           "state_kib": kib, "rate": config.rate, "consistent": False}  # fmt: skip
+    work = cluster.home / "runs" / name
+    feeder = KeyedFeeder(work / INPUT, config.rate, keys, traffic, config.zipf_s,
+                         config.seed * 1000 + index)  # fmt: skip
+    spec = write_spec(work, name, config.rate, kib * 1024)
+    moving = [f"s{k}" for k in range(keys) if partition_of_key(f"s{k}", 2) == 0]
+    row["moved_keys"] = len(moving)
+    try:
+        feeder.start()
+        cluster.cli("deploy", str(spec))
+        if wait_rows(cluster, name, 1, config.timeout_s) < 1:
+            raise FogshiftError(f"{name}: no output in {config.timeout_s:.0f} s")
+        time.sleep(config.before_s)
+        moved_at = time.time()
+        if method == "whole":
+            report = cluster.operation(name, "aggregate-p0", "migrate",
+                                       {"target": SECOND, "mode": "handover"})  # fmt: skip
+            row["op_ms"] = round(sum(report.get("phases_ms", {}).values()), 1)
+            if report.get("status") != "migrated":
+                raise FogshiftError(f"{name}: the migration ended {report.get('status')}")
+        else:
+            with orchestrator_client(cluster.home, timeout_s=900) as client:
+                report = client.post(
+                    f"/pipelines/{name}/elements/aggregate/keys/migrate",
+                    json={"keys": moving, "target": SECOND, "order": method},
+                )
+            row["op_ms"] = report.get("done_ms")
+            if report.get("status") != "moved":
+                raise FogshiftError(f"{name}: the key move ended {report.get('status')}")
+        row["state_bytes"] = report.get("state_bytes")
+        time.sleep(max(0.0, moved_at + config.after_s - time.time()))
+        row["events"] = feeder.finish()
+        verdict = _verdict(cluster, name, work, config.timeout_s)
+        row.update(consistent=verdict.consistent, problems="; ".join(verdict.problems) or None)
+        row.update(_latency(cluster, name, moved_at, set(moving), config.before_s / 2))
+    except FogshiftError as exc:
+        row["error"] = exc.message
+    finally:
+        feeder.finish()
+        cluster.cli("stop", name, check=False)
+    return row
+
+
+def _verdict(cluster: BenchCluster, name: str, work: Path, timeout_s: float) -> Any:
+    """The sink's output against the keyed reference, per key (partitions interleave)."""
+    from fogshift.verify.reference import case1_reference, compare_per_key, read_sink
+
+    reference = case1_reference(work / INPUT, "value", 10, "avg", key_field="sensor")
+    written = wait_rows(cluster, name, len(reference.rows), timeout_s, stall_s=120)
+    time.sleep(1.0)
+    lines = (work / INPUT).read_text().splitlines()[1:]
+    key_of = {k: line.split(",")[1] for k, line in enumerate(lines, start=1)}
+    result = compare_per_key(reference.rows, read_sink(work / OUTPUT, "value"), key_of)
+    if written < len(reference.rows):
+        result.problems.insert(0, f"the sink wrote {written} of {len(reference.rows)} rows")
+        result.consistent = False
+    return result
+
+
+def _latency(
+    cluster: BenchCluster, name: str, moved_at: float, moving: set[str], steady_s: float
+) -> dict[str, Any]:
+    """The latency figures of a run (module doc), from the broker's timestamps."""
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    try:
+
+        async def read(js: Any, pe: str) -> Any:
+            stream = stream_name(name, pe)
+            return await get_range(
+                js, stream, data_subject(name, pe), 0, await last_seq(js, stream)
+            )
+
+        came = {
+            json.loads(m.data)["seq"]: m.stored_at
+            for m in client.run(partial(read, pe="source"), timeout=300)
+        }
+        points: list[tuple[float, float, float, str]] = []  # in, out, ms, key
+        for pe in ("aggregate-p0", "aggregate-p1"):
+            for message in client.run(partial(read, pe=pe), timeout=300):
+                record = json.loads(message.data)
+                stored = came.get(record["seq"])
+                if stored is not None:
+                    key = str(json.loads(record["body"]).get("sensor"))
+                    points.append(
+                        (stored, message.stored_at, (message.stored_at - stored) * 1000, key)
+                    )
+    finally:
+        client.close()
+    steady = sorted(ms for t_in, _, ms, _ in points if moved_at - steady_s <= t_in < moved_at)
+    if len(steady) < 10:
+        return {}
+    p50, p99 = percentile(steady, 50) or 0.0, percentile(steady, 99) or 0.0
+    limit = max(1.5 * p99, p99 + 50.0)
+    after = [p for p in points if p[0] >= moved_at]
+    bins: dict[int, list[float]] = {}
+    for t_in, _, ms, _ in after:
+        bins.setdefault(int((t_in - moved_at) / 0.5), []).append(ms)
+    unstable = [b for b, values in bins.items() if (percentile(sorted(values), 99) or 0) > limit]
+    stable_s = (max(unstable) + 1) * 0.5 if unstable else 0.0
+    during = sorted(ms for t_in, _, ms, _ in after if t_in < moved_at + max(stable_s, 0.5))
+    per_key: dict[str, float] = {}
+    for t_in, _, ms, key in after:
+        if key in moving and t_in < moved_at + max(stable_s, 0.5):
+            per_key[key] = max(per_key.get(key, 0.0), ms - p50)
+    stalls = sorted(per_key.values())
+
+    def rate(start: float, end: float) -> float | None:
+        if end <= start:
+            return None
+        return round(sum(1 for _, t_out, _, _ in points if start <= t_out < end) / (end - start), 1)
+
+    stable_at = moved_at + max(stable_s, 0.5)
+    return {
+        "steady_p50_ms": round(p50, 1), "steady_p99_ms": round(p99, 1),
+        "stoppage_p50_ms": round(statistics.median(stalls), 1) if stalls else None,
+        "stoppage_max_ms": round(stalls[-1], 1) if stalls else None,
+        "stable_s": stable_s,
+        "during_p99_ms": round(percentile(during, 99) or 0.0, 1) if during else None,
+        "added_p99_ms": round((percentile(during, 99) or 0.0) - p99, 1) if during else None,
+        "tput_before": rate(moved_at - steady_s, moved_at),
+        "tput_during": rate(moved_at, stable_at),
+        "tput_after": rate(stable_at, stable_at + steady_s),
+    }  # fmt: skip
+
+
+# -- results (from the CSV files only) --------------------------------------------------------
+
+
+def section(folder: Path) -> str | None:
+    """The PAM table: per method, traffic, keys and state size, the mean of each figure."""
+    rows = read_rows(folder / "runs.csv")
+    if not rows:
+        return None
+    groups: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
+    for row in rows:
+        groups.setdefault(
+            (row["keys"], row["state_kib"], row["traffic"], row["method"]), []
+        ).append(row)
+    lines = [
+        "## PAM: moving keys one at a time vs the whole PE (issue #16)",
+        "",
+        "Every key of partition 0 moves from fog-a to fog-b while the source runs: the whole "
+        "partition by a handover, or its keys to partition 1 (`migrate --keys`), their states "
+        "sent as listed (fifo) or nearest next event first (backlog, PAM). Latency per event "
+        "from the broker's timestamps (output stored - input stored); stoppage: per moved key, "
+        "its largest latency from the move on less the steady p50 (median over keys / max); "
+        "stable: from the move until every later half-second has its p99 within 1.5 times steady; "
+        "throughput: output records/s before, until stable, after. Means over runs.",
+        "",
+        "| keys | KiB/key | traffic | method | runs ok | stoppage p50 / max ms | stable s | "
+        "steady p99 ms | added p99 ms | tput before / during / after | op ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (keys, kib, traffic, method), group in sorted(
+        groups.items(),
+        key=lambda kv: (
+            int(kv[0][0]),
+            int(kv[0][1]),
+            kv[0][2],
+            METHODS.index(kv[0][3]) if kv[0][3] in METHODS else 9,
+        ),
+    ):
+        ok = [r for r in group if truthy(r.get("consistent")) and not r.get("error")]
+
+        def mean(field: str, rows: list[dict[str, str]] = ok) -> float | None:
+            return mean_std(float(r[field]) for r in rows if r.get(field))[0]
+
+        lines.append(
+            f"| {keys} | {kib} | {traffic} | {method} | {len(ok)}/{len(group)} | "
+            f"{fmt(mean('stoppage_p50_ms'))} / {fmt(mean('stoppage_max_ms'))} | "
+            f"{fmt(mean('stable_s'), 1)} | {fmt(mean('steady_p99_ms'))} | "
+            f"{fmt(mean('added_p99_ms'))} | {fmt(mean('tput_before'))} / "
+            f"{fmt(mean('tput_during'))} / {fmt(mean('tput_after'))} | {fmt(mean('op_ms'))} |"
+        )
+    failed = [r for r in rows if r.get("error") or not truthy(r.get("consistent"))]
+    if failed:
+        lines += [
+            "",
+            "Failed or inconsistent runs: "
+            + "; ".join(f"{r['run']} ({r.get('error') or r.get('problems')})" for r in failed),
+        ]
+    return "\n".join(lines)
+
+
+def plot(folder: Path) -> list[Path]:
+    """No plots: the table says it (kept for the report's interface)."""
+    return []
+
+
+__all__ = ["METHODS", "NAME", "PamConfig", "run", "section"]
