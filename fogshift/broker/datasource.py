@@ -63,8 +63,11 @@ from fogshift.broker.keys import (
     KeyMove,
     KeyState,
     Ownership,
+    joined_state,
     key_text,
     parse,
+    part_payload,
+    split_state,
     state_payload,
 )
 from fogshift.broker.naming import data_subject, keys_subject, stream_name
@@ -532,7 +535,16 @@ class JetStreamReader(DataSourceStreamReader):
                     elif item.to == index and before.get(key) != index:
                         control(msg.seq, KEY_MOVE_IN, key, detail)
             elif isinstance(item, KeyState) and item.to == index:
-                control(msg.seq, KEY_STATE, item.key, {"move": item.move, "state": item.state})
+                state = item.state
+                if item.parts:  # a large state: its parts are stored before it
+                    found = client.run(
+                        partial(get_range, stream=stream, subject=keys,
+                                start=min(item.parts) - 1, end=max(item.parts)),
+                        timeout=120,
+                    )  # fmt: skip
+                    by_seq = {m.seq: m.data for m in found}
+                    state = joined_state([by_seq[p] for p in item.parts])
+                control(msg.seq, KEY_STATE, item.key, {"move": item.move, "state": state})
         return rows
 
     def commit(self, end: dict) -> None:
@@ -573,15 +585,24 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
                 if key is not None and key in wanted and key not in first:
                     first[key] = message.seq
             states.sort(key=lambda s: (first.get(s["key"], 1 << 62), s["rank"]))
+        subject, stream = keys_subject(pipeline, source), stream_name(pipeline, source)
         for state in states:
-            payload = state_payload(move, state["element"], state["key"], state["to"],
-                                    state["state"])  # fmt: skip
-            await js.publish(
-                keys_subject(pipeline, source),
-                payload,
-                stream=stream_name(pipeline, source),
-                headers={"Nats-Msg-Id": f"{state['element']}:{move}:{state['key']}"},
+            element, key = state["element"], state["key"]
+            msg_id = f"{element}:{move}:{key}"
+            pieces = split_state(state["state"])
+            parts = None
+            if len(pieces) > 1:  # too large for one message: parts first, then the record
+                parts = []
+                for index, piece in enumerate(pieces):
+                    ack = await js.publish(
+                        subject, part_payload(move, element, key, index, piece), stream=stream,
+                        headers={"Nats-Msg-Id": f"{msg_id}:{index}"},
+                    )  # fmt: skip
+                    parts.append(int(ack.seq))
+            payload = state_payload(
+                move, element, key, state["to"], None if parts else state["state"], parts
             )
+            await js.publish(subject, payload, stream=stream, headers={"Nats-Msg-Id": msg_id})
 
 
 #: The key moves read so far in this worker, by (stream, partitioned element): the

@@ -54,7 +54,8 @@ class KeyMove:
 
 @dataclass(frozen=True)
 class KeyState:
-    """A key's state as the origin partition held it at its move."""
+    """A key's state as the origin partition held it at its move (``parts``: the sequences
+    of the messages holding it instead, when it was too large for one)."""
 
     seq: int
     move: str
@@ -62,6 +63,7 @@ class KeyState:
     key: str
     to: int
     state: dict[str, str]
+    parts: tuple[int, ...] = ()
 
 
 def parse(seq: int, data: bytes) -> KeyMove | KeyState | None:
@@ -75,20 +77,51 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyState | None:
             return KeyMove(seq, str(value["move"]), str(value["element"]), keys,
                            int(value["to"]), order)  # fmt: skip
         if value.get("type") == "key-state":
-            state = {str(k): str(v) for k, v in dict(value["state"]).items()}
+            state = {str(k): str(v) for k, v in dict(value["state"] or {}).items()}
+            parts = tuple(int(p) for p in value.get("parts") or ())
             return KeyState(seq, str(value["move"]), str(value["element"]), str(value["key"]),
-                            int(value["to"]), state)  # fmt: skip
+                            int(value["to"]), state, parts)  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return None
 
 
-def state_payload(move: str, element: str, key: str, to: int, state: dict[str, str]) -> bytes:
-    """The ``.keys`` message with ``key``'s state for its move."""
+#: A key's state larger than this goes in parts (the broker takes at most ~1 MiB a message).
+STATE_PART_BYTES = 512 * 1024
+
+
+def state_payload(
+    move: str, element: str, key: str, to: int, state: dict[str, str] | None,
+    parts: list[int] | None = None,
+) -> bytes:  # fmt: skip
+    """The ``.keys`` message with ``key``'s state for its move; a large state comes in
+    ``parts`` (the sequences of its :func:`part_payload` messages, in order) instead."""
+    body: dict[str, Any] = {"type": "key-state", "move": move, "element": element, "key": key,
+                            "to": to, "state": state}  # fmt: skip
+    if parts is not None:
+        body["parts"] = parts
+    return json.dumps(body).encode()
+
+
+def part_payload(move: str, element: str, key: str, index: int, text: str) -> bytes:
+    """Part ``index`` of the JSON text of a large key state."""
     return json.dumps(
-        {"type": "key-state", "move": move, "element": element, "key": key, "to": to,
-         "state": state}
+        {"type": "key-state-part", "move": move, "element": element, "key": key,
+         "index": index, "text": text}
     ).encode()  # fmt: skip
+
+
+def split_state(state: dict[str, str]) -> list[str]:
+    """The JSON text of ``state`` in pieces of at most :data:`STATE_PART_BYTES` characters
+    (one piece when it fits a message)."""
+    text = json.dumps(state)
+    return [text[i : i + STATE_PART_BYTES] for i in range(0, len(text), STATE_PART_BYTES)] or [text]
+
+
+def joined_state(parts: list[bytes]) -> dict[str, str]:
+    """The state whose :func:`part_payload` messages are ``parts``, in order."""
+    text = "".join(str(json.loads(p)["text"]) for p in parts)
+    return {str(k): str(v) for k, v in dict(json.loads(text)).items()}
 
 
 @dataclass

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import json
 
-from fogshift.broker.keys import KeyMove, KeyState, Ownership, key_text, parse, state_payload
+from fogshift.broker.keys import (
+    STATE_PART_BYTES,
+    KeyMove,
+    KeyState,
+    Ownership,
+    joined_state,
+    key_text,
+    parse,
+    part_payload,
+    split_state,
+    state_payload,
+)
 from fogshift.broker.permissions import Hosted, node_permissions
 from fogshift.spec.models import partition_of_key
 
@@ -47,3 +58,15 @@ def test_only_a_partition_may_append_key_states_to_its_input() -> None:
     assert "fs.p.src.keys" not in plain["publish"]["allow"]
     assert "fs.p.src.keys" in moving["publish"]["allow"]
     assert "fs.p.src.data" not in moving["publish"]["allow"]
+
+
+def test_a_large_state_goes_in_parts_that_join_back() -> None:
+    big = {"padding": "x" * (3 * STATE_PART_BYTES + 10), "values": "[1.0, 2.0]"}
+    pieces = split_state(big)
+    assert len(pieces) == 4 and all(len(p) <= STATE_PART_BYTES for p in pieces)
+    parts = [part_payload("m1", "agg", "s1", i, p) for i, p in enumerate(pieces)]
+    assert all(len(p) < 1024 * 1024 - 4096 for p in parts)  # each fits a broker message
+    assert joined_state(parts) == big
+    record = parse(40, state_payload("m1", "agg", "s1", 1, None, [36, 37, 38, 39]))
+    assert isinstance(record, KeyState) and record.parts == (36, 37, 38, 39)
+    assert split_state({"a": "b"}) == ['{"a": "b"}']
