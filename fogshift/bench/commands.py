@@ -236,17 +236,10 @@ def register(bench_app: typer.Typer) -> None:
         """Issue #16: moving a partition's keys one at a time (fifo, backlog order) vs the
         whole PE, over uniform and Zipf traffic."""
         config = pam.PamConfig.quick() if quick else pam.PamConfig()
-        try:
-            if keys:
-                config = replace(config, keys=tuple(int(k) for k in keys.split(",")))
-            if state_kib:
-                config = replace(config, state_kib=tuple(int(k) for k in state_kib.split(",")))
-        except ValueError:
-            raise BadBenchOption(
-                "--keys and --state-kib take whole numbers",
-                expected="e.g. --keys 10,100 --state-kib 1,64",
-                received=f"--keys {keys!r} --state-kib {state_kib!r}",
-            ) from None
+        if keys:
+            config = replace(config, keys=_ints(keys, "numbers of keys"))
+        if state_kib:
+            config = replace(config, state_kib=_ints(state_kib, "state sizes"))
         if runs is not None:
             config = replace(config, runs=runs)
         _session(

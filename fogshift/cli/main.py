@@ -686,6 +686,16 @@ def migrate(
         console.print(f"[yellow]warning[/]: {warning}")
 
 
+def _post(home: Path, path: str, body: dict[str, Any], doing: str) -> Any:
+    """POST ``body`` to the orchestrator's ``path``, showing ``doing`` until it answers (an
+    operation may take minutes: the client waits up to 30)."""
+    with (
+        cluster_ops.orchestrator_client(home.resolve(), timeout_s=1800) as client,
+        console.status(doing),
+    ):
+        return client.post(path, json=body)
+
+
 def _migrate_keys(
     home: Path, pipeline: str, element: str, keys: list[str], to: str, order: str, as_json: bool
 ) -> None:
@@ -694,13 +704,10 @@ def _migrate_keys(
             "migrate needs the node to move to", expected="--to NODE", received="no --to"
         )
     body = {"keys": [k.strip() for k in keys], "target": to, "order": order}
-    with (
-        cluster_ops.orchestrator_client(home.resolve(), timeout_s=600) as client,
-        console.status(f"moving {len(keys)} keys of {pipeline}/{element} to {to}"),
-    ):
-        report = KeyMoveReport.model_validate(
-            client.post(f"/pipelines/{pipeline}/elements/{element}/keys/migrate", json=body)
-        )
+    report = KeyMoveReport.model_validate(
+        _post(home, f"/pipelines/{pipeline}/elements/{element}/keys/migrate", body,
+              f"moving {len(keys)} keys of {pipeline}/{element} to {to}")
+    )  # fmt: skip
     if as_json:
         _print_json(report)
     else:
@@ -729,13 +736,10 @@ def _migrate_group(
 ) -> None:
     names = [e.strip() for e in elements]
     body = {"elements": names, "target": to, "mode": mode}
-    with (
-        cluster_ops.orchestrator_client(home.resolve(), timeout_s=1800) as client,
-        console.status(f"migrating {', '.join(names)} of {pipeline} to {to}"),
-    ):
-        report = GroupMigrationReport.model_validate(
-            client.post(f"/pipelines/{pipeline}/migrate", json=body)
-        )
+    report = GroupMigrationReport.model_validate(
+        _post(home, f"/pipelines/{pipeline}/migrate", body,
+              f"migrating {', '.join(names)} of {pipeline} to {to}")
+    )  # fmt: skip
     if as_json:
         _print_json(report)
     else:

@@ -90,3 +90,17 @@ def test_partitions_written_by_hand_must_own_every_key_once() -> None:
     )  # fmt: skip
     with pytest.raises(InvalidSpec, match="two elements with id 'agg-p1'"):
         parse_spec(taken)
+
+
+def test_the_case2_twins_example_splits_the_classifier_and_can_move_its_keys() -> None:
+    from fogshift.spec import load_spec
+    from fogshift.spec.examples import example_path
+
+    spec = load_spec(example_path("case2", "case2-twins.yaml"))
+    parts = spec.partitions_of("classify")
+    assert [(p.id, p.node) for p in parts] == [
+        ("classify-p0", "gateway-a"), ("classify-p1", "gateway-b")
+    ]  # fmt: skip
+    # One input each (bandpass): where a key changes owner is one position in it.
+    assert all(p.inputs == ("bandpass",) and p.key_by == "patient" for p in parts)
+    assert spec.element("alarms").inputs == ("classify-p0", "classify-p1")
