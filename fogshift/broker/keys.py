@@ -131,6 +131,8 @@ class Ownership:
     count: int
     moved: dict[str, int] = field(default_factory=dict)
     applied: int = 0  # the sequence of the last move applied
+    #: Keys whose last move's state has not been stored yet: key -> that move.
+    pending: dict[str, str] = field(default_factory=dict)
 
     def owner(self, key: str | None) -> int:
         """The partition owning ``key`` (``None``: keyless, partition 0)."""
@@ -146,8 +148,15 @@ class Ownership:
         before = {k: self.owner(k) for k in move.keys}
         for key in move.keys:
             self.moved[key] = move.to
+            if before[key] != move.to:
+                self.pending[key] = move.move
         self.applied = move.seq
         return before
+
+    def settle(self, state: KeyState) -> None:
+        """Note that ``state`` (a key's state for its move) is stored."""
+        if self.pending.get(state.key) == state.move:
+            del self.pending[state.key]
 
 
 def key_text(body: Any, key_by: str) -> str | None:

@@ -10,6 +10,7 @@ query restarts, and the keys that do not move never notice.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from typing import Any
@@ -20,8 +21,12 @@ from fogshift.broker.naming import keys_subject, stream_name
 from fogshift.contracts import ElementProgress, KeyMoveReport, KeyMoveStatus, KeyOrder
 from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.orchestrator.standbys import Standbys
+from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger(__name__)
+
+#: One lock per partitioned element: its key moves go one at a time.
+_LOCKS: dict[tuple[str, str], threading.Lock] = {}
 
 #: How many keys one move may carry, and how long a key may be (its text).
 MAX_KEYS = 1000
@@ -87,7 +92,31 @@ class KeyMoves(Standbys):
         to = here[0]
         assert to.partition is not None
         source = parts[0].inputs[0]
+        # One key move of an element at a time: a key must not move again before the state
+        # of its last move has arrived (its holder would have no state to hand on).
+        with _LOCKS.setdefault((pipeline, element_id), threading.Lock()):
+            return self._move_keys(
+                pipeline, element_id, parts, keys, to, target, source, order, started, timeout_s
+            )
+
+    def _move_keys(
+        self, pipeline: str, element_id: str, parts: list[ElementSpec], keys: list[str],
+        to: ElementSpec, target: str, source: str, order: KeyOrder, started: float,
+        timeout_s: float,
+    ) -> KeyMoveReport:  # fmt: skip
+        what = f"keys of {pipeline}/{element_id}"
+        assert to.partition is not None
         owners = self._owners(pipeline, source, element_id, to.partition.count)
+        waiting = sorted(set(keys) & set(owners.pending))
+        if waiting:
+            raise InvalidInput(
+                f"cannot move {what}: {', '.join(waiting)} still wait for the state of an "
+                "earlier move",
+                expected="keys whose earlier moves have completed",
+                received=", ".join(waiting),
+                hint="that move completes when its origin partition runs (restore it if its "
+                "node is lost); then move them again",
+            )
         moving = [k for k in keys if owners.owner(k) != to.partition.index]
         already = [k for k in keys if k not in moving]
         move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(moving), to.partition.index,
@@ -166,6 +195,8 @@ class KeyMoves(Standbys):
             item = parse(message.seq, message.data)
             if isinstance(item, KeyMove) and item.element == element_id:
                 owners.apply(item)
+            elif isinstance(item, KeyState) and item.element == element_id:
+                owners.settle(item)
         return owners
 
     def _committed_past(

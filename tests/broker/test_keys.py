@@ -70,3 +70,17 @@ def test_a_large_state_goes_in_parts_that_join_back() -> None:
     record = parse(40, state_payload("m1", "agg", "s1", 1, None, [36, 37, 38, 39]))
     assert isinstance(record, KeyState) and record.parts == (36, 37, 38, 39)
     assert split_state({"a": "b"}) == ['{"a": "b"}']
+
+
+def test_a_key_waits_for_its_state_until_that_moves_state_is_stored() -> None:
+    owners = Ownership(2)
+    key = next(f"s{i}" for i in range(20) if partition_of_key(f"s{i}", 2) == 0)
+    owners.apply(KeyMove(5, "m1", "agg", (key,), 1))
+    assert owners.pending == {key: "m1"}
+    owners.settle(KeyState(6, "other", "agg", key, 1, {}))  # another move's state: not this
+    assert owners.pending == {key: "m1"}
+    owners.settle(KeyState(7, "m1", "agg", key, 1, {}))
+    assert owners.pending == {}
+    # A move to where the key already is hands nothing over: nothing to wait for.
+    owners.apply(KeyMove(8, "m2", "agg", (key,), 1))
+    assert owners.pending == {}
