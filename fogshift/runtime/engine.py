@@ -447,7 +447,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 flush()
                 detail = json.loads(row[4])[CONTROL_FIELD]
                 if creator == KEY_MOVE_OUT:
-                    # The state as of the move, for the target; the writer sends it.
+                    # The state as of the move, for the target; the writer sends it. (A key
+                    # still waiting here for an earlier move's state cannot move on: the
+                    # orchestrator refuses such a move, see orchestrator.keymoves.)
                     record = {"key": key, **detail, "state": stored}
                     out.append((int(row[0]), 0, 0, 0.0, KEY_STATE, json.dumps(record), None))
                     for part in self.values.values():
