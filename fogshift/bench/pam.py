@@ -23,9 +23,7 @@ during and after. Every run's sink output is compared per key with the reference
 from __future__ import annotations
 
 import json
-import random
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -47,7 +45,7 @@ from fogshift.bench.base import (
 )
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.bench.padded import aggregate_element
-from fogshift.bench.workload import HEADER, INPUT, OUTPUT, wait_rows
+from fogshift.bench.workload import INPUT, OUTPUT, InputFeeder, wait_rows
 from fogshift.broker.client import BrokerAddress, SyncJetStream, get_range, last_seq
 from fogshift.broker.naming import data_subject, stream_name
 from fogshift.exceptions import FogshiftError
@@ -103,58 +101,22 @@ class PamConfig(ClusterRunConfig):
         return cls(keys=(20,), state_kib=(1, 64), before_s=12.0, after_s=12.0)
 
 
-class KeyedFeeder:
-    """A Case 1 input whose sensor is drawn from ``keys`` uniformly or by a Zipf law, kept
-    ``lead_s`` ahead of the source's schedule (as :class:`~fogshift.bench.workload.InputFeeder`)."""
+class KeyedFeeder(InputFeeder):
+    """A Case 1 input (kept ahead of the source's schedule as
+    :class:`~fogshift.bench.workload.InputFeeder` does) whose sensor is drawn from ``keys``
+    uniformly or by a Zipf law of exponent ``zipf_s``."""
 
     def __init__(
         self, path: Path, rate: float, keys: int, traffic: str, zipf_s: float, seed: int
     ) -> None:
-        self.path, self.rate, self.rows = path, rate, 0
-        self._random = random.Random(seed)
-        weights = [1.0 / (k + 1) ** zipf_s for k in range(keys)] if traffic == "zipf" else None
-        self._weights = weights
+        super().__init__(path, rate, seed)
+        self._weights = (
+            [1.0 / (k + 1) ** zipf_s for k in range(keys)] if traffic == "zipf" else None
+        )
         self._keys = [f"s{k}" for k in range(keys)]
-        self._t_ref = time.time()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(HEADER + "\n")
 
-    def start(self, lead_s: float = 4.0) -> None:
-        """Keep the file ``lead_s`` ahead of a schedule that starts now, until :meth:`finish`."""
-        self._t_ref = time.time()
-        self.top_up(lead_s)
-
-        def grow() -> None:
-            while not self._stop.wait(0.5):
-                self.top_up(lead_s)
-
-        self._thread = threading.Thread(target=grow, name="pam-feeder", daemon=True)
-        self._thread.start()
-
-    def finish(self) -> int:
-        """Stop growing the file; its number of data rows."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        return self.rows
-
-    def top_up(self, lead_s: float) -> None:
-        """Write the rows due within ``lead_s`` from now."""
-        wanted = int((time.time() - self._t_ref + lead_s) * self.rate) + 1
-        if wanted <= self.rows:
-            return
-        count = wanted - self.rows
-        sensors = self._random.choices(self._keys, weights=self._weights, k=count)
-        lines = []
-        for sensor in sensors:
-            self.rows += 1
-            lines.append(
-                f"{1_700_000_000 + self.rows},{sensor},{self._random.uniform(0, 100):.4f}\n"
-            )
-        with open(self.path, "a") as handle:
-            handle.write("".join(lines))
+    def sensor(self) -> str:
+        return self._random.choices(self._keys, weights=self._weights)[0]
 
 
 def write_spec(work: Path, name: str, rate: float, pad_bytes: int) -> Path:
@@ -262,13 +224,17 @@ def _one(
 
 def _verdict(cluster: BenchCluster, name: str, work: Path, timeout_s: float) -> Any:
     """The sink's output against the keyed reference, per key (partitions interleave)."""
-    from fogshift.verify.reference import case1_reference, compare_per_key, read_sink
+    from fogshift.verify.reference import (
+        case1_reference,
+        compare_per_key,
+        keys_by_seq,
+        read_sink,
+    )
 
     reference = case1_reference(work / INPUT, "value", 10, "avg", key_field="sensor")
     written = wait_rows(cluster, name, len(reference.rows), timeout_s, stall_s=120)
     time.sleep(1.0)
-    lines = (work / INPUT).read_text().splitlines()[1:]
-    key_of = {k: line.split(",")[1] for k, line in enumerate(lines, start=1)}
+    key_of = keys_by_seq(work / INPUT, "sensor")
     result = compare_per_key(reference.rows, read_sink(work / OUTPUT, "value"), key_of)
     if written < len(reference.rows):
         result.problems.insert(0, f"the sink wrote {written} of {len(reference.rows)} rows")

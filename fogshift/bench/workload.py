@@ -66,9 +66,13 @@ class InputFeeder:
         for _ in range(rows):
             self.rows += 1
             value = self._random.uniform(-50.0, 150.0)
-            lines.append(f"{1_700_000_000 + self.rows},s{self.rows % 4},{value:.4f}\n")
+            lines.append(f"{1_700_000_000 + self.rows},{self.sensor()},{value:.4f}\n")
         with open(self.path, "a") as handle:
             handle.write("".join(lines))
+
+    def sensor(self) -> str:
+        """The sensor of row :attr:`rows`: one of 4 in turn (subclasses draw others)."""
+        return f"s{self.rows % 4}"
 
     def start(self) -> None:
         """Keep the file ``lead_s`` ahead of a schedule that starts now.

@@ -158,6 +158,15 @@ def _event_fields(data: bytes) -> tuple[int, float, str, str]:
         return (0, 0.0, "?", data.decode("utf-8", errors="replace"))
 
 
+def _body_key(body: str, key_by: str) -> str | None:
+    """The key of an event body text as a keyed PE groups it (``None``: no key, or not
+    JSON)."""
+    try:
+        return key_text(json.loads(body), key_by)
+    except ValueError:
+        return None
+
+
 #: The Arrow schema of :data:`EVENT_SCHEMA`.
 EVENT_ARROW_SCHEMA = pa.schema(
     [
@@ -499,12 +508,10 @@ class JetStreamReader(DataSourceStreamReader):
                 timeout=120,
             )
 
-        messages = sorted(
-            [*fetch(data_subject(self.pipeline, rng.input)),
-             *fetch(keys_subject(self.pipeline, rng.input))],
-            key=lambda m: m.seq,
-        )  # fmt: skip
         keys = keys_subject(self.pipeline, rng.input)
+        messages = sorted(
+            [*fetch(data_subject(self.pipeline, rng.input)), *fetch(keys)], key=lambda m: m.seq
+        )
         rows: list[tuple[int, int, float, str, str]] = []
 
         def control(seq: int, kind: str, key: str, detail: dict[str, Any]) -> None:
@@ -514,11 +521,7 @@ class JetStreamReader(DataSourceStreamReader):
         for msg in messages:
             if msg.subject != keys:
                 fields = _event_fields(msg.data)
-                try:
-                    key = key_text(json.loads(fields[3]), self.key_by)
-                except ValueError:
-                    key = None
-                if owners.owner(key) == index:
+                if owners.owner(_body_key(fields[3], self.key_by)) == index:
                     rows.append((msg.seq, *fields))
                 continue
             item = parse(msg.seq, msg.data)
@@ -578,10 +581,7 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
             first: dict[str, int] = {}
             wanted = {s["key"] for s in states}
             for message in ahead:
-                try:
-                    key = key_text(json.loads(_event_fields(message.data)[3]), states[0]["key_by"])
-                except ValueError:
-                    continue
+                key = _body_key(_event_fields(message.data)[3], states[0]["key_by"])
                 if key is not None and key in wanted and key not in first:
                     first[key] = message.seq
             states.sort(key=lambda s: (first.get(s["key"], 1 << 62), s["rank"]))

@@ -631,6 +631,16 @@ def migrate(
 ) -> None:
     """Live-migrate a running PE (or several, or single keys of a partitioned PE) to another
     node (exit 1 if it failed; the origin runs on)."""
+    if mode not in tuple(MigrationMode):
+        raise InvalidInput(
+            "unknown migration mode",
+            expected=", ".join(m.value for m in MigrationMode),
+            received=repr(mode),
+        )
+    if not to:
+        raise InvalidInput(
+            "migrate needs the node to move to", expected="--to NODE", received="no --to"
+        )
     if keys is not None:
         if element is None or elements is not None:
             raise InvalidInput(
@@ -646,16 +656,6 @@ def migrate(
             )
         _migrate_keys(home, pipeline, element, keys.split(","), to, order, as_json)
         return
-    if mode not in tuple(MigrationMode):
-        raise InvalidInput(
-            "unknown migration mode",
-            expected=", ".join(m.value for m in MigrationMode),
-            received=repr(mode),
-        )
-    if not to:
-        raise InvalidInput(
-            "migrate needs the node to move to", expected="--to NODE", received="no --to"
-        )
     if (element is None) == (elements is None):
         raise InvalidInput(
             "migrate takes one PE or --elements, not both and not neither",
@@ -699,10 +699,6 @@ def _post(home: Path, path: str, body: dict[str, Any], doing: str) -> Any:
 def _migrate_keys(
     home: Path, pipeline: str, element: str, keys: list[str], to: str, order: str, as_json: bool
 ) -> None:
-    if not to:
-        raise InvalidInput(
-            "migrate needs the node to move to", expected="--to NODE", received="no --to"
-        )
     body = {"keys": [k.strip() for k in keys], "target": to, "order": order}
     report = KeyMoveReport.model_validate(
         _post(home, f"/pipelines/{pipeline}/elements/{element}/keys/migrate", body,

@@ -16,6 +16,7 @@ from fogshift.broker.client import (
     last_seq,
     subject_counts,
 )
+from fogshift.broker.keys import key_text
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import fence
 from fogshift.contracts import (
@@ -360,7 +361,9 @@ class Deployment(Journal):
                 body = json.loads(payload["body"])
             except ValueError:
                 body = payload["body"]
-            if key is not None and _key_text(body, element.key_by) != key:
+            if key is not None and (
+                element.key_by is None or key_text(body, element.key_by) != key
+            ):
                 continue
             events.append(
                 StreamEvent(
@@ -473,15 +476,6 @@ def _partition_fields(element: ElementSpec) -> dict[str, Any]:
     if part is None:
         return {}
     return {"partition_of": part.of, "partition": part.index, "partitions": part.count}
-
-
-def _key_text(body: Any, field: str | None) -> str | None:
-    """The key of an output body as a keyed PE groups it: the field's value as text (a
-    string as it is, anything else as JSON), ``None`` if it has none."""
-    if field is None or not isinstance(body, dict) or body.get(field) is None:
-        return None
-    value = body[field]
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _origin(headers: dict[str, str] | None) -> int | None:

@@ -122,6 +122,15 @@ def compare(
     return Verdict(not problems, len(expected), len(actual), problems)
 
 
+def keys_by_seq(csv_path: str | Path, key_field: str) -> dict[int, str]:
+    """The ``key_field`` cell of each data row of a CSV input, by its sequence (row *k* is
+    the event with ``seq = k``); rows too short to have it are left out."""
+    with open(csv_path, newline="", encoding="utf-8-sig") as handle:
+        rows = list(csv.reader(handle))
+    column = rows[0].index(key_field)
+    return {k: row[column] for k, row in enumerate(rows[1:], start=1) if len(row) > column}
+
+
 def compare_per_key(
     expected: list[tuple[int, float]],
     actual: list[tuple[int, float]],

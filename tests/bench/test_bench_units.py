@@ -227,7 +227,7 @@ def test_pam_traffic_is_uniform_or_skewed_as_asked(tmp_path: Path) -> None:
     counts = {}
     for traffic in ("uniform", "zipf"):
         feeder = pam.KeyedFeeder(tmp_path / f"{traffic}.csv", 2000, 20, traffic, 1.1, seed=3)
-        feeder.top_up(1.0)
+        feeder.prefill(2001)
         lines = (tmp_path / f"{traffic}.csv").read_text().splitlines()
         assert lines[0] == HEADER and len(lines) > 2000
         sensors = [line.split(",")[1] for line in lines[1:]]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from fogshift.broker.keys import (
     STATE_PART_BYTES,
     KeyMove,
@@ -45,11 +47,24 @@ def test_ownership_replays_moves_in_order_and_each_once() -> None:
     assert owners.owner(away[0]) == 1 and owners.owner(away[1]) == 2
 
 
-def test_a_key_is_the_field_as_text() -> None:
-    assert key_text({"patient": "p01"}, "patient") == "p01"
-    assert key_text({"patient": 7}, "patient") == "7"
-    assert key_text({"patient": None}, "patient") is None
-    assert key_text(["p01"], "patient") is None
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ({"patient": "p01", "t": 0.5}, "p01"),
+        ({"patient": 7}, "7"),  # Spark's get_json_object gives a number's JSON text
+        ({"patient": 2.5}, "2.5"),
+        ({"patient": True}, "true"),
+        ({"patient": None}, None),  # no key: such events are dead letters, never output
+        ({"other": "p01"}, None),
+        ("not an object", None),
+        (["p01"], None),
+    ],
+)
+def test_a_key_is_the_field_as_text_as_the_runtime_groups_by_it(
+    body: object, key: str | None
+) -> None:
+    # Also which events of a keyed PE `GET .../events?key=` selects.
+    assert key_text(body, "patient") == key
 
 
 def test_only_a_partition_may_append_key_states_to_its_input() -> None:

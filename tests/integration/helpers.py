@@ -18,7 +18,13 @@ from fogshift.bench.padded import aggregate_element
 from fogshift.broker.client import BrokerAddress, SyncJetStream, fetch_range, last_seq
 from fogshift.broker.naming import fence_subject, stream_name
 from fogshift.events import EPOCH_HEADER
-from fogshift.verify.reference import case1_reference, compare, compare_per_key, read_sink
+from fogshift.verify.reference import (
+    case1_reference,
+    compare,
+    compare_per_key,
+    keys_by_seq,
+    read_sink,
+)
 
 if TYPE_CHECKING:
     from tests.conftest import Cluster
@@ -182,18 +188,12 @@ def finish_and_compare(cluster: Cluster, work: Path, pipeline: str, stop: bool =
     actual = read_sink(work / "out" / "case1.csv", "value")
     if work in PARTITIONED:
         PARTITIONED.discard(work)
-        verdict = compare_per_key(ref.rows, actual, sensors(work / "in.csv"))
+        verdict = compare_per_key(ref.rows, actual, keys_by_seq(work / "in.csv", "sensor"))
     else:
         verdict = compare(ref.rows, actual)
     assert verdict.consistent, verdict.summary()
     if stop:
         cluster.cli("stop", pipeline)
-
-
-def sensors(csv_path: Path) -> dict[int, str]:
-    """The sensor of each row of a Case 1 input, by its sequence (its line number)."""
-    lines = csv_path.read_text().splitlines()[1:]
-    return {k: line.split(",")[1] for k, line in enumerate(lines, start=1) if "," in line}
 
 
 def keyed_windows(csv_path: Path, key_field: str, field: str, window: int) -> dict[str, list]:
