@@ -540,6 +540,43 @@ class KeyMoveReport(BaseModel):
     error: str | None = None
 
 
+class ScaleReport(BaseModel):
+    """Answer of ``POST /pipelines/{name}/elements/{element}/scale``.
+
+    Attributes:
+        element: The partitioned element (its partitions are ``<element>-p<i>``).
+        before: Its partitions before; ``after``: after.
+        added: The partitions added, with their nodes.
+        consumers: The PEs reading the element, restarted to read the added partitions too.
+        scale_seq: Where the rescale is stored in the partitions' input: every key has its
+            new owner from there on, for every execution.
+        moved: How many keys holding state changed partition (their states moved).
+        keys: Up to 1000 of them, each with its new partition.
+        stoppage_ms: The longest a moved key waited for its state (from the rescale being
+            stored to its state being stored; a key of an added partition also waits for
+            that partition's query to start).
+        done_ms: From the request to every moved state being committed by its new owner.
+        state_bytes: The moved states' size as sent.
+    """
+
+    model_config = _WIRE
+
+    pipeline: str
+    element: str
+    status: KeyMoveStatus
+    before: int
+    after: int
+    added: dict[str, str] = {}
+    consumers: list[str] = []
+    scale_seq: int = 0
+    moved: int = 0
+    keys: dict[str, str] = {}
+    stoppage_ms: float | None = None
+    done_ms: float | None = None
+    state_bytes: int = 0
+    error: str | None = None
+
+
 class RestoreAttempt(BaseModel):
     """A failed attempt of a restore.
 
@@ -841,6 +878,27 @@ class TwinState(BaseModel):
     key_by: str | None
     keys: int
     entries: list[TwinEntry]
+
+
+class StateKeys(BaseModel):
+    """Answer of an agent's ``GET .../elements/{element}/keys``: the keys a keyed PE holds
+    anything for, as of a committed micro-batch (what ``fogshift scale`` redistributes).
+
+    Attributes:
+        node: The node whose state store was read.
+        batch: The committed batch read (``None``: none committed yet, no keys).
+        positions: The input positions that batch ends at (``{}`` with no batch).
+        keys: The keys' texts, sorted.
+    """
+
+    model_config = _WIRE
+
+    pipeline: str
+    element: str
+    node: str
+    batch: int | None
+    positions: dict[str, int]
+    keys: list[str]
 
 
 class StreamEvent(BaseModel):

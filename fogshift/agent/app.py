@@ -54,6 +54,7 @@ from fogshift.contracts import (
     InstalledCheckpoint,
     InstallResult,
     ReplicaInfo,
+    StateKeys,
     TwinState,
 )
 from fogshift.exceptions import FogshiftError, InvalidInput
@@ -238,6 +239,11 @@ def create_app(config: AgentConfig) -> FastAPI:
     ) -> TwinState:
         """A stateful PE's state per key as of its newest committed batch (one Spark job)."""
         return runtime.twin_state(pipeline, element, key, limit)
+
+    @app.get("/pipelines/{pipeline}/elements/{element}/keys")
+    def state_keys(pipeline: NameParam, element: NameParam) -> StateKeys:
+        """The keys a keyed PE holds state for, as of its newest committed batch."""
+        return runtime.state_keys(pipeline, element)
 
     @app.get("/pipelines/{pipeline}/elements/{element}/checkpoint")
     def get_checkpoint(pipeline: NameParam, element: NameParam, warm: bool = False) -> Response:

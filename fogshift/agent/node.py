@@ -42,6 +42,7 @@ from fogshift.contracts import (
     Gate,
     NodeCheckpoint,
     PEState,
+    StateKeys,
     TwinEntry,
     TwinState,
 )
@@ -51,7 +52,7 @@ from fogshift.runtime.exceptions import ElementError, NoState
 from fogshift.runtime.gate import end_run
 from fogshift.runtime.kinds import processor_for
 from fogshift.runtime.progress import ProgressFeed
-from fogshift.runtime.state_reader import read_state
+from fogshift.runtime.state_reader import read_keys, read_state
 from fogshift.spec.models import ElementSpec
 
 if TYPE_CHECKING:
@@ -480,6 +481,35 @@ class NodeRuntime:
             keys=len(states),
             entries=entries,
         )
+
+    def state_keys(self, pipeline: str, pe: str) -> StateKeys:
+        """The keys a keyed PE holds anything for, as of its newest committed batch (see
+        ``state_reader.read_keys``).
+
+        Raises:
+            UnknownElement: The PE does not run here.
+            NoState: It is not a keyed stateful processor.
+            NodeNotReady: The node's Spark session is not up yet.
+        """
+        hosted = self.hosted(pipeline, pe)
+        element = hosted.plan.element
+        cls, _ = processor_for(element.kind, dict(element.options))
+        if element.role != "processor" or element.key_by is None or not cls.is_stateful():
+            raise NoState(
+                f"{pipeline}/{pe} on node {self.config.name!r} holds no state per key",
+                expected="a keyed stateful processor (key_by, with state)",
+                received=f"{pe!r}, kind {element.kind!r}, key_by {element.key_by!r}",
+                hint="`fogshift status PIPELINE` lists the elements and their kinds",
+            )
+        if self.spark is None:
+            raise NodeNotReady(f"node {self.config.name!r} is still starting Spark")
+        movable = element.partition is not None and len(element.inputs) == 1
+        batch, end, keys = read_keys(
+            self.spark, self.checkpoint_dir(pipeline, pe), cls.state_parts(), movable
+        )
+        positions = {k: int(v) for k, v in ((end or {}).get("positions") or {}).items()}
+        return StateKeys(pipeline=pipeline, element=pe, node=self.config.name, batch=batch,
+                         positions=positions, keys=keys)  # fmt: skip
 
     # -- reporting --------------------------------------------------------------------------
 

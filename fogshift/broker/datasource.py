@@ -63,8 +63,9 @@ from fogshift.broker.keys import (
     KeyMove,
     KeyState,
     Ownership,
+    body_key,
+    event_fields,
     joined_state,
-    key_text,
     parse,
     part_payload,
     split_state,
@@ -137,34 +138,6 @@ class JetStreamPartition(InputPartition):
     def __init__(self, spans: Sequence[Sequence[Range]]) -> None:
         super().__init__([list(span) for span in spans])
         self.spans = [list(span) for span in spans]
-
-
-def _event_fields(data: bytes) -> tuple[int, float, str, str]:
-    """``(seq, timestamp, creator, body)`` of a stored message.
-
-    A message that is not a fogshift event (someone else published on the subject) is passed
-    on with its raw text as the body: the consuming PE dead-letters it with the reason,
-    instead of the query failing on it again and again.
-    """
-    try:
-        payload = json.loads(data)
-        return (
-            int(payload["seq"]),
-            float(payload["timestamp"]),
-            str(payload["creator"]),
-            str(payload["body"]),
-        )
-    except (ValueError, KeyError, TypeError):
-        return (0, 0.0, "?", data.decode("utf-8", errors="replace"))
-
-
-def _body_key(body: str, key_by: str) -> str | None:
-    """The key of an event body text as a keyed PE groups it (``None``: no key, or not
-    JSON)."""
-    try:
-        return key_text(json.loads(body), key_by)
-    except ValueError:
-        return None
 
 
 #: The Arrow schema of :data:`EVENT_SCHEMA`.
@@ -256,13 +229,15 @@ class JetStreamReader(DataSourceStreamReader):
         if part and len(self.inputs) == 1:
             of, index, count = part.rsplit(":", 2)
             self.partition = (of, int(index), int(count))
+        #: Where a partition added by ``fogshift scale`` starts: it owns nothing before.
+        self.since = int(options.get("since", "0") or 0)
         self._arrivals: InputArrivals | None = None
         #: The logged cuts a planned batch replays, by the sequence of its last cut (the
         #: planner process asks for a batch's partitions right after planning it).
         self._planned: dict[int, list[Cut]] = {}
 
     def initialOffset(self) -> dict:  # noqa: N802
-        return offset({name: 0 for name in self.inputs})
+        return offset({name: self.since for name in self.inputs})
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         return ReadMaxRows(self.max_events)
@@ -363,16 +338,17 @@ class JetStreamReader(DataSourceStreamReader):
         cut: Cut | None = first
         expected, events = begin, 0
         while cut is not None and len(cuts) < MAX_CUTS_PER_BATCH:
-            if cut.start != expected:
+            if self._full(cut.start) != self._full(expected):
                 raise InvariantViolation(
                     f"cut log of {self.pipeline}/{self.pe} does not continue where this query "
                     f"stands: the next logged cut starts at {cut.start}, the query at "
                     f"{expected}",
                     hint="two instances of this PE planned batches; restore it to fence the other",
                 )
-            if cap is not None and any(cut.end[n] > cap.get(n, 0) for n in self.inputs):
+            end, begun = self._full(cut.end), self._full(cut.start)
+            if cap is not None and any(end[n] > cap.get(n, 0) for n in self.inputs):
                 break  # a capped standby must not run ahead of the instance it follows
-            size = sum(cut.end[n] - cut.start[n] for n in self.inputs)
+            size = sum(end[n] - begun[n] for n in self.inputs)
             if cuts and budget is not None and events + size > budget:
                 break
             cuts.append(cut)
@@ -382,6 +358,11 @@ class JetStreamReader(DataSourceStreamReader):
             return start
         self._planned = {cuts[-1].seq: cuts}
         return offset(cuts[-1].end, cut=cuts[-1].seq)
+
+    def _full(self, positions: dict[str, int]) -> dict[str, int]:
+        """``positions`` with every input, at 0 where missing: an input added since
+        (``fogshift scale`` adds partitions to their consumers) had not been read."""
+        return {n: int(positions.get(n, 0)) for n in self.inputs}
 
     def _cuts_between(self, start: dict, end: dict) -> list[Cut]:
         """The logged cuts from ``start`` to ``end`` (planned here, or read from the log for
@@ -397,9 +378,10 @@ class JetStreamReader(DataSourceStreamReader):
                     break
                 cuts.append(cut)
                 after = cut.seq
-        begin, finish = positions_of(start), positions_of(end)
-        chained = bool(cuts) and cuts[0].start == begin and cuts[-1].end == finish
-        chained = chained and all(a.end == b.start for a, b in itertools.pairwise(cuts))
+        begin, finish = self._full(positions_of(start)), self._full(positions_of(end))
+        full = self._full
+        chained = bool(cuts) and full(cuts[0].start) == begin and full(cuts[-1].end) == finish
+        chained = chained and all(full(a.end) == full(b.start) for a, b in itertools.pairwise(cuts))
         if not chained or cuts[-1].seq != last:
             raise InvariantViolation(
                 f"cut log of {self.pipeline}/{self.pe} has no chain of cuts from {begin} "
@@ -436,13 +418,13 @@ class JetStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, finish = positions_of(start), positions_of(end)
-        ranges = [Range(n, begin.get(n, 0), finish[n]) for n in self.inputs]
+        ranges = [Range(n, begin.get(n, 0), finish.get(n, 0)) for n in self.inputs]
         if all(r.end <= r.start for r in ranges):
             return []
         if len(self.inputs) == 1 or cut_of(end) == 0:
             return [JetStreamPartition([ranges])]
         spans = [
-            [Range(n, cut.start.get(n, 0), cut.end[n]) for n in self.inputs]
+            [Range(n, cut.start.get(n, 0), cut.end.get(n, 0)) for n in self.inputs]
             for cut in self._cuts_between(start, end)
         ]
         return [JetStreamPartition(spans)]
@@ -479,7 +461,7 @@ class JetStreamReader(DataSourceStreamReader):
             for i, rng in enumerate(span):
                 later = sum(r.start for r in span[i + 1 :])
                 rows.extend(
-                    (done + msg.seq + later, *_event_fields(msg.data))
+                    (done + msg.seq + later, *event_fields(msg.data))
                     for msg in messages[rng.input]
                     if rng.start < msg.seq <= rng.end
                 )
@@ -520,8 +502,8 @@ class JetStreamReader(DataSourceStreamReader):
 
         for msg in messages:
             if msg.subject != keys:
-                fields = _event_fields(msg.data)
-                if owners.owner(_body_key(fields[3], self.key_by)) == index:
+                fields = event_fields(msg.data)
+                if owners.owner(body_key(fields[3], self.key_by)) == index:
                     rows.append((msg.seq, *fields))
                 continue
             item = parse(msg.seq, msg.data)
@@ -530,12 +512,13 @@ class JetStreamReader(DataSourceStreamReader):
             if isinstance(item, KeyMove):
                 before = owners.apply(item)
                 for rank, key in enumerate(item.keys):
-                    detail = {"move": item.move, "to": item.to, "rank": rank,
+                    to = item.target(key)
+                    detail = {"move": item.move, "to": to, "rank": rank,
                               "order": item.order, "input": rng.input, "element": of,
                               "key_by": self.key_by}  # fmt: skip
-                    if before.get(key) == index and item.to != index:
+                    if before.get(key) == index and to != index:
                         control(msg.seq, KEY_MOVE_OUT, key, detail)
-                    elif item.to == index and before.get(key) != index:
+                    elif to == index and before.get(key) != index:
                         control(msg.seq, KEY_MOVE_IN, key, detail)
             elif isinstance(item, KeyState) and item.to == index:
                 state = item.state
@@ -581,7 +564,7 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
             first: dict[str, int] = {}
             wanted = {s["key"] for s in states}
             for message in ahead:
-                key = _body_key(_event_fields(message.data)[3], states[0]["key_by"])
+                key = body_key(event_fields(message.data)[3], states[0]["key_by"])
                 if key is not None and key in wanted and key not in first:
                     first[key] = message.seq
             states.sort(key=lambda s: (first.get(s["key"], 1 << 62), s["rank"]))

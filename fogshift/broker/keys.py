@@ -11,6 +11,13 @@ listed; ``backlog``: the key whose next event comes first, first, as PAM orders 
 target, on reaching a key's state, installs it and processes the held events. So no key is
 processed against empty state, and every other key goes on untouched (PAM, seed 004).
 
+A *rescale* (``fogshift scale``) is a move with a ``count``: from its place on, every key
+belongs to partition :func:`~fogshift.spec.models.partition_of_key` of the new count (the
+moves before are forgotten), and its ``keys`` are those holding state whose owner changes
+(the orchestrator lists them from the partitions' state stores and the input it scanned up
+to the record, which it appends only if nothing came in meanwhile). Their states travel as
+for any move; a key without state starts empty at its new owner, as it would have anywhere.
+
 Ownership is a function of the stream: :class:`Ownership` replays the moves before a
 position, which is what a restarted or restored partition does.
 """
@@ -35,7 +42,11 @@ Order = Literal["fifo", "backlog"]
 
 @dataclass(frozen=True)
 class KeyMove:
-    """One stored key move: ``keys`` of ``element`` go to partition ``to`` from ``seq`` on."""
+    """One stored key move: ``keys`` of ``element`` go to partition ``to`` from ``seq`` on.
+
+    With ``count`` it is a rescale: from ``seq`` on the element has ``count`` partitions,
+    each key goes to its partition among them (``to`` is unused), and ``keys`` are the keys
+    whose state moves."""
 
     seq: int
     move: str
@@ -43,13 +54,21 @@ class KeyMove:
     keys: tuple[str, ...]
     to: int
     order: Order = "fifo"
+    count: int | None = None
+
+    def target(self, key: str) -> int:
+        """The partition ``key`` goes to."""
+        return self.to if self.count is None else partition_of_key(key, self.count)
 
     def payload(self) -> bytes:
         """The message body (``seq`` is where the broker stores it)."""
-        return json.dumps(
-            {"type": "key-move", "move": self.move, "element": self.element,
-             "keys": list(self.keys), "to": self.to, "order": self.order}
-        ).encode()  # fmt: skip
+        body: dict[str, Any] = {
+            "type": "key-move", "move": self.move, "element": self.element,
+            "keys": list(self.keys), "to": self.to, "order": self.order,
+        }  # fmt: skip
+        if self.count is not None:
+            body["count"] = self.count
+        return json.dumps(body).encode()
 
 
 @dataclass(frozen=True)
@@ -74,8 +93,11 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyState | None:
         if value.get("type") == "key-move":
             keys = tuple(str(k) for k in value["keys"])
             order: Order = "backlog" if value.get("order") == "backlog" else "fifo"
+            count = int(value["count"]) if value.get("count") is not None else None
+            if count is not None and count < 1:
+                return None
             return KeyMove(seq, str(value["move"]), str(value["element"]), keys,
-                           int(value["to"]), order)  # fmt: skip
+                           int(value["to"]), order, count)  # fmt: skip
         if value.get("type") == "key-state":
             state = {str(k): str(v) for k, v in dict(value["state"] or {}).items()}
             parts = tuple(int(p) for p in value.get("parts") or ())
@@ -146,9 +168,13 @@ class Ownership:
         if move.seq <= self.applied:
             return {}
         before = {k: self.owner(k) for k in move.keys}
+        if move.count is not None:  # a rescale: every key to its partition of the new count
+            self.moved.clear()
+            self.count = move.count
         for key in move.keys:
-            self.moved[key] = move.to
-            if before[key] != move.to:
+            if move.count is None:
+                self.moved[key] = move.to
+            if before[key] != move.target(key):
                 self.pending[key] = move.move
         self.applied = move.seq
         return before
@@ -166,3 +192,31 @@ def key_text(body: Any, key_by: str) -> str | None:
         return None
     value = body[key_by]
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def event_fields(data: bytes) -> tuple[int, float, str, str]:
+    """``(seq, timestamp, creator, body)`` of a stored message.
+
+    A message that is not a fogshift event (someone else published on the subject) is passed
+    on with its raw text as the body: the consuming PE dead-letters it with the reason,
+    instead of the query failing on it again and again.
+    """
+    try:
+        payload = json.loads(data)
+        return (
+            int(payload["seq"]),
+            float(payload["timestamp"]),
+            str(payload["creator"]),
+            str(payload["body"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return (0, 0.0, "?", data.decode("utf-8", errors="replace"))
+
+
+def body_key(body: str, key_by: str) -> str | None:
+    """The key of an event body text as a keyed PE groups it (``None``: no key, or not
+    JSON)."""
+    try:
+        return key_text(json.loads(body), key_by)
+    except ValueError:
+        return None

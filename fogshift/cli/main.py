@@ -42,6 +42,7 @@ from fogshift.contracts import (
     PipelineStatus,
     RestoreMethod,
     RestoreReport,
+    ScaleReport,
     StopResult,
     TwinState,
 )
@@ -714,17 +715,27 @@ def _migrate_keys(
             )
         if report.already:
             console.print(f"already on {report.target_partition}: {', '.join(report.already)}")
-        colour = "green" if report.status == KeyMoveStatus.MOVED else "yellow"
-        done = f" in {report.done_ms:.0f} ms" if report.done_ms is not None else ""
-        console.print(
-            f"[{colour}]{report.status}[/] {len(report.keys)} keys of {pipeline}/{element} to "
-            f"{report.target_partition} on {report.target}{done} ({report.order}, "
-            f"{report.state_bytes} bytes of state)"
+        _key_outcome(
+            report.status,
+            f"{len(report.keys)} keys of {pipeline}/{element} to {report.target_partition} on "
+            f"{report.target}{_in_ms(report.done_ms)} ({report.order}, {report.state_bytes} "
+            "bytes of state)",
+            report.error,
         )
-        if report.error:
-            console.print(f"note: {escape(report.error)}")
     if report.status != KeyMoveStatus.MOVED:
         raise typer.Exit(1)
+
+
+def _in_ms(done_ms: float | None) -> str:
+    return f" in {done_ms:.0f} ms" if done_ms is not None else ""
+
+
+def _key_outcome(status: KeyMoveStatus, line: str, error: str | None) -> None:
+    """Print a key move's or a scale's outcome: ``status``, then ``line``, then a note."""
+    colour = "green" if status == KeyMoveStatus.MOVED else "yellow"
+    console.print(f"[{colour}]{status}[/] {line}")
+    if error:
+        console.print(f"note: {escape(error)}")
 
 
 def _migrate_group(
@@ -750,6 +761,56 @@ def _migrate_group(
         if report.error:
             console.print(f"error: {escape(report.error)}")
     if report.status != GroupMigrationStatus.MIGRATED:
+        raise typer.Exit(1)
+
+
+@app.command()
+def scale(
+    pipeline: str,
+    element: Annotated[str, typer.Argument(help="A partitioned element (its id in the spec).")],
+    partitions: Annotated[
+        int, typer.Option("--partitions", help="How many partitions it should have.")
+    ],
+    on: Annotated[
+        str | None,
+        typer.Option(
+            "--on",
+            help="The nodes of the added partitions, comma-separated, one each (default: the "
+            "healthy nodes hosting fewest of them).",
+        ),
+    ] = None,
+    home: Home = Path(".fogshift"),
+    as_json: AsJson = False,
+) -> None:
+    """Give a partitioned keyed element more partitions while all of them run: only the keys
+    whose partition changes move, with their state (exit 1 unless all moved)."""
+    body: dict[str, Any] = {"partitions": partitions}
+    if on is not None:
+        body["nodes"] = [n.strip() for n in on.split(",")]
+    report = ScaleReport.model_validate(
+        _post(home, f"/pipelines/{pipeline}/elements/{element}/scale", body,
+              f"scaling {pipeline}/{element} to {partitions} partitions")
+    )  # fmt: skip
+    if as_json:
+        _print_json(report)
+    else:
+        for pe, node in report.added.items():
+            console.print(f"added {pe} on {node}")
+        if report.consumers:
+            console.print(f"restarted to read them: {', '.join(report.consumers)}")
+        stopped = (
+            f", the longest stopped {report.stoppage_ms:.0f} ms"
+            if report.stoppage_ms is not None
+            else ""
+        )
+        _key_outcome(
+            report.status,
+            f"{pipeline}/{element}: {report.before} -> {report.after} partitions"
+            f"{_in_ms(report.done_ms)}; {report.moved} keys changed partition "
+            f"({report.state_bytes} bytes of state){stopped}",
+            report.error,
+        )
+    if report.status != KeyMoveStatus.MOVED:
         raise typer.Exit(1)
 
 

@@ -58,6 +58,7 @@ from fogshift.contracts import (
     PipelineStatus,
     PlanView,
     RestoreReport,
+    ScaleReport,
     StopResult,
     TwinState,
 )
@@ -119,6 +120,17 @@ class KeyMoveRequest(BaseModel):
     keys: list[str] = Field(min_length=1, max_length=1000)
     target: str = Field(pattern=NAME_RE)
     order: KeyOrder = KeyOrder.BACKLOG
+
+
+class ScaleRequest(BaseModel):
+    """Body of ``POST /pipelines/{name}/elements/{element}/scale``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partitions: int = Field(ge=1, le=64)
+    nodes: list[Annotated[str, Field(pattern=NAME_RE)]] | None = Field(
+        default=None, min_length=1, max_length=63
+    )
 
 
 class RestoreRequest(BaseModel):
@@ -242,6 +254,13 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         every partition runs (PAM). Answers 200 with ``pending`` if a state has not come
         within a minute: the move stands, the target holds those keys' events."""
         return orchestrator.migrate_keys(name, element, request.keys, request.target, request.order)
+
+    @app.post("/pipelines/{name}/elements/{element}/scale")
+    def scale(name: NameParam, element: NameParam, request: ScaleRequest) -> ScaleReport:
+        """Give a partitioned element ``partitions`` partitions while all run: the added ones
+        on ``nodes`` (default: the healthy nodes hosting fewest of them); the keys holding
+        state whose partition changes move as in a key move."""
+        return orchestrator.scale(name, element, request.partitions, request.nodes)
 
     @app.post("/pipelines/{name}/elements/{element}/restore")
     def restore(name: NameParam, element: NameParam, request: RestoreRequest) -> RestoreReport:

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
 
-from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.publish import fence
 from fogshift.contracts import (
     CheckpointManifest,
@@ -26,11 +24,11 @@ from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.migration.procedure import MigrationSteps
 from fogshift.migration.procedure import migrate as run_migration
-from fogshift.orchestrator.keymoves import KeyMoves
 from fogshift.orchestrator.planning import (
     nearest_first,
 )
 from fogshift.orchestrator.registry import PipelineRecord
+from fogshift.orchestrator.scaling import Scaling
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.restoration.procedure import Copy, RestoreSteps
 from fogshift.restoration.procedure import restore as run_restore
@@ -39,7 +37,7 @@ from fogshift.spec.models import ElementSpec
 log = logging.getLogger("fogshift.orchestrator")
 
 
-class Coordination(KeyMoves):
+class Coordination(Scaling):
     """Live migration and restoration of a PE."""
 
     def migrate(
@@ -425,15 +423,6 @@ class Coordination(KeyMoves):
         log.warning("restore of %s/%s failed everywhere: restarted on its node %s under "
                     "epoch %d", pipeline, element.id, node, epoch)  # fmt: skip
         return epoch
-
-    def _restart_instance(self, node: str, here: str, element: ElementSpec, epoch: int) -> None:
-        """Stop the PE's instance on ``node`` (keeping its checkpoint) and start it again
-        under ``epoch``: an agent keeps a running instance's epoch on a plain deploy."""
-        agent = self.agent(node)
-        with contextlib.suppress(UnknownElement):  # not there: just start it
-            agent.delete(here)
-        placed = element.model_copy(update={"node": node}).model_dump(mode="json")
-        agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
 
 
 def _refuse_handover(pipeline: str, element: ElementSpec) -> None:

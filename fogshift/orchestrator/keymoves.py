@@ -20,6 +20,7 @@ from fogshift.broker.keys import KeyMove, KeyState, Ownership, parse
 from fogshift.broker.naming import keys_subject, stream_name
 from fogshift.contracts import ElementProgress, KeyMoveReport, KeyMoveStatus, KeyOrder
 from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.orchestrator.standbys import Standbys
 from fogshift.spec.models import ElementSpec
 
@@ -59,24 +60,8 @@ class KeyMoves(Standbys):
         """
         started = time.monotonic()
         record = self.pipeline(pipeline)
-        parts = record.spec.partitions_of(element_id)
         what = f"keys of {pipeline}/{element_id}"
-        if not parts:
-            self._element(record, element_id)  # an unknown id is refused as such
-            raise InvalidInput(
-                f"cannot move {what}: {element_id!r} is not partitioned",
-                expected="a keyed element written with partitions: [NODE, ...]",
-                received=f"element {element_id!r}",
-                hint="without --keys, `fogshift migrate` moves a whole PE",
-            )
-        if len(parts[0].inputs) != 1:
-            raise InvalidInput(
-                f"cannot move {what}: its partitions read {len(parts[0].inputs)} inputs",
-                expected="a partitioned element with one input (where keys change owner is a "
-                "position in that input)",
-                received="inputs " + ", ".join(parts[0].inputs),
-                hint="move its partitions whole with `fogshift migrate PIPELINE <id>-p<i>`",
-            )
+        parts = self._movable_parts(record, element_id, f"cannot move {what}")
         here = [p for p in parts if record.placement.get(p.id) == target]
         if not here:
             raise InvalidInput(
@@ -99,6 +84,34 @@ class KeyMoves(Standbys):
                 pipeline, element_id, parts, keys, to, target, source, order, started, timeout_s
             )
 
+    def _movable_parts(
+        self, record: PipelineRecord, element_id: str, refusal: str
+    ) -> list[ElementSpec]:
+        """The partitions of ``element_id``, whose keys can move (one input).
+
+        Raises:
+            InvalidInput: (starting with ``refusal``) not partitioned, or several inputs.
+            UnknownElement: No such element.
+        """
+        parts = record.spec.partitions_of(element_id)
+        if not parts:
+            self._element(record, element_id)  # an unknown id is refused as such
+            raise InvalidInput(
+                f"{refusal}: {element_id!r} is not partitioned",
+                expected="a keyed element written with partitions: [NODE, ...]",
+                received=f"element {element_id!r}",
+                hint="without --keys, `fogshift migrate` moves a whole PE",
+            )
+        if len(parts[0].inputs) != 1:
+            raise InvalidInput(
+                f"{refusal}: its partitions read {len(parts[0].inputs)} inputs",
+                expected="a partitioned element with one input (where keys change owner is a "
+                "position in that input)",
+                received="inputs " + ", ".join(parts[0].inputs),
+                hint="move its partitions whole with `fogshift migrate PIPELINE <id>-p<i>`",
+            )
+        return parts
+
     def _move_keys(
         self, pipeline: str, element_id: str, parts: list[ElementSpec], keys: list[str],
         to: ElementSpec, target: str, source: str, order: KeyOrder, started: float,
@@ -106,7 +119,7 @@ class KeyMoves(Standbys):
     ) -> KeyMoveReport:  # fmt: skip
         what = f"keys of {pipeline}/{element_id}"
         assert to.partition is not None
-        owners = self._owners(pipeline, source, element_id, to.partition.count)
+        owners = self._owners(pipeline, source, element_id, to.partition.first_count)
         waiting = sorted(set(keys) & set(owners.pending))
         if waiting:
             raise InvalidInput(
@@ -138,22 +151,7 @@ class KeyMoves(Standbys):
         at = self.broker.run(store, timeout=30)
         log.info("moving %s of %s/%s to %s at %s", moving, pipeline, element_id, to.id, at)
         deadline = started + timeout_s
-        states: dict[str, tuple[Any, int]] = {}
-        moved_at = None
-        while time.monotonic() < deadline and len(states) < len(moving):
-
-            async def read(js: Any) -> Any:
-                end = await last_seq(js, stream)
-                return await get_range(js, stream, subject, at - 1, end)
-
-            for message in self.broker.run(read, timeout=30):
-                item = parse(message.seq, message.data)
-                if isinstance(item, KeyMove) and item.move == move.move:
-                    moved_at = message.stored_at
-                elif isinstance(item, KeyState) and item.move == move.move:
-                    states.setdefault(item.key, (message, len(message.data)))
-            if len(states) < len(moving):
-                time.sleep(0.05)
+        states, moved_at = self._await_states(pipeline, source, move.move, at, moving, deadline)
         ordered = sorted(states.items(), key=lambda kv: kv[1][0].seq)
         stoppage = (
             {k: round((m.stored_at - moved_at) * 1000, 1) for k, (m, _) in ordered}
@@ -182,6 +180,37 @@ class KeyMoves(Standbys):
                 }
             )
         return report.model_copy(update={"done_ms": _ms_since(started)})
+
+    def _await_states(
+        self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float
+    ) -> tuple[dict[str, tuple[Any, int]], float | None]:
+        """Wait until the state of every key of ``move`` (stored at ``at`` in the input
+        ``source``) is stored, or ``deadline``.
+
+        Returns:
+            Each key's state message and its size, for those stored; and when the move
+            itself was stored (``None`` if it was not found).
+        """
+        stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
+        states: dict[str, tuple[Any, int]] = {}
+        moved_at = None
+        after = at - 1
+        while True:
+
+            async def read(js: Any, start: int = after) -> Any:
+                end = await last_seq(js, stream)
+                return await get_range(js, stream, subject, start, end)
+
+            for message in self.broker.run(read, timeout=30):
+                item = parse(message.seq, message.data)
+                if isinstance(item, KeyMove) and item.move == move:
+                    moved_at = message.stored_at
+                elif isinstance(item, KeyState) and item.move == move:
+                    states.setdefault(item.key, (message, len(message.data)))
+                after = max(after, message.seq)
+            if len(states) >= len(keys) or time.monotonic() >= deadline:
+                return states, moved_at
+            time.sleep(0.05)
 
     def _owners(self, pipeline: str, source: str, element_id: str, count: int) -> Ownership:
         """Who owns each key now: the key moves stored so far, replayed."""

@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fogshift.contracts import Heartbeat, OperationKind, OperationRecord, PipelineState
-from fogshift.spec.models import PipelineSpec
+from fogshift.spec.models import ElementSpec, PipelineSpec
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pipelines (
@@ -207,6 +207,26 @@ class Registry:
             db.executemany(
                 "INSERT INTO placements VALUES (?, ?, ?, ?, ?)",
                 [(spec.pipeline, e.id, e.node, now, epochs[e.id]) for e in spec.elements],
+            )
+        return epochs
+
+    def add_elements(self, spec: PipelineSpec, added: list[ElementSpec]) -> dict[str, int]:
+        """Replace a running pipeline's spec by ``spec``, which has the ``added`` PEs
+        besides the ones placed already (``fogshift scale``), and place those.
+
+        Returns:
+            The new epoch of each added PE (above any it ever had).
+        """
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "UPDATE pipelines SET spec = ?, updated = ? WHERE name = ?",
+                (spec.model_dump_json(), now, spec.pipeline),
+            )
+            epochs = {e.id: self._bump_epoch(db, spec.pipeline, e.id) for e in added}
+            db.executemany(
+                "INSERT OR REPLACE INTO placements VALUES (?, ?, ?, ?, ?)",
+                [(spec.pipeline, e.id, e.node, now, epochs[e.id]) for e in added],
             )
         return epochs
 

@@ -108,6 +108,7 @@ def _read_inputs(spark: SparkSession, plan: QueryPlan, max_events: int = 10_000)
         # Triggered continuously, the reader waits for input instead of being polled.
         .option("idle_wait_ms", str(IDLE_WAIT_MS if plan.trigger_ms == 0 else 0))
         .option("partition", _movable(plan.element))
+        .option("since", str(plan.element.partition.since if plan.element.partition else 0))
         .option("key_by", plan.element.key_by or "")
         .schema(EVENT_SCHEMA)
         .load()
@@ -116,11 +117,12 @@ def _read_inputs(spark: SparkSession, plan: QueryPlan, max_events: int = 10_000)
 
 def _movable(element: ElementSpec) -> str:
     """``element:index:count`` for a partition whose keys can move (one input: the reader
-    keeps its keys and places the moves, see :mod:`fogshift.broker.keys`), else ``""``."""
+    keeps its keys and places the moves, see :mod:`fogshift.broker.keys`), else ``""``.
+    ``count`` is the one ownership starts from (scale records in the input change it)."""
     part = element.partition
     if part is None or len(element.inputs) != 1:
         return ""
-    return f"{part.of}:{part.index}:{part.count}"
+    return f"{part.of}:{part.index}:{part.first_count}"
 
 
 def _describe(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fogshift.checkpoint.spark_dir import committed_batch
+from fogshift.checkpoint.spark_dir import committed_batch, end_offset
 from fogshift.runtime.engine import GROUP_COLUMN, KEY_PREFIX, OPAQUE_PART
 
 if TYPE_CHECKING:
@@ -67,3 +67,38 @@ def read_state(
         key_text = group.removeprefix(KEY_PREFIX) if keyed else None
         out[key_text] = fields if parts is not None else fields[OPAQUE_PART]
     return batch, dict(sorted(out.items(), key=lambda kv: kv[0] or ""))
+
+
+def read_keys(
+    spark: SparkSession, checkpoint: Path, parts: list[str] | None, movable: bool
+) -> tuple[int | None, dict[str, Any] | None, list[str]]:
+    """The keys a keyed PE holds anything for (a state field, or events held for a key
+    moving in), as of its newest committed batch, without their states.
+
+    Returns:
+        The batch read, its end offset (the input positions the keys are as of; ``None``
+        with no batch yet), and the keys' texts, sorted.
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+
+    batch = committed_batch(checkpoint)
+    if batch is None:
+        return None, None, []
+    names = [f"f_{n}" for n in (parts if parts is not None else [OPAQUE_PART])]
+    if movable:
+        names.append("held")
+    keys: set[str] = set()
+    for name in names:
+        frame = (
+            spark.read.format("statestore")
+            .option("batchId", batch)
+            .option("stateVarName", name)
+            .load(str(checkpoint))
+            .select(F.col(f"key.{GROUP_COLUMN}").alias("k"))
+        )
+        keys.update(
+            row["k"].removeprefix(KEY_PREFIX)
+            for row in frame.collect()
+            if row["k"] is not None and row["k"].startswith(KEY_PREFIX)
+        )
+    return batch, end_offset(checkpoint, batch), sorted(keys)

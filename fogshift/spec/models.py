@@ -54,6 +54,13 @@ class Partition(BaseModel):
         index: This partition's number, from 0.
         count: How many partitions the element has; a key belongs to partition
             :func:`partition_of_key` of its text.
+        base: How many it had when deployed, if ``fogshift scale`` changed that since
+            (``None``: ``count``). Ownership starts from ``base`` at the input's start; each
+            scale is a record in the input that changes it from its place on
+            (:mod:`fogshift.broker.keys`), so every partition, old or new, agrees on the
+            owner of every event.
+        since: The input position this partition reads after: ``0``, or for a partition
+            that ``scale`` added, just before its scale record (it owns nothing earlier).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -61,6 +68,13 @@ class Partition(BaseModel):
     of: str = Field(pattern=_NAME)
     index: int = Field(ge=0)
     count: int = Field(ge=1)
+    base: int | None = Field(default=None, ge=1)
+    since: int = Field(default=0, ge=0)
+
+    @property
+    def first_count(self) -> int:
+        """The partition count ownership starts from at the input's start."""
+        return self.base if self.base is not None else self.count
 
 
 def partition_id(element_id: str, index: int) -> str:

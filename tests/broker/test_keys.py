@@ -47,6 +47,29 @@ def test_ownership_replays_moves_in_order_and_each_once() -> None:
     assert owners.owner(away[0]) == 1 and owners.owner(away[1]) == 2
 
 
+def test_a_rescale_gives_every_key_its_partition_of_the_new_count() -> None:
+    owners = Ownership(2)
+    keys = [f"s{i}" for i in range(40)]
+    owners.apply(KeyMove(5, "m1", "agg", ("s0", "s1"), 1))
+    for key in ("s0", "s1"):
+        owners.settle(KeyState(6, "m1", "agg", key, 1, {}))
+    stored = KeyMove(0, "r1", "agg", ("s0", "s7"), -1, "backlog", 3).payload()
+    rescale = parse(9, stored)
+    assert rescale == KeyMove(9, "r1", "agg", ("s0", "s7"), -1, "backlog", 3)
+    assert isinstance(rescale, KeyMove)
+    assert [rescale.target(k) for k in keys] == [partition_of_key(k, 3) for k in keys]
+    before = owners.apply(rescale)
+    assert before == {"s0": 1, "s7": partition_of_key("s7", 2)}
+    # The earlier moves are forgotten: every key is where CRC-32 of three puts it.
+    assert owners.count == 3 and owners.moved == {}
+    assert [owners.owner(k) for k in keys] == [partition_of_key(k, 3) for k in keys]
+    # Its listed keys wait for their states where their partition changed.
+    assert set(owners.pending) == {k for k in ("s0", "s7") if before[k] != partition_of_key(k, 3)}
+    assert all(owners.pending[k] == "r1" for k in owners.pending)
+    # A count below one is no rescale.
+    assert parse(10, stored.replace(b'"count": 3', b'"count": 0')) is None
+
+
 @pytest.mark.parametrize(
     ("body", "key"),
     [

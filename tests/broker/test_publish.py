@@ -168,15 +168,15 @@ def test_fetch_range_skips_dead_letters_and_honours_bounds(js_client: SyncJetStr
 
 
 def test_foreign_messages_become_readable_rows() -> None:
-    from fogshift.broker.datasource import _event_fields
+    from fogshift.broker.keys import event_fields
 
-    assert _event_fields(b'{"seq": 3, "timestamp": 1.5, "creator": "s", "body": "{}"}') == (
+    assert event_fields(b'{"seq": 3, "timestamp": 1.5, "creator": "s", "body": "{}"}') == (
         3,
         1.5,
         "s",
         "{}",
     )
-    assert _event_fields(b"not json at all") == (0, 0.0, "?", "not json at all")
+    assert event_fields(b"not json at all") == (0, 0.0, "?", "not json at all")
 
 
 def test_records_beyond_one_atomic_batch_are_stored_in_order_and_once(

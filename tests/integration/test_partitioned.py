@@ -1,6 +1,6 @@
 """A partitioned keyed PE on real agents: its keys split over nodes, single keys moved
-between partitions (PAM) and a partition moved whole, mid-stream; the output exact per key
-and every twin readable through the element."""
+between partitions (PAM), a partition moved whole and the element scaled out, mid-stream;
+the output exact per key and every twin readable through the element."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.integration.helpers import case1_spec, finish_and_compare, keyed_wind
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_a_partitioned_pe_moves_single_keys_and_whole_partitions_exactly_once(
+def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     spec = case1_spec(tmp_path, "split", keys=40, partitions=["fog-a", "fog-b"])
@@ -72,6 +72,30 @@ def test_a_partitioned_pe_moves_single_keys_and_whole_partitions_exactly_once(
     )  # fmt: skip
     assert (back["status"], back["sent"]) == ("moved", second)
     owner = {**static, **dict.fromkeys(first, 1), **dict.fromkeys(second, 0)}
+    # Scaled out to three partitions, mid-stream: every key goes to its partition of three
+    # (the moves before are forgotten); those whose partition changes take their state.
+    scaled = cluster.json("scale", "split", "aggregate", "--partitions", "3", "--on", "fog-c")
+    assert (scaled["status"], scaled["before"], scaled["after"]) == ("moved", 2, 3), scaled
+    assert scaled["added"] == {"aggregate-p2": "fog-c"} and scaled["consumers"] == ["sink"]
+    owner_before, owner = owner, {k: partition_of_key(k, 3) for k in static}
+    changed = {k: f"aggregate-p{owner[k]}" for k in static if owner[k] != owner_before[k]}
+    assert scaled["keys"] == changed and scaled["moved"] == len(changed) > 0
+    assert scaled["state_bytes"] > 0 and scaled["scale_seq"] > 0
+    status = cluster.status("split")["elements"]
+    assert {e["element"]: e["inputs"] for e in status}["sink"] == [
+        "aggregate-p0", "aggregate-p1", "aggregate-p2"
+    ]  # fmt: skip
+    assert {e["element"]: e["partitions"] for e in status if e["partition_of"]} == dict.fromkeys(
+        ["aggregate-p0", "aggregate-p1", "aggregate-p2"], 3
+    )
+    again = cluster.json("scale", "split", "aggregate", "--partitions", "3")
+    assert (again["status"], again["added"], again["moved"]) == ("moved", {}, 0)
+    for args, says in [
+        (["aggregate", "--partitions", "2"], "scaling in is not supported"),
+        (["source", "--partitions", "2"], "'source' is not partitioned"),
+    ]:
+        refused = cluster.cli("scale", "split", *args, check=False)
+        assert refused.returncode != 0 and says in " ".join(refused.stderr.split()), says
     # The partitioned element is not a PE: naming it is refused with its partitions named.
     refused = cluster.cli("migrate", "split", "aggregate", "--to", "cloud", check=False)
     said = " ".join(refused.stderr.split())
@@ -83,7 +107,7 @@ def test_a_partitioned_pe_moves_single_keys_and_whole_partitions_exactly_once(
     twins = cluster.json("state", "split", "aggregate")
     assert twins["keys"] == len(windows) == 40
     assert {e["key"]: e["state"]["values"] for e in twins["entries"]} == windows
-    for index, node in enumerate(["fog-a", "cloud"]):
+    for index, node in enumerate(["fog-a", "cloud", "fog-c"]):
         part = cluster.json("state", "split", f"aggregate-p{index}")
         owned = {k for k in windows if owner[k] == index}
         assert part["node"] == node

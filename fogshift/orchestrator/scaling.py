@@ -1,0 +1,401 @@
+"""Scaling a partitioned keyed PE out while it runs (``fogshift scale``, issue #16).
+
+A rescale is one record in the partitions' input: a key move with a ``count``
+(:mod:`fogshift.broker.keys`). From its place on every key belongs to its partition of the
+new count, in every execution. The orchestrator
+
+1. places the added partitions (their own streams, epochs and fence markers; each reads
+   the input from where it stood then, and owns nothing before the record) and restarts the
+   element's consumers to read them too (each under a new epoch, from its checkpoint);
+2. lists the keys that hold state and change partition: the keys in each partition's state
+   store as of its newest committed batch, plus the keys of every event, move and state
+   stored in the input after the oldest of those batches, each with its owner as the
+   moves stored give it;
+3. appends the record only if nothing came into the input after what it looked at
+   (``Nats-Expected-Last-Sequence``), else it looks at what came and tries again — so no
+   key gains state unseen before the record;
+4. waits, as for a key move, until every listed key's state is stored and committed by its
+   new owner.
+
+Nothing pauses: the keys that keep their partition never notice, a moved key waits for its
+state. A failure before the record leaves ownership as it was (the added partitions own
+nothing); the same ``scale`` again finishes the job, as it adds only what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+from nats.js.errors import APIError
+
+from fogshift.agent.exceptions import UnknownElement
+from fogshift.broker.client import ensure_pe_stream, get_range, last_seq
+from fogshift.broker.keys import KeyMove, KeyState, body_key, event_fields, parse
+from fogshift.broker.naming import data_subject, keys_subject, stream_name
+from fogshift.broker.publish import WRONG_LAST_SEQUENCE, fence
+from fogshift.contracts import KeyMoveStatus, ScaleReport, StateKeys
+from fogshift.exceptions import InvalidInput, Unavailable
+from fogshift.orchestrator.keymoves import _LOCKS, KeyMoves, _ms_since
+from fogshift.spec.models import (
+    ElementSpec,
+    Partition,
+    PipelineSpec,
+    partition_id,
+    partition_of_key,
+)
+
+log = logging.getLogger(__name__)
+
+#: How often the rescale record is tried, each time after looking at what came meanwhile.
+APPEND_TRIES = 50
+#: The rescale record's largest size (a broker message takes at most ~1 MiB).
+MAX_RECORD_BYTES = 900 * 1024
+
+
+class Scaling(KeyMoves):
+    """``fogshift scale``: more partitions for a partitioned keyed element."""
+
+    def scale(
+        self,
+        pipeline: str,
+        element_id: str,
+        partitions: int,
+        nodes: list[str] | None = None,
+        timeout_s: float = 90.0,
+    ) -> ScaleReport:
+        """Give the partitioned element ``element_id`` ``partitions`` partitions while every
+        partition keeps running.
+
+        Args:
+            nodes: The nodes of the added partitions, one each (default: the healthy nodes
+                hosting fewest partitions of the element, in turn).
+
+        Returns:
+            ``moved`` once every moved key's new owner committed its state; ``pending``
+            after ``timeout_s`` (the rescale stands, as a key move's does).
+
+        Raises:
+            InvalidInput: Not a partitioned element with one input, fewer partitions than
+                it has, wrong ``nodes``, a key move still under way, too many keys moving;
+                nothing changed.
+            Unavailable: A node is not healthy; the same request again finishes what was
+                started (ownership changes only with the rescale record).
+        """
+        started = time.monotonic()
+        record = self.pipeline(pipeline)
+        what = f"scale {pipeline}/{element_id}"
+        parts = self._movable_parts(record, element_id, f"cannot {what}")
+        if partitions < len(parts):
+            raise InvalidInput(
+                f"cannot {what} in to {partitions} partitions: it has {len(parts)}",
+                expected=f"{len(parts)} partitions or more (scaling in is not supported yet)",
+                received=str(partitions),
+                hint=f"move keys between partitions with `fogshift migrate {pipeline} "
+                f"{element_id} --keys K1,K2 --to NODE`",
+            )
+        placed = self._nodes_for(record.placement, parts, partitions - len(parts), nodes, what)
+        old = [p.id for p in parts]
+        new = [partition_id(element_id, i) for i in range(len(parts), partitions)]
+        readers = [e.id for e in record.spec.elements if set(old) & set(e.inputs)]
+        # One key move or scale of an element at a time, and no migration, restore or
+        # reconciler restart of its partitions (added ones too) or consumers meanwhile.
+        with (
+            _LOCKS.setdefault((pipeline, element_id), threading.Lock()),
+            self._sections(pipeline, [*old, *new, *readers]),
+        ):
+            return self._scale(pipeline, element_id, parts, partitions, placed, started,
+                               timeout_s)  # fmt: skip
+
+    def _scale(
+        self, pipeline: str, element_id: str, parts: list[ElementSpec], partitions: int,
+        placed: list[str], started: float, timeout_s: float,
+    ) -> ScaleReport:  # fmt: skip
+        what = f"scale {pipeline}/{element_id}"
+        first = parts[0].partition
+        assert first is not None
+        source = parts[0].inputs[0]
+        owners = self._owners(pipeline, source, element_id, first.first_count)
+        if owners.pending:
+            raise InvalidInput(
+                f"cannot {what}: keys {', '.join(sorted(owners.pending)[:5])} still wait "
+                "for the state of an earlier key move",
+                expected="no key move under way",
+                received=f"{len(owners.pending)} keys waiting",
+                hint="that move completes when its origin partition runs (restore it if "
+                "its node is lost); then scale",
+            )
+        added, consumers = self._place(self.pipeline(pipeline).spec, parts, partitions, placed,
+                                       source)  # fmt: skip
+        base: dict[str, Any] = {
+            "pipeline": pipeline, "element": element_id, "before": len(parts),
+            "after": partitions, "added": {e.id: e.node for e in added},
+            "consumers": [c.id for c in consumers],
+        }  # fmt: skip
+        if owners.count == partitions:  # nothing to move (or moved by an earlier call)
+            return ScaleReport(**base, status=KeyMoveStatus.MOVED, done_ms=_ms_since(started))
+        move, at = self._append_rescale(pipeline, element_id, parts, source, partitions)
+        log.info("rescaled %s/%s to %d partitions at %d: %d keys move", pipeline, element_id,
+                 partitions, at, len(move.keys))  # fmt: skip
+        moving = list(move.keys)
+        deadline = started + timeout_s
+        states, moved_at = self._await_states(pipeline, source, move.move, at, moving, deadline)
+        report = ScaleReport(
+            **base, status=KeyMoveStatus.MOVED, scale_seq=at, moved=len(moving),
+            keys={k: partition_id(element_id, move.target(k)) for k in moving[:1000]},
+            state_bytes=sum(size for _, size in states.values()),
+            stoppage_ms=max(
+                (round((m.stored_at - moved_at) * 1000, 1) for m, _ in states.values()),
+                default=None,
+            ) if moved_at is not None else None,
+        )  # fmt: skip
+        if len(states) < len(moving):
+            missing = sorted(set(moving) - set(states))
+            return report.model_copy(update={
+                "status": KeyMoveStatus.PENDING,
+                "error": f"no state yet for {len(missing)} keys ({', '.join(missing[:5])}) "
+                f"after {timeout_s:.0f} s: their events wait at their new partitions",
+            })  # fmt: skip
+        last: dict[int, int] = {}
+        for message, _ in states.values():
+            item = parse(message.seq, message.data)
+            if isinstance(item, KeyState):
+                last[item.to] = max(last.get(item.to, 0), message.seq)
+        placement = self.pipeline(pipeline).placement
+        for index, seq in sorted(last.items()):
+            pe = partition_id(element_id, index)
+            if not self._committed_past(pipeline, pe, placement[pe], source, seq, deadline):
+                return report.model_copy(update={
+                    "status": KeyMoveStatus.PENDING,
+                    "error": f"{pe} has not committed the moved states yet (it holds the keys)",
+                })  # fmt: skip
+        return report.model_copy(update={"done_ms": _ms_since(started)})
+
+    def _nodes_for(
+        self,
+        placement: dict[str, str],
+        parts: list[ElementSpec],
+        adding: int,
+        nodes: list[str] | None,
+        what: str,
+    ) -> list[str]:
+        """The nodes of the ``adding`` partitions to add: ``nodes`` checked, or chosen."""
+        if nodes is not None:
+            if len(nodes) != adding:
+                raise InvalidInput(
+                    f"cannot {what}: {len(nodes)} nodes given for {adding} added partitions",
+                    expected=f"{adding} nodes, one per added partition",
+                    received=", ".join(nodes),
+                    hint="leave --on out to let the orchestrator choose",
+                )
+            for node in nodes:
+                self._usable_node(node, f"{what} onto")
+            return list(nodes)
+        healthy = sorted(
+            n.name for n in self.registry.nodes() if self.healthy(n) and n.report.ready
+        )
+        if not healthy:
+            raise Unavailable(f"cannot {what}: no healthy node",
+                              hint="`fogshift nodes` shows node health")  # fmt: skip
+        hosting = {n: sum(1 for p in parts if placement.get(p.id) == n) for n in healthy}
+        load = {n: sum(1 for v in placement.values() if v == n) for n in healthy}
+        chosen = []
+        for _ in range(adding):
+            node = min(healthy, key=lambda n: (hosting[n], load[n], n))
+            chosen.append(node)
+            hosting[node] += 1
+            load[node] += 1
+        return chosen
+
+    @contextlib.contextmanager
+    def _sections(self, pipeline: str, pes: list[str]) -> Iterator[None]:
+        """The exclusive sections of ``pes`` (no migration or restore of them meanwhile)."""
+        with contextlib.ExitStack() as stack:
+            for pe in pes:
+                stack.enter_context(self._exclusive(pipeline, pe, "scaling"))
+            yield
+
+    def _place(
+        self,
+        spec: PipelineSpec,
+        parts: list[ElementSpec],
+        count: int,
+        nodes: list[str],
+        source: str,
+    ) -> tuple[list[ElementSpec], list[ElementSpec]]:
+        """Add the missing partitions up to ``count`` to the spec and start them, and
+        restart every consumer of the element that does not read them all yet.
+
+        Returns:
+            The partitions added and the consumers restarted.
+        """
+        pipeline, first = spec.pipeline, parts[0]
+        assert first.partition is not None
+        of, base = first.partition.of, first.partition.first_count
+
+        async def tail(js: Any) -> int:
+            return int(await last_seq(js, stream_name(pipeline, source)))
+
+        # The added partitions own nothing before the rescale record, which comes after
+        # anything stored now: they need not read further back.
+        since = self.broker.run(tail, timeout=30)
+        ids = [partition_id(of, i) for i in range(count)]
+        added = [
+            first.model_copy(
+                update={
+                    "id": ids[i],
+                    "node": nodes[i - len(parts)],
+                    "partition": Partition(of=of, index=i, count=count, base=base, since=since),
+                }
+            )
+            for i in range(len(parts), count)
+        ]
+        old = {p.id for p in parts}
+        elements: list[ElementSpec] = []
+        consumers: list[ElementSpec] = []
+        for element in spec.elements:
+            if element.id in old and element.partition is not None:
+                element = element.model_copy(update={"partition": element.partition.model_copy(
+                    update={"count": count, "base": base})})  # fmt: skip
+            elif old & set(element.inputs) and not set(ids) <= set(element.inputs):
+                # The added partitions' streams right after the element's last one.
+                at = max(n for n, i in enumerate(element.inputs) if i in old) + 1
+                missing = [i for i in ids if i not in element.inputs]
+                inputs = (*element.inputs[:at], *missing, *element.inputs[at:])
+                element = element.model_copy(update={"inputs": inputs})
+                consumers.append(element)
+            elements.append(element)
+            if element.id == parts[-1].id:
+                elements.extend(added)
+        updated = PipelineSpec.model_validate(
+            spec.model_copy(update={"elements": elements}).model_dump(mode="json")
+        )
+        if not added and not consumers:
+            return [], []
+        epochs = self.registry.add_elements(updated, added)
+        self.permissions.sync(self.registry)  # the nodes may use the added streams
+
+        async def streams(js: Any) -> None:
+            for part in added:
+                await ensure_pe_stream(js, pipeline, part.id, self.config.duplicate_window_s)
+                await fence(js, pipeline, part.id, epochs[part.id])
+
+        self.broker.run(streams, timeout=60)
+        for part in added:
+            self._deploy_element(pipeline, part, fresh=True)
+        placement = self.pipeline(pipeline).placement
+        for consumer in consumers:
+            # A standby follows its primary's cuts with the inputs it started with: the
+            # keeper starts it again from the new spec.
+            self.drop_standby(self.registry.standby(pipeline, consumer.id))
+            node = placement.get(consumer.id, consumer.node)
+            epoch = self.registry.next_epoch(pipeline, consumer.id)
+            self.broker.run(partial(fence, pipeline=pipeline, pe=consumer.id, epoch=epoch))
+            self._restart_instance(
+                node, f"/pipelines/{pipeline}/elements/{consumer.id}", consumer, epoch
+            )
+        return added, consumers
+
+    def _restart_instance(self, node: str, here: str, element: ElementSpec, epoch: int) -> None:
+        """Stop the PE's instance on ``node`` (keeping its checkpoint) and start it again
+        under ``epoch``: an agent keeps a running instance's epoch on a plain deploy."""
+        agent = self.agent(node)
+        with contextlib.suppress(UnknownElement):  # not there: just start it
+            agent.delete(here)
+        placed = element.model_copy(update={"node": node}).model_dump(mode="json")
+        agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
+
+    def _append_rescale(
+        self,
+        pipeline: str,
+        element_id: str,
+        parts: list[ElementSpec],
+        source: str,
+        count: int,
+    ) -> tuple[KeyMove, int]:
+        """List the keys that move and append the rescale record (see the module).
+
+        Returns:
+            The record and its sequence.
+        """
+        record = self.pipeline(pipeline)
+        key_by = parts[0].key_by
+        assert key_by is not None
+        held: set[str] = set()
+        since: int | None = None
+        for part in parts:
+            node = record.placement.get(part.id, part.node)
+            path = f"/pipelines/{pipeline}/elements/{part.id}/keys"
+            answer = self.agent(node).call(StateKeys, "GET", path, timeout=120)
+            held.update(answer.keys)
+            position = answer.positions.get(source, 0)
+            since = position if since is None else min(since, position)
+        stream = stream_name(pipeline, source)
+        data, keys = data_subject(pipeline, source), keys_subject(pipeline, source)
+        scanned = since or 0
+        move_id = uuid.uuid4().hex[:12]
+        first = parts[0].partition
+        assert first is not None
+        for _ in range(APPEND_TRIES):
+
+            async def look(js: Any, start: int = scanned) -> tuple[int, list[Any]]:
+                end = int(await last_seq(js, stream))
+                found = [
+                    *(await get_range(js, stream, data, start, end)),
+                    *(await get_range(js, stream, keys, start, end)),
+                ]
+                return end, found
+
+            end, found = self.broker.run(look, timeout=120)
+            for message in found:
+                if message.subject == keys:
+                    item = parse(message.seq, message.data)
+                    if isinstance(item, KeyMove) and item.element == element_id:
+                        held.update(item.keys)
+                    elif isinstance(item, KeyState) and item.element == element_id:
+                        held.add(item.key)
+                    continue
+                key = body_key(event_fields(message.data)[3], key_by)
+                if key is not None:
+                    held.add(key)
+            scanned = end
+            owners = self._owners(pipeline, source, element_id, first.first_count)
+            moving = sorted(k for k in held if owners.owner(k) != partition_of_key(k, count))
+            move = KeyMove(0, move_id, element_id, tuple(moving), -1, "backlog", count)
+            payload = move.payload()
+            if len(payload) > MAX_RECORD_BYTES:
+                raise InvalidInput(
+                    f"cannot scale {pipeline}/{element_id}: {len(moving)} keys would move, "
+                    f"more than one rescale record holds ({len(payload)} bytes)",
+                    expected=f"a rescale record of at most {MAX_RECORD_BYTES} bytes",
+                    received=f"{len(moving)} keys",
+                    hint="scale in smaller steps, or with shorter keys",
+                )
+
+            async def append(js: Any, body: bytes = payload, after: int = end) -> int | None:
+                try:
+                    ack = await js.publish(
+                        keys, body, stream=stream,
+                        headers={"Nats-Expected-Last-Sequence": str(after),
+                                 "Nats-Msg-Id": f"{element_id}:rescale:{move_id}"},
+                    )  # fmt: skip
+                except APIError as exc:
+                    if exc.err_code == WRONG_LAST_SEQUENCE:
+                        return None  # something came in meanwhile: look at it, then again
+                    raise
+                return int(ack.seq)
+
+            at = self.broker.run(append, timeout=30)
+            if at is not None:
+                return move, at
+        raise Unavailable(
+            f"cannot scale {pipeline}/{element_id}: its input {source!r} never stood still "
+            f"between looking at it and appending the rescale ({APPEND_TRIES} tries)",
+            hint="try again; nothing changed (the added partitions own nothing yet)",
+        )
