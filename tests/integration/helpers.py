@@ -17,7 +17,9 @@ import yaml
 from fogshift.bench.padded import aggregate_element
 from fogshift.broker.client import BrokerAddress, SyncJetStream, fetch_range, last_seq
 from fogshift.broker.naming import fence_subject, stream_name
+from fogshift.ecg.simulate import patients
 from fogshift.events import EPOCH_HEADER
+from fogshift.spec.kinds import EcgSourceOptions
 from fogshift.verify.reference import (
     case1_reference,
     compare,
@@ -265,3 +267,22 @@ def assert_only_new_epochs_after_fence(
     assert after or not input_left, f"nothing was written to {pipeline}/{element} after the fence"
     stale = [m.metadata.sequence.stream for m in after if int(m.headers[EPOCH_HEADER]) < epoch]
     assert not stale, f"messages {stale[:10]} after the fence carry an epoch below {epoch}"
+
+
+def case2_elements(source: EcgSourceOptions, classify: dict[str, Any] | None = None) -> list[dict]:
+    """Case 2 (wearables on cloud -> amplify, keyed band-pass and keyed classifier on fog-a
+    -> alarms on cloud), the classifier's placement replaced by ``classify`` if given (e.g.
+    ``{"partitions": [...]}``)."""
+    people = patients(source.patients, source.seed, source.abnormal_every, source.onset_s)
+    calibration = {p.name: p.gain for p in people}  # the wearables' gains, undone
+    return [
+        {"id": "wearables", "kind": "ecg-source", "node": "cloud", "options": source.as_dict()},
+        {"id": "amplify", "kind": "amplify", "node": "fog-a", "inputs": ["wearables"],
+         "options": {"gain": 1.0, "calibration": calibration}},
+        {"id": "bandpass", "kind": "bandpass", "node": "fog-a", "inputs": ["amplify"],
+         "key_by": "patient"},
+        {"id": "classify", "kind": "classify", "inputs": ["bandpass"], "key_by": "patient",
+         **(classify or {"node": "fog-a"})},
+        {"id": "alarms", "kind": "csv-sink", "node": "cloud", "inputs": ["classify"],
+         "options": {"path": "out/alarms.csv"}},
+    ]  # fmt: skip

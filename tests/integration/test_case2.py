@@ -22,7 +22,11 @@ from fogshift.ecg.simulate import patients
 from fogshift.spec.kinds import AmplifyOptions, BandpassOptions, ClassifyOptions, EcgSourceOptions
 from fogshift.verify.case2 import quality, read_alarms, reference_alarms, reference_filtered
 from tests.conftest import Cluster, fogshift
-from tests.integration.helpers import assert_only_new_epochs_after_fence, stream_messages
+from tests.integration.helpers import (
+    assert_only_new_epochs_after_fence,
+    case2_elements,
+    stream_messages,
+)
 from tests.web.browser import PAGE_FITS, shoot
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
@@ -33,22 +37,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 #: equals the reference; the fenced band-pass never wrote again).
 SOURCE = EcgSourceOptions(patients=4, duration_s=72.0, speed=1.0, onset_s=12.0, seed=2)
 PROCESSING = ("amplify", "bandpass", "classify")
-
-
-def case2_elements(source: EcgSourceOptions) -> list[dict]:
-    people = patients(source.patients, source.seed, source.abnormal_every, source.onset_s)
-    calibration = {p.name: p.gain for p in people}  # the wearables' gains, undone
-    return [
-        {"id": "wearables", "kind": "ecg-source", "node": "cloud", "options": source.as_dict()},
-        {"id": "amplify", "kind": "amplify", "node": "fog-a", "inputs": ["wearables"],
-         "options": {"gain": 1.0, "calibration": calibration}},
-        {"id": "bandpass", "kind": "bandpass", "node": "fog-a", "inputs": ["amplify"],
-         "key_by": "patient"},
-        {"id": "classify", "kind": "classify", "node": "fog-a", "inputs": ["bandpass"],
-         "key_by": "patient"},
-        {"id": "alarms", "kind": "csv-sink", "node": "cloud", "inputs": ["classify"],
-         "options": {"path": "out/alarms.csv"}},
-    ]  # fmt: skip
 
 
 def test_the_processing_moves_its_node_dies_and_the_output_equals_the_reference(
