@@ -548,6 +548,8 @@ class ScaleReport(BaseModel):
         before: Its partitions before; ``after``: after.
         added: The partitions added, with their nodes.
         consumers: The PEs reading the element, restarted to read the added partitions too.
+        retired: The partitions removed (scaling in), with the nodes they ran on; their
+            consumers read their streams on as inputs that have ended.
         scale_seq: Where the rescale is stored in the partitions' input: every key has its
             new owner from there on, for every execution.
         moved: How many keys holding state changed partition (their states moved).
@@ -568,6 +570,7 @@ class ScaleReport(BaseModel):
     after: int
     added: dict[str, str] = {}
     consumers: list[str] = []
+    retired: dict[str, str] = {}
     scale_seq: int = 0
     moved: int = 0
     keys: dict[str, str] = {}

@@ -155,6 +155,7 @@ class Ownership:
     applied: int = 0  # the sequence of the last move applied
     #: Keys whose last move's state has not been stored yet: key -> that move.
     pending: dict[str, str] = field(default_factory=dict)
+    rescaled: int = 0  # the sequence of the last rescale applied (0: none)
 
     def owner(self, key: str | None) -> int:
         """The partition owning ``key`` (``None``: keyless, partition 0)."""
@@ -171,6 +172,7 @@ class Ownership:
         if move.count is not None:  # a rescale: every key to its partition of the new count
             self.moved.clear()
             self.count = move.count
+            self.rescaled = move.seq
         for key in move.keys:
             if move.count is None:
                 self.moved[key] = move.to

@@ -782,8 +782,8 @@ def scale(
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
-    """Give a partitioned keyed element more partitions while all of them run: only the keys
-    whose partition changes move, with their state (exit 1 unless all moved)."""
+    """Give a partitioned keyed element more or fewer partitions while all of them run: only
+    the keys whose partition changes move, with their state (exit 1 unless all moved)."""
     body: dict[str, Any] = {"partitions": partitions}
     if on is not None:
         body["nodes"] = [n.strip() for n in on.split(",")]
@@ -798,6 +798,8 @@ def scale(
             console.print(f"added {pe} on {node}")
         if report.consumers:
             console.print(f"restarted to read them: {', '.join(report.consumers)}")
+        for pe, node in report.retired.items():
+            console.print(f"retired {pe} (was on {node})")
         stopped = (
             f", the longest stopped {report.stoppage_ms:.0f} ms"
             if report.stoppage_ms is not None

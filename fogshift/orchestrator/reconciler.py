@@ -253,10 +253,16 @@ class Reconciler(Coordination):
                     with self._exclusive(*key, "removal of a superseded instance"):
                         record = self.registry.get_pipeline(key[0])
                         standby = self.registry.standby(*key)
+                        placed = record.placement.get(key[1]) if record else None
+                        retired = (
+                            record is not None
+                            and placed is None
+                            and not any(e.id == key[1] for e in record.spec.elements)
+                        )  # a partition `scale` removed: its instance is a stray too
                         if (
                             record is None
                             or record.status != PipelineState.RUNNING
-                            or record.placement.get(key[1]) in (None, node.name)
+                            or (placed in (None, node.name) and not retired)
                             or (standby is not None and standby.node == node.name)
                         ):
                             continue

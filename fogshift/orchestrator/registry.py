@@ -230,6 +230,20 @@ class Registry:
             )
         return epochs
 
+    def remove_elements(self, spec: PipelineSpec, removed: list[str]) -> None:
+        """Replace a running pipeline's spec by ``spec``, which no longer has the PEs
+        ``removed`` (partitions ``scale`` retired), and forget their placement. Their
+        epochs stay: should one ever come back, it is fenced above every instance it had."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE pipelines SET spec = ?, updated = ? WHERE name = ?",
+                (spec.model_dump_json(), time.time(), spec.pipeline),
+            )
+            db.executemany(
+                "DELETE FROM placements WHERE pipeline = ? AND element = ?",
+                [(spec.pipeline, pe) for pe in removed],
+            )
+
     def set_status(self, name: str, status: PipelineState) -> None:
         with self._tx() as db:
             db.execute(

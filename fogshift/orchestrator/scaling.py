@@ -1,4 +1,4 @@
-"""Scaling a partitioned keyed PE out while it runs (``fogshift scale``, issue #16).
+"""Scaling a partitioned keyed PE out and in while it runs (``fogshift scale``, issue #16).
 
 A rescale is one record in the partitions' input: a key move with a ``count``
 (:mod:`fogshift.broker.keys`). From its place on every key belongs to its partition of the
@@ -17,9 +17,17 @@ new count, in every execution. The orchestrator
 4. waits, as for a key move, until every listed key's state is stored and committed by its
    new owner.
 
+Scaling in is the same record with a smaller count: the partitions from the new count on own
+nothing after it, send the states of all their keys, and once each has committed past the
+record it is removed (spec, placement, standby, instance) and its stream fenced under a new
+epoch, so nothing more is ever appended to it; its consumers read it on as an input that
+has ended (their origins, sums of input positions, stay as they were). Scaling out again
+gives a partition of that number a new epoch on the same stream, which its consumers still
+read.
+
 Nothing pauses: the keys that keep their partition never notice, a moved key waits for its
 state. A failure before the record leaves ownership as it was (the added partitions own
-nothing); the same ``scale`` again finishes the job, as it adds only what is missing.
+nothing); the same ``scale`` again finishes the job, as it does only what is missing.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from fogshift.broker.keys import KeyMove, KeyState, body_key, event_fields, pars
 from fogshift.broker.naming import data_subject, keys_subject, stream_name
 from fogshift.broker.publish import WRONG_LAST_SEQUENCE, fence
 from fogshift.contracts import KeyMoveStatus, ScaleReport, StateKeys
-from fogshift.exceptions import InvalidInput, Unavailable
+from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.keymoves import _LOCKS, KeyMoves, _ms_since
 from fogshift.spec.models import (
     ElementSpec,
@@ -60,7 +68,7 @@ MAX_RECORD_BYTES = 900 * 1024
 
 
 class Scaling(KeyMoves):
-    """``fogshift scale``: more partitions for a partitioned keyed element."""
+    """``fogshift scale``: more or fewer partitions for a partitioned keyed element."""
 
     def scale(
         self,
@@ -70,21 +78,21 @@ class Scaling(KeyMoves):
         nodes: list[str] | None = None,
         timeout_s: float = 90.0,
     ) -> ScaleReport:
-        """Give the partitioned element ``element_id`` ``partitions`` partitions while every
-        partition keeps running.
+        """Give the partitioned element ``element_id`` ``partitions`` partitions (more or
+        fewer) while every partition keeps running.
 
         Args:
             nodes: The nodes of the added partitions, one each (default: the healthy nodes
                 hosting fewest partitions of the element, in turn).
 
         Returns:
-            ``moved`` once every moved key's new owner committed its state; ``pending``
-            after ``timeout_s`` (the rescale stands, as a key move's does).
+            ``moved`` once every moved key's new owner committed its state (and, scaling in,
+            the partitions beyond ``partitions`` are retired); ``pending`` after
+            ``timeout_s`` (the rescale stands, as a key move's does).
 
         Raises:
-            InvalidInput: Not a partitioned element with one input, fewer partitions than
-                it has, wrong ``nodes``, a key move still under way, too many keys moving;
-                nothing changed.
+            InvalidInput: Not a partitioned element with one input, wrong ``nodes``, a key
+                move still under way, too many keys moving; nothing changed.
             Unavailable: A node is not healthy; the same request again finishes what was
                 started (ownership changes only with the rescale record).
         """
@@ -92,15 +100,15 @@ class Scaling(KeyMoves):
         record = self.pipeline(pipeline)
         what = f"scale {pipeline}/{element_id}"
         parts = self._movable_parts(record, element_id, f"cannot {what}")
-        if partitions < len(parts):
+        if partitions < len(parts) and nodes:
             raise InvalidInput(
-                f"cannot {what} in to {partitions} partitions: it has {len(parts)}",
-                expected=f"{len(parts)} partitions or more (scaling in is not supported yet)",
-                received=str(partitions),
-                hint=f"move keys between partitions with `fogshift migrate {pipeline} "
-                f"{element_id} --keys K1,K2 --to NODE`",
+                f"cannot {what} in to {partitions} partitions with nodes for added ones",
+                expected="no --on when scaling in (partitions are retired, none added)",
+                received=", ".join(nodes),
+                hint=f"`fogshift scale {pipeline} {element_id} --partitions {partitions}`",
             )
-        placed = self._nodes_for(record.placement, parts, partitions - len(parts), nodes, what)
+        adding = max(partitions - len(parts), 0)
+        placed = self._nodes_for(record.placement, parts, adding, nodes, what) if adding else []
         old = [p.id for p in parts]
         new = [partition_id(element_id, i) for i in range(len(parts), partitions)]
         readers = [e.id for e in record.spec.elements if set(old) & set(e.inputs)]
@@ -138,29 +146,46 @@ class Scaling(KeyMoves):
             "after": partitions, "added": {e.id: e.node for e in added},
             "consumers": [c.id for c in consumers],
         }  # fmt: skip
-        if owners.count == partitions:  # nothing to move (or moved by an earlier call)
-            return ScaleReport(**base, status=KeyMoveStatus.MOVED, done_ms=_ms_since(started))
-        move, at = self._append_rescale(pipeline, element_id, parts, source, partitions)
-        log.info("rescaled %s/%s to %d partitions at %d: %d keys move", pipeline, element_id,
-                 partitions, at, len(move.keys))  # fmt: skip
-        moving = list(move.keys)
+        report = ScaleReport(**base, status=KeyMoveStatus.MOVED)
         deadline = started + timeout_s
+        at = owners.rescaled
+        if owners.count != partitions:  # else moved by an earlier call (or nothing to move)
+            move, at = self._append_rescale(pipeline, element_id, parts, source, partitions)
+            log.info("rescaled %s/%s to %d partitions at %d: %d keys move", pipeline,
+                     element_id, partitions, at, len(move.keys))  # fmt: skip
+            report = self._moved(pipeline, element_id, source, move, at, deadline, report)
+            if report.status != KeyMoveStatus.MOVED:
+                return report
+        if partitions < len(parts):
+            retired, error = self._retire(pipeline, parts, partitions, source, at, deadline)
+            report = report.model_copy(update={"retired": retired})
+            if error is not None:
+                return report.model_copy(update={"status": KeyMoveStatus.PENDING, "error": error})
+        return report.model_copy(update={"done_ms": _ms_since(started)})
+
+    def _moved(
+        self, pipeline: str, element_id: str, source: str, move: KeyMove, at: int,
+        deadline: float, report: ScaleReport,
+    ) -> ScaleReport:  # fmt: skip
+        """``report`` with the rescale ``move`` (stored at ``at``) once every listed key's
+        state is stored and committed by its new owner, or ``pending`` at ``deadline``."""
+        moving = list(move.keys)
         states, moved_at = self._await_states(pipeline, source, move.move, at, moving, deadline)
-        report = ScaleReport(
-            **base, status=KeyMoveStatus.MOVED, scale_seq=at, moved=len(moving),
-            keys={k: partition_id(element_id, move.target(k)) for k in moving[:1000]},
-            state_bytes=sum(size for _, size in states.values()),
-            stoppage_ms=max(
+        report = report.model_copy(update={
+            "scale_seq": at, "moved": len(moving),
+            "keys": {k: partition_id(element_id, move.target(k)) for k in moving[:1000]},
+            "state_bytes": sum(size for _, size in states.values()),
+            "stoppage_ms": max(
                 (round((m.stored_at - moved_at) * 1000, 1) for m, _ in states.values()),
                 default=None,
             ) if moved_at is not None else None,
-        )  # fmt: skip
+        })  # fmt: skip
         if len(states) < len(moving):
             missing = sorted(set(moving) - set(states))
             return report.model_copy(update={
                 "status": KeyMoveStatus.PENDING,
                 "error": f"no state yet for {len(missing)} keys ({', '.join(missing[:5])}) "
-                f"after {timeout_s:.0f} s: their events wait at their new partitions",
+                "in time: their events wait at their new partitions",
             })  # fmt: skip
         last: dict[int, int] = {}
         for message, _ in states.values():
@@ -175,7 +200,60 @@ class Scaling(KeyMoves):
                     "status": KeyMoveStatus.PENDING,
                     "error": f"{pe} has not committed the moved states yet (it holds the keys)",
                 })  # fmt: skip
-        return report.model_copy(update={"done_ms": _ms_since(started)})
+        return report
+
+    def _retire(
+        self, pipeline: str, parts: list[ElementSpec], count: int, source: str, at: int,
+        deadline: float,
+    ) -> tuple[dict[str, str], str | None]:  # fmt: skip
+        """Remove the partitions from ``count`` on, which own nothing after the rescale at
+        ``at``, once each has committed past it (its keys' states are sent then).
+
+        Each is dropped from the spec and its placement, its standby dropped, its instance
+        discarded, and its stream fenced under a new epoch, so that nothing is appended to it
+        any more: its consumers go on reading it as an input that has ended.
+
+        Returns:
+            The partitions retired, with their nodes; and why not all were, if so.
+        """
+        record = self.pipeline(pipeline)
+        retiring = parts[count:]
+        for part in retiring:
+            node = record.placement[part.id]
+            if not self._committed_past(pipeline, part.id, node, source, at, deadline):
+                return {}, (f"{part.id} has not processed the rescale yet: it is retired once "
+                            "it has (the same command again retires it)")  # fmt: skip
+        retired: dict[str, str] = {}
+        for part in retiring:
+            node = record.placement[part.id]
+            self.drop_standby(self.registry.standby(pipeline, part.id))
+            try:
+                self.agent(node).delete(
+                    f"/pipelines/{pipeline}/elements/{part.id}", params={"discard": True}
+                )
+            except FogshiftError as exc:  # fenced below; the reconciler removes it later
+                log.warning("retired %s/%s not removed from %s: %s", pipeline, part.id, node,
+                            exc.message)  # fmt: skip
+            epoch = self.registry.next_epoch(pipeline, part.id)
+            self.broker.run(partial(fence, pipeline=pipeline, pe=part.id, epoch=epoch))
+            retired[part.id] = node
+        gone = set(retired)
+        first = parts[0].partition
+        assert first is not None
+        elements = [
+            e.model_copy(update={"partition": e.partition.model_copy(update={
+                "count": count, "base": first.first_count})})
+            if e.partition is not None and e.partition.of == first.of
+            else e
+            for e in record.spec.elements
+            if e.id not in gone
+        ]  # fmt: skip
+        spec = PipelineSpec.model_validate(
+            record.spec.model_copy(update={"elements": elements}).model_dump(mode="json")
+        )
+        self.registry.remove_elements(spec, sorted(gone))
+        self.permissions.sync(self.registry)
+        return retired, None
 
     def _nodes_for(
         self,
@@ -237,6 +315,8 @@ class Scaling(KeyMoves):
         """
         pipeline, first = spec.pipeline, parts[0]
         assert first.partition is not None
+        if count < len(parts):
+            return [], []  # scaling in: every consumer reads every partition already
         of, base = first.partition.of, first.partition.first_count
 
         async def tail(js: Any) -> int:
