@@ -44,11 +44,12 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
 from fogshift.broker.client import (
     BrokerAddress,
+    StoredMessage,
     SyncJetStream,
     get_range,
     last_seq,
@@ -74,6 +75,7 @@ from fogshift.broker.keys import (
 from fogshift.broker.naming import data_subject, keys_subject, stream_name
 from fogshift.broker.publish import Cut, Record, append_cut, next_cut, publish_records
 from fogshift.common.gate import read_gate
+from fogshift.events import ORIGIN_HEADER
 from fogshift.exceptions import InvariantViolation
 
 #: The rows a reader yields: one input event each.
@@ -111,6 +113,16 @@ def positions_of(value: dict[str, Any]) -> dict[str, int]:
 
 #: Logged cuts replayed in one batch at most (see :meth:`JetStreamReader._replay`).
 MAX_CUTS_PER_BATCH = 200
+#: Collects of the inputs' tails at most, until two agree (see :meth:`JetStreamReader._tails`).
+SNAPSHOT_TRIES = 20
+
+
+def _upstream(message: StoredMessage) -> int:
+    """The input position a partition's record carries (``-1``: none, a foreign message)."""
+    try:
+        return int(message.headers.get(ORIGIN_HEADER, -1))
+    except ValueError:
+        return -1
 
 
 @dataclass(frozen=True)
@@ -231,6 +243,9 @@ class JetStreamReader(DataSourceStreamReader):
             self.partition = (of, int(index), int(count))
         #: Where a partition added by ``fogshift scale`` starts: it owns nothing before.
         self.since = int(options.get("since", "0") or 0)
+        #: Runs of inputs that are the partitions of one element: "a|b;c|d" (see ``read``).
+        self.merged = [tuple(g.split("|")) for g in options.get("merged", "").split(";") if g]
+        self._group = {name: group for group in self.merged for name in group}
         self._arrivals: InputArrivals | None = None
         #: The logged cuts a planned batch replays, by the sequence of its last cut (the
         #: planner process asks for a batch's partitions right after planning it).
@@ -399,9 +414,10 @@ class JetStreamReader(DataSourceStreamReader):
     ) -> dict[str, int]:
         """Every input's end for the next batch: what is stored, within the limit and cap."""
         latest: dict[str, int] = {}
+        tails = self._tails(client)
         for name in self.inputs:
             stream = stream_name(self.pipeline, name)
-            last = client.run(partial(last_seq, stream=stream))
+            last = tails[name]
             position = begin.get(name, 0)
             if last < position:
                 raise InvariantViolation(
@@ -409,12 +425,36 @@ class JetStreamReader(DataSourceStreamReader):
                     f"{stream} ends at {last} but this query already read up to {position}",
                     hint="the stream was deleted or purged under a running query",
                 )
-            if not isinstance(limit, ReadAllAvailable) and isinstance(limit, ReadMaxRows):
+            if isinstance(limit, ReadMaxRows) and name not in self._group:
+                # (A partition's records are never cut short: see _tails.)
                 last = min(last, position + limit.max_rows)
             if cap is not None:
                 last = max(position, min(last, cap.get(name, position)))
             latest[name] = last
         return latest
+
+    def _tails(self, client: SyncJetStream) -> dict[str, int]:
+        """Every input's last sequence. With merged partitions (see :meth:`read`), a
+        snapshot: collected again until two collects agree, so the tails were all as read
+        at one moment. A key moved between partitions has its last records on the origin
+        stored before its state, and its first on the target after the target read that
+        state; a cut that holds the latter then holds the former, and the merge puts them in
+        order. (Which is also why a partition's range is never cut short by the read limit.)
+        """
+
+        def collect() -> dict[str, int]:
+            return {
+                name: client.run(partial(last_seq, stream=stream_name(self.pipeline, name)))
+                for name in self.inputs
+            }
+
+        tails = collect()
+        for _ in range(SNAPSHOT_TRIES if self.merged else 0):
+            again = collect()
+            if again == tails:
+                break
+            tails = again
+        return tails
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin, finish = positions_of(start), positions_of(end)
@@ -457,15 +497,32 @@ class JetStreamReader(DataSourceStreamReader):
             # origin = sum of every input's position once this row is consumed; inputs are
             # read one after another, so the ones before are at their end, the ones after at
             # their start.
-            done = 0
-            for i, rng in enumerate(span):
-                later = sum(r.start for r in span[i + 1 :])
-                rows.extend(
-                    (done + msg.seq + later, *event_fields(msg.data))
-                    for msg in messages[rng.input]
-                    if rng.start < msg.seq <= rng.end
-                )
-                done += rng.end
+            done, i = 0, 0
+            while i < len(span):
+                group = self._group.get(span[i].input, (span[i].input,))
+                block = span[i : i + len(group)]
+                i += len(group)
+                later = sum(r.start for r in span[i:])
+                found = [
+                    (msg, k) for k, rng in enumerate(block)
+                    for msg in messages[rng.input] if rng.start < msg.seq <= rng.end
+                ]  # fmt: skip
+                if len(block) == 1:
+                    rows.extend(
+                        (done + msg.seq + later, *event_fields(msg.data)) for msg, _ in found
+                    )
+                else:
+                    # The partitions of one element: their records merged by the input
+                    # position each carries (a key's, on whichever partition, in input
+                    # order), numbered on from the block's start: strictly between the
+                    # origins of the inputs before and after, the same in every execution.
+                    found.sort(key=lambda f: (_upstream(f[0]), f[1], f[0].seq))
+                    base = done + later + sum(r.start for r in block)
+                    rows.extend(
+                        (base + rank, *event_fields(msg.data))
+                        for rank, (msg, _) in enumerate(found, start=1)
+                    )
+                done += sum(r.end for r in block)
         if rows:
             # One Arrow batch for the whole range: Spark takes it as is, instead of
             # converting row by row.
@@ -647,15 +704,17 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
             )  # fmt: skip
         client = shared_client(self.broker)
         states = [r for r in records if r.creator == KEY_STATE]
+        records = [r for r in records if r.creator != KEY_STATE]
+        appended = 0
+        if records:
+            appended = client.run(
+                lambda js: publish_records(js, self.pipeline, self.pe, records, self.epoch),
+                timeout=300,
+            )
         if states:
-            records = [r for r in records if r.creator != KEY_STATE]
+            # After the batch's records: a moved key's last records here are stored before
+            # the target can have its state, so before any record of the target's for it.
             client.run(lambda js: _send_states(js, self.pipeline, states), timeout=300)
-        if not records:
-            return PublishedCount(0)
-        appended = client.run(
-            lambda js: publish_records(js, self.pipeline, self.pe, records, self.epoch),
-            timeout=300,
-        )
         return PublishedCount(appended)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803

@@ -348,7 +348,13 @@ class Scaling(KeyMoves):
                 at = max(n for n, i in enumerate(element.inputs) if i in old) + 1
                 missing = [i for i in ids if i not in element.inputs]
                 inputs = (*element.inputs[:at], *missing, *element.inputs[at:])
-                element = element.model_copy(update={"inputs": inputs})
+                # Its partitions, retired ones too, stay one merged run of inputs.
+                mine = {*ids, *(i for g in element.merged if set(g) & old for i in g)}
+                merged = (
+                    *(g for g in element.merged if not set(g) & old),
+                    tuple(i for i in inputs if i in mine),
+                )
+                element = element.model_copy(update={"inputs": inputs, "merged": merged})
                 consumers.append(element)
             elements.append(element)
             if element.id == parts[-1].id:

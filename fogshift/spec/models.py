@@ -113,6 +113,10 @@ class ElementSpec(BaseModel):
             input read every partition. :class:`PipelineSpec` replaces such an element by
             its partitions, so no validated spec holds one.
         partition: Set on each partition (:class:`Partition`); ``None`` on any other PE.
+        merged: On an element reading a partitioned one: its partitions' ids (each such
+            group a run of ``inputs``). Within a batch their records are merged by the input
+            position they carry (``origin``), so that a key moved between partitions meets
+            this element in its input order (:mod:`fogshift.broker.datasource`).
         role: (class) source, processor or sink.
         path_options: (class) Option names that are file paths, resolved against the spec's
             folder when a spec file is loaded.
@@ -141,6 +145,7 @@ class ElementSpec(BaseModel):
         default=None, min_length=1
     )
     partition: Partition | None = None
+    merged: tuple[tuple[str, ...], ...] = ()
 
     def __new__(cls, *args: Any, **data: Any) -> Self:
         # Python then runs the chosen subclass's __init__, which validates with its schema.
@@ -196,6 +201,17 @@ class ElementSpec(BaseModel):
                 "partitions split a keyed PE's keys between instances: add key_by: FIELD "
                 "(the field whose value keys the state) or place it on one node"
             )
+        for group in self.merged:
+            runs = [n for n, i in enumerate(self.inputs) if i in group]
+            if (
+                len(group) < 2
+                or len(runs) != len(group)
+                or runs != list(range(runs[0], runs[0] + len(runs)))
+            ):
+                raise ValueError(
+                    f"merged inputs {list(group)} must be two or more of the inputs, next to "
+                    f"each other in {list(self.inputs)}"
+                )
         if self.partition is not None and self.partition.index >= self.partition.count:
             raise ValueError(
                 f"partition {self.partition.index} of {self.partition.of!r} is beyond its "
@@ -399,11 +415,15 @@ class PipelineSpec(BaseModel):
                 for i, (pid, node) in enumerate(zip(ids, element.partitions, strict=True))
             )  # fmt: skip
         elements = [
-            e.model_copy(update={"inputs": tuple(p for i in e.inputs for p in parts.get(i, [i]))})
+            e.model_copy(update={
+                "inputs": tuple(p for i in e.inputs for p in parts.get(i, [i])),
+                "merged": (*e.merged, *(tuple(parts[i]) for i in e.inputs
+                                        if i in parts and len(parts[i]) > 1)),
+            })
             if any(i in parts for i in e.inputs)
             else e
             for e in elements
-        ]
+        ]  # fmt: skip
         # Validation only: the frozen model gets its final elements before anyone sees it.
         object.__setattr__(self, "elements", tuple(elements))
         return self

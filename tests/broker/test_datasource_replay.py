@@ -122,3 +122,33 @@ def test_an_idle_reader_answers_as_soon_as_input_arrives(
     assert positions_of(reader.latestOffset(start, limit)) == {"w_in": 1}
     assert time.monotonic() - began < 10
     later.join()
+
+
+def test_the_partitions_of_one_element_meet_a_reader_merged_by_input_position(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # Two partitions' records, each in its own input-position order (a key moved between
+    # them has its earlier records on one, its later on the other), and a third input.
+    made = {"p0": [1, 4, 5], "p1": [2, 3, 6], "x": [1, 2]}
+    for name, origins in made.items():
+        js_client.run(lambda js, n=name: ensure_pe_stream(js, "merge", n))
+        rows = [
+            Record(o, 0, o, 1000.0 + o, name, json.dumps({"v": f"{name}@{o}"}), None)
+            for o in origins
+        ]
+        js_client.run(lambda js, n=name, r=rows: publish_records(js, "merge", n, r, epoch=1))
+    js_client.run(lambda js: ensure_pe_stream(js, "merge", "sink"))
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    options = {"broker": str(broker), "pipeline": "merge", "pe": "sink", "epoch": "1",
+               "inputs": "p0,p1,x", "merged": "p0|p1", "gate": str(tmp_path / "gate")}  # fmt: skip
+    reader = JetStreamReader(options)
+    start = reader.initialOffset()
+    # The read limit never cuts a partition short (the merge needs whole snapshots).
+    end = reader.latestOffset(start, ReadMaxRows(2))
+    assert positions_of(end) == {"p0": 3, "p1": 3, "x": 2}
+    rows = _rows(reader, start, end)
+    assert [v for _, v in rows] == ["p0@1", "p1@2", "p1@3", "p0@4", "p0@5", "p1@6", "x@1", "x@2"]
+    origins = [o for o, _ in rows]
+    assert origins == sorted(set(origins)) and origins[-1] == 3 + 3 + 2
+    # A re-execution in another process: the same rows, the same origins.
+    assert _rows(JetStreamReader(options), start, end) == rows

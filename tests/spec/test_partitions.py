@@ -43,6 +43,13 @@ def test_a_partitioned_element_becomes_its_partitions_and_its_readers_read_them_
     ]  # fmt: skip
     assert all(p.inputs == ("src",) and p.key_by == "sensor" for p in parts)
     assert spec.element("sink").inputs == ("agg-p0", "agg-p1", "agg-p2")
+    # The sink meets a key's records in input order whichever partition holds it.
+    assert spec.element("sink").merged == (("agg-p0", "agg-p1", "agg-p2"),)
+    # Stored and read back, the same spec (merged runs of inputs are checked).
+    assert PipelineSpec.model_validate_json(spec.model_dump_json()) == spec
+    apart = spec.element("sink").model_copy(update={"merged": (("agg-p0", "agg-p2"),)})
+    with pytest.raises(ValueError, match="next to each other"):
+        type(apart).model_validate(apart.model_dump(mode="json"))
     assert spec.partitions_of("sink") == []
     # As the registry keeps it: read back, the same spec (nothing is partitioned twice).
     assert PipelineSpec.model_validate_json(spec.model_dump_json()) == spec
@@ -77,6 +84,7 @@ def test_partitions_written_by_hand_must_own_every_key_once() -> None:
     spec = parse_spec(data()).model_dump(mode="json")
     missing = {**spec, "elements": [e for e in spec["elements"] if e["id"] != "agg-p1"]}
     missing["elements"][-1]["inputs"] = ["agg-p0", "agg-p2"]
+    missing["elements"][-1]["merged"] = [["agg-p0", "agg-p2"]]
     with pytest.raises(InvalidSpec, match="do not own every key once"):
         parse_spec(missing)
     unlike = parse_spec(data()).model_dump(mode="json")
