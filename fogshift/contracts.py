@@ -508,10 +508,11 @@ class KeyMoveReport(BaseModel):
 
     Attributes:
         element: The partitioned element (its partitions are ``<element>-p<i>``).
-        keys: The keys moved, in the order given.
+        keys: The keys moved, in the order given (a key group: its keys holding state).
         already: Keys given that the target partition owned already (nothing to move).
         origins: Each moved key's partition before the move.
         target_partition: The partition that owns them afterwards (on ``target``).
+        group: ``G/N`` for a key group move (its keys seen later go there too).
         move_seq: Where the move is stored in the partitions' input: the keys change owner
             there, for every execution.
         sent: The keys in the order their states were stored.
@@ -532,6 +533,7 @@ class KeyMoveReport(BaseModel):
     keys: list[str]
     already: list[str] = []
     origins: dict[str, str] = {}
+    group: str | None = None
     move_seq: int
     sent: list[str] = []
     stoppage_ms: dict[str, float] = {}

@@ -3,12 +3,14 @@
 A keyed, padded window aggregate runs as two partitions (``fog-a``, ``fog-b``) behind a
 rate-limited source on ``cloud``; its input has ``keys`` sensors, drawn uniformly or by a
 Zipf law, and every key carries ``state_kib`` of state. ``before_s`` after the output
-flows, every key of partition 0 moves to ``fog-b``, by one of three methods, in separate
-runs on fresh pipelines:
+flows, every key of partition 0 moves to ``fog-b`` by one of three methods, or the element
+scales out (the fourth), in separate runs on fresh pipelines:
 
 * ``whole``: partition 0 is live-migrated to ``fog-b`` (handover, make-before-break);
 * ``fifo``: its keys move to partition 1 (``migrate --keys``) with their states sent as listed;
-* ``backlog``: the same, the key whose next event is nearest first (PAM's order).
+* ``backlog``: the same, the key whose next event is nearest first (PAM's order);
+* ``scale``: not those keys, but ``fogshift scale`` from two partitions to three (the third on
+  ``cloud``): every key whose partition of three differs from its partition of two moves.
 
 Latency is measured from the broker's own timestamps, per event: when the partition's
 output record was stored minus when its input event was stored (one clock, no sink in the
@@ -54,7 +56,7 @@ from fogshift.supervisor.cluster import orchestrator_client
 
 NAME = "pam"
 EDGE, FIRST, SECOND = "cloud", "fog-a", "fog-b"
-METHODS = ("whole", "fifo", "backlog")
+METHODS = ("whole", "fifo", "backlog", "scale")
 
 RUN_FIELDS = (
     "run", "method", "traffic", "keys", "state_kib", "rate", "events", "moved_keys",
@@ -97,7 +99,7 @@ class PamConfig(ClusterRunConfig):
 
     @classmethod
     def quick(cls) -> PamConfig:
-        """20 keys of 1 and 64 KiB, both traffics, every method: 12 runs."""
+        """20 keys of 1 and 64 KiB, both traffics, every method: 16 runs."""
         return cls(keys=(20,), state_kib=(1, 64), before_s=12.0, after_s=12.0)
 
 
@@ -185,6 +187,11 @@ def _one(
                          config.seed * 1000 + index)  # fmt: skip
     spec = write_spec(work, name, config.rate, kib * 1024)
     moving = [f"s{k}" for k in range(keys) if partition_of_key(f"s{k}", 2) == 0]
+    if method == "scale":
+        moving = [
+            f"s{k}" for k in range(keys)
+            if partition_of_key(f"s{k}", 2) != partition_of_key(f"s{k}", 3)
+        ]  # fmt: skip
     row["moved_keys"] = len(moving)
     try:
         feeder.start()
@@ -199,6 +206,13 @@ def _one(
             row["op_ms"] = round(sum(report.get("phases_ms", {}).values()), 1)
             if report.get("status") != "migrated":
                 raise FogshiftError(f"{name}: the migration ended {report.get('status')}")
+        elif method == "scale":
+            with orchestrator_client(cluster.home, timeout_s=900) as client:
+                report = client.post(f"/pipelines/{name}/elements/aggregate/scale",
+                                     json={"partitions": 3, "nodes": [EDGE]})  # fmt: skip
+            row["op_ms"] = report.get("done_ms")
+            if report.get("status") != "moved":
+                raise FogshiftError(f"{name}: the scale ended {report.get('status')}")
         else:
             with orchestrator_client(cluster.home, timeout_s=900) as client:
                 report = client.post(
@@ -260,7 +274,8 @@ def _latency(
             for m in client.run(partial(read, pe="source"), timeout=300)
         }
         points: list[tuple[float, float, float, str]] = []  # in, out, ms, key
-        for pe in ("aggregate-p0", "aggregate-p1"):
+        pes = [e["element"] for e in cluster.json("status", name)["elements"]]
+        for pe in (p for p in pes if p.startswith("aggregate-p")):
             for message in client.run(partial(read, pe=pe), timeout=300):
                 record = json.loads(message.data)
                 stored = came.get(record["seq"])
@@ -326,7 +341,9 @@ def section(folder: Path) -> str | None:
         "",
         "Every key of partition 0 moves from fog-a to fog-b while the source runs: the whole "
         "partition by a handover, or its keys to partition 1 (`migrate --keys`), their states "
-        "sent as listed (fifo) or nearest next event first (backlog, PAM). Latency per event "
+        "sent as listed (fifo) or nearest next event first (backlog, PAM); or (scale) the "
+        "element goes from two partitions to three (the third on cloud) and every key whose "
+        "partition changes moves. Latency per event "
         "from the broker's timestamps (output stored - input stored); stoppage: per moved key, "
         "its largest latency from the move on less the steady p50 (median over keys / max); "
         "stable: from the move until every later half-second has its p99 within 1.5 times steady; "

@@ -55,6 +55,9 @@ class KeyMove:
     to: int
     order: Order = "fifo"
     count: int | None = None
+    #: ``(g, n)``: a key group move: every key whose CRC-32 modulo ``n`` is ``g`` goes to
+    #: ``to`` from ``seq`` on, seen yet or not (``keys``: those of them holding state).
+    group: tuple[int, int] | None = None
 
     def target(self, key: str) -> int:
         """The partition ``key`` goes to."""
@@ -68,6 +71,8 @@ class KeyMove:
         }  # fmt: skip
         if self.count is not None:
             body["count"] = self.count
+        if self.group is not None:
+            body["group"] = list(self.group)
         return json.dumps(body).encode()
 
 
@@ -96,8 +101,14 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyState | None:
             count = int(value["count"]) if value.get("count") is not None else None
             if count is not None and count < 1:
                 return None
+            group = None
+            if value.get("group") is not None:
+                g, n = (int(v) for v in value["group"])
+                if not 0 <= g < n:
+                    return None
+                group = (g, n)
             return KeyMove(seq, str(value["move"]), str(value["element"]), keys,
-                           int(value["to"]), order, count)  # fmt: skip
+                           int(value["to"]), order, count, group)  # fmt: skip
         if value.get("type") == "key-state":
             state = {str(k): str(v) for k, v in dict(value["state"] or {}).items()}
             parts = tuple(int(p) for p in value.get("parts") or ())
@@ -156,11 +167,18 @@ class Ownership:
     #: Keys whose last move's state has not been stored yet: key -> that move.
     pending: dict[str, str] = field(default_factory=dict)
     rescaled: int = 0  # the sequence of the last rescale applied (0: none)
+    #: Key group moves applied, oldest first: ``(g, n, to)``.
+    groups: list[tuple[int, int, int]] = field(default_factory=list)
 
     def owner(self, key: str | None) -> int:
         """The partition owning ``key`` (``None``: keyless, partition 0)."""
-        if key is not None and key in self.moved:
+        if key is None:
+            return 0
+        if key in self.moved:
             return self.moved[key]
+        for g, n, to in reversed(self.groups):
+            if in_group(key, g, n):
+                return to
         return partition_of_key(key, self.count)
 
     def apply(self, move: KeyMove) -> dict[str, int]:
@@ -171,10 +189,15 @@ class Ownership:
         before = {k: self.owner(k) for k in move.keys}
         if move.count is not None:  # a rescale: every key to its partition of the new count
             self.moved.clear()
+            self.groups.clear()
             self.count = move.count
             self.rescaled = move.seq
+        if move.group is not None:  # the group's rule wins over its keys' earlier moves
+            g, n = move.group
+            self.moved = {k: p for k, p in self.moved.items() if not in_group(k, g, n)}
+            self.groups.append((g, n, move.to))
         for key in move.keys:
-            if move.count is None:
+            if move.count is None and move.group is None:
                 self.moved[key] = move.to
             if before[key] != move.target(key):
                 self.pending[key] = move.move
@@ -185,6 +208,12 @@ class Ownership:
         """Note that ``state`` (a key's state for its move) is stored."""
         if self.pending.get(state.key) == state.move:
             del self.pending[state.key]
+
+
+def in_group(key: str, group: int, of: int) -> bool:
+    """Whether ``key`` is in key group ``group`` of ``of`` (CRC-32 of its text modulo
+    ``of``, as partitions split keys)."""
+    return partition_of_key(key, of) == group
 
 
 def key_text(body: Any, key_by: str) -> str | None:

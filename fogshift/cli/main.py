@@ -620,6 +620,14 @@ def migrate(
             "partition on --to; every other key goes on where it is.",
         ),
     ] = None,
+    key_group: Annotated[
+        str | None,
+        typer.Option(
+            "--key-group",
+            help="Instead of --keys: G/N, key group G of N (keys whose CRC-32 modulo N is G), "
+            "those holding state now and any that comes later.",
+        ),
+    ] = None,
     order: Annotated[
         str,
         typer.Option(
@@ -642,12 +650,14 @@ def migrate(
         raise InvalidInput(
             "migrate needs the node to move to", expected="--to NODE", received="no --to"
         )
-    if keys is not None:
-        if element is None or elements is not None:
+    if keys is not None or key_group is not None:
+        if element is None or elements is not None or (keys is None) == (key_group is None):
             raise InvalidInput(
-                "--keys moves keys of one partitioned element",
-                expected="`fogshift migrate P ELEMENT --keys K1,K2 --to N`",
-                received=f"element {element!r}, --elements {elements!r}",
+                "--keys or --key-group moves keys of one partitioned element",
+                expected="`fogshift migrate P ELEMENT --keys K1,K2 --to N` or `... "
+                "--key-group G/N --to N`",
+                received=f"element {element!r}, --elements {elements!r}, --keys {keys!r}, "
+                f"--key-group {key_group!r}",
             )
         if order not in tuple(KeyOrder):
             raise InvalidInput(
@@ -655,7 +665,8 @@ def migrate(
                 expected=", ".join(o.value for o in KeyOrder),
                 received=repr(order),
             )
-        _migrate_keys(home, pipeline, element, keys.split(","), to, order, as_json)
+        _migrate_keys(home, pipeline, element, keys.split(",") if keys else [], to, order,
+                      as_json, key_group)  # fmt: skip
         return
     if (element is None) == (elements is None):
         raise InvalidInput(
@@ -698,12 +709,16 @@ def _post(home: Path, path: str, body: dict[str, Any], doing: str) -> Any:
 
 
 def _migrate_keys(
-    home: Path, pipeline: str, element: str, keys: list[str], to: str, order: str, as_json: bool
-) -> None:
-    body = {"keys": [k.strip() for k in keys], "target": to, "order": order}
+    home: Path, pipeline: str, element: str, keys: list[str], to: str, order: str, as_json: bool,
+    group: str | None = None,
+) -> None:  # fmt: skip
+    body: dict[str, Any] = {"keys": [k.strip() for k in keys], "target": to, "order": order}
+    if group is not None:
+        body["group"] = group.strip()
+    moving = f"key group {group}" if group is not None else f"{len(keys)} keys"
     report = KeyMoveReport.model_validate(
         _post(home, f"/pipelines/{pipeline}/elements/{element}/keys/migrate", body,
-              f"moving {len(keys)} keys of {pipeline}/{element} to {to}")
+              f"moving {moving} of {pipeline}/{element} to {to}")
     )  # fmt: skip
     if as_json:
         _print_json(report)
@@ -717,7 +732,9 @@ def _migrate_keys(
             console.print(f"already on {report.target_partition}: {', '.join(report.already)}")
         _key_outcome(
             report.status,
-            f"{len(report.keys)} keys of {pipeline}/{element} to {report.target_partition} on "
+            f"{len(report.keys)} keys"
+            + (f" (key group {report.group})" if report.group else "")
+            + f" of {pipeline}/{element} to {report.target_partition} on "
             f"{report.target}{_in_ms(report.done_ms)} ({report.order}, {report.state_bytes} "
             "bytes of state)",
             report.error,

@@ -117,9 +117,11 @@ class KeyMoveRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    keys: list[str] = Field(min_length=1, max_length=1000)
+    keys: list[str] = Field(default=[], max_length=1000)
     target: str = Field(pattern=NAME_RE)
     order: KeyOrder = KeyOrder.BACKLOG
+    #: ``G/N`` instead of keys: key group G of N (CRC-32 of the key modulo N), now and later.
+    group: str | None = Field(default=None, pattern=r"^[0-9]{1,4}/[0-9]{1,4}$")
 
 
 class ScaleRequest(BaseModel):
@@ -253,7 +255,13 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         """Move single keys of a partitioned element to its partition on ``target``, while
         every partition runs (PAM). Answers 200 with ``pending`` if a state has not come
         within a minute: the move stands, the target holds those keys' events."""
-        return orchestrator.migrate_keys(name, element, request.keys, request.target, request.order)
+        group = None
+        if request.group is not None:
+            g, n = request.group.split("/")
+            group = (int(g), int(n))
+        return orchestrator.migrate_keys(
+            name, element, request.keys, request.target, request.order, group=group
+        )
 
     @app.post("/pipelines/{name}/elements/{element}/scale")
     def scale(name: NameParam, element: NameParam, request: ScaleRequest) -> ScaleReport:

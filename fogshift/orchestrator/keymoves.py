@@ -13,13 +13,31 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+from nats.js.errors import APIError
+
 from fogshift.broker.client import get_range, last_seq
-from fogshift.broker.keys import KeyMove, KeyState, Ownership, parse
-from fogshift.broker.naming import keys_subject, stream_name
-from fogshift.contracts import ElementProgress, KeyMoveReport, KeyMoveStatus, KeyOrder
-from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.broker.keys import (
+    KeyMove,
+    KeyState,
+    Ownership,
+    body_key,
+    event_fields,
+    in_group,
+    parse,
+)
+from fogshift.broker.naming import data_subject, keys_subject, stream_name
+from fogshift.broker.publish import WRONG_LAST_SEQUENCE
+from fogshift.contracts import (
+    ElementProgress,
+    KeyMoveReport,
+    KeyMoveStatus,
+    KeyOrder,
+    StateKeys,
+)
+from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.orchestrator.standbys import Standbys
 from fogshift.spec.models import ElementSpec
@@ -32,6 +50,12 @@ _LOCKS: dict[tuple[str, str], threading.Lock] = {}
 #: How many keys one move may carry, and how long a key may be (its text).
 MAX_KEYS = 1000
 MAX_KEY_CHARS = 256
+#: The most key groups an element's keys may be split into by a group move.
+MAX_GROUPS = 4096
+#: How often a listed move is tried, each time after looking at what came meanwhile.
+APPEND_TRIES = 50
+#: A listed move's largest record (a broker message takes at most ~1 MiB).
+MAX_RECORD_BYTES = 900 * 1024
 
 
 class KeyMoves(Standbys):
@@ -45,9 +69,14 @@ class KeyMoves(Standbys):
         target: str,
         order: KeyOrder = KeyOrder.BACKLOG,
         timeout_s: float = 60.0,
+        group: tuple[int, int] | None = None,
     ) -> KeyMoveReport:
         """Move ``keys`` of the partitioned element ``element_id`` to its partition on
         ``target``, while every partition keeps running.
+
+        With ``group`` ``(g, n)`` instead of keys, key group ``g`` of ``n`` moves: every key
+        whose CRC-32 modulo ``n`` is ``g``, those holding state now (listed as for a
+        rescale, see :meth:`_append_listed`) and any that comes later.
 
         Returns once the target has committed every moved key's state (``moved``), or after
         ``timeout_s`` with ``pending`` (the move stands: the keys' events wait at the target
@@ -72,7 +101,15 @@ class KeyMoves(Standbys):
                 hint=f"move a partition there first (`fogshift migrate {pipeline} "
                 f"{parts[0].id} --to {target}`)",
             )
-        _check_keys(what, keys)
+        if group is None:
+            _check_keys(what, keys)
+        elif keys or not 0 <= group[0] < group[1] <= MAX_GROUPS:
+            raise InvalidInput(
+                f"cannot move {what}: bad key group",
+                expected=f"G/N with 0 <= G < N <= {MAX_GROUPS}, and no --keys beside it",
+                received=f"{group[0]}/{group[1]}" + (f" and keys {keys}" if keys else ""),
+                hint="e.g. --key-group 3/16 (keys whose CRC-32 modulo 16 is 3)",
+            )
         self._usable_node(target, f"move {what} to")
         to = here[0]
         assert to.partition is not None
@@ -81,8 +118,9 @@ class KeyMoves(Standbys):
         # of its last move has arrived (its holder would have no state to hand on).
         with _LOCKS.setdefault((pipeline, element_id), threading.Lock()):
             return self._move_keys(
-                pipeline, element_id, parts, keys, to, target, source, order, started, timeout_s
-            )
+                pipeline, element_id, parts, keys, to, target, source, order, started, timeout_s,
+                group,
+            )  # fmt: skip
 
     def _movable_parts(
         self, record: PipelineRecord, element_id: str, refusal: str
@@ -115,11 +153,16 @@ class KeyMoves(Standbys):
     def _move_keys(
         self, pipeline: str, element_id: str, parts: list[ElementSpec], keys: list[str],
         to: ElementSpec, target: str, source: str, order: KeyOrder, started: float,
-        timeout_s: float,
+        timeout_s: float, group: tuple[int, int] | None = None,
     ) -> KeyMoveReport:  # fmt: skip
         what = f"keys of {pipeline}/{element_id}"
         assert to.partition is not None
         owners = self._owners(pipeline, source, element_id, to.partition.first_count)
+        if group is not None:
+            return self._move_group(
+                pipeline, element_id, parts, to, target, source, order, started, timeout_s,
+                group, owners,
+            )  # fmt: skip
         waiting = sorted(set(keys) & set(owners.pending))
         if waiting:
             raise InvalidInput(
@@ -150,6 +193,53 @@ class KeyMoves(Standbys):
 
         at = self.broker.run(store, timeout=30)
         log.info("moving %s of %s/%s to %s at %s", moving, pipeline, element_id, to.id, at)
+        return self._finish_move(base, move, at, pipeline, source, to, target, started, timeout_s)
+
+    def _move_group(
+        self, pipeline: str, element_id: str, parts: list[ElementSpec], to: ElementSpec,
+        target: str, source: str, order: KeyOrder, started: float, timeout_s: float,
+        group: tuple[int, int], owners: Ownership,
+    ) -> KeyMoveReport:  # fmt: skip
+        """Move key group ``group`` to ``to`` (see :meth:`migrate_keys`)."""
+        g, n = group
+        waiting = sorted(k for k in owners.pending if in_group(k, g, n))
+        if waiting:
+            raise InvalidInput(
+                f"cannot move key group {g}/{n} of {pipeline}/{element_id}: "
+                f"{', '.join(waiting[:5])} still wait for the state of an earlier move",
+                expected="no key of the group waiting for an earlier move",
+                received=", ".join(waiting[:5]),
+                hint="that move completes when its origin partition runs; then move the group",
+            )
+        assert to.partition is not None
+        index = to.partition.index
+
+        def make(now: Ownership, held: set[str], move_id: str) -> KeyMove:
+            moving = sorted(k for k in held if in_group(k, g, n) and now.owner(k) != index)
+            return KeyMove(0, move_id, element_id, tuple(moving), index, order.value,
+                           group=group)  # fmt: skip
+
+        move, at, before = self._append_listed(
+            pipeline, element_id, parts, source, make,
+            f"move key group {g}/{n} of {pipeline}/{element_id}",
+        )  # fmt: skip
+        moving = list(move.keys)
+        log.info("moving key group %d/%d of %s/%s (%d keys with state) to %s at %s", g, n,
+                 pipeline, element_id, len(moving), to.id, at)  # fmt: skip
+        base: dict[str, Any] = {
+            "pipeline": pipeline, "element": element_id, "target": target,
+            "target_partition": to.id, "order": order, "keys": moving, "group": f"{g}/{n}",
+            "origins": {k: parts[before.owner(k)].id for k in moving},
+        }  # fmt: skip
+        return self._finish_move(base, move, at, pipeline, source, to, target, started, timeout_s)
+
+    def _finish_move(
+        self, base: dict[str, Any], move: KeyMove, at: int, pipeline: str, source: str,
+        to: ElementSpec, target: str, started: float, timeout_s: float,
+    ) -> KeyMoveReport:  # fmt: skip
+        """The report of ``move`` (stored at ``at``) once the target has committed every
+        moved key's state, or ``pending`` after ``timeout_s``."""
+        moving = list(move.keys)
         deadline = started + timeout_s
         states, moved_at = self._await_states(pipeline, source, move.move, at, moving, deadline)
         ordered = sorted(states.items(), key=lambda kv: kv[1][0].seq)
@@ -167,18 +257,19 @@ class KeyMoves(Standbys):
             return report.model_copy(
                 update={
                     "status": KeyMoveStatus.PENDING,
-                    "error": f"no state yet for {missing} after {timeout_s:.0f} s: their "
+                    "error": f"no state yet for {missing[:10]} after {timeout_s:.0f} s: their "
                     "events wait at the target until their origin partition sends them",
                 }
             )
-        last_state = max(m.seq for m, _ in states.values())
-        if not self._committed_past(pipeline, to.id, target, source, last_state, deadline):
-            return report.model_copy(
-                update={
-                    "status": KeyMoveStatus.PENDING,
-                    "error": f"{to.id} has not committed the states yet (it holds the keys)",
-                }
-            )
+        if states:
+            last_state = max(m.seq for m, _ in states.values())
+            if not self._committed_past(pipeline, to.id, target, source, last_state, deadline):
+                return report.model_copy(
+                    update={
+                        "status": KeyMoveStatus.PENDING,
+                        "error": f"{to.id} has not committed the states yet (it holds the keys)",
+                    }
+                )
         return report.model_copy(update={"done_ms": _ms_since(started)})
 
     def _await_states(
@@ -211,6 +302,106 @@ class KeyMoves(Standbys):
             if len(states) >= len(keys) or time.monotonic() >= deadline:
                 return states, moved_at
             time.sleep(0.05)
+
+    def _append_listed(
+        self,
+        pipeline: str,
+        element_id: str,
+        parts: list[ElementSpec],
+        source: str,
+        make: Callable[[Ownership, set[str], str], KeyMove],
+        what: str,
+    ) -> tuple[KeyMove, int, Ownership]:
+        """Append the move ``make`` gives, from who owns each key now and every key that
+        may hold state, to the partitions' input: a rescale, or a key group's move.
+
+        The keys are those in every partition's state store as of its newest committed
+        batch, plus the keys of every event, move and state stored in the input after the
+        oldest of those batches. The move is appended only if the input's last sequence is
+        still the last one looked at (``Nats-Expected-Last-Sequence``); else what came is
+        looked at too and the move made again. So no key gains state unseen before it.
+
+        Returns:
+            The move, its sequence, and the ownership it was made from.
+
+        Raises:
+            InvalidInput: The move is larger than a broker message.
+            Unavailable: The input never stood still long enough.
+        """
+        record = self.pipeline(pipeline)
+        key_by = parts[0].key_by
+        first = parts[0].partition
+        assert key_by is not None and first is not None
+        held: set[str] = set()
+        since: int | None = None
+        for part in parts:
+            node = record.placement.get(part.id, part.node)
+            path = f"/pipelines/{pipeline}/elements/{part.id}/keys"
+            answer = self.agent(node).call(StateKeys, "GET", path, timeout=120)
+            held.update(answer.keys)
+            start = part.partition.since if part.partition is not None else 0
+            position = answer.positions.get(source, start)
+            since = position if since is None else min(since, position)
+        stream = stream_name(pipeline, source)
+        data, keys = data_subject(pipeline, source), keys_subject(pipeline, source)
+        scanned = since or 0
+        move_id = uuid.uuid4().hex[:12]
+        for _ in range(APPEND_TRIES):
+
+            async def look(js: Any, start: int = scanned) -> tuple[int, list[Any]]:
+                end = int(await last_seq(js, stream))
+                found = [
+                    *(await get_range(js, stream, data, start, end)),
+                    *(await get_range(js, stream, keys, start, end)),
+                ]
+                return end, found
+
+            end, found = self.broker.run(look, timeout=120)
+            for message in found:
+                if message.subject == keys:
+                    item = parse(message.seq, message.data)
+                    if isinstance(item, KeyMove) and item.element == element_id:
+                        held.update(item.keys)
+                    elif isinstance(item, KeyState) and item.element == element_id:
+                        held.add(item.key)
+                    continue
+                key = body_key(event_fields(message.data)[3], key_by)
+                if key is not None:
+                    held.add(key)
+            scanned = end
+            owners = self._owners(pipeline, source, element_id, first.first_count)
+            move = make(owners, held, move_id)
+            payload = move.payload()
+            if len(payload) > MAX_RECORD_BYTES:
+                raise InvalidInput(
+                    f"cannot {what}: {len(move.keys)} keys would move, more than one record "
+                    f"holds ({len(payload)} bytes)",
+                    expected=f"a move record of at most {MAX_RECORD_BYTES} bytes",
+                    received=f"{len(move.keys)} keys",
+                    hint="move fewer keys at a time (smaller steps, smaller key groups)",
+                )
+
+            async def append(js: Any, body: bytes = payload, after: int = end) -> int | None:
+                try:
+                    ack = await js.publish(
+                        keys, body, stream=stream,
+                        headers={"Nats-Expected-Last-Sequence": str(after),
+                                 "Nats-Msg-Id": f"{element_id}:listed:{move_id}"},
+                    )  # fmt: skip
+                except APIError as exc:
+                    if exc.err_code == WRONG_LAST_SEQUENCE:
+                        return None  # something came in meanwhile: look at it, then again
+                    raise
+                return int(ack.seq)
+
+            at = self.broker.run(append, timeout=30)
+            if at is not None:
+                return move, at, owners
+        raise Unavailable(
+            f"cannot {what}: its input {source!r} never stood still between looking at it and "
+            f"appending the move ({APPEND_TRIES} tries)",
+            hint="try again; nothing changed",
+        )
 
     def _owners(self, pipeline: str, source: str, element_id: str, count: int) -> Ownership:
         """Who owns each key now: the key moves stored so far, replayed."""

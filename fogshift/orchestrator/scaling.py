@@ -36,19 +36,16 @@ import contextlib
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from nats.js.errors import APIError
-
 from fogshift.agent.exceptions import UnknownElement
-from fogshift.broker.client import ensure_pe_stream, get_range, last_seq
-from fogshift.broker.keys import KeyMove, KeyState, body_key, event_fields, parse
-from fogshift.broker.naming import data_subject, keys_subject, stream_name
-from fogshift.broker.publish import WRONG_LAST_SEQUENCE, fence
-from fogshift.contracts import KeyMoveStatus, ScaleReport, StateKeys
+from fogshift.broker.client import ensure_pe_stream, last_seq
+from fogshift.broker.keys import KeyMove, KeyState, Ownership, parse
+from fogshift.broker.naming import stream_name
+from fogshift.broker.publish import fence
+from fogshift.contracts import KeyMoveStatus, ScaleReport
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.keymoves import _LOCKS, KeyMoves, _ms_since
 from fogshift.spec.models import (
@@ -150,7 +147,10 @@ class Scaling(KeyMoves):
         deadline = started + timeout_s
         at = owners.rescaled
         if owners.count != partitions:  # else moved by an earlier call (or nothing to move)
-            move, at = self._append_rescale(pipeline, element_id, parts, source, partitions)
+            move, at, _ = self._append_listed(
+                pipeline, element_id, parts, source, partial(_rescale, element_id, partitions),
+                f"scale {pipeline}/{element_id}",
+            )  # fmt: skip
             log.info("rescaled %s/%s to %d partitions at %d: %d keys move", pipeline,
                      element_id, partitions, at, len(move.keys))  # fmt: skip
             report = self._moved(pipeline, element_id, source, move, at, deadline, report)
@@ -397,91 +397,9 @@ class Scaling(KeyMoves):
         placed = element.model_copy(update={"node": node}).model_dump(mode="json")
         agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
 
-    def _append_rescale(
-        self,
-        pipeline: str,
-        element_id: str,
-        parts: list[ElementSpec],
-        source: str,
-        count: int,
-    ) -> tuple[KeyMove, int]:
-        """List the keys that move and append the rescale record (see the module).
 
-        Returns:
-            The record and its sequence.
-        """
-        record = self.pipeline(pipeline)
-        key_by = parts[0].key_by
-        assert key_by is not None
-        held: set[str] = set()
-        since: int | None = None
-        for part in parts:
-            node = record.placement.get(part.id, part.node)
-            path = f"/pipelines/{pipeline}/elements/{part.id}/keys"
-            answer = self.agent(node).call(StateKeys, "GET", path, timeout=120)
-            held.update(answer.keys)
-            position = answer.positions.get(source, 0)
-            since = position if since is None else min(since, position)
-        stream = stream_name(pipeline, source)
-        data, keys = data_subject(pipeline, source), keys_subject(pipeline, source)
-        scanned = since or 0
-        move_id = uuid.uuid4().hex[:12]
-        first = parts[0].partition
-        assert first is not None
-        for _ in range(APPEND_TRIES):
-
-            async def look(js: Any, start: int = scanned) -> tuple[int, list[Any]]:
-                end = int(await last_seq(js, stream))
-                found = [
-                    *(await get_range(js, stream, data, start, end)),
-                    *(await get_range(js, stream, keys, start, end)),
-                ]
-                return end, found
-
-            end, found = self.broker.run(look, timeout=120)
-            for message in found:
-                if message.subject == keys:
-                    item = parse(message.seq, message.data)
-                    if isinstance(item, KeyMove) and item.element == element_id:
-                        held.update(item.keys)
-                    elif isinstance(item, KeyState) and item.element == element_id:
-                        held.add(item.key)
-                    continue
-                key = body_key(event_fields(message.data)[3], key_by)
-                if key is not None:
-                    held.add(key)
-            scanned = end
-            owners = self._owners(pipeline, source, element_id, first.first_count)
-            moving = sorted(k for k in held if owners.owner(k) != partition_of_key(k, count))
-            move = KeyMove(0, move_id, element_id, tuple(moving), -1, "backlog", count)
-            payload = move.payload()
-            if len(payload) > MAX_RECORD_BYTES:
-                raise InvalidInput(
-                    f"cannot scale {pipeline}/{element_id}: {len(moving)} keys would move, "
-                    f"more than one rescale record holds ({len(payload)} bytes)",
-                    expected=f"a rescale record of at most {MAX_RECORD_BYTES} bytes",
-                    received=f"{len(moving)} keys",
-                    hint="scale in smaller steps, or with shorter keys",
-                )
-
-            async def append(js: Any, body: bytes = payload, after: int = end) -> int | None:
-                try:
-                    ack = await js.publish(
-                        keys, body, stream=stream,
-                        headers={"Nats-Expected-Last-Sequence": str(after),
-                                 "Nats-Msg-Id": f"{element_id}:rescale:{move_id}"},
-                    )  # fmt: skip
-                except APIError as exc:
-                    if exc.err_code == WRONG_LAST_SEQUENCE:
-                        return None  # something came in meanwhile: look at it, then again
-                    raise
-                return int(ack.seq)
-
-            at = self.broker.run(append, timeout=30)
-            if at is not None:
-                return move, at
-        raise Unavailable(
-            f"cannot scale {pipeline}/{element_id}: its input {source!r} never stood still "
-            f"between looking at it and appending the rescale ({APPEND_TRIES} tries)",
-            hint="try again; nothing changed (the added partitions own nothing yet)",
-        )
+def _rescale(element_id: str, count: int, owners: Ownership, held: set[str], move: str) -> KeyMove:
+    """The rescale of ``element_id`` to ``count`` partitions, given who owns each key now and
+    the keys that may hold state: it lists those whose partition changes."""
+    moving = sorted(k for k in held if owners.owner(k) != partition_of_key(k, count))
+    return KeyMove(0, move, element_id, tuple(moving), -1, "backlog", count)

@@ -11,6 +11,7 @@ from fogshift.broker.keys import (
     KeyMove,
     KeyState,
     Ownership,
+    in_group,
     joined_state,
     key_text,
     parse,
@@ -68,6 +69,30 @@ def test_a_rescale_gives_every_key_its_partition_of_the_new_count() -> None:
     assert all(owners.pending[k] == "r1" for k in owners.pending)
     # A count below one is no rescale.
     assert parse(10, stored.replace(b'"count": 3', b'"count": 0')) is None
+
+
+def test_a_key_group_moves_its_keys_seen_and_unseen_over_their_earlier_moves() -> None:
+    owners = Ownership(2)
+    keys = [f"s{i}" for i in range(60)]
+    grouped = [k for k in keys if in_group(k, 1, 4)]
+    assert grouped and len(grouped) < len(keys)
+    # One key of the group had moved alone before; the group's move wins over that.
+    owners.apply(KeyMove(3, "m1", "agg", (grouped[0],), 1 - partition_of_key(grouped[0], 2)))
+    owners.settle(KeyState(4, "m1", "agg", grouped[0], 0, {}))
+    stored = KeyMove(0, "g1", "agg", tuple(grouped[:2]), 0, "backlog", group=(1, 4)).payload()
+    move = parse(8, stored)
+    assert move == KeyMove(8, "g1", "agg", tuple(grouped[:2]), 0, "backlog", group=(1, 4))
+    assert isinstance(move, KeyMove)
+    owners.apply(move)
+    assert all(owners.owner(k) == 0 for k in grouped)  # listed or not: the whole group
+    assert all(owners.owner(k) == partition_of_key(k, 2) for k in keys if k not in grouped)
+    # A later single move of a key of the group still moves it; a rescale forgets groups.
+    owners.apply(KeyMove(9, "m2", "agg", (grouped[1],), 1))
+    assert owners.owner(grouped[1]) == 1 and owners.owner(grouped[2]) == 0
+    owners.apply(KeyMove(12, "r", "agg", (), -1, "backlog", 3))
+    assert [owners.owner(k) for k in keys] == [partition_of_key(k, 3) for k in keys]
+    # A group outside its count is no move.
+    assert parse(13, stored.replace(b"[1, 4]", b"[4, 4]")) is None
 
 
 @pytest.mark.parametrize(

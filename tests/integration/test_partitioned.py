@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fogshift.broker.keys import in_group
 from fogshift.common.waiting import wait_until
 from fogshift.spec.models import partition_of_key
 from tests.conftest import Cluster
@@ -73,6 +74,15 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     )  # fmt: skip
     assert (back["status"], back["sent"]) == ("moved", second)
     owner = {**static, **dict.fromkeys(first, 1), **dict.fromkeys(second, 0)}
+    # A key group moves: its keys with state now, and any of it that comes later.
+    group = cluster.json("migrate", "split", "aggregate", "--key-group", "1/4", "--to", "fog-a")
+    grouped = sorted(k for k in static if in_group(k, 1, 4) and owner[k] != 0)
+    assert (group["status"], group["group"], sorted(group["keys"])) == ("moved", "1/4", grouped)
+    assert grouped and set(group["sent"]) == set(grouped)
+    owner |= {k: 0 for k in static if in_group(k, 1, 4)}
+    refused = cluster.cli("migrate", "split", "aggregate", "--key-group", "4/4", "--to", "fog-a",
+                          check=False)  # fmt: skip
+    assert refused.returncode != 0 and "bad key group" in refused.stderr
     # Scaled out to three partitions, mid-stream: every key goes to its partition of three
     # (the moves before are forgotten); those whose partition changes take their state.
     scaled = cluster.json("scale", "split", "aggregate", "--partitions", "3", "--on", "fog-c")
