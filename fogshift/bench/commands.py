@@ -234,7 +234,8 @@ def register(bench_app: typer.Typer) -> None:
         runs: Annotated[int | None, typer.Option(help="Repetitions of each combination.")] = None,
     ) -> None:
         """Issue #16: moving a partition's keys one at a time (fifo, backlog order) vs the
-        whole PE, over uniform and Zipf traffic."""
+        whole PE, and scaling the element from two partitions to three, over uniform and Zipf
+        traffic."""
         config = pam.PamConfig.quick() if quick else pam.PamConfig()
         if keys:
             config = replace(config, keys=_ints(keys, "numbers of keys"))

@@ -279,11 +279,12 @@ class KeyMoves(Standbys):
         ``source``) is stored, or ``deadline``.
 
         Returns:
-            Each key's state message and its size, for those stored; and when the move
-            itself was stored (``None`` if it was not found).
+            Each key's state message and its size (a large state's parts included), for
+            those stored; and when the move itself was stored (``None`` if not found).
         """
         stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
         states: dict[str, tuple[Any, int]] = {}
+        sizes: dict[int, int] = {}  # every message's size, for a state's parts (stored before)
         moved_at = None
         after = at - 1
         while True:
@@ -297,7 +298,9 @@ class KeyMoves(Standbys):
                 if isinstance(item, KeyMove) and item.move == move:
                     moved_at = message.stored_at
                 elif isinstance(item, KeyState) and item.move == move:
-                    states.setdefault(item.key, (message, len(message.data)))
+                    size = len(message.data) + sum(sizes.get(p, 0) for p in item.parts)
+                    states.setdefault(item.key, (message, size))
+                sizes[message.seq] = len(message.data)
                 after = max(after, message.seq)
             if len(states) >= len(keys) or time.monotonic() >= deadline:
                 return states, moved_at
