@@ -1,4 +1,5 @@
-"""A partitioned node (not a frozen one): restored elsewhere, and its zombie never writes.
+"""A partitioned node (not a frozen one): restored elsewhere (from a checkpoint, or by its
+hot standby), and its zombie never writes.
 
 The nodes run in network namespaces of their own (`fogshift up --isolate`). Partitioning
 fog-b cuts its link while every process on it keeps running: its queries stall on the
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from fogshift.common.waiting import wait_until
 from fogshift.events import EPOCH_HEADER
 from tests.conftest import Cluster
 from tests.integration.helpers import (
@@ -70,14 +72,24 @@ def test_every_node_runs_isolated_behind_a_measured_link(cluster: Cluster) -> No
     assert len({row["ns_ip"] for row in rows.values()}) == 3
 
 
+@pytest.mark.parametrize("standby", [None, "fog-a"], ids=["from-checkpoint", "standby"])
 def test_partitioned_node_is_restored_and_its_zombie_never_writes(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, standby: str | None
 ) -> None:
     # 80 s of input: it still flows when the restored instance takes over and after the heal.
-    spec = case1_spec(tmp_path, "part", agg_node="fog-b", detect_after_s=4)
+    # With a hot standby on fog-a, the standby takes over (#13) instead of a checkpoint.
+    spec = case1_spec(tmp_path, "part", agg_node="fog-b", detect_after_s=4, standby=standby)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("part", "sink", 40)
-    wait_central(cluster, "part", "aggregate")
+    if standby is None:
+        wait_central(cluster, "part", "aggregate")
+    else:
+
+        def followed() -> bool:
+            mine = cluster.element("part", "aggregate")["standby"] or {}
+            return mine.get("state") == "running" and mine.get("lag_events") is not None
+
+        wait_until(followed, 120, interval_s=0.5, describe="the aggregate's standby followed")
     cut = cluster.node("fog-b")
     cluster.cli("net", "partition", "fog-b")
     try:
@@ -87,6 +99,10 @@ def test_partitioned_node_is_restored_and_its_zombie_never_writes(
             assert time.monotonic() < deadline, "the partitioned node's PE was not restored"
             time.sleep(1)
         restored_on = cluster.element("part", "aggregate")["node"]
+        method = cluster.element("part", "aggregate")["last_restore"]["method"]
+        assert (method, restored_on) == (
+            ("checkpoint", restored_on) if standby is None else ("standby", standby)
+        )
         # Keep fog-b cut off until the restored instance has emitted under the new epoch.
         deadline = time.monotonic() + 120
         while not any(
