@@ -58,11 +58,6 @@ from fogshift.spec.models import (
 
 log = logging.getLogger(__name__)
 
-#: How often the rescale record is tried, each time after looking at what came meanwhile.
-APPEND_TRIES = 50
-#: The rescale record's largest size (a broker message takes at most ~1 MiB).
-MAX_RECORD_BYTES = 900 * 1024
-
 
 class Scaling(KeyMoves):
     """``fogshift scale``: more or fewer partitions for a partitioned keyed element."""
