@@ -46,6 +46,7 @@ from fogshift.contracts import (
     TwinEntry,
     TwinState,
 )
+from fogshift.runtime.api import Processor
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.exceptions import ElementError, NoState
@@ -436,21 +437,18 @@ class NodeRuntime:
             keys = [k for k in self._elements if k[0] == pipeline]
             return [self.remove(*k) for k in keys]
 
-    def twin_state(
-        self, pipeline: str, pe: str, key: str | None = None, limit: int = 1000
-    ) -> TwinState:
-        """The PE's state per key, as of its newest committed batch (see ``state_reader``).
+    def _stateful(self, pipeline: str, pe: str) -> tuple[ElementSpec, type[Processor]]:
+        """The PE's spec and processor class, once it is known to hold state here.
 
         Raises:
             UnknownElement: The PE does not run here.
             NoState: It holds no state (a source, a sink, a stateless processor).
             NodeNotReady: The node's Spark session is not up yet.
         """
-        hosted = self.hosted(pipeline, pe)
-        element = hosted.plan.element
-        who = f"{pipeline}/{pe} on node {self.config.name!r}"
+        element = self.hosted(pipeline, pe).plan.element
         stateless = NoState(
-            f"{who} holds no state: it is a {element.kind!r} "
+            f"{pipeline}/{pe} on node {self.config.name!r} holds no state: it is a "
+            f"{element.kind!r} "
             + ("processor without state fields" if element.role == "processor" else element.role),
             expected="a stateful processor (window-aggregate, or a custom one with state)",
             received=f"{pe!r}, kind {element.kind!r}",
@@ -463,6 +461,20 @@ class NodeRuntime:
             raise stateless
         if self.spark is None:
             raise NodeNotReady(f"node {self.config.name!r} is still starting Spark")
+        return element, cls
+
+    def twin_state(
+        self, pipeline: str, pe: str, key: str | None = None, limit: int = 1000
+    ) -> TwinState:
+        """The PE's state per key, as of its newest committed batch (see ``state_reader``).
+
+        Raises:
+            UnknownElement: The PE does not run here.
+            NoState: It holds no state (a source, a sink, a stateless processor).
+            NodeNotReady: The node's Spark session is not up yet.
+        """
+        element, cls = self._stateful(pipeline, pe)
+        assert self.spark is not None
         keyed = element.key_by is not None
         batch, states = read_state(
             self.spark,
@@ -491,21 +503,17 @@ class NodeRuntime:
             NoState: It is not a keyed stateful processor.
             NodeNotReady: The node's Spark session is not up yet.
         """
-        hosted = self.hosted(pipeline, pe)
-        element = hosted.plan.element
-        cls, _ = processor_for(element.kind, dict(element.options))
-        if element.role != "processor" or element.key_by is None or not cls.is_stateful():
+        element, cls = self._stateful(pipeline, pe)
+        assert self.spark is not None
+        if element.key_by is None:
             raise NoState(
                 f"{pipeline}/{pe} on node {self.config.name!r} holds no state per key",
                 expected="a keyed stateful processor (key_by, with state)",
-                received=f"{pe!r}, kind {element.kind!r}, key_by {element.key_by!r}",
+                received=f"{pe!r}, kind {element.kind!r}, without key_by",
                 hint="`fogshift status PIPELINE` lists the elements and their kinds",
             )
-        if self.spark is None:
-            raise NodeNotReady(f"node {self.config.name!r} is still starting Spark")
-        movable = element.partition is not None and len(element.inputs) == 1
         batch, end, keys = read_keys(
-            self.spark, self.checkpoint_dir(pipeline, pe), cls.state_parts(), movable
+            self.spark, self.checkpoint_dir(pipeline, pe), cls.state_parts(), element.moves_keys
         )
         positions = {k: int(v) for k, v in ((end or {}).get("positions") or {}).items()}
         return StateKeys(pipeline=pipeline, element=pe, node=self.config.name, batch=batch,

@@ -698,14 +698,20 @@ def migrate(
         console.print(f"[yellow]warning[/]: {warning}")
 
 
-def _post(home: Path, path: str, body: dict[str, Any], doing: str) -> Any:
+def _post(
+    home: Path, path: str, body: dict[str, Any], doing: str, answer: type[M], as_json: bool
+) -> M:
     """POST ``body`` to the orchestrator's ``path``, showing ``doing`` until it answers (an
-    operation may take minutes: the client waits up to 30)."""
+    operation may take minutes: the client waits up to 30); the answer as ``answer``,
+    printed as JSON with ``as_json``."""
     with (
         cluster_ops.orchestrator_client(home.resolve(), timeout_s=1800) as client,
         console.status(doing),
     ):
-        return client.post(path, json=body)
+        report = answer.model_validate(client.post(path, json=body))
+    if as_json:
+        _print_json(report)
+    return report
 
 
 def _migrate_keys(
@@ -716,13 +722,10 @@ def _migrate_keys(
     if group is not None:
         body["group"] = group.strip()
     moving = f"key group {group}" if group is not None else f"{len(keys)} keys"
-    report = KeyMoveReport.model_validate(
-        _post(home, f"/pipelines/{pipeline}/elements/{element}/keys/migrate", body,
-              f"moving {moving} of {pipeline}/{element} to {to}")
-    )  # fmt: skip
-    if as_json:
-        _print_json(report)
-    else:
+    report = _post(home, f"/pipelines/{pipeline}/elements/{element}/keys/migrate", body,
+                   f"moving {moving} of {pipeline}/{element} to {to}", KeyMoveReport,
+                   as_json)  # fmt: skip
+    if not as_json:
         for key in report.sent:
             console.print(
                 f"{key}: {report.origins.get(key)} -> {report.target_partition}, stopped "
@@ -760,13 +763,10 @@ def _migrate_group(
 ) -> None:
     names = [e.strip() for e in elements]
     body = {"elements": names, "target": to, "mode": mode}
-    report = GroupMigrationReport.model_validate(
-        _post(home, f"/pipelines/{pipeline}/migrate", body,
-              f"migrating {', '.join(names)} of {pipeline} to {to}")
-    )  # fmt: skip
-    if as_json:
-        _print_json(report)
-    else:
+    report = _post(home, f"/pipelines/{pipeline}/migrate", body,
+                   f"migrating {', '.join(names)} of {pipeline} to {to}", GroupMigrationReport,
+                   as_json)  # fmt: skip
+    if not as_json:
         for move in report.migrations:
             phases = ", ".join(f"{k} {v:.0f} ms" for k, v in move.phases_ms.items())
             console.print(f"{move.element}: {move.origin} -> {move.target} {move.status}; {phases}")
@@ -804,13 +804,10 @@ def scale(
     body: dict[str, Any] = {"partitions": partitions}
     if on is not None:
         body["nodes"] = [n.strip() for n in on.split(",")]
-    report = ScaleReport.model_validate(
-        _post(home, f"/pipelines/{pipeline}/elements/{element}/scale", body,
-              f"scaling {pipeline}/{element} to {partitions} partitions")
-    )  # fmt: skip
-    if as_json:
-        _print_json(report)
-    else:
+    report = _post(home, f"/pipelines/{pipeline}/elements/{element}/scale", body,
+                   f"scaling {pipeline}/{element} to {partitions} partitions", ScaleReport,
+                   as_json)  # fmt: skip
+    if not as_json:
         for pe, node in report.added.items():
             console.print(f"added {pe} on {node}")
         if report.consumers:

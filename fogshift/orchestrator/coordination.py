@@ -7,7 +7,6 @@ import logging
 from collections.abc import Callable
 from functools import partial
 
-from fogshift.broker.publish import fence
 from fogshift.contracts import (
     CheckpointManifest,
     GroupMigrationReport,
@@ -410,11 +409,8 @@ class Coordination(Scaling):
             log.warning("restore of %s/%s failed everywhere and its node %s is not healthy: "
                         "left to the reconciler", pipeline, element.id, node)  # fmt: skip
             return None
-        here = f"/pipelines/{pipeline}/elements/{element.id}"
         try:
-            epoch = self.registry.next_epoch(pipeline, element.id)
-            self.broker.run(lambda js: fence(js, pipeline, element.id, epoch))
-            self._restart_instance(node, here, element, epoch)
+            epoch = self._restart_fenced(pipeline, element, node)
         except FogshiftError as exc:
             log.warning("restore of %s/%s failed everywhere; restarting it on %s failed too "
                         "(left to the reconciler): %s", pipeline, element.id, node,

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from nats.js.errors import APIError
@@ -40,7 +41,7 @@ from fogshift.contracts import (
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.orchestrator.standbys import Standbys
-from fogshift.spec.models import ElementSpec
+from fogshift.spec.models import ElementSpec, partition_id
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,22 @@ MAX_GROUPS = 4096
 APPEND_TRIES = 50
 #: A listed move's largest record (a broker message takes at most ~1 MiB).
 MAX_RECORD_BYTES = 900 * 1024
+
+
+@dataclass
+class Settled:
+    """How a move's states arrived (see :meth:`KeyMoves._settle`).
+
+    Attributes:
+        stoppage_ms: Each moved key whose state is stored, in the order they were, with the
+            time from the move being stored to its state being stored.
+        state_bytes: The states' size as sent (parts included).
+        error: Why the move is still pending, if it is.
+    """
+
+    stoppage_ms: dict[str, float]
+    state_bytes: int
+    error: str | None = None
 
 
 class KeyMoves(Standbys):
@@ -140,7 +157,7 @@ class KeyMoves(Standbys):
                 received=f"element {element_id!r}",
                 hint="without --keys, `fogshift migrate` moves a whole PE",
             )
-        if len(parts[0].inputs) != 1:
+        if not parts[0].moves_keys:
             raise InvalidInput(
                 f"{refusal}: its partitions read {len(parts[0].inputs)} inputs",
                 expected="a partitioned element with one input (where keys change owner is a "
@@ -239,38 +256,52 @@ class KeyMoves(Standbys):
     ) -> KeyMoveReport:  # fmt: skip
         """The report of ``move`` (stored at ``at``) once the target has committed every
         moved key's state, or ``pending`` after ``timeout_s``."""
+        settled = self._settle(pipeline, base["element"], source, move, at, started + timeout_s)
+        report = KeyMoveReport(
+            **base, status=KeyMoveStatus.MOVED, move_seq=at, sent=list(settled.stoppage_ms),
+            stoppage_ms=settled.stoppage_ms, state_bytes=settled.state_bytes,
+        )  # fmt: skip
+        if settled.error is not None:
+            return report.model_copy(
+                update={"status": KeyMoveStatus.PENDING, "error": settled.error}
+            )
+        return report.model_copy(update={"done_ms": _ms_since(started)})
+
+    def _settle(
+        self, pipeline: str, element_id: str, source: str, move: KeyMove, at: int,
+        deadline: float,
+    ) -> Settled:  # fmt: skip
+        """Wait until every key of ``move`` (stored at ``at`` in the input ``source``) has
+        its state stored and committed by its new partition, or ``deadline``."""
         moving = list(move.keys)
-        deadline = started + timeout_s
         states, moved_at = self._await_states(pipeline, source, move.move, at, moving, deadline)
         ordered = sorted(states.items(), key=lambda kv: kv[1][0].seq)
-        stoppage = (
-            {k: round((m.stored_at - moved_at) * 1000, 1) for k, (m, _) in ordered}
-            if moved_at is not None
-            else {}
+        settled = Settled(
+            stoppage_ms={
+                k: round((m.stored_at - moved_at) * 1000, 1) if moved_at is not None else 0.0
+                for k, (m, _) in ordered
+            },
+            state_bytes=sum(size for _, (_, size) in ordered),
         )
-        report = KeyMoveReport(
-            **base, status=KeyMoveStatus.MOVED, move_seq=at, sent=[k for k, _ in ordered],
-            stoppage_ms=stoppage, state_bytes=sum(size for _, (_, size) in ordered),
-        )  # fmt: skip
-        if len(states) < len(moving):
-            missing = sorted(set(moving) - set(states))
-            return report.model_copy(
-                update={
-                    "status": KeyMoveStatus.PENDING,
-                    "error": f"no state yet for {missing[:10]} after {timeout_s:.0f} s: their "
-                    "events wait at the target until their origin partition sends them",
-                }
+        missing = sorted(set(moving) - set(states))
+        if missing:
+            settled.error = (
+                f"no state yet for {len(missing)} keys ({', '.join(missing[:10])}) in time: "
+                "their events wait at their new partition until their origin sends them"
             )
-        if states:
-            last_state = max(m.seq for m, _ in states.values())
-            if not self._committed_past(pipeline, to.id, target, source, last_state, deadline):
-                return report.model_copy(
-                    update={
-                        "status": KeyMoveStatus.PENDING,
-                        "error": f"{to.id} has not committed the states yet (it holds the keys)",
-                    }
-                )
-        return report.model_copy(update={"done_ms": _ms_since(started)})
+            return settled
+        last: dict[int, int] = {}  # each new partition's last state
+        for message, _ in states.values():
+            item = parse(message.seq, message.data)
+            if isinstance(item, KeyState):
+                last[item.to] = max(last.get(item.to, 0), message.seq)
+        placement = self.pipeline(pipeline).placement
+        for index, seq in sorted(last.items()):
+            pe = partition_id(element_id, index)
+            if not self._committed_past(pipeline, pe, placement[pe], source, seq, deadline):
+                settled.error = f"{pe} has not committed the moved states yet (it holds the keys)"
+                return settled
+        return settled
 
     def _await_states(
         self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float

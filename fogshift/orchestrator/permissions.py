@@ -26,8 +26,7 @@ ACTIVE = ("deploying", "running", "stopping")
 
 
 def _hosted(pipeline: str, element: ElementSpec) -> Hosted:
-    moves = element.partition is not None and len(element.inputs) == 1
-    return Hosted(pipeline, element.id, tuple(element.inputs), moves_keys=moves)
+    return Hosted(pipeline, element.id, tuple(element.inputs), moves_keys=element.moves_keys)
 
 
 def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:

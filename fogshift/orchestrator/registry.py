@@ -219,10 +219,7 @@ class Registry:
         """
         now = time.time()
         with self._tx() as db:
-            db.execute(
-                "UPDATE pipelines SET spec = ?, updated = ? WHERE name = ?",
-                (spec.model_dump_json(), now, spec.pipeline),
-            )
+            self._set_spec(db, spec, now)
             epochs = {e.id: self._bump_epoch(db, spec.pipeline, e.id) for e in added}
             db.executemany(
                 "INSERT OR REPLACE INTO placements VALUES (?, ?, ?, ?, ?)",
@@ -235,14 +232,19 @@ class Registry:
         ``removed`` (partitions ``scale`` retired), and forget their placement. Their
         epochs stay: should one ever come back, it is fenced above every instance it had."""
         with self._tx() as db:
-            db.execute(
-                "UPDATE pipelines SET spec = ?, updated = ? WHERE name = ?",
-                (spec.model_dump_json(), time.time(), spec.pipeline),
-            )
+            self._set_spec(db, spec, time.time())
             db.executemany(
                 "DELETE FROM placements WHERE pipeline = ? AND element = ?",
                 [(spec.pipeline, pe) for pe in removed],
             )
+
+    @staticmethod
+    def _set_spec(db: sqlite3.Connection, spec: PipelineSpec, now: float) -> None:
+        """Inside a transaction: store ``spec`` as its running pipeline's spec."""
+        db.execute(
+            "UPDATE pipelines SET spec = ?, updated = ? WHERE name = ?",
+            (spec.model_dump_json(), now, spec.pipeline),
+        )
 
     def set_status(self, name: str, status: PipelineState) -> None:
         with self._tx() as db:

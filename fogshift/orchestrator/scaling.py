@@ -42,7 +42,7 @@ from typing import Any
 
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import ensure_pe_stream, last_seq
-from fogshift.broker.keys import KeyMove, KeyState, Ownership, parse
+from fogshift.broker.keys import KeyMove, Ownership
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence
 from fogshift.contracts import KeyMoveStatus, ScaleReport
@@ -164,37 +164,17 @@ class Scaling(KeyMoves):
     ) -> ScaleReport:  # fmt: skip
         """``report`` with the rescale ``move`` (stored at ``at``) once every listed key's
         state is stored and committed by its new owner, or ``pending`` at ``deadline``."""
-        moving = list(move.keys)
-        states, moved_at = self._await_states(pipeline, source, move.move, at, moving, deadline)
+        settled = self._settle(pipeline, element_id, source, move, at, deadline)
         report = report.model_copy(update={
-            "scale_seq": at, "moved": len(moving),
-            "keys": {k: partition_id(element_id, move.target(k)) for k in moving[:1000]},
-            "state_bytes": sum(size for _, size in states.values()),
-            "stoppage_ms": max(
-                (round((m.stored_at - moved_at) * 1000, 1) for m, _ in states.values()),
-                default=None,
-            ) if moved_at is not None else None,
+            "scale_seq": at, "moved": len(move.keys),
+            "keys": {k: partition_id(element_id, move.target(k)) for k in move.keys[:1000]},
+            "state_bytes": settled.state_bytes,
+            "stoppage_ms": max(settled.stoppage_ms.values(), default=None),
         })  # fmt: skip
-        if len(states) < len(moving):
-            missing = sorted(set(moving) - set(states))
-            return report.model_copy(update={
-                "status": KeyMoveStatus.PENDING,
-                "error": f"no state yet for {len(missing)} keys ({', '.join(missing[:5])}) "
-                "in time: their events wait at their new partitions",
-            })  # fmt: skip
-        last: dict[int, int] = {}
-        for message, _ in states.values():
-            item = parse(message.seq, message.data)
-            if isinstance(item, KeyState):
-                last[item.to] = max(last.get(item.to, 0), message.seq)
-        placement = self.pipeline(pipeline).placement
-        for index, seq in sorted(last.items()):
-            pe = partition_id(element_id, index)
-            if not self._committed_past(pipeline, pe, placement[pe], source, seq, deadline):
-                return report.model_copy(update={
-                    "status": KeyMoveStatus.PENDING,
-                    "error": f"{pe} has not committed the moved states yet (it holds the keys)",
-                })  # fmt: skip
+        if settled.error is not None:
+            return report.model_copy(
+                update={"status": KeyMoveStatus.PENDING, "error": settled.error}
+            )
         return report
 
     def _retire(
@@ -229,24 +209,18 @@ class Scaling(KeyMoves):
             except FogshiftError as exc:  # fenced below; the reconciler removes it later
                 log.warning("retired %s/%s not removed from %s: %s", pipeline, part.id, node,
                             exc.message)  # fmt: skip
-            epoch = self.registry.next_epoch(pipeline, part.id)
-            self.broker.run(partial(fence, pipeline=pipeline, pe=part.id, epoch=epoch))
+            self._fence_anew(pipeline, part.id)
             retired[part.id] = node
         gone = set(retired)
         first = parts[0].partition
         assert first is not None
         elements = [
-            e.model_copy(update={"partition": e.partition.model_copy(update={
-                "count": count, "base": first.first_count})})
-            if e.partition is not None and e.partition.of == first.of
+            _counted(e, count, first.first_count) if e.partition and e.partition.of == first.of
             else e
             for e in record.spec.elements
             if e.id not in gone
         ]  # fmt: skip
-        spec = PipelineSpec.model_validate(
-            record.spec.model_copy(update={"elements": elements}).model_dump(mode="json")
-        )
-        self.registry.remove_elements(spec, sorted(gone))
+        self.registry.remove_elements(_respec(record.spec, elements), sorted(gone))
         self.permissions.sync(self.registry)
         return retired, None
 
@@ -334,10 +308,10 @@ class Scaling(KeyMoves):
         old = {p.id for p in parts}
         elements: list[ElementSpec] = []
         consumers: list[ElementSpec] = []
-        for element in spec.elements:
-            if element.id in old and element.partition is not None:
-                element = element.model_copy(update={"partition": element.partition.model_copy(
-                    update={"count": count, "base": base})})  # fmt: skip
+        for each in spec.elements:
+            element: ElementSpec = each
+            if element.id in old:
+                element = _counted(element, count, base)
             elif old & set(element.inputs) and not set(ids) <= set(element.inputs):
                 # The added partitions' streams right after the element's last one.
                 at = max(n for n, i in enumerate(element.inputs) if i in old) + 1
@@ -354,12 +328,9 @@ class Scaling(KeyMoves):
             elements.append(element)
             if element.id == parts[-1].id:
                 elements.extend(added)
-        updated = PipelineSpec.model_validate(
-            spec.model_copy(update={"elements": elements}).model_dump(mode="json")
-        )
         if not added and not consumers:
             return [], []
-        epochs = self.registry.add_elements(updated, added)
+        epochs = self.registry.add_elements(_respec(spec, elements), added)
         self.permissions.sync(self.registry)  # the nodes may use the added streams
 
         async def streams(js: Any) -> None:
@@ -375,13 +346,26 @@ class Scaling(KeyMoves):
             # A standby follows its primary's cuts with the inputs it started with: the
             # keeper starts it again from the new spec.
             self.drop_standby(self.registry.standby(pipeline, consumer.id))
-            node = placement.get(consumer.id, consumer.node)
-            epoch = self.registry.next_epoch(pipeline, consumer.id)
-            self.broker.run(partial(fence, pipeline=pipeline, pe=consumer.id, epoch=epoch))
-            self._restart_instance(
-                node, f"/pipelines/{pipeline}/elements/{consumer.id}", consumer, epoch
-            )
+            self._restart_fenced(pipeline, consumer, placement.get(consumer.id, consumer.node))
         return added, consumers
+
+    def _fence_anew(self, pipeline: str, pe: str) -> int:
+        """A new epoch for ``pe``, above every one it had, and its fence marker on the PE's
+        stream: whatever wrote under an older epoch is refused from here on."""
+        epoch = self.registry.next_epoch(pipeline, pe)
+        self.broker.run(partial(fence, pipeline=pipeline, pe=pe, epoch=epoch))
+        return epoch
+
+    def _restart_fenced(self, pipeline: str, element: ElementSpec, node: str) -> int:
+        """Start ``element`` again on ``node`` from its own checkpoint, under a new epoch
+        fenced first (see :meth:`_fence_anew`). Inside the PE's exclusive section.
+
+        Returns:
+            The new epoch.
+        """
+        epoch = self._fence_anew(pipeline, element.id)
+        self._restart_instance(node, f"/pipelines/{pipeline}/elements/{element.id}", element, epoch)
+        return epoch
 
     def _restart_instance(self, node: str, here: str, element: ElementSpec, epoch: int) -> None:
         """Stop the PE's instance on ``node`` (keeping its checkpoint) and start it again
@@ -398,3 +382,19 @@ def _rescale(element_id: str, count: int, owners: Ownership, held: set[str], mov
     the keys that may hold state: it lists those whose partition changes."""
     moving = sorted(k for k in held if owners.owner(k) != partition_of_key(k, count))
     return KeyMove(0, move, element_id, tuple(moving), -1, "backlog", count)
+
+
+def _counted(part: ElementSpec, count: int, base: int) -> ElementSpec:
+    """Partition ``part`` of an element that now has ``count`` partitions (``base``: the
+    count its ownership starts from, see :class:`~fogshift.spec.models.Partition`)."""
+    assert part.partition is not None
+    return part.model_copy(
+        update={"partition": part.partition.model_copy(update={"count": count, "base": base})}
+    )
+
+
+def _respec(spec: PipelineSpec, elements: list[ElementSpec]) -> PipelineSpec:
+    """``spec`` with ``elements``, validated as a stored spec is when read back."""
+    return PipelineSpec.model_validate(
+        spec.model_copy(update={"elements": elements}).model_dump(mode="json")
+    )

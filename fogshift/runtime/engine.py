@@ -121,7 +121,7 @@ def _movable(element: ElementSpec) -> str:
     keeps its keys and places the moves, see :mod:`fogshift.broker.keys`), else ``""``.
     ``count`` is the one ownership starts from (scale records in the input change it)."""
     part = element.partition
-    if part is None or len(element.inputs) != 1:
+    if part is None or not element.moves_keys:
         return ""
     return f"{part.of}:{part.index}:{part.first_count}"
 
@@ -534,7 +534,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
                 group = F.when(field.isNull(), F.lit(NO_KEY)).otherwise(
                     F.concat(F.lit(KEY_PREFIX), field)
                 )
-                if element.partition is not None and not _movable(element):
+                if element.partition is not None and not element.moves_keys:
                     # A partition reads every input event and keeps those of its keys (as
                     # spec.partition_of_key: CRC-32 of the key's text, keyless ones to 0).
                     # Its outputs' origins stay the input positions, so the filter changes
@@ -548,7 +548,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
                 .groupBy(GROUP_COLUMN)
                 .transformWithStateInPandas(
                     statefulProcessor=_stateful_processor(
-                        *args, key_by=element.key_by, movable=bool(_movable(element))
+                        *args, key_by=element.key_by, movable=element.moves_keys
                     ),
                     outputStructType=RECORD_SCHEMA,
                     outputMode="Append",

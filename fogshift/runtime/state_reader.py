@@ -11,6 +11,7 @@ applied. A read costs a Spark job (0.5 to 1 s), nothing of the running query.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from fogshift.checkpoint.spark_dir import committed_batch, end_offset
 from fogshift.runtime.engine import GROUP_COLUMN, KEY_PREFIX, OPAQUE_PART
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 
 def read_state(
@@ -51,12 +52,8 @@ def read_state(
     names = parts if parts is not None else [OPAQUE_PART]
     values: dict[str, dict[str, Any]] = {}
     for name in names:
-        frame = (
-            spark.read.format("statestore")
-            .option("batchId", batch)
-            .option("stateVarName", f"f_{name}")
-            .load(str(checkpoint))
-            .select(F.col(f"key.{GROUP_COLUMN}").alias("k"), F.col("value.json").alias("j"))
+        frame = _state_var(spark, checkpoint, batch, f"f_{name}").select(
+            F.col(f"key.{GROUP_COLUMN}").alias("k"), F.col("value.json").alias("j")
         )
         if keyed and key is not None:
             frame = frame.where(F.col("k") == KEY_PREFIX + key)
@@ -87,18 +84,26 @@ def read_keys(
     names = [f"f_{n}" for n in (parts if parts is not None else [OPAQUE_PART])]
     if movable:
         names.append("held")
-    keys: set[str] = set()
-    for name in names:
-        frame = (
-            spark.read.format("statestore")
-            .option("batchId", batch)
-            .option("stateVarName", name)
-            .load(str(checkpoint))
-            .select(F.col(f"key.{GROUP_COLUMN}").alias("k"))
-        )
-        keys.update(
-            row["k"].removeprefix(KEY_PREFIX)
-            for row in frame.collect()
-            if row["k"] is not None and row["k"].startswith(KEY_PREFIX)
-        )
+    # Every state variable's keys in one Spark job, not one per variable.
+    frames = [
+        _state_var(spark, checkpoint, batch, name).select(F.col(f"key.{GROUP_COLUMN}").alias("k"))
+        for name in names
+    ]
+    union = functools.reduce(lambda a, b: a.union(b), frames).distinct()
+    keys = {
+        row["k"].removeprefix(KEY_PREFIX)
+        for row in union.collect()
+        if row["k"] is not None and row["k"].startswith(KEY_PREFIX)
+    }
     return batch, end_offset(checkpoint, batch), sorted(keys)
+
+
+def _state_var(spark: SparkSession, checkpoint: Path, batch: int, name: str) -> DataFrame:
+    """State variable ``name`` of the PE's checkpoint as of ``batch`` (Spark's state data
+    source reader; columns ``key`` and ``value``)."""
+    return (
+        spark.read.format("statestore")
+        .option("batchId", batch)
+        .option("stateVarName", name)
+        .load(str(checkpoint))
+    )

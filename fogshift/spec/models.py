@@ -147,6 +147,14 @@ class ElementSpec(BaseModel):
     partition: Partition | None = None
     merged: tuple[tuple[str, ...], ...] = ()
 
+    @property
+    def moves_keys(self) -> bool:
+        """Whether this is a partition whose keys can move (key moves, key groups,
+        ``scale``): one input, where a move's place is a position (see
+        :mod:`fogshift.broker.keys`). A partition reading several inputs keeps the keys
+        CRC-32 gives it."""
+        return self.partition is not None and len(self.inputs) == 1
+
     def __new__(cls, *args: Any, **data: Any) -> Self:
         # Python then runs the chosen subclass's __init__, which validates with its schema.
         # An unknown kind keeps the base class, whose validator raises pydantic's tag error.
