@@ -29,7 +29,7 @@ from fogshift.checkpoint.central import check_manifest
 from fogshift.checkpoint.store import snapshot_file
 from fogshift.common.exceptions import Forbidden
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
-from fogshift.common.http import blob_token, node_token, same_token, tls_context
+from fogshift.common.http import blob_token, client_limits, node_token, same_token, tls_context
 from fogshift.common.service import (
     ERROR_RESPONSES,
     Access,
@@ -140,6 +140,7 @@ def heartbeat_loop(
         headers={"Authorization": f"Bearer {config.token}"},
         timeout=5,
         verify=tls_context(),
+        limits=client_limits(),
     ) as client:
         while not stop.is_set():
             beat = Heartbeat(

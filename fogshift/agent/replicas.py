@@ -24,7 +24,7 @@ from fogshift.agent.exceptions import UnknownSource
 from fogshift.agent.node import NodeRuntime
 from fogshift.checkpoint.central import CentralStore, check_manifest
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
-from fogshift.common.http import NodeDirectory, raise_for_error, tls_context
+from fogshift.common.http import NodeDirectory, client_limits, raise_for_error, tls_context
 from fogshift.contracts import CheckpointManifest, InstallResult, ReplicaInfo
 from fogshift.exceptions import Unavailable
 
@@ -94,6 +94,7 @@ class Replicas:
             headers={"Authorization": f"Bearer {token}"},
             timeout=120,
             verify=tls_context(),
+            limits=client_limits(),
         )
 
         def fetch(rel: str) -> bytes:

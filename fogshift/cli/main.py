@@ -24,6 +24,7 @@ from fogshift.agent.config import AgentConfig
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.topology import topology_app
+from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.settings import check_environment
 from fogshift.contracts import (
     DeadLetter,
@@ -1006,7 +1007,10 @@ def serve_agent(
     )
     config.home.mkdir(parents=True, exist_ok=True)
     _log_setup()
-    uvicorn.run(create_app(config), host=config.host, port=port, log_level="warning")
+    uvicorn.run(
+        create_app(config), host=config.host, port=port, log_level="warning",
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+    )  # fmt: skip
 
 
 @app.command("serve-orchestrator", hidden=True)
@@ -1051,7 +1055,10 @@ def serve_orchestrator(
         ),
     )
     _log_setup()
-    uvicorn.run(create_app(config), host=config.host, port=port, log_level="warning")
+    uvicorn.run(
+        create_app(config), host=config.host, port=port, log_level="warning",
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+    )  # fmt: skip
 
 
 def _log_setup() -> None:

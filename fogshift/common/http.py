@@ -163,6 +163,29 @@ def raise_for_error(response: httpx.Response, what: str) -> None:
 
 M = TypeVar("M", bound=BaseModel)
 
+#: How long a client keeps an idle connection for reuse (httpx's default, stated once).
+CLIENT_KEEP_ALIVE_S = 5.0
+#: How long a fogshift service keeps an idle connection open (uvicorn's
+#: ``timeout_keep_alive``). It must exceed the clients' :data:`CLIENT_KEEP_ALIVE_S` by more
+#: than a round trip: the service's close reaches the client half a round trip late, and a
+#: request sent meanwhile on that connection dies unread ("server disconnected"). With
+#: uvicorn's default (5 s, the same as the client's) any request after 4-5 s of quiet across
+#: a link of 1 s RTT was lost that way (a 50 MiB handover over ``n500`` failed on it).
+SERVER_KEEP_ALIVE_S = 75
+#: Methods whose request :class:`ServiceClient` sends again once when the connection breaks
+#: before an answer: reading twice changes nothing. Others are never repeated (a migration
+#: or a deploy sent twice is not the same as once).
+_REPEATABLE = frozenset({"GET", "HEAD"})
+#: The connection broke before any answer arrived (a pooled connection the server had
+#: closed meanwhile is the usual cause).
+_BROKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def client_limits() -> httpx.Limits:
+    """The connection-pool limits of every fogshift HTTP client (see
+    :data:`SERVER_KEEP_ALIVE_S` for why the idle expiry matters)."""
+    return httpx.Limits(keepalive_expiry=CLIENT_KEEP_ALIVE_S)
+
 
 @functools.cache
 def tls_context() -> ssl.SSLContext:
@@ -193,17 +216,26 @@ class ServiceClient:
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout_s,
             verify=tls_context(),
+            limits=client_limits(),
         )
 
     def raw(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """Send a request and return the successful response itself (binary bodies).
+
+        A ``GET`` or ``HEAD`` whose connection breaks before the answer is sent once more on
+        a fresh connection; no other method is ever repeated.
 
         Raises:
             Unavailable: The service cannot be reached.
             FogshiftError: The service's own error, re-raised as its class.
         """
         try:
-            response = self._client.request(method, path, **kwargs)
+            try:
+                response = self._client.request(method, path, **kwargs)
+            except _BROKEN:
+                if method.upper() not in _REPEATABLE:
+                    raise
+                response = self._client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise Unavailable(
                 f"{self.name} at {self.url} cannot be reached: {type(exc).__name__}",

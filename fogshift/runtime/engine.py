@@ -25,6 +25,7 @@ agent knows such a failure by that type and restarts it only a bounded number of
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -62,6 +63,13 @@ NO_KEY = "none"
 #: The one state part of a processor with its own ``snapshot()`` (declared fields are
 #: stored one part per field; see :func:`_stateful_processor`).
 OPAQUE_PART = "__snapshot__"
+#: State values whose encoding can be reused while they are the same object.
+IMMUTABLE_STATE = (str, int, float, bool, type(None))
+
+
+def state_digest(text: str) -> str:
+    """A short digest of a state text: equal digests stand for equal texts."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -271,6 +279,13 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
     The processor instance is kept in the worker across batches, and reused for a batch only
     if the texts it encoded at the end of its last batch equal the stored ones (see
     :mod:`fogshift.runtime.instances`); otherwise it is built from the stored texts.
+
+    A large field costs nothing in a batch that leaves it as it was (issue #13: 50 MiB of
+    state made every batch take seconds). Beside the texts, an unkeyed PE stores their
+    digests (``marks``, a few bytes each): a batch reads those, and reads the texts
+    themselves only if they differ from the digests its kept instance holds (a restart,
+    a retried batch, another worker). A field whose value is still the very immutable object
+    encoded at the end of the last batch (a ``str``, a number) is not encoded again.
     Events are isolated (:func:`~fogshift.runtime.batch.run_batch`): to undo a failed
     event, the processor is rebuilt from the batch's last good state.
 
@@ -295,6 +310,8 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             names = self.parts if self.parts is not None else [opaque_part]
             self.values = {n: handle.getValueState(f"f_{n}", "json string") for n in names}
             self.held = handle.getValueState("held", "json string") if movable else None
+            unkeyed = key_by is None
+            self.marks = handle.getValueState("marks", "json string") if unkeyed else None
 
         def _stored(self) -> dict[str, str]:
             """The current grouping key's stored state texts, by part (one call to the
@@ -309,12 +326,55 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             decoded = {n: json.loads(text) for n, text in stored.items()}
             return decoded if self.parts is not None else decoded[opaque_part]
 
-        def _texts(self, processor: Processor) -> dict[str, str]:
-            """The processor's snapshot as texts, by part."""
+        def _texts(
+            self, processor: Processor, encoded: dict[str, tuple[Any, str]] | None = None
+        ) -> dict[str, str]:
+            """The processor's snapshot as texts, by part.
+
+            Args:
+                encoded: Earlier encodings, part -> (value, text): a part whose value is
+                    that very object, immutable, takes that text (equal by construction).
+                    Updated with this snapshot's immutable values.
+            """
             snapshot = processor.snapshot()
-            if self.parts is None:
-                return {opaque_part: encode_state(snapshot)}
-            return {n: encode_state(snapshot[n]) for n in self.parts}
+            values = {opaque_part: snapshot} if self.parts is None else snapshot
+            names = self.parts if self.parts is not None else [opaque_part]
+            texts = {}
+            for name in names:
+                value = values[name]
+                earlier = encoded.get(name) if encoded is not None else None
+                if earlier is not None and earlier[0] is value:
+                    texts[name] = earlier[1]
+                    continue
+                texts[name] = encode_state(value)
+                if encoded is not None:
+                    if isinstance(value, IMMUTABLE_STATE):
+                        encoded[name] = (value, texts[name])
+                    else:
+                        encoded.pop(name, None)
+            return texts
+
+        def _read_marks(self) -> dict[str, str] | None:
+            """The digests stored with the current key's texts (``None``: none yet)."""
+            assert self.marks is not None
+            saved = self.marks.get()
+            return json.loads(saved[0]) if saved is not None else None
+
+        def _store_marks(
+            self, before: dict[str, str] | None, stored: dict[str, str], fresh: dict[str, str]
+        ) -> dict[str, str]:
+            """Store the digests of ``fresh`` (a part's text unchanged since ``stored``,
+            the very object, keeps its digest) and return them."""
+            assert self.marks is not None
+            marks = {
+                name: before[name]
+                if before is not None and name in before and stored.get(name) is text
+                else state_digest(text)
+                for name, text in fresh.items()
+            }
+            if marks != before:
+                self.marks.update((json.dumps(marks),))
+            return marks
 
         def _store(self, stored: dict[str, str], fresh: dict[str, str]) -> None:
             """Write the parts whose text changed."""
@@ -332,9 +392,11 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             if key_by is not None:
                 yield from self._keyed(str(key[0]), tuples)
                 return
-            stored = self._stored()
             instance = InstanceKey(pipeline, pe, run, repr(key))
-            live = registry().checkout(instance, stored)
+            before = self._read_marks()
+            known, encoded = registry().marked(instance, before)
+            stored = dict(known) if known is not None else self._stored()
+            live = registry().checkout(instance, known if known is not None else stored)
             # Every instance this batch uses: the ones not kept at its end are closed.
             used: list[Processor] = [live] if live is not None else []
 
@@ -344,7 +406,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 return _assign(pipeline, pe, processor)
 
             def finish(processor: Processor) -> tuple[dict[str, str], Processor]:
-                return self._texts(processor), processor
+                return self._texts(processor, encoded), processor
 
             try:
                 out, (fresh, final) = run_batch(
@@ -361,10 +423,11 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 _drop(used, None, instance)
                 raise
             self._store(stored, fresh)
+            marks = self._store_marks(before, stored, fresh)
             _drop(used, final, instance)
             # Kept with the texts just stored: the next batch reuses it only if its stored
             # texts are these (not if this batch is retried, or an older checkpoint restored).
-            registry().keep(instance, final, fresh, gate)
+            registry().keep(instance, final, fresh, gate, marks=marks, encoded=encoded)
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
 

@@ -35,7 +35,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from fogshift.common.gate import gate_mode
 from fogshift.runtime.api import Processor
@@ -73,6 +74,10 @@ class _Kept:
     texts: Mapping[str, str] | None
     gate: str
     paused: bool = False
+    #: The digests of ``texts`` as stored beside them (``None``: not known).
+    marks: Mapping[str, str] | None = None
+    #: Encodings to reuse: part -> (the immutable value encoded, its text).
+    encoded: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
 
 def call_hook(processor: Processor, hook: str, who: object) -> bool:
@@ -140,12 +145,31 @@ class Instances:
             return None
         return kept.processor
 
+    def marked(
+        self, key: InstanceKey, marks: Mapping[str, str] | None
+    ) -> tuple[Mapping[str, str] | None, dict[str, tuple[Any, str]]]:
+        """What the kept instance of ``key`` knows of its state, without taking it.
+
+        Returns:
+            Its state texts if the digests stored with the batch's state (``marks``) are
+            those kept with it, so the texts need not be read from the store (else
+            ``None``); and its encodings to reuse (empty without a kept instance).
+        """
+        with self._lock:
+            kept = self._kept.get(key)
+        if kept is None:
+            return None, {}
+        same = marks is not None and kept.marks is not None and dict(kept.marks) == dict(marks)
+        return (kept.texts if same else None), kept.encoded
+
     def keep(
         self,
         key: InstanceKey,
         processor: Processor,
         texts: Mapping[str, str] | None,
         gate: str = "",
+        marks: Mapping[str, str] | None = None,
+        encoded: dict[str, tuple[Any, str]] | None = None,
     ) -> None:
         """Keep ``processor`` (holding ``texts``) for the next batch of ``key``.
 
@@ -155,6 +179,8 @@ class Instances:
         Args:
             gate: The PE's gate file, followed for ``on_pause``/``on_resume``/``on_revoke``
                 (``""``: none).
+            marks: The digests of ``texts`` as stored (see :meth:`marked`).
+            encoded: Encodings of immutable state values to reuse (see :meth:`marked`).
         """
         if not self._keep_between_batches():
             call_hook(processor, "close", key)
@@ -167,7 +193,10 @@ class Instances:
                 and k != key
             ]
             dropped = [self._kept.pop(k) for k in stale]
-            self._kept[key] = _Kept(processor, dict(texts) if texts is not None else None, gate)
+            self._kept[key] = _Kept(
+                processor, dict(texts) if texts is not None else None, gate,
+                marks=dict(marks) if marks is not None else None, encoded=dict(encoded or {}),
+            )  # fmt: skip
             self._ensure_watcher()
         for old in dropped:
             call_hook(old.processor, "close", key)

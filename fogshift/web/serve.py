@@ -9,6 +9,7 @@ from pathlib import Path
 
 import uvicorn
 
+from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor.cluster import load_cluster, orchestrator_client
 from fogshift.web.app import LOOPBACK_NAMES, DashboardConfig, Orchestrator, create_app
@@ -82,7 +83,9 @@ def serve(
     say(f"fogshift dashboard of the cluster under {home}")
     say(f"open: http://{shown}:{bound}/login?token={sessions.login_token}")
     say("(the link works once; Ctrl-C stops the dashboard)")
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", timeout_keep_alive=SERVER_KEEP_ALIVE_S)
+    )
     try:
         server.run(sockets=[sock])
     finally:

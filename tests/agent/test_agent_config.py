@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from fogshift.agent.config import AgentConfig
 from fogshift.cli.main import app
+from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor import cluster as cluster_ops
 
@@ -98,7 +99,8 @@ def test_serve_agent_takes_what_it_is_not_given_from_the_settings(
 
     built: list[AgentConfig] = []
     monkeypatch.setattr(fogshift.agent.app, "create_app", built.append)
-    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
+    served: list[dict] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: served.append(kwargs))
     monkeypatch.setenv("FOGSHIFT_CHECKPOINT_INTERVAL_S", "3")
     (tmp_path / "token").write_text("t" * 16)
     base = ["serve-agent", "--name", "fog-a", "--home", str(tmp_path / "home"), "--port", "1",
@@ -109,6 +111,8 @@ def test_serve_agent_takes_what_it_is_not_given_from_the_settings(
     result = CliRunner().invoke(app, [*base, "--trigger-ms", "50", "--checkpoint-interval", "4"])
     assert result.exit_code == 0, result.output
     assert [(c.checkpoint_interval_s, c.trigger_ms) for c in built] == [(3.0, 200), (4.0, 50)]
+    # Idle connections outlive the clients' reuse of them (fogshift.common.http).
+    assert [kw["timeout_keep_alive"] for kw in served] == [SERVER_KEEP_ALIVE_S] * 2
 
 
 def test_up_refuses_a_bad_setting_in_the_environment_before_starting_anything(

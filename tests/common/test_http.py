@@ -3,8 +3,26 @@
 from __future__ import annotations
 
 import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from fogshift.common.http import ServiceClient, tls_context
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from fogshift.common.http import (
+    CLIENT_KEEP_ALIVE_S,
+    SERVER_KEEP_ALIVE_S,
+    ServiceClient,
+    client_limits,
+    tls_context,
+)
+from fogshift.common.waiting import wait_until
+from fogshift.exceptions import Unavailable
+from fogshift.network.links import parse_link_profile
+from fogshift.network.relay import Route, ThreadedRelay
 
 
 def test_every_client_shares_one_verifying_tls_context() -> None:
@@ -18,3 +36,70 @@ def test_every_client_shares_one_verifying_tls_context() -> None:
         assert pool._ssl_context is context
     finally:
         client._client.close()
+
+
+@contextmanager
+def _served(app: FastAPI, keep_alive_s: float) -> Iterator[int]:
+    """``app`` on a real uvicorn server that closes idle connections after ``keep_alive_s``."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning",
+                       timeout_keep_alive=keep_alive_s)  # type: ignore[arg-type]
+    )  # fmt: skip
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 10, describe="uvicorn started")
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_a_read_survives_a_connection_the_service_closed_while_the_link_delayed_the_news() -> None:
+    """The service closes an idle connection before the client can know (the close, like
+    everything, crosses a link of 0.25 s one way): a GET sent on it meanwhile dies unread.
+    ServiceClient sends a GET once more on a fresh connection; other methods never."""
+    app = FastAPI()
+    calls = {"GET": 0, "POST": 0}
+
+    @app.get("/thing")
+    def read() -> dict[str, int]:
+        calls["GET"] += 1
+        return calls
+
+    @app.post("/thing")
+    def write() -> dict[str, int]:
+        calls["POST"] += 1
+        return calls
+
+    # The service drops idle connections after 0.1 s, before the next request can arrive.
+    with _served(app, keep_alive_s=0.1) as port:
+        route = Route(name="agent", listen_host="127.0.0.1", target_host="127.0.0.1",
+                      target_port=port)  # fmt: skip
+        with ThreadedRelay(parse_link_profile("normal:250:0"), [route], seed=1) as relay:
+            host, relayed = relay.addresses["agent"]
+            url = f"http://{host}:{relayed}"
+            # Without the retry the second read is lost: the failure this guards against.
+            with httpx.Client(base_url=url, limits=client_limits()) as bare:
+                assert bare.get("/thing").status_code == 200
+                with pytest.raises(httpx.RemoteProtocolError):
+                    bare.get("/thing")
+            client = ServiceClient(url, "t" * 16, "node agent 'x'")
+            try:
+                assert client.get("/thing")["GET"] == 2
+                assert client.get("/thing")["GET"] == 3  # sent twice, arrived once
+                # A write on the same kind of connection is lost and reported, never repeated.
+                with pytest.raises(Unavailable, match="cannot be reached: RemoteProtocolError"):
+                    client.post("/thing")
+                assert calls["POST"] == 0
+            finally:
+                client.close()
+
+
+def test_services_keep_idle_connections_longer_than_clients_reuse_them() -> None:
+    # Race-free while a round trip is shorter than the difference: n500's (~1 s), say, with
+    # a deviation of ten sigma each way.
+    n500 = parse_link_profile("n500")
+    round_trip_s = 2 * (n500.mean_ms + 10 * n500.sd_ms) / 1000
+    assert CLIENT_KEEP_ALIVE_S + round_trip_s < SERVER_KEEP_ALIVE_S
+    assert client_limits().keepalive_expiry == CLIENT_KEEP_ALIVE_S

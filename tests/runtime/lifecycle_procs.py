@@ -68,3 +68,18 @@ class Doubling(_Logging):
 
     def process(self, event: Event) -> dict[str, float]:
         return {"value": 2 * event.body["value"]}
+
+
+class Ballasted(CountingStats):
+    """:class:`CountingStats` with ``ballast``: a large text set by the first event and
+    changed only by an event with ``grow`` (the shape of a PE with a big, rarely changed
+    state field, such as a model)."""
+
+    ballast: str = state("")
+
+    def process(self, event: Event) -> dict[str, float]:
+        if not self.ballast:
+            self.ballast = "b" * int(self.options.get("ballast_bytes", 1_000_000))
+        if event.body.get("grow"):
+            self.ballast += "g"
+        return super().process(event)

@@ -1,0 +1,163 @@
+"""What a stateful PE's batch reads and writes of its state, with the state store replaced by a
+recording stand-in (the real store is exercised in ``test_engine_lifecycle``).
+
+A field that a batch leaves as it was must cost that batch nothing: not read from the store,
+not encoded, not written (issue #13: a PE holding 50 MiB spent seconds a batch on it). The
+stored digests (``marks``) must always be those of the stored texts, and a kept instance that
+does not hold the stored state (a retried batch, another worker) must not be trusted.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+import fogshift.runtime.engine as engine
+from fogshift.runtime.engine import _stateful_processor, state_digest
+from fogshift.runtime.instances import registry
+
+HERE = Path(__file__).resolve().parent
+BALLAST = 200_000
+_runs = itertools.count()
+
+
+class Value:
+    """One ValueState of the stand-in store; every call is recorded as ``(call, name)``."""
+
+    def __init__(self, name: str, calls: list[tuple[str, str]]) -> None:
+        self.name, self.calls, self.value = name, calls, None
+
+    def get(self) -> tuple[str] | None:
+        self.calls.append(("get", self.name))
+        return None if self.value is None else (self.value,)
+
+    def update(self, row: tuple[str]) -> None:
+        self.calls.append(("update", self.name))
+        self.value = row[0]
+
+    def clear(self) -> None:
+        self.calls.append(("clear", self.name))
+        self.value = None
+
+
+class Store:
+    """The state of one grouping key, as TWS's handle gives it to each batch."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.values: dict[str, Value] = {}
+
+    def getValueState(self, name: str, schema: str) -> Value:  # noqa: N802
+        return self.values.setdefault(name, Value(name, self.calls))
+
+    def texts(self) -> dict[str, str | None]:
+        return {n: v.value for n, v in self.values.items()}
+
+
+class Pe:
+    """A ``Ballasted`` PE run batch by batch as Spark would: a new processor per batch."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.run = f"run{next(_runs)}"
+        self.store = Store()
+        self.seq = 0
+        self.options = {
+            "class": "lifecycle_procs:Ballasted",
+            "path": str(HERE),
+            "options": {"log": str(tmp_path / "hooks.log"), "ballast_bytes": BALLAST},
+        }
+
+    def batch(self, *bodies: dict[str, Any]) -> list[dict[str, Any]]:
+        processor = _stateful_processor(
+            "custom", self.options, "p", "pe", 1 << 20, run=self.run, gate=""
+        )
+        processor.init(self.store)
+        self.store.calls.clear()
+        rows = []
+        for body in bodies:
+            self.seq += 1
+            rows.append((self.seq, self.seq, 1000.0 + self.seq, "src", json.dumps(body)))
+        frame = pd.DataFrame(rows, columns=["origin", "seq", "timestamp", "creator", "body"])
+        out = list(processor.handleInputRows(("all",), iter([frame]), None))
+        return [json.loads(b) for f in out for b in f["body"]]
+
+
+@pytest.fixture()
+def pe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pe:
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")  # instances are kept between batches
+    return Pe(tmp_path)
+
+
+def encodings_of_big_texts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the length of every state value of the ballast's size the engine encodes."""
+    sizes: list[int] = []
+    encode = engine.encode_state
+
+    def counting(value: Any) -> str:
+        if isinstance(value, str) and len(value) >= BALLAST:
+            sizes.append(len(value))
+        return encode(value)
+
+    monkeypatch.setattr(engine, "encode_state", counting)
+    return sizes
+
+
+def assert_marks_match(store: Store) -> None:
+    texts = store.texts()
+    marks = json.loads(texts.pop("marks") or "null")
+    assert marks == {n[2:]: state_digest(t) for n, t in texts.items() if t is not None}
+
+
+def test_a_big_field_a_batch_leaves_alone_is_neither_read_nor_encoded_nor_written(
+    pe: Pe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    encoded = encodings_of_big_texts(monkeypatch)
+    assert pe.batch({"value": 1.0}) == [{"count": 1, "total": 1.0}]
+    # The first batch reads everything (nothing kept yet) and writes everything.
+    assert ("get", "f_ballast") in pe.store.calls and ("update", "f_ballast") in pe.store.calls
+    assert encoded == [BALLAST]
+    assert_marks_match(pe.store)
+    for n in range(2, 5):
+        assert pe.batch({"value": float(n)}) == [{"count": n, "total": n * (n + 1) / 2}]
+        assert ("get", "f_ballast") not in pe.store.calls
+        assert ("update", "f_ballast") not in pe.store.calls
+        assert ("update", "f_count") in pe.store.calls  # what changed is written
+        assert_marks_match(pe.store)
+    assert encoded == [BALLAST]
+    # A batch that changes it writes it, with its new digest.
+    assert pe.batch({"value": 5.0, "grow": True}) == [{"count": 5, "total": 15.0}]
+    assert ("update", "f_ballast") in pe.store.calls and encoded == [BALLAST, BALLAST + 1]
+    assert_marks_match(pe.store)
+    assert pe.store.texts()["f_ballast"] == json.dumps("b" * BALLAST + "g")
+
+
+def test_a_kept_instance_is_not_trusted_when_the_stored_state_is_another(pe: Pe) -> None:
+    pe.batch({"value": 1.0})
+    pe.batch({"value": 2.0})
+    before = copy.deepcopy({n: v.value for n, v in pe.store.values.items()})
+    pe.batch({"value": 3.0, "grow": True})
+    # The store goes back to before that batch (its commit failed: Spark runs it again),
+    # while the worker still keeps the instance that processed it.
+    for name, value in before.items():
+        pe.store.values[name].value = value
+    assert pe.batch({"value": 3.0}) == [{"count": 3, "total": 6.0}]
+    assert ("get", "f_ballast") in pe.store.calls  # the digests differed: read again
+    assert pe.store.texts()["f_ballast"] == json.dumps("b" * BALLAST)
+    assert_marks_match(pe.store)
+
+
+def test_another_worker_reads_the_stored_state(pe: Pe) -> None:
+    pe.batch({"value": 1.0}, {"value": 2.0})
+    registry().close_all()  # a worker with nothing kept
+    assert pe.batch({"value": 3.0}) == [{"count": 3, "total": 6.0}]
+    assert ("get", "f_ballast") in pe.store.calls
+    assert ("update", "f_ballast") not in pe.store.calls  # read, unchanged, not rewritten
+    assert pe.batch({"value": 4.0}) == [{"count": 4, "total": 10.0}]
+    assert ("get", "f_ballast") not in pe.store.calls
+    assert_marks_match(pe.store)
