@@ -76,6 +76,14 @@ def test_e1_quick_plan_and_origin_names() -> None:
     assert e1.origin_name("10mbit,n100") == "fog-10mbit-n100"
 
 
+def test_e1_output_gap_target_is_one_rtt_one_steady_interval_and_50_ms() -> None:
+    row = {"output_gap_ms": "300", "rtt_ms": "200", "steady_gap_ms": "60"}
+    assert e1.gap_within_target(row) is True  # 300 <= 200 + 60 + 50
+    assert e1.gap_within_target({**row, "output_gap_ms": "310.1"}) is False
+    assert e1.gap_within_target({**row, "rtt_ms": ""}) is None  # not measured: unknown
+    assert e1._within([row, {**row, "output_gap_ms": "999"}, {**row, "rtt_ms": ""}]) == "1 / 2"
+
+
 def test_input_feeder_writes_whole_rows(tmp_path: Path) -> None:
     feeder = InputFeeder(tmp_path / "in.csv", rate=0, seed=3)
     feeder.prefill(5)
