@@ -361,26 +361,26 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             return json.loads(saved[0]) if saved is not None else None
 
         def _store_marks(
-            self, before: dict[str, str] | None, stored: dict[str, str], fresh: dict[str, str]
+            self, before: dict[str, str] | None, changed: set[str], fresh: dict[str, str]
         ) -> dict[str, str]:
-            """Store the digests of ``fresh`` (a part's text unchanged since ``stored``,
-            the very object, keeps its digest) and return them."""
+            """Store the digests of ``fresh`` and return them: a part not ``changed`` keeps
+            the digest stored with it (``before``), the others are computed."""
             assert self.marks is not None
+            kept = before or {}
             marks = {
-                name: before[name]
-                if before is not None and name in before and stored.get(name) is text
-                else state_digest(text)
+                name: kept[name] if name in kept and name not in changed else state_digest(text)
                 for name, text in fresh.items()
             }
             if marks != before:
                 self.marks.update((json.dumps(marks),))
             return marks
 
-        def _store(self, stored: dict[str, str], fresh: dict[str, str]) -> None:
-            """Write the parts whose text changed."""
-            for name, text in fresh.items():
-                if stored.get(name) != text:
-                    self.values[name].update((text,))
+        def _store(self, stored: dict[str, str], fresh: dict[str, str]) -> set[str]:
+            """Write the parts whose text changed; return their names."""
+            changed = {name for name, text in fresh.items() if stored.get(name) != text}
+            for name in changed:
+                self.values[name].update((fresh[name],))
+            return changed
 
         def handleInputRows(self, key, rows, timerValues):  # type: ignore[no-untyped-def]  # noqa: N802, N803
             import pandas as pd
@@ -422,8 +422,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             except BaseException:
                 _drop(used, None, instance)
                 raise
-            self._store(stored, fresh)
-            marks = self._store_marks(before, stored, fresh)
+            marks = self._store_marks(before, self._store(stored, fresh), fresh)
             _drop(used, final, instance)
             # Kept with the texts just stored: the next batch reuses it only if its stored
             # texts are these (not if this batch is retried, or an older checkpoint restored).

@@ -159,7 +159,7 @@ class Instances:
             kept = self._kept.get(key)
         if kept is None:
             return None, {}
-        same = marks is not None and kept.marks is not None and dict(kept.marks) == dict(marks)
+        same = marks is not None and kept.marks == marks
         return (kept.texts if same else None), kept.encoded
 
     def keep(
