@@ -986,8 +986,6 @@ def serve_agent(
 ) -> None:
     """Run one node agent in the foreground (started by `up`). Settings not given here are
     read from ``FOGSHIFT_*`` or defaulted by :class:`AgentConfig`."""
-    import uvicorn
-
     from fogshift.agent.app import create_app
 
     config = AgentConfig(
@@ -1007,10 +1005,7 @@ def serve_agent(
     )
     config.home.mkdir(parents=True, exist_ok=True)
     _log_setup()
-    uvicorn.run(
-        create_app(config), host=config.host, port=port, log_level="warning",
-        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
-    )  # fmt: skip
+    _serve(create_app(config), config.host, port)
 
 
 @app.command("serve-orchestrator", hidden=True)
@@ -1035,8 +1030,6 @@ def serve_orchestrator(
 ) -> None:
     """Run the orchestrator in the foreground (started by `up`). Settings not given here are
     read from ``FOGSHIFT_*`` or defaulted by :class:`OrchestratorConfig`."""
-    import uvicorn
-
     from fogshift.orchestrator.app import create_app
 
     config = OrchestratorConfig(
@@ -1055,10 +1048,16 @@ def serve_orchestrator(
         ),
     )
     _log_setup()
+    _serve(create_app(config), config.host, port)
+
+
+def _serve(service: Any, host: str, port: int) -> None:
+    """Run a service (agent, orchestrator) in the foreground on ``host:port``."""
+    import uvicorn
+
     uvicorn.run(
-        create_app(config), host=config.host, port=port, log_level="warning",
-        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
-    )  # fmt: skip
+        service, host=host, port=port, log_level="warning", timeout_keep_alive=SERVER_KEEP_ALIVE_S
+    )
 
 
 def _log_setup() -> None:
