@@ -67,7 +67,7 @@ RUN_FIELDS = (
     "mig_end_s", "cpu_origin_before_pct", "cpu_origin_migration_pct",
     "cpu_target_migration_pct", "cpu_origin_peak_pct", "machine_busy_pct",
     *(f"{m}_ms" for m in ("steady_gap", "max_gap", "output_gap", "steady_p99", "window_p99",
-                          "added_p99")),
+                          "added_p99", "switch_gap")),
 )  # fmt: skip
 CPU_FIELDS = ("run", "t_s", "origin_pct", "target_pct", "machine_pct")
 
@@ -328,7 +328,9 @@ def section(folder: Path) -> str | None:
         "the pause until the target committed its first batch beyond the pause position. "
         "What the consumers saw, by the broker's store times (`fogshift/bench/gaps.py`): "
         "*output gap* is the longest interval between two of the aggregate's outputs around "
-        "the migration minus the steady interval; *gap ≤ target* counts the runs whose "
+        "the migration minus the steady interval; *switch gap* is the interval between the "
+        "origin's last output and the target's first (the first under the new epoch); "
+        "*gap ≤ target* counts the runs whose "
         "output gap is at most one RTT + one steady interval + 50 ms (issue #13); "
         "*added p99* is the p99 per-hop latency "
         "(output stored minus its input event stored) of the outputs during the migration "
@@ -337,9 +339,9 @@ def section(folder: Path) -> str | None:
         "",
         "| link | RTT ms | state | mode | ok / runs | pause ms | state ms | invoke ms | "
         "finalize ms | prepare s | phases 1-3 ms | downtime ms | thesis downtime | "
-        "output gap ms | gap ≤ target | added p99 ms | CPU origin during migration | "
-        "machine busy |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "output gap ms | switch gap ms | gap ≤ target | added p99 ms | "
+        "CPU origin during migration | machine busy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (profile, mib, mode), group in _groups(rows).items():
         good = [r for r in group if ok(r)]
@@ -356,6 +358,7 @@ def section(folder: Path) -> str | None:
                 anchor.cite() if anchor else "-",
                 # Runs from before these columns existed have none: "-".
                 fmt_mean_std((num(r.get("output_gap_ms")) for r in good), 0),
+                fmt_mean_std((num(r.get("switch_gap_ms")) for r in good), 0),
                 _within(good),
                 fmt_mean_std((num(r.get("added_p99_ms")) for r in good), 0),
                 fmt_mean_std((num(r["cpu_origin_migration_pct"]) for r in good), 0, " %"),

@@ -12,7 +12,12 @@ broker's clock alone:
   intervals outside it: with micro-batches, the interval between two batches), so a PE that
   emits every 300 ms and stopped for 1.2 s has a gap of 0.9 s;
 * the **added latency**: the p99 per-hop latency (an output's store time minus its input
-  event's) of the outputs stored in the window, minus the p99 of those outside it.
+  event's) of the outputs stored in the window, minus the p99 of those outside it;
+* the **switch gap**: the interval between the last output of the old writer and the first
+  of the new one (the first output under a newer epoch) — what the change of writer itself
+  cost. It differs from the output gap when the origin's own interval between outputs is
+  long: over a link of 1 s RTT the origin's batches, each a few broker round trips, come
+  seconds apart, and the longest interval in the window is one of them.
 
 The window is ``[start, end + settle_s]``; outputs outside it are the steady ones, but for
 the first ``warm_s`` of output: it pays the query's first batches and drains the input that
@@ -39,6 +44,7 @@ class Output:
 
     stored: float
     latency_ms: float | None
+    epoch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,7 @@ class Disruption:
     steady_p99_ms: float | None
     window_p99_ms: float | None
     added_p99_ms: float | None
+    switch_gap_ms: float | None = None
 
     def as_row(self) -> dict[str, float | None]:
         return {k: None if v is None else round(v, 1) for k, v in self.__dict__.items()}
@@ -81,7 +88,7 @@ def outputs(client: ServiceClient, pipeline: str, element: str, source: str) -> 
     for event in stream_events(client, pipeline, element):
         came = stored_in.get(event.get("origin"))
         latency = None if came is None else (event["stored"] - came) * 1000.0
-        out.append(Output(stored=event["stored"], latency_ms=latency))
+        out.append(Output(stored=event["stored"], latency_ms=latency, epoch=event.get("epoch")))
     return out
 
 
@@ -96,14 +103,16 @@ def disruption(
     (seconds, the broker's clock; module doc). ``emitted`` is in stream order."""
     if not emitted:
         return Disruption(None, None, None, None, None, None)
-    times = [o.stored for o in emitted]
-    stop, warm = end + settle_s, times[0] + warm_s
-    steady_gaps, window_gaps = [], []
-    for a, b in pairwise(times):
-        if b >= start and a <= stop:
-            window_gaps.append((b - a) * 1000.0)
-        elif a >= warm:
-            steady_gaps.append((b - a) * 1000.0)
+    stop, warm = end + settle_s, emitted[0].stored + warm_s
+    steady_gaps, window_gaps, switches = [], [], []
+    for a, b in pairwise(emitted):
+        interval = (b.stored - a.stored) * 1000.0
+        if b.stored >= start and a.stored <= stop:
+            window_gaps.append(interval)
+            if a.epoch is not None and b.epoch is not None and b.epoch > a.epoch:
+                switches.append(interval)
+        elif a.stored >= warm:
+            steady_gaps.append(interval)
     steady_gap = percentile(steady_gaps, 99)
     max_gap = max(window_gaps, default=None)
     inside, outside = [], []
@@ -122,6 +131,7 @@ def disruption(
         steady_p99_ms=steady_p99,
         window_p99_ms=window_p99,
         added_p99_ms=_minus(window_p99, steady_p99),
+        switch_gap_ms=max(switches, default=None),
     )
 
 

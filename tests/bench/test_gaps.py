@@ -100,3 +100,18 @@ def test_with_micro_batches_the_steady_gap_is_the_interval_between_batches() -> 
     assert found.steady_gap_ms == pytest.approx(996.0)
     assert found.max_gap_ms == pytest.approx(2996.0)
     assert found.output_gap_ms == pytest.approx(2000.0)
+
+
+def test_the_switch_gap_is_the_wait_across_the_change_of_writer() -> None:
+    # An origin over a slow link emits a batch every 6 s (epoch 1); the target takes over
+    # at 12.8 s and emits every 300 ms (epoch 2). The longest interval in the window is the
+    # origin's own (6 s), the writer switch itself cost 0.8 s.
+    origin = [Output(t + k * 0.01, 900.0, epoch=1) for t in (0.0, 6.0, 12.0) for k in range(3)]
+    target = [Output(round(12.82 + 0.3 * k, 3), 300.0, epoch=2) for k in range(30)]
+    found = gaps.disruption([*origin, *target], start=10.0, end=13.0, settle_s=1.0)
+    assert found.switch_gap_ms == pytest.approx(12820.0 - 12020.0)
+    assert found.max_gap_ms == pytest.approx(6000.0 - 20.0)
+    # Without epochs (or no change of writer) there is no switch to measure.
+    plain = [Output(o.stored, o.latency_ms) for o in (*origin, *target)]
+    assert gaps.disruption(plain, start=10.0, end=13.0).switch_gap_ms is None
+    assert gaps.disruption(origin, start=10.0, end=13.0).switch_gap_ms is None
