@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import ElementBusy, NodeNotReady, UnknownElement
 from fogshift.broker.exceptions import FENCED_TOKEN
 from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.locations import close_location, open_location, sweep_locations
 from fogshift.checkpoint.spark_dir import (
     clear_orphan_state,
     committed_batch,
@@ -132,6 +133,8 @@ class NodeRuntime:
     def _start_spark(self) -> None:
         from fogshift.runtime.session import build_session
 
+        # Links a process before this one gave its queries lead nowhere now.
+        sweep_locations(self.query_locations, keep=set())
         try:
             local = self.config.home / "spark-local"
             local.mkdir(parents=True, exist_ok=True)
@@ -167,6 +170,12 @@ class NodeRuntime:
     def _metrics_file(self, pipeline: str, pe: str) -> Path:
         # Inside the checkpoint, so the counters travel with it (migration, restore).
         return self.checkpoint_dir(pipeline, pe) / "fogshift-metrics.json"
+
+    @property
+    def query_locations(self) -> Path:
+        """Where the paths Spark is given for the checkpoints live (see
+        :mod:`fogshift.checkpoint.locations`)."""
+        return self.config.home / "query-locations"
 
     def snapshot_store(self, pipeline: str, pe: str) -> Path:
         return pe_folder(self.config.home / "node-checkpoints", pipeline, pe)
@@ -244,6 +253,15 @@ class NodeRuntime:
         if clear_orphan_state(Path(hosted.plan.checkpoint_dir)):
             log.warning("%s: removed state files left without any batch in its checkpoint",
                         hosted.plan.query_name)  # fmt: skip
+        self._close_location(hosted)  # a failed run's, before it is restarted
+        with self._lock:
+            keep = {Path(h.plan.location) for h in self._elements.values() if h.plan.location}
+        if diverted := sweep_locations(self.query_locations, keep):
+            log.info("%d late write(s) of stopped queries kept out of the checkpoints", diverted)
+        location = open_location(
+            self.query_locations, Path(hosted.plan.checkpoint_dir), hosted.plan.query_name
+        )
+        hosted.plan = replace(hosted.plan, location=str(location))
         try:
             spark = self.spark
             hosted.query = self._spark_thread.submit(start_query, spark, hosted.plan).result()
@@ -284,10 +302,18 @@ class NodeRuntime:
             except Exception:  # a query that already died cannot be stopped twice
                 log.warning("stopping %s raised", hosted.plan.query_name, exc_info=True)
             hosted.query = None
+        self._close_location(hosted)
         if hosted.plan.gate_file:
             # The Python workers keeping its processor call on_revoke() and close().
             end_run(hosted.plan.gate_file)
         hosted.state = PEState.STOPPED
+
+    def _close_location(self, hosted: HostedElement) -> None:
+        """Cut the stopped query's path to the checkpoint: what its state store still
+        uploads late never reaches the PE's folder (see ``checkpoint.locations``)."""
+        if hosted.plan.location:
+            close_location(Path(hosted.plan.location))
+            hosted.plan = replace(hosted.plan, location="")
 
     def hosted(self, pipeline: str, pe: str) -> HostedElement:
         """The hosted PE, or :class:`UnknownElement`."""

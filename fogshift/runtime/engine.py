@@ -87,6 +87,8 @@ class QueryPlan:
         epoch: The epoch this instance writes under (fencing).
         max_record_bytes: The largest record the PE may append (encoded, without headers);
             an output over it is a dead letter instead of an append the broker refuses.
+        location: The path Spark is given for ``checkpoint_dir``: a link to it made for this
+            start alone (see :mod:`fogshift.checkpoint.locations`); empty: the folder itself.
     """
 
     pipeline: str
@@ -97,6 +99,7 @@ class QueryPlan:
     gate_file: str = ""
     epoch: int = 0
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    location: str = ""
 
     @property
     def query_name(self) -> str:
@@ -632,7 +635,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
         .option("pipeline", plan.pipeline)
         .option("pe", element.id)
         .option("epoch", str(plan.epoch))
-        .option("checkpointLocation", plan.checkpoint_dir)
+        .option("checkpointLocation", plan.location or plan.checkpoint_dir)
         .queryName(plan.query_name)
         .outputMode("append")
         .trigger(processingTime=f"{plan.trigger_ms} milliseconds")
