@@ -16,12 +16,23 @@ between two of its records: exactly the guarantee of the one-by-one chain, which
 pipelined publish would lose (a record after a refused one would find the marker that caused
 the refusal as "its" expected last message). A stream created without ``allow_atomic`` is
 written one record at a time, as before.
+
+Round trips. A batch's append costs one round trip to the broker, not four: the chunk's
+messages go as plain publishes and only the commit waits for an answer (the broker reports
+a wrong last sequence, or a stream without atomic batches, at the commit and stores nothing),
+and the tail is not read again before each batch: a writer remembers the tail its last
+append left (:class:`_KnownTails`, per connection) and states it as the expected last
+sequence. If anything was appended since — a fence marker, a handover's other instance, a
+foreign message — that append stores nothing and fails, and the writer reads the tail and
+goes on exactly as it would have without the memory. Over a fog link of 1 s RTT that is
+three seconds less per batch.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -54,6 +65,10 @@ BATCH_SEQUENCE_HEADER = "Nats-Batch-Sequence"
 BATCH_COMMIT_HEADER = "Nats-Batch-Commit"
 #: JetStream's error code for a failed Nats-Expected-Last-Sequence check.
 WRONG_LAST_SEQUENCE = 10071
+#: JetStream's error code for an atomic batch holding a message id the stream already has:
+#: a record at one of the batch's positions was stored since the tail the batch follows (the
+#: broker checks this before the expected last sequence).
+DUPLICATE_IN_BATCH = 10201
 #: JetStream's error code for an atomic batch sent to a stream without ``allow_atomic``.
 ATOMIC_DISABLED = 10174
 #: The most messages nats-server accepts in one atomic batch.
@@ -187,12 +202,17 @@ async def _retrying(
     pipeline: str,
     pe: str,
     send: Callable[[StreamTail], Awaitable[StreamTail]],
+    remembered: bool = False,
 ) -> StreamTail:
     """``send(tail)`` — an append right after ``tail`` that returns the new tail — retried
     while only foreign messages arrive after ``tail``.
 
     A newer epoch at the tail means this instance is fenced; another fogshift message means a
     second writer.
+
+    Args:
+        remembered: ``tail`` was not read now but left by this connection's last append:
+            if the stream has moved on since, raise :class:`_StaleTail` (nothing stored).
     """
     who = f"{pipeline}/{pe}"
     for _ in range(FOREIGN_RETRIES):
@@ -205,8 +225,10 @@ async def _retrying(
                 "max_payload if such records are expected",
             ) from exc
         except APIError as exc:
-            if exc.err_code != WRONG_LAST_SEQUENCE:
+            if exc.err_code not in (WRONG_LAST_SEQUENCE, DUPLICATE_IN_BATCH):
                 raise BrokerError(f"append to {stream} of {who} failed: {exc}") from exc
+            if remembered:
+                raise _StaleTail from exc
             now = await read_tail(js, stream)
             if now.epoch > epoch:
                 raise _fenced(pipeline, pe, epoch, now.epoch) from exc
@@ -311,9 +333,10 @@ def _api_error(reply: bytes) -> APIError | None:
 async def _commit_chunk(js: JetStreamContext, chunk: list[_Message], tail: StreamTail) -> int:
     """Send ``chunk`` as one atomic batch right after ``tail``; return the last sequence.
 
-    The first message opens the batch (a request: the broker confirms it with an empty
-    reply), the ones in between are plain publishes on the same connection (ordered), the
-    last commits it and is answered with the batch's ack.
+    Every message but the last is a plain publish on the same connection (ordered); the last
+    commits the batch and is answered with its ack, or with the error that refused it (the
+    expected last sequence the first message states is checked then, under the stream's
+    lock). One round trip per chunk.
 
     Raises:
         APIError: The broker refused the batch (a wrong last sequence among others).
@@ -331,7 +354,7 @@ async def _commit_chunk(js: JetStreamContext, chunk: list[_Message], tail: Strea
             headers["Nats-Expected-Last-Sequence"] = str(tail.last_seq)
         if n == last:
             headers[BATCH_COMMIT_HEADER] = "1"
-        if n == 1 or n == last:
+        if n == last:
             answer = await nc.request(
                 message.subject, message.payload, timeout=ATOMIC_TIMEOUT_S, headers=headers
             )
@@ -362,9 +385,10 @@ async def _append_chunk(
     epoch: int,
     pipeline: str,
     pe: str,
+    remembered: bool = False,
 ) -> StreamTail:
     """Append ``chunk`` right after ``tail`` as one atomic batch; return the new tail (see
-    :func:`_retrying`).
+    :func:`_retrying`, also for ``remembered``).
 
     Raises:
         _AtomicDisabled: The stream does not take atomic batches (write one by one).
@@ -374,7 +398,32 @@ async def _append_chunk(
         seq = await _commit_chunk(js, chunk, after)
         return StreamTail(seq, seq, chunk[-1].position, epoch)
 
-    return await _retrying(js, stream, tail, epoch, pipeline, pe, send)
+    return await _retrying(js, stream, tail, epoch, pipeline, pe, send, remembered)
+
+
+class _StaleTail(Exception):
+    """A remembered tail is no longer the stream's: something was appended since."""
+
+
+class _KnownTails:
+    """The tail each stream had after this connection's last append to it, by
+    ``(stream, epoch)``. A writer's connection lives as long as its worker process: the
+    next batch of the same PE in that process starts from it instead of reading it."""
+
+    def __init__(self) -> None:
+        self._by_connection: weakref.WeakKeyDictionary[object, dict[tuple[str, int], StreamTail]]
+        self._by_connection = weakref.WeakKeyDictionary()
+
+    def take(self, js: JetStreamContext, stream: str, epoch: int) -> StreamTail | None:
+        """The remembered tail, forgotten until :meth:`keep` (a failed append leaves none)."""
+        return self._by_connection.get(connection_of(js), {}).pop((stream, epoch), None)
+
+    def keep(self, js: JetStreamContext, stream: str, epoch: int, tail: StreamTail | None) -> None:
+        if tail is not None:
+            self._by_connection.setdefault(connection_of(js), {})[(stream, epoch)] = tail
+
+
+_known_tails = _KnownTails()
 
 
 async def publish_records(
@@ -396,22 +445,63 @@ async def publish_records(
         BrokerError: JetStream refused an append for another reason.
     """
     stream = stream_name(pipeline, pe)
+    ordered: list[Record] | None = None
+    known = _known_tails.take(js, stream, epoch)
+    if known is not None:
+        ordered = sorted(records, key=lambda r: r.position)
+        try:
+            appended, left = await _append_after(
+                js, pipeline, pe, ordered, epoch, known, remembered=True
+            )
+            _known_tails.keep(js, stream, epoch, left)
+            return appended
+        except _StaleTail:
+            pass  # appended to since: read the tail, as without the memory
     tail = await read_tail(js, stream)
     if tail.epoch > epoch:
         raise _fenced(pipeline, pe, epoch, tail.epoch)
-    ordered = sorted(records, key=lambda r: r.position)
+    if ordered is None:  # (taken after the tail is read: what is in the stream is skipped)
+        ordered = sorted(records, key=lambda r: r.position)
+    appended, left = await _append_after(js, pipeline, pe, ordered, epoch, tail)
+    _known_tails.keep(js, stream, epoch, left)
+    return appended
+
+
+async def _append_after(
+    js: JetStreamContext,
+    pipeline: str,
+    pe: str,
+    ordered: list[Record],
+    epoch: int,
+    tail: StreamTail,
+    remembered: bool = False,
+) -> tuple[int, StreamTail | None]:
+    """Append the records of ``ordered`` beyond ``tail``'s position, right after ``tail``;
+    return how many, and the tail they leave (``None`` for a stream without atomic batches,
+    written one record at a time: not worth remembering).
+
+    Args:
+        remembered: ``tail`` is what this connection's last append left, not read now: if
+            the stream has moved on, raise :class:`_StaleTail` with nothing stored.
+    """
+    stream = stream_name(pipeline, pe)
     messages = [
         _record_message(pipeline, pe, epoch, r) for r in ordered if r.position > tail.position
     ]
     appended = 0
-    atomic = True
+    atomic: bool = True
     for chunk in _chunks(messages):
         if atomic:
             try:
-                tail = await _append_chunk(js, stream, chunk, tail, epoch, pipeline, pe)
+                tail = await _append_chunk(
+                    js, stream, chunk, tail, epoch, pipeline, pe, remembered=remembered
+                )
                 appended += len(chunk)
+                remembered = False  # stored: the tail is this chunk's
                 continue
             except _AtomicDisabled:
+                if remembered:
+                    raise _StaleTail from None  # read the tail, as the first time
                 atomic = False  # a stream created without allow_atomic: one by one
         for message in chunk:
             tail = await _append(
@@ -419,7 +509,7 @@ async def publish_records(
                 epoch, pipeline, pe,
             )  # fmt: skip
             appended += 1
-    return appended
+    return appended, (tail if atomic else None)
 
 
 async def fence(js: JetStreamContext, pipeline: str, pe: str, epoch: int) -> int:

@@ -58,8 +58,10 @@ def interleaved(batch: list[Record], action: Callable[[], object]) -> Iterator[R
 def test_a_racing_writer_is_detected(js_client: SyncJetStream, nats_server: object) -> None:
     pe = fresh_pe(js_client)
     stream = stream_name("t", pe)
-    js_client.run(lambda js: publish_records(js, "t", pe, records([1])))
     other = SyncJetStream(js_client.address)
+    # Written by the other connection: this one has no tail of its own to start from, so it
+    # reads the tail, and the rival appends between that read and its commit.
+    other.run(lambda js: publish_records(js, "t", pe, records([1])))
     try:
         rival = interleaved(
             records([3]),
@@ -70,6 +72,70 @@ def test_a_racing_writer_is_detected(js_client: SyncJetStream, nats_server: obje
     finally:
         other.close()
     assert js_client.run(lambda js: last_seq(js, stream)) == 2
+
+
+def counting_tail_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The streams whose tail ``publish_records`` reads from here on (the real read)."""
+    reads: list[str] = []
+    read = publish.read_tail
+
+    async def counted(js: object, stream: str) -> publish.StreamTail:
+        reads.append(stream)
+        return await read(js, stream)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(publish, "read_tail", counted)
+    return reads
+
+
+def test_a_writer_starts_each_batch_from_the_tail_its_last_append_left(
+    js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+    reads = counting_tail_reads(monkeypatch)
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2]), epoch=1)) == 2
+    assert reads == [stream]
+    # The next batches, a re-execution among them: no tail read, the same result.
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([2, 3]), epoch=1)) == 1
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([3]), epoch=1)) == 0
+    count = publish.ATOMIC_BATCH_MAX + 5  # more than one atomic batch
+    batch = records(list(range(4, 4 + count)))
+    assert js_client.run(lambda js: publish_records(js, "t", pe, batch, epoch=1)) == count
+    assert reads == [stream]
+    tail = js_client.run(lambda js: publish.read_tail(js, stream))
+    assert (tail.last_seq, tail.position, tail.epoch) == (3 + count, (3 + count, 0), 1)
+
+
+def test_a_tail_left_behind_by_other_appends_is_read_again(
+    js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+    reads = counting_tail_reads(monkeypatch)
+    other = SyncJetStream(js_client.address)
+    try:
+        js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2]), epoch=1))
+        # Between two batches: the same epoch's other instance (a precopy's target) and a
+        # stranger append. This writer's next batch reads the tail and skips what is stored.
+        other.run(lambda js: publish_records(js, "t", pe, records([2, 3]), epoch=1))
+        foreign(other, pe)
+        assert js_client.run(lambda js: publish_records(js, "t", pe, records([3, 4]), epoch=1)) == 1
+        assert reads.count(stream) == 3  # this writer's first, the other's, the stale one
+        # A handover's target appends under the next epoch: the old writer is fenced at its
+        # next batch, whatever it remembered, and nothing of it is stored.
+        other.run(lambda js: publish_records(js, "t", pe, records([4, 5]), epoch=2))
+        with pytest.raises(Fenced):
+            js_client.run(lambda js: publish_records(js, "t", pe, records([5, 6]), epoch=1))
+        # The fence marker alone is enough, with nothing of the new epoch's written yet.
+        other.run(lambda js: publish.fence(js, "t", pe, 3))
+        with pytest.raises(Fenced):
+            other.run(lambda js: publish_records(js, "t", pe, records([6]), epoch=2))
+    finally:
+        other.close()
+    stored = js_client.run(lambda js: get_range(js, stream, data_subject("t", pe), 0, 10**9))
+    fogshift = [m for m in stored if "Fogshift-Origin" in m.headers]
+    assert [int(m.headers["Fogshift-Origin"]) for m in fogshift] == [1, 2, 3, 4, 5]
+    assert [m.headers["Fogshift-Epoch"] for m in fogshift] == ["1", "1", "1", "1", "2"]
 
 
 def foreign(js_client: SyncJetStream, pe: str, subject: str | None = None) -> None:
