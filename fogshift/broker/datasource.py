@@ -53,6 +53,7 @@ from fogshift.broker.client import (
     SyncJetStream,
     get_range,
     last_seq,
+    read_ahead,
     shared_client,
 )
 from fogshift.broker.exceptions import BrokerError, Fenced, WriterConflict
@@ -125,6 +126,10 @@ def _upstream(message: StoredMessage) -> int:
         return -1
 
 
+#: How many messages a read-ahead asks for when the query sets no read limit.
+READ_AHEAD_COUNT = 10_000
+
+
 @dataclass(frozen=True)
 class Range:
     """Stream sequences ``(start, end]`` of one input."""
@@ -147,9 +152,16 @@ class JetStreamPartition(InputPartition):
     meet the PE in the order (and with the ``origin``) they had when the cuts ran one by one.
     """
 
-    def __init__(self, spans: Sequence[Sequence[Range]]) -> None:
+    def __init__(
+        self,
+        spans: Sequence[Sequence[Range]],
+        rows: list[tuple[int, int, float, str, str]] | None = None,
+    ) -> None:
         super().__init__([list(span) for span in spans])
         self.spans = [list(span) for span in spans]
+        #: The batch's rows, read ahead by the planner (see ``JetStreamReader._read_ahead``):
+        #: then the executor asks the broker nothing.
+        self.rows = rows
 
 
 #: The Arrow schema of :data:`EVENT_SCHEMA`.
@@ -250,6 +262,10 @@ class JetStreamReader(DataSourceStreamReader):
         #: The logged cuts a planned batch replays, by the sequence of its last cut (the
         #: planner process asks for a batch's partitions right after planning it).
         self._planned: dict[int, list[Cut]] = {}
+        #: One input, read whole: the next batch's end and rows come from one request.
+        self._reads_ahead = len(self.inputs) == 1 and self.partition is None and not self.merged
+        #: The last planned batch's rows read ahead: (start, end, rows) of its one input.
+        self._ahead: tuple[int, int, list[tuple[int, int, float, str, str]]] | None = None
 
     def initialOffset(self) -> dict:  # noqa: N802
         return offset({name: self.since for name in self.inputs})
@@ -300,6 +316,10 @@ class JetStreamReader(DataSourceStreamReader):
             )
             if logged is not None:
                 return self._replay(client, start, begin, logged, cap, limit)
+        if self._reads_ahead:
+            ahead = self._read_ahead(client, start, begin, limit, cap)
+            if ahead is not None:
+                return ahead
         latest = self._available(client, begin, limit, cap)
         if latest == begin:
             return start
@@ -329,6 +349,51 @@ class JetStreamReader(DataSourceStreamReader):
             return self._replay(client, start, begin, logged, cap, limit)
         self._planned = {seq: [Cut(seq, begin, latest, self.epoch)]}
         return offset(latest, cut=seq)
+
+    def _read_ahead(
+        self,
+        client: SyncJetStream,
+        start: dict,
+        begin: dict[str, int],
+        limit: ReadLimit,
+        cap: dict[str, int] | None,
+    ) -> dict | None:
+        """The next batch's end, with its rows read in the same request (one input).
+
+        One round trip instead of two (the stream's last sequence here, then the range in
+        the executor): every message after the position, of every subject, up to the read
+        limit and the cap. The end is the last of them, which is the stream's last sequence
+        when they were all it held, as :meth:`_available` would have found. The rows wait
+        for :meth:`partitions`; a batch planned before a restart is read in the executor.
+
+        Returns:
+            The end offset; ``None`` if nothing is stored after the position (then
+            :meth:`_available` asks the stream, which also checks it did not go backwards).
+        """
+        name = self.inputs[0]
+        position = begin.get(name, 0)
+        stop = position + limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if cap is not None:
+            capped = cap.get(name, position)
+            stop = capped if stop is None else min(stop, capped)
+        if stop is not None and stop <= position:
+            return start
+        count = stop - position if stop is not None else READ_AHEAD_COUNT
+        ahead = client.run(
+            partial(
+                read_ahead, stream=stream_name(self.pipeline, name), after=position, count=count
+            )
+        )
+        if ahead is None:
+            return None
+        messages = [m for m in ahead.messages if stop is None or m.seq <= stop]
+        if not messages:
+            return None
+        end = messages[-1].seq
+        data = data_subject(self.pipeline, name)
+        rows = [(m.seq, *event_fields(m.data)) for m in messages if m.subject == data]
+        self._ahead = (position, end, rows)
+        return offset({name: end})
 
     def _replay(
         self,
@@ -462,6 +527,13 @@ class JetStreamReader(DataSourceStreamReader):
         if all(r.end <= r.start for r in ranges):
             return []
         if len(self.inputs) == 1 or cut_of(end) == 0:
+            ahead = self._ahead
+            if (
+                len(ranges) == 1
+                and ahead is not None
+                and ahead[:2] == (ranges[0].start, ranges[0].end)
+            ):
+                return [JetStreamPartition([ranges], rows=ahead[2])]
             return [JetStreamPartition([ranges])]
         spans = [
             [Range(n, cut.start.get(n, 0), cut.end.get(n, 0)) for n in self.inputs]
@@ -471,6 +543,10 @@ class JetStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, JetStreamPartition)
+        if partition.rows is not None:  # read ahead by the planner
+            if partition.rows:
+                yield _arrow_rows(partition.rows)
+            return
         client = shared_client(self.broker)
         spans = partition.spans
         if self.partition is not None:

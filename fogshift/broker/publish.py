@@ -232,6 +232,11 @@ async def _retrying(
             now = await read_tail(js, stream)
             if now.epoch > epoch:
                 raise _fenced(pipeline, pe, epoch, now.epoch) from exc
+            if now.mark_seq != tail.mark_seq and now.epoch < epoch:
+                # A handover's older instance appended since the tail: this one is the
+                # newer, so it skips what is stored and appends after it (the older one is
+                # refused at its next append). Not a second writer.
+                raise _StaleTail from exc
             if now.mark_seq != tail.mark_seq:
                 raise WriterConflict(
                     f"output stream {stream} of {who} was appended to by another writer "
@@ -402,7 +407,12 @@ async def _append_chunk(
 
 
 class _StaleTail(Exception):
-    """A remembered tail is no longer the stream's: something was appended since."""
+    """The tail an append followed is no longer the stream's: something was appended since
+    (nothing of the append was stored; ``appended``: records of earlier chunks that were)."""
+
+    def __init__(self, appended: int = 0) -> None:
+        super().__init__(appended)
+        self.appended = appended
 
 
 class _KnownTails:
@@ -446,25 +456,32 @@ async def publish_records(
     """
     stream = stream_name(pipeline, pe)
     ordered: list[Record] | None = None
-    known = _known_tails.take(js, stream, epoch)
-    if known is not None:
-        ordered = sorted(records, key=lambda r: r.position)
+    tail = _known_tails.take(js, stream, epoch)
+    remembered = tail is not None
+    appended = 0
+    for _ in range(FOREIGN_RETRIES):
+        if tail is None:
+            tail = await read_tail(js, stream)
+            if tail.epoch > epoch:
+                raise _fenced(pipeline, pe, epoch, tail.epoch)
+        if ordered is None:  # (after the tail is read: a racing writer is then detected)
+            ordered = sorted(records, key=lambda r: r.position)
         try:
-            appended, left = await _append_after(
-                js, pipeline, pe, ordered, epoch, known, remembered=True
+            count, left = await _append_after(
+                js, pipeline, pe, ordered, epoch, tail, remembered=remembered
             )
-            _known_tails.keep(js, stream, epoch, left)
-            return appended
-        except _StaleTail:
-            pass  # appended to since: read the tail, as without the memory
-    tail = await read_tail(js, stream)
-    if tail.epoch > epoch:
-        raise _fenced(pipeline, pe, epoch, tail.epoch)
-    if ordered is None:  # (taken after the tail is read: what is in the stream is skipped)
-        ordered = sorted(records, key=lambda r: r.position)
-    appended, left = await _append_after(js, pipeline, pe, ordered, epoch, tail)
-    _known_tails.keep(js, stream, epoch, left)
-    return appended
+        except _StaleTail as stale:
+            # Appended to since the tail (the remembered one, or by a handover's older
+            # instance): read it again; what is stored now is skipped by position.
+            appended += stale.appended
+            tail, remembered = None, False
+            continue
+        _known_tails.keep(js, stream, epoch, left)
+        return appended + count
+    raise WriterConflict(
+        f"output stream {stream} of {pipeline}/{pe} keeps moving under its writer",
+        hint="another instance of this PE keeps appending; this one stops",
+    )
 
 
 async def _append_after(
@@ -483,6 +500,9 @@ async def _append_after(
     Args:
         remembered: ``tail`` is what this connection's last append left, not read now: if
             the stream has moved on, raise :class:`_StaleTail` with nothing stored.
+
+    Raises:
+        _StaleTail: The stream moved on under the append (see :func:`_retrying`).
     """
     stream = stream_name(pipeline, pe)
     messages = [
@@ -490,25 +510,28 @@ async def _append_after(
     ]
     appended = 0
     atomic: bool = True
-    for chunk in _chunks(messages):
-        if atomic:
-            try:
-                tail = await _append_chunk(
-                    js, stream, chunk, tail, epoch, pipeline, pe, remembered=remembered
-                )
-                appended += len(chunk)
-                remembered = False  # stored: the tail is this chunk's
-                continue
-            except _AtomicDisabled:
-                if remembered:
-                    raise _StaleTail from None  # read the tail, as the first time
-                atomic = False  # a stream created without allow_atomic: one by one
-        for message in chunk:
-            tail = await _append(
-                js, stream, message.subject, message.payload, dict(message.headers), tail,
-                epoch, pipeline, pe,
-            )  # fmt: skip
-            appended += 1
+    try:
+        for chunk in _chunks(messages):
+            if atomic:
+                try:
+                    tail = await _append_chunk(
+                        js, stream, chunk, tail, epoch, pipeline, pe, remembered=remembered
+                    )
+                    appended += len(chunk)
+                    remembered = False  # stored: the tail is this chunk's
+                    continue
+                except _AtomicDisabled:
+                    if remembered:
+                        raise _StaleTail from None  # read the tail, as the first time
+                    atomic = False  # a stream created without allow_atomic: one by one
+            for message in chunk:
+                tail = await _append(
+                    js, stream, message.subject, message.payload, dict(message.headers), tail,
+                    epoch, pipeline, pe,
+                )  # fmt: skip
+                appended += 1
+    except _StaleTail as stale:
+        raise _StaleTail(appended) from stale  # (the chunks before it are stored)
     return appended, (tail if atomic else None)
 
 

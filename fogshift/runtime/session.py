@@ -29,6 +29,13 @@ WORKER_DAEMON = "fogshift.runtime.worker_daemon"
 #: instead of 72 s, and 60 steady batches 12 s instead of 16 s, at the same wall time. CPU
 #: left over is what lets a fresh Python worker connect back within Spark's fixed 10 s.
 JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC"
+#: The driver JVM's heap. Spark's default (1 GiB) is too small for a PE with a 50 MiB state
+#: field: the transformWithState state server pickles a value it hands to Python into a
+#: doubling byte buffer, a few times the value's size for a moment, and a node whose query
+#: loaded such a state while another did the same died of ``OutOfMemoryError`` (E1, 50 MiB,
+#: 11th run on one cluster). After a full GC the heap of such a node holds ~50 MB: the
+#: memory is reserved, not used.
+DRIVER_MEMORY = "2g"
 
 
 def build_session(
@@ -89,6 +96,7 @@ def build_session(
         # Read when the driver JVM is launched, which the first session of a process does.
         # The environment's class archive, if made, saves ~a quarter of the JVM's start.
         .config("spark.driver.extraJavaOptions", with_archive(java_options))
+        .config("spark.driver.memory", DRIVER_MEMORY)
     )
     if master.startswith("local"):
         # A local session talks to nobody: keep its driver off the network.

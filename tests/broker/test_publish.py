@@ -74,6 +74,31 @@ def test_a_racing_writer_is_detected(js_client: SyncJetStream, nats_server: obje
     assert js_client.run(lambda js: last_seq(js, stream)) == 2
 
 
+def test_a_handovers_newer_writer_racing_the_older_one_skips_what_it_stored(
+    js_client: SyncJetStream,
+) -> None:
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+    older = SyncJetStream(js_client.address)
+    older.run(lambda js: publish_records(js, "t", pe, records([1]), epoch=1))
+    try:
+        # The target (epoch 2) reads the tail; the origin (epoch 1), still running, appends
+        # the same position before the target's commit: the target reads again and goes on.
+        racing = interleaved(
+            records([2, 3]),
+            lambda: older.run(lambda js: publish_records(js, "t", pe, records([2]), epoch=1)),
+        )
+        assert js_client.run(lambda js: publish_records(js, "t", pe, racing, epoch=2)) == 1
+        with pytest.raises(Fenced):
+            older.run(lambda js: publish_records(js, "t", pe, records([3, 4]), epoch=1))
+    finally:
+        older.close()
+    stored = js_client.run(lambda js: get_range(js, stream, data_subject("t", pe), 0, 10**9))
+    assert [(m.headers["Fogshift-Origin"], m.headers["Fogshift-Epoch"]) for m in stored] == [
+        ("1", "1"), ("2", "1"), ("3", "2"),
+    ]  # fmt: skip
+
+
 def counting_tail_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The streams whose tail ``publish_records`` reads from here on (the real read)."""
     reads: list[str] = []

@@ -1,0 +1,92 @@
+"""A one-input reader plans a batch and reads its rows in one request: the same end and the
+same rows as asking the stream's tail and reading the range in the executor. Against a real
+nats-server; the reader is called as Spark's planner and executor would call it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadMaxRows
+
+from fogshift.broker import client as broker_client
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream, last_seq
+from fogshift.broker.datasource import JetStreamReader, positions_of
+from fogshift.broker.naming import stream_name
+from fogshift.broker.publish import Record, fence, publish_records
+from fogshift.broker.server import BrokerProcess
+from fogshift.common.gate import write_gate
+
+pytestmark = pytest.mark.integration
+_pipelines = (f"ahead{n}" for n in itertools.count())
+
+
+@pytest.fixture
+def source(js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path) -> dict[str, str]:
+    """Input ``s`` of PE ``m`` in a pipeline of its own: events 1-4, a dead letter (5), event
+    6, then a fence marker (7): the stream ends with messages that are no events. The
+    reader's options."""
+    pipeline = next(_pipelines)
+    js_client.run(lambda js: ensure_pe_stream(js, pipeline, "s"))
+    rows = [
+        Record(k, 0, k, 1000.0 + k, "s", json.dumps({"v": k}), "bad" if k == 5 else None)
+        for k in range(1, 7)
+    ]
+    js_client.run(lambda js: publish_records(js, pipeline, "s", rows, epoch=1))
+    js_client.run(lambda js: fence(js, pipeline, "s", 2))
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    return {"broker": str(broker), "pipeline": pipeline, "pe": "m", "inputs": "s",
+            "epoch": "1", "gate": str(tmp_path / "gate")}  # fmt: skip
+
+
+def _values(reader: JetStreamReader, start: dict, end: dict) -> list[tuple[int, int]]:
+    """``(origin, body value)`` of the batch ``(start, end]``, as an executor reads it."""
+    (partition,) = reader.partitions(start, end)
+    rows = [row for batch in reader.read(partition) for row in batch.to_pylist()]
+    return [(row["origin"], json.loads(row["body"])["v"]) for row in rows]
+
+
+def test_a_batch_is_planned_and_read_in_one_request_like_tail_and_range(
+    source: dict[str, str], js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    tail = broker_client.last_seq
+
+    async def counted(js: object, stream: str) -> int:
+        asked.append(stream)
+        return await tail(js, stream)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("fogshift.broker.datasource.last_seq", counted)
+    reader = JetStreamReader(source)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(10_000))
+    # The end is the stream's last sequence, past the dead letter and the fence marker.
+    stream = stream_name(source["pipeline"], "s")
+    assert positions_of(end) == {"s": js_client.run(lambda js: last_seq(js, stream))}
+    assert positions_of(end) == {"s": 7} and asked == []
+    (planned,) = reader.partitions(start, end)
+    assert planned.rows is not None  # the executor will ask the broker nothing
+    ahead = _values(reader, start, end)
+    assert ahead == [(1, 1), (2, 2), (3, 3), (4, 4), (6, 6)]
+    # The same batch re-executed elsewhere (nothing read ahead there) reads the same rows.
+    assert _values(JetStreamReader(source), start, end) == ahead
+    # Nothing after the end: the stream's tail is asked (and checked) instead.
+    assert reader.latestOffset(end, ReadMaxRows(10_000)) == end
+    assert asked == [stream]
+
+
+def test_the_read_limit_and_a_cap_end_a_read_ahead_batch(
+    source: dict[str, str], tmp_path: Path
+) -> None:
+    reader = JetStreamReader(source)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(3))
+    assert positions_of(end) == {"s": 3}
+    assert _values(reader, start, end) == [(1, 1), (2, 2), (3, 3)]
+    write_gate(tmp_path / "gate", "cap", {"type": "jetstream", "positions": {"s": 5}})
+    capped = reader.latestOffset(end, ReadMaxRows(10_000))
+    assert positions_of(capped) == {"s": 5}
+    assert _values(reader, end, capped) == [(4, 4)]  # 5 is a dead letter
+    assert reader.latestOffset(capped, ReadMaxRows(10_000)) == capped
