@@ -266,6 +266,9 @@ class JetStreamReader(DataSourceStreamReader):
         self._reads_ahead = len(self.inputs) == 1 and self.partition is None and not self.merged
         #: The last planned batch's rows read ahead: (start, end, rows) of its one input.
         self._ahead: tuple[int, int, list[tuple[int, int, float, str, str]]] | None = None
+        #: The last look found nothing: ask the tail first (one request per idle look, not
+        #: a read-ahead and then the tail), and read ahead again once input flows.
+        self._idle = False
 
     def initialOffset(self) -> dict:  # noqa: N802
         return offset({name: self.since for name in self.inputs})
@@ -316,13 +319,15 @@ class JetStreamReader(DataSourceStreamReader):
             )
             if logged is not None:
                 return self._replay(client, start, begin, logged, cap, limit)
-        if self._reads_ahead:
+        if self._reads_ahead and not self._idle:
             ahead = self._read_ahead(client, start, begin, limit, cap)
             if ahead is not None:
                 return ahead
+            self._idle = True
         latest = self._available(client, begin, limit, cap)
         if latest == begin:
             return start
+        self._idle = False
         if len(self.inputs) == 1:
             return offset(latest)
         try:

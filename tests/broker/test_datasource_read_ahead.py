@@ -72,9 +72,22 @@ def test_a_batch_is_planned_and_read_in_one_request_like_tail_and_range(
     assert ahead == [(1, 1), (2, 2), (3, 3), (4, 4), (6, 6)]
     # The same batch re-executed elsewhere (nothing read ahead there) reads the same rows.
     assert _values(JetStreamReader(source), start, end) == ahead
-    # Nothing after the end: the stream's tail is asked (and checked) instead.
+    # Nothing after the end: the stream's tail is asked (and checked) instead, and while
+    # idle only the tail, one request per look.
     assert reader.latestOffset(end, ReadMaxRows(10_000)) == end
-    assert asked == [stream]
+    assert reader.latestOffset(end, ReadMaxRows(10_000)) == end
+    assert asked == [stream, stream]
+    # Input again: the first batch is found by the tail, the next ones read ahead.
+    pipeline = source["pipeline"]
+    more = [Record(k, 0, k, 1000.0 + k, "s", json.dumps({"v": k}), None) for k in (8, 9)]
+    js_client.run(lambda js: publish_records(js, pipeline, "s", more[:1], epoch=2))
+    after = reader.latestOffset(end, ReadMaxRows(10_000))
+    assert positions_of(after) == {"s": 8} and len(asked) == 3
+    assert _values(reader, end, after) == [(8, 8)]
+    js_client.run(lambda js: publish_records(js, pipeline, "s", more[1:], epoch=2))
+    last = reader.latestOffset(after, ReadMaxRows(10_000))
+    assert positions_of(last) == {"s": 9} and len(asked) == 3
+    assert _values(reader, after, last) == [(9, 9)]
 
 
 def test_the_read_limit_and_a_cap_end_a_read_ahead_batch(
