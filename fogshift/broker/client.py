@@ -382,28 +382,22 @@ async def _direct_batch(
     no message at all is a 404.
     """
     request = {"seq": first, "batch": count, "next_by_subj": subject}
-    got, _ = await _direct_request(js, stream, request, subject)
-    return got
+    return await _direct_request(js, stream, request, subject)
 
 
 async def _direct_request(
     js: JetStreamContext, stream: str, request: dict[str, Any], subject: str = ""
-) -> tuple[list[StoredMessage], int | None]:
-    """A batched direct get: the messages, and how many matching messages the stream held
-    after the last of them (the end-of-batch's ``Nats-Num-Pending``; ``None`` on a 404).
-    """
+) -> list[StoredMessage]:
+    """The messages a batched direct get ``request`` answers (none on a 404)."""
     nc = connection_of(js)
     inbox = nc.new_inbox()
     got: list[StoredMessage] = []
     done = asyncio.get_running_loop().create_future()
-    pending: list[int] = []
 
     async def on_message(msg: Any) -> None:
         headers = msg.headers or {}
         status = headers.get("Status")
         if status is not None or (not msg.data and "Nats-Sequence" not in headers):
-            if "Nats-Num-Pending" in headers:
-                pending.append(int(headers["Nats-Num-Pending"]))
             if not done.done():
                 done.set_result(status)
             return
@@ -428,43 +422,28 @@ async def _direct_request(
     if status not in ("204", "404", None):
         first = request.get("seq")
         raise BrokerError(f"direct get of {stream} from sequence {first} answered status {status}")
-    return got, (pending[0] if pending else None)
-
-
-@dataclass(frozen=True)
-class ReadAhead:
-    """What a stream holds after a sequence, read in one request (:func:`read_ahead`).
-
-    Attributes:
-        messages: The messages, of every subject, in order.
-        whole: Nothing was stored after the last of them when the broker answered: its
-            sequence was the stream's last (not cut short by the count or the bytes).
-    """
-
-    messages: list[StoredMessage]
-    whole: bool
+    return got
 
 
 #: The most bytes one :func:`read_ahead` asks for.
 READ_AHEAD_BYTES = 16 * 1024 * 1024
 
 
-async def read_ahead(js: JetStreamContext, stream: str, after: int, count: int) -> ReadAhead | None:
+async def read_ahead(
+    js: JetStreamContext, stream: str, after: int, count: int
+) -> list[StoredMessage]:
     """Up to ``count`` messages of ``stream`` after sequence ``after``, of every subject, in
-    one request (at most :data:`READ_AHEAD_BYTES`, at least one message).
+    order, in one request (at most :data:`READ_AHEAD_BYTES`, at least one message).
 
     Returns:
-        The messages; ``None`` if there is none (nothing stored after ``after``, or a
-        stream without direct gets: ask :func:`last_seq`).
+        The messages; none if nothing is stored after ``after``, or if the stream takes no
+        direct gets (then ask :func:`last_seq`).
     """
     request = {"seq": after + 1, "batch": max(1, count), "max_bytes": READ_AHEAD_BYTES}
     try:
-        got, pending = await _direct_request(js, stream, request)
+        return await _direct_request(js, stream, request)
     except _DirectGetUnavailable:
-        return None
-    if not got:
-        return None
-    return ReadAhead(got, whole=pending == 0)
+        return []
 
 
 async def get_range(

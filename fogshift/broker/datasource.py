@@ -389,9 +389,7 @@ class JetStreamReader(DataSourceStreamReader):
                 read_ahead, stream=stream_name(self.pipeline, name), after=position, count=count
             )
         )
-        if ahead is None:
-            return None
-        messages = [m for m in ahead.messages if stop is None or m.seq <= stop]
+        messages = [m for m in ahead if stop is None or m.seq <= stop]
         if not messages:
             return None
         end = messages[-1].seq
