@@ -232,11 +232,24 @@ def register(bench_app: typer.Typer) -> None:
             str | None, typer.Option(help="KiB of state per key, comma-separated.")
         ] = None,
         runs: Annotated[int | None, typer.Option(help="Repetitions of each combination.")] = None,
+        methods: Annotated[
+            str | None,
+            typer.Option(help=f"Methods, comma-separated, of {','.join(pam.METHODS)}."),
+        ] = None,
     ) -> None:
         """Issue #16: moving a partition's keys one at a time (fifo, backlog order) vs the
-        whole PE, and scaling the element from two partitions to three, over uniform and Zipf
-        traffic."""
+        whole PE (a handover, and the thesis's pause-and-move procedure), and scaling the
+        element from two partitions to three, over uniform and Zipf traffic."""
         config = pam.PamConfig.quick() if quick else pam.PamConfig()
+        if methods is not None:
+            chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
+            if not chosen or any(m not in pam.METHODS for m in chosen):
+                raise BadBenchOption(
+                    "bad --methods",
+                    expected=f"a comma-separated choice of {', '.join(pam.METHODS)}",
+                    received=methods,
+                )
+            config = replace(config, methods=chosen)
         if keys:
             config = replace(config, keys=_ints(keys, "numbers of keys"))
         if state_kib:

@@ -212,11 +212,12 @@ def test_the_committed_handover_run_renders_with_a_colour_per_mode(tmp_path: Pat
 
 def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> None:
     log = RunLog(tmp_path / "pam" / "runs.csv", pam.RUN_FIELDS)
-    for method, stall in (("whole", 900.0), ("backlog", 40.0), ("backlog", 60.0)):
+    for method, stall in (("whole", 900.0), ("literal", 2000.0), ("backlog", 40.0),
+                          ("backlog", 60.0)):  # fmt: skip
         log.append(
             {"run": f"r-{method}-{stall}", "method": method, "traffic": "zipf", "keys": 20,
              "state_kib": 64, "consistent": True, "stoppage_p50_ms": stall / 2,
-             "stoppage_max_ms": stall, "stable_s": stall / 100, "steady_p99_ms": 300,
+             "stoppage_max_ms": stall, "stable_ms": stall * 10, "steady_p99_ms": 300,
              "added_p99_ms": stall, "tput_before": 100, "tput_during": 95, "tput_after": 100,
              "op_ms": 1000}
         )  # fmt: skip
@@ -224,11 +225,52 @@ def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> N
     log.append({**broken, "consistent": False, "problems": "key s3: 1 seq missing"})
     text = pam.section(tmp_path / "pam") or ""
     rows = [line for line in text.splitlines() if line.startswith("| 20 |")]
-    # One row per method, in the order whole, fifo, backlog; means over the good runs only.
-    assert [r.split("|")[4].strip() for r in rows] == ["whole", "fifo", "backlog"]
-    assert "| 2/2 | 25 / 50 | 0.5 |" in rows[2]
-    assert "| 0/1 |" in rows[1]
+    # One row per method, in the order whole, literal, fifo, backlog; means over the good
+    # runs only.
+    assert [r.split("|")[4].strip() for r in rows[:4]] == ["whole", "literal", "fifo", "backlog"]
+    assert "| 2/2 | 25 / 50 | 500 |" in rows[3]
+    assert "| 0/1 |" in rows[2]
     assert "broken (key s3: 1 seq missing)" in text
+    # Backlog order's stable time against moving the whole partition: 500 ms vs 20,000 ms
+    # (literal) and 9,000 ms (whole).
+    assert rows[4] == "| 20 | 64 | zipf | 20,000 / 9,000 / 500 | 98 % | 94 % |", rows[4]
+
+
+def _point(t_in: float, ms: float, key: str = "k") -> pam.Point:
+    return pam.Point(t_in, t_in + ms / 1000, key)
+
+
+def test_pam_figures_are_per_event_not_per_time_bin() -> None:
+    moved, done = 100.0, 100.4
+    # The steady window (the 5 s before the move): 100 ms, now and then 120 ms.
+    points = [_point(95 + i * 0.05, 120 if i % 10 == 0 else 100, f"s{i % 4}") for i in range(100)]
+    steady_p99 = 120.0
+    points += [
+        # Input before the move, held up by it (a pause at the next batch): disturbed, and
+        # not steady (three of them would have been the steady window's p99).
+        *(_point(t, 400, "s1") for t in (99.85, 99.9, 99.95)),
+        _point(100.1, 900, "s0"),  # a moved key's first event waits for its state
+        _point(100.2, 100, "s1"),  # a key that stays: undisturbed
+        _point(100.7, 600, "s0"),  # input after the operation: not the key's stoppage
+        *(_point(101.0 + i * 0.05, 100, f"s{i % 4}") for i in range(100)),
+    ]
+    got = pam.figures(points, moved, done, {"s0", "s2"}, steady_s=5, min_window_s=1.0)
+    assert got["steady_p50_ms"] == 100 and got["steady_p99_ms"] == steady_p99
+    # Stable when the last event above 1.5 x 120 ms (its output at 101.3) came out.
+    assert got["stable_ms"] == pytest.approx(1300, abs=0.1)
+    # Per moved key, its events output from the move on and input before the operation
+    # ended, less the steady p50: s0 800 ms (its later 600 ms event does not count), s2 0
+    # (one steady event output at the move).
+    assert (got["stoppage_p50_ms"], got["stoppage_max_ms"]) == (400, 800)
+    assert got["added_p99_ms"] > 400  # the 900 ms event is within the window until stable
+    # Throughput: 100 outputs in the 5 s before; none lost after.
+    assert got["tput_before"] == pytest.approx(20, abs=0.5)
+    undisturbed = [p for p in points if p.ms < 300]
+    calm = pam.figures(undisturbed, moved, done, {"s0"}, steady_s=5, min_window_s=1.0)
+    assert calm["stable_ms"] == 0
+    # The "during" window is never shorter than two triggers (here 1 s, not 0 s).
+    assert calm["tput_during"] == sum(100 <= p.t_out < 101 for p in undisturbed) > 0
+    assert pam.figures(points[:9], moved, done, set(), steady_s=5, min_window_s=1.0) == {}
 
 
 def test_pam_traffic_is_uniform_or_skewed_as_asked(tmp_path: Path) -> None:

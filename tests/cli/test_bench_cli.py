@@ -188,3 +188,10 @@ def test_bad_options_are_refused_with_expected_and_received(tmp_path: Path) -> N
     )
     assert result.returncode == 2
     assert "--report-only" in result.stderr and "--quick" in result.stderr
+    # A method PAM's bench does not know is refused before any cluster starts.
+    result = fogshift("bench", "pam", "--out", str(tmp_path), "--methods", "whole,teleport",
+                      check=False)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "bad --methods" in result.stderr and "whole,teleport" in result.stderr
+    assert "literal" in result.stderr  # what was expected
+    assert not (tmp_path / "pam").exists()
