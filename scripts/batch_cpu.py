@@ -27,6 +27,7 @@ from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import start_nats_server
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.session import build_session
+from fogshift.runtime.warm_up import warm_up
 from fogshift.spec.models import ElementSpec
 
 OPTIONS = {
@@ -73,6 +74,7 @@ def main() -> None:
     element = ElementSpec(id="pe", kind=args.kind, node="n", inputs=("src",),
                           options=OPTIONS[args.kind])  # fmt: skip
     spark = build_session("batch-cpu", "local[2]", str(home / "spark"))
+    warm_up(spark, home / "warm-up")
     plan = QueryPlan("p", element, str(broker_file), str(home / "checkpoint"),
                      trigger_ms=args.trigger_ms, gate_file=str(home / "gate.json"))  # fmt: skip
     query = start_query(spark, plan)

@@ -146,6 +146,24 @@ class NodeRuntime:
         except Exception as exc:  # reported through /health; the agent stays up to say so
             log.exception("spark session failed to start")
             self.spark_error = f"{type(exc).__name__}: {exc}"
+            return
+        self._warm_up(spark)
+
+    def _warm_up(self, spark: SparkSession) -> None:
+        """Run the node's first stateful query now, on the Spark thread: a PE that comes
+        here later (a migration's target, a restore, a standby) does not pay for it. The
+        node is ready meanwhile; a PE deployed now starts right after it (the same thread)."""
+        from fogshift.runtime.warm_up import warm_up
+
+        folder = self.config.home / "warm-up"
+        try:
+            took = warm_up(spark, folder)
+        except Exception:  # a cold first query is slower, never wrong: the node serves on
+            log.exception("the warm-up query failed; the first PE here will start cold")
+        else:
+            log.info("warm-up: the first stateful query ran in %.1f s", took)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     @property
     def ready(self) -> bool:

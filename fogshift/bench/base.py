@@ -102,7 +102,11 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return f"{value:.6g}" if math.isfinite(value) else ""
+        if not math.isfinite(value):
+            return ""
+        # Six significant digits, except for large values (a time of day in epoch seconds,
+        # bytes): those to the thousandth, or a moment would be rounded to a quarter hour.
+        return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.3f}".rstrip("0").rstrip(".")
     if isinstance(value, (dict, list)):
         return json.dumps(value, separators=(",", ":"))
     return str(value)

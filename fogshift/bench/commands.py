@@ -237,9 +237,12 @@ def register(bench_app: typer.Typer) -> None:
             typer.Option(help=f"Methods, comma-separated, of {','.join(pam.METHODS)}."),
         ] = None,
     ) -> None:
-        """Issue #16: moving a partition's keys one at a time (fifo, backlog order) vs the
-        whole PE (a handover, and the thesis's pause-and-move procedure), and scaling the
-        element from two partitions to three, over uniform and Zipf traffic."""
+        """Issue #16: per-key migration (fifo, backlog order) vs whole-PE and scaling.
+
+        Every key of one partition moves: one key at a time (fifo or backlog order), or the
+        whole partition (a handover, and the thesis's pause-and-move procedure); or the
+        element scales from two partitions to three. Uniform and Zipf traffic.
+        """
         config = pam.PamConfig.quick() if quick else pam.PamConfig()
         if methods is not None:
             chosen = tuple(m.strip() for m in methods.split(",") if m.strip())

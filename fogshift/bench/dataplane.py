@@ -265,12 +265,15 @@ class Bench:
 
     def __init__(self, work: Path, settings: Settings) -> None:
         from fogshift.runtime.session import build_session
+        from fogshift.runtime.warm_up import warm_up
 
         self.work, self.settings = work, settings
         self.broker: BrokerProcess = start_nats_server(work / "nats")
         self.broker_file = str(self.broker.address.save(work / "broker.json"))
         self.js = SyncJetStream(self.broker.address)
         self.spark = build_session("bench-dataplane", "local[2]", str(work / "local"))
+        # As a node does: neither the first fogshift nor the first plain query starts cold.
+        warm_up(self.spark, work / "warm-up")
         self._count = 0
 
     def close(self) -> None:

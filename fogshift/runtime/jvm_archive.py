@@ -86,10 +86,10 @@ def ensure(archive: Path | None = None, timeout_s: float = 600) -> bool:
 
 def _dump(target: str) -> None:
     """Start a session whose JVM writes its loaded classes to ``target`` at exit, after
-    running the kinds of query a node runs: a Python streaming source (fogshift's CSV
-    source), ``transformWithStateInPandas`` on RocksDB, a Python streaming sink, mapInPandas."""
-    from fogshift.common.waiting import wait_until
+    running the kinds of query a node runs: the node's warm-up (a Python streaming source,
+    ``transformWithStateInPandas`` on RocksDB, a Python streaming sink, mapInPandas)."""
     from fogshift.runtime.session import JAVA_OPTIONS, build_session
+    from fogshift.runtime.warm_up import warm_up
 
     with tempfile.TemporaryDirectory(prefix="fogshift-jsa-") as work:
         folder = Path(work)
@@ -97,91 +97,12 @@ def _dump(target: str) -> None:
             "jvm-archive", "local[*]", str(folder / "local"),
             f"{JAVA_OPTIONS} -XX:ArchiveClassesAtExit={target}",
         )  # fmt: skip
-        sink = _discard_sink()
-        spark.dataSource.register(sink)
-        data = folder / "in.csv"
-        data.write_text("timestamp,value\n" + "".join(f"{i},{i % 7}\n" for i in range(40)))
-        from pyspark.sql import functions as func
-
-        rows = (
-            spark.readStream.format("fogshift-csv-source")
-            .option("path", str(data)).option("pe", "source").option("tail_settle_s", "0")
-            .load()
-            .withColumn("key", func.col("creator"))
-        )  # fmt: skip
-        query = (
-            rows.groupBy("key")
-            .transformWithStateInPandas(
-                statefulProcessor=_counter(), outputStructType="key string, count long",
-                outputMode="Update", timeMode="None",
-            )
-            .writeStream.format(sink.name())
-            .option("checkpointLocation", str(folder / "checkpoint"))
-            .trigger(processingTime="200 milliseconds")
-            .start()
-        )  # fmt: skip
         try:
-            # The CSV is read in one batch; done once a batch with rows has run (or the
-            # query failed).
-            wait_until(
-                lambda: not query.isActive
-                or any(p["numInputRows"] > 0 for p in query.recentProgress),
-                120, interval_s=0.2, describe="the archive's query ran a batch",
-            )  # fmt: skip
-            failure = query.exception()
+            warm_up(spark, folder / "warm-up")
+        except RuntimeError as exc:
+            raise SystemExit(f"the archive's query failed: {exc}") from exc
         finally:
-            query.stop()
             spark.stop()
-        if failure is not None:
-            raise SystemExit(f"the archive's query failed: {failure}")
-
-
-def _counter():  # type: ignore[no-untyped-def]
-    """A keyed count in one ValueState: the shape of fogshift's stateful PEs."""
-    import pandas as pd
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-
-    class Counter(StatefulProcessor):
-        def init(self, handle):  # type: ignore[no-untyped-def]
-            self.count = handle.getValueState("count", "n long")
-
-        def handleInputRows(self, key, rows, timerValues):  # type: ignore[no-untyped-def]  # noqa: N802, N803
-            total = (self.count.get() or (0,))[0] + sum(len(frame) for frame in rows)
-            self.count.update((total,))
-            yield pd.DataFrame({"key": [key[0]], "count": [total]})
-
-        def close(self) -> None:
-            pass
-
-    return Counter()
-
-
-def _discard_sink():  # type: ignore[no-untyped-def]
-    """A Python streaming sink that keeps nothing (fogshift's own sinks need a broker for
-    their dead letters; the archive needs only the JVM side of a Python sink)."""
-    from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
-
-    class DiscardWriter(DataSourceStreamWriter):
-        def write(self, iterator):  # type: ignore[no-untyped-def]
-            for _ in iterator:
-                pass
-            return WriterCommitMessage()
-
-        def commit(self, messages, batchId):  # type: ignore[no-untyped-def]  # noqa: N803
-            pass
-
-        def abort(self, messages, batchId):  # type: ignore[no-untyped-def]  # noqa: N803
-            pass
-
-    class DiscardSink(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "fogshift-jsa-discard"
-
-        def streamWriter(self, schema, overwrite):  # type: ignore[no-untyped-def]  # noqa: N802
-            return DiscardWriter()
-
-    return DiscardSink
 
 
 def main() -> None:

@@ -48,7 +48,8 @@ def build_session(
 
     Called once per process: a session costs ~7 s to start. One shuffle partition, because
     a PE's state is one unit (it is moved as one) and keeps its events in order; the same
-    number must be used by every node, or a checkpoint cannot move between them.
+    number must be used by every node, or a checkpoint cannot move between them. Nothing
+    has run in it yet: :func:`fogshift.runtime.warm_up.warm_up` runs a node's first queries.
     """
     from pyspark.sql import SparkSession
 
@@ -114,7 +115,6 @@ def build_session(
         EcgSourceDataSource,
     ):
         spark.dataSource.register(source)
-    _warm_up(spark)
     return spark
 
 
@@ -188,13 +188,3 @@ def _worker_python(folder: Path, zygote: Path | None = None) -> str:
         os.chmod(tmp, 0o755)
         os.replace(tmp, path)
     return str(path)
-
-
-def _identity(frames):  # type: ignore[no-untyped-def]
-    yield from frames
-
-
-def _warm_up(spark: SparkSession) -> None:
-    """Run one tiny pandas job, so the first PE (or migration target) on this node does not
-    pay for the JVM's and Python workers' first-use costs inside its downtime."""
-    spark.range(4).mapInPandas(_identity, "id long").collect()

@@ -50,6 +50,11 @@ def test_run_log_writes_rows_and_refuses_unknown_columns(tmp_path: Path) -> None
     with pytest.raises(ValueError, match="unknown columns"):
         log.append({"run": "b", "typo": 1})
     assert read_rows(tmp_path / "runs.csv") == [{"run": "a", "ok": "true", "ms": "1.5", "note": ""}]
+    # A moment in epoch seconds keeps its milliseconds (six significant digits made it a
+    # quarter hour); small values keep six significant digits.
+    log.append({"run": "c", "ms": 1795775699.0982778})
+    log.append({"run": "d", "ms": 0.1 + 0.2})
+    assert [r["ms"] for r in read_rows(tmp_path / "runs.csv")[1:]] == ["1795775699.098", "0.3"]
 
 
 def test_link_profiles_and_rtt_parsing() -> None:
@@ -265,6 +270,17 @@ def test_pam_figures_are_per_event_not_per_time_bin() -> None:
     assert got["added_p99_ms"] > 400  # the 900 ms event is within the window until stable
     # Throughput: 100 outputs in the 5 s before; none lost after.
     assert got["tput_before"] == pytest.approx(20, abs=0.5)
+    assert got["late_disturbed"] == 0
+    # A slow batch seconds after the disturbance (its events over the limit, apart from the
+    # run that reaches back to the operation) is counted, not taken for the operation's.
+    later = [_point(106.0, 400, f"s{k}") for k in range(4)]
+    with_late = pam.figures(points + later, moved, done, {"s0", "s2"}, steady_s=5,
+                            min_window_s=1.0)  # fmt: skip
+    assert with_late["stable_ms"] == got["stable_ms"] and with_late["late_disturbed"] == 4
+    # ... but one within two triggers of the one before belongs to it.
+    near = [_point(101.8, 400, "s3")]
+    joined = pam.figures(points + near, moved, done, {"s0"}, steady_s=5, min_window_s=1.0)
+    assert joined["stable_ms"] == pytest.approx(2200, abs=0.1) and joined["late_disturbed"] == 0
     undisturbed = [p for p in points if p.ms < 300]
     calm = pam.figures(undisturbed, moved, done, {"s0"}, steady_s=5, min_window_s=1.0)
     assert calm["stable_ms"] == 0

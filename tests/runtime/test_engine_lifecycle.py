@@ -61,6 +61,28 @@ def test_the_driver_jvm_maps_the_class_archive(spark: SparkSession) -> None:
     assert str(archive) in maps, f"the driver JVM ({pid}) did not map {archive}"
 
 
+def test_the_warm_up_runs_a_stateful_batch_on_rocksdb_and_is_no_pe(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # What a node runs before its first PE (fogshift.runtime.warm_up): a batch through the
+    # CSV source, transformWithStateInPandas and a Python sink, committed with its state in
+    # RocksDB (whose native library the JVM has loaded then).
+    from fogshift.runtime.warm_up import QUERY_NAME, warm_up
+
+    folder = tmp_path / "warm-up"
+    assert warm_up(spark, folder) > 0
+    checkpoint = folder / "checkpoint"
+    assert (checkpoint / "commits" / "0").is_file()
+    assert list((checkpoint / "state" / "0").rglob("*.changelog")), "no state was committed"
+    pid = spark._jvm.java.lang.ProcessHandle.current().pid()  # type: ignore[union-attr]
+    assert "rocksdbjni" in Path(f"/proc/{pid}/maps").read_text()
+    # Not running afterwards, and its name is no PE's (a PE's is PIPELINE.ELEMENT).
+    assert QUERY_NAME not in [q.name for q in spark.streams.active]
+    assert "." not in QUERY_NAME
+    # Again in the same folder (an agent started again in the same home): from scratch.
+    assert warm_up(spark, folder) > 0
+
+
 class Run:
     """One processor PE fed by a stream ``src`` that the test appends to."""
 

@@ -1,0 +1,150 @@
+"""A node's first query of each kind, run once before any PE needs it.
+
+A node's first ``transformWithStateInPandas`` query pays for what no later one pays again:
+the JVM initialises the stateful operator's classes, loads RocksDB's native library,
+compiles the code paths of a Python data source, of the state server and of a Python
+streaming sink, and Spark starts the Python workers they talk to. The class archive
+(:mod:`fogshift.runtime.jvm_archive`) maps the classes, but does not run them. Unwarmed, that
+cost lands on the first PE a node hosts: a migration's target, a restore, a standby
+(issue #13: "a node's first stateful query costs nothing extra at migration or restore
+time").
+
+:func:`warm_up` runs that query — fogshift's CSV source, a keyed count in one
+``ValueState`` on RocksDB, a Python sink that keeps nothing — to its first batch, and a
+``mapInPandas`` job for the stateless kinds. It touches no broker (a node's broker user may
+create nothing) and leaves nothing behind but its folder, which the caller owns. The class
+archive is made by the same query, so the classes it maps are the ones a node runs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fogshift.common.waiting import wait_until
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: The warm-up query's name: progress reports of it are no PE's (the agent counts reports
+#: by their query's name).
+QUERY_NAME = "fogshift-warm-up"
+#: The name the discarding sink is registered under.
+DISCARD_SINK = "fogshift-warm-up-discard"
+
+
+def warm_up(spark: SparkSession, folder: Path, timeout_s: float = 120.0) -> float:
+    """Run one batch of a stateful streaming query and one ``mapInPandas`` job in ``spark``.
+
+    Args:
+        spark: The node's session (fogshift's data sources registered).
+        folder: A scratch folder of the caller's; emptied and used for the query's input
+            and checkpoint.
+        timeout_s: How long the query may take to run its first batch.
+
+    Returns:
+        The seconds it took.
+
+    Raises:
+        RuntimeError: The query failed or ran no batch within ``timeout_s``.
+    """
+    started = time.monotonic()
+    spark.range(4).mapInPandas(_identity, "id long").collect()
+    query = start_stateful(spark, folder)
+    try:
+        # The CSV is read in one batch: done once a batch with rows has run (or the query
+        # failed).
+        wait_until(
+            lambda: not query.isActive
+            or any(p["numInputRows"] > 0 for p in query.recentProgress),
+            timeout_s, interval_s=0.1, describe="the warm-up query ran a batch",
+        )  # fmt: skip
+        failure = query.exception()
+    finally:
+        query.stop()
+    if failure is not None:
+        raise RuntimeError(f"the warm-up query failed: {failure}")
+    return time.monotonic() - started
+
+
+def start_stateful(spark: SparkSession, folder: Path) -> Any:
+    """Start (in a fresh ``folder``) the warm-up's stateful query; the StreamingQuery."""
+    from pyspark.sql import functions as func
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    data = folder / "in.csv"
+    data.write_text("timestamp,value\n" + "".join(f"{i},{i % 7}\n" for i in range(40)))
+    spark.dataSource.register(_discard_sink())
+    rows = (
+        spark.readStream.format("fogshift-csv-source")
+        .option("path", str(data)).option("pe", "source").option("tail_settle_s", "0")
+        .load()
+        .withColumn("key", func.col("creator"))
+    )  # fmt: skip
+    return (
+        rows.groupBy("key")
+        .transformWithStateInPandas(
+            statefulProcessor=_counter(), outputStructType="key string, count long",
+            outputMode="Update", timeMode="None",
+        )
+        .writeStream.format(DISCARD_SINK)
+        .option("checkpointLocation", str(folder / "checkpoint"))
+        .queryName(QUERY_NAME)
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )  # fmt: skip
+
+
+def _identity(frames):  # type: ignore[no-untyped-def]
+    yield from frames
+
+
+def _counter():  # type: ignore[no-untyped-def]
+    """A keyed count in one ValueState: the shape of fogshift's stateful PEs."""
+    import pandas as pd
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class Counter(StatefulProcessor):
+        def init(self, handle):  # type: ignore[no-untyped-def]
+            self.count = handle.getValueState("count", "n long")
+
+        def handleInputRows(self, key, rows, timerValues):  # type: ignore[no-untyped-def]  # noqa: N802, N803
+            total = (self.count.get() or (0,))[0] + sum(len(frame) for frame in rows)
+            self.count.update((total,))
+            yield pd.DataFrame({"key": [key[0]], "count": [total]})
+
+        def close(self) -> None:
+            pass
+
+    return Counter()
+
+
+def _discard_sink():  # type: ignore[no-untyped-def]
+    """A Python streaming sink that keeps nothing (fogshift's own sinks need a broker for
+    their dead letters; the warm-up needs only the JVM side of a Python sink)."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
+
+    class DiscardWriter(DataSourceStreamWriter):
+        def write(self, iterator):  # type: ignore[no-untyped-def]
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages, batchId):  # type: ignore[no-untyped-def]  # noqa: N803
+            pass
+
+        def abort(self, messages, batchId):  # type: ignore[no-untyped-def]  # noqa: N803
+            pass
+
+    class DiscardSink(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return DISCARD_SINK
+
+        def streamWriter(self, schema, overwrite):  # type: ignore[no-untyped-def]  # noqa: N802
+            return DiscardWriter()
+
+    return DiscardSink

@@ -1,0 +1,85 @@
+"""A node's first stateful query against its later ones, with and without the warm-up.
+
+Starts nats-server and one node session (as an agent does), then ``--queries`` fresh
+``window-aggregate`` PEs one after another, each with 20 events already in its input, and
+prints how long each took from ``start_query`` to its first committed batch. With
+``--warm-up``, the session first runs :func:`fogshift.runtime.warm_up.warm_up`, as every
+agent does before its first PE. Run it on a quiet machine:
+
+    .venv/bin/python scripts/first_query.py
+    .venv/bin/python scripts/first_query.py --warm-up
+
+A measurement tool, not part of the runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream
+from fogshift.broker.publish import Record, publish_records
+from fogshift.broker.server import start_nats_server
+from fogshift.common.waiting import wait_until
+from fogshift.runtime.engine import QueryPlan, start_query
+from fogshift.runtime.gate import end_run
+from fogshift.runtime.session import build_session
+from fogshift.runtime.warm_up import warm_up
+from fogshift.spec.models import ElementSpec
+
+
+def _ran_a_batch(query: Any) -> bool:
+    return any(p["numInputRows"] > 0 for p in query.recentProgress)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queries", type=int, default=3)
+    parser.add_argument("--warm-up", action="store_true")
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="fogshift-first-query-"))
+    broker = start_nats_server(home / "nats")
+    js = SyncJetStream(broker.address)
+    broker_file = str(broker.address.save(home / "broker.json"))
+    spark = build_session("first-query", "local[*]", str(home / "local"))
+    try:
+        if args.warm_up:
+            print(f"warm-up: {warm_up(spark, home / 'warm-up'):.2f} s", flush=True)
+        for index in range(args.queries):
+            pipeline = f"fq{index}"
+            for pe in ("src", "agg"):
+                js.run(partial(ensure_pe_stream, pipeline=pipeline, pe=pe))
+            records = [
+                Record(n, 0, n, 1000.0 + n, "src", json.dumps({"value": n})) for n in range(1, 21)
+            ]
+            js.run(partial(publish_records, pipeline=pipeline, pe="src", records=records))
+            element = ElementSpec(id="agg", kind="window-aggregate", node="n", inputs=("src",),
+                                  options={"field": "value", "window": 5})  # fmt: skip
+            gate = str(home / pipeline / "gate.json")
+            plan = QueryPlan(pipeline, element, broker_file, str(home / pipeline / "checkpoint"),
+                             trigger_ms=200, gate_file=gate)  # fmt: skip
+            started = time.monotonic()
+            query = start_query(spark, plan)
+            wait_until(
+                partial(_ran_a_batch, query),
+                120, interval_s=0.01, describe=f"{pipeline}'s first batch",
+            )  # fmt: skip
+            print(f"query {index}: first batch committed after "
+                  f"{time.monotonic() - started:.2f} s", flush=True)  # fmt: skip
+            query.stop()
+            end_run(gate)
+    finally:
+        spark.stop()
+        js.close()
+        os.killpg(broker.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
