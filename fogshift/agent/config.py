@@ -55,6 +55,11 @@ class AgentConfig(BaseSettings):
         checkpoint_interval_s: Interval of node-level checkpoints (snapshots) of each PE.
         java_options: The Spark driver JVM's options (why these: ``JAVA_OPTIONS`` in
             :mod:`fogshift.runtime.session`); ``FOGSHIFT_JAVA_OPTIONS`` replaces them.
+        warm_up: Run a stateful query of the node's own when its session is up
+            (:mod:`fogshift.runtime.warm_up`), so the first PE it receives (a migration's
+            target, a restore) starts like any later one; ~2.7 s of CPU at each start.
+            ``FOGSHIFT_WARM_UP=false`` saves that where nodes start often and latency does
+            not count (the test suite's shared clusters).
     """
 
     model_config = SettingsConfigDict(
@@ -74,6 +79,7 @@ class AgentConfig(BaseSettings):
     advertise_url: str | None = None
     checkpoint_interval_s: float = Field(default=5.0, gt=0)
     java_options: str = JAVA_OPTIONS
+    warm_up: bool = True
 
     @classmethod
     def default(cls, field: str) -> Any:

@@ -147,7 +147,8 @@ class NodeRuntime:
             log.exception("spark session failed to start")
             self.spark_error = f"{type(exc).__name__}: {exc}"
             return
-        self._warm_up(spark)
+        if self.config.warm_up:
+            self._warm_up(spark)
 
     def _warm_up(self, spark: SparkSession) -> None:
         """Run the node's first stateful query now, on the Spark thread: a PE that comes
