@@ -126,17 +126,14 @@ def answer_json(handler: BaseHTTPRequestHandler, data: object, status: int = 200
     handler.wfile.write(body)
 
 
-def fogshift(
-    *args: str, check: bool = True, timeout: float = 400, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (``env``: added to this process's environment)."""
+def fogshift(*args: str, check: bool = True, timeout: float = 400) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess."""
     proc = subprocess.run(
         [sys.executable, "-m", "fogshift.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
-        env={**os.environ, **env} if env else None,
     )
     return _checked(proc, args, check)
 
@@ -193,18 +190,10 @@ class Cluster:
     commands that change something go through the real CLI (:data:`IN_PROCESS`).
     """
 
-    def __init__(
-        self,
-        home: Path,
-        nodes: list[str],
-        up_args: tuple[str, ...] = (),
-        env: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, home: Path, nodes: list[str], up_args: tuple[str, ...] = ()) -> None:
         self.home = home
         self.nodes = nodes
         self.up_args = up_args
-        #: Added to the environment of `fogshift up`, whose services inherit it.
-        self.env = env
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         run = fogshift_in_process if args[0] in IN_PROCESS else fogshift
@@ -228,8 +217,7 @@ class Cluster:
         return json.loads(self.cli(*args, "--json").stdout)
 
     def up(self) -> None:
-        fogshift("up", "--nodes", ",".join(self.nodes), *self.up_args, "--home", str(self.home),
-                 env=self.env)  # fmt: skip
+        self.cli("up", "--nodes", ",".join(self.nodes), *self.up_args)
 
     def down(self) -> None:
         if (self.home / "cluster.json").exists():
@@ -303,9 +291,7 @@ def pgids_of(home: Path, broker: bool = True) -> list[int]:
 #: cores with copying alone), a de-duplication window of 1 s, so exactly-once never leans on
 #: the broker dropping a re-sent message, and micro-batches at most once a second: a batch
 #: costs ~0.5 s of CPU whatever its size, so at 200 ms the tests' pipelines kept both cores
-#: busy and every operation waited for CPU. Its nodes skip the warm-up query (~2.7 s of CPU
-#: at each of some twenty node starts a run, kills included): no test times a first query,
-#: and the modules with clusters of their own (partition, soak) run it.
+#: busy and every operation waited for CPU.
 SHARED_NODES = ["cloud", "fog-a", "fog-b", "fog-c"]
 SHARED_TRIGGER_MS = 1000
 SHARED_UP_ARGS = (
@@ -332,14 +318,8 @@ def cluster_nodes() -> list[str] | None:
     return None
 
 
-#: The shared cluster's environment (see :data:`SHARED_UP_ARGS`).
-SHARED_ENV = {"FOGSHIFT_WARM_UP": "false"}
-
-
-def _start(
-    home: Path, nodes: list[str], up_args: tuple[str, ...], env: dict[str, str] | None = None
-) -> Iterator[Cluster]:
-    c = Cluster(home, nodes, up_args, env)
+def _start(home: Path, nodes: list[str], up_args: tuple[str, ...]) -> Iterator[Cluster]:
+    c = Cluster(home, nodes, up_args)
     c.up()
     try:
         yield c
@@ -355,7 +335,7 @@ def _start(
 @pytest.fixture(scope="session")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The session's shared cluster (:data:`SHARED_NODES`, :data:`SHARED_UP_ARGS`)."""
-    yield from _start(tmp_path_factory.mktemp("shared"), SHARED_NODES, SHARED_UP_ARGS, SHARED_ENV)
+    yield from _start(tmp_path_factory.mktemp("shared"), SHARED_NODES, SHARED_UP_ARGS)
 
 
 @pytest.fixture(scope="module")

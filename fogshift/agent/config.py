@@ -58,8 +58,7 @@ class AgentConfig(BaseSettings):
         warm_up: Run a stateful query of the node's own when its session is up
             (:mod:`fogshift.runtime.warm_up`), so the first PE it receives (a migration's
             target, a restore) starts like any later one; ~2.7 s of CPU at each start.
-            ``FOGSHIFT_WARM_UP=false`` saves that where nodes start often and latency does
-            not count (the test suite's shared clusters).
+            ``FOGSHIFT_WARM_UP=false`` saves that where first-query latency does not count.
     """
 
     model_config = SettingsConfigDict(

@@ -50,6 +50,10 @@ def test_a_setting_not_given_is_read_from_the_environment(
     monkeypatch.setenv("FOGSHIFT_TRIGGER_MS", "")
     config = AgentConfig(**required(tmp_path))
     assert (config.checkpoint_interval_s, config.trigger_ms) == (2.5, 200)
+    # The warm-up query runs unless the environment turns it off.
+    assert config.warm_up
+    monkeypatch.setenv("FOGSHIFT_WARM_UP", "false")
+    assert not AgentConfig(**required(tmp_path)).warm_up
 
 
 def test_a_bad_value_in_the_environment_is_refused(

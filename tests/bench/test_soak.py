@@ -32,7 +32,7 @@ from fogshift.supervisor.cluster import (
     kill_group,
     load_cluster,
 )
-from tests.conftest import ROOT, SHARED_ENV, fogshift
+from tests.conftest import ROOT, fogshift
 
 EXAMPLE = ROOT / "examples" / "soak"
 
@@ -319,7 +319,6 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
         # and every operation then waits for CPU (what is tested does not depend on it).
         "--trigger-ms", "1000",
         "--out", str(out), "--work", str(work), check=False, timeout=2300,
-        env=SHARED_ENV,  # its nodes skip the warm-up query, as the shared cluster's do
     )  # fmt: skip
     minutes = (time.monotonic() - started) / 60
     verdict = json.loads((out / soak.VERDICT_JSON).read_text())

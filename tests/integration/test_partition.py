@@ -70,14 +70,6 @@ def test_every_node_runs_isolated_behind_a_measured_link(cluster: Cluster) -> No
         assert cluster.node(name)["url"].startswith("http://127.0.0.1:")
     assert len({row["namespace"] for row in rows.values()}) == 3
     assert len({row["ns_ip"] for row in rows.values()}) == 3
-    # Each node runs its first stateful query when it starts (a node is ready meanwhile),
-    # not when a PE comes (the agents' default; the shared test clusters turn it off).
-    for name in rows:
-        log = cluster.home / "logs" / f"node-{name}.log"
-        wait_until(
-            lambda log=log: "warm-up: the first stateful query ran in" in log.read_text(),
-            120, interval_s=0.5, describe=f"{name}'s warm-up",
-        )  # fmt: skip
 
 
 @pytest.mark.parametrize("standby", [None, "fog-a"], ids=["from-checkpoint", "standby"])
