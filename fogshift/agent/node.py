@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -151,20 +152,38 @@ class NodeRuntime:
             self._warm_up(spark)
 
     def _warm_up(self, spark: SparkSession) -> None:
-        """Run the node's first stateful query now, on the Spark thread: a PE that comes
-        here later (a migration's target, a restore, a standby) does not pay for it. The
-        node is ready meanwhile; a PE deployed now starts right after it (the same thread)."""
-        from fogshift.runtime.warm_up import warm_up
+        """Run the node's first stateful query now: a PE that comes here later (a
+        migration's target, a restore, a standby) does not pay for it.
+
+        Only its start takes the Spark thread; its batch runs while the node is ready, and a
+        PE deployed meanwhile starts at once (a node restarted with PEs to resume does not
+        wait for the warm-up: their queries warm it anyway).
+        """
+        from fogshift.runtime import warm_up
 
         folder = self.config.home / "warm-up"
+        started = time.monotonic()
         try:
-            took = warm_up(spark, folder)
+            query = warm_up.begin(spark, folder)
         except Exception:  # a cold first query is slower, never wrong: the node serves on
-            log.exception("the warm-up query failed; the first PE here will start cold")
-        else:
-            log.info("warm-up: the first stateful query ran in %.1f s", took)
-        finally:
+            log.exception("the warm-up query failed to start; the first PE here starts cold")
             shutil.rmtree(folder, ignore_errors=True)
+            return
+
+        def finish() -> None:
+            try:
+                warm_up.finish(query)
+            except Exception:
+                log.exception("the warm-up query failed; the first PE here may start cold")
+            else:
+                log.info("warm-up: the first stateful query ran in %.1f s",
+                         time.monotonic() - started)  # fmt: skip
+            finally:
+                with contextlib.suppress(RuntimeError):  # the node is closing: Spark stops it
+                    self._spark_thread.submit(query.stop).result()
+                shutil.rmtree(folder, ignore_errors=True)
+
+        threading.Thread(target=finish, name="warm-up", daemon=True).start()
 
     @property
     def ready(self) -> bool:

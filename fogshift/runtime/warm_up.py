@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.waiting import wait_until
 
 if TYPE_CHECKING:
@@ -51,22 +52,41 @@ def warm_up(spark: SparkSession, folder: Path, timeout_s: float = 120.0) -> floa
         RuntimeError: The query failed or ran no batch within ``timeout_s``.
     """
     started = time.monotonic()
-    spark.range(4).mapInPandas(_identity, "id long").collect()
-    query = start_stateful(spark, folder)
+    query = begin(spark, folder)
     try:
-        # The CSV is read in one batch: done once a batch with rows has run (or the query
-        # failed).
+        finish(query, timeout_s)
+    finally:
+        query.stop()
+    return time.monotonic() - started
+
+
+def begin(spark: SparkSession, folder: Path) -> Any:
+    """The part of :func:`warm_up` that uses the session: the ``mapInPandas`` job, then the
+    stateful query started (in a fresh ``folder``); the StreamingQuery, to :func:`finish`
+    and stop. A query must be started on the thread that registered the data sources."""
+    spark.range(4).mapInPandas(_identity, "id long").collect()
+    return start_stateful(spark, folder)
+
+
+def finish(query: Any, timeout_s: float = 120.0) -> None:
+    """Wait until the warm-up ``query`` has run a batch (any thread may wait).
+
+    Raises:
+        RuntimeError: It failed or ran no batch within ``timeout_s``.
+    """
+    # The CSV is read in one batch: done once a batch with rows has run (or the query
+    # failed).
+    try:
         wait_until(
             lambda: not query.isActive
             or any(p["numInputRows"] > 0 for p in query.recentProgress),
             timeout_s, interval_s=0.1, describe="the warm-up query ran a batch",
         )  # fmt: skip
-        failure = query.exception()
-    finally:
-        query.stop()
+    except WaitTimedOut as exc:
+        raise RuntimeError(str(exc)) from exc
+    failure = query.exception()
     if failure is not None:
         raise RuntimeError(f"the warm-up query failed: {failure}")
-    return time.monotonic() - started
 
 
 def start_stateful(spark: SparkSession, folder: Path) -> Any:
