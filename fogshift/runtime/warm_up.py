@@ -6,7 +6,7 @@ compiles the code paths of a Python data source, of the state server and of a Py
 streaming sink, and Spark starts the Python workers they talk to. The class archive
 (:mod:`fogshift.runtime.jvm_archive`) maps the classes, but does not run them. Unwarmed, that
 cost lands on the first PE a node hosts: a migration's target, a restore, a standby
-(issue #13: "a node's first stateful query costs nothing extra at migration or restore
+(issue #12: "a node's first stateful query costs nothing extra at migration or restore
 time").
 
 :func:`warm_up` runs that query — fogshift's CSV source, a keyed count in one
@@ -65,7 +65,7 @@ def begin(spark: SparkSession, folder: Path) -> Any:
     stateful query started (in a fresh ``folder``); the StreamingQuery, to :func:`finish`
     and stop. A query must be started on the thread that registered the data sources."""
     spark.range(4).mapInPandas(_identity, "id long").collect()
-    return start_stateful(spark, folder)
+    return _start_stateful(spark, folder)
 
 
 def finish(query: Any, timeout_s: float = 120.0) -> None:
@@ -89,7 +89,7 @@ def finish(query: Any, timeout_s: float = 120.0) -> None:
         raise RuntimeError(f"the warm-up query failed: {failure}")
 
 
-def start_stateful(spark: SparkSession, folder: Path) -> Any:
+def _start_stateful(spark: SparkSession, folder: Path) -> Any:
     """Start (in a fresh ``folder``) the warm-up's stateful query; the StreamingQuery."""
     from pyspark.sql import functions as func
 
