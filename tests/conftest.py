@@ -25,6 +25,7 @@ from filelock import FileLock
 
 from fogshift.broker.client import BrokerAddress, SyncJetStream
 from fogshift.broker.server import BrokerProcess, start_nats_server
+from fogshift.common.processes import leads
 from fogshift.supervisor.cluster import group_alive, orchestrator_client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,8 +226,10 @@ class Cluster:
 
     def heal(self) -> None:
         """Start again whatever of the cluster a test killed (`fogshift up` starts only what
-        died)."""
-        if not all(group_alive(g) for g in pgids_of(self.home, broker=False)):
+        died, judged as here: by pid and group, since pids are given again)."""
+        data = json.loads((self.home / "cluster.json").read_text())
+        services = [data["orchestrator"], *data["nodes"].values()]
+        if not all(leads(s["pid"], s["pgid"]) for s in services):
             self.up()
 
     def stop_all(self) -> None:

@@ -22,6 +22,19 @@ def alive(pid: int) -> bool:
         return True
 
 
+def leads(pid: int, pgid: int) -> bool:
+    """Whether ``pid`` runs (not a zombie) and is still in process group ``pgid``.
+
+    What a process recorded by pid and group is judged by: a pid is given again once the
+    process that had it is gone (here after 32,768 of them, a few minutes of a busy test
+    suite), and the new process is, but for a coincidence, in another group.
+    """
+    try:
+        return alive(pid) and os.getpgid(pid) == pgid
+    except ProcessLookupError:  # it ended while we looked
+        return False
+
+
 def group_members(pgids: Iterable[int]) -> Iterator[tuple[int, psutil.Process]]:
     """Every process (zombies included) whose process group is one of ``pgids``, with its
     group, in one pass over the process table."""

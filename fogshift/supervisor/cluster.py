@@ -35,7 +35,7 @@ from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.files import write_atomic, write_private
 from fogshift.common.http import ServiceClient, node_token
 from fogshift.common.names import NAME_PATTERN
-from fogshift.common.processes import alive, group_alive
+from fogshift.common.processes import group_alive, leads
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import AgentHealth, NodeView
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
@@ -202,7 +202,7 @@ def cluster_running(home: Path) -> bool:
         cluster = ClusterFile.model_validate_json(cluster_file(home).read_text())
     except (OSError, ValueError):
         return False
-    return alive(cluster.orchestrator.pid)
+    return leads(cluster.orchestrator.pid, cluster.orchestrator.pgid)
 
 
 def orchestrator_client(home: Path, timeout_s: float = 120) -> ServiceClient:
@@ -442,8 +442,9 @@ def up(
     stale_network = False
     if cluster_file(home).exists():
         cluster, _ = load_cluster(home)
-        dead = [n for n, p in cluster.nodes.items() if not alive(p.pid)]
-        if alive(cluster.orchestrator.pid):
+        # A pid alone could be a new process's by now (pids are given again): its group too.
+        dead = [n for n, p in cluster.nodes.items() if not leads(p.pid, p.pgid)]
+        if leads(cluster.orchestrator.pid, cluster.orchestrator.pgid):
             if not dead:
                 raise AlreadyUp(
                     f"a fogshift cluster is already up under {str(home)!r}",
@@ -611,7 +612,7 @@ def restart_orchestrator(
         Unavailable: The cluster's broker is gone too (``fogshift down`` first), or the
             orchestrator did not become healthy within ``timeout_s`` (it is stopped again).
     """
-    if cluster.broker is not None and not alive(cluster.broker.pid):
+    if cluster.broker is not None and not leads(cluster.broker.pid, cluster.broker.pgid):
         raise Unavailable(
             f"the cluster under {str(home)!r} lost its orchestrator and its broker",
             hint="`fogshift down`, then `fogshift up`",
@@ -626,7 +627,9 @@ def restart_orchestrator(
     cluster = cluster.model_copy(update={"orchestrator": info})
     save_cluster(home, cluster)
     try:
-        wait_healthy(home, [n for n, p in cluster.nodes.items() if alive(p.pid)], timeout_s, say)
+        wait_healthy(
+            home, [n for n, p in cluster.nodes.items() if leads(p.pid, p.pgid)], timeout_s, say
+        )
     except BaseException:
         kill_group(info.pgid, signal.SIGKILL)
         raise
@@ -806,7 +809,7 @@ def _stop_tier(tier: dict[str, ProcessInfo], grace_s: float) -> None:
     deadline = time.monotonic() + grace_s
     with contextlib.suppress(WaitTimedOut):  # the stragglers get SIGKILL below
         wait_until(
-            lambda: not any(alive(i.pid) for i in infos),
+            lambda: not any(leads(i.pid, i.pgid) for i in infos),
             grace_s,
             interval_s=0.1,
             describe="the leaders of " + ", ".join(tier) + " to exit",
@@ -960,7 +963,7 @@ def network_status(home: Path, samples: int = 5, timeout_s: float = 3.0) -> list
                 "delay_sd_ms": link.profile.sd_ms,
                 "link": state,
                 "relay_pid": isolated.relay.pid,
-                "relay_alive": alive(isolated.relay.pid),
+                "relay_alive": leads(isolated.relay.pid, isolated.relay.pgid),
                 "rtt": rtt.model_dump() if rtt else None,
                 "rtt_error": error,
             }

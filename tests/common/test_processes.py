@@ -8,7 +8,7 @@ import sys
 
 import psutil
 
-from fogshift.common.processes import alive, group_alive
+from fogshift.common.processes import alive, group_alive, leads
 from fogshift.common.waiting import wait_until
 
 
@@ -26,6 +26,7 @@ def _zombie() -> subprocess.Popen[bytes]:
 def test_this_process_and_its_group_are_alive() -> None:
     assert alive(os.getpid())
     assert group_alive(os.getpgid(0))
+    assert leads(os.getpid(), os.getpgid(0))
 
 
 def test_a_zombie_and_its_group_are_gone_and_so_after_reaping() -> None:
@@ -46,6 +47,10 @@ def test_a_running_child_group_is_alive() -> None:
     try:
         assert alive(proc.pid)
         assert group_alive(proc.pid)
+        assert leads(proc.pid, proc.pid)
+        # The same pid recorded with another group: a process that got a dead one's pid.
+        assert not leads(proc.pid, os.getpgid(0))
     finally:
         proc.kill()
         proc.wait()
+    assert not leads(proc.pid, proc.pid)
