@@ -438,7 +438,7 @@ def section(folder: Path) -> str | None:
             METHODS.index(kv[0][3]) if kv[0][3] in METHODS else 9,
         ),
     ):
-        ok = [r for r in group if truthy(r.get("consistent")) and not r.get("error")]
+        ok = _ok(group)
 
         def mean(field: str, rows: list[dict[str, str]] = ok) -> float | None:
             return mean_std(float(r[field]) for r in rows if r.get(field))[0]
@@ -462,15 +462,14 @@ def section(folder: Path) -> str | None:
     return "\n".join(lines)
 
 
+def _ok(group: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The runs of ``group`` that count: consistent and without an error."""
+    return [r for r in group if truthy(r.get("consistent")) and not r.get("error")]
+
+
 def _stable(rows: list[dict[str, str]]) -> float | None:
-    """The mean time until stable (ms) of ``rows``; a CSV from before ``stable_ms`` has
-    ``stable_s`` (half-second bins)."""
-    values = [
-        float(r["stable_ms"]) if r.get("stable_ms") else float(r["stable_s"]) * 1000
-        for r in rows
-        if r.get("stable_ms") or r.get("stable_s")
-    ]
-    return mean_std(values)[0]
+    """The mean time until stable (ms) of ``rows``."""
+    return mean_std(float(r["stable_ms"]) for r in rows if r.get("stable_ms"))[0]
 
 
 def _sooner(groups: dict[tuple[str, str, str, str], list[dict[str, str]]]) -> list[str]:
@@ -478,7 +477,7 @@ def _sooner(groups: dict[tuple[str, str, str, str], list[dict[str, str]]]) -> li
     partition (literal: PAM's baseline; whole: the handover), per keys, size and traffic."""
     cells: dict[tuple[str, str, str], dict[str, float | None]] = {}
     for (keys, kib, traffic, method), group in groups.items():
-        ok = [r for r in group if truthy(r.get("consistent")) and not r.get("error")]
+        ok = _ok(group)
         cells.setdefault((keys, kib, traffic), {})[method] = _stable(ok)
     lines = []
     for (keys, kib, traffic), stable in sorted(
