@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 	@scripts/check-java.sh
 	@scripts/check-chromium.sh
-	@# The Spark driver JVM's class archive (once per venv, ~1 min): every node's session
-	@# then starts in about two thirds of the time (fogshift/runtime/jvm_archive.py).
+	@# fogshift's JVM classes (a local file system that forks no chmod per file written,
+	@# fogshift/runtime/jvm_classes.py), then the Spark driver JVM's class archive (once per
+	@# venv, ~25 s): every node's session then starts in about two thirds of the time
+	@# (fogshift/runtime/jvm_archive.py).
 	@$(PY) -m fogshift.runtime.jvm_archive
 
 demo: setup

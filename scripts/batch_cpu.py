@@ -55,6 +55,12 @@ def cpu_by_process(me: psutil.Process) -> dict[int, tuple[float, str]]:
     return out
 
 
+def last_pid() -> int:
+    """The last process or thread id the kernel gave (ids are given in turn, wrapping at
+    ``pid_max``: the difference counts what was started meanwhile, machine-wide)."""
+    return int(Path("/proc/sys/kernel/ns_last_pid").read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", choices=sorted(OPTIONS), default="filter")
@@ -98,6 +104,7 @@ def main() -> None:
     me = psutil.Process()
     send(args.rows)
     time.sleep(10)  # the first batches, and the workers' start, are not what is measured
+    tasks = last_pid()
     before, batches, busy, started = cpu_by_process(me), committed(), machine_busy_s(), time.time()
     while time.time() - started < args.seconds:
         send(args.rows)
@@ -105,12 +112,14 @@ def main() -> None:
     time.sleep(2)
     after, batches, busy = cpu_by_process(me), committed() - batches, machine_busy_s() - busy
     wall = time.time() - started
+    tasks = (last_pid() - tasks) % int(Path("/proc/sys/kernel/pid_max").read_text())
     spent = {pid: t - before.get(pid, (0.0, ""))[0] for pid, (t, _) in after.items()}
     total = sum(spent.values())
     print(f"{args.kind}, {args.rows} events every {args.every} s, trigger {args.trigger_ms} ms: "
           f"{batches} batches in {wall:.0f} s; processes {total:.1f} s of CPU "
           f"({1000 * total / max(batches, 1):.0f} ms a batch, {100 * total / wall:.0f}% of a "
-          f"core); machine busy {busy:.1f} s")  # fmt: skip
+          f"core); machine busy {busy:.1f} s; {tasks / max(batches, 1):.0f} processes and "
+          f"threads started a batch")  # fmt: skip
     for pid, seconds in sorted(spent.items(), key=lambda kv: -kv[1])[:10]:
         print(f"  {seconds:6.1f} s  {1000 * seconds / max(batches, 1):5.0f} ms/batch  "
               f"{after[pid][1]}")  # fmt: skip

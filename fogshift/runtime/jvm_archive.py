@@ -9,11 +9,12 @@ instead of 13.3 to 15.9 s, its JVM using 10 to 12 s of CPU instead of 17 to 20 s
 up` of four nodes took 46 to 47 s instead of 68 to 72 s. Every node start, node restart and
 cluster start gains that.
 
-``python -m fogshift.runtime.jvm_archive`` (run by ``make setup``) makes the archive if it is
-missing: it starts a session that dumps the classes it loaded at exit
-(``-XX:ArchiveClassesAtExit``) after running the kinds of query fogshift runs. Sessions use it
-through :func:`with_archive`. An archive the JVM cannot use (another Java, other jars) is
-ignored by the JVM (``-Xshare:auto``, its default): a slower start, never a failure.
+``python -m fogshift.runtime.jvm_archive`` (run by ``make setup``) compiles fogshift's own
+classes (:mod:`fogshift.runtime.jvm_classes`), then makes the archive if it is missing: it
+starts a session that dumps the classes it loaded at exit (``-XX:ArchiveClassesAtExit``) after
+running the kinds of query fogshift runs. Sessions use it through :func:`with_archive`. An
+archive the JVM cannot use (another Java, other jars) is ignored by the JVM (``-Xshare:auto``,
+its default): a slower start, never a failure.
 """
 
 from __future__ import annotations
@@ -29,16 +30,23 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from fogshift.runtime import jvm_classes
+
 #: Options that already decide class data sharing: then fogshift adds nothing.
 _SHARING_OPTIONS = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit")
 
 
 def archive_path() -> Path:
     """Where this environment's archive lives: beside its interpreter, named by the pyspark
-    version (its jars are the classpath the archive depends on)."""
+    version and fogshift's own jar, if made (the classpath the archive depends on: a JVM
+    started with another one ignores it)."""
     from importlib.metadata import version
 
-    return Path(sys.prefix) / "share" / "fogshift" / f"spark-{version('pyspark')}.jsa"
+    from fogshift.runtime.jvm_classes import jar_path
+
+    jar = jar_path()
+    extra = f"-{jar.stem.rsplit('-', 1)[-1]}" if jar.is_file() else ""
+    return Path(sys.prefix) / "share" / "fogshift" / f"spark-{version('pyspark')}{extra}.jsa"
 
 
 def with_archive(java_options: str, archive: Path | None = None) -> str:
@@ -112,6 +120,8 @@ def main() -> None:
     if args.dump_to:
         _dump(args.dump_to)
         return
+    # The jar first: it is on the classpath the archive is made for.
+    jvm_classes.ensure()
     ensure()
 
 

@@ -70,6 +70,7 @@ def build_session(
     from fogshift.runtime.csv_io import CsvSinkDataSource, CsvSourceDataSource
     from fogshift.runtime.ecg_source import EcgSourceDataSource
     from fogshift.runtime.jvm_archive import with_archive
+    from fogshift.runtime.jvm_classes import session_configs
 
     builder = (
         SparkSession.builder.master(master)
@@ -89,14 +90,12 @@ def build_session(
         # Hadoop's native library (none here) FileContext resolved every rename with a
         # `readlink` process and set modes with `chmod` processes: ~150 processes a
         # second on a four-node test cluster, ~0.1 s of CPU per micro-batch. A local rename
-        # is atomic either way. (The local file system itself stays Hadoop's checksummed
-        # one: RocksDB's state store requires it.)
+        # is atomic either way. (The FileSystem API still started a `chmod` per file it
+        # created: fogshift's local file system, below, sets modes without one; it stays
+        # Hadoop's checksummed one, which RocksDB's state store requires.)
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        # Read when the driver JVM is launched, which the first session of a process does.
-        # The environment's class archive, if made, saves ~a quarter of the JVM's start.
-        .config("spark.driver.extraJavaOptions", with_archive(java_options))
         .config("spark.driver.memory", DRIVER_MEMORY)
     )
     if master.startswith("local"):
@@ -106,6 +105,13 @@ def build_session(
         )
     if local_dir:
         builder = builder.config("spark.local.dir", local_dir)
+        java_options = f"{java_options} -Djava.io.tmpdir={_jvm_temp_dir(Path(local_dir))}"
+    # Read when the driver JVM is launched, which the first session of a process does.
+    # The environment's class archive, if made, saves ~a quarter of the JVM's start; its
+    # local file system, if compiled, saves a chmod process per file written.
+    builder = builder.config("spark.driver.extraJavaOptions", with_archive(java_options))
+    for key, value in session_configs().items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     for source in (
@@ -116,6 +122,27 @@ def build_session(
     ):
         spark.dataSource.register(source)
     return spark
+
+
+#: What RocksJava extracts its native library as, once per JVM, into ``java.io.tmpdir``.
+ROCKSDB_LIBRARY_GLOB = "librocksdbjni*.so"
+
+
+def _jvm_temp_dir(local_dir: Path) -> Path:
+    """The node JVM's ``java.io.tmpdir``: a folder of the node's own, emptied of the native
+    libraries its earlier JVMs left.
+
+    RocksJava copies its 14 MB native library into the JVM's temporary folder at every start
+    and deletes it only at a clean exit; a node is stopped with SIGKILL, so with ``/tmp`` a
+    host collected one per node start (1.4 GB after a day of tests). The earlier JVMs of this
+    node are gone (one node runs per home), and a library still mapped by a frozen one stays
+    mapped when its file is removed.
+    """
+    folder = local_dir / "jvm-tmp"
+    folder.mkdir(parents=True, exist_ok=True)
+    for leftover in folder.glob(ROCKSDB_LIBRARY_GLOB):
+        leftover.unlink(missing_ok=True)
+    return folder
 
 
 #: The interpreter Spark starts its Python workers with (see :func:`_worker_python`).

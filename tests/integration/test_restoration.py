@@ -86,10 +86,13 @@ def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> Non
     cluster.cli("deploy", str(spec))
     cluster.wait_for("killed", "sink", 20)
     # The node-level figure comes with the node's heartbeat, the central one from the pull,
-    # which may have taken a snapshot newer than the last heartbeat told: wait for the next.
+    # which may have taken a snapshot newer than the last heartbeat told (or come before the
+    # first heartbeat that told of one): wait for the next.
     wait_until(
         lambda: (
-            (c := wait_central(cluster, "killed", "aggregate"))["node_level"]["batch"]
+            ((c := wait_central(cluster, "killed", "aggregate"))["node_level"] or {}).get(
+                "batch", -1
+            )
             >= c["central"]["batch"]
             >= 0
         ),

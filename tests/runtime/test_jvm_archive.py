@@ -8,12 +8,17 @@ from importlib.metadata import version
 from pathlib import Path
 
 from fogshift.runtime.jvm_archive import archive_path, with_archive
+from fogshift.runtime.jvm_classes import jar_path
 
 
-def test_the_archive_belongs_to_the_environment_and_its_pyspark() -> None:
+def test_the_archive_belongs_to_the_environment_its_pyspark_and_fogshifts_jar() -> None:
     path = archive_path()
     assert path.is_relative_to(Path(sys.prefix))
-    assert path.name == f"spark-{version('pyspark')}.jsa"
+    jar = jar_path()
+    # The jar is on the classpath the archive is made for (`make setup` makes both).
+    assert jar.is_file(), f"no {jar}: `make setup` compiles it"
+    digest = jar.stem.rsplit("-", 1)[-1]
+    assert path.name == f"spark-{version('pyspark')}-{digest}.jsa"
 
 
 def test_sessions_use_the_archive_only_if_it_exists(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from fogshift.runtime.session import WORKER_DAEMON, _worker_python
+from fogshift.runtime.session import WORKER_DAEMON, _jvm_temp_dir, _worker_python
 from fogshift.runtime.worker_daemon import TASK_WORKER, modules_for
 
 
@@ -83,3 +83,17 @@ def test_spark_starting_its_daemon_gets_fogshifts_single_threaded_one(tmp_path: 
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
+
+
+def test_a_nodes_jvm_temp_folder_is_its_own_and_drops_native_libraries_left_behind(
+    tmp_path: Path,
+) -> None:
+    folder = _jvm_temp_dir(tmp_path)
+    assert folder.is_dir() and folder.parent == tmp_path
+    left = folder / "librocksdbjni123456.so"
+    left.write_bytes(b"x")
+    other = folder / "spark-something"
+    other.write_bytes(b"y")
+    assert _jvm_temp_dir(tmp_path) == folder
+    assert not left.exists()  # a dead JVM's copy of RocksJava's 14 MB library
+    assert other.exists()  # nothing else is touched
