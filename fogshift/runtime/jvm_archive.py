@@ -42,9 +42,7 @@ def archive_path() -> Path:
     started with another one ignores it)."""
     from importlib.metadata import version
 
-    from fogshift.runtime.jvm_classes import jar_path
-
-    jar = jar_path()
+    jar = jvm_classes.jar_path()
     extra = f"-{jar.stem.rsplit('-', 1)[-1]}" if jar.is_file() else ""
     return Path(sys.prefix) / "share" / "fogshift" / f"spark-{version('pyspark')}{extra}.jsa"
 

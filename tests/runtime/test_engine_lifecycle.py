@@ -61,10 +61,11 @@ def test_the_driver_jvm_maps_the_class_archive(spark: SparkSession) -> None:
     assert str(archive) in maps, f"the driver JVM ({pid}) did not map {archive}"
 
 
-def test_the_local_file_system_sets_modes_without_a_process(
+def test_the_local_file_system_is_fogshifts_and_sets_modes(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    # fogshift's (fogshift.runtime.jvm_classes): Hadoop's own starts a `chmod` per file.
+    # fogshift's (fogshift.runtime.jvm_classes) sets them through java.nio; Hadoop's own
+    # starts a `chmod` process per file (scripts/set_permission_cost.py measures both).
     from fogshift.runtime.jvm_classes import LOCAL_FILE_SYSTEM
 
     jvm = spark._jvm  # type: ignore[attr-defined]
