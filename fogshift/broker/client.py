@@ -16,6 +16,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,18 +104,33 @@ class SyncJetStream:
         Raises:
             BrokerUnavailable: The broker cannot be reached.
         """
+        return self._submit(self._call(make), timeout)
+
+    def submit(self, make: Callable[[JetStreamContext], Awaitable[T]]) -> Future[T]:
+        """Start ``make(js)`` on the private loop and return at once (see :meth:`run`).
+
+        For work that overlaps the caller's (a reader's next batch, read while Spark runs
+        the current one). The future holds the result or the exception; :meth:`close`
+        cancels it if it is still running.
+
+        Raises:
+            BrokerUnavailable: The broker cannot be reached.
+        """
+        return self._portal.start_task_soon(self._call(make))
+
+    def _call(self, make: Callable[[JetStreamContext], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
+        """``make`` bound to the connection, connecting first if need be."""
         with self._lock:
             if self._portal_cm is None:
                 raise BrokerUnavailable(f"the client of the broker at {self.address.url} is closed")
             if self._js is None:
                 self._js = self._submit(self._connect, self._timeout + 1)
-
         js = self._js
 
         async def call() -> T:
             return await make(js)
 
-        return self._submit(call, timeout)
+        return call
 
     def __enter__(self) -> SyncJetStream:
         return self

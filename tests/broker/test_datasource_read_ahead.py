@@ -103,3 +103,62 @@ def test_the_read_limit_and_a_cap_end_a_read_ahead_batch(
     assert positions_of(capped) == {"s": 5}
     assert _values(reader, end, capped) == [(4, 4)]  # 5 is a dead letter
     assert reader.latestOffset(capped, ReadMaxRows(10_000)) == capped
+
+
+def test_a_batch_after_a_full_one_is_read_while_that_one_runs_and_misses_nothing_since(
+    source: dict[str, str], js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[int] = []  # the position each read-ahead starts after, in the background too
+    read = broker_client.read_ahead
+
+    async def counted(js: object, stream: str, after: int, count: int) -> object:
+        reads.append(after)
+        return await read(js, stream, after, count)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("fogshift.broker.datasource.read_ahead", counted)
+    reader = JetStreamReader(source)
+    start = reader.initialOffset()
+    first = reader.latestOffset(start, ReadMaxRows(4))
+    assert positions_of(first) == {"s": 4}
+    # A full batch: the next one (5-7: a dead letter, an event, the fence marker) is read
+    # at once, before anything asks for it.
+    assert reader._prefetch is not None
+    reader._prefetch[1].result(10)
+    assert reads == [0, 4]
+    assert _values(reader, start, first) == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    pipeline = source["pipeline"]
+    later = [Record(8, 0, 8, 1008.0, "s", json.dumps({"v": 8}), None)]
+    js_client.run(lambda js: publish_records(js, pipeline, "s", later, epoch=2))
+    # Stored after that read: the next batch takes the three read ahead and reads on from
+    # the last of them, so it misses nothing the stream held when it was planned.
+    second = reader.latestOffset(first, ReadMaxRows(4))
+    assert positions_of(second) == {"s": 8}
+    assert reads[:3] == [0, 4, 7]
+    assert _values(reader, first, second) == [(6, 6), (8, 8)]
+    assert _values(JetStreamReader(source), first, second) == [(6, 6), (8, 8)]
+
+
+def test_a_read_ahead_that_failed_or_started_elsewhere_is_read_again(
+    source: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read = broker_client.read_ahead
+    calls = itertools.count()
+
+    async def failing_once(js: object, stream: str, after: int, count: int) -> object:
+        if next(calls) == 1:  # the read in the background after the first batch
+            raise OSError("connection reset")
+        return await read(js, stream, after, count)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("fogshift.broker.datasource.read_ahead", failing_once)
+    reader = JetStreamReader(source)
+    start = reader.initialOffset()
+    first = reader.latestOffset(start, ReadMaxRows(2))
+    second = reader.latestOffset(first, ReadMaxRows(2))
+    assert positions_of(second) == {"s": 4}
+    assert _values(reader, first, second) == [(3, 3), (4, 4)]
+    # Read ahead after 4, but the query restarted at 2: that read is not used.
+    again = reader.latestOffset(first, ReadMaxRows(3))
+    assert positions_of(again) == {"s": 5}
+    assert _values(reader, first, again) == [(3, 3), (4, 4)]
+    reader.stop()
+    assert reader._prefetch is None
