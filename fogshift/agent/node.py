@@ -637,10 +637,18 @@ class NodeRuntime:
                 reports = self.progress_feed.drain()
                 for hosted in list(self._elements.values()):
                     try:
-                        mine = reports.get(hosted.plan.query_name, [])
-                        self._check(hosted, [r for r in mine if r.get("runId") in hosted.run_ids])
+                        self._check(hosted, _reports_of(hosted, reports))
                     except Exception:  # the monitor must survive any one PE's trouble
                         log.exception("monitor failed on %s", hosted.plan.query_name)
+
+    def _count_queued(self) -> None:
+        """Count the progress reports queued since the monitor's last look (under the lock)."""
+        reports = self.progress_feed.drain()
+        for hosted in list(self._elements.values()):
+            try:
+                self._count(hosted, _reports_of(hosted, reports))
+            except Exception:  # as in the monitor: one PE's trouble stops no other
+                log.exception("counting the progress of %s failed", hosted.plan.query_name)
 
     def _check(self, hosted: HostedElement, reports: Sequence[dict[str, Any]] = ()) -> None:
         """Count ``reports`` (Spark's progress of the PE's query since the last check), and
@@ -679,6 +687,10 @@ class NodeRuntime:
     def snapshot_all(self) -> None:
         """Take a node-level checkpoint of every running PE that committed a new batch."""
         with self._lock:
+            # The progress queued since the monitor's last look first: the state-store
+            # metrics of a batch that has just committed then go into its snapshot's manifest
+            # (the monitor counts them once a second, often after the snapshot).
+            self._count_queued()
             hosted = [
                 h for h in self._elements.values() if h.state in (PEState.RUNNING, PEState.PAUSED)
             ]
@@ -758,6 +770,12 @@ def python_error(text: str) -> tuple[str, str] | None:
 
 #: How many batches' state-store metrics a PE keeps (a snapshot is of a recent batch).
 STATE_METRICS_KEPT = 100
+
+
+def _reports_of(hosted: HostedElement, reports: dict[str, list[dict[str, Any]]]) -> list[dict]:
+    """The progress reports among ``reports`` (by query name) of the PE's current runs."""
+    mine = reports.get(hosted.plan.query_name, [])
+    return [r for r in mine if r.get("runId") in hosted.run_ids]
 
 
 def state_metrics(progress: dict[str, Any]) -> dict[str, Any] | None:

@@ -6,8 +6,8 @@ state size while the bench polls ``/nodes`` (what ``fogshift nodes --json`` show
 every node-level snapshot and every central checkpoint of it:
 
 * node level (every ``checkpoint_interval_s``): ``took_ms`` — freezing the committed batch
-  (``copy_ms``: hard links for unchanged files, copies of new ones) and digesting new files
-  (``hash_ms``) — and the state-store metrics of the batch it froze: Spark serialised that
+  (``copy_ms``: hard links, from the previous snapshot or the live checkpoint) and digesting
+  new files (``hash_ms``) — and the state-store metrics of the batch it froze: Spark serialised that
   batch's state changes and committed them (``commit_ms``, ``commitTimeMs``). Our checkpoint
   of a state is that commit plus the snapshot; its serialisation share is
   ``commit_ms / (commit_ms + took_ms)``.
@@ -217,8 +217,8 @@ def section(folder: Path) -> str | None:
         f"per state size; node-level checkpoints every "
         f"{settings.get('checkpoint_interval_s')} s, central pulls every "
         f"{settings.get('central_interval_s')} s. *snapshot* is the node-level "
-        "checkpoint (freeze the committed batch: hard links for unchanged files, copies and "
-        "digests of new ones); *commit* is Spark's state-store commit of the batch it froze "
+        "checkpoint (freeze the committed batch: a hard link per file, digests of the new "
+        "ones); *commit* is Spark's state-store commit of the batch it froze "
         "(`commitTimeMs`: that batch's state changes serialised and written). Our checkpoint "
         "is commit + snapshot; *serialisation share* = commit / (commit + snapshot), over the "
         "snapshots after the first. The thesis serialised the whole state at every "

@@ -84,7 +84,11 @@ def committed_offset(checkpoint: Path) -> tuple[int | None, dict[str, Any] | Non
 
 
 def copy_checkpoint(
-    source: Path, target: Path, warm: bool = False, link_from: Path | None = None
+    source: Path,
+    target: Path,
+    warm: bool = False,
+    link_from: Path | None = None,
+    link: bool = False,
 ) -> dict[str, Any]:
     """Copy a (possibly running) query's checkpoint consistently.
 
@@ -100,6 +104,10 @@ def copy_checkpoint(
     Args:
         link_from: An earlier copy: a file present there with the same size is the same
             immutable file, and is hard-linked instead of copied.
+        link: Hard-link the other files from ``source`` too instead of copying them (where
+            the file system allows; else they are copied). Only for a copy nobody writes
+            into: a link is the live file itself, which Spark never changes in place (it
+            writes a temporary file and renames it over the name).
 
     Returns:
         ``{"batch": N, "offset": end offset of N}`` (``batch`` None for an empty checkpoint).
@@ -134,13 +142,30 @@ def copy_checkpoint(
             return _state_outside(names, keep_commit + 1, newer=keep_commit < batch)
         return [n for n in names if n.endswith(".tmp")]
 
+    # Plain strings and one stat per file: a snapshot walks ~50-100 files every few seconds.
+    root = str(source)
+    earlier_root = str(link_from) if link_from is not None else None
+
     def copy(src: str, dst: str) -> None:
         try:
-            if link_from is not None:
-                earlier = link_from / Path(src).relative_to(source)
-                if earlier.exists() and earlier.stat().st_size == Path(src).stat().st_size:
+            if earlier_root is not None:
+                earlier = os.path.join(earlier_root, os.path.relpath(src, root))
+                try:
+                    same = os.stat(earlier).st_size == os.stat(src).st_size
+                except FileNotFoundError:
+                    same = False
+                if same:
                     os.link(earlier, dst)
                     return
+            if link:
+                try:
+                    os.link(src, dst)
+                    return
+                except FileNotFoundError:
+                    raise
+                except OSError as exc:  # another file system, or links not allowed
+                    log.debug("checkpoint copy of %s: cannot link %s (%s), copied", source,
+                              src, exc)  # fmt: skip
             shutil.copy2(src, dst)
         except FileNotFoundError:
             # Purged by Spark's log cleanup meanwhile: older than what batch N needs (the

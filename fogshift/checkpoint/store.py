@@ -3,10 +3,12 @@
 Spark checkpoints every micro-batch into the query's live directory. Every few seconds the
 node agent freezes a consistent copy of it (as of one committed batch, see
 ``spark_dir.copy_checkpoint``) into the node's own store. Files Spark writes are immutable
-once in place (offset and commit log entries, RocksDB SSTs, changelogs, snapshot zips), so a
-file already in the previous snapshot is hard-linked, not copied: a snapshot costs what
-changed. The manifest — every file with its size and sha256 — is written last and atomically:
-a snapshot without one is incomplete and ignored.
+once in place (offset and commit log entries, RocksDB SSTs, changelogs, snapshot zips: each
+written to a temporary file and renamed), so every file is hard-linked, not copied: one
+already in the previous snapshot from there (its digest is known), a new one from the live
+directory (then digested). A snapshot writes no data; it costs a link per file and the
+digests of what changed. The manifest — every file with its size and sha256 — is written
+last and atomically: a snapshot without one is incomplete and ignored.
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ def take_snapshot(
     started = time.perf_counter()
     staging = store / f".staging-{os.getpid()}"
     old_dir = store / previous["id"] if previous else None
-    info = copy_checkpoint(live, staging, link_from=old_dir)
+    # Links, not copies: a file new since the last snapshot is linked from the live
+    # checkpoint (Spark never rewrites one in place), so a snapshot writes no data at all.
+    info = copy_checkpoint(live, staging, link_from=old_dir, link=True)
     copied_at = time.perf_counter()
     folder = store / snapshot_id(info["batch"])
     if folder.exists():
@@ -91,15 +95,18 @@ def take_snapshot(
     old_files: dict[str, dict[str, Any]] = previous["files"] if previous else {}
     files: dict[str, dict[str, Any]] = {}
     copied_bytes = 0
-    for path in sorted(p for p in staging.rglob("*") if p.is_file()):
-        rel = path.relative_to(staging).as_posix()
-        size = path.stat().st_size
+    for rel, path in _files(staging):
+        stat = os.stat(path)
         before = old_files.get(rel)
-        if before is not None and before["size"] == size and path.stat().st_nlink > 1:
+        if (
+            before is not None
+            and before["size"] == stat.st_size
+            and _same_file(stat, old_dir / rel if old_dir is not None else None)
+        ):
             files[rel] = before  # hard-linked from the previous snapshot: already hashed
         else:
-            files[rel] = {"size": size, "sha256": sha256_file(path)}
-            copied_bytes += size
+            files[rel] = {"size": stat.st_size, "sha256": sha256_file(Path(path))}
+            copied_bytes += stat.st_size
     hashed_at = time.perf_counter()
     manifest = {
         "type": "fogshift-checkpoint",
@@ -126,6 +133,28 @@ def take_snapshot(
     for old in sorted(store.iterdir(), reverse=True)[KEEP:]:
         shutil.rmtree(old, ignore_errors=True)
     return manifest
+
+
+def _files(folder: Path) -> list[tuple[str, str]]:
+    """Every file under ``folder``: (relative POSIX path, path), sorted by the former."""
+    found = []
+    for here, _, names in os.walk(folder):
+        prefix = os.path.relpath(here, folder)
+        for name in names:
+            rel = name if prefix == "." else f"{prefix}/{name}"
+            found.append((rel.replace(os.sep, "/"), os.path.join(here, name)))
+    return sorted(found)
+
+
+def _same_file(stat: os.stat_result, other: Path | None) -> bool:
+    """Whether ``stat`` is of the file at ``other`` (the same inode: a hard link)."""
+    if other is None:
+        return False
+    try:
+        there = os.stat(other)
+    except FileNotFoundError:
+        return False
+    return (there.st_dev, there.st_ino) == (stat.st_dev, stat.st_ino)
 
 
 def snapshot_file(store: Path, snapshot: str, rel: str) -> Path:

@@ -1,8 +1,10 @@
-"""How the node agent restarts a failed query: with backoff, and a PE that cannot be built
-only a bounded number of times, with the error in its status. No Spark: the query is faked."""
+"""How the node agent follows its queries: it restarts a failed one with backoff (a PE that
+cannot be built only a bounded number of times, with the error in its status), and counts
+their progress, also into its node-level checkpoints. No Spark: the query is faked."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ from fogshift.agent.node import (
     RESTART_BACKOFF_MAX_S,
     HostedElement,
     NodeRuntime,
+    PEState,
     python_error,
 )
 from fogshift.runtime.engine import QueryPlan
@@ -192,3 +195,30 @@ def test_events_in_counts_a_batch_that_follows_an_idle_trigger(
     assert (h.events_in, h.last_batch) == (7, 1)
     runtime._check(h, [batch(2, 4)])
     assert (h.events_in, h.last_batch) == (11, 2)
+
+
+def test_a_snapshot_carries_the_state_metrics_of_the_batch_it_froze(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    h = hosted(tmp_path)
+    h.state = PEState.RUNNING
+    h.run_ids.add("run-1")
+    runtime._elements[h.key] = h
+    live = Path(h.plan.checkpoint_dir)
+    (live / "offsets").mkdir(parents=True)
+    (live / "commits").mkdir()
+    (live / "offsets" / "0").write_text('v1\n{}\n{"row": 2}')
+    (live / "commits" / "0").write_text("v1\n{}")
+    # Spark reported batch 0 as it committed; the monitor has not looked since.
+    report = {
+        **batch(0, 2), "name": h.plan.query_name, "runId": "run-1",
+        "stateOperators": [{"commitTimeMs": 4, "allUpdatesTimeMs": 5, "numRowsTotal": 1}],
+    }  # fmt: skip
+    runtime.progress_feed._reports.put(json.dumps(report))
+    runtime.snapshot_all()
+    manifest = runtime.latest_snapshot("x", "p")
+    assert manifest is not None and manifest.batch == 0
+    assert manifest.state_store is not None and manifest.state_store.commit_ms == 4
+    assert h.events_in == 2 and h.last_batch == 0  # counted once, not again by the monitor
+    runtime._check(h, [])
+    assert h.events_in == 2

@@ -1,0 +1,93 @@
+"""Node-level snapshots link every file: from the previous snapshot when it has it (its
+digest reused), else from the live checkpoint (digested). Pure file-system logic on a
+synthetic checkpoint laid out as Spark writes one."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from fogshift.checkpoint import spark_dir
+from fogshift.checkpoint.store import take_snapshot
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _batch(live: Path, b: int) -> None:
+    """Batch ``b`` of a one-partition stateful query: its plan, commit and changelog."""
+    _write(live / "offsets" / str(b), f'v1\n{{}}\n{{"row": {b + 1}}}')
+    _write(live / "commits" / str(b), "v1\n{}")
+    _write(live / "state" / "0" / "0" / f"{b + 1}.changelog", f"changes of batch {b}")
+
+
+def _checkpoint(live: Path, batches: int) -> None:
+    _write(live / "metadata", '{"id": "q"}')
+    _write(live / "state" / "0" / "_metadata" / "v2" / "0", "operator metadata")
+    for b in range(batches):
+        _batch(live, b)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_snapshot_links_new_files_from_the_live_checkpoint_and_the_rest_from_the_last(
+    tmp_path: Path,
+) -> None:
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 3)
+    first = take_snapshot(live, store, "p", "agg")
+    assert first is not None and first["batch"] == 2
+    one = store / first["id"]
+    changelog = "state/0/0/3.changelog"
+    # A new file is the live file itself (no data written), and digested.
+    assert os.path.samefile(one / changelog, live / changelog)
+    assert first["files"][changelog]["sha256"] == _digest(live / changelog)
+    assert first["new_bytes"] == sum(f["size"] for f in first["files"].values())
+
+    _batch(live, 3)
+    # Spark replaces a file by renaming a new one over its name: a snapshot keeps the old.
+    replaced = live / "metadata.tmp"
+    replaced.write_text('{"id": "other"}')
+    replaced.replace(live / "metadata")
+    second = take_snapshot(live, store, "p", "agg")
+    assert second is not None and second["batch"] == 3
+    two = store / second["id"]
+    assert (one / "metadata").read_text() == '{"id": "q"}'
+    # Unchanged: the previous snapshot's file, its digest reused; new: from live, digested.
+    assert os.path.samefile(two / changelog, one / changelog)
+    assert second["files"][changelog] == first["files"][changelog]
+    new = "state/0/0/4.changelog"
+    assert os.path.samefile(two / new, live / new)
+    assert second["files"][new]["sha256"] == _digest(live / new)
+    # Another file under an old name (another size): from live, digested again.
+    assert os.path.samefile(two / "metadata", live / "metadata")
+    assert second["files"]["metadata"]["sha256"] == _digest(live / "metadata")
+    fresh = ("offsets/3", "commits/3", new, "metadata")
+    assert second["new_bytes"] == sum((live / rel).stat().st_size for rel in fresh)
+    for rel, entry in second["files"].items():
+        assert entry["sha256"] == _digest(two / rel), rel
+
+
+def test_a_file_that_cannot_be_linked_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 2)
+
+    def cross_device(src: str, dst: str) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(spark_dir.os, "link", cross_device)
+    manifest = take_snapshot(live, store, "p", "agg")
+    assert manifest is not None
+    copied = store / manifest["id"] / "state/0/0/2.changelog"
+    assert copied.read_text() == "changes of batch 1"
+    assert not os.path.samefile(copied, live / "state/0/0/2.changelog")
