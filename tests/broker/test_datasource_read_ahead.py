@@ -146,10 +146,11 @@ def test_a_read_ahead_that_failed_or_started_elsewhere_is_read_again(
     source: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     read = broker_client.read_ahead
-    calls = itertools.count()
+    attempts: list[int] = []
 
     async def failing_once(js: object, stream: str, after: int, count: int) -> object:
-        if next(calls) == 1:  # the read in the background after the first batch
+        attempts.append(after)
+        if attempts.count(2) == 1 and after == 2:  # the read in the background after 2
             raise OSError("connection reset")
         return await read(js, stream, after, count)  # type: ignore[arg-type]
 
@@ -157,7 +158,9 @@ def test_a_read_ahead_that_failed_or_started_elsewhere_is_read_again(
     reader = JetStreamReader(source)
     start = reader.initialOffset()
     first = reader.latestOffset(start, ReadMaxRows(2))
+    wait_until(lambda: 2 in attempts, 10, describe="the read-ahead after 2")
     second = reader.latestOffset(first, ReadMaxRows(2))
+    assert attempts[:3] == [0, 2, 2]  # it failed, and the batch read for itself
     assert positions_of(second) == {"s": 4}
     assert _values(reader, first, second) == [(3, 3), (4, 4)]
     # Read ahead after 4, but the query restarted at 2: that read is not used.
