@@ -144,6 +144,8 @@ BUSY_BATCH = 1_000
 #: The pause between two background reads: what is stored meanwhile is read by the next
 #: one, or by the planned batch itself (a few requests a second, not one per message).
 ROUND_PAUSE_S = 0.05
+#: The longest a background read goes on untaken (a held gate keeps Spark from asking).
+READ_AHEAD_MAX_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,9 @@ async def _read_rows(js: Any, stream: str, subject: str, after: int, count: int)
 class _ReadingAhead:
     """The next batch's messages, read in the background on a client's loop while Spark runs
     this one: a read every :data:`ROUND_PAUSE_S` from where the last ended, until
-    :meth:`take` or a batch's worth (``count`` messages, :data:`READ_AHEAD_BYTES`).
+    :meth:`take`, a batch's worth (``count`` messages, :data:`READ_AHEAD_BYTES`), a read
+    that finds nothing new (the input paused: the batch reads what comes later itself) or
+    :data:`READ_AHEAD_MAX_S`.
 
     Args:
         client: The reader's broker client.
@@ -218,11 +222,15 @@ class _ReadingAhead:
     async def _rounds(self, js: Any) -> _Rows:
         self._wake, self._loop = asyncio.Event(), asyncio.get_running_loop()
         got, last = _Rows(), self.after
+        until = time.monotonic() + READ_AHEAD_MAX_S
         while not self._taken.is_set():
             more = await self._read(js, after=last, count=self._count - len(got.seqs))
-            if more.seqs:
-                got, last = got.extended(more), more.seqs[-1]
+            if not more.seqs:
+                break
+            got, last = got.extended(more), more.seqs[-1]
             if len(got.seqs) >= self._count or got.size >= READ_AHEAD_BYTES:
+                break
+            if time.monotonic() >= until:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), ROUND_PAUSE_S)
