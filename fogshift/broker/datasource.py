@@ -146,6 +146,10 @@ BUSY_BATCH = 1_000
 ROUND_PAUSE_S = 0.05
 #: The longest a background read goes on untaken (a held gate keeps Spark from asking).
 READ_AHEAD_MAX_S = 5.0
+#: Background reads in a row that find nothing new before it stops (the input paused; the
+#: batch reads what comes later itself). One empty read is no pause: a busy machine's
+#: producer can miss a round.
+READ_AHEAD_IDLE_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -194,8 +198,8 @@ async def _read_rows(js: Any, stream: str, subject: str, after: int, count: int)
 class _ReadingAhead:
     """The next batch's messages, read in the background on a client's loop while Spark runs
     this one: a read every :data:`ROUND_PAUSE_S` from where the last ended, until
-    :meth:`take`, a batch's worth (``count`` messages, :data:`READ_AHEAD_BYTES`), a read
-    that finds nothing new (the input paused: the batch reads what comes later itself) or
+    :meth:`take`, a batch's worth (``count`` messages, :data:`READ_AHEAD_BYTES`),
+    :data:`READ_AHEAD_IDLE_ROUNDS` reads in a row that find nothing new, or
     :data:`READ_AHEAD_MAX_S`.
 
     Args:
@@ -222,15 +226,15 @@ class _ReadingAhead:
     async def _rounds(self, js: Any) -> _Rows:
         self._wake, self._loop = asyncio.Event(), asyncio.get_running_loop()
         got, last = _Rows(), self.after
-        until = time.monotonic() + READ_AHEAD_MAX_S
-        while not self._taken.is_set():
+        until, idle = time.monotonic() + READ_AHEAD_MAX_S, 0
+        while not self._taken.is_set() and time.monotonic() < until:
             more = await self._read(js, after=last, count=self._count - len(got.seqs))
-            if not more.seqs:
-                break
-            got, last = got.extended(more), more.seqs[-1]
+            idle = 0 if more.seqs else idle + 1
+            if more.seqs:
+                got, last = got.extended(more), more.seqs[-1]
             if len(got.seqs) >= self._count or got.size >= READ_AHEAD_BYTES:
                 break
-            if time.monotonic() >= until:
+            if idle >= READ_AHEAD_IDLE_ROUNDS:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), ROUND_PAUSE_S)

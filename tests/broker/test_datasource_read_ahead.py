@@ -13,7 +13,7 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from fogshift.broker import client as broker_client
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, last_seq
-from fogshift.broker.datasource import JetStreamReader, positions_of
+from fogshift.broker.datasource import READ_AHEAD_IDLE_ROUNDS, JetStreamReader, positions_of
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import Record, fence, publish_records
 from fogshift.broker.server import BrokerProcess
@@ -146,7 +146,7 @@ def test_a_batch_after_a_full_one_is_read_while_that_one_runs_and_misses_nothing
     pending = reader._prefetch
     assert pending is not None and pending.after == 8
     wait_until(pending._future.done, 10, describe="the read-ahead after 8 to stop")
-    assert reads.count(8) == 1
+    assert reads.count(8) == READ_AHEAD_IDLE_ROUNDS
     reader.stop()
 
 
