@@ -20,12 +20,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from fogshift.bench.dataplane import CASES, Bench, Settings, _wait_drained, _wait_idle
+from fogshift.bench.dataplane import CASES, Bench, Settings
 
 PHASES = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets",
           "triggerExecution")  # fmt: skip
-#: Events appended per request while building the backlog.
-APPEND_CHUNK = 5000
 
 
 def main() -> None:
@@ -39,16 +37,7 @@ def main() -> None:
     try:
         for run in range(1, args.runs + 1):
             for case in args.cases.split(","):
-                pipeline = bench._pipeline()
-                for first in range(1, args.backlog + 1, APPEND_CHUNK):
-                    bench._append(pipeline, first, min(APPEND_CHUNK, args.backlog + 1 - first))
-                query = bench._start("fogshift", case, pipeline)
-                try:
-                    _wait_drained(lambda p=pipeline: bench._outputs(p), args.backlog, 600)
-                    _wait_idle(query)
-                    progress = [p for p in query.recentProgress if p.get("numInputRows", 0)]
-                finally:
-                    query.stop()
+                _, _, _, progress = bench.drain("fogshift", case, args.backlog)
                 means = {
                     phase: statistics.fmean(p["durationMs"].get(phase, 0) for p in progress)
                     for phase in PHASES

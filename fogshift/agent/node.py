@@ -634,15 +634,16 @@ class NodeRuntime:
     def _monitor(self) -> None:
         while not self._stop.wait(1.0):
             with self._lock:
-                reports = self.progress_feed.drain()
+                self._count_queued()
                 for hosted in list(self._elements.values()):
                     try:
-                        self._check(hosted, _reports_of(hosted, reports))
+                        self._check(hosted)
                     except Exception:  # the monitor must survive any one PE's trouble
                         log.exception("monitor failed on %s", hosted.plan.query_name)
 
     def _count_queued(self) -> None:
-        """Count the progress reports queued since the monitor's last look (under the lock)."""
+        """Count the progress reports Spark has queued since the last call (under the lock):
+        every second by the monitor, and before every node-level snapshot."""
         reports = self.progress_feed.drain()
         for hosted in list(self._elements.values()):
             try:
@@ -689,7 +690,7 @@ class NodeRuntime:
         with self._lock:
             # The progress queued since the monitor's last look first: the state-store
             # metrics of a batch that has just committed then go into its snapshot's manifest
-            # (the monitor counts them once a second, often after the snapshot).
+            # (the monitor counts only once a second, often after the snapshot).
             self._count_queued()
             hosted = [
                 h for h in self._elements.values() if h.state in (PEState.RUNNING, PEState.PAUSED)

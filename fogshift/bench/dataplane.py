@@ -378,8 +378,14 @@ class Bench:
         row["events_per_s"] = _rate(len(times), times)
         return row
 
-    def reprocess(self, system: str, case: str, backlog: int) -> dict[str, Any]:
-        """Drain a backlog of ``backlog`` events appended before the query starts."""
+    def drain(self, system: str, case: str, backlog: int) -> tuple[str, float, bool, list[Any]]:
+        """Start a query on a backlog of ``backlog`` events appended before it, and let it
+        drain them.
+
+        Returns:
+            The pipeline, when the query was started (epoch s), whether it drained the
+            backlog in time, and Spark's progress of its batches that read input.
+        """
         pipeline = self._pipeline()
         for first in range(1, backlog + 1, 5000):
             self._append(pipeline, first, min(5000, backlog + 1 - first))
@@ -392,6 +398,11 @@ class Bench:
             progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
         finally:
             query.stop()
+        return pipeline, started, drained, progress
+
+    def reprocess(self, system: str, case: str, backlog: int) -> dict[str, Any]:
+        """Drain a backlog of ``backlog`` events appended before the query starts."""
+        pipeline, started, drained, progress = self.drain(system, case, backlog)
         _, times = self._latencies(pipeline, 0)
         # Without the query start: the events over the time its batches took (Spark's own
         # triggerExecution, which covers reading, processing and writing).

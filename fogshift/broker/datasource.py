@@ -137,7 +137,7 @@ def _upstream(message: StoredMessage) -> int:
 READ_AHEAD_COUNT = 10_000
 #: How long a planned batch waits for the messages read for it in the background, before
 #: reading them itself.
-PREFETCH_TIMEOUT_S = 30.0
+READ_AHEAD_WAIT_S = 30.0
 #: A batch of at least this many messages (or a full one) means the input is busy: the
 #: reader then reads the next batch in the background while Spark runs this one.
 BUSY_BATCH = 1_000
@@ -229,9 +229,10 @@ class _ReadingAhead:
         until, idle = time.monotonic() + READ_AHEAD_MAX_S, 0
         while not self._taken.is_set() and time.monotonic() < until:
             more = await self._read(js, after=last, count=self._count - len(got.seqs))
-            idle = 0 if more.seqs else idle + 1
             if more.seqs:
-                got, last = got.extended(more), more.seqs[-1]
+                got, last, idle = got.extended(more), more.seqs[-1], 0
+            else:
+                idle += 1
             if len(got.seqs) >= self._count or got.size >= READ_AHEAD_BYTES:
                 break
             if idle >= READ_AHEAD_IDLE_ROUNDS:
@@ -249,7 +250,7 @@ class _ReadingAhead:
             with contextlib.suppress(RuntimeError):  # the loop is closed: so is the future
                 loop.call_soon_threadsafe(wake.set)
         try:
-            return self._future.result(PREFETCH_TIMEOUT_S)
+            return self._future.result(READ_AHEAD_WAIT_S)
         except Exception as exc:  # a failed read-ahead only costs the reads it saved
             log.debug("reading ahead after %d failed: %r", self.after, exc)
             self.cancel()
