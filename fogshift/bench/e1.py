@@ -2,7 +2,9 @@
 
 As in the thesis (§6.2.1): Case 1 with the source and sink on the "desktop" node ``cloud`` and
 the aggregate (window 10, one event every 300 ms) on a "Raspberry Pi" node; after a random
-wait from its first output, the aggregate is live-migrated to ``cloud`` (``fogshift migrate
+wait from the moment its output has shown its steady rhythm (``steady_batches`` intervals
+between batches after its first second, so the output gap has the origin's own interval to be
+measured against), the aggregate is live-migrated to ``cloud`` (``fogshift migrate
 --json``). Series: the link profile of the origin (n0, n100, n500; one origin node per profile,
 ``fog-n100`` has ``--link fog-n100=n100``) x added state (0, 1, 5, 50 MiB) x mode
 (``precopy``, the default, and ``literal``, the thesis's procedure), ``runs`` times each,
@@ -85,7 +87,9 @@ class E1Config(ClusterRunConfig):
         delayed_series: ``(MiB, mode)`` series run on the profiles other than ``n0``;
             ``None`` runs every size and mode there too.
         rate: Events per second (the thesis: one every 300 ms).
-        wait_s: Range of the random wait between the first output and the migration.
+        wait_s: Range of the random wait between the origin's steady rhythm and the
+            migration (module doc).
+        steady_batches: Intervals between the origin's batches to see before that wait.
 
     ``warm_up`` is off: the first run of every round is a precopy run (``modes`` order),
     whose ``prepare`` pays the target's first query outside the measured phases, and an
@@ -99,6 +103,7 @@ class E1Config(ClusterRunConfig):
     delayed_series: tuple[tuple[int, str], ...] | None = None
     rate: float = thesis.thesis_rate_per_s()
     wait_s: tuple[float, float] = (2.0, 10.0)
+    steady_batches: int = 3
     seed: int = 1
 
     @classmethod
@@ -227,6 +232,7 @@ def _one_run(
         with sampler:
             if wait_rows(cluster, name, 1, config.timeout_s) < 1:
                 raise BenchError(f"{name}: no output within {config.timeout_s:.0f} s")
+            _wait_steady(cluster, name, config.steady_batches, config.timeout_s)
             time.sleep(wait_s)
             called = time.time()
             report = cluster.operation(
@@ -258,6 +264,41 @@ def _one_run(
                 machine_busy_pct=sampler.mean("machine", t0, time.time()),
             )  # fmt: skip
     return run.row, sampler.rows(run.t0)
+
+
+def _wait_steady(cluster: BenchCluster, name: str, batches: int, timeout_s: float) -> None:
+    """Wait until the aggregate's output shows ``batches`` intervals between batches after
+    its first second (over a 1 s RTT link, three take ~8 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        emitted = gaps.outputs(cluster.client, name, "aggregate", "source")
+        if gaps.batches_after_warm(emitted) >= batches:
+            return
+        time.sleep(0.5)
+    raise BenchError(f"{name}: fewer than {batches} batches within {timeout_s:.0f} s")
+
+
+def _gap_is(settings: dict[str, Any]) -> str:
+    """What a run's output gap measured (runs before 2026-11-27: against all outputs'
+    steady interval)."""
+    if not settings.get("steady_batches"):
+        return (
+            "the longest interval between two of the aggregate's outputs around the "
+            "migration minus the steady interval"
+        )
+    return (
+        "the most an interval between two of the aggregate's outputs around the migration "
+        "exceeded the steady interval of the instance that emitted its first output (the "
+        "origin's own rhythm for the origin's intervals and the switch, the target's for its)"
+    )
+
+
+def _wait_from(settings: dict[str, Any]) -> str:
+    """Where a run's random wait started (runs before 2026-11-27 waited from the first output)."""
+    batches = settings.get("steady_batches")
+    if not batches:
+        return "its first output"
+    return f"{batches} intervals between the origin's batches (after its first second of output)"
 
 
 def _sum(*values: float | None) -> float | None:
@@ -318,7 +359,8 @@ def section(folder: Path) -> str | None:
         f"Case 1, one event every {1000 / float(settings.get('rate', 1)):.0f} ms, window "
         f"{thesis.WINDOW}; the aggregate migrates from the origin (its link: *link*, RTT "
         "measured by `fogshift net show`) to cloud after a random wait of "
-        f"{settings.get('wait_s')} s from its first output; {settings.get('runs')} run(s) per "
+        f"{settings.get('wait_s')} s from {_wait_from(settings)}; "
+        f"{settings.get('runs')} run(s) per "
         f"series; links {LINKS[bool(settings.get('isolated'))]}; node-level checkpoints "
         f"every {settings.get('checkpoint_interval_s')} s, central pulls every "
         f"{settings.get('central_interval_s')} s. "
@@ -327,8 +369,7 @@ def section(folder: Path) -> str | None:
         'as downtime ("an upper limit for the PE downtime"); *downtime* is measured: from '
         "the pause until the target committed its first batch beyond the pause position. "
         "What the consumers saw, by the broker's store times (`fogshift/bench/gaps.py`): "
-        "*output gap* is the longest interval between two of the aggregate's outputs around "
-        "the migration minus the steady interval; *switch gap* is the interval between the "
+        f"*output gap* is {_gap_is(settings)}; *switch gap* is the interval between the "
         "origin's last output and the target's first (the first under the new epoch); "
         "*gap ≤ target* counts the runs whose "
         "output gap is at most one RTT + one steady interval + 50 ms (issue #13); "

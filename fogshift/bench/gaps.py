@@ -7,10 +7,15 @@ stop for a while, and events that take longer to get through. Both are read here
 PE's output stream and its input stream, through the orchestrator's events endpoint, on the
 broker's clock alone:
 
-* the **output gap**: the longest interval between two consecutive outputs that touches the
-  reconfiguration's window, minus the longest steady one (the nearest-rank p99 of the
-  intervals outside it: with micro-batches, the interval between two batches), so a PE that
-  emits every 300 ms and stopped for 1.2 s has a gap of 0.9 s;
+* the **output gap**: how much longer than usual the output stopped. Each interval between
+  two consecutive outputs that touches the reconfiguration's window, less the steady interval
+  of the writer that emitted its first output (the nearest-rank p99 of that writer's
+  intervals outside the window: with micro-batches, the interval between two of its
+  batches); the largest of these. A PE that emits every 300 ms and stopped for 1.2 s has a
+  gap of 0.9 s. The steady interval is the writer's own because origin and target may run
+  at different rhythms: over a link of 1 s RTT the origin's batches come ~2.3 s apart, the
+  target's next to the broker 0.4 s; the origin's own interval around a handover is no
+  disruption, and a switch is measured against the rhythm its consumers saw until then;
 * the **added latency**: the p99 per-hop latency (an output's store time minus its input
   event's) of the outputs stored in the window, minus the p99 of those outside it;
 * the **switch gap**: the interval between the last output of the old writer and the first
@@ -21,7 +26,10 @@ broker's clock alone:
 
 The window is ``[start, end + settle_s]``; outputs outside it are the steady ones, but for
 the first ``warm_s`` of output: it pays the query's first batches and drains the input that
-queued while the query started (in E1 its latency was twice the steady p99).
+queued while the query started (in E1 its latency was twice the steady p99). A writer with
+no steady interval of its own (none outside the window) is measured against the steady
+interval of all outputs; :func:`batches_after_warm` tells a benchmark when the first writer
+has shown its rhythm.
 """
 
 from __future__ import annotations
@@ -50,8 +58,8 @@ class Output:
 @dataclass(frozen=True)
 class Disruption:
     """The output gap and added latency of one reconfiguration (ms; ``None`` when there
-    were too few outputs to tell). ``max_gap_ms`` is the longest interval in the window,
-    ``steady_gap_ms`` the longest usual one outside it."""
+    were too few outputs to tell). ``max_gap_ms`` is the window's interval that exceeded its
+    writer's usual one most, ``steady_gap_ms`` that usual one (:func:`disruption`)."""
 
     steady_gap_ms: float | None
     max_gap_ms: float | None
@@ -100,21 +108,30 @@ def disruption(
     warm_s: float = 1.0,
 ) -> Disruption:
     """The output gap and added latency of a reconfiguration from ``start`` to ``end``
-    (seconds, the broker's clock; module doc). ``emitted`` is in stream order."""
+    (seconds, the broker's clock; module doc). ``emitted`` is in stream order.
+
+    ``steady_gap_ms`` and ``max_gap_ms`` are the pair that gave the output gap: the window's
+    interval that exceeded its writer's steady interval most, and that steady interval."""
     if not emitted:
         return Disruption(None, None, None, None, None, None)
     stop, warm = end + settle_s, emitted[0].stored + warm_s
-    steady_gaps, window_gaps, switches = [], [], []
+    steady_gaps: list[float] = []
+    own_gaps: dict[int | None, list[float]] = {}
+    window_gaps: list[tuple[float, int | None]] = []
+    switches = []
     for a, b in pairwise(emitted):
         interval = (b.stored - a.stored) * 1000.0
         if b.stored >= start and a.stored <= stop:
-            window_gaps.append(interval)
+            window_gaps.append((interval, a.epoch))
             if a.epoch is not None and b.epoch is not None and b.epoch > a.epoch:
                 switches.append(interval)
         elif a.stored >= warm:
             steady_gaps.append(interval)
-    steady_gap = percentile(steady_gaps, 99)
-    max_gap = max(window_gaps, default=None)
+            if a.epoch == b.epoch:
+                own_gaps.setdefault(a.epoch, []).append(interval)
+    overall = percentile(steady_gaps, 99)
+    steady = {w: percentile(g, 99) for w, g in own_gaps.items()}
+    steady_gap, max_gap = _worst(window_gaps, steady, overall)
     inside, outside = [], []
     for o in emitted:
         if o.latency_ms is None:
@@ -132,6 +149,40 @@ def disruption(
         window_p99_ms=window_p99,
         added_p99_ms=_minus(window_p99, steady_p99),
         switch_gap_ms=max(switches, default=None),
+    )
+
+
+def _worst(
+    window_gaps: Sequence[tuple[float, int | None]],
+    steady: dict[int | None, float | None],
+    overall: float | None,
+) -> tuple[float | None, float | None]:
+    """``(steady interval, interval)`` of the window's interval that exceeds its writer's
+    steady interval (``steady``, else ``overall``) most; with no steady interval at all,
+    ``(None, longest interval)``."""
+    if not window_gaps:
+        return overall, None
+    scored = [(interval, steady.get(writer, overall)) for interval, writer in window_gaps]
+    known = [(i, s) for i, s in scored if s is not None]
+    if not known:
+        return None, max(i for i, _ in scored)
+    interval, usual = max(known, key=lambda pair: pair[0] - pair[1])
+    return usual, interval
+
+
+def batches_after_warm(
+    emitted: Sequence[Output], warm_s: float = 1.0, apart_ms: float = 50.0
+) -> int:
+    """How many intervals between batches ``emitted`` shows after its first ``warm_s``: the
+    steady intervals :func:`disruption` can take from a writer before a reconfiguration
+    (outputs closer than ``apart_ms`` belong to one batch)."""
+    if not emitted:
+        return 0
+    warm = emitted[0].stored + warm_s
+    return sum(
+        1
+        for a, b in pairwise(emitted)
+        if a.stored >= warm and (b.stored - a.stored) * 1000.0 >= apart_ms
     )
 
 

@@ -115,3 +115,40 @@ def test_the_switch_gap_is_the_wait_across_the_change_of_writer() -> None:
     plain = [Output(o.stored, o.latency_ms) for o in (*origin, *target)]
     assert gaps.disruption(plain, start=10.0, end=13.0).switch_gap_ms is None
     assert gaps.disruption(origin, start=10.0, end=13.0).switch_gap_ms is None
+
+
+def test_each_writer_is_measured_against_its_own_rhythm() -> None:
+    # An origin over a slow link emits a batch every 2.3 s (epoch 1), the target next to the
+    # broker every 0.4 s (epoch 2). A handover from 9.5 to 11 s whose switch took 1.3 s
+    # disturbed nothing: the consumers waited less than the origin made them wait anyway.
+    origin = [Output(round(2.3 * k + d, 3), 900.0, epoch=1) for k in range(5) for d in (0, 0.002)]
+    target = [Output(round(10.5 + 0.4 * k, 3), 300.0, epoch=2) for k in range(25)]
+    found = gaps.disruption([*origin, *target], start=9.5, end=11.0)
+    assert found.switch_gap_ms == pytest.approx(10500.0 - 9202.0)
+    assert found.output_gap_ms == pytest.approx(0.0, abs=1e-6)
+    assert found.steady_gap_ms == pytest.approx(400.0)
+    # Had the switch taken 3.3 s, it exceeds the origin's 2.3 s (less its 2 ms batch) by 1 s.
+    late = [Output(o.stored + 2.0, o.latency_ms, epoch=2) for o in target]
+    found = gaps.disruption([*origin, *late], start=9.5, end=11.0)
+    assert found.max_gap_ms == pytest.approx(12500.0 - 9202.0)
+    assert found.steady_gap_ms == pytest.approx(2298.0)
+    assert found.output_gap_ms == pytest.approx(12500.0 - 9202.0 - 2298.0)
+
+
+def test_a_writer_without_steady_intervals_is_measured_against_all_outputs() -> None:
+    # The migration came before the origin showed an interval of its own outside the window.
+    origin = [Output(0.0, 100.0, epoch=1), Output(2.0, 100.0, epoch=1)]
+    target = [Output(round(3.5 + 0.5 * k, 3), 100.0, epoch=2) for k in range(20)]
+    found = gaps.disruption([*origin, *target], start=1.5, end=3.0, settle_s=1.0)
+    assert found.steady_gap_ms == pytest.approx(500.0)
+    assert found.max_gap_ms == pytest.approx(2000.0)
+    assert found.output_gap_ms == pytest.approx(1500.0)
+
+
+def test_batches_after_warm_count_intervals_between_batches_only() -> None:
+    # Three outputs a batch, 2 ms apart, a batch every 0.5 s from 0 to 3 s: the first
+    # second is left out, so the intervals counted start at 1.0 s: 1.0-1.5, ..., 2.5-3.0.
+    emitted = [Output(0.5 * b + 0.002 * k, 100.0) for b in range(7) for k in range(3)]
+    assert gaps.batches_after_warm(emitted) == 4
+    assert gaps.batches_after_warm(emitted, warm_s=0.0) == 6
+    assert gaps.batches_after_warm([]) == 0
