@@ -449,7 +449,8 @@ class NodeRuntime:
         source = self.checkpoint_dir(pipeline, pe)
         staging = self.config.home / "outgoing" / pipeline / pe
         try:
-            info = copy_checkpoint(source, staging, warm=warm)
+            # Linked, not copied: the staging copy is only read (packed), then removed.
+            info = copy_checkpoint(source, staging, warm=warm, link=True)
             data, digest = pack(staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -241,9 +241,16 @@ def _batch_name(name: str) -> int | None:
 
 
 def pack(folder: Path) -> tuple[bytes, str]:
-    """A gzipped tar of ``folder`` and its sha256 (a shipped checkpoint)."""
+    """A tar of ``folder`` and its sha256 (a shipped checkpoint).
+
+    Not compressed: Spark compresses the state files (LZ4, the bulk of a checkpoint) as it
+    writes them, and gzip on top cost more than it saved. A 50 MiB state took 1.1 s to pack
+    and 0.23 s to unpack with gzip (level 1) to ship 23 % fewer bytes, against 33 and 39 ms
+    without: time on the critical path of every literal migration and precopy or handover
+    prepare, to save a quarter of a fast link's transfer (:func:`unpack` still reads gzip).
+    """
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
         tar.add(folder, arcname=".")
     data = buffer.getvalue()
     return data, hashlib.sha256(data).hexdigest()
@@ -264,7 +271,7 @@ def unpack(data: bytes, digest: str, target: Path) -> None:
     staging = incoming(target)
     staging.mkdir()
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
             tar.extractall(staging, filter="data")
     except (tarfile.TarError, OSError) as exc:
         shutil.rmtree(staging, ignore_errors=True)

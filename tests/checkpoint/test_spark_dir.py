@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
+import tarfile
 from pathlib import Path
 
-from fogshift.checkpoint.spark_dir import clear_orphan_state, copy_checkpoint
+import pytest
+
+from fogshift.checkpoint.exceptions import TornCheckpoint
+from fogshift.checkpoint.spark_dir import clear_orphan_state, copy_checkpoint, pack, unpack
 
 
 def _write(path: Path, text: str = "x") -> None:
@@ -128,3 +134,31 @@ def test_a_query_started_on_a_warm_copy_can_be_copied_warm_again(tmp_path: Path)
     info = copy_checkpoint(first, second, warm=True)
     assert info == {"batch": 11, "offset": {"row": 12}}
     assert "10" in _names(second / "commits") and "11" not in _names(second / "commits")
+
+
+def test_a_shipped_checkpoint_arrives_whole_or_not_at_all(tmp_path: Path) -> None:
+    source = tmp_path / "origin"
+    _write(source / "offsets" / "0", "v1\n{}\n{}")
+    (source / "state" / "0" / "0").mkdir(parents=True)
+    (source / "state" / "0" / "0" / "1.changelog").write_bytes(bytes(range(256)) * 64)
+    data, digest = pack(source)
+    # Not compressed again (Spark's state files are): the state's bytes ship as they are.
+    assert bytes(range(256)) * 64 in data
+    unpack(data, digest, tmp_path / "target" / "cp")
+    got = tmp_path / "target" / "cp" / "state" / "0" / "0" / "1.changelog"
+    assert got.read_bytes() == bytes(range(256)) * 64
+    # A damaged archive is refused and leaves the installed checkpoint as it was.
+    with pytest.raises(TornCheckpoint):
+        unpack(data[:-1] + b"x", digest, tmp_path / "target" / "cp")
+    assert got.read_bytes() == bytes(range(256)) * 64
+
+
+def test_a_gzipped_checkpoint_of_an_older_agent_still_installs(tmp_path: Path) -> None:
+    source = tmp_path / "origin"
+    _write(source / "commits" / "0", "v1\n{}")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(source, arcname=".")
+    data = buffer.getvalue()
+    unpack(data, hashlib.sha256(data).hexdigest(), tmp_path / "cp")
+    assert (tmp_path / "cp" / "commits" / "0").read_text() == "v1\n{}"
