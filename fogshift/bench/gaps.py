@@ -106,12 +106,16 @@ def disruption(
     end: float,
     settle_s: float = 1.0,
     warm_s: float = 1.0,
+    near_s: float = 5.0,
 ) -> Disruption:
     """The output gap and added latency of a reconfiguration from ``start`` to ``end``
     (seconds, the broker's clock; module doc). ``emitted`` is in stream order.
 
     ``steady_gap_ms`` and ``max_gap_ms`` are the pair that gave the output gap: the window's
-    interval that exceeded its writer's steady interval most, and that steady interval."""
+    interval that exceeded its writer's steady interval most, and that steady interval. The
+    steady intervals are those within ``near_s`` of the window: the rhythm around the
+    reconfiguration, not the query's first batches (over a slow link a reader's first few
+    batches, while it learns its link, come a round trip further apart)."""
     if not emitted:
         return Disruption(None, None, None, None, None, None)
     stop, warm = end + settle_s, emitted[0].stored + warm_s
@@ -125,7 +129,7 @@ def disruption(
             window_gaps.append((interval, a.epoch))
             if a.epoch is not None and b.epoch is not None and b.epoch > a.epoch:
                 switches.append(interval)
-        elif a.stored >= warm:
+        elif a.stored >= max(warm, start - near_s) and b.stored <= stop + near_s:
             steady_gaps.append(interval)
             if a.epoch == b.epoch:
                 own_gaps.setdefault(a.epoch, []).append(interval)

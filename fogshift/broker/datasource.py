@@ -33,6 +33,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -150,6 +151,13 @@ READ_AHEAD_MAX_S = 5.0
 #: batch reads what comes later itself). One empty read is no pause: a busy machine's
 #: producer can miss a round.
 READ_AHEAD_IDLE_ROUNDS = 4
+#: A reader whose quickest of its last :data:`LINK_READS` small reads took at least this
+#: long sits behind a slow link to the broker (a fog node over a delaying link): it reads
+#: ahead after every batch, and a batch takes what was read by then, without asking again.
+SLOW_LINK_S = 0.1
+#: Small reads (fewer than :data:`BUSY_BATCH` messages) a reader times to know its link:
+#: its first batches over a slow link are planned the slow way (each one more round trip).
+LINK_READS = 3
 
 
 @dataclass(frozen=True)
@@ -221,34 +229,48 @@ class _ReadingAhead:
         self._taken = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        #: What the reads so far found (replaced whole after each read: a consistent
+        #: snapshot for :meth:`take` from another thread).
+        self._got = _Rows()
         self._future: Future[_Rows] = client.submit(self._rounds)
 
     async def _rounds(self, js: Any) -> _Rows:
         self._wake, self._loop = asyncio.Event(), asyncio.get_running_loop()
-        got, last = _Rows(), self.after
+        last = self.after
         until, idle = time.monotonic() + READ_AHEAD_MAX_S, 0
         while not self._taken.is_set() and time.monotonic() < until:
-            more = await self._read(js, after=last, count=self._count - len(got.seqs))
+            more = await self._read(js, after=last, count=self._count - len(self._got.seqs))
             if more.seqs:
-                got, last, idle = got.extended(more), more.seqs[-1], 0
+                self._got, last, idle = self._got.extended(more), more.seqs[-1], 0
             else:
                 idle += 1
-            if len(got.seqs) >= self._count or got.size >= READ_AHEAD_BYTES:
+            if len(self._got.seqs) >= self._count or self._got.size >= READ_AHEAD_BYTES:
                 break
             if idle >= READ_AHEAD_IDLE_ROUNDS:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), ROUND_PAUSE_S)
-        return got
+        return self._got
 
-    def take(self) -> _Rows | None:
+    def take(self, settled: bool = True) -> _Rows | None:
         """What was read (after the read under way, if one is); ``None`` if reading failed
-        (the caller then reads for itself, and meets the error if it persists)."""
+        (the caller then reads for itself, and meets the error if it persists).
+
+        Args:
+            settled: Wait for the read under way. ``False`` takes what the finished reads
+                found and drops the read under way (over a slow link that is a round trip
+                the batch need not wait for: what it would bring goes to the next batch);
+                with nothing found yet, it waits as with ``True``.
+        """
         self._taken.set()
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: so is the future
                 loop.call_soon_threadsafe(wake.set)
+        got = self._got
+        if not settled and got.seqs and not self._future.done():
+            self._future.cancel()
+            return got
         try:
             return self._future.result(READ_AHEAD_WAIT_S)
         except Exception as exc:  # a failed read-ahead only costs the reads it saved
@@ -388,6 +410,9 @@ class JetStreamReader(DataSourceStreamReader):
         #: The last look found nothing: ask the tail first (one request per idle look, not
         #: a read-ahead and then the tail), and read ahead again once input flows.
         self._idle = False
+        #: How long this reader's last small reads took (:data:`SLOW_LINK_S`).
+        self._link_reads: deque[float] = deque(maxlen=LINK_READS)
+        self.slow_link_s = float(options.get("slow_link_ms", SLOW_LINK_S * 1000)) / 1000
 
     def initialOffset(self) -> dict:  # noqa: N802
         return offset({name: self.since for name in self.inputs})
@@ -512,13 +537,14 @@ class JetStreamReader(DataSourceStreamReader):
             return start
         count = stop - position if stop is not None else READ_AHEAD_COUNT
         read = partial(
-            _read_rows,
+            self._timed_read,
             stream=stream_name(self.pipeline, name),
             subject=data_subject(self.pipeline, name),
         )
-        prefetched = self._take_prefetched(position)
+        slow = self._slow_link()
+        prefetched = self._take_prefetched(position, settled=not slow)
         ahead = (prefetched or _Rows()).until(stop)
-        if prefetched is None or len(ahead.seqs) < count:
+        if prefetched is None or (len(ahead.seqs) < count and not (slow and ahead.seqs)):
             after = ahead.seqs[-1] if ahead.seqs else position
             more = client.run(partial(read, after=after, count=count - len(ahead.seqs)))
             ahead = ahead.extended(more.until(stop))
@@ -527,20 +553,21 @@ class JetStreamReader(DataSourceStreamReader):
         end = ahead.seqs[-1]
         self._ahead = (position, end, ahead.rows)
         busy = len(ahead.seqs) >= min(count, BUSY_BATCH)
-        if busy and (cap is None or end < cap.get(name, end)):
+        if (busy or self._slow_link()) and (cap is None or end < cap.get(name, end)):
             # The input is busy: read the next batch while Spark runs this one (if the
             # client is gone, the next batch reads for itself and says why).
             with contextlib.suppress(BrokerUnavailable):
                 self._prefetch = _ReadingAhead(client, read, end, count)
         return offset({name: end})
 
-    def _take_prefetched(self, position: int) -> _Rows | None:
+    def _take_prefetched(self, position: int, settled: bool = True) -> _Rows | None:
         """What was read in the background after ``position``; ``None`` if nothing was
         read from there, or the read failed (then the caller reads, and sees the error).
 
         The stream's messages never change once stored, so messages read then are the ones
         the batch would read now; what they cannot have is what was stored after them,
-        which :meth:`_read_ahead` reads now when they are fewer than a batch.
+        which :meth:`_read_ahead` reads now when they are fewer than a batch — except
+        over a slow link (``settled`` False, :meth:`_ReadingAhead.take`).
         """
         pending, self._prefetch = self._prefetch, None
         if pending is None:
@@ -548,7 +575,33 @@ class JetStreamReader(DataSourceStreamReader):
         if pending.after != position:
             pending.cancel()
             return None
-        return pending.take()
+        return pending.take(settled)
+
+    async def _timed_read(
+        self, js: Any, stream: str, subject: str, after: int, count: int
+    ) -> _Rows:
+        """:func:`_read_rows`, timed when it brings few messages (a round trip, not a
+        transfer): in the planner or in the background, both on the client's loop."""
+        asked = time.monotonic()
+        got = await _read_rows(js, stream, subject, after, count)
+        if len(got.seqs) < BUSY_BATCH:
+            self._link_reads.append(time.monotonic() - asked)
+        return got
+
+    def _slow_link(self) -> bool:
+        """Whether this reader sits behind a slow link to the broker: its quickest recent
+        small read took :data:`SLOW_LINK_S` or more (one slow read on a busy machine does
+        not make a link slow).
+
+        Over such a link a batch used to wait two round trips besides its work: one to read
+        its input, one to append its output. Reading after every batch in the background,
+        and planning the next from what was read by then, leaves one: over a 1 s round trip
+        the origin's batches came every ~2.3 s. A batch then holds what the broker had
+        about a round trip before it was planned (it never waits for the read under way),
+        which is as fresh, measured from when the batch starts, as reading at planning.
+        """
+        reads = tuple(self._link_reads)  # (appended to on the client's loop)
+        return len(reads) == LINK_READS and min(reads) >= self.slow_link_s
 
     def stop(self) -> None:
         """Cancel a read-ahead still running (Spark calls this when the query stops)."""

@@ -152,3 +152,17 @@ def test_batches_after_warm_count_intervals_between_batches_only() -> None:
     assert gaps.batches_after_warm(emitted) == 4
     assert gaps.batches_after_warm(emitted, warm_s=0.0) == 6
     assert gaps.batches_after_warm([]) == 0
+
+
+def test_the_steady_rhythm_is_the_one_around_the_reconfiguration() -> None:
+    # The origin's first batches came 2.2 s apart (its reader learning a slow link), then
+    # every 1.1 s; the switch took 1.9 s: 0.8 s more than the rhythm its consumers saw.
+    early = [Output(2.2 * k, 900.0, epoch=1) for k in range(4)]  # 0 ... 6.6 s
+    later = [Output(round(6.6 + 1.1 * k, 3), 900.0, epoch=1) for k in range(1, 9)]  # ... 15.4
+    target = [Output(round(17.3 + 0.4 * k, 3), 300.0, epoch=2) for k in range(30)]
+    found = gaps.disruption([*early, *later, *target], start=15.0, end=16.0)
+    assert found.steady_gap_ms == pytest.approx(1100.0)
+    assert found.max_gap_ms == pytest.approx(1900.0)
+    assert found.output_gap_ms == pytest.approx(800.0)
+    # Measured against the whole run's intervals the first ones would have hidden it.
+    assert gaps.disruption([*early, *later, *target], 15.0, 16.0, near_s=60.0).output_gap_ms < 0

@@ -4,6 +4,7 @@ nats-server; the reader is called as Spark's planner and executor would call it.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from pathlib import Path
@@ -13,7 +14,12 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from fogshift.broker import client as broker_client
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, last_seq
-from fogshift.broker.datasource import READ_AHEAD_IDLE_ROUNDS, JetStreamReader, positions_of
+from fogshift.broker.datasource import (
+    LINK_READS,
+    READ_AHEAD_IDLE_ROUNDS,
+    JetStreamReader,
+    positions_of,
+)
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import Record, fence, publish_records
 from fogshift.broker.server import BrokerProcess
@@ -179,3 +185,54 @@ def test_a_read_ahead_that_failed_or_started_elsewhere_is_read_again(
     assert _values(reader, first, again) == [(3, 3), (4, 4)]
     reader.stop()
     assert reader._prefetch is None
+
+
+def test_behind_a_slow_link_a_batch_takes_what_was_read_and_waits_for_no_more(
+    source: dict[str, str], js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A link of 0.5 s round trip, half each way, for this test's stream only.
+    read = broker_client.read_ahead
+    found: list[tuple[int, int]] = []  # (after, messages) of every read, as it ends
+
+    async def far(js: object, stream: str, after: int, count: int) -> object:
+        if stream != stream_name(source["pipeline"], "s"):
+            return await read(js, stream, after, count)  # type: ignore[arg-type]
+        await asyncio.sleep(0.25)
+        got = await read(js, stream, after, count)  # type: ignore[arg-type]
+        await asyncio.sleep(0.25)
+        found.append((after, len(got)))
+        return got
+
+    monkeypatch.setattr("fogshift.broker.datasource.read_ahead", far)
+    pipeline = source["pipeline"]
+
+    def publish(k: int) -> None:
+        event = [Record(k, 0, k, 1000.0 + k, "s", json.dumps({"v": k}), None)]
+        js_client.run(lambda js: publish_records(js, pipeline, "s", event, epoch=2))
+
+    reader = JetStreamReader(source)
+    end = reader.latestOffset(reader.initialOffset(), ReadMaxRows(10_000))
+    assert positions_of(end) == {"s": 7}
+    # Small batches read at planning, as on any link, until the reader knows its link.
+    last = 7
+    for _ in range(LINK_READS - 1):
+        assert reader._prefetch is None
+        last += 1
+        publish(last)
+        end = reader.latestOffset(end, ReadMaxRows(10_000))
+        assert positions_of(end) == {"s": last}
+    assert reader._prefetch is not None  # slow: it reads ahead after a small batch too
+    publish(last + 1)
+    wait_until(lambda: (last, 1) in found, 10, describe="the read in the background")
+    publish(last + 2)
+    # The batch takes what was read (last + 1), not what the read under way brings: it
+    # waits for no round trip; last + 2 is the next batch's.
+    batch = reader.latestOffset(end, ReadMaxRows(10_000))
+    assert positions_of(batch) == {"s": last + 1}
+    assert _values(reader, end, batch) == [(last + 1, last + 1)]
+    following = reader.latestOffset(batch, ReadMaxRows(10_000))
+    assert positions_of(following) == {"s": last + 2}
+    assert _values(reader, batch, following) == [(last + 2, last + 2)]
+    # The same batch re-executed elsewhere reads the same rows.
+    assert _values(JetStreamReader(source), end, batch) == [(last + 1, last + 1)]
+    reader.stop()
