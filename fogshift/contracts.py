@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import time
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
 
 #: The URL of another service: a node agent's in its heartbeat, a checkpoint source.
 URL_RE = r"^https?://[^\s/?#]+(?:/[^\s?#]*)?$"
@@ -300,6 +300,18 @@ class CheckpointInfo(BaseModel):
     offset: Offset | None = None
 
 
+class CheckpointRequest(BaseModel):
+    """``POST .../checkpoint``: a packed copy of a PE's checkpoint, leaving out the files
+    whose content the asker holds (``known``: their sha256 digests, the central store's)."""
+
+    model_config = _WIRE
+
+    warm: bool = False
+    known: list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
+        default_factory=list, max_length=100_000
+    )
+
+
 # -- node agent -------------------------------------------------------------------------------
 
 
@@ -413,7 +425,9 @@ class MigrationReport(BaseModel):
     """What ``fogshift migrate --json`` prints (and a failed migration's error carries).
 
     Attributes:
-        state_bytes: Size of the shipped checkpoint.
+        state_bytes: Size of the checkpoint installed on the target.
+        shipped_bytes: Of it, the bytes shipped from the origin (fewer when the central
+            store held the rest; ``None``: nothing shipped).
         phases_ms: Duration of each phase (prepare, pause, state, invoke, finalize).
         downtime_ms: From the pause until the target committed input beyond it.
         caught_up_events: Events the target read beyond the copy it started from.
@@ -432,6 +446,7 @@ class MigrationReport(BaseModel):
     mode: MigrationMode
     status: MigrationStatus = MigrationStatus.RUNNING
     state_bytes: int = 0
+    shipped_bytes: int | None = None
     phases_ms: dict[str, float] = {}
     downtime_ms: float | None = None
     caught_up_events: int = 0

@@ -45,7 +45,9 @@ from fogshift.common.service import (
 from fogshift.contracts import (
     URL_RE,
     AgentHealth,
+    CheckpointInfo,
     CheckpointManifest,
+    CheckpointRequest,
     CopyResult,
     ElementInfo,
     ElementProgress,
@@ -99,6 +101,15 @@ class GateRequest(BaseModel):
 
 
 _BLOBS = re.compile(r"/checkpoints/blobs/[^/]+")
+
+
+def _packed(data: bytes, digest: str, info: CheckpointInfo) -> Response:
+    """A packed checkpoint as a response: the archive, its sha256 and what it holds."""
+    return Response(
+        content=data,
+        media_type="application/octet-stream",
+        headers={SHA_HEADER: digest, INFO_HEADER: info.model_dump_json()},
+    )
 
 
 def agent_access(config: AgentConfig) -> Access:
@@ -248,11 +259,15 @@ def create_app(config: AgentConfig) -> FastAPI:
 
     @app.get("/pipelines/{pipeline}/elements/{element}/checkpoint")
     def get_checkpoint(pipeline: NameParam, element: NameParam, warm: bool = False) -> Response:
-        data, digest, info = runtime.checkpoint(pipeline, element, warm)
-        return Response(
-            content=data,
-            media_type="application/octet-stream",
-            headers={SHA_HEADER: digest, INFO_HEADER: info.model_dump_json()},
+        return _packed(*runtime.checkpoint(pipeline, element, warm))
+
+    @app.post("/pipelines/{pipeline}/elements/{element}/checkpoint")
+    def pack_checkpoint(
+        pipeline: NameParam, element: NameParam, request: CheckpointRequest
+    ) -> Response:
+        """As GET, leaving out the files whose content the asker holds (``known``)."""
+        return _packed(
+            *runtime.checkpoint(pipeline, element, request.warm, frozenset(request.known))
         )
 
     @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/latest")

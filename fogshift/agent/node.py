@@ -438,12 +438,15 @@ class NodeRuntime:
         """The PE's committed batch and end offset, and its query state."""
         return self._position(self.hosted(pipeline, pe))
 
-    def checkpoint(self, pipeline: str, pe: str, warm: bool) -> tuple[bytes, str, CheckpointInfo]:
+    def checkpoint(
+        self, pipeline: str, pe: str, warm: bool, known: frozenset[str] = frozenset()
+    ) -> tuple[bytes, str, CheckpointInfo]:
         """A consistent copy of the PE's checkpoint, packed: ``(archive, sha256, info)``.
 
         Args:
             warm: Drop the last commit, so a query started on the copy re-executes (and
                 emits nothing for) the last batch — see :func:`copy_checkpoint`.
+            known: sha256 digests of files the asker holds: left out (:func:`pack`).
         """
         self.hosted(pipeline, pe)
         source = self.checkpoint_dir(pipeline, pe)
@@ -451,7 +454,7 @@ class NodeRuntime:
         try:
             # Linked, not copied: the staging copy is only read (packed), then removed.
             info = copy_checkpoint(source, staging, warm=warm, link=True)
-            data, digest = pack(staging)
+            data, digest = pack(staging, known)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return data, digest, CheckpointInfo.model_validate(info)

@@ -70,6 +70,7 @@ RUN_FIELDS = (
     "cpu_target_migration_pct", "cpu_origin_peak_pct", "machine_busy_pct",
     *(f"{m}_ms" for m in ("steady_gap", "max_gap", "output_gap", "steady_p99", "window_p99",
                           "added_p99", "switch_gap")),
+    "shipped_bytes",
 )  # fmt: skip
 CPU_FIELDS = ("run", "t_s", "origin_pct", "target_pct", "machine_pct")
 
@@ -251,7 +252,7 @@ def _one_run(
             run.row.update(gaps.disruption(emitted, start, end).as_row())
             run.row.update(
                 status=report.get("status"), error=report.get("error"),
-                state_bytes=report.get("state_bytes"),
+                state_bytes=report.get("state_bytes"), shipped_bytes=report.get("shipped_bytes"),
                 **{f"{p}_ms": v for p, v in phases.items()},
                 phases123_ms=_sum(phases["pause"], phases["state"], phases["invoke"]),
                 total_ms=_sum(*phases.values()), downtime_ms=report.get("downtime_ms"),

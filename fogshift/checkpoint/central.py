@@ -24,6 +24,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,15 @@ def check_manifest(
     return manifest
 
 
+@dataclass(frozen=True)
+class KnownBlobs:
+    """Checkpoint files a store holds: their sha256 digests, and the file of each (which
+    may be gone by the time it is read: a store collects unused blobs)."""
+
+    digests: frozenset[str]
+    path: Callable[[str], Path]
+
+
 class CentralStore:
     """The central checkpoint store of one orchestrator.
 
@@ -137,6 +147,15 @@ class CentralStore:
         so, and a PE keeps many.
         """
         return next(self._manifests(pipeline, pe), None)
+
+    def known_blobs(self, pipeline: str, pe: str) -> KnownBlobs | None:
+        """The files of the PE's newest checkpoint here, to leave out of a checkpoint
+        shipped through the orchestrator (``None``: none held)."""
+        newest = self.newest(pipeline, pe)
+        if newest is None or not newest.get("files"):
+            return None
+        digests = frozenset(entry["sha256"] for entry in newest["files"].values())
+        return KnownBlobs(digests=digests, path=self.blob_path)
 
     def _manifests(self, pipeline: str, pe: str) -> Iterator[dict[str, Any]]:
         folder = self._folder(pipeline, pe)

@@ -49,13 +49,17 @@ it as superseded.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fogshift.agent.exceptions import UnknownElement
-from fogshift.checkpoint.spark_dir import progress_of
+from fogshift.checkpoint.central import KnownBlobs
+from fogshift.checkpoint.exceptions import TornCheckpoint
+from fogshift.checkpoint.spark_dir import fill_omitted, progress_of
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
@@ -170,6 +174,7 @@ def migrate(
     steps: MigrationSteps | None = None,
     precopy_rounds: int = 3,
     epoch: int = 1,
+    known: KnownBlobs | None = None,
 ) -> MigrationReport:
     """Move a running PE from ``origin`` to ``target``; see the module docstring.
 
@@ -178,6 +183,8 @@ def migrate(
             :class:`MigrationSteps`); default: none.
         epoch: The PE's current epoch; the target writes under the same one (the origin is
             paused, then detached: the two never write concurrently).
+        known: The central store's files of this PE: not shipped from the origin again
+            (:func:`fetch_checkpoint`).
 
     Returns:
         The report (status ``migrated``; ``warnings`` if the origin could not be removed).
@@ -190,7 +197,7 @@ def migrate(
     steps = steps or MigrationSteps()
     if mode == MigrationMode.HANDOVER:
         return _handover(pipeline, element, origin, target, timeout_s, live_wait_s, steps,
-                         HANDOVER_ROUNDS, epoch)  # fmt: skip
+                         HANDOVER_ROUNDS, epoch, known)  # fmt: skip
     origin_name, origin_agent = origin
     target_name, target_agent = target
     report = MigrationReport(
@@ -210,7 +217,7 @@ def migrate(
     try:
         steps.phase(MigrationPhase.PREPARING)
         if mode == MigrationMode.PRECOPY:
-            info = _copy_warm(report, here, origin_agent, target_agent)
+            info = _copy_warm(report, here, origin_agent, target_agent, known)
             started = True
             _follow_capped(report, here, origin_agent, target_agent, placed, info, epoch,
                            timeout_s, precopy_rounds)  # fmt: skip
@@ -224,10 +231,10 @@ def migrate(
         watch.lap("pause")
         steps.phase(MigrationPhase.SWITCHING)
         if mode == MigrationMode.LITERAL:
-            data, digest, info = fetch_checkpoint(origin_agent, here, warm=False)
-            report.state_bytes = len(data)
+            fetched = fetch_checkpoint(origin_agent, here, warm=False, known=known)
+            report.state_bytes, report.shipped_bytes = len(fetched.data), fetched.shipped
             watch.lap("state")
-            install_checkpoint(target_agent, here, data, digest)
+            install_checkpoint(target_agent, here, fetched.data, fetched.digest)
             started = True
             target_agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
         else:
@@ -280,6 +287,7 @@ def _handover(
     steps: MigrationSteps,
     rounds: int,
     epoch: int,
+    known: KnownBlobs | None = None,
 ) -> MigrationReport:
     """The ``handover`` mode (module docstring): make-before-break under the next epoch."""
     if steps.bump is None or steps.mark is None or steps.fence is None:
@@ -297,7 +305,7 @@ def _handover(
     try:
         steps.phase(MigrationPhase.PREPARING)
         report.epoch = steps.bump()
-        info = _copy_warm(report, here, origin_agent, target_agent)
+        info = _copy_warm(report, here, origin_agent, target_agent, known)
         started = True
         _follow_capped(report, here, origin_agent, target_agent, placed, info, report.epoch,
                        timeout_s, rounds)  # fmt: skip
@@ -345,13 +353,17 @@ def _handover(
 
 
 def _copy_warm(
-    report: MigrationReport, here: str, origin: ServiceClient, target: ServiceClient
+    report: MigrationReport,
+    here: str,
+    origin: ServiceClient,
+    target: ServiceClient,
+    known: KnownBlobs | None,
 ) -> CheckpointInfo:
     """Install a warm copy of the origin's latest checkpoint on the target (not started)."""
-    data, digest, info = fetch_checkpoint(origin, here, warm=True)
-    report.state_bytes = len(data)
-    install_checkpoint(target, here, data, digest)
-    return info
+    fetched = fetch_checkpoint(origin, here, warm=True, known=known)
+    report.state_bytes, report.shipped_bytes = len(fetched.data), fetched.shipped
+    install_checkpoint(target, here, fetched.data, fetched.digest)
+    return fetched.info
 
 
 def _follow_capped(
@@ -520,14 +532,46 @@ def _converge(
                        report)  # fmt: skip
 
 
+class Fetched(NamedTuple):
+    """A PE's checkpoint as :func:`fetch_checkpoint` got it: the whole archive, its sha256,
+    what it holds, and the bytes that came from the node (fewer when a store held files)."""
+
+    data: bytes
+    digest: str
+    info: CheckpointInfo
+    shipped: int
+
+
 def fetch_checkpoint(
-    agent: ServiceClient, path: str, warm: bool
-) -> tuple[bytes, str, CheckpointInfo]:
-    """A PE's checkpoint from its agent (``path`` is its element path): the tarball, its
-    SHA-256 and what it holds; ``warm`` takes it from the running query without pausing it."""
+    agent: ServiceClient, path: str, warm: bool, known: KnownBlobs | None = None
+) -> Fetched:
+    """A PE's checkpoint from its agent (``path`` is its element path); ``warm`` takes it
+    from the running query without pausing it.
+
+    With ``known`` (the central store's files of this PE), the agent leaves out the files
+    the store holds and they are taken from it here (checked by digest): over a slow link a
+    large state is not shipped again, only what changed since the store's last pull. A
+    file the store no longer has makes it ask for the whole checkpoint instead.
+    """
+    if known is not None and known.digests:
+        response = agent.raw(
+            "POST", path + "/checkpoint", json={"warm": warm, "known": sorted(known.digests)}
+        )
+        data, digest = response.content, response.headers[SHA_HEADER]
+        info = CheckpointInfo.model_validate_json(response.headers[INFO_HEADER])
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise TornCheckpoint(f"checkpoint of {path} changed in transit")
+        try:
+            filled = fill_omitted(data, known.path)
+        except TornCheckpoint as exc:
+            log.info("checkpoint of %s: %s; fetching it whole", path, exc.message)
+            return fetch_checkpoint(agent, path, warm)
+        if filled is None:
+            return Fetched(data, digest, info, len(data))
+        return Fetched(filled[0], filled[1], info, len(data))
     response = agent.raw("GET", path + "/checkpoint", params={"warm": warm})
     info = CheckpointInfo.model_validate_json(response.headers[INFO_HEADER])
-    return response.content, response.headers[SHA_HEADER], info
+    return Fetched(response.content, response.headers[SHA_HEADER], info, len(response.content))
 
 
 def install_checkpoint(agent: ServiceClient, path: str, data: bytes, digest: str) -> None:

@@ -91,6 +91,7 @@ class Coordination(Scaling):
                 report = run_migration(
                     pipeline, element, (origin, self.agent(origin)),
                     (target, self.agent(target)), mode=mode, steps=steps, epoch=op.epoch,
+                    known=self.central.known_blobs(pipeline, element_id),
                 )  # fmt: skip
             except MigrationFailed as exc:
                 failed = exc.report

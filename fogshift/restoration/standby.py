@@ -90,7 +90,7 @@ def establish(
     started = time.perf_counter()
     (_, primary_agent), (name, agent) = primary, standby
     here = _path(pipeline, element.id)
-    data, digest, info = fetch_checkpoint(primary_agent, here, warm=True)
+    data, digest, info, _ = fetch_checkpoint(primary_agent, here, warm=True)
     install_checkpoint(agent, here, data, digest)
     gate = Gate(mode=GateMode.CAP, limit=info.offset) if info.offset else Gate(mode=GateMode.HOLD)
     placed = element.model_copy(update={"node": name}).model_dump(mode="json")

@@ -108,3 +108,17 @@ def test_blob_path_checks_its_argument(tmp_path: Path) -> None:
         store.blob_path("../../etc/passwd")
     with pytest.raises(NotFound):
         store.blob_path("0" * 64)
+
+
+def test_known_blobs_are_the_newest_checkpoints_files(tmp_path: Path) -> None:
+    store = CentralStore(tmp_path / "store")
+    assert store.known_blobs("p", "agg") is None
+    files = {"offsets/0": b"o0", "state/0/1.changelog": b"x" * 1000}
+    store.put(manifest(0, files), files.__getitem__)
+    known = store.known_blobs("p", "agg")
+    assert known is not None
+    assert known.digests == {hashlib.sha256(d).hexdigest() for d in files.values()}
+    sha = hashlib.sha256(b"x" * 1000).hexdigest()
+    assert known.path(sha).read_bytes() == b"x" * 1000
+    with pytest.raises(NotFound):
+        known.path(hashlib.sha256(b"never stored").hexdigest())

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import tarfile
 from pathlib import Path
 
 import pytest
 
 from fogshift.checkpoint.exceptions import TornCheckpoint
-from fogshift.checkpoint.spark_dir import clear_orphan_state, copy_checkpoint, pack, unpack
+from fogshift.checkpoint.spark_dir import (
+    clear_orphan_state,
+    copy_checkpoint,
+    fill_omitted,
+    pack,
+    unpack,
+)
 
 
 def _write(path: Path, text: str = "x") -> None:
@@ -162,3 +169,40 @@ def test_a_gzipped_checkpoint_of_an_older_agent_still_installs(tmp_path: Path) -
     data = buffer.getvalue()
     unpack(data, hashlib.sha256(data).hexdigest(), tmp_path / "cp")
     assert (tmp_path / "cp" / "commits" / "0").read_text() == "v1\n{}"
+
+
+def test_files_the_receiver_holds_stay_behind_and_are_put_back_from_its_blobs(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "origin"
+    big = source / "state" / "0" / "0" / "1.zip"
+    big.parent.mkdir(parents=True)
+    big.write_bytes(bytes(range(256)) * 4096)  # 1 MiB the central store already holds
+    os.utime(big, (1_700_000_000, 1_700_000_000))
+    _write(source / "state" / "0" / "0" / "2.changelog", "new since the last pull")
+    _write(source / "commits" / "1", "v1\n{}")
+    whole, _ = pack(source)
+    sha = hashlib.sha256(big.read_bytes()).hexdigest()
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    (blobs / sha).write_bytes(big.read_bytes())
+    delta, _ = pack(source, known={sha})
+    assert len(delta) < len(whole) // 10  # the 1 MiB stayed behind
+    assert fill_omitted(whole, lambda s: blobs / s) is None  # nothing was left out of it
+    filled = fill_omitted(delta, lambda s: blobs / s)
+    assert filled is not None
+    data, digest = filled
+    unpack(data, digest, tmp_path / "target" / "cp")
+    got = tmp_path / "target" / "cp"
+    files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(got) for p in got.rglob("*") if p.is_file()) == files
+    for rel in files:
+        assert (got / rel).read_bytes() == (source / rel).read_bytes()
+    assert (got / "state" / "0" / "0" / "1.zip").stat().st_mtime == 1_700_000_000
+    # A blob that is gone, or not what the digest says, is refused: ask for the whole.
+    (blobs / sha).write_bytes(b"something else")
+    with pytest.raises(TornCheckpoint):
+        fill_omitted(delta, lambda s: blobs / s)
+    (blobs / sha).unlink()
+    with pytest.raises(TornCheckpoint):
+        fill_omitted(delta, lambda s: blobs / s)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import os
 import random
 import signal
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -15,8 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
+from fogshift.checkpoint.central import KnownBlobs
+from fogshift.checkpoint.spark_dir import OMITTED
 from fogshift.common.exceptions import WaitTimedOut
+from fogshift.common.http import ServiceClient, node_token
 from fogshift.common.waiting import wait_until
+from fogshift.migration.procedure import fetch_checkpoint
+from fogshift.supervisor.cluster import load_cluster
 from tests.conftest import Cluster
 from tests.integration.helpers import (
     assert_no_older_epoch_after,
@@ -190,6 +198,51 @@ def test_a_pe_with_megabytes_of_state_migrates_both_ways(cluster: Cluster, tmp_p
         # The shipped archive holds the state (base64 of random bytes: LZ4 keeps it whole).
         assert report["state_bytes"] > pad * 0.7, report["state_bytes"]
     finish_and_compare(cluster, tmp_path, "heavy")
+
+
+def test_a_shipped_checkpoint_leaves_out_what_the_central_store_holds(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    spec = case1_spec(tmp_path, "lean", pad_bytes=2 * 1024 * 1024)
+    cluster.cli("deploy", str(spec))
+    # Past the first batch (the 100 rows fed at once): a warm copy then holds the state.
+    cluster.wait_for("lean", "sink", 150)
+    node = "fog-a"  # case1_spec's
+    url = next(n["url"] for n in cluster.json("nodes") if n["name"] == node)
+    _, token = load_cluster(cluster.home)
+    here = "/pipelines/lean/elements/aggregate"
+    with ServiceClient(url, node_token(token, node), f"node agent {node!r}", 60) as agent:
+        whole = fetch_checkpoint(agent, here, warm=True)
+        # What a store would hold after pulling that copy: its files, by content.
+        blobs = tmp_path / "blobs"
+        blobs.mkdir()
+        with tarfile.open(fileobj=io.BytesIO(whole.data)) as tar:
+            for member in tar.getmembers():
+                if member.isfile():
+                    content = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    (blobs / hashlib.sha256(content).hexdigest()).write_bytes(content)
+        known = KnownBlobs(frozenset(p.name for p in blobs.iterdir()), lambda s: blobs / s)
+        lean = fetch_checkpoint(agent, here, warm=True, known=known)
+    # The 2 MiB of state stayed on the node; the archive holds them all the same.
+    assert whole.shipped == len(whole.data) > 2 * 1024 * 1024
+    assert lean.shipped < 512 * 1024 < 2 * 1024 * 1024 < len(lean.data)
+    assert hashlib.sha256(lean.data).hexdigest() == lean.digest
+    with tarfile.open(fileobj=io.BytesIO(lean.data)) as tar:
+        assert OMITTED not in tar.getnames()
+
+    # A migration once the cluster's central store holds a checkpoint of the PE asks for
+    # such a copy (how much stays behind depends on what RocksDB wrote since that pull):
+    # the target installs it whole and the output stays exact.
+    def pulled() -> bool:
+        views = [c for n in cluster.json("nodes") for c in n.get("checkpoints") or []]
+        return any(v["element"] == "lean/aggregate" and v["central"] for v in views)
+
+    wait_until(pulled, 60, describe="a central checkpoint of lean/aggregate")
+    report = migrate(cluster, "lean", "aggregate", "fog-b", "precopy")
+    assert report["exit_code"] == 0, report
+    assert report["state_bytes"] > 2 * 1024 * 1024
+    assert 0 < report["shipped_bytes"] <= report["state_bytes"]
+    finish_and_compare(cluster, tmp_path, "lean")
 
 
 def test_migration_to_a_killed_node_rolls_back(cluster: Cluster, tmp_path: Path) -> None:
