@@ -125,10 +125,17 @@ def register(bench_app: typer.Typer) -> None:
         modes: Annotated[
             str | None, typer.Option(help="Of precopy,literal,handover (default precopy,literal).")
         ] = None,
+        wait: Annotated[
+            str | None,
+            typer.Option(
+                help="Range of the random wait before a migration, s: MIN,MAX (default 2,10; "
+                "longer lets the central store pull the PE first)."
+            ),
+        ] = None,
     ) -> None:
         """E1: live migration by link delay, state size and mode (thesis Fig. 20-21)."""
         config = e1.E1Config.quick() if quick else e1.E1Config()
-        config = _e1_overrides(config, runs, sizes, link_profile, modes)
+        config = _e1_overrides(config, runs, sizes, link_profile, modes, wait)
         _session(
             out,
             work,
@@ -368,9 +375,19 @@ def _e1_overrides(
     sizes: str | None,
     profiles: list[str] | None,
     modes: str | None,
+    wait: str | None = None,
 ) -> e1.E1Config:
     if runs is not None:
         config = replace(config, runs=runs)
+    if wait is not None:
+        bounds = _floats(wait)
+        if bounds is None or len(bounds) != 2 or not 0 <= bounds[0] <= bounds[1] <= 600:
+            raise BadBenchOption(
+                "bad wait range",
+                expected="MIN,MAX in seconds, 0 <= MIN <= MAX <= 600 (e.g. 2,10)",
+                received=wait,
+            )
+        config = replace(config, wait_s=(bounds[0], bounds[1]))
     if sizes is not None:
         config = replace(config, sizes_mib=_ints(sizes, "state sizes"))
     if profiles:
@@ -387,6 +404,14 @@ def _e1_overrides(
             )
         config = replace(config, modes=chosen)
     return config
+
+
+def _floats(text: str) -> list[float] | None:
+    """Comma-separated numbers, or ``None`` if one is not a number."""
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        return None
 
 
 def main() -> None:

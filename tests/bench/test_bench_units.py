@@ -14,7 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fogshift.bench import e1, e2, pam, report, thesis
+from fogshift.bench import commands, e1, e2, pam, report, thesis
 from fogshift.bench.base import (
     RunLog,
     fmt_mean_std,
@@ -181,6 +181,9 @@ def test_register_adds_the_commands() -> None:
     assert "--link-profile" in runner.invoke(app, ["e1", "--help"]).output
     bad = runner.invoke(app, ["e1", "--out", "x", "--sizes", "a,b"])
     assert isinstance(bad.exception, BadBenchOption)
+    for wait in ("10,2", "a,b", "5", "-1,3"):
+        bad = runner.invoke(app, ["e1", "--out", "x", "--wait", wait])
+        assert isinstance(bad.exception, BadBenchOption), wait
 
 
 def test_one_line() -> None:
@@ -299,3 +302,8 @@ def test_pam_traffic_is_uniform_or_skewed_as_asked(tmp_path: Path) -> None:
         sensors = [line.split(",")[1] for line in lines[1:]]
         counts[traffic] = max(sensors.count(f"s{k}") for k in range(20)) / len(sensors)
     assert counts["uniform"] < 0.1 < 0.25 < counts["zipf"]
+
+
+def test_e1_takes_a_wait_range() -> None:
+    config = commands._e1_overrides(e1.E1Config(), None, None, None, None, "30,40")
+    assert config.wait_s == (30.0, 40.0)
