@@ -130,6 +130,14 @@ def copy_checkpoint(
             keep_commit = batch - 1
 
     def ignore(folder: str, names: list[str]) -> list[str]:
+        # Files Spark is still writing (renamed when done): never part of a checkpoint, and
+        # a link to one would keep changing after the copy's digests were taken.
+        writing = [n for n in names if _being_written(n)]
+        if writing:
+            names = [n for n in names if not _being_written(n)]
+        return writing + _outside(folder, names)
+
+    def _outside(folder: str, names: list[str]) -> list[str]:
         here = Path(folder)
         limit = {"commits": keep_commit, "offsets": batch}.get(here.name)
         if limit is not None:
@@ -142,7 +150,7 @@ def copy_checkpoint(
             # state/<op>/<partition>/<version>.changelog|zip: version v is after batch v-1,
             # so resuming after commit C loads version C + 1.
             return _state_outside(names, keep_commit + 1, newer=keep_commit < batch)
-        return [n for n in names if n.endswith(".tmp")]
+        return []
 
     # Plain strings and one stat per file: a snapshot walks ~50-100 files every few seconds.
     root = str(source)
@@ -227,6 +235,11 @@ def _state_outside(names: list[str], version: int, newer: bool) -> list[str]:
         n for n, v in versions.items()
         if v is not None and (v < base or (newer and v > version))
     ]  # fmt: skip
+
+
+def _being_written(name: str) -> bool:
+    """A temporary file of Spark's (``.x.<uuid>.tmp``) or its checksum (``..x.<uuid>.tmp.crc``)."""
+    return name.endswith((".tmp", ".tmp.crc"))
 
 
 def _state_version(name: str) -> int | None:

@@ -206,3 +206,22 @@ def test_files_the_receiver_holds_stay_behind_and_are_put_back_from_its_blobs(
     (blobs / sha).unlink()
     with pytest.raises(TornCheckpoint):
         fill_omitted(delta, lambda s: blobs / s)
+
+
+def test_files_spark_is_still_writing_are_never_copied(tmp_path: Path) -> None:
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    _checkpoint(live, 30, snapshots=(10, 20))
+    # What a copy can meet mid-batch: a changelog, a commit and their checksums half
+    # written under temporary names (renamed into place when done).
+    writing = [
+        "state/0/0/.31.changelog.0f1e-uuid.TID71.tmp",
+        "state/0/0/..31.changelog.0f1e-uuid.TID71.tmp.crc",
+        "commits/.30.5b2c-uuid.tmp",
+        "commits/..30.5b2c-uuid.tmp.crc",
+    ]
+    for rel in writing:
+        _write(live / rel, "partial")
+    for link in (False, True):
+        copy_checkpoint(live, copy, link=link)
+        assert not [rel for rel in writing if (copy / rel).exists()]
+        assert (copy / "state" / "0" / "0" / "30.changelog").exists()
