@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -122,3 +123,17 @@ def test_known_blobs_are_the_newest_checkpoints_files(tmp_path: Path) -> None:
     assert known.path(sha).read_bytes() == b"x" * 1000
     with pytest.raises(NotFound):
         known.path(hashlib.sha256(b"never stored").hexdigest())
+
+
+def test_put_fetches_the_missing_files_several_at_a_time(tmp_path: Path) -> None:
+    # Over a slow link one file at a time costs a round trip each: the fetches overlap.
+    store = CentralStore(tmp_path / "store")
+    files = {f"state/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 5)}
+    together = threading.Barrier(2, timeout=10)
+
+    def fetch(rel: str) -> bytes:
+        together.wait()  # breaks (and the put fails) unless two fetches run at once
+        return files[rel]
+
+    assert store.put(manifest(0, files), fetch) == 400
+    assert store.verify(store.newest("p", "agg")) is None  # type: ignore[arg-type]
