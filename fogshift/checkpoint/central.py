@@ -213,8 +213,10 @@ class CentralStore:
 
         # Several requests at a time: over a link of 1 s RTT one at a time took a second per
         # file, and a first pull of a checkpoint's 50-100 files outlived the node's snapshot.
-        with ThreadPoolExecutor(min(FETCH_WORKERS, max(1, len(missing)))) as pool:
-            shipped = sum(pool.map(ship, missing))
+        shipped = 0
+        if missing:
+            with ThreadPoolExecutor(min(FETCH_WORKERS, len(missing))) as pool:
+                shipped = sum(pool.map(ship, missing))
         folder.mkdir(parents=True, exist_ok=True)
         stored = {**manifest, "stored": time.time(), "shipped_bytes": shipped}
         tmp = folder / f".{manifest['id']}.tmp"

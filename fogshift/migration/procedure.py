@@ -553,25 +553,24 @@ def fetch_checkpoint(
     large state is not shipped again, only what changed since the store's last pull. A
     file the store no longer has makes it ask for the whole checkpoint instead.
     """
-    if known is not None and known.digests:
-        response = agent.raw(
-            "POST", path + "/checkpoint", json={"warm": warm, "known": sorted(known.digests)}
-        )
-        data, digest = response.content, response.headers[SHA_HEADER]
-        info = CheckpointInfo.model_validate_json(response.headers[INFO_HEADER])
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise TornCheckpoint(f"checkpoint of {path} changed in transit")
-        try:
-            filled = fill_omitted(data, known.path)
-        except TornCheckpoint as exc:
-            log.info("checkpoint of %s: %s; fetching it whole", path, exc.message)
-            return fetch_checkpoint(agent, path, warm)
-        if filled is None:
-            return Fetched(data, digest, info, len(data))
-        return Fetched(filled[0], filled[1], info, len(data))
-    response = agent.raw("GET", path + "/checkpoint", params={"warm": warm})
+    digests = sorted(known.digests) if known is not None else []
+    if digests:
+        response = agent.raw("POST", path + "/checkpoint", json={"warm": warm, "known": digests})
+    else:
+        response = agent.raw("GET", path + "/checkpoint", params={"warm": warm})
+    data, digest = response.content, response.headers[SHA_HEADER]
     info = CheckpointInfo.model_validate_json(response.headers[INFO_HEADER])
-    return Fetched(response.content, response.headers[SHA_HEADER], info, len(response.content))
+    if known is None or not digests:
+        return Fetched(data, digest, info, len(data))
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise TornCheckpoint(f"checkpoint of {path} changed in transit")
+    try:
+        filled = fill_omitted(data, known.path)
+    except TornCheckpoint as exc:
+        log.info("checkpoint of %s: %s; fetching it whole", path, exc.message)
+        return fetch_checkpoint(agent, path, warm)
+    whole, whole_digest = filled if filled is not None else (data, digest)
+    return Fetched(whole, whole_digest, info, len(data))
 
 
 def install_checkpoint(agent: ServiceClient, path: str, data: bytes, digest: str) -> None:
