@@ -26,7 +26,6 @@ from fogshift.agent.load import CpuMeter
 from fogshift.agent.node import NodeRuntime
 from fogshift.agent.replicas import Replicas
 from fogshift.checkpoint.central import check_manifest
-from fogshift.checkpoint.store import snapshot_file
 from fogshift.common.exceptions import Forbidden
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import blob_token, client_limits, node_token, same_token, tls_context
@@ -284,7 +283,7 @@ def create_app(config: AgentConfig) -> FastAPI:
         pipeline: NameParam, element: NameParam, snapshot: SnapshotParam, rel: RelPathParam
     ) -> Response:
         # A bad name or a path leaving the snapshot raises InvalidName/PathEscape (422).
-        path = snapshot_file(runtime.snapshot_store(pipeline, element), snapshot, rel)
+        path = runtime.snapshot_file(pipeline, element, snapshot, rel)
         try:
             data = path.read_bytes()
         except OSError as exc:

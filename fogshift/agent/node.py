@@ -33,7 +33,13 @@ from fogshift.checkpoint.spark_dir import (
     progress_of,
     unpack,
 )
-from fogshift.checkpoint.store import latest_manifest, take_snapshot
+from fogshift.checkpoint.store import (
+    SnapshotPins,
+    known_digests,
+    latest_manifest,
+    snapshot_file,
+    take_snapshot,
+)
 from fogshift.common.gate import acknowledged, open_gate, write_gate
 from fogshift.common.names import pe_folder
 from fogshift.contracts import (
@@ -122,6 +128,8 @@ class NodeRuntime:
         self._spark_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark")
         #: Spark's progress reports of every query, pushed by Spark (see _monitor).
         self.progress_feed = ProgressFeed()
+        #: Node-level checkpoints a central pull is reading: not pruned under it.
+        self.pins = SnapshotPins()
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -454,7 +462,10 @@ class NodeRuntime:
         try:
             # Linked, not copied: the staging copy is only read (packed), then removed.
             info = copy_checkpoint(source, staging, warm=warm, link=True)
-            data, digest = pack(staging, known)
+            # The newest node-level snapshot links the same files: their digests are known.
+            # (Looked up after the copy: an inode both hold then is one file, never a reuse.)
+            hashed = known_digests(self.snapshot_store(pipeline, pe)) if known else None
+            data, digest = pack(staging, known, hashed)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return data, digest, CheckpointInfo.model_validate(info)
@@ -708,6 +719,7 @@ class NodeRuntime:
                     pipeline,
                     pe,
                     dict(h.state_metrics),
+                    pinned=self.pins.held(pipeline, pe),
                 )
             except (OSError, ValueError) as exc:  # a PE removed meanwhile, a file in flux
                 log.warning("node-level checkpoint of %s failed: %s", h.plan.query_name, exc)
@@ -718,9 +730,20 @@ class NodeRuntime:
             self.snapshot_all()
 
     def latest_snapshot(self, pipeline: str, pe: str) -> CheckpointManifest | None:
-        """The PE's newest node-level checkpoint here, if it has one."""
+        """The PE's newest node-level checkpoint here, if it has one; pinned (its reader is
+        about to fetch its files)."""
         manifest = latest_manifest(self.snapshot_store(pipeline, pe))
-        return CheckpointManifest.model_validate(manifest) if manifest else None
+        if manifest is None:
+            return None
+        self.pins.touch(pipeline, pe, manifest["id"])
+        return CheckpointManifest.model_validate(manifest)
+
+    def snapshot_file(self, pipeline: str, pe: str, snapshot: str, rel: str) -> Path:
+        """One file of a node-level checkpoint (names checked, see ``store.snapshot_file``);
+        the snapshot stays pinned while its files are read."""
+        path = snapshot_file(self.snapshot_store(pipeline, pe), snapshot, rel)
+        self.pins.touch(pipeline, pe, snapshot)
+        return path
 
     def _count(self, hosted: HostedElement, reports: Sequence[dict[str, Any]]) -> None:
         changed = False

@@ -17,7 +17,8 @@ import os
 import re
 import shutil
 import tarfile
-from collections.abc import Callable, Collection
+import zipfile
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,10 @@ def copy_checkpoint(
             names = [n for n in names if not _being_written(n)]
         return writing + _outside(folder, names)
 
+    # The SSTs each state partition's kept snapshot names ({partition folder: names}; None:
+    # unknown, keep them all). copytree lists a partition folder before its SSTs/.
+    snapshot_ssts: dict[str, frozenset[str] | None] = {}
+
     def _outside(folder: str, names: list[str]) -> list[str]:
         here = Path(folder)
         limit = {"commits": keep_commit, "offsets": batch}.get(here.name)
@@ -149,7 +154,14 @@ def copy_checkpoint(
         if here.parent.parent.name == "state":
             # state/<op>/<partition>/<version>.changelog|zip: version v is after batch v-1,
             # so resuming after commit C loads version C + 1.
-            return _state_outside(names, keep_commit + 1, newer=keep_commit < batch)
+            dropped, base = _state_outside(names, keep_commit + 1, newer=keep_commit < batch)
+            snapshot_ssts[folder] = frozenset() if base is None else _sst_names(here / base)
+            return dropped
+        if here.name == "SSTs" and here.parent.parent.parent.name == "state":
+            needed = snapshot_ssts.get(str(here.parent))
+            if needed is None:
+                return []
+            return [n for n in names if _sst_name(n) not in needed]
         return []
 
     # Plain strings and one stat per file: a snapshot walks ~50-100 files every few seconds.
@@ -222,19 +234,48 @@ def _ends(checkpoint: Path, commits: list[int]) -> dict[int, int]:
 LOG_HISTORY = 2
 
 
-def _state_outside(names: list[str], version: int, newer: bool) -> list[str]:
-    """The names of a RocksDB state partition folder that loading ``version`` does not read
-    (with ``newer``, the versions after it too). Loading reads the newest snapshot (``.zip``)
-    at or before it and the changelogs after that snapshot; ``SSTs/``, anything not named by
-    a version and any other kind of state file are kept."""
+def _state_outside(names: list[str], version: int, newer: bool) -> tuple[list[str], str | None]:
+    """What of a RocksDB state partition folder loading ``version`` does not read.
+
+    Loading reads the newest snapshot (``.zip``) at or before ``version``, then replays the
+    changelogs after it (``base + 1 .. version``; Spark's ``RocksDB.replayChangelog``): older
+    versions, and the changelog of the snapshot's own version, are not read. With ``newer``,
+    the versions after ``version`` go too. Anything not named by a version, and any other
+    kind of state file, is kept.
+
+    Returns:
+        The names left out, and the name of the snapshot loading starts from (None: no
+        snapshot, loading starts from an empty store).
+    """
     versions = {n: _state_version(n) for n in names}
     snapshots = [v for n, v in versions.items()
                  if v is not None and v <= version and n.endswith(".zip")]  # fmt: skip
     base = max(snapshots, default=0)
-    return [
+    dropped = [
         n for n, v in versions.items()
-        if v is not None and (v < base or (newer and v > version))
+        if v is not None
+        and (v < base or (v == base and ".changelog" in n) or (newer and v > version))
     ]  # fmt: skip
+    return dropped, (f"{base}.zip" if snapshots else None)
+
+
+def _sst_names(snapshot: Path) -> frozenset[str] | None:
+    """The ``SSTs/`` files a RocksDB snapshot zip loads (its ``metadata`` member: a version
+    line, then JSON whose ``sstFiles`` name each ``dfsSstFileName``); None when they cannot
+    be told (an unknown format: then every SST is kept)."""
+    try:
+        with zipfile.ZipFile(snapshot) as archive:
+            text = archive.read("metadata").decode()
+        listed = json.loads(text.partition("\n")[2])["sstFiles"]
+        return frozenset(str(f["dfsSstFileName"]) for f in listed)
+    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as exc:
+        log.debug("cannot read the SSTs of snapshot %s (%s): all are kept", snapshot, exc)
+        return None
+
+
+def _sst_name(name: str) -> str:
+    """``x.sst`` for ``x.sst`` and its checksum ``.x.sst.crc``."""
+    return name[1:-4] if name.startswith(".") and name.endswith(".crc") else name
 
 
 def _being_written(name: str) -> bool:
@@ -260,7 +301,9 @@ def _batch_name(name: str) -> int | None:
 OMITTED = "fogshift-omitted.json"
 
 
-def pack(folder: Path, known: Collection[str] = ()) -> tuple[bytes, str]:
+def pack(
+    folder: Path, known: Collection[str] = (), hashed: Mapping[tuple[int, int], str] | None = None
+) -> tuple[bytes, str]:
     """A tar of ``folder`` and its sha256 (a shipped checkpoint).
 
     Not compressed: Spark compresses the state files (LZ4, the bulk of a checkpoint) as it
@@ -274,12 +317,23 @@ def pack(folder: Path, known: Collection[str] = ()) -> tuple[bytes, str]:
             file with one of them is left out and listed in :data:`OMITTED` instead, for
             :func:`fill_omitted` to put back. Over a slow link most of a large state then
             stays put: the central store has all but the newest files.
+        hashed: sha256 digests already known by file identity (``(st_dev, st_ino)``: a
+            node-level snapshot's manifest, whose files are hard links to the same immutable
+            files ``folder`` links to): not computed again.
     """
     omitted: dict[str, dict[str, Any]] = {}
 
+    def digest_of(path: Path) -> str:
+        if hashed:
+            stat = path.stat()
+            sha = hashed.get((stat.st_dev, stat.st_ino))
+            if sha is not None:
+                return sha
+        return _file_sha256(path)
+
     def leave_known(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
         if known and member.isfile():
-            sha = _file_sha256(folder / member.name)
+            sha = digest_of(folder / member.name)
             if sha in known:
                 # As the file was (Spark's state store ages files by their times).
                 omitted[os.path.normpath(member.name)] = {

@@ -17,8 +17,9 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,9 @@ from fogshift.common.names import check_relative_path, check_snapshot_id, contai
 
 MANIFEST = "manifest.json"
 KEEP = 2
+#: How long a snapshot someone is reading stays, after their last read, beyond the newest
+#: :data:`KEEP` (see :class:`SnapshotPins`).
+PIN_S = 60.0
 
 
 def sha256_file(path: Path) -> str:
@@ -56,12 +60,31 @@ def latest_manifest(store: Path) -> dict[str, Any] | None:
     return None
 
 
+def known_digests(store: Path) -> dict[tuple[int, int], str]:
+    """The digests of the newest snapshot's files in ``store``, by file identity
+    (``(st_dev, st_ino)``): a copy that links the same files needs not hash them again
+    (``spark_dir.pack``). Files gone meanwhile are left out."""
+    manifest = latest_manifest(store)
+    if manifest is None:
+        return {}
+    folder = store / manifest["id"]
+    found = {}
+    for rel, entry in manifest["files"].items():
+        try:
+            stat = os.stat(folder / rel)
+        except OSError:
+            continue  # the snapshot was pruned meanwhile: those files are hashed instead
+        found[(stat.st_dev, stat.st_ino)] = str(entry["sha256"])
+    return found
+
+
 def take_snapshot(
     live: Path,
     store: Path,
     pipeline: str,
     pe: str,
     state_metrics: Mapping[int, dict[str, Any]] | None = None,
+    pinned: Collection[str] = (),
 ) -> dict[str, Any] | None:
     """Snapshot the live checkpoint of a PE into ``store`` if it committed a newer batch.
 
@@ -73,6 +96,8 @@ def take_snapshot(
     Args:
         state_metrics: State-store metrics by batch id (see the agent's ``snapshot_all``);
             the entry of the snapshotted batch goes into the manifest, ``None`` if absent.
+        pinned: Ids of snapshots being read (:class:`SnapshotPins`): kept even when older
+            than the newest :data:`KEEP`.
 
     Returns:
         The new manifest, or ``None`` when there was nothing new to snapshot.
@@ -131,8 +156,40 @@ def take_snapshot(
     tmp.replace(staging / MANIFEST)
     staging.replace(folder)
     for old in sorted(store.iterdir(), reverse=True)[KEEP:]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.name not in pinned:
+            shutil.rmtree(old, ignore_errors=True)
     return manifest
+
+
+class SnapshotPins:
+    """Snapshots being read, which the clean-up of :func:`take_snapshot` must leave alone.
+
+    A central pull reads a snapshot's manifest, then its files, one request each; over a slow
+    link a first pull of a large state outlives :data:`KEEP` snapshots, and found its files
+    gone ("no file offsets/3 in snapshot ...": the whole pull was lost). Every read pins the
+    snapshot until :data:`PIN_S` after the last one. Thread-safe.
+    """
+
+    def __init__(self, hold_s: float = PIN_S) -> None:
+        self.hold_s = hold_s
+        self._lock = threading.Lock()
+        self._read: dict[tuple[str, str], dict[str, float]] = {}
+
+    def touch(self, pipeline: str, pe: str, snapshot: str) -> None:
+        """A snapshot of the PE was read now."""
+        with self._lock:
+            self._read.setdefault((pipeline, pe), {})[snapshot] = time.monotonic()
+
+    def held(self, pipeline: str, pe: str) -> frozenset[str]:
+        """The PE's snapshots read within the last ``hold_s`` (older pins are dropped)."""
+        now = time.monotonic()
+        with self._lock:
+            reads = self._read.get((pipeline, pe), {})
+            for old in [s for s, at in reads.items() if now - at > self.hold_s]:
+                del reads[old]
+            if not reads:
+                self._read.pop((pipeline, pe), None)
+            return frozenset(reads)
 
 
 def _files(folder: Path) -> list[tuple[str, str]]:

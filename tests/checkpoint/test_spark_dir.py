@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
+from fogshift.checkpoint import spark_dir
 from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.spark_dir import (
     clear_orphan_state,
@@ -82,8 +85,63 @@ def test_a_copy_holds_what_resuming_reads_not_sparks_history(tmp_path: Path) -> 
     assert {"20.zip", ".20.zip.crc", "SSTs"} <= state
     assert {f"{v}.changelog" for v in range(21, 31)} <= state
     assert not {"10.zip", "19.changelog", ".19.changelog.crc", "1.changelog"} & state
+    # The snapshot at 20 holds version 20: its own changelog is not read either.
+    assert not {"20.changelog", ".20.changelog.crc"} & state
     assert (copy / "state" / "0" / "_metadata" / "v2" / "0").exists()
     assert len(list(copy.rglob("*"))) < len(list(live.rglob("*"))) / 3
+
+
+def _snapshot(zip_path: Path, ssts: list[str]) -> None:
+    """A RocksDB snapshot zip as Spark writes it: its ``metadata`` names the SSTs it loads."""
+    listed = [{"localFileName": s.split("-")[0] + ".sst", "dfsSstFileName": s, "sizeBytes": 1}
+              for s in ssts]  # fmt: skip
+    with zipfile.ZipFile(zip_path, "w") as archive:
+        archive.writestr("CURRENT", "MANIFEST-000005\n")
+        archive.writestr("metadata", "v1\n" + json.dumps({"sstFiles": listed, "numKeys": 1}))
+
+
+def test_a_copy_holds_only_the_ssts_its_snapshot_loads(tmp_path: Path) -> None:
+    # RocksDB's SSTs/ holds the files of every snapshot Spark still retains, older ones and
+    # (for a warm copy) newer ones; loading reads only those the base snapshot names.
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    _checkpoint(live, 25, snapshots=())
+    part = live / "state" / "0" / "0"
+    (part / "SSTs" / "000001-a.sst").unlink()
+    for version, ssts in ((10, ["000001-a.sst"]), (20, ["000001-a.sst", "000002-b.sst"]),
+                          (25, ["000002-b.sst", "000003-c.sst"])):  # fmt: skip
+        _snapshot(part / f"{version}.zip", ssts)
+        for sst in ssts:
+            _write(part / "SSTs" / sst, sst * 100)
+            _write(part / "SSTs" / f".{sst}.crc")
+    copy_checkpoint(live, copy, warm=True)  # runs batch 24 again: loads version 24
+    assert _names(copy / "state" / "0" / "0" / "SSTs") == {
+        "000001-a.sst",
+        ".000001-a.sst.crc",
+        "000002-b.sst",
+        ".000002-b.sst.crc",
+    }
+    copy_checkpoint(live, copy)  # loads version 25, from its own snapshot
+    assert _names(copy / "state" / "0" / "0" / "SSTs") == {
+        "000002-b.sst",
+        ".000002-b.sst.crc",
+        "000003-c.sst",
+        ".000003-c.sst.crc",
+    }
+    assert not (copy / "state" / "0" / "0" / "25.changelog").exists()
+
+
+def test_a_copy_before_any_snapshot_needs_no_sst(tmp_path: Path) -> None:
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    _checkpoint(live, 6, snapshots=())
+    copy_checkpoint(live, copy)
+    assert not list((copy / "state" / "0" / "0" / "SSTs").iterdir())
+
+
+def test_a_snapshot_of_an_unknown_format_keeps_every_sst(tmp_path: Path) -> None:
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    _checkpoint(live, 12, snapshots=(10,))  # its zip is no zip: cannot tell its SSTs
+    copy_checkpoint(live, copy)
+    assert (copy / "state" / "0" / "0" / "SSTs" / "000001-a.sst").exists()
 
 
 def test_a_warm_copy_runs_its_last_batch_again_from_the_state_before_it(tmp_path: Path) -> None:
@@ -225,3 +283,26 @@ def test_files_spark_is_still_writing_are_never_copied(tmp_path: Path) -> None:
         copy_checkpoint(live, copy, link=link)
         assert not [rel for rel in writing if (copy / rel).exists()]
         assert (copy / "state" / "0" / "0" / "30.changelog").exists()
+
+
+def test_digests_known_by_file_identity_are_not_computed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "origin"
+    big = source / "state" / "0" / "0" / "1.zip"
+    big.parent.mkdir(parents=True)
+    big.write_bytes(b"z" * 4096)
+    _write(source / "commits" / "0", "v1\n{}")
+    sha = hashlib.sha256(big.read_bytes()).hexdigest()
+    stat = big.stat()
+    hashed_again: list[Path] = []
+    real = spark_dir._file_sha256
+
+    def counting(path: Path) -> str:
+        hashed_again.append(path)
+        return real(path)
+
+    monkeypatch.setattr(spark_dir, "_file_sha256", counting)
+    delta, _ = pack(source, known={sha}, hashed={(stat.st_dev, stat.st_ino): sha})
+    assert hashed_again == [source / "commits" / "0"]  # only the file of unknown digest
+    assert b"z" * 4096 not in delta  # and the known one still stayed behind

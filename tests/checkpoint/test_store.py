@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from fogshift.checkpoint import spark_dir
-from fogshift.checkpoint.store import take_snapshot
+from fogshift.checkpoint import store as store_module
+from fogshift.checkpoint.store import KEEP, SnapshotPins, known_digests, take_snapshot
 
 
 def _write(path: Path, text: str) -> None:
@@ -91,3 +92,42 @@ def test_a_file_that_cannot_be_linked_is_copied(
     copied = store / manifest["id"] / "state/0/0/2.changelog"
     assert copied.read_text() == "changes of batch 1"
     assert not os.path.samefile(copied, live / "state/0/0/2.changelog")
+
+
+def test_a_snapshot_being_read_outlives_the_clean_up_until_its_reads_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 1)
+    clock = [1000.0]
+    monkeypatch.setattr(store_module.time, "monotonic", lambda: clock[0])
+    pins = SnapshotPins(hold_s=60.0)
+    first = take_snapshot(live, store, "p", "agg")
+    assert first is not None
+    pins.touch("p", "agg", first["id"])  # a slow central pull starts reading it
+    for b in range(1, 5):  # the node snapshots on while the pull goes on
+        _batch(live, b)
+        clock[0] += 5.0
+        assert take_snapshot(live, store, "p", "agg", pinned=pins.held("p", "agg"))
+    kept = sorted(p.name for p in store.iterdir())
+    assert kept[0] == first["id"] and len(kept) == 1 + KEEP  # the newest two + the pinned
+    assert pins.held("q", "agg") == frozenset()  # pins are per PE
+    clock[0] += 61.0  # the reads stopped a minute ago: the pin lapses
+    assert pins.held("p", "agg") == frozenset()
+    _batch(live, 5)
+    assert take_snapshot(live, store, "p", "agg", pinned=pins.held("p", "agg"))
+    assert first["id"] not in {p.name for p in store.iterdir()}
+    assert len(list(store.iterdir())) == KEEP
+
+
+def test_the_newest_snapshot_tells_the_digests_of_the_live_files_it_links(tmp_path: Path) -> None:
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 2)
+    manifest = take_snapshot(live, store, "p", "agg")
+    assert manifest is not None
+    digests = known_digests(store)
+    changelog = live / "state" / "0" / "0" / "2.changelog"
+    stat = changelog.stat()
+    assert digests[(stat.st_dev, stat.st_ino)] == _digest(changelog)
+    assert len(digests) == len(manifest["files"])
+    assert known_digests(tmp_path / "none") == {}
