@@ -30,6 +30,11 @@ class OrchestratorConfig(BaseSettings):
         reconcile_s: Interval of the loop that redeploys PEs missing from healthy nodes,
             restores PEs of lost nodes and removes superseded instances.
         central_interval_s: Interval of central-level checkpoint pulls.
+        pull_new_state_bytes: A PE's node-level checkpoint that brings at least this many
+            bytes new since the node's previous one is pulled into the central store at once,
+            not at the next interval (``0``: at intervals only). A large state change then
+            has a central copy within a heartbeat, and a migration ships only what changed
+            after it.
         standby_follow_s: Interval at which hot standbys' caps are raised to where their
             primaries have committed (what a promotion has left to re-derive).
         duplicate_window_s: The broker's de-duplication window of new streams (the broker
@@ -57,6 +62,7 @@ class OrchestratorConfig(BaseSettings):
     node_timeout_s: float = Field(default=5.0, gt=0)
     reconcile_s: float = Field(default=2.0, gt=0)
     central_interval_s: float = Field(default=15.0, gt=0)
+    pull_new_state_bytes: int = Field(default=1 << 20, ge=0)
     standby_follow_s: float = Field(default=0.5, gt=0)
     duplicate_window_s: float = Field(default=DUPLICATE_WINDOW_S, gt=0)
     plan_interval_s: float = Field(default=10.0, gt=0)

@@ -74,6 +74,8 @@ class OrchestratorCore:
         self._agents: dict[str, ServiceClient] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        #: Set when a central pull should not wait for its interval (see ``Replication``).
+        self._pull_now = threading.Event()
         #: Owner of the journal entries this process writes: an unfinished entry of another
         #: owner was left by an orchestrator that died (see :meth:`recover_operations`).
         self.run_id = uuid.uuid4().hex[:12]
@@ -136,6 +138,7 @@ class OrchestratorCore:
 
     def close(self) -> None:
         self._stop.set()
+        self._pull_now.set()  # wakes the central loop, which then sees the stop
         for client in self._agents.values():
             client.close()
         self.broker.close()

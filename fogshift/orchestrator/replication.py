@@ -7,7 +7,13 @@ import logging
 import time
 
 from fogshift.checkpoint.spark_dir import progress_of
-from fogshift.contracts import CentralCheckpoint, CheckpointManifest, CopyResult, PipelineState
+from fogshift.contracts import (
+    CentralCheckpoint,
+    CheckpointManifest,
+    CopyResult,
+    Heartbeat,
+    PipelineState,
+)
 from fogshift.exceptions import FogshiftError
 from fogshift.orchestrator.core import CentralPull, ReplicaPush
 from fogshift.orchestrator.replanning import Replanning
@@ -99,14 +105,40 @@ class Replication(Replanning):
                     took_ms=round((time.perf_counter() - started) * 1000, 1),
                 )
 
+    def heartbeat(self, name: str, report: Heartbeat) -> None:
+        """Record the heartbeat; wake the central pull when it reports a new node-level
+        checkpoint of a PE placed there that brought ``pull_new_state_bytes`` or more."""
+        super().heartbeat(name, report)
+        threshold = self.config.pull_new_state_bytes
+        if threshold <= 0 or self._pull_now.is_set():
+            return
+        for info in report.elements:
+            snap = info.node_checkpoint
+            if snap is None or (snap.new_bytes or 0) < threshold:
+                continue
+            record = self.registry.get_pipeline(info.pipeline)
+            if record is None or record.placement.get(info.element) != name:
+                continue  # a standby's or a superseded instance's checkpoint
+            central = self.central.newest(info.pipeline, info.element)
+            if central is None or central["id"] < snap.id or central.get("node") != name:
+                log.debug("%s/%s: %d new bytes in node-level checkpoint %s, pulled at once",
+                          info.pipeline, info.element, snap.new_bytes, snap.id)  # fmt: skip
+                self._pull_now.set()
+                return
+
     def run_central(self) -> None:
-        """Loop :meth:`pull_checkpoints` until :meth:`close`."""
-
-        def step() -> None:
-            self.pull_checkpoints()
-            self.push_replicas()
-
-        self._every(self.config.central_interval_s, step, "central checkpointing")
+        """Pull and push every ``central_interval_s``, or at once when a heartbeat asks
+        (:meth:`heartbeat`), until :meth:`close`."""
+        while True:
+            self._pull_now.wait(self.config.central_interval_s)
+            self._pull_now.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.pull_checkpoints()
+                self.push_replicas()
+            except Exception:  # the loop must outlive any one failure
+                log.exception("central checkpointing failed")
 
     def checkpoint_status(self, pipeline: str, pe: str) -> CentralCheckpoint | None:
         """The newest central checkpoint of a PE, with its age."""

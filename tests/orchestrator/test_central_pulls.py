@@ -1,0 +1,88 @@
+"""When the central store pulls: at its interval, and at once after a large state change.
+
+A real orchestrator object and registry; heartbeats as its nodes send them; no agents (the
+pull itself is not run: what is checked is whether the central loop is woken).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.broker.client import BrokerAddress
+from fogshift.contracts import Heartbeat
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.service import Orchestrator
+from fogshift.spec import parse_spec
+from tests.orchestrator.standin import SPEC
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def orchestrator(tmp_path: Path) -> Iterator[Orchestrator]:
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orch = Orchestrator(config)
+    orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+    yield orch
+    orch.close()
+
+
+def _beat(orch: Orchestrator, node: str, snapshot: str, new_bytes: int) -> bool:
+    """Send ``node``'s heartbeat reporting the aggregate's newest node-level checkpoint;
+    whether the central pull was woken (the wake-up is consumed)."""
+    checkpoint = {"id": snapshot, "batch": int(snapshot[1:]), "progress": 1, "created": 0.0,
+                  "bytes": new_bytes + 100, "new_bytes": new_bytes}  # fmt: skip
+    report: dict[str, Any] = {
+        "url": "http://127.0.0.1:9",
+        "ready": True,
+        "elements": [{"pipeline": "p", "element": "aggregate", "node_checkpoint": checkpoint}],
+    }
+    orch.heartbeat(node, Heartbeat.model_validate(report))
+    woken = orch._pull_now.is_set()
+    orch._pull_now.clear()
+    return woken
+
+
+def _central_holds(orch: Orchestrator, snapshot: str, node: str) -> None:
+    """The central store holds the aggregate's checkpoint ``snapshot`` from ``node``."""
+    manifest = {"type": "fogshift-checkpoint", "id": snapshot, "pipeline": "p",
+                "element": "aggregate", "batch": int(snapshot[1:]), "offset": None,
+                "created": 0.0, "bytes": 0, "files": {}, "node": node}  # fmt: skip
+    orch.central.put(manifest, lambda rel: b"")
+
+
+def test_a_large_state_change_is_pulled_at_once_a_small_one_at_the_interval(
+    orchestrator: Orchestrator,
+) -> None:
+    assert _beat(orchestrator, "fog-a", "b000000000003", 50 * MIB)  # no central copy yet
+    _central_holds(orchestrator, "b000000000003", "fog-a")
+    assert not _beat(orchestrator, "fog-a", "b000000000003", 50 * MIB)  # pulled already
+    assert not _beat(orchestrator, "fog-a", "b000000000008", 4096)  # small: at the interval
+    assert _beat(orchestrator, "fog-a", "b000000000011", 2 * MIB)  # RocksDB's snapshot SSTs
+    # Not the primary: a standby's (or a superseded instance's) checkpoint is not pulled.
+    assert not _beat(orchestrator, "fog-b", "b000000000011", 50 * MIB)
+
+
+def test_a_checkpoint_of_the_pe_s_new_node_is_pulled_though_its_batch_is_older(
+    orchestrator: Orchestrator,
+) -> None:
+    _central_holds(orchestrator, "b000000000020", "fog-a")
+    orchestrator.registry.set_placement("p", "aggregate", "fog-b")  # migrated to fog-b
+    assert _beat(orchestrator, "fog-b", "b000000000019", 50 * MIB)
+
+
+def test_pulling_only_at_intervals_when_told(tmp_path: Path) -> None:
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker,
+                                pull_new_state_bytes=0)  # fmt: skip
+    orch = Orchestrator(config)
+    try:
+        orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+        assert not _beat(orch, "fog-a", "b000000000003", 500 * MIB)
+    finally:
+        orch.close()
