@@ -163,14 +163,18 @@ def raise_for_error(response: httpx.Response, what: str) -> None:
 
 M = TypeVar("M", bound=BaseModel)
 
-#: How long a client keeps an idle connection for reuse (httpx's default, stated once).
-CLIENT_KEEP_ALIVE_S = 5.0
+#: How long a client keeps an idle connection for reuse. Not httpx's 5 s: a new connection
+#: costs a round trip before the request, a whole second over a link of 1 s RTT, and the
+#: orchestrator's calls to a node come seconds apart (a migration's first request to its
+#: origin opened a new one). A connection whose peer closed it (a node killed or restarted)
+#: is seen closed before reuse and dropped; an idle one costs a socket on each side.
+CLIENT_KEEP_ALIVE_S = 60.0
 #: How long a fogshift service keeps an idle connection open (uvicorn's
 #: ``timeout_keep_alive``). It must exceed the clients' :data:`CLIENT_KEEP_ALIVE_S` by more
 #: than a round trip: the service's close reaches the client half a round trip late, and a
 #: request sent meanwhile on that connection dies unread ("server disconnected"). With
-#: uvicorn's default (5 s, the same as the client's) any request after 4-5 s of quiet across
-#: a link of 1 s RTT was lost that way (a 50 MiB handover over ``n500`` failed on it).
+#: uvicorn's default (5 s, then the same as the client's) any request after 4-5 s of quiet
+#: across a link of 1 s RTT was lost that way (a 50 MiB handover over ``n500`` failed on it).
 SERVER_KEEP_ALIVE_S = 75
 #: Methods whose request :class:`ServiceClient` sends again once when the connection breaks
 #: before an answer: reading twice changes nothing. Others are never repeated (a migration
