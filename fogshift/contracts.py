@@ -429,6 +429,10 @@ class MigrationReport(BaseModel):
         shipped_bytes: Of it, the bytes shipped from the origin (fewer when the central
             store held the rest; ``None``: nothing shipped).
         phases_ms: Duration of each phase (prepare, pause, state, invoke, finalize).
+        prepare_ms: A precopy's or handover's ``prepare``, step by step: ``copy`` (the
+            origin's checkpoint fetched and installed on the target), ``warm`` (the target
+            started until it re-ran the copy's last batch: workers up, state loaded) and
+            ``follow`` (its following rounds behind the origin).
         downtime_ms: From the pause until the target committed input beyond it.
         caught_up_events: Events the target read beyond the copy it started from.
         rolled_back: A failed migration was undone: the origin runs again.
@@ -448,6 +452,7 @@ class MigrationReport(BaseModel):
     state_bytes: int = 0
     shipped_bytes: int | None = None
     phases_ms: dict[str, float] = {}
+    prepare_ms: dict[str, float] = {}
     downtime_ms: float | None = None
     caught_up_events: int = 0
     error: str | None = None

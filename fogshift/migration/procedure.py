@@ -127,15 +127,15 @@ class MigrationSteps:
 
 
 class Stopwatch:
-    """Named phase timings in milliseconds."""
+    """Named phase timings in milliseconds, into ``laps`` (default: the report's phases)."""
 
-    def __init__(self, report: MigrationReport) -> None:
-        self.report = report
+    def __init__(self, report: MigrationReport, laps: dict[str, float] | None = None) -> None:
+        self.laps = report.phases_ms if laps is None else laps
         self.started = time.perf_counter()
 
     def lap(self, phase: str) -> None:
         now = time.perf_counter()
-        self.report.phases_ms[phase] = round((now - self.started) * 1000, 1)
+        self.laps[phase] = round((now - self.started) * 1000, 1)
         self.started = now
 
 
@@ -217,10 +217,11 @@ def migrate(
     try:
         steps.phase(MigrationPhase.PREPARING)
         if mode == MigrationMode.PRECOPY:
-            info = _copy_warm(report, here, origin_agent, target_agent, known)
+            prepare = Stopwatch(report, report.prepare_ms)
+            info = _copy_warm(report, here, origin_agent, target_agent, known, prepare)
             started = True
             _follow_capped(report, here, origin_agent, target_agent, placed, info, epoch,
-                           timeout_s, precopy_rounds)  # fmt: skip
+                           timeout_s, precopy_rounds, prepare)  # fmt: skip
             watch.lap("prepare")
         steps.phase(MigrationPhase.PAUSING)
         paused_at = time.perf_counter()
@@ -305,10 +306,11 @@ def _handover(
     try:
         steps.phase(MigrationPhase.PREPARING)
         report.epoch = steps.bump()
-        info = _copy_warm(report, here, origin_agent, target_agent, known)
+        prepare = Stopwatch(report, report.prepare_ms)
+        info = _copy_warm(report, here, origin_agent, target_agent, known, prepare)
         started = True
         _follow_capped(report, here, origin_agent, target_agent, placed, info, report.epoch,
-                       timeout_s, rounds)  # fmt: skip
+                       timeout_s, rounds, prepare)  # fmt: skip
         watch.lap("prepare")
         # Live beside the origin: from here on the target may append (under the new epoch).
         steps.phase(MigrationPhase.SWITCHING)
@@ -358,11 +360,14 @@ def _copy_warm(
     origin: ServiceClient,
     target: ServiceClient,
     known: KnownBlobs | None,
+    laps: Stopwatch,
 ) -> CheckpointInfo:
-    """Install a warm copy of the origin's latest checkpoint on the target (not started)."""
+    """Install a warm copy of the origin's latest checkpoint on the target (not started);
+    laps ``copy`` on ``laps``."""
     fetched = fetch_checkpoint(origin, here, warm=True, known=known)
     report.state_bytes, report.shipped_bytes = len(fetched.data), fetched.shipped
     install_checkpoint(target, here, fetched.data, fetched.digest)
+    laps.lap("copy")
     return fetched.info
 
 
@@ -376,10 +381,11 @@ def _follow_capped(
     epoch: int,
     timeout_s: float,
     rounds: int,
+    laps: Stopwatch,
 ) -> None:
     """Start the installed copy behind a gate capped at the copy's offset (it re-executes
     its last batch without emitting: workers up, state loaded), then let it follow the
-    origin for a few rounds (:func:`_converge`)."""
+    origin for a few rounds (:func:`_converge`); laps ``warm`` and ``follow`` on ``laps``."""
     limit = info.offset
     gate = Gate(mode=GateMode.CAP, limit=limit) if limit else Gate(mode=GateMode.HOLD)
     target.put(
@@ -389,7 +395,9 @@ def _follow_capped(
     )  # fmt: skip
     if info.batch is not None:
         _wait_progress(target, here, progress_of(limit), timeout_s, "warming up", report)
+    laps.lap("warm")
     _converge(report, here, origin, target, timeout_s, rounds)
+    laps.lap("follow")
 
 
 def _finish(

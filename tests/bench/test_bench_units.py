@@ -89,6 +89,24 @@ def test_e1_output_gap_target_is_one_rtt_one_steady_interval_and_50_ms() -> None
     assert e1._within([row, {**row, "output_gap_ms": "999"}, {**row, "rtt_ms": ""}]) == "1 / 2"
 
 
+def test_e1_prepare_table_tells_where_a_handover_s_prepare_went() -> None:
+    def run(prepare: str, copy: str, shipped: str) -> dict[str, str]:
+        return {"profile": "n500", "state_mib": "50", "mode": "handover", "status": "migrated",
+                "consistent": "true", "prepare_ms": prepare, "prepare_copy_ms": copy,
+                "prepare_warm_ms": "1500", "prepare_follow_ms": "1000",
+                "shipped_bytes": shipped, "state_bytes": "53000000"}  # fmt: skip
+
+    rows = [run("4300", "1800", "60000"), run("5500", "3000", "80000")]
+    literal = {**rows[0], "mode": "literal"}
+    table = e1._prepare_table([*rows, literal])
+    lines = [line for line in table if line.startswith("| n500")]
+    assert len(lines) == 1  # the literal run has no prepare
+    cells = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert cells[3:6] == ["2", "4.9 ± 0.8", "2.4 ± 0.8"]  # runs, prepare s, copy s
+    assert cells[-3:] == ["70 ± 14", "53,000 ± 0", "1 / 2"]  # shipped KB, of KB, <= 5 s
+    assert e1._prepare_table([{**r, "prepare_copy_ms": ""} for r in rows]) == []  # older runs
+
+
 def test_input_feeder_writes_whole_rows(tmp_path: Path) -> None:
     feeder = InputFeeder(tmp_path / "in.csv", rate=0, seed=3)
     feeder.prefill(5)
