@@ -689,7 +689,11 @@ def migrate(
     if as_json:
         _print_json(report)
         return
-    phases = ", ".join(f"{k} {v:.0f} ms" for k, v in report.phases_ms.items())
+    steps = ", ".join(f"{k} {v:.0f}" for k, v in report.prepare_ms.items())
+    phases = ", ".join(
+        f"{k} {v:.0f} ms" + (f" ({steps})" if k == "prepare" and steps else "")
+        for k, v in report.phases_ms.items()
+    )
     console.print(
         f"[green]migrated[/] {pipeline}/{element}: {report.origin} -> {report.target} "
         f"({report.mode}); state {report.state_bytes} bytes; {phases}; "

@@ -104,7 +104,8 @@ class Coordination(Scaling):
             # reconcile round resolves it by its phase (see recover_operations).
             self.registry.finish(op.id, "migrated")
             self.last_migration[(pipeline, element_id)] = report
-        log.info("migrated %s/%s: %s", pipeline, element_id, report.phases_ms)
+        log.info("migrated %s/%s: %s, prepare %s", pipeline, element_id, report.phases_ms,
+                 report.prepare_ms)  # fmt: skip
         return report
 
     def migrate_group(
