@@ -432,7 +432,7 @@ class MigrationReport(BaseModel):
         prepare_ms: A precopy's or handover's ``prepare``, step by step: ``copy`` (the
             origin's checkpoint fetched and installed on the target), ``warm`` (the target
             started until it re-ran the copy's last batch: workers up, state loaded) and
-            ``follow`` (its following rounds behind the origin).
+            ``converge`` (its capped rounds following the origin).
         downtime_ms: From the pause until the target committed input beyond it.
         caught_up_events: Events the target read beyond the copy it started from.
         rolled_back: A failed migration was undone: the origin runs again.

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.background import BackgroundTask
 
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import UnknownElement
@@ -288,7 +289,10 @@ def create_app(config: AgentConfig) -> FastAPI:
             data = path.read_bytes()
         except OSError as exc:
             raise UnknownElement(f"no file {rel!r} in snapshot {snapshot}: {exc}") from None
-        return Response(content=data, media_type="application/octet-stream")
+        # Pinned again once sent: over a slow link a large file takes long to go out, and
+        # the puller's next request for the snapshot comes only after it.
+        sent = BackgroundTask(runtime.pins.touch, pipeline, element, snapshot)
+        return Response(content=data, media_type="application/octet-stream", background=sent)
 
     @app.put("/pipelines/{pipeline}/elements/{element}/checkpoint")
     async def put_checkpoint(

@@ -730,13 +730,11 @@ class NodeRuntime:
             self.snapshot_all()
 
     def latest_snapshot(self, pipeline: str, pe: str) -> CheckpointManifest | None:
-        """The PE's newest node-level checkpoint here, if it has one; pinned (its reader is
-        about to fetch its files)."""
+        """The PE's newest node-level checkpoint here, if it has one. (Not pinned: it is the
+        newest, pruned two snapshots later at the soonest; the reader pins it by reading
+        its first file.)"""
         manifest = latest_manifest(self.snapshot_store(pipeline, pe))
-        if manifest is None:
-            return None
-        self.pins.touch(pipeline, pe, manifest["id"])
-        return CheckpointManifest.model_validate(manifest)
+        return CheckpointManifest.model_validate(manifest) if manifest else None
 
     def snapshot_file(self, pipeline: str, pe: str, snapshot: str, rel: str) -> Path:
         """One file of a node-level checkpoint (names checked, see ``store.snapshot_file``);

@@ -58,7 +58,7 @@ NAME = "e1"
 TARGET = "cloud"
 PHASES = ("prepare", "pause", "state", "invoke", "finalize")
 #: A precopy's or handover's prepare, step by step (``MigrationReport.prepare_ms``).
-PREPARE_STEPS = ("copy", "warm", "follow")
+PREPARE_STEPS = ("copy", "warm", "converge")
 LINKS = {
     True: "isolated (network namespaces, `fogshift up --isolate`)",
     False: "loopback (no isolation)",
@@ -442,10 +442,11 @@ def _prepare_table(rows: list[dict[str, str]]) -> list[str]:
         "*Prepare* step by step: *copy* fetches the origin's checkpoint (a warm copy, without "
         "the files the central store holds: *shipped*) and installs it on the target; *warm* "
         "starts the target until it has re-run the copy's last batch (workers up, state "
-        "loaded); *follow* lets it follow the origin. The issue's target: a warm target "
+        "loaded); *converge* lets it follow the origin up to where it got. The issue's "
+        "target: a warm target "
         "within 5 s.",
         "",
-        "| link | state | mode | ok runs | prepare s | copy s | warm s | follow s | "
+        "| link | state | mode | ok runs | prepare s | copy s | warm s | converge s | "
         "shipped KB | of a checkpoint of KB | prepare ≤ 5 s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -454,13 +455,13 @@ def _prepare_table(rows: list[dict[str, str]]) -> list[str]:
             fmt_mean_std(((num(r[f"{c}_ms"]) or 0) / 1000 for r in good), 1)
             for c in ("prepare", *(f"prepare_{s}" for s in PREPARE_STEPS))
         ]
-        in_time = sum((num(r["prepare_ms"]) or 0) <= 5000 for r in good)
+        prepares = [v for v in (num(r["prepare_ms"]) for r in good) if v is not None]
         out.append(
             "| " + " | ".join([
                 profile, f"{mib} MiB", mode, str(len(good)), *seconds,
                 fmt_mean_std(((num(r.get("shipped_bytes")) or 0) / 1000 for r in good), 0),
                 fmt_mean_std(((num(r["state_bytes"]) or 0) / 1000 for r in good), 0),
-                f"{in_time} / {len(good)}",
+                f"{sum(v <= 5000 for v in prepares)} / {len(prepares)}",
             ]) + " |"
         )  # fmt: skip
     return out

@@ -154,8 +154,11 @@ def copy_checkpoint(
         if here.parent.parent.name == "state":
             # state/<op>/<partition>/<version>.changelog|zip: version v is after batch v-1,
             # so resuming after commit C loads version C + 1.
-            dropped, base = _state_outside(names, keep_commit + 1, newer=keep_commit < batch)
-            snapshot_ssts[folder] = frozenset() if base is None else _sst_names(here / base)
+            dropped, base = _state_outside(names, keep_commit + 1)
+            if any(n.endswith(".zip") and _state_version(n) is None for n in names):
+                snapshot_ssts[folder] = None  # snapshots named otherwise: keep every SST
+            else:
+                snapshot_ssts[folder] = frozenset() if base is None else _sst_names(here / base)
             return dropped
         if here.name == "SSTs" and here.parent.parent.parent.name == "state":
             needed = snapshot_ssts.get(str(here.parent))
@@ -234,14 +237,16 @@ def _ends(checkpoint: Path, commits: list[int]) -> dict[int, int]:
 LOG_HISTORY = 2
 
 
-def _state_outside(names: list[str], version: int, newer: bool) -> tuple[list[str], str | None]:
+def _state_outside(names: list[str], version: int) -> tuple[list[str], str | None]:
     """What of a RocksDB state partition folder loading ``version`` does not read.
 
     Loading reads the newest snapshot (``.zip``) at or before ``version``, then replays the
     changelogs after it (``base + 1 .. version``; Spark's ``RocksDB.replayChangelog``): older
-    versions, and the changelog of the snapshot's own version, are not read. With ``newer``,
-    the versions after ``version`` go too. Anything not named by a version, and any other
-    kind of state file, is kept.
+    versions, and the changelog of the snapshot's own version, are not read. Versions after
+    ``version`` are not either: the copy is as of the batch before it, and what a running
+    query wrote beyond (a batch committing, a snapshot uploaded, while the copy was made) is
+    of a history the query resumed on the copy does not share; it writes those versions
+    anew. Anything not named by a version, and any other kind of state file, is kept.
 
     Returns:
         The names left out, and the name of the snapshot loading starts from (None: no
@@ -253,8 +258,7 @@ def _state_outside(names: list[str], version: int, newer: bool) -> tuple[list[st
     base = max(snapshots, default=0)
     dropped = [
         n for n, v in versions.items()
-        if v is not None
-        and (v < base or (v == base and ".changelog" in n) or (newer and v > version))
+        if v is not None and (v < base or (v == base and ".changelog" in n) or v > version)
     ]  # fmt: skip
     return dropped, (f"{base}.zip" if snapshots else None)
 
@@ -455,7 +459,11 @@ def relocate(checkpoint: Path, final: Path) -> int:
         text = meta.read_text()
         fixed = _SCHEMA_PATH.sub(lambda m: f'"file:{final}/state/{m.group(1)}/_stateSchema/', text)
         if fixed != text:
-            meta.write_text(fixed)
+            # A new file under the name, never the old one rewritten: node-level snapshots
+            # hard-link it, and their manifests hold the digest of what it was.
+            tmp = meta.with_name(f".{meta.name}.fogshift.tmp")
+            tmp.write_text(fixed)
+            tmp.replace(meta)
             (meta.parent / f".{meta.name}.crc").unlink(missing_ok=True)
             rewritten += 1
     return rewritten

@@ -385,7 +385,7 @@ def _follow_capped(
 ) -> None:
     """Start the installed copy behind a gate capped at the copy's offset (it re-executes
     its last batch without emitting: workers up, state loaded), then let it follow the
-    origin for a few rounds (:func:`_converge`); laps ``warm`` and ``follow`` on ``laps``."""
+    origin for a few rounds (:func:`_converge`); laps ``warm`` and ``converge`` on ``laps``."""
     limit = info.offset
     gate = Gate(mode=GateMode.CAP, limit=limit) if limit else Gate(mode=GateMode.HOLD)
     target.put(
@@ -397,7 +397,7 @@ def _follow_capped(
         _wait_progress(target, here, progress_of(limit), timeout_s, "warming up", report)
     laps.lap("warm")
     _converge(report, here, origin, target, timeout_s, rounds)
-    laps.lap("follow")
+    laps.lap("converge")
 
 
 def _finish(

@@ -71,11 +71,14 @@ class OrchestratorCore:
         self.broker = SyncJetStream(BrokerAddress.load(config.broker_file))
         #: Each node's broker rights follow placement (least privilege).
         self.permissions = BrokerPermissions(config.broker_config, config.broker_pid)
-        self._agents: dict[str, ServiceClient] = {}
+        #: Per node: a client of its agent, and the agent process it was made for.
+        self._agents: dict[str, tuple[ServiceClient, int | None]] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
         #: Set when a central pull should not wait for its interval (see ``Replication``).
         self._pull_now = threading.Event()
+        #: Per PE: the (node, node-level checkpoint) a heartbeat last woke a pull for.
+        self._early_pulls: dict[tuple[str, str], tuple[str, str]] = {}
         #: Owner of the journal entries this process writes: an unfinished entry of another
         #: owner was left by an orchestrator that died (see :meth:`recover_operations`).
         self.run_id = uuid.uuid4().hex[:12]
@@ -120,12 +123,17 @@ class OrchestratorCore:
                 expected="one of " + (", ".join(self.node_names()) or "(none)"),
             )
         with self._lock:
-            client = self._agents.get(name)
-            if client is None or client.url != node.url:
+            client, pid = self._agents.get(name, (None, None))
+            if client is None or client.url != node.url or pid != node.pid:
+                # A new agent process (or address): none of the old one's pooled connections
+                # is reused. Its close may not have reached this side (a partition, a link
+                # removed), and a request sent on one would be lost.
+                if client is not None:
+                    client.close()
                 # The node's own token: a node never receives the operator token.
                 token = node_token(self.config.token, name)
                 client = ServiceClient(node.url, token, f"node agent {name!r}", 120)
-                self._agents[name] = client
+                self._agents[name] = (client, node.pid)
             return client
 
     def _every(self, interval_s: float, step: Callable[[], object], what: str) -> None:
@@ -139,7 +147,7 @@ class OrchestratorCore:
     def close(self) -> None:
         self._stop.set()
         self._pull_now.set()  # wakes the central loop, which then sees the stop
-        for client in self._agents.values():
+        for client, _ in self._agents.values():
             client.close()
         self.broker.close()
         self.registry.close()

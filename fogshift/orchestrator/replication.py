@@ -110,21 +110,27 @@ class Replication(Replanning):
         checkpoint of a PE placed there that brought ``pull_new_state_bytes`` or more."""
         super().heartbeat(name, report)
         threshold = self.config.pull_new_state_bytes
-        if threshold <= 0 or self._pull_now.is_set():
+        if threshold <= 0:
             return
         for info in report.elements:
             snap = info.node_checkpoint
             if snap is None or (snap.new_bytes or 0) < threshold:
                 continue
+            key = (info.pipeline, info.element)
+            # Once per checkpoint: a pull that failed, or left the store's newest elsewhere
+            # (a PE moved to a node whose batches trail), is retried at the interval, not at
+            # every heartbeat.
+            if self._early_pulls.get(key) == (name, snap.id):
+                continue
             record = self.registry.get_pipeline(info.pipeline)
             if record is None or record.placement.get(info.element) != name:
                 continue  # a standby's or a superseded instance's checkpoint
-            central = self.central.newest(info.pipeline, info.element)
+            central = self.central.newest(*key)
             if central is None or central["id"] < snap.id or central.get("node") != name:
                 log.debug("%s/%s: %d new bytes in node-level checkpoint %s, pulled at once",
-                          info.pipeline, info.element, snap.new_bytes, snap.id)  # fmt: skip
+                          *key, snap.new_bytes, snap.id)  # fmt: skip
+                self._early_pulls[key] = (name, snap.id)
                 self._pull_now.set()
-                return
 
     def run_central(self) -> None:
         """Pull and push every ``central_interval_s``, or at once when a heartbeat asks

@@ -121,6 +121,14 @@ def test_a_legitimate_snapshot_file_is_served(home: Path) -> None:
     assert response.status_code == 200 and response.text == "offset zero"
 
 
+def test_a_snapshot_being_read_is_pinned_against_the_clean_up(home: Path) -> None:
+    app = create_app(config(home))
+    assert app.state.runtime.pins.held("p", "agg") == frozenset()
+    c = client(app, node_token(OPERATOR, "fog-a"))
+    assert c.get(f"/pipelines/p/elements/agg/snapshots/{SNAPSHOT}/files/offsets/0").is_success
+    assert app.state.runtime.pins.held("p", "agg") == {SNAPSHOT}
+
+
 @pytest.mark.parametrize(("path", "status"), HOSTILE_READS)
 def test_hostile_names_read_nothing(home: Path, path: str, status: int) -> None:
     c = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))

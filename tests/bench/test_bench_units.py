@@ -93,7 +93,7 @@ def test_e1_prepare_table_tells_where_a_handover_s_prepare_went() -> None:
     def run(prepare: str, copy: str, shipped: str) -> dict[str, str]:
         return {"profile": "n500", "state_mib": "50", "mode": "handover", "status": "migrated",
                 "consistent": "true", "prepare_ms": prepare, "prepare_copy_ms": copy,
-                "prepare_warm_ms": "1500", "prepare_follow_ms": "1000",
+                "prepare_warm_ms": "1500", "prepare_converge_ms": "1000",
                 "shipped_bytes": shipped, "state_bytes": "53000000"}  # fmt: skip
 
     rows = [run("4300", "1800", "60000"), run("5500", "3000", "80000")]

@@ -19,6 +19,7 @@ from fogshift.checkpoint.spark_dir import (
     copy_checkpoint,
     fill_omitted,
     pack,
+    relocate,
     unpack,
 )
 
@@ -128,6 +129,47 @@ def test_a_copy_holds_only_the_ssts_its_snapshot_loads(tmp_path: Path) -> None:
         ".000003-c.sst.crc",
     }
     assert not (copy / "state" / "0" / "0" / "25.changelog").exists()
+
+
+def test_a_copy_leaves_out_what_the_batch_in_flight_wrote(tmp_path: Path) -> None:
+    # Batch 25 is running (planned, not committed): it has written version 26, and RocksDB's
+    # maintenance has uploaded a snapshot of it. The copy is as of batch 24: its query runs
+    # batch 25 again and writes version 26 anew, of its own history.
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    _checkpoint(live, 25, snapshots=())
+    part = live / "state" / "0" / "0"
+    (part / "SSTs" / "000001-a.sst").unlink()
+    _write(live / "offsets" / "25", 'v1\n{}\n{"row": 26}')
+    _write(part / "26.changelog")
+    for version, ssts in ((20, ["000001-a.sst"]), (26, ["000001-a.sst", "000002-b.sst"])):
+        _snapshot(part / f"{version}.zip", ssts)
+        for sst in ssts:
+            _write(part / "SSTs" / sst, sst)
+    assert copy_checkpoint(live, copy)["batch"] == 24
+    state = _names(copy / "state" / "0" / "0")
+    assert "20.zip" in state and not {"26.zip", "26.changelog"} & state
+    assert _names(copy / "state" / "0" / "0" / "SSTs") == {"000001-a.sst"}
+    assert "25" not in _names(copy / "offsets")
+
+
+def test_snapshots_named_otherwise_keep_every_sst(tmp_path: Path) -> None:
+    # Spark's checkpoint format 2 names a snapshot by version and id (``5_<uuid>.zip``):
+    # which SSTs it loads is not told here, so none is left out.
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    _checkpoint(live, 8, snapshots=())
+    _write(live / "state" / "0" / "0" / "5_0a1b.zip")
+    copy_checkpoint(live, copy)
+    assert (copy / "state" / "0" / "0" / "SSTs" / "000001-a.sst").exists()
+
+
+def test_relocating_writes_a_new_file_leaving_linked_copies_as_they_were(tmp_path: Path) -> None:
+    live, snapshot = tmp_path / "live", tmp_path / "snapshot"
+    meta = live / "state" / "0" / "_metadata" / "v2" / "0"
+    _write(meta, '{"schema": "file:/old/place/state/0/_stateSchema/default/0"}')
+    os.link(meta, snapshot)  # a node-level snapshot links it
+    assert relocate(live, tmp_path / "new") == 1
+    assert str(tmp_path / "new") in meta.read_text()
+    assert snapshot.read_text() == '{"schema": "file:/old/place/state/0/_stateSchema/default/0"}'
 
 
 def test_a_copy_before_any_snapshot_needs_no_sst(tmp_path: Path) -> None:

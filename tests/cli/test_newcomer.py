@@ -163,7 +163,7 @@ OPERATION = "/pipelines/p/elements/aggregate/operation"
 MIGRATED = MigrationReport(pipeline="p", element="aggregate", origin="fog-a", target="fog-b",
                            mode="precopy", state_bytes=10,
                            phases_ms={"prepare": 9.0, "pause": 1.0},
-                           prepare_ms={"copy": 4.0, "warm": 3.0, "follow": 2.0},
+                           prepare_ms={"copy": 4.0, "warm": 3.0, "converge": 2.0},
                            downtime_ms=2.0, rolled_back=False).model_dump(mode="json")  # fmt: skip
 
 
@@ -219,7 +219,7 @@ def test_migrate_shows_each_phase_while_it_runs(monkeypatch: pytest.MonkeyPatch)
         result = runner.invoke(cli.app, ["migrate", "p", "aggregate", "--to", "fog-b"])
     assert result.exit_code == 0, result.output
     assert "migrated p/aggregate: fog-a -> fog-b" in flat(result.stdout)
-    assert "prepare 9 ms (copy 4, warm 3, follow 2), pause 1 ms" in flat(result.stdout)
+    assert "prepare 9 ms (copy 4, warm 3, converge 2), pause 1 ms" in flat(result.stdout)
     seen = [phase for phase in phases.phases if any(f"[bold]{phase}[/]" in s for s in shown)]
     assert seen == phases.phases, shown
     assert all("migration of p/aggregate" in s for s in shown)

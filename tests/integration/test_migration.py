@@ -79,7 +79,7 @@ def test_many_migrations_during_a_stream_keep_output_exact(
         assert expected_phases <= set(report["phases_ms"]), report["phases_ms"]
         if mode != "literal":  # a warm target: where its prepare went, step by step
             steps = report["prepare_ms"]
-            assert set(steps) == {"copy", "warm", "follow"}, steps
+            assert set(steps) == {"copy", "warm", "converge"}, steps
             assert sum(steps.values()) <= report["phases_ms"]["prepare"] + 1, report
         # Only the handover takes a new epoch (precopy and literal never run two writers).
         handed_over |= mode == "handover"

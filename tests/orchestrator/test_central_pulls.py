@@ -64,6 +64,9 @@ def test_a_large_state_change_is_pulled_at_once_a_small_one_at_the_interval(
     assert not _beat(orchestrator, "fog-a", "b000000000003", 50 * MIB)  # pulled already
     assert not _beat(orchestrator, "fog-a", "b000000000008", 4096)  # small: at the interval
     assert _beat(orchestrator, "fog-a", "b000000000011", 2 * MIB)  # RocksDB's snapshot SSTs
+    # Once per checkpoint: while that pull runs (or if it failed) the next heartbeats,
+    # reporting the same checkpoint, leave the retry to the interval.
+    assert not _beat(orchestrator, "fog-a", "b000000000011", 2 * MIB)
     # Not the primary: a standby's (or a superseded instance's) checkpoint is not pulled.
     assert not _beat(orchestrator, "fog-b", "b000000000011", 50 * MIB)
 
@@ -74,6 +77,9 @@ def test_a_checkpoint_of_the_pe_s_new_node_is_pulled_though_its_batch_is_older(
     _central_holds(orchestrator, "b000000000020", "fog-a")
     orchestrator.registry.set_placement("p", "aggregate", "fog-b")  # migrated to fog-b
     assert _beat(orchestrator, "fog-b", "b000000000019", 50 * MIB)
+    # Pulled, the store's newest is still fog-a's b..20 (ids sort by batch): no pull again.
+    _central_holds(orchestrator, "b000000000019", "fog-b")
+    assert not _beat(orchestrator, "fog-b", "b000000000019", 50 * MIB)
 
 
 def test_pulling_only_at_intervals_when_told(tmp_path: Path) -> None:
