@@ -270,10 +270,32 @@ def ok(row: dict[str, str]) -> bool:
     return row["status"] == "restored" and truthy(row["consistent"])
 
 
+#: E2's two series: label, events column, ms column, the thesis's ms per event.
+_SERIES = (
+    ("reprocessed", "reprocessed_events", "reprocess_ms", thesis.E2_REPROCESS_MS_PER_EVENT),
+    ("intermediate", "intermediate_events", "intermediate_ms",
+     thesis.E2_INTERMEDIATE_MS_PER_EVENT),
+)  # fmt: skip
+
+
+def _by_method(rows: list[dict[str, str]]) -> dict[str, list[dict[str, str]]]:
+    """Runs per restore method, in :data:`METHODS` order (runs from before methods existed
+    restored from checkpoints). Each is fitted apart: a standby re-derives a batch where a
+    checkpoint restore starts a query, and one line over both measures neither."""
+    grouped = {m: [r for r in rows if (r.get("method") or "checkpoint") == m] for m in METHODS}
+    return {m: mine for m, mine in grouped.items() if mine}
+
+
 def _fit(rows: list[dict[str, str]], events: str, ms: str) -> dict[str, Any]:
-    """Least squares ``ms = slope * events + intercept`` over runs with events > 0, and the
-    mean time per event (sum of ms / sum of events)."""
-    pairs = [(float(r[events]), float(r[ms])) for r in rows if r[events] and float(r[events]) > 0]
+    """Least squares ``ms = slope * events + intercept`` over runs with events > 0 and a
+    time measured for them, and the mean time per event (sum of ms / sum of events). (A
+    standby's promotion re-derives its few events in its next batch, live: no time of its
+    own is measured for them.)"""
+    pairs = [
+        (float(r[events]), float(r[ms]))
+        for r in rows
+        if r[events] and float(r[events]) > 0 and r[ms] and float(r[ms]) > 0
+    ]
     xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
     line = least_squares(xs, ys)
     return {
@@ -318,18 +340,19 @@ def section(folder: Path) -> str | None:
         "per event ms | thesis |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for label, events, ms, anchor in (
-        ("reprocessed", "reprocessed_events", "reprocess_ms", thesis.E2_REPROCESS_MS_PER_EVENT),
-        ("intermediate", "intermediate_events", "intermediate_ms",
-         thesis.E2_INTERMEDIATE_MS_PER_EVENT),
-    ):  # fmt: skip
-        fit = _fit(good, events, ms)
-        span = f"{fit['range'][0]:.0f}-{fit['range'][1]:.0f}" if fit["range"] else "-"
-        out.append(
-            f"| {label} | {fit['n']} | {span} | {fmt(fit['slope'], 3)} | "
-            f"{fmt(fit['intercept'], 0)} | {fmt(fit['r2'], 2)} | {fmt(fit['per_event'], 3)} | "
-            f"{anchor.cite()} |"
-        )
+    by_method = _by_method(good)
+    for label, events, ms, anchor in _SERIES:
+        for method, mine in by_method.items():
+            fit = _fit(mine, events, ms)
+            if not fit["n"] and len(by_method) > 1:
+                continue  # nothing of this method's to fit (see _fit)
+            span = f"{fit['range'][0]:.0f}-{fit['range'][1]:.0f}" if fit["range"] else "-"
+            named = label if len(by_method) == 1 else f"{label}, {method}"
+            out.append(
+                f"| {named} | {fit['n']} | {span} | {fmt(fit['slope'], 3)} | "
+                f"{fmt(fit['intercept'], 0)} | {fmt(fit['r2'], 2)} | "
+                f"{fmt(fit['per_event'], 3)} | {anchor.cite()} |"
+            )
     out += _methods_table(rows)
     if len(good) < 10:
         out += [
@@ -406,19 +429,19 @@ def plot(folder: Path) -> list[Path]:
         return []
     good = [r for r in rows if ok(r)]
     fig, axes = figure(ncols=3, width=4.8, height=4)
-    for ax, (label, events, ms, anchor) in zip(axes[0][:2], (
-        ("reprocessed", "reprocessed_events", "reprocess_ms", thesis.E2_REPROCESS_MS_PER_EVENT),
-        ("intermediate", "intermediate_events", "intermediate_ms",
-         thesis.E2_INTERMEDIATE_MS_PER_EVENT),
-    ), strict=True):  # fmt: skip
-        xs = [float(r[events]) for r in good if r[events]]
-        ys = [float(r[ms]) for r in good if r[events]]
-        ax.scatter(xs, ys, s=14, label="runs")
-        fit = _fit(good, events, ms)
-        top = max(xs, default=1.0)
-        if fit["slope"] is not None:
-            ax.plot([0, top], [fit["intercept"], fit["intercept"] + fit["slope"] * top],
-                    label=f"least squares: {fit['slope']:.2f} ms/event")  # fmt: skip
+    by_method = _by_method(good)
+    for ax, (label, events, ms, anchor) in zip(axes[0][:2], _SERIES, strict=True):
+        top = max((float(r[events]) for r in good if r[events]), default=1.0)
+        for method, mine in by_method.items():
+            named = "runs" if len(by_method) == 1 else method
+            xs = [float(r[events]) for r in mine if r[events]]
+            ys = [float(r[ms]) for r in mine if r[events]]
+            dots = ax.scatter(xs, ys, s=14, label=named)
+            fit = _fit(mine, events, ms)
+            if fit["slope"] is not None:
+                ax.plot([0, top], [fit["intercept"], fit["intercept"] + fit["slope"] * top],
+                        color=dots.get_facecolor()[0],
+                        label=f"{named}: least squares, {fit['slope']:.2f} ms/event")  # fmt: skip
         ax.plot([0, top], [0, anchor.value * top], "--", color=COLOURS["thesis"],
                 label=f"thesis: {anchor.value} ms/event")  # fmt: skip
         ax.set_xlabel(f"{label} events")

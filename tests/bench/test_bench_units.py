@@ -166,6 +166,26 @@ def test_e2_sets_standby_promotion_beside_checkpoint_restore(tmp_path: Path) -> 
     assert "| standby | 2 / 3 | 200 ± 141 | 400 ± 141 | 4 ± 0 | 0 ± 0 |" in text
 
 
+def test_e2_fits_each_restore_method_apart(tmp_path: Path) -> None:
+    # A checkpoint restore starts a query (a fixed cost) and re-derives since its checkpoint;
+    # a standby re-derives its few events live in its next batch (no time of their own).
+    log = RunLog(tmp_path / "e2" / "runs.csv", e2.RUN_FIELDS)
+    for i, events in enumerate((10, 20, 40)):
+        log.append({"run": f"c{i}", "method": "checkpoint", "status": "restored",
+                    "consistent": True, "reprocessed_events": events,
+                    "reprocess_ms": 700.0 + events, "intermediate_events": events,
+                    "intermediate_ms": 2.0 * events})  # fmt: skip
+        log.append({"run": f"s{i}", "method": "standby", "status": "restored",
+                    "consistent": True, "reprocessed_events": 2, "reprocess_ms": 0.0,
+                    "intermediate_events": events, "intermediate_ms": 3.0 * events})  # fmt: skip
+    (tmp_path / "e2" / "notes.json").write_text(json.dumps({"settings": {}, "skipped": []}))
+    text = report.render(tmp_path).read_text()
+    assert "| reprocessed, checkpoint | 3 | 10-40 | 1.000 | 700 | 1.00 |" in text
+    assert "reprocessed, standby" not in text  # nothing of its own to fit
+    assert "| intermediate, checkpoint | 3 | 10-40 | 2.000 | 0 | 1.00 |" in text
+    assert "| intermediate, standby | 3 | 10-40 | 3.000 | 0 | 1.00 |" in text
+
+
 def test_results_render_without_matplotlib_as_tables(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
