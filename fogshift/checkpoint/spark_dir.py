@@ -18,6 +18,7 @@ import re
 import shutil
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -272,7 +273,8 @@ def _sst_names(snapshot: Path) -> frozenset[str] | None:
             text = archive.read("metadata").decode()
         listed = json.loads(text.partition("\n")[2])["sstFiles"]
         return frozenset(str(f["dfsSstFileName"]) for f in listed)
-    except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as exc:
+    except (OSError, EOFError, KeyError, TypeError, ValueError, zipfile.BadZipFile,
+            zlib.error) as exc:  # fmt: skip
         log.debug("cannot read the SSTs of snapshot %s (%s): all are kept", snapshot, exc)
         return None
 
