@@ -136,9 +136,25 @@ class OrchestratorCore:
                 self._agents[name] = (client, node.pid)
             return client
 
-    def _every(self, interval_s: float, step: Callable[[], object], what: str) -> None:
-        """Run ``step`` every ``interval_s`` until :meth:`close`; a failure is logged, not fatal."""
-        while not self._stop.wait(interval_s):
+    def _every(
+        self,
+        interval_s: float,
+        step: Callable[[], object],
+        what: str,
+        wake: threading.Event | None = None,
+    ) -> None:
+        """Run ``step`` every ``interval_s`` until :meth:`close`; a failure is logged, not fatal.
+
+        Args:
+            wake: Set to run ``step`` at once rather than at the end of the interval (cleared
+                as the step starts; :meth:`close` sets it too).
+        """
+        while True:
+            (wake or self._stop).wait(interval_s)
+            if wake is not None:
+                wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 step()
             except Exception:  # the loop must outlive any one failure

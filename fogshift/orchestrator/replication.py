@@ -135,16 +135,13 @@ class Replication(Replanning):
     def run_central(self) -> None:
         """Pull and push every ``central_interval_s``, or at once when a heartbeat asks
         (:meth:`heartbeat`), until :meth:`close`."""
-        while True:
-            self._pull_now.wait(self.config.central_interval_s)
-            self._pull_now.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.pull_checkpoints()
-                self.push_replicas()
-            except Exception:  # the loop must outlive any one failure
-                log.exception("central checkpointing failed")
+
+        def step() -> None:
+            self.pull_checkpoints()
+            self.push_replicas()
+
+        self._every(self.config.central_interval_s, step, "central checkpointing",
+                    wake=self._pull_now)  # fmt: skip
 
     def checkpoint_status(self, pipeline: str, pe: str) -> CentralCheckpoint | None:
         """The newest central checkpoint of a PE, with its age."""

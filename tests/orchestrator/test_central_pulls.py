@@ -6,6 +6,7 @@ pull itself is not run: what is checked is whether the central loop is woken).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,3 +93,18 @@ def test_pulling_only_at_intervals_when_told(tmp_path: Path) -> None:
         assert not _beat(orch, "fog-a", "b000000000003", 500 * MIB)
     finally:
         orch.close()
+
+
+def test_the_central_loop_runs_at_once_when_woken_and_ends_on_close(
+    orchestrator: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pulled = threading.Event()
+    monkeypatch.setattr(orchestrator, "pull_checkpoints", pulled.set)
+    monkeypatch.setattr(orchestrator, "push_replicas", lambda: None)
+    loop = threading.Thread(target=orchestrator.run_central, daemon=True)
+    loop.start()
+    orchestrator._pull_now.set()  # as a heartbeat reporting a large state change does
+    assert pulled.wait(10)  # long before the 15 s interval
+    orchestrator.close()
+    loop.join(10)
+    assert not loop.is_alive()
