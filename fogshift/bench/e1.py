@@ -380,7 +380,8 @@ def section(folder: Path) -> str | None:
         "output gap is at most one RTT + one steady interval + 50 ms (issue #13); "
         "*added p99* is the p99 per-hop latency "
         "(output stored minus its input event stored) of the outputs during the migration "
-        "(and 1 s after) minus the p99 of the others. "
+        "(and 1 s after, and the first output after it in any case) minus the p99 of the "
+        "others. "
         "CPU: the origin node's process group, % of one core.",
         "",
         "| link | RTT ms | state | mode | ok / runs | pause ms | state ms | invoke ms | "

@@ -17,7 +17,10 @@ broker's clock alone:
   target's next to the broker 0.4 s; the origin's own interval around a handover is no
   disruption, and a switch is measured against the rhythm its consumers saw until then;
 * the **added latency**: the p99 per-hop latency (an output's store time minus its input
-  event's) of the outputs stored in the window, minus the p99 of those outside it;
+  event's) of the outputs stored in the window, and of the first output after the
+  reconfiguration in any case (it carries the events that waited through it: a quick
+  reconfiguration next to batches a second apart may have no output in its window), minus
+  the p99 of the others;
 * the **switch gap**: the interval between the last output of the old writer and the first
   of the new one (the first output under a newer epoch) — what the change of writer itself
   cost. It differs from the output gap when the origin's own interval between outputs is
@@ -136,11 +139,14 @@ def disruption(
     overall = percentile(steady_gaps, 99)
     steady = {w: percentile(g, 99) for w, g in own_gaps.items()}
     steady_gap, max_gap = _worst(window_gaps, steady, overall)
+    # The latency window reaches the first output after the reconfiguration at least.
+    first_after = next((o.stored for o in emitted if o.stored > end), stop)
+    latency_stop = max(stop, first_after)
     inside, outside = [], []
     for o in emitted:
         if o.latency_ms is None:
             continue
-        if start <= o.stored <= stop:
+        if start <= o.stored <= latency_stop:
             inside.append(o.latency_ms)
         elif o.stored >= warm:
             outside.append(o.latency_ms)

@@ -40,6 +40,20 @@ def test_a_stop_of_the_output_is_its_gap_beyond_the_steady_interval() -> None:
     assert found.as_row()["output_gap_ms"] == 1200.0
 
 
+def test_the_first_output_after_a_quick_reconfiguration_counts_as_in_its_window() -> None:
+    # Batches 1 s apart; the reconfiguration took 0.8 s from 10.0 s, its window ends at
+    # 11.8 s, and the output that carried the events that waited came at 12.4 s.
+    emitted = [
+        *[Output(float(t), 100.0) for t in range(1, 10)],
+        Output(12.4, 2500.0),
+        *[Output(float(t) + 0.4, 100.0) for t in range(13, 20)],
+    ]
+    found = gaps.disruption(emitted, start=10.0, end=10.8, settle_s=1.0)
+    assert found.window_p99_ms == pytest.approx(2500.0)
+    assert found.steady_p99_ms == pytest.approx(100.0)
+    assert found.added_p99_ms == pytest.approx(2400.0)
+
+
 def test_a_reconfiguration_nobody_noticed_costs_nothing() -> None:
     emitted = [Output(0.0, 100.0), *_steady(0.3, 30.0, 100.0)]
     found = gaps.disruption(emitted, start=10.0, end=12.0)
