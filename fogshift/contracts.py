@@ -539,7 +539,11 @@ class KeyMoveReport(BaseModel):
         stoppage_ms: Per key, from the move being stored to its state being stored: how
             long its events wait at the target (plus the target's next batch).
         done_ms: From the request to the target having committed every state.
-        state_bytes: The states' size as sent.
+        state_bytes: The states' size as sent at the move.
+        precopied: The keys whose states were copied to the target before the move (in
+            that order): at the move they sent only what changed since.
+        precopy_ms: How long that copying took (``None``: no precopy asked).
+        precopy_bytes: The copies' size as sent.
     """
 
     model_config = _WIRE
@@ -559,6 +563,9 @@ class KeyMoveReport(BaseModel):
     stoppage_ms: dict[str, float] = {}
     done_ms: float | None = None
     state_bytes: int = 0
+    precopied: list[str] = []
+    precopy_ms: float | None = None
+    precopy_bytes: int = 0
     error: str | None = None
 
 

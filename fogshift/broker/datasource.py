@@ -65,9 +65,12 @@ from fogshift.broker.client import (
 from fogshift.broker.exceptions import BrokerError, BrokerUnavailable, Fenced, WriterConflict
 from fogshift.broker.keys import (
     CONTROL_FIELD,
+    KEY_COPY_IN,
+    KEY_COPY_OUT,
     KEY_MOVE_IN,
     KEY_MOVE_OUT,
     KEY_STATE,
+    KeyCopy,
     KeyMove,
     KeyState,
     Ownership,
@@ -864,9 +867,19 @@ class JetStreamReader(DataSourceStreamReader):
                               "order": item.order, "input": rng.input, "element": of,
                               "key_by": self.key_by}  # fmt: skip
                     if before.get(key) == index and to != index:
+                        if item.copy is not None:  # precopied: send what changed since
+                            detail["base"] = item.copy
                         control(msg.seq, KEY_MOVE_OUT, key, detail)
                     elif to == index and before.get(key) != index:
                         control(msg.seq, KEY_MOVE_IN, key, detail)
+            elif isinstance(item, KeyCopy):
+                for rank, key in enumerate(item.keys):
+                    # Only the key's owner here sends a copy, and never to itself.
+                    if owners.owner(key) == index and item.to != index:
+                        control(msg.seq, KEY_COPY_OUT, key,
+                                {"move": item.move, "to": item.to, "rank": rank,
+                                 "order": "fifo", "input": rng.input, "element": of,
+                                 "key_by": self.key_by, "copy": True})  # fmt: skip
             elif isinstance(item, KeyState) and item.to == index:
                 state = item.state
                 if item.parts:  # a large state: its parts are stored before it
@@ -877,7 +890,13 @@ class JetStreamReader(DataSourceStreamReader):
                     )  # fmt: skip
                     by_seq = {m.seq: m.data for m in found}
                     state = joined_state([by_seq[p] for p in item.parts])
-                control(msg.seq, KEY_STATE, item.key, {"move": item.move, "state": state})
+                if item.copy:
+                    control(msg.seq, KEY_COPY_IN, item.key, {"move": item.move, "state": state})
+                    continue
+                arrived: dict[str, Any] = {"move": item.move, "state": state}
+                if item.base is not None:
+                    arrived.update(base=item.base, keep=list(item.keep))
+                control(msg.seq, KEY_STATE, item.key, arrived)
         return rows
 
     def commit(self, end: dict) -> None:
@@ -899,7 +918,10 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
         state = json.loads(record.body)
         state["at"] = record.origin  # the move's sequence in the input
         moves.setdefault((state["input"], state["move"]), []).append(state)
-    for (source, move), states in moves.items():
+    # Copies first, each in input order: a key's copy is stored before its move's state,
+    # which may complete it (a batch that reads both, e.g. catching up, makes both).
+    ordered = sorted(moves.items(), key=lambda m: (not m[1][0].get("copy"), m[1][0]["at"]))
+    for (source, move), states in ordered:
         states.sort(key=lambda s: s["rank"])
         if states[0]["order"] == "backlog":
             # PAM: the key whose next event is nearest goes first.
@@ -930,7 +952,15 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
                     )  # fmt: skip
                     parts.append(int(ack.seq))
             payload = state_payload(
-                move, element, key, state["to"], None if parts else state["state"], parts
+                move,
+                element,
+                key,
+                state["to"],
+                None if parts else state["state"],
+                parts,
+                copy=bool(state.get("copy")),
+                base=state.get("base"),
+                keep=state.get("keep"),
             )
             await js.publish(subject, payload, stream=stream, headers={"Nats-Msg-Id": msg_id})
 

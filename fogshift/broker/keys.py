@@ -18,6 +18,15 @@ moves before are forgotten), and its ``keys`` are those holding state whose owne
 to the record, which it appends only if nothing came in meanwhile). Their states travel as
 for any move; a key without state starts empty at its new owner, as it would have anywhere.
 
+A move may be *precopied* (a per-key make-before-break): the orchestrator first appends a
+*key copy* (``{"type": "key-copy"}``) for some of the keys; their owner, on reaching it,
+appends a copy of each key's state (a ``key-state`` with ``"copy": true``) and keeps the
+keys; the target keeps the copy aside. The move then names the copy, and the origin sends at
+the move only the parts of each state that changed since the copy, with the names of those
+that did not (``base``, ``keep``): the target builds the state from both. Large states thus
+cross before the switch, in batches of their own, and the keys wait at the switch only for
+what changed.
+
 Ownership is a function of the stream: :class:`Ownership` replays the moves before a
 position, which is what a restarted or restored partition does.
 """
@@ -34,6 +43,8 @@ from fogshift.spec.models import partition_of_key
 KEY_MOVE_OUT = "fogshift:key-out"
 KEY_MOVE_IN = "fogshift:key-in"
 KEY_STATE = "fogshift:key-state"
+KEY_COPY_OUT = "fogshift:key-copy-out"
+KEY_COPY_IN = "fogshift:key-copy-in"
 #: The rows' body field carrying the move (beside the ``key_by`` field, which groups them).
 CONTROL_FIELD = "fogshift_key_move"
 
@@ -58,6 +69,9 @@ class KeyMove:
     #: ``(g, n)``: a key group move: every key whose CRC-32 modulo ``n`` is ``g`` goes to
     #: ``to`` from ``seq`` on, seen yet or not (``keys``: those of them holding state).
     group: tuple[int, int] | None = None
+    #: The :class:`KeyCopy` (its ``move``) that sent the keys' states ahead: the origin
+    #: then sends only what changed since.
+    copy: str | None = None
 
     def target(self, key: str) -> int:
         """The partition ``key`` goes to."""
@@ -73,7 +87,28 @@ class KeyMove:
             body["count"] = self.count
         if self.group is not None:
             body["group"] = list(self.group)
+        if self.copy is not None:
+            body["copy"] = self.copy
         return json.dumps(body).encode()
+
+
+@dataclass(frozen=True)
+class KeyCopy:
+    """A stored request for copies: the owner of each of ``keys`` at ``seq`` sends a copy of
+    its state to partition ``to`` and keeps the key (the first half of a precopied move)."""
+
+    seq: int
+    move: str
+    element: str
+    keys: tuple[str, ...]
+    to: int
+
+    def payload(self) -> bytes:
+        """The message body (``seq`` is where the broker stores it)."""
+        return json.dumps(
+            {"type": "key-copy", "move": self.move, "element": self.element,
+             "keys": list(self.keys), "to": self.to}
+        ).encode()  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -88,9 +123,31 @@ class KeyState:
     to: int
     state: dict[str, str]
     parts: tuple[int, ...] = ()
+    #: A copy (``move`` is a :class:`KeyCopy`'s): the key stays where it is.
+    copy: bool = False
+    #: The copy this state completes (``None``: the whole state): the key's state is
+    #: ``state`` and the parts ``keep`` of that copy.
+    base: str | None = None
+    keep: tuple[str, ...] = ()
+
+    def complete(self, copied: dict[str, str] | None) -> dict[str, str]:
+        """The key's whole state, from this one and the copy it completes (``copied``: the
+        copy the target kept, of move :attr:`base`).
+
+        Raises:
+            ValueError: It completes a copy and ``copied`` is not that copy's state.
+        """
+        if self.base is None:
+            return dict(self.state)
+        if copied is None or any(name not in copied for name in self.keep):
+            raise ValueError(
+                f"the state of key {self.key!r} for move {self.move} completes copy "
+                f"{self.base}, which is not here"
+            )
+        return {**{name: copied[name] for name in self.keep}, **self.state}
 
 
-def parse(seq: int, data: bytes) -> KeyMove | KeyState | None:
+def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
     """The move or state a ``.keys`` message holds; ``None`` for anything else (a foreign
     message there is stepped over, as on every subject)."""
     try:
@@ -107,13 +164,19 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyState | None:
                 if not 0 <= g < n:
                     return None
                 group = (g, n)
+            copy = str(value["copy"]) if value.get("copy") is not None else None
             return KeyMove(seq, str(value["move"]), str(value["element"]), keys,
-                           int(value["to"]), order, count, group)  # fmt: skip
+                           int(value["to"]), order, count, group, copy)  # fmt: skip
+        if value.get("type") == "key-copy":
+            return KeyCopy(seq, str(value["move"]), str(value["element"]),
+                           tuple(str(k) for k in value["keys"]), int(value["to"]))  # fmt: skip
         if value.get("type") == "key-state":
             state = {str(k): str(v) for k, v in dict(value["state"] or {}).items()}
             parts = tuple(int(p) for p in value.get("parts") or ())
+            base = str(value["base"]) if value.get("base") is not None else None
             return KeyState(seq, str(value["move"]), str(value["element"]), str(value["key"]),
-                            int(value["to"]), state, parts)  # fmt: skip
+                            int(value["to"]), state, parts, bool(value.get("copy", False)),
+                            base, tuple(str(n) for n in value.get("keep") or ()))  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return None
@@ -125,14 +188,20 @@ STATE_PART_BYTES = 512 * 1024
 
 def state_payload(
     move: str, element: str, key: str, to: int, state: dict[str, str] | None,
-    parts: list[int] | None = None,
+    parts: list[int] | None = None, copy: bool = False, base: str | None = None,
+    keep: list[str] | None = None,
 ) -> bytes:  # fmt: skip
     """The ``.keys`` message with ``key``'s state for its move; a large state comes in
-    ``parts`` (the sequences of its :func:`part_payload` messages, in order) instead."""
+    ``parts`` (the sequences of its :func:`part_payload` messages, in order) instead.
+    ``copy``, ``base`` and ``keep``: see :class:`KeyState`."""
     body: dict[str, Any] = {"type": "key-state", "move": move, "element": element, "key": key,
                             "to": to, "state": state}  # fmt: skip
     if parts is not None:
         body["parts"] = parts
+    if copy:
+        body["copy"] = True
+    if base is not None:
+        body.update(base=base, keep=list(keep or ()))
     return json.dumps(body).encode()
 
 
@@ -205,8 +274,9 @@ class Ownership:
         return before
 
     def settle(self, state: KeyState) -> None:
-        """Note that ``state`` (a key's state for its move) is stored."""
-        if self.pending.get(state.key) == state.move:
+        """Note that ``state`` (a key's state for its move) is stored (a copy settles
+        nothing)."""
+        if not state.copy and self.pending.get(state.key) == state.move:
             del self.pending[state.key]
 
 

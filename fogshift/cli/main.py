@@ -636,6 +636,14 @@ def migrate(
             "or fifo (as listed)."
         ),
     ] = "backlog",
+    precopy: Annotated[
+        bool,
+        typer.Option(
+            help="With --keys: copy the keys' states to the target first, while they are "
+            "processed where they are; the move then sends only what changed (--no-precopy: "
+            "the whole states at the move, as PAM does)."
+        ),
+    ] = True,
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
@@ -667,7 +675,7 @@ def migrate(
                 received=repr(order),
             )
         _migrate_keys(home, pipeline, element, keys.split(",") if keys else [], to, order,
-                      as_json, key_group)  # fmt: skip
+                      as_json, key_group, precopy)  # fmt: skip
         return
     if (element is None) == (elements is None):
         raise InvalidInput(
@@ -721,16 +729,23 @@ def _post(
 
 def _migrate_keys(
     home: Path, pipeline: str, element: str, keys: list[str], to: str, order: str, as_json: bool,
-    group: str | None = None,
+    group: str | None = None, precopy: bool = True,
 ) -> None:  # fmt: skip
     body: dict[str, Any] = {"keys": [k.strip() for k in keys], "target": to, "order": order}
     if group is not None:
         body["group"] = group.strip()
+    else:
+        body["precopy"] = precopy
     moving = f"key group {group}" if group is not None else f"{len(keys)} keys"
     report = _post(home, f"/pipelines/{pipeline}/elements/{element}/keys/migrate", body,
                    f"moving {moving} of {pipeline}/{element} to {to}", KeyMoveReport,
                    as_json)  # fmt: skip
     if not as_json:
+        if report.precopy_ms is not None:
+            console.print(
+                f"precopied {len(report.precopied)} of {len(report.keys)} keys "
+                f"({report.precopy_bytes} bytes) in {report.precopy_ms:.0f} ms"
+            )
         for key in report.sent:
             console.print(
                 f"{key}: {report.origins.get(key)} -> {report.target_partition}, stopped "

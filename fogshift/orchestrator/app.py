@@ -122,6 +122,8 @@ class KeyMoveRequest(BaseModel):
     order: KeyOrder = KeyOrder.BACKLOG
     #: ``G/N`` instead of keys: key group G of N (CRC-32 of the key modulo N), now and later.
     group: str | None = Field(default=None, pattern=r"^[0-9]{1,4}/[0-9]{1,4}$")
+    #: Listed keys: copy their states to the target first, then move what changed since.
+    precopy: bool = True
 
 
 class ScaleRequest(BaseModel):
@@ -260,7 +262,13 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
             g, n = request.group.split("/")
             group = (int(g), int(n))
         return orchestrator.migrate_keys(
-            name, element, request.keys, request.target, request.order, group=group
+            name,
+            element,
+            request.keys,
+            request.target,
+            request.order,
+            group=group,
+            precopy=request.precopy,
         )
 
     @app.post("/pipelines/{name}/elements/{element}/scale")

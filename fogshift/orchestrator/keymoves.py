@@ -21,6 +21,7 @@ from nats.js.errors import APIError
 
 from fogshift.broker.client import get_range, last_seq
 from fogshift.broker.keys import (
+    KeyCopy,
     KeyMove,
     KeyState,
     Ownership,
@@ -57,6 +58,13 @@ MAX_GROUPS = 4096
 APPEND_TRIES = 50
 #: A listed move's largest record (a broker message takes at most ~1 MiB).
 MAX_RECORD_BYTES = 900 * 1024
+#: A precopy asks for about this much state at a time (one key first, to learn the size):
+#: each request's copies ride one batch of the origin and of the target, whose other keys
+#: wait for that batch.
+PRECOPY_STEP_BYTES = 1024 * 1024
+#: How long one precopy request's copies may take to be stored before the move goes ahead
+#: without the rest (their keys' whole states then travel at the move, as without precopy).
+PRECOPY_WAIT_S = 15.0
 
 
 @dataclass
@@ -75,6 +83,23 @@ class Settled:
     error: str | None = None
 
 
+@dataclass
+class Precopy:
+    """How a move's copies went (see :meth:`KeyMoves._precopy`).
+
+    Attributes:
+        copy: The copy's id, for the move to name (``None``: nothing was copied).
+        keys: The keys whose copies are stored, in that order.
+        state_bytes: The copies' size as sent (parts included).
+        ms: From the first request to the last copy stored.
+    """
+
+    copy: str | None
+    keys: list[str]
+    state_bytes: int
+    ms: float
+
+
 class KeyMoves(Standbys):
     """``migrate --keys``: move keys of a partitioned element to the partition on a node."""
 
@@ -87,9 +112,14 @@ class KeyMoves(Standbys):
         order: KeyOrder = KeyOrder.BACKLOG,
         timeout_s: float = 60.0,
         group: tuple[int, int] | None = None,
+        precopy: bool = True,
     ) -> KeyMoveReport:
         """Move ``keys`` of the partitioned element ``element_id`` to its partition on
         ``target``, while every partition keeps running.
+
+        With ``precopy`` (listed keys), their states are first copied to the target while
+        their origins keep them (:meth:`_precopy`); the move then carries only what changed
+        since, so its keys wait for that and not for their whole states.
 
         With ``group`` ``(g, n)`` instead of keys, key group ``g`` of ``n`` moves: every key
         whose CRC-32 modulo ``n`` is ``g``, those holding state now (listed as for a
@@ -136,7 +166,7 @@ class KeyMoves(Standbys):
         with _LOCKS.setdefault((pipeline, element_id), threading.Lock()):
             return self._move_keys(
                 pipeline, element_id, parts, keys, to, target, source, order, started, timeout_s,
-                group,
+                group, precopy,
             )  # fmt: skip
 
     def _movable_parts(
@@ -170,7 +200,7 @@ class KeyMoves(Standbys):
     def _move_keys(
         self, pipeline: str, element_id: str, parts: list[ElementSpec], keys: list[str],
         to: ElementSpec, target: str, source: str, order: KeyOrder, started: float,
-        timeout_s: float, group: tuple[int, int] | None = None,
+        timeout_s: float, group: tuple[int, int] | None = None, precopy: bool = True,
     ) -> KeyMoveReport:  # fmt: skip
         what = f"keys of {pipeline}/{element_id}"
         assert to.partition is not None
@@ -192,8 +222,6 @@ class KeyMoves(Standbys):
             )
         moving = [k for k in keys if owners.owner(k) != to.partition.index]
         already = [k for k in keys if k not in moving]
-        move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(moving), to.partition.index,
-                       order.value)  # fmt: skip
         base: dict[str, Any] = {
             "pipeline": pipeline, "element": element_id, "target": target,
             "target_partition": to.id, "order": order, "keys": moving, "already": already,
@@ -202,6 +230,14 @@ class KeyMoves(Standbys):
         if not moving:
             return KeyMoveReport(**base, status=KeyMoveStatus.MOVED, move_seq=0,
                                  done_ms=_ms_since(started))  # fmt: skip
+        copied = Precopy(None, [], 0, 0.0)
+        if precopy:
+            copied = self._precopy(pipeline, element_id, source, moving, to.partition.index,
+                                   started + timeout_s)  # fmt: skip
+            base.update(precopied=copied.keys, precopy_ms=copied.ms,
+                        precopy_bytes=copied.state_bytes)  # fmt: skip
+        move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(moving), to.partition.index,
+                       order.value, copy=copied.copy)  # fmt: skip
         stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
 
         async def store(js: Any) -> int:
@@ -211,6 +247,46 @@ class KeyMoves(Standbys):
         at = self.broker.run(store, timeout=30)
         log.info("moving %s of %s/%s to %s at %s", moving, pipeline, element_id, to.id, at)
         return self._finish_move(base, move, at, pipeline, source, to, target, started, timeout_s)
+
+    def _precopy(
+        self, pipeline: str, element_id: str, source: str, keys: list[str], to: int,
+        deadline: float,
+    ) -> Precopy:  # fmt: skip
+        """Copy the states of ``keys`` to partition ``to`` while their owners keep them (a
+        per-key make-before-break), about :data:`PRECOPY_STEP_BYTES` at a time.
+
+        Each request (:class:`~fogshift.broker.keys.KeyCopy`) is appended once the copies
+        of the one before are stored: the first asks for one key, the next for as many as
+        fit the step at the size seen so far. So a large state crosses in batches of its
+        own, before any key waits for it. A request whose copies do not come within
+        :data:`PRECOPY_WAIT_S` (an origin down) ends the precopy: the keys not copied move
+        with their whole states.
+        """
+        started = time.monotonic()
+        copy = uuid.uuid4().hex[:12]
+        stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
+        done: list[str] = []
+        sent, step = 0, 1
+        while len(done) < len(keys):
+            chunk = keys[len(done) : len(done) + step]
+            request = KeyCopy(0, copy, element_id, tuple(chunk), to)
+
+            async def store(js: Any, body: bytes = request.payload()) -> int:
+                ack = await js.publish(subject, body, stream=stream)
+                return int(ack.seq)
+
+            at = self.broker.run(store, timeout=30)
+            wait = min(deadline, time.monotonic() + PRECOPY_WAIT_S)
+            states, _ = self._await_states(pipeline, source, copy, at, chunk, wait)
+            done.extend(k for k in chunk if k in states)
+            sent += sum(size for _, size in states.values())
+            if len(states) < len(chunk):
+                log.warning("precopy of %s/%s: no copy of %d keys in time; they move whole",
+                            pipeline, element_id, len(chunk) - len(states))  # fmt: skip
+                break
+            step = max(1, PRECOPY_STEP_BYTES * len(done) // max(sent, 1))
+        log.info("precopied %d keys of %s/%s (%d bytes)", len(done), pipeline, element_id, sent)
+        return Precopy(copy if done else None, done, sent, _ms_since(started))
 
     def _move_group(
         self, pipeline: str, element_id: str, parts: list[ElementSpec], to: ElementSpec,

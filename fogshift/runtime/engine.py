@@ -33,8 +33,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fogshift.broker.datasource import EVENT_SCHEMA, RECORD_SCHEMA
-from fogshift.broker.keys import CONTROL_FIELD, KEY_MOVE_IN, KEY_MOVE_OUT, KEY_STATE
+from fogshift.broker.keys import (
+    CONTROL_FIELD,
+    KEY_COPY_IN,
+    KEY_COPY_OUT,
+    KEY_MOVE_IN,
+    KEY_MOVE_OUT,
+    KEY_STATE,
+    KeyState,
+)
 from fogshift.events import DEFAULT_MAX_RECORD_BYTES
+from fogshift.exceptions import InvariantViolation
 from fogshift.runtime.api import Processor, encode_state
 from fogshift.runtime.batch import RECORD_COLUMNS, run_batch, run_events, unkeyed_dead_letters
 from fogshift.runtime.exceptions import ElementError
@@ -63,6 +72,8 @@ NO_KEY = "none"
 #: The one state part of a processor with its own ``snapshot()`` (declared fields are
 #: stored one part per field; see :func:`_stateful_processor`).
 OPAQUE_PART = "__snapshot__"
+#: ``creator`` of the rows of a movable partition that are not events (see ``_moving``).
+CONTROL_CREATORS = (KEY_MOVE_OUT, KEY_MOVE_IN, KEY_STATE, KEY_COPY_OUT, KEY_COPY_IN)
 #: State values whose encoding can be reused while they are the same object.
 IMMUTABLE_STATE = (str, int, float, bool, type(None))
 
@@ -300,7 +311,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
     rows may also be its move out (its stored state becomes a ``key-state`` record and is
     cleared), its move in (its events are held, in a ``held`` ValueState, from there on)
     and its state arriving (installed, then the held events processed, their outputs at the
-    state's place in the input).
+    state's place in the input). A precopied move adds two: a copy out (the stored state
+    sent as a copy, its parts' digests kept in ``copied``; the key stays) and a copy in (the
+    copy kept in ``shadow``, out of the key's state, until the move's state completes it).
     """
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -313,6 +326,8 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             names = self.parts if self.parts is not None else [opaque_part]
             self.values = {n: handle.getValueState(f"f_{n}", "json string") for n in names}
             self.held = handle.getValueState("held", "json string") if movable else None
+            self.copied = handle.getValueState("copied", "json string") if movable else None
+            self.shadow = handle.getValueState("shadow", "json string") if movable else None
             unkeyed = key_by is None
             self.marks = handle.getValueState("marks", "json string") if unkeyed else None
 
@@ -505,7 +520,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
 
             for row in rows:
                 creator = row[3]
-                if creator not in (KEY_MOVE_OUT, KEY_MOVE_IN, KEY_STATE):
+                if creator not in CONTROL_CREATORS:
                     if held is not None:  # its state has not come yet: never processed
                         held["events"].append([int(row[0]), int(row[1]), float(row[2]),
                                                str(creator), str(row[4])])  # fmt: skip
@@ -514,11 +529,34 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     continue
                 flush()
                 detail = json.loads(row[4])[CONTROL_FIELD]
-                if creator == KEY_MOVE_OUT:
+                if creator == KEY_COPY_OUT:
+                    # A copy ahead of a move: sent, and its parts' digests kept, so that
+                    # the move sends only what changed since. The key stays here.
+                    record = {"key": key, **detail, "state": stored}
+                    out.append((int(row[0]), 0, 0, 0.0, KEY_STATE, json.dumps(record), None))
+                    marks = {n: state_digest(t) for n, t in stored.items()}
+                    self._copied().update((json.dumps({"copy": detail["move"], "marks": marks}),))
+                elif creator == KEY_COPY_IN:
+                    # Kept aside: the key is not this partition's until its move.
+                    state = {n: t for n, t in detail["state"].items() if n in self.values}
+                    kept = {"copy": detail["move"], "state": state}
+                    self._shadow().update((json.dumps(kept),))
+                elif creator == KEY_MOVE_OUT:
                     # The state as of the move, for the target; the writer sends it. (A key
                     # still waiting here for an earlier move's state cannot move on: the
                     # orchestrator refuses such a move, see orchestrator.keymoves.)
+                    base = detail.pop("base", None)
                     record = {"key": key, **detail, "state": stored}
+                    sent = self._copied().get()
+                    copy = json.loads(sent[0]) if sent is not None else None
+                    if base is not None and copy is not None and copy["copy"] == base:
+                        # Precopied: the parts as the copy had them are named, not sent.
+                        keep = sorted(n for n, t in stored.items()
+                                      if copy["marks"].get(n) == state_digest(t))  # fmt: skip
+                        changed = {n: t for n, t in stored.items() if n not in keep}
+                        record.update(state=changed, base=base, keep=keep)
+                    if sent is not None:
+                        self._copied().clear()
                     out.append((int(row[0]), 0, 0, 0.0, KEY_STATE, json.dumps(record), None))
                     for part in self.values.values():
                         part.clear()
@@ -526,7 +564,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 elif creator == KEY_MOVE_IN:
                     held = {"move": detail["move"], "events": []}
                 elif held is not None and detail["move"] == held["move"]:
-                    state = {n: t for n, t in detail["state"].items() if n in self.values}
+                    state = self._arrived(key, detail)
+                    for name in set(self.values) - set(state):
+                        self.values[name].clear()
                     for name, text in state.items():
                         self.values[name].update((text,))
                     stored = state
@@ -542,6 +582,40 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             elif saved is not None:
                 self.held.clear()
             return out
+
+        def _copied(self) -> Any:
+            assert self.copied is not None
+            return self.copied
+
+        def _shadow(self) -> Any:
+            assert self.shadow is not None
+            return self.shadow
+
+        def _arrived(self, key: str, detail: dict[str, Any]) -> dict[str, str]:
+            """The whole state of ``key`` its move's state row (``detail``) gives: as sent,
+            or (a precopied move) completed from the copy kept in ``shadow``, dropped then.
+
+            Raises:
+                InvariantViolation: The state completes a copy that is not here (the copy
+                    is stored in the input before the move, so this partition read it).
+            """
+            saved = self._shadow().get()
+            kept = json.loads(saved[0]) if saved is not None else None
+            keep = tuple(detail.get("keep") or ())
+            sent = KeyState(0, detail["move"], pe, key, 0, detail["state"],
+                            base=detail.get("base"), keep=keep)  # fmt: skip
+            copied = kept["state"] if kept is not None and kept["copy"] == sent.base else None
+            try:
+                whole = sent.complete(copied)
+            except ValueError as exc:
+                raise InvariantViolation(
+                    f"partition {pe!r} of pipeline {pipeline!r}: {exc}",
+                    hint="only the orchestrator and the element's partitions may append to "
+                    "the input's .keys subject",
+                ) from exc
+            if saved is not None:
+                self._shadow().clear()
+            return {n: t for n, t in whole.items() if n in self.values}
 
         def close(self) -> None:
             pass

@@ -8,6 +8,7 @@ import pytest
 
 from fogshift.broker.keys import (
     STATE_PART_BYTES,
+    KeyCopy,
     KeyMove,
     KeyState,
     Ownership,
@@ -147,3 +148,38 @@ def test_a_key_waits_for_its_state_until_that_moves_state_is_stored() -> None:
     # A move to where the key already is hands nothing over: nothing to wait for.
     owners.apply(KeyMove(8, "m2", "agg", (key,), 1))
     assert owners.pending == {}
+
+
+def test_a_precopied_move_reads_back_with_its_copy_and_completes_from_it() -> None:
+    request = KeyCopy(0, "c1", "agg", ("s1", "s2"), 1)
+    assert parse(20, request.payload()) == KeyCopy(20, "c1", "agg", ("s1", "s2"), 1)
+    move = parse(30, KeyMove(0, "m1", "agg", ("s1",), 1, "backlog", copy="c1").payload())
+    assert isinstance(move, KeyMove) and move.copy == "c1"
+    assert parse(31, KeyMove(0, "m2", "agg", ("s1",), 1).payload()) == KeyMove(
+        31, "m2", "agg", ("s1",), 1
+    )  # no copy named: the whole states travel
+    copy = parse(21, state_payload("c1", "agg", "s1", 1, {"model": "M", "n": "1"}, copy=True))
+    assert isinstance(copy, KeyState) and copy.copy and copy.base is None
+    # At the move: what changed, and the names of the parts as the copy had them.
+    rest = parse(32, state_payload("m1", "agg", "s1", 1, {"n": "5"}, base="c1", keep=["model"]))
+    assert isinstance(rest, KeyState) and not rest.copy
+    assert (rest.base, rest.keep) == ("c1", ("model",))
+    assert rest.complete(copy.state) == {"model": "M", "n": "5"}
+    # A part in neither is gone (the origin dropped it since the copy).
+    assert rest.complete({"model": "M", "n": "1", "old": "x"}) == {"model": "M", "n": "5"}
+    with pytest.raises(ValueError, match="completes copy c1"):
+        rest.complete(None)
+    with pytest.raises(ValueError, match="completes copy c1"):
+        rest.complete({"n": "1"})  # not that copy: a kept part is missing
+    whole = parse(33, state_payload("m2", "agg", "s1", 1, {"n": "6"}))
+    assert isinstance(whole, KeyState) and whole.complete(None) == {"n": "6"}
+
+
+def test_a_copy_settles_no_move_and_moves_no_key() -> None:
+    owners = Ownership(2)
+    key = next(f"s{i}" for i in range(20) if partition_of_key(f"s{i}", 2) == 0)
+    owners.apply(KeyMove(5, "m1", "agg", (key,), 1, copy="c1"))
+    owners.settle(KeyState(4, "c1", "agg", key, 1, {"n": "1"}, copy=True))
+    assert owners.pending == {key: "m1"}
+    owners.settle(KeyState(6, "m1", "agg", key, 1, {}, base="c1", keep=("n",)))
+    assert owners.pending == {} and owners.owner(key) == 1

@@ -487,6 +487,118 @@ def test_the_progress_feed_gets_every_batch_report_once_without_polling(
     assert {r["runId"] for r in reports} == {run_id}
 
 
+class Partitions:
+    """Two partitions (``pe-p0``, ``pe-p1``) of a keyed ``lifecycle_procs`` processor
+    reading one input ``src`` that the test appends events and key moves to."""
+
+    def __init__(
+        self, spark: SparkSession, js: SyncJetStream, broker: BrokerProcess, home: Path,
+        cls: str, options: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        self.js, self.home = js, home
+        self.pipeline = f"life{next(_pipelines)}"
+        broker_file = home / "broker.json"
+        broker.address.save(broker_file)
+        log = home / "hooks.log"
+        log.touch()
+        for pe in ("src", "pe-p0", "pe-p1"):
+            js.run(lambda j, pe=pe: ensure_pe_stream(j, self.pipeline, pe))
+        self.plans = []
+        self.queries: list[StreamingQuery] = []
+        for index in (0, 1):
+            element = ElementSpec(
+                id=f"pe-p{index}", kind="custom", node="n", inputs=("src",),
+                options={"class": f"lifecycle_procs:{cls}", "path": str(HERE),
+                         "options": {"log": str(log), **(options or {})}},
+                key_by="patient", partition=Partition(of="pe", index=index, count=2),
+            )  # fmt: skip
+            plan = QueryPlan(self.pipeline, element, str(broker_file), str(home / f"cp{index}"),
+                             gate_file=str(home / f"gate{index}.json"), trigger_ms=100)  # fmt: skip
+            self.plans.append(plan)
+            self.queries.append(start_query(spark, plan))
+        self.random = random.Random(5)
+        self.sent: list[dict[str, Any]] = []
+        self.key_at: dict[int, str] = {}  # input position -> key
+
+    def send(self, count: int, keys: int = 12) -> None:
+        """Append ``count`` events of keys ``p0`` .. ``p<keys-1>`` drawn at random."""
+        self.publish([{"patient": f"p{self.random.randrange(keys)}", "value": 1.0}
+                      for _ in range(count)])  # fmt: skip
+
+    def publish(self, bodies: list[dict[str, Any]]) -> None:
+        """Append events with these bodies."""
+        first = self.js.run(lambda j: last_seq(j, stream_name(self.pipeline, "src"))) + 1
+        records = [
+            Record(first + n, 0, first + n, 1000.0 + first + n, "src", json.dumps(body))
+            for n, body in enumerate(bodies)
+        ]
+        self.js.run(lambda j: publish_records(j, self.pipeline, "src", records))
+        self.sent.extend(bodies)
+        self.key_at.update((first + n, b["patient"]) for n, b in enumerate(bodies))
+
+    def append(self, payload: bytes) -> int:
+        """Append a key move (or copy) to the input's ``.keys`` subject; its sequence."""
+
+        async def publish(j: Any) -> int:
+            ack = await j.publish(keys_subject(self.pipeline, "src"), payload,
+                                  stream=stream_name(self.pipeline, "src"))  # fmt: skip
+            return int(ack.seq)
+
+        return self.js.run(publish)
+
+    def outputs(self, pe: str) -> list[dict[str, Any]]:
+        stream = stream_name(self.pipeline, pe)
+        end = self.js.run(lambda j: last_seq(j, stream))
+        got = self.js.run(lambda j: fetch_range(j, stream, data_subject(self.pipeline, pe), 0, end))
+        return [json.loads(json.loads(m.data)["body"]) | {"seq": json.loads(m.data)["seq"]}
+                for m in got]  # fmt: skip
+
+    def per_key(self) -> dict[str, list[int]]:
+        """Each key's counts as output, by either partition."""
+        found: dict[str, list[int]] = {}
+        for pe in ("pe-p0", "pe-p1"):
+            for out in self.outputs(pe):
+                found.setdefault(self.key_at[out["seq"]], []).append(out["count"])
+        return found
+
+    def expected(self) -> dict[str, list[int]]:
+        """The reference: each key's counts as one instance would give them."""
+        counts: dict[str, list[int]] = {}
+        for body in self.sent:
+            counts.setdefault(body["patient"], []).append(len(counts.get(body["patient"], [])) + 1)
+        return counts
+
+    def answered(self) -> None:
+        """Wait until every event sent has been answered by its partition."""
+        wait_until(lambda: sum(map(len, self.per_key().values())) >= len(self.sent), 60,
+                   describe="every event answered by its partition")  # fmt: skip
+
+    def key_records(self) -> list[dict[str, Any]]:
+        """The input's ``.keys`` subject: moves, copies, states and their parts."""
+        stream = stream_name(self.pipeline, "src")
+        found = self.js.run(
+            lambda j: fetch_range(j, stream, keys_subject(self.pipeline, "src"), 0, 100_000)
+        )
+        return [json.loads(m.data) for m in found]
+
+    def committed(self, index: int) -> None:
+        """Wait until partition ``index`` has committed every position of the input."""
+        query = self.queries[index]
+        end = self.js.run(lambda j: last_seq(j, stream_name(self.pipeline, "src")))
+
+        def position() -> int:
+            progress = query.lastProgress
+            offset = progress["sources"][0]["endOffset"] if progress else None
+            offset = json.loads(offset) if isinstance(offset, str) else offset
+            return int(offset["positions"]["src"]) if offset else 0
+
+        wait_until(lambda: position() >= end, 30, describe=f"pe-p{index} committed {end}")
+
+    def stop(self) -> None:
+        for query in self.queries:
+            query.stop()
+
+
 def test_keys_move_between_partitions_at_one_input_position(
     spark: SparkSession, js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
 ) -> None:
@@ -495,83 +607,74 @@ def test_keys_move_between_partitions_at_one_input_position(
     # key's outputs must be what one instance would give, in input order, once each.
     from fogshift.broker.keys import KeyMove
 
-    pipeline = f"life{next(_pipelines)}"
-    broker_file = tmp_path / "broker.json"
-    nats_server.address.save(broker_file)
-    log = tmp_path / "hooks.log"
-    log.touch()
-    ids = ["src", "pe-p0", "pe-p1"]
-    for pe in ids:
-        js_client.run(lambda j, pe=pe: ensure_pe_stream(j, pipeline, pe))
-    queries = []
-    for index in (0, 1):
-        element = ElementSpec(
-            id=f"pe-p{index}", kind="custom", node="n", inputs=("src",),
-            options={"class": "lifecycle_procs:CountingStats", "path": str(HERE),
-                     "options": {"log": str(log)}},
-            key_by="patient", partition=Partition(of="pe", index=index, count=2),
-        )  # fmt: skip
-        plan = QueryPlan(pipeline, element, str(broker_file), str(tmp_path / f"cp{index}"),
-                         gate_file=str(tmp_path / f"gate{index}.json"), trigger_ms=100)  # fmt: skip
-        queries.append(start_query(spark, plan))
-    rnd = random.Random(5)
-    sent: list[dict[str, Any]] = []
-    key_at: dict[int, str] = {}  # input position -> key
-
-    def send(count: int) -> None:
-        bodies = [{"patient": f"p{rnd.randrange(12)}", "value": 1.0} for _ in range(count)]
-        first = js_client.run(lambda j: last_seq(j, stream_name(pipeline, "src"))) + 1
-        records = [
-            Record(first + n, 0, first + n, 1000.0 + first + n, "src", json.dumps(body))
-            for n, body in enumerate(bodies)
-        ]
-        js_client.run(lambda j: publish_records(j, pipeline, "src", records))
-        sent.extend(bodies)
-        key_at.update((first + n, b["patient"]) for n, b in enumerate(bodies))
-
-    send(120)
-    moving = [k for k in (f"p{i}" for i in range(12)) if partition_of_key(k, 2) == 0][:3]
-    assert len(moving) == 3
-    move = KeyMove(0, "m1", "pe", tuple(moving), 1, "backlog")
-    js_client.run(
-        lambda j: j.publish(keys_subject(pipeline, "src"), move.payload(),
-                            stream=stream_name(pipeline, "src"))
-    )  # fmt: skip
-    send(120)
-    expected: dict[str, list[int]] = {}
-    for body in sent:
-        expected.setdefault(body["patient"], []).append(len(expected.get(body["patient"], [])) + 1)
-
-    def outputs(pe: str) -> list[dict[str, Any]]:
-        end = js_client.run(lambda j: last_seq(j, stream_name(pipeline, pe)))
-        got = js_client.run(
-            lambda j: fetch_range(j, stream_name(pipeline, pe), data_subject(pipeline, pe), 0, end)
-        )
-        return [json.loads(json.loads(m.data)["body"]) | {"seq": json.loads(m.data)["seq"]}
-                for m in got]  # fmt: skip
-
-    def per_key() -> dict[str, list[int]]:
-        found: dict[str, list[int]] = {}
-        for pe in ("pe-p0", "pe-p1"):
-            for out in outputs(pe):
-                found.setdefault(key_at[out["seq"]], []).append(out["count"])
-        return found
-
+    parts = Partitions(spark, js_client, nats_server, tmp_path, "CountingStats")
     try:
-        wait_until(lambda: sum(map(len, per_key().values())) >= len(sent), 60,
-                   describe="every event answered by its partition")  # fmt: skip
-        assert per_key() == expected
+        parts.send(120)
+        moving = [k for k in (f"p{i}" for i in range(12)) if partition_of_key(k, 2) == 0][:3]
+        assert len(moving) == 3
+        parts.append(KeyMove(0, "m1", "pe", tuple(moving), 1, "backlog").payload())
+        parts.send(120)
+        parts.answered()
+        assert parts.per_key() == parts.expected()
         # The moved keys' later events went to partition 1 only, after their state came.
-        states = js_client.run(
-            lambda j: fetch_range(j, stream_name(pipeline, "src"), keys_subject(pipeline, "src"),
-                                  0, 10_000)
-        )  # fmt: skip
-        kinds = [json.loads(m.data)["type"] for m in states]
+        kinds = [r["type"] for r in parts.key_records()]
         assert kinds[0] == "key-move" and sorted(kinds[1:]) == ["key-state"] * 3, kinds
-        after = {out["seq"] for out in outputs("pe-p0")}
-        move_at = min(n for n in range(1, 300) if n not in key_at)
-        moved_seqs = [n for n, k in key_at.items() if k in moving and n > move_at]
+        after = {out["seq"] for out in parts.outputs("pe-p0")}
+        move_at = min(n for n in range(1, 300) if n not in parts.key_at)
+        moved_seqs = [n for n, k in parts.key_at.items() if k in moving and n > move_at]
         assert moved_seqs and not after & set(moved_seqs)
     finally:
-        for query in queries:
-            query.stop()
+        parts.stop()
+
+
+def test_a_precopied_key_move_sends_only_what_changed_since_the_copy(
+    spark: SparkSession, js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # Keys with a 600 kB ballast (two broker messages) are copied to partition 1 while
+    # partition 0 goes on counting them; the move then names the copy. Its states must hold
+    # only the counts, name the ballast as kept, and partition 1 must end with the same
+    # state one instance would have: the ballast from the copy, the counts from the move,
+    # and a ballast grown between copy and move sent again.
+    from fogshift.broker.keys import KeyCopy, KeyMove
+
+    ballast = 600_000
+    parts = Partitions(spark, js_client, nats_server, tmp_path, "Ballasted",
+                       {"ballast_bytes": ballast})  # fmt: skip
+    try:
+        parts.send(60, keys=6)
+        moving = [k for k in (f"p{i}" for i in range(6)) if partition_of_key(k, 2) == 0]
+        assert len(moving) >= 2, moving
+        grown = moving[0]
+        parts.append(KeyCopy(0, "c1", "pe", tuple(moving), 1).payload())
+        parts.send(30, keys=6)
+
+        def copies() -> list[dict[str, Any]]:
+            return [r for r in parts.key_records() if r["type"] == "key-state" and r.get("copy")]
+
+        wait_until(lambda: len(copies()) == len(moving), 60, describe="a copy of every key")
+        # One key grows its ballast between its copy and its move: that part travels again.
+        parts.publish([{"patient": grown, "value": 1.0, "grow": True}])
+        parts.append(KeyMove(0, "m1", "pe", tuple(moving), 1, "backlog", copy="c1").payload())
+        parts.send(60, keys=6)
+        parts.answered()
+        assert parts.per_key() == parts.expected()
+        states = {r["key"]: r for r in parts.key_records()
+                  if r["type"] == "key-state" and r["move"] == "m1"}  # fmt: skip
+        assert set(states) == set(moving)
+        for key, record in states.items():
+            assert record["base"] == "c1", record
+            if key == grown:  # the whole state again, too large for one message
+                assert record["keep"] == [] and record["parts"], record
+            else:
+                assert record["keep"] == ["ballast"] and "parts" not in record, record
+                assert set(record["state"]) == {"count", "total"}, record
+        # Partition 1 holds each moved key's whole state: as one instance would have it.
+        counts = {k: len(v) for k, v in parts.expected().items()}
+        parts.committed(1)
+        _, held = read_state(spark, Path(parts.plans[1].checkpoint_dir),
+                             ["count", "ballast"], True)  # fmt: skip
+        for key in moving:
+            want = "b" * ballast + ("g" if key == grown else "")
+            assert held[key] == {"count": counts[key], "ballast": want}, key
+    finally:
+        parts.stop()
