@@ -912,7 +912,9 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
     """Append the states of moving keys (rows the processor made at their move, see
     :mod:`fogshift.broker.keys`) to the ``.keys`` subject of the input they move on, in
     the order their move asks. Sent again (a retried batch), a state is the same state:
-    the broker drops the copy within its duplicate window, the target ignores it after."""
+    the broker drops the copy within its duplicate window, the target ignores it after. (A
+    precopy's copy sent again after its move only replaces the copy the target keeps aside,
+    which nothing reads then: one stale copy per key at most, until its next copy or move.)"""
     moves: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in records:
         state = json.loads(record.body)

@@ -113,8 +113,10 @@ class KeyCopy:
 
 @dataclass(frozen=True)
 class KeyState:
-    """A key's state as the origin partition held it at its move (``parts``: the sequences
-    of the messages holding it instead, when it was too large for one)."""
+    """A key's state as the origin partition held it at its move, or at a copy request
+    (``copy``); at a precopied move, only the parts that changed since the copy (``base``,
+    ``keep``). ``parts``: the sequences of the messages holding it instead, when it was too
+    large for one."""
 
     seq: int
     move: str
@@ -135,9 +137,9 @@ class KeyState:
         copy the target kept, of move :attr:`base`).
 
         Raises:
-            ValueError: It completes a copy and ``copied`` is not that copy's state.
+            ValueError: It keeps parts of a copy and ``copied`` is not that copy's state.
         """
-        if self.base is None:
+        if self.base is None or not self.keep:
             return dict(self.state)
         if copied is None or any(name not in copied for name in self.keep):
             raise ValueError(

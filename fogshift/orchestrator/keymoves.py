@@ -1,10 +1,12 @@
 """Moving single keys between the partitions of a partitioned keyed PE (PAM, seed 004).
 
-The orchestrator only stores the move (:class:`~fogshift.broker.keys.KeyMove`) among the
-partitions' input events and watches it complete; the partitions do the rest themselves
-(:mod:`fogshift.broker.keys`): the origin pushes each key's state, in the order the move
-asks, and the target resumes each key as soon as its state arrives. Nothing is paused, no
-query restarts, and the keys that do not move never notice.
+The orchestrator only stores records among the partitions' input events — the copy
+requests of a precopy (:class:`~fogshift.broker.keys.KeyCopy`), one after another, then the
+move (:class:`~fogshift.broker.keys.KeyMove`) — and watches them complete; the partitions
+do the rest themselves (:mod:`fogshift.broker.keys`): the origin pushes each key's state (or
+what changed since its copy), in the order the move asks, and the target resumes each key as
+soon as its state arrives. Nothing is paused, no query restarts, and the keys that do not
+move never notice.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ PRECOPY_STEP_BYTES = 1024 * 1024
 #: How long one precopy request's copies may take to be stored before the move goes ahead
 #: without the rest (their keys' whole states then travel at the move, as without precopy).
 PRECOPY_WAIT_S = 15.0
+#: The longest a precopy goes on (a step per origin batch: ~2 MiB/s at a 500 ms trigger);
+#: the move's own timeout counts from its end.
+PRECOPY_BUDGET_S = 600.0
 
 
 @dataclass
@@ -89,9 +94,10 @@ class Precopy:
 
     Attributes:
         copy: The copy's id, for the move to name (``None``: nothing was copied).
-        keys: The keys whose copies are stored, in that order.
-        state_bytes: The copies' size as sent (parts included).
-        ms: From the first request to the last copy stored.
+        keys: The keys whose copies were stored before the move, in that order (a copy
+            stored later still serves: its key then also sends only what changed).
+        state_bytes: Those copies' size as sent (parts included).
+        ms: From the first request to the move going ahead (a last wait in vain included).
     """
 
     copy: str | None
@@ -125,9 +131,10 @@ class KeyMoves(Standbys):
         whose CRC-32 modulo ``n`` is ``g``, those holding state now (listed as for a
         rescale, see :meth:`_append_listed`) and any that comes later.
 
-        Returns once the target has committed every moved key's state (``moved``), or after
-        ``timeout_s`` with ``pending`` (the move stands: the keys' events wait at the target
-        until the origin partition, e.g. once restored, sends their states).
+        Returns once the target has committed every moved key's state (``moved``), or
+        ``timeout_s`` after the move was stored (after the precopy) with ``pending`` (the
+        move stands: the keys' events wait at the target until the origin partition, e.g.
+        once restored, sends their states).
 
         Raises:
             InvalidInput: Not a partitioned element, several inputs, no partition on
@@ -233,7 +240,7 @@ class KeyMoves(Standbys):
         copied = Precopy(None, [], 0, 0.0)
         if precopy:
             copied = self._precopy(pipeline, element_id, source, moving, to.partition.index,
-                                   started + timeout_s)  # fmt: skip
+                                   time.monotonic() + PRECOPY_BUDGET_S)  # fmt: skip
             base.update(precopied=copied.keys, precopy_ms=copied.ms,
                         precopy_bytes=copied.state_bytes)  # fmt: skip
         move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(moving), to.partition.index,
@@ -246,7 +253,8 @@ class KeyMoves(Standbys):
 
         at = self.broker.run(store, timeout=30)
         log.info("moving %s of %s/%s to %s at %s", moving, pipeline, element_id, to.id, at)
-        return self._finish_move(base, move, at, pipeline, source, to, target, started, timeout_s)
+        return self._finish_move(base, move, at, pipeline, source, to, target, started,
+                                 timeout_s, settle_by=time.monotonic() + timeout_s)  # fmt: skip
 
     def _precopy(
         self, pipeline: str, element_id: str, source: str, keys: list[str], to: int,
@@ -257,17 +265,18 @@ class KeyMoves(Standbys):
 
         Each request (:class:`~fogshift.broker.keys.KeyCopy`) is appended once the copies
         of the one before are stored: the first asks for one key, the next for as many as
-        fit the step at the size seen so far. So a large state crosses in batches of its
-        own, before any key waits for it. A request whose copies do not come within
-        :data:`PRECOPY_WAIT_S` (an origin down) ends the precopy: the keys not copied move
-        with their whole states.
+        fit the step at the largest copy seen so far (at most four times as many as the one
+        before: sizes differ between keys). So a large state crosses in batches of its own,
+        before any key waits for it. A request whose copies do not come within
+        :data:`PRECOPY_WAIT_S` (an origin down), or ``deadline``, ends the precopy: the keys
+        not copied move with their whole states.
         """
         started = time.monotonic()
         copy = uuid.uuid4().hex[:12]
         stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
         done: list[str] = []
-        sent, step = 0, 1
-        while len(done) < len(keys):
+        sent, step, largest = 0, 1, 1
+        while len(done) < len(keys) and time.monotonic() < deadline:
             chunk = keys[len(done) : len(done) + step]
             request = KeyCopy(0, copy, element_id, tuple(chunk), to)
 
@@ -284,7 +293,8 @@ class KeyMoves(Standbys):
                 log.warning("precopy of %s/%s: no copy of %d keys in time; they move whole",
                             pipeline, element_id, len(chunk) - len(states))  # fmt: skip
                 break
-            step = max(1, PRECOPY_STEP_BYTES * len(done) // max(sent, 1))
+            largest = max(largest, *(size for _, size in states.values()))
+            step = max(1, min(4 * step, PRECOPY_STEP_BYTES // largest))
         log.info("precopied %d keys of %s/%s (%d bytes)", len(done), pipeline, element_id, sent)
         return Precopy(copy if done else None, done, sent, _ms_since(started))
 
@@ -329,10 +339,13 @@ class KeyMoves(Standbys):
     def _finish_move(
         self, base: dict[str, Any], move: KeyMove, at: int, pipeline: str, source: str,
         to: ElementSpec, target: str, started: float, timeout_s: float,
+        settle_by: float | None = None,
     ) -> KeyMoveReport:  # fmt: skip
         """The report of ``move`` (stored at ``at``) once the target has committed every
-        moved key's state, or ``pending`` after ``timeout_s``."""
-        settled = self._settle(pipeline, base["element"], source, move, at, started + timeout_s)
+        moved key's state, or ``pending`` after ``timeout_s`` from ``started`` (or at
+        ``settle_by``)."""
+        deadline = settle_by if settle_by is not None else started + timeout_s
+        settled = self._settle(pipeline, base["element"], source, move, at, deadline)
         report = KeyMoveReport(
             **base, status=KeyMoveStatus.MOVED, move_seq=at, sent=list(settled.stoppage_ms),
             stoppage_ms=settled.stoppage_ms, state_bytes=settled.state_bytes,

@@ -610,8 +610,10 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             except ValueError as exc:
                 raise InvariantViolation(
                     f"partition {pe!r} of pipeline {pipeline!r}: {exc}",
-                    hint="only the orchestrator and the element's partitions may append to "
-                    "the input's .keys subject",
+                    hint="a copy is stored in the input before its move; it can be missing "
+                    "only if something other than the orchestrator and the element's "
+                    "partitions appended to the input's .keys subject, or a partition ran an "
+                    "older fogshift that knows no copies",
                 ) from exc
             if saved is not None:
                 self._shadow().clear()

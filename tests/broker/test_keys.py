@@ -171,6 +171,9 @@ def test_a_precopied_move_reads_back_with_its_copy_and_completes_from_it() -> No
         rest.complete(None)
     with pytest.raises(ValueError, match="completes copy c1"):
         rest.complete({"n": "1"})  # not that copy: a kept part is missing
+    # Every part changed: the copy is not needed (nor missed).
+    changed = parse(34, state_payload("m1", "agg", "s1", 1, {"model": "N"}, base="c1", keep=[]))
+    assert isinstance(changed, KeyState) and changed.complete(None) == {"model": "N"}
     whole = parse(33, state_payload("m2", "agg", "s1", 1, {"n": "6"}))
     assert isinstance(whole, KeyState) and whole.complete(None) == {"n": "6"}
 
