@@ -259,7 +259,7 @@ def test_the_committed_handover_run_renders_with_a_colour_per_mode(tmp_path: Pat
 def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> None:
     log = RunLog(tmp_path / "pam" / "runs.csv", pam.RUN_FIELDS)
     for method, stall in (("whole", 900.0), ("literal", 2000.0), ("backlog", 40.0),
-                          ("backlog", 60.0)):  # fmt: skip
+                          ("backlog", 60.0), ("precopy", 20.0)):  # fmt: skip
         log.append(
             {"run": f"r-{method}-{stall}", "method": method, "traffic": "zipf", "keys": 20,
              "state_kib": 64, "consistent": True, "stoppage_p50_ms": stall / 2,
@@ -271,15 +271,19 @@ def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> N
     log.append({**broken, "consistent": False, "problems": "key s3: 1 seq missing"})
     text = pam.section(tmp_path / "pam") or ""
     rows = [line for line in text.splitlines() if line.startswith("| 20 |")]
-    # One row per method, in the order whole, literal, fifo, backlog; means over the good
-    # runs only.
-    assert [r.split("|")[4].strip() for r in rows[:4]] == ["whole", "literal", "fifo", "backlog"]
+    # One row per method, in the order whole, literal, fifo, backlog, precopy; means over the
+    # good runs only.
+    assert [r.split("|")[4].strip() for r in rows[:5]] == [
+        "whole", "literal", "fifo", "backlog", "precopy"
+    ]  # fmt: skip
     assert "| 2/2 | 25 / 50 | 500 |" in rows[3]
     assert "| 0/1 |" in rows[2]
     assert "broken (key s3: 1 seq missing)" in text
-    # Backlog order's stable time against moving the whole partition: 500 ms vs 20,000 ms
-    # (literal) and 9,000 ms (whole).
-    assert rows[4] == "| 20 | 64 | zipf | 20,000 / 9,000 / 500 | 98 % | 94 % |", rows[4]
+    # Key moves' stable time against moving the whole partition: 500 ms (backlog) and
+    # 200 ms (precopy) vs 20,000 ms (literal) and 9,000 ms (whole).
+    assert rows[5] == (
+        "| 20 | 64 | zipf | 20,000 / 9,000 / 500 / 200 | 98 % / 99 % | 94 % / 98 % |"
+    ), rows[5]
 
 
 def _point(t_in: float, ms: float, key: str = "k") -> pam.Point:
