@@ -903,6 +903,8 @@ class JetStreamReader(DataSourceStreamReader):
         """Nothing to do: offsets live in Spark's checkpoint, streams keep their history."""
 
 
+#: How long a key state's append may go unacknowledged before its batch fails.
+STATE_ACK_S = 60.0
 #: How far past a key move its origin looks for the moving keys' next events
 #: (``order: backlog``): keys not seen that far go last.
 BACKLOG_LOOKAHEAD = 10_000
@@ -940,19 +942,24 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
                     first[key] = message.seq
             states.sort(key=lambda s: (first.get(s["key"], 1 << 62), s["rank"]))
         subject, stream = keys_subject(pipeline, source), stream_name(pipeline, source)
+        # Pipelined: each message is written in order and its ack awaited later (one round
+        # trip per large state, for its parts' sequences, not one per message). The broker
+        # stores a connection's messages in the order written.
+        acks: list[asyncio.Future[Any]] = []
         for state in states:
             element, key = state["element"], state["key"]
             msg_id = f"{element}:{move}:{key}"
             pieces = split_state(state["state"])
             parts = None
             if len(pieces) > 1:  # too large for one message: parts first, then the record
-                parts = []
-                for index, piece in enumerate(pieces):
-                    ack = await js.publish(
+                written = [
+                    await js.publish_async(
                         subject, part_payload(move, element, key, index, piece), stream=stream,
                         headers={"Nats-Msg-Id": f"{msg_id}:{index}"},
-                    )  # fmt: skip
-                    parts.append(int(ack.seq))
+                    )
+                    for index, piece in enumerate(pieces)
+                ]  # fmt: skip
+                parts = [int((await asyncio.wait_for(w, STATE_ACK_S)).seq) for w in written]
             payload = state_payload(
                 move,
                 element,
@@ -964,7 +971,13 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
                 base=state.get("base"),
                 keep=state.get("keep"),
             )
-            await js.publish(subject, payload, stream=stream, headers={"Nats-Msg-Id": msg_id})
+            acks.append(
+                await js.publish_async(
+                    subject, payload, stream=stream, headers={"Nats-Msg-Id": msg_id}
+                )
+            )
+        for ack in acks:  # an error (or no answer) fails the batch; Spark runs it again
+            await asyncio.wait_for(ack, STATE_ACK_S)
 
 
 #: The key moves read so far in this worker, by (stream, partitioned element): the
