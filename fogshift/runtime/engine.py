@@ -547,9 +547,11 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     # orchestrator refuses such a move, see orchestrator.keymoves.)
                     base = detail.pop("base", None)
                     record = {"key": key, **detail, "state": stored}
-                    sent = self._copied().get()
+                    # (A move that names no copy leaves an older copy's digests be: a later
+                    # move names its own copy. One state call less per key moved.)
+                    sent = self._copied().get() if base is not None else None
                     copy = json.loads(sent[0]) if sent is not None else None
-                    if base is not None and copy is not None and copy["copy"] == base:
+                    if copy is not None and copy["copy"] == base:
                         # Precopied: the parts as the copy had them are named, not sent.
                         keep = sorted(n for n, t in stored.items()
                                       if copy["marks"].get(n) == state_digest(t))  # fmt: skip
@@ -564,9 +566,8 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 elif creator == KEY_MOVE_IN:
                     held = {"move": detail["move"], "events": []}
                 elif held is not None and detail["move"] == held["move"]:
+                    # (The key's parts here were cleared when it last left, if it ever was.)
                     state = self._arrived(key, detail)
-                    for name in set(self.values) - set(state):
-                        self.values[name].clear()
                     for name, text in state.items():
                         self.values[name].update((text,))
                     stored = state
@@ -599,7 +600,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 InvariantViolation: The state completes a copy that is not here (the copy
                     is stored in the input before the move, so this partition read it).
             """
-            saved = self._shadow().get()
+            # Only a precopied move's state reads the kept copy (one state call less per key
+            # otherwise; a copy whose move never came stays until the key's next copy).
+            saved = self._shadow().get() if detail.get("base") is not None else None
             kept = json.loads(saved[0]) if saved is not None else None
             keep = tuple(detail.get("keep") or ())
             sent = KeyState(0, detail["move"], pe, key, 0, detail["state"],
