@@ -458,7 +458,6 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
                 return
             value = group[len(KEY_PREFIX) :]
-            stored = self._stored()
             # Holds no state between keys (each key's is restored into it): any instance
             # of this run will do, like a stateless processor's.
             instance = InstanceKey(pipeline, pe, run, "keyed")
@@ -490,9 +489,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
 
             try:
                 if self.held is None:
-                    out, _ = process(tuples, stored)
+                    out, _ = process(tuples, self._stored())
                 else:
-                    out = self._moving(value, list(tuples), stored, process)
+                    out = self._moving(value, list(tuples), process)
             except BaseException:
                 _drop([shared], None, instance)
                 raise
@@ -501,20 +500,29 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
 
-        def _moving(
-            self, key: str, rows: list[Any], stored: dict[str, str], process: Any
-        ) -> list[Any]:
-            """One key's rows of a partition whose keys move: events, and its moves."""
+        def _moving(self, key: str, rows: list[Any], process: Any) -> list[Any]:
+            """One key's rows of a partition whose keys move: events, and its moves.
+
+            The key's stored state is read only once something needs it: a key moving in,
+            or whose state arrives, has none here (that saves a state call per part and
+            key when hundreds of keys move at once)."""
             assert self.held is not None
             out: list[Any] = []
             saved = self.held.get()
             held = json.loads(saved[0]) if saved is not None else None
             segment: list[Any] = []
+            stored: dict[str, str] | None = None
+
+            def current() -> dict[str, str]:
+                nonlocal stored
+                if stored is None:
+                    stored = self._stored()
+                return stored
 
             def flush() -> None:
                 nonlocal stored
                 if segment:
-                    got, stored = process(list(segment), stored)
+                    got, stored = process(list(segment), current())
                     out.extend(got)
                     segment.clear()
 
@@ -532,9 +540,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 if creator == KEY_COPY_OUT:
                     # A copy ahead of a move: sent, and its parts' digests kept, so that
                     # the move sends only what changed since. The key stays here.
-                    record = {"key": key, **detail, "state": stored}
+                    record = {"key": key, **detail, "state": current()}
                     out.append((int(row[0]), 0, 0, 0.0, KEY_STATE, json.dumps(record), None))
-                    marks = {n: state_digest(t) for n, t in stored.items()}
+                    marks = {n: state_digest(t) for n, t in current().items()}
                     self._copied().update((json.dumps({"copy": detail["move"], "marks": marks}),))
                 elif creator == KEY_COPY_IN:
                     # Kept aside: the key is not this partition's until its move.
@@ -546,16 +554,17 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     # still waiting here for an earlier move's state cannot move on: the
                     # orchestrator refuses such a move, see orchestrator.keymoves.)
                     base = detail.pop("base", None)
-                    record = {"key": key, **detail, "state": stored}
+                    now = current()
+                    record = {"key": key, **detail, "state": now}
                     # (A move that names no copy leaves an older copy's digests be: a later
                     # move names its own copy. One state call less per key moved.)
                     sent = self._copied().get() if base is not None else None
                     copy = json.loads(sent[0]) if sent is not None else None
                     if copy is not None and copy["copy"] == base:
                         # Precopied: the parts as the copy had them are named, not sent.
-                        keep = sorted(n for n, t in stored.items()
+                        keep = sorted(n for n, t in now.items()
                                       if copy["marks"].get(n) == state_digest(t))  # fmt: skip
-                        changed = {n: t for n, t in stored.items() if n not in keep}
+                        changed = {n: t for n, t in now.items() if n not in keep}
                         record.update(state=changed, base=base, keep=keep)
                     if sent is not None:
                         self._copied().clear()
