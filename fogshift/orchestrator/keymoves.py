@@ -251,16 +251,21 @@ class KeyMoves(Standbys):
                         precopy_bytes=copied.state_bytes)  # fmt: skip
         move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(moving), to.partition.index,
                        order.value, copy=copied.copy)  # fmt: skip
-        stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
-
-        async def store(js: Any) -> int:
-            ack = await js.publish(subject, move.payload(), stream=stream)
-            return int(ack.seq)
-
-        at = self.broker.run(store, timeout=30)
+        at = self._append_key_record(pipeline, source, move.payload())
         log.info("moving %s of %s/%s to %s at %s", moving, pipeline, element_id, to.id, at)
         return self._finish_move(base, move, at, pipeline, source, to, target, started,
                                  timeout_s, settle_by=time.monotonic() + timeout_s)  # fmt: skip
+
+    def _append_key_record(self, pipeline: str, source: str, payload: bytes) -> int:
+        """Append ``payload`` (a key move or copy request) to the ``.keys`` subject of the
+        input ``source``; its stream sequence."""
+        stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
+
+        async def store(js: Any) -> int:
+            ack = await js.publish(subject, payload, stream=stream)
+            return int(ack.seq)
+
+        return int(self.broker.run(store, timeout=30))
 
     def _precopy(
         self, pipeline: str, element_id: str, source: str, keys: list[str], to: int,
@@ -280,18 +285,12 @@ class KeyMoves(Standbys):
         """
         started = time.monotonic()
         copy = uuid.uuid4().hex[:12]
-        stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
         done: list[str] = []
         sent, step, largest = 0, 1, 1
         while len(done) < len(keys) and time.monotonic() < deadline:
             chunk = keys[len(done) : len(done) + step]
             request = KeyCopy(0, copy, element_id, tuple(chunk), to)
-
-            async def store(js: Any, body: bytes = request.payload()) -> int:
-                ack = await js.publish(subject, body, stream=stream)
-                return int(ack.seq)
-
-            at = self.broker.run(store, timeout=30)
+            at = self._append_key_record(pipeline, source, request.payload())
             wait = min(deadline, time.monotonic() + PRECOPY_WAIT_S)
             states, _ = self._await_states(pipeline, source, copy, at, chunk, wait)
             done.extend(k for k in chunk if k in states)

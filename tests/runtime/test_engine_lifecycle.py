@@ -107,6 +107,18 @@ def test_the_warm_up_runs_a_stateful_batch_on_rocksdb_and_is_no_pe(
     assert warm_up(spark, folder) > 0
 
 
+def append_events(
+    js: SyncJetStream, pipeline: str, first: int, bodies: list[dict[str, Any]]
+) -> None:
+    """Append events with ``bodies`` to ``pipeline``'s stream ``src``, the first as its
+    sequence ``first`` (the source's own numbering, as a source PE would publish them)."""
+    records = [
+        Record(first + n, 0, first + n, 1000.0 + first + n, "src", json.dumps(body))
+        for n, body in enumerate(bodies)
+    ]
+    js.run(lambda j: publish_records(j, pipeline, "src", records))
+
+
 class Run:
     """One processor PE fed by a stream ``src`` that the test appends to."""
 
@@ -163,12 +175,7 @@ class Run:
     def send(self, bodies: list[dict[str, Any]], answered: bool = True) -> None:
         """Append ``bodies`` to the input and wait until the PE has answered every one (with
         ``answered=False``, until they are in a committed batch: a partition answers some)."""
-        first = self.sent + 1
-        records = [
-            Record(first + n, 0, first + n, 1000.0 + first + n, "src", json.dumps(body))
-            for n, body in enumerate(bodies)
-        ]
-        self.js.run(lambda j: publish_records(j, self.pipeline, "src", records))
+        append_events(self.js, self.pipeline, self.sent + 1, bodies)
         self.sent += len(bodies)
         if not answered:
             self.wait_committed()
@@ -528,11 +535,7 @@ class Partitions:
     def publish(self, bodies: list[dict[str, Any]]) -> None:
         """Append events with these bodies."""
         first = self.js.run(lambda j: last_seq(j, stream_name(self.pipeline, "src"))) + 1
-        records = [
-            Record(first + n, 0, first + n, 1000.0 + first + n, "src", json.dumps(body))
-            for n, body in enumerate(bodies)
-        ]
-        self.js.run(lambda j: publish_records(j, self.pipeline, "src", records))
+        append_events(self.js, self.pipeline, first, bodies)
         self.sent.extend(bodies)
         self.key_at.update((first + n, b["patient"]) for n, b in enumerate(bodies))
 
