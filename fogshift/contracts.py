@@ -533,10 +533,14 @@ class KeyMoveReport(BaseModel):
         origins: Each moved key's partition before the move.
         target_partition: The partition that owns them afterwards (on ``target``).
         group: ``G/N`` for a key group move (its keys seen later go there too).
-        move_seq: Where the move is stored in the partitions' input: the keys change owner
-            there, for every execution.
+        move_seq: Where the move (its first wave) is stored in the partitions' input: the
+            keys change owner there, for every execution.
+        waves: Where each wave of listed keys is stored (the keys of each change owner
+            there); a key group moves in one.
+        left: Keys that did not move: an earlier wave's states did not come in time, so
+            theirs was never appended (their origins keep them).
         sent: The keys in the order their states were stored.
-        stoppage_ms: Per key, from the move being stored to its state being stored: how
+        stoppage_ms: Per key, from its wave being stored to its state being stored: how
             long its events wait at the target (plus the target's next batch).
         done_ms: From the request to the target having committed every state.
         state_bytes: The states' size as sent at the move.
@@ -559,6 +563,8 @@ class KeyMoveReport(BaseModel):
     origins: dict[str, str] = {}
     group: str | None = None
     move_seq: int
+    waves: list[int] = []
+    left: list[str] = []
     sent: list[str] = []
     stoppage_ms: dict[str, float] = {}
     done_ms: float | None = None

@@ -10,7 +10,11 @@ scales out (the sixth), in separate runs on fresh pipelines:
 * ``literal``: the same by the thesis's procedure (pause, state, invoke, finalize): the
   stop-and-move whole-operator migration PAM's own evaluation compares with;
 * ``fifo``: its keys move to partition 1 (``migrate --keys``) with their states sent as listed;
-* ``backlog``: the same, the key whose next event is nearest first (PAM's order);
+* ``backlog``: the same, the key whose next event is nearest first (PAM's order), in waves
+  (one key first, growing with the states' sizes up to 64 keys: a key stops only while its
+  wave crosses);
+* ``at-once``: backlog order, every key in one wave (all change owner at one position: how
+  key moves went before waves);
 * ``precopy``: backlog order after copying the keys' states to partition 1 while partition 0
   keeps processing them (a per-key make-before-break): at the move only what changed since
   the copy travels;
@@ -65,19 +69,20 @@ from fogshift.supervisor.cluster import orchestrator_client
 
 NAME = "pam"
 EDGE, FIRST, SECOND = "cloud", "fog-a", "fog-b"
-METHODS = ("whole", "literal", "fifo", "backlog", "precopy", "scale")
-#: The key-move methods: (order, precopy).
+METHODS = ("whole", "literal", "fifo", "backlog", "at-once", "precopy", "scale")
+#: The key-move methods: (order, precopy, every key in one wave).
 KEY_METHODS = {
-    "fifo": ("fifo", False),
-    "backlog": ("backlog", False),
-    "precopy": ("backlog", True),
+    "fifo": ("fifo", False, False),
+    "backlog": ("backlog", False, False),
+    "at-once": ("backlog", False, True),
+    "precopy": ("backlog", True, False),
 }
 #: How the ``whole`` and ``literal`` methods migrate partition 0.
 WHOLE_MODES = {"whole": "handover", "literal": "literal"}
 
 RUN_FIELDS = (
     "run", "method", "traffic", "keys", "state_kib", "rate", "events", "moved_keys",
-    "moved_at", "done_at", "op_ms", "precopy_ms", "precopy_bytes", "state_bytes",
+    "moved_at", "done_at", "op_ms", "waves", "precopy_ms", "precopy_bytes", "state_bytes",
     "steady_p50_ms", "steady_p99_ms", "stoppage_p50_ms", "stoppage_max_ms", "stable_ms",
     "late_disturbed", "during_p99_ms",
     "added_p99_ms", "tput_before", "tput_during", "tput_after", "consistent", "problems", "error",
@@ -233,13 +238,16 @@ def _one(
             if report.get("status") != "moved":
                 raise FogshiftError(f"{name}: the scale ended {report.get('status')}")
         else:
-            order, precopy = KEY_METHODS[method]
+            order, precopy, at_once = KEY_METHODS[method]
+            body: dict[str, Any] = {"keys": moving, "target": SECOND, "order": order,
+                                    "precopy": precopy}  # fmt: skip
+            if at_once:
+                body["wave_keys"] = len(moving)
             with orchestrator_client(cluster.home, timeout_s=900) as client:
-                report = client.post(
-                    f"/pipelines/{name}/elements/aggregate/keys/migrate",
-                    json={"keys": moving, "target": SECOND, "order": order, "precopy": precopy},
-                )
+                report = client.post(f"/pipelines/{name}/elements/aggregate/keys/migrate",
+                                     json=body)  # fmt: skip
             row["op_ms"] = report.get("done_ms")
+            row["waves"] = len(report.get("waves") or [])
             row["precopy_ms"] = report.get("precopy_ms")
             row["precopy_bytes"] = report.get("precopy_bytes")
             if report.get("status") != "moved":
@@ -426,8 +434,10 @@ def section(folder: Path) -> str | None:
         "Every key of partition 0 moves from fog-a to fog-b while the source runs: the whole "
         "partition by a handover (whole) or by the thesis's pause-and-move procedure "
         "(literal, the baseline PAM compares with), or its keys to partition 1 "
-        "(`migrate --keys`), their states sent as listed (fifo) or nearest next event first "
-        "(backlog, PAM), or in backlog order after copies of the states went ahead while "
+        "(`migrate --keys`, in waves: one key, then growing with the states' sizes up to 64 "
+        "keys, each wave once the one before arrived), their states sent as listed (fifo) or "
+        "nearest next event first (backlog, PAM), or every key in one wave (at-once, "
+        "backlog order), or in backlog order after copies of the states went ahead while "
         "partition 0 kept the keys (precopy: only what changed since travels at the move); "
         "or (scale) the element goes from two partitions to three (the third "
         "on cloud) and every key whose partition changes moves. Latency per event from the "

@@ -644,6 +644,17 @@ def migrate(
             "the whole states at the move, as PAM does)."
         ),
     ] = True,
+    wave_keys: Annotated[
+        int | None,
+        typer.Option(
+            "--wave-keys",
+            min=1,
+            max=1000,
+            help="With --keys: move them in waves of this many, each once the one before "
+            "has arrived (default: one key, then growing with the states' sizes up to 64; "
+            "at least as many as --keys: all at one position of the input).",
+        ),
+    ] = None,
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
@@ -675,7 +686,7 @@ def migrate(
                 received=repr(order),
             )
         _migrate_keys(home, pipeline, element, keys.split(",") if keys else [], to, order,
-                      as_json, key_group, precopy)  # fmt: skip
+                      as_json, key_group, precopy, wave_keys)  # fmt: skip
         return
     if (element is None) == (elements is None):
         raise InvalidInput(
@@ -729,13 +740,15 @@ def _post(
 
 def _migrate_keys(
     home: Path, pipeline: str, element: str, keys: list[str], to: str, order: str, as_json: bool,
-    group: str | None = None, precopy: bool = True,
+    group: str | None = None, precopy: bool = True, wave_keys: int | None = None,
 ) -> None:  # fmt: skip
     body: dict[str, Any] = {"keys": [k.strip() for k in keys], "target": to, "order": order}
     if group is not None:
         body["group"] = group.strip()
     else:
         body["precopy"] = precopy
+    if wave_keys is not None:
+        body["wave_keys"] = wave_keys
     moving = f"key group {group}" if group is not None else f"{len(keys)} keys"
     report = _post(home, f"/pipelines/{pipeline}/elements/{element}/keys/migrate", body,
                    f"moving {moving} of {pipeline}/{element} to {to}", KeyMoveReport,
@@ -751,6 +764,10 @@ def _migrate_keys(
                 f"{key}: {report.origins.get(key)} -> {report.target_partition}, stopped "
                 f"{report.stoppage_ms.get(key, float('nan')):.0f} ms"
             )
+        if len(report.waves) > 1:
+            console.print(f"in {len(report.waves)} waves, at {', '.join(map(str, report.waves))}")
+        if report.left:
+            console.print(f"not moved (no wave for them): {', '.join(report.left)}")
         if report.already:
             console.print(f"already on {report.target_partition}: {', '.join(report.already)}")
         _key_outcome(

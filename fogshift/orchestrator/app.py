@@ -124,6 +124,9 @@ class KeyMoveRequest(BaseModel):
     group: str | None = Field(default=None, pattern=r"^[0-9]{1,4}/[0-9]{1,4}$")
     #: Listed keys: copy their states to the target first, then move what changed since.
     precopy: bool = True
+    #: Listed keys: move them in waves of this many (default: one key first, then growing
+    #: with the states' sizes, up to 64 keys); at least the number of keys: all at once.
+    wave_keys: int | None = Field(default=None, ge=1, le=1000)
 
 
 class ScaleRequest(BaseModel):
@@ -255,8 +258,9 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.post("/pipelines/{name}/elements/{element}/keys/migrate")
     def migrate_keys(name: NameParam, element: NameParam, request: KeyMoveRequest) -> KeyMoveReport:
         """Move single keys of a partitioned element to its partition on ``target``, while
-        every partition runs (PAM). Answers 200 with ``pending`` if a state has not come
-        within a minute: the move stands, the target holds those keys' events."""
+        every partition runs (PAM). Answers 200 with ``pending`` if a wave's states have not
+        come within a minute: that wave stands (the target holds its keys' events), later
+        ones are not appended."""
         group = None
         if request.group is not None:
             g, n = request.group.split("/")
@@ -269,6 +273,7 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
             request.order,
             group=group,
             precopy=request.precopy,
+            wave_keys=request.wave_keys,
         )
 
     @app.post("/pipelines/{name}/elements/{element}/scale")

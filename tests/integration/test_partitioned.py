@@ -34,7 +34,7 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
                      "sink": "cloud"}  # fmt: skip
     # Single keys move (PAM): three of partition 0's sensors to partition 1 on fog-b, their
     # states copied ahead (precopy, the default) and what changed since pushed in backlog
-    # order at the move, while both partitions run.
+    # order at the move, in waves (one key, then the two others), while both partitions run.
     static = {f"s{i}": partition_of_key(f"s{i}", 2) for i in range(40)}
     first = [k for k, p in static.items() if p == 0][:3]
     moved = cluster.json(
@@ -47,6 +47,8 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     assert moved["origins"] == dict.fromkeys(first, "aggregate-p0")
     assert set(moved["stoppage_ms"]) == set(first) and moved["state_bytes"] > 0
     assert moved["precopied"] == first and moved["precopy_bytes"] > 0
+    assert len(moved["waves"]) == 2 and moved["move_seq"] == moved["waves"][0] < moved["waves"][1]
+    assert moved["sent"][0] == first[0] and moved["left"] == []
     # Keys already there are not moved again; a node without a partition is refused.
     again = cluster.json("migrate", "split", "aggregate", "--keys", first[0], "--to", "fog-b")
     assert (again["keys"], again["already"]) == ([], [first[0]])
@@ -59,6 +61,10 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     for args, says in [
         (["source", "--keys", "s1", "--to", "fog-b"], "'source' is not partitioned"),
         (["aggregate", "--keys", "s1,s1", "--to", "fog-b"], "distinct keys"),
+        (
+            ["aggregate", "--key-group", "1/4", "--wave-keys", "2", "--to", "fog-b"],
+            "waves are for listed keys",
+        ),
     ]:
         refused = cluster.cli("migrate", "split", *args, check=False)
         assert refused.returncode != 0 and says in " ".join(refused.stderr.split()), says
@@ -69,13 +75,13 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     report = json.loads(moved.stdout)
     assert (report["status"], report["origin"], report["target"]) == ("migrated", "fog-b", "cloud")
     # Two of partition 1's own keys go to partition 0 (fifo, whole states at the move as
-    # PAM sends them), after the handover.
+    # PAM sends them, both in one wave), after the handover.
     second = [k for k, p in static.items() if p == 1][:2]
     back = cluster.json(
         "migrate", "split", "aggregate", "--keys", ",".join(second), "--to", "fog-a",
-        "--order", "fifo", "--no-precopy",
+        "--order", "fifo", "--no-precopy", "--wave-keys", "2",
     )  # fmt: skip
-    assert (back["status"], back["sent"]) == ("moved", second)
+    assert (back["status"], back["sent"], back["waves"]) == ("moved", second, [back["move_seq"]])
     assert (back["precopied"], back["precopy_ms"]) == ([], None)
     owner = {**static, **dict.fromkeys(first, 1), **dict.fromkeys(second, 0)}
     # A key group moves: its keys with state now, and any of it that comes later.
