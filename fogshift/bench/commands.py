@@ -246,9 +246,10 @@ def register(bench_app: typer.Typer) -> None:
     ) -> None:
         """Issue #16: per-key migration (fifo, backlog order) vs whole-PE and scaling.
 
-        Every key of one partition moves: one key at a time (fifo or backlog order), or the
-        whole partition (a handover, and the thesis's pause-and-move procedure); or the
-        element scales from two partitions to three. Uniform and Zipf traffic.
+        Every key of one partition moves: key by key (fifo or backlog order, in waves or
+        all at once, with or without a precopy), or the whole partition (a handover, and the
+        thesis's pause-and-move procedure); or the element scales from two partitions to
+        three. Uniform and Zipf traffic.
         """
         config = pam.PamConfig.quick() if quick else pam.PamConfig()
         if methods is not None:

@@ -150,7 +150,8 @@ class KeyMoves(Standbys):
 
         With ``group`` ``(g, n)`` instead of keys, key group ``g`` of ``n`` moves: every key
         whose CRC-32 modulo ``n`` is ``g``, those holding state now (listed as for a
-        rescale, see :meth:`_append_listed`) and any that comes later.
+        rescale, see :meth:`_append_listed`; those in state stores go ahead in waves) and
+        any that comes later.
 
         Returns once the target has committed every moved key's state (``moved``), or
         ``timeout_s`` after the move was stored (after the precopy) with ``pending`` (the
@@ -415,35 +416,49 @@ class KeyMoves(Standbys):
             return KeyMove(0, move_id, element_id, tuple(moving), index, order.value,
                            group=group)  # fmt: skip
 
-        move, at, before = self._append_listed(
-            pipeline, element_id, parts, source, make,
-            f"move key group {g}/{n} of {pipeline}/{element_id}",
-        )  # fmt: skip
-        moving = list(move.keys)
-        log.info("moving key group %d/%d of %s/%s (%d keys with state) to %s at %s", g, n,
-                 pipeline, element_id, len(moving), to.id, at)  # fmt: skip
+        what = f"move key group {g}/{n} of {pipeline}/{element_id}"
         base: dict[str, Any] = {
             "pipeline": pipeline, "element": element_id, "target": target,
-            "target_partition": to.id, "order": order, "keys": moving, "group": f"{g}/{n}",
-            "origins": {k: parts[before.owner(k)].id for k in moving},
+            "target_partition": to.id, "order": order, "group": f"{g}/{n}",
         }  # fmt: skip
-        return self._finish_move(base, move, at, pipeline, source, to, target, started, timeout_s)
-
-    def _finish_move(
-        self, base: dict[str, Any], move: KeyMove, at: int, pipeline: str, source: str,
-        to: ElementSpec, target: str, started: float, timeout_s: float,
-    ) -> KeyMoveReport:  # fmt: skip
-        """The report of ``move`` (stored at ``at``) once the target has committed every
-        moved key's state, or ``pending`` after ``timeout_s`` from ``started``."""
-        settled = self._settle(pipeline, base["element"], source, move, at, started + timeout_s)
+        # The keys holding state now go ahead in waves, as listed keys do (a key stops only
+        # while its wave crosses); the group's own record then moves those seen since and
+        # sends the group's later keys to the target.
+        waves: list[int]
+        listed = self._listed_keys(pipeline, parts, source)
+        ahead = sorted(k for k in listed[0] if in_group(k, g, n) and owners.owner(k) != index)
+        settled, waves = Settled({}, 0), []
+        if len(ahead) > 1:
+            settled, waves = self._move_waves(pipeline, element_id, source, ahead, to, order,
+                                              None, timeout_s, None)  # fmt: skip
+            if settled.error is not None:
+                return KeyMoveReport(
+                    **base, status=KeyMoveStatus.PENDING, keys=ahead, move_seq=waves[0],
+                    waves=waves, origins={k: parts[owners.owner(k)].id for k in ahead},
+                    sent=list(settled.stoppage_ms), stoppage_ms=settled.stoppage_ms,
+                    state_bytes=settled.state_bytes, left=settled.left,
+                    error=f"{settled.error}; the group's own record was not appended",
+                )  # fmt: skip
+        move, at, before = self._append_listed(pipeline, element_id, parts, source, make, what,
+                                               listed)  # fmt: skip
+        log.info("moving key group %d/%d of %s/%s (%d keys with state, %d in waves before) to "
+                 "%s at %s", g, n, pipeline, element_id, len(move.keys), len(ahead), to.id,
+                 at)  # fmt: skip
+        last = self._settle(pipeline, element_id, source, move, at, time.monotonic() + timeout_s)
+        moved = [k for k in settled.stoppage_ms if k not in move.keys] + list(move.keys)
         report = KeyMoveReport(
-            **base, status=KeyMoveStatus.MOVED, move_seq=at, sent=list(settled.stoppage_ms),
-            stoppage_ms=settled.stoppage_ms, state_bytes=settled.state_bytes,
+            **base, status=KeyMoveStatus.MOVED, keys=moved, move_seq=(waves or [at])[0],
+            waves=[*waves, at],
+            origins={
+                **{k: parts[owners.owner(k)].id for k in settled.stoppage_ms},
+                **{k: parts[before.owner(k)].id for k in move.keys},
+            },
+            sent=[*settled.stoppage_ms, *last.stoppage_ms],
+            stoppage_ms={**settled.stoppage_ms, **last.stoppage_ms},
+            state_bytes=settled.state_bytes + last.state_bytes,
         )  # fmt: skip
-        if settled.error is not None:
-            return report.model_copy(
-                update={"status": KeyMoveStatus.PENDING, "error": settled.error}
-            )
+        if last.error is not None:
+            return report.model_copy(update={"status": KeyMoveStatus.PENDING, "error": last.error})
         return report.model_copy(update={"done_ms": _ms_since(started)})
 
     def _settle(
@@ -521,35 +536,12 @@ class KeyMoves(Standbys):
                 return states, moved_at
             time.sleep(0.05)
 
-    def _append_listed(
-        self,
-        pipeline: str,
-        element_id: str,
-        parts: list[ElementSpec],
-        source: str,
-        make: Callable[[Ownership, set[str], str], KeyMove],
-        what: str,
-    ) -> tuple[KeyMove, int, Ownership]:
-        """Append the move ``make`` gives, from who owns each key now and every key that
-        may hold state, to the partitions' input: a rescale, or a key group's move.
-
-        The keys are those in every partition's state store as of its newest committed
-        batch, plus the keys of every event, move and state stored in the input after the
-        oldest of those batches. The move is appended only if the input's last sequence is
-        still the last one looked at (``Nats-Expected-Last-Sequence``); else what came is
-        looked at too and the move made again. So no key gains state unseen before it.
-
-        Returns:
-            The move, its sequence, and the ownership it was made from.
-
-        Raises:
-            InvalidInput: The move is larger than a broker message.
-            Unavailable: The input never stood still long enough.
-        """
+    def _listed_keys(
+        self, pipeline: str, parts: list[ElementSpec], source: str
+    ) -> tuple[set[str], int]:
+        """The keys in every partition's state store as of its newest committed batch, and
+        the oldest input position those batches end at (in ``source``)."""
         record = self.pipeline(pipeline)
-        key_by = parts[0].key_by
-        first = parts[0].partition
-        assert key_by is not None and first is not None
         held: set[str] = set()
         since: int | None = None
         for part in parts:
@@ -560,9 +552,42 @@ class KeyMoves(Standbys):
             start = part.partition.since if part.partition is not None else 0
             position = answer.positions.get(source, start)
             since = position if since is None else min(since, position)
+        return held, since or 0
+
+    def _append_listed(
+        self,
+        pipeline: str,
+        element_id: str,
+        parts: list[ElementSpec],
+        source: str,
+        make: Callable[[Ownership, set[str], str], KeyMove],
+        what: str,
+        listed: tuple[set[str], int] | None = None,
+    ) -> tuple[KeyMove, int, Ownership]:
+        """Append the move ``make`` gives, from who owns each key now and every key that
+        may hold state, to the partitions' input: a rescale, or a key group's move.
+
+        The keys are those in every partition's state store as of its newest committed
+        batch, plus the keys of every event, move and state stored in the input after the
+        oldest of those batches (``listed``: as :meth:`_listed_keys` gave them, earlier).
+        The move is appended only if the input's last sequence is
+        still the last one looked at (``Nats-Expected-Last-Sequence``); else what came is
+        looked at too and the move made again. So no key gains state unseen before it.
+
+        Returns:
+            The move, its sequence, and the ownership it was made from.
+
+        Raises:
+            InvalidInput: The move is larger than a broker message.
+            Unavailable: The input never stood still long enough.
+        """
+        key_by = parts[0].key_by
+        first = parts[0].partition
+        assert key_by is not None and first is not None
+        held, scanned = listed or self._listed_keys(pipeline, parts, source)
+        held = set(held)
         stream = stream_name(pipeline, source)
         data, keys = data_subject(pipeline, source), keys_subject(pipeline, source)
-        scanned = since or 0
         move_id = uuid.uuid4().hex[:12]
         for _ in range(APPEND_TRIES):
 

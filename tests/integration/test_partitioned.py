@@ -89,6 +89,10 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     grouped = sorted(k for k in static if in_group(k, 1, 4) and owner[k] != 0)
     assert (group["status"], group["group"], sorted(group["keys"])) == ("moved", "1/4", grouped)
     assert grouped and set(group["sent"]) == set(grouped)
+    # Its nine keys holding state went ahead in waves (one key, four, four), the group's
+    # own record last.
+    assert len(grouped) == 9 and len(group["waves"]) == 4
+    assert group["waves"] == sorted(group["waves"]) and group["move_seq"] == group["waves"][0]
     owner |= {k: 0 for k in static if in_group(k, 1, 4)}
     refused = cluster.cli("migrate", "split", "aggregate", "--key-group", "4/4", "--to", "fog-a",
                           check=False)  # fmt: skip
