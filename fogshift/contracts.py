@@ -515,12 +515,27 @@ class KeyOrder(StrEnum):
 
 
 class KeyMoveStatus(StrEnum):
-    """``moved``: the target processes the keys; ``pending``: the move is stored (the keys
+    """``moved``: the target processes the keys; ``pending``: a move is stored (its keys
     belong to the target, which holds their events) but a state has not come yet, e.g.
-    because the origin partition's node is down; it comes when that partition runs again."""
+    because the origin partition's node is down; it comes when that partition runs again.
+    (Keys of later waves, never appended, stay with their origins: a report's ``left``.)"""
 
     MOVED = "moved"
     PENDING = "pending"
+
+
+class KeyWave(BaseModel):
+    """One wave of a key move: a move record of its own in the partitions' input.
+
+    Attributes:
+        seq: Where it is stored: its keys change owner there, for every execution.
+        keys: Its keys (a key group's own record: those seen since its waves, maybe none).
+    """
+
+    model_config = _WIRE
+
+    seq: int
+    keys: list[str]
 
 
 class KeyMoveReport(BaseModel):
@@ -528,15 +543,15 @@ class KeyMoveReport(BaseModel):
 
     Attributes:
         element: The partitioned element (its partitions are ``<element>-p<i>``).
-        keys: The keys moved, in the order given (a key group: its keys holding state).
+        keys: The keys to move, in the order given (a key group: its keys holding state);
+            those in ``left`` did not.
         already: Keys given that the target partition owned already (nothing to move).
         origins: Each moved key's partition before the move.
         target_partition: The partition that owns them afterwards (on ``target``).
         group: ``G/N`` for a key group move (its keys seen later go there too).
         move_seq: Where the move (its first wave) is stored in the partitions' input: the
             keys change owner there, for every execution.
-        waves: Where each wave of listed keys is stored (the keys of each change owner
-            there); a key group moves in one.
+        waves: The moves appended, in order (a key group's own record last).
         left: Keys that did not move: an earlier wave's states did not come in time, so
             theirs was never appended (their origins keep them).
         sent: The keys in the order their states were stored.
@@ -563,7 +578,7 @@ class KeyMoveReport(BaseModel):
     origins: dict[str, str] = {}
     group: str | None = None
     move_seq: int
-    waves: list[int] = []
+    waves: list[KeyWave] = []
     left: list[str] = []
     sent: list[str] = []
     stoppage_ms: dict[str, float] = {}

@@ -765,7 +765,11 @@ def _migrate_keys(
                 f"{report.stoppage_ms.get(key, float('nan')):.0f} ms"
             )
         if len(report.waves) > 1:
-            console.print(f"in {len(report.waves)} waves, at {', '.join(map(str, report.waves))}")
+            console.print(
+                f"in {len(report.waves)} waves of "
+                + ", ".join(f"{len(w.keys)} (at {w.seq})" for w in report.waves)
+                + " keys"
+            )
         if report.left:
             console.print(f"not moved (no wave for them): {', '.join(report.left)}")
         if report.already:

@@ -39,6 +39,7 @@ from fogshift.contracts import (
     KeyMoveReport,
     KeyMoveStatus,
     KeyOrder,
+    KeyWave,
     StateKeys,
 )
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
@@ -153,10 +154,12 @@ class KeyMoves(Standbys):
         rescale, see :meth:`_append_listed`; those in state stores go ahead in waves) and
         any that comes later.
 
-        Returns once the target has committed every moved key's state (``moved``), or
-        ``timeout_s`` after the move was stored (after the precopy) with ``pending`` (the
-        move stands: the keys' events wait at the target until the origin partition, e.g.
-        once restored, sends their states).
+        Returns once the target has committed every moved key's state (``moved``), or with
+        ``pending`` once a wave's states have not all been stored within ``timeout_s`` of
+        it (that wave stands: its keys' events wait at the target until the origin
+        partition, e.g. once restored, sends their states; later waves are not appended,
+        their keys ``left`` where they are), or the last states not committed within
+        ``timeout_s`` more.
 
         Raises:
             InvalidInput: Not a partitioned element, several inputs, no partition on
@@ -181,11 +184,10 @@ class KeyMoves(Standbys):
             _check_keys(what, keys)
         elif wave_keys is not None:
             raise InvalidInput(
-                f"cannot move {what}: waves are for listed keys",
+                f"cannot move {what}: --wave-keys is for --keys",
                 expected="--wave-keys with --keys",
                 received=f"--wave-keys {wave_keys} with --key-group {group[0]}/{group[1]}",
-                hint="a key group moves in one record (its later keys follow it); drop "
-                "--wave-keys, or list the keys",
+                hint="a key group sizes its waves itself: drop --wave-keys, or list the keys",
             )
         elif keys or not 0 <= group[0] < group[1] <= MAX_GROUPS:
             raise InvalidInput(
@@ -274,11 +276,15 @@ class KeyMoves(Standbys):
                                    time.monotonic() + PRECOPY_BUDGET_S)  # fmt: skip
             base.update(precopied=copied.keys, precopy_ms=copied.ms,
                         precopy_bytes=copied.state_bytes)  # fmt: skip
-        settled, waves = self._move_waves(
-            pipeline, element_id, source, moving, to, order, copied.copy, timeout_s, wave_keys
-        )
+        settled, waves, last = self._move_waves(
+            pipeline, element_id, source, moving, to, order, timeout_s, wave_keys, copied.copy,
+            frozenset(copied.keys),
+        )  # fmt: skip
+        if settled.error is None:
+            settled.error = self._await_commits(pipeline, element_id, source, last,
+                                                time.monotonic() + timeout_s)  # fmt: skip
         report = KeyMoveReport(
-            **base, status=KeyMoveStatus.MOVED, move_seq=waves[0], waves=waves,
+            **base, status=KeyMoveStatus.MOVED, move_seq=waves[0].seq, waves=waves,
             sent=list(settled.stoppage_ms), stoppage_ms=settled.stoppage_ms,
             state_bytes=settled.state_bytes, left=settled.left,
         )  # fmt: skip
@@ -290,29 +296,35 @@ class KeyMoves(Standbys):
 
     def _move_waves(
         self, pipeline: str, element_id: str, source: str, moving: list[str], to: ElementSpec,
-        order: KeyOrder, copy: str | None, timeout_s: float, wave_keys: int | None,
-    ) -> tuple[Settled, list[int]]:  # fmt: skip
-        """Move ``moving`` to partition ``to`` in waves, in the order listed: sized as
-        :data:`WAVE_KEYS` says, or of ``wave_keys`` keys each. The origin orders each
-        wave's states (``order``). Each wave's states must be stored within ``timeout_s`` of
-        its move, and the last committed by the partitions that take them, within
-        ``timeout_s`` more.
+        order: KeyOrder, timeout_s: float, wave_keys: int | None, copy: str | None = None,
+        copied: frozenset[str] = frozenset(),
+    ) -> tuple[Settled, list[KeyWave], dict[int, int]]:  # fmt: skip
+        """Move ``moving`` to partition ``to`` in waves: sized as :data:`WAVE_KEYS` says, or
+        of ``wave_keys`` keys each. The keys ``copied`` by the precopy ``copy`` go first (in
+        the order listed), then the others, whose sizing starts again at one key: a copied
+        key sends what changed since, the others their whole states. The origin orders
+        each wave's states (``order``); the waves go in the order listed. Each wave's states
+        must be stored within ``timeout_s`` of its move.
 
         Returns:
-            How the states arrived (the keys of waves never appended, after one that did
-            not complete, in ``left``), and each wave's sequence in the input.
+            How the states arrived (the keys of waves never appended, after one whose
+            states did not all come, in ``left``), the waves appended, and the last state's
+            sequence per partition taking them (to wait for their commits).
         """
         assert to.partition is not None
         settled = Settled({}, 0)
-        waves: list[int] = []
-        last: dict[int, int] = {}  # each new partition's last state
+        waves: list[KeyWave] = []
+        last: dict[int, int] = {}
+        ordered = [k for k in moving if k in copied] + [k for k in moving if k not in copied]
         step, largest, done = wave_keys or 1, 1, 0
-        while done < len(moving):
-            wave = moving[done : done + step]
+        while done < len(ordered):
+            wave = ordered[done : done + step]
+            if wave_keys is None and wave[0] in copied:
+                wave = [k for k in wave if k in copied]  # the last wave of copied keys
             move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(wave),
                            to.partition.index, order.value, copy=copy)  # fmt: skip
             at = self._append_key_record(pipeline, source, move.payload())
-            waves.append(at)
+            waves.append(KeyWave(seq=at, keys=wave))
             log.info("moving %d keys of %s/%s to %s at %s (wave %d)", len(wave), pipeline,
                      element_id, to.id, at, len(waves))  # fmt: skip
             deadline = time.monotonic() + timeout_s
@@ -328,17 +340,18 @@ class KeyMoves(Standbys):
             done += len(wave)
             missing = [k for k in wave if k not in states]
             if missing:
-                settled.left = moving[done:]
+                settled.left = ordered[done:]
                 settled.error = _no_state(missing) + (
                     f"; {len(settled.left)} keys of later waves did not move" if settled.left
                     else ""
                 )  # fmt: skip
-                return settled, waves
-            if wave_keys is None:
-                step = _next_step(step, largest, WAVE_BYTES, WAVE_KEYS)
-        settled.error = self._await_commits(pipeline, element_id, source, last,
-                                            time.monotonic() + timeout_s)  # fmt: skip
-        return settled, waves
+                return settled, waves, last
+            if wave_keys is None and done < len(ordered):
+                if wave[0] in copied and ordered[done] not in copied:
+                    step, largest = 1, 1  # whole states from here: their size is unknown
+                else:
+                    step = _next_step(step, largest, WAVE_BYTES, WAVE_KEYS)
+        return settled, waves, last
 
     def _append_key_record(self, pipeline: str, source: str, payload: bytes) -> int:
         """Append ``payload`` (a key move or copy request) to the ``.keys`` subject of the
@@ -424,41 +437,43 @@ class KeyMoves(Standbys):
         # The keys holding state now go ahead in waves, as listed keys do (a key stops only
         # while its wave crosses); the group's own record then moves those seen since and
         # sends the group's later keys to the target.
-        waves: list[int]
-        listed = self._listed_keys(pipeline, parts, source)
-        ahead = sorted(k for k in listed[0] if in_group(k, g, n) and owners.owner(k) != index)
-        settled, waves = Settled({}, 0), []
-        if len(ahead) > 1:
-            settled, waves = self._move_waves(pipeline, element_id, source, ahead, to, order,
-                                              None, timeout_s, None)  # fmt: skip
-            if settled.error is not None:
-                return KeyMoveReport(
-                    **base, status=KeyMoveStatus.PENDING, keys=ahead, move_seq=waves[0],
-                    waves=waves, origins={k: parts[owners.owner(k)].id for k in ahead},
-                    sent=list(settled.stoppage_ms), stoppage_ms=settled.stoppage_ms,
-                    state_bytes=settled.state_bytes, left=settled.left,
-                    error=f"{settled.error}; the group's own record was not appended",
-                )  # fmt: skip
-        move, at, before = self._append_listed(pipeline, element_id, parts, source, make, what,
-                                               listed)  # fmt: skip
+        held, _ = self._listed_keys(pipeline, parts, source)
+        ahead = sorted(k for k in held if in_group(k, g, n) and owners.owner(k) != index)
+        settled, waves, last = self._move_waves(pipeline, element_id, source, ahead, to, order,
+                                                timeout_s, None)  # fmt: skip
+        if settled.error is not None:
+            return KeyMoveReport(
+                **base, status=KeyMoveStatus.PENDING, keys=ahead, move_seq=waves[0].seq,
+                waves=waves, origins={k: parts[owners.owner(k)].id for k in ahead},
+                sent=list(settled.stoppage_ms), stoppage_ms=settled.stoppage_ms,
+                state_bytes=settled.state_bytes, left=settled.left,
+                error=f"{settled.error}; the group's own record was not appended (the same "
+                "command again appends it once the keys above have arrived)",
+            )  # fmt: skip
+        # Listed again: the waves took a while, and the scan of the input starts at the
+        # state stores' newest commits.
+        move, at, before = self._append_listed(pipeline, element_id, parts, source, make, what)
         log.info("moving key group %d/%d of %s/%s (%d keys with state, %d in waves before) to "
                  "%s at %s", g, n, pipeline, element_id, len(move.keys), len(ahead), to.id,
                  at)  # fmt: skip
-        last = self._settle(pipeline, element_id, source, move, at, time.monotonic() + timeout_s)
-        moved = [k for k in settled.stoppage_ms if k not in move.keys] + list(move.keys)
+        deadline = time.monotonic() + timeout_s
+        rest = self._settle(pipeline, element_id, source, move, at, deadline)
+        if rest.error is None:
+            rest.error = self._await_commits(pipeline, element_id, source, last, deadline)
+        waves.append(KeyWave(seq=at, keys=list(move.keys)))
         report = KeyMoveReport(
-            **base, status=KeyMoveStatus.MOVED, keys=moved, move_seq=(waves or [at])[0],
-            waves=[*waves, at],
+            **base, status=KeyMoveStatus.MOVED, keys=[*ahead, *move.keys],
+            move_seq=waves[0].seq, waves=waves,
             origins={
-                **{k: parts[owners.owner(k)].id for k in settled.stoppage_ms},
+                **{k: parts[owners.owner(k)].id for k in ahead},
                 **{k: parts[before.owner(k)].id for k in move.keys},
             },
-            sent=[*settled.stoppage_ms, *last.stoppage_ms],
-            stoppage_ms={**settled.stoppage_ms, **last.stoppage_ms},
-            state_bytes=settled.state_bytes + last.state_bytes,
+            sent=[*settled.stoppage_ms, *rest.stoppage_ms],
+            stoppage_ms={**settled.stoppage_ms, **rest.stoppage_ms},
+            state_bytes=settled.state_bytes + rest.state_bytes,
         )  # fmt: skip
-        if last.error is not None:
-            return report.model_copy(update={"status": KeyMoveStatus.PENDING, "error": last.error})
+        if rest.error is not None:
+            return report.model_copy(update={"status": KeyMoveStatus.PENDING, "error": rest.error})
         return report.model_copy(update={"done_ms": _ms_since(started)})
 
     def _settle(
@@ -562,17 +577,16 @@ class KeyMoves(Standbys):
         source: str,
         make: Callable[[Ownership, set[str], str], KeyMove],
         what: str,
-        listed: tuple[set[str], int] | None = None,
     ) -> tuple[KeyMove, int, Ownership]:
         """Append the move ``make`` gives, from who owns each key now and every key that
         may hold state, to the partitions' input: a rescale, or a key group's move.
 
         The keys are those in every partition's state store as of its newest committed
-        batch, plus the keys of every event, move and state stored in the input after the
-        oldest of those batches (``listed``: as :meth:`_listed_keys` gave them, earlier).
-        The move is appended only if the input's last sequence is
-        still the last one looked at (``Nats-Expected-Last-Sequence``); else what came is
-        looked at too and the move made again. So no key gains state unseen before it.
+        batch (:meth:`_listed_keys`), plus the keys of every event, move and state stored
+        in the input after the oldest of those batches. The move is appended only if the
+        input's last sequence is still the last one looked at
+        (``Nats-Expected-Last-Sequence``); else what came is looked at too and the move made
+        again. So no key gains state unseen before it.
 
         Returns:
             The move, its sequence, and the ownership it was made from.
@@ -584,8 +598,7 @@ class KeyMoves(Standbys):
         key_by = parts[0].key_by
         first = parts[0].partition
         assert key_by is not None and first is not None
-        held, scanned = listed or self._listed_keys(pipeline, parts, source)
-        held = set(held)
+        held, scanned = self._listed_keys(pipeline, parts, source)
         stream = stream_name(pipeline, source)
         data, keys = data_subject(pipeline, source), keys_subject(pipeline, source)
         move_id = uuid.uuid4().hex[:12]

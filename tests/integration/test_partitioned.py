@@ -47,7 +47,8 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     assert moved["origins"] == dict.fromkeys(first, "aggregate-p0")
     assert set(moved["stoppage_ms"]) == set(first) and moved["state_bytes"] > 0
     assert moved["precopied"] == first and moved["precopy_bytes"] > 0
-    assert len(moved["waves"]) == 2 and moved["move_seq"] == moved["waves"][0] < moved["waves"][1]
+    assert [w["keys"] for w in moved["waves"]] == [first[:1], first[1:]]
+    assert moved["move_seq"] == moved["waves"][0]["seq"] < moved["waves"][1]["seq"]
     assert moved["sent"][0] == first[0] and moved["left"] == []
     # Keys already there are not moved again; a node without a partition is refused.
     again = cluster.json("migrate", "split", "aggregate", "--keys", first[0], "--to", "fog-b")
@@ -63,7 +64,7 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
         (["aggregate", "--keys", "s1,s1", "--to", "fog-b"], "distinct keys"),
         (
             ["aggregate", "--key-group", "1/4", "--wave-keys", "2", "--to", "fog-b"],
-            "waves are for listed keys",
+            "--wave-keys is for --keys",
         ),
     ]:
         refused = cluster.cli("migrate", "split", *args, check=False)
@@ -81,7 +82,8 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
         "migrate", "split", "aggregate", "--keys", ",".join(second), "--to", "fog-a",
         "--order", "fifo", "--no-precopy", "--wave-keys", "2",
     )  # fmt: skip
-    assert (back["status"], back["sent"], back["waves"]) == ("moved", second, [back["move_seq"]])
+    assert (back["status"], back["sent"]) == ("moved", second)
+    assert back["waves"] == [{"seq": back["move_seq"], "keys": second}]
     assert (back["precopied"], back["precopy_ms"]) == ([], None)
     owner = {**static, **dict.fromkeys(first, 1), **dict.fromkeys(second, 0)}
     # A key group moves: its keys with state now, and any of it that comes later.
@@ -89,10 +91,10 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     grouped = sorted(k for k in static if in_group(k, 1, 4) and owner[k] != 0)
     assert (group["status"], group["group"], sorted(group["keys"])) == ("moved", "1/4", grouped)
     assert grouped and set(group["sent"]) == set(grouped)
-    # Its nine keys holding state went ahead in waves (one key, four, four), the group's
-    # own record last.
-    assert len(grouped) == 9 and len(group["waves"]) == 4
-    assert group["waves"] == sorted(group["waves"]) and group["move_seq"] == group["waves"][0]
+    # Its nine keys holding state went ahead in waves (one key, four, four); the group's own
+    # record last, with no key left to carry.
+    assert [len(w["keys"]) for w in group["waves"]] == [1, 4, 4, 0]
+    assert sorted(k for w in group["waves"] for k in w["keys"]) == grouped
     owner |= {k: 0 for k in static if in_group(k, 1, 4)}
     refused = cluster.cli("migrate", "split", "aggregate", "--key-group", "4/4", "--to", "fog-a",
                           check=False)  # fmt: skip

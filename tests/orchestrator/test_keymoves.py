@@ -1,32 +1,120 @@
-"""How a key move's waves and a precopy's steps grow (pure logic; the moves themselves run
-on real agents in ``tests/integration/test_partitioned.py``)."""
+"""How a key move goes in waves and a precopy in steps (the orchestrator's side, with the
+broker stood in for; the moves themselves run on real agents in
+``tests/integration/test_partitioned.py``)."""
 
 from __future__ import annotations
 
-from fogshift.orchestrator.keymoves import WAVE_BYTES, WAVE_KEYS, _next_step
+from types import SimpleNamespace
+from typing import Any
+
+from fogshift.broker.keys import KeyMove, parse, state_payload
+from fogshift.contracts import KeyOrder
+from fogshift.orchestrator.keymoves import (
+    PRECOPY_STEP_BYTES,
+    WAVE_BYTES,
+    WAVE_KEYS,
+    KeyMoves,
+    _next_step,
+)
+
+KIB, MIB = 1024, 1024 * 1024
+TARGET: Any = SimpleNamespace(id="agg-p1", partition=SimpleNamespace(index=1))
 
 
-def steps(largest: int, count: int, most_bytes: int = WAVE_BYTES, most_keys: int = WAVE_KEYS):
-    """The first ``count`` step sizes at states of ``largest`` bytes."""
-    sizes, step = [1], 1
-    while len(sizes) < count:
-        step = _next_step(step, largest, most_bytes, most_keys)
+class Waves(KeyMoves):
+    """The waves a move appends, each wave's states stored at once with the ``sizes`` given
+    (a key in ``lost`` never sends one: its origin is down)."""
+
+    def __init__(self, sizes: dict[str, int], lost: frozenset[str] = frozenset()) -> None:
+        self.sizes, self.lost = sizes, lost
+        self.moves: list[KeyMove] = []
+
+    def _append_key_record(self, pipeline: str, source: str, payload: bytes) -> int:
+        move = parse(0, payload)
+        assert isinstance(move, KeyMove)
+        self.moves.append(move)
+        return 1000 * len(self.moves)
+
+    def _await_states(
+        self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float
+    ) -> tuple[dict[str, tuple[Any, int]], float | None]:
+        states = {}
+        for index, key in enumerate(k for k in keys if k not in self.lost):
+            data = state_payload(move, "agg", key, 1, {"v": "x"})
+            message = SimpleNamespace(seq=at + index + 1, stored_at=at + 0.01 * (index + 1),
+                                      data=data)  # fmt: skip
+            states[key] = (message, self.sizes[key])
+        return states, float(at)
+
+    def run(self, moving: list[str], **options: Any) -> Any:
+        return self._move_waves("p", "agg", "in", moving, TARGET, KeyOrder.BACKLOG, 5.0,
+                                **options)  # fmt: skip
+
+
+def keys(count: int, size: int, prefix: str = "k") -> dict[str, int]:
+    return {f"{prefix}{i}": size for i in range(count)}
+
+
+def test_waves_start_at_one_key_and_grow_fourfold_up_to_the_key_cap() -> None:
+    sizes = keys(100, KIB)
+    waves = Waves(sizes)
+    settled, appended, last = waves.run(list(sizes), wave_keys=None)
+    assert (
+        [len(w.keys) for w in appended] == [1, 4, 16, 64, 15] == [len(m.keys) for m in waves.moves]
+    )
+    assert [k for w in appended for k in w.keys] == list(sizes)  # in the order listed
+    assert [w.seq for w in appended] == [1000, 2000, 3000, 4000, 5000]
+    assert settled.error is None and settled.left == [] and len(settled.stoppage_ms) == 100
+    assert settled.state_bytes == 100 * KIB and last == {1: 5015}
+    # Each key's stoppage counts from its own wave: the third key of a wave, 30 ms.
+    assert settled.stoppage_ms["k7"] == 30.0
+
+
+def test_large_states_move_about_a_wave_s_bytes_at_a_time() -> None:
+    sizes = keys(10, MIB)
+    _, appended, _ = Waves(sizes).run(list(sizes), wave_keys=None)
+    assert [len(w.keys) for w in appended] == [1, 2, 2, 2, 2, 1]
+    assert WAVE_BYTES // MIB == 2
+
+
+def test_copied_keys_go_first_and_the_sizing_starts_again_at_whole_states() -> None:
+    # Three precopied keys send a few bytes each; the three not copied their whole MiB.
+    sizes = {**keys(3, 100, "c"), **keys(3, MIB, "w")}
+    listed = ["w0", "c0", "c1", "w1", "c2", "w2"]
+    waves = Waves(sizes)
+    _, appended, _ = waves.run(listed, wave_keys=None, copy="cp1",
+                               copied=frozenset({"c0", "c1", "c2"}))  # fmt: skip
+    assert [w.keys for w in appended] == [["c0"], ["c1", "c2"], ["w0"], ["w1", "w2"]]
+    assert {m.copy for m in waves.moves} == {"cp1"}
+
+
+def test_a_wave_whose_state_does_not_come_leaves_the_later_keys_where_they_are() -> None:
+    sizes = keys(10, KIB)
+    waves = Waves(sizes, lost=frozenset({"k2"}))
+    settled, appended, _ = waves.run(list(sizes), wave_keys=None)
+    assert [w.keys for w in appended] == [["k0"], ["k1", "k2", "k3", "k4"]]
+    assert settled.left == ["k5", "k6", "k7", "k8", "k9"]
+    assert "k2" in settled.error and "5 keys of later waves did not move" in settled.error
+    assert set(settled.stoppage_ms) == {"k0", "k1", "k3", "k4"}
+
+
+def test_fixed_waves_take_as_many_keys_each_whatever_the_sizes() -> None:
+    sizes = keys(7, 4 * MIB)
+    _, appended, _ = Waves(sizes).run(list(sizes), wave_keys=3)
+    assert [len(w.keys) for w in appended] == [3, 3, 1]
+
+
+def test_the_step_holds_about_its_bytes_at_the_largest_state_so_far() -> None:
+    assert _next_step(64, WAVE_BYTES // 10, WAVE_BYTES, WAVE_KEYS) == 10
+    assert _next_step(1, 3 * WAVE_BYTES, WAVE_BYTES, WAVE_KEYS) == 1  # never none
+    assert _next_step(16, KIB, WAVE_BYTES, WAVE_KEYS) == WAVE_KEYS
+
+
+def test_a_precopy_step_grows_past_the_wave_cap_as_its_bytes_allow() -> None:
+    # As _precopy calls it: about PRECOPY_STEP_BYTES a step, no cap of keys but the
+    # largest move's.
+    step, sizes = 1, [1]
+    for _ in range(6):
+        step = _next_step(step, 100, PRECOPY_STEP_BYTES)
         sizes.append(step)
-    return sizes
-
-
-def test_waves_grow_fourfold_up_to_the_key_cap_at_small_states() -> None:
-    assert steps(1024, 6) == [1, 4, 16, 64, 64, 64]
-
-
-def test_waves_hold_about_their_bytes_at_large_states() -> None:
-    assert steps(1024 * 1024, 4) == [1, 2, 2, 2]
-    assert steps(WAVE_BYTES // 10, 4) == [1, 4, 10, 10]
-
-
-def test_a_state_larger_than_a_wave_still_moves_one_key_at_a_time() -> None:
-    assert steps(3 * WAVE_BYTES, 3) == [1, 1, 1]
-
-
-def test_a_precopy_step_is_not_capped_by_keys_only_by_bytes() -> None:
-    assert steps(100, 7, most_bytes=1024 * 1024, most_keys=1000) == [1, 4, 16, 64, 256, 1000, 1000]
+    assert sizes == [1, 4, 16, 64, 256, 1000, 1000]
