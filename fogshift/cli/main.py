@@ -766,9 +766,8 @@ def _migrate_keys(
             )
         if len(report.waves) > 1:
             console.print(
-                f"in {len(report.waves)} waves of "
-                + ", ".join(f"{len(w.keys)} (at {w.seq})" for w in report.waves)
-                + " keys"
+                f"in {len(report.waves)} waves: "
+                + ", ".join(f"{len(w.keys)} keys at {w.seq}" for w in report.waves)
             )
         if report.left:
             console.print(f"not moved (no wave for them): {', '.join(report.left)}")

@@ -24,7 +24,14 @@ from fogshift.cli import logs as cli_logs
 from fogshift.cli import main as cli
 from fogshift.cli.demo import demo_copy
 from fogshift.common.waiting import wait_until
-from fogshift.contracts import MigrationReport, RestoreReport
+from fogshift.contracts import (
+    KeyMoveReport,
+    KeyMoveStatus,
+    KeyOrder,
+    KeyWave,
+    MigrationReport,
+    RestoreReport,
+)
 from fogshift.exceptions import InvalidInput, NotFound
 from fogshift.spec import load_spec
 from fogshift.verify.case2 import case2_parts
@@ -223,6 +230,37 @@ def test_migrate_shows_each_phase_while_it_runs(monkeypatch: pytest.MonkeyPatch)
     seen = [phase for phase in phases.phases if any(f"[bold]{phase}[/]" in s for s in shown)]
     assert seen == phases.phases, shown
     assert all("migration of p/aggregate" in s for s in shown)
+
+
+def test_a_key_move_left_pending_names_its_waves_and_the_keys_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pending = KeyMoveReport(
+        pipeline="p", element="aggregate", target="fog-b", target_partition="aggregate-p1",
+        order=KeyOrder.FIFO, status=KeyMoveStatus.PENDING, keys=["s1", "s2", "s3", "s4"],
+        origins=dict.fromkeys(["s1", "s2", "s3", "s4"], "aggregate-p0"), move_seq=40,
+        waves=[KeyWave(seq=40, keys=["s1"]), KeyWave(seq=52, keys=["s2", "s3"])],
+        left=["s4"], sent=["s1", "s2"], stoppage_ms={"s1": 12.0, "s2": 30.0},
+        error="no state yet for 1 keys (s3) in time",
+    )  # fmt: skip
+    sent: list[Any] = []
+
+    class Client(StandInClient):
+        def post(self, path: str, **kwargs: Any) -> Any:
+            sent.append(kwargs["json"])
+            return super().post(path, **kwargs)
+
+    use(monkeypatch, Client({}, pending.model_dump(mode="json")))
+    result = runner.invoke(cli.app, ["migrate", "p", "aggregate", "--keys", "s1,s2,s3,s4",
+                                     "--to", "fog-b", "--order", "fifo", "--wave-keys", "2"])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert sent == [{"keys": ["s1", "s2", "s3", "s4"], "target": "fog-b", "order": "fifo",
+                     "precopy": True, "wave_keys": 2}]  # fmt: skip
+    said = flat(result.stdout)
+    assert "in 2 waves: 1 keys at 40, 2 keys at 52" in said, said
+    assert "not moved (no wave for them): s4" in said
+    assert "s2: aggregate-p0 -> aggregate-p1, stopped 30 ms" in said
+    assert "no state yet for 1 keys (s3)" in said
 
 
 def test_restore_shows_its_phases_and_json_output_is_unchanged(
