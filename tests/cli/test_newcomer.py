@@ -251,8 +251,8 @@ def test_a_key_move_left_pending_names_its_waves_and_the_keys_left(
             return super().post(path, **kwargs)
 
     use(monkeypatch, Client({}, pending.model_dump(mode="json")))
-    result = runner.invoke(cli.app, ["migrate", "p", "aggregate", "--keys", "s1,s2,s3,s4",
-                                     "--to", "fog-b", "--order", "fifo", "--wave-keys", "2"])  # fmt: skip
+    args = ["--keys", "s1,s2,s3,s4", "--to", "fog-b", "--order", "fifo", "--wave-keys", "2"]
+    result = runner.invoke(cli.app, ["migrate", "p", "aggregate", *args])
     assert result.exit_code == 1, result.output
     assert sent == [{"keys": ["s1", "s2", "s3", "s4"], "target": "fog-b", "order": "fifo",
                      "precopy": True, "wave_keys": 2}]  # fmt: skip
