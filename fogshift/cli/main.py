@@ -670,6 +670,16 @@ def migrate(
         raise InvalidInput(
             "migrate needs the node to move to", expected="--to NODE", received="no --to"
         )
+    if keys is None and (wave_keys is not None or not precopy):
+        raise InvalidInput(
+            "--wave-keys and --no-precopy are for --keys",
+            expected="`fogshift migrate P ELEMENT --keys K1,K2 --to N [--no-precopy] "
+            "[--wave-keys N]`",
+            received=(f"--wave-keys {wave_keys}" if wave_keys is not None else "--no-precopy")
+            + (f" with --key-group {key_group}" if key_group else " without --keys"),
+            hint="a whole PE moves by --mode (precopy, literal, handover); a key group sends "
+            "whole states and sizes its waves itself",
+        )
     if keys is not None or key_group is not None:
         if element is None or elements is not None or (keys is None) == (key_group is None):
             raise InvalidInput(

@@ -263,6 +263,26 @@ def test_a_key_move_left_pending_names_its_waves_and_the_keys_left(
     assert "no state yet for 1 keys (s3)" in said
 
 
+@pytest.mark.parametrize(
+    ("args", "received"),
+    [
+        (["aggregate", "--wave-keys", "4"], "--wave-keys 4 without --keys"),
+        (["aggregate", "--no-precopy"], "--no-precopy without --keys"),
+        (["aggregate", "--key-group", "1/4", "--no-precopy"], "--no-precopy with --key-group 1/4"),
+    ],
+)
+def test_key_move_options_without_keys_are_refused_not_ignored(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], received: str
+) -> None:
+    client = StandInClient({})
+    use(monkeypatch, client)
+    result = runner.invoke(cli.app, ["migrate", "p", *args, "--to", "fog-b"])
+    assert isinstance(result.exception, InvalidInput), result.output
+    said = flat(str(result.exception))
+    assert "--wave-keys and --no-precopy are for --keys" in said and received in said, said
+    assert client.requests == []
+
+
 def test_restore_shows_its_phases_and_json_output_is_unchanged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

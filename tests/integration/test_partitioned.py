@@ -11,7 +11,9 @@ import pytest
 
 from fogshift.broker.keys import in_group
 from fogshift.common.waiting import wait_until
+from fogshift.exceptions import InvalidInput
 from fogshift.spec.models import partition_of_key
+from fogshift.supervisor.cluster import orchestrator_client
 from tests.conftest import Cluster
 from tests.integration.helpers import case1_spec, finish_and_compare, keyed_windows
 
@@ -62,13 +64,16 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     for args, says in [
         (["source", "--keys", "s1", "--to", "fog-b"], "'source' is not partitioned"),
         (["aggregate", "--keys", "s1,s1", "--to", "fog-b"], "distinct keys"),
-        (
-            ["aggregate", "--key-group", "1/4", "--wave-keys", "2", "--to", "fog-b"],
-            "--wave-keys is for --keys",
-        ),
     ]:
         refused = cluster.cli("migrate", "split", *args, check=False)
         assert refused.returncode != 0 and says in " ".join(refused.stderr.split()), says
+    # Waves are for listed keys: the API refuses them with a group (the CLI before it).
+    with (
+        pytest.raises(InvalidInput, match="--wave-keys is for --keys"),
+        orchestrator_client(cluster.home, timeout_s=30) as client,
+    ):
+        client.post("/pipelines/split/elements/aggregate/keys/migrate",
+                    json={"group": "1/4", "wave_keys": 2, "target": "fog-b"})  # fmt: skip
     # Partition 1 moves while partition 0 goes on, make-before-break, as any PE does.
     moved = cluster.cli(
         "migrate", "split", "aggregate-p1", "--to", "cloud", "--mode", "handover", "--json"
