@@ -602,11 +602,14 @@ class ScaleReport(BaseModel):
             consumers read their streams on as inputs that have ended.
         scale_seq: Where the rescale is stored in the partitions' input: every key has its
             new owner from there on, for every execution.
+        waves: The key moves ahead of the rescale: the keys in the state stores whose
+            partition changes go to their partitions of the new count in waves, as
+            ``migrate --keys`` moves them (a key stops only while its wave crosses); the
+            rescale then moves the keys seen since.
         moved: How many keys holding state changed partition (their states moved).
         keys: Up to 1000 of them, each with its new partition.
-        stoppage_ms: The longest a moved key waited for its state (from the rescale being
-            stored to its state being stored; a key of an added partition also waits for
-            that partition's query to start).
+        stoppage_ms: The longest a moved key waited for its state (from its wave or the
+            rescale being stored to its state being stored).
         done_ms: From the request to every moved state being committed by its new owner.
         state_bytes: The moved states' size as sent.
     """
@@ -622,6 +625,7 @@ class ScaleReport(BaseModel):
     consumers: list[str] = []
     retired: dict[str, str] = {}
     scale_seq: int = 0
+    waves: list[KeyWave] = []
     moved: int = 0
     keys: dict[str, str] = {}
     stoppage_ms: float | None = None

@@ -19,7 +19,9 @@ scales out (the sixth), in separate runs on fresh pipelines:
   keeps processing them (a per-key make-before-break): at the move only what changed since
   the copy travels;
 * ``scale``: not those keys, but ``fogshift scale`` from two partitions to three (the third on
-  ``cloud``): every key whose partition of three differs from its partition of two moves.
+  ``cloud``): every key whose partition of three differs from its partition of two moves,
+  in waves ahead of the rescale record;
+* ``scale-at-once``: the same, every key at the rescale record (``--no-waves``).
 
 Latency is measured from the broker's own timestamps, per event: when the partition's
 output record was stored minus when its input event was stored (one clock, no sink in the
@@ -69,7 +71,9 @@ from fogshift.supervisor.cluster import orchestrator_client
 
 NAME = "pam"
 EDGE, FIRST, SECOND = "cloud", "fog-a", "fog-b"
-METHODS = ("whole", "literal", "fifo", "backlog", "at-once", "precopy", "scale")
+METHODS = ("whole", "literal", "fifo", "backlog", "at-once", "precopy", "scale", "scale-at-once")
+#: The scale methods: whether the keys move ahead of the rescale in waves.
+SCALE_METHODS = {"scale": True, "scale-at-once": False}
 #: The key-move methods: (order, precopy, every key in one wave).
 KEY_METHODS = {
     "fifo": ("fifo", False, False),
@@ -210,7 +214,7 @@ def _one(
                          config.seed * 1000 + index)  # fmt: skip
     spec = write_spec(work, name, config.rate, kib * 1024)
     moving = [f"s{k}" for k in range(keys) if partition_of_key(f"s{k}", 2) == 0]
-    if method == "scale":
+    if method in SCALE_METHODS:
         moving = [
             f"s{k}" for k in range(keys)
             if partition_of_key(f"s{k}", 2) != partition_of_key(f"s{k}", 3)
@@ -230,11 +234,13 @@ def _one(
             row["op_ms"] = round(sum(report.get("phases_ms", {}).values()), 1)
             if report.get("status") != "migrated":
                 raise FogshiftError(f"{name}: the migration ended {report.get('status')}")
-        elif method == "scale":
+        elif method in SCALE_METHODS:
             with orchestrator_client(cluster.home, timeout_s=900) as client:
                 report = client.post(f"/pipelines/{name}/elements/aggregate/scale",
-                                     json={"partitions": 3, "nodes": [EDGE]})  # fmt: skip
+                                     json={"partitions": 3, "nodes": [EDGE],
+                                           "waves": SCALE_METHODS[method]})  # fmt: skip
             row["op_ms"] = report.get("done_ms")
+            row["waves"] = len(report.get("waves") or [])
             if report.get("status") != "moved":
                 raise FogshiftError(f"{name}: the scale ended {report.get('status')}")
         else:
@@ -440,7 +446,8 @@ def section(folder: Path) -> str | None:
         "backlog order), or in backlog order after copies of the states went ahead while "
         "partition 0 kept the keys (precopy: only what changed since travels at the move); "
         "or (scale) the element goes from two partitions to three (the third "
-        "on cloud) and every key whose partition changes moves. Latency per event from the "
+        "on cloud) and every key whose partition changes moves (in waves ahead of the "
+        "rescale record, or with scale-at-once all at it). Latency per event from the "
         "broker's timestamps (output stored - input stored); stoppage: per moved key, "
         "the largest latency of its events output from the move on and input before the "
         "operation ended, less the steady p50 (median over keys / max); stable: from the move "

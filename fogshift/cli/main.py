@@ -846,12 +846,19 @@ def scale(
             "healthy nodes hosting fewest of them).",
         ),
     ] = None,
+    waves: Annotated[
+        bool,
+        typer.Option(
+            help="Move the keys holding state ahead of the rescale in waves, each key "
+            "stopping only while its wave crosses (--no-waves: all at the rescale record)."
+        ),
+    ] = True,
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
     """Give a partitioned keyed element more or fewer partitions while all of them run: only
     the keys whose partition changes move, with their state (exit 1 unless all moved)."""
-    body: dict[str, Any] = {"partitions": partitions}
+    body: dict[str, Any] = {"partitions": partitions, "waves": waves}
     if on is not None:
         body["nodes"] = [n.strip() for n in on.split(",")]
     report = _post(home, f"/pipelines/{pipeline}/elements/{element}/scale", body,
@@ -869,6 +876,11 @@ def scale(
             if report.stoppage_ms is not None
             else ""
         )
+        if report.waves:
+            console.print(
+                f"{sum(len(w.keys) for w in report.waves)} keys moved ahead of the rescale in "
+                f"{len(report.waves)} waves"
+            )
         _key_outcome(
             report.status,
             f"{pipeline}/{element}: {report.before} -> {report.after} partitions"

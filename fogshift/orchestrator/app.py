@@ -138,6 +138,8 @@ class ScaleRequest(BaseModel):
     nodes: list[Annotated[str, Field(pattern=NAME_RE)]] | None = Field(
         default=None, min_length=1, max_length=63
     )
+    #: Move the keys holding state ahead of the rescale in waves (else all at its record).
+    waves: bool = True
 
 
 class RestoreRequest(BaseModel):
@@ -280,8 +282,10 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     def scale(name: NameParam, element: NameParam, request: ScaleRequest) -> ScaleReport:
         """Give a partitioned element ``partitions`` partitions while all run: the added ones
         on ``nodes`` (default: the healthy nodes hosting fewest of them); the keys holding
-        state whose partition changes move as in a key move."""
-        return orchestrator.scale(name, element, request.partitions, request.nodes)
+        state whose partition changes move as in a key move, in waves ahead of the rescale
+        (unless ``waves`` is false)."""
+        return orchestrator.scale(name, element, request.partitions, request.nodes,
+                                  waves=request.waves)  # fmt: skip
 
     @app.post("/pipelines/{name}/elements/{element}/restore")
     def restore(name: NameParam, element: NameParam, request: RestoreRequest) -> RestoreReport:

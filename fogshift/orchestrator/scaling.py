@@ -11,6 +11,9 @@ new count, in every execution. The orchestrator
    store as of its newest committed batch, plus the keys of every event, move and state
    stored in the input after the oldest of those batches, each with its owner as the
    moves stored give it;
+   (first, unless ``waves`` is off, the keys in the state stores go to their partitions
+   of the new count by key moves in waves, as ``migrate --keys`` moves keys: so each stops
+   only while its wave crosses, and the list at the record holds only those seen since);
 3. appends the record only if nothing came into the input after what it looked at
    (``Nats-Expected-Last-Sequence``), else it looks at what came and tries again — so no
    key gains state unseen before the record;
@@ -26,8 +29,10 @@ gives a partition of that number a new epoch on the same stream, which its consu
 read.
 
 Nothing pauses: the keys that keep their partition never notice, a moved key waits for its
-state. A failure before the record leaves ownership as it was (the added partitions own
-nothing); the same ``scale`` again finishes the job, as it does only what is missing.
+state. An added partition reads the input from where it stood when placed, before the first
+wave, so it reads every key move to it. A failure before the record leaves the element at
+its old count, with the keys moved by waves at their new partitions; the same ``scale``
+again finishes the job, as it does only what is missing.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from fogshift.broker.client import ensure_pe_stream, last_seq
 from fogshift.broker.keys import KeyMove, Ownership
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence
-from fogshift.contracts import KeyMoveStatus, ScaleReport
+from fogshift.contracts import KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.keymoves import _LOCKS, KeyMoves, _ms_since
 from fogshift.spec.models import (
@@ -69,6 +74,7 @@ class Scaling(KeyMoves):
         partitions: int,
         nodes: list[str] | None = None,
         timeout_s: float = 90.0,
+        waves: bool = True,
     ) -> ScaleReport:
         """Give the partitioned element ``element_id`` ``partitions`` partitions (more or
         fewer) while every partition keeps running.
@@ -76,6 +82,8 @@ class Scaling(KeyMoves):
         Args:
             nodes: The nodes of the added partitions, one each (default: the healthy nodes
                 hosting fewest partitions of the element, in turn).
+            waves: Move the keys in the state stores whose partition changes ahead of the
+                rescale, in waves (:meth:`_ahead`); else all at the rescale record.
 
         Returns:
             ``moved`` once every moved key's new owner committed its state (and, scaling in,
@@ -111,11 +119,11 @@ class Scaling(KeyMoves):
             self._sections(pipeline, [*old, *new, *readers]),
         ):
             return self._scale(pipeline, element_id, parts, partitions, placed, started,
-                               timeout_s)  # fmt: skip
+                               timeout_s, waves)  # fmt: skip
 
     def _scale(
         self, pipeline: str, element_id: str, parts: list[ElementSpec], partitions: int,
-        placed: list[str], started: float, timeout_s: float,
+        placed: list[str], started: float, timeout_s: float, waves: bool = True,
     ) -> ScaleReport:  # fmt: skip
         what = f"scale {pipeline}/{element_id}"
         first = parts[0].partition
@@ -139,18 +147,25 @@ class Scaling(KeyMoves):
             "consumers": [c.id for c in consumers],
         }  # fmt: skip
         report = ScaleReport(**base, status=KeyMoveStatus.MOVED)
-        deadline = started + timeout_s
         at = owners.rescaled
         if owners.count != partitions:  # else moved by an earlier call (or nothing to move)
+            ahead: dict[str, int] = {}
+            if waves:
+                report, ahead = self._ahead(pipeline, element_id, source, parts, partitions,
+                                            owners, timeout_s, report)  # fmt: skip
+                if report.status != KeyMoveStatus.MOVED:
+                    return report
             move, at, _ = self._append_listed(
                 pipeline, element_id, parts, source, partial(_rescale, element_id, partitions),
                 f"scale {pipeline}/{element_id}",
             )  # fmt: skip
-            log.info("rescaled %s/%s to %d partitions at %d: %d keys move", pipeline,
-                     element_id, partitions, at, len(move.keys))  # fmt: skip
-            report = self._moved(pipeline, element_id, source, move, at, deadline, report)
+            log.info("rescaled %s/%s to %d partitions at %d: %d keys move (%d ahead)",
+                     pipeline, element_id, partitions, at, len(move.keys), len(ahead))  # fmt: skip
+            report = self._moved(pipeline, element_id, source, move, at,
+                                 time.monotonic() + timeout_s, report, ahead)  # fmt: skip
             if report.status != KeyMoveStatus.MOVED:
                 return report
+        deadline = time.monotonic() + timeout_s
         if partitions < len(parts):
             retired, error = self._retire(pipeline, parts, partitions, source, at, deadline)
             report = report.model_copy(update={"retired": retired})
@@ -158,18 +173,74 @@ class Scaling(KeyMoves):
                 return report.model_copy(update={"status": KeyMoveStatus.PENDING, "error": error})
         return report.model_copy(update={"done_ms": _ms_since(started)})
 
+    def _ahead(
+        self, pipeline: str, element_id: str, source: str, parts: list[ElementSpec],
+        partitions: int, owners: Ownership, timeout_s: float, report: ScaleReport,
+    ) -> tuple[ScaleReport, dict[str, int]]:  # fmt: skip
+        """Move the keys in the partitions' state stores whose partition of ``partitions``
+        differs from their owner now to that partition, ahead of the rescale, in waves per
+        partition (:meth:`~KeyMoves._move_waves`): so each stops only while its wave
+        crosses, not all of them at the rescale. An added partition takes its keys by key
+        moves too (it reads the input from before them, and owns no key else before the
+        rescale).
+
+        Returns:
+            ``report`` with the waves (``pending`` if a wave's states did not come: the
+            rescale is not appended then; the same command again goes on), and the keys
+            moved with their partitions.
+        """
+        held, _ = self._listed_keys(pipeline, parts, source)
+        targets: dict[int, list[str]] = {}
+        for key in sorted(held):
+            if owners.owner(key) != partition_of_key(key, partitions):
+                targets.setdefault(partition_of_key(key, partitions), []).append(key)
+        everyone = {p.partition.index: p for p in self.pipeline(pipeline).spec.partitions_of(
+            element_id) if p.partition is not None}  # fmt: skip
+        ahead: dict[str, int] = {}
+        waves: list[KeyWave] = []
+        stoppage: dict[str, float] = {}
+        sent = 0
+        for index, keys in sorted(targets.items()):
+            settled, more, last = self._move_waves(pipeline, element_id, source, keys,
+                                                   everyone[index], KeyOrder.BACKLOG,
+                                                   timeout_s, None)  # fmt: skip
+            waves += more
+            stoppage |= settled.stoppage_ms
+            sent += settled.state_bytes
+            ahead |= dict.fromkeys(settled.stoppage_ms, index)
+            if settled.error is None:
+                settled.error = self._await_commits(pipeline, element_id, source, last,
+                                                    time.monotonic() + timeout_s)  # fmt: skip
+            if settled.error is not None:
+                return report.model_copy(update={
+                    "status": KeyMoveStatus.PENDING, "waves": waves, "moved": len(ahead),
+                    "keys": {k: partition_id(element_id, i) for k, i in list(ahead.items())[:1000]},
+                    "state_bytes": sent, "stoppage_ms": max(stoppage.values(), default=None),
+                    "error": f"{settled.error}; the rescale was not appended (the same command "
+                    "again goes on once those keys have arrived)",
+                }), ahead  # fmt: skip
+        longest = max(stoppage.values(), default=None)
+        return report.model_copy(
+            update={"waves": waves, "state_bytes": sent, "stoppage_ms": longest}
+        ), ahead
+
     def _moved(
         self, pipeline: str, element_id: str, source: str, move: KeyMove, at: int,
-        deadline: float, report: ScaleReport,
+        deadline: float, report: ScaleReport, ahead: dict[str, int],
     ) -> ScaleReport:  # fmt: skip
         """``report`` with the rescale ``move`` (stored at ``at``) once every listed key's
-        state is stored and committed by its new owner, or ``pending`` at ``deadline``."""
+        state is stored and committed by its new owner, or ``pending`` at ``deadline``;
+        the keys moved ``ahead`` of it in waves counted in."""
         settled = self._settle(pipeline, element_id, source, move, at, deadline)
+        moved = ahead | {k: move.target(k) for k in move.keys}
+        stoppage = [*settled.stoppage_ms.values()] + (
+            [report.stoppage_ms] if report.stoppage_ms is not None else []
+        )
         report = report.model_copy(update={
-            "scale_seq": at, "moved": len(move.keys),
-            "keys": {k: partition_id(element_id, move.target(k)) for k in move.keys[:1000]},
-            "state_bytes": settled.state_bytes,
-            "stoppage_ms": max(settled.stoppage_ms.values(), default=None),
+            "scale_seq": at, "moved": len(moved),
+            "keys": {k: partition_id(element_id, i) for k, i in list(moved.items())[:1000]},
+            "state_bytes": report.state_bytes + settled.state_bytes,
+            "stoppage_ms": max(stoppage, default=None),
         })  # fmt: skip
         if settled.error is not None:
             return report.model_copy(
