@@ -601,13 +601,16 @@ class ScaleReport(BaseModel):
         retired: The partitions removed (scaling in), with the nodes they ran on; their
             consumers read their streams on as inputs that have ended.
         scale_seq: Where the rescale is stored in the partitions' input: every key has its
-            new owner from there on, for every execution.
+            new owner from there on, for every execution (``0``: not stored, the scale is
+            pending before it).
         waves: The key moves ahead of the rescale: the keys in the state stores whose
             partition changes go to their partitions of the new count in waves, as
             ``migrate --keys`` moves them (a key stops only while its wave crosses); the
             rescale then moves the keys seen since.
         moved: How many keys holding state changed partition (their states moved).
         keys: Up to 1000 of them, each with its new partition.
+        left: Pending before the rescale: the keys whose wave's state did not come (their
+            move stands) and those of waves never appended (they stay); up to 1000.
         stoppage_ms: The longest a moved key waited for its state (from its wave or the
             rescale being stored to its state being stored).
         done_ms: From the request to every moved state being committed by its new owner.
@@ -628,6 +631,7 @@ class ScaleReport(BaseModel):
     waves: list[KeyWave] = []
     moved: int = 0
     keys: dict[str, str] = {}
+    left: list[str] = []
     stoppage_ms: float | None = None
     done_ms: float | None = None
     state_bytes: int = 0

@@ -437,8 +437,8 @@ class KeyMoves(Standbys):
         # The keys holding state now go ahead in waves, as listed keys do (a key stops only
         # while its wave crosses); the group's own record then moves those seen since and
         # sends the group's later keys to the target.
-        held, _ = self._listed_keys(pipeline, parts, source)
-        ahead = sorted(k for k in held if in_group(k, g, n) and owners.owner(k) != index)
+        listed = self._listed_keys(pipeline, parts, source)
+        ahead = sorted(k for k in listed[0] if in_group(k, g, n) and owners.owner(k) != index)
         settled, waves, last = self._move_waves(pipeline, element_id, source, ahead, to, order,
                                                 timeout_s, None)  # fmt: skip
         if settled.error is not None:
@@ -450,9 +450,10 @@ class KeyMoves(Standbys):
                 error=f"{settled.error}; the group's own record was not appended (the same "
                 "command again appends it once the keys above have arrived)",
             )  # fmt: skip
-        # Listed again: the waves took a while, and the scan of the input starts at the
-        # state stores' newest commits.
-        move, at, before = self._append_listed(pipeline, element_id, parts, source, make, what)
+        # The same listing: the input scan from its batches covers what came during the
+        # waves (a state-reader job per partition again would slow their batches).
+        move, at, before = self._append_listed(pipeline, element_id, parts, source, make, what,
+                                               listed)  # fmt: skip
         log.info("moving key group %d/%d of %s/%s (%d keys with state, %d in waves before) to "
                  "%s at %s", g, n, pipeline, element_id, len(move.keys), len(ahead), to.id,
                  at)  # fmt: skip
@@ -577,13 +578,15 @@ class KeyMoves(Standbys):
         source: str,
         make: Callable[[Ownership, set[str], str], KeyMove],
         what: str,
+        listed: tuple[set[str], int] | None = None,
     ) -> tuple[KeyMove, int, Ownership]:
         """Append the move ``make`` gives, from who owns each key now and every key that
         may hold state, to the partitions' input: a rescale, or a key group's move.
 
         The keys are those in every partition's state store as of its newest committed
-        batch (:meth:`_listed_keys`), plus the keys of every event, move and state stored
-        in the input after the oldest of those batches. The move is appended only if the
+        batch (:meth:`_listed_keys`, or ``listed`` as it gave them earlier), plus the keys
+        of every event, move and state stored in the input after the oldest of those
+        batches. The move is appended only if the
         input's last sequence is still the last one looked at
         (``Nats-Expected-Last-Sequence``); else what came is looked at too and the move made
         again. So no key gains state unseen before it.
@@ -598,7 +601,8 @@ class KeyMoves(Standbys):
         key_by = parts[0].key_by
         first = parts[0].partition
         assert key_by is not None and first is not None
-        held, scanned = self._listed_keys(pipeline, parts, source)
+        held, scanned = listed or self._listed_keys(pipeline, parts, source)
+        held = set(held)
         stream = stream_name(pipeline, source)
         data, keys = data_subject(pipeline, source), keys_subject(pipeline, source)
         move_id = uuid.uuid4().hex[:12]

@@ -5,8 +5,9 @@ A rescale is one record in the partitions' input: a key move with a ``count``
 new count, in every execution. The orchestrator
 
 1. places the added partitions (their own streams, epochs and fence markers; each reads
-   the input from where it stood then, and owns nothing before the record) and restarts the
-   element's consumers to read them too (each under a new epoch, from its checkpoint);
+   the input from where it stood then, and owns nothing before the record but the keys the
+   waves below move to it) and restarts the element's consumers to read them too (each
+   under a new epoch, from its checkpoint);
 2. lists the keys that hold state and change partition: the keys in each partition's state
    store as of its newest committed batch, plus the keys of every event, move and state
    stored in the input after the oldest of those batches, each with its owner as the
@@ -20,8 +21,9 @@ new count, in every execution. The orchestrator
 4. waits, as for a key move, until every listed key's state is stored and committed by its
    new owner.
 
-Scaling in is the same record with a smaller count: the partitions from the new count on own
-nothing after it, send the states of all their keys, and once each has committed past the
+Scaling in is the same record with a smaller count (its waves first take the keys with state
+off the partitions that go): the partitions from the new count on own nothing after it,
+send the states of all the keys they still have, and once each has committed past the
 record it is removed (spec, placement, standby, instance) and its stream fenced under a new
 epoch, so nothing more is ever appended to it; its consumers read it on as an input that
 has ended (their origins, sums of input positions, stay as they were). Scaling out again
@@ -32,7 +34,10 @@ Nothing pauses: the keys that keep their partition never notice, a moved key wai
 state. An added partition reads the input from where it stood when placed, before the first
 wave, so it reads every key move to it. A failure before the record leaves the element at
 its old count, with the keys moved by waves at their new partitions; the same ``scale``
-again finishes the job, as it does only what is missing.
+again finishes the job, as it does only what is missing, and a ``scale`` back to the old
+count rescales anyway (:func:`_rescaled_to`), so that no key stays on a partition it
+retires. ``timeout_s`` bounds each phase: each wave's states, the commits, the rescale's
+states, the retirement.
 """
 
 from __future__ import annotations
@@ -87,14 +92,16 @@ class Scaling(KeyMoves):
 
         Returns:
             ``moved`` once every moved key's new owner committed its state (and, scaling in,
-            the partitions beyond ``partitions`` are retired); ``pending`` after
-            ``timeout_s`` (the rescale stands, as a key move's does).
+            the partitions beyond ``partitions`` are retired); ``pending`` when a phase took
+            longer than ``timeout_s`` (a wave's states, the commits, the rescale's states,
+            the retirement): what was stored stands, as a key move's does.
 
         Raises:
             InvalidInput: Not a partitioned element with one input, wrong ``nodes``, a key
                 move still under way, too many keys moving; nothing changed.
             Unavailable: A node is not healthy; the same request again finishes what was
-                started (ownership changes only with the rescale record).
+                started (ownership changes only by the waves' key moves and the rescale
+                record, each complete on its own).
         """
         started = time.monotonic()
         record = self.pipeline(pipeline)
@@ -148,16 +155,19 @@ class Scaling(KeyMoves):
         }  # fmt: skip
         report = ScaleReport(**base, status=KeyMoveStatus.MOVED)
         at = owners.rescaled
-        if owners.count != partitions:  # else moved by an earlier call (or nothing to move)
+        if not _rescaled_to(owners, partitions):  # else done by an earlier call
             ahead: dict[str, int] = {}
+            listed = self._listed_keys(pipeline, parts, source)
             if waves:
-                report, ahead = self._ahead(pipeline, element_id, source, parts, partitions,
+                report, ahead = self._ahead(pipeline, element_id, source, listed[0], partitions,
                                             owners, timeout_s, report)  # fmt: skip
                 if report.status != KeyMoveStatus.MOVED:
                     return report
+            # The same listing: the input scan from its batches covers what came during the
+            # waves (a state-reader job per partition again would slow their batches).
             move, at, _ = self._append_listed(
                 pipeline, element_id, parts, source, partial(_rescale, element_id, partitions),
-                f"scale {pipeline}/{element_id}",
+                f"scale {pipeline}/{element_id}", listed,
             )  # fmt: skip
             log.info("rescaled %s/%s to %d partitions at %d: %d keys move (%d ahead)",
                      pipeline, element_id, partitions, at, len(move.keys), len(ahead))  # fmt: skip
@@ -174,22 +184,21 @@ class Scaling(KeyMoves):
         return report.model_copy(update={"done_ms": _ms_since(started)})
 
     def _ahead(
-        self, pipeline: str, element_id: str, source: str, parts: list[ElementSpec],
-        partitions: int, owners: Ownership, timeout_s: float, report: ScaleReport,
+        self, pipeline: str, element_id: str, source: str, held: set[str], partitions: int,
+        owners: Ownership, timeout_s: float, report: ScaleReport,
     ) -> tuple[ScaleReport, dict[str, int]]:  # fmt: skip
-        """Move the keys in the partitions' state stores whose partition of ``partitions``
-        differs from their owner now to that partition, ahead of the rescale, in waves per
-        partition (:meth:`~KeyMoves._move_waves`): so each stops only while its wave
-        crosses, not all of them at the rescale. An added partition takes its keys by key
-        moves too (it reads the input from before them, and owns no key else before the
-        rescale).
+        """Move the keys ``held`` in the partitions' state stores whose partition of
+        ``partitions`` differs from their owner now to that partition, ahead of the
+        rescale, in waves per partition (:meth:`~KeyMoves._move_waves`): so each stops
+        only while its wave crosses, not all of them at the rescale. An added partition
+        takes its keys by key moves too (it reads the input from before them, and owns no
+        key else before the rescale).
 
         Returns:
             ``report`` with the waves (``pending`` if a wave's states did not come: the
             rescale is not appended then; the same command again goes on), and the keys
             moved with their partitions.
         """
-        held, _ = self._listed_keys(pipeline, parts, source)
         targets: dict[int, list[str]] = {}
         for key in sorted(held):
             if owners.owner(key) != partition_of_key(key, partitions):
@@ -212,8 +221,11 @@ class Scaling(KeyMoves):
                 settled.error = self._await_commits(pipeline, element_id, source, last,
                                                     time.monotonic() + timeout_s)  # fmt: skip
             if settled.error is not None:
+                stuck = [k for k in (more[-1].keys if more else []) if k not in stoppage]
+                later = [k for i, ks in sorted(targets.items()) if i > index for k in ks]
                 return report.model_copy(update={
                     "status": KeyMoveStatus.PENDING, "waves": waves, "moved": len(ahead),
+                    "left": [*stuck, *settled.left, *later][:1000],
                     "keys": {k: partition_id(element_id, i) for k, i in list(ahead.items())[:1000]},
                     "state_bytes": sent, "stoppage_ms": max(stoppage.values(), default=None),
                     "error": f"{settled.error}; the rescale was not appended (the same command "
@@ -264,6 +276,12 @@ class Scaling(KeyMoves):
         """
         record = self.pipeline(pipeline)
         retiring = parts[count:]
+        first = parts[0].partition
+        assert first is not None
+        owners = self._owners(pipeline, source, first.of, first.first_count)
+        if not _rescaled_to(owners, count):  # a partition retired must own nothing
+            return {}, (f"a key move gives keys to a partition from {count} on: not retired "
+                        "(the same command again rescales first)")  # fmt: skip
         for part in retiring:
             node = record.placement[part.id]
             if not self._committed_past(pipeline, part.id, node, source, at, deadline):
@@ -283,8 +301,6 @@ class Scaling(KeyMoves):
             self._fence_anew(pipeline, part.id)
             retired[part.id] = node
         gone = set(retired)
-        first = parts[0].partition
-        assert first is not None
         elements = [
             _counted(e, count, first.first_count) if e.partition and e.partition.of == first.of
             else e
@@ -362,8 +378,8 @@ class Scaling(KeyMoves):
         async def tail(js: Any) -> int:
             return int(await last_seq(js, stream_name(pipeline, source)))
 
-        # The added partitions own nothing before the rescale record, which comes after
-        # anything stored now: they need not read further back.
+        # The added partitions own nothing before the rescale record but the keys the waves
+        # move to them, all of it stored after now: they need not read further back.
         since = self.broker.run(tail, timeout=30)
         ids = [partition_id(of, i) for i in range(count)]
         added = [
@@ -446,6 +462,16 @@ class Scaling(KeyMoves):
             agent.delete(here)
         placed = element.model_copy(update={"node": node}).model_dump(mode="json")
         agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
+
+
+def _rescaled_to(owners: Ownership, count: int) -> bool:
+    """Whether the moves stored so far (``owners``) leave every key with a partition of
+    ``count``, by a rescale to it: none is given by a key move or key group to a partition
+    from ``count`` on (a scale-out whose waves moved keys to an added partition, then
+    failed before its rescale, leaves some there: scaling in again must rescale first)."""
+    return owners.count == count and all(
+        p < count for p in [*owners.moved.values(), *(to for _, _, to in owners.groups)]
+    )
 
 
 def _rescale(element_id: str, count: int, owners: Ownership, held: set[str], move: str) -> KeyMove:

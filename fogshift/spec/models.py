@@ -60,7 +60,8 @@ class Partition(BaseModel):
             (:mod:`fogshift.broker.keys`), so every partition, old or new, agrees on the
             owner of every event.
         since: The input position this partition reads after: ``0``, or for a partition
-            that ``scale`` added, just before its scale record (it owns nothing earlier).
+            that ``scale`` added, where the input stood when it was placed, before the key
+            moves of the scale's waves and its record (it owns nothing earlier).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -113,9 +113,16 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     changed = {k: f"aggregate-p{owner[k]}" for k in static if owner[k] != owner_before[k]}
     assert scaled["keys"] == changed and scaled["moved"] == len(changed) > 0
     # Those keys (all hold state) went to their partitions ahead of the rescale, in waves
-    # per partition (one key first); the rescale itself had none left to move.
+    # per partition, each partition's first of one key; the rescale had none left to move.
     assert sorted(k for w in scaled["waves"] for k in w["keys"]) == sorted(changed)
-    assert len(scaled["waves"]) > 1 and len(scaled["waves"][0]["keys"]) == 1
+    firsts: dict[int, list[str]] = {}
+    for wave in scaled["waves"]:
+        assert len({owner[k] for k in wave["keys"]}) == 1, wave  # one partition a wave
+        firsts.setdefault(owner[wave["keys"][0]], wave["keys"])
+    assert set(firsts) == set(owner[k] for k in changed) and all(
+        len(keys) == 1 for keys in firsts.values()
+    )
+    assert scaled["scale_seq"] > max(w["seq"] for w in scaled["waves"])
     assert scaled["state_bytes"] > 0 and scaled["scale_seq"] > 0
     status = cluster.status("split")["elements"]
     assert {e["element"]: e["inputs"] for e in status}["sink"] == [
@@ -142,6 +149,7 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     changed = {k: f"aggregate-p{owner[k]}" for k in static if owner[k] != owner_before[k]}
     assert shrunk["keys"] == changed and any(owner_before[k] == 2 for k in changed)
     assert sorted(k for w in shrunk["waves"] for k in w["keys"]) == sorted(changed)
+    assert shrunk["scale_seq"] > max(w["seq"] for w in shrunk["waves"])
     status = cluster.status("split")["elements"]
     assert [e["element"] for e in status if e["partition_of"]] == ["aggregate-p0", "aggregate-p1"]
     wait_until(lambda: "split/aggregate-p2" not in cluster.node("fog-c")["elements"], 30,

@@ -1,13 +1,13 @@
-"""How a key move goes in waves and a precopy in steps (the orchestrator's side, with the
-broker stood in for; the moves themselves run on real agents in
-``tests/integration/test_partitioned.py``)."""
+"""How a key move goes in waves and a precopy in steps, and when a scale must rescale (the
+orchestrator's side, with the broker stood in for; the moves themselves run on real agents
+in ``tests/integration/test_partitioned.py``)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
-from fogshift.broker.keys import KeyMove, parse, state_payload
+from fogshift.broker.keys import KeyMove, Ownership, parse, state_payload
 from fogshift.contracts import KeyOrder
 from fogshift.orchestrator.keymoves import (
     PRECOPY_STEP_BYTES,
@@ -16,6 +16,7 @@ from fogshift.orchestrator.keymoves import (
     KeyMoves,
     _next_step,
 )
+from fogshift.orchestrator.scaling import _rescaled_to
 
 KIB, MIB = 1024, 1024 * 1024
 TARGET: Any = SimpleNamespace(id="agg-p1", partition=SimpleNamespace(index=1))
@@ -118,3 +119,19 @@ def test_a_precopy_step_grows_past_the_wave_cap_as_its_bytes_allow() -> None:
         step = _next_step(step, 100, PRECOPY_STEP_BYTES)
         sizes.append(step)
     assert sizes == [1, 4, 16, 64, 256, 1000, 1000]
+
+
+def test_a_scale_back_after_waves_to_an_added_partition_rescales_first() -> None:
+    # A scale-out from 2 to 3 whose waves moved a key to partition 2, then failed before its
+    # rescale: the count is still 2, but scaling back to 2 must rescale before partition 2
+    # is retired, or that key's state and events would go with it.
+    owners = Ownership(2)
+    assert _rescaled_to(owners, 2) and not _rescaled_to(owners, 3)
+    owners.apply(KeyMove(10, "w1", "agg", ("s1",), 2))
+    assert not _rescaled_to(owners, 2) and not _rescaled_to(owners, 3)
+    owners.apply(KeyMove(20, "r1", "agg", (), -1, count=2))  # a rescale clears the moves
+    assert _rescaled_to(owners, 2)
+    owners.apply(KeyMove(30, "g1", "agg", (), 2, group=(1, 4)))  # a key group there too
+    assert not _rescaled_to(owners, 2)
+    owners.apply(KeyMove(40, "r2", "agg", (), -1, count=3))
+    assert _rescaled_to(owners, 3) and not _rescaled_to(owners, 2)
