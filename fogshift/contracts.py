@@ -603,10 +603,10 @@ class ScaleReport(BaseModel):
         scale_seq: Where the rescale is stored in the partitions' input: every key has its
             new owner from there on, for every execution (``0``: not stored, the scale is
             pending before it).
-        waves: The key moves ahead of the rescale: the keys in the state stores whose
-            partition changes go to their partitions of the new count in waves, as
-            ``migrate --keys`` moves them (a key stops only while its wave crosses); the
-            rescale then moves the keys seen since.
+        waves: With ``waves`` asked, the key moves ahead of the rescale: the keys in the
+            state stores whose partition changes go to their partitions of the new count
+            in waves, as ``migrate --keys`` moves them (a key stops only while its wave
+            crosses); the rescale then moves the keys seen since.
         moved: How many keys holding state changed partition (their states moved).
         keys: Up to 1000 of them, each with its new partition.
         left: Pending before the rescale: the keys whose wave's state did not come (their

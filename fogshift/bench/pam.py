@@ -20,8 +20,8 @@ scales out (the sixth), in separate runs on fresh pipelines:
   the copy travels;
 * ``scale``: not those keys, but ``fogshift scale`` from two partitions to three (the third on
   ``cloud``): every key whose partition of three differs from its partition of two moves,
-  in waves ahead of the rescale record;
-* ``scale-at-once``: the same, every key at the rescale record (``--no-waves``).
+  at the rescale record;
+* ``scale-waves``: the same in waves ahead of the rescale record (``scale --waves``).
 
 Latency is measured from the broker's own timestamps, per event: when the partition's
 output record was stored minus when its input event was stored (one clock, no sink in the
@@ -71,9 +71,9 @@ from fogshift.supervisor.cluster import orchestrator_client
 
 NAME = "pam"
 EDGE, FIRST, SECOND = "cloud", "fog-a", "fog-b"
-METHODS = ("whole", "literal", "fifo", "backlog", "at-once", "precopy", "scale", "scale-at-once")
+METHODS = ("whole", "literal", "fifo", "backlog", "at-once", "precopy", "scale", "scale-waves")
 #: The scale methods: whether the keys move ahead of the rescale in waves.
-SCALE_METHODS = {"scale": True, "scale-at-once": False}
+SCALE_METHODS = {"scale": False, "scale-waves": True}
 #: The key-move methods: (order, precopy, every key in one wave).
 KEY_METHODS = {
     "fifo": ("fifo", False, False),
@@ -446,8 +446,8 @@ def section(folder: Path) -> str | None:
         "backlog order), or in backlog order after copies of the states went ahead while "
         "partition 0 kept the keys (precopy: only what changed since travels at the move); "
         "or (scale) the element goes from two partitions to three (the third "
-        "on cloud) and every key whose partition changes moves (in waves ahead of the "
-        "rescale record, or with scale-at-once all at it). Latency per event from the "
+        "on cloud) and every key whose partition changes moves (at the rescale record, or "
+        "with scale-waves in waves ahead of it). Latency per event from the "
         "broker's timestamps (output stored - input stored); stoppage: per moved key, "
         "the largest latency of its events output from the move on and input before the "
         "operation ended, less the steady p50 (median over keys / max); stable: from the move "

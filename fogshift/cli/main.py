@@ -850,9 +850,10 @@ def scale(
         bool,
         typer.Option(
             help="Move the keys holding state ahead of the rescale in waves, each key "
-            "stopping only while its wave crosses (--no-waves: all at the rescale record)."
+            "stopping only while its wave crosses, the operation longer (default: all at the "
+            "rescale record; `bench pam`: waves stop a key less and disturb longer)."
         ),
-    ] = True,
+    ] = False,
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:

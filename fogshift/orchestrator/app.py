@@ -139,7 +139,7 @@ class ScaleRequest(BaseModel):
         default=None, min_length=1, max_length=63
     )
     #: Move the keys holding state ahead of the rescale in waves (else all at its record).
-    waves: bool = True
+    waves: bool = False
 
 
 class RestoreRequest(BaseModel):
@@ -282,8 +282,8 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     def scale(name: NameParam, element: NameParam, request: ScaleRequest) -> ScaleReport:
         """Give a partitioned element ``partitions`` partitions while all run: the added ones
         on ``nodes`` (default: the healthy nodes hosting fewest of them); the keys holding
-        state whose partition changes move as in a key move, in waves ahead of the rescale
-        (unless ``waves`` is false)."""
+        state whose partition changes move as in a key move (with ``waves``, in waves ahead
+        of the rescale)."""
         return orchestrator.scale(name, element, request.partitions, request.nodes,
                                   waves=request.waves)  # fmt: skip
 
