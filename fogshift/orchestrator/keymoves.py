@@ -586,10 +586,9 @@ class KeyMoves(Standbys):
         The keys are those in every partition's state store as of its newest committed
         batch (:meth:`_listed_keys`, or ``listed`` as it gave them earlier), plus the keys
         of every event, move and state stored in the input after the oldest of those
-        batches. The move is appended only if the
-        input's last sequence is still the last one looked at
-        (``Nats-Expected-Last-Sequence``); else what came is looked at too and the move made
-        again. So no key gains state unseen before it.
+        batches. The move is appended only if the input's last sequence is still the last
+        one looked at (``Nats-Expected-Last-Sequence``); else what came is looked at too and
+        the move made again. So no key gains state unseen before it.
 
         Returns:
             The move, its sequence, and the ownership it was made from.
