@@ -334,9 +334,7 @@ class KeyMoves(Standbys):
                 settled.stoppage_ms[key] = round(waited * 1000, 1)
                 settled.state_bytes += size
                 largest = max(largest, size)
-                item = parse(message.seq, message.data)
-                if isinstance(item, KeyState):
-                    last[item.to] = max(last.get(item.to, 0), message.seq)
+            _note_last(last, states)
             done += len(wave)
             missing = [k for k in wave if k not in states]
             if missing:
@@ -498,10 +496,7 @@ class KeyMoves(Standbys):
             settled.error = _no_state(missing)
             return settled
         last: dict[int, int] = {}  # each new partition's last state
-        for message, _ in states.values():
-            item = parse(message.seq, message.data)
-            if isinstance(item, KeyState):
-                last[item.to] = max(last.get(item.to, 0), message.seq)
+        _note_last(last, states)
         settled.error = self._await_commits(pipeline, element_id, source, last, deadline)
         return settled
 
@@ -705,6 +700,15 @@ def _next_step(step: int, largest: int, most_bytes: int, most_keys: int = MAX_KE
     ``most_bytes`` holds at the ``largest`` state so far, at most ``most_keys``, at least
     one."""
     return max(1, min(4 * step, most_bytes // largest, most_keys))
+
+
+def _note_last(last: dict[int, int], states: dict[str, tuple[Any, int]]) -> None:
+    """Raise ``last`` (each partition's last state's sequence, to await its commit) to the
+    key state messages of ``states`` (as :meth:`KeyMoves._await_states` gives them)."""
+    for message, _ in states.values():
+        item = parse(message.seq, message.data)
+        if isinstance(item, KeyState):
+            last[item.to] = max(last.get(item.to, 0), message.seq)
 
 
 def _no_state(missing: list[str]) -> str:
