@@ -243,6 +243,13 @@ def register(bench_app: typer.Typer) -> None:
             str | None,
             typer.Option(help=f"Methods, comma-separated, of {','.join(pam.METHODS)}."),
         ] = None,
+        rate: Annotated[
+            float | None,
+            typer.Option(help="Events/s of the source (default 100; PAM's runs were loaded)."),
+        ] = None,
+        traffics: Annotated[
+            str | None, typer.Option(help="Key choice, comma-separated, of uniform,zipf.")
+        ] = None,
     ) -> None:
         """Issue #16: per-key migration (fifo, backlog order) vs whole-PE and scaling.
 
@@ -252,6 +259,21 @@ def register(bench_app: typer.Typer) -> None:
         three. Uniform and Zipf traffic.
         """
         config = pam.PamConfig.quick() if quick else pam.PamConfig()
+        if rate is not None:
+            if not rate > 0:
+                raise BadBenchOption(
+                    "bad --rate", expected="events per second above 0", received=str(rate)
+                )
+            config = replace(config, rate=rate)
+        if traffics is not None:
+            chosen = tuple(t.strip() for t in traffics.split(",") if t.strip())
+            if not chosen or any(t not in pam.TRAFFICS for t in chosen):
+                raise BadBenchOption(
+                    "bad --traffics",
+                    expected=f"a comma-separated choice of {', '.join(pam.TRAFFICS)}",
+                    received=traffics,
+                )
+            config = replace(config, traffics=chosen)
         if methods is not None:
             chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
             if not chosen or any(m not in pam.METHODS for m in chosen):

@@ -71,6 +71,8 @@ from fogshift.supervisor.cluster import orchestrator_client
 
 NAME = "pam"
 EDGE, FIRST, SECOND = "cloud", "fog-a", "fog-b"
+#: How the input's keys are drawn.
+TRAFFICS = ("uniform", "zipf")
 METHODS = ("whole", "literal", "fifo", "backlog", "at-once", "precopy", "scale", "scale-waves")
 #: The scale methods: whether the keys move ahead of the rescale in waves.
 SCALE_METHODS = {"scale": False, "scale-waves": True}
@@ -113,7 +115,7 @@ class PamConfig(ClusterRunConfig):
 
     keys: tuple[int, ...] = (10, 100, 1000)
     state_kib: tuple[int, ...] = (1, 64, 1024)
-    traffics: tuple[str, ...] = ("uniform", "zipf")
+    traffics: tuple[str, ...] = TRAFFICS
     methods: tuple[str, ...] = METHODS
     rate: float = 100.0
     before_s: float = 16.0
@@ -429,10 +431,10 @@ def section(folder: Path) -> str | None:
     rows = read_rows(folder / "runs.csv")
     if not rows:
         return None
-    groups: dict[tuple[str, str, str, str], list[dict[str, str]]] = {}
+    groups: dict[tuple[str, str, str, str, str], list[dict[str, str]]] = {}
     for row in rows:
         groups.setdefault(
-            (row["keys"], row["state_kib"], row["traffic"], row["method"]), []
+            (row["keys"], row["state_kib"], row["traffic"], _rate(row), row["method"]), []
         ).append(row)
     lines = [
         "## PAM: moving keys one at a time vs the whole PE (issue #16)",
@@ -457,17 +459,19 @@ def section(folder: Path) -> str | None:
         "(a slow batch now and then, as steady pipelines have); throughput: output records/s "
         "before, from the move until stable (at least two triggers), after. Means over runs.",
         "",
-        "| keys | KiB/key | traffic | method | runs ok | stoppage p50 / max ms | stable ms | "
-        "late | steady p99 ms | added p99 ms | tput before / during / after | op ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| keys | KiB/key | traffic | events/s | method | runs ok | stoppage p50 / max ms | "
+        "stable ms | late | steady p99 ms | added p99 ms | tput before / during / after | "
+        "op ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (keys, kib, traffic, method), group in sorted(
+    for (keys, kib, traffic, rate, method), group in sorted(
         groups.items(),
         key=lambda kv: (
             int(kv[0][0]),
             int(kv[0][1]),
             kv[0][2],
-            METHODS.index(kv[0][3]) if kv[0][3] in METHODS else 9,
+            float(kv[0][3]),
+            METHODS.index(kv[0][4]) if kv[0][4] in METHODS else 9,
         ),
     ):
         ok = _ok(group)
@@ -476,7 +480,8 @@ def section(folder: Path) -> str | None:
             return mean_std(float(r[field]) for r in rows if r.get(field))[0]
 
         lines.append(
-            f"| {keys} | {kib} | {traffic} | {method} | {len(ok)}/{len(group)} | "
+            f"| {keys} | {kib} | {traffic} | {fmt(float(rate))} | {method} | "
+            f"{len(ok)}/{len(group)} | "
             f"{fmt(mean('stoppage_p50_ms'))} / {fmt(mean('stoppage_max_ms'))} | "
             f"{fmt(_stable(ok))} | {fmt(mean('late_disturbed'), 1)} | "
             f"{fmt(mean('steady_p99_ms'))} | "
@@ -504,17 +509,23 @@ def _stable(rows: list[dict[str, str]]) -> float | None:
     return mean_std(float(r["stable_ms"]) for r in rows if r.get("stable_ms"))[0]
 
 
-def _sooner(groups: dict[tuple[str, str, str, str], list[dict[str, str]]]) -> list[str]:
+def _rate(row: dict[str, str]) -> str:
+    """The run's input rate (events/s) as the CSV has it (100, the default, if it has none)."""
+    return row.get("rate") or str(PamConfig.rate)
+
+
+def _sooner(groups: dict[tuple[str, str, str, str, str], list[dict[str, str]]]) -> list[str]:
     """Issue #16's comparison: how much sooner the key moves (backlog order, without and with
     precopy) are stable than moving the whole partition (literal: PAM's baseline; whole:
-    the handover), per keys, size and traffic."""
-    cells: dict[tuple[str, str, str], dict[str, float | None]] = {}
-    for (keys, kib, traffic, method), group in groups.items():
+    the handover), per keys, size, traffic and input rate."""
+    cells: dict[tuple[str, str, str, str], dict[str, float | None]] = {}
+    for (keys, kib, traffic, rate, method), group in groups.items():
         ok = _ok(group)
-        cells.setdefault((keys, kib, traffic), {})[method] = _stable(ok)
+        cells.setdefault((keys, kib, traffic, rate), {})[method] = _stable(ok)
     lines = []
-    for (keys, kib, traffic), stable in sorted(
-        cells.items(), key=lambda kv: (int(kv[0][0]), int(kv[0][1]), kv[0][2])
+    for (keys, kib, traffic, rate), stable in sorted(
+        cells.items(),
+        key=lambda kv: (int(kv[0][0]), int(kv[0][1]), kv[0][2], float(kv[0][3])),
     ):
         if not any(stable.get(m) is not None for m in ("backlog", "precopy")) or not any(
             stable.get(m) for m in WHOLE_MODES
@@ -528,7 +539,7 @@ def _sooner(groups: dict[tuple[str, str, str, str], list[dict[str, str]]]) -> li
             return f"{(1 - moved / baseline) * 100:.0f} %"
 
         lines.append(
-            f"| {keys} | {kib} | {traffic} | {fmt(stable.get('literal'))} / "
+            f"| {keys} | {kib} | {traffic} | {fmt(float(rate))} | {fmt(stable.get('literal'))} / "
             f"{fmt(stable.get('whole'))} / {fmt(stable.get('backlog'))} / "
             f"{fmt(stable.get('precopy'))} | {sooner('backlog', 'literal')} / "
             f"{sooner('precopy', 'literal')} | {sooner('backlog', 'whole')} / "
@@ -542,9 +553,9 @@ def _sooner(groups: dict[tuple[str, str, str, str], list[dict[str, str]]]) -> li
         "the whole partition (issue #16's target: at least 45 % sooner; a negative figure: "
         "later):",
         "",
-        "| keys | KiB/key | traffic | stable ms: literal / whole / backlog / precopy | "
-        "vs literal | vs whole |",
-        "|---|---|---|---|---|---|",
+        "| keys | KiB/key | traffic | events/s | stable ms: literal / whole / backlog / "
+        "precopy | vs literal | vs whole |",
+        "|---|---|---|---|---|---|---|",
         *lines,
     ]
 

@@ -222,6 +222,10 @@ def test_register_adds_the_commands() -> None:
     for wait in ("10,2", "a,b", "5", "-1,3"):
         bad = runner.invoke(app, ["e1", "--out", "x", "--wait", wait])
         assert isinstance(bad.exception, BadBenchOption), wait
+    for option, value in (("--rate", "0"), ("--traffics", "zipf,poisson"), ("--traffics", ",")):
+        bad = runner.invoke(app, ["pam", "--out", "x", option, value])
+        assert isinstance(bad.exception, BadBenchOption), (option, value)
+        assert value in str(bad.exception), bad.exception
 
 
 def test_one_line() -> None:
@@ -262,18 +266,20 @@ def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> N
                           ("backlog", 60.0), ("precopy", 20.0)):  # fmt: skip
         log.append(
             {"run": f"r-{method}-{stall}", "method": method, "traffic": "zipf", "keys": 20,
-             "state_kib": 64, "consistent": True, "stoppage_p50_ms": stall / 2,
+             "state_kib": 64, "rate": 1500.0, "consistent": True,
+             "stoppage_p50_ms": stall / 2,
              "stoppage_max_ms": stall, "stable_ms": stall * 10, "steady_p99_ms": 300,
              "added_p99_ms": stall, "tput_before": 100, "tput_during": 95, "tput_after": 100,
              "op_ms": 1000}
         )  # fmt: skip
-    broken = {"run": "broken", "method": "fifo", "traffic": "zipf", "keys": 20, "state_kib": 64}
+    broken = {"run": "broken", "method": "fifo", "traffic": "zipf", "keys": 20, "state_kib": 64,
+              "rate": 1500.0}  # fmt: skip
     log.append({**broken, "consistent": False, "problems": "key s3: 1 seq missing"})
     text = pam.section(tmp_path / "pam") or ""
     rows = [line for line in text.splitlines() if line.startswith("| 20 |")]
     # One row per method, in the order whole, literal, fifo, backlog, precopy; means over the
     # good runs only.
-    assert [r.split("|")[4].strip() for r in rows[:5]] == [
+    assert [r.split("|")[5].strip() for r in rows[:5]] == [
         "whole", "literal", "fifo", "backlog", "precopy"
     ]  # fmt: skip
     assert "| 2/2 | 25 / 50 | 500 |" in rows[3]
@@ -282,7 +288,7 @@ def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> N
     # Key moves' stable time against moving the whole partition: 500 ms (backlog) and
     # 200 ms (precopy) vs 20,000 ms (literal) and 9,000 ms (whole).
     assert rows[5] == (
-        "| 20 | 64 | zipf | 20,000 / 9,000 / 500 / 200 | 98 % / 99 % | 94 % / 98 % |"
+        "| 20 | 64 | zipf | 1,500 | 20,000 / 9,000 / 500 / 200 | 98 % / 99 % | 94 % / 98 % |"
     ), rows[5]
 
 
