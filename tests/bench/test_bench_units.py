@@ -270,7 +270,7 @@ def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> N
              "stoppage_p50_ms": stall / 2,
              "stoppage_max_ms": stall, "stable_ms": stall * 10, "steady_p99_ms": 300,
              "added_p99_ms": stall, "tput_before": 100, "tput_during": 95, "tput_after": 100,
-             "op_ms": 1000}
+             "tput_op": 97, "op_ms": 1000}
         )  # fmt: skip
     broken = {"run": "broken", "method": "fifo", "traffic": "zipf", "keys": 20, "state_kib": 64,
               "rate": 1500.0}  # fmt: skip
@@ -282,7 +282,7 @@ def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> N
     assert [r.split("|")[5].strip() for r in rows[:5]] == [
         "whole", "literal", "fifo", "backlog", "precopy"
     ]  # fmt: skip
-    assert "| 2/2 | 25 / 50 | 500 |" in rows[3]
+    assert "| 2/2 | 25 / 50 | 500 |" in rows[3] and "| 97 | 1,000 |" in rows[3]
     assert "| 0/1 |" in rows[2]
     assert "broken (key s3: 1 seq missing)" in text
     # Key moves' stable time against moving the whole partition: 500 ms (backlog) and
@@ -337,6 +337,15 @@ def test_pam_figures_are_per_event_not_per_time_bin() -> None:
     assert calm["stable_ms"] == 0
     # The "during" window is never shorter than two triggers (here 1 s, not 0 s).
     assert calm["tput_during"] == sum(100 <= p.t_out < 101 for p in undisturbed) > 0
+    # Over the operation: from the move until it answered or, if later, stable.
+    assert got["tput_op"] == pytest.approx(sum(100 <= p.t_out < 101.3 for p in points) / 1.3,
+                                           abs=0.1)  # fmt: skip
+    # ... at least two triggers (as "during"), and the whole of a longer operation.
+    assert calm["tput_op"] == calm["tput_during"]
+    long = pam.figures(undisturbed, moved, 103.0, {"s0"}, steady_s=5, min_window_s=1.0)
+    assert long["tput_op"] == pytest.approx(
+        sum(100 <= p.t_out < 103 for p in undisturbed) / 3, abs=0.1
+    ) and long["tput_during"] == calm["tput_during"]  # fmt: skip
     assert pam.figures(points[:9], moved, done, set(), steady_s=5, min_window_s=1.0) == {}
 
 
