@@ -21,9 +21,13 @@ from fogshift.supervisor.exceptions import NotUp
 from fogshift.verify.case1 import case1_parts
 from fogshift.verify.reference import Verdict, case1_reference, compare, read_sink
 
-#: The demos: ``--case`` -> the example it runs, and the nodes a cluster it starts has
-#: besides the spec's (a spare to move to).
-CASES = {"case1": ("case1", ("cloud", "fog-a", "fog-b")), "ecg": ("case2", ("gateway-b",))}
+#: The demos: ``--case`` -> the example it runs (its folder and spec), and the nodes a
+#: cluster it starts has besides the spec's (a spare to move to).
+CASES = {
+    "case1": ("case1", "case1.yaml", ("cloud", "fog-a", "fog-b")),
+    "ecg": ("case2", "case2.yaml", ("gateway-b",)),
+    "twins": ("case2", "case2-twins.yaml", ()),
+}
 
 
 def demo_copy(home: Path, case: str = "case1") -> Path:
@@ -34,11 +38,11 @@ def demo_copy(home: Path, case: str = "case1") -> Path:
     the spec, and an installed example may sit in a folder the user cannot (or should not)
     write. A previous run's output is left for the deploy, which starts the sink afresh.
     """
-    example = CASES[case][0]
+    example, spec, _ = CASES[case]
     source = example_path(example)
     target = home / "demo" / example
     shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("out"))
-    return target / f"{example}.yaml"
+    return target / spec
 
 
 def run_demo(
@@ -52,7 +56,9 @@ def run_demo(
 ) -> bool:
     """Bring a cluster up if needed, run Case 1, compare with the reference; True if consistent.
 
-    With ``case="ecg"``, Case 2 instead (:func:`fogshift.cli.demo_ecg.run_ecg`).
+    With ``case="ecg"``, Case 2 instead (:func:`fogshift.cli.demo_ecg.run_ecg`); with
+    ``case="twins"``, Case 2's twins over two gateways, one following its wearable
+    (:func:`fogshift.cli.demo_ecg.run_twins`).
 
     On the way, early (while the source still reads its file, however long anything else
     takes), the node hosting the aggregate is killed (SIGKILL of its whole process group) and
@@ -62,7 +68,7 @@ def run_demo(
     ``migrate_to`` (default: a healthy node it is not on).
     """
     spec = load_spec(spec_path)
-    nodes = sorted({e.node for e in spec.elements} | set(CASES[case][1]))
+    nodes = sorted({e.node for e in spec.elements} | set(CASES[case][2]))
     started = False
     try:
         cluster_ops.load_cluster(home)
@@ -75,6 +81,10 @@ def run_demo(
             from fogshift.cli.demo_ecg import run_ecg  # scipy and the model: only for Case 2
 
             return run_ecg(home, spec, timeout_s, console, migrate_to[0] if migrate_to else None)
+        if case == "twins":
+            from fogshift.cli.demo_ecg import run_twins
+
+            return run_twins(home, spec, timeout_s, console)
         return _run(home, spec, timeout_s, console, migrate_to)
     finally:
         if started and not keep:

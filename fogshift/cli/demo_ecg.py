@@ -1,7 +1,12 @@
 """``fogshift demo --case ecg``: Case 2 — the wearable's processing follows it to another
 gateway mid-stream, that gateway is SIGKILLed and the orchestrator restores the processing;
 the verdict compares the filtered signal and the alarms with the offline reference, and the
-alarms with the simulator's ground truth."""
+alarms with the simulator's ground truth.
+
+``fogshift demo --case twins``: Case 2 with the patients' twins split over two gateways
+(issue #16) — one patient's wearable comes near the other gateway mid-stream, and only that
+patient's twin follows it (``migrate --keys``) while the other patients are classified on
+where they were; the verdict compares every patient's alarms with the offline reference."""
 
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from rich.console import Console
 from fogshift.cli.demo import checkpointed
 from fogshift.common.http import ServiceClient
 from fogshift.ecg.simulate import patients
-from fogshift.spec.models import PipelineSpec
+from fogshift.exceptions import InvalidInput
+from fogshift.spec.models import ElementSpec, PipelineSpec, partition_of_key
 from fogshift.supervisor import cluster as cluster_ops
 from fogshift.verify.case2 import (
     Case2Parts,
@@ -122,6 +128,165 @@ def run_ecg(
     return not problems
 
 
+def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console) -> bool:
+    """Deploy Case 2 with the classifier's twins split over gateways, move one patient's
+    twin to the other gateway mid-stream, compare with the reference; True if equal.
+
+    1. Once the first partition has classified two windows of each of its patients, the
+       first of them (by id) walks to the second partition's gateway: ``migrate --keys``
+       moves only that patient's twin there.
+    2. When every window is filtered and the alarms are all there, each patient's alarms
+       must equal the reference's in their order (the partitions' alarms interleave at the
+       sink), each twin must have taken in every sample of its recording once (the moved
+       one's history crossed with it: a twin started afresh would count from 0), the moved
+       twin must be read at its new partition, and the first partition must hold the twins
+       of its other patients and be the same run (same epoch, no restart): they never
+       noticed.
+
+    Raises:
+        InvalidInput: Not Case 2, or its classifier not split over two gateways or more.
+    """
+    parts = case2_parts(spec)
+    source, pipeline = parts.source, spec.pipeline
+    parted = _partitions(spec, parts.classifier)
+    origin, target = parted[0], parted[1]
+    names = [p.name for p in patients(source.patients, source.seed, source.abnormal_every,
+                                      source.onset_s)]  # fmt: skip
+    here = [n for n in names if partition_of_key(n, len(parted)) == 0]
+    if not here:
+        raise InvalidInput(
+            f"pipeline {pipeline!r}: no patient's twin is on {origin.id}",
+            expected=f"at least one patient whose id hashes to {origin.id}",
+            received=", ".join(names),
+            hint="more patients (the ecg-source's patients option)",
+        )
+    walker, stay = here[0], here[1:]
+    expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
+    with cluster_ops.orchestrator_client(home) as client:
+        existing = {p["pipeline"]: p for p in client.get("/pipelines")}
+        if existing.get(pipeline, {}).get("status") == "running":
+            client.post(f"/pipelines/{pipeline}/stop")
+        client.post("/pipelines", json=spec.model_dump(mode="json"))
+        console.print(
+            f"deployed [bold]{pipeline}[/] ({source.patients} patients; the twins of "
+            f"{', '.join(here)} on {origin.node}, the others on "
+            f"{', '.join(sorted({e.node for e in parted[1:]}))}): "
+            + ", ".join(f"{e.id}@{e.node}" for e in spec.elements)
+        )
+        deadline = time.monotonic() + timeout_s
+        _wait(client, pipeline, origin.id, 2 * len(here), deadline, console,
+              f"{origin.node}'s twins warm", field="events_in")  # fmt: skip
+        before = _element(client, pipeline, origin.id)
+        flow = _flow(client, spec, parts, "while the patients stream")
+        report = client.post(
+            f"/pipelines/{pipeline}/elements/{parts.classifier}/keys/migrate",
+            json={"keys": [walker], "target": target.node},
+        )
+        if report["status"] != "moved":
+            console.print(f"[red]the key move ended {report['status']}[/]: {report['error']}")
+            return False
+        console.print(
+            f"{walker}'s wearable came near {target.node}: moved only {walker}'s twin, "
+            f"{origin.id}@{origin.node} -> {report['target_partition']}@{target.node}, {flow}; "
+            f"its state ({report['state_bytes']} bytes) stored "
+            f"{report['stoppage_ms'].get(walker, 0.0):.0f} ms after the move (input seq "
+            f"{report['move_seq']})"
+        )
+        _wait(client, pipeline, parts.bandpass, parts.windows, deadline, console,
+              "every window filtered")  # fmt: skip
+        sink = next(e.id for e in spec.elements if e.kind == "csv-sink")
+        _wait(client, pipeline, sink, len(expected), deadline, console, "every alarm")
+        total = int(source.duration_s * source.sampling_rate)
+        taken = _taken(client, pipeline, parts.classifier, dict.fromkeys(names, total), deadline,
+                       console)  # fmt: skip
+        time.sleep(1.0)  # a duplicate would show up within a batch or two: give it the chance
+        after = _element(client, pipeline, origin.id)
+        twin = client.get(f"/pipelines/{pipeline}/elements/{parts.classifier}/state",
+                          params={"key": walker})  # fmt: skip
+        kept = client.get(f"/pipelines/{pipeline}/elements/{origin.id}/state")
+        dead = sum(e["dead_letters"] for e in client.get(f"/pipelines/{pipeline}")["elements"])
+    alarms = read_alarms(parts.alarms)
+    problems = [
+        f"{who}: alarms {mine} differ from the reference's {want}"
+        for who in names
+        if (mine := [(t, c) for p, t, c in alarms if p == who])
+        != (want := [(t, c) for p, t, c in expected if p == who])
+    ]  # fmt: skip
+    if sorted(alarms) != sorted(expected):
+        problems.append(f"{len(alarms)} alarms, the reference has {len(expected)}")
+    if taken != dict.fromkeys(names, total):
+        problems.append(f"samples each twin took in {taken}, expected {total} each")
+    if (twin["element"], twin["node"]) != (report["target_partition"], target.node):
+        problems.append(
+            f"{walker}'s twin is read at {twin['element']}@{twin['node']}, not at "
+            f"{report['target_partition']}@{target.node}"
+        )
+    held = sorted(e["key"] for e in kept["entries"])
+    if held != stay:
+        problems.append(f"{origin.id} holds the twins of {held}, expected {stay}")
+    if (after["epoch"], after["restarts"], after["node"]) != (
+        before["epoch"], before["restarts"], origin.node
+    ):  # fmt: skip
+        problems.append(
+            f"{origin.id} was restarted or moved (epoch {before['epoch']} -> {after['epoch']}, "
+            f"restarts {before['restarts']} -> {after['restarts']}, node {after['node']})"
+        )
+    if dead:
+        problems.append(f"{dead} dead letters (the simulated signal has no bad event)")
+    if problems:
+        console.print("[red]INCONSISTENT[/]: " + "; ".join(problems))
+        return False
+    console.print(
+        f"[green]CONSISTENT[/]: {len(alarms)} alarms of {len(names)} patients equal the "
+        f"reference's, each patient's in order; every twin took in all {total} samples of "
+        f"its recording once; {walker}'s twin runs in {twin['element']} on {twin['node']}, "
+        f"and {origin.id} on {origin.node} classified "
+        + (", ".join(stay) if stay else "nobody else")
+        + f" on without a restart (epoch {after['epoch']})"
+    )
+    return True
+
+
+def _partitions(spec: PipelineSpec, classifier: str) -> list[ElementSpec]:
+    """The classifier's partitions, in order; refused unless on two gateways or more."""
+    parted: list[ElementSpec] = sorted(
+        (e for e in spec.elements if e.partition is not None and e.partition.of == classifier),
+        key=lambda e: e.partition.index if e.partition is not None else 0,
+    )
+    if len(parted) < 2 or parted[0].node == parted[1].node:
+        raise InvalidInput(
+            f"pipeline {spec.pipeline!r}: its classifier {classifier!r} is not split over gateways",
+            expected="classify with partitions on two nodes or more (partitions: [A, B])",
+            received=", ".join(f"{e.id}@{e.node}" for e in parted) or "one classifier",
+            hint="start from examples/case2/case2-twins.yaml",
+        )
+    return parted
+
+
+def _taken(
+    client: ServiceClient,
+    pipeline: str,
+    classifier: str,
+    expected: dict[str, int],
+    deadline: float,
+    console: Console,
+) -> dict[str, int]:
+    """How many samples each twin has taken in (where its rhythm's kept tail starts, plus
+    the tail), once that is ``expected`` or at the deadline. The last alarm may come before
+    the last windows are classified; each look reads the state stores (a Spark job)."""
+    with console.status("waiting for every recording classified to its end"):
+        while True:
+            twins = client.get(f"/pipelines/{pipeline}/elements/{classifier}/state")
+            taken = {
+                e["key"]: int(e["state"]["rhythm"]["tail_start"])
+                + len(e["state"]["rhythm"]["tail"])
+                for e in twins["entries"]
+            }
+            if taken == expected or time.monotonic() > deadline:
+                return taken
+            time.sleep(2.0)
+
+
 def _source_id(spec: PipelineSpec) -> str:
     return next(e.id for e in spec.elements if e.kind == "ecg-source")
 
@@ -144,10 +309,12 @@ def _wait(
     deadline: float,
     console: Console,
     what: str,
+    field: str = "events_out",
 ) -> None:
-    """Until ``element`` has emitted ``count`` events (a sink: lines) or the deadline."""
+    """Until ``element`` has emitted ``count`` events (a sink: lines; ``field="events_in"``:
+    taken in) or the deadline."""
     with console.status(f"waiting for {what} ({element}: {count} events)"):
-        while _element(client, pipeline, element)["events_out"] < count:
+        while _element(client, pipeline, element)[field] < count:
             if time.monotonic() > deadline:
                 console.print(f"[yellow]gave up waiting for {what}[/]")
                 return

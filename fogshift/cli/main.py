@@ -976,6 +976,7 @@ class DemoCase(StrEnum):
 
     case1 = "case1"
     ecg = "ecg"
+    twins = "twins"
 
 
 @app.command()
@@ -986,7 +987,8 @@ def demo(
         typer.Option(
             help="case1: sensors' window averages, a node killed, the aggregate restored and "
             "migrated; ecg: patients' ECG twins, the processing moved to another gateway, "
-            "that gateway killed and the processing restored."
+            "that gateway killed and the processing restored; twins: the twins split over "
+            "two gateways, one patient's twin following its wearable to the other."
         ),
     ] = DemoCase.case1,
     spec: Annotated[
@@ -999,8 +1001,8 @@ def demo(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the output.")] = 300,
     keep: Annotated[bool, typer.Option(help="Leave the cluster up afterwards.")] = False,
 ) -> None:
-    """Run Case 1 (or Case 2: --case ecg) and print a consistency verdict (exit 1 if
-    inconsistent)."""
+    """Run Case 1 (or Case 2: --case ecg, --case twins) and print a consistency verdict
+    (exit 1 if inconsistent)."""
     from fogshift.cli.demo import demo_copy, run_demo
 
     home = home.resolve()

@@ -22,7 +22,7 @@ from fogshift.ecg.model import load
 from fogshift.ecg.simulate import Patient, layout, patients, recording
 from fogshift.exceptions import InvalidInput
 from fogshift.spec.kinds import AmplifyOptions, BandpassOptions, ClassifyOptions, EcgSourceOptions
-from fogshift.spec.models import PipelineSpec
+from fogshift.spec.models import ElementSpec, PipelineSpec
 
 #: One alarm: ``(patient, t, class)`` (the confidence is not compared: float formatting).
 Alarm = tuple[str, float, str]
@@ -85,32 +85,43 @@ class Case2Parts:
 
 def case2_parts(spec: PipelineSpec) -> Case2Parts:
     """The parts of a Case 2 spec: one ``ecg-source``, ``amplify``, ``bandpass`` and
-    ``classify`` each, and a ``csv-sink`` of the classifier's alarms.
+    ``classify`` each, and a ``csv-sink`` of the classifier's alarms. The classifier may be
+    partitioned (``examples/case2/case2-twins.yaml``): its partitions count as one, by the id
+    the spec gave it.
 
     Raises:
         InvalidInput: The pipeline is not shaped so.
     """
-    by_kind: dict[str, list] = {}
+
+    def logical(element_id: str) -> str:
+        part = by_id[element_id].partition
+        return part.of if part is not None else element_id
+
+    by_id = {e.id: e for e in spec.elements}
+    by_kind: dict[str, dict[str, ElementSpec]] = {}
     for element in spec.elements:
-        by_kind.setdefault(element.kind, []).append(element)
-    single = {k: v[0] for k, v in by_kind.items() if len(v) == 1}
+        by_kind.setdefault(element.kind, {}).setdefault(logical(element.id), element)
+    single = {k: next(iter(v.items())) for k, v in by_kind.items() if len(v) == 1}
     needed = ("ecg-source", "amplify", "bandpass", "classify")
-    sinks = [e for e in by_kind.get("csv-sink", []) if "classify" in single
-             and single["classify"].id in e.inputs]  # fmt: skip
+    classifier = single["classify"][0] if "classify" in single else None
+    sinks = [
+        e for e in by_kind.get("csv-sink", {}).values()
+        if classifier is not None and any(logical(i) == classifier for i in e.inputs)
+    ]  # fmt: skip
     if not all(k in single for k in needed) or len(sinks) != 1:
         raise InvalidInput(
             f"pipeline {spec.pipeline!r} is not a Case 2 pipeline",
-            expected="one ecg-source, amplify, bandpass and classify each, and a csv-sink "
-            "reading the classifier",
+            expected="one ecg-source, amplify, bandpass and classify each (the classifier "
+            "may be partitioned), and a csv-sink reading the classifier",
             received=", ".join(e.kind for e in spec.elements),
             hint="start from examples/case2/case2.yaml",
         )
     return Case2Parts(
-        source=EcgSourceOptions.model_validate(single["ecg-source"].options),
-        amplify=AmplifyOptions.model_validate(single["amplify"].options),
-        band=BandpassOptions.model_validate(single["bandpass"].options),
-        classify=ClassifyOptions.model_validate(single["classify"].options),
-        processing=(single["amplify"].id, single["bandpass"].id, single["classify"].id),
+        source=EcgSourceOptions.model_validate(single["ecg-source"][1].options),
+        amplify=AmplifyOptions.model_validate(single["amplify"][1].options),
+        band=BandpassOptions.model_validate(single["bandpass"][1].options),
+        classify=ClassifyOptions.model_validate(single["classify"][1].options),
+        processing=(single["amplify"][0], single["bandpass"][0], single["classify"][0]),
         alarms=Path(str(sinks[0].options["path"])),
     )
 

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from fogshift.cli import logs as cli_logs
 from fogshift.cli import main as cli
 from fogshift.cli.demo import demo_copy
+from fogshift.cli.demo_ecg import _partitions
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
     KeyMoveReport,
@@ -431,3 +432,25 @@ def test_the_ecg_demo_runs_from_a_copy_of_case2_and_reads_its_parts(tmp_path: Pa
     with pytest.raises(InvalidInput, match="not a Case 2 pipeline") as refused:
         case2_parts(load_spec(demo_copy(home)))
     assert "a csv-sink reading the classifier" in str(refused.value.expected)
+
+
+def test_the_twins_demo_runs_from_case2_twins_and_refuses_a_classifier_not_split(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    spec_path = demo_copy(home, "twins")
+    assert spec_path == home / "demo" / "case2" / "case2-twins.yaml"
+    spec = load_spec(spec_path)
+    # The classifier's partitions count as the one classifier the spec declares.
+    parts = case2_parts(spec)
+    assert parts.processing == ("amplify", "bandpass", "classify")
+    assert parts.alarms.is_relative_to(home / "demo")
+    parted = _partitions(spec, parts.classifier)
+    assert [(e.id, e.node) for e in parted] == [
+        ("classify-p0", "gateway-a"), ("classify-p1", "gateway-b")
+    ]  # fmt: skip
+    # Case 2 with one classifier has no twin to move between gateways.
+    with pytest.raises(InvalidInput, match="not split over gateways") as refused:
+        _partitions(load_spec(demo_copy(home, "ecg")), "classify")
+    assert "case2-twins.yaml" in str(refused.value.hint)
+    assert refused.value.received == "one classifier"
