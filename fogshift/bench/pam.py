@@ -462,15 +462,16 @@ def section(folder: Path) -> str | None:
         "operation ended, less the steady p50 (median over keys / max); stable: from the move "
         "until the output of the last disturbed event (above 1.5 times the steady p99, or "
         "50 ms above it) of the run of them reaching back to the operation's end, each within "
-        "two triggers of the one before; late: disturbed events after that run, per run "
+        "two triggers of the one before (mean over runs; in brackets, how many runs were "
+        "disturbed at all); late: disturbed events after that run, per run "
         "(a slow batch now and then, as steady pipelines have); throughput: output records/s "
         "before, from the move until stable (at least two triggers), after; op tput: from "
         "the move until the operation answered or, if later, stable (at least two triggers). "
         "Means over runs.",
         "",
         "| keys | KiB/key | traffic | events/s | method | runs ok | stoppage p50 / max ms | "
-        "stable ms | late | steady p99 ms | added p99 ms | tput before / during / after | "
-        "op tput | op ms |",
+        "stable ms (runs disturbed) | late | steady p99 ms | added p99 ms | "
+        "tput before / during / after | op tput | op ms |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (keys, kib, traffic, rate, method), group in sorted(
@@ -492,7 +493,8 @@ def section(folder: Path) -> str | None:
             f"| {keys} | {kib} | {traffic} | {fmt(float(rate))} | {method} | "
             f"{len(ok)}/{len(group)} | "
             f"{fmt(mean('stoppage_p50_ms'))} / {fmt(mean('stoppage_max_ms'))} | "
-            f"{fmt(_stable(ok))} | {fmt(mean('late_disturbed'), 1)} | "
+            f"{fmt(_stable(ok))} ({_disturbed(ok)}/{len(ok)}) | "
+            f"{fmt(mean('late_disturbed'), 1)} | "
             f"{fmt(mean('steady_p99_ms'))} | "
             f"{fmt(mean('added_p99_ms'))} | {fmt(mean('tput_before'))} / "
             f"{fmt(mean('tput_during'))} / {fmt(mean('tput_after'))} | "
@@ -522,6 +524,12 @@ def _stable(rows: list[dict[str, str]]) -> float | None:
 def _rate(row: dict[str, str]) -> str:
     """The run's input rate (events/s) as the CSV has it (100, the default, if it has none)."""
     return row.get("rate") or str(PamConfig.rate)
+
+
+def _disturbed(rows: list[dict[str, str]]) -> int:
+    """How many of ``rows`` were disturbed at all (a stable time above 0): at a steady p99
+    near a second, whether a run is, is partly chance, and a mean hides how many were."""
+    return sum(1 for r in rows if float(r.get("stable_ms") or 0) > 0)
 
 
 def _sooner(groups: dict[tuple[str, str, str, str, str], list[dict[str, str]]]) -> list[str]:

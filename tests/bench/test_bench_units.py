@@ -282,7 +282,9 @@ def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> N
     assert [r.split("|")[5].strip() for r in rows[:5]] == [
         "whole", "literal", "fifo", "backlog", "precopy"
     ]  # fmt: skip
-    assert "| 2/2 | 25 / 50 | 500 |" in rows[3] and "| 97 | 1,000 |" in rows[3]
+    assert "| 2/2 | 25 / 50 | 500 (2/2) |" in rows[3] and "| 97 | 1,000 |" in rows[3]
+    # Runs disturbed at all: a stable time above 0 (none recorded: not disturbed).
+    assert pam._disturbed([{"stable_ms": "0"}, {"stable_ms": "12.5"}, {"stable_ms": ""}]) == 1
     assert "| 0/1 |" in rows[2]
     assert "broken (key s3: 1 seq missing)" in text
     # Key moves' stable time against moving the whole partition: 500 ms (backlog) and
