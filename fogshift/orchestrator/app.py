@@ -122,8 +122,9 @@ class KeyMoveRequest(BaseModel):
     order: KeyOrder = KeyOrder.BACKLOG
     #: ``G/N`` instead of keys: key group G of N (CRC-32 of the key modulo N), now and later.
     group: str | None = Field(default=None, pattern=r"^[0-9]{1,4}/[0-9]{1,4}$")
-    #: Listed keys: copy their states to the target first, then move what changed since.
-    precopy: bool = True
+    #: Listed keys: copy their states to the target first, then move what changed since
+    #: (``None``: yes). Refused with a group, which always sends whole states.
+    precopy: bool | None = None
     #: Listed keys: move them in waves of this many (default: one key first, then growing
     #: with the states' sizes, up to 64 keys); at least the number of keys: all at once.
     wave_keys: int | None = Field(default=None, ge=1, le=1000)

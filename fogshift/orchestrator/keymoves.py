@@ -136,15 +136,16 @@ class KeyMoves(Standbys):
         order: KeyOrder = KeyOrder.BACKLOG,
         timeout_s: float = 60.0,
         group: tuple[int, int] | None = None,
-        precopy: bool = True,
+        precopy: bool | None = None,
         wave_keys: int | None = None,
     ) -> KeyMoveReport:
         """Move ``keys`` of the partitioned element ``element_id`` to its partition on
         ``target``, while every partition keeps running.
 
-        With ``precopy`` (listed keys), their states are first copied to the target while
-        their origins keep them (:meth:`_precopy`); the move then carries only what changed
-        since, so its keys wait for that and not for their whole states.
+        With ``precopy`` (listed keys; ``None``: yes), their states are first copied to the
+        target while their origins keep them (:meth:`_precopy`); the move then carries only
+        what changed since, so its keys wait for that and not for their whole states. A key
+        group always sends whole states: ``precopy`` given with one is refused.
 
         Listed keys move in waves (:meth:`_move_waves`): sized as :data:`WAVE_KEYS` says,
         or of ``wave_keys`` keys each.
@@ -182,12 +183,16 @@ class KeyMoves(Standbys):
             )
         if group is None:
             _check_keys(what, keys)
-        elif wave_keys is not None:
+        elif wave_keys is not None or precopy is not None:
+            option = f"--wave-keys {wave_keys}" if wave_keys is not None else (
+                "--precopy" if precopy else "--no-precopy"
+            )  # fmt: skip
             raise InvalidInput(
-                f"cannot move {what}: --wave-keys is for --keys",
-                expected="--wave-keys with --keys",
-                received=f"--wave-keys {wave_keys} with --key-group {group[0]}/{group[1]}",
-                hint="a key group sizes its waves itself: drop --wave-keys, or list the keys",
+                f"cannot move {what}: {option.split()[0]} is for --keys",
+                expected=f"{option.split()[0]} with --keys",
+                received=f"{option} with --key-group {group[0]}/{group[1]}",
+                hint="a key group sizes its waves itself and sends whole states: drop "
+                f"{option.split()[0]}, or list the keys",
             )
         elif keys or not 0 <= group[0] < group[1] <= MAX_GROUPS:
             raise InvalidInput(
@@ -205,7 +210,7 @@ class KeyMoves(Standbys):
         with _LOCKS.setdefault((pipeline, element_id), threading.Lock()):
             return self._move_keys(
                 pipeline, element_id, parts, keys, to, target, source, order, started, timeout_s,
-                group, precopy, wave_keys,
+                group, precopy is not False, wave_keys,
             )  # fmt: skip
 
     def _movable_parts(

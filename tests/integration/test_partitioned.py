@@ -67,13 +67,20 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     ]:
         refused = cluster.cli("migrate", "split", *args, check=False)
         assert refused.returncode != 0 and says in " ".join(refused.stderr.split()), says
-    # Waves are for listed keys: the API refuses them with a group (the CLI before it).
+    # Waves are for listed keys: the API refuses them with a group (the CLI before it) ...
     with (
         pytest.raises(InvalidInput, match="--wave-keys is for --keys"),
         orchestrator_client(cluster.home, timeout_s=30) as client,
     ):
         client.post("/pipelines/split/elements/aggregate/keys/migrate",
                     json={"group": "1/4", "wave_keys": 2, "target": "fog-b"})  # fmt: skip
+    # ... and a precopy, which a group never makes (it was ignored before).
+    with (
+        pytest.raises(InvalidInput, match="--no-precopy is for --keys"),
+        orchestrator_client(cluster.home, timeout_s=30) as client,
+    ):
+        client.post("/pipelines/split/elements/aggregate/keys/migrate",
+                    json={"group": "1/4", "precopy": False, "target": "fog-b"})  # fmt: skip
     # Partition 1 moves while partition 0 goes on, make-before-break, as any PE does.
     moved = cluster.cli(
         "migrate", "split", "aggregate-p1", "--to", "cloud", "--mode", "handover", "--json"
