@@ -12,6 +12,7 @@ Run a command on its own with ``python -m fogshift.bench.commands e1 --quick --o
 
 from __future__ import annotations
 
+import math
 import shlex
 import shutil
 import signal
@@ -260,10 +261,11 @@ def register(bench_app: typer.Typer) -> None:
         """
         config = pam.PamConfig.quick() if quick else pam.PamConfig()
         if rate is not None:
-            if not rate > 0:
+            if not (math.isfinite(rate) and rate > 0):
                 raise BadBenchOption(
-                    "bad --rate", expected="events per second above 0", received=str(rate)
-                )
+                    "bad --rate", expected="a number of events per second above 0",
+                    received=str(rate),
+                )  # fmt: skip
             config = replace(config, rate=rate)
         if traffics is not None:
             chosen = tuple(t.strip() for t in traffics.split(",") if t.strip())

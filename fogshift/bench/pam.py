@@ -522,8 +522,9 @@ def _stable(rows: list[dict[str, str]]) -> float | None:
 
 
 def _rate(row: dict[str, str]) -> str:
-    """The run's input rate (events/s) as the CSV has it (100, the default, if it has none)."""
-    return row.get("rate") or str(PamConfig.rate)
+    """The run's input rate (events/s; 100, the default, if the CSV has none), one text per
+    number ("100" and "100.0" are one group)."""
+    return repr(float(row.get("rate") or PamConfig.rate))
 
 
 def _disturbed(rows: list[dict[str, str]]) -> int:

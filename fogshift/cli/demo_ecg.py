@@ -56,6 +56,13 @@ def run_ecg(
        restore left a transient), and the alarms must equal the reference's.
     """
     parts = case2_parts(spec)
+    if spec.partitions_of(parts.classifier):
+        raise InvalidInput(
+            f"pipeline {spec.pipeline!r}: its classifier {parts.classifier!r} is partitioned",
+            expected="one classifier, which moves with the band-pass as one group",
+            received=", ".join(f"{e.id}@{e.node}" for e in spec.partitions_of(parts.classifier)),
+            hint="`fogshift demo --case twins` runs a partitioned classifier",
+        )
     source = parts.source
     people = patients(source.patients, source.seed, source.abnormal_every, source.onset_s)
     expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
@@ -132,9 +139,10 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
     """Deploy Case 2 with the classifier's twins split over gateways, move one patient's
     twin to the other gateway mid-stream, compare with the reference; True if equal.
 
-    1. Once the first partition has classified two windows of each of its patients, the
-       first of them (by id) walks to the second partition's gateway: ``migrate --keys``
-       moves only that patient's twin there.
+    1. Once the first partition has taken in two windows of each patient (it reads them
+       all and classifies its own), the first of its patients (by id) walks to the
+       gateway of the next partition on another node: ``migrate --keys`` moves only that
+       patient's twin there.
     2. When every window is filtered and the alarms are all there, each patient's alarms
        must equal the reference's in their order (the partitions' alarms interleave at the
        sink), each twin must have taken in every sample of its recording once (the moved
@@ -149,10 +157,11 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
     parts = case2_parts(spec)
     source, pipeline = parts.source, spec.pipeline
     parted = _partitions(spec, parts.classifier)
-    origin, target = parted[0], parted[1]
+    origin, target = parted[0], next(e for e in parted if e.node != parted[0].node)
+    assert origin.partition is not None
     names = [p.name for p in patients(source.patients, source.seed, source.abnormal_every,
                                       source.onset_s)]  # fmt: skip
-    here = [n for n in names if partition_of_key(n, len(parted)) == 0]
+    here = [n for n in names if partition_of_key(n, origin.partition.first_count) == 0]
     if not here:
         raise InvalidInput(
             f"pipeline {pipeline!r}: no patient's twin is on {origin.id}",
@@ -160,7 +169,7 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
             received=", ".join(names),
             hint="more patients (the ecg-source's patients option)",
         )
-    walker, stay = here[0], here[1:]
+    walker, stay = here[0], sorted(here[1:])
     expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
     with cluster_ops.orchestrator_client(home) as client:
         existing = {p["pipeline"]: p for p in client.get("/pipelines")}
@@ -174,7 +183,8 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
             + ", ".join(f"{e.id}@{e.node}" for e in spec.elements)
         )
         deadline = time.monotonic() + timeout_s
-        _wait(client, pipeline, origin.id, 2 * len(here), deadline, console,
+        # A partition reads every patient's windows (the others' it passes over): two each.
+        _wait(client, pipeline, origin.id, 2 * source.patients, deadline, console,
               f"{origin.node}'s twins warm", field="events_in")  # fmt: skip
         before = _element(client, pipeline, origin.id)
         flow = _flow(client, spec, parts, "while the patients stream")
@@ -187,7 +197,8 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
             return False
         console.print(
             f"{walker}'s wearable came near {target.node}: moved only {walker}'s twin, "
-            f"{origin.id}@{origin.node} -> {report['target_partition']}@{target.node}, {flow}; "
+            f"{report['origins'].get(walker)}@{origin.node} -> "
+            f"{report['target_partition']}@{target.node}, {flow}; "
             f"its state ({report['state_bytes']} bytes) stored "
             f"{report['stoppage_ms'].get(walker, 0.0):.0f} ms after the move (input seq "
             f"{report['move_seq']})"
@@ -249,11 +260,8 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
 
 def _partitions(spec: PipelineSpec, classifier: str) -> list[ElementSpec]:
     """The classifier's partitions, in order; refused unless on two gateways or more."""
-    parted: list[ElementSpec] = sorted(
-        (e for e in spec.elements if e.partition is not None and e.partition.of == classifier),
-        key=lambda e: e.partition.index if e.partition is not None else 0,
-    )
-    if len(parted) < 2 or parted[0].node == parted[1].node:
+    parted = spec.partitions_of(classifier)
+    if len({e.node for e in parted}) < 2:
         raise InvalidInput(
             f"pipeline {spec.pipeline!r}: its classifier {classifier!r} is not split over gateways",
             expected="classify with partitions on two nodes or more (partitions: [A, B])",

@@ -184,15 +184,17 @@ class KeyMoves(Standbys):
         if group is None:
             _check_keys(what, keys)
         elif wave_keys is not None or precopy is not None:
-            option = f"--wave-keys {wave_keys}" if wave_keys is not None else (
-                "--precopy" if precopy else "--no-precopy"
+            # Named as the CLI spells them and as the API's fields are.
+            flag, field = (
+                ("--wave-keys", f"wave_keys {wave_keys}") if wave_keys is not None
+                else ("--precopy" if precopy else "--no-precopy", f"precopy {precopy}")
             )  # fmt: skip
             raise InvalidInput(
-                f"cannot move {what}: {option.split()[0]} is for --keys",
-                expected=f"{option.split()[0]} with --keys",
-                received=f"{option} with --key-group {group[0]}/{group[1]}",
+                f"cannot move {what}: {flag} is for --keys",
+                expected=f"{flag} ({field.split()[0]}) with --keys (keys)",
+                received=f"{field} with group {group[0]}/{group[1]} (--key-group)",
                 hint="a key group sizes its waves itself and sends whole states: drop "
-                f"{option.split()[0]}, or list the keys",
+                f"{flag}, or list the keys",
             )
         elif keys or not 0 <= group[0] < group[1] <= MAX_GROUPS:
             raise InvalidInput(

@@ -87,15 +87,17 @@ def case2_parts(spec: PipelineSpec) -> Case2Parts:
     """The parts of a Case 2 spec: one ``ecg-source``, ``amplify``, ``bandpass`` and
     ``classify`` each, and a ``csv-sink`` of the classifier's alarms. The classifier may be
     partitioned (``examples/case2/case2-twins.yaml``): its partitions count as one, by the id
-    the spec gave it.
+    the spec gave it (``Case2Parts.classifier``; the other parts are whole).
 
     Raises:
         InvalidInput: The pipeline is not shaped so.
     """
 
     def logical(element_id: str) -> str:
+        # Only the classifier's partitions count as one: a partitioned band-pass would be
+        # no Case 2 the demos know (its partitions would read several inputs downstream).
         part = by_id[element_id].partition
-        return part.of if part is not None else element_id
+        return part.of if part is not None and by_id[element_id].kind == "classify" else element_id
 
     by_id = {e.id: e for e in spec.elements}
     by_kind: dict[str, dict[str, ElementSpec]] = {}

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from fogshift.cli import logs as cli_logs
 from fogshift.cli import main as cli
 from fogshift.cli.demo import demo_copy
-from fogshift.cli.demo_ecg import _partitions
+from fogshift.cli.demo_ecg import _partitions, run_ecg
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
     KeyMoveReport,
@@ -454,3 +455,7 @@ def test_the_twins_demo_runs_from_case2_twins_and_refuses_a_classifier_not_split
         _partitions(load_spec(demo_copy(home, "ecg")), "classify")
     assert "case2-twins.yaml" in str(refused.value.hint)
     assert refused.value.received == "one classifier"
+    # ... and the group-moving demo refuses a partitioned classifier before it deploys.
+    with pytest.raises(InvalidInput, match="is partitioned") as refused:
+        run_ecg(home, spec, 1.0, Console(), None)
+    assert "--case twins" in str(refused.value.hint)

@@ -47,7 +47,10 @@ def test_a_wearable_moves_to_the_other_gateway_and_only_its_twin_follows(
     text = " ".join(out.split())  # the console wraps long lines
     assert result.returncode == 0, out + cluster.logs()
     assert f"{MOVING}'s wearable came near fog-b: moved only {MOVING}'s twin, " in text, out
+    # The move's report: the twin's origin partition and its state, as sent.
     assert "classify-p0@fog-a -> classify-p1@fog-b" in text, out
+    sent = re.search(r"its state \((\d+) bytes\) stored", text)
+    assert sent and int(sent.group(1)) > 0, out
     assert "CONSISTENT" in text and "INCONSISTENT" not in text, out
     found = re.search(r"\(input seq (\d+)\)", text)
     assert found, out
