@@ -68,6 +68,13 @@ def run_demo(
     ``migrate_to`` (default: a healthy node it is not on).
     """
     spec = load_spec(spec_path)
+    # A spec the case cannot run is refused before a cluster starts for it.
+    if case == "case1":
+        case1_parts(spec)
+    else:
+        from fogshift.cli.demo_ecg import check_ecg, check_twins  # scipy: only for Case 2
+
+        (check_twins if case == "twins" else check_ecg)(spec)
     nodes = sorted({e.node for e in spec.elements} | set(CASES[case][2]))
     started = False
     try:

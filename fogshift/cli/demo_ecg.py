@@ -55,14 +55,7 @@ def run_ecg(
        recording filtered at once (sample by sample, so no window boundary, migration or
        restore left a transient), and the alarms must equal the reference's.
     """
-    parts = case2_parts(spec)
-    if spec.partitions_of(parts.classifier):
-        raise InvalidInput(
-            f"pipeline {spec.pipeline!r}: its classifier {parts.classifier!r} is partitioned",
-            expected="one classifier, which moves with the band-pass as one group",
-            received=", ".join(f"{e.id}@{e.node}" for e in spec.partitions_of(parts.classifier)),
-            hint="`fogshift demo --case twins` runs a partitioned classifier",
-        )
+    parts = check_ecg(spec)
     source = parts.source
     people = patients(source.patients, source.seed, source.abnormal_every, source.onset_s)
     expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
@@ -154,7 +147,7 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
     Raises:
         InvalidInput: Not Case 2, or its classifier not split over two gateways or more.
     """
-    parts = case2_parts(spec)
+    parts = check_twins(spec)
     source, pipeline = parts.source, spec.pipeline
     parted = _partitions(spec, parts.classifier)
     origin, target = parted[0], next(e for e in parted if e.node != parted[0].node)
@@ -256,6 +249,34 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
         + f" on without a restart (epoch {after['epoch']})"
     )
     return True
+
+
+def check_ecg(spec: PipelineSpec) -> Case2Parts:
+    """``spec``'s parts if :func:`run_ecg` can run it (before a cluster starts for it).
+
+    Raises:
+        InvalidInput: Not Case 2, or its classifier partitioned (``--case twins``).
+    """
+    parts = case2_parts(spec)
+    if spec.partitions_of(parts.classifier):
+        raise InvalidInput(
+            f"pipeline {spec.pipeline!r}: its classifier {parts.classifier!r} is partitioned",
+            expected="one classifier, which moves with the band-pass as one group",
+            received=", ".join(f"{e.id}@{e.node}" for e in spec.partitions_of(parts.classifier)),
+            hint="`fogshift demo --case twins` runs a partitioned classifier",
+        )
+    return parts
+
+
+def check_twins(spec: PipelineSpec) -> Case2Parts:
+    """``spec``'s parts if :func:`run_twins` can run it (before a cluster starts for it).
+
+    Raises:
+        InvalidInput: Not Case 2, or its classifier not split over two gateways or more.
+    """
+    parts = case2_parts(spec)
+    _partitions(spec, parts.classifier)
+    return parts
 
 
 def _partitions(spec: PipelineSpec, classifier: str) -> list[ElementSpec]:

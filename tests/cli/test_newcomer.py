@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from fogshift.cli import logs as cli_logs
 from fogshift.cli import main as cli
-from fogshift.cli.demo import demo_copy
+from fogshift.cli.demo import demo_copy, run_demo
 from fogshift.cli.demo_ecg import _partitions, run_ecg
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
@@ -459,3 +459,9 @@ def test_the_twins_demo_runs_from_case2_twins_and_refuses_a_classifier_not_split
     with pytest.raises(InvalidInput, match="is partitioned") as refused:
         run_ecg(home, spec, 1.0, Console(), None)
     assert "--case twins" in str(refused.value.hint)
+    # Either is refused before a cluster starts for it (none is up in this home).
+    for case, path, says in (("twins", demo_copy(home, "ecg"), "not split over gateways"),
+                             ("ecg", spec_path, "is partitioned")):  # fmt: skip
+        with pytest.raises(InvalidInput, match=says):
+            run_demo(home, path, 1.0, False, Console(), case=case)
+    assert not (home / "cluster.json").exists()
