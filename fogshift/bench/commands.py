@@ -61,6 +61,18 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
+def _choices(text: str, allowed: tuple[str, ...], option: str) -> tuple[str, ...]:
+    """The comma-separated choice ``text`` of ``allowed`` (refused: none, or another)."""
+    chosen = tuple(c.strip() for c in text.split(",") if c.strip())
+    if not chosen or any(c not in allowed for c in chosen):
+        raise BadBenchOption(
+            f"bad {option}",
+            expected=f"a comma-separated choice of {', '.join(allowed)}",
+            received=text,
+        )
+    return chosen
+
+
 def _session(
     out: Path,
     work: Path | None,
@@ -268,23 +280,9 @@ def register(bench_app: typer.Typer) -> None:
                 )  # fmt: skip
             config = replace(config, rate=rate)
         if traffics is not None:
-            chosen = tuple(t.strip() for t in traffics.split(",") if t.strip())
-            if not chosen or any(t not in pam.TRAFFICS for t in chosen):
-                raise BadBenchOption(
-                    "bad --traffics",
-                    expected=f"a comma-separated choice of {', '.join(pam.TRAFFICS)}",
-                    received=traffics,
-                )
-            config = replace(config, traffics=chosen)
+            config = replace(config, traffics=_choices(traffics, pam.TRAFFICS, "--traffics"))
         if methods is not None:
-            chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
-            if not chosen or any(m not in pam.METHODS for m in chosen):
-                raise BadBenchOption(
-                    "bad --methods",
-                    expected=f"a comma-separated choice of {', '.join(pam.METHODS)}",
-                    received=methods,
-                )
-            config = replace(config, methods=chosen)
+            config = replace(config, methods=_choices(methods, pam.METHODS, "--methods"))
         if keys:
             config = replace(config, keys=_ints(keys, "numbers of keys"))
         if state_kib:

@@ -61,10 +61,7 @@ def run_ecg(
     expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
     pipeline = spec.pipeline
     with cluster_ops.orchestrator_client(home) as client:
-        existing = {p["pipeline"]: p for p in client.get("/pipelines")}
-        if existing.get(pipeline, {}).get("status") == "running":
-            client.post(f"/pipelines/{pipeline}/stop")
-        client.post("/pipelines", json=spec.model_dump(mode="json"))
+        _deploy(client, spec)
         console.print(
             f"deployed [bold]{pipeline}[/] ({source.patients} patients, {source.duration_s:g} s "
             f"of ECG each at {source.speed:g}x): "
@@ -165,10 +162,7 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
     walker, stay = here[0], sorted(here[1:])
     expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
     with cluster_ops.orchestrator_client(home) as client:
-        existing = {p["pipeline"]: p for p in client.get("/pipelines")}
-        if existing.get(pipeline, {}).get("status") == "running":
-            client.post(f"/pipelines/{pipeline}/stop")
-        client.post("/pipelines", json=spec.model_dump(mode="json"))
+        _deploy(client, spec)
         console.print(
             f"deployed [bold]{pipeline}[/] ({source.patients} patients; the twins of "
             f"{', '.join(here)} on {origin.node}, the others on "
@@ -314,6 +308,14 @@ def _taken(
             if taken == expected or time.monotonic() > deadline:
                 return taken
             time.sleep(2.0)
+
+
+def _deploy(client: ServiceClient, spec: PipelineSpec) -> None:
+    """Deploy ``spec`` afresh (stopping a run of it left from before)."""
+    existing = {p["pipeline"]: p for p in client.get("/pipelines")}
+    if existing.get(spec.pipeline, {}).get("status") == "running":
+        client.post(f"/pipelines/{spec.pipeline}/stop")
+    client.post("/pipelines", json=spec.model_dump(mode="json"))
 
 
 def _source_id(spec: PipelineSpec) -> str:

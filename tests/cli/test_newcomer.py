@@ -419,12 +419,15 @@ def test_demo_runs_from_a_fresh_copy_of_the_packaged_example(tmp_path: Path) -> 
     shutil.rmtree(home)
 
 
-def test_the_ecg_demo_runs_from_a_copy_of_case2_and_reads_its_parts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("case", "file"), [("ecg", "case2.yaml"), ("twins", "case2-twins.yaml")])
+def test_the_case2_demos_run_from_a_copy_of_case2_and_read_its_parts(
+    tmp_path: Path, case: str, file: str
+) -> None:
     home = tmp_path / "home"
-    spec_path = demo_copy(home, "ecg")
-    assert spec_path == home / "demo" / "case2" / "case2.yaml"
-    spec = load_spec(spec_path)
-    parts = case2_parts(spec)
+    spec_path = demo_copy(home, case)
+    assert spec_path == home / "demo" / "case2" / file
+    # The twins' classifier partitions count as the one classifier the spec declares.
+    parts = case2_parts(load_spec(spec_path))
     assert parts.processing == ("amplify", "bandpass", "classify")
     assert parts.alarms.is_relative_to(home / "demo")  # its alarms go to the copy
     windows = parts.source.duration_s / parts.source.window_s
@@ -435,18 +438,11 @@ def test_the_ecg_demo_runs_from_a_copy_of_case2_and_reads_its_parts(tmp_path: Pa
     assert "a csv-sink reading the classifier" in str(refused.value.expected)
 
 
-def test_the_twins_demo_runs_from_case2_twins_and_refuses_a_classifier_not_split(
-    tmp_path: Path,
-) -> None:
+def test_the_twins_demo_needs_a_classifier_split_over_gateways(tmp_path: Path) -> None:
     home = tmp_path / "home"
     spec_path = demo_copy(home, "twins")
-    assert spec_path == home / "demo" / "case2" / "case2-twins.yaml"
     spec = load_spec(spec_path)
-    # The classifier's partitions count as the one classifier the spec declares.
-    parts = case2_parts(spec)
-    assert parts.processing == ("amplify", "bandpass", "classify")
-    assert parts.alarms.is_relative_to(home / "demo")
-    parted = _partitions(spec, parts.classifier)
+    parted = _partitions(spec, "classify")
     assert [(e.id, e.node) for e in parted] == [
         ("classify-p0", "gateway-a"), ("classify-p1", "gateway-b")
     ]  # fmt: skip
