@@ -144,9 +144,8 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
     Raises:
         InvalidInput: Not Case 2, or its classifier not split over two gateways or more.
     """
-    parts = check_twins(spec)
+    parts, parted = check_twins(spec)
     source, pipeline = parts.source, spec.pipeline
-    parted = _partitions(spec, parts.classifier)
     origin, target = parted[0], next(e for e in parted if e.node != parted[0].node)
     assert origin.partition is not None
     names = [p.name for p in patients(source.patients, source.seed, source.abnormal_every,
@@ -262,15 +261,15 @@ def check_ecg(spec: PipelineSpec) -> Case2Parts:
     return parts
 
 
-def check_twins(spec: PipelineSpec) -> Case2Parts:
-    """``spec``'s parts if :func:`run_twins` can run it (before a cluster starts for it).
+def check_twins(spec: PipelineSpec) -> tuple[Case2Parts, list[ElementSpec]]:
+    """``spec``'s parts and its classifier's partitions (in order) if :func:`run_twins` can
+    run it (before a cluster starts for it).
 
     Raises:
         InvalidInput: Not Case 2, or its classifier not split over two gateways or more.
     """
     parts = case2_parts(spec)
-    _partitions(spec, parts.classifier)
-    return parts
+    return parts, _partitions(spec, parts.classifier)
 
 
 def _partitions(spec: PipelineSpec, classifier: str) -> list[ElementSpec]:
