@@ -1,21 +1,29 @@
 """A partitioned keyed PE on real agents: its keys split over nodes, single keys moved
 between partitions (PAM), a partition moved whole and the element scaled out and in,
-mid-stream; the output exact per key and every twin readable through the element."""
+mid-stream, and a key move whose origin's node is killed; the output exact per key and
+every twin readable through the element."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from fogshift.broker.keys import in_group
+from fogshift.broker.client import BrokerAddress, SyncJetStream, get_range, last_seq
+from fogshift.broker.keys import KeyMove, KeyState, in_group, parse
+from fogshift.broker.naming import keys_subject, stream_name
 from fogshift.common.waiting import wait_until
 from fogshift.exceptions import InvalidInput
 from fogshift.spec.models import partition_of_key
 from fogshift.supervisor.cluster import orchestrator_client
-from tests.conftest import Cluster
-from tests.integration.helpers import case1_spec, finish_and_compare, keyed_windows
+from tests.conftest import Cluster, fogshift
+from tests.integration.helpers import case1_spec, finish_and_compare, keyed_windows, wait_central
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -185,3 +193,72 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
         assert one["element"] == f"aggregate-p{owner[key]}"
         assert [e["state"]["values"] for e in one["entries"]] == [windows[key]]
     cluster.cli("stop", "split")
+
+
+def test_a_key_move_whose_origin_node_dies_completes_once_the_origin_is_restored(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The origin partition's node is frozen once it has sent the keys' copies (the
+    # precopy), and killed once their move is stored: the move waits. Restored on another
+    # node from a central checkpoint taken before the copies, the partition replays its
+    # input: it sends the copies again, then at the move only what changed since; the move
+    # completes by itself, and every key's output is exact.
+    spec = case1_spec(tmp_path, "orphan", keys=20, partitions=["fog-a", "fog-b"],
+                      detect_after_s=600)  # fmt: skip
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("orphan", "sink", 20)
+    wait_central(cluster, "orphan", "aggregate-p0")
+    moving = [k for k in (f"s{i}" for i in range(20)) if partition_of_key(k, 2) == 0][:2]
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    stream, subject = stream_name("orphan", "source"), keys_subject("orphan", "source")
+
+    def records() -> list[KeyMove | KeyState]:
+        end = client.run(partial(last_seq, stream=stream))
+        found = client.run(partial(get_range, stream=stream, subject=subject, start=0, end=end))
+        return [r for m in found if isinstance(r := parse(m.seq, m.data), KeyMove | KeyState)]
+
+    answer: list[subprocess.CompletedProcess] = []
+    # A process of its own: the in-process CLI runs one command at a time, and the
+    # restore below goes on while this one waits.
+    command = threading.Thread(target=lambda: answer.append(fogshift(
+        "migrate", "orphan", "aggregate", "--keys", ",".join(moving), "--to", "fog-b",
+        "--wave-keys", "2", "--json", "--home", str(cluster.home),
+    )))  # fmt: skip
+    pgid = cluster.node("fog-a")["pgid"]
+    try:
+        command.start()
+        wait_until(
+            lambda: {r.key for r in records() if isinstance(r, KeyState) and r.copy}
+            >= set(moving),
+            90, interval_s=0.02, describe="the moving keys' copies stored",
+        )  # fmt: skip
+        os.killpg(pgid, signal.SIGSTOP)
+        wait_until(lambda: any(isinstance(r, KeyMove) for r in records()), 60,
+                   interval_s=0.1, describe="the move stored")  # fmt: skip
+        os.killpg(pgid, signal.SIGKILL)
+        # Frozen within a poll of its last copy, before its next trigger: it never read the
+        # move (stored after the copies), and no key's state is stored yet.
+        assert not [r for r in records() if isinstance(r, KeyState) and not r.copy]
+        restored = cluster.json("restore", "orphan", "aggregate-p0", "--to", "fog-c")
+        assert (restored["status"], restored["method"]) == ("restored", "checkpoint"), restored
+        assert restored["checkpoint"] is not None and restored["reprocessed_events"] > 0
+        command.join(240)
+        assert not command.is_alive() and answer, "the key move never answered"
+        states = [r for r in records() if isinstance(r, KeyState) and not r.copy]
+    finally:
+        client.close()
+    moved = json.loads(answer[0].stdout)
+    assert (moved["status"], moved["precopied"], sorted(moved["sent"])) == (
+        "moved", moving, sorted(moving)
+    ), moved  # fmt: skip
+    # At the move only what changed since the copy went (the restored partition's copies
+    # hold what its checkpoint plus its replay gave, as the killed one's did).
+    assert {r.key for r in states} == set(moving) and all(r.base for r in states), states
+    finish_and_compare(cluster, tmp_path, "orphan", stop=False)
+    windows = keyed_windows(tmp_path / "in.csv", "sensor", "value", 10)
+    twins = cluster.json("state", "orphan", "aggregate")
+    assert {e["key"]: e["state"]["values"] for e in twins["entries"]} == windows
+    for key in moving:
+        assert cluster.json("state", "orphan", "aggregate", key)["element"] == "aggregate-p1"
+    assert cluster.element("orphan", "aggregate-p0")["node"] == "fog-c"
+    cluster.cli("stop", "orphan")
