@@ -77,6 +77,9 @@ PRECOPY_SAMPLE = 5
 #: The longest a precopy goes on (a step per origin batch: ~2 MiB/s at a 500 ms trigger);
 #: the move's own timeout counts from its end.
 PRECOPY_BUDGET_S = 600.0
+#: How often a wait for a partition's commit looks up where it runs (see
+#: :meth:`KeyMoves._committed_past`).
+PLACEMENT_RECHECK_S = 1.0
 #: Listed keys move in waves, each a move of its own appended once the states of the one
 #: before are stored: the first wave moves one key, to learn the size; each later one at
 #: most four times as many, up to :data:`WAVE_KEYS` keys and about :data:`WAVE_BYTES` of
@@ -513,10 +516,9 @@ class KeyMoves(Standbys):
     ) -> str | None:  # fmt: skip
         """Wait until each partition of ``last`` has committed its input ``source`` up to
         the sequence given (its last moved state), or ``deadline``: why not, if not."""
-        placement = self.pipeline(pipeline).placement
         for index, seq in sorted(last.items()):
             pe = partition_id(element_id, index)
-            if not self._committed_past(pipeline, pe, placement[pe], source, seq, deadline):
+            if not self._committed_past(pipeline, pe, source, seq, deadline):
                 return f"{pe} has not committed the moved states yet (it holds the keys)"
         return None
 
@@ -681,15 +683,25 @@ class KeyMoves(Standbys):
         return owners
 
     def _committed_past(
-        self, pipeline: str, pe: str, node: str, source: str, seq: int, deadline: float
+        self, pipeline: str, pe: str, source: str, seq: int, deadline: float
     ) -> bool:
-        """Whether ``pe`` on ``node`` commits input ``source`` up to ``seq`` by ``deadline``."""
+        """Whether ``pe`` commits input ``source`` up to ``seq`` by ``deadline``, wherever it
+        runs: its node is looked up again after a failed ask and every
+        :data:`PLACEMENT_RECHECK_S` (a restore or a migration may move it meanwhile: a
+        partition restored elsewhere after its node died commits there)."""
         path = f"/pipelines/{pipeline}/elements/{pe}/progress"
+        node: str | None = None
+        looked = 0.0
         while time.monotonic() < deadline:
+            if node is None or time.monotonic() - looked >= PLACEMENT_RECHECK_S:
+                node, looked = self.pipeline(pipeline).placement.get(pe), time.monotonic()
             try:
-                progress = self.agent(node).call(ElementProgress, "GET", path, timeout=5)
+                progress = (
+                    self.agent(node).call(ElementProgress, "GET", path, timeout=5)
+                    if node is not None else None
+                )  # fmt: skip
             except FogshiftError:
-                progress = None
+                progress, node = None, None
             positions = (progress.offset or {}).get("positions", {}) if progress else {}
             if int(positions.get(source, 0)) >= seq:
                 return True

@@ -276,7 +276,6 @@ class Scaling(KeyMoves):
         Returns:
             The partitions retired, with their nodes; and why not all were, if so.
         """
-        record = self.pipeline(pipeline)
         retiring = parts[count:]
         first = parts[0].partition
         assert first is not None
@@ -285,10 +284,10 @@ class Scaling(KeyMoves):
             return {}, (f"a key move gives keys to a partition from {count} on: not retired "
                         "(the same command again rescales first)")  # fmt: skip
         for part in retiring:
-            node = record.placement[part.id]
-            if not self._committed_past(pipeline, part.id, node, source, at, deadline):
+            if not self._committed_past(pipeline, part.id, source, at, deadline):
                 return {}, (f"{part.id} has not processed the rescale yet: it is retired once "
                             "it has (the same command again retires it)")  # fmt: skip
+        record = self.pipeline(pipeline)  # after the waits: a partition may have moved
         retired: dict[str, str] = {}
         for part in retiring:
             node = record.placement[part.id]

@@ -12,6 +12,7 @@ import subprocess
 import threading
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -195,20 +196,19 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     cluster.cli("stop", "split")
 
 
-def test_a_key_move_whose_origin_node_dies_completes_once_the_origin_is_restored(
+def test_key_moves_whose_origin_or_target_node_dies_complete_once_it_is_restored(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    # The origin partition's node is frozen once it has sent the keys' copies (the
-    # precopy), and killed once their move is stored: the move waits. Restored on another
-    # node from a central checkpoint taken before the copies, the partition replays its
-    # input: it sends the copies again, then at the move only what changed since; the move
-    # completes by itself, and every key's output is exact.
+    # Two key moves, each losing a node midway, each restored on another node from a
+    # central checkpoint: every key's output stays exact, and each move completes by
+    # itself once the partition it waits for runs again, wherever that is.
     spec = case1_spec(tmp_path, "orphan", keys=20, partitions=["fog-a", "fog-b"],
                       detect_after_s=600)  # fmt: skip
     cluster.cli("deploy", str(spec))
     cluster.wait_for("orphan", "sink", 20)
     wait_central(cluster, "orphan", "aggregate-p0")
-    moving = [k for k in (f"s{i}" for i in range(20)) if partition_of_key(k, 2) == 0][:2]
+    wait_central(cluster, "orphan", "aggregate-p1")
+    keys = [k for k in (f"s{i}" for i in range(20)) if partition_of_key(k, 2) == 0]
     client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
     stream, subject = stream_name("orphan", "source"), keys_subject("orphan", "source")
 
@@ -217,48 +217,66 @@ def test_a_key_move_whose_origin_node_dies_completes_once_the_origin_is_restored
         found = client.run(partial(get_range, stream=stream, subject=subject, start=0, end=end))
         return [r for m in found if isinstance(r := parse(m.seq, m.data), KeyMove | KeyState)]
 
-    answer: list[subprocess.CompletedProcess] = []
-    # A process of its own: the in-process CLI runs one command at a time, and the
-    # restore below goes on while this one waits.
-    command = threading.Thread(target=lambda: answer.append(fogshift(
-        "migrate", "orphan", "aggregate", "--keys", ",".join(moving), "--to", "fog-b",
-        "--wave-keys", "2", "--json", "--home", str(cluster.home),
-    )))  # fmt: skip
-    pgid = cluster.node("fog-a")["pgid"]
-    try:
+    def stored(moving: list[str], copies: bool) -> bool:
+        got = {r.key for r in records() if isinstance(r, KeyState) and r.copy == copies}
+        return got >= set(moving)
+
+    def move_losing(moving: list[str], dies: str, restore: str, to: str) -> dict[str, Any]:
+        """Move ``moving`` from partition 0 to partition 1 (on fog-b); freeze node ``dies``
+        once the keys' copies are stored (the precopy) and kill it once the move is (and,
+        the target dying, the states); restore its partition ``restore`` on ``to``. The
+        move's report."""
+        answer: list[subprocess.CompletedProcess] = []
+        # A process of its own: the in-process CLI runs one command at a time, and the
+        # restore goes on while this one waits.
+        command = threading.Thread(target=lambda: answer.append(fogshift(
+            "migrate", "orphan", "aggregate", "--keys", ",".join(moving), "--to", "fog-b",
+            "--wave-keys", "2", "--json", "--home", str(cluster.home),
+        )))  # fmt: skip
+        pgid = cluster.node(dies)["pgid"]
         command.start()
-        wait_until(
-            lambda: {r.key for r in records() if isinstance(r, KeyState) and r.copy}
-            >= set(moving),
-            90, interval_s=0.02, describe="the moving keys' copies stored",
-        )  # fmt: skip
+        wait_until(lambda: stored(moving, copies=True), 90, interval_s=0.02,
+                   describe="the moving keys' copies stored")  # fmt: skip
         os.killpg(pgid, signal.SIGSTOP)
-        wait_until(lambda: any(isinstance(r, KeyMove) for r in records()), 60,
-                   interval_s=0.1, describe="the move stored")  # fmt: skip
+        if restore == "aggregate-p0":
+            wait_until(lambda: any(isinstance(r, KeyMove) and r.keys == tuple(moving)
+                                   for r in records()), 60, interval_s=0.1,
+                       describe="the move stored")  # fmt: skip
+            # Frozen within a poll of its last copy, before its next trigger: it never
+            # read the move (stored after the copies), so no state was sent.
+            assert not stored(moving[:1], copies=False)
+        else:  # the target, frozen before the move, cannot have taken the states
+            wait_until(lambda: stored(moving, copies=False), 60, interval_s=0.1,
+                       describe="the moved states stored")  # fmt: skip
         os.killpg(pgid, signal.SIGKILL)
-        # Frozen within a poll of its last copy, before its next trigger: it never read the
-        # move (stored after the copies), and no key's state is stored yet.
-        assert not [r for r in records() if isinstance(r, KeyState) and not r.copy]
-        restored = cluster.json("restore", "orphan", "aggregate-p0", "--to", "fog-c")
+        restored = cluster.json("restore", "orphan", restore, "--to", to)
         assert (restored["status"], restored["method"]) == ("restored", "checkpoint"), restored
         assert restored["checkpoint"] is not None and restored["reprocessed_events"] > 0
         command.join(240)
         assert not command.is_alive() and answer, "the key move never answered"
-        states = [r for r in records() if isinstance(r, KeyState) and not r.copy]
+        moved: dict[str, Any] = json.loads(answer[0].stdout)
+        assert (moved["status"], moved["precopied"], sorted(moved["sent"])) == (
+            "moved", moving, sorted(moving)
+        ), moved  # fmt: skip
+        # At the move only what changed since the copy went (a restored origin's copies
+        # hold what its checkpoint and its replay gave, as the killed one's did).
+        states = [r for r in records() if isinstance(r, KeyState) and r.key in moving]
+        assert all(r.base for r in states if not r.copy), states
+        assert cluster.element("orphan", restore)["node"] == to
+        return moved
+
+    try:
+        # The origin dies: the restored one sends the copies again, then the states.
+        move_losing(keys[:2], "fog-a", "aggregate-p0", "fog-c")
+        # The target dies: the states are stored, but it had not committed them; the move
+        # answers once the restored target has, on its new node.
+        move_losing(keys[2:4], "fog-b", "aggregate-p1", "cloud")
     finally:
         client.close()
-    moved = json.loads(answer[0].stdout)
-    assert (moved["status"], moved["precopied"], sorted(moved["sent"])) == (
-        "moved", moving, sorted(moving)
-    ), moved  # fmt: skip
-    # At the move only what changed since the copy went (the restored partition's copies
-    # hold what its checkpoint plus its replay gave, as the killed one's did).
-    assert {r.key for r in states} == set(moving) and all(r.base for r in states), states
     finish_and_compare(cluster, tmp_path, "orphan", stop=False)
     windows = keyed_windows(tmp_path / "in.csv", "sensor", "value", 10)
     twins = cluster.json("state", "orphan", "aggregate")
     assert {e["key"]: e["state"]["values"] for e in twins["entries"]} == windows
-    for key in moving:
+    for key in keys[:4]:
         assert cluster.json("state", "orphan", "aggregate", key)["element"] == "aggregate-p1"
-    assert cluster.element("orphan", "aggregate-p0")["node"] == "fog-c"
     cluster.cli("stop", "orphan")
