@@ -263,6 +263,13 @@ def register(bench_app: typer.Typer) -> None:
         traffics: Annotated[
             str | None, typer.Option(help="Key choice, comma-separated, of uniform,zipf.")
         ] = None,
+        link: Annotated[
+            str | None,
+            typer.Option(
+                help="Link profile of both fog nodes, isolated (e.g. 10mbit,n0 or n100; "
+                "default: none, no isolation)."
+            ),
+        ] = None,
     ) -> None:
         """Issue #16: per-key migration (fifo, backlog order) vs whole-PE and scaling.
 
@@ -289,6 +296,9 @@ def register(bench_app: typer.Typer) -> None:
             config = replace(config, state_kib=_ints(state_kib, "state sizes"))
         if runs is not None:
             config = replace(config, runs=runs)
+        if link is not None:
+            delay_of(link)  # refuses an empty profile; `fogshift up` checks its parts
+            config = replace(config, link=link.strip())
         _session(
             out,
             work,

@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,7 @@ from fogshift.bench.base import (
     fmt,
     mean_std,
     percentile,
+    read_notes,
     read_rows,
     truthy,
     write_notes,
@@ -114,6 +115,9 @@ class PamConfig(ClusterRunConfig):
         trigger_ms: Every query's trigger. Four queries (source, two partitions, sink) share
             two cores here: at 200 ms their batches queue behind each other and the steady
             per-hop p99 is ~2 s, which hides what a move adds.
+        link: A link profile (``fogshift up --link``, e.g. ``10mbit,n0``) for both fog
+            nodes, each then isolated behind its own link to the broker and the other nodes,
+            as fog nodes are (PAM's setting); ``None``: no isolation.
     """
 
     keys: tuple[int, ...] = (10, 100, 1000)
@@ -128,6 +132,7 @@ class PamConfig(ClusterRunConfig):
     trigger_ms: int = 500
     timeout_s: float = 600.0
     seed: int = 16
+    link: str | None = None
 
     @classmethod
     def quick(cls) -> PamConfig:
@@ -192,6 +197,10 @@ def run(config: PamConfig, clusters: Clusters, out: Path, reporter: Reporter) ->
         (EDGE, FIRST, SECOND), config.checkpoint_interval_s, config.central_interval_s,
         trigger_ms=config.trigger_ms,
     )  # fmt: skip
+    if config.link is not None:
+        options = replace(
+            options, isolate=True, links=((FIRST, config.link), (SECOND, config.link))
+        )
     with clusters.cluster(options) as cluster:
         write_notes(folder, {**asdict(config), **cluster.options.intervals()})
         for method, traffic, keys, kib, index in combos:
@@ -438,6 +447,7 @@ def section(folder: Path) -> str | None:
     rows = read_rows(folder / "runs.csv")
     if not rows:
         return None
+    link = read_notes(folder)["settings"].get("link")
     groups: dict[tuple[str, str, str, str, str], list[dict[str, str]]] = {}
     for row in rows:
         groups.setdefault(
@@ -467,7 +477,9 @@ def section(folder: Path) -> str | None:
         "(a slow batch now and then, as steady pipelines have); throughput: output records/s "
         "before, from the move until stable (at least two triggers), after; op tput: from "
         "the move until the operation answered or, if later, stable (at least two triggers). "
-        "Means over runs.",
+        "Means over runs."
+        + (f" fog-a and fog-b each behind a link of {link} (`fogshift up --isolate --link`): "
+           "their input, output, states and checkpoints cross it." if link else ""),
         "",
         "| keys | KiB/key | traffic | events/s | method | runs ok | stoppage p50 / max ms | "
         "stable ms (runs disturbed) | late | steady p99 ms | added p99 ms | "
