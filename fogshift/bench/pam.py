@@ -478,8 +478,12 @@ def section(folder: Path) -> str | None:
         "before, from the move until stable (at least two triggers), after; op tput: from "
         "the move until the operation answered or, if later, stable (at least two triggers). "
         "Means over runs."
-        + (f" fog-a and fog-b each behind a link of {link} (`fogshift up --isolate --link`): "
-           "their input, output, states and checkpoints cross it." if link else ""),
+        + (
+            f" fog-a and fog-b each behind a link of {link} (`fogshift up --isolate --link`): "
+            "their input, output, states and checkpoints cross it."
+            if link
+            else ""
+        ),
         "",
         "| keys | KiB/key | traffic | events/s | method | runs ok | stoppage p50 / max ms | "
         "stable ms (runs disturbed) | late | steady p99 ms | added p99 ms | "
