@@ -82,7 +82,7 @@ from fogshift.broker.keys import (
     split_state,
     state_payload,
 )
-from fogshift.broker.naming import data_subject, keys_subject, stream_name
+from fogshift.broker.naming import data_subject, keys_subject, state_subject, stream_name
 from fogshift.broker.publish import Cut, Record, append_cut, next_cut, publish_records
 from fogshift.common.gate import read_gate
 from fogshift.events import ORIGIN_HEADER
@@ -882,9 +882,10 @@ class JetStreamReader(DataSourceStreamReader):
                                  "key_by": self.key_by, "copy": True})  # fmt: skip
             elif isinstance(item, KeyState) and item.to == index:
                 state = item.state
-                if item.parts:  # a large state: its parts are stored before it
+                if item.parts:  # a large state: its parts are stored before it, apart
                     found = client.run(
-                        partial(get_range, stream=stream, subject=keys,
+                        partial(get_range, stream=stream,
+                                subject=state_subject(self.pipeline, rng.input),
                                 start=min(item.parts) - 1, end=max(item.parts)),
                         timeout=120,
                     )  # fmt: skip
@@ -951,13 +952,14 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
             msg_id = f"{element}:{move}:{key}"
             pieces = split_state(state["state"])
             parts = None
-            if len(pieces) > 1:  # too large for one message: parts first, then the record
+            bodies = [part_payload(move, element, key, i, p) for i, p in enumerate(pieces or ())]
+            if bodies:  # large: its parts first, apart, then the record
                 written = [
                     await js.publish_async(
-                        subject, part_payload(move, element, key, index, piece), stream=stream,
+                        state_subject(pipeline, source), body, stream=stream,
                         headers={"Nats-Msg-Id": f"{msg_id}:{index}"},
                     )
-                    for index, piece in enumerate(pieces)
+                    for index, body in enumerate(bodies)
                 ]  # fmt: skip
                 parts = [int((await asyncio.wait_for(w, STATE_ACK_S)).seq) for w in written]
             payload = state_payload(
@@ -970,6 +972,7 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
                 copy=bool(state.get("copy")),
                 base=state.get("base"),
                 keep=state.get("keep"),
+                size=sum(map(len, bodies)),
             )
             acks.append(
                 await js.publish_async(

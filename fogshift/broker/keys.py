@@ -27,6 +27,10 @@ that did not (``base``, ``keep``): the target builds the state from both. Large 
 cross before the switch, in batches of their own, and the keys wait at the switch only for
 what changed.
 
+A state of more than :data:`INLINE_STATE_BYTES` travels in parts on the input's ``.state``
+subject, its ``.keys`` record naming their sequences: every partition reads each ``.keys``
+message at its place, and only the state's target reads the parts.
+
 Ownership is a function of the stream: :class:`Ownership` replays the moves before a
 position, which is what a restarted or restored partition does.
 """
@@ -131,6 +135,9 @@ class KeyState:
     #: ``state`` and the parts ``keep`` of that copy.
     base: str | None = None
     keep: tuple[str, ...] = ()
+    #: With ``parts``: their bytes as sent (they are on another subject, see
+    #: :func:`~fogshift.broker.naming.state_subject`).
+    size: int = 0
 
     def complete(self, copied: dict[str, str] | None) -> dict[str, str]:
         """The key's whole state, from this one and the copy it completes (``copied``: the
@@ -178,28 +185,34 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
             base = str(value["base"]) if value.get("base") is not None else None
             return KeyState(seq, str(value["move"]), str(value["element"]), str(value["key"]),
                             int(value["to"]), state, parts, bool(value.get("copy", False)),
-                            base, tuple(str(n) for n in value.get("keep") or ()))  # fmt: skip
+                            base, tuple(str(n) for n in value.get("keep") or ()),
+                            int(value.get("size") or 0))  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return None
 
 
-#: A key's state larger than this goes in parts (the broker takes at most ~1 MiB a message).
+#: A key's state larger than this (its JSON text) goes in parts, on the input's ``.state``
+#: subject: every partition reading the input reads each ``.keys`` message, and only the
+#: state's target needs its bytes (``bench pam --link 10mbit,n0``: each partition read
+#: every state that passed, its origin its own back, and a move of 10 MB took ~40 s).
+INLINE_STATE_BYTES = 4 * 1024
+#: The largest part (the broker takes at most ~1 MiB a message).
 STATE_PART_BYTES = 512 * 1024
 
 
 def state_payload(
     move: str, element: str, key: str, to: int, state: dict[str, str] | None,
     parts: list[int] | None = None, copy: bool = False, base: str | None = None,
-    keep: list[str] | None = None,
+    keep: list[str] | None = None, size: int = 0,
 ) -> bytes:  # fmt: skip
     """The ``.keys`` message with ``key``'s state for its move; a large state comes in
-    ``parts`` (the sequences of its :func:`part_payload` messages, in order) instead.
-    ``copy``, ``base`` and ``keep``: see :class:`KeyState`."""
+    ``parts`` (the sequences of its :func:`part_payload` messages, in order, ``size`` bytes
+    in all) instead. ``copy``, ``base`` and ``keep``: see :class:`KeyState`."""
     body: dict[str, Any] = {"type": "key-state", "move": move, "element": element, "key": key,
                             "to": to, "state": state}  # fmt: skip
     if parts is not None:
-        body["parts"] = parts
+        body.update(parts=parts, size=size)
     if copy:
         body["copy"] = True
     if base is not None:
@@ -215,11 +228,13 @@ def part_payload(move: str, element: str, key: str, index: int, text: str) -> by
     ).encode()  # fmt: skip
 
 
-def split_state(state: dict[str, str]) -> list[str]:
-    """The JSON text of ``state`` in pieces of at most :data:`STATE_PART_BYTES` characters
-    (one piece when it fits a message)."""
+def split_state(state: dict[str, str]) -> list[str] | None:
+    """The JSON text of ``state`` in pieces of at most :data:`STATE_PART_BYTES` characters;
+    ``None`` when it is at most :data:`INLINE_STATE_BYTES` (it goes in its record)."""
     text = json.dumps(state)
-    return [text[i : i + STATE_PART_BYTES] for i in range(0, len(text), STATE_PART_BYTES)] or [text]
+    if len(text) <= INLINE_STATE_BYTES:
+        return None
+    return [text[i : i + STATE_PART_BYTES] for i in range(0, len(text), STATE_PART_BYTES)]
 
 
 def joined_state(parts: list[bytes]) -> dict[str, str]:

@@ -2,10 +2,11 @@
 
 Each PE owns one stream ``FS_<pipeline>_<pe>`` with two subjects: ``fs.<pipeline>.<pe>.data``
 for its output events and ``fs.<pipeline>.<pe>.dead`` for its dead letters (plus ``.fence``
-for fence markers, ``.cut`` for the batch cuts of a PE with several inputs and ``.keys`` for
-the key moves of partitioned PEs reading it). One stream per PE
-makes the PE the single writer of its stream, which is what lets the writer check the last
-stored message to make re-executed batches idempotent (see ``broker.datasource``).
+for fence markers, ``.cut`` for the batch cuts of a PE with several inputs, ``.keys`` for
+the key moves of partitioned PEs reading it and ``.state`` for their large states' parts).
+One stream per PE makes the PE the single writer of its stream, which is what lets the
+writer check the last stored message to make re-executed batches idempotent (see
+``broker.datasource``).
 
 The names that go into them are checked where they enter (the spec, ``fogshift up``) against
 :data:`fogshift.common.names.NAME_PATTERN`, which keeps them valid subject tokens.
@@ -48,6 +49,14 @@ def keys_subject(pipeline: str, pe: str) -> str:
     return f"fs.{pipeline}.{pe}.keys"
 
 
+def state_subject(pipeline: str, pe: str) -> str:
+    """The subject, in ``pe``'s stream, of the parts of large key states (see
+    :mod:`fogshift.broker.keys`): apart from ``.keys``, which every partition reading ``pe``
+    reads whole, so that only the partition a state is for reads its bytes (over a fog
+    node's link, a partition reading every state that passes was the cost of a key move)."""
+    return f"fs.{pipeline}.{pe}.state"
+
+
 def stream_subjects(pipeline: str, pe: str) -> list[str]:
     """Every subject of ``pe``'s stream."""
     return [
@@ -56,4 +65,5 @@ def stream_subjects(pipeline: str, pe: str) -> list[str]:
         fence_subject(pipeline, pe),
         cut_subject(pipeline, pe),
         keys_subject(pipeline, pe),
+        state_subject(pipeline, pe),
     ]

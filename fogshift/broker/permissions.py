@@ -37,6 +37,7 @@ from fogshift.broker.naming import (
     data_subject,
     dead_subject,
     keys_subject,
+    state_subject,
     stream_name,
 )
 from fogshift.common.files import write_private
@@ -79,7 +80,7 @@ def node_permissions(hosted: Iterable[Hosted]) -> dict[str, Any]:
             source = stream_name(pe.pipeline, name)
             subscribe.add(data_subject(pe.pipeline, name))
             if pe.moves_keys:
-                publish.add(keys_subject(pe.pipeline, name))
+                publish |= {keys_subject(pe.pipeline, name), state_subject(pe.pipeline, name)}
             publish |= {
                 f"{API}.STREAM.INFO.{source}",
                 f"{API}.DIRECT.GET.{source}",

@@ -534,7 +534,6 @@ class KeyMoves(Standbys):
         """
         stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
         states: dict[str, tuple[Any, int]] = {}
-        sizes: dict[int, int] = {}  # every message's size, for a state's parts (stored before)
         moved_at = None
         after = at - 1
         while True:
@@ -548,9 +547,7 @@ class KeyMoves(Standbys):
                 if isinstance(item, KeyMove) and item.move == move:
                     moved_at = message.stored_at
                 elif isinstance(item, KeyState) and item.move == move:
-                    size = len(message.data) + sum(sizes.get(p, 0) for p in item.parts)
-                    states.setdefault(item.key, (message, size))
-                sizes[message.seq] = len(message.data)
+                    states.setdefault(item.key, (message, len(message.data) + item.size))
                 after = max(after, message.seq)
             if len(states) >= len(keys) or time.monotonic() >= deadline:
                 return states, moved_at

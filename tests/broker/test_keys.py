@@ -7,6 +7,7 @@ import json
 import pytest
 
 from fogshift.broker.keys import (
+    INLINE_STATE_BYTES,
     STATE_PART_BYTES,
     KeyCopy,
     KeyMove,
@@ -120,20 +121,26 @@ def test_only_a_partition_may_append_key_states_to_its_input() -> None:
     plain = node_permissions([Hosted("p", "agg", ("src",))])
     moving = node_permissions([Hosted("p", "agg-p0", ("src",), moves_keys=True)])
     assert "fs.p.src.keys" not in plain["publish"]["allow"]
-    assert "fs.p.src.keys" in moving["publish"]["allow"]
+    assert {"fs.p.src.keys", "fs.p.src.state"} <= set(moving["publish"]["allow"])
+    assert "fs.p.src.state" not in plain["publish"]["allow"]
     assert "fs.p.src.data" not in moving["publish"]["allow"]
 
 
 def test_a_large_state_goes_in_parts_that_join_back() -> None:
     big = {"padding": "x" * (3 * STATE_PART_BYTES + 10), "values": "[1.0, 2.0]"}
     pieces = split_state(big)
-    assert len(pieces) == 4 and all(len(p) <= STATE_PART_BYTES for p in pieces)
+    assert pieces is not None and len(pieces) == 4
+    assert all(len(p) <= STATE_PART_BYTES for p in pieces)
     parts = [part_payload("m1", "agg", "s1", i, p) for i, p in enumerate(pieces)]
     assert all(len(p) < 1024 * 1024 - 4096 for p in parts)  # each fits a broker message
     assert joined_state(parts) == big
-    record = parse(40, state_payload("m1", "agg", "s1", 1, None, [36, 37, 38, 39]))
-    assert isinstance(record, KeyState) and record.parts == (36, 37, 38, 39)
-    assert split_state({"a": "b"}) == ['{"a": "b"}']
+    record = parse(40, state_payload("m1", "agg", "s1", 1, None, [36, 37, 38, 39], size=1234))
+    assert isinstance(record, KeyState) and (record.parts, record.size) == ((36, 37, 38, 39), 1234)
+    # A state up to INLINE_STATE_BYTES goes in its record; one byte more, in one part.
+    assert split_state({"a": "b"}) is None
+    edge = {"a": "x" * (INLINE_STATE_BYTES - len(json.dumps({"a": ""})))}
+    assert len(json.dumps(edge)) == INLINE_STATE_BYTES and split_state(edge) is None
+    assert split_state({"a": edge["a"] + "y"}) == [json.dumps({"a": edge["a"] + "y"})]
 
 
 def test_a_key_waits_for_its_state_until_that_moves_state_is_stored() -> None:

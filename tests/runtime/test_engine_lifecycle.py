@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, fetch_range, last_seq
-from fogshift.broker.naming import data_subject, dead_subject, keys_subject, stream_name
+from fogshift.broker.naming import (
+    data_subject,
+    dead_subject,
+    keys_subject,
+    state_subject,
+    stream_name,
+)
 from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import BrokerProcess
 from fogshift.common.gate import open_gate, write_gate
@@ -577,10 +583,19 @@ class Partitions:
                    describe="every event answered by its partition")  # fmt: skip
 
     def key_records(self) -> list[dict[str, Any]]:
-        """The input's ``.keys`` subject: moves, copies, states and their parts."""
+        """The input's ``.keys`` subject: moves, copies and states (a large state's parts
+        are on ``.state``, see :meth:`state_parts`)."""
         stream = stream_name(self.pipeline, "src")
         found = self.js.run(
             lambda j: fetch_range(j, stream, keys_subject(self.pipeline, "src"), 0, 100_000)
+        )
+        return [json.loads(m.data) for m in found]
+
+    def state_parts(self) -> list[dict[str, Any]]:
+        """The input's ``.state`` subject: the parts of large states."""
+        stream = stream_name(self.pipeline, "src")
+        found = self.js.run(
+            lambda j: fetch_range(j, stream, state_subject(self.pipeline, "src"), 0, 100_000)
         )
         return [json.loads(m.data) for m in found]
 
@@ -666,11 +681,18 @@ def test_a_precopied_key_move_sends_only_what_changed_since_the_copy(
         assert set(states) == set(moving)
         for key, record in states.items():
             assert record["base"] == "c1", record
-            if key == grown:  # the whole state again, too large for one message
+            if key == grown:  # the whole state again, too large for its record
                 assert record["keep"] == [] and record["parts"], record
             else:
                 assert record["keep"] == ["ballast"] and "parts" not in record, record
                 assert set(record["state"]) == {"count", "total"}, record
+        # The ballasts' parts went apart, where only their target reads them: the copies'
+        # (each key's) and the grown key's at the move.
+        pieces = parts.state_parts()
+        assert {(p["move"], p["key"]) for p in pieces} == {
+            *(("c1", k) for k in moving), ("m1", grown)
+        }  # fmt: skip
+        assert all(r["type"] != "key-state-part" for r in parts.key_records())
         # Partition 1 holds each moved key's whole state: as one instance would have it.
         counts = {k: len(v) for k, v in parts.expected().items()}
         parts.committed(1)
