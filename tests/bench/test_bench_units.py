@@ -21,6 +21,7 @@ from fogshift.bench.base import (
     least_squares,
     read_rows,
     record_command,
+    write_notes,
 )
 from fogshift.bench.cluster import ClusterOptions, _rtts, delay_of
 from fogshift.bench.commands import register
@@ -224,7 +225,8 @@ def test_register_adds_the_commands() -> None:
         assert isinstance(bad.exception, BadBenchOption), wait
     for option, value, received in (("--rate", "0", "0.0"), ("--rate", "inf", "inf"),
                                      ("--traffics", "zipf,poisson", "zipf,poisson"),
-                                     ("--traffics", ",", ",")):  # fmt: skip
+                                     ("--traffics", ",", ","),
+                                     ("--link", " , ", "' , '")):  # fmt: skip
         bad = runner.invoke(app, ["pam", "--out", "x", option, value])
         assert isinstance(bad.exception, BadBenchOption), (option, value)
         assert bad.exception.received == received, bad.exception
@@ -278,6 +280,10 @@ def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> N
               "rate": 1500.0}  # fmt: skip
     log.append({**broken, "consistent": False, "problems": "key s3: 1 seq missing"})
     text = pam.section(tmp_path / "pam") or ""
+    assert "behind a link" not in text
+    write_notes(tmp_path / "pam", {"link": "10mbit,n0"})
+    text = pam.section(tmp_path / "pam") or ""
+    assert "fog-a and fog-b each behind a link of 10mbit,n0" in text
     rows = [line for line in text.splitlines() if line.startswith("| 20 |")]
     # One row per method, in the order whole, literal, fifo, backlog, precopy; means over the
     # good runs only.
