@@ -259,9 +259,11 @@ async def ensure_pe_stream(
     name = stream_name(pipeline, pe)
     try:
         await js.stream_info(name)
-        return
     except NotFoundError:
         pass
+    else:
+        await ensure_subjects(js, pipeline, pe)
+        return
     try:
         await js.add_stream(
             StreamConfig(
@@ -278,6 +280,22 @@ async def ensure_pe_stream(
         )
     except Exception as exc:
         raise BrokerError(f"cannot create stream {name} for {pipeline}/{pe}: {exc!r}") from exc
+
+
+async def ensure_subjects(js: JetStreamContext, pipeline: str, pe: str) -> None:
+    """Give the existing stream of ``pe`` every subject :func:`stream_subjects` names: a
+    stream an older fogshift made lacks the newer ones (``.state`` since 2026-11-28), and
+    publishing on a subject no stream has fails.
+
+    Raises:
+        NotFoundError: The stream does not exist.
+    """
+    info = await js.stream_info(stream_name(pipeline, pe))
+    have = list(info.config.subjects or [])
+    missing = [s for s in stream_subjects(pipeline, pe) if s not in have]
+    if missing:
+        info.config.subjects = have + missing
+        await js.update_stream(info.config)
 
 
 async def delete_pe_stream(js: JetStreamContext, pipeline: str, pe: str) -> None:

@@ -119,8 +119,8 @@ class KeyCopy:
 class KeyState:
     """A key's state as the origin partition held it at its move, or at a copy request
     (``copy``); at a precopied move, only the parts that changed since the copy (``base``,
-    ``keep``). ``parts``: the sequences of the messages holding it instead, when it was too
-    large for one."""
+    ``keep``). ``parts``: the sequences of the messages holding it instead (on the input's
+    ``.state`` subject), when it was larger than :data:`INLINE_STATE_BYTES`."""
 
     seq: int
     move: str

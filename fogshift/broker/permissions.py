@@ -53,7 +53,7 @@ class Hosted:
     element: str
     inputs: tuple[str, ...] = ()
     #: A partition whose keys can move: it appends its moving keys' states to its input's
-    #: ``.keys`` subject (see ``broker.keys``).
+    #: ``.keys`` subject, a large one's parts to its ``.state`` subject (see ``broker.keys``).
     moves_keys: bool = False
 
 

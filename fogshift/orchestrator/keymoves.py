@@ -17,11 +17,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from nats.js.errors import APIError
 
-from fogshift.broker.client import get_range, last_seq
+from fogshift.broker.client import ensure_subjects, get_range, last_seq
 from fogshift.broker.keys import (
     KeyCopy,
     KeyMove,
@@ -210,6 +211,7 @@ class KeyMoves(Standbys):
         to = here[0]
         assert to.partition is not None
         source = parts[0].inputs[0]
+        self._key_subjects(pipeline, source)
         # One key move of an element at a time: a key must not move again before the state
         # of its last move has arrived (its holder would have no state to hand on).
         with _LOCKS.setdefault((pipeline, element_id), threading.Lock()):
@@ -245,6 +247,11 @@ class KeyMoves(Standbys):
                 hint="move its partitions whole with `fogshift migrate PIPELINE <id>-p<i>`",
             )
         return parts
+
+    def _key_subjects(self, pipeline: str, source: str) -> None:
+        """Make sure the stream of ``source`` (the partitions' input) has the subjects key
+        moves write on: one made by an older fogshift lacks ``.state``."""
+        self.broker.run(partial(ensure_subjects, pipeline=pipeline, pe=source), timeout=30)
 
     def _move_keys(
         self, pipeline: str, element_id: str, parts: list[ElementSpec], keys: list[str],

@@ -121,6 +121,7 @@ class Scaling(KeyMoves):
         old = [p.id for p in parts]
         new = [partition_id(element_id, i) for i in range(len(parts), partitions)]
         readers = [e.id for e in record.spec.elements if set(old) & set(e.inputs)]
+        self._key_subjects(pipeline, parts[0].inputs[0])
         # One key move or scale of an element at a time, and no migration, restore or
         # reconciler restart of its partitions (added ones too) or consumers meanwhile.
         with (

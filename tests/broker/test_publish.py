@@ -338,6 +338,27 @@ def test_streams_made_without_atomic_batches_or_direct_gets_are_still_written_an
     assert [json.loads(m.data)["seq"] for m in got] == [1, 3, 4]
 
 
+def test_a_stream_made_before_the_state_subject_gets_it_and_keeps_its_messages(
+    js_client: SyncJetStream,
+) -> None:
+    # A stream an older fogshift made has no `.state` subject, where key moves now put a
+    # large state's parts: made sure of, it has every subject and still its messages.
+    from nats.js.api import StreamConfig
+
+    from fogshift.broker.naming import state_subject, stream_subjects
+
+    pe = f"pe{next(_names)}"
+    stream = stream_name("t", pe)
+    older = [s for s in stream_subjects("t", pe) if s != state_subject("t", pe)]
+    js_client.run(lambda js: js.add_stream(StreamConfig(name=stream, subjects=older)))
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2]))) == 2
+    js_client.run(lambda js: ensure_pe_stream(js, "t", pe))
+    info = js_client.run(lambda js: js.stream_info(stream))
+    assert sorted(info.config.subjects or []) == sorted(stream_subjects("t", pe))
+    ack = js_client.run(lambda js: js.publish(state_subject("t", pe), b"part", stream=stream))
+    assert ack.seq == 3 and js_client.run(lambda js: last_seq(js, stream)) == 3
+
+
 def test_get_range_skips_other_subjects_and_honours_bounds(js_client: SyncJetStream) -> None:
     pe = fresh_pe(js_client)
     js_client.run(lambda js: publish_records(js, "t", pe, records(list(range(1, 11)), {3, 7})))
