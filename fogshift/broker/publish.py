@@ -30,11 +30,13 @@ three seconds less per batch.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
@@ -144,6 +146,42 @@ def _fogshift_headers(headers: dict[str, str] | None) -> tuple[tuple[int, int], 
     return position, epoch
 
 
+#: The last part of the subjects fogshift's writers append marked messages to (records, dead
+#: letters, fence markers, cuts); ``.keys`` and ``.state`` hold unmarked key moves and states.
+MARKED_SUBJECTS = (".data", ".dead", ".fence", ".cut")
+
+
+async def _last_marked(
+    js: JetStreamContext, stream: str, subjects: Iterable[str]
+) -> tuple[int, tuple[tuple[int, int], int]] | None:
+    """The sequence, position and epoch of the last fogshift message of ``stream``, from the
+    last message of each subject a writer marks (one request each, all at once; sequence 0
+    when there is none); ``None`` when one of those is foreign (the caller then looks back
+    message by message).
+
+    Every marked message is on one of those subjects, so if each one's last is marked, the
+    newest of them is the stream's last marked message: the key moves and states that
+    follow it (a source's stream after every key move) are not stepped over one by one.
+    """
+    marked = [s for s in subjects if s.endswith(MARKED_SUBJECTS)]
+
+    async def last_on(subject: str) -> Any:
+        try:
+            return await js.get_last_msg(stream, subject)
+        except NotFoundError:
+            return None
+
+    found = [m for m in await asyncio.gather(*(last_on(s) for s in marked)) if m is not None]
+    newest: tuple[int, tuple[tuple[int, int], int]] = (0, ((0, -1), 0))  # none: as a scan ends
+    for message in found:
+        headers = _fogshift_headers(message.headers)
+        if headers is None:
+            return None
+        if message.seq > newest[0]:
+            newest = (int(message.seq), headers)
+    return newest
+
+
 async def read_tail(js: JetStreamContext, stream: str) -> StreamTail:
     """The tail of ``stream``: its last sequence and its last fogshift message.
 
@@ -158,6 +196,10 @@ async def read_tail(js: JetStreamContext, stream: str) -> StreamTail:
     first = int(info.state.first_seq or 0)
     if last == 0 or not info.state.messages:
         return StreamTail(last, 0, (0, -1), 0)
+    marked = await _last_marked(js, stream, info.config.subjects or [])
+    if marked is not None:
+        seq, (position, epoch) = marked
+        return StreamTail(last, seq, position, epoch)
     seq = last
     while seq >= max(first, 1):
         if last - seq > FOREIGN_SCAN_LIMIT:

@@ -16,7 +16,7 @@ from fogshift.broker.client import (
     get_range,
     last_seq,
 )
-from fogshift.broker.exceptions import Fenced, WriterConflict
+from fogshift.broker.exceptions import BrokerError, Fenced, WriterConflict
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
 
@@ -185,6 +185,35 @@ def test_a_foreign_message_resets_neither_deduplication_nor_fencing(
         js_client.run(lambda js: publish_records(js, "t", pe, records([4]), epoch=1))
     assert js_client.run(lambda js: publish_records(js, "t", pe, records([3, 4]), epoch=2)) == 1
     assert js_client.run(lambda js: last_seq(js, stream)) == 6
+
+
+def test_a_tail_behind_key_records_is_found_without_stepping_over_them(
+    js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Key moves and states (and a large state's parts) follow a source's last record in its
+    # stream after every key move. Its writer finds the tail from the last message of each
+    # subject it marks, not by stepping back over them: with a scan limit of 3, twelve of
+    # them would stop it.
+    from fogshift.broker.naming import keys_subject, state_subject
+
+    monkeypatch.setattr(publish, "FOREIGN_SCAN_LIMIT", 3)
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+    js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2, 3], {2}), epoch=4))
+    for _ in range(6):
+        foreign(js_client, pe, keys_subject("t", pe))
+        foreign(js_client, pe, state_subject("t", pe))
+    tail = js_client.run(lambda js: publish.read_tail(js, stream))
+    assert (tail.last_seq, tail.mark_seq, tail.position, tail.epoch) == (15, 3, (3, 0), 4)
+    # The writer goes on after them: a re-executed record skipped, the next one stored.
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([3, 4]), epoch=4)) == 1
+    # A foreign message last on a marked subject hides that subject's marked ones: the
+    # writer then looks back message by message, as before (and the limit holds).
+    foreign(js_client, pe)
+    for _ in range(4):
+        foreign(js_client, pe, keys_subject("t", pe))
+    with pytest.raises(BrokerError, match="more than 3 messages"):
+        js_client.run(lambda js: publish.read_tail(js, stream))
 
 
 def test_a_foreign_message_during_an_append_is_stepped_over(js_client: SyncJetStream) -> None:
