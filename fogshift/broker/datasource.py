@@ -78,8 +78,7 @@ from fogshift.broker.keys import (
     event_fields,
     joined_state,
     parse,
-    part_payload,
-    split_state,
+    state_parts,
     state_payload,
 )
 from fogshift.broker.naming import data_subject, keys_subject, state_subject, stream_name
@@ -903,7 +902,7 @@ class JetStreamReader(DataSourceStreamReader):
                             hint="a state's parts are stored before it and kept with the "
                             "stream; were they deleted by hand or by the stream's limits?",
                         )
-                    state = joined_state([by_seq[p] for p in item.parts])
+                    state = joined_state([by_seq[p] for p in item.parts], item.raw)
                 if item.copy:
                     control(msg.seq, KEY_COPY_IN, item.key, {"move": item.move, "state": state})
                     continue
@@ -965,9 +964,7 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
                     first[key] = message.seq
             states.sort(key=lambda s: (first.get(s["key"], 1 << 62), s["rank"]))
         for state in states:
-            pieces = split_state(state["state"]) or ()
-            bodies = [part_payload(move, state["element"], state["key"], index, piece)
-                      for index, piece in enumerate(pieces)]  # fmt: skip
+            bodies, state["raw"] = state_parts(state["state"]) or ([], 0)
             sending.append((source, move, state, bodies,
                             f"{state['element']}:{move}:{state['key']}"))  # fmt: skip
     written: list[list[asyncio.Future[Any]]] = []
@@ -994,6 +991,7 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
             base=state.get("base"),
             keep=state.get("keep"),
             size=sum(map(len, bodies)),
+            raw=state["raw"],
         )
         acks.append(
             await js.publish_async(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import random
 
 import pytest
 
@@ -17,8 +19,7 @@ from fogshift.broker.keys import (
     joined_state,
     key_text,
     parse,
-    part_payload,
-    split_state,
+    state_parts,
     state_payload,
 )
 from fogshift.broker.permissions import Hosted, node_permissions
@@ -126,21 +127,35 @@ def test_only_a_partition_may_append_key_states_to_its_input() -> None:
     assert "fs.p.src.data" not in moving["publish"]["allow"]
 
 
-def test_a_large_state_goes_in_parts_that_join_back() -> None:
-    big = {"padding": "x" * (3 * STATE_PART_BYTES + 10), "values": "[1.0, 2.0]"}
-    pieces = split_state(big)
-    assert pieces is not None and len(pieces) == 4
-    assert all(len(p) <= STATE_PART_BYTES for p in pieces)
-    parts = [part_payload("m1", "agg", "s1", i, p) for i, p in enumerate(pieces)]
-    assert all(len(p) < 1024 * 1024 - 4096 for p in parts)  # each fits a broker message
-    assert joined_state(parts) == big
-    record = parse(40, state_payload("m1", "agg", "s1", 1, None, [36, 37, 38, 39], size=1234))
-    assert isinstance(record, KeyState) and (record.parts, record.size) == ((36, 37, 38, 39), 1234)
-    # A state up to INLINE_STATE_BYTES goes in its record; one byte more, in one part.
-    assert split_state({"a": "b"}) is None
+def test_a_large_state_goes_compressed_in_parts_that_join_back() -> None:
+    # Incompressible text (as bench pam's padding) spans several parts, each a broker
+    # message; text that compresses well (numbers) crosses in far fewer bytes.
+    noise = base64.b64encode(random.Random(1).randbytes(3 * STATE_PART_BYTES)).decode()
+    big = {"padding": noise, "values": "[1.0, 2.0]"}
+    made = state_parts(big)
+    assert made is not None
+    parts, raw = made
+    assert raw == len(json.dumps(big)) and len(parts) == 4
+    assert all(len(p) <= STATE_PART_BYTES for p in parts)  # each fits a broker message
+    assert sum(map(len, parts)) < 0.8 * raw  # base64: 6 bits a character
+    assert joined_state(parts, raw) == big
+    numbers = {"values": json.dumps([round(x * 0.37, 4) for x in range(20_000)])}
+    packed, text = state_parts(numbers) or ([], 0)
+    assert len(packed) == 1 and len(packed[0]) < 0.5 * text
+    assert joined_state(packed, text) == numbers
+    # Parts an older fogshift stored: JSON objects with pieces of the text, no length.
+    older = [json.dumps({"type": "key-state-part", "index": i, "text": t}).encode()
+             for i, t in enumerate(('{"a": "x', 'yz"}'))]  # fmt: skip
+    assert joined_state(older, 0) == {"a": "xyz"}
+    record = parse(40, state_payload("m1", "agg", "s1", 1, None, [36, 37, 38, 39], size=1234,
+                                     raw=5678))  # fmt: skip
+    assert isinstance(record, KeyState)
+    assert (record.parts, record.size, record.raw) == ((36, 37, 38, 39), 1234, 5678)
+    # A state up to INLINE_STATE_BYTES goes in its record; one byte more, in parts.
+    assert state_parts({"a": "b"}) is None
     edge = {"a": "x" * (INLINE_STATE_BYTES - len(json.dumps({"a": ""})))}
-    assert len(json.dumps(edge)) == INLINE_STATE_BYTES and split_state(edge) is None
-    assert split_state({"a": edge["a"] + "y"}) == [json.dumps({"a": edge["a"] + "y"})]
+    assert len(json.dumps(edge)) == INLINE_STATE_BYTES and state_parts(edge) is None
+    assert state_parts({"a": edge["a"] + "y"}) is not None
 
 
 def test_a_key_waits_for_its_state_until_that_moves_state_is_stored() -> None:
