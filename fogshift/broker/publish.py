@@ -196,12 +196,15 @@ async def read_tail(js: JetStreamContext, stream: str) -> StreamTail:
     first = int(info.state.first_seq or 0)
     if last == 0 or not info.state.messages:
         return StreamTail(last, 0, (0, -1), 0)
-    marked = await _last_marked(js, stream, info.config.subjects or [])
-    if marked is not None:
-        seq, (position, epoch) = marked
-        return StreamTail(last, seq, position, epoch)
     seq = last
     while seq >= max(first, 1):
+        if seq == last - 1:
+            # The last message is not a writer's (a key move or state, usually): ask each
+            # marked subject's last instead of stepping back (one round trip).
+            marked = await _last_marked(js, stream, info.config.subjects or [])
+            if marked is not None:
+                at, (position, epoch) = marked
+                return StreamTail(last, at, position, epoch)
         if last - seq > FOREIGN_SCAN_LIMIT:
             raise BrokerError(
                 f"stream {stream} ends with more than {FOREIGN_SCAN_LIMIT} messages that "
