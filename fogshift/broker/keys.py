@@ -197,7 +197,7 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
 #: A key's state larger than this (its JSON text) goes in parts, on the input's ``.state``
 #: subject: every partition reading the input reads each ``.keys`` message, and only the
 #: state's target needs its bytes (``bench pam --link 10mbit,n0``: each partition read
-#: every state that passed, its origin its own back, and a move of 10 MB took ~40 s).
+#: every state that passed, its origin its own back: 6 MB took ~45 s to move).
 INLINE_STATE_BYTES = 4 * 1024
 #: The largest part (the broker takes at most ~1 MiB a message).
 STATE_PART_BYTES = 512 * 1024
