@@ -882,17 +882,15 @@ class JetStreamReader(DataSourceStreamReader):
             elif isinstance(item, KeyState) and item.to == index:
                 state = item.state
                 if item.parts:  # a large state: its parts are stored before it, apart
-                    by_seq: dict[int, bytes] = {}
-                    # (On .keys if an older fogshift stored them.)
-                    for subject in (state_subject(self.pipeline, rng.input), keys):
-                        found = client.run(
-                            partial(get_range, stream=stream, subject=subject,
-                                    start=min(item.parts) - 1, end=max(item.parts)),
-                            timeout=120,
-                        )  # fmt: skip
-                        by_seq.update((m.seq, m.data) for m in found)
-                        if all(p in by_seq for p in item.parts):
-                            break
+                    # (On .keys if an older fogshift stored them: its records say no raw
+                    # length, their parts being the text itself.)
+                    apart = state_subject(self.pipeline, rng.input) if item.raw else keys
+                    found = client.run(
+                        partial(get_range, stream=stream, subject=apart,
+                                start=min(item.parts) - 1, end=max(item.parts)),
+                        timeout=120,
+                    )  # fmt: skip
+                    by_seq = {m.seq: m.data for m in found}
                     missing = [p for p in item.parts if p not in by_seq]
                     if missing:
                         raise InvariantViolation(
