@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
@@ -25,6 +25,7 @@ from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.agent.load import CpuMeter
 from fogshift.agent.node import NodeRuntime
+from fogshift.agent.pacing import Pacer
 from fogshift.agent.replicas import Replicas
 from fogshift.checkpoint.central import check_manifest
 from fogshift.common.exceptions import Forbidden
@@ -176,6 +177,8 @@ def create_app(config: AgentConfig) -> FastAPI:
     runtime = NodeRuntime(config)
     replicas = Replicas(config, runtime)
     stop = threading.Event()
+    # One for the node: every pull shares its uplink.
+    pacer = Pacer(config.pull_rate_bps) if config.pull_rate_bps else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -292,7 +295,14 @@ def create_app(config: AgentConfig) -> FastAPI:
         # Pinned again once sent: over a slow link a large file takes long to go out, and
         # the puller's next request for the snapshot comes only after it.
         sent = BackgroundTask(runtime.pins.touch, pipeline, element, snapshot)
-        return Response(content=data, media_type="application/octet-stream", background=sent)
+        if pacer is None:
+            return Response(content=data, media_type="application/octet-stream", background=sent)
+        return StreamingResponse(
+            pacer.paced(data),
+            media_type="application/octet-stream",
+            headers={"content-length": str(len(data))},
+            background=sent,
+        )
 
     @app.put("/pipelines/{pipeline}/elements/{element}/checkpoint")
     async def put_checkpoint(

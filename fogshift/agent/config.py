@@ -59,6 +59,11 @@ class AgentConfig(BaseSettings):
             (:mod:`fogshift.runtime.warm_up`), so the first PE it receives (a migration's
             target, a restore) starts like any later one; ~2.7 s of CPU at each start.
             ``FOGSHIFT_WARM_UP=false`` saves that where first-query latency does not count.
+        pull_rate_bps: The most bits per second the central store's pulls of this node's
+            checkpoints may take (:mod:`fogshift.agent.pacing`), so that they never fill the
+            node's uplink ahead of its PEs' output; ``None``: as fast as the link goes.
+            ``fogshift up --link`` sets half of an isolated node's bandwidth. Migrations and
+            restores are not paced: they are what the pipeline waits for.
     """
 
     model_config = SettingsConfigDict(
@@ -79,6 +84,7 @@ class AgentConfig(BaseSettings):
     checkpoint_interval_s: float = Field(default=5.0, gt=0)
     java_options: str = JAVA_OPTIONS
     warm_up: bool = True
+    pull_rate_bps: int | None = Field(default=None, ge=8000)
 
     @classmethod
     def default(cls, field: str) -> Any:

@@ -1047,6 +1047,9 @@ def serve_agent(
     advertise_url: Annotated[
         str | None, typer.Option(help="The URL the orchestrator should use (isolated nodes).")
     ] = None,
+    pull_rate_bps: Annotated[
+        int | None, typer.Option(help="Pace the central store's checkpoint pulls (bit/s).")
+    ] = None,
 ) -> None:
     """Run one node agent in the foreground (started by `up`). Settings not given here are
     read from ``FOGSHIFT_*`` or defaulted by :class:`AgentConfig`."""
@@ -1065,6 +1068,7 @@ def serve_agent(
             trigger_ms=trigger_ms,
             checkpoint_interval_s=checkpoint_interval,
             advertise_url=advertise_url,
+            pull_rate_bps=pull_rate_bps,
         ),
     )
     config.home.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,10 @@ ISOLATED_ECHO_PORT = 8701
 #: CPU-bound: on a 2-core machine four at once took ~70 s, and a Python worker of a PE that
 #: started meanwhile could miss Spark's fixed 10 s to connect back.
 STARTING_AT_ONCE = max(1, (os.cpu_count() or 1) // 2)
+#: The share of an isolated node's bandwidth its central pulls may take
+#: (:func:`pull_rate_bps`): the other half stays the PEs', whose input, output and key
+#: states cross the same link.
+PULL_SHARE = 0.5
 
 
 class ProcessInfo(BaseModel):
@@ -247,6 +251,7 @@ def _agent_args(
     checkpoint_interval_s: float | None,
     advertise_url: str | None = None,
     trigger_ms: int | None = None,
+    pull_rate_bps: int | None = None,
 ) -> list[str]:
     advertise = ["--advertise-url", advertise_url] if advertise_url else []
     return _cli(
@@ -270,6 +275,7 @@ def _agent_args(
             spark_master=spark_master,
             checkpoint_interval=checkpoint_interval_s,
             trigger_ms=trigger_ms,
+            pull_rate_bps=pull_rate_bps,
         ),
     )
 
@@ -303,6 +309,14 @@ def _host_port(url: str, default_port: int) -> tuple[str, int]:
     if parts.hostname is None:
         raise InvalidInput(f"cannot relay to {url!r}: it names no host", received=repr(url))
     return parts.hostname, parts.port or default_port
+
+
+def pull_rate_bps(profile: LinkProfile) -> int | None:
+    """How fast an isolated node behind ``profile`` sends the central store's pulls
+    (``AgentConfig.pull_rate_bps``): :data:`PULL_SHARE` of its bandwidth; ``None`` (as
+    fast as it goes) on a link without a limit."""
+    bps = profile.bandwidth_bps
+    return None if bps is None else max(8000, int(bps * PULL_SHARE))
 
 
 def start_isolated_node(
@@ -360,6 +374,7 @@ def start_isolated_node(
             home, name, link.ns_ip, ISOLATED_AGENT_PORT,
             f"http://{link.host_ip}:{ready.routes['orchestrator'][1]}", node_broker,
             spark_master, checkpoint_interval_s, advertise_url=agent_url, trigger_ms=trigger_ms,
+            pull_rate_bps=pull_rate_bps(link.profile),
         )  # fmt: skip
         agent = _spawn(["ip", "netns", "exec", link.namespace, *args],
                        home / "logs" / f"node-{name}.log")  # fmt: skip
