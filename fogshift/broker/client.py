@@ -284,8 +284,8 @@ async def ensure_pe_stream(
 
 async def ensure_subjects(js: JetStreamContext, pipeline: str, pe: str) -> None:
     """Give the existing stream of ``pe`` every subject :func:`stream_subjects` names: a
-    stream an older fogshift made lacks the newer ones (``.state`` since 2026-11-28), and
-    publishing on a subject no stream has fails.
+    stream an older fogshift made lacks the newer ones (``.state`` and ``.state.*`` since
+    2026-11-28), and publishing on a subject no stream has fails.
 
     Raises:
         NotFoundError: The stream does not exist.
@@ -464,18 +464,22 @@ READ_AHEAD_BYTES = 16 * 1024 * 1024
 
 
 async def read_ahead(
-    js: JetStreamContext, stream: str, after: int, count: int
+    js: JetStreamContext, stream: str, after: int, count: int, subject: str | None = None
 ) -> list[StoredMessage]:
-    """Up to ``count`` messages of ``stream`` after sequence ``after``, of every subject, in
-    order, in one request (at most :data:`READ_AHEAD_BYTES`, at least one message).
+    """Up to ``count`` messages of ``stream`` after sequence ``after``, of every subject (or
+    of ``subject`` only), in order, in one request (at most :data:`READ_AHEAD_BYTES`, at
+    least one message).
 
     Returns:
         The messages; none if nothing is stored after ``after``, or if the stream takes no
         direct gets (then ask :func:`last_seq`).
     """
-    request = {"seq": after + 1, "batch": max(1, count), "max_bytes": READ_AHEAD_BYTES}
+    request: dict[str, Any] = {"seq": after + 1, "batch": max(1, count),
+                               "max_bytes": READ_AHEAD_BYTES}  # fmt: skip
+    if subject is not None:
+        request["next_by_subj"] = subject
     try:
-        return await _direct_request(js, stream, request)
+        return await _direct_request(js, stream, request, subject or "")
     except _DirectGetUnavailable:
         return []
 

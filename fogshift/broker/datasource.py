@@ -82,6 +82,7 @@ from fogshift.broker.keys import (
     state_payload,
 )
 from fogshift.broker.naming import data_subject, keys_subject, state_subject, stream_name
+from fogshift.broker.parts_ahead import PartsAhead
 from fogshift.broker.publish import Cut, Record, append_cut, next_cut, publish_records
 from fogshift.common.gate import read_gate
 from fogshift.events import ORIGIN_HEADER
@@ -297,12 +298,19 @@ class JetStreamPartition(InputPartition):
         self,
         spans: Sequence[Sequence[Range]],
         rows: list[tuple[int, int, float, str, str]] | None = None,
+        keys: list[StoredMessage] | None = None,
+        parts: dict[int, bytes] | None = None,
     ) -> None:
         super().__init__([list(span) for span in spans])
         self.spans = [list(span) for span in spans]
         #: The batch's rows, read ahead by the planner (see ``JetStreamReader._read_ahead``):
         #: then the executor asks the broker nothing.
         self.rows = rows
+        #: A partition's batch: its ``.keys`` messages, read by the planner, and the parts of
+        #: the key states they name that the planner had fetched ahead
+        #: (:mod:`fogshift.broker.parts_ahead`), by sequence.
+        self.keys = keys
+        self.parts = parts or {}
 
 
 #: The Arrow schema of :data:`EVENT_SCHEMA`.
@@ -409,6 +417,8 @@ class JetStreamReader(DataSourceStreamReader):
         self._ahead: tuple[int, int, list[tuple[int, int, float, str, str]]] | None = None
         #: The next batch, being read since this one was planned.
         self._prefetch: _ReadingAhead | None = None
+        #: A partition's: the parts of key states addressed to it, read as they are stored.
+        self._parts_ahead: PartsAhead | None = None
         #: The last look found nothing: ask the tail first (one request per idle look, not
         #: a read-ahead and then the tail), and read ahead again once input flows.
         self._idle = False
@@ -456,6 +466,13 @@ class JetStreamReader(DataSourceStreamReader):
             return start
         cap = positions_of(gate["limit"]) if gate is not None and gate["limit"] else None
         client = shared_client(self.broker)
+        if self.partition is not None and self._parts_ahead is None:
+            name = self.inputs[0]
+            with contextlib.suppress(BrokerUnavailable):  # the batch reads them, or says why
+                self._parts_ahead = PartsAhead(
+                    client, stream_name(self.pipeline, name),
+                    state_subject(self.pipeline, name, self.partition[1]), begin.get(name, 0),
+                )  # fmt: skip
         if len(self.inputs) > 1:
             # Several inputs: the order in which their events meet the PE is fixed by where
             # batches are cut. A cut logged by any earlier execution is replayed as it was,
@@ -606,10 +623,13 @@ class JetStreamReader(DataSourceStreamReader):
         return len(reads) == LINK_READS and min(reads) >= self.slow_link_s
 
     def stop(self) -> None:
-        """Cancel a read-ahead still running (Spark calls this when the query stops)."""
+        """Cancel the reads ahead still running (Spark calls this when the query stops)."""
         pending, self._prefetch = self._prefetch, None
         if pending is not None:
             pending.cancel()
+        parts, self._parts_ahead = self._parts_ahead, None
+        if parts is not None:
+            parts.stop()
 
     def _replay(
         self,
@@ -750,12 +770,36 @@ class JetStreamReader(DataSourceStreamReader):
                 and ahead[:2] == (ranges[0].start, ranges[0].end)
             ):
                 return [JetStreamPartition([ranges], rows=ahead[2])]
+            if self._parts_ahead is not None and self._parts_ahead.holding():
+                return [self._with_parts(ranges[0])]
             return [JetStreamPartition([ranges])]
         spans = [
             [Range(n, cut.start.get(n, 0), cut.end.get(n, 0)) for n in self.inputs]
             for cut in self._cuts_between(start, end)
         ]
         return [JetStreamPartition(spans)]
+
+    def _with_parts(self, rng: Range) -> JetStreamPartition:
+        """A partition's batch with the parts fetched ahead that its key states name: the
+        planner reads the batch's ``.keys`` messages (which the executor would read) to
+        know which."""
+        assert self.partition is not None and self._parts_ahead is not None
+        of, index = self.partition[0], self.partition[1]
+        client = shared_client(self.broker)
+        keys = client.run(
+            partial(get_range, stream=stream_name(self.pipeline, rng.input),
+                    subject=keys_subject(self.pipeline, rng.input), start=rng.start,
+                    end=rng.end),
+            timeout=120,
+        )  # fmt: skip
+        named = [
+            seq
+            for msg in keys
+            if isinstance(item := parse(msg.seq, msg.data), KeyState)
+            and item.element == of and item.to == index and item.addressed
+            for seq in item.parts
+        ]  # fmt: skip
+        return JetStreamPartition([[rng]], keys=keys, parts=self._parts_ahead.take(named))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, JetStreamPartition)
@@ -766,7 +810,7 @@ class JetStreamReader(DataSourceStreamReader):
         client = shared_client(self.broker)
         spans = partition.spans
         if self.partition is not None:
-            owned = self._partition_rows(client, spans[0][0])
+            owned = self._partition_rows(client, spans[0][0], partition.keys, partition.parts)
             if owned:
                 yield _arrow_rows(owned)
             return
@@ -821,11 +865,19 @@ class JetStreamReader(DataSourceStreamReader):
             yield _arrow_rows(rows)
 
     def _partition_rows(
-        self, client: SyncJetStream, rng: Range
+        self,
+        client: SyncJetStream,
+        rng: Range,
+        keys_read: list[StoredMessage] | None = None,
+        parts_read: dict[int, bytes] | None = None,
     ) -> list[tuple[int, int, float, str, str]]:
         """A partition's rows of ``rng``: the events of the keys it owns at their place, and
         a row per key for each key move and key state that concerns it (see
-        :mod:`fogshift.broker.keys`), grouped with the key's events by its ``key_by`` field."""
+        :mod:`fogshift.broker.keys`), grouped with the key's events by its ``key_by`` field.
+
+        ``keys_read``: the range's ``.keys`` messages, if the planner read them; ``parts_read``:
+        parts of the key states they name, by sequence, fetched ahead (the others are read
+        here)."""
         assert self.partition is not None
         of, index, count = self.partition
         stream = stream_name(self.pipeline, rng.input)
@@ -841,8 +893,10 @@ class JetStreamReader(DataSourceStreamReader):
 
         keys = keys_subject(self.pipeline, rng.input)
         messages = sorted(
-            [*fetch(data_subject(self.pipeline, rng.input)), *fetch(keys)], key=lambda m: m.seq
-        )
+            [*fetch(data_subject(self.pipeline, rng.input)),
+             *(fetch(keys) if keys_read is None else keys_read)],
+            key=lambda m: m.seq,
+        )  # fmt: skip
         rows: list[tuple[int, int, float, str, str]] = []
 
         def control(seq: int, kind: str, key: str, detail: dict[str, Any]) -> None:
@@ -882,15 +936,23 @@ class JetStreamReader(DataSourceStreamReader):
             elif isinstance(item, KeyState) and item.to == index:
                 state = item.state
                 if item.parts:  # a large state: its parts are stored before it, apart
-                    # (On .keys if an older fogshift stored them: its records say no raw
-                    # length, their parts being the text itself.)
-                    apart = state_subject(self.pipeline, rng.input) if item.raw else keys
-                    found = client.run(
-                        partial(get_range, stream=stream, subject=apart,
-                                start=min(item.parts) - 1, end=max(item.parts)),
-                        timeout=120,
-                    )  # fmt: skip
-                    by_seq = {m.seq: m.data for m in found}
+                    held = parts_read or {}
+                    by_seq = {p: held[p] for p in item.parts if p in held}
+                    wanted = [p for p in item.parts if p not in by_seq]
+                    if wanted:
+                        # (On .state or .keys if an older fogshift stored them: its records
+                        # say they are not addressed, or give no raw length, their parts
+                        # being the text itself.)
+                        apart = (
+                            state_subject(self.pipeline, rng.input, item.to) if item.addressed
+                            else state_subject(self.pipeline, rng.input) if item.raw else keys
+                        )  # fmt: skip
+                        found = client.run(
+                            partial(get_range, stream=stream, subject=apart,
+                                    start=min(wanted) - 1, end=max(wanted)),
+                            timeout=120,
+                        )  # fmt: skip
+                        by_seq.update((m.seq, m.data) for m in found if m.seq in wanted)
                     missing = [p for p in item.parts if p not in by_seq]
                     if missing:
                         raise InvariantViolation(
@@ -924,11 +986,12 @@ BACKLOG_LOOKAHEAD = 10_000
 async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
     """Append the states of moving keys (rows the processor made at their move, see
     :mod:`fogshift.broker.keys`) to the ``.keys`` subject of the input they move on, in
-    the order their move asks; a large state's parts first, on the input's ``.state``
-    subject. Sent again (a retried batch), a state is the same state: the broker drops the
-    copy within its duplicate window, the target ignores it after. (A precopy's copy sent
-    again after its move only replaces the copy the target keeps aside, which nothing reads
-    then: one stale copy per key at most, until its next copy or move.)
+    the order their move asks; a large state's parts first, on the input's subject
+    addressed to its target (``.state.<to>``). Sent again (a retried batch), a state is the
+    same state: the broker drops the copy within its duplicate window, the target ignores it
+    after. (A precopy's copy sent again after its move only replaces the copy the target
+    keeps aside, which nothing reads then: one stale copy per key at most, until its next
+    copy or move.)
 
     Pipelined: every part is written, then their acks awaited (one round trip for all, to
     learn their sequences, not one per state: behind a 200 ms link, 64 states of 8 KiB
@@ -969,7 +1032,8 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
     for source, _, _, bodies, msg_id in sending:
         written.append([
             await js.publish_async(
-                state_subject(pipeline, source), body, stream=stream_name(pipeline, source),
+                state_subject(pipeline, source, state["to"]), body,
+                stream=stream_name(pipeline, source),
                 headers={"Nats-Msg-Id": f"{msg_id}:{index}"},
             )
             for index, body in enumerate(bodies)

@@ -28,8 +28,10 @@ cross before the switch, in batches of their own, and the keys wait at the switc
 what changed.
 
 A state of more than :data:`INLINE_STATE_BYTES` travels compressed, in parts on the input's
-``.state`` subject, its ``.keys`` record naming their sequences: every partition reads each
-``.keys`` message at its place, and only the state's target reads the parts.
+``.state.<to>`` subject (its target's), its ``.keys`` record naming their sequences: every
+partition reads each ``.keys`` message at its place, and only the state's target reads the
+parts — as they are stored, ahead of the batch that reads the record
+(:mod:`fogshift.broker.parts_ahead`).
 
 Ownership is a function of the stream: :class:`Ownership` replays the moves before a
 position, which is what a restarted or restored partition does.
@@ -120,7 +122,7 @@ class KeyState:
     """A key's state as the origin partition held it at its move, or at a copy request
     (``copy``); at a precopied move, only the parts that changed since the copy (``base``,
     ``keep``). ``parts``: the sequences of the messages holding it instead (on the input's
-    ``.state`` subject), when it was larger than :data:`INLINE_STATE_BYTES`."""
+    ``.state.<to>`` subject), when it was larger than :data:`INLINE_STATE_BYTES`."""
 
     seq: int
     move: str
@@ -140,6 +142,10 @@ class KeyState:
     #: compress (``0``: parts an older fogshift stored, the text itself).
     size: int = 0
     raw: int = 0
+    #: The parts are on the subject addressed to partition :attr:`to` (``.state.<to>``),
+    #: whose reader fetches them as they are stored; ``False``: on ``.state`` (or, with no
+    #: ``raw``, on ``.keys``), where an older fogshift stored them.
+    addressed: bool = False
 
     def complete(self, copied: dict[str, str] | None) -> dict[str, str]:
         """The key's whole state, from this one and the copy it completes (``copied``: the
@@ -188,13 +194,14 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
             return KeyState(seq, str(value["move"]), str(value["element"]), str(value["key"]),
                             int(value["to"]), state, parts, bool(value.get("copy", False)),
                             base, tuple(str(n) for n in value.get("keep") or ()),
-                            int(value.get("size") or 0), int(value.get("raw") or 0))  # fmt: skip
+                            int(value.get("size") or 0), int(value.get("raw") or 0),
+                            bool(value.get("addressed", False)))  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return None
 
 
-#: A key's state larger than this (its JSON text) goes in parts, on the input's ``.state``
+#: A key's state larger than this (its JSON text) goes in parts, on the input's ``.state.<to>``
 #: subject: every partition reading the input reads each ``.keys`` message, and only the
 #: state's target needs its bytes (``bench pam --link 10mbit,n0``: each partition read
 #: every state that passed, its origin its own back: 6 MB took ~45 s to move).
@@ -213,13 +220,13 @@ def state_payload(
     keep: list[str] | None = None, size: int = 0, raw: int = 0,
 ) -> bytes:  # fmt: skip
     """The ``.keys`` message with ``key``'s state for its move; a large state comes in
-    ``parts`` (the sequences of its :func:`state_parts` messages, in order, ``size`` bytes
-    in all, ``raw`` bytes of JSON uncompressed) instead. ``copy``, ``base`` and ``keep``:
-    see :class:`KeyState`."""
+    ``parts`` (the sequences of its :func:`state_parts` messages on the subject addressed
+    to ``to``, in order, ``size`` bytes in all, ``raw`` bytes of JSON uncompressed)
+    instead. ``copy``, ``base`` and ``keep``: see :class:`KeyState`."""
     body: dict[str, Any] = {"type": "key-state", "move": move, "element": element, "key": key,
                             "to": to, "state": state}  # fmt: skip
     if parts is not None:
-        body.update(parts=parts, size=size, raw=raw)
+        body.update(parts=parts, size=size, raw=raw, addressed=True)
     if copy:
         body["copy"] = True
     if base is not None:

@@ -3,7 +3,8 @@
 Each PE owns one stream ``FS_<pipeline>_<pe>`` with two subjects: ``fs.<pipeline>.<pe>.data``
 for its output events and ``fs.<pipeline>.<pe>.dead`` for its dead letters (plus ``.fence``
 for fence markers, ``.cut`` for the batch cuts of a PE with several inputs, ``.keys`` for
-the key moves of partitioned PEs reading it and ``.state`` for their large states' parts).
+the key moves of partitioned PEs reading it and ``.state.<partition>`` for their large
+states' parts).
 One stream per PE makes the PE the single writer of its stream, which is what lets the
 writer check the last stored message to make re-executed batches idempotent (see
 ``broker.datasource``).
@@ -49,12 +50,20 @@ def keys_subject(pipeline: str, pe: str) -> str:
     return f"fs.{pipeline}.{pe}.keys"
 
 
-def state_subject(pipeline: str, pe: str) -> str:
-    """The subject, in ``pe``'s stream, of the parts of large key states (see
-    :mod:`fogshift.broker.keys`): apart from ``.keys``, which every partition reading ``pe``
-    reads whole, so that only the partition a state is for reads its bytes (over a fog
-    node's link, a partition reading every state that passes was the cost of a key move)."""
-    return f"fs.{pipeline}.{pe}.state"
+def state_subject(pipeline: str, pe: str, to: int | None = None) -> str:
+    """The subject, in ``pe``'s stream, of the parts of large key states addressed to
+    partition ``to`` (see :mod:`fogshift.broker.keys`): apart from ``.keys``, which every
+    partition reading ``pe`` reads whole, so that only the partition a state is for reads
+    its bytes (over a fog node's link, a partition reading every state that passes was the
+    cost of a key move), and it can fetch them as they are stored, ahead of the batch that
+    reads their record. ``None``: ``.state``, where an older fogshift stored every part."""
+    subject = f"fs.{pipeline}.{pe}.state"
+    return subject if to is None else f"{subject}.{to}"
+
+
+def state_subjects(pipeline: str, pe: str) -> str:
+    """The wildcard of every partition's :func:`state_subject`."""
+    return f"{state_subject(pipeline, pe)}.*"
 
 
 def stream_subjects(pipeline: str, pe: str) -> list[str]:
@@ -66,4 +75,5 @@ def stream_subjects(pipeline: str, pe: str) -> list[str]:
         cut_subject(pipeline, pe),
         keys_subject(pipeline, pe),
         state_subject(pipeline, pe),
+        state_subjects(pipeline, pe),
     ]

@@ -10,8 +10,8 @@ and asking it to reload (SIGHUP); the admin user (the orchestrator's) keeps ever
 A node hosting PE ``e`` of pipeline ``p`` with inputs ``i…`` may:
 
 * publish ``fs.p.e.data``, ``fs.p.e.dead`` and ``fs.p.e.cut`` (never ``.fence``: fencing is
-  the orchestrator's), and, for a partition of a keyed PE, ``fs.p.i.keys`` of its input (the
-  states of the keys it hands over);
+  the orchestrator's), and, for a partition of a keyed PE, ``fs.p.i.keys`` and
+  ``fs.p.i.state.*`` of its input (the states of the keys it hands over, and their parts);
 * read the tail of its own stream (``STREAM.INFO``, ``STREAM.MSG.GET``);
 * read its inputs' streams with batched direct gets (``DIRECT.GET``), or through ephemeral
   pull consumers (``STREAM.INFO``, ``CONSUMER.CREATE/INFO/DELETE/MSG.NEXT``) from streams
@@ -37,7 +37,7 @@ from fogshift.broker.naming import (
     data_subject,
     dead_subject,
     keys_subject,
-    state_subject,
+    state_subjects,
     stream_name,
 )
 from fogshift.common.files import write_private
@@ -53,7 +53,8 @@ class Hosted:
     element: str
     inputs: tuple[str, ...] = ()
     #: A partition whose keys can move: it appends its moving keys' states to its input's
-    #: ``.keys`` subject, a large one's parts to its ``.state`` subject (see ``broker.keys``).
+    #: ``.keys`` subject, a large one's parts to its ``.state.<target>`` subjects (see
+    #: ``broker.keys``).
     moves_keys: bool = False
 
 
@@ -80,7 +81,7 @@ def node_permissions(hosted: Iterable[Hosted]) -> dict[str, Any]:
             source = stream_name(pe.pipeline, name)
             subscribe.add(data_subject(pe.pipeline, name))
             if pe.moves_keys:
-                publish |= {keys_subject(pe.pipeline, name), state_subject(pe.pipeline, name)}
+                publish |= {keys_subject(pe.pipeline, name), state_subjects(pe.pipeline, name)}
             publish |= {
                 f"{API}.STREAM.INFO.{source}",
                 f"{API}.DIRECT.GET.{source}",

@@ -147,7 +147,7 @@ def _fogshift_headers(headers: dict[str, str] | None) -> tuple[tuple[int, int], 
 
 
 #: The last part of the subjects fogshift's writers append marked messages to (records, dead
-#: letters, fence markers, cuts); ``.keys`` and ``.state`` hold unmarked key moves and states.
+#: letters, fence markers, cuts); ``.keys`` and ``.state.*`` hold unmarked key moves and states.
 MARKED_SUBJECTS = (".data", ".dead", ".fence", ".cut")
 
 

@@ -250,7 +250,7 @@ class KeyMoves(Standbys):
 
     def _key_subjects(self, pipeline: str, source: str) -> None:
         """Make sure the stream of ``source`` (the partitions' input) has the subjects key
-        moves write on: one made by an older fogshift lacks ``.state``."""
+        moves write on: one made by an older fogshift lacks ``.state.*``."""
         self.broker.run(partial(ensure_subjects, pipeline=pipeline, pe=source), timeout=30)
 
     def _move_keys(

@@ -590,19 +590,20 @@ class Partitions:
 
     def key_records(self) -> list[dict[str, Any]]:
         """The input's ``.keys`` subject: moves, copies and states (a large state's parts
-        are on ``.state``, see :meth:`part_seqs`)."""
+        are on ``.state.<to>``, see :meth:`part_seqs`)."""
         stream = stream_name(self.pipeline, "src")
         found = self.js.run(
             lambda j: fetch_range(j, stream, keys_subject(self.pipeline, "src"), 0, 100_000)
         )
         return [json.loads(m.data) for m in found]
 
-    def part_seqs(self) -> list[int]:
-        """The sequences of the input's ``.state`` subject: the parts of large states."""
+    def part_seqs(self, to: int | None) -> list[int]:
+        """The sequences of the input's ``.state.<to>`` subject: the parts of large states
+        for partition ``to`` (``None``: ``.state``, which only older fogshifts wrote)."""
         stream = stream_name(self.pipeline, "src")
         end = self.js.run(lambda j: last_seq(j, stream))
         found = self.js.run(
-            lambda j: get_range(j, stream, state_subject(self.pipeline, "src"), 0, end)
+            lambda j: get_range(j, stream, state_subject(self.pipeline, "src", to), 0, end)
         )
         return [m.seq for m in found]
 
@@ -698,7 +699,8 @@ def test_a_precopied_key_move_sends_only_what_changed_since_the_copy(
         named = {(r["move"], r["key"]): r["parts"] for r in parts.key_records()
                  if r["type"] == "key-state" and r.get("parts")}  # fmt: skip
         assert set(named) == {*(("c1", k) for k in moving), ("m1", grown)}, named
-        assert sorted(p for seqs in named.values() for p in seqs) == parts.part_seqs()
+        assert sorted(p for seqs in named.values() for p in seqs) == parts.part_seqs(1)
+        assert parts.part_seqs(0) == parts.part_seqs(None) == []
         # Partition 1 holds each moved key's whole state: as one instance would have it.
         counts = {k: len(v) for k, v in parts.expected().items()}
         parts.committed(1)

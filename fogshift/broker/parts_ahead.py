@@ -1,0 +1,102 @@
+"""The parts of large key states addressed to a partition, fetched as the broker stores them.
+
+A key state larger than :data:`~fogshift.broker.keys.INLINE_STATE_BYTES` travels in parts on
+its target's subject (``.state.<to>``, :func:`~fogshift.broker.naming.state_subject`), and
+then a record on ``.keys`` names them. Read only once the batch that holds the record runs,
+the parts cross the target's link after they crossed the origin's: behind two 10 Mbit/s
+links, a precopy of six 1 MiB states took ~7 s, twice the time one link needs, and the
+target's batch, every key of it, waited for the second half. Fetched by the partition's
+planner while the origin is still sending, they cross both links at once, and the batch
+finds them in its partition (:class:`~fogshift.broker.datasource.JetStreamPartition`).
+
+Nothing here is needed for correctness: a part not held (not read yet, dropped, or stored
+before the query started) is read by the batch itself, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from fogshift.broker.client import SyncJetStream, read_ahead
+
+log = logging.getLogger("fogshift.broker")
+
+#: The most bytes of parts held at once; past that the reads pause (a batch then reads what
+#: it needs itself).
+PARTS_AHEAD_BYTES = 256 * 1024 * 1024
+#: Parts asked for in one read.
+PARTS_PER_READ = 16
+#: Pause after a read that found nothing (or failed): how late a move's first part may be
+#: noticed, against a few requests a second per partition while no key moves.
+PARTS_POLL_S = 0.2
+#: A part no batch took this long after it was read is dropped: its record never came (its
+#: origin failed first and, restored, sent the state again, under new sequences).
+PARTS_TTL_S = 120.0
+
+
+class PartsAhead:
+    """Reads ``subject`` of ``stream`` after sequence ``after``, in the background on
+    ``client``'s loop, until :meth:`stop`; :meth:`take` hands over what it holds.
+
+    Args:
+        client: The planner's broker client.
+        stream: The input's stream.
+        subject: The partition's ``.state.<to>`` subject.
+        after: The position the query starts from.
+    """
+
+    def __init__(self, client: SyncJetStream, stream: str, subject: str, after: int) -> None:
+        self.stream, self.subject = stream, subject
+        self._held: dict[int, tuple[float, bytes]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._future = client.submit(lambda js: self._rounds(js, after))
+
+    async def _rounds(self, js: Any, after: int) -> None:
+        last = after
+        while not self._stopped.is_set():
+            got = []
+            if self._bytes < PARTS_AHEAD_BYTES:
+                try:
+                    got = await read_ahead(js, self.stream, last, PARTS_PER_READ, self.subject)
+                except Exception as exc:  # the batch reads what is missing, and says why
+                    log.debug("reading %s after %d failed: %r", self.subject, last, exc)
+            now = time.monotonic()
+            with self._lock:
+                for message in got:
+                    if message.seq not in self._held:
+                        self._held[message.seq] = (now, message.data)
+                        self._bytes += len(message.data)
+                for seq in [s for s, (at, _) in self._held.items() if now - at > PARTS_TTL_S]:
+                    self._bytes -= len(self._held.pop(seq)[1])
+            if got:
+                last = got[-1].seq
+            else:
+                await asyncio.sleep(PARTS_POLL_S)
+
+    def holding(self) -> bool:
+        """Whether any part is held (if none, a batch need not look for its parts here)."""
+        return bool(self._held)
+
+    def held(self) -> list[int]:
+        """The sequences of the parts held, in order."""
+        with self._lock:
+            return sorted(self._held)
+
+    def take(self, seqs: Iterable[int]) -> dict[int, bytes]:
+        """The parts among ``seqs`` that are held, handed over (no longer held)."""
+        with self._lock:
+            taken = {s: self._held.pop(s)[1] for s in seqs if s in self._held}
+            self._bytes -= sum(map(len, taken.values()))
+        return taken
+
+    def stop(self) -> None:
+        """Stop reading (idempotent)."""
+        self._stopped.set()
+        self._future.cancel()

@@ -1,0 +1,116 @@
+"""A partition's planner fetches the parts of the key states addressed to it as the broker
+stores them (``fogshift.broker.parts_ahead``), and its batch then reads the same rows as one
+that reads every part itself. Against a real nats-server; the reader is called as Spark's
+planner and executor would call it."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadMaxRows
+
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream
+from fogshift.broker.datasource import JetStreamPartition, JetStreamReader, Range, positions_of
+from fogshift.broker.keys import CONTROL_FIELD, KEY_STATE, state_parts, state_payload
+from fogshift.broker.naming import data_subject, keys_subject, state_subject, stream_name
+from fogshift.broker.parts_ahead import PartsAhead
+from fogshift.broker.server import BrokerProcess
+from fogshift.common.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+_pipelines = (f"parts{n}" for n in itertools.count())
+
+
+class Input:
+    """Input ``src`` of a partitioned PE ``pe`` (two partitions) in a pipeline of its own."""
+
+    def __init__(self, js: SyncJetStream) -> None:
+        self.js, self.pipeline = js, next(_pipelines)
+        self.stream = stream_name(self.pipeline, "src")
+        js.run(lambda j: ensure_pe_stream(j, self.pipeline, "src"))
+
+    def publish(self, subject: str, data: bytes) -> int:
+        async def go(j: Any) -> int:
+            return int((await j.publish(subject, data, stream=self.stream)).seq)
+
+        return self.js.run(go)
+
+    def event(self, key: str) -> int:
+        body = {"seq": 0, "timestamp": 1.0, "creator": "src",
+                "body": json.dumps({"patient": key})}  # fmt: skip
+        return self.publish(data_subject(self.pipeline, "src"), json.dumps(body).encode())
+
+    def state(self, key: str, to: int, state: dict[str, str]) -> list[int]:
+        """A large state of ``key`` for partition ``to``, as an origin sends it: its parts on
+        ``to``'s subject, then its record; the parts' sequences."""
+        packed = state_parts(state)
+        assert packed is not None and len(packed[0]) >= 2  # large enough for two parts
+        bodies, raw = packed
+        parts = [self.publish(state_subject(self.pipeline, "src", to), b) for b in bodies]
+        self.publish(
+            keys_subject(self.pipeline, "src"),
+            state_payload("m1", "pe", key, to, None, parts, size=sum(map(len, bodies)), raw=raw),
+        )
+        return parts
+
+
+def big_state(seed: int) -> dict[str, str]:
+    # Random text: compressed it still needs two parts of 512 KiB.
+    return {"count": str(seed), "ballast": base64.b64encode(os.urandom(1_000_000)).decode()}
+
+
+def test_parts_addressed_to_a_partition_are_read_as_stored_and_only_those(
+    js_client: SyncJetStream, nats_server: BrokerProcess
+) -> None:
+    src = Input(js_client)
+    src.event("a")
+    theirs = src.state("b", 0, big_state(0))  # another partition's: never read here
+    ahead = PartsAhead(js_client, src.stream, state_subject(src.pipeline, "src", 1), 0)
+    try:
+        mine = src.state("a", 1, big_state(1))
+        wait_until(lambda: ahead.held() == mine, 30, describe="partition 1's parts held")
+        assert ahead.take([*theirs, *mine, 10_000]).keys() == set(mine)
+        assert not ahead.holding() and ahead.take(mine) == {}  # handed over once
+        later = src.state("c", 1, big_state(2))  # it goes on reading
+        wait_until(lambda: ahead.held() == later, 30, describe="the later parts held")
+    finally:
+        ahead.stop()
+
+
+def test_a_batch_with_parts_fetched_ahead_reads_what_one_reading_them_itself_reads(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    src = Input(js_client)
+    src.event("a")
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    reader = JetStreamReader({
+        "broker": str(broker), "pipeline": src.pipeline, "pe": "pe-p1", "inputs": "src",
+        "epoch": "1", "partition": "pe:1:2", "key_by": "patient",
+    })  # fmt: skip
+    try:
+        start = reader.initialOffset()
+        reader.latestOffset(start, ReadMaxRows(10_000))  # the planner starts reading ahead
+        state = big_state(7)
+        parts = src.state("a", 1, state)
+        src.event("a")
+        wait_until(lambda: reader._parts_ahead is not None and reader._parts_ahead.held() == parts,
+                   30, describe="the planner holds the parts")  # fmt: skip
+        end = reader.latestOffset(start, ReadMaxRows(10_000))
+        (planned,) = reader.partitions(start, end)
+        assert isinstance(planned, JetStreamPartition)
+        assert planned.keys is not None and sorted(planned.parts) == parts
+        ahead = [row for batch in reader.read(planned) for row in batch.to_pylist()]
+        # The reference: the same batch read by an executor that fetches every part itself.
+        rng = Range("src", positions_of(start)["src"], positions_of(end)["src"])
+        itself = [row for b in reader.read(JetStreamPartition([[rng]])) for row in b.to_pylist()]
+        assert ahead == itself
+        (arrived,) = [row for row in ahead if row["creator"] == KEY_STATE]
+        assert json.loads(arrived["body"])[CONTROL_FIELD]["state"] == state
+    finally:
+        reader.stop()
