@@ -64,6 +64,7 @@ from fogshift.bench.base import (
     write_notes,
 )
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
+from fogshift.bench.exceptions import BenchError
 from fogshift.bench.padded import aggregate_element
 from fogshift.bench.workload import INPUT, OUTPUT, InputFeeder, wait_rows
 from fogshift.broker.client import BrokerAddress, SyncJetStream, get_range, last_seq
@@ -240,6 +241,7 @@ def _one(
         if wait_rows(cluster, name, 1, config.timeout_s) < 1:
             raise FogshiftError(f"{name}: no output in {config.timeout_s:.0f} s")
         time.sleep(config.before_s)
+        _await_central(cluster, name, config.timeout_s)
         moved_at = time.time()
         row["moved_at"] = round(moved_at, 3)
         if method in WHOLE_MODES:
@@ -288,6 +290,35 @@ def _one(
         feeder.finish()
         cluster.cli("stop", name, check=False)
     return row
+
+
+def _await_central(cluster: BenchCluster, name: str, timeout_s: float) -> None:
+    """Wait until each partition has a central checkpoint: the first pull ships a
+    partition's whole state (6 MB at 10 Mbit/s: seconds), which a running pipeline did long
+    ago. A move started during it shares the origin's link with it, as no move in a
+    pipeline past its start does.
+
+    Raises:
+        BenchError: Not within ``timeout_s``.
+    """
+    wanted = {f"{name}/{pe}" for pe in ("aggregate-p0", "aggregate-p1")}
+    deadline = time.monotonic() + timeout_s
+    with orchestrator_client(cluster.home) as client:
+        while True:
+            pulled = {
+                view["element"]
+                for node in client.get("/nodes")
+                for view in node["checkpoints"]
+                if view["central"] is not None
+            }
+            if wanted <= pulled:
+                return
+            if time.monotonic() > deadline:
+                raise BenchError(
+                    f"{name}: no central checkpoint of {sorted(wanted - pulled)} in "
+                    f"{timeout_s:.0f} s"
+                )
+            time.sleep(0.5)
 
 
 def _verdict(cluster: BenchCluster, name: str, work: Path, timeout_s: float) -> Any:

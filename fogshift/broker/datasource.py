@@ -770,7 +770,7 @@ class JetStreamReader(DataSourceStreamReader):
                 and ahead[:2] == (ranges[0].start, ranges[0].end)
             ):
                 return [JetStreamPartition([ranges], rows=ahead[2])]
-            if self._parts_ahead is not None and self._parts_ahead.holding():
+            if self._parts_ahead is not None:
                 return [self._with_parts(ranges[0])]
             return [JetStreamPartition([ranges])]
         spans = [
@@ -782,7 +782,7 @@ class JetStreamReader(DataSourceStreamReader):
     def _with_parts(self, rng: Range) -> JetStreamPartition:
         """A partition's batch with the parts fetched ahead that its key states name: the
         planner reads the batch's ``.keys`` messages (which the executor would read) to
-        know which."""
+        know which, and waits for those being read (:meth:`PartsAhead.take`)."""
         assert self.partition is not None and self._parts_ahead is not None
         of, index = self.partition[0], self.partition[1]
         client = shared_client(self.broker)

@@ -37,6 +37,9 @@ PARTS_POLL_S = 0.2
 #: A part no batch took this long after it was read is dropped: its record never came (its
 #: origin failed first and, restored, sent the state again, under new sequences).
 PARTS_TTL_S = 120.0
+#: The longest a batch waits for parts being read (reading them itself meanwhile would
+#: fetch the same bytes twice over the link, each at half its speed).
+PARTS_WAIT_S = 60.0
 
 
 class PartsAhead:
@@ -54,7 +57,9 @@ class PartsAhead:
         self.stream, self.subject = stream, subject
         self._held: dict[int, tuple[float, bytes]] = {}
         self._bytes = 0
-        self._lock = threading.Lock()
+        #: The sequence read up to: every part up to it is held, or was taken or dropped.
+        self._last = after
+        self._changed = threading.Condition()
         self._stopped = threading.Event()
         self._future = client.submit(lambda js: self._rounds(js, after))
 
@@ -68,31 +73,48 @@ class PartsAhead:
                 except Exception as exc:  # the batch reads what is missing, and says why
                     log.debug("reading %s after %d failed: %r", self.subject, last, exc)
             now = time.monotonic()
-            with self._lock:
+            with self._changed:
                 for message in got:
                     if message.seq not in self._held:
                         self._held[message.seq] = (now, message.data)
                         self._bytes += len(message.data)
                 for seq in [s for s, (at, _) in self._held.items() if now - at > PARTS_TTL_S]:
                     self._bytes -= len(self._held.pop(seq)[1])
+                if got:
+                    self._last = got[-1].seq
+                self._changed.notify_all()
             if got:
                 last = got[-1].seq
             else:
                 await asyncio.sleep(PARTS_POLL_S)
 
-    def holding(self) -> bool:
-        """Whether any part is held (if none, a batch need not look for its parts here)."""
-        return bool(self._held)
-
     def held(self) -> list[int]:
         """The sequences of the parts held, in order."""
-        with self._lock:
+        with self._changed:
             return sorted(self._held)
 
-    def take(self, seqs: Iterable[int]) -> dict[int, bytes]:
-        """The parts among ``seqs`` that are held, handed over (no longer held)."""
-        with self._lock:
-            taken = {s: self._held.pop(s)[1] for s in seqs if s in self._held}
+    def take(self, seqs: Iterable[int], wait_s: float = PARTS_WAIT_S) -> dict[int, bytes]:
+        """The parts among ``seqs`` that are held, handed over (no longer held) — once the
+        reads have passed the last of them, or for at most ``wait_s`` while they go on
+        (not once they stopped, failed, or paused for :data:`PARTS_AHEAD_BYTES`).
+
+        Returns:
+            The parts held, by sequence; the caller reads the others itself.
+        """
+        wanted = sorted(set(seqs))
+        deadline = time.monotonic() + wait_s
+        with self._changed:
+            while (
+                wanted
+                and self._last < wanted[-1]
+                and any(s not in self._held for s in wanted)
+                and not self._stopped.is_set()
+                and not self._future.done()
+                and self._bytes < PARTS_AHEAD_BYTES
+                and (left := deadline - time.monotonic()) > 0
+            ):
+                self._changed.wait(min(left, PARTS_POLL_S))
+            taken = {s: self._held.pop(s)[1] for s in wanted if s in self._held}
             self._bytes -= sum(map(len, taken.values()))
         return taken
 
@@ -100,3 +122,5 @@ class PartsAhead:
         """Stop reading (idempotent)."""
         self._stopped.set()
         self._future.cancel()
+        with self._changed:
+            self._changed.notify_all()

@@ -9,6 +9,7 @@ import base64
 import itertools
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from fogshift.broker.client import SyncJetStream, ensure_pe_stream
 from fogshift.broker.datasource import JetStreamPartition, JetStreamReader, Range, positions_of
 from fogshift.broker.keys import CONTROL_FIELD, KEY_STATE, state_parts, state_payload
 from fogshift.broker.naming import data_subject, keys_subject, state_subject, stream_name
-from fogshift.broker.parts_ahead import PartsAhead
+from fogshift.broker.parts_ahead import PARTS_WAIT_S, PartsAhead
 from fogshift.broker.server import BrokerProcess
 from fogshift.common.waiting import wait_until
 
@@ -75,12 +76,31 @@ def test_parts_addressed_to_a_partition_are_read_as_stored_and_only_those(
     try:
         mine = src.state("a", 1, big_state(1))
         wait_until(lambda: ahead.held() == mine, 30, describe="partition 1's parts held")
-        assert ahead.take([*theirs, *mine, 10_000]).keys() == set(mine)
-        assert not ahead.holding() and ahead.take(mine) == {}  # handed over once
+        assert ahead.take([*theirs, *mine]).keys() == set(mine)
+        assert ahead.held() == [] and ahead.take(mine) == {}  # handed over once
         later = src.state("c", 1, big_state(2))  # it goes on reading
         wait_until(lambda: ahead.held() == later, 30, describe="the later parts held")
+        # Parts not stored yet: nothing to hand over once the wait is up.
+        assert ahead.take([later[-1] + 100], wait_s=0.2) == {}
     finally:
         ahead.stop()
+
+
+def test_a_batch_waits_for_parts_being_read_instead_of_reading_them_again(
+    js_client: SyncJetStream, nats_server: BrokerProcess
+) -> None:
+    src = Input(js_client)
+    mine = src.state("a", 1, big_state(1))
+    # Asked at once, before a read could have brought them: the take waits for the reads.
+    ahead = PartsAhead(js_client, src.stream, state_subject(src.pipeline, "src", 1), 0)
+    try:
+        assert ahead.take(mine).keys() == set(mine)
+    finally:
+        ahead.stop()
+    # Stopped, it hands over what it holds without waiting for the reads.
+    asked = time.monotonic()
+    assert ahead.take([mine[-1] + 1]) == {}
+    assert time.monotonic() - asked < PARTS_WAIT_S / 2
 
 
 def test_a_batch_with_parts_fetched_ahead_reads_what_one_reading_them_itself_reads(
