@@ -292,11 +292,16 @@ def _one(
     return row
 
 
+#: How much of a partition's node-level checkpoint its central one must hold before a move
+#: (:func:`_await_central`): the state grows a little between them.
+CENTRAL_SHARE = 0.9
+
+
 def _await_central(cluster: BenchCluster, name: str, timeout_s: float) -> None:
-    """Wait until each partition has a central checkpoint: the first pull ships a
-    partition's whole state (6 MB at 10 Mbit/s: seconds), which a running pipeline did long
-    ago. A move started during it shares the origin's link with it, as no move in a
-    pipeline past its start does.
+    """Wait until each partition has a central checkpoint of about its node-level
+    checkpoint's size: the first pull of a partition's state ships it whole (6 MB at
+    10 Mbit/s: seconds), which a running pipeline did long ago. A move started during it
+    shares the origin's link with it, as no move in a pipeline past its start does.
 
     Raises:
         BenchError: Not within ``timeout_s``.
@@ -310,6 +315,8 @@ def _await_central(cluster: BenchCluster, name: str, timeout_s: float) -> None:
                 for node in client.get("/nodes")
                 for view in node["checkpoints"]
                 if view["central"] is not None
+                and view["node_level"] is not None
+                and view["central"]["bytes"] >= CENTRAL_SHARE * view["node_level"]["bytes"]
             }
             if wanted <= pulled:
                 return
