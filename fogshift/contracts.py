@@ -275,6 +275,17 @@ class InstallResult(BaseModel):
     source: str
 
 
+class FileChunks(BaseModel):
+    """Answer of ``GET .../snapshots/{id}/chunks/{path}``: the file's size and its
+    content-defined chunks (:func:`fogshift.checkpoint.chunks.file_chunks`), each
+    ``[offset, length, sha256]``."""
+
+    model_config = _WIRE
+
+    size: int
+    chunks: list[tuple[int, int, str]]
+
+
 class CopyResult(BaseModel):
     """Answer of ``POST /replicas/{pipeline}/{element}``."""
 

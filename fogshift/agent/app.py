@@ -28,13 +28,16 @@ from fogshift.agent.node import NodeRuntime
 from fogshift.agent.pacing import Pacer
 from fogshift.agent.replicas import Replicas
 from fogshift.checkpoint.central import check_manifest
+from fogshift.checkpoint.chunks import file_chunks
 from fogshift.common.exceptions import Forbidden
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import blob_token, client_limits, node_token, same_token, tls_context
 from fogshift.common.service import (
     ERROR_RESPONSES,
     Access,
+    LengthQuery,
     NameParam,
+    OffsetQuery,
     RelPathParam,
     ShaParam,
     SnapshotParam,
@@ -52,6 +55,7 @@ from fogshift.contracts import (
     CopyResult,
     ElementInfo,
     ElementProgress,
+    FileChunks,
     Gate,
     Heartbeat,
     InstalledCheckpoint,
@@ -282,16 +286,41 @@ def create_app(config: AgentConfig) -> FastAPI:
             )
         return manifest
 
-    @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/{snapshot}/files/{rel:path}")
-    def snapshot_file_bytes(
-        pipeline: NameParam, element: NameParam, snapshot: SnapshotParam, rel: RelPathParam
-    ) -> Response:
+    def snapshot_bytes(pipeline: str, element: str, snapshot: str, rel: str) -> bytes:
         # A bad name or a path leaving the snapshot raises InvalidName/PathEscape (422).
         path = runtime.snapshot_file(pipeline, element, snapshot, rel)
         try:
-            data = path.read_bytes()
+            return path.read_bytes()
         except OSError as exc:
             raise UnknownElement(f"no file {rel!r} in snapshot {snapshot}: {exc}") from None
+
+    @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/{snapshot}/chunks/{rel:path}")
+    def snapshot_file_chunks(
+        pipeline: NameParam, element: NameParam, snapshot: SnapshotParam, rel: RelPathParam
+    ) -> FileChunks:
+        data = snapshot_bytes(pipeline, element, snapshot, rel)
+        return FileChunks(size=len(data), chunks=file_chunks(data))
+
+    @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/{snapshot}/files/{rel:path}")
+    def snapshot_file_bytes(
+        pipeline: NameParam,
+        element: NameParam,
+        snapshot: SnapshotParam,
+        rel: RelPathParam,
+        offset: OffsetQuery = None,
+        length: LengthQuery = None,
+    ) -> Response:
+        data = snapshot_bytes(pipeline, element, snapshot, rel)
+        if offset is not None or length is not None:
+            if offset is None or length is None or offset + length > len(data):
+                raise InvalidInput(
+                    f"no such range of file {rel!r} of snapshot {snapshot} of "
+                    f"{pipeline}/{element} on node {config.name!r}",
+                    expected=f"offset and length together, within its {len(data)} bytes",
+                    received=f"offset {offset}, length {length}",
+                    hint="ask GET .../chunks/{path} for the file's chunks and size",
+                )
+            data = data[offset : offset + length]
         # Pinned again once sent: over a slow link a large file takes long to go out, and
         # the puller's next request for the snapshot comes only after it.
         sent = BackgroundTask(runtime.pins.touch, pipeline, element, snapshot)

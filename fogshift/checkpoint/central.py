@@ -5,7 +5,9 @@ The same store holds the extra copies a node keeps as a PE's planned backup
 
 The orchestrator pulls each PE's newest node-level snapshot at its own interval. Files are
 stored once per content (``blobs/<sha256>``), so a pull ships only the files that changed
-since any earlier pull — what is shipped grows with what changed, not with the state. A
+since any earlier pull — what is shipped grows with what changed, not with the state. Of a
+large file that changed, only the chunks held in no stored file cross
+(:mod:`fogshift.checkpoint.chunks`): RocksDB rewrites its files whole. A
 checkpoint becomes visible when its manifest is written (atomically, after every blob it
 names is in place). Reading verifies every blob's size and digest; a checkpoint that fails is
 torn, and the previous one is used.
@@ -28,8 +30,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES, Chunk, file_chunks
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.common.names import (
     check_name,
@@ -90,6 +93,17 @@ def check_manifest(
 FETCH_WORKERS = 8
 
 
+class ChunkedSource(Protocol):
+    """Where a snapshot's large files can be read chunk by chunk (a node agent)."""
+
+    def chunks(self, rel: str) -> list[Chunk] | None:
+        """The :func:`~fogshift.checkpoint.chunks.file_chunks` of file ``rel``; ``None``
+        if the source lists none (then the file is fetched whole)."""
+
+    def range(self, rel: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of file ``rel`` from ``offset``."""
+
+
 @dataclass(frozen=True)
 class KnownBlobs:
     """Checkpoint files a store holds: their sha256 digests, and the file of each (which
@@ -116,6 +130,14 @@ class CentralStore:
         # blob changed on disk since (a torn write, a bad disk, a hand) is checked again
         # before a new checkpoint counts on it, instead of being trusted for its name.
         self._checked: dict[str, tuple[int, int]] = {}
+        # The chunks of the large blobs (``chunks/<sha256>``: their lists), by chunk digest:
+        # where each can be read here. Loaded at the first put; a hit is read and checked
+        # before use (its blob may be gone).
+        self.chunk_lists = root / "chunks"
+        self.chunk_lists.mkdir(parents=True, exist_ok=True)
+        self._chunk_at: dict[str, tuple[str, int, int]] | None = None
+        self._indexed: set[str] = set()
+        self._chunk_lock = threading.Lock()
 
     def _intact(self, blob: Path, sha: str, size: int) -> bool:
         """Whether ``blob`` holds the ``size`` bytes whose digest is ``sha``.
@@ -173,12 +195,110 @@ class CentralStore:
             except (OSError, ValueError):
                 continue  # a manifest that cannot be read is as good as absent
 
-    def put(self, manifest: dict[str, Any], fetch: Callable[[str], bytes]) -> int:
+    def _index(self, sha: str, data: bytes | None = None) -> None:
+        """Add the chunks of large blob ``sha`` (its bytes ``data``, or read) to the index,
+        its chunk list written beside (once per blob)."""
+        with self._chunk_lock:
+            at = self._chunks_loaded()
+            if sha in self._indexed:
+                return
+            listing = self.chunk_lists / sha
+            try:
+                chunks = [tuple(c) for c in json.loads(listing.read_text())]
+            except (OSError, ValueError):
+                if data is None:
+                    data = (self.blobs / sha).read_bytes()
+                chunks = file_chunks(data)
+                tmp = listing.with_name(f".{sha}.{threading.get_ident()}.tmp")
+                tmp.write_text(json.dumps(chunks))
+                tmp.replace(listing)
+            for offset, length, digest in chunks:
+                at.setdefault(str(digest), (sha, int(offset), int(length)))
+            self._indexed.add(sha)
+
+    def _chunks_loaded(self) -> dict[str, tuple[str, int, int]]:
+        """The chunk index, loaded from the chunk lists at the first call (under the lock)."""
+        if self._chunk_at is None:
+            self._chunk_at = {}
+            for listing in self.chunk_lists.iterdir():
+                if listing.name.startswith("."):
+                    continue
+                try:
+                    chunks = json.loads(listing.read_text())
+                except (OSError, ValueError):
+                    continue
+                for offset, length, digest in chunks:
+                    self._chunk_at.setdefault(str(digest), (listing.name, int(offset), int(length)))
+                self._indexed.add(listing.name)
+        return self._chunk_at
+
+    def _held_chunk(self, digest: str) -> bytes | None:
+        """The bytes of chunk ``digest`` from a stored blob, checked; ``None`` if none holds
+        it (any more)."""
+        with self._chunk_lock:
+            hit = self._chunks_loaded().get(digest)
+        if hit is None:
+            return None
+        sha, offset, length = hit
+        try:
+            with open(self.blobs / sha, "rb") as blob:
+                blob.seek(offset)
+                data = blob.read(length)
+        except OSError:
+            data = b""
+        if len(data) == length and hashlib.sha256(data).hexdigest() == digest:
+            return data
+        with self._chunk_lock:  # the blob went (collected) or changed: forget the chunk
+            if self._chunks_loaded().get(digest) == hit:
+                del self._chunks_loaded()[digest]
+        return None
+
+    def _fetch_chunked(
+        self, rel: str, size: int, source: ChunkedSource
+    ) -> tuple[bytes, int] | None:
+        """File ``rel`` (``size`` bytes) from the chunks held here and ranges of ``source``
+        for the rest; with the bytes that crossed. ``None``: ``source`` lists no chunks."""
+        listing = source.chunks(rel)
+        if listing is None:
+            return None
+        data = bytearray(size)
+        end = 0
+        runs: list[list[int]] = []  # runs of chunks to fetch: [offset, length]
+        for offset, length, digest in listing:
+            if offset != end or length <= 0:
+                raise TornCheckpoint(f"the chunks of file {rel} do not cover it in order")
+            end = offset + length
+            held = self._held_chunk(digest)
+            if held is not None:
+                data[offset:end] = held
+            elif runs and runs[-1][0] + runs[-1][1] == offset:
+                runs[-1][1] += length
+            else:
+                runs.append([offset, length])
+        if end != size:
+            raise TornCheckpoint(f"the chunks of file {rel} cover {end} of its {size} bytes")
+        shipped = len(json.dumps(listing))
+        for offset, length in runs:
+            piece = source.range(rel, offset, length)
+            if len(piece) != length:
+                raise TornCheckpoint(f"file {rel} has no {length} bytes at {offset}")
+            data[offset : offset + length] = piece
+            shipped += length
+        return bytes(data), shipped
+
+    def put(
+        self,
+        manifest: dict[str, Any],
+        fetch: Callable[[str], bytes],
+        chunked: ChunkedSource | None = None,
+    ) -> int:
         """Store a node-level snapshot, fetching only unknown files; returns bytes shipped.
 
         Args:
             manifest: The snapshot's manifest.
             fetch: Returns the bytes of one file of the snapshot, by relative path.
+            chunked: Where its large files (:data:`CHUNKED_MIN_BYTES`) can be read chunk by
+                chunk: then only the chunks no stored file holds are fetched.
 
         Raises:
             InvalidName / InvalidInput: The manifest names something that cannot be a path
@@ -193,12 +313,19 @@ class CentralStore:
             if self._intact(blob, entry["sha256"], entry["size"]):
                 os.utime(blob)  # in use again: out of reach of a concurrent collection
                 self._checked[entry["sha256"]] = (entry["size"], blob.stat().st_mtime_ns)
+                if chunked is not None and entry["size"] >= CHUNKED_MIN_BYTES:
+                    self._index(entry["sha256"])  # (stored before its chunks were listed)
                 continue
             missing.setdefault(entry["sha256"], rel)
+        sizes = {entry["sha256"]: entry["size"] for entry in manifest["files"].values()}
 
         def ship(sha: str) -> int:
             rel = missing[sha]
-            data = fetch(rel)
+            large = sizes[sha] >= CHUNKED_MIN_BYTES
+            got = None
+            if chunked is not None and large:
+                got = self._fetch_chunked(rel, sizes[sha], chunked)
+            data, crossed = got if got is not None else (fetch(rel), sizes[sha])
             if hashlib.sha256(data).hexdigest() != sha:
                 raise TornCheckpoint(
                     f"file {rel} of checkpoint {manifest['id']} of "
@@ -209,7 +336,9 @@ class CentralStore:
             tmp.write_bytes(data)
             tmp.replace(blob)
             self._checked[sha] = (len(data), blob.stat().st_mtime_ns)
-            return len(data)
+            if large:
+                self._index(sha, data)
+            return crossed
 
         # Several requests at a time: over a link of 1 s RTT one at a time took a second per
         # file, and a first pull of a checkpoint's 50-100 files outlived the node's snapshot.
@@ -254,6 +383,13 @@ class CentralStore:
                     removed += 1
             except FileNotFoundError:
                 continue
+        # A chunk list goes with its blob (an index entry of it fails its check, and goes).
+        for listing in self.chunk_lists.iterdir():
+            if listing.name.startswith(".") or (self.blobs / listing.name).exists():
+                continue
+            listing.unlink(missing_ok=True)
+            with self._chunk_lock:
+                self._indexed.discard(listing.name)
         return removed
 
     def blob_path(self, sha: str) -> Path:

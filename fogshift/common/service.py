@@ -50,6 +50,9 @@ RelPathParam = Annotated[str, PathParam(pattern=REL_PATH_RE, max_length=MAX_REL_
 StateKeyQuery = Annotated[str | None, Query(max_length=1024)]
 #: The most keys one answer lists.
 StateLimitQuery = Annotated[int, Query(ge=1, le=100_000)]
+#: A byte range of a checkpoint file (``GET .../snapshots/{id}/files/{path}``).
+OffsetQuery = Annotated[int | None, Query(ge=0)]
+LengthQuery = Annotated[int | None, Query(ge=1)]
 
 # -- query parameters of ``GET .../elements/{element}/events`` (orchestrator) -------------
 

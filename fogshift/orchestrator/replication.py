@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
+from fogshift.checkpoint.chunks import Chunk
 from fogshift.checkpoint.spark_dir import progress_of
 from fogshift.contracts import (
     CentralCheckpoint,
     CheckpointManifest,
     CopyResult,
+    FileChunks,
     Heartbeat,
     PipelineState,
 )
@@ -19,6 +22,28 @@ from fogshift.orchestrator.core import CentralPull, ReplicaPush
 from fogshift.orchestrator.replanning import Replanning
 
 log = logging.getLogger("fogshift.orchestrator")
+
+
+class _SnapshotFiles:
+    """A node-level snapshot's files on its node agent, chunk by chunk
+    (:class:`~fogshift.checkpoint.central.ChunkedSource`)."""
+
+    def __init__(self, agent: Any, base: str) -> None:
+        self.agent, self.base = agent, base
+
+    def chunks(self, rel: str) -> list[Chunk] | None:
+        try:
+            listing = self.agent.call(FileChunks, "GET", f"{self.base}/chunks/{rel}")
+        except FogshiftError as exc:  # an agent without chunk lists: the file comes whole
+            log.debug("no chunks of %s: %s", rel, exc.message)
+            return None
+        return [(int(o), int(n), str(d)) for o, n, d in listing.chunks]
+
+    def range(self, rel: str, offset: int, length: int) -> bytes:
+        response = self.agent.raw(
+            "GET", f"{self.base}/files/{rel}", params={"offset": offset, "length": length}
+        )
+        return bytes(response.content)
 
 
 class Replication(Replanning):
@@ -53,6 +78,7 @@ class Replication(Replanning):
         shipped = self.central.put(
             manifest,
             lambda rel: agent.raw("GET", f"{here}/{latest.id}/files/{rel}").content,
+            _SnapshotFiles(agent, f"{here}/{latest.id}"),
         )
         self.central_stats[key] = CentralPull(
             id=latest.id,

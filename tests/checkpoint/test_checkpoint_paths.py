@@ -58,7 +58,8 @@ def test_put_refuses_before_fetching_or_writing(tmp_path: Path, bad: dict[str, A
         store.put(bad, fetch)
     assert asked == []
     assert planted(tmp_path) == []
-    assert list((tmp_path / "store").iterdir()) == [store.blobs]
+    assert sorted((tmp_path / "store").iterdir()) == sorted([store.blobs, store.chunk_lists])
+    assert [*store.blobs.iterdir(), *store.chunk_lists.iterdir()] == []
 
 
 def test_a_digest_that_is_a_path_is_refused(tmp_path: Path) -> None:
