@@ -286,11 +286,28 @@ def create_app(config: AgentConfig) -> FastAPI:
             )
         return manifest
 
-    def snapshot_bytes(pipeline: str, element: str, snapshot: str, rel: str) -> bytes:
+    def snapshot_bytes(
+        pipeline: str, element: str, snapshot: str, rel: str,
+        offset: int | None = None, length: int | None = None,
+    ) -> bytes:  # fmt: skip
+        """File ``rel`` of the snapshot, or ``length`` bytes of it from ``offset``."""
         # A bad name or a path leaving the snapshot raises InvalidName/PathEscape (422).
         path = runtime.snapshot_file(pipeline, element, snapshot, rel)
         try:
-            return path.read_bytes()
+            if offset is None and length is None:
+                return path.read_bytes()
+            size = path.stat().st_size
+            if offset is None or length is None or offset + length > size:
+                raise InvalidInput(
+                    f"no such range of file {rel!r} of snapshot {snapshot} of "
+                    f"{pipeline}/{element} on node {config.name!r}",
+                    expected=f"offset and length together, within its {size} bytes",
+                    received=f"offset {offset}, length {length}",
+                    hint="ask GET .../chunks/{path} for the file's chunks and size",
+                )
+            with open(path, "rb") as file:
+                file.seek(offset)
+                return file.read(length)
         except OSError as exc:
             raise UnknownElement(f"no file {rel!r} in snapshot {snapshot}: {exc}") from None
 
@@ -310,17 +327,7 @@ def create_app(config: AgentConfig) -> FastAPI:
         offset: OffsetQuery = None,
         length: LengthQuery = None,
     ) -> Response:
-        data = snapshot_bytes(pipeline, element, snapshot, rel)
-        if offset is not None or length is not None:
-            if offset is None or length is None or offset + length > len(data):
-                raise InvalidInput(
-                    f"no such range of file {rel!r} of snapshot {snapshot} of "
-                    f"{pipeline}/{element} on node {config.name!r}",
-                    expected=f"offset and length together, within its {len(data)} bytes",
-                    received=f"offset {offset}, length {length}",
-                    hint="ask GET .../chunks/{path} for the file's chunks and size",
-                )
-            data = data[offset : offset + length]
+        data = snapshot_bytes(pipeline, element, snapshot, rel, offset, length)
         # Pinned again once sent: over a slow link a large file takes long to go out, and
         # the puller's next request for the snapshot comes only after it.
         sent = BackgroundTask(runtime.pins.touch, pipeline, element, snapshot)

@@ -65,6 +65,15 @@ SST = "state/0/0/SSTs/000008.sst"
 NEW_SST = "state/0/0/SSTs/000012.sst"
 
 
+def pulled_once(tmp_path: Path, seed: int) -> tuple[CentralStore, list[bytes], Node]:
+    """A store that pulled one snapshot: an SST of six values (and a small file)."""
+    store = CentralStore(tmp_path / "store")
+    vals = values(seed)
+    first = Node({SST: sst(vals, [1] * 6), "offsets/0": b"o0"})
+    store.put(manifest(0, first.files), first.fetch, first)
+    return store, vals, first
+
+
 def stored(store: CentralStore, tmp_path: Path, pe: str, rel: str) -> bytes:
     newest, _ = store.latest_whole("p", pe)
     store.materialize(newest, tmp_path / pe)
@@ -72,10 +81,7 @@ def stored(store: CentralStore, tmp_path: Path, pe: str, rel: str) -> bytes:
 
 
 def test_a_rewritten_file_ships_only_the_chunks_around_what_changed(tmp_path: Path) -> None:
-    store = CentralStore(tmp_path / "store")
-    vals = values(1)
-    first = Node({SST: sst(vals, [1] * 6), "offsets/0": b"o0"})
-    store.put(manifest(0, first.files), first.fetch, first)
+    store, vals, first = pulled_once(tmp_path, 1)
     whole = len(first.files[SST])
     assert first.sent == whole + 2  # nothing to share yet: as before
     # Compacted: a new file of the same values, each key's count changed.
@@ -88,10 +94,7 @@ def test_a_rewritten_file_ships_only_the_chunks_around_what_changed(tmp_path: Pa
 def test_a_moved_states_new_file_on_another_pe_ships_what_its_origins_files_lack(
     tmp_path: Path,
 ) -> None:
-    store = CentralStore(tmp_path / "store")
-    vals = values(2)
-    origin = Node({SST: sst(vals, [1] * 6)})
-    store.put(manifest(0, origin.files), origin.fetch, origin)
+    store, vals, _ = pulled_once(tmp_path, 2)
     # The target partition took three of the keys, and has one of its own.
     target = Node({NEW_SST: sst([*vals[:3], *values(3, count=1)], [9, 9, 9, 1])})
     theirs = {**manifest(0, target.files), "element": "agg-p1"}
@@ -103,10 +106,7 @@ def test_a_moved_states_new_file_on_another_pe_ships_what_its_origins_files_lack
 def test_files_come_whole_from_a_node_that_lists_no_chunks_and_when_small(
     tmp_path: Path,
 ) -> None:
-    store = CentralStore(tmp_path / "store")
-    vals = values(4)
-    first = Node({SST: sst(vals, [1] * 6)})
-    store.put(manifest(0, first.files), first.fetch, first)
+    store, vals, _ = pulled_once(tmp_path, 4)
     older = Node({NEW_SST: sst(vals, [2] * 6), "offsets/1": b"o" * 1000}, lists=False)
     store.put(manifest(1, older.files), older.fetch, older)
     assert older.sent == len(older.files[NEW_SST]) + 1000 and older.ranges == 0
@@ -115,10 +115,7 @@ def test_files_come_whole_from_a_node_that_lists_no_chunks_and_when_small(
 def test_a_chunk_whose_file_is_gone_is_fetched_and_a_bad_listing_refused(
     tmp_path: Path,
 ) -> None:
-    store = CentralStore(tmp_path / "store")
-    vals = values(5)
-    first = Node({SST: sst(vals, [1] * 6)})
-    store.put(manifest(0, first.files), first.fetch, first)
+    store, vals, first = pulled_once(tmp_path, 5)
     (store.blobs / hashlib.sha256(first.files[SST]).hexdigest()).unlink()  # a hand, a disk
     second = Node({NEW_SST: sst(vals, [2] * 6)})
     store.put(manifest(1, second.files), second.fetch, second)
