@@ -310,6 +310,12 @@ async def last_seq(js: JetStreamContext, stream: str) -> int:
     return int(info.state.last_seq or 0)
 
 
+async def subject_count(js: JetStreamContext, stream: str, subject: str) -> int:
+    """Messages stored on ``subject`` (no wildcard) of ``stream``."""
+    info = await js.stream_info(stream, subjects_filter=subject)
+    return int((info.state.subjects or {}).get(subject, 0))
+
+
 async def subject_counts(js: JetStreamContext, stream: str) -> dict[str, int]:
     """Messages stored per subject of ``stream``."""
     try:

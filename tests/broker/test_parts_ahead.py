@@ -10,13 +10,14 @@ import itertools
 import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
-from fogshift.broker.client import SyncJetStream, ensure_pe_stream
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream, subject_count
 from fogshift.broker.datasource import JetStreamPartition, JetStreamReader, Range, positions_of
 from fogshift.broker.keys import CONTROL_FIELD, KEY_STATE, state_parts, state_payload
 from fogshift.broker.naming import data_subject, keys_subject, state_subject, stream_name
@@ -75,6 +76,10 @@ def test_parts_addressed_to_a_partition_are_read_as_stored_and_only_those(
     ahead = PartsAhead(js_client, src.stream, state_subject(src.pipeline, "src", 1), 0)
     try:
         mine = src.state("a", 1, big_state(1))
+        # What a precopy watches to know the origin is sending (keymoves._await_sending).
+        counted = [state_subject(src.pipeline, "src", to) for to in (0, 1)]
+        assert [js_client.run(partial(subject_count, stream=src.stream, subject=subject))
+                for subject in counted] == [len(theirs), len(mine)]  # fmt: skip
         wait_until(lambda: ahead.held() == mine, 30, describe="partition 1's parts held")
         assert ahead.take([*theirs, *mine]).keys() == set(mine)
         assert ahead.held() == [] and ahead.take(mine) == {}  # handed over once

@@ -4,10 +4,11 @@ in ``tests/integration/test_partitioned.py``)."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
-from fogshift.broker.keys import KeyMove, Ownership, parse, state_payload
+from fogshift.broker.keys import KeyCopy, KeyMove, Ownership, parse, state_payload
 from fogshift.contracts import KeyOrder
 from fogshift.orchestrator.keymoves import (
     PRECOPY_STEP_BYTES,
@@ -119,6 +120,59 @@ def test_a_precopy_step_grows_past_the_wave_cap_as_its_bytes_allow() -> None:
         step = _next_step(step, 100, PRECOPY_STEP_BYTES)
         sizes.append(step)
     assert sizes == [1, 4, 16, 64, 256, 1000, 1000]
+
+
+class Copies(KeyMoves):
+    """A precopy's requests and what it waited for, each request's copies stored with the
+    ``sizes`` given; the origin is seen sending a request's copies (``sending``) or not
+    (small states come inline, no parts)."""
+
+    def __init__(self, sizes: dict[str, int], sending: bool = True) -> None:
+        self.sizes, self.sending = sizes, sending
+        self.log: list[tuple[str, list[str]]] = []
+        self.broker: Any = SimpleNamespace(run=lambda make, timeout=30: 0)  # parts counted
+
+    def _append_key_record(self, pipeline: str, source: str, payload: bytes) -> int:
+        request = parse(0, payload)
+        assert isinstance(request, KeyCopy)
+        self.log.append(("ask", list(request.keys)))
+        return 1000 * len(self.log)
+
+    def _await_sending(self, *args: Any, **kwargs: Any) -> bool:
+        self.log.append(("sending", []))
+        return self.sending
+
+    def _await_states(
+        self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float
+    ) -> tuple[dict[str, tuple[Any, int]], float | None]:
+        self.log.append(("stored", keys))
+        return {k: (SimpleNamespace(seq=at), self.sizes[k]) for k in keys}, float(at)
+
+    def run(self, moving: list[str]) -> Any:
+        return self._precopy("p", "agg", "in", moving, 1, time.monotonic() + 60)
+
+
+def test_a_precopy_asks_for_the_next_copies_once_the_origin_sends_these() -> None:
+    # 0.8 MB copies: one key a step. From the second request on, the next goes in as soon
+    # as the origin sends a request's parts (its batch runs): the batch after answers it.
+    copies = Copies(keys(4, 800 * KIB))
+    done = copies.run(list(copies.sizes))
+    assert done.keys == ["k0", "k1", "k2", "k3"] and done.state_bytes == 4 * 800 * KIB
+    assert copies.log == [
+        ("ask", ["k0"]), ("stored", ["k0"]),
+        ("ask", ["k1"]), ("sending", []), ("ask", ["k2"]), ("stored", ["k1"]),
+        ("sending", []), ("ask", ["k3"]), ("stored", ["k2"]), ("stored", ["k3"]),
+    ]  # fmt: skip
+    # Never more than one request ahead of the one being answered.
+    outstanding, most = 0, 0
+    for what, _ in copies.log:
+        outstanding += {"ask": 1, "stored": -1}.get(what, 0)
+        most = max(most, outstanding)
+    assert most == 2
+    # Not seen sending (its copies were stored before a part was seen): one at a time.
+    alone = Copies(keys(3, 800 * KIB), sending=False)
+    alone.run(list(alone.sizes))
+    assert [what for what, _ in alone.log if what != "sending"] == ["ask", "stored"] * 3
 
 
 def test_a_scale_back_after_waves_to_an_added_partition_rescales_first() -> None:
