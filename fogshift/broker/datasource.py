@@ -792,10 +792,13 @@ class JetStreamReader(DataSourceStreamReader):
                     end=rng.end),
             timeout=120,
         )  # fmt: skip
+        items = [parse(msg.seq, msg.data) for msg in keys]
+        if any(isinstance(i, KeyMove | KeyCopy) and i.element == of for i in items):
+            self._parts_ahead.wake()  # states may come: their parts are read at once
         named = [
             seq
-            for msg in keys
-            if isinstance(item := parse(msg.seq, msg.data), KeyState)
+            for item in items
+            if isinstance(item, KeyState)
             and item.element == of and item.to == index and item.addressed
             for seq in item.parts
         ]  # fmt: skip

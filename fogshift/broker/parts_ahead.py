@@ -16,6 +16,7 @@ before the query started) is read by the batch itself, as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -31,9 +32,14 @@ log = logging.getLogger("fogshift.broker")
 PARTS_AHEAD_BYTES = 256 * 1024 * 1024
 #: Parts asked for in one read.
 PARTS_PER_READ = 16
-#: Pause after a read that found nothing (or failed): how late a move's first part may be
-#: noticed, against a few requests a second per partition while no key moves.
+#: Pause after a read that found nothing (or failed) while keys move to the partition: how
+#: late a part may be noticed.
 PARTS_POLL_S = 0.2
+#: The pause while none do: a request every 2 s per partition, not five a second, whose
+#: first read after a move's request comes at once (:meth:`PartsAhead.wake`).
+PARTS_IDLE_POLL_S = 2.0
+#: How long after a wake, or a part read, the reads stay quick.
+PARTS_BUSY_S = 30.0
 #: A part no batch took this long after it was read is dropped: its record never came (its
 #: origin failed first and, restored, sent the state again, under new sequences).
 PARTS_TTL_S = 120.0
@@ -61,9 +67,15 @@ class PartsAhead:
         self._last = after
         self._changed = threading.Condition()
         self._stopped = threading.Event()
+        self._busy_until = 0.0
+        #: Reads done so far.
+        self.reads = 0
+        self._woken: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._future = client.submit(lambda js: self._rounds(js, after))
 
     async def _rounds(self, js: Any, after: int) -> None:
+        self._woken, self._loop = asyncio.Event(), asyncio.get_running_loop()
         last = after
         while not self._stopped.is_set():
             got = []
@@ -73,6 +85,7 @@ class PartsAhead:
                 except Exception as exc:  # the batch reads what is missing, and says why
                     log.debug("reading %s after %d failed: %r", self.subject, last, exc)
             now = time.monotonic()
+            self.reads += 1
             with self._changed:
                 for message in got:
                     if message.seq not in self._held:
@@ -84,9 +97,21 @@ class PartsAhead:
                     self._last = got[-1].seq
                 self._changed.notify_all()
             if got:
-                last = got[-1].seq
-            else:
-                await asyncio.sleep(PARTS_POLL_S)
+                last, self._busy_until = got[-1].seq, now + PARTS_BUSY_S
+                continue
+            self._woken.clear()
+            pause = PARTS_POLL_S if now < self._busy_until else PARTS_IDLE_POLL_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), pause)
+
+    def wake(self) -> None:
+        """Keys are moving to the partition (a copy or move request addressed to it was
+        read): read now, and quickly for :data:`PARTS_BUSY_S`."""
+        self._busy_until = time.monotonic() + PARTS_BUSY_S
+        loop, woken = self._loop, self._woken
+        if loop is not None and woken is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: reading is over
+                loop.call_soon_threadsafe(woken.set)
 
     def held(self) -> list[int]:
         """The sequences of the parts held, in order."""

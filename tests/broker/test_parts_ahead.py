@@ -139,3 +139,20 @@ def test_a_batch_with_parts_fetched_ahead_reads_what_one_reading_them_itself_rea
         assert json.loads(arrived["body"])[CONTROL_FIELD]["state"] == state
     finally:
         reader.stop()
+
+
+def test_a_move_request_wakes_the_reads_of_an_idle_partition(
+    js_client: SyncJetStream, nats_server: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Idle, it reads seldom (here: never again within the test); a wake reads at once.
+    monkeypatch.setattr("fogshift.broker.parts_ahead.PARTS_IDLE_POLL_S", 600.0)
+    src = Input(js_client)
+    ahead = PartsAhead(js_client, src.stream, state_subject(src.pipeline, "src", 1), 0)
+    try:
+        wait_until(lambda: ahead.reads >= 1, 30, describe="the first read")
+        mine = src.state("a", 1, big_state(1))
+        assert ahead.held() == []
+        ahead.wake()
+        wait_until(lambda: ahead.held() == mine, 30, describe="the parts read once woken")
+    finally:
+        ahead.stop()
