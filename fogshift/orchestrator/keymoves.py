@@ -576,14 +576,16 @@ class KeyMoves(Standbys):
     def _await_states(
         self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float
     ) -> tuple[dict[str, tuple[Any, int]], float | None]:
-        """Wait until the state of every key of ``move`` (stored at ``at`` in the input
-        ``source``) is stored, or ``deadline``.
+        """Wait until the state of every key of ``keys`` for ``move`` (stored at ``at`` in
+        the input ``source``) is stored, or ``deadline``. (The requests of one precopy share
+        its id: states of a later request's keys may come meanwhile, and do not count.)
 
         Returns:
             Each key's state message and its size (a large state's parts included), for
             those stored; and when the move itself was stored (``None`` if not found).
         """
         stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
+        wanted = set(keys)
         states: dict[str, tuple[Any, int]] = {}
         moved_at = None
         after = at - 1
@@ -597,7 +599,7 @@ class KeyMoves(Standbys):
                 item = parse(message.seq, message.data)
                 if isinstance(item, KeyMove) and item.move == move:
                     moved_at = message.stored_at
-                elif isinstance(item, KeyState) and item.move == move:
+                elif isinstance(item, KeyState) and item.move == move and item.key in wanted:
                     states.setdefault(item.key, (message, len(message.data) + item.size))
                 after = max(after, message.seq)
             if len(states) >= len(keys) or time.monotonic() >= deadline:

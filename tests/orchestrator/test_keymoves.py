@@ -175,6 +175,22 @@ def test_a_precopy_asks_for_the_next_copies_once_the_origin_sends_these() -> Non
     assert [what for what, _ in alone.log if what != "sending"] == ["ask", "stored"] * 3
 
 
+def test_a_precopy_request_waits_for_its_own_keys_copies_not_a_later_requests() -> None:
+    # One precopy's requests share its id; with the next request in flight, its copies may
+    # be stored first, and must not count for this one (they did: "precopied 2 keys").
+    stored = [state_payload("c1", "agg", key, 1, {"v": "x"}) for key in ("k1", "k2", "k0")]
+    broker = SimpleNamespace(
+        run=lambda make, timeout=30: [
+            SimpleNamespace(seq=11 + i, data=d, stored_at=1.0) for i, d in enumerate(stored)
+        ]
+    )
+    moves: Any = SimpleNamespace(broker=broker)
+    states, _ = KeyMoves._await_states(moves, "p", "in", "c1", 10, ["k0"], 0.0)
+    assert list(states) == ["k0"]
+    states, _ = KeyMoves._await_states(moves, "p", "in", "c1", 10, ["k0", "k3"], 0.0)
+    assert list(states) == ["k0"]  # k3's copy is not there: not done
+
+
 def test_a_scale_back_after_waves_to_an_added_partition_rescales_first() -> None:
     # A scale-out from 2 to 3 whose waves moved a key to partition 2, then failed before its
     # rescale: the count is still 2, but scaling back to 2 must rescale before partition 2
