@@ -156,3 +156,34 @@ def test_a_move_request_wakes_the_reads_of_an_idle_partition(
         wait_until(lambda: ahead.held() == mine, 30, describe="the parts read once woken")
     finally:
         ahead.stop()
+
+
+def test_a_precopy_sees_the_origin_send_a_requests_copies_by_their_parts(
+    js_client: SyncJetStream, nats_server: BrokerProcess
+) -> None:
+    # keymoves._await_sending: the next request goes in once the parts subject grows (the
+    # origin's batch answering this one runs); not if the copies are stored without.
+    from fogshift.broker.keys import KeyCopy
+    from fogshift.orchestrator.keymoves import KeyMoves
+
+    src = Input(js_client)
+    moves: Any = KeyMoves.__new__(KeyMoves)
+    moves.broker = js_client
+    parts = (src.stream, state_subject(src.pipeline, "src", 1))
+    at = src.publish(keys_subject(src.pipeline, "src"),
+                     KeyCopy(0, "c1", "pe", ("a",), 1).payload())  # fmt: skip
+    src.state("z", 1, big_state(1))  # another request's parts, counted before
+    before = js_client.run(partial(subject_count, stream=parts[0], subject=parts[1]))
+    assert not moves._await_sending(src.pipeline, "src", "c1", at, ["a"], parts, before,
+                                    time.monotonic() + 0.5)  # fmt: skip
+    src.publish(parts[1], b"a part")
+    assert moves._await_sending(src.pipeline, "src", "c1", at, ["a"], parts, before,
+                                time.monotonic() + 30)  # fmt: skip
+    # Its copy stored inline, no part after the count: not sending, and no wait for one.
+    small = state_payload("c1", "pe", "a", 1, {"v": "1"})
+    src.publish(keys_subject(src.pipeline, "src"), small)
+    now = before + 1
+    asked = time.monotonic()
+    assert not moves._await_sending(src.pipeline, "src", "c1", at, ["a"], parts, now,
+                                    time.monotonic() + 30)  # fmt: skip
+    assert time.monotonic() - asked < 15
