@@ -261,16 +261,16 @@ class CentralStore:
         listing = source.chunks(rel)
         if listing is None:
             return None
-        data = bytearray(size)
+        pieces: dict[int, bytes] = {}  # by offset (what a node claims is not allocated ahead)
         end = 0
         runs: list[list[int]] = []  # runs of chunks to fetch: [offset, length]
         for offset, length, digest in listing:
-            if offset != end or length <= 0:
+            if offset != end or length <= 0 or offset + length > size:
                 raise TornCheckpoint(f"the chunks of file {rel} do not cover it in order")
             end = offset + length
             held = self._held_chunk(digest)
             if held is not None:
-                data[offset:end] = held
+                pieces[offset] = held
             elif runs and runs[-1][0] + runs[-1][1] == offset:
                 runs[-1][1] += length
             else:
@@ -282,9 +282,9 @@ class CentralStore:
             piece = source.range(rel, offset, length)
             if len(piece) != length:
                 raise TornCheckpoint(f"file {rel} has no {length} bytes at {offset}")
-            data[offset : offset + length] = piece
+            pieces[offset] = piece
             shipped += length
-        return bytes(data), shipped
+        return b"".join(pieces[offset] for offset in sorted(pieces)), shipped
 
     def put(
         self,
