@@ -68,8 +68,9 @@ class PartsAhead:
         self._changed = threading.Condition()
         self._stopped = threading.Event()
         self._busy_until = 0.0
-        #: Reads done so far.
+        #: Reads done so far, and those of them that found nothing (or failed).
         self.reads = 0
+        self._dry = 0
         self._woken: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._future = client.submit(lambda js: self._rounds(js, after))
@@ -95,6 +96,8 @@ class PartsAhead:
                     self._bytes -= len(self._held.pop(seq)[1])
                 if got:
                     self._last = got[-1].seq
+                else:
+                    self._dry += 1
                 self._changed.notify_all()
             if got:
                 last, self._busy_until = got[-1].seq, now + PARTS_BUSY_S
@@ -120,22 +123,29 @@ class PartsAhead:
 
     def take(self, seqs: Iterable[int], wait_s: float = PARTS_WAIT_S) -> dict[int, bytes]:
         """The parts among ``seqs`` that are held, handed over (no longer held) — once the
-        reads have passed the last of them, or for at most ``wait_s`` while they go on
-        (not once they stopped, failed, or paused for :data:`PARTS_AHEAD_BYTES`).
+        reads have passed the last of them, or for at most ``wait_s`` while they bring
+        parts. ``seqs`` are stored already (a record names them once they are): a read
+        begun after this call that finds nothing, or fails, means they will not come here
+        (a stream without direct gets, the reads paused for :data:`PARTS_AHEAD_BYTES`),
+        and so does a stop.
 
         Returns:
             The parts held, by sequence; the caller reads the others itself.
         """
         wanted = sorted(set(seqs))
         deadline = time.monotonic() + wait_s
+        if wanted:
+            self.wake()
         with self._changed:
+            # The read under way may have begun before they were stored: the one after.
+            dry = self._dry + 2
             while (
                 wanted
                 and self._last < wanted[-1]
                 and any(s not in self._held for s in wanted)
+                and self._dry < dry
                 and not self._stopped.is_set()
                 and not self._future.done()
-                and self._bytes < PARTS_AHEAD_BYTES
                 and (left := deadline - time.monotonic()) > 0
             ):
                 self._changed.wait(min(left, PARTS_POLL_S))
