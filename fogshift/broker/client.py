@@ -312,14 +312,13 @@ async def last_seq(js: JetStreamContext, stream: str) -> int:
 
 async def subject_count(js: JetStreamContext, stream: str, subject: str) -> int:
     """Messages stored on ``subject`` (no wildcard) of ``stream``."""
-    info = await js.stream_info(stream, subjects_filter=subject)
-    return int((info.state.subjects or {}).get(subject, 0))
+    return (await subject_counts(js, stream, subject)).get(subject, 0)
 
 
-async def subject_counts(js: JetStreamContext, stream: str) -> dict[str, int]:
-    """Messages stored per subject of ``stream``."""
+async def subject_counts(js: JetStreamContext, stream: str, subjects: str = ">") -> dict[str, int]:
+    """Messages stored per subject of ``stream`` (of those ``subjects`` matches)."""
     try:
-        info = await js.stream_info(stream, subjects_filter=">")
+        info = await js.stream_info(stream, subjects_filter=subjects)
     except NotFoundError:
         return {}
     return dict(info.state.subjects or {})

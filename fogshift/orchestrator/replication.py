@@ -25,11 +25,14 @@ log = logging.getLogger("fogshift.orchestrator")
 
 
 class _SnapshotFiles:
-    """A node-level snapshot's files on its node agent, chunk by chunk
+    """A node-level snapshot's files on its node agent, whole or chunk by chunk
     (:class:`~fogshift.checkpoint.central.ChunkedSource`)."""
 
     def __init__(self, agent: Any, base: str) -> None:
         self.agent, self.base = agent, base
+
+    def file(self, rel: str) -> bytes:
+        return bytes(self.agent.raw("GET", f"{self.base}/files/{rel}").content)
 
     def chunks(self, rel: str) -> list[Chunk] | None:
         try:
@@ -75,11 +78,8 @@ class Replication(Replanning):
         # Stored as the node wrote it (the store checks its names), with where it came from.
         manifest = {**latest.model_dump(mode="json", exclude_unset=True), "node": node}
         started = time.perf_counter()
-        shipped = self.central.put(
-            manifest,
-            lambda rel: agent.raw("GET", f"{here}/{latest.id}/files/{rel}").content,
-            _SnapshotFiles(agent, f"{here}/{latest.id}"),
-        )
+        files = _SnapshotFiles(agent, f"{here}/{latest.id}")
+        shipped = self.central.put(manifest, files.file, files)
         self.central_stats[key] = CentralPull(
             id=latest.id,
             shipped_bytes=shipped,
