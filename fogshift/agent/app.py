@@ -159,20 +159,22 @@ def heartbeat_loop(
         limits=client_limits(),
     ) as client:
         while not stop.is_set():
-            beat = Heartbeat(
-                url=config.url,
-                pid=os.getpid(),
-                pgid=os.getpgid(0),
-                ready=runtime.ready,
-                error=runtime.spark_error,
-                elements=runtime.elements(),
-                replicas=replicas.held(),
-                cpu_percent=meter.percent(),
-            )
             try:
+                beat = Heartbeat(
+                    url=config.url,
+                    pid=os.getpid(),
+                    pgid=os.getpgid(0),
+                    ready=runtime.ready,
+                    error=runtime.spark_error,
+                    elements=runtime.elements(),
+                    replicas=replicas.held(),
+                    cpu_percent=meter.percent(),
+                )
                 client.post(f"/nodes/{config.name}/heartbeat", json=beat.model_dump(mode="json"))
             except httpx.HTTPError as exc:  # the orchestrator may be restarting
                 log.debug("heartbeat failed: %s", exc)
+            except Exception:  # a node whose heartbeats ended would be taken for dead
+                log.exception("heartbeat failed")
             stop.wait(config.heartbeat_s)
 
 

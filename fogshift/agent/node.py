@@ -54,6 +54,7 @@ from fogshift.contracts import (
     TwinEntry,
     TwinState,
 )
+from fogshift.exceptions import FogshiftError
 from fogshift.runtime.api import Processor
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
@@ -721,13 +722,24 @@ class NodeRuntime:
                     dict(h.state_metrics),
                     pinned=self.pins.held(pipeline, pe),
                 )
-            except (OSError, ValueError) as exc:  # a PE removed meanwhile, a file in flux
+            except (OSError, ValueError, FogshiftError) as exc:
+                # A PE removed meanwhile (its checkpoint "moved on while it was copied"), a
+                # file in flux: this PE's next snapshot retries; no other PE's waits for it.
                 log.warning("node-level checkpoint of %s failed: %s", h.plan.query_name, exc)
+            except Exception:  # as in the monitor: one PE's trouble stops no other
+                log.exception("node-level checkpoint of %s failed", h.plan.query_name)
 
     def run_snapshots(self) -> None:
-        """Loop :meth:`snapshot_all` every ``checkpoint_interval_s`` until :meth:`close`."""
+        """Loop :meth:`snapshot_all` every ``checkpoint_interval_s`` until :meth:`close`.
+
+        The loop outlives any failure: before, one PE's checkpoint removed in the middle of a
+        snapshot ended it, and the node took no node-level checkpoint of any PE again.
+        """
         while not self._stop.wait(self.config.checkpoint_interval_s):
-            self.snapshot_all()
+            try:
+                self.snapshot_all()
+            except Exception:
+                log.exception("node-level checkpoints failed")
 
     def latest_snapshot(self, pipeline: str, pe: str) -> CheckpointManifest | None:
         """The PE's newest node-level checkpoint here, if it has one. (Not pinned: it is the

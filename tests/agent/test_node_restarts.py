@@ -222,3 +222,23 @@ def test_a_snapshot_carries_the_state_metrics_of_the_batch_it_froze(
     assert h.events_in == 2 and h.last_batch == 0  # counted once, not again by the monitor
     runtime._check(h, [])
     assert h.events_in == 2
+
+
+def test_one_pe_whose_checkpoint_went_mid_snapshot_stops_no_other_pes_snapshots(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    # A PE removed while it is snapshotted: its commit is listed, its offsets are gone.
+    gone, kept = hosted(tmp_path / "gone"), hosted(tmp_path / "kept")
+    gone.plan = QueryPlan("y", gone.plan.element, gone.plan.broker_file, gone.plan.checkpoint_dir)
+    for h in (gone, kept):
+        h.state = PEState.RUNNING
+        runtime._elements[h.key] = h
+        live = Path(h.plan.checkpoint_dir)
+        (live / "offsets").mkdir(parents=True)
+        (live / "commits").mkdir()
+        (live / "commits" / "0").write_text("v1\n{}")
+    (Path(kept.plan.checkpoint_dir) / "offsets" / "0").write_text('v1\n{}\n{"row": 2}')
+    runtime.snapshot_all()  # the first PE's CheckpointError is logged, not raised
+    assert runtime.latest_snapshot("y", "p") is None
+    manifest = runtime.latest_snapshot("x", "p")
+    assert manifest is not None and manifest.batch == 0

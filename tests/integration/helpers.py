@@ -217,13 +217,20 @@ def wait_central(
 ) -> dict[str, Any]:
     """Wait for a central checkpoint of ``pipeline/element``; its ``nodes --json`` entry."""
     deadline = time.monotonic() + timeout_s
+    seen: list[Any] = []
     while time.monotonic() < deadline:
+        seen = []
         for n in cluster.json("nodes"):
             for c in n.get("checkpoints", []):
                 if c["element"] == f"{pipeline}/{element}" and c["central"]:
                     return dict(c)
+                if c["element"] == f"{pipeline}/{element}":
+                    seen.append({"node": n["name"], **c})
         time.sleep(0.5)
-    raise AssertionError(f"no central checkpoint of {pipeline}/{element} in {timeout_s}s")
+    raise AssertionError(
+        f"no central checkpoint of {pipeline}/{element} in {timeout_s}s; the nodes report "
+        f"{seen}\n{cluster.logs()}"
+    )
 
 
 def stream_messages(cluster: Cluster, pipeline: str, element: str) -> list[Any]:
