@@ -313,12 +313,18 @@ class CheckpointInfo(BaseModel):
 
 class CheckpointRequest(BaseModel):
     """``POST .../checkpoint``: a packed copy of a PE's checkpoint, leaving out the files
-    whose content the asker holds (``known``: their sha256 digests, the central store's)."""
+    whose content the asker holds (``known``: their sha256 digests, the central store's), and
+    the chunks of large files it holds (``known_chunks``)."""
 
     model_config = _WIRE
 
     warm: bool = False
     known: list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
+        default_factory=list, max_length=100_000
+    )
+    #: Content-defined chunks of the asker's large files (``checkpoint.chunks``): a large
+    #: file holding some ships only its other chunks.
+    known_chunks: list[Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]] = Field(
         default_factory=list, max_length=100_000
     )
 

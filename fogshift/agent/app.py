@@ -274,9 +274,16 @@ def create_app(config: AgentConfig) -> FastAPI:
     def pack_checkpoint(
         pipeline: NameParam, element: NameParam, request: CheckpointRequest
     ) -> Response:
-        """As GET, leaving out the files whose content the asker holds (``known``)."""
+        """As GET, leaving out the files whose content the asker holds (``known``), and the
+        chunks of large files it holds (``known_chunks``)."""
         return _packed(
-            *runtime.checkpoint(pipeline, element, request.warm, frozenset(request.known))
+            *runtime.checkpoint(
+                pipeline,
+                element,
+                request.warm,
+                frozenset(request.known),
+                frozenset(request.known_chunks),
+            )
         )
 
     @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/latest")

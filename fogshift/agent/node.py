@@ -448,7 +448,12 @@ class NodeRuntime:
         return self._position(self.hosted(pipeline, pe))
 
     def checkpoint(
-        self, pipeline: str, pe: str, warm: bool, known: frozenset[str] = frozenset()
+        self,
+        pipeline: str,
+        pe: str,
+        warm: bool,
+        known: frozenset[str] = frozenset(),
+        known_chunks: frozenset[str] = frozenset(),
     ) -> tuple[bytes, str, CheckpointInfo]:
         """A consistent copy of the PE's checkpoint, packed: ``(archive, sha256, info)``.
 
@@ -456,6 +461,8 @@ class NodeRuntime:
             warm: Drop the last commit, so a query started on the copy re-executes (and
                 emits nothing for) the last batch — see :func:`copy_checkpoint`.
             known: sha256 digests of files the asker holds: left out (:func:`pack`).
+            known_chunks: sha256 digests of chunks of large files the asker holds: a large
+                file holding some ships only its others (:func:`pack`).
         """
         self.hosted(pipeline, pe)
         source = self.checkpoint_dir(pipeline, pe)
@@ -465,8 +472,9 @@ class NodeRuntime:
             info = copy_checkpoint(source, staging, warm=warm, link=True)
             # The newest node-level snapshot links the same files: their digests are known.
             # (Looked up after the copy: an inode both hold then is one file, never a reuse.)
-            hashed = known_digests(self.snapshot_store(pipeline, pe)) if known else None
-            data, digest = pack(staging, known, hashed)
+            asks = known or known_chunks
+            hashed = known_digests(self.snapshot_store(pipeline, pe)) if asks else None
+            data, digest = pack(staging, known, hashed, known_chunks)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return data, digest, CheckpointInfo.model_validate(info)

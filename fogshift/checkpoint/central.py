@@ -107,10 +107,13 @@ class ChunkedSource(Protocol):
 @dataclass(frozen=True)
 class KnownBlobs:
     """Checkpoint files a store holds: their sha256 digests, and the file of each (which
-    may be gone by the time it is read: a store collects unused blobs)."""
+    may be gone by the time it is read: a store collects unused blobs); the content-defined
+    chunks of the large ones, and the bytes of each (checked; ``None`` once gone)."""
 
     digests: frozenset[str]
     path: Callable[[str], Path]
+    chunks: frozenset[str] = frozenset()
+    chunk: Callable[[str], bytes | None] | None = None
 
 
 class CentralStore:
@@ -177,13 +180,25 @@ class CentralStore:
         return next(self._manifests(pipeline, pe), None)
 
     def known_blobs(self, pipeline: str, pe: str) -> KnownBlobs | None:
-        """The files of the PE's newest checkpoint here, to leave out of a checkpoint
-        shipped through the orchestrator (``None``: none held)."""
+        """The files of the PE's newest checkpoint here, and the chunks of its large ones,
+        to leave out of a checkpoint shipped through the orchestrator (``None``: none held)."""
         newest = self.newest(pipeline, pe)
         if newest is None or not newest.get("files"):
             return None
         digests = frozenset(entry["sha256"] for entry in newest["files"].values())
-        return KnownBlobs(digests=digests, path=self.blob_path)
+        chunks: set[str] = set()
+        for entry in newest["files"].values():
+            if entry["size"] < CHUNKED_MIN_BYTES or not (self.blobs / entry["sha256"]).exists():
+                continue
+            try:
+                self._index(entry["sha256"])  # (a blob stored whole has no list yet)
+                listing = json.loads((self.chunk_lists / entry["sha256"]).read_text())
+            except (OSError, ValueError):
+                continue  # collected meanwhile: its chunks are not offered
+            chunks.update(str(digest) for _, _, digest in listing)
+        return KnownBlobs(
+            digests=digests, path=self.blob_path, chunks=frozenset(chunks), chunk=self._held_chunk
+        )
 
     def _manifests(self, pipeline: str, pe: str) -> Iterator[dict[str, Any]]:
         folder = self._folder(pipeline, pe)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES, file_chunks
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.exceptions import FogshiftError
 
@@ -302,13 +303,20 @@ def _batch_name(name: str) -> int | None:
     return int(stripped) if stripped.isdigit() else None
 
 
-#: The archive member of a checkpoint packed with ``known`` digests: ``{path: sha256}`` of
-#: the files left out because the receiver holds their content (:func:`fill_omitted`).
+#: The archive member of a checkpoint packed with ``known`` digests: ``{path: entry}`` of
+#: the files left out because the receiver holds their content (:func:`fill_omitted`); an
+#: entry with ``chunks`` is a large file rebuilt from those chunks, each one the receiver
+#: holds or one shipped as a member of :data:`CHUNKS_FOLDER`.
 OMITTED = "fogshift-omitted.json"
+#: The archive folder of the chunks of partly known files, each named by its sha256.
+CHUNKS_FOLDER = "fogshift-chunks"
 
 
 def pack(
-    folder: Path, known: Collection[str] = (), hashed: Mapping[tuple[int, int], str] | None = None
+    folder: Path,
+    known: Collection[str] = (),
+    hashed: Mapping[tuple[int, int], str] | None = None,
+    known_chunks: Collection[str] = (),
 ) -> tuple[bytes, str]:
     """A tar of ``folder`` and its sha256 (a shipped checkpoint).
 
@@ -326,8 +334,14 @@ def pack(
         hashed: sha256 digests already known by file identity (``(st_dev, st_ino)``: a
             node-level snapshot's manifest, whose files are hard links to the same immutable
             files ``folder`` links to): not computed again.
+        known_chunks: sha256 digests of content-defined chunks the receiver holds
+            (:func:`~fogshift.checkpoint.chunks.file_chunks` of its large files): a large
+            file with unknown content but some known chunks ships only its other chunks.
+            RocksDB rewrites a small key space's state into a new file at each compaction,
+            with the same values: over a slow link that file is most of a migration's bytes.
     """
     omitted: dict[str, dict[str, Any]] = {}
+    carried: dict[str, bytes] = {}  # chunks of partly known files, by digest
 
     def digest_of(path: Path) -> str:
         if hashed:
@@ -338,19 +352,31 @@ def pack(
         return _file_sha256(path)
 
     def leave_known(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        if known and member.isfile():
+        if (known or known_chunks) and member.isfile():
             sha = digest_of(folder / member.name)
+            # As the file was (Spark's state store ages files by their times).
+            entry: dict[str, Any] = {"sha256": sha, "mode": member.mode, "mtime": member.mtime}
             if sha in known:
-                # As the file was (Spark's state store ages files by their times).
-                omitted[os.path.normpath(member.name)] = {
-                    "sha256": sha, "mode": member.mode, "mtime": member.mtime,
-                }  # fmt: skip
+                omitted[os.path.normpath(member.name)] = entry
                 return None
+            if known_chunks and member.size >= CHUNKED_MIN_BYTES:
+                data = (folder / member.name).read_bytes()
+                chunks = file_chunks(data)
+                if any(digest in known_chunks for _, _, digest in chunks):
+                    for offset, length, digest in chunks:
+                        if digest not in known_chunks:
+                            carried[digest] = data[offset : offset + length]
+                    omitted[os.path.normpath(member.name)] = {**entry, "chunks": chunks}
+                    return None
         return member
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         tar.add(folder, arcname=".", filter=leave_known)
+        for digest, content in carried.items():
+            member = tarfile.TarInfo(f"{CHUNKS_FOLDER}/{digest}")
+            member.size = len(content)
+            tar.addfile(member, io.BytesIO(content))
         if omitted:
             listing = json.dumps(omitted, sort_keys=True).encode()
             member = tarfile.TarInfo(OMITTED)
@@ -360,33 +386,48 @@ def pack(
     return data, hashlib.sha256(data).hexdigest()
 
 
-def fill_omitted(data: bytes, blob: Callable[[str], Path]) -> tuple[bytes, str] | None:
+def fill_omitted(
+    data: bytes,
+    blob: Callable[[str], Path],
+    chunk: Callable[[str], bytes | None] | None = None,
+) -> tuple[bytes, str] | None:
     """The whole archive of one :func:`pack` made with ``known`` digests: its files, and the
-    ones it left out taken from ``blob(sha256)`` (checked); ``None`` if it left none out.
+    ones it left out taken from ``blob(sha256)`` (checked), or rebuilt from their chunks (the
+    archive's, else ``chunk(sha256)``); ``None`` if it left none out.
 
     Raises:
-        TornCheckpoint: A blob is missing or does not match its digest (the caller then
-            asks for the whole checkpoint).
+        TornCheckpoint: A blob or chunk is missing or does not match its digest, or a file
+            rebuilt does not match its own (the caller then asks for the whole checkpoint).
     """
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
         listed = tar.extractfile(OMITTED) if OMITTED in tar.getnames() else None
         if listed is None:
             return None
         omitted: dict[str, dict[str, Any]] = json.loads(listed.read())
+        carried: dict[str, tarfile.TarInfo] = {}
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as whole:
             for member in tar.getmembers():
                 if member.name == OMITTED:
                     continue
+                if member.name.startswith(f"{CHUNKS_FOLDER}/"):
+                    carried[member.name.removeprefix(f"{CHUNKS_FOLDER}/")] = member
+                    continue
                 whole.addfile(member, tar.extractfile(member) if member.isfile() else None)
             for rel, entry in sorted(omitted.items()):
                 sha = entry["sha256"]
-                try:
-                    content = blob(sha).read_bytes()
-                except (OSError, FogshiftError) as exc:
-                    raise TornCheckpoint(
-                        f"checkpoint file {rel} ({sha[:12]}…) is gone: {exc}"
-                    ) from exc
+                if "chunks" in entry:
+                    content = b"".join(
+                        _chunk_of(rel, digest, tar, carried.get(digest), chunk)
+                        for _, _, digest in entry["chunks"]
+                    )
+                else:
+                    try:
+                        content = blob(sha).read_bytes()
+                    except (OSError, FogshiftError) as exc:
+                        raise TornCheckpoint(
+                            f"checkpoint file {rel} ({sha[:12]}…) is gone: {exc}"
+                        ) from exc
                 if hashlib.sha256(content).hexdigest() != sha:
                     raise TornCheckpoint(f"checkpoint file {rel} does not match {sha[:12]}…")
                 member = tarfile.TarInfo(f"./{rel}")
@@ -394,6 +435,21 @@ def fill_omitted(data: bytes, blob: Callable[[str], Path]) -> tuple[bytes, str] 
                 whole.addfile(member, io.BytesIO(content))
     out = buffer.getvalue()
     return out, hashlib.sha256(out).hexdigest()
+
+
+def _chunk_of(
+    rel: str,
+    digest: str,
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo | None,
+    held: Callable[[str], bytes | None] | None,
+) -> bytes:
+    """Chunk ``digest`` of file ``rel``: shipped in the archive, or held by the receiver."""
+    handle = tar.extractfile(member) if member is not None else None
+    content = handle.read() if handle is not None else held(digest) if held else None
+    if content is None or hashlib.sha256(content).hexdigest() != digest:
+        raise TornCheckpoint(f"chunk {digest[:12]}… of checkpoint file {rel} is gone")
+    return content
 
 
 def _file_sha256(path: Path) -> str:

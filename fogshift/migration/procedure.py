@@ -54,7 +54,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.checkpoint.central import KnownBlobs
@@ -558,12 +558,17 @@ def fetch_checkpoint(
 
     With ``known`` (the central store's files of this PE), the agent leaves out the files
     the store holds and they are taken from it here (checked by digest): over a slow link a
-    large state is not shipped again, only what changed since the store's last pull. A
-    file the store no longer has makes it ask for the whole checkpoint instead.
+    large state is not shipped again, only what changed since the store's last pull. Of a
+    large file the store lacks, only the chunks it holds in none of the PE's files cross
+    (RocksDB rewrites its files whole). A file or chunk the store no longer has makes it ask
+    for the whole checkpoint instead.
     """
     digests = sorted(known.digests) if known is not None else []
     if digests:
-        response = agent.raw("POST", path + "/checkpoint", json={"warm": warm, "known": digests})
+        asked: dict[str, Any] = {"warm": warm, "known": digests}
+        if known is not None and known.chunks:
+            asked["known_chunks"] = sorted(known.chunks)
+        response = agent.raw("POST", path + "/checkpoint", json=asked)
     else:
         response = agent.raw("GET", path + "/checkpoint", params={"warm": warm})
     data, digest = response.content, response.headers[SHA_HEADER]
@@ -573,7 +578,7 @@ def fetch_checkpoint(
     if hashlib.sha256(data).hexdigest() != digest:
         raise TornCheckpoint(f"checkpoint of {path} changed in transit")
     try:
-        filled = fill_omitted(data, known.path)
+        filled = fill_omitted(data, known.path, known.chunk)
     except TornCheckpoint as exc:
         log.info("checkpoint of %s: %s; fetching it whole", path, exc.message)
         return fetch_checkpoint(agent, path, warm)

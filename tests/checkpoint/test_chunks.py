@@ -15,6 +15,7 @@ import pytest
 from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES, Chunk, file_chunks
 from fogshift.checkpoint.exceptions import TornCheckpoint
+from fogshift.checkpoint.spark_dir import fill_omitted, pack, unpack
 from tests.checkpoint.test_central import manifest
 
 
@@ -130,3 +131,24 @@ def test_a_chunk_whose_file_is_gone_is_fetched_and_a_bad_listing_refused(
     with pytest.raises(TornCheckpoint, match="cover"):
         store.put(manifest(2, bad.files), bad.fetch, bad)
     assert store.newest("p", "agg")["id"] == "b000000000001"  # nothing stored of it
+
+
+def test_a_migrations_copy_ships_only_what_the_stores_chunks_lack(tmp_path: Path) -> None:
+    # The store pulled the SST RocksDB wrote before a compaction; the migration's copy holds
+    # the one after: the same values, the counters new.
+    store, vals, first = pulled_once(tmp_path, 5)
+    known = store.known_blobs("p", "agg")
+    assert known is not None and known.chunk is not None
+    assert known.chunks == {d for _, _, d in file_chunks(first.files[SST])}
+    origin = tmp_path / "origin"
+    (origin / NEW_SST).parent.mkdir(parents=True)
+    compacted = sst(vals, [4] * 6)
+    (origin / NEW_SST).write_bytes(compacted)
+    (origin / "offsets").mkdir()
+    (origin / "offsets" / "0").write_bytes(b"o0")
+    delta, _ = pack(origin, known.digests, known_chunks=known.chunks)
+    assert len(delta) < len(compacted) / 4, len(delta)
+    filled = fill_omitted(delta, known.path, known.chunk)
+    assert filled is not None
+    unpack(*filled, tmp_path / "target")
+    assert (tmp_path / "target" / NEW_SST).read_bytes() == compacted

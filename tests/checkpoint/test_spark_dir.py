@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import tarfile
 import zipfile
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fogshift.checkpoint import spark_dir
+from fogshift.checkpoint.chunks import file_chunks
 from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.spark_dir import (
     clear_orphan_state,
@@ -306,6 +308,41 @@ def test_files_the_receiver_holds_stay_behind_and_are_put_back_from_its_blobs(
     (blobs / sha).unlink()
     with pytest.raises(TornCheckpoint):
         fill_omitted(delta, lambda s: blobs / s)
+
+
+def test_a_rewritten_large_file_ships_only_the_chunks_the_receiver_lacks(
+    tmp_path: Path,
+) -> None:
+    # RocksDB's compaction: a new SST with the old one's values and one of them changed.
+    rng = random.Random(7)
+    before = rng.randbytes(2 * 1024 * 1024)
+    middle = len(before) // 2
+    after = before[:middle] + rng.randbytes(4096) + before[middle + 4096 :]
+    held = {digest: before[o : o + n] for o, n, digest in file_chunks(before)}
+    source = tmp_path / "origin"
+    sst = source / "state" / "0" / "0" / "SSTs" / "000012.sst"
+    sst.parent.mkdir(parents=True)
+    sst.write_bytes(after)
+    _write(source / "commits" / "3", "v1\n{}")
+    delta, _ = pack(source, known={"0" * 64}, known_chunks=set(held))
+    assert len(delta) < len(after) // 4  # the chunks around the change, not the file
+    filled = fill_omitted(delta, lambda s: tmp_path / "none" / s, held.get)
+    assert filled is not None
+    unpack(*filled, tmp_path / "target" / "cp")
+    assert (tmp_path / "target" / "cp" / "state/0/0/SSTs/000012.sst").read_bytes() == after
+    assert (tmp_path / "target" / "cp" / "commits" / "3").read_text() == "v1\n{}"
+    # A chunk the receiver no longer holds (or holds otherwise) is refused: ask for it whole.
+    lost = next(iter(held))
+    with pytest.raises(TornCheckpoint):
+        fill_omitted(
+            delta, lambda s: tmp_path / "none" / s, lambda d: None if d == lost else held[d]
+        )
+    with pytest.raises(TornCheckpoint):
+        fill_omitted(delta, lambda s: tmp_path / "none" / s, lambda d: held[d][:-1] + b"?")
+    # Nothing in common: the file ships whole, as before.
+    whole, _ = pack(source, known={"0" * 64}, known_chunks={"f" * 64})
+    assert len(whole) > len(after)
+    assert fill_omitted(whole, lambda s: tmp_path / "none" / s) is None
 
 
 def test_files_spark_is_still_writing_are_never_copied(tmp_path: Path) -> None:
