@@ -36,6 +36,7 @@ from rich.progress import (
 )
 
 from fogshift.bench import thesis
+from fogshift.bench.exceptions import BadBenchOption
 from fogshift.common.text import one_line
 from fogshift.orchestrator.config import OrchestratorConfig
 
@@ -70,12 +71,30 @@ class RunLog:
     Args:
         path: The CSV file; created with its header (replacing an older one).
         fields: The column names; a row may leave some out (empty cells), never add one.
+        append: Keep the rows of an existing file (its header must be ``fields``).
+
+    Raises:
+        BadBenchOption: ``append`` to a file of other columns (an older fogshift's).
     """
 
-    def __init__(self, path: Path, fields: Sequence[str]) -> None:
+    def __init__(self, path: Path, fields: Sequence[str], append: bool = False) -> None:
         self.path = path
         self.fields = list(fields)
+        #: The rows the file held already (``append``).
+        self.kept = 0
         path.parent.mkdir(parents=True, exist_ok=True)
+        if append and path.exists():
+            with open(path, newline="") as handle:
+                header = next(csv.reader(handle), [])
+                self.kept = sum(1 for _ in handle)
+            if header != self.fields:
+                raise BadBenchOption(
+                    f"cannot append to {path}: its columns differ",
+                    expected=",".join(self.fields),
+                    received=",".join(header),
+                    hint="write to another --out, or leave out --append",
+                )
+            return
         with open(path, "w", newline="") as handle:
             csv.writer(handle).writerow(self.fields)
 
@@ -350,11 +369,13 @@ def record_command(
     started: dict[str, Any],
     elapsed_s: float,
     ok: bool,
+    append: bool = False,
 ) -> None:
     """Add a bench invocation to ``out/machine.json``'s ``commands``.
 
-    An earlier command whose experiments this one all re-ran is dropped: its CSV files were
-    overwritten, so it no longer produced anything in the folder.
+    An earlier command whose experiments this one all re-ran is dropped, unless this one
+    appended to their CSV files (``append``): they were overwritten, so it no longer produced
+    anything in the folder.
 
     Args:
         experiments: The experiments it ran (their folders under ``out``).
@@ -362,7 +383,11 @@ def record_command(
             (:func:`machine_description`).
     """
     data = write_machine(out)
-    kept = [c for c in data["commands"] if not set(c.get("experiments", ())) <= set(experiments)]
+    kept = [
+        c
+        for c in data["commands"]
+        if append or not set(c.get("experiments", ())) <= set(experiments)
+    ]
     kept.append(
         {"command": command, "experiments": list(experiments), "wall_s": round(elapsed_s, 1),
          "completed": ok, "started_at": started["measured_at"],

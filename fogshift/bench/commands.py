@@ -79,9 +79,10 @@ def _session(
     experiments: tuple[str, ...],
     body: Callable[[Clusters, Reporter], None],
     render: Callable[[Path], Path] = report.render,
+    append: bool = False,
 ) -> None:
     """Run ``body`` (the ``experiments``) with fresh clusters under ``work`` and ``render``
-    ``results.md`` after it."""
+    ``results.md`` after it; ``append``: ``body`` adds to the runs in ``out``."""
     out = out.resolve()
     at_start = write_machine(out)
     root = work.resolve() if work else Path(tempfile.mkdtemp(prefix="fogshift-bench-"))
@@ -101,7 +102,9 @@ def _session(
         completed = True
     finally:
         signal.signal(signal.SIGTERM, previous)
-        record_command(out, command, experiments, at_start, time.monotonic() - started, completed)
+        record_command(
+            out, command, experiments, at_start, time.monotonic() - started, completed, append
+        )
         path = render(out)
         if work is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -270,6 +273,14 @@ def register(bench_app: typer.Typer) -> None:
                 "default: none, no isolation)."
             ),
         ] = None,
+        append: Annotated[
+            bool,
+            typer.Option(
+                "--append",
+                help="Add these runs to those in --out (same settings but the combinations) "
+                "instead of replacing them.",
+            ),
+        ] = False,
     ) -> None:
         """Issue #16: per-key migration (fifo, backlog order) vs whole-PE and scaling.
 
@@ -303,7 +314,8 @@ def register(bench_app: typer.Typer) -> None:
             out,
             work,
             (pam.NAME,),
-            lambda clusters, rep: pam.run(config, clusters, out.resolve(), rep),
+            lambda clusters, rep: pam.run(config, clusters, out.resolve(), rep, append),
+            append=append,
         )
 
     @bench_app.command("all")

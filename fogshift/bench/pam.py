@@ -64,11 +64,13 @@ from fogshift.bench.base import (
     write_notes,
 )
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
-from fogshift.bench.exceptions import BenchError
+from fogshift.bench.exceptions import BadBenchOption, BenchError
 from fogshift.bench.padded import aggregate_element
 from fogshift.bench.workload import INPUT, OUTPUT, InputFeeder, wait_rows
 from fogshift.broker.client import BrokerAddress, SyncJetStream, get_range, last_seq
 from fogshift.broker.naming import data_subject, stream_name
+from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES
 from fogshift.exceptions import FogshiftError
 from fogshift.spec.models import partition_of_key
 from fogshift.supervisor.cluster import orchestrator_client
@@ -181,12 +183,42 @@ def write_spec(work: Path, name: str, rate: float, pad_bytes: int) -> Path:
     return path
 
 
-def run(config: PamConfig, clusters: Clusters, out: Path, reporter: Reporter) -> None:
-    """Every combination of the config, ``runs`` times; writes ``out/pam/runs.csv``."""
+#: Settings that may differ between the invocations whose runs share one ``runs.csv``
+#: (``--append``): each run's row records them.
+COMBINATIONS = ("keys", "state_kib", "traffics", "methods", "runs")
+
+
+def run(
+    config: PamConfig, clusters: Clusters, out: Path, reporter: Reporter, append: bool = False
+) -> None:
+    """Every combination of the config, ``runs`` times; writes ``out/pam/runs.csv``.
+
+    Args:
+        append: Add to the runs already there, measured with the same settings but the
+            combinations (:data:`COMBINATIONS`); their names and inputs' seeds go on from
+            the rows there.
+
+    Raises:
+        BadBenchOption: ``append`` to runs measured with other settings.
+    """
     folder = out / NAME
-    runs = RunLog(folder / "runs.csv", RUN_FIELDS)
+    settings = asdict(config)
+    if append:
+        earlier = read_notes(folder)["settings"]
+        differ = {k for k in settings if k not in COMBINATIONS and k in earlier
+                  and earlier[k] != _as_json(settings[k])}  # fmt: skip
+        if differ:
+            raise BadBenchOption(
+                f"cannot append to the runs in {folder}: measured with other settings",
+                expected=", ".join(f"{k}={earlier[k]}" for k in sorted(differ)),
+                received=", ".join(f"{k}={settings[k]}" for k in sorted(differ)),
+                hint="write to another --out, or leave out --append",
+            )
+        for k in COMBINATIONS[:-1]:  # what the folder holds runs of
+            settings[k] = sorted({*earlier.get(k, ()), *settings[k]})
+    runs = RunLog(folder / "runs.csv", RUN_FIELDS, append=append)
     combos = [
-        (method, traffic, keys, kib, index)
+        (method, traffic, keys, kib, runs.kept + index)
         for index in range(config.runs)
         for keys in config.keys
         for kib in config.state_kib
@@ -203,7 +235,7 @@ def run(config: PamConfig, clusters: Clusters, out: Path, reporter: Reporter) ->
             options, isolate=True, links=((FIRST, config.link), (SECOND, config.link))
         )
     with clusters.cluster(options) as cluster:
-        write_notes(folder, {**asdict(config), **cluster.options.intervals()})
+        write_notes(folder, {**settings, **cluster.options.intervals()})
         for method, traffic, keys, kib, index in combos:
             reporter.step(task, f"{method}: {keys} keys of {kib} KiB, {traffic}")
             row = _one(cluster, config, method, traffic, keys, kib, index)
@@ -299,14 +331,18 @@ CENTRAL_SHARE = 0.9
 
 def _await_central(cluster: BenchCluster, name: str, timeout_s: float) -> None:
     """Wait until each partition has a central checkpoint of about its node-level
-    checkpoint's size: the first pull of a partition's state ships it whole (6 MB at
-    10 Mbit/s: seconds), which a running pipeline did long ago. A move started during it
-    shares the origin's link with it, as no move in a pipeline past its start does.
+    checkpoint's size, holding its state in RocksDB's SSTs: the first pull of a partition's
+    state ships it whole (6 MB at 10 Mbit/s: seconds), which a running pipeline did long ago.
+    A move started during it shares the origin's link with it, as no move in a pipeline past
+    its start does. And a whole-PE move's copy leaves out what the central store holds: while
+    that is RocksDB's first changelogs (Spark compresses them), the SSTs in the copy share no
+    chunk with it, and a move then ships the whole state, as none does later.
 
     Raises:
         BenchError: Not within ``timeout_s``.
     """
     wanted = {f"{name}/{pe}" for pe in ("aggregate-p0", "aggregate-p1")}
+    store = CentralStore(cluster.home / "central")  # the orchestrator's (read only here)
     deadline = time.monotonic() + timeout_s
     with orchestrator_client(cluster.home) as client:
         while True:
@@ -317,6 +353,7 @@ def _await_central(cluster: BenchCluster, name: str, timeout_s: float) -> None:
                 if view["central"] is not None
                 and view["node_level"] is not None
                 and view["central"]["bytes"] >= CENTRAL_SHARE * view["node_level"]["bytes"]
+                and _state_in_ssts(store.newest(*view["element"].split("/", 1)))
             }
             if wanted <= pulled:
                 return
@@ -326,6 +363,22 @@ def _await_central(cluster: BenchCluster, name: str, timeout_s: float) -> None:
                     f"{timeout_s:.0f} s"
                 )
             time.sleep(0.5)
+
+
+def _state_in_ssts(manifest: dict[str, Any] | None) -> bool:
+    """Whether each state partition of a checkpoint that holds 1 MiB or more holds it in a
+    RocksDB snapshot (``<version>.zip`` and its SSTs), not only in changelogs."""
+    if manifest is None:
+        return False
+    parts: dict[str, tuple[int, bool]] = {}  # state/<operator>/<partition>: bytes, a snapshot
+    for rel, entry in manifest["files"].items():
+        bits = rel.split("/")
+        if len(bits) < 4 or bits[0] != "state":
+            continue
+        size, snapshot = parts.get("/".join(bits[:3]), (0, False))
+        snapshot = snapshot or (len(bits) == 4 and bits[3].endswith(".zip"))
+        parts["/".join(bits[:3])] = (size + int(entry["size"]), snapshot)
+    return all(snapshot for size, snapshot in parts.values() if size >= CHUNKED_MIN_BYTES)
 
 
 def _verdict(cluster: BenchCluster, name: str, work: Path, timeout_s: float) -> Any:
@@ -639,3 +692,8 @@ def plot(folder: Path) -> list[Path]:
 
 
 __all__ = ["METHODS", "NAME", "PamConfig", "run", "section"]
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as notes.json gives it back (tuples become lists)."""
+    return json.loads(json.dumps(value, default=str))

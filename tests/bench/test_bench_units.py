@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,18 @@ def test_run_log_writes_rows_and_refuses_unknown_columns(tmp_path: Path) -> None
     log.append({"run": "c", "ms": 1795775699.0982778})
     log.append({"run": "d", "ms": 0.1 + 0.2})
     assert [r["ms"] for r in read_rows(tmp_path / "runs.csv")[1:]] == ["1795775699.098", "0.3"]
+
+
+def test_a_run_log_appended_to_keeps_its_rows_and_refuses_other_columns(tmp_path: Path) -> None:
+    RunLog(tmp_path / "runs.csv", ["run", "ms"]).append({"run": "a", "ms": 1})
+    log = RunLog(tmp_path / "runs.csv", ["run", "ms"], append=True)
+    log.append({"run": "b", "ms": 2})
+    assert log.kept == 1 and [r["run"] for r in read_rows(tmp_path / "runs.csv")] == ["a", "b"]
+    with pytest.raises(BadBenchOption, match="columns differ"):
+        RunLog(tmp_path / "runs.csv", ["run", "ms", "new"], append=True)
+    assert RunLog(tmp_path / "fresh.csv", ["run"], append=True).kept == 0
+    RunLog(tmp_path / "runs.csv", ["run", "ms"])  # without append: replaced
+    assert read_rows(tmp_path / "runs.csv") == []
 
 
 def test_link_profiles_and_rtt_parsing() -> None:
@@ -251,6 +264,13 @@ def test_a_command_that_reruns_an_experiment_supersedes_the_earlier_one(tmp_path
     assert commands[1]["load_average_at_start"] == [0.5, 0.4, 0.3]
     lines = report._commands(tmp_path)
     assert "- `fogshift bench e3`: 0.5 min, started 2026-01-01 00:00:00 UTC" in lines[-2]
+    # A command that appended to the CSVs leaves the earlier ones their runs.
+    record_command(tmp_path, "fogshift bench e3 --append", ("e3",), start, 30.0, True, True)
+    commands = json.loads((tmp_path / "machine.json").read_text())["commands"]
+    assert [c["command"] for c in commands][1:] == [
+        "fogshift bench e3",
+        "fogshift bench e3 --append",
+    ]
 
 
 def test_the_committed_handover_run_renders_with_a_colour_per_mode(tmp_path: Path) -> None:
@@ -374,3 +394,25 @@ def test_pam_traffic_is_uniform_or_skewed_as_asked(tmp_path: Path) -> None:
 def test_e1_takes_a_wait_range() -> None:
     config = commands._e1_overrides(e1.E1Config(), None, None, None, None, "30,40")
     assert config.wait_s == (30.0, 40.0)
+
+
+def test_pam_runs_are_appended_only_to_runs_measured_with_the_same_settings(
+    tmp_path: Path,
+) -> None:
+    write_notes(tmp_path / pam.NAME, {**asdict(pam.PamConfig(link="10mbit,n0")), "x": 1})
+    other = pam.PamConfig(link="n100", methods=("whole",))
+    with pytest.raises(BadBenchOption, match="other settings") as refused:
+        pam.run(other, None, tmp_path, None, append=True)  # type: ignore[arg-type]
+    assert "link=10mbit,n0" in str(refused.value.expected)
+    assert "link=n100" in str(refused.value.received)
+
+
+def test_pam_moves_once_a_large_state_is_in_rocksdbs_ssts_centrally() -> None:
+    big, small = {"size": 6_000_000}, {"size": 900}
+    changelogs = {"files": {"state/0/0/1.changelog": big, "state/0/1/1.changelog": small,
+                            "offsets/1": small}}  # fmt: skip
+    assert not pam._state_in_ssts(changelogs) and not pam._state_in_ssts(None)
+    snapshot = {"files": {"state/0/0/9.zip": small, "state/0/0/SSTs/000008-x.sst": big,
+                          "state/0/0/10.changelog": small,
+                          "state/0/1/1.changelog": small}}  # fmt: skip
+    assert pam._state_in_ssts(snapshot)  # the small partition needs no snapshot
