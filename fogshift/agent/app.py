@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
@@ -43,6 +43,7 @@ from fogshift.common.service import (
     SnapshotParam,
     StateKeyQuery,
     StateLimitQuery,
+    file_response,
     install_error_handlers,
     wrong_token,
 )
@@ -105,7 +106,7 @@ class GateRequest(BaseModel):
     gate: Gate | None = None
 
 
-_BLOBS = re.compile(r"/checkpoints/blobs/[^/]+")
+_BLOBS = re.compile(r"/checkpoints/blobs/[^/]+(/chunks)?")
 
 
 def _packed(data: bytes, digest: str, info: CheckpointInfo) -> Response:
@@ -123,7 +124,7 @@ def agent_access(config: AgentConfig) -> Access:
     Its own node token (the orchestrator's calls) and the operator token (an operator's
     tools) open everything; the agent recognises the operator token by deriving its node
     token from it, so it never holds the operator token. Its blob token (other nodes
-    copying one of its replicas) opens only ``GET /checkpoints/blobs/{sha256}``.
+    copying one of its replicas) opens only ``GET /checkpoints/blobs/{sha256}[/chunks]``.
     """
     blobs = blob_token(config.token)
 
@@ -381,8 +382,18 @@ def create_app(config: AgentConfig) -> FastAPI:
         return CopyResult(fetched_bytes=replicas.copy(request.manifest, request.source))
 
     @app.get("/checkpoints/blobs/{sha}")
-    def replica_blob(sha: ShaParam) -> FileResponse:
-        return FileResponse(replicas.store.blob_path(sha), media_type="application/octet-stream")
+    def replica_blob(
+        sha: ShaParam, offset: OffsetQuery = None, length: LengthQuery = None
+    ) -> Response:
+        """A blob of this node's replicas, or a byte range of it."""
+        path = replicas.store.blob_path(sha)
+        return file_response(path, offset, length, f"checkpoint blob {sha[:12]}… on {config.name}")
+
+    @app.get("/checkpoints/blobs/{sha}/chunks")
+    def replica_blob_chunks(sha: ShaParam) -> FileChunks:
+        """A replica blob's size and content-defined chunks."""
+        size, chunks = replicas.store.blob_chunks(sha)
+        return FileChunks(size=size, chunks=chunks)
 
     @app.delete("/pipelines/{pipeline}")
     def remove_pipeline(pipeline: NameParam) -> list[ElementInfo]:

@@ -419,6 +419,23 @@ class CentralStore:
             raise NotFound(f"no checkpoint blob {sha[:12]}… in {self.root}")
         return path
 
+    def blob_chunks(self, sha: str) -> tuple[int, list[Chunk]]:
+        """Blob ``sha``'s size and content-defined chunks (listed once, kept beside it), for
+        a node copying it that holds most of its chunks already (:meth:`put` ``chunked``).
+
+        Raises:
+            InvalidName: ``sha`` is not a sha256 in hex.
+            NotFound: The store does not hold it.
+        """
+        path = self.blob_path(sha)
+        try:
+            self._index(sha)
+            listing = json.loads((self.chunk_lists / sha).read_text())
+            size = path.stat().st_size
+        except (OSError, ValueError) as exc:  # collected meanwhile
+            raise NotFound(f"no checkpoint blob {sha[:12]}… in {self.root}: {exc}") from None
+        return size, [(int(o), int(n), str(d)) for o, n, d in listing]
+
     def verify(self, manifest: dict[str, Any]) -> str | None:
         """Why a checkpoint is unusable (missing or corrupt blob), or ``None`` if it is whole.
 

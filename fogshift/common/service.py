@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 
 from fogshift.common.exceptions import InvalidName
 from fogshift.common.http import error_body, same_token
@@ -27,7 +28,7 @@ from fogshift.common.names import (
     SNAPSHOT_RE,
 )
 from fogshift.contracts import ErrorBody
-from fogshift.exceptions import FogshiftError, InvalidInput, Unauthorized
+from fogshift.exceptions import FogshiftError, InvalidInput, NotFound, Unauthorized
 
 log = logging.getLogger("fogshift.service")
 
@@ -64,6 +65,33 @@ EventsTailQuery = Annotated[int | None, Query(ge=1, le=20_000)]
 EventsLimitQuery = Annotated[int, Query(ge=1, le=5_000)]
 
 # -- access ------------------------------------------------------------------------------
+
+
+def file_response(path: Path, offset: int | None, length: int | None, what: str) -> Response:
+    """The file at ``path`` (``what`` names it in errors), or ``length`` bytes of it from
+    ``offset`` (both or neither: a copier fetching the chunks it lacks).
+
+    Raises:
+        InvalidInput: Only one of them, or a range past the file's end.
+        NotFound: The file is gone.
+    """
+    if offset is None and length is None:
+        return FileResponse(path, media_type="application/octet-stream")
+    try:
+        size = path.stat().st_size
+        if offset is None or length is None or offset + length > size:
+            raise InvalidInput(
+                f"no such range of {what}",
+                expected=f"offset and length together, within its {size} bytes",
+                received=f"offset {offset}, length {length}",
+                hint="ask for its chunks (…/chunks) to learn its size",
+            )
+        with open(path, "rb") as file:
+            file.seek(offset)
+            data = file.read(length)
+    except OSError as exc:
+        raise NotFound(f"{what} is gone: {exc}") from None
+    return Response(content=data, media_type="application/octet-stream")
 
 
 def bearer(request: Request) -> str:

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from fogshift.common.exceptions import Forbidden
@@ -34,10 +34,13 @@ from fogshift.common.service import (
     EventsAfterQuery,
     EventsLimitQuery,
     EventsTailQuery,
+    LengthQuery,
     NameParam,
+    OffsetQuery,
     ShaParam,
     StateKeyQuery,
     StateLimitQuery,
+    file_response,
     install_error_handlers,
     wrong_token,
 )
@@ -45,6 +48,7 @@ from fogshift.contracts import (
     Ack,
     DeadLetter,
     EventPage,
+    FileChunks,
     GroupMigrationReport,
     Heartbeat,
     HopLatency,
@@ -66,13 +70,13 @@ from fogshift.exceptions import FogshiftError, NotFound
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 
-_BLOBS = re.compile(r"/checkpoints/blobs/[^/]+")
+_BLOBS = re.compile(r"/checkpoints/blobs/[^/]+(/chunks)?")
 
 
 def orchestrator_access(operator_token: str) -> Access:
     """The operator token opens every endpoint; node ``X``'s token (see
     ``common.http.node_token``) only ``POST /nodes/X/heartbeat``, ``GET /nodes/X/directory``
-    and ``GET /checkpoints/blobs/{sha256}``: a node can neither speak for another node nor
+    and ``GET /checkpoints/blobs/{sha256}[/chunks]``: a node can neither speak for another node nor
     deploy, migrate, restore, stop or read the registry."""
 
     def access(method: str, path: str, given: str) -> FogshiftError | None:
@@ -315,10 +319,18 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         return orchestrator.set_topology(text)
 
     @app.get("/checkpoints/blobs/{sha}")
-    def central_blob(sha: ShaParam) -> FileResponse:
-        return FileResponse(
-            orchestrator.central.blob_path(sha), media_type="application/octet-stream"
-        )
+    def central_blob(
+        sha: ShaParam, offset: OffsetQuery = None, length: LengthQuery = None
+    ) -> Response:
+        """A central checkpoint blob, or a byte range of it."""
+        path = orchestrator.central.blob_path(sha)
+        return file_response(path, offset, length, f"checkpoint blob {sha[:12]}…")
+
+    @app.get("/checkpoints/blobs/{sha}/chunks")
+    def central_blob_chunks(sha: ShaParam) -> FileChunks:
+        """A central checkpoint blob's size and content-defined chunks."""
+        size, chunks = orchestrator.central.blob_chunks(sha)
+        return FileChunks(size=size, chunks=chunks)
 
     @app.post("/pipelines/{name}/stop")
     def stop(name: NameParam) -> StopResult:

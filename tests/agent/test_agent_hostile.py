@@ -237,6 +237,9 @@ def test_the_blob_token_reads_blobs_and_nothing_else(home: Path) -> None:
     sha = hashlib.sha256(data).hexdigest()
     (home / "nodes" / "fog-a" / "replicas" / "blobs" / sha).write_bytes(data)
     assert blobs.get(f"/checkpoints/blobs/{sha}").content == data
+    # And its chunks and a range of it (a node copying it that holds most of it).
+    assert blobs.get(f"/checkpoints/blobs/{sha}/chunks").json()["size"] == len(data)
+    assert blobs.get(f"/checkpoints/blobs/{sha}?offset=8&length=5").content == b"bytes"
     assert blobs.get("/elements").status_code == 403
     assert blobs.delete("/pipelines/p/elements/agg?discard=true").status_code == 403
     assert (home / "nodes" / "fog-a" / "checkpoints" / "p" / "agg" / "metadata").exists()

@@ -7,13 +7,19 @@ lifespan: no background loops); its broker is never reached by these requests.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from fogshift.agent.replicas import _BlobSource
+from fogshift.checkpoint.central import CentralStore
 from fogshift.common.http import blob_token, node_token
+from fogshift.contracts import CheckpointManifest
 from fogshift.orchestrator.service import Orchestrator
+from tests.checkpoint.test_central import manifest
+from tests.checkpoint.test_chunks import sst, values
 from tests.orchestrator.conftest import OPERATOR
 
 SPEC = {
@@ -92,6 +98,35 @@ def test_a_node_token_reads_central_blobs(app: FastAPI) -> None:
     node = as_(app, node_token(OPERATOR, "fog-a"))
     assert node.get(f"/checkpoints/blobs/{sha}").content == data
     assert node.get("/checkpoints/blobs/%2e%2e").status_code == 422
+
+
+def test_a_backup_node_copies_a_rewritten_blob_chunk_by_chunk(app: FastAPI, tmp_path: Path) -> None:
+    central: CentralStore = app.state.orchestrator.central
+    node = as_(app, node_token(OPERATOR, "fog-a"))
+    replicas = CentralStore(tmp_path / "replicas", keep=2)  # the backup node's
+    vals = values(8)
+    sent: list[int] = []
+    for batch, counts in enumerate(([1] * 6, [2, 3, 4, 5, 6, 7])):  # compacted: counts new
+        files = {f"state/0/0/SSTs/{batch:06d}.sst": sst(vals, counts), f"offsets/{batch}": b"o"}
+        m = manifest(batch, files)
+        central.put(m, files.__getitem__)
+        source = _BlobSource(node, CheckpointManifest.model_validate(m), "central", "fog-a")
+        sent.append(replicas.put(m, source.file, source))
+        copied, _ = replicas.latest_whole("p", "agg")
+        replicas.materialize(copied, tmp_path / f"copy{batch}")
+        for rel, data in files.items():
+            assert (tmp_path / f"copy{batch}" / rel).read_bytes() == data
+    whole = len(sst(vals, [1] * 6))
+    assert sent[0] >= whole and 0 < sent[1] < whole / 4, (sent, whole)
+    # A range is both bounds, within the blob; chunks of a blob not held are not found.
+    sha = manifest(0, {"x": sst(vals, [1] * 6)})["files"]["x"]["sha256"]
+    assert (
+        node.get(f"/checkpoints/blobs/{sha}", params={"offset": 3, "length": 4}).content
+        == (sst(vals, [1] * 6)[3:7])
+    )
+    refused = node.get(f"/checkpoints/blobs/{sha}", params={"offset": 3})
+    assert refused.status_code == 422 and "offset and length together" in refused.text
+    assert node.get(f"/checkpoints/blobs/{'0' * 64}/chunks").status_code == 404
 
 
 @pytest.mark.parametrize(
