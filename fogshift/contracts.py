@@ -445,6 +445,8 @@ class MigrationReport(BaseModel):
         state_bytes: Size of the checkpoint installed on the target.
         shipped_bytes: Of it, the bytes shipped from the origin (fewer when the central
             store held the rest; ``None``: nothing shipped).
+        sent_bytes: Of it, the bytes sent to the target (fewer when the target held the
+            rest as the PE's backup; ``None``: nothing sent).
         phases_ms: Duration of each phase (prepare, pause, state, invoke, finalize).
         prepare_ms: A precopy's or handover's ``prepare``, step by step: ``copy`` (the
             origin's checkpoint fetched and installed on the target), ``warm`` (the target
@@ -468,6 +470,7 @@ class MigrationReport(BaseModel):
     status: MigrationStatus = MigrationStatus.RUNNING
     state_bytes: int = 0
     shipped_bytes: int | None = None
+    sent_bytes: int | None = None
     phases_ms: dict[str, float] = {}
     prepare_ms: dict[str, float] = {}
     downtime_ms: float | None = None

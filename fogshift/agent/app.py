@@ -356,7 +356,7 @@ def create_app(config: AgentConfig) -> FastAPI:
     ) -> InstalledCheckpoint:
         data = await request.body()
         digest = request.headers.get(SHA_HEADER, "")
-        await run_in_threadpool(runtime.install_checkpoint, pipeline, element, data, digest)
+        await run_in_threadpool(replicas.install_packed, pipeline, element, data, digest)
         return InstalledCheckpoint(installed_bytes=len(data))
 
     @app.post("/pipelines/{pipeline}/elements/{element}/checkpoint/install")

@@ -16,6 +16,7 @@ is made — a request (or a compromised peer) cannot make this node send a token
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import httpx
@@ -26,6 +27,7 @@ from fogshift.agent.node import NodeRuntime
 from fogshift.checkpoint.central import CentralStore, check_manifest
 from fogshift.checkpoint.chunks import Chunk
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
+from fogshift.checkpoint.spark_dir import fill_omitted
 from fogshift.common.http import NodeDirectory, client_limits, raise_for_error, tls_context
 from fogshift.contracts import CheckpointManifest, FileChunks, InstallResult, ReplicaInfo
 from fogshift.exceptions import Unavailable
@@ -177,6 +179,23 @@ class Replicas:
                 )
         self.runtime.install_from_store(pipeline, pe, self.store, manifest)
         return InstallResult(fetched_bytes=fetched, source=source or "central")
+
+    def install_packed(self, pipeline: str, pe: str, data: bytes, digest: str) -> None:
+        """Install a packed checkpoint (``spark_dir.pack``) as the PE's local one (not running
+        here), the files and chunks it left out taken from the replicas here.
+
+        Raises:
+            TornCheckpoint: The archive does not match ``digest``, or a file or chunk it left
+                out is not here (any more): the sender then sends it whole.
+        """
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise TornCheckpoint(
+                f"checkpoint of {pipeline}/{pe} for node {self.config.name!r} changed in transit"
+            )
+        filled = fill_omitted(data, self.store.blob_path, self.store.held_chunk)
+        if filled is not None:
+            data, digest = filled
+        self.runtime.install_checkpoint(pipeline, pe, data, digest)
 
     def held(self) -> list[ReplicaInfo]:
         """The newest whole-looking copy per PE."""

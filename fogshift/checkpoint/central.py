@@ -183,11 +183,16 @@ class CentralStore:
         """The files of the PE's newest checkpoint here, and the chunks of its large ones,
         to leave out of a checkpoint shipped through the orchestrator (``None``: none held)."""
         newest = self.newest(pipeline, pe)
-        if newest is None or not newest.get("files"):
+        return self.blobs_of([newest]) if newest is not None else None
+
+    def blobs_of(self, manifests: list[dict[str, Any]]) -> KnownBlobs | None:
+        """The files of checkpoints ``manifests`` (of this store), and the chunks of their
+        large files held here (``None``: no file)."""
+        files = [entry for m in manifests for entry in (m.get("files") or {}).values()]
+        if not files:
             return None
-        digests = frozenset(entry["sha256"] for entry in newest["files"].values())
         chunks: set[str] = set()
-        for entry in newest["files"].values():
+        for entry in files:
             if entry["size"] < CHUNKED_MIN_BYTES or not (self.blobs / entry["sha256"]).exists():
                 continue
             try:
@@ -197,7 +202,10 @@ class CentralStore:
                 continue  # collected meanwhile: its chunks are not offered
             chunks.update(str(digest) for _, _, digest in listing)
         return KnownBlobs(
-            digests=digests, path=self.blob_path, chunks=frozenset(chunks), chunk=self._held_chunk
+            digests=frozenset(entry["sha256"] for entry in files),
+            path=self.blob_path,
+            chunks=frozenset(chunks),
+            chunk=self.held_chunk,
         )
 
     def _manifests(self, pipeline: str, pe: str) -> Iterator[dict[str, Any]]:
@@ -247,7 +255,7 @@ class CentralStore:
                 self._indexed.add(listing.name)
         return self._chunk_at
 
-    def _held_chunk(self, digest: str) -> bytes | None:
+    def held_chunk(self, digest: str) -> bytes | None:
         """The bytes of chunk ``digest`` from a stored blob, checked; ``None`` if none holds
         it (any more)."""
         with self._chunk_lock:
@@ -283,7 +291,7 @@ class CentralStore:
             if offset != end or length <= 0 or offset + length > size:
                 raise TornCheckpoint(f"the chunks of file {rel} do not cover it in order")
             end = offset + length
-            held = self._held_chunk(digest)
+            held = self.held_chunk(digest)
             if held is not None:
                 pieces[offset] = held
             elif runs and runs[-1][0] + runs[-1][1] == offset:

@@ -20,6 +20,7 @@ import tarfile
 import zipfile
 import zlib
 from collections.abc import Callable, Collection, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -340,8 +341,7 @@ def pack(
             RocksDB rewrites a small key space's state into a new file at each compaction,
             with the same values: over a slow link that file is most of a migration's bytes.
     """
-    omitted: dict[str, dict[str, Any]] = {}
-    carried: dict[str, bytes] = {}  # chunks of partly known files, by digest
+    lean = _Leaner(known, known_chunks)
 
     def digest_of(path: Path) -> str:
         if hashed:
@@ -352,38 +352,87 @@ def pack(
         return _file_sha256(path)
 
     def leave_known(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        if (known or known_chunks) and member.isfile():
-            sha = digest_of(folder / member.name)
-            # As the file was (Spark's state store ages files by their times).
-            entry: dict[str, Any] = {"sha256": sha, "mode": member.mode, "mtime": member.mtime}
-            if sha in known:
-                omitted[os.path.normpath(member.name)] = entry
+        if lean.asks and member.isfile():
+            path = folder / member.name
+            if lean.leaves_out(member, digest_of(path), path.read_bytes):
                 return None
-            if known_chunks and member.size >= CHUNKED_MIN_BYTES:
-                data = (folder / member.name).read_bytes()
-                chunks = file_chunks(data)
-                if any(digest in known_chunks for _, _, digest in chunks):
-                    for offset, length, digest in chunks:
-                        if digest not in known_chunks:
-                            carried[digest] = data[offset : offset + length]
-                    omitted[os.path.normpath(member.name)] = {**entry, "chunks": chunks}
-                    return None
         return member
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         tar.add(folder, arcname=".", filter=leave_known)
-        for digest, content in carried.items():
+        lean.close(tar)
+    data = buffer.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def lean_archive(
+    data: bytes, known: Collection[str], known_chunks: Collection[str] = ()
+) -> tuple[bytes, str] | None:
+    """A whole archive of :func:`pack` (or :func:`fill_omitted`) without the files and chunks
+    the receiver holds, as :func:`pack` with ``known`` and ``known_chunks`` makes it, with
+    its sha256; ``None`` if the receiver holds none of it."""
+    lean = _Leaner(known, known_chunks)
+    buffer = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as whole,
+        tarfile.open(fileobj=buffer, mode="w") as tar,
+    ):
+        for member in whole.getmembers():
+            handle = whole.extractfile(member) if member.isfile() else None
+            content = handle.read() if handle is not None else None
+            if content is not None and lean.leaves_out(
+                member, hashlib.sha256(content).hexdigest(), partial(bytes, content)
+            ):
+                continue
+            tar.addfile(member, io.BytesIO(content) if content is not None else None)
+        if not lean.omitted:
+            return None
+        lean.close(tar)
+    out = buffer.getvalue()
+    return out, hashlib.sha256(out).hexdigest()
+
+
+class _Leaner:
+    """What an archive leaves out for a receiver holding files ``known`` and chunks
+    ``known_chunks`` (see :func:`pack`): the :data:`OMITTED` listing, and the chunks of
+    partly known files it carries."""
+
+    def __init__(self, known: Collection[str], known_chunks: Collection[str]) -> None:
+        self.known, self.known_chunks = known, known_chunks
+        self.asks = bool(known or known_chunks)
+        self.omitted: dict[str, dict[str, Any]] = {}
+        self.carried: dict[str, bytes] = {}  # chunks of partly known files, by digest
+
+    def leaves_out(self, member: tarfile.TarInfo, sha: str, read: Callable[[], bytes]) -> bool:
+        """Whether file ``member`` (content digest ``sha``, bytes ``read()``) is left out."""
+        # As the file was (Spark's state store ages files by their times).
+        entry: dict[str, Any] = {"sha256": sha, "mode": member.mode, "mtime": member.mtime}
+        if sha in self.known:
+            self.omitted[os.path.normpath(member.name)] = entry
+            return True
+        if self.known_chunks and member.size >= CHUNKED_MIN_BYTES:
+            data = read()
+            chunks = file_chunks(data)
+            if any(digest in self.known_chunks for _, _, digest in chunks):
+                for offset, length, digest in chunks:
+                    if digest not in self.known_chunks:
+                        self.carried[digest] = data[offset : offset + length]
+                self.omitted[os.path.normpath(member.name)] = {**entry, "chunks": chunks}
+                return True
+        return False
+
+    def close(self, tar: tarfile.TarFile) -> None:
+        """Add the carried chunks and the listing to ``tar``."""
+        for digest, content in self.carried.items():
             member = tarfile.TarInfo(f"{CHUNKS_FOLDER}/{digest}")
             member.size = len(content)
             tar.addfile(member, io.BytesIO(content))
-        if omitted:
-            listing = json.dumps(omitted, sort_keys=True).encode()
+        if self.omitted:
+            listing = json.dumps(self.omitted, sort_keys=True).encode()
             member = tarfile.TarInfo(OMITTED)
             member.size = len(listing)
             tar.addfile(member, io.BytesIO(listing))
-    data = buffer.getvalue()
-    return data, hashlib.sha256(data).hexdigest()
 
 
 def fill_omitted(
@@ -397,8 +446,19 @@ def fill_omitted(
 
     Raises:
         TornCheckpoint: A blob or chunk is missing or does not match its digest, or a file
-            rebuilt does not match its own (the caller then asks for the whole checkpoint).
+            rebuilt does not match its own (the caller then asks for the whole checkpoint);
+            or the archive or its listing cannot be read.
     """
+    try:
+        return _filled(data, blob, chunk)
+    except (tarfile.TarError, KeyError, TypeError, ValueError) as exc:
+        raise TornCheckpoint(f"a checkpoint archive that left files out cannot be read: {exc}",
+                             expected="an archive of fogshift's pack()") from exc  # fmt: skip
+
+
+def _filled(
+    data: bytes, blob: Callable[[str], Path], chunk: Callable[[str], bytes | None] | None
+) -> tuple[bytes, str] | None:
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
         listed = tar.extractfile(OMITTED) if OMITTED in tar.getnames() else None
         if listed is None:

@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.checkpoint.central import KnownBlobs
 from fogshift.checkpoint.exceptions import TornCheckpoint
-from fogshift.checkpoint.spark_dir import fill_omitted, progress_of
+from fogshift.checkpoint.spark_dir import fill_omitted, lean_archive, progress_of
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
@@ -175,6 +175,7 @@ def migrate(
     precopy_rounds: int = 3,
     epoch: int = 1,
     known: KnownBlobs | None = None,
+    held: KnownBlobs | None = None,
 ) -> MigrationReport:
     """Move a running PE from ``origin`` to ``target``; see the module docstring.
 
@@ -185,6 +186,8 @@ def migrate(
             paused, then detached: the two never write concurrently).
         known: The central store's files of this PE: not shipped from the origin again
             (:func:`fetch_checkpoint`).
+        held: The files (and chunks) of the target's backup copy of this PE: not sent to
+            the target again (:func:`install_checkpoint`).
 
     Returns:
         The report (status ``migrated``; ``warnings`` if the origin could not be removed).
@@ -197,7 +200,7 @@ def migrate(
     steps = steps or MigrationSteps()
     if mode == MigrationMode.HANDOVER:
         return _handover(pipeline, element, origin, target, timeout_s, live_wait_s, steps,
-                         HANDOVER_ROUNDS, epoch, known)  # fmt: skip
+                         HANDOVER_ROUNDS, epoch, known, held)  # fmt: skip
     origin_name, origin_agent = origin
     target_name, target_agent = target
     report = MigrationReport(
@@ -218,7 +221,7 @@ def migrate(
         steps.phase(MigrationPhase.PREPARING)
         if mode == MigrationMode.PRECOPY:
             prepare = Stopwatch(report, report.prepare_ms)
-            info = _copy_warm(report, here, origin_agent, target_agent, known, prepare)
+            info = _copy_warm(report, here, origin_agent, target_agent, (known, held), prepare)
             started = True
             _follow_capped(report, here, origin_agent, target_agent, placed, info, epoch,
                            timeout_s, precopy_rounds, prepare)  # fmt: skip
@@ -235,7 +238,9 @@ def migrate(
             fetched = fetch_checkpoint(origin_agent, here, warm=False, known=known)
             report.state_bytes, report.shipped_bytes = len(fetched.data), fetched.shipped
             watch.lap("state")
-            install_checkpoint(target_agent, here, fetched.data, fetched.digest)
+            report.sent_bytes = install_checkpoint(
+                target_agent, here, fetched.data, fetched.digest, held
+            )
             started = True
             target_agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
         else:
@@ -289,6 +294,7 @@ def _handover(
     rounds: int,
     epoch: int,
     known: KnownBlobs | None = None,
+    held: KnownBlobs | None = None,
 ) -> MigrationReport:
     """The ``handover`` mode (module docstring): make-before-break under the next epoch."""
     if steps.bump is None or steps.mark is None or steps.fence is None:
@@ -307,7 +313,7 @@ def _handover(
         steps.phase(MigrationPhase.PREPARING)
         report.epoch = steps.bump()
         prepare = Stopwatch(report, report.prepare_ms)
-        info = _copy_warm(report, here, origin_agent, target_agent, known, prepare)
+        info = _copy_warm(report, here, origin_agent, target_agent, (known, held), prepare)
         started = True
         _follow_capped(report, here, origin_agent, target_agent, placed, info, report.epoch,
                        timeout_s, rounds, prepare)  # fmt: skip
@@ -359,14 +365,15 @@ def _copy_warm(
     here: str,
     origin: ServiceClient,
     target: ServiceClient,
-    known: KnownBlobs | None,
+    known: tuple[KnownBlobs | None, KnownBlobs | None],
     laps: Stopwatch,
 ) -> CheckpointInfo:
-    """Install a warm copy of the origin's latest checkpoint on the target (not started);
-    laps ``copy`` on ``laps``."""
-    fetched = fetch_checkpoint(origin, here, warm=True, known=known)
+    """Install a warm copy of the origin's latest checkpoint on the target (not started),
+    without what the central store (``known[0]``) and the target (``known[1]``) hold; laps
+    ``copy`` on ``laps``."""
+    fetched = fetch_checkpoint(origin, here, warm=True, known=known[0])
     report.state_bytes, report.shipped_bytes = len(fetched.data), fetched.shipped
-    install_checkpoint(target, here, fetched.data, fetched.digest)
+    report.sent_bytes = install_checkpoint(target, here, fetched.data, fetched.digest, known[1])
     laps.lap("copy")
     return fetched.info
 
@@ -586,10 +593,27 @@ def fetch_checkpoint(
     return Fetched(whole, whole_digest, info, len(data))
 
 
-def install_checkpoint(agent: ServiceClient, path: str, data: bytes, digest: str) -> None:
+def install_checkpoint(
+    agent: ServiceClient, path: str, data: bytes, digest: str, held: KnownBlobs | None = None
+) -> int:
     """Put a checkpoint from :func:`fetch_checkpoint` in place on an agent (the PE must not
-    run there)."""
+    run there); returns the bytes sent.
+
+    With ``held`` (what the agent holds as the PE's backup: its replica's files and their
+    chunks), those are left out and the agent takes them from its replicas: a whole-PE move
+    to the planned backup node sends what changed since the replica, not the state. If the
+    agent no longer holds one of them, the checkpoint goes whole.
+    """
+    lean = lean_archive(data, held.digests, held.chunks) if held is not None else None
+    if lean is not None:
+        try:
+            agent.raw("PUT", path + "/checkpoint", content=lean[0], headers={SHA_HEADER: lean[1]})
+            return len(lean[0])
+        except TornCheckpoint as exc:
+            log.info("checkpoint of %s without its backup's files: %s; sent whole", path,
+                     exc.message)  # fmt: skip
     agent.raw("PUT", path + "/checkpoint", content=data, headers={SHA_HEADER: digest})
+    return len(data)
 
 
 @dataclass

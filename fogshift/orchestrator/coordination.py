@@ -92,6 +92,7 @@ class Coordination(Scaling):
                     pipeline, element, (origin, self.agent(origin)),
                     (target, self.agent(target)), mode=mode, steps=steps, epoch=op.epoch,
                     known=self.central.known_blobs(pipeline, element_id),
+                    held=self.held_by(target, pipeline, element_id),
                 )  # fmt: skip
             except MigrationFailed as exc:
                 failed = exc.report

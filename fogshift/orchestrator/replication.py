@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from fogshift.checkpoint.central import KnownBlobs
 from fogshift.checkpoint.chunks import Chunk
 from fogshift.checkpoint.spark_dir import progress_of
 from fogshift.contracts import (
@@ -130,6 +131,17 @@ class Replication(Replanning):
                     fetched_bytes=result.fetched_bytes,
                     took_ms=round((time.perf_counter() - started) * 1000, 1),
                 )
+
+    def held_by(self, node: str, pipeline: str, pe: str) -> KnownBlobs | None:
+        """The files and chunks node ``node`` holds of PE ``pipeline/pe`` as its backup: its
+        newest replica (by its last heartbeat), as the central store has it (``None``: it
+        holds none the store still knows)."""
+        record = self.registry.node(node)
+        if record is None:
+            return None
+        ids = {r.id for r in record.report.replicas if (r.pipeline, r.element) == (pipeline, pe)}
+        held = [m for m in self.central.manifests(pipeline, pe) if m["id"] in ids]
+        return self.central.blobs_of(held) if held else None
 
     def heartbeat(self, name: str, report: Heartbeat) -> None:
         """Record the heartbeat; wake the central pull when it reports a new node-level

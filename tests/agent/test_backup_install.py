@@ -1,0 +1,60 @@
+"""A checkpoint sent to a PE's backup node without what its replica holds (``PUT
+.../checkpoint`` filled from ``agent.replicas``): the node agent's real app, no Spark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fogshift.agent.app import create_app
+from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.chunks import file_chunks
+from fogshift.checkpoint.spark_dir import lean_archive, pack
+from fogshift.common.headers import SHA_HEADER
+from fogshift.common.http import node_token
+from tests.agent.test_agent_hostile import OPERATOR, client, config, home  # noqa: F401
+from tests.checkpoint.test_central import manifest
+from tests.checkpoint.test_chunks import Node, sst, values
+
+OLD_SST, NEW_SST = "state/0/0/SSTs/000008.sst", "state/0/0/SSTs/000012.sst"
+
+
+def test_a_backup_node_installs_what_it_was_sent_and_its_replica_the_rest(
+    home: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    agent = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))
+    vals = values(9)
+    # The node's replica of p/agg: RocksDB's SST as the last central pull had it.
+    replica = Node({OLD_SST: sst(vals, [1] * 6), "offsets/0": b"o0"})
+    pushed = manifest(0, replica.files)
+    replicas = CentralStore(home / "nodes" / "fog-a" / "replicas", keep=2)
+    replicas.put(pushed, replica.fetch, replica)
+    # The checkpoint a migration copies: compacted since (the same values, new counts).
+    origin = tmp_path / "origin"
+    compacted = sst(vals, [5] * 6)
+    for rel, data in {NEW_SST: compacted, "offsets/0": b"o0", "commits/0": b"c0"}.items():
+        (origin / rel).parent.mkdir(parents=True, exist_ok=True)
+        (origin / rel).write_bytes(data)
+    whole, digest = pack(origin)
+    held = replicas.blobs_of([pushed])
+    assert held is not None
+    lean = lean_archive(whole, held.digests, held.chunks)
+    assert lean is not None and len(lean[0]) < len(compacted) / 4
+    assert lean_archive(whole, {"0" * 64}, {"f" * 64}) is None  # nothing held: send it whole
+
+    here = "/pipelines/p/elements/moved/checkpoint"
+    answer = agent.put(here, content=lean[0], headers={SHA_HEADER: lean[1]})
+    assert answer.status_code == 200, answer.text
+    installed = home / "nodes" / "fog-a" / "checkpoints" / "p" / "moved"
+    assert (installed / NEW_SST).read_bytes() == compacted
+    assert (installed / "offsets" / "0").read_bytes() == b"o0"
+    # A node that no longer holds what was left out refuses (the sender sends it whole),
+    # as it refuses an archive that does not match its digest; nothing is installed.
+    claimed = {*held.chunks, *(digest for _, _, digest in file_chunks(compacted))}
+    gone = lean_archive(whole, held.digests, claimed)
+    assert gone is not None
+    for content, sha in ((gone[0], gone[1]), (lean[0], digest)):
+        refused = agent.put(here.replace("moved", "other"), content=content,
+                            headers={SHA_HEADER: sha})  # fmt: skip
+        assert refused.status_code >= 400 and refused.json()["code"] == "torn_checkpoint"
+    assert not (home / "nodes" / "fog-a" / "checkpoints" / "p" / "other").exists()
