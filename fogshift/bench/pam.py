@@ -336,7 +336,9 @@ def _await_central(cluster: BenchCluster, name: str, timeout_s: float) -> None:
     A move started during it shares the origin's link with it, as no move in a pipeline past
     its start does. And a whole-PE move's copy leaves out what the central store holds: while
     that is RocksDB's first changelogs (Spark compresses them), the SSTs in the copy share no
-    chunk with it, and a move then ships the whole state, as none does later.
+    chunk with it, and a move then ships the whole state, as none does later. The same for
+    the partition's planned backup node, which a whole-PE move to it sends only what its
+    replica lacks: it must hold a replica in SSTs.
 
     Raises:
         BenchError: Not within ``timeout_s``.
@@ -346,23 +348,41 @@ def _await_central(cluster: BenchCluster, name: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     with orchestrator_client(cluster.home) as client:
         while True:
+            nodes = client.get("/nodes")
+            backups = {f"{name}/{e['element']}": e["planned_backup"]
+                       for e in client.get(f"/pipelines/{name}")["elements"]
+                       if e["planned_backup"] != e["node"]}  # (none pushed there)  # fmt: skip
             pulled = {
                 view["element"]
-                for node in client.get("/nodes")
+                for node in nodes
                 for view in node["checkpoints"]
                 if view["central"] is not None
                 and view["node_level"] is not None
                 and view["central"]["bytes"] >= CENTRAL_SHARE * view["node_level"]["bytes"]
                 and _state_in_ssts(store.newest(*view["element"].split("/", 1)))
+                and _backup_in_ssts(store, nodes, view["element"], backups.get(view["element"]))
             }
             if wanted <= pulled:
                 return
             if time.monotonic() > deadline:
                 raise BenchError(
-                    f"{name}: no central checkpoint of {sorted(wanted - pulled)} in "
-                    f"{timeout_s:.0f} s"
+                    f"{name}: no central checkpoint (and replica on the planned backup node) "
+                    f"of {sorted(wanted - pulled)} in {timeout_s:.0f} s"
                 )
             time.sleep(0.5)
+
+
+def _backup_in_ssts(
+    store: CentralStore, nodes: list[dict[str, Any]], element: str, backup: str | None
+) -> bool:
+    """Whether ``element``'s planned ``backup`` node (if it has one) holds a replica whose
+    central checkpoint holds the state in SSTs (:func:`_state_in_ssts`)."""
+    if backup is None:
+        return True
+    held = {r.rsplit("@", 1)[1] for n in nodes if n["name"] == backup
+            for r in n["replicas"] if r.rsplit("@", 1)[0] == element}  # fmt: skip
+    pipeline, pe = element.split("/", 1)
+    return any(m["id"] in held and _state_in_ssts(m) for m in store.manifests(pipeline, pe))
 
 
 def _state_in_ssts(manifest: dict[str, Any] | None) -> bool:

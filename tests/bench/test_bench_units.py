@@ -29,7 +29,10 @@ from fogshift.bench.commands import register
 from fogshift.bench.exceptions import BadBenchOption
 from fogshift.bench.seamless import _bins, _round_down
 from fogshift.bench.workload import HEADER, InputFeeder
+from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES
 from fogshift.common.text import one_line
+from tests.checkpoint.test_central import manifest
 
 
 def test_least_squares_recovers_a_line() -> None:
@@ -416,3 +419,19 @@ def test_pam_moves_once_a_large_state_is_in_rocksdbs_ssts_centrally() -> None:
                           "state/0/0/10.changelog": small,
                           "state/0/1/1.changelog": small}}  # fmt: skip
     assert pam._state_in_ssts(snapshot)  # the small partition needs no snapshot
+
+
+def test_pam_moves_once_the_backup_node_holds_a_replica_in_ssts(tmp_path: Path) -> None:
+    store = CentralStore(tmp_path / "central")
+    for batch, rel in ((1, "state/0/0/1.changelog"), (9, "state/0/0/SSTs/000008.sst")):
+        files = {rel: b"s" * CHUNKED_MIN_BYTES, f"state/0/0/{batch}.zip": b"z"}
+        if batch == 1:
+            del files["state/0/0/1.zip"]
+        store.put({**manifest(batch, files), "pipeline": "r", "element": "agg-p0"},
+                  files.__getitem__)  # fmt: skip
+    nodes = [{"name": "fog-b", "replicas": ["r/agg-p0@b000000000001", "r/agg-p1@b000000000009"]}]
+    assert not pam._backup_in_ssts(store, nodes, "r/agg-p0", "fog-b")  # its changelog only
+    nodes[0]["replicas"].append("r/agg-p0@b000000000009")
+    assert pam._backup_in_ssts(store, nodes, "r/agg-p0", "fog-b")
+    assert not pam._backup_in_ssts(store, nodes, "r/agg-p0", "fog-c")  # holds nothing
+    assert pam._backup_in_ssts(store, [], "r/agg-p0", None)  # no backup planned
