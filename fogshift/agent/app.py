@@ -39,12 +39,12 @@ from fogshift.common.service import (
     NameParam,
     OffsetQuery,
     RelPathParam,
-    ShaParam,
     SnapshotParam,
     StateKeyQuery,
     StateLimitQuery,
-    file_response,
+    add_blob_routes,
     install_error_handlers,
+    read_range,
     wrong_token,
 )
 from fogshift.contracts import (
@@ -303,23 +303,10 @@ def create_app(config: AgentConfig) -> FastAPI:
         """File ``rel`` of the snapshot, or ``length`` bytes of it from ``offset``."""
         # A bad name or a path leaving the snapshot raises InvalidName/PathEscape (422).
         path = runtime.snapshot_file(pipeline, element, snapshot, rel)
-        try:
-            if offset is None and length is None:
-                return path.read_bytes()
-            size = path.stat().st_size
-            if offset is None or length is None or offset + length > size:
-                raise InvalidInput(
-                    f"no such range of file {rel!r} of snapshot {snapshot} of "
-                    f"{pipeline}/{element} on node {config.name!r}",
-                    expected=f"offset and length together, within its {size} bytes",
-                    received=f"offset {offset}, length {length}",
-                    hint="ask GET .../chunks/{path} for the file's chunks and size",
-                )
-            with open(path, "rb") as file:
-                file.seek(offset)
-                return file.read(length)
-        except OSError as exc:
-            raise UnknownElement(f"no file {rel!r} in snapshot {snapshot}: {exc}") from None
+        what = (
+            f"file {rel!r} of snapshot {snapshot} of {pipeline}/{element} on node {config.name!r}"
+        )
+        return read_range(path, offset, length, what)
 
     @app.get("/pipelines/{pipeline}/elements/{element}/snapshots/{snapshot}/chunks/{rel:path}")
     def snapshot_file_chunks(
@@ -381,19 +368,8 @@ def create_app(config: AgentConfig) -> FastAPI:
         check_manifest(request.manifest, pipeline, element)
         return CopyResult(fetched_bytes=replicas.copy(request.manifest, request.source))
 
-    @app.get("/checkpoints/blobs/{sha}")
-    def replica_blob(
-        sha: ShaParam, offset: OffsetQuery = None, length: LengthQuery = None
-    ) -> Response:
-        """A blob of this node's replicas, or a byte range of it."""
-        path = replicas.store.blob_path(sha)
-        return file_response(path, offset, length, f"checkpoint blob {sha[:12]}… on {config.name}")
-
-    @app.get("/checkpoints/blobs/{sha}/chunks")
-    def replica_blob_chunks(sha: ShaParam) -> FileChunks:
-        """A replica blob's size and content-defined chunks."""
-        size, chunks = replicas.store.blob_chunks(sha)
-        return FileChunks(size=size, chunks=chunks)
+    add_blob_routes(app, replicas.store.blob_path, replicas.store.blob_chunks,
+                    f"on node {config.name!r}")  # fmt: skip
 
     @app.delete("/pipelines/{pipeline}")
     def remove_pipeline(pipeline: NameParam) -> list[ElementInfo]:

@@ -27,7 +27,7 @@ from fogshift.common.names import (
     SHA256_RE,
     SNAPSHOT_RE,
 )
-from fogshift.contracts import ErrorBody
+from fogshift.contracts import ErrorBody, FileChunks
 from fogshift.exceptions import FogshiftError, InvalidInput, NotFound, Unauthorized
 
 log = logging.getLogger("fogshift.service")
@@ -64,34 +64,62 @@ EventsTailQuery = Annotated[int | None, Query(ge=1, le=20_000)]
 #: The most messages one page scans.
 EventsLimitQuery = Annotated[int, Query(ge=1, le=5_000)]
 
-# -- access ------------------------------------------------------------------------------
+# -- responses ---------------------------------------------------------------------------
 
 
-def file_response(path: Path, offset: int | None, length: int | None, what: str) -> Response:
-    """The file at ``path`` (``what`` names it in errors), or ``length`` bytes of it from
-    ``offset`` (both or neither: a copier fetching the chunks it lacks).
+def read_range(path: Path, offset: int | None, length: int | None, what: str) -> bytes:
+    """The bytes of the file at ``path`` (``what`` names it in errors), or ``length`` of them
+    from ``offset`` (both or neither: a copier fetching the chunks it lacks).
 
     Raises:
         InvalidInput: Only one of them, or a range past the file's end.
         NotFound: The file is gone.
     """
-    if offset is None and length is None:
-        return FileResponse(path, media_type="application/octet-stream")
     try:
+        if offset is None and length is None:
+            return path.read_bytes()
         size = path.stat().st_size
         if offset is None or length is None or offset + length > size:
             raise InvalidInput(
                 f"no such range of {what}",
                 expected=f"offset and length together, within its {size} bytes",
                 received=f"offset {offset}, length {length}",
-                hint="ask for its chunks (…/chunks) to learn its size",
+                hint="ask for its chunks (…/chunks/…) to learn its size",
             )
         with open(path, "rb") as file:
             file.seek(offset)
-            data = file.read(length)
+            return file.read(length)
     except OSError as exc:
         raise NotFound(f"{what} is gone: {exc}") from None
-    return Response(content=data, media_type="application/octet-stream")
+
+
+def add_blob_routes(
+    app: FastAPI,
+    blob_path: Callable[[str], Path],
+    blob_chunks: Callable[[str], tuple[int, list[tuple[int, int, str]]]],
+    where: str,
+) -> None:
+    """``GET /checkpoints/blobs/{sha}`` (a content-addressed checkpoint file, or a byte range
+    of it) and ``GET /checkpoints/blobs/{sha}/chunks`` (its size and content-defined chunks)
+    on ``app``: the orchestrator's central store and each node's replicas (``where``)."""
+
+    @app.get("/checkpoints/blobs/{sha}")
+    def blob(sha: ShaParam, offset: OffsetQuery = None, length: LengthQuery = None) -> Response:
+        """A checkpoint blob, or a byte range of it."""
+        path = blob_path(sha)
+        if offset is None and length is None:
+            return FileResponse(path, media_type="application/octet-stream")
+        data = read_range(path, offset, length, f"checkpoint blob {sha[:12]}… {where}")
+        return Response(content=data, media_type="application/octet-stream")
+
+    @app.get("/checkpoints/blobs/{sha}/chunks")
+    def chunks_of_blob(sha: ShaParam) -> FileChunks:
+        """A checkpoint blob's size and content-defined chunks."""
+        size, chunks = blob_chunks(sha)
+        return FileChunks(size=size, chunks=chunks)
+
+
+# -- access ------------------------------------------------------------------------------
 
 
 def bearer(request: Request) -> str:

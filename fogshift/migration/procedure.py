@@ -365,15 +365,16 @@ def _copy_warm(
     here: str,
     origin: ServiceClient,
     target: ServiceClient,
-    known: tuple[KnownBlobs | None, KnownBlobs | None],
+    holders: tuple[KnownBlobs | None, KnownBlobs | None],
     laps: Stopwatch,
 ) -> CheckpointInfo:
     """Install a warm copy of the origin's latest checkpoint on the target (not started),
-    without what the central store (``known[0]``) and the target (``known[1]``) hold; laps
-    ``copy`` on ``laps``."""
-    fetched = fetch_checkpoint(origin, here, warm=True, known=known[0])
+    without what ``holders`` hold: the central store (not shipped from the origin) and the
+    target (not sent to it); laps ``copy`` on ``laps``."""
+    central, target_holds = holders
+    fetched = fetch_checkpoint(origin, here, warm=True, known=central)
     report.state_bytes, report.shipped_bytes = len(fetched.data), fetched.shipped
-    report.sent_bytes = install_checkpoint(target, here, fetched.data, fetched.digest, known[1])
+    report.sent_bytes = install_checkpoint(target, here, fetched.data, fetched.digest, target_holds)
     laps.lap("copy")
     return fetched.info
 

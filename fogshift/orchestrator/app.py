@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from fogshift.common.exceptions import Forbidden
@@ -34,13 +33,10 @@ from fogshift.common.service import (
     EventsAfterQuery,
     EventsLimitQuery,
     EventsTailQuery,
-    LengthQuery,
     NameParam,
-    OffsetQuery,
-    ShaParam,
     StateKeyQuery,
     StateLimitQuery,
-    file_response,
+    add_blob_routes,
     install_error_handlers,
     wrong_token,
 )
@@ -48,7 +44,6 @@ from fogshift.contracts import (
     Ack,
     DeadLetter,
     EventPage,
-    FileChunks,
     GroupMigrationReport,
     Heartbeat,
     HopLatency,
@@ -318,19 +313,8 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     def put_topology(text: str = Body(..., media_type="text/plain")) -> PlanView:
         return orchestrator.set_topology(text)
 
-    @app.get("/checkpoints/blobs/{sha}")
-    def central_blob(
-        sha: ShaParam, offset: OffsetQuery = None, length: LengthQuery = None
-    ) -> Response:
-        """A central checkpoint blob, or a byte range of it."""
-        path = orchestrator.central.blob_path(sha)
-        return file_response(path, offset, length, f"checkpoint blob {sha[:12]}…")
-
-    @app.get("/checkpoints/blobs/{sha}/chunks")
-    def central_blob_chunks(sha: ShaParam) -> FileChunks:
-        """A central checkpoint blob's size and content-defined chunks."""
-        size, chunks = orchestrator.central.blob_chunks(sha)
-        return FileChunks(size=size, chunks=chunks)
+    add_blob_routes(app, orchestrator.central.blob_path, orchestrator.central.blob_chunks,
+                    "in the central store")  # fmt: skip
 
     @app.post("/pipelines/{name}/stop")
     def stop(name: NameParam) -> StopResult:
