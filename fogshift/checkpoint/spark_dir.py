@@ -20,7 +20,7 @@ import tarfile
 import zipfile
 import zlib
 from collections.abc import Callable, Collection, Mapping
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,7 @@ def copy_checkpoint(
     warm: bool = False,
     link_from: Path | None = None,
     link: bool = False,
+    placed: dict[str, int | None] | None = None,
 ) -> dict[str, Any]:
     """Copy a (possibly running) query's checkpoint consistently.
 
@@ -114,6 +115,10 @@ def copy_checkpoint(
             the file system allows; else they are copied). Only for a copy nobody writes
             into: a link is the live file itself, which Spark never changes in place (it
             writes a temporary file and renames it over the name).
+        placed: Filled with every file of the copy: its POSIX path relative to ``target``,
+            and the inode of what was placed there when it is a link (to the live file, or
+            to ``link_from``'s), ``None`` for a copy. A snapshot tells by it which files it
+            shares with the previous one without a ``stat`` per file.
 
     Returns:
         ``{"batch": N, "offset": end offset of N}`` (``batch`` None for an empty checkpoint).
@@ -170,42 +175,80 @@ def copy_checkpoint(
             return [n for n in names if _sst_name(n) not in needed]
         return []
 
-    # Plain strings and one stat per file: a snapshot walks ~50-100 files every few seconds.
-    root = str(source)
+    # Plain strings, one walk and no stat per linked file: a snapshot freezes ~50 files of
+    # ~500 (Spark's offset and commit history) every few seconds; shutil.copytree, which
+    # this replaced, also set each folder's times and modes and read its extended
+    # attributes, and the snapshot then walked and stat'ed its copy again (~8 ms in all).
     earlier_root = str(link_from) if link_from is not None else None
+    found: dict[str, int | None] = {} if placed is None else placed
 
-    def copy(src: str, dst: str) -> None:
+    def copy(src: str, dst: str, rel: str, entry: os.DirEntry[str] | None = None) -> None:
         try:
-            if earlier_root is not None:
-                earlier = os.path.join(earlier_root, os.path.relpath(src, root))
-                try:
-                    same = os.stat(earlier).st_size == os.stat(src).st_size
-                except FileNotFoundError:
-                    same = False
-                if same:
-                    os.link(earlier, dst)
-                    return
             if link:
                 try:
                     os.link(src, dst)
+                    found[rel] = entry.inode() if entry is not None else os.stat(dst).st_ino
                     return
                 except FileNotFoundError:
                     raise
                 except OSError as exc:  # another file system, or links not allowed
-                    log.debug("checkpoint copy of %s: cannot link %s (%s), copied", source,
-                              src, exc)  # fmt: skip
+                    log.debug("checkpoint copy of %s: cannot link %s (%s)", source, rel, exc)
+            if earlier_root is not None:
+                # Across file systems: the earlier copy's file of the same name and size is
+                # this one (Spark writes each name once, or renames another over it).
+                earlier = os.path.join(earlier_root, rel)
+                size = entry.stat().st_size if entry is not None else os.stat(src).st_size
+                try:
+                    same = os.stat(earlier).st_size == size
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    os.link(earlier, dst)
+                    found[rel] = os.stat(dst).st_ino
+                    return
             shutil.copy2(src, dst)
+            found[rel] = None
         except FileNotFoundError:
             # Purged by Spark's log cleanup meanwhile: older than what batch N needs (the
             # files batch N does need are checked below).
-            log.debug("checkpoint copy of %s: %s was purged meanwhile, skipped", source, src)
+            log.debug("checkpoint copy of %s: %s was purged meanwhile, skipped", source, rel)
+
+    # The offset and commit logs hold Spark's last 100 batches; a copy keeps a few, by name
+    # (listing and filtering ~500 names took longer than linking what is kept).
+    logs = {"commits": keep_commit, "offsets": batch}
+
+    def walk(folder: str, into: str, prefix: str) -> None:
+        # A folder's names are filtered before its subfolders are walked: the SSTs a state
+        # partition's snapshot names are known before its SSTs/ folder is.
+        os.mkdir(into)
+        try:
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except FileNotFoundError:
+            return  # removed meanwhile (a state partition's cleanup): nothing of batch N
+        left_out = set(ignore(folder, [e.name for e in entries if e.name not in logs]))
+        for entry in entries:
+            if entry.name in left_out:
+                continue
+            rel = prefix + entry.name
+            dst = os.path.join(into, entry.name)
+            if not prefix and entry.name in logs and entry.is_dir():
+                os.mkdir(dst)
+                limit = logs[entry.name]
+                for b in range(max(0, limit - LOG_HISTORY), limit + 1):
+                    for name in (str(b), f".{b}.crc"):
+                        copy(os.path.join(entry.path, name), os.path.join(dst, name),
+                             f"{rel}/{name}")  # fmt: skip
+            elif entry.is_dir():
+                walk(entry.path, dst, rel + "/")
+            else:
+                copy(entry.path, dst, rel, entry)
 
     try:
-        shutil.copytree(source, target, ignore=ignore, copy_function=copy)
-    except shutil.Error as exc:
-        real = [e for e in exc.args[0] if "No such file or directory" not in str(e[-1])]
-        if real:
-            raise CheckpointError(f"cannot copy checkpoint {source}: {real[:3]}") from exc
+        target.parent.mkdir(parents=True, exist_ok=True)
+        walk(str(source), str(target), "")
+    except OSError as exc:
+        raise CheckpointError(f"cannot copy checkpoint {source}: {exc}") from exc
     for needed in (f"commits/{keep_commit}" if keep_commit >= 0 else None, f"offsets/{batch}"):
         if needed and not (target / needed).exists():
             raise CheckpointError(
@@ -270,6 +313,18 @@ def _sst_names(snapshot: Path) -> frozenset[str] | None:
     """The ``SSTs/`` files a RocksDB snapshot zip loads (its ``metadata`` member: a version
     line, then JSON whose ``sstFiles`` name each ``dfsSstFileName``); None when they cannot
     be told (an unknown format: then every SST is kept)."""
+    try:
+        stat = os.stat(snapshot)
+    except OSError:
+        return None
+    # A zip is written once under its name: every snapshot of the node between two of
+    # RocksDB's reads the same one, which is opened once.
+    return _sst_names_of(str(snapshot), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=256)
+def _sst_names_of(snapshot: str, inode: int, size: int, mtime_ns: int) -> frozenset[str] | None:
+    """:func:`_sst_names` of one version of a file (the arguments after the path: its key)."""
     try:
         with zipfile.ZipFile(snapshot) as archive:
             text = archive.read("metadata").decode()

@@ -109,29 +109,32 @@ def take_snapshot(
     started = time.perf_counter()
     staging = store / f".staging-{os.getpid()}"
     old_dir = store / previous["id"] if previous else None
-    # Links, not copies: a file new since the last snapshot is linked from the live
-    # checkpoint (Spark never rewrites one in place), so a snapshot writes no data at all.
-    info = copy_checkpoint(live, staging, link_from=old_dir, link=True)
+    # Links, not copies: a snapshot's file is the live file itself (Spark never rewrites one
+    # in place), so a snapshot writes no data at all.
+    placed: dict[str, int | None] = {}
+    info = copy_checkpoint(live, staging, link_from=old_dir, link=True, placed=placed)
     copied_at = time.perf_counter()
     folder = store / snapshot_id(info["batch"])
     if folder.exists():
         shutil.rmtree(staging)
         return None
     old_files: dict[str, dict[str, Any]] = previous["files"] if previous else {}
+    # A file linked into the previous snapshot too is the same inode there: its digest is
+    # known. Inodes from the folders' listings (no stat per file), compared only within one
+    # file system.
+    old_inodes = _inodes(old_dir) if old_dir is not None and _same_device(old_dir, staging) else {}
     files: dict[str, dict[str, Any]] = {}
     copied_bytes = 0
-    for rel, path in _files(staging):
-        stat = os.stat(path)
+    for rel in sorted(placed):
+        inode = placed[rel]
         before = old_files.get(rel)
-        if (
-            before is not None
-            and before["size"] == stat.st_size
-            and _same_file(stat, old_dir / rel if old_dir is not None else None)
-        ):
-            files[rel] = before  # hard-linked from the previous snapshot: already hashed
+        if before is not None and inode is not None and old_inodes.get(rel) == inode:
+            files[rel] = before
         else:
-            files[rel] = {"size": stat.st_size, "sha256": sha256_file(Path(path))}
-            copied_bytes += stat.st_size
+            path = staging / rel
+            size = os.stat(path).st_size
+            files[rel] = {"size": size, "sha256": sha256_file(path)}
+            copied_bytes += size
     hashed_at = time.perf_counter()
     manifest = {
         "type": "fogshift-checkpoint",
@@ -192,26 +195,32 @@ class SnapshotPins:
             return frozenset(reads)
 
 
-def _files(folder: Path) -> list[tuple[str, str]]:
-    """Every file under ``folder``: (relative POSIX path, path), sorted by the former."""
-    found = []
-    for here, _, names in os.walk(folder):
-        prefix = os.path.relpath(here, folder)
-        for name in names:
-            rel = name if prefix == "." else f"{prefix}/{name}"
-            found.append((rel.replace(os.sep, "/"), os.path.join(here, name)))
-    return sorted(found)
+def _inodes(folder: Path) -> dict[str, int]:
+    """Every file under ``folder`` (relative POSIX path) and its inode, as listed: no stat per
+    file. Files and folders removed meanwhile are left out."""
+    found: dict[str, int] = {}
+
+    def walk(here: str, prefix: str) -> None:
+        try:
+            with os.scandir(here) as listing:
+                for entry in listing:
+                    if entry.is_dir(follow_symlinks=False):
+                        walk(entry.path, f"{prefix}{entry.name}/")
+                    else:
+                        found[prefix + entry.name] = entry.inode()
+        except FileNotFoundError:
+            return
+
+    walk(str(folder), "")
+    return found
 
 
-def _same_file(stat: os.stat_result, other: Path | None) -> bool:
-    """Whether ``stat`` is of the file at ``other`` (the same inode: a hard link)."""
-    if other is None:
-        return False
+def _same_device(one: Path, other: Path) -> bool:
+    """Whether two existing paths are on one file system (inodes compare)."""
     try:
-        there = os.stat(other)
+        return os.stat(one).st_dev == os.stat(other).st_dev
     except FileNotFoundError:
         return False
-    return (there.st_dev, there.st_ino) == (stat.st_dev, stat.st_ino)
 
 
 def snapshot_file(store: Path, snapshot: str, rel: str) -> Path:

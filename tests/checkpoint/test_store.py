@@ -77,6 +77,36 @@ def test_a_snapshot_links_new_files_from_the_live_checkpoint_and_the_rest_from_t
         assert entry["sha256"] == _digest(two / rel), rel
 
 
+def test_a_file_rewritten_under_its_name_with_the_same_size_is_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """A batch run again (after a restart) writes its changelog and checksum anew under the
+    same names, a checksum always with the same size: the snapshot holds what is live, with
+    its digest, and never the previous snapshot's file of that name."""
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 3)
+    first = take_snapshot(live, store, "p", "agg")
+    assert first is not None
+    changelog = live / "state" / "0" / "0" / "3.changelog"
+    redone = changelog.with_name(".3.changelog.tmp")
+    redone.write_text("changes of batch X")  # as long as "changes of batch 2"
+    redone.replace(changelog)
+    _batch(live, 3)
+    second = take_snapshot(live, store, "p", "agg")
+    assert second is not None
+    rel = "state/0/0/3.changelog"
+    frozen = store / second["id"] / rel
+    assert frozen.read_text() == "changes of batch X"
+    assert second["files"][rel]["sha256"] == _digest(changelog) != first["files"][rel]["sha256"]
+    # What did not change is shared with the first snapshot, its digest not taken again.
+    assert os.path.samefile(
+        frozen.parent / "2.changelog", store / first["id"] / "state/0/0/2.changelog"
+    )
+    assert second["new_bytes"] == sum(
+        (live / r).stat().st_size for r in ("offsets/3", "commits/3", "state/0/0/4.changelog", rel)
+    )
+
+
 def test_a_file_that_cannot_be_linked_is_copied(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
