@@ -355,6 +355,8 @@ class ElementInfo(BaseModel):
         epoch: The epoch it writes under (fencing).
         node_checkpoint: Its newest node-level checkpoint.
         lines_written: A sink's committed output lines (``None`` for other PEs).
+        snapshot_error: Why its last node-level checkpoint failed (``None``: it succeeded,
+            or none was tried yet).
         retry_in_s: A ``failed`` PE whose query the agent will start again: in how many
             seconds (``0``: now). ``None``: not failed, or the agent gave up on it.
     """
@@ -374,6 +376,7 @@ class ElementInfo(BaseModel):
     epoch: int = 0
     node_checkpoint: NodeCheckpoint | None = None
     lines_written: int | None = None
+    snapshot_error: str | None = None
 
 
 class ElementProgress(ElementInfo):
@@ -415,6 +418,10 @@ class Heartbeat(BaseModel):
         elements: The PEs it hosts.
         replicas: The checkpoint copies it holds.
         cpu_percent: Its CPU use since the last heartbeat.
+        checkpoint_interval_s: How often it takes node-level checkpoints.
+        snapshots_age_s: How long before this heartbeat its last round of node-level
+            checkpoints ended (``None``: none yet). An age, not a time: the orchestrator's
+            clock need not agree with the node's.
     """
 
     model_config = _WIRE
@@ -427,6 +434,8 @@ class Heartbeat(BaseModel):
     elements: list[ElementInfo] = []
     replicas: list[ReplicaInfo] = []
     cpu_percent: float | None = None
+    checkpoint_interval_s: float | None = None
+    snapshots_age_s: float | None = None
 
     def element(self, pipeline: str, element: str) -> ElementInfo | None:
         """The report of ``pipeline/element`` if this node runs it."""
@@ -804,6 +813,9 @@ class NodeView(BaseModel):
         last_seen_s: Seconds since its last heartbeat.
         replicas: ``pipeline/element@checkpoint`` of each copy it holds.
         elements: ``pipeline/element`` of each PE it runs.
+        warnings: What is wrong with a node that still works: its node-level checkpoints
+            failing or no longer taken (a restore would then reprocess ever more input, and
+            nothing new reaches the central store).
     """
 
     model_config = _WIRE
@@ -821,6 +833,7 @@ class NodeView(BaseModel):
     replicas: list[str]
     elements: list[str]
     checkpoints: list[CheckpointsView]
+    warnings: list[str] = []
 
 
 class StandbyStatus(BaseModel):

@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -170,6 +171,12 @@ def heartbeat_loop(
                     elements=runtime.elements(),
                     replicas=replicas.held(),
                     cpu_percent=meter.percent(),
+                    checkpoint_interval_s=config.checkpoint_interval_s,
+                    snapshots_age_s=(
+                        round(time.monotonic() - runtime.snapshots_at, 3)
+                        if runtime.snapshots_at is not None
+                        else None
+                    ),
                 )
                 client.post(f"/nodes/{config.name}/heartbeat", json=beat.model_dump(mode="json"))
             except httpx.HTTPError as exc:  # the orchestrator may be restarting

@@ -104,6 +104,8 @@ class HostedElement:
     #: Spark's run ids of the queries started for this PE here: only their progress counts
     #: (not that of an instance this one replaced, reported late).
     run_ids: set[str] = field(default_factory=set)
+    #: Why its last node-level checkpoint failed (``None``: it succeeded, or none was tried).
+    snapshot_error: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -131,6 +133,9 @@ class NodeRuntime:
         self.progress_feed = ProgressFeed()
         #: Node-level checkpoints a central pull is reading: not pruned under it.
         self.pins = SnapshotPins()
+        #: When the last round of node-level checkpoints ended (``time.monotonic``); its age
+        #: goes into heartbeats: a round that stops coming is a node whose checkpoints stopped.
+        self.snapshots_at: float | None = None
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -640,6 +645,7 @@ class NodeRuntime:
                 else None
             ),
             lines_written=int(read_marker(element.options["path"])["lines"]) if sink else None,
+            snapshot_error=hosted.snapshot_error,
         )
 
     def elements(self) -> list[ElementInfo]:
@@ -730,12 +736,16 @@ class NodeRuntime:
                     dict(h.state_metrics),
                     pinned=self.pins.held(pipeline, pe),
                 )
+                h.snapshot_error = None
             except (OSError, ValueError, FogshiftError) as exc:
                 # A PE removed meanwhile (its checkpoint "moved on while it was copied"), a
                 # file in flux: this PE's next snapshot retries; no other PE's waits for it.
                 log.warning("node-level checkpoint of %s failed: %s", h.plan.query_name, exc)
-            except Exception:  # as in the monitor: one PE's trouble stops no other
+                h.snapshot_error = f"{type(exc).__name__}: {exc}"
+            except Exception as exc:  # as in the monitor: one PE's trouble stops no other
                 log.exception("node-level checkpoint of %s failed", h.plan.query_name)
+                h.snapshot_error = f"{type(exc).__name__}: {exc}"
+        self.snapshots_at = time.monotonic()
 
     def run_snapshots(self) -> None:
         """Loop :meth:`snapshot_all` every ``checkpoint_interval_s`` until :meth:`close`.

@@ -357,7 +357,8 @@ def status(
 
 @app.command()
 def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
-    """Per node: name, url, pid, pgid, healthy."""
+    """Per node: name, url, pid, pgid, healthy; then what is wrong with a node that works
+    (its node-level checkpoints failing or stopped)."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
         data = [NodeView.model_validate(n) for n in client.get("/nodes")]
     if as_json:
@@ -372,6 +373,9 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
             "[green]yes[/]" if n.healthy else "[red]no[/]", ", ".join(n.elements),
         )  # fmt: skip
     console.print(table)
+    for n in data:
+        for warning in n.warnings:
+            console.print(f"[yellow]warning[/] {n.name}: {warning}")
 
 
 @app.command()

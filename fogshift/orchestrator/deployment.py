@@ -25,6 +25,7 @@ from fogshift.contracts import (
     DeadLetter,
     ElementStatus,
     EventPage,
+    Heartbeat,
     HopLatency,
     NodeCheckpoint,
     NodeView,
@@ -60,6 +61,53 @@ def _aged(snapshot: NodeCheckpoint | None) -> AgedNodeCheckpoint | None:
     return AgedNodeCheckpoint(**snapshot.model_dump(), age_ms=age_ms)
 
 
+#: A node's node-level checkpoints count as stopped once the last round, or a PE's newest
+#: checkpoint while it commits newer batches, is this many checkpoint intervals old, plus
+#: :data:`STALL_SLACK_S` (a round can wait behind a busy node's disk and CPU).
+STALL_INTERVALS = 3
+STALL_SLACK_S = 10.0
+
+
+def node_warnings(report: Heartbeat, heard_s: float, now: float) -> list[str]:
+    """What is wrong with a node's node-level checkpoints, from its last heartbeat.
+
+    A node whose snapshot thread died, or whose snapshots of one PE keep failing, still
+    beats and runs its PEs: nothing else tells it, yet its restores reprocess ever more
+    input and the central store gets nothing new.
+
+    Args:
+        report: The node's last heartbeat.
+        heard_s: Seconds since that heartbeat arrived.
+        now: This host's ``time.time()`` (a checkpoint's age is by the node's clock, as
+            everywhere its age is shown).
+    """
+    interval = report.checkpoint_interval_s
+    if interval is None:
+        return []  # an agent that does not say its interval: nothing to compare with
+    limit = STALL_INTERVALS * interval + STALL_SLACK_S
+    warnings = []
+    if report.snapshots_age_s is not None and report.snapshots_age_s + heard_s > limit:
+        warnings.append(
+            f"node-level checkpoints stopped: the last round ended "
+            f"{report.snapshots_age_s + heard_s:.0f} s ago (one every {interval:g} s)"
+        )
+    for e in report.elements:
+        name = f"{e.pipeline}/{e.element}"
+        if e.snapshot_error is not None:
+            warnings.append(f"node-level checkpoint of {name} failed: {e.snapshot_error}")
+            continue
+        newest = e.node_checkpoint
+        if newest is None or newest.batch is None or e.last_batch <= newest.batch:
+            continue
+        age = now - newest.created
+        if age > limit:
+            warnings.append(
+                f"node-level checkpoint of {name} is {age:.0f} s old (batch {newest.batch}) "
+                f"while it committed batch {e.last_batch} (one every {interval:g} s)"
+            )
+    return warnings
+
+
 class Deployment(Journal):
     """Deploy, stop, status, dead letters and the node view."""
 
@@ -91,6 +139,7 @@ class Deployment(Journal):
                         )
                         for e in report.elements
                     ],
+                    warnings=node_warnings(report, time.time() - node.last_seen, time.time()),
                 )
             )
         return out

@@ -238,7 +238,20 @@ def test_one_pe_whose_checkpoint_went_mid_snapshot_stops_no_other_pes_snapshots(
         (live / "commits").mkdir()
         (live / "commits" / "0").write_text("v1\n{}")
     (Path(kept.plan.checkpoint_dir) / "offsets" / "0").write_text('v1\n{}\n{"row": 2}')
+    assert runtime.snapshots_at is None
     runtime.snapshot_all()  # the first PE's CheckpointError is logged, not raised
     assert runtime.latest_snapshot("y", "p") is None
     manifest = runtime.latest_snapshot("x", "p")
     assert manifest is not None and manifest.batch == 0
+    # Heartbeats tell it: the failure, by PE, and that the round itself ended.
+    error = runtime.describe(gone).snapshot_error
+    assert error is not None and error.startswith("CheckpointError: ") and "purged" in error
+    assert runtime.describe(kept).snapshot_error is None
+    ended = runtime.snapshots_at
+    assert ended is not None
+    # The next snapshot that succeeds clears it.
+    (Path(gone.plan.checkpoint_dir) / "offsets" / "0").write_text('v1\n{}\n{"row": 2}')
+    runtime.snapshot_all()
+    assert runtime.describe(gone).snapshot_error is None
+    assert runtime.latest_snapshot("y", "p") is not None
+    assert runtime.snapshots_at is not None and runtime.snapshots_at >= ended

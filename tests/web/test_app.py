@@ -72,7 +72,10 @@ class StandIn:
         )  # fmt: skip
 
     def nodes(self) -> list[NodeView]:
-        return [node("cloud"), node("fog-a"), node("fog-b")]
+        stalled = node("fog-b").model_copy(
+            update={"warnings": ["node-level checkpoints stopped: the last round ended 60 s ago"]}
+        )
+        return [node("cloud"), node("fog-a"), stalled]
 
     def plan(self) -> PlanView:
         return PlanView()
@@ -233,7 +236,10 @@ def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
     assert '<th scope="row">p01</th><td><code>{"zi": [0.5]}</code>' in detail
     assert web.get("/pipelines/p/elements/nope").status_code == 404
     assert web.get("/pipelines/..%2Fx").status_code in (404, 422)
-    assert web.get("/nodes").status_code == 200
+    nodes = web.get("/nodes")
+    assert nodes.status_code == 200
+    row = nodes.text.split('data-node="fog-b"')[1].split("</tr>")[0]
+    assert "node-level checkpoints stopped: the last round ended 60 s ago" in row
 
 
 def test_an_action_asks_first_then_shows_its_report(

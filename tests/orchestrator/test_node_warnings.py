@@ -1,0 +1,65 @@
+"""Which nodes' node-level checkpoints count as failing or stopped (pure logic)."""
+
+from __future__ import annotations
+
+from fogshift.contracts import ElementInfo, Heartbeat, NodeCheckpoint
+from fogshift.orchestrator.deployment import STALL_INTERVALS, STALL_SLACK_S, node_warnings
+
+NOW = 10_000.0
+INTERVAL = 5.0
+LIMIT = STALL_INTERVALS * INTERVAL + STALL_SLACK_S
+
+
+def _beat(
+    age_s: float | None, *elements: ElementInfo, interval: float | None = INTERVAL
+) -> Heartbeat:
+    return Heartbeat(url="http://127.0.0.1:1", ready=True, elements=list(elements),
+                     checkpoint_interval_s=interval, snapshots_age_s=age_s)  # fmt: skip
+
+
+def _pe(last_batch: int, snapshot_batch: int | None, snapshot_age_s: float) -> ElementInfo:
+    newest = (
+        NodeCheckpoint(
+            id="b1", batch=snapshot_batch, progress=0, created=NOW - snapshot_age_s, bytes=1
+        )
+        if snapshot_batch is not None
+        else None
+    )
+    return ElementInfo(pipeline="p", element="agg", last_batch=last_batch, node_checkpoint=newest)
+
+
+def test_a_node_that_snapshots_on_time_has_no_warning() -> None:
+    fresh = _pe(last_batch=40, snapshot_batch=38, snapshot_age_s=INTERVAL)
+    idle = _pe(last_batch=7, snapshot_batch=7, snapshot_age_s=10 * LIMIT)  # nothing new
+    assert node_warnings(_beat(1.0, fresh, idle), heard_s=0.5, now=NOW) == []
+    assert node_warnings(_beat(None), heard_s=0.5, now=NOW) == []  # no round yet
+
+
+def test_a_round_that_stopped_coming_counts_from_the_heartbeat_it_was_heard_in() -> None:
+    # Within the limit by the node's report, beyond it by the time since it was heard.
+    (warning,) = node_warnings(_beat(LIMIT - 1), heard_s=2.0, now=NOW)
+    assert warning == (
+        f"node-level checkpoints stopped: the last round ended {LIMIT + 1:.0f} s ago "
+        f"(one every {INTERVAL:g} s)"
+    )
+    assert node_warnings(_beat(LIMIT - 1), heard_s=0.5, now=NOW) == []
+
+
+def test_a_pe_whose_snapshots_fail_or_lag_its_batches_is_named() -> None:
+    failing = _pe(last_batch=40, snapshot_batch=20, snapshot_age_s=1.0).model_copy(
+        update={"snapshot_error": "OSError: [Errno 28] No space left on device"}
+    )
+    (warning,) = node_warnings(_beat(1.0, failing), heard_s=0.0, now=NOW)
+    assert (
+        warning
+        == "node-level checkpoint of p/agg failed: OSError: [Errno 28] No space left on device"
+    )
+    lagging = _pe(last_batch=40, snapshot_batch=20, snapshot_age_s=LIMIT + 5)
+    (warning,) = node_warnings(_beat(1.0, lagging), heard_s=0.0, now=NOW)
+    assert warning.startswith(f"node-level checkpoint of p/agg is {LIMIT + 5:.0f} s old (batch 20)")
+    assert warning.endswith("while it committed batch 40 (one every 5 s)")
+
+
+def test_an_agent_that_does_not_say_its_interval_is_not_judged() -> None:
+    lagging = _pe(last_batch=40, snapshot_batch=20, snapshot_age_s=10 * LIMIT)
+    assert node_warnings(_beat(10 * LIMIT, lagging, interval=None), heard_s=0.0, now=NOW) == []
