@@ -87,6 +87,9 @@ class OrchestratorCore:
         self.central = CentralStore(config.home / "central")
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}
+        #: Per PE: why its last central pull failed, from which node (cleared when one
+        #: succeeds): a warning in ``GET /nodes``.
+        self.pull_errors: dict[tuple[str, str], tuple[str, str]] = {}
         #: Each PE's last replica push: node, checkpoint id, bytes fetched, time it took.
         self.replica_stats: dict[tuple[str, str], ReplicaPush] = {}
         #: The report of each PE's last restore (manual or automatic).

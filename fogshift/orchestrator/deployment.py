@@ -139,7 +139,12 @@ class Deployment(Journal):
                         )
                         for e in report.elements
                     ],
-                    warnings=node_warnings(report, time.time() - node.last_seen, time.time()),
+                    warnings=node_warnings(report, time.time() - node.last_seen, time.time())
+                    + [
+                        f"central checkpoint of {p}/{e} failed: {error}"
+                        for (p, e), (at, error) in sorted(self.pull_errors.items())
+                        if at == node.name
+                    ],
                 )
             )
         return out

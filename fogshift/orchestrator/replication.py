@@ -68,6 +68,15 @@ class Replication(Replanning):
                     self._pull_one(record.name, element.id, node.name, key)
                 except FogshiftError as exc:
                     log.info("central checkpoint of %s/%s skipped: %s", *key, exc.message)
+                    self.pull_errors[key] = (node.name, f"{type(exc).__name__}: {exc.message}")
+                    continue
+                except Exception as exc:
+                    # One PE's trouble (the store's disk, a file in flux) ends no other PE's
+                    # pull, nor the replica pushes after them: the round goes on.
+                    log.exception("central checkpoint of %s/%s failed", *key)
+                    self.pull_errors[key] = (node.name, f"{type(exc).__name__}: {exc}")
+                    continue
+                self.pull_errors.pop(key, None)
 
     def _pull_one(self, pipeline: str, pe: str, node: str, key: tuple[str, str]) -> None:
         agent = self.agent(node)
@@ -124,6 +133,10 @@ class Replication(Replanning):
                 except FogshiftError as exc:
                     log.info("replica of %s/%s on %s skipped: %s",
                              record.name, element.id, node.name, exc.message)  # fmt: skip
+                    continue
+                except Exception:  # as for pulls: the other PEs' pushes go on
+                    log.exception("replica of %s/%s on %s failed", record.name, element.id,
+                                  node.name)  # fmt: skip
                     continue
                 self.replica_stats[(record.name, element.id)] = ReplicaPush(
                     node=node.name,

@@ -108,3 +108,31 @@ def test_the_central_loop_runs_at_once_when_woken_and_ends_on_close(
     orchestrator.close()
     loop.join(10)
     assert not loop.is_alive()
+
+
+def test_one_pe_whose_pull_fails_stops_no_other_pull_and_its_node_is_warned_of(
+    orchestrator: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for node in ("cloud", "fog-a"):
+        orchestrator.heartbeat(node, Heartbeat(url="http://127.0.0.1:9", ready=True))
+    pulled: list[str] = []
+    broken = {"source"}
+
+    def pull_one(pipeline: str, pe: str, node: str, key: tuple[str, str]) -> None:
+        if pe in broken:  # not a FogshiftError: before, it ended the whole round
+            raise OSError(28, "No space left on device")
+        pulled.append(pe)
+
+    monkeypatch.setattr(orchestrator, "_pull_one", pull_one)
+    orchestrator.pull_checkpoints()
+    assert pulled == ["aggregate", "sink"]
+    warnings = {n.name: n.warnings for n in orchestrator.nodes()}
+    assert warnings == {
+        "cloud": [
+            "central checkpoint of p/source failed: OSError: [Errno 28] No space left on device"
+        ],
+        "fog-a": [],
+    }
+    broken.clear()  # room again: the next pull succeeds and the warning goes
+    orchestrator.pull_checkpoints()
+    assert {n.name: n.warnings for n in orchestrator.nodes()} == {"cloud": [], "fog-a": []}
