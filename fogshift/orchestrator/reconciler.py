@@ -152,8 +152,15 @@ class Reconciler(Coordination):
         pending = {(op.pipeline, op.element) for op in self.registry.unfinished()}
         for record in self.registry.pipelines():
             for element in record.spec.elements:
-                if (record.name, element.id) not in pending:
+                if (record.name, element.id) in pending:
+                    continue
+                try:
                     self._reconcile_element(record.name, element.id)
+                except Exception:
+                    # One PE's trouble (an auto-restore that raised something unforeseen)
+                    # must not leave the PEs after it unrestored, nor the strays in place:
+                    # it is tried again next round.
+                    log.exception("reconciling %s/%s failed", record.name, element.id)
         self._remove_strays(pending)
 
     def _reconcile_element(self, pipeline: str, element_id: str) -> None:
@@ -278,6 +285,8 @@ class Reconciler(Coordination):
                                      exc.message)  # fmt: skip
                 except MigrationInProgress:
                     continue  # the operation under way owns the PE's instances
+                except Exception:  # as in reconcile_once: the other instances go on
+                    log.exception("removing a superseded %s/%s from %s failed", *key, node.name)
 
     def run_reconciler(self) -> None:
         """Loop :meth:`reconcile_once` until :meth:`close`."""

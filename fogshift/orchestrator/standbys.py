@@ -199,6 +199,8 @@ class Standbys(Deployment):
                     self._follow_one(standby, primary)
             except MigrationInProgress:
                 continue  # a migration, restore or start of the standby owns it now
+            except Exception:  # one standby's trouble must not stall the others' caps
+                log.exception("following the standby of %s/%s on %s failed", *key, standby.node)
 
     def _follow_one(self, standby: StandbyRecord, primary: str) -> None:
         key = (standby.pipeline, standby.element)

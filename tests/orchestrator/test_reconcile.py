@@ -91,3 +91,19 @@ def test_instances_of_stopped_pipelines_are_left_alone(
     orchestrator.registry.set_status("p", "stopped")
     orchestrator._remove_strays()
     assert agent[1] == []
+
+
+def test_one_pe_whose_reconcile_raises_leaves_the_other_pes_and_the_strays_to_it(
+    orchestrator: Orchestrator, agent: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[str] = []
+
+    def reconcile_element(pipeline: str, element_id: str) -> None:
+        seen.append(element_id)
+        if element_id == "source":  # e.g. an auto-restore whose store raised OSError
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(orchestrator, "_reconcile_element", reconcile_element)
+    orchestrator.reconcile_once()  # logged, not raised
+    assert seen == ["source", "aggregate", "sink"]
+    assert agent[1] == ["/pipelines/p/elements/aggregate?discard=true"]  # strays too

@@ -148,3 +148,23 @@ def test_a_promotion_left_unfinished_is_carried_on_and_fenced_first(
     assert orch.registry.standby("p", "aggregate") is None
     entry = orch.registry.operation(op.id)
     assert entry is not None and (entry.outcome or "").startswith("recovered: carried on")
+
+
+def test_one_standby_whose_following_raises_stalls_no_other_standby(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    orch.registry.add_standby("p", "source", "fog-b")
+    orch.registry.add_standby("p", "aggregate", "fog-b")
+    reports = {"cloud": [hosted("source"), hosted("sink")], "fog-a": [hosted("aggregate")],
+               "fog-b": [hosted("source", 2), hosted("aggregate", 2)]}  # fmt: skip
+    beat(orch, agents, reports)
+    followed: list[str] = []
+
+    def follow_one(standby: Any, primary: str) -> None:
+        followed.append(standby.element)
+        if standby.element == "source":
+            raise KeyError("positions")  # not a FogshiftError: it ended the round before
+
+    monkeypatch.setattr(orch, "_follow_one", follow_one)
+    orch.follow_standbys()  # logged, not raised
+    assert sorted(followed) == ["aggregate", "source"]
