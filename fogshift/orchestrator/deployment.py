@@ -97,6 +97,8 @@ def node_warnings(report: Heartbeat, heard_s: float, now: float) -> list[str]:
             warnings.append(f"node-level checkpoint of {name} failed: {e.snapshot_error}")
             continue
         newest = e.node_checkpoint
+        if e.state not in (PEState.RUNNING, PEState.PAUSED):
+            continue  # not snapshotted (a failed PE's own state says what is wrong)
         if newest is None or newest.batch is None or e.last_batch <= newest.batch:
             continue
         age = now - newest.created

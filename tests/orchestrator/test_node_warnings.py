@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fogshift.contracts import ElementInfo, Heartbeat, NodeCheckpoint
+from fogshift.contracts import ElementInfo, Heartbeat, NodeCheckpoint, PEState
 from fogshift.orchestrator.deployment import STALL_INTERVALS, STALL_SLACK_S, node_warnings
 
 NOW = 10_000.0
@@ -25,7 +25,8 @@ def _pe(last_batch: int, snapshot_batch: int | None, snapshot_age_s: float) -> E
         if snapshot_batch is not None
         else None
     )
-    return ElementInfo(pipeline="p", element="agg", last_batch=last_batch, node_checkpoint=newest)
+    return ElementInfo(pipeline="p", element="agg", state=PEState.RUNNING, last_batch=last_batch,
+                       node_checkpoint=newest)  # fmt: skip
 
 
 def test_a_node_that_snapshots_on_time_has_no_warning() -> None:
@@ -58,6 +59,9 @@ def test_a_pe_whose_snapshots_fail_or_lag_its_batches_is_named() -> None:
     (warning,) = node_warnings(_beat(1.0, lagging), heard_s=0.0, now=NOW)
     assert warning.startswith(f"node-level checkpoint of p/agg is {LIMIT + 5:.0f} s old (batch 20)")
     assert warning.endswith("while it committed batch 40 (one every 5 s)")
+    # A failed PE is not snapshotted: its state says what is wrong, not a lagging snapshot.
+    failed = lagging.model_copy(update={"state": PEState.FAILED})
+    assert node_warnings(_beat(1.0, failed), heard_s=0.0, now=NOW) == []
 
 
 def test_an_agent_that_does_not_say_its_interval_is_not_judged() -> None:
