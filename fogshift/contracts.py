@@ -422,6 +422,9 @@ class Heartbeat(BaseModel):
         snapshots_age_s: How long before this heartbeat its last round of node-level
             checkpoints ended (``None``: none yet). An age, not a time: the orchestrator's
             clock need not agree with the node's.
+        disk_free_bytes: Free space on the file system of its home (checkpoints, Spark's
+            state, snapshots, replicas); ``None``: not known.
+        disk_total_bytes: That file system's size.
     """
 
     model_config = _WIRE
@@ -436,6 +439,8 @@ class Heartbeat(BaseModel):
     cpu_percent: float | None = None
     checkpoint_interval_s: float | None = None
     snapshots_age_s: float | None = None
+    disk_free_bytes: int | None = Field(default=None, ge=0)
+    disk_total_bytes: int | None = Field(default=None, ge=0)
 
     def element(self, pipeline: str, element: str) -> ElementInfo | None:
         """The report of ``pipeline/element`` if this node runs it."""
@@ -815,7 +820,8 @@ class NodeView(BaseModel):
         elements: ``pipeline/element`` of each PE it runs.
         warnings: What is wrong with a node that still works: its node-level checkpoints
             failing or no longer taken (a restore would then reprocess ever more input, and
-            nothing new reaches the central store).
+            nothing new reaches the central store), its PEs' central pulls failing, its disk
+            nearly full (Spark's checkpoints fail, and the PEs with them, when it is).
     """
 
     model_config = _WIRE

@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -147,6 +149,15 @@ def agent_access(config: AgentConfig) -> Access:
     return access
 
 
+def _disk(home: Path) -> dict[str, int]:
+    """The free and total bytes of the file system ``home`` is on (nothing if unknown)."""
+    try:
+        usage = shutil.disk_usage(home)
+    except OSError:
+        return {}
+    return {"disk_free_bytes": usage.free, "disk_total_bytes": usage.total}
+
+
 def heartbeat_loop(
     config: AgentConfig, runtime: NodeRuntime, replicas: Replicas, stop: threading.Event
 ) -> None:
@@ -172,6 +183,7 @@ def heartbeat_loop(
                     replicas=replicas.held(),
                     cpu_percent=meter.percent(),
                     checkpoint_interval_s=config.checkpoint_interval_s,
+                    **_disk(config.home),
                     snapshots_age_s=(
                         round(time.monotonic() - runtime.snapshots_at, 3)
                         if runtime.snapshots_at is not None

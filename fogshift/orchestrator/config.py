@@ -39,6 +39,9 @@ class OrchestratorConfig(BaseSettings):
             primaries have committed (what a promotion has left to re-derive).
         duplicate_window_s: The broker's de-duplication window of new streams (the broker
             client's default, :data:`fogshift.broker.client.DUPLICATE_WINDOW_S`).
+        low_disk_bytes: A node with less free space than this on its home's file system,
+            or less than 5 % of it, is warned of in ``GET /nodes`` (its checkpoints, and its
+            PEs with them, fail once it is full).
         plan_interval_s: Interval of the backup/redeploy planner (see ``planning``).
         plan_time_limit_s: Time limit of one exact solve; the greedy answers when it is hit.
         broker_config: The config of the nats-server ``fogshift up`` started (``None``: an
@@ -65,6 +68,7 @@ class OrchestratorConfig(BaseSettings):
     pull_new_state_bytes: int = Field(default=1 << 20, ge=0)
     standby_follow_s: float = Field(default=0.5, gt=0)
     duplicate_window_s: float = Field(default=DUPLICATE_WINDOW_S, gt=0)
+    low_disk_bytes: int = Field(default=1 << 30, ge=0)
     plan_interval_s: float = Field(default=10.0, gt=0)
     plan_time_limit_s: float = Field(default=5.0, gt=0)
     test_pause_at: str | None = Field(default=None, pattern=r"^(migration|restore):[a-z_]+$")

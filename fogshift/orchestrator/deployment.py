@@ -68,24 +68,41 @@ STALL_INTERVALS = 3
 STALL_SLACK_S = 10.0
 
 
-def node_warnings(report: Heartbeat, heard_s: float, now: float) -> list[str]:
-    """What is wrong with a node's node-level checkpoints, from its last heartbeat.
+#: Below this share of its file system free, a node's disk counts as nearly full whatever
+#: ``low_disk_bytes`` says (a large disk).
+LOW_DISK_SHARE = 0.05
+
+
+def node_warnings(
+    report: Heartbeat, heard_s: float, now: float, low_disk_bytes: int = 0
+) -> list[str]:
+    """What is wrong with a node that works, from its last heartbeat: its disk nearly full,
+    its node-level checkpoints failing or stopped.
 
     A node whose snapshot thread died, or whose snapshots of one PE keep failing, still
     beats and runs its PEs: nothing else tells it, yet its restores reprocess ever more
-    input and the central store gets nothing new.
+    input and the central store gets nothing new. A full disk fails Spark's checkpoints,
+    and the PEs with them: told before it is.
 
     Args:
         report: The node's last heartbeat.
         heard_s: Seconds since that heartbeat arrived.
         now: This host's ``time.time()`` (a checkpoint's age is by the node's clock, as
             everywhere its age is shown).
+        low_disk_bytes: Free bytes below which the disk counts as nearly full (or below
+            :data:`LOW_DISK_SHARE` of it).
     """
+    warnings = []
+    free, total = report.disk_free_bytes, report.disk_total_bytes
+    if free is not None and total and (free < low_disk_bytes or free < LOW_DISK_SHARE * total):
+        warnings.append(
+            f"disk nearly full: {free / 2**30:.2f} GiB free of {total / 2**30:.1f} GiB "
+            f"(checkpoints fail, and the PEs with them, once it is full)"
+        )
     interval = report.checkpoint_interval_s
     if interval is None:
-        return []  # an agent that does not say its interval: nothing to compare with
+        return warnings  # an agent that does not say its interval: nothing to compare with
     limit = STALL_INTERVALS * interval + STALL_SLACK_S
-    warnings = []
     if report.snapshots_age_s is not None and report.snapshots_age_s + heard_s > limit:
         warnings.append(
             f"node-level checkpoints stopped: the last round ended "
@@ -141,7 +158,12 @@ class Deployment(Journal):
                         )
                         for e in report.elements
                     ],
-                    warnings=node_warnings(report, time.time() - node.last_seen, time.time())
+                    warnings=node_warnings(
+                        report,
+                        time.time() - node.last_seen,
+                        time.time(),
+                        self.config.low_disk_bytes,
+                    )
                     + [
                         f"central checkpoint of {p}/{e} failed: {error}"
                         for (p, e), (at, error) in sorted(self.pull_errors.items())

@@ -67,3 +67,17 @@ def test_a_pe_whose_snapshots_fail_or_lag_its_batches_is_named() -> None:
 def test_an_agent_that_does_not_say_its_interval_is_not_judged() -> None:
     lagging = _pe(last_batch=40, snapshot_batch=20, snapshot_age_s=10 * LIMIT)
     assert node_warnings(_beat(10 * LIMIT, lagging, interval=None), heard_s=0.0, now=NOW) == []
+
+
+def test_a_nearly_full_disk_is_told_before_checkpoints_fail() -> None:
+    gib = 1 << 30
+
+    def disk(free: int, total: int) -> list[str]:
+        beat = _beat(1.0).model_copy(update={"disk_free_bytes": free, "disk_total_bytes": total})
+        return node_warnings(beat, heard_s=0.0, now=NOW, low_disk_bytes=gib)
+
+    assert disk(20 * gib, 100 * gib) == []
+    (warning,) = disk(gib // 2, 100 * gib)  # under the bytes
+    assert warning.startswith("disk nearly full: 0.50 GiB free of 100.0 GiB")
+    assert disk(40 * gib, 1000 * gib)  # under 5 % of a large disk
+    assert node_warnings(_beat(1.0), heard_s=0.0, now=NOW, low_disk_bytes=gib) == []  # unknown
