@@ -138,38 +138,35 @@ def copy_checkpoint(
             batch = busy[-1]
             keep_commit = batch - 1
 
-    def ignore(folder: str, names: list[str]) -> list[str]:
+    def ignore(folder: str, parts: tuple[str, ...], names: list[str]) -> list[str]:
         # Files Spark is still writing (renamed when done): never part of a checkpoint, and
         # a link to one would keep changing after the copy's digests were taken.
         writing = [n for n in names if _being_written(n)]
         if writing:
             names = [n for n in names if not _being_written(n)]
-        return writing + _outside(folder, names)
+        return writing + _outside(folder, parts, names)
 
-    # The SSTs each state partition's kept snapshot names ({partition folder: names}; None:
-    # unknown, keep them all). copytree lists a partition folder before its SSTs/.
-    snapshot_ssts: dict[str, frozenset[str] | None] = {}
+    # The SSTs each state partition's kept snapshot names ({partition's parts: names}; None:
+    # unknown, keep them all). A partition folder is listed before its SSTs/.
+    snapshot_ssts: dict[tuple[str, ...], frozenset[str] | None] = {}
 
-    def _outside(folder: str, names: list[str]) -> list[str]:
-        here = Path(folder)
-        limit = {"commits": keep_commit, "offsets": batch}.get(here.name)
-        if limit is not None:
-            # Newer than the copy's batch, or older than what resuming reads (history).
-            # (Batch 0 is a batch: a warm copy at batch 0 keeps no commit, so its query
-            # runs batch 0 again from no state, rather than load a state version it lacks.)
-            return [n for n in names if (b := _batch_name(n)) is None
-                    or not limit - LOG_HISTORY <= b <= limit]  # fmt: skip
-        if here.parent.parent.name == "state":
+    def _outside(folder: str, parts: tuple[str, ...], names: list[str]) -> list[str]:
+        # Folders are told by where they lie in the checkpoint (``parts``: the path below
+        # it), not by their names alone: a PE may be named "offsets" or "state". The offset
+        # and commit logs are taken by name (``walk``).
+        if len(parts) == 3 and parts[0] == "state":
             # state/<op>/<partition>/<version>.changelog|zip: version v is after batch v-1,
             # so resuming after commit C loads version C + 1.
             dropped, base = _state_outside(names, keep_commit + 1)
             if any(n.endswith(".zip") and _state_version(n) is None for n in names):
-                snapshot_ssts[folder] = None  # snapshots named otherwise: keep every SST
+                snapshot_ssts[parts] = None  # snapshots named otherwise: keep every SST
             else:
-                snapshot_ssts[folder] = frozenset() if base is None else _sst_names(here / base)
+                snapshot_ssts[parts] = (
+                    frozenset() if base is None else _sst_names(Path(folder) / base)
+                )
             return dropped
-        if here.name == "SSTs" and here.parent.parent.parent.name == "state":
-            needed = snapshot_ssts.get(str(here.parent))
+        if len(parts) == 4 and parts[0] == "state" and parts[3] == "SSTs":
+            needed = snapshot_ssts.get(parts[:3])
             if needed is None:
                 return []
             return [n for n in names if _sst_name(n) not in needed]
@@ -226,7 +223,8 @@ def copy_checkpoint(
                 entries = list(listing)
         except FileNotFoundError:
             return  # removed meanwhile (a state partition's cleanup): nothing of batch N
-        left_out = set(ignore(folder, [e.name for e in entries if e.name not in logs]))
+        parts = tuple(prefix.split("/")[:-1])
+        left_out = set(ignore(folder, parts, [e.name for e in entries if e.name not in logs]))
         for entry in entries:
             if entry.name in left_out:
                 continue

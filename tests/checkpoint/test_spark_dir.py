@@ -385,3 +385,15 @@ def test_digests_known_by_file_identity_are_not_computed_again(
     delta, _ = pack(source, known={sha}, hashed={(stat.st_dev, stat.st_ino): sha})
     assert hashed_again == [source / "commits" / "0"]  # only the file of unknown digest
     assert b"z" * 4096 not in delta  # and the known one still stayed behind
+
+
+@pytest.mark.parametrize("pe", ["offsets", "commits", "state", "SSTs"])
+def test_a_pe_named_like_a_checkpoint_folder_is_copied_whole(tmp_path: Path, pe: str) -> None:
+    """Folders are judged by where they lie in the checkpoint, not by their names alone: the
+    live folder of a PE named ``offsets`` is not Spark's offset log."""
+    live = tmp_path / "checkpoints" / "p" / pe
+    _checkpoint(live, 5, snapshots=())
+    copy = tmp_path / "copy"
+    assert copy_checkpoint(live, copy)["batch"] == 4
+    assert _names(copy) == {"metadata", "offsets", "commits", "state"}
+    assert (copy / "state" / "0" / "0" / "5.changelog").exists()
