@@ -781,12 +781,20 @@ class OperationView(OperationRecord):
 
 
 class OrchestratorHealth(BaseModel):
-    """Answer of the orchestrator's ``GET /health``."""
+    """Answer of the orchestrator's ``GET /health``.
+
+    Attributes:
+        ok: It answers.
+        nodes: Nodes it knows.
+        warnings: What is wrong with it while it works: its disk (the registry and the
+            central checkpoint store) nearly full.
+    """
 
     model_config = _WIRE
 
     ok: bool
     nodes: int
+    warnings: list[str] = []
 
 
 class Ack(BaseModel):

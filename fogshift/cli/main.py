@@ -40,6 +40,7 @@ from fogshift.contracts import (
     NodeView,
     OperationKind,
     OperationView,
+    OrchestratorHealth,
     PipelineStatus,
     RestoreMethod,
     RestoreReport,
@@ -361,6 +362,7 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     (its node-level checkpoints failing or stopped)."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
         data = [NodeView.model_validate(n) for n in client.get("/nodes")]
+        health = OrchestratorHealth.model_validate(client.get("/health"))
     if as_json:
         _print_json(data)
         return
@@ -376,6 +378,8 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     for n in data:
         for warning in n.warnings:
             console.print(f"[yellow]warning[/] {n.name}: {warning}")
+    for warning in health.warnings:
+        console.print(f"[yellow]warning[/] orchestrator: {warning}")
 
 
 @app.command()

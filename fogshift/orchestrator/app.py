@@ -176,7 +176,11 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
 
     @app.get("/health")
     def health() -> OrchestratorHealth:
-        return OrchestratorHealth(ok=True, nodes=len(orchestrator.registry.nodes()))
+        return OrchestratorHealth(
+            ok=True,
+            nodes=len(orchestrator.registry.nodes()),
+            warnings=orchestrator.health_warnings(),
+        )
 
     @app.post("/nodes/{name}/heartbeat")
     def heartbeat(name: NameParam, report: Heartbeat) -> Ack:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from functools import partial
 from typing import Any
@@ -73,6 +74,14 @@ STALL_SLACK_S = 10.0
 LOW_DISK_SHARE = 0.05
 
 
+def disk_warning(free: int | None, total: int | None, low_bytes: int) -> str | None:
+    """``disk nearly full: ...`` when ``free`` is below ``low_bytes`` or
+    :data:`LOW_DISK_SHARE` of ``total``; ``None`` otherwise, or when unknown."""
+    if free is None or not total or (free >= low_bytes and free >= LOW_DISK_SHARE * total):
+        return None
+    return f"disk nearly full: {free / 2**30:.2f} GiB free of {total / 2**30:.1f} GiB"
+
+
 def node_warnings(
     report: Heartbeat, heard_s: float, now: float, low_disk_bytes: int = 0
 ) -> list[str]:
@@ -93,12 +102,9 @@ def node_warnings(
             :data:`LOW_DISK_SHARE` of it).
     """
     warnings = []
-    free, total = report.disk_free_bytes, report.disk_total_bytes
-    if free is not None and total and (free < low_disk_bytes or free < LOW_DISK_SHARE * total):
-        warnings.append(
-            f"disk nearly full: {free / 2**30:.2f} GiB free of {total / 2**30:.1f} GiB "
-            f"(checkpoints fail, and the PEs with them, once it is full)"
-        )
+    disk = disk_warning(report.disk_free_bytes, report.disk_total_bytes, low_disk_bytes)
+    if disk is not None:
+        warnings.append(disk + " (checkpoints fail, and the PEs with them, once it is full)")
     interval = report.checkpoint_interval_s
     if interval is None:
         return warnings  # an agent that does not say its interval: nothing to compare with
@@ -129,6 +135,15 @@ def node_warnings(
 
 class Deployment(Journal):
     """Deploy, stop, status, dead letters and the node view."""
+
+    def health_warnings(self) -> list[str]:
+        """What is wrong with this orchestrator while it works (``GET /health``)."""
+        try:
+            usage = shutil.disk_usage(self.config.home)
+        except OSError:
+            return []
+        disk = disk_warning(usage.free, usage.total, self.config.low_disk_bytes)
+        return [] if disk is None else [disk + " (central checkpoints fail once it is full)"]
 
     def nodes(self) -> list[NodeView]:
         """Every node as last heard from, with the checkpoints of the PEs it runs."""

@@ -192,6 +192,11 @@ def test_nodes_are_separate_process_groups_behind_a_token(cluster: Cluster) -> N
     assert len({n["pgid"] for n in nodes.values()}) == len(cluster.nodes)
     assert all(n["pid"] == n["pgid"] for n in nodes.values())
     assert all(n["url"].startswith("http://127.0.0.1:") for n in nodes.values())
+    # The table, then what is wrong with a node or the orchestrator that works (nothing, on
+    # a machine with room on its disk and nodes that snapshot).
+    table = cluster.cli("nodes").stdout
+    assert all(name in table for name in nodes)
+    assert all(isinstance(n["warnings"], list) for n in nodes.values())
     # Each node runs its first stateful query when it starts (a node is ready meanwhile),
     # not when a PE comes.
     for name in nodes:

@@ -6,13 +6,16 @@ schema a client reads (``GET /openapi.json``, ``/docs``) is the API the CLI pars
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from fogshift.common.http import node_token
 from fogshift.contracts import NodeView
+from fogshift.orchestrator import deployment
 from tests.orchestrator.conftest import OPERATOR
 
 #: ``(method, path)`` -> the contract its 200 answer is (``[...]``: a list of them).
@@ -119,3 +122,16 @@ def test_a_node_whose_checkpoints_fail_or_stopped_is_flagged_in_the_node_view(
     assert len(view.warnings) == 2
     assert view.warnings[0].startswith("node-level checkpoints stopped: the last round ended 6")
     assert view.warnings[1] == "node-level checkpoint of p/agg failed: CheckpointError: no room"
+
+
+def test_the_orchestrator_tells_its_own_disk_nearly_full(
+    app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert as_(app, OPERATOR).get("/health").json()["warnings"] == []
+    usage = shutil.disk_usage("/")
+    low = usage._replace(free=usage.total // 100)  # 1 % free
+    monkeypatch.setattr(deployment.shutil, "disk_usage", lambda path: low)
+    (warning,) = as_(app, OPERATOR).get("/health").json()["warnings"]
+    assert warning.startswith("disk nearly full: ") and warning.endswith(
+        "(central checkpoints fail once it is full)"
+    )
