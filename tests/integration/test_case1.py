@@ -192,8 +192,7 @@ def test_nodes_are_separate_process_groups_behind_a_token(cluster: Cluster) -> N
     assert len({n["pgid"] for n in nodes.values()}) == len(cluster.nodes)
     assert all(n["pid"] == n["pgid"] for n in nodes.values())
     assert all(n["url"].startswith("http://127.0.0.1:") for n in nodes.values())
-    # The table, then what is wrong with a node or the orchestrator that works (nothing, on
-    # a machine with room on its disk and nodes that snapshot).
+    # The table, then any warnings (none is asserted: a CI machine's disk may be nearly full).
     table = cluster.cli("nodes").stdout
     assert all(name in table for name in nodes)
     assert all(isinstance(n["warnings"], list) for n in nodes.values())
