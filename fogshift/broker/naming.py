@@ -1,10 +1,10 @@
 """Stream and subject names: one JetStream stream per PE output.
 
-Each PE owns one stream ``FS_<pipeline>_<pe>`` with two subjects: ``fs.<pipeline>.<pe>.data``
-for its output events and ``fs.<pipeline>.<pe>.dead`` for its dead letters (plus ``.fence``
-for fence markers, ``.cut`` for the batch cuts of a PE with several inputs, ``.keys`` for
-the key moves of partitioned PEs reading it and ``.state.<partition>`` for their large
-states' parts).
+Each PE owns one stream ``FS_<pipeline>_<pe>`` (a ``_`` in the pipeline's name doubled)
+with two subjects: ``fs.<pipeline>.<pe>.data`` for its output events and
+``fs.<pipeline>.<pe>.dead`` for its dead letters (plus ``.fence`` for fence markers,
+``.cut`` for the batch cuts of a PE with several inputs, ``.keys`` for the key moves of
+partitioned PEs reading it and ``.state.<partition>`` for their large states' parts).
 One stream per PE makes the PE the single writer of its stream, which is what lets the
 writer check the last stored message to make re-executed batches idempotent (see
 ``broker.datasource``).
@@ -17,8 +17,15 @@ from __future__ import annotations
 
 
 def stream_name(pipeline: str, pe: str) -> str:
-    """The JetStream stream holding the output of ``pe`` in ``pipeline``."""
-    return f"FS_{pipeline}_{pe}"
+    """The JetStream stream holding the output of ``pe`` in ``pipeline``: one per PE, no two
+    PEs' the same.
+
+    ``_`` joins the two names and may be in both, so the pipeline's are doubled: pipeline
+    ``a_b``'s PE ``c`` and pipeline ``a``'s PE ``b_c`` shared ``FS_a_b_c`` before, two
+    writers in one stream (the single-writer chain and fencing hold only with one). A
+    pipeline's name without ``_`` gives the name it always gave.
+    """
+    return f"FS_{pipeline.replace('_', '__')}_{pe}"
 
 
 def data_subject(pipeline: str, pe: str) -> str:
