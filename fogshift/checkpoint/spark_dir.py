@@ -191,12 +191,14 @@ def copy_checkpoint(
                 except OSError as exc:  # another file system, or links not allowed
                     log.debug("checkpoint copy of %s: cannot link %s (%s)", source, rel, exc)
             if earlier_root is not None:
-                # Across file systems: the earlier copy's file of the same name and size is
-                # this one (Spark writes each name once, or renames another over it).
+                # Across file systems: the earlier copy's file of the same name, size and
+                # modification time is this one (a copy keeps the time; a file Spark wrote
+                # again under its name, as a batch run again does, has another).
                 earlier = os.path.join(earlier_root, rel)
-                size = entry.stat().st_size if entry is not None else os.stat(src).st_size
+                here = entry.stat() if entry is not None else os.stat(src)
                 try:
-                    same = os.stat(earlier).st_size == size
+                    there = os.stat(earlier)
+                    same = (there.st_size, there.st_mtime_ns) == (here.st_size, here.st_mtime_ns)
                 except FileNotFoundError:
                     same = False
                 if same:

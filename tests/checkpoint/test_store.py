@@ -161,3 +161,38 @@ def test_the_newest_snapshot_tells_the_digests_of_the_live_files_it_links(tmp_pa
     assert digests[(stat.st_dev, stat.st_ino)] == _digest(changelog)
     assert len(digests) == len(manifest["files"])
     assert known_digests(tmp_path / "none") == {}
+
+
+def test_across_file_systems_a_snapshot_links_the_last_ones_unchanged_files_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live checkpoint on another file system: its files are copied into the first
+    snapshot, and a later one links from that what did not change (same name, size and
+    time) and copies the rest — a file rewritten with the same size too."""
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 3)
+    real_link = os.link
+
+    def link(src: str, dst: str) -> None:
+        if str(src).startswith(str(live)):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        real_link(src, dst)
+
+    monkeypatch.setattr(spark_dir.os, "link", link)
+    first = take_snapshot(live, store, "p", "agg")
+    assert first is not None
+    changelog = live / "state" / "0" / "0" / "3.changelog"
+    redone = changelog.with_name(".3.changelog.tmp")
+    redone.write_text("changes of batch X")  # as long as "changes of batch 2"
+    os.utime(redone, ns=(changelog.stat().st_atime_ns, changelog.stat().st_mtime_ns + 10**6))
+    redone.replace(changelog)
+    _batch(live, 3)
+    second = take_snapshot(live, store, "p", "agg")
+    assert second is not None
+    one, two = store / first["id"], store / second["id"]
+    assert (two / "state/0/0/3.changelog").read_text() == "changes of batch X"
+    assert not os.path.samefile(two / "state/0/0/3.changelog", one / "state/0/0/3.changelog")
+    assert os.path.samefile(two / "state/0/0/2.changelog", one / "state/0/0/2.changelog")
+    assert second["files"]["state/0/0/2.changelog"] == first["files"]["state/0/0/2.changelog"]
+    for rel, entry in second["files"].items():
+        assert entry["sha256"] == _digest(two / rel), rel
