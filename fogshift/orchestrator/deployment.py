@@ -64,9 +64,10 @@ def _aged(snapshot: NodeCheckpoint | None) -> AgedNodeCheckpoint | None:
 
 #: A node's node-level checkpoints count as stopped once the last round, or a PE's newest
 #: checkpoint while it commits newer batches, is this many checkpoint intervals old, plus
-#: :data:`STALL_SLACK_S` (a round can wait behind a busy node's disk and CPU).
+#: :data:`STALL_SLACK_S` (a round waits behind a query start holding the node's lock, which
+#: takes tens of seconds on a loaded node).
 STALL_INTERVALS = 3
-STALL_SLACK_S = 10.0
+STALL_SLACK_S = 30.0
 
 
 #: Below this share of its file system free, a node's disk counts as nearly full whatever
