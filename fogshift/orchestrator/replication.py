@@ -56,6 +56,7 @@ class Replication(Replanning):
     def pull_checkpoints(self) -> None:
         """Copy each running PE's newest node-level checkpoint into the central store."""
         nodes = {n.name: n for n in self.registry.nodes()}
+        tried: set[tuple[str, str]] = set()
         for record in self.registry.pipelines():
             if record.status != PipelineState.RUNNING:
                 continue
@@ -64,6 +65,7 @@ class Replication(Replanning):
                 if node is None or not self.healthy(node):
                     continue
                 key = (record.name, element.id)
+                tried.add(key)
                 try:
                     self._pull_one(record.name, element.id, node.name, key)
                 except FogshiftError as exc:
@@ -77,6 +79,10 @@ class Replication(Replanning):
                     self.pull_errors[key] = (node.name, f"{type(exc).__name__}: {exc}")
                     continue
                 self.pull_errors.pop(key, None)
+        # A PE no longer pulled (its pipeline stopped or removed, its node lost, which says
+        # so itself) has no pull failing any more.
+        for key in set(self.pull_errors) - tried:
+            del self.pull_errors[key]
 
     def _pull_one(self, pipeline: str, pe: str, node: str, key: tuple[str, str]) -> None:
         agent = self.agent(node)

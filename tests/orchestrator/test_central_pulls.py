@@ -136,3 +136,10 @@ def test_one_pe_whose_pull_fails_stops_no_other_pull_and_its_node_is_warned_of(
     broken.clear()  # room again: the next pull succeeds and the warning goes
     orchestrator.pull_checkpoints()
     assert {n.name: n.warnings for n in orchestrator.nodes()} == {"cloud": [], "fog-a": []}
+    # A failure of a pipeline since stopped is no longer told.
+    broken.add("source")
+    orchestrator.pull_checkpoints()
+    assert orchestrator.pull_errors
+    orchestrator.registry.set_status("p", "stopped")
+    orchestrator.pull_checkpoints()
+    assert {n.name: n.warnings for n in orchestrator.nodes()} == {"cloud": [], "fog-a": []}
