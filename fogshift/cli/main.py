@@ -358,8 +358,8 @@ def status(
 
 @app.command()
 def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
-    """Per node: name, url, pid, pgid, healthy; then what is wrong with a node that works
-    (its node-level checkpoints failing or stopped)."""
+    """Per node: name, url, pid, pgid, healthy; then what is wrong with a node, or the
+    orchestrator, that works (checkpoints failing or stopped, disk nearly full)."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
         data = [NodeView.model_validate(n) for n in client.get("/nodes")]
         health = OrchestratorHealth.model_validate(client.get("/health"))
