@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from fogshift.agent.app import heartbeat_loop
+from fogshift.agent.config import AgentConfig
 from fogshift.agent.node import NodeRuntime
 from fogshift.agent.replicas import Replicas
 from fogshift.contracts import Heartbeat
@@ -69,7 +70,7 @@ def test_a_heartbeat_says_the_checkpoint_interval_the_last_round_and_the_disk(
 ) -> None:
     url, beats = orchestrator
     beat = _beats(home, url, beats, lambda runtime: runtime.snapshot_all())
-    assert beat.checkpoint_interval_s == 5.0  # the agent's default
+    assert beat.checkpoint_interval_s == AgentConfig.default("checkpoint_interval_s")
     assert beat.snapshots_age_s is not None and 0 <= beat.snapshots_age_s < 10
     usage = shutil.disk_usage(home)
     assert beat.disk_total_bytes == usage.total
