@@ -830,6 +830,9 @@ class NodeView(BaseModel):
             failing or no longer taken (a restore would then reprocess ever more input, and
             nothing new reaches the central store), its PEs' central pulls failing, its disk
             nearly full (Spark's checkpoints fail, and the PEs with them, when it is).
+        disk_free_bytes: Free space on the file system of the node's home, as of its last
+            heartbeat (``None``: not told).
+        disk_total_bytes: That file system's size.
     """
 
     model_config = _WIRE
@@ -844,10 +847,19 @@ class NodeView(BaseModel):
     error: str | None
     last_seen_s: float
     cpu_percent: float | None
+    disk_free_bytes: int | None = None
+    disk_total_bytes: int | None = None
     replicas: list[str]
     elements: list[str]
     checkpoints: list[CheckpointsView]
     warnings: list[str] = []
+
+    @property
+    def disk_text(self) -> str | None:
+        """``12.3 of 50 GiB free``, or ``None`` when the node did not say."""
+        if self.disk_free_bytes is None or not self.disk_total_bytes:
+            return None
+        return f"{self.disk_free_bytes / 2**30:.1f} of {self.disk_total_bytes / 2**30:.0f} GiB free"
 
 
 class StandbyStatus(BaseModel):

@@ -358,8 +358,9 @@ def status(
 
 @app.command()
 def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
-    """Per node: name, url, pid, pgid, healthy; then what is wrong with a node, or the
-    orchestrator, that works (checkpoints failing or stopped, disk nearly full)."""
+    """Per node: name, url, pid, pgid, healthy, free disk and its PEs; then what is wrong
+    with a node, or the orchestrator, that works (checkpoints failing or stopped, disk
+    nearly full)."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
         data = [NodeView.model_validate(n) for n in client.get("/nodes")]
         health = OrchestratorHealth.model_validate(client.get("/health"))
@@ -367,12 +368,13 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
         _print_json(data)
         return
     table = Table(title="nodes")
-    for column in ("name", "url", "pid", "pgid", "healthy", "elements"):
+    for column in ("name", "url", "pid", "pgid", "healthy", "disk", "elements"):
         table.add_column(column)
     for n in data:
         table.add_row(
             n.name, n.url, str(n.pid), str(n.pgid),
-            "[green]yes[/]" if n.healthy else "[red]no[/]", ", ".join(n.elements),
+            "[green]yes[/]" if n.healthy else "[red]no[/]", n.disk_text or "-",
+            ", ".join(n.elements),
         )  # fmt: skip
     console.print(table)
     for n in data:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fogshift.broker.client import DUPLICATE_WINDOW_S
@@ -40,8 +40,16 @@ class OrchestratorConfig(BaseSettings):
         duplicate_window_s: The broker's de-duplication window of new streams (the broker
             client's default, :data:`fogshift.broker.client.DUPLICATE_WINDOW_S`).
         low_disk_bytes: A node with less free space than this on its home's file system,
-            or less than 5 % of it, is warned of in ``GET /nodes`` (its checkpoints, and its
-            PEs with them, fail once it is full).
+            or less than ``low_disk_share`` of it, is warned of in ``GET /nodes`` (its
+            checkpoints, and its PEs with them, fail once it is full); so is the
+            orchestrator's own, in ``GET /health``.
+        low_disk_share: See ``low_disk_bytes`` (for a large disk, where 1 GiB is little).
+        stall_intervals: A node's node-level checkpoints are warned of as stopped once its
+            last round, or a running PE's newest checkpoint while the PE commits newer
+            batches, is this many of the node's checkpoint intervals old, plus
+            ``stall_slack_s``.
+        stall_slack_s: See ``stall_intervals``: a round waits behind a query start holding
+            the node's lock, which takes tens of seconds on a loaded node.
         plan_interval_s: Interval of the backup/redeploy planner (see ``planning``).
         plan_time_limit_s: Time limit of one exact solve; the greedy answers when it is hit.
         broker_config: The config of the nats-server ``fogshift up`` started (``None``: an
@@ -69,6 +77,9 @@ class OrchestratorConfig(BaseSettings):
     standby_follow_s: float = Field(default=0.5, gt=0)
     duplicate_window_s: float = Field(default=DUPLICATE_WINDOW_S, gt=0)
     low_disk_bytes: int = Field(default=1 << 30, ge=0)
+    low_disk_share: float = Field(default=0.05, ge=0, le=1)
+    stall_intervals: float = Field(default=3.0, gt=0)
+    stall_slack_s: float = Field(default=30.0, ge=0)
     plan_interval_s: float = Field(default=10.0, gt=0)
     plan_time_limit_s: float = Field(default=5.0, gt=0)
     test_pause_at: str | None = Field(default=None, pattern=r"^(migration|restore):[a-z_]+$")
@@ -81,6 +92,23 @@ class OrchestratorConfig(BaseSettings):
         return cls.model_fields[field].get_default(call_default_factory=True)
 
     @property
+    def warning_limits(self) -> WarningLimits:
+        """The thresholds of the node and orchestrator warnings."""
+        return WarningLimits(**{f: getattr(self, f) for f in WarningLimits.model_fields})
+
+    @property
     def topology_file(self) -> Path:
         """The fog topology (node capacities, link bandwidths) the planner uses."""
         return self.home / "topology.yaml"
+
+
+class WarningLimits(BaseModel):
+    """When a node, or the orchestrator, that works is warned of (see
+    :class:`OrchestratorConfig`'s fields of the same names, whose defaults these take)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    low_disk_bytes: int = Field(default=OrchestratorConfig.default("low_disk_bytes"), ge=0)
+    low_disk_share: float = Field(default=OrchestratorConfig.default("low_disk_share"), ge=0, le=1)
+    stall_intervals: float = Field(default=OrchestratorConfig.default("stall_intervals"), gt=0)
+    stall_slack_s: float = Field(default=OrchestratorConfig.default("stall_slack_s"), ge=0)

@@ -41,6 +41,7 @@ from fogshift.contracts import (
 )
 from fogshift.events import EPOCH_HEADER, ORIGIN_HEADER
 from fogshift.exceptions import FogshiftError, Unavailable
+from fogshift.orchestrator.config import WarningLimits
 from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPipeline
 from fogshift.orchestrator.journal import Journal
 from fogshift.orchestrator.registry import PipelineRecord
@@ -62,29 +63,18 @@ def _aged(snapshot: NodeCheckpoint | None) -> AgedNodeCheckpoint | None:
     return AgedNodeCheckpoint(**snapshot.model_dump(), age_ms=age_ms)
 
 
-#: A node's node-level checkpoints count as stopped once the last round, or a PE's newest
-#: checkpoint while it commits newer batches, is this many checkpoint intervals old, plus
-#: :data:`STALL_SLACK_S` (a round waits behind a query start holding the node's lock, which
-#: takes tens of seconds on a loaded node).
-STALL_INTERVALS = 3
-STALL_SLACK_S = 30.0
-
-
-#: Below this share of its file system free, a node's disk counts as nearly full whatever
-#: ``low_disk_bytes`` says (a large disk).
-LOW_DISK_SHARE = 0.05
-
-
-def disk_warning(free: int | None, total: int | None, low_bytes: int) -> str | None:
-    """``disk nearly full: ...`` when ``free`` is below ``low_bytes`` or
-    :data:`LOW_DISK_SHARE` of ``total``; ``None`` otherwise, or when unknown."""
-    if free is None or not total or (free >= low_bytes and free >= LOW_DISK_SHARE * total):
+def disk_warning(free: int | None, total: int | None, limits: WarningLimits) -> str | None:
+    """``disk nearly full: ...`` when ``free`` is below ``limits.low_disk_bytes`` or
+    ``limits.low_disk_share`` of ``total``; ``None`` otherwise, or when unknown."""
+    if free is None or not total:
+        return None
+    if free >= limits.low_disk_bytes and free >= limits.low_disk_share * total:
         return None
     return f"disk nearly full: {free / 2**30:.2f} GiB free of {total / 2**30:.1f} GiB"
 
 
 def node_warnings(
-    report: Heartbeat, heard_s: float, now: float, low_disk_bytes: int = 0
+    report: Heartbeat, heard_s: float, now: float, limits: WarningLimits
 ) -> list[str]:
     """What is wrong with a node that works, from its last heartbeat: its disk nearly full,
     its node-level checkpoints failing or stopped.
@@ -99,17 +89,18 @@ def node_warnings(
         heard_s: Seconds since that heartbeat arrived.
         now: This host's ``time.time()`` (a checkpoint's age is by the node's clock, as
             everywhere its age is shown).
-        low_disk_bytes: Free bytes below which the disk counts as nearly full (or below
-            :data:`LOW_DISK_SHARE` of it).
+        limits: When the disk counts as nearly full, and the checkpoints as stopped (a
+            round, or a running PE's newest checkpoint while it commits newer batches,
+            ``stall_intervals`` of the node's intervals plus ``stall_slack_s`` old).
     """
     warnings = []
-    disk = disk_warning(report.disk_free_bytes, report.disk_total_bytes, low_disk_bytes)
+    disk = disk_warning(report.disk_free_bytes, report.disk_total_bytes, limits)
     if disk is not None:
         warnings.append(disk + " (checkpoints fail, and the PEs with them, once it is full)")
     interval = report.checkpoint_interval_s
     if interval is None:
         return warnings  # an agent that does not say its interval: nothing to compare with
-    limit = STALL_INTERVALS * interval + STALL_SLACK_S
+    limit = limits.stall_intervals * interval + limits.stall_slack_s
     if report.snapshots_age_s is not None and report.snapshots_age_s + heard_s > limit:
         warnings.append(
             f"node-level checkpoints stopped: the last round ended "
@@ -143,7 +134,7 @@ class Deployment(Journal):
             usage = shutil.disk_usage(self.config.home)
         except OSError:
             return []
-        disk = disk_warning(usage.free, usage.total, self.config.low_disk_bytes)
+        disk = disk_warning(usage.free, usage.total, self.config.warning_limits)
         return [] if disk is None else [disk + " (central checkpoints fail once it is full)"]
 
     def nodes(self) -> list[NodeView]:
@@ -163,6 +154,8 @@ class Deployment(Journal):
                     error=report.error,
                     last_seen_s=round(time.time() - node.last_seen, 3),
                     cpu_percent=report.cpu_percent,
+                    disk_free_bytes=report.disk_free_bytes,
+                    disk_total_bytes=report.disk_total_bytes,
                     replicas=[f"{r.pipeline}/{r.element}@{r.id}" for r in report.replicas],
                     elements=[f"{e.pipeline}/{e.element}" for e in report.elements],
                     checkpoints=[
@@ -178,7 +171,7 @@ class Deployment(Journal):
                         report,
                         time.time() - node.last_seen,
                         time.time(),
-                        self.config.low_disk_bytes,
+                        self.config.warning_limits,
                     )
                     + [
                         f"central checkpoint of {p}/{e} failed: {error}"

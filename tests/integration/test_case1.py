@@ -196,6 +196,9 @@ def test_nodes_are_separate_process_groups_behind_a_token(cluster: Cluster) -> N
     table = cluster.cli("nodes").stdout
     assert all(name in table for name in nodes)
     assert all(isinstance(n["warnings"], list) for n in nodes.values())
+    # Each node tells its free disk (all share this machine's).
+    assert all(0 < n["disk_free_bytes"] <= n["disk_total_bytes"] for n in nodes.values())
+    assert "GiB" in table  # (rich may wrap the column: one word)
     # Each node runs its first stateful query when it starts (a node is ready meanwhile),
     # not when a PE comes.
     for name in nodes:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from fogshift.contracts import ElementInfo, Heartbeat, NodeCheckpoint, PEState
-from fogshift.orchestrator.deployment import STALL_INTERVALS, STALL_SLACK_S, node_warnings
+from fogshift.orchestrator.config import OrchestratorConfig, WarningLimits
+from fogshift.orchestrator.deployment import node_warnings
 
 NOW = 10_000.0
 INTERVAL = 5.0
-LIMIT = STALL_INTERVALS * INTERVAL + STALL_SLACK_S
+DEFAULTS = WarningLimits()
+LIMIT = DEFAULTS.stall_intervals * INTERVAL + DEFAULTS.stall_slack_s
 
 
 def _beat(
@@ -32,52 +34,72 @@ def _pe(last_batch: int, snapshot_batch: int | None, snapshot_age_s: float) -> E
 def test_a_node_that_snapshots_on_time_has_no_warning() -> None:
     fresh = _pe(last_batch=40, snapshot_batch=38, snapshot_age_s=INTERVAL)
     idle = _pe(last_batch=7, snapshot_batch=7, snapshot_age_s=10 * LIMIT)  # nothing new
-    assert node_warnings(_beat(1.0, fresh, idle), heard_s=0.5, now=NOW) == []
-    assert node_warnings(_beat(None), heard_s=0.5, now=NOW) == []  # no round yet
+    assert node_warnings(_beat(1.0, fresh, idle), heard_s=0.5, now=NOW, limits=DEFAULTS) == []
+    assert node_warnings(_beat(None), heard_s=0.5, now=NOW, limits=DEFAULTS) == []  # no round yet
 
 
 def test_a_round_that_stopped_coming_counts_from_the_heartbeat_it_was_heard_in() -> None:
     # Within the limit by the node's report, beyond it by the time since it was heard.
-    (warning,) = node_warnings(_beat(LIMIT - 1), heard_s=2.0, now=NOW)
+    (warning,) = node_warnings(_beat(LIMIT - 1), heard_s=2.0, now=NOW, limits=DEFAULTS)
     assert warning == (
         f"node-level checkpoints stopped: the last round ended {LIMIT + 1:.0f} s ago "
         f"(one every {INTERVAL:g} s)"
     )
-    assert node_warnings(_beat(LIMIT - 1), heard_s=0.5, now=NOW) == []
+    assert node_warnings(_beat(LIMIT - 1), heard_s=0.5, now=NOW, limits=DEFAULTS) == []
 
 
 def test_a_pe_whose_snapshots_fail_or_lag_its_batches_is_named() -> None:
     failing = _pe(last_batch=40, snapshot_batch=20, snapshot_age_s=1.0).model_copy(
         update={"snapshot_error": "OSError: [Errno 28] No space left on device"}
     )
-    (warning,) = node_warnings(_beat(1.0, failing), heard_s=0.0, now=NOW)
+    (warning,) = node_warnings(_beat(1.0, failing), heard_s=0.0, now=NOW, limits=DEFAULTS)
     assert (
         warning
         == "node-level checkpoint of p/agg failed: OSError: [Errno 28] No space left on device"
     )
     lagging = _pe(last_batch=40, snapshot_batch=20, snapshot_age_s=LIMIT + 5)
-    (warning,) = node_warnings(_beat(1.0, lagging), heard_s=0.0, now=NOW)
+    (warning,) = node_warnings(_beat(1.0, lagging), heard_s=0.0, now=NOW, limits=DEFAULTS)
     assert warning.startswith(f"node-level checkpoint of p/agg is {LIMIT + 5:.0f} s old (batch 20)")
     assert warning.endswith("while it committed batch 40 (one every 5 s)")
     # A failed PE is not snapshotted: its state says what is wrong, not a lagging snapshot.
     failed = lagging.model_copy(update={"state": PEState.FAILED})
-    assert node_warnings(_beat(1.0, failed), heard_s=0.0, now=NOW) == []
+    assert node_warnings(_beat(1.0, failed), heard_s=0.0, now=NOW, limits=DEFAULTS) == []
 
 
 def test_an_agent_that_does_not_say_its_interval_is_not_judged() -> None:
     lagging = _pe(last_batch=40, snapshot_batch=20, snapshot_age_s=10 * LIMIT)
-    assert node_warnings(_beat(10 * LIMIT, lagging, interval=None), heard_s=0.0, now=NOW) == []
+    assert (
+        node_warnings(
+            _beat(10 * LIMIT, lagging, interval=None), heard_s=0.0, now=NOW, limits=DEFAULTS
+        )
+        == []
+    )
 
 
 def test_a_nearly_full_disk_is_told_before_checkpoints_fail() -> None:
     gib = 1 << 30
+    low = WarningLimits(low_disk_bytes=gib)
 
     def disk(free: int, total: int) -> list[str]:
         beat = _beat(1.0).model_copy(update={"disk_free_bytes": free, "disk_total_bytes": total})
-        return node_warnings(beat, heard_s=0.0, now=NOW, low_disk_bytes=gib)
+        return node_warnings(beat, heard_s=0.0, now=NOW, limits=low)
 
     assert disk(20 * gib, 100 * gib) == []
     (warning,) = disk(gib // 2, 100 * gib)  # under the bytes
     assert warning.startswith("disk nearly full: 0.50 GiB free of 100.0 GiB")
     assert disk(40 * gib, 1000 * gib)  # under 5 % of a large disk
-    assert node_warnings(_beat(1.0), heard_s=0.0, now=NOW, low_disk_bytes=gib) == []  # unknown
+    assert node_warnings(_beat(1.0), heard_s=0.0, now=NOW, limits=low) == []  # unknown
+
+
+def test_the_limits_are_the_orchestrators_settings() -> None:
+    assert WarningLimits() == WarningLimits(
+        **{f: OrchestratorConfig.default(f) for f in WarningLimits.model_fields}
+    )
+    lagging = _pe(last_batch=40, snapshot_batch=20, snapshot_age_s=40.0)
+    assert node_warnings(_beat(1.0, lagging), heard_s=0.0, now=NOW, limits=DEFAULTS) == []
+    strict = WarningLimits(stall_intervals=1, stall_slack_s=0)  # 5 s
+    (warning,) = node_warnings(_beat(1.0, lagging), heard_s=0.0, now=NOW, limits=strict)
+    assert "is 40 s old (batch 20)" in warning
+    config = OrchestratorConfig(home="/tmp/x", port=1, token="t" * 16, broker_file="/tmp/b",
+                                stall_slack_s=1, low_disk_share=0.5)  # fmt: skip
+    assert config.warning_limits == WarningLimits(stall_slack_s=1, low_disk_share=0.5)

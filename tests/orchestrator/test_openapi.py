@@ -112,13 +112,15 @@ def test_a_node_whose_checkpoints_fail_or_stopped_is_flagged_in_the_node_view(
     app: FastAPI,
 ) -> None:
     beat = {"url": "http://127.0.0.1:8701", "ready": True, "checkpoint_interval_s": 2.0,
-            "snapshots_age_s": 60.0,
+            "snapshots_age_s": 60.0, "disk_free_bytes": 7 * 2**30, "disk_total_bytes": 2**36,
             "elements": [{"pipeline": "p", "element": "agg", "state": "running",
                           "snapshot_error": "CheckpointError: no room"}]}  # fmt: skip
     node = as_(app, node_token(OPERATOR, "fog-a"))
     assert node.post("/nodes/fog-a/heartbeat", json=beat).json() == {"ok": True}
     (view,) = [NodeView.model_validate(n) for n in as_(app, OPERATOR).get("/nodes").json()]
     assert view.healthy  # it works: flagged, not taken for lost (that would restore its PEs)
+    assert (view.disk_free_bytes, view.disk_total_bytes) == (7 * 2**30, 2**36)
+    assert view.disk_text == "7.0 of 64 GiB free"
     assert len(view.warnings) == 2
     assert view.warnings[0].startswith("node-level checkpoints stopped: the last round ended 6")
     assert view.warnings[1] == "node-level checkpoint of p/agg failed: CheckpointError: no room"

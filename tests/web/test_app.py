@@ -73,7 +73,11 @@ class StandIn:
 
     def nodes(self) -> list[NodeView]:
         stalled = node("fog-b").model_copy(
-            update={"warnings": ["node-level checkpoints stopped: the last round ended 60 s ago"]}
+            update={
+                "warnings": ["node-level checkpoints stopped: the last round ended 60 s ago"],
+                "disk_free_bytes": 3 * 2**29,
+                "disk_total_bytes": 50 * 2**30,
+            }
         )
         return [node("cloud"), node("fog-a"), stalled]
 
@@ -240,6 +244,11 @@ def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
     assert nodes.status_code == 200
     row = nodes.text.split('data-node="fog-b"')[1].split("</tr>")[0]
     assert "node-level checkpoints stopped: the last round ended 60 s ago" in row
+    assert "1.5 of 50 GiB free" in row
+    assert (
+        '<td class="num">\N{EN DASH}</td>'
+        in nodes.text.split('data-node="cloud"')[1].split("</tr>")[0]
+    )
 
 
 def test_an_action_asks_first_then_shows_its_report(
