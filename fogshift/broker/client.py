@@ -31,7 +31,7 @@ from nats.js.api import DeliverPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import NotFoundError
 
 from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
-from fogshift.broker.naming import stream_name, stream_subjects
+from fogshift.broker.naming import data_subject, legacy_stream_name, stream_name, stream_subjects
 from fogshift.common.files import write_private
 from fogshift.common.text import one_line
 
@@ -279,7 +279,29 @@ async def ensure_pe_stream(
             )
         )
     except Exception as exc:
+        holder = await _stream_holding(js, pipeline, pe)
+        if holder is not None and holder != name:
+            raise BrokerError(
+                f"cannot create stream {name} for {pipeline}/{pe}: its subjects are held by "
+                f"stream {holder!r}",
+                expected=f"no stream but {name} on {data_subject(pipeline, pe)}",
+                received=holder,
+                hint=(
+                    f"{holder} is this PE's stream as an older fogshift named it: `fogshift "
+                    f"stop {pipeline}`, then deploy it again (its output starts afresh)"
+                    if holder == legacy_stream_name(pipeline, pe)
+                    else f"remove or rename stream {holder}, which is not fogshift's"
+                ),
+            ) from exc
         raise BrokerError(f"cannot create stream {name} for {pipeline}/{pe}: {exc!r}") from exc
+
+
+async def _stream_holding(js: JetStreamContext, pipeline: str, pe: str) -> str | None:
+    """The stream that holds the output subject of ``pe``, whatever its name."""
+    try:
+        return await js.find_stream_name_by_subject(data_subject(pipeline, pe))
+    except NotFoundError:
+        return None
 
 
 async def ensure_subjects(js: JetStreamContext, pipeline: str, pe: str) -> None:
@@ -299,9 +321,15 @@ async def ensure_subjects(js: JetStreamContext, pipeline: str, pe: str) -> None:
 
 
 async def delete_pe_stream(js: JetStreamContext, pipeline: str, pe: str) -> None:
-    """Delete the output stream of ``pe`` if it exists."""
+    """Delete the output stream of ``pe`` if it exists: under its name, or under the name an
+    older fogshift gave it (:func:`~fogshift.broker.naming.legacy_stream_name`), which
+    holds its subjects so that no stream of the current name could be created."""
     with contextlib.suppress(NotFoundError):
         await js.delete_stream(stream_name(pipeline, pe))
+    legacy = legacy_stream_name(pipeline, pe)
+    if legacy != stream_name(pipeline, pe) and await _stream_holding(js, pipeline, pe) == legacy:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(legacy)
 
 
 async def last_seq(js: JetStreamContext, stream: str) -> int:

@@ -28,6 +28,13 @@ def stream_name(pipeline: str, pe: str) -> str:
     return f"FS_{pipeline.replace('_', '__')}_{pe}"
 
 
+def legacy_stream_name(pipeline: str, pe: str) -> str:
+    """The name fogshift gave the stream of ``pe`` before 2026-11-29 (``_`` not doubled): a
+    pipeline deployed then still has it, holding the PE's subjects, until deployed again
+    (which deletes it, see ``broker.client.delete_pe_stream``)."""
+    return f"FS_{pipeline}_{pe}"
+
+
 def data_subject(pipeline: str, pe: str) -> str:
     """The subject of ``pe``'s output events."""
     return f"fs.{pipeline}.{pe}.data"
