@@ -502,6 +502,7 @@ class JetStreamReader(DataSourceStreamReader):
                     epoch=self.epoch,
                     start=begin,
                     end=latest,
+                    after=cut_of(start),
                 )
             )
         except Fenced:

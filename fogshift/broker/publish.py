@@ -653,30 +653,54 @@ async def append_cut(
     epoch: int,
     start: dict[str, int],
     end: dict[str, int],
+    after: int,
 ) -> int:
-    """Log the cut ``(start, end]`` of ``pe``'s next micro-batch before it runs.
+    """Log the cut ``(start, end]`` of ``pe``'s next micro-batch before it runs, as the cut
+    after the one logged at sequence ``after`` (``0``: the first).
 
-    The cut is appended under ``epoch`` right after the stream's tail, like a record: a fenced
-    instance cannot log a cut, and two instances cannot log interleaved histories.
+    The cut is appended under ``epoch`` right after the stream's tail, like a record, and
+    only if the last cut logged is ``after`` (the broker checks both): a fenced instance
+    cannot log a cut, and no two cuts follow the same one. During a handover both instances
+    run and log cuts; an older one's cut stored between this one's look at the log and its
+    append would otherwise be followed by a second cut from the same start, a fork that
+    every replay across it refuses.
 
     Returns:
         The cut's stream sequence.
 
     Raises:
         Fenced: A newer epoch has taken over the PE.
-        WriterConflict: Another instance logged or wrote meanwhile.
+        WriterConflict: A cut after ``after`` was logged meanwhile (the batch follows it), or
+            another instance wrote under this epoch.
     """
     stream = stream_name(pipeline, pe)
-    tail = await read_tail(js, stream)
-    if tail.epoch > epoch:
-        raise _fenced(pipeline, pe, epoch, tail.epoch)
-    headers = {
-        ORIGIN_HEADER: str(tail.position[0]),
-        INDEX_HEADER: str(tail.position[1]),
-        EPOCH_HEADER: str(epoch),
-    }
     payload = json.dumps({"start": start, "end": end}, sort_keys=True).encode()
-    stored = await _append(
-        js, stream, cut_subject(pipeline, pe), payload, headers, tail, epoch, pipeline, pe
+    for _ in range(FOREIGN_RETRIES):
+        tail = await read_tail(js, stream)
+        if tail.epoch > epoch:
+            raise _fenced(pipeline, pe, epoch, tail.epoch)
+        headers = {
+            ORIGIN_HEADER: str(tail.position[0]),
+            INDEX_HEADER: str(tail.position[1]),
+            EPOCH_HEADER: str(epoch),
+            "Nats-Expected-Last-Sequence": str(tail.last_seq),
+            "Nats-Expected-Last-Subject-Sequence": str(after),
+        }
+        try:
+            ack = await js.publish(cut_subject(pipeline, pe), payload, headers=headers)
+        except APIError as exc:
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise BrokerError(f"cannot log a cut of {pipeline}/{pe}: {exc}") from exc
+            logged = await next_cut(js, pipeline, pe, after)
+            if logged is not None:
+                raise WriterConflict(
+                    f"{pipeline}/{pe}: a cut after sequence {after} was logged at "
+                    f"{logged.seq} under epoch {logged.epoch} meanwhile",
+                    hint="the batch follows the logged cut",
+                ) from exc
+            continue  # messages came after the tail (a fence, an older instance's): look again
+        return int(ack.seq)
+    raise WriterConflict(
+        f"cut log of {pipeline}/{pe} keeps moving under this instance (epoch {epoch})",
+        hint="something keeps appending to its stream; the batch is planned again",
     )
-    return stored.last_seq

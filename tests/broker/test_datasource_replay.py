@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
-from fogshift.broker import publish
-from fogshift.broker.client import SyncJetStream, ensure_pe_stream
+from fogshift.broker import datasource, publish
+from fogshift.broker.client import SyncJetStream, delete_pe_stream, ensure_pe_stream
 from fogshift.broker.datasource import JetStreamReader, cut_of, positions_of
 from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import BrokerProcess
@@ -40,9 +42,13 @@ def logged(js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path)
             for k in range(1, count + 1)
         ]
         js_client.run(lambda js, n=name, r=rows: publish_records(js, "replay", n, r, epoch=1))
+    js_client.run(lambda js: delete_pe_stream(js, "replay", "m"))  # (each test logs anew)
     js_client.run(lambda js: ensure_pe_stream(js, "replay", "m"))
+    after = 0
     for start, end in CUTS:
-        js_client.run(lambda js, s=start, e=end: publish.append_cut(js, "replay", "m", 1, s, e))
+        after = js_client.run(
+            lambda js, s=start, e=end, a=after: publish.append_cut(js, "replay", "m", 1, s, e, a)
+        )
     broker = nats_server.address.save(tmp_path / "broker.json")
     return {"broker": str(broker), "pipeline": "replay", "pe": "m", "inputs": "a,b",
             "epoch": "2", "gate": str(tmp_path / "gate")}  # fmt: skip
@@ -152,3 +158,48 @@ def test_the_partitions_of_one_element_meet_a_reader_merged_by_input_position(
     assert origins == sorted(set(origins)) and origins[-1] == 3 + 3 + 2
     # A re-execution in another process: the same rows, the same origins.
     assert _rows(JetStreamReader(options), start, end) == rows
+
+
+def test_a_cut_an_older_instance_logs_while_the_newer_plans_is_followed_not_forked(
+    js_client: SyncJetStream,
+    nats_server: BrokerProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handover runs both instances: the older (epoch 1) logs the next cut between the
+    newer's (epoch 2) look at the log and its own append. The newer follows that cut; a
+    second cut from the same start would fork the log, which every replay refuses."""
+    pipeline = f"fork{uuid.uuid4().hex[:6]}"
+    for name, count in (("a", 3), ("b", 2)):
+        js_client.run(lambda js, n=name: ensure_pe_stream(js, pipeline, n))
+        rows = [Record(k, 0, k, 1000.0 + k, name, json.dumps({"v": f"{name}{k}"}), None)
+                for k in range(1, count + 1)]  # fmt: skip
+        js_client.run(lambda js, n=name, r=rows: publish_records(js, pipeline, n, r, epoch=1))
+    js_client.run(lambda js: ensure_pe_stream(js, pipeline, "m"))
+    options = {"broker": str(nats_server.address.save(tmp_path / "broker.json")),
+               "pipeline": pipeline, "pe": "m", "inputs": "a,b", "epoch": "2",
+               "gate": str(tmp_path / "gate")}  # fmt: skip
+    older = ({"a": 0, "b": 0}, {"a": 2, "b": 0})
+    logged: list[int] = []
+    real = datasource.append_cut
+
+    async def raced(js: Any, **kwargs: Any) -> int:
+        logged.append(await publish.append_cut(js, pipeline, "m", 1, *older, after=0))
+        return await real(js, **kwargs)
+
+    monkeypatch.setattr(datasource, "append_cut", raced)
+    reader = JetStreamReader(options)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(10_000))
+    assert positions_of(end) == older[1] and cut_of(end) == logged[0]
+    assert _rows(reader, start, end) == [(1, "a1"), (2, "a2")]
+    cut = js_client.run(lambda js: publish.next_cut(js, pipeline, "m", 0))
+    assert (cut.seq, cut.epoch) == (logged[0], 1)
+    assert js_client.run(lambda js: publish.next_cut(js, pipeline, "m", cut.seq)) is None
+    # The newer goes on from there, and a replay from the start reads the same history.
+    monkeypatch.setattr(datasource, "append_cut", real)
+    last = reader.latestOffset(end, ReadMaxRows(10_000))
+    assert positions_of(last) == {"a": 3, "b": 2}
+    again = JetStreamReader(options)
+    assert again.latestOffset(start, ReadMaxRows(10_000)) == last
+    assert [v for _, v in _rows(again, start, last)] == ["a1", "a2", "a3", "b1", "b2"]

@@ -244,7 +244,7 @@ def test_a_zombie_is_refused_after_the_fence_even_behind_foreign_messages(
     with pytest.raises(Fenced, match="FOGSHIFT_FENCED"):
         js_client.run(lambda js: publish_records(js, "t", pe, records([4]), epoch=1))
     with pytest.raises(Fenced):
-        js_client.run(lambda js: publish.append_cut(js, "t", pe, 1, {"a": 0}, {"a": 1}))
+        js_client.run(lambda js: publish.append_cut(js, "t", pe, 1, {"a": 0}, {"a": 1}, after=0))
     assert fenced_at == 3
     assert js_client.run(lambda js: last_seq(js, stream)) == 5
     # Fencing again at the same epoch is a no-op.
@@ -255,12 +255,14 @@ def test_cuts_are_logged_in_order_and_found_after_a_sequence(js_client: SyncJetS
     pe = fresh_pe(js_client)
     assert js_client.run(lambda js: publish.next_cut(js, "t", pe, 0)) is None
     first = js_client.run(
-        lambda js: publish.append_cut(js, "t", pe, 1, {"a": 0, "b": 0}, {"a": 3, "b": 1})
+        lambda js: publish.append_cut(js, "t", pe, 1, {"a": 0, "b": 0}, {"a": 3, "b": 1}, after=0)
     )
     js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2]), epoch=1))
     foreign(js_client, pe)
     second = js_client.run(
-        lambda js: publish.append_cut(js, "t", pe, 1, {"a": 3, "b": 1}, {"a": 5, "b": 4})
+        lambda js: publish.append_cut(
+            js, "t", pe, 1, {"a": 3, "b": 1}, {"a": 5, "b": 4}, after=first
+        )
     )
     # A cut carries the last record's position: de-duplication is unaffected by it.
     assert js_client.run(lambda js: publish_records(js, "t", pe, records([2, 3]), epoch=1)) == 1
@@ -273,6 +275,18 @@ def test_cuts_are_logged_in_order_and_found_after_a_sequence(js_client: SyncJetS
     )
     got = js_client.run(lambda js: publish.next_cut(js, "t", pe, first))
     assert (got.seq, got.start, got.end) == (second, {"a": 3, "b": 1}, {"a": 5, "b": 4})
+    assert js_client.run(lambda js: publish.next_cut(js, "t", pe, second)) is None
+    # No second cut after the same one, whatever the epoch: the log never forks.
+    with pytest.raises(
+        WriterConflict, match=f"a cut after sequence {first} was logged at {second}"
+    ):
+        js_client.run(
+            lambda js: publish.append_cut(
+                js, "t", pe, 2, {"a": 3, "b": 1}, {"a": 6, "b": 1}, after=first
+            )
+        )
+    with pytest.raises(WriterConflict, match="a cut after sequence 0 was logged"):
+        js_client.run(lambda js: publish.append_cut(js, "t", pe, 2, {}, {"a": 1}, after=0))
     assert js_client.run(lambda js: publish.next_cut(js, "t", pe, second)) is None
 
 
