@@ -196,8 +196,8 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
                             base, tuple(str(n) for n in value.get("keep") or ()),
                             int(value.get("size") or 0), int(value.get("raw") or 0),
                             bool(value.get("addressed", False)))  # fmt: skip
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
+        return None  # (1e999 as an int, a number too large for a float, JSON nested too deep)
     return None
 
 
@@ -341,13 +341,12 @@ def event_fields(data: bytes) -> tuple[int, float, str, str]:
     """
     try:
         payload = json.loads(data)
-        return (
-            int(payload["seq"]),
-            float(payload["timestamp"]),
-            str(payload["creator"]),
-            str(payload["body"]),
-        )
-    except (ValueError, KeyError, TypeError):
+        seq = int(payload["seq"])
+        if not 0 <= seq < 1 << 63:
+            raise ValueError(f"seq {seq} is out of range")  # (an Arrow int64 column holds it)
+        return (seq, float(payload["timestamp"]), str(payload["creator"]), str(payload["body"]))
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
+        # (1e999 as an int, a number too large for a float, JSON nested too deep)
         return (0, 0.0, "?", data.decode("utf-8", errors="replace"))
 
 
@@ -356,5 +355,5 @@ def body_key(body: str, key_by: str) -> str | None:
     JSON)."""
     try:
         return key_text(json.loads(body), key_by)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

@@ -15,6 +15,7 @@ from fogshift.broker.keys import (
     KeyMove,
     KeyState,
     Ownership,
+    body_key,
     in_group,
     joined_state,
     key_text,
@@ -32,8 +33,14 @@ def test_a_move_and_a_state_read_back_as_stored() -> None:
     state = state_payload("m1", "agg", "s1", 1, {"values": "[1.0]"})
     assert parse(18, state) == KeyState(18, "m1", "agg", "s1", 1, {"values": "[1.0]"})
     # Anything else on the subject is stepped over, never an error.
-    for junk in (b"", b"not json", b"[]", b'{"type": "key-move"}', json.dumps({"a": 1}).encode()):
+    for junk in (b"", b"not json", b"[]", b'{"type": "key-move"}', json.dumps({"a": 1}).encode(),
+                 b'{"type": "key-move", "move": "m", "element": "agg", "keys": [], "to": 1e999}',
+                 b'{"type": "key-state", "move": "m", "element": "agg", "key": "k", "to": 1' +
+                 b"0" * 400 + b".5, \"state\": {}}",
+                 b"[" * 100_000 + b"]" * 100_000):  # fmt: skip
         assert parse(1, junk) is None
+    # An event body nested too deep has no key (its PE dead-letters it), as one not JSON.
+    assert body_key("[" * 100_000 + "]" * 100_000, "sensor") is None
 
 
 def test_ownership_replays_moves_in_order_and_each_once() -> None:

@@ -311,6 +311,23 @@ def test_foreign_messages_become_readable_rows() -> None:
         "{}",
     )
     assert event_fields(b"not json at all") == (0, 0.0, "?", "not json at all")
+    # Whatever a stranger stores, the planner and the executor read a row of it (the PE
+    # dead-letters it) instead of failing on it at every restart.
+    from fogshift.broker.datasource import _arrow_rows
+
+    strange = [
+        b'{"seq": 1e999, "timestamp": 0, "creator": "a", "body": "{}"}',  # int(inf)
+        b'{"seq": 1, "timestamp": 1' + b"0" * 400 + b', "creator": "a", "body": "{}"}',
+        b'{"seq": 9223372036854775808, "timestamp": 0, "creator": "a", "body": "{}"}',
+        b'{"seq": -1, "timestamp": 0, "creator": "a", "body": "{}"}',
+        b"[" * 100_000 + b"]" * 100_000,  # nested too deep for json
+    ]
+    for data in strange:
+        seq, timestamp, creator, body = event_fields(data)
+        assert (seq, timestamp, creator) == (0, 0.0, "?")
+        assert body == data.decode()
+    rows = [(k, *event_fields(data)) for k, data in enumerate(strange, 1)]
+    assert _arrow_rows(rows).num_rows == len(strange)
 
 
 def test_records_beyond_one_atomic_batch_are_stored_in_order_and_once(
