@@ -10,7 +10,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,6 +28,7 @@ from fogshift.checkpoint.spark_dir import (
     copy_checkpoint,
     incoming,
     install,
+    installing,
     pack,
     planned_batch,
     progress_of,
@@ -378,19 +379,29 @@ class NodeRuntime:
         return hosted
 
     def remove(self, pipeline: str, pe: str, discard: bool = False) -> ElementInfo:
-        """Stop a PE and forget it. Its checkpoint stays on disk unless ``discard``."""
+        """Stop a PE and forget it. Its checkpoint stays on disk unless ``discard``: then it
+        goes with its node-level snapshots and any half-installed copy."""
         with self._lock:
             if discard and (pipeline, pe) not in self._elements:
                 # A migration target that got its checkpoint but never started.
-                shutil.rmtree(self.checkpoint_dir(pipeline, pe), ignore_errors=True)
+                self._discard(pipeline, pe)
                 return ElementInfo(pipeline=pipeline, element=pe, state=PEState.DISCARDED)
             hosted = self.hosted(pipeline, pe)
             del self._elements[(pipeline, pe)]
             self._stop_query(hosted)
             open_gate(self.gate_file(pipeline, pe))
             if discard:
-                shutil.rmtree(self.checkpoint_dir(pipeline, pe), ignore_errors=True)
+                self._discard(pipeline, pe)
             return self.describe(hosted)
+
+    def _discard(self, pipeline: str, pe: str) -> None:
+        """Remove what this node holds of a PE that is gone from it: its checkpoint, its
+        node-level snapshots (hard links that keep the state's files on disk, and that
+        would stand in for another history's if the PE came back) and an unfinished
+        install's copy."""
+        checkpoint = self.checkpoint_dir(pipeline, pe)
+        for folder in (checkpoint, self.snapshot_store(pipeline, pe), installing(checkpoint)):
+            shutil.rmtree(folder, ignore_errors=True)
 
     # -- pause, resume, state ---------------------------------------------------------------
 
@@ -487,7 +498,8 @@ class NodeRuntime:
     def install_checkpoint(self, pipeline: str, pe: str, data: bytes, digest: str) -> None:
         """Install a shipped checkpoint as the PE's local one (the PE must not run here)."""
         self._not_running(pipeline, pe)
-        unpack(data, digest, self.checkpoint_dir(pipeline, pe))
+        with self._installing(pipeline, pe):
+            unpack(data, digest, self.checkpoint_dir(pipeline, pe))
 
     def install_from_store(
         self, pipeline: str, pe: str, store: CentralStore, manifest: dict[str, Any] | None
@@ -500,13 +512,27 @@ class NodeRuntime:
         """
         self._not_running(pipeline, pe)
         target = self.checkpoint_dir(pipeline, pe)
-        if manifest is None:
-            shutil.rmtree(target, ignore_errors=True)
-            return
-        staging = incoming(target)
-        store.materialize(manifest, staging)
-        staging.mkdir(exist_ok=True)  # a checkpoint may have no files yet
-        install(staging, target)
+        with self._installing(pipeline, pe):
+            if manifest is None:
+                shutil.rmtree(target, ignore_errors=True)
+                return
+            staging = incoming(target)
+            store.materialize(manifest, staging)
+            staging.mkdir(exist_ok=True)  # a checkpoint may have no files yet
+            install(staging, target)
+
+    @contextlib.contextmanager
+    def _installing(self, pipeline: str, pe: str) -> Iterator[None]:
+        """Around an install of the PE's checkpoint: a failed one leaves no half-made copy
+        (a disk that filled up stays full otherwise: nothing else removes it); a done one
+        drops the node-level snapshots of the checkpoint it replaced, of another history or
+        an earlier point (they would stand in for it until it passed their batch)."""
+        try:
+            yield
+        except BaseException:
+            shutil.rmtree(installing(self.checkpoint_dir(pipeline, pe)), ignore_errors=True)
+            raise
+        shutil.rmtree(self.snapshot_store(pipeline, pe), ignore_errors=True)
 
     def _not_running(self, pipeline: str, pe: str) -> None:
         if (pipeline, pe) in self._elements:

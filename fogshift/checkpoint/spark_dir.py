@@ -595,9 +595,14 @@ def unpack(data: bytes, digest: str, target: Path) -> None:
     install(staging, target)
 
 
+def installing(target: Path) -> Path:
+    """The staging folder beside ``target`` where a checkpoint for it is assembled."""
+    return target.with_name(target.name + ".incoming")
+
+
 def incoming(target: Path) -> Path:
     """The empty staging folder beside ``target`` where a checkpoint for it is assembled."""
-    staging = target.with_name(target.name + ".incoming")
+    staging = installing(target)
     if staging.exists():
         shutil.rmtree(staging)
     staging.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import threading
@@ -25,6 +26,8 @@ from typing import Any
 
 from fogshift.checkpoint.spark_dir import committed_batch, copy_checkpoint, progress_of
 from fogshift.common.names import check_relative_path, check_snapshot_id, contained
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 KEEP = 2
@@ -104,6 +107,18 @@ def take_snapshot(
     """
     batch = committed_batch(live)
     previous = latest_manifest(store)
+    if batch is not None and previous is not None and previous["batch"] > batch:
+        # The live checkpoint went back: another history was installed under the PE's name
+        # (the agent clears the store when it installs one). Its snapshots would stand in
+        # for this one's until it passed their batch, a snapshot is taken only past it.
+        log.warning(
+            "%s/%s: the node-level snapshots (up to batch %s) are ahead of the live "
+            "checkpoint (batch %s), of another history: removed", pipeline, pe,
+            previous["batch"], batch,
+        )  # fmt: skip
+        for old in store.iterdir():
+            shutil.rmtree(old, ignore_errors=True)
+        previous = None
     if batch is None or (previous is not None and previous["batch"] >= batch):
         return None
     started = time.perf_counter()

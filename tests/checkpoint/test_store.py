@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,19 @@ def test_across_file_systems_a_snapshot_links_the_last_ones_unchanged_files_only
     assert second["files"]["state/0/0/2.changelog"] == first["files"]["state/0/0/2.changelog"]
     for rel, entry in second["files"].items():
         assert entry["sha256"] == _digest(two / rel), rel
+
+
+def test_snapshots_ahead_of_the_live_checkpoint_are_of_another_history(tmp_path: Path) -> None:
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 6)
+    assert take_snapshot(live, store, "p", "agg")["batch"] == 5  # type: ignore[index]
+    # Another history under the PE's name (put there by hand: the agent clears the store
+    # when it installs one), behind the snapshots: snapshotted all the same, and the only.
+    shutil.rmtree(live)
+    _checkpoint(live, 4)
+    _write(live / "metadata", '{"id": "other"}')
+    again = take_snapshot(live, store, "p", "agg")
+    assert again is not None and again["batch"] == 3
+    assert [f.name for f in store.iterdir()] == [again["id"]]
+    assert (store / again["id"] / "metadata").read_text() == '{"id": "other"}'
+    assert take_snapshot(live, store, "p", "agg") is None  # nothing new since

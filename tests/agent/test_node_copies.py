@@ -1,0 +1,112 @@
+"""What a node holds of a PE besides its live checkpoint — node-level snapshots, a copy
+being installed — goes with the PE, or with the checkpoint it stood for (the agent's
+``NodeRuntime``, no Spark: the queries are never started)."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from fogshift.agent.node import NodeRuntime
+from fogshift.checkpoint import central
+from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.spark_dir import pack
+from fogshift.contracts import PEState
+from fogshift.runtime.engine import QueryPlan
+from tests.agent.test_node_restarts import hosted, runtime  # noqa: F401
+from tests.checkpoint.test_central import manifest
+
+
+def _live(rt: NodeRuntime, batches: int, history: str = "q") -> Path:
+    """A committed checkpoint of x/p with ``batches`` batches where the node keeps it."""
+    live = rt.checkpoint_dir("x", "p")
+    for b in range(batches):
+        for folder, text in (("offsets", f'v1\n{{}}\n{{"row": {b + 1}}}'), ("commits", "v1\n{}")):
+            (live / folder).mkdir(parents=True, exist_ok=True)
+            (live / folder / str(b)).write_text(text)
+    (live / "metadata").write_text(f'{{"id": "{history}"}}')
+    return live
+
+
+def _host(rt: NodeRuntime, tmp_path: Path) -> None:
+    """x/p running on the node, on its checkpoint folder."""
+    h = hosted(tmp_path)
+    h.plan = QueryPlan("x", h.plan.element, h.plan.broker_file, str(rt.checkpoint_dir("x", "p")))
+    h.state = PEState.RUNNING
+    rt._elements[h.key] = h
+
+
+def test_a_discarded_pe_leaves_no_snapshot_and_no_half_installed_copy(
+    runtime: NodeRuntime,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    for hosted_here in (True, False):  # the PE ran here; a migration target that never ran it
+        live = _live(runtime, 3)
+        if hosted_here:
+            _host(runtime, tmp_path)
+            runtime.snapshot_all()
+        else:
+            runtime.snapshot_store("x", "p").mkdir(parents=True)
+        half = live.with_name("p.incoming")
+        (half / "offsets").mkdir(parents=True)
+        assert runtime.snapshot_store("x", "p").exists()
+        runtime.remove("x", "p", discard=True)
+        for gone in (live, runtime.snapshot_store("x", "p"), half):
+            assert not gone.exists(), gone
+    # Without discard (a stop), the checkpoint and its snapshots stay, to go on from.
+    _live(runtime, 3)
+    _host(runtime, tmp_path)
+    runtime.snapshot_all()
+    runtime.remove("x", "p")
+    assert runtime.latest_snapshot("x", "p") is not None
+
+
+def test_an_install_replaces_the_snapshots_of_the_checkpoint_it_replaced(
+    runtime: NodeRuntime,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # The PE ran here up to batch 5 (its snapshots stay after a stop), then elsewhere; a
+    # checkpoint of batch 2 of another history comes back (a promoted standby trails).
+    _live(runtime, 6)
+    _host(runtime, tmp_path)
+    runtime.snapshot_all()
+    assert runtime.latest_snapshot("x", "p").batch == 5  # type: ignore[union-attr]
+    runtime.remove("x", "p")
+    other = tmp_path / "other"
+    other.mkdir()
+    for b in range(3):
+        for folder in ("offsets", "commits"):
+            (other / folder).mkdir(exist_ok=True)
+            (other / folder / str(b)).write_text('v1\n{}\n{"row": 1}')
+    runtime.install_checkpoint("x", "p", *pack(other))
+    assert runtime.latest_snapshot("x", "p") is None
+    _host(runtime, tmp_path)
+    runtime.snapshot_all()  # the installed history's, at once: not shadowed by batch 5
+    assert runtime.latest_snapshot("x", "p").batch == 2  # type: ignore[union-attr]
+
+
+def test_an_install_that_fails_leaves_the_checkpoint_and_no_half_copy(
+    runtime: NodeRuntime,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    live = _live(runtime, 2)
+    store = CentralStore(tmp_path / "central")
+    files = {f"state/0/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 6)}
+    checkpoint = manifest(4, files)
+    store.put(checkpoint, files.__getitem__)
+    copied = []
+    real = central.shutil.copyfile
+
+    def filling(src: str, dst: str) -> None:
+        if len(copied) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        copied.append(real(src, dst))
+
+    monkeypatch.setattr(central.shutil, "copyfile", filling)
+    with pytest.raises(OSError, match="No space left"):
+        runtime.install_from_store("x", "p", store, checkpoint)
+    assert not live.with_name("p.incoming").exists()
+    assert (live / "metadata").read_text() == '{"id": "q"}'  # the one it had
