@@ -172,11 +172,7 @@ class CentralStore:
         return list(self._manifests(pipeline, pe))
 
     def newest(self, pipeline: str, pe: str) -> dict[str, Any] | None:
-        """The newest visible checkpoint of a PE, if any.
-
-        Reads one manifest, not all: heartbeats, pulls and plans ask for it every second or
-        so, and a PE keeps many.
-        """
+        """The newest visible checkpoint of a PE (the one stored last), if any."""
         return next(self._manifests(pipeline, pe), None)
 
     def known_blobs(self, pipeline: str, pe: str) -> KnownBlobs | None:
@@ -209,14 +205,9 @@ class CentralStore:
         )
 
     def _manifests(self, pipeline: str, pe: str) -> Iterator[dict[str, Any]]:
-        folder = self._folder(pipeline, pe)
-        if not folder.is_dir():
-            return
-        for path in sorted(folder.glob("*.json"), reverse=True):
-            try:
-                yield dict(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                continue  # a manifest that cannot be read is as good as absent
+        """The PE's checkpoints, newest stored first (see :func:`_newest_first`)."""
+        for _, manifest in _newest_first(self._folder(pipeline, pe)):
+            yield manifest
 
     def _index(self, sha: str, data: bytes | None = None) -> None:
         """Add the chunks of large blob ``sha`` (its bytes ``data``, or read) to the index,
@@ -374,8 +365,8 @@ class CentralStore:
         tmp = folder / f".{manifest['id']}.tmp"
         tmp.write_text(json.dumps(stored))
         tmp.replace(folder / f"{manifest['id']}.json")
-        expired = sorted(folder.glob("*.json"), reverse=True)[self.keep :]
-        for old in expired:
+        expired = _newest_first(folder)[self.keep :]
+        for old, _ in expired:
             old.unlink(missing_ok=True)
         if expired:
             self.collect_garbage()
@@ -502,3 +493,21 @@ class CentralStore:
             path = contained(target, *rel.split("/"), what=f"checkpoint file {rel}")
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.blobs / entry["sha256"], path)
+
+
+def _newest_first(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The checkpoints in ``folder`` (a PE's), the one stored last first, not the highest
+    batch: after a standby's promotion, or a restore from an older checkpoint, the PE's
+    batches count from a point behind those of the instance it replaced, whose checkpoints
+    would stay "newest" (restores would start from them, replicas be pushed of them, and
+    the new ones be expired first) until the new history passed them. A manifest that
+    cannot be read is as good as absent."""
+    found = []
+    for path in folder.glob("*.json") if folder.is_dir() else ():
+        try:
+            manifest = dict(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+        found.append((path, manifest))
+    found.sort(key=lambda m: (float(m[1].get("stored") or 0), str(m[1].get("id"))), reverse=True)
+    return found

@@ -84,6 +84,24 @@ def test_newest_is_the_first_readable_manifest_newest_first(tmp_path: Path) -> N
     assert [m["batch"] for m in store.manifests("p", "agg")] == [1, 0]
 
 
+def test_a_promoted_standbys_checkpoints_are_newer_than_the_primarys_higher_batches(
+    tmp_path: Path,
+) -> None:
+    """A standby trails its primary: once promoted, its batches count from behind the
+    primary's last. Its checkpoints are the PE's newest, and the primary's go first."""
+    store = CentralStore(tmp_path / "store", keep=3)
+    primary = {"offsets/18000": b"a"}
+    store.put({**manifest(18000, primary), "node": "fog-a"}, primary.__getitem__)
+    for batch in range(7200, 7206):
+        files = {f"offsets/{batch}": f"s{batch}".encode()}
+        store.put({**manifest(batch, files), "node": "fog-b"}, files.__getitem__)
+        newest = store.newest("p", "agg")
+        assert newest is not None and (newest["batch"], newest["node"]) == (batch, "fog-b")
+        whole, _ = store.latest_whole("p", "agg")
+        assert whole is not None and whole["batch"] == batch  # what a restore starts from
+    assert [m["batch"] for m in store.manifests("p", "agg")] == [7205, 7204, 7203]
+
+
 def test_a_file_changed_in_transit_is_refused(tmp_path: Path) -> None:
     store = CentralStore(tmp_path / "store")
     with pytest.raises(TornCheckpoint, match="offsets/0"):
