@@ -886,7 +886,7 @@ class JetStreamReader(DataSourceStreamReader):
         of, index, count = self.partition
         stream = stream_name(self.pipeline, rng.input)
         owners = Ownership(count)
-        for move in _moves_until(client, self.pipeline, rng.input, of, rng.start):
+        for move in _moves_until(client, self.pipeline, rng.input, of, rng.start, self.epoch):
             owners.apply(move)
 
         def fetch(subject: str) -> Any:
@@ -1071,20 +1071,24 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
         await asyncio.wait_for(ack, STATE_ACK_S)
 
 
-#: The key moves read so far in this worker, by (stream, partitioned element): the
-#: sequence read up to, and the moves (a partition's reads replay them at every batch).
-_MOVES: dict[tuple[str, str], tuple[int, list[KeyMove]]] = {}
+#: The key moves read so far in this worker, by (stream, partitioned element, the reading
+#: partition's epoch): the sequence read up to, and the moves (a partition's reads replay
+#: them at every batch). The epoch, because Spark's Python workers outlive queries: a
+#: pipeline deployed again has new streams under the same names (and new epochs), whose
+#: sequences start over; the moves of the old ones would be applied, the new ones unread.
+_MOVES: dict[tuple[str, str, int], tuple[int, list[KeyMove]]] = {}
+MOVES_CACHED = 256
 _MOVES_LOCK = threading.Lock()
 
 
 def _moves_until(
-    client: SyncJetStream, pipeline: str, source: str, element: str, end: int
+    client: SyncJetStream, pipeline: str, source: str, element: str, end: int, epoch: int
 ) -> list[KeyMove]:
     """The key moves of ``element`` stored in the stream of ``source`` at sequences up to
-    ``end``."""
+    ``end``, as read by a partition of ``epoch``."""
     stream = stream_name(pipeline, source)
     with _MOVES_LOCK:
-        read, moves = _MOVES.get((stream, element), (0, []))
+        read, moves = _MOVES.get((stream, element, epoch), (0, []))
         if read < end:
             subject = keys_subject(pipeline, source)
             found = client.run(
@@ -1094,7 +1098,9 @@ def _moves_until(
             parsed = (parse(m.seq, m.data) for m in found)
             moves = moves + [m for m in parsed if isinstance(m, KeyMove) and m.element == element]
             read = end
-            _MOVES[(stream, element)] = (read, moves)
+            if len(_MOVES) >= MOVES_CACHED:
+                _MOVES.clear()  # (entries of epochs gone by: read again when needed)
+            _MOVES[(stream, element, epoch)] = (read, moves)
     return [m for m in moves if m.seq <= end]
 
 

@@ -17,6 +17,8 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 from fogshift.broker import datasource, publish
 from fogshift.broker.client import SyncJetStream, delete_pe_stream, ensure_pe_stream
 from fogshift.broker.datasource import JetStreamReader, cut_of, positions_of
+from fogshift.broker.keys import KeyMove
+from fogshift.broker.naming import data_subject, keys_subject
 from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import BrokerProcess
 from fogshift.common.gate import write_gate
@@ -203,3 +205,25 @@ def test_a_cut_an_older_instance_logs_while_the_newer_plans_is_followed_not_fork
     again = JetStreamReader(options)
     assert again.latestOffset(start, ReadMaxRows(10_000)) == last
     assert [v for _, v in _rows(again, start, last)] == ["a1", "a2", "a3", "b1", "b2"]
+
+
+def test_a_pipeline_deployed_again_has_its_key_moves_read_anew(js_client: SyncJetStream) -> None:
+    """Spark's Python workers outlive queries: the moves a worker read of a stream are not
+    those of the stream of the same name that a new deployment (new epochs) made."""
+    pipeline = f"again{uuid.uuid4().hex[:6]}"
+
+    def deploy_with(move: KeyMove, padding: int) -> None:
+        js_client.run(lambda js: delete_pe_stream(js, pipeline, "src"))
+        js_client.run(lambda js: ensure_pe_stream(js, pipeline, "src"))
+        for _ in range(padding):  # events before the move, so it lands at another sequence
+            js_client.run(lambda js: js.publish(data_subject(pipeline, "src"), b"{}"))
+        js_client.run(lambda js: js.publish(keys_subject(pipeline, "src"), move.payload()))
+
+    first = KeyMove(0, "m1", "agg", ("s1",), 1)
+    deploy_with(first, padding=4)
+    (read,) = datasource._moves_until(js_client, pipeline, "src", "agg", 100, epoch=3)
+    assert (read.move, read.seq) == ("m1", 5)
+    second = KeyMove(0, "m2", "agg", ("s2",), 0)
+    deploy_with(second, padding=1)
+    (read,) = datasource._moves_until(js_client, pipeline, "src", "agg", 100, epoch=4)
+    assert (read.move, read.seq, read.keys) == ("m2", 2, ("s2",))
