@@ -359,6 +359,8 @@ class ElementInfo(BaseModel):
             or none was tried yet).
         retry_in_s: A ``failed`` PE whose query the agent will start again: in how many
             seconds (``0``: now). ``None``: not failed, or the agent gave up on it.
+        inputs: The inputs its query reads, as it was started (``None``: not told). A
+            consumer whose element gained inputs since (``scale``) is started again.
     """
 
     model_config = _WIRE
@@ -366,6 +368,7 @@ class ElementInfo(BaseModel):
     pipeline: str
     element: str
     kind: str | None = None
+    inputs: list[str] | None = None
     state: PEState = PEState.STARTING
     error: str | None = None
     restarts: int = 0

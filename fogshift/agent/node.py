@@ -649,6 +649,7 @@ class NodeRuntime:
             pipeline=hosted.plan.pipeline,
             element=element.id,
             kind=element.kind,
+            inputs=list(element.inputs),
             state=hosted.state,
             error=hosted.error,
             restarts=hosted.restarts,

@@ -13,6 +13,7 @@ from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.migration.procedure import roll_back as run_rollback
 from fogshift.orchestrator.coordination import Coordination
 from fogshift.orchestrator.registry import Operation
+from fogshift.orchestrator.scaling import stale_inputs
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -196,7 +197,8 @@ class Reconciler(Coordination):
             return
         reported = node.report.element(pipeline, element_id)
         newest = self.registry.epoch(pipeline, element_id)
-        if reported is not None and not (reported.gated or reported.epoch < newest):
+        stale = stale_inputs(reported, record.spec.element(element_id))
+        if reported is not None and not (reported.gated or reported.epoch < newest or stale):
             return
         try:
             with self._exclusive(pipeline, element_id, "restart"):
@@ -216,8 +218,9 @@ class Reconciler(Coordination):
 
     def _mend(self, pipeline: str, element: ElementSpec) -> None:
         """The PE's instance on its node (``element.node``) looked stale in the node's last
-        report — under an older epoch than the PE's newest, or held at its gate. Judged again
-        by what the agent says now (a report lags a heartbeat); inside the exclusive section,
+        report — reading other inputs than its element, under an older epoch than the PE's
+        newest, or held at its gate. Judged again by what the agent says now (a report lags
+        a heartbeat: a scale may have just started it again); inside the exclusive section,
         so no operation is under way.
 
         An older epoch means a newer one was given (a restore that failed everywhere, a
@@ -228,7 +231,16 @@ class Reconciler(Coordination):
         here = f"/pipelines/{pipeline}/elements/{element.id}"
         info = self.agent(element.node).call(ElementProgress, "GET", here + "/progress")
         newest = self.registry.epoch(pipeline, element.id)
-        if info.epoch < newest:
+        if stale_inputs(info, element):
+            # A scale that failed between giving the element its new inputs and starting
+            # its instance with them (its added partitions' output would reach nobody):
+            # started again with them, under a new epoch fenced first, as scale does.
+            log.warning("reconcile: %s/%s on %s reads %s, its element %s: starting it "
+                        "again", pipeline, element.id, element.node, info.inputs,
+                        list(element.inputs))  # fmt: skip
+            self.drop_standby(self.registry.standby(pipeline, element.id))
+            self._restart_fenced(pipeline, element, element.node)
+        elif info.epoch < newest:
             log.warning("reconcile: %s/%s on %s runs under epoch %s, older than its newest %d: "
                         "starting it again under that one", pipeline, element.id, element.node,
                         info.epoch, newest)  # fmt: skip

@@ -55,7 +55,7 @@ from fogshift.broker.client import ensure_pe_stream, last_seq
 from fogshift.broker.keys import KeyMove, Ownership
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence
-from fogshift.contracts import KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
+from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.keymoves import _LOCKS, KeyMoves, _ms_since
 from fogshift.spec.models import (
@@ -417,20 +417,51 @@ class Scaling(KeyMoves):
             elements.append(element)
             if element.id == parts[-1].id:
                 elements.extend(added)
-        if not added and not consumers:
+        if added or consumers:
+            self.registry.add_elements(_respec(spec, elements), added)
+            self.permissions.sync(self.registry)  # the nodes may use the added streams
+        # From here on idempotent: a call after one that failed midway (a node or the broker
+        # refused) finishes it, though the spec already has what that one added. Partitions
+        # not running yet get their stream and fence (again) and are started; consumers
+        # whose instance does not read every input they now have are started again (or the
+        # added partitions' output would reach nobody).
+        record = self.pipeline(pipeline)
+        # (Only nodes that work: a partition on a lost node is restored, not started here.)
+        reports = {n.name: n.report for n in self.registry.nodes()
+                   if self.healthy(n) and n.report.ready}  # fmt: skip
+
+        def reported(element: ElementSpec) -> ElementInfo | None:
+            report = reports.get(record.placement.get(element.id, element.node))
+            return report.element(pipeline, element.id) if report is not None else None
+
+        def unstarted(element: ElementSpec) -> bool:
+            return record.placement.get(element.id, element.node) in reports and not reported(
+                element
+            )
+
+        fresh = {part.id for part in added}
+        starting = [
+            e for e in record.spec.elements
+            if e.partition is not None and e.partition.of == of
+            and (e.id in fresh or unstarted(e))
+        ]  # fmt: skip
+        consumers = [
+            e for e in record.spec.elements
+            if e.id in {c.id for c in consumers} or stale_inputs(reported(e), e)
+        ]  # fmt: skip
+        if not starting and not consumers:
             return [], []
-        epochs = self.registry.add_elements(_respec(spec, elements), added)
-        self.permissions.sync(self.registry)  # the nodes may use the added streams
 
         async def streams(js: Any) -> None:
-            for part in added:
+            for part in starting:
                 await ensure_pe_stream(js, pipeline, part.id, self.config.duplicate_window_s)
-                await fence(js, pipeline, part.id, epochs[part.id])
+                await fence(js, pipeline, part.id, self.registry.epoch(pipeline, part.id))
 
         self.broker.run(streams, timeout=60)
-        for part in added:
-            self._deploy_element(pipeline, part, fresh=True)
-        placement = self.pipeline(pipeline).placement
+        for part in starting:
+            here = part.model_copy(update={"node": record.placement.get(part.id, part.node)})
+            self._deploy_element(pipeline, here, fresh=part.id in fresh)
+        placement = record.placement
         for consumer in consumers:
             # A standby follows its primary's cuts with the inputs it started with: the
             # keeper starts it again from the new spec.
@@ -495,5 +526,15 @@ def _counted(part: ElementSpec, count: int, base: int) -> ElementSpec:
 def _respec(spec: PipelineSpec, elements: list[ElementSpec]) -> PipelineSpec:
     """``spec`` with ``elements``, validated as a stored spec is when read back."""
     return PipelineSpec.model_validate(
-        spec.model_copy(update={"elements": elements}).model_dump(mode="json")
+        spec.model_copy(update={"elements": tuple(elements)}).model_dump(mode="json")
+    )
+
+
+def stale_inputs(reported: ElementInfo | None, element: ElementSpec) -> bool:
+    """Whether the running instance ``reported`` reads other inputs than its ``element``
+    now has (an agent that does not tell its inputs is taken at its word)."""
+    return (
+        reported is not None
+        and reported.inputs is not None
+        and tuple(reported.inputs) != tuple(element.inputs)
     )

@@ -251,3 +251,36 @@ def test_a_current_pe_is_left_alone_by_the_reconciler(
 ) -> None:
     orch.reconcile_once()
     assert calls(agents) == []
+
+
+def test_a_pe_reading_other_inputs_than_its_element_is_restarted_fenced(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scale that failed between giving the sink its added partition as an input and
+    starting the sink with it: the reconciler starts it again, under a new epoch fenced
+    first (its output would reach nobody otherwise)."""
+    fenced: list[object] = []
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30: fenced.append(make) or 9)
+    sink = "/pipelines/p/elements/sink"
+    stale = {**hosted("sink"), "inputs": ["aggregate-p0"]}  # not the spec's ["aggregate"]
+    beat(orch, agents, {"cloud": [hosted("source"), stale],
+                        "fog-a": [{**hosted("aggregate"), "inputs": ["source"]}]})  # fmt: skip
+    # Judged by what the agent says now: started again meanwhile, it is left alone.
+    agents["cloud"].answer("GET", sink + "/progress", body={**stale, "inputs": ["aggregate"]})
+    orch.reconcile_once()
+    assert [(m, p) for n, m, p, q in calls(agents) if p.startswith(sink)] == [
+        ("GET", sink + "/progress")
+    ]
+    agents["cloud"].answer("GET", sink + "/progress", body=stale)
+    orch.reconcile_once()
+    assert [m for n, m, p, q in calls(agents) if p == sink] == ["DELETE", "PUT"]
+    put = agents["cloud"].received("PUT", sink)[0].body
+    assert (put["epoch"], put["fresh"], put["element"]["inputs"]) == (2, False, ["aggregate"])
+    assert len(fenced) == 1 and orch.registry.epoch("p", "sink") == 2
+    # Reading what its element reads (or not telling), a PE is left alone.
+    beat(orch, agents, {"cloud": [hosted("source"), {**hosted("sink", epoch=2),
+                                                     "inputs": ["aggregate"]}],
+                        "fog-a": [hosted("aggregate")]})  # fmt: skip
+    before = len(calls(agents))
+    orch.reconcile_once()
+    assert len(calls(agents)) == before

@@ -1,0 +1,106 @@
+"""A scale-out that failed midway is finished by the same request again, or by the
+reconciler: its added partition started, its consumers reading it.
+
+A real orchestrator object and registry; real HTTP servers stand in for the node agents
+(``standin``) and record what they are asked; the broker is stubbed (no stream is made).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from fogshift.broker.client import BrokerAddress
+from fogshift.contracts import Heartbeat
+from fogshift.exceptions import Unavailable
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.service import Orchestrator
+from fogshift.spec import parse_spec
+from fogshift.spec.models import ElementSpec
+from tests.orchestrator.standin import StandIn, standins
+
+SPEC = {
+    "pipeline": "p",
+    "elements": [
+        {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "in.csv"}},
+        {"id": "aggregate", "kind": "window-aggregate", "partitions": ["fog-a", "fog-b"],
+         "key_by": "sensor", "inputs": ["source"],
+         "options": {"field": "value", "window": 3, "function": "avg"}},
+        {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["aggregate"],
+         "options": {"path": "out/o.csv"}},
+    ],
+}  # fmt: skip
+ADDED = "/pipelines/p/elements/aggregate-p2"
+SINK = "/pipelines/p/elements/sink"
+
+
+@pytest.fixture
+def agents() -> Iterator[dict[str, StandIn]]:
+    with standins("cloud", "fog-a", "fog-b", "fog-c") as agents:
+        yield agents
+
+
+@pytest.fixture
+def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orchestrator = Orchestrator(config)
+    orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+    orchestrator.broker = SimpleNamespace(run=lambda make, timeout=30: 0, close=lambda: None)  # type: ignore[assignment]
+    orchestrator.permissions = SimpleNamespace(sync=lambda registry: None)  # type: ignore[assignment]
+    try:
+        yield orchestrator
+    finally:
+        orchestrator.close()
+
+
+def _beat(orch: Orchestrator, agents: dict[str, StandIn]) -> None:
+    """Every stand-in reports what the registry places on it, each with its inputs as the
+    spec had them at deployment (the sink reads partitions 0 and 1)."""
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    for name, agent in agents.items():
+        hosted: list[dict[str, Any]] = [
+            {"pipeline": "p", "element": e.id, "state": "running", "epoch": 1,
+             "inputs": ["aggregate-p0", "aggregate-p1"] if e.id == "sink" else list(e.inputs)}
+            for e in record.spec.elements
+            if record.placement[e.id] == name and e.id != "aggregate-p2"
+        ]  # fmt: skip
+        orch.heartbeat(name, Heartbeat.model_validate({"url": agent.url, "ready": True,
+                                                       "elements": hosted}))  # fmt: skip
+
+
+def _parts(orch: Orchestrator) -> list[ElementSpec]:
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    return [e for e in record.spec.elements if e.partition and e.partition.of == "aggregate"]
+
+
+def test_a_scale_out_that_failed_midway_is_finished_by_the_same_request_again(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    _beat(orch, agents)
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    agents["fog-c"].fail("PUT", ADDED)  # the added partition's node refuses to start it
+    with pytest.raises(Unavailable):
+        orch._place(record.spec, _parts(orch), 3, ["fog-c"], "source")
+    assert agents["cloud"].received("PUT", SINK) == []  # the sink still reads p0 and p1
+    # The spec has the partition and the sink reads it, yet neither runs so: again.
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    assert "aggregate-p2" in record.spec.element("sink").inputs
+    agents["fog-c"].fail("PUT", ADDED, status=200)
+    _beat(orch, agents)
+    added, consumers = orch._place(record.spec, _parts(orch), 3, [], "source")
+    assert added == [] and [c.id for c in consumers] == ["sink"]
+    (start,) = agents["fog-c"].received("PUT", ADDED)[-1:]
+    assert start.body["fresh"] is False and start.body["element"]["node"] == "fog-c"
+    assert len(agents["cloud"].received("DELETE", SINK)) == 1
+    (restarted,) = agents["cloud"].received("PUT", SINK)
+    assert "aggregate-p2" in restarted.body["element"]["inputs"]
+    assert restarted.body["epoch"] == 2  # a new epoch, fenced first
