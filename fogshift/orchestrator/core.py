@@ -82,8 +82,10 @@ class OrchestratorCore:
         #: Owner of the journal entries this process writes: an unfinished entry of another
         #: owner was left by an orchestrator that died (see :meth:`recover_operations`).
         self.run_id = uuid.uuid4().hex[:12]
-        # PEs under migration or restoration: those operations own their instances.
-        self._migrating: set[tuple[str, str]] = set()
+        # PEs under migration or restoration: those operations own their instances. By PE,
+        # what holds it (see ``Journal._exclusive``), and a condition to wait for its end.
+        self._migrating: dict[tuple[str, str], str] = {}
+        self._released = threading.Condition(self._lock)
         self.central = CentralStore(config.home / "central")
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 
 from fogshift.agent.exceptions import UnknownElement
@@ -17,6 +18,23 @@ from fogshift.orchestrator.replication import Replication
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.orchestrator")
+
+
+#: The orchestrator's own rounds that take a PE's exclusive section (see
+#: :meth:`Journal._exclusive`): they skip a PE someone holds, and are waited for.
+BACKGROUND = frozenset(
+    {"standby", "standby follow", "restart", "recovery", "removal of a superseded instance"}
+)
+#: How long an operation someone asked for waits for such a round to let the PE go (a
+#: standby's start copies a checkpoint and starts a query: seconds, more over slow links).
+BACKGROUND_WAIT_S = 60.0
+#: What each holder is, in the refusal.
+BUSY = {
+    "migration": "a migration", "restore": "a restore", "scaling": "a scale or key move",
+    "standby": "the start of its standby", "standby follow": "its standby's follow-up",
+    "restart": "a restart by the reconciler", "recovery": "the recovery of an interrupted "
+    "operation", "removal of a superseded instance": "the removal of a superseded instance",
+}  # fmt: skip
 
 
 class Journal(Replication):
@@ -97,19 +115,33 @@ class Journal(Replication):
 
     @contextlib.contextmanager
     def _exclusive(self, pipeline: str, element_id: str, what: str) -> Iterator[None]:
-        """Run one migration or restore of a PE at a time; log its failure.
+        """Run one operation on a PE's instances at a time; log its failure.
+
+        An operation someone asked for (a migration, restore, scale) waits, up to
+        :data:`BACKGROUND_WAIT_S`, for one of the orchestrator's own rounds that holds the
+        PE (:data:`BACKGROUND`: a standby's cap raised, a standby started, the reconciler's
+        repairs), which keep it for a few requests at a time: refused, a user's migration
+        of a PE with a standby failed whenever the follower's round held it (most of the
+        time over a slow link). The rounds themselves never wait: they skip the PE.
 
         Raises:
-            MigrationInProgress: Another one is under way.
+            MigrationInProgress: Another one is under way (or a round still is, after the
+                wait).
         """
         key = (pipeline, element_id)
+        deadline = time.monotonic() + (0.0 if what in BACKGROUND else BACKGROUND_WAIT_S)
         with self._lock:
-            if key in self._migrating:
-                raise MigrationInProgress(
-                    f"{pipeline}/{element_id} is already being migrated, restored or cleaned up",
-                    hint="wait for that operation to finish",
-                )
-            self._migrating.add(key)
+            while key in self._migrating:
+                holder = self._migrating[key]
+                left = deadline - time.monotonic()
+                if holder not in BACKGROUND or left <= 0:
+                    raise MigrationInProgress(
+                        f"{pipeline}/{element_id} is already being migrated, restored or "
+                        f"cleaned up: {BUSY.get(holder, holder)} is under way",
+                        hint="wait for that operation to finish",
+                    )
+                self._released.wait(left)
+            self._migrating[key] = what
         try:
             yield
         except FogshiftError as exc:
@@ -117,7 +149,8 @@ class Journal(Replication):
             raise
         finally:
             with self._lock:
-                self._migrating.discard(key)
+                self._migrating.pop(key, None)
+                self._released.notify_all()
 
     def _element(self, record: PipelineRecord, element_id: str) -> ElementSpec:
         try:

@@ -72,7 +72,7 @@ def test_the_instance_a_restore_just_placed_is_kept(
 def test_an_instance_under_migration_or_restore_is_kept(
     orchestrator: Orchestrator, agent: tuple[str, list[str]]
 ) -> None:
-    orchestrator._migrating.add(("p", "aggregate"))
+    orchestrator._migrating[("p", "aggregate")] = "migration"
     orchestrator._remove_strays()
     assert agent[1] == []
 

@@ -171,7 +171,7 @@ def test_an_operation_this_orchestrator_runs_is_not_recovered(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
     op = left_by_dead_orchestrator(orch, "migration", "switching")
-    orch._migrating.add(("p", "aggregate"))  # its exclusive section is held: it runs
+    orch._migrating[("p", "aggregate")] = "migration"  # its exclusive section is held: it runs
     assert orch.recover_operations() == []
     assert calls(agents) == []
     assert [o.id for o in orch.registry.unfinished()] == [op]
