@@ -307,19 +307,23 @@ class Coordination(Scaling):
                 except RestoreFailed as exc:
                     log.warning("restore of %s/%s: %s; restoring from its checkpoint",
                                 pipeline, element_id, exc.message)  # fmt: skip
-                    attempts.append(RestoreAttempt(node=standby.node, error=exc.message))
+                    # Failed once it fenced (the report keeps the epoch then), the primary
+                    # may be fenced: with no other node, it must run again in place.
+                    fenced = exc.report.epoch if isinstance(exc.report, RestoreReport) else 0
+                    attempts.append(RestoreAttempt(node=standby.node, epoch=fenced or None,
+                                                   error=exc.message))  # fmt: skip
             if target is not None:
                 self._refuse_current_node(record, element_id, target, "restore")
                 candidates = [target]
             else:
                 candidates = self.restore_candidates(pipeline, element_id, {current})
+            try:
                 if not candidates:
                     raise Unavailable(
                         f"no healthy node to restore {pipeline}/{element_id} on "
                         f"(it was on {current!r})",
                         hint="`fogshift nodes` shows node health; start a node or wait",
                     )
-            try:
                 return self._restore_on(element, pipeline, current, candidates, attempts)
             except FogshiftError as exc:
                 if not any(a.epoch is not None for a in attempts):

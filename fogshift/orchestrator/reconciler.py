@@ -198,7 +198,10 @@ class Reconciler(Coordination):
         reported = node.report.element(pipeline, element_id)
         newest = self.registry.epoch(pipeline, element_id)
         stale = stale_inputs(reported, record.spec.element(element_id))
-        if reported is not None and not (reported.gated or reported.epoch < newest or stale):
+        fenced = reported is not None and reported.state == PEState.FENCED
+        if reported is not None and not (
+            reported.gated or reported.epoch < newest or stale or fenced
+        ):
             return
         try:
             with self._exclusive(pipeline, element_id, "restart"):
@@ -239,6 +242,15 @@ class Reconciler(Coordination):
                         "again", pipeline, element.id, element.node, info.inputs,
                         list(element.inputs))  # fmt: skip
             self.drop_standby(self.registry.standby(pipeline, element.id))
+            self._restart_fenced(pipeline, element, element.node)
+        elif info.state == PEState.FENCED and info.epoch >= newest:
+            # Fenced under the PE's newest epoch where it is placed, with no operation under
+            # way: nobody writes. A promotion that fenced under its standby's epoch (above
+            # the PE's own), then failed with no node to restore on, leaves it so: started
+            # again under an epoch above every one given, fenced first.
+            log.warning("reconcile: %s/%s on %s is fenced with no operation under way: "
+                        "starting it again under a new epoch", pipeline, element.id,
+                        element.node)  # fmt: skip
             self._restart_fenced(pipeline, element, element.node)
         elif info.epoch < newest:
             log.warning("reconcile: %s/%s on %s runs under epoch %s, older than its newest %d: "

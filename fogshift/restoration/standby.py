@@ -155,10 +155,11 @@ def promote(
         epoch: The standby's epoch (it must be running under it).
 
     Raises:
-        RestoreFailed: The standby is not running under ``epoch`` (nothing was changed), or
-            the fence failed (its gate is still capped: nothing of it is live). Once the
-            gate is open the promotion has happened: a slow catch-up is only a warning in
-            the report.
+        RestoreFailed: The standby is not running under ``epoch`` (nothing was changed: the
+            report's ``epoch`` is 0), or the fence or what came after failed (its gate is
+            still capped: nothing of it is live, but the primary may be fenced already).
+            Once the gate is open the promotion has happened: a slow catch-up is only a
+            warning in the report.
     """
     steps = steps or RestoreSteps()
     name, agent = standby
@@ -168,6 +169,7 @@ def promote(
         method=RestoreMethod.STANDBY,
     )  # fmt: skip
     started = time.perf_counter()
+    fencing = False
     try:
         info = agent.call(ElementProgress, "GET", here + "/progress")
         if info.epoch != epoch or info.state not in PROMOTABLE:
@@ -179,6 +181,7 @@ def promote(
                 hint="the PE is restored from its checkpoint instead",
             )
         steps.phase(RestorePhase.FENCING)
+        fencing = True
         emitted, upstream = fence_and_locate(broker, pipeline, element, epoch)
         if len(element.inputs) == 1 or element.role == "source":
             # Positions are input sequences (or rows): the gap is what it skips re-deriving.
@@ -190,6 +193,8 @@ def promote(
         report.status = RestoreStatus.FAILED
         report.error = exc.render()
         report.total_ms = round((time.perf_counter() - started) * 1000, 1)
+        if not fencing:
+            report.epoch = 0  # nothing was fenced: the primary was not touched
         failure = RestoreFailed(
             f"promotion of the standby of {pipeline}/{element.id} on {name} failed: {exc.message}",
             hint="the PE is restored from its checkpoint instead",

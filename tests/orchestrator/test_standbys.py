@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
+from fogshift.exceptions import Unavailable
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration import standby as standby_procedure
 from tests.orchestrator.standin import SPEC, StandIn
@@ -168,3 +169,39 @@ def test_one_standby_whose_following_raises_stalls_no_other_standby(
     monkeypatch.setattr(orch, "_follow_one", follow_one)
     orch.follow_standbys()  # logged, not raised
     assert sorted(followed) == ["aggregate", "source"]
+
+
+def test_a_promotion_that_fenced_then_failed_with_no_node_left_restarts_the_pe_in_place(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fence went out under the standby's epoch, then its node failed to lift the cap,
+    and no other node can take the PE: the primary (fenced by then) runs again in place
+    under an epoch above the standby's, not left fenced with nobody writing."""
+    epoch = orch.registry.add_standby("p", "aggregate", "fog-b")
+    monkeypatch.setattr(standby_procedure, "fence_and_locate", lambda *args: (44, 44))
+    fenced: list[object] = []
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30: fenced.append(make) or 9)
+    monkeypatch.setattr(orch, "restore_candidates", lambda *args: [])
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(epoch, 41, gated=True))
+    agents["fog-b"].fail("PUT", AGG + "/gate")
+    with pytest.raises(Unavailable, match=r"runs again on fog-a .* under epoch 3"):
+        orch.restore("p", "aggregate")
+    (put,) = agents["fog-a"].received("PUT", AGG)
+    assert (put.body["epoch"], put.body["fresh"]) == (3, False)
+    assert len(fenced) == 1 and orch.registry.epoch("p", "aggregate") == 3
+
+
+def test_a_pe_fenced_where_it_is_placed_with_no_operation_is_started_again(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left so by a promotion that fenced under the standby's epoch (above the PE's own)
+    and failed: the reconciler starts it again under an epoch above every one given."""
+    orch.registry.add_standby("p", "aggregate", "fog-b")  # epoch 2, reserved
+    orch.registry.drop_standby("p", "aggregate")
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30: 9)
+    beat(orch, agents, {"cloud": [hosted("source"), hosted("sink")],
+                        "fog-a": [{**hosted("aggregate"), "state": "fenced"}]})  # fmt: skip
+    agents["fog-a"].answer("GET", AGG + "/progress", body={**PE, "state": "fenced", "epoch": 1})
+    orch.reconcile_once()
+    (put,) = agents["fog-a"].received("PUT", AGG)
+    assert put.body["epoch"] == 3 and orch.registry.epoch("p", "aggregate") == 3
