@@ -293,6 +293,12 @@ class Coordination(Scaling):
         with self._exclusive(pipeline, element_id, "restore"):
             # Afresh: a migration or restore that just ended may have moved the PE.
             record = self.pipeline(pipeline)
+            if record.status != PipelineState.RUNNING:
+                raise InvalidInput(
+                    f"pipeline {pipeline!r} is {record.status}, not running",
+                    hint="only a running pipeline's PEs are restored; `fogshift deploy` "
+                    "starts a stopped one",
+                )
             current = record.placement[element_id]
             attempts: list[RestoreAttempt] = []
             standby = self.registry.standby(pipeline, element_id)

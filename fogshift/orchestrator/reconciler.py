@@ -290,17 +290,23 @@ class Reconciler(Coordination):
                             and placed is None
                             and not any(e.id == key[1] for e in record.spec.elements)
                         )  # a partition `scale` removed: its instance is a stray too
-                        if (
+                        # A stopped pipeline runs nowhere: an instance a restore or migration
+                        # started while `stop` ran is stopped too (its checkpoint kept).
+                        stopped = record is not None and record.status == PipelineState.STOPPED
+                        if not stopped and (
                             record is None
                             or record.status != PipelineState.RUNNING
                             or (placed in (None, node.name) and not retired)
                             or (standby is not None and standby.node == node.name)
                         ):
                             continue
-                        log.warning("removing superseded %s/%s from %s", *key, node.name)
+                        log.warning("removing %s %s/%s from %s",
+                                    "the stopped pipeline's" if stopped else "superseded", *key,
+                                    node.name)  # fmt: skip
                         try:
                             self.agent(node.name).delete(
-                                f"/pipelines/{key[0]}/elements/{key[1]}", params={"discard": True}
+                                f"/pipelines/{key[0]}/elements/{key[1]}",
+                                params={} if stopped else {"discard": True},
                             )
                         except FogshiftError as exc:
                             # Gone meanwhile, or its node stopped answering: the next round

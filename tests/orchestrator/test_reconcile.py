@@ -85,12 +85,17 @@ def test_an_instance_off_its_placement_is_removed_with_its_checkpoint(
     assert ("p", "aggregate") not in orchestrator._migrating
 
 
-def test_instances_of_stopped_pipelines_are_left_alone(
+def test_instances_of_stopped_pipelines_are_stopped_with_their_checkpoints_kept(
     orchestrator: Orchestrator, agent: tuple[str, list[str]]
 ) -> None:
+    # One a restore started while `stop` ran, or that an unreachable node kept: a stopped
+    # pipeline runs nowhere, and `stop` keeps checkpoints.
+    orchestrator.registry.set_status("p", "stopping")
+    orchestrator._remove_strays()
+    assert agent[1] == []  # `stop` itself is still at work
     orchestrator.registry.set_status("p", "stopped")
     orchestrator._remove_strays()
-    assert agent[1] == []
+    assert agent[1] == ["/pipelines/p/elements/aggregate"]
 
 
 def test_one_pe_whose_reconcile_raises_leaves_the_other_pes_and_the_strays_to_it(

@@ -284,3 +284,12 @@ def test_a_pe_reading_other_inputs_than_its_element_is_restarted_fenced(
     before = len(calls(agents))
     orch.reconcile_once()
     assert len(calls(agents)) == before
+
+
+def test_a_stopped_pipelines_pe_is_not_restored(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    orch.registry.set_status("p", "stopped")
+    with pytest.raises(InvalidInput, match="'p' is stopped, not running"):
+        orch.restore("p", "aggregate")
+    assert calls(agents) == []
