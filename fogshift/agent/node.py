@@ -10,6 +10,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -140,8 +141,15 @@ class NodeRuntime:
 
     # -- life cycle -------------------------------------------------------------------------
 
+    @property
+    def _outgoing(self) -> Path:
+        """Where copies of checkpoints are packed for shipping, one folder per request."""
+        return self.config.home / "outgoing"
+
     def start(self) -> None:
         """Start Spark (slow, ~7 s) and the monitor, in the background."""
+        # Copies a process before this one was packing when it ended: no one reads them.
+        shutil.rmtree(self._outgoing, ignore_errors=True)
         self._spark_thread.submit(self._start_spark)
         threading.Thread(target=self._monitor, name="monitor", daemon=True).start()
         threading.Thread(target=self.run_snapshots, name="snapshots", daemon=True).start()
@@ -482,7 +490,9 @@ class NodeRuntime:
         """
         self.hosted(pipeline, pe)
         source = self.checkpoint_dir(pipeline, pe)
-        staging = self.config.home / "outgoing" / pipeline / pe
+        # A folder of its own per request: two copies of one PE at once (a request sent
+        # again while the first is still packed) would remove and refill each other's.
+        staging = self._outgoing / pipeline / f"{pe}.{uuid.uuid4().hex[:12]}"
         try:
             # Linked, not copied: the staging copy is only read (packed), then removed.
             info = copy_checkpoint(source, staging, warm=warm, link=True)

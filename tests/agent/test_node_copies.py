@@ -5,10 +5,13 @@ being installed — goes with the PE, or with the checkpoint it stood for (the a
 from __future__ import annotations
 
 import errno
+import io
+import tarfile
 from pathlib import Path
 
 import pytest
 
+from fogshift.agent import node as node_module
 from fogshift.agent.node import NodeRuntime
 from fogshift.checkpoint import central
 from fogshift.checkpoint.central import CentralStore
@@ -110,3 +113,33 @@ def test_an_install_that_fails_leaves_the_checkpoint_and_no_half_copy(
         runtime.install_from_store("x", "p", store, checkpoint)
     assert not live.with_name("p.incoming").exists()
     assert (live / "metadata").read_text() == '{"id": "q"}'  # the one it had
+
+
+def test_two_copies_of_one_pe_at_once_do_not_share_a_folder(
+    runtime: NodeRuntime,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request sent again while the first is still packed: each packs its own copy."""
+    _live(runtime, 3)
+    _host(runtime, tmp_path)
+    real = node_module.pack
+    inner: list[tuple[bytes, str]] = []
+    calls: list[Path] = []
+
+    def packing_twice(staging: Path, *args: object) -> tuple[bytes, str]:
+        calls.append(staging)
+        if len(calls) == 1:  # the second request comes while the first packs
+            inner.append(runtime.checkpoint("x", "p", warm=False)[:2])
+        return real(staging, *args)
+
+    monkeypatch.setattr(node_module, "pack", packing_twice)
+    data, _, info = runtime.checkpoint("x", "p", warm=False)
+    assert info.batch == 2 and len(calls) == 2 and calls[0] != calls[1]
+    assert _members(data) == _members(inner[0][0]) and "./commits/2" in _members(data)
+    assert list((runtime.config.home / "outgoing" / "x").iterdir()) == []  # both removed
+
+
+def _members(archive: bytes) -> set[str]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return set(tar.getnames())
