@@ -447,8 +447,9 @@ class Scaling(KeyMoves):
         ]  # fmt: skip
         consumers = [
             e for e in record.spec.elements
-            if e.id in {c.id for c in consumers} or stale_inputs(reported(e), e)
-        ]  # fmt: skip
+            if e.id in {c.id for c in consumers}
+            or (set(ids) & set(e.inputs) and stale_inputs(reported(e), e))
+        ]  # fmt: skip  # (only the element's readers: the scale holds their sections)
         if not starting and not consumers:
             return [], []
 
