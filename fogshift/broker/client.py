@@ -148,7 +148,14 @@ class SyncJetStream:
     def _submit(self, call: Callable[[], Awaitable[T]], timeout: float) -> T:
         # Not portal.call: that has no timeout. On a timeout the call keeps running, as
         # before; close() cancels whatever is left.
-        return self._portal.start_task_soon(call).result(timeout)
+        try:
+            return self._portal.start_task_soon(call).result(timeout)
+        except TimeoutError as exc:
+            # (A broker that cannot be reached at all, too: the first connect retries.)
+            raise BrokerUnavailable(
+                f"the broker at {self.address.url} did not answer within {timeout:g} s",
+                hint="is `fogshift up` running and the broker reachable from here?",
+            ) from exc
 
     async def _connect(self) -> JetStreamContext:
         try:

@@ -17,6 +17,7 @@ from fogshift.broker.client import (
     last_seq,
     subject_counts,
 )
+from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.keys import key_text
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import fence
@@ -241,9 +242,16 @@ class Deployment(Journal):
 
         try:
             self.broker.run(reset_streams)
-        except FogshiftError:
+        except Exception as exc:
+            # Failed, not left deploying (which a deploy again would be refused for).
             self.registry.set_status(spec.pipeline, PipelineState.FAILED)
-            raise
+            if isinstance(exc, FogshiftError):
+                raise
+            raise BrokerError(
+                f"cannot deploy pipeline {spec.pipeline!r}: the broker refused its streams: "
+                f"{exc!r}",
+                hint="`fogshift nodes` and the orchestrator's log say more; deploy again",
+            ) from exc
         started: list[ElementSpec] = []
         try:
             # Downstream first, so nothing is produced before its consumer exists.

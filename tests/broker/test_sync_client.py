@@ -12,10 +12,17 @@ import anyio
 import pytest
 from nats import errors as nats_errors
 
-from fogshift.broker.client import SyncJetStream, ensure_pe_stream, error_level, last_seq
+from fogshift.broker.client import (
+    BrokerAddress,
+    SyncJetStream,
+    ensure_pe_stream,
+    error_level,
+    last_seq,
+)
 from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.naming import stream_name
 from fogshift.broker.server import BrokerProcess, start_nats_server
+from tests.orchestrator.standin import dead_url
 
 pytestmark = pytest.mark.integration  # a real nats-server (no Spark, no agents)
 
@@ -47,10 +54,19 @@ def test_close_cancels_a_call_that_timed_out(nats_server: BrokerProcess) -> None
     async def forever(_js: object) -> None:
         await anyio.sleep(3600)
 
-    with pytest.raises(TimeoutError):
+    with pytest.raises(BrokerUnavailable, match=r"did not answer within 0\.2 s"):
         client.run(forever, timeout=0.2)
     client.close()  # does not wait an hour for the call
     assert len(ours) == 1 and not next(iter(ours)).is_alive()
+
+
+def test_a_broker_nobody_answers_at_is_unavailable_not_a_timeout() -> None:
+    nowhere = BrokerAddress(dead_url().replace("http", "nats"))
+    with (
+        SyncJetStream(nowhere, connect_timeout_s=0.5) as client,
+        pytest.raises(BrokerUnavailable, match=r"did not answer|cannot connect"),
+    ):
+        client.run(lambda js: last_seq(js, stream_name("sync-client", "pe")), timeout=5)
 
 
 #: A process that uses a client (a shared one and one of its own) and never closes either.

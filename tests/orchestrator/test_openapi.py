@@ -7,6 +7,7 @@ schema a client reads (``GET /openapi.json``, ``/docs``) is the API the CLI pars
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from fogshift.common.http import node_token
 from fogshift.contracts import NodeView
 from fogshift.orchestrator import deployment
 from tests.orchestrator.conftest import OPERATOR
+from tests.orchestrator.standin import SPEC, StandIn
 
 #: ``(method, path)`` -> the contract its 200 answer is (``[...]``: a list of them).
 ANSWERS = {
@@ -137,3 +139,33 @@ def test_the_orchestrator_tells_its_own_disk_nearly_full(
     assert warning.startswith("disk nearly full: ") and warning.endswith(
         "(central checkpoints fail once it is full)"
     )
+
+
+def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
+    app: FastAPI, agents: dict[str, StandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    orch = app.state.orchestrator
+    for name, agent in agents.items():
+        beat = {"url": agent.url, "ready": True, "elements": []}
+        assert as_(app, node_token(OPERATOR, name)).post(
+            f"/nodes/{name}/heartbeat", json=beat
+        ).json() == {"ok": True}  # fmt: skip
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    spec = {
+        **SPEC,
+        "elements": [
+            {**e, "options": {**e["options"], "path": str(tmp_path / p)}}
+            for e, p in zip(SPEC["elements"], ("in.csv", "x", "o.csv"), strict=True)
+        ],
+    }
+    spec["elements"][1]["options"] = SPEC["elements"][1]["options"]  # fmt: skip
+
+    def refused(make: object, timeout: float = 30) -> None:
+        raise RuntimeError("stream limits exceeded")  # anything the broker may say
+
+    monkeypatch.setattr(orch.broker, "run", refused)
+    for _ in range(2):  # and again: not "already deploying"
+        answer = as_(app, OPERATOR).post("/pipelines", json=spec)
+        assert answer.status_code >= 500 and answer.json()["code"] == "broker_error", answer.text
+        assert "stream limits exceeded" in answer.json()["message"]
+        assert orch.registry.get_pipeline("p").status == "failed"
