@@ -45,7 +45,10 @@ def wait_for_progress(
             info.state == PEState.FAILED and info.retry_in_s is None
         ):
             raise error(f"{what}: the PE's query {info.state}: {info.error}")
-        if info.committed_batch is not None and info.progress >= at_least:
+        # Position 0 is reached with nothing committed: a PE that never emitted, restored
+        # or moved with nothing to re-derive, commits no batch behind a cap at 0 (a sink
+        # waiting for its first alarm would otherwise never be restored).
+        if (info.committed_batch is not None or at_least <= 0) and info.progress >= at_least:
             return info
         return None
 

@@ -1,0 +1,26 @@
+"""Waiting for a PE to reach an input position (a real HTTP stand-in for its agent)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fogshift.common.http import ServiceClient
+from fogshift.common.progress import wait_for_progress
+from fogshift.restoration.exceptions import RestoreFailed
+from tests.orchestrator.standin import standins
+
+HERE = "/pipelines/p/elements/alarms"
+
+
+def test_position_0_is_reached_with_nothing_committed() -> None:
+    """A sink that never got input (no batch committed, held at a cap of 0) is where a
+    restore or a move needs it at once; any later position needs a committed batch."""
+    with standins("fog-b") as agents:
+        agents["fog-b"].answer("GET", HERE + "/progress", body={
+            "pipeline": "p", "element": "alarms", "state": "running", "committed_batch": None,
+            "progress": 0})  # fmt: skip
+        agent = ServiceClient(agents["fog-b"].url, "t" * 32, "fog-b")
+        info = wait_for_progress(agent, HERE, 0, 5.0, RestoreFailed, "restore of p/alarms")
+        assert info.committed_batch is None
+        with pytest.raises(RestoreFailed, match="did not reach input position 1"):
+            wait_for_progress(agent, HERE, 1, 0.3, RestoreFailed, "restore of p/alarms")
