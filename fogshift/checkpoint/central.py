@@ -171,6 +171,12 @@ class CentralStore:
         """Every visible checkpoint of a PE, newest first."""
         return list(self._manifests(pipeline, pe))
 
+    def forget(self, pipeline: str, pe: str) -> None:
+        """Drop every checkpoint of a PE (a pipeline deployed afresh: its streams start
+        over, and a checkpoint of the run before, restored, would resume at positions of
+        streams that are gone); their files go with the next garbage collection."""
+        shutil.rmtree(self._folder(pipeline, pe), ignore_errors=True)
+
     def newest(self, pipeline: str, pe: str) -> dict[str, Any] | None:
         """The newest visible checkpoint of a PE (the one stored last), if any."""
         return next(self._manifests(pipeline, pe), None)

@@ -228,6 +228,14 @@ class Deployment(Journal):
 
         epochs = self.registry.put_pipeline(spec, PipelineState.DEPLOYING)
         self.permissions.sync(self.registry)  # the nodes may use their PEs' streams
+        # Afresh: the central checkpoints of a run before under this name hold positions of
+        # streams deleted below (restored, a PE would wait for input that never comes, or
+        # skip what the new streams hold up to there).
+        for key in ((spec.pipeline, e.id) for e in spec.elements):
+            self.central.forget(*key)
+            self.central_stats.pop(key, None)
+            self.pull_errors.pop(key, None)
+            self._early_pulls.pop(key, None)
 
         def reset_streams(js: Any) -> Any:
             async def go() -> None:

@@ -6,6 +6,7 @@ schema a client reads (``GET /openapi.json``, ``/docs``) is the API the CLI pars
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,15 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
     }
     spec["elements"][1]["options"] = SPEC["elements"][1]["options"]  # fmt: skip
 
+    # A central checkpoint of a run before under the pipeline's name: a deploy afresh drops
+    # it (its streams start over, and a restore from it would resume at positions gone).
+    files = {"offsets/3000": b"o"}
+    orch.central.put({"id": "b000000003000", "pipeline": "p", "element": "aggregate",
+                      "batch": 3000, "files": {"offsets/3000": {
+                          "sha256": hashlib.sha256(b"o").hexdigest(), "size": 1}}},
+                     files.__getitem__)  # fmt: skip
+    assert orch.central.newest("p", "aggregate") is not None
+
     def refused(make: object, timeout: float = 30) -> None:
         raise RuntimeError("stream limits exceeded")  # anything the broker may say
 
@@ -169,3 +179,4 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
         assert answer.status_code >= 500 and answer.json()["code"] == "broker_error", answer.text
         assert "stream limits exceeded" in answer.json()["message"]
         assert orch.registry.get_pipeline("p").status == "failed"
+    assert orch.central.newest("p", "aggregate") is None
