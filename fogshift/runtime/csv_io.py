@@ -360,6 +360,13 @@ def _cell(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+def _csv_line(cells: list[Any]) -> bytes:
+    """One CSV line, UTF-8 (strictly: text that cannot be raises)."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(cells)
+    return buffer.getvalue().encode()
+
+
 def append_exactly_once(
     path: str | Path,
     rows: list[SinkRow],
@@ -415,27 +422,36 @@ def _append(
     if not fresh:
         return 0
     fields: list[str] | None = marker["fields"]
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    lines: list[bytes] = []
     refused: list[tuple[SinkRow, str]] = []
     written = 0
     for row in fresh:
+        # Each line is made and encoded on its own: a body that cannot be written (nested
+        # too deep to read, text that is no UTF-8, such as a lone surrogate a processor's
+        # JSON escaped) is refused alone, not the batch again and again.
         try:
             body = load_body(row[3])
-        except ValueError as exc:
-            refused.append((row, f"not an event body: {exc}"))
+        except (ValueError, RecursionError) as exc:
+            refused.append((row, f"not an event body: {type(exc).__name__}: {exc}"))
             continue
-        if fields is None:
-            fields = list(body)
-            writer.writerow(["seq", *fields])
-        if list(body) != fields:
+        names = list(body) if fields is None else fields
+        if list(body) != names:
             refused.append((row, f"fields {list(body)} do not match the output header {fields}"))
             continue
-        writer.writerow([row[1], *(_cell(body[f]) for f in fields)])
+        try:
+            header = _csv_line(["seq", *names]) if fields is None else b""
+            line = _csv_line([row[1], *(_cell(body[f]) for f in names)])
+        except Exception as exc:
+            refused.append((row, f"cannot be written as CSV: {type(exc).__name__}: {exc}"))
+            continue
+        if fields is None:
+            fields = names
+            lines.append(header)
+        lines.append(line)
         written += 1
     if refused and on_refused is not None:
         on_refused(refused)
-    data = buffer.getvalue().encode()
+    data = b"".join(lines)
     with open(target, "r+b" if target.exists() else "w+b") as handle:
         handle.truncate(marker["bytes"])  # cut a torn tail left by a crash mid-append
         handle.seek(marker["bytes"])

@@ -60,3 +60,21 @@ def test_a_body_that_is_not_json_is_refused_not_fatal(tmp_path: Path) -> None:
     append_exactly_once(out, [*rows((1, 1.0)), (2, 2, 0.0, "garbage{")], refused.extend)
     assert [r[0][0] for r in refused] == [2] and "not an event body" in refused[0][1]
     assert out.read_text() == "seq,v\n1,1.0\n"
+
+
+def test_a_body_that_cannot_be_written_is_refused_alone(tmp_path: Path) -> None:
+    """Text a processor's JSON escaped but that is no UTF-8 (a lone surrogate), a body nested
+    too deep to read: each is refused, the rows around it are written, and the batch ends."""
+    out = tmp_path / "o.csv"
+    refused: list = []
+    deep = '{"v": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    batch = [*rows((1, 1.0)), (2, 2, 0.0, '{"v": "\\udcff"}'), (3, 3, 0.0, deep), *rows((4, 4.0))]
+    assert append_exactly_once(out, batch, refused.extend) == 2
+    assert [r[0][0] for r in refused] == [2, 3]
+    assert "UnicodeEncodeError" in refused[0][1] and "RecursionError" in refused[1][1]
+    assert out.read_text() == "seq,v\n1,1.0\n4,4.0\n"
+    assert read_marker(out)["origin"] == 4
+    # The first row sets the header: one that cannot be written sets none.
+    other = tmp_path / "p.csv"
+    assert append_exactly_once(other, [(1, 1, 0.0, '{"\\udcff": 1}'), *rows((2, 2.0))]) == 1
+    assert other.read_text() == "seq,v\n2,2.0\n"
