@@ -51,7 +51,7 @@ Builder = Callable[[Mapping[str, Any] | None], Processor]
 
 T = TypeVar("T")
 
-_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_LONG_MAX = 2**63 - 1
 
 
 def _describe(exc: BaseException) -> str:
@@ -117,7 +117,8 @@ def _encode(
             )
         try:
             seq, timestamp = int(seq), float(timestamp)
-            if not (_LONG_MIN <= seq <= _LONG_MAX and math.isfinite(timestamp)):
+            # (0 up: a reader takes a negative seq for a stranger's message, not an event)
+            if not (0 <= seq <= _LONG_MAX and math.isfinite(timestamp)):
                 raise ValueError(f"seq {seq!r} or timestamp {timestamp!r} is out of range")
             text = dump_body(dict(body))
         except Exception as exc:  # what the event encoding refuses, whatever the type

@@ -302,6 +302,19 @@ def test_stateless_processors_skip_the_event_and_keep_going() -> None:
     ]
 
 
+def test_an_output_seq_below_0_is_a_dead_letter() -> None:
+    """A reader takes a message with a negative seq for a stranger's and passes its whole
+    wrapper on as a body (a csv-sink would take it for its header): refused at the source."""
+
+    class Rebase(Processor):
+        def process(self, event: Event) -> Any:
+            return Event(event.seq - 2, event.timestamp, event.body)
+
+    out = list(run_events(Rebase.build({}, "r", None), [row(1, v=1), row(3, v=3)]))
+    assert out[0][6] is not None and "seq -1" in out[0][6] and out[0][2] == 1
+    assert (out[1][2], out[1][6]) == (1, None)  # seq 3 - 2
+
+
 def test_run_events_leaves_the_callers_instance_with_the_isolated_state() -> None:
     proc = Acc.build({}, "p", {"seen": [], "total": 0.0})
     rows = [row(1, v=1), row(2, v=2, mode="raise", exc="IndexError"), row(3, v=3)]
