@@ -58,10 +58,11 @@ def step(state: dict[str, Any], samples: np.ndarray, fs: float) -> dict[str, Any
             fresh_beat = not beats or at - beats[-1] > gap
             if peak <= settled and at >= WARMUP_S * fs and fresh_beat:
                 beats.append(at)
-    keep = int(TAIL_S * fs)
+    # (Not ``segment[-keep:]``: at keep 0, a rate under 1 / TAIL_S, that is all of it.)
+    cut = max(segment.size - int(TAIL_S * fs), 0)
     return {
-        "tail": segment[-keep:].tolist(),
-        "tail_start": start + max(segment.size - keep, 0),
+        "tail": segment[cut:].tolist(),
+        "tail_start": start + cut,
         "beats": beats[-BEATS:],
     }
 

@@ -96,3 +96,14 @@ def test_the_shipped_network_tells_the_rhythms_apart_on_recordings_it_never_saw(
             right += (model.abnormal(row) >= 0.5) == abnormal
             total += 1
     assert total > 250 and right / total >= 0.9, (right, total)
+
+
+def test_the_beat_tail_stays_bounded_at_any_sampling_rate() -> None:
+    """A window's tail is TAIL_S of signal: none at a rate too low for one sample of it,
+    not the whole history."""
+    for fs in (1.5, 250.0):
+        state = beats.fresh()
+        for w in range(5):
+            state = beats.step(state, np.linspace(0.0, 1.0, 10), fs)
+            assert len(state["tail"]) == min(10 * (w + 1), int(beats.TAIL_S * fs))
+            assert state["tail_start"] == 10 * (w + 1) - len(state["tail"])
