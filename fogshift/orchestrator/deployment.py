@@ -7,6 +7,7 @@ import logging
 import shutil
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from fogshift.broker.client import (
@@ -46,8 +47,9 @@ from fogshift.orchestrator.config import WarningLimits
 from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPipeline
 from fogshift.orchestrator.journal import Journal
 from fogshift.orchestrator.registry import PipelineRecord
+from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.loader import parse_spec, validate_spec
-from fogshift.spec.models import ElementSpec, partition_of_key
+from fogshift.spec.models import ElementSpec, PipelineSpec, partition_of_key
 
 log = logging.getLogger("fogshift.orchestrator")
 
@@ -218,6 +220,7 @@ class Deployment(Journal):
                 f"pipeline {spec.pipeline!r} is already {existing.status}",
                 hint=f"`fogshift stop {spec.pipeline}` first, or deploy under another name",
             )
+        self._refuse_shared_outputs(spec)
         for node in {e.node for e in spec.elements}:
             record = self.registry.node(node)
             if record is None or not self.healthy(record) or not record.report.ready:
@@ -273,6 +276,28 @@ class Deployment(Journal):
             raise
         self.registry.set_status(spec.pipeline, PipelineState.RUNNING)
         return self.status(spec.pipeline)[0]
+
+    def _refuse_shared_outputs(self, spec: PipelineSpec) -> None:
+        """Refuse a sink writing a file a sink of a running pipeline writes: their
+        exactly-once markers would be one, and the deploy would empty the other's output
+        (within one spec the loader refuses it)."""
+        mine = {_output_of(e): e.id for e in spec.elements if _output_of(e) is not None}
+        for other in self.registry.pipelines():
+            if other.name == spec.pipeline or other.status not in (
+                PipelineState.RUNNING, PipelineState.DEPLOYING,
+            ):  # fmt: skip
+                continue
+            for element in other.spec.elements:
+                path = _output_of(element)
+                if path is not None and path in mine:
+                    raise InvalidSpec(
+                        f"sink {mine[path]!r} of pipeline {spec.pipeline!r} writes {path!r}, "
+                        f"which sink {element.id!r} of running pipeline {other.name!r} writes",
+                        expected="an output file no running pipeline writes",
+                        received=path,
+                        hint=f"give the sink another `path`, or `fogshift stop {other.name}` "
+                        "first (its output is then replaced)",
+                    )
 
     def _deploy_element(self, pipeline: str, element: ElementSpec, fresh: bool) -> None:
         """Start ``element`` on ``element.node`` under the PE's newest epoch."""
@@ -585,3 +610,9 @@ def _origin(headers: dict[str, str] | None) -> int | None:
     """The input sequence a single-input PE's record names in its origin header."""
     value = (headers or {}).get(ORIGIN_HEADER)
     return int(value) if value is not None else None
+
+
+def _output_of(element: ElementSpec) -> str | None:
+    """The file a sink writes (resolved), ``None`` for any other PE."""
+    path = element.options.get("path")
+    return str(Path(path).resolve()) if element.role == "sink" and isinstance(path, str) else None

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from fogshift.common.http import node_token
 from fogshift.contracts import NodeView
 from fogshift.orchestrator import deployment
+from fogshift.spec import parse_spec
 from tests.orchestrator.conftest import OPERATOR
 from tests.orchestrator.standin import SPEC, StandIn
 
@@ -180,3 +181,32 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
         assert "stream limits exceeded" in answer.json()["message"]
         assert orch.registry.get_pipeline("p").status == "failed"
     assert orch.central.newest("p", "aggregate") is None
+
+
+def test_a_sink_writing_a_running_pipelines_output_is_refused(
+    app: FastAPI, agents: dict[str, StandIn], tmp_path: Path
+) -> None:
+    orch = app.state.orchestrator
+    for name, agent in agents.items():
+        beat = {"url": agent.url, "ready": True, "elements": []}
+        as_(app, node_token(OPERATOR, name)).post(f"/nodes/{name}/heartbeat", json=beat)
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    paths = (str(tmp_path / "in.csv"), "x", str(tmp_path / "out" / "o.csv"))
+    spec = {
+        **SPEC,
+        "elements": [
+            {**e, "options": {**e["options"], "path": p}}
+            for e, p in zip(SPEC["elements"], paths, strict=True)
+        ],
+    }
+    spec["elements"][1]["options"] = SPEC["elements"][1]["options"]  # fmt: skip
+    orch.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
+    answer = as_(app, OPERATOR).post("/pipelines", json={**spec, "pipeline": "b"})
+    assert answer.status_code == 422 and answer.json()["code"] == "invalid_spec", answer.text
+    assert "which sink 'sink' of running pipeline 'p' writes" in answer.json()["message"]
+    assert "fogshift stop p" in answer.json()["hint"]
+    # Once it is stopped, the file may be taken over.
+    orch.registry.set_status("p", "stopped")
+    orch.broker.close()  # (the deploy then fails at the broker, past the check)
+    answer = as_(app, OPERATOR).post("/pipelines", json={**spec, "pipeline": "b"})
+    assert answer.json()["code"] != "invalid_spec", answer.text
