@@ -53,7 +53,7 @@ from fogshift.migration.exceptions import MigrationFailed
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.spec.exceptions import InvalidSpec
-from fogshift.spec.loader import load_spec
+from fogshift.spec.loader import check_fresh, load_spec
 from fogshift.spec.models import PipelineSpec
 from fogshift.supervisor import cluster as cluster_ops
 
@@ -286,6 +286,7 @@ def validate(
     names = [n.strip() for n in nodes.split(",") if n.strip()] if nodes is not None else None
     try:
         pipeline = load_spec(spec, names)
+        check_fresh(pipeline)
     except InvalidSpec as exc:
         if as_json:
             _print_json({"valid": False, "error": exc.to_dict()})

@@ -48,7 +48,7 @@ from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPi
 from fogshift.orchestrator.journal import Journal
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.spec.exceptions import InvalidSpec
-from fogshift.spec.loader import parse_spec, validate_spec
+from fogshift.spec.loader import check_fresh, parse_spec, validate_spec
 from fogshift.spec.models import ElementSpec, PipelineSpec, partition_of_key
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -211,6 +211,7 @@ class Deployment(Journal):
         """
         spec = parse_spec(data)
         validate_spec(spec, nodes=self.node_names())
+        check_fresh(spec)
         existing = self.registry.get_pipeline(spec.pipeline)
         if existing is not None and existing.status in (
             PipelineState.RUNNING,

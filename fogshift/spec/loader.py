@@ -334,13 +334,36 @@ def _check_partitions(spec: PipelineSpec) -> None:
                 "make its partitions",
             )
         alike = {p.model_dump_json(exclude={"id", "node", "partition"}) for p in parts}
-        if len(alike) > 1 or any(
-            p.id != partition_id(of, p.partition.index) for p in parts if p.partition
+        # Ownership starts from one count for all (a partition that took another would
+        # own keys another owns, or none would).
+        starts = {p.partition.first_count for p in parts if p.partition}
+        if (
+            len(alike) > 1
+            or len(starts) > 1
+            or any(p.id != partition_id(of, p.partition.index) for p in parts if p.partition)
         ):
             raise InvalidSpec(
                 f"pipeline {spec.pipeline!r}: the partitions of {of!r} differ in more than "
                 "their node",
                 hint=f"write {of!r} once with partitions: [NODE, ...]",
+            )
+
+
+def check_fresh(spec: PipelineSpec) -> None:
+    """Refuse a spec to deploy afresh whose partitions say where a scale left them: a fresh
+    deployment's streams start over, and every partition reads them from the start, owning
+    its keys by its count (``base`` and ``since`` are ``fogshift scale``'s, in the specs it
+    stores; a partition reading after ``since`` would skip what the new streams hold up to
+    there)."""
+    for element in spec.elements:
+        part = element.partition
+        if part is not None and (part.since != 0 or part.base not in (None, part.count)):
+            raise InvalidSpec(
+                f"pipeline {spec.pipeline!r}: partition {element.id!r} is deployed afresh "
+                "from where a scale left it",
+                expected="partition: {of, index, count} (or partitions: [NODE, ...])",
+                received=f"since {part.since}, base {part.base}",
+                hint="leave out `since` and `base`: `fogshift scale` sets them",
             )
 
 

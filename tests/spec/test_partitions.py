@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from fogshift.spec import InvalidSpec, parse_spec
+from fogshift.spec.loader import check_fresh
 from fogshift.spec.models import PipelineSpec, partition_of_key
 
 
@@ -98,6 +99,25 @@ def test_partitions_written_by_hand_must_own_every_key_once() -> None:
     )  # fmt: skip
     with pytest.raises(InvalidSpec, match="two elements with id 'agg-p1'"):
         parse_spec(taken)
+    # Ownership from another count than its siblings': keys with two owners, or none.
+    based = parse_spec(data()).model_dump(mode="json")
+    (p0,) = [e for e in based["elements"] if e["id"] == "agg-p0"]
+    p0["partition"]["base"] = 1
+    with pytest.raises(InvalidSpec, match="differ in more than their node"):
+        parse_spec(based)
+
+
+def test_a_fresh_deployment_starts_every_partition_at_the_input_s_start() -> None:
+    """``since`` and ``base`` are what `scale` stores; deployed afresh (new streams), a
+    partition reading after ``since`` would skip events."""
+    check_fresh(parse_spec(data()))
+    for field, value in (("since", 1000), ("base", 1)):
+        spec = parse_spec(data()).model_dump(mode="json")
+        for element in spec["elements"]:
+            if element.get("partition"):
+                element["partition"][field] = value
+        with pytest.raises(InvalidSpec, match="deployed afresh from where a scale left it"):
+            check_fresh(parse_spec(spec))  # (a stored spec: parsed, and refused to deploy)
 
 
 def test_the_case2_twins_example_splits_the_classifier_and_can_move_its_keys() -> None:
