@@ -58,6 +58,13 @@ class BrokerAddress:
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "user": self.user, "password": self.password}
 
+    @property
+    def inbox_prefix(self) -> str:
+        """The prefix of this user's reply subjects: its own, so that a node allowed only
+        its own (``broker.permissions``) cannot read the replies the broker sends others
+        (the admin's reads of any stream, other nodes' reads of theirs)."""
+        return "_INBOX" if self.user is None else f"_INBOX_{self.user}"
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BrokerAddress:
         return cls(url=data["url"], user=data.get("user"), password=data.get("password"))
@@ -163,6 +170,7 @@ class SyncJetStream:
                 self.address.url,
                 user=self.address.user,
                 password=self.address.password,
+                inbox_prefix=self.address.inbox_prefix,
                 connect_timeout=self._timeout,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,

@@ -63,11 +63,18 @@ def node_user(node: str) -> str:
     return f"node-{node}"
 
 
-def node_permissions(hosted: Iterable[Hosted]) -> dict[str, Any]:
-    """The nats-server permissions of a node hosting ``hosted`` (nothing hosted: no rights
-    but its inbox)."""
+def node_inbox(node: str) -> str:
+    """The subjects of ``node``'s replies (its connections' ``inbox_prefix``, see
+    ``BrokerAddress.inbox_prefix``): its own, not every client's ``_INBOX.>``, which would
+    let it read every reply the broker sends (the admin's reads of any stream)."""
+    return f"_INBOX_{node_user(node)}.>"
+
+
+def node_permissions(node: str, hosted: Iterable[Hosted]) -> dict[str, Any]:
+    """The nats-server permissions of ``node`` hosting ``hosted`` (nothing hosted: no
+    rights but its inbox)."""
     publish: set[str] = set()
-    subscribe: set[str] = {"_INBOX.>"}
+    subscribe: set[str] = {node_inbox(node)}
     for pe in hosted:
         own = stream_name(pe.pipeline, pe.element)
         publish |= {
@@ -138,7 +145,7 @@ class BrokerUsers:
                 {
                     "user": node_user(node),
                     "password": password,
-                    "permissions": node_permissions(hosted.get(node, ())),
+                    "permissions": node_permissions(node, hosted.get(node, ())),
                 }
             )
         # nats.conf is a superset of JSON: a JSON list is a valid value.

@@ -126,8 +126,8 @@ def test_a_key_is_the_field_as_text_as_the_runtime_groups_by_it(
 
 
 def test_only_a_partition_may_append_key_states_to_its_input() -> None:
-    plain = node_permissions([Hosted("p", "agg", ("src",))])
-    moving = node_permissions([Hosted("p", "agg-p0", ("src",), moves_keys=True)])
+    plain = node_permissions("n1", [Hosted("p", "agg", ("src",))])
+    moving = node_permissions("n1", [Hosted("p", "agg-p0", ("src",), moves_keys=True)])
     assert "fs.p.src.keys" not in plain["publish"]["allow"]
     assert {"fs.p.src.keys", "fs.p.src.state.*"} <= set(moving["publish"]["allow"])
     assert "fs.p.src.state.*" not in plain["publish"]["allow"]

@@ -34,7 +34,8 @@ def run(address: BrokerAddress, action: Callable[[Any], Awaitable[Any]]) -> Any:
     """``action(js)`` on a fresh connection with a short API timeout; the exception if any."""
 
     async def go() -> Any:
-        nc = await nats.connect(address.url, user=address.user, password=address.password)
+        nc = await nats.connect(address.url, user=address.user, password=address.password,
+                                inbox_prefix=address.inbox_prefix)  # fmt: skip
         try:
             return await action(nc.jetstream(timeout=1.0))
         except Exception as exc:  # a denied request times out or is refused: either says no
@@ -91,6 +92,43 @@ def test_a_node_may_touch_only_the_streams_of_the_pes_it_hosts(broker: BrokerPro
     assert not allowed(run(n1, lambda js: publish_records(js, "p", "pe1", record(3), epoch=1)))
     info = run(admin, lambda js: js.stream_info("FS_p_pe1"))
     assert info.state.messages == 2
+
+
+def test_a_node_reads_no_reply_but_its_own(broker: BrokerProcess) -> None:
+    """Every client's replies come on its own inbox: n2, which hosts nothing, can neither
+    subscribe to the admin's nor to every inbox, where the admin's reads of any stream (and
+    other nodes' reads of their inputs) would reach it."""
+    admin, n2 = broker.address, broker.node_addresses["n2"]
+    assert admin.inbox_prefix != n2.inbox_prefix
+    assert allowed(run(admin, lambda js: ensure_pe_stream(js, "p", "secret")))
+    assert allowed(run(admin, lambda js: js.publish(data_subject("p", "secret"), b"s3cret")))
+
+    async def overhear() -> tuple[list[bytes], Any]:
+        heard: list[bytes] = []
+
+        async def note(msg: Any) -> None:
+            heard.append(msg.data)
+
+        async def denied(exc: Exception) -> None:
+            pass  # (the broker reports each subscription it refuses)
+
+        nc = await nats.connect(n2.url, user=n2.user, password=n2.password,
+                                inbox_prefix=n2.inbox_prefix, error_cb=denied)  # fmt: skip
+        try:
+            for inbox in ("_INBOX.>", f"{admin.inbox_prefix}.>"):
+                await nc.subscribe(inbox, cb=note)
+            await nc.flush()
+            await asyncio.sleep(0.3)
+            read = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: run(admin, lambda js: js.get_msg("FS_p_secret", 1))
+            )
+            await asyncio.sleep(0.5)
+            return heard, read
+        finally:
+            await nc.close()
+
+    heard, read = asyncio.run(overhear())
+    assert read.data == b"s3cret" and heard == []  # the admin read it; n2 heard nothing
 
 
 async def consume_one(js: Any, stream: str, subject: str) -> bytes:

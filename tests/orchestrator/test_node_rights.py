@@ -67,16 +67,17 @@ def test_a_standby_node_holds_the_rights_of_the_pe_it_stands_by_for(tmp_path: Pa
 
 
 def test_node_permissions_name_only_the_hosted_streams() -> None:
-    perms = node_permissions([Hosted("p", "agg", ("src",))])
+    perms = node_permissions("fog-a", [Hosted("p", "agg", ("src",))])
     allow = perms["publish"]["allow"]
     assert "fs.p.agg.data" in allow and "fs.p.agg.cut" in allow
     assert "fs.p.agg.fence" not in allow and "fs.p.src.data" not in allow
     assert "$JS.API.CONSUMER.MSG.NEXT.FS_p_src.>" in allow
     assert "$JS.API.DIRECT.GET.FS_p_src" in allow and "$JS.API.DIRECT.GET.FS_p_agg" not in allow
     assert not any(a.startswith("$JS.API.STREAM.DELETE") for a in allow)
-    # Its inbox, and its input's data as it is stored (what wakes a reader waiting for it).
-    assert perms["subscribe"]["allow"] == ["_INBOX.>", "fs.p.src.data"]
-    assert node_permissions([])["publish"]["allow"] == ["_INBOX.none"]
+    # Its own inbox (not every client's: the broker's replies to others), and its input's
+    # data as it is stored (what wakes a reader waiting for it).
+    assert perms["subscribe"]["allow"] == ["_INBOX_node-fog-a.>", "fs.p.src.data"]
+    assert node_permissions("fog-a", [])["publish"]["allow"] == ["_INBOX.none"]
 
 
 def test_an_external_broker_is_not_managed(tmp_path: Path) -> None:
