@@ -82,8 +82,21 @@ def state(default: Any = _MISSING, *, default_factory: Callable[[], Any] | None 
 
 
 def encode_state(value: Any) -> str:
-    """Canonical JSON text of (part of) a snapshot; NaN and infinities are refused."""
-    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    """Canonical JSON text of (part of) a snapshot; NaN and infinities are refused, and so
+    is a value that would not read back as it is (a tuple reads back as a list, an int key
+    as text): the instance that holds it and one rebuilt from its text (after a dead letter,
+    a restart, a move) would then go on differently.
+
+    Raises:
+        ValueError: The value cannot be encoded, or would not read back equal.
+    """
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    if json.loads(text) != value:
+        raise ValueError(
+            "it would not read back as it is: JSON has no tuples (they read back as lists) "
+            "and its object keys are text (an int key reads back as a str)"
+        )
+    return text
 
 
 class ProcessingElement:

@@ -396,3 +396,28 @@ def test_a_processor_may_promise_its_dead_letters_change_nothing() -> None:
         pe="p",
     )
     assert final == {"seen": [1, 3], "total": 4.0}
+
+
+def test_a_state_that_would_not_read_back_as_it_is_makes_its_event_a_dead_letter() -> None:
+    """A csv-source makes the cell "7" the int 7: a count keyed by it would read back keyed
+    by "7". The instance holding it and one rebuilt from its text (after a dead letter, a
+    restart, a move) would then count apart; the event that made it so is refused."""
+
+    class Counts(Processor):
+        counts: dict = state(default_factory=dict)
+
+        def process(self, event: Event) -> Any:
+            key = event.body["sensor"] if event.body.get("raw") else str(event.body["sensor"])
+            self.counts[key] = self.counts.get(key, 0) + 1
+            return {"n": self.counts[key]}
+
+    rows = [row(1, sensor=7), row(2, sensor=7, raw=True), row(3, sensor=7), row(4, sensor=7)]
+    records, final = run_batch(
+        lambda resume: Counts.build({}, "c", resume), lambda: None, rows,
+        finish=lambda p: json.loads(encode_state(p.snapshot())), pe="c",
+        max_record_bytes=1_000_000,
+    )  # fmt: skip
+    events, dead = split(records)
+    assert list(dead) == [2] and "would not read back as it is" in dead[2]
+    assert [json.loads(body)["n"] for _, _, body in events] == [1, 2, 3]
+    assert final == {"counts": {"7": 3}}
