@@ -49,25 +49,25 @@ class BrokerAddress:
         url: ``nats://host:port``.
         user: The NATS user.
         password: The NATS password.
+        inbox: The prefix of this user's reply subjects (``None``: NATS's ``_INBOX``). A
+            node user fogshift makes has its own (``broker.permissions.node_inbox_prefix``)
+            and may subscribe to nothing else: it cannot read the replies the broker sends
+            other clients (the admin's reads of any stream, other nodes' of theirs).
     """
 
     url: str
     user: str | None = None
     password: str | None = None
+    inbox: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "user": self.user, "password": self.password}
-
-    @property
-    def inbox_prefix(self) -> str:
-        """The prefix of this user's reply subjects: its own, so that a node allowed only
-        its own (``broker.permissions``) cannot read the replies the broker sends others
-        (the admin's reads of any stream, other nodes' reads of theirs)."""
-        return "_INBOX" if self.user is None else f"_INBOX_{self.user}"
+        data = {"url": self.url, "user": self.user, "password": self.password}
+        return data if self.inbox is None else {**data, "inbox": self.inbox}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BrokerAddress:
-        return cls(url=data["url"], user=data.get("user"), password=data.get("password"))
+        return cls(url=data["url"], user=data.get("user"), password=data.get("password"),
+                   inbox=data.get("inbox"))  # fmt: skip
 
     @classmethod
     def load(cls, path: str | Path) -> BrokerAddress:
@@ -170,7 +170,7 @@ class SyncJetStream:
                 self.address.url,
                 user=self.address.user,
                 password=self.address.password,
-                inbox_prefix=self.address.inbox_prefix,
+                inbox_prefix=self.address.inbox or "_INBOX",
                 connect_timeout=self._timeout,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,

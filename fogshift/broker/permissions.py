@@ -63,11 +63,16 @@ def node_user(node: str) -> str:
     return f"node-{node}"
 
 
-def node_inbox(node: str) -> str:
-    """The subjects of ``node``'s replies (its connections' ``inbox_prefix``, see
-    ``BrokerAddress.inbox_prefix``): its own, not every client's ``_INBOX.>``, which would
+def node_inbox_prefix(node: str) -> str:
+    """The prefix of ``node``'s reply subjects (``BrokerAddress.inbox``): its own, so that
+    it may subscribe to its replies only, not to every client's ``_INBOX.>``, which would
     let it read every reply the broker sends (the admin's reads of any stream)."""
-    return f"_INBOX_{node_user(node)}.>"
+    return f"_INBOX_{node_user(node)}"
+
+
+def node_inbox(node: str) -> str:
+    """The subjects of ``node``'s replies."""
+    return f"{node_inbox_prefix(node)}.>"
 
 
 def node_permissions(node: str, hosted: Iterable[Hosted]) -> dict[str, Any]:

@@ -17,7 +17,13 @@ import httpx
 
 from fogshift.broker.client import BrokerAddress
 from fogshift.broker.exceptions import BrokerUnavailable
-from fogshift.broker.permissions import BrokerUsers, node_user, users_file, write_config
+from fogshift.broker.permissions import (
+    BrokerUsers,
+    node_inbox_prefix,
+    node_user,
+    users_file,
+    write_config,
+)
 from fogshift.common.waiting import wait_until
 from fogshift.exceptions import FogshiftError
 
@@ -146,7 +152,9 @@ def start_nats_server(
     url = ports["nats"][0]
     address = BrokerAddress(url=url, user=users.admin_user, password=users.admin_password)
     per_node = {
-        node: BrokerAddress(url=url, user=node_user(node), password=password)
+        node: BrokerAddress(
+            url=url, user=node_user(node), password=password, inbox=node_inbox_prefix(node)
+        )
         for node, password in users.nodes.items()
     }
     return BrokerProcess(

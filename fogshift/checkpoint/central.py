@@ -167,15 +167,20 @@ class CentralStore:
     def _folder(self, pipeline: str, pe: str) -> Path:
         return pe_folder(self.root / "checkpoints", pipeline, pe)
 
+    def _pipeline_folder(self, pipeline: str) -> Path:
+        return self._folder(pipeline, "x").parent  # (the name checked as for a PE's)
+
     def manifests(self, pipeline: str, pe: str) -> list[dict[str, Any]]:
         """Every visible checkpoint of a PE, newest first."""
         return list(self._manifests(pipeline, pe))
 
-    def forget(self, pipeline: str, pe: str) -> None:
-        """Drop every checkpoint of a PE (a pipeline deployed afresh: its streams start
-        over, and a checkpoint of the run before, restored, would resume at positions of
-        streams that are gone); their files go with the next garbage collection."""
-        shutil.rmtree(self._folder(pipeline, pe), ignore_errors=True)
+    def forget(self, pipeline: str, pe: str | None = None) -> None:
+        """Drop every checkpoint of a PE, or of every PE of ``pipeline`` (one deployed
+        afresh: its streams start over, and a checkpoint of the run before, restored, would
+        resume at positions of streams that are gone; a partition retired, whose id a later
+        scale may give a new one); their files go with the next garbage collection."""
+        folder = self._folder(pipeline, pe) if pe is not None else self._pipeline_folder(pipeline)
+        shutil.rmtree(folder, ignore_errors=True)
 
     def newest(self, pipeline: str, pe: str) -> dict[str, Any] | None:
         """The newest visible checkpoint of a PE (the one stored last), if any."""

@@ -48,7 +48,10 @@ def wait_for_progress(
         # Position 0 is reached with nothing committed: a PE that never emitted, restored
         # or moved with nothing to re-derive, commits no batch behind a cap at 0 (a sink
         # waiting for its first alarm would otherwise never be restored).
-        if (info.committed_batch is not None or at_least <= 0) and info.progress >= at_least:
+        started = info.state in (PEState.RUNNING, PEState.PAUSED)  # (a query that runs)
+        if (info.committed_batch is not None or (at_least <= 0 and started)) and (
+            info.progress >= at_least
+        ):
             return info
         return None
 

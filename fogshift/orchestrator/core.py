@@ -86,6 +86,9 @@ class OrchestratorCore:
         # what holds it (see ``Journal._exclusive``), and a condition to wait for its end.
         self._migrating: dict[tuple[str, str], str] = {}
         self._released = threading.Condition(self._lock)
+        #: ``active`` in a thread running one of the orchestrator's own rounds (the
+        #: reconciler's): what it starts never waits for a PE someone holds.
+        self._in_round = threading.local()
         self.central = CentralStore(config.home / "central")
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}

@@ -235,8 +235,8 @@ class Deployment(Journal):
         # Afresh: the central checkpoints of a run before under this name hold positions of
         # streams deleted below (restored, a PE would wait for input that never comes, or
         # skip what the new streams hold up to there).
+        self.central.forget(spec.pipeline)  # (every PE's: partitions of a scale too)
         for key in ((spec.pipeline, e.id) for e in spec.elements):
-            self.central.forget(*key)
             self.central_stats.pop(key, None)
             self.pull_errors.pop(key, None)
             self._early_pulls.pop(key, None)

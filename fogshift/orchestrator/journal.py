@@ -114,6 +114,17 @@ class Journal(Replication):
         return node
 
     @contextlib.contextmanager
+    def _as_round(self) -> Iterator[None]:
+        """Mark this thread as running one of the orchestrator's own rounds meanwhile (see
+        :meth:`_exclusive`)."""
+        before = getattr(self._in_round, "active", False)
+        self._in_round.active = True
+        try:
+            yield
+        finally:
+            self._in_round.active = before
+
+    @contextlib.contextmanager
     def _exclusive(self, pipeline: str, element_id: str, what: str) -> Iterator[None]:
         """Run one operation on a PE's instances at a time; log its failure.
 
@@ -129,7 +140,10 @@ class Journal(Replication):
                 wait).
         """
         key = (pipeline, element_id)
-        deadline = time.monotonic() + (0.0 if what in BACKGROUND else BACKGROUND_WAIT_S)
+        # (Nor an operation a round itself starts, such as the reconciler's auto-restore: a
+        # round that waited would hold up every other PE's turn.)
+        waits = what not in BACKGROUND and not getattr(self._in_round, "active", False)
+        deadline = time.monotonic() + (BACKGROUND_WAIT_S if waits else 0.0)
         with self._lock:
             while key in self._migrating:
                 holder = self._migrating[key]

@@ -148,21 +148,22 @@ class Reconciler(Coordination):
         (:meth:`recover_operations`); a PE whose entry could not be resolved is left alone
         until it is.
         """
-        self.recover_operations()
-        self.permissions.sync_quietly(self.registry)
-        pending = {(op.pipeline, op.element) for op in self.registry.unfinished()}
-        for record in self.registry.pipelines():
-            for element in record.spec.elements:
-                if (record.name, element.id) in pending:
-                    continue
-                try:
-                    self._reconcile_element(record.name, element.id)
-                except Exception:
-                    # One PE's trouble (an auto-restore that raised something unforeseen)
-                    # must not leave the PEs after it unrestored, nor the strays in place:
-                    # it is tried again next round.
-                    log.exception("reconciling %s/%s failed", record.name, element.id)
-        self._remove_strays(pending)
+        with self._as_round():
+            self.recover_operations()
+            self.permissions.sync_quietly(self.registry)
+            pending = {(op.pipeline, op.element) for op in self.registry.unfinished()}
+            for record in self.registry.pipelines():
+                for element in record.spec.elements:
+                    if (record.name, element.id) in pending:
+                        continue
+                    try:
+                        self._reconcile_element(record.name, element.id)
+                    except Exception:
+                        # One PE's trouble (an auto-restore that raised something
+                        # unforeseen) must not leave the PEs after it unrestored, nor the
+                        # strays in place: it is tried again next round.
+                        log.exception("reconciling %s/%s failed", record.name, element.id)
+            self._remove_strays(pending)
 
     def _reconcile_element(self, pipeline: str, element_id: str) -> None:
         """One PE's part of :meth:`reconcile_once`.

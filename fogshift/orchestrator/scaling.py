@@ -311,6 +311,8 @@ class Scaling(KeyMoves):
         ]  # fmt: skip
         self.registry.remove_elements(_respec(record.spec, elements), sorted(gone))
         self.permissions.sync(self.registry)
+        for part_id in gone:  # (a partition added again later under its id starts afresh)
+            self.central.forget(pipeline, part_id)
         return retired, None
 
     def _nodes_for(
@@ -418,6 +420,8 @@ class Scaling(KeyMoves):
             if element.id == parts[-1].id:
                 elements.extend(added)
         if added or consumers:
+            for part in added:  # (checkpoints of an earlier partition of the same id)
+                self.central.forget(pipeline, part.id)
             self.registry.add_elements(_respec(spec, elements), added)
             self.permissions.sync(self.registry)  # the nodes may use the added streams
         # From here on idempotent: a call after one that failed midway (a node or the broker

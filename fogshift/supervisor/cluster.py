@@ -368,6 +368,7 @@ def start_isolated_node(
             url=f"nats://{link.host_ip}:{ready.routes['broker'][1]}",
             user=broker.user,
             password=broker.password,
+            inbox=broker.inbox,
         ).save(node_broker_file(home, name))
         agent_url = f"http://127.0.0.1:{ready.routes['agent'][1]}"
         args = _agent_args(

@@ -35,7 +35,7 @@ def run(address: BrokerAddress, action: Callable[[Any], Awaitable[Any]]) -> Any:
 
     async def go() -> Any:
         nc = await nats.connect(address.url, user=address.user, password=address.password,
-                                inbox_prefix=address.inbox_prefix)  # fmt: skip
+                                inbox_prefix=address.inbox or "_INBOX")  # fmt: skip
         try:
             return await action(nc.jetstream(timeout=1.0))
         except Exception as exc:  # a denied request times out or is refused: either says no
@@ -99,7 +99,7 @@ def test_a_node_reads_no_reply_but_its_own(broker: BrokerProcess) -> None:
     subscribe to the admin's nor to every inbox, where the admin's reads of any stream (and
     other nodes' reads of their inputs) would reach it."""
     admin, n2 = broker.address, broker.node_addresses["n2"]
-    assert admin.inbox_prefix != n2.inbox_prefix
+    assert admin.inbox is None and n2.inbox == "_INBOX_node-n2"  # the admin's: _INBOX
     assert allowed(run(admin, lambda js: ensure_pe_stream(js, "p", "secret")))
     assert allowed(run(admin, lambda js: js.publish(data_subject("p", "secret"), b"s3cret")))
 
@@ -113,9 +113,9 @@ def test_a_node_reads_no_reply_but_its_own(broker: BrokerProcess) -> None:
             pass  # (the broker reports each subscription it refuses)
 
         nc = await nats.connect(n2.url, user=n2.user, password=n2.password,
-                                inbox_prefix=n2.inbox_prefix, error_cb=denied)  # fmt: skip
+                                inbox_prefix=n2.inbox, error_cb=denied)  # fmt: skip
         try:
-            for inbox in ("_INBOX.>", f"{admin.inbox_prefix}.>"):
+            for inbox in ("_INBOX.>", ">"):
                 await nc.subscribe(inbox, cb=note)
             await nc.flush()
             await asyncio.sleep(0.3)

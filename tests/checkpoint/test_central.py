@@ -155,3 +155,14 @@ def test_put_fetches_the_missing_files_several_at_a_time(tmp_path: Path) -> None
 
     assert store.put(manifest(0, files), fetch) == 400
     assert store.verify(store.newest("p", "agg")) is None  # type: ignore[arg-type]
+
+
+def test_forgetting_a_pe_or_a_whole_pipeline(tmp_path: Path) -> None:
+    store = CentralStore(tmp_path / "store")
+    for pipeline, pe in (("p", "agg"), ("p", "agg-p2"), ("q", "agg")):
+        files = {"offsets/0": f"{pipeline}{pe}".encode()}
+        store.put({**manifest(0, files), "pipeline": pipeline, "element": pe}, files.__getitem__)
+    store.forget("p", "agg-p2")
+    assert store.newest("p", "agg-p2") is None and store.newest("p", "agg") is not None
+    store.forget("p")
+    assert store.newest("p", "agg") is None and store.newest("q", "agg") is not None

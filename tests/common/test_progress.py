@@ -24,3 +24,9 @@ def test_position_0_is_reached_with_nothing_committed() -> None:
         assert info.committed_batch is None
         with pytest.raises(RestoreFailed, match="did not reach input position 1"):
             wait_for_progress(agent, HERE, 1, 0.3, RestoreFailed, "restore of p/alarms")
+        # Position 0 still needs a query that runs: one that failed to start is not there.
+        agents["fog-b"].answer("GET", HERE + "/progress", body={
+            "pipeline": "p", "element": "alarms", "state": "failed", "retry_in_s": 1.0,
+            "committed_batch": None, "progress": 0})  # fmt: skip
+        with pytest.raises(RestoreFailed, match="did not reach input position 0"):
+            wait_for_progress(agent, HERE, 0, 0.3, RestoreFailed, "restore of p/alarms")

@@ -77,3 +77,21 @@ def test_rounds_never_wait_and_operations_asked_for_never_wait_for_each_other(
     with orch._exclusive(*KEY, "migration"):  # free again
         assert orch._migrating[KEY] == "migration"
     assert KEY not in orch._migrating
+
+
+def test_what_a_round_starts_itself_does_not_wait(orch: Orchestrator) -> None:  # noqa: F811
+    """The reconciler's auto-restore of a PE a standby's start holds is refused at once: a
+    round that waited would hold up every other PE's restore."""
+    release, holder = _held(orch, "standby")
+    try:
+        began = time.monotonic()
+        with (
+            orch._as_round(),
+            pytest.raises(MigrationInProgress, match="the start of its standby"),
+            orch._exclusive(*KEY, "restore"),
+        ):
+            pass
+        assert time.monotonic() - began < 1
+    finally:
+        release.set()
+        holder.join()

@@ -7,6 +7,7 @@ A real orchestrator object and registry; real HTTP servers stand in for the node
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -86,10 +87,17 @@ def test_a_scale_out_that_failed_midway_is_finished_by_the_same_request_again(
     _beat(orch, agents)
     record = orch.registry.get_pipeline("p")
     assert record is not None
+    # A partition of that id was added once and retired since: its checkpoints go.
+    old = {"offsets/9": b"o"}
+    orch.central.put({"id": "b000000000009", "pipeline": "p", "element": "aggregate-p2",
+                      "batch": 9, "files": {"offsets/9": {
+                          "sha256": hashlib.sha256(b"o").hexdigest(), "size": 1}}},
+                     old.__getitem__)  # fmt: skip
     agents["fog-c"].fail("PUT", ADDED)  # the added partition's node refuses to start it
     with pytest.raises(Unavailable):
         orch._place(record.spec, _parts(orch), 3, ["fog-c"], "source")
     assert agents["cloud"].received("PUT", SINK) == []  # the sink still reads p0 and p1
+    assert orch.central.newest("p", "aggregate-p2") is None
     # The spec has the partition and the sink reads it, yet neither runs so: again.
     record = orch.registry.get_pipeline("p")
     assert record is not None
