@@ -18,6 +18,10 @@ from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.orchestrator")
 
+#: An instance of a stopped pipeline counts as left running only in a heartbeat that came
+#: this long after the stop (one sent before the stop's removal may arrive after it).
+STOPPED_HEARD_S = 2.0
+
 
 class Reconciler(Coordination):
     """Recovery of unfinished operations and the reconcile loop."""
@@ -292,8 +296,14 @@ class Reconciler(Coordination):
                             and not any(e.id == key[1] for e in record.spec.elements)
                         )  # a partition `scale` removed: its instance is a stray too
                         # A stopped pipeline runs nowhere: an instance a restore or migration
-                        # started while `stop` ran is stopped too (its checkpoint kept).
-                        stopped = record is not None and record.status == PipelineState.STOPPED
+                        # started while `stop` ran is stopped too (its checkpoint kept). Told
+                        # by a heartbeat that came after the stop (an earlier one still lists
+                        # what `stop` removed).
+                        stopped = (
+                            record is not None
+                            and record.status == PipelineState.STOPPED
+                            and node.last_seen > record.status_since + STOPPED_HEARD_S
+                        )
                         if not stopped and (
                             record is None
                             or record.status != PipelineState.RUNNING

@@ -152,6 +152,8 @@ class PipelineRecord:
     spec: PipelineSpec
     status: PipelineState
     placement: dict[str, str]
+    #: When its status last changed (this host's clock).
+    status_since: float = 0.0
 
     @property
     def name(self) -> str:
@@ -368,7 +370,7 @@ class Registry:
     def get_pipeline(self, name: str) -> PipelineRecord | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT spec, status FROM pipelines WHERE name = ?", (name,)
+                "SELECT spec, status, updated FROM pipelines WHERE name = ?", (name,)
             ).fetchone()
             if row is None:
                 return None
@@ -378,8 +380,9 @@ class Registry:
                 ).fetchall()
             )
         return PipelineRecord(
-            PipelineSpec.model_validate_json(row[0]), PipelineState(row[1]), placement
-        )
+            PipelineSpec.model_validate_json(row[0]), PipelineState(row[1]), placement,
+            float(row[2] or 0.0),
+        )  # fmt: skip
 
     def pipelines(self) -> list[PipelineRecord]:
         with self._lock:

@@ -15,6 +15,7 @@ import pytest
 
 from fogshift.broker.client import BrokerAddress
 from fogshift.contracts import Heartbeat
+from fogshift.orchestrator import reconciler
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
@@ -86,7 +87,7 @@ def test_an_instance_off_its_placement_is_removed_with_its_checkpoint(
 
 
 def test_instances_of_stopped_pipelines_are_stopped_with_their_checkpoints_kept(
-    orchestrator: Orchestrator, agent: tuple[str, list[str]]
+    orchestrator: Orchestrator, agent: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One a restore started while `stop` ran, or that an unreachable node kept: a stopped
     # pipeline runs nowhere, and `stop` keeps checkpoints.
@@ -94,6 +95,12 @@ def test_instances_of_stopped_pipelines_are_stopped_with_their_checkpoints_kept(
     orchestrator._remove_strays()
     assert agent[1] == []  # `stop` itself is still at work
     orchestrator.registry.set_status("p", "stopped")
+    orchestrator._remove_strays()
+    assert agent[1] == []  # told by a heartbeat from before the stop: not yet
+    monkeypatch.setattr(reconciler, "STOPPED_HEARD_S", 0.0)
+    url, _ = agent
+    report = {"url": url, "ready": True, "elements": [{"pipeline": "p", "element": "aggregate"}]}
+    orchestrator.heartbeat("fog-c", Heartbeat.model_validate(report))  # after the stop
     orchestrator._remove_strays()
     assert agent[1] == ["/pipelines/p/elements/aggregate"]
 
