@@ -168,7 +168,8 @@ class CentralStore:
         return pe_folder(self.root / "checkpoints", pipeline, pe)
 
     def _pipeline_folder(self, pipeline: str) -> Path:
-        return self._folder(pipeline, "x").parent  # (the name checked as for a PE's)
+        root = self.root / "checkpoints"
+        return contained(root, check_name(pipeline, "pipeline name"), what="pipeline folder")
 
     def manifests(self, pipeline: str, pe: str) -> list[dict[str, Any]]:
         """Every visible checkpoint of a PE, newest first."""

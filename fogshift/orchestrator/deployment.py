@@ -7,7 +7,6 @@ import logging
 import shutil
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from fogshift.broker.client import (
@@ -48,7 +47,7 @@ from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPi
 from fogshift.orchestrator.journal import Journal
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.spec.exceptions import InvalidSpec
-from fogshift.spec.loader import check_fresh, parse_spec, validate_spec
+from fogshift.spec.loader import check_fresh, output_file, parse_spec, validate_spec
 from fogshift.spec.models import ElementSpec, PipelineSpec, partition_of_key
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -282,14 +281,14 @@ class Deployment(Journal):
         """Refuse a sink writing a file a sink of a running pipeline writes: their
         exactly-once markers would be one, and the deploy would empty the other's output
         (within one spec the loader refuses it)."""
-        mine = {_output_of(e): e.id for e in spec.elements if _output_of(e) is not None}
+        mine = {output_file(e): e.id for e in spec.elements if output_file(e) is not None}
         for other in self.registry.pipelines():
             if other.name == spec.pipeline or other.status not in (
                 PipelineState.RUNNING, PipelineState.DEPLOYING,
             ):  # fmt: skip
                 continue
             for element in other.spec.elements:
-                path = _output_of(element)
+                path = output_file(element)
                 if path is not None and path in mine:
                     raise InvalidSpec(
                         f"sink {mine[path]!r} of pipeline {spec.pipeline!r} writes {path!r}, "
@@ -611,9 +610,3 @@ def _origin(headers: dict[str, str] | None) -> int | None:
     """The input sequence a single-input PE's record names in its origin header."""
     value = (headers or {}).get(ORIGIN_HEADER)
     return int(value) if value is not None else None
-
-
-def _output_of(element: ElementSpec) -> str | None:
-    """The file a sink writes (resolved), ``None`` for any other PE."""
-    path = element.options.get("path")
-    return str(Path(path).resolve()) if element.role == "sink" and isinstance(path, str) else None

@@ -394,16 +394,23 @@ def _check_standby(spec: PipelineSpec, nodes: list[str] | None) -> None:
         )
 
 
+def output_file(element: ElementSpec) -> str | None:
+    """The file a sink writes (resolved: how two sinks' files are compared), ``None`` for
+    any other PE."""
+    path = element.options.get("path")
+    return str(Path(path).resolve()) if element.role == "sink" and isinstance(path, str) else None
+
+
 def _check_single_writer_files(spec: PipelineSpec) -> None:
     """Refuse shapes whose output could not be exactly-once: two sinks appending to one file
     (their exactly-once markers would overwrite each other), or a source reading a file a sink
     of the same pipeline writes (a feedback loop the broker cannot see)."""
     writers: dict[str, str] = {}
     for element in spec.elements:
-        path = element.options.get("path")
-        if element.role != "sink" or not isinstance(path, str):
+        key = output_file(element)
+        if key is None:
             continue
-        key = str(Path(path).resolve())
+        path = element.options["path"]
         if key in writers:
             raise InvalidSpec(
                 f"sinks {writers[key]!r} and {element.id!r} of pipeline {spec.pipeline!r} both "
