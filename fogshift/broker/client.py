@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -322,7 +322,7 @@ async def _stream_holding(js: JetStreamContext, pipeline: str, pe: str) -> str |
 async def ensure_subjects(js: JetStreamContext, pipeline: str, pe: str) -> None:
     """Give the existing stream of ``pe`` every subject :func:`stream_subjects` names: a
     stream an older fogshift made lacks the newer ones (``.state`` and ``.state.*`` since
-    2026-11-28), and publishing on a subject no stream has fails.
+    2026-11-28, ``.keys.*`` since 2026-11-29), and publishing on a subject no stream has fails.
 
     Raises:
         NotFoundError: The stream does not exist.
@@ -570,3 +570,13 @@ async def get_range(
             for m in messages
         )
     return out
+
+
+async def get_ranges(
+    js: JetStreamContext, stream: str, subjects: Sequence[str], start: int, end: int
+) -> list[StoredMessage]:
+    """Messages on any of ``subjects`` (each may be a wildcard) with stream sequence in
+    ``(start, end]``, in stream order: :func:`get_range` of each at once (one round trip
+    for all, not one after another), merged."""
+    found = await asyncio.gather(*(get_range(js, stream, s, start, end) for s in subjects))
+    return sorted((m for messages in found for m in messages), key=lambda m: m.seq)

@@ -58,6 +58,7 @@ from fogshift.broker.client import (
     StoredMessage,
     SyncJetStream,
     get_range,
+    get_ranges,
     last_seq,
     read_ahead,
     shared_client,
@@ -78,10 +79,18 @@ from fogshift.broker.keys import (
     event_fields,
     joined_state,
     parse,
+    read_message,
     state_parts,
     state_payload,
 )
-from fogshift.broker.naming import data_subject, keys_subject, state_subject, stream_name
+from fogshift.broker.naming import (
+    data_subject,
+    key_state_subject,
+    key_subjects,
+    keys_subject,
+    state_subject,
+    stream_name,
+)
 from fogshift.broker.parts_ahead import PartsAhead
 from fogshift.broker.publish import Cut, Record, append_cut, next_cut, publish_records
 from fogshift.common.gate import read_gate
@@ -788,12 +797,12 @@ class JetStreamReader(DataSourceStreamReader):
         of, index = self.partition[0], self.partition[1]
         client = shared_client(self.broker)
         keys = client.run(
-            partial(get_range, stream=stream_name(self.pipeline, rng.input),
-                    subject=keys_subject(self.pipeline, rng.input), start=rng.start,
+            partial(get_ranges, stream=stream_name(self.pipeline, rng.input),
+                    subjects=key_subjects(self.pipeline, rng.input), start=rng.start,
                     end=rng.end),
             timeout=120,
         )  # fmt: skip
-        items = [parse(msg.seq, msg.data) for msg in keys]
+        items = [read_message(self.pipeline, rng.input, m.subject, m.seq, m.data) for m in keys]
         if any(isinstance(i, KeyMove | KeyCopy) and i.element == of for i in items):
             self._parts_ahead.wake()  # states may come: their parts are read at once
         named = [
@@ -886,8 +895,11 @@ class JetStreamReader(DataSourceStreamReader):
         of, index, count = self.partition
         stream = stream_name(self.pipeline, rng.input)
         owners = Ownership(count)
-        for move in _moves_until(client, self.pipeline, rng.input, of, rng.start, self.epoch):
-            owners.apply(move)
+        for earlier in _moves_until(client, self.pipeline, rng.input, of, rng.start, self.epoch):
+            if isinstance(earlier, KeyMove):
+                owners.apply(earlier)
+            else:
+                owners.request(earlier)
 
         def fetch(subject: str) -> Any:
             return client.run(
@@ -895,12 +907,14 @@ class JetStreamReader(DataSourceStreamReader):
                 timeout=120,
             )
 
-        keys = keys_subject(self.pipeline, rng.input)
-        messages = sorted(
-            [*fetch(data_subject(self.pipeline, rng.input)),
-             *(fetch(keys) if keys_read is None else keys_read)],
-            key=lambda m: m.seq,
-        )  # fmt: skip
+        keys, data = keys_subject(self.pipeline, rng.input), data_subject(self.pipeline, rng.input)
+        if keys_read is None:
+            keys_read = client.run(
+                partial(get_ranges, stream=stream, subjects=key_subjects(self.pipeline, rng.input),
+                        start=rng.start, end=rng.end),
+                timeout=120,
+            )  # fmt: skip
+        messages = sorted([*fetch(data), *keys_read], key=lambda m: m.seq)
         rows: list[tuple[int, int, float, str, str]] = []
 
         def control(seq: int, kind: str, key: str, detail: dict[str, Any]) -> None:
@@ -908,12 +922,12 @@ class JetStreamReader(DataSourceStreamReader):
             rows.append((seq, 0, 0.0, kind, body))
 
         for msg in messages:
-            if msg.subject != keys:
+            if msg.subject == data:
                 fields = event_fields(msg.data)
                 if owners.owner(body_key(fields[3], self.key_by)) == index:
                     rows.append((msg.seq, *fields))
                 continue
-            item = parse(msg.seq, msg.data)
+            item = read_message(self.pipeline, rng.input, msg.subject, msg.seq, msg.data)
             if item is None or item.element != of:
                 continue
             if isinstance(item, KeyMove):
@@ -930,6 +944,7 @@ class JetStreamReader(DataSourceStreamReader):
                     elif to == index and before.get(key) != index:
                         control(msg.seq, KEY_MOVE_IN, key, detail)
             elif isinstance(item, KeyCopy):
+                owners.request(item)
                 for rank, key in enumerate(item.keys):
                     # Only the key's owner here sends a copy, and never to itself.
                     if owners.owner(key) == index and item.to != index:
@@ -938,6 +953,13 @@ class JetStreamReader(DataSourceStreamReader):
                                  "order": "fifo", "input": rng.input, "element": of,
                                  "key_by": self.key_by, "copy": True})  # fmt: skip
             elif isinstance(item, KeyState) and item.to == index:
+                if not owners.sent_by_owner(item):
+                    # A partition that did not own the key forged it: neither its parts are
+                    # read nor is it installed (the owner's comes).
+                    log.warning("partition %r of pipeline %r: a state of key %r for move %s "
+                                "from partition %s, which did not own it, is ignored", self.pe,
+                                self.pipeline, item.key, item.move, item.origin)  # fmt: skip
+                    continue
                 state = item.state
                 if item.parts:  # a large state: its parts are stored before it, apart
                     held = parts_read or {}
@@ -987,15 +1009,15 @@ STATE_ACK_S = 60.0
 BACKLOG_LOOKAHEAD = 10_000
 
 
-async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
-    """Append the states of moving keys (rows the processor made at their move, see
-    :mod:`fogshift.broker.keys`) to the ``.keys`` subject of the input they move on, in
-    the order their move asks; a large state's parts first, on the input's subject
-    addressed to its target (``.state.<to>``). Sent again (a retried batch), a state is the
-    same state: the broker drops the copy within its duplicate window, the target ignores it
-    after. (A precopy's copy sent again after its move only replaces the copy the target
-    keeps aside, which nothing reads then: one stale copy per key at most, until its next
-    copy or move.)
+async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record]) -> None:
+    """Append the states of moving keys (rows the processor of partition ``origin`` made at
+    their move, see :mod:`fogshift.broker.keys`) to the origin's ``.keys.<origin>`` subject
+    of the input they move on, in the order their move asks; a large state's parts first,
+    on the input's subject addressed to its target (``.state.<to>``). Sent again (a retried
+    batch), a state is the same state: the broker drops the copy within its duplicate
+    window, the target ignores it after. (A precopy's copy sent again after its move only
+    replaces the copy the target keeps aside, which nothing reads then: one stale copy per
+    key at most, until its next copy or move.)
 
     Pipelined: every part is written, then their acks awaited (one round trip for all, to
     learn their sequences, not one per state: behind a 200 ms link, 64 states of 8 KiB
@@ -1033,7 +1055,7 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
             sending.append((source, move, state, bodies,
                             f"{state['element']}:{move}:{state['key']}"))  # fmt: skip
     written: list[list[asyncio.Future[Any]]] = []
-    for source, _, _, bodies, msg_id in sending:
+    for source, _, state, bodies, msg_id in sending:  # (each state's parts to its own target)
         written.append([
             await js.publish_async(
                 state_subject(pipeline, source, state["to"]), body,
@@ -1042,10 +1064,15 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
             )
             for index, body in enumerate(bodies)
         ])  # fmt: skip
-    acks: list[asyncio.Future[Any]] = []
+    acks: list[tuple[asyncio.Future[Any], str, str, bytes]] = []
     for (source, move, state, bodies, msg_id), futures in zip(sending, written, strict=True):
         # (An error, or no answer, fails the batch; Spark runs it again.)
-        parts = [int((await asyncio.wait_for(w, STATE_ACK_S)).seq) for w in futures]
+        stream = stream_name(pipeline, source)
+        apart = state_subject(pipeline, source, state["to"])
+        parts = [
+            await _stored(js, stream, apart, await asyncio.wait_for(w, STATE_ACK_S), body)
+            for w, body in zip(futures, bodies, strict=True)
+        ]
         payload = state_payload(
             move,
             state["element"],
@@ -1059,33 +1086,47 @@ async def _send_states(js: Any, pipeline: str, records: list[Record]) -> None:
             size=sum(map(len, bodies)),
             raw=state["raw"],
         )
-        acks.append(
-            await js.publish_async(
-                keys_subject(pipeline, source),
-                payload,
-                stream=stream_name(pipeline, source),
-                headers={"Nats-Msg-Id": msg_id},
-            )
-        )
-    for ack in acks:
-        await asyncio.wait_for(ack, STATE_ACK_S)
+        subject = key_state_subject(pipeline, source, origin)
+        sent = await js.publish_async(subject, payload, stream=stream,
+                                      headers={"Nats-Msg-Id": msg_id})  # fmt: skip
+        acks.append((sent, stream, subject, payload))
+    for sent, stream, subject, payload in acks:
+        await _stored(js, stream, subject, await asyncio.wait_for(sent, STATE_ACK_S), payload)
 
 
-#: The key moves read so far in this worker, by (stream, partitioned element, the reading
-#: partition's epoch): the sequence read up to, and the moves (a partition's reads replay
-#: them at every batch). The epoch, because Spark's Python workers outlive queries: a
-#: pipeline deployed again has new streams under the same names (and new epochs), whose
-#: sequences start over; the moves of the old ones would be applied, the new ones unread.
-_MOVES: dict[tuple[str, str, int], tuple[int, list[KeyMove]]] = {}
+async def _stored(js: Any, stream: str, subject: str, ack: Any, body: bytes) -> int:
+    """The sequence ``body``, published on ``subject`` of ``stream`` with a message id, is
+    stored at: ``ack``'s; or, when the broker took it for a repeat and what it holds under
+    that id is not ``body`` on ``subject``, where it is stored once appended again without
+    an id. A state's ids are known to every partition reading the stream, which may publish
+    there too: one taken first by another partition must not make the broker drop the
+    origin's state (its target would wait for the key forever). A real repeat (a retried
+    batch) is the same bytes on the same subject."""
+    if not getattr(ack, "duplicate", False):
+        return int(ack.seq)
+    found = await get_range(js, stream, subject, int(ack.seq) - 1, int(ack.seq))
+    if found and found[0].seq == int(ack.seq) and found[0].data == body:
+        return int(ack.seq)
+    log.warning("%s: message id of a key state taken by another message (sequence %s): "
+                "appended again without one", subject, ack.seq)  # fmt: skip
+    return int((await js.publish(subject, body, stream=stream)).seq)
+
+
+#: The key moves and copy requests read so far in this worker, by (stream, partitioned
+#: element, the reading partition's epoch): the sequence read up to, and the records (a
+#: partition's reads replay them at every batch). The epoch, because Spark's Python workers
+#: outlive queries: a pipeline deployed again has new streams under the same names (and new
+#: epochs), whose sequences start over; the old ones' moves would be applied, the new unread.
+_MOVES: dict[tuple[str, str, int], tuple[int, list[KeyMove | KeyCopy]]] = {}
 MOVES_CACHED = 256
 _MOVES_LOCK = threading.Lock()
 
 
 def _moves_until(
     client: SyncJetStream, pipeline: str, source: str, element: str, end: int, epoch: int
-) -> list[KeyMove]:
-    """The key moves of ``element`` stored in the stream of ``source`` at sequences up to
-    ``end``, as read by a partition of ``epoch``."""
+) -> list[KeyMove | KeyCopy]:
+    """The key moves and copy requests of ``element`` stored in the stream of ``source`` at
+    sequences up to ``end``, in order, as read by a partition of ``epoch``."""
     stream = stream_name(pipeline, source)
     with _MOVES_LOCK:
         read, moves = _MOVES.get((stream, element, epoch), (0, []))
@@ -1096,7 +1137,9 @@ def _moves_until(
                 timeout=120,
             )
             parsed = (parse(m.seq, m.data) for m in found)
-            moves = moves + [m for m in parsed if isinstance(m, KeyMove) and m.element == element]
+            moves = moves + [
+                m for m in parsed if isinstance(m, KeyMove | KeyCopy) and m.element == element
+            ]
             read = end
             if len(_MOVES) >= MOVES_CACHED:
                 _MOVES.clear()  # (entries of epochs gone by: read again when needed)
@@ -1122,6 +1165,10 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
         self.pipeline = options["pipeline"]
         self.pe = options["pe"]
         self.epoch = int(options.get("epoch", "0"))
+        # A partition whose keys can move ("element:index:count"): its index names the
+        # subject it hands key states over on (the only one its node may publish them on).
+        part = options.get("partition", "")
+        self.origin = int(part.rsplit(":", 2)[1]) if part else None
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         records: list[Record] = []
@@ -1144,9 +1191,16 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
                 timeout=300,
             )
         if states:
+            if self.origin is None:
+                raise InvariantViolation(
+                    f"PE {self.pe!r} of pipeline {self.pipeline!r} made key states but is "
+                    "not a partition whose keys move",
+                    hint="only a movable partition's processor hands key states over",
+                )
+            origin = self.origin
             # After the batch's records: a moved key's last records here are stored before
             # the target can have its state, so before any record of the target's for it.
-            client.run(lambda js: _send_states(js, self.pipeline, states), timeout=300)
+            client.run(lambda js: _send_states(js, self.pipeline, origin, states), timeout=300)
         return PublishedCount(appended)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803

@@ -6,7 +6,8 @@ A partition owns the keys :func:`~fogshift.spec.models.partition_of_key` gives i
 keys change owner, for every partition and every execution, because it is stored among the
 events they read. From ``X`` on, the origin partition no longer gets the keys' events and
 the target holds them; the origin, on reaching ``X``, appends each key's state
-(``{"type": "key-state"}``) to the same subject, in the order the move asks (``fifo``: as
+(``{"type": "key-state"}``) to its own ``.keys.<origin>`` subject of that stream, in the
+order the move asks (``fifo``: as
 listed; ``backlog``: the key whose next event comes first, first, as PAM orders them); the
 target, on reaching a key's state, installs it and processes the held events. So no key is
 processed against empty state, and every other key goes on untouched (PAM, seed 004).
@@ -35,14 +36,22 @@ parts — as they are stored, ahead of the batch that reads the record
 
 Ownership is a function of the stream: :class:`Ownership` replays the moves before a
 position, which is what a restarted or restored partition does.
+
+Who may write what is the broker's to enforce (:mod:`fogshift.broker.permissions`): only
+the orchestrator publishes on ``.keys`` (a partition's node that could would move or drop
+every key of the element), and each partition on its own ``.keys.<origin>`` only. So a
+reader takes moves and copy requests from ``.keys`` alone (:func:`read_message`), and the
+target of a key takes its state only from the partition that owned the key before the move
+(the state's :attr:`KeyState.origin`, which its subject gives, never its body).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from fogshift.broker.naming import key_state_origin, keys_subject
 from fogshift.spec.models import partition_of_key
 
 #: ``creator`` of the rows a partition's reader makes of key moves and states.
@@ -146,6 +155,10 @@ class KeyState:
     #: whose reader fetches them as they are stored; ``False``: on ``.state`` (or, with no
     #: ``raw``, on ``.keys``), where an older fogshift stored them.
     addressed: bool = False
+    #: The partition that sent it, as its subject (``.keys.<origin>``) tells; ``None``: it
+    #: is on ``.keys``, where only the orchestrator may publish now and an older fogshift's
+    #: partitions stored their states.
+    origin: int | None = None
 
     def complete(self, copied: dict[str, str] | None) -> dict[str, str]:
         """The key's whole state, from this one and the copy it completes (``copied``: the
@@ -201,6 +214,23 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
     return None
 
 
+def read_message(
+    pipeline: str, source: str, subject: str, seq: int, data: bytes
+) -> KeyMove | KeyCopy | KeyState | None:
+    """The move, copy request or state a message of the input ``source`` holds, by who may
+    have sent it: on ``.keys`` (the orchestrator's), anything :func:`parse` reads; on
+    ``.keys.<origin>`` (partition ``origin``'s), a state only, with its :attr:`~KeyState.origin`.
+    ``None`` for anything else: a move or copy request on a partition's subject is a
+    partition forging the orchestrator's, stepped over like a foreign message."""
+    item = parse(seq, data)
+    if subject == keys_subject(pipeline, source):
+        return item
+    origin = key_state_origin(pipeline, source, subject)
+    if origin is None or not isinstance(item, KeyState):
+        return None
+    return replace(item, origin=origin)
+
+
 #: A key's state larger than this (its JSON text) goes in parts, on the input's ``.state.<to>``
 #: subject: every partition reading the input reads each ``.keys`` message, and only the
 #: state's target needs its bytes (``bench pam --link 10mbit,n0``: each partition read
@@ -219,9 +249,10 @@ def state_payload(
     parts: list[int] | None = None, copy: bool = False, base: str | None = None,
     keep: list[str] | None = None, size: int = 0, raw: int = 0,
 ) -> bytes:  # fmt: skip
-    """The ``.keys`` message with ``key``'s state for its move; a large state comes in
-    ``parts`` (the sequences of its :func:`state_parts` messages on the subject addressed
-    to ``to``, in order, ``size`` bytes in all, ``raw`` bytes of JSON uncompressed)
+    """The message with ``key``'s state for its move (on its origin's ``.keys.<origin>``); a
+    large state comes in ``parts`` (the sequences of its :func:`state_parts` messages on
+    the subject addressed to ``to``, in order, ``size`` bytes in all, ``raw`` bytes of JSON
+    uncompressed)
     instead. ``copy``, ``base`` and ``keep``: see :class:`KeyState`."""
     body: dict[str, Any] = {"type": "key-state", "move": move, "element": element, "key": key,
                             "to": to, "state": state}  # fmt: skip
@@ -275,6 +306,9 @@ class Ownership:
     rescaled: int = 0  # the sequence of the last rescale applied (0: none)
     #: Key group moves applied, oldest first: ``(g, n, to)``.
     groups: list[tuple[int, int, int]] = field(default_factory=list)
+    #: ``(move, key)`` -> the partition that must send the key's state for that move (its
+    #: owner before the move) or copy request (its owner then): see :meth:`sent_by_owner`.
+    senders: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def owner(self, key: str | None) -> int:
         """The partition owning ``key`` (``None``: keyless, partition 0)."""
@@ -307,13 +341,31 @@ class Ownership:
                 self.moved[key] = move.to
             if before[key] != move.target(key):
                 self.pending[key] = move.move
+                self.senders[(move.move, key)] = before[key]
         self.applied = move.seq
         return before
 
+    def request(self, copy: KeyCopy) -> None:
+        """Note a copy request: each key's owner now sends its copy (none to itself)."""
+        for key in copy.keys:
+            owner = self.owner(key)
+            if owner != copy.to:
+                self.senders[(copy.move, key)] = owner
+
+    def sent_by_owner(self, state: KeyState) -> bool:
+        """Whether ``state`` comes from the partition its move or copy request asks it of
+        (``origin`` ``None``: on ``.keys``, the orchestrator's or an older fogshift's). A
+        state from any other partition is forged: never installed, never settling."""
+        return state.origin is None or self.senders.get((state.move, state.key)) == state.origin
+
     def settle(self, state: KeyState) -> None:
         """Note that ``state`` (a key's state for its move) is stored (a copy settles
-        nothing)."""
-        if not state.copy and self.pending.get(state.key) == state.move:
+        nothing, nor a state from a partition that did not own the key)."""
+        if (
+            not state.copy
+            and self.pending.get(state.key) == state.move
+            and self.sent_by_owner(state)
+        ):
             del self.pending[state.key]
 
 

@@ -3,8 +3,9 @@
 Each PE owns one stream ``FS_<pipeline>_<pe>`` (a ``_`` in the pipeline's name doubled)
 with two subjects: ``fs.<pipeline>.<pe>.data`` for its output events and
 ``fs.<pipeline>.<pe>.dead`` for its dead letters (plus ``.fence`` for fence markers,
-``.cut`` for the batch cuts of a PE with several inputs, ``.keys`` for the key moves of
-partitioned PEs reading it and ``.state.<partition>`` for their large states' parts).
+``.cut`` for the batch cuts of a PE with several inputs, ``.keys`` for the orchestrator's
+key moves of partitioned PEs reading it, ``.keys.<partition>`` for the key states each
+partition hands over and ``.state.<partition>`` for their large states' parts).
 One stream per PE makes the PE the single writer of its stream, which is what lets the
 writer check the last stored message to make re-executed batches idempotent (see
 ``broker.datasource``).
@@ -58,10 +59,40 @@ def cut_subject(pipeline: str, pe: str) -> str:
 
 def keys_subject(pipeline: str, pe: str) -> str:
     """The subject, in ``pe``'s stream, of the key moves of a partitioned PE reading ``pe``:
-    the orchestrator's "these keys go to that partition from here on" and the moving
-    partition's state of each key (see :mod:`fogshift.broker.keys`). In the input's stream,
-    so that both fall in place among the events the partitions read."""
+    the orchestrator's "these keys go to that partition from here on" (and its requests for
+    copies, see :mod:`fogshift.broker.keys`). In the input's stream, so that they fall in
+    place among the events the partitions read. Only the orchestrator may publish here: a
+    partition's node that could would move or drop every key of the element."""
     return f"fs.{pipeline}.{pe}.keys"
+
+
+def key_state_subject(pipeline: str, pe: str, origin: int) -> str:
+    """The subject, in ``pe``'s stream, of the key states partition ``origin`` of a
+    partitioned PE reading ``pe`` hands over at a move (see :mod:`fogshift.broker.keys`).
+    One per origin, so that the broker tells who sent a state: a partition's node may
+    publish on its own only, and a target takes a key's state only from the key's owner
+    before the move."""
+    return f"fs.{pipeline}.{pe}.keys.{origin}"
+
+
+def key_state_subjects(pipeline: str, pe: str) -> str:
+    """The wildcard of every partition's :func:`key_state_subject`."""
+    return f"{keys_subject(pipeline, pe)}.*"
+
+
+def key_subjects(pipeline: str, pe: str) -> list[str]:
+    """The subjects of every key move, copy request and key state on ``pe``'s stream: read
+    together, in stream order (``broker.client.get_ranges``)."""
+    return [keys_subject(pipeline, pe), key_state_subjects(pipeline, pe)]
+
+
+def key_state_origin(pipeline: str, pe: str, subject: str) -> int | None:
+    """The partition whose :func:`key_state_subject` ``subject`` is (``None``: not one)."""
+    prefix = f"{keys_subject(pipeline, pe)}."
+    if not subject.startswith(prefix):
+        return None
+    origin = subject[len(prefix) :]
+    return int(origin) if origin.isdigit() and origin.isascii() else None
 
 
 def state_subject(pipeline: str, pe: str, to: int | None = None) -> str:
@@ -88,6 +119,7 @@ def stream_subjects(pipeline: str, pe: str) -> list[str]:
         fence_subject(pipeline, pe),
         cut_subject(pipeline, pe),
         keys_subject(pipeline, pe),
+        key_state_subjects(pipeline, pe),
         state_subject(pipeline, pe),
         state_subjects(pipeline, pe),
     ]

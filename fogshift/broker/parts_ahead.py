@@ -2,12 +2,12 @@
 
 A key state larger than :data:`~fogshift.broker.keys.INLINE_STATE_BYTES` travels in parts on
 its target's subject (``.state.<to>``, :func:`~fogshift.broker.naming.state_subject`), and
-then a record on ``.keys`` names them. Read only once the batch that holds the record runs,
-the parts cross the target's link after they crossed the origin's: behind two 10 Mbit/s
-links, a precopy of six 1 MiB states took ~7 s, twice the time one link needs, and the
-target's batch, every key of it, waited for the second half. Fetched by the partition's
-planner while the origin is still sending, they cross both links at once, and the batch
-finds them in its partition (:class:`~fogshift.broker.datasource.JetStreamPartition`).
+then a record on its origin's ``.keys.<origin>`` names them. Read only once the batch that
+holds the record runs, the parts cross the target's link after they crossed the origin's:
+behind two 10 Mbit/s links, a precopy of six 1 MiB states took ~7 s, twice the time one
+link needs, and the target's batch, every key of it, waited for the second half. Fetched by
+the partition's planner while the origin is still sending, they cross both links at once,
+and the batch finds them in its partition (:class:`~fogshift.broker.datasource.JetStreamPartition`).
 
 Nothing here is needed for correctness: a part not held (not read yet, dropped, or stored
 before the query started) is read by the batch itself, as before.

@@ -10,8 +10,9 @@ and asking it to reload (SIGHUP); the admin user (the orchestrator's) keeps ever
 A node hosting PE ``e`` of pipeline ``p`` with inputs ``i…`` may:
 
 * publish ``fs.p.e.data``, ``fs.p.e.dead`` and ``fs.p.e.cut`` (never ``.fence``: fencing is
-  the orchestrator's), and, for a partition of a keyed PE, ``fs.p.i.keys`` and
-  ``fs.p.i.state.*`` of its input (the states of the keys it hands over, and their parts);
+  the orchestrator's), and, for partition ``k`` of a keyed PE, ``fs.p.i.keys.k`` and
+  ``fs.p.i.state.*`` of its input (the states of the keys it hands over, and their parts;
+  never ``fs.p.i.keys``, the orchestrator's key moves, nor another partition's states);
 * read the tail of its own stream (``STREAM.INFO``, ``STREAM.MSG.GET``);
 * read its inputs' streams with batched direct gets (``DIRECT.GET``), or through ephemeral
   pull consumers (``STREAM.INFO``, ``CONSUMER.CREATE/INFO/DELETE/MSG.NEXT``) from streams
@@ -36,7 +37,7 @@ from fogshift.broker.naming import (
     cut_subject,
     data_subject,
     dead_subject,
-    keys_subject,
+    key_state_subject,
     state_subjects,
     stream_name,
 )
@@ -52,10 +53,10 @@ class Hosted:
     pipeline: str
     element: str
     inputs: tuple[str, ...] = ()
-    #: A partition whose keys can move: it appends its moving keys' states to its input's
-    #: ``.keys`` subject, a large one's parts to its ``.state.<target>`` subjects (see
-    #: ``broker.keys``).
-    moves_keys: bool = False
+    #: A partition whose keys can move, its index: it appends its moving keys' states to its
+    #: input's ``.keys.<index>`` subject, a large one's parts to its ``.state.<target>``
+    #: subjects (see ``broker.keys``); ``None``: not one.
+    moves_keys: int | None = None
 
 
 def node_user(node: str) -> str:
@@ -92,8 +93,11 @@ def node_permissions(node: str, hosted: Iterable[Hosted]) -> dict[str, Any]:
         for name in pe.inputs:
             source = stream_name(pe.pipeline, name)
             subscribe.add(data_subject(pe.pipeline, name))
-            if pe.moves_keys:
-                publish |= {keys_subject(pe.pipeline, name), state_subjects(pe.pipeline, name)}
+            if pe.moves_keys is not None:
+                publish |= {
+                    key_state_subject(pe.pipeline, name, pe.moves_keys),
+                    state_subjects(pe.pipeline, name),
+                }
             publish |= {
                 f"{API}.STREAM.INFO.{source}",
                 f"{API}.DIRECT.GET.{source}",

@@ -89,6 +89,9 @@ class OrchestratorCore:
         #: ``active`` in a thread running one of the orchestrator's own rounds (the
         #: reconciler's): what it starts never waits for a PE someone holds.
         self._in_round = threading.local()
+        #: Pipelines whose key moves' streams this process has seen have every subject
+        #: (``Reconciler._streams_current``).
+        self._streams_checked: set[str] = set()
         self.central = CentralStore(config.home / "central")
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}

@@ -22,7 +22,13 @@ from typing import Any
 
 from nats.js.errors import APIError
 
-from fogshift.broker.client import ensure_subjects, get_range, last_seq, subject_count
+from fogshift.broker.client import (
+    ensure_subjects,
+    get_range,
+    get_ranges,
+    last_seq,
+    subject_count,
+)
 from fogshift.broker.keys import (
     INLINE_STATE_BYTES,
     KeyCopy,
@@ -33,8 +39,15 @@ from fogshift.broker.keys import (
     event_fields,
     in_group,
     parse,
+    read_message,
 )
-from fogshift.broker.naming import data_subject, keys_subject, state_subject, stream_name
+from fogshift.broker.naming import (
+    data_subject,
+    key_subjects,
+    keys_subject,
+    state_subject,
+    stream_name,
+)
 from fogshift.broker.publish import WRONG_LAST_SEQUENCE
 from fogshift.contracts import (
     ElementProgress,
@@ -251,7 +264,7 @@ class KeyMoves(Standbys):
 
     def _key_subjects(self, pipeline: str, source: str) -> None:
         """Make sure the stream of ``source`` (the partitions' input) has the subjects key
-        moves write on: one made by an older fogshift lacks ``.state.*``."""
+        moves write on: one made by an older fogshift lacks ``.state.*`` or ``.keys.*``."""
         self.broker.run(partial(ensure_subjects, pipeline=pipeline, pe=source), timeout=30)
 
     def _move_keys(
@@ -584,7 +597,7 @@ class KeyMoves(Standbys):
             Each key's state message and its size (a large state's parts included), for
             those stored; and when the move itself was stored (``None`` if not found).
         """
-        stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
+        stream, subjects = stream_name(pipeline, source), key_subjects(pipeline, source)
         wanted = set(keys)
         states: dict[str, tuple[Any, int]] = {}
         moved_at = None
@@ -593,10 +606,10 @@ class KeyMoves(Standbys):
 
             async def read(js: Any, start: int = after) -> Any:
                 end = await last_seq(js, stream)
-                return await get_range(js, stream, subject, start, end)
+                return await get_ranges(js, stream, subjects, start, end)
 
             for message in self.broker.run(read, timeout=30):
-                item = parse(message.seq, message.data)
+                item = read_message(pipeline, source, message.subject, message.seq, message.data)
                 if isinstance(item, KeyMove) and item.move == move:
                     moved_at = message.stored_at
                 elif isinstance(item, KeyState) and item.move == move and item.key in wanted:
@@ -665,14 +678,15 @@ class KeyMoves(Standbys):
                 end = int(await last_seq(js, stream))
                 found = [
                     *(await get_range(js, stream, data, start, end)),
-                    *(await get_range(js, stream, keys, start, end)),
+                    *(await get_ranges(js, stream, key_subjects(pipeline, source), start, end)),
                 ]
                 return end, found
 
             end, found = self.broker.run(look, timeout=120)
             for message in found:
-                if message.subject == keys:
-                    item = parse(message.seq, message.data)
+                if message.subject != data:
+                    item = read_message(pipeline, source, message.subject, message.seq,
+                                        message.data)  # fmt: skip
                     if isinstance(item, KeyMove) and item.element == element_id:
                         held.update(item.keys)
                     elif isinstance(item, KeyState) and item.element == element_id:
@@ -718,18 +732,20 @@ class KeyMoves(Standbys):
 
     def _owners(self, pipeline: str, source: str, element_id: str, count: int) -> Ownership:
         """Who owns each key now: the key moves stored so far, replayed."""
-        stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
+        stream, subjects = stream_name(pipeline, source), key_subjects(pipeline, source)
 
         async def read(js: Any) -> Any:
-            return await get_range(js, stream, subject, 0, await last_seq(js, stream))
+            return await get_ranges(js, stream, subjects, 0, await last_seq(js, stream))
 
         owners = Ownership(count)
         for message in self.broker.run(read, timeout=60):
-            item = parse(message.seq, message.data)
+            item = read_message(pipeline, source, message.subject, message.seq, message.data)
             if isinstance(item, KeyMove) and item.element == element_id:
                 owners.apply(item)
+            elif isinstance(item, KeyCopy) and item.element == element_id:
+                owners.request(item)
             elif isinstance(item, KeyState) and item.element == element_id:
-                owners.settle(item)
+                owners.settle(item)  # (one its key's owner sent: see Ownership.settle)
         return owners
 
     def _committed_past(
@@ -775,7 +791,7 @@ def _note_last(last: dict[int, int], states: dict[str, tuple[Any, int]]) -> None
     """Raise ``last`` (each partition's last state's sequence, to await its commit) to the
     key state messages of ``states`` (as :meth:`KeyMoves._await_states` gives them)."""
     for message, _ in states.values():
-        item = parse(message.seq, message.data)
+        item = parse(message.seq, message.data)  # (a state: read_message took it)
         if isinstance(item, KeyState):
             last[item.to] = max(last.get(item.to, 0), message.seq)
 

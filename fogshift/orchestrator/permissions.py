@@ -26,7 +26,8 @@ ACTIVE = ("deploying", "running", "stopping")
 
 
 def _hosted(pipeline: str, element: ElementSpec) -> Hosted:
-    return Hosted(pipeline, element.id, tuple(element.inputs), moves_keys=element.moves_keys)
+    movable = element.partition.index if element.partition and element.moves_keys else None
+    return Hosted(pipeline, element.id, tuple(element.inputs), moves_keys=movable)
 
 
 def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:

@@ -155,6 +155,7 @@ class Reconciler(Coordination):
         with self._as_round():
             self.recover_operations()
             self.permissions.sync_quietly(self.registry)
+            self._streams_current()
             pending = {(op.pipeline, op.element) for op in self.registry.unfinished()}
             for record in self.registry.pipelines():
                 for element in record.spec.elements:
@@ -168,6 +169,23 @@ class Reconciler(Coordination):
                         # strays in place: it is tried again next round.
                         log.exception("reconciling %s/%s failed", record.name, element.id)
             self._remove_strays(pending)
+
+    def _streams_current(self) -> None:
+        """Once per pipeline and orchestrator: give the inputs of its partitions whose keys
+        move every subject key moves write on. A stream an older fogshift made lacks some
+        (``.keys.*`` since 2026-11-29), and a partition's state for a move stored before the
+        upgrade could not be sent (its batch failing for good); a fresh deploy makes its
+        streams anew, with them all."""
+        for record in self.registry.pipelines():
+            if record.status != PipelineState.RUNNING or record.name in self._streams_checked:
+                continue
+            try:
+                for source in sorted({e.inputs[0] for e in record.spec.elements if e.moves_keys}):
+                    self._key_subjects(record.name, source)
+            except Exception as exc:  # the broker: next round
+                log.warning("cannot check the key subjects of %s's streams: %r", record.name, exc)
+                continue
+            self._streams_checked.add(record.name)
 
     def _reconcile_element(self, pipeline: str, element_id: str) -> None:
         """One PE's part of :meth:`reconcile_once`.

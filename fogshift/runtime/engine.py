@@ -623,9 +623,8 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 raise InvariantViolation(
                     f"partition {pe!r} of pipeline {pipeline!r}: {exc}",
                     hint="a copy is stored in the input before its move; it can be missing "
-                    "only if something other than the orchestrator and the element's "
-                    "partitions appended to the input's .keys subject, or a partition ran an "
-                    "older fogshift that knows no copies",
+                    "only if something other than the orchestrator appended to the input's "
+                    ".keys subject, or a partition ran an older fogshift that knows no copies",
                 ) from exc
             if saved is not None:
                 self._shadow().clear()
@@ -723,6 +722,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
         .option("pipeline", plan.pipeline)
         .option("pe", element.id)
         .option("epoch", str(plan.epoch))
+        .option("partition", _movable(element))
         .option("checkpointLocation", plan.location or plan.checkpoint_dir)
         .queryName(plan.query_name)
         .outputMode("append")

@@ -20,6 +20,7 @@ from fogshift.broker.keys import (
     joined_state,
     key_text,
     parse,
+    read_message,
     state_parts,
     state_payload,
 )
@@ -127,12 +128,36 @@ def test_a_key_is_the_field_as_text_as_the_runtime_groups_by_it(
 
 def test_only_a_partition_may_append_key_states_to_its_input() -> None:
     plain = node_permissions("n1", [Hosted("p", "agg", ("src",))])
-    moving = node_permissions("n1", [Hosted("p", "agg-p0", ("src",), moves_keys=True)])
-    assert "fs.p.src.keys" not in plain["publish"]["allow"]
-    assert {"fs.p.src.keys", "fs.p.src.state.*"} <= set(moving["publish"]["allow"])
+    moving = node_permissions("n1", [Hosted("p", "agg-p1", ("src",), moves_keys=1)])
+    assert not {"fs.p.src.keys", "fs.p.src.keys.1"} & set(plain["publish"]["allow"])
+    assert {"fs.p.src.keys.1", "fs.p.src.state.*"} <= set(moving["publish"]["allow"])
+    # Never the orchestrator's moves, nor another partition's states.
+    assert not {"fs.p.src.keys", "fs.p.src.keys.0", "fs.p.src.keys.*", "fs.p.src.keys.>"} & set(
+        moving["publish"]["allow"]
+    )
     assert "fs.p.src.state.*" not in plain["publish"]["allow"]
     assert "fs.p.src.state" not in moving["publish"]["allow"]  # only older fogshifts wrote it
     assert "fs.p.src.data" not in moving["publish"]["allow"]
+
+
+def test_a_message_is_taken_for_what_its_sender_may_send() -> None:
+    """Moves and copy requests from ``.keys`` (the orchestrator's) only; a state from
+    ``.keys.<origin>`` carries that origin, whatever its body claims."""
+    move = KeyMove(0, "m1", "agg", ("s1",), 1).payload()
+    request = KeyCopy(0, "c1", "agg", ("s1",), 1).payload()
+    state = state_payload("m1", "agg", "s1", 1, {"n": "1"})
+    assert read_message("p", "src", "fs.p.src.keys", 5, move) == parse(5, move)
+    assert read_message("p", "src", "fs.p.src.keys", 6, request) == parse(6, request)
+    for forged in (move, request):  # a partition's node forging the orchestrator's
+        assert read_message("p", "src", "fs.p.src.keys.0", 7, forged) is None
+    sent = read_message("p", "src", "fs.p.src.keys.3", 8, state)
+    assert isinstance(sent, KeyState) and sent.origin == 3 and sent.key == "s1"
+    # On .keys: the orchestrator's, or an older fogshift's partitions' (no origin known).
+    legacy = read_message("p", "src", "fs.p.src.keys", 9, state)
+    assert isinstance(legacy, KeyState) and legacy.origin is None
+    for subject in ("fs.p.src.keys.x", "fs.p.src.keys.-1", "fs.p.src.keys.٣", "fs.p.src.data",
+                    "fs.p.other.keys.1", "fs.p.src.keysx.1"):  # fmt: skip
+        assert read_message("p", "src", subject, 10, state) is None
 
 
 def test_a_large_state_goes_compressed_in_parts_that_join_back() -> None:
@@ -206,6 +231,34 @@ def test_a_precopied_move_reads_back_with_its_copy_and_completes_from_it() -> No
     assert isinstance(changed, KeyState) and changed.complete(None) == {"model": "N"}
     whole = parse(33, state_payload("m2", "agg", "s1", 1, {"n": "6"}))
     assert isinstance(whole, KeyState) and whole.complete(None) == {"n": "6"}
+
+
+def test_a_keys_state_counts_only_from_its_owner_before_the_move() -> None:
+    # Partition 2 forging partition 0's state of a key moving to 1: neither taken by the
+    # target (the reader skips it) nor settling the move (the orchestrator would then let
+    # the key move on while partition 1 still waits for it).
+    owners = Ownership(3)
+    key = next(f"s{i}" for i in range(50) if partition_of_key(f"s{i}", 3) == 0)
+    owners.apply(KeyMove(5, "m1", "agg", (key,), 1))
+    forged = KeyState(6, "m1", "agg", key, 1, {"n": "99"}, origin=2)
+    assert not owners.sent_by_owner(forged)
+    owners.settle(forged)
+    assert owners.pending == {key: "m1"}
+    real = KeyState(7, "m1", "agg", key, 1, {"n": "1"}, origin=0)
+    assert owners.sent_by_owner(real)
+    owners.settle(real)
+    assert owners.pending == {}
+    # A copy comes from the key's owner at the request: now partition 1.
+    owners.request(KeyCopy(8, "c1", "agg", (key,), 2))
+    assert owners.sent_by_owner(KeyState(9, "c1", "agg", key, 2, {}, copy=True, origin=1))
+    assert not owners.sent_by_owner(KeyState(9, "c1", "agg", key, 2, {}, copy=True, origin=0))
+    # A move or copy nobody asked for has no owner to send it; one on .keys (the
+    # orchestrator's, or an older fogshift's partitions'), no origin to check.
+    assert not owners.sent_by_owner(KeyState(10, "m9", "agg", key, 2, {}, origin=1))
+    assert owners.sent_by_owner(KeyState(10, "m9", "agg", key, 2, {}))
+    # A rescale's states come from each key's owner under the count before it.
+    owners.apply(KeyMove(11, "r1", "agg", (key,), 0, count=1))
+    assert owners.sent_by_owner(KeyState(12, "r1", "agg", key, 0, {}, origin=1))
 
 
 def test_a_copy_settles_no_move_and_moves_no_key() -> None:

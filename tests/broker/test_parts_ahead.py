@@ -20,7 +20,13 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, subject_count
 from fogshift.broker.datasource import JetStreamPartition, JetStreamReader, Range, positions_of
 from fogshift.broker.keys import CONTROL_FIELD, KEY_STATE, state_parts, state_payload
-from fogshift.broker.naming import data_subject, keys_subject, state_subject, stream_name
+from fogshift.broker.naming import (
+    data_subject,
+    key_state_subject,
+    keys_subject,
+    state_subject,
+    stream_name,
+)
 from fogshift.broker.parts_ahead import PARTS_WAIT_S, PartsAhead
 from fogshift.broker.server import BrokerProcess
 from fogshift.common.waiting import wait_until
@@ -56,7 +62,7 @@ class Input:
         bodies, raw = packed
         parts = [self.publish(state_subject(self.pipeline, "src", to), b) for b in bodies]
         self.publish(
-            keys_subject(self.pipeline, "src"),
+            key_state_subject(self.pipeline, "src", 1 - to),
             state_payload("m1", "pe", key, to, None, parts, size=sum(map(len, bodies)), raw=raw),
         )
         return parts
@@ -184,7 +190,7 @@ def test_a_precopy_sees_the_origin_send_a_requests_copies_by_their_parts(
                                 time.monotonic() + 30)  # fmt: skip
     # Its copy stored inline, no part after the count: not sending, and no wait for one.
     small = state_payload("c1", "pe", "a", 1, {"v": "1"})
-    src.publish(keys_subject(src.pipeline, "src"), small)
+    src.publish(key_state_subject(src.pipeline, "src", 0), small)
     now = before + 1
     asked = time.monotonic()
     assert not moves._await_sending(src.pipeline, "src", "c1", at, ["a"], parts, now,

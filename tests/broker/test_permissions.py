@@ -15,7 +15,14 @@ import nats
 import pytest
 
 from fogshift.broker.client import BrokerAddress, ensure_pe_stream
-from fogshift.broker.naming import data_subject, fence_subject
+from fogshift.broker.keys import KeyMove, state_payload
+from fogshift.broker.naming import (
+    data_subject,
+    fence_subject,
+    key_state_subject,
+    keys_subject,
+    state_subject,
+)
 from fogshift.broker.permissions import Hosted, apply_permissions, users_file
 from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import BrokerProcess, start_nats_server
@@ -92,6 +99,30 @@ def test_a_node_may_touch_only_the_streams_of_the_pes_it_hosts(broker: BrokerPro
     assert not allowed(run(n1, lambda js: publish_records(js, "p", "pe1", record(3), epoch=1)))
     info = run(admin, lambda js: js.stream_info("FS_p_pe1"))
     assert info.state.messages == 2
+
+
+def test_a_partition_hands_over_key_states_on_its_own_subject_only(
+    broker: BrokerProcess,
+) -> None:
+    """A partition's node may append the states of the keys it hands over, on its own
+    ``.keys.<index>``, but neither the orchestrator's key moves (which would move or drop
+    every key of the element) nor another partition's states."""
+    admin, n1 = broker.address, broker.node_addresses["n1"]
+    assert allowed(run(admin, lambda js: ensure_pe_stream(js, "k", "src")))
+    apply_permissions(broker.config_file, broker.pid,
+                      {"n1": [Hosted("k", "agg-p1", ("src",), moves_keys=1)]})  # fmt: skip
+    state = state_payload("m1", "agg", "s1", 0, {"n": "1"})
+
+    def publish(address: BrokerAddress, subject: str, body: bytes) -> Any:
+        return run(address, lambda js: js.publish(subject, body, stream="FS_k_src"))
+
+    assert until(lambda: allowed(publish(n1, key_state_subject("k", "src", 1), state)))
+    assert allowed(publish(n1, state_subject("k", "src", 0), b"part"))
+    move = KeyMove(0, "m2", "agg", ("s1",), 1).payload()
+    for subject, body in ((keys_subject("k", "src"), move), (keys_subject("k", "src"), state),
+                          (key_state_subject("k", "src", 0), state)):  # fmt: skip
+        assert not allowed(publish(n1, subject, body)), subject
+    assert allowed(publish(admin, keys_subject("k", "src"), move))  # the orchestrator's
 
 
 def test_a_node_reads_no_reply_but_its_own(broker: BrokerProcess) -> None:

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress, SyncJetStream, get_range, last_seq
+from fogshift.broker.client import BrokerAddress, SyncJetStream, get_ranges, last_seq
 from fogshift.broker.keys import KeyMove, KeyState, in_group, parse
-from fogshift.broker.naming import keys_subject, stream_name
+from fogshift.broker.naming import key_subjects, stream_name
 from fogshift.common.waiting import wait_until
 from fogshift.exceptions import InvalidInput
 from fogshift.spec.models import partition_of_key
@@ -210,11 +210,11 @@ def test_key_moves_whose_origin_or_target_node_dies_complete_once_it_is_restored
     wait_central(cluster, "orphan", "aggregate-p1")
     keys = [k for k in (f"s{i}" for i in range(20)) if partition_of_key(k, 2) == 0]
     client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
-    stream, subject = stream_name("orphan", "source"), keys_subject("orphan", "source")
+    stream, subjects = stream_name("orphan", "source"), key_subjects("orphan", "source")
 
     def records() -> list[KeyMove | KeyState]:
         end = client.run(partial(last_seq, stream=stream))
-        found = client.run(partial(get_range, stream=stream, subject=subject, start=0, end=end))
+        found = client.run(partial(get_ranges, stream=stream, subjects=subjects, start=0, end=end))
         return [r for m in found if isinstance(r := parse(m.seq, m.data), KeyMove | KeyState)]
 
     def stored(moving: list[str], copies: bool) -> bool:

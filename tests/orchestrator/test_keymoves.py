@@ -181,7 +181,8 @@ def test_a_precopy_request_waits_for_its_own_keys_copies_not_a_later_requests() 
     stored = [state_payload("c1", "agg", key, 1, {"v": "x"}) for key in ("k1", "k2", "k0")]
     broker = SimpleNamespace(
         run=lambda make, timeout=30: [
-            SimpleNamespace(seq=11 + i, data=d, stored_at=1.0) for i, d in enumerate(stored)
+            SimpleNamespace(seq=11 + i, data=d, stored_at=1.0, subject="fs.p.in.keys.0")
+            for i, d in enumerate(stored)
         ]
     )
     moves: Any = SimpleNamespace(broker=broker)

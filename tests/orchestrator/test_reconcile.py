@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fogshift.broker.client import BrokerAddress
+from fogshift.broker.server import BrokerProcess
 from fogshift.contracts import Heartbeat
 from fogshift.orchestrator import reconciler
 from fogshift.orchestrator.config import OrchestratorConfig
@@ -119,3 +120,40 @@ def test_one_pe_whose_reconcile_raises_leaves_the_other_pes_and_the_strays_to_it
     orchestrator.reconcile_once()  # logged, not raised
     assert seen == ["source", "aggregate", "sink"]
     assert agent[1] == ["/pipelines/p/elements/aggregate?discard=true"]  # strays too
+
+
+def test_the_input_of_partitions_gets_the_key_state_subjects_an_older_fogshift_lacked(
+    tmp_path: Path, nats_server: BrokerProcess
+) -> None:
+    # A pipeline deployed by a fogshift before 2026-11-29 keeps its streams across `down` and
+    # `up`: its partitions' input lacks `.keys.*`, where a partition now hands key states
+    # over, and a move stored before the upgrade could never be answered. The reconciler's
+    # first round adds the subjects, once.
+    from fogshift.broker.client import SyncJetStream
+    from fogshift.broker.naming import key_state_subjects, stream_name, stream_subjects
+
+    (tmp_path / "in.csv").write_text("value\n")
+    spec = {**SPEC, "pipeline": "old"}
+    spec["elements"] = [
+        SPEC["elements"][0],
+        {**SPEC["elements"][1], "key_by": "sensor", "partitions": ["fog-a", "fog-b"]},
+        SPEC["elements"][2],
+    ]
+    del spec["elements"][1]["node"]
+    stream = stream_name("old", "source")
+    admin = SyncJetStream(nats_server.address)
+    new = key_state_subjects("old", "source")
+    older = [s for s in stream_subjects("old", "source") if s != new]
+    admin.run(lambda js: js.add_stream(name=stream, subjects=older, allow_direct=True))
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orch = Orchestrator(config)
+    try:
+        orch.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
+        orch._streams_current()
+        info = admin.run(lambda js: js.stream_info(stream))
+        assert new in info.config.subjects
+        assert "old" in orch._streams_checked
+    finally:
+        orch.close()
+        admin.close()

@@ -23,18 +23,21 @@ from fogshift.broker.client import (
     ensure_pe_stream,
     fetch_range,
     get_range,
+    get_ranges,
     last_seq,
 )
 from fogshift.broker.naming import (
     data_subject,
     dead_subject,
+    key_state_subject,
+    key_subjects,
     keys_subject,
     state_subject,
     stream_name,
 )
 from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import BrokerProcess
-from fogshift.common.gate import open_gate, write_gate
+from fogshift.common.gate import acknowledged, open_gate, write_gate
 from fogshift.common.waiting import wait_until
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.gate import end_run
@@ -589,13 +592,21 @@ class Partitions:
                    describe="every event answered by its partition")  # fmt: skip
 
     def key_records(self) -> list[dict[str, Any]]:
-        """The input's ``.keys`` subject: moves, copies and states (a large state's parts
-        are on ``.state.<to>``, see :meth:`part_seqs`)."""
+        """The input's ``.keys`` and ``.keys.<origin>`` subjects, in stream order: moves,
+        copies and states (a large state's parts are on ``.state.<to>``, see
+        :meth:`part_seqs`)."""
         stream = stream_name(self.pipeline, "src")
+        end = self.js.run(lambda j: last_seq(j, stream))
         found = self.js.run(
-            lambda j: fetch_range(j, stream, keys_subject(self.pipeline, "src"), 0, 100_000)
+            lambda j: get_ranges(j, stream, key_subjects(self.pipeline, "src"), 0, end)
         )
         return [json.loads(m.data) for m in found]
+
+    def publish_on(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
+        """Append ``payload`` to ``subject`` of the input (as a partition's node would)."""
+        stream = stream_name(self.pipeline, "src")
+        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        self.js.run(lambda j: j.publish(subject, payload, stream=stream, headers=headers))
 
     def part_seqs(self, to: int | None) -> list[int]:
         """The sequences of the input's ``.state.<to>`` subject: the parts of large states
@@ -649,6 +660,46 @@ def test_keys_move_between_partitions_at_one_input_position(
         move_at = min(n for n in range(1, 300) if n not in parts.key_at)
         moved_seqs = [n for n, k in parts.key_at.items() if k in moving and n > move_at]
         assert moved_seqs and not after & set(moved_seqs)
+    finally:
+        parts.stop()
+
+
+def test_a_key_state_is_taken_only_from_the_keys_owner_before_its_move(
+    spark: SparkSession, js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # Partition 0 is held while keys move from it to partition 1. Meanwhile a state for a
+    # moving key comes on partition 1's subject (not the key's owner), a move on a
+    # partition's subject (not the orchestrator's), and a message taking the id the owner
+    # will send another key's state under: a partition's node forging them. The target must
+    # wait for the owner's states, and nobody take the forged move: every key's outputs are
+    # what one instance would give.
+    from fogshift.broker.keys import KeyMove, state_payload
+
+    parts = Partitions(spark, js_client, nats_server, tmp_path, "CountingStats")
+    gate = parts.plans[0].gate_file
+    assert gate is not None
+    try:
+        held = write_gate(gate, "hold")
+        wait_until(lambda: acknowledged(gate, held), 30, describe="partition 0 held")
+        parts.send(60, keys=8)
+        mine = [k for k in (f"p{i}" for i in range(8)) if partition_of_key(k, 2) == 0]
+        assert len(mine) >= 3, mine
+        moving, staying = mine[:-1], mine[-1]
+        parts.append(KeyMove(0, "m1", "pe", tuple(moving), 1).payload())
+        forged = state_payload("m1", "pe", moving[0], 1, {"count": "1000", "total": "1000.0"})
+        parts.publish_on(key_state_subject(parts.pipeline, "src", 1), forged)
+        parts.publish_on(key_state_subject(parts.pipeline, "src", 0),
+                         KeyMove(0, "m2", "pe", (staying,), 1).payload())  # fmt: skip
+        parts.publish_on(key_state_subject(parts.pipeline, "src", 1), b"{}",
+                         msg_id=f"pe:m1:{moving[1]}")  # fmt: skip
+        parts.send(30, keys=8)
+        parts.committed(1)  # partition 1 read the forgeries (and holds the moved keys)
+        assert all(parts.key_at[o["seq"]] not in mine for o in parts.outputs("pe-p1"))
+        open_gate(gate)
+        parts.send(30, keys=8)
+        parts.answered()
+        assert parts.per_key() == parts.expected()
+        assert {parts.key_at[o["seq"]] for o in parts.outputs("pe-p0")} >= {staying}
     finally:
         parts.stop()
 

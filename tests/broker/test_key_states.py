@@ -1,0 +1,93 @@
+"""How a partition hands key states over (``broker.datasource._send_states``), against a real
+nats-server: each state on its origin's subject, a large one's parts on its own target's, and
+none lost to a message id another partition took first."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+from typing import Any
+
+import pytest
+
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream, get_range, get_ranges, last_seq
+from fogshift.broker.datasource import _send_states
+from fogshift.broker.keys import KEY_STATE, KeyState, joined_state, read_message
+from fogshift.broker.naming import key_state_subject, key_subjects, state_subject, stream_name
+from fogshift.broker.publish import Record
+
+pytestmark = pytest.mark.integration
+_pipelines = (f"kstates{n}" for n in itertools.count())
+
+
+def state_row(key: str, to: int, rank: int, state: dict[str, str]) -> Record:
+    """The row a partition's processor makes of ``key`` moving to partition ``to`` at input
+    position 5 (move ``m1``)."""
+    body = {"key": key, "move": "m1", "to": to, "rank": rank, "order": "fifo", "input": "src",
+            "element": "pe", "key_by": "patient", "state": state}  # fmt: skip
+    return Record(5, 0, 0, 0.0, KEY_STATE, json.dumps(body))
+
+
+def stored(js: SyncJetStream, pipeline: str) -> list[KeyState]:
+    """The key states stored in the input, as a reader takes them."""
+    stream = stream_name(pipeline, "src")
+    end = js.run(lambda j: last_seq(j, stream))
+    found = js.run(lambda j: get_ranges(j, stream, key_subjects(pipeline, "src"), 0, end))
+    items = [read_message(pipeline, "src", m.subject, m.seq, m.data) for m in found]
+    return [i for i in items if isinstance(i, KeyState)]
+
+
+def test_each_large_states_parts_go_to_its_own_target(js_client: SyncJetStream) -> None:
+    # One batch hands two keys to two partitions (as a rescale does): each state's parts on
+    # its own target's subject, which is the only one its target reads them from. (The
+    # parts of every state went to the last state's target.)
+    pipeline = next(_pipelines)
+    js_client.run(lambda j: ensure_pe_stream(j, pipeline, "src"))
+    big = {k: {"ballast": base64.b64encode(os.urandom(6_000)).decode()} for k in ("a", "b")}
+    rows = [state_row("a", 1, 0, big["a"]), state_row("b", 2, 1, big["b"])]
+    js_client.run(lambda j: _send_states(j, pipeline, 0, rows))
+    states = {s.key: s for s in stored(js_client, pipeline)}
+    assert set(states) == {"a", "b"}
+    stream = stream_name(pipeline, "src")
+    for key, to in (("a", 1), ("b", 2)):
+        state = states[key]
+        assert state.origin == 0 and state.to == to and state.parts and state.addressed
+        apart = state_subject(pipeline, "src", to)
+        parts: Any = js_client.run(lambda j, s=apart: get_range(j, stream, s, 0, 1000))
+        bodies = {m.seq: m.data for m in parts}
+        assert set(state.parts) <= set(bodies), (key, state.parts, sorted(bodies))
+        assert joined_state([bodies[p] for p in state.parts], state.raw) == big[key]
+    # Sent again (a retried batch): the broker keeps one of each, parts and records.
+    before = js_client.run(lambda j: last_seq(j, stream))
+    js_client.run(lambda j: _send_states(j, pipeline, 0, rows))
+    assert js_client.run(lambda j: last_seq(j, stream)) == before
+
+
+def test_a_state_whose_message_id_another_partition_took_is_still_stored(
+    js_client: SyncJetStream,
+) -> None:
+    # A state's message ids are known to every partition reading the input, and each may
+    # publish there (its own states, any target's parts). One that takes an id first must
+    # not make the broker drop the origin's state as a repeat: its target would hold the key
+    # forever, or read another's bytes as its parts.
+    pipeline = next(_pipelines)
+    stream = stream_name(pipeline, "src")
+    js_client.run(lambda j: ensure_pe_stream(j, pipeline, "src"))
+    big = {"ballast": base64.b64encode(os.urandom(6_000)).decode()}
+    for subject, msg_id in (
+        (key_state_subject(pipeline, "src", 2), "pe:m1:small"),  # the record's id
+        (state_subject(pipeline, "src", 1), "pe:m1:large:0"),  # its first part's
+    ):
+        taken = {"Nats-Msg-Id": msg_id}
+        js_client.run(lambda j, s=subject, h=taken: j.publish(s, b"x", stream=stream, headers=h))
+    rows = [state_row("small", 1, 0, {"count": "3"}), state_row("large", 1, 1, big)]
+    js_client.run(lambda j: _send_states(j, pipeline, 0, rows))
+    states = {s.key: s for s in stored(js_client, pipeline) if s.origin == 0}
+    assert states["small"].state == {"count": "3"}
+    parts: Any = js_client.run(
+        lambda j: get_range(j, stream, state_subject(pipeline, "src", 1), 0, 1000)
+    )
+    bodies = {m.seq: m.data for m in parts}
+    assert joined_state([bodies[p] for p in states["large"].parts], states["large"].raw) == big
