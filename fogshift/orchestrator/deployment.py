@@ -7,6 +7,7 @@ import logging
 import shutil
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from fogshift.broker.client import (
@@ -278,9 +279,10 @@ class Deployment(Journal):
         return self.status(spec.pipeline)[0]
 
     def _refuse_shared_outputs(self, spec: PipelineSpec) -> None:
-        """Refuse a sink writing a file a sink of a running pipeline writes: their
-        exactly-once markers would be one, and the deploy would empty the other's output
-        (within one spec the loader refuses it)."""
+        """Refuse a sink writing a file a sink of a running pipeline writes (their
+        exactly-once markers would be one, and the deploy would empty the other's output), or
+        reads (the deploy would empty a running source's input): within one spec the loader
+        refuses both."""
         mine = {output_file(e): e.id for e in spec.elements if output_file(e) is not None}
         for other in self.registry.pipelines():
             if other.name == spec.pipeline or other.status not in (
@@ -288,6 +290,16 @@ class Deployment(Journal):
             ):  # fmt: skip
                 continue
             for element in other.spec.elements:
+                read = element.options.get("path") if element.role == "source" else None
+                if isinstance(read, str) and (key := str(Path(read).resolve())) in mine:
+                    raise InvalidSpec(
+                        f"sink {mine[key]!r} of pipeline {spec.pipeline!r} writes {key!r}, "
+                        f"which source {element.id!r} of running pipeline {other.name!r} reads",
+                        expected="an output file no running pipeline reads",
+                        received=key,
+                        hint=f"give the sink another `path` (the deploy would empty that "
+                        f"file), or `fogshift stop {other.name}` first",
+                    )
                 path = output_file(element)
                 if path is not None and path in mine:
                     raise InvalidSpec(

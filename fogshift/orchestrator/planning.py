@@ -40,7 +40,7 @@ MB_PER_BYTE = 8 / 1_000_000
 class NodeCapacity(BaseModel):
     """A node's entry in the fog topology file."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     cpu: float = Field(gt=0, description="CPU capacity, in percent of one core")
 
@@ -48,7 +48,7 @@ class NodeCapacity(BaseModel):
 class FogLink(BaseModel):
     """A link of the fog topology file (undirected, Mb/s)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     a: str
     b: str
@@ -69,7 +69,7 @@ class FogTopology(BaseModel):
         links: The network; empty means a full mesh at ``default_bandwidth``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     central: str | None = None
     default_cpu: float = Field(default=100.0, gt=0)

@@ -38,4 +38,8 @@ def check_expression(expression: str) -> str:
         EvalWithCompoundTypes(functions=FUNCTIONS).parse(expression)
     except (SyntaxError, InvalidExpression) as exc:
         raise ValueError(f"{expression!r} is not a valid expression: {exc}") from exc
+    except (RecursionError, MemoryError):  # (Python's parser gives up on "1+1+…" or "---…1")
+        raise ValueError(
+            f"an expression of {len(expression)} characters nests too deep to parse"
+        ) from None
     return expression

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import types
 import typing
 from collections.abc import Iterable
@@ -189,6 +190,49 @@ def _resolved(element: ElementSpec, base_dir: Path) -> ElementSpec:
     return element.model_copy(update={"options": element.options.model_copy(update=paths)})
 
 
+#: How deep a spec's values may nest (a spec's own nesting is a handful of levels; custom
+#: options may add some).
+MAX_SPEC_DEPTH = 32
+
+
+def _check_values(data: Any) -> None:
+    """Refuse a value no spec field can hold and that would only fail later, as a
+    traceback or a stopped query: a number that is not finite (YAML's ``.inf``, ``.nan``;
+    JSON cannot carry it to the orchestrator), a text with a NUL character (no path or name
+    holds one), nesting deeper than :data:`MAX_SPEC_DEPTH`. Walked without recursion."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        place = where or "the spec"
+        if depth > MAX_SPEC_DEPTH:
+            raise InvalidSpec(
+                f"{place} nests deeper than {MAX_SPEC_DEPTH} levels",
+                expected=f"at most {MAX_SPEC_DEPTH} levels of mappings and lists",
+                received=f"more at {place}",
+                hint="a spec is a mapping of elements with their options; check the brackets",
+            )
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidSpec(
+                f"{place} is {value}, not a finite number",
+                expected="a finite number",
+                received=str(value),
+                hint="rates, sizes and times are finite; 0 often means 'no limit' "
+                "(see the README's spec example)",
+            )
+        if isinstance(value, str) and "\x00" in value:
+            raise InvalidSpec(
+                f"{place} holds a NUL character",
+                expected="text without NUL characters",
+                received=repr(value[:40]),
+                hint="no path, name or expression holds one; was the file written as text?",
+            )
+        if isinstance(value, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k), depth + 1)
+                         for k, v in value.items())  # fmt: skip
+        elif isinstance(value, list | tuple):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
+
+
 def parse_spec(data: Any, base_dir: Path | None = None) -> PipelineSpec:
     """Validate a spec given as plain data and resolve its relative paths.
 
@@ -205,6 +249,7 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> PipelineSpec:
             expected="keys `pipeline` and `elements`",
             received=type(data).__name__,
         )
+    _check_values(data)
     try:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
@@ -411,6 +456,16 @@ def _check_single_writer_files(spec: PipelineSpec) -> None:
         if key is None:
             continue
         path = element.options["path"]
+        name = Path(key).name
+        if name.startswith(".") and name.endswith((".fogshift.json", ".fogshift.tmp")):
+            raise InvalidSpec(
+                f"sink {element.id!r} of pipeline {spec.pipeline!r} writes {path!r}, a name "
+                "fogshift keeps for a sink's exactly-once marker",
+                expected="an output file not named .<file>.fogshift.json or .fogshift.tmp",
+                received=repr(path),
+                hint="name the output otherwise: a sink writing another's marker would undo "
+                "that sink's exactly-once",
+            )
         if key in writers:
             raise InvalidSpec(
                 f"sinks {writers[key]!r} and {element.id!r} of pipeline {spec.pipeline!r} both "
@@ -464,7 +519,19 @@ def load_spec_text(
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InvalidSpec(f"{what} is not valid YAML: {exc}") from None
+        raise InvalidSpec(
+            f"{what} is not valid YAML: {exc}",
+            expected="a YAML mapping with `pipeline` and `elements`",
+            received=f"{len(text)} characters",
+            hint="check the indentation and quotes at the line named above",
+        ) from None
+    except RecursionError:
+        raise InvalidSpec(
+            f"{what} nests too deep to read",
+            expected=f"at most {MAX_SPEC_DEPTH} levels of mappings and lists",
+            received=f"{len(text)} characters",
+            hint="a spec is a mapping of elements with their options; check the brackets",
+        ) from None
     spec = parse_spec(data, base_dir)
     validate_spec(spec, nodes, check_files=True)
     return spec

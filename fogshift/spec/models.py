@@ -369,7 +369,7 @@ class RecoverySpec(BaseModel):
             and are always restored from checkpoints. ``None``: no standbys.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     auto: bool = True
     detect_after_s: float = Field(default=10.0, gt=0)

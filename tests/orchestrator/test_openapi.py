@@ -205,6 +205,18 @@ def test_a_sink_writing_a_running_pipelines_output_is_refused(
     assert answer.status_code == 422 and answer.json()["code"] == "invalid_spec", answer.text
     assert "which sink 'sink' of running pipeline 'p' writes" in answer.json()["message"]
     assert "fogshift stop p" in answer.json()["hint"]
+    # Nor a sink writing a running pipeline's source file: the deploy would empty it.
+    into = {**spec, "pipeline": "c"}
+    into["elements"] = [*spec["elements"][:2],
+                        {**spec["elements"][2], "options": {"path": paths[0]}}]  # fmt: skip
+    into["elements"][0] = {**into["elements"][0], "options": {"path": "in.csv"}}
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "in.csv").write_text("timestamp,sensor,value\n")
+    answer = as_(app, OPERATOR).post(
+        "/pipelines", json=parse_spec(into, tmp_path / "c").model_dump(mode="json")
+    )
+    assert answer.status_code == 422 and answer.json()["code"] == "invalid_spec", answer.text
+    assert "which source 'source' of running pipeline 'p' reads" in answer.json()["message"]
     # Once it is stopped, the file may be taken over.
     orch.registry.set_status("p", "stopped")
     orch.broker.close()  # (the deploy then fails at the broker, past the check)

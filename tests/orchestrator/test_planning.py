@@ -97,6 +97,10 @@ def test_nearest_copy_first_and_central_last_on_a_tie() -> None:
         ("pe_cpu: lots", "pe_cpu"),
         ("nodes: [", "not valid YAML"),
         ("colour: blue", "colour"),
+        # (Accepted before, then failed every plan with a bare ValidationError: a 500.)
+        ("links: [{a: x, b: y, bandwidth: .inf}]", "links.0.bandwidth"),
+        ("default_cpu: .nan", "default_cpu"),
+        ("nodes: {fog-a: {cpu: .inf}}", "nodes.fog-a.cpu"),
     ],
 )
 def test_bad_fog_topologies_are_refused_with_the_field(text: str, needle: str) -> None:

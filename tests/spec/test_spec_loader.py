@@ -192,6 +192,60 @@ def test_shapes_that_could_not_be_exactly_once_are_refused(tmp_path: Path) -> No
         parse_spec(twice, tmp_path)
 
 
+def test_a_sink_may_not_write_another_sinks_exactly_once_marker(tmp_path: Path) -> None:
+    # sink2 writing sink's marker would overwrite it (and sink's atomic replace sink2's file).
+    for name in (".o.csv.fogshift.json", ".o.csv.fogshift.tmp"):
+        data = case1()
+        sink = {"id": "sink2", "kind": "csv-sink", "node": "fog-b", "inputs": ["source"],
+                "options": {"path": f"out/{name}"}}  # fmt: skip
+        data["elements"].append(sink)
+        with pytest.raises(InvalidSpec, match="exactly-once marker") as err:
+            parse_spec(data, tmp_path)
+        assert err.value.expected and err.value.received and err.value.hint
+
+
+@pytest.mark.parametrize(
+    ("place", "value", "said"),
+    [
+        (("elements", 0, "options", "rate"), float("inf"), "not a finite number"),
+        (("elements", 0, "options", "rate"), float("nan"), "not a finite number"),
+        (("elements", 0, "options", "rate"), 1e308, "less than or equal"),
+        (("recovery",), {"detect_after_s": float("inf")}, "not a finite number"),
+        (("elements", 1, "options", "field"), "val\x00ue", "NUL character"),
+        (("elements", 0, "options", "path"), "in\x00.csv", "NUL character"),
+        (
+            ("elements", 1, "options", "window"),
+            [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
+            "nests deeper",
+        ),
+    ],
+)
+def test_values_no_spec_can_hold_are_refused_at_load(
+    place: tuple[object, ...], value: object, said: str
+) -> None:
+    # Each got through (a source then failed at its first batch, a deploy ended in a
+    # traceback: JSON carries no inf), or ended in a traceback at load.
+    data = case1()
+    target: object = data
+    for step in place[:-1]:
+        target = target[step]  # type: ignore[index]
+    target[place[-1]] = value  # type: ignore[index]
+    with pytest.raises(InvalidSpec, match=said):
+        parse_spec(data)
+
+
+def test_text_that_nests_too_deep_is_refused_at_load(tmp_path: Path) -> None:
+    (tmp_path / "deep.yaml").write_text("pipeline: " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(InvalidSpec, match="nests"):
+        load_spec(tmp_path / "deep.yaml")
+    data = case1()
+    deep = "1+" * 100_000 + "1"
+    data["elements"][1] = {"id": "aggregate", "kind": "map", "node": "fog-a",
+                           "inputs": ["source"], "options": {"set": {"v": deep}}}  # fmt: skip
+    with pytest.raises(InvalidSpec, match="nests too deep"):
+        parse_spec(data)
+
+
 def test_a_misspelt_kind_or_key_gets_a_did_you_mean() -> None:
     data = case1()
     data["elements"][1]["kind"] = "window-agregate"
