@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
+from rich.text import Text
 
 from fogshift.agent.config import AgentConfig
 from fogshift.cli import net as net_cli
@@ -306,7 +307,7 @@ def validate(
     for column in ("element", "kind", "node", "inputs"):
         table.add_column(column)
     for e in elements:
-        table.add_row(e["id"], e["kind"], e["node"], ", ".join(e["inputs"]) or "-")
+        table.add_row(*_plain(e["id"], e["kind"], e["node"], ", ".join(e["inputs"]) or "-"))
     console.print(table)
 
 
@@ -332,9 +333,9 @@ def _status_table(pipelines: list[PipelineStatus]) -> None:
             if e.partition_of is not None:
                 kind += f" ({e.partition_of}, p{e.partition} of {e.partitions})"
             table.add_row(
-                e.element, kind, e.node, state,
-                str(e.events_in), str(e.events_out), str(e.dead_letters),
-                e.planned_backup or "-", e.planned_redeploy or "-", _standby_cell(e),
+                *_plain(e.element, kind, e.node, state, str(e.events_in), str(e.events_out),
+                        str(e.dead_letters), e.planned_backup or "-", e.planned_redeploy or "-"),
+                _standby_cell(e),
             )  # fmt: skip
         console.print(table)
 
@@ -373,9 +374,9 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
         table.add_column(column)
     for n in data:
         table.add_row(
-            n.name, n.url, str(n.pid), str(n.pgid),
-            "[green]yes[/]" if n.healthy else "[red]no[/]", n.disk_text or "-",
-            ", ".join(n.elements),
+            *_plain(n.name, n.url, str(n.pid), str(n.pgid)),
+            "[green]yes[/]" if n.healthy else "[red]no[/]",
+            *_plain(n.disk_text or "-", ", ".join(n.elements)),
         )  # fmt: skip
     console.print(table)
     for n in data:
@@ -385,11 +386,19 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
         console.print(f"[yellow]warning[/] orchestrator: {warning}")
 
 
+def _plain(*cells: str) -> list[Text]:
+    """Table cells shown as they are: data (a dead letter's reason, an event, a key) is never
+    read as Rich markup, which dropped ``[patient]`` from a reason and failed on ``[/tmp]``."""
+    return [Text(cell) for cell in cells]
+
+
 @app.command()
 def errors(
     pipeline: str,
     home: Home = Path(".fogshift"),
-    limit: Annotated[int, typer.Option(help="At most this many.")] = 100,
+    limit: Annotated[
+        int, typer.Option(help="At most this many per PE (its newest).", min=1, max=10_000)
+    ] = 100,
     as_json: AsJson = False,
 ) -> None:
     """The pipeline's dead letters, with their reasons."""
@@ -403,7 +412,7 @@ def errors(
     for column in ("element", "seq", "reason", "event"):
         table.add_column(column)
     for d in data:
-        table.add_row(d.element, str(d.seq), d.reason or "", str(d.event)[:60])
+        table.add_row(*_plain(d.element, str(d.seq), d.reason or "", str(d.event)[:60]))
     console.print(table)
 
 
@@ -448,7 +457,7 @@ def state(
         table.add_column(column)
     for entry in data.entries:
         text = json.dumps(entry.state, separators=(",", ":"))
-        table.add_row("-" if entry.key is None else entry.key, text[:200])
+        table.add_row(*_plain("-" if entry.key is None else entry.key, text[:200]))
     console.print(table)
     if key is not None and not data.entries:
         console.print(f"no state for key {key!r} (it has had no valid event yet)")
@@ -480,7 +489,7 @@ def events(
         table.add_column(column)
     for event in data.events:
         text = json.dumps(event.body, separators=(",", ":"))
-        table.add_row(str(event.seq), str(event.epoch), event.creator, text[:160])
+        table.add_row(*_plain(str(event.seq), str(event.epoch), event.creator, text[:160]))
     console.print(table)
     if not data.events:
         console.print("no events" + (f" of key {key!r}" if key is not None else "") + " there")
@@ -978,7 +987,7 @@ def plan(
     for column in ("task", "backup", "redeploy", "recovery ms"):
         table.add_column(column)
     for a in result.assignments:
-        table.add_row(a.task, a.backup, a.redeploy, f"{a.recovery_ms:.1f}")
+        table.add_row(*_plain(a.task, a.backup, a.redeploy, f"{a.recovery_ms:.1f}"))
     console.print(table)
 
 
@@ -1154,7 +1163,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="fogshift")
     except FogshiftError as exc:
-        err_console.print(f"[red]error[/] ({exc.code}): {exc.render()}", highlight=False)
+        err_console.print(f"[red]error[/] ({exc.code}): {escape(exc.render())}", highlight=False)
         sys.exit(2 if isinstance(exc, InvalidInput) else 1)
     except ValidationError as exc:
         # An answer that does not fit its contract (fogshift.contracts): a version mismatch

@@ -63,6 +63,8 @@ EventsAfterQuery = Annotated[int | None, Query(ge=0)]
 EventsTailQuery = Annotated[int | None, Query(ge=1, le=20_000)]
 #: The most messages one page scans.
 EventsLimitQuery = Annotated[int, Query(ge=1, le=5_000)]
+#: The most dead letters ``GET /pipelines/{name}/errors`` gives of each PE (its newest).
+ErrorsLimitQuery = Annotated[int, Query(ge=1, le=10_000)]
 
 # -- responses ---------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from fogshift.common.names import NAME_RE
 from fogshift.common.service import (
     ERROR_RESPONSES,
     Access,
+    ErrorsLimitQuery,
     EventsAfterQuery,
     EventsLimitQuery,
     EventsTailQuery,
@@ -220,7 +221,9 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         return orchestrator.status(name)[0]
 
     @app.get("/pipelines/{name}/errors")
-    def errors(name: NameParam, limit: int = 1000) -> list[DeadLetter]:
+    def errors(name: NameParam, limit: ErrorsLimitQuery = 1000) -> list[DeadLetter]:
+        """The pipeline's dead letters with their reasons: each PE's newest ``limit``, PE by
+        PE, oldest first."""
         return orchestrator.errors(name, limit)
 
     @app.get("/pipelines/{name}/latency")

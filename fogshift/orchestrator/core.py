@@ -16,11 +16,14 @@ from fogshift.broker.client import (
 )
 from fogshift.checkpoint.central import CentralStore
 from fogshift.common.http import ServiceClient, node_token
+from fogshift.common.names import NAME_PATTERN
 from fogshift.contracts import (
+    ElementInfo,
     ElementProgress,
     Heartbeat,
     MigrationReport,
     PlanView,
+    ReplicaInfo,
     RestoreReport,
 )
 from fogshift.orchestrator.config import OrchestratorConfig
@@ -116,7 +119,24 @@ class OrchestratorCore:
         self._central: str | None = None
 
     def heartbeat(self, name: str, report: Heartbeat) -> None:
-        """Record that node ``name`` is alive and what it runs."""
+        """Record that node ``name`` is alive and what it runs.
+
+        A PE or copy it names with a pipeline or element name no spec can have is left out
+        (and logged): every view of the nodes builds paths and subjects from those names,
+        and one bad entry would fail them all (``GET /nodes`` answered 422 for good)."""
+
+        def named(entry: ElementInfo | ReplicaInfo) -> bool:
+            return bool(NAME_PATTERN.match(entry.pipeline) and NAME_PATTERN.match(entry.element))
+
+        entries: list[ElementInfo | ReplicaInfo] = [*report.elements, *report.replicas]
+        bad = [f"{e.pipeline}/{e.element}" for e in entries if not named(e)]
+        if bad:
+            log.warning("node %s reported PEs or copies under names no spec can have, left "
+                        "out: %s", name, ", ".join(repr(b) for b in bad[:5]))  # fmt: skip
+            report = report.model_copy(update={
+                "elements": [e for e in report.elements if named(e)],
+                "replicas": [r for r in report.replicas if named(r)],
+            })  # fmt: skip
         self.registry.heartbeat(name, report)
 
     def healthy(self, node: NodeRecord) -> bool:

@@ -422,7 +422,8 @@ class Deployment(Journal):
         )
 
     def errors(self, name: str, limit: int = 1000) -> list[DeadLetter]:
-        """The pipeline's dead letters with their reasons, PE by PE."""
+        """The pipeline's dead letters with their reasons: each PE's newest ``limit``, PE by
+        PE, oldest first (a PE with many never hides another's)."""
         record = self.pipeline(name)
         letters: list[DeadLetter] = []
         for element in record.spec.elements:
@@ -432,7 +433,7 @@ class Deployment(Journal):
                 end = await last_seq(js, stream)
                 return await fetch_range(js, stream, dead_subject(name, pe), 0, end)
 
-            for msg in self.broker.run(dead, timeout=60)[:limit]:
+            for msg in self.broker.run(dead, timeout=60)[-limit:]:
                 payload = json.loads(msg.data)
                 # The dead letter's own format (``broker.publish``), read where it is stored.
                 letters.append(
@@ -443,7 +444,7 @@ class Deployment(Journal):
                         event=payload["body"],
                     )
                 )
-        return letters[:limit]
+        return letters
 
     def events(
         self,

@@ -425,7 +425,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             "lag": lag(mine, by_id),
             "checkpoints": reports[0] if reports else None,
             "operation": orchestrator.operation(name, element),
-            "letters": [d for d in orchestrator.errors(name) if d.element == element][-50:],
+            "letters": [d for d in orchestrator.errors(name, 50) if d.element == element],
             "twins": orchestrator.twin_state(name, element, mine.kind),
             "targets": sorted(n.name for n in nodes if n.healthy and n.name != mine.node),
             "modes": [m.value for m in MigrationMode],

@@ -112,6 +112,30 @@ def test_a_heartbeat_comes_back_typed_in_the_node_view(app: FastAPI) -> None:
     assert view.warnings == []
 
 
+def test_a_heartbeat_naming_what_no_spec_can_have_does_not_break_the_node_view(
+    app: FastAPI,
+) -> None:
+    # One node (buggy, or compromised: its own token) naming a PE "<b>../../x" made every
+    # GET /nodes answer 422 from then on: fogshift nodes and the dashboard's pages with it.
+    beat = {"url": "http://127.0.0.1:8701", "ready": True,
+            "elements": [{"pipeline": "<b>../../x", "element": "e"},
+                         {"pipeline": "p", "element": "agg"}],
+            "replicas": [{"pipeline": "p", "element": "../y", "id": "b000000002", "batch": 2,
+                          "created": 1.0}]}  # fmt: skip
+    node = as_(app, node_token(OPERATOR, "fog-a"))
+    assert node.post("/nodes/fog-a/heartbeat", json=beat).json() == {"ok": True}
+    answer = as_(app, OPERATOR).get("/nodes")
+    assert answer.status_code == 200, answer.text
+    (view,) = [NodeView.model_validate(n) for n in answer.json()]
+    assert (view.elements, view.replicas) == (["p/agg"], [])
+
+
+def test_dead_letters_are_asked_for_by_a_bounded_count(app: FastAPI) -> None:
+    for limit in (0, -1, 10_001, "many"):
+        answer = as_(app, OPERATOR).get("/pipelines/p/errors", params={"limit": limit})
+        assert answer.status_code == 422 and "limit" in answer.text, (limit, answer.text)
+
+
 def test_a_node_whose_checkpoints_fail_or_stopped_is_flagged_in_the_node_view(
     app: FastAPI,
 ) -> None:

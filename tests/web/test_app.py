@@ -88,7 +88,7 @@ class StandIn:
         return [HopLatency(element="pick", input="src", seq=6, input_seq=8, stored=0.0,
                            latency_ms=345.6)]  # fmt: skip
 
-    def errors(self, name: str) -> list[DeadLetter]:
+    def errors(self, name: str, limit: int = 1000) -> list[DeadLetter]:
         return [DeadLetter(element="pick", seq=4, reason=self.reason, event={"seq": 4})]
 
     def operation(self, name: str, element: str) -> OperationView | None:
