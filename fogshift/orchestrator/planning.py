@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fogshift.contracts import Assignment, PlannedServer, PlanView
 from fogshift.exceptions import InvalidInput
@@ -77,6 +77,21 @@ class FogTopology(BaseModel):
     pe_cpu: float = Field(default=10.0, ge=0)
     nodes: dict[str, NodeCapacity] = Field(default_factory=dict)
     links: tuple[FogLink, ...] = ()
+
+    @model_validator(mode="after")
+    def _links_are_pairs(self) -> FogTopology:
+        """Refuse a link from a node to itself, or a pair linked twice (either way round):
+        accepted and stored before, they failed every plan after."""
+        seen: set[frozenset[str]] = set()
+        for index, link in enumerate(self.links):
+            pair = frozenset((link.a, link.b))
+            if len(pair) == 1 or pair in seen:
+                raise ValueError(
+                    f"link {index} ({link.a}-{link.b}) "
+                    + ("links a node to itself" if len(pair) == 1 else "links a pair twice")
+                )
+            seen.add(pair)
+        return self
 
     @classmethod
     def load(cls, path: Path) -> FogTopology:

@@ -134,9 +134,10 @@ class Orchestrator:
         path = f"/pipelines/{name}/latency"
         return _listed(HopLatency, self.client.get(path), f"GET {path}")
 
-    def errors(self, name: str) -> list[DeadLetter]:
+    def errors(self, name: str, limit: int = 1000) -> list[DeadLetter]:
+        """Each PE's newest ``limit`` dead letters."""
         path = f"/pipelines/{name}/errors"
-        return _listed(DeadLetter, self.client.get(path), f"GET {path}")
+        return _listed(DeadLetter, self.client.get(path, params={"limit": limit}), f"GET {path}")
 
     def twin_state(
         self, name: str, element: str, kind: str, limit: int = 50

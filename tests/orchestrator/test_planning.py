@@ -101,6 +101,9 @@ def test_nearest_copy_first_and_central_last_on_a_tie() -> None:
         ("links: [{a: x, b: y, bandwidth: .inf}]", "links.0.bandwidth"),
         ("default_cpu: .nan", "default_cpu"),
         ("nodes: {fog-a: {cpu: .inf}}", "nodes.fog-a.cpu"),
+        # (Stored, then every plan failed until someone uploaded a fixed file.)
+        ("links: [{a: x, b: x, bandwidth: 10}]", "links a node to itself"),
+        ("links: [{a: x, b: y, bandwidth: 10}, {a: y, b: x, bandwidth: 5}]", "a pair twice"),
     ],
 )
 def test_bad_fog_topologies_are_refused_with_the_field(text: str, needle: str) -> None:
