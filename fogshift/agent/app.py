@@ -41,6 +41,7 @@ from fogshift.common.service import (
     LengthQuery,
     NameParam,
     OffsetQuery,
+    PauseTimeoutQuery,
     RelPathParam,
     SnapshotParam,
     StateKeyQuery,
@@ -256,7 +257,9 @@ def create_app(config: AgentConfig) -> FastAPI:
         return runtime.remove(pipeline, element, discard)
 
     @app.post("/pipelines/{pipeline}/elements/{element}/pause")
-    def pause(pipeline: NameParam, element: NameParam, timeout_s: float = 60.0) -> ElementProgress:
+    def pause(
+        pipeline: NameParam, element: NameParam, timeout_s: PauseTimeoutQuery = 60.0
+    ) -> ElementProgress:
         return runtime.pause(pipeline, element, timeout_s)
 
     @app.post("/pipelines/{pipeline}/elements/{element}/resume")

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fogshift.common.exceptions import InvalidName
 from fogshift.common.http import error_body, same_token
@@ -53,6 +54,9 @@ StateKeyQuery = Annotated[str | None, Query(max_length=1024)]
 StateLimitQuery = Annotated[int, Query(ge=1, le=100_000)]
 #: A byte range of a checkpoint file (``GET .../snapshots/{id}/files/{path}``).
 OffsetQuery = Annotated[int | None, Query(ge=0)]
+#: How long a pause may wait for its batch to end (a NaN gave up at once, an inf held a
+#: worker thread for good).
+PauseTimeoutQuery = Annotated[float, Query(gt=0, le=3600, allow_inf_nan=False)]
 LengthQuery = Annotated[int | None, Query(ge=1)]
 
 # -- query parameters of ``GET .../elements/{element}/events`` (orchestrator) -------------
@@ -206,8 +210,26 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
                 hint="names are letters, digits, '_' and '-'; a path may not leave its folder",
             )
         else:
-            err = InvalidInput(message, received=received)
+            err = InvalidInput(
+                message,
+                expected=str(first.get("msg", "")) or None,
+                received=received,
+                hint="the schema (GET /openapi.json, or /docs) gives every parameter and body",
+            )
         return JSONResponse(err.to_dict(), status_code=err.http_status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def no_route(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # No such route, or not with this method: answered in fogshift's form (code,
+        # message, hint) like every other refusal, not as Starlette's bare {"detail"}.
+        what = f"{request.method} {request.url.path}"
+        schema = "the schema (GET /openapi.json, or /docs)"
+        err: FogshiftError
+        if exc.status_code == 404:
+            err = NotFound(f"no endpoint {what}", hint=f"{schema} lists the endpoints")
+        else:
+            err = FogshiftError(f"{what}: {exc.detail}", hint=f"{schema} gives their methods")
+        return JSONResponse(err.to_dict(), status_code=exc.status_code)
 
 
 #: The error answers every endpoint may give, for the OpenAPI schema (``responses=``).

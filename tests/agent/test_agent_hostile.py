@@ -382,3 +382,25 @@ def test_a_shipped_archive_with_members_outside_writes_nothing_there(home: Path)
     assert not (home / "planted").exists() and not (home / "nodes" / "planted").exists()
     assert not Path("/tmp/fogshift-planted").exists()
     assert intact(home)
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "0", "-1", "1e9"])
+def test_a_pause_that_would_never_wait_or_never_end_is_refused(home: Path, timeout: str) -> None:
+    # A NaN gave up at once; an inf held one of the agent's worker threads for good.
+    app = create_app(config(home))
+    answer = client(app, OPERATOR).post("/pipelines/p/elements/agg/pause",
+                                        params={"timeout_s": timeout})  # fmt: skip
+    assert answer.status_code == 422 and "timeout_s" in answer.json()["message"], answer.text
+
+
+def test_a_request_no_route_takes_is_answered_in_fogshifts_form(home: Path) -> None:
+    # Starlette's bare {"detail": "Not Found"} left the CLI with "answered HTTP 404".
+    app = create_app(config(home))
+    missing = client(app, OPERATOR).get("/no/such/route")
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found", missing.text
+    assert "GET /no/such/route" in missing.json()["message"] and missing.json()["hint"]
+    wrong = client(app, OPERATOR).delete("/health")
+    assert wrong.status_code == 405 and "DELETE /health" in wrong.json()["message"], wrong.text
+    bad = client(app, OPERATOR).post("/pipelines/p/elements/agg/pause",
+                                     params={"timeout_s": "soon"})  # fmt: skip
+    assert bad.json()["expected"] and bad.json()["hint"], bad.text
