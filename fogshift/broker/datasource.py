@@ -1069,10 +1069,11 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
         # (An error, or no answer, fails the batch; Spark runs it again.)
         stream = stream_name(pipeline, source)
         apart = state_subject(pipeline, source, state["to"])
-        parts = [
-            await _stored(js, stream, apart, await asyncio.wait_for(w, STATE_ACK_S), body)
-            for w, body in zip(futures, bodies, strict=True)
-        ]
+        got = [await asyncio.wait_for(w, STATE_ACK_S) for w in futures]
+        # (Checked at once: a retried batch finds every part a repeat.)
+        parts = list(await asyncio.gather(*(
+            _stored(js, stream, apart, ack, body) for ack, body in zip(got, bodies, strict=True)
+        )))  # fmt: skip
         payload = state_payload(
             move,
             state["element"],
@@ -1090,8 +1091,9 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
         sent = await js.publish_async(subject, payload, stream=stream,
                                       headers={"Nats-Msg-Id": msg_id})  # fmt: skip
         acks.append((sent, stream, subject, payload))
-    for sent, stream, subject, payload in acks:
-        await _stored(js, stream, subject, await asyncio.wait_for(sent, STATE_ACK_S), payload)
+    done = [(await asyncio.wait_for(sent, STATE_ACK_S), *rest) for sent, *rest in acks]
+    await asyncio.gather(*(_stored(js, stream, subject, ack, payload)
+                           for ack, stream, subject, payload in done))  # fmt: skip
 
 
 async def _stored(js: Any, stream: str, subject: str, ack: Any, body: bytes) -> int:

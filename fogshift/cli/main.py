@@ -328,7 +328,7 @@ def _status_table(pipelines: list[PipelineStatus]) -> None:
         for column in columns:
             table.add_column(column)
         for e in pipeline.elements:
-            state = e.state if not e.error else f"{e.state}: {e.error[:60]}"
+            state = e.state if not e.error else f"{e.state}: {e.error[:60]}"  # (a _plain cell)
             kind = e.kind
             if e.partition_of is not None:
                 kind += f" ({e.partition_of}, p{e.partition} of {e.partitions})"
@@ -381,9 +381,9 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     console.print(table)
     for n in data:
         for warning in n.warnings:
-            console.print(f"[yellow]warning[/] {n.name}: {warning}")
+            console.print(f"[yellow]warning[/] {n.name}: {escape(warning)}")
     for warning in health.warnings:
-        console.print(f"[yellow]warning[/] orchestrator: {warning}")
+        console.print(f"[yellow]warning[/] orchestrator: {escape(warning)}")
 
 
 def _plain(*cells: str) -> list[Text]:
@@ -460,7 +460,7 @@ def state(
         table.add_row(*_plain("-" if entry.key is None else entry.key, text[:200]))
     console.print(table)
     if key is not None and not data.entries:
-        console.print(f"no state for key {key!r} (it has had no valid event yet)")
+        console.print(f"no state for key {escape(repr(key))} (it has had no valid event yet)")
 
 
 @app.command()
@@ -492,7 +492,8 @@ def events(
         table.add_row(*_plain(str(event.seq), str(event.epoch), event.creator, text[:160]))
     console.print(table)
     if not data.events:
-        console.print("no events" + (f" of key {key!r}" if key is not None else "") + " there")
+        console.print("no events" + (f" of key {escape(repr(key))}" if key is not None else "")
+                      + " there")  # fmt: skip
 
 
 @app.command()
@@ -749,7 +750,7 @@ def migrate(
         f"downtime {report.downtime_ms} ms"
     )
     for warning in report.warnings:
-        console.print(f"[yellow]warning[/]: {warning}")
+        console.print(f"[yellow]warning[/]: {escape(warning)}")
 
 
 def _post(
@@ -800,9 +801,11 @@ def _migrate_keys(
                 + ", ".join(f"{len(w.keys)} keys at {w.seq}" for w in report.waves)
             )
         if report.left:
-            console.print(f"not moved (no wave for them): {', '.join(report.left)}")
+            console.print(f"not moved (no wave for them): {escape(', '.join(report.left))}")
         if report.already:
-            console.print(f"already on {report.target_partition}: {', '.join(report.already)}")
+            console.print(
+                f"already on {report.target_partition}: {escape(', '.join(report.already))}"
+            )
         _key_outcome(
             report.status,
             f"{len(report.keys)} keys"
@@ -933,7 +936,7 @@ def restore(
         _print_json(report)
         return
     for attempt in report.attempts:
-        console.print(f"[yellow]attempt on {attempt.node} failed[/]: {attempt.error}")
+        console.print(f"[yellow]attempt on {attempt.node} failed[/]: {escape(attempt.error)}")
     if report.method == RestoreMethod.STANDBY:
         console.print(
             f"[green]restored[/] {pipeline}/{element} on {report.target} (epoch "

@@ -228,8 +228,9 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
         if exc.status_code == 404:
             err = NotFound(f"no endpoint {what}", hint=f"{schema} lists the endpoints")
         else:
-            err = FogshiftError(f"{what}: {exc.detail}", hint=f"{schema} gives their methods")
-        return JSONResponse(err.to_dict(), status_code=exc.status_code)
+            err = InvalidInput(f"{what}: {exc.detail}", hint=f"{schema} gives their methods")
+        # (A 405's Allow header names the methods the path takes.)
+        return JSONResponse(err.to_dict(), status_code=exc.status_code, headers=exc.headers)
 
 
 #: The error answers every endpoint may give, for the OpenAPI schema (``responses=``).

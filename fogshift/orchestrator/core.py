@@ -126,7 +126,10 @@ class OrchestratorCore:
         and one bad entry would fail them all (``GET /nodes`` answered 422 for good)."""
 
         def named(entry: ElementInfo | ReplicaInfo) -> bool:
-            return bool(NAME_PATTERN.match(entry.pipeline) and NAME_PATTERN.match(entry.element))
+            # (fullmatch: with match, "$" lets a final newline through)
+            return bool(
+                NAME_PATTERN.fullmatch(entry.pipeline) and NAME_PATTERN.fullmatch(entry.element)
+            )
 
         entries: list[ElementInfo | ReplicaInfo] = [*report.elements, *report.replicas]
         bad = [f"{e.pipeline}/{e.element}" for e in entries if not named(e)]

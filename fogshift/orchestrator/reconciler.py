@@ -3,16 +3,19 @@ restarting missing PEs, restoring those of lost nodes, removing strays."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from functools import partial
+
+from nats.js.errors import NotFoundError
 
 from fogshift.contracts import ElementProgress, OperationKind, PEState, PipelineState
 from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.migration.procedure import roll_back as run_rollback
 from fogshift.orchestrator.coordination import Coordination
-from fogshift.orchestrator.registry import Operation
+from fogshift.orchestrator.registry import Operation, PipelineRecord
 from fogshift.orchestrator.scaling import stale_inputs
 from fogshift.spec.models import ElementSpec
 
@@ -155,9 +158,10 @@ class Reconciler(Coordination):
         with self._as_round():
             self.recover_operations()
             self.permissions.sync_quietly(self.registry)
-            self._streams_current()
+            records = self.registry.pipelines()
+            self._streams_current(records)
             pending = {(op.pipeline, op.element) for op in self.registry.unfinished()}
-            for record in self.registry.pipelines():
+            for record in records:
                 for element in record.spec.elements:
                     if (record.name, element.id) in pending:
                         continue
@@ -170,18 +174,19 @@ class Reconciler(Coordination):
                         log.exception("reconciling %s/%s failed", record.name, element.id)
             self._remove_strays(pending)
 
-    def _streams_current(self) -> None:
+    def _streams_current(self, records: list[PipelineRecord]) -> None:
         """Once per pipeline and orchestrator: give the inputs of its partitions whose keys
         move every subject key moves write on. A stream an older fogshift made lacks some
         (``.keys.*`` since 2026-11-29), and a partition's state for a move stored before the
         upgrade could not be sent (its batch failing for good); a fresh deploy makes its
         streams anew, with them all."""
-        for record in self.registry.pipelines():
+        for record in records:
             if record.status != PipelineState.RUNNING or record.name in self._streams_checked:
                 continue
             try:
                 for source in sorted({e.inputs[0] for e in record.spec.elements if e.moves_keys}):
-                    self._key_subjects(record.name, source)
+                    with contextlib.suppress(NotFoundError):  # none: made anew, with them all
+                        self._key_subjects(record.name, source)
             except Exception as exc:  # the broker: next round
                 log.warning("cannot check the key subjects of %s's streams: %r", record.name, exc)
                 continue

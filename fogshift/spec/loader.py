@@ -190,6 +190,31 @@ def _resolved(element: ElementSpec, base_dir: Path) -> ElementSpec:
     return element.model_copy(update={"options": element.options.model_copy(update=paths)})
 
 
+#: Upper bounds of source options, checked where a spec enters (not in the models: a spec
+#: stored by an older fogshift is read back through them, and must still read): a rate near
+#: a float's limit overflowed the pacing's arithmetic within seconds, stopping the source.
+OPTION_BOUNDS = {
+    "rate": 1_000_000.0,  # events a second (0: as fast as it can)
+    "speed": 1_000.0,  # an ecg-source's signal seconds a second (0: unpaced)
+    "max_events_per_batch": 10_000_000,
+}
+
+
+def _check_bounds(spec: PipelineSpec) -> None:
+    """Refuse a source option above :data:`OPTION_BOUNDS`."""
+    for element in spec.elements:
+        for name, most in OPTION_BOUNDS.items():
+            value = element.options.get(name) if element.role == "source" else None
+            if isinstance(value, int | float) and value > most:
+                raise InvalidSpec(
+                    f"element {element.id!r} of pipeline {spec.pipeline!r}: {name} {value} "
+                    "is more than any source takes",
+                    expected=f"{name} at most {most:g}",
+                    received=str(value),
+                    hint="0 means 'as fast as it can' where a rate or speed is asked",
+                )
+
+
 #: How deep a spec's values may nest (a spec's own nesting is a handful of levels; custom
 #: options may add some).
 MAX_SPEC_DEPTH = 32
@@ -254,6 +279,7 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> PipelineSpec:
         spec = PipelineSpec.model_validate(data)
     except ValidationError as exc:
         raise _refusal(exc, data) from None
+    _check_bounds(spec)
     if base_dir is not None:
         elements = tuple(_resolved(element, base_dir) for element in spec.elements)
         spec = spec.model_copy(update={"elements": elements})

@@ -7,8 +7,10 @@ schema a client reads (``GET /openapi.json``, ``/docs``) is the API the CLI pars
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -119,6 +121,7 @@ def test_a_heartbeat_naming_what_no_spec_can_have_does_not_break_the_node_view(
     # GET /nodes answer 422 from then on: fogshift nodes and the dashboard's pages with it.
     beat = {"url": "http://127.0.0.1:8701", "ready": True,
             "elements": [{"pipeline": "<b>../../x", "element": "e"},
+                         {"pipeline": "p\n", "element": "e"},
                          {"pipeline": "p", "element": "agg"}],
             "replicas": [{"pipeline": "p", "element": "../y", "id": "b000000002", "batch": 2,
                           "created": 1.0}]}  # fmt: skip
@@ -130,10 +133,28 @@ def test_a_heartbeat_naming_what_no_spec_can_have_does_not_break_the_node_view(
     assert (view.elements, view.replicas) == (["p/agg"], [])
 
 
-def test_dead_letters_are_asked_for_by_a_bounded_count(app: FastAPI) -> None:
+def test_dead_letters_are_asked_for_by_a_bounded_count_of_each_pes_newest(
+    app: FastAPI, tmp_path: Path
+) -> None:
     for limit in (0, -1, 10_001, "many"):
         answer = as_(app, OPERATOR).get("/pipelines/p/errors", params={"limit": limit})
         assert answer.status_code == 422 and "limit" in answer.text, (limit, answer.text)
+    # Each PE's newest: 1,500 dead letters of the source's no longer hide the aggregate's
+    # three, nor its newest behind its oldest. (The broker stood in for: its reads by PE.)
+    orch = app.state.orchestrator
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+    stored = {"source": 1500, "aggregate": 3, "sink": 0}
+
+    def dead(make: Any, timeout: float) -> list[Any]:
+        pe = make.__defaults__[1]  # (Deployment.errors' read: dead(js, stream, pe))
+        return [SimpleNamespace(data=json.dumps({"seq": n, "reason": "r", "body": {}}).encode())
+                for n in range(stored[pe])]  # fmt: skip
+
+    orch.broker.run = dead
+    letters = as_(app, OPERATOR).get("/pipelines/p/errors", params={"limit": 1000}).json()
+    assert [d["seq"] for d in letters if d["element"] == "source"] == list(range(500, 1500))
+    assert [d["seq"] for d in letters if d["element"] == "aggregate"] == [0, 1, 2]
 
 
 def test_a_node_whose_checkpoints_fail_or_stopped_is_flagged_in_the_node_view(

@@ -150,7 +150,7 @@ def test_the_input_of_partitions_gets_the_key_state_subjects_an_older_fogshift_l
     orch = Orchestrator(config)
     try:
         orch.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
-        orch._streams_current()
+        orch._streams_current(orch.registry.pipelines())
         info = admin.run(lambda js: js.stream_info(stream))
         assert new in info.config.subjects
         assert "old" in orch._streams_checked

@@ -209,7 +209,7 @@ def test_a_sink_may_not_write_another_sinks_exactly_once_marker(tmp_path: Path) 
     [
         (("elements", 0, "options", "rate"), float("inf"), "not a finite number"),
         (("elements", 0, "options", "rate"), float("nan"), "not a finite number"),
-        (("elements", 0, "options", "rate"), 1e308, "less than or equal"),
+        (("elements", 0, "options", "rate"), 1e308, "more than any source takes"),
         (("recovery",), {"detect_after_s": float("inf")}, "not a finite number"),
         (("elements", 1, "options", "field"), "val\x00ue", "NUL character"),
         (("elements", 0, "options", "path"), "in\x00.csv", "NUL character"),
