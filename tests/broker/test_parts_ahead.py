@@ -19,7 +19,7 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, subject_count
 from fogshift.broker.datasource import JetStreamPartition, JetStreamReader, Range, positions_of
-from fogshift.broker.keys import CONTROL_FIELD, KEY_STATE, state_parts, state_payload
+from fogshift.broker.keys import CONTROL_FIELD, KEY_STATE, KeyMove, state_parts, state_payload
 from fogshift.broker.naming import (
     data_subject,
     key_state_subject,
@@ -30,6 +30,7 @@ from fogshift.broker.naming import (
 from fogshift.broker.parts_ahead import PARTS_WAIT_S, PartsAhead
 from fogshift.broker.server import BrokerProcess
 from fogshift.common.waiting import wait_until
+from fogshift.spec.models import partition_of_key
 
 pytestmark = pytest.mark.integration
 _pipelines = (f"parts{n}" for n in itertools.count())
@@ -131,8 +132,11 @@ def test_a_batch_with_parts_fetched_ahead_reads_what_one_reading_them_itself_rea
         start = reader.initialOffset()
         reader.latestOffset(start, ReadMaxRows(10_000))  # the planner starts reading ahead
         state = big_state(7)
-        parts = src.state("a", 1, state)
-        src.event("a")
+        # Partition 0's key moves to partition 1 here: its state comes from partition 0.
+        key = next(k for k in "bcdefgh" if partition_of_key(k, 2) == 0)
+        src.publish(keys_subject(src.pipeline, "src"), KeyMove(0, "m1", "pe", (key,), 1).payload())
+        parts = src.state(key, 1, state)
+        src.event(key)
         wait_until(lambda: reader._parts_ahead is not None and reader._parts_ahead.held() == parts,
                    30, describe="the planner holds the parts")  # fmt: skip
         end = reader.latestOffset(start, ReadMaxRows(10_000))
