@@ -11,6 +11,7 @@ and a hint, as the CLI prints them.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
@@ -218,6 +219,11 @@ class DashboardConfig:
     interval_s: float = 1.0
     window_s: float = 600.0
     allowed_hosts: tuple[str, ...] = LOOPBACK_NAMES
+
+
+def _finite(value: object) -> bool:
+    """Whether ``value`` is a finite number (not a bool, not a text)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def create_app(orchestrator: Orchestrator, sessions: Sessions, config: DashboardConfig) -> FastAPI:
@@ -455,7 +461,10 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         if classify is None:
             return []
         page_ = orchestrator.events(name, classify.element, patient, ECG_ALARM_TAIL, 50)
-        return [e.body for e in page_.events if isinstance(e.body, dict)]
+        # (An alarm is shown at its time: one without a number there is not an alarm the
+        # view can place; it failed the page and its fragment with it.)
+        return [e.body for e in page_.events
+                if isinstance(e.body, dict) and _finite(e.body.get("t"))]  # fmt: skip
 
     @app.get("/pipelines/{name}/ecg", response_class=HTMLResponse)
     def ecg_page(request: Request, name: NameParam, patient: StateKeyQuery = None) -> Response:
@@ -488,8 +497,13 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         y: list[float] = []
         for event in windows.events:
             body = event.body
-            if not isinstance(body, dict) or not isinstance(body.get("samples"), list):
-                continue
+            if (
+                not isinstance(body, dict)
+                or not isinstance(body.get("samples"), list)
+                or not all(_finite(v) for v in (body.get("t"), body.get("fs"), *body["samples"]))
+                or body["fs"] <= 0
+            ):
+                continue  # (not a window of signal: a zero rate or a text failed the chart)
             start, fs = float(body["t"]), float(body["fs"])
             t.extend(start + i / fs for i in range(len(body["samples"])))
             y.extend(body["samples"])
@@ -497,7 +511,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             first = next(i for i, x in enumerate(t) if x >= t[-1] - ECG_SECONDS)
             t, y = t[first:], y[first:]
         marks = [{"t": a["t"], "kind": str(a.get("class")), "text": str(a.get("class"))}
-                 for a in alarms_of(name, classify, patient) if "t" in a]  # fmt: skip
+                 for a in alarms_of(name, classify, patient)]  # fmt: skip
         return {"t": t, "y": y, "marks": marks}
 
     @app.get("/nodes", response_class=HTMLResponse)

@@ -94,6 +94,9 @@ class StandIn:
     def operation(self, name: str, element: str) -> OperationView | None:
         return None
 
+    #: Put bodies the ECG view cannot place among the ECG pipeline's events.
+    malformed = False
+
     def events(self, name: str, element: str, key: str | None, tail: int, limit: int) -> EventPage:
         """The ECG pipeline's streams: 30 s of two patients' half-second windows at 4 Hz
         (the band-pass), and one alarm of p02 (the classifier)."""
@@ -101,8 +104,15 @@ class StandIn:
         if element == "band":
             bodies = [{"patient": who, "t": w / 2, "fs": 4, "samples": [w + 0.0, w + 0.5]}
                       for w in range(60) for who in ("p01", "p02")]  # fmt: skip
+            if self.malformed:  # a custom stage's windows the chart cannot place
+                odd = [{"t": 0.0, "fs": 0}, {"t": "soon", "fs": 4}]
+                bodies[:0] = [{"patient": "p02", "samples": [1.0], **o} for o in odd]
         else:
             bodies = [{"patient": "p02", "t": 12.5, "class": "abnormal", "confidence": 0.93}]
+            if self.malformed:  # alarms a custom classifier emitted without a time
+                bodies[:0] = [{"patient": "p02", "t": "12.5", "class": "x"},
+                              {"patient": "p02", "class": "y"},
+                              {"patient": "p02", "t": float("nan"), "class": "z"}]  # fmt: skip
         chosen = [b for b in bodies if key is None or b["patient"] == key][-tail:]
         return EventPage(
             pipeline=name, element=element, key=key, scanned_after=0, scanned_to=len(bodies),
@@ -463,6 +473,16 @@ def test_the_ecg_view_draws_a_patients_newest_signal_and_lists_their_alarms(
     # Only that patient's windows and alarms were asked for.
     assert ("events", "ecg", "band", "p02") in stand_in.actions
     assert ("events", "ecg", "cls", "p02") in stand_in.actions
+    # Bodies it cannot place (a text or no time, a zero rate) are left out: before, the page,
+    # its alarm fragment and the chart's series each failed with a 500.
+    stand_in.malformed = True
+    again = web.get("/pipelines/ecg/ecg", params={"patient": "p02"})
+    assert again.status_code == 200 and "<td>abnormal</td>" in again.text
+    assert "<td>x</td>" not in again.text and "<td>y</td>" not in again.text
+    fragment = web.get("/fragments/pipelines/ecg/ecg", params={"patient": "p02"})
+    assert fragment.status_code == 200, fragment.text
+    assert web.get("/api/pipelines/ecg/ecg", params={"patient": "p02"}).json() == series
+    stand_in.malformed = False
     # A pipeline without an ECG is refused with what the view needs.
     refused = web.get("/pipelines/p/ecg")
     assert refused.status_code == 404 and "a bandpass element" in refused.text
