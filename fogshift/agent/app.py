@@ -35,6 +35,7 @@ from fogshift.checkpoint.chunks import file_chunks
 from fogshift.common.exceptions import Forbidden
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import blob_token, client_limits, node_token, same_token, tls_context
+from fogshift.common.names import SHA256_RE
 from fogshift.common.service import (
     ERROR_RESPONSES,
     Access,
@@ -363,8 +364,17 @@ def create_app(config: AgentConfig) -> FastAPI:
     async def put_checkpoint(
         pipeline: NameParam, element: NameParam, request: Request
     ) -> InstalledCheckpoint:
-        data = await request.body()
         digest = request.headers.get(SHA_HEADER, "")
+        if not re.fullmatch(SHA256_RE, digest):
+            # A request without the archive's digest cannot be checked: the caller's mistake
+            # (a 422), not a copy torn in transit (a 500 the orchestrator would retry).
+            raise InvalidInput(
+                f"a checkpoint of {pipeline}/{element} sent without its digest",
+                expected=f"header {SHA_HEADER}: the archive's sha256 (64 hex digits)",
+                received=repr(digest[:80]),
+                hint="send the archive `fogshift.checkpoint` packs with its sha256",
+            )
+        data = await request.body()
         await run_in_threadpool(replicas.install_packed, pipeline, element, data, digest)
         return InstalledCheckpoint(installed_bytes=len(data))
 

@@ -405,3 +405,16 @@ def test_a_request_no_route_takes_is_answered_in_fogshifts_form(home: Path) -> N
     bad = client(app, OPERATOR).post("/pipelines/p/elements/agg/pause",
                                      params={"timeout_s": "soon"})  # fmt: skip
     assert bad.json()["expected"] and bad.json()["hint"], bad.text
+
+
+def test_a_checkpoint_sent_without_its_digest_is_refused_as_the_callers_mistake(
+    home: Path,
+) -> None:
+    # Answered 500 "changed in transit" (a torn copy, which a sender sends again) before.
+    app = create_app(config(home))
+    for headers in ({}, {"X-Fogshift-Sha256": "abc"}):
+        answer = client(app, OPERATOR).put("/pipelines/p/elements/agg/checkpoint",
+                                           content=b"archive", headers=headers)  # fmt: skip
+        assert answer.status_code == 422 and answer.json()["code"] == "invalid", answer.text
+        assert "sha256" in answer.json()["expected"] and answer.json()["hint"]
+    assert intact(home)
