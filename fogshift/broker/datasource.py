@@ -805,14 +805,31 @@ class JetStreamReader(DataSourceStreamReader):
         items = [read_message(self.pipeline, rng.input, m.subject, m.seq, m.data) for m in keys]
         if any(isinstance(i, KeyMove | KeyCopy) and i.element == of for i in items):
             self._parts_ahead.wake()  # states may come: their parts are read at once
-        named = [
-            seq
-            for item in items
-            if isinstance(item, KeyState)
-            and item.element == of and item.to == index and item.addressed
-            for seq in item.parts
-        ]  # fmt: skip
+        owners = self._owners_before(client, rng)
+        named: list[int] = []
+        for item in items:  # (a forged state's parts are not waited for)
+            if item is None or item.element != of:
+                continue
+            if isinstance(item, KeyMove):
+                owners.apply(item)
+            elif isinstance(item, KeyCopy):
+                owners.request(item)
+            elif item.to == index and item.addressed and owners.sent_by_owner(item):
+                named.extend(item.parts)
         return JetStreamPartition([[rng]], keys=keys, parts=self._parts_ahead.take(named))
+
+    def _owners_before(self, client: SyncJetStream, rng: Range) -> Ownership:
+        """Who owns each key of this partition's element where ``rng`` starts, and who must
+        send the states of the moves and copies stored before it: those replayed."""
+        assert self.partition is not None
+        of, _, count = self.partition
+        owners = Ownership(count)
+        for earlier in _moves_until(client, self.pipeline, rng.input, of, rng.start, self.epoch):
+            if isinstance(earlier, KeyMove):
+                owners.apply(earlier)
+            else:
+                owners.request(earlier)
+        return owners
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, JetStreamPartition)
@@ -892,14 +909,9 @@ class JetStreamReader(DataSourceStreamReader):
         parts of the key states they name, by sequence, fetched ahead (the others are read
         here)."""
         assert self.partition is not None
-        of, index, count = self.partition
+        of, index, _ = self.partition
         stream = stream_name(self.pipeline, rng.input)
-        owners = Ownership(count)
-        for earlier in _moves_until(client, self.pipeline, rng.input, of, rng.start, self.epoch):
-            if isinstance(earlier, KeyMove):
-                owners.apply(earlier)
-            else:
-                owners.request(earlier)
+        owners = self._owners_before(client, rng)
 
         def fetch(subject: str) -> Any:
             return client.run(

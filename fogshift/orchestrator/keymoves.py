@@ -593,6 +593,9 @@ class KeyMoves(Standbys):
         the input ``source``) is stored, or ``deadline``. (The requests of one precopy share
         its id: states of a later request's keys may come meanwhile, and do not count.)
 
+        Only a state its key's owner sent counts (the one the target takes): a state from
+        another partition is forged, and would end the wait while the key still waits.
+
         Returns:
             Each key's state message and its size (a large state's parts included), for
             those stored; and when the move itself was stored (``None`` if not found).
@@ -602,6 +605,7 @@ class KeyMoves(Standbys):
         states: dict[str, tuple[Any, int]] = {}
         moved_at = None
         after = at - 1
+        senders: Ownership | None = None  # read once a state comes (the move is stored)
         while True:
 
             async def read(js: Any, start: int = after) -> Any:
@@ -613,6 +617,11 @@ class KeyMoves(Standbys):
                 if isinstance(item, KeyMove) and item.move == move:
                     moved_at = message.stored_at
                 elif isinstance(item, KeyState) and item.move == move and item.key in wanted:
+                    if item.origin is not None:
+                        senders = senders or self._ownership(pipeline, source, item.element)
+                        if not senders.sent_by_owner(item):
+                            after = max(after, message.seq)
+                            continue
                     states.setdefault(item.key, (message, len(message.data) + item.size))
                 after = max(after, message.seq)
             if len(states) >= len(keys) or time.monotonic() >= deadline:
@@ -729,6 +738,14 @@ class KeyMoves(Standbys):
             f"appending the move ({APPEND_TRIES} tries)",
             hint="try again; nothing changed",
         )
+
+    def _ownership(self, pipeline: str, source: str, element_id: str) -> Ownership:
+        """:meth:`_owners` of partitioned element ``element_id`` (its partitions' count at
+        the input's start from its spec)."""
+        parts = [e.partition for e in self.pipeline(pipeline).spec.elements
+                 if e.partition is not None and e.partition.of == element_id]  # fmt: skip
+        count = parts[0].first_count if parts else 1
+        return self._owners(pipeline, source, element_id, count)
 
     def _owners(self, pipeline: str, source: str, element_id: str, count: int) -> Ownership:
         """Who owns each key now: the key moves stored so far, replayed."""

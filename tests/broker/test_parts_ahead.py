@@ -19,7 +19,15 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, subject_count
 from fogshift.broker.datasource import JetStreamPartition, JetStreamReader, Range, positions_of
-from fogshift.broker.keys import CONTROL_FIELD, KEY_STATE, KeyMove, state_parts, state_payload
+from fogshift.broker.keys import (
+    CONTROL_FIELD,
+    KEY_STATE,
+    KeyCopy,
+    KeyMove,
+    Ownership,
+    state_parts,
+    state_payload,
+)
 from fogshift.broker.naming import (
     data_subject,
     key_state_subject,
@@ -176,12 +184,14 @@ def test_a_precopy_sees_the_origin_send_a_requests_copies_by_their_parts(
 ) -> None:
     # keymoves._await_sending: the next request goes in once the parts subject grows (the
     # origin's batch answering this one runs); not if the copies are stored without.
-    from fogshift.broker.keys import KeyCopy
     from fogshift.orchestrator.keymoves import KeyMoves
 
     src = Input(js_client)
     moves: Any = KeyMoves.__new__(KeyMoves)
     moves.broker = js_client
+    owners = Ownership(1)  # (the registry's part: partition 0 owns "a" and sends its copy)
+    owners.request(KeyCopy(0, "c1", "pe", ("a",), 1))
+    moves._ownership = lambda *args: owners
     parts = (src.stream, state_subject(src.pipeline, "src", 1))
     at = src.publish(keys_subject(src.pipeline, "src"),
                      KeyCopy(0, "c1", "pe", ("a",), 1).payload())  # fmt: skip
@@ -200,3 +210,36 @@ def test_a_precopy_sees_the_origin_send_a_requests_copies_by_their_parts(
     assert not moves._await_sending(src.pipeline, "src", "c1", at, ["a"], parts, now,
                                     time.monotonic() + 30)  # fmt: skip
     assert time.monotonic() - asked < 15
+
+
+def test_the_planner_waits_for_no_part_a_forged_state_names(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # A state from a partition that did not own its key is never installed; the planner
+    # must not wait for the parts it names either (each batch would wait PARTS_WAIT_S).
+    src = Input(js_client)
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    reader = JetStreamReader({
+        "broker": str(broker), "pipeline": src.pipeline, "pe": "pe-p1", "inputs": "src",
+        "epoch": "1", "partition": "pe:1:2", "key_by": "patient",
+    })  # fmt: skip
+    try:
+        start = reader.initialOffset()
+        reader.latestOffset(start, ReadMaxRows(10_000))  # the planner starts reading ahead
+        key = next(k for k in "bcdefgh" if partition_of_key(k, 2) == 0)
+        src.publish(keys_subject(src.pipeline, "src"), KeyMove(0, "m1", "pe", (key,), 1).payload())
+        forged = state_payload("m1", "pe", key, 1, None, [999_998, 999_999], size=10, raw=10)
+        src.publish(key_state_subject(src.pipeline, "src", 1), forged)  # not the owner's
+        src.event(key)
+        asked: list[list[int]] = []
+        assert reader._parts_ahead is not None
+        take = reader._parts_ahead.take
+        reader._parts_ahead.take = lambda seqs, *a: asked.append(list(seqs)) or take(seqs, *a)  # type: ignore[method-assign]
+        end = reader.latestOffset(start, ReadMaxRows(10_000))
+        (planned,) = reader.partitions(start, end)
+        assert isinstance(planned, JetStreamPartition) and planned.keys
+        assert asked == [[]], asked
+        rows = [row for batch in reader.read(planned) for row in batch.to_pylist()]
+        assert [r["creator"] for r in rows if r["creator"] == KEY_STATE] == []
+    finally:
+        reader.stop()

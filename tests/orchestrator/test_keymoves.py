@@ -185,11 +185,40 @@ def test_a_precopy_request_waits_for_its_own_keys_copies_not_a_later_requests() 
             for i, d in enumerate(stored)
         ]
     )
-    moves: Any = SimpleNamespace(broker=broker)
+    owners = Ownership(1)  # every key is partition 0's, which the copies came from
+    owners.request(KeyCopy(10, "c1", "agg", ("k0", "k1", "k2", "k3"), 1))
+    moves: Any = SimpleNamespace(broker=broker, _ownership=lambda *args: owners)
     states, _ = KeyMoves._await_states(moves, "p", "in", "c1", 10, ["k0"], 0.0)
     assert list(states) == ["k0"]
     states, _ = KeyMoves._await_states(moves, "p", "in", "c1", 10, ["k0", "k3"], 0.0)
     assert list(states) == ["k0"]  # k3's copy is not there: not done
+
+
+def test_a_forged_state_does_not_end_the_wait_for_a_keys_state() -> None:
+    # Partition 2 sends a copy of k3, which partition 0 owns: the target skips it, and so
+    # must the wait, or the command would report the key copied (or moved) while it is not.
+    forged = SimpleNamespace(
+        seq=11,
+        stored_at=1.0,
+        subject="fs.p.in.keys.2",
+        data=state_payload("c1", "agg", "k3", 1, {"v": "x"}, copy=True),
+    )
+    real = SimpleNamespace(
+        seq=12,
+        stored_at=1.0,
+        subject="fs.p.in.keys.0",
+        data=state_payload("c1", "agg", "k3", 1, {"v": "y"}, copy=True),
+    )
+    stored = [forged]
+    broker = SimpleNamespace(run=lambda make, timeout=30: list(stored))
+    owners = Ownership(1)
+    owners.request(KeyCopy(10, "c1", "agg", ("k3",), 1))
+    moves: Any = SimpleNamespace(broker=broker, _ownership=lambda *args: owners)
+    states, _ = KeyMoves._await_states(moves, "p", "in", "c1", 10, ["k3"], 0.0)
+    assert states == {}
+    stored.append(real)
+    states, _ = KeyMoves._await_states(moves, "p", "in", "c1", 10, ["k3"], 0.0)
+    assert list(states) == ["k3"] and states["k3"][0] is real
 
 
 def test_a_scale_back_after_waves_to_an_added_partition_rescales_first() -> None:
