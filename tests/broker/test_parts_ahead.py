@@ -126,19 +126,28 @@ def test_a_batch_waits_for_parts_being_read_instead_of_reading_them_again(
     assert time.monotonic() - asked < PARTS_WAIT_S / 2
 
 
-def test_a_batch_with_parts_fetched_ahead_reads_what_one_reading_them_itself_reads(
-    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
-) -> None:
-    src = Input(js_client)
-    src.event("a")
+def partition_one(
+    src: Input, nats_server: BrokerProcess, tmp_path: Path
+) -> tuple[JetStreamReader, Any]:
+    """Partition 1 of ``pe`` (two partitions) reading ``src``, its planner reading ahead;
+    its first offset."""
     broker = nats_server.address.save(tmp_path / "broker.json")
     reader = JetStreamReader({
         "broker": str(broker), "pipeline": src.pipeline, "pe": "pe-p1", "inputs": "src",
         "epoch": "1", "partition": "pe:1:2", "key_by": "patient",
     })  # fmt: skip
+    start = reader.initialOffset()
+    reader.latestOffset(start, ReadMaxRows(10_000))  # the planner starts reading ahead
+    return reader, start
+
+
+def test_a_batch_with_parts_fetched_ahead_reads_what_one_reading_them_itself_reads(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    src = Input(js_client)
+    src.event("a")
+    reader, start = partition_one(src, nats_server, tmp_path)
     try:
-        start = reader.initialOffset()
-        reader.latestOffset(start, ReadMaxRows(10_000))  # the planner starts reading ahead
         state = big_state(7)
         # Partition 0's key moves to partition 1 here: its state comes from partition 0.
         key = next(k for k in "bcdefgh" if partition_of_key(k, 2) == 0)
@@ -218,14 +227,8 @@ def test_the_planner_waits_for_no_part_a_forged_state_names(
     # A state from a partition that did not own its key is never installed; the planner
     # must not wait for the parts it names either (each batch would wait PARTS_WAIT_S).
     src = Input(js_client)
-    broker = nats_server.address.save(tmp_path / "broker.json")
-    reader = JetStreamReader({
-        "broker": str(broker), "pipeline": src.pipeline, "pe": "pe-p1", "inputs": "src",
-        "epoch": "1", "partition": "pe:1:2", "key_by": "patient",
-    })  # fmt: skip
+    reader, start = partition_one(src, nats_server, tmp_path)
     try:
-        start = reader.initialOffset()
-        reader.latestOffset(start, ReadMaxRows(10_000))  # the planner starts reading ahead
         key = next(k for k in "bcdefgh" if partition_of_key(k, 2) == 0)
         src.publish(keys_subject(src.pipeline, "src"), KeyMove(0, "m1", "pe", (key,), 1).payload())
         forged = state_payload("m1", "pe", key, 1, None, [999_998, 999_999], size=10, raw=10)
