@@ -7,7 +7,6 @@ import logging
 import shutil
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from fogshift.broker.client import (
@@ -48,7 +47,13 @@ from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPi
 from fogshift.orchestrator.journal import Journal
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.spec.exceptions import InvalidSpec
-from fogshift.spec.loader import check_fresh, output_file, parse_spec, validate_spec
+from fogshift.spec.loader import (
+    check_fresh,
+    input_file,
+    output_file,
+    parse_spec,
+    validate_spec,
+)
 from fogshift.spec.models import ElementSpec, PipelineSpec, partition_of_key
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -290,8 +295,8 @@ class Deployment(Journal):
             ):  # fmt: skip
                 continue
             for element in other.spec.elements:
-                read = element.options.get("path") if element.role == "source" else None
-                if isinstance(read, str) and (key := str(Path(read).resolve())) in mine:
+                key = input_file(element)
+                if key is not None and key in mine:
                     raise InvalidSpec(
                         f"sink {mine[key]!r} of pipeline {spec.pipeline!r} writes {key!r}, "
                         f"which source {element.id!r} of running pipeline {other.name!r} reads",

@@ -472,6 +472,13 @@ def output_file(element: ElementSpec) -> str | None:
     return str(Path(path).resolve()) if element.role == "sink" and isinstance(path, str) else None
 
 
+def input_file(element: ElementSpec) -> str | None:
+    """The file a source reads (resolved, as :func:`output_file`), ``None`` for any other
+    PE (an ``ecg-source`` reads none)."""
+    path = element.options.get("path")
+    return str(Path(path).resolve()) if element.role == "source" and isinstance(path, str) else None
+
+
 def _check_single_writer_files(spec: PipelineSpec) -> None:
     """Refuse shapes whose output could not be exactly-once: two sinks appending to one file
     (their exactly-once markers would overwrite each other), or a source reading a file a sink
@@ -503,16 +510,15 @@ def _check_single_writer_files(spec: PipelineSpec) -> None:
         writers[key] = element.id
     for element in spec.elements:
         path = element.options.get("path")
-        if element.role == "source" and isinstance(path, str):
-            key = str(Path(path).resolve())
-            if key in writers:
-                raise InvalidSpec(
-                    f"source {element.id!r} of pipeline {spec.pipeline!r} reads {path!r}, "
-                    f"which sink {writers[key]!r} writes",
-                    expected="a source file no sink of the pipeline writes",
-                    received=repr(path),
-                    hint="a pipeline is a directed acyclic graph; loops through files are not",
-                )
+        key = input_file(element)
+        if key is not None and key in writers:
+            raise InvalidSpec(
+                f"source {element.id!r} of pipeline {spec.pipeline!r} reads {path!r}, "
+                f"which sink {writers[key]!r} writes",
+                expected="a source file no sink of the pipeline writes",
+                received=repr(path),
+                hint="a pipeline is a directed acyclic graph; loops through files are not",
+            )
 
 
 def load_spec(path: str | Path, nodes: Iterable[str] | None = None) -> PipelineSpec:
