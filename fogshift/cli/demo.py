@@ -148,6 +148,33 @@ def checkpointed(
             time.sleep(0.5)
 
 
+def _input_moved_on(client: ServiceClient, pipeline: str, killed_at: float, until: float) -> bool:
+    """Wait until the pipeline's source has published events after ``killed_at`` (a
+    ``time.monotonic()`` instant); False if ``until`` came first.
+
+    The source's count comes from its node's heartbeats: the first count taken from a
+    heartbeat sent after the kill may still lack the batch the source was publishing at the
+    kill, so the count must grow twice from there. The second growth is a batch that began
+    after the kill (a source's batches run one after another).
+    """
+    counts: list[int] = []
+    while time.monotonic() < until:
+        asked = time.monotonic()
+        nodes = {n["name"]: n for n in client.get("/nodes")}
+        # Read after the nodes: the heartbeat behind the count is no older than theirs.
+        status = client.get(f"/pipelines/{pipeline}")
+        source = next(e for e in status["elements"] if e["kind"] == "csv-source")
+        node = nodes.get(source["node"])
+        if node is not None and asked - float(node["last_seen_s"]) > killed_at:
+            count = int(source["events_out"])
+            if not counts or count > counts[-1]:
+                counts.append(count)
+            if len(counts) >= 3:
+                return True
+        time.sleep(0.2)
+    return False
+
+
 def _kill_and_restore(
     client: ServiceClient,
     pipeline: str,
@@ -156,12 +183,15 @@ def _kill_and_restore(
     source_rows: int,
     console: Console,
     deadline: float,
+    detect_after_s: float,
 ) -> tuple[dict, str]:
     """Kill the node hosting ``element`` while its input flows; restore the PE.
 
     The kill waits for a central checkpoint of the PE and for the PE to have processed two
     windows of input beyond it (by its node-level checkpoints, which run ahead of the central
-    ones): the restore then has events to reprocess, whatever the timing.
+    ones): the restore then has events to reprocess, whatever the timing. While the input
+    still flows, the restore waits for the source to publish events after the kill, as a
+    restore after a real loss would: it then has intermediate events too.
 
     Returns:
         The restore's report and the name of the node killed.
@@ -169,6 +199,7 @@ def _kill_and_restore(
     status, host, central = checkpointed(client, pipeline, element, 2 * window, console, deadline)
     key = f"{pipeline}/{element}"
     cluster_ops.kill_group(int(host["pgid"]), signal.SIGKILL)
+    killed_at = time.monotonic()
     source = next(e for e in status["elements"] if e["kind"] == "csv-source")
     read = int(source["events_out"]) + int(source["dead_letters"])  # malformed rows too
     flow = (
@@ -186,6 +217,13 @@ def _kill_and_restore(
             else "none (it replays its input from the start)"
         )
     )
+    if read < source_rows:
+        # A node's loss is noticed seconds after it happens; restoring at once, before the
+        # input has moved on, would leave the restore no intermediate events to show.
+        # Within half the silence the orchestrator allows: it restores a lost node's PEs itself.
+        until = min(deadline, killed_at + detect_after_s / 2)
+        with console.status("waiting for input the killed node never saw"):
+            _input_moved_on(client, pipeline, killed_at, until)
     report: dict = client.post(f"/pipelines/{pipeline}/elements/{element}/restore", json={})
     console.print(
         f"restored [bold]{element}[/] on {report['target']} (epoch {report['epoch']}): "
@@ -235,8 +273,9 @@ def _run(
             source_rows = sum(1 for line in rows if line.strip()) - 1  # less the header
         # The kill comes first: a migration's warm-up can take longer than the input lasts.
         restored, killed = _kill_and_restore(
-            client, spec.pipeline, aggregate, int(agg["window"]), source_rows, console, deadline
-        )
+            client, spec.pipeline, aggregate, int(agg["window"]), source_rows, console, deadline,
+            spec.recovery.detect_after_s,
+        )  # fmt: skip
         if migrate_to is None:
             # Not the killed node: the orchestrator still calls it healthy until its heartbeats
             # have been missing for node_timeout_s, and a restore can be quicker than that.

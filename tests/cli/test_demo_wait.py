@@ -1,0 +1,51 @@
+"""The demo's wait for input a killed node never saw, on scripted orchestrator answers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fogshift.cli import demo
+
+
+class _Scripted:
+    """Answers ``GET /nodes`` and ``GET /pipelines/p`` from (heartbeat age, source count) pairs,
+    one pair per round; the last pair repeats."""
+
+    def __init__(self, rounds: list[tuple[float, int]]) -> None:
+        self.rounds = rounds
+        self.round = 0
+
+    def get(self, path: str) -> object:
+        age, count = self.rounds[min(self.round, len(self.rounds) - 1)]
+        if path == "/nodes":
+            return [{"name": "cloud", "last_seen_s": age}, {"name": "fog-a", "last_seen_s": 0.0}]
+        self.round += 1  # the status closes a round: it is read after the nodes
+        return {"elements": [
+            {"kind": "csv-source", "node": "cloud", "events_out": count},
+            {"kind": "window-aggregate", "node": "fog-a", "events_out": 0},
+        ]}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo.time, "sleep", lambda _s: None)
+
+
+def test_counts_only_from_heartbeats_after_the_kill_and_two_growths() -> None:
+    killed_at = time.monotonic() - 1.0
+    # Before the kill (heartbeats 1000 s old) the count grows, and must not count; after it,
+    # the first count may lack the batch under way at the kill: 10, then 12 (maybe that
+    # batch), then 15 (a batch begun after the kill).
+    client = _Scripted([(1000.0, 1), (1000.0, 5), (1000.0, 9), (0.0, 10), (0.0, 10), (0.0, 12),
+                        (0.0, 12), (0.0, 15), (0.0, 20)])  # fmt: skip
+    assert demo._input_moved_on(client, "p", killed_at, time.monotonic() + 60)
+    assert client.round == 8  # returned on reading 15, not before
+
+
+def test_gives_up_when_the_input_stands_still() -> None:
+    killed_at = time.monotonic() - 1.0
+    client = _Scripted([(0.0, 10), (0.0, 11)])
+    assert not demo._input_moved_on(client, "p", killed_at, time.monotonic() + 0.3)
+    assert client.round > 2
