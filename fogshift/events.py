@@ -172,6 +172,7 @@ def fit_dead_letter(
     return body[: _fitting_prefix(body, limit - fixed)] + note, reason
 
 
-def message_id(pipeline: str, pe: str, origin: int, index: int) -> str:
-    """The broker message id of output ``index`` derived from input position ``origin``."""
-    return f"{pipeline}/{pe}/{origin}.{index}"
+def message_id(pipeline: str, pe: str, origin: int, index: int, nonce: str = "") -> str:
+    """The broker message id of output ``index`` derived from input position ``origin``,
+    in the append ``nonce`` names (see :func:`fogshift.broker.publish.publish_records`)."""
+    return f"{pipeline}/{pe}/{origin}.{index}" + (f"/{nonce}" if nonce else "")

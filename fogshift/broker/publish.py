@@ -330,11 +330,13 @@ class _Message:
     position: tuple[int, int]
 
 
-def _record_message(pipeline: str, pe: str, epoch: int, record: Record) -> _Message:
-    """The subject, payload and headers of one record's append."""
+def _record_message(
+    pipeline: str, pe: str, epoch: int, record: Record, nonce: str = ""
+) -> _Message:
+    """The subject, payload and headers of one record's append (``nonce``: its call's)."""
     payload = record_payload(record.seq, record.timestamp, record.creator, record.body, record.dead)
     headers = {
-        MSG_ID_HEADER: message_id(pipeline, pe, record.origin, record.index),
+        MSG_ID_HEADER: message_id(pipeline, pe, record.origin, record.index, nonce),
         ORIGIN_HEADER: str(record.origin),
         INDEX_HEADER: str(record.index),
         EPOCH_HEADER: str(epoch),
@@ -501,6 +503,12 @@ async def publish_records(
     """
     stream = stream_name(pipeline, pe)
     ordered: list[Record] | None = None
+    # The message ids name this call: a resend within it (an answer lost) is the broker's
+    # duplicate, and nobody can store an id first. Every node reading the input may publish
+    # in its stream (key states), and ids known ahead let it make the broker refuse each
+    # append as a repeat (an atomic batch) or drop it as one (a record at a time). Across
+    # calls the expected last sequence and the positions keep appends exactly once.
+    nonce = uuid.uuid4().hex[:16]
     tail = _known_tails.take(js, stream, epoch)
     remembered = tail is not None
     appended = 0
@@ -513,7 +521,7 @@ async def publish_records(
             ordered = sorted(records, key=lambda r: r.position)
         try:
             count, left = await _append_after(
-                js, pipeline, pe, ordered, epoch, tail, remembered=remembered
+                js, pipeline, pe, ordered, epoch, tail, remembered=remembered, nonce=nonce
             )
         except _StaleTail as stale:
             # Appended to since the tail (the remembered one, or by a handover's older
@@ -537,6 +545,7 @@ async def _append_after(
     epoch: int,
     tail: StreamTail,
     remembered: bool = False,
+    nonce: str = "",
 ) -> tuple[int, StreamTail | None]:
     """Append the records of ``ordered`` beyond ``tail``'s position, right after ``tail``;
     return how many, and the tail they leave (``None`` for a stream without atomic batches,
@@ -551,7 +560,9 @@ async def _append_after(
     """
     stream = stream_name(pipeline, pe)
     messages = [
-        _record_message(pipeline, pe, epoch, r) for r in ordered if r.position > tail.position
+        _record_message(pipeline, pe, epoch, r, nonce)
+        for r in ordered
+        if r.position > tail.position
     ]
     appended = 0
     atomic: bool = True

@@ -430,3 +430,32 @@ def test_get_range_skips_other_subjects_and_honours_bounds(js_client: SyncJetStr
     assert [m.seq for m in middle] == [4, 5, 6]
     assert js_client.run(lambda js: get_range(js, stream, subject, 5, 5)) == []
     assert js_client.run(lambda js: get_range(js, stream, subject, 10, 20)) == []
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_message_ids_taken_ahead_neither_stall_nor_drop_the_writers_records(
+    js_client: SyncJetStream, atomic: bool
+) -> None:
+    # Every node reading a stream may publish in it (a partition's key states), and the ids
+    # of a writer's next records were its position: taken ahead, they made the broker refuse
+    # each atomic batch as a repeat (the writer gave up after 100 tries) or, a record at a
+    # time, acknowledge it as a repeat without storing it (lost).
+    from nats.js.api import StreamConfig
+
+    from fogshift.broker.naming import keys_subject, stream_subjects
+    from fogshift.events import message_id
+
+    pe = f"pe{next(_names)}"
+    stream = stream_name("t", pe)
+    if atomic:
+        js_client.run(lambda js: ensure_pe_stream(js, "t", pe))
+    else:
+        config = StreamConfig(name=stream, subjects=stream_subjects("t", pe))
+        js_client.run(lambda js: js.add_stream(config))
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([1]))) == 1
+    for origin in (2, 3):
+        squat = {"Nats-Msg-Id": message_id("t", pe, origin, 0)}
+        js_client.run(lambda js, h=squat: js.publish(keys_subject("t", pe), b"x", headers=h))
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([2, 3]))) == 2
+    got = js_client.run(lambda js: get_range(js, stream, data_subject("t", pe), 0, 10))
+    assert [json.loads(m.data)["seq"] for m in got] == [1, 2, 3]
