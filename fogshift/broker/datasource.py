@@ -96,6 +96,7 @@ from fogshift.broker.publish import Cut, Record, append_cut, next_cut, publish_r
 from fogshift.common.gate import read_gate
 from fogshift.events import ORIGIN_HEADER
 from fogshift.exceptions import InvariantViolation
+from fogshift.spec.models import partition_id
 
 log = logging.getLogger(__name__)
 
@@ -1099,7 +1100,7 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
             size=sum(map(len, bodies)),
             raw=state["raw"],
         )
-        subject = key_state_subject(pipeline, source, origin)
+        subject = key_state_subject(pipeline, source, partition_id(state["element"], origin))
         sent = await js.publish_async(subject, payload, stream=stream,
                                       headers={"Nats-Msg-Id": msg_id})  # fmt: skip
         acks.append((sent, stream, subject, payload))

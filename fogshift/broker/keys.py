@@ -219,14 +219,19 @@ def read_message(
 ) -> KeyMove | KeyCopy | KeyState | None:
     """The move, copy request or state a message of the input ``source`` holds, by who may
     have sent it: on ``.keys`` (the orchestrator's), anything :func:`parse` reads; on
-    ``.keys.<origin>`` (partition ``origin``'s), a state only, with its :attr:`~KeyState.origin`.
+    ``.keys.<element>-p<origin>`` (that partition's), a state of ``element`` only, with its
+    :attr:`~KeyState.origin`.
     ``None`` for anything else: a move or copy request on a partition's subject is a
     partition forging the orchestrator's, stepped over like a foreign message."""
     item = parse(seq, data)
     if subject == keys_subject(pipeline, source):
         return item
-    origin = key_state_origin(pipeline, source, subject)
-    if origin is None or not isinstance(item, KeyState):
+    if not isinstance(item, KeyState):
+        return None
+    # Whose subject it is, by the element the state names: a partition of another element
+    # reading the same input publishes on its own, and hands over none of this one's keys.
+    origin = key_state_origin(pipeline, source, subject, item.element)
+    if origin is None:
         return None
     return replace(item, origin=origin)
 

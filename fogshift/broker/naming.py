@@ -16,6 +16,8 @@ The names that go into them are checked where they enter (the spec, ``fogshift u
 
 from __future__ import annotations
 
+from fogshift.spec.models import partition_id
+
 
 def stream_name(pipeline: str, pe: str) -> str:
     """The JetStream stream holding the output of ``pe`` in ``pipeline``: one per PE, no two
@@ -66,13 +68,14 @@ def keys_subject(pipeline: str, pe: str) -> str:
     return f"fs.{pipeline}.{pe}.keys"
 
 
-def key_state_subject(pipeline: str, pe: str, origin: int) -> str:
-    """The subject, in ``pe``'s stream, of the key states partition ``origin`` of a
-    partitioned PE reading ``pe`` hands over at a move (see :mod:`fogshift.broker.keys`).
-    One per origin, so that the broker tells who sent a state: a partition's node may
-    publish on its own only, and a target takes a key's state only from the key's owner
-    before the move."""
-    return f"fs.{pipeline}.{pe}.keys.{origin}"
+def key_state_subject(pipeline: str, pe: str, partition: str) -> str:
+    """The subject, in ``pe``'s stream, of the key states the partition PE ``partition`` (its
+    id, ``<element>-p<k>``) hands over at a move (see :mod:`fogshift.broker.keys`). One per
+    partition PE, so that the broker tells who sent a state: a partition's node may publish
+    on its own only, and a target takes a key's state only from the key's owner before the
+    move. By the partition's id, not its number: two partitioned elements reading ``pe``
+    each have a partition 0, and neither may hand over the other's keys."""
+    return f"{keys_subject(pipeline, pe)}.{partition}"
 
 
 def key_state_subjects(pipeline: str, pe: str) -> str:
@@ -86,13 +89,16 @@ def key_subjects(pipeline: str, pe: str) -> list[str]:
     return [keys_subject(pipeline, pe), key_state_subjects(pipeline, pe)]
 
 
-def key_state_origin(pipeline: str, pe: str, subject: str) -> int | None:
-    """The partition whose :func:`key_state_subject` ``subject`` is (``None``: not one)."""
-    prefix = f"{keys_subject(pipeline, pe)}."
+def key_state_origin(pipeline: str, pe: str, subject: str, element: str) -> int | None:
+    """The number of the partition of ``element`` whose :func:`key_state_subject`
+    ``subject`` is (``None``: not one of ``element``'s partitions)."""
+    prefix = f"{keys_subject(pipeline, pe)}.{partition_id(element, 0)[:-1]}"
     if not subject.startswith(prefix):
         return None
     origin = subject[len(prefix) :]
-    return int(origin) if origin.isdigit() and origin.isascii() else None
+    if not (origin.isdigit() and origin.isascii()) or str(int(origin)) != origin:
+        return None  # ("-p01": not how a partition's id is written)
+    return int(origin)
 
 
 def state_subject(pipeline: str, pe: str, to: int | None = None) -> str:

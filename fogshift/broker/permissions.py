@@ -54,7 +54,7 @@ class Hosted:
     element: str
     inputs: tuple[str, ...] = ()
     #: A partition whose keys can move, its index: it appends its moving keys' states to its
-    #: input's ``.keys.<index>`` subject, a large one's parts to its ``.state.<target>``
+    #: input's ``.keys.<its id>`` subject, a large one's parts to its ``.state.<target>``
     #: subjects (see ``broker.keys``); ``None``: not one.
     moves_keys: int | None = None
 
@@ -95,7 +95,7 @@ def node_permissions(node: str, hosted: Iterable[Hosted]) -> dict[str, Any]:
             subscribe.add(data_subject(pe.pipeline, name))
             if pe.moves_keys is not None:
                 publish |= {
-                    key_state_subject(pe.pipeline, name, pe.moves_keys),
+                    key_state_subject(pe.pipeline, name, pe.element),
                     state_subjects(pe.pipeline, name),
                 }
             publish |= {

@@ -77,7 +77,7 @@ def test_a_state_whose_message_id_another_partition_took_is_still_stored(
     js_client.run(lambda j: ensure_pe_stream(j, pipeline, "src"))
     big = {"ballast": base64.b64encode(os.urandom(6_000)).decode()}
     for subject, msg_id in (
-        (key_state_subject(pipeline, "src", 2), "pe:m1:small"),  # the record's id
+        (key_state_subject(pipeline, "src", "pe-p2"), "pe:m1:small"),  # the record's id
         (state_subject(pipeline, "src", 1), "pe:m1:large:0"),  # its first part's
     ):
         taken = {"Nats-Msg-Id": msg_id}

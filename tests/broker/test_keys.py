@@ -129,35 +129,46 @@ def test_a_key_is_the_field_as_text_as_the_runtime_groups_by_it(
 def test_only_a_partition_may_append_key_states_to_its_input() -> None:
     plain = node_permissions("n1", [Hosted("p", "agg", ("src",))])
     moving = node_permissions("n1", [Hosted("p", "agg-p1", ("src",), moves_keys=1)])
-    assert not {"fs.p.src.keys", "fs.p.src.keys.1"} & set(plain["publish"]["allow"])
-    assert {"fs.p.src.keys.1", "fs.p.src.state.*"} <= set(moving["publish"]["allow"])
+    assert not {"fs.p.src.keys", "fs.p.src.keys.agg-p1"} & set(plain["publish"]["allow"])
+    assert {"fs.p.src.keys.agg-p1", "fs.p.src.state.*"} <= set(moving["publish"]["allow"])
     # Never the orchestrator's moves, nor another partition's states.
-    assert not {"fs.p.src.keys", "fs.p.src.keys.0", "fs.p.src.keys.*", "fs.p.src.keys.>"} & set(
-        moving["publish"]["allow"]
-    )
+    assert not {"fs.p.src.keys", "fs.p.src.keys.agg-p0", "fs.p.src.keys.*", "fs.p.src.keys.>",
+                "fs.p.src.keys.1"} & set(moving["publish"]["allow"])  # fmt: skip
     assert "fs.p.src.state.*" not in plain["publish"]["allow"]
     assert "fs.p.src.state" not in moving["publish"]["allow"]  # only older fogshifts wrote it
     assert "fs.p.src.data" not in moving["publish"]["allow"]
 
 
+def test_two_partitioned_elements_on_one_input_share_no_key_state_subject() -> None:
+    # agg and other both read src, each in partitions: partition 0 of one may not hand over
+    # the keys of the other's partition 0 (they shared ``.keys.0``).
+    agg = node_permissions("n1", [Hosted("p", "agg-p0", ("src",), moves_keys=0)])
+    other = node_permissions("n2", [Hosted("p", "other-p0", ("src",), moves_keys=0)])
+    keys = [s for s in agg["publish"]["allow"] if s.startswith("fs.p.src.keys")]
+    assert keys and not set(keys) & set(other["publish"]["allow"])
+
+
 def test_a_message_is_taken_for_what_its_sender_may_send() -> None:
     """Moves and copy requests from ``.keys`` (the orchestrator's) only; a state from
-    ``.keys.<origin>`` carries that origin, whatever its body claims."""
+    ``.keys.<element>-p<origin>`` carries that origin, whatever its body claims."""
     move = KeyMove(0, "m1", "agg", ("s1",), 1).payload()
     request = KeyCopy(0, "c1", "agg", ("s1",), 1).payload()
     state = state_payload("m1", "agg", "s1", 1, {"n": "1"})
     assert read_message("p", "src", "fs.p.src.keys", 5, move) == parse(5, move)
     assert read_message("p", "src", "fs.p.src.keys", 6, request) == parse(6, request)
     for forged in (move, request):  # a partition's node forging the orchestrator's
-        assert read_message("p", "src", "fs.p.src.keys.0", 7, forged) is None
-    sent = read_message("p", "src", "fs.p.src.keys.3", 8, state)
+        assert read_message("p", "src", "fs.p.src.keys.agg-p0", 7, forged) is None
+    sent = read_message("p", "src", "fs.p.src.keys.agg-p3", 8, state)
     assert isinstance(sent, KeyState) and sent.origin == 3 and sent.key == "s1"
     # On .keys: the orchestrator's, or an older fogshift's partitions' (no origin known).
     legacy = read_message("p", "src", "fs.p.src.keys", 9, state)
     assert isinstance(legacy, KeyState) and legacy.origin is None
-    for subject in ("fs.p.src.keys.x", "fs.p.src.keys.-1", "fs.p.src.keys.٣", "fs.p.src.data",
-                    "fs.p.other.keys.1", "fs.p.src.keysx.1"):  # fmt: skip
-        assert read_message("p", "src", subject, 10, state) is None
+    for subject in ("fs.p.src.keys.x", "fs.p.src.keys.agg-p-1", "fs.p.src.keys.agg-p٣",
+                    "fs.p.src.data", "fs.p.other.keys.agg-p1", "fs.p.src.keysx.agg-p1",
+                    "fs.p.src.keys.agg-p01", "fs.p.src.keys.agg-p", "fs.p.src.keys.3",
+                    # another element's partition 3, naming agg in the body
+                    "fs.p.src.keys.other-p3", "fs.p.src.keys.xagg-p3"):  # fmt: skip
+        assert read_message("p", "src", subject, 10, state) is None, subject
 
 
 def test_a_large_state_goes_compressed_in_parts_that_join_back() -> None:

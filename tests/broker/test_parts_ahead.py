@@ -71,7 +71,7 @@ class Input:
         bodies, raw = packed
         parts = [self.publish(state_subject(self.pipeline, "src", to), b) for b in bodies]
         self.publish(
-            key_state_subject(self.pipeline, "src", 1 - to),
+            key_state_subject(self.pipeline, "src", f"pe-p{1 - to}"),
             state_payload("m1", "pe", key, to, None, parts, size=sum(map(len, bodies)), raw=raw),
         )
         return parts
@@ -213,7 +213,7 @@ def test_a_precopy_sees_the_origin_send_a_requests_copies_by_their_parts(
                                 time.monotonic() + 30)  # fmt: skip
     # Its copy stored inline, no part after the count: not sending, and no wait for one.
     small = state_payload("c1", "pe", "a", 1, {"v": "1"})
-    src.publish(key_state_subject(src.pipeline, "src", 0), small)
+    src.publish(key_state_subject(src.pipeline, "src", "pe-p0"), small)
     now = before + 1
     asked = time.monotonic()
     assert not moves._await_sending(src.pipeline, "src", "c1", at, ["a"], parts, now,
@@ -232,7 +232,7 @@ def test_the_planner_waits_for_no_part_a_forged_state_names(
         key = next(k for k in "bcdefgh" if partition_of_key(k, 2) == 0)
         src.publish(keys_subject(src.pipeline, "src"), KeyMove(0, "m1", "pe", (key,), 1).payload())
         forged = state_payload("m1", "pe", key, 1, None, [999_998, 999_999], size=10, raw=10)
-        src.publish(key_state_subject(src.pipeline, "src", 1), forged)  # not the owner's
+        src.publish(key_state_subject(src.pipeline, "src", "pe-p1"), forged)  # not the owner's
         src.event(key)
         asked: list[list[int]] = []
         assert reader._parts_ahead is not None

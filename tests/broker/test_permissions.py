@@ -116,11 +116,11 @@ def test_a_partition_hands_over_key_states_on_its_own_subject_only(
     def publish(address: BrokerAddress, subject: str, body: bytes) -> Any:
         return run(address, lambda js: js.publish(subject, body, stream="FS_k_src"))
 
-    assert until(lambda: allowed(publish(n1, key_state_subject("k", "src", 1), state)))
+    assert until(lambda: allowed(publish(n1, key_state_subject("k", "src", "agg-p1"), state)))
     assert allowed(publish(n1, state_subject("k", "src", 0), b"part"))
     move = KeyMove(0, "m2", "agg", ("s1",), 1).payload()
     for subject, body in ((keys_subject("k", "src"), move), (keys_subject("k", "src"), state),
-                          (key_state_subject("k", "src", 0), state)):  # fmt: skip
+                          (key_state_subject("k", "src", "agg-p0"), state)):  # fmt: skip
         assert not allowed(publish(n1, subject, body)), subject
     assert allowed(publish(admin, keys_subject("k", "src"), move))  # the orchestrator's
 

@@ -181,7 +181,7 @@ def test_a_precopy_request_waits_for_its_own_keys_copies_not_a_later_requests() 
     stored = [state_payload("c1", "agg", key, 1, {"v": "x"}) for key in ("k1", "k2", "k0")]
     broker = SimpleNamespace(
         run=lambda make, timeout=30: [
-            SimpleNamespace(seq=11 + i, data=d, stored_at=1.0, subject="fs.p.in.keys.0")
+            SimpleNamespace(seq=11 + i, data=d, stored_at=1.0, subject="fs.p.in.keys.agg-p0")
             for i, d in enumerate(stored)
         ]
     )
@@ -200,13 +200,13 @@ def test_a_forged_state_does_not_end_the_wait_for_a_keys_state() -> None:
     forged = SimpleNamespace(
         seq=11,
         stored_at=1.0,
-        subject="fs.p.in.keys.2",
+        subject="fs.p.in.keys.agg-p2",
         data=state_payload("c1", "agg", "k3", 1, {"v": "x"}, copy=True),
     )
     real = SimpleNamespace(
         seq=12,
         stored_at=1.0,
-        subject="fs.p.in.keys.0",
+        subject="fs.p.in.keys.agg-p0",
         data=state_payload("c1", "agg", "k3", 1, {"v": "y"}, copy=True),
     )
     stored = [forged]

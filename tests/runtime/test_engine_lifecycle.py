@@ -687,10 +687,10 @@ def test_a_key_state_is_taken_only_from_the_keys_owner_before_its_move(
         moving, staying = mine[:-1], mine[-1]
         parts.append(KeyMove(0, "m1", "pe", tuple(moving), 1).payload())
         forged = state_payload("m1", "pe", moving[0], 1, {"count": "1000", "total": "1000.0"})
-        parts.publish_on(key_state_subject(parts.pipeline, "src", 1), forged)
-        parts.publish_on(key_state_subject(parts.pipeline, "src", 0),
+        parts.publish_on(key_state_subject(parts.pipeline, "src", "pe-p1"), forged)
+        parts.publish_on(key_state_subject(parts.pipeline, "src", "pe-p0"),
                          KeyMove(0, "m2", "pe", (staying,), 1).payload())  # fmt: skip
-        parts.publish_on(key_state_subject(parts.pipeline, "src", 1), b"{}",
+        parts.publish_on(key_state_subject(parts.pipeline, "src", "pe-p1"), b"{}",
                          msg_id=f"pe:m1:{moving[1]}")  # fmt: skip
         parts.send(30, keys=8)
         parts.committed(1)  # partition 1 read the forgeries (and holds the moved keys)
