@@ -71,10 +71,28 @@ class _Rejected(Exception):
         touched: Whether ``process()`` ran, i.e. the state may have changed.
     """
 
-    def __init__(self, reason: str, touched: bool) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    def __init__(self, reason: object, touched: bool) -> None:
+        text = _as_reason(reason)
+        super().__init__(text)
+        self.reason = text
         self.touched = touched
+
+
+def _as_reason(reason: object) -> str:
+    """``reason`` as text a dead letter can carry through Arrow and JSON: a processor may
+    raise ``DeadLetter`` with anything (an exception, ``None``), and a message may hold a
+    lone surrogate (an input's text quoted), which no UTF-8 encoder takes (a batch that
+    failed at every retry)."""
+    if isinstance(reason, str):
+        text = reason
+    elif isinstance(reason, BaseException):
+        text = _describe(reason)
+    else:
+        try:
+            text = str(reason)
+        except Exception:  # a user object whose __str__ raises still has a type
+            text = f"<unprintable {type(reason).__name__}>"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _outputs(pe: str, result: Any) -> list[Any]:

@@ -421,3 +421,53 @@ def test_a_state_that_would_not_read_back_as_it_is_makes_its_event_a_dead_letter
     assert list(dead) == [2] and "would not read back as it is" in dead[2]
     assert [json.loads(body)["n"] for _, _, body in events] == [1, 2, 3]
     assert final == {"counts": {"7": 3}}
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+#: What processors have raised as a dead letter's reason besides text, and texts no UTF-8
+#: encoder takes (an input's lone surrogate quoted in a message): each failed its batch at
+#: every retry, in the reason's length or in Arrow.
+ODD_REASONS: dict[str, Callable[[], BaseException]] = {
+    "exception": lambda: DeadLetter(KeyError("v")),  # type: ignore[arg-type]
+    "none": lambda: DeadLetter(None),  # type: ignore[arg-type]
+    "tuple": lambda: DeadLetter(("bad", 1)),  # type: ignore[arg-type]
+    "unprintable": lambda: DeadLetter(Unprintable()),  # type: ignore[arg-type]
+    "surrogate": lambda: DeadLetter("bad \ud800"),
+    "raised surrogate": lambda: ValueError("unknown \udcff"),
+}
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+@pytest.mark.parametrize("name", sorted(ODD_REASONS))
+def test_any_reason_a_processor_gives_is_a_dead_letter_arrow_carries(
+    name: str, stateful: bool
+) -> None:
+    import pandas as pd
+    import pyarrow as pa
+
+    from fogshift.runtime.batch import RECORD_COLUMNS
+
+    class Odd(Processor):
+        def process(self, event: Event) -> Any:
+            if event.body.get("odd"):
+                raise ODD_REASONS[name]()
+            return {"v": event.body["v"]}
+
+    class OddKept(Odd):
+        n: int = state(0)
+
+    kind = OddKept if stateful else Odd
+    rows = [row(1, v=1), row(2, v=2, odd=True), row(3, v=3)]
+    if stateful:
+        records, _ = run_batch(lambda resume: kind.build({}, "o", resume), lambda: None, rows,
+                               finish=lambda p: {}, pe="o")  # fmt: skip
+    else:
+        records = list(run_events(kind.build({}, "o", None), rows))
+    events, dead = split(records)
+    assert [body for _, _, body in events] == ['{"v":1}', '{"v":3}']
+    assert list(dead) == [2] and isinstance(dead[2], str) and dead[2], dead
+    pa.Table.from_pandas(pd.DataFrame(records, columns=RECORD_COLUMNS))  # what Spark does
