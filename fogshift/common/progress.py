@@ -45,12 +45,17 @@ def wait_for_progress(
             info.state == PEState.FAILED and info.retry_in_s is None
         ):
             raise error(f"{what}: the PE's query {info.state}: {info.error}")
-        # Position 0 is reached with nothing committed: a PE that never emitted, restored
-        # or moved with nothing to re-derive, commits no batch behind a cap at 0 (a sink
-        # waiting for its first alarm would otherwise never be restored).
-        started = info.state in (PEState.RUNNING, PEState.PAUSED)  # (a query that runs)
-        if (info.committed_batch is not None or (at_least <= 0 and started)) and (
-            info.progress >= at_least
+        # Only a query that runs is there: an installed checkpoint's position is on disk
+        # before its query starts, and stays there when it fails to (a restore or a move
+        # reported done with nobody running the PE). Position 0 is reached with nothing
+        # committed: a PE that never emitted, restored or moved with nothing to re-derive,
+        # commits no batch behind a cap at 0 (a sink waiting for its first alarm would
+        # otherwise never be restored).
+        started = info.state in (PEState.RUNNING, PEState.PAUSED)
+        if (
+            started
+            and (info.committed_batch is not None or at_least <= 0)
+            and info.progress >= at_least
         ):
             return info
         return None

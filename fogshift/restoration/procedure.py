@@ -216,6 +216,10 @@ def restore(
         agent.put(here, json={"element": placed, "fresh": False, "gate": gate, "epoch": epoch})
         if cap is not None:
             report.reprocess_ms = _wait(agent, here, max(emitted, start_at), timeout_s)
+        else:
+            # Nothing to re-derive behind a cap (several inputs, or nothing emitted since
+            # the checkpoint): still, only a query that runs is restored.
+            _wait(agent, here, 0, timeout_s)
         if element.role != "source" and upstream > max(emitted, start_at):
             report.intermediate_events = upstream - max(emitted, start_at)
             limit = _cap(element, upstream, t0)

@@ -30,3 +30,18 @@ def test_position_0_is_reached_with_nothing_committed() -> None:
             "committed_batch": None, "progress": 0})  # fmt: skip
         with pytest.raises(RestoreFailed, match="did not reach input position 0"):
             wait_for_progress(agent, HERE, 0, 0.3, RestoreFailed, "restore of p/alarms")
+
+
+def test_a_position_on_disk_is_not_reached_by_a_query_that_does_not_run() -> None:
+    """An installed checkpoint's position is there before its query starts: a query that
+    failed to start (the agent will retry it) has reached nothing, however far its files
+    are (a literal move or a restore was reported done with nobody running the PE)."""
+    with standins("fog-b") as agents:
+        failed = {"pipeline": "p", "element": "alarms", "state": "failed", "retry_in_s": 1.0,
+                  "committed_batch": 3, "progress": 40, "error": "cannot import"}  # fmt: skip
+        agents["fog-b"].answer("GET", HERE + "/progress", body=failed)
+        agent = ServiceClient(agents["fog-b"].url, "t" * 32, "fog-b")
+        with pytest.raises(RestoreFailed, match="did not reach input position 30"):
+            wait_for_progress(agent, HERE, 30, 0.3, RestoreFailed, "restore of p/alarms")
+        agents["fog-b"].answer("GET", HERE + "/progress", body={**failed, "state": "running"})
+        assert wait_for_progress(agent, HERE, 30, 5.0, RestoreFailed, "restore").progress == 40
