@@ -27,6 +27,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js import errors as nats_js_errors
 from nats.js.api import DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
@@ -163,6 +164,14 @@ class SyncJetStream:
                 f"the broker at {self.address.url} did not answer within {timeout:g} s",
                 hint="is `fogshift up` running and the broker reachable from here?",
             ) from exc
+        except _AWAY as exc:
+            # Typed, as every other broker outage: callers (a rollback, the reconciler's
+            # recovery) handle FogshiftError and would let nats-py's own escape.
+            raise BrokerUnavailable(
+                f"the broker at {self.address.url} is not serving: {type(exc).__name__}: {exc}",
+                hint="is `fogshift up` running and the broker reachable from here? "
+                "(right after a broker restart, JetStream needs a moment)",
+            ) from exc
 
     async def _connect(self) -> JetStreamContext:
         try:
@@ -215,6 +224,16 @@ class SyncJetStream:
         self._portal.call(self._portal.stop, True)
         portal_cm.__exit__(None, None, None)
 
+
+#: What a call raises when the broker is away or JetStream does not serve (a restart):
+#: :class:`BrokerUnavailable` to the caller.
+_AWAY = (
+    nats_js_errors.ServiceUnavailableError,
+    nats_errors.NoRespondersError,
+    nats_errors.ConnectionClosedError,
+    nats_errors.StaleConnectionError,
+    nats_errors.NoServersError,
+)
 
 #: What a client's broker connection raises while the broker is away: the disconnect is
 #: logged once, each failed reconnect attempt only at debug level.

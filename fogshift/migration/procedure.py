@@ -461,18 +461,23 @@ def _undo_handover(
         target_agent.delete(path, params={"discard": True})
     except UnknownElement:
         pass
-    except FogshiftError as exc:
-        result.notes.append(f"discarding the target on {target_name} failed: {exc.message}")
+    except Exception as exc:  # (a rollback never raises: it reports what it could not do)
+        result.notes.append(f"discarding the target on {target_name} failed: {_said(exc)}")
     if not started:
         result.resumed = True
         return result
     try:
         _restart_fenced(element, origin, path, fence, result)
-    except FogshiftError as exc:
-        result.notes.append(f"running the origin on {origin_name} again failed: {exc.message}")
+    except Exception as exc:
+        result.notes.append(f"running the origin on {origin_name} again failed: {_said(exc)}")
         return result
     result.resumed = True
     return result
+
+
+def _said(exc: Exception) -> str:
+    """What a step of a rollback failed with, for its notes."""
+    return exc.message if isinstance(exc, FogshiftError) else f"{type(exc).__name__}: {exc}"
 
 
 def _restart_fenced(
@@ -659,20 +664,20 @@ def roll_back(
         target_stopped = True
     except UnknownElement:
         target_stopped = True  # it never started there: nothing can write from it
-    except FogshiftError as exc:
+    except Exception as exc:  # (never raises: whatever failed is reported)
         target_stopped = False
-        result.notes.append(f"discarding the target on {target_name} failed: {exc.message}")
+        result.notes.append(f"discarding the target on {target_name} failed: {_said(exc)}")
         log.warning("rollback of %s/%s: the target on %s could not be discarded: %s",
-                    pipeline, element.id, target_name, exc.message)  # fmt: skip
+                    pipeline, element.id, target_name, _said(exc))  # fmt: skip
     try:
         if target_stopped or fence is None:
             origin_agent.post(path + "/resume")
         else:
             _restart_fenced(element, origin, path, fence, result)
-    except FogshiftError as exc:
-        result.notes.append(f"running the origin on {origin_name} again failed: {exc.message}")
+    except Exception as exc:
+        result.notes.append(f"running the origin on {origin_name} again failed: {_said(exc)}")
         log.warning("rollback of %s/%s: the origin on %s does not run again: %s",
-                    pipeline, element.id, origin_name, exc.message)  # fmt: skip
+                    pipeline, element.id, origin_name, _said(exc))  # fmt: skip
         return result
     result.resumed = True
     return result

@@ -66,6 +66,12 @@ class Reconciler(Coordination):
                 continue  # an operation of this process runs: it owns the entry
             except FogshiftError:
                 continue  # logged by _exclusive; the entry stays for the next round
+            except Exception:
+                # One entry's unforeseen trouble must not end the round before the PEs
+                # are reconciled: it stays for the next round.
+                log.exception("recovery of %s %s of %s/%s failed", op.kind, op.id,
+                              op.pipeline, op.element)  # fmt: skip
+                continue
             line = (f"{op.kind} {op.id} of {op.pipeline}/{op.element} {op.origin} -> "
                     f"{op.target} (epoch {op.epoch}), left at {op.phase!r} by orchestrator "
                     f"{op.owner}: {decision}")  # fmt: skip

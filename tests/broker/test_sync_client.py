@@ -6,11 +6,14 @@ import logging
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from nats import errors as nats_errors
+from nats.js import errors as nats_js_errors
 
 from fogshift.broker.client import (
     BrokerAddress,
@@ -67,6 +70,34 @@ def test_a_broker_nobody_answers_at_is_unavailable_not_a_timeout() -> None:
         pytest.raises(BrokerUnavailable, match=r"did not answer|cannot connect"),
     ):
         client.run(lambda js: last_seq(js, stream_name("sync-client", "pe")), timeout=5)
+
+
+@pytest.mark.parametrize(
+    "away",
+    [
+        lambda: nats_js_errors.ServiceUnavailableError(code=503, description="no JetStream"),
+        nats_errors.NoRespondersError,
+        nats_errors.ConnectionClosedError,
+    ],
+)
+def test_a_broker_that_does_not_serve_is_unavailable_not_nats_pys_error(
+    nats_server: BrokerProcess, away: Callable[[], Exception]
+) -> None:
+    # A rollback and the reconciler's recovery handle FogshiftError: JetStream's 503 right
+    # after a broker restart escaped them untyped (a migration's 500, every round aborted).
+    async def refused(_js: object) -> None:
+        raise away()
+
+    with SyncJetStream(nats_server.address) as client:
+        with pytest.raises(BrokerUnavailable, match="is not serving"):
+            client.run(refused)
+
+        # A refusal of another kind stays what it is (callers tell them apart).
+        async def missing(js: Any) -> None:
+            await js.stream_info("FS_nowhere_at_all")
+
+        with pytest.raises(nats_js_errors.NotFoundError):
+            client.run(missing)
 
 
 #: A process that uses a client (a shared one and one of its own) and never closes either.
