@@ -153,9 +153,12 @@ class Coordination(Scaling):
                     undone.append(self.migrate(pipeline, report.element, report.origin, mode))
                 except FogshiftError as back:
                     problems.append(f"moving {report.element} back failed: {back.message}")
+            # Rolled back only if the PE that failed runs where it ran too (its own
+            # rollback may not have resumed it), not just the PEs moved before it.
+            itself = not isinstance(failed, MigrationReport) or failed.rolled_back
             status = (
                 GroupMigrationStatus.ROLLED_BACK
-                if len(undone) == len(moved)
+                if len(undone) == len(moved) and itself
                 else GroupMigrationStatus.FAILED
             )
             return self._group_report(

@@ -19,9 +19,10 @@ class Fake:
     """The orchestrator around ``migrate_group``: a placement, and single migrations that
     fail where the test says."""
 
-    def __init__(self, fail: set[tuple[str, str]]) -> None:
+    def __init__(self, fail: set[tuple[str, str]], resumed: bool = True) -> None:
         self.placement = {"a": "n1", "b": "n1", "c": "n1"}
         self.fail = fail
+        self.resumed = resumed  # whether a failed move's own rollback runs its origin again
         self.calls: list[tuple[str, str]] = []
 
     def pipeline(self, name: str) -> Any:
@@ -45,7 +46,9 @@ class Fake:
                                  target=target, mode=mode)  # fmt: skip
         if (element, target) in self.fail:
             error = MigrationFailed(f"migrating {element} to {target} failed")
-            error.report = report.model_copy(update={"status": "failed", "rolled_back": True})
+            error.report = report.model_copy(
+                update={"status": "failed", "rolled_back": self.resumed}
+            )
             raise error
         self.placement[element] = target
         return report.model_copy(update={"status": "migrated"})
@@ -85,3 +88,12 @@ def test_a_move_back_that_fails_is_reported_with_where_each_runs() -> None:
     assert report.status == GroupMigrationStatus.FAILED
     assert report.placement == {"a": "n2", "b": "n1"}
     assert "moving a back failed" in (report.error or "")
+
+
+def test_a_failed_move_whose_own_origin_does_not_run_again_is_no_rollback() -> None:
+    # Nothing had moved before it (0 of 0 moved back), but the PE that failed runs nowhere:
+    # the report must not say the pipeline runs as before.
+    fake = Fake(fail={("a", "n2")}, resumed=False)
+    report = fake.group(["a", "b"])
+    assert report.status == GroupMigrationStatus.FAILED
+    assert fake.calls == [("a", "n2")]
