@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import threading
@@ -43,6 +44,8 @@ from fogshift.common.names import (
     pe_folder,
 )
 from fogshift.exceptions import InvalidInput, NotFound
+
+log = logging.getLogger(__name__)
 
 
 def check_manifest(
@@ -141,6 +144,10 @@ class CentralStore:
         self._chunk_at: dict[str, tuple[str, int, int]] | None = None
         self._indexed: set[str] = set()
         self._chunk_lock = threading.Lock()
+        # A checkpoint's manifest is written (its commit) and a pipeline's are forgotten
+        # one at a time: a put that checks it is still wanted is never undone by a forget it
+        # raced, nor lands after one.
+        self._commit_lock = threading.Lock()
 
     def _intact(self, blob: Path, sha: str, size: int) -> bool:
         """Whether ``blob`` holds the ``size`` bytes whose digest is ``sha``.
@@ -181,7 +188,8 @@ class CentralStore:
         resume at positions of streams that are gone; a partition retired, whose id a later
         scale may give a new one); their files go with the next garbage collection."""
         folder = self._folder(pipeline, pe) if pe is not None else self._pipeline_folder(pipeline)
-        shutil.rmtree(folder, ignore_errors=True)
+        with self._commit_lock:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def newest(self, pipeline: str, pe: str) -> dict[str, Any] | None:
         """The newest visible checkpoint of a PE (the one stored last), if any."""
@@ -317,6 +325,7 @@ class CentralStore:
         manifest: dict[str, Any],
         fetch: Callable[[str], bytes],
         chunked: ChunkedSource | None = None,
+        wanted: Callable[[], bool] | None = None,
     ) -> int:
         """Store a node-level snapshot, fetching only unknown files; returns bytes shipped.
 
@@ -325,6 +334,10 @@ class CentralStore:
             fetch: Returns the bytes of one file of the snapshot, by relative path.
             chunked: Where its large files (:data:`CHUNKED_MIN_BYTES`) can be read chunk by
                 chunk: then only the chunks no stored file holds are fetched.
+            wanted: Asked once its files are here, before the manifest is written (and
+                no :meth:`forget` runs meanwhile): ``False`` leaves the checkpoint out (its
+                files go with the next garbage collection). The caller's check that its
+                pipeline was not deployed afresh while the files came.
 
         Raises:
             InvalidName / InvalidInput: The manifest names something that cannot be a path
@@ -372,11 +385,16 @@ class CentralStore:
         if missing:
             with ThreadPoolExecutor(min(FETCH_WORKERS, len(missing))) as pool:
                 shipped = sum(pool.map(ship, missing))
-        folder.mkdir(parents=True, exist_ok=True)
-        stored = {**manifest, "stored": time.time(), "shipped_bytes": shipped}
-        tmp = folder / f".{manifest['id']}.tmp"
-        tmp.write_text(json.dumps(stored))
-        tmp.replace(folder / f"{manifest['id']}.json")
+        with self._commit_lock:
+            if wanted is not None and not wanted():
+                log.info("checkpoint %s of %s/%s is no longer wanted: not stored",
+                         manifest["id"], manifest["pipeline"], manifest["element"])  # fmt: skip
+                return shipped
+            folder.mkdir(parents=True, exist_ok=True)
+            stored = {**manifest, "stored": time.time(), "shipped_bytes": shipped}
+            tmp = folder / f".{manifest['id']}.tmp"
+            tmp.write_text(json.dumps(stored))
+            tmp.replace(folder / f"{manifest['id']}.json")
         expired = _newest_first(folder)[self.keep :]
         for old, _ in expired:
             old.unlink(missing_ok=True)

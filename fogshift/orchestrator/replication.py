@@ -67,7 +67,7 @@ class Replication(Replanning):
                 key = (record.name, element.id)
                 tried.add(key)
                 try:
-                    self._pull_one(record.name, element.id, node.name, key)
+                    self._pull_one(record.name, element.id, node.name, key, record.status_since)
                 except FogshiftError as exc:
                     log.info("central checkpoint of %s/%s skipped: %s", *key, exc.message)
                     self.pull_errors[key] = (node.name, f"{type(exc).__name__}: {exc.message}")
@@ -84,7 +84,14 @@ class Replication(Replanning):
         for key in set(self.pull_errors) - tried:
             del self.pull_errors[key]
 
-    def _pull_one(self, pipeline: str, pe: str, node: str, key: tuple[str, str]) -> None:
+    def _pull_one(
+        self, pipeline: str, pe: str, node: str, key: tuple[str, str], since: float
+    ) -> None:
+        """Pull ``pe``'s newest node-level checkpoint from ``node`` into the central store,
+        unless the pipeline's record changed since ``since`` (its ``status_since`` when the
+        round read it): stopped and deployed afresh meanwhile, the node still held the run
+        before's snapshots, and one stored after the deploy forgot them would be restored
+        at positions of streams that are gone."""
         agent = self.agent(node)
         here = f"/pipelines/{pipeline}/elements/{pe}/snapshots"
         latest = agent.call(CheckpointManifest, "GET", here + "/latest")
@@ -95,7 +102,16 @@ class Replication(Replanning):
         manifest = {**latest.model_dump(mode="json", exclude_unset=True), "node": node}
         started = time.perf_counter()
         files = _SnapshotFiles(agent, f"{here}/{latest.id}")
-        shipped = self.central.put(manifest, files.file, files)
+
+        def wanted() -> bool:
+            now = self.registry.get_pipeline(pipeline)
+            return (
+                now is not None
+                and now.status == PipelineState.RUNNING
+                and now.status_since == since
+            )
+
+        shipped = self.central.put(manifest, files.file, files, wanted)
         self.central_stats[key] = CentralPull(
             id=latest.id,
             shipped_bytes=shipped,

@@ -118,7 +118,7 @@ def test_one_pe_whose_pull_fails_stops_no_other_pull_and_its_node_is_warned_of(
     pulled: list[str] = []
     broken = {"source"}
 
-    def pull_one(pipeline: str, pe: str, node: str, key: tuple[str, str]) -> None:
+    def pull_one(pipeline: str, pe: str, node: str, key: tuple[str, str], since: float) -> None:
         if pe in broken:  # not a FogshiftError: before, it ended the whole round
             raise OSError(28, "No space left on device")
         pulled.append(pe)
@@ -143,3 +143,41 @@ def test_one_pe_whose_pull_fails_stops_no_other_pull_and_its_node_is_warned_of(
     orchestrator.registry.set_status("p", "stopped")
     orchestrator.pull_checkpoints()
     assert {n.name: n.warnings for n in orchestrator.nodes()} == {"cloud": [], "fog-a": []}
+
+
+def test_a_pull_that_outlives_a_stop_and_a_fresh_deploy_stores_nothing_of_the_run_before(
+    orchestrator: Orchestrator, tmp_path: Path
+) -> None:
+    # A round reads the registry once; stopped and deployed afresh meanwhile, the node still
+    # serves the run before's snapshot (its store is cleared only at its own PE's fresh
+    # start). Stored after the deploy forgot the pipeline's checkpoints, it was the newest:
+    # a restore resumed at positions of streams that are gone, and the new run's own pulls
+    # were skipped as older.
+    import hashlib
+
+    from tests.orchestrator.standin import standins
+
+    data = b"a state of the run before"
+    old = {"type": "fogshift-checkpoint", "id": "b000000005000", "pipeline": "p",
+           "element": "aggregate", "batch": 5000, "created": 1.0, "bytes": len(data),
+           "files": {"state/0": {"size": len(data),
+                                 "sha256": hashlib.sha256(data).hexdigest()}}}  # fmt: skip
+    here = "/pipelines/p/elements/aggregate/snapshots"
+    with standins("fog-a") as agents:
+        agents["fog-a"].answer("GET", here + "/latest", body=old)
+        agents["fog-a"].answer("GET", here + "/b000000005000/files/state/0", content=data)
+        orchestrator.heartbeat("fog-a", Heartbeat(url=agents["fog-a"].url, ready=True))
+        seen = orchestrator.registry.get_pipeline("p")
+        assert seen is not None
+        orchestrator.registry.set_status("p", "stopped")
+        orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "deploying")
+        orchestrator.central.forget("p")
+        orchestrator.registry.set_status("p", "running")
+        key = ("p", "aggregate")
+        orchestrator._pull_one("p", "aggregate", "fog-a", key, seen.status_since)
+        assert orchestrator.central.newest("p", "aggregate") is None
+        # A round that read the record after the deploy stores what the node holds.
+        now = orchestrator.registry.get_pipeline("p")
+        assert now is not None and now.status_since != seen.status_since
+        orchestrator._pull_one("p", "aggregate", "fog-a", key, now.status_since)
+        assert (orchestrator.central.newest("p", "aggregate") or {}).get("id") == old["id"]
