@@ -349,8 +349,11 @@ async def ensure_subjects(js: JetStreamContext, pipeline: str, pe: str) -> None:
     info = await js.stream_info(stream_name(pipeline, pe))
     have = list(info.config.subjects or [])
     missing = [s for s in stream_subjects(pipeline, pe) if s not in have]
-    if missing:
+    # Direct gets too: the nodes read their inputs with them only (no consumers, see
+    # fogshift.broker.permissions), and a stream made before them answers none.
+    if missing or not info.config.allow_direct:
         info.config.subjects = have + missing
+        info.config.allow_direct = True
         await js.update_stream(info.config)
 
 

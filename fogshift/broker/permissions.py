@@ -14,9 +14,10 @@ A node hosting PE ``e`` of pipeline ``p`` with inputs ``i…`` may:
   ``fs.p.i.state.*`` of its input (the states of the keys it hands over, and their parts;
   never ``fs.p.i.keys``, the orchestrator's key moves, nor another partition's states);
 * read the tail of its own stream (``STREAM.INFO``, ``STREAM.MSG.GET``);
-* read its inputs' streams with batched direct gets (``DIRECT.GET``), or through ephemeral
-  pull consumers (``STREAM.INFO``, ``CONSUMER.CREATE/INFO/DELETE/MSG.NEXT``) from streams
-  made before direct gets, on those streams only;
+* read its inputs' streams with batched direct gets (``STREAM.INFO``, ``DIRECT.GET``),
+  never through consumers: a consumer's creator names the subject the broker delivers it on,
+  which could be any other stream's (a stream made before direct gets is given them by the
+  orchestrator, :func:`fogshift.broker.client.ensure_subjects`);
 * receive its inputs' data messages as they are stored (a plain subscription that only
   wakes a reader waiting for input, see ``broker.datasource``), and replies on its inbox.
 """
@@ -98,15 +99,10 @@ def node_permissions(node: str, hosted: Iterable[Hosted]) -> dict[str, Any]:
                     key_state_subject(pe.pipeline, name, pe.element),
                     state_subjects(pe.pipeline, name),
                 }
-            publish |= {
-                f"{API}.STREAM.INFO.{source}",
-                f"{API}.DIRECT.GET.{source}",
-                f"{API}.CONSUMER.CREATE.{source}",
-                f"{API}.CONSUMER.CREATE.{source}.>",
-                f"{API}.CONSUMER.INFO.{source}.>",
-                f"{API}.CONSUMER.DELETE.{source}.>",
-                f"{API}.CONSUMER.MSG.NEXT.{source}.>",
-            }
+            # No consumers: whoever may create one chooses its deliver subject, and the
+            # broker would copy the input into any stream's subjects for it (another
+            # pipeline's), which no permission can stop.
+            publish |= {f"{API}.STREAM.INFO.{source}", f"{API}.DIRECT.GET.{source}"}
     return {
         "publish": {"allow": sorted(publish) or ["_INBOX.none"]},
         "subscribe": {"allow": sorted(subscribe)},

@@ -7,9 +7,12 @@ import contextlib
 import logging
 import time
 from functools import partial
+from typing import Any
 
 from nats.js.errors import NotFoundError
 
+from fogshift.broker.client import ensure_subjects
+from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.contracts import ElementProgress, OperationKind, PEState, PipelineState
 from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationInProgress
@@ -181,20 +184,30 @@ class Reconciler(Coordination):
             self._remove_strays(pending)
 
     def _streams_current(self, records: list[PipelineRecord]) -> None:
-        """Once per pipeline and orchestrator: give the inputs of its partitions whose keys
-        move every subject key moves write on. A stream an older fogshift made lacks some
-        (``.keys.*`` since 2026-11-29), and a partition's state for a move stored before the
-        upgrade could not be sent (its batch failing for good); a fresh deploy makes its
-        streams anew, with them all."""
+        """Once per pipeline and orchestrator: give each of its PEs' streams every subject
+        and the direct gets this fogshift uses. A stream an older fogshift made lacks some
+        subjects (``.keys.*`` since 2026-11-29: a partition's state for a move stored before
+        the upgrade could not be sent, its batch failing for good), or direct gets, the only
+        way a node may read its inputs (since 2026-11-29); a fresh deploy makes its streams
+        anew, with them all."""
         for record in records:
             if record.status != PipelineState.RUNNING or record.name in self._streams_checked:
                 continue
-            try:
-                for source in sorted({e.inputs[0] for e in record.spec.elements if e.moves_keys}):
+            ids = sorted(e.id for e in record.spec.elements)
+
+            async def current(js: Any, pipeline: str = record.name, ids: list[str] = ids) -> None:
+                for element in ids:
                     with contextlib.suppress(NotFoundError):  # none: made anew, with them all
-                        self._key_subjects(record.name, source)
-            except Exception as exc:  # the broker: next round
-                log.warning("cannot check the key subjects of %s's streams: %r", record.name, exc)
+                        await ensure_subjects(js, pipeline, element)
+
+            try:
+                self.broker.run(current, timeout=30)
+            except BrokerUnavailable as exc:
+                # Next round; the PEs after it wait no longer for a broker that is away.
+                log.warning("cannot bring %s's streams up to date: %s", record.name, exc.message)
+                return
+            except Exception as exc:
+                log.warning("cannot bring %s's streams up to date: %r", record.name, exc)
                 continue
             self._streams_checked.add(record.name)
 

@@ -85,6 +85,13 @@ def test_a_node_may_touch_only_the_streams_of_the_pes_it_hosts(broker: BrokerPro
     # n1 reads its input and appends to its own stream ...
     sub = run(n1, lambda js: consume_one(js, "FS_p_src", data_subject("p", "src")))
     assert sub == b"{}"
+    # ... never through a consumer, whose deliver subject could be another pipeline's
+    # stream (the broker would copy the input there).
+    copy = {"deliver_subject": data_subject("q", "x"), "ack_policy": "none"}
+    assert not allowed(run(n1, lambda js: js.add_consumer("FS_p_src", **copy)))
+    assert not allowed(
+        run(n1, lambda js: js.pull_subscribe(data_subject("p", "src"), stream="FS_p_src"))
+    )
     assert run(n1, lambda js: publish_records(js, "p", "pe1", record(1), epoch=1)) == 1
     # ... but cannot write another PE's stream, fence, or delete streams.
     assert not allowed(run(n1, lambda js: js.publish(data_subject("p", "pe2"), b"x")))
@@ -163,9 +170,9 @@ def test_a_node_reads_no_reply_but_its_own(broker: BrokerProcess) -> None:
 
 
 async def consume_one(js: Any, stream: str, subject: str) -> bytes:
-    from fogshift.broker.client import fetch_range
+    from fogshift.broker.client import get_range
 
-    msgs = await fetch_range(js, stream, subject, 0, 1)
+    msgs = await get_range(js, stream, subject, 0, 1)
     return bytes(msgs[0].data)
 
 

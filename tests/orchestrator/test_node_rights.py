@@ -71,7 +71,9 @@ def test_node_permissions_name_only_the_hosted_streams() -> None:
     allow = perms["publish"]["allow"]
     assert "fs.p.agg.data" in allow and "fs.p.agg.cut" in allow
     assert "fs.p.agg.fence" not in allow and "fs.p.src.data" not in allow
-    assert "$JS.API.CONSUMER.MSG.NEXT.FS_p_src.>" in allow
+    # Direct gets only: a consumer's creator names the subject it is delivered on (any
+    # other stream's), which no permission can confine.
+    assert not any(a.startswith("$JS.API.CONSUMER") for a in allow)
     assert "$JS.API.DIRECT.GET.FS_p_src" in allow and "$JS.API.DIRECT.GET.FS_p_agg" not in allow
     assert not any(a.startswith("$JS.API.STREAM.DELETE") for a in allow)
     # Its own inbox (not every client's: the broker's replies to others), and its input's

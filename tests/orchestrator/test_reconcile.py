@@ -53,6 +53,7 @@ def orchestrator(tmp_path: Path, agent: tuple[str, list[str]]) -> Iterator[Orche
     config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
     orch = Orchestrator(config)
     orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+    orch._streams_checked.add("p")  # (its streams are up to date: no broker here)
     # fog-c hosts an instance of the aggregate (e.g. the one a restore just started).
     url, _ = agent
     report = {"url": url, "ready": True, "elements": [{"pipeline": "p", "element": "aggregate"}]}
@@ -145,6 +146,10 @@ def test_the_input_of_partitions_gets_the_key_state_subjects_an_older_fogshift_l
     new = key_state_subjects("old", "source")
     older = [s for s in stream_subjects("old", "source") if s != new]
     admin.run(lambda js: js.add_stream(name=stream, subjects=older, allow_direct=True))
+    # Older still: a stream made before direct gets, which the nodes now read with only.
+    sink = stream_name("old", "aggregate-p0")
+    direct_less = {"subjects": stream_subjects("old", "aggregate-p0"), "allow_direct": False}
+    admin.run(lambda js: js.add_stream(name=sink, **direct_less))
     broker = nats_server.address.save(tmp_path / "broker.json")
     config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
     orch = Orchestrator(config)
@@ -153,6 +158,7 @@ def test_the_input_of_partitions_gets_the_key_state_subjects_an_older_fogshift_l
         orch._streams_current(orch.registry.pipelines())
         info = admin.run(lambda js: js.stream_info(stream))
         assert new in info.config.subjects
+        assert admin.run(lambda js: js.stream_info(sink)).config.allow_direct is True
         assert "old" in orch._streams_checked
     finally:
         orch.close()
