@@ -257,7 +257,7 @@ def _run(
 ) -> bool:
     source, agg, sink = case1_parts(spec)
     reference = case1_reference(source, agg["field"], agg["window"], agg.get("function", "avg"))
-    with cluster_ops.orchestrator_client(home) as client:
+    with cluster_ops.orchestrator_client(home, cluster_ops.OPERATION_TIMEOUT_S) as client:
         existing = {p["pipeline"]: p for p in client.get("/pipelines")}
         if existing.get(spec.pipeline, {}).get("status") == "running":
             client.post(f"/pipelines/{spec.pipeline}/stop")

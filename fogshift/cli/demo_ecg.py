@@ -60,7 +60,7 @@ def run_ecg(
     people = patients(source.patients, source.seed, source.abnormal_every, source.onset_s)
     expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
     pipeline = spec.pipeline
-    with cluster_ops.orchestrator_client(home) as client:
+    with cluster_ops.orchestrator_client(home, cluster_ops.OPERATION_TIMEOUT_S) as client:
         _deploy(client, spec)
         console.print(
             f"deployed [bold]{pipeline}[/] ({source.patients} patients, {source.duration_s:g} s "
@@ -160,7 +160,7 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
         )
     walker, stay = here[0], sorted(here[1:])
     expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
-    with cluster_ops.orchestrator_client(home) as client:
+    with cluster_ops.orchestrator_client(home, cluster_ops.OPERATION_TIMEOUT_S) as client:
         _deploy(client, spec)
         console.print(
             f"deployed [bold]{pipeline}[/] ({source.patients} patients; the twins of "

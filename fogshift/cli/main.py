@@ -760,7 +760,7 @@ def _post(
     operation may take minutes: the client waits up to 30); the answer as ``answer``,
     printed as JSON with ``as_json``."""
     with (
-        cluster_ops.orchestrator_client(home.resolve(), timeout_s=1800) as client,
+        cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client,
         console.status(doing),
     ):
         report = answer.model_validate(client.post(path, json=body))

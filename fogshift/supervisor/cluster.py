@@ -209,6 +209,13 @@ def cluster_running(home: Path) -> bool:
     return leads(cluster.orchestrator.pid, cluster.orchestrator.pgid)
 
 
+#: How long a client waits for the orchestrator's answer to an operation (a migration, a
+#: group of them, a restore, a scale): minutes on a loaded node, each step bounded by the
+#: orchestrator itself. A client that gives up first reports an orchestrator that cannot be
+#: reached while the operation goes on.
+OPERATION_TIMEOUT_S = 1800.0
+
+
 def orchestrator_client(home: Path, timeout_s: float = 120) -> ServiceClient:
     """A client for the orchestrator of the cluster under ``home``."""
     cluster, token = load_cluster(home)
