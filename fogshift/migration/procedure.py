@@ -321,15 +321,23 @@ def _handover(
         # Live beside the origin: from here on the target may append (under the new epoch).
         steps.phase(MigrationPhase.SWITCHING)
         target_agent.put(here + "/gate", json={"gate": None})
-        now = origin_agent.call(ElementProgress, "GET", here + "/progress")
-        report.observe(origin_name, now)
-        _wait_progress(target_agent, here, now.progress, timeout_s, "following", report)
+        now = _origin_progress(report, here, origin_agent)
+        if now is not None:
+            _wait_progress(target_agent, here, now.progress, timeout_s, "following", report)
         watch.lap("follow")
         # The origin is not paused: it may already be refused (the target appended first
         # under its newer epoch). The fence makes that certain; its position before is as
         # far as it can have got.
-        position = origin_agent.call(ElementProgress, "GET", here + "/progress")
-        report.observe(origin_name, position)
+        position = _origin_progress(report, here, origin_agent) if now is not None else None
+        if position is None:
+            # The origin stopped answering with the target live: the target takes over
+            # (fenced out below, the origin can never append again). A rollback would
+            # discard the one instance that runs and leave the PE to a restore.
+            position = target_agent.call(ElementProgress, "GET", here + "/progress")
+            report.warnings.append(
+                f"the origin on {origin_name} stopped answering once the target was live: "
+                "the target took over without it"
+            )
         paused_at = time.perf_counter()
         steps.mark(report.epoch)
         watch.lap("fence")
@@ -358,6 +366,21 @@ def _handover(
     _finish(report, watch, here, origin_agent, target_agent, (info, position, live),
             paused_at, live_wait_s)  # fmt: skip
     return report
+
+
+def _origin_progress(
+    report: MigrationReport, here: str, origin: ServiceClient
+) -> ElementProgress | None:
+    """The origin's progress during a handover's switch; ``None`` if it does not answer
+    (its node went down or its agent forgot the PE)."""
+    try:
+        now = origin.call(ElementProgress, "GET", here + "/progress")
+    except FogshiftError as exc:
+        log.warning("handover of %s: the origin on %s does not answer: %s",
+                    here, report.origin, exc.message)  # fmt: skip
+        return None
+    report.observe(report.origin, now)
+    return now
 
 
 def _copy_warm(

@@ -3,12 +3,17 @@ agents over real HTTP)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
-from fogshift.migration.procedure import roll_back
+from fogshift.contracts import MigrationMode
+from fogshift.exceptions import Unavailable
+from fogshift.migration.procedure import MigrationSteps, migrate, roll_back
 from fogshift.spec.models import ElementSpec
 from tests.orchestrator.standin import standins
 
@@ -40,3 +45,46 @@ def test_a_fence_that_raises_anything_is_reported_not_raised(fence: Callable[[],
     assert any("running the origin on fog-a again failed" in n for n in undone.notes), undone
     # Never resumed at the old epoch while the target may write.
     assert agents["fog-a"].received("POST", HERE + "/resume") == []
+
+
+class _DiesOnceTheTargetIsLive(ServiceClient):
+    """The origin's agent, whose node goes down once the target's gate has opened."""
+
+    def __init__(self, url: str, target: Any) -> None:
+        super().__init__(url, "t" * 32, "fog-a")
+        self.target = target
+
+    def raw(self, method: str, path: str, **kwargs: Any) -> Any:
+        if self.target.received("PUT", HERE + "/gate"):
+            raise Unavailable("node agent 'fog-a' cannot be reached: ConnectError")
+        return super().raw(method, path, **kwargs)
+
+
+def test_a_handover_whose_origin_dies_once_the_target_is_live_completes_on_the_target() -> None:
+    # Rolled back, the live target (the one instance that ran) was discarded and the PE
+    # left to a restore from an older checkpoint, or to nobody with recovery off.
+    offset = {"type": "jetstream", "positions": {"source": 30}}
+    pe = {"pipeline": "p", "element": "aggregate"}
+    with standins("fog-a", "fog-b") as agents:
+        info = json.dumps({"batch": 3, "offset": offset})
+        agents["fog-a"].answer("GET", HERE + "/checkpoint", content=b"checkpoint",
+                               headers={SHA_HEADER: "0" * 64, INFO_HEADER: info})  # fmt: skip
+        running = {**pe, "state": "running", "offset": offset}
+        agents["fog-a"].answer("GET", HERE + "/progress",
+                               body={**running, "committed_batch": 3, "progress": 30})  # fmt: skip
+        agents["fog-b"].answer("GET", HERE + "/progress",
+                               body={**running, "committed_batch": 4, "progress": 31})  # fmt: skip
+        origin = _DiesOnceTheTargetIsLive(agents["fog-a"].url, agents["fog-b"])
+        target = ServiceClient(agents["fog-b"].url, "t" * 32, "fog-b")
+        calls: list[str] = []
+        steps = MigrationSteps(
+            route=lambda: calls.append("route"), fence=lambda: calls.append("fence") or 9,
+            bump=lambda: 2, mark=lambda epoch: calls.append(f"mark {epoch}"),
+        )  # fmt: skip
+        report = migrate("p", ELEMENT, ("fog-a", origin), ("fog-b", target),
+                         MigrationMode.HANDOVER, timeout_s=5, live_wait_s=0.1,
+                         steps=steps)  # fmt: skip
+    assert report.status == "migrated" and report.epoch == 2, report
+    assert calls == ["mark 2", "route"]  # the origin cut off under the target's epoch
+    assert agents["fog-b"].received("DELETE", HERE) == []
+    assert any("took over without it" in w for w in report.warnings), report.warnings
