@@ -4,11 +4,13 @@ nats-server; the reader is called as Spark's planner and executor would call it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -227,3 +229,37 @@ def test_a_pipeline_deployed_again_has_its_key_moves_read_anew(js_client: SyncJe
     deploy_with(second, padding=1)
     (read,) = datasource._moves_until(js_client, pipeline, "src", "agg", 100, epoch=4)
     assert (read.move, read.seq, read.keys) == ("m2", 2, ("s2",))
+
+
+class _Tails:
+    """A client whose streams grow by one message at each look, counting round trips."""
+
+    def __init__(self, grow: bool) -> None:
+        self.grow, self.looks, self.trips = grow, 0, 0
+
+    def run(self, make: Any, timeout: float = 30) -> Any:
+        self.trips += 1
+
+        async def stream_info(stream: str) -> Any:
+            self.looks += 1
+            last = self.looks if self.grow else 7
+            return SimpleNamespace(state=SimpleNamespace(last_seq=last))
+
+        return asyncio.run(make(SimpleNamespace(stream_info=stream_info)))
+
+
+def test_merged_partitions_tails_are_read_in_one_round_trip_and_a_moving_read_is_told(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reader = JetStreamReader.__new__(JetStreamReader)
+    reader.pipeline, reader.pe = "p", "sink"
+    reader.inputs = ["agg-p0", "agg-p1"]
+    reader.merged = [("agg-p0", "agg-p1")]
+    still = _Tails(grow=False)
+    assert reader._tails(still) == {"agg-p0": 7, "agg-p1": 7}
+    assert still.trips == 2  # two collects that agree, each one round trip for both tails
+    busy = _Tails(grow=True)
+    with caplog.at_level("WARNING"):
+        reader._tails(busy)
+    assert busy.trips == datasource.SNAPSHOT_TRIES + 1
+    assert "never stood still" in caplog.text
