@@ -58,8 +58,13 @@ from fogshift.events import (
     parse_value,
 )
 from fogshift.exceptions import InvariantViolation
+from fogshift.runtime.exceptions import SinkBusy
 
 ROWS_OFFSET = "csv-rows"
+#: How long a sink waits for its output file's lock before its batch fails (and is tried
+#: again): the holder may be a frozen instance (SIGSTOPped, its node hung) on the storage
+#: both share, which would otherwise hang this one silently, and its restore with it.
+LOCK_WAIT_S = 30.0
 #: Seconds without a change after which a file's unterminated last line counts as a row.
 TAIL_SETTLE_S = 2.0
 #: A row handed to the sink: ``(origin, seq, timestamp, body_json)``.
@@ -377,8 +382,23 @@ def append_exactly_once(
     """Append under the file's lock; see :func:`_append`."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(marker_path(target).with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock_path = marker_path(target).with_suffix(".lock")
+    with open(lock_path, "a") as lock:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SinkBusy(
+                        f"sink {owner or target}: {lock_path} has been locked by another "
+                        f"writer for {LOCK_WAIT_S:g} s",
+                        hint="an earlier instance of this sink is stuck mid-append (a frozen "
+                        "process or node on the storage both share): stop it; this batch is "
+                        "tried again",
+                    ) from None
+                time.sleep(0.05)
         return _append(target, rows, on_refused, epoch, owner)
 
 

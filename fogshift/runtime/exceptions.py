@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fogshift.exceptions import Conflict, FogshiftError, InvalidInput
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailable
 
 
 class DeadLetter(Exception):
@@ -33,3 +33,9 @@ class NoState(Conflict):
     """A PE whose state was asked for holds none: a source, a sink or a stateless processor."""
 
     code = "no_state"
+
+
+class SinkBusy(Unavailable):
+    """A sink's output file stays locked by another writer (an earlier instance, stuck)."""
+
+    code = "sink_busy"

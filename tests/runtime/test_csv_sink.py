@@ -78,3 +78,34 @@ def test_a_body_that_cannot_be_written_is_refused_alone(tmp_path: Path) -> None:
     other = tmp_path / "p.csv"
     assert append_exactly_once(other, [(1, 1, 0.0, '{"\\udcff": 1}'), *rows((2, 2.0))]) == 1
     assert other.read_text() == "seq,v\n2,2.0\n"
+
+
+def test_a_lock_held_by_a_frozen_writer_fails_the_batch_instead_of_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An earlier instance SIGSTOPped mid-append (its node frozen) on storage both share:
+    # the restored sink waited for the lock for as long as the freeze lasted, silently.
+    import signal
+    import subprocess
+    import sys
+
+    from fogshift.runtime import csv_io
+    from fogshift.runtime.exceptions import SinkBusy
+
+    out = tmp_path / "out.csv"
+    lock = marker_path(out).with_suffix(".lock")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, signal, sys\n"
+        f"f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True); os.kill(os.getpid(), signal.SIGSTOP)\n"
+    )], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        monkeypatch.setattr(csv_io, "LOCK_WAIT_S", 0.3)
+        with pytest.raises(SinkBusy, match="locked by another writer"):
+            append_exactly_once(out, rows((1, 1.0)), epoch=2, owner="p/sink")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # The holder gone, the lock is free again.
+    assert append_exactly_once(out, rows((1, 1.0)), epoch=2) == 1
