@@ -57,7 +57,7 @@ from fogshift.contracts import (
     KeyWave,
     StateKeys,
 )
-from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.orchestrator.standbys import Standbys
 from fogshift.spec.models import ElementSpec, partition_id
@@ -229,10 +229,41 @@ class KeyMoves(Standbys):
         # One key move of an element at a time: a key must not move again before the state
         # of its last move has arrived (its holder would have no state to hand on).
         with _LOCKS.setdefault((pipeline, element_id), threading.Lock()):
+            self._unchanged(pipeline, element_id, parts, f"cannot move {what}", (to, target))
             return self._move_keys(
                 pipeline, element_id, parts, keys, to, target, source, order, started, timeout_s,
                 group, precopy is not False, wave_keys,
             )  # fmt: skip
+
+    def _unchanged(
+        self,
+        pipeline: str,
+        element_id: str,
+        parts: list[ElementSpec],
+        refusal: str,
+        placed: tuple[ElementSpec, str] | None = None,
+    ) -> None:
+        """Check, once the element's lock is held, that its partitions are still ``parts``
+        (and ``placed``'s partition still on its node): the request was planned on what it
+        read before waiting for the operation ahead of it, a scale that may have added or
+        retired partitions (a key given to a retired one would have no owner).
+
+        Raises:
+            Conflict: (starting with ``refusal``) they changed; nothing was stored.
+        """
+        record = self.pipeline(pipeline)
+        now = [p.id for p in record.spec.partitions_of(element_id)]
+        was = [p.id for p in parts]
+        moved = placed is not None and record.placement.get(placed[0].id) != placed[1]
+        if now != was or moved:
+            raise Conflict(
+                f"{refusal}: its partitions changed while it waited for the operation "
+                "before it (a scale or a move)",
+                expected=", ".join(was) + (f", {placed[0].id} on {placed[1]}" if placed else ""),
+                received=", ".join(now)
+                + (f", {placed[0].id} on {record.placement.get(placed[0].id)}" if placed else ""),
+                hint="send it again: it is planned afresh on the partitions as they are",
+            )
 
     def _movable_parts(
         self, record: PipelineRecord, element_id: str, refusal: str

@@ -128,6 +128,7 @@ class Scaling(KeyMoves):
             _LOCKS.setdefault((pipeline, element_id), threading.Lock()),
             self._sections(pipeline, [*old, *new, *readers]),
         ):
+            self._unchanged(pipeline, element_id, parts, f"cannot {what}")
             return self._scale(pipeline, element_id, parts, partitions, placed, started,
                                timeout_s, waves)  # fmt: skip
 

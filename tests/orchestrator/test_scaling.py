@@ -112,3 +112,59 @@ def test_a_scale_out_that_failed_midway_is_finished_by_the_same_request_again(
     (restarted,) = agents["cloud"].received("PUT", SINK)
     assert "aggregate-p2" in restarted.body["element"]["inputs"]
     assert restarted.body["epoch"] == 2  # a new epoch, fenced first
+
+
+@pytest.mark.parametrize("request_kind", ["key move", "scale"])
+def test_a_request_queued_behind_a_scale_is_refused_when_the_partitions_changed(
+    orch: Orchestrator, agents: dict[str, StandIn], request_kind: str
+) -> None:
+    # A key move (or another scale) planned on two partitions waited for the element's lock
+    # while a scale added a third: run on what it read before, it could give keys to a
+    # partition retired meanwhile (no owner), list a group's keys without the new
+    # partition's (their states left behind), or add a running partition again.
+    import threading
+
+    from fogshift.exceptions import Conflict
+    from fogshift.orchestrator.keymoves import _LOCKS
+
+    class Told:
+        """The element's lock, telling when the request comes to wait for it."""
+
+        def __init__(self) -> None:
+            self.lock, self.asked = threading.Lock(), threading.Event()
+
+        def __enter__(self) -> None:
+            if threading.current_thread() is not threading.main_thread():
+                self.asked.set()
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    _beat(orch, agents)
+    lock = _LOCKS[("p", "aggregate")] = Told()  # type: ignore[assignment]
+    failed: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            if request_kind == "key move":
+                orch.migrate_keys("p", "aggregate", ["s1"], "fog-b", timeout_s=0.1)
+            else:
+                orch.scale("p", "aggregate", 3, ["fog-c"], timeout_s=0.1)
+        except BaseException as exc:  # (asserted below)
+            failed.append(exc)
+
+    with lock:  # the scale ahead of it
+        waiting = threading.Thread(target=send)
+        waiting.start()
+        assert lock.asked.wait(30)  # planned on two partitions, now waiting
+        record = orch.registry.get_pipeline("p")
+        assert record is not None
+        agents["fog-c"].fail("PUT", ADDED, status=200)
+        orch._place(record.spec, _parts(orch), 3, ["fog-c"], "source")
+    waiting.join(30)
+    assert not waiting.is_alive()
+    assert len(failed) == 1 and isinstance(failed[0], Conflict), failed
+    assert "partitions changed while it waited" in failed[0].message
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1", "aggregate-p2"]
+    del _LOCKS[("p", "aggregate")]
