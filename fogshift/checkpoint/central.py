@@ -246,8 +246,9 @@ class CentralStore:
                 tmp = listing.with_name(f".{sha}.{threading.get_ident()}.tmp")
                 tmp.write_text(json.dumps(chunks))
                 tmp.replace(listing)
+            # The newest blob holding a chunk serves it: the older ones go first.
             for offset, length, digest in chunks:
-                at.setdefault(str(digest), (sha, int(offset), int(length)))
+                at[str(digest)] = (sha, int(offset), int(length))
             self._indexed.add(sha)
 
     def _chunks_loaded(self) -> dict[str, tuple[str, int, int]]:
@@ -427,13 +428,19 @@ class CentralStore:
                     removed += 1
             except FileNotFoundError:
                 continue
-        # A chunk list goes with its blob (an index entry of it fails its check, and goes).
+        # A chunk list goes with its blob, and the index is read again from those left at
+        # its next use: its entries of that blob would serve nothing, while a kept blob
+        # holding the same chunk would not be asked (the whole file shipped again).
+        dropped = False
         for listing in self.chunk_lists.iterdir():
             if listing.name.startswith(".") or (self.blobs / listing.name).exists():
                 continue
             listing.unlink(missing_ok=True)
+            dropped = True
+        if dropped:
             with self._chunk_lock:
-                self._indexed.discard(listing.name)
+                self._chunk_at = None
+                self._indexed.clear()
         return removed
 
     def blob_path(self, sha: str) -> Path:

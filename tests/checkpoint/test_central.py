@@ -166,3 +166,44 @@ def test_forgetting_a_pe_or_a_whole_pipeline(tmp_path: Path) -> None:
     assert store.newest("p", "agg-p2") is None and store.newest("p", "agg") is not None
     store.forget("p")
     assert store.newest("p", "agg") is None and store.newest("q", "agg") is not None
+
+
+def test_chunks_stay_served_by_kept_blobs_when_the_first_holder_is_collected(
+    tmp_path: Path,
+) -> None:
+    # RocksDB rewrites a large file with a few bytes changed; each pull ships the chunks the
+    # store lacks. The index kept each chunk at the first blob that held it: once that blob
+    # was collected the kept ones were not asked, the whole file crossed again (every ~10
+    # minutes), and the index grew with every pull for as long as the process ran.
+    import random
+
+    from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES, file_chunks
+
+    store = CentralStore(tmp_path / "store", keep=2)
+    rng = random.Random(1)
+    base = bytearray(rng.randbytes(2 * max(CHUNKED_MIN_BYTES, 1 << 20)))
+
+    class Source:
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        def chunks(self, rel: str) -> list[tuple[int, int, str]]:
+            return [(o, n, d) for o, n, d in file_chunks(self.data)]
+
+        def range(self, rel: str, offset: int, length: int) -> bytes:
+            return self.data[offset : offset + length]
+
+    shipped = []
+    for batch in range(8):
+        base[batch * 16 : batch * 16 + 4] = rng.randbytes(4)  # a few bytes: one chunk changes
+        data = bytes(base)
+        files = {"state/0/big.sst": data}
+        shipped.append(store.put(manifest(batch, files), files.__getitem__, Source(data)))
+        for blob in store.blobs.iterdir():  # old enough to collect once unreferenced
+            os.utime(blob, (1, 1))
+    assert shipped[0] >= len(base)  # the first: all of it
+    assert max(shipped[1:]) < len(base) // 4, shipped
+    kept = {e["sha256"] for m in store.manifests("p", "agg") for e in m["files"].values()}
+    with store._chunk_lock:
+        holders = {sha for sha, _, _ in store._chunks_loaded().values()}
+    assert holders <= kept, (holders, kept)
