@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -51,6 +52,7 @@ def build_session(
     number must be used by every node, or a checkpoint cannot move between them. Nothing
     has run in it yet: :func:`fogshift.runtime.warm_up.warm_up` runs a node's first queries.
     """
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     from fogshift.runtime import zygote
@@ -104,8 +106,13 @@ def build_session(
             "spark.driver.host", "127.0.0.1"
         )
     if local_dir:
+        # Only before this process's JVM starts: its own scratch is there afterwards.
+        first = SparkContext._gateway is None
+        if first:
+            sweep_scratch(Path(local_dir))
         builder = builder.config("spark.local.dir", local_dir)
-        java_options = f"{java_options} -Djava.io.tmpdir={_jvm_temp_dir(Path(local_dir))}"
+        temp = _jvm_temp_dir(Path(local_dir), sweep=first)
+        java_options = f"{java_options} -Djava.io.tmpdir={temp}"
     # Read when the driver JVM is launched, which the first session of a process does.
     # The environment's class archive, if made, saves ~a quarter of the JVM's start; its
     # local file system, if compiled, saves a chmod process per file written.
@@ -126,9 +133,24 @@ def build_session(
 
 #: What RocksJava extracts its native library as, once per JVM, into ``java.io.tmpdir``.
 ROCKSDB_LIBRARY_GLOB = "librocksdbjni*.so"
+#: What Spark makes in ``spark.local.dir`` (its scratch: RocksDB's working copies of the
+#: state stores, shuffle and block files) and in ``java.io.tmpdir``, deleted only at a clean
+#: JVM exit.
+SCRATCH_GLOBS = ("spark-*", "blockmgr-*")
+JVM_TEMP_GLOBS = (ROCKSDB_LIBRARY_GLOB, "liblz4-java*", "artifacts-*", "spark-*")
 
 
-def _jvm_temp_dir(local_dir: Path) -> Path:
+def sweep_scratch(local_dir: Path) -> None:
+    """Remove what earlier JVMs of this node left in ``local_dir`` (one node runs per home,
+    and a node is stopped with SIGKILL): every unclean stop left a state store's working
+    copy, shuffle files and native libraries behind, for good. Only Spark's own names go
+    (the zygote's and the worker script's folders stay)."""
+    for pattern in SCRATCH_GLOBS:
+        for leftover in local_dir.glob(pattern):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _jvm_temp_dir(local_dir: Path, sweep: bool = True) -> Path:
     """The node JVM's ``java.io.tmpdir``: a folder of the node's own, emptied of the native
     libraries its earlier JVMs left.
 
@@ -140,8 +162,12 @@ def _jvm_temp_dir(local_dir: Path) -> Path:
     """
     folder = local_dir / "jvm-tmp"
     folder.mkdir(parents=True, exist_ok=True)
-    for leftover in folder.glob(ROCKSDB_LIBRARY_GLOB):
-        leftover.unlink(missing_ok=True)
+    for pattern in JVM_TEMP_GLOBS if sweep else ():
+        for leftover in folder.glob(pattern):
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
     return folder
 
 

@@ -92,8 +92,29 @@ def test_a_nodes_jvm_temp_folder_is_its_own_and_drops_native_libraries_left_behi
     assert folder.is_dir() and folder.parent == tmp_path
     left = folder / "librocksdbjni123456.so"
     left.write_bytes(b"x")
-    other = folder / "spark-something"
+    scratch = folder / "spark-something"
+    (scratch / "inner").mkdir(parents=True)
+    lz4 = folder / "liblz4-java-123.so"
+    lz4.write_bytes(b"z")
+    other = folder / "keep-me"
     other.write_bytes(b"y")
     assert _jvm_temp_dir(tmp_path) == folder
     assert not left.exists()  # a dead JVM's copy of RocksJava's 14 MB library
+    assert not scratch.exists() and not lz4.exists()  # its scratch and its other library
     assert other.exists()  # nothing else is touched
+
+
+def test_spark_scratch_an_earlier_jvm_left_goes_the_zygotes_stays(tmp_path: Path) -> None:
+    # A node stopped with SIGKILL left each of its JVMs' scratch: a state store's working
+    # copy (RocksDB), shuffle and block files, for good.
+    from fogshift.runtime.session import sweep_scratch
+
+    working = tmp_path / "spark-0b1c" / "StateStoreId(opId=0,partId=0)" / "workingDir"
+    working.mkdir(parents=True)
+    (working / "000010.sst").write_bytes(b"s" * 100)
+    (tmp_path / "blockmgr-9f" / "0c").mkdir(parents=True)
+    kept = [tmp_path / "zygote", tmp_path / "fogshift-python-abc"]
+    for folder in kept:
+        folder.mkdir()
+    sweep_scratch(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in kept)
