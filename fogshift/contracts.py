@@ -265,6 +265,18 @@ class ReplicaInfo(BaseModel):
     created: float
 
 
+class DroppedReplica(BaseModel):
+    """Answer of ``DELETE /replicas/{pipeline}/{element}``: the copies a node held of that
+    PE are gone (``held``: whether it held any), and ``blobs`` files with them."""
+
+    model_config = _WIRE
+
+    pipeline: str
+    element: str
+    held: bool
+    blobs: int
+
+
 class InstallResult(BaseModel):
     """Answer of ``POST .../checkpoint/install``."""
 

@@ -59,6 +59,7 @@ from fogshift.contracts import (
     CheckpointManifest,
     CheckpointRequest,
     CopyResult,
+    DroppedReplica,
     ElementInfo,
     ElementProgress,
     FileChunks,
@@ -399,6 +400,12 @@ def create_app(config: AgentConfig) -> FastAPI:
             )
         check_manifest(request.manifest, pipeline, element)
         return CopyResult(fetched_bytes=replicas.copy(request.manifest, request.source))
+
+    @app.delete("/replicas/{pipeline}/{element}")
+    def drop_replica(pipeline: NameParam, element: NameParam) -> DroppedReplica:
+        # The orchestrator's, for a PE this node no longer backs up (its pipeline stopped or
+        # gone, the PE retired, or running here): copies kept for good filled the disk.
+        return replicas.drop(pipeline, element)
 
     add_blob_routes(app, replicas.store.blob_path, replicas.store.blob_chunks,
                     f"on node {config.name!r}")  # fmt: skip

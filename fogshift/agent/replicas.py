@@ -29,7 +29,13 @@ from fogshift.checkpoint.chunks import Chunk
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.checkpoint.spark_dir import fill_omitted
 from fogshift.common.http import NodeDirectory, client_limits, raise_for_error, tls_context
-from fogshift.contracts import CheckpointManifest, FileChunks, InstallResult, ReplicaInfo
+from fogshift.contracts import (
+    CheckpointManifest,
+    DroppedReplica,
+    FileChunks,
+    InstallResult,
+    ReplicaInfo,
+)
 from fogshift.exceptions import Unavailable
 
 
@@ -196,6 +202,16 @@ class Replicas:
         if filled is not None:
             data, digest = filled
         self.runtime.install_checkpoint(pipeline, pe, data, digest)
+
+    def drop(self, pipeline: str, pe: str) -> DroppedReplica:
+        """Forget every copy of ``pipeline/pe`` here, and the files no other copy names
+        (those stored over ten minutes ago at once, the others at a later collection)."""
+        held = bool(self.store.manifests(pipeline, pe))
+        self.store.forget(pipeline, pe)
+        # (Files younger than the store's horizon wait for a later collection: one may be
+        # another PE's copy under way, its manifest not written yet.)
+        return DroppedReplica(pipeline=pipeline, element=pe, held=held,
+                              blobs=self.store.collect_garbage())  # fmt: skip
 
     def held(self) -> list[ReplicaInfo]:
         """The newest whole-looking copy per PE."""

@@ -14,6 +14,7 @@ from fogshift.contracts import (
     CentralCheckpoint,
     CheckpointManifest,
     CopyResult,
+    DroppedReplica,
     FileChunks,
     Heartbeat,
     PipelineState,
@@ -123,8 +124,10 @@ class Replication(Replanning):
         """Give each PE's planned backup node a copy of the PE's newest central checkpoint.
 
         The node fetches only the files it lacks, from the central store. Runs after each
-        central pull; a node that is down or fails is retried at the next round.
+        central pull; a node that is down or fails is retried at the next round. Copies no
+        running PE needs any more are dropped first (:meth:`drop_stale_replicas`).
         """
+        self.drop_stale_replicas()
         nodes = {n.name: n for n in self.registry.nodes()}
         for record in self.registry.pipelines():
             if record.status != PipelineState.RUNNING:
@@ -166,6 +169,38 @@ class Replication(Replanning):
                     fetched_bytes=result.fetched_bytes,
                     took_ms=round((time.perf_counter() - started) * 1000, 1),
                 )
+
+    def drop_stale_replicas(self) -> None:
+        """Ask each healthy node to drop the copies it holds of a PE no running pipeline
+        has (stopped, removed, deployed afresh since, or a partition retired) or that runs
+        on that node itself: nothing else removes them, and a backup node kept every PE it
+        ever backed up, twice. A copy of a running PE elsewhere stays, planned backup or
+        not (a restore may still take it; plans change back and forth)."""
+        records = {r.name: r for r in self.registry.pipelines()}
+        for node in self.registry.nodes():
+            if not self.healthy(node):
+                continue
+            for replica in node.report.replicas:
+                record = records.get(replica.pipeline)
+                if record is not None and record.status in (
+                    PipelineState.DEPLOYING,
+                    PipelineState.STOPPING,
+                ):
+                    continue  # in between: judged once it settles
+                running = record is not None and record.status == PipelineState.RUNNING
+                placed = record.placement.get(replica.element) if running and record else None
+                if placed is not None and placed != node.name:
+                    continue  # a running PE elsewhere: a restore may take this copy
+                try:
+                    self.agent(node.name).call(
+                        DroppedReplica, "DELETE", f"/replicas/{replica.pipeline}/{replica.element}"
+                    )
+                except FogshiftError as exc:
+                    log.info("stale replica of %s/%s on %s not dropped: %s", replica.pipeline,
+                             replica.element, node.name, exc.message)  # fmt: skip
+                    continue
+                log.info("dropped the stale replica of %s/%s on %s",
+                         replica.pipeline, replica.element, node.name)  # fmt: skip
 
     def held_by(self, node: str, pipeline: str, pe: str) -> KnownBlobs | None:
         """The files and chunks node ``node`` holds of PE ``pipeline/pe`` as its backup: its

@@ -58,3 +58,27 @@ def test_a_backup_node_installs_what_it_was_sent_and_its_replica_the_rest(
                             headers={SHA_HEADER: sha})  # fmt: skip
         assert refused.status_code >= 400 and refused.json()["code"] == "torn_checkpoint"
     assert not (home / "nodes" / "fog-a" / "checkpoints" / "p" / "other").exists()
+
+
+def test_a_replica_no_longer_needed_is_dropped_with_its_files(
+    home: Path,  # noqa: F811
+) -> None:
+    # Nothing removed a backup node's copies: it kept every PE it ever backed up, twice.
+    import os
+
+    agent = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))
+    replicas = CentralStore(home / "nodes" / "fog-a" / "replicas", keep=2)
+    kept = Node({"offsets/0": b"kept"})
+    replicas.put({**manifest(0, kept.files), "element": "kept"}, kept.fetch, kept)
+    gone = Node({"offsets/0": b"gone", "commits/0": b"c0"})
+    replicas.put(manifest(0, gone.files), gone.fetch, gone)
+    for blob in replicas.blobs.iterdir():  # stored long ago
+        os.utime(blob, (1, 1))
+    assert [r["element"] for r in agent.get("/replicas").json()] == ["agg", "kept"]
+    answer = agent.delete("/replicas/p/agg")
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"pipeline": "p", "element": "agg", "held": True, "blobs": 2}
+    assert [r["element"] for r in agent.get("/replicas").json()] == ["kept"]
+    assert agent.delete("/replicas/p/agg").json()["held"] is False  # (again: nothing)
+    assert agent.delete("/replicas/p/bad.name").status_code == 422
+    assert client(create_app(config(home)), "x" * 40).delete("/replicas/p/kept").status_code == 401

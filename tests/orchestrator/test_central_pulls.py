@@ -181,3 +181,39 @@ def test_a_pull_that_outlives_a_stop_and_a_fresh_deploy_stores_nothing_of_the_ru
         assert now is not None and now.status_since != seen.status_since
         orchestrator._pull_one("p", "aggregate", "fog-a", key, now.status_since)
         assert (orchestrator.central.newest("p", "aggregate") or {}).get("id") == old["id"]
+
+
+def test_replicas_of_pes_no_running_pipeline_has_here_elsewhere_are_dropped(
+    orchestrator: Orchestrator, tmp_path: Path
+) -> None:
+    from tests.orchestrator.standin import standins
+
+    def replica(pipeline: str, element: str) -> dict[str, Any]:
+        return {"pipeline": pipeline, "element": element, "id": "b000000000004", "batch": 4,
+                "created": 1.0}  # fmt: skip
+
+    orchestrator.registry.put_pipeline(parse_spec({**SPEC, "pipeline": "off"}, tmp_path),
+                                       "running")  # fmt: skip
+    orchestrator.registry.set_status("off", "stopped")
+    with standins("fog-b", "fog-a") as agents:
+        for name in agents:
+            agents[name].answer("DELETE", "/replicas/off/aggregate",
+                                body={"pipeline": "off", "element": "aggregate", "held": True,
+                                      "blobs": 0})  # fmt: skip
+        # fog-b backs p/aggregate up (running on fog-a) and still holds a stopped pipeline's
+        # copy and a partition's that no spec has; fog-a holds a copy of the PE it runs.
+        held = {
+            "fog-b": [replica("p", "aggregate"), replica("off", "aggregate"),
+                      replica("p", "aggregate-p7"), replica("gone", "x")],
+            "fog-a": [replica("p", "aggregate")],
+        }  # fmt: skip
+        for name, agent in agents.items():
+            orchestrator.heartbeat(name, Heartbeat.model_validate(
+                {"url": agent.url, "ready": True, "replicas": held[name]}))  # fmt: skip
+        orchestrator.drop_stale_replicas()
+        dropped = {n: sorted(c.path for c in a.calls if c.method == "DELETE")
+                   for n, a in agents.items()}  # fmt: skip
+    assert dropped == {
+        "fog-b": ["/replicas/gone/x", "/replicas/off/aggregate", "/replicas/p/aggregate-p7"],
+        "fog-a": ["/replicas/p/aggregate"],
+    }
