@@ -168,7 +168,6 @@ class Reconciler(Coordination):
             self.recover_operations()
             self.permissions.sync_quietly(self.registry)
             records = self.registry.pipelines()
-            self._streams_current(records)
             pending = {(op.pipeline, op.element) for op in self.registry.unfinished()}
             for record in records:
                 for element in record.spec.elements:
@@ -182,6 +181,9 @@ class Reconciler(Coordination):
                         # strays in place: it is tried again next round.
                         log.exception("reconciling %s/%s failed", record.name, element.id)
             self._remove_strays(pending)
+
+    def streams_upkeep(self) -> None:
+        self._streams_current(self.registry.pipelines())
 
     def _streams_current(self, records: list[PipelineRecord]) -> None:
         """Once per pipeline and orchestrator: give each of its PEs' streams every subject

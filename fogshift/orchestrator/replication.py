@@ -240,11 +240,18 @@ class Replication(Replanning):
                 self._early_pulls[key] = (name, snap.id)
                 self._pull_now.set()
 
+    def streams_upkeep(self) -> None:
+        """Bring the streams of running pipelines up to what this fogshift uses; run by the
+        central loop, not the reconciler's: a broker that is away holds it up for its
+        connect timeout, which must not delay noticing a lost node. (The reconciler's, see
+        ``Reconciler._streams_current``; nothing here.)"""
+
     def run_central(self) -> None:
         """Pull and push every ``central_interval_s``, or at once when a heartbeat asks
         (:meth:`heartbeat`), until :meth:`close`."""
 
         def step() -> None:
+            self.streams_upkeep()
             self.pull_checkpoints()
             self.push_replicas()
 

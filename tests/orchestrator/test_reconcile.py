@@ -53,7 +53,6 @@ def orchestrator(tmp_path: Path, agent: tuple[str, list[str]]) -> Iterator[Orche
     config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
     orch = Orchestrator(config)
     orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
-    orch._streams_checked.add("p")  # (its streams are up to date: no broker here)
     # fog-c hosts an instance of the aggregate (e.g. the one a restore just started).
     url, _ = agent
     report = {"url": url, "ready": True, "elements": [{"pipeline": "p", "element": "aggregate"}]}
