@@ -138,10 +138,14 @@ def take_snapshot(
     # known. Inodes from the folders' listings (no stat per file), compared only within one
     # file system.
     old_inodes = _inodes(old_dir) if old_dir is not None and _same_device(old_dir, staging) else {}
+    # What was linked, as the snapshot's own listing has it: a file replaced under its name
+    # between the live folder's listing and its link (the agent's counters, rewritten after
+    # each batch) is another inode than the one listed, and took the previous digest.
+    staged = _inodes(staging) if old_inodes else {}
     files: dict[str, dict[str, Any]] = {}
     copied_bytes = 0
     for rel in sorted(placed):
-        inode = placed[rel]
+        inode = staged.get(rel) if placed[rel] is not None else None
         before = old_files.get(rel)
         if before is not None and inode is not None and old_inodes.get(rel) == inode:
             files[rel] = before

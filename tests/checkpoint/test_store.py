@@ -213,3 +213,32 @@ def test_snapshots_ahead_of_the_live_checkpoint_are_of_another_history(tmp_path:
     assert [f.name for f in store.iterdir()] == [again["id"]]
     assert (store / again["id"] / "metadata").read_text() == '{"id": "other"}'
     assert take_snapshot(live, store, "p", "agg") is None  # nothing new since
+
+
+def test_a_file_replaced_between_the_listing_and_its_link_is_digested_as_linked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agent rewrites its counters file (by a rename) after each batch, while a snapshot
+    # may be copying: listed as the old file, linked as the new one, it kept the previous
+    # snapshot's digest, and a central copy or a migration then carried the old content.
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 3)
+    _write(live / "fogshift-metrics.json", '{"events_in": 20}')
+    assert take_snapshot(live, store, "p", "agg") is not None
+    _batch(live, 3)
+    link = os.link
+
+    def replacing_first(src: str, dst: str, *args: object, **kwargs: object) -> None:
+        if src.endswith("fogshift-metrics.json"):
+            fresh = Path(src).with_name(".metrics.tmp")
+            fresh.write_text('{"events_in": 30}')
+            fresh.replace(src)
+        link(src, dst, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(spark_dir.os, "link", replacing_first)
+    second = take_snapshot(live, store, "p", "agg")
+    assert second is not None
+    frozen = store / second["id"]
+    assert (frozen / "fogshift-metrics.json").read_text() == '{"events_in": 30}'
+    for rel, entry in second["files"].items():
+        assert entry["sha256"] == _digest(frozen / rel), rel
