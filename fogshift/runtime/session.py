@@ -145,9 +145,17 @@ def sweep_scratch(local_dir: Path) -> None:
     and a node is stopped with SIGKILL): every unclean stop left a state store's working
     copy, shuffle files and native libraries behind, for good. Only Spark's own names go
     (the zygote's and the worker script's folders stay)."""
-    for pattern in SCRATCH_GLOBS:
-        for leftover in local_dir.glob(pattern):
-            shutil.rmtree(leftover, ignore_errors=True)
+    _remove_matching(local_dir, SCRATCH_GLOBS)
+
+
+def _remove_matching(folder: Path, patterns: tuple[str, ...]) -> None:
+    """Remove the files and folders in ``folder`` whose names match one of ``patterns``."""
+    for pattern in patterns:
+        for leftover in folder.glob(pattern):
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
 
 
 def _jvm_temp_dir(local_dir: Path, sweep: bool = True) -> Path:
@@ -162,12 +170,8 @@ def _jvm_temp_dir(local_dir: Path, sweep: bool = True) -> Path:
     """
     folder = local_dir / "jvm-tmp"
     folder.mkdir(parents=True, exist_ok=True)
-    for pattern in JVM_TEMP_GLOBS if sweep else ():
-        for leftover in folder.glob(pattern):
-            if leftover.is_dir() and not leftover.is_symlink():
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                leftover.unlink(missing_ok=True)
+    if sweep:
+        _remove_matching(folder, JVM_TEMP_GLOBS)
     return folder
 
 
