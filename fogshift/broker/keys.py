@@ -382,11 +382,65 @@ def in_group(key: str, group: int, of: int) -> bool:
 
 def key_text(body: Any, key_by: str) -> str | None:
     """An event body's key as the PE groups it: the field's value as text (a string as is,
-    anything else as JSON), ``None`` when missing or null or the body is not an object."""
-    if not isinstance(body, dict) or body.get(key_by) is None:
+    an integer or a boolean as JSON), ``None`` when the body has no key: it is not an
+    object, or the field is missing, null, a float, an object or an array, or a string
+    with a lone surrogate.
+
+    Only these keys have one text wherever a key is read: Spark's ``get_json_object``, which
+    groups a keyed PE's events, writes a float as Java's ``Double.toString`` does (``1e7``:
+    ``1.0E7``, not ``10000000.0``; ``2e23``: ``1.9999999999999998E23``) and an object without
+    spaces, so a partition's reader, routing by this text, would send such a key's events
+    elsewhere than its state (see :func:`key_refusal`, which dead-letters them).
+    """
+    if not isinstance(body, dict):
         return None
-    value = body[key_by]
-    return value if isinstance(value, str) else json.dumps(value)
+    value = body.get(key_by)
+    if isinstance(value, str):
+        # A lone surrogate (JSON's "\\ud800") has no UTF-8 bytes to route by, and Spark
+        # reads no key in it either.
+        return value if value.isascii() or _utf8(value) else None
+    # (bool is an int: true / false, as Spark writes them)
+    return json.dumps(value) if isinstance(value, int) else None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def key_refusal(body: str, key_by: str, grouped: str, pe: str) -> str | None:
+    """Why an event of keyed PE ``pe`` that Spark grouped under key text ``grouped`` may not
+    be processed under that key (``None``: it may, or its body is not JSON, which processing
+    dead-letters as such).
+
+    Refused: a ``key_by`` field that is a float, an object or an array (no one text, see
+    :func:`key_text`), and any body whose key reads otherwise here than to Spark (a field
+    repeated in the object: Spark takes the first, JSON parsers the last; a lone surrogate).
+    Such an event would be routed by one text and kept under another, so it is never
+    processed: it belongs to no key's state.
+    """
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    field = value.get(key_by) if isinstance(value, dict) else None
+    hint = "key by a string or an integer field"
+    if isinstance(field, float | dict | list):
+        kind = {float: "a float", dict: "an object", list: "an array"}[type(field)]
+        return (
+            f"field {key_by!r} (key_by of {pe!r}) is {kind}: a key must be a string, an "
+            f"integer or a boolean, whose text is the same wherever it is read ({hint})"
+        )
+    text = key_text(value, key_by)
+    if text != grouped:
+        return (
+            f"field {key_by!r} (key_by of {pe!r}) reads as {text!r} here and as {grouped!r} "
+            f"to Spark (is the field repeated in the body?): the event has no one key ({hint})"
+        )
+    return None
 
 
 def event_fields(data: bytes) -> tuple[int, float, str, str]:

@@ -215,9 +215,31 @@ def unkeyed_dead_letters(
         except _Rejected as rejected:
             out.append(_dead_letter(row, pe, rejected.reason, limit))
             continue
-        reason = f"field {key_by!r} (key_by of {pe!r}) is missing or null: the event has no key"
+        reason = (
+            f"field {key_by!r} (key_by of {pe!r}) is missing or null, or a value Spark does "
+            "not read (NaN, a lone surrogate): the event has no key"
+        )
         out.append(_dead_letter(row, pe, reason, limit))
     return out
+
+
+def split_refused(
+    rows: Iterable[InputRow],
+    pe: str,
+    why: Callable[[InputRow], str | None],
+    limit: int = DEFAULT_MAX_RECORD_BYTES,
+) -> tuple[list[InputRow], list[RecordRow]]:
+    """The rows to process, and dead letters for those ``why`` gives a reason to refuse
+    (before they meet any state: a refused event changes none)."""
+    kept: list[InputRow] = []
+    refused: list[RecordRow] = []
+    for row in rows:
+        reason = why(row)
+        if reason is None:
+            kept.append(row)
+        else:
+            refused.append(_dead_letter(row, pe, reason, limit))
+    return kept, refused
 
 
 class _ReplayFailed(Exception):

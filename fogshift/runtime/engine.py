@@ -41,11 +41,18 @@ from fogshift.broker.keys import (
     KEY_MOVE_OUT,
     KEY_STATE,
     KeyState,
+    key_refusal,
 )
 from fogshift.events import DEFAULT_MAX_RECORD_BYTES
 from fogshift.exceptions import InvariantViolation
 from fogshift.runtime.api import Processor, encode_state
-from fogshift.runtime.batch import RECORD_COLUMNS, run_batch, run_events, unkeyed_dead_letters
+from fogshift.runtime.batch import (
+    RECORD_COLUMNS,
+    run_batch,
+    run_events,
+    split_refused,
+    unkeyed_dead_letters,
+)
 from fogshift.runtime.exceptions import ElementError
 from fogshift.runtime.gate import start_run
 from fogshift.runtime.instances import InstanceKey, call_hook, registry
@@ -458,6 +465,15 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
                 return
             value = group[len(KEY_PREFIX) :]
+            # An event whose key has no one text (a float, a repeated field) would be routed
+            # by one and kept under another: never processed (broker.keys.key_refusal).
+            tuples, refused = split_refused(
+                tuples,
+                pe,
+                lambda row: None if row[3] in CONTROL_CREATORS
+                else key_refusal(row[4], key_by, value, pe),
+                limit,
+            )  # fmt: skip
             # Holds no state between keys (each key's is restored into it): any instance
             # of this run will do, like a stateless processor's.
             instance = InstanceKey(pipeline, pe, run, "keyed")
@@ -489,7 +505,8 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
 
             try:
                 if self.held is None:
-                    out, _ = process(tuples, self._stored())
+                    # (none left: the key's state is neither read nor made)
+                    out = process(tuples, self._stored())[0] if tuples else []
                 else:
                     out = self._moving(value, list(tuples), process)
             except BaseException:
@@ -497,6 +514,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 raise
             shared.key = None
             registry().keep(instance, shared, None, gate)
+            out = [*refused, *out]
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
 

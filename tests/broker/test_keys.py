@@ -18,6 +18,7 @@ from fogshift.broker.keys import (
     body_key,
     in_group,
     joined_state,
+    key_refusal,
     key_text,
     parse,
     read_message,
@@ -111,8 +112,16 @@ def test_a_key_group_moves_its_keys_seen_and_unseen_over_their_earlier_moves() -
     [
         ({"patient": "p01", "t": 0.5}, "p01"),
         ({"patient": 7}, "7"),  # Spark's get_json_object gives a number's JSON text
-        ({"patient": 2.5}, "2.5"),
+        ({"patient": 123456789012345678901234567890}, "123456789012345678901234567890"),
         ({"patient": True}, "true"),
+        # No key: Spark writes these otherwise (1.0E7, {"a":1}) or reads none (a lone
+        # surrogate); key_refusal dead-letters them.
+        ({"patient": 1e7}, None),
+        ({"patient": 2.5}, None),
+        ({"patient": {"a": 1}}, None),
+        ({"patient": [1]}, None),
+        ({"patient": "p\ud800"}, None),
+        ({"patient": "é"}, "é"),
         ({"patient": None}, None),  # no key: such events are dead letters, never output
         ({"other": "p01"}, None),
         ("not an object", None),
@@ -280,3 +289,32 @@ def test_a_copy_settles_no_move_and_moves_no_key() -> None:
     assert owners.pending == {key: "m1"}
     owners.settle(KeyState(6, "m1", "agg", key, 1, {}, base="c1", keep=("n",)))
     assert owners.pending == {} and owners.owner(key) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "grouped", "refused"),
+    [
+        ('{"patient": "p1"}', "p1", None),
+        ('{"patient": 7}', "7", None),
+        ('{"patient": false}', "false", None),
+        ('{"patient": 1e7}', "1.0E7", "is a float"),
+        ('{"patient": 1E2}', "100.0", "is a float"),
+        ('{"patient": {"a": 1}}', '{"a":1}', "is an object"),
+        ('{"patient": [1, 2]}', "[1,2]", "is an array"),
+        # Spark takes the first of a repeated field, Python's json the last.
+        ('{"patient": "a", "patient": "b"}', "a", "reads as 'b' here and as 'a' to Spark"),
+        # Spark reads single quotes and ignores what follows an object: not JSON here, which
+        # processing dead-letters as such.
+        ("{'patient': 'q'}", "q", None),
+    ],
+)
+def test_an_event_whose_key_has_no_one_text_is_refused(
+    body: str, grouped: str, refused: str | None
+) -> None:
+    # `grouped`: what Spark 4.3's get_json_object gives for `body` (measured).
+    reason = key_refusal(body, "patient", grouped, "agg")
+    if refused is None:
+        assert reason is None
+    else:
+        assert reason is not None and refused in reason, reason
+        assert "'patient' (key_by of 'agg')" in reason and "string or an integer" in reason

@@ -345,6 +345,55 @@ def test_a_keyed_processor_keeps_a_state_per_key_in_one_instance(make_run: Any) 
     assert run.lines("close") == []
 
 
+def test_a_key_without_one_text_is_a_dead_letter_and_keeps_no_state(make_run: Any) -> None:
+    # Spark groups by get_json_object's text, a partition's reader routes by Python's
+    # (broker.keys.key_text): a key the two write otherwise must never be processed.
+    run = make_run("CountingStats", key_by="patient")
+    run.start()
+    texts = [
+        '{"patient": "p1", "value": 1.0}',
+        '{"patient": 7, "value": 2.0}',
+        '{"patient": 1e7, "value": 3.0}',  # Spark: 1.0E7; Python: 10000000.0
+        '{"patient": true, "value": 4.0}',
+        '{"patient": 2.5, "value": 5.0}',
+        '{"patient": {"b": 1, "a": 2}, "value": 6.0}',
+        '{"patient": "x", "patient": "p1", "value": 7.0}',  # Spark: x; Python: p1
+        '{"patient": "7", "value": 8.0}',  # the same key as 7, for both
+        '{"patient": "p\\ud800", "value": 9.0}',  # Spark reads no key, Python no UTF-8
+        '{"patient": "p1", "value": 10.0}',
+    ]
+    records = [Record(n + 1, 0, n + 1, 1000.0 + n, "src", text) for n, text in enumerate(texts)]
+    run.js.run(lambda j: publish_records(j, run.pipeline, "src", records))
+    run.sent = len(texts)
+    stream = stream_name(run.pipeline, "pe")
+    wait_until(
+        lambda: run.js.run(lambda j: last_seq(j, stream)) >= len(texts),
+        120,
+        describe=f"{run.pipeline}/pe answered {len(texts)} events",
+    )
+    assert [json.loads(o["body"]) for o in run.outputs()] == [
+        {"count": 1, "total": 1.0},
+        {"count": 1, "total": 2.0},
+        {"count": 1, "total": 4.0},
+        {"count": 2, "total": 10.0},
+        {"count": 2, "total": 11.0},
+    ]
+    letters = {json.loads(d["body"])["value"]: d["reason"] for d in run.outputs("dead")}
+    assert sorted(letters) == [3.0, 5.0, 6.0, 7.0, 9.0], letters
+    assert "is a float" in letters[3.0] and "is a float" in letters[5.0]
+    assert "is an object" in letters[6.0]
+    assert "reads as 'p1' here and as 'x' to Spark" in letters[7.0]
+    assert "a lone surrogate" in letters[9.0]
+    # No state was made for the refused keys.
+    run.wait_committed()
+    _, states = read_state(run.spark, Path(run.plan.checkpoint_dir), ["count", "total"], True)
+    assert states == {
+        "p1": {"count": 2, "total": 11.0},
+        "7": {"count": 2, "total": 10.0},
+        "true": {"count": 1, "total": 4.0},
+    }
+
+
 def test_a_partition_processes_only_the_keys_it_owns(make_run: Any) -> None:
     # Partition 1 of 3: Spark's filter (pmod of crc32 in the JVM) must pick the keys the
     # orchestrator routes to it (spec.partition_of_key, zlib's CRC-32).
@@ -660,6 +709,38 @@ def test_keys_move_between_partitions_at_one_input_position(
         move_at = min(n for n in range(1, 300) if n not in parts.key_at)
         moved_seqs = [n for n, k in parts.key_at.items() if k in moving and n > move_at]
         assert moved_seqs and not after & set(moved_seqs)
+    finally:
+        parts.stop()
+
+
+def test_partitions_whose_keys_move_dead_letter_keys_without_one_text(
+    spark: SparkSession, js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # Their reader routes by Python's key text: a lone surrogate (no UTF-8 bytes to route
+    # by) stopped both partitions at every retry; a float went by one text, was kept by
+    # another. Such events are partition 0's dead letters, and everything else goes on.
+    parts = Partitions(spark, js_client, nats_server, tmp_path, "CountingStats")
+    try:
+        parts.send(20)
+        odd = [{"patient": "p\ud800", "value": 1.0}, {"patient": 1e7, "value": 1.0},
+               {"patient": 3.5, "value": 1.0}, {"patient": ["p1"], "value": 1.0}]  # fmt: skip
+        parts.publish(odd)
+        parts.send(20)
+        wait_until(lambda: sum(map(len, parts.per_key().values())) >= 40, 60,
+                   describe="every keyed event answered by its partition")  # fmt: skip
+        parts.sent = [b for b in parts.sent if b not in odd]
+        assert parts.per_key() == parts.expected()
+
+        def dead(pe: str) -> list[Any]:
+            stream = stream_name(parts.pipeline, pe)
+            end = js_client.run(lambda j: last_seq(j, stream))
+            got = js_client.run(
+                lambda j: fetch_range(j, stream, dead_subject(parts.pipeline, pe), 0, end)
+            )
+            return [json.loads(json.loads(m.data)["body"])["patient"] for m in got]
+
+        assert dead("pe-p1") == []
+        assert dead("pe-p0") == [b["patient"] for b in odd]
     finally:
         parts.stop()
 
