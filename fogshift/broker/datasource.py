@@ -985,6 +985,11 @@ class JetStreamReader(DataSourceStreamReader):
                                 "from partition %s, which did not own it, is ignored", self.pe,
                                 self.pipeline, item.key, item.move, item.origin)  # fmt: skip
                     continue
+                if item.copy and not owners.newest_copy(item):
+                    log.info("partition %r of pipeline %r: copy %s of key %r, sent again "
+                             "after a newer copy request, is ignored", self.pe,
+                             self.pipeline, item.move, item.key)  # fmt: skip
+                    continue
                 state = item.state
                 if item.parts:  # a large state: its parts are stored before it, apart
                     held = parts_read or {}

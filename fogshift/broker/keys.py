@@ -314,6 +314,9 @@ class Ownership:
     #: ``(move, key)`` -> the partition that must send the key's state for that move (its
     #: owner before the move) or copy request (its owner then): see :meth:`sent_by_owner`.
     senders: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: ``(key, to)`` -> the last copy request of the key for partition ``to``: the one a
+    #: later move to ``to`` names (see :meth:`newest_copy`).
+    copies: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def owner(self, key: str | None) -> int:
         """The partition owning ``key`` (``None``: keyless, partition 0)."""
@@ -356,6 +359,14 @@ class Ownership:
             owner = self.owner(key)
             if owner != copy.to:
                 self.senders[(copy.move, key)] = owner
+                self.copies[(key, copy.to)] = copy.move
+
+    def newest_copy(self, state: KeyState) -> bool:
+        """Whether ``state`` (a copy) is of the last copy request of its key for its
+        target. An older one comes after a newer request only when its origin sent it
+        again (restored from before it, past the broker's duplicate window); kept, it
+        would replace the copy the key's next move names, which could then never complete."""
+        return self.copies.get((state.key, state.to)) == state.move
 
     def sent_by_owner(self, state: KeyState) -> bool:
         """Whether ``state`` comes from the partition its move or copy request asks it of

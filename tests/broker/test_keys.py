@@ -318,3 +318,21 @@ def test_an_event_whose_key_has_no_one_text_is_refused(
     else:
         assert reason is not None and refused in reason, reason
         assert "'patient' (key_by of 'agg')" in reason and "string or an integer" in reason
+
+
+def test_only_the_newest_copy_request_of_a_key_for_a_target_is_kept() -> None:
+    owners = Ownership(2)
+    key = next(k for k in (f"p{i}" for i in range(20)) if partition_of_key(k, 2) == 0)
+    owners.request(KeyCopy(3, "c1", "agg", (key,), 1))
+
+    def copy(move: str, to: int = 1) -> KeyState:
+        return KeyState(9, move, "agg", key, to, {"count": "1"}, copy=True, origin=0)
+
+    assert owners.newest_copy(copy("c1"))
+    owners.request(KeyCopy(5, "c2", "agg", (key,), 1))
+    # c1's copy sent again after c2's request: stale, whoever sent it.
+    assert owners.sent_by_owner(copy("c1")) and not owners.newest_copy(copy("c1"))
+    assert owners.newest_copy(copy("c2"))
+    # A copy for another target is not a newer copy for this one.
+    owners.request(KeyCopy(7, "c3", "agg", (key,), 0))  # its owner: no copy at all
+    assert owners.newest_copy(copy("c2")) and not owners.newest_copy(copy("c3", 0))

@@ -843,3 +843,43 @@ def test_a_precopied_key_move_sends_only_what_changed_since_the_copy(
             assert held[key] == {"count": counts[key], "ballast": want}, key
     finally:
         parts.stop()
+
+
+def test_an_older_copy_sent_again_does_not_replace_the_newer_one_its_move_names(
+    spark: SparkSession, js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # Copy c1 of some keys, then c2 of the same keys (c1's move never came). Then c1's copy
+    # comes again: its origin, restored from before c1 after the broker's duplicate window,
+    # sends it anew. The move names c2; partition 1 must complete each state from c2 (it
+    # stopped on InvariantViolation at every retry when c1 had replaced it).
+    from fogshift.broker.keys import KeyCopy, KeyMove
+
+    parts = Partitions(spark, js_client, nats_server, tmp_path, "CountingStats")
+    try:
+        parts.send(60, keys=6)
+        moving = [k for k in (f"p{i}" for i in range(6)) if partition_of_key(k, 2) == 0]
+        assert len(moving) >= 2, moving
+
+        def copies(copy: str) -> list[dict[str, Any]]:
+            return [r for r in parts.key_records()
+                    if r["type"] == "key-state" and r["move"] == copy]  # fmt: skip
+
+        parts.append(KeyCopy(0, "c1", "pe", tuple(moving), 1).payload())
+        wait_until(lambda: len(copies("c1")) == len(moving), 60, describe="c1's copies")
+        parts.send(30, keys=6)
+        parts.append(KeyCopy(0, "c2", "pe", tuple(moving), 1).payload())
+        wait_until(lambda: len(copies("c2")) == len(moving), 60, describe="c2's copies")
+        again = copies("c1")
+        for record in again:
+            parts.publish_on(key_state_subject(parts.pipeline, "src", "pe-p0"),
+                             json.dumps(record).encode())  # fmt: skip
+        wait_until(lambda: len(copies("c1")) == 2 * len(moving), 30, describe="c1 again")
+        # No event of a moving key since c2: its move keeps every part of c2's copy.
+        parts.append(KeyMove(0, "m1", "pe", tuple(moving), 1, "backlog", copy="c2").payload())
+        wait_until(lambda: len(copies("m1")) == len(moving), 60, describe="m1's states")
+        assert all(r["base"] == "c2" and r["keep"] for r in copies("m1")), copies("m1")
+        parts.send(60, keys=6)
+        parts.answered()
+        assert parts.per_key() == parts.expected()
+    finally:
+        parts.stop()
