@@ -127,6 +127,9 @@ class Coordination(Scaling):
             InvalidInput / UnknownElement / Unavailable: Refused before anything moved.
         """
         record = self.pipeline(pipeline)
+        self.refuse_unless_running(
+            record, f"cannot migrate elements {', '.join(element_ids)} of {pipeline!r}"
+        )
         if not element_ids or len(set(element_ids)) != len(element_ids):
             raise InvalidInput(
                 f"cannot migrate elements {element_ids} of pipeline {pipeline!r} together",

@@ -89,6 +89,12 @@ class OrchestratorCore:
         # what holds it (see ``Journal._exclusive``), and a condition to wait for its end.
         self._migrating: dict[tuple[str, str], str] = {}
         self._released = threading.Condition(self._lock)
+        #: Per pipeline name: held by a deploy and a stop for their whole length (a stop
+        #: during a deploy waits for it, then stops what it started).
+        self._pipeline_locks: dict[str, threading.Lock] = {}
+        #: Held while a deploy checks that its name and output files are free and claims
+        #: them (two deploys of one name, or writing one file, would both pass the check).
+        self._admission = threading.Lock()
         #: ``active`` in a thread running one of the orchestrator's own rounds (the
         #: reconciler's): what it starts never waits for a PE someone holds.
         self._in_round = threading.local()
@@ -141,6 +147,11 @@ class OrchestratorCore:
                 "replicas": [r for r in report.replicas if named(r)],
             })  # fmt: skip
         self.registry.heartbeat(name, report)
+
+    def pipeline_lock(self, name: str) -> threading.Lock:
+        """The lock a deploy and a stop of pipeline ``name`` hold (see ``_pipeline_locks``)."""
+        with self._lock:
+            return self._pipeline_locks.setdefault(name, threading.Lock())
 
     def healthy(self, node: NodeRecord) -> bool:
         return time.time() - node.last_seen <= self.config.node_timeout_s

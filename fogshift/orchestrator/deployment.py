@@ -41,7 +41,7 @@ from fogshift.contracts import (
     TwinState,
 )
 from fogshift.events import EPOCH_HEADER, ORIGIN_HEADER
-from fogshift.exceptions import FogshiftError, Unavailable
+from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.config import WarningLimits
 from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPipeline
 from fogshift.orchestrator.journal import Journal
@@ -200,6 +200,23 @@ class Deployment(Journal):
             )
         return record
 
+    @staticmethod
+    def refuse_unless_running(record: PipelineRecord, refusal: str) -> None:
+        """Refuse an operation (``refusal`` says which) on a pipeline that is not running:
+        what it starts or stores would be nobody's.
+
+        Raises:
+            InvalidInput: ``record`` is not running.
+        """
+        if record.status != PipelineState.RUNNING:
+            raise InvalidInput(
+                f"{refusal}: pipeline {record.name!r} is {record.status}, not running",
+                expected="a running pipeline",
+                received=str(record.status),
+                hint=f"`fogshift deploy` starts a stopped pipeline; `fogshift status "
+                f"{record.name}` shows its state",
+            )
+
     def deploy(self, data: dict[str, Any]) -> PipelineStatus:
         """Validate a spec (paths already absolute) and start all of its PEs, fresh.
 
@@ -217,6 +234,16 @@ class Deployment(Journal):
         spec = parse_spec(data)
         validate_spec(spec, nodes=self.node_names())
         check_fresh(spec)
+        # A stop meanwhile waits for the deploy, then stops what it started (run one after
+        # the other, the deploy's last step marked a stopped pipeline running again).
+        with self.pipeline_lock(spec.pipeline):
+            with self._admission:
+                epochs = self._admit(spec)
+            return self._start(spec, epochs)
+
+    def _admit(self, spec: PipelineSpec) -> dict[str, int]:
+        """Refuse ``spec`` if its name or an output file is taken or one of its nodes is not
+        healthy; else store it as deploying. Its PEs' epochs."""
         existing = self.registry.get_pipeline(spec.pipeline)
         if existing is not None and existing.status in (
             PipelineState.RUNNING,
@@ -234,8 +261,10 @@ class Deployment(Journal):
                     f"node {node!r} (needed by pipeline {spec.pipeline!r}) is not healthy",
                     hint="`fogshift nodes` shows node health; wait for it or change the spec",
                 )
+        return self.registry.put_pipeline(spec, PipelineState.DEPLOYING)
 
-        epochs = self.registry.put_pipeline(spec, PipelineState.DEPLOYING)
+    def _start(self, spec: PipelineSpec, epochs: dict[str, int]) -> PipelineStatus:
+        """Give ``spec``'s PEs fresh streams, fenced under ``epochs``, and start them."""
         self.permissions.sync(self.registry)  # the nodes may use their PEs' streams
         # Afresh: the central checkpoints of a run before under this name hold positions of
         # streams deleted below (restored, a PE would wait for input that never comes, or
@@ -332,6 +361,10 @@ class Deployment(Journal):
 
     def stop(self, name: str) -> StopResult:
         """Stop every PE of a pipeline; its streams, checkpoints and output stay."""
+        with self.pipeline_lock(name):
+            return self._stop_pipeline(name)
+
+    def _stop_pipeline(self, name: str) -> StopResult:
         record = self.pipeline(name)
         self.registry.set_status(name, PipelineState.STOPPING)
         unreachable = []

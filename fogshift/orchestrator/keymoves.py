@@ -252,6 +252,7 @@ class KeyMoves(Standbys):
             Conflict: (starting with ``refusal``) they changed; nothing was stored.
         """
         record = self.pipeline(pipeline)
+        self.refuse_unless_running(record, refusal)  # (stopped while it waited)
         now = [p.id for p in record.spec.partitions_of(element_id)]
         was = [p.id for p in parts]
         moved = placed is not None and record.placement.get(placed[0].id) != placed[1]
@@ -291,6 +292,7 @@ class KeyMoves(Standbys):
                 received="inputs " + ", ".join(parts[0].inputs),
                 hint="move its partitions whole with `fogshift migrate PIPELINE <id>-p<i>`",
             )
+        self.refuse_unless_running(record, refusal)
         return parts
 
     def _key_subjects(self, pipeline: str, source: str) -> None:

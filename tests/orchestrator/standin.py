@@ -59,6 +59,8 @@ class StandIn:
         #: Shared by the stand-ins of one test: every call on any of them, in order.
         self.everywhere = everywhere if everywhere is not None else []
         self.answers: dict[tuple[str, str], Answer] = {}
+        #: ``(method, path)`` -> (set when such a call came, set to answer it): see :meth:`hold`.
+        self.holds: dict[tuple[str, str], tuple[threading.Event, threading.Event]] = {}
         standin = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -74,6 +76,10 @@ class StandIn:
                 call = Call(self.command, parts.path, query, body)
                 standin.calls.append(call)
                 standin.everywhere.append((standin.name, call))
+                held = standin.holds.get((self.command, parts.path))
+                if held is not None:  # answered once the test releases it
+                    held[0].set()
+                    held[1].wait(60)
                 answer = standin.answers.get((self.command, parts.path), Answer())
                 data = answer.content
                 if data is None:
@@ -103,6 +109,13 @@ class StandIn:
     ) -> None:
         """Answer ``method path`` with ``status`` and ``body`` (JSON) from now on."""
         self.answers[(method, path)] = Answer(status, {} if body is None else body, **kw)
+
+    def hold(self, method: str, path: str) -> tuple[threading.Event, threading.Event]:
+        """Hold the answers to ``method path``: the first event is set when such a call
+        came, and it is answered once the test sets the second."""
+        events = (threading.Event(), threading.Event())
+        self.holds[(method, path)] = events
+        return events
 
     def fail(self, method: str, path: str, status: int = 503) -> None:
         """Answer ``method path`` with a fogshift error (``unavailable`` by default)."""

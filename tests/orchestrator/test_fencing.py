@@ -122,6 +122,37 @@ def test_a_redeployment_fences_instances_of_the_earlier_one(
         js_client.run(lambda js: publish_records(js, name, "aggregate", [record], epoch=1))
 
 
+def test_a_stop_during_a_deploy_leaves_the_pipeline_stopped(
+    orch: Orchestrator, tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    # The stop removed what had started and said "stopped"; the deploy then started the
+    # rest and marked the pipeline running, and the reconciler restarted the PEs removed.
+    import threading
+
+    from fogshift.contracts import PipelineState
+
+    name = f"fence{next(_names)}"
+    came, release = agents["fog-a"].hold("PUT", f"/pipelines/{name}/elements/aggregate")
+    deploying = threading.Thread(target=orch.deploy, args=(spec(tmp_path, name),))
+    deploying.start()
+    try:
+        assert came.wait(30)  # the sink runs, the aggregate is starting
+        stopping = threading.Thread(target=orch.stop, args=(name,))
+        stopping.start()
+        stopping.join(2)  # (it waits for the deploy, or did its work before the fix)
+    finally:
+        release.set()
+    deploying.join(30)
+    stopping.join(30)
+    assert not deploying.is_alive() and not stopping.is_alive()
+    record = orch.registry.get_pipeline(name)
+    assert record is not None and record.status == PipelineState.STOPPED
+    # Each node was told to stop the pipeline after its last PE there was started.
+    for node in ("cloud", "fog-a"):
+        calls = [c for c in agents[node].calls if name in c.path]
+        assert calls[-1].method == "DELETE" and calls[-1].path == f"/pipelines/{name}", calls
+
+
 def test_a_failure_after_the_routing_change_completes_the_migration(
     orch: Orchestrator, pipeline: str, agents: dict[str, StandIn]
 ) -> None:

@@ -9,24 +9,33 @@ from typing import Any
 
 import pytest
 
-from fogshift.contracts import GroupMigrationStatus, MigrationMode, MigrationReport
+from fogshift.contracts import (
+    GroupMigrationStatus,
+    MigrationMode,
+    MigrationReport,
+    PipelineState,
+)
 from fogshift.exceptions import InvalidInput
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.orchestrator.coordination import Coordination
+from fogshift.orchestrator.deployment import Deployment
 
 
 class Fake:
     """The orchestrator around ``migrate_group``: a placement, and single migrations that
     fail where the test says."""
 
+    refuse_unless_running = staticmethod(Deployment.refuse_unless_running)
+
     def __init__(self, fail: set[tuple[str, str]], resumed: bool = True) -> None:
         self.placement = {"a": "n1", "b": "n1", "c": "n1"}
+        self.status = PipelineState.RUNNING
         self.fail = fail
         self.resumed = resumed  # whether a failed move's own rollback runs its origin again
         self.calls: list[tuple[str, str]] = []
 
     def pipeline(self, name: str) -> Any:
-        return SimpleNamespace(name=name, placement=dict(self.placement))
+        return SimpleNamespace(name=name, placement=dict(self.placement), status=self.status)
 
     def _element(self, record: Any, element_id: str) -> None:
         if element_id not in self.placement:
@@ -68,6 +77,12 @@ def test_all_move_or_none_is_tried() -> None:
         with pytest.raises(InvalidInput):
             fake.group(bad)
         assert fake.calls == []  # refused before anything moved
+    # A stopped pipeline is refused as such (it was "rolled back", the refusal's hint lost).
+    fake = Fake(fail=set())
+    fake.status = PipelineState.STOPPED
+    with pytest.raises(InvalidInput) as refused:
+        fake.group(["a", "b"])
+    assert "is stopped, not running" in refused.value.message and fake.calls == []
 
 
 def test_a_failed_move_moves_the_others_back_latest_first() -> None:

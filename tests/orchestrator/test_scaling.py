@@ -168,3 +168,25 @@ def test_a_request_queued_behind_a_scale_is_refused_when_the_partitions_changed(
     assert "partitions changed while it waited" in failed[0].message
     assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1", "aggregate-p2"]
     del _LOCKS[("p", "aggregate")]
+
+
+@pytest.mark.parametrize("request_kind", ["key move", "scale"])
+def test_a_key_move_or_scale_of_a_stopped_pipeline_is_refused_before_anything_runs(
+    orch: Orchestrator, agents: dict[str, StandIn], request_kind: str
+) -> None:
+    # A scale stored a third partition and started it (and restarted the sink) on a stopped
+    # pipeline before failing; a key move appended its records and waited a minute for
+    # partitions nobody ran.
+    from fogshift.exceptions import InvalidInput
+
+    _beat(orch, agents)
+    orch.registry.set_status("p", "stopped")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput) as refused:
+        if request_kind == "key move":
+            orch.migrate_keys("p", "aggregate", ["s1"], "fog-b", timeout_s=0.1)
+        else:
+            orch.scale("p", "aggregate", 3, ["fog-c"], timeout_s=0.1)
+    assert "pipeline 'p' is stopped, not running" in refused.value.message
+    assert refused.value.hint and "fogshift deploy" in refused.value.hint
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
+    assert all(agent.calls == [] for agent in agents.values())
