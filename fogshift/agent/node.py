@@ -56,7 +56,7 @@ from fogshift.contracts import (
     TwinEntry,
     TwinState,
 )
-from fogshift.exceptions import FogshiftError
+from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.runtime.api import Processor
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
@@ -228,6 +228,20 @@ class NodeRuntime:
         # Names come from requests: checked, and the folder must stay inside the node's.
         return pe_folder(self.config.home / "checkpoints", pipeline, pe)
 
+    def _reset_sink(self, pipeline: str, element: ElementSpec) -> None:
+        """Empty a freshly deployed sink's file; one that cannot be written is refused."""
+        path = element.options["path"]
+        try:
+            reset_sink(path)
+        except OSError as exc:
+            raise InvalidInput(
+                f"sink {element.id!r} of pipeline {pipeline!r} cannot write {path!r} on node "
+                f"{self.config.name!r}: {exc.strerror or exc}",
+                expected="a path to a file this node may write",
+                received=f"{type(exc).__name__}: {exc}",
+                hint="give the sink another `path`, or fix the folder's rights",
+            ) from exc
+
     def _metrics_file(self, pipeline: str, pe: str) -> Path:
         # Inside the checkpoint, so the counters travel with it (migration, restore).
         return self.checkpoint_dir(pipeline, pe) / "fogshift-metrics.json"
@@ -285,7 +299,7 @@ class NodeRuntime:
                 shutil.rmtree(checkpoint, ignore_errors=True)
                 shutil.rmtree(self.snapshot_store(pipeline, element.id), ignore_errors=True)
                 if element.role == "sink":
-                    reset_sink(element.options["path"])
+                    self._reset_sink(pipeline, element)
             checkpoint.mkdir(parents=True, exist_ok=True)
             gate_file = self.gate_file(pipeline, element.id)
             if gate is None:

@@ -355,12 +355,16 @@ def validate_spec(
         if check_files:
             for option in element.must_exist:
                 value = element.options.get(option)
-                if isinstance(value, str) and not Path(value).exists():
+                if isinstance(value, str) and not Path(value).is_file():
+                    there = Path(value).exists()
                     raise InvalidSpec(
                         f"element {element.id!r}: file {value!r} (option `{option}`) "
-                        "does not exist",
+                        + ("is not a file" if there else "does not exist"),
+                        expected="an existing file",
+                        received="a directory or special file" if there else "no such file",
                         hint="relative paths are relative to the spec file",
                     )
+            _check_output_path(element)
     _check_partitions(spec)
     _check_single_writer_files(spec)
     _check_standby(spec, known_nodes)
@@ -375,6 +379,25 @@ def validate_spec(
             if len(cycle) > 2
             else f"{cycle[0]} lists itself as an input",
         ) from None
+
+
+def _check_output_path(element: ElementSpec) -> None:
+    """Refuse a sink whose ``path`` cannot be a file: it names a directory, or a folder on
+    its way is a file (the deploy, which empties the file, failed on the node)."""
+    path = output_file(element)
+    if path is None:
+        return
+    target = Path(path)
+    blocking = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+    if target.is_dir() or blocking is not None:
+        raise InvalidSpec(
+            f"sink {element.id!r}: path {element.options['path']!r} cannot be written as a file",
+            expected="a path to a file (made if missing, in folders made if missing)",
+            received=f"{path} is a directory"
+            if blocking is None
+            else f"{blocking} is a file, not a folder",
+            hint="name a file, e.g. out/results.csv",
+        )
 
 
 def _check_partitions(spec: PipelineSpec) -> None:

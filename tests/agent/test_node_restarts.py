@@ -255,3 +255,23 @@ def test_one_pe_whose_checkpoint_went_mid_snapshot_stops_no_other_pes_snapshots(
     assert runtime.describe(gone).snapshot_error is None
     assert runtime.latest_snapshot("y", "p") is not None
     assert runtime.snapshots_at is not None and runtime.snapshots_at >= ended
+
+
+def test_a_fresh_sink_whose_file_cannot_be_written_is_refused_not_a_500(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fogshift.exceptions import InvalidInput
+
+    started: list[str] = []
+    monkeypatch.setattr(node, "start_query", lambda spark, plan: started.append("no"))
+    (tmp_path / "out").mkdir()
+    options = {"path": str(tmp_path / "out")}
+    sink = ElementSpec.model_validate(
+        {"id": "sink", "kind": "csv-sink", "node": "n1", "inputs": ["a"], "options": options}
+    )
+    with pytest.raises(InvalidInput) as refused:
+        runtime.deploy("x", sink, fresh=True, epoch=1)
+    assert "sink 'sink' of pipeline 'x' cannot write" in refused.value.message
+    assert "on node 'n1'" in refused.value.message and refused.value.hint
+    assert refused.value.received and "IsADirectoryError" in refused.value.received
+    assert started == []

@@ -100,6 +100,33 @@ def test_missing_file_is_refused(tmp_path: Path) -> None:
     assert "element 's'" in err.value.message
 
 
+def test_a_path_that_cannot_be_the_file_it_names_is_refused(tmp_path: Path) -> None:
+    # A sink's path naming a folder passed, and the deploy failed on the node with a 500
+    # (after the previous run's streams were deleted); a source's folder failed in Spark.
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "data.csv").write_text("")
+    for sink, received in (("out", "is a directory"), ("data.csv/o.csv", "is a file, not a")):
+        sink_spec = case1()
+        sink_spec["elements"][2]["options"]["path"] = sink
+        spec = parse_spec(sink_spec, tmp_path)
+        validate_spec(spec)  # the files are checked only when asked
+        with pytest.raises(InvalidSpec) as err:
+            validate_spec(spec, check_files=True)
+        assert "sink 'sink'" in err.value.message and sink in err.value.message
+        assert err.value.received is not None and received in err.value.received
+        assert err.value.hint == "name a file, e.g. out/results.csv"
+    source_spec = case1()
+    source_spec["elements"][0]["options"]["path"] = "out"
+    with pytest.raises(InvalidSpec) as err:
+        validate_spec(parse_spec(source_spec, tmp_path), check_files=True)
+    assert "(option `path`) is not a file" in err.value.message
+    # A sink's file and folders that do not exist yet are fine: the deploy makes them.
+    fine = case1()
+    fine["elements"][2]["options"]["path"] = "out/new/o.csv"
+    validate_spec(parse_spec(fine, tmp_path), check_files=True)
+
+
 def test_bad_options_name_the_field() -> None:
     data = case1()
     data["elements"][1]["options"] = {"field": "value", "window": 0, "function": "median"}
