@@ -41,7 +41,7 @@ from fogshift.contracts import (
     TwinState,
 )
 from fogshift.events import EPOCH_HEADER, ORIGIN_HEADER
-from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+from fogshift.exceptions import FogshiftError, InvalidInput, NotFound, Unavailable
 from fogshift.orchestrator.config import WarningLimits
 from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPipeline
 from fogshift.orchestrator.journal import Journal
@@ -608,34 +608,43 @@ class Deployment(Journal):
         parts = record.spec.partitions_of(element_id)
         if not parts:
             self._element(record, element_id)
+        if record.status != PipelineState.RUNNING:
+            raise Unavailable(
+                f"the state of {name}/{element_id} cannot be read: pipeline {name!r} is "
+                f"{record.status} (a PE's state is read from its running query)",
+                hint=f"`fogshift deploy` starts it again; `fogshift status {name}`",
+            )
         params: dict[str, Any] = {"limit": limit}
         if key is not None:
             params["key"] = key
+
+        def ask(pe: str) -> TwinState:
+            node = record.placement[pe]
+            try:
+                return self.agent(node).call(
+                    TwinState, "GET", f"/pipelines/{name}/elements/{pe}/state", params=params
+                )
+            except NotFound as exc:  # (being restarted or restored, its node just back)
+                raise Unavailable(
+                    f"the state of {name}/{pe} cannot be read now: node {node!r} does not run "
+                    f"it ({exc.message})",
+                    hint="the orchestrator starts it again; try in a few seconds",
+                ) from exc
+
         if not parts:
-            path = f"/pipelines/{name}/elements/{element_id}/state"
-            return self.agent(record.placement[element_id]).call(
-                TwinState, "GET", path, params=params
-            )
+            return ask(element_id)
         if key is not None:
             # A key lives in one partition: the one CRC-32 gives it, unless it moved; ask
             # that one first, then the others.
             first = partition_of_key(key, len(parts))
             for part in [parts[first], *(p for p in parts if p is not parts[first])]:
-                path = f"/pipelines/{name}/elements/{part.id}/state"
-                answer = self.agent(record.placement[part.id]).call(
-                    TwinState, "GET", path, params=params
-                )
+                answer = ask(part.id)
                 if answer.entries:
                     return answer
             return answer.model_copy(update={"element": element_id})
         # The whole partitioned element: every partition's keys, each read as of its own
         # newest committed batch (the answer's batch is the oldest of those).
-        answers = [
-            self.agent(record.placement[p.id]).call(
-                TwinState, "GET", f"/pipelines/{name}/elements/{p.id}/state", params=params
-            )
-            for p in parts
-        ]
+        answers = [ask(p.id) for p in parts]
         batches = [a.batch for a in answers]
         entries = sorted((e for a in answers for e in a.entries), key=lambda e: e.key or "")
         return TwinState(

@@ -190,3 +190,26 @@ def test_a_key_move_or_scale_of_a_stopped_pipeline_is_refused_before_anything_ru
     assert refused.value.hint and "fogshift deploy" in refused.value.hint
     assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
     assert all(agent.calls == [] for agent in agents.values())
+
+
+def test_a_state_that_cannot_be_read_now_is_unavailable_with_the_reason(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # The dashboard's PE page showed a 404 error page instead of itself when the node did
+    # not run the PE (being restarted), or the pipeline was stopped.
+    from fogshift.exceptions import Unavailable
+
+    _beat(orch, agents)
+    here = "/pipelines/p/elements/aggregate-p0/state"
+    gone = {"code": "unknown_element", "message": "node 'fog-a' does not host p/aggregate-p0"}
+    agents["fog-a"].answer("GET", here, 404, gone)
+    with pytest.raises(Unavailable) as unread:
+        orch.twin_state("p", "aggregate")
+    assert "node 'fog-a' does not run it" in unread.value.message
+    assert "does not host p/aggregate-p0" in unread.value.message and unread.value.hint
+    orch.registry.set_status("p", "stopped")  # type: ignore[arg-type]
+    asked = len(agents["fog-a"].calls)
+    with pytest.raises(Unavailable) as unread:
+        orch.twin_state("p", "aggregate", "s1")
+    assert "pipeline 'p' is stopped" in unread.value.message
+    assert len(agents["fog-a"].calls) == asked  # no node asked
