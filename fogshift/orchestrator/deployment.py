@@ -9,6 +9,9 @@ import time
 from functools import partial
 from typing import Any
 
+from nats.js.errors import NotFoundError
+from pydantic_core import to_json
+
 from fogshift.broker.client import (
     delete_pe_stream,
     ensure_pe_stream,
@@ -468,20 +471,26 @@ class Deployment(Journal):
             stream = stream_name(name, element.id)
 
             async def dead(js: Any, stream: str = stream, pe: str = element.id) -> list[Any]:
-                end = await last_seq(js, stream)
+                end = await _stored_end(js, stream)
                 return await fetch_range(js, stream, dead_subject(name, pe), 0, end)
 
             for msg in self.broker.run(dead, timeout=60)[-limit:]:
-                payload = json.loads(msg.data)
                 # The dead letter's own format (``broker.publish``), read where it is stored.
-                letters.append(
-                    DeadLetter(
+                try:
+                    payload = json.loads(msg.data)
+                    letter = DeadLetter(
                         element=element.id,
                         seq=payload["seq"],
                         reason=payload.get("reason"),
                         event=payload["body"],
                     )
-                )
+                except (ValueError, KeyError, TypeError, RecursionError):
+                    # (not one a PE wrote: left out, as the PEs leave strangers' messages)
+                    log.warning("%s/%s: message %s on the dead-letter subject is no dead "
+                                "letter, left out", name, element.id,
+                                msg.metadata.sequence.stream)  # fmt: skip
+                    continue
+                letters.append(letter)
         return letters
 
     def events(
@@ -523,7 +532,7 @@ class Deployment(Journal):
         stream = stream_name(name, element_id)
 
         async def read(js: Any) -> tuple[int, int, int, list[Any]]:
-            end = await last_seq(js, stream)
+            end = await _stored_end(js, stream)
             if after is not None:
                 start, stop = min(after, end), min(end, after + limit)
             else:
@@ -535,17 +544,10 @@ class Deployment(Journal):
         events: list[StreamEvent] = []
         single = len(element.inputs) == 1  # a multi-input PE's events come from a cut
         for msg in messages:
-            payload = json.loads(msg.data)
             try:
-                body = json.loads(payload["body"])
-            except ValueError:
-                body = payload["body"]
-            if key is not None and (
-                element.key_by is None or key_text(body, element.key_by) != key
-            ):
-                continue
-            events.append(
-                StreamEvent(
+                payload = json.loads(msg.data)
+                body = _decoded(payload["body"])
+                event = StreamEvent(
                     seq=msg.metadata.sequence.stream,
                     epoch=int((msg.headers or {}).get(EPOCH_HEADER, 0)),
                     stored=msg.metadata.timestamp.timestamp(),
@@ -554,7 +556,15 @@ class Deployment(Journal):
                     body=body,
                     origin=_origin(msg.headers) if single else None,
                 )
-            )
+            except (ValueError, KeyError, TypeError, RecursionError):
+                log.warning("%s/%s: message %s on the data subject is no event, left out",
+                            name, element_id, msg.metadata.sequence.stream)  # fmt: skip
+                continue
+            if key is not None and (
+                element.key_by is None or key_text(event.body, element.key_by) != key
+            ):
+                continue
+            events.append(event)
         if after is None:
             events = events[-limit:]
         return EventPage(
@@ -574,7 +584,7 @@ class Deployment(Journal):
                     continue
                 (source,) = element.inputs
                 stream = stream_name(name, element.id)
-                end = await last_seq(js, stream)
+                end = await _stored_end(js, stream)
                 # The newest data message among the last few (fence and cut markers too).
                 recent = await get_range(
                     js, stream, data_subject(name, element.id), max(0, end - LATENCY_SCAN), end
@@ -656,6 +666,34 @@ class Deployment(Journal):
             keys=sum(a.keys for a in answers),
             entries=entries[:limit],
         )
+
+
+#: Opening brackets below which a body cannot nest deeper than an answer can carry.
+_SHALLOW = 200
+
+
+def _decoded(text: Any) -> Any:
+    """An event's body text decoded, or the text itself if it is not JSON or nests deeper
+    than an answer can carry (pydantic serialises ~254 levels; Python's JSON reads ~1000)."""
+    try:
+        body = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        return text
+    if isinstance(text, str) and text.count("[") + text.count("{") >= _SHALLOW:
+        try:
+            to_json(body)
+        except ValueError:  # (PydanticSerializationError: too deep)
+            return text
+    return body
+
+
+async def _stored_end(js: Any, stream: str) -> int:
+    """The last sequence of ``stream``, 0 if it does not exist (a deploy or scale that failed
+    before making it: for what a read shows, nothing is stored)."""
+    try:
+        return await last_seq(js, stream)
+    except NotFoundError:
+        return 0
 
 
 def _partition_fields(element: ElementSpec) -> dict[str, Any]:

@@ -132,6 +132,13 @@ class FogTopology(BaseModel):
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise InvalidInput(f"fog topology {source} is not valid YAML: {exc}") from None
+        except RecursionError:
+            raise InvalidInput(
+                f"fog topology {source} nests too deep to read",
+                expected="nodes and links, a few levels deep",
+                received="YAML nested hundreds of levels deep",
+                hint="`fogshift topology show` prints a valid one",
+            ) from None
         try:
             return cls.model_validate(data)
         except ValidationError as exc:

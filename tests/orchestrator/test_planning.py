@@ -104,6 +104,8 @@ def test_nearest_copy_first_and_central_last_on_a_tie() -> None:
         # (Stored, then every plan failed until someone uploaded a fixed file.)
         ("links: [{a: x, b: x, bandwidth: 10}]", "links a node to itself"),
         ("links: [{a: x, b: y, bandwidth: 10}, {a: y, b: x, bandwidth: 5}]", "a pair twice"),
+        # (A RecursionError: PUT /topology answered 500, the CLI printed a traceback.)
+        ("links: " + "[" * 3000 + "]" * 3000, "nests too deep to read"),
     ],
 )
 def test_bad_fog_topologies_are_refused_with_the_field(text: str, needle: str) -> None:

@@ -1,0 +1,59 @@
+"""What the orchestrator reads back from the streams (``events``, ``errors``, ``latency``):
+a message no PE wrote, a body too deep to carry, or a stream that is missing is never a 500.
+
+A real orchestrator and nats-server; stand-in agents (``standin``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.broker.client import SyncJetStream, delete_pe_stream
+from fogshift.broker.naming import data_subject, dead_subject, stream_name
+from fogshift.broker.publish import Record, publish_records
+from fogshift.contracts import EventPage
+from fogshift.orchestrator.service import Orchestrator
+from tests.orchestrator.standin import StandIn
+from tests.orchestrator.test_fencing import orch, spec  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.integration  # a real nats-server (no Spark, no agents): ~1 s
+
+
+def test_strangers_messages_deep_bodies_and_missing_streams_are_read_without_failing(
+    orch: Orchestrator,  # noqa: F811
+    tmp_path: Path,
+    agents: dict[str, StandIn],
+    js_client: SyncJetStream,
+) -> None:
+    name = "reads"
+    orch.deploy(spec(tmp_path, name))
+    deep = "[" * 300 + "]" * 300  # JSON reads it; an answer (pydantic) carries ~254 levels
+    records = [
+        Record(1, 0, 1, 1.0, "aggregate", json.dumps({"value": 1.0})),
+        Record(2, 0, 2, 2.0, "aggregate", deep),
+    ]
+    js_client.run(lambda j: publish_records(j, name, "aggregate", records, epoch=1))
+    stream = stream_name(name, "aggregate")
+
+    async def strangers(j: Any) -> None:
+        for subject in (data_subject(name, "aggregate"), dead_subject(name, "aggregate")):
+            await j.publish(subject, b"not a fogshift message", stream=stream)
+            await j.publish(subject, json.dumps({"seq": "x"}).encode(), stream=stream)
+        letter = {"seq": 7, "timestamp": 0.0, "creator": "source", "body": "{", "reason": "bad"}
+        await j.publish(dead_subject(name, "aggregate"), json.dumps(letter).encode(),
+                        stream=stream)  # fmt: skip
+
+    js_client.run(strangers)
+    page = orch.events(name, "aggregate")
+    assert [e.body for e in page.events] == [{"value": 1.0}, deep]  # the deep one as text
+    EventPage.model_validate_json(page.model_dump_json())  # an answer can carry it
+    letters = orch.errors(name)
+    assert [(d.element, d.seq, d.reason) for d in letters] == [("aggregate", 7, "bad")]
+    # A stream a failed deploy or scale never made: nothing stored there, not an error.
+    js_client.run(lambda j: delete_pe_stream(j, name, "sink"))
+    assert orch.events(name, "sink").events == []
+    assert orch.errors(name) == letters
+    assert all(h.element != "sink" for h in orch.latency(name))
