@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any
 
-from fogshift.checkpoint.central import KnownBlobs
+from fogshift.checkpoint.central import KnownBlobs, check_manifest
 from fogshift.checkpoint.chunks import Chunk
 from fogshift.checkpoint.spark_dir import progress_of
 from fogshift.contracts import (
@@ -99,8 +99,11 @@ class Replication(Replanning):
         known = self.central.newest(pipeline, pe)
         if known and known["id"] >= latest.id and known.get("node") == node:
             return
-        # Stored as the node wrote it (the store checks its names), with where it came from.
+        # Stored as the node wrote it (the store checks its names), with where it came from;
+        # only if it is this PE's: a node answering with another PE's names (of a pipeline
+        # it has no part in) would plant that PE's newest checkpoint, which a restore uses.
         manifest = {**latest.model_dump(mode="json", exclude_unset=True), "node": node}
+        check_manifest(manifest, pipeline, pe)
         started = time.perf_counter()
         files = _SnapshotFiles(agent, f"{here}/{latest.id}")
 

@@ -217,3 +217,34 @@ def test_replicas_of_pes_no_running_pipeline_has_here_elsewhere_are_dropped(
         "fog-b": ["/replicas/gone/x", "/replicas/off/aggregate", "/replicas/p/aggregate-p7"],
         "fog-a": ["/replicas/p/aggregate"],
     }
+
+
+def test_a_node_cannot_plant_another_pes_checkpoint_in_the_central_store(
+    orchestrator: Orchestrator,
+) -> None:
+    # Asked for p/aggregate's newest snapshot, a (compromised) node answers with the names
+    # of a PE of another pipeline: stored as that PE's newest, a restore of it would resume
+    # at whatever offsets and state the node chose.
+    import hashlib
+
+    from fogshift.exceptions import InvalidInput
+    from tests.orchestrator.standin import standins
+
+    data = b"forged"
+    forged = {"type": "fogshift-checkpoint", "id": "b000000009000", "pipeline": "q",
+              "element": "y", "batch": 9000, "created": 1.0, "bytes": len(data),
+              "files": {"state/0": {"size": len(data),
+                                    "sha256": hashlib.sha256(data).hexdigest()}}}  # fmt: skip
+    here = "/pipelines/p/elements/aggregate/snapshots"
+    with standins("fog-a") as agents:
+        agents["fog-a"].answer("GET", here + "/latest", body=forged)
+        agents["fog-a"].answer("GET", here + "/b000000009000/files/state/0", content=data)
+        orchestrator.heartbeat("fog-a", Heartbeat(url=agents["fog-a"].url, ready=True))
+        record = orchestrator.registry.get_pipeline("p")
+        assert record is not None
+        with pytest.raises(InvalidInput, match="belongs to another PE") as refused:
+            orchestrator._pull_one("p", "aggregate", "fog-a", ("p", "aggregate"),
+                                   record.status_since)  # fmt: skip
+        assert refused.value.received == "q/y"
+    assert orchestrator.central.newest("q", "y") is None
+    assert orchestrator.central.newest("p", "aggregate") is None
