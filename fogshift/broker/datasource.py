@@ -837,7 +837,9 @@ class JetStreamReader(DataSourceStreamReader):
         assert self.partition is not None
         of, _, count = self.partition
         owners = Ownership(count)
-        for earlier in _moves_until(client, self.pipeline, rng.input, of, rng.start, self.epoch):
+        for earlier in _moves_until(
+            client, self.pipeline, rng.input, of, rng.start, self.epoch, self.pe
+        ):
             if isinstance(earlier, KeyMove):
                 owners.apply(earlier)
             else:
@@ -1145,23 +1147,32 @@ async def _stored(js: Any, stream: str, subject: str, ack: Any, body: bytes) -> 
 
 
 #: The key moves and copy requests read so far in this worker, by (stream, partitioned
-#: element, the reading partition's epoch): the sequence read up to, and the records (a
-#: partition's reads replay them at every batch). The epoch, because Spark's Python workers
-#: outlive queries: a pipeline deployed again has new streams under the same names (and new
-#: epochs), whose sequences start over; the old ones' moves would be applied, the new unread.
-_MOVES: dict[tuple[str, str, int], tuple[int, list[KeyMove | KeyCopy]]] = {}
+#: element, the reading partition, its epoch): the sequence read up to, and the records (a
+#: partition's reads replay them at every batch). The partition and its epoch, because
+#: Spark's Python workers outlive queries: a pipeline deployed again has new streams under
+#: the same names, whose sequences start over (the old ones' moves would be applied, the
+#: new unread), and a new epoch for each PE. Epochs are counted per PE, only ever growing:
+#: another partition of the element may read under an epoch number this one had before.
+_MOVES: dict[tuple[str, str, str, int], tuple[int, list[KeyMove | KeyCopy]]] = {}
 MOVES_CACHED = 256
 _MOVES_LOCK = threading.Lock()
 
 
 def _moves_until(
-    client: SyncJetStream, pipeline: str, source: str, element: str, end: int, epoch: int
+    client: SyncJetStream,
+    pipeline: str,
+    source: str,
+    element: str,
+    end: int,
+    epoch: int,
+    reader: str,
 ) -> list[KeyMove | KeyCopy]:
     """The key moves and copy requests of ``element`` stored in the stream of ``source`` at
-    sequences up to ``end``, in order, as read by a partition of ``epoch``."""
+    sequences up to ``end``, in order, as read by partition PE ``reader`` under ``epoch``."""
     stream = stream_name(pipeline, source)
+    cached = (stream, element, reader, epoch)
     with _MOVES_LOCK:
-        read, moves = _MOVES.get((stream, element, epoch), (0, []))
+        read, moves = _MOVES.get(cached, (0, []))
         if read < end:
             subject = keys_subject(pipeline, source)
             found = client.run(
@@ -1175,7 +1186,7 @@ def _moves_until(
             read = end
             if len(_MOVES) >= MOVES_CACHED:
                 _MOVES.clear()  # (entries of epochs gone by: read again when needed)
-            _MOVES[(stream, element, epoch)] = (read, moves)
+            _MOVES[cached] = (read, moves)
     return [m for m in moves if m.seq <= end]
 
 
