@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from fogshift.common.exceptions import WaitTimedOut
@@ -9,6 +10,8 @@ from fogshift.common.http import ServiceClient
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import ElementProgress, PEState
 from fogshift.exceptions import FogshiftError
+
+log = logging.getLogger("fogshift.progress")
 
 
 def wait_for_progress(
@@ -19,10 +22,14 @@ def wait_for_progress(
     error: type[FogshiftError],
     what: str,
     observe: Callable[[ElementProgress], None] | None = None,
+    while_moving: bool = False,
 ) -> ElementProgress:
     """Poll ``<element_path>/progress`` until the committed input progress reaches ``at_least``.
 
     Args:
+        while_moving: Wait on as long as the progress grows, ``timeout_s`` at a time: only a
+            PE that made no progress for ``timeout_s`` fails the wait (a restore after a long
+            outage has a backlog no fixed time fits).
         error: Raised (with ``what`` in its message) if the PE was fenced, or its query
             failed and the agent will not start it again, or the position is not reached
             within ``timeout_s`` (a failed query the agent restarts is waited for).
@@ -32,10 +39,13 @@ def wait_for_progress(
         The last progress answer.
     """
     info: ElementProgress | None = None
+    began: int | None = None  # the progress at the first answer of this stretch of waiting
 
     def reached() -> ElementProgress | None:
-        nonlocal info
+        nonlocal info, began
         info = agent.call(ElementProgress, "GET", element_path + "/progress")
+        if began is None:
+            began = info.progress
         if observe is not None:
             observe(info)
         # A failed query the agent starts again (a Python worker that could not start on a
@@ -60,13 +70,21 @@ def wait_for_progress(
             return info
         return None
 
-    try:
-        return wait_until(
-            reached, timeout_s, interval_s=0.02, describe=f"{what}: input position {at_least}"
-        )
-    except WaitTimedOut:
-        at = (info.progress, info.state) if info is not None else (None, None)
-        raise error(
-            f"{what}: the PE did not reach input position {at_least} in {timeout_s:.0f} s "
-            f"(at {at[0]}, state {at[1]})"
-        ) from None
+    while True:
+        try:
+            return wait_until(
+                reached, timeout_s, interval_s=0.02, describe=f"{what}: input position {at_least}"
+            )
+        except WaitTimedOut:
+            at = (info.progress, info.state) if info is not None else (None, None)
+            moved = at[0] is not None and began is not None and at[0] > began
+            if while_moving and at[1] == PEState.RUNNING and moved:
+                log.info("%s: at input position %s of %s after %.0f s more, still catching up",
+                         what, at[0], at_least, timeout_s)  # fmt: skip
+                began = None
+                continue
+            raise error(
+                f"{what}: the PE did not reach input position {at_least} in {timeout_s:.0f} s "
+                + ("without progress " if while_moving else "")
+                + f"(at {at[0]}, state {at[1]})"
+            ) from None

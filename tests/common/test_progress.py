@@ -45,3 +45,44 @@ def test_a_position_on_disk_is_not_reached_by_a_query_that_does_not_run() -> Non
             wait_for_progress(agent, HERE, 30, 0.3, RestoreFailed, "restore of p/alarms")
         agents["fog-b"].answer("GET", HERE + "/progress", body={**failed, "state": "running"})
         assert wait_for_progress(agent, HERE, 30, 5.0, RestoreFailed, "restore").progress == 40
+
+
+def test_a_restore_waits_as_long_as_its_pe_catches_up_and_no_longer() -> None:
+    """The backlog of a late restore fits no fixed time: it waits on while the progress
+    grows, and fails once a whole timeout passed without any (a restore that failed on the
+    backlog failed again, with more of it, at every attempt)."""
+    import threading
+    import time
+
+    with standins("fog-b") as agents:
+        agent = ServiceClient(agents["fog-b"].url, "t" * 32, "fog-b")
+        done = threading.Event()
+
+        def at(position: int) -> None:
+            agents["fog-b"].answer("GET", HERE + "/progress", body={
+                "pipeline": "p", "element": "alarms", "state": "running",
+                "committed_batch": position, "progress": position})  # fmt: skip
+
+        def catch_up() -> None:
+            for position in range(1, 31):
+                at(position)
+                if done.wait(0.1):
+                    return
+
+        at(0)
+        feeder = threading.Thread(target=catch_up)
+        feeder.start()
+        try:
+            with pytest.raises(RestoreFailed, match="did not reach input position 30 in 1 s"):
+                wait_for_progress(agent, HERE, 30, 0.6, RestoreFailed, "restore of p/alarms")
+            started = time.monotonic()
+            info = wait_for_progress(agent, HERE, 30, 0.6, RestoreFailed, "restore of p/alarms",
+                                     while_moving=True)  # fmt: skip
+            assert info.progress == 30 and time.monotonic() - started > 0.6
+        finally:
+            done.set()
+            feeder.join()
+        # Stuck at 30: one timeout without progress ends the wait.
+        with pytest.raises(RestoreFailed, match="in 0 s without progress"):
+            wait_for_progress(agent, HERE, 31, 0.4, RestoreFailed, "restore of p/alarms",
+                              while_moving=True)  # fmt: skip
