@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fogshift.common.exceptions import InvalidName
 from fogshift.contracts import ErrorBody, MigrationReport, RestoreReport
 from fogshift.exceptions import (
     Conflict,
@@ -202,6 +203,25 @@ def tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def _check_path(path: str, service: str) -> None:
+    """Refuse a request path that is not the one written: its names build it, and one that
+    is ``..`` (which the client resolves: ``/pipelines/x/../b/stop`` stops ``b``), empty, or
+    holds ``?`` or ``#`` would send the request elsewhere.
+
+    Raises:
+        InvalidName: Naming the segment.
+    """
+    segments = path.split("/")[1:]
+    bad = next((s for s in segments if s in ("", ".", "..") or set(s) & set("?#\\")), None)
+    if not path.startswith("/") or (bad is not None and path != "/"):
+        raise InvalidName(
+            f"cannot ask {service}: the request path {path!r} is not made of names",
+            expected="names of letters, digits, '-' and '_' (a pipeline, element or node)",
+            received=repr(bad if bad is not None else path),
+            hint="check the pipeline, element and node names given",
+        )
+
+
 class ServiceClient:
     """A small authenticated JSON client for one fogshift service.
 
@@ -233,6 +253,7 @@ class ServiceClient:
             Unavailable: The service cannot be reached.
             FogshiftError: The service's own error, re-raised as its class.
         """
+        _check_path(path, self.name)
         try:
             try:
                 response = self._client.request(method, path, **kwargs)

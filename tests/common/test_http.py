@@ -103,3 +103,21 @@ def test_services_keep_idle_connections_longer_than_clients_reuse_them() -> None
     round_trip_s = 2 * (n500.mean_ms + 10 * n500.sd_ms) / 1000
     assert CLIENT_KEEP_ALIVE_S + round_trip_s < SERVER_KEEP_ALIVE_S
     assert client_limits().keepalive_expiry == CLIENT_KEEP_ALIVE_S
+
+
+def test_a_request_path_made_of_something_else_than_names_is_never_sent() -> None:
+    # httpx resolves dot segments: `fogshift stop 'x/../case2'` stopped case2 and printed
+    # "stopped x/../case2" (the service's own name checks never saw the name).
+    from fogshift.common.exceptions import InvalidName
+    from tests.orchestrator.standin import standins
+
+    with standins("orchestrator") as services:
+        client = ServiceClient(services["orchestrator"].url, "t" * 32, "the orchestrator")
+        for path in ("/pipelines/x/../case2/stop", "/pipelines/./stop", "/pipelines//stop",
+                     "/pipelines/a#/stop", "/pipelines/a?b=1/stop", "/pipelines/a\\b"):  # fmt: skip
+            with pytest.raises(InvalidName) as refused:
+                client.post(path)
+            assert refused.value.hint and path in refused.value.message
+        assert services["orchestrator"].calls == []
+        client.post("/pipelines/case2/stop")  # names only: sent
+        assert [c.path for c in services["orchestrator"].calls] == ["/pipelines/case2/stop"]
