@@ -117,7 +117,7 @@ def test_a_request_path_made_of_something_else_than_names_is_never_sent() -> Non
                      "/pipelines/a#/stop", "/pipelines/a?b=1/stop", "/pipelines/a\\b"):  # fmt: skip
             with pytest.raises(InvalidName) as refused:
                 client.post(path)
-            assert refused.value.hint and path in refused.value.message
+            assert refused.value.hint and repr(path) in refused.value.message
         assert services["orchestrator"].calls == []
         client.post("/pipelines/case2/stop")  # names only: sent
         assert [c.path for c in services["orchestrator"].calls] == ["/pipelines/case2/stop"]
