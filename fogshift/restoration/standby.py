@@ -24,6 +24,7 @@ writes.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -46,6 +47,8 @@ from fogshift.migration.procedure import fetch_checkpoint, install_checkpoint
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.restoration.procedure import RestoreSteps, fence_and_locate
 from fogshift.spec.models import ElementSpec
+
+log = logging.getLogger("fogshift.restoration")
 
 #: The states in which a standby instance can be promoted.
 PROMOTABLE = (PEState.RUNNING, PEState.STARTING, PEState.PAUSED)
@@ -102,7 +105,14 @@ def establish(
     if info.batch is not None:
         what = f"standby of {pipeline}/{element.id} on {name} warming up"
         wait_for_progress(agent, here, progress_of(info.offset), timeout_s, RestoreFailed, what)
-    follow(here, primary_agent, agent)
+    try:
+        follow(here, primary_agent, agent)
+    except FogshiftError as exc:
+        # Warm and capped at the copy: the standby stands. Its primary not answering now (its
+        # node just died) is what the standby is for; discarded, the PE's restore came from
+        # an older central checkpoint instead of promoting it.
+        log.warning("standby of %s/%s on %s is warm but could not follow its primary yet: %s",
+                    pipeline, element.id, name, exc.message)  # fmt: skip
     return Established(
         state_bytes=len(data), took_ms=round((time.perf_counter() - started) * 1000, 1)
     )

@@ -68,6 +68,24 @@ def test_a_standby_starts_from_a_warm_copy_capped_under_a_newer_epoch(
     assert [s.element for s in orch.registry.standbys()] == ["aggregate"]
 
 
+def test_a_warm_standby_whose_primary_dies_before_its_first_follow_stays(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # The primary answers the copy, then stops answering (its node dies while the standby
+    # warms up): the warm standby was discarded, and the PE restored from an older central
+    # checkpoint instead of promoting it.
+    info = '{"batch": 3, "offset": ' + str(OFFSET).replace("'", '"') + "}"
+    agents["fog-a"].answer("GET", AGG + "/checkpoint", content=b"tarball",
+                           headers={INFO_HEADER: info, SHA_HEADER: "abc"})  # fmt: skip
+    agents["fog-a"].fail("GET", AGG + "/progress")
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
+    orch.keep_standbys()
+    standby = orch.registry.standby("p", "aggregate")
+    assert standby is not None and (standby.node, standby.epoch) == ("fog-b", 2)
+    assert agents["fog-b"].received("DELETE", AGG) == []  # not discarded
+    assert agents["fog-b"].received("PUT", AGG + "/gate") == []  # capped at the copy
+
+
 def test_the_follower_raises_the_cap_only_when_the_primary_committed(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
