@@ -257,7 +257,11 @@ class CsvSourceReader(DataSourceStreamReader):
             header_line = handle.readline().decode("utf-8-sig", errors="replace")
             handle.seek(partition.byte_begin)
             chunk = handle.read(partition.byte_end - partition.byte_begin)
-        header = next(csv.reader([header_line.rstrip("\r\n")]), [])
+        unreadable: str | None = None
+        try:
+            header = next(csv.reader([header_line.rstrip("\r\n")]), [])
+        except csv.Error as exc:  # (a lone \r, a field over csv.field_size_limit)
+            header, unreadable = [], f"the header (line 1) cannot be read as CSV: {exc}"
         lines = chunk.split(b"\n")
         if chunk.endswith(b"\n"):
             lines.pop()  # the empty piece after the last newline
@@ -270,6 +274,10 @@ class CsvSourceReader(DataSourceStreamReader):
             )
         now = time.time() * 1000.0
         for k, line in enumerate(lines, start=partition.start + 1):
+            if unreadable is not None:  # every row: none has columns to be named by
+                text = line.removesuffix(b"\r").decode("utf-8", errors="backslashreplace")
+                yield self._dead(k, text, f"row {k} has no column names: {unreadable}", now)
+                continue
             yield self._row(k, line.removesuffix(b"\r"), header, now)
 
     def _row(self, k: int, raw: bytes, header: list[str], now: float) -> tuple:
@@ -366,10 +374,14 @@ def _cell(value: Any) -> str:
 
 
 def _csv_line(cells: list[Any]) -> bytes:
-    """One CSV line, UTF-8 (strictly: text that cannot be raises)."""
+    """One CSV line ending in ``\n``, UTF-8 (strictly: text that cannot be raises).
+
+    Written as if lines ended in ``\r\n``: the csv module quotes only cells holding a
+    character of the line terminator, and a bare ``\r`` in a cell splits the row for
+    every reader (Python's, pandas, a csv-source reading the file)."""
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerow(cells)
-    return buffer.getvalue().encode()
+    csv.writer(buffer, lineterminator="\r\n").writerow(cells)
+    return buffer.getvalue().removesuffix("\r\n").encode() + b"\n"
 
 
 def append_exactly_once(
@@ -454,8 +466,11 @@ def _append(
         except (ValueError, RecursionError) as exc:
             refused.append((row, f"not an event body: {type(exc).__name__}: {exc}"))
             continue
+        if not body:  # (as the first row, it made a header of no field, refusing all else)
+            refused.append((row, "an event with no fields has no CSV row to write"))
+            continue
         names = list(body) if fields is None else fields
-        if list(body) != names:
+        if len(body) != len(names) or set(body) != set(names):  # (in any order)
             refused.append((row, f"fields {list(body)} do not match the output header {fields}"))
             continue
         try:

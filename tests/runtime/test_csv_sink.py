@@ -109,3 +109,29 @@ def test_a_lock_held_by_a_frozen_writer_fails_the_batch_instead_of_hanging(
         holder.wait()
     # The holder gone, the lock is free again.
     assert append_exactly_once(out, rows((1, 1.0)), epoch=2) == 1
+
+
+def test_an_empty_body_sets_no_header_and_fields_may_come_in_any_order(tmp_path: Path) -> None:
+    # A first body of no field made a header of none, and every later row was refused for
+    # good; rows of the header's fields in another order (a second input's) were refused.
+    out = tmp_path / "o.csv"
+    refused: list = []
+    batch = [(1, 1, 0.0, "{}"), (2, 2, 0.0, json.dumps({"a": 1, "b": 2}))]
+    assert append_exactly_once(out, batch, refused.extend) == 1
+    assert [r[0][0] for r in refused] == [1] and "no fields" in refused[0][1]
+    assert append_exactly_once(out, [(3, 3, 0.0, json.dumps({"b": 4, "a": 3}))]) == 1
+    assert out.read_text() == "seq,a,b\n2,1,2\n3,3,4\n"
+
+
+def test_a_carriage_return_in_a_cell_is_quoted_so_the_row_stays_one(tmp_path: Path) -> None:
+    import csv
+
+    out = tmp_path / "o.csv"
+    body = {"name": "a\rb", "line": "c\nd", "v": 1}
+    assert append_exactly_once(out, [(1, 1, 0.0, json.dumps(body))]) == 1
+    with open(out, newline="") as handle:
+        assert list(csv.reader(handle)) == [
+            ["seq", "name", "line", "v"],
+            ["1", "a\rb", "c\nd", "1"],
+        ]
+    assert out.read_bytes().endswith(b"\n") and not out.read_bytes().endswith(b"\r\n")

@@ -74,6 +74,18 @@ def test_crlf_line_ends_and_a_lone_carriage_return(tmp_path: Path) -> None:
     assert dead[0][6].startswith("row 2 cannot be read as CSV: new-line character")
 
 
+def test_a_header_that_cannot_be_read_makes_dead_letters_not_failed_batches(
+    tmp_path: Path,
+) -> None:
+    # A bare \r in the header raised in every batch, at every restart, for good.
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"sensor\rid,value\n1,2\n3,4\n")
+    rows = read_all(data)
+    assert [r[0] for r in rows] == [1, 2]
+    assert all("the header (line 1) cannot be read as CSV" in r[6] for r in rows), rows
+    assert [json.loads(r[5]) for r in rows] == [{"line": "1,2"}, {"line": "3,4"}]
+
+
 def test_invalid_utf8_is_a_dead_letter_with_the_raw_bytes_shown(tmp_path: Path) -> None:
     data = tmp_path / "in.csv"
     data.write_bytes(b"name,value\na,1\nb\xff\xfe,2\nc,3\n")
