@@ -95,7 +95,13 @@ def abnormal_rhythm(rhythm: str) -> tuple[float, float]:
     return (150.0, 2.0) if rhythm == "tachycardia" else (105.0, 25.0)
 
 
-@lru_cache(maxsize=64)
+#: Recordings kept per process: more than an ecg-source has patients (at most 99). Its
+#: events visit the patients in turn, so a cache smaller than that never hit, and each
+#: event simulated its patient's whole recording again (seconds each).
+RECORDINGS_CACHED = 128
+
+
+@lru_cache(maxsize=RECORDINGS_CACHED)
 def recording(patient: Patient, duration_s: float, fs: int, seed: int) -> np.ndarray:
     """The patient's whole recording as the wearable measures it (millivolts times its gain),
     rounded to 5 decimals (what the events carry). Deterministic; cached per process."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import numpy as np
+import pytest
 from scipy.signal import sosfilt
 
 from fogshift.ecg import beats, dsp
@@ -107,3 +109,29 @@ def test_the_beat_tail_stays_bounded_at_any_sampling_rate() -> None:
             state = beats.step(state, np.linspace(0.0, 1.0, 10), fs)
             assert len(state["tail"]) == min(10 * (w + 1), int(beats.TAIL_S * fs))
             assert state["tail_start"] == 10 * (w + 1) - len(state["tail"])
+
+
+def test_every_patients_recording_is_simulated_once_however_many_patients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Events visit the patients in turn: with more patients than the cache held (65-99),
+    # every event simulated its patient's whole recording again (seconds each).
+    from fogshift.ecg import simulate
+    from fogshift.spec.kinds import EcgSourceOptions
+
+    limits = EcgSourceOptions.model_fields["patients"].metadata
+    most = next(m.le for m in limits if hasattr(m, "le"))
+    calls: list[int] = []
+
+    def segment(duration_s: float, fs: int, heart_rate: float, std: float, seed: int) -> Any:
+        calls.append(seed)
+        return np.zeros(round(duration_s * fs) + 1)
+
+    monkeypatch.setattr(simulate, "segment", segment)
+    simulate.recording.cache_clear()
+    people = simulate.patients(most, 1, 0, 30.0)
+    for _ in range(2):
+        for patient in people:
+            simulate.recording(patient, 2.0, 250, 1)
+    assert len(calls) == most
+    simulate.recording.cache_clear()
