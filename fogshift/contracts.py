@@ -265,6 +265,17 @@ class ReplicaInfo(BaseModel):
     created: float
 
 
+class LeftCheckpoint(BaseModel):
+    """A PE a node holds a checkpoint (or node-level snapshots) of but does not run: left by
+    an instance removed while its agent was down (a restore moved the PE away from a node
+    that came back with a new agent), or by a migration's target being set up."""
+
+    model_config = _WIRE
+
+    pipeline: str
+    element: str
+
+
 class DroppedReplica(BaseModel):
     """Answer of ``DELETE /replicas/{pipeline}/{element}``: the copies a node held of that
     PE are gone (``held``: whether it held any), and ``blobs`` files with them."""
@@ -423,6 +434,11 @@ class AgentHealth(BaseModel):
     pgid: int
 
 
+#: The most :attr:`Heartbeat.left` entries one heartbeat carries (the rest come once these
+#: are discarded).
+LEFT_REPORTED = 100
+
+
 class Heartbeat(BaseModel):
     """Body of ``POST /nodes/{name}/heartbeat``: a node lives, what it runs and holds.
 
@@ -432,6 +448,8 @@ class Heartbeat(BaseModel):
         error: Why its Spark session did not start.
         elements: The PEs it hosts.
         replicas: The checkpoint copies it holds.
+        left: The PEs it holds checkpoints of without running them (at most
+            :data:`LEFT_REPORTED`): the orchestrator discards those of PEs placed elsewhere.
         cpu_percent: Its CPU use since the last heartbeat.
         checkpoint_interval_s: How often it takes node-level checkpoints.
         snapshots_age_s: How long before this heartbeat its last round of node-level
@@ -451,6 +469,7 @@ class Heartbeat(BaseModel):
     error: str | None = None
     elements: list[ElementInfo] = []
     replicas: list[ReplicaInfo] = []
+    left: list[LeftCheckpoint] = Field(default=[], max_length=LEFT_REPORTED)
     cpu_percent: float | None = None
     checkpoint_interval_s: float | None = None
     snapshots_age_s: float | None = None

@@ -184,6 +184,7 @@ def heartbeat_loop(
                     error=runtime.spark_error,
                     elements=runtime.elements(),
                     replicas=replicas.held(),
+                    left=runtime.left(),
                     cpu_percent=meter.percent(),
                     checkpoint_interval_s=config.checkpoint_interval_s,
                     **_disk(config.home),

@@ -43,13 +43,15 @@ from fogshift.checkpoint.store import (
     take_snapshot,
 )
 from fogshift.common.gate import acknowledged, open_gate, write_gate
-from fogshift.common.names import pe_folder
+from fogshift.common.names import NAME_PATTERN, pe_folder
 from fogshift.contracts import (
+    LEFT_REPORTED,
     CheckpointInfo,
     CheckpointManifest,
     ElementInfo,
     ElementProgress,
     Gate,
+    LeftCheckpoint,
     NodeCheckpoint,
     PEState,
     StateKeys,
@@ -709,6 +711,30 @@ class NodeRuntime:
         """
         hosted = list(self._elements.values())
         return [self.describe(h) for h in hosted]
+
+    def left(self) -> list[LeftCheckpoint]:
+        """The PEs this node holds a checkpoint or node-level snapshots of without running
+        them (for heartbeats, at most :data:`LEFT_REPORTED`): what an instance removed while
+        the agent was down left, for the orchestrator to discard if the PE runs elsewhere."""
+        running = set(self._elements)
+        found: list[LeftCheckpoint] = []
+        for root in (self.config.home / "checkpoints", self.config.home / "node-checkpoints"):
+            for folder in sorted(root.glob("*/*")) if root.is_dir() else ():
+                # (an unfinished install's copy counts for its PE; anything else not named
+                # as a PE is, is not one)
+                key = (folder.parent.name, folder.name.removesuffix(".incoming"))
+                if (
+                    key in running
+                    or not folder.is_dir()
+                    or not all(NAME_PATTERN.fullmatch(n) for n in key)
+                ):
+                    continue
+                entry = LeftCheckpoint(pipeline=key[0], element=key[1])
+                if entry not in found:
+                    found.append(entry)
+                if len(found) == LEFT_REPORTED:
+                    return found
+        return found
 
     # -- monitor ----------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from fogshift.contracts import (
     ElementInfo,
     ElementProgress,
     Heartbeat,
+    LeftCheckpoint,
     MigrationReport,
     PlanView,
     ReplicaInfo,
@@ -131,13 +132,17 @@ class OrchestratorCore:
         (and logged): every view of the nodes builds paths and subjects from those names,
         and one bad entry would fail them all (``GET /nodes`` answered 422 for good)."""
 
-        def named(entry: ElementInfo | ReplicaInfo) -> bool:
+        def named(entry: ElementInfo | ReplicaInfo | LeftCheckpoint) -> bool:
             # (fullmatch: with match, "$" lets a final newline through)
             return bool(
                 NAME_PATTERN.fullmatch(entry.pipeline) and NAME_PATTERN.fullmatch(entry.element)
             )
 
-        entries: list[ElementInfo | ReplicaInfo] = [*report.elements, *report.replicas]
+        entries: list[ElementInfo | ReplicaInfo | LeftCheckpoint] = [
+            *report.elements,
+            *report.replicas,
+            *report.left,
+        ]
         bad = [f"{e.pipeline}/{e.element}" for e in entries if not named(e)]
         if bad:
             log.warning("node %s reported PEs or copies under names no spec can have, left "
@@ -145,6 +150,7 @@ class OrchestratorCore:
             report = report.model_copy(update={
                 "elements": [e for e in report.elements if named(e)],
                 "replicas": [r for r in report.replicas if named(r)],
+                "left": [c for c in report.left if named(c)],
             })  # fmt: skip
         self.registry.heartbeat(name, report)
 

@@ -181,6 +181,7 @@ class Reconciler(Coordination):
                         # strays in place: it is tried again next round.
                         log.exception("reconciling %s/%s failed", record.name, element.id)
             self._remove_strays(pending)
+            self._discard_left(pending)
 
     def streams_upkeep(self) -> None:
         self._streams_current(self.registry.pipelines())
@@ -372,6 +373,45 @@ class Reconciler(Coordination):
                     continue  # the operation under way owns the PE's instances
                 except Exception:  # as in reconcile_once: the other instances go on
                     log.exception("removing a superseded %s/%s from %s failed", *key, node.name)
+
+    def _discard_left(self, pending: set[tuple[str, str]]) -> None:
+        """Discard the checkpoints nodes hold of PEs of known pipelines that are neither
+        placed nor standing by there (``Heartbeat.left``): an instance removed while its
+        agent was down left them, on disk for good. Decided inside the PE's exclusive
+        section, with the placement read afresh: an operation under way (a migration's
+        target being set up) owns them, and one that just ended may have placed the PE
+        there."""
+        for node in self.registry.nodes():
+            if not self.healthy(node):
+                continue
+            for left in node.report.left:
+                key = (left.pipeline, left.element)
+                if key in pending:
+                    continue
+                try:
+                    with self._exclusive(*key, "discarding a checkpoint left on a node"):
+                        record = self.registry.get_pipeline(key[0])
+                        standby = self.registry.standby(*key)
+                        if (
+                            record is None  # (not ours to judge)
+                            or record.placement.get(key[1]) == node.name
+                            or (standby is not None and standby.node == node.name)
+                            or (key[0], key[1]) in {(e.pipeline, e.element)
+                                                    for e in node.report.elements}
+                        ):  # fmt: skip
+                            continue
+                        log.info("discarding the checkpoint %s/%s left on %s (placed on %s)",
+                                 *key, node.name, record.placement.get(key[1]))  # fmt: skip
+                        self.agent(node.name).delete(
+                            f"/pipelines/{key[0]}/elements/{key[1]}", params={"discard": True}
+                        )
+                except MigrationInProgress:
+                    continue
+                except FogshiftError as exc:
+                    log.info("the checkpoint %s/%s left on %s was not discarded: %s", *key,
+                             node.name, exc.message)  # fmt: skip
+                except Exception:
+                    log.exception("discarding %s/%s left on %s failed", *key, node.name)
 
     def run_reconciler(self) -> None:
         """Loop :meth:`reconcile_once` until :meth:`close`."""

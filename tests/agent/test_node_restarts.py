@@ -275,3 +275,24 @@ def test_a_fresh_sink_whose_file_cannot_be_written_is_refused_not_a_500(
     assert "on node 'n1'" in refused.value.message and refused.value.hint
     assert refused.value.received and "IsADirectoryError" in refused.value.received
     assert started == []
+
+
+def test_checkpoints_of_pes_the_node_does_not_run_are_reported(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    # Left by an instance removed while the agent was down: reported in heartbeats, for the
+    # orchestrator to discard if the PE runs elsewhere (they stayed on disk for good).
+    home = tmp_path
+    folders = [
+        *("checkpoints/p/gone", "node-checkpoints/p/gone", "node-checkpoints/p/old"),
+        *("checkpoints/q/half.incoming", "checkpoints/p/runs", "checkpoints/p/x.y"),
+    ]
+    for folder in folders:
+        (home / folder).mkdir(parents=True)
+    (home / "checkpoints" / "p" / "file").write_text("not a folder")
+    runtime._elements[("p", "runs")] = hosted(tmp_path)
+    assert [(c.pipeline, c.element) for c in runtime.left()] == [
+        ("p", "gone"),
+        ("q", "half"),
+        ("p", "old"),
+    ]

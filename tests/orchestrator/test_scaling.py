@@ -213,3 +213,28 @@ def test_a_state_that_cannot_be_read_now_is_unavailable_with_the_reason(
         orch.twin_state("p", "aggregate", "s1")
     assert "pipeline 'p' is stopped" in unread.value.message
     assert len(agents["fog-a"].calls) == asked  # no node asked
+
+
+def test_checkpoints_left_on_a_node_are_discarded_only_where_the_pe_is_not_placed(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # A node that came back with a new agent after its PEs were restored elsewhere kept
+    # their checkpoints for good: nothing ran them, so nothing reported or removed them.
+    _beat(orch, agents)
+    left = {"fog-c": [("p", "aggregate-p0"), ("p", "source"), ("other", "x")],
+            "fog-a": [("p", "aggregate-p0")]}  # fmt: skip
+    record = orch.registry.get_pipeline("p")
+    assert record is not None and record.placement["aggregate-p0"] == "fog-a"
+    for name, entries in left.items():
+        orch.heartbeat(name, Heartbeat.model_validate({
+            "url": agents[name].url, "ready": True,
+            "left": [{"pipeline": p, "element": e} for p, e in entries]}))  # fmt: skip
+    orch._discard_left(set())
+    gone = [(c.path, c.query) for c in agents["fog-c"].calls if c.method == "DELETE"]
+    assert gone == [("/pipelines/p/elements/aggregate-p0", {"discard": "true"}),
+                    ("/pipelines/p/elements/source", {"discard": "true"})]  # fmt: skip
+    assert [c for c in agents["fog-a"].calls if c.method == "DELETE"] == []  # placed there
+    # A PE with an unfinished operation is its operation's (a target being set up).
+    agents["fog-c"].calls.clear()
+    orch._discard_left({("p", "source")})
+    assert [c.path for c in agents["fog-c"].calls] == ["/pipelines/p/elements/aggregate-p0"]
