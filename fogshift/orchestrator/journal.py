@@ -23,8 +23,9 @@ log = logging.getLogger("fogshift.orchestrator")
 #: The orchestrator's own rounds that take a PE's exclusive section (see
 #: :meth:`Journal._exclusive`): they skip a PE someone holds, and are waited for.
 BACKGROUND = frozenset(
-    {"standby", "standby follow", "restart", "recovery", "removal of a superseded instance"}
-)
+    {"standby", "standby follow", "restart", "recovery", "removal of a superseded instance",
+     "discarding a checkpoint left on a node"}
+)  # fmt: skip
 #: How long an operation someone asked for waits for such a round to let the PE go (a
 #: standby's start copies a checkpoint and starts a query: seconds, more over slow links).
 BACKGROUND_WAIT_S = 60.0
@@ -34,6 +35,7 @@ BUSY = {
     "standby": "the start of its standby", "standby follow": "its standby's follow-up",
     "restart": "a restart by the reconciler", "recovery": "the recovery of an interrupted "
     "operation", "removal of a superseded instance": "the removal of a superseded instance",
+    "discarding a checkpoint left on a node": "the removal of a checkpoint left on a node",
 }  # fmt: skip
 
 
@@ -157,6 +159,8 @@ class Journal(Replication):
                 self._released.wait(left)
             self._migrating[key] = what
         try:
+            if what not in BACKGROUND:
+                self._refuse_unresolved(pipeline, element_id)
             yield
         except FogshiftError as exc:
             log.warning("%s of %s/%s failed: %s", what, pipeline, element_id, exc.render())
@@ -165,6 +169,27 @@ class Journal(Replication):
             with self._lock:
                 self._migrating.pop(key, None)
                 self._released.notify_all()
+
+    def _refuse_unresolved(self, pipeline: str, element_id: str) -> None:
+        """Refuse an operation on a PE whose journal holds an operation nobody runs (left by
+        an orchestrator that died, until the reconciler's next round resolves it): run
+        first, it acted on instances that resolution then undid or completed (a migration
+        from an origin whose target a dead orchestrator had already made live: two writers
+        under one epoch).
+
+        Raises:
+            MigrationInProgress: Such an entry exists.
+        """
+        left = [op for op in self.registry.unfinished()
+                if (op.pipeline, op.element) == (pipeline, element_id)]  # fmt: skip
+        if left:
+            op = left[0]
+            raise MigrationInProgress(
+                f"{pipeline}/{element_id} has an unfinished {op.kind} ({op.origin} -> "
+                f"{op.target}, phase {op.phase}) that an orchestrator left: it is resolved "
+                "first",
+                hint="the reconciler resolves it within a round or two; try again then",
+            )
 
     def _element(self, record: PipelineRecord, element_id: str) -> ElementSpec:
         try:

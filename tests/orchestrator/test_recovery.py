@@ -177,6 +177,27 @@ def test_an_operation_this_orchestrator_runs_is_not_recovered(
     assert [o.id for o in orch.registry.unfinished()] == [op]
 
 
+def test_an_operation_on_a_pe_with_an_unresolved_entry_is_refused_until_it_is_resolved(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # A dead orchestrator's migration made the target live; a user's migration or restore
+    # asked before the new orchestrator's first round acted on the origin it had paused
+    # (resumed it on failure: two writers under one epoch).
+    from fogshift.migration.exceptions import MigrationInProgress
+
+    op = left_by_dead_orchestrator(orch, "migration", "switching")
+    for attempt in (lambda: orch.migrate("p", "aggregate", "cloud"),
+                    lambda: orch.restore("p", "aggregate", "cloud")):  # fmt: skip
+        with pytest.raises(MigrationInProgress) as refused:
+            attempt()
+        assert "unfinished migration (fog-a -> fog-b, phase switching)" in refused.value.message
+        assert refused.value.hint and "try again" in refused.value.hint
+    assert calls(agents) == []
+    orch.recover_operations()
+    entry = orch.registry.operation(op)
+    assert entry is not None and entry.outcome is not None
+
+
 def test_a_reconcile_round_resolves_the_journal_first(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
