@@ -74,6 +74,7 @@ from fogshift.contracts import (
     MigrationPhase,
     MigrationReport,
     MigrationStatus,
+    PEState,
 )
 from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationFailed
@@ -487,6 +488,16 @@ def _undo_handover(
     except Exception as exc:  # (a rollback never raises: it reports what it could not do)
         result.notes.append(f"discarding the target on {target_name} failed: {_said(exc)}")
     if not started:
+        # Never paused, the origin runs on, if its node does: asked, not assumed (a handover
+        # whose origin's node died while the target was prepared reported "runs again").
+        try:
+            now = origin[1].call(ElementProgress, "GET", path + "/progress", timeout=10.0)
+        except Exception as exc:
+            result.notes.append(f"the origin on {origin_name} does not answer: {_said(exc)}")
+            return result
+        if now.state not in (PEState.RUNNING, PEState.PAUSED):
+            result.notes.append(f"the origin on {origin_name} is {now.state}: {now.error}")
+            return result
         result.resumed = True
         return result
     try:

@@ -88,3 +88,31 @@ def test_a_handover_whose_origin_dies_once_the_target_is_live_completes_on_the_t
     assert calls == ["mark 2", "route"]  # the origin cut off under the target's epoch
     assert agents["fog-b"].received("DELETE", HERE) == []
     assert any("took over without it" in w for w in report.warnings), report.warnings
+
+
+@pytest.mark.parametrize("origin_runs", [True, False])
+def test_a_handover_that_failed_before_its_target_ran_asks_whether_the_origin_runs(
+    origin_runs: bool,
+) -> None:
+    # The origin's node died while the target was prepared (its checkpoint could not be
+    # copied): the report said "rolled back, runs on fog-a again" without asking it.
+    from fogshift.migration.exceptions import MigrationFailed
+
+    with standins("fog-a", "fog-b") as agents:
+        agents["fog-a"].fail("GET", HERE + "/checkpoint")
+        if origin_runs:
+            agents["fog-a"].answer("GET", HERE + "/progress", body={
+                "pipeline": "p", "element": "aggregate", "state": "running",
+                "committed_batch": 3, "progress": 30})  # fmt: skip
+        else:
+            agents["fog-a"].fail("GET", HERE + "/progress")
+        clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
+        steps = MigrationSteps(route=lambda: None, fence=lambda: 9, bump=lambda: 2,
+                               mark=lambda epoch: None)  # fmt: skip
+        with pytest.raises(MigrationFailed) as failed:
+            migrate("p", ELEMENT, ("fog-a", clients["fog-a"]), ("fog-b", clients["fog-b"]),
+                    MigrationMode.HANDOVER, timeout_s=5, steps=steps)  # fmt: skip
+    report = failed.value.report  # type: ignore[attr-defined]
+    assert report.rolled_back is origin_runs, report
+    if not origin_runs:
+        assert "does not answer" in (report.error or "") + " ".join(report.warnings), report
