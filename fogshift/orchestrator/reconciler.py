@@ -106,6 +106,11 @@ class Reconciler(Coordination):
         element = record.spec.element(op.element)
         if op.kind == OperationKind.MIGRATION:
             if op.phase != "routed":
+                taken = self._taken_over(op, here)
+                if taken is not None:
+                    self._discard_quietly(op.origin, here, self.registry.get_pipeline(
+                        op.pipeline), op)  # fmt: skip
+                    return taken, False
                 undone = run_rollback(
                     op.pipeline, element, (op.origin, self.agent(op.origin)),
                     (op.target, self.agent(op.target)), op.epoch, partial(self._fence_for, op),
@@ -144,6 +149,44 @@ class Reconciler(Coordination):
                 return f"carried on: {op.target} runs it under epoch {op.epoch}, now live", False
         self._discard_quietly(op.target, here, record, op)
         return "restarted: the attempt's leftovers on the target were discarded", True
+
+    def _taken_over(self, op: Operation, here: str) -> str | None:
+        """Complete an unfinished migration on its target when that is the one instance
+        left: the origin does not answer, and the target runs under the entry's epoch, newer
+        than the one the origin ran under (a handover's: fenced with it, the origin can never
+        append again), as the live procedure does when its origin stops answering once the
+        target is live. ``None``: roll back as usual (a precopy's target shares the
+        origin's epoch, and a zombie origin could not be fenced out).
+
+        Before, the live target was discarded and the PE, running nowhere, left to a
+        restore from an older central checkpoint (or to nobody, with recovery off).
+        """
+        origin = self.registry.node(op.origin)
+        reported = origin.report.element(op.pipeline, op.element) if origin else None
+        if reported is None or reported.epoch >= op.epoch:
+            return None
+        if self.registry.epoch(op.pipeline, op.element) != op.epoch:
+            return None  # something newer since
+        try:
+            now = self.agent(op.origin).call(ElementProgress, "GET", here + "/progress",
+                                             timeout=10.0)  # fmt: skip
+            if now.state in (PEState.RUNNING, PEState.PAUSED, PEState.STARTING):
+                return None  # it runs: rolled back to it
+        except FogshiftError as exc:
+            log.info("recovery: %s on %s does not answer: %s", here, op.origin, exc.message)
+        try:
+            info = self.agent(op.target).call(ElementProgress, "GET", here + "/progress")
+        except FogshiftError:
+            return None
+        if info.epoch != op.epoch or info.state not in (PEState.RUNNING, PEState.PAUSED):
+            return None
+        self._mark(op.pipeline, op.element, op.epoch)
+        self.agent(op.target).put(here + "/gate", json={"gate": None})
+        self.registry.route(op.id, op.target)
+        return (
+            f"completed: the origin on {op.origin} does not run, so {op.target} (live under "
+            f"epoch {op.epoch}, the origin fenced out) took over"
+        )
 
     def reconcile_once(self) -> None:
         """Keep running pipelines as placed.

@@ -167,6 +167,27 @@ def test_a_restore_left_before_its_target_ran_is_restarted(
     assert entry.outcome.startswith("recovered: restarted"), entry
 
 
+def test_a_handover_left_live_on_its_target_with_its_origin_gone_completes_there(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The dead orchestrator's handover had made the target live under the next epoch; the
+    # origin's node died too. Rolled back, the live target was discarded and the PE ran
+    # nowhere (restored from an older checkpoint later, or never with recovery off).
+    op = left_by_dead_orchestrator(orch, "migration", "switching")
+    assert orch.registry.next_epoch("p", "aggregate", operation=op) == 2  # the handover's
+    marked: list[int] = []
+    monkeypatch.setattr(orch, "_mark", lambda pipeline, element, epoch: marked.append(epoch))
+    agents["fog-a"].fail("GET", AGG + "/progress")
+    agents["fog-b"].answer("GET", AGG + "/progress", body={**PE, "state": "running", "epoch": 2})
+    (decision,) = orch.recover_operations()
+    assert "took over" in decision, decision
+    assert marked == [2]  # the origin (epoch 1) fenced out before the target is ungated
+    assert agents["fog-b"].received("PUT", AGG + "/gate")[0].body == {"gate": None}
+    assert agents["fog-b"].received("DELETE", AGG) == []
+    record = orch.registry.get_pipeline("p")
+    assert record is not None and record.placement["aggregate"] == "fog-b"
+
+
 def test_an_operation_this_orchestrator_runs_is_not_recovered(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
