@@ -355,12 +355,16 @@ def validate_spec(
         if check_files:
             for option in element.must_exist:
                 value = element.options.get(option)
-                if isinstance(value, str) and not Path(value).is_file():
-                    there = Path(value).exists()
+                if not isinstance(value, str):
+                    continue
+                # (a source reads a file; a custom processor's `path` is a folder to import
+                # from)
+                there, wanted = Path(value).exists(), element.role == "source"
+                if not there or (wanted and not Path(value).is_file()):
                     raise InvalidSpec(
                         f"element {element.id!r}: file {value!r} (option `{option}`) "
                         + ("is not a file" if there else "does not exist"),
-                        expected="an existing file",
+                        expected="an existing file" if wanted else "an existing path",
                         received="a directory or special file" if there else "no such file",
                         hint="relative paths are relative to the spec file",
                     )

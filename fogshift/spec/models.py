@@ -121,7 +121,7 @@ class ElementSpec(BaseModel):
         role: (class) source, processor or sink.
         path_options: (class) Option names that are file paths, resolved against the spec's
             folder when a spec file is loaded.
-        must_exist: (class) Path options that must name an existing file at deploy time.
+        must_exist: (class) Path options that must exist at deploy time (a source's: a file).
         keyable: (class) Whether the kind may have ``key_by`` (it can hold state).
         needs_key: (class) Whether it must: its state only makes sense per key.
     """

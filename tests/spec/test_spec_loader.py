@@ -121,6 +121,12 @@ def test_a_path_that_cannot_be_the_file_it_names_is_refused(tmp_path: Path) -> N
     with pytest.raises(InvalidSpec) as err:
         validate_spec(parse_spec(source_spec, tmp_path), check_files=True)
     assert "(option `path`) is not a file" in err.value.message
+    # A custom processor's `path` is a folder to import its class from.
+    custom = case1()
+    options = {"class": "m:C", "path": "out"}
+    custom["elements"][1] = {"id": "aggregate", "kind": "custom", "node": "fog-a",
+                             "inputs": ["source"], "options": options}  # fmt: skip
+    validate_spec(parse_spec(custom, tmp_path), check_files=True)
     # A sink's file and folders that do not exist yet are fine: the deploy makes them.
     fine = case1()
     fine["elements"][2]["options"]["path"] = "out/new/o.csv"
