@@ -76,7 +76,7 @@ from fogshift.contracts import (
     MigrationStatus,
     PEState,
 )
-from fogshift.exceptions import FogshiftError
+from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.spec.models import ElementSpec
 
@@ -218,6 +218,7 @@ def migrate(
     paused_at: float | None = None
     info = CheckpointInfo()
     started = False  # whether the target was asked to run (it may write from then on)
+    unanswered = False  # whether the request starting it got no answer
     try:
         steps.phase(MigrationPhase.PREPARING)
         if mode == MigrationMode.PRECOPY:
@@ -243,7 +244,13 @@ def migrate(
                 target_agent, here, fetched.data, fetched.digest, held
             )
             started = True
-            target_agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
+            try:
+                target_agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
+            except Unavailable:
+                # No answer: the start may still be carried out after the rollback's discard
+                # (the agent takes either first), a second instance live under ``epoch``.
+                unanswered = True
+                raise
         else:
             watch.lap("state")  # the position is in the pause answer: nothing to ship
             target_agent.put(here + "/gate", json={"gate": None})
@@ -256,7 +263,13 @@ def migrate(
         report.error = exc.render() if isinstance(exc, FogshiftError) else message
         report.status = MigrationStatus.FAILED
         undone = roll_back(
-            pipeline, element, origin, target, report.epoch, steps.fence if started else None
+            pipeline,
+            element,
+            origin,
+            target,
+            report.epoch,
+            steps.fence if started else None,
+            unanswered=unanswered,
         )
         report.rolled_back, report.epoch = undone.resumed, undone.epoch
         if undone.notes:
@@ -678,6 +691,7 @@ def roll_back(
     target: tuple[str, ServiceClient],
     epoch: int,
     fence: Callable[[], int] | None,
+    unanswered: bool = False,
 ) -> Rollback:
     """Discard the target instance, then run the origin again; never raises.
 
@@ -689,6 +703,9 @@ def roll_back(
     Args:
         fence: See :attr:`MigrationSteps.fence`; ``None`` when the target was never asked to
             run (nothing of it can write): the origin is resumed whatever the discard did.
+        unanswered: The request starting the target got no answer: it may be carried out
+            after the discard, so the PE is fenced under a new epoch whatever the discard
+            said.
     """
     (origin_name, origin_agent), (target_name, target_agent) = origin, target
     path = _path(pipeline, element.id)
@@ -704,7 +721,7 @@ def roll_back(
         log.warning("rollback of %s/%s: the target on %s could not be discarded: %s",
                     pipeline, element.id, target_name, _said(exc))  # fmt: skip
     try:
-        if target_stopped or fence is None:
+        if fence is None or (target_stopped and not unanswered):
             origin_agent.post(path + "/resume")
         else:
             _restart_fenced(element, origin, path, fence, result)

@@ -13,6 +13,7 @@ from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
 from fogshift.contracts import MigrationMode
 from fogshift.exceptions import Unavailable
+from fogshift.migration.exceptions import MigrationFailed
 from fogshift.migration.procedure import MigrationSteps, migrate, roll_back
 from fogshift.spec.models import ElementSpec
 from tests.orchestrator.standin import standins
@@ -96,8 +97,6 @@ def test_a_handover_that_failed_before_its_target_ran_asks_whether_the_origin_ru
 ) -> None:
     # The origin's node died while the target was prepared (its checkpoint could not be
     # copied): the report said "rolled back, runs on fog-a again" without asking it.
-    from fogshift.migration.exceptions import MigrationFailed
-
     with standins("fog-a", "fog-b") as agents:
         agents["fog-a"].fail("GET", HERE + "/checkpoint")
         if origin_runs:
@@ -116,3 +115,29 @@ def test_a_handover_that_failed_before_its_target_ran_asks_whether_the_origin_ru
     assert report.rolled_back is origin_runs, report
     if not origin_runs:
         assert "does not answer" in (report.error or "") + " ".join(report.warnings), report
+
+
+def test_a_literal_start_that_got_no_answer_is_fenced_out_not_trusted_discarded() -> None:
+    # The target's start request timed out; the rollback's discard then found nothing (the
+    # agent took it first) and the origin was resumed under the same epoch: the start,
+    # carried out later, made a second live instance under it.
+    offset = {"type": "jetstream", "positions": {"source": 30}}
+    with standins("fog-a", "fog-b") as agents:
+        agents["fog-a"].answer("POST", HERE + "/pause", body={
+            "pipeline": "p", "element": "aggregate", "state": "paused", "committed_batch": 3,
+            "offset": offset, "progress": 30})  # fmt: skip
+        info = json.dumps({"batch": 3, "offset": offset})
+        agents["fog-a"].answer("GET", HERE + "/checkpoint", content=b"checkpoint",
+                               headers={SHA_HEADER: "0" * 64, INFO_HEADER: info})  # fmt: skip
+        agents["fog-b"].fail("PUT", HERE)  # no answer to the start (503 here)
+        clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
+        fenced: list[int] = []
+        steps = MigrationSteps(fence=lambda: fenced.append(2) or 2)
+        with pytest.raises(MigrationFailed) as failed:
+            migrate("p", ELEMENT, ("fog-a", clients["fog-a"]), ("fog-b", clients["fog-b"]),
+                    MigrationMode.LITERAL, timeout_s=5, steps=steps)  # fmt: skip
+    report = failed.value.report  # type: ignore[attr-defined]
+    assert fenced == [2] and report.epoch == 2, report
+    assert agents["fog-a"].received("POST", HERE + "/resume") == []  # not under epoch 1
+    (restart,) = agents["fog-a"].received("PUT", HERE)
+    assert restart.body["epoch"] == 2
