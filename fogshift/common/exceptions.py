@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+
+
+class NoAnswer(Unavailable):
+    """A request sent that got no answer (the connection broke or timed out after it was
+    sent): the service may still carry it out."""
 
 
 class InvalidName(InvalidInput):

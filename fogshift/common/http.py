@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from fogshift.common.exceptions import InvalidName
+from fogshift.common.exceptions import InvalidName, NoAnswer
 from fogshift.contracts import ErrorBody, MigrationReport, RestoreReport
 from fogshift.exceptions import (
     Conflict,
@@ -262,7 +262,9 @@ class ServiceClient:
                     raise
                 response = self._client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise Unavailable(
+            # Never connected: never sent. Otherwise the service may have it (NoAnswer).
+            unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+            raise (Unavailable if unsent else NoAnswer)(
                 f"{self.name} at {self.url} cannot be reached: {type(exc).__name__}",
                 hint="is it running? `fogshift nodes` shows the node agents",
             ) from exc

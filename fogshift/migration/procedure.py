@@ -60,7 +60,7 @@ from fogshift.agent.exceptions import UnknownElement
 from fogshift.checkpoint.central import KnownBlobs
 from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.spark_dir import fill_omitted, lean_archive, progress_of
-from fogshift.common.exceptions import WaitTimedOut
+from fogshift.common.exceptions import NoAnswer, WaitTimedOut
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
 from fogshift.common.progress import wait_for_progress
@@ -76,7 +76,7 @@ from fogshift.contracts import (
     MigrationStatus,
     PEState,
 )
-from fogshift.exceptions import FogshiftError, Unavailable
+from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.spec.models import ElementSpec
 
@@ -246,9 +246,9 @@ def migrate(
             started = True
             try:
                 target_agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
-            except Unavailable:
-                # No answer: the start may still be carried out after the rollback's discard
-                # (the agent takes either first), a second instance live under ``epoch``.
+            except NoAnswer:
+                # Sent, no answer: the start may still be carried out after the rollback's
+                # discard (the agent takes either first), a second instance under ``epoch``.
                 unanswered = True
                 raise
         else:

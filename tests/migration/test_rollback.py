@@ -129,13 +129,17 @@ def test_a_literal_start_that_got_no_answer_is_fenced_out_not_trusted_discarded(
         info = json.dumps({"batch": 3, "offset": offset})
         agents["fog-a"].answer("GET", HERE + "/checkpoint", content=b"checkpoint",
                                headers={SHA_HEADER: "0" * 64, INFO_HEADER: info})  # fmt: skip
-        agents["fog-b"].fail("PUT", HERE)  # no answer to the start (503 here)
-        clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
+        _, answer = agents["fog-b"].hold("PUT", HERE)  # the start gets no answer in time
+        origin = ServiceClient(agents["fog-a"].url, "t" * 32, "fog-a")
+        target = ServiceClient(agents["fog-b"].url, "t" * 32, "fog-b", timeout_s=1.0)
         fenced: list[int] = []
         steps = MigrationSteps(fence=lambda: fenced.append(2) or 2)
-        with pytest.raises(MigrationFailed) as failed:
-            migrate("p", ELEMENT, ("fog-a", clients["fog-a"]), ("fog-b", clients["fog-b"]),
-                    MigrationMode.LITERAL, timeout_s=5, steps=steps)  # fmt: skip
+        try:
+            with pytest.raises(MigrationFailed) as failed:
+                migrate("p", ELEMENT, ("fog-a", origin), ("fog-b", target),
+                        MigrationMode.LITERAL, timeout_s=5, steps=steps)  # fmt: skip
+        finally:
+            answer.set()
     report = failed.value.report  # type: ignore[attr-defined]
     assert fenced == [2] and report.epoch == 2, report
     assert agents["fog-a"].received("POST", HERE + "/resume") == []  # not under epoch 1
