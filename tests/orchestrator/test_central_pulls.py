@@ -6,8 +6,10 @@ pull itself is not run: what is checked is whether the central loop is woken).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from fogshift.contracts import Heartbeat
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
-from tests.orchestrator.standin import SPEC
+from tests.orchestrator.standin import SPEC, standins
 
 MIB = 1 << 20
 
@@ -55,6 +57,26 @@ def _central_holds(orch: Orchestrator, snapshot: str, node: str) -> None:
                 "element": "aggregate", "batch": int(snapshot[1:]), "offset": None,
                 "created": 0.0, "bytes": 0, "files": {}, "node": node}  # fmt: skip
     orch.central.put(manifest, lambda rel: b"")
+
+
+def _manifest(pipeline: str, element: str, batch: int, data: bytes) -> dict[str, Any]:
+    """A node-level checkpoint's manifest of one file, ``state/0``, holding ``data``."""
+    return {"type": "fogshift-checkpoint", "id": f"b{batch:012d}", "pipeline": pipeline,
+            "element": element, "batch": batch, "created": 1.0, "bytes": len(data),
+            "files": {"state/0": {"size": len(data),
+                                  "sha256": hashlib.sha256(data).hexdigest()}}}  # fmt: skip
+
+
+@contextmanager
+def _serving(orch: Orchestrator, manifest: dict[str, Any], data: bytes) -> Iterator[None]:
+    """fog-a's agent answering p/aggregate's newest snapshot with ``manifest`` (and its
+    file with ``data``), fog-a's heartbeat naming it."""
+    here = "/pipelines/p/elements/aggregate/snapshots"
+    with standins("fog-a") as agents:
+        agents["fog-a"].answer("GET", here + "/latest", body=manifest)
+        agents["fog-a"].answer("GET", f"{here}/{manifest['id']}/files/state/0", content=data)
+        orch.heartbeat("fog-a", Heartbeat(url=agents["fog-a"].url, ready=True))
+        yield
 
 
 def test_a_large_state_change_is_pulled_at_once_a_small_one_at_the_interval(
@@ -153,20 +175,8 @@ def test_a_pull_that_outlives_a_stop_and_a_fresh_deploy_stores_nothing_of_the_ru
     # start). Stored after the deploy forgot the pipeline's checkpoints, it was the newest:
     # a restore resumed at positions of streams that are gone, and the new run's own pulls
     # were skipped as older.
-    import hashlib
-
-    from tests.orchestrator.standin import standins
-
-    data = b"a state of the run before"
-    old = {"type": "fogshift-checkpoint", "id": "b000000005000", "pipeline": "p",
-           "element": "aggregate", "batch": 5000, "created": 1.0, "bytes": len(data),
-           "files": {"state/0": {"size": len(data),
-                                 "sha256": hashlib.sha256(data).hexdigest()}}}  # fmt: skip
-    here = "/pipelines/p/elements/aggregate/snapshots"
-    with standins("fog-a") as agents:
-        agents["fog-a"].answer("GET", here + "/latest", body=old)
-        agents["fog-a"].answer("GET", here + "/b000000005000/files/state/0", content=data)
-        orchestrator.heartbeat("fog-a", Heartbeat(url=agents["fog-a"].url, ready=True))
+    old = _manifest("p", "aggregate", 5000, b"a state of the run before")
+    with _serving(orchestrator, old, b"a state of the run before"):
         seen = orchestrator.registry.get_pipeline("p")
         assert seen is not None
         orchestrator.registry.set_status("p", "stopped")
@@ -225,21 +235,10 @@ def test_a_node_cannot_plant_another_pes_checkpoint_in_the_central_store(
     # Asked for p/aggregate's newest snapshot, a (compromised) node answers with the names
     # of a PE of another pipeline: stored as that PE's newest, a restore of it would resume
     # at whatever offsets and state the node chose.
-    import hashlib
-
     from fogshift.exceptions import InvalidInput
-    from tests.orchestrator.standin import standins
 
-    data = b"forged"
-    forged = {"type": "fogshift-checkpoint", "id": "b000000009000", "pipeline": "q",
-              "element": "y", "batch": 9000, "created": 1.0, "bytes": len(data),
-              "files": {"state/0": {"size": len(data),
-                                    "sha256": hashlib.sha256(data).hexdigest()}}}  # fmt: skip
-    here = "/pipelines/p/elements/aggregate/snapshots"
-    with standins("fog-a") as agents:
-        agents["fog-a"].answer("GET", here + "/latest", body=forged)
-        agents["fog-a"].answer("GET", here + "/b000000009000/files/state/0", content=data)
-        orchestrator.heartbeat("fog-a", Heartbeat(url=agents["fog-a"].url, ready=True))
+    forged = _manifest("q", "y", 9000, b"forged")
+    with _serving(orchestrator, forged, b"forged"):
         record = orchestrator.registry.get_pipeline("p")
         assert record is not None
         with pytest.raises(InvalidInput, match="belongs to another PE") as refused:

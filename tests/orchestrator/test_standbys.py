@@ -42,12 +42,17 @@ def progress(epoch: int, position: int, **more: Any) -> dict[str, Any]:
             "progress": position, **more}  # fmt: skip
 
 
-def test_a_standby_starts_from_a_warm_copy_capped_under_a_newer_epoch(
-    orch: Orchestrator, agents: dict[str, StandIn]
-) -> None:
+def serve_warm_copy(agents: dict[str, StandIn]) -> None:
+    """fog-a answers the aggregate's warm checkpoint: batch 3, at :data:`OFFSET`."""
     info = '{"batch": 3, "offset": ' + str(OFFSET).replace("'", '"') + "}"
     agents["fog-a"].answer("GET", AGG + "/checkpoint", content=b"tarball",
                            headers={INFO_HEADER: info, SHA_HEADER: "abc"})  # fmt: skip
+
+
+def test_a_standby_starts_from_a_warm_copy_capped_under_a_newer_epoch(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    serve_warm_copy(agents)
     agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
     agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
     agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 40))
@@ -74,9 +79,7 @@ def test_a_warm_standby_whose_primary_dies_before_its_first_follow_stays(
     # The primary answers the copy, then stops answering (its node dies while the standby
     # warms up): the warm standby was discarded, and the PE restored from an older central
     # checkpoint instead of promoting it.
-    info = '{"batch": 3, "offset": ' + str(OFFSET).replace("'", '"') + "}"
-    agents["fog-a"].answer("GET", AGG + "/checkpoint", content=b"tarball",
-                           headers={INFO_HEADER: info, SHA_HEADER: "abc"})  # fmt: skip
+    serve_warm_copy(agents)
     agents["fog-a"].fail("GET", AGG + "/progress")
     agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
     orch.keep_standbys()
