@@ -499,3 +499,23 @@ def test_each_pes_newest_per_hop_latency_is_shown_and_charted(
     series = web.get("/api/pipelines/p/series").json()
     assert 345.6 in series["latency"]["pick"]
     assert "346 ms" in web.get("/pipelines/p/elements/pick").text
+
+
+def test_a_failed_standby_promotion_shows_on_the_pes_page(
+    web: TestClient, sessions: Sessions, stand_in: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its report has no `live_ms` (only a promotion that took over has): the PE's page was
+    # an error page until the PE's next restore.
+    failed = RestoreReport(pipeline="p", element="pick", target="fog-b",
+                           status=RestoreStatus.FAILED, method="standby",
+                           error="the standby's node does not answer")  # fmt: skip
+    placed = stand_in.pipeline("p")
+    elements = [e.model_copy(update={"last_restore": failed}) if e.element == "pick" else e
+                for e in placed.elements]  # fmt: skip
+    monkeypatch.setattr(stand_in, "pipeline",
+                        lambda name: placed.model_copy(update={"elements": elements}))  # fmt: skip
+    logged_in(web, sessions)
+    page = web.get("/pipelines/p/elements/pick")
+    assert page.status_code == 200, page.text
+    assert "its hot standby did not take over" in page.text
+    assert "the standby&#39;s node does not answer" in page.text
