@@ -977,6 +977,13 @@ def plan(
     from fogshift.planner import Topology
     from fogshift.planner import plan as make_plan
 
+    if not time_limit > 0:  # (NaN too)
+        raise InvalidInput(
+            "the exact solver needs time to solve",
+            expected="--time-limit: a number of seconds above 0",
+            received=str(time_limit),
+            hint="e.g. --time-limit 60 (the default)",
+        )
     result = make_plan(
         Topology.from_yaml(topology), "greedy" if greedy else "exact", time_limit_s=time_limit
     )

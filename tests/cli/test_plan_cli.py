@@ -28,3 +28,11 @@ def test_infeasible_topology_names_the_constraint(tmp_path: Path) -> None:
     result = fogshift("plan", str(tmp_path / "tight.yaml"), check=False)
     assert result.returncode == 2
     assert "s1" in result.stderr and "cpu" in result.stderr.lower()
+
+
+def test_a_time_limit_that_is_no_time_is_refused_without_a_traceback() -> None:
+    for limit in ("0", "-1", "nan"):
+        result = fogshift("plan", str(EXAMPLE), "--time-limit", limit, check=False)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        assert "above 0" in result.stderr and f"received: {limit}" in result.stderr.lower()
