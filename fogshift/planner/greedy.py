@@ -174,7 +174,13 @@ def _remote(
         return None, "replication_bandwidth"
     if not any(j != work and state.cpu_fits(work, j, t.cpu) for j in range(len(net.server_ids))):
         return None, "cpu"
-    z_min = 1000.0 * t.transfer_size / t.latency_ms  # slowest Z that still meets l_τ
+
+    def meets(z: float) -> bool:
+        # l_τ as the plan's check tests it (recovery time within the latency, relatively):
+        # comparing Z with b/l_τ instead let a Z far below it pass under 1 Mb/s, where the
+        # tolerance is absolute.
+        return z > 0 and within(1000.0 * t.transfer_size / z, t.latency_ms)
+
     # k-way merge of the per-backup lists pops pairs by bottleneck descending, so the search
     # stops as soon as no remaining pair can beat the best Z found (branch and bound).
     heap: list[tuple[float, int, int, int, int, int]] = []
@@ -191,7 +197,7 @@ def _remote(
     while heap:
         neg_z, hops, hops_wi, i, j, pos = heapq.heappop(heap)
         width = -neg_z
-        if shares[0] * width <= best_z or not within(z_min, shares[0] * width):
+        if shares[0] * width <= best_z or not meets(shares[0] * width):
             break  # no remaining pair can get a larger Z, or any Z meeting l_τ
         lst = order.of(i)
         if pos + 1 < len(lst):
@@ -203,7 +209,7 @@ def _remote(
         assert rec_route is not None
         for share in shares:
             z = share * width
-            if z <= best_z or not within(z_min, z):
+            if z <= best_z or not meets(z):
                 break
             if state.recovery_fits(work, rec_route, z):
                 best, best_z = (i, j, z), z

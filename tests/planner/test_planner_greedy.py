@@ -57,6 +57,21 @@ def test_phase_two_takes_the_largest_recovery_bandwidth() -> None:
     assert best is not None and best[0] == pytest.approx(2000.0)
 
 
+def test_a_plan_never_breaks_its_latency_bound_at_tiny_bandwidths() -> None:
+    # Z was compared with b/l, whose tolerance is absolute below 1 Mb/s: a Z far too small
+    # passed, and the plan took 10,000 ms to recover a task that allows 1,000.
+    t = topo(
+        [("s1", 100, 0), ("s2", 10, 10), ("s3", 100, 0)],
+        [task("t1", "s1", cpu=10, latency_ms=1000, backup_rate=1, transfer_size=1e-6)],
+        [("s1", "s2", 100), ("s2", "s3", 1e-7), ("s1", "s3", 1e-7)],
+    )  # (the backup on s2, the only one its rate reaches; the redeploy on s3, past 1e-7)
+    try:
+        p = solve_greedy(t)
+    except InfeasiblePlan:
+        return  # (no plan meets it: refused, as it should be)
+    assert p.check(t) == [], p
+
+
 def test_greedy_is_deterministic() -> None:
     t = random_topology(40, 12, seed=1)
     first = solve_greedy(t)
