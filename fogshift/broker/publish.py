@@ -217,7 +217,12 @@ async def read_tail(js: JetStreamContext, stream: str) -> StreamTail:
         except NotFoundError:  # deleted by the limits or by hand: look further back
             seq -= 1
             continue
-        found = _fogshift_headers(msg.headers)
+        # Only a writer's subject holds a writer's message: a partition's node may publish
+        # on its input's `.keys.<id>` and `.state.*`, and one message there with a writer's
+        # headers (a position far ahead, an epoch far ahead) silenced or fenced the input's
+        # writer for good.
+        writers = msg.subject is not None and msg.subject.endswith(MARKED_SUBJECTS)
+        found = _fogshift_headers(msg.headers) if writers else None
         if found is not None:
             return StreamTail(last, seq, found[0], found[1])
         seq -= 1

@@ -187,6 +187,29 @@ def test_a_foreign_message_resets_neither_deduplication_nor_fencing(
     assert js_client.run(lambda js: last_seq(js, stream)) == 6
 
 
+@pytest.mark.parametrize("forged_epoch", [0, 1_000_000])
+def test_a_writers_headers_on_a_partitions_subject_are_not_the_writers_tail(
+    js_client: SyncJetStream, forged_epoch: int
+) -> None:
+    # A partition's node may publish on its input's `.keys.<id>` and `.state.*`. One message
+    # there with a writer's headers was taken for the input's tail: at epoch 0 and a far
+    # position every later record was skipped silently; at a far epoch the writer, every
+    # restored one and the orchestrator's fence were refused for good.
+    from fogshift.broker.naming import key_state_subject, state_subject
+    from fogshift.events import EPOCH_HEADER, INDEX_HEADER, ORIGIN_HEADER
+
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+    js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2, 3]), epoch=2))
+    forged = {ORIGIN_HEADER: "999999999", INDEX_HEADER: "0", EPOCH_HEADER: str(forged_epoch)}
+    for subject in (key_state_subject("t", pe, "agg-p0"), state_subject("t", pe, 0)):
+        js_client.run(lambda js, subject=subject: js.publish(subject, b"{}", headers=forged))
+    tail = js_client.run(lambda js: publish.read_tail(js, stream))
+    assert (tail.mark_seq, tail.position, tail.epoch) == (3, (3, 0), 2)
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([3, 4]), epoch=2)) == 1
+    assert js_client.run(lambda js: publish.fence(js, "t", pe, 3)) == 7  # its marker, stored
+
+
 def test_a_tail_behind_key_records_is_found_without_stepping_over_them(
     js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
