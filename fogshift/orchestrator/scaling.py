@@ -55,6 +55,7 @@ from fogshift.broker.client import ensure_pe_stream, last_seq
 from fogshift.broker.keys import KeyMove, Ownership
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence
+from fogshift.common.names import NAME_PATTERN
 from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.keymoves import _LOCKS, KeyMoves, _ms_since
@@ -120,6 +121,16 @@ class Scaling(KeyMoves):
         placed = self._nodes_for(record.placement, parts, adding, nodes, what) if adding else []
         old = [p.id for p in parts]
         new = [partition_id(element_id, i) for i in range(len(parts), partitions)]
+        others = {e.id for e in record.spec.elements} - set(old)
+        bad = [n for n in new if n in others or not NAME_PATTERN.fullmatch(n)]
+        if bad:
+            raise InvalidInput(
+                f"cannot {what} to {partitions} partitions: an added partition's id "
+                f"{bad[0]!r} is another element's, or too long",
+                expected="ids of added partitions that no element has, of at most 63 characters",
+                received=repr(bad[0]),
+                hint="rename that element (deployed afresh), or scale to fewer partitions",
+            )
         readers = [e.id for e in record.spec.elements if set(old) & set(e.inputs)]
         self._key_subjects(pipeline, parts[0].inputs[0])
         # One key move or scale of an element at a time, and no migration, restore or

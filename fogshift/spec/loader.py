@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import types
 import typing
 from collections.abc import Iterable
@@ -418,6 +419,22 @@ def _check_partitions(spec: PipelineSpec) -> None:
                 f"pipeline {spec.pipeline!r}: {of!r} is an element and also the partitioned "
                 "element of " + ", ".join(repr(p.id) for p in parts),
                 hint=f"rename element {of!r}",
+            )
+        # A partition `scale` adds later takes the next such id: an element holding it would
+        # share its stream, placement and epoch with it.
+        named = re.compile(rf"{re.escape(of)}-p[0-9]+")
+        taken = [
+            e.id
+            for e in spec.elements
+            if named.fullmatch(e.id) and (e.partition is None or e.partition.of != of)
+        ]
+        if taken:
+            raise InvalidSpec(
+                f"pipeline {spec.pipeline!r}: element {taken[0]!r} is named as a partition of "
+                f"the partitioned element {of!r} is",
+                expected=f"ids other than {of}-p<number> (its partitions' names)",
+                received=repr(taken[0]),
+                hint=f"rename element {taken[0]!r}",
             )
         count = parts[0].partition.count if parts[0].partition else 0
         indices = sorted(p.partition.index for p in parts if p.partition)

@@ -238,3 +238,29 @@ def test_checkpoints_left_on_a_node_are_discarded_only_where_the_pe_is_not_place
     agents["fog-c"].calls.clear()
     orch._discard_left({("p", "source")})
     assert [c.path for c in agents["fog-c"].calls] == ["/pipelines/p/elements/aggregate-p0"]
+
+
+def test_a_scale_whose_added_partition_would_take_another_elements_id_is_refused(
+    orch: Orchestrator, agents: dict[str, StandIn], tmp_path: Path
+) -> None:
+    # A spec deployed before such ids were refused may hold an element `aggregate-p2`: the
+    # added partition took its stream, placement and epoch, and its checkpoints went.
+    from fogshift.exceptions import InvalidInput
+    from fogshift.spec.models import PipelineSpec
+
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    extra = {"id": "aggregate-p2", "kind": "map", "node": "fog-c", "inputs": ["source"],
+             "options": {"set": {"v": "value"}}}  # fmt: skip
+    clashing = PipelineSpec.model_validate(
+        {**record.spec.model_dump(mode="json"),
+         "elements": [*record.spec.model_dump(mode="json")["elements"], extra]}
+    )  # fmt: skip
+    orch.registry.put_pipeline(clashing, "running")  # type: ignore[arg-type]
+    _beat(orch, agents)
+    epoch = orch.registry.epoch("p", "aggregate-p2")
+    with pytest.raises(InvalidInput) as refused:
+        orch.scale("p", "aggregate", 3, ["fog-c"], timeout_s=0.1)
+    assert "'aggregate-p2' is another element's" in refused.value.message
+    assert orch.registry.epoch("p", "aggregate-p2") == epoch
+    assert all(c.method == "GET" for a in agents.values() for c in a.calls)

@@ -99,6 +99,18 @@ def test_partitions_written_by_hand_must_own_every_key_once() -> None:
     )  # fmt: skip
     with pytest.raises(InvalidSpec, match="two elements with id 'agg-p1'"):
         parse_spec(taken)
+    # Nor one a later `scale` would add: it would share its stream, placement and epoch.
+    ahead = data()
+    ahead["elements"].append(
+        {"id": "agg-p3", "kind": "map", "node": "a", "inputs": ["src"],
+         "options": {"set": {"v": "value"}}}
+    )  # fmt: skip
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec(ahead)
+    assert "element 'agg-p3' is named as a partition of the partitioned element 'agg'" in (
+        refused.value.message
+    )
+    assert refused.value.hint == "rename element 'agg-p3'"
     # Ownership from another count than its siblings': keys with two owners, or none.
     based = parse_spec(data()).model_dump(mode="json")
     (p0,) = [e for e in based["elements"] if e["id"] == "agg-p0"]
