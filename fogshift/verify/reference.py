@@ -24,6 +24,35 @@ class Reference:
     dropped: int
 
 
+def input_lines(csv_path: str | Path) -> list[str | None]:
+    """The lines of a CSV input as a csv-source numbers its rows: split at ``\n`` only (a
+    ``\r`` before it dropped; a vertical tab, a form feed, U+2028 are in a cell, not line
+    breaks, as ``str.splitlines`` would take them), each decoded on its own (``None``: not
+    UTF-8, a row the source dead-letters)."""
+    data = Path(csv_path).read_bytes().removeprefix(b"\xef\xbb\xbf")
+    pieces = data.split(b"\n")
+    if pieces and pieces[-1] == b"":
+        pieces.pop()  # (after the last line's end)
+    out: list[str | None] = []
+    for piece in pieces:
+        try:
+            out.append(piece.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(None)
+    return out or [""]
+
+
+def _cells(line: str | None) -> list[str] | None:
+    """A line's cells, ``None`` if it cannot be read as one CSV row (not UTF-8, a lone
+    ``\r``, an unclosed quote)."""
+    if line is None:
+        return None
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error:
+        return None
+
+
 def case1_reference(
     csv_path: str | Path,
     field_name: str,
@@ -34,14 +63,13 @@ def case1_reference(
     """What a single process computes for source → window-aggregate over ``csv_path``;
     with ``key_field``, one window per value of that column (a keyed aggregate, grouped here
     with pandas' ``groupby().rolling()``)."""
-    with open(csv_path, newline="", encoding="utf-8-sig") as handle:
-        lines = handle.read().splitlines()
-    header = next(csv.reader([lines[0]]))
+    lines = input_lines(csv_path)
+    header = next(csv.reader([lines[0] or ""]), [])
     seqs, raw, keys = [], [], []
     dropped = 0
     for k, line in enumerate(lines[1:], start=1):
-        cells = next(csv.reader([line]), [])
-        if len(cells) != len(header) or field_name not in header:
+        cells = _cells(line)
+        if cells is None or len(cells) != len(header) or field_name not in header:
             dropped += 1
             continue
         seqs.append(k)
@@ -125,10 +153,11 @@ def compare(
 def keys_by_seq(csv_path: str | Path, key_field: str) -> dict[int, str]:
     """The ``key_field`` cell of each data row of a CSV input, by its sequence (row *k* is
     the event with ``seq = k``); rows too short to have it are left out."""
-    with open(csv_path, newline="", encoding="utf-8-sig") as handle:
-        rows = list(csv.reader(handle))
-    column = rows[0].index(key_field)
-    return {k: row[column] for k, row in enumerate(rows[1:], start=1) if len(row) > column}
+    lines = input_lines(csv_path)
+    column = (_cells(lines[0]) or []).index(key_field)
+    cells = [_cells(line) for line in lines[1:]]
+    return {k: row[column] for k, row in enumerate(cells, start=1)
+            if row is not None and len(row) > column}  # fmt: skip
 
 
 def compare_per_key(
@@ -150,6 +179,9 @@ def compare_per_key(
     unknown = sorted({s for s, _ in actual} - set(key_of))
     if unknown:
         problems.append(f"{len(unknown)} seq of no input event, first {unknown[:5]}")
+    keyless = [s for s, _ in expected if s not in key_of]
+    if keyless:  # (their rows would be checked by no key's comparison)
+        problems.append(f"{len(keyless)} expected seq of no known key, first {keyless[:5]}")
     groups: dict[str, tuple[list[tuple[int, float]], list[tuple[int, float]]]] = {}
     for rows, side in ((expected, 0), (actual, 1)):
         for row in rows:

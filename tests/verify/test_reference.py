@@ -34,3 +34,32 @@ def test_compare_finds_loss_duplicates_order_and_values() -> None:
     assert "more than once" in compare(ref, [*ref, (3, 3.0)]).problems[0]
     assert "order" in compare(ref, [(2, 2.0), (1, 1.0), (3, 3.0)]).problems[0]
     assert "value" in compare(ref, [(1, 1.0), (2, 2.5), (3, 3.0)]).problems[0]
+
+
+def test_rows_are_numbered_by_newlines_only_as_the_source_numbers_them(tmp_path: Path) -> None:
+    # str.splitlines broke rows at U+2028, a form feed or a lone \r (ordinary characters to
+    # the csv-source): every later seq shifted and an honest run was called inconsistent;
+    # a byte that is not UTF-8 made the reference fail instead of dropping its row.
+    data = tmp_path / "in.csv"
+    data.write_bytes("timestamp,sensor,value\n1,s1,1.0\n2,s2\u2028x,2.0\n3,s\f3,3.0\r\n".encode()
+                     + b"4,s\xff,4.0\n5,s1\rq,5.0\n6,s1,6.0\n")  # fmt: skip
+    ref = case1_reference(data, "value", 2, "sum")
+    assert ref.rows == [(1, 1.0), (2, 3.0), (3, 5.0), (6, 9.0)]
+    assert ref.dropped == 2  # row 4 is not UTF-8, row 5 cannot be read as CSV (its \r)
+
+
+def test_a_keyed_comparison_fails_on_rows_whose_key_is_unknown(tmp_path: Path) -> None:
+    # An unclosed quote made the csv module read several lines as one row: those seqs had
+    # no key, and their expected rows were compared by nobody (lost rows passed).
+    from fogshift.verify.reference import compare_per_key, keys_by_seq
+
+    data = tmp_path / "in.csv"
+    data.write_text('timestamp,sensor,value\n1,s1,1.0\n2,s2,"2.0\n3,s1,3.0\n4,s2,4.0\n')
+    key_of = keys_by_seq(data, "sensor")
+    assert key_of == {1: "s1", 2: "s2", 3: "s1", 4: "s2"}
+    expected = [(1, 1.0), (3, 3.0), (4, 4.0)]
+    assert compare_per_key(expected, expected, key_of).consistent
+    assert not compare_per_key(expected, expected[:1], key_of).consistent
+    verdict = compare_per_key(expected, expected, {1: "s1"})
+    assert not verdict.consistent
+    assert any("2 expected seq of no known key" in p for p in verdict.problems), verdict
