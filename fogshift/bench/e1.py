@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -399,7 +400,7 @@ def section(folder: Path) -> str | None:
                 profile, fmt(mean_std(num(r["rtt_ms"]) for r in group)[0], 1),
                 f"{mib} MiB", mode, f"{len(good)} / {len(group)}",
                 *(fmt_mean_std((num(r[f"{p}_ms"]) for r in good), 0) for p in PHASES[1:]),
-                fmt_mean_std(((v or 0) / 1000 for v in prepare), 1) if mode != "literal" else "-",
+                fmt_mean_std(_kilo(prepare), 1) if mode != "literal" else "-",
                 fmt_mean_std((num(r["phases123_ms"]) for r in good), 0),
                 fmt_mean_std((num(r["downtime_ms"]) for r in good), 0),
                 anchor.cite() if anchor else "-",
@@ -453,15 +454,15 @@ def _prepare_table(rows: list[dict[str, str]]) -> list[str]:
     ]
     for (profile, mib, mode), good in groups.items():
         seconds = [
-            fmt_mean_std(((num(r[f"{c}_ms"]) or 0) / 1000 for r in good), 1)
+            fmt_mean_std(_kilo(num(r[f"{c}_ms"]) for r in good), 1)
             for c in ("prepare", *(f"prepare_{s}" for s in PREPARE_STEPS))
         ]
         prepares = [v for v in (num(r["prepare_ms"]) for r in good) if v is not None]
         out.append(
             "| " + " | ".join([
                 profile, f"{mib} MiB", mode, str(len(good)), *seconds,
-                fmt_mean_std(((num(r.get("shipped_bytes")) or 0) / 1000 for r in good), 0),
-                fmt_mean_std(((num(r["state_bytes"]) or 0) / 1000 for r in good), 0),
+                fmt_mean_std(_kilo(num(r.get("shipped_bytes")) for r in good), 0),
+                fmt_mean_std(_kilo(num(r["state_bytes"]) for r in good), 0),
                 f"{sum(v <= 5000 for v in prepares)} / {len(prepares)}",
             ]) + " |"
         )  # fmt: skip
@@ -569,3 +570,9 @@ def _plot_cpu(folder: Path, rows: list[dict[str, str]]) -> Path:
     right.set_title(f"origin CPU during the migration (mean), link {profile}")
     right.legend(fontsize=7)
     return save(fig, folder / "e1_cpu.png")
+
+
+def _kilo(values: Iterable[float | None]) -> list[float | None]:
+    """``values`` in thousands; a run without the figure stays without it (as 0 it pulled
+    the mean down)."""
+    return [None if v is None else v / 1000 for v in values]

@@ -36,6 +36,7 @@ from fogshift.bench.base import (
     RunLog,
     fmt,
     num,
+    percentile,
     read_rows,
     truthy,
     write_notes,
@@ -286,11 +287,9 @@ def _compare(filtered: list[dict[str, Any]], reference: dict[str, np.ndarray]) -
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile; ``None`` of nothing."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+    """Nearest-rank percentile of fraction ``q``; ``None`` of nothing (``round`` made the
+    median of 1..5 be 2)."""
+    return percentile(values, q * 100.0)
 
 
 def section(folder: Path) -> str | None:

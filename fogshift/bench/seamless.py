@@ -41,6 +41,7 @@ from fogshift.bench.base import (
     fmt,
     least_squares,
     num,
+    percentile,
     read_rows,
     truthy,
     write_notes,
@@ -310,8 +311,8 @@ def _bins(run: str, seen: list[tuple[float, int]], t0: float, rate: float) -> li
         if values:
             row.update(
                 lat_mean_ms=round(statistics.fmean(values), 1),
-                lat_p50_ms=round(values[len(values) // 2], 1),
-                lat_p99_ms=round(values[min(len(values) - 1, int(len(values) * 0.99))], 1),
+                lat_p50_ms=round(percentile(values, 50) or 0.0, 1),
+                lat_p99_ms=round(percentile(values, 99) or 0.0, 1),  # (nearest rank)
                 lat_max_ms=round(values[-1], 1),
             )
         out.append(row)

@@ -435,3 +435,22 @@ def test_pam_moves_once_the_backup_node_holds_a_replica_in_ssts(tmp_path: Path) 
     assert pam._backup_in_ssts(store, nodes, "r/agg-p0", "fog-b")
     assert not pam._backup_in_ssts(store, nodes, "r/agg-p0", "fog-c")  # holds nothing
     assert pam._backup_in_ssts(store, [], "r/agg-p0", None)  # no backup planned
+
+
+def test_percentiles_are_nearest_rank_and_a_rate_counts_each_event_once() -> None:
+    # ecg's median of 1..5 was 2 (round), dataplane's p99 of 200 values the 199th (int), and
+    # a rate was "sustained" when duplicates made up for lost events.
+    from fogshift.bench import dataplane, ecg
+
+    assert ecg._pct([5.0, 1.0, 3.0, 2.0, 4.0], 0.5) == 3.0
+    assert ecg._pct([float(v) for v in range(1, 151)], 0.99) == 149.0
+    assert dataplane._quantile([float(v) for v in range(1, 201)], 0.99) == 198.0
+    fast = [0.01] * 10
+    assert dataplane._latency_row(fast, 10, True, list(range(2, 12)))["sustained"]
+    twice = [*range(2, 7), *range(2, 7)]  # five lost, five answered twice
+    assert not dataplane._latency_row(fast, 10, True, twice)["sustained"]
+
+
+def test_a_run_without_a_figure_is_left_out_of_its_mean_not_counted_as_zero() -> None:
+    assert e1._kilo([4000.0, None]) == [4.0, None]
+    assert fmt_mean_std(e1._kilo([4000.0, None]), 1) == "4.0"
