@@ -238,6 +238,9 @@ def _run(
         got = read_alarms(work / "out" / "alarms.csv")
         if got != expected:
             problems.append(f"alarms {got} differ from the reference's {expected}")
+        dead = cluster.client.get(f"/pipelines/{name}/errors")
+        if dead:  # (as the demo checks: the simulated signal has no bad event)
+            problems.append(f"{len(dead)} dead letters, first: {dead[0].get('reason')}")
         row.update(windows=len(window_rows), alarms=len(alarm_rows),
                    consistent=not problems, problems="; ".join(problems) or None)  # fmt: skip
     except FogshiftError as exc:
@@ -276,6 +279,8 @@ def _compare(filtered: list[dict[str, Any]], reference: dict[str, np.ndarray]) -
     for e in filtered:
         signals.setdefault(str(e["body"]["patient"]), []).extend(e["body"]["samples"])
     problems = []
+    if sorted(signals) != sorted(reference):  # (a patient the reference has not is output)
+        problems.append(f"patients {sorted(signals)}, expected {sorted(reference)}")
     for patient, expected in reference.items():
         got = np.asarray(signals.get(patient, []))
         if len(got) != len(expected) or not np.array_equal(got, expected):

@@ -454,3 +454,15 @@ def test_percentiles_are_nearest_rank_and_a_rate_counts_each_event_once() -> Non
 def test_a_run_without_a_figure_is_left_out_of_its_mean_not_counted_as_zero() -> None:
     assert e1._kilo([4000.0, None]) == [4.0, None]
     assert fmt_mean_std(e1._kilo([4000.0, None]), 1) == "4.0"
+
+
+def test_the_ecg_bench_flags_a_patient_the_reference_does_not_know() -> None:
+    import numpy as np
+
+    from fogshift.bench import ecg
+
+    reference = {"p01": np.asarray([1.0, 2.0])}
+    mine = [{"body": {"patient": "p01", "samples": [1.0, 2.0]}}]
+    assert ecg._compare(mine, reference) == []
+    stranger = [*mine, {"body": {"patient": "p99", "samples": [5.0]}}]
+    assert ecg._compare(stranger, reference) == ["patients ['p01', 'p99'], expected ['p01']"]
