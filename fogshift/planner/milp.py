@@ -350,9 +350,17 @@ def solve_exact(
     for task in range(len(net.task_ids)):
         task_options = candidate_options(net, task, grid)
         if not task_options:
-            err = explain_task(net, task)
-            assert err is not None  # explain_task agrees with candidate_options
-            raise err
+            # explain_task judges a pair by its whole bottleneck: with a grid below 1.0 a
+            # pair it finds can still miss the latency at every share of the grid.
+            raise explain_task(net, task) or InfeasiblePlan(
+                f"task {net.task_ids[task]} has no backup and redeploy pair whose recovery "
+                f"meets its latency at a share of the grid {list(grid)}",
+                constraint="latency",
+                task_id=net.task_ids[task],
+                expected="a recovery bandwidth Z on the grid that meets the latency",
+                received=f"shares {list(grid)} of each pair's bottleneck",
+                hint="add 1.0 (the whole bottleneck) to the shares, or relax the latency",
+            )
         options.append(task_options)
     if not options:
         return Plan(

@@ -272,3 +272,16 @@ def test_exact_matches_brute_force_on_four_servers(t: Topology) -> None:
     p = solve_exact(t)
     assert p.check(t) == []
     assert close(p.objective_ms, best[0]), (p.objective_ms, best)
+
+
+def test_a_share_grid_that_misses_the_latency_is_infeasible_not_an_assertion() -> None:
+    # The pair s2 -> s3 meets the latency at its whole bottleneck, but not at half of it,
+    # the grid's only share: explain_task found the pair, and the solver asserted.
+    t = topo(
+        [("s1", 100, 0), ("s2", 10, 10), ("s3", 100, 0)],
+        [task("t1", "s1", cpu=10, latency_ms=1000, backup_rate=50, transfer_size=80)],
+        [("s1", "s2", 100), ("s2", "s3", 100), ("s1", "s3", 10)],
+    )
+    with pytest.raises(InfeasiblePlan) as refused:
+        solve_exact(t, shares=(0.5,))
+    assert refused.value.constraint == "latency" and "grid [0.5]" in refused.value.message
