@@ -22,10 +22,11 @@ from tests.integration.helpers import case2_elements, stream_messages
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
-#: Six patients at real time (at twice that, a loaded machine had streamed all before the
-#: move): p02, p04 and p06 turn abnormal around 10 s; p04, p05 and p06 hash to partition 0
-#: (fog-a), the others to partition 1 (fog-b).
-SOURCE = EcgSourceOptions(patients=6, duration_s=30.0, speed=1.0, onset_s=10.0, seed=3)
+#: Six patients at real time for 50 s (at twice that speed, and once in 30 s, a loaded
+#: machine had streamed all before the move was stored): p02, p04 and p06 turn abnormal
+#: around 10 s; p04, p05 and p06 hash to partition 0 (fog-a), the others to partition 1
+#: (fog-b).
+SOURCE = EcgSourceOptions(patients=6, duration_s=50.0, speed=1.0, onset_s=10.0, seed=3)
 MOVING = "p04"
 
 
