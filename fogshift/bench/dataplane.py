@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from fogshift.agent.config import AgentConfig
 from fogshift.bench.base import RunLog, fmt, num, percentile, read_rows, truthy, write_machine
+from fogshift.bench.exceptions import BadBenchOption
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, get_range, last_seq
 from fogshift.broker.naming import data_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
@@ -558,7 +559,15 @@ def render(out: Path) -> Path:
     from fogshift.bench.plotting import figure, save
 
     rows = read_rows(out / "dataplane.csv")
-    settings = json.loads((out / "settings.json").read_text())
+    try:
+        settings = json.loads((out / "settings.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise BadBenchOption(
+            f"no data-plane run to report in {str(out)!r}",
+            expected="the settings.json and dataplane.csv a `fogshift bench dataplane` run wrote",
+            received=f"settings.json: {type(exc).__name__}: {exc}",
+            hint="give the --out of a finished run, or drop --report-only to measure",
+        ) from None
     lines = [
         "# Data plane: fogshift beside plain PySpark",
         "",

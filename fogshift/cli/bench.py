@@ -197,9 +197,18 @@ def dataplane(
     dataplane.png and results.md.
     """
     from fogshift.bench import dataplane as bench
+    from fogshift.bench.exceptions import BadBenchOption
 
     out = out.resolve()
     if report_only:
+        given = [o for o, v in (("--quick", quick), ("--trigger-ms", trigger_ms is not None)) if v]
+        if given:  # they shape a measurement: ignoring them would mislead
+            raise BadBenchOption(
+                "--report-only measures nothing, so it takes no measurement options",
+                expected="--out DIR --report-only",
+                received=", ".join(given),
+                hint="drop them, or drop --report-only to measure anew",
+            )
         path = bench.render(out)
     else:
         settings = bench.QUICK if quick else bench.Settings()

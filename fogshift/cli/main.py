@@ -26,7 +26,7 @@ from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.topology import topology_app
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
-from fogshift.common.settings import check_environment
+from fogshift.common.settings import check_environment, check_value
 from fogshift.contracts import (
     DeadLetter,
     ElementStatus,
@@ -208,6 +208,16 @@ def up(
     # here, before anything starts, rather than let a service die at start-up.
     check_environment(AgentConfig)
     check_environment(OrchestratorConfig)
+    # And the options, which reach the services as their command lines.
+    for settings, field, option, value in (
+        (AgentConfig, "trigger_ms", "--trigger-ms", trigger_ms),
+        (AgentConfig, "checkpoint_interval_s", "--checkpoint-interval", checkpoint_interval),
+        (OrchestratorConfig, "central_interval_s", "--central-interval", central_interval),
+        (OrchestratorConfig, "duplicate_window_s", "--duplicate-window", duplicate_window),
+        (OrchestratorConfig, "plan_interval_s", "--plan-interval", plan_interval),
+    ):
+        if value is not None:
+            check_value(settings, field, value, f"option {option}", "leave it out (the default)")
     names = [n.strip() for n in nodes.split(",") if n.strip()]
     profiles = parse_link_assignments(link, names) if link else None
     with console.status("starting fogshift") as status:

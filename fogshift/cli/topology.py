@@ -20,7 +20,7 @@ topology_app = typer.Typer(
 )
 console = Console()
 
-Home = Annotated[Path, typer.Option(help="The cluster's home folder.")]
+Home = Annotated[Path, typer.Option(envvar="FOGSHIFT_HOME", help="The cluster's home folder.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 

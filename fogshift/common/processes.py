@@ -22,17 +22,50 @@ def alive(pid: int) -> bool:
         return True
 
 
-def leads(pid: int, pgid: int) -> bool:
-    """Whether ``pid`` runs (not a zombie) and is still in process group ``pgid``.
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch, psutil's ``create_time``), or
+    ``None`` if it is gone."""
+    try:
+        return round(psutil.Process(pid).create_time(), 2)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def leads(pid: int, pgid: int, started: float | None = None) -> bool:
+    """Whether ``pid`` runs (not a zombie), is still in process group ``pgid`` and, if
+    ``started`` is given, is the process that started then.
 
     What a process recorded by pid and group is judged by: a pid is given again once the
     process that had it is gone (here after 32,768 of them, a few minutes of a busy test
-    suite), and the new process is, but for a coincidence, in another group.
+    suite), and the new process is, but for a coincidence, in another group — unless it
+    leads a session of its own, as every service ``fogshift up`` starts does: then only
+    its start time tells it from the one recorded.
     """
     try:
-        return alive(pid) and os.getpgid(pid) == pgid
+        if not (alive(pid) and os.getpgid(pid) == pgid):
+            return False
     except ProcessLookupError:  # it ended while we looked
         return False
+    return started is None or started_at(pid) == started
+
+
+def foreign(pid: int, pgid: int, started: float | None) -> bool:
+    """Whether process group ``pgid`` (once led by ``pid``, started at ``started``) is
+    another's now: ``pid`` was given again, to a process that leads that group.
+
+    A group's number is not given again while the group has a member, so if ``pid`` is gone
+    (or in another group) whatever is left of group ``pgid`` is what the recorded process
+    left; if ``pid`` leads ``pgid`` but started at another time, the group is the new one's.
+    """
+    if started is None:
+        return False
+    try:
+        if not (alive(pid) and os.getpgid(pid) == pgid):
+            return False
+    except ProcessLookupError:
+        return False
+    now = started_at(pid)
+    return now is not None and now != started
 
 
 def group_members(pgids: Iterable[int]) -> Iterator[tuple[int, psutil.Process]]:

@@ -23,16 +23,32 @@ def check_environment(settings: type[BaseSettings]) -> None:
     """
     prefix = str(settings.model_config.get("env_prefix", ""))
     for name, value in EnvSettingsSource(settings)().items():
-        field = settings.model_fields[name]
-        constrained: Any = (
-            Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
-        )
-        try:
-            TypeAdapter(constrained).validate_python(value)
-        except ValidationError as exc:
-            raise InvalidInput(
-                f"environment variable {(prefix + name).upper()} is not a valid {name}",
-                expected="; ".join(e["msg"] for e in exc.errors()),
-                received=repr(value),
-                hint=f"fix or unset {(prefix + name).upper()}",
-            ) from None
+        variable = (prefix + name).upper()
+        check_value(settings, name, value, f"environment variable {variable}", f"unset {variable}")
+
+
+def check_value(
+    settings: type[BaseSettings], name: str, value: Any, given_as: str, other_way: str
+) -> None:
+    """Validate ``value`` for ``settings``' field ``name`` alone.
+
+    Args:
+        given_as: Where the value came from, for the message (``option --trigger-ms``).
+        other_way: The hint's way out besides fixing it (``leave it out``).
+
+    Raises:
+        InvalidInput: The field refuses ``value``, with pydantic's reason.
+    """
+    field = settings.model_fields[name]
+    constrained: Any = (
+        Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+    )
+    try:
+        TypeAdapter(constrained).validate_python(value)
+    except ValidationError as exc:
+        raise InvalidInput(
+            f"{given_as} is not a valid {name}",
+            expected="; ".join(e["msg"] for e in exc.errors()),
+            received=repr(value),
+            hint=f"fix it or {other_way}",
+        ) from None

@@ -35,7 +35,7 @@ from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.files import write_atomic, write_private
 from fogshift.common.http import ServiceClient, node_token
 from fogshift.common.names import NAME_PATTERN
-from fogshift.common.processes import group_alive, leads
+from fogshift.common.processes import foreign, group_alive, leads, started_at
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import AgentHealth, NodeView
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
@@ -81,6 +81,23 @@ class ProcessInfo(BaseModel):
     #: The command it was started with (a node agent's: so that ``up`` can start a node
     #: that died again, on the same port, home and settings).
     argv: tuple[str, ...] = ()
+    #: When it started (psutil's ``create_time``): a pid and its group are given again once
+    #: the process and its group are gone, and a new session leader has both; this tells it
+    #: from ours. ``None`` in an older fogshift's file (judged by pid and group alone).
+    started: float | None = None
+
+    @classmethod
+    def of(cls, pid: int, **fields: Any) -> ProcessInfo:
+        """A process started just now in a session (a group) of its own."""
+        return cls(pid=pid, pgid=pid, started=started_at(pid), **fields)
+
+    def runs(self) -> bool:
+        """Whether this process still runs (not another that was given its pid)."""
+        return leads(self.pid, self.pgid, self.started)
+
+    def foreign(self) -> bool:
+        """Whether its process group is another process's now (its pid given again)."""
+        return foreign(self.pid, self.pgid, self.started)
 
 
 class IsolatedNode(BaseModel):
@@ -206,7 +223,7 @@ def cluster_running(home: Path) -> bool:
         cluster = ClusterFile.model_validate_json(cluster_file(home).read_text())
     except (OSError, ValueError):
         return False
-    return leads(cluster.orchestrator.pid, cluster.orchestrator.pgid)
+    return cluster.orchestrator.runs()
 
 
 #: How long a client waits for the orchestrator's answer to an operation (a migration, a
@@ -229,7 +246,7 @@ def _spawn(args: list[str], log: Path) -> ProcessInfo:
         proc = subprocess.Popen(
             args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd()
         )
-    return ProcessInfo(pid=proc.pid, pgid=proc.pid, argv=tuple(args))
+    return ProcessInfo.of(proc.pid, argv=tuple(args))
 
 
 def _cli(*args: str) -> list[str]:
@@ -369,7 +386,7 @@ def start_isolated_node(
         watch_interface=link.host_if,
     )  # fmt: skip
     ready = spawn_relay(config, folder, home / "logs" / f"relay-{name}.log")
-    relay = ProcessInfo(pid=ready.pid, pgid=ready.pid)
+    relay = ProcessInfo.of(ready.pid)
     try:
         node_broker = BrokerAddress(
             url=f"nats://{link.host_ip}:{ready.routes['broker'][1]}",
@@ -450,6 +467,17 @@ def up(
             )
     if not nodes:
         raise InvalidInput("no nodes to start", expected="--nodes cloud,fog-a,fog-b")
+    twice = sorted({name for name in nodes if nodes.count(name) > 1})
+    if twice:
+        # Two agents of one name would share a home, a token and a broker user; the file
+        # would record one of them, and `down` would never stop the other.
+        raise InvalidInput(
+            "a node named twice",
+            expected="each node once (e.g. cloud,fog-a,fog-b)",
+            received=",".join(nodes),
+            hint=f"named more than once: {', '.join(twice)}",
+        )
+    _check_host(host)
     if links and not isolate:
         raise InvalidInput(
             "link profiles need isolated nodes",
@@ -466,8 +494,8 @@ def up(
     if cluster_file(home).exists():
         cluster, _ = load_cluster(home)
         # A pid alone could be a new process's by now (pids are given again): its group too.
-        dead = [n for n, p in cluster.nodes.items() if not leads(p.pid, p.pgid)]
-        if leads(cluster.orchestrator.pid, cluster.orchestrator.pgid):
+        dead = [n for n, p in cluster.nodes.items() if not p.runs()]
+        if cluster.orchestrator.runs():
             if not dead:
                 raise AlreadyUp(
                     f"a fogshift cluster is already up under {str(home)!r}",
@@ -484,6 +512,10 @@ def up(
             )  # fmt: skip
             return restart_nodes(home, cluster, dead, timeout_s, say) if dead else cluster
         stale_network = bool(cluster.network)
+        # Nothing of it answers any more, but some of it may still run (its broker on the
+        # store the next broker would open, a relay, a dead agent's Spark JVM): stopped, or
+        # it would run beside the next cluster with nothing to stop it.
+        _stop_leftovers(cluster)
         cluster_file(home).unlink()
     if isolate or (stale_network and os.geteuid() == 0):
         # A killed isolated run leaves namespaces, veths and routes; relays follow their
@@ -501,7 +533,7 @@ def up(
         if nats_url is None:
             say("starting nats-server (JetStream)")
             broker = start_nats_server(home / "broker", host="127.0.0.1", nodes=nodes)
-            broker_info = ProcessInfo(pid=broker.pid, pgid=broker.pid, url=broker.address.url)
+            broker_info = ProcessInfo.of(broker.pid, url=broker.address.url)
             started.append(broker_info)
             address = broker.address
             per_node = broker.node_addresses
@@ -635,7 +667,7 @@ def restart_orchestrator(
         Unavailable: The cluster's broker is gone too (``fogshift down`` first), or the
             orchestrator did not become healthy within ``timeout_s`` (it is stopped again).
     """
-    if cluster.broker is not None and not leads(cluster.broker.pid, cluster.broker.pgid):
+    if cluster.broker is not None and not cluster.broker.runs():
         raise Unavailable(
             f"the cluster under {str(home)!r} lost its orchestrator and its broker",
             hint="`fogshift down`, then `fogshift up`",
@@ -650,9 +682,7 @@ def restart_orchestrator(
     cluster = cluster.model_copy(update={"orchestrator": info})
     save_cluster(home, cluster)
     try:
-        wait_healthy(
-            home, [n for n, p in cluster.nodes.items() if leads(p.pid, p.pgid)], timeout_s, say
-        )
+        wait_healthy(home, [n for n, p in cluster.nodes.items() if p.runs()], timeout_s, say)
     except BaseException:
         kill_group(info.pgid, signal.SIGKILL)
         raise
@@ -824,15 +854,20 @@ def kill_group(pgid: int, sig: int) -> None:
 
 def _stop_tier(tier: dict[str, ProcessInfo], grace_s: float) -> None:
     """SIGTERM each leader of ``tier``, SIGKILL their groups after ``grace_s`` (at once if
-    the leaders are gone before), then give the groups up to 5 s more to disappear."""
-    infos = list(tier.values())
+    the leaders are gone before), then give the groups up to 5 s more to disappear.
+
+    A process whose pid (and group) another process has now is left alone: the services
+    lead sessions of their own, and so do many others (another cluster's, a shell's jobs).
+    """
+    infos = [i for i in tier.values() if not i.foreign()]
     for info in infos:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(info.pid, signal.SIGTERM)
+        if info.runs():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(info.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     with contextlib.suppress(WaitTimedOut):  # the stragglers get SIGKILL below
         wait_until(
-            lambda: not any(leads(i.pid, i.pgid) for i in infos),
+            lambda: not any(i.runs() for i in infos),
             grace_s,
             interval_s=0.1,
             describe="the leaders of " + ", ".join(tier) + " to exit",
@@ -846,6 +881,32 @@ def _stop_tier(tier: dict[str, ProcessInfo], grace_s: float) -> None:
             interval_s=0.05,
             describe="the process groups of " + ", ".join(tier) + " to end",
         )
+
+
+def _check_host(host: str) -> None:
+    """Refuse a ``--host`` the orchestrator and the agents could not listen on, before
+    anything starts (it failed with a traceback once the broker ran)."""
+    try:
+        with socket.socket() as probe:  # IPv4, as the services listen
+            probe.bind((host, 0))
+    except (OSError, UnicodeError) as exc:
+        raise InvalidInput(
+            f"cannot listen on host {host!r}",
+            expected="an IPv4 address or name of this machine (default 127.0.0.1)",
+            received=f"{host!r}: {exc.strerror or exc}" if isinstance(exc, OSError) else host,
+            hint="`ip -4 addr` lists this machine's addresses",
+        ) from None
+
+
+def _stop_leftovers(cluster: ClusterFile, grace_s: float = 5) -> None:
+    """Stop whatever still runs of a cluster whose orchestrator and nodes are dead."""
+    for tier in (
+        {"orchestrator": cluster.orchestrator},
+        {f"node {n}": p for n, p in cluster.nodes.items()},
+        {f"relay {n}": i.relay for n, i in cluster.network.items()},
+        {"broker": cluster.broker} if cluster.broker is not None else {},
+    ):
+        _stop_tier(tier, grace_s)
 
 
 def down(home: Path, grace_s: float = 15) -> list[str]:
@@ -986,7 +1047,7 @@ def network_status(home: Path, samples: int = 5, timeout_s: float = 3.0) -> list
                 "delay_sd_ms": link.profile.sd_ms,
                 "link": state,
                 "relay_pid": isolated.relay.pid,
-                "relay_alive": leads(isolated.relay.pid, isolated.relay.pgid),
+                "relay_alive": isolated.relay.runs(),
                 "rtt": rtt.model_dump() if rtt else None,
                 "rtt_error": error,
             }

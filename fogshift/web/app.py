@@ -64,6 +64,7 @@ from fogshift.exceptions import (
 )
 from fogshift.spec.loader import load_spec_text
 from fogshift.spec.models import KINDS
+from fogshift.supervisor.cluster import OPERATION_TIMEOUT_S
 from fogshift.web.auth import COOKIE, Sessions
 from fogshift.web.exceptions import CrossSiteRequest
 from fogshift.web.graph import lag, layout
@@ -114,10 +115,18 @@ def _listed(model: type[M], data: Any, what: str) -> list[M]:
 
 
 class Orchestrator:
-    """The orchestrator's REST API as the dashboard uses it: typed answers only."""
+    """The orchestrator's REST API as the dashboard uses it: typed answers only.
+
+    Reads have the client's timeout; actions (migrations, restores, deploys, stops) wait as
+    long as the CLI's do (:data:`OPERATION_TIMEOUT_S`): on a loaded node they take minutes,
+    and a page that gave up first said "no answer" while the operation went on.
+    """
 
     def __init__(self, client: ServiceClient) -> None:
         self.client = client
+
+    def _act(self, model: type[M], path: str, **kwargs: Any) -> M:
+        return self.client.call(model, "POST", path, timeout=OPERATION_TIMEOUT_S, **kwargs)
 
     def pipelines(self) -> list[PipelineStatus]:
         return _listed(PipelineStatus, self.client.get("/pipelines"), "GET /pipelines")
@@ -177,30 +186,30 @@ class Orchestrator:
             return None
 
     def migrate(self, name: str, element: str, target: str, mode: str) -> MigrationReport:
-        return self.client.call(
-            MigrationReport, "POST", f"/pipelines/{name}/elements/{element}/migrate",
+        return self._act(
+            MigrationReport, f"/pipelines/{name}/elements/{element}/migrate",
             json={"target": target, "mode": mode},
         )  # fmt: skip
 
     def migrate_group(
         self, name: str, elements: list[str], target: str, mode: str
     ) -> GroupMigrationReport:
-        return self.client.call(
-            GroupMigrationReport, "POST", f"/pipelines/{name}/migrate",
+        return self._act(
+            GroupMigrationReport, f"/pipelines/{name}/migrate",
             json={"elements": elements, "target": target, "mode": mode},
         )  # fmt: skip
 
     def restore(self, name: str, element: str, target: str | None) -> RestoreReport:
-        return self.client.call(
-            RestoreReport, "POST", f"/pipelines/{name}/elements/{element}/restore",
+        return self._act(
+            RestoreReport, f"/pipelines/{name}/elements/{element}/restore",
             json={"target": target} if target else {},
         )  # fmt: skip
 
     def stop(self, name: str) -> StopResult:
-        return self.client.call(StopResult, "POST", f"/pipelines/{name}/stop")
+        return self._act(StopResult, f"/pipelines/{name}/stop")
 
     def deploy(self, spec: dict[str, Any]) -> PipelineStatus:
-        return self.client.call(PipelineStatus, "POST", "/pipelines", json=spec)
+        return self._act(PipelineStatus, "/pipelines", json=spec)
 
 
 @dataclass(frozen=True)
@@ -444,59 +453,70 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
 
     # -- Case 2: a patient's ECG and alarms ---------------------------------------------------
 
-    def ecg_elements(name: str) -> tuple[PipelineStatus, ElementStatus, ElementStatus | None]:
-        """The pipeline, its band-pass (the filtered signal) and its classifier (the alarms)."""
+    def ecg_elements(
+        name: str,
+    ) -> tuple[PipelineStatus, list[ElementStatus], list[ElementStatus]]:
+        """The pipeline, its band-pass (the filtered signal) and its classifier (the alarms),
+        each as its instances: a partitioned element's partitions each hold some patients,
+        and a patient whose twin moved has events on both."""
         status = orchestrator.pipeline(name)
-        by_kind = {e.kind: e for e in status.elements}
-        if "bandpass" not in by_kind:
+        signals = [e for e in status.elements if e.kind == "bandpass"]
+        if not signals:
             raise NotFound(
                 f"pipeline {name!r} has no ECG signal to show",
                 expected="a Case 2 pipeline (a bandpass element, and a classify one)",
                 received=", ".join(e.kind for e in status.elements),
                 hint="examples/case2/case2.yaml is one",
             )
-        return status, by_kind["bandpass"], by_kind.get("classify")
+        return status, signals, [e for e in status.elements if e.kind == "classify"]
 
-    def alarms_of(name: str, classify: ElementStatus | None, patient: str) -> list[Any]:
-        if classify is None:
-            return []
-        page_ = orchestrator.events(name, classify.element, patient, ECG_ALARM_TAIL, 50)
+    def patient_events(
+        name: str, elements: list[ElementStatus], patient: str | None, tail: int, limit: int
+    ) -> list[Any]:
+        """The bodies ``elements`` emitted for ``patient`` (all patients: ``None``), in the
+        recording's time order where they have one (``t``), the newest ``limit``."""
+        pages = [orchestrator.events(name, e.element, patient, tail, limit) for e in elements]
+        bodies = [event.body for page_ in pages for event in page_.events]
+        placed = [b for b in bodies if isinstance(b, dict) and _finite(b.get("t"))]
+        if len(elements) > 1:
+            placed.sort(key=lambda b: float(b["t"]))
+        return placed[-limit:]
+
+    def alarms_of(name: str, classifiers: list[ElementStatus], patient: str) -> list[Any]:
         # (An alarm is shown at its time: one without a number there is not an alarm the
         # view can place; it failed the page and its fragment with it.)
-        return [e.body for e in page_.events
-                if isinstance(e.body, dict) and _finite(e.body.get("t"))]  # fmt: skip
+        return patient_events(name, classifiers, patient, ECG_ALARM_TAIL, 50)
 
     @app.get("/pipelines/{name}/ecg", response_class=HTMLResponse)
     def ecg_page(request: Request, name: NameParam, patient: StateKeyQuery = None) -> Response:
-        status, signal, classify = ecg_elements(name)
-        recent = orchestrator.events(name, signal.element, None, ECG_PATIENT_TAIL, 5_000)
-        patients = sorted({str(e.body["patient"]) for e in recent.events
+        status, signals, classifiers = ecg_elements(name)
+        patients = sorted({str(e.body["patient"]) for s in signals
+                           for e in orchestrator.events(name, s.element, None, ECG_PATIENT_TAIL,
+                                                        5_000).events
                            if isinstance(e.body, dict) and "patient" in e.body})  # fmt: skip
         chosen = patient if patient is not None else (patients[0] if patients else None)
         return page(request, "ecg.html", {
-            "status": status, "signal": signal, "classify": classify, "patients": patients,
-            "patient": chosen, "seconds": ECG_SECONDS,
-            "alarms": alarms_of(name, classify, chosen) if chosen else [],
+            "status": status, "signals": signals, "classifiers": classifiers,
+            "patients": patients, "patient": chosen, "seconds": ECG_SECONDS,
+            "alarms": alarms_of(name, classifiers, chosen) if chosen else [],
         })  # fmt: skip
 
     @app.get("/fragments/pipelines/{name}/ecg", response_class=HTMLResponse)
     def ecg_fragment(request: Request, name: NameParam, patient: StateKeyQuery = None) -> Response:
-        _, _, classify = ecg_elements(name)
-        alarms = alarms_of(name, classify, patient) if patient else []
+        _, _, classifiers = ecg_elements(name)
+        alarms = alarms_of(name, classifiers, patient) if patient else []
         return page(request, "_alarms.html", {"alarms": alarms, "patient": patient})
 
     @app.get("/api/pipelines/{name}/ecg")
     def ecg_series(name: NameParam, patient: StateKeyQuery = None) -> dict[str, object]:
         """The patient's newest filtered signal (``t`` in seconds of the recording, ``y``)
         and their alarms (``marks``), for the chart."""
-        _, signal, classify = ecg_elements(name)
+        _, signals, classifiers = ecg_elements(name)
         if not patient:
             return {"t": [], "y": [], "marks": []}
-        windows = orchestrator.events(name, signal.element, patient, ECG_PATIENT_TAIL, 5_000)
         t: list[float] = []
         y: list[float] = []
-        for event in windows.events:
-            body = event.body
+        for body in patient_events(name, signals, patient, ECG_PATIENT_TAIL, 5_000):
             if (
                 not isinstance(body, dict)
                 or not isinstance(body.get("samples"), list)
@@ -511,7 +531,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             first = next(i for i, x in enumerate(t) if x >= t[-1] - ECG_SECONDS)
             t, y = t[first:], y[first:]
         marks = [{"t": a["t"], "kind": str(a.get("class")), "text": str(a.get("class"))}
-                 for a in alarms_of(name, classify, patient)]  # fmt: skip
+                 for a in alarms_of(name, classifiers, patient)]  # fmt: skip
         return {"t": t, "y": y, "marks": marks}
 
     @app.get("/nodes", response_class=HTMLResponse)

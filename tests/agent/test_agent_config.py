@@ -134,3 +134,27 @@ def test_up_refuses_a_bad_setting_in_the_environment_before_starting_anything(
     result = CliRunner().invoke(app, ["up", "--home", str(tmp_path), "--nodes", "a"])
     assert result.exit_code == 0, result.output
     assert len(started) == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "field"),
+    [
+        ("--trigger-ms", "5", "trigger_ms"),
+        ("--checkpoint-interval", "0", "checkpoint_interval_s"),
+        ("--central-interval", "-1", "central_interval_s"),
+        ("--duplicate-window", "0", "duplicate_window_s"),
+        ("--plan-interval", "0", "plan_interval_s"),
+    ],
+)
+def test_up_refuses_a_bad_option_before_starting_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, option: str, value: str, field: str
+) -> None:
+    # Each reaches a service's command line; the service died on it at start-up, and `up`
+    # waited its whole timeout to say the node did not become healthy.
+    started: list[object] = []
+    monkeypatch.setattr(cluster_ops, "up", lambda *args, **kwargs: started.append(args))
+    result = CliRunner().invoke(app, ["up", "--home", str(tmp_path), "--nodes", "a", option, value])
+    assert isinstance(result.exception, InvalidInput) and started == []
+    assert result.exception.message == f"option {option} is not a valid {field}"
+    assert result.exception.received is not None and value in result.exception.received
+    assert result.exception.expected

@@ -188,6 +188,13 @@ def test_bad_options_are_refused_with_expected_and_received(tmp_path: Path) -> N
     )
     assert result.returncode == 2
     assert "--report-only" in result.stderr and "--quick" in result.stderr
+    # The data plane's too; and a folder without a run is named, not a traceback.
+    result = fogshift("bench", "dataplane", "--out", str(tmp_path), "--report-only",
+                      "--trigger-ms", "0", check=False)  # fmt: skip
+    assert result.returncode == 2 and "--trigger-ms" in result.stderr, result.stderr
+    result = fogshift("bench", "dataplane", "--out", str(tmp_path), "--report-only", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "no data-plane run to report" in result.stderr and "settings.json" in result.stderr
     # A method PAM's bench does not know is refused before any cluster starts.
     result = fogshift("bench", "pam", "--out", str(tmp_path), "--methods", "whole,teleport",
                       check=False)  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +35,19 @@ def test_the_table_names_each_pe_its_nodes_and_the_servers(
 def test_json_is_the_plan_as_the_orchestrator_sent_it(capsys: pytest.CaptureFixture[str]) -> None:
     _show(PLAN, as_json=True)
     assert PlanView.model_validate(json.loads(capsys.readouterr().out)) == PLAN
+
+
+def test_topology_commands_take_the_home_from_fogshift_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As every other command does (they looked in ./.fogshift instead).
+    from typer.testing import CliRunner
+
+    from fogshift.cli.main import app
+    from fogshift.supervisor.exceptions import NotUp
+
+    monkeypatch.setenv("FOGSHIFT_HOME", str(tmp_path / "elsewhere"))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["topology", "show"])
+    assert isinstance(result.exception, NotUp), result.output
+    assert str(tmp_path / "elsewhere") in result.exception.message

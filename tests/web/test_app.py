@@ -63,6 +63,14 @@ class StandIn:
                           element("band", "fog-a", ["wear"], kind="bandpass"),
                           element("cls", "fog-a", ["band"], kind="classify")],
             )  # fmt: skip
+        if name == "twins":  # the classifier in two partitions (case2-twins.yaml)
+            return PipelineStatus(
+                pipeline="twins", status=PipelineState.RUNNING,
+                elements=[element("band", "fog-a", [], kind="bandpass"),
+                          *(element(f"cls-p{k}", f"fog-{'ab'[k]}", ["band"], kind="classify",
+                                    partition_of="cls", partition=k, partitions=2)
+                            for k in (0, 1))],
+            )  # fmt: skip
         if name != "p":
             raise NotFound(f"no pipeline {name!r}", expected="p", received=name)
         return PipelineStatus(
@@ -101,7 +109,11 @@ class StandIn:
         """The ECG pipeline's streams: 30 s of two patients' half-second windows at 4 Hz
         (the band-pass), and one alarm of p02 (the classifier)."""
         self.actions.append(("events", name, element, key))
-        if element == "band":
+        if element.startswith("cls-p"):  # p02's twin moved from p0 to p1 at 20 s
+            times = {"cls-p0": [12.5, 18.0], "cls-p1": [21.0]}[element]
+            bodies = [{"patient": "p02", "t": t, "class": "abnormal", "confidence": t / 100}
+                      for t in times]  # fmt: skip
+        elif element == "band":
             bodies = [{"patient": who, "t": w / 2, "fs": 4, "samples": [w + 0.0, w + 0.5]}
                       for w in range(60) for who in ("p01", "p02")]  # fmt: skip
             if self.malformed:  # a custom stage's windows the chart cannot place
@@ -483,6 +495,13 @@ def test_the_ecg_view_draws_a_patients_newest_signal_and_lists_their_alarms(
     assert fragment.status_code == 200, fragment.text
     assert web.get("/api/pipelines/ecg/ecg", params={"patient": "p02"}).json() == series
     stand_in.malformed = False
+    # A classifier in partitions: each patient's alarms from every partition, in time order
+    # (before, the last partition's only: p02's alarms before its twin moved were missing).
+    twins = web.get("/api/pipelines/twins/ecg", params={"patient": "p02"}).json()
+    assert [m["t"] for m in twins["marks"]] == [12.5, 18.0, 21.0]
+    page = web.get("/pipelines/twins/ecg", params={"patient": "p02"})
+    assert page.status_code == 200 and page.text.count("<td>abnormal</td>") == 3
+    assert "cls-p0, cls-p1" in page.text
     # A pipeline without an ECG is refused with what the view needs.
     refused = web.get("/pipelines/p/ecg")
     assert refused.status_code == 404 and "a bandpass element" in refused.text
@@ -519,3 +538,31 @@ def test_a_failed_standby_promotion_shows_on_the_pes_page(
     assert page.status_code == 200, page.text
     assert "its hot standby did not take over" in page.text
     assert "the standby&#39;s node does not answer" in page.text
+
+
+def test_actions_wait_as_long_as_the_clis_operations_reads_do_not() -> None:
+    """A group migration on a loaded node outlived the client's 120 s: the page said "no
+    answer in time" while the operation went on."""
+    from fogshift.supervisor.cluster import OPERATION_TIMEOUT_S
+    from fogshift.web.app import Orchestrator
+
+    asked: list[tuple[str, str, Any]] = []
+
+    class Recording:
+        def call(self, model: type, method: str, path: str, **kwargs: Any) -> Any:
+            asked.append((method, path, kwargs.get("timeout")))
+            raise NotFound("recorded", expected="-", received="-")
+
+    orchestrator = Orchestrator(Recording())  # type: ignore[arg-type]
+    for action in (
+        lambda: orchestrator.migrate("p", "pick", "fog-b", "precopy"),
+        lambda: orchestrator.migrate_group("p", ["pick"], "fog-b", "precopy"),
+        lambda: orchestrator.restore("p", "pick", None),
+        lambda: orchestrator.stop("p"),
+        lambda: orchestrator.deploy({"pipeline": "p"}),
+        lambda: orchestrator.pipeline("p"),
+    ):
+        with pytest.raises(NotFound):
+            action()
+    assert [t for m, _, t in asked if m == "POST"] == [OPERATION_TIMEOUT_S] * 5
+    assert [t for m, _, t in asked if m == "GET"] == [None]

@@ -1,0 +1,111 @@
+"""`up` and `down` act on the processes a cluster started, never on others that took their
+pids, and leave none of theirs running (real processes, no cluster)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fogshift.common.processes import alive
+from fogshift.exceptions import InvalidInput
+from fogshift.supervisor import cluster as cluster_ops
+from fogshift.supervisor.cluster import ClusterFile, ProcessInfo, save_cluster, token_file
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A process leading a session of its own, as every service `up` starts does."""
+    proc = subprocess.Popen(SLEEPER, start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def gone_process() -> ProcessInfo:
+    """A process that ran and ended (its pid free again)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    info = ProcessInfo.of(proc.pid)
+    proc.wait()
+    return info
+
+
+def write_cluster(home: Path, orchestrator: ProcessInfo, broker: ProcessInfo | None) -> None:
+    token_file(home).write_text("secret\n")
+    save_cluster(
+        home,
+        ClusterFile(
+            orchestrator=orchestrator.model_copy(update={"url": "http://127.0.0.1:9"}),
+            broker=broker,
+            nodes={"fog-a": gone_process()},
+            broker_url="nats://127.0.0.1:9",
+        ),
+    )
+
+
+def test_down_leaves_alone_a_session_leader_that_took_a_recorded_pid(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    ours = ProcessInfo.of(sleeper.pid)
+    assert ours.started is not None
+    # What `up` recorded: this pid, when another process (now gone) had it.
+    recorded = ours.model_copy(update={"started": ours.started - 60})
+    write_cluster(tmp_path, recorded, broker=None)
+    cluster_ops.down(tmp_path, grace_s=1)
+    assert sleeper.poll() is None, "down killed a process that only had a recorded pid"
+
+
+def test_down_stops_what_the_cluster_started(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    write_cluster(tmp_path, ProcessInfo.of(sleeper.pid), broker=None)
+    cluster_ops.down(tmp_path, grace_s=1)
+    sleeper.wait(timeout=10)
+    assert not alive(sleeper.pid)
+
+
+def test_up_over_a_dead_cluster_stops_its_broker_that_still_runs(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_cluster(tmp_path, gone_process(), broker=ProcessInfo.of(sleeper.pid))
+
+    class Started(Exception):
+        pass
+
+    def start_nats_server(*args: object, **kwargs: object) -> None:
+        raise Started
+
+    monkeypatch.setattr(cluster_ops, "start_nats_server", start_nats_server)
+    with pytest.raises(Started):
+        cluster_ops.up(tmp_path, ["fog-a"])
+    sleeper.wait(timeout=10)  # a broker left running would hold the store the next one opens
+
+
+def test_up_refuses_a_node_named_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def start_nats_server(*args: object, **kwargs: object) -> None:
+        raise AssertionError("started something")
+
+    monkeypatch.setattr(cluster_ops, "start_nats_server", start_nats_server)
+    with pytest.raises(InvalidInput) as caught:
+        cluster_ops.up(tmp_path, ["cloud", "fog-a", "cloud"])
+    assert caught.value.received == "cloud,fog-a,cloud"
+    assert "cloud" in (caught.value.hint or "")
+
+
+@pytest.mark.parametrize("host", ["192.0.2.7", "::1", "no-such-host.invalid"])
+def test_up_refuses_a_host_it_cannot_listen_on_before_starting_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    def start_nats_server(*args: object, **kwargs: object) -> None:
+        raise AssertionError("started something")
+
+    monkeypatch.setattr(cluster_ops, "start_nats_server", start_nats_server)
+    with pytest.raises(InvalidInput) as caught:
+        cluster_ops.up(tmp_path, ["fog-a"], host=host)
+    assert caught.value.message == f"cannot listen on host {host!r}"
+    assert caught.value.expected and caught.value.hint
