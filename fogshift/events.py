@@ -29,8 +29,15 @@ DEFAULT_MAX_RECORD_BYTES = BROKER_MAX_PAYLOAD - HEADER_MARGIN
 #: The longest dead-letter reason kept: a reason must never be what makes a record too big.
 MAX_REASON_CHARS = 2000
 
-_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
-_INTEGER = re.compile(r"^[+-]?\d+$")
+#: ``creator`` of an input row that is no fogshift event (someone else's message on a data
+#: subject, or one that names itself as the reader's own control rows): dead-lettered.
+NOT_AN_EVENT = "?"
+#: Creators no PE has (PE ids are names): the reader's control rows of key moves.
+CONTROL_PREFIX = "fogshift:"
+
+# ASCII digits only: "١٢" is no number to JSON, Spark or pandas.
+_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$", re.ASCII)
+_INTEGER = re.compile(r"^[+-]?\d+$", re.ASCII)
 
 
 @dataclass(frozen=True)

@@ -52,14 +52,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fogshift.broker.naming import key_state_origin, keys_subject
+from fogshift.events import CONTROL_PREFIX, NOT_AN_EVENT
 from fogshift.spec.models import partition_of_key
 
 #: ``creator`` of the rows a partition's reader makes of key moves and states.
-KEY_MOVE_OUT = "fogshift:key-out"
-KEY_MOVE_IN = "fogshift:key-in"
-KEY_STATE = "fogshift:key-state"
-KEY_COPY_OUT = "fogshift:key-copy-out"
-KEY_COPY_IN = "fogshift:key-copy-in"
+KEY_MOVE_OUT = CONTROL_PREFIX + "key-out"
+KEY_MOVE_IN = CONTROL_PREFIX + "key-in"
+KEY_STATE = CONTROL_PREFIX + "key-state"
+KEY_COPY_OUT = CONTROL_PREFIX + "key-copy-out"
+KEY_COPY_IN = CONTROL_PREFIX + "key-copy-in"
 #: The rows' body field carrying the move (beside the ``key_by`` field, which groups them).
 CONTROL_FIELD = "fogshift_key_move"
 
@@ -458,18 +459,24 @@ def event_fields(data: bytes) -> tuple[int, float, str, str]:
     """``(seq, timestamp, creator, body)`` of a stored message.
 
     A message that is not a fogshift event (someone else published on the subject) is passed
-    on with its raw text as the body: the consuming PE dead-letters it with the reason,
-    instead of the query failing on it again and again.
+    on with its raw text as the body and :data:`NOT_AN_EVENT` as its creator: the consuming
+    PE dead-letters it with the reason, instead of the query failing on it again and again.
+    So is one that names a creator no PE has (``fogshift:...``): only the reader makes the
+    control rows of key moves, and one taken from a data message could stop a partition or
+    hand a key's state away.
     """
     try:
         payload = json.loads(data)
         seq = int(payload["seq"])
         if not 0 <= seq < 1 << 63:
             raise ValueError(f"seq {seq} is out of range")  # (an Arrow int64 column holds it)
-        return (seq, float(payload["timestamp"]), str(payload["creator"]), str(payload["body"]))
+        creator = str(payload["creator"])
+        if creator.startswith(CONTROL_PREFIX) or creator == NOT_AN_EVENT:
+            raise ValueError(f"creator {creator!r} is no PE's")
+        return (seq, float(payload["timestamp"]), creator, str(payload["body"]))
     except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
         # (1e999 as an int, a number too large for a float, JSON nested too deep)
-        return (0, 0.0, "?", data.decode("utf-8", errors="replace"))
+        return (0, 0.0, NOT_AN_EVENT, data.decode("utf-8", errors="replace"))
 
 
 def body_key(body: str, key_by: str) -> str | None:

@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from fogshift.events import (
     DEFAULT_MAX_RECORD_BYTES,
+    NOT_AN_EVENT,
     Event,
     dump_body,
     fit_dead_letter,
@@ -163,6 +164,12 @@ def _event(pe: str, row: InputRow) -> Event:
         _Rejected: The row is not an event (``process()`` never sees it).
     """
     _, seq, timestamp, creator, body_text = row
+    if creator == NOT_AN_EVENT:  # (its body is the message's raw text: see event_fields)
+        raise _Rejected(
+            f"input of {pe!r} is not an event: a message on its input's subject that no PE "
+            "wrote (no seq, timestamp, creator and body, or a creator no PE has)",
+            False,
+        )
     try:
         return Event(int(seq), float(timestamp), str(creator), load_body(body_text))
     except Exception as exc:  # whatever is wrong with the input, it changed no state

@@ -500,6 +500,11 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     build, lambda: self._decoded(before), rows, finish=self._texts, pe=pe,
                     pipeline=pipeline, max_record_bytes=limit,
                 )  # fmt: skip
+                if not before and sum(r[6] is not None for r in got) == len(rows):
+                    # Every event was a dead letter: the key is as before them, which is no
+                    # state at all (storing the fresh one let bad events of random keys
+                    # grow the store, and list keys that never had an event processed).
+                    return got, before
                 self._store(before, fresh)
                 return got, fresh
 

@@ -344,6 +344,11 @@ def test_foreign_messages_become_readable_rows() -> None:
         b'{"seq": 9223372036854775808, "timestamp": 0, "creator": "a", "body": "{}"}',
         b'{"seq": -1, "timestamp": 0, "creator": "a", "body": "{}"}',
         b"[" * 100_000 + b"]" * 100_000,  # nested too deep for json
+        # A creator no PE has: the reader's own control rows of key moves, which a data
+        # message could otherwise pass for (stopping a partition, handing a key's state away).
+        b'{"seq": 1, "timestamp": 0, "creator": "fogshift:key-out", "body": "{}"}',
+        b'{"seq": 1, "timestamp": 0, "creator": "fogshift:key-in", "body": "{}"}',
+        b'{"seq": 1, "timestamp": 0, "creator": "?", "body": "{}"}',
     ]
     for data in strange:
         seq, timestamp, creator, body = event_fields(data)

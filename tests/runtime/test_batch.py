@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fogshift.events import Event, oversize
+from fogshift.events import NOT_AN_EVENT, Event, oversize
 from fogshift.runtime.api import Processor, encode_state, state
 from fogshift.runtime.batch import InputRow, RecordRow, run_batch, run_events
 from fogshift.runtime.exceptions import DeadLetter, ElementError
@@ -257,6 +257,18 @@ def test_input_that_is_not_an_event_changes_nothing_and_needs_no_rebuild() -> No
     assert set(dead) == {2, 3} and "is not an event" in dead[2]
     assert build.calls == 1
     assert next(r for r in records if r[2] == 2)[5] == "{not json"
+
+
+def test_a_message_no_pe_wrote_is_a_dead_letter_even_if_its_text_is_an_object() -> None:
+    # The reader passes such a message on with its raw text (broker.keys.event_fields): a
+    # stranger's `{"v": 5}`, or a message naming a creator no PE has, was processed as an
+    # event before.
+    rows = [row(1, v=1), (4, 2, 0.0, NOT_AN_EVENT, '{"v": 5, "mode": "add"}'), row(3, v=3)]
+    records, final, _ = batch(rows)
+    events, dead = split(records)
+    assert [body for _, _, body in events][-1] == '{"total":4.0,"n":2}'
+    assert final == {"seen": [1, 3], "total": 4.0}
+    assert list(dead) == [2] and "no PE wrote" in dead[2]
 
 
 def test_a_processor_that_is_not_deterministic_loses_the_event_that_changed() -> None:

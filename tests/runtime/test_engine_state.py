@@ -161,3 +161,33 @@ def test_another_worker_reads_the_stored_state(pe: Pe) -> None:
     assert pe.batch({"value": 4.0}) == [{"count": 4, "total": 10.0}]
     assert ("get", "f_ballast") not in pe.store.calls
     assert_marks_match(pe.store)
+
+
+def test_a_key_whose_every_event_is_a_dead_letter_gets_no_stored_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As if the events never came: bad events of random keys grew the store (and listed
+    keys no event was ever processed for) before."""
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options = {"field": "value", "window": 3, "function": "sum"}
+    run = f"run{next(_runs)}"
+
+    def batch(store: Store, key: str, *values: Any) -> list[Any]:
+        processor = _stateful_processor(
+            "window-aggregate", options, "p", "agg", 1 << 20, run=run, gate="", key_by="sensor"
+        )
+        processor.init(store)
+        rows = [(n, n, 1000.0 + n, "src", json.dumps({"sensor": key, "value": v}))
+                for n, v in enumerate(values, start=1)]  # fmt: skip
+        frame = pd.DataFrame(rows, columns=["origin", "seq", "timestamp", "creator", "body"])
+        out = list(processor.handleInputRows(("k:" + key,), iter([frame]), None))
+        return [(b, d) for f in out for b, d in zip(f["body"], f["dead"], strict=True)]
+
+    bad = Store()
+    got = batch(bad, "s9", "bad", None)
+    assert len(got) == 2 and all(dead is not None for _, dead in got)
+    assert {n: t for n, t in bad.texts().items() if t is not None} == {}
+    good = Store()
+    got = batch(good, "s1", "bad", 2.0)
+    assert [json.loads(b) for b, d in got if d is None] == [{"sensor": "s1", "value": 2.0}]
+    assert good.texts()["f_values"] == "[2.0]"
