@@ -500,10 +500,13 @@ async def _direct_request(
 
     async def on_message(msg: Any) -> None:
         headers = msg.headers or {}
-        status = headers.get("Status")
-        if status is not None or (not msg.data and "Nats-Sequence" not in headers):
+        if "Nats-Sequence" not in headers:
+            # The broker's own reply: the end of the batch (204), nothing (404), an error.
+            # A stored message always carries its sequence, and may carry a `Status` header
+            # of its own, which nats-py files where the status line goes: taken for the end,
+            # one message a node may publish cut every read of its subject short.
             if not done.done():
-                done.set_result(status)
+                done.set_result(headers.get("Status"))
             return
         got.append(
             StoredMessage(

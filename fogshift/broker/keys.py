@@ -470,10 +470,13 @@ def event_fields(data: bytes) -> tuple[int, float, str, str]:
         seq = int(payload["seq"])
         if not 0 <= seq < 1 << 63:
             raise ValueError(f"seq {seq} is out of range")  # (an Arrow int64 column holds it)
-        creator = str(payload["creator"])
+        creator, body = str(payload["creator"]), str(payload["body"])
         if creator.startswith(CONTROL_PREFIX) or creator == NOT_AN_EVENT:
             raise ValueError(f"creator {creator!r} is no PE's")
-        return (seq, float(payload["timestamp"]), creator, str(payload["body"]))
+        # A lone surrogate (a JSON escape no writer of ours makes) has no UTF-8: Arrow
+        # refused the row, and the batch failed at every retry.
+        creator.encode(), body.encode()
+        return (seq, float(payload["timestamp"]), creator, body)
     except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
         # (1e999 as an int, a number too large for a float, JSON nested too deep)
         return (0, 0.0, NOT_AN_EVENT, data.decode("utf-8", errors="replace"))
