@@ -369,6 +369,26 @@ async def delete_pe_stream(js: JetStreamContext, pipeline: str, pe: str) -> None
             await js.delete_stream(legacy)
 
 
+async def pipeline_streams(js: JetStreamContext, pipeline: str) -> list[str]:
+    """The streams holding any subject of ``pipeline`` (``fs.<pipeline>.>``: names have no
+    dots, so no other pipeline's): its PEs' streams, also of PEs its spec no longer has (a
+    partition a scale added), and older fogshifts' names of them."""
+    names: list[str] = []
+    while True:
+        reply = await connection_of(js).request(
+            "$JS.API.STREAM.NAMES",
+            json.dumps({"subject": f"fs.{pipeline}.>", "offset": len(names)}).encode(),
+            timeout=10,
+        )
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            raise BrokerError(f"cannot list the streams of pipeline {pipeline!r}: {answer}")
+        page = answer.get("streams") or []
+        names.extend(page)
+        if not page or len(names) >= int(answer.get("total", 0)):
+            return names
+
+
 async def last_seq(js: JetStreamContext, stream: str) -> int:
     """The sequence of the last message in ``stream`` (0 when empty)."""
     info = await js.stream_info(stream)

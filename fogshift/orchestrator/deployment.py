@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -18,6 +19,7 @@ from fogshift.broker.client import (
     fetch_range,
     get_range,
     last_seq,
+    pipeline_streams,
     subject_counts,
 )
 from fogshift.broker.exceptions import BrokerError
@@ -134,6 +136,26 @@ def node_warnings(
                 f"while it committed batch {e.last_batch} (one every {interval:g} s)"
             )
     return warnings
+
+
+async def fresh_streams(
+    js: Any, spec: PipelineSpec, epochs: dict[str, int], duplicate_window_s: float
+) -> None:
+    """Give each PE of ``spec`` a fresh stream, fenced under its epoch in ``epochs``.
+
+    Streams of the name's PEs that ``spec`` does not have go too: a partition a scale added
+    in a run before kept its records, and the same scale now would reuse them (its new
+    outputs taken for stored ones, its old ones read downstream as new).
+    """
+    ours = {stream_name(spec.pipeline, e.id) for e in spec.elements}
+    for name in await pipeline_streams(js, spec.pipeline):
+        if name not in ours:
+            with contextlib.suppress(NotFoundError):
+                await js.delete_stream(name)
+    for element in spec.elements:
+        await delete_pe_stream(js, spec.pipeline, element.id)
+        await ensure_pe_stream(js, spec.pipeline, element.id, duplicate_window_s)
+        await fence(js, spec.pipeline, element.id, epochs[element.id])
 
 
 class Deployment(Journal):
@@ -279,15 +301,7 @@ class Deployment(Journal):
             self._early_pulls.pop(key, None)
 
         def reset_streams(js: Any) -> Any:
-            async def go() -> None:
-                for element in spec.elements:
-                    await delete_pe_stream(js, spec.pipeline, element.id)
-                    await ensure_pe_stream(
-                        js, spec.pipeline, element.id, self.config.duplicate_window_s
-                    )
-                    await fence(js, spec.pipeline, element.id, epochs[element.id])
-
-            return go()
+            return fresh_streams(js, spec, epochs, self.config.duplicate_window_s)
 
         try:
             self.broker.run(reset_streams)
