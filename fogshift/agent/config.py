@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fogshift.common.names import NAME_RE
+from fogshift.common.settings import Seconds
 from fogshift.runtime.session import JAVA_OPTIONS
 
 #: The shortest trigger interval other than 0 (continuous).
@@ -79,9 +80,9 @@ class AgentConfig(BaseSettings):
     broker_file: Path
     spark_master: str = "local[*]"
     trigger_ms: TriggerMs = 200
-    heartbeat_s: float = Field(default=1.0, gt=0)
+    heartbeat_s: Seconds = 1.0
     advertise_url: str | None = None
-    checkpoint_interval_s: float = Field(default=5.0, gt=0)
+    checkpoint_interval_s: Seconds = 5.0
     java_options: str = JAVA_OPTIONS
     warm_up: bool = True
     pull_rate_bps: int | None = Field(default=None, ge=8000)

@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 from fogshift.broker.naming import key_state_origin, keys_subject
 from fogshift.events import CONTROL_PREFIX, NOT_AN_EVENT
-from fogshift.spec.models import partition_of_key
+from fogshift.spec.models import RESERVED_FIELD_PREFIX, partition_of_key
 
 #: ``creator`` of the rows a partition's reader makes of key moves and states.
 KEY_MOVE_OUT = CONTROL_PREFIX + "key-out"
@@ -62,7 +62,7 @@ KEY_STATE = CONTROL_PREFIX + "key-state"
 KEY_COPY_OUT = CONTROL_PREFIX + "key-copy-out"
 KEY_COPY_IN = CONTROL_PREFIX + "key-copy-in"
 #: The rows' body field carrying the move (beside the ``key_by`` field, which groups them).
-CONTROL_FIELD = "fogshift_key_move"
+CONTROL_FIELD = RESERVED_FIELD_PREFIX + "key_move"
 
 Order = Literal["fifo", "backlog"]
 

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource
 
 from fogshift.exceptions import InvalidInput
+
+#: The longest period or timeout a service takes (a day): a wait on ``1e300`` seconds
+#: overflowed, and the loop that waited (the reconciler's) ended for good.
+MAX_SECONDS = 86_400.0
+#: A service's period or timeout in seconds: positive, finite, at most :data:`MAX_SECONDS`.
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 
 
 def check_environment(settings: type[BaseSettings]) -> None:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fogshift.broker.client import DUPLICATE_WINDOW_S
+from fogshift.common.settings import MAX_SECONDS, Seconds
 
 
 class OrchestratorConfig(BaseSettings):
@@ -70,18 +71,18 @@ class OrchestratorConfig(BaseSettings):
     port: int = Field(ge=1, le=65535)
     token: str = Field(min_length=16)
     broker_file: Path
-    node_timeout_s: float = Field(default=5.0, gt=0)
-    reconcile_s: float = Field(default=2.0, gt=0)
-    central_interval_s: float = Field(default=15.0, gt=0)
+    node_timeout_s: Seconds = 5.0
+    reconcile_s: Seconds = 2.0
+    central_interval_s: Seconds = 15.0
     pull_new_state_bytes: int = Field(default=1 << 20, ge=0)
-    standby_follow_s: float = Field(default=0.5, gt=0)
-    duplicate_window_s: float = Field(default=DUPLICATE_WINDOW_S, gt=0)
+    standby_follow_s: Seconds = 0.5
+    duplicate_window_s: Seconds = DUPLICATE_WINDOW_S
     low_disk_bytes: int = Field(default=1 << 30, ge=0)
     low_disk_share: float = Field(default=0.05, ge=0, le=1)
-    stall_intervals: float = Field(default=3.0, gt=0)
-    stall_slack_s: float = Field(default=30.0, ge=0)
-    plan_interval_s: float = Field(default=10.0, gt=0)
-    plan_time_limit_s: float = Field(default=5.0, gt=0)
+    stall_intervals: float = Field(default=3.0, gt=0, le=1000, allow_inf_nan=False)
+    stall_slack_s: float = Field(default=30.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
+    plan_interval_s: Seconds = 10.0
+    plan_time_limit_s: Seconds = 5.0
     test_pause_at: str | None = Field(default=None, pattern=r"^(migration|restore):[a-z_]+$")
     broker_config: Path | None = None
     broker_pid: int | None = Field(default=None, ge=1)

@@ -221,6 +221,18 @@ def _check_bounds(spec: PipelineSpec) -> None:
 MAX_SPEC_DEPTH = 32
 
 
+#: What JSON carries (and so a spec, on its way to the orchestrator).
+_JSON_VALUES = (type(None), bool, int, float, str, dict, list, tuple)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_values(data: Any) -> None:
     """Refuse a value no spec field can hold and that would only fail later, as a
     traceback or a stopped query: a number that is not finite (YAML's ``.inf``, ``.nan``;
@@ -252,7 +264,31 @@ def _check_values(data: Any) -> None:
                 received=repr(value[:40]),
                 hint="no path, name or expression holds one; was the file written as text?",
             )
+        if isinstance(value, str) and not _utf8(value):
+            raise InvalidSpec(
+                f"{place} holds a lone surrogate (a \\ud800-style escape)",
+                expected="text that UTF-8 can encode",
+                received=repr(value[:40]),
+                hint="write the character itself, or a pair of escapes that make one",
+            )
+        if not isinstance(value, _JSON_VALUES):
+            # (YAML's dates, binaries, sets: JSON cannot carry them to the orchestrator,
+            # which answered 500, and the CLI's deploy printed a traceback.)
+            raise InvalidSpec(
+                f"{place} is a {type(value).__name__}, which a spec cannot hold",
+                expected="text, a number, true/false, null, a list or a mapping",
+                received=repr(value)[:60],
+                hint="quote it to make it text (a YAML date or !!binary is not)",
+            )
         if isinstance(value, dict):
+            for k in value:
+                if not isinstance(k, str) or not _utf8(k):
+                    raise InvalidSpec(
+                        f"{place} has key {k!r}, which is not text",
+                        expected="mapping keys that are text",
+                        received=repr(k)[:60],
+                        hint="quote the key",
+                    )
             stack.extend((v, f"{where}.{k}" if where else str(k), depth + 1)
                          for k, v in value.items())  # fmt: skip
         elif isinstance(value, list | tuple):

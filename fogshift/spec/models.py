@@ -44,6 +44,8 @@ from fogshift.spec.kinds import (
 _NAME = NAME_RE
 #: A ``key_by`` field: a top-level body field, named so that it is also a JSON path step.
 KEY_FIELD_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+#: Body fields fogshift writes itself (a key move's control record): no ``key_by``.
+RESERVED_FIELD_PREFIX = "fogshift_"
 
 
 class Partition(BaseModel):
@@ -204,6 +206,11 @@ class ElementSpec(BaseModel):
             raise ValueError(
                 f"a {self.kind!r} element keeps its state per patient: add key_by: patient "
                 "(the field naming whose signal an event carries)"
+            )
+        if self.key_by is not None and self.key_by.startswith(RESERVED_FIELD_PREFIX):
+            raise ValueError(
+                f"key_by {self.key_by!r}: fields named {RESERVED_FIELD_PREFIX}... are "
+                "fogshift's own (a key move's record carries one): key by another field"
             )
         if (self.partitions is not None or self.partition is not None) and self.key_by is None:
             raise ValueError(
@@ -387,6 +394,40 @@ def wants_standby(element: ElementSpec) -> bool:
     return element.role != "sink"
 
 
+def _check_merged(elements: list[ElementSpec]) -> None:
+    """Each merged group is partitions of one element, and an element reading two or more
+    partitions of one element reads them as one merged group.
+
+    ``merged`` is what :class:`PipelineSpec` writes for ``partitions``; one written by hand
+    could name other inputs (their positions mean nothing to each other), and a reader of
+    partitions listed one by one would read a moved key's records out of their order.
+    (Ids of no element are a scale's retired partitions, which their readers drain.)
+    """
+    of = {e.id: e.partition.of for e in elements if e.partition is not None}
+    ids = {e.id for e in elements}
+    for element in elements:
+        for group in element.merged:
+            sources = {of.get(i) for i in group if i in ids}
+            if len(sources) > 1 or None in sources:
+                raise ValueError(
+                    f"element {element.id!r}: merged inputs {list(group)} are not the "
+                    "partitions of one element (merged is written for `partitions`, not by "
+                    "hand: name the partitioned element as the input)"
+                )
+        grouped = {i for group in element.merged for i in group}
+        read: dict[str, list[str]] = {}
+        for i in element.inputs:
+            if i in of and i not in grouped:
+                read.setdefault(of[i], []).append(i)
+        for source, parts in read.items():
+            if len(parts) > 1:
+                raise ValueError(
+                    f"element {element.id!r} reads partitions {parts} of {source!r} one by one "
+                    f"(a moved key's records would reach it out of order): name {source!r} "
+                    "as its input instead"
+                )
+
+
 class PipelineSpec(BaseModel):
     """A pipeline: a DAG of elements placed on nodes."""
 
@@ -401,6 +442,7 @@ class PipelineSpec(BaseModel):
         # Each partitioned element becomes its partitions, and every element that named it
         # as an input reads them all (a key's events then come from one input only).
         if not any(e.partitions is not None for e in self.elements):
+            _check_merged(list(self.elements))  # (a stored spec: expanded already)
             return self
         parts: dict[str, list[str]] = {}
         elements: list[ElementSpec] = []
@@ -433,6 +475,7 @@ class PipelineSpec(BaseModel):
             else e
             for e in elements
         ]  # fmt: skip
+        _check_merged(elements)
         # Validation only: the frozen model gets its final elements before anyone sees it.
         object.__setattr__(self, "elements", tuple(elements))
         return self

@@ -66,3 +66,31 @@ def test_up_passes_only_the_intervals_it_was_given(
     assert spawned[0][-2:] == ["--plan-interval", "7.0"]
     assert not {"--central-interval", "--duplicate-window"} & set(spawned[0])
     assert not {"--central-interval", "--duplicate-window", "--plan-interval"} & set(spawned[1])
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("FOGSHIFT_RECONCILE_S", "1e300"),
+        ("FOGSHIFT_RECONCILE_S", "inf"),
+        ("FOGSHIFT_PLAN_INTERVAL_S", "nan"),
+        ("FOGSHIFT_CENTRAL_INTERVAL_S", "1e12"),
+        ("FOGSHIFT_STANDBY_FOLLOW_S", "inf"),
+        ("FOGSHIFT_STALL_SLACK_S", "inf"),
+        ("FOGSHIFT_HEARTBEAT_S", "inf"),
+    ],
+)
+def test_a_period_no_wait_can_take_is_refused_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    # The reconciler's wait on 1e300 s raised OverflowError outside its loop's guard: the
+    # thread ended, and nothing was ever restored again.
+    from fogshift.agent.config import AgentConfig
+    from fogshift.common.settings import check_environment
+    from fogshift.exceptions import InvalidInput
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(InvalidInput) as refused:
+        check_environment(OrchestratorConfig)
+        check_environment(AgentConfig)
+    assert variable in refused.value.message and refused.value.expected

@@ -71,6 +71,8 @@ def test_keys_spread_over_the_partitions_as_crc32_says() -> None:
         ({"partitions": []}, "at least 1 item"),
         ({"partitions": ["a", "bad node"]}, "partitions"),
         ({"id": "x" * 62}, "longer than 63 characters"),
+        # A key move's record carries fogshift_key_move beside the key: the key was lost.
+        ({"key_by": "fogshift_key_move"}, "are fogshift's own"),
     ],
 )
 def test_a_bad_partitioned_element_is_refused_with_what_to_write(
@@ -117,6 +119,35 @@ def test_partitions_written_by_hand_must_own_every_key_once() -> None:
     p0["partition"]["base"] = 1
     with pytest.raises(InvalidSpec, match="differ in more than their node"):
         parse_spec(based)
+
+
+def test_merged_inputs_are_only_one_elements_partitions_read_together() -> None:
+    # Written by hand over a partitioned input, merged named ids the expansion replaced: the
+    # spec was accepted and stored, and every read of the registry failed after (a 500 for
+    # every pipeline) as the stored spec did not validate.
+    two = data()
+    two["elements"].append({"id": "src2", "kind": "csv-source", "node": "a",
+                            "options": {"path": "in2.csv"}})  # fmt: skip
+    two["elements"][2].update(inputs=["agg", "src2"], merged=[["agg", "src2"]])
+    with pytest.raises(InvalidSpec, match="are not the partitions of one element"):
+        parse_spec(two)
+    # Nor may it merge one partitioned element's records with another input's.
+    spec = parse_spec(data()).model_dump(mode="json")
+    spec["elements"].append({"id": "src2", "kind": "csv-source", "node": "a",
+                             "options": {"path": "in2.csv"}})  # fmt: skip
+    sink = spec["elements"][-2]
+    sink.update(inputs=[*sink["inputs"], "src2"], merged=[[*sink["inputs"], "src2"]])
+    with pytest.raises(InvalidSpec, match="are not the partitions of one element"):
+        parse_spec(spec)
+    # Partitions listed one by one are read in order, not merged: a moved key's records
+    # reached the reader out of their input order.
+    apart = parse_spec(data()).model_dump(mode="json")
+    apart["elements"][-1].update(inputs=["agg-p2", "agg-p0", "agg-p1"], merged=[])
+    with pytest.raises(InvalidSpec, match="one by one"):
+        parse_spec(apart)
+    # What the expansion writes is valid, stored and read back.
+    spec = parse_spec(data())
+    assert parse_spec(spec.model_dump(mode="json")) == spec
 
 
 def test_a_fresh_deployment_starts_every_partition_at_the_input_s_start() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import itertools
 from pathlib import Path
 
@@ -246,6 +247,11 @@ def test_a_sink_may_not_write_another_sinks_exactly_once_marker(tmp_path: Path) 
         (("recovery",), {"detect_after_s": float("inf")}, "not a finite number"),
         (("elements", 1, "options", "field"), "val\x00ue", "NUL character"),
         (("elements", 0, "options", "path"), "in\x00.csv", "NUL character"),
+        # JSON cannot carry these to the orchestrator: a 500 there, a traceback in the CLI.
+        (("elements", 1, "options", "field"), "val\ud800ue", "lone surrogate"),
+        (("elements", 1, "options", "field"), b"\xff", "a bytes, which a spec cannot hold"),
+        (("elements", 1, "options", "field"), datetime.date(2020, 1, 1), "a date, which"),
+        (("elements", 1, "options"), {1: "a"}, "has key 1, which is not text"),
         (
             ("elements", 1, "options", "window"),
             [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
