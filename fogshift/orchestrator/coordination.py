@@ -338,6 +338,9 @@ class Coordination(Scaling):
                     )
                 return self._restore_on(element, pipeline, current, candidates, attempts)
             except FogshiftError as exc:
+                # The attempts are finished: the node the PE stays on may use its streams
+                # again (each attempt took its rights; it waited for the next round).
+                self.permissions.sync_quietly(self.registry)
                 if not any(a.epoch is not None for a in attempts):
                     raise  # nothing was fenced: the PE runs as it did
                 epoch = self._restart_in_place(pipeline, element, current)

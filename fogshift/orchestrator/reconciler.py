@@ -11,6 +11,7 @@ from typing import Any
 
 from nats.js.errors import NotFoundError
 
+from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import ensure_subjects
 from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.contracts import ElementProgress, OperationKind, PEState, PipelineState
@@ -302,15 +303,30 @@ class Reconciler(Coordination):
                 if record is None or record.placement.get(element_id) != node.name:
                     return  # moved meanwhile
                 here = record.spec.element(element_id).model_copy(update={"node": node.name})
-                if reported is None:
-                    log.info("reconcile: starting %s/%s on %s", pipeline, element_id, node.name)
-                    self._deploy_element(pipeline, here, fresh=False)
+                if reported is None and not self._hosts(here, pipeline):
+                    # Under an epoch above every one given, fenced first: the newest may be
+                    # another instance's (a restore's target whose last step and discard got
+                    # no answer), which would share it.
+                    log.info("reconcile: starting %s/%s on %s under a new epoch", pipeline,
+                             element_id, node.name)  # fmt: skip
+                    self._restart_fenced(pipeline, here, node.name)
                 else:
                     self._mend(pipeline, here)
         except FogshiftError:
             # MigrationInProgress: the operation under way owns the PE; a failed start was
             # logged by _exclusive and is retried next round.
             return
+
+    def _hosts(self, element: ElementSpec, pipeline: str) -> bool:
+        """Whether ``element.node`` runs an instance of the PE now (its last report lags a
+        heartbeat: the PE may have been started since)."""
+        try:
+            self.agent(element.node).call(
+                ElementProgress, "GET", f"/pipelines/{pipeline}/elements/{element.id}/progress"
+            )
+        except UnknownElement:
+            return False
+        return True
 
     def _mend(self, pipeline: str, element: ElementSpec) -> None:
         """The PE's instance on its node (``element.node``) looked stale in the node's last
@@ -321,7 +337,8 @@ class Reconciler(Coordination):
 
         An older epoch means a newer one was given (a restore that failed everywhere, a
         rollback that had to fence) and this instance is, or will be at its next write,
-        fenced: it is started again under the newest, from its own checkpoint. A gate held
+        fenced: it is started again from its own checkpoint under an epoch above every one
+        given, fenced first (an instance elsewhere may hold the newest). A gate held
         with no operation under way was left by one that ended without opening it.
         """
         here = f"/pipelines/{pipeline}/elements/{element.id}"
@@ -346,10 +363,14 @@ class Reconciler(Coordination):
                         element.node)  # fmt: skip
             self._restart_fenced(pipeline, element, element.node)
         elif info.epoch < newest:
+            # The newest epoch was given to an instance elsewhere (a restore whose target
+            # started, then whose last step and discard got no answer): that one may still
+            # write under it. Started again under an epoch above every one given, fenced
+            # first, as a fenced instance is (under the newest, the two would share it).
             log.warning("reconcile: %s/%s on %s runs under epoch %s, older than its newest %d: "
-                        "starting it again under that one", pipeline, element.id, element.node,
-                        info.epoch, newest)  # fmt: skip
-            self._restart_instance(element.node, here, element, newest)
+                        "starting it again under a new epoch", pipeline, element.id,
+                        element.node, info.epoch, newest)  # fmt: skip
+            self._restart_fenced(pipeline, element, element.node)
         elif info.gated:
             log.warning("reconcile: %s/%s on %s is held at its gate with no operation under "
                         "way: resuming it", pipeline, element.id, element.node)  # fmt: skip

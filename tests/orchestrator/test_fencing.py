@@ -24,6 +24,7 @@ from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.contracts import Heartbeat
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.permissions import hosted_by_node
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration.exceptions import RestoreFailed
 from tests.orchestrator.standin import StandIn
@@ -225,8 +226,20 @@ def test_a_restore_failing_everywhere_restarts_the_pe_on_its_live_node(
     here = f"/pipelines/{pipeline}/elements/aggregate"
     for node in ("cloud", "fog-b"):  # every candidate refuses the checkpoint
         agents[node].fail("POST", here + "/checkpoint/install")
+    rights: list[set[str]] = []  # the nodes that may serve the PE, at each sync
+
+    def sync_quietly(registry: object) -> None:
+        hosted = hosted_by_node(orch.registry)
+        rights.append(
+            {n for n, pes in hosted.items() if any(p.element == "aggregate" for p in pes)}
+        )
+
+    orch.permissions.sync_quietly = sync_quietly  # type: ignore[method-assign]
     with pytest.raises(RestoreFailed) as failed:
         orch.restore(pipeline, "aggregate")
+    # Each attempt took fog-a's rights; once they ended fog-a, where the PE runs again, had
+    # them back at once (before: at the reconciler's next round, its reads and writes failing).
+    assert "fog-a" not in rights[0] and rights[-1] == {"fog-a"}
     # Two attempts fenced fog-a's instance (epochs 2, 3); it runs again under a newer one.
     assert "runs again on fog-a" in failed.value.message and "epoch 4" in failed.value.message
     assert [d.query for d in agents["fog-a"].received("DELETE", here)] == [{}]
