@@ -128,6 +128,8 @@ class NodeRuntime:
         self.spark_error: str | None = None
         self._elements: dict[tuple[str, str], HostedElement] = {}
         self._lock = threading.RLock()
+        #: One checkpoint install at a time per PE (see :meth:`_installing`).
+        self._install_locks: dict[tuple[str, str], threading.Lock] = {}
         self._stop = threading.Event()
         # Every Spark control call runs on the thread that created the session: a query
         # started from another thread (e.g. a web worker) may not see the session's
@@ -327,19 +329,23 @@ class NodeRuntime:
 
     def _start_query(self, hosted: HostedElement) -> None:
         assert self.spark is not None
-        if clear_orphan_state(Path(hosted.plan.checkpoint_dir)):
-            log.warning("%s: removed state files left without any batch in its checkpoint",
-                        hosted.plan.query_name)  # fmt: skip
-        self._close_location(hosted)  # a failed run's, before it is restarted
-        with self._lock:
-            keep = {Path(h.plan.location) for h in self._elements.values() if h.plan.location}
-        if diverted := sweep_locations(self.query_locations, keep):
-            log.info("%d late write(s) of stopped queries kept out of the checkpoints", diverted)
-        location = open_location(
-            self.query_locations, Path(hosted.plan.checkpoint_dir), hosted.plan.query_name
-        )
-        hosted.plan = replace(hosted.plan, location=str(location))
         try:
+            # (Inside: a disk that is full or unwritable fails the start as any other cause,
+            # retried by the monitor; outside, it left the PE starting for good.)
+            if clear_orphan_state(Path(hosted.plan.checkpoint_dir)):
+                log.warning("%s: removed state files left without any batch in its "
+                            "checkpoint", hosted.plan.query_name)  # fmt: skip
+            self._close_location(hosted)  # a failed run's, before it is restarted
+            with self._lock:
+                keep = {Path(h.plan.location) for h in self._elements.values()
+                        if h.plan.location}  # fmt: skip
+            if diverted := sweep_locations(self.query_locations, keep):
+                log.info("%d late write(s) of stopped queries kept out of the checkpoints",
+                         diverted)  # fmt: skip
+            location = open_location(
+                self.query_locations, Path(hosted.plan.checkpoint_dir), hosted.plan.query_name
+            )
+            hosted.plan = replace(hosted.plan, location=str(location))
             spark = self.spark
             hosted.query = self._spark_thread.submit(start_query, spark, hosted.plan).result()
             hosted.run_ids.add(str(hosted.query.runId))
@@ -549,16 +555,23 @@ class NodeRuntime:
 
     @contextlib.contextmanager
     def _installing(self, pipeline: str, pe: str) -> Iterator[None]:
-        """Around an install of the PE's checkpoint: a failed one leaves no half-made copy
-        (a disk that filled up stays full otherwise: nothing else removes it); a done one
-        drops the node-level snapshots of the checkpoint it replaced, of another history or
-        an earlier point (they would stand in for it until it passed their batch)."""
-        try:
-            yield
-        except BaseException:
-            shutil.rmtree(installing(self.checkpoint_dir(pipeline, pe)), ignore_errors=True)
-            raise
-        shutil.rmtree(self.snapshot_store(pipeline, pe), ignore_errors=True)
+        """Around an install of the PE's checkpoint, one at a time per PE: a request sent
+        again (its first got no answer in time) shared the first's staging folder, each
+        emptying it for itself, and the PE could start on a checkpoint missing files.
+
+        A failed one leaves no half-made copy (a disk that filled up stays full otherwise:
+        nothing else removes it); a done one drops the node-level snapshots of the checkpoint
+        it replaced, of another history or an earlier point (they would stand in for it
+        until it passed their batch)."""
+        with self._lock:
+            lock = self._install_locks.setdefault((pipeline, pe), threading.Lock())
+        with lock:
+            try:
+                yield
+            except BaseException:
+                shutil.rmtree(installing(self.checkpoint_dir(pipeline, pe)), ignore_errors=True)
+                raise
+            shutil.rmtree(self.snapshot_store(pipeline, pe), ignore_errors=True)
 
     def _not_running(self, pipeline: str, pe: str) -> None:
         if (pipeline, pe) in self._elements:

@@ -143,3 +143,55 @@ def test_two_copies_of_one_pe_at_once_do_not_share_a_folder(
 def _members(archive: bytes) -> set[str]:
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         return set(tar.getnames())
+
+
+def test_an_install_sent_again_waits_for_the_first_and_each_installs_whole(
+    runtime: NodeRuntime,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The orchestrator's client gave up on a slow install and sent it again: both shared
+    one staging folder, each emptying it, and the PE could start on a checkpoint missing
+    files."""
+    import threading
+
+    store = CentralStore(tmp_path / "central")
+    files = {f"state/0/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 6)}
+    checkpoint = manifest(4, files)
+    store.put(checkpoint, files.__getitem__)
+    real = central.shutil.copyfile
+    first_midway, go_on = threading.Event(), threading.Event()
+    copied: list[str] = []
+
+    def slow(src: str, dst: str) -> None:
+        copied.append(dst)
+        if len(copied) == 2 and threading.current_thread().name == "first":
+            first_midway.set()
+            go_on.wait(10)
+        real(src, dst)
+
+    monkeypatch.setattr(central.shutil, "copyfile", slow)
+    errors: list[BaseException] = []
+
+    def install() -> None:
+        try:
+            runtime.install_from_store("x", "p", store, checkpoint)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    first = threading.Thread(target=install, name="first")
+    first.start()
+    assert first_midway.wait(10)
+    second = threading.Thread(target=install, name="second")
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "the second install ran beside the first"
+    assert len(copied) == 2  # it copied nothing meanwhile
+    go_on.set()
+    first.join(10)
+    second.join(10)
+    assert errors == []
+    live = runtime.checkpoint_dir("x", "p")
+    for name, data in files.items():
+        assert (live / name).read_bytes() == data, name
+    assert not live.with_name("p.incoming").exists()

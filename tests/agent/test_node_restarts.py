@@ -296,3 +296,31 @@ def test_checkpoints_of_pes_the_node_does_not_run_are_reported(
         ("q", "half"),
         ("p", "old"),
     ]
+
+
+def test_a_start_whose_checkpoint_location_cannot_be_opened_fails_and_is_retried(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full disk at the location's set-up: the PE stayed "starting" with no query for good
+    # (the monitor skips a PE without one, and a deploy again answered it as it was).
+    import errno
+
+    started: list[str] = []
+    monkeypatch.setattr(
+        node, "start_query", lambda spark, plan: started.append("yes") or FakeQuery(None)
+    )
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(node, "open_location", full)
+    h = hosted(tmp_path)
+    runtime._start_query(h)
+    assert h.state == "failed" and "No space left" in (h.error or "") and started == []
+    assert h.retry_at < math.inf  # the monitor starts it again once its backoff elapsed
+    monkeypatch.undo()
+    monkeypatch.setattr(
+        node, "start_query", lambda spark, plan: started.append("yes") or FakeQuery(None)
+    )
+    run_monitor(runtime, h, rounds=1)
+    assert started == ["yes"] and h.state == "running"
