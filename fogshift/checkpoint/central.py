@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import threading
@@ -392,7 +393,12 @@ class CentralStore:
                          manifest["id"], manifest["pipeline"], manifest["element"])  # fmt: skip
                 return shipped
             folder.mkdir(parents=True, exist_ok=True)
-            stored = {**manifest, "stored": time.time(), "shipped_bytes": shipped}
+            # Stored after every checkpoint before it, whatever the clock says: a clock set
+            # back (NTP, a resumed VM) made each new one the oldest, expired at once.
+            before = _newest_first(folder)
+            last = float(before[0][1].get("stored") or 0) if before else 0.0
+            at = max(time.time(), math.nextafter(last, math.inf))
+            stored = {**manifest, "stored": at, "shipped_bytes": shipped}
             tmp = folder / f".{manifest['id']}.tmp"
             tmp.write_text(json.dumps(stored))
             tmp.replace(folder / f"{manifest['id']}.json")

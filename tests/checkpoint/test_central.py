@@ -102,6 +102,25 @@ def test_a_promoted_standbys_checkpoints_are_newer_than_the_primarys_higher_batc
     assert [m["batch"] for m in store.manifests("p", "agg")] == [7205, 7204, 7203]
 
 
+def test_a_clock_set_back_does_not_expire_each_new_checkpoint_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stored at 2000, 2015, 2030 by the host's clock, which NTP then set back to 1900: each
+    # new checkpoint sorted oldest and was unlinked as it was stored.
+    from fogshift.checkpoint import central
+
+    store = CentralStore(tmp_path / "store", keep=3)
+    now = [0.0]
+    monkeypatch.setattr(central.time, "time", lambda: now[0])
+    for batch, at in enumerate([2000.0, 2015.0, 2030.0, 1900.0, 1905.0], start=1):
+        now[0] = at
+        files = {f"offsets/{batch}": str(batch).encode()}
+        store.put(manifest(batch, files), files.__getitem__)
+        newest = store.newest("p", "agg")
+        assert newest is not None and newest["batch"] == batch
+    assert [m["batch"] for m in store.manifests("p", "agg")] == [5, 4, 3]
+
+
 def test_a_file_changed_in_transit_is_refused(tmp_path: Path) -> None:
     store = CentralStore(tmp_path / "store")
     with pytest.raises(TornCheckpoint, match="offsets/0"):
