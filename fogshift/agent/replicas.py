@@ -20,6 +20,7 @@ import hashlib
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import UnknownSource
@@ -36,7 +37,7 @@ from fogshift.contracts import (
     InstallResult,
     ReplicaInfo,
 )
-from fogshift.exceptions import Unavailable
+from fogshift.exceptions import InvalidInput, Unavailable
 
 
 def _same_url(a: str, b: str) -> bool:
@@ -159,7 +160,18 @@ class Replicas:
             Unavailable: The source cannot be reached.
         """
         check_manifest(manifest)  # its names, as paths: first, with the words for each
-        blobs = self._source(CheckpointManifest.model_validate(manifest), source)
+        try:
+            shaped = CheckpointManifest.model_validate(manifest)
+        except ValidationError as exc:  # (a 500 before)
+            first = exc.errors()[0]
+            raise InvalidInput(
+                f"checkpoint manifest {manifest['id']} of {manifest['pipeline']}/"
+                f"{manifest['element']} is not whole",
+                expected="a manifest as a node's snapshot writes it (id, pipeline, element, "
+                "batch, created, files)",
+                received=f"{'.'.join(map(str, first['loc'])) or 'manifest'}: {first['msg']}",
+            ) from None
+        blobs = self._source(shaped, source)
         try:
             return self.store.put(manifest, blobs.file, blobs)
         finally:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES, Chunk, file_chunks
@@ -90,6 +90,15 @@ def check_manifest(
                 received=repr(entry)[:120],
             )
         check_sha256(entry.get("sha256"), f"digest of file {rel} of {owner}")
+    folders = {str(parent) for rel in manifest["files"] for parent in PurePosixPath(rel).parents}
+    if clash := sorted(folders & set(manifest["files"])):
+        # (Both a file and a folder: it could never be written out, and every install of it
+        # failed.)
+        raise InvalidInput(
+            f"checkpoint {manifest['id']} of {owner} names {clash[0]!r} as a file and a folder",
+            expected="file paths none of which is another's folder",
+            received=clash[0],
+        )
     return manifest
 
 

@@ -363,6 +363,25 @@ def test_a_manifest_naming_paths_outside_is_refused_before_any_fetch(
     assert intact(home)
 
 
+def test_a_manifest_missing_fields_or_naming_a_file_as_a_folder_is_a_422(home: Path) -> None:
+    # (A 500 before: the shape was checked only after the names; the second was stored, and
+    # every install of it failed writing the file out.)
+    data = b"payload"
+    unwhole = manifest({"offsets/0": data})
+    del unwhole["created"], unwhole["batch"]
+    both = manifest({"offsets/0": data, "offsets/0/x": data})
+    with recorder() as orchestrator:
+        c = client(create_app(config(home, orchestrator.url)), node_token(OPERATOR, "fog-a"))
+        response = c.post("/replicas/p/agg", json={"manifest": unwhole})
+        assert response.status_code == 422, response.text
+        assert "is not whole" in response.json()["message"]
+        for path in ("/replicas/p/agg", "/pipelines/p/elements/agg/checkpoint/install"):
+            response = c.post(path, json={"manifest": both})
+            assert response.status_code == 422, response.text
+            assert "as a file and a folder" in response.json()["message"]
+        assert orchestrator.seen == []  # nothing fetched
+
+
 def test_a_shipped_archive_with_members_outside_writes_nothing_there(home: Path) -> None:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
