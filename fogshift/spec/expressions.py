@@ -2,16 +2,20 @@
 
 Expressions are parsed here, when a spec is loaded, so that a spec with a broken expression
 is refused before anything runs; :mod:`fogshift.runtime.operators.expr` evaluates them with
-the same :data:`FUNCTIONS`. ``simpleeval`` allows no attribute access, no imports and no calls
-but these.
+the same :data:`FUNCTIONS` and :data:`OPERATORS`. An expression is one expression (no
+assignment, no ``;``), with no attribute access (``simpleeval`` 1.0 allows method calls:
+``name.ljust(w)`` with ``w`` from an event would build a string of any size), no imports and
+no calls but these.
 """
 
 from __future__ import annotations
 
+import ast
 import math
+import operator
 from typing import Any
 
-from simpleeval import EvalWithCompoundTypes, InvalidExpression
+from simpleeval import DEFAULT_OPERATORS, EvalWithCompoundTypes, InvalidExpression
 
 #: The functions an expression may call, by name.
 FUNCTIONS: dict[str, Any] = {
@@ -28,14 +32,56 @@ FUNCTIONS: dict[str, Any] = {
 }
 
 
+def _modulo(a: Any, b: Any) -> Any:
+    """``a % b`` for numbers only: ``%`` formatting of a text (``"%*s" % (w, x)``) builds a
+    string as wide as an event says."""
+    if isinstance(a, str | bytes):
+        raise TypeError("% formats no text in an expression: use str() and +")
+    return operator.mod(a, b)
+
+
+#: The operators an expression may use (simpleeval's, ``%`` on numbers only).
+OPERATORS: dict[type[ast.AST], Any] = {**DEFAULT_OPERATORS, ast.Mod: _modulo}
+
+
+def evaluator() -> EvalWithCompoundTypes:
+    """An evaluator with :data:`FUNCTIONS` and :data:`OPERATORS`."""
+    return EvalWithCompoundTypes(operators=OPERATORS, functions=FUNCTIONS)
+
+
 def check_expression(expression: str) -> str:
     """Return ``expression`` if it parses (names are only known per event, so unchecked).
 
     Raises:
-        ValueError: It does not parse; pydantic reports it as the option's error.
+        ValueError: It does not parse as one expression, or reads an attribute; pydantic
+            reports it as the option's error.
     """
     try:
-        EvalWithCompoundTypes(functions=FUNCTIONS).parse(expression)
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as exc:
+        # (simpleeval evaluates `status = 'ok'` as 'ok', true for every event, and of
+        # `x > 0; y > 0` the first only.)
+        raise ValueError(
+            f"{expression!r} is not a valid expression: {exc.msg} (one expression: compare "
+            "with ==; no assignments, statements or ';')"
+        ) from None
+    except (RecursionError, MemoryError):  # (Python's parser gives up on "1+1+…" or "---…1")
+        raise ValueError(
+            f"an expression of {len(expression)} characters nests too deep to parse"
+        ) from None
+    if any(isinstance(node, ast.FormattedValue) and node.format_spec is not None
+           for node in ast.walk(tree)):  # fmt: skip
+        raise ValueError(
+            f"{expression!r} gives a format spec in an f-string (a width from an event "
+            "would build a string of any size): format with str() and +"
+        )
+    if any(isinstance(node, ast.Attribute) for node in ast.walk(tree)):
+        raise ValueError(
+            f"{expression!r} reads an attribute or calls a method: expressions use fields, "
+            f"operators and the functions {', '.join(sorted(FUNCTIONS))}"
+        )
+    try:
+        evaluator().parse(expression)
     except (SyntaxError, InvalidExpression) as exc:
         raise ValueError(f"{expression!r} is not a valid expression: {exc}") from exc
     except (RecursionError, MemoryError):  # (Python's parser gives up on "1+1+…" or "---…1")

@@ -104,9 +104,18 @@ def test_map_and_filter() -> None:
 
 
 def test_expressions_cannot_reach_python() -> None:
-    m = Map.build({"set": {"x": "().__class__"}}, "m", None)
-    with pytest.raises(DeadLetter):
-        m.process(ev(1, v=1))
+    # No attribute: simpleeval 1.0 allows method calls, and `name.ljust(w)` built a string
+    # as wide as an event said (the worker could be killed for memory at every retry).
+    for text in ("().__class__", "name.ljust(w)", "str(w).zfill(w)"):
+        with pytest.raises(ValueError, match="reads an attribute"):
+            Map.build({"set": {"x": text}}, "m", None)
+    with pytest.raises(ValueError, match="format spec"):
+        Map.build({"set": {"x": "f'{name:>{w}}'"}}, "m", None)
+    # Nor % formatting of a text: a dead letter; % of numbers as ever.
+    m = Map.build({"set": {"x": "'%*s' % (w, name)", "r": "w % 7"}}, "m", None)
+    with pytest.raises(DeadLetter, match="% formats no text"):
+        m.process(ev(1, w=5_000_000, name="a"))
+    assert Map.build({"set": {"r": "w % 7"}}, "m", None).process(ev(1, w=9))["r"] == 2
 
 
 def test_run_events_turns_bad_input_into_dead_letters() -> None:

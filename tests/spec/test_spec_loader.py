@@ -201,6 +201,24 @@ def test_map_expression_is_checked_at_load() -> None:
         parse_spec(data)
 
 
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        # simpleeval took `status = 'ok'` for 'ok', true for every event; of `a; b` the first.
+        ("status = 'ok'", "one expression"),
+        ("value > 0; value < 9", "one expression"),
+        ("import os", "one expression"),
+        ("name.startswith('x')", "reads an attribute"),
+    ],
+)
+def test_a_filter_that_is_not_one_expression_is_refused_at_load(where: str, said: str) -> None:
+    data = case1()
+    data["elements"][1] = {"id": "aggregate", "kind": "filter", "node": "fog-a",
+                           "inputs": ["source"], "options": {"where": where}}  # fmt: skip
+    with pytest.raises(InvalidSpec, match=said):
+        parse_spec(data)
+
+
 def test_shapes_that_could_not_be_exactly_once_are_refused(tmp_path: Path) -> None:
     data = case1()
     data["elements"].append(

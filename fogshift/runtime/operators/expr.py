@@ -11,12 +11,10 @@ import ast
 from collections.abc import Mapping
 from typing import Any
 
-from simpleeval import EvalWithCompoundTypes
-
 from fogshift.events import Event
 from fogshift.runtime.api import Processor
 from fogshift.runtime.exceptions import DeadLetter
-from fogshift.spec.expressions import FUNCTIONS
+from fogshift.spec.expressions import evaluator
 from fogshift.spec.kinds import FilterOptions, MapOptions
 
 
@@ -29,7 +27,7 @@ class Expressions:
     """
 
     def __init__(self, expressions: Mapping[str, str]) -> None:
-        self._evaluator = EvalWithCompoundTypes(functions=FUNCTIONS)
+        self._evaluator = evaluator()
         self._parsed: dict[str, tuple[str, ast.AST]] = {
             name: (text, self._evaluator.parse(text)) for name, text in expressions.items()
         }
