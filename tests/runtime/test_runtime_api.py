@@ -90,6 +90,20 @@ def test_invalid_values_are_dead_letters_and_leave_the_window_alone(value: objec
     assert proc.process(ev(4, v=1)) == {"v": 6.0}
 
 
+def test_extreme_values_average_or_are_dead_letters_alike_for_every_function() -> None:
+    # Two of 1e308 average 1e308 (the sum overflowed: the second was a dead letter).
+    avg = window("avg", 2)
+    assert [avg.process(ev(k, v=1e308))["v"] for k in (1, 2)] == [1e308, 1e308]
+    # An integer beyond a float's range: no aggregate of it is a number (sum and avg
+    # overflowed, min and max emitted it): a dead letter for each, the window as before.
+    for function in ("avg", "sum", "min", "max", "count"):
+        proc = window(function, 2)
+        proc.process(ev(1, v=5))
+        with pytest.raises(DeadLetter, match="beyond a float's range"):
+            proc.process(ev(2, v=10**309))
+        assert proc.values == [5]
+
+
 def test_map_and_filter() -> None:
     m = Map.build({"set": {"double": "v * 2", "big": "v > 2"}}, "m", None)
     assert m.process(ev(1, v=3)) == {"v": 3, "double": 6, "big": True}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 
 from fogshift.events import Event, is_finite_number
@@ -10,8 +11,17 @@ from fogshift.runtime.api import Processor, state
 from fogshift.runtime.exceptions import DeadLetter
 from fogshift.spec.kinds import AggregateName, WindowAggregateOptions
 
+def _average(values: Sequence[float]) -> float:
+    """The mean, exactly rounded; of values whose sum is beyond a float's range (two of
+    1e308) too, where the sum overflows and the mean does not."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)
+
+
 AGGREGATES: dict[AggregateName, Callable[[Sequence[float]], float | int]] = {
-    "avg": lambda values: math.fsum(values) / len(values),
+    "avg": _average,
     "sum": math.fsum,
     "min": min,
     "max": max,
@@ -38,6 +48,13 @@ class WindowAggregate(Processor):
         value = event.body[opts.field]
         if not is_finite_number(value):
             raise DeadLetter(f"field {opts.field!r} is {value!r}, not a finite number")
+        if isinstance(value, int) and abs(value) > sys.float_info.max:
+            # (No aggregate of it is a number JSON readers and Spark agree on: sum and avg
+            # overflowed, min and max emitted 300-digit integers.)
+            raise DeadLetter(
+                f"field {opts.field!r} is an integer of {len(str(abs(value)))} digits, beyond "
+                "a float's range"
+            )
         self.values.append(value)
         if len(self.values) > opts.window:
             del self.values[: len(self.values) - opts.window]
