@@ -1,14 +1,17 @@
 """An independent computation of Case 1, for consistency verdicts.
 
 Deliberately shares no code with the runtime: rows are split with the ``csv`` module, values
-are validated with pandas (``to_numeric`` + ``isfinite``) and aggregated with pandas'
-``rolling`` — a different algorithm from the window PE's list, so agreement means something.
+are validated with pandas (``to_numeric`` + ``isfinite``) and each window is a ``deque`` per
+key, summed with ``math.fsum`` (exact, as the runtime's; pandas' ``rolling`` keeps a running
+sum, whose rounding drifts from the exact one when magnitudes mix: 0.625 for 0.6).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import re
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +56,42 @@ def _cells(line: str | None) -> list[str] | None:
         return None
 
 
+#: An integer or a decimal literal as a csv-source reads one (ASCII digits only).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def _key(cell: str) -> str | None:
+    """The key a keyed PE files a row's key cell under, as the contract says: an integer
+    literal is its number (``01`` and ``1`` are one key), a finite decimal is refused (a
+    float key has no one text: ``None``, the row a dead letter), anything else is the text
+    as written (spaces too)."""
+    text = cell.strip()
+    if _INTEGER.fullmatch(text):
+        try:
+            return str(int(text))
+        except ValueError:  # more digits than Python converts: the text, as written
+            return cell
+    if _DECIMAL.fullmatch(text) and math.isfinite(float(text)):
+        return None
+    return cell
+
+
+def _aggregate(function: str, values: deque[float]) -> float:
+    if function == "count":
+        return float(len(values))
+    if function == "min":
+        return min(values)
+    if function == "max":
+        return max(values)
+    if function == "sum":
+        return math.fsum(values)
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:  # (a mean within range of a sum beyond it)
+        return math.fsum(v / len(values) for v in values)
+
+
 def case1_reference(
     csv_path: str | Path,
     field_name: str,
@@ -61,33 +100,46 @@ def case1_reference(
     key_field: str | None = None,
 ) -> Reference:
     """What a single process computes for source → window-aggregate over ``csv_path``;
-    with ``key_field``, one window per value of that column (a keyed aggregate, grouped here
-    with pandas' ``groupby().rolling()``)."""
+    with ``key_field``, one window per key of that column (a keyed aggregate).
+
+    A header naming a column twice: a row's body holds the last cell of that name."""
     lines = input_lines(csv_path)
     header = next(csv.reader([lines[0] or ""]), [])
+
+    def last(name: str) -> int:
+        return len(header) - 1 - header[::-1].index(name)
+
     seqs, raw, keys = [], [], []
     dropped = 0
     for k, line in enumerate(lines[1:], start=1):
         cells = _cells(line)
-        if cells is None or len(cells) != len(header) or field_name not in header:
+        if (
+            cells is None
+            or len(cells) != len(header)
+            or field_name not in header
+            or (key_field and key_field not in header)  # keyless: a dead letter
+        ):
+            dropped += 1
+            continue
+        key = _key(cells[last(key_field)]) if key_field else ""
+        if key is None:
             dropped += 1
             continue
         seqs.append(k)
-        raw.append(cells[header.index(field_name)].strip())
-        keys.append(cells[header.index(key_field)].strip() if key_field else "")
+        raw.append(cells[last(field_name)].strip())
+        keys.append(key)
     values = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").astype(float)
     valid = values.notna() & np.isfinite(values)
     dropped += int((~valid).sum())
-    kept = values[valid].reset_index(drop=True)
-    seq_kept = [s for s, ok in zip(seqs, valid, strict=True) if ok]
-    method = {"avg": "mean", "sum": "sum", "min": "min", "max": "max", "count": "count"}[function]
-    if key_field:
-        keys_kept = pd.Series([key for key, ok in zip(keys, valid, strict=True) if ok])
-        grouped = kept.groupby(keys_kept).rolling(window, min_periods=1)
-        result = getattr(grouped, method)().reset_index(level=0, drop=True).sort_index()
-    else:
-        result = getattr(kept.rolling(window, min_periods=1), method)()
-    return Reference(list(zip(seq_kept, result.tolist(), strict=True)), dropped)
+    windows: dict[str, deque[float]] = {}
+    rows = []
+    for seq, key, value, ok in zip(seqs, keys, values.tolist(), valid.tolist(), strict=True):
+        if not ok:
+            continue
+        kept = windows.setdefault(key, deque(maxlen=window))
+        kept.append(value)
+        rows.append((seq, _aggregate(function, kept)))
+    return Reference(rows, dropped)
 
 
 def read_sink(path: str | Path, field_name: str) -> list[tuple[int, float]]:

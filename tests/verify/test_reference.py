@@ -63,3 +63,26 @@ def test_a_keyed_comparison_fails_on_rows_whose_key_is_unknown(tmp_path: Path) -
     verdict = compare_per_key(expected, expected, {1: "s1"})
     assert not verdict.consistent
     assert any("2 expected seq of no known key" in p for p in verdict.problems), verdict
+
+
+def test_windows_are_summed_exactly_as_the_window_pe_sums(tmp_path: Path) -> None:
+    # pandas' rolling sum kept a running total: 0.625 where the exact sum is 0.6, and a
+    # correct output was judged wrong.
+    data = tmp_path / "in.csv"
+    data.write_text("v\n1e15\n-1e15\n0.1\n0.2\n0.3\n")
+    assert case1_reference(data, "v", 3, "sum").rows[-1] == (5, 0.6)
+    assert case1_reference(data, "v", 3, "avg").rows[-1] == (5, 0.6 / 3)
+
+
+def test_keys_and_columns_are_read_as_the_source_and_a_keyed_pe_read_them(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "in.csv"
+    # "01" and "1" are one key (the number 1), " a" and "a" two; a decimal key is refused
+    # (a dead letter); of a column named twice the body holds the last cell.
+    data.write_text('k,v,v\n1,0,1\n01,0,2\n1,0,3\n" a",0,4\na,0,5\n1.5,0,6\n')
+    ref = case1_reference(data, "v", 10, "sum", key_field="k")
+    assert ref.rows == [(1, 1.0), (2, 3.0), (3, 6.0), (4, 4.0), (5, 5.0)]
+    assert ref.dropped == 1
+    # A key column the header lacks: every row is keyless, a dead letter.
+    assert case1_reference(data, "v", 10, "sum", key_field="nope").rows == []

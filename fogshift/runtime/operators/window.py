@@ -11,6 +11,7 @@ from fogshift.runtime.api import Processor, state
 from fogshift.runtime.exceptions import DeadLetter
 from fogshift.spec.kinds import AggregateName, WindowAggregateOptions
 
+
 def _average(values: Sequence[float]) -> float:
     """The mean, exactly rounded; of values whose sum is beyond a float's range (two of
     1e308) too, where the sum overflows and the mean does not."""
