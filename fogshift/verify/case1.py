@@ -32,10 +32,32 @@ def case1_parts(spec: PipelineSpec) -> tuple[str, dict[str, Any], str]:
         inner = by_kind["custom"].options.get("options")
         if isinstance(inner, dict) and {"field", "window"} <= set(inner):
             aggregate = dict(inner)
+    expected = "a csv-source, a window aggregate (one, without key_by) and a csv-sink, in a chain"
     if aggregate is None or not {"csv-source", "csv-sink"} <= set(by_kind):
         raise InvalidInput(
             f"pipeline {spec.pipeline!r} is not a Case 1 pipeline",
-            expected="a csv-source, a window aggregate and a csv-sink",
+            expected=expected,
             received=", ".join(e.kind for e in spec.elements),
         )
-    return by_kind["csv-source"].options["path"], aggregate, by_kind["csv-sink"].options["path"]
+    source, sink = by_kind["csv-source"], by_kind["csv-sink"]
+    middle = by_kind.get("window-aggregate") or by_kind["custom"]
+    chain = (
+        len(spec.elements) == 3
+        and middle.inputs == (source.id,)
+        and sink.inputs == (middle.id,)
+        and middle.key_by is None
+    )
+    if not chain:
+        # The reference is of that chain alone: another stage, a key or partitions would
+        # make a correct run's verdict "inconsistent".
+        raise InvalidInput(
+            f"pipeline {spec.pipeline!r} is not a Case 1 pipeline the reference computes",
+            expected=expected,
+            received=" -> ".join(
+                f"{e.id} ({e.kind}{', key_by ' + e.key_by if e.key_by else ''})"
+                for e in spec.topological_order()
+            ),
+            hint="the demo and the benches verify the Case 1 chain; check another pipeline "
+            "with `fogshift events` against a reference of your own",
+        )
+    return source.options["path"], aggregate, sink.options["path"]

@@ -68,3 +68,23 @@ def test_a_padded_custom_aggregate_counts_as_the_window_aggregate() -> None:
     )
     with pytest.raises(InvalidInput, match="not a Case 1 pipeline"):
         case1_parts(other)
+
+
+@pytest.mark.parametrize("change", ["key_by", "stage"])
+def test_a_shape_the_reference_does_not_compute_is_refused(change: str) -> None:
+    # Accepted before: the reference of the plain chain then judged a correct run
+    # inconsistent.
+    data = load_spec(example_path("case1") / "case1.yaml").model_dump(mode="json")
+    elements = data["elements"]
+    aggregate = next(e for e in elements if e["kind"] == "window-aggregate")
+    if change == "key_by":
+        aggregate["key_by"] = "sensor"
+    else:
+        elements.insert(1, {"id": "scale", "kind": "map", "node": aggregate["node"],
+                            "inputs": list(aggregate["inputs"]),
+                            "options": {"set": {"value": "value * 1000"}}})  # fmt: skip
+        aggregate["inputs"] = ["scale"]
+    spec = PipelineSpec.model_validate(data)
+    with pytest.raises(InvalidInput) as caught:
+        case1_parts(spec)
+    assert "is not a Case 1 pipeline the reference computes" in caught.value.message
