@@ -45,7 +45,7 @@ from fogshift.planner.feasibility import (
     explain_task,
     normalise_shares,
 )
-from fogshift.planner.model import Assignment, Network, Plan, Topology, violations
+from fogshift.planner.model import TOLERANCE, Assignment, Network, Plan, Topology, violations
 
 _Group = tuple[Literal["replication", "cpu", "recovery_bandwidth"], int]
 
@@ -118,8 +118,8 @@ def _build(net: Network, options: Sequence[Sequence[Option]]) -> _Milp:
                 per_target.setdefault(m.columns[col][1][1], {})[col] = need
         for k, coefs in sorted(per_target.items()):
             worst = sum({m.columns[c][0]: v for c, v in coefs.items()}.values())
-            if worst > net.free_cpu[k]:
-                m.add_row(coefs, -math.inf, net.free_cpu[k], ("cpu", f))
+            if worst > _slack(net.free_cpu[k]):
+                m.add_row(coefs, -math.inf, _slack(net.free_cpu[k]), ("cpu", f))
 
     # The replication of f's own tasks stops when f fails, so it leaves eq. 4 for f; only
     # links that some recovery of f can use get a row (the rest is implied by r[e] <= U(e)).
@@ -135,8 +135,16 @@ def _build(net: Network, options: Sequence[Sequence[Option]]) -> _Milp:
                 row[col] = row.get(col, 0.0) - rate
     for (f, e), coefs in sorted(recovery.items()):
         coefs[m.link_col0 + e] = 1.0
-        m.add_row(coefs, -math.inf, net.bandwidth[e], ("recovery_bandwidth", f))
+        m.add_row(coefs, -math.inf, _slack(net.bandwidth[e]), ("recovery_bandwidth", f))
     return m
+
+
+def _slack(capacity: float) -> float:
+    """A capacity as the plan's check reads it (:func:`~fogshift.planner.model.within`): the
+    greedy and the check allow float sums that much over, and an exact solver held to the
+    bare capacity found a worse plan than the greedy's, or called a feasible task
+    infeasible."""
+    return capacity + TOLERANCE * max(1.0, abs(capacity))
 
 
 def _to_highs(m: _Milp, time_limit_s: float) -> highspy.Highs:
@@ -151,7 +159,7 @@ def _to_highs(m: _Milp, time_limit_s: float) -> highspy.Highs:
         starts.append(len(index))
     cost = m.cost + [0.0] * len(m.net.bandwidth)
     lower = [0.0] * n_cols
-    upper = [1.0] * m.link_col0 + list(m.net.bandwidth)
+    upper = [1.0] * m.link_col0 + [_slack(u) for u in m.net.bandwidth]
     integrality = [1] * m.link_col0 + [0] * len(m.net.bandwidth)
     inf = highspy.kHighsInf
     h = highspy.Highs()

@@ -285,3 +285,19 @@ def test_a_share_grid_that_misses_the_latency_is_infeasible_not_an_assertion() -
     with pytest.raises(InfeasiblePlan) as refused:
         solve_exact(t, shares=(0.5,))
     assert refused.value.constraint == "latency" and "grid [0.5]" in refused.value.message
+
+
+def test_the_exact_solver_allows_what_the_plans_check_allows() -> None:
+    # A backup rate 0.0005 Mb/s over a 1000 Mb/s link: within the check's tolerance (float
+    # sums are inexact), so the greedy's plan passes it; HiGHS, held to the bare capacity,
+    # called the task proven infeasible (and elsewhere settled on a worse plan).
+    t = topo(
+        [("s1", 100, 0), ("s2", 100, 0), ("s3", 100, 0)],
+        [task("t1", "s1", backup_rate=1000.0005)],
+        [("s1", "s2", 1000), ("s2", "s3", 1000)],
+    )
+    greedy = plan(t, "greedy")
+    assert greedy.check(t) == []
+    for warm_start in (True, False):
+        exact = plan(t, "exact", warm_start=warm_start)
+        assert exact.check(t) == [] and exact.objective_ms <= greedy.objective_ms
