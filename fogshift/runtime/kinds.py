@@ -12,6 +12,7 @@ import importlib
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from fogshift.runtime.api import Processor
 from fogshift.runtime.exceptions import ElementError
@@ -49,6 +50,24 @@ def processor_for(kind: str, options: Mapping[str, object]) -> tuple[type[Proces
     return load_class(custom.cls, custom.path), dict(custom.options)
 
 
+def _check_origin(module: Any, name: str, path: Path) -> None:
+    """Refuse a module of ``name`` imported from elsewhere than ``path`` when ``path`` holds
+    one: a process imports a module name once, so two pipelines' custom classes of one
+    module name from two folders ran one folder's code for both (and took its statefulness
+    for the other's)."""
+    relative = Path(*name.split("."))
+    mine = [path / relative.with_suffix(".py"), path / relative / "__init__.py"]
+    found = getattr(module, "__file__", None)
+    if found is None or not any(m.exists() for m in mine):
+        return
+    if not any(Path(found).resolve() == m.resolve() for m in mine if m.exists()):
+        raise ElementError(
+            f"module {name!r} of {str(path)!r} is not the one this node imported under that "
+            f"name ({found}): a node imports a module name once",
+            hint="give the custom processor's module a name no other pipeline's module has",
+        )
+
+
 def load_class(reference: str, path: str | None = None) -> type[Processor]:
     """Import ``module:ClassName``, a :class:`Processor` subclass.
 
@@ -67,6 +86,8 @@ def load_class(reference: str, path: str | None = None) -> type[Processor]:
             f"cannot import processor class {reference!r}: {type(exc).__name__}: {exc}",
             hint="the module must be importable on the node (set `path` in the options)",
         ) from exc
+    if path:
+        _check_origin(module, module_name, Path(path))
     if not (isinstance(cls, type) and issubclass(cls, Processor)):
         raise ElementError(
             f"{reference!r} is not a fogshift Processor",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +168,32 @@ def test_parse_value() -> None:
     assert parse_value("nan") == "nan"
     assert parse_value("inf") == "inf"
     assert parse_value("abc") == "abc"
+
+
+def test_a_second_folders_module_of_a_name_already_imported_is_refused(tmp_path: Path) -> None:
+    # Two pipelines' `{class: revproc:Proc, path: /a}` and `{..., path: /b}` on one node: the
+    # second ran the first's code (a process imports a module name once).
+    import sys
+
+    from fogshift.runtime.exceptions import ElementError
+    from fogshift.runtime.kinds import load_class
+
+    name = f"revproc_{tmp_path.name.replace('-', '_')}"
+    for folder, total in (("a", 1), ("b", 2)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{name}.py").write_text(
+            "from fogshift.runtime.api import Processor\n"
+            f"class Proc(Processor):\n    TOTAL = {total}\n"
+            "    def process(self, event):\n        return None\n"
+        )
+    try:
+        first = load_class(f"{name}:Proc", str(tmp_path / "a"))
+        assert first.TOTAL == 1  # type: ignore[attr-defined]
+        assert load_class(f"{name}:Proc", str(tmp_path / "a")) is first
+        with pytest.raises(ElementError, match="a node imports a module name once"):
+            load_class(f"{name}:Proc", str(tmp_path / "b"))
+    finally:
+        sys.modules.pop(name, None)
+        for folder in ("a", "b"):
+            if str(tmp_path / folder) in sys.path:
+                sys.path.remove(str(tmp_path / folder))
