@@ -332,6 +332,14 @@ class KeyMoves(Standbys):
             "origins": {k: parts[owners.owner(k)].id for k in moving},
         }  # fmt: skip
         if not moving:
+            # Moved by an earlier call (whose wait for the commit may have run out): moved
+            # once the target has committed what its input holds now, its states among it.
+            error = self._committed_now(
+                pipeline, element_id, source, [to.partition.index], time.monotonic() + timeout_s
+            )
+            if error is not None:
+                return KeyMoveReport(**base, status=KeyMoveStatus.PENDING, move_seq=0,
+                                     error=error)  # fmt: skip
             return KeyMoveReport(**base, status=KeyMoveStatus.MOVED, move_seq=0,
                                  done_ms=_ms_since(started))  # fmt: skip
         copied = Precopy(None, [], 0, 0.0)
@@ -606,6 +614,17 @@ class KeyMoves(Standbys):
         _note_last(last, states)
         settled.error = self._await_commits(pipeline, element_id, source, last, deadline)
         return settled
+
+    def _committed_now(
+        self, pipeline: str, element_id: str, source: str, indexes: list[int], deadline: float
+    ) -> str | None:
+        """Wait until the partitions ``indexes`` have committed their input ``source`` up to
+        its last message now (a move an earlier call stored: its states are in there), or
+        ``deadline``: why not, if not."""
+        tail = int(self.broker.run(partial(last_seq, stream=stream_name(pipeline, source))))
+        return self._await_commits(
+            pipeline, element_id, source, dict.fromkeys(indexes, tail), deadline
+        )
 
     def _await_commits(
         self, pipeline: str, element_id: str, source: str, last: dict[int, int],

@@ -190,6 +190,13 @@ class Scaling(KeyMoves):
                                  time.monotonic() + timeout_s, report, ahead)  # fmt: skip
             if report.status != KeyMoveStatus.MOVED:
                 return report
+        else:
+            # Rescaled by an earlier call (whose wait for the commits may have run out):
+            # moved once every partition has committed what the input holds now.
+            error = self._committed_now(pipeline, element_id, source, list(range(partitions)),
+                                        time.monotonic() + timeout_s)  # fmt: skip
+            if error is not None:
+                return report.model_copy(update={"status": KeyMoveStatus.PENDING, "error": error})
         deadline = time.monotonic() + timeout_s
         if partitions < len(parts):
             retired, error = self._retire(pipeline, parts, partitions, source, at, deadline)

@@ -21,7 +21,7 @@ from fogshift.exceptions import Unavailable
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
-from fogshift.spec.models import ElementSpec
+from fogshift.spec.models import ElementSpec, partition_of_key
 from tests.orchestrator.standin import StandIn, standins
 
 SPEC = {
@@ -264,3 +264,26 @@ def test_a_scale_whose_added_partition_would_take_another_elements_id_is_refused
     assert "'aggregate-p2' is another element's" in refused.value.message
     assert orch.registry.epoch("p", "aggregate-p2") == epoch
     assert all(c.method == "GET" for a in agents.values() for c in a.calls)
+
+
+def test_a_key_move_asked_again_is_moved_only_once_its_target_committed(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first call's wait for the commit ran out (the target's node died after the
+    states were stored); the same command again said "moved" at once, with nobody having
+    committed the key."""
+    from fogshift.broker.keys import Ownership
+
+    _beat(orch, agents)
+    key = next(f"s{k}" for k in range(100) if partition_of_key(f"s{k}", 2) == 1)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(count=2))
+    monkeypatch.setattr(orch, "_key_subjects", lambda *args: None)
+    orch.broker = SimpleNamespace(run=lambda make, timeout=30: 7, close=lambda: None)  # type: ignore[assignment]
+    progress = "/pipelines/p/elements/aggregate-p1/progress"
+    body = {"pipeline": "p", "element": "aggregate-p1", "state": "running", "epoch": 1}
+    agents["fog-b"].answer("GET", progress, body={**body, "offset": {"positions": {"source": 3}}})
+    report = orch.migrate_keys("p", "aggregate", [key], "fog-b", timeout_s=0.3)
+    assert report.status == "pending" and "has not committed" in (report.error or "")
+    agents["fog-b"].answer("GET", progress, body={**body, "offset": {"positions": {"source": 7}}})
+    report = orch.migrate_keys("p", "aggregate", [key], "fog-b", timeout_s=5)
+    assert report.status == "moved" and report.already == [key]
