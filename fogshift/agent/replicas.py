@@ -216,14 +216,16 @@ class Replicas:
         self.runtime.install_checkpoint(pipeline, pe, data, digest)
 
     def drop(self, pipeline: str, pe: str) -> DroppedReplica:
-        """Forget every copy of ``pipeline/pe`` here, and the files no other copy names
-        (those stored over ten minutes ago at once, the others at a later collection)."""
+        """Forget every copy of ``pipeline/pe`` here, and the files no other copy names.
+
+        At once, whatever their age: every push touches the files it reuses, so a copy
+        pushed within the store's horizon (ten minutes) kept them all, and a node that backs
+        up nothing else never collected them. Copies under way are this store's puts, whose
+        files a collection spares (:meth:`CentralStore.collect_garbage`)."""
         held = bool(self.store.manifests(pipeline, pe))
         self.store.forget(pipeline, pe)
-        # (Files younger than the store's horizon wait for a later collection: one may be
-        # another PE's copy under way, its manifest not written yet.)
         return DroppedReplica(pipeline=pipeline, element=pe, held=held,
-                              blobs=self.store.collect_garbage())  # fmt: skip
+                              blobs=self.store.collect_garbage(horizon_s=0))  # fmt: skip
 
     def held(self) -> list[ReplicaInfo]:
         """The newest whole-looking copy per PE."""

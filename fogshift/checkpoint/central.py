@@ -28,6 +28,7 @@ import os
 import shutil
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -158,6 +159,10 @@ class CentralStore:
         # one at a time: a put that checks it is still wanted is never undone by a forget it
         # raced, nor lands after one.
         self._commit_lock = threading.Lock()
+        # The files of the puts under way, by digest: no collection removes them, whatever
+        # their age (a put's manifest is written after its files).
+        self._in_flight: Counter[str] = Counter()
+        self._flight_lock = threading.Lock()
 
     def _intact(self, blob: Path, sha: str, size: int) -> bool:
         """Whether ``blob`` holds the ``size`` bytes whose digest is ``sha``.
@@ -356,6 +361,23 @@ class CentralStore:
             TornCheckpoint: A fetched file does not match the manifest's digest.
         """
         check_manifest(manifest)
+        digests = [entry["sha256"] for entry in manifest["files"].values()]
+        with self._flight_lock:  # (before any blob is looked at: see collect_garbage)
+            self._in_flight.update(digests)
+        try:
+            return self._put(manifest, fetch, chunked, wanted)
+        finally:
+            with self._flight_lock:
+                self._in_flight.subtract(digests)
+                self._in_flight += Counter()  # (drops the counts at zero)
+
+    def _put(
+        self,
+        manifest: dict[str, Any],
+        fetch: Callable[[str], bytes],
+        chunked: ChunkedSource | None,
+        wanted: Callable[[], bool] | None,
+    ) -> int:
         folder = self._folder(manifest["pipeline"], manifest["element"])
         missing: dict[str, str] = {}  # sha256 -> a file with that content
         for rel, entry in manifest["files"].items():
@@ -418,14 +440,17 @@ class CentralStore:
             self.collect_garbage()
         return shipped
 
-    def collect_garbage(self) -> int:
+    def collect_garbage(self, horizon_s: float = 600.0) -> int:
         """Delete blobs no kept checkpoint names; returns how many.
 
         Without it the store would grow with every changed file forever. A blob is written
         before the manifest naming it, so one that is being stored right now (its manifest
-        not yet visible) is spared by age.
+        not yet visible) is spared: a put of this store's is known (and spared whatever its
+        age), another process's only by the blob's age (``horizon_s``).
         """
-        referenced: set[str] = set()
+        with self._flight_lock:
+            in_flight = set(self._in_flight)
+        referenced: set[str] = set(in_flight)
         for manifest_file in (self.root / "checkpoints").glob("*/*/*.json"):
             try:
                 files = json.loads(manifest_file.read_text())["files"]
@@ -433,7 +458,7 @@ class CentralStore:
                 continue
             referenced.update(entry["sha256"] for entry in files.values())
         removed = 0
-        horizon = time.time() - 600
+        horizon = time.time() - horizon_s
         for blob in self.blobs.iterdir():
             if blob.name in referenced:
                 continue

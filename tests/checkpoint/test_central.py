@@ -226,3 +226,28 @@ def test_chunks_stay_served_by_kept_blobs_when_the_first_holder_is_collected(
     with store._chunk_lock:
         holders = {sha for sha, _, _ in store._chunks_loaded().values()}
     assert holders <= kept, (holders, kept)
+
+
+def test_a_collection_at_once_spares_the_files_of_a_put_under_way(tmp_path: Path) -> None:
+    # A replica dropped collects at once (every push touched its files: the ten-minute
+    # horizon kept them all, for good on a node backing up nothing else); a copy under way
+    # meanwhile keeps the files it reuses and fetches.
+    store = CentralStore(tmp_path / "store")
+    shared, other = b"shared" * 10, b"other" * 10
+    first = {"offsets/1": shared, "commits/1": other}
+    store.put(manifest(1, first), first.__getitem__)
+    store.forget("p", "agg")
+    assert store.collect_garbage(horizon_s=0) == 2  # nothing names them: gone at once
+    store.put(manifest(1, first), first.__getitem__)
+    second = {"offsets/1": shared, "commits/2": b"new"}
+    collected: list[int] = []
+
+    def fetch(rel: str) -> bytes:
+        store.forget("p", "agg")  # (what a drop of the PE's copies does meanwhile)
+        collected.append(store.collect_garbage(horizon_s=0))
+        return second[rel]
+
+    store.put({**manifest(2, second), "element": "agg"}, fetch)
+    assert collected == [1]  # "other" only: "shared" is the put's, under way
+    whole, _ = store.latest_whole("p", "agg")
+    assert whole is not None and whole["batch"] == 2
