@@ -165,26 +165,35 @@ class CentralStore:
         self._flight_lock = threading.Lock()
 
     def _intact(self, blob: Path, sha: str, size: int) -> bool:
-        """Whether ``blob`` holds the ``size`` bytes whose digest is ``sha``.
+        """Whether ``blob`` holds the bytes whose digest is ``sha``.
 
         A blob that does not is removed, so the next checkpoint that names it ships it
         again: content is shared by every checkpoint that holds the same file (Spark
         writes many identical small files), and one corrupt copy must not make all of
-        them unusable.
+        them unusable. A blob is judged by its content only: a manifest giving the digest
+        another ``size`` lies (a digest has one size), and is refused, the blob kept (a
+        node's wrong size removed a file every other PE's checkpoints named).
+
+        Raises:
+            TornCheckpoint: ``size`` is not the size of the content ``sha`` names.
         """
         try:
             stat = blob.stat()
         except FileNotFoundError:
             return False
         seen = (stat.st_size, stat.st_mtime_ns)
-        if self._checked.get(sha) == seen:
-            return True
-        if stat.st_size == size and hashlib.sha256(blob.read_bytes()).hexdigest() == sha:
+        if self._checked.get(sha) != seen:
+            if hashlib.sha256(blob.read_bytes()).hexdigest() != sha:
+                self._checked.pop(sha, None)
+                blob.unlink(missing_ok=True)
+                return False
             self._checked[sha] = seen
-            return True
-        self._checked.pop(sha, None)
-        blob.unlink(missing_ok=True)
-        return False
+        if stat.st_size != size:
+            raise TornCheckpoint(
+                f"a checkpoint manifest gives file content {sha[:12]}… {size} bytes; that "
+                f"content has {stat.st_size}"
+            )
+        return True
 
     def _folder(self, pipeline: str, pe: str) -> Path:
         return pe_folder(self.root / "checkpoints", pipeline, pe)
@@ -523,13 +532,14 @@ class CentralStore:
             blob = self.blobs / entry["sha256"]
             if not blob.exists():
                 return f"file {rel} is missing"
-            if blob.stat().st_size != entry["size"]:
-                problem = f"file {rel} has {blob.stat().st_size} bytes, not {entry['size']}"
-            else:
-                digest = hashlib.sha256(blob.read_bytes()).hexdigest()
-                if digest == entry["sha256"]:
+            digest = hashlib.sha256(blob.read_bytes()).hexdigest()
+            if digest == entry["sha256"]:
+                if blob.stat().st_size == entry["size"]:
                     continue
-                problem = f"file {rel} is corrupt (sha256 {digest[:12]}…)"
+                # The manifest lies about a whole file: it is unusable, the file is not
+                # (other checkpoints name it).
+                return f"file {rel} has {blob.stat().st_size} bytes, not {entry['size']}"
+            problem = f"file {rel} is corrupt (sha256 {digest[:12]}…)"
             # Removed, so the next checkpoint holding this content ships it again.
             self._checked.pop(entry["sha256"], None)
             blob.unlink(missing_ok=True)

@@ -251,3 +251,22 @@ def test_a_collection_at_once_spares_the_files_of_a_put_under_way(tmp_path: Path
     assert collected == [1]  # "other" only: "shared" is the put's, under way
     whole, _ = store.latest_whole("p", "agg")
     assert whole is not None and whole["batch"] == 2
+
+
+def test_a_manifest_giving_a_shared_file_another_size_is_refused_and_the_file_kept(
+    tmp_path: Path,
+) -> None:
+    # A node's manifest gave a commit file every PE's checkpoints share the wrong size: the
+    # file was removed, then could not be fetched whole again, and every checkpoint naming it
+    # failed its restore.
+    store = CentralStore(tmp_path / "store")
+    shared = {"commits/0": b"v1\n{}"}
+    store.put(manifest(0, shared), shared.__getitem__)
+    lying = {**manifest(1, shared), "element": "other"}
+    lying["files"]["commits/0"]["size"] = 99
+    with pytest.raises(TornCheckpoint, match="that content has 5"):
+        store.put(lying, lambda rel: b"junk")
+    whole, _ = store.latest_whole("p", "agg")
+    assert whole is not None and whole["batch"] == 0
+    assert store.verify(lying) == "file commits/0 has 5 bytes, not 99"
+    assert store.verify(manifest(0, shared)) is None  # (verify kept it too)
