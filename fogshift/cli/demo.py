@@ -17,7 +17,6 @@ from fogshift.spec.examples import example_path
 from fogshift.spec.loader import load_spec
 from fogshift.spec.models import PipelineSpec
 from fogshift.supervisor import cluster as cluster_ops
-from fogshift.supervisor.exceptions import NotUp
 from fogshift.verify.case1 import case1_parts
 from fogshift.verify.reference import Verdict, case1_reference, compare, read_sink
 
@@ -77,12 +76,14 @@ def run_demo(
         (check_twins if case == "twins" else check_ecg)(spec)
     nodes = sorted({e.node for e in spec.elements} | set(CASES[case][2]))
     started = False
-    try:
-        cluster_ops.load_cluster(home)
-    except NotUp:
+    if not cluster_ops.cluster_running(home):
+        # None, or one that died (its file left, as after a reboot): `up` starts it (what
+        # still ran of it stopped first, or what died of it started again). One of the
+        # user's, brought back, is left running.
+        existed = cluster_ops.cluster_file(home).exists()
         with console.status("starting fogshift") as status:
             cluster_ops.up(home, nodes, on_progress=lambda m: status.update(m))
-        started = True
+        started = not existed
     try:
         if case == "ecg":
             from fogshift.cli.demo_ecg import run_ecg  # scipy and the model: only for Case 2

@@ -802,7 +802,7 @@ def _migrate_keys(
             )
         for key in report.sent:
             console.print(
-                f"{key}: {report.origins.get(key)} -> {report.target_partition}, stopped "
+                f"{escape(key)}: {report.origins.get(key)} -> {report.target_partition}, stopped "
                 f"{report.stoppage_ms.get(key, float('nan')):.0f} ms"
             )
         if len(report.waves) > 1:
@@ -948,13 +948,24 @@ def restore(
     for attempt in report.attempts:
         console.print(f"[yellow]attempt on {attempt.node} failed[/]: {escape(attempt.error)}")
     if report.method == RestoreMethod.STANDBY:
+        live = (
+            f"live after {report.live_ms:.0f} ms" if report.live_ms is not None else "not live yet"
+        )
+        caught_up = (
+            f"then {report.intermediate_events} new in {report.intermediate_ms:.0f} ms"
+            if report.error is None
+            else "and has not caught up yet"
+        )
         console.print(
             f"[green]restored[/] {pipeline}/{element} on {report.target} (epoch "
-            f"{report.epoch}): its standby took over, live after {report.live_ms:.0f} ms; it "
-            f"re-derived {report.standby_lag_events} events without emitting, then "
-            f"{report.intermediate_events} new in {report.intermediate_ms:.0f} ms"
+            f"{report.epoch}): its standby took over, {live}; it re-derived "
+            f"{report.standby_lag_events} events without emitting, {caught_up}"
         )
+        if report.error is not None:  # (it runs; what it has not done yet is said)
+            console.print(f"[yellow]note[/]: {escape(report.error)}")
         return
+    if report.error is not None:
+        console.print(f"[yellow]note[/]: {escape(report.error)}")
     console.print(
         f"[green]restored[/] {pipeline}/{element} on {report.target} (epoch "
         f"{report.epoch}) from checkpoint {report.checkpoint} "

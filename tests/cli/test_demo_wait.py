@@ -49,3 +49,31 @@ def test_gives_up_when_the_input_stands_still() -> None:
     client = _Scripted([(0.0, 10), (0.0, 11)])
     assert not demo._input_moved_on(client, "p", killed_at, time.monotonic() + 0.3)
     assert client.round > 2
+
+
+def test_a_cluster_file_left_by_a_dead_cluster_is_brought_up_not_used(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a reboot the file names processes long gone: the demo took the cluster as up and
+    # failed with "the orchestrator cannot be reached".
+    from pathlib import Path
+
+    from fogshift.spec.examples import example_path
+    from fogshift.supervisor import cluster as cluster_ops
+    from fogshift.supervisor.cluster import ClusterFile, ProcessInfo, save_cluster, token_file
+
+    home = Path(str(tmp_path))
+    token_file(home).write_text("secret\n")
+    gone = ProcessInfo(pid=2**22 + 1, pgid=2**22 + 1, url="http://127.0.0.1:9")  # no such pid
+    save_cluster(home, ClusterFile(orchestrator=gone, broker=None, nodes={"cloud": gone},
+                                   broker_url="nats://127.0.0.1:9"))  # fmt: skip
+
+    class Up(Exception):
+        pass
+
+    def up(*args: object, **kwargs: object) -> None:
+        raise Up
+
+    monkeypatch.setattr(cluster_ops, "up", up)
+    with pytest.raises(Up):
+        demo.run_demo(home, example_path("case1") / "case1.yaml", 60, False, demo.Console())

@@ -263,6 +263,12 @@ def test_a_key_move_left_pending_names_its_waves_and_the_keys_left(
     assert "not moved (no wave for them): s4" in said
     assert "s2: aggregate-p0 -> aggregate-p1, stopped 30 ms" in said
     assert "no state yet for 1 keys (s3)" in said
+    # A key with brackets is printed as it is (read as markup, "[/x]" failed the command).
+    odd = pending.model_copy(update={"sent": ["a[/x]"], "stoppage_ms": {"a[/x]": 5.0},
+                                     "origins": {"a[/x]": "aggregate-p0"}})  # fmt: skip
+    use(monkeypatch, Client({}, odd.model_dump(mode="json")))
+    result = runner.invoke(cli.app, ["migrate", "p", "aggregate", *args])
+    assert result.exit_code == 1 and "a[/x]: aggregate-p0 -> aggregate-p1" in flat(result.stdout)
 
 
 @pytest.mark.parametrize(
@@ -307,6 +313,17 @@ def test_restore_shows_its_phases_and_json_output_is_unchanged(
     assert json.loads(result.stdout) == restored
     assert client.requests == [("POST", "/pipelines/p/elements/aggregate/restore")]
     assert shown == []
+    # A standby that took over and has not caught up yet: said so, with the reason (it
+    # printed "then 0 new in 0 ms" and left the reason out).
+    behind = RestoreReport(pipeline="p", element="aggregate", target="fog-b", epoch=2,
+                           method="standby", live_ms=None, standby_lag_events=4,
+                           error="no new output within 60 s").model_dump(mode="json")  # fmt: skip
+    use(monkeypatch, StandInClient({}, behind))
+    result = runner.invoke(cli.app, ["restore", "p", "aggregate"])
+    assert result.exit_code == 0, result.output
+    said = flat(result.stdout)
+    assert "not live yet" in said and "has not caught up yet" in said, said
+    assert "no new output within 60 s" in said
 
 
 # -- logs -----------------------------------------------------------------------------------
