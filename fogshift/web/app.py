@@ -650,11 +650,19 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         confirmed: Annotated[bool, Form()] = False,
     ) -> Response:
         if not confirmed:
-            element_of(name, element)
-            where = f"on {target}" if target else "on the best healthy node"
+            _, e = element_of(name, element)
+            standby = e.standby.node if e.standby is not None else None
+            if standby is not None and target in ("", standby):
+                # (What the restore does then: the standby is promoted, not a checkpoint
+                # installed; the page said "from its central checkpoint" either way.)
+                how = f"by promoting its hot standby on {standby}"
+            else:
+                how = "from its central checkpoint " + (
+                    f"on {target}" if target else "on the best healthy node"
+                )
             return page(request, "confirm.html", {
                 "title": f"Restore {element}?",
-                "question": f"Restore {name}/{element} from its central checkpoint {where}? "
+                "question": f"Restore {name}/{element} {how}? "
                             "Its current instance is fenced: it can never write again.",
                 "action": f"/pipelines/{name}/elements/{element}/restore",
                 "fields": {"target": target},

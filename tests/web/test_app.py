@@ -28,6 +28,7 @@ from fogshift.contracts import (
     PlanView,
     RestoreReport,
     RestoreStatus,
+    StandbyStatus,
     StreamEvent,
     TwinEntry,
     TwinState,
@@ -294,6 +295,25 @@ def test_an_action_asks_first_then_shows_its_report(
                         data={"target": "", "confirmed": "true"})  # fmt: skip
     assert "Restored." in restored.text and "on fog-c" in restored.text
     assert stand_in.actions[-1] == ("restore", "p", "pick", None)
+    # The confirmation says what the restore does: a PE with a hot standby has it promoted
+    # (it said "from its central checkpoint" whatever the PE had).
+    ask = web.post("/pipelines/p/elements/pick/restore", data={"target": ""})
+    assert "from its central checkpoint on the best healthy node?" in ask.text
+    real = stand_in.pipeline
+
+    def with_standby(name: str) -> PipelineStatus:
+        status = real(name)
+        standby = StandbyStatus(node="fog-b", epoch=4, state="running")
+        return status.model_copy(update={"elements": [
+            e.model_copy(update={"standby": standby}) if e.element == "pick" else e
+            for e in status.elements]})  # fmt: skip
+
+    stand_in.pipeline = with_standby  # type: ignore[method-assign]
+    ask = web.post("/pipelines/p/elements/pick/restore", data={"target": ""})
+    assert "by promoting its hot standby on fog-b?" in ask.text, ask.text
+    ask = web.post("/pipelines/p/elements/pick/restore", data={"target": "fog-c"})
+    assert "from its central checkpoint on fog-c?" in ask.text
+    assert "takes over" in web.get("/pipelines/p/elements/pick").text
 
 
 def test_a_failed_migration_shows_its_report_and_where_the_pe_runs(
