@@ -92,7 +92,14 @@ from fogshift.broker.naming import (
     stream_name,
 )
 from fogshift.broker.parts_ahead import PartsAhead
-from fogshift.broker.publish import Cut, Record, append_cut, next_cut, publish_records
+from fogshift.broker.publish import (
+    Cut,
+    Record,
+    append_cut,
+    check_epoch,
+    next_cut,
+    publish_records,
+)
 from fogshift.common.gate import read_gate
 from fogshift.events import ORIGIN_HEADER
 from fogshift.exceptions import InvariantViolation
@@ -1241,6 +1248,12 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
                     hint="only a movable partition's processor hands key states over",
                 )
             origin = self.origin
+            if not records:
+                # No record appended: nothing checked this instance's epoch (a fenced
+                # partition handed states over, which the targets took).
+                client.run(
+                    lambda js: check_epoch(js, self.pipeline, self.pe, self.epoch), timeout=60
+                )
             # After the batch's records: a moved key's last records here are stored before
             # the target can have its state, so before any record of the target's for it.
             client.run(lambda js: _send_states(js, self.pipeline, origin, states), timeout=300)

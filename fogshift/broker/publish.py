@@ -236,6 +236,19 @@ async def last_position(js: JetStreamContext, stream: str) -> tuple[int, tuple[i
     return tail.last_seq, tail.position, tail.epoch
 
 
+async def check_epoch(js: JetStreamContext, pipeline: str, pe: str, epoch: int) -> None:
+    """Refuse a writer of ``pe`` under ``epoch`` once a newer epoch took its output over (a
+    fence marker or a record under it): for what it sends besides records (key states),
+    which :func:`publish_records` does not check.
+
+    Raises:
+        Fenced: A newer epoch writes ``pe``'s output.
+    """
+    tail = await read_tail(js, stream_name(pipeline, pe))
+    if tail.epoch > epoch:
+        raise _fenced(pipeline, pe, epoch, tail.epoch)
+
+
 def _fenced(pipeline: str, pe: str, mine: int, seen: int) -> Fenced:
     return Fenced(
         f"{FENCED_TOKEN}: {pipeline}/{pe} runs under epoch {mine}, but epoch {seen} has "

@@ -8,6 +8,7 @@ import base64
 import itertools
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,3 +92,31 @@ def test_a_state_whose_message_id_another_partition_took_is_still_stored(
     )
     bodies = {m.seq: m.data for m in parts}
     assert joined_state([bodies[p] for p in states["large"].parts], states["large"].raw) == big
+
+
+def test_a_fenced_partition_hands_no_key_state_over(
+    js_client: SyncJetStream, tmp_path: Path
+) -> None:
+    # A batch of key states only (no record to append, whose append checks the epoch): a
+    # fenced instance's states were stored, and a target takes a move's first state.
+    import pyarrow as pa
+
+    from fogshift.broker.datasource import JetStreamWriter
+    from fogshift.broker.exceptions import Fenced
+    from fogshift.broker.publish import fence
+
+    pipeline = next(_pipelines)
+    for pe in ("src", "pe-p0"):
+        js_client.run(lambda j, pe=pe: ensure_pe_stream(j, pipeline, pe))
+    js_client.run(lambda j: fence(j, pipeline, "pe-p0", 3))  # restored elsewhere, under 3
+    broker = js_client.address.save(tmp_path / "broker.json")
+    writer = JetStreamWriter({"broker": str(broker), "pipeline": pipeline, "pe": "pe-p0",
+                              "epoch": "2", "partition": "pe:0:2"})  # fmt: skip
+    row = state_row("a", 1, 0, {"v": "1"})
+    batch = pa.RecordBatch.from_pylist(
+        [{"origin": row.origin, "idx": row.index, "seq": row.seq, "timestamp": row.timestamp,
+          "creator": row.creator, "body": row.body, "dead": None}]
+    )  # fmt: skip
+    with pytest.raises(Fenced):
+        writer.write(iter([batch]))
+    assert stored(js_client, pipeline) == []
