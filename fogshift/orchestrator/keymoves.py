@@ -733,6 +733,11 @@ class KeyMoves(Standbys):
         stream = stream_name(pipeline, source)
         data, keys = data_subject(pipeline, source), keys_subject(pipeline, source)
         move_id = uuid.uuid4().hex[:12]
+        # Who owns what changes only by moves, which only this orchestrator appends (under
+        # the element's lock): replayed again only when a look finds one, not at every try
+        # (the whole history of moves between a look and the append: on a busy input with
+        # many moves behind it, some event always came meanwhile, and every try failed).
+        owners: Ownership | None = None
         for _ in range(APPEND_TRIES):
 
             async def look(js: Any, start: int = scanned) -> tuple[int, list[Any]]:
@@ -750,6 +755,9 @@ class KeyMoves(Standbys):
                                         message.data)  # fmt: skip
                     if isinstance(item, KeyMove) and item.element == element_id:
                         held.update(item.keys)
+                        owners = None
+                    elif isinstance(item, KeyCopy) and item.element == element_id:
+                        owners = None
                     elif isinstance(item, KeyState) and item.element == element_id:
                         held.add(item.key)
                     continue
@@ -757,7 +765,8 @@ class KeyMoves(Standbys):
                 if key is not None:
                     held.add(key)
             scanned = end
-            owners = self._owners(pipeline, source, element_id, first.first_count)
+            if owners is None:
+                owners = self._owners(pipeline, source, element_id, first.first_count)
             move = make(owners, held, move_id)
             payload = move.payload()
             if len(payload) > MAX_RECORD_BYTES:

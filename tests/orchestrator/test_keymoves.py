@@ -235,3 +235,37 @@ def test_a_scale_back_after_waves_to_an_added_partition_rescales_first() -> None
     assert not _rescaled_to(owners, 2)
     owners.apply(KeyMove(40, "r2", "agg", (), -1, count=3))
     assert _rescaled_to(owners, 3) and not _rescaled_to(owners, 2)
+
+
+def test_a_listed_move_replays_the_moves_once_not_at_every_try() -> None:
+    """Each try replayed every move stored so far between its look and its append: on a
+    busy input with a long history of moves some event always came in between, and a scale
+    or key group gave up after its tries."""
+    from fogshift.orchestrator.scaling import _rescale
+
+    class Busy(KeyMoves):
+        def __init__(self) -> None:
+            self.replays = 0
+            self.appends = 0
+            self.broker = SimpleNamespace(run=self.run)
+
+        def _owners(self, pipeline: str, source: str, element_id: str, count: int) -> Ownership:
+            self.replays += 1
+            return Ownership(count)
+
+        def run(self, make: Any, timeout: float = 30) -> Any:
+            name = make.__name__
+            if name == "look":  # the input grew since the last look: one more event
+                return 10 + self.appends, []
+            self.appends += 1
+            return None if self.appends < 5 else 99  # the first four appends came too late
+
+    first = SimpleNamespace(first_count=2)
+    parts: Any = [SimpleNamespace(id=f"agg-p{i}", key_by="k", partition=first) for i in (0, 1)]
+    busy = Busy()
+    move, at, _ = busy._append_listed(  # a rescale to 3 partitions
+        "p", "agg", parts, "in", lambda owners, held, m: _rescale("agg", 3, owners, held, m),
+        "scale", ({"a", "b"}, 0),
+    )  # fmt: skip
+    assert at == 99 and busy.appends == 5 and move.count == 3
+    assert busy.replays == 1
