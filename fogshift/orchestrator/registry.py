@@ -22,6 +22,7 @@ The routing change of an operation is recorded in the same transaction as the pl
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -34,8 +35,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fogshift.common.text import one_line
 from fogshift.contracts import Heartbeat, OperationKind, OperationRecord, PipelineState
 from fogshift.spec.models import ElementSpec, PipelineSpec
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pipelines (
@@ -379,10 +383,16 @@ class Registry:
                     "SELECT element, node FROM placements WHERE pipeline = ?", (name,)
                 ).fetchall()
             )
-        return PipelineRecord(
-            PipelineSpec.model_validate_json(row[0]), PipelineState(row[1]), placement,
-            float(row[2] or 0.0),
-        )  # fmt: skip
+        try:
+            spec = PipelineSpec.model_validate_json(row[0])
+        except ValidationError as exc:
+            # A spec an older fogshift accepted and this one refuses (stricter checks): as if
+            # absent, so that the name can be deployed again; a 500 for every request that
+            # reads the registry before.
+            log.error("pipeline %r: its stored spec is no longer valid, so it is left out "
+                      "(deploy it again): %s", name, one_line(str(exc))[:500])  # fmt: skip
+            return None
+        return PipelineRecord(spec, PipelineState(row[1]), placement, float(row[2] or 0.0))
 
     def pipelines(self) -> list[PipelineRecord]:
         with self._lock:

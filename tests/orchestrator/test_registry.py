@@ -175,3 +175,21 @@ def test_a_migration_keeps_the_standby_of_the_pe_it_moves(
     assert registry.epoch("p", "source") == 1
     standby = registry.standby("p", "source")
     assert standby is not None and standby.epoch == 2
+
+
+def test_a_stored_spec_this_version_refuses_is_left_out_not_a_500_everywhere(
+    registry: Registry, tmp_path: Path
+) -> None:
+    # Stored by an older fogshift, refused by this one (stricter checks): every read of the
+    # registry raised, so every request of every pipeline (and the reconciler) failed.
+    registry.put_pipeline(spec(tmp_path), "running")
+    other = spec(tmp_path).model_copy(update={"pipeline": "q"})
+    registry.put_pipeline(other, "running")
+    registry._db.execute(
+        """UPDATE pipelines SET spec = replace(spec, '"source"', '"bad name"')
+           WHERE name = 'p'"""
+    )
+    assert registry.get_pipeline("p") is None
+    assert [r.name for r in registry.pipelines()] == ["q"]
+    registry.put_pipeline(spec(tmp_path), "running")  # deployed again: read back whole
+    assert registry.get_pipeline("p") is not None
