@@ -466,3 +466,12 @@ def test_the_ecg_bench_flags_a_patient_the_reference_does_not_know() -> None:
     assert ecg._compare(mine, reference) == []
     stranger = [*mine, {"body": {"patient": "p99", "samples": [5.0]}}]
     assert ecg._compare(stranger, reference) == ["patients ['p01', 'p99'], expected ['p01']"]
+
+
+def test_e1_total_counts_every_phase_a_handover_ran() -> None:
+    from fogshift.bench.e1 import phases_total
+
+    handover = {"phases_ms": {"prepare": 1000.0, "follow": 400.0, "fence": 200.0,
+                              "invoke": 10.0, "finalize": 50.0}}  # fmt: skip
+    assert phases_total(handover) == 1660.0
+    assert phases_total({"phases_ms": {}}) is None

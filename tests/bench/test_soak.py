@@ -365,3 +365,25 @@ def _running_under(home: Path) -> bool:
         if proc.info["pid"] != os.getpid() and str(home) in " ".join(proc.info["cmdline"] or ()):
             return True
     return False
+
+
+def test_a_soak_is_error_free_only_if_every_pipeline_is_consistent() -> None:
+    # Rows in another order: nothing lost, duplicated or wrong by the counts, but the
+    # verdict inconsistent. The soak exited 0 with results.md saying INCONSISTENT.
+    tally = soak.tally({1: 1.0, 2: 2.0, 3: 3.0}, [(2, 2.0), (1, 1.0), (3, 3.0)], soak._close)
+    reordered = soak._pipeline_verdict("case1", 3, tally, False, ["reordered"])
+    assert (reordered["lost"], reordered["duplicated"], reordered["wrong"]) == (0, 0, 0)
+    assert soak.zero_errors({"case1": reordered}) is False
+    clean = soak._pipeline_verdict("case1", 3, tally, True, [])
+    assert soak.zero_errors({"case1": clean}) is True
+    assert soak.zero_errors({}) is False
+
+
+def test_a_killed_node_that_hosted_nothing_is_no_zero_recovery_time() -> None:
+    row = {field: "" for field in soak.OP_FIELDS}
+    rows = [
+        {**row, "op": "kill-node", "mode": "none", "recovered_ms": "0", "outcome": "ok"},
+        {**row, "op": "kill-node", "mode": "auto", "recovered_ms": "20000", "outcome": "ok"},
+    ]
+    line = next(x for x in soak._durations(rows) if "its PEs run elsewhere" in x)
+    assert line.split("|")[3:5] == [" 1 ", " 20,000 "], line
