@@ -73,3 +73,39 @@ def test_a_window_that_is_not_one_is_a_dead_letter_and_changes_nothing() -> None
     classify = Classify.build({}, "classify", None)
     classify.on_assign()
     assert classify.process(Event(1, 0.0, "x", good)) is None  # no beats yet: no alarm
+
+
+def test_a_window_at_another_rate_or_without_a_probability_changes_no_twin() -> None:
+    # Beats are counted in samples: a window at 500 Hz after forty at 250 Hz read a normal
+    # 75 bpm as 150 bpm and raised an alarm; a probability that is not a number counted as
+    # a normal window. Each is a dead letter now, the twin as before it.
+    from types import SimpleNamespace
+
+    classify = Classify.build({"confirm": 1}, "classify", None)
+    classify.on_assign()
+    pulse = np.zeros(40 * 125)
+    pulse[::200] = 1.0  # a beat every 0.8 s at 250 Hz: 75 bpm
+    for w in range(40):
+        body = {"patient": "p01", "t": w * 0.5, "fs": 250,
+                "samples": pulse[w * 125 : (w + 1) * 125].tolist()}  # fmt: skip
+        assert classify.process(Event(w + 1, 0.0, "x", body)) is None  # normal: no alarm
+    before = classify.snapshot()
+    faster = {"patient": "p01", "t": 20.0, "fs": 500, "samples": [0.0] * 125}
+    outputs, reasons = through(classify, [faster])
+    assert outputs == [] and "come at 250.0 Hz; this one at 500.0 Hz" in reasons[0]
+    assert classify.snapshot() == before
+    classify.model = SimpleNamespace(abnormal=lambda found: float("nan"))  # type: ignore[assignment]
+    same = {"patient": "p01", "t": 20.0, "fs": 250, "samples": pulse[:125].tolist()}
+    outputs, reasons = through(classify, [same])
+    assert outputs == [] and "give no probability" in reasons[0]
+    assert classify.snapshot() == before
+
+
+def test_the_reference_places_an_alarm_where_the_classifier_does() -> None:
+    from fogshift.verify.case2 import alarm_time
+
+    fs, window = 256, 154  # 0.6 s windows
+    for w in range(199):
+        start = round(w * window / fs, 6)  # what the source sends as the window's t
+        assert alarm_time(w, window, fs) == round(start + window / fs, 3), w  # Classify's
+    assert alarm_time(7, window, fs) == 4.813  # (4.812 before)

@@ -103,11 +103,22 @@ class Classify(Processor):
     def process(self, event: Event) -> dict[str, Any] | None:
         opts: ClassifyOptions = self.config
         patient, t, fs, samples = _window(event)
-        self.rhythm = beats.step(self.rhythm, samples, fs)
-        found = beats.features(self.rhythm, fs)
-        if found is None:
+        known = self.rhythm.get("fs")
+        if known is not None and known != fs:
+            # Beats are counted in samples: taken at another rate, the heart rate read as
+            # that much faster or slower (an alarm of a normal rhythm).
+            raise DeadLetter(
+                f"patient {patient!r}'s windows come at {known} Hz; this one at {fs} Hz"
+            )
+        rhythm = {**beats.step(self.rhythm, samples, fs), "fs": fs}
+        found = beats.features(rhythm, fs)
+        p = self.model.abnormal(found) if found is not None else None
+        if p is not None and not math.isfinite(p):
+            # (Checked before the state changes: a NaN counted as a normal window.)
+            raise DeadLetter(f"the rhythm's features {found} give no probability ({p})")
+        self.rhythm = rhythm
+        if found is None or p is None:
             return None
-        p = self.model.abnormal(found)
         abnormal = bool(p >= opts.threshold)  # state holds JSON values, not numpy's
         if abnormal:
             self.streak = self.streak + 1 if self.streak > 0 else 1
