@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import psutil
 
@@ -23,11 +24,23 @@ def alive(pid: int) -> bool:
 
 
 def started_at(pid: int) -> float | None:
-    """When process ``pid`` started (seconds since the epoch, psutil's ``create_time``), or
-    ``None`` if it is gone."""
+    """When process ``pid`` started, in clock ticks since the machine booted (the kernel's
+    ``starttime``, ``/proc/<pid>/stat``), or ``None`` if it is gone.
+
+    Ticks since boot, not a time of day: psutil's ``create_time`` adds the boot time, which
+    it reads again each call and which moves when the wall clock is stepped (NTP, a resumed
+    VM), so every process would have looked like another after a step.
+    """
     try:
-        return round(psutil.Process(pid).create_time(), 2)
-    except psutil.NoSuchProcess:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The fields after the command's name (in parentheses, and which may hold anything);
+    # starttime is the stat file's 22nd field, the 20th after the name.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    try:
+        return float(fields[19])
+    except (IndexError, ValueError):
         return None
 
 

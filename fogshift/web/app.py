@@ -232,7 +232,12 @@ class DashboardConfig:
 
 def _finite(value: object) -> bool:
     """Whether ``value`` is a finite number (not a bool, not a text)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer beyond a float's range (a 500 before)
+        return False
 
 
 def create_app(orchestrator: Orchestrator, sessions: Sessions, config: DashboardConfig) -> FastAPI:

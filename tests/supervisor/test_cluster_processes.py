@@ -109,3 +109,21 @@ def test_up_refuses_a_host_it_cannot_listen_on_before_starting_anything(
         cluster_ops.up(tmp_path, ["fog-a"], host=host)
     assert caught.value.message == f"cannot listen on host {host!r}"
     assert caught.value.expected and caught.value.hint
+
+
+def test_a_process_is_still_itself_after_the_wall_clock_is_stepped(
+    sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # psutil's create_time adds the boot time, read again at each call from the wall clock:
+    # after a step (NTP, a resumed VM) every recorded service looked like another process,
+    # `down` left them all running and `up` started a second cluster beside them.
+    import psutil
+
+    ours = ProcessInfo.of(sleeper.pid)
+    assert ours.runs() and not ours.foreign()
+    booted = psutil.boot_time()
+    monkeypatch.setattr(psutil, "boot_time", lambda: booted + 1.0)
+    import psutil._pslinux as linux
+
+    monkeypatch.setattr(linux, "boot_time", lambda: booted + 1.0)
+    assert ours.runs() and not ours.foreign()

@@ -50,7 +50,9 @@ class StandIn:
     def __init__(self) -> None:
         self.actions: list[tuple[Any, ...]] = []
         self.refuse: FogshiftError | None = None
-        self.fail_last = False  # a group migration whose last PE fails (and is rolled back)
+        #: A group migration whose last PE fails (and is rolled back); "no report": it
+        #: failed before its migration had one.
+        self.fail_last: bool | str = False
         self.reason = "processor 'pick' raised KeyError: 'value'"
 
     def pipelines(self) -> list[PipelineStatus]:
@@ -160,7 +162,10 @@ class StandIn:
         moved = [self.migrate(name, e, target, mode) for e in elements]
         self.actions[-len(elements) :] = []  # one action: the group
         status, undone, error = GroupMigrationStatus.MIGRATED, [], None
-        if self.fail_last:
+        if self.fail_last == "no report":  # the last PE failed before it had a report
+            moved = moved[:-1]
+            status, error = GroupMigrationStatus.ROLLED_BACK, f"{elements[-1]}: busy"
+        elif self.fail_last:
             moved[-1] = moved[-1].model_copy(
                 update={
                     "status": MigrationStatus.FAILED,
@@ -445,6 +450,15 @@ def test_a_group_whose_last_pe_fails_shows_the_moves_back(
     assert "pick, moved back" in text and "Migration fog-b → fog-a" in text
     # Where each runs now: back where they were.
     assert '<th scope="row">pick</th><td class="node">fog-a</td>' in text
+    # A PE that failed before its migration had a report: the page named the last PE that
+    # moved (pick), or answered 500 when none had.
+    stand_in.fail_last = "no report"
+    for elements in (["pick", "src"], ["src"]):
+        answer = web.post("/pipelines/p/migrate", data={
+            "elements": elements, "target": "fog-b", "mode": "literal", "confirmed": "true",
+        })  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        assert "Rolled back: src could not move" in answer.text.replace("&#39;", "'")
 
 
 def test_a_refused_group_changes_nothing_and_says_why(
