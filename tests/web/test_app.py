@@ -120,12 +120,13 @@ class StandIn:
             bodies = [{"patient": who, "t": w / 2, "fs": 4, "samples": [w + 0.0, w + 0.5]}
                       for w in range(60) for who in ("p01", "p02")]  # fmt: skip
             if self.malformed:  # a custom stage's windows the chart cannot place
-                odd = [{"t": 0.0, "fs": 0}, {"t": "soon", "fs": 4}]
+                odd = [{"t": 0.0, "fs": 0}, {"t": "soon", "fs": 4}, {"t": 1.0, "fs": 10**400}]
                 bodies[:0] = [{"patient": "p02", "samples": [1.0], **o} for o in odd]
         else:
             bodies = [{"patient": "p02", "t": 12.5, "class": "abnormal", "confidence": 0.93}]
             if self.malformed:  # alarms a custom classifier emitted without a time
                 bodies[:0] = [{"patient": "p02", "t": "12.5", "class": "x"},
+                              {"patient": "p02", "t": 10**400, "class": "w"},
                               {"patient": "p02", "class": "y"},
                               {"patient": "p02", "t": float("nan"), "class": "z"}]  # fmt: skip
         chosen = [b for b in bodies if key is None or b["patient"] == key][-tail:]
