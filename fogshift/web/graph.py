@@ -59,8 +59,10 @@ class Layout:
 
 
 def lag(element: ElementStatus, by_id: dict[str, ElementStatus]) -> int | None:
-    """Events its inputs emitted that it has not read yet (``None`` for a source)."""
-    if not element.inputs:
+    """Events its inputs emitted that it has not read yet (``None`` for a source, and for a
+    partition of a partitioned PE, which reads only its keys' share of them: its input's
+    count less its own grew without end)."""
+    if not element.inputs or element.partition_of is not None:
         return None
     offered = sum(by_id[i].events_out for i in element.inputs if i in by_id)
     return max(offered - element.events_in, 0)

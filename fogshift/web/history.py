@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from fogshift.contracts import ElementStatus, HopLatency, NodeView, PipelineStatus
@@ -79,15 +79,19 @@ class History:
         # Per PE: (poll time, output seq, latency ms), one entry per newer output seen.
         self._latency: dict[tuple[str, str], deque[tuple[float, int, float]]] = {}
         self._marks: deque[Mark] = deque()
+        #: Each PE's newest output seen by :meth:`record_latency` (kept past the window).
+        self._seen_seq: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
     def record(self, snapshot: Snapshot) -> None:
-        """Add one poll; find what changed since the previous one. A poll older than the
-        latest (two polls overlapped) is dropped: samples stay in time order."""
+        """Add one poll; find what changed since the previous one. A poll stamped no later
+        than the one before (the wall clock was set back) is taken at a moment after it:
+        samples stay in time order, and the pages show it (dropped, the overview froze on
+        the poll before, with no warning, until the clock caught up)."""
         with self._lock:
             previous = self.latest
             if previous is not None and snapshot.t <= previous.t:
-                return
+                snapshot = replace(snapshot, t=previous.t + 1e-3)
             self.latest = snapshot
             if previous is not None:
                 self._marks.extend(_changes(previous, snapshot))
@@ -96,12 +100,16 @@ class History:
                     samples = self._samples.setdefault((status.pipeline, e.element), deque())
                     samples.append(_sample(snapshot.t, e))
             horizon = snapshot.t - self.window_s
-            for samples in self._samples.values():
+            for key, samples in list(self._samples.items()):
                 while samples and samples[0].t < horizon:
                     samples.popleft()
-            for points in self._latency.values():
+                if not samples:  # a PE gone (a partition retired): not a legend entry forever
+                    del self._samples[key]
+            for key, points in list(self._latency.items()):
                 while points and points[0][0] < horizon:
                     points.popleft()
+                if not points:
+                    del self._latency[key]
             while self._marks and self._marks[0].t < horizon:
                 self._marks.popleft()
 
@@ -111,10 +119,13 @@ class History:
         latency: the chart shows a gap rather than a repeated value)."""
         with self._lock:
             for hop in hops:
-                points = self._latency.setdefault((pipeline, hop.element), deque())
-                if points and points[-1][1] >= hop.seq:
+                key = (pipeline, hop.element)
+                # (The newest seq apart from the points: once the window pruned them, an old
+                # output came back as a new point every window.)
+                if self._seen_seq.get(key, -1) >= hop.seq:
                     continue
-                points.append((t, hop.seq, hop.latency_ms))
+                self._seen_seq[key] = hop.seq
+                self._latency.setdefault(key, deque()).append((t, hop.seq, hop.latency_ms))
 
     def latency(self, pipeline: str, element: str) -> float | None:
         """The newest per-hop latency (ms) of the PE in the window, if any."""

@@ -41,6 +41,13 @@ def test_lag_is_what_the_inputs_offered_and_was_not_read() -> None:
     assert lag(by_id["merge"], by_id) == 70 + 50 - 100
     assert lag(by_id["sink"], by_id) == 95 - 90
     assert lag(by_id["a"], by_id) is None  # a source reads no stream
+    # A partition reads only its keys' share of its input: no lag of its own to tell (it
+    # showed half the input's events as lag, growing without end).
+    band = element("band", "fog-a", [], out=1000)
+    parts = [element(f"cls-p{k}", "fog-a", ["band"], events_in=500, partition_of="cls",
+                     partition=k, partitions=2) for k in (0, 1)]  # fmt: skip
+    shared = {e.element: e for e in (band, *parts)}
+    assert [lag(p, shared) for p in parts] == [None, None]
 
 
 def test_a_lane_per_node_boxes_in_their_column_and_an_edge_per_stream() -> None:

@@ -113,3 +113,32 @@ def test_the_sampler_asks_each_running_pipeline_for_its_latency() -> None:
     sampler.poll()
     assert asked == ["p", "p"]  # not the stopped one
     assert history.latency("p", "pe") == 200.0
+
+
+def test_an_old_latency_does_not_come_back_once_the_window_pruned_it() -> None:
+    # The newest output never changed: its latency returned as a new point every window, and
+    # a PE that emitted nothing for minutes showed a latency.
+    history = History(window_s=60)
+    for t in range(200):
+        history.record(snap(100.0 + t, out=6))
+        history.record_latency(100.0 + t, "p", [hop(6, 345.6)])
+    assert history.latency("p", "pe") is None
+    points = [v for v in history.series("p")["latency"].get("pe", []) if v is not None]
+    assert points == []
+
+
+def test_a_poll_after_the_clock_went_back_is_taken_and_a_gone_pe_leaves_the_legend() -> None:
+    history = History(window_s=60)
+    history.record(snap(1000.0, out=5))
+    # The wall clock set back 100 s; the PE moved to fog-b and fog-b was lost meanwhile.
+    history.record(snap(900.0, out=9, where="fog-b", fog_b=False))
+    latest = history.latest
+    assert latest is not None and latest.t > 1000.0  # taken, after the one before
+    assert latest.pipelines[0].elements[0].node == "fog-b"
+    assert not next(n for n in latest.nodes if n.name == "fog-b").healthy
+    # A PE no poll names any more (a retired partition) leaves the chart after the window.
+    gone = PipelineStatus(pipeline="p", status=PipelineState.RUNNING,
+                          elements=[element("other", "fog-a", [], out=1)])  # fmt: skip
+    for k in range(1, 80):
+        history.record(Snapshot(1000.0 + k, [gone], [node("fog-a")]))
+    assert set(history.series("p")["rates"]) == {"other"}
