@@ -178,7 +178,17 @@ def load_cluster(home: Path) -> tuple[ClusterFile, str]:
             f"no fogshift cluster is up under {str(home)!r}",
             hint="run `fogshift up` (or pass the --home it was started with)",
         )
-    return read_cluster(path), token_file(home).read_text().strip()
+    cluster = read_cluster(path)
+    try:
+        token = token_file(home).read_text().strip()
+    except OSError as exc:  # (a traceback before: e.g. a root cluster's 0600 token)
+        raise InvalidInput(
+            f"cannot read the operator token of the cluster under {str(home)!r}",
+            expected=f"a token file {str(token_file(home))!r} this user may read",
+            received=f"{type(exc).__name__}: {exc.strerror or exc}",
+            hint="run the command as the user who ran `fogshift up` (root for --isolate)",
+        ) from None
+    return cluster, token
 
 
 def read_cluster(path: Path) -> ClusterFile:

@@ -94,3 +94,14 @@ def test_an_unreadable_file_is_the_same_clear_error(home: Path) -> None:
 def test_no_file_still_means_no_cluster(home: Path) -> None:
     with pytest.raises(NotUp):
         load_cluster(home)
+
+
+def test_a_token_this_user_cannot_read_is_a_refusal_not_a_traceback(home: Path) -> None:
+    # `sudo fogshift up --isolate`, then `fogshift net show` as an ordinary user: the 0600
+    # token raised PermissionError through the CLI.
+    save_cluster(home, a_cluster())
+    token_file(home).unlink()
+    token_file(home).mkdir()  # unreadable as a file, whoever runs the test (root too)
+    with pytest.raises(InvalidInput) as caught:
+        load_cluster(home)
+    assert "operator token" in caught.value.message and caught.value.hint
