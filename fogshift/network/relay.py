@@ -49,6 +49,22 @@ CHUNK_BYTES = 64 * 1024
 #: Bytes a direction may hold before it stops reading from its source: the "link" can
 #: carry at most this much in flight, i.e. at most BUFFER_BYTES / delay bytes per second.
 BUFFER_BYTES = 16 * 1024 * 1024
+
+
+def buffer_bytes_for(profile: LinkProfile) -> int:
+    """What a direction of a relay in front of a link of ``profile`` may hold: the link's
+    bandwidth times its longest delay (mean + 3 sd) and 0.1 s, between four chunks and
+    :data:`BUFFER_BYTES`. Behind a limited link, 16 MiB queued in front of ``tbf`` hid the
+    bottleneck from the sender (no backpressure for 134 s at 1 Mbit/s: uploads "sent" long
+    before the link carried them, replies waiting behind the backlog); without a limit, the
+    delay alone is the link, and :data:`BUFFER_BYTES` of it are in flight at most."""
+    bps = profile.bandwidth_bps
+    if bps is None:
+        return BUFFER_BYTES
+    longest_s = (profile.mean_ms + 3 * profile.sd_ms) / 1000 + 0.1
+    return max(4 * CHUNK_BYTES, min(BUFFER_BYTES, int(bps / 8 * longest_s)))
+
+
 CLONE_NEWNET = 0x40000000
 
 

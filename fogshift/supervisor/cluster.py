@@ -50,7 +50,13 @@ from fogshift.network.namespaces import (
     require_support,
     set_link,
 )
-from fogshift.network.relay import EchoSpec, RelayConfig, Route, spawn_relay
+from fogshift.network.relay import (
+    EchoSpec,
+    RelayConfig,
+    Route,
+    buffer_bytes_for,
+    spawn_relay,
+)
 from fogshift.network.rtt import RttReport, measure_rtt
 from fogshift.orchestrator.planning import FogTopology
 from fogshift.supervisor.exceptions import AlreadyUp, NotUp
@@ -382,6 +388,7 @@ def start_isolated_node(
     orchestrator_host, orchestrator_port = _host_port(orchestrator_url, 80)
     config = RelayConfig(
         profile=link.profile,
+        buffer_bytes=buffer_bytes_for(link.profile),
         routes=[
             Route(name="broker", listen_host=link.host_ip, target_host=broker_host,
                   target_port=broker_port),

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -200,3 +201,37 @@ def test_closing_the_relay_frees_its_port_and_drops_connections(echo_server: Ser
     assert gone
     with pytest.raises(OSError):
         socket.create_connection(relay.addresses["test"], timeout=5)
+
+
+def test_a_limited_links_relay_holds_about_what_the_link_carries_in_its_delay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 16 MiB queued in front of a 1 Mbit/s tbf: the sender saw no backpressure for 134 s.
+    from types import SimpleNamespace
+
+    from fogshift.broker.client import BrokerAddress
+    from fogshift.network.links import LinkProfile
+    from fogshift.network.links import parse_link_profile as parse_profile
+    from fogshift.network.relay import BUFFER_BYTES, CHUNK_BYTES, buffer_bytes_for
+    from fogshift.supervisor import cluster as cluster_ops
+
+    assert buffer_bytes_for(LinkProfile()) == BUFFER_BYTES  # the delay alone is the link
+    assert buffer_bytes_for(parse_profile("1mbit")) == 4 * CHUNK_BYTES
+    n500 = parse_profile("10mbit,n500")  # 500 ± 50 ms: 1.25 MB/s for 0.75 s
+    assert buffer_bytes_for(n500) == int(10_000_000 / 8 * 0.75)
+    made: list[object] = []
+
+    class Spawned(Exception):
+        pass
+
+    def spawn_relay(config: object, *args: object) -> None:
+        made.append(config)
+        raise Spawned
+
+    monkeypatch.setattr(cluster_ops, "spawn_relay", spawn_relay)
+    link = SimpleNamespace(node="fog-a", profile=parse_profile("1mbit"), host_ip="10.1.0.1",
+                           ns_ip="10.1.0.2", namespace="fsx", host_if="fsx0h")  # fmt: skip
+    broker = BrokerAddress("nats://127.0.0.1:4222")
+    with pytest.raises(Spawned):
+        cluster_ops.start_isolated_node(tmp_path, link, "http://127.0.0.1:1", broker)  # type: ignore[arg-type]
+    assert [c.buffer_bytes for c in made] == [4 * CHUNK_BYTES]  # type: ignore[attr-defined]
