@@ -6,12 +6,13 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -116,6 +117,19 @@ class HostedElement:
         return (self.plan.pipeline, self.plan.element.id)
 
 
+#: The agent's exit code when its Spark JVM is gone.
+JVM_GONE_EXIT = 70
+
+
+def jvm_exit_code() -> int | None:
+    """The exit code of this process's Spark driver JVM if it has exited; ``None`` while it
+    runs (or if pyspark did not start it: no gateway, or one it did not launch)."""
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    return proc.poll() if proc is not None else None
+
+
 class NodeRuntime:
     """Owns the node's SparkSession and the queries of its PEs.
 
@@ -128,6 +142,8 @@ class NodeRuntime:
         self.spark_error: str | None = None
         self._elements: dict[tuple[str, str], HostedElement] = {}
         self._lock = threading.RLock()
+        #: How the agent stops when its Spark JVM is gone (see :meth:`_monitor_round`).
+        self._exit: Callable[[int], object] = os._exit
         #: One checkpoint install at a time per PE (see :meth:`_installing`).
         self._install_locks: dict[tuple[str, str], threading.Lock] = {}
         self._stop = threading.Event()
@@ -753,13 +769,27 @@ class NodeRuntime:
 
     def _monitor(self) -> None:
         while not self._stop.wait(1.0):
-            with self._lock:
-                self._count_queued()
-                for hosted in list(self._elements.values()):
-                    try:
-                        self._check(hosted)
-                    except Exception:  # the monitor must survive any one PE's trouble
-                        log.exception("monitor failed on %s", hosted.plan.query_name)
+            self._monitor_round()
+
+    def _monitor_round(self) -> None:
+        """One look at every PE; first, whether the node's Spark JVM still runs.
+
+        A JVM that exited (killed for memory, crashed) leaves the agent answering and its
+        PEs "running" in every heartbeat, while no query runs: nothing would ever restore
+        them. The agent stops then (fail-stop): the node goes silent, its PEs are restored
+        elsewhere, and `fogshift up` starts it again."""
+        if self.spark is not None and (code := jvm_exit_code()) is not None:
+            log.critical("the node's Spark JVM exited (code %s): the agent stops, so that its "
+                         "PEs are restored elsewhere", code)  # fmt: skip
+            self._exit(JVM_GONE_EXIT)
+            return
+        with self._lock:
+            self._count_queued()
+            for hosted in list(self._elements.values()):
+                try:
+                    self._check(hosted)
+                except Exception:  # the monitor must survive any one PE's trouble
+                    log.exception("monitor failed on %s", hosted.plan.query_name)
 
     def _count_queued(self) -> None:
         """Count the progress reports Spark has queued since the last call (under the lock):

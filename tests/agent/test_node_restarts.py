@@ -324,3 +324,20 @@ def test_a_start_whose_checkpoint_location_cannot_be_opened_fails_and_is_retried
     )
     run_monitor(runtime, h, rounds=1)
     assert started == ["yes"] and h.state == "running"
+
+
+def test_an_agent_whose_spark_jvm_exited_stops_so_that_its_pes_are_restored(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The JVM killed for memory: the agent answered, its heartbeats said every PE ran, and
+    # nothing was ever restored.
+    # No gateway of pyspark's in this process (as in the unit tests): nothing to judge.
+    assert node.jvm_exit_code() is None
+    exits: list[int] = []
+    runtime._exit = exits.append  # type: ignore[method-assign]
+    monkeypatch.setattr(node, "jvm_exit_code", lambda: None)
+    runtime._monitor_round()
+    assert exits == []
+    monkeypatch.setattr(node, "jvm_exit_code", lambda: 137)
+    runtime._monitor_round()
+    assert exits == [node.JVM_GONE_EXIT]
