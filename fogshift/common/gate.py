@@ -38,7 +38,10 @@ def write_gate(gate: str | Path, mode: str, limit: dict[str, Any] | None = None)
     nonce = uuid.uuid4().hex
     target = Path(gate)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
+    # A temporary file of this write's own: two writes at once (a standby's cap requests
+    # that timed out, then ran when its node thawed) shared one, the shorter text landing
+    # over the longer, and the torn gate read as open.
+    tmp = target.with_name(f".{target.name}.{nonce}.tmp")
     tmp.write_text(json.dumps({"mode": mode, "limit": limit, "nonce": nonce}))
     tmp.replace(target)
     return nonce
