@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import hashlib
 import io
 import json
 import os
@@ -40,6 +41,7 @@ import runpy
 import select
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -85,7 +87,21 @@ def socket_path(folder: Path) -> Path:
     candidate = folder / "zygote" / "socket"
     if len(str(candidate)) <= _MAX_PATH:
         return candidate
-    return Path(tempfile.mkdtemp(prefix="fogshift-zygote-")) / "socket"
+    # One per folder, the same at every start (a new one at each start of the agent left a
+    # folder in the temp dir, and a worker script named after it in the node's, for good);
+    # another user's folder of that name is not taken (they could answer for the zygote).
+    digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+    stable = Path(tempfile.gettempdir()) / f"fogshift-zygote-{digest}"
+    try:
+        stable.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="fogshift-zygote-")) / "socket"
+    info = stable.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        return Path(tempfile.mkdtemp(prefix="fogshift-zygote-")) / "socket"
+    return stable / "socket"
 
 
 def start(path: Path) -> subprocess.Popen[bytes]:

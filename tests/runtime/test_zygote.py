@@ -185,3 +185,18 @@ def test_spark_starting_its_daemon_gets_one_forked_from_the_zygote(tmp_path: Pat
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_deep_folders_socket_is_the_same_at_every_start(tmp_path: Path) -> None:
+    # Too deep for a socket's path: a new temp folder at every agent start (and a worker
+    # script named after it), left for good.
+    import tempfile
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    before = {p.name for p in Path(tempfile.gettempdir()).glob("fogshift-zygote-*")}
+    first, again = zygote.socket_path(deep), zygote.socket_path(deep)
+    assert first == again and len(str(first)) <= 100
+    made = {p.name for p in Path(tempfile.gettempdir()).glob("fogshift-zygote-*")} - before
+    assert made <= {first.parent.name}
+    assert (first.parent.stat().st_mode & 0o777) == 0o700
+    first.parent.rmdir()
