@@ -120,7 +120,7 @@ def run_ecg(
             f"equal the recordings filtered whole, sample by sample; {len(alarms)} alarms "
             "equal the reference's"
         )
-    found = quality(alarms, people)
+    found = quality(alarms, people, source.duration_s)
     latency = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(found.latency_s.items()))
     console.print(
         f"detection against the simulator's ground truth: sensitivity {found.sensitivity:.2f}, "

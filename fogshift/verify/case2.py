@@ -193,16 +193,20 @@ def read_alarms(path: str | Path) -> list[Alarm]:
         return [(r["patient"], float(r["t"]), r["class"]) for r in csv.DictReader(handle)]
 
 
-def quality(alarms: list[Alarm], people: list[Patient]) -> Quality:
-    """Sensitivity, specificity and latency of ``alarms`` against the ground truth."""
-    sick = [p for p in people if p.onset_s is not None]
+def quality(alarms: list[Alarm], people: list[Patient], duration_s: float | None = None) -> Quality:
+    """Sensitivity, specificity and latency of ``alarms`` against the ground truth of a
+    recording of ``duration_s``: a patient whose onset is not before its end never turned
+    abnormal (the simulator keeps them normal), and is not counted as a missed one."""
+    sick = [p for p in people if p.onset_s is not None
+            and (duration_s is None or p.onset_s < duration_s)]  # fmt: skip
     raised = [(who, t) for who, t, cls in alarms if cls == "abnormal"]
     latency: dict[str, float] = {}
     for p in sick:
         after = [t for who, t in raised if who == p.name and t >= (p.onset_s or 0)]
         if after:
             latency[p.name] = round(min(after) - (p.onset_s or 0), 3)
-    stretches = [(p.name, p.onset_s) for p in people]  # (who, end of its normal stretch)
+    # (who, end of its normal stretch)
+    stretches = [(p.name, p.onset_s if p in sick else None) for p in people]
     false = {who for who, t in raised for name, end in stretches
              if who == name and (end is None or t < end)}  # fmt: skip
     return Quality(

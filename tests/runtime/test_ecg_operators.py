@@ -109,3 +109,15 @@ def test_the_reference_places_an_alarm_where_the_classifier_does() -> None:
         start = round(w * window / fs, 6)  # what the source sends as the window's t
         assert alarm_time(w, window, fs) == round(start + window / fs, 3), w  # Classify's
     assert alarm_time(7, window, fs) == 4.813  # (4.812 before)
+
+
+def test_a_patient_whose_onset_is_after_the_recording_is_not_counted_as_missed() -> None:
+    # Jitter put an onset at 35 s in a 32 s recording: the simulator keeps that patient
+    # normal, and the scoring counted a missed alarm (sensitivity 0.0 where nothing was).
+    from dataclasses import replace
+
+    from fogshift.verify.case2 import quality
+
+    late = replace(patients(1, 1, 1, 30.0)[0], onset_s=35.0)
+    assert quality([], [late], 32.0).sensitivity == 1.0
+    assert quality([], [late]).sensitivity == 0.0  # (scored without the recording's end)
