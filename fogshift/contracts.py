@@ -39,6 +39,10 @@ _WIRE = ConfigDict(frozen=True, extra="forbid")
 # -- states -----------------------------------------------------------------------------------
 
 
+#: The largest integer SQLite (the registry) and Arrow keep.
+INT64_MAX = 2**63 - 1
+
+
 class PEState(StrEnum):
     """The state of one PE's query on a node agent."""
 
@@ -463,8 +467,9 @@ class Heartbeat(BaseModel):
     model_config = _WIRE
 
     url: str = Field(pattern=URL_RE, max_length=2048)
-    pid: int | None = None
-    pgid: int | None = None
+    # (Bounded: SQLite keeps 64-bit integers, and a larger one was a 500.)
+    pid: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    pgid: int | None = Field(default=None, ge=0, le=INT64_MAX)
     ready: bool = False
     error: str | None = None
     elements: list[ElementInfo] = []
@@ -473,8 +478,8 @@ class Heartbeat(BaseModel):
     cpu_percent: float | None = None
     checkpoint_interval_s: float | None = None
     snapshots_age_s: float | None = None
-    disk_free_bytes: int | None = Field(default=None, ge=0)
-    disk_total_bytes: int | None = Field(default=None, ge=0)
+    disk_free_bytes: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    disk_total_bytes: int | None = Field(default=None, ge=0, le=INT64_MAX)
 
     def element(self, pipeline: str, element: str) -> ElementInfo | None:
         """The report of ``pipeline/element`` if this node runs it."""

@@ -149,6 +149,11 @@ class Coordination(Scaling):
                 moved.append(self.migrate(pipeline, element_id, target, mode))
         except FogshiftError as exc:
             failed = getattr(exc, "report", None)
+            if not moved and not isinstance(failed, MigrationReport):
+                # Nothing was tried (another operation holds the first PE, its node went
+                # away): the refusal as it is, as for one PE (a 200 "rolled back" said every
+                # PE ran where it ran before while another migration moved it).
+                raise
             forward = [*moved, failed] if isinstance(failed, MigrationReport) else moved
             undone, problems = [], [f"{exc.message}"]
             for report in reversed(moved):  # latest first: the way they came

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import shutil
 import time
 from functools import partial
@@ -290,15 +291,23 @@ class Deployment(Journal):
 
     def _start(self, spec: PipelineSpec, epochs: dict[str, int]) -> PipelineStatus:
         """Give ``spec``'s PEs fresh streams, fenced under ``epochs``, and start them."""
-        self.permissions.sync(self.registry)  # the nodes may use their PEs' streams
+        try:
+            self.permissions.sync(self.registry)  # the nodes may use their PEs' streams
+        except Exception:
+            # Failed, not left deploying: every deploy again was refused as "already
+            # deploying" until a stop.
+            self.registry.set_status(spec.pipeline, PipelineState.FAILED)
+            raise
         # Afresh: the central checkpoints of a run before under this name hold positions of
         # streams deleted below (restored, a PE would wait for input that never comes, or
         # skip what the new streams hold up to there).
         self.central.forget(spec.pipeline)  # (every PE's: partitions of a scale too)
-        for key in ((spec.pipeline, e.id) for e in spec.elements):
-            self.central_stats.pop(key, None)
-            self.pull_errors.pop(key, None)
-            self._early_pulls.pop(key, None)
+        # What the orchestrator remembers of the run before goes too: shown as the new
+        # run's, its migrations and restores read as this run's outcomes.
+        for memory in (self.central_stats, self.pull_errors, self._early_pulls,
+                       self.last_migration, self.last_restore):  # fmt: skip
+            for key in [k for k in list(memory) if k[0] == spec.pipeline]:
+                memory.pop(key, None)
 
         def reset_streams(js: Any) -> Any:
             return fresh_streams(js, spec, epochs, self.config.duplicate_window_s)
@@ -492,6 +501,11 @@ class Deployment(Journal):
                 # The dead letter's own format (``broker.publish``), read where it is stored.
                 try:
                     payload = json.loads(msg.data)
+                    # (A PE writes the input's text and a reason.)
+                    if not isinstance(payload["body"], str) or not isinstance(
+                        payload.get("reason"), str
+                    ):
+                        raise TypeError("a dead letter's body and reason are text")
                     letter = DeadLetter(
                         element=element.id,
                         seq=payload["seq"],
@@ -560,6 +574,13 @@ class Deployment(Journal):
         for msg in messages:
             try:
                 payload = json.loads(msg.data)
+                # A PE writes its body as text and a finite timestamp: anything else is no
+                # event of a PE's (a body nested 300 deep failed the whole answer, an
+                # infinite timestamp its model).
+                if not isinstance(payload["body"], str):
+                    raise TypeError("an event's body is text")
+                if not math.isfinite(float(payload["timestamp"])):
+                    raise ValueError("an event's timestamp is finite")
                 body = _decoded(payload["body"])
                 event = StreamEvent(
                     seq=msg.metadata.sequence.stream,

@@ -112,3 +112,19 @@ def test_a_failed_move_whose_own_origin_does_not_run_again_is_no_rollback() -> N
     report = fake.group(["a", "b"])
     assert report.status == GroupMigrationStatus.FAILED
     assert fake.calls == [("a", "n2")]
+
+
+def test_a_group_whose_first_pe_is_refused_before_any_move_is_refused_as_such() -> None:
+    # Another operation held the first PE: nothing was tried, yet the answer was a 200
+    # "rolled back, every PE runs where it ran before" while that operation moved it.
+    from fogshift.migration.exceptions import MigrationInProgress
+
+    class Busy(Fake):
+        def migrate(self, pipeline: str, element: str, target: str, mode: MigrationMode) -> Any:
+            self.calls.append((element, target))
+            raise MigrationInProgress(f"{pipeline}/{element} is being migrated")
+
+    fake = Busy(fail=set())
+    with pytest.raises(MigrationInProgress):
+        fake.group(["a", "b"])
+    assert fake.calls == [("a", "n2")]

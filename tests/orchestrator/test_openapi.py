@@ -17,8 +17,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from fogshift.broker.exceptions import BrokerError
 from fogshift.common.http import node_token
-from fogshift.contracts import NodeView
+from fogshift.contracts import MigrationReport, NodeView
 from fogshift.orchestrator import deployment
 from fogshift.spec import parse_spec
 from tests.orchestrator.conftest import OPERATOR
@@ -148,7 +149,7 @@ def test_dead_letters_are_asked_for_by_a_bounded_count_of_each_pes_newest(
 
     def dead(make: Any, timeout: float) -> list[Any]:
         pe = make.__defaults__[1]  # (Deployment.errors' read: dead(js, stream, pe))
-        return [SimpleNamespace(data=json.dumps({"seq": n, "reason": "r", "body": {}}).encode())
+        return [SimpleNamespace(data=json.dumps({"seq": n, "reason": "r", "body": "{}"}).encode())
                 for n in range(stored[pe])]  # fmt: skip
 
     orch.broker.run = dead
@@ -219,6 +220,11 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
     def refused(make: object, timeout: float = 30) -> None:
         raise RuntimeError("stream limits exceeded")  # anything the broker may say
 
+    # The run before's last migration, remembered: a fresh deploy forgets it (it showed as
+    # the new run's outcome).
+    orch.last_migration[("p", "aggregate")] = MigrationReport(
+        pipeline="p", element="aggregate", origin="fog-a", target="fog-b", mode="precopy"
+    )
     monkeypatch.setattr(orch.broker, "run", refused)
     for _ in range(2):  # and again: not "already deploying"
         answer = as_(app, OPERATOR).post("/pipelines", json=spec)
@@ -226,6 +232,18 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
         assert "stream limits exceeded" in answer.json()["message"]
         assert orch.registry.get_pipeline("p").status == "failed"
     assert orch.central.newest("p", "aggregate") is None
+    assert ("p", "aggregate") not in orch.last_migration
+
+    # The nodes' broker rights that cannot be set: failed too, not left deploying (every
+    # deploy again was refused as "already deploying" until a stop).
+    def unsettable(registry: object) -> None:
+        raise BrokerError("cannot rewrite the broker's config")
+
+    monkeypatch.setattr(orch.permissions, "sync", unsettable)
+    for _ in range(2):
+        answer = as_(app, OPERATOR).post("/pipelines", json=spec)
+        assert answer.status_code >= 500 and answer.json()["code"] == "broker_error", answer.text
+        assert orch.registry.get_pipeline("p").status == "failed"
 
 
 def test_a_sink_writing_a_running_pipelines_output_is_refused(

@@ -151,3 +151,12 @@ def test_a_heartbeat_needs_an_http_url_and_a_valid_node_name(app: FastAPI) -> No
         assert operator.post("/nodes/fog-a/heartbeat", json=beat(url)).status_code == 422, url
     assert operator.post("/nodes/%2e%2e/heartbeat", json=beat()).status_code == 422
     assert app.state.orchestrator.registry.nodes() == []
+
+
+def test_a_heartbeat_with_a_number_beyond_64_bits_is_a_422(app: FastAPI) -> None:
+    # SQLite keeps 64-bit integers: a larger pid was a 500 (OverflowError).
+    node = as_(app, node_token(OPERATOR, "fog-a"))
+    for field in ("pid", "pgid", "disk_free_bytes"):
+        answer = node.post("/nodes/fog-a/heartbeat", json={**beat(), field: 2**63})
+        assert answer.status_code == 422, (field, answer.text)
+    assert node.post("/nodes/fog-a/heartbeat", json=beat()).status_code == 200
