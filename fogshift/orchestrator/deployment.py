@@ -665,6 +665,14 @@ class Deployment(Journal):
 
         def ask(pe: str) -> TwinState:
             node = record.placement[pe]
+            known = self.registry.node(node)
+            if known is None or not self.healthy(known):
+                # (Asked anyway, a partitioned node held the read for the client's whole
+                # timeout, and one lost partition every partition's read.)
+                raise Unavailable(
+                    f"the state of {name}/{pe} cannot be read now: its node {node!r} is lost",
+                    hint="it is restored elsewhere (or its node comes back); try again then",
+                )
             try:
                 return self.agent(node).call(
                     TwinState, "GET", f"/pipelines/{name}/elements/{pe}/state", params=params

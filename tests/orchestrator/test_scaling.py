@@ -207,6 +207,13 @@ def test_a_state_that_cannot_be_read_now_is_unavailable_with_the_reason(
         orch.twin_state("p", "aggregate")
     assert "node 'fog-a' does not run it" in unread.value.message
     assert "does not host p/aggregate-p0" in unread.value.message and unread.value.hint
+    # A lost node is not asked (a partitioned one held the read for the client's timeout).
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
+    asked = len(agents["fog-a"].calls)
+    with pytest.raises(Unavailable) as unread:
+        orch.twin_state("p", "aggregate")
+    assert "its node 'fog-a' is lost" in unread.value.message
+    assert len(agents["fog-a"].calls) == asked
     orch.registry.set_status("p", "stopped")  # type: ignore[arg-type]
     asked = len(agents["fog-a"].calls)
     with pytest.raises(Unavailable) as unread:
