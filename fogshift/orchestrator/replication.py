@@ -97,7 +97,10 @@ class Replication(Replanning):
         here = f"/pipelines/{pipeline}/elements/{pe}/snapshots"
         latest = agent.call(CheckpointManifest, "GET", here + "/latest")
         known = self.central.newest(pipeline, pe)
-        if known and known["id"] >= latest.id and known.get("node") == node:
+        # Only the very checkpoint is skipped: a node's ids grow within one history, and a
+        # lower one is a new history's (a standby promoted there counts from behind), which
+        # the old one would otherwise shadow until its batches passed it.
+        if known and known["id"] == latest.id and known.get("node") == node:
             return
         # Stored as the node wrote it (the store checks its names), with where it came from;
         # only if it is this PE's: a node answering with another PE's names (of a pipeline
@@ -237,7 +240,7 @@ class Replication(Replanning):
             if record is None or record.placement.get(info.element) != name:
                 continue  # a standby's or a superseded instance's checkpoint
             central = self.central.newest(*key)
-            if central is None or central["id"] < snap.id or central.get("node") != name:
+            if central is None or central["id"] != snap.id or central.get("node") != name:
                 log.debug("%s/%s: %d new bytes in node-level checkpoint %s, pulled at once",
                           *key, snap.new_bytes, snap.id)  # fmt: skip
                 self._early_pulls[key] = (name, snap.id)

@@ -103,6 +103,12 @@ def test_a_checkpoint_of_the_pe_s_new_node_is_pulled_though_its_batch_is_older(
     # Pulled, the store's newest is still fog-a's b..20 (ids sort by batch): no pull again.
     _central_holds(orchestrator, "b000000000019", "fog-b")
     assert not _beat(orchestrator, "fog-b", "b000000000019", 50 * MIB)
+    # Back on fog-a, whose batches now count from behind its old ones (a standby promoted
+    # there): pulled, though the store holds fog-a's b..20 (skipped until its batches
+    # passed 20, the old checkpoint stood in for the new history).
+    _central_holds(orchestrator, "b000000000020", "fog-a")
+    orchestrator.registry.set_placement("p", "aggregate", "fog-a")
+    assert _beat(orchestrator, "fog-a", "b000000000006", 50 * MIB)
 
 
 def test_pulling_only_at_intervals_when_told(tmp_path: Path) -> None:
