@@ -139,6 +139,15 @@ class Standbys(Deployment):
         ):
             return False
         node = self.registry.node(standby.node)
+        if (
+            node is not None
+            and node.last_seen < self.started_at
+            and time.time() - self.started_at <= self.config.node_timeout_s
+        ):
+            # Not heard from since this orchestrator started (as the reconciler, it grants
+            # the node its timeout first): judged by a report, not the one before the
+            # restart (warm standbys were dropped in the first round after one).
+            return True
         if not self._ready(node):
             return False
         assert node is not None

@@ -226,3 +226,23 @@ def test_a_pe_fenced_where_it_is_placed_with_no_operation_is_started_again(
     orch.reconcile_once()
     (put,) = agents["fog-a"].received("PUT", AGG)
     assert put.body["epoch"] == 3 and orch.registry.epoch("p", "aggregate") == 3
+
+
+def test_a_new_orchestrators_first_round_keeps_a_standby_whose_node_has_not_beaten_yet(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # The keeper judged the standby's node by its last heartbeat to the orchestrator before
+    # the restart (a minute old): the warm standby was dropped in the first round.
+    import time as clock
+
+    orch.registry.add_standby("p", "aggregate", "fog-b")
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60")
+    orch.started_at = clock.time()
+    orch.keep_standbys()
+    standby = orch.registry.standby("p", "aggregate")
+    assert standby is not None and standby.node == "fog-b"
+    assert agents["fog-b"].received("DELETE", AGG) == []
+    # Still silent past its timeout after the start: judged lost, as the reconciler does.
+    orch.started_at = clock.time() - 60
+    orch.keep_standbys()
+    assert orch.registry.standby("p", "aggregate") is None
