@@ -341,9 +341,11 @@ class Deployment(Journal):
     def _refuse_shared_outputs(self, spec: PipelineSpec) -> None:
         """Refuse a sink writing a file a sink of a running pipeline writes (their
         exactly-once markers would be one, and the deploy would empty the other's output), or
-        reads (the deploy would empty a running source's input): within one spec the loader
-        refuses both."""
+        reads (the deploy would empty a running source's input), and a source reading a file
+        a running pipeline's sink writes (torn lines): within one spec the loader refuses
+        all three."""
         mine = {output_file(e): e.id for e in spec.elements if output_file(e) is not None}
+        reads = {input_file(e): e.id for e in spec.elements if input_file(e) is not None}
         for other in self.registry.pipelines():
             if other.name == spec.pipeline or other.status not in (
                 PipelineState.RUNNING, PipelineState.DEPLOYING,
@@ -361,6 +363,17 @@ class Deployment(Journal):
                         f"file), or `fogshift stop {other.name}` first",
                     )
                 path = output_file(element)
+                if path is not None and path in reads:
+                    # A sink cuts a line it had not finished and writes it again when it is
+                    # restored: a source tailing its file took the torn line for a row.
+                    raise InvalidSpec(
+                        f"source {reads[path]!r} of pipeline {spec.pipeline!r} reads {path!r}, "
+                        f"which sink {element.id!r} of running pipeline {other.name!r} writes",
+                        expected="an input file no running pipeline writes",
+                        received=path,
+                        hint="join the pipelines into one (a PE's output is read exactly "
+                        "once through its stream), or read a finished copy of the file",
+                    )
                 if path is not None and path in mine:
                     raise InvalidSpec(
                         f"sink {mine[path]!r} of pipeline {spec.pipeline!r} writes {path!r}, "

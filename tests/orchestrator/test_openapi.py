@@ -280,6 +280,20 @@ def test_a_sink_writing_a_running_pipelines_output_is_refused(
     )
     assert answer.status_code == 422 and answer.json()["code"] == "invalid_spec", answer.text
     assert "which source 'source' of running pipeline 'p' reads" in answer.json()["message"]
+    # Nor a source reading a running pipeline's output: its sink cuts a torn line and writes
+    # it again when restored, and the source took the torn line for a row.
+    reader = {**spec, "pipeline": "d"}
+    reader["elements"] = [{**spec["elements"][0], "options": {"path": paths[2]}},
+                          *spec["elements"][1:2],
+                          {**spec["elements"][2], "options": {"path": "d-out.csv"}}]  # fmt: skip
+    (tmp_path / "out").mkdir(exist_ok=True)
+    (tmp_path / "out" / "o.csv").write_text("seq,value\n")
+    answer = as_(app, OPERATOR).post(
+        "/pipelines", json=parse_spec(reader, tmp_path).model_dump(mode="json")
+    )
+    assert answer.status_code == 422 and answer.json()["code"] == "invalid_spec", answer.text
+    assert "which sink 'sink' of running pipeline 'p' writes" in answer.json()["message"]
+    assert "reads" in answer.json()["message"]
     # Once it is stopped, the file may be taken over.
     orch.registry.set_status("p", "stopped")
     orch.broker.close()  # (the deploy then fails at the broker, past the check)
