@@ -352,37 +352,34 @@ class Deployment(Journal):
             ):  # fmt: skip
                 continue
             for element in other.spec.elements:
-                key = input_file(element)
-                if key is not None and key in mine:
-                    raise InvalidSpec(
-                        f"sink {mine[key]!r} of pipeline {spec.pipeline!r} writes {key!r}, "
-                        f"which source {element.id!r} of running pipeline {other.name!r} reads",
-                        expected="an output file no running pipeline reads",
-                        received=key,
-                        hint=f"give the sink another `path` (the deploy would empty that "
-                        f"file), or `fogshift stop {other.name}` first",
-                    )
-                path = output_file(element)
-                if path is not None and path in reads:
+                # (their path, ours by path, our role and verb, theirs, expected, hint)
+                clashes = (
+                    (input_file(element), mine, "sink writes", "source", "reads",
+                     "an output file no running pipeline reads",
+                     "give the sink another `path` (the deploy would empty that file), or "
+                     f"`fogshift stop {other.name}` first"),
                     # A sink cuts a line it had not finished and writes it again when it is
                     # restored: a source tailing its file took the torn line for a row.
-                    raise InvalidSpec(
-                        f"source {reads[path]!r} of pipeline {spec.pipeline!r} reads {path!r}, "
-                        f"which sink {element.id!r} of running pipeline {other.name!r} writes",
-                        expected="an input file no running pipeline writes",
-                        received=path,
-                        hint="join the pipelines into one (a PE's output is read exactly "
-                        "once through its stream), or read a finished copy of the file",
-                    )
-                if path is not None and path in mine:
-                    raise InvalidSpec(
-                        f"sink {mine[path]!r} of pipeline {spec.pipeline!r} writes {path!r}, "
-                        f"which sink {element.id!r} of running pipeline {other.name!r} writes",
-                        expected="an output file no running pipeline writes",
-                        received=path,
-                        hint=f"give the sink another `path`, or `fogshift stop {other.name}` "
-                        "first (its output is then replaced)",
-                    )
+                    (output_file(element), reads, "source reads", "sink", "writes",
+                     "an input file no running pipeline writes",
+                     "join the pipelines into one (a PE's output is read exactly once "
+                     "through its stream), or read a finished copy of the file"),
+                    (output_file(element), mine, "sink writes", "sink", "writes",
+                     "an output file no running pipeline writes",
+                     f"give the sink another `path`, or `fogshift stop {other.name}` first "
+                     "(its output is then replaced)"),
+                )  # fmt: skip
+                for path, ours, doing, role, does, expected, hint in clashes:
+                    if path is not None and path in ours:
+                        what, verb = doing.split()
+                        raise InvalidSpec(
+                            f"{what} {ours[path]!r} of pipeline {spec.pipeline!r} {verb} "
+                            f"{path!r}, which {role} {element.id!r} of running pipeline "
+                            f"{other.name!r} {does}",
+                            expected=expected,
+                            received=path,
+                            hint=hint,
+                        )
 
     def _deploy_element(self, pipeline: str, element: ElementSpec, fresh: bool) -> None:
         """Start ``element`` on ``element.node`` under the PE's newest epoch."""
