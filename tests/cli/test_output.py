@@ -18,7 +18,8 @@ def test_an_error_naming_brackets_is_printed_as_it_is(tmp_path: Path) -> None:
     home = tmp_path / "x[/tmp]"
     result = fogshift_in_process("status", "--home", str(home), check=False)
     assert result.returncode in (1, 2), result.stderr
-    assert "x[/tmp]" in " ".join(result.stderr.split()), result.stderr
+    # (The console wraps long lines, anywhere in a path as long as pytest's folders make it.)
+    assert "x[/tmp]" in "".join(result.stderr.split()), result.stderr
     assert "Traceback" not in result.stderr and "MarkupError" not in result.stderr
 
 
