@@ -54,12 +54,7 @@ def leads(pid: int, pgid: int, started: float | None = None) -> bool:
     leads a session of its own, as every service ``fogshift up`` starts does: then only
     its start time tells it from the one recorded.
     """
-    try:
-        if not (alive(pid) and os.getpgid(pid) == pgid):
-            return False
-    except ProcessLookupError:  # it ended while we looked
-        return False
-    return started is None or started_at(pid) == started
+    return _in_group(pid, pgid) and (started is None or started_at(pid) == started)
 
 
 def foreign(pid: int, pgid: int, started: float | None) -> bool:
@@ -70,15 +65,17 @@ def foreign(pid: int, pgid: int, started: float | None) -> bool:
     (or in another group) whatever is left of group ``pgid`` is what the recorded process
     left; if ``pid`` leads ``pgid`` but started at another time, the group is the new one's.
     """
-    if started is None:
+    if started is None or not _in_group(pid, pgid):
         return False
+    return started_at(pid) not in (None, started)
+
+
+def _in_group(pid: int, pgid: int) -> bool:
+    """Whether ``pid`` runs (not a zombie) in process group ``pgid``."""
     try:
-        if not (alive(pid) and os.getpgid(pid) == pgid):
-            return False
-    except ProcessLookupError:
+        return alive(pid) and os.getpgid(pid) == pgid
+    except ProcessLookupError:  # it ended while we looked
         return False
-    now = started_at(pid)
-    return now is not None and now != started
 
 
 def group_members(pgids: Iterable[int]) -> Iterator[tuple[int, psutil.Process]]:
