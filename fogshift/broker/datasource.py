@@ -416,7 +416,7 @@ class JetStreamReader(DataSourceStreamReader):
         part = options.get("partition", "")
         self.key_by = options.get("key_by", "")
         self.partition: tuple[str, int, int] | None = None
-        if part and len(self.inputs) == 1:
+        if part:  # (one input, or several none of which is a partitioned element's)
             of, index, count = part.rsplit(":", 2)
             self.partition = (of, int(index), int(count))
         #: Where a partition added by ``fogshift scale`` starts: it owns nothing before.
@@ -483,7 +483,8 @@ class JetStreamReader(DataSourceStreamReader):
             return start
         cap = positions_of(gate["limit"]) if gate is not None and gate["limit"] else None
         client = shared_client(self.broker)
-        if self.partition is not None and self._parts_ahead is None:
+        if self.partition is not None and self._parts_ahead is None and len(self.inputs) == 1:
+            # (With several inputs a batch's key states are read with its rows.)
             name = self.inputs[0]
             with contextlib.suppress(BrokerUnavailable):  # the batch reads them, or says why
                 self._parts_ahead = PartsAhead(
@@ -825,7 +826,7 @@ class JetStreamReader(DataSourceStreamReader):
         items = [read_message(self.pipeline, rng.input, m.subject, m.seq, m.data) for m in keys]
         if any(isinstance(i, KeyMove | KeyCopy) and i.element == of for i in items):
             self._parts_ahead.wake()  # states may come: their parts are read at once
-        owners = self._owners_before(client, rng)
+        owners = self._owners_before(client, rng.input, rng.start)[0]
         named: list[int] = []
         for item in items:  # (a forged state's parts are not waited for)
             if item is None or item.element != of:
@@ -838,20 +839,23 @@ class JetStreamReader(DataSourceStreamReader):
                 named.extend(item.parts)
         return JetStreamPartition([[rng]], keys=keys, parts=self._parts_ahead.take(named))
 
-    def _owners_before(self, client: SyncJetStream, rng: Range) -> Ownership:
-        """Who owns each key of this partition's element where ``rng`` starts, and who must
-        send the states of the moves and copies stored before it: those replayed."""
+    def _owners_before(
+        self, client: SyncJetStream, name: str, start: int
+    ) -> tuple[Ownership, list[KeyMove]]:
+        """Who owns each key of this partition's element where input ``name`` is at
+        ``start``, and who must send the states of the moves and copies stored before it:
+        those replayed (copies on the input key states travel on only); and those moves."""
         assert self.partition is not None
         of, _, count = self.partition
         owners = Ownership(count)
-        for earlier in _moves_until(
-            client, self.pipeline, rng.input, of, rng.start, self.epoch, self.pe
-        ):
+        moves: list[KeyMove] = []
+        for earlier in _moves_until(client, self.pipeline, name, of, start, self.epoch, self.pe):
             if isinstance(earlier, KeyMove):
                 owners.apply(earlier)
-            else:
+                moves.append(earlier)
+            elif name == self.inputs[0]:
                 owners.request(earlier)
-        return owners
+        return owners, moves
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, JetStreamPartition)
@@ -862,7 +866,7 @@ class JetStreamReader(DataSourceStreamReader):
         client = shared_client(self.broker)
         spans = partition.spans
         if self.partition is not None:
-            owned = self._partition_rows(client, spans[0][0], partition.keys, partition.parts)
+            owned = self._partition_rows(client, spans, partition.keys, partition.parts)
             if owned:
                 yield _arrow_rows(owned)
             return
@@ -919,123 +923,180 @@ class JetStreamReader(DataSourceStreamReader):
     def _partition_rows(
         self,
         client: SyncJetStream,
-        rng: Range,
+        spans: Sequence[Sequence[Range]],
         keys_read: list[StoredMessage] | None = None,
         parts_read: dict[int, bytes] | None = None,
     ) -> list[tuple[int, int, float, str, str]]:
-        """A partition's rows of ``rng``: the events of the keys it owns at their place, and
+        """A partition's rows of ``spans``: the events of the keys it owns at their place, and
         a row per key for each key move and key state that concerns it (see
         :mod:`fogshift.broker.keys`), grouped with the key's events by its ``key_by`` field.
 
-        ``keys_read``: the range's ``.keys`` messages, if the planner read them; ``parts_read``:
-        parts of the key states they name, by sequence, fetched ahead (the others are read
-        here)."""
+        With several inputs a move is stored in each (the orchestrator appends it to every
+        one, the first input first), and a key changes owner in each input at the move's
+        place there: the target holds the key's events from the first of those places it
+        reaches, the origin sends the key's state once it has passed them all, on the first
+        input (where key states and copy requests travel). Rows are numbered as for any PE
+        with several inputs (every input's position once the row is consumed, summed).
+
+        ``keys_read``: the ``.keys`` messages of a one-input batch, if the planner read them;
+        ``parts_read``: parts of the key states they name, by sequence, fetched ahead (the
+        others are read here)."""
         assert self.partition is not None
-        of, index, _ = self.partition
-        stream = stream_name(self.pipeline, rng.input)
-        owners = self._owners_before(client, rng)
-
-        def fetch(subject: str) -> Any:
-            return client.run(
-                partial(get_range, stream=stream, subject=subject, start=rng.start, end=rng.end),
-                timeout=120,
-            )
-
-        keys, data = keys_subject(self.pipeline, rng.input), data_subject(self.pipeline, rng.input)
-        if keys_read is None:
-            keys_read = client.run(
-                partial(get_ranges, stream=stream, subjects=key_subjects(self.pipeline, rng.input),
-                        start=rng.start, end=rng.end),
+        home = self.inputs[0]  # the input key states and copy requests travel on
+        first = {n: min(span_range(s, n).start for s in spans) for n in self.inputs}
+        last = {n: max(span_range(s, n).end for s in spans) for n in self.inputs}
+        owners: dict[str, Ownership] = {}
+        #: Each move's place in the inputs that have stored it and that this batch is past.
+        places: dict[str, dict[str, int]] = {}
+        messages: dict[str, list[StoredMessage]] = {}
+        for name in self.inputs:
+            owners[name], earlier = self._owners_before(client, name, first[name])
+            for move in earlier:
+                places.setdefault(move.move, {})[name] = move.seq
+            stream = stream_name(self.pipeline, name)
+            subjects = key_subjects(self.pipeline, name) if name == home else [
+                keys_subject(self.pipeline, name)
+            ]  # fmt: skip
+            if keys_read is None or len(self.inputs) > 1:
+                keys_read = client.run(
+                    partial(get_ranges, stream=stream, subjects=subjects, start=first[name],
+                            end=last[name]),
+                    timeout=120,
+                )  # fmt: skip
+            data = client.run(
+                partial(get_range, stream=stream, subject=data_subject(self.pipeline, name),
+                        start=first[name], end=last[name]),
                 timeout=120,
             )  # fmt: skip
-        messages = sorted([*fetch(data), *keys_read], key=lambda m: m.seq)
+            messages[name] = sorted([*data, *keys_read], key=lambda m: m.seq)
         rows: list[tuple[int, int, float, str, str]] = []
 
-        def control(seq: int, kind: str, key: str, detail: dict[str, Any]) -> None:
+        def control(origin: int, kind: str, key: str, detail: dict[str, Any]) -> None:
             body = json.dumps({self.key_by: key, CONTROL_FIELD: detail})
-            rows.append((seq, 0, 0.0, kind, body))
+            rows.append((origin, 0, 0.0, kind, body))
 
-        for msg in messages:
-            if msg.subject == data:
-                fields = event_fields(msg.data)
-                if owners.owner(body_key(fields[3], self.key_by)) == index:
-                    rows.append((msg.seq, *fields))
-                continue
-            item = read_message(self.pipeline, rng.input, msg.subject, msg.seq, msg.data)
-            if item is None or item.element != of:
-                continue
-            if isinstance(item, KeyMove):
-                before = owners.apply(item)
-                for rank, key in enumerate(item.keys):
-                    to = item.target(key)
-                    detail = {"move": item.move, "to": to, "rank": rank,
-                              "order": item.order, "input": rng.input, "element": of,
-                              "key_by": self.key_by}  # fmt: skip
-                    if before.get(key) == index and to != index:
-                        if item.copy is not None:  # precopied: send what changed since
-                            detail["base"] = item.copy
-                        control(msg.seq, KEY_MOVE_OUT, key, detail)
-                    elif to == index and before.get(key) != index:
-                        control(msg.seq, KEY_MOVE_IN, key, detail)
-            elif isinstance(item, KeyCopy):
-                owners.request(item)
-                for rank, key in enumerate(item.keys):
-                    # Only the key's owner here sends a copy, and never to itself.
-                    if owners.owner(key) == index and item.to != index:
-                        control(msg.seq, KEY_COPY_OUT, key,
-                                {"move": item.move, "to": item.to, "rank": rank,
-                                 "order": "fifo", "input": rng.input, "element": of,
-                                 "key_by": self.key_by, "copy": True})  # fmt: skip
-            elif isinstance(item, KeyState) and item.to == index:
-                if not owners.sent_by_owner(item):
-                    # A partition that did not own the key forged it: neither its parts are
-                    # read nor is it installed (the owner's comes).
-                    log.warning("partition %r of pipeline %r: a state of key %r for move %s "
-                                "from partition %s, which did not own it, is ignored", self.pe,
-                                self.pipeline, item.key, item.move, item.origin)  # fmt: skip
-                    continue
-                if item.copy and not owners.newest_copy(item):
-                    log.info("partition %r of pipeline %r: copy %s of key %r, sent again "
-                             "after a newer copy request, is ignored", self.pe,
-                             self.pipeline, item.move, item.key)  # fmt: skip
-                    continue
-                state = item.state
-                if item.parts:  # a large state: its parts are stored before it, apart
-                    held = parts_read or {}
-                    by_seq = {p: held[p] for p in item.parts if p in held}
-                    wanted = [p for p in item.parts if p not in by_seq]
-                    if wanted:
-                        # (On .state or .keys if an older fogshift stored them: its records
-                        # say they are not addressed, or give no raw length, their parts
-                        # being the text itself.)
-                        apart = (
-                            state_subject(self.pipeline, rng.input, item.to) if item.addressed
-                            else state_subject(self.pipeline, rng.input) if item.raw else keys
-                        )  # fmt: skip
-                        found = client.run(
-                            partial(get_range, stream=stream, subject=apart,
-                                    start=min(wanted) - 1, end=max(wanted)),
-                            timeout=120,
-                        )  # fmt: skip
-                        by_seq.update((m.seq, m.data) for m in found if m.seq in wanted)
-                    missing = [p for p in item.parts if p not in by_seq]
-                    if missing:
-                        raise InvariantViolation(
-                            f"partition {self.pe!r} of pipeline {self.pipeline!r}: the state "
-                            f"of key {item.key!r} (move {item.move}) names parts {missing} "
-                            f"that stream {stream} does not hold",
-                            hint="a state's parts are stored before it and kept with the "
-                            "stream; were they deleted by hand or by the stream's limits?",
-                        )
-                    state = joined_state([by_seq[p] for p in item.parts], item.raw)
-                if item.copy:
-                    control(msg.seq, KEY_COPY_IN, item.key, {"move": item.move, "state": state})
-                    continue
-                arrived: dict[str, Any] = {"move": item.move, "state": state}
-                if item.base is not None:
-                    arrived.update(base=item.base, keep=list(item.keep))
-                control(msg.seq, KEY_STATE, item.key, arrived)
+        for span in spans:
+            done = 0  # (see ``read``: the inputs before are at their end, those after at start)
+            for i, rng in enumerate(span):
+                later = sum(r.start for r in span[i + 1 :])
+                for msg in messages[rng.input]:
+                    if rng.start < msg.seq <= rng.end:
+                        self._partition_row(client, rng.input, msg, done + msg.seq + later,
+                                            owners, places, control, rows, parts_read)  # fmt: skip
+                done += rng.end
         return rows
+
+    def _partition_row(
+        self, client: SyncJetStream, name: str, msg: StoredMessage, origin: int,
+        owners: dict[str, Ownership], places: dict[str, dict[str, int]], control: Any,
+        rows: list[tuple[int, int, float, str, str]], parts_read: dict[int, bytes] | None,
+    ) -> None:  # fmt: skip
+        """The rows message ``msg`` of input ``name`` makes (see :meth:`_partition_rows`)."""
+        assert self.partition is not None
+        of, index, _ = self.partition
+        home = self.inputs[0]
+        ownership = owners[name]
+        if msg.subject == data_subject(self.pipeline, name):
+            fields = event_fields(msg.data)
+            if ownership.owner(body_key(fields[3], self.key_by)) == index:
+                rows.append((origin, *fields))
+            return
+        item = read_message(self.pipeline, name, msg.subject, msg.seq, msg.data)
+        if item is None or item.element != of:
+            return
+        if isinstance(item, KeyMove):
+            if item.seq <= ownership.applied:
+                return
+            before = ownership.apply(item)
+            passed = places.setdefault(item.move, {})
+            passed[name] = item.seq
+            # The target holds a key's events from the move's first place it reaches; the
+            # origin hands the state over once past every place (its events before each
+            # are its own).
+            opening, closing = len(passed) == 1, len(passed) == len(self.inputs)
+            for rank, key in enumerate(item.keys):
+                to = item.target(key)
+                detail = {"move": item.move, "to": to, "rank": rank,
+                          "order": item.order, "input": home, "element": of,
+                          "key_by": self.key_by}  # fmt: skip
+                if before.get(key) == index and to != index and closing:
+                    detail.update(at=passed.get(home, item.seq), ahead=dict(passed))
+                    if item.copy is not None:  # precopied: send what changed since
+                        detail["base"] = item.copy
+                    control(origin, KEY_MOVE_OUT, key, detail)
+                elif to == index and before.get(key) != index and opening:
+                    control(origin, KEY_MOVE_IN, key, detail)
+            return
+        if name != home:
+            return  # (copies and states travel on the first input only)
+        if isinstance(item, KeyCopy):
+            ownership.request(item)
+            for rank, key in enumerate(item.keys):
+                # Only the key's owner here sends a copy, and never to itself.
+                if ownership.owner(key) == index and item.to != index:
+                    control(origin, KEY_COPY_OUT, key,
+                            {"move": item.move, "to": item.to, "rank": rank,
+                             "order": "fifo", "input": home, "element": of,
+                             "key_by": self.key_by, "copy": True, "at": item.seq,
+                             "ahead": {home: item.seq}})  # fmt: skip
+            return
+        if not isinstance(item, KeyState) or item.to != index:
+            return
+        if not ownership.sent_by_owner(item):
+            # A partition that did not own the key forged it: neither its parts are read
+            # nor is it installed (the owner's comes).
+            log.warning("partition %r of pipeline %r: a state of key %r for move %s from "
+                        "partition %s, which did not own it, is ignored", self.pe,
+                        self.pipeline, item.key, item.move, item.origin)  # fmt: skip
+            return
+        if item.copy and not ownership.newest_copy(item):
+            log.info("partition %r of pipeline %r: copy %s of key %r, sent again after a "
+                     "newer copy request, is ignored", self.pe, self.pipeline, item.move,
+                     item.key)  # fmt: skip
+            return
+        state = item.state
+        if item.parts:  # a large state: its parts are stored before it, apart
+            state = self._state_parts(client, name, item, parts_read or {})
+        if item.copy:
+            control(origin, KEY_COPY_IN, item.key, {"move": item.move, "state": state})
+            return
+        arrived: dict[str, Any] = {"move": item.move, "state": state}
+        if item.base is not None:
+            arrived.update(base=item.base, keep=list(item.keep))
+        control(origin, KEY_STATE, item.key, arrived)
+
+    def _state_parts(
+        self, client: SyncJetStream, name: str, item: KeyState, held: dict[int, bytes]
+    ) -> dict[str, str]:
+        """The state whose parts ``item`` names, on input ``name``'s stream (``held``: those
+        fetched ahead)."""
+        stream = stream_name(self.pipeline, name)
+        by_seq = {p: held[p] for p in item.parts if p in held}
+        wanted = [p for p in item.parts if p not in by_seq]
+        if wanted:
+            # (On .state or .keys if an older fogshift stored them: its records say they are
+            # not addressed, or give no raw length, their parts being the text itself.)
+            apart = (
+                state_subject(self.pipeline, name, item.to) if item.addressed
+                else state_subject(self.pipeline, name) if item.raw
+                else keys_subject(self.pipeline, name)
+            )  # fmt: skip
+            found = client.run(
+                partial(get_range, stream=stream, subject=apart, start=min(wanted) - 1,
+                        end=max(wanted)),
+                timeout=120,
+            )  # fmt: skip
+            by_seq.update((m.seq, m.data) for m in found if m.seq in wanted)
+        missing = [p for p in item.parts if p not in by_seq]
+        if missing:
+            raise InvariantViolation(
+                f"partition {self.pe!r} of pipeline {self.pipeline!r}: the state of key "
+                f"{item.key!r} (move {item.move}) names parts {missing} that stream {stream} "
+                "does not hold",
+                hint="a state's parts are stored before it and kept with the stream; were "
+                "they deleted by hand or by the stream's limits?",
+            )
+        return joined_state([by_seq[p] for p in item.parts], item.raw)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, streams keep their history."""
@@ -1066,7 +1127,9 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
     moves: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in records:
         state = json.loads(record.body)
-        state["at"] = record.origin  # the move's sequence in the input
+        # The move's sequence in the input it travels on (a row an older reader made: its
+        # origin, which was that sequence).
+        state.setdefault("at", record.origin)
         moves.setdefault((state["input"], state["move"]), []).append(state)
     # Copies first, each in input order: a key's copy is stored before its move's state,
     # which may complete it (a batch that reads both, e.g. catching up, makes both).
@@ -1076,18 +1139,19 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
     for (source, move), states in ordered:
         states.sort(key=lambda s: s["rank"])
         if states[0]["order"] == "backlog":
-            # PAM: the key whose next event is nearest goes first.
-            start = states[0]["at"]
-            ahead = await get_range(
-                js, stream_name(pipeline, source), data_subject(pipeline, source), start,
-                start + BACKLOG_LOOKAHEAD,
-            )  # fmt: skip
+            # PAM: the key whose next event is nearest goes first (how far past the move's
+            # place in an input; with several inputs, the nearest of them).
             first: dict[str, int] = {}
             wanted = {s["key"] for s in states}
-            for message in ahead:
-                key = body_key(event_fields(message.data)[3], states[0]["key_by"])
-                if key is not None and key in wanted and key not in first:
-                    first[key] = message.seq
+            for name, start in (states[0].get("ahead") or {source: states[0]["at"]}).items():
+                ahead = await get_range(
+                    js, stream_name(pipeline, name), data_subject(pipeline, name), start,
+                    start + BACKLOG_LOOKAHEAD,
+                )  # fmt: skip
+                for message in ahead:
+                    key = body_key(event_fields(message.data)[3], states[0]["key_by"])
+                    if key is not None and key in wanted:
+                        first[key] = min(first.get(key, 1 << 62), message.seq - start)
             states.sort(key=lambda s: (first.get(s["key"], 1 << 62), s["rank"]))
         for state in states:
             bodies, state["raw"] = state_parts(state["state"]) or ([], 0)

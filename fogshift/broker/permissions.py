@@ -55,7 +55,7 @@ class Hosted:
     element: str
     inputs: tuple[str, ...] = ()
     #: A partition whose keys can move, its index: it appends its moving keys' states to its
-    #: input's ``.keys.<its id>`` subject, a large one's parts to its ``.state.<target>``
+    #: first input's ``.keys.<its id>`` subject, a large one's parts to its ``.state.<target>``
     #: subjects (see ``broker.keys``); ``None``: not one.
     moves_keys: int | None = None
 
@@ -94,7 +94,8 @@ def node_permissions(node: str, hosted: Iterable[Hosted]) -> dict[str, Any]:
         for name in pe.inputs:
             source = stream_name(pe.pipeline, name)
             subscribe.add(data_subject(pe.pipeline, name))
-            if pe.moves_keys is not None:
+            if pe.moves_keys is not None and name == pe.inputs[0]:
+                # (Key states travel on the first input only, see broker.keys.)
                 publish |= {
                     key_state_subject(pe.pipeline, name, pe.element),
                     state_subjects(pe.pipeline, name),

@@ -102,6 +102,10 @@ class OrchestratorCore:
         #: Pipelines whose key moves' streams this process has seen have every subject
         #: (``Reconciler._streams_current``).
         self._streams_checked: set[str] = set()
+        #: Partitioned elements with several inputs each of which holds every key move
+        #: appended (``KeyMoves.complete_key_moves``): checked once per orchestrator, and
+        #: again after an append that failed half-way.
+        self._moves_complete: set[tuple[str, str]] = set()
         self.central = CentralStore(config.home / "central")
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}

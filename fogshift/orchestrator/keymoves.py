@@ -11,6 +11,7 @@ move never notice.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -55,6 +56,7 @@ from fogshift.contracts import (
     KeyMoveStatus,
     KeyOrder,
     KeyWave,
+    PipelineState,
     StateKeys,
 )
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailable
@@ -188,7 +190,9 @@ class KeyMoves(Standbys):
         started = time.monotonic()
         record = self.pipeline(pipeline)
         what = f"keys of {pipeline}/{element_id}"
-        parts = self._movable_parts(record, element_id, f"cannot move {what}")
+        parts = self._movable_parts(
+            record, element_id, f"cannot move {what}", rescaling=group is not None
+        )
         here = [p for p in parts if record.placement.get(p.id) == target]
         if not here:
             raise InvalidInput(
@@ -225,11 +229,13 @@ class KeyMoves(Standbys):
         to = here[0]
         assert to.partition is not None
         source = parts[0].inputs[0]
-        self._key_subjects(pipeline, source)
+        for name in parts[0].inputs:
+            self._key_subjects(pipeline, name)
         # One key move of an element at a time: a key must not move again before the state
         # of its last move has arrived (its holder would have no state to hand on).
         with _LOCKS.setdefault((pipeline, element_id), threading.Lock()):
             self._unchanged(pipeline, element_id, parts, f"cannot move {what}", (to, target))
+            self._complete_moves(pipeline, element_id, parts[0].inputs)
             return self._move_keys(
                 pipeline, element_id, parts, keys, to, target, source, order, started, timeout_s,
                 group, precopy is not False, wave_keys,
@@ -267,12 +273,14 @@ class KeyMoves(Standbys):
             )
 
     def _movable_parts(
-        self, record: PipelineRecord, element_id: str, refusal: str
+        self, record: PipelineRecord, element_id: str, refusal: str, rescaling: bool = False
     ) -> list[ElementSpec]:
-        """The partitions of ``element_id``, whose keys can move (one input).
+        """The partitions of ``element_id``, whose keys can move (their inputs are not
+        partitioned), and with ``rescaling`` (a scale or a key group) on one input.
 
         Raises:
-            InvalidInput: (starting with ``refusal``) not partitioned, or several inputs.
+            InvalidInput: (starting with ``refusal``) not partitioned, partitioned inputs,
+                or several inputs for ``rescaling``.
             UnknownElement: No such element.
         """
         parts = record.spec.partitions_of(element_id)
@@ -286,11 +294,21 @@ class KeyMoves(Standbys):
             )
         if not parts[0].moves_keys:
             raise InvalidInput(
-                f"{refusal}: its partitions read {len(parts[0].inputs)} inputs",
-                expected="a partitioned element with one input (where keys change owner is a "
-                "position in that input)",
+                f"{refusal}: its partitions read the partitions of another element, "
+                + ", ".join("+".join(group) for group in parts[0].merged),
+                expected="a partitioned element whose inputs are not partitioned (where keys "
+                "change owner is a position in each input)",
                 received="inputs " + ", ".join(parts[0].inputs),
                 hint="move its partitions whole with `fogshift migrate PIPELINE <id>-p<i>`",
+            )
+        if rescaling and not parts[0].rescales:
+            raise InvalidInput(
+                f"{refusal}: its partitions read {len(parts[0].inputs)} inputs",
+                expected="a partitioned element with one input (a rescale or a key group "
+                "moves every key holding state up to one place in that input)",
+                received="inputs " + ", ".join(parts[0].inputs),
+                hint="move listed keys (`--keys K1,K2`), or its partitions whole with "
+                "`fogshift migrate PIPELINE <id>-p<i>`",
             )
         self.refuse_unless_running(record, refusal)
         return parts
@@ -395,7 +413,7 @@ class KeyMoves(Standbys):
                 wave = [k for k in wave if k in copied]  # the last wave of copied keys
             move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(wave),
                            to.partition.index, order.value, copy=copy)  # fmt: skip
-            at = self._append_key_record(pipeline, source, move.payload())
+            at = self._append_move(pipeline, to.inputs, move.payload())
             waves.append(KeyWave(seq=at, keys=wave))
             log.info("moving %d keys of %s/%s to %s at %s (wave %d)", len(wave), pipeline,
                      element_id, to.id, at, len(waves))  # fmt: skip
@@ -422,6 +440,83 @@ class KeyMoves(Standbys):
                 else:
                     step = _next_step(step, largest, WAVE_BYTES, WAVE_KEYS)
         return settled, waves, last
+
+    def _append_move(self, pipeline: str, inputs: tuple[str, ...], payload: bytes) -> int:
+        """Append the key move ``payload`` to the ``.keys`` subject of each of the
+        partitions' ``inputs``, the first first; its sequence in the first (where the
+        states travel). A move stored in some only (this orchestrator died between the
+        appends) holds its keys until :meth:`_complete_moves` appends the rest."""
+        if len(inputs) == 1:
+            return self._append_key_record(pipeline, inputs[0], payload)
+        element = str(json.loads(payload)["element"])
+        self._moves_complete.discard((pipeline, element))  # (checked again if this fails)
+        at = self._append_key_record(pipeline, inputs[0], payload)
+        for name in inputs[1:]:
+            self._append_key_record(pipeline, name, payload)
+        self._moves_complete.add((pipeline, element))
+        return at
+
+    def _complete_moves(self, pipeline: str, element_id: str, inputs: tuple[str, ...]) -> int:
+        """Append to every input of ``element_id``'s partitions the key moves the first
+        input holds and it lacks (the appends of a move go input after input: an
+        orchestrator that died between them left its keys held at their target, and their
+        origin waiting for the move's other places). Called under the element's lock; the
+        missing ones are the last moves, so appended at the end they keep the order.
+
+        Returns:
+            How many records were appended.
+        """
+        if len(inputs) < 2:
+            return 0
+
+        async def moves(js: Any, name: str) -> list[KeyMove]:
+            stream, subject = stream_name(pipeline, name), keys_subject(pipeline, name)
+            found = await get_range(js, stream, subject, 0, await last_seq(js, stream))
+            parsed = (parse(m.seq, m.data) for m in found)
+            return [m for m in parsed if isinstance(m, KeyMove) and m.element == element_id]
+
+        stored = self.broker.run(partial(moves, name=inputs[0]), timeout=60)
+        appended = 0
+        for name in inputs[1:]:
+            there = {m.move for m in self.broker.run(partial(moves, name=name), timeout=60)}
+            for move in stored:
+                if move.move not in there:
+                    log.warning("key move %s of %s/%s was not stored in input %s (an "
+                                "orchestrator died while appending it): appended now",
+                                move.move, pipeline, element_id, name)  # fmt: skip
+                    self._append_key_record(pipeline, name, move.payload())
+                    appended += 1
+        return appended
+
+    def complete_key_moves(self, records: list[PipelineRecord]) -> None:
+        """:meth:`_complete_moves` for the running pipelines' partitioned elements with
+        several inputs not known complete (once per orchestrator: one that died between a
+        move's appends; and after an append failed half-way) whose keys no move is moving
+        now (the central loop's upkeep)."""
+        for record in records:
+            if record.status != PipelineState.RUNNING:
+                continue
+            for element in record.spec.elements:
+                part = element.partition
+                if (
+                    part is None
+                    or part.index != 0
+                    or len(element.inputs) < 2
+                    or not element.moves_keys
+                    or (record.name, part.of) in self._moves_complete
+                ):
+                    continue
+                lock = _LOCKS.setdefault((record.name, part.of), threading.Lock())
+                if not lock.acquire(blocking=False):
+                    continue  # a move under way appends its own
+                try:
+                    self._complete_moves(record.name, part.of, element.inputs)
+                    self._moves_complete.add((record.name, part.of))
+                except FogshiftError as exc:
+                    log.warning("completing the key moves of %s/%s: %s", record.name,
+                                part.of, exc.render())  # fmt: skip
+                finally:
+                    lock.release()
 
     def _append_key_record(self, pipeline: str, source: str, payload: bytes) -> int:
         """Append ``payload`` (a key move or copy request) to the ``.keys`` subject of the

@@ -228,7 +228,9 @@ class Reconciler(Coordination):
             self._discard_left(pending)
 
     def streams_upkeep(self) -> None:
-        self._streams_current(self.registry.pipelines())
+        records = self.registry.pipelines()
+        self._streams_current(records)
+        self.complete_key_moves(records)
 
     def _streams_current(self, records: list[PipelineRecord]) -> None:
         """Once per pipeline and orchestrator: give each of its PEs' streams every subject

@@ -109,7 +109,7 @@ class Scaling(KeyMoves):
         started = time.monotonic()
         record = self.pipeline(pipeline)
         what = f"scale {pipeline}/{element_id}"
-        parts = self._movable_parts(record, element_id, f"cannot {what}")
+        parts = self._movable_parts(record, element_id, f"cannot {what}", rescaling=True)
         if partitions < len(parts) and nodes:
             raise InvalidInput(
                 f"cannot {what} in to {partitions} partitions with nodes for added ones",

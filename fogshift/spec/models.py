@@ -152,11 +152,20 @@ class ElementSpec(BaseModel):
 
     @property
     def moves_keys(self) -> bool:
-        """Whether this is a partition whose keys can move (key moves, key groups,
-        ``scale``): one input, where a move's place is a position (see
-        :mod:`fogshift.broker.keys`). A partition reading several inputs keeps the keys
-        CRC-32 gives it."""
-        return self.partition is not None and len(self.inputs) == 1
+        """Whether this is a partition whose keys can move: its reader places the moves
+        stored in its inputs (see :mod:`fogshift.broker.keys`). A partition reading the
+        partitions of another element (``merged``, whose records meet in an order of their
+        own) keeps the keys CRC-32 gives it. Key groups and ``scale`` need one input besides
+        (:attr:`rescales`)."""
+        return self.partition is not None and not self.merged
+
+    @property
+    def rescales(self) -> bool:
+        """Whether this partition's element may be rescaled and its key groups moved: keys
+        move, and on one input, where the orchestrator lists every key holding state up
+        to a place it appends the record at only if nothing came in meanwhile (with several
+        inputs, no one append covers them all)."""
+        return self.moves_keys and len(self.inputs) == 1
 
     def __new__(cls, *args: Any, **data: Any) -> Self:
         # Python then runs the chosen subclass's __init__, which validates with its schema.

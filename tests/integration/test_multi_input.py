@@ -22,6 +22,7 @@ import pytest
 
 from fogshift.broker.client import BrokerAddress, SyncJetStream, subject_counts
 from fogshift.broker.naming import cut_subject, data_subject, stream_name
+from fogshift.spec.models import partition_of_key
 from fogshift.verify.reference import case1_reference, compare, read_sink
 from tests.conftest import Cluster, group_alive, pgids_of
 from tests.integration.helpers import FEEDERS, Feeder, stream_messages, write_spec
@@ -214,6 +215,103 @@ def test_two_input_pes_stay_exactly_once_through_migrations_restores_and_restart
     assert all(e["state"] == "running" for e in status["elements"]), status
     for pipeline in ("duo", "whole"):
         cluster.cli("stop", pipeline)
+
+
+def shared_line(rnd: random.Random, k: int) -> str:
+    """Row ``k`` of either input: six sensors, each in both inputs."""
+    return f"{1_700_000_000 + k},s{k % 6},{rnd.uniform(-50, 50):.3f}\n"
+
+
+@pytest.mark.timeout(900)
+def test_keys_of_a_partition_with_two_inputs_move_exactly_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # A keyed PE in two partitions reads two inputs, each key's events in both: keys move
+    # between the partitions while both inputs flow, each move stored in both inputs. Every
+    # key's events are numbered as processed (procs_multi.KeyedTally), so a state lost or
+    # doubled at a move, an event lost, repeated or out of its input's order shows.
+    procs = Path(__file__).parent
+    for seed, name in enumerate("ab", start=7):
+        FEEDERS[tmp_path / name] = Feeder(tmp_path / f"{name}.csv", seed, first=30,
+                                          line=shared_line)  # fmt: skip
+    spec = write_spec(
+        tmp_path / "keyduo.yaml",
+        "keyduo",
+        [
+            {"id": "a", "kind": "csv-source", "node": "cloud", "options": {"path": "a.csv"}},
+            {"id": "b", "kind": "csv-source", "node": "cloud", "options": {"path": "b.csv"}},
+            {"id": "tally", "kind": "custom", "partitions": ["fog-a", "fog-b"],
+             "key_by": "sensor", "inputs": ["a", "b"],
+             "options": {"class": "procs_multi:KeyedTally", "path": str(procs)}},
+        ],
+    )  # fmt: skip
+    cluster.cli("deploy", str(spec))
+    for pe in ("tally-p0", "tally-p1"):
+        cluster.wait_for("keyduo", pe, 10)
+    zero = [f"s{i}" for i in range(6) if partition_of_key(f"s{i}", 2) == 0]
+    one = [f"s{i}" for i in range(6) if partition_of_key(f"s{i}", 2) == 1]
+    assert zero and one
+    # Two of partition 0's keys to fog-b (backlog order, their states copied ahead), then
+    # one of partition 1's to fog-a (fifo, whole), each while both inputs flow.
+    moved = cluster.json("migrate", "keyduo", "tally", "--keys", ",".join(zero[:2]),
+                         "--to", "fog-b")  # fmt: skip
+    assert (moved["status"], sorted(moved["sent"])) == ("moved", sorted(zero[:2])), moved
+    cluster.wait_for("keyduo", "tally-p1", cluster.element("keyduo", "tally-p1")["events_out"] + 20)
+    back = cluster.json("migrate", "keyduo", "tally", "--keys", one[0], "--to", "fog-a",
+                        "--order", "fifo", "--no-precopy")  # fmt: skip
+    assert (back["status"], back["sent"]) == ("moved", [one[0]]), back
+    # No rescale: no one append of its record lists every key of two inputs.
+    refused = cluster.cli("scale", "keyduo", "tally", "--partitions", "3", check=False)
+    assert refused.returncode != 0 and "read 2 inputs" in " ".join(refused.stderr.split())
+    cluster.wait_for("keyduo", "tally-p0", cluster.element("keyduo", "tally-p0")["events_out"] + 20)
+    total = sum(FEEDERS.pop(tmp_path / name).stop() for name in "ab")
+
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    try:
+        subjects = {pe: data_subject("keyduo", pe) for pe in ("tally-p0", "tally-p1")}
+        deadline = time.monotonic() + 300
+        stored = 0
+        while time.monotonic() < deadline and stored < total:
+            time.sleep(0.5)
+            stored = sum(
+                client.run(lambda js, p=pe: subject_counts(js, stream_name("keyduo", p))).get(s, 0)
+                for pe, s in subjects.items()
+            )  # fmt: skip
+    finally:
+        client.close()
+    assert stored == total, f"{stored} of {total} events out\n{cluster.logs()}"
+    time.sleep(1)  # a duplicate would show within a batch
+    inputs: dict[str, set[tuple[str, int]]] = {}
+    for name in "ab":
+        for m in stream_messages(cluster, "keyduo", name):
+            if m.subject == data_subject("keyduo", name):
+                event = json.loads(m.data)
+                key = json.loads(event["body"])["sensor"]
+                inputs.setdefault(key, set()).add((event["creator"], event["seq"]))
+    out: dict[str, list[tuple[int, str, int, str]]] = {}
+    for pe in ("tally-p0", "tally-p1"):
+        for body in bodies(cluster, "keyduo", pe):
+            out.setdefault(body["sensor"], []).append((body["n"], body["src"], body["src_seq"], pe))
+    assert set(out) == set(inputs)
+    for key, rows in out.items():
+        rows.sort()
+        # Numbered 1..N without a gap or a repeat: the state moved whole, once.
+        assert [n for n, *_ in rows] == list(range(1, len(rows) + 1)), key
+        # Each of the key's input events exactly once, each input's in its order.
+        assert {(src, seq) for _, src, seq, _ in rows} == inputs[key] and len(rows) == len(
+            inputs[key]
+        ), key
+        for name in "ab":
+            seqs = [seq for _, src, seq, _ in rows if src == name]
+            assert seqs == sorted(seqs), (key, name)
+    # The moved keys were processed by their origin, then by their target.
+    for key, origin, target in [(k, "tally-p0", "tally-p1") for k in zero[:2]] + [
+        (one[0], "tally-p1", "tally-p0")
+    ]:
+        where = [pe for *_, pe in out[key]]
+        assert origin in where and target in where, (key, where)
+        assert where == sorted(where, key=lambda pe: pe != origin), (key, where)
+    cluster.cli("stop", "keyduo")
 
 
 def whole_spec(work: Path) -> Path:

@@ -20,7 +20,7 @@ from fogshift.orchestrator.keymoves import (
 from fogshift.orchestrator.scaling import _rescaled_to
 
 KIB, MIB = 1024, 1024 * 1024
-TARGET: Any = SimpleNamespace(id="agg-p1", partition=SimpleNamespace(index=1))
+TARGET: Any = SimpleNamespace(id="agg-p1", partition=SimpleNamespace(index=1), inputs=("in",))
 
 
 class Waves(KeyMoves):
