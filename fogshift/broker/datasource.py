@@ -116,16 +116,25 @@ RECORD_SCHEMA = (
 OFFSET_TYPE = "jetstream"
 
 
-def offset(positions: dict[str, int], cut: int | None = None) -> dict[str, Any]:
+def offset(positions: dict[str, int], cut: int | None = None, shift: int = 0) -> dict[str, Any]:
     """A reader offset as a typed plain dict.
 
     ``cut`` (PEs with several inputs): the stream sequence of the logged cut that ends at
-    ``positions``; the next batch's cut is looked up after it.
+    ``positions``; the next batch's cut is looked up after it. ``shift`` (a partition with
+    several inputs whose keys move): how far its rows' origins are ahead of the sum of its
+    inputs' positions (see :meth:`JetStreamReader._partition_rows`).
     """
     value: dict[str, Any] = {"type": OFFSET_TYPE, "positions": dict(positions)}
     if cut is not None:
         value["cut"] = int(cut)
+    if shift:
+        value["shift"] = int(shift)
     return value
+
+
+def shift_of(value: dict[str, Any]) -> int:
+    """The origins' shift an offset ends at (see :func:`offset`)."""
+    return int(value.get("shift", 0))
 
 
 def cut_of(value: dict[str, Any]) -> int:
@@ -317,6 +326,7 @@ class JetStreamPartition(InputPartition):
         rows: list[tuple[int, int, float, str, str]] | None = None,
         keys: list[StoredMessage] | None = None,
         parts: dict[int, bytes] | None = None,
+        shift: int = 0,
     ) -> None:
         super().__init__([list(span) for span in spans])
         self.spans = [list(span) for span in spans]
@@ -328,6 +338,8 @@ class JetStreamPartition(InputPartition):
         #: (:mod:`fogshift.broker.parts_ahead`), by sequence.
         self.keys = keys
         self.parts = parts or {}
+        #: A partition with several inputs: its origins' shift where the batch starts.
+        self.shift = shift
 
 
 #: The Arrow schema of :data:`EVENT_SCHEMA`.
@@ -477,6 +489,58 @@ class JetStreamReader(DataSourceStreamReader):
         return latest
 
     def _latest(self, start: dict, limit: ReadLimit) -> dict:
+        end = self._latest_cut(start, limit)
+        if self.partition is None or len(self.inputs) == 1 or end == start:
+            return end
+        return offset(positions_of(end), cut_of(end), self._shift_after(start, end))
+
+    def _shift_after(self, start: dict, end: dict) -> int:
+        """The origins' shift of this partition (several inputs) once the batch from
+        ``start`` to ``end`` has run: the executor's (:meth:`_partition_rows`), from the
+        key states in the first input, which the planner reads too (a few messages)."""
+        assert self.partition is not None
+        of, index, _ = self.partition
+        home = self.inputs[0]
+        shift = shift_of(start)
+        begin, finish = positions_of(start), positions_of(end)
+        if cut_of(end) == 0:
+            spans = [[Range(n, begin.get(n, 0), finish.get(n, 0)) for n in self.inputs]]
+        else:
+            spans = [
+                [Range(n, cut.start.get(n, 0), cut.end.get(n, 0)) for n in self.inputs]
+                for cut in self._cuts_between(start, end, keep=True)
+            ]
+        first = min(span_range(s, home).start for s in spans)
+        client = shared_client(self.broker)
+        ownership = self._owners_before(client, home, first)[0]
+        found = client.run(
+            partial(get_ranges, stream=stream_name(self.pipeline, home),
+                    subjects=key_subjects(self.pipeline, home), start=first,
+                    end=max(span_range(s, home).end for s in spans)),
+            timeout=120,
+        )  # fmt: skip
+        for span in spans:
+            rng, later = span[0], sum(r.start for r in span[1:])
+            for msg in found:
+                if not rng.start < msg.seq <= rng.end:
+                    continue
+                item = read_message(self.pipeline, home, msg.subject, msg.seq, msg.data)
+                if item is None or item.element != of:
+                    continue
+                if isinstance(item, KeyMove):
+                    ownership.apply(item)
+                elif isinstance(item, KeyCopy):
+                    ownership.request(item)
+                elif self._installs(item, index, ownership):
+                    shift = _shifted(shift, msg.seq + later, item)
+        return shift
+
+    @staticmethod
+    def _installs(item: KeyState, index: int, ownership: Ownership) -> bool:
+        """Whether partition ``index`` takes ``item`` as a moved key's state (a row)."""
+        return item.to == index and not item.copy and ownership.sent_by_owner(item)
+
+    def _latest_cut(self, start: dict, limit: ReadLimit) -> dict:
         begin = positions_of(start)
         gate = read_gate(self.gate)
         if gate is not None and gate["mode"] == "hold":
@@ -699,11 +763,12 @@ class JetStreamReader(DataSourceStreamReader):
         (``fogshift scale`` adds partitions to their consumers) had not been read."""
         return {n: int(positions.get(n, 0)) for n in self.inputs}
 
-    def _cuts_between(self, start: dict, end: dict) -> list[Cut]:
+    def _cuts_between(self, start: dict, end: dict, keep: bool = False) -> list[Cut]:
         """The logged cuts from ``start`` to ``end`` (planned here, or read from the log for
-        a batch planned by an earlier run of the query), checked to chain."""
+        a batch planned by an earlier run of the query), checked to chain; planned ones
+        are forgotten unless ``keep``."""
         last = cut_of(end)
-        cuts = self._planned.pop(last, None)
+        cuts = self._planned.get(last) if keep else self._planned.pop(last, None)
         if cuts is None:
             client = shared_client(self.broker)
             cuts, after = [], cut_of(start)
@@ -808,7 +873,7 @@ class JetStreamReader(DataSourceStreamReader):
             [Range(n, cut.start.get(n, 0), cut.end.get(n, 0)) for n in self.inputs]
             for cut in self._cuts_between(start, end)
         ]
-        return [JetStreamPartition(spans)]
+        return [JetStreamPartition(spans, shift=shift_of(start))]
 
     def _with_parts(self, rng: Range) -> JetStreamPartition:
         """A partition's batch with the parts fetched ahead that its key states name: the
@@ -849,8 +914,12 @@ class JetStreamReader(DataSourceStreamReader):
         of, _, count = self.partition
         owners = Ownership(count)
         moves: list[KeyMove] = []
+        seen: set[str] = set()
         for earlier in _moves_until(client, self.pipeline, name, of, start, self.epoch, self.pe):
             if isinstance(earlier, KeyMove):
+                if earlier.move in seen:
+                    continue  # (stored twice in this input: taken once, see _partition_row)
+                seen.add(earlier.move)
                 owners.apply(earlier)
                 moves.append(earlier)
             elif name == self.inputs[0]:
@@ -866,7 +935,9 @@ class JetStreamReader(DataSourceStreamReader):
         client = shared_client(self.broker)
         spans = partition.spans
         if self.partition is not None:
-            owned = self._partition_rows(client, spans, partition.keys, partition.parts)
+            owned = self._partition_rows(
+                client, spans, partition.keys, partition.parts, partition.shift
+            )
             if owned:
                 yield _arrow_rows(owned)
             return
@@ -926,6 +997,7 @@ class JetStreamReader(DataSourceStreamReader):
         spans: Sequence[Sequence[Range]],
         keys_read: list[StoredMessage] | None = None,
         parts_read: dict[int, bytes] | None = None,
+        shift: int = 0,
     ) -> list[tuple[int, int, float, str, str]]:
         """A partition's rows of ``spans``: the events of the keys it owns at their place, and
         a row per key for each key move and key state that concerns it (see
@@ -936,7 +1008,15 @@ class JetStreamReader(DataSourceStreamReader):
         place there: the target holds the key's events from the first of those places it
         reaches, the origin sends the key's state once it has passed them all, on the first
         input (where key states and copy requests travel). Rows are numbered as for any PE
-        with several inputs (every input's position once the row is consumed, summed).
+        with several inputs (every input's position once the row is consumed, summed),
+        plus a *shift*: the partitions' cuts differ, so these sums are no common measure, and
+        a consumer merging the partitions' records by them could take a moved key's first
+        records on its target for earlier than its last on its origin. So the origin's
+        state names the origin it made its last rows at (``after``), and the target's rows
+        from the state's on are numbered beyond it (the shift grows to what it takes, and is
+        kept in the reader's offsets: ``shift`` is where this batch starts). With one input
+        the state comes after the move in the input, so the shift stays 0 and ``origin`` is
+        the input's sequence.
 
         ``keys_read``: the ``.keys`` messages of a one-input batch, if the planner read them;
         ``parts_read``: parts of the key states they name, by sequence, fetched ahead (the
@@ -970,6 +1050,7 @@ class JetStreamReader(DataSourceStreamReader):
             )  # fmt: skip
             messages[name] = sorted([*data, *keys_read], key=lambda m: m.seq)
         rows: list[tuple[int, int, float, str, str]] = []
+        shifted = [shift]
 
         def control(origin: int, kind: str, key: str, detail: dict[str, Any]) -> None:
             body = json.dumps({self.key_by: key, CONTROL_FIELD: detail})
@@ -982,20 +1063,24 @@ class JetStreamReader(DataSourceStreamReader):
                 for msg in messages[rng.input]:
                     if rng.start < msg.seq <= rng.end:
                         self._partition_row(client, rng.input, msg, done + msg.seq + later,
-                                            owners, places, control, rows, parts_read)  # fmt: skip
+                                            shifted, owners, places, control, rows,
+                                            parts_read)  # fmt: skip
                 done += rng.end
         return rows
 
     def _partition_row(
-        self, client: SyncJetStream, name: str, msg: StoredMessage, origin: int,
-        owners: dict[str, Ownership], places: dict[str, dict[str, int]], control: Any,
-        rows: list[tuple[int, int, float, str, str]], parts_read: dict[int, bytes] | None,
+        self, client: SyncJetStream, name: str, msg: StoredMessage, own: int,
+        shift: list[int], owners: dict[str, Ownership], places: dict[str, dict[str, int]],
+        control: Any, rows: list[tuple[int, int, float, str, str]],
+        parts_read: dict[int, bytes] | None,
     ) -> None:  # fmt: skip
-        """The rows message ``msg`` of input ``name`` makes (see :meth:`_partition_rows`)."""
+        """The rows message ``msg`` of input ``name`` makes (see :meth:`_partition_rows`):
+        ``own`` is its place (the inputs' positions summed), ``shift`` the shift so far."""
         assert self.partition is not None
         of, index, _ = self.partition
         home = self.inputs[0]
         ownership = owners[name]
+        origin = own + shift[0]
         if msg.subject == data_subject(self.pipeline, name):
             fields = event_fields(msg.data)
             if ownership.owner(body_key(fields[3], self.key_by)) == index:
@@ -1005,7 +1090,9 @@ class JetStreamReader(DataSourceStreamReader):
         if item is None or item.element != of:
             return
         if isinstance(item, KeyMove):
-            if item.seq <= ownership.applied:
+            if item.seq <= ownership.applied or name in places.get(item.move, {}):
+                # (A move stored twice in an input, e.g. an append that timed out and was
+                # completed again past the broker's duplicate window: its first place holds.)
                 return
             before = ownership.apply(item)
             passed = places.setdefault(item.move, {})
@@ -1021,6 +1108,8 @@ class JetStreamReader(DataSourceStreamReader):
                           "key_by": self.key_by}  # fmt: skip
                 if before.get(key) == index and to != index and closing:
                     detail.update(at=passed.get(home, item.seq), ahead=dict(passed))
+                    if len(self.inputs) > 1:
+                        detail["after"] = origin  # (its last rows' origin, see above)
                     if item.copy is not None:  # precopied: send what changed since
                         detail["base"] = item.copy
                     control(origin, KEY_MOVE_OUT, key, detail)
@@ -1042,6 +1131,9 @@ class JetStreamReader(DataSourceStreamReader):
             return
         if not isinstance(item, KeyState) or item.to != index:
             return
+        if self._installs(item, index, ownership):
+            shift[0] = _shifted(shift[0], own, item)
+            origin = own + shift[0]
         if not ownership.sent_by_owner(item):
             # A partition that did not own the key forged it: neither its parts are read
             # nor is it installed (the owner's comes).
@@ -1107,6 +1199,15 @@ STATE_ACK_S = 60.0
 #: How far past a key move its origin looks for the moving keys' next events
 #: (``order: backlog``): keys not seen that far go last.
 BACKLOG_LOOKAHEAD = 10_000
+
+
+def _shifted(shift: int, own: int, state: KeyState) -> int:
+    """A partition's origins' shift once it takes ``state`` at its place ``own`` (see
+    :meth:`JetStreamReader._partition_rows`): its rows from there on are numbered beyond
+    the origin's last for the key (:attr:`~fogshift.broker.keys.KeyState.after`)."""
+    if state.after is None:
+        return shift
+    return max(shift, state.after + 1 - own)
 
 
 async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record]) -> None:
@@ -1189,6 +1290,7 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
             keep=state.get("keep"),
             size=sum(map(len, bodies)),
             raw=state["raw"],
+            after=state.get("after"),
         )
         subject = key_state_subject(pipeline, source, partition_id(state["element"], origin))
         sent = await js.publish_async(subject, payload, stream=stream,

@@ -160,6 +160,10 @@ class KeyState:
     #: is on ``.keys``, where only the orchestrator may publish now and an older fogshift's
     #: partitions stored their states.
     origin: int | None = None
+    #: A partition with several inputs: the origin its sender made its last rows of the key
+    #: at; the target numbers its rows from the state's on beyond it (``None``: one input,
+    #: where the state's place is beyond them already).
+    after: int | None = None
 
     def complete(self, copied: dict[str, str] | None) -> dict[str, str]:
         """The key's whole state, from this one and the copy it completes (``copied``: the
@@ -205,11 +209,12 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
             state = {str(k): str(v) for k, v in dict(value["state"] or {}).items()}
             parts = tuple(int(p) for p in value.get("parts") or ())
             base = str(value["base"]) if value.get("base") is not None else None
+            after = int(value["after"]) if value.get("after") is not None else None
             return KeyState(seq, str(value["move"]), str(value["element"]), str(value["key"]),
                             int(value["to"]), state, parts, bool(value.get("copy", False)),
                             base, tuple(str(n) for n in value.get("keep") or ()),
                             int(value.get("size") or 0), int(value.get("raw") or 0),
-                            bool(value.get("addressed", False)))  # fmt: skip
+                            bool(value.get("addressed", False)), after=after)  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         return None  # (1e999 as an int, a number too large for a float, JSON nested too deep)
     return None
@@ -253,13 +258,13 @@ STATE_CODEC = "zstd"
 def state_payload(
     move: str, element: str, key: str, to: int, state: dict[str, str] | None,
     parts: list[int] | None = None, copy: bool = False, base: str | None = None,
-    keep: list[str] | None = None, size: int = 0, raw: int = 0,
+    keep: list[str] | None = None, size: int = 0, raw: int = 0, after: int | None = None,
 ) -> bytes:  # fmt: skip
     """The message with ``key``'s state for its move (on its origin's ``.keys.<origin>``); a
     large state comes in ``parts`` (the sequences of its :func:`state_parts` messages on
     the subject addressed to ``to``, in order, ``size`` bytes in all, ``raw`` bytes of JSON
     uncompressed)
-    instead. ``copy``, ``base`` and ``keep``: see :class:`KeyState`."""
+    instead. ``copy``, ``base``, ``keep`` and ``after``: see :class:`KeyState`."""
     body: dict[str, Any] = {"type": "key-state", "move": move, "element": element, "key": key,
                             "to": to, "state": state}  # fmt: skip
     if parts is not None:
@@ -268,6 +273,8 @@ def state_payload(
         body["copy"] = True
     if base is not None:
         body.update(base=base, keep=list(keep or ()))
+    if after is not None:
+        body["after"] = after
     return json.dumps(body).encode()
 
 

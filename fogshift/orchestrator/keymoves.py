@@ -30,6 +30,7 @@ from fogshift.broker.client import (
     last_seq,
     subject_count,
 )
+from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.keys import (
     INLINE_STATE_BYTES,
     KeyCopy,
@@ -452,7 +453,9 @@ class KeyMoves(Standbys):
         self._moves_complete.discard((pipeline, element))  # (checked again if this fails)
         at = self._append_key_record(pipeline, inputs[0], payload)
         for name in inputs[1:]:
-            self._append_key_record(pipeline, name, payload)
+            # (Under the move's id: an append that timed out and is sent again by
+            # _complete_moves is stored once; a reader takes a move once per input anyway.)
+            self._append_key_record(pipeline, name, payload, str(json.loads(payload)["move"]))
         self._moves_complete.add((pipeline, element))
         return at
 
@@ -484,7 +487,7 @@ class KeyMoves(Standbys):
                     log.warning("key move %s of %s/%s was not stored in input %s (an "
                                 "orchestrator died while appending it): appended now",
                                 move.move, pipeline, element_id, name)  # fmt: skip
-                    self._append_key_record(pipeline, name, move.payload())
+                    self._append_key_record(pipeline, name, move.payload(), move.move)
                     appended += 1
         return appended
 
@@ -512,19 +515,28 @@ class KeyMoves(Standbys):
                 try:
                     self._complete_moves(record.name, part.of, element.inputs)
                     self._moves_complete.add((record.name, part.of))
-                except FogshiftError as exc:
-                    log.warning("completing the key moves of %s/%s: %s", record.name,
-                                part.of, exc.render())  # fmt: skip
+                except BrokerUnavailable as exc:
+                    log.warning("cannot complete the key moves of %s/%s: %s", record.name,
+                                part.of, exc.message)  # fmt: skip
+                    return  # (next round: the other elements would wait for it too)
+                except Exception as exc:
+                    # (The central round's pulls and pushes go on: one element's trouble
+                    # is logged and looked at again next round.)
+                    log.warning("cannot complete the key moves of %s/%s: %r", record.name,
+                                part.of, exc)  # fmt: skip
                 finally:
                     lock.release()
 
-    def _append_key_record(self, pipeline: str, source: str, payload: bytes) -> int:
+    def _append_key_record(
+        self, pipeline: str, source: str, payload: bytes, msg_id: str | None = None
+    ) -> int:
         """Append ``payload`` (a key move or copy request) to the ``.keys`` subject of the
-        input ``source``; its stream sequence."""
+        input ``source`` (under message id ``msg_id``, if given); its stream sequence."""
         stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
+        headers = {"Nats-Msg-Id": f"key-move:{msg_id}"} if msg_id is not None else None
 
         async def store(js: Any) -> int:
-            ack = await js.publish(subject, payload, stream=stream)
+            ack = await js.publish(subject, payload, stream=stream, headers=headers)
             return int(ack.seq)
 
         return int(self.broker.run(store, timeout=30))

@@ -117,6 +117,23 @@ class Scaling(KeyMoves):
                 received=", ".join(nodes),
                 hint=f"`fogshift scale {pipeline} {element_id} --partitions {partitions}`",
             )
+        movers = sorted({
+            e.partition.of for e in record.spec.elements
+            if set(e.inputs) & {p.id for p in parts} and e.partition is not None and e.moves_keys
+        })  # fmt: skip
+        if movers and len(parts) == 1 < partitions:
+            # Its readers would read two partitions merged, where keys cannot move: theirs
+            # would go back to their CRC-32 partitions, which hold no state for them.
+            raise InvalidInput(
+                f"cannot {what} out of one partition: the partitions of "
+                f"{', '.join(movers)} read it, whose keys move by places in its stream",
+                expected="an element that no partitioned element reads, or has two "
+                "partitions or more already",
+                received=f"{element_id} (one partition) read by " + ", ".join(movers),
+                hint="deploy the pipeline afresh with the partitions it should have (a "
+                "partitioned element reading several partitions reads them merged, and its "
+                "keys stay where CRC-32 puts them)",
+            )
         adding = max(partitions - len(parts), 0)
         placed = self._nodes_for(record.placement, parts, adding, nodes, what) if adding else []
         old = [p.id for p in parts]

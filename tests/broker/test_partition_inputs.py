@@ -55,12 +55,12 @@ class Inputs:
                 "body": json.dumps({"k": key, "n": n})}  # fmt: skip
         return self.publish(name, data_subject(self.pipeline, name), json.dumps(body).encode())
 
-    def move(self, name: str, key: str) -> int:
-        payload = KeyMove(0, "m1", "pe", (key,), 1).payload()
+    def move(self, name: str, key: str, move: str = "m1", to: int = 1) -> int:
+        payload = KeyMove(0, move, "pe", (key,), to).payload()
         return self.publish(name, keys_subject(self.pipeline, name), payload)
 
-    def state(self, name: str, key: str, origin: int, to: int) -> int:
-        payload = state_payload("m1", "pe", key, to, {"sum": json.dumps(7)})
+    def state(self, name: str, key: str, origin: int, to: int, after: int | None = None) -> int:
+        payload = state_payload("m1", "pe", key, to, {"sum": json.dumps(7)}, after=after)
         return self.publish(name, key_state_subject(self.pipeline, name, f"pe-p{origin}"), payload)
 
 
@@ -72,12 +72,12 @@ def reader(inputs: Inputs, index: int, nats_server: BrokerProcess, tmp_path: Pat
     })  # fmt: skip
 
 
-def rows(part: Any, **ranges: tuple[int, int]) -> list[tuple[int, str, Any]]:
+def rows(part: Any, shift: int = 0, **ranges: tuple[int, int]) -> list[tuple[int, str, Any]]:
     """``(origin, creator, n or the control detail)`` of one batch of ``ranges`` (input ->
-    (start, end]), as an executor reads it."""
+    (start, end]) starting at origins' shift ``shift``, as an executor reads it."""
     span = [Range(name, *ranges[name]) for name in "ab"]
     out = []
-    for batch in part.read(JetStreamPartition([span])):
+    for batch in part.read(JetStreamPartition([span], shift=shift)):
         for row in batch.to_pylist():
             body = json.loads(row["body"])
             what = body[CONTROL_FIELD] if CONTROL_FIELD in body else body["n"]
@@ -132,3 +132,59 @@ def test_a_key_state_counts_on_the_first_input_only(
     got = rows(target, a=(0, on_a), b=(0, on_b))
     assert [c for _, c, _ in got] == [KEY_MOVE_IN, KEY_STATE]
     assert got[1][2]["state"] == {"sum": "7"} and got[1][0] == on_a
+
+
+def test_a_targets_rows_from_a_moved_keys_state_on_are_numbered_beyond_its_origins(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # The origin passes the move far into b (its last rows' origins are large), the target
+    # takes the state having read little of b: a consumer merging the two partitions by
+    # origin would take the target's first records of the key for earlier than the origin's
+    # last. The target's rows from the state on are shifted beyond the origin's, the shift
+    # kept in its offsets (the planner's equals the executor's).
+    inputs = Inputs(js_client)
+    xa = inputs.move("a", KEY)
+    busy = [inputs.event("b", OTHER, n) for n in range(20)]
+    xb = inputs.move("b", KEY)
+    origin, target = reader(inputs, 0, nats_server, tmp_path), reader(inputs, 1, nats_server,
+                                                                        tmp_path)  # fmt: skip
+    ((closing, kind, detail), *_) = [r for r in rows(origin, a=(0, xa), b=(0, xb)) if r[1] != "b"]
+    assert kind == KEY_MOVE_OUT and closing == xa + xb and detail["after"] == closing
+    on_a = inputs.state("a", KEY, 0, 1, after=closing)
+    a3, b22 = inputs.event("a", KEY, 3), inputs.event("b", KEY, 22)
+    got = rows(target, a=(0, on_a), b=(0, 0))
+    assert [c for _, c, _ in got] == [KEY_MOVE_IN, KEY_STATE]
+    assert got[0][0] == xa and got[1][0] == closing + 1  # (not on_a: beyond the origin's)
+    start = {"type": "jetstream", "positions": {"a": 0, "b": 0}}
+    end = {"type": "jetstream", "positions": {"a": on_a, "b": 0}}
+    shift = target._shift_after(start, end)
+    assert shift == closing + 1 - on_a > 0
+    assert origin._shift_after(start, {"type": "jetstream", "positions": {"a": xa, "b": xb}}) == 0
+    later = rows(target, shift, a=(on_a, a3), b=(0, b22))
+    assert [(c, n) for _, c, n in later] == [("a", 3), ("b", 22)]
+    origins = [o for o, _, _ in got + later]
+    assert origins == sorted(set(origins)) and later[0][0] == a3 + shift
+    assert busy  # (b's events of another key, which the target does not own)
+
+
+def test_a_move_stored_twice_in_an_input_takes_its_first_place_only(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # m1 gives the key to partition 1, m2 back to 0; then m1 is stored again in b (an
+    # append that timed out, completed again once the broker's duplicate window had
+    # passed). Taken again, it would give partition 1 the key in b once more, with no state.
+    inputs = Inputs(js_client)
+    for name in "ab":
+        inputs.move(name, KEY)
+    for name in "ab":
+        inputs.move(name, KEY, "m2", 0)
+    again = inputs.move("b", KEY)
+    event = inputs.event("b", KEY, 5)
+    for index, owns in ((0, True), (1, False)):
+        part = reader(inputs, index, nats_server, tmp_path)
+        whole = [(c, n) for _, c, n in rows(part, a=(0, 2), b=(0, event)) if c == "b"]
+        assert whole == ([("b", 5)] if owns else []), index
+        # Read from past the second m1 (a restart there replays the moves before it).
+        assert [c for _, c, _ in rows(part, a=(2, 2), b=(again, event))] == (
+            ["b"] if owns else []
+        ), index

@@ -243,6 +243,8 @@ def test_keys_of_a_partition_with_two_inputs_move_exactly_once(
             {"id": "tally", "kind": "custom", "partitions": ["fog-a", "fog-b"],
              "key_by": "sensor", "inputs": ["a", "b"],
              "options": {"class": "procs_multi:KeyedTally", "path": str(procs)}},
+            {"id": "out", "kind": "csv-sink", "node": "cloud", "inputs": ["tally"],
+             "options": {"path": "out/keyduo.csv"}},
         ],
     )  # fmt: skip
     cluster.cli("deploy", str(spec))
@@ -311,6 +313,17 @@ def test_keys_of_a_partition_with_two_inputs_move_exactly_once(
         where = [pe for *_, pe in out[key]]
         assert origin in where and target in where, (key, where)
         assert where == sorted(where, key=lambda pe: pe != origin), (key, where)
+    # Downstream, the partitions' records merged: each key's in the order it was processed
+    # (the target's rows from a moved key's state on are numbered beyond the origin's).
+    sink = tmp_path / "out" / "keyduo.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(sink.read_text().splitlines()) < total + 1:
+        time.sleep(0.5)
+    time.sleep(1)  # a duplicate would show within a batch
+    written = pd.read_csv(sink, dtype={"sensor": str})
+    assert len(written) == total
+    for key, group in written.groupby("sensor"):
+        assert list(group["n"]) == list(range(1, len(group) + 1)), key
     cluster.cli("stop", "keyduo")
 
 

@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from fogshift.broker.client import SyncJetStream, ensure_pe_stream, get_range, last_seq
+from fogshift.broker.client import (
+    BrokerAddress,
+    SyncJetStream,
+    ensure_pe_stream,
+    get_range,
+    last_seq,
+)
 from fogshift.broker.keys import KeyMove, parse
 from fogshift.broker.naming import keys_subject, stream_name
 from fogshift.broker.server import BrokerProcess
@@ -96,3 +102,33 @@ def test_a_rescale_or_key_group_of_several_inputs_is_refused(
             orch.migrate_keys("two", "agg", [], "fog-b", group=(0, 2), timeout_s=0.1)
     assert "its partitions read 2 inputs" in refused.value.message
     assert refused.value.hint and "--keys" in refused.value.hint
+
+
+def test_an_element_a_partitioned_reader_moves_keys_on_is_not_scaled_out_of_one_partition(
+    tmp_path: Path,
+) -> None:
+    # Its reader would read two partitions merged, where keys cannot move: the keys moved
+    # before would go back to their CRC-32 partitions, which hold no state for them.
+    spec = {
+        "pipeline": "chain",
+        "elements": [
+            {"id": "src", "kind": "csv-source", "node": "cloud", "options": {"path": "i.csv"}},
+            {"id": "up", "kind": "window-aggregate", "partitions": ["fog-a"], "key_by": "k",
+             "inputs": ["src"], "options": {"field": "v", "window": 2}},
+            {"id": "down", "kind": "window-aggregate", "partitions": ["fog-a", "fog-b"],
+             "key_by": "k", "inputs": ["up"], "options": {"field": "v", "window": 2}},
+        ],
+    }  # fmt: skip
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orchestrator = Orchestrator(config)
+    try:
+        orchestrator.registry.put_pipeline(parse_spec(spec, tmp_path), "running")  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput) as refused:
+            orchestrator.scale("chain", "up", 2, ["fog-b"], timeout_s=0.1)
+        assert "the partitions of down read it" in refused.value.message
+        assert refused.value.hint and "afresh" in refused.value.hint
+        record = orchestrator.registry.get_pipeline("chain")
+        assert record is not None and [e.id for e in record.spec.partitions_of("up")] == ["up-p0"]
+    finally:
+        orchestrator.close()
