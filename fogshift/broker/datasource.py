@@ -327,6 +327,7 @@ class JetStreamPartition(InputPartition):
         keys: list[StoredMessage] | None = None,
         parts: dict[int, bytes] | None = None,
         shift: int = 0,
+        ends: int | None = None,
     ) -> None:
         super().__init__([list(span) for span in spans])
         self.spans = [list(span) for span in spans]
@@ -338,8 +339,10 @@ class JetStreamPartition(InputPartition):
         #: (:mod:`fogshift.broker.parts_ahead`), by sequence.
         self.keys = keys
         self.parts = parts or {}
-        #: A partition with several inputs: its origins' shift where the batch starts.
+        #: A partition with several inputs: its origins' shift where the batch starts, and
+        #: where the planner found it ends (``None``: not checked).
         self.shift = shift
+        self.ends = ends
 
 
 #: The Arrow schema of :data:`EVENT_SCHEMA`.
@@ -512,7 +515,8 @@ class JetStreamReader(DataSourceStreamReader):
             ]
         first = min(span_range(s, home).start for s in spans)
         client = shared_client(self.broker)
-        ownership = self._owners_before(client, home, first)[0]
+        ownership, earlier = self._owners_before(client, home, first)
+        placed = {move.move for move in earlier}  # (a move stored twice: its first place)
         found = client.run(
             partial(get_ranges, stream=stream_name(self.pipeline, home),
                     subjects=key_subjects(self.pipeline, home), start=first,
@@ -528,7 +532,9 @@ class JetStreamReader(DataSourceStreamReader):
                 if item is None or item.element != of:
                     continue
                 if isinstance(item, KeyMove):
-                    ownership.apply(item)
+                    if item.seq > ownership.applied and item.move not in placed:
+                        placed.add(item.move)
+                        ownership.apply(item)
                 elif isinstance(item, KeyCopy):
                     ownership.request(item)
                 elif self._installs(item, index, ownership):
@@ -868,12 +874,12 @@ class JetStreamReader(DataSourceStreamReader):
                 return [JetStreamPartition([ranges], rows=ahead[2])]
             if self._parts_ahead is not None:
                 return [self._with_parts(ranges[0])]
-            return [JetStreamPartition([ranges])]
+            return [JetStreamPartition([ranges], shift=shift_of(start), ends=shift_of(end))]
         spans = [
             [Range(n, cut.start.get(n, 0), cut.end.get(n, 0)) for n in self.inputs]
             for cut in self._cuts_between(start, end)
         ]
-        return [JetStreamPartition(spans, shift=shift_of(start))]
+        return [JetStreamPartition(spans, shift=shift_of(start), ends=shift_of(end))]
 
     def _with_parts(self, rng: Range) -> JetStreamPartition:
         """A partition's batch with the parts fetched ahead that its key states name: the
@@ -936,7 +942,7 @@ class JetStreamReader(DataSourceStreamReader):
         spans = partition.spans
         if self.partition is not None:
             owned = self._partition_rows(
-                client, spans, partition.keys, partition.parts, partition.shift
+                client, spans, partition.keys, partition.parts, partition.shift, partition.ends
             )
             if owned:
                 yield _arrow_rows(owned)
@@ -998,6 +1004,7 @@ class JetStreamReader(DataSourceStreamReader):
         keys_read: list[StoredMessage] | None = None,
         parts_read: dict[int, bytes] | None = None,
         shift: int = 0,
+        ends: int | None = None,
     ) -> list[tuple[int, int, float, str, str]]:
         """A partition's rows of ``spans``: the events of the keys it owns at their place, and
         a row per key for each key move and key state that concerns it (see
@@ -1066,6 +1073,15 @@ class JetStreamReader(DataSourceStreamReader):
                                             shifted, owners, places, control, rows,
                                             parts_read)  # fmt: skip
                 done += rng.end
+        if ends is not None and len(self.inputs) > 1 and shifted[0] != ends:
+            # The next batch numbers its rows from the planner's shift: another here would
+            # number rows twice, or skip numbers a retry then takes for appended ones.
+            raise InvariantViolation(
+                f"partition {self.pe!r} of pipeline {self.pipeline!r}: its origins' shift "
+                f"after this batch is {shifted[0]}, the planner's {ends}",
+                hint="the planner and the executor read the batch's key states alike; did "
+                "the input change under them (a stream deleted and made anew)?",
+            )
         return rows
 
     def _partition_row(

@@ -117,16 +117,22 @@ class Scaling(KeyMoves):
                 received=", ".join(nodes),
                 hint=f"`fogshift scale {pipeline} {element_id} --partitions {partitions}`",
             )
-        movers = sorted({
+        readers_moving = sorted({
             e.partition.of for e in record.spec.elements
             if set(e.inputs) & {p.id for p in parts} and e.partition is not None and e.moves_keys
         })  # fmt: skip
-        if movers and len(parts) == 1 < partitions:
-            # Its readers would read two partitions merged, where keys cannot move: theirs
-            # would go back to their CRC-32 partitions, which hold no state for them.
+        movers = [
+            e for e in readers_moving
+            if len(parts) == 1 < partitions and self._ownership(pipeline, parts[0].id, e).applied
+        ]  # fmt: skip
+        if movers:
+            # Its readers would read two partitions merged, where keys cannot move: keys
+            # moved before would go back to their CRC-32 partitions, which hold no state for
+            # them.
             raise InvalidInput(
                 f"cannot {what} out of one partition: the partitions of "
-                f"{', '.join(movers)} read it, whose keys move by places in its stream",
+                f"{', '.join(movers)} read it, and keys of theirs moved by places in its "
+                "stream",
                 expected="an element that no partitioned element reads, or has two "
                 "partitions or more already",
                 received=f"{element_id} (one partition) read by " + ", ".join(movers),

@@ -192,6 +192,8 @@ def restore(
     touched = False  # whether the target holds anything of this restore's
     try:
         emitted, upstream = fence_and_locate(broker, pipeline, element, epoch)
+        if element.shifts_origins:
+            emitted = 0  # (its origins are no positions: caught up once it has read upstream)
         manifest: CheckpointManifest | None
         try:
             whole, report.skipped_checkpoints = central.latest_whole(pipeline, element.id)

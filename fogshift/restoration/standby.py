@@ -196,7 +196,13 @@ def promote(
         if len(element.inputs) == 1 or element.role == "source":
             # Positions are input sequences (or rows): the gap is what it skips re-deriving.
             report.reprocessed_events = max(0, emitted - info.progress)
-        report.standby_lag_events = max(0, emitted - info.progress)
+        if element.shifts_origins:
+            # Its origins are no positions: it is as far behind as what it has not read,
+            # and caught up once it has read the input stored now.
+            report.standby_lag_events = max(0, upstream - info.progress)
+            emitted = 0
+        else:
+            report.standby_lag_events = max(0, emitted - info.progress)
         steps.phase(RestorePhase.LIVE)
         agent.put(here + "/gate", json={"gate": None})
     except FogshiftError as exc:

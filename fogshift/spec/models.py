@@ -167,6 +167,14 @@ class ElementSpec(BaseModel):
         inputs, no one append covers them all)."""
         return self.moves_keys and len(self.inputs) == 1
 
+    @property
+    def shifts_origins(self) -> bool:
+        """Whether this partition's output origins may run ahead of the sum of its inputs'
+        positions (keys move, several inputs: see
+        :meth:`fogshift.broker.datasource.JetStreamReader._partition_rows`), so that its
+        last output's origin says nothing of how far it has read."""
+        return self.moves_keys and len(self.inputs) > 1
+
     def __new__(cls, *args: Any, **data: Any) -> Self:
         # Python then runs the chosen subclass's __init__, which validates with its schema.
         # An unknown kind keeps the base class, whose validator raises pydantic's tag error.

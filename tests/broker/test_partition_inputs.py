@@ -12,9 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream
-from fogshift.broker.datasource import JetStreamPartition, JetStreamReader, Range
+from fogshift.broker.datasource import (
+    JetStreamPartition,
+    JetStreamReader,
+    Range,
+    positions_of,
+    shift_of,
+)
 from fogshift.broker.keys import (
     CONTROL_FIELD,
     KEY_MOVE_IN,
@@ -25,6 +32,7 @@ from fogshift.broker.keys import (
 )
 from fogshift.broker.naming import data_subject, key_state_subject, keys_subject, stream_name
 from fogshift.broker.server import BrokerProcess
+from fogshift.exceptions import InvariantViolation
 from fogshift.spec.models import partition_of_key
 
 pytestmark = pytest.mark.integration
@@ -165,6 +173,24 @@ def test_a_targets_rows_from_a_moved_keys_state_on_are_numbered_beyond_its_origi
     origins = [o for o, _, _ in got + later]
     assert origins == sorted(set(origins)) and later[0][0] == a3 + shift
     assert busy  # (b's events of another key, which the target does not own)
+
+    # As a query runs it: the planner logs a cut to the inputs' tails and keeps the shift in
+    # its end offset; the executor ends at the same; an instance started again replays the
+    # logged cut to the same offset.
+    js_client.run(lambda j: ensure_pe_stream(j, inputs.pipeline, "pe-p1"))
+    planner = reader(inputs, 1, nats_server, tmp_path)
+    begin = planner.initialOffset()
+    end = planner.latestOffset(begin, ReadMaxRows(10_000))
+    assert shift_of(end) == shift and positions_of(end) == {"a": a3, "b": b22}
+    (batch,) = planner.partitions(begin, end)
+    planned = [(r["origin"], r["creator"]) for b in planner.read(batch) for r in b.to_pylist()]
+    assert planned == [(o, c) for o, c, _ in got + later]
+    again = reader(inputs, 1, nats_server, tmp_path).latestOffset(begin, ReadMaxRows(10_000))
+    assert again == end
+    # An executor that ends elsewhere than the planner said fails loudly.
+    (wrong,) = planner.partitions(begin, {**end, "shift": shift + 1})
+    with pytest.raises(InvariantViolation, match="its origins' shift after this batch"):
+        list(planner.read(wrong))
 
 
 def test_a_move_stored_twice_in_an_input_takes_its_first_place_only(

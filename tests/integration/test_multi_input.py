@@ -317,7 +317,9 @@ def test_keys_of_a_partition_with_two_inputs_move_exactly_once(
     # (the target's rows from a moved key's state on are numbered beyond the origin's).
     sink = tmp_path / "out" / "keyduo.csv"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(sink.read_text().splitlines()) < total + 1:
+    while time.monotonic() < deadline and (
+        not sink.exists() or len(sink.read_text().splitlines()) < total + 1
+    ):
         time.sleep(0.5)
     time.sleep(1)  # a duplicate would show within a batch
     written = pd.read_csv(sink, dtype={"sensor": str})

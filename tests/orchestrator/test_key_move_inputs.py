@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from fogshift.broker.client import (
-    BrokerAddress,
     SyncJetStream,
     ensure_pe_stream,
     get_range,
@@ -22,7 +21,7 @@ from fogshift.broker.client import (
 from fogshift.broker.keys import KeyMove, parse
 from fogshift.broker.naming import keys_subject, stream_name
 from fogshift.broker.server import BrokerProcess
-from fogshift.exceptions import InvalidInput
+from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
@@ -104,11 +103,12 @@ def test_a_rescale_or_key_group_of_several_inputs_is_refused(
     assert refused.value.hint and "--keys" in refused.value.hint
 
 
-def test_an_element_a_partitioned_reader_moves_keys_on_is_not_scaled_out_of_one_partition(
-    tmp_path: Path,
+def test_an_element_a_partitioned_reader_moved_keys_on_is_not_scaled_out_of_one_partition(
+    tmp_path: Path, nats_server: BrokerProcess, js_client: SyncJetStream
 ) -> None:
     # Its reader would read two partitions merged, where keys cannot move: the keys moved
-    # before would go back to their CRC-32 partitions, which hold no state for them.
+    # before would go back to their CRC-32 partitions, which hold no state for them. Before
+    # any key of the reader moved, the scale goes ahead (here: to a node it does not know).
     spec = {
         "pipeline": "chain",
         "elements": [
@@ -119,14 +119,21 @@ def test_an_element_a_partitioned_reader_moves_keys_on_is_not_scaled_out_of_one_
              "key_by": "k", "inputs": ["up"], "options": {"field": "v", "window": 2}},
         ],
     }  # fmt: skip
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    broker = nats_server.address.save(tmp_path / "broker.json")
     config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
     orchestrator = Orchestrator(config)
+    js_client.run(lambda js: ensure_pe_stream(js, "chain", "up-p0"))
     try:
         orchestrator.registry.put_pipeline(parse_spec(spec, tmp_path), "running")  # type: ignore[arg-type]
+        with pytest.raises(FogshiftError) as unmoved:
+            orchestrator.scale("chain", "up", 2, ["fog-b"], timeout_s=0.1)
+        assert "unknown node 'fog-b'" in unmoved.value.message
+        orchestrator._append_key_record(
+            "chain", "up-p0", KeyMove(0, "m1", "down", ("k1",), 1).payload()
+        )
         with pytest.raises(InvalidInput) as refused:
             orchestrator.scale("chain", "up", 2, ["fog-b"], timeout_s=0.1)
-        assert "the partitions of down read it" in refused.value.message
+        assert "the partitions of down read it, and keys of theirs moved" in refused.value.message
         assert refused.value.hint and "afresh" in refused.value.hint
         record = orchestrator.registry.get_pipeline("chain")
         assert record is not None and [e.id for e in record.spec.partitions_of("up")] == ["up-p0"]
