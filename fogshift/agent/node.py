@@ -303,7 +303,9 @@ class NodeRuntime:
                 hint=self.spark_error or "try again in a few seconds",
             )
         key = (pipeline, element.id)
-        with self._lock:
+        # After any install of its checkpoint under way (one sent again while the first
+        # was still running), which finds the PE running once this is done and refuses.
+        with self._install_lock(pipeline, element.id), self._lock:
             current = self._elements.get(key)
             if (
                 current is not None
@@ -579,15 +581,21 @@ class NodeRuntime:
         nothing else removes it); a done one drops the node-level snapshots of the checkpoint
         it replaced, of another history or an earlier point (they would stand in for it
         until it passed their batch)."""
-        with self._lock:
-            lock = self._install_locks.setdefault((pipeline, pe), threading.Lock())
-        with lock:
+        with self._install_lock(pipeline, pe):
+            # (Asked again under the lock: a deploy waits for it, and one that ran while
+            # this install waited for an earlier one must not have its checkpoint replaced.)
+            self._not_running(pipeline, pe)
             try:
                 yield
             except BaseException:
                 shutil.rmtree(installing(self.checkpoint_dir(pipeline, pe)), ignore_errors=True)
                 raise
             shutil.rmtree(self.snapshot_store(pipeline, pe), ignore_errors=True)
+
+    def _install_lock(self, pipeline: str, pe: str) -> threading.Lock:
+        """The lock of the PE's checkpoint installs (and of its deploys, which wait for one)."""
+        with self._lock:
+            return self._install_locks.setdefault((pipeline, pe), threading.Lock())
 
     def _not_running(self, pipeline: str, pe: str) -> None:
         if (pipeline, pe) in self._elements:

@@ -472,9 +472,16 @@ class CentralStore:
             if blob.name in referenced:
                 continue
             try:
-                if blob.stat().st_mtime < horizon:
+                if blob.stat().st_mtime >= horizon:
+                    continue
+                # Asked again at the unlink: a put registers its files before it looks at
+                # any, so one that began during the scan (and found this blob there) keeps
+                # it, and one that begins after the unlink finds it gone and ships it.
+                with self._flight_lock:
+                    if blob.name in self._in_flight:
+                        continue
                     blob.unlink()
-                    removed += 1
+                removed += 1
             except FileNotFoundError:
                 continue
         # A chunk list goes with its blob, and the index is read again from those left at

@@ -195,3 +195,56 @@ def test_an_install_sent_again_waits_for_the_first_and_each_installs_whole(
     for name, data in files.items():
         assert (live / name).read_bytes() == data, name
     assert not live.with_name("p.incoming").exists()
+
+
+def test_an_install_sent_again_is_refused_once_the_pe_runs_meanwhile(
+    runtime: NodeRuntime,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sent again while the first ran, the second install waited for it; meanwhile the
+    orchestrator gave up and deployed the PE. The second then replaced the checkpoint of a
+    running query (it had found the PE not running before it waited)."""
+    import threading
+
+    from fogshift.agent.exceptions import ElementBusy
+
+    store = CentralStore(tmp_path / "central")
+    files = {f"state/0/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 4)}
+    checkpoint = manifest(4, files)
+    store.put(checkpoint, files.__getitem__)
+    real = central.shutil.copyfile
+    first_midway, go_on = threading.Event(), threading.Event()
+
+    def slow(src: str, dst: str) -> None:
+        if threading.current_thread().name == "first":
+            first_midway.set()
+            go_on.wait(10)
+        real(src, dst)
+
+    monkeypatch.setattr(central.shutil, "copyfile", slow)
+    errors: dict[str, BaseException] = {}
+
+    def install() -> None:
+        try:
+            runtime.install_from_store("x", "p", store, checkpoint)
+        except BaseException as exc:  # reported below
+            errors[threading.current_thread().name] = exc
+
+    first = threading.Thread(target=install, name="first")
+    first.start()
+    assert first_midway.wait(10)
+    second = threading.Thread(target=install, name="second")
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()
+    _host(runtime, tmp_path)  # the PE deployed meanwhile
+    installed = runtime.checkpoint_dir("x", "p")
+    go_on.set()
+    first.join(10)
+    second.join(10)
+    assert "first" not in errors
+    assert isinstance(errors.get("second"), ElementBusy), errors
+    assert {p.name for p in (installed / "state/0/0").iterdir()} == {
+        f"{v}.changelog" for v in range(1, 4)
+    }

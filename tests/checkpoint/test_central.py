@@ -6,6 +6,7 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -251,6 +252,35 @@ def test_a_collection_at_once_spares_the_files_of_a_put_under_way(tmp_path: Path
     assert collected == [1]  # "other" only: "shared" is the put's, under way
     whole, _ = store.latest_whole("p", "agg")
     assert whole is not None and whole["batch"] == 2
+
+
+def test_a_collection_spares_a_file_a_put_begun_during_its_scan_reuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A put that begins while a collection at once scans the blobs (after the collection
+    # looked at what was in flight) finds a blob it shares there and reuses it: removed
+    # anyway, its manifest named a file the store no longer had (a torn replica).
+    store = CentralStore(tmp_path / "store")
+    shared = {"offsets/1": b"shared" * 10}
+    store.put(manifest(1, shared), shared.__getitem__)
+    store.forget("p", "agg")
+    (sha,) = [b.name for b in store.blobs.iterdir()]
+    blobs = store.blobs
+
+    class Scanned:
+        """The blobs folder, whose scan lets a put begin (and register its files)."""
+
+        def __truediv__(self, name: str) -> Path:
+            return blobs / name
+
+        def iterdir(self) -> Iterator[Path]:
+            with store._flight_lock:
+                store._in_flight.update([sha])
+            yield from blobs.iterdir()
+
+    monkeypatch.setattr(store, "blobs", Scanned())
+    assert store.collect_garbage(horizon_s=0) == 0
+    assert (blobs / sha).exists()
 
 
 def test_a_manifest_giving_a_shared_file_another_size_is_refused_and_the_file_kept(
