@@ -427,7 +427,7 @@ class JetStreamReader(DataSourceStreamReader):
         self.max_events = int(options.get("max_events_per_batch", "10000"))
         self.gate = options.get("gate")
         self.idle_wait_s = int(options.get("idle_wait_ms", "0")) / 1000
-        # A partition of a partitioned keyed PE with one input: "element:index:count".
+        # A partition whose keys move (see ElementSpec.moves_keys): "element:index:count".
         part = options.get("partition", "")
         self.key_by = options.get("key_by", "")
         self.partition: tuple[str, int, int] | None = None

@@ -184,8 +184,8 @@ class KeyMoves(Standbys):
         ``timeout_s`` more.
 
         Raises:
-            InvalidInput: Not a partitioned element, several inputs, no partition on
-                ``target``, bad keys; nothing was stored.
+            InvalidInput: Not a partitioned element, partitioned inputs, a key group of
+                several inputs, no partition on ``target``, bad keys; nothing was stored.
             Unavailable: ``target`` is not healthy.
         """
         started = time.monotonic()
@@ -260,10 +260,13 @@ class KeyMoves(Standbys):
         """
         record = self.pipeline(pipeline)
         self.refuse_unless_running(record, refusal)  # (stopped while it waited)
-        now = [p.id for p in record.spec.partitions_of(element_id)]
-        was = [p.id for p in parts]
+        # (Their inputs too: a scale of an element they read makes them read its partitions
+        # merged, where keys no longer move.)
+        current = record.spec.partitions_of(element_id)
+        now, was = [p.id for p in current], [p.id for p in parts]
+        read = [p.inputs for p in current] == [p.inputs for p in parts]
         moved = placed is not None and record.placement.get(placed[0].id) != placed[1]
-        if now != was or moved:
+        if now != was or moved or not read:
             raise Conflict(
                 f"{refusal}: its partitions changed while it waited for the operation "
                 "before it (a scale or a move)",

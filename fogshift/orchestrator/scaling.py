@@ -59,6 +59,7 @@ from fogshift.common.names import NAME_PATTERN
 from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.keymoves import _LOCKS, KeyMoves, _ms_since
+from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.spec.models import (
     ElementSpec,
     Partition,
@@ -117,29 +118,7 @@ class Scaling(KeyMoves):
                 received=", ".join(nodes),
                 hint=f"`fogshift scale {pipeline} {element_id} --partitions {partitions}`",
             )
-        readers_moving = sorted({
-            e.partition.of for e in record.spec.elements
-            if set(e.inputs) & {p.id for p in parts} and e.partition is not None and e.moves_keys
-        })  # fmt: skip
-        movers = [
-            e for e in readers_moving
-            if len(parts) == 1 < partitions and self._ownership(pipeline, parts[0].id, e).applied
-        ]  # fmt: skip
-        if movers:
-            # Its readers would read two partitions merged, where keys cannot move: keys
-            # moved before would go back to their CRC-32 partitions, which hold no state for
-            # them.
-            raise InvalidInput(
-                f"cannot {what} out of one partition: the partitions of "
-                f"{', '.join(movers)} read it, and keys of theirs moved by places in its "
-                "stream",
-                expected="an element that no partitioned element reads, or has two "
-                "partitions or more already",
-                received=f"{element_id} (one partition) read by " + ", ".join(movers),
-                hint="deploy the pipeline afresh with the partitions it should have (a "
-                "partitioned element reading several partitions reads them merged, and its "
-                "keys stay where CRC-32 puts them)",
-            )
+        self._refuse_moved_readers(record, parts, partitions, what)
         adding = max(partitions - len(parts), 0)
         placed = self._nodes_for(record.placement, parts, adding, nodes, what) if adding else []
         old = [p.id for p in parts]
@@ -158,13 +137,54 @@ class Scaling(KeyMoves):
         self._key_subjects(pipeline, parts[0].inputs[0])
         # One key move or scale of an element at a time, and no migration, restore or
         # reconciler restart of its partitions (added ones too) or consumers meanwhile.
-        with (
-            _LOCKS.setdefault((pipeline, element_id), threading.Lock()),
-            self._sections(pipeline, [*old, *new, *readers]),
-        ):
+        # The key moves of its partitioned readers wait too: one stored while this scale
+        # waits would be lost to a reader that reads its partitions merged after it.
+        movers = sorted({e.partition.of for e in record.spec.elements
+                         if e.id in readers and e.partition is not None})  # fmt: skip
+        with contextlib.ExitStack() as held:
+            held.enter_context(_LOCKS.setdefault((pipeline, element_id), threading.Lock()))
+            for mover in movers:  # (downstream of this element: no lock order cycles)
+                held.enter_context(_LOCKS.setdefault((pipeline, mover), threading.Lock()))
+            held.enter_context(self._sections(pipeline, [*old, *new, *readers]))
             self._unchanged(pipeline, element_id, parts, f"cannot {what}")
+            self._refuse_moved_readers(self.pipeline(pipeline), parts, partitions, what)
             return self._scale(pipeline, element_id, parts, partitions, placed, started,
                                timeout_s, waves)  # fmt: skip
+
+    def _refuse_moved_readers(
+        self, record: PipelineRecord, parts: list[ElementSpec], partitions: int, what: str
+    ) -> None:
+        """Refuse to scale out of one partition an element whose partitioned readers moved
+        keys (a move stored in their first input, where every move is stored first): they
+        would read two partitions merged, where keys cannot move, and keys moved before
+        would go back to their CRC-32 partitions, which hold no state for them.
+
+        Raises:
+            InvalidInput: Such a reader exists; nothing was changed.
+        """
+        if not len(parts) == 1 < partitions:
+            return
+        ids = {p.id for p in parts}
+        firsts = {
+            e.partition.of: e.inputs[0] for e in record.spec.elements
+            if ids & set(e.inputs) and e.partition is not None and e.moves_keys
+        }  # fmt: skip
+        movers = [
+            of for of, first in sorted(firsts.items())
+            if self._ownership(record.name, first, of).applied
+        ]  # fmt: skip
+        if movers:
+            raise InvalidInput(
+                f"cannot {what} out of one partition: the partitions of "
+                f"{', '.join(movers)} read it, and keys of theirs moved by places in its "
+                "stream",
+                expected="an element that no partitioned element reads, or has two "
+                "partitions or more already",
+                received=f"{parts[0].id} (one partition) read by " + ", ".join(movers),
+                hint="deploy the pipeline afresh with the partitions it should have (a "
+                "partitioned element reading several partitions reads them merged, and its "
+                "keys stay where CRC-32 puts them)",
+            )
 
     def _scale(
         self, pipeline: str, element_id: str, parts: list[ElementSpec], partitions: int,

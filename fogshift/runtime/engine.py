@@ -146,8 +146,9 @@ def _read_inputs(spark: SparkSession, plan: QueryPlan, max_events: int = 10_000)
 
 
 def _movable(element: ElementSpec) -> str:
-    """``element:index:count`` for a partition whose keys can move (one input: the reader
-    keeps its keys and places the moves, see :mod:`fogshift.broker.keys`), else ``""``.
+    """``element:index:count`` for a partition whose keys can move (its inputs are not
+    partitioned: the reader keeps its keys and places the moves in each input, see
+    :mod:`fogshift.broker.keys`), else ``""``.
     ``count`` is the one ownership starts from (scale records in the input change it)."""
     part = element.partition
     if part is None or not element.moves_keys:

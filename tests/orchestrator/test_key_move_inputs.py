@@ -21,7 +21,7 @@ from fogshift.broker.client import (
 from fogshift.broker.keys import KeyMove, parse
 from fogshift.broker.naming import keys_subject, stream_name
 from fogshift.broker.server import BrokerProcess
-from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
@@ -139,3 +139,18 @@ def test_an_element_a_partitioned_reader_moved_keys_on_is_not_scaled_out_of_one_
         assert record is not None and [e.id for e in record.spec.partitions_of("up")] == ["up-p0"]
     finally:
         orchestrator.close()
+
+
+def test_a_key_move_planned_before_its_partitions_inputs_changed_is_refused(
+    orch: Orchestrator,
+) -> None:
+    # A scale of an element the partitions read (merged from then on, where keys no longer
+    # move) ran while the move waited for the element's lock: appended to the inputs it
+    # planned on, it was ignored, and the command waited for states that never came.
+    record = orch.registry.get_pipeline("two")
+    assert record is not None
+    parts = record.spec.partitions_of("agg")
+    orch._unchanged("two", "agg", parts, "cannot move keys")  # as planned: goes ahead
+    planned = [p.model_copy(update={"inputs": ("s1",)}) for p in parts]
+    with pytest.raises(Conflict, match="its partitions changed while it waited"):
+        orch._unchanged("two", "agg", planned, "cannot move keys")
