@@ -7,11 +7,13 @@ from __future__ import annotations
 import errno
 import io
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
 
 from fogshift.agent import node as node_module
+from fogshift.agent.exceptions import ElementBusy
 from fogshift.agent.node import NodeRuntime
 from fogshift.checkpoint import central
 from fogshift.checkpoint.central import CentralStore
@@ -145,18 +147,16 @@ def _members(archive: bytes) -> set[str]:
         return set(tar.getnames())
 
 
-def test_an_install_sent_again_waits_for_the_first_and_each_installs_whole(
+def _second_install_waiting(
     runtime: NodeRuntime,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The orchestrator's client gave up on a slow install and sent it again: both shared
-    one staging folder, each emptying it, and the PE could start on a checkpoint missing
-    files."""
-    import threading
-
+    files: dict[str, bytes],
+) -> tuple[threading.Event, list[threading.Thread], dict[str, BaseException], list[str]]:
+    """Two installs of ``files`` into x/p from a central store: the first held after its
+    second file, the second started then and found waiting. What lets the first go on,
+    the two threads, each one's error by name, and the files copied."""
     store = CentralStore(tmp_path / "central")
-    files = {f"state/0/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 6)}
     checkpoint = manifest(4, files)
     store.put(checkpoint, files.__getitem__)
     real = central.shutil.copyfile
@@ -171,26 +171,39 @@ def test_an_install_sent_again_waits_for_the_first_and_each_installs_whole(
         real(src, dst)
 
     monkeypatch.setattr(central.shutil, "copyfile", slow)
-    errors: list[BaseException] = []
+    errors: dict[str, BaseException] = {}
 
     def install() -> None:
         try:
             runtime.install_from_store("x", "p", store, checkpoint)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        except BaseException as exc:  # reported by the caller
+            errors[threading.current_thread().name] = exc
 
-    first = threading.Thread(target=install, name="first")
-    first.start()
+    threads = [threading.Thread(target=install, name=name) for name in ("first", "second")]
+    threads[0].start()
     assert first_midway.wait(10)
-    second = threading.Thread(target=install, name="second")
-    second.start()
-    second.join(0.5)
-    assert second.is_alive(), "the second install ran beside the first"
+    threads[1].start()
+    threads[1].join(0.5)
+    assert threads[1].is_alive(), "the second install ran beside the first"
+    return go_on, threads, errors, copied
+
+
+def test_an_install_sent_again_waits_for_the_first_and_each_installs_whole(
+    runtime: NodeRuntime,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The orchestrator's client gave up on a slow install and sent it again: both shared
+    one staging folder, each emptying it, and the PE could start on a checkpoint missing
+    files."""
+    files = {f"state/0/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 6)}
+    go_on, threads, errors, copied = _second_install_waiting(runtime, tmp_path, monkeypatch,
+                                                             files)  # fmt: skip
     assert len(copied) == 2  # it copied nothing meanwhile
     go_on.set()
-    first.join(10)
-    second.join(10)
-    assert errors == []
+    for thread in threads:
+        thread.join(10)
+    assert errors == {}
     live = runtime.checkpoint_dir("x", "p")
     for name, data in files.items():
         assert (live / name).read_bytes() == data, name
@@ -205,46 +218,15 @@ def test_an_install_sent_again_is_refused_once_the_pe_runs_meanwhile(
     """Sent again while the first ran, the second install waited for it; meanwhile the
     orchestrator gave up and deployed the PE. The second then replaced the checkpoint of a
     running query (it had found the PE not running before it waited)."""
-    import threading
-
-    from fogshift.agent.exceptions import ElementBusy
-
-    store = CentralStore(tmp_path / "central")
     files = {f"state/0/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 4)}
-    checkpoint = manifest(4, files)
-    store.put(checkpoint, files.__getitem__)
-    real = central.shutil.copyfile
-    first_midway, go_on = threading.Event(), threading.Event()
-
-    def slow(src: str, dst: str) -> None:
-        if threading.current_thread().name == "first":
-            first_midway.set()
-            go_on.wait(10)
-        real(src, dst)
-
-    monkeypatch.setattr(central.shutil, "copyfile", slow)
-    errors: dict[str, BaseException] = {}
-
-    def install() -> None:
-        try:
-            runtime.install_from_store("x", "p", store, checkpoint)
-        except BaseException as exc:  # reported below
-            errors[threading.current_thread().name] = exc
-
-    first = threading.Thread(target=install, name="first")
-    first.start()
-    assert first_midway.wait(10)
-    second = threading.Thread(target=install, name="second")
-    second.start()
-    second.join(0.5)
-    assert second.is_alive()
+    go_on, threads, errors, _ = _second_install_waiting(runtime, tmp_path, monkeypatch, files)
     _host(runtime, tmp_path)  # the PE deployed meanwhile
-    installed = runtime.checkpoint_dir("x", "p")
     go_on.set()
-    first.join(10)
-    second.join(10)
+    for thread in threads:
+        thread.join(10)
     assert "first" not in errors
     assert isinstance(errors.get("second"), ElementBusy), errors
-    assert {p.name for p in (installed / "state/0/0").iterdir()} == {
+    live = runtime.checkpoint_dir("x", "p")
+    assert {p.name for p in (live / "state/0/0").iterdir()} == {
         f"{v}.changelog" for v in range(1, 4)
     }
