@@ -11,12 +11,13 @@ move never notice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -69,6 +70,36 @@ log = logging.getLogger(__name__)
 
 #: One lock per partitioned element: its key moves go one at a time.
 _LOCKS: dict[tuple[str, str], threading.Lock] = {}
+#: How long a key move or scale waits for the one of its element under way: queued behind
+#: it, then refused (the request's thread, and the client, waited without end before).
+LOCK_WAIT_S = 600.0
+
+
+@contextlib.contextmanager
+def element_lock(
+    pipeline: str, element_id: str, refusal: str, wait_s: float = LOCK_WAIT_S
+) -> Iterator[None]:
+    """Hold the key-move lock of ``element_id`` (see :data:`_LOCKS`).
+
+    Raises:
+        Conflict: (starting with ``refusal``) another key move or scale of the element did
+            not end within ``wait_s``; nothing was done.
+    """
+    lock = _LOCKS.setdefault((pipeline, element_id), threading.Lock())
+    if not lock.acquire(timeout=wait_s):
+        raise Conflict(
+            f"{refusal}: a key move or scale of {pipeline}/{element_id} has run for "
+            f"{wait_s:.0f} s more and still runs",
+            expected=f"no key move or scale of {element_id} under way",
+            received="one still running",
+            hint="its own command reports when it ends (`fogshift status` shows the "
+            "partitions meanwhile); then send this one again",
+        )
+    try:
+        yield
+    finally:
+        lock.release()
+
 
 #: How many keys one move may carry, and how long a key may be (its text).
 MAX_KEYS = 1000
@@ -234,7 +265,7 @@ class KeyMoves(Standbys):
             self._key_subjects(pipeline, name)
         # One key move of an element at a time: a key must not move again before the state
         # of its last move has arrived (its holder would have no state to hand on).
-        with _LOCKS.setdefault((pipeline, element_id), threading.Lock()):
+        with element_lock(pipeline, element_id, f"cannot move {what}"):
             self._unchanged(pipeline, element_id, parts, f"cannot move {what}", (to, target))
             self._complete_moves(pipeline, element_id, parts[0].inputs)
             return self._move_keys(
@@ -774,7 +805,18 @@ class KeyMoves(Standbys):
                 end = await last_seq(js, stream)
                 return await get_ranges(js, stream, subjects, start, end)
 
-            for message in self.broker.run(read, timeout=30):
+            try:
+                found = self.broker.run(read, timeout=30)
+            except BrokerUnavailable as exc:
+                # (The records are stored: a broker away for a moment ends no wait before
+                # its deadline; past it, the move is reported pending as for late states.)
+                log.warning("waiting for the states of move %s on %s/%s: %s", move, pipeline,
+                            source, exc.message)  # fmt: skip
+                if time.monotonic() >= deadline:
+                    return states, moved_at
+                time.sleep(0.5)
+                continue
+            for message in found:
                 item = read_message(pipeline, source, message.subject, message.seq, message.data)
                 if isinstance(item, KeyMove) and item.move == move:
                     moved_at = message.stored_at

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -58,7 +57,7 @@ from fogshift.broker.publish import fence
 from fogshift.common.names import NAME_PATTERN
 from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
 from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
-from fogshift.orchestrator.keymoves import _LOCKS, KeyMoves, _ms_since
+from fogshift.orchestrator.keymoves import KeyMoves, _ms_since, element_lock
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.spec.models import (
     ElementSpec,
@@ -142,9 +141,9 @@ class Scaling(KeyMoves):
         movers = sorted({e.partition.of for e in record.spec.elements
                          if e.id in readers and e.partition is not None})  # fmt: skip
         with contextlib.ExitStack() as held:
-            held.enter_context(_LOCKS.setdefault((pipeline, element_id), threading.Lock()))
+            held.enter_context(element_lock(pipeline, element_id, f"cannot {what}"))
             for mover in movers:  # (downstream of this element: no lock order cycles)
-                held.enter_context(_LOCKS.setdefault((pipeline, mover), threading.Lock()))
+                held.enter_context(element_lock(pipeline, mover, f"cannot {what}"))
             held.enter_context(self._sections(pipeline, [*old, *new, *readers]))
             self._unchanged(pipeline, element_id, parts, f"cannot {what}")
             self._refuse_moved_readers(self.pipeline(pipeline), parts, partitions, what)

@@ -8,6 +8,8 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from fogshift.broker.keys import KeyCopy, KeyMove, Ownership, parse, state_payload
 from fogshift.contracts import KeyOrder
 from fogshift.orchestrator.keymoves import (
@@ -269,3 +271,41 @@ def test_a_listed_move_replays_the_moves_once_not_at_every_try() -> None:
     )  # fmt: skip
     assert at == 99 and busy.appends == 5 and move.count == 3
     assert busy.replays == 1
+
+
+def test_a_broker_away_for_a_moment_ends_no_wait_for_states_before_its_deadline() -> None:
+    # The move is stored; one failed look (a broker restarting) raised out of the command
+    # with a 503 that said nothing of the waves stored, while the states came a moment later.
+    from fogshift.broker.exceptions import BrokerUnavailable
+
+    real = SimpleNamespace(seq=12, stored_at=1.0, subject="fs.p.in.keys.agg-p0",
+                           data=state_payload("m1", "agg", "k3", 1, {"v": "y"}))  # fmt: skip
+    answers: list[Any] = [BrokerUnavailable("the broker did not answer"), [real]]
+
+    def run(make: Any, timeout: float = 30) -> Any:
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    owners = Ownership(1)
+    owners.apply(KeyMove(10, "m1", "agg", ("k3",), 1))
+    moves: Any = SimpleNamespace(broker=SimpleNamespace(run=run), _ownership=lambda *a: owners)
+    states, _ = KeyMoves._await_states(moves, "p", "in", "m1", 10, ["k3"], time.monotonic() + 30)
+    assert list(states) == ["k3"]
+    answers[:] = [BrokerUnavailable("the broker did not answer")]  # past the deadline: pending
+    assert KeyMoves._await_states(moves, "p", "in", "m1", 10, ["k3"], 0.0) == ({}, None)
+
+
+def test_a_key_move_queued_behind_a_long_one_is_refused_after_its_wait() -> None:
+    from fogshift.exceptions import Conflict
+    from fogshift.orchestrator.keymoves import element_lock
+
+    with (
+        element_lock("p", "agg", "cannot move keys of p/agg"),
+        pytest.raises(Conflict, match="a key move or scale of p/agg has run for"),
+        element_lock("p", "agg", "cannot move keys of p/agg", wait_s=0.1),
+    ):
+        pass
+    with element_lock("p", "agg", "cannot move keys of p/agg", wait_s=0.1):
+        pass  # (released by the first)

@@ -133,13 +133,19 @@ def test_a_request_queued_behind_a_scale_is_refused_when_the_partitions_changed(
         def __init__(self) -> None:
             self.lock, self.asked = threading.Lock(), threading.Event()
 
-        def __enter__(self) -> None:
+        def acquire(self, timeout: float = -1) -> bool:
             if threading.current_thread() is not threading.main_thread():
                 self.asked.set()
-            self.lock.acquire()
+            return self.lock.acquire(timeout=timeout)
+
+        def release(self) -> None:
+            self.lock.release()
+
+        def __enter__(self) -> None:
+            self.acquire()
 
         def __exit__(self, *exc: object) -> None:
-            self.lock.release()
+            self.release()
 
     _beat(orch, agents)
     lock = _LOCKS[("p", "aggregate")] = Told()  # type: ignore[assignment]
