@@ -120,3 +120,17 @@ def test_a_fenced_partition_hands_no_key_state_over(
     with pytest.raises(Fenced):
         writer.write(iter([batch]))
     assert stored(js_client, pipeline) == []
+
+
+def test_the_state_of_a_key_near_the_brokers_size_limit_is_stored(
+    js_client: SyncJetStream,
+) -> None:
+    # A record may be nearly as large as a broker message, and so may its key: the state's
+    # message id named the key again in its header, and the broker refused the message
+    # (over its payload limit) at every retry of the origin's batch.
+    pipeline = next(_pipelines)
+    js_client.run(lambda j: ensure_pe_stream(j, pipeline, "src"))
+    key = "k" * 600_000
+    js_client.run(lambda j: _send_states(j, pipeline, 0, [state_row(key, 1, 0, {"n": "1"})]))
+    (state,) = stored(js_client, pipeline)
+    assert (state.key, state.state, state.origin) == (key, {"n": "1"}, 0)
