@@ -517,7 +517,7 @@ class JetStreamReader(DataSourceStreamReader):
         first = min(span_range(s, home).start for s in spans)
         client = shared_client(self.broker)
         ownership, earlier = self._owners_before(client, home, first)
-        placed = {move.move for move in earlier}  # (a move stored twice: its first place)
+        places = {move.move: {home: move.seq} for move in earlier}
         found = client.run(
             partial(get_ranges, stream=stream_name(self.pipeline, home),
                     subjects=key_subjects(self.pipeline, home), start=first,
@@ -533,9 +533,7 @@ class JetStreamReader(DataSourceStreamReader):
                 if item is None or item.element != of:
                     continue
                 if isinstance(item, KeyMove):
-                    if item.seq > ownership.applied and item.move not in placed:
-                        placed.add(item.move)
-                        ownership.apply(item)
+                    _place_move(item, home, ownership, places)
                 elif isinstance(item, KeyCopy):
                     ownership.request(item)
                 elif self._installs(item, index, ownership):
@@ -1107,13 +1105,10 @@ class JetStreamReader(DataSourceStreamReader):
         if item is None or item.element != of:
             return
         if isinstance(item, KeyMove):
-            if item.seq <= ownership.applied or name in places.get(item.move, {}):
-                # (A move stored twice in an input, e.g. an append that timed out and was
-                # completed again past the broker's duplicate window: its first place holds.)
+            before = _place_move(item, name, ownership, places)
+            if before is None:
                 return
-            before = ownership.apply(item)
-            passed = places.setdefault(item.move, {})
-            passed[name] = item.seq
+            passed = places[item.move]
             # The target holds a key's events from the move's first place it reaches; the
             # origin hands the state over once past every place (its events before each
             # are its own).
@@ -1216,6 +1211,20 @@ STATE_ACK_S = 60.0
 #: How far past a key move its origin looks for the moving keys' next events
 #: (``order: backlog``): keys not seen that far go last.
 BACKLOG_LOOKAHEAD = 10_000
+
+
+def _place_move(
+    move: KeyMove, name: str, ownership: Ownership, places: dict[str, dict[str, int]]
+) -> dict[str, int] | None:
+    """Apply ``move``, stored in input ``name``, to that input's ``ownership`` and note its
+    place there in ``places`` (move -> input -> sequence); the owners of its keys before
+    it. ``None``: already applied there — a move stored twice in an input (an append that
+    timed out and was completed again past the broker's duplicate window) counts at its
+    first place (the executor's rows and the planner's shift alike)."""
+    if move.seq <= ownership.applied or name in places.get(move.move, {}):
+        return None
+    places.setdefault(move.move, {})[name] = move.seq
+    return ownership.apply(move)
 
 
 def _shifted(shift: int, own: int, state: KeyState) -> int:

@@ -12,7 +12,6 @@ move never notice.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -267,7 +266,11 @@ class KeyMoves(Standbys):
         # of its last move has arrived (its holder would have no state to hand on).
         with element_lock(pipeline, element_id, f"cannot move {what}"):
             self._unchanged(pipeline, element_id, parts, f"cannot move {what}", (to, target))
-            self._complete_moves(pipeline, element_id, parts[0].inputs)
+            if (pipeline, element_id) not in self._moves_complete:
+                # (Once per orchestrator: this one's own appends keep the mark true; a
+                # look at every input's whole move history each time would grow with it.)
+                self._complete_moves(pipeline, element_id, parts[0].inputs)
+                self._moves_complete.add((pipeline, element_id))
             return self._move_keys(
                 pipeline, element_id, parts, keys, to, target, source, order, started, timeout_s,
                 group, precopy is not False, wave_keys,
@@ -448,7 +451,7 @@ class KeyMoves(Standbys):
                 wave = [k for k in wave if k in copied]  # the last wave of copied keys
             move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(wave),
                            to.partition.index, order.value, copy=copy)  # fmt: skip
-            at = self._append_move(pipeline, to.inputs, move.payload())
+            at = self._append_move(pipeline, to.inputs, move)
             waves.append(KeyWave(seq=at, keys=wave))
             log.info("moving %d keys of %s/%s to %s at %s (wave %d)", len(wave), pipeline,
                      element_id, to.id, at, len(waves))  # fmt: skip
@@ -476,21 +479,21 @@ class KeyMoves(Standbys):
                     step = _next_step(step, largest, WAVE_BYTES, WAVE_KEYS)
         return settled, waves, last
 
-    def _append_move(self, pipeline: str, inputs: tuple[str, ...], payload: bytes) -> int:
-        """Append the key move ``payload`` to the ``.keys`` subject of each of the
-        partitions' ``inputs``, the first first; its sequence in the first (where the
-        states travel). A move stored in some only (this orchestrator died between the
-        appends) holds its keys until :meth:`_complete_moves` appends the rest."""
+    def _append_move(self, pipeline: str, inputs: tuple[str, ...], move: KeyMove) -> int:
+        """Append ``move`` to the ``.keys`` subject of each of the partitions' ``inputs``,
+        the first first; its sequence in the first (where the states travel). A move
+        stored in some only (this orchestrator died between the appends) holds its keys
+        until :meth:`_complete_moves` appends the rest."""
+        payload = move.payload()
         if len(inputs) == 1:
             return self._append_key_record(pipeline, inputs[0], payload)
-        element = str(json.loads(payload)["element"])
-        self._moves_complete.discard((pipeline, element))  # (checked again if this fails)
+        self._moves_complete.discard((pipeline, move.element))  # (checked again if this fails)
         at = self._append_key_record(pipeline, inputs[0], payload)
         for name in inputs[1:]:
             # (Under the move's id: an append that timed out and is sent again by
             # _complete_moves is stored once; a reader takes a move once per input anyway.)
-            self._append_key_record(pipeline, name, payload, str(json.loads(payload)["move"]))
-        self._moves_complete.add((pipeline, element))
+            self._append_key_record(pipeline, name, payload, move.move)
+        self._moves_complete.add((pipeline, move.element))
         return at
 
     def _complete_moves(self, pipeline: str, element_id: str, inputs: tuple[str, ...]) -> int:

@@ -74,7 +74,7 @@ def test_a_move_is_stored_in_every_input_and_one_left_half_way_is_completed(
     orch: Orchestrator, js_client: SyncJetStream
 ) -> None:
     first = KeyMove(0, "m1", "agg", ("k1",), 1)
-    at = orch._append_move("two", ("s1", "s2"), first.payload())
+    at = orch._append_move("two", ("s1", "s2"), first)
     assert moves(js_client, "s1") == ["m1"] and moves(js_client, "s2") == ["m1"]
     assert at == js_client.run(lambda j: last_seq(j, stream_name("two", "s1")))
     # An orchestrator died after storing m2 in the first input only: its key would wait at
