@@ -203,7 +203,7 @@ def _process(
     return _encode(pe, event, _call(processor, pe, event), limit)
 
 
-def _dead_letter(row: InputRow, pe: str, reason: str, limit: int) -> RecordRow:
+def dead_letter(row: InputRow, pe: str, reason: str, limit: int) -> RecordRow:
     origin, seq, timestamp, _, body_text = row
     body, reason = fit_dead_letter(int(seq), float(timestamp), pe, str(body_text), reason, limit)
     return (origin, 0, seq, timestamp, pe, body, reason)
@@ -220,13 +220,13 @@ def unkeyed_dead_letters(
         try:
             _event(pe, row)
         except _Rejected as rejected:
-            out.append(_dead_letter(row, pe, rejected.reason, limit))
+            out.append(dead_letter(row, pe, rejected.reason, limit))
             continue
         reason = (
             f"field {key_by!r} (key_by of {pe!r}) is missing or null, or a value Spark does "
             "not read (NaN, a lone surrogate): the event has no key"
         )
-        out.append(_dead_letter(row, pe, reason, limit))
+        out.append(dead_letter(row, pe, reason, limit))
     return out
 
 
@@ -245,7 +245,7 @@ def split_refused(
         if reason is None:
             kept.append(row)
         else:
-            refused.append(_dead_letter(row, pe, reason, limit))
+            refused.append(dead_letter(row, pe, reason, limit))
     return kept, refused
 
 
@@ -318,7 +318,7 @@ class _Batch(Generic[T]):
 
     def _kill(self, i: int, reason: str) -> None:
         self.dead[i] = reason
-        self.results[i] = [_dead_letter(self.rows[i], self.pe, reason, self.limit)]
+        self.results[i] = [dead_letter(self.rows[i], self.pe, reason, self.limit)]
 
     def _replay(self, upto: int) -> Processor:
         """The known-good state plus the live events in ``[good_at, upto)``, run silently.
@@ -510,7 +510,7 @@ def run_events(
             try:
                 outputs = _process(processor, pe, row, max_record_bytes)
             except _Rejected as rejected:
-                yield _dead_letter(row, pe, rejected.reason, max_record_bytes)
+                yield dead_letter(row, pe, rejected.reason, max_record_bytes)
                 continue
             for n, (seq, ts, text) in enumerate(outputs):
                 yield (row[0], n, seq, ts, pe, text, None)

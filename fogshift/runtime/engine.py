@@ -48,6 +48,7 @@ from fogshift.exceptions import InvariantViolation
 from fogshift.runtime.api import Processor, encode_state
 from fogshift.runtime.batch import (
     RECORD_COLUMNS,
+    dead_letter,
     run_batch,
     run_events,
     split_refused,
@@ -509,12 +510,21 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 self._store(before, fresh)
                 return got, fresh
 
+            def refusal(state: dict[str, str]) -> str | None:
+                """Why ``restore()`` does not take ``state`` (a moved key's), ``None`` if it
+                does."""
+                try:
+                    build(self._decoded(state))
+                except Exception as exc:  # ElementError, or a text that is no JSON
+                    return str(exc) if isinstance(exc, ElementError) else _describe(exc)
+                return None
+
             try:
                 if self.held is None:
                     # (none left: the key's state is neither read nor made)
                     out = process(tuples, self._stored())[0] if tuples else []
                 else:
-                    out = self._moving(value, list(tuples), process)
+                    out = self._moving(value, list(tuples), process, refusal)
             except BaseException:
                 _drop([shared], None, instance)
                 raise
@@ -524,12 +534,17 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
 
-        def _moving(self, key: str, rows: list[Any], process: Any) -> list[Any]:
+        def _moving(self, key: str, rows: list[Any], process: Any, refusal: Any) -> list[Any]:
             """One key's rows of a partition whose keys move: events, and its moves.
 
             The key's stored state is read only once something needs it: a key moving in,
             or whose state arrives, has none here (that saves a state call per part and
-            key when hundreds of keys move at once)."""
+            key when hundreds of keys move at once).
+
+            A state that arrives and that the processor's ``restore()`` refuses (``refusal``
+            says why: its code differs from the origin's, say) is a dead letter, its text
+            in it, and the key goes on as before it came, without state: one record never
+            stops the partition (raised, it failed the batch at every retry)."""
             assert self.held is not None
             out: list[Any] = []
             saved = self.held.get()
@@ -601,14 +616,23 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 elif held is not None and detail["move"] == held["move"]:
                     # (The key's parts here were cleared when it last left, if it ever was.)
                     state = self._arrived(key, detail)
+                    why = refusal(state)
+                    if why is not None:
+                        reason = (f"the state of key {key!r} that move {detail['move']} "
+                                  f"brought to {pe!r} of pipeline {pipeline!r} is refused: "
+                                  f"{why}; the key goes on without it")  # fmt: skip
+                        out.append(dead_letter(row, pe, reason, limit))
+                        state = {}
                     for name, text in state.items():
                         self.values[name].update((text,))
                     stored = state
                     events = [tuple(e) for e in held["events"]]
                     held = None
                     got, stored = process(events, stored)
-                    # Their outputs take the state's place in the input (origins grow).
-                    out.extend((int(row[0]), n, *r[2:]) for n, r in enumerate(got))
+                    # Their outputs take the state's place in the input (origins grow),
+                    # after its dead letter if it is one.
+                    first = 0 if why is None else 1
+                    out.extend((int(row[0]), first + n, *r[2:]) for n, r in enumerate(got))
                 # Another key-state (a copy the origin sent again): already installed.
             flush()
             if held is not None:

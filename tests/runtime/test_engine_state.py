@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 import fogshift.runtime.engine as engine
+from fogshift.broker.keys import CONTROL_FIELD, KEY_MOVE_IN, KEY_STATE
 from fogshift.runtime.engine import _stateful_processor, state_digest
 from fogshift.runtime.instances import registry
 
@@ -191,3 +192,46 @@ def test_a_key_whose_every_event_is_a_dead_letter_gets_no_stored_state(
     got = batch(good, "s1", "bad", 2.0)
     assert [json.loads(b) for b, d in got if d is None] == [{"sensor": "s1", "value": 2.0}]
     assert good.texts()["f_values"] == "[2.0]"
+
+
+def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One record never stops a partition: a key's state that arrives by a key move and
+    that the target's ``restore()`` refuses (here: it lacks a declared field, as from a
+    processor whose code differs) failed the target's batch at every retry."""
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options = {"class": "lifecycle_procs:CountingStats", "path": str(HERE),
+               "options": {"log": str(tmp_path / "hooks.log")}}  # fmt: skip
+    run = f"run{next(_runs)}"
+    store = Store()
+
+    def batch(*rows: tuple[int, str, dict[str, Any]]) -> list[tuple[int, Any, Any]]:
+        processor = _stateful_processor("custom", options, "p", "twin", 1 << 20, run=run,
+                                        gate="", key_by="k", movable=True)  # fmt: skip
+        processor.init(store)
+        frame = pd.DataFrame(
+            [(o, o, 1000.0 + o, creator, json.dumps(body)) for o, creator, body in rows],
+            columns=["origin", "seq", "timestamp", "creator", "body"],
+        )
+        out = list(processor.handleInputRows(("k:a",), iter([frame]), None))
+        return [(o, json.loads(b), d) for f in out
+                for o, b, d in zip(f["origin"], f["body"], f["dead"], strict=True)]  # fmt: skip
+
+    def control(detail: dict[str, Any]) -> dict[str, Any]:
+        return {"k": "a", CONTROL_FIELD: detail}
+
+    # The key moves in: its events are held until its state comes.
+    assert batch((1, KEY_MOVE_IN, control({"move": "m1", "to": 1})),
+                 (2, "src", {"k": "a", "value": 5.0})) == []  # fmt: skip
+    got = batch((3, KEY_STATE, control({"move": "m1", "state": {"total": "2.0"}})),
+                (4, "src", {"k": "a", "value": 1.0}))  # fmt: skip
+    dead = [(o, body, reason) for o, body, reason in got if reason is not None]
+    assert len(dead) == 1 and dead[0][0] == 3
+    assert "is refused" in dead[0][2] and "BadState" in dead[0][2]
+    assert dead[0][1] == control({"move": "m1", "state": {"total": "2.0"}})
+    # The held event and the next, from no state (as before the state came).
+    assert [(o, b) for o, b, r in got if r is None] == [
+        (3, {"count": 1, "total": 5.0}), (4, {"count": 2, "total": 6.0})
+    ]
+    assert batch((5, "src", {"k": "a", "value": 1.0})) == [(5, {"count": 3, "total": 7.0}, None)]
