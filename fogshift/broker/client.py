@@ -34,6 +34,7 @@ from nats.js.errors import NotFoundError
 from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
 from fogshift.broker.naming import data_subject, legacy_stream_name, stream_name, stream_subjects
 from fogshift.common.files import write_private
+from fogshift.common.names import NAME_PATTERN
 from fogshift.common.text import one_line
 
 T = TypeVar("T")
@@ -370,9 +371,14 @@ async def delete_pe_stream(js: JetStreamContext, pipeline: str, pe: str) -> None
 
 
 async def pipeline_streams(js: JetStreamContext, pipeline: str) -> list[str]:
-    """The streams holding any subject of ``pipeline`` (``fs.<pipeline>.>``: names have no
-    dots, so no other pipeline's): its PEs' streams, also of PEs its spec no longer has (a
-    partition a scale added), and older fogshifts' names of them."""
+    """The streams of ``pipeline``'s PEs: also of PEs its spec no longer has (a partition a
+    scale added), and older fogshifts' names of them.
+
+    Only streams fogshift made: named as a PE's stream of this pipeline is (now or by an
+    older fogshift) and holding that PE's subjects and nothing else. A broker may be shared
+    (``broker.url``): another user's stream whose subjects only meet the pipeline's
+    (``fs.*.audit``) is never listed, and so never deleted by a fresh deploy.
+    """
     names: list[str] = []
     while True:
         reply = await connection_of(js).request(
@@ -386,7 +392,24 @@ async def pipeline_streams(js: JetStreamContext, pipeline: str) -> list[str]:
         page = answer.get("streams") or []
         names.extend(page)
         if not page or len(names) >= int(answer.get("total", 0)):
-            return names
+            return [name for name in names if await _pe_stream(js, pipeline, name)]
+
+
+async def _pe_stream(js: JetStreamContext, pipeline: str, name: str) -> bool:
+    """Whether stream ``name`` is one fogshift made for a PE of ``pipeline`` (see
+    :func:`pipeline_streams`)."""
+    for prefix in {stream_name(pipeline, ""), legacy_stream_name(pipeline, "")}:
+        pe = name[len(prefix) :]
+        if not name.startswith(prefix) or not NAME_PATTERN.fullmatch(pe):
+            continue
+        try:
+            info = await js.stream_info(name)
+        except NotFoundError:
+            return False
+        subjects = set(info.config.subjects or ())
+        if subjects and subjects <= set(stream_subjects(pipeline, pe)):
+            return True
+    return False
 
 
 async def last_seq(js: JetStreamContext, stream: str) -> int:
