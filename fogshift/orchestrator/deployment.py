@@ -396,9 +396,16 @@ class Deployment(Journal):
             log.warning("could not remove %s/%s: %s", pipeline, element.id, exc)
 
     def stop(self, name: str) -> StopResult:
-        """Stop every PE of a pipeline; its streams, checkpoints and output stay."""
+        """Stop every PE of a pipeline; its streams, checkpoints and output stay. A
+        migration, restore or scale under way ends first (they start instances).
+
+        Raises:
+            Conflict: Such an operation still ran after ``STOP_WAIT_S``; nothing stopped.
+        """
         with self.pipeline_lock(name):
-            return self._stop_pipeline(name)
+            pes = [e.id for e in self.pipeline(name).spec.elements]
+            with self._stopping(name, pes):
+                return self._stop_pipeline(name)
 
     def _stop_pipeline(self, name: str) -> StopResult:
         record = self.pipeline(name)

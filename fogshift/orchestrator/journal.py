@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.publish import fence
-from fogshift.exceptions import FogshiftError, Unavailable
+from fogshift.exceptions import Conflict, FogshiftError, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord
@@ -29,8 +29,12 @@ BACKGROUND = frozenset(
 #: How long an operation someone asked for waits for such a round to let the PE go (a
 #: standby's start copies a checkpoint and starts a query: seconds, more over slow links).
 BACKGROUND_WAIT_S = 60.0
+#: How long a stop waits for the operations under way on its pipeline's PEs (a migration,
+#: restore or scale, which start instances) before it is refused.
+STOP_WAIT_S = 120.0
 #: What each holder is, in the refusal.
 BUSY = {
+    "stopping": "a stop of its pipeline",
     "migration": "a migration", "restore": "a restore", "scaling": "a scale or key move",
     "standby": "the start of its standby", "standby follow": "its standby's follow-up",
     "restart": "a restart by the reconciler", "recovery": "the recovery of an interrupted "
@@ -169,6 +173,37 @@ class Journal(Replication):
             with self._lock:
                 self._migrating.pop(key, None)
                 self._released.notify_all()
+
+    @contextlib.contextmanager
+    def _stopping(
+        self, pipeline: str, pes: list[str], wait_s: float = STOP_WAIT_S
+    ) -> Iterator[None]:
+        """Hold the exclusive sections of ``pes`` for a stop of ``pipeline``: once the
+        operations under way on them end (within ``wait_s``), none runs until the stop
+        did. A migration, restore or scale running beside a stop started its instances
+        after the stop had removed the pipeline's: they ran on, for a stopped pipeline.
+
+        Raises:
+            Conflict: An operation still ran after ``wait_s``; nothing was stopped.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            with contextlib.ExitStack() as held:
+                try:
+                    for pe in pes:
+                        held.enter_context(self._exclusive(pipeline, pe, "stopping"))
+                except MigrationInProgress as exc:
+                    if time.monotonic() >= deadline:
+                        raise Conflict(
+                            f"cannot stop pipeline {pipeline!r}: {exc.message}",
+                            expected="no migration, restore or scale of its PEs under way",
+                            received=f"one still running after {wait_s:.0f} s",
+                            hint="its own command reports when it ends; then stop again",
+                        ) from exc
+                else:
+                    yield
+                    return
+            time.sleep(0.1)
 
     def _refuse_unresolved(self, pipeline: str, element_id: str) -> None:
         """Refuse an operation on a PE whose journal holds an operation nobody runs (left by

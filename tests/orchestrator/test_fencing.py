@@ -154,6 +154,51 @@ def test_a_stop_during_a_deploy_leaves_the_pipeline_stopped(
         assert calls[-1].method == "DELETE" and calls[-1].path == f"/pipelines/{name}", calls
 
 
+def test_a_stop_waits_for_an_operation_under_way_and_stops_what_it_started(
+    orch: Orchestrator, tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    """A migration, restore or scale starts instances: one running beside a stop started
+    them after the stop had removed the pipeline's, and they ran on for a stopped pipeline.
+    The stop now waits for it (holding its PEs' exclusive sections), and is refused, with
+    nothing stopped, if it outlasts the wait."""
+    import threading
+
+    from fogshift.contracts import PipelineState
+    from fogshift.exceptions import Conflict
+
+    name = f"fence{next(_names)}"
+    orch.deploy(spec(tmp_path, name))
+    here = f"/pipelines/{name}/elements/aggregate"
+    running, done = threading.Event(), threading.Event()
+
+    def operation() -> None:  # e.g. a restart of the aggregate, at its end
+        with orch._exclusive(name, "aggregate", "migration"):
+            running.set()
+            done.wait(30)
+            orch.agent("fog-a").put(here, json={})
+
+    worker = threading.Thread(target=operation)
+    worker.start()
+    assert running.wait(30)
+    with (
+        pytest.raises(Conflict, match=r"cannot stop pipeline .*a migration is under way"),
+        orch._stopping(name, ["aggregate"], wait_s=0.3),
+    ):
+        pass
+    stopping = threading.Thread(target=orch.stop, args=(name,))
+    stopping.start()
+    stopping.join(1)
+    assert stopping.is_alive()  # waiting for the operation
+    assert orch.registry.get_pipeline(name).status == PipelineState.RUNNING  # type: ignore[union-attr]
+    done.set()
+    worker.join(30)
+    stopping.join(30)
+    assert not stopping.is_alive()
+    assert orch.registry.get_pipeline(name).status == PipelineState.STOPPED  # type: ignore[union-attr]
+    calls = [(c.method, c.path) for c in agents["fog-a"].calls if name in c.path]
+    assert calls[-2:] == [("PUT", here), ("DELETE", f"/pipelines/{name}")], calls
+
+
 def test_a_failure_after_the_routing_change_completes_the_migration(
     orch: Orchestrator, pipeline: str, agents: dict[str, StandIn]
 ) -> None:

@@ -232,6 +232,7 @@ def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
     assert dead[0][1] == control({"move": "m1", "state": {"total": "2.0"}})
     # The held event and the next, from no state (as before the state came).
     assert [(o, b) for o, b, r in got if r is None] == [
-        (3, {"count": 1, "total": 5.0}), (4, {"count": 2, "total": 6.0})
+        (3, {"count": 1, "total": 5.0}),
+        (4, {"count": 2, "total": 6.0}),
     ]
     assert batch((5, "src", {"k": "a", "value": 1.0})) == [(5, {"count": 3, "total": 7.0}, None)]
