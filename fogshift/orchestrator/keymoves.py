@@ -951,8 +951,8 @@ class KeyMoves(Standbys):
                 return move, at, owners
         raise Unavailable(
             f"cannot {what}: its input {source!r} never stood still between looking at it and "
-            f"appending the move ({APPEND_TRIES} tries)",
-            hint="try again; nothing changed",
+            f"appending the move ({APPEND_TRIES} tries); the move was not appended",
+            hint="try again",
         )
 
     def _ownership(self, pipeline: str, source: str, element_id: str) -> Ownership:

@@ -222,10 +222,16 @@ class Scaling(KeyMoves):
                     return report
             # The same listing: the input scan from its batches covers what came during the
             # waves (a state-reader job per partition again would slow their batches).
-            move, at, _ = self._append_listed(
-                pipeline, element_id, parts, source, partial(_rescale, element_id, partitions),
-                f"scale {pipeline}/{element_id}", listed,
-            )  # fmt: skip
+            try:
+                move, at, _ = self._append_listed(
+                    pipeline, element_id, parts, source,
+                    partial(_rescale, element_id, partitions),
+                    f"scale {pipeline}/{element_id}", listed,
+                )  # fmt: skip
+            except (InvalidInput, Unavailable) as exc:  # (refusals; a broker away too)
+                now = self.pipeline(pipeline).spec.partitions_of(element_id)
+                idle = [p.id for p in now if p.partition and p.partition.index >= owners.count]
+                raise _unfinished(exc, pipeline, element_id, owners.count, idle) from exc
             log.info("rescaled %s/%s to %d partitions at %d: %d keys move (%d ahead)",
                      pipeline, element_id, partitions, at, len(move.keys), len(ahead))  # fmt: skip
             report = self._moved(pipeline, element_id, source, move, at,
@@ -561,6 +567,24 @@ class Scaling(KeyMoves):
             agent.delete(here)
         placed = element.model_copy(update={"node": node}).model_dump(mode="json")
         agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
+
+
+def _unfinished(
+    exc: InvalidInput | Unavailable, pipeline: str, element_id: str, count: int, idle: list[str]
+) -> InvalidInput | Unavailable:
+    """``exc``, a refusal of a scale's rescale record, saying what the scale had done by
+    then: partitions ``idle`` it added run beyond the ``count`` the keys are spread over.
+    (It said "nothing changed" while the spec had them.)"""
+    if not idle:
+        return exc
+    return type(exc)(
+        f"{exc.message}; partitions {', '.join(idle)} were added and run, though no key "
+        "of the rescale is theirs yet",
+        expected=exc.expected,
+        received=exc.received,
+        hint=f"{exc.hint or 'try again'}; the same scale again completes it, or `fogshift "
+        f"scale {pipeline} {element_id} --partitions {count}` retires them",
+    )
 
 
 def _rescaled_to(owners: Ownership, count: int) -> bool:

@@ -300,3 +300,29 @@ def test_a_key_move_asked_again_is_moved_only_once_its_target_committed(
     agents["fog-b"].answer("GET", progress, body={**body, "offset": {"positions": {"source": 7}}})
     report = orch.migrate_keys("p", "aggregate", [key], "fog-b", timeout_s=5)
     assert report.status == "moved" and report.already == [key]
+
+
+def test_a_refused_rescale_record_says_which_added_partitions_run(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rescale record is appended after the added partitions started: its refusal
+    (too many keys, an input that never stood still) said "nothing changed" then."""
+    from fogshift.broker.keys import Ownership
+    from fogshift.exceptions import InvalidInput
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(2))
+    monkeypatch.setattr(orch, "_listed_keys", lambda *args: (set(), 0))
+
+    def refuse(*args: Any) -> None:
+        raise InvalidInput("cannot scale p/aggregate: 5000 keys would move",
+                           hint="move fewer keys at a time")  # fmt: skip
+
+    monkeypatch.setattr(orch, "_append_listed", refuse)
+    with pytest.raises(InvalidInput) as refused:
+        orch.scale("p", "aggregate", 3, ["fog-c"])
+    error = refused.value
+    assert agents["fog-c"].received("PUT", ADDED)  # it was started
+    assert "5000 keys would move" in error.message and "aggregate-p2" in error.message
+    assert error.hint is not None and "move fewer keys" in error.hint
+    assert "fogshift scale p aggregate --partitions 2" in error.hint
