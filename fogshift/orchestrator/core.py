@@ -99,6 +99,9 @@ class OrchestratorCore:
         #: ``active`` in a thread running one of the orchestrator's own rounds (the
         #: reconciler's): what it starts never waits for a PE someone holds.
         self._in_round = threading.local()
+        #: Per PE whose restart by the reconciler failed: how many times in a row, and
+        #: when (monotonic) the next try may come (``Reconciler._reconcile_element``).
+        self._restart_backoff: dict[tuple[str, str], tuple[int, float]] = {}
         #: Pipelines whose key moves' streams this process has seen have every subject
         #: (``Reconciler._streams_current``).
         self._streams_checked: set[str] = set()

@@ -28,6 +28,11 @@ log = logging.getLogger("fogshift.orchestrator")
 #: An instance of a stopped pipeline counts as left running only in a heartbeat that came
 #: this long after the stop (one sent before the stop's removal may arrive after it).
 STOPPED_HEARD_S = 2.0
+#: A PE whose restart failed is tried again after twice as many reconcile rounds each time,
+#: at most this long apart: each try fences anew (a new epoch, a fence marker in its
+#: stream), and a node that refuses the start every round grew the stream and the epochs
+#: by one every round, for as long as it refused.
+RESTART_BACKOFF_MAX_S = 60.0
 
 
 class Reconciler(Coordination):
@@ -298,7 +303,11 @@ class Reconciler(Coordination):
         if reported is not None and not (
             reported.gated or reported.epoch < newest or stale or fenced
         ):
+            self._restart_backoff.pop((pipeline, element_id), None)
             return
+        failed, after = self._restart_backoff.get((pipeline, element_id), (0, 0.0))
+        if time.monotonic() < after:
+            return  # its last restart failed: not every round (see RESTART_BACKOFF_MAX_S)
         try:
             with self._exclusive(pipeline, element_id, "restart"):
                 record = self.registry.get_pipeline(pipeline)
@@ -314,10 +323,14 @@ class Reconciler(Coordination):
                     self._restart_fenced(pipeline, here, node.name)
                 else:
                     self._mend(pipeline, here)
+        except MigrationInProgress:
+            return  # the operation under way owns the PE
         except FogshiftError:
-            # MigrationInProgress: the operation under way owns the PE; a failed start was
-            # logged by _exclusive and is retried next round.
+            # A failed start, logged by _exclusive: tried again after a back-off.
+            wait = min(RESTART_BACKOFF_MAX_S, self.config.reconcile_s * 2 ** min(failed, 16))
+            self._restart_backoff[(pipeline, element_id)] = (failed + 1, time.monotonic() + wait)
             return
+        self._restart_backoff.pop((pipeline, element_id), None)
 
     def _hosts(self, element: ElementSpec, pipeline: str) -> bool:
         """Whether ``element.node`` runs an instance of the PE now (its last report lags a

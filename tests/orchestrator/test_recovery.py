@@ -350,3 +350,39 @@ def test_a_stopped_pipelines_pe_is_not_restored(
     with pytest.raises(InvalidInput, match="'p' is stopped, not running"):
         orch.restore("p", "aggregate")
     assert calls(agents) == []
+
+
+def test_a_restart_a_node_refuses_is_tried_again_after_a_growing_back_off(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each try fences anew (a new epoch, a marker in the PE's stream): a node refusing
+    the start made one of each every reconcile round, for as long as it refused."""
+    from fogshift.orchestrator import reconciler
+
+    fenced: list[object] = []
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30: fenced.append(make) or 9)
+    import time
+    from types import SimpleNamespace
+
+    clock = [1000.0]  # the reconciler's own clock (only its module's)
+    monkeypatch.setattr(reconciler, "time", SimpleNamespace(
+        monotonic=lambda: clock[0], time=time.time, sleep=time.sleep))  # fmt: skip
+    beat(orch, agents, {"cloud": [hosted("source"), hosted("sink")], "fog-a": []})
+    gone = {"code": "unknown_element", "message": "node 'fog-a' does not host p/aggregate"}
+    agents["fog-a"].answer("GET", AGG + "/progress", status=404, body=gone)
+    agents["fog-a"].fail("PUT", AGG)  # its node refuses to start it
+    rounds_s = orch.config.reconcile_s
+    tried = []
+    for _ in range(12):  # twelve rounds, one every reconcile_s
+        orch.reconcile_once()
+        tried.append(len(agents["fog-a"].received("PUT", AGG)))
+        clock[0] += rounds_s
+    # Tried at rounds 1, 2, 4, 8 (after 1, 2, 4 rounds' wait): not at every round.
+    assert tried == [1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4], tried
+    assert len(fenced) == 4 and orch.registry.epoch("p", "aggregate") == 5
+    # Once the node takes it, it runs, and a later failure starts from a round again.
+    agents["fog-a"].answer("PUT", AGG)
+    clock[0] += reconciler.RESTART_BACKOFF_MAX_S
+    orch.reconcile_once()
+    assert len(agents["fog-a"].received("PUT", AGG)) == 5
+    assert ("p", "aggregate") not in orch._restart_backoff
