@@ -43,6 +43,7 @@ from fogshift.broker.naming import (
     stream_name,
 )
 from fogshift.common.files import write_private
+from fogshift.common.processes import started_at
 
 API = "$JS.API"
 
@@ -168,8 +169,19 @@ def write_config(config_file: Path, head: str, users: BrokerUsers, hosted: Mappi
     write_private(config_file, head + users.authorization(hosted))
 
 
-def apply_permissions(config_file: Path, pid: int, hosted: Mapping[str, Iterable[Hosted]]) -> None:
+def apply_permissions(
+    config_file: Path,
+    pid: int,
+    hosted: Mapping[str, Iterable[Hosted]],
+    started: float | None = None,
+) -> None:
     """Rewrite the server's permissions for ``hosted`` and make it reload them.
+
+    Args:
+        started: When the server started (:func:`~fogshift.common.processes.started_at`):
+            ``pid`` is signalled only if it is still that process. A pid is given again
+            once its process is gone, and SIGHUP ends most processes: a dead broker's pid
+            would have ended whatever had it now.
 
     Raises:
         BrokerError: The config or its users cannot be read, or the server is gone.
@@ -181,6 +193,11 @@ def apply_permissions(config_file: Path, pid: int, hosted: Mapping[str, Iterable
         raise BrokerError(f"cannot read the broker's config {config_file}: {exc}") from exc
     head = text.split("authorization {", 1)[0]
     write_config(config_file, head, users, hosted)
+    if started is not None and started_at(pid) != started:
+        raise BrokerError(
+            f"nats-server (pid {pid}) is gone (the pid is another process's now, or none's): "
+            "cannot apply permissions"
+        )
     try:
         os.kill(pid, signal.SIGHUP)  # nats-server reloads its config on SIGHUP
     except ProcessLookupError as exc:

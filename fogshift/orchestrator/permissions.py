@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.permissions import Hosted, apply_permissions
+from fogshift.common.processes import started_at
 from fogshift.orchestrator.registry import Registry
 from fogshift.spec.models import ElementSpec
 
@@ -78,6 +79,8 @@ class BrokerPermissions:
     def __init__(self, config_file: Path | None, pid: int | None) -> None:
         self.config_file = config_file
         self.pid = pid
+        # (Started just before this orchestrator by `fogshift up`: the pid is the server's.)
+        self.started = started_at(pid) if pid is not None else None
         self._applied: dict[str, list[Hosted]] | None = None
         self._lock = threading.Lock()
 
@@ -98,7 +101,7 @@ class BrokerPermissions:
             wanted = hosted_by_node(registry)
             if wanted == self._applied:
                 return False
-            apply_permissions(self.config_file, self.pid, wanted)
+            apply_permissions(self.config_file, self.pid, wanted, self.started)
             self._applied = wanted
             log.info(
                 "broker rights: %s",

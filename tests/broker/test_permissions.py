@@ -180,3 +180,29 @@ def test_the_config_keeps_the_listen_and_store_lines(broker: BrokerProcess) -> N
     text = Path(broker.config_file).read_text()
     assert text.startswith("listen: 127.0.0.1:")
     assert "jetstream" in text and text.count("authorization {") == 1
+
+
+def test_a_reused_pid_is_not_signalled(broker: BrokerProcess, tmp_path: Path) -> None:
+    """The broker's pid given again after it died: SIGHUP (which ends most processes)
+    went to whatever had it now."""
+    import shutil
+    import subprocess
+
+    from fogshift.broker.exceptions import BrokerError
+    from fogshift.common.processes import started_at
+
+    config = tmp_path / "nats.conf"
+    shutil.copy(broker.config_file, config)
+    shutil.copy(users_file(Path(broker.config_file)), users_file(config))
+    started = started_at(broker.pid)
+    assert started is not None
+    other = subprocess.Popen(["sleep", "60"])  # has the dead broker's pid, say
+    try:
+        with pytest.raises(BrokerError, match="is gone"):
+            apply_permissions(config, other.pid, {}, started=started)
+        assert other.poll() is None  # not signalled
+        # The server itself, as it started, is.
+        apply_permissions(config, broker.pid, {}, started=started)
+    finally:
+        other.kill()
+        other.wait()
