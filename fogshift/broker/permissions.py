@@ -59,6 +59,11 @@ class Hosted:
     #: first input's ``.keys.<its id>`` subject, a large one's parts to its ``.state.<target>``
     #: subjects (see ``broker.keys``); ``None``: not one.
     moves_keys: int | None = None
+    #: Standing by for the PE (a warm standby): it reads what the PE reads and its stream,
+    #: and writes nothing there until it is promoted (the promotion, journaled, gives the
+    #: node the PE itself first). Only a moving partition's key states, which its standby
+    #: sends again as the primary did (the broker and the target drop such copies).
+    standby: bool = False
 
 
 def node_user(node: str) -> str:
@@ -85,13 +90,13 @@ def node_permissions(node: str, hosted: Iterable[Hosted]) -> dict[str, Any]:
     subscribe: set[str] = {node_inbox(node)}
     for pe in hosted:
         own = stream_name(pe.pipeline, pe.element)
-        publish |= {
-            data_subject(pe.pipeline, pe.element),
-            dead_subject(pe.pipeline, pe.element),
-            cut_subject(pe.pipeline, pe.element),
-            f"{API}.STREAM.INFO.{own}",
-            f"{API}.STREAM.MSG.GET.{own}",
-        }
+        publish |= {f"{API}.STREAM.INFO.{own}", f"{API}.STREAM.MSG.GET.{own}"}
+        if not pe.standby:
+            publish |= {
+                data_subject(pe.pipeline, pe.element),
+                dead_subject(pe.pipeline, pe.element),
+                cut_subject(pe.pipeline, pe.element),
+            }
         for name in pe.inputs:
             source = stream_name(pe.pipeline, name)
             subscribe.add(data_subject(pe.pipeline, name))

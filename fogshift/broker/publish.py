@@ -547,7 +547,12 @@ async def publish_records(
             appended += stale.appended
             tail, remembered = None, False
             continue
-        _known_tails.keep(js, stream, epoch, left)
+        # Remembered only if this call appended, or had nothing to: records all stored
+        # already (a warm standby's, which follows its primary; a retried batch) leave the
+        # tail read, which the stream's writer moves on from, and the next call would send
+        # what it stored since, to learn it from the broker's refusal. A standby may not
+        # send at all (see broker.permissions.Hosted.standby).
+        _known_tails.keep(js, stream, epoch, left if count or not ordered else None)
         return appended + count
     raise WriterConflict(
         f"output stream {stream} of {pipeline}/{pe} keeps moving under its writer",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from fogshift.broker.exceptions import BrokerError
@@ -47,8 +48,8 @@ def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:
             node = record.placement.get(element.id, element.node)
             pe = _hosted(record.name, element)
             hosted[node].add(pe)
-            if (record.name, element.id) in standbys:
-                hosted[standbys[(record.name, element.id)]].add(pe)
+            if (record.name, element.id) in standbys:  # (read rights: see Hosted.standby)
+                hosted[standbys[(record.name, element.id)]].add(replace(pe, standby=True))
     for op in registry.unfinished():
         spec = specs.get(op.pipeline)
         if spec is None:
@@ -63,7 +64,12 @@ def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:
         elif op.origin != op.target:
             hosted[op.origin].discard(pe)  # a restore: the node it leaves is presumed lost
     return {
-        node: sorted(pes, key=lambda h: (h.pipeline, h.element)) for node, pes in hosted.items()
+        node: sorted(
+            # (Standing by for a PE it also serves whole: the rights of the PE itself.)
+            (h for h in pes if not (h.standby and replace(h, standby=False) in pes)),
+            key=lambda h: (h.pipeline, h.element),
+        )
+        for node, pes in hosted.items()
     }
 
 

@@ -206,3 +206,43 @@ def test_a_reused_pid_is_not_signalled(broker: BrokerProcess, tmp_path: Path) ->
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_standby_reads_its_primarys_stream_and_writes_nothing_there(
+    broker: BrokerProcess,
+) -> None:
+    """A warm standby follows its primary: its writer finds every record it makes stored
+    already, and may append none of the PE's (least privilege: it wrote them before)."""
+    admin, n1, n2 = broker.address, broker.node_addresses["n1"], broker.node_addresses["n2"]
+    for pe in ("src", "pe1"):
+        assert allowed(run(admin, lambda js, pe=pe: ensure_pe_stream(js, "sb", pe)))
+    apply_permissions(broker.config_file, broker.pid, {
+        "n1": [Hosted("sb", "pe1", ("src",))],
+        "n2": [Hosted("sb", "pe1", ("src",), standby=True)],
+    })  # fmt: skip
+    assert until(lambda: allowed(run(n2, lambda js: js.stream_info("FS_sb_pe1"))))
+    assert not allowed(run(n2, lambda js: js.publish(data_subject("sb", "pe1"), b"x")))
+
+    def records(*origins: int) -> list[Record]:
+        return [Record(o, 0, o, 0.0, "pe1", json.dumps({"v": o})) for o in origins]
+
+    async def primary(*origins: int) -> int:
+        nc = await nats.connect(n1.url, user=n1.user, password=n1.password,
+                                inbox_prefix=n1.inbox or "_INBOX")  # fmt: skip
+        try:
+            return await publish_records(nc.jetstream(), "sb", "pe1", records(*origins), 1)
+        finally:
+            await nc.close()
+
+    async def follow(js: Any) -> list[int]:
+        # One connection, as a standby's writer keeps: its batches one after the other,
+        # each behind the primary's.
+        appended = [await primary(1, 2)]
+        appended.append(await publish_records(js, "sb", "pe1", records(1, 2), epoch=1))
+        appended.append(await primary(3, 4))
+        appended.append(await publish_records(js, "sb", "pe1", records(3), epoch=1))
+        return appended
+
+    assert run(n2, follow) == [2, 0, 2, 0]
+    info = run(admin, lambda js: js.stream_info("FS_sb_pe1"))
+    assert info.state.messages == 4

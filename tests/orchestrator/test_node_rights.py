@@ -54,11 +54,22 @@ def test_a_standby_node_holds_the_rights_of_the_pe_it_stands_by_for(tmp_path: Pa
     registry.put_pipeline(parse_spec(spec(), tmp_path), "running")
     registry.add_standby("p", "agg", "fog-b")
     assert names(hosted_by_node(registry)) == {"cloud": ["src"], "fog-a": ["agg"], "fog-b": ["agg"]}
-    # Promoted: the lost node loses the PE at once, the standby's node keeps it.
+    # Standing by, it reads (its inputs, the PE's stream) and writes nothing of the PE's.
+    (standing,) = hosted_by_node(registry)["fog-b"]
+    assert standing.standby and not hosted_by_node(registry)["fog-a"][0].standby
+    allow = node_permissions("fog-b", [standing])["publish"]["allow"]
+    assert not {"fs.p.agg.data", "fs.p.agg.dead", "fs.p.agg.cut"} & set(allow)
+    assert {"$JS.API.STREAM.MSG.GET.FS_p_agg", "$JS.API.DIRECT.GET.FS_p_src"} <= set(allow)
+    # Promoted: the lost node loses the PE at once, the standby's node holds it (before
+    # its gate opens: the promotion is journaled first).
     epoch = registry.add_standby("p", "agg", "fog-b")
     op = registry.begin_operation("restore", "p", "agg", "fog-a", "fog-b", "me", "starting",
                                   epoch=epoch)  # fmt: skip
     assert names(hosted_by_node(registry)) == {"cloud": ["src"], "fog-b": ["agg"]}
+    (promoted,) = hosted_by_node(registry)["fog-b"]
+    assert not promoted.standby
+    allow = node_permissions("fog-b", [promoted])["publish"]["allow"]
+    assert {"fs.p.agg.data", "fs.p.agg.dead", "fs.p.agg.cut"} <= set(allow)
     registry.route(op.id, "fog-b")
     registry.finish(op.id, "restored")
     assert names(hosted_by_node(registry)) == {"cloud": ["src"], "fog-b": ["agg"]}
