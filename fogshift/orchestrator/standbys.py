@@ -57,13 +57,15 @@ class Standbys(Deployment):
     def standby_node(self, record: PipelineRecord, element: ElementSpec) -> str | None:
         """Where the PE's standby should be started now (``None``: none wanted, or no node
         can take it): the spec's node, or with ``planned`` the planner's redeploy node, else
-        the healthy node running the fewest PEs — never the PE's own node."""
+        the healthy node running the fewest PEs — never the PE's own node. While the PE runs
+        on the spec's node (its standby there was promoted), as with ``planned``: it had no
+        standby at all after its first promotion."""
         wanted = record.spec.recovery.standby
         current = record.placement[element.id]
         if wanted is None or not wants_standby(element):
             return None
-        if wanted != PLANNED_STANDBY:
-            return wanted if wanted != current and self._ready(self.registry.node(wanted)) else None
+        if wanted not in (PLANNED_STANDBY, current):
+            return wanted if self._ready(self.registry.node(wanted)) else None
         candidates = [n for n in self.registry.nodes() if n.name != current and self._ready(n)]
         planned = self.planned(record.name, element.id).redeploy
         ranked = sorted(
@@ -134,9 +136,8 @@ class Standbys(Deployment):
         if record.spec.recovery.standby is None or not wants_standby(element):
             return False
         wanted = record.spec.recovery.standby
-        if standby.node == record.placement[element.id] or (
-            wanted != PLANNED_STANDBY and wanted != standby.node
-        ):
+        primary = record.placement[element.id]
+        if standby.node == primary or wanted not in (PLANNED_STANDBY, standby.node, primary):
             return False
         node = self.registry.node(standby.node)
         if (

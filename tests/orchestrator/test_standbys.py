@@ -246,3 +246,32 @@ def test_a_new_orchestrators_first_round_keeps_a_standby_whose_node_has_not_beat
     orch.started_at = clock.time() - 60
     orch.keep_standbys()
     assert orch.registry.standby("p", "aggregate") is None
+
+
+def test_a_pe_promoted_onto_its_fixed_standby_node_gets_a_standby_elsewhere(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """``standby: fog-b`` and the PE promoted onto fog-b: it had no standby after that,
+    and nothing said so. It now has one where ``planned`` would put it, until the PE runs
+    elsewhere again."""
+    import time
+
+    from fogshift.orchestrator.registry import StandbyRecord
+
+    record = orch.pipeline("p")
+    element = record.spec.element("aggregate")
+    assert orch.standby_node(record, element) == "fog-b"
+    orch.registry.set_placement("p", "aggregate", "fog-b")  # promoted there
+    beat(orch, agents, {"cloud": [hosted("source"), hosted("sink")],
+                        "fog-b": [hosted("aggregate")]})  # fmt: skip
+    record = orch.pipeline("p")
+    elsewhere = orch.standby_node(record, element)
+    assert elsewhere is not None and elsewhere != "fog-b"
+    standby = StandbyRecord("p", "aggregate", elsewhere, 2, time.time())  # just started
+    assert orch._standby_sound(record, element, standby)
+    # Back on fog-a: the spec's node again, the other standby no longer wanted.
+    orch.registry.set_placement("p", "aggregate", "fog-a")
+    record = orch.pipeline("p")
+    assert orch.standby_node(record, element) == "fog-b"
+    if elsewhere != "fog-a":
+        assert not orch._standby_sound(record, element, standby)
