@@ -258,7 +258,7 @@ def deploy(
     as_json: AsJson = False,
 ) -> None:
     """Validate a pipeline spec and start it on its nodes."""
-    with cluster_ops.orchestrator_client(home.resolve()) as client:
+    with cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client:
         nodes = [NodeView.model_validate(n).name for n in client.get("/nodes")]
         pipeline = load_spec(spec, nodes)
         result = PipelineStatus.model_validate(
@@ -978,7 +978,7 @@ def restore(
 @app.command()
 def stop(pipeline: str, home: Home = Path(".fogshift")) -> None:
     """Stop a pipeline's PEs (streams, checkpoints and output stay)."""
-    with cluster_ops.orchestrator_client(home.resolve()) as client:
+    with cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client:
         result = StopResult.model_validate(client.post(f"/pipelines/{pipeline}/stop"))
     console.print(f"[green]stopped[/] {pipeline}")
     if result.unreachable_nodes:
@@ -1139,6 +1139,7 @@ def serve_orchestrator(
     plan_interval: Annotated[float | None, typer.Option()] = None,
     broker_config: Annotated[Path | None, typer.Option()] = None,
     broker_pid: Annotated[int | None, typer.Option()] = None,
+    broker_started: Annotated[float | None, typer.Option()] = None,
     test_pause_at: Annotated[
         str | None,
         typer.Option(
@@ -1164,6 +1165,7 @@ def serve_orchestrator(
             test_pause_at=test_pause_at or None,
             broker_config=broker_config.resolve() if broker_config else None,
             broker_pid=broker_pid,
+            broker_started=broker_started,
         ),
     )
     _log_setup()

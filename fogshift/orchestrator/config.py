@@ -56,6 +56,9 @@ class OrchestratorConfig(BaseSettings):
         broker_config: The config of the nats-server ``fogshift up`` started (``None``: an
             external broker, whose users fogshift does not manage).
         broker_pid: That server's process, signalled to reload per-node rights.
+        broker_started: When that process started (clock ticks since boot, as ``fogshift
+            up`` recorded it): it is signalled only while its pid is still that process.
+            ``None``: read at this orchestrator's start.
         test_pause_at: Test hook: ``<kind>:<phase>`` of an operation (e.g.
             ``migration:switching``, ``restore:installing``) at which this orchestrator stops,
             once the journal has recorded that phase and before its side effect, and waits to
@@ -86,6 +89,7 @@ class OrchestratorConfig(BaseSettings):
     test_pause_at: str | None = Field(default=None, pattern=r"^(migration|restore):[a-z_]+$")
     broker_config: Path | None = None
     broker_pid: int | None = Field(default=None, ge=1)
+    broker_started: float | None = Field(default=None, ge=0)
 
     @classmethod
     def default(cls, field: str) -> Any:

@@ -58,18 +58,16 @@ class Coordination(Scaling):
         """
         record = self.pipeline(pipeline)
         element = self._element(record, element_id)
-        if record.status != PipelineState.RUNNING:
-            raise InvalidInput(
-                f"pipeline {pipeline!r} is {record.status}, not running",
-                hint="only running pipelines can be migrated",
-            )
+        _refuse_stopped(record)
         self._refuse_current_node(record, element_id, target, "migrate")
         if mode == MigrationMode.HANDOVER:
             _refuse_handover(pipeline, element)
         self._usable_node(target, f"migrate {pipeline}/{element_id} to")
         with self._exclusive(pipeline, element_id, "migration"):
-            # Afresh: a restore or migration that just ended may have moved the PE.
+            # Afresh: a restore or migration that just ended may have moved the PE, a stop
+            # that just ended stopped it.
             record = self.pipeline(pipeline)
+            _refuse_stopped(record)
             self._refuse_current_node(record, element_id, target, "migrate")
             origin = record.placement[element_id]
             # The PE itself goes there: an instance cannot stand by for itself.
@@ -461,4 +459,17 @@ def _refuse_handover(pipeline: str, element: ElementSpec) -> None:
             expected="a source or a processor for --mode handover",
             received=f"{element.kind} with inputs {list(element.inputs)}",
             hint="use --mode precopy (the default) for it",
+        )
+
+
+def _refuse_stopped(record: PipelineRecord) -> None:
+    """Refuse to migrate a PE of a pipeline that is not running.
+
+    Raises:
+        InvalidInput: It is not.
+    """
+    if record.status != PipelineState.RUNNING:
+        raise InvalidInput(
+            f"pipeline {record.name!r} is {record.status}, not running",
+            hint="only running pipelines can be migrated",
         )

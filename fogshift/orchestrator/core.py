@@ -74,7 +74,9 @@ class OrchestratorCore:
         self.registry = Registry(config.home / "orchestrator.db")
         self.broker = SyncJetStream(BrokerAddress.load(config.broker_file))
         #: Each node's broker rights follow placement (least privilege).
-        self.permissions = BrokerPermissions(config.broker_config, config.broker_pid)
+        self.permissions = BrokerPermissions(
+            config.broker_config, config.broker_pid, config.broker_started
+        )
         #: Per node: a client of its agent, and the agent process it was made for.
         self._agents: dict[str, tuple[ServiceClient, int | None]] = {}
         self._lock = threading.RLock()
@@ -99,9 +101,10 @@ class OrchestratorCore:
         #: ``active`` in a thread running one of the orchestrator's own rounds (the
         #: reconciler's): what it starts never waits for a PE someone holds.
         self._in_round = threading.local()
-        #: Per PE whose restart by the reconciler failed: how many times in a row, and
-        #: when (monotonic) the next try may come (``Reconciler._reconcile_element``).
-        self._restart_backoff: dict[tuple[str, str], tuple[int, float]] = {}
+        #: Per PE whose restart by the reconciler failed once fenced anew: how many times
+        #: in a row, when (monotonic) the next try may come, and the epoch and node it
+        #: failed at (``Reconciler._reconcile_element``).
+        self._restart_backoff: dict[tuple[str, str], tuple[int, float, int, str]] = {}
         #: Pipelines whose key moves' streams this process has seen have every subject
         #: (``Reconciler._streams_current``).
         self._streams_checked: set[str] = set()

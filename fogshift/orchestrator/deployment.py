@@ -403,9 +403,12 @@ class Deployment(Journal):
             Conflict: Such an operation still ran after ``STOP_WAIT_S``; nothing stopped.
         """
         with self.pipeline_lock(name):
-            pes = [e.id for e in self.pipeline(name).spec.elements]
-            with self._stopping(name, pes):
-                return self._stop_pipeline(name)
+            while True:
+                pes = [e.id for e in self.pipeline(name).spec.elements]
+                with self._stopping(name, pes):
+                    # (A scale that ran meanwhile may have added partitions: theirs too.)
+                    if {e.id for e in self.pipeline(name).spec.elements} <= set(pes):
+                        return self._stop_pipeline(name)
 
     def _stop_pipeline(self, name: str) -> StopResult:
         record = self.pipeline(name)

@@ -163,7 +163,9 @@ class Journal(Replication):
                 self._released.wait(left)
             self._migrating[key] = what
         try:
-            if what not in BACKGROUND:
+            # (A stop is not: an entry a dead orchestrator left is abandoned once its
+            # pipeline stopped, and one whose resolution kept failing made it unstoppable.)
+            if what not in BACKGROUND and what != "stopping":
                 self._refuse_unresolved(pipeline, element_id)
             yield
         except FogshiftError as exc:
@@ -176,7 +178,7 @@ class Journal(Replication):
 
     @contextlib.contextmanager
     def _stopping(
-        self, pipeline: str, pes: list[str], wait_s: float = STOP_WAIT_S
+        self, pipeline: str, pes: list[str], wait_s: float | None = None
     ) -> Iterator[None]:
         """Hold the exclusive sections of ``pes`` for a stop of ``pipeline``: once the
         operations under way on them end (within ``wait_s``), none runs until the stop
@@ -184,8 +186,10 @@ class Journal(Replication):
         after the stop had removed the pipeline's: they ran on, for a stopped pipeline.
 
         Raises:
-            Conflict: An operation still ran after ``wait_s``; nothing was stopped.
+            Conflict: An operation still ran after ``wait_s`` (:data:`STOP_WAIT_S`);
+                nothing was stopped.
         """
+        wait_s = STOP_WAIT_S if wait_s is None else wait_s
         deadline = time.monotonic() + wait_s
         while True:
             with contextlib.ExitStack() as held:

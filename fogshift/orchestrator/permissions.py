@@ -80,13 +80,17 @@ class BrokerPermissions:
     Args:
         config_file: The nats-server config (with ``users.json`` beside it).
         pid: The nats-server process, signalled to reload.
+        started: When it started (``fogshift up`` records it); ``None``: read now.
     """
 
-    def __init__(self, config_file: Path | None, pid: int | None) -> None:
+    def __init__(
+        self, config_file: Path | None, pid: int | None, started: float | None = None
+    ) -> None:
         self.config_file = config_file
         self.pid = pid
-        # (Started just before this orchestrator by `fogshift up`: the pid is the server's.)
-        self.started = started_at(pid) if pid is not None else None
+        if started is None and pid is not None:
+            started = started_at(pid)  # (None: gone already, never signalled)
+        self.started = started
         self._applied: dict[str, list[Hosted]] | None = None
         self._lock = threading.Lock()
 
@@ -107,6 +111,11 @@ class BrokerPermissions:
             wanted = hosted_by_node(registry)
             if wanted == self._applied:
                 return False
+            if self.started is None:
+                raise BrokerError(
+                    f"nats-server (pid {self.pid}) was gone when this orchestrator started: "
+                    "cannot apply permissions"
+                )
             apply_permissions(self.config_file, self.pid, wanted, self.started)
             self._applied = wanted
             log.info(

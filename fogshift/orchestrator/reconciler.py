@@ -62,7 +62,18 @@ class Reconciler(Coordination):
             The decisions taken, one line each.
         """
         decisions: list[str] = []
-        for op in self.registry.unfinished():
+        left = self.registry.unfinished()
+        if not left:
+            return decisions
+        try:
+            # The broker's rights first: each entry's target may write the PE's records
+            # (a standby's node may not, until its promotion gives it the PE), and what
+            # a resolution opens must find them.
+            self.permissions.sync(self.registry)
+        except FogshiftError as exc:
+            log.warning("recovery waits for the broker's rights: %s", exc.render())
+            return decisions
+        for op in left:
             restart = False
             try:
                 with self._exclusive(op.pipeline, op.element, "recovery"):
@@ -305,14 +316,21 @@ class Reconciler(Coordination):
         ):
             self._restart_backoff.pop((pipeline, element_id), None)
             return
-        failed, after = self._restart_backoff.get((pipeline, element_id), (0, 0.0))
+        key = (pipeline, element_id)
+        failed, after, at_epoch, at_node = self._restart_backoff.get(key, (0, 0.0, 0, ""))
+        if (at_epoch, at_node) != (newest, node.name):
+            failed, after = 0, 0.0  # placed or fenced anew since by someone else
         if time.monotonic() < after:
             return  # its last restart failed: not every round (see RESTART_BACKOFF_MAX_S)
         try:
             with self._exclusive(pipeline, element_id, "restart"):
                 record = self.registry.get_pipeline(pipeline)
-                if record is None or record.placement.get(element_id) != node.name:
-                    return  # moved meanwhile
+                if (
+                    record is None
+                    or record.status != PipelineState.RUNNING
+                    or record.placement.get(element_id) != node.name
+                ):
+                    return  # moved or stopped meanwhile
                 here = record.spec.element(element_id).model_copy(update={"node": node.name})
                 if reported is None and not self._hosts(here, pipeline):
                     # Under an epoch above every one given, fenced first: the newest may be
@@ -326,11 +344,15 @@ class Reconciler(Coordination):
         except MigrationInProgress:
             return  # the operation under way owns the PE
         except FogshiftError:
-            # A failed start, logged by _exclusive: tried again after a back-off.
-            wait = min(RESTART_BACKOFF_MAX_S, self.config.reconcile_s * 2 ** min(failed, 16))
-            self._restart_backoff[(pipeline, element_id)] = (failed + 1, time.monotonic() + wait)
+            # A failed start, logged by _exclusive. Once it fenced anew, tried again after a
+            # back-off (a failure before, a request, is tried again next round).
+            epoch = self.registry.epoch(pipeline, element_id)
+            if epoch > newest:
+                wait = min(RESTART_BACKOFF_MAX_S, self.config.reconcile_s * 2 ** min(failed, 16))
+                self._restart_backoff[key] = (failed + 1, time.monotonic() + wait, epoch,
+                                              node.name)  # fmt: skip
             return
-        self._restart_backoff.pop((pipeline, element_id), None)
+        self._restart_backoff.pop(key, None)
 
     def _hosts(self, element: ElementSpec, pipeline: str) -> bool:
         """Whether ``element.node`` runs an instance of the PE now (its last report lags a

@@ -51,6 +51,7 @@ from typing import Any
 
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import ensure_pe_stream, last_seq
+from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.keys import KeyMove, Ownership
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence
@@ -577,9 +578,14 @@ def _unfinished(
     (It said "nothing changed" while the spec had them.)"""
     if not idle:
         return exc
+    # (A broker away may have stored the record after all: the same scale again tells.)
+    owned = (
+        "whether the rescale record is stored is not known"
+        if isinstance(exc, BrokerUnavailable)
+        else "though no key of the rescale is theirs yet"
+    )
     return type(exc)(
-        f"{exc.message}; partitions {', '.join(idle)} were added and run, though no key "
-        "of the rescale is theirs yet",
+        f"{exc.message}; partitions {', '.join(idle)} were added and run, {owned}",
         expected=exc.expected,
         received=exc.received,
         hint=f"{exc.hint or 'try again'}; the same scale again completes it, or `fogshift "

@@ -17,6 +17,7 @@ import time
 from functools import partial
 
 from fogshift.agent.exceptions import UnknownElement
+from fogshift.broker.exceptions import BrokerError
 from fogshift.contracts import (
     OperationKind,
     PEState,
@@ -252,7 +253,17 @@ class Standbys(Deployment):
             OperationKind.RESTORE, pipeline, element.id, current, standby.node, self.run_id,
             RestorePhase.STARTING, epoch=standby.epoch,
         )  # fmt: skip
-        self.permissions.sync_quietly(self.registry)  # the lost node loses its rights
+        try:
+            # Before its gate opens: its node may write the PE's records from here on (a
+            # standby's may not), and the lost node no longer may.
+            self.permissions.sync(self.registry)
+        except BrokerError as exc:
+            self.registry.finish(op.id, "failed")  # (nothing was fenced or opened)
+            raise RestoreFailed(
+                f"cannot promote the standby of {pipeline}/{element.id} on {standby.node}: "
+                f"its node could not be given the PE's broker rights: {exc.message}",
+                hint="the PE is restored from its checkpoint instead",
+            ) from exc
         log.info("promoting the standby of %s/%s on %s (epoch %d; the PE was on %s)",
                  pipeline, element.id, standby.node, standby.epoch, current)  # fmt: skip
         try:

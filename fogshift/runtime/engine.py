@@ -542,9 +542,10 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             key when hundreds of keys move at once).
 
             A state that arrives and that the processor's ``restore()`` refuses (``refusal``
-            says why: its code differs from the origin's, say) is a dead letter, its text
-            in it, and the key goes on as before it came, without state: one record never
-            stops the partition (raised, it failed the batch at every retry)."""
+            says why: its code differs from the origin's, say) is a dead letter, the whole
+            state in it (cut, as any dead letter's body, beyond a record's size), and the
+            key goes on as before it came, without state: one record never stops the
+            partition (raised, it failed the batch at every retry)."""
             assert self.held is not None
             out: list[Any] = []
             saved = self.held.get()
@@ -621,7 +622,11 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                         reason = (f"the state of key {key!r} that move {detail['move']} "
                                   f"brought to {pe!r} of pipeline {pipeline!r} is refused: "
                                   f"{why}; the key goes on without it")  # fmt: skip
-                        out.append(dead_letter(row, pe, reason, limit))
+                        # The whole state in it (a precopied move's row names only what
+                        # changed since the copy, which is dropped with the state).
+                        whole = {**detail, "state": state}
+                        body = json.dumps({key_by: key, CONTROL_FIELD: whole})
+                        out.append(dead_letter((*row[:4], body), pe, reason, limit))
                         state = {}
                     for name, text in state.items():
                         self.values[name].update((text,))

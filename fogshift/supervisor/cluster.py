@@ -597,7 +597,7 @@ def up(
         reservation.close()
         orchestrator = start_orchestrator(
             home, host, port, central_interval_s, duplicate_window_s, plan_interval_s,
-            broker_info.pid if broker_info else None,
+            broker_info,
         )  # fmt: skip
         started.append(orchestrator)
         cluster = ClusterFile(
@@ -629,15 +629,16 @@ def start_orchestrator(
     central_interval_s: float | None,
     duplicate_window_s: float | None,
     plan_interval_s: float | None,
-    broker_pid: int | None = None,
+    broker: ProcessInfo | None = None,
 ) -> ProcessInfo:
     """Start the orchestrator on ``host:port`` in a new process group (it logs to
-    ``<home>/logs/orchestrator.log``). With ``broker_pid`` (a broker `up` started), it
+    ``<home>/logs/orchestrator.log``). With ``broker`` (the broker `up` started), it
     manages each node's broker rights through the server's config. The intervals left
     ``None`` are the orchestrator's settings (``OrchestratorConfig``)."""
     managed = (
-        ["--broker-config", str(home / "broker" / "nats.conf"), "--broker-pid", str(broker_pid)]
-        if broker_pid is not None
+        ["--broker-config", str(home / "broker" / "nats.conf"), "--broker-pid", str(broker.pid)]
+        + (["--broker-started", repr(broker.started)] if broker.started is not None else [])
+        if broker is not None
         else []
     )
     return _spawn(
@@ -694,7 +695,7 @@ def restart_orchestrator(
     say("restarting the orchestrator")
     info = start_orchestrator(
         home, host, port, central_interval_s, duplicate_window_s, plan_interval_s,
-        cluster.broker.pid if cluster.broker else None,
+        cluster.broker,
     )  # fmt: skip
     cluster = cluster.model_copy(update={"orchestrator": info})
     save_cluster(home, cluster)

@@ -97,3 +97,39 @@ def test_an_external_broker_is_not_managed(tmp_path: Path) -> None:
     registry = Registry(tmp_path / "o.db")
     assert BrokerPermissions(None, None).sync(registry) is False
     registry.close()
+
+
+def test_a_broker_pid_another_process_has_now_is_never_signalled(tmp_path: Path) -> None:
+    """The broker's start is the one ``fogshift up`` recorded (or read when the orchestrator
+    starts): SIGHUP, which ends most processes, went to whatever had a dead broker's pid."""
+    import subprocess
+
+    import pytest
+
+    from fogshift.broker.exceptions import BrokerError
+    from fogshift.broker.permissions import BrokerUsers, users_file
+    from fogshift.common.processes import started_at
+
+    config = tmp_path / "nats.conf"
+    config.write_text("listen: 127.0.0.1:1\n")
+    BrokerUsers("admin", "pw", {"fog-a": "x"}).save(users_file(config))
+    registry = Registry(tmp_path / "o.db")
+    registry.put_pipeline(parse_spec(spec(), tmp_path), "running")
+    other = subprocess.Popen(["sleep", "60"])  # has the dead broker's pid, say
+    try:
+        ours = started_at(other.pid)
+        assert ours is not None
+        for recorded in (ours + 1.0, None):
+            permissions = BrokerPermissions(config, other.pid, recorded)
+            if recorded is None:
+                permissions.started = None  # (gone when the orchestrator started)
+            with pytest.raises(BrokerError, match="gone"):
+                permissions.sync(registry)
+            assert other.poll() is None  # not signalled
+        # The very process: signalled (sleep ends on SIGHUP).
+        assert BrokerPermissions(config, other.pid, ours).sync(registry) is True
+        assert other.wait(10) == -1
+    finally:
+        other.kill()
+        other.wait()
+        registry.close()

@@ -386,3 +386,29 @@ def test_a_restart_a_node_refuses_is_tried_again_after_a_growing_back_off(
     orch.reconcile_once()
     assert len(agents["fog-a"].received("PUT", AGG)) == 5
     assert ("p", "aggregate") not in orch._restart_backoff
+    # A failure before any fencing (its node does not answer whether it runs the PE) is
+    # tried again the next round, as before.
+    beat(orch, agents, {"cloud": [hosted("source"), hosted("sink")], "fog-a": []})
+    agents["fog-a"].fail("GET", AGG + "/progress")
+    asked = len(agents["fog-a"].received("GET", AGG + "/progress"))
+    for _ in range(2):
+        orch.reconcile_once()
+    assert len(agents["fog-a"].received("GET", AGG + "/progress")) == asked + 2
+    assert ("p", "aggregate") not in orch._restart_backoff
+
+
+def test_a_stop_is_not_held_up_by_an_entry_a_dead_orchestrator_left(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop waits for operations under way, not for the resolution of an entry nobody
+    runs (one whose resolution kept failing made the pipeline unstoppable); the entry is
+    abandoned once its pipeline stopped."""
+    from fogshift.contracts import PipelineState
+    from fogshift.orchestrator import journal
+
+    monkeypatch.setattr(journal, "STOP_WAIT_S", 2.0)
+    left_by_dead_orchestrator(orch, "migration", "preparing")
+    assert orch.stop("p").status == PipelineState.STOPPED
+    assert [(m, p) for n, m, p, q in calls(agents) if n == "fog-a"] == [("DELETE", "/pipelines/p")]
+    (decision,) = orch.recover_operations()
+    assert "abandoned" in decision

@@ -275,3 +275,29 @@ def test_a_pe_promoted_onto_its_fixed_standby_node_gets_a_standby_elsewhere(
     assert orch.standby_node(record, element) == "fog-b"
     if elsewhere != "fog-a":
         assert not orch._standby_sound(record, element, standby)
+
+
+def test_a_standby_whose_node_cannot_be_given_the_pes_rights_is_not_promoted(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standby's node may not write the PE's records: its promotion gives it the PE's
+    rights before its gate opens, and without them it is not promoted (its writes would
+    wait for answers the broker never sends, batch after batch)."""
+    from fogshift.broker.exceptions import BrokerError
+    from fogshift.restoration.exceptions import RestoreFailed
+
+    orch.registry.add_standby("p", "aggregate", "fog-b")
+    standby = orch.registry.standby("p", "aggregate")
+    assert standby is not None
+
+    def refuse(registry: Any) -> bool:
+        raise BrokerError("nats-server (pid 1) is gone")
+
+    monkeypatch.setattr(orch.permissions, "sync", refuse)
+    element = orch.pipeline("p").spec.element("aggregate")
+    with pytest.raises(RestoreFailed, match="broker rights"):
+        orch.promote_standby(element, "p", "fog-a", standby)
+    assert agents["fog-b"].received("PUT", AGG + "/gate") == []
+    assert agents["fog-b"].received("GET", AGG + "/progress") == []  # nothing was asked
+    (op,) = orch.registry.operations("p")
+    assert op.outcome == "failed"

@@ -19,7 +19,13 @@ import pandas as pd
 import pytest
 
 import fogshift.runtime.engine as engine
-from fogshift.broker.keys import CONTROL_FIELD, KEY_MOVE_IN, KEY_STATE
+from fogshift.broker.keys import (
+    CONTROL_FIELD,
+    KEY_COPY_IN,
+    KEY_MOVE_IN,
+    KEY_MOVE_OUT,
+    KEY_STATE,
+)
 from fogshift.runtime.engine import _stateful_processor, state_digest
 from fogshift.runtime.instances import registry
 
@@ -236,3 +242,12 @@ def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
         (4, {"count": 2, "total": 6.0}),
     ]
     assert batch((5, "src", {"k": "a", "value": 1.0})) == [(5, {"count": 3, "total": 7.0}, None)]
+    # Precopied, the state's row names only what changed since the copy: the dead letter
+    # holds the whole state (the copy kept aside goes with it).
+    got = batch((6, KEY_MOVE_OUT, control({"move": "m2", "to": 0})),
+                (7, KEY_COPY_IN, control({"move": "c1", "state": {"total": "4.0"}})),
+                (8, KEY_MOVE_IN, control({"move": "m3", "to": 1})),
+                (9, KEY_STATE, control({"move": "m3", "state": {}, "base": "c1",
+                                        "keep": ["total"]})))  # fmt: skip
+    (dead,) = [(body, reason) for _, body, reason in got if reason is not None]
+    assert dead[0][CONTROL_FIELD]["state"] == {"total": "4.0"} and "BadState" in dead[1]
