@@ -931,7 +931,12 @@ def restore(
     pipeline: str,
     element: str,
     to: Annotated[
-        str | None, typer.Option("--to", help="The node to restore on (default: least busy).")
+        str | None,
+        typer.Option(
+            "--to",
+            help="The node to restore on (default: the planner's redeploy node, then the "
+            "least busy healthy one).",
+        ),
     ] = None,
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,

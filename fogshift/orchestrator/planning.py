@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.contracts import Assignment, PlannedServer, PlanView
 from fogshift.exceptions import InvalidInput
 from fogshift.planner.model import Link, Server, Task, Topology
@@ -112,11 +113,15 @@ class FogTopology(BaseModel):
             InvalidInput: The file cannot be read or is not a valid fog topology.
         """
         try:
-            text = path.read_text()
+            text = read_utf8(path)
         except OSError as exc:
             raise InvalidInput(
                 f"cannot read fog topology {str(path)!r}: {exc.strerror or exc}",
                 hint="pass the path of a YAML file (see examples/fog/topology.yaml)",
+            ) from None
+        except ValueError as exc:
+            raise InvalidInput(
+                f"cannot read fog topology: {exc}", hint="save the file as UTF-8"
             ) from None
         FogTopology.parse(text, source=repr(str(path)))
         return text
@@ -129,7 +134,7 @@ class FogTopology(BaseModel):
             InvalidInput: Naming the bad field, what was expected and what was received.
         """
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
         except yaml.YAMLError as exc:
             raise InvalidInput(f"fog topology {source} is not valid YAML: {exc}") from None
         except RecursionError:

@@ -40,6 +40,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.planner.exceptions import InvalidTopology
 
 #: Relative tolerance used when comparing sums of floats against capacities.
@@ -229,13 +230,15 @@ class Topology(BaseModel):
         """
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_utf8(path)
         except OSError as exc:
             raise InvalidTopology(
                 f"cannot read topology file {str(path)!r}: {exc.strerror or exc}"
             ) from exc
+        except ValueError as exc:
+            raise InvalidTopology(f"cannot read topology file: {exc}") from None
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
         except yaml.YAMLError as exc:
             raise InvalidTopology(f"topology file {str(path)!r} is not valid YAML: {exc}") from exc
         return cls.from_dict(data, source=f"topology {str(path)!r}")

@@ -45,8 +45,12 @@ OPERATORS: dict[type[ast.AST], Any] = {**DEFAULT_OPERATORS, ast.Mod: _modulo}
 
 
 def evaluator() -> EvalWithCompoundTypes:
-    """An evaluator with :data:`FUNCTIONS` and :data:`OPERATORS`."""
-    return EvalWithCompoundTypes(operators=OPERATORS, functions=FUNCTIONS)
+    """An evaluator with :data:`FUNCTIONS` (those only) and :data:`OPERATORS`."""
+    found = EvalWithCompoundTypes(operators=OPERATORS, functions=dict(FUNCTIONS))
+    # simpleeval adds dict, list, set and tuple to the functions it is given (it added them
+    # to FUNCTIONS itself, given that): the language is what the README lists.
+    found.functions = dict(FUNCTIONS)
+    return found
 
 
 def check_expression(expression: str) -> str:
@@ -79,6 +83,16 @@ def check_expression(expression: str) -> str:
         raise ValueError(
             f"{expression!r} reads an attribute or calls a method: expressions use fields, "
             f"operators and the functions {', '.join(sorted(FUNCTIONS))}"
+        )
+    called = sorted({
+        node.func.id for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        and node.func.id not in FUNCTIONS
+    })  # fmt: skip
+    if called:
+        raise ValueError(
+            f"{expression!r} calls {', '.join(called)}: expressions call only "
+            f"{', '.join(sorted(FUNCTIONS))}"
         )
     try:
         evaluator().parse(expression)

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.models import (
     KINDS,
@@ -609,9 +610,16 @@ def load_spec(path: str | Path, nodes: Iterable[str] | None = None) -> PipelineS
     """
     source = Path(path)
     try:
-        text = source.read_text()
+        text = read_utf8(source)
     except OSError as exc:
         raise InvalidSpec(f"cannot read spec file {str(source)!r}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise InvalidSpec(
+            f"cannot read spec file: {exc}",
+            expected="a YAML file in UTF-8",
+            received="another encoding (Latin-1, UTF-16, ...)",
+            hint="save the file as UTF-8",
+        ) from None
     return load_spec_text(text, source.resolve().parent, nodes, f"spec file {str(source)!r}")
 
 
@@ -629,13 +637,14 @@ def load_spec_text(
         InvalidSpec: The text is not YAML, or the spec is invalid.
     """
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise InvalidSpec(
             f"{what} is not valid YAML: {exc}",
-            expected="a YAML mapping with `pipeline` and `elements`",
+            expected="a YAML mapping with `pipeline` and `elements`, each key once, "
+            "without anchors or aliases",
             received=f"{len(text)} characters",
-            hint="check the indentation and quotes at the line named above",
+            hint="check the indentation, quotes and keys at the line named above",
         ) from None
     except RecursionError:
         raise InvalidSpec(

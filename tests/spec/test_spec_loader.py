@@ -209,6 +209,9 @@ def test_map_expression_is_checked_at_load() -> None:
         ("value > 0; value < 9", "one expression"),
         ("import os", "one expression"),
         ("name.startswith('x')", "reads an attribute"),
+        # The listed functions only: simpleeval added dict, list, set and tuple to them.
+        ("len(list(name)) > 2", "calls list: expressions call only abs"),
+        ("shout(name)", "calls shout"),
     ],
 )
 def test_a_filter_that_is_not_one_expression_is_refused_at_load(where: str, said: str) -> None:
@@ -411,3 +414,10 @@ def test_a_standby_node_must_exist_and_host_no_pe_it_would_stand_by_for() -> Non
     assert caught.value.received == "'fog-d'" and "'planned'" in (caught.value.expected or "")
     with pytest.raises(InvalidSpec):
         parse_spec(case1(recovery={"standby": "no such/node"}))
+
+
+def test_the_functions_an_expression_may_call_are_those_listed() -> None:
+    from fogshift.spec.expressions import FUNCTIONS, evaluator
+
+    listed = {"abs", "min", "max", "round", "int", "float", "str", "len", "sqrt", "isfinite"}
+    assert set(evaluator().functions) == listed and set(FUNCTIONS) == listed
