@@ -65,6 +65,7 @@ from fogshift.contracts import (
 from fogshift.exceptions import FogshiftError, NotFound
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
+from fogshift.spec.models import MAX_PARTITIONS
 
 _BLOBS = re.compile(r"/checkpoints/blobs/[^/]+(/chunks)?")
 
@@ -135,7 +136,7 @@ class ScaleRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    partitions: int = Field(ge=1, le=64)
+    partitions: int = Field(ge=1, le=MAX_PARTITIONS)
     nodes: list[Annotated[str, Field(pattern=NAME_RE)]] | None = Field(
         default=None, min_length=1, max_length=63
     )

@@ -9,9 +9,9 @@ same models; what runs a kind is the runtime's business (:mod:`fogshift.runtime.
 from __future__ import annotations
 
 from collections.abc import KeysView
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fogshift.spec.expressions import check_expression
 
@@ -176,6 +176,15 @@ class EcgSourceOptions(KindOptions):
     speed: float = Field(default=1.0, ge=0)
     max_events_per_batch: int = Field(default=1_000, ge=1)
 
+    @model_validator(mode="after")
+    def _one_window_at_least(self) -> Self:
+        if self.window_s > self.duration_s:
+            raise ValueError(
+                f"window_s ({self.window_s:g}) is longer than duration_s "
+                f"({self.duration_s:g}): no window would be sent"
+            )
+        return self
+
 
 class AmplifyOptions(KindOptions):
     """Options of ``amplify``: ``samples`` times ``gain``, divided by the patient's wearable
@@ -187,7 +196,8 @@ class AmplifyOptions(KindOptions):
     """
 
     gain: float = Field(default=1.0, gt=0)
-    calibration: dict[str, float] = Field(default_factory=dict)
+    # (0 would divide every window of the patient by zero: each a dead letter.)
+    calibration: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
 
 
 class BandpassOptions(KindOptions):
@@ -203,6 +213,15 @@ class BandpassOptions(KindOptions):
     low_hz: float = Field(default=0.5, gt=0)
     high_hz: float = Field(default=40.0, gt=0)
     order: int = Field(default=4, ge=1, le=10)
+
+    @model_validator(mode="after")
+    def _a_band(self) -> Self:
+        if self.low_hz >= self.high_hz:
+            raise ValueError(
+                f"low_hz ({self.low_hz:g}) is not below high_hz ({self.high_hz:g}): no band "
+                "passes (every window would be a dead letter)"
+            )
+        return self
 
 
 class ClassifyOptions(KindOptions):

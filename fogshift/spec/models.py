@@ -44,6 +44,9 @@ from fogshift.spec.kinds import (
 _NAME = NAME_RE
 #: A ``key_by`` field: a top-level body field, named so that it is also a JSON path step.
 KEY_FIELD_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+#: The most partitions a keyed element may have (in a spec, and by `fogshift scale`).
+MAX_PARTITIONS = 64
 #: Body fields fogshift writes itself (a key move's control record): no ``key_by``.
 RESERVED_FIELD_PREFIX = "fogshift_"
 
@@ -145,7 +148,7 @@ class ElementSpec(BaseModel):
     options: SerializeAsAny[KindOptions]
     key_by: str | None = Field(default=None, pattern=KEY_FIELD_RE)
     partitions: tuple[Annotated[str, Field(pattern=_NAME)], ...] | None = Field(
-        default=None, min_length=1
+        default=None, min_length=1, max_length=MAX_PARTITIONS
     )
     partition: Partition | None = None
     merged: tuple[tuple[str, ...], ...] = ()
@@ -383,7 +386,9 @@ class RecoverySpec(BaseModel):
 
     Attributes:
         auto: Restore its PEs elsewhere automatically.
-        detect_after_s: How long a node may stay silent before it is declared lost.
+        detect_after_s: How long a node may stay silent before it is declared lost (2 s
+            at least: nodes beat once a second, and a shorter one restored PEs of healthy
+            nodes between their heartbeats).
         latency_ms: How long moving a PE's checkpoint to its redeploy node may take (the
             planner's latency requirement ``l_τ``).
         standby: Keep a hot standby of every source and processor: on this node, or
@@ -396,7 +401,7 @@ class RecoverySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     auto: bool = True
-    detect_after_s: float = Field(default=10.0, gt=0)
+    detect_after_s: float = Field(default=10.0, ge=2.0)
     latency_ms: float = Field(default=30_000.0, gt=0)
     standby: str | None = Field(default=None, pattern=_NAME)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
@@ -144,3 +146,39 @@ def test_the_steps_that_keep_a_patients_state_need_key_by() -> None:
         parse_spec(data)
     data["elements"][1]["key_by"] = "patient"
     assert parse_spec(data).element("b").options["high_hz"] == 40.0
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "said"),
+    [
+        # Each was accepted, then every window of it a dead letter, or no window sent.
+        ("bandpass", {"low_hz": 50, "high_hz": 10}, "low_hz (50) is not below high_hz (10)"),
+        ("amplify", {"calibration": {"p1": 0}}, "greater than 0"),
+        ("ecg-source", {"window_s": 10, "duration_s": 1}, "window_s (10) is longer"),
+    ],
+)
+def test_case2_options_that_cannot_work_are_refused_at_load(
+    kind: str, options: dict[str, Any], said: str
+) -> None:
+    elements: list[dict[str, Any]] = [
+        {"id": "w", "kind": "ecg-source", "node": "n"},
+        {"id": "x", "kind": kind, "node": "n", "inputs": ["w"], "key_by": "patient"},
+    ]
+    if kind == "ecg-source":
+        elements = [{"id": "w", "kind": "ecg-source", "node": "n", "options": options}]
+    else:
+        elements[1]["options"] = options
+    with pytest.raises(InvalidSpec, match=re.escape(said)):
+        parse_spec({"pipeline": "p", "elements": elements})
+
+
+def test_partitions_and_detection_beyond_what_works_are_refused_at_load() -> None:
+    data = spec_data()
+    data["recovery"] = {"detect_after_s": 0.5}  # (nodes beat once a second)
+    with pytest.raises(InvalidSpec, match="detect_after_s"):
+        parse_spec(data)
+    data = spec_data()
+    data["elements"][1].pop("node", None)
+    data["elements"][1].update(partitions=["n"] * 65, key_by="sensor")
+    with pytest.raises(InvalidSpec, match="partitions"):
+        parse_spec(data)
