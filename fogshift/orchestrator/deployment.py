@@ -58,6 +58,7 @@ from fogshift.spec.loader import (
     input_file,
     output_file,
     parse_spec,
+    require_absolute_paths,
     validate_spec,
 )
 from fogshift.spec.models import ElementSpec, PipelineSpec, partition_of_key
@@ -258,6 +259,7 @@ class Deployment(Journal):
                 started are stopped again.
         """
         spec = parse_spec(data)
+        require_absolute_paths(spec)
         validate_spec(spec, nodes=self.node_names())
         check_fresh(spec)
         # A stop meanwhile waits for the deploy, then stops what it started (run one after

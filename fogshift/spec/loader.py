@@ -325,6 +325,28 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> PipelineSpec:
     return spec
 
 
+def require_absolute_paths(spec: PipelineSpec) -> None:
+    """Refuse a spec whose path options are relative: one sent to the orchestrator, which
+    has no folder to resolve them against (a node resolved them against its own working
+    folder, and a missing input showed only when its query ran).
+
+    Raises:
+        InvalidSpec: Such a path.
+    """
+    for element in spec.elements:
+        for name in element.path_options:
+            value = element.options.get(name)
+            if isinstance(value, str) and not Path(value).is_absolute():
+                raise InvalidSpec(
+                    f"element {element.id!r} of pipeline {spec.pipeline!r}: its {name} is a "
+                    "relative path",
+                    expected="an absolute path",
+                    received=repr(value),
+                    hint="`fogshift deploy SPEC.yaml` and the dashboard make a spec file's "
+                    "paths absolute against its folder; a spec sent as JSON gives them so",
+                )
+
+
 def validate_spec(
     spec: PipelineSpec, nodes: Iterable[str] | None = None, check_files: bool = False
 ) -> None:

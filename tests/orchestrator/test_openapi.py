@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from fogshift.broker.exceptions import BrokerError
 from fogshift.common.http import node_token
-from fogshift.contracts import MigrationReport, NodeView
+from fogshift.contracts import Heartbeat, MigrationReport, NodeView
 from fogshift.orchestrator import deployment
 from fogshift.spec import parse_spec
 from tests.orchestrator.conftest import OPERATOR
@@ -299,3 +299,20 @@ def test_a_sink_writing_a_running_pipelines_output_is_refused(
     orch.broker.close()  # (the deploy then fails at the broker, past the check)
     answer = as_(app, OPERATOR).post("/pipelines", json={**spec, "pipeline": "b"})
     assert answer.json()["code"] != "invalid_spec", answer.text
+
+
+def test_a_spec_sent_with_relative_paths_is_refused_before_anything_starts(
+    app: FastAPI, agents: dict[str, StandIn]
+) -> None:
+    """A node resolved a relative path against its own working folder: a missing input
+    showed only when its query ran (the CLI and the dashboard send absolute paths)."""
+    orch = app.state.orchestrator
+    for name, agent in agents.items():
+        orch.heartbeat(name, Heartbeat.model_validate({"url": agent.url, "ready": True}))
+    answer = as_(app, OPERATOR).post("/pipelines", json={**SPEC, "pipeline": "rel"})
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert "relative path" in body["message"] and body["expected"] == "an absolute path"
+    assert body["received"] == "'in.csv'"
+    assert orch.registry.get_pipeline("rel") is None
+    assert not any(c.method == "PUT" for a in agents.values() for c in a.calls)
