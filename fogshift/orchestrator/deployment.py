@@ -9,6 +9,7 @@ import math
 import shutil
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from nats.js.errors import NotFoundError
@@ -64,6 +65,13 @@ from fogshift.spec.loader import (
 from fogshift.spec.models import ElementSpec, PipelineSpec, partition_of_key
 
 log = logging.getLogger("fogshift.orchestrator")
+
+#: What a cluster's home holds of its own state (``fogshift up``, the orchestrator, agents):
+#: no sink may write there.
+CLUSTER_STATE = frozenset(
+    {"token", "cluster.json", "broker", "broker.json", "nodes", "central", "logs",
+     "topology.yaml", "network"}
+)  # fmt: skip
 
 #: How far back from a stream's end the newest data message is looked for (the end may be a
 #: fence or cut marker).
@@ -348,6 +356,22 @@ class Deployment(Journal):
         all three."""
         mine = {output_file(e): e.id for e in spec.elements if output_file(e) is not None}
         reads = {input_file(e): e.id for e in spec.elements if input_file(e) is not None}
+        home = Path(self.config.home).resolve()
+        for path, element_id in mine.items():
+            # A deploy empties its sinks' files: one of the cluster's own (its token, its
+            # registry, a node's checkpoints) would break the cluster.
+            where = Path(path).resolve() if path is not None else None
+            if where is not None and where.is_relative_to(home) and where != home:
+                first = where.relative_to(home).parts[0]
+                if first in CLUSTER_STATE or first.startswith("orchestrator.db"):
+                    raise InvalidInput(
+                        f"sink {element_id!r} of pipeline {spec.pipeline!r} would write the "
+                        f"cluster's own {first!r} in its home {str(home)!r}",
+                        expected="an output file that is not the cluster's state",
+                        received=repr(path),
+                        hint="give the sink a `path` elsewhere (the deploy empties that "
+                        "file), e.g. under the home's runs/",
+                    )
         for other in self.registry.pipelines():
             if other.name == spec.pipeline or other.status not in (
                 PipelineState.RUNNING, PipelineState.DEPLOYING,

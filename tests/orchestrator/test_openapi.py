@@ -316,3 +316,25 @@ def test_a_spec_sent_with_relative_paths_is_refused_before_anything_starts(
     assert body["received"] == "'in.csv'"
     assert orch.registry.get_pipeline("rel") is None
     assert not any(c.method == "PUT" for a in agents.values() for c in a.calls)
+
+
+def test_a_sink_writing_the_clusters_own_files_is_refused(
+    app: FastAPI, agents: dict[str, StandIn], tmp_path: Path
+) -> None:
+    """A deploy empties its sinks' files: a sink on the cluster's token or registry broke
+    the cluster."""
+    orch = app.state.orchestrator
+    for name, agent in agents.items():
+        orch.heartbeat(name, Heartbeat.model_validate({"url": agent.url, "ready": True}))
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    home = Path(orch.config.home)
+    for own in ("token", "orchestrator.db", "nodes/fog-a/out.csv"):
+        paths = (str(tmp_path / "in.csv"), None, str(home / own))
+        spec = {**SPEC, "pipeline": "own", "elements": [
+            {**e, "options": {**e["options"], "path": p}} if p else e
+            for e, p in zip(SPEC["elements"], paths, strict=True)
+        ]}  # fmt: skip
+        answer = as_(app, OPERATOR).post("/pipelines", json=spec)
+        assert answer.status_code == 422, answer.text
+        assert f"the cluster's own {own.split('/')[0]!r}" in answer.json()["message"]
+    assert orch.registry.get_pipeline("own") is None
