@@ -421,3 +421,21 @@ def test_the_functions_an_expression_may_call_are_those_listed() -> None:
 
     listed = {"abs", "min", "max", "round", "int", "float", "str", "len", "sqrt", "isfinite"}
     assert set(evaluator().functions) == listed and set(FUNCTIONS) == listed
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"pipeline": "case1.v2"}, "1 to 63 letters, digits, '_' or '-'"),
+        ({"recovery": {"detect_after_s": 0.5}}, "a number of at least 2"),
+    ],
+)
+def test_a_refused_field_says_what_was_expected_in_words(
+    change: dict[str, object], expected: str
+) -> None:
+    # It said "String should match pattern '^[A-Za-z0-9]...'", with no expected at all.
+    data = {**case1(), **change}
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec(data)
+    assert (refused.value.expected or "").startswith(expected)
+    assert "pattern" not in refused.value.message
