@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fogshift.common.names import NAME_RE
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.contracts import Assignment, PlannedServer, PlanView
 from fogshift.exceptions import InvalidInput
@@ -43,7 +44,7 @@ class NodeCapacity(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    cpu: float = Field(gt=0, description="CPU capacity, in percent of one core")
+    cpu: float = Field(gt=0, le=1e9, description="CPU capacity, in percent of one core")
 
 
 class FogLink(BaseModel):
@@ -51,9 +52,9 @@ class FogLink(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    a: str
-    b: str
-    bandwidth: float = Field(gt=0)
+    a: str = Field(pattern=NAME_RE)
+    b: str = Field(pattern=NAME_RE)
+    bandwidth: float = Field(gt=0, le=1e9)
 
 
 class FogTopology(BaseModel):
@@ -72,11 +73,13 @@ class FogTopology(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    central: str | None = None
-    default_cpu: float = Field(default=100.0, gt=0)
-    default_bandwidth: float = Field(default=1000.0, gt=0)
-    pe_cpu: float = Field(default=10.0, ge=0)
-    nodes: dict[str, NodeCapacity] = Field(default_factory=dict)
+    # (Names as nodes have them: a typo like `fog_a` for `fog-a` still reads as a node the
+    # cluster does not have, and its links are left out of the plan.)
+    central: str | None = Field(default=None, pattern=NAME_RE)
+    default_cpu: float = Field(default=100.0, gt=0, le=1e9)
+    default_bandwidth: float = Field(default=1000.0, gt=0, le=1e9)
+    pe_cpu: float = Field(default=10.0, ge=0, le=1e9)
+    nodes: dict[Annotated[str, Field(pattern=NAME_RE)], NodeCapacity] = Field(default_factory=dict)
     links: tuple[FogLink, ...] = ()
 
     @model_validator(mode="after")

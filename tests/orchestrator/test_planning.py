@@ -106,6 +106,12 @@ def test_nearest_copy_first_and_central_last_on_a_tie() -> None:
         ("links: [{a: x, b: y, bandwidth: 10}, {a: y, b: x, bandwidth: 5}]", "a pair twice"),
         # (A RecursionError: PUT /topology answered 500, the CLI printed a traceback.)
         ("links: " + "[" * 3000 + "]" * 3000, "nests too deep to read"),
+        # (Names no node can have; a number past what a plan computes with; a key twice.)
+        ("links: [{a: cloud, b: 'fog a/1', bandwidth: 10}]", "links.0.b"),
+        ("nodes: {'a b': {cpu: 10}}", "nodes.a b"),
+        ("central: 'x.y'", "central"),
+        ("pe_cpu: 1e308", "pe_cpu"),
+        ("pe_cpu: 1\npe_cpu: 2", "found key 'pe_cpu' twice"),
     ],
 )
 def test_bad_fog_topologies_are_refused_with_the_field(text: str, needle: str) -> None:
