@@ -42,12 +42,15 @@ _COMPONENT = rf"(?:\.\.{_CHAR}+|\.{_NOT_DOT}{_CHAR}*|{_NOT_DOT}{_CHAR}*)"
 REL_PATH_RE = rf"^{_COMPONENT}(?:/{_COMPONENT})*$"
 #: Longest file path accepted inside a checkpoint.
 MAX_REL_PATH = 1024
+#: A key group: ``G/N``, key group G of N (``migrate --key-group``).
+KEY_GROUP_RE = r"^[0-9]{1,4}/[0-9]{1,4}$"
 
 #: What each pattern accepts, in the words an error message uses.
 EXPECTED = {
     NAME_RE: "1 to 63 letters, digits, '_' or '-', starting with a letter or digit",
     SNAPSHOT_RE: "a snapshot id: 'b' and the batch number in 12 digits (b000000000042)",
     SHA256_RE: "a sha256 in lower-case hex (64 characters)",
+    KEY_GROUP_RE: "G/N, key group G of N keys' CRC-32 groups, N at most 4096 (e.g. 3/16)",
     REL_PATH_RE: (
         "a relative file path inside the checkpoint: '/'-separated, no '.' or '..' "
         "component, no leading '/', no backslash, control character, '?', '#' or '%'"

@@ -22,6 +22,7 @@ from fogshift.common.exceptions import InvalidName
 from fogshift.common.http import error_body, same_token
 from fogshift.common.names import (
     EXPECTED,
+    KEY_GROUP_RE,
     MAX_REL_PATH,
     NAME_RE,
     REL_PATH_RE,
@@ -195,19 +196,28 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
         # A name that failed its pattern is answered in the words of fogshift.common.names,
         # not with the regular expression.
         named = [e for e in errors if e.get("ctx", {}).get("pattern") in EXPECTED]
+        groups = [e for e in named if e["ctx"]["pattern"] == KEY_GROUP_RE]
+
+        def said(error: Any) -> str:
+            if error in groups:
+                return f"{error['input']!r} is not a key group"
+            if error in named:
+                return f"{error['input']!r} cannot be used as a name"
+            return str(error["msg"])
+
         message = f"bad request to {request.url.path}: " + "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: "
-            + (f"{e['input']!r} cannot be used as a name" if e in named else e["msg"])
-            for e in errors
+            f"{'.'.join(map(str, e['loc']))}: {said(e)}" for e in errors
         )
         received = repr(first.get("input"))[:200]
         expected = [f"{e['loc'][-1]}: {EXPECTED[e['ctx']['pattern']]}" for e in named]
         if expected:
-            err: FogshiftError = InvalidName(
+            err: FogshiftError = (InvalidInput if len(groups) == len(named) else InvalidName)(
                 message,
                 expected="; ".join(expected),
                 received=received,
-                hint="names are letters, digits, '_' and '-'; a path may not leave its folder",
+                hint="a key group is G/N (e.g. --key-group 3/16)"
+                if len(groups) == len(named)
+                else "names are letters, digits, '_' and '-'; a path may not leave its folder",
             )
         else:
             err = InvalidInput(

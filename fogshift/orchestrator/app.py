@@ -26,7 +26,7 @@ from fogshift.common.http import (
     same_token,
     token_node,
 )
-from fogshift.common.names import NAME_RE
+from fogshift.common.names import KEY_GROUP_RE, NAME_RE
 from fogshift.common.service import (
     ERROR_RESPONSES,
     Access,
@@ -122,7 +122,7 @@ class KeyMoveRequest(BaseModel):
     target: str = Field(pattern=NAME_RE)
     order: KeyOrder = KeyOrder.BACKLOG
     #: ``G/N`` instead of keys: key group G of N (CRC-32 of the key modulo N), now and later.
-    group: str | None = Field(default=None, pattern=r"^[0-9]{1,4}/[0-9]{1,4}$")
+    group: str | None = Field(default=None, pattern=KEY_GROUP_RE)
     #: Listed keys: copy their states to the target first, then move what changed since
     #: (``None``: yes). Refused with a group, which always sends whole states.
     precopy: bool | None = None

@@ -338,3 +338,15 @@ def test_a_sink_writing_the_clusters_own_files_is_refused(
         assert answer.status_code == 422, answer.text
         assert f"the cluster's own {own.split('/')[0]!r}" in answer.json()["message"]
     assert orch.registry.get_pipeline("own") is None
+
+
+def test_a_bad_key_group_is_refused_in_words(app: FastAPI) -> None:
+    # It answered with the regular expression, under a hint about names.
+    answer = as_(app, OPERATOR).post(
+        "/pipelines/p/elements/aggregate/keys/migrate", json={"target": "fog-b", "group": "10000/2"}
+    )
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert "'10000/2' is not a key group" in body["message"]
+    assert body["expected"].startswith("group: G/N") and "3/16" in body["hint"]
+    assert "^[0-9]" not in answer.text
