@@ -296,8 +296,11 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
                                   waves=request.waves)  # fmt: skip
 
     @app.post("/pipelines/{name}/elements/{element}/restore")
-    def restore(name: NameParam, element: NameParam, request: RestoreRequest) -> RestoreReport:
-        return orchestrator.restore(name, element, request.target)
+    def restore(
+        name: NameParam, element: NameParam, request: RestoreRequest | None = None
+    ) -> RestoreReport:
+        # (No body: every field has its default; a 422 "Field required" said otherwise.)
+        return orchestrator.restore(name, element, request.target if request else None)
 
     @app.get("/pipelines/{name}/elements/{element}/operation")
     def operation(name: NameParam, element: NameParam) -> OperationView:

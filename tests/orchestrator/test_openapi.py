@@ -350,3 +350,10 @@ def test_a_bad_key_group_is_refused_in_words(app: FastAPI) -> None:
     assert "'10000/2' is not a key group" in body["message"]
     assert body["expected"].startswith("group: G/N") and "3/16" in body["hint"]
     assert "^[0-9]" not in answer.text
+
+
+def test_a_restore_without_a_body_takes_the_defaults(app: FastAPI) -> None:
+    # Every field of its body has a default: it answered 422 "body: Field required".
+    answer = as_(app, OPERATOR).post("/pipelines/nosuch/elements/aggregate/restore")
+    assert answer.status_code == 404, answer.text  # refused for the pipeline, not the body
+    assert "nosuch" in answer.json()["message"]
