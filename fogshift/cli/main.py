@@ -134,7 +134,9 @@ def up(
         str | None,
         typer.Option(help=_setting(AgentConfig, "spark_master", "Spark master of every node.")),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for health.")] = 240,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for health.", min=1, max=86_400)
+    ] = 240,
     checkpoint_interval: Annotated[
         float | None,
         typer.Option(
@@ -1054,7 +1056,9 @@ def demo(
             "<home>/demo/, where its output goes)."
         ),
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the output.")] = 300,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for the output.", min=1, max=86_400)
+    ] = 300,
     keep: Annotated[bool, typer.Option(help="Leave the cluster up afterwards.")] = False,
 ) -> None:
     """Run Case 1 (or Case 2: --case ecg, --case twins) and print a consistency verdict

@@ -478,3 +478,14 @@ def test_the_twins_demo_needs_a_classifier_split_over_gateways(tmp_path: Path) -
         with pytest.raises(InvalidInput, match=says):
             run_demo(home, path, 1.0, False, Console(), case=case)
     assert not (home / "cluster.json").exists()
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan"])
+def test_a_wait_that_cannot_be_waited_is_refused_before_anything_starts(
+    timeout: str, tmp_path: Path
+) -> None:
+    # `up --timeout -1` started every service, then gave up on them at once.
+    result = runner.invoke(cli.app, ["up", "--nodes", "a", "--timeout", timeout,
+                                     "--home", str(tmp_path / "home")])  # fmt: skip
+    assert result.exit_code == 2 and "--timeout" in result.output
+    assert not (tmp_path / "home").exists()
