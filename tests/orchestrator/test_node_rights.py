@@ -102,6 +102,7 @@ def test_an_external_broker_is_not_managed(tmp_path: Path) -> None:
 def test_a_broker_pid_another_process_has_now_is_never_signalled(tmp_path: Path) -> None:
     """The broker's start is the one ``fogshift up`` recorded (or read when the orchestrator
     starts): SIGHUP, which ends most processes, went to whatever had a dead broker's pid."""
+    import signal
     import subprocess
 
     import pytest
@@ -115,7 +116,9 @@ def test_a_broker_pid_another_process_has_now_is_never_signalled(tmp_path: Path)
     BrokerUsers("admin", "pw", {"fog-a": "x"}).save(users_file(config))
     registry = Registry(tmp_path / "o.db")
     registry.put_pipeline(parse_spec(spec(), tmp_path), "running")
-    other = subprocess.Popen(["sleep", "60"])  # has the dead broker's pid, say
+    other = subprocess.Popen(  # has the dead broker's pid, say; ends on SIGHUP
+        ["sleep", "60"], preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    )  # (under nohup, SIGHUP is ignored and stays so in every child)
     try:
         ours = started_at(other.pid)
         assert ours is not None
