@@ -29,6 +29,7 @@ from fogshift.common.names import (
     SHA256_RE,
     SNAPSHOT_RE,
 )
+from fogshift.common.validation import expected_of
 from fogshift.contracts import ErrorBody, FileChunks
 from fogshift.exceptions import FogshiftError, InvalidInput, NotFound, Unauthorized
 
@@ -222,7 +223,9 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
         else:
             err = InvalidInput(
                 message,
-                expected=str(first.get("msg", "")) or None,
+                expected=(expected_of(errors[0]) if errors else None)
+                or str(first.get("msg", ""))
+                or None,
                 received=received,
                 hint="the schema (GET /openapi.json, or /docs) gives every parameter and body",
             )

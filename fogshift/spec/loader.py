@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from fogshift.common.names import EXPECTED
+from fogshift.common.validation import expected_of, message_of
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.models import (
@@ -103,7 +103,7 @@ def _pydantic_error(
 ) -> InvalidSpec:
     """One refusal for every error pydantic found in ``data`` (validated as ``model``), with
     a "did you mean" for each misspelt key and the keys that would have been valid."""
-    lines = [f"{_where(tuple(e['loc']), data)}: {_message(e)}" for e in errors]
+    lines = [f"{_where(tuple(e['loc']), data)}: {message_of(e)}" for e in errors]
     received = repr(errors[0].get("input"))[:200]
     unknown, known = _unknown_keys(errors, model)
     guesses = [(key, guess) for key, guess in unknown if guess is not None]
@@ -121,62 +121,10 @@ def _pydantic_error(
         hint += " (known keys there: " + ", ".join(known) + ")"
     return InvalidSpec(
         f"{what} is invalid: " + "; ".join(lines),
-        expected=_expected(errors[0]) if not unknown else None,
+        expected=expected_of(errors[0]) if not unknown else None,
         received=received,
         hint=hint,
     )
-
-
-#: What pydantic's error types ask for, in the words of a refusal (``{...}``: its context).
-_EXPECTED = {
-    "greater_than": "a number above {gt}",
-    "greater_than_equal": "a number of at least {ge}",
-    "less_than": "a number below {lt}",
-    "less_than_equal": "a number of at most {le}",
-    "too_short": "at least {min_length} of them",
-    "too_long": "at most {max_length} of them",
-    "string_too_short": "at least {min_length} characters",
-    "string_too_long": "at most {max_length} characters",
-    "literal_error": "{expected}",
-    "enum": "{expected}",
-    "missing": "the field, which has no default",
-    "tuple_type": "a list (e.g. [a, b])",
-    "list_type": "a list (e.g. [a, b])",
-    "dict_type": "a mapping (key: value)",
-    "model_type": "a mapping (key: value)",
-    "string_type": "text",
-    "int_type": "a whole number",
-    "int_parsing": "a whole number",
-    "int_from_float": "a whole number",
-    "float_type": "a number",
-    "float_parsing": "a number",
-    "bool_type": "true or false",
-    "bool_parsing": "true or false",
-    "finite_number": "a finite number",
-}
-
-
-def _message(error: ErrorDetails) -> str:
-    """``error``'s message, a name pattern said in words (not its regular expression)."""
-    pattern = str((error.get("ctx") or {}).get("pattern"))
-    if error["type"] == "string_pattern_mismatch" and pattern in EXPECTED:
-        return f"should be {EXPECTED[pattern]}"
-    return error["msg"]
-
-
-def _expected(error: ErrorDetails) -> str | None:
-    """What ``error``'s field expects, in words (a name pattern as names are described,
-    not its regular expression); ``None`` if that is not known."""
-    context = dict(error.get("ctx") or {})
-    if error["type"] == "string_pattern_mismatch":
-        return EXPECTED.get(str(context.get("pattern")))
-    template = _EXPECTED.get(error["type"])
-    if template is None:
-        return None
-    try:
-        return template.format(**context)
-    except (KeyError, IndexError, ValueError):
-        return None
 
 
 def _untagged(error: ErrorDetails) -> ErrorDetails:

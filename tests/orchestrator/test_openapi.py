@@ -357,3 +357,12 @@ def test_a_restore_without_a_body_takes_the_defaults(app: FastAPI) -> None:
     answer = as_(app, OPERATOR).post("/pipelines/nosuch/elements/aggregate/restore")
     assert answer.status_code == 404, answer.text  # refused for the pipeline, not the body
     assert "nosuch" in answer.json()["message"]
+
+
+def test_a_request_value_out_of_bounds_says_what_was_expected_in_words(app: FastAPI) -> None:
+    # It said pydantic's sentence again as what was expected.
+    answer = as_(app, OPERATOR).post(
+        "/pipelines/p/elements/aggregate/scale", json={"partitions": 0}
+    )
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["expected"] == "a number of at least 1"

@@ -1,0 +1,59 @@
+"""What a refused value was expected to be, in the words of a refusal: pydantic's errors
+(a spec's fields, a request's body and parameters) as fogshift's messages say them."""
+
+from __future__ import annotations
+
+from pydantic_core import ErrorDetails
+
+from fogshift.common.names import EXPECTED
+
+#: What pydantic's error types ask for, in the words of a refusal (``{...}``: its context).
+_EXPECTED = {
+    "greater_than": "a number above {gt}",
+    "greater_than_equal": "a number of at least {ge}",
+    "less_than": "a number below {lt}",
+    "less_than_equal": "a number of at most {le}",
+    "too_short": "at least {min_length} of them",
+    "too_long": "at most {max_length} of them",
+    "string_too_short": "at least {min_length} characters",
+    "string_too_long": "at most {max_length} characters",
+    "literal_error": "{expected}",
+    "enum": "{expected}",
+    "missing": "the field, which has no default",
+    "tuple_type": "a list (e.g. [a, b])",
+    "list_type": "a list (e.g. [a, b])",
+    "dict_type": "a mapping (key: value)",
+    "model_type": "a mapping (key: value)",
+    "string_type": "text",
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "finite_number": "a finite number",
+}
+
+
+def message_of(error: ErrorDetails) -> str:
+    """``error``'s message, a name pattern said in words (not its regular expression)."""
+    pattern = str((error.get("ctx") or {}).get("pattern"))
+    if error["type"] == "string_pattern_mismatch" and pattern in EXPECTED:
+        return f"should be {EXPECTED[pattern]}"
+    return error["msg"]
+
+
+def expected_of(error: ErrorDetails) -> str | None:
+    """What ``error``'s field expects, in words (a name pattern as names are described,
+    not its regular expression); ``None`` if that is not known."""
+    context = dict(error.get("ctx") or {})
+    if error["type"] == "string_pattern_mismatch":
+        return EXPECTED.get(str(context.get("pattern")))
+    template = _EXPECTED.get(error["type"])
+    if template is None:
+        return None
+    try:
+        return template.format(**context)
+    except (KeyError, IndexError, ValueError):
+        return None
