@@ -4,12 +4,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTHON ?= python3
 
-.PHONY: setup demo test test-fast test-unit lint format clean
+.PHONY: setup demo test test-fast test-unit lint format clean lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -e '.[dev,bench]'
+	@# The versions the suite passed with (constraints.txt, written by `make lock`).
+	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[dev,bench]'
 	@# pip compiles nothing (--no-compile): compileall below does it on every core, ~20 s
 	@# sooner than pip's one file after another.
 	@# Byte-compile everything once: with PYTHONDONTWRITEBYTECODE set (as on CI machines)
@@ -50,6 +51,17 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff format fogshift tests
 	$(VENV)/bin/ruff check --fix fogshift tests
+
+# Resolve pyproject.toml's ranges anew in a scratch venv and record what they give.
+lock:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install -q --upgrade pip
+	.lock-venv/bin/python -m pip install -q --no-compile '.[dev,bench]'
+	{ sed -n '/^#/p' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude-editable \
+	  | grep -v '^fogshift'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf .lock-venv build fogshift.egg-info
 
 clean:
 	rm -rf $(VENV) .fogshift .fogshift-demo examples/case1/out .pytest_cache .mypy_cache .ruff_cache
