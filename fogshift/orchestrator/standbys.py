@@ -6,7 +6,8 @@ the registry keeps each standby's node and epoch, a loop starts missing ones
 (:meth:`Standbys.keep_standbys`, a loop beside the reconciler's), another raises their caps
 (:meth:`Standbys.follow_standbys`), and a restore promotes the standby when there is one
 (:meth:`Standbys.promote_standby`). Each touches a PE only inside its exclusive section, so a
-migration or restore never races with a cap being raised.
+migration or restore never races with a cap being raised (the copy of a primary's checkpoint
+for its new standby, a read, is taken outside it and used only if the PE did not change).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
 
 from fogshift.agent.exceptions import UnknownElement
@@ -32,7 +34,7 @@ from fogshift.orchestrator.deployment import Deployment
 from fogshift.orchestrator.registry import NodeRecord, PipelineRecord, StandbyRecord
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.restoration.procedure import RestoreSteps
-from fogshift.restoration.standby import establish, follow, promote
+from fogshift.restoration.standby import WarmCopy, establish, follow, promote, warm_copy
 from fogshift.spec.models import PLANNED_STANDBY, ElementSpec, wants_standby
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -41,6 +43,17 @@ log = logging.getLogger("fogshift.orchestrator")
 REPORT_GRACE_S = 10.0
 #: How long discarding a dropped standby may take before it is left to the reconciler.
 DROP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class WantedStandby:
+    """Where a PE's missing standby should start, and the PE as it was when that was
+    decided: a copy of its primary taken then serves only if this is still so."""
+
+    primary: str
+    target: str
+    epoch: int  # the PE's (a migration or restore since raised it)
+    deployed: float  # its pipeline's status change (a fresh deploy since is another history)
 
 
 def _here(pipeline: str, element: str) -> str:
@@ -89,45 +102,79 @@ class Standbys(Deployment):
                 if key in pending or key in self._migrating:
                     continue
                 try:
-                    with self._exclusive(*key, "standby"):
-                        self._keep_standby(record.name, element.id)
+                    self._keep_standby(record.name, element.id)
                 except FogshiftError:
                     continue  # logged by _exclusive; tried again next round
                 except Exception:  # one PE's trouble must not stop the others' standbys
                     log.exception("keeping the standby of %s/%s failed", *key)
 
     def _keep_standby(self, pipeline: str, element_id: str) -> None:
-        """:meth:`keep_standbys` for one PE, inside its exclusive section."""
+        """:meth:`keep_standbys` for one PE: inside its exclusive section, drop a standby
+        that may not stay and choose where a missing one goes; outside it, copy the
+        primary's checkpoint (a primary that froze during the copy held the section, and
+        with it the PE's restore, for a whole request timeout: 2 min); inside again, start
+        the standby from the copy if nothing changed meanwhile (else next round)."""
+        key = (pipeline, element_id)
+        with self._exclusive(*key, "standby"):
+            wanted = self._standby_wanted(pipeline, element_id)
+        if wanted is None:
+            return
+        record = self.registry.get_pipeline(pipeline)
+        if record is None:
+            return
+        element = record.spec.element(element_id)
+        copy = warm_copy(pipeline, element, self.agent(wanted.primary))
+        with self._exclusive(*key, "standby"):
+            now = self._standby_wanted(pipeline, element_id)
+            if now != wanted:
+                log.info("the standby of %s/%s is not started from the copy taken on %s: the "
+                         "PE changed meanwhile (tried again next round)", pipeline, element_id,
+                         wanted.primary)  # fmt: skip
+                return
+            self._start_standby(pipeline, element, wanted, copy)
+
+    def _standby_wanted(self, pipeline: str, element_id: str) -> WantedStandby | None:
+        """Inside the PE's exclusive section: drop its standby if it may not stay, and say
+        where a missing one should be started (``None``: none wanted now)."""
         record = self.registry.get_pipeline(pipeline)
         if record is None or record.status != PipelineState.RUNNING:
-            return
+            return None
         element = record.spec.element(element_id)
         primary = record.placement[element_id]
         current = self.registry.standby(pipeline, element_id)
         if current is not None:
             if self._standby_sound(record, element, current):
-                return
+                return None
             self.drop_standby(current)
         if not self._ready(self.registry.node(primary)):
-            return  # nothing to copy from: the restore of the PE comes first
+            return None  # nothing to copy from: the restore of the PE comes first
         target = self.standby_node(record, element)
         if target is None:
-            return
-        epoch = self.registry.add_standby(pipeline, element_id, target)
+            return None
+        return WantedStandby(
+            primary, target, self.registry.epoch(pipeline, element_id), record.status_since
+        )
+
+    def _start_standby(
+        self, pipeline: str, element: ElementSpec, wanted: WantedStandby, copy: WarmCopy
+    ) -> None:
+        """Start the PE's standby where ``wanted`` says, from ``copy``; inside the PE's
+        exclusive section."""
+        epoch = self.registry.add_standby(pipeline, element.id, wanted.target)
         log.info("starting a standby of %s/%s on %s (epoch %d; the PE runs on %s)",
-                 pipeline, element_id, target, epoch, primary)  # fmt: skip
+                 pipeline, element.id, wanted.target, epoch, wanted.primary)  # fmt: skip
         try:
             self.permissions.sync(self.registry)  # it reads the PE's inputs and stream
             done = establish(
-                pipeline, element, (primary, self.agent(primary)), (target, self.agent(target)),
-                epoch,
+                pipeline, element, (wanted.primary, self.agent(wanted.primary)),
+                (wanted.target, self.agent(wanted.target)), epoch, copy=copy,
             )  # fmt: skip
         except Exception:  # whatever it left on the target is discarded with it
-            self.drop_standby(self.registry.standby(pipeline, element_id))
+            self.drop_standby(self.registry.standby(pipeline, element.id))
             raise
-        self.standby_ready_ms[(pipeline, element_id)] = done.took_ms
+        self.standby_ready_ms[(pipeline, element.id)] = done.took_ms
         log.info("standby of %s/%s on %s ready in %.0f ms (%d bytes of state)",
-                 pipeline, element_id, target, done.took_ms, done.state_bytes)  # fmt: skip
+                 pipeline, element.id, wanted.target, done.took_ms, done.state_bytes)  # fmt: skip
 
     def _standby_sound(
         self, record: PipelineRecord, element: ElementSpec, standby: StandbyRecord

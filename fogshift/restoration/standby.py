@@ -43,7 +43,7 @@ from fogshift.contracts import (
     RestoreStatus,
 )
 from fogshift.exceptions import FogshiftError
-from fogshift.migration.procedure import fetch_checkpoint, install_checkpoint
+from fogshift.migration.procedure import Fetched, fetch_checkpoint, install_checkpoint
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.restoration.procedure import RestoreSteps, fence_and_locate
 from fogshift.spec.models import ElementSpec
@@ -72,6 +72,28 @@ class Established:
     took_ms: float
 
 
+@dataclass(frozen=True)
+class WarmCopy:
+    """A primary's checkpoint taken for its standby (:func:`warm_copy`)."""
+
+    fetched: Fetched
+    started: float  # ``time.perf_counter()`` when the copy began
+
+
+def warm_copy(pipeline: str, element: ElementSpec, primary: ServiceClient) -> WarmCopy:
+    """The primary's checkpoint, taken from its running query without pausing it: the first
+    half of :func:`establish`, which needs nothing of the PE but a read of its primary — so
+    the caller runs it outside the PE's exclusive section (a primary that freezes during
+    the copy would hold the section, and with it the PE's restore, for a whole request
+    timeout).
+
+    Raises:
+        FogshiftError: The primary did not answer the copy.
+    """
+    started = time.perf_counter()
+    return WarmCopy(fetch_checkpoint(primary, _path(pipeline, element.id), warm=True), started)
+
+
 def establish(
     pipeline: str,
     element: ElementSpec,
@@ -79,21 +101,26 @@ def establish(
     standby: tuple[str, ServiceClient],
     epoch: int,
     timeout_s: float = 120.0,
+    copy: WarmCopy | None = None,
 ) -> Established:
     """Start a standby of ``element`` on ``standby``'s node, from the primary's checkpoint.
 
     Args:
         epoch: The standby's epoch, newer than the primary's (it writes under it once
             promoted).
+        copy: The primary's checkpoint, if :func:`warm_copy` took it already (any copy of
+            the primary's running history serves: the standby re-derives from it without
+            emitting, and its cap is raised from there); else it is taken here.
 
     Raises:
         FogshiftError: The copy or the start failed, or the standby did not get warm within
             ``timeout_s``; whatever was started is left for the caller to discard.
     """
-    started = time.perf_counter()
     (_, primary_agent), (name, agent) = primary, standby
     here = _path(pipeline, element.id)
-    data, digest, info, _ = fetch_checkpoint(primary_agent, here, warm=True)
+    copy = copy or warm_copy(pipeline, element, primary_agent)
+    started = copy.started
+    data, digest, info, _ = copy.fetched
     install_checkpoint(agent, here, data, digest)
     gate = Gate(mode=GateMode.CAP, limit=info.offset) if info.offset else Gate(mode=GateMode.HOLD)
     placed = element.model_copy(update={"node": name}).model_dump(mode="json")

@@ -7,6 +7,7 @@ asked; the broker's fence is replaced by a recorder (the integration test fences
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,38 @@ def test_a_warm_standby_whose_primary_dies_before_its_first_follow_stays(
     assert standby is not None and (standby.node, standby.epoch) == ("fog-b", 2)
     assert agents["fog-b"].received("DELETE", AGG) == []  # not discarded
     assert agents["fog-b"].received("PUT", AGG + "/gate") == []  # capped at the copy
+
+
+def test_the_copy_of_a_primary_for_its_standby_holds_no_section_and_is_dropped_if_the_pe_changed(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # The copy is a read of the primary: a primary that freezes during it must not hold
+    # the PE's exclusive section (its restore waited for the copy's request timeout).
+    serve_warm_copy(agents)
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(3, 40))
+    came, release = agents["fog-a"].hold("GET", AGG + "/checkpoint")
+    keeper = threading.Thread(target=orch.keep_standbys)
+    keeper.start()
+    try:
+        assert came.wait(30)
+        assert ("p", "aggregate") not in orch._migrating  # free while the copy is taken
+        with orch._exclusive("p", "aggregate", "migration"):
+            # A migration (or restore) meanwhile: the copy is of the PE before it.
+            orch.registry.next_epoch("p", "aggregate")
+    finally:
+        release.set()
+        keeper.join(60)
+    assert orch.registry.standby("p", "aggregate") is None
+    assert agents["fog-b"].received("PUT", AGG) == []  # nothing started from the old copy
+    # The next round copies the PE as it is now and starts its standby.
+    del agents["fog-a"].holds[("GET", AGG + "/checkpoint")]
+    orch.keep_standbys()
+    standby = orch.registry.standby("p", "aggregate")
+    assert standby is not None and (standby.node, standby.epoch) == ("fog-b", 3)
+    assert len(agents["fog-a"].received("GET", AGG + "/checkpoint")) == 2
+    (deploy,) = agents["fog-b"].received("PUT", AGG)
+    assert deploy.body["epoch"] == 3
 
 
 def test_the_follower_raises_the_cap_only_when_the_primary_committed(
