@@ -532,6 +532,25 @@ async def _direct_batch(
     return await _direct_request(js, stream, request, subject)
 
 
+async def next_message(
+    js: JetStreamContext, stream: str, subject: str, first: int = 1
+) -> StoredMessage | None:
+    """The first message on ``subject`` at sequence ``first`` or later (``None``: none)."""
+    found = await _direct_batch(js, stream, subject, first, 1)
+    return found[0] if found else None
+
+
+async def message_since(
+    js: JetStreamContext, stream: str, subject: str, when: float
+) -> StoredMessage | None:
+    """The first message on ``subject`` stored at ``when`` (Unix time) or later (``None``:
+    none)."""
+    at = datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat().replace("+00:00", "Z")
+    request = {"start_time": at, "batch": 1, "next_by_subj": subject}
+    found = await _direct_request(js, stream, request, subject)
+    return found[0] if found else None
+
+
 async def _direct_request(
     js: JetStreamContext, stream: str, request: dict[str, Any], subject: str = ""
 ) -> list[StoredMessage]:

@@ -42,6 +42,7 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
+from nats.js.errors import NotFoundError
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceStreamArrowWriter,
@@ -65,6 +66,7 @@ from fogshift.broker.client import (
     shared_client,
 )
 from fogshift.broker.exceptions import BrokerError, BrokerUnavailable, Fenced, WriterConflict
+from fogshift.broker.history import trimmed_below
 from fogshift.broker.keys import (
     CONTROL_FIELD,
     KEY_COPY_IN,
@@ -458,6 +460,8 @@ class JetStreamReader(DataSourceStreamReader):
         #: How long this reader's last small reads took (:data:`SLOW_LINK_S`).
         self._link_reads: deque[float] = deque(maxlen=LINK_READS)
         self.slow_link_s = float(options.get("slow_link_ms", SLOW_LINK_S * 1000)) / 1000
+        #: Whether the first batch's start was checked against the inputs' trimmed records.
+        self._history_checked = False
 
     def initialOffset(self) -> dict:  # noqa: N802
         return offset({name: self.since for name in self.inputs})
@@ -473,6 +477,8 @@ class JetStreamReader(DataSourceStreamReader):
         looks again — so a query triggered continuously (trigger 0) starts its batch as soon
         as input arrives, without asking the broker every few milliseconds while idle.
         """
+        if not self._history_checked:
+            self._check_history(start)
         latest = self._latest(start, limit)
         if latest != start or self.idle_wait_s <= 0:
             return latest
@@ -491,6 +497,39 @@ class JetStreamReader(DataSourceStreamReader):
                 if latest != start:
                     return latest
         return latest
+
+    def _check_history(self, start: dict) -> None:
+        """Refuse to start reading an input below the records trimmed from it
+        (:mod:`fogshift.broker.history`): those between would be skipped unread. A reader
+        resumes from a checkpoint the trimming left records for; one that starts lower
+        (its node's checkpoint lost, every central one torn) must be restored from a newer
+        one, loudly, not read on past a hole.
+
+        Raises:
+            InvariantViolation: An input was trimmed past where this reader starts.
+        """
+        begin = positions_of(start)
+        client = shared_client(self.broker)
+        for name in self.inputs:
+            at = int(begin.get(name, self.since))
+            try:
+                below = client.run(
+                    partial(trimmed_below, stream=stream_name(self.pipeline, name)), timeout=30
+                )
+            except NotFoundError:
+                continue  # (not made yet: nothing trimmed)
+            if at + 1 < below:
+                raise InvariantViolation(
+                    f"PE {self.pe!r} of pipeline {self.pipeline!r} would read input {name!r} "
+                    f"from sequence {at + 1}, but its records below {below} were trimmed "
+                    "(recovery.history_s)",
+                    expected=f"a start at sequence {below - 1} or later",
+                    received=f"sequence {at}",
+                    hint="restore the PE from its newest central checkpoint (`fogshift "
+                    "restore PIPELINE ELEMENT`), which starts later; keep records longer "
+                    "with a larger recovery.history_s",
+                )
+        self._history_checked = True
 
     def _latest(self, start: dict, limit: ReadLimit) -> dict:
         end = self._latest_cut(start, limit)

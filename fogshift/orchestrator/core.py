@@ -112,6 +112,9 @@ class OrchestratorCore:
         #: appended (``KeyMoves.complete_key_moves``): checked once per orchestrator, and
         #: again after an append that failed half-way.
         self._moves_complete: set[tuple[str, str]] = set()
+        #: When (monotonic) each pipeline's streams were last looked at for records to trim
+        #: (``History.trim_streams``).
+        self._trimmed_at: dict[str, float] = {}
         self.central = CentralStore(config.home / "central")
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}

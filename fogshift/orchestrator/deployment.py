@@ -461,6 +461,7 @@ class Deployment(Journal):
         out = []
         for record in records:
             elements = []
+            trimmed = self.registry.trimmed(record.name)
             for element in record.spec.elements:
                 node_name = record.placement[element.id]
                 node = nodes.get(node_name)
@@ -479,7 +480,9 @@ class Deployment(Journal):
                 if role == "sink":
                     out_count = (report.lines_written if report else None) or 0
                 else:
+                    # (Records trimmed from the stream count: see broker.history.)
                     out_count = counts.get(data_subject(record.name, element.id), 0)
+                    out_count += trimmed.get(element.id, 0)
                 planned = self.planned(record.name, element.id)
                 elements.append(
                     ElementStatus(

@@ -20,11 +20,14 @@ from fogshift.spec.models import ElementSpec
 log = logging.getLogger("fogshift.orchestrator")
 
 
+#: What the section of a PE whose stream's old records are being trimmed is held as
+#: (``orchestrator.history``).
+TRIMMING = "trimming"
 #: The orchestrator's own rounds that take a PE's exclusive section (see
 #: :meth:`Journal._exclusive`): they skip a PE someone holds, and are waited for.
 BACKGROUND = frozenset(
     {"standby", "standby follow", "restart", "recovery", "removal of a superseded instance",
-     "discarding a checkpoint left on a node"}
+     "discarding a checkpoint left on a node", TRIMMING}
 )  # fmt: skip
 #: How long an operation someone asked for waits for such a round to let the PE go (a
 #: standby's start copies a checkpoint and starts a query: seconds, more over slow links).
@@ -40,6 +43,7 @@ BUSY = {
     "restart": "a restart by the reconciler", "recovery": "the recovery of an interrupted "
     "operation", "removal of a superseded instance": "the removal of a superseded instance",
     "discarding a checkpoint left on a node": "the removal of a checkpoint left on a node",
+    TRIMMING: "the trimming of its stream's old records",
 }  # fmt: skip
 
 

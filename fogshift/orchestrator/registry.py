@@ -85,6 +85,12 @@ CREATE TABLE IF NOT EXISTS standbys (
     updated REAL NOT NULL,
     PRIMARY KEY (pipeline, element)
 );
+CREATE TABLE IF NOT EXISTS trimmed (
+    pipeline TEXT NOT NULL REFERENCES pipelines(name) ON DELETE CASCADE,
+    element TEXT NOT NULL,
+    records INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, element)
+);
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY,
     url TEXT NOT NULL,
@@ -257,6 +263,25 @@ class Registry:
             db.execute(
                 "UPDATE pipelines SET status = ?, updated = ? WHERE name = ?",
                 (status, time.time(), name),
+            )
+
+    def add_trimmed(self, pipeline: str, element: str, records: int) -> None:
+        """Count ``records`` more data records deleted from the PE's stream (see
+        ``fogshift.broker.history``); a fresh deploy of the pipeline starts the count anew."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO trimmed VALUES (?, ?, ?) ON CONFLICT(pipeline, element) "
+                "DO UPDATE SET records = records + excluded.records",
+                (pipeline, element, records),
+            )
+
+    def trimmed(self, pipeline: str) -> dict[str, int]:
+        """The data records deleted so far from each PE's stream of this deployment."""
+        with self._lock:
+            return dict(
+                self._db.execute(
+                    "SELECT element, records FROM trimmed WHERE pipeline = ?", (pipeline,)
+                ).fetchall()
             )
 
     def set_placement(self, pipeline: str, element: str, node: str) -> None:

@@ -381,6 +381,12 @@ KINDS: dict[str, type[ElementSpec]] = {
 }
 
 
+#: ``recovery.history_s`` unless the spec says otherwise: a day.
+DEFAULT_HISTORY_S = 86_400.0
+#: The longest ``recovery.history_s`` (ten years; ``null`` keeps records for good).
+MAX_HISTORY_S = 315_360_000.0
+
+
 class RecoverySpec(BaseModel):
     """What happens when a node hosting the pipeline goes silent.
 
@@ -396,6 +402,11 @@ class RecoverySpec(BaseModel):
             node). A lost node's PEs are then taken over by their standbys (fence, lift the
             cap) instead of being restored from checkpoints. Sinks write outside the broker
             and are always restored from checkpoints. ``None``: no standbys.
+        history_s: How long the data records of a PE's stream are kept once every reader
+            of it has checkpointed past them (every checkpoint it keeps starts later): older
+            ones are deleted (``fogshift.broker.history``), so streams do not fill the
+            broker's disk. A stream nobody in the pipeline reads is kept whole. ``None``:
+            every record is kept for good.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -404,6 +415,7 @@ class RecoverySpec(BaseModel):
     detect_after_s: float = Field(default=10.0, ge=2.0)
     latency_ms: float = Field(default=30_000.0, gt=0)
     standby: str | None = Field(default=None, pattern=_NAME)
+    history_s: float | None = Field(default=DEFAULT_HISTORY_S, ge=1.0, le=MAX_HISTORY_S)
 
 
 #: ``recovery.standby`` asking for each PE's planned redeploy node.

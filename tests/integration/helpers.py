@@ -144,12 +144,14 @@ def case1_spec(
     keys: int = 0,
     standby: str | None = None,
     partitions: list[str] | None = None,
+    history_s: float | None = None,
 ) -> Path:
     """Case 1 (source on cloud -> avg over 10 on ``agg_node`` -> sink on cloud) in ``work``,
     its input fed (:class:`Feeder`, ``first`` rows, then more) until :func:`finish_and_compare`.
     With ``keys``, the rows come from that many sensors and the aggregate is keyed by sensor
     (one window per sensor); with ``standby``, the pipeline keeps hot standbys there; with
-    ``partitions`` (and ``keys``), the aggregate is partitioned over those nodes."""
+    ``partitions`` (and ``keys``), the aggregate is partitioned over those nodes; with
+    ``history_s``, its streams keep records that long (``recovery.history_s``)."""
     line = partial(_case1_line, keys=keys)
     FEEDERS[work] = Feeder(work / "in.csv", seed=len(name), first=first, line=line)
     aggregate = aggregate_element(agg_node, pad_bytes)
@@ -170,7 +172,7 @@ def case1_spec(
              "options": {"path": "out/case1.csv"}},
         ],
     )  # fmt: skip
-    recovery = {"detect_after_s": detect_after_s, "standby": standby}
+    recovery = {"detect_after_s": detect_after_s, "standby": standby, "history_s": history_s}
     if any(v is not None for v in recovery.values()):
         fields = ", ".join(f"{k}: {v}" for k, v in recovery.items() if v is not None)
         spec.write_text(spec.read_text() + f"recovery: {{auto: true, {fields}}}\n")

@@ -15,7 +15,13 @@ from typing import Any
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress, SyncJetStream, last_seq, subject_counts
+from fogshift.broker.client import (
+    BrokerAddress,
+    SyncJetStream,
+    last_seq,
+    next_message,
+    subject_counts,
+)
 from fogshift.broker.exceptions import FENCED_TOKEN
 from fogshift.broker.naming import data_subject, dead_subject, fence_subject, stream_name
 from fogshift.broker.publish import last_position
@@ -81,10 +87,12 @@ def freeze_past_central_checkpoint(
 
 
 def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> None:
-    # Keyed by sensor (50): every key's state comes back from the checkpoint.
-    spec = case1_spec(tmp_path, "killed", detect_after_s=600, keys=50)
+    # Keyed by sensor (50): every key's state comes back from the checkpoint. Records are
+    # kept 1 s once every reader has checkpointed past them: the restore reads what is left.
+    spec = case1_spec(tmp_path, "killed", detect_after_s=600, keys=50, history_s=1)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("killed", "sink", 20)
+    wait_trimmed(cluster, "killed", "source")
     # The node-level figure comes with the node's heartbeat, the central one from the pull,
     # which may have taken a snapshot newer than the last heartbeat told (or come before the
     # first heartbeat that told of one): wait for the next.
@@ -222,7 +230,7 @@ def test_a_standby_takes_over_a_frozen_node_and_the_node_never_emits_again(
     query starts), and the node, when it wakes, writes nothing. fog-a is down since the first
     test: the aggregate runs on fog-c, its standby on the least busy other node."""
     spec = case1_spec(tmp_path, "standby", agg_node="fog-c", detect_after_s=3, keys=20,
-                      standby="planned")  # fmt: skip
+                      standby="planned", history_s=1)  # fmt: skip
     cluster.cli("deploy", str(spec))
     cluster.wait_for("standby", "sink", 20)
 
@@ -231,6 +239,9 @@ def test_a_standby_takes_over_a_frozen_node_and_the_node_never_emits_again(
         ready = standby and standby["state"] == "running" and standby["lag_events"] is not None
         return standby if ready else None
 
+    standby = wait_until(followed, 120, interval_s=0.5, describe="a followed standby")
+    # Past the standby's position too: it takes over reading what is left.
+    wait_trimmed(cluster, "standby", "source")
     standby = wait_until(followed, 120, interval_s=0.5, describe="a followed standby")
     assert standby["node"] != "fog-c", standby
     assert standby["epoch"] == 2 and cluster.element("standby", "aggregate")["epoch"] == 1
@@ -264,6 +275,24 @@ def test_a_standby_takes_over_a_frozen_node_and_the_node_never_emits_again(
     finish_and_compare(cluster, tmp_path, "standby")
     # Nothing the frozen primary (epoch 1) wrote came after the fence.
     assert_only_new_epochs_after_fence(cluster, "standby", "aggregate", epoch=2)
+
+
+def wait_trimmed(cluster: Cluster, pipeline: str, element: str, timeout_s: float = 60) -> None:
+    """Wait until the oldest data records of the PE's stream were trimmed (``history_s``)."""
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    stream, data = stream_name(pipeline, element), data_subject(pipeline, element)
+    try:
+        wait_until(
+            lambda: (
+                (first := client.run(lambda js: next_message(js, stream, data))) is not None
+                and first.seq > 1
+            ),
+            timeout_s,
+            interval_s=0.5,
+            describe=f"the oldest records of {pipeline}/{element} trimmed",
+        )
+    finally:
+        client.close()
 
 
 def wait_for_epoch(

@@ -1,0 +1,154 @@
+"""Trimming the pipelines' streams (``recovery.history_s``): the orchestrator's side.
+
+A PE's data records are deleted (:func:`fogshift.broker.history.trim_data`) once they are
+older than the pipeline's ``recovery.history_s`` and below the stream's *horizon*: the lowest
+position of it that a reader may read from again. A reader resumes from a checkpoint: its live
+one (newer than any the central store pulled from it), a migration's copy of it (newer
+still), or a restore's, which is the newest of the central store's that verifies — so the
+least position among all the central store keeps of every reader bounds them all. A reader's
+hot standby is behind its primary by what it has not been capped at yet: its own position, as
+last seen by the follower, counts too.
+
+Nothing is trimmed from a stream while one of its readers has no central checkpoint yet (it
+would start from the beginning), has a standby not seen following, or is being migrated or
+restored; nor from a stream no element of the pipeline reads (its records are the pipeline's
+result: someone outside reads them). Each PE is trimmed inside its exclusive section, as a
+background round (a stop, which holds every section, waits for it; an operation someone
+asked for waits briefly): a pipeline deployed afresh meanwhile is not trimmed from the
+positions of the run before.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+from fogshift.broker.exceptions import BrokerUnavailable
+from fogshift.broker.history import trim_data
+from fogshift.contracts import PipelineState
+from fogshift.exceptions import FogshiftError
+from fogshift.migration.exceptions import MigrationInProgress
+from fogshift.orchestrator.journal import TRIMMING
+from fogshift.orchestrator.reconciler import Reconciler
+from fogshift.orchestrator.registry import PipelineRecord
+
+log = logging.getLogger("fogshift.orchestrator")
+
+#: How often, at most, a pipeline's streams are looked at for records to trim (and at least
+#: twice per ``history_s``).
+TRIM_EVERY_S = 60.0
+
+
+def horizon(pe: str, offsets: Mapping[str, Sequence[Mapping[str, Any] | None]]) -> int | None:
+    """The lowest position of ``pe``'s stream that one of its readers may read from again.
+
+    Args:
+        offsets: Per reader, every offset it may resume from (its checkpoints', its
+            standby's): Spark offsets of fogshift's reader, ``{"positions": {input: seq}}``.
+
+    Returns:
+        The least position of ``pe`` among them; ``None`` when a reader has none, or one
+        that does not name ``pe`` (it would read the stream from its start).
+    """
+    least = math.inf
+    for known in offsets.values():
+        if not known:
+            return None
+        for offset in known:
+            position = (offset or {}).get("positions", {}).get(pe)
+            if position is None:
+                return None
+            least = min(least, int(position))
+    return None if least == math.inf else int(least)
+
+
+class History(Reconciler):
+    """The orchestrator's trimming of its pipelines' streams."""
+
+    def streams_upkeep(self) -> None:
+        super().streams_upkeep()
+        self.trim_streams()
+
+    def trim_streams(self, at: float | None = None) -> None:
+        """Trim every running pipeline's streams whose turn it is (see module docstring).
+
+        Args:
+            at: The wall-clock time records' ages are judged at (default: now).
+        """
+        now = time.monotonic()
+        for record in self.registry.pipelines():
+            keep = record.spec.recovery.history_s
+            if record.status != PipelineState.RUNNING or keep is None:
+                continue
+            last = self._trimmed_at.get(record.name)
+            if last is not None and now - last < min(TRIM_EVERY_S, keep / 2):
+                continue
+            self._trimmed_at[record.name] = now
+            try:
+                self._trim_pipeline(record, (time.time() if at is None else at) - keep)
+            except BrokerUnavailable as exc:
+                log.warning("cannot trim the streams of %s: %s", record.name, exc.message)
+                return  # (next round: the other pipelines would wait for it too)
+
+    def _trim_pipeline(self, record: PipelineRecord, cutoff: float) -> None:
+        busy = {op.element for op in self.registry.unfinished() if op.pipeline == record.name}
+        for element in record.spec.elements:
+            readers = [e.id for e in record.spec.elements if element.id in e.inputs]
+            if not readers or busy.intersection(readers):
+                continue
+            try:
+                with self._exclusive(record.name, element.id, TRIMMING):
+                    self._trim_one(record, element.id, readers, cutoff)
+            except MigrationInProgress:
+                continue  # (its turn comes again)
+            except BrokerUnavailable:
+                raise
+            except FogshiftError as exc:
+                log.warning("cannot trim the stream of %s/%s: %s", record.name, element.id,
+                            exc.message)  # fmt: skip
+            except Exception:  # one stream's trouble must not stop the others' trimming
+                log.exception("trimming the stream of %s/%s failed", record.name, element.id)
+
+    def _trim_one(
+        self, planned: PipelineRecord, pe: str, readers: list[str], cutoff: float
+    ) -> None:
+        """Trim ``pe``'s stream of the records stored before ``cutoff``, inside its
+        exclusive section."""
+        pipeline = planned.name
+        record = self.registry.get_pipeline(pipeline)
+        if (
+            record is None
+            or record.status != PipelineState.RUNNING
+            or record.status_since != planned.status_since  # deployed afresh, or scaled
+            or any(self._in_section(pipeline, r) for r in readers)
+        ):
+            return
+        offsets: dict[str, list[Mapping[str, Any] | None]] = {}
+        for reader in readers:
+            offsets[reader] = [m.get("offset") for m in self.central.manifests(pipeline, reader)]
+            if self.registry.standby(pipeline, reader) is not None:
+                followed = self.followed.get((pipeline, reader))
+                seen = followed.standby if followed is not None else None
+                offsets[reader].append(seen.offset if seen is not None else None)
+        bound = horizon(pe, offsets)
+        if bound is None:
+            return
+        done = self.broker.run(
+            partial(trim_data, pipeline=pipeline, pe=pe, horizon=bound, cutoff=cutoff),
+            timeout=60,
+        )  # fmt: skip
+        if done.purged:
+            self.registry.add_trimmed(pipeline, pe, done.purged)
+            log.info("trimmed %d data records of %s/%s (below sequence %d; its readers' "
+                     "checkpoints start at %d or later)", done.purged, pipeline, pe,
+                     done.below, bound)  # fmt: skip
+
+    def _in_section(self, pipeline: str, element: str) -> bool:
+        """Whether an operation holds the PE's exclusive section now (a migration copying
+        its checkpoint, a restore starting it)."""
+        with self._lock:
+            return (pipeline, element) in self._migrating

@@ -1,0 +1,138 @@
+"""The orchestrator trims its pipelines' streams below every reader's checkpoints, once old
+(fogshift.orchestrator.history): a real orchestrator object and a real nats-server; the
+central store's checkpoints stand in as their manifests' offsets."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.broker.client import SyncJetStream, ensure_pe_stream, get_range
+from fogshift.broker.naming import data_subject, stream_name
+from fogshift.broker.publish import Record, publish_records
+from fogshift.broker.server import BrokerProcess
+from fogshift.contracts import ElementProgress
+from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.core import Followed
+from fogshift.orchestrator.history import horizon
+from fogshift.orchestrator.service import Orchestrator
+from fogshift.spec import parse_spec
+from tests.orchestrator.standin import SPEC
+
+pytestmark = pytest.mark.integration
+
+LATER = 60.0  # seconds ahead: every record is older than the pipelines' history then
+
+
+def test_the_horizon_is_the_least_position_any_reader_may_resume_from() -> None:
+    at = {"positions": {"s": 7, "t": 2}}
+    assert horizon("s", {"a": [at, {"positions": {"s": 4}}], "b": [{"positions": {"s": 9}}]}) == 4
+    assert horizon("s", {"a": [at], "b": []}) is None  # b would read from the start
+    assert horizon("s", {"a": [at, {"positions": {"t": 3}}]}) is None
+    assert horizon("s", {"a": [at, None]}) is None  # a standby not seen yet
+    assert horizon("s", {}) is None
+
+
+@pytest.fixture
+def orch(tmp_path: Path, nats_server: BrokerProcess) -> Iterator[Orchestrator]:
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orchestrator = Orchestrator(config)
+    try:
+        yield orchestrator
+    finally:
+        orchestrator.close()
+
+
+def _deploy(orch: Orchestrator, js_client: SyncJetStream, tmp_path: Path, name: str,
+            recovery: dict[str, Any]) -> dict[str, list[int]]:  # fmt: skip
+    """Pipeline ``name`` (source -> aggregate -> sink) with 10 records in the source's stream
+    and 5 in the aggregate's: their data sequences."""
+    spec = parse_spec({**SPEC, "pipeline": name, "recovery": recovery}, tmp_path)
+    orch.registry.put_pipeline(spec, "running")
+    seqs = {}
+    for pe, count in (("source", 10), ("aggregate", 5)):
+        records = [
+            Record(o, 0, o, 1.0, pe, json.dumps({"v": o}), None) for o in range(1, count + 1)
+        ]
+        js_client.run(lambda js, p=pe, r=records: ensure_pe_stream(js, name, p))
+        js_client.run(lambda js, p=pe, r=records: publish_records(js, name, p, r, epoch=1))
+        seqs[pe] = _data_seqs(js_client, name, pe)
+    return seqs
+
+
+def _data_seqs(js_client: SyncJetStream, pipeline: str, pe: str) -> list[int]:
+    stream, subject = stream_name(pipeline, pe), data_subject(pipeline, pe)
+    return [m.seq for m in js_client.run(lambda js: get_range(js, stream, subject, 0, 1_000))]
+
+
+def _checkpoints(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch, positions: dict[str, list[int | None]]
+) -> None:
+    """The central store keeps, per reader, checkpoints at these positions of the source."""
+    kept = {
+        pe: [{"offset": {"type": "jetstream", "positions": {"source": p}}} for p in at]
+        for pe, at in positions.items()
+    }
+    monkeypatch.setattr(orch.central, "manifests", lambda pipeline, pe: kept.get(pe, []))
+
+
+def _trim(orch: Orchestrator) -> None:
+    orch._trimmed_at.clear()  # (a round trims a pipeline at most every TRIM_EVERY_S)
+    orch.trim_streams(at=time.time() + LATER)
+
+
+def test_records_below_every_readers_checkpoints_go_once_old(
+    orch: Orchestrator, js_client: SyncJetStream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seqs = _deploy(orch, js_client, tmp_path, "p", {"history_s": 30})
+    source = seqs["source"]
+    _checkpoints(orch, monkeypatch, {"aggregate": [source[6], source[3]]})
+    orch.trim_streams()  # nothing is 30 s old yet
+    assert _data_seqs(js_client, "p", "source") == source
+    _trim(orch)
+    # Below the aggregate's oldest checkpoint only; the aggregate's own stream stays whole,
+    # its reader (the sink) having no checkpoint yet (it would read from the start).
+    assert _data_seqs(js_client, "p", "source") == source[3:]
+    assert _data_seqs(js_client, "p", "aggregate") == seqs["aggregate"]
+    assert orch.registry.trimmed("p") == {"source": 3}
+    # What the status counts as the source's output still counts the trimmed records.
+    (status,) = orch.status("p")
+    assert {e.element: e.events_out for e in status.elements}["source"] == 10
+
+    # A reader with a standby the follower has not seen yet holds its stream whole; once
+    # seen, its position counts like a checkpoint's.
+    _checkpoints(orch, monkeypatch, {"aggregate": [source[8]]})
+    orch.registry.add_standby("p", "aggregate", "fog-b")
+    _trim(orch)
+    assert _data_seqs(js_client, "p", "source") == source[3:]
+    behind = {"type": "jetstream", "positions": {"source": source[5]}}
+    seen = ElementProgress(pipeline="p", element="aggregate", state="running", epoch=2,
+                           offset=behind)  # fmt: skip
+    orch.followed[("p", "aggregate")] = Followed(primary=seen, standby=seen)
+    # Nor while the reader is being migrated or restored (its copy may be older).
+    orch._migrating[("p", "aggregate")] = "migration"
+    _trim(orch)
+    assert _data_seqs(js_client, "p", "source") == source[3:]
+    del orch._migrating[("p", "aggregate")]
+    _trim(orch)
+    assert _data_seqs(js_client, "p", "source") == source[5:]
+    assert orch.registry.trimmed("p") == {"source": 5}
+    # A fresh deploy starts the count anew.
+    orch.registry.put_pipeline(orch.registry.get_pipeline("p").spec, "running")  # type: ignore[union-attr]
+    assert orch.registry.trimmed("p") == {}
+
+
+def test_a_pipeline_keeping_its_history_for_good_is_never_trimmed(
+    orch: Orchestrator, js_client: SyncJetStream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seqs = _deploy(orch, js_client, tmp_path, "kept", {"history_s": None})
+    _checkpoints(orch, monkeypatch, {"aggregate": [seqs["source"][-1]], "sink": [99]})
+    _trim(orch)
+    assert _data_seqs(js_client, "kept", "source") == seqs["source"]
+    assert orch.registry.trimmed("kept") == {}
