@@ -206,6 +206,10 @@ class CheckpointManifest(BaseModel):
     element: str
     batch: int | None
     offset: Offset | None = None
+    #: Where a warm copy of it starts reading again (``checkpoint.spark_dir.resume_floor``).
+    resume_floor: Offset | None = None
+    #: The epoch of the instance it is of (``None``: written before it was recorded).
+    epoch: int | None = None
     progress: int = 0
     created: float
     bytes: int = 0

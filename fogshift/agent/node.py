@@ -863,6 +863,7 @@ class NodeRuntime:
                     pe,
                     dict(h.state_metrics),
                     pinned=self.pins.held(pipeline, pe),
+                    epoch=h.plan.epoch,
                 )
                 h.snapshot_error = None
             except (OSError, ValueError, FogshiftError) as exc:

@@ -898,6 +898,9 @@ class JetStreamReader(DataSourceStreamReader):
         return tails
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        if not self._history_checked:
+            # (A batch planned before a restart is run again without asking latestOffset.)
+            self._check_history(start)
         begin, finish = positions_of(start), positions_of(end)
         ranges = [Range(n, begin.get(n, 0), finish.get(n, 0)) for n in self.inputs]
         if all(r.end <= r.start for r in ranges):

@@ -255,7 +255,33 @@ def copy_checkpoint(
                 f"checkpoint {source} moved on while it was copied: {needed} was purged",
                 hint="the query ran more batches than Spark retains during the copy; retry",
             )
-    return {"batch": batch, "offset": end_offset(target, batch)}
+    return {
+        "batch": batch,
+        "offset": end_offset(target, batch),
+        "resume_floor": resume_floor(target, batch),
+    }
+
+
+def resume_floor(checkpoint: Path, batch: int) -> dict[str, Any] | None:
+    """Where a query resumed from ``checkpoint`` (at commit ``batch``) may read its input
+    again, at the lowest: a warm copy of it re-executes its last batch that read input
+    (``copy_checkpoint``), from that batch's start — the end offset of the batch before.
+
+    Found among the offset log entries a copy keeps (:data:`LOG_HISTORY` before ``batch``);
+    a warm copy of a later checkpoint of the same history starts there too unless a batch
+    since read input (then it starts later). ``None``: no batch among them read input (or
+    it is the first), so where one would start is not known here.
+    """
+    ends: dict[int, dict[str, Any]] = {}
+    for b in range(max(0, batch - LOG_HISTORY), batch + 1):
+        try:
+            ends[b] = end_offset(checkpoint, b)
+        except FileNotFoundError:
+            continue
+    for b in range(batch, max(0, batch - LOG_HISTORY), -1):
+        if b in ends and b - 1 in ends and progress_of(ends[b]) > progress_of(ends[b - 1]):
+            return ends[b - 1]
+    return None
 
 
 def _ends(checkpoint: Path, commits: list[int]) -> dict[int, int]:

@@ -88,6 +88,7 @@ def take_snapshot(
     pe: str,
     state_metrics: Mapping[int, dict[str, Any]] | None = None,
     pinned: Collection[str] = (),
+    epoch: int | None = None,
 ) -> dict[str, Any] | None:
     """Snapshot the live checkpoint of a PE into ``store`` if it committed a newer batch.
 
@@ -101,6 +102,9 @@ def take_snapshot(
             the entry of the snapshotted batch goes into the manifest, ``None`` if absent.
         pinned: Ids of snapshots being read (:class:`SnapshotPins`): kept even when older
             than the newest :data:`KEEP`.
+        epoch: The epoch of the instance whose checkpoint this is (in the manifest: the
+            orchestrator trims a stream only once its readers' current instances have a
+            central checkpoint, ``orchestrator.history``).
 
     Returns:
         The new manifest, or ``None`` when there was nothing new to snapshot.
@@ -162,6 +166,8 @@ def take_snapshot(
         "element": pe,
         "batch": info["batch"],
         "offset": info["offset"],
+        "resume_floor": info.get("resume_floor"),
+        "epoch": epoch,
         "progress": progress_of(info["offset"]),
         "created": time.time(),
         "bytes": sum(f["size"] for f in files.values()),

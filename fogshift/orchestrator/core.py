@@ -115,6 +115,9 @@ class OrchestratorCore:
         #: When (monotonic) each pipeline's streams were last looked at for records to trim
         #: (``History.trim_streams``).
         self._trimmed_at: dict[str, float] = {}
+        #: PEs whose standby's copy is being taken or started, outside their section (under
+        #: ``_lock``): their inputs are not trimmed meanwhile (``History._copying``).
+        self._standby_copies: set[tuple[str, str]] = set()
         self.central = CentralStore(config.home / "central")
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}

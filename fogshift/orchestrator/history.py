@@ -5,17 +5,20 @@ older than the pipeline's ``recovery.history_s`` and below the stream's *horizon
 position of it that a reader may read from again. A reader resumes from a checkpoint: its live
 one (newer than any the central store pulled from it), a migration's copy of it (newer
 still), or a restore's, which is the newest of the central store's that verifies — so the
-least position among all the central store keeps of every reader bounds them all. A reader's
-hot standby is behind its primary by what it has not been capped at yet: its own position, as
-last seen by the follower, counts too.
+least position among all the central store keeps of every reader bounds them all — taken
+where a warm copy of each would start reading again (it re-runs its last batch that read
+input: ``checkpoint.spark_dir.resume_floor``). A reader's hot standby is behind its primary
+by what it has not been capped at yet: its own position, as last seen by the follower,
+counts too.
 
-Nothing is trimmed from a stream while one of its readers has no central checkpoint yet (it
-would start from the beginning), has a standby not seen following, or is being migrated or
-restored; nor from a stream no element of the pipeline reads (its records are the pipeline's
-result: someone outside reads them). Each PE is trimmed inside its exclusive section, as a
-background round (a stop, which holds every section, waits for it; an operation someone
-asked for waits briefly): a pipeline deployed afresh meanwhile is not trimmed from the
-positions of the run before.
+Nothing is trimmed from a stream while one of its readers has no central checkpoint of its
+current instance (epoch) yet (a promoted standby or a restored instance may stand behind its
+predecessor's), has a standby not seen following, has a standby's copy being taken, or is
+being migrated or restored; nor from a stream no element of the pipeline reads (its records
+are the pipeline's result: someone outside reads them). Each PE is trimmed inside its
+exclusive section, as a background round (a stop, which holds every section, waits for it;
+an operation someone asked for waits briefly): a pipeline deployed afresh meanwhile is not
+trimmed from the positions of the run before.
 """
 
 from __future__ import annotations
@@ -124,16 +127,28 @@ class History(Reconciler):
             record is None
             or record.status != PipelineState.RUNNING
             or record.status_since != planned.status_since  # deployed afresh, or scaled
-            or any(self._in_section(pipeline, r) for r in readers)
+            or any(self._in_section(pipeline, r) or self._copying(pipeline, r) for r in readers)
         ):
             return
         offsets: dict[str, list[Mapping[str, Any] | None]] = {}
         for reader in readers:
-            offsets[reader] = [m.get("offset") for m in self.central.manifests(pipeline, reader)]
-            if self.registry.standby(pipeline, reader) is not None:
+            kept = self.central.manifests(pipeline, reader)
+            current = self.registry.epoch(pipeline, reader)
+            if not any(m.get("epoch") == current for m in kept):
+                # Its instance now (promoted, restored, migrated, restarted under a new
+                # epoch) may stand behind every checkpoint its predecessors left: once one
+                # of its own is stored, its position is covered (it only goes forward).
+                return
+            # Where each may be resumed from, at the lowest: a warm copy re-runs the last
+            # batch that read input (a standby's start, a precopy or handover target).
+            offsets[reader] = [m.get("resume_floor") for m in kept]
+            standby = self.registry.standby(pipeline, reader)
+            if standby is not None:
                 followed = self.followed.get((pipeline, reader))
                 seen = followed.standby if followed is not None else None
-                offsets[reader].append(seen.offset if seen is not None else None)
+                # (Only this standby's: an entry of one dropped since says nothing of it.)
+                ours = seen is not None and seen.epoch == standby.epoch
+                offsets[reader].append(seen.offset if ours and seen is not None else None)
         bound = horizon(pe, offsets)
         if bound is None:
             return
@@ -146,6 +161,13 @@ class History(Reconciler):
             log.info("trimmed %d data records of %s/%s (below sequence %d; its readers' "
                      "checkpoints start at %d or later)", done.purged, pipeline, pe,
                      done.below, bound)  # fmt: skip
+
+    def _copying(self, pipeline: str, element: str) -> bool:
+        """Whether a copy of the PE's checkpoint for a standby is being taken or started
+        (outside its section: ``Standbys._keep_standby``): it re-runs from where it was
+        taken, which the central checkpoints pulled meanwhile may have passed."""
+        with self._lock:
+            return (pipeline, element) in self._standby_copies
 
     def _in_section(self, pipeline: str, element: str) -> bool:
         """Whether an operation holds the PE's exclusive section now (a migration copying

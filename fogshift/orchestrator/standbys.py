@@ -123,15 +123,22 @@ class Standbys(Deployment):
         if record is None:
             return
         element = record.spec.element(element_id)
-        copy = warm_copy(pipeline, element, self.agent(wanted.primary))
-        with self._exclusive(*key, "standby"):
-            now = self._standby_wanted(pipeline, element_id)
-            if now != wanted:
-                log.info("the standby of %s/%s is not started from the copy taken on %s: the "
-                         "PE changed meanwhile (tried again next round)", pipeline, element_id,
-                         wanted.primary)  # fmt: skip
-                return
-            self._start_standby(pipeline, element, wanted, copy)
+        with self._lock:
+            # (Its inputs' records it re-runs from must stay: orchestrator.history.)
+            self._standby_copies.add(key)
+        try:
+            copy = warm_copy(pipeline, element, self.agent(wanted.primary))
+            with self._exclusive(*key, "standby"):
+                now = self._standby_wanted(pipeline, element_id)
+                if now != wanted:
+                    log.info("the standby of %s/%s is not started from the copy taken on %s: "
+                             "the PE changed meanwhile (tried again next round)", pipeline,
+                             element_id, wanted.primary)  # fmt: skip
+                    return
+                self._start_standby(pipeline, element, wanted, copy)
+        finally:
+            with self._lock:
+                self._standby_copies.discard(key)
 
     def _standby_wanted(self, pipeline: str, element_id: str) -> WantedStandby | None:
         """Inside the PE's exclusive section: drop its standby if it may not stay, and say

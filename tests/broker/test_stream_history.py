@@ -102,13 +102,19 @@ def test_a_reader_starting_below_the_trimmed_records_fails_loudly(
     assert js_client.run(lambda js: trimmed_below(js, stream)) == seqs[4]
     broker = str(nats_server.address.save(tmp_path / "broker.json"))
 
+    def reader() -> JetStreamReader:
+        return JetStreamReader({"broker": broker, "pipeline": "hole", "pe": "next",
+                                "inputs": "w", "epoch": "1"})  # fmt: skip
+
     def start(at: int) -> dict[str, Any]:
-        reader = JetStreamReader({"broker": broker, "pipeline": "hole", "pe": "next",
-                                  "inputs": "w", "epoch": "1"})  # fmt: skip
-        return dict(reader.latestOffset(offset({"w": at}), ReadMaxRows(100)))
+        return dict(reader().latestOffset(offset({"w": at}), ReadMaxRows(100)))
 
     # From a checkpoint the trimming left records for: reads on to the end.
     assert start(seqs[4] - 1)["positions"] == {"w": seqs[-1]}
     # From below (its checkpoint lost): the records between are gone, and it says so.
     with pytest.raises(InvariantViolation, match="trimmed"):
         start(0)
+    # A batch planned before a restart is run again without a latestOffset first.
+    with pytest.raises(InvariantViolation, match="trimmed"):
+        reader().partitions(offset({"w": 0}), offset({"w": seqs[-1]}))
+    assert reader().partitions(offset({"w": seqs[4] - 1}), offset({"w": seqs[-1]}))

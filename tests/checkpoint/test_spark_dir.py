@@ -79,7 +79,8 @@ def test_a_copy_holds_what_resuming_reads_not_sparks_history(tmp_path: Path) -> 
     live, copy = tmp_path / "live", tmp_path / "copy"
     _checkpoint(live, 30, snapshots=(10, 20))
     info = copy_checkpoint(live, copy)
-    assert info == {"batch": 29, "offset": {"row": 30}}
+    # A warm copy of it would run batch 29 again: from the end of batch 28.
+    assert info == {"batch": 29, "offset": {"row": 30}, "resume_floor": {"row": 29}}
     # Resuming after batch 29 reads offsets 29 (and 28, for a batch run again), commit 29.
     assert _names(copy / "offsets") == {"27", "28", "29", ".27.crc", ".28.crc", ".29.crc"}
     assert _names(copy / "commits") == {"27", "28", "29", ".27.crc", ".28.crc", ".29.crc"}
@@ -218,13 +219,32 @@ def test_a_warm_copy_at_the_first_batch_keeps_no_commit(tmp_path: Path) -> None:
     _write(live / "commits" / "1", "v1\n{}")
     _write(live / "state" / "0" / "0" / "2.changelog")
     info = copy_checkpoint(live, copy, warm=True)
-    assert info == {"batch": 0, "offset": {"row": 1}}
+    assert info == {"batch": 0, "offset": {"row": 1}, "resume_floor": None}
     assert not {"0", "1"} & _names(copy / "commits")
     assert "0" in _names(copy / "offsets") and "1" not in _names(copy / "offsets")
     assert not {"1.changelog", "1.zip", "2.changelog"} & _names(copy / "state" / "0" / "0")
     # Not warm: the copy is as of batch 1, commit 0 and 1 kept (0 is a batch like any).
     copy_checkpoint(live, copy)
     assert {"0", "1"} <= _names(copy / "commits")
+
+
+def test_the_resume_floor_is_the_start_of_the_last_batch_that_read_input(
+    tmp_path: Path,
+) -> None:
+    # Batches 4 and 5 read nothing new (no-data batches): a warm copy runs batch 3 again,
+    # from the end of batch 2, whichever of them the checkpoint was taken at.
+    live = tmp_path / "live"
+    _checkpoint(live, 4, snapshots=())
+    for b in (4, 5):
+        _write(live / "offsets" / str(b), 'v1\n{}\n{"row": 4}')
+        _write(live / "commits" / str(b), "v1\n{}")
+    assert spark_dir.resume_floor(live, 3) == {"row": 3}
+    assert spark_dir.resume_floor(live, 4) == {"row": 3}
+    # Past the log entries a copy keeps (two no-data batches and the batch): not known.
+    assert spark_dir.resume_floor(live, 5) is None
+    warm = copy_checkpoint(live, tmp_path / "warm", warm=True)
+    assert (warm["batch"], warm["resume_floor"]) == (3, {"row": 3})
+    assert spark_dir.resume_floor(live, 0) is None  # the first batch starts at the beginning
 
 
 def test_a_query_started_on_a_warm_copy_can_be_copied_warm_again(tmp_path: Path) -> None:
@@ -241,7 +261,7 @@ def test_a_query_started_on_a_warm_copy_can_be_copied_warm_again(tmp_path: Path)
         _write(first / "commits" / str(b), "v1\n{}")
         _write(first / "state" / "0" / "0" / f"{b + 1}.changelog")
     info = copy_checkpoint(first, second, warm=True)
-    assert info == {"batch": 11, "offset": {"row": 12}}
+    assert info == {"batch": 11, "offset": {"row": 12}, "resume_floor": {"row": 11}}
     assert "10" in _names(second / "commits") and "11" not in _names(second / "commits")
 
 
