@@ -8,22 +8,24 @@ stream's data records *below its horizon* — the lowest position of the stream 
 kept checkpoint may restart from (:func:`fogshift.orchestrator.history.horizon`) — once they
 are older than the pipeline's ``recovery.history_s``.
 
-Only data records go (``.data``): key moves and states (``.keys``, ``.state``: replayed from
-the start to know who owns a key), cuts and dead letters stay. The stream's last data record
-always stays: a writer resumes from its stream's tail, which names the position its records
-reached (``broker.publish.read_tail``).
+Only data records go (``.data``) — and dead letters (``.dead``), which no reader reads, once
+old (:func:`trim_dead`): key moves and states (``.keys``, ``.state``: replayed from the start
+to know who owns a key) and cuts stay. The stream's last data record and last dead letter
+always stay: a writer resumes from its stream's tail, which names the position its records
+reached (``broker.publish.read_tail``: the newest of each marked subject's last message).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 
 from fogshift.broker.client import connection_of, message_since, next_message
 from fogshift.broker.exceptions import BrokerError
-from fogshift.broker.naming import data_subject, stream_name
+from fogshift.broker.naming import data_subject, dead_subject, stream_name
 
 #: The stream's metadata entry naming the sequence its data records are trimmed below: set
 #: before the records go, so a reader that would start below it fails loudly instead of
@@ -58,15 +60,8 @@ async def trim_data(
         BrokerError: The broker refused the purge.
     """
     stream, subject = stream_name(pipeline, pe), data_subject(pipeline, pe)
-    oldest = await next_message(js, stream, subject)
-    if oldest is None or oldest.stored_at >= cutoff or oldest.seq >= horizon:
-        return Trimmed(0, 0)
-    young = await message_since(js, stream, subject, cutoff)
-    last = await js.get_last_msg(stream, subject)
-    below = min(horizon, int(last.seq or 0))
-    if young is not None:
-        below = min(below, young.seq)
-    if below <= oldest.seq:
+    below = await _bound(js, stream, subject, cutoff, horizon)
+    if below == 0:
         return Trimmed(0, 0)
     info = await js.stream_info(stream)
     metadata = dict(info.config.metadata or {})
@@ -74,6 +69,37 @@ async def trim_data(
         metadata[TRIMMED_BELOW] = str(below)
         info.config.metadata = metadata
         await js.update_stream(info.config)
+    return Trimmed(await _purge(js, stream, subject, below, f"{pipeline}/{pe}"), below)
+
+
+async def trim_dead(js: JetStreamContext, pipeline: str, pe: str, cutoff: float) -> int:
+    """Delete the dead letters of ``pe``'s stream stored before ``cutoff`` (Unix time) but
+    the last one (no reader reads them: ``fogshift errors`` shows the newest); how many."""
+    stream, subject = stream_name(pipeline, pe), dead_subject(pipeline, pe)
+    below = await _bound(js, stream, subject, cutoff)
+    if below == 0:
+        return 0
+    return await _purge(js, stream, subject, below, f"{pipeline}/{pe}")
+
+
+async def _bound(
+    js: JetStreamContext, stream: str, subject: str, cutoff: float, horizon: float = math.inf
+) -> int:
+    """The sequence the messages on ``subject`` may be trimmed below: those stored before
+    ``cutoff`` and below ``horizon``, never the last one (0: none may go)."""
+    oldest = await next_message(js, stream, subject)
+    if oldest is None or oldest.stored_at >= cutoff or oldest.seq >= horizon:
+        return 0
+    young = await message_since(js, stream, subject, cutoff)
+    last = await js.get_last_msg(stream, subject)
+    below = int(min(horizon, int(last.seq or 0)))
+    if young is not None:
+        below = min(below, young.seq)
+    return below if below > oldest.seq else 0
+
+
+async def _purge(js: JetStreamContext, stream: str, subject: str, below: int, pe: str) -> int:
+    """Delete the messages on ``subject`` below sequence ``below``; how many went."""
     reply = await connection_of(js).request(
         f"$JS.API.STREAM.PURGE.{stream}",
         json.dumps({"filter": subject, "seq": below}).encode(),
@@ -82,11 +108,11 @@ async def trim_data(
     answer = json.loads(reply.data)
     if not answer.get("success"):
         raise BrokerError(
-            f"the broker refused to trim stream {stream} of {pipeline}/{pe} below {below}",
+            f"the broker refused to trim {subject} of stream {stream} ({pe}) below {below}",
             received=str(answer.get("error")),
             hint="the orchestrator's broker user must be the broker's admin",
         )
-    return Trimmed(int(answer.get("purged", 0)), below)
+    return int(answer.get("purged", 0))
 
 
 async def trimmed_below(js: JetStreamContext, stream: str) -> int:

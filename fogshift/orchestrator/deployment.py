@@ -482,7 +482,7 @@ class Deployment(Journal):
                 else:
                     # (Records trimmed from the stream count: see broker.history.)
                     out_count = counts.get(data_subject(record.name, element.id), 0)
-                    out_count += trimmed.get(element.id, 0)
+                    out_count += trimmed.get(element.id, (0, 0))[0]
                 planned = self.planned(record.name, element.id)
                 elements.append(
                     ElementStatus(
@@ -492,7 +492,8 @@ class Deployment(Journal):
                         state=state,
                         events_in=report.events_in if report else 0,
                         events_out=out_count,
-                        dead_letters=counts.get(dead_subject(record.name, element.id), 0),
+                        dead_letters=counts.get(dead_subject(record.name, element.id), 0)
+                        + trimmed.get(element.id, (0, 0))[1],
                         restarts=report.restarts if report else 0,
                         error=report.error if report else None,
                         planned_backup=planned.backup,

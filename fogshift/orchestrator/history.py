@@ -15,7 +15,8 @@ Nothing is trimmed from a stream while one of its readers has no central checkpo
 current instance (epoch) yet (a promoted standby or a restored instance may stand behind its
 predecessor's), has a standby not seen following, has a standby's copy being taken, or is
 being migrated or restored; nor from a stream no element of the pipeline reads (its records
-are the pipeline's result: someone outside reads them). Each PE is trimmed inside its
+are the pipeline's result: someone outside reads them). Dead letters, which no reader reads,
+go once older than ``history_s`` (but each stream's last). Each PE is trimmed inside its
 exclusive section, as a background round (a stop, which holds every section, waits for it;
 an operation someone asked for waits briefly): a pipeline deployed afresh meanwhile is not
 trimmed from the positions of the run before.
@@ -31,7 +32,7 @@ from functools import partial
 from typing import Any
 
 from fogshift.broker.exceptions import BrokerUnavailable
-from fogshift.broker.history import trim_data
+from fogshift.broker.history import trim_data, trim_dead
 from fogshift.contracts import PipelineState
 from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationInProgress
@@ -72,10 +73,6 @@ def horizon(pe: str, offsets: Mapping[str, Sequence[Mapping[str, Any] | None]]) 
 class History(Reconciler):
     """The orchestrator's trimming of its pipelines' streams."""
 
-    def streams_upkeep(self) -> None:
-        super().streams_upkeep()
-        self.trim_streams()
-
     def trim_streams(self, at: float | None = None) -> None:
         """Trim every running pipeline's streams whose turn it is (see module docstring).
 
@@ -101,8 +98,8 @@ class History(Reconciler):
         busy = {op.element for op in self.registry.unfinished() if op.pipeline == record.name}
         for element in record.spec.elements:
             readers = [e.id for e in record.spec.elements if element.id in e.inputs]
-            if not readers or busy.intersection(readers):
-                continue
+            if busy.intersection(readers):
+                readers = []  # (its dead letters only: an operation is under way)
             try:
                 with self._exclusive(record.name, element.id, TRIMMING):
                     self._trim_one(record, element.id, readers, cutoff)
@@ -119,15 +116,23 @@ class History(Reconciler):
     def _trim_one(
         self, planned: PipelineRecord, pe: str, readers: list[str], cutoff: float
     ) -> None:
-        """Trim ``pe``'s stream of the records stored before ``cutoff``, inside its
-        exclusive section."""
+        """Trim ``pe``'s stream of the records stored before ``cutoff`` that ``readers`` (none:
+        its data records stay) need no more, and of its dead letters stored before it; inside
+        its exclusive section."""
         pipeline = planned.name
         record = self.registry.get_pipeline(pipeline)
         if (
             record is None
             or record.status != PipelineState.RUNNING
             or record.status_since != planned.status_since  # deployed afresh, or scaled
-            or any(self._in_section(pipeline, r) or self._copying(pipeline, r) for r in readers)
+        ):
+            return
+        dead = int(self.broker.run(partial(trim_dead, pipeline=pipeline, pe=pe, cutoff=cutoff)))
+        if dead:
+            self.registry.add_trimmed(pipeline, pe, 0, dead)
+            log.info("trimmed %d dead letters of %s/%s", dead, pipeline, pe)
+        if not readers or any(
+            self._in_section(pipeline, r) or self._copying(pipeline, r) for r in readers
         ):
             return
         offsets: dict[str, list[Mapping[str, Any] | None]] = {}

@@ -89,6 +89,7 @@ CREATE TABLE IF NOT EXISTS trimmed (
     pipeline TEXT NOT NULL REFERENCES pipelines(name) ON DELETE CASCADE,
     element TEXT NOT NULL,
     records INTEGER NOT NULL,
+    dead INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (pipeline, element)
 );
 CREATE TABLE IF NOT EXISTS nodes (
@@ -265,24 +266,25 @@ class Registry:
                 (status, time.time(), name),
             )
 
-    def add_trimmed(self, pipeline: str, element: str, records: int) -> None:
-        """Count ``records`` more data records deleted from the PE's stream (see
-        ``fogshift.broker.history``); a fresh deploy of the pipeline starts the count anew."""
+    def add_trimmed(self, pipeline: str, element: str, records: int, dead: int = 0) -> None:
+        """Count ``records`` more data records and ``dead`` more dead letters deleted from
+        the PE's stream (see ``fogshift.broker.history``); a fresh deploy of the pipeline
+        starts the counts anew."""
         with self._tx() as db:
             db.execute(
-                "INSERT INTO trimmed VALUES (?, ?, ?) ON CONFLICT(pipeline, element) "
-                "DO UPDATE SET records = records + excluded.records",
-                (pipeline, element, records),
+                "INSERT INTO trimmed VALUES (?, ?, ?, ?) ON CONFLICT(pipeline, element) "
+                "DO UPDATE SET records = records + excluded.records, dead = dead + excluded.dead",
+                (pipeline, element, records, dead),
             )
 
-    def trimmed(self, pipeline: str) -> dict[str, int]:
-        """The data records deleted so far from each PE's stream of this deployment."""
+    def trimmed(self, pipeline: str) -> dict[str, tuple[int, int]]:
+        """The data records and dead letters deleted so far from each PE's stream of this
+        deployment."""
         with self._lock:
-            return dict(
-                self._db.execute(
-                    "SELECT element, records FROM trimmed WHERE pipeline = ?", (pipeline,)
-                ).fetchall()
-            )
+            rows = self._db.execute(
+                "SELECT element, records, dead FROM trimmed WHERE pipeline = ?", (pipeline,)
+            ).fetchall()
+        return {element: (int(records), int(dead)) for element, records, dead in rows}
 
     def set_placement(self, pipeline: str, element: str, node: str) -> None:
         """Record that ``element`` of ``pipeline`` now runs on ``node`` (routing state)."""

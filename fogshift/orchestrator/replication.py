@@ -252,6 +252,9 @@ class Replication(Replanning):
         connect timeout, which must not delay noticing a lost node. (The reconciler's, see
         ``Reconciler._streams_current``; nothing here.)"""
 
+    def trim_streams(self, at: float | None = None) -> None:
+        """Trim the streams' old records (``History.trim_streams``; nothing here)."""
+
     def run_central(self) -> None:
         """Pull and push every ``central_interval_s``, or at once when a heartbeat asks
         (:meth:`heartbeat`), until :meth:`close`."""
@@ -260,6 +263,9 @@ class Replication(Replanning):
             self.streams_upkeep()
             self.pull_checkpoints()
             self.push_replicas()
+            # Last: a broker that is away holds it up for its connect timeout, which must
+            # not delay the pulls (a node's large state change wakes this loop for them).
+            self.trim_streams()
 
         self._every(self.config.central_interval_s, step, "central checkpointing",
                     wake=self._pull_now)  # fmt: skip

@@ -12,8 +12,8 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, get_range
 from fogshift.broker.datasource import JetStreamReader, offset
-from fogshift.broker.history import Trimmed, trim_data, trimmed_below
-from fogshift.broker.naming import data_subject, keys_subject, stream_name
+from fogshift.broker.history import Trimmed, trim_data, trim_dead, trimmed_below
+from fogshift.broker.naming import data_subject, dead_subject, keys_subject, stream_name
 from fogshift.broker.publish import Record, publish_records, read_tail
 from fogshift.broker.server import BrokerProcess
 from fogshift.exceptions import InvariantViolation
@@ -118,3 +118,22 @@ def test_a_reader_starting_below_the_trimmed_records_fails_loudly(
     with pytest.raises(InvariantViolation, match="trimmed"):
         reader().partitions(offset({"w": 0}), offset({"w": seqs[-1]}))
     assert reader().partitions(offset({"w": seqs[4] - 1}), offset({"w": seqs[-1]}))
+
+
+def test_old_dead_letters_go_but_the_last(js_client: SyncJetStream) -> None:
+    stream = _stream(js_client, "dead")
+    records = [
+        Record(o, 0, o, 1.0, "w", json.dumps({"v": o}), "bad" if o % 2 else None)
+        for o in range(1, 9)
+    ]
+    js_client.run(lambda js: publish_records(js, "dead", "w", records, epoch=1))
+    tail = js_client.run(lambda js: read_tail(js, stream))
+    subject = dead_subject("dead", "w")
+    dead = [m.seq for m in js_client.run(lambda js: get_range(js, stream, subject, 0, 99))]
+    data = _data_seqs(js_client, "dead")
+    assert len(dead) == 4 and js_client.run(lambda js: trim_dead(js, "dead", "w", 0.0)) == 0
+    assert js_client.run(lambda js: trim_dead(js, "dead", "w", time.time() + 60)) == 3
+    left = [m.seq for m in js_client.run(lambda js: get_range(js, stream, subject, 0, 99))]
+    assert left == dead[-1:]
+    assert _data_seqs(js_client, "dead") == data  # data records are another matter
+    assert js_client.run(lambda js: read_tail(js, stream)) == tail

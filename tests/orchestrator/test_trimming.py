@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, get_range
-from fogshift.broker.naming import data_subject, stream_name
+from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import BrokerProcess
 from fogshift.contracts import ElementProgress
@@ -113,7 +113,7 @@ def test_records_below_every_readers_checkpoints_go_once_old(
     # its reader (the sink) having no checkpoint yet (it would read from the start).
     assert _data_seqs(js_client, "p", "source") == source[3:]
     assert _data_seqs(js_client, "p", "aggregate") == seqs["aggregate"]
-    assert orch.registry.trimmed("p") == {"source": 3}
+    assert orch.registry.trimmed("p") == {"source": (3, 0)}
     # What the status counts as the source's output still counts the trimmed records.
     (status,) = orch.status("p")
     assert {e.element: e.events_out for e in status.elements}["source"] == 10
@@ -153,7 +153,7 @@ def test_records_below_every_readers_checkpoints_go_once_old(
     del orch._migrating[("p", "aggregate")]
     _trim(orch)
     assert _data_seqs(js_client, "p", "source") == source[5:]
-    assert orch.registry.trimmed("p") == {"source": 5}
+    assert orch.registry.trimmed("p") == {"source": (5, 0)}
     # A new instance of the reader (promoted, restored: a new epoch) may stand behind its
     # predecessor's checkpoints: nothing more goes until it has one of its own.
     orch.registry.drop_standby("p", "aggregate")
@@ -164,7 +164,7 @@ def test_records_below_every_readers_checkpoints_go_once_old(
     _checkpoints(orch, monkeypatch, {"aggregate": [source[9], source[7]]})
     _trim(orch)
     assert _data_seqs(js_client, "p", "source") == source[7:]
-    assert orch.registry.trimmed("p") == {"source": 7}
+    assert orch.registry.trimmed("p") == {"source": (7, 0)}
     # A fresh deploy starts the count anew.
     orch.registry.put_pipeline(orch.registry.get_pipeline("p").spec, "running")  # type: ignore[union-attr]
     assert orch.registry.trimmed("p") == {}
@@ -178,3 +178,22 @@ def test_a_pipeline_keeping_its_history_for_good_is_never_trimmed(
     _trim(orch)
     assert _data_seqs(js_client, "kept", "source") == seqs["source"]
     assert orch.registry.trimmed("kept") == {}
+
+
+def test_old_dead_letters_go_whoever_reads_the_stream_and_are_still_counted(
+    orch: Orchestrator, js_client: SyncJetStream, tmp_path: Path
+) -> None:
+    _deploy(orch, js_client, tmp_path, "dl", {"history_s": 30})
+    dead = [Record(o, 0, o, 1.0, "sink", json.dumps({"v": o}), "no good") for o in (1, 2, 3)]
+    js_client.run(lambda js: ensure_pe_stream(js, "dl", "sink"))
+    js_client.run(lambda js: publish_records(js, "dl", "sink", dead, epoch=1))
+    stream, subject = stream_name("dl", "sink"), dead_subject("dl", "sink")
+    stored = [m.seq for m in js_client.run(lambda js: get_range(js, stream, subject, 0, 99))]
+    assert len(stored) == 3
+    _trim(orch)  # (no reader has a checkpoint: no data record goes, dead letters do)
+    left = [m.seq for m in js_client.run(lambda js: get_range(js, stream, subject, 0, 99))]
+    assert left == stored[-1:]  # the last stays: its writer's tail
+    assert orch.registry.trimmed("dl") == {"sink": (0, 2)}
+    assert _data_seqs(js_client, "dl", "source") == list(range(1, 11))
+    (status,) = orch.status("dl")
+    assert {e.element: e.dead_letters for e in status.elements}["sink"] == 3
