@@ -1163,6 +1163,9 @@ class PlanView(BaseModel):
         assignments: By ``pipeline/element``.
         error: Why the latest planning round kept the previous plan (``None``: it did not).
         computed_at: When the latest round ran (``None``: never).
+        unknown_nodes: Names the fog topology gives that no node of the cluster has
+            registered with (a typo such as ``fog_a``, or a node not started yet): their
+            capacities and links are left out of the plan until one does.
     """
 
     model_config = _WIRE
@@ -1175,6 +1178,7 @@ class PlanView(BaseModel):
     assignments: dict[str, Assignment] = {}
     error: str | None = None
     computed_at: float | None = None
+    unknown_nodes: list[str] = []
 
 
 ErrorBody.model_rebuild()

@@ -30,6 +30,11 @@ def _show(plan: PlanView, as_json: bool) -> None:
         return
     if plan.error:
         console.print(f"[yellow]planner[/]: {plan.error}")
+    if plan.unknown_nodes:
+        console.print(
+            f"[yellow]topology[/]: no node of the cluster is named {', '.join(plan.unknown_nodes)}"
+            " (a typo, or a node not started yet): left out of the plan until one registers"
+        )
     table = Table("PE", "backup", "redeploy", "recovery ms")
     for key, choice in sorted(plan.assignments.items()):
         recovery = "-" if choice.recovery_ms is None else f"{choice.recovery_ms:.1f}"

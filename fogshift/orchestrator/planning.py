@@ -97,6 +97,11 @@ class FogTopology(BaseModel):
             seen.add(pair)
         return self
 
+    def names(self) -> set[str]:
+        """Every node the file names: in ``nodes``, in ``links`` and as ``central``."""
+        named = {*self.nodes, *(end for link in self.links for end in (link.a, link.b))}
+        return named | ({self.central} if self.central else set())
+
     @classmethod
     def load(cls, path: Path) -> FogTopology:
         """The topology in ``path``, or the defaults when the file does not exist.

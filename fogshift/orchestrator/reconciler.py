@@ -14,7 +14,13 @@ from nats.js.errors import NotFoundError
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import ensure_subjects
 from fogshift.broker.exceptions import BrokerUnavailable
-from fogshift.contracts import ElementProgress, OperationKind, PEState, PipelineState
+from fogshift.contracts import (
+    CheckpointManifest,
+    ElementProgress,
+    OperationKind,
+    PEState,
+    PipelineState,
+)
 from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.migration.procedure import roll_back as run_rollback
@@ -333,12 +339,23 @@ class Reconciler(Coordination):
                     return  # moved or stopped meanwhile
                 here = record.spec.element(element_id).model_copy(update={"node": node.name})
                 if reported is None and not self._hosts(here, pipeline):
-                    # Under an epoch above every one given, fenced first: the newest may be
-                    # another instance's (a restore's target whose last step and discard got
-                    # no answer), which would share it.
-                    log.info("reconcile: starting %s/%s on %s under a new epoch", pipeline,
-                             element_id, node.name)  # fmt: skip
-                    self._restart_fenced(pipeline, here, node.name)
+                    if self._lost(here, pipeline):
+                        # Its node came back without the PE's checkpoints (a wiped or new
+                        # disk): started from nothing, it would read its input from the
+                        # start, past records trimmed since (recovery.history_s), or all
+                        # again. Restored there as on any node: fenced, from the newest
+                        # central checkpoint, reprocessing without emitting.
+                        log.warning("reconcile: %s came back without the checkpoints of "
+                                    "%s/%s: restoring it there from its central checkpoint",
+                                    node.name, pipeline, element_id)  # fmt: skip
+                        self._restore_on(here, pipeline, node.name, [node.name], [])
+                    else:
+                        # Under an epoch above every one given, fenced first: the newest may
+                        # be another instance's (a restore's target whose last step and
+                        # discard got no answer), which would share it.
+                        log.info("reconcile: starting %s/%s on %s under a new epoch",
+                                 pipeline, element_id, node.name)  # fmt: skip
+                        self._restart_fenced(pipeline, here, node.name)
                 else:
                     self._mend(pipeline, here)
         except MigrationInProgress:
@@ -364,6 +381,22 @@ class Reconciler(Coordination):
         except UnknownElement:
             return False
         return True
+
+    def _lost(self, element: ElementSpec, pipeline: str) -> bool:
+        """Whether ``element.node`` lost the PE's checkpoints: it holds no node-level
+        checkpoint of it while the central store holds one (every central checkpoint is
+        a node-level one pulled, so the node had one)."""
+        if self.central.newest(pipeline, element.id) is None:
+            return False
+        try:
+            self.agent(element.node).call(
+                CheckpointManifest,
+                "GET",
+                f"/pipelines/{pipeline}/elements/{element.id}/snapshots/latest",
+            )
+        except UnknownElement:
+            return True
+        return False
 
     def _mend(self, pipeline: str, element: ElementSpec) -> None:
         """The PE's instance on its node (``element.node``) looked stale in the node's last

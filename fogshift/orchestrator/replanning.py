@@ -48,6 +48,7 @@ class Replanning(OrchestratorCore):
         and reports the reason in ``error``.
         """
         fog = FogTopology.load(self.config.topology_file)
+        unknown = sorted(fog.names() - set(self.node_names()))
         live = [n for n in self.registry.nodes() if self.healthy(n) and n.report.ready]
         pes = []
         for record in self.registry.pipelines():
@@ -80,8 +81,9 @@ class Replanning(OrchestratorCore):
             )
         except FogshiftError as exc:
             self.plan = self.plan.model_copy(
-                update={"error": exc.render(), "computed_at": time.time()}
-            )
+                update={"error": exc.render(), "computed_at": time.time(),
+                        "unknown_nodes": unknown}
+            )  # fmt: skip
             return self.plan
         self._topology = topology
         self._central = fog.central_node(self.node_names())
@@ -94,6 +96,7 @@ class Replanning(OrchestratorCore):
                 "assignments": {**kept, **fresh.assignments},
                 "error": None,
                 "computed_at": time.time(),
+                "unknown_nodes": unknown,
             }
         )
         return self.plan

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from tests.conftest import Cluster, group_alive
 from tests.integration.control import kill_orchestrator
 from tests.integration.helpers import (
     FEEDERS,
+    assert_no_older_epoch_after,
     assert_only_new_epochs_after_fence,
     case1_spec,
     finish_and_compare,
@@ -317,6 +319,43 @@ def wait_for_epoch(
             time.sleep(0.2)
     finally:
         client.close()
+
+
+def test_a_node_back_without_its_disk_gets_its_pe_from_the_central_checkpoint(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The aggregate's node dies and comes back (within detect_after_s: nothing is restored
+    # elsewhere) with an empty disk, after the aggregate's oldest input was trimmed: started
+    # from nothing it would read past the trimmed records and fail at its first batch. The
+    # reconciler restores it in place from its newest central checkpoint instead.
+    spec = case1_spec(tmp_path, "wiped", agg_node="fog-b", detect_after_s=600, history_s=1)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("wiped", "sink", 20)
+    wait_trimmed(cluster, "wiped", "source")
+    wait_central(cluster, "wiped", "aggregate")
+    node = cluster.node("fog-b")
+    os.killpg(node["pgid"], signal.SIGKILL)
+    wait_until(lambda: not group_alive(node["pgid"]), 30, describe="fog-b's processes gone")
+    home = cluster.home / "nodes" / "fog-b"
+    for lost in ("checkpoints", "node-checkpoints", "query-locations", "gates", "replicas"):
+        shutil.rmtree(home / lost, ignore_errors=True)
+    assert FEEDERS[tmp_path].feeding, "the input had ended before the node came back"
+    cluster.heal()
+    element = wait_until(
+        lambda: (
+            (e := cluster.element("wiped", "aggregate"))["last_restore"]
+            and e["last_restore"]["status"] == "restored"
+            and e
+        ),
+        180,
+        interval_s=0.5,
+        describe="the aggregate restored on its node",
+    )
+    report = element["last_restore"]
+    assert element["node"] == "fog-b" and report["target"] == "fog-b", element
+    assert report["checkpoint"] is not None and report["epoch"] >= 2, report
+    finish_and_compare(cluster, tmp_path, "wiped")
+    assert_no_older_epoch_after(cluster, "wiped", "aggregate", report["epoch"])
 
 
 def test_restore_target_that_dies_during_the_restore_is_retried_elsewhere(

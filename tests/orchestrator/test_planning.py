@@ -1,4 +1,5 @@
-"""The live planner's inputs and the choice of the nearest checkpoint copy (pure logic)."""
+"""The live planner's inputs and the choice of the nearest checkpoint copy (pure logic), and
+what the orchestrator's app tells of a topology it plans with."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import math
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
+from fogshift.contracts import Heartbeat, PlanView
 from fogshift.exceptions import InvalidInput
 from fogshift.orchestrator.planning import (
     MB_PER_BYTE,
@@ -18,6 +22,7 @@ from fogshift.orchestrator.planning import (
     route_bandwidth,
 )
 from fogshift.planner import plan
+from tests.orchestrator.conftest import OPERATOR
 
 FOG = """
 central: cloud
@@ -143,3 +148,28 @@ def test_an_unreadable_or_invalid_topology_file_is_refused(tmp_path: Path) -> No
         FogTopology.read_text(tmp_path / "bad.yaml")
     (tmp_path / "ok.yaml").write_text("pe_cpu: 5")
     assert FogTopology.read_text(tmp_path / "ok.yaml") == "pe_cpu: 5"
+
+
+def test_a_topology_names_its_nodes_links_and_central() -> None:
+    fog = FogTopology.parse(FOG + "\n")
+    assert fog.names() == {"cloud", "fog-a", "fog-b", "fog-c"}
+    assert FogTopology.parse("central: hub").names() == {"hub"}
+
+
+def test_names_no_node_registered_with_are_told_with_the_plan(app: FastAPI) -> None:
+    # A typo (`fog_a` for `fog-a`) read as a node the cluster does not have: its capacity
+    # and links were left out of the plan without a word. (The orchestrator's app in
+    # process, no background loops.)
+    orchestrator = app.state.orchestrator
+    for name in ("cloud", "fog-a"):
+        orchestrator.heartbeat(name, Heartbeat.model_validate(
+            {"url": "http://127.0.0.1:9", "ready": True, "elements": []}))  # fmt: skip
+    client = TestClient(app, headers={"Authorization": f"Bearer {OPERATOR}"})
+    text = "nodes: {fog_a: {cpu: 50}}\nlinks: [{a: cloud, b: fog-a, bandwidth: 5}]\n"
+    answer = client.put("/topology", content=text, headers={"Content-Type": "text/plain"})
+    assert answer.status_code == 200, answer.text
+    assert PlanView.model_validate(answer.json()).unknown_nodes == ["fog_a"]
+    fixed = text.replace("fog_a", "fog-a")
+    answer = client.put("/topology", content=fixed, headers={"Content-Type": "text/plain"})
+    assert PlanView.model_validate(answer.json()).unknown_nodes == []
+    assert client.get("/plan").json()["unknown_nodes"] == []

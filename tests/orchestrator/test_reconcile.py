@@ -162,3 +162,58 @@ def test_the_input_of_partitions_gets_the_key_state_subjects_an_older_fogshift_l
     finally:
         orch.close()
         admin.close()
+
+
+@pytest.mark.parametrize(
+    ("central", "node_snapshot", "expected"),
+    [
+        (True, False, "restore"),  # the node came back without its disk
+        (True, True, "restart"),  # its own checkpoints are there
+        (False, False, "restart"),  # nothing pulled yet: it starts from its input's start
+    ],
+)
+def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    central: bool,
+    node_snapshot: bool,
+    expected: str,
+) -> None:
+    # The aggregate's node answers again and hosts nothing. Restarted from its own
+    # checkpoint when it holds one; restored in place from the central store when it holds
+    # none (a wiped disk: from nothing it would read its input from the start, past
+    # trimmed records); restarted when nothing was ever pulled.
+    from tests.orchestrator.standin import standins
+
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orch = Orchestrator(config)
+    done: list[tuple[str, ...]] = []
+    monkeypatch.setattr(
+        orch, "_restore_on", lambda e, p, current, candidates, attempts: done.append(
+            ("restore", current, *candidates))
+    )  # fmt: skip
+    monkeypatch.setattr(orch, "_restart_fenced", lambda p, e, node: done.append(("restart", node)))
+    monkeypatch.setattr(
+        orch.central, "newest", lambda p, pe: {"snapshot": "s"} if central else None
+    )
+    here = "/pipelines/p/elements/aggregate"
+    unknown = {"code": "unknown_element", "message": "fog-a does not host p/aggregate"}
+    with standins("fog-a") as agents:
+        agent = agents["fog-a"]
+        agent.answer("GET", here + "/progress", 404, unknown)
+        if not node_snapshot:
+            agent.answer("GET", here + "/snapshots/latest", 404, unknown)
+        else:
+            agent.answer("GET", here + "/snapshots/latest", 200, {
+                "id": "s", "pipeline": "p", "element": "aggregate", "batch": 3,
+                "created": 1.0, "files": {},
+            })  # fmt: skip
+        try:
+            orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+            orch.heartbeat("fog-a", Heartbeat.model_validate(
+                {"url": agent.url, "ready": True, "elements": []}))  # fmt: skip
+            orch._reconcile_element("p", "aggregate")
+        finally:
+            orch.close()
+    assert done == [(expected, "fog-a", "fog-a") if expected == "restore" else (expected, "fog-a")]
