@@ -34,7 +34,15 @@ from fogshift.orchestrator.deployment import Deployment
 from fogshift.orchestrator.registry import NodeRecord, PipelineRecord, StandbyRecord
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.restoration.procedure import RestoreSteps
-from fogshift.restoration.standby import WarmCopy, establish, follow, promote, warm_copy
+from fogshift.restoration.standby import (
+    WarmCopy,
+    first_follow,
+    follow,
+    promote,
+    start_standby,
+    warm_copy,
+    warm_up,
+)
 from fogshift.spec.models import PLANNED_STANDBY, ElementSpec, wants_standby
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -113,7 +121,10 @@ class Standbys(Deployment):
         that may not stay and choose where a missing one goes; outside it, copy the
         primary's checkpoint (a primary that froze during the copy held the section, and
         with it the PE's restore, for a whole request timeout: 2 min); inside again, start
-        the standby from the copy if nothing changed meanwhile (else next round)."""
+        the standby from the copy if nothing changed meanwhile (else next round); outside
+        again, wait until it is warm (seconds, up to two minutes for a node's first stateful
+        query or a large state: a restore meanwhile promotes it as it is); inside again,
+        raise its cap to where the primary has committed, if it is still the standby."""
         key = (pipeline, element_id)
         with self._exclusive(*key, "standby"):
             wanted = self._standby_wanted(pipeline, element_id)
@@ -135,10 +146,42 @@ class Standbys(Deployment):
                              "the PE changed meanwhile (tried again next round)", pipeline,
                              element_id, wanted.primary)  # fmt: skip
                     return
-                self._start_standby(pipeline, element, wanted, copy)
+                epoch = self._start_standby(pipeline, element, wanted, copy)
+            self._warm_standby(pipeline, element, wanted, copy, epoch)
         finally:
             with self._lock:
                 self._standby_copies.discard(key)
+
+    def _warm_standby(
+        self, pipeline: str, element: ElementSpec, wanted: WantedStandby, copy: WarmCopy,
+        epoch: int,
+    ) -> None:  # fmt: skip
+        """Wait, outside the PE's exclusive section, until the standby started under
+        ``epoch`` is warm, then raise its cap inside it if it is still the PE's standby (a
+        restore may have promoted it meanwhile: its gate is then the PE's own). One that
+        does not get warm is dropped, if still the standby."""
+        key = (pipeline, element.id)
+        target = (wanted.target, self.agent(wanted.target))
+
+        def still() -> bool:
+            now = self.registry.standby(pipeline, element.id)
+            return now is not None and (now.node, now.epoch) == (wanted.target, epoch)
+
+        try:
+            warm_up(pipeline, element, target, copy)
+        except FogshiftError:
+            with self._exclusive(*key, "standby"):
+                if still():
+                    self.drop_standby(self.registry.standby(pipeline, element.id))
+            raise
+        with self._exclusive(*key, "standby"):
+            if not still():
+                return  # promoted, dropped or replaced while it warmed up
+            first_follow(pipeline, element, (wanted.primary, self.agent(wanted.primary)), target)
+            took_ms = round((time.perf_counter() - copy.started) * 1000, 1)
+            self.standby_ready_ms[key] = took_ms
+        log.info("standby of %s/%s on %s ready in %.0f ms (%d bytes of state)", pipeline,
+                 element.id, wanted.target, took_ms, len(copy.fetched[0]))  # fmt: skip
 
     def _standby_wanted(self, pipeline: str, element_id: str) -> WantedStandby | None:
         """Inside the PE's exclusive section: drop its standby if it may not stay, and say
@@ -164,24 +207,24 @@ class Standbys(Deployment):
 
     def _start_standby(
         self, pipeline: str, element: ElementSpec, wanted: WantedStandby, copy: WarmCopy
-    ) -> None:
-        """Start the PE's standby where ``wanted`` says, from ``copy``; inside the PE's
-        exclusive section."""
+    ) -> int:
+        """Start the PE's standby where ``wanted`` says, from ``copy``, capped at it; inside
+        the PE's exclusive section. (Its warm-up is waited for outside: :meth:`_warm_standby`.)
+
+        Returns:
+            The standby's epoch.
+        """
         epoch = self.registry.add_standby(pipeline, element.id, wanted.target)
         log.info("starting a standby of %s/%s on %s (epoch %d; the PE runs on %s)",
                  pipeline, element.id, wanted.target, epoch, wanted.primary)  # fmt: skip
         try:
             self.permissions.sync(self.registry)  # it reads the PE's inputs and stream
-            done = establish(
-                pipeline, element, (wanted.primary, self.agent(wanted.primary)),
-                (wanted.target, self.agent(wanted.target)), epoch, copy=copy,
-            )  # fmt: skip
+            start_standby(pipeline, element, (wanted.target, self.agent(wanted.target)), epoch,
+                          copy)  # fmt: skip
         except Exception:  # whatever it left on the target is discarded with it
             self.drop_standby(self.registry.standby(pipeline, element.id))
             raise
-        self.standby_ready_ms[(pipeline, element.id)] = done.took_ms
-        log.info("standby of %s/%s on %s ready in %.0f ms (%d bytes of state)",
-                 pipeline, element.id, wanted.target, done.took_ms, done.state_bytes)  # fmt: skip
+        return epoch
 
     def _standby_sound(
         self, record: PipelineRecord, element: ElementSpec, standby: StandbyRecord

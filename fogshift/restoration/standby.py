@@ -103,7 +103,10 @@ def establish(
     timeout_s: float = 120.0,
     copy: WarmCopy | None = None,
 ) -> Established:
-    """Start a standby of ``element`` on ``standby``'s node, from the primary's checkpoint.
+    """Start a standby of ``element`` on ``standby``'s node, from the primary's checkpoint,
+    and wait until it is warm: :func:`start_standby`, then :func:`warm_up`, then
+    :func:`follow` once (a caller that holds the PE's exclusive section only for the start
+    runs the three itself).
 
     Args:
         epoch: The standby's epoch, newer than the primary's (it writes under it once
@@ -116,10 +119,32 @@ def establish(
         FogshiftError: The copy or the start failed, or the standby did not get warm within
             ``timeout_s``; whatever was started is left for the caller to discard.
     """
-    (_, primary_agent), (name, agent) = primary, standby
+    copy = copy or warm_copy(pipeline, element, primary[1])
+    start_standby(pipeline, element, standby, epoch, copy)
+    warm_up(pipeline, element, standby, copy, timeout_s)
+    first_follow(pipeline, element, primary, standby)
+    return Established(
+        state_bytes=len(copy.fetched[0]),
+        took_ms=round((time.perf_counter() - copy.started) * 1000, 1),
+    )
+
+
+def start_standby(
+    pipeline: str,
+    element: ElementSpec,
+    standby: tuple[str, ServiceClient],
+    epoch: int,
+    copy: WarmCopy,
+) -> None:
+    """Install ``copy`` on ``standby``'s node and start the PE there under ``epoch``, behind
+    a gate capped at the copy's offset (held, for a copy with no batch).
+
+    Raises:
+        FogshiftError: The install or the start was refused; whatever was started is left
+            for the caller to discard.
+    """
+    name, agent = standby
     here = _path(pipeline, element.id)
-    copy = copy or warm_copy(pipeline, element, primary_agent)
-    started = copy.started
     data, digest, info, _ = copy.fetched
     install_checkpoint(agent, here, data, digest)
     gate = Gate(mode=GateMode.CAP, limit=info.offset) if info.offset else Gate(mode=GateMode.HOLD)
@@ -129,20 +154,50 @@ def establish(
         json={"element": placed, "fresh": False, "gate": gate.model_dump(mode="json"),
               "epoch": epoch},
     )  # fmt: skip
+
+
+def warm_up(
+    pipeline: str,
+    element: ElementSpec,
+    standby: tuple[str, ServiceClient],
+    copy: WarmCopy,
+    timeout_s: float = 120.0,
+) -> None:
+    """Wait until the standby started from ``copy`` has re-executed the copy's last batch
+    (its workers up, its state loaded): it runs, warm, at its cap. Only reads the standby:
+    a caller need not hold the PE's exclusive section (a restore meanwhile may promote the
+    standby while it warms up: it then catches up live).
+
+    Raises:
+        RestoreFailed: It did not get there within ``timeout_s``, was fenced, or its node
+            gave up on it.
+    """
+    name, agent = standby
+    info = copy.fetched[2]
     if info.batch is not None:
         what = f"standby of {pipeline}/{element.id} on {name} warming up"
-        wait_for_progress(agent, here, progress_of(info.offset), timeout_s, RestoreFailed, what)
+        wait_for_progress(
+            agent, _path(pipeline, element.id), progress_of(info.offset), timeout_s,
+            RestoreFailed, what,
+        )  # fmt: skip
+
+
+def first_follow(
+    pipeline: str,
+    element: ElementSpec,
+    primary: tuple[str, ServiceClient],
+    standby: tuple[str, ServiceClient],
+) -> None:
+    """Raise a warm standby's cap to where its primary has committed since the copy
+    (:func:`follow`). A primary that does not answer leaves it capped at the copy: it
+    stands — its primary not answering now (its node just died) is what the standby is for;
+    discarded, the PE's restore came from an older central checkpoint instead of promoting
+    it."""
     try:
-        follow(here, primary_agent, agent)
+        follow(_path(pipeline, element.id), primary[1], standby[1])
     except FogshiftError as exc:
-        # Warm and capped at the copy: the standby stands. Its primary not answering now (its
-        # node just died) is what the standby is for; discarded, the PE's restore came from
-        # an older central checkpoint instead of promoting it.
         log.warning("standby of %s/%s on %s is warm but could not follow its primary yet: %s",
-                    pipeline, element.id, name, exc.message)  # fmt: skip
-    return Established(
-        state_bytes=len(data), took_ms=round((time.perf_counter() - started) * 1000, 1)
-    )
+                    pipeline, element.id, standby[0], exc.message)  # fmt: skip
 
 
 def follow(

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
+from fogshift.contracts import OperationKind, RestorePhase
 from fogshift.exceptions import Unavailable
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration import standby as standby_procedure
@@ -120,6 +121,52 @@ def test_the_copy_of_a_primary_for_its_standby_holds_no_section_and_is_dropped_i
     assert len(agents["fog-a"].received("GET", AGG + "/checkpoint")) == 2
     (deploy,) = agents["fog-b"].received("PUT", AGG)
     assert deploy.body["epoch"] == 3
+
+
+def test_a_standby_warms_up_outside_the_pes_section_and_a_promotion_meanwhile_keeps_it_open(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # A warm-up takes seconds, up to two minutes (a node's first stateful query, a large
+    # state): inside the PE's exclusive section it held off the PE's restore as long. A
+    # restore meanwhile promotes the standby as it is; its gate, then the PE's own, is not
+    # capped again when the warm-up ends.
+    serve_warm_copy(agents)
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
+    came, release = agents["fog-b"].hold("GET", AGG + "/progress")
+    keeper = threading.Thread(target=orch.keep_standbys)
+    keeper.start()
+    try:
+        assert came.wait(30)  # started, warming up
+        assert ("p", "aggregate") not in orch._migrating
+        with orch._exclusive("p", "aggregate", "restore"):  # as a promotion does
+            standby = orch.registry.standby("p", "aggregate")
+            assert standby is not None and (standby.node, standby.epoch) == ("fog-b", 2)
+            op = orch.registry.begin_operation(
+                OperationKind.RESTORE, "p", "aggregate", "fog-a", "fog-b", orch.run_id,
+                RestorePhase.STARTING, epoch=standby.epoch,
+            )  # fmt: skip
+            orch.registry.route(op.id, "fog-b")
+            orch.registry.finish(op.id, "restored")
+    finally:
+        release.set()
+        keeper.join(60)
+    assert not keeper.is_alive()
+    assert agents["fog-b"].received("PUT", AGG + "/gate") == []  # not capped again
+    assert ("p", "aggregate") not in orch.standby_ready_ms
+    assert agents["fog-b"].received("DELETE", AGG) == []  # the PE now: never discarded
+
+
+def test_a_standby_that_never_gets_warm_is_dropped(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serve_warm_copy(agents)
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+    # Its node gave up on it: failed with no restart to come.
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 12, state="failed"))
+    orch.keep_standbys()
+    assert orch.registry.standby("p", "aggregate") is None
+    assert agents["fog-b"].received("DELETE", AGG)[0].query == {"discard": "true"}
 
 
 def test_the_follower_raises_the_cap_only_when_the_primary_committed(
