@@ -32,6 +32,14 @@ def test_the_table_names_each_pe_its_nodes_and_the_servers(
     assert "exact plan (optimal, 12 ms)" in out and "fog-a 40/100" in out
 
 
+def test_names_no_node_has_are_told(capsys: pytest.CaptureFixture[str]) -> None:
+    _show(PLAN.model_copy(update={"unknown_nodes": ["fog_a", "hub"]}), as_json=False)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no node of the cluster is named fog_a, hub" in out
+    _show(PLAN, as_json=False)
+    assert "no node of the cluster" not in capsys.readouterr().out
+
+
 def test_json_is_the_plan_as_the_orchestrator_sent_it(capsys: pytest.CaptureFixture[str]) -> None:
     _show(PLAN, as_json=True)
     assert PlanView.model_validate(json.loads(capsys.readouterr().out)) == PLAN
