@@ -1081,6 +1081,14 @@ def dashboard(
     spec_dir: Annotated[
         Path, typer.Option(help="Relative paths of specs deployed from the browser start here.")
     ] = Path("."),
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A DNS name users reach the dashboard by (repeatable); requests naming any "
+            "other host are refused (DNS rebinding). Its address, loopback names and, with "
+            "--host 0.0.0.0, this machine's addresses and host names are served anyway."
+        ),
+    ] = None,
 ) -> None:
     """Serve the web dashboard of the cluster; prints a one-time login URL."""
     from fogshift.web.serve import serve
@@ -1089,7 +1097,7 @@ def dashboard(
         sys.stdout.write(line + "\n")
         sys.stdout.flush()  # the login URL must reach a pipe (a test, `| tee`) at once
 
-    serve(home.resolve(), host, port, spec_dir.resolve(), say)
+    serve(home.resolve(), host, port, spec_dir.resolve(), say, names=tuple(allow_host or ()))
 
 
 @app.command("serve-agent", hidden=True)

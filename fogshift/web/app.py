@@ -10,6 +10,7 @@ and a hint, as the CLI prints them.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import secrets
@@ -75,6 +76,8 @@ M = TypeVar("M", bound=BaseModel)
 HERE = Path(__file__).parent
 #: The names of this machine a loopback dashboard answers to.
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+#: In :attr:`DashboardConfig.allowed_hosts`: a Host that is an IP address is served.
+ANY_ADDRESS = "<any address>"
 #: How long an action's result page can be shown again (a reload), and how many are kept.
 RESULT_TTL_S, RESULTS_KEPT = 600.0, 64
 #: Sent with every page: nothing of it in other sites' frames or referrers, nothing cached.
@@ -221,7 +224,9 @@ class DashboardConfig:
         interval_s: How often the orchestrator is polled for the live parts.
         window_s: How much history the charts keep.
         allowed_hosts: Host names requests may carry (a page of another site that resolves
-            its own name to this machine — DNS rebinding — is refused); ``*`` takes any.
+            its own name to this machine — DNS rebinding — is refused); ``*`` takes any,
+            :data:`ANY_ADDRESS` any IP address (a browser sends one only when it was given
+            one: no other site's name is behind it).
     """
 
     spec_dir: Path
@@ -280,7 +285,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
 
     async def _guarded(request: Request, call_next: Any) -> Response:
         path = request.url.path
-        if "*" not in config.allowed_hosts and _hostname(request) not in config.allowed_hosts:
+        if not _allowed(_hostname(request), config.allowed_hosts):
             return PlainTextResponse("unknown host name", status_code=400)
         if path.startswith("/static/") or path == "/login":
             return await call_next(request)
@@ -800,6 +805,20 @@ def _outcome(err: FogshiftError, title: str) -> dict[str, Any]:
     else:
         context["outcome"] = "Refused: nothing was changed, the pipelines run on."
     return context
+
+
+def _allowed(name: str, allowed: tuple[str, ...]) -> bool:
+    """Whether a request's host ``name`` is one the dashboard serves (``allowed``: see
+    :attr:`DashboardConfig.allowed_hosts`)."""
+    if "*" in allowed or name in allowed:
+        return True
+    if ANY_ADDRESS not in allowed:
+        return False
+    try:
+        ipaddress.ip_address(name[1:-1] if name.startswith("[") else name)
+    except ValueError:
+        return False
+    return True
 
 
 def _hostname(request: Request) -> str:

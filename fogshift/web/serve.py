@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import uvicorn
@@ -12,7 +13,13 @@ import uvicorn
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor.cluster import load_cluster, orchestrator_client
-from fogshift.web.app import LOOPBACK_NAMES, DashboardConfig, Orchestrator, create_app
+from fogshift.web.app import (
+    ANY_ADDRESS,
+    LOOPBACK_NAMES,
+    DashboardConfig,
+    Orchestrator,
+    create_app,
+)
 from fogshift.web.auth import Sessions
 
 
@@ -49,6 +56,41 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: A label of a DNS name: letters, digits and inner hyphens.
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def check_host_name(name: str) -> str:
+    """``name``, a DNS name a user may give the dashboard to be reached by.
+
+    Raises:
+        InvalidInput: It is not one (a URL, a port, a pattern).
+    """
+    labels = name.removesuffix(".").split(".")
+    if not 0 < len(name) <= 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        raise InvalidInput(
+            f"{name!r} is not a host name the dashboard can be reached by",
+            expected="a DNS name: labels of letters, digits and hyphens joined by dots",
+            received=repr(name),
+            hint="give the name alone, such as dashboard.example.org (no scheme, port or *)",
+        )
+    return name
+
+
+def allowed_hosts(host: str, names: Sequence[str] = ()) -> tuple[str, ...]:
+    """The Host names a dashboard listening on ``host`` serves: the loopback names, the
+    address it listens on, and ``names`` (the DNS names users reach it by). Listening on
+    every address (``0.0.0.0``, ``::``), any of this machine's IP addresses and its own host
+    names too — never any name at all: a page of another site whose name its DNS points at
+    this machine (DNS rebinding) would be served, from the user's browser."""
+    own: tuple[str, ...]
+    if host in ("0.0.0.0", "::"):
+        own = (ANY_ADDRESS, socket.gethostname(), socket.getfqdn())
+    else:
+        own = (host, f"[{host}]" if ":" in host else host)
+    return tuple(dict.fromkeys(n for n in (*LOOPBACK_NAMES, *own, *names) if n))
+
+
 def serve(
     home: Path,
     host: str,
@@ -56,23 +98,23 @@ def serve(
     spec_dir: Path,
     say: Callable[[str], None],
     interval_s: float = 1.0,
+    names: Sequence[str] = (),
 ) -> None:
     """Serve until interrupted; ``say`` gets the one-time login URL first.
+
+    Args:
+        names: DNS names users reach the dashboard by (besides its address): see
+            :func:`allowed_hosts`.
 
     Raises:
         FogshiftError: No cluster under ``home`` (its file or token cannot be read), or the
             address cannot be bound.
     """
+    names = tuple(check_host_name(n) for n in names)
     _, token = load_cluster(home)  # refuses a home without a cluster, clearly
     client = orchestrator_client(home)
     sessions = Sessions(operator_token=token)
-    if host in ("0.0.0.0", "::"):  # every address: any name may reach it
-        allowed: tuple[str, ...] = ("*",)
-    else:
-        allowed = tuple(
-            dict.fromkeys((*LOOPBACK_NAMES, host, f"[{host}]" if ":" in host else host))
-        )
-    config = DashboardConfig(spec_dir, interval_s, allowed_hosts=allowed)
+    config = DashboardConfig(spec_dir, interval_s, allowed_hosts=allowed_hosts(host, names))
     app = create_app(Orchestrator(client), sessions, config)
     sock = bind(host, port)
     bound = sock.getsockname()[1]
