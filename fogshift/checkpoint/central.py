@@ -20,6 +20,7 @@ it must resolve inside its folder.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -493,6 +494,13 @@ class CentralStore:
                 continue
             listing.unlink(missing_ok=True)
             dropped = True
+        # What a write cut short by a crash left under its temporary name (a chunk list's,
+        # a manifest's) is never renamed: old ones go, as an unnamed blob does.
+        for tmp in (*self.chunk_lists.glob(".*.tmp"),
+                    *(self.root / "checkpoints").glob("*/*/.*.tmp")):  # fmt: skip
+            with contextlib.suppress(FileNotFoundError):
+                if tmp.stat().st_mtime < horizon:
+                    tmp.unlink()
         if dropped:
             with self._chunk_lock:
                 self._chunk_at = None

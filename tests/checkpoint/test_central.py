@@ -254,6 +254,26 @@ def test_a_collection_at_once_spares_the_files_of_a_put_under_way(tmp_path: Path
     assert whole is not None and whole["batch"] == 2
 
 
+def test_temporary_files_a_crash_left_go_once_old(tmp_path: Path) -> None:
+    # A chunk list's or a manifest's write cut short (the orchestrator killed between the
+    # write and the rename) left its temporary file for good.
+    store = CentralStore(tmp_path / "store")
+    files = {"offsets/1": b"x" * 100}
+    store.put(manifest(1, files), files.__getitem__)
+    folder = next((store.root / "checkpoints").glob("*/*"))
+    left = [store.chunk_lists / ".abc.123.tmp", folder / ".m2.tmp"]
+    for path in left:
+        path.write_text("{")
+    kept = {p.name for p in folder.iterdir()}
+    assert store.collect_garbage(horizon_s=600) == 0
+    assert all(p.exists() for p in left)  # young: a write may be under way
+    assert store.collect_garbage(horizon_s=0) == 0
+    assert not any(p.exists() for p in left)
+    assert {p.name for p in folder.iterdir()} == kept - {".m2.tmp"}
+    whole, _ = store.latest_whole("p", "agg")
+    assert whole is not None and whole["batch"] == 1
+
+
 def test_a_collection_spares_a_file_a_put_begun_during_its_scan_reuses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
