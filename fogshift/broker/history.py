@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from fogshift.broker.client import connection_of, message_since, next_message
 from fogshift.broker.exceptions import BrokerError
@@ -47,14 +48,15 @@ class Trimmed:
 
 
 async def trim_data(
-    js: JetStreamContext, pipeline: str, pe: str, horizon: int, cutoff: float
+    js: JetStreamContext, pipeline: str, pe: str, horizon: float, cutoff: float
 ) -> Trimmed:
     """Delete the data records of ``pe``'s stream at sequences below ``horizon`` that were
     stored before ``cutoff`` (Unix time); never the stream's last data record.
 
     Args:
         horizon: The lowest position of the stream a reader may restart from: the records
-            up to it were read and checkpointed past by every reader.
+            up to it were read and checkpointed past by every reader (``math.inf``: no
+            reader; the age alone counts).
 
     Raises:
         BrokerError: The broker refused the purge.
@@ -86,7 +88,12 @@ async def _bound(
     js: JetStreamContext, stream: str, subject: str, cutoff: float, horizon: float = math.inf
 ) -> int:
     """The sequence the messages on ``subject`` may be trimmed below: those stored before
-    ``cutoff`` and below ``horizon``, never the last one (0: none may go)."""
+    ``cutoff`` and below ``horizon``, never the last one (0: none may go, or the stream is
+    not there)."""
+    try:
+        await js.stream_info(stream)
+    except NotFoundError:
+        return 0  # (not made yet, or removed: nothing to trim)
     oldest = await next_message(js, stream, subject)
     if oldest is None or oldest.stored_at >= cutoff or oldest.seq >= horizon:
         return 0

@@ -14,8 +14,10 @@ counts too.
 Nothing is trimmed from a stream while one of its readers has no central checkpoint of its
 current instance (epoch) yet (a promoted standby or a restored instance may stand behind its
 predecessor's), has a standby not seen following, has a standby's copy being taken, or is
-being migrated or restored; nor from a stream no element of the pipeline reads (its records
-are the pipeline's result: someone outside reads them). Dead letters, which no reader reads,
+being migrated or restored. A stream no element of the pipeline reads (its records are the
+pipeline's result, read from outside if at all) keeps its records ``history_s``, by age
+alone — but a partition's, which nobody reads during a scale until its consumer is given it.
+Dead letters, which no reader reads,
 go once older than ``history_s`` (but each stream's last). Each PE is trimmed inside its
 exclusive section, as a background round (a stop, which holds every section, waits for it;
 an operation someone asked for waits briefly): a pipeline deployed afresh meanwhile is not
@@ -97,9 +99,13 @@ class History(Reconciler):
     def _trim_pipeline(self, record: PipelineRecord, cutoff: float) -> None:
         busy = {op.element for op in self.registry.unfinished() if op.pipeline == record.name}
         for element in record.spec.elements:
-            readers = [e.id for e in record.spec.elements if element.id in e.inputs]
-            if busy.intersection(readers):
-                readers = []  # (its dead letters only: an operation is under way)
+            readers: list[str] | None = [
+                e.id for e in record.spec.elements if element.id in e.inputs
+            ]
+            if busy.intersection(readers or ()) or (not readers and element.partition):
+                # (Its dead letters only: an operation is under way; or a partition nobody
+                # reads yet — a scale adds its consumer's input after starting it.)
+                readers = None
             try:
                 with self._exclusive(record.name, element.id, TRIMMING):
                     self._trim_one(record, element.id, readers, cutoff)
@@ -114,11 +120,11 @@ class History(Reconciler):
                 log.exception("trimming the stream of %s/%s failed", record.name, element.id)
 
     def _trim_one(
-        self, planned: PipelineRecord, pe: str, readers: list[str], cutoff: float
+        self, planned: PipelineRecord, pe: str, readers: list[str] | None, cutoff: float
     ) -> None:
-        """Trim ``pe``'s stream of the records stored before ``cutoff`` that ``readers`` (none:
-        its data records stay) need no more, and of its dead letters stored before it; inside
-        its exclusive section."""
+        """Trim ``pe``'s stream of the records stored before ``cutoff`` that ``readers`` need
+        no more (no reader: every old one but the last; ``None``: its data records stay),
+        and of its dead letters stored before it; inside its exclusive section."""
         pipeline = planned.name
         record = self.registry.get_pipeline(pipeline)
         if (
@@ -131,7 +137,7 @@ class History(Reconciler):
         if dead:
             self.registry.add_trimmed(pipeline, pe, 0, dead)
             log.info("trimmed %d dead letters of %s/%s", dead, pipeline, pe)
-        if not readers or any(
+        if readers is None or any(
             self._in_section(pipeline, r) or self._copying(pipeline, r) for r in readers
         ):
             return
@@ -154,7 +160,10 @@ class History(Reconciler):
                 # (Only this standby's: an entry of one dropped since says nothing of it.)
                 ours = seen is not None and seen.epoch == standby.epoch
                 offsets[reader].append(seen.offset if ours and seen is not None else None)
-        bound = horizon(pe, offsets)
+        # No element reads it: its records are the pipeline's result, read from outside if
+        # at all, and kept history_s like the rest (kept for good, they filled the broker's
+        # disk, and then every append of the pipeline was refused).
+        bound = horizon(pe, offsets) if readers else math.inf
         if bound is None:
             return
         done = self.broker.run(

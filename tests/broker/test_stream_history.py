@@ -137,3 +137,10 @@ def test_old_dead_letters_go_but_the_last(js_client: SyncJetStream) -> None:
     assert left == dead[-1:]
     assert _data_seqs(js_client, "dead") == data  # data records are another matter
     assert js_client.run(lambda js: read_tail(js, stream)) == tail
+
+
+def test_a_stream_that_is_not_there_has_nothing_to_trim(js_client: SyncJetStream) -> None:
+    # (A raw exception and its traceback were logged every round.)
+    later = time.time() + 60
+    assert js_client.run(lambda js: trim_dead(js, "gone", "w", later)) == 0
+    assert js_client.run(lambda js: trim_data(js, "gone", "w", 10, later)) == Trimmed(0, 0)

@@ -197,3 +197,32 @@ def test_old_dead_letters_go_whoever_reads_the_stream_and_are_still_counted(
     assert _data_seqs(js_client, "dl", "source") == list(range(1, 11))
     (status,) = orch.status("dl")
     assert {e.element: e.dead_letters for e in status.elements}["sink"] == 3
+
+
+def test_a_stream_no_element_reads_keeps_its_records_history_s_by_age_alone(
+    orch: Orchestrator, js_client: SyncJetStream, tmp_path: Path
+) -> None:
+    # The pipeline's result (a processor nobody in it reads) was kept for good: a busy
+    # pipeline's result filled the broker's disk, and then every append was refused.
+    # Partitions nobody reads yet (a scale gives their consumer its input after starting
+    # them) stay whole.
+    source, aggregate, _ = SPEC["elements"]
+    parts = {**aggregate, "id": "keyed", "key_by": "sensor", "partitions": ["fog-a", "fog-b"]}
+    del parts["node"]
+    spec = {**SPEC, "pipeline": "end", "recovery": {"history_s": 30},
+            "elements": [source, aggregate, parts]}  # fmt: skip
+    orch.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
+    js_client.run(lambda js: ensure_pe_stream(js, "end", "keyed-p1"))  # (empty)
+    for pe in ("source", "aggregate", "keyed-p0"):
+        records = [Record(o, 0, o, 1.0, pe, json.dumps({"v": o}), None) for o in range(1, 6)]
+        js_client.run(lambda js, p=pe: ensure_pe_stream(js, "end", p))
+        js_client.run(lambda js, p=pe, r=records: publish_records(js, "end", p, r, epoch=1))
+    stored = {pe: _data_seqs(js_client, "end", pe) for pe in ("source", "aggregate", "keyed-p0")}
+    orch.trim_streams()  # nothing is 30 s old yet
+    assert _data_seqs(js_client, "end", "aggregate") == stored["aggregate"]
+    _trim(orch)
+    assert _data_seqs(js_client, "end", "aggregate") == stored["aggregate"][-1:]  # its tail
+    assert _data_seqs(js_client, "end", "keyed-p0") == stored["keyed-p0"]
+    # Read by the aggregate and the partitions, which have no checkpoint yet: whole.
+    assert _data_seqs(js_client, "end", "source") == stored["source"]
+    assert orch.registry.trimmed("end") == {"aggregate": (4, 0)}
