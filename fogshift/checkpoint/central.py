@@ -104,6 +104,9 @@ def check_manifest(
     return manifest
 
 
+#: A temporary file (a chunk list's, a manifest's) this old was left by a write cut short.
+TMP_LEFT_S = 600.0
+
 #: Files of one checkpoint fetched at a time (:meth:`CentralStore.put`).
 FETCH_WORKERS = 8
 
@@ -495,11 +498,13 @@ class CentralStore:
             listing.unlink(missing_ok=True)
             dropped = True
         # What a write cut short by a crash left under its temporary name (a chunk list's,
-        # a manifest's) is never renamed: old ones go, as an unnamed blob does.
+        # a manifest's) is never renamed: it goes once older than any write takes (whatever
+        # ``horizon_s``: a collection at once must not take a put's file before its rename).
+        left_before = time.time() - TMP_LEFT_S
         for tmp in (*self.chunk_lists.glob(".*.tmp"),
                     *(self.root / "checkpoints").glob("*/*/.*.tmp")):  # fmt: skip
             with contextlib.suppress(FileNotFoundError):
-                if tmp.stat().st_mtime < horizon:
+                if tmp.stat().st_mtime < left_before:
                     tmp.unlink()
         if dropped:
             with self._chunk_lock:

@@ -15,6 +15,7 @@ from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import ensure_subjects
 from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.contracts import (
+    LEFT_REPORTED,
     CheckpointManifest,
     ElementProgress,
     OperationKind,
@@ -25,7 +26,7 @@ from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.migration.procedure import roll_back as run_rollback
 from fogshift.orchestrator.coordination import Coordination
-from fogshift.orchestrator.registry import Operation, PipelineRecord
+from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord
 from fogshift.orchestrator.scaling import stale_inputs
 from fogshift.spec.models import ElementSpec
 
@@ -328,6 +329,7 @@ class Reconciler(Coordination):
             failed, after = 0, 0.0  # placed or fenced anew since by someone else
         if time.monotonic() < after:
             return  # its last restart failed: not every round (see RESTART_BACKOFF_MAX_S)
+        promote = False
         try:
             with self._exclusive(pipeline, element_id, "restart"):
                 record = self.registry.get_pipeline(pipeline)
@@ -339,7 +341,11 @@ class Reconciler(Coordination):
                     return  # moved or stopped meanwhile
                 here = record.spec.element(element_id).model_copy(update={"node": node.name})
                 if reported is None and not self._hosts(here, pipeline):
-                    if self._lost(here, pipeline):
+                    lost = self._lost(here, pipeline, node)
+                    standby = self.registry.standby(pipeline, element_id)
+                    if lost and standby and self._ready(self.registry.node(standby.node)):
+                        promote = True  # (a restore, outside this section: see below)
+                    elif lost:
                         # Its node came back without the PE's checkpoints (a wiped or new
                         # disk): started from nothing, it would read its input from the
                         # start, past records trimmed since (recovery.history_s), or all
@@ -369,6 +375,14 @@ class Reconciler(Coordination):
                 self._restart_backoff[key] = (failed + 1, time.monotonic() + wait, epoch,
                                               node.name)  # fmt: skip
             return
+        if promote:
+            # Its node came back without the PE's checkpoints, and its hot standby stands:
+            # promoted (a restore, which falls back to a checkpoint elsewhere).
+            log.warning("reconcile: %s came back without the checkpoints of %s/%s: its "
+                        "standby takes over", node.name, pipeline, element_id)  # fmt: skip
+            with contextlib.suppress(FogshiftError):  # (logged by _exclusive)
+                self.restore(pipeline, element_id)
+            return
         self._restart_backoff.pop(key, None)
 
     def _hosts(self, element: ElementSpec, pipeline: str) -> bool:
@@ -382,12 +396,19 @@ class Reconciler(Coordination):
             return False
         return True
 
-    def _lost(self, element: ElementSpec, pipeline: str) -> bool:
-        """Whether ``element.node`` lost the PE's checkpoints: it holds no node-level
-        checkpoint of it while the central store holds one (every central checkpoint is
-        a node-level one pulled, so the node had one)."""
+    def _lost(self, element: ElementSpec, pipeline: str, node: NodeRecord) -> bool:
+        """Whether ``node`` (``element.node``) lost the PE's checkpoints: the central store
+        holds one (pulled from a node-level one: the PE had one where it ran), while the
+        node's heartbeat lists no checkpoint of it left there (``left``: its checkpoint or
+        node-level snapshots; an install deletes the snapshots, and a node restarted before
+        its next one still has the installed checkpoint) and it answers no node-level one."""
         if self.central.newest(pipeline, element.id) is None:
             return False
+        left = node.report.left
+        if len(left) >= LEFT_REPORTED or any(
+            (c.pipeline, c.element) == (pipeline, element.id) for c in left
+        ):
+            return False  # (a full list does not tell)
         try:
             self.agent(element.node).call(
                 CheckpointManifest,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -62,6 +63,11 @@ class WantedStandby:
     target: str
     epoch: int  # the PE's (a migration or restore since raised it)
     deployed: float  # its pipeline's status change (a fresh deploy since is another history)
+
+
+#: How long the standby keeper, back from a standby's warm-up, waits for the PE's exclusive
+#: section while other rounds hold it (the follower's holds it for two 5-s requests at most).
+STANDBY_TURN_WAIT_S = 15.0
 
 
 def _here(pipeline: str, element: str) -> str:
@@ -169,19 +175,50 @@ class Standbys(Deployment):
 
         try:
             warm_up(pipeline, element, target, copy)
-        except FogshiftError:
-            with self._exclusive(*key, "standby"):
+        except FogshiftError as exc:
+            log.warning("standby of %s/%s on %s did not get warm: %s", pipeline, element.id,
+                        wanted.target, exc.render())  # fmt: skip
+            with contextlib.suppress(MigrationInProgress), self._standby_turn(key):
                 if still():
                     self.drop_standby(self.registry.standby(pipeline, element.id))
+            # (Else the keeper drops it once its node reports it broken, or the promotion
+            # that holds the PE made it the PE.)
             raise
-        with self._exclusive(*key, "standby"):
-            if not still():
-                return  # promoted, dropped or replaced while it warmed up
-            first_follow(pipeline, element, (wanted.primary, self.agent(wanted.primary)), target)
-            took_ms = round((time.perf_counter() - copy.started) * 1000, 1)
-            self.standby_ready_ms[key] = took_ms
+        took_ms = round((time.perf_counter() - copy.started) * 1000, 1)
+        try:
+            with self._standby_turn(key):
+                if not still():
+                    return  # promoted, dropped or replaced while it warmed up
+                first_follow(pipeline, element, (wanted.primary, self.agent(wanted.primary)),
+                             target)  # fmt: skip
+                self.standby_ready_ms[key] = took_ms
+        except MigrationInProgress:
+            return  # (an operation holds the PE: the follower raises the cap if it stands)
         log.info("standby of %s/%s on %s ready in %.0f ms (%d bytes of state)", pipeline,
                  element.id, wanted.target, took_ms, len(copy.fetched[0]))  # fmt: skip
+
+    @contextlib.contextmanager
+    def _standby_turn(self, key: tuple[str, str]) -> Iterator[None]:
+        """The PE's exclusive section for the standby keeper, once free: a background round
+        is refused a section another round holds (the follower's, a few requests long), and
+        the keeper, back from a warm-up outside it, must not drop what it came to do.
+
+        Raises:
+            MigrationInProgress: Still held after :data:`STANDBY_TURN_WAIT_S` (an operation
+                someone asked for, such as the PE's restore, holds it).
+        """
+        deadline = time.monotonic() + STANDBY_TURN_WAIT_S
+        while True:
+            section = contextlib.ExitStack()
+            try:
+                section.enter_context(self._exclusive(*key, "standby"))
+                break
+            except MigrationInProgress:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+        with section:
+            yield
 
     def _standby_wanted(self, pipeline: str, element_id: str) -> WantedStandby | None:
         """Inside the PE's exclusive section: drop its standby if it may not stay, and say

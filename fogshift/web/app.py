@@ -810,6 +810,7 @@ def _outcome(err: FogshiftError, title: str) -> dict[str, Any]:
 def _allowed(name: str, allowed: tuple[str, ...]) -> bool:
     """Whether a request's host ``name`` is one the dashboard serves (``allowed``: see
     :attr:`DashboardConfig.allowed_hosts`)."""
+    name = name.lower().removesuffix(".")
     if "*" in allowed or name in allowed:
         return True
     if ANY_ADDRESS not in allowed:

@@ -88,7 +88,9 @@ def allowed_hosts(host: str, names: Sequence[str] = ()) -> tuple[str, ...]:
         own = (ANY_ADDRESS, socket.gethostname(), socket.getfqdn())
     else:
         own = (host, f"[{host}]" if ":" in host else host)
-    return tuple(dict.fromkeys(n for n in (*LOOPBACK_NAMES, *own, *names) if n))
+    # (Compared as browsers send them: lower case, without a root's trailing dot.)
+    named = (n.lower().removesuffix(".") for n in (*LOOPBACK_NAMES, *own, *names))
+    return tuple(dict.fromkeys(n for n in named if n))
 
 
 def serve(

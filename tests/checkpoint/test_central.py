@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.central import TMP_LEFT_S, CentralStore
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.exceptions import InvalidInput, NotFound
 
@@ -265,9 +265,11 @@ def test_temporary_files_a_crash_left_go_once_old(tmp_path: Path) -> None:
     for path in left:
         path.write_text("{")
     kept = {p.name for p in folder.iterdir()}
-    assert store.collect_garbage(horizon_s=600) == 0
-    assert all(p.exists() for p in left)  # young: a write may be under way
     assert store.collect_garbage(horizon_s=0) == 0
+    assert all(p.exists() for p in left)  # young: a write may be under way (a put's)
+    for path in left:
+        os.utime(path, (time.time() - TMP_LEFT_S - 1,) * 2)
+    assert store.collect_garbage(horizon_s=600) == 0
     assert not any(p.exists() for p in left)
     assert {p.name for p in folder.iterdir()} == kept - {".m2.tmp"}
     whole, _ = store.latest_whole("p", "agg")

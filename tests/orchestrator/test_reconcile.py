@@ -165,11 +165,15 @@ def test_the_input_of_partitions_gets_the_key_state_subjects_an_older_fogshift_l
 
 
 @pytest.mark.parametrize(
-    ("central", "node_snapshot", "expected"),
+    ("central", "node_snapshot", "left", "standby", "expected"),
     [
-        (True, False, "restore"),  # the node came back without its disk
-        (True, True, "restart"),  # its own checkpoints are there
-        (False, False, "restart"),  # nothing pulled yet: it starts from its input's start
+        (True, False, False, False, "restore"),  # the node came back without its disk
+        (True, True, False, False, "restart"),  # its own checkpoints are there
+        # Its heartbeat lists the PE's checkpoint there: an install (a migration's, a
+        # restore's) deleted the snapshots and the node restarted before the next one.
+        (True, False, True, False, "restart"),
+        (False, False, False, False, "restart"),  # nothing pulled: from its input's start
+        (True, False, False, True, "promote"),  # its hot standby stands: it takes over
     ],
 )
 def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
@@ -177,12 +181,14 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
     monkeypatch: pytest.MonkeyPatch,
     central: bool,
     node_snapshot: bool,
+    left: bool,
+    standby: bool,
     expected: str,
 ) -> None:
     # The aggregate's node answers again and hosts nothing. Restarted from its own
     # checkpoint when it holds one; restored in place from the central store when it holds
     # none (a wiped disk: from nothing it would read its input from the start, past
-    # trimmed records); restarted when nothing was ever pulled.
+    # trimmed records), or its standby promoted; restarted when nothing was ever pulled.
     from tests.orchestrator.standin import standins
 
     broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
@@ -194,12 +200,13 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
             ("restore", current, *candidates))
     )  # fmt: skip
     monkeypatch.setattr(orch, "_restart_fenced", lambda p, e, node: done.append(("restart", node)))
+    monkeypatch.setattr(orch, "restore", lambda p, e: done.append(("promote", e)))
     monkeypatch.setattr(
         orch.central, "newest", lambda p, pe: {"snapshot": "s"} if central else None
     )
     here = "/pipelines/p/elements/aggregate"
     unknown = {"code": "unknown_element", "message": "fog-a does not host p/aggregate"}
-    with standins("fog-a") as agents:
+    with standins("fog-a", "fog-b") as agents:
         agent = agents["fog-a"]
         agent.answer("GET", here + "/progress", 404, unknown)
         if not node_snapshot:
@@ -211,9 +218,17 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
             })  # fmt: skip
         try:
             orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+            kept = [{"pipeline": "p", "element": "aggregate"}] if left else []
             orch.heartbeat("fog-a", Heartbeat.model_validate(
-                {"url": agent.url, "ready": True, "elements": []}))  # fmt: skip
+                {"url": agent.url, "ready": True, "elements": [], "left": kept}))  # fmt: skip
+            orch.heartbeat("fog-b", Heartbeat.model_validate(
+                {"url": agents["fog-b"].url, "ready": True, "elements": []}))  # fmt: skip
+            if standby:
+                orch.registry.add_standby("p", "aggregate", "fog-b")
             orch._reconcile_element("p", "aggregate")
         finally:
             orch.close()
-    assert done == [(expected, "fog-a", "fog-a") if expected == "restore" else (expected, "fog-a")]
+    assert done == [
+        {"restore": ("restore", "fog-a", "fog-a"), "promote": ("promote", "aggregate")}.get(
+            expected, (expected, "fog-a"))
+    ]  # fmt: skip

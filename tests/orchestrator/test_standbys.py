@@ -8,6 +8,7 @@ asked; the broker's fence is replaced by a recorder (the integration test fences
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,44 @@ def test_a_standby_warms_up_outside_the_pes_section_and_a_promotion_meanwhile_ke
     assert agents["fog-b"].received("PUT", AGG + "/gate") == []  # not capped again
     assert ("p", "aggregate") not in orch.standby_ready_ms
     assert agents["fog-b"].received("DELETE", AGG) == []  # the PE now: never discarded
+
+
+def test_a_warm_standby_waits_for_the_follower_round_holding_its_pe_then_follows(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # Back from the warm-up, the keeper found the section held by another round (the
+    # follower's, a few requests long): refused at once, it neither raised the cap nor
+    # recorded the standby ready.
+    serve_warm_copy(agents)
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
+    agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 40))
+    came, release = agents["fog-b"].hold("GET", AGG + "/progress")
+    keeper = threading.Thread(target=orch.keep_standbys)
+    keeper.start()
+    held, free = threading.Event(), threading.Event()
+
+    def follower_round() -> None:
+        with orch._exclusive("p", "aggregate", "standby follow"):
+            held.set()
+            free.wait(30)
+
+    follower = threading.Thread(target=follower_round)
+    try:
+        assert came.wait(30)
+        follower.start()
+        assert held.wait(30)
+        release.set()  # warm now: the keeper comes back to a held section
+        time.sleep(0.5)
+        assert agents["fog-b"].received("PUT", AGG + "/gate") == []
+    finally:
+        release.set()
+        free.set()
+        follower.join(30)
+        keeper.join(60)
+    (cap,) = agents["fog-b"].received("PUT", AGG + "/gate")
+    assert cap.body["gate"]["limit"]["positions"] == {"source": 45}
+    assert ("p", "aggregate") in orch.standby_ready_ms
 
 
 def test_a_standby_that_never_gets_warm_is_dropped(

@@ -34,6 +34,11 @@ def test_on_every_address_it_serves_addresses_and_its_own_names_not_any_name(
         assert served(allowed, host, tmp_path), host
     for host in ("evil.example:8765", "10.1.2.3.evil.example", "dash.example.org.evil"):
         assert not served(allowed, host, tmp_path), host
+    # Names as browsers send them: lower case (a Mac's host name has capitals), and a
+    # name with the root's dot is the same name.
+    mixed = allowed_hosts("0.0.0.0", ["Dash.Example.ORG"])
+    for host in ("dash.example.org:8765", "DASH.example.org.", "LocalHost"):
+        assert served(mixed, host, tmp_path), host
 
 
 def test_on_one_address_it_serves_that_address_and_the_names_given(tmp_path: Path) -> None:
