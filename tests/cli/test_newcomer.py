@@ -489,3 +489,15 @@ def test_a_wait_that_cannot_be_waited_is_refused_before_anything_starts(
                                      "--home", str(tmp_path / "home")])  # fmt: skip
     assert result.exit_code == 2 and "--timeout" in result.output
     assert not (tmp_path / "home").exists()
+
+
+def test_a_dashboard_name_that_is_no_dns_name_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    result = real_cli("dashboard", "--home", str(tmp_path), "--host", "0.0.0.0",
+                      "--allow-host", "http://dash.example.org:8765")  # fmt: skip
+    out = flat(result.stdout + result.stderr)
+    assert result.returncode == 2, out
+    assert "is not a host name the dashboard can be reached by" in out
+    assert "DNS name" in out and "no scheme, port or *" in out
+    assert "Traceback" not in out
