@@ -276,12 +276,18 @@ class ReplicaInfo(BaseModel):
 class LeftCheckpoint(BaseModel):
     """A PE a node holds a checkpoint (or node-level snapshots) of but does not run: left by
     an instance removed while its agent was down (a restore moved the PE away from a node
-    that came back with a new agent), or by a migration's target being set up."""
+    that came back with a new agent), or by a migration's target being set up.
+
+    Attributes:
+        partial: Only an unfinished install's copy is there (its agent stopped during
+            the install): nothing a start could resume from.
+    """
 
     model_config = _WIRE
 
     pipeline: str
     element: str
+    partial: bool = False
 
 
 class DroppedReplica(BaseModel):

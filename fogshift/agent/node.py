@@ -752,13 +752,15 @@ class NodeRuntime:
     def left(self) -> list[LeftCheckpoint]:
         """The PEs this node holds a checkpoint or node-level snapshots of without running
         them (for heartbeats, at most :data:`LEFT_REPORTED`): what an instance removed while
-        the agent was down left, for the orchestrator to discard if the PE runs elsewhere."""
+        the agent was down left, for the orchestrator to discard if the PE runs elsewhere.
+        One holding only an unfinished install's copy is ``partial``: nothing to resume."""
         running = set(self._elements)
-        found: list[LeftCheckpoint] = []
+        found: dict[tuple[str, str], bool] = {}  # -> only an unfinished install's copy
         for root in (self.config.home / "checkpoints", self.config.home / "node-checkpoints"):
             for folder in sorted(root.glob("*/*")) if root.is_dir() else ():
                 # (an unfinished install's copy counts for its PE; anything else not named
                 # as a PE is, is not one)
+                incoming = folder.name.endswith(".incoming")
                 key = (folder.parent.name, folder.name.removesuffix(".incoming"))
                 if (
                     key in running
@@ -766,12 +768,11 @@ class NodeRuntime:
                     or not all(NAME_PATTERN.fullmatch(n) for n in key)
                 ):
                     continue
-                entry = LeftCheckpoint(pipeline=key[0], element=key[1])
-                if entry not in found:
-                    found.append(entry)
-                if len(found) == LEFT_REPORTED:
-                    return found
-        return found
+                if key not in found and len(found) == LEFT_REPORTED:
+                    continue
+                found[key] = found.get(key, True) and incoming
+        return [LeftCheckpoint(pipeline=p, element=e, partial=only)
+                for (p, e), only in found.items()]  # fmt: skip
 
     # -- monitor ----------------------------------------------------------------------------
 

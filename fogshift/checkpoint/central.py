@@ -472,11 +472,15 @@ class CentralStore:
             referenced.update(entry["sha256"] for entry in files.values())
         removed = 0
         horizon = time.time() - horizon_s
+        left_before = time.time() - TMP_LEFT_S
         for blob in self.blobs.iterdir():
             if blob.name in referenced:
                 continue
             try:
-                if blob.stat().st_mtime >= horizon:
+                # (A blob being written, under its temporary name, is no put's file by
+                # name: spared until older than any write takes, whatever ``horizon_s``.)
+                writing = blob.name.endswith(".tmp")
+                if blob.stat().st_mtime >= (left_before if writing else horizon):
                     continue
                 # Asked again at the unlink: a put registers its files before it looks at
                 # any, so one that began during the scan (and found this blob there) keeps
@@ -500,7 +504,6 @@ class CentralStore:
         # What a write cut short by a crash left under its temporary name (a chunk list's,
         # a manifest's) is never renamed: it goes once older than any write takes (whatever
         # ``horizon_s``: a collection at once must not take a put's file before its rename).
-        left_before = time.time() - TMP_LEFT_S
         for tmp in (*self.chunk_lists.glob(".*.tmp"),
                     *(self.root / "checkpoints").glob("*/*/.*.tmp")):  # fmt: skip
             with contextlib.suppress(FileNotFoundError):

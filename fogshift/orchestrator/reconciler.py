@@ -28,6 +28,7 @@ from fogshift.migration.procedure import roll_back as run_rollback
 from fogshift.orchestrator.coordination import Coordination
 from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord
 from fogshift.orchestrator.scaling import stale_inputs
+from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -329,7 +330,6 @@ class Reconciler(Coordination):
             failed, after = 0, 0.0  # placed or fenced anew since by someone else
         if time.monotonic() < after:
             return  # its last restart failed: not every round (see RESTART_BACKOFF_MAX_S)
-        promote = False
         try:
             with self._exclusive(pipeline, element_id, "restart"):
                 record = self.registry.get_pipeline(pipeline)
@@ -341,20 +341,8 @@ class Reconciler(Coordination):
                     return  # moved or stopped meanwhile
                 here = record.spec.element(element_id).model_copy(update={"node": node.name})
                 if reported is None and not self._hosts(here, pipeline):
-                    lost = self._lost(here, pipeline, node)
-                    standby = self.registry.standby(pipeline, element_id)
-                    if lost and standby and self._ready(self.registry.node(standby.node)):
-                        promote = True  # (a restore, outside this section: see below)
-                    elif lost:
-                        # Its node came back without the PE's checkpoints (a wiped or new
-                        # disk): started from nothing, it would read its input from the
-                        # start, past records trimmed since (recovery.history_s), or all
-                        # again. Restored there as on any node: fenced, from the newest
-                        # central checkpoint, reprocessing without emitting.
-                        log.warning("reconcile: %s came back without the checkpoints of "
-                                    "%s/%s: restoring it there from its central checkpoint",
-                                    node.name, pipeline, element_id)  # fmt: skip
-                        self._restore_on(here, pipeline, node.name, [node.name], [])
+                    if self._lost(here, pipeline, node):
+                        self._restore_lost(pipeline, here)
                     else:
                         # Under an epoch above every one given, fenced first: the newest may
                         # be another instance's (a restore's target whose last step and
@@ -375,14 +363,6 @@ class Reconciler(Coordination):
                 self._restart_backoff[key] = (failed + 1, time.monotonic() + wait, epoch,
                                               node.name)  # fmt: skip
             return
-        if promote:
-            # Its node came back without the PE's checkpoints, and its hot standby stands:
-            # promoted (a restore, which falls back to a checkpoint elsewhere).
-            log.warning("reconcile: %s came back without the checkpoints of %s/%s: its "
-                        "standby takes over", node.name, pipeline, element_id)  # fmt: skip
-            with contextlib.suppress(FogshiftError):  # (logged by _exclusive)
-                self.restore(pipeline, element_id)
-            return
         self._restart_backoff.pop(key, None)
 
     def _hosts(self, element: ElementSpec, pipeline: str) -> bool:
@@ -396,6 +376,35 @@ class Reconciler(Coordination):
             return False
         return True
 
+    def _restore_lost(self, pipeline: str, element: ElementSpec) -> None:
+        """Bring back a PE whose node (``element.node``, its placement) came back without
+        its checkpoints (a wiped or new disk): started from nothing, it would read its
+        input from the start, past records trimmed since (recovery.history_s), or all
+        again. Its hot standby, if one stands, is promoted; else (or if that fails) it is
+        restored there as on any node: fenced, from the newest central checkpoint,
+        reprocessing without emitting. Inside the PE's exclusive section.
+
+        Raises:
+            FogshiftError: The restore failed (the caller backs off).
+        """
+        node = element.node
+        assert node is not None
+        standby = self.registry.standby(pipeline, element.id)
+        if standby is not None and self._ready(self.registry.node(standby.node)):
+            log.warning("reconcile: %s came back without the checkpoints of %s/%s: its "
+                        "standby on %s takes over", node, pipeline, element.id,
+                        standby.node)  # fmt: skip
+            try:
+                self.promote_standby(element, pipeline, node, standby)
+                return
+            except RestoreFailed as exc:  # (dropped: restored in place instead)
+                log.warning("reconcile: promoting the standby of %s/%s failed: %s", pipeline,
+                            element.id, exc.message)  # fmt: skip
+        log.warning("reconcile: %s came back without the checkpoints of %s/%s: restoring "
+                    "it there from its central checkpoint", node, pipeline,
+                    element.id)  # fmt: skip
+        self._restore_on(element, pipeline, node, [node], [])
+
     def _lost(self, element: ElementSpec, pipeline: str, node: NodeRecord) -> bool:
         """Whether ``node`` (``element.node``) lost the PE's checkpoints: the central store
         holds one (pulled from a node-level one: the PE had one where it ran), while the
@@ -406,7 +415,7 @@ class Reconciler(Coordination):
             return False
         left = node.report.left
         if len(left) >= LEFT_REPORTED or any(
-            (c.pipeline, c.element) == (pipeline, element.id) for c in left
+            (c.pipeline, c.element) == (pipeline, element.id) and not c.partial for c in left
         ):
             return False  # (a full list does not tell)
         try:

@@ -807,10 +807,22 @@ def _outcome(err: FogshiftError, title: str) -> dict[str, Any]:
     return context
 
 
+def canonical_host(name: str) -> str:
+    """``name`` (a Host header's name, or an address or name given to the dashboard) as
+    browsers send it: lower case without the root's trailing dot; an IP address in its
+    compressed form, an IPv6 one in brackets (``[2001:db8::1]``)."""
+    bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        address = ipaddress.ip_address(bare)
+    except ValueError:
+        return name.lower().removesuffix(".")
+    return f"[{address.compressed}]" if address.version == 6 else address.compressed
+
+
 def _allowed(name: str, allowed: tuple[str, ...]) -> bool:
-    """Whether a request's host ``name`` is one the dashboard serves (``allowed``: see
-    :attr:`DashboardConfig.allowed_hosts`)."""
-    name = name.lower().removesuffix(".")
+    """Whether a request's host ``name`` is one the dashboard serves (``allowed``, in
+    :func:`canonical_host` form: see :attr:`DashboardConfig.allowed_hosts`)."""
+    name = canonical_host(name)
     if "*" in allowed or name in allowed:
         return True
     if ANY_ADDRESS not in allowed:

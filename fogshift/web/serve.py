@@ -18,6 +18,7 @@ from fogshift.web.app import (
     LOOPBACK_NAMES,
     DashboardConfig,
     Orchestrator,
+    canonical_host,
     create_app,
 )
 from fogshift.web.auth import Sessions
@@ -83,13 +84,12 @@ def allowed_hosts(host: str, names: Sequence[str] = ()) -> tuple[str, ...]:
     every address (``0.0.0.0``, ``::``), any of this machine's IP addresses and its own host
     names too — never any name at all: a page of another site whose name its DNS points at
     this machine (DNS rebinding) would be served, from the user's browser."""
-    own: tuple[str, ...]
-    if host in ("0.0.0.0", "::"):
-        own = (ANY_ADDRESS, socket.gethostname(), socket.getfqdn())
-    else:
-        own = (host, f"[{host}]" if ":" in host else host)
-    # (Compared as browsers send them: lower case, without a root's trailing dot.)
-    named = (n.lower().removesuffix(".") for n in (*LOOPBACK_NAMES, *own, *names))
+    try:
+        everywhere = ipaddress.ip_address(host).is_unspecified  # 0.0.0.0, ::, 0:0:...:0
+    except ValueError:
+        everywhere = False
+    own = (ANY_ADDRESS, socket.gethostname(), socket.getfqdn()) if everywhere else (host,)
+    named = (canonical_host(n) for n in (*LOOPBACK_NAMES, *own, *names))
     return tuple(dict.fromkeys(n for n in named if n))
 
 

@@ -296,6 +296,13 @@ def test_checkpoints_of_pes_the_node_does_not_run_are_reported(
         ("q", "half"),
         ("p", "old"),
     ]
+    # Only an unfinished install's copy: nothing to resume from (the orchestrator then
+    # takes the node for one without the PE's checkpoints: restored, not started empty).
+    assert {c.element: c.partial for c in runtime.left()} == {
+        "gone": False, "half": True, "old": False,
+    }  # fmt: skip
+    (home / "node-checkpoints" / "q" / "half").mkdir(parents=True)
+    assert {c.element: c.partial for c in runtime.left()}["half"] is False
 
 
 def test_a_start_whose_checkpoint_location_cannot_be_opened_fails_and_is_retried(

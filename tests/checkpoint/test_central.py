@@ -256,12 +256,13 @@ def test_a_collection_at_once_spares_the_files_of_a_put_under_way(tmp_path: Path
 
 def test_temporary_files_a_crash_left_go_once_old(tmp_path: Path) -> None:
     # A chunk list's or a manifest's write cut short (the orchestrator killed between the
-    # write and the rename) left its temporary file for good.
+    # write and the rename) left its temporary file for good; a collection at once (a
+    # dropped replica's) took a blob's being written by a put beside it.
     store = CentralStore(tmp_path / "store")
     files = {"offsets/1": b"x" * 100}
     store.put(manifest(1, files), files.__getitem__)
     folder = next((store.root / "checkpoints").glob("*/*"))
-    left = [store.chunk_lists / ".abc.123.tmp", folder / ".m2.tmp"]
+    left = [store.chunk_lists / ".abc.123.tmp", folder / ".m2.tmp", store.blobs / "ab.12.tmp"]
     for path in left:
         path.write_text("{")
     kept = {p.name for p in folder.iterdir()}
@@ -269,7 +270,7 @@ def test_temporary_files_a_crash_left_go_once_old(tmp_path: Path) -> None:
     assert all(p.exists() for p in left)  # young: a write may be under way (a put's)
     for path in left:
         os.utime(path, (time.time() - TMP_LEFT_S - 1,) * 2)
-    assert store.collect_garbage(horizon_s=600) == 0
+    assert store.collect_garbage(horizon_s=600) == 1  # (the blob's: counted as one)
     assert not any(p.exists() for p in left)
     assert {p.name for p in folder.iterdir()} == kept - {".m2.tmp"}
     whole, _ = store.latest_whole("p", "agg")

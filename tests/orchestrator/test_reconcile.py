@@ -19,6 +19,7 @@ from fogshift.contracts import Heartbeat
 from fogshift.orchestrator import reconciler
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
+from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.spec import parse_spec
 from tests.conftest import answer_json
 from tests.orchestrator.standin import SPEC
@@ -172,8 +173,11 @@ def test_the_input_of_partitions_gets_the_key_state_subjects_an_older_fogshift_l
         # Its heartbeat lists the PE's checkpoint there: an install (a migration's, a
         # restore's) deleted the snapshots and the node restarted before the next one.
         (True, False, True, False, "restart"),
+        # ... but not an unfinished install's copy alone: nothing to resume from.
+        (True, False, "partial", False, "restore"),
         (False, False, False, False, "restart"),  # nothing pulled: from its input's start
         (True, False, False, True, "promote"),  # its hot standby stands: it takes over
+        (True, False, False, "fails", "restore"),  # ... unless that fails: in place then
     ],
 )
 def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
@@ -181,8 +185,8 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
     monkeypatch: pytest.MonkeyPatch,
     central: bool,
     node_snapshot: bool,
-    left: bool,
-    standby: bool,
+    left: bool | str,
+    standby: bool | str,
     expected: str,
 ) -> None:
     # The aggregate's node answers again and hosts nothing. Restarted from its own
@@ -200,7 +204,14 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
             ("restore", current, *candidates))
     )  # fmt: skip
     monkeypatch.setattr(orch, "_restart_fenced", lambda p, e, node: done.append(("restart", node)))
-    monkeypatch.setattr(orch, "restore", lambda p, e: done.append(("promote", e)))
+
+    def promote(element: object, pipeline: str, current: str, standby: object) -> None:
+        done.append(("promote", current))
+        if standby_fails:
+            raise RestoreFailed("the standby is not running under its epoch")
+
+    standby_fails = standby == "fails"
+    monkeypatch.setattr(orch, "promote_standby", promote)
     monkeypatch.setattr(
         orch.central, "newest", lambda p, pe: {"snapshot": "s"} if central else None
     )
@@ -218,7 +229,8 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
             })  # fmt: skip
         try:
             orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
-            kept = [{"pipeline": "p", "element": "aggregate"}] if left else []
+            kept = [{"pipeline": "p", "element": "aggregate", "partial": left == "partial"}]
+            kept = kept if left else []
             orch.heartbeat("fog-a", Heartbeat.model_validate(
                 {"url": agent.url, "ready": True, "elements": [], "left": kept}))  # fmt: skip
             orch.heartbeat("fog-b", Heartbeat.model_validate(
@@ -228,7 +240,8 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
             orch._reconcile_element("p", "aggregate")
         finally:
             orch.close()
-    assert done == [
-        {"restore": ("restore", "fog-a", "fog-a"), "promote": ("promote", "aggregate")}.get(
-            expected, (expected, "fog-a"))
-    ]  # fmt: skip
+    tried = [("promote", "fog-a")] if standby else []
+    if expected == "restore":
+        assert done == [*tried, ("restore", "fog-a", "fog-a")]
+    else:
+        assert done == [(expected, "fog-a")]

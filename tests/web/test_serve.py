@@ -46,7 +46,14 @@ def test_on_one_address_it_serves_that_address_and_the_names_given(tmp_path: Pat
     assert served(allowed, "192.168.7.5:8765", tmp_path)
     assert served(allowed, "fog.lan:8765", tmp_path)
     assert not served(allowed, "10.1.2.3:8765", tmp_path)  # another address: not its own
-    assert allowed_hosts("::1") == ("127.0.0.1", "localhost", "::1", "[::1]")
+    assert allowed_hosts("::1") == ("127.0.0.1", "localhost", "[::1]")
+    # Addresses as browsers write them: compressed (a dashboard on a long-form IPv6
+    # address refused every request but loopback's), and every unspecified form is every
+    # address.
+    assert served(allowed_hosts("2001:db8:0:0::1"), "[2001:db8::1]:8765", tmp_path)
+    assert served(allowed_hosts("2001:db8:0:0::1"), "[2001:DB8::1]:8765", tmp_path)
+    assert served(allowed_hosts("0:0:0:0:0:0:0:0"), "10.1.2.3:8765", tmp_path)
+    assert not served(allowed_hosts("0:0:0:0:0:0:0:0"), "evil.example", tmp_path)
 
 
 @pytest.mark.parametrize(
