@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,28 @@ def serve_warm_copy(agents: dict[str, StandIn]) -> None:
     info = '{"batch": 3, "offset": ' + str(OFFSET).replace("'", '"') + "}"
     agents["fog-a"].answer("GET", AGG + "/checkpoint", content=b"tarball",
                            headers={INFO_HEADER: info, SHA_HEADER: "abc"})  # fmt: skip
+
+
+@contextmanager
+def keeper_held(
+    orch: Orchestrator, agents: dict[str, StandIn], node: str, path: str, standby_epoch: int
+) -> Iterator[threading.Event]:
+    """``keep_standbys`` in a thread, fog-a's aggregate answering its warm copy, fog-b's its
+    progress under ``standby_epoch``; ``node``'s answers to ``GET path`` held until the
+    block ends (or the event it yields, once they came, is set)."""
+    serve_warm_copy(agents)
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(standby_epoch, 40))
+    came, release = agents[node].hold("GET", path)
+    keeper = threading.Thread(target=orch.keep_standbys)
+    keeper.start()
+    try:
+        assert came.wait(30)
+        yield release
+    finally:
+        release.set()
+        keeper.join(60)
+    assert not keeper.is_alive()
 
 
 def test_a_standby_starts_from_a_warm_copy_capped_under_a_newer_epoch(
@@ -97,21 +120,11 @@ def test_the_copy_of_a_primary_for_its_standby_holds_no_section_and_is_dropped_i
 ) -> None:
     # The copy is a read of the primary: a primary that freezes during it must not hold
     # the PE's exclusive section (its restore waited for the copy's request timeout).
-    serve_warm_copy(agents)
-    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
-    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(3, 40))
-    came, release = agents["fog-a"].hold("GET", AGG + "/checkpoint")
-    keeper = threading.Thread(target=orch.keep_standbys)
-    keeper.start()
-    try:
-        assert came.wait(30)
+    with keeper_held(orch, agents, "fog-a", AGG + "/checkpoint", 3):
         assert ("p", "aggregate") not in orch._migrating  # free while the copy is taken
         with orch._exclusive("p", "aggregate", "migration"):
             # A migration (or restore) meanwhile: the copy is of the PE before it.
             orch.registry.next_epoch("p", "aggregate")
-    finally:
-        release.set()
-        keeper.join(60)
     assert orch.registry.standby("p", "aggregate") is None
     assert agents["fog-b"].received("PUT", AGG) == []  # nothing started from the old copy
     # The next round copies the PE as it is now and starts its standby.
@@ -131,14 +144,7 @@ def test_a_standby_warms_up_outside_the_pes_section_and_a_promotion_meanwhile_ke
     # state): inside the PE's exclusive section it held off the PE's restore as long. A
     # restore meanwhile promotes the standby as it is; its gate, then the PE's own, is not
     # capped again when the warm-up ends.
-    serve_warm_copy(agents)
-    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
-    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
-    came, release = agents["fog-b"].hold("GET", AGG + "/progress")
-    keeper = threading.Thread(target=orch.keep_standbys)
-    keeper.start()
-    try:
-        assert came.wait(30)  # started, warming up
+    with keeper_held(orch, agents, "fog-b", AGG + "/progress", 2):  # started, warming up
         assert ("p", "aggregate") not in orch._migrating
         with orch._exclusive("p", "aggregate", "restore"):  # as a promotion does
             standby = orch.registry.standby("p", "aggregate")
@@ -149,10 +155,6 @@ def test_a_standby_warms_up_outside_the_pes_section_and_a_promotion_meanwhile_ke
             )  # fmt: skip
             orch.registry.route(op.id, "fog-b")
             orch.registry.finish(op.id, "restored")
-    finally:
-        release.set()
-        keeper.join(60)
-    assert not keeper.is_alive()
     assert agents["fog-b"].received("PUT", AGG + "/gate") == []  # not capped again
     assert ("p", "aggregate") not in orch.standby_ready_ms
     assert agents["fog-b"].received("DELETE", AGG) == []  # the PE now: never discarded
@@ -164,13 +166,7 @@ def test_a_warm_standby_waits_for_the_follower_round_holding_its_pe_then_follows
     # Back from the warm-up, the keeper found the section held by another round (the
     # follower's, a few requests long): refused at once, it neither raised the cap nor
     # recorded the standby ready.
-    serve_warm_copy(agents)
-    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
-    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
     agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 40))
-    came, release = agents["fog-b"].hold("GET", AGG + "/progress")
-    keeper = threading.Thread(target=orch.keep_standbys)
-    keeper.start()
     held, free = threading.Event(), threading.Event()
 
     def follower_round() -> None:
@@ -180,17 +176,16 @@ def test_a_warm_standby_waits_for_the_follower_round_holding_its_pe_then_follows
 
     follower = threading.Thread(target=follower_round)
     try:
-        assert came.wait(30)
-        follower.start()
-        assert held.wait(30)
-        release.set()  # warm now: the keeper comes back to a held section
-        time.sleep(0.5)
-        assert agents["fog-b"].received("PUT", AGG + "/gate") == []
+        with keeper_held(orch, agents, "fog-b", AGG + "/progress", 2) as release:
+            follower.start()
+            assert held.wait(30)
+            release.set()  # warm now: the keeper comes back to a held section
+            time.sleep(0.5)
+            assert agents["fog-b"].received("PUT", AGG + "/gate") == []
+            free.set()
     finally:
-        release.set()
         free.set()
         follower.join(30)
-        keeper.join(60)
     (cap,) = agents["fog-b"].received("PUT", AGG + "/gate")
     assert cap.body["gate"]["limit"]["positions"] == {"source": 45}
     assert ("p", "aggregate") in orch.standby_ready_ms
