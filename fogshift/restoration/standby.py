@@ -59,20 +59,6 @@ def _path(pipeline: str, element: str) -> str:
 
 
 @dataclass(frozen=True)
-class Established:
-    """What :func:`establish` did.
-
-    Attributes:
-        state_bytes: The size of the checkpoint copied to the standby's node.
-        took_ms: From the copy's start until the standby had re-executed the copy's last
-            batch (workers up, state loaded) and followed the primary once.
-    """
-
-    state_bytes: int
-    took_ms: float
-
-
-@dataclass(frozen=True)
 class WarmCopy:
     """A primary's checkpoint taken for its standby (:func:`warm_copy`)."""
 
@@ -82,9 +68,10 @@ class WarmCopy:
 
 def warm_copy(pipeline: str, element: ElementSpec, primary: ServiceClient) -> WarmCopy:
     """The primary's checkpoint, taken from its running query without pausing it: the first
-    half of :func:`establish`, which needs nothing of the PE but a read of its primary — so
-    the caller runs it outside the PE's exclusive section (a primary that freezes during
-    the copy would hold the section, and with it the PE's restore, for a whole request
+    step of a standby's start (then :func:`start_standby`, :func:`warm_up`,
+    :func:`first_follow`), which needs nothing of the PE but a read of its primary — so the
+    caller runs it outside the PE's exclusive section (a primary that freezes during the
+    copy would hold the section, and with it the PE's restore, for a whole request
     timeout).
 
     Raises:
@@ -92,41 +79,6 @@ def warm_copy(pipeline: str, element: ElementSpec, primary: ServiceClient) -> Wa
     """
     started = time.perf_counter()
     return WarmCopy(fetch_checkpoint(primary, _path(pipeline, element.id), warm=True), started)
-
-
-def establish(
-    pipeline: str,
-    element: ElementSpec,
-    primary: tuple[str, ServiceClient],
-    standby: tuple[str, ServiceClient],
-    epoch: int,
-    timeout_s: float = 120.0,
-    copy: WarmCopy | None = None,
-) -> Established:
-    """Start a standby of ``element`` on ``standby``'s node, from the primary's checkpoint,
-    and wait until it is warm: :func:`start_standby`, then :func:`warm_up`, then
-    :func:`follow` once (a caller that holds the PE's exclusive section only for the start
-    runs the three itself).
-
-    Args:
-        epoch: The standby's epoch, newer than the primary's (it writes under it once
-            promoted).
-        copy: The primary's checkpoint, if :func:`warm_copy` took it already (any copy of
-            the primary's running history serves: the standby re-derives from it without
-            emitting, and its cap is raised from there); else it is taken here.
-
-    Raises:
-        FogshiftError: The copy or the start failed, or the standby did not get warm within
-            ``timeout_s``; whatever was started is left for the caller to discard.
-    """
-    copy = copy or warm_copy(pipeline, element, primary[1])
-    start_standby(pipeline, element, standby, epoch, copy)
-    warm_up(pipeline, element, standby, copy, timeout_s)
-    first_follow(pipeline, element, primary, standby)
-    return Established(
-        state_bytes=len(copy.fetched[0]),
-        took_ms=round((time.perf_counter() - copy.started) * 1000, 1),
-    )
 
 
 def start_standby(
