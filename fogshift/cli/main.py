@@ -185,6 +185,7 @@ def up(
         list[str] | None,
         typer.Option(
             "--link",
+            metavar="NODE=PROFILE",
             help="NODE=PROFILE (repeatable; *=PROFILE for every node): bandwidth and/or "
             "one-way delay of an isolated node's link, e.g. fog-a=10mbit,n100; delays n0, "
             "n100 (100±10 ms), n500 (500±50 ms) or normal:MEAN:SD (ms).",
@@ -1084,9 +1085,10 @@ def dashboard(
     allow_host: Annotated[
         list[str] | None,
         typer.Option(
+            metavar="NAME",
             help="A DNS name users reach the dashboard by (repeatable); requests naming any "
             "other host are refused (DNS rebinding). Its address, loopback names and, with "
-            "--host 0.0.0.0, this machine's addresses and host names are served anyway."
+            "--host 0.0.0.0, this machine's addresses and host names are served anyway.",
         ),
     ] = None,
 ) -> None:
