@@ -21,6 +21,8 @@ from fogshift.contracts import (
     OperationKind,
     PEState,
     PipelineState,
+    RestoreAttempt,
+    RestoreReport,
 )
 from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationInProgress
@@ -389,6 +391,7 @@ class Reconciler(Coordination):
         """
         node = element.node
         assert node is not None
+        attempts: list[RestoreAttempt] = []  # (a failed promotion: in the report, as restore's)
         standby = self.registry.standby(pipeline, element.id)
         if standby is not None and self._ready(self.registry.node(standby.node)):
             log.warning("reconcile: %s came back without the checkpoints of %s/%s: its "
@@ -400,10 +403,13 @@ class Reconciler(Coordination):
             except RestoreFailed as exc:  # (dropped: restored in place instead)
                 log.warning("reconcile: promoting the standby of %s/%s failed: %s", pipeline,
                             element.id, exc.message)  # fmt: skip
+                fenced = exc.report.epoch if isinstance(exc.report, RestoreReport) else 0
+                attempts.append(RestoreAttempt(node=standby.node, epoch=fenced or None,
+                                               error=exc.message))  # fmt: skip
         log.warning("reconcile: %s came back without the checkpoints of %s/%s: restoring "
                     "it there from its central checkpoint", node, pipeline,
                     element.id)  # fmt: skip
-        self._restore_on(element, pipeline, node, [node], [])
+        self._restore_on(element, pipeline, node, [node], attempts)
 
     def _lost(self, element: ElementSpec, pipeline: str, node: NodeRecord) -> bool:
         """Whether ``node`` (``element.node``) lost the PE's checkpoints: the central store

@@ -201,7 +201,7 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
     done: list[tuple[str, ...]] = []
     monkeypatch.setattr(
         orch, "_restore_on", lambda e, p, current, candidates, attempts: done.append(
-            ("restore", current, *candidates))
+            ("restore", current, *candidates, *(a.node for a in attempts)))
     )  # fmt: skip
     monkeypatch.setattr(orch, "_restart_fenced", lambda p, e, node: done.append(("restart", node)))
 
@@ -242,6 +242,8 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
             orch.close()
     tried = [("promote", "fog-a")] if standby else []
     if expected == "restore":
-        assert done == [*tried, ("restore", "fog-a", "fog-a")]
+        # (A failed promotion is the restore's first attempt in its report.)
+        failed = ("fog-b",) if standby == "fails" else ()
+        assert done == [*tried, ("restore", "fog-a", "fog-a", *failed)]
     else:
         assert done == [(expected, "fog-a")]
