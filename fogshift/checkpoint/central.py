@@ -104,7 +104,8 @@ def check_manifest(
     return manifest
 
 
-#: A temporary file (a chunk list's, a manifest's) this old was left by a write cut short.
+#: A temporary file (a blob's, a chunk list's, a manifest's) this old was left by a write
+#: cut short (younger, a write may be under way).
 TMP_LEFT_S = 600.0
 
 #: Files of one checkpoint fetched at a time (:meth:`CentralStore.put`).

@@ -17,11 +17,10 @@ predecessor's), has a standby not seen following, has a standby's copy being tak
 being migrated or restored. A stream no element of the pipeline reads (its records are the
 pipeline's result, read from outside if at all) keeps its records ``history_s``, by age
 alone — but a partition's, which nobody reads during a scale until its consumer is given it.
-Dead letters, which no reader reads,
-go once older than ``history_s`` (but each stream's last). Each PE is trimmed inside its
-exclusive section, as a background round (a stop, which holds every section, waits for it;
-an operation someone asked for waits briefly): a pipeline deployed afresh meanwhile is not
-trimmed from the positions of the run before.
+Dead letters, which no reader reads, go once older than ``history_s`` (but each stream's
+last). Each PE is trimmed inside its exclusive section, as a background round (a stop,
+which holds every section, waits for it; an operation someone asked for waits briefly): a
+pipeline deployed afresh meanwhile is not trimmed from the positions of the run before.
 """
 
 from __future__ import annotations
