@@ -224,9 +224,9 @@ class DashboardConfig:
         interval_s: How often the orchestrator is polled for the live parts.
         window_s: How much history the charts keep.
         allowed_hosts: Host names requests may carry (a page of another site that resolves
-            its own name to this machine — DNS rebinding — is refused); ``*`` takes any,
-            :data:`ANY_ADDRESS` any IP address (a browser sends one only when it was given
-            one: no other site's name is behind it).
+            its own name to this machine — DNS rebinding — is refused), in
+            :func:`canonical_host` form; :data:`ANY_ADDRESS` takes any IP address (a browser
+            sends one only when it was given one: no other site's name is behind it).
     """
 
     spec_dir: Path
@@ -807,31 +807,31 @@ def _outcome(err: FogshiftError, title: str) -> dict[str, Any]:
     return context
 
 
+def _address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address ``name`` is (an IPv6 one with or without brackets), if it is one."""
+    bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        return ipaddress.ip_address(bare)
+    except ValueError:
+        return None
+
+
 def canonical_host(name: str) -> str:
     """``name`` (a Host header's name, or an address or name given to the dashboard) as
     browsers send it: lower case without the root's trailing dot; an IP address in its
     compressed form, an IPv6 one in brackets (``[2001:db8::1]``)."""
-    bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
-    try:
-        address = ipaddress.ip_address(bare)
-    except ValueError:
+    address = _address(name)
+    if address is None:
         return name.lower().removesuffix(".")
     return f"[{address.compressed}]" if address.version == 6 else address.compressed
 
 
 def _allowed(name: str, allowed: tuple[str, ...]) -> bool:
-    """Whether a request's host ``name`` is one the dashboard serves (``allowed``, in
-    :func:`canonical_host` form: see :attr:`DashboardConfig.allowed_hosts`)."""
-    name = canonical_host(name)
-    if "*" in allowed or name in allowed:
+    """Whether a request's host ``name`` is one the dashboard serves (``allowed``: see
+    :attr:`DashboardConfig.allowed_hosts`)."""
+    if canonical_host(name) in allowed:
         return True
-    if ANY_ADDRESS not in allowed:
-        return False
-    try:
-        ipaddress.ip_address(name[1:-1] if name.startswith("[") else name)
-    except ValueError:
-        return False
-    return True
+    return ANY_ADDRESS in allowed and _address(name) is not None
 
 
 def _hostname(request: Request) -> str:
