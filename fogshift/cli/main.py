@@ -24,6 +24,7 @@ from rich.text import Text
 from fogshift.agent.config import AgentConfig
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
+from fogshift.cli.net import Home
 from fogshift.cli.topology import topology_app
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.settings import check_environment, check_value
@@ -70,10 +71,6 @@ console = Console()
 M = TypeVar("M", bound=BaseModel)
 err_console = Console(stderr=True)
 
-Home = Annotated[
-    Path,
-    typer.Option("--home", envvar="FOGSHIFT_HOME", help="Folder of the local cluster's state."),
-]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fogshift.exceptions import InvalidInput
 from fogshift.supervisor import cluster as cluster_ops
 
 app = typer.Typer(
@@ -24,10 +25,36 @@ app = typer.Typer(
 )
 console = Console()
 
-# The same options as the main app's (defined here too: main imports this module).
+
+def usable_home(home: Path) -> Path:
+    """``--home`` if the OS will look it up (``Path.exists`` raises for anything but a
+    missing file: a name over 255 bytes gave every command a traceback).
+
+    Raises:
+        InvalidInput: It cannot be looked up.
+    """
+    try:
+        home.exists()
+    except OSError as exc:
+        raise InvalidInput(
+            f"--home {str(home)[:200]!r} cannot be used: {exc.strerror or exc}",
+            expected="a folder path the OS accepts (names of at most 255 bytes, 4096 in all) "
+            "in folders this user may search",
+            received=f"{type(exc).__name__}: {exc.strerror or exc} ({len(str(home))} characters)",
+            hint="pass the --home `fogshift up` was started with (the default is .fogshift)",
+        ) from None
+    return home
+
+
+# The main app's too (it imports this module).
 Home = Annotated[
     Path,
-    typer.Option("--home", envvar="FOGSHIFT_HOME", help="Folder of the local cluster's state."),
+    typer.Option(
+        "--home",
+        envvar="FOGSHIFT_HOME",
+        help="Folder of the local cluster's state.",
+        callback=usable_home,
+    ),
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 Node = Annotated[str, typer.Argument(help="The isolated node.")]

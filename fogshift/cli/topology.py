@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fogshift.cli.net import Home
 from fogshift.contracts import PlanView
 from fogshift.orchestrator.planning import FogTopology
 from fogshift.supervisor import cluster as cluster_ops
@@ -20,7 +21,6 @@ topology_app = typer.Typer(
 )
 console = Console()
 
-Home = Annotated[Path, typer.Option(envvar="FOGSHIFT_HOME", help="The cluster's home folder.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 

@@ -23,7 +23,8 @@ from fogshift.common.exceptions import InvalidName, PathEscape
 #: (``broker.naming``), hence no '.', '*' or '>'; the spec, the broker and the supervisor all
 #: take the pattern from here, the lowest layer that needs it.
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
-#: :data:`NAME_RE` compiled (``NAME_PATTERN.match(name)``).
+#: :data:`NAME_RE` compiled (``NAME_PATTERN.fullmatch(name)``: ``$`` also matches before a
+#: final newline).
 NAME_PATTERN = re.compile(NAME_RE)
 #: Snapshot and checkpoint ids: ``b`` and the batch number (``checkpoint.store.snapshot_id``).
 SNAPSHOT_RE = r"^b[0-9]{12,19}$"

@@ -14,8 +14,10 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fogshift.common.exceptions import InvalidName
@@ -159,14 +161,48 @@ def operator_only(token: str) -> Access:
     return access
 
 
+def _query_names(dependant: Dependant) -> set[str]:
+    """The query parameters a route takes: its own and its dependencies'."""
+    names = {field.alias for field in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+class StrictQueryRoute(APIRoute):
+    """A route that refuses query parameters it does not take (FastAPI ignores them: a
+    misspelt ``?taget=fog-b`` of a restore went unseen, and the restore went where the
+    orchestrator chose)."""
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        handler = super().get_route_handler()
+        taken = sorted(_query_names(self.dependant))
+
+        async def strict(request: Request) -> Any:
+            unknown = sorted(set(request.query_params) - set(taken))
+            if unknown:
+                raise InvalidInput(
+                    f"{request.method} {request.url.path} takes no query parameter "
+                    + ", ".join(repr(name) for name in unknown),
+                    expected=("one of " + ", ".join(taken)) if taken else "no query parameters",
+                    received=", ".join(unknown),
+                    hint="the schema (GET /openapi.json, or /docs) gives every parameter",
+                )
+            return await handler(request)
+
+        return strict
+
+
 def install_error_handlers(app: FastAPI, access: str | Access) -> None:
-    """Check the bearer token of every request and map errors to JSON responses.
+    """Check the bearer token of every request and map errors to JSON responses; the routes
+    added afterwards refuse query parameters they do not take (:class:`StrictQueryRoute`).
 
     Args:
         access: The policy (see :data:`Access`); a plain token means "exactly this token,
             on every endpoint".
     """
     decide = operator_only(access) if isinstance(access, str) else access
+    app.router.route_class = StrictQueryRoute
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Callable[[Request], Any]) -> Any:
@@ -210,6 +246,11 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
             f"{'.'.join(map(str, e['loc']))}: {said(e)}" for e in errors
         )
         received = repr(first.get("input"))[:200]
+        if first.get("type") == "json_invalid":
+            # (FastAPI gives an empty dict as the "input" of a body that is not JSON.)
+            body = exc.body if isinstance(exc.body, (str, bytes)) else ""
+            text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+            received = f"{text[:80]!r}: {first.get('ctx', {}).get('error', 'not JSON')}"
         expected = [f"{e['loc'][-1]}: {EXPECTED[e['ctx']['pattern']]}" for e in named]
         if expected:
             err: FogshiftError = (InvalidInput if len(groups) == len(named) else InvalidName)(
@@ -238,12 +279,26 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
         what = f"{request.method} {request.url.path}"
         schema = "the schema (GET /openapi.json, or /docs)"
         err: FogshiftError
-        if exc.status_code == 404:
+        status = exc.status_code
+        if status == 404:
             err = NotFound(f"no endpoint {what}", hint=f"{schema} lists the endpoints")
+        elif status == 400:
+            # A body FastAPI could not parse although it is JSON by its syntax (an integer
+            # of more than 4300 digits, nesting deeper than Python recurses): refused as any
+            # bad body is.
+            status = 422
+            size = request.headers.get("content-length", "an unknown number of")
+            err = InvalidInput(
+                f"{what}: {exc.detail}",
+                expected="a JSON body as the schema gives it (integers of at most 4300 "
+                "digits, a few levels of nesting)",
+                received=f"a body of {size} bytes that could not be read as one",
+                hint=f"{schema} gives every body",
+            )
         else:
             err = InvalidInput(f"{what}: {exc.detail}", hint=f"{schema} gives their methods")
         # (A 405's Allow header names the methods the path takes.)
-        return JSONResponse(err.to_dict(), status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(err.to_dict(), status_code=status, headers=exc.headers)
 
 
 #: The error answers every endpoint may give, for the OpenAPI schema (``responses=``).

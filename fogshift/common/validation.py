@@ -33,6 +33,7 @@ _EXPECTED = {
     "bool_type": "true or false",
     "bool_parsing": "true or false",
     "finite_number": "a finite number",
+    "json_invalid": "a JSON document",
 }
 
 

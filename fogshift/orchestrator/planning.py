@@ -144,7 +144,13 @@ class FogTopology(BaseModel):
         try:
             data = load_yaml(text) or {}
         except yaml.YAMLError as exc:
-            raise InvalidInput(f"fog topology {source} is not valid YAML: {exc}") from None
+            raise InvalidInput(
+                f"fog topology {source} is not valid YAML: {exc}",
+                expected="a YAML mapping with `nodes` and `links`, each key once, without "
+                "anchors or aliases",
+                received=f"{len(text)} characters",
+                hint="`fogshift topology show` prints a valid one; check the line named above",
+            ) from None
         except RecursionError:
             raise InvalidInput(
                 f"fog topology {source} nests too deep to read",

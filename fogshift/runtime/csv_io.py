@@ -29,8 +29,8 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from fogshift.broker.publish import Record, publish_records
 from fogshift.common.gate import read_gate
 from fogshift.events import (
     DEFAULT_MAX_RECORD_BYTES,
+    NOT_AN_EVENT,
     dump_body,
     fit_dead_letter,
     load_body,
@@ -321,6 +322,9 @@ class SinkRows(WriterCommitMessage):
     """Rows of one write task, handed to the driver, which appends them."""
 
     rows: list[SinkRow]
+    #: The origins of the rows that are no events (a message on the input's subject no PE
+    #: wrote: :data:`~fogshift.events.NOT_AN_EVENT`), dead-lettered instead of written.
+    not_events: list[int] = field(default_factory=list)
 
 
 class CsvSinkDataSource(DataSource):
@@ -390,6 +394,7 @@ def append_exactly_once(
     on_refused: Callable[[list[tuple[SinkRow, str]]], None] | None = None,
     epoch: int = 0,
     owner: str = "",
+    not_events: Collection[int] = (),
 ) -> int:
     """Append under the file's lock; see :func:`_append`."""
     target = Path(path)
@@ -411,7 +416,7 @@ def append_exactly_once(
                         "tried again",
                     ) from None
                 time.sleep(0.05)
-        return _append(target, rows, on_refused, epoch, owner)
+        return _append(target, rows, on_refused, epoch, owner, frozenset(not_events))
 
 
 def _append(
@@ -420,6 +425,7 @@ def _append(
     on_refused: Callable[[list[tuple[SinkRow, str]]], None] | None,
     epoch: int,
     owner: str,
+    not_events: frozenset[int] = frozenset(),
 ) -> int:
     """Append rows ``(origin, seq, timestamp, body_json)`` not yet in the file.
 
@@ -431,6 +437,9 @@ def _append(
             moves past them.
         epoch: The writing instance's epoch; the marker keeps the highest seen.
         owner: Names the writer in a fencing error.
+        not_events: The origins of rows that are no events (refused whatever their body:
+            one that is a JSON object would have been written, and as the first row made
+            the file's header).
 
     Returns:
         The number of lines appended.
@@ -458,6 +467,11 @@ def _append(
     refused: list[tuple[SinkRow, str]] = []
     written = 0
     for row in fresh:
+        if row[0] in not_events:
+            refused.append((row, "not an event: a message on the sink's input that no PE "
+                            "wrote (no seq, timestamp, creator and body, or a creator no PE "
+                            "has)"))  # fmt: skip
+            continue
         # Each line is made and encoded on its own: a body that cannot be written (nested
         # too deep to read, text that is no UTF-8, such as a lone surrogate a processor's
         # JSON escaped) is refused alone, not the batch again and again.
@@ -519,14 +533,23 @@ class CsvSinkWriter(DataSourceStreamWriter):
         self.max_record_bytes = int(options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        return SinkRows(
-            [(int(r.origin), int(r.seq), float(r.timestamp), str(r.body)) for r in iterator]
-        )
+        rows: list[SinkRow] = []
+        not_events: list[int] = []
+        for r in iterator:
+            rows.append((int(r.origin), int(r.seq), float(r.timestamp), str(r.body)))
+            if r.creator == NOT_AN_EVENT:
+                not_events.append(int(r.origin))
+        return SinkRows(rows, not_events)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        rows = [row for m in messages if isinstance(m, SinkRows) for row in m.rows]
+        sent = [m for m in messages if isinstance(m, SinkRows)]
         append_exactly_once(
-            self.path, rows, self._dead_letter, self.epoch, f"{self.pipeline}/{self.pe}"
+            self.path,
+            [row for m in sent for row in m.rows],
+            self._dead_letter,
+            self.epoch,
+            f"{self.pipeline}/{self.pe}",
+            {origin for m in sent for origin in m.not_events},
         )
 
     def _dead_letter(self, refused: list[tuple[SinkRow, str]]) -> None:

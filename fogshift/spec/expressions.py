@@ -15,14 +15,48 @@ import math
 import operator
 from typing import Any
 
-from simpleeval import DEFAULT_OPERATORS, EvalWithCompoundTypes, InvalidExpression
+from simpleeval import DEFAULT_OPERATORS, EvalWithCompoundTypes, InvalidExpression, safe_power
+
+#: The most digits an integer an expression makes may have: Python converts no more to text
+#: (``sys.get_int_max_str_digits``), so no output could hold it, and computing one of
+#: millions of digits held the query for minutes.
+MAX_INT_DIGITS = 4300
+
+
+def _round(number: Any, ndigits: Any = None) -> Any:
+    """``round(number, ndigits)``, in time whatever ``ndigits`` an event gives: Python
+    rounds an integer to ``-d`` digits by computing ``10 ** d`` (minutes for d = 10**8), but
+    any ``d`` past the integer's length rounds it to 0, so the same result comes from
+    ``d`` = its length + 1."""
+    if isinstance(number, int) and isinstance(ndigits, int) and ndigits < 0:
+        ndigits = max(ndigits, -(len(str(abs(number))) + 1))
+    return round(number, ndigits)
+
+
+def _power(base: Any, exponent: Any) -> Any:
+    """``base ** exponent`` (simpleeval's limits), refusing an integer result of more than
+    :data:`MAX_INT_DIGITS` digits before computing it (``3999999 ** 3999999`` took minutes,
+    and no output could hold it)."""
+    if (
+        isinstance(base, int)
+        and isinstance(exponent, int)
+        and abs(base) > 1
+        and exponent > 0
+        and exponent * math.log10(abs(base)) > MAX_INT_DIGITS
+    ):
+        raise ValueError(
+            f"the integer {base} ** {exponent} has over {MAX_INT_DIGITS} digits: no output "
+            "can hold it (use float() for an approximate value)"
+        )
+    return safe_power(base, exponent)
+
 
 #: The functions an expression may call, by name.
 FUNCTIONS: dict[str, Any] = {
     "abs": abs,
     "min": min,
     "max": max,
-    "round": round,
+    "round": _round,
     "int": int,
     "float": float,
     "str": str,
@@ -40,8 +74,13 @@ def _modulo(a: Any, b: Any) -> Any:
     return operator.mod(a, b)
 
 
-#: The operators an expression may use (simpleeval's, ``%`` on numbers only).
-OPERATORS: dict[type[ast.AST], Any] = {**DEFAULT_OPERATORS, ast.Mod: _modulo}
+#: The operators an expression may use (simpleeval's, ``%`` on numbers only, ``**`` with
+#: integer results of at most :data:`MAX_INT_DIGITS` digits).
+OPERATORS: dict[type[ast.AST], Any] = {
+    **DEFAULT_OPERATORS,
+    ast.Mod: _modulo,
+    ast.Pow: _power,
+}
 
 
 def evaluator() -> EvalWithCompoundTypes:

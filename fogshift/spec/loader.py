@@ -425,8 +425,12 @@ def validate_spec(
                     continue
                 # (a source reads a file; a custom processor's `path` is a folder to import
                 # from)
-                there, wanted = Path(value).exists(), element.role == "source"
-                if not there or (wanted and not Path(value).is_file()):
+                wanted = element.role == "source"
+                try:
+                    there, is_file = Path(value).exists(), Path(value).is_file()
+                except OSError as exc:  # a name too long, a folder that may not be listed
+                    raise _unusable_path(element, option, value, exc) from None
+                if not there or (wanted and not is_file):
                     raise InvalidSpec(
                         f"element {element.id!r}: file {value!r} (option `{option}`) "
                         + ("is not a file" if there else "does not exist"),
@@ -451,6 +455,19 @@ def validate_spec(
         ) from None
 
 
+def _unusable_path(element: ElementSpec, option: str, value: str, exc: OSError) -> InvalidSpec:
+    """The refusal of a path the OS will not look up (``Path.exists`` raises for anything
+    but a missing file: a name too long, a folder it may not search)."""
+    return InvalidSpec(
+        f"element {element.id!r}: path {value[:200]!r} (option `{option}`) cannot be used: "
+        f"{exc.strerror or exc}",
+        expected="a path the OS accepts (names of at most 255 bytes, 4096 in all) in folders "
+        "this user may search",
+        received=f"{type(exc).__name__}: {exc.strerror or exc} ({len(value)} characters)",
+        hint="name a shorter path, or one in a folder the node's user can open",
+    )
+
+
 def _check_output_path(element: ElementSpec) -> None:
     """Refuse a sink whose ``path`` cannot be a file: it names a directory, or a folder on
     its way is a file (the deploy, which empties the file, failed on the node)."""
@@ -458,8 +475,12 @@ def _check_output_path(element: ElementSpec) -> None:
     if path is None:
         return
     target = Path(path)
-    blocking = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
-    if target.is_dir() or blocking is not None:
+    try:
+        blocking = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
+        is_dir = target.is_dir()
+    except OSError as exc:  # a name too long, a folder that may not be listed
+        raise _unusable_path(element, "path", element.options["path"], exc) from None
+    if is_dir or blocking is not None:
         raise InvalidSpec(
             f"sink {element.id!r}: path {element.options['path']!r} cannot be written as a file",
             expected="a path to a file (made if missing, in folders made if missing)",

@@ -476,7 +476,7 @@ def up(
     """
     say = on_progress or (lambda _msg: None)
     for name in nodes:
-        if not NAME_PATTERN.match(name):
+        if not NAME_PATTERN.fullmatch(name):
             raise InvalidInput(
                 f"bad node name {name!r}",
                 expected="letters, digits, '_' and '-' (e.g. cloud,fog-a,fog-b)",

@@ -501,3 +501,13 @@ def test_a_dashboard_name_that_is_no_dns_name_is_refused_before_anything_starts(
     assert "is not a host name the dashboard can be reached by" in out
     assert "DNS name" in out and "no scheme, port or *" in out
     assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("command", [["status"], ["down"], ["logs"], ["topology", "show"]])
+def test_a_home_the_os_will_not_look_up_is_refused_not_a_traceback(command: list[str]) -> None:
+    # Path.exists() raises for a name over 255 bytes: every command printed a traceback.
+    with pytest.raises(InvalidInput) as err:
+        runner.invoke(cli.app, [*command, "--home", "x" * 300], catch_exceptions=False)
+    assert "--home" in err.value.message and "cannot be used" in err.value.message
+    assert err.value.received and "File name too long" in err.value.received
+    assert err.value.expected and err.value.hint

@@ -3,8 +3,10 @@ server (which would close the connection a client's next request then finds dead
 
 from __future__ import annotations
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from pydantic import BaseModel, ConfigDict
 
 from fogshift.common.http import raise_for_error
 from fogshift.common.service import install_error_handlers
@@ -39,3 +41,55 @@ def test_a_bug_in_an_endpoint_is_answered_as_a_json_error() -> None:
     else:
         raise AssertionError("a 500 was not raised as an error")
     assert client.get("/fine").json() == {"ok": True}
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+def _app_with_a_body_and_a_query() -> TestClient:
+    app = FastAPI()
+    install_error_handlers(app, TOKEN)
+
+    @app.post("/things")
+    def things(body: Body) -> dict[str, str]:
+        return {"name": body.name}
+
+    @app.get("/items")
+    def items(limit: int = 5) -> dict[str, int]:
+        return {"limit": limit}
+
+    return TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
+
+
+def test_a_query_parameter_the_endpoint_does_not_take_is_refused() -> None:
+    # FastAPI ignores them: `restore?taget=fog-b` restored where the orchestrator chose.
+    client = _app_with_a_body_and_a_query()
+    assert client.get("/items", params={"limit": 2}).json() == {"limit": 2}
+    answer = client.get("/items", params={"limit": 2, "bogus": 1})
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert "'bogus'" in body["message"] and body["received"] == "bogus"
+    assert body["expected"] == "one of limit" and "schema" in body["hint"]
+    refused = client.post("/things", params={"target": "x"}, json={"name": "a"}).json()
+    assert refused["expected"] == "no query parameters", refused
+
+
+@pytest.mark.parametrize(
+    ("text", "received"),
+    [
+        ("{bad", "'{bad': Expecting property name"),
+        ('{"name": ' + "1" * 5000 + "}", "a body of 5010 bytes"),
+        ("[" * 100_000 + "]" * 100_000, "a body of 200000 bytes"),
+    ],
+)
+def test_a_body_that_cannot_be_read_is_refused_with_what_was_sent(text: str, received: str) -> None:
+    # A 400 with nothing filled in and a hint about methods (an integer over 4300 digits,
+    # nesting deeper than Python recurses), or "received: {}" for text that is no JSON.
+    client = _app_with_a_body_and_a_query()
+    answer = client.post("/things", content=text, headers={"content-type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert body["received"].startswith(received), body
+    assert "JSON" in body["expected"] and "schema" in body["hint"], body

@@ -123,6 +123,9 @@ def test_bad_fog_topologies_are_refused_with_the_field(text: str, needle: str) -
     with pytest.raises(InvalidInput) as err:
         FogTopology.parse(text, source="t.yaml")
     assert needle in err.value.render() and "t.yaml" in err.value.message
+    # Every refusal says what was expected, what was received and what to do (the YAML
+    # errors said none of them).
+    assert err.value.expected and err.value.received and err.value.hint, err.value.to_dict()
 
 
 def test_a_node_whose_pes_exceed_its_capacity_is_named() -> None:

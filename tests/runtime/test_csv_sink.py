@@ -6,9 +6,18 @@ import json
 from pathlib import Path
 
 import pytest
+from pyspark.sql import Row
 
+from fogshift.events import NOT_AN_EVENT
 from fogshift.exceptions import InvariantViolation
-from fogshift.runtime.csv_io import append_exactly_once, marker_path, read_marker, reset_sink
+from fogshift.runtime.csv_io import (
+    CsvSinkWriter,
+    SinkRows,
+    append_exactly_once,
+    marker_path,
+    read_marker,
+    reset_sink,
+)
 
 
 def rows(*pairs: tuple[int, float]) -> list[tuple[int, int, float, str]]:
@@ -41,6 +50,25 @@ def test_mismatched_fields_are_refused_before_the_marker_moves(tmp_path: Path) -
     assert [r[0][0] for r in refused] == [2]
     assert "do not match the output header" in refused[0][1]
     assert out.read_text() == "seq,v\n1,1.0\n"
+
+
+def test_a_message_no_pe_wrote_is_refused_even_if_its_body_is_an_object(tmp_path: Path) -> None:
+    # The reader passes a message that is no event on with its raw text as the body: a JSON
+    # object, so as the file's first row it was written and made the header, and every real
+    # event after it was refused as not matching.
+    out = tmp_path / "o.csv"
+    raw = json.dumps({"seq": -1, "timestamp": 0, "creator": "up", "body": "{}"})
+    writer = CsvSinkWriter({"path": str(out), "pipeline": "p", "pe": "sink", "broker": "b"})
+    sent = writer.write(iter([
+        Row(origin=1, seq=0, timestamp=0.0, creator=NOT_AN_EVENT, body=raw),
+        Row(origin=2, seq=2, timestamp=0.0, creator="map", body=json.dumps({"v": 2.0})),
+    ]))  # fmt: skip
+    assert isinstance(sent, SinkRows) and sent.not_events == [1]
+    refused: list = []
+    assert append_exactly_once(out, sent.rows, refused.extend, not_events=sent.not_events) == 1
+    assert [r[0][0] for r in refused] == [1] and "not an event" in refused[0][1]
+    assert out.read_text() == "seq,v\n2,2.0\n"
+    assert read_marker(out)["origin"] == 2
 
 
 def test_a_truncated_output_is_an_error_and_reset_starts_over(tmp_path: Path) -> None:

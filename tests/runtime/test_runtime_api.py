@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,26 @@ def test_expressions_cannot_reach_python() -> None:
     with pytest.raises(DeadLetter, match="% formats no text"):
         m.process(ev(1, w=5_000_000, name="a"))
     assert Map.build({"set": {"r": "w % 7"}}, "m", None).process(ev(1, w=9))["r"] == 2
+
+
+def test_no_event_value_makes_an_expression_run_for_minutes() -> None:
+    # round(x, d) of an integer computes 10 ** -d, and an integer power of millions of
+    # digits took minutes: the query processed nothing meanwhile, and nothing was raised.
+    m = Map.build({"set": {"r": "round(x, d)"}}, "m", None)
+    started = time.monotonic()
+    assert m.process(ev(1, x=5, d=-(10**9)))["r"] == 0
+    assert m.process(ev(2, x=-1234, d=-(10**12)))["r"] == 0
+    assert m.process(ev(3, x=1234, d=-2))["r"] == 1200  # as Python rounds
+    assert m.process(ev(4, x=2.675, d=-(10**9)))["r"] == 0.0
+    p = Map.build({"set": {"p": "b ** e"}}, "m", None)
+    with pytest.raises(DeadLetter, match="digits"):
+        p.process(ev(5, b=3_999_999, e=3_999_999))
+    with pytest.raises(DeadLetter, match="digits"):
+        p.process(ev(6, b=-2, e=100_000))
+    assert time.monotonic() - started < 5
+    assert p.process(ev(7, b=2, e=10))["p"] == 1024
+    assert p.process(ev(8, b=2.0, e=0.5))["p"] == pytest.approx(2**0.5)
+    assert p.process(ev(9, b=1, e=3_999_999))["p"] == 1
 
 
 def test_run_events_turns_bad_input_into_dead_letters() -> None:

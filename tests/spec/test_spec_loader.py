@@ -134,6 +134,21 @@ def test_a_path_that_cannot_be_the_file_it_names_is_refused(tmp_path: Path) -> N
     validate_spec(parse_spec(fine, tmp_path), check_files=True)
 
 
+def test_a_path_the_os_will_not_look_up_is_refused_not_raised(tmp_path: Path) -> None:
+    # Path.exists() raises for anything but a missing file: a name over 255 bytes gave
+    # `fogshift validate` a traceback and the dashboard's deploy a 500.
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    for index, option in ((0, "path"), (2, "path")):
+        data = case1()
+        data["elements"][index]["options"][option] = "x" * 300 + ".csv"
+        with pytest.raises(InvalidSpec) as err:
+            validate_spec(parse_spec(data, tmp_path), check_files=True)
+        element = data["elements"][index]["id"]
+        assert f"element {element!r}" in err.value.message and "cannot be used" in err.value.message
+        assert err.value.received is not None and "OSError" in err.value.received
+        assert err.value.expected is not None and err.value.hint is not None
+
+
 def test_bad_options_name_the_field() -> None:
     data = case1()
     data["elements"][1]["options"] = {"field": "value", "window": 0, "function": "median"}
