@@ -171,8 +171,8 @@ def _query_names(dependant: Dependant) -> set[str]:
 
 class StrictQueryRoute(APIRoute):
     """A route that refuses query parameters it does not take (FastAPI ignores them: a
-    misspelt ``?taget=fog-b`` of a restore went unseen, and the restore went where the
-    orchestrator chose)."""
+    ``POST …/restore?target=fog-b``, whose target goes in the body, went unseen, and the
+    restore went where the orchestrator chose)."""
 
     def get_route_handler(self) -> Callable[[Request], Any]:
         handler = super().get_route_handler()

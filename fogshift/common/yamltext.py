@@ -31,6 +31,20 @@ class _StrictLoader(yaml.SafeLoader):
             )  # fmt: skip
         return super().compose_node(parent, index)
 
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        # A scalar PyYAML's constructors cannot make raises ValueError, not a YAMLError:
+        # an integer of over 4300 digits (Python converts no more), a date that is none
+        # (2026-13-45). Every reader answered it with a traceback or a 500.
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:
+            shown = node.value if isinstance(node.value, str) else ""
+            raise ConstructorError(
+                None, None,
+                f"cannot read the value {shown[:40]!r}{'…' if len(shown) > 40 else ''}: {exc}",
+                node.start_mark,
+            ) from None  # fmt: skip
+
 
 def _mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[Any] = set()

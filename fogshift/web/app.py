@@ -35,6 +35,7 @@ from fastapi.responses import (
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fogshift.common.http import ServiceClient
 from fogshift.common.service import NameParam, StateKeyQuery
@@ -66,7 +67,7 @@ from fogshift.exceptions import (
 from fogshift.spec.loader import load_spec_text
 from fogshift.spec.models import KINDS
 from fogshift.supervisor.cluster import OPERATION_TIMEOUT_S
-from fogshift.web.auth import COOKIE, Sessions
+from fogshift.web.auth import Sessions, cookie_name
 from fogshift.web.exceptions import CrossSiteRequest
 from fogshift.web.graph import lag, layout
 from fogshift.web.history import History, Sampler
@@ -267,6 +268,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.globals["fmt_rate"] = _fmt_rate
     templates.env.globals["fmt_time"] = lambda t: time.strftime("%H:%M:%S", time.localtime(t))
+    templates.env.tests["finite"] = _finite
 
     def page(
         request: Request, name: str, context: dict[str, Any], status_code: int = 200
@@ -289,7 +291,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             return PlainTextResponse("unknown host name", status_code=400)
         if path.startswith("/static/") or path == "/login":
             return await call_next(request)
-        if not sessions.valid(request.cookies.get(COOKIE)):
+        if not sessions.valid(request.cookies.get(cookie_name(request.url.port))):
             if "hx-request" in request.headers:  # a live part: htmx moves the page itself
                 return Response(status_code=401, headers={"HX-Redirect": "/login"})
             if path.startswith("/api/"):
@@ -325,6 +327,28 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         )
         return await on_error(request, err)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # No such page, a method a page does not take, a form that cannot be read (no
+        # multipart boundary, a field over 1 MB): the refusal page, not Starlette's bare
+        # {"detail": ...}.
+        what = f"{request.method} {request.url.path}"
+        err: FogshiftError
+        if exc.status_code == 404:
+            err = NotFound(f"the dashboard has no page {what}",
+                           hint="the overview (/) links every page")  # fmt: skip
+        else:
+            err = InvalidInput(
+                f"{what}: {exc.detail}",
+                expected="a page's own links and forms"
+                + (" (this page takes another method)" if exc.status_code == 405 else ""),
+                received=f"{what} ({exc.status_code}: {exc.detail})",
+                hint="use the dashboard's links and buttons",
+            )
+        response = await on_error(request, err)
+        response.status_code = exc.status_code
+        return response
+
     @app.exception_handler(Exception)
     async def on_bug(request: Request, exc: Exception) -> Response:
         log.exception("dashboard request %s failed", request.url.path)
@@ -358,14 +382,15 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             return page(request, "login.html", {"error": err, "poll_error": None},
                         err.http_status)  # fmt: skip
         response = page(request, "welcome.html", {"poll_error": None})
-        response.set_cookie(COOKIE, session, httponly=True, samesite="strict", path="/")
+        response.set_cookie(cookie_name(request.url.port), session, httponly=True,
+                            samesite="strict", path="/")  # fmt: skip
         return response
 
     @app.post("/logout")
     def logout(request: Request) -> Response:
-        sessions.logout(request.cookies.get(COOKIE))
+        sessions.logout(request.cookies.get(cookie_name(request.url.port)))
         response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(COOKIE, path="/")
+        response.delete_cookie(cookie_name(request.url.port), path="/")
         return response
 
     # -- pages ----------------------------------------------------------------------------------

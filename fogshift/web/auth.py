@@ -18,8 +18,15 @@ from dataclasses import dataclass, field
 from fogshift.common.http import same_token
 from fogshift.web.exceptions import BadLogin
 
-#: The session cookie's name.
+#: The session cookie's name (with the port: see :func:`cookie_name`).
 COOKIE = "fogshift_session"
+
+
+def cookie_name(port: int | None) -> str:
+    """The session cookie's name for a dashboard reached on ``port`` (``None``: the
+    scheme's default). Browsers keep cookies per host, not per port: two dashboards on one
+    machine (two clusters) logged each other out, and the first's login link was spent."""
+    return COOKIE if port is None else f"{COOKIE}_{port}"
 
 
 @dataclass

@@ -64,7 +64,8 @@ def _app_with_a_body_and_a_query() -> TestClient:
 
 
 def test_a_query_parameter_the_endpoint_does_not_take_is_refused() -> None:
-    # FastAPI ignores them: `restore?taget=fog-b` restored where the orchestrator chose.
+    # FastAPI ignores them: `restore?target=fog-b` (the target goes in the body) restored
+    # where the orchestrator chose.
     client = _app_with_a_body_and_a_query()
     assert client.get("/items", params={"limit": 2}).json() == {"limit": 2}
     answer = client.get("/items", params={"limit": 2, "bogus": 1})

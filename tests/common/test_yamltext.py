@@ -54,3 +54,18 @@ def test_a_file_that_is_not_utf8_is_refused_saying_so(tmp_path: Path) -> None:
     with pytest.raises(InvalidSpec, match="not UTF-8") as refused:
         load_spec(latin1)
     assert refused.value.hint == "save the file as UTF-8"
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("9" * 5000, "4300 digits"), ("2026-13-45", "month must be in 1..12"),
+     ("[1, {b: 2026-02-30}]", "day is out of range")],
+)  # fmt: skip
+def test_a_value_yaml_cannot_construct_is_refused_not_raised(value: str, said: str) -> None:
+    # PyYAML's constructors raise ValueError for these, not a YAMLError: the dashboard's
+    # deploy and PUT /topology answered 500, `fogshift deploy` printed a traceback.
+    with pytest.raises(yaml.YAMLError, match=said):
+        load_yaml(f"x: {value}\n")
+    with pytest.raises(InvalidSpec, match=said) as refused:
+        load_spec_text(f"pipeline: p\nelements: []\nx: {value}\n", Path("/"))
+    assert refused.value.expected and refused.value.received and refused.value.hint

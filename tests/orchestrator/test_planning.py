@@ -117,6 +117,8 @@ def test_nearest_copy_first_and_central_last_on_a_tie() -> None:
         ("central: 'x.y'", "central"),
         ("pe_cpu: 1e308", "pe_cpu"),
         ("pe_cpu: 1\npe_cpu: 2", "found key 'pe_cpu' twice"),
+        # (A ValueError from PyYAML: PUT /topology answered 500.)
+        ("pe_cpu: " + "9" * 5000, "4300 digits"),
     ],
 )
 def test_bad_fog_topologies_are_refused_with_the_field(text: str, needle: str) -> None:

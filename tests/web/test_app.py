@@ -128,7 +128,9 @@ class StandIn:
                 bodies[:0] = [{"patient": "p02", "t": "12.5", "class": "x"},
                               {"patient": "p02", "t": 10**400, "class": "w"},
                               {"patient": "p02", "class": "y"},
-                              {"patient": "p02", "t": float("nan"), "class": "z"}]  # fmt: skip
+                              {"patient": "p02", "t": float("nan"), "class": "z"},
+                              {"patient": "p02", "t": 13.0, "class": "big",
+                               "confidence": 10**400}]  # fmt: skip
         chosen = [b for b in bodies if key is None or b["patient"] == key][-tail:]
         return EventPage(
             pipeline=name, element=element, key=key, scanned_after=0, scanned_to=len(bodies),
@@ -528,9 +530,13 @@ def test_the_ecg_view_draws_a_patients_newest_signal_and_lists_their_alarms(
     again = web.get("/pipelines/ecg/ecg", params={"patient": "p02"})
     assert again.status_code == 200 and "<td>abnormal</td>" in again.text
     assert "<td>x</td>" not in again.text and "<td>y</td>" not in again.text
+    # A confidence beyond a float's range is shown as none (formatting it failed with a 500).
+    assert '<td>big</td><td class="num">\u2013</td>' in again.text
     fragment = web.get("/fragments/pipelines/ecg/ecg", params={"patient": "p02"})
     assert fragment.status_code == 200, fragment.text
-    assert web.get("/api/pipelines/ecg/ecg", params={"patient": "p02"}).json() == series
+    placed = web.get("/api/pipelines/ecg/ecg", params={"patient": "p02"}).json()
+    assert [m["kind"] for m in placed.pop("marks")] == ["big", "abnormal"]  # (its t is one)
+    assert placed == {k: v for k, v in series.items() if k != "marks"}
     stand_in.malformed = False
     # A classifier in partitions: each patient's alarms from every partition, in time order
     # (before, the last partition's only: p02's alarms before its twin moved were missing).
@@ -603,3 +609,40 @@ def test_actions_wait_as_long_as_the_clis_operations_reads_do_not() -> None:
             action()
     assert [t for m, _, t in asked if m == "POST"] == [OPERATION_TIMEOUT_S] * 5
     assert [t for m, _, t in asked if m == "GET"] == [None]
+
+
+def test_a_page_or_method_it_does_not_have_is_refused_as_any_request(
+    web: TestClient, sessions: Sessions
+) -> None:
+    # Starlette's bare {"detail": ...} before: no expected, received or hint.
+    logged_in(web, sessions)
+    missing = web.get("/nope")
+    assert missing.status_code == 404 and "has no page GET /nope" in missing.text
+    assert "the overview (/) links every page" in missing.text
+    wrong = web.get("/pipelines/p/stop")
+    assert wrong.status_code == 405 and "takes another method" in wrong.text
+    assert "use the dashboard&#39;s links and buttons" in wrong.text
+    unreadable = web.post("/deploy", content=b"x",
+                          headers={"content-type": "multipart/form-data"})  # fmt: skip
+    assert unreadable.status_code == 400 and "<h1" in unreadable.text, unreadable.text
+    assert web.get("/api/nope").json()["code"] == "not_found"
+
+
+def test_dashboards_on_two_ports_keep_a_cookie_each(
+    stand_in: StandIn, sessions: Sessions, tmp_path: Path
+) -> None:
+    # Browsers keep cookies per host, not per port: the second dashboard's login replaced
+    # the first's session, whose login link was spent by then.
+    app = create_app(stand_in, sessions, DashboardConfig(tmp_path, interval_s=0.05))  # type: ignore[arg-type]
+    other = Sessions(operator_token=TOKEN)
+    second = create_app(stand_in, other, DashboardConfig(tmp_path, interval_s=0.05))  # type: ignore[arg-type]
+    with (
+        TestClient(app, base_url="http://127.0.0.1:8765") as first,
+        TestClient(second, base_url="http://127.0.0.1:8766") as then,
+    ):
+        logged_in(first, sessions)
+        logged_in(then, other)
+        both = {**dict(first.cookies), **dict(then.cookies)}
+        assert sorted(both) == ["fogshift_session_8765", "fogshift_session_8766"]
+        first.cookies.update(both)  # what a browser sends to 127.0.0.1, whatever the port
+        assert first.get("/pipelines", follow_redirects=False).status_code == 200
