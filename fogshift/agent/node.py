@@ -248,11 +248,12 @@ class NodeRuntime:
         # Names come from requests: checked, and the folder must stay inside the node's.
         return pe_folder(self.config.home / "checkpoints", pipeline, pe)
 
-    def _reset_sink(self, pipeline: str, element: ElementSpec) -> None:
-        """Empty a freshly deployed sink's file; one that cannot be written is refused."""
+    def _reset_sink(self, pipeline: str, element: ElementSpec, epoch: int) -> None:
+        """Empty a freshly deployed sink's file, its marker under ``epoch`` (fencing an
+        earlier deployment's instance); one that cannot be written is refused."""
         path = element.options["path"]
         try:
-            reset_sink(path)
+            reset_sink(path, epoch, f"{pipeline}/{element.id}")
         except OSError as exc:
             raise InvalidInput(
                 f"sink {element.id!r} of pipeline {pipeline!r} cannot write {path!r} on node "
@@ -321,7 +322,7 @@ class NodeRuntime:
                 shutil.rmtree(checkpoint, ignore_errors=True)
                 shutil.rmtree(self.snapshot_store(pipeline, element.id), ignore_errors=True)
                 if element.role == "sink":
-                    self._reset_sink(pipeline, element)
+                    self._reset_sink(pipeline, element, epoch)
             checkpoint.mkdir(parents=True, exist_ok=True)
             gate_file = self.gate_file(pipeline, element.id)
             if gate is None:

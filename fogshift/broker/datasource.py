@@ -1491,9 +1491,11 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
                     hint="only a movable partition's processor hands key states over",
                 )
             origin = self.origin
-            if not records:
+            if not appended:
                 # No record appended: nothing checked this instance's epoch (a fenced
-                # partition handed states over, which the targets took).
+                # partition handed states over, which the targets took) — also when the
+                # records were all stored already (a batch re-run under the remembered
+                # tail, which skips them without reading the stream and its fence).
                 client.run(
                     lambda js: check_epoch(js, self.pipeline, self.pe, self.epoch), timeout=60
                 )

@@ -30,6 +30,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -352,6 +353,11 @@ def read_marker(path: str | Path) -> dict[str, Any]:
     marker = marker_path(path)
     if marker.exists():
         return dict(json.loads(marker.read_text()))
+    return _fresh_marker()
+
+
+def _fresh_marker() -> dict[str, Any]:
+    """The marker of a file nothing was written to."""
     return {"type": "csv-sink", "origin": 0, "bytes": 0, "lines": 0, "fields": None}
 
 
@@ -365,12 +371,24 @@ def _write_marker(path: str | Path, marker: dict[str, Any]) -> None:
     tmp.replace(target)
 
 
-def reset_sink(path: str | Path) -> None:
-    """Forget what a sink wrote: empty the file and drop its marker (fresh deploys)."""
+def reset_sink(path: str | Path, epoch: int = 0, owner: str = "") -> None:
+    """Forget what a sink wrote (fresh deploys): empty the file and start its marker afresh
+    under ``epoch``, the new deployment's, under the file's lock. So an instance of an
+    earlier deployment that missed the stop (a frozen node) is fenced at its next append:
+    with the marker deleted it read epoch 0, appended its rows, and the new sink's rows up
+    to their origins were then skipped as written.
+
+    A marker of a higher epoch is replaced too: a fresh deploy starts the file over, also
+    one left by another cluster (whose epochs are not this one's).
+
+    Raises:
+        SinkBusy: Another writer held the file's lock for :data:`LOCK_WAIT_S`.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(b"")
-    marker_path(target).unlink(missing_ok=True)
+    with _locked(target, owner):
+        target.write_bytes(b"")
+        _write_marker(target, {**_fresh_marker(), "epoch": epoch})
 
 
 def _cell(value: Any) -> str:
@@ -399,6 +417,17 @@ def append_exactly_once(
     """Append under the file's lock; see :func:`_append`."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(target, owner):
+        return _append(target, rows, on_refused, epoch, owner, frozenset(not_events))
+
+
+@contextmanager
+def _locked(target: Path, owner: str) -> Iterator[None]:
+    """Hold the lock of output file ``target`` (every writer of it and its marker takes it).
+
+    Raises:
+        SinkBusy: Another writer held it for :data:`LOCK_WAIT_S`.
+    """
     lock_path = marker_path(target).with_suffix(".lock")
     with open(lock_path, "a") as lock:
         deadline = time.monotonic() + LOCK_WAIT_S
@@ -416,7 +445,7 @@ def append_exactly_once(
                         "tried again",
                     ) from None
                 time.sleep(0.05)
-        return _append(target, rows, on_refused, epoch, owner, frozenset(not_events))
+        yield
 
 
 def _append(
@@ -461,6 +490,11 @@ def _append(
         )
     fresh = sorted((r for r in rows if r[0] > marker["origin"]), key=lambda r: r[0])
     if not fresh:
+        if epoch > int(marker.get("epoch", 0)):
+            # A restored instance replaying what was written: its epoch goes into the
+            # marker now, so the instance it replaces (a zombie) is fenced from here on, not
+            # only after the next new row.
+            _write_marker(target, {**marker, "epoch": epoch})
         return 0
     fields: list[str] | None = marker["fields"]
     lines: list[bytes] = []

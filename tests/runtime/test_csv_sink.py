@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import Row
 
+from fogshift.broker.exceptions import Fenced
 from fogshift.events import NOT_AN_EVENT
 from fogshift.exceptions import InvariantViolation
 from fogshift.runtime.csv_io import (
@@ -78,7 +79,7 @@ def test_a_truncated_output_is_an_error_and_reset_starts_over(tmp_path: Path) ->
     with pytest.raises(InvariantViolation, match="truncated"):
         append_exactly_once(out, rows((2, 2.0)))
     reset_sink(out)
-    assert not marker_path(out).exists()
+    assert read_marker(out) == {**read_marker(tmp_path / "none.csv"), "epoch": 0}
     assert append_exactly_once(out, rows((1, 1.0))) == 1
 
 
@@ -163,3 +164,34 @@ def test_a_carriage_return_in_a_cell_is_quoted_so_the_row_stays_one(tmp_path: Pa
             ["1", "a\rb", "c\nd", "1"],
         ]
     assert out.read_bytes().endswith(b"\n") and not out.read_bytes().endswith(b"\r\n")
+
+
+def test_a_fresh_deploy_fences_the_earlier_deployments_instance(tmp_path: Path) -> None:
+    # An instance of the earlier deployment (epoch 3) on a node that missed the stop: the
+    # reset deleted the marker, so it read epoch 0, appended its rows (origins 4001, 4002),
+    # and the new deployment's rows 1..4002 were then skipped as written.
+    out = tmp_path / "o.csv"
+    append_exactly_once(out, rows((1, 1.0)), epoch=3)
+    reset_sink(out, epoch=4, owner="p/sink")
+    assert out.read_text() == "" and read_marker(out)["epoch"] == 4
+    with pytest.raises(Fenced):
+        append_exactly_once(out, rows((4001, 1.0), (4002, 2.0)), epoch=3, owner="p/sink")
+    assert append_exactly_once(out, rows((1, 5.0), (2, 6.0)), epoch=4) == 2
+    assert out.read_text() == "seq,v\n1,5.0\n2,6.0\n"
+    # A fresh deploy starts the file over whatever epoch wrote it (another cluster's).
+    reset_sink(out, epoch=1)
+    assert append_exactly_once(out, rows((1, 7.0)), epoch=1) == 1
+
+
+def test_a_restored_sink_replaying_what_was_written_fences_the_instance_it_replaces(
+    tmp_path: Path,
+) -> None:
+    # The restored instance (epoch 2) replays rows 1-3, all written: nothing to append, and
+    # the marker kept epoch 1, so the zombie went on appending until a new row came.
+    out = tmp_path / "o.csv"
+    append_exactly_once(out, rows((1, 1.0), (2, 2.0), (3, 3.0)), epoch=1)
+    assert append_exactly_once(out, rows((1, 1.0), (2, 2.0), (3, 3.0)), epoch=2) == 0
+    assert read_marker(out)["epoch"] == 2
+    with pytest.raises(Fenced):
+        append_exactly_once(out, rows((4, 4.0)), epoch=1)
+    assert append_exactly_once(out, rows((4, 4.0)), epoch=2) == 1
