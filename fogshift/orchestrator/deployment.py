@@ -346,7 +346,14 @@ class Deployment(Journal):
             self.registry.set_status(spec.pipeline, PipelineState.FAILED)
             raise
         self.registry.set_status(spec.pipeline, PipelineState.RUNNING)
-        return self.status(spec.pipeline)[0]
+        try:
+            return self.status(spec.pipeline)[0]
+        except Unavailable as exc:
+            # Deployed and running: a broker away now must not make it look failed (a 503,
+            # and deploying again is refused as running). Counts come with the next status.
+            log.warning("deployed %s; its stream counts cannot be read now: %s",
+                        spec.pipeline, exc.message)  # fmt: skip
+            return self.status(spec.pipeline, counts=False)[0]
 
     def _refuse_shared_outputs(self, spec: PipelineSpec) -> None:
         """Refuse a sink writing a file a sink of a running pipeline writes (their
@@ -448,14 +455,21 @@ class Deployment(Journal):
                 self.agent(node).delete(f"/pipelines/{name}")
             except Unavailable:
                 unreachable.append(node)
+            except FogshiftError as exc:
+                # (An agent answering an error stopped the stop half-way, the pipeline left
+                # "stopping" with some PEs running: the other nodes are stopped all the
+                # same, and this one is told as not stopped, as one away is.)
+                log.warning("node %s did not stop pipeline %s: %s", node, name, exc.message)
+                unreachable.append(node)
         self.registry.set_status(name, PipelineState.STOPPED)
         self.permissions.sync_quietly(self.registry)
         return StopResult(
             pipeline=name, status=PipelineState.STOPPED, unreachable_nodes=unreachable
         )
 
-    def status(self, name: str | None = None) -> list[PipelineStatus]:
-        """Per pipeline, per PE: node, state, events in/out, dead letters."""
+    def status(self, name: str | None = None, counts: bool = True) -> list[PipelineStatus]:
+        """Per pipeline, per PE: node, state, events in/out, dead letters (``counts``:
+        read from the broker; else the streams' counts are 0)."""
         records = [self.pipeline(name)] if name else self.registry.pipelines()
         nodes = {n.name: n for n in self.registry.nodes()}
         out = []
@@ -467,7 +481,7 @@ class Deployment(Journal):
                 node = nodes.get(node_name)
                 report = node.report.element(record.name, element.id) if node else None
                 stream = stream_name(record.name, element.id)
-                counts = self.broker.run(partial(subject_counts, stream=stream))
+                stored = self.broker.run(partial(subject_counts, stream=stream)) if counts else {}
                 role = element.role
                 state: PEState | PlacementState | PipelineState
                 if node is None or not self.healthy(node):
@@ -481,7 +495,7 @@ class Deployment(Journal):
                     out_count = (report.lines_written if report else None) or 0
                 else:
                     # (Records trimmed from the stream count: see broker.history.)
-                    out_count = counts.get(data_subject(record.name, element.id), 0)
+                    out_count = stored.get(data_subject(record.name, element.id), 0)
                     out_count += trimmed.get(element.id, (0, 0))[0]
                 planned = self.planned(record.name, element.id)
                 elements.append(
@@ -492,7 +506,7 @@ class Deployment(Journal):
                         state=state,
                         events_in=report.events_in if report else 0,
                         events_out=out_count,
-                        dead_letters=counts.get(dead_subject(record.name, element.id), 0)
+                        dead_letters=stored.get(dead_subject(record.name, element.id), 0)
                         + trimmed.get(element.id, (0, 0))[1],
                         restarts=report.restarts if report else 0,
                         error=report.error if report else None,

@@ -51,13 +51,13 @@ from typing import Any
 
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import ensure_pe_stream, last_seq
-from fogshift.broker.exceptions import BrokerUnavailable
+from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
 from fogshift.broker.keys import KeyMove, Ownership
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence
 from fogshift.common.names import NAME_PATTERN
 from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
-from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
 from fogshift.orchestrator.keymoves import KeyMoves, _ms_since, element_lock
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.spec.models import (
@@ -204,8 +204,13 @@ class Scaling(KeyMoves):
                 hint="that move completes when its origin partition runs (restore it if "
                 "its node is lost); then scale",
             )
-        added, consumers = self._place(self.pipeline(pipeline).spec, parts, partitions, placed,
-                                       source)  # fmt: skip
+        try:
+            added, consumers = self._place(self.pipeline(pipeline).spec, parts, partitions,
+                                           placed, source)  # fmt: skip
+        except _STEP_FAILED as exc:  # (a node or the broker refused, after the spec changed?)
+            raise self._unfinished_scale(
+                exc, pipeline, element_id, owners.count, ran=False
+            ) from exc
         base: dict[str, Any] = {
             "pipeline": pipeline, "element": element_id, "before": len(parts),
             "after": partitions, "added": {e.id: e.node for e in added},
@@ -215,7 +220,10 @@ class Scaling(KeyMoves):
         at = owners.rescaled
         if not _rescaled_to(owners, partitions):  # else done by an earlier call
             ahead: dict[str, int] = {}
-            listed = self._listed_keys(pipeline, parts, source)
+            try:
+                listed = self._listed_keys(pipeline, parts, source)
+            except _STEP_FAILED as exc:  # (a partition's node away: the added ones run)
+                raise self._unfinished_scale(exc, pipeline, element_id, owners.count) from exc
             if waves:
                 report, ahead = self._ahead(pipeline, element_id, source, listed[0], partitions,
                                             owners, timeout_s, report)  # fmt: skip
@@ -230,9 +238,7 @@ class Scaling(KeyMoves):
                     f"scale {pipeline}/{element_id}", listed,
                 )  # fmt: skip
             except (InvalidInput, Unavailable) as exc:  # (refusals; a broker away too)
-                now = self.pipeline(pipeline).spec.partitions_of(element_id)
-                idle = [p.id for p in now if p.partition and p.partition.index >= owners.count]
-                raise _unfinished(exc, pipeline, element_id, owners.count, idle) from exc
+                raise self._unfinished_scale(exc, pipeline, element_id, owners.count) from exc
             log.info("rescaled %s/%s to %d partitions at %d: %d keys move (%d ahead)",
                      pipeline, element_id, partitions, at, len(move.keys), len(ahead))  # fmt: skip
             report = self._moved(pipeline, element_id, source, move, at,
@@ -488,6 +494,14 @@ class Scaling(KeyMoves):
             if element.id == parts[-1].id:
                 elements.extend(added)
         if added or consumers:
+            # The added partitions' streams before the spec names them: a broker away then
+            # fails the scale with nothing changed (placed without a stream, a partition
+            # could not be started, and its consumers, restarted by the reconciler, failed
+            # reading it).
+            ids, window_s = [p.id for p in added], self.config.duplicate_window_s
+            self.broker.run(
+                partial(_ensure_streams, pipeline=pipeline, ids=ids, window_s=window_s), timeout=60
+            )
             for part in added:  # (checkpoints of an earlier partition of the same id)
                 self.central.forget(pipeline, part.id)
             self.registry.add_elements(_respec(spec, elements), added)
@@ -542,6 +556,14 @@ class Scaling(KeyMoves):
             self._restart_fenced(pipeline, consumer, placement.get(consumer.id, consumer.node))
         return added, consumers
 
+    def _unfinished_scale(
+        self, exc: FogshiftError, pipeline: str, element_id: str, count: int, ran: bool = True
+    ) -> FogshiftError:
+        """:func:`_unfinished` with the partitions the spec has beyond ``count``."""
+        now = self.pipeline(pipeline).spec.partitions_of(element_id)
+        idle = [p.id for p in now if p.partition and p.partition.index >= count]
+        return _unfinished(exc, pipeline, element_id, count, idle, ran)
+
     def _fence_anew(self, pipeline: str, pe: str) -> int:
         """A new epoch for ``pe``, above every one it had, and its fence marker on the PE's
         stream: whatever wrote under an older epoch is refused from here on."""
@@ -570,22 +592,35 @@ class Scaling(KeyMoves):
         agent.put(here, json={"element": placed, "fresh": False, "epoch": epoch})
 
 
+#: What a step of a scale may fail with (a node or the broker refused, or was away): each
+#: built like :class:`~fogshift.exceptions.FogshiftError`, so :func:`_unfinished` can say more.
+_STEP_FAILED = (InvalidInput, Unavailable, NotFound, Conflict, BrokerError)
+
+
+async def _ensure_streams(js: Any, pipeline: str, ids: list[str], window_s: float) -> None:
+    """The streams of partitions ``ids`` (made if missing; idempotent)."""
+    for pe in ids:
+        await ensure_pe_stream(js, pipeline, pe, window_s)
+
+
 def _unfinished(
-    exc: InvalidInput | Unavailable, pipeline: str, element_id: str, count: int, idle: list[str]
-) -> InvalidInput | Unavailable:
-    """``exc``, a refusal of a scale's rescale record, saying what the scale had done by
-    then: partitions ``idle`` it added run beyond the ``count`` the keys are spread over.
-    (It said "nothing changed" while the spec had them.)"""
+    exc: FogshiftError, pipeline: str, element_id: str, count: int, idle: list[str],
+    ran: bool = True,
+) -> FogshiftError:  # fmt: skip
+    """``exc``, a failed step of a scale, saying what the scale had done by then:
+    partitions ``idle`` it added (and, with ``ran``, started) beyond the ``count`` the keys
+    are spread over. (It said "nothing changed" while the spec had them.)"""
     if not idle:
         return exc
     # (A broker away may have stored the record after all: the same scale again tells.)
     owned = (
         "whether the rescale record is stored is not known"
-        if isinstance(exc, BrokerUnavailable)
+        if ran and isinstance(exc, BrokerUnavailable)
         else "though no key of the rescale is theirs yet"
     )
+    done = "added and run" if ran else "added to the spec (not all started)"
     return type(exc)(
-        f"{exc.message}; partitions {', '.join(idle)} were added and run, {owned}",
+        f"{exc.message}; partitions {', '.join(idle)} were {done}, {owned}",
         expected=exc.expected,
         received=exc.received,
         hint=f"{exc.hint or 'try again'}; the same scale again completes it, or `fogshift "

@@ -52,7 +52,9 @@ def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
     orchestrator = Orchestrator(config)
     orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
     orchestrator.broker = SimpleNamespace(run=lambda make, timeout=30: 0, close=lambda: None)  # type: ignore[assignment]
-    orchestrator.permissions = SimpleNamespace(sync=lambda registry: None)  # type: ignore[assignment]
+    orchestrator.permissions = SimpleNamespace(  # type: ignore[assignment]
+        sync=lambda registry: None, sync_quietly=lambda registry: None
+    )
     try:
         yield orchestrator
     finally:
@@ -326,3 +328,101 @@ def test_a_refused_rescale_record_says_which_added_partitions_run(
     assert "5000 keys would move" in error.message and "aggregate-p2" in error.message
     assert error.hint is not None and "move fewer keys" in error.hint
     assert "fogshift scale p aggregate --partitions 2" in error.hint
+
+
+def test_a_scale_whose_listing_or_start_fails_says_which_partitions_it_added(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node away when the old partitions' keys are listed, or the added partition's node
+    refusing to start it: the error named only the agent, while the spec had the added
+    partition (and it ran)."""
+    from fogshift.broker.keys import Ownership
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(2))
+    agents["fog-a"].fail("GET", "/pipelines/p/elements/aggregate-p0/keys")
+    with pytest.raises(Unavailable) as away:
+        orch.scale("p", "aggregate", 3, ["fog-c"])
+    assert agents["fog-c"].received("PUT", ADDED)  # it was started
+    assert "aggregate-p2 were added and run" in away.value.message, away.value.message
+    assert away.value.hint and "fogshift scale p aggregate --partitions 2" in away.value.hint
+    # Retired again; then the added partition's node refuses to start it.
+    orch.registry.remove_elements(parse_spec(SPEC, orch.config.home), ["aggregate-p2"])
+    agents["fog-c"].fail("PUT", ADDED)
+    with pytest.raises(Unavailable) as refused:
+        orch.scale("p", "aggregate", 3, ["fog-c"])
+    assert "aggregate-p2 were added to the spec (not all started)" in refused.value.message
+    assert refused.value.hint and "the same scale again completes it" in refused.value.hint
+
+
+def test_a_broker_away_fails_a_scale_out_before_the_spec_changes(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """Placed without a stream, the added partition could not be started, and its
+    consumers, restarted by the reconciler with it as an input, failed reading it (the
+    broker answered the input's tail, then went away)."""
+    from fogshift.broker.exceptions import BrokerUnavailable
+
+    _beat(orch, agents)
+    calls: list[Any] = []
+
+    def away(make: Any, timeout: float = 30) -> Any:
+        calls.append(make)
+        if len(calls) > 1:  # (the input's tail was read: the broker went away after)
+            raise BrokerUnavailable("the broker cannot be reached")
+        return 0
+
+    orch.broker = SimpleNamespace(run=away, close=lambda: None)  # type: ignore[assignment]
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    with pytest.raises(BrokerUnavailable):
+        orch._place(record.spec, _parts(orch), 3, ["fog-c"], "source")
+    after = orch.registry.get_pipeline("p")
+    assert after is not None and [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
+    assert "aggregate-p2" not in after.spec.element("sink").inputs
+    assert agents["fog-c"].received("PUT", ADDED) == []
+
+
+def test_a_node_answering_an_error_does_not_stop_the_stop_half_way(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """Only an unreachable node was tolerated: one answering 500 left the pipeline
+    "stopping", the nodes after it not asked, and nothing took the rest down."""
+    _beat(orch, agents)
+    agents["cloud"].answer("DELETE", "/pipelines/p", 500, {"code": "error", "message": "bug"})
+    result = orch.stop("p")
+    assert result.status == "stopped" and result.unreachable_nodes == ["cloud"]
+    for name in ("fog-a", "fog-b"):  # (sorted after cloud: asked all the same)
+        assert agents[name].received("DELETE", "/pipelines/p"), name
+    record = orch.registry.get_pipeline("p")
+    assert record is not None and record.status == "stopped"
+
+
+def test_a_deploy_whose_counts_cannot_be_read_is_still_reported_deployed(
+    orch: Orchestrator, agents: dict[str, StandIn], tmp_path: Path
+) -> None:
+    """Running, yet answered 503 when the broker did not answer the status's counts: the
+    CLI said the deploy failed, and deploying again was refused as running."""
+    from fogshift.broker.client import subject_counts
+
+    _beat(orch, agents)
+
+    def run(make: Any, timeout: float = 30) -> Any:
+        if getattr(make, "func", None) is subject_counts:
+            raise Unavailable("the broker did not answer in time")
+        return 0
+
+    orch.broker = SimpleNamespace(run=run, close=lambda: None)  # type: ignore[assignment]
+    data = {**SPEC, "pipeline": "q"}
+    data["elements"] = [
+        {**e, "options": {**e["options"], "path": str(tmp_path / "q" / e["options"]["path"])}}
+        if "path" in e["options"] else e
+        for e in SPEC["elements"]  # type: ignore[attr-defined]
+    ]  # fmt: skip
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "in.csv").write_text("timestamp,sensor,value\n")
+    deployed = orch.deploy(data)
+    assert deployed.pipeline == "q" and deployed.status == "running"
+    assert all(e.events_out == 0 for e in deployed.elements)
+    with pytest.raises(Unavailable):  # (a status asked later still says the broker is away)
+        orch.status("q")
