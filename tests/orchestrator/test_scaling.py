@@ -1,5 +1,6 @@
 """A scale-out that failed midway is finished by the same request again, or by the
-reconciler: its added partition started, its consumers reading it.
+reconciler: its added partition started, its consumers reading it; and what a stop or a
+deploy that meets a failing node or broker leaves.
 
 A real orchestrator object and registry; real HTTP servers stand in for the node agents
 (``standin``) and record what they are asked; the broker is stubbed (no stream is made).
