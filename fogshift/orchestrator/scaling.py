@@ -344,9 +344,9 @@ class Scaling(KeyMoves):
         """Remove the partitions from ``count`` on, which own nothing after the rescale at
         ``at``, once each has committed past it (its keys' states are sent then).
 
-        Each is dropped from the spec and its placement, its standby dropped, its instance
-        discarded, and its stream fenced under a new epoch, so that nothing is appended to it
-        any more: its consumers go on reading it as an input that has ended.
+        Each has its stream fenced under a new epoch (so that nothing is appended to it any
+        more: its consumers go on reading it as an input that has ended), then is dropped from
+        the spec and its placement, its standby dropped and its instance discarded.
 
         Returns:
             The partitions retired, with their nodes; and why not all were, if so.
@@ -363,29 +363,32 @@ class Scaling(KeyMoves):
                 return {}, (f"{part.id} has not processed the rescale yet: it is retired once "
                             "it has (the same command again retires it)")  # fmt: skip
         record = self.pipeline(pipeline)  # after the waits: a partition may have moved
-        retired: dict[str, str] = {}
+        # Every stream fenced first: a broker away fails the scale with every partition
+        # still placed and running (discarded one by one before, a failure half-way left
+        # discarded partitions in the spec, which the reconciler then restored).
         for part in retiring:
-            node = record.placement[part.id]
-            self.drop_standby(self.registry.standby(pipeline, part.id))
-            try:
-                self.agent(node).delete(
-                    f"/pipelines/{pipeline}/elements/{part.id}", params={"discard": True}
-                )
-            except FogshiftError as exc:  # fenced below; the reconciler removes it later
-                log.warning("retired %s/%s not removed from %s: %s", pipeline, part.id, node,
-                            exc.message)  # fmt: skip
             self._fence_anew(pipeline, part.id)
-            retired[part.id] = node
-        gone = set(retired)
+        retired = {part.id: record.placement[part.id] for part in retiring}
+        standbys = [self.registry.standby(pipeline, part_id) for part_id in retired]
         elements = [
             _counted(e, count, first.first_count) if e.partition and e.partition.of == first.of
             else e
             for e in record.spec.elements
-            if e.id not in gone
+            if e.id not in retired
         ]  # fmt: skip
-        self.registry.remove_elements(_respec(record.spec, elements), sorted(gone))
+        self.registry.remove_elements(_respec(record.spec, elements), sorted(retired))
         self.permissions.sync(self.registry)
-        for part_id in gone:  # (a partition added again later under its id starts afresh)
+        for standby in standbys:
+            self.drop_standby(standby)
+        for part_id, node in retired.items():
+            try:
+                self.agent(node).delete(
+                    f"/pipelines/{pipeline}/elements/{part_id}", params={"discard": True}
+                )
+            except FogshiftError as exc:  # fenced; the reconciler removes it later
+                log.warning("retired %s/%s not removed from %s: %s", pipeline, part_id, node,
+                            exc.message)  # fmt: skip
+        for part_id in retired:  # (a partition added again later under its id starts afresh)
             self.central.forget(pipeline, part_id)
         return retired, None
 

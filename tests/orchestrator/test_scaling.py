@@ -427,3 +427,38 @@ def test_a_deploy_whose_counts_cannot_be_read_is_still_reported_deployed(
     assert all(e.events_out == 0 for e in deployed.elements)
     with pytest.raises(Unavailable):  # (a status asked later still says the broker is away)
         orch.status("q")
+
+
+def test_a_scale_in_whose_fence_fails_discards_nothing_still_placed(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retiring partition was discarded before its stream was fenced: a broker away then
+    left it in the spec and placement with nothing running it, and the reconciler restored
+    it from the central store."""
+    import time
+
+    from fogshift.broker.exceptions import BrokerUnavailable
+    from fogshift.broker.keys import Ownership
+    from fogshift.broker.publish import fence
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(1))
+    monkeypatch.setattr(orch, "_committed_past", lambda *args: True)
+
+    def run(make: Any, timeout: float = 30) -> Any:
+        if getattr(make, "func", None) is fence:
+            raise BrokerUnavailable("the broker cannot be reached")
+        return 0
+
+    orch.broker = SimpleNamespace(run=run, close=lambda: None)  # type: ignore[assignment]
+    retiring = "/pipelines/p/elements/aggregate-p1"
+    with pytest.raises(BrokerUnavailable):
+        orch._retire("p", _parts(orch), 1, "source", 5, time.monotonic() + 5)
+    assert agents["fog-b"].received("DELETE", retiring) == []
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
+    orch.broker = SimpleNamespace(run=lambda make, timeout=30: 0, close=lambda: None)  # type: ignore[assignment]
+    retired, why = orch._retire("p", _parts(orch), 1, "source", 5, time.monotonic() + 5)
+    assert retired == {"aggregate-p1": "fog-b"} and why is None
+    (discarded,) = agents["fog-b"].received("DELETE", retiring)
+    assert discarded.query == {"discard": "true"}, discarded
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0"]
