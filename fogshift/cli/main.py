@@ -24,7 +24,7 @@ from rich.text import Text
 from fogshift.agent.config import AgentConfig
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
-from fogshift.cli.net import Home
+from fogshift.cli.net import Home, usable_home
 from fogshift.cli.topology import topology_app
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.settings import check_environment, check_value
@@ -79,7 +79,16 @@ def _setting(config: type[AgentConfig | OrchestratorConfig], field: str, what: s
 
     Such options default to ``None`` here: the service then reads ``FOGSHIFT_<FIELD>`` or
     takes the default its config class writes, the one place it is written."""
-    return f"{what} [default: ${'FOGSHIFT_' + field.upper()}, else {config.default(field)}]"
+    # (Escaped: rich took "[default: ...]" for markup and dropped it from the help.)
+    return escape(f"{what} [default: ${'FOGSHIFT_' + field.upper()}, else {config.default(field)}]")
+
+
+#: A demo's own folder: not ``$FOGSHIFT_HOME``, which may name the user's cluster (the demo
+#: deploys there, stops a pipeline of its name and kills a node).
+DemoHome = Annotated[
+    Path,
+    typer.Option("--home", help="Folder of the demo's own cluster.", callback=usable_home),
+]
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -629,13 +638,13 @@ def migrate(
     ] = None,
     to: Annotated[str, typer.Option("--to", help="The node to move the PE to.")] = "",
     mode: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="precopy (warm standby, short downtime), literal (the thesis's) or handover "
-            "(make-before-break: the target runs live beside the origin, no pause on the "
-            "output's path; not for sinks)."
+            help="precopy (warm standby, short downtime; the default), literal (the thesis's) "
+            "or handover (make-before-break: the target runs live beside the origin, no pause "
+            "on the output's path; not for sinks). Not with --keys or --key-group."
         ),
-    ] = "precopy",
+    ] = None,
     elements: Annotated[
         str | None,
         typer.Option(
@@ -661,12 +670,12 @@ def migrate(
         ),
     ] = None,
     order: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="With --keys: backlog (the key whose next event is nearest goes first, PAM) "
-            "or fifo (as listed)."
+            help="With --keys: backlog (the key whose next event is nearest goes first, PAM; "
+            "the default) or fifo (as listed)."
         ),
-    ] = "backlog",
+    ] = None,
     precopy: Annotated[
         bool,
         typer.Option(
@@ -691,7 +700,7 @@ def migrate(
 ) -> None:
     """Live-migrate a running PE (or several, or single keys of a partitioned PE) to another
     node (exit 1 if it failed; the origin runs on)."""
-    if mode not in tuple(MigrationMode):
+    if mode is not None and mode not in tuple(MigrationMode):
         raise InvalidInput(
             "unknown migration mode",
             expected=", ".join(m.value for m in MigrationMode),
@@ -711,7 +720,20 @@ def migrate(
             hint="a whole PE moves by --mode (precopy, literal, handover); a key group sends "
             "whole states and sizes its waves itself",
         )
-    if keys is not None or key_group is not None:
+    by_keys = keys is not None or key_group is not None
+    if (mode is not None and by_keys) or (order is not None and not by_keys):
+        # (Either was checked, then left out of the request: silently ignored.)
+        raise InvalidInput(
+            "--mode moves a whole PE, --order orders --keys or --key-group"
+            + (": not both" if by_keys else ""),
+            expected="`fogshift migrate P ELEMENT --to N [--mode M]` or `fogshift migrate P "
+            "ELEMENT --keys K1,K2 --to N [--order O]`",
+            received=f"--mode {mode}" if by_keys else f"--order {order} without --keys",
+            hint="keys move by their own procedure (their states as records in the input)",
+        )
+    mode = mode or MigrationMode.PRECOPY.value
+    if by_keys:
+        order = order or KeyOrder.BACKLOG.value
         if element is None or elements is not None or (keys is None) == (key_group is None):
             raise InvalidInput(
                 "--keys or --key-group moves keys of one partitioned element",
@@ -1037,7 +1059,7 @@ class DemoCase(StrEnum):
 
 @app.command()
 def demo(
-    home: Home = Path(".fogshift-demo"),
+    home: DemoHome = Path(".fogshift-demo"),
     case: Annotated[
         DemoCase,
         typer.Option(

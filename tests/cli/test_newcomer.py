@@ -511,3 +511,24 @@ def test_a_home_the_os_will_not_look_up_is_refused_not_a_traceback(command: list
     assert "--home" in err.value.message and "cannot be used" in err.value.message
     assert err.value.received and "File name too long" in err.value.received
     assert err.value.expected and err.value.hint
+
+
+@pytest.mark.parametrize(
+    ("args", "received"),
+    [
+        (["aggregate", "--order", "fifo"], "--order fifo without --keys"),
+        (["aggregate", "--keys", "a", "--mode", "handover"], "--mode handover"),
+        (["aggregate", "--key-group", "1/4", "--mode", "literal"], "--mode literal"),
+    ],
+)
+def test_a_mode_with_keys_or_an_order_without_them_is_refused_not_dropped(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], received: str
+) -> None:
+    # Each was checked, then left out of the request: the move went on without it.
+    client = StandInClient({})
+    use(monkeypatch, client)
+    result = runner.invoke(cli.app, ["migrate", "p", *args, "--to", "fog-b"])
+    assert isinstance(result.exception, InvalidInput), result.output
+    said = flat(str(result.exception))
+    assert "--mode moves a whole PE, --order orders --keys" in said and received in said, said
+    assert client.requests == []
