@@ -168,6 +168,9 @@ class CentralStore:
         # their age (a put's manifest is written after its files).
         self._in_flight: Counter[str] = Counter()
         self._flight_lock = threading.Lock()
+        #: Puts ended so far: one that ended during a collection's scan may have written
+        #: its manifest where the scan had looked already (see collect_garbage).
+        self._puts_ended = 0
 
     def _intact(self, blob: Path, sha: str, size: int) -> bool:
         """Whether ``blob`` holds the bytes whose digest is ``sha``.
@@ -384,6 +387,7 @@ class CentralStore:
             with self._flight_lock:
                 self._in_flight.subtract(digests)
                 self._in_flight += Counter()  # (drops the counts at zero)
+                self._puts_ended += 1
 
     def _put(
         self,
@@ -464,6 +468,7 @@ class CentralStore:
         """
         with self._flight_lock:
             in_flight = set(self._in_flight)
+            ended = self._puts_ended
         referenced: set[str] = set(in_flight)
         for manifest_file in (self.root / "checkpoints").glob("*/*/*.json"):
             try:
@@ -486,10 +491,16 @@ class CentralStore:
                 # Asked again at the unlink: a put registers its files before it looks at
                 # any, so one that began during the scan (and found this blob there) keeps
                 # it, and one that begins after the unlink finds it gone and ships it.
+                # A put that ended since the scan began may have written its manifest where
+                # the scan had looked already, naming this blob (with ``horizon_s`` 0, a
+                # replica's copy just made lost its files): spared until the next collection.
                 with self._flight_lock:
-                    if blob.name in self._in_flight:
+                    if blob.name in self._in_flight or self._puts_ended != ended:
                         continue
                     blob.unlink()
+                # (Its digest checked once no longer saves a read: a store kept one per
+                # blob ever written, growing for as long as the process ran.)
+                self._checked.pop(blob.name, None)
                 removed += 1
             except FileNotFoundError:
                 continue

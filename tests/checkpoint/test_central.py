@@ -306,6 +306,40 @@ def test_a_collection_spares_a_file_a_put_begun_during_its_scan_reuses(
     assert (blobs / sha).exists()
 
 
+def test_a_collection_spares_the_files_of_a_put_that_ended_during_its_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A whole put (a replica's copy, on a node dropping another PE's with a collection at
+    # once) ran while the collection read the manifests, its own written where the scan had
+    # looked already: its files, no longer in flight at the unlink, were removed.
+    store = CentralStore(tmp_path / "store")
+    first = {"offsets/1": b"one" * 10}
+    store.put(manifest(1, first), first.__getitem__)
+    store.forget("p", "agg")  # (its blob now unreferenced, as a reused one would be)
+    blobs = store.blobs
+    other = {"offsets/1": b"one" * 10, "commits/1": b"c1"}
+
+    class Scanned:
+        """The blobs folder, before whose listing a whole put runs."""
+
+        def __truediv__(self, name: str) -> Path:
+            return blobs / name
+
+        def iterdir(self) -> Iterator[Path]:
+            monkeypatch.setattr(store, "blobs", blobs)
+            store.put({**manifest(1, other), "element": "b"}, other.__getitem__)
+            yield from blobs.iterdir()
+
+    monkeypatch.setattr(store, "blobs", Scanned())
+    store.collect_garbage(horizon_s=0)
+    newest = store.newest("p", "b")
+    assert newest is not None and store.verify(newest) is None
+    # The next collection, with nothing ended during it, takes what no manifest names.
+    store.forget("p", "b")
+    assert store.collect_garbage(horizon_s=0) == 2
+    assert list(blobs.iterdir()) == [] and store._checked == {}
+
+
 def test_a_manifest_giving_a_shared_file_another_size_is_refused_and_the_file_kept(
     tmp_path: Path,
 ) -> None:
