@@ -168,7 +168,8 @@ class FogTopology(BaseModel):
                 expected="central, default_cpu, default_bandwidth, pe_cpu, "
                 "nodes: {NAME: {cpu}}, links: [{a, b, bandwidth}]",
                 received=repr(first.get("input"))[:200],
-                hint="see docs/planner.md, section 'Wiring'",
+                hint="`fogshift topology show` prints a valid one; the README's \"Planned "
+                'backups and redeploy nodes" gives the fields',
             ) from None
 
     def central_node(self, nodes: list[str]) -> str | None:
@@ -217,6 +218,8 @@ def build_topology(fog: FogTopology, nodes: list[LiveNode], pes: list[LivePE]) -
             raise InvalidInput(
                 f"node {node.name!r} runs PEs needing {needs:g} % CPU, more than its "
                 f"capacity {capacity:g} %",
+                expected=f"at most {capacity:g} % of CPU for the PEs of node {node.name!r}",
+                received=f"{needs:g} % ({needs / fog.pe_cpu:g} PEs of pe_cpu {fog.pe_cpu:g} %)",
                 hint="raise its cpu in the fog topology or lower pe_cpu",
             )
         load = min(max(node.cpu_percent - needs, 0.0), capacity - needs)

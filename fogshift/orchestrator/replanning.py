@@ -47,7 +47,16 @@ class Replanning(OrchestratorCore):
         the failure at hand. An instance the planner cannot satisfy keeps the previous plan
         and reports the reason in ``error``.
         """
-        fog = FogTopology.load(self.config.topology_file)
+        try:
+            fog = FogTopology.load(self.config.topology_file)
+        except FogshiftError as exc:
+            # (One stored by an older fogshift, or edited by hand, that no longer validates:
+            # every round raised before, and the plan kept its old assignments, no error.)
+            self.plan = self.plan.model_copy(update={
+                "error": f"the stored fog topology cannot be used: {exc.render()}",
+                "computed_at": time.time(),
+            })  # fmt: skip
+            return self.plan
         unknown = sorted(fog.names() - set(self.node_names()))
         live = [n for n in self.registry.nodes() if self.healthy(n) and n.report.ready]
         pes = []

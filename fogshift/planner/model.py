@@ -94,7 +94,9 @@ class Task(BaseModel):
     id: str = Field(min_length=1)
     server: str = Field(min_length=1)
     cpu: float = Field(ge=0)
-    latency_ms: float = Field(gt=0)
+    # (Bounded: a plan's objective sums recovery times, each within its task's latency, and
+    # values near 1e308 summed to infinity, which no plan may hold: a crash, not a refusal.)
+    latency_ms: float = Field(gt=0, le=1e12)
     backup_rate: float = Field(ge=0)
     transfer_size: float = Field(gt=0)
 

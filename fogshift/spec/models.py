@@ -413,7 +413,9 @@ class RecoverySpec(BaseModel):
 
     auto: bool = True
     detect_after_s: float = Field(default=10.0, ge=2.0)
-    latency_ms: float = Field(default=30_000.0, gt=0)
+    # (At most ~31 years: a plan sums its PEs' recovery times, each within its latency, and
+    # values near 1e308 summed to infinity, which failed every plan.)
+    latency_ms: float = Field(default=30_000.0, gt=0, le=1e12)
     standby: str | None = Field(default=None, pattern=_NAME)
     history_s: float | None = Field(default=DEFAULT_HISTORY_S, ge=1.0, le=MAX_HISTORY_S)
 

@@ -132,8 +132,41 @@ def test_bad_fog_topologies_are_refused_with_the_field(text: str, needle: str) -
 
 def test_a_node_whose_pes_exceed_its_capacity_is_named() -> None:
     fog = FogTopology.parse("pe_cpu: 60\nnodes: {fog-a: {cpu: 100}}")
-    with pytest.raises(InvalidInput, match="fog-a"):
+    with pytest.raises(InvalidInput, match="fog-a") as err:
         build_topology(fog, [LiveNode("fog-a", 0)], [pe("p/x", "fog-a"), pe("p/y", "fog-a")])
+    assert err.value.expected == "at most 100 % of CPU for the PEs of node 'fog-a'"
+    assert err.value.received == "120 % (2 PEs of pe_cpu 60 %)"
+
+
+def test_a_stored_topology_that_no_longer_validates_is_told_as_the_plans_error(
+    app: FastAPI,
+) -> None:
+    # One an older fogshift stored (a self-link was accepted then) or edited by hand: every
+    # round raised before the plan was touched, and the plan kept its age and no error.
+    orchestrator = app.state.orchestrator
+    orchestrator.config.topology_file.write_text("links: [{a: x, b: x, bandwidth: 10}]\n")
+    view = orchestrator.replan()
+    assert view.error is not None and "the stored fog topology cannot be used" in view.error
+    assert "links a node to itself" in view.error and view.computed_at is not None
+
+
+def test_a_latency_no_plan_can_sum_is_refused() -> None:
+    # Two PEs recovering in 1e308 ms each: the objective summed to infinity and the plan
+    # failed with a pydantic error (a 500), not a refusal.
+    from pydantic import ValidationError
+
+    from fogshift.planner.model import Task
+    from fogshift.spec import parse_spec
+
+    with pytest.raises(ValidationError, match="less than or equal to 1000000000000"):
+        Task(id="t", server="a", cpu=1, latency_ms=1e308, backup_rate=1, transfer_size=1)
+    spec = {
+        "pipeline": "p",
+        "recovery": {"latency_ms": 1e308},
+        "elements": [{"id": "s", "kind": "csv-source", "node": "a", "options": {"path": "in.csv"}}],
+    }
+    with pytest.raises(InvalidInput, match="latency_ms"):
+        parse_spec(spec)
 
 
 def test_the_example_fog_topology_is_valid() -> None:
