@@ -49,14 +49,17 @@ Work = Annotated[
 ]
 
 
-def _ints(text: str, what: str) -> tuple[int, ...]:
+def _ints(text: str, what: str, minimum: int = 0) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         values = ()
-    if not values or any(v < 0 for v in values):
+    if not values or any(v < minimum for v in values):
         raise BadBenchOption(
-            f"bad {what}", expected="comma-separated whole numbers, e.g. 0,1,5", received=text
+            f"bad {what}",
+            expected=f"comma-separated whole numbers of at least {minimum}, e.g. "
+            + ("0,1,5" if minimum == 0 else "10,100"),
+            received=text,
         )
     return values
 
@@ -71,6 +74,32 @@ def _choices(text: str, allowed: tuple[str, ...], option: str) -> tuple[str, ...
             received=text,
         )
     return chosen
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether option ``name`` was given (on the command line or by its variable), not
+    left at its default."""
+    source = ctx.get_parameter_source(name)
+    # (typer vendors click: its sources are compared by name.)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _rendered_from(out: Path, runs: list[Path]) -> Path:
+    """``out``, refused unless it holds some of ``runs`` (the CSVs a report is rendered
+    from): a missing folder gave a traceback, an empty one a results.md of nothing.
+
+    Raises:
+        BadBenchOption: None of ``runs`` is there.
+    """
+    if not any(path.is_file() for path in runs):
+        raise BadBenchOption(
+            f"nothing to render in {str(out)!r}",
+            expected="the --out folder of an earlier run (" + ", ".join(
+                str(p.relative_to(out)) for p in runs[:6]) + ")",
+            received="no such folder" if not out.is_dir() else "a folder without them",
+            hint="pass the --out the run wrote to",
+        )  # fmt: skip
+    return out
 
 
 def _session(
@@ -127,7 +156,9 @@ def register(bench_app: typer.Typer) -> None:
         out: Out,
         quick: Quick = False,
         work: Work = None,
-        runs: Annotated[int | None, typer.Option(help="Runs per series (default 10).")] = None,
+        runs: Annotated[
+            int | None, typer.Option(help="Runs per series (default 10).", min=1, max=100_000)
+        ] = None,
         sizes: Annotated[
             str | None, typer.Option(help="Added state in MiB, e.g. 0,1,5,50.")
         ] = None,
@@ -135,6 +166,7 @@ def register(bench_app: typer.Typer) -> None:
             list[str] | None,
             typer.Option(
                 "--link-profile",
+                metavar="PROFILE",
                 help="Link profile of the origin node (repeat): n0, n100, n500, 10mbit,n100.",
             ),
         ] = None,
@@ -164,7 +196,9 @@ def register(bench_app: typer.Typer) -> None:
         out: Out,
         quick: Quick = False,
         work: Work = None,
-        runs: Annotated[int | None, typer.Option(help="Restorations (default 100).")] = None,
+        runs: Annotated[
+            int | None, typer.Option(help="Restorations (default 100).", min=1, max=100_000)
+        ] = None,
         methods: Annotated[
             str | None,
             typer.Option(help="How runs restore, in turn: checkpoint, standby (comma-separated)."),
@@ -196,7 +230,9 @@ def register(bench_app: typer.Typer) -> None:
         quick: Quick = False,
         work: Work = None,
         sizes: Annotated[str | None, typer.Option(help="Added state in MiB.")] = None,
-        duration: Annotated[float | None, typer.Option(help="Seconds per size.")] = None,
+        duration: Annotated[
+            float | None, typer.Option(help="Seconds per size.", min=1, max=86_400)
+        ] = None,
     ) -> None:
         """E3: node-level checkpoint cost and central shipping by state size (thesis Fig. 24)."""
         config = e3.E3Config.quick() if quick else e3.E3Config()
@@ -218,7 +254,11 @@ def register(bench_app: typer.Typer) -> None:
         work: Work = None,
         rate: Annotated[
             float | None,
-            typer.Option(help="Events/s (default: the highest rate the probes find sustained)."),
+            typer.Option(
+                help="Events/s (default: the highest rate the probes find sustained).",
+                min=1,
+                max=10_000_000,
+            ),
         ] = None,
     ) -> None:
         """Throughput and latency through a migration and a restoration, at high load."""
@@ -254,7 +294,10 @@ def register(bench_app: typer.Typer) -> None:
         state_kib: Annotated[
             str | None, typer.Option(help="KiB of state per key, comma-separated.")
         ] = None,
-        runs: Annotated[int | None, typer.Option(help="Repetitions of each combination.")] = None,
+        runs: Annotated[
+            int | None,
+            typer.Option(help="Repetitions of each combination.", min=1, max=100_000),
+        ] = None,
         methods: Annotated[
             str | None,
             typer.Option(help=f"Methods, comma-separated, of {','.join(pam.METHODS)}."),
@@ -302,7 +345,7 @@ def register(bench_app: typer.Typer) -> None:
         if methods is not None:
             config = replace(config, methods=_choices(methods, pam.METHODS, "--methods"))
         if keys:
-            config = replace(config, keys=_ints(keys, "numbers of keys"))
+            config = replace(config, keys=_ints(keys, "numbers of keys", minimum=1))
         if state_kib:
             config = replace(config, state_kib=_ints(state_kib, "state sizes"))
         if runs is not None:
@@ -337,13 +380,22 @@ def register(bench_app: typer.Typer) -> None:
 
     @bench_app.command("soak")
     def cmd_soak(
+        ctx: typer.Context,
         out: Out,
-        migrations: Annotated[int, typer.Option(help="Migrations in the schedule.")] = 200,
+        migrations: Annotated[
+            int, typer.Option(help="Migrations in the schedule.", min=0, max=1_000_000)
+        ] = 200,
         kills: Annotated[
-            int, typer.Option(help="Node kills (SIGKILL of a node's process group).")
+            int,
+            typer.Option(
+                help="Node kills (SIGKILL of a node's process group).", min=0, max=1_000_000
+            ),
         ] = 50,
         orchestrator_kills: Annotated[
-            int, typer.Option(help="Orchestrator kills (SIGKILL), then started again.")
+            int,
+            typer.Option(
+                help="Orchestrator kills (SIGKILL), then started again.", min=0, max=1_000_000
+            ),
         ] = 1,
         modes: Annotated[
             str,
@@ -351,17 +403,25 @@ def register(bench_app: typer.Typer) -> None:
         ] = ",".join(soak.MODES),
         mid_migration: Annotated[
             float,
-            typer.Option(help="Probability that an orchestrator kill lands during a migration."),
+            typer.Option(
+                help="Probability that an orchestrator kill lands during a migration.",
+                min=0,
+                max=1,
+            ),
         ] = 0.5,
         duration: Annotated[
             float | None,
-            typer.Option(help="Start no operation after this many seconds (a cap)."),
+            typer.Option(
+                help="Start no operation after this many seconds (a cap).", min=1, max=10_000_000
+            ),
         ] = None,
         seed: Annotated[int, typer.Option(help="Seed of the schedule, choices and inputs.")] = 0,
         nodes: Annotated[
             str, typer.Option(help="Comma-separated node names (at least two).")
         ] = "cloud,fog-a,fog-b,fog-c",
-        rate: Annotated[float, typer.Option(help="Events/s of each source.")] = 10.0,
+        rate: Annotated[
+            float, typer.Option(help="Events/s of each source.", min=0.001, max=1_000_000)
+        ] = 10.0,
         standby: Annotated[
             str | None,
             typer.Option(
@@ -372,7 +432,9 @@ def register(bench_app: typer.Typer) -> None:
             int,
             typer.Option(
                 help="Micro-batch trigger of every query (ms): on two cores, the default's "
-                "batches of two pipelines keep the CPU busy, and every operation waits for it."
+                "batches of two pipelines keep the CPU busy, and every operation waits for it.",
+                min=0,
+                max=3_600_000,
             ),
         ] = AgentConfig.default("trigger_ms"),
         work: Work = None,
@@ -385,6 +447,20 @@ def register(bench_app: typer.Typer) -> None:
         and the orchestrator; counts lost, duplicated and wrong output rows."""
         target = out.resolve()
         if report_only:
+            given = [
+                f"--{name.replace('_', '-')}" for name in (
+                    "migrations", "kills", "orchestrator_kills", "modes", "mid_migration",
+                    "duration", "seed", "nodes", "rate", "standby", "trigger_ms", "work")
+                if _given(ctx, name)
+            ]  # fmt: skip
+            if given:  # they shape a run: ignoring them would mislead
+                raise BadBenchOption(
+                    "--report-only runs nothing, so it takes no options of a run",
+                    expected="--out DIR --report-only",
+                    received=", ".join(given),
+                    hint="drop them, or drop --report-only to run a soak",
+                )
+            _rendered_from(target, [target / soak.RUNS_CSV, target / soak.VERDICT_JSON])
             console.print(f"results: {soak.render(target)}")
             return
         config = soak.SoakConfig(
@@ -411,7 +487,9 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("report")
     def cmd_report(out: Out) -> None:
         """Render results.md and the PNGs again from the CSVs in --out."""
-        console.print(f"results: {report.render(out.resolve())}")
+        target = out.resolve()
+        _rendered_from(target, [target / m.NAME / "runs.csv" for m in report.EXPERIMENTS])
+        console.print(f"results: {report.render(target)}")
 
 
 def _e1_overrides(

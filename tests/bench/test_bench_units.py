@@ -475,3 +475,35 @@ def test_e1_total_counts_every_phase_a_handover_ran() -> None:
                               "invoke": 10.0, "finalize": 50.0}}  # fmt: skip
     assert phases_total(handover) == 1660.0
     assert phases_total({"phases_ms": {}}) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["report"], "nothing to render"),
+        (["soak", "--report-only"], "nothing to render"),
+        (["soak", "--report-only", "--migrations", "5", "--rate", "2"], "--migrations, --rate"),
+        (["e1", "--runs", "0"], "--runs"),
+        (["e3", "--duration", "inf"], "--duration"),
+        (["seamless", "--rate", "nan"], "--rate"),
+        (["pam", "--keys", "0,10"], "bad numbers of keys"),
+        (["soak", "--trigger-ms", "-5"], "--trigger-ms"),
+        (["soak", "--rate", "nan"], "--rate"),
+    ],
+)
+def test_bench_options_that_cannot_work_are_refused_before_anything_runs(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    # A missing --out gave `report` a traceback and an empty one a results.md of nothing;
+    # `soak --report-only` ignored a run's options; runs of 0, a NaN rate or an infinite
+    # duration were taken, to fail (or never end) once clusters had started.
+    from fogshift.cli import main as cli
+
+    out = tmp_path / "out"
+    if args[0] == "soak" and "--report-only" in args and len(args) > 2:
+        out.mkdir()
+    result = CliRunner().invoke(cli.app, ["bench", *args[:1], "--out", str(out), *args[1:]])
+    text = result.output + str(result.exception or "")
+    assert said in " ".join(text.split()), text
+    assert result.exit_code == 2 or getattr(result.exception, "code", None) == "bad_bench_option"
+    assert not any(out.glob("*/runs.csv")) and not (out / "results.md").exists()
