@@ -27,6 +27,7 @@ from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
 from fogshift.cli.topology import topology_app
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
+from fogshift.common.names import NAME_PATTERN
 from fogshift.common.settings import check_environment, check_value
 from fogshift.contracts import (
     DeadLetter,
@@ -304,6 +305,17 @@ def validate(
 ) -> None:
     """Check a spec offline with the checks `deploy` makes first; exit 1 if refused."""
     names = [n.strip() for n in nodes.split(",") if n.strip()] if nodes is not None else None
+    bad = [n for n in names or [] if not NAME_PATTERN.fullmatch(n)]
+    if names == [] or bad:
+        # (An empty list was refused as "no node is up", and a name no node can have, such
+        # as fog.a, was taken and even offered as a guess.)
+        raise InvalidInput(
+            "--nodes names the nodes to check the placement against",
+            expected="comma-separated node names: letters, digits, '_' and '-' (e.g. "
+            "cloud,fog-a,fog-b)",
+            received=repr(nodes),
+            hint="leave --nodes out to accept any node",
+        )
     try:
         pipeline = load_spec(spec, names)
         check_fresh(pipeline)

@@ -495,6 +495,17 @@ def up(
             hint=f"named more than once: {', '.join(twice)}",
         )
     _check_host(host)
+    if nats_url is None and (nats_user is not None or nats_password is not None):
+        # (Ignored before: the cluster started its own broker, and the credentials meant
+        # for another were silently unused.)
+        raise InvalidInput(
+            "broker credentials need the broker they are for",
+            expected="--nats-url URL with --nats-user/--nats-password (or none of them: "
+            "fogshift starts a broker of its own, with a user per node)",
+            received="--nats-user/--nats-password (or $FOGSHIFT_NATS_USER/_PASSWORD) "
+            "without --nats-url",
+            hint="give --nats-url, or drop the credentials",
+        )
     if links and not isolate:
         raise InvalidInput(
             "link profiles need isolated nodes",

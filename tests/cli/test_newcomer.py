@@ -532,3 +532,22 @@ def test_a_mode_with_keys_or_an_order_without_them_is_refused_not_dropped(
     said = flat(str(result.exception))
     assert "--mode moves a whole PE, --order orders --keys" in said and received in said, said
     assert client.requests == []
+
+
+def test_broker_credentials_without_the_broker_are_refused(tmp_path: Path) -> None:
+    # They were silently unused: the cluster started a broker of its own.
+    with pytest.raises(InvalidInput, match="broker credentials need the broker") as err:
+        runner.invoke(cli.app, ["up", "--nodes", "a", "--nats-user", "u", "--nats-password",
+                                "p", "--home", str(tmp_path / "home")],
+                      catch_exceptions=False)  # fmt: skip
+    assert err.value.expected and "--nats-url" in err.value.expected
+    assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("nodes", ["", ",", "cloud,fog.a"])
+def test_validate_refuses_node_names_no_node_can_have(nodes: str, tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text("pipeline: p\nelements: []\n")
+    with pytest.raises(InvalidInput, match="--nodes names the nodes") as err:
+        runner.invoke(cli.app, ["validate", str(spec), "--nodes", nodes], catch_exceptions=False)
+    assert err.value.received == repr(nodes)
