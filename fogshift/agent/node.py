@@ -96,8 +96,11 @@ class HostedElement:
     restarts: int = 0
     gated: bool = False
     retry_at: float = 0.0
-    #: Failures since the query last committed a batch (drives backoff and giving up).
+    #: Failures since the query last committed a batch (drives backoff).
     failures: int = 0
+    #: Of those, the :class:`ElementError` s in a row (drives giving up: broker trouble
+    #: before one is no sign that the PE cannot be built).
+    element_failures: int = 0
     #: ``last_batch`` when the query was last started: a later batch means it works.
     started_batch: int = -1
     events_in: int = 0
@@ -385,12 +388,13 @@ class NodeRuntime:
         :class:`ElementError` is restarted :data:`ELEMENT_ERROR_RESTARTS` times at most.
         """
         hosted.failures += 1
+        hosted.element_failures = hosted.element_failures + 1 if element_error else 0
         hosted.state, hosted.error = PEState.FAILED, error[:2000]
-        if element_error and hosted.failures > ELEMENT_ERROR_RESTARTS:
+        if element_error and hosted.element_failures > ELEMENT_ERROR_RESTARTS:
             hosted.retry_at = math.inf
             hosted.error = (
-                f"{error[:2000]}\ngave up after {hosted.failures - 1} restarts in a row: the "
-                "PE cannot be built; change it and deploy again"
+                f"{error[:2000]}\ngave up after {hosted.element_failures - 1} restarts in a "
+                "row: the PE cannot be built; change it and deploy again"
             )
             log.error("%s: %s", hosted.plan.query_name, hosted.error)
             return
@@ -471,7 +475,9 @@ class NodeRuntime:
         hosted.gated = True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if hosted.state == PEState.FAILED:
+            # (A fenced or stopped query never acknowledges the gate: waited for, it held a
+            # migration's pause, inside the PE's exclusive section, for the whole timeout.)
+            if hosted.state in (PEState.FAILED, PEState.FENCED, PEState.STOPPED):
                 break
             if acknowledged(gate, nonce):
                 batch = committed_batch(checkpoint)
@@ -735,9 +741,18 @@ class NodeRuntime:
                 if snap
                 else None
             ),
-            lines_written=int(read_marker(element.options["path"])["lines"]) if sink else None,
+            lines_written=self._lines_written(element) if sink else None,
             snapshot_error=hosted.snapshot_error,
         )
+
+    def _lines_written(self, element: ElementSpec) -> int | None:
+        """The lines a sink's marker counts; ``None`` if it cannot be read now (on shared
+        storage: a fault, a folder in its place), which must not fail the node's heartbeat."""
+        try:
+            return int(read_marker(element.options["path"])["lines"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("the marker of sink %s cannot be read: %s", element.id, exc)
+            return None
 
     def elements(self) -> list[ElementInfo]:
         """What runs here, for heartbeats and ``GET /elements``.
@@ -825,7 +840,7 @@ class NodeRuntime:
         if query is None:
             return
         if hosted.last_batch > hosted.started_batch:
-            hosted.failures = 0  # it committed a batch since its (re)start: it works
+            hosted.failures = hosted.element_failures = 0  # it committed a batch: it works
         if not query.isActive:
             error = query.exception()
             text = str(error) if error else "query stopped by itself"

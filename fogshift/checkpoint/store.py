@@ -60,6 +60,13 @@ def latest_manifest(store: Path) -> dict[str, Any] | None:
             return dict(json.loads((folder / MANIFEST).read_text()))
         except FileNotFoundError:
             continue  # incomplete, or removed by the clean-up meanwhile
+        except (OSError, ValueError, TypeError) as exc:
+            # A manifest that cannot be read (empty after a power loss: it is renamed into
+            # place unsynced; a storage fault) is no snapshot: the one before it is the
+            # newest. Raised, it failed every heartbeat of the node (declared lost, its PEs
+            # restored elsewhere while running here) and every later snapshot of the PE.
+            log.warning("snapshot %s cannot be read (%s): skipped", folder, exc)
+            continue
     return None
 
 

@@ -68,6 +68,25 @@ def _check_origin(module: Any, name: str, path: Path) -> None:
         )
 
 
+#: The source file's (mtime, size) of each custom processor module when it was imported.
+_IMPORTED: dict[str, tuple[int, int] | None] = {}
+
+
+def _stamp(module: Any) -> tuple[int, int] | None:
+    """``module``'s source file's (mtime in ns, size); ``None`` if it has none now."""
+    try:
+        stat = Path(module.__file__).stat()
+    except (TypeError, OSError):  # (no file: a namespace or built-in module)
+        return None
+    return (stat.st_mtime_ns, stat.st_size)
+
+
+def _changed(module: Any) -> bool:
+    """Whether ``module`` was imported here before and its source file changed since."""
+    name = module.__name__
+    return name in _IMPORTED and _IMPORTED[name] is not None and _stamp(module) != _IMPORTED[name]
+
+
 def load_class(reference: str, path: str | None = None) -> type[Processor]:
     """Import ``module:ClassName``, a :class:`Processor` subclass.
 
@@ -80,6 +99,12 @@ def load_class(reference: str, path: str | None = None) -> type[Processor]:
     module_name, _, class_name = reference.partition(":")
     try:
         module = importlib.import_module(module_name)
+        if _changed(module):
+            # Its file was edited since it was imported here (a processor fixed after it
+            # failed, deployed again): the node's long-lived process kept the old code, and
+            # the PE failed the same way until the agent was restarted.
+            module = importlib.reload(module)
+        _IMPORTED[module_name] = _stamp(module)
         cls = getattr(module, class_name)
     except Exception as exc:  # not found, or the module itself raises (SyntaxError...)
         raise ElementError(

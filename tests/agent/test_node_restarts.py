@@ -348,3 +348,50 @@ def test_an_agent_whose_spark_jvm_exited_stops_so_that_its_pes_are_restored(
     monkeypatch.setattr(node, "jvm_exit_code", lambda: 137)
     runtime._monitor_round()
     assert exits == [node.JVM_GONE_EXIT]
+
+
+def test_a_sink_marker_that_cannot_be_read_does_not_fail_the_nodes_report(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    # On shared storage the marker may fail to read (a fault, a folder in its place): that
+    # failed every heartbeat of the node, which was then declared lost.
+    out = tmp_path / "out" / "o.csv"
+    marker = out.with_name(f".{out.name}.fogshift.json")
+    marker.mkdir(parents=True)
+    element = ElementSpec(id="sink", kind="csv-sink", node="n1", inputs=("s",),
+                          options={"path": str(out)})  # fmt: skip
+    h = HostedElement(plan=QueryPlan("x", element, str(tmp_path / "b.json"), str(tmp_path / "c")))
+    assert runtime.describe(h).lines_written is None
+
+
+def test_one_element_error_after_broker_failures_is_restarted_not_given_up(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    # Every failure in a row counted: three broker failures and then one ElementError (an
+    # on_assign() whose model file was briefly away) gave up on the PE for good.
+    h = hosted(tmp_path)
+    for _ in range(ELEMENT_ERROR_RESTARTS):
+        runtime._failed(h, "broker gone")
+    runtime._failed(h, "ElementError: the model file is not there", element_error=True)
+    assert math.isfinite(h.retry_at) and "gave up" not in (h.error or "")
+    for _ in range(ELEMENT_ERROR_RESTARTS):
+        runtime._failed(h, "ElementError: the model file is not there", element_error=True)
+    said = f"gave up after {ELEMENT_ERROR_RESTARTS} restarts in a row"
+    assert h.retry_at == math.inf and said in (h.error or "")
+
+
+@pytest.mark.parametrize("state", [PEState.FENCED, PEState.STOPPED, PEState.FAILED])
+def test_a_pause_of_a_query_that_will_never_pause_ends_at_once(
+    runtime: NodeRuntime, tmp_path: Path, state: PEState
+) -> None:
+    # A fenced or stopped query never acknowledges the gate: the pause waited out its
+    # whole timeout (120 s in a migration, inside the PE's exclusive section).
+    from fogshift.agent.exceptions import NodeNotReady
+
+    h = hosted(tmp_path)
+    h.state = state
+    runtime._elements[("x", "p")] = h
+    started = time.monotonic()
+    with pytest.raises(NodeNotReady, match=f"state {state}"):
+        runtime.pause("x", "p", timeout_s=30)
+    assert time.monotonic() - started < 5

@@ -242,3 +242,22 @@ def test_a_file_replaced_between_the_listing_and_its_link_is_digested_as_linked(
     assert (frozen / "fogshift-metrics.json").read_text() == '{"events_in": 30}'
     for rel, entry in second["files"].items():
         assert entry["sha256"] == _digest(frozen / rel), rel
+
+
+def test_a_manifest_that_cannot_be_read_is_no_snapshot(tmp_path: Path) -> None:
+    # Renamed into place unsynced, a manifest can come back empty after a power loss: it
+    # was raised, which failed every heartbeat of the node and every later snapshot.
+    from fogshift.checkpoint.store import MANIFEST, latest_manifest
+
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 2)
+    first = take_snapshot(live, store, "p", "agg")
+    assert first is not None
+    _batch(live, 2)
+    second = take_snapshot(live, store, "p", "agg")
+    assert second is not None
+    (store / second["id"] / MANIFEST).write_text("")
+    assert latest_manifest(store) == first
+    _batch(live, 3)
+    third = take_snapshot(live, store, "p", "agg")
+    assert third is not None and third["batch"] == 3 and latest_manifest(store) == third

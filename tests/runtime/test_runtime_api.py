@@ -191,6 +191,38 @@ def test_parse_value() -> None:
     assert parse_value("abc") == "abc"
 
 
+def test_a_processor_fixed_after_it_failed_is_imported_anew(tmp_path: Path) -> None:
+    # The agent imported the module once: deployed again after its file was fixed, the PE
+    # ran the old code and gave up the same way until the agent was restarted.
+    import os
+    import sys
+
+    from fogshift.runtime.kinds import load_class
+
+    name = f"fixedproc_{tmp_path.name.replace('-', '_')}"
+    source = tmp_path / f"{name}.py"
+
+    def write(version: int) -> None:
+        source.write_text(
+            "from fogshift.runtime.api import Processor\n"
+            f"class Proc(Processor):\n    VERSION = {version}\n"
+            "    def process(self, event):\n        return None\n"
+        )
+        os.utime(source, ns=(version * 10**9, version * 10**9))  # (a newer file, surely)
+
+    write(1)
+    try:
+        first = load_class(f"{name}:Proc", str(tmp_path))
+        assert first.VERSION == 1  # type: ignore[attr-defined]
+        assert load_class(f"{name}:Proc", str(tmp_path)) is first  # unchanged: the same
+        write(2)
+        assert load_class(f"{name}:Proc", str(tmp_path)).VERSION == 2  # type: ignore[attr-defined]
+    finally:
+        sys.modules.pop(name, None)
+        if str(tmp_path) in sys.path:
+            sys.path.remove(str(tmp_path))
+
+
 def test_a_second_folders_module_of_a_name_already_imported_is_refused(tmp_path: Path) -> None:
     # Two pipelines' `{class: revproc:Proc, path: /a}` and `{..., path: /b}` on one node: the
     # second ran the first's code (a process imports a module name once).
