@@ -138,9 +138,18 @@ class Reconciler(Coordination):
                     self._discard_quietly(op.origin, here, self.registry.get_pipeline(
                         op.pipeline), op)  # fmt: skip
                     return taken, False
+                # A handover's target ran under the entry's epoch, above the origin's: it
+                # may have written (or the stream been fenced) under it, so the origin is
+                # restarted under a newer epoch, fenced first — resumed under its own, it
+                # was refused at its next append, and the decision named an epoch it did
+                # not run under.
+                origin = self.registry.node(op.origin)
+                reported = origin.report.element(op.pipeline, op.element) if origin else None
+                behind = reported is not None and reported.epoch < op.epoch
                 undone = run_rollback(
                     op.pipeline, element, (op.origin, self.agent(op.origin)),
                     (op.target, self.agent(op.target)), op.epoch, partial(self._fence_for, op),
+                    unanswered=behind,
                 )  # fmt: skip
                 notes = "; ".join(undone.notes)
                 if undone.resumed:

@@ -145,3 +145,41 @@ def test_a_literal_start_that_got_no_answer_is_fenced_out_not_trusted_discarded(
     assert agents["fog-a"].received("POST", HERE + "/resume") == []  # not under epoch 1
     (restart,) = agents["fog-a"].received("PUT", HERE)
     assert restart.body["epoch"] == 2
+
+
+def test_a_literal_migrations_downtime_and_catch_up_leave_out_the_origins_removal() -> None:
+    # The downtime was measured after the origin's DELETE: it counted that round trip (on a
+    # 500 ms link, most of the figure). And a literal migration reported the PE's whole
+    # input position as caught up: its checkpoint's offset was never looked at.
+    import threading
+    import time
+
+    offset = {"type": "jetstream", "positions": {"source": 500}}
+    pe = {"pipeline": "p", "element": "aggregate"}
+    with standins("fog-a", "fog-b") as agents:
+        agents["fog-a"].answer(
+            "POST",
+            HERE + "/pause",
+            body={**pe, "state": "paused", "committed_batch": 3, "offset": offset, "progress": 500},
+        )
+        info = json.dumps({"batch": 3, "offset": offset})
+        agents["fog-a"].answer("GET", HERE + "/checkpoint", content=b"checkpoint",
+                               headers={SHA_HEADER: "0" * 64, INFO_HEADER: info})  # fmt: skip
+        agents["fog-b"].answer("GET", HERE + "/progress", body={
+            **pe, "state": "running", "committed_batch": 4, "progress": 501})  # fmt: skip
+        came, answer = agents["fog-a"].hold("DELETE", HERE)  # a slow removal of the origin
+
+        def release() -> None:
+            came.wait(10)
+            time.sleep(1.0)
+            answer.set()
+
+        threading.Thread(target=release, daemon=True).start()
+        clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
+        report = migrate("p", ELEMENT, ("fog-a", clients["fog-a"]),
+                         ("fog-b", clients["fog-b"]), MigrationMode.LITERAL, timeout_s=5,
+                         live_wait_s=2, steps=MigrationSteps())  # fmt: skip
+    assert report.status == "migrated", report
+    assert report.phases_ms["finalize"] >= 900, report.phases_ms  # the removal took 1 s
+    assert report.downtime_ms is not None and report.downtime_ms < 800, report
+    assert report.caught_up_events == 0, report

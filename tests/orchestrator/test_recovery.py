@@ -188,6 +188,24 @@ def test_a_handover_left_live_on_its_target_with_its_origin_gone_completes_there
     assert record is not None and record.placement["aggregate"] == "fog-b"
 
 
+def test_a_handover_left_with_its_origin_running_restarts_it_fenced_above_the_target(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The target ran under the handover's epoch (2), above the origin's (1): the origin
+    # was only resumed, under 1, and refused at its next append (the stream may be fenced
+    # with 2), while the decision said it ran under 2.
+    op = left_by_dead_orchestrator(orch, "migration", "switching")
+    assert orch.registry.next_epoch("p", "aggregate", operation=op) == 2  # the handover's
+    monkeypatch.setattr(orch, "_fence_for", lambda op: 3)
+    agents["fog-a"].answer("GET", AGG + "/progress", body={**PE, "state": "running", "epoch": 1})
+    (decision,) = orch.recover_operations()
+    assert agents["fog-b"].received("DELETE", AGG), decision  # the target discarded first
+    assert agents["fog-a"].received("POST", AGG + "/resume") == [], decision
+    (restart,) = agents["fog-a"].received("PUT", AGG)
+    assert restart.body["epoch"] == 3, restart.body
+    assert "runs under epoch 3" in decision, decision
+
+
 def test_an_operation_this_orchestrator_runs_is_not_recovered(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
