@@ -669,8 +669,18 @@ def migrate(
         str | None,
         typer.Option(
             "--keys",
-            help="Move only these keys (comma-separated) of a partitioned ELEMENT to its "
-            "partition on --to; every other key goes on where it is.",
+            help="Move only these keys (comma-separated, each stripped of surrounding "
+            "spaces) of a partitioned ELEMENT to its partition on --to; every other key goes "
+            "on where it is.",
+        ),
+    ] = None,
+    key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--key",
+            metavar="KEY",
+            help="One key to move, exactly as written (repeat; with --keys or instead): a "
+            "key holding a comma or surrounding spaces.",
         ),
     ] = None,
     key_group: Annotated[
@@ -722,7 +732,14 @@ def migrate(
         raise InvalidInput(
             "migrate needs the node to move to", expected="--to NODE", received="no --to"
         )
-    if keys is None and (wave_keys is not None or not precopy):
+    # (Split and stripped, a key such as " s1" or "a,b" was sent as another that does not
+    # exist, moved as an empty state, and reported moved.)
+    listed = (
+        None
+        if keys is None and not key
+        else [k.strip() for k in (keys or "").split(",") if k.strip()] + list(key or [])
+    )
+    if listed is None and (wave_keys is not None or not precopy):
         raise InvalidInput(
             "--wave-keys and --no-precopy are for --keys",
             expected="`fogshift migrate P ELEMENT --keys K1,K2 --to N [--no-precopy] "
@@ -732,7 +749,7 @@ def migrate(
             hint="a whole PE moves by --mode (precopy, literal, handover); a key group sends "
             "whole states and sizes its waves itself",
         )
-    by_keys = keys is not None or key_group is not None
+    by_keys = listed is not None or key_group is not None
     if (mode is not None and by_keys) or (order is not None and not by_keys):
         # (Either was checked, then left out of the request: silently ignored.)
         raise InvalidInput(
@@ -746,7 +763,7 @@ def migrate(
     mode = mode or MigrationMode.PRECOPY.value
     if by_keys:
         order = order or KeyOrder.BACKLOG.value
-        if element is None or elements is not None or (keys is None) == (key_group is None):
+        if element is None or elements is not None or (listed is None) == (key_group is None):
             raise InvalidInput(
                 "--keys or --key-group moves keys of one partitioned element",
                 expected="`fogshift migrate P ELEMENT --keys K1,K2 --to N` or `... "
@@ -760,7 +777,7 @@ def migrate(
                 expected=", ".join(o.value for o in KeyOrder),
                 received=repr(order),
             )
-        _migrate_keys(home, pipeline, element, keys.split(",") if keys else [], to, order,
+        _migrate_keys(home, pipeline, element, listed or [], to, order,
                       as_json, key_group, precopy, wave_keys)  # fmt: skip
         return
     if (element is None) == (elements is None):
@@ -817,7 +834,7 @@ def _migrate_keys(
     home: Path, pipeline: str, element: str, keys: list[str], to: str, order: str, as_json: bool,
     group: str | None = None, precopy: bool = True, wave_keys: int | None = None,
 ) -> None:  # fmt: skip
-    body: dict[str, Any] = {"keys": [k.strip() for k in keys], "target": to, "order": order}
+    body: dict[str, Any] = {"keys": keys, "target": to, "order": order}
     if group is not None:
         body["group"] = group.strip()
     else:

@@ -269,6 +269,14 @@ def test_a_key_move_left_pending_names_its_waves_and_the_keys_left(
     use(monkeypatch, Client({}, odd.model_dump(mode="json")))
     result = runner.invoke(cli.app, ["migrate", "p", "aggregate", *args])
     assert result.exit_code == 1 and "a[/x]: aggregate-p0 -> aggregate-p1" in flat(result.stdout)
+    # A key with a comma or surrounding spaces, exactly as written with --key (split and
+    # stripped, such keys were sent as others that do not exist, and "moved"); --keys
+    # items are stripped, and empty ones dropped.
+    sent.clear()
+    exact = ["migrate", "p", "aggregate", "--keys", "s1, s2,,", "--key", " s3", "--key", "a,b",
+             "--to", "fog-b"]  # fmt: skip
+    runner.invoke(cli.app, exact)
+    assert sent[-1]["keys"] == ["s1", "s2", " s3", "a,b"], sent
 
 
 @pytest.mark.parametrize(
