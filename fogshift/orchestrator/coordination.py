@@ -103,6 +103,9 @@ class Coordination(Scaling):
             # reconcile round resolves it by its phase (see recover_operations).
             self.registry.finish(op.id, "migrated")
             self.last_migration[(pipeline, element_id)] = report
+            # The origin's rights go now, not at the next reconcile round ("origin and
+            # target until the handover").
+            self.permissions.sync_quietly(self.registry)
         log.info("migrated %s/%s: %s, prepare %s", pipeline, element_id, report.phases_ms,
                  report.prepare_ms)  # fmt: skip
         return report

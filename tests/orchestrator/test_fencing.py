@@ -329,3 +329,22 @@ def test_a_target_that_never_started_is_no_writer_and_the_origin_simply_resumes(
     assert len(agents["fog-a"].received("POST", here + "/resume")) == 1
     assert agents["fog-a"].received("PUT", here) == []
     assert orch.registry.epoch(pipeline, "aggregate") == 1
+
+
+def test_a_migrations_origin_loses_its_broker_rights_when_it_ends(
+    orch: Orchestrator, pipeline: str, agents: dict[str, StandIn],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # The rights were brought in step with placement only at the next reconcile round: the
+    # origin could publish on the moved PE's subjects meanwhile.
+    here = f"/pipelines/{pipeline}/elements/aggregate"
+    literal_migration_answers(agents, here)
+    seen: list[list[str | None]] = []
+
+    def sync(registry: Any) -> bool:
+        seen.append([o.outcome for o in registry.operations(pipeline)])
+        return True
+
+    monkeypatch.setattr(orch.permissions, "sync", sync)
+    orch.migrate(pipeline, "aggregate", "fog-b", mode="literal")
+    assert seen[0] == [None] and seen[-1] == ["migrated"], seen
