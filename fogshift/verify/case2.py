@@ -38,11 +38,26 @@ class Quality:
         specificity: Of the normal stretches (a healthy patient's whole recording, a sick
             one's before the onset), the share without an ``abnormal`` alarm.
         latency_s: Per detected patient, seconds from onset to the first alarm after it.
+        cleared: The abnormal patients given a ``normal`` alarm after their onset (the
+            simulator keeps them abnormal): a false all-clear, which the two shares above
+            do not see.
     """
 
     sensitivity: float
     specificity: float
     latency_s: dict[str, float]
+    cleared: tuple[str, ...] = ()
+
+    def problems(self) -> list[str]:
+        """What falls short of a perfect detection, in words (none: perfect)."""
+        found = []
+        if self.sensitivity < 1.0:
+            found.append(f"sensitivity {self.sensitivity:.2f} (an abnormal patient missed)")
+        if self.specificity < 1.0:
+            found.append(f"specificity {self.specificity:.2f} (an alarm on a normal stretch)")
+        if self.cleared:
+            found.append("cleared while abnormal: " + ", ".join(self.cleared))
+        return found
 
 
 @dataclass(frozen=True)
@@ -209,8 +224,11 @@ def quality(alarms: list[Alarm], people: list[Patient], duration_s: float | None
     stretches = [(p.name, p.onset_s if p in sick else None) for p in people]
     false = {who for who, t in raised for name, end in stretches
              if who == name and (end is None or t < end)}  # fmt: skip
+    cleared = sorted({who for who, t, cls in alarms for p in sick
+                      if cls == "normal" and who == p.name and t >= (p.onset_s or 0)})  # fmt: skip
     return Quality(
         sensitivity=len(latency) / len(sick) if sick else 1.0,
         specificity=1 - len(false) / len(stretches) if stretches else 1.0,
         latency_s=latency,
+        cleared=tuple(cleared),
     )

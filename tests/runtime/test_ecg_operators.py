@@ -121,3 +121,26 @@ def test_a_patient_whose_onset_is_after_the_recording_is_not_counted_as_missed()
     late = replace(patients(1, 1, 1, 30.0)[0], onset_s=35.0)
     assert quality([], [late], 32.0).sensitivity == 1.0
     assert quality([], [late]).sensitivity == 0.0  # (scored without the recording's end)
+
+
+def test_an_all_clear_while_a_patient_is_abnormal_is_a_detection_problem() -> None:
+    # Sensitivity and specificity counted only `abnormal` alarms: a `normal` one after the
+    # onset (a false all-clear) passed both at 1.0, and the demo's verdict never looked.
+    from dataclasses import replace
+
+    from fogshift.verify.case2 import quality
+
+    sick, other = patients(2, 1, 1, 10.0)[:2]
+    well = replace(other, onset_s=None)
+    assert sick.onset_s is not None
+    at = sick.onset_s + 3
+    found = quality([(sick.name, at, "abnormal")], [sick, well], 60.0)
+    assert (found.sensitivity, found.specificity, found.cleared, found.problems()) == (
+        1.0, 1.0, (), [])  # fmt: skip
+    cleared = quality([(sick.name, at, "abnormal"), (sick.name, at + 9, "normal")],
+                      [sick, well], 60.0)  # fmt: skip
+    assert cleared.cleared == (sick.name,) and cleared.sensitivity == 1.0
+    assert cleared.problems() == [f"cleared while abnormal: {sick.name}"]
+    false_alarm = quality([(well.name, 5.0, "abnormal")], [sick, well], 60.0)
+    assert any("specificity 0.50" in p for p in false_alarm.problems())
+    assert any("sensitivity 0.00" in p for p in false_alarm.problems())
