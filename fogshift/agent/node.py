@@ -488,6 +488,12 @@ class NodeRuntime:
                     return self._position(hosted)
             time.sleep(0.01)
         self.resume(pipeline, pe)
+        if hosted.state in (PEState.FAILED, PEState.FENCED, PEState.STOPPED):
+            raise NodeNotReady(
+                f"{pipeline}/{pe} on node {self.config.name!r} cannot pause: its query is "
+                f"{hosted.state} ({hosted.error})",
+                hint="it is restarted (failed), or replaced by a newer instance (fenced)",
+            )
         raise NodeNotReady(
             f"{pipeline}/{pe} on node {self.config.name!r} did not reach a batch boundary "
             f"within {timeout_s:.0f} s (state {hosted.state}: {hosted.error})",

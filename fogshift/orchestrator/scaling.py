@@ -501,9 +501,9 @@ class Scaling(KeyMoves):
             # fails the scale with nothing changed (placed without a stream, a partition
             # could not be started, and its consumers, restarted by the reconciler, failed
             # reading it).
-            ids, window_s = [p.id for p in added], self.config.duplicate_window_s
+            new, window_s = [p.id for p in added], self.config.duplicate_window_s
             self.broker.run(
-                partial(_ensure_streams, pipeline=pipeline, ids=ids, window_s=window_s), timeout=60
+                partial(_ensure_streams, pipeline=pipeline, ids=new, window_s=window_s), timeout=60
             )
             for part in added:  # (checkpoints of an earlier partition of the same id)
                 self.central.forget(pipeline, part.id)

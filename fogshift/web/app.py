@@ -347,6 +347,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             )
         response = await on_error(request, err)
         response.status_code = exc.status_code
+        response.headers.update(exc.headers or {})  # (a 405's Allow names the methods)
         return response
 
     @app.exception_handler(Exception)

@@ -392,6 +392,6 @@ def test_a_pause_of_a_query_that_will_never_pause_ends_at_once(
     h.state = state
     runtime._elements[("x", "p")] = h
     started = time.monotonic()
-    with pytest.raises(NodeNotReady, match=f"state {state}"):
+    with pytest.raises(NodeNotReady, match=f"cannot pause: its query is {state}"):
         runtime.pause("x", "p", timeout_s=30)
     assert time.monotonic() - started < 5

@@ -621,6 +621,7 @@ def test_a_page_or_method_it_does_not_have_is_refused_as_any_request(
     assert "the overview (/) links every page" in missing.text
     wrong = web.get("/pipelines/p/stop")
     assert wrong.status_code == 405 and "takes another method" in wrong.text
+    assert wrong.headers["allow"] == "POST"
     assert "use the dashboard&#39;s links and buttons" in wrong.text
     unreadable = web.post("/deploy", content=b"x",
                           headers={"content-type": "multipart/form-data"})  # fmt: skip
