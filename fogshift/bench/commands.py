@@ -31,7 +31,7 @@ from fogshift.agent.config import AgentConfig
 from fogshift.bench import e1, e2, e3, ecg, pam, report, seamless, soak
 from fogshift.bench.base import Reporter, record_command, write_machine
 from fogshift.bench.cluster import Clusters, delay_of
-from fogshift.bench.exceptions import BadBenchOption
+from fogshift.bench.exceptions import BadBenchOption, refuse_options_with_report_only
 
 console = Console()
 
@@ -453,13 +453,7 @@ def register(bench_app: typer.Typer) -> None:
                     "duration", "seed", "nodes", "rate", "standby", "trigger_ms", "work")
                 if _given(ctx, name)
             ]  # fmt: skip
-            if given:  # they shape a run: ignoring them would mislead
-                raise BadBenchOption(
-                    "--report-only runs nothing, so it takes no options of a run",
-                    expected="--out DIR --report-only",
-                    received=", ".join(given),
-                    hint="drop them, or drop --report-only to run a soak",
-                )
+            refuse_options_with_report_only(given, "run")
             _rendered_from(target, [target / soak.RUNS_CSV, target / soak.VERDICT_JSON])
             console.print(f"results: {soak.render(target)}")
             return

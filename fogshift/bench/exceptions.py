@@ -21,3 +21,21 @@ class BadBenchOption(InvalidInput):
     """A bench option that cannot be used as given."""
 
     code = "bad_bench_option"
+
+
+def refuse_options_with_report_only(given: list[str], what: str) -> None:
+    """Refuse the options ``given`` beside ``--report-only`` (they shape a ``what``:
+    ignoring them would mislead).
+
+    Raises:
+        BadBenchOption: Some were given.
+    """
+    if given:
+        raise BadBenchOption(
+            f"--report-only {'runs' if what == 'run' else 'measures'} nothing, so it takes no "
+            f"options of a {what}",
+            expected="--out DIR --report-only",
+            received=", ".join(given),
+            hint="drop them, or drop --report-only to "
+            + ("run anew" if what == "run" else "measure anew"),
+        )

@@ -79,7 +79,7 @@ def planner(
     """
     from fogshift.bench import planner as bench
     from fogshift.bench.base import Reporter
-    from fogshift.exceptions import InvalidInput
+    from fogshift.bench.exceptions import refuse_options_with_report_only
 
     if report_only:
         given = [
@@ -92,14 +92,7 @@ def planner(
             )
             if value
         ]
-        if given:
-            # These shape a measurement; silently ignoring them would mislead.
-            raise InvalidInput(
-                "--report-only measures nothing, so it takes no measurement options",
-                expected="--out DIR --report-only",
-                received=", ".join(given),
-                hint="drop them, or drop --report-only to measure anew",
-            )
+        refuse_options_with_report_only(given, "measurement")
         path = bench.write_report(out)
         console.print(f"[green]wrote[/] {path} (from {out / bench.CSV_NAME})")
         return
@@ -197,18 +190,12 @@ def dataplane(
     dataplane.png and results.md.
     """
     from fogshift.bench import dataplane as bench
-    from fogshift.bench.exceptions import BadBenchOption
+    from fogshift.bench.exceptions import refuse_options_with_report_only
 
     out = out.resolve()
     if report_only:
         given = [o for o, v in (("--quick", quick), ("--trigger-ms", trigger_ms is not None)) if v]
-        if given:  # they shape a measurement: ignoring them would mislead
-            raise BadBenchOption(
-                "--report-only measures nothing, so it takes no measurement options",
-                expected="--out DIR --report-only",
-                received=", ".join(given),
-                hint="drop them, or drop --report-only to measure anew",
-            )
+        refuse_options_with_report_only(given, "measurement")
         path = bench.render(out)
     else:
         settings = bench.QUICK if quick else bench.Settings()

@@ -99,26 +99,13 @@ def test_a_fenced_partition_hands_no_key_state_over(
 ) -> None:
     # A batch of key states only (no record to append, whose append checks the epoch): a
     # fenced instance's states were stored, and a target takes a move's first state.
-    import pyarrow as pa
-
-    from fogshift.broker.datasource import JetStreamWriter
     from fogshift.broker.exceptions import Fenced
     from fogshift.broker.publish import fence
 
-    pipeline = next(_pipelines)
-    for pe in ("src", "pe-p0"):
-        js_client.run(lambda j, pe=pe: ensure_pe_stream(j, pipeline, pe))
+    pipeline, writer = _partition_writer(js_client, tmp_path)
     js_client.run(lambda j: fence(j, pipeline, "pe-p0", 3))  # restored elsewhere, under 3
-    broker = js_client.address.save(tmp_path / "broker.json")
-    writer = JetStreamWriter({"broker": str(broker), "pipeline": pipeline, "pe": "pe-p0",
-                              "epoch": "2", "partition": "pe:0:2"})  # fmt: skip
-    row = state_row("a", 1, 0, {"v": "1"})
-    batch = pa.RecordBatch.from_pylist(
-        [{"origin": row.origin, "idx": row.index, "seq": row.seq, "timestamp": row.timestamp,
-          "creator": row.creator, "body": row.body, "dead": None}]
-    )  # fmt: skip
     with pytest.raises(Fenced):
-        writer.write(iter([batch]))
+        writer.write(iter([_batch(state_row("a", 1, 0, {"v": "1"}))]))
     assert stored(js_client, pipeline) == []
 
 
@@ -128,11 +115,22 @@ def test_a_batch_re_run_under_its_remembered_tail_is_fenced_before_its_states(
     # The batch's records were stored, then its states failed (a timeout) and the partition
     # was restored elsewhere; the re-run skips the records by the tail it remembers, without
     # reading the stream, so nothing read the fence: its states went out under epoch 2.
-    import pyarrow as pa
-
-    from fogshift.broker.datasource import JetStreamWriter
     from fogshift.broker.exceptions import Fenced
     from fogshift.broker.publish import fence
+
+    pipeline, writer = _partition_writer(js_client, tmp_path)
+    record = Record(5, 0, 5, 0.0, "pe", json.dumps({"v": 1}))
+    writer.write(iter([_batch(record)]))  # stored; its states then failed
+    js_client.run(lambda j: fence(j, pipeline, "pe-p0", 3))  # restored elsewhere, under 3
+    with pytest.raises(Fenced):
+        writer.write(iter([_batch(record, state_row("a", 1, 0, {"v": "1"}))]))
+    assert stored(js_client, pipeline) == []
+
+
+def _partition_writer(js_client: SyncJetStream, tmp_path: Path) -> tuple[str, Any]:
+    """A fresh pipeline's input and partition streams, and the partition's writer (epoch 2,
+    a movable partition 0 of 2)."""
+    from fogshift.broker.datasource import JetStreamWriter
 
     pipeline = next(_pipelines)
     for pe in ("src", "pe-p0"):
@@ -140,19 +138,17 @@ def test_a_batch_re_run_under_its_remembered_tail_is_fenced_before_its_states(
     broker = js_client.address.save(tmp_path / "broker.json")
     writer = JetStreamWriter({"broker": str(broker), "pipeline": pipeline, "pe": "pe-p0",
                               "epoch": "2", "partition": "pe:0:2"})  # fmt: skip
-    record = Record(5, 0, 5, 0.0, "pe", json.dumps({"v": 1}))
+    return pipeline, writer
 
-    def batch(*rows: Record) -> Any:
-        return pa.RecordBatch.from_pylist([
-            {"origin": r.origin, "idx": r.index, "seq": r.seq, "timestamp": r.timestamp,
-             "creator": r.creator, "body": r.body, "dead": None} for r in rows
-        ])  # fmt: skip
 
-    writer.write(iter([batch(record)]))  # stored; its states then failed
-    js_client.run(lambda j: fence(j, pipeline, "pe-p0", 3))  # restored elsewhere, under 3
-    with pytest.raises(Fenced):
-        writer.write(iter([batch(record, state_row("a", 1, 0, {"v": "1"}))]))
-    assert stored(js_client, pipeline) == []
+def _batch(*rows: Record) -> Any:
+    """``rows`` as the Arrow batch Spark hands the writer."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pylist([
+        {"origin": r.origin, "idx": r.index, "seq": r.seq, "timestamp": r.timestamp,
+         "creator": r.creator, "body": r.body, "dead": None} for r in rows
+    ])  # fmt: skip
 
 
 def test_the_state_of_a_key_near_the_brokers_size_limit_is_stored(

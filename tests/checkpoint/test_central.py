@@ -6,8 +6,9 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -277,31 +278,44 @@ def test_temporary_files_a_crash_left_go_once_old(tmp_path: Path) -> None:
     assert whole is not None and whole["batch"] == 1
 
 
+def _forgotten(tmp_path: Path, files: dict[str, bytes]) -> tuple[CentralStore, Path]:
+    """A store that held a checkpoint of ``files`` and forgot it (its blobs, unreferenced,
+    left to a collection); the store and its blobs folder."""
+    store = CentralStore(tmp_path / "store")
+    store.put(manifest(1, files), files.__getitem__)
+    store.forget("p", "agg")
+    return store, store.blobs
+
+
+def _listed_after(blobs: Path, before: Callable[[], None]) -> Any:
+    """A stand-in for a store's blobs folder that runs ``before`` when a collection lists
+    it (after the collection looked at what was in flight and at the manifests)."""
+
+    class Listed:
+        def __truediv__(self, name: str) -> Path:
+            return blobs / name
+
+        def iterdir(self) -> Iterator[Path]:
+            before()
+            yield from blobs.iterdir()
+
+    return Listed()
+
+
 def test_a_collection_spares_a_file_a_put_begun_during_its_scan_reuses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A put that begins while a collection at once scans the blobs (after the collection
     # looked at what was in flight) finds a blob it shares there and reuses it: removed
     # anyway, its manifest named a file the store no longer had (a torn replica).
-    store = CentralStore(tmp_path / "store")
-    shared = {"offsets/1": b"shared" * 10}
-    store.put(manifest(1, shared), shared.__getitem__)
-    store.forget("p", "agg")
-    (sha,) = [b.name for b in store.blobs.iterdir()]
-    blobs = store.blobs
+    store, blobs = _forgotten(tmp_path, {"offsets/1": b"shared" * 10})
+    (sha,) = [b.name for b in blobs.iterdir()]
 
-    class Scanned:
-        """The blobs folder, whose scan lets a put begin (and register its files)."""
+    def put_begins() -> None:  # (a put registers its files first)
+        with store._flight_lock:
+            store._in_flight.update([sha])
 
-        def __truediv__(self, name: str) -> Path:
-            return blobs / name
-
-        def iterdir(self) -> Iterator[Path]:
-            with store._flight_lock:
-                store._in_flight.update([sha])
-            yield from blobs.iterdir()
-
-    monkeypatch.setattr(store, "blobs", Scanned())
+    monkeypatch.setattr(store, "blobs", _listed_after(blobs, put_begins))
     assert store.collect_garbage(horizon_s=0) == 0
     assert (blobs / sha).exists()
 
@@ -312,25 +326,14 @@ def test_a_collection_spares_the_files_of_a_put_that_ended_during_its_scan(
     # A whole put (a replica's copy, on a node dropping another PE's with a collection at
     # once) ran while the collection read the manifests, its own written where the scan had
     # looked already: its files, no longer in flight at the unlink, were removed.
-    store = CentralStore(tmp_path / "store")
-    first = {"offsets/1": b"one" * 10}
-    store.put(manifest(1, first), first.__getitem__)
-    store.forget("p", "agg")  # (its blob now unreferenced, as a reused one would be)
-    blobs = store.blobs
+    store, blobs = _forgotten(tmp_path, {"offsets/1": b"one" * 10})
     other = {"offsets/1": b"one" * 10, "commits/1": b"c1"}
 
-    class Scanned:
-        """The blobs folder, before whose listing a whole put runs."""
+    def whole_put() -> None:
+        monkeypatch.setattr(store, "blobs", blobs)
+        store.put({**manifest(1, other), "element": "b"}, other.__getitem__)
 
-        def __truediv__(self, name: str) -> Path:
-            return blobs / name
-
-        def iterdir(self) -> Iterator[Path]:
-            monkeypatch.setattr(store, "blobs", blobs)
-            store.put({**manifest(1, other), "element": "b"}, other.__getitem__)
-            yield from blobs.iterdir()
-
-    monkeypatch.setattr(store, "blobs", Scanned())
+    monkeypatch.setattr(store, "blobs", _listed_after(blobs, whole_put))
     store.collect_garbage(horizon_s=0)
     newest = store.newest("p", "b")
     assert newest is not None and store.verify(newest) is None
