@@ -32,6 +32,11 @@ MAX_REASON_CHARS = 2000
 #: ``creator`` of an input row that is no fogshift event (someone else's message on a data
 #: subject, or one that names itself as the reader's own control rows): dead-lettered.
 NOT_AN_EVENT = "?"
+#: Why such a row is dead-lettered (by a processor, and by a sink).
+NOT_AN_EVENT_WHY = (
+    "a message on its input's subject that no PE wrote (no seq, timestamp, creator and body, "
+    "or a creator no PE has)"
+)
 #: Creators no PE has (PE ids are names): the reader's control rows of key moves.
 CONTROL_PREFIX = "fogshift:"
 

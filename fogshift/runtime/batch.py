@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 from fogshift.events import (
     DEFAULT_MAX_RECORD_BYTES,
     NOT_AN_EVENT,
+    NOT_AN_EVENT_WHY,
     Event,
     dump_body,
     fit_dead_letter,
@@ -166,8 +167,7 @@ def _event(pe: str, row: InputRow) -> Event:
     _, seq, timestamp, creator, body_text = row
     if creator == NOT_AN_EVENT:  # (its body is the message's raw text: see event_fields)
         raise _Rejected(
-            f"input of {pe!r} is not an event: a message on its input's subject that no PE "
-            "wrote (no seq, timestamp, creator and body, or a creator no PE has)",
+            f"input of {pe!r} is not an event: {NOT_AN_EVENT_WHY}",
             False,
         )
     try:

@@ -53,6 +53,7 @@ from fogshift.common.gate import read_gate
 from fogshift.events import (
     DEFAULT_MAX_RECORD_BYTES,
     NOT_AN_EVENT,
+    NOT_AN_EVENT_WHY,
     dump_body,
     fit_dead_letter,
     load_body,
@@ -502,9 +503,7 @@ def _append(
     written = 0
     for row in fresh:
         if row[0] in not_events:
-            refused.append((row, "not an event: a message on the sink's input that no PE "
-                            "wrote (no seq, timestamp, creator and body, or a creator no PE "
-                            "has)"))  # fmt: skip
+            refused.append((row, f"not an event: {NOT_AN_EVENT_WHY}"))
             continue
         # Each line is made and encoded on its own: a body that cannot be written (nested
         # too deep to read, text that is no UTF-8, such as a lone surrogate a processor's
