@@ -55,21 +55,30 @@ class BrokerAddress:
             node user fogshift makes has its own (``broker.permissions.node_inbox_prefix``)
             and may subscribe to nothing else: it cannot read the replies the broker sends
             other clients (the admin's reads of any stream, other nodes' of theirs).
+        api: The prefix of this user's JetStream API (``None``: ``$JS.API``). A node user
+            fogshift makes is in an account of its own, which imports the calls it may make
+            from the streams' account under a prefix of its own
+            (``broker.permissions.NODE_API``).
     """
 
     url: str
     user: str | None = None
     password: str | None = None
     inbox: str | None = None
+    api: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"url": self.url, "user": self.user, "password": self.password}
-        return data if self.inbox is None else {**data, "inbox": self.inbox}
+        data: dict[str, Any] = {"url": self.url, "user": self.user, "password": self.password}
+        if self.inbox is not None:
+            data["inbox"] = self.inbox
+        if self.api is not None:
+            data["api"] = self.api
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BrokerAddress:
         return cls(url=data["url"], user=data.get("user"), password=data.get("password"),
-                   inbox=data.get("inbox"))  # fmt: skip
+                   inbox=data.get("inbox"), api=data.get("api"))  # fmt: skip
 
     @classmethod
     def load(cls, path: str | Path) -> BrokerAddress:
@@ -175,26 +184,28 @@ class SyncJetStream:
             ) from exc
 
     async def _connect(self) -> JetStreamContext:
+        # (nats-py types its timeouts int; it takes seconds as float as nats.connect does.)
+        options: dict[str, Any] = {
+            "user": self.address.user,
+            "password": self.address.password,
+            "inbox_prefix": self.address.inbox or "_INBOX",
+            "connect_timeout": self._timeout,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5,
+            "allow_reconnect": True,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+        }
+        self._nc = _Client()
         try:
-            self._nc = await nats.connect(
-                self.address.url,
-                user=self.address.user,
-                password=self.address.password,
-                inbox_prefix=self.address.inbox or "_INBOX",
-                connect_timeout=self._timeout,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                allow_reconnect=True,
-                error_cb=self._on_error,
-                disconnected_cb=self._on_disconnected,
-                reconnected_cb=self._on_reconnected,
-            )
+            await self._nc.connect(self.address.url, **options)
         except Exception as exc:  # nats raises several unrelated types here
             raise BrokerUnavailable(
                 f"cannot connect to the broker at {self.address.url}: {exc!r}",
                 hint="is `fogshift up` running, and are the credentials in the home dir current?",
             ) from exc
-        return self._nc.jetstream()
+        return self._nc.jetstream(prefix=self.address.api or DEFAULT_API)
 
     # nats-py's default callbacks print a traceback to stderr for every failed reconnect
     # attempt (every 0.5 s while the broker is down): one logged line each instead.
@@ -224,6 +235,57 @@ class SyncJetStream:
         # Cancel what is still running (a call that timed out), then join the thread.
         self._portal.call(self._portal.stop, True)
         portal_cm.__exit__(None, None, None)
+
+
+#: The JetStream API prefix of a user in the streams' account.
+DEFAULT_API = "$JS.API"
+#: How long a request that finds no responder is sent again (see :class:`_Client`).
+NO_RESPONDERS_WAIT_S = 3.0
+
+
+async def _pause_after_no_responders(started: float, tries: int) -> bool:
+    """Wait a little before a request that found no responder is sent again; ``False``:
+    :data:`NO_RESPONDERS_WAIT_S` have passed since ``started``, give up."""
+    loop = asyncio.get_running_loop()
+    if loop.time() - started >= NO_RESPONDERS_WAIT_S:
+        return False
+    await asyncio.sleep(min(0.01 * 2**tries, 0.25))
+    return True
+
+
+class _Client(Client):
+    """nats-py's client, whose requests that find no responder are sent again for a moment.
+
+    A node's account imports its subjects and JetStream calls from the streams' account
+    (``broker.permissions``), and nats-server rebuilds every account's imports when it
+    reloads a changed account (each placement change): a request in flight then may find
+    nobody to answer it, the admin's too. Nothing was done with such a request (no
+    responder got it), so sending it again is safe; a JetStream that stays away is still
+    reported, :data:`NO_RESPONDERS_WAIT_S` later.
+    """
+
+    async def request(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float = 0.5,
+        old_style: bool = False,
+        headers: dict[str, Any] | None = None,
+    ) -> Any:
+        started, tries = asyncio.get_running_loop().time(), 0
+        while True:
+            try:
+                return await super().request(subject, payload, timeout, old_style, headers)
+            except nats_errors.NoRespondersError:
+                if not await _pause_after_no_responders(started, tries):
+                    raise
+                tries += 1
+
+
+def api_prefix(js: JetStreamContext) -> str:
+    """The JetStream API prefix ``js`` calls (``$JS.API``, or a node user's own)."""
+    prefix: str = js._prefix  # nats-py's context exposes no public handle on it
+    return prefix
 
 
 #: What a call raises when the broker is away or JetStream does not serve (a restart):
@@ -382,7 +444,7 @@ async def pipeline_streams(js: JetStreamContext, pipeline: str) -> list[str]:
     names: list[str] = []
     while True:
         reply = await connection_of(js).request(
-            "$JS.API.STREAM.NAMES",
+            f"{api_prefix(js)}.STREAM.NAMES",
             json.dumps({"subject": f"fs.{pipeline}.>", "offset": len(names)}).encode(),
             timeout=10,
         )
@@ -556,7 +618,6 @@ async def _direct_request(
 ) -> list[StoredMessage]:
     """The messages a batched direct get ``request`` answers (none on a 404)."""
     nc = connection_of(js)
-    inbox = nc.new_inbox()
     got: list[StoredMessage] = []
     done = asyncio.get_running_loop().create_future()
 
@@ -580,12 +641,22 @@ async def _direct_request(
             )
         )
 
-    sub = await nc.subscribe(inbox, cb=on_message)
-    try:
-        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
-        status = await asyncio.wait_for(done, DIRECT_TIMEOUT_S)
-    finally:
-        await sub.unsubscribe()
+    subject_of_call = f"{api_prefix(js)}.DIRECT.GET.{stream}"
+    started, tries = asyncio.get_running_loop().time(), 0
+    while True:
+        inbox = nc.new_inbox()  # (a new one each time: nothing late lands in the next)
+        sub = await nc.subscribe(inbox, cb=on_message)
+        try:
+            await nc.publish(subject_of_call, json.dumps(request).encode(), reply=inbox)
+            status = await asyncio.wait_for(done, DIRECT_TIMEOUT_S)
+        finally:
+            await sub.unsubscribe()
+        # 503: nobody answered (a stream without direct gets, or imports being rebuilt: see
+        # _Client), so nothing came before it: ask again for a moment.
+        if status != "503" or not await _pause_after_no_responders(started, tries):
+            break
+        tries += 1
+        done = asyncio.get_running_loop().create_future()
     if status == "503":
         raise _DirectGetUnavailable(stream)
     if status not in ("204", "404", None):

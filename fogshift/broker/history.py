@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from fogshift.broker.client import connection_of, message_since, next_message
+from fogshift.broker.client import api_prefix, connection_of, message_since, next_message
 from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 
@@ -108,7 +108,7 @@ async def _bound(
 async def _purge(js: JetStreamContext, stream: str, subject: str, below: int, pe: str) -> int:
     """Delete the messages on ``subject`` below sequence ``below``; how many went."""
     reply = await connection_of(js).request(
-        f"$JS.API.STREAM.PURGE.{stream}",
+        f"{api_prefix(js)}.STREAM.PURGE.{stream}",
         json.dumps({"filter": subject, "seq": below}).encode(),
         timeout=10,
     )

@@ -1,7 +1,7 @@
 """Least privilege on the broker: each node gets a user of its own that may touch only the
 streams of the PEs it hosts and of their inputs.
 
-The broker enforces it (nats-server ``authorization.users[].permissions``), so a compromised
+The broker enforces it (nats-server accounts and user permissions), so a compromised
 or stale node cannot publish into another PE's stream, fence anybody, create or delete
 streams, or read pipelines it has nothing to do with. The orchestrator keeps the permissions
 in step with placement (deploy, migration, restore, stop) by rewriting the server's config
@@ -20,12 +20,28 @@ A node hosting PE ``e`` of pipeline ``p`` with inputs ``i…`` may:
   orchestrator, :func:`fogshift.broker.client.ensure_subjects`);
 * receive its inputs' data messages as they are stored (a plain subscription that only
   wakes a reader waiting for input, see ``broker.datasource``), and replies on its inbox.
+
+Each node user also has a NATS account of its own (``N_<node>``); the streams, JetStream and
+the admin live in account ``FS``. nats-server checks a user's right to publish a request,
+never the reply subject the request names, and JetStream answers there from inside its
+account: with nodes in the streams' account, a node could have any stream store a copy of a
+message it may read (or its own stream's info, a publish's ack) on any subject of any
+pipeline — a fence, a key move, another pipeline's data. In an account of its own a node's
+replies stay there, where no stream listens. ``FS`` exports its subjects (``fs.>``) and the
+JetStream calls nodes make; a node's account imports only the subjects it may publish (its
+acked appends reach the streams), the calls it may make on the streams it may read, under
+its own prefix :data:`NODE_API` (its account has no JetStream, whose ``$JS.API`` answers
+"not enabled"), and its inputs' data subjects (the wake-ups). An account that changes
+(every placement change) makes nats-server rebuild every account's imports on its reload,
+and a request in flight then may find no responder for a moment: clients retry those
+(``broker.client``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 from collections.abc import Iterable, Mapping
@@ -46,6 +62,13 @@ from fogshift.common.files import write_private
 from fogshift.common.processes import started_at
 
 API = "$JS.API"
+#: The account of the streams, JetStream and the admin user.
+STREAMS_ACCOUNT = "FS"
+#: The JetStream API prefix of node users: the calls their accounts import from
+#: :data:`STREAMS_ACCOUNT`'s ``$JS.API`` (``BrokerAddress.api``).
+NODE_API = "fsjs.API"
+#: The JetStream calls nodes make (on the streams their PEs may read, see :func:`node_imports`).
+NODE_CALLS = ("STREAM.INFO", "STREAM.MSG.GET", "DIRECT.GET")
 
 
 @dataclass(frozen=True)
@@ -71,6 +94,11 @@ def node_user(node: str) -> str:
     return f"node-{node}"
 
 
+def node_account(node: str) -> str:
+    """The NATS account of ``node``'s user."""
+    return f"N_{node}"
+
+
 def node_inbox_prefix(node: str) -> str:
     """The prefix of ``node``'s reply subjects (``BrokerAddress.inbox``): its own, so that
     it may subscribe to its replies only, not to every client's ``_INBOX.>``, which would
@@ -83,14 +111,16 @@ def node_inbox(node: str) -> str:
     return f"{node_inbox_prefix(node)}.>"
 
 
-def node_permissions(node: str, hosted: Iterable[Hosted]) -> dict[str, Any]:
-    """The nats-server permissions of ``node`` hosting ``hosted`` (nothing hosted: no
-    rights but its inbox)."""
+def _node_rights(node: str, hosted: Iterable[Hosted]) -> tuple[set[str], set[str], set[str]]:
+    """What ``node`` hosting ``hosted`` may publish on the streams' subjects, which
+    JetStream calls (``<call>.<stream>``) it may make, and which subjects it may subscribe
+    to (its inbox included)."""
     publish: set[str] = set()
+    calls: set[str] = set()
     subscribe: set[str] = {node_inbox(node)}
     for pe in hosted:
         own = stream_name(pe.pipeline, pe.element)
-        publish |= {f"{API}.STREAM.INFO.{own}", f"{API}.STREAM.MSG.GET.{own}"}
+        calls |= {f"STREAM.INFO.{own}", f"STREAM.MSG.GET.{own}"}
         if not pe.standby:
             publish |= {
                 data_subject(pe.pipeline, pe.element),
@@ -109,11 +139,51 @@ def node_permissions(node: str, hosted: Iterable[Hosted]) -> dict[str, Any]:
             # No consumers: whoever may create one chooses its deliver subject, and the
             # broker would copy the input into any stream's subjects for it (another
             # pipeline's), which no permission can stop.
-            publish |= {f"{API}.STREAM.INFO.{source}", f"{API}.DIRECT.GET.{source}"}
+            calls |= {f"STREAM.INFO.{source}", f"DIRECT.GET.{source}"}
+    return publish, calls, subscribe
+
+
+def node_permissions(node: str, hosted: Iterable[Hosted]) -> dict[str, Any]:
+    """The nats-server permissions of ``node`` hosting ``hosted`` (nothing hosted: no
+    rights but its inbox). Subjects in the node's own account (JetStream calls under
+    :data:`NODE_API`)."""
+    publish, calls, subscribe = _node_rights(node, hosted)
+    allowed = publish | {f"{NODE_API}.{call}" for call in calls}
     return {
-        "publish": {"allow": sorted(publish) or ["_INBOX.none"]},
+        "publish": {"allow": sorted(allowed) or ["_INBOX.none"]},
         "subscribe": {"allow": sorted(subscribe)},
     }
+
+
+def node_imports(node: str, hosted: Iterable[Hosted]) -> list[dict[str, Any]]:
+    """The imports of ``node``'s account from :data:`STREAMS_ACCOUNT`: the subjects it may
+    publish (services: its acked appends reach the streams and are answered), the
+    JetStream calls it may make (services, from ``$JS.API`` to :data:`NODE_API`), and its
+    inputs' data subjects (streams: the wake-ups its readers subscribe to)."""
+    publish, calls, subscribe = _node_rights(node, hosted)
+    imports: list[dict[str, Any]] = [
+        {"service": {"account": STREAMS_ACCOUNT, "subject": subject}} for subject in sorted(publish)
+    ]
+    imports += [
+        {"service": {"account": STREAMS_ACCOUNT, "subject": f"{API}.{call}"},
+         "to": f"{NODE_API}.{call}"}
+        for call in sorted(calls)
+    ]  # fmt: skip
+    imports += [
+        {"stream": {"account": STREAMS_ACCOUNT, "subject": subject}}
+        for subject in sorted(subscribe - {node_inbox(node)})
+    ]
+    return imports
+
+
+def streams_exports() -> list[dict[str, Any]]:
+    """What :data:`STREAMS_ACCOUNT` offers node accounts (each imports its own part)."""
+    exports: list[dict[str, Any]] = [{"service": "fs.>"}, {"stream": "fs.>"}]
+    for call in NODE_CALLS:
+        # A batched direct get answers with many messages.
+        kind = {"response_type": "stream"} if call == "DIRECT.GET" else {}
+        exports.append({"service": f"{API}.{call}.*", **kind})
+    return exports
 
 
 @dataclass
@@ -149,19 +219,32 @@ class BrokerUsers:
             self.nodes[node] = secrets.token_urlsafe(24)
         return self.nodes[node]
 
-    def authorization(self, hosted: Mapping[str, Iterable[Hosted]]) -> str:
-        """The ``authorization`` block of nats.conf for ``hosted`` (node → its PEs)."""
-        users: list[dict[str, Any]] = [{"user": self.admin_user, "password": self.admin_password}]
+    def accounts(self, hosted: Mapping[str, Iterable[Hosted]]) -> str:
+        """The ``accounts`` block of nats.conf for ``hosted`` (node → its PEs): the streams'
+        account with the admin, and one account per node user (see the module's doc)."""
+        accounts: dict[str, Any] = {
+            STREAMS_ACCOUNT: {
+                "jetstream": "enabled",
+                "users": [{"user": self.admin_user, "password": self.admin_password}],
+                "exports": streams_exports(),
+            }
+        }
         for node, password in sorted(self.nodes.items()):
-            users.append(
-                {
+            pes = list(hosted.get(node, ()))
+            accounts[node_account(node)] = {
+                "users": [{
                     "user": node_user(node),
                     "password": password,
-                    "permissions": node_permissions(node, hosted.get(node, ())),
-                }
-            )
-        # nats.conf is a superset of JSON: a JSON list is a valid value.
-        return f"authorization {{\n  users = {json.dumps(users, indent=2)}\n}}\n"
+                    "permissions": node_permissions(node, pes),
+                }],
+                "imports": node_imports(node, pes),
+            }  # fmt: skip
+        # nats.conf is a superset of JSON: a JSON object is a valid value.
+        return f"accounts {json.dumps(accounts, indent=2)}\n"
+
+
+#: Where the users' block of a config fogshift wrote begins: all before it is the head.
+_USERS_BLOCK = re.compile(r"^(?:accounts|authorization) ", re.MULTILINE)
 
 
 def users_file(config_file: Path) -> Path:
@@ -170,8 +253,8 @@ def users_file(config_file: Path) -> Path:
 
 
 def write_config(config_file: Path, head: str, users: BrokerUsers, hosted: Mapping) -> None:
-    """Write nats.conf: ``head`` (listen, jetstream) and the authorization block."""
-    write_private(config_file, head + users.authorization(hosted))
+    """Write nats.conf: ``head`` (listen, jetstream) and the accounts block."""
+    write_private(config_file, head + users.accounts(hosted))
 
 
 def apply_permissions(
@@ -196,7 +279,8 @@ def apply_permissions(
         users = BrokerUsers.load(users_file(config_file))
     except (OSError, ValueError, KeyError) as exc:
         raise BrokerError(f"cannot read the broker's config {config_file}: {exc}") from exc
-    head = text.split("authorization {", 1)[0]
+    # (A config an older fogshift wrote has its users in an authorization block.)
+    head = _USERS_BLOCK.split(text, 1)[0]
     write_config(config_file, head, users, hosted)
     if started is not None and started_at(pid) != started:
         raise BrokerError(

@@ -73,6 +73,12 @@ WRONG_LAST_SEQUENCE = 10071
 DUPLICATE_IN_BATCH = 10201
 #: JetStream's error code for an atomic batch sent to a stream without ``allow_atomic``.
 ATOMIC_DISABLED = 10174
+#: "atomic publish batch is incomplete": a message of the batch never reached the stream
+#: (a node's imports rebuilt by a broker reload while it sent them, see
+#: ``broker.permissions``); nothing of the batch was stored.
+BATCH_INCOMPLETE = 10176
+#: How many times a chunk a broker reload cut short is sent again.
+INCOMPLETE_RETRIES = 5
 #: The most messages nats-server accepts in one atomic batch.
 ATOMIC_BATCH_MAX = 1000
 #: The most payload bytes sent in one atomic batch: the server holds a batch in memory
@@ -401,6 +407,25 @@ def _api_error(reply: bytes) -> APIError | None:
 
 
 async def _commit_chunk(js: JetStreamContext, chunk: list[_Message], tail: StreamTail) -> int:
+    """:func:`_send_chunk`, sent again (under a new batch id) while the broker finds it
+    incomplete: its middle messages are plain publishes, and a broker reloading its accounts
+    drops a plain publish it has no route for yet (a request is told, see ``broker.client``).
+
+    Raises:
+        APIError: The broker refused the batch (a wrong last sequence among others).
+        _AtomicDisabled: The stream does not take atomic batches.
+    """
+    for tries in range(INCOMPLETE_RETRIES):
+        try:
+            return await _send_chunk(js, chunk, tail)
+        except APIError as exc:
+            if exc.err_code != BATCH_INCOMPLETE or tries == INCOMPLETE_RETRIES - 1:
+                raise
+            await asyncio.sleep(0.05 * 2**tries)
+    raise AssertionError("unreachable")
+
+
+async def _send_chunk(js: JetStreamContext, chunk: list[_Message], tail: StreamTail) -> int:
     """Send ``chunk`` as one atomic batch right after ``tail``; return the last sequence.
 
     Every message but the last is a plain publish on the same connection (ordered); the last

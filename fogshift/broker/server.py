@@ -18,6 +18,7 @@ import httpx
 from fogshift.broker.client import BrokerAddress
 from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.permissions import (
+    NODE_API,
     BrokerUsers,
     node_inbox_prefix,
     node_user,
@@ -153,7 +154,11 @@ def start_nats_server(
     address = BrokerAddress(url=url, user=users.admin_user, password=users.admin_password)
     per_node = {
         node: BrokerAddress(
-            url=url, user=node_user(node), password=password, inbox=node_inbox_prefix(node)
+            url=url,
+            user=node_user(node),
+            password=password,
+            inbox=node_inbox_prefix(node),
+            api=NODE_API,
         )
         for node, password in users.nodes.items()
     }

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import nats
 import pytest
 
 from fogshift.broker.client import BrokerAddress, ensure_pe_stream
+from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.keys import KeyMove, state_payload
 from fogshift.broker.naming import (
     data_subject,
@@ -44,13 +46,18 @@ def run(address: BrokerAddress, action: Callable[[Any], Awaitable[Any]]) -> Any:
         nc = await nats.connect(address.url, user=address.user, password=address.password,
                                 inbox_prefix=address.inbox or "_INBOX")  # fmt: skip
         try:
-            return await action(nc.jetstream(timeout=1.0))
+            return await action(jetstream(nc, address, timeout=1.0))
         except Exception as exc:  # a denied request times out or is refused: either says no
             return exc
         finally:
             await nc.close()
 
     return asyncio.run(go())
+
+
+def jetstream(nc: Any, address: BrokerAddress, **options: Any) -> Any:
+    """``address``'s JetStream on ``nc`` (a node's calls go under its account's prefix)."""
+    return nc.jetstream(prefix=address.api or "$JS.API", **options)
 
 
 def allowed(result: Any) -> bool:
@@ -179,7 +186,7 @@ async def consume_one(js: Any, stream: str, subject: str) -> bytes:
 def test_the_config_keeps_the_listen_and_store_lines(broker: BrokerProcess) -> None:
     text = Path(broker.config_file).read_text()
     assert text.startswith("listen: 127.0.0.1:")
-    assert "jetstream" in text and text.count("authorization {") == 1
+    assert "jetstream" in text and text.count("accounts {") == 1
 
 
 def test_a_reused_pid_is_not_signalled(broker: BrokerProcess, tmp_path: Path) -> None:
@@ -230,7 +237,7 @@ def test_a_standby_reads_its_primarys_stream_and_writes_nothing_there(
         nc = await nats.connect(n1.url, user=n1.user, password=n1.password,
                                 inbox_prefix=n1.inbox or "_INBOX")  # fmt: skip
         try:
-            return await publish_records(nc.jetstream(), "sb", "pe1", records(*origins), 1)
+            return await publish_records(jetstream(nc, n1), "sb", "pe1", records(*origins), 1)
         finally:
             await nc.close()
 
@@ -246,3 +253,107 @@ def test_a_standby_reads_its_primarys_stream_and_writes_nothing_there(
     assert run(n2, follow) == [2, 0, 2, 0]
     info = run(admin, lambda js: js.stream_info("FS_sb_pe1"))
     assert info.state.messages == 4
+
+
+def test_a_node_cannot_have_the_broker_store_its_answers_on_other_subjects(
+    broker: BrokerProcess,
+) -> None:
+    """nats-server checks the subject of a request, not the reply subject it names, and
+    JetStream answers there: in the streams' account any stream on that subject would store
+    the answer (a copy of an input, a stream's info, an ack), so a node could write on
+    subjects it may not publish (another pipeline's data, a fence). In an account of its
+    own, its answers stay there."""
+    admin, n1 = broker.address, broker.node_addresses["n1"]
+    for pe in ("src", "pe1"):
+        assert allowed(run(admin, lambda js, pe=pe: ensure_pe_stream(js, "inj", pe)))
+    assert allowed(run(admin, lambda js: ensure_pe_stream(js, "victim", "x")))
+    assert allowed(run(admin, lambda js: js.publish(data_subject("inj", "src"), b"{}")))
+    apply_permissions(broker.config_file, broker.pid, {"n1": [Hosted("inj", "pe1", ("src",))]})
+    assert until(lambda: allowed(run(n1, lambda js: js.stream_info("FS_inj_src"))))
+    api = n1.api or "$JS.API"
+
+    async def inject(js: Any) -> list[bytes]:
+        nc = js._nc
+        targets = (data_subject("victim", "x"), fence_subject("victim", "x"))
+        for target in targets:
+            get = json.dumps({"seq": 1, "batch": 1}).encode()
+            await nc.publish(f"{api}.DIRECT.GET.FS_inj_src", get, reply=target)
+            await nc.publish(f"{api}.STREAM.INFO.FS_inj_pe1", b"", reply=target)
+            await nc.publish(data_subject("inj", "pe1"), b"{}", reply=target)  # an ack
+        await nc.flush()
+        # The same requests with an inbox of its own are answered (they were allowed).
+        answers = [await nc.request(f"{api}.STREAM.INFO.FS_inj_pe1", b"", timeout=2)]
+        answers.append(await nc.request(f"{api}.DIRECT.GET.FS_inj_src",
+                                        json.dumps({"seq": 1}).encode(), timeout=2))  # fmt: skip
+        return [answer.data for answer in answers]
+
+    answered = run(n1, inject)
+    assert not isinstance(answered, Exception), answered
+    assert json.loads(answered[0])["config"]["name"] == "FS_inj_pe1"
+    assert answered[1] == b"{}"
+    time.sleep(0.5)  # (had it stored anything, it would have by now)
+    victim = run(admin, lambda js: js.stream_info("FS_victim_x"))
+    assert victim.state.messages == 0
+
+
+def test_a_node_works_on_through_rights_reloads(broker: BrokerProcess) -> None:
+    """Every placement change reloads the broker's accounts, which rebuilds every node
+    account's imports: a request in flight may find no responder for a moment. A node's
+    appends and reads go on (sent again, never twice) while another node's rights change."""
+    from fogshift.broker.client import SyncJetStream, get_range
+
+    admin, n1 = broker.address, broker.node_addresses["n1"]
+    for pe in ("src", "pe1", "other"):
+        assert allowed(run(admin, lambda js, pe=pe: ensure_pe_stream(js, "rl", pe)))
+    assert allowed(run(admin, lambda js: js.publish(data_subject("rl", "src"), b'{"v": 1}')))
+    mine = [Hosted("rl", "pe1", ("src",))]
+    apply_permissions(broker.config_file, broker.pid, {"n1": mine})
+    assert until(lambda: allowed(run(n1, lambda js: js.stream_info("FS_rl_pe1"))))
+    done = threading.Event()
+    failures: list[str] = []
+    appended: list[int] = []
+
+    def work() -> None:
+        client = SyncJetStream(n1)
+
+        def append(batch: list[Record]) -> int:
+            return client.run(lambda js: publish_records(js, "rl", "pe1", batch, 1))
+
+        def read_input() -> list[bytes]:
+            got = client.run(lambda js: get_range(js, "FS_rl_src", data_subject("rl", "src"), 0, 1))
+            return [m.data for m in got]
+
+        try:
+            origin = 0
+            while not done.is_set():
+                origin += 3
+                batch = [Record(o, 0, o, 0.0, "pe1", "{}") for o in range(origin - 2, origin + 1)]
+                while len(failures) <= 20:  # as the runtime does: the batch again after an outage
+                    try:
+                        appended.append(append(batch))
+                        assert read_input() == [b'{"v": 1}']
+                        break
+                    except BrokerUnavailable as exc:
+                        # A request the reload lost times out (an outage to the runtime,
+                        # which retries); no responder is never one.
+                        if "did not answer" not in exc.message:
+                            failures.append(exc.message)
+        finally:
+            client.close()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        for reload in range(20):
+            other = [Hosted("rl", "other", ("src",))] if reload % 2 else []
+            apply_permissions(broker.config_file, broker.pid, {"n1": mine, "n2": other})
+            time.sleep(0.1)
+    finally:
+        done.set()
+        worker.join(60)
+    assert failures == []
+    assert len(appended) > 20 and set(appended) <= {0, 3}
+    stored = run(admin, lambda js: get_range(js, "FS_rl_pe1", data_subject("rl", "pe1"), 0, 10**6))
+    values = [json.loads(m.data)["seq"] for m in stored]
+    assert values == list(range(1, len(values) + 1))  # each once, in order
+    assert len(values) == 3 * appended.count(3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -516,3 +517,36 @@ def test_message_ids_taken_ahead_neither_stall_nor_drop_the_writers_records(
     assert js_client.run(lambda js: publish_records(js, "t", pe, records([2, 3]))) == 2
     got = js_client.run(lambda js: get_range(js, stream, data_subject("t", pe), 0, 10))
     assert [json.loads(m.data)["seq"] for m in got] == [1, 2, 3]
+
+
+def test_a_batch_the_broker_found_incomplete_is_sent_again_whole(
+    js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker reloading its accounts (each placement change) drops a plain publish it has
+    no route for yet: the batch's commit then finds it incomplete and stores nothing. The
+    writer sends the batch again, each record once."""
+    pe = fresh_pe(js_client)
+    real = publish.connection_of
+    dropped: list[str] = []
+
+    class Dropping:
+        def __init__(self, nc: Any) -> None:
+            self._nc = nc
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._nc, name)
+
+        async def publish(self, subject: str, payload: bytes = b"", reply: str = "",
+                          headers: dict[str, str] | None = None) -> None:  # fmt: skip
+            if not dropped and (headers or {}).get(publish.BATCH_SEQUENCE_HEADER) == "2":
+                dropped.append(subject)  # (the reload's: nothing reaches the stream)
+                return
+            await self._nc.publish(subject, payload, reply=reply, headers=headers)
+
+    monkeypatch.setattr(publish, "connection_of", lambda js: Dropping(real(js)))
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2, 3]))) == 3
+    assert dropped == [data_subject("t", pe)]
+    stored = js_client.run(
+        lambda js: get_range(js, stream_name("t", pe), data_subject("t", pe), 0, 100)
+    )
+    assert [json.loads(m.data)["seq"] for m in stored] == [1, 2, 3]

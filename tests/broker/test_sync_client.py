@@ -164,3 +164,61 @@ def test_a_refusal_by_the_broker_is_a_warning_a_failed_reconnect_is_not() -> Non
     for noise in (ConnectionRefusedError(111, "refused"), TimeoutError(),
                   nats_errors.NoServersError(), nats_errors.UnexpectedEOF()):  # fmt: skip
         assert error_level(noise) == logging.DEBUG, noise
+
+
+def test_a_request_nobody_answers_yet_is_sent_again_until_someone_does(
+    nats_server: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker reloading its accounts (each placement change) rebuilds every account's
+    imports: for a moment a request finds nobody to answer it (nothing was done with it).
+    It is sent again; a subject nobody ever answers is still reported."""
+    from fogshift.broker import client as client_module
+    from fogshift.broker.client import connection_of
+
+    with SyncJetStream(nats_server.address) as client, SyncJetStream(nats_server.address) as late:
+
+        async def answer(js: Any) -> None:
+            async def reply(msg: Any) -> None:
+                await msg.respond(b"here")
+
+            await connection_of(js).subscribe("fs-test.late", cb=reply)
+            await connection_of(js).flush()
+
+        timer = threading.Timer(0.3, lambda: late.run(answer))
+        timer.start()
+        try:
+            asked = client.run(lambda js: connection_of(js).request("fs-test.late", b"?", 2))
+        finally:
+            timer.join()
+        assert asked.data == b"here"
+        monkeypatch.setattr(client_module, "NO_RESPONDERS_WAIT_S", 0.3)
+        with pytest.raises(BrokerUnavailable, match="is not serving"):
+            client.run(lambda js: connection_of(js).request("fs-test.nobody", b"?", 2))
+
+
+def test_a_direct_get_nobody_answers_yet_is_asked_again(nats_server: BrokerProcess) -> None:
+    """The same for a batched direct get, which is a publish answered on an inbox: a 503
+    (nobody answered) is asked again, not taken for a stream without direct gets."""
+    from fogshift.broker.client import connection_of, read_ahead
+
+    with SyncJetStream(nats_server.address) as client, SyncJetStream(nats_server.address) as late:
+
+        async def serve(js: Any) -> None:
+            nc = connection_of(js)
+
+            async def reply(msg: Any) -> None:
+                stored = {"Nats-Sequence": "7", "Nats-Subject": "fs.t.late.data",
+                          "Nats-Time-Stamp": "2026-11-30T00:00:00Z"}  # fmt: skip
+                await nc.publish(msg.reply, b"{}", headers=stored)
+                await nc.publish(msg.reply, b"", headers={"Status": "204"})  # the batch's end
+
+            await nc.subscribe("$JS.API.DIRECT.GET.FS_t_late", cb=reply)
+            await nc.flush()
+
+        timer = threading.Timer(0.3, lambda: late.run(serve))
+        timer.start()
+        try:
+            got = client.run(lambda js: read_ahead(js, "FS_t_late", 0, 1))
+        finally:
+            timer.join()
+        assert [(m.seq, m.data) for m in got] == [(7, b"{}")]

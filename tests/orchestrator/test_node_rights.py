@@ -59,7 +59,7 @@ def test_a_standby_node_holds_the_rights_of_the_pe_it_stands_by_for(tmp_path: Pa
     assert standing.standby and not hosted_by_node(registry)["fog-a"][0].standby
     allow = node_permissions("fog-b", [standing])["publish"]["allow"]
     assert not {"fs.p.agg.data", "fs.p.agg.dead", "fs.p.agg.cut"} & set(allow)
-    assert {"$JS.API.STREAM.MSG.GET.FS_p_agg", "$JS.API.DIRECT.GET.FS_p_src"} <= set(allow)
+    assert {"fsjs.API.STREAM.MSG.GET.FS_p_agg", "fsjs.API.DIRECT.GET.FS_p_src"} <= set(allow)
     # Promoted: the lost node loses the PE at once, the standby's node holds it (before
     # its gate opens: the promotion is journaled first).
     epoch = registry.add_standby("p", "agg", "fog-b")
@@ -84,9 +84,9 @@ def test_node_permissions_name_only_the_hosted_streams() -> None:
     assert "fs.p.agg.fence" not in allow and "fs.p.src.data" not in allow
     # Direct gets only: a consumer's creator names the subject it is delivered on (any
     # other stream's), which no permission can confine.
-    assert not any(a.startswith("$JS.API.CONSUMER") for a in allow)
-    assert "$JS.API.DIRECT.GET.FS_p_src" in allow and "$JS.API.DIRECT.GET.FS_p_agg" not in allow
-    assert not any(a.startswith("$JS.API.STREAM.DELETE") for a in allow)
+    assert not any(a.startswith("fsjs.API.CONSUMER") for a in allow)
+    assert "fsjs.API.DIRECT.GET.FS_p_src" in allow and "fsjs.API.DIRECT.GET.FS_p_agg" not in allow
+    assert not any(a.startswith("fsjs.API.STREAM.DELETE") for a in allow)
     # Its own inbox (not every client's: the broker's replies to others), and its input's
     # data as it is stored (what wakes a reader waiting for it).
     assert perms["subscribe"]["allow"] == ["_INBOX_node-fog-a.>", "fs.p.src.data"]
@@ -136,3 +136,24 @@ def test_a_broker_pid_another_process_has_now_is_never_signalled(tmp_path: Path)
         other.kill()
         other.wait()
         registry.close()
+
+
+def test_a_nodes_account_imports_exactly_what_its_user_may_publish_and_read() -> None:
+    """A node's account sees only what it imports from the streams' account: the subjects
+    it may publish (so its appends are stored and acked), its JetStream calls under its own
+    prefix, and its inputs' data (the wake-ups); nothing of another PE or pipeline."""
+    from fogshift.broker.permissions import NODE_API, STREAMS_ACCOUNT, node_imports
+
+    hosted = [Hosted("p", "agg-p1", ("src", "aux"), moves_keys=1)]
+    allow = node_permissions("fog-a", hosted)["publish"]["allow"]
+    imports = node_imports("fog-a", hosted)
+    assert {i["service"]["account"] for i in imports if "service" in i} == {STREAMS_ACCOUNT}
+    services = {i.get("to", i["service"]["subject"]) for i in imports if "service" in i}
+    assert services == set(allow)
+    calls = {i["to"]: i["service"]["subject"] for i in imports if "to" in i}
+    assert calls[f"{NODE_API}.DIRECT.GET.FS_p_src"] == "$JS.API.DIRECT.GET.FS_p_src"
+    assert set(calls) == {a for a in allow if a.startswith(NODE_API)}
+    streams = {i["stream"]["subject"] for i in imports if "stream" in i}
+    assert streams == {"fs.p.src.data", "fs.p.aux.data"}
+    assert "fs.p.agg-p1.fence" not in services and "fs.p.src.keys" not in services
+    assert node_imports("fog-a", []) == []
