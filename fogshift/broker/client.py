@@ -651,9 +651,11 @@ async def _direct_request(
             status = await asyncio.wait_for(done, DIRECT_TIMEOUT_S)
         finally:
             await sub.unsubscribe()
-        # 503: nobody answered (a stream without direct gets, or imports being rebuilt: see
-        # _Client), so nothing came before it: ask again for a moment.
-        if status != "503" or not await _pause_after_no_responders(started, tries):
+        # 503: nobody answered, so nothing came before it. A stream that takes direct gets
+        # had its imports being rebuilt (see _Client): ask again for a moment.
+        if status != "503" or not await _takes_direct_gets(js, stream):
+            break
+        if not await _pause_after_no_responders(started, tries):
             break
         tries += 1
         done = asyncio.get_running_loop().create_future()
@@ -663,6 +665,18 @@ async def _direct_request(
         first = request.get("seq")
         raise BrokerError(f"direct get of {stream} from sequence {first} answered status {status}")
     return got
+
+
+async def _takes_direct_gets(js: JetStreamContext, stream: str) -> bool:
+    """Whether ``stream`` exists and takes direct gets (then a 503 was a moment without
+    responders, not the stream's answer)."""
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        return False
+    except nats_js_errors.ServiceUnavailableError:
+        return True  # (JetStream itself away a moment longer)
+    return bool(info.config.allow_direct)
 
 
 #: The most bytes one :func:`read_ahead` asks for.

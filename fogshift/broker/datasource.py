@@ -42,7 +42,7 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
-from nats.js.errors import NotFoundError
+from nats.js.errors import NoStreamResponseError, NotFoundError
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceStreamArrowWriter,
@@ -1326,22 +1326,21 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
             bodies, state["raw"] = state_parts(state["state"]) or ([], 0)
             sending.append((source, move, state, bodies,
                             f"{state['element']}:{move}:{_id_of(state['key'])}"))  # fmt: skip
-    written: list[list[asyncio.Future[Any]]] = []
+    written: list[list[_Sent]] = []
     for source, _, state, bodies, msg_id in sending:  # (each state's parts to its own target)
         written.append([
-            await js.publish_async(
-                state_subject(pipeline, source, state["to"]), body,
-                stream=stream_name(pipeline, source),
-                headers={"Nats-Msg-Id": f"{msg_id}:{index}"},
+            await _Sent.publish(
+                js, state_subject(pipeline, source, state["to"]), body,
+                stream_name(pipeline, source), f"{msg_id}:{index}",
             )
             for index, body in enumerate(bodies)
         ])  # fmt: skip
-    acks: list[tuple[asyncio.Future[Any], str, str, bytes]] = []
+    acks: list[tuple[_Sent, str, str, bytes]] = []
     for (source, move, state, bodies, msg_id), futures in zip(sending, written, strict=True):
         # (An error, or no answer, fails the batch; Spark runs it again.)
         stream = stream_name(pipeline, source)
         apart = state_subject(pipeline, source, state["to"])
-        got = [await asyncio.wait_for(w, STATE_ACK_S) for w in futures]
+        got = [await w.ack(js) for w in futures]
         # (Checked at once: a retried batch finds every part a repeat.)
         parts = list(await asyncio.gather(*(
             _stored(js, stream, apart, ack, body) for ack, body in zip(got, bodies, strict=True)
@@ -1361,12 +1360,40 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
             after=state.get("after"),
         )
         subject = key_state_subject(pipeline, source, partition_id(state["element"], origin))
-        sent = await js.publish_async(subject, payload, stream=stream,
-                                      headers={"Nats-Msg-Id": msg_id})  # fmt: skip
+        sent = await _Sent.publish(js, subject, payload, stream, msg_id)
         acks.append((sent, stream, subject, payload))
-    done = [(await asyncio.wait_for(sent, STATE_ACK_S), *rest) for sent, *rest in acks]
+    done = [(await sent.ack(js), *rest) for sent, *rest in acks]
     await asyncio.gather(*(_stored(js, stream, subject, ack, payload)
                            for ack, stream, subject, payload in done))  # fmt: skip
+
+
+@dataclass
+class _Sent:
+    """A key state (or part) published without waiting for its ack (they go together)."""
+
+    subject: str
+    body: bytes
+    stream: str
+    msg_id: str
+    future: asyncio.Future[Any]
+
+    @classmethod
+    async def publish(cls, js: Any, subject: str, body: bytes, stream: str, msg_id: str) -> _Sent:
+        headers = {"Nats-Msg-Id": msg_id}
+        future = await js.publish_async(subject, body, stream=stream, headers=headers)
+        return cls(subject, body, stream, msg_id, future)
+
+    async def ack(self, js: Any) -> Any:
+        """Its ack. One nobody answered (a broker reloading its accounts, as a rescale's
+        placement change makes it: see ``broker.client``) is sent again, acked this time
+        (a request, which waits for a responder a moment), under the same message id (a
+        repeat the broker drops)."""
+        try:
+            return await asyncio.wait_for(self.future, STATE_ACK_S)
+        except NoStreamResponseError:
+            headers = {"Nats-Msg-Id": self.msg_id}
+            return await js.publish(self.subject, self.body, timeout=STATE_ACK_S,
+                                    stream=self.stream, headers=headers)  # fmt: skip
 
 
 def _id_of(key: str) -> str:

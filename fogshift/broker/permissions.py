@@ -244,7 +244,9 @@ class BrokerUsers:
 
 
 #: Where the users' block of a config fogshift wrote begins: all before it is the head.
-_USERS_BLOCK = re.compile(r"^(?:accounts|authorization) ", re.MULTILINE)
+_USERS_BLOCK = re.compile(r"^accounts ", re.MULTILINE)
+#: An older fogshift's users' block (every user in one account).
+_OLDER_USERS = re.compile(r"^authorization ", re.MULTILINE)
 
 
 def users_file(config_file: Path) -> Path:
@@ -279,7 +281,15 @@ def apply_permissions(
         users = BrokerUsers.load(users_file(config_file))
     except (OSError, ValueError, KeyError) as exc:
         raise BrokerError(f"cannot read the broker's config {config_file}: {exc}") from exc
-    # (A config an older fogshift wrote has its users in an authorization block.)
+    if _OLDER_USERS.search(text):
+        raise BrokerError(
+            f"the broker's config {config_file} is an older fogshift's: its users share one "
+            "account, whose streams the accounts fogshift writes now would not see",
+            expected="an `accounts` block (fogshift since 2026-11-30)",
+            received="an `authorization` block",
+            hint="restart the cluster: `fogshift down`, then `fogshift up` (the streams on "
+            "disk are carried over)",
+        )
     head = _USERS_BLOCK.split(text, 1)[0]
     write_config(config_file, head, users, hosted)
     if started is not None and started_at(pid) != started:

@@ -79,6 +79,10 @@ ATOMIC_DISABLED = 10174
 BATCH_INCOMPLETE = 10176
 #: How many times a chunk a broker reload cut short is sent again.
 INCOMPLETE_RETRIES = 5
+#: Only a chunk refused as incomplete this soon is sent again: the broker also refuses a
+#: batch whose next message did not come within its batch timeout (10 s), which a slow
+#: link would make again.
+INCOMPLETE_QUICK_S = 2.0
 #: The most messages nats-server accepts in one atomic batch.
 ATOMIC_BATCH_MAX = 1000
 #: The most payload bytes sent in one atomic batch: the server holds a batch in memory
@@ -415,11 +419,16 @@ async def _commit_chunk(js: JetStreamContext, chunk: list[_Message], tail: Strea
         APIError: The broker refused the batch (a wrong last sequence among others).
         _AtomicDisabled: The stream does not take atomic batches.
     """
+    loop = asyncio.get_running_loop()
     for tries in range(INCOMPLETE_RETRIES):
+        started = loop.time()
         try:
             return await _send_chunk(js, chunk, tail)
         except APIError as exc:
-            if exc.err_code != BATCH_INCOMPLETE or tries == INCOMPLETE_RETRIES - 1:
+            # (A batch that took long may have outlived the broker's wait between its
+            # messages, also "incomplete": sent again it would be again.)
+            quick = loop.time() - started < INCOMPLETE_QUICK_S
+            if exc.err_code != BATCH_INCOMPLETE or not quick or tries == INCOMPLETE_RETRIES - 1:
                 raise
             await asyncio.sleep(0.05 * 2**tries)
     raise AssertionError("unreachable")

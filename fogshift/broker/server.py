@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import secrets
 import shutil
 import socket
@@ -19,6 +20,7 @@ from fogshift.broker.client import BrokerAddress
 from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.permissions import (
     NODE_API,
+    STREAMS_ACCOUNT,
     BrokerUsers,
     node_inbox_prefix,
     node_user,
@@ -27,6 +29,8 @@ from fogshift.broker.permissions import (
 )
 from fogshift.common.waiting import wait_until
 from fogshift.exceptions import FogshiftError
+
+log = logging.getLogger(__name__)
 
 
 def nats_server_binary() -> str:
@@ -95,6 +99,21 @@ class BrokerProcess:
     monitor_url: str | None = None
 
 
+def _streams_into_their_account(store: Path) -> None:
+    """Move the streams an older fogshift stored into the streams' account.
+
+    nats-server keeps each account's streams in a folder of its own; before 2026-11-30 every
+    user was in the default account (``$G``), whose streams the account fogshift keeps them
+    in now (``permissions.STREAMS_ACCOUNT``) would not see: a ``down`` and ``up`` over such
+    a home would have carried on with empty streams (checkpoints pointing at sequences no
+    stream has). Nothing to do for a home without them, or with both (left as they are).
+    """
+    older, now = store / "jetstream" / "$G", store / "jetstream" / STREAMS_ACCOUNT
+    if older.is_dir() and not now.exists():
+        older.rename(now)
+        log.info("moved the streams in %s into account %s", older, STREAMS_ACCOUNT)
+
+
 def start_nats_server(
     home: Path,
     host: str = "127.0.0.1",
@@ -119,6 +138,7 @@ def start_nats_server(
     """
     home.mkdir(parents=True, exist_ok=True)
     store = home / "jetstream"
+    _streams_into_their_account(store)
     config = home / "nats.conf"
     users = BrokerUsers("fogshift", secrets.token_urlsafe(24))
     for node in nodes:

@@ -163,3 +163,33 @@ def test_the_state_of_a_key_near_the_brokers_size_limit_is_stored(
     js_client.run(lambda j: _send_states(j, pipeline, 0, [state_row(key, 1, 0, {"n": "1"})]))
     (state,) = stored(js_client, pipeline)
     assert (state.key, state.state, state.origin) == (key, {"n": "1"}, 0)
+
+
+def test_a_key_state_nobody_acked_is_sent_again_under_its_id(js_client: SyncJetStream) -> None:
+    """Key states go without waiting for each ack; one the broker answered "no responders"
+    (its accounts reloading, as a rescale's placement change makes it) is sent again, acked,
+    under the same message id: stored once."""
+    import asyncio
+
+    from nats.js.errors import NoStreamResponseError
+
+    from fogshift.broker.datasource import _Sent
+
+    pipeline = next(_pipelines)
+    js_client.run(lambda js: ensure_pe_stream(js, pipeline, "src"))
+    subject = key_state_subject(pipeline, "src", "agg-p0")
+
+    async def unanswered_then_again(js: Any) -> list[Any]:
+        lost: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        lost.set_exception(NoStreamResponseError())  # as nats-py's 503 handler sets it
+        sent = _Sent(subject, b"state", stream_name(pipeline, "src"), "m1:k", lost)
+        first = await sent.ack(js)
+        again = await (await _Sent.publish(js, subject, b"state", sent.stream, "m1:k")).ack(js)
+        return [first, again]
+
+    first, again = js_client.run(unanswered_then_again)
+    assert first.seq == again.seq and again.duplicate
+    stored_once = js_client.run(
+        lambda js: get_range(js, stream_name(pipeline, "src"), subject, 0, 100)
+    )
+    assert [m.data for m in stored_once] == [b"state"]

@@ -357,3 +357,48 @@ def test_a_node_works_on_through_rights_reloads(broker: BrokerProcess) -> None:
     values = [json.loads(m.data)["seq"] for m in stored]
     assert values == list(range(1, len(values) + 1))  # each once, in order
     assert len(values) == 3 * appended.count(3)
+
+
+def test_an_older_fogshifts_streams_are_carried_into_the_streams_account(
+    tmp_path: Path,
+) -> None:
+    """Before 2026-11-30 every user was in nats-server's default account, whose streams
+    are stored in a folder of their own: ``down`` then ``up`` with this fogshift carries
+    on with them (not with empty streams); a running older broker's config is refused, not
+    rewritten under its clients."""
+    import subprocess
+
+    from fogshift.broker.exceptions import BrokerError
+    from fogshift.broker.server import nats_server_binary
+
+    home = tmp_path / "broker"
+    home.mkdir()
+    older = home / "nats.conf"  # as an older fogshift wrote it
+    older.write_text(
+        f'listen: 127.0.0.1:-1\njetstream {{ store_dir: "{home / "jetstream"}" }}\n'
+        'authorization {\n  users = [{"user": "fogshift", "password": "pw"}]\n}\n'
+    )
+    proc = subprocess.Popen([nats_server_binary(), "-c", str(older), "--ports_file_dir",
+                             str(tmp_path)], stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        assert until(lambda: any(tmp_path.glob("*.ports")))
+        url = json.loads(next(tmp_path.glob("*.ports")).read_text())["nats"][0]
+        then = BrokerAddress(url, "fogshift", "pw")
+        assert until(lambda: allowed(run(then, lambda js: ensure_pe_stream(js, "old", "pe"))))
+        assert allowed(run(then, lambda js: js.publish(data_subject("old", "pe"), b"kept")))
+        users = {"admin_user": "fogshift", "admin_password": "pw", "nodes": {}}
+        (home / "users.json").write_text(json.dumps(users))
+        with pytest.raises(BrokerError, match="older fogshift") as refused:
+            apply_permissions(older, proc.pid, {})
+        assert "fogshift down" in (refused.value.hint or "")
+        assert "authorization" in older.read_text()  # left as it was
+    finally:
+        proc.terminate()
+        proc.wait()
+    broker = start_nats_server(home)
+    try:
+        info = run(broker.address, lambda js: js.stream_info("FS_old_pe"))
+        assert not isinstance(info, Exception), info
+        assert info.state.messages == 1
+    finally:
+        os.killpg(broker.pid, signal.SIGKILL)

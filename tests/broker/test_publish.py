@@ -528,6 +528,7 @@ def test_a_batch_the_broker_found_incomplete_is_sent_again_whole(
     pe = fresh_pe(js_client)
     real = publish.connection_of
     dropped: list[str] = []
+    always = False
 
     class Dropping:
         def __init__(self, nc: Any) -> None:
@@ -538,7 +539,9 @@ def test_a_batch_the_broker_found_incomplete_is_sent_again_whole(
 
         async def publish(self, subject: str, payload: bytes = b"", reply: str = "",
                           headers: dict[str, str] | None = None) -> None:  # fmt: skip
-            if not dropped and (headers or {}).get(publish.BATCH_SEQUENCE_HEADER) == "2":
+            if (headers or {}).get(publish.BATCH_SEQUENCE_HEADER) == "2" and (
+                not dropped or always
+            ):
                 dropped.append(subject)  # (the reload's: nothing reaches the stream)
                 return
             await self._nc.publish(subject, payload, reply=reply, headers=headers)
@@ -550,3 +553,10 @@ def test_a_batch_the_broker_found_incomplete_is_sent_again_whole(
         lambda js: get_range(js, stream_name("t", pe), data_subject("t", pe), 0, 100)
     )
     assert [json.loads(m.data)["seq"] for m in stored] == [1, 2, 3]
+    # A batch refused as incomplete after a long send (the broker's batch timeout, which a
+    # slow link would outlast again) is not sent again.
+    monkeypatch.setattr(publish, "INCOMPLETE_QUICK_S", 0.0)
+    always, dropped = True, []
+    with pytest.raises(BrokerError, match="incomplete"):
+        js_client.run(lambda js: publish_records(js, "t", pe, records([4, 5, 6])))
+    assert len(dropped) == 1

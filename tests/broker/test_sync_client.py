@@ -196,29 +196,51 @@ def test_a_request_nobody_answers_yet_is_sent_again_until_someone_does(
             client.run(lambda js: connection_of(js).request("fs-test.nobody", b"?", 2))
 
 
-def test_a_direct_get_nobody_answers_yet_is_asked_again(nats_server: BrokerProcess) -> None:
+def test_a_direct_get_nobody_answers_yet_is_asked_again(
+    nats_server: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same for a batched direct get, which is a publish answered on an inbox: a 503
-    (nobody answered) is asked again, not taken for a stream without direct gets."""
-    from fogshift.broker.client import connection_of, read_ahead
+    (nobody answered) from a stream that takes direct gets is asked again; a stream that
+    takes none, or none at all, is answered at once (no wait on the reader's path)."""
+    from nats.js.api import StreamConfig
 
-    with SyncJetStream(nats_server.address) as client, SyncJetStream(nats_server.address) as late:
+    from fogshift.broker import client as client_module
+    from fogshift.broker.client import ensure_pe_stream, read_ahead
 
-        async def serve(js: Any) -> None:
-            nc = connection_of(js)
+    real = client_module.connection_of
+    lost: list[str] = []
 
-            async def reply(msg: Any) -> None:
-                stored = {"Nats-Sequence": "7", "Nats-Subject": "fs.t.late.data",
-                          "Nats-Time-Stamp": "2026-11-30T00:00:00Z"}  # fmt: skip
-                await nc.publish(msg.reply, b"{}", headers=stored)
-                await nc.publish(msg.reply, b"", headers={"Status": "204"})  # the batch's end
+    class Dropping:  # the first direct get goes where nobody answers (a reload's moment)
+        def __init__(self, nc: Any) -> None:
+            self._nc = nc
 
-            await nc.subscribe("$JS.API.DIRECT.GET.FS_t_late", cb=reply)
-            await nc.flush()
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._nc, name)
 
-        timer = threading.Timer(0.3, lambda: late.run(serve))
-        timer.start()
-        try:
-            got = client.run(lambda js: read_ahead(js, "FS_t_late", 0, 1))
-        finally:
-            timer.join()
-        assert [(m.seq, m.data) for m in got] == [(7, b"{}")]
+        async def publish(self, subject: str, payload: bytes = b"", reply: str = "",
+                          headers: dict[str, str] | None = None) -> None:  # fmt: skip
+            if not lost and ".DIRECT.GET." in subject:
+                lost.append(subject)
+                subject = "fs-test.nobody"
+            await self._nc.publish(subject, payload, reply=reply, headers=headers)
+
+    pauses: list[int] = []
+    pause = client_module._pause_after_no_responders
+
+    async def counted(started: float, tries: int) -> bool:
+        pauses.append(tries)
+        return await pause(started, tries)
+
+    with SyncJetStream(nats_server.address) as client:
+        client.run(lambda js: ensure_pe_stream(js, "t", "late"))
+        client.run(lambda js: js.publish("fs.t.late.data", b"{}"))
+        monkeypatch.setattr(client_module, "connection_of", lambda js: Dropping(real(js)))
+        monkeypatch.setattr(client_module, "_pause_after_no_responders", counted)
+        got = client.run(lambda js: read_ahead(js, stream_name("t", "late"), 0, 1))
+        assert lost and [m.data for m in got] == [b"{}"] and pauses == [0]
+        # No direct gets, or no stream: the 503 is the answer.
+        config = StreamConfig(name="FS_t_plain", subjects=["fs.t.plain.data"])
+        client.run(lambda js: js.add_stream(config))
+        for stream in ("FS_t_plain", "FS_t_nowhere"):
+            assert client.run(lambda js, s=stream: read_ahead(js, s, 0, 1)) == []
+        assert pauses == [0]
