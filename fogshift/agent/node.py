@@ -433,8 +433,12 @@ class NodeRuntime:
 
     def remove(self, pipeline: str, pe: str, discard: bool = False) -> ElementInfo:
         """Stop a PE and forget it. Its checkpoint stays on disk unless ``discard``: then it
-        goes with its node-level snapshots and any half-installed copy."""
-        with self._lock:
+        goes with its node-level snapshots and any half-installed copy, once an install of
+        its checkpoint under way has ended (as a deploy waits for it, and in that order of
+        locks): removed under it, the install failed half-way, or renamed into place a copy
+        the discard had begun to remove (a torn checkpoint, reported to resume from)."""
+        installs = self._install_lock(pipeline, pe) if discard else contextlib.nullcontext()
+        with installs, self._lock:
             if discard and (pipeline, pe) not in self._elements:
                 # A migration target that got its checkpoint but never started.
                 self._discard(pipeline, pe)

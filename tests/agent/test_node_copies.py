@@ -230,3 +230,56 @@ def test_an_install_sent_again_is_refused_once_the_pe_runs_meanwhile(
     assert {p.name for p in (live / "state/0/0").iterdir()} == {
         f"{v}.changelog" for v in range(1, 4)
     }
+
+
+def test_a_discard_waits_for_an_install_under_way_and_leaves_nothing(
+    runtime: NodeRuntime,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The orchestrator discards a PE (a failed target, a copy left on a node) while an
+    install of its checkpoint is under way: removed under it, the install failed half-way,
+    or renamed into place a copy the discard had begun to remove (a torn checkpoint the
+    node reported to resume from). The discard waits for the install, then removes what it
+    installed."""
+    files = {f"state/0/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 6)}
+    store = CentralStore(tmp_path / "central")
+    checkpoint = manifest(4, files)
+    store.put(checkpoint, files.__getitem__)
+    real = central.shutil.copyfile
+    midway, go_on = threading.Event(), threading.Event()
+    copied: list[str] = []
+
+    def slow(src: str, dst: str) -> None:
+        copied.append(dst)
+        if len(copied) == 2:
+            midway.set()
+            go_on.wait(10)
+        real(src, dst)
+
+    monkeypatch.setattr(central.shutil, "copyfile", slow)
+    errors: list[BaseException] = []
+
+    def run(action: object) -> threading.Thread:
+        def go() -> None:
+            try:
+                action()  # type: ignore[operator]
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=go)
+        thread.start()
+        return thread
+
+    install = run(lambda: runtime.install_from_store("x", "p", store, checkpoint))
+    assert midway.wait(10)
+    discard = run(lambda: runtime.remove("x", "p", discard=True))
+    discard.join(0.5)
+    assert discard.is_alive(), "the discard ran beside the install"
+    go_on.set()
+    for thread in (install, discard):
+        thread.join(10)
+    assert errors == []
+    live = runtime.checkpoint_dir("x", "p")
+    assert not live.exists() and not live.with_name("p.incoming").exists()
+    assert runtime.left() == []
