@@ -9,6 +9,7 @@ import io
 import tarfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,6 +148,34 @@ def _members(archive: bytes) -> set[str]:
         return set(tar.getnames())
 
 
+def _stored(tmp_path: Path, files: dict[str, bytes]) -> tuple[CentralStore, dict[str, Any]]:
+    """A central store holding a checkpoint of ``files``, and the checkpoint."""
+    store = CentralStore(tmp_path / "central")
+    checkpoint = manifest(4, files)
+    store.put(checkpoint, files.__getitem__)
+    return store, checkpoint
+
+
+def _held_at_second_copy(
+    monkeypatch: pytest.MonkeyPatch, thread: str | None = None
+) -> tuple[threading.Event, threading.Event, list[str]]:
+    """Installs from a central store (of thread ``thread`` only, if named) held before their
+    second file: set once one is held there, what lets it go on, and the files copied."""
+    real = central.shutil.copyfile
+    midway, go_on = threading.Event(), threading.Event()
+    copied: list[str] = []
+
+    def slow(src: str, dst: str) -> None:
+        copied.append(dst)
+        if len(copied) == 2 and thread in (None, threading.current_thread().name):
+            midway.set()
+            go_on.wait(10)
+        real(src, dst)
+
+    monkeypatch.setattr(central.shutil, "copyfile", slow)
+    return midway, go_on, copied
+
+
 def _second_install_waiting(
     runtime: NodeRuntime,  # noqa: F811
     tmp_path: Path,
@@ -156,21 +185,8 @@ def _second_install_waiting(
     """Two installs of ``files`` into x/p from a central store: the first held after its
     second file, the second started then and found waiting. What lets the first go on,
     the two threads, each one's error by name, and the files copied."""
-    store = CentralStore(tmp_path / "central")
-    checkpoint = manifest(4, files)
-    store.put(checkpoint, files.__getitem__)
-    real = central.shutil.copyfile
-    first_midway, go_on = threading.Event(), threading.Event()
-    copied: list[str] = []
-
-    def slow(src: str, dst: str) -> None:
-        copied.append(dst)
-        if len(copied) == 2 and threading.current_thread().name == "first":
-            first_midway.set()
-            go_on.wait(10)
-        real(src, dst)
-
-    monkeypatch.setattr(central.shutil, "copyfile", slow)
+    store, checkpoint = _stored(tmp_path, files)
+    first_midway, go_on, copied = _held_at_second_copy(monkeypatch, "first")
     errors: dict[str, BaseException] = {}
 
     def install() -> None:
@@ -243,21 +259,8 @@ def test_a_discard_waits_for_an_install_under_way_and_leaves_nothing(
     node reported to resume from). The discard waits for the install, then removes what it
     installed."""
     files = {f"state/0/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 6)}
-    store = CentralStore(tmp_path / "central")
-    checkpoint = manifest(4, files)
-    store.put(checkpoint, files.__getitem__)
-    real = central.shutil.copyfile
-    midway, go_on = threading.Event(), threading.Event()
-    copied: list[str] = []
-
-    def slow(src: str, dst: str) -> None:
-        copied.append(dst)
-        if len(copied) == 2:
-            midway.set()
-            go_on.wait(10)
-        real(src, dst)
-
-    monkeypatch.setattr(central.shutil, "copyfile", slow)
+    store, checkpoint = _stored(tmp_path, files)
+    midway, go_on, _ = _held_at_second_copy(monkeypatch)
     errors: list[BaseException] = []
 
     def run(action: object) -> threading.Thread:

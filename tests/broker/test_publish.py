@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
@@ -20,6 +19,7 @@ from fogshift.broker.client import (
 from fogshift.broker.exceptions import BrokerError, Fenced, WriterConflict
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
+from tests.broker.reload_moments import redirect
 
 pytestmark = pytest.mark.integration
 _names = itertools.count()
@@ -526,27 +526,13 @@ def test_a_batch_the_broker_found_incomplete_is_sent_again_whole(
     no route for yet: the batch's commit then finds it incomplete and stores nothing. The
     writer sends the batch again, each record once."""
     pe = fresh_pe(js_client)
-    real = publish.connection_of
-    dropped: list[str] = []
     always = False
 
-    class Dropping:
-        def __init__(self, nc: Any) -> None:
-            self._nc = nc
+    def where(subject: str, headers: dict[str, str]) -> str | None:
+        second = headers.get(publish.BATCH_SEQUENCE_HEADER) == "2"
+        return None if second and (not dropped or always) else subject  # (the reload's)
 
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._nc, name)
-
-        async def publish(self, subject: str, payload: bytes = b"", reply: str = "",
-                          headers: dict[str, str] | None = None) -> None:  # fmt: skip
-            if (headers or {}).get(publish.BATCH_SEQUENCE_HEADER) == "2" and (
-                not dropped or always
-            ):
-                dropped.append(subject)  # (the reload's: nothing reaches the stream)
-                return
-            await self._nc.publish(subject, payload, reply=reply, headers=headers)
-
-    monkeypatch.setattr(publish, "connection_of", lambda js: Dropping(real(js)))
+    dropped = redirect(monkeypatch, publish, where)
     assert js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2, 3]))) == 3
     assert dropped == [data_subject("t", pe)]
     stored = js_client.run(
@@ -556,7 +542,8 @@ def test_a_batch_the_broker_found_incomplete_is_sent_again_whole(
     # A batch refused as incomplete after a long send (the broker's batch timeout, which a
     # slow link would outlast again) is not sent again.
     monkeypatch.setattr(publish, "INCOMPLETE_QUICK_S", 0.0)
-    always, dropped = True, []
+    always = True
+    dropped.clear()
     with pytest.raises(BrokerError, match="incomplete"):
         js_client.run(lambda js: publish_records(js, "t", pe, records([4, 5, 6])))
     assert len(dropped) == 1

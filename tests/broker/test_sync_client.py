@@ -25,6 +25,7 @@ from fogshift.broker.client import (
 from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.naming import stream_name
 from fogshift.broker.server import BrokerProcess, start_nats_server
+from tests.broker.reload_moments import NOBODY, redirect
 from tests.orchestrator.standin import dead_url
 
 pytestmark = pytest.mark.integration  # a real nats-server (no Spark, no agents)
@@ -207,23 +208,6 @@ def test_a_direct_get_nobody_answers_yet_is_asked_again(
     from fogshift.broker import client as client_module
     from fogshift.broker.client import ensure_pe_stream, read_ahead
 
-    real = client_module.connection_of
-    lost: list[str] = []
-
-    class Dropping:  # the first direct get goes where nobody answers (a reload's moment)
-        def __init__(self, nc: Any) -> None:
-            self._nc = nc
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._nc, name)
-
-        async def publish(self, subject: str, payload: bytes = b"", reply: str = "",
-                          headers: dict[str, str] | None = None) -> None:  # fmt: skip
-            if not lost and ".DIRECT.GET." in subject:
-                lost.append(subject)
-                subject = "fs-test.nobody"
-            await self._nc.publish(subject, payload, reply=reply, headers=headers)
-
     pauses: list[int] = []
     pause = client_module._pause_after_no_responders
 
@@ -234,7 +218,10 @@ def test_a_direct_get_nobody_answers_yet_is_asked_again(
     with SyncJetStream(nats_server.address) as client:
         client.run(lambda js: ensure_pe_stream(js, "t", "late"))
         client.run(lambda js: js.publish("fs.t.late.data", b"{}"))
-        monkeypatch.setattr(client_module, "connection_of", lambda js: Dropping(real(js)))
+        # The first direct get goes where nobody answers (a reload's moment).
+        lost = redirect(monkeypatch, client_module,
+                        lambda subject, _: NOBODY if ".DIRECT.GET." in subject and not lost
+                        else subject)  # fmt: skip
         monkeypatch.setattr(client_module, "_pause_after_no_responders", counted)
         got = client.run(lambda js: read_ahead(js, stream_name("t", "late"), 0, 1))
         assert lost and [m.data for m in got] == [b"{}"] and pauses == [0]
