@@ -13,7 +13,9 @@ every ``plan_interval_s``:
   shipped per interval, transfer size from the newest checkpoint's size.
 
 The plan decides two nodes per PE: its *backup* node, which keeps an extra copy of each
-central checkpoint (pushed incrementally after each pull), and its *redeploy* node, the
+central checkpoint (pushed incrementally after each pull: the planner counts that traffic on
+the route from the PE's node through the central node to the backup), and its *redeploy*
+node, the
 first candidate of a restore. A restore then fetches the checkpoint from the nearest copy —
 the target's own, the backup node's, or the central store's — by the route bandwidth of
 the topology.
@@ -197,8 +199,16 @@ class LivePE:
     shipped_bytes_per_s: float
 
 
-def build_topology(fog: FogTopology, nodes: list[LiveNode], pes: list[LivePE]) -> Topology:
+def build_topology(
+    fog: FogTopology, nodes: list[LiveNode], pes: list[LivePE], central: str | None = None
+) -> Topology:
     """The planner's instance for the current cluster.
+
+    A PE's backup data is its node's checkpoints, pulled to the central store and pushed
+    from there to its backup node: its replication crosses the route through ``central``
+    (the node beside the store, :meth:`FogTopology.central_node`), not the route from its
+    node to its backup (the paper's model, used when the central node is not among
+    ``nodes``).
 
     A node's load is its measured CPU use minus what its PEs are assumed to need, kept
     within ``[0, capacity - PE needs]`` (the planner refuses an overloaded server; a node
@@ -236,10 +246,12 @@ def build_topology(fog: FogTopology, nodes: list[LiveNode], pes: list[LivePE]) -
             for i, a in enumerate(names)
             for b in names[i + 1 :]
         ]
+    via = central if central in names else None
     tasks = [
         Task(
             id=pe.key,
             server=pe.node,
+            replicas_via=via,
             cpu=fog.pe_cpu,
             latency_ms=pe.latency_ms,
             backup_rate=pe.shipped_bytes_per_s * MB_PER_BYTE,

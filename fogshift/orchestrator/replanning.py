@@ -81,7 +81,7 @@ class Replanning(OrchestratorCore):
         try:
             topology = build_topology(
                 fog, [LiveNode(n.name, float(n.report.cpu_percent or 0.0)) for n in live],
-                pes,
+                pes, fog.central_node(self.node_names()),
             )  # fmt: skip
             result = (
                 plan_backups(topology, "exact", time_limit_s=self.config.plan_time_limit_s)

@@ -41,13 +41,12 @@ def normalise_shares(shares: Iterable[float]) -> tuple[float, ...]:
 
 
 def backup_candidates(net: Network, task: int) -> list[int]:
-    """Servers other than ``s_w(τ)`` whose route from ``s_w(τ)`` has ``d_τ^store`` on every link."""
+    """Servers other than ``s_w(τ)`` whose replication route (from ``s_w(τ)``, through
+    :attr:`~fogshift.planner.model.Task.replicas_via` if any) has ``d_τ^store`` on every
+    link."""
     work = net.task_server[task]
-    rate = net.topology.tasks[task].backup_rate
     return [
-        i
-        for i in range(len(net.server_ids))
-        if i != work and net.route(work, i) is not None and within(rate, net.bottleneck(work, i))
+        i for i in range(len(net.server_ids)) if i != work and net.replication_fits_links(task, i)
     ]
 
 
@@ -119,18 +118,23 @@ def explain_task(net: Network, task: int) -> InfeasiblePlan | None:
         )
     backups = backup_candidates(net, task)
     if not backups:
-        reachable = [i for i in range(len(net.server_ids)) if i != work and net.route(work, i)]
+        via = f" through {t.replicas_via}" if t.replicas_via else ""
+        reachable = [
+            i
+            for i in range(len(net.server_ids))
+            if i != work and net.replication_route(task, i) is not None
+        ]
         if reachable:
-            best = max(reachable, key=lambda i: net.bottleneck(work, i))
+            best = max(reachable, key=lambda i: net.replication_width(task, i))
             received = (
-                f"the widest route, {work_id} to {net.server_ids[best]}, has a "
-                f"{net.bottleneck(work, best):g} Mb/s bottleneck"
+                f"the widest route, {work_id} to {net.server_ids[best]}{via}, has a "
+                f"{net.replication_width(task, best):g} Mb/s bottleneck"
             )
         else:
-            received = f"{work_id} has no route to any other server"
+            received = f"{work_id} has no route to any other server{via}"
         return InfeasiblePlan(
-            f"no backup server for task {t.id} is reachable from its primary {work_id} with "
-            f"{t.backup_rate:g} Mb/s of backup bandwidth on every link",
+            f"no backup server for task {t.id} is reachable from its primary {work_id}{via} "
+            f"with {t.backup_rate:g} Mb/s of backup bandwidth on every link",
             constraint="replication_bandwidth",
             task_id=t.id,
             server_id=work_id,

@@ -66,12 +66,14 @@ class _State:
         It must fit without failures and in every failure of a server other than ``work``
         that has recovery reservations on the link (``work``'s failure stops the stream).
         """
-        for e in route:
+        for e in set(route):
             worst = 0.0
             for f, rec in self.rec_of[e].items():
                 if f != work:
                     worst = max(worst, rec - self.rep_of[e].get(f, 0.0))
-            if not within(self.replication[e] + rate + worst, self.net.bandwidth[e]):
+            # (A link crossed twice, through the task's via, carries it twice.)
+            more = rate * route.count(e)
+            if not within(self.replication[e] + more + worst, self.net.bandwidth[e]):
                 return False
         return True
 
@@ -94,7 +96,7 @@ class _State:
         net = self.net
         t = net.topology.tasks[task]
         work = net.task_server[task]
-        route = net.route(work, backup)
+        route = net.replication_route(task, backup)
         assert route is not None
         for e in route:
             self.replication[e] += t.backup_rate
@@ -107,13 +109,16 @@ class _State:
                 self.rec_of[e][work] += z
 
 
-def _by_hops(net: Network, work: int) -> list[list[int]]:
-    """Servers other than ``work`` reachable from it, grouped by hop count ascending."""
+def _by_hops(net: Network, task: int) -> list[list[int]]:
+    """Servers other than the task's own its backup data reaches, grouped by how many links
+    it crosses to them, ascending (the paper's "number of edges" from ``s_w(τ)``; through
+    the task's via, if it has one)."""
+    work = net.task_server[task]
     layers: dict[int, list[int]] = defaultdict(list)
     for s in range(len(net.server_ids)):
-        hops = net.hops(work, s)
-        if s != work and hops is not None:
-            layers[hops].append(s)
+        route = net.replication_route(task, s)
+        if s != work and route is not None:
+            layers[len(route)].append(s)
     return [layers[h] for h in sorted(layers)]
 
 
@@ -124,7 +129,7 @@ def _colocate(net: Network, state: _State, task: int, layers: list[list[int]]) -
     for layer in layers:
         fitting = []
         for s in layer:
-            route = net.route(work, s)
+            route = net.replication_route(task, s)
             assert route is not None
             if state.replication_fits(work, route, t.backup_rate):
                 fitting.append((-state.residual(route), s))
@@ -167,7 +172,7 @@ def _remote(
     work = net.task_server[task]
     backups = []
     for i in range(len(net.server_ids)):
-        route = net.route(work, i)
+        route = net.replication_route(task, i)
         if i != work and route is not None and state.replication_fits(work, route, t.backup_rate):
             backups.append(i)
     if not backups:
@@ -188,8 +193,9 @@ def _remote(
         lst = order.of(i)
         if lst:
             neg_z, hops, j = lst[0]
-            hops_wi = net.hops(work, i)
-            assert hops_wi is not None
+            replicated = net.replication_route(task, i)
+            assert replicated is not None
+            hops_wi = len(replicated)
             heap.append((neg_z, hops, hops_wi, i, j, 0))
     heapq.heapify(heap)
     best: Option | None = None
@@ -269,13 +275,14 @@ def solve_greedy(topology: Topology, *, shares: Sequence[float] = DEFAULT_SHARES
     tasks = sorted(range(len(net.task_ids)), key=lambda k: topology.tasks[k].latency_ms)
     state = _State(net)
     chosen: dict[int, Option] = {}
-    layers_of: dict[int, list[list[int]]] = {}
+    layers_of: dict[tuple[int, int | None], list[list[int]]] = {}
     left = []
     for task in tasks:
-        work = net.task_server[task]
-        if work not in layers_of:
-            layers_of[work] = _by_hops(net, work)
-        s = _colocate(net, state, task, layers_of[work])
+        # (Tasks of one server and one via share their layers.)
+        where = (net.task_server[task], net.task_via[task])
+        if where not in layers_of:
+            layers_of[where] = _by_hops(net, task)
+        s = _colocate(net, state, task, layers_of[where])
         if s is None:
             left.append(task)
         else:

@@ -95,11 +95,11 @@ def _build(net: Network, options: Sequence[Sequence[Option]]) -> _Milp:
     for col, (task, (i, j, z)) in enumerate(m.columns):
         t = topo.tasks[task]
         work = net.task_server[task]
-        route = net.route(work, i)
+        route = net.replication_route(task, i)
         assert route is not None  # candidate options have routes
         if t.backup_rate > 0:
-            for e in route:
-                replication[e][col] = -t.backup_rate
+            for e in route:  # (a link crossed twice, through the task's via, counts twice)
+                replication[e][col] = replication[e].get(col, 0.0) - t.backup_rate
         if z is not None:
             rec_route = net.route(i, j)
             assert rec_route is not None
@@ -126,7 +126,7 @@ def _build(net: Network, options: Sequence[Sequence[Option]]) -> _Milp:
     for col, (task, (i, _, _)) in enumerate(m.columns):
         rate = topo.tasks[task].backup_rate
         work = net.task_server[task]
-        route = net.route(work, i)
+        route = net.replication_route(task, i)
         if rate <= 0 or route is None:
             continue
         for e in route:

@@ -63,6 +63,31 @@ def test_live_topology_takes_capacities_loads_and_sizes() -> None:
     }  # fmt: skip
 
 
+def test_the_live_plan_counts_backup_data_through_the_central_node() -> None:
+    """A PE's checkpoints reach its backup node from the central store (pulled there from
+    its node, pushed on): fog-a's aggregate shipping 6 Mb/s cannot keep its backup on fog-c,
+    whose data would cross the 10 Mb/s cloud-fog-a link twice (there and back), though the
+    direct fog-a-fog-c link is wide; it can on cloud or fog-b."""
+    from fogshift.planner.feasibility import backup_candidates
+
+    fog = FogTopology.parse(FOG)
+    heavy = LivePE("p/agg", "fog-a", latency_ms=30_000, checkpoint_bytes=2_000_000,
+                   shipped_bytes_per_s=750_000)  # fmt: skip
+    live = [*NODES[:3], LiveNode("fog-c", 0.0)]
+    through = build_topology(fog, live, [heavy], central="cloud")
+    assert through.tasks[0].replicas_via == "cloud"
+    net = through.network()
+    names = {net.server_ids[i] for i in backup_candidates(net, 0)}
+    assert names == {"cloud", "fog-b"}
+    result = plan(through, "exact", time_limit_s=10)
+    assert result.assignments[0].backup in names and result.check(through) == []
+    # The central node not among the healthy ones: the paper's direct routes.
+    direct = build_topology(fog, live[1:], [heavy], central="cloud")
+    assert direct.tasks[0].replicas_via is None
+    net = direct.network()
+    assert "fog-c" in {net.server_ids[i] for i in backup_candidates(net, 0)}
+
+
 def test_plan_of_the_live_topology_avoids_full_and_failed_nodes() -> None:
     fog = FogTopology.parse(FOG)
     topo = build_topology(fog, NODES, [pe("p/agg", "fog-a")])
