@@ -14,8 +14,7 @@ every ``plan_interval_s``:
 
 The plan decides two nodes per PE: its *backup* node, which keeps an extra copy of each
 central checkpoint (pushed incrementally after each pull: the planner counts that traffic on
-the route from the PE's node through the central node to the backup), and its *redeploy*
-node, the
+the route from the central node to the backup), and its *redeploy* node, the
 first candidate of a restore. A restore then fetches the checkpoint from the nearest copy —
 the target's own, the backup node's, or the central store's — by the route bandwidth of
 the topology.
@@ -205,10 +204,10 @@ def build_topology(
     """The planner's instance for the current cluster.
 
     A PE's backup data is its node's checkpoints, pulled to the central store and pushed
-    from there to its backup node: its replication crosses the route through ``central``
-    (the node beside the store, :meth:`FogTopology.central_node`), not the route from its
-    node to its backup (the paper's model, used when the central node is not among
-    ``nodes``).
+    from there to its backup node: its replication crosses the route from ``central`` (the
+    node beside the store, :meth:`FogTopology.central_node`) to its backup, not the route
+    from its node (the paper's model, used when the central node is not among ``nodes``).
+    The pull happens whatever the plan says: it is not the plan's to place.
 
     A node's load is its measured CPU use minus what its PEs are assumed to need, kept
     within ``[0, capacity - PE needs]`` (the planner refuses an overloaded server; a node
@@ -246,12 +245,12 @@ def build_topology(
             for i, a in enumerate(names)
             for b in names[i + 1 :]
         ]
-    via = central if central in names else None
+    source = central if central in names else None
     tasks = [
         Task(
             id=pe.key,
             server=pe.node,
-            replicas_via=via,
+            replicas_from=source,
             cpu=fog.pe_cpu,
             latency_ms=pe.latency_ms,
             backup_rate=pe.shipped_bytes_per_s * MB_PER_BYTE,

@@ -6,9 +6,10 @@ route from ``s_d(τ)`` to ``s_t(τ)`` (default 1, 1/2, 1/4, 1/8). The grid is wh
 
 An option ``(i, j, Z)`` is a candidate ``(s_d(τ), s_t(τ), Z(τ))`` for task ``τ`` when it
 passes every constraint that can be checked for ``τ`` alone: eq. 5 (neither server is
-``s_w(τ)``), the backup route from ``s_w(τ)`` to ``i`` has ``U(e) >= d_τ^store`` on every
-link, ``j`` has ``c_τ`` free CPU, and, unless ``i == j`` (then ``Z`` is None), a route joins
-``i`` to ``j`` and ``b(τ)/Z`` meets ``l_τ``. Every plan on the grid uses candidate options only,
+``s_w(τ)``), the backup route from ``s_w(τ)`` (from ``Task.replicas_from`` if it names a
+server) to ``i`` has ``U(e) >= d_τ^store`` on every link, ``j`` has ``c_τ`` free CPU, and,
+unless ``i == j`` (then ``Z`` is None), a route joins ``i`` to ``j`` and ``b(τ)/Z`` meets
+``l_τ``. Every plan on the grid uses candidate options only,
 so a task without one proves the instance infeasible, whatever ``Z`` (the check uses the
 largest share, and no ``Z`` can exceed the bottleneck).
 """
@@ -41,9 +42,8 @@ def normalise_shares(shares: Iterable[float]) -> tuple[float, ...]:
 
 
 def backup_candidates(net: Network, task: int) -> list[int]:
-    """Servers other than ``s_w(τ)`` whose replication route (from ``s_w(τ)``, through
-    :attr:`~fogshift.planner.model.Task.replicas_via` if any) has ``d_τ^store`` on every
-    link."""
+    """Servers other than ``s_w(τ)`` whose replication route (from ``s_w(τ)``, or from
+    :attr:`~fogshift.planner.model.Task.replicas_from`) has ``d_τ^store`` on every link."""
     work = net.task_server[task]
     return [
         i for i in range(len(net.server_ids)) if i != work and net.replication_fits_links(task, i)
@@ -118,7 +118,7 @@ def explain_task(net: Network, task: int) -> InfeasiblePlan | None:
         )
     backups = backup_candidates(net, task)
     if not backups:
-        via = f" through {t.replicas_via}" if t.replicas_via else ""
+        source_id = t.replicas_from or work_id
         reachable = [
             i
             for i in range(len(net.server_ids))
@@ -127,20 +127,21 @@ def explain_task(net: Network, task: int) -> InfeasiblePlan | None:
         if reachable:
             best = max(reachable, key=lambda i: net.replication_width(task, i))
             received = (
-                f"the widest route, {work_id} to {net.server_ids[best]}{via}, has a "
+                f"the widest route, {source_id} to {net.server_ids[best]}, has a "
                 f"{net.replication_width(task, best):g} Mb/s bottleneck"
             )
         else:
-            received = f"{work_id} has no route to any other server{via}"
+            received = f"{source_id} has no route to any other server"
+        sent = "" if source_id == work_id else f" (its replicas come from {source_id})"
         return InfeasiblePlan(
-            f"no backup server for task {t.id} is reachable from its primary {work_id}{via} "
+            f"no backup server for task {t.id} is reachable from its primary {work_id}{sent} "
             f"with {t.backup_rate:g} Mb/s of backup bandwidth on every link",
             constraint="replication_bandwidth",
             task_id=t.id,
             server_id=work_id,
-            expected=f"a route from {work_id} with at least {t.backup_rate:g} Mb/s on each link",
+            expected=f"a route from {source_id} with at least {t.backup_rate:g} Mb/s on each link",
             received=received,
-            hint=f"add bandwidth or links at {work_id}, or lower the task's backup_rate",
+            hint=f"add bandwidth or links at {source_id}, or lower the task's backup_rate",
         )
     redeploys = redeploy_candidates(net, task)
     if not redeploys:

@@ -5,7 +5,8 @@ Reading of Algorithm 1 (its pseudo-code has typos; see docs/planner.md for the d
 1. Sort tasks by ``l_τ`` ascending, so the most latency-critical task chooses first
    (ties keep topology order).
 2. Phase 1, co-location: for each task, the candidate servers ``S'`` are the servers other
-   than ``s_w(τ)`` whose route from ``s_w(τ)`` still has ``d_τ^store`` free on every link.
+   than ``s_w(τ)`` whose route from ``s_w(τ)`` (from :attr:`Task.replicas_from` if it names
+   a server: fogshift's central store) still has ``d_τ^store`` free on every link.
    They are tried by hop count from ``s_w(τ)`` ascending ("sort B with the number of edges"),
    ties by the widest residual bottleneck, then server order. The first one that passes
    CheckCPU becomes both backup and redeploy server (recovery time 0), the route's residual
@@ -66,14 +67,12 @@ class _State:
         It must fit without failures and in every failure of a server other than ``work``
         that has recovery reservations on the link (``work``'s failure stops the stream).
         """
-        for e in set(route):
+        for e in route:
             worst = 0.0
             for f, rec in self.rec_of[e].items():
                 if f != work:
                     worst = max(worst, rec - self.rep_of[e].get(f, 0.0))
-            # (A link crossed twice, through the task's via, carries it twice.)
-            more = rate * route.count(e)
-            if not within(self.replication[e] + more + worst, self.net.bandwidth[e]):
+            if not within(self.replication[e] + rate + worst, self.net.bandwidth[e]):
                 return False
         return True
 
@@ -110,15 +109,15 @@ class _State:
 
 
 def _by_hops(net: Network, task: int) -> list[list[int]]:
-    """Servers other than the task's own its backup data reaches, grouped by how many links
-    it crosses to them, ascending (the paper's "number of edges" from ``s_w(τ)``; through
-    the task's via, if it has one)."""
+    """Servers other than the task's own its backup data reaches, grouped by hop count from
+    the task's server ascending (the paper's "number of edges": where it is redeployed
+    matters, however its backup data gets there)."""
     work = net.task_server[task]
     layers: dict[int, list[int]] = defaultdict(list)
     for s in range(len(net.server_ids)):
-        route = net.replication_route(task, s)
-        if s != work and route is not None:
-            layers[len(route)].append(s)
+        hops = net.hops(work, s)
+        if s != work and hops is not None and net.replication_route(task, s) is not None:
+            layers[hops].append(s)
     return [layers[h] for h in sorted(layers)]
 
 
@@ -193,9 +192,10 @@ def _remote(
         lst = order.of(i)
         if lst:
             neg_z, hops, j = lst[0]
-            replicated = net.replication_route(task, i)
-            assert replicated is not None
-            hops_wi = len(replicated)
+            # (A backup its data reaches from elsewhere may have no route from s_w(τ): last.)
+            hops_wi = net.hops(work, i)
+            if hops_wi is None:
+                hops_wi = len(net.server_ids)
             heap.append((neg_z, hops, hops_wi, i, j, 0))
     heapq.heapify(heap)
     best: Option | None = None
@@ -244,8 +244,9 @@ def _blocker(net: Network, state: _State, task: int, backups: list[int]) -> Cons
 
 
 _WHY: dict[str, str] = {
-    "replication_bandwidth": "every route from its primary to another server is already "
-    "full of backup replication traffic",
+    "replication_bandwidth": "every route its backup data could take to another server "
+    "(from its primary, or from where its replicas come from) is already full of backup "
+    "replication traffic",
     "cpu": "every server with CPU left when its primary fails is taken or unusable",
     "latency": "no remaining backup/redeploy pair recovers within its latency requirement",
     "recovery_bandwidth": "the recovery transfers of every remaining pair would overload a "
@@ -275,11 +276,11 @@ def solve_greedy(topology: Topology, *, shares: Sequence[float] = DEFAULT_SHARES
     tasks = sorted(range(len(net.task_ids)), key=lambda k: topology.tasks[k].latency_ms)
     state = _State(net)
     chosen: dict[int, Option] = {}
-    layers_of: dict[tuple[int, int | None], list[list[int]]] = {}
+    layers_of: dict[tuple[int, int], list[list[int]]] = {}
     left = []
     for task in tasks:
-        # (Tasks of one server and one via share their layers.)
-        where = (net.task_server[task], net.task_via[task])
+        # (Tasks of one server, their data sent from one server, share their layers.)
+        where = (net.task_server[task], net.task_source[task])
         if where not in layers_of:
             layers_of[where] = _by_hops(net, task)
         s = _colocate(net, state, task, layers_of[where])

@@ -11,7 +11,8 @@ Formulation (see docs/planner.md):
 * Objective (eq. 3): ``min Σ z[τ,i,j,Z] · 1000 b(τ)/Z`` (0 when ``i == j``), in ms.
 * Assignment: ``Σ z[τ,·,·,·] = 1`` for every task.
 * ``r[e]`` continuous in ``[0, U(e)]``: steady-state replication load
-  ``Σ d_τ^store z`` over the pairs whose route ``s_w(τ) -> i`` uses ``e``.
+  ``Σ d_τ^store z`` over the pairs whose route ``s_w(τ) -> i`` uses ``e`` (from
+  ``Task.replicas_from`` instead, if it names a server: fogshift's central store).
 * CheckCPU, for every failing server ``f`` and other server ``k``:
   ``Σ_{τ on f, pairs (i,k)} c_τ z <= free CPU of k``.
 * Eq. 4, for every failing server ``f`` and link ``e``:
@@ -98,8 +99,8 @@ def _build(net: Network, options: Sequence[Sequence[Option]]) -> _Milp:
         route = net.replication_route(task, i)
         assert route is not None  # candidate options have routes
         if t.backup_rate > 0:
-            for e in route:  # (a link crossed twice, through the task's via, counts twice)
-                replication[e][col] = replication[e].get(col, 0.0) - t.backup_rate
+            for e in route:
+                replication[e][col] = -t.backup_rate
         if z is not None:
             rec_route = net.route(i, j)
             assert rec_route is not None

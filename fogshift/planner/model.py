@@ -15,8 +15,8 @@ Notation of the paper and how it maps here:
   -> :attr:`Assignment.recovery_bandwidth`; it can be at most the bottleneck of that route
   (:meth:`Network.bottleneck`). ``E_1``/``E_2`` are "link on the route ``s_w(τ) -> s_d(τ)``"
   / "link on the route ``s_d(τ) -> s_t(τ)``"; beyond the paper, a task's backup data may
-  reach ``s_d(τ)`` through another server (:attr:`Task.replicas_via`, fogshift's central
-  store), and ``E_1`` is then the route through it.
+  come to ``s_d(τ)`` from another server (:attr:`Task.replicas_from`, fogshift's central
+  store), and ``E_1`` is then the route from it.
 
 Units: CPU in abstract units, bandwidth in Mb/s, transfer sizes in Mb (megabits), times in ms.
 The paper has no link latency, so links carry only a bandwidth.
@@ -89,12 +89,12 @@ class Task(BaseModel):
             Algorithm 1 subtract it from the bandwidth of every link on the route.
         transfer_size: ``d_τ^sum`` (= ``b(τ)`` in eq. 3), Mb that must move from the backup
             server to the redeploy server before the redeployed task can resume.
-        replicas_via: The server the task's backup data passes through on its way to the
-            backup server (``None``: none, the paper's model, where the task sends it to
-            its backup). fogshift's checkpoints are pulled to the central store and pushed
-            from there to the backup node, so the live plan names the central node: the
-            replication then loads the route ``s_w(τ) -> via -> s_d(τ)``
-            (:meth:`Network.replication_route`), not ``s_w(τ) -> s_d(τ)``.
+        replicas_from: The server the task's backup data is sent to its backup server from
+            (``None``: its own, the paper's model). fogshift's checkpoints are pulled to the
+            central store and pushed from there to the backup node, so the live plan names
+            the central node: the replication then loads the route ``from -> s_d(τ)``
+            (:meth:`Network.replication_route`), not ``s_w(τ) -> s_d(τ)``. (The pull to the
+            central node happens whatever the plan says: it is not the plan's to place.)
     """
 
     model_config = _CONFIG
@@ -107,7 +107,7 @@ class Task(BaseModel):
     latency_ms: float = Field(gt=0, le=1e12)
     backup_rate: float = Field(ge=0)
     transfer_size: float = Field(gt=0)
-    replicas_via: str | None = Field(default=None, min_length=1)
+    replicas_from: str | None = Field(default=None, min_length=1)
 
 
 class Link(BaseModel):
@@ -172,8 +172,8 @@ class Topology(BaseModel):
             task_ids.add(task.id)
             if task.server not in server_ids:
                 raise ValueError(f"tasks[{k}].server: unknown server {task.server!r}")
-            if task.replicas_via is not None and task.replicas_via not in server_ids:
-                raise ValueError(f"tasks[{k}].replicas_via: unknown server {task.replicas_via!r}")
+            if task.replicas_from is not None and task.replicas_from not in server_ids:
+                raise ValueError(f"tasks[{k}].replicas_from: unknown server {task.replicas_from!r}")
             used[server_ids[task.server]] += task.cpu
         for k, server in enumerate(self.servers):
             if not within(used[k], server.cpu):
@@ -236,7 +236,8 @@ class Topology(BaseModel):
         """Load and validate a topology from a YAML file.
 
         The file holds ``servers: [{id, cpu, load}]``, ``tasks: [{id, server, cpu,
-        latency_ms, backup_rate, transfer_size}]`` and ``links: [{a, b, bandwidth}]``.
+        latency_ms, backup_rate, transfer_size, replicas_from}]`` (the last optional) and
+        ``links: [{a, b, bandwidth}]``.
 
         Raises:
             InvalidTopology: If the file cannot be read or parsed, or fails validation.
@@ -278,9 +279,9 @@ class Network:
         self.task_server: tuple[int, ...] = tuple(
             self.server_index[t.server] for t in topology.tasks
         )
-        self.task_via: tuple[int | None, ...] = tuple(
-            None if t.replicas_via is None else self.server_index[t.replicas_via]
-            for t in topology.tasks
+        #: Where each task's backup data is sent from (its server, or ``replicas_from``).
+        self.task_source: tuple[int, ...] = tuple(
+            self.server_index[t.replicas_from or t.server] for t in topology.tasks
         )
         n = len(self.server_ids)
         tasks_on: list[list[int]] = [[] for _ in range(n)]
@@ -346,32 +347,21 @@ class Network:
         return self._routes[a][b]
 
     def replication_route(self, task: int, backup: int) -> tuple[int, ...] | None:
-        """Link indices the backup data of ``task`` crosses to ``backup``: the route from its
-        server, through :attr:`Task.replicas_via` if it names one (a link on both legs is
-        crossed twice, and listed twice). None: unreachable."""
-        work = self.task_server[task]
-        via = self.task_via[task]
-        if via is None:
-            return self.route(work, backup)
-        there, on = self.route(work, via), self.route(via, backup)
-        return None if there is None or on is None else there + on
+        """Link indices the backup data of ``task`` crosses to ``backup``: the route from
+        :attr:`Task.replicas_from`, else from the task's server (None: unreachable)."""
+        return self.route(self.task_source[task], backup)
 
     def replication_fits_links(self, task: int, backup: int) -> bool:
-        """Whether ``d_τ^store`` fits every link of the replication route on its own (each
-        crossing counted): eq. 2 with nothing else placed."""
+        """Whether ``d_τ^store`` fits every link of the replication route on its own (eq. 2
+        with nothing else placed)."""
         route = self.replication_route(task, backup)
-        if route is None:
-            return False
         rate = self.topology.tasks[task].backup_rate
-        return all(within(rate * route.count(e), self.bandwidth[e]) for e in set(route))
+        return route is not None and within(rate, self.replication_width(task, backup))
 
     def replication_width(self, task: int, backup: int) -> float:
-        """The most backup data per second the replication route carries (a link crossed
-        twice carries half its ``U(e)`` each time); ``inf`` for no link, 0 when unreachable."""
-        route = self.replication_route(task, backup)
-        if route is None:
-            return 0.0
-        return min((self.bandwidth[e] / route.count(e) for e in set(route)), default=math.inf)
+        """The bottleneck of the replication route (``inf`` for no link, 0 when unreachable)."""
+        source = self.task_source[task]
+        return self.bottleneck(source, backup) if self.route(source, backup) is not None else 0.0
 
     def bottleneck(self, a: int, b: int) -> float:
         """``Z`` for a transfer from ``a`` to ``b``: the smallest ``U(e)`` on the route.
@@ -556,8 +546,8 @@ def violations(net: Network, choice: Mapping[str, tuple[str, str, float | None]]
         rep_route = net.replication_route(c.task, c.backup)
         if rep_route is None:
             problems.append(
-                f"task {name}: no route from {work_id} to backup {net.server_ids[c.backup]}"
-                + (f" through {task.replicas_via}" if task.replicas_via else "")
+                f"task {name}: no route from {task.replicas_from or work_id} to backup "
+                f"{net.server_ids[c.backup]}"
             )
         else:
             for e in rep_route:

@@ -63,29 +63,31 @@ def test_live_topology_takes_capacities_loads_and_sizes() -> None:
     }  # fmt: skip
 
 
-def test_the_live_plan_counts_backup_data_through_the_central_node() -> None:
+def test_the_live_plan_counts_backup_data_from_the_central_node() -> None:
     """A PE's checkpoints reach its backup node from the central store (pulled there from
-    its node, pushed on): fog-a's aggregate shipping 6 Mb/s cannot keep its backup on fog-c,
-    whose data would cross the 10 Mb/s cloud-fog-a link twice (there and back), though the
-    direct fog-a-fog-c link is wide; it can on cloud or fog-b."""
+    its node, pushed on): fog-a's aggregate shipping 12 Mb/s cannot keep its backup on fog-c,
+    whose copies would cross the 10 Mb/s cloud-fog-a link, though the direct fog-a-fog-c
+    link is wide; it can on cloud (the store's node) or fog-b (50 Mb/s from cloud)."""
     from fogshift.planner.feasibility import backup_candidates
 
     fog = FogTopology.parse(FOG)
     heavy = LivePE("p/agg", "fog-a", latency_ms=30_000, checkpoint_bytes=2_000_000,
-                   shipped_bytes_per_s=750_000)  # fmt: skip
+                   shipped_bytes_per_s=1_500_000)  # fmt: skip
     live = [*NODES[:3], LiveNode("fog-c", 0.0)]
-    through = build_topology(fog, live, [heavy], central="cloud")
-    assert through.tasks[0].replicas_via == "cloud"
-    net = through.network()
+    sent = build_topology(fog, live, [heavy], central="cloud")
+    assert sent.tasks[0].replicas_from == "cloud"
+    net = sent.network()
     names = {net.server_ids[i] for i in backup_candidates(net, 0)}
     assert names == {"cloud", "fog-b"}
-    result = plan(through, "exact", time_limit_s=10)
-    assert result.assignments[0].backup in names and result.check(through) == []
-    # The central node not among the healthy ones: the paper's direct routes.
-    direct = build_topology(fog, live[1:], [heavy], central="cloud")
-    assert direct.tasks[0].replicas_via is None
+    result = plan(sent, "exact", time_limit_s=10)
+    assert result.assignments[0].backup in names and result.check(sent) == []
+    # The paper's model (from the PE's node) — used with the central node not among the
+    # healthy ones — puts it the other way round.
+    direct = build_topology(fog, live, [heavy])
+    assert direct.tasks[0].replicas_from is None
     net = direct.network()
-    assert "fog-c" in {net.server_ids[i] for i in backup_candidates(net, 0)}
+    assert {net.server_ids[i] for i in backup_candidates(net, 0)} == {"fog-c"}
+    assert build_topology(fog, live[1:], [heavy], central="cloud").tasks[0].replicas_from is None
 
 
 def test_plan_of_the_live_topology_avoids_full_and_failed_nodes() -> None:

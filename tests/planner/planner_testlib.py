@@ -46,7 +46,7 @@ def task(
     latency_ms: float = 10_000,
     backup_rate: float = 1,
     transfer_size: float = 100,
-    replicas_via: str | None = None,
+    replicas_from: str | None = None,
 ) -> dict[str, Any]:
     """A task dict with defaults that rarely bind."""
     return {
@@ -56,7 +56,7 @@ def task(
         "latency_ms": latency_ms,
         "backup_rate": backup_rate,
         "transfer_size": transfer_size,
-        **({"replicas_via": replicas_via} if replicas_via else {}),
+        **({"replicas_from": replicas_from} if replicas_from else {}),
     }
 
 
@@ -109,8 +109,8 @@ def generic_topologies(draw: st.DrawFn, max_servers: int = 4, max_tasks: int = 3
 
     Free CPU per server is drawn from a few levels including "none", so that co-location is
     often impossible and remote recoveries (and their bandwidth shares) get exercised; some
-    instances are infeasible and some networks disconnected. Some tasks' backup data goes
-    through another server (``replicas_via``, as fogshift's through its central store).
+    instances are infeasible and some networks disconnected. Some tasks' backup data comes
+    from another server (``replicas_from``, as fogshift's from its central store).
     """
     n = draw(st.integers(min(3, max_servers), max_servers))
     ids = [f"s{k + 1}" for k in range(n)]
@@ -128,7 +128,7 @@ def generic_topologies(draw: st.DrawFn, max_servers: int = 4, max_tasks: int = 3
                 latency_ms=float(draw(st.sampled_from([1000, 5000, 20_000, 60_000]))),
                 backup_rate=float(draw(st.integers(0, 10))),
                 transfer_size=float(draw(st.integers(10, 200))),
-                replicas_via=draw(st.sampled_from([None, None, *ids])),
+                replicas_from=draw(st.sampled_from([None, None, *ids])),
             )
         )
     servers = []

@@ -142,19 +142,19 @@ def test_greedy_never_beats_exact_on_bench_instances(seed: int) -> None:
 
 
 @pytest.mark.parametrize("solve", [solve_greedy, solve_exact], ids=["greedy", "exact"])
-def test_backup_data_through_a_via_loads_the_route_through_it(solve: object) -> None:
-    """fogshift's backups are fed from its central store (``replicas_via``): the backup
-    data of w's tasks crosses w-c and c-b to reach b, not the fat w-b link. c-b carries one
-    task's 10 Mb/s, not two: only one task can keep its backup (and recover) on b; the other
-    keeps it on c. In the paper's model (no via) both fit on b."""
+def test_backup_data_from_another_server_loads_the_route_from_it(solve: object) -> None:
+    """fogshift's backups are fed from its central store (``replicas_from``): the backup
+    data of w's tasks crosses c-b to reach b, not the fat w-b link. c-b carries one task's
+    10 Mb/s, not two: only one task can keep its backup (and recover) on b; the other keeps
+    it on c. In the paper's model (sent from w) both fit on b."""
     links = [("w", "c", 100), ("c", "b", 15), ("w", "b", 100)]
     servers = [("w", 100, 0), ("c", 1, 1), ("b", 100, 0)]
 
-    def tasks(via: str | None) -> list[dict[str, object]]:
-        return [task(f"t{k}", "w", backup_rate=10, replicas_via=via) for k in (1, 2)]
+    def tasks(source: str | None) -> list[dict[str, object]]:
+        return [task(f"t{k}", "w", backup_rate=10, replicas_from=source) for k in (1, 2)]
 
-    for via, on_b in ((None, 2), ("c", 1)):
-        t = topo(servers, tasks(via), links)
+    for source, on_b in ((None, 2), ("c", 1)):
+        t = topo(servers, tasks(source), links)
         result = solve(t)  # type: ignore[operator]
         assert result.check(t) == []
         assert sum(a.backup == "b" for a in result.assignments) == on_b, result.assignments

@@ -250,29 +250,27 @@ def test_package_docstring_example_runs() -> None:
     assert result.failed == 0
 
 
-def test_backup_data_through_a_via_is_checked_on_the_route_through_it() -> None:
-    """A task's backup data reaching its backup through another server (fogshift's central
-    store: ``replicas_via``) loads both legs, a link on both twice; the direct route, fat
-    here, carries none of it."""
+def test_backup_data_from_another_server_is_checked_on_the_route_from_it() -> None:
+    """A task's backup data sent to its backup from another server (fogshift's central
+    store: ``replicas_from``) loads the route from there; the direct route, fat here,
+    carries none of it."""
     t = topo(
         [("w", 100, 0), ("c", 100, 0), ("b", 100, 0), ("x", 100, 0)],
-        [task("t1", "w", backup_rate=10, replicas_via="c"),
-         task("t2", "w", backup_rate=10, replicas_via="c")],
+        [task("t1", "w", backup_rate=10, replicas_from="c"),
+         task("t2", "w", backup_rate=10, replicas_from="c")],
         [("w", "c", 100), ("c", "b", 15), ("w", "b", 100), ("w", "x", 25)],
     )  # fmt: skip
     net = t.network()
     link = {net.link_name(e): e for e in range(len(net.bandwidth))}
-    assert net.replication_route(0, net.server_index["b"]) == (link["w-c"], link["c-b"])
-    # x through c: w-c, then c-w-x: w-c crossed twice (20 of its 100), w-x once.
-    assert net.replication_route(0, net.server_index["x"]) == (
-        link["w-c"], link["w-c"], link["w-x"])  # fmt: skip
+    assert net.replication_route(0, net.server_index["b"]) == (link["c-b"],)
+    assert net.replication_route(0, net.server_index["x"]) == (link["w-c"], link["w-x"])
     assert net.replication_width(0, net.server_index["x"]) == 25
-    assert net.replication_route(0, net.server_index["c"]) == (link["w-c"],)
+    assert net.replication_route(0, net.server_index["c"]) == ()
     both_on_b = {"t1": ("b", "b", None), "t2": ("b", "b", None)}
     assert any("link c-b: replication" in p for p in violations(net, both_on_b))
     one_each = {"t1": ("b", "b", None), "t2": ("x", "x", None)}
     assert violations(net, one_each) == []
     unknown = t.model_dump()
-    unknown["tasks"][0]["replicas_via"] = "nowhere"
-    with pytest.raises(InvalidInput, match=r"tasks\[0\].replicas_via: unknown server"):
+    unknown["tasks"][0]["replicas_from"] = "nowhere"
+    with pytest.raises(InvalidInput, match=r"tasks\[0\].replicas_from: unknown server"):
         Topology.from_dict(unknown)
