@@ -149,6 +149,8 @@ class NodeRuntime:
         self._exit: Callable[[int], object] = os._exit
         #: One checkpoint install at a time per PE (see :meth:`_installing`).
         self._install_locks: dict[tuple[str, str], threading.Lock] = {}
+        #: How many times each PE was discarded here (see :meth:`discards`).
+        self._discards: dict[tuple[str, str], int] = {}
         self._stop = threading.Event()
         # Every Spark control call runs on the thread that created the session: a query
         # started from another thread (e.g. a web worker) may not see the session's
@@ -439,6 +441,8 @@ class NodeRuntime:
         the discard had begun to remove (a torn checkpoint, reported to resume from)."""
         installs = self._install_lock(pipeline, pe) if discard else contextlib.nullcontext()
         with installs, self._lock:
+            if discard:
+                self._discards[(pipeline, pe)] = self.discards(pipeline, pe) + 1
             if discard and (pipeline, pe) not in self._elements:
                 # A migration target that got its checkpoint but never started.
                 self._discard(pipeline, pe)
@@ -568,18 +572,41 @@ class NodeRuntime:
         with self._installing(pipeline, pe):
             unpack(data, digest, self.checkpoint_dir(pipeline, pe))
 
+    def discards(self, pipeline: str, pe: str) -> int:
+        """How many times the PE was discarded here since the agent started: an install
+        that fetched its copy first (``install_from_store(discards=)``) is refused if this
+        changed meanwhile."""
+        return self._discards.get((pipeline, pe), 0)
+
     def install_from_store(
-        self, pipeline: str, pe: str, store: CentralStore, manifest: dict[str, Any] | None
+        self,
+        pipeline: str,
+        pe: str,
+        store: CentralStore,
+        manifest: dict[str, Any] | None,
+        discards: int | None = None,
     ) -> None:
         """Install a checkpoint held in a content-addressed ``store`` as the PE's local one.
 
         Args:
             manifest: The checkpoint (its blobs must be in ``store`` and whole); ``None``
                 removes the local checkpoint, so the PE starts from the beginning.
+            discards: :meth:`discards` when the caller began (fetching the copy).
+
+        Raises:
+            ElementBusy: The PE runs here, or was discarded since ``discards``: the
+                orchestrator gave up on this install (it timed out) and took back what it
+                had asked, which the install must not put in place after it.
         """
         self._not_running(pipeline, pe)
         target = self.checkpoint_dir(pipeline, pe)
         with self._installing(pipeline, pe):
+            if discards is not None and self.discards(pipeline, pe) != discards:
+                raise ElementBusy(
+                    f"{pipeline}/{pe} was discarded on node {self.config.name!r} while its "
+                    "checkpoint was copied here: not installed",
+                    hint="the operation that asked for it gave up; ask again if it still wants it",
+                )
             if manifest is None:
                 shutil.rmtree(target, ignore_errors=True)
                 return

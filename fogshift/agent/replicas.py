@@ -187,6 +187,9 @@ class Replicas:
             CheckpointError: The copy does not verify after the fetch.
         """
         fetched = 0
+        # (A discard while the copy is fetched — the orchestrator gave up on this install —
+        # must not be followed by the install: see NodeRuntime.discards.)
+        discards = self.runtime.discards(pipeline, pe)
         if manifest is not None:
             fetched = self.copy(manifest, source)
             problem = self.store.verify(manifest)
@@ -195,7 +198,7 @@ class Replicas:
                     f"copy of checkpoint {manifest['id']} of {pipeline}/{pe} on node "
                     f"{self.config.name!r} is not whole: {problem}"
                 )
-        self.runtime.install_from_store(pipeline, pe, self.store, manifest)
+        self.runtime.install_from_store(pipeline, pe, self.store, manifest, discards)
         return InstallResult(fetched_bytes=fetched, source=source or "central")
 
     def install_packed(self, pipeline: str, pe: str, data: bytes, digest: str) -> None:

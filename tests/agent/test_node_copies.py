@@ -286,3 +286,33 @@ def test_a_discard_waits_for_an_install_under_way_and_leaves_nothing(
     live = runtime.checkpoint_dir("x", "p")
     assert not live.exists() and not live.with_name("p.incoming").exists()
     assert runtime.left() == []
+
+
+def test_an_install_whose_copy_a_discard_overtook_is_refused(
+    runtime: NodeRuntime,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restore's install fetches its copy before it takes the PE's install lock; the
+    orchestrator gave up on it meanwhile (its request timed out) and discarded the PE here.
+    The install then put the whole checkpoint in place on a node that does not run the PE,
+    there until the orchestrator found it left. Now it is refused, and nothing stays."""
+    from fogshift.agent.replicas import Replicas
+
+    files = {"offsets/0": b"o0", "commits/0": b"c0"}
+    replicas = Replicas(runtime.config, runtime)
+    checkpoint = manifest(4, files)
+    replicas.store.put(checkpoint, files.__getitem__)
+
+    def fetched_while_discarded(wanted: dict[str, Any], source: str | None) -> int:
+        runtime.remove("x", "p", discard=True)  # (the orchestrator's, during the fetch)
+        return 0
+
+    monkeypatch.setattr(replicas, "copy", fetched_while_discarded)
+    with pytest.raises(ElementBusy, match="discarded"):
+        replicas.install("x", "p", checkpoint, None)
+    live = runtime.checkpoint_dir("x", "p")
+    assert not live.exists() and not live.with_name("p.incoming").exists()
+    # An install nothing overtook goes in as before.
+    monkeypatch.setattr(replicas, "copy", lambda wanted, source: 0)
+    replicas.install("x", "p", checkpoint, None)
+    assert (live / "offsets" / "0").read_bytes() == b"o0"
