@@ -325,13 +325,14 @@ def test_a_node_works_on_through_rights_reloads(broker: BrokerProcess) -> None:
 
         try:
             origin = 0
-            while not done.is_set():
+            while not done.is_set() and len(failures) <= 20:
                 origin += 3
                 batch = [Record(o, 0, o, 0.0, "pe1", "{}") for o in range(origin - 2, origin + 1)]
                 while len(failures) <= 20:  # as the runtime does: the batch again after an outage
                     try:
                         appended.append(append(batch))
-                        assert read_input() == [b'{"v": 1}']
+                        if (read := read_input()) != [b'{"v": 1}']:
+                            failures.append(f"the input read as {read}")  # (told, not raised)
                         break
                     except BrokerUnavailable as exc:
                         # A request the reload lost times out (an outage to the runtime,
