@@ -435,12 +435,12 @@ class NodeRuntime:
 
     def remove(self, pipeline: str, pe: str, discard: bool = False) -> ElementInfo:
         """Stop a PE and forget it. Its checkpoint stays on disk unless ``discard``: then it
-        goes with its node-level snapshots and any half-installed copy, once an install of
-        its checkpoint under way has ended (as a deploy waits for it, and in that order of
-        locks): removed under it, the install failed half-way, or renamed into place a copy
-        the discard had begun to remove (a torn checkpoint, reported to resume from)."""
-        installs = self._install_lock(pipeline, pe) if discard else contextlib.nullcontext()
-        with installs, self._lock:
+        goes with its node-level snapshots and any half-installed copy, at once. An install
+        of its checkpoint under way is refused (it puts nothing in place once a discard came
+        after it began: see :meth:`_installing`), so the discard need not wait for it — the
+        orchestrator discards after giving up on a slow install, and a wait here would hold
+        its request (and one of this agent's threads) as long as the copy takes."""
+        with self._lock:
             if discard:
                 self._discards[(pipeline, pe)] = self.discards(pipeline, pe) + 1
             if discard and (pipeline, pe) not in self._elements:
@@ -567,10 +567,14 @@ class NodeRuntime:
         return data, digest, CheckpointInfo.model_validate(info)
 
     def install_checkpoint(self, pipeline: str, pe: str, data: bytes, digest: str) -> None:
-        """Install a shipped checkpoint as the PE's local one (the PE must not run here)."""
+        """Install a shipped checkpoint as the PE's local one (the PE must not run here).
+
+        Raises:
+            ElementBusy: The PE runs here, or was discarded while the copy was unpacked.
+        """
         self._not_running(pipeline, pe)
-        with self._installing(pipeline, pe):
-            unpack(data, digest, self.checkpoint_dir(pipeline, pe))
+        with self._installing(pipeline, pe) as place:
+            unpack(data, digest, self.checkpoint_dir(pipeline, pe), place)
 
     def discards(self, pipeline: str, pe: str) -> int:
         """How many times the PE was discarded here since the agent started: an install
@@ -600,41 +604,63 @@ class NodeRuntime:
         """
         self._not_running(pipeline, pe)
         target = self.checkpoint_dir(pipeline, pe)
-        with self._installing(pipeline, pe):
-            if discards is not None and self.discards(pipeline, pe) != discards:
-                raise ElementBusy(
-                    f"{pipeline}/{pe} was discarded on node {self.config.name!r} while its "
-                    "checkpoint was copied here: not installed",
-                    hint="the operation that asked for it gave up; ask again if it still wants it",
-                )
+        with self._installing(pipeline, pe, discards) as place:
             if manifest is None:
                 shutil.rmtree(target, ignore_errors=True)
                 return
             staging = incoming(target)
             store.materialize(manifest, staging)
             staging.mkdir(exist_ok=True)  # a checkpoint may have no files yet
-            install(staging, target)
+            place(staging, target)
 
     @contextlib.contextmanager
-    def _installing(self, pipeline: str, pe: str) -> Iterator[None]:
+    def _installing(
+        self, pipeline: str, pe: str, discards: int | None = None
+    ) -> Iterator[Callable[[Path, Path], None]]:
         """Around an install of the PE's checkpoint, one at a time per PE: a request sent
         again (its first got no answer in time) shared the first's staging folder, each
         emptying it for itself, and the PE could start on a checkpoint missing files.
 
-        A failed one leaves no half-made copy (a disk that filled up stays full otherwise:
-        nothing else removes it); a done one drops the node-level snapshots of the checkpoint
-        it replaced, of another history or an earlier point (they would stand in for it
-        until it passed their batch)."""
+        Yields what puts the assembled copy in place: it refuses (:class:`ElementBusy`) if
+        the PE was discarded here since ``discards`` (:meth:`discards` when the caller
+        began, e.g. before fetching the copy; by default on entry). The check and the
+        rename hold the node's lock, as a discard's removal does: a discard that came
+        during the copy (removing the staging folder under it) never finds a torn copy
+        renamed into place after it, nor leaves a whole one on a node not running the PE.
+
+        A failed install leaves no half-made copy (a disk that filled up stays full
+        otherwise: nothing else removes it); a done one drops the node-level snapshots of the
+        checkpoint it replaced, of another history or an earlier point (they would stand in
+        for it until it passed their batch)."""
+        since = self.discards(pipeline, pe) if discards is None else discards
+
+        def place(staging: Path, target: Path) -> None:
+            with self._lock:
+                self._not_discarded(pipeline, pe, since)
+                install(staging, target)
+
         with self._install_lock(pipeline, pe):
             # (Asked again under the lock: a deploy waits for it, and one that ran while
             # this install waited for an earlier one must not have its checkpoint replaced.)
             self._not_running(pipeline, pe)
+            self._not_discarded(pipeline, pe, since)
             try:
-                yield
+                yield place
             except BaseException:
                 shutil.rmtree(installing(self.checkpoint_dir(pipeline, pe)), ignore_errors=True)
+                # (A copy whose folder a discard removed under it fails on a missing file:
+                # said as the refusal it is.)
+                self._not_discarded(pipeline, pe, since)
                 raise
             shutil.rmtree(self.snapshot_store(pipeline, pe), ignore_errors=True)
+
+    def _not_discarded(self, pipeline: str, pe: str, since: int) -> None:
+        if self.discards(pipeline, pe) != since:
+            raise ElementBusy(
+                f"{pipeline}/{pe} was discarded on node {self.config.name!r} while its "
+                "checkpoint was copied here: not installed",
+                hint="the operation that asked for it gave up; ask again if it still wants it",
+            )
 
     def _install_lock(self, pipeline: str, pe: str) -> threading.Lock:
         """The lock of the PE's checkpoint installs (and of its deploys, which wait for one)."""

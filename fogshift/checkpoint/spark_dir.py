@@ -598,8 +598,14 @@ def _file_sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def unpack(data: bytes, digest: str, target: Path) -> None:
+def unpack(
+    data: bytes, digest: str, target: Path, place: Callable[[Path, Path], None] | None = None
+) -> None:
     """Install a shipped checkpoint at ``target`` (replacing it), after checking its digest.
+
+    Args:
+        place: Puts the unpacked staging folder in place at ``target``; :func:`install`
+            by default.
 
     Raises:
         TornCheckpoint: The bytes do not match the digest or are not a valid archive.
@@ -618,7 +624,7 @@ def unpack(data: bytes, digest: str, target: Path) -> None:
     except (tarfile.TarError, OSError) as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise TornCheckpoint(f"checkpoint archive for {target} cannot be read: {exc}") from exc
-    install(staging, target)
+    (place or install)(staging, target)
 
 
 def installing(target: Path) -> Path:

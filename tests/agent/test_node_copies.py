@@ -8,6 +8,7 @@ import errno
 import io
 import tarfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from fogshift.agent import node as node_module
 from fogshift.agent.exceptions import ElementBusy
 from fogshift.agent.node import NodeRuntime
-from fogshift.checkpoint import central
+from fogshift.checkpoint import central, spark_dir
 from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.spark_dir import pack
 from fogshift.contracts import PEState
@@ -248,7 +249,21 @@ def test_an_install_sent_again_is_refused_once_the_pe_runs_meanwhile(
     }
 
 
-def test_a_discard_waits_for_an_install_under_way_and_leaves_nothing(
+def _in_thread(action: Callable[[], object], errors: list[BaseException]) -> threading.Thread:
+    """``action`` run in a thread of its own, started; what it raises lands in ``errors``."""
+
+    def go() -> None:
+        try:
+            action()
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    return thread
+
+
+def test_a_discard_during_an_install_returns_at_once_and_the_install_is_refused(
     runtime: NodeRuntime,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -256,36 +271,62 @@ def test_a_discard_waits_for_an_install_under_way_and_leaves_nothing(
     """The orchestrator discards a PE (a failed target, a copy left on a node) while an
     install of its checkpoint is under way: removed under it, the install failed half-way,
     or renamed into place a copy the discard had begun to remove (a torn checkpoint the
-    node reported to resume from). The discard waits for the install, then removes what it
-    installed."""
+    node reported to resume from); a discard that waited for the install held the
+    orchestrator's request as long as the copy took. The discard now returns at once, the
+    install is refused, and nothing of either stays."""
     files = {f"state/0/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 6)}
     store, checkpoint = _stored(tmp_path, files)
     midway, go_on, _ = _held_at_second_copy(monkeypatch)
     errors: list[BaseException] = []
-
-    def run(action: object) -> threading.Thread:
-        def go() -> None:
-            try:
-                action()  # type: ignore[operator]
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        thread = threading.Thread(target=go)
-        thread.start()
-        return thread
-
-    install = run(lambda: runtime.install_from_store("x", "p", store, checkpoint))
+    install = _in_thread(lambda: runtime.install_from_store("x", "p", store, checkpoint), errors)
     assert midway.wait(10)
-    discard = run(lambda: runtime.remove("x", "p", discard=True))
-    discard.join(0.5)
-    assert discard.is_alive(), "the discard ran beside the install"
+    discard = _in_thread(lambda: runtime.remove("x", "p", discard=True), errors)
+    discard.join(10)
+    assert not discard.is_alive(), "the discard waited for the install"
     go_on.set()
-    for thread in (install, discard):
-        thread.join(10)
-    assert errors == []
+    install.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], ElementBusy), errors
+    assert "discarded" in str(errors[0])
     live = runtime.checkpoint_dir("x", "p")
     assert not live.exists() and not live.with_name("p.incoming").exists()
     assert runtime.left() == []
+    # An install after the discard (the orchestrator asking again) goes in.
+    runtime.install_from_store("x", "p", store, checkpoint)
+    assert (live / "state/0/0/5.changelog").read_bytes() == bytes([5]) * 100
+
+
+def test_a_shipped_checkpoint_a_discard_overtook_is_refused(
+    runtime: NodeRuntime,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A migration's shipped checkpoint (``install_checkpoint``) unpacked while the
+    orchestrator gave up on the target and discarded the PE there: the copy is not put in
+    place (it stood on a node not running the PE, found later as left)."""
+    source = _live(runtime, 2)
+    data, digest = pack(source)
+    runtime.remove("x", "p", discard=True)  # (what was live was only the packed source)
+    real = spark_dir.incoming
+    held, go_on = threading.Event(), threading.Event()
+
+    def slow(target: Path) -> Path:
+        held.set()
+        go_on.wait(10)
+        return real(target)
+
+    monkeypatch.setattr(spark_dir, "incoming", slow)
+    errors: list[BaseException] = []
+    install = _in_thread(lambda: runtime.install_checkpoint("x", "p", data, digest), errors)
+    assert held.wait(10)
+    runtime.remove("x", "p", discard=True)
+    go_on.set()
+    install.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], ElementBusy), errors
+    live = runtime.checkpoint_dir("x", "p")
+    assert not live.exists() and not live.with_name("p.incoming").exists()
+    monkeypatch.setattr(spark_dir, "incoming", real)
+    runtime.install_checkpoint("x", "p", data, digest)  # nothing overtook this one
+    assert (live / "offsets" / "1").exists()
 
 
 def test_an_install_whose_copy_a_discard_overtook_is_refused(
