@@ -60,7 +60,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 #: Held through a module with a test marked ``root``: those create network namespaces, veth
 #: pairs and `tc` qdiscs, whose names are machine-wide (and `fogshift up --isolate` removes
-#: stale ones), so under `make test`'s two workers (``-n 2 --dist loadfile``: a module runs
+#: stale ones), so under `make test`'s three workers (``-n 3 --dist loadfile``: a module runs
 #: whole on one worker, with its own session broker and shared cluster) one runs at a time.
 MACHINE_WIDE_LOCK = Path(tempfile.gettempdir()) / "fogshift-tests-machine-wide.lock"
 _ROOT_MODULES = pytest.StashKey[set[Path]]()
@@ -292,11 +292,12 @@ def pgids_of(home: Path, broker: bool = True) -> list[int]:
 #: The cluster most integration tests share (one start-up for the session): four nodes,
 #: frequent checkpoints (every 2 s on the nodes, every 4 s centrally: more would load two
 #: cores with copying alone), a de-duplication window of 1 s, so exactly-once never leans on
-#: the broker dropping a re-sent message, and micro-batches at most once a second: a batch
-#: costs ~0.5 s of CPU whatever its size, so at 200 ms the tests' pipelines kept both cores
-#: busy and every operation waited for CPU.
+#: the broker dropping a re-sent message, and micro-batches at most once every 2 s: a batch
+#: costs ~0.3-0.5 s of CPU whatever its size, so at 200 ms the tests' pipelines kept both
+#: cores busy and every operation waited for CPU; at 1 s the suite still spent 16 % more CPU
+#: (README, "How long the suite takes").
 SHARED_NODES = ["cloud", "fog-a", "fog-b", "fog-c"]
-SHARED_TRIGGER_MS = 1000
+SHARED_TRIGGER_MS = 2000
 SHARED_UP_ARGS = (
     "--checkpoint-interval",
     "2",
