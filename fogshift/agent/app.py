@@ -376,8 +376,11 @@ def create_app(config: AgentConfig) -> FastAPI:
                 received=repr(digest[:80]),
                 hint="send the archive `fogshift.checkpoint` packs with its sha256",
             )
+        # Counted before the body comes: a discard while it is received or filled in (the
+        # orchestrator gave up on this request) must keep the copy out.
+        discards = runtime.discards(pipeline, element)
         data = await request.body()
-        await run_in_threadpool(replicas.install_packed, pipeline, element, data, digest)
+        await run_in_threadpool(replicas.install_packed, pipeline, element, data, digest, discards)
         return InstalledCheckpoint(installed_bytes=len(data))
 
     @app.post("/pipelines/{pipeline}/elements/{element}/checkpoint/install")

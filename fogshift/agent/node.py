@@ -34,6 +34,7 @@ from fogshift.checkpoint.spark_dir import (
     pack,
     planned_batch,
     progress_of,
+    replaced,
     unpack,
 )
 from fogshift.checkpoint.store import (
@@ -149,8 +150,13 @@ class NodeRuntime:
         self._exit: Callable[[int], object] = os._exit
         #: One checkpoint install at a time per PE (see :meth:`_installing`).
         self._install_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._install_locks_guard = threading.Lock()
         #: How many times each PE was discarded here (see :meth:`discards`).
         self._discards: dict[tuple[str, str], int] = {}
+        #: Held while a discard counts itself and while an install renames its copy into
+        #: place (after checking that count): a node-wide lock held only for that, so an
+        #: install neither waits for another PE's deploy nor blocks one.
+        self._placing = threading.Lock()
         self._stop = threading.Event()
         # Every Spark control call runs on the thread that created the session: a query
         # started from another thread (e.g. a web worker) may not see the session's
@@ -442,7 +448,9 @@ class NodeRuntime:
         its request (and one of this agent's threads) as long as the copy takes."""
         with self._lock:
             if discard:
-                self._discards[(pipeline, pe)] = self.discards(pipeline, pe) + 1
+                # After any rename under way; every later one checks this count and refuses.
+                with self._placing:
+                    self._discards[(pipeline, pe)] = self.discards(pipeline, pe) + 1
             if discard and (pipeline, pe) not in self._elements:
                 # A migration target that got its checkpoint but never started.
                 self._discard(pipeline, pe)
@@ -461,7 +469,12 @@ class NodeRuntime:
         would stand in for another history's if the PE came back) and an unfinished
         install's copy."""
         checkpoint = self.checkpoint_dir(pipeline, pe)
-        for folder in (checkpoint, self.snapshot_store(pipeline, pe), installing(checkpoint)):
+        for folder in (
+            checkpoint,
+            self.snapshot_store(pipeline, pe),
+            installing(checkpoint),
+            replaced(checkpoint),
+        ):
             shutil.rmtree(folder, ignore_errors=True)
 
     # -- pause, resume, state ---------------------------------------------------------------
@@ -566,14 +579,19 @@ class NodeRuntime:
             shutil.rmtree(staging, ignore_errors=True)
         return data, digest, CheckpointInfo.model_validate(info)
 
-    def install_checkpoint(self, pipeline: str, pe: str, data: bytes, digest: str) -> None:
+    def install_checkpoint(
+        self, pipeline: str, pe: str, data: bytes, digest: str, discards: int | None = None
+    ) -> None:
         """Install a shipped checkpoint as the PE's local one (the PE must not run here).
 
+        Args:
+            discards: :meth:`discards` when the caller began (before it received the copy).
+
         Raises:
-            ElementBusy: The PE runs here, or was discarded while the copy was unpacked.
+            ElementBusy: The PE runs here, or was discarded since ``discards``.
         """
         self._not_running(pipeline, pe)
-        with self._installing(pipeline, pe) as place:
+        with self._installing(pipeline, pe, discards) as place:
             unpack(data, digest, self.checkpoint_dir(pipeline, pe), place)
 
     def discards(self, pipeline: str, pe: str) -> int:
@@ -624,9 +642,9 @@ class NodeRuntime:
         Yields what puts the assembled copy in place: it refuses (:class:`ElementBusy`) if
         the PE was discarded here since ``discards`` (:meth:`discards` when the caller
         began, e.g. before fetching the copy; by default on entry). The check and the
-        rename hold the node's lock, as a discard's removal does: a discard that came
-        during the copy (removing the staging folder under it) never finds a torn copy
-        renamed into place after it, nor leaves a whole one on a node not running the PE.
+        renames hold ``_placing``, as a discard's count does: a discard that came during
+        the copy (removing the staging folder under it) never finds a torn copy renamed
+        into place after it, nor leaves a whole one on a node not running the PE.
 
         A failed install leaves no half-made copy (a disk that filled up stays full
         otherwise: nothing else removes it); a done one drops the node-level snapshots of the
@@ -634,10 +652,14 @@ class NodeRuntime:
         for it until it passed their batch)."""
         since = self.discards(pipeline, pe) if discards is None else discards
 
-        def place(staging: Path, target: Path) -> None:
-            with self._lock:
+        @contextlib.contextmanager
+        def renames() -> Iterator[None]:
+            with self._placing:
                 self._not_discarded(pipeline, pe, since)
-                install(staging, target)
+                yield
+
+        def place(staging: Path, target: Path) -> None:
+            install(staging, target, renames())
 
         with self._install_lock(pipeline, pe):
             # (Asked again under the lock: a deploy waits for it, and one that ran while
@@ -664,7 +686,8 @@ class NodeRuntime:
 
     def _install_lock(self, pipeline: str, pe: str) -> threading.Lock:
         """The lock of the PE's checkpoint installs (and of its deploys, which wait for one)."""
-        with self._lock:
+        # (Not under the node's lock, which a deploy holds while its query starts.)
+        with self._install_locks_guard:
             return self._install_locks.setdefault((pipeline, pe), threading.Lock())
 
     def _not_running(self, pipeline: str, pe: str) -> None:

@@ -201,13 +201,20 @@ class Replicas:
         self.runtime.install_from_store(pipeline, pe, self.store, manifest, discards)
         return InstallResult(fetched_bytes=fetched, source=source or "central")
 
-    def install_packed(self, pipeline: str, pe: str, data: bytes, digest: str) -> None:
+    def install_packed(
+        self, pipeline: str, pe: str, data: bytes, digest: str, discards: int | None = None
+    ) -> None:
         """Install a packed checkpoint (``spark_dir.pack``) as the PE's local one (not running
         here), the files and chunks it left out taken from the replicas here.
+
+        Args:
+            discards: ``NodeRuntime.discards`` when the request came (before its body was
+                received and its left-out files filled in, which may take long).
 
         Raises:
             TornCheckpoint: The archive does not match ``digest``, or a file or chunk it left
                 out is not here (any more): the sender then sends it whole.
+            ElementBusy: The PE runs here, or was discarded since ``discards``.
         """
         if hashlib.sha256(data).hexdigest() != digest:
             raise TornCheckpoint(
@@ -216,7 +223,7 @@ class Replicas:
         filled = fill_omitted(data, self.store.blob_path, self.store.held_chunk)
         if filled is not None:
             data, digest = filled
-        self.runtime.install_checkpoint(pipeline, pe, data, digest)
+        self.runtime.install_checkpoint(pipeline, pe, data, digest, discards)
 
     def drop(self, pipeline: str, pe: str) -> DroppedReplica:
         """Forget every copy of ``pipeline/pe`` here, and the files no other copy names.

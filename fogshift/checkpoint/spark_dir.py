@@ -9,6 +9,7 @@ query's checkpoint safe when ``commits/`` is read first.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -641,12 +642,30 @@ def incoming(target: Path) -> Path:
     return staging
 
 
-def install(staging: Path, target: Path) -> None:
-    """Make the checkpoint assembled in ``staging`` the one at ``target`` (replacing it)."""
+def replaced(target: Path) -> Path:
+    """Where :func:`install` moves the checkpoint it replaces at ``target`` until it is
+    removed (not a PE's name: nothing takes it for one)."""
+    return target.with_name(target.name + ".replaced")
+
+
+def install(
+    staging: Path, target: Path, renames: contextlib.AbstractContextManager[object] | None = None
+) -> None:
+    """Make the checkpoint assembled in ``staging`` the one at ``target`` (replacing it).
+
+    Args:
+        renames: Entered around the two renames only (the old checkpoint aside, the new one
+            in place); it may refuse by raising. The old one is removed after it, so a
+            caller's lock is not held while a large state's files are deleted.
+    """
     relocate(staging, target)
-    if target.exists():
-        shutil.rmtree(target)
-    staging.replace(target)
+    old = replaced(target)
+    shutil.rmtree(old, ignore_errors=True)  # (one a crash left between the renames)
+    with renames or contextlib.nullcontext():
+        if target.exists():
+            target.replace(old)
+        staging.replace(target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 _SCHEMA_PATH = re.compile(r'"file:[^"]*?/state/(\d+)/_stateSchema/')

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from fogshift.agent import replicas as replicas_module
 from fogshift.agent.app import create_app
 from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.chunks import file_chunks
@@ -80,3 +83,39 @@ def test_a_replica_no_longer_needed_is_dropped_with_its_files(
     assert agent.delete("/replicas/p/agg").json()["held"] is False  # (again: nothing)
     assert agent.delete("/replicas/p/bad.name").status_code == 422
     assert client(create_app(config(home)), "x" * 40).delete("/replicas/p/kept").status_code == 401
+
+
+def test_a_checkpoint_discarded_while_its_left_out_files_are_filled_in_is_not_installed(
+    home: Path,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The orchestrator gave up on a migration's PUT while the node filled in what the
+    archive left out (from its replicas: a large state's worth of reading) and discarded the
+    PE there. The install counted discards only once it began, after the fill, and put a
+    whole checkpoint on a node that does not run the PE; the agent now counts them when the
+    request comes, and refuses."""
+    app = create_app(config(home))
+    agent = client(app, node_token(OPERATOR, "fog-a"))
+    origin = tmp_path / "origin"
+    for rel, data in {"offsets/0": b"o0", "commits/0": b"c0"}.items():
+        (origin / rel).parent.mkdir(parents=True, exist_ok=True)
+        (origin / rel).write_bytes(data)
+    data, digest = pack(origin)
+    real = replicas_module.fill_omitted
+
+    def discarded_meanwhile(*args: object) -> object:
+        app.state.runtime.remove("p", "moved", discard=True)  # the orchestrator's roll-back
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replicas_module, "fill_omitted", discarded_meanwhile)
+    here = "/pipelines/p/elements/moved/checkpoint"
+    refused = agent.put(here, content=data, headers={SHA_HEADER: digest})
+    assert refused.status_code == 409 and refused.json()["code"] == "element_busy", refused.text
+    assert "discarded" in refused.json()["message"]
+    installed = home / "nodes" / "fog-a" / "checkpoints" / "p" / "moved"
+    assert not installed.exists() and not installed.with_name("moved.incoming").exists()
+    monkeypatch.setattr(replicas_module, "fill_omitted", real)
+    answer = agent.put(here, content=data, headers={SHA_HEADER: digest})  # asked again
+    assert answer.status_code == 200, answer.text
+    assert (installed / "commits" / "0").read_bytes() == b"c0"

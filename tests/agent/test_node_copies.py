@@ -357,3 +357,28 @@ def test_an_install_whose_copy_a_discard_overtook_is_refused(
     monkeypatch.setattr(replicas, "copy", lambda wanted, source: 0)
     replicas.install("x", "p", checkpoint, None)
     assert (live / "offsets" / "0").read_bytes() == b"o0"
+
+
+def test_an_install_waits_for_no_other_pes_deploy_and_leaves_no_old_copy(
+    runtime: NodeRuntime,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """An install put its copy in place under the node's lock, which a deploy holds while
+    its query starts (seconds, tens under load): an install of another PE waited that long
+    (and the orchestrator, timing it out, discarded it). It now takes only the lock a
+    discard counts itself under, and removes the checkpoint it replaced after."""
+    files = {f"state/0/0/{v}.changelog": bytes([v]) * 100 for v in range(1, 4)}
+    store, checkpoint = _stored(tmp_path, files)
+    live = _live(runtime, 2)  # the checkpoint the install replaces
+    with runtime._lock:  # (another PE's deploy, starting its query)
+        errors: list[BaseException] = []
+        install = _in_thread(
+            lambda: runtime.install_from_store("x", "p", store, checkpoint), errors
+        )
+        install.join(10)
+        assert not install.is_alive(), "the install waited for the node's lock"
+    assert errors == []
+    assert (live / "state/0/0/3.changelog").read_bytes() == bytes([3]) * 100
+    assert not (live / "offsets").exists()  # the old checkpoint's files went with it
+    assert not live.with_name("p.replaced").exists()
+    assert not live.with_name("p.incoming").exists()
