@@ -81,10 +81,12 @@ from fogshift.broker.keys import (
     body_key,
     event_fields,
     joined_state,
+    listed_unions,
     parse,
     read_message,
     state_parts,
     state_payload,
+    widened,
 )
 from fogshift.broker.naming import (
     data_subject,
@@ -437,8 +439,11 @@ class JetStreamReader(DataSourceStreamReader):
         if part:  # (one input, or several none of which is a partitioned element's)
             of, index, count = part.rsplit(":", 2)
             self.partition = (of, int(index), int(count))
-        #: Where a partition added by ``fogshift scale`` starts: it owns nothing before.
-        self.since = int(options.get("since", "0") or 0)
+        #: Where a partition added by ``fogshift scale`` starts, in each input: it owns
+        #: nothing before (one position for every input, or a JSON object by input).
+        since = json.loads(options.get("since", "0") or "0")
+        self.since = {n: int(since.get(n, 0) if isinstance(since, dict) else since)
+                      for n in self.inputs}  # fmt: skip
         #: Runs of inputs that are the partitions of one element: "a|b;c|d" (see ``read``).
         self.merged = [tuple(g.split("|")) for g in options.get("merged", "").split(";") if g]
         self._group = {name: group for group in self.merged for name in group}
@@ -464,7 +469,7 @@ class JetStreamReader(DataSourceStreamReader):
         self._history_checked = False
 
     def initialOffset(self) -> dict:  # noqa: N802
-        return offset({name: self.since for name in self.inputs})
+        return offset(dict(self.since))
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
         return ReadMaxRows(self.max_events)
@@ -511,7 +516,7 @@ class JetStreamReader(DataSourceStreamReader):
         begin = positions_of(start)
         client = shared_client(self.broker)
         for name in self.inputs:
-            at = int(begin.get(name, self.since))
+            at = int(begin.get(name, self.since[name]))
             try:
                 below = client.run(
                     partial(trimmed_below, stream=stream_name(self.pipeline, name)), timeout=30
@@ -555,7 +560,10 @@ class JetStreamReader(DataSourceStreamReader):
             ]
         first = min(span_range(s, home).start for s in spans)
         client = shared_client(self.broker)
-        ownership, earlier = self._owners_before(client, home, first)
+        unions = self._unions(
+            client, {n: max(span_range(s, n).end for s in spans) for n in self.inputs}
+        )
+        ownership, earlier = self._owners_before(client, home, first, unions)
         places = {move.move: {home: move.seq} for move in earlier}
         found = client.run(
             partial(get_ranges, stream=stream_name(self.pipeline, home),
@@ -572,7 +580,7 @@ class JetStreamReader(DataSourceStreamReader):
                 if item is None or item.element != of:
                     continue
                 if isinstance(item, KeyMove):
-                    _place_move(item, home, ownership, places)
+                    _place_move(widened(item, unions), home, ownership, places)
                 elif isinstance(item, KeyCopy):
                     ownership.request(item)
                 elif self._installs(item, index, ownership):
@@ -614,6 +622,8 @@ class JetStreamReader(DataSourceStreamReader):
                 return ahead
             self._idle = True
         latest = self._available(client, begin, limit, cap)
+        if len(self.inputs) > 1:
+            latest = self._clamped(client, begin, latest)
         if latest == begin:
             return start
         self._idle = False
@@ -757,6 +767,61 @@ class JetStreamReader(DataSourceStreamReader):
         parts, self._parts_ahead = self._parts_ahead, None
         if parts is not None:
             parts.stop()
+
+    def _clamped(
+        self, client: SyncJetStream, begin: dict[str, int], latest: dict[str, int]
+    ) -> dict[str, int]:
+        """``latest`` (each input's end for the next batch of a partition with several
+        inputs) cut short before the places of every listed move (a rescale or a key group,
+        :attr:`~fogshift.broker.keys.KeyMove.listed`) not yet stored in all inputs within
+        it: no batch, and so no logged cut, ends between the places of such a move.
+
+        Why: a listed move's keys are the union of its records' lists
+        (:func:`~fogshift.broker.keys.listed_unions`), and each record lists what had
+        been seen when it was appended to its input, one input after another. A key first
+        seen in a later input between two appends holds state at its old owner, which
+        hands it over only if the key is listed; its new owner must hold the key's events
+        from the move's first place on. Both learn the whole list only from the last
+        record: so each batch passes either none of a move's places or all of them, and
+        reads every record of the move in it. A move stored in some inputs only (an
+        orchestrator that died between the appends) holds those inputs at their places
+        until it completes the move (``complete_key_moves``); the others read on.
+        """
+        if self.partition is None:
+            return latest
+        of = self.partition[0]
+        places: dict[str, dict[str, int]] = {}
+        for name in self.inputs:
+            for move in _moves_until(
+                client, self.pipeline, name, of, latest[name], self.epoch, self.pe
+            ):  # fmt: skip
+                if isinstance(move, KeyMove) and move.listed:
+                    # (A move stored twice in an input counts at its first place.)
+                    places.setdefault(move.move, {}).setdefault(name, move.seq)
+        clamped = dict(latest)
+        for at in places.values():
+            if len(at) == len(self.inputs):
+                continue  # stored in all within the batch: it passes them all
+            for name, seq in at.items():
+                if seq > begin.get(name, 0):
+                    clamped[name] = min(clamped[name], seq - 1)
+        return clamped
+
+    def _unions(self, client: SyncJetStream, ends: dict[str, int]) -> dict[str, tuple[str, ...]]:
+        """The keys of the listed moves stored in this partition's inputs up to ``ends``
+        (several inputs; ``{}`` for one): the union of each move's records
+        (:func:`~fogshift.broker.keys.listed_unions`). A batch that passes a listed move
+        passes all its records (:meth:`_clamped`), so its union is whole there."""
+        if self.partition is None or len(self.inputs) < 2:
+            return {}
+        of = self.partition[0]
+        return listed_unions(
+            move
+            for name in self.inputs
+            for move in _moves_until(
+                client, self.pipeline, name, of, ends.get(name, 0), self.epoch, self.pe
+            )
+        )
 
     def _replay(
         self,
@@ -952,11 +1017,16 @@ class JetStreamReader(DataSourceStreamReader):
         return JetStreamPartition([[rng]], keys=keys, parts=self._parts_ahead.take(named))
 
     def _owners_before(
-        self, client: SyncJetStream, name: str, start: int
+        self,
+        client: SyncJetStream,
+        name: str,
+        start: int,
+        unions: dict[str, tuple[str, ...]] | None = None,
     ) -> tuple[Ownership, list[KeyMove]]:
         """Who owns each key of this partition's element where input ``name`` is at
         ``start``, and who must send the states of the moves and copies stored before it:
-        those replayed (copies on the input key states travel on only); and those moves."""
+        those replayed (copies on the input key states travel on only); and those moves.
+        ``unions``: the listed moves' keys in every input (:meth:`_unions`)."""
         assert self.partition is not None
         of, _, count = self.partition
         owners = Ownership(count)
@@ -967,6 +1037,7 @@ class JetStreamReader(DataSourceStreamReader):
                 if earlier.move in seen:
                     continue  # (stored twice in this input: taken once, see _partition_row)
                 seen.add(earlier.move)
+                earlier = widened(earlier, unions or {})
                 owners.apply(earlier)
                 moves.append(earlier)
             elif name == self.inputs[0]:
@@ -1077,8 +1148,9 @@ class JetStreamReader(DataSourceStreamReader):
         #: Each move's place in the inputs that have stored it and that this batch is past.
         places: dict[str, dict[str, int]] = {}
         messages: dict[str, list[StoredMessage]] = {}
+        unions = self._unions(client, last)
         for name in self.inputs:
-            owners[name], earlier = self._owners_before(client, name, first[name])
+            owners[name], earlier = self._owners_before(client, name, first[name], unions)
             for move in earlier:
                 places.setdefault(move.move, {})[name] = move.seq
             stream = stream_name(self.pipeline, name)
@@ -1112,7 +1184,7 @@ class JetStreamReader(DataSourceStreamReader):
                     if rng.start < msg.seq <= rng.end:
                         self._partition_row(client, rng.input, msg, done + msg.seq + later,
                                             shifted, owners, places, control, rows,
-                                            parts_read)  # fmt: skip
+                                            parts_read, unions)  # fmt: skip
                 done += rng.end
         if ends is not None and len(self.inputs) > 1 and shifted[0] != ends:
             # The next batch numbers its rows from the planner's shift: another here would
@@ -1129,7 +1201,7 @@ class JetStreamReader(DataSourceStreamReader):
         self, client: SyncJetStream, name: str, msg: StoredMessage, own: int,
         shift: list[int], owners: dict[str, Ownership], places: dict[str, dict[str, int]],
         control: Any, rows: list[tuple[int, int, float, str, str]],
-        parts_read: dict[int, bytes] | None,
+        parts_read: dict[int, bytes] | None, unions: dict[str, tuple[str, ...]],
     ) -> None:  # fmt: skip
         """The rows message ``msg`` of input ``name`` makes (see :meth:`_partition_rows`):
         ``own`` is its place (the inputs' positions summed), ``shift`` the shift so far."""
@@ -1147,6 +1219,7 @@ class JetStreamReader(DataSourceStreamReader):
         if item is None or item.element != of:
             return
         if isinstance(item, KeyMove):
+            item = widened(item, unions)  # (a listed move: every input's list)
             before = _place_move(item, name, ownership, places)
             if before is None:
                 return

@@ -18,6 +18,10 @@ moves before are forgotten), and its ``keys`` are those holding state whose owne
 (the orchestrator lists them from the partitions' state stores and the input it scanned up
 to the record, which it appends only if nothing came in meanwhile). Their states travel as
 for any move; a key without state starts empty at its new owner, as it would have anywhere.
+A key group's record (``group``) is listed alike. With several inputs such a *listed* move
+is appended to each input in turn, each record listing every key seen until its append;
+its keys are the union of its records (:func:`listed_unions`), and a partition reads it
+only once it is stored in all inputs, all its places in one batch.
 
 A move may be *precopied* (a per-key make-before-break): the orchestrator first appends a
 *key copy* (``{"type": "key-copy"}``) for some of the keys; their owner, on reaching it,
@@ -48,6 +52,7 @@ target of a key takes its state only from the partition that owned the key befor
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -88,6 +93,14 @@ class KeyMove:
     #: The :class:`KeyCopy` (its ``move``) that sent the keys' states ahead: the origin
     #: then sends only what changed since.
     copy: str | None = None
+
+    @property
+    def listed(self) -> bool:
+        """Whether this move's rule covers keys beyond those it lists (a rescale or a key
+        group): its ``keys`` are those the orchestrator found holding state. With several
+        inputs each input's record lists what had been seen when it was appended, and the
+        move's keys are the union of them all (see :func:`listed_unions`)."""
+        return self.count is not None or self.group is not None
 
     def target(self, key: str) -> int:
         """The partition ``key`` goes to."""
@@ -218,6 +231,29 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         return None  # (1e999 as an int, a number too large for a float, JSON nested too deep)
     return None
+
+
+def listed_unions(moves: Iterable[KeyMove | KeyCopy]) -> dict[str, tuple[str, ...]]:
+    """The keys of each listed move (:attr:`KeyMove.listed`) among ``moves`` (read from
+    every input of a partition with several), by move id: the union of the lists of its
+    records. The orchestrator appends a listed move to the inputs one after another, each
+    record listing every key seen holding state until its append (the inputs scanned up
+    to their ends, the append refused if its input grew meanwhile), so the union names
+    every key whose events reached its old owner before the move's place in their input;
+    readers take the move's records only once it is stored in all inputs (see
+    :meth:`~fogshift.broker.datasource.JetStreamReader._clamped`)."""
+    unions: dict[str, set[str]] = {}
+    for move in moves:
+        if isinstance(move, KeyMove) and move.listed:
+            unions.setdefault(move.move, set()).update(move.keys)
+    return {move: tuple(sorted(keys)) for move, keys in unions.items()}
+
+
+def widened(move: KeyMove, unions: Mapping[str, tuple[str, ...]]) -> KeyMove:
+    """``move`` with the keys of its records in every input (``unions``, from
+    :func:`listed_unions`), if it is a listed move found there."""
+    keys = unions.get(move.move) if move.listed else None
+    return move if keys is None or keys == move.keys else replace(move, keys=keys)
 
 
 def read_message(

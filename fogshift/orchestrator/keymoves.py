@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -40,8 +40,10 @@ from fogshift.broker.keys import (
     body_key,
     event_fields,
     in_group,
+    listed_unions,
     parse,
     read_message,
+    widened,
 )
 from fogshift.broker.naming import (
     data_subject,
@@ -221,9 +223,7 @@ class KeyMoves(Standbys):
         started = time.monotonic()
         record = self.pipeline(pipeline)
         what = f"keys of {pipeline}/{element_id}"
-        parts = self._movable_parts(
-            record, element_id, f"cannot move {what}", rescaling=group is not None
-        )
+        parts = self._movable_parts(record, element_id, f"cannot move {what}")
         here = [p for p in parts if record.placement.get(p.id) == target]
         if not here:
             raise InvalidInput(
@@ -311,14 +311,13 @@ class KeyMoves(Standbys):
             )
 
     def _movable_parts(
-        self, record: PipelineRecord, element_id: str, refusal: str, rescaling: bool = False
+        self, record: PipelineRecord, element_id: str, refusal: str
     ) -> list[ElementSpec]:
         """The partitions of ``element_id``, whose keys can move (their inputs are not
-        partitioned), and with ``rescaling`` (a scale or a key group) on one input.
+        partitioned).
 
         Raises:
-            InvalidInput: (starting with ``refusal``) not partitioned, partitioned inputs,
-                or several inputs for ``rescaling``.
+            InvalidInput: (starting with ``refusal``) not partitioned, or partitioned inputs.
             UnknownElement: No such element.
         """
         parts = record.spec.partitions_of(element_id)
@@ -338,15 +337,6 @@ class KeyMoves(Standbys):
                 "change owner is a position in each input)",
                 received="inputs " + ", ".join(parts[0].inputs),
                 hint="move its partitions whole with `fogshift migrate PIPELINE <id>-p<i>`",
-            )
-        if rescaling and not parts[0].rescales:
-            raise InvalidInput(
-                f"{refusal}: its partitions read {len(parts[0].inputs)} inputs",
-                expected="a partitioned element with one input (a rescale or a key group "
-                "moves every key holding state up to one place in that input)",
-                received="inputs " + ", ".join(parts[0].inputs),
-                hint="move listed keys (`--keys K1,K2`), or its partitions whole with "
-                "`fogshift migrate PIPELINE <id>-p<i>`",
             )
         self.refuse_unless_running(record, refusal)
         return parts
@@ -520,12 +510,23 @@ class KeyMoves(Standbys):
         for name in inputs[1:]:
             there = {m.move for m in self.broker.run(partial(moves, name=name), timeout=60)}
             for move in stored:
-                if move.move not in there:
-                    log.warning("key move %s of %s/%s was not stored in input %s (an "
-                                "orchestrator died while appending it): appended now",
-                                move.move, pipeline, element_id, name)  # fmt: skip
+                if move.move in there:
+                    continue
+                log.warning("key move %s of %s/%s was not stored in input %s (an "
+                            "orchestrator died while appending it): appended now",
+                            move.move, pipeline, element_id, name)  # fmt: skip
+                if move.listed:
+                    # Listed again: keys may have gained state in the inputs since (the
+                    # partitions read on up to the places that are stored).
+                    parts = self.pipeline(pipeline).spec.partitions_of(element_id)
+                    self._append_listed(
+                        pipeline, element_id, parts, _relisted(move),
+                        f"complete key move {move.move} of {pipeline}/{element_id}",
+                        move_id=move.move, only=(name,),
+                    )  # fmt: skip
+                else:
                     self._append_key_record(pipeline, name, move.payload(), move.move)
-                    appended += 1
+                appended += 1
         return appended
 
     def complete_key_moves(self, records: list[PipelineRecord]) -> None:
@@ -694,7 +695,7 @@ class KeyMoves(Standbys):
         # The keys holding state now go ahead in waves, as listed keys do (a key stops only
         # while its wave crosses); the group's own record then moves those seen since and
         # sends the group's later keys to the target.
-        listed = self._listed_keys(pipeline, parts, source)
+        listed = self._listed_keys(pipeline, parts)
         ahead = sorted(k for k in listed[0] if in_group(k, g, n) and owners.owner(k) != index)
         settled, waves, last = self._move_waves(pipeline, element_id, source, ahead, to, order,
                                                 timeout_s, None)  # fmt: skip
@@ -709,7 +710,7 @@ class KeyMoves(Standbys):
             )  # fmt: skip
         # The same listing: the input scan from its batches covers what came during the
         # waves (a state-reader job per partition again would slow their batches).
-        move, at, before = self._append_listed(pipeline, element_id, parts, source, make, what,
+        move, at, before = self._append_listed(pipeline, element_id, parts, make, what,
                                                listed)  # fmt: skip
         log.info("moving key group %d/%d of %s/%s (%d keys with state, %d in waves before) to "
                  "%s at %s", g, n, pipeline, element_id, len(move.keys), len(ahead), to.id,
@@ -836,124 +837,141 @@ class KeyMoves(Standbys):
             time.sleep(0.05)
 
     def _listed_keys(
-        self, pipeline: str, parts: list[ElementSpec], source: str
-    ) -> tuple[set[str], int]:
+        self, pipeline: str, parts: list[ElementSpec]
+    ) -> tuple[set[str], dict[str, int]]:
         """The keys in every partition's state store as of its newest committed batch, and
-        the oldest input position those batches end at (in ``source``)."""
+        for each of the partitions' inputs the oldest position those batches end at."""
         record = self.pipeline(pipeline)
         held: set[str] = set()
-        since: int | None = None
+        since: dict[str, int] = {}
         for part in parts:
             node = record.placement.get(part.id, part.node)
             path = f"/pipelines/{pipeline}/elements/{part.id}/keys"
             answer = self.agent(node).call(StateKeys, "GET", path, timeout=120)
             held.update(answer.keys)
-            start = part.partition.since if part.partition is not None else 0
-            position = answer.positions.get(source, start)
-            since = position if since is None else min(since, position)
-        return held, since or 0
+            for name in part.inputs:
+                start = part.partition.since_of(name) if part.partition is not None else 0
+                position = int(answer.positions.get(name, start))
+                since[name] = min(since.get(name, position), position)
+        return held, since
 
     def _append_listed(
         self,
         pipeline: str,
         element_id: str,
         parts: list[ElementSpec],
-        source: str,
         make: Callable[[Ownership, set[str], str], KeyMove],
         what: str,
-        listed: tuple[set[str], int] | None = None,
+        listed: tuple[set[str], dict[str, int]] | None = None,
+        move_id: str | None = None,
+        only: tuple[str, ...] | None = None,
     ) -> tuple[KeyMove, int, Ownership]:
         """Append the move ``make`` gives, from who owns each key now and every key that
-        may hold state, to the partitions' input: a rescale, or a key group's move.
+        may hold state, to each of the partitions' inputs, the first first: a rescale, or a
+        key group's move (a *listed* move, :attr:`~fogshift.broker.keys.KeyMove.listed`).
 
         The keys are those in every partition's state store as of its newest committed
         batch (:meth:`_listed_keys`, or ``listed`` as it gave them earlier), plus the keys
-        of every event, move and state stored in the input after the oldest of those
-        batches. The move is appended only if the input's last sequence is still the last
-        one looked at (``Nats-Expected-Last-Sequence``); else what came is looked at too and
-        the move made again. So no key gains state unseen before it.
+        of every event, move and state stored in any of the inputs after the oldest of
+        those batches. Each input's record is appended only if that input's last sequence
+        is still the last one looked at (``Nats-Expected-Last-Sequence``); else what came
+        is looked at too and the record made again. So no key gains state unseen before
+        the move's place in its input: a record lists every key seen until its append, in
+        any input, and the move's keys are the union of its records
+        (:func:`~fogshift.broker.keys.listed_unions`; the partitions read a listed move
+        only once it is stored in all their inputs).
+
+        ``move_id`` and ``only``: complete a move stored in some inputs only (appended to
+        ``only``, under its id; :meth:`_complete_moves`).
 
         Returns:
-            The move, its sequence, and the ownership it was made from.
+            The move as appended last (its keys: all of them), its sequence in the first
+            input (where the keys' states travel; ``0`` when it was not appended there
+            now), and the ownership before it.
 
         Raises:
             InvalidInput: The move is larger than a broker message.
-            Unavailable: The input never stood still long enough.
+            Unavailable: An input never stood still long enough (the inputs appended
+                before keep the record: the move is completed by
+                :meth:`complete_key_moves` or the next move of the element).
         """
         key_by = parts[0].key_by
         first = parts[0].partition
         assert key_by is not None and first is not None
-        held, scanned = listed or self._listed_keys(pipeline, parts, source)
+        inputs = parts[0].inputs
+        held, since = listed or self._listed_keys(pipeline, parts)
         held = set(held)
-        stream = stream_name(pipeline, source)
-        data, keys = data_subject(pipeline, source), keys_subject(pipeline, source)
-        move_id = uuid.uuid4().hex[:12]
+        scanned = {name: since.get(name, first.since_of(name)) for name in inputs}
+        move_id = move_id or uuid.uuid4().hex[:12]
+        several = len(inputs) > 1
+        if several:
+            self._moves_complete.discard((pipeline, element_id))  # (until all are stored)
         # Who owns what changes only by moves, which only this orchestrator appends (under
         # the element's lock): replayed again only when a look finds one, not at every try
         # (the whole history of moves between a look and the append: on a busy input with
         # many moves behind it, some event always came meanwhile, and every try failed).
         owners: Ownership | None = None
-        for _ in range(APPEND_TRIES):
-
-            async def look(js: Any, start: int = scanned) -> tuple[int, list[Any]]:
-                end = int(await last_seq(js, stream))
-                found = [
-                    *(await get_range(js, stream, data, start, end)),
-                    *(await get_ranges(js, stream, key_subjects(pipeline, source), start, end)),
-                ]
-                return end, found
-
-            end, found = self.broker.run(look, timeout=120)
-            for message in found:
-                if message.subject != data:
-                    item = read_message(pipeline, source, message.subject, message.seq,
-                                        message.data)  # fmt: skip
-                    if isinstance(item, KeyMove) and item.element == element_id:
-                        held.update(item.keys)
-                        owners = None
-                    elif isinstance(item, KeyCopy) and item.element == element_id:
-                        owners = None
-                    elif isinstance(item, KeyState) and item.element == element_id:
-                        held.add(item.key)
-                    continue
-                key = body_key(event_fields(message.data)[3], key_by)
-                if key is not None:
-                    held.add(key)
-            scanned = end
-            if owners is None:
-                owners = self._owners(pipeline, source, element_id, first.first_count)
-            move = make(owners, held, move_id)
-            payload = move.payload()
-            if len(payload) > MAX_RECORD_BYTES:
-                raise InvalidInput(
-                    f"cannot {what}: {len(move.keys)} keys would move, more than one record "
-                    f"holds ({len(payload)} bytes)",
-                    expected=f"a move record of at most {MAX_RECORD_BYTES} bytes",
-                    received=f"{len(move.keys)} keys",
-                    hint="move fewer keys at a time (smaller steps, smaller key groups)",
+        move: KeyMove | None = None
+        first_at = 0
+        for name in only if only is not None else inputs:
+            at: int | None = None
+            for _ in range(APPEND_TRIES):
+                ends, found = self.broker.run(
+                    partial(_look, pipeline=pipeline, since=dict(scanned)), timeout=120
                 )
-
-            async def append(js: Any, body: bytes = payload, after: int = end) -> int | None:
-                try:
-                    ack = await js.publish(
-                        keys, body, stream=stream,
-                        headers={"Nats-Expected-Last-Sequence": str(after),
-                                 "Nats-Msg-Id": f"{element_id}:listed:{move_id}"},
-                    )  # fmt: skip
-                except APIError as exc:
-                    if exc.err_code == WRONG_LAST_SEQUENCE:
-                        return None  # something came in meanwhile: look at it, then again
-                    raise
-                return int(ack.seq)
-
-            at = self.broker.run(append, timeout=30)
-            if at is not None:
-                return move, at, owners
-        raise Unavailable(
-            f"cannot {what}: its input {source!r} never stood still between looking at it and "
-            f"appending the move ({APPEND_TRIES} tries); the move was not appended",
-            hint="try again",
-        )
+                for source, message in found:
+                    if message.subject != data_subject(pipeline, source):
+                        item = read_message(pipeline, source, message.subject, message.seq,
+                                            message.data)  # fmt: skip
+                        if item is None or item.element != element_id:
+                            continue
+                        if isinstance(item, KeyMove) and item.move == move_id:
+                            continue  # (this move's own records, in the inputs before)
+                        if isinstance(item, KeyMove):
+                            held.update(item.keys)
+                            owners = None
+                        elif isinstance(item, KeyCopy):
+                            owners = None
+                        elif isinstance(item, KeyState):
+                            held.add(item.key)
+                        continue
+                    key = body_key(event_fields(message.data)[3], key_by)
+                    if key is not None:
+                        held.add(key)
+                scanned = ends
+                if owners is None:
+                    owners = self._owners(pipeline, inputs[0], element_id, first.first_count,
+                                          without=move_id)  # fmt: skip
+                move = make(owners, held, move_id)
+                payload = move.payload()
+                if len(payload) > MAX_RECORD_BYTES:
+                    raise InvalidInput(
+                        f"cannot {what}: {len(move.keys)} keys would move, more than one "
+                        f"record holds ({len(payload)} bytes)",
+                        expected=f"a move record of at most {MAX_RECORD_BYTES} bytes",
+                        received=f"{len(move.keys)} keys",
+                        hint="move fewer keys at a time (smaller steps, smaller key groups)",
+                    )
+                at = self.broker.run(
+                    partial(_append_after, pipeline=pipeline, source=name, body=payload,
+                            after=ends[name], msg_id=f"{element_id}:listed:{move_id}"),
+                    timeout=30,
+                )  # fmt: skip
+                if at is not None:
+                    break
+            if at is None:
+                raise Unavailable(
+                    f"cannot {what}: its input {name!r} never stood still between looking "
+                    f"at it and appending the move ({APPEND_TRIES} tries); the move was not "
+                    "appended there",
+                    hint="try again",
+                )
+            if name == inputs[0]:
+                first_at = at
+        if several:
+            self._moves_complete.add((pipeline, element_id))
+        assert move is not None and owners is not None
+        return move, first_at, owners
 
     def _ownership(self, pipeline: str, source: str, element_id: str) -> Ownership:
         """:meth:`_owners` of partitioned element ``element_id`` (its partitions' count at
@@ -963,21 +981,45 @@ class KeyMoves(Standbys):
         count = parts[0].first_count if parts else 1
         return self._owners(pipeline, source, element_id, count)
 
-    def _owners(self, pipeline: str, source: str, element_id: str, count: int) -> Ownership:
-        """Who owns each key now: the key moves stored so far, replayed."""
+    def _owners(
+        self, pipeline: str, source: str, element_id: str, count: int,
+        without: str | None = None,
+    ) -> Ownership:  # fmt: skip
+        """Who owns each key now: the key moves stored so far in the first input
+        ``source``, replayed (a listed move with the union of its records in every input
+        of the partitions, see :func:`~fogshift.broker.keys.listed_unions`); ``without``
+        that move (one being appended)."""
         stream, subjects = stream_name(pipeline, source), key_subjects(pipeline, source)
+        parts = self.pipeline(pipeline).spec.partitions_of(element_id)
+        others = [n for n in (parts[0].inputs if parts else ()) if n != source]
 
-        async def read(js: Any) -> Any:
-            return await get_ranges(js, stream, subjects, 0, await last_seq(js, stream))
+        async def read(js: Any) -> tuple[list[Any], list[Any]]:
+            found = await get_ranges(js, stream, subjects, 0, await last_seq(js, stream))
+            more: list[Any] = []
+            for name in others:  # (their moves only: key states travel on the first)
+                other = stream_name(pipeline, name)
+                more += await get_range(js, other, keys_subject(pipeline, name), 0,
+                                        await last_seq(js, other))  # fmt: skip
+            return found, more
 
+        found, more = self.broker.run(read, timeout=60)
+        items = [
+            (message, read_message(pipeline, source, message.subject, message.seq, message.data))
+            for message in found
+        ]
+        unions = listed_unions(
+            item for item in (*(i for _, i in items), *(parse(m.seq, m.data) for m in more))
+            if isinstance(item, KeyMove) and item.element == element_id
+        )  # fmt: skip
         owners = Ownership(count)
-        for message in self.broker.run(read, timeout=60):
-            item = read_message(pipeline, source, message.subject, message.seq, message.data)
-            if isinstance(item, KeyMove) and item.element == element_id:
-                owners.apply(item)
-            elif isinstance(item, KeyCopy) and item.element == element_id:
+        for _, item in items:
+            if item is None or item.element != element_id:
+                continue
+            if isinstance(item, KeyMove) and item.move != without:
+                owners.apply(widened(item, unions))
+            elif isinstance(item, KeyCopy):
                 owners.request(item)
-            elif isinstance(item, KeyState) and item.element == element_id:
+            elif isinstance(item, KeyState):
                 owners.settle(item)  # (one its key's owner sent: see Ownership.settle)
         return owners
 
@@ -1006,6 +1048,52 @@ class KeyMoves(Standbys):
                 return True
             time.sleep(0.05)
         return False
+
+
+async def _look(
+    js: Any, pipeline: str, since: dict[str, int]
+) -> tuple[dict[str, int], list[tuple[str, Any]]]:
+    """Every input of ``since``'s last sequence, and its data and key messages after its
+    position there: ``(input, message)``, input by input."""
+    ends: dict[str, int] = {}
+    found: list[tuple[str, Any]] = []
+    for name, start in since.items():
+        stream = stream_name(pipeline, name)
+        end = ends[name] = int(await last_seq(js, stream))
+        found += [(name, m) for m in await get_range(js, stream, data_subject(pipeline, name),
+                                                      start, end)]  # fmt: skip
+        found += [(name, m) for m in await get_ranges(js, stream, key_subjects(pipeline, name),
+                                                       start, end)]  # fmt: skip
+    return ends, found
+
+
+async def _append_after(
+    js: Any, pipeline: str, source: str, body: bytes, after: int, msg_id: str
+) -> int | None:
+    """Append ``body`` to the ``.keys`` subject of input ``source`` if its stream still
+    ends at ``after``; its sequence, or ``None`` if something came in meanwhile."""
+    try:
+        ack = await js.publish(
+            keys_subject(pipeline, source), body, stream=stream_name(pipeline, source),
+            headers={"Nats-Expected-Last-Sequence": str(after), "Nats-Msg-Id": msg_id},
+        )  # fmt: skip
+    except APIError as exc:
+        if exc.err_code == WRONG_LAST_SEQUENCE:
+            return None  # something came in meanwhile: look at it, then again
+        raise
+    return int(ack.seq)
+
+
+def _relisted(stored: KeyMove) -> Callable[[Ownership, set[str], str], KeyMove]:
+    """How to make again the listed move ``stored`` (read from an input) for the inputs
+    that lack it: its keys and every key held whose owner it changes."""
+
+    def make(now: Ownership, held: set[str], move_id: str) -> KeyMove:
+        covered = (k for k in held if stored.group is None or in_group(k, *stored.group))
+        moving = {k for k in covered if now.owner(k) != stored.target(k)}
+        return replace(stored, seq=0, move=move_id, keys=tuple(sorted(moving | set(stored.keys))))
+
+    return make
 
 
 def _ms_since(start: float) -> float:

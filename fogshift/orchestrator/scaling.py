@@ -101,7 +101,7 @@ class Scaling(KeyMoves):
             the retirement): what was stored stands, as a key move's does.
 
         Raises:
-            InvalidInput: Not a partitioned element with one input, wrong ``nodes``, a key
+            InvalidInput: Not a partitioned element whose keys move, wrong ``nodes``, a key
                 move still under way, too many keys moving; nothing changed.
             Unavailable: A node is not healthy; the same request again finishes what was
                 started (ownership changes only by the waves' key moves and the rescale
@@ -110,7 +110,7 @@ class Scaling(KeyMoves):
         started = time.monotonic()
         record = self.pipeline(pipeline)
         what = f"scale {pipeline}/{element_id}"
-        parts = self._movable_parts(record, element_id, f"cannot {what}", rescaling=True)
+        parts = self._movable_parts(record, element_id, f"cannot {what}")
         if partitions < len(parts) and nodes:
             raise InvalidInput(
                 f"cannot {what} in to {partitions} partitions with nodes for added ones",
@@ -221,7 +221,7 @@ class Scaling(KeyMoves):
         if not _rescaled_to(owners, partitions):  # else done by an earlier call
             ahead: dict[str, int] = {}
             try:
-                listed = self._listed_keys(pipeline, parts, source)
+                listed = self._listed_keys(pipeline, parts)
             except _STEP_FAILED as exc:  # (a partition's node away: the added ones run)
                 raise self._unfinished_scale(exc, pipeline, element_id, owners.count) from exc
             if waves:
@@ -233,8 +233,7 @@ class Scaling(KeyMoves):
             # waves (a state-reader job per partition again would slow their batches).
             try:
                 move, at, _ = self._append_listed(
-                    pipeline, element_id, parts, source,
-                    partial(_rescale, element_id, partitions),
+                    pipeline, element_id, parts, partial(_rescale, element_id, partitions),
                     f"scale {pipeline}/{element_id}", listed,
                 )  # fmt: skip
             except (InvalidInput, Unavailable) as exc:  # (refusals; a broker away too)
@@ -456,12 +455,16 @@ class Scaling(KeyMoves):
             return [], []  # scaling in: every consumer reads every partition already
         of, base = first.partition.of, first.partition.first_count
 
-        async def tail(js: Any) -> int:
-            return int(await last_seq(js, stream_name(pipeline, source)))
+        async def tail(js: Any, name: str) -> int:
+            return int(await last_seq(js, stream_name(pipeline, name)))
 
         # The added partitions own nothing before the rescale record but the keys the waves
-        # move to them, all of it stored after now: they need not read further back.
-        since = self.broker.run(tail, timeout=30)
+        # move to them, all of it stored after now: they need not read further back (with
+        # several inputs, in each: the waves and the record are stored in every one).
+        since: int | dict[str, int] = (
+            self.broker.run(partial(tail, name=source), timeout=30) if len(first.inputs) == 1
+            else {n: self.broker.run(partial(tail, name=n), timeout=30) for n in first.inputs}
+        )  # fmt: skip
         ids = [partition_id(of, i) for i in range(count)]
         added = [
             first.model_copy(

@@ -138,12 +138,19 @@ def _read_inputs(spark: SparkSession, plan: QueryPlan, max_events: int = 10_000)
         # Triggered continuously, the reader waits for input instead of being polled.
         .option("idle_wait_ms", str(IDLE_WAIT_MS if plan.trigger_ms == 0 else 0))
         .option("partition", _movable(plan.element))
-        .option("since", str(plan.element.partition.since if plan.element.partition else 0))
+        .option("since", _since(plan.element))
         .option("merged", ";".join("|".join(group) for group in plan.element.merged))
         .option("key_by", plan.element.key_by or "")
         .schema(EVENT_SCHEMA)
         .load()
     )
+
+
+def _since(element: ElementSpec) -> str:
+    """Where a partition added by ``fogshift scale`` starts reading: one position, or with
+    several inputs each input's as JSON (``0``: from the start)."""
+    since = element.partition.since if element.partition is not None else 0
+    return json.dumps(since) if isinstance(since, dict) else str(since)
 
 
 def _movable(element: ElementSpec) -> str:

@@ -558,7 +558,7 @@ def check_fresh(spec: PipelineSpec) -> None:
     there)."""
     for element in spec.elements:
         part = element.partition
-        if part is not None and (part.since != 0 or part.base not in (None, part.count)):
+        if part is not None and (part.started_late or part.base not in (None, part.count)):
             raise InvalidSpec(
                 f"pipeline {spec.pipeline!r}: partition {element.id!r} is deployed afresh "
                 "from where a scale left it",

@@ -66,7 +66,8 @@ class Partition(BaseModel):
             owner of every event.
         since: The input position this partition reads after: ``0``, or for a partition
             that ``scale`` added, where the input stood when it was placed, before the key
-            moves of the scale's waves and its record (it owns nothing earlier).
+            moves of the scale's waves and its record (it owns nothing earlier); with
+            several inputs, each input's position (:meth:`since_of`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -75,7 +76,16 @@ class Partition(BaseModel):
     index: int = Field(ge=0)
     count: int = Field(ge=1)
     base: int | None = Field(default=None, ge=1)
-    since: int = Field(default=0, ge=0)
+    since: Annotated[int, Field(ge=0)] | dict[str, Annotated[int, Field(ge=0)]] = 0
+
+    def since_of(self, name: str) -> int:
+        """Where this partition starts reading its input ``name`` (see ``since``)."""
+        return self.since if isinstance(self.since, int) else self.since.get(name, 0)
+
+    @property
+    def started_late(self) -> bool:
+        """Whether this partition starts reading after the start of an input (``since``)."""
+        return any(self.since.values()) if isinstance(self.since, dict) else self.since != 0
 
     @property
     def first_count(self) -> int:
@@ -158,17 +168,10 @@ class ElementSpec(BaseModel):
         """Whether this is a partition whose keys can move: its reader places the moves
         stored in its inputs (see :mod:`fogshift.broker.keys`). A partition reading the
         partitions of another element (``merged``, whose records meet in an order of their
-        own) keeps the keys CRC-32 gives it. Key groups and ``scale`` need one input besides
-        (:attr:`rescales`)."""
+        own) keeps the keys CRC-32 gives it. Such an element can be rescaled and its key
+        groups moved too, on several inputs as on one (see
+        :func:`~fogshift.broker.keys.listed_unions`)."""
         return self.partition is not None and not self.merged
-
-    @property
-    def rescales(self) -> bool:
-        """Whether this partition's element may be rescaled and its key groups moved: keys
-        move, and on one input, where the orchestrator lists every key holding state up
-        to a place it appends the record at only if nothing came in meanwhile (with several
-        inputs, no one append covers them all)."""
-        return self.moves_keys and len(self.inputs) == 1
 
     @property
     def shifts_origins(self) -> bool:

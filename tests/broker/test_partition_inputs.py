@@ -214,3 +214,82 @@ def test_a_move_stored_twice_in_an_input_takes_its_first_place_only(
         assert [c for _, c, _ in rows(part, a=(2, 2), b=(again, event))] == (
             ["b"] if owns else []
         ), index
+
+
+def test_a_partition_a_scale_added_starts_each_input_where_it_stood_when_placed(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    inputs = Inputs(js_client)
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    added = JetStreamReader({
+        "broker": str(broker), "pipeline": inputs.pipeline, "pe": "pe-p2", "inputs": "a,b",
+        "epoch": "1", "partition": "pe:2:3", "key_by": "k", "since": json.dumps({"a": 4, "b": 9}),
+    })  # fmt: skip
+    assert positions_of(added.initialOffset()) == {"a": 4, "b": 9}
+    one = reader(inputs, 0, nats_server, tmp_path)  # (one position for every input: 0)
+    assert positions_of(one.initialOffset()) == {"a": 0, "b": 0}
+
+
+def test_a_key_group_move_is_read_only_once_stored_in_every_input_and_as_their_union(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # A key group's record lists the keys seen holding state when it was appended to its
+    # input, one input after the other: NEW, first seen in b between the two appends, is in
+    # b's list only. No batch passes the move's place in a while b lacks it; once both are
+    # stored, every reader takes the union: the target holds NEW from a's place on, the
+    # origin hands NEW's state over, and that state is the owner's (not a forged one).
+    group = (partition_of_key(KEY, 4), 4)
+    new = next(f"n{i}" for i in range(1000) if partition_of_key(f"n{i}", 4) == group[0])
+    assert partition_of_key(new, 2) == 0  # (the group's keys are partition 0's of 2)
+    inputs = Inputs(js_client)
+    for pe in ("pe-p0", "pe-p1"):
+        js_client.run(lambda j, p=pe: ensure_pe_stream(j, inputs.pipeline, p))
+
+    def listed(name: str, keys: tuple[str, ...]) -> int:
+        payload = KeyMove(0, "g1", "pe", keys, 1, group=group).payload()
+        return inputs.publish(name, keys_subject(inputs.pipeline, name), payload)
+
+    inputs.event("a", KEY, 1)
+    b1 = inputs.event("b", KEY, 11)
+    xa = listed("a", (KEY,))
+    inputs.event("a", KEY, 2)
+    a3 = inputs.event("a", new, 3)
+    b12 = inputs.event("b", new, 12)
+    planner = reader(inputs, 0, nats_server, tmp_path)
+    begin = planner.initialOffset()
+    first = planner.latestOffset(begin, ReadMaxRows(10_000))
+    assert positions_of(first) == {"a": xa - 1, "b": b12}  # a held before the move's place
+    xb = listed("b", (KEY, new))
+    b13 = inputs.event("b", new, 13)
+    second = planner.latestOffset(first, ReadMaxRows(10_000))
+    assert positions_of(second) == {"a": a3, "b": b13}  # both places in one batch
+
+    def executed(part: Any, start: dict, end: dict) -> list[tuple[str, Any]]:
+        (batch,) = part.partitions(start, end)
+        found = [r for b in part.read(batch) for r in b.to_pylist()]
+        out = []
+        for row in found:
+            body = json.loads(row["body"])
+            out.append((row["creator"], body["k"] if CONTROL_FIELD in body else body["n"]))
+        return out
+
+    assert [n for c, n in executed(planner, begin, first) if c == "b"] == [11, 12]
+    assert executed(planner, first, second) == [(KEY_MOVE_OUT, KEY), (KEY_MOVE_OUT, new)]
+    target = reader(inputs, 1, nats_server, tmp_path)
+    start = target.initialOffset()
+    end = target.latestOffset(start, ReadMaxRows(10_000))
+    assert positions_of(end) == {"a": a3, "b": b13}
+    assert executed(target, start, end) == [
+        (KEY_MOVE_IN, KEY), (KEY_MOVE_IN, new), ("a", 2), ("a", 3), ("b", 13)
+    ]  # fmt: skip
+    # NEW's state, from its owner before the move, on the first input: installed.
+    payload = state_payload("g1", "pe", new, 1, {"sum": json.dumps(12)}, after=xa + xb)
+    on_a = inputs.publish("a", key_state_subject(inputs.pipeline, "a", "pe-p0"), payload)
+    later = target.latestOffset(end, ReadMaxRows(10_000))
+    assert positions_of(later) == {"a": on_a, "b": b13}
+    assert executed(target, end, later) == [(KEY_STATE, new)]
+    # Planned in one batch with the move, the state numbers the target's rows beyond the
+    # origin's last of NEW (a state the planner took for forged would not).
+    whole = {"type": "jetstream", "positions": {"a": on_a, "b": b13}}
+    assert target._shift_after(start, whole) == xa + xb + 1 - on_a > 0
+    assert b1 < xb

@@ -226,8 +226,9 @@ def shared_line(rnd: random.Random, k: int) -> str:
 def test_keys_of_a_partition_with_two_inputs_move_exactly_once(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    # A keyed PE in two partitions reads two inputs, each key's events in both: keys move
-    # between the partitions while both inputs flow, each move stored in both inputs. Every
+    # A keyed PE in two partitions reads two inputs, each key's events in both: keys, then a
+    # key group, move between the partitions while both inputs flow, then it scales out to
+    # three, each move and the rescale stored in both inputs. Every
     # key's events are numbered as processed (procs_multi.KeyedTally), so a state lost or
     # doubled at a move, an event lost, repeated or out of its input's order shows.
     procs = Path(__file__).parent
@@ -254,23 +255,33 @@ def test_keys_of_a_partition_with_two_inputs_move_exactly_once(
     one = [f"s{i}" for i in range(6) if partition_of_key(f"s{i}", 2) == 1]
     assert zero and one
     # Two of partition 0's keys to fog-b (backlog order, their states copied ahead), then
-    # one of partition 1's to fog-a (fifo, whole), each while both inputs flow.
+    # the key group of one of partition 1's to fog-a (fifo, whole states: the group's keys
+    # holding state go in a wave, then its record, stored in both inputs and read by the
+    # partitions only once in both, sends the group's later keys too), each while both
+    # inputs flow.
     moved = cluster.json("migrate", "keyduo", "tally", "--keys", ",".join(zero[:2]),
                          "--to", "fog-b")  # fmt: skip
     assert (moved["status"], sorted(moved["sent"])) == ("moved", sorted(zero[:2])), moved
     cluster.wait_for("keyduo", "tally-p1", cluster.element("keyduo", "tally-p1")["events_out"] + 20)
-    back = cluster.json("migrate", "keyduo", "tally", "--keys", one[0], "--to", "fog-a",
-                        "--order", "fifo", "--no-precopy")  # fmt: skip
-    assert (back["status"], back["sent"]) == ("moved", [one[0]]), back
-    # No rescale: no one append of its record lists every key of two inputs.
-    refused = cluster.cli("scale", "keyduo", "tally", "--partitions", "3", check=False)
-    assert refused.returncode != 0 and "read 2 inputs" in " ".join(refused.stderr.split())
+    group = partition_of_key(one[0], 4)
+    in_group = [k for k in one if partition_of_key(k, 4) == group]
+    back = cluster.json("migrate", "keyduo", "tally", "--key-group", f"{group}/4", "--to",
+                        "fog-a", "--order", "fifo")  # fmt: skip
+    assert (back["status"], sorted(back["sent"])) == ("moved", in_group), back
     cluster.wait_for("keyduo", "tally-p0", cluster.element("keyduo", "tally-p0")["events_out"] + 20)
+    # Then out to three partitions: the rescale is a listed move stored in both inputs, the
+    # added partition (on cloud) reads each from where it stood when placed, and every key
+    # goes to its partition of three, earlier moves forgotten.
+    scaled = cluster.json("scale", "keyduo", "tally", "--partitions", "3", "--on", "cloud")
+    assert scaled["status"] == "moved", scaled
+    parts = ("tally-p0", "tally-p1", "tally-p2")
+    for pe in parts:
+        cluster.wait_for("keyduo", pe, cluster.element("keyduo", pe)["events_out"] + 10)
     total = sum(FEEDERS.pop(tmp_path / name).stop() for name in "ab")
 
     client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
     try:
-        subjects = {pe: data_subject("keyduo", pe) for pe in ("tally-p0", "tally-p1")}
+        subjects = {pe: data_subject("keyduo", pe) for pe in parts}
         deadline = time.monotonic() + 300
         stored = 0
         while time.monotonic() < deadline and stored < total:
@@ -291,7 +302,7 @@ def test_keys_of_a_partition_with_two_inputs_move_exactly_once(
                 key = json.loads(event["body"])["sensor"]
                 inputs.setdefault(key, set()).add((event["creator"], event["seq"]))
     out: dict[str, list[tuple[int, str, int, str]]] = {}
-    for pe in ("tally-p0", "tally-p1"):
+    for pe in parts:
         for body in bodies(cluster, "keyduo", pe):
             out.setdefault(body["sensor"], []).append((body["n"], body["src"], body["src_seq"], pe))
     assert set(out) == set(inputs)
@@ -306,13 +317,20 @@ def test_keys_of_a_partition_with_two_inputs_move_exactly_once(
         for name in "ab":
             seqs = [seq for _, src, seq, _ in rows if src == name]
             assert seqs == sorted(seqs), (key, name)
-    # The moved keys were processed by their origin, then by their target.
-    for key, origin, target in [(k, "tally-p0", "tally-p1") for k in zero[:2]] + [
-        (one[0], "tally-p1", "tally-p0")
-    ]:
-        where = [pe for *_, pe in out[key]]
-        assert origin in where and target in where, (key, where)
-        assert where == sorted(where, key=lambda pe: pe != origin), (key, where)
+    # Each key was processed by its owners in turn: its CRC-32 partition of two, the one
+    # a move or the group gave it, its partition of three (a stretch without events of the
+    # key leaves one out, never two owners at once or one twice).
+    for key, rows in out.items():
+        chain = [f"tally-p{partition_of_key(key, 2)}"]
+        if key in zero[:2] or key in in_group:
+            chain.append("tally-p1" if key in zero[:2] else "tally-p0")
+        chain.append(f"tally-p{partition_of_key(key, 3)}")
+        chain = [pe for i, pe in enumerate(chain) if i == 0 or pe != chain[i - 1]]
+        runs = [pe for i, (*_, pe) in enumerate(rows) if i == 0 or pe != rows[i - 1][3]]
+        assert runs[0] == chain[0] and runs[-1] == chain[-1], (key, runs, chain)
+        rest = iter(chain)
+        assert all(pe in rest for pe in runs), (key, runs, chain)  # (a subsequence)
+    assert {pe for rows in out.values() for *_, pe in rows} == set(parts)
     # Downstream, the partitions' records merged: each key's in the order it was processed
     # (the target's rows from a moved key's state on are numbered beyond the origin's).
     sink = tmp_path / "out" / "keyduo.csv"

@@ -251,23 +251,25 @@ def test_a_listed_move_replays_the_moves_once_not_at_every_try() -> None:
             self.appends = 0
             self.broker = SimpleNamespace(run=self.run)
 
-        def _owners(self, pipeline: str, source: str, element_id: str, count: int) -> Ownership:
+        def _owners(
+            self, pipeline: str, source: str, element_id: str, count: int, without: Any = None
+        ) -> Ownership:
             self.replays += 1
             return Ownership(count)
 
         def run(self, make: Any, timeout: float = 30) -> Any:
-            name = make.__name__
-            if name == "look":  # the input grew since the last look: one more event
-                return 10 + self.appends, []
+            if make.func.__name__ == "_look":  # the input grew since the last look: one more
+                return {"in": 10 + self.appends}, []
             self.appends += 1
             return None if self.appends < 5 else 99  # the first four appends came too late
 
-    first = SimpleNamespace(first_count=2)
-    parts: Any = [SimpleNamespace(id=f"agg-p{i}", key_by="k", partition=first) for i in (0, 1)]
+    first = SimpleNamespace(first_count=2, since_of=lambda name: 0)
+    parts: Any = [SimpleNamespace(id=f"agg-p{i}", key_by="k", partition=first, inputs=("in",))
+                  for i in (0, 1)]  # fmt: skip
     busy = Busy()
     move, at, _ = busy._append_listed(  # a rescale to 3 partitions
-        "p", "agg", parts, "in", lambda owners, held, m: _rescale("agg", 3, owners, held, m),
-        "scale", ({"a", "b"}, 0),
+        "p", "agg", parts, lambda owners, held, m: _rescale("agg", 3, owners, held, m),
+        "scale", ({"a", "b"}, {"in": 0}),
     )  # fmt: skip
     assert at == 99 and busy.appends == 5 and move.count == 3
     assert busy.replays == 1

@@ -154,7 +154,7 @@ def test_a_fresh_deployment_starts_every_partition_at_the_input_s_start() -> Non
     """``since`` and ``base`` are what `scale` stores; deployed afresh (new streams), a
     partition reading after ``since`` would skip events."""
     check_fresh(parse_spec(data()))
-    for field, value in (("since", 1000), ("base", 1)):
+    for field, value in (("since", 1000), ("since", {"src": 0, "more": 7}), ("base", 1)):
         spec = parse_spec(data()).model_dump(mode="json")
         for element in spec["elements"]:
             if element.get("partition"):
