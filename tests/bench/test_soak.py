@@ -311,8 +311,12 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
     started = time.monotonic()
     proc = fogshift(
         # One migration only: the one the orchestrator is killed during (a whole one is
-        # what every migration test runs), a make-before-break handover.
-        "bench", "soak", "--migrations", "0", "--kills", "1", "--orchestrator-kills", "1",
+        # what every migration test runs), a make-before-break handover. No node kill: a
+        # node's SIGKILL, its PEs' automatic restore and the node's restart took 42 s of
+        # this test's schedule; the restoration, two-input and Case 2 tests kill nodes
+        # under exactly-once checks, and the shared test clusters start killed nodes again
+        # through `fogshift up` (`restart_nodes`, as the soak does).
+        "bench", "soak", "--migrations", "0", "--kills", "0", "--orchestrator-kills", "1",
         "--mid-migration", "1", "--modes", "handover", "--nodes", "cloud,fog-a,fog-b",
         "--seed", "3",
         # Batches at most once every 2 s, as on the shared clusters: two pipelines' 200 ms
@@ -331,7 +335,7 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
         assert counts["expected"] > 0 and pipelines[name]["events"] > 0, counts
         print(f"{name}: {counts} ({minutes:.1f} min)")
     # Both pipelines — Case 1 (one input per PE) and the two-input one — are exactly-once
-    # through migrations, node and orchestrator kills (also one during a migration).
+    # through an orchestrator's kill during a migration.
     for name in (soak.CASE1, soak.MERGE):
         counted = pipelines[name]
         assert (counted["lost"], counted["duplicated"], counted["wrong"]) == (0, 0, 0), counted
@@ -341,11 +345,10 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
         rows = list(csv.DictReader(handle))
     # The migration the orchestrator is killed during: a handover.
     ops = sorted(r["op"] for r in rows)
-    assert ops == ["kill-node", "kill-orchestrator", "migrate"], rows
+    assert ops == ["kill-orchestrator", "migrate"], rows
     assert next(r for r in rows if r["op"] == "migrate")["mode"] == "handover", rows
     assert all(r["outcome"] in soak.OUTCOMES for r in rows), rows
     killed = {r["op"]: r for r in rows if r["op"] != "migrate"}
-    assert killed["kill-node"]["outcome"] == "ok", killed  # restored, and the node came back
     assert killed["kill-orchestrator"]["outcome"] == "ok", killed
     interrupted = [r for r in rows if r["outcome"] == "interrupted"]
     for row in interrupted:  # where the orchestrator's recovery left the PE is recorded

@@ -147,17 +147,17 @@ def test_torn_central_checkpoint_falls_back_to_an_older_one(
     deadline = time.monotonic() + 60
     while len(list(folder.glob("*.json"))) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
-    # The input stops, so the source takes no newer checkpoint: the next one holding the
-    # damaged file would ship it again (the store re-checks a blob changed on disk), and
-    # this test is about the restore that finds the newest one torn.
-    FEEDERS[tmp_path].stop()
-    settled, last = time.monotonic(), sorted(folder.glob("*.json"))[-1].name
-    while time.monotonic() - settled < 12:  # three central pulls with nothing new
-        assert time.monotonic() < deadline + 120, "the source's checkpoints never settled"
-        newest_name = sorted(folder.glob("*.json"))[-1].name
-        if newest_name != last:
-            settled, last = time.monotonic(), newest_name
-        time.sleep(0.5)
+    # The input stops, so the source takes no newer checkpoint once the central store holds
+    # one past every row (no input, no batch): the next one holding the damaged file would
+    # ship it again (the store re-checks a blob changed on disk), and this test is about
+    # the restore that finds the newest one torn. (It waited for 12 s without a new one.)
+    rows = FEEDERS[tmp_path].stop()
+    wait_until(
+        lambda: json.loads(sorted(folder.glob("*.json"))[-1].read_text())["progress"] == rows,
+        120,
+        interval_s=0.5,
+        describe=f"a central checkpoint of the source past all {rows} rows",
+    )
     manifests = sorted(folder.glob("*.json"))
     assert len(manifests) >= 2
     newest = json.loads(manifests[-1].read_text())
