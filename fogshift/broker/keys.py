@@ -93,6 +93,11 @@ class KeyMove:
     #: The :class:`KeyCopy` (its ``move``) that sent the keys' states ahead: the origin
     #: then sends only what changed since.
     copy: str | None = None
+    #: A listed move with several inputs: each input's end as the orchestrator had scanned
+    #: it for this record (``(input, sequence)``, by input), every key seen until there
+    #: being listed in this record or an earlier one: a move left in some inputs only is
+    #: completed from there, without asking the partitions for their keys again.
+    scanned: tuple[tuple[str, int], ...] = ()
 
     @property
     def listed(self) -> bool:
@@ -118,6 +123,8 @@ class KeyMove:
             body["group"] = list(self.group)
         if self.copy is not None:
             body["copy"] = self.copy
+        if self.scanned:
+            body["scanned"] = dict(self.scanned)
         return json.dumps(body).encode()
 
 
@@ -213,8 +220,10 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
                     return None
                 group = (g, n)
             copy = str(value["copy"]) if value.get("copy") is not None else None
+            scanned = tuple(sorted((str(k), int(v)) for k, v in
+                                   dict(value.get("scanned") or {}).items()))  # fmt: skip
             return KeyMove(seq, str(value["move"]), str(value["element"]), keys,
-                           int(value["to"]), order, count, group, copy)  # fmt: skip
+                           int(value["to"]), order, count, group, copy, scanned)  # fmt: skip
         if value.get("type") == "key-copy":
             return KeyCopy(seq, str(value["move"]), str(value["element"]),
                            tuple(str(k) for k in value["keys"]), int(value["to"]))  # fmt: skip
@@ -237,11 +246,11 @@ def listed_unions(moves: Iterable[KeyMove | KeyCopy]) -> dict[str, tuple[str, ..
     """The keys of each listed move (:attr:`KeyMove.listed`) among ``moves`` (read from
     every input of a partition with several), by move id: the union of the lists of its
     records. The orchestrator appends a listed move to the inputs one after another, each
-    record listing every key seen holding state until its append (the inputs scanned up
-    to their ends, the append refused if its input grew meanwhile), so the union names
-    every key whose events reached its old owner before the move's place in their input;
-    readers take the move's records only once it is stored in all inputs (see
-    :meth:`~fogshift.broker.datasource.JetStreamReader._clamped`)."""
+    record listing the keys seen holding state until its append that no earlier record
+    lists (the inputs scanned up to their ends, the append refused if its input grew
+    meanwhile), so the union names every key whose events reached its old owner before the
+    move's place in their input; readers take the move's records only once it is stored
+    in all inputs (see :meth:`~fogshift.broker.datasource.JetStreamReader._clamped`)."""
     unions: dict[str, set[str]] = {}
     for move in moves:
         if isinstance(move, KeyMove) and move.listed:

@@ -266,11 +266,7 @@ class KeyMoves(Standbys):
         # of its last move has arrived (its holder would have no state to hand on).
         with element_lock(pipeline, element_id, f"cannot move {what}"):
             self._unchanged(pipeline, element_id, parts, f"cannot move {what}", (to, target))
-            if (pipeline, element_id) not in self._moves_complete:
-                # (Once per orchestrator: this one's own appends keep the mark true; a
-                # look at every input's whole move history each time would grow with it.)
-                self._complete_moves(pipeline, element_id, parts[0].inputs)
-                self._moves_complete.add((pipeline, element_id))
+            self._moves_completed(pipeline, element_id, parts[0].inputs)
             return self._move_keys(
                 pipeline, element_id, parts, keys, to, target, source, order, started, timeout_s,
                 group, precopy is not False, wave_keys,
@@ -486,6 +482,16 @@ class KeyMoves(Standbys):
         self._moves_complete.add((pipeline, move.element))
         return at
 
+    def _moves_completed(self, pipeline: str, element_id: str, inputs: tuple[str, ...]) -> None:
+        """:meth:`_complete_moves` unless this orchestrator knows them complete (under the
+        element's lock, before a key move or scale appends one: a move left in some inputs
+        only must come first in every input, and holds its inputs at its places)."""
+        if (pipeline, element_id) not in self._moves_complete:
+            # (Once per orchestrator: this one's own appends keep the mark true; a look at
+            # every input's whole move history each time would grow with it.)
+            self._complete_moves(pipeline, element_id, inputs)
+            self._moves_complete.add((pipeline, element_id))
+
     def _complete_moves(self, pipeline: str, element_id: str, inputs: tuple[str, ...]) -> int:
         """Append to every input of ``element_id``'s partitions the key moves the first
         input holds and it lacks (the appends of a move go input after input: an
@@ -505,25 +511,31 @@ class KeyMoves(Standbys):
             parsed = (parse(m.seq, m.data) for m in found)
             return [m for m in parsed if isinstance(m, KeyMove) and m.element == element_id]
 
-        stored = self.broker.run(partial(moves, name=inputs[0]), timeout=60)
+        stored = {name: self.broker.run(partial(moves, name=name), timeout=60) for name in inputs}
         appended = 0
         for name in inputs[1:]:
-            there = {m.move for m in self.broker.run(partial(moves, name=name), timeout=60)}
-            for move in stored:
+            there = {m.move for m in stored[name]}
+            for move in stored[inputs[0]]:
                 if move.move in there:
                     continue
                 log.warning("key move %s of %s/%s was not stored in input %s (an "
                             "orchestrator died while appending it): appended now",
                             move.move, pipeline, element_id, name)  # fmt: skip
                 if move.listed:
-                    # Listed again: keys may have gained state in the inputs since (the
-                    # partitions read on up to the places that are stored).
+                    # Listed again from where its last record's scan ended: keys may have
+                    # gained state in the inputs since (the partitions read on up to the
+                    # places that are stored). Its records so far, input by input.
+                    records = [m for n in inputs for m in stored[n] if m.move == move.move]
+                    already = frozenset(k for m in records for k in m.keys)
+                    ends = dict(records[-1].scanned)
                     parts = self.pipeline(pipeline).spec.partitions_of(element_id)
                     self._append_listed(
                         pipeline, element_id, parts, _relisted(move),
                         f"complete key move {move.move} of {pipeline}/{element_id}",
-                        move_id=move.move, only=(name,),
+                        listed=(set(already), ends) if ends else None, move_id=move.move,
+                        only=(name,), already=already,
                     )  # fmt: skip
+                    stored[name].append(move)  # (its records so far: this input's too)
                 else:
                     self._append_key_record(pipeline, name, move.payload(), move.move)
                 appended += 1
@@ -865,6 +877,7 @@ class KeyMoves(Standbys):
         listed: tuple[set[str], dict[str, int]] | None = None,
         move_id: str | None = None,
         only: tuple[str, ...] | None = None,
+        already: frozenset[str] = frozenset(),
     ) -> tuple[KeyMove, int, Ownership]:
         """Append the move ``make`` gives, from who owns each key now and every key that
         may hold state, to each of the partitions' inputs, the first first: a rescale, or a
@@ -876,18 +889,21 @@ class KeyMoves(Standbys):
         those batches. Each input's record is appended only if that input's last sequence
         is still the last one looked at (``Nats-Expected-Last-Sequence``); else what came
         is looked at too and the record made again. So no key gains state unseen before
-        the move's place in its input: a record lists every key seen until its append, in
-        any input, and the move's keys are the union of its records
+        the move's place in its input: with several inputs, a record lists every key seen
+        until its append, in any input, that no earlier record of the move lists (so a
+        later record stays small), with the inputs' ends as scanned for it (``scanned``),
+        and the move's keys are the union of its records
         (:func:`~fogshift.broker.keys.listed_unions`; the partitions read a listed move
         only once it is stored in all their inputs).
 
-        ``move_id`` and ``only``: complete a move stored in some inputs only (appended to
-        ``only``, under its id; :meth:`_complete_moves`).
+        ``move_id``, ``only`` and ``already``: complete a move stored in some inputs only
+        (appended to ``only``, under its id, without the keys its stored records list;
+        :meth:`_complete_moves`, which keeps the element's completeness mark).
 
         Returns:
-            The move as appended last (its keys: all of them), its sequence in the first
-            input (where the keys' states travel; ``0`` when it was not appended there
-            now), and the ownership before it.
+            The move with all its keys (the union of its records), its sequence in the
+            first input (where the keys' states travel; ``0`` when it was not appended
+            there now), and the ownership before it.
 
         Raises:
             InvalidInput: The move is larger than a broker message.
@@ -904,8 +920,10 @@ class KeyMoves(Standbys):
         scanned = {name: since.get(name, first.since_of(name)) for name in inputs}
         move_id = move_id or uuid.uuid4().hex[:12]
         several = len(inputs) > 1
-        if several:
+        marks = several and only is None  # (completing, the caller keeps the mark)
+        if marks:
             self._moves_complete.discard((pipeline, element_id))  # (until all are stored)
+        listed_before = set(already)  # the keys the move's records stored so far list
         # Who owns what changes only by moves, which only this orchestrator appends (under
         # the element's lock): replayed again only when a look finds one, not at every try
         # (the whole history of moves between a look and the append: on a busy input with
@@ -943,13 +961,17 @@ class KeyMoves(Standbys):
                     owners = self._owners(pipeline, inputs[0], element_id, first.first_count,
                                           without=move_id)  # fmt: skip
                 move = make(owners, held, move_id)
-                payload = move.payload()
+                record = move
+                if several:
+                    fresh = tuple(k for k in move.keys if k not in listed_before)
+                    record = replace(move, keys=fresh, scanned=tuple(sorted(ends.items())))
+                payload = record.payload()
                 if len(payload) > MAX_RECORD_BYTES:
                     raise InvalidInput(
-                        f"cannot {what}: {len(move.keys)} keys would move, more than one "
+                        f"cannot {what}: {len(record.keys)} keys would move, more than one "
                         f"record holds ({len(payload)} bytes)",
                         expected=f"a move record of at most {MAX_RECORD_BYTES} bytes",
-                        received=f"{len(move.keys)} keys",
+                        received=f"{len(record.keys)} keys",
                         hint="move fewer keys at a time (smaller steps, smaller key groups)",
                     )
                 at = self.broker.run(
@@ -968,9 +990,12 @@ class KeyMoves(Standbys):
                 )
             if name == inputs[0]:
                 first_at = at
-        if several:
+            listed_before.update(record.keys)
+        if marks:
             self._moves_complete.add((pipeline, element_id))
         assert move is not None and owners is not None
+        if several:
+            move = replace(move, keys=tuple(sorted(listed_before)), scanned=())
         return move, first_at, owners
 
     def _ownership(self, pipeline: str, source: str, element_id: str) -> Ownership:

@@ -150,6 +150,7 @@ class Scaling(KeyMoves):
             held.enter_context(self._sections(pipeline, [*old, *new, *readers]))
             self._unchanged(pipeline, element_id, parts, f"cannot {what}")
             self._refuse_moved_readers(self.pipeline(pipeline), parts, partitions, what)
+            self._moves_completed(pipeline, element_id, parts[0].inputs)
             return self._scale(pipeline, element_id, parts, partitions, placed, started,
                                timeout_s, waves)  # fmt: skip
 

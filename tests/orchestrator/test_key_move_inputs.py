@@ -5,6 +5,7 @@ lists every key seen until its append (completed ones listed again)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,29 +118,32 @@ def _listed(js: SyncJetStream, name: str, move: str) -> tuple[str, ...]:
     return found.keys
 
 
+def _group_keys(group: tuple[int, int], count: int) -> list[str]:
+    return [k for k in (f"k{i}" for i in range(1000)) if partition_of_key(k, group[1]) == group[0]][
+        :count
+    ]
+
+
 def test_a_key_groups_record_in_each_input_lists_every_key_seen_until_its_append(
     orch: Orchestrator, js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # OLD holds state (its events in s1); NEW's first event comes to s2 between the group's
-    # append to s1 and its append to s2: s2's append is refused (its input grew), looked at
-    # again, and lists NEW too. The orchestrator's ownership takes the union of the two.
+    # OLD holds state (its events in s1); NEW's first event comes to s2 after the group's
+    # append to s1, between the look before s2's append and that append: s2's append is
+    # refused (its input grew), looked at again, and lists NEW (only: OLD is in s1's). The
+    # move's keys, and the orchestrator's ownership, are the union of the two.
     group = (partition_of_key("k0", 4), 4)
-    old, new = [k for k in (f"k{i}" for i in range(1000)) if partition_of_key(k, 4) == group[0]][:2]
+    old, new, third = _group_keys(group, 3)
     _event(js_client, "s1", old)
-    real, raced = keymoves._append_after, []
+    real, tries = keymoves._append_after, []
 
     async def racing(js: Any, pipeline: str, source: str, *args: Any, **kwargs: Any) -> Any:
-        at = await real(js, pipeline, source, *args, **kwargs)
-        if source == "s1" and not raced:
-            raced.append(_event_async(js, new))
-            await raced[0]
-        return at
-
-    def _event_async(j: Any, sensor: str) -> Any:
-        body = {"seq": 2, "timestamp": 1.0, "creator": "s2",
-                "body": json.dumps({"sensor": sensor, "value": 1.0})}  # fmt: skip
-        return j.publish(data_subject("two", "s2"), json.dumps(body).encode(),
-                         stream=stream_name("two", "s2"))  # fmt: skip
+        tries.append(source)
+        if tries == ["s1", "s2"]:
+            body = {"seq": 2, "timestamp": 1.0, "creator": "s2",
+                    "body": json.dumps({"sensor": new, "value": 1.0})}  # fmt: skip
+            await js.publish(data_subject("two", "s2"), json.dumps(body).encode(),
+                             stream=stream_name("two", "s2"))  # fmt: skip
+        return await real(js, pipeline, source, *args, **kwargs)
 
     monkeypatch.setattr(keymoves, "_append_after", racing)
     record = orch.registry.get_pipeline("two")
@@ -150,26 +154,58 @@ def test_a_key_groups_record_in_each_input_lists_every_key_seen_until_its_append
     move, at, before = orch._append_listed(
         "two", "agg", parts, make, "test", listed=(set(), {"s1": 0, "s2": 0})
     )
-    assert raced and _listed(js_client, "s1", move.move) == (old,)
-    assert _listed(js_client, "s2", move.move) == tuple(sorted((old, new))) == move.keys
+    assert tries == ["s1", "s2", "s2"]  # s2's first append refused, the second stored
+    assert _listed(js_client, "s1", move.move) == (old,)
+    assert _listed(js_client, "s2", move.move) == (new,)
+    assert move.keys == tuple(sorted((old, new)))
     assert at == js_client.run(lambda j: last_seq(j, stream_name("two", "s1")))
     assert before.owner(new) != to  # (the ownership the move was made from)
     owners = orch._owners("two", "s1", "agg", 2)
     assert owners.owner(new) == owners.owner(old) == to
     assert set(owners.pending) == {old, new}  # both wait for their states
+    assert ("two", "agg") in orch._moves_complete
 
-    # A group left in s1 only (its orchestrator died): completed in s2, listed again there
-    # with the key that gained state in s2 since.
-    later = KeyMove(0, "g2", "agg", (), 1 - to, group=group)
-    orch._append_key_record("two", "s1", later.payload())
-    third = next(k for k in (f"k{i}" for i in range(1000))
-                 if partition_of_key(k, 4) == group[0] and k not in (old, new))  # fmt: skip
+    # A group stored in s1 only (its orchestrator died): completed in s2 from where its
+    # record's scan ended, without asking the partitions (one of their nodes may be
+    # away), listing the key that gained state in s2 since.
+    monkeypatch.setattr(keymoves, "_append_after", real)
+    later = keymoves._relisted(KeyMove(0, "x", "agg", (), 1 - to, group=group))
+    orch._moves_complete.discard(("two", "agg"))
+    half, _, _ = orch._append_listed("two", "agg", parts, later, "test",
+                                     listed=(set(), {"s1": 0, "s2": 0}), only=("s1",))  # fmt: skip
+    assert ("two", "agg") not in orch._moves_complete  # (completing, the caller marks)
+    assert _listed(js_client, "s1", half.move) == tuple(sorted((old, new)))
     _event(js_client, "s2", third)
-    monkeypatch.setattr(orch, "_listed_keys", lambda pipeline, parts: (set(), {"s1": 0, "s2": 0}))
+
+    def away(pipeline: str, parts: Any) -> Any:
+        raise AssertionError("asked the partitions for their keys")
+
+    monkeypatch.setattr(orch, "_listed_keys", away)
     orch._moves_complete.discard(("two", "agg"))
     orch.complete_key_moves(orch.registry.pipelines())
-    assert _listed(js_client, "s2", "g2") == tuple(sorted((old, new, third)))
+    assert _listed(js_client, "s2", half.move) == (third,)
     assert ("two", "agg") in orch._moves_complete
+
+
+def test_a_scale_completes_a_move_left_in_some_inputs_before_its_own(
+    orch: Orchestrator, js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stored after one left half-way, the rescale's records would come before that move's
+    # in the other input: the partitions would hold the first input at its place for good.
+    record = orch.registry.get_pipeline("two")
+    assert record is not None
+    parts = record.spec.partitions_of("agg")
+    group = (partition_of_key("k0", 4), 4)
+    make = keymoves._relisted(KeyMove(0, "x", "agg", (), 1, group=group))
+    half, _, _ = orch._append_listed("two", "agg", parts, make, "test",
+                                     listed=(set(), {"s1": 0, "s2": 0}), only=("s1",))  # fmt: skip
+    orch._moves_complete.discard(("two", "agg"))  # (a new orchestrator knows none complete)
+    seen: list[list[str]] = []
+    monkeypatch.setattr(orch, "_nodes_for", lambda *args: ["fog-c"])
+    monkeypatch.setattr(orch, "_sections", lambda *args: contextlib.nullcontext())
+    monkeypatch.setattr(orch, "_scale", lambda *args: seen.append(moves(js_client, "s2")))
+    orch.scale("two", "agg", 3, ["fog-c"], timeout_s=0.1)
+    assert seen == [[half.move]]  # stored in s2 before the scale went on
 
 
 def test_an_element_a_partitioned_reader_moved_keys_on_is_not_scaled_out_of_one_partition(
