@@ -19,9 +19,9 @@ moves before are forgotten), and its ``keys`` are those holding state whose owne
 to the record, which it appends only if nothing came in meanwhile). Their states travel as
 for any move; a key without state starts empty at its new owner, as it would have anywhere.
 A key group's record (``group``) is listed alike. With several inputs such a *listed* move
-is appended to each input in turn, each record listing every key seen until its append;
-its keys are the union of its records (:func:`listed_unions`), and a partition reads it
-only once it is stored in all inputs, all its places in one batch.
+is appended to each input in turn, each record listing the keys seen until its append that
+no earlier record lists; its keys are the union of its records (:func:`listed_unions`), and
+a partition reads it only once it is stored in all inputs, all its places in one batch.
 
 A move may be *precopied* (a per-key make-before-break): the orchestrator first appends a
 *key copy* (``{"type": "key-copy"}``) for some of the keys; their owner, on reaching it,

@@ -18,7 +18,8 @@ new count, in every execution. The orchestrator
 3. appends the record only if nothing came into the input after what it looked at
    (``Nats-Expected-Last-Sequence``), else it looks at what came and tries again — so no
    key gains state unseen before the record (with several inputs, to each in turn, each
-   record listing what was seen until its append in any input: the move's keys are the
+   record listing what was seen until its append in any input and no earlier record
+   lists: the move's keys are the
    union of its records, see :func:`~fogshift.broker.keys.listed_unions`);
 4. waits, as for a key move, until every listed key's state is stored and committed by its
    new owner.
