@@ -31,6 +31,7 @@ from fogshift.broker.client import (
     subject_count,
 )
 from fogshift.broker.exceptions import BrokerUnavailable
+from fogshift.broker.history import trimmed_below
 from fogshift.broker.keys import (
     INLINE_STATE_BYTES,
     KeyCopy,
@@ -111,6 +112,11 @@ MAX_GROUPS = 4096
 APPEND_TRIES = 50
 #: A listed move's largest record (a broker message takes at most ~1 MiB).
 MAX_RECORD_BYTES = 900 * 1024
+#: A listed move left in some inputs only is listed again from where its last record's scan
+#: ended while that leaves at most this many messages to scan, none trimmed meanwhile; else
+#: from the partitions' state stores, as a fresh one is (an orchestrator back after hours:
+#: one look at the whole backlog would run past its request's timeout every round).
+COMPLETE_SCAN_MAX = 100_000
 #: A precopy asks for about this much state at a time (one key first, to learn the size):
 #: each request's copies ride one batch of the origin and of the target, whose other keys
 #: wait for that batch.
@@ -529,13 +535,16 @@ class KeyMoves(Standbys):
                     already = frozenset(k for m in records for k in m.keys)
                     ends = dict(records[-1].scanned)
                     parts = self.pipeline(pipeline).spec.partitions_of(element_id)
-                    self._append_listed(
+                    short = bool(ends) and self.broker.run(
+                        partial(_scan_is_short, pipeline=pipeline, ends=ends), timeout=60
+                    )  # fmt: skip
+                    done, _, _ = self._append_listed(
                         pipeline, element_id, parts, _relisted(move),
                         f"complete key move {move.move} of {pipeline}/{element_id}",
-                        listed=(set(already), ends) if ends else None, move_id=move.move,
+                        listed=(set(already), ends) if short else None, move_id=move.move,
                         only=(name,), already=already,
                     )  # fmt: skip
-                    stored[name].append(move)  # (its records so far: this input's too)
+                    stored[name].append(done)  # (its keys so far and where this scan ended)
                 else:
                     self._append_key_record(pipeline, name, move.payload(), move.move)
                 appended += 1
@@ -901,9 +910,10 @@ class KeyMoves(Standbys):
         :meth:`_complete_moves`, which keeps the element's completeness mark).
 
         Returns:
-            The move with all its keys (the union of its records), its sequence in the
-            first input (where the keys' states travel; ``0`` when it was not appended
-            there now), and the ownership before it.
+            The move with all its keys (the union of its records; with several inputs,
+            ``scanned`` where the last look ended), its sequence in the first input (where
+            the keys' states travel; ``0`` when it was not appended there now), and the
+            ownership before it.
 
         Raises:
             InvalidInput: The move is larger than a broker message.
@@ -934,9 +944,13 @@ class KeyMoves(Standbys):
         for name in only if only is not None else inputs:
             at: int | None = None
             for _ in range(APPEND_TRIES):
+                if owners is None:  # (before the look: its time is the append's window)
+                    owners = self._owners(pipeline, inputs[0], element_id, first.first_count,
+                                          without=move_id)  # fmt: skip
                 ends, found = self.broker.run(
-                    partial(_look, pipeline=pipeline, since=dict(scanned)), timeout=120
-                )
+                    partial(_look, pipeline=pipeline, since=dict(scanned), last=name),
+                    timeout=120,
+                )  # fmt: skip
                 for source, message in found:
                     if message.subject != data_subject(pipeline, source):
                         item = read_message(pipeline, source, message.subject, message.seq,
@@ -995,7 +1009,8 @@ class KeyMoves(Standbys):
             self._moves_complete.add((pipeline, element_id))
         assert move is not None and owners is not None
         if several:
-            move = replace(move, keys=tuple(sorted(listed_before)), scanned=())
+            move = replace(move, keys=tuple(sorted(listed_before)),
+                           scanned=tuple(sorted(scanned.items())))  # fmt: skip
         return move, first_at, owners
 
     def _ownership(self, pipeline: str, source: str, element_id: str) -> Ownership:
@@ -1076,13 +1091,16 @@ class KeyMoves(Standbys):
 
 
 async def _look(
-    js: Any, pipeline: str, since: dict[str, int]
+    js: Any, pipeline: str, since: dict[str, int], last: str | None = None
 ) -> tuple[dict[str, int], list[tuple[str, Any]]]:
     """Every input of ``since``'s last sequence, and its data and key messages after its
-    position there: ``(input, message)``, input by input."""
+    position there: ``(input, message)``, input by input, input ``last`` last (the one a
+    record is appended to next: the less time between reading its end and the append,
+    the likelier nothing came in between on a busy input)."""
     ends: dict[str, int] = {}
     found: list[tuple[str, Any]] = []
-    for name, start in since.items():
+    order = sorted(since, key=lambda name: name == last)  # (stable: the others as given)
+    for name, start in ((n, since[n]) for n in order):
         stream = stream_name(pipeline, name)
         end = ends[name] = int(await last_seq(js, stream))
         found += [(name, m) for m in await get_range(js, stream, data_subject(pipeline, name),
@@ -1090,6 +1108,19 @@ async def _look(
         found += [(name, m) for m in await get_ranges(js, stream, key_subjects(pipeline, name),
                                                        start, end)]  # fmt: skip
     return ends, found
+
+
+async def _scan_is_short(js: Any, pipeline: str, ends: dict[str, int]) -> bool:
+    """Whether each input of ``ends`` holds at most :data:`COMPLETE_SCAN_MAX` messages after
+    its position there, and none of those was trimmed (``recovery.history_s``: a scan
+    would skip what was, and miss its keys)."""
+    for name, end in ends.items():
+        stream = stream_name(pipeline, name)
+        if await last_seq(js, stream) - end > COMPLETE_SCAN_MAX:
+            return False
+        if await trimmed_below(js, stream) > end + 1:
+            return False
+    return True
 
 
 async def _append_after(

@@ -186,6 +186,25 @@ def test_a_key_groups_record_in_each_input_lists_every_key_seen_until_its_append
     assert _listed(js_client, "s2", half.move) == (third,)
     assert ("two", "agg") in orch._moves_complete
 
+    # Left half-way again, and the inputs grew by more than a completion scans (an
+    # orchestrator back after hours): listed from the partitions' state stores instead.
+    more = keymoves._relisted(KeyMove(0, "x", "agg", (), to, group=group))
+    again, _, _ = orch._append_listed("two", "agg", parts, more, "test",
+                                      listed=(set(), {"s1": 0, "s2": 0}), only=("s1",))  # fmt: skip
+    fourth = _group_keys(group, 4)[3]
+    _event(js_client, "s2", fourth)
+    asked: list[str] = []
+
+    def stores(pipeline: str, parts: Any) -> Any:
+        asked.append(pipeline)
+        return {fourth}, {"s1": 0, "s2": 0}
+
+    monkeypatch.setattr(orch, "_listed_keys", stores)
+    monkeypatch.setattr(keymoves, "COMPLETE_SCAN_MAX", 0)
+    orch._moves_complete.discard(("two", "agg"))
+    orch.complete_key_moves(orch.registry.pipelines())
+    assert asked == ["two"] and _listed(js_client, "s2", again.move) == (fourth,)
+
 
 def test_a_scale_completes_a_move_left_in_some_inputs_before_its_own(
     orch: Orchestrator, js_client: SyncJetStream, monkeypatch: pytest.MonkeyPatch
