@@ -778,7 +778,8 @@ class JetStreamReader(DataSourceStreamReader):
 
         Why: a listed move's keys are the union of its records' lists
         (:func:`~fogshift.broker.keys.listed_unions`), and each record lists what had
-        been seen when it was appended to its input, one input after another. A key first
+        been seen when it was appended to its input (and no earlier record lists), one
+        input after another. A key first
         seen in a later input between two appends holds state at its old owner, which
         hands it over only if the key is listed; its new owner must hold the key's events
         from the move's first place on. Both learn the whole list only from the last

@@ -103,8 +103,9 @@ class KeyMove:
     def listed(self) -> bool:
         """Whether this move's rule covers keys beyond those it lists (a rescale or a key
         group): its ``keys`` are those the orchestrator found holding state. With several
-        inputs each input's record lists what had been seen when it was appended, and the
-        move's keys are the union of them all (see :func:`listed_unions`)."""
+        inputs each input's record lists what had been seen when it was appended and no
+        earlier record lists, and the move's keys are the union of them all (see
+        :func:`listed_unions`)."""
         return self.count is not None or self.group is not None
 
     def target(self, key: str) -> int:
