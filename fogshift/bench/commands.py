@@ -324,15 +324,25 @@ def register(bench_app: typer.Typer) -> None:
                 "instead of replacing them.",
             ),
         ] = False,
+        inputs: Annotated[
+            int,
+            typer.Option(
+                help="Inputs of the partitioned PE: 1 (a window aggregate) or 2 (a tally of "
+                "two sources at half the rate each, the same keys in both).",
+                min=1,
+                max=2,
+            ),
+        ] = 1,
     ) -> None:
         """Issue #16: per-key migration (fifo, backlog order) vs whole-PE and scaling.
 
         Every key of one partition moves: key by key (fifo or backlog order, in waves or
-        all at once, with or without a precopy), or the whole partition (a handover, and the
-        thesis's pause-and-move procedure); or the element scales from two partitions to
-        three. Uniform and Zipf traffic.
+        all at once, with or without a precopy), as a key group, or the whole partition (a
+        handover, and the thesis's pause-and-move procedure); or the element scales from
+        two partitions to three. Uniform and Zipf traffic; one input or two.
         """
         config = pam.PamConfig.quick() if quick else pam.PamConfig()
+        config = replace(config, inputs=inputs)
         if rate is not None:
             if not (math.isfinite(rate) and rate > 0):
                 raise BadBenchOption(

@@ -3,8 +3,8 @@
 A keyed, padded window aggregate runs as two partitions (``fog-a``, ``fog-b``) behind a
 rate-limited source on ``cloud``; its input has ``keys`` sensors, drawn uniformly or by a
 Zipf law, and every key carries ``state_kib`` of state. ``before_s`` after the output
-flows, every key of partition 0 moves to ``fog-b`` by one of five methods, or the element
-scales out (the sixth), in separate runs on fresh pipelines:
+flows, every key of partition 0 moves to ``fog-b`` by one of the methods below, or the
+element scales out, in separate runs on fresh pipelines:
 
 * ``whole``: partition 0 is live-migrated to ``fog-b`` (handover, make-before-break);
 * ``literal``: the same by the thesis's procedure (pause, state, invoke, finalize): the
@@ -21,7 +21,16 @@ scales out (the sixth), in separate runs on fresh pipelines:
 * ``scale``: not those keys, but ``fogshift scale`` from two partitions to three (the third on
   ``cloud``): every key whose partition of three differs from its partition of two moves,
   at the rescale record;
-* ``scale-waves``: the same in waves ahead of the rescale record (``scale --waves``).
+* ``scale-waves``: the same in waves ahead of the rescale record (``scale --waves``);
+* ``group``: key group 0 of 2 (``migrate --key-group 0/2``: partition 0's keys, now and
+  later) to ``fog-b``, backlog order: the keys holding state go ahead in waves (as
+  ``backlog``), then the group's own record, a *listed* move stored in each input in turn,
+  moves the keys seen since and every later one.
+
+With ``inputs`` 2 the partitioned PE reads two sources on ``cloud`` (``a`` and ``b``, each
+at half the rate, the same keys in both) and is a tally (:class:`~fogshift.bench.padded.
+PaddedTally`): each key's events numbered as processed, so exactly-once is checked from the
+output and the inputs alone; every move and rescale record is stored in both inputs.
 
 Latency is measured from the broker's own timestamps, per event: when the partition's
 output record was stored minus when its input event was stored (one clock, no sink in the
@@ -36,7 +45,8 @@ events output from the move until stable, less the steady p99), and the output t
 before, during (from the move until stable, at least two triggers), after, and over the
 operation (from the move until it answered or, if later, until stable; at least two
 triggers). Every run's
-sink output is compared per key with the reference.
+sink output is compared per key with the reference (with two inputs: the tally's output
+with both inputs, see :func:`~fogshift.bench.padded.tally_problems`).
 """
 
 from __future__ import annotations
@@ -65,7 +75,7 @@ from fogshift.bench.base import (
 )
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.bench.exceptions import BadBenchOption, BenchError
-from fogshift.bench.padded import aggregate_element
+from fogshift.bench.padded import aggregate_element, tally_element, tally_problems
 from fogshift.bench.workload import INPUT, OUTPUT, InputFeeder, wait_rows
 from fogshift.broker.client import BrokerAddress, SyncJetStream, get_range, last_seq
 from fogshift.broker.naming import data_subject, stream_name
@@ -79,7 +89,13 @@ NAME = "pam"
 EDGE, FIRST, SECOND = "cloud", "fog-a", "fog-b"
 #: How the input's keys are drawn.
 TRAFFICS = ("uniform", "zipf")
-METHODS = ("whole", "literal", "fifo", "backlog", "at-once", "precopy", "scale", "scale-waves")
+METHODS = ("whole", "literal", "fifo", "backlog", "at-once", "precopy", "scale", "scale-waves",
+           "group")  # fmt: skip
+#: The key-group methods: the group's order (the group is partition 0's keys, 0/2).
+GROUP_METHODS = {"group": "backlog"}
+#: How many inputs the partitioned PE may read; their names with two.
+INPUTS = (1, 2)
+TWO_INPUTS = ("a", "b")
 #: The scale methods: whether the keys move ahead of the rescale in waves.
 SCALE_METHODS = {"scale": False, "scale-waves": True}
 #: The key-move methods: (order, precopy, every key in one wave).
@@ -93,7 +109,7 @@ KEY_METHODS = {
 WHOLE_MODES = {"whole": "handover", "literal": "literal"}
 
 RUN_FIELDS = (
-    "run", "method", "traffic", "keys", "state_kib", "rate", "events", "moved_keys",
+    "run", "method", "traffic", "keys", "state_kib", "rate", "inputs", "events", "moved_keys",
     "moved_at", "done_at", "op_ms", "waves", "precopy_ms", "precopy_bytes", "state_bytes",
     "steady_p50_ms", "steady_p99_ms", "stoppage_p50_ms", "stoppage_max_ms", "stable_ms",
     "late_disturbed", "during_p99_ms",
@@ -121,6 +137,9 @@ class PamConfig(ClusterRunConfig):
         link: A link profile (``fogshift up --link``, e.g. ``10mbit,n0``) for both fog
             nodes, each then isolated behind its own link to the broker and the other nodes,
             as fog nodes are (PAM's setting); ``None``: no isolation.
+        inputs: The partitioned PE's inputs: 1 (the padded window aggregate behind one
+            source) or 2 (a padded tally behind two sources of ``rate / 2`` each, the same
+            keys in both).
     """
 
     keys: tuple[int, ...] = (10, 100, 1000)
@@ -136,10 +155,20 @@ class PamConfig(ClusterRunConfig):
     timeout_s: float = 600.0
     seed: int = 16
     link: str | None = None
+    inputs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.inputs not in INPUTS:
+            raise BadBenchOption(
+                "bench pam: the partitioned PE reads one or two inputs",
+                expected=" or ".join(map(str, INPUTS)),
+                received=str(self.inputs),
+                hint="--inputs 1 or --inputs 2",
+            )
 
     @classmethod
     def quick(cls) -> PamConfig:
-        """20 keys of 1 and 64 KiB, both traffics, every method: 20 runs."""
+        """20 keys of 1 and 64 KiB, both traffics, every method: 36 runs."""
         return cls(keys=(20,), state_kib=(1, 64), before_s=12.0, after_s=12.0)
 
 
@@ -161,16 +190,30 @@ class KeyedFeeder(InputFeeder):
         return self._random.choices(self._keys, weights=self._weights)[0]
 
 
-def write_spec(work: Path, name: str, rate: float, pad_bytes: int) -> Path:
-    """The spec: source on cloud -> padded keyed aggregate in two partitions -> sink."""
-    aggregate = aggregate_element(FIRST, pad_bytes)
-    del aggregate["node"]
+def input_files(inputs: int) -> dict[str, str]:
+    """Each source's input file (relative to the run's folder), by source id."""
+    return {"source": INPUT} if inputs == 1 else {n: f"{n}.csv" for n in TWO_INPUTS}
+
+
+def write_spec(work: Path, name: str, rate: float, pad_bytes: int, inputs: int = 1) -> Path:
+    """The spec: source on cloud -> padded keyed aggregate in two partitions -> sink; with
+    two ``inputs``, sources ``a`` and ``b`` (``rate`` / 2 each) -> padded tally -> sink."""
+    files = input_files(inputs)
+    if inputs == 1:
+        aggregate = aggregate_element(FIRST, pad_bytes)
+        del aggregate["node"]
+    else:
+        aggregate = tally_element(list(files), pad_bytes)
     aggregate.update(partitions=[FIRST, SECOND], key_by="sensor")
+    sources = [
+        {"id": source, "kind": "csv-source", "node": EDGE,
+         "options": {"path": path, "rate": rate / inputs}}
+        for source, path in files.items()
+    ]  # fmt: skip
     spec = {
         "pipeline": name,
         "elements": [
-            {"id": "source", "kind": "csv-source", "node": EDGE,
-             "options": {"path": INPUT, "rate": rate}},
+            *sources,
             aggregate,
             {"id": "sink", "kind": "csv-sink", "node": EDGE, "inputs": ["aggregate"],
              "options": {"path": OUTPUT}},
@@ -255,11 +298,16 @@ def _one(
 ) -> dict[str, Any]:  # fmt: skip
     name = f"pam-{method}-{traffic}-{keys}k-{kib}kib-{index + 1}"
     row: dict[str, Any] = {"run": name, "method": method, "traffic": traffic, "keys": keys,
-                           "state_kib": kib, "rate": config.rate, "consistent": False}  # fmt: skip
+                           "state_kib": kib, "rate": config.rate, "inputs": config.inputs,
+                           "consistent": False}  # fmt: skip
     work = cluster.home / "runs" / name
-    feeder = KeyedFeeder(work / INPUT, config.rate, keys, traffic, config.zipf_s,
-                         config.seed * 1000 + index)  # fmt: skip
-    spec = write_spec(work, name, config.rate, kib * 1024)
+    files = input_files(config.inputs)
+    feeders = [
+        KeyedFeeder(work / path, config.rate / config.inputs, keys, traffic, config.zipf_s,
+                    (config.seed * 1000 + index) * len(files) + n)
+        for n, path in enumerate(files.values())
+    ]  # fmt: skip
+    spec = write_spec(work, name, config.rate, kib * 1024, config.inputs)
     moving = [f"s{k}" for k in range(keys) if partition_of_key(f"s{k}", 2) == 0]
     if method in SCALE_METHODS:
         moving = [
@@ -268,7 +316,8 @@ def _one(
         ]  # fmt: skip
     row["moved_keys"] = len(moving)
     try:
-        feeder.start()
+        for feeder in feeders:
+            feeder.start()
         cluster.cli("deploy", str(spec))
         if wait_rows(cluster, name, 1, config.timeout_s) < 1:
             raise FogshiftError(f"{name}: no output in {config.timeout_s:.0f} s")
@@ -291,6 +340,15 @@ def _one(
             row["waves"] = len(report.get("waves") or [])
             if report.get("status") != "moved":
                 raise FogshiftError(f"{name}: the scale ended {report.get('status')}")
+        elif method in GROUP_METHODS:
+            with orchestrator_client(cluster.home, timeout_s=900) as client:
+                report = client.post(f"/pipelines/{name}/elements/aggregate/keys/migrate",
+                                     json={"group": "0/2", "target": SECOND,
+                                           "order": GROUP_METHODS[method]})  # fmt: skip
+            row["op_ms"] = report.get("done_ms")
+            row["waves"] = len(report.get("waves") or [])
+            if report.get("status") != "moved":
+                raise FogshiftError(f"{name}: the key group's move ended {report.get('status')}")
         else:
             order, precopy, at_once = KEY_METHODS[method]
             body: dict[str, Any] = {"keys": moving, "target": SECOND, "order": order,
@@ -310,16 +368,21 @@ def _one(
         row["done_at"] = round(done_at, 3)
         row["state_bytes"] = report.get("state_bytes")
         time.sleep(max(0.0, moved_at + config.after_s - time.time()))
-        row["events"] = feeder.finish()
-        verdict = _verdict(cluster, name, work, config.timeout_s)
+        row["events"] = sum(feeder.finish() for feeder in feeders)
+        if config.inputs == 1:
+            verdict = _verdict(cluster, name, work, config.timeout_s)
+        else:
+            sent = dict(zip(files, (feeder.rows for feeder in feeders), strict=True))
+            verdict = _tally_verdict(cluster, name, sent, config.timeout_s)
         row.update(consistent=verdict.consistent, problems="; ".join(verdict.problems) or None)
-        points = _points(cluster, name)
+        points = _points(cluster, name, list(files))
         row.update(figures(points, moved_at, done_at, set(moving), config.before_s / 2,
                            2 * config.trigger_ms / 1000))  # fmt: skip
     except FogshiftError as exc:
         row["error"] = exc.message
     finally:
-        feeder.finish()
+        for feeder in feeders:
+            feeder.finish()
         cluster.cli("stop", name, check=False)
     return row
 
@@ -421,9 +484,54 @@ def _verdict(cluster: BenchCluster, name: str, work: Path, timeout_s: float) -> 
     return result
 
 
-def _points(cluster: BenchCluster, name: str) -> list[Point]:
-    """Every output record of the partitions with its input event's store time, from the
-    broker's timestamps (one clock)."""
+def _tally_verdict(cluster: BenchCluster, name: str, sent: dict[str, int], timeout_s: float) -> Any:
+    """A two-input run's output against its inputs, as the broker holds both
+    (:func:`~fogshift.bench.padded.tally_problems`: each key numbered 1..N, each event once,
+    each input's in its order), once the sink wrote a line per event, which must number each
+    key's lines 1..N too. ``sent``: the rows written to each source's file, which its stream
+    must hold as its events 1..n, each once."""
+    import pandas as pd
+
+    from fogshift.verify.reference import Verdict
+
+    events = sum(sent.values())
+    written = wait_rows(cluster, name, events, timeout_s, stall_s=120)
+    time.sleep(1.0)  # a duplicate would show within a batch
+    streams = _records(cluster, name, [*sent, *_partitions(cluster, name)])
+    problems: list[str] = []
+    try:
+        inputs: dict[str, list[tuple[int, str]]] = {}  # (by creator: the tally's src)
+        for source, rows in sent.items():
+            got = [(str(r["creator"]), int(r["seq"]), str(json.loads(r["body"])["sensor"]))
+                   for _, r in streams[source]]  # fmt: skip
+            if [(c, q) for c, q, _ in got] != [(source, q) for q in range(1, rows + 1)]:
+                problems.append(f"source {source} sent {len(got)} events, not its {rows} rows")
+            inputs[source] = [(q, key) for _, q, key in got]
+        outputs = [json.loads(r["body"]) for pe, got in streams.items() if pe not in sent
+                   for _, r in got]  # fmt: skip
+        problems += tally_problems(inputs, outputs)
+        if written != events:
+            problems.insert(0, f"the sink wrote {written} rows for {events} events")
+        else:
+            sink = pd.read_csv(cluster.home / "runs" / name / OUTPUT, dtype={"sensor": str})
+            if any(list(g["n"]) != list(range(1, len(g) + 1)) for _, g in sink.groupby("sensor")):
+                problems.append("the sink's lines of a key are not numbered 1..N in order")
+    except (KeyError, TypeError, ValueError) as exc:  # (a record not as written: a failed run)
+        problems.append(f"unreadable output or input: {type(exc).__name__}: {exc}")
+        outputs = []
+    return Verdict(not problems, events, len(outputs), problems)
+
+
+def _partitions(cluster: BenchCluster, name: str) -> list[str]:
+    """The partitions of the element (``aggregate-p<i>``) as the pipeline has them now."""
+    pes = [e["element"] for e in cluster.json("status", name)["elements"]]
+    return [pe for pe in pes if pe.startswith("aggregate-p")]
+
+
+def _records(
+    cluster: BenchCluster, name: str, pes: list[str]
+) -> dict[str, list[tuple[float, dict[str, Any]]]]:
+    """Each of ``pes``' data records as stored: ``(store time, record)`` in stream order."""
     client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
     try:
 
@@ -433,21 +541,32 @@ def _points(cluster: BenchCluster, name: str) -> list[Point]:
                 js, stream, data_subject(name, pe), 0, await last_seq(js, stream)
             )
 
-        came = {
-            json.loads(m.data)["seq"]: m.stored_at
-            for m in client.run(partial(read, pe="source"), timeout=300)
-        }
-        points: list[Point] = []
-        pes = [e["element"] for e in cluster.json("status", name)["elements"]]
-        for pe in (p for p in pes if p.startswith("aggregate-p")):
-            for message in client.run(partial(read, pe=pe), timeout=300):
-                record = json.loads(message.data)
-                stored = came.get(record["seq"])
-                if stored is not None:
-                    key = str(json.loads(record["body"]).get("sensor"))
-                    points.append(Point(stored, message.stored_at, key))
+        return {
+            pe: [(m.stored_at, json.loads(m.data)) for m in client.run(partial(read, pe=pe),
+                                                                        timeout=300)]
+            for pe in pes
+        }  # fmt: skip
     finally:
         client.close()
+
+
+def _points(cluster: BenchCluster, name: str, sources: list[str]) -> list[Point]:
+    """Every output record of the partitions with its input event's store time, from the
+    broker's timestamps (one clock): the input event is the one of the record's ``seq``
+    with one source, of its body's ``src`` and ``src_seq`` with several (a tally's)."""
+    parts = _partitions(cluster, name)
+    streams = _records(cluster, name, [*sources, *parts])
+    came = {(source if len(sources) == 1 else str(r["creator"]), int(r["seq"])): stored
+            for source in sources for stored, r in streams[source]}  # fmt: skip
+    points: list[Point] = []
+    for pe in parts:
+        for stored_at, record in streams[pe]:
+            body = json.loads(record["body"])
+            event = (sources[0], int(record["seq"])) if len(sources) == 1 else (
+                str(body.get("src")), int(body.get("src_seq", 0)))  # fmt: skip
+            stored = came.get(event)
+            if stored is not None:
+                points.append(Point(stored, stored_at, str(body.get("sensor"))))
     return points
 
 
@@ -558,7 +677,8 @@ def section(folder: Path) -> str | None:
     rows = read_rows(folder / "runs.csv")
     if not rows:
         return None
-    link = read_notes(folder)["settings"].get("link")
+    settings = read_notes(folder)["settings"]
+    link, inputs = settings.get("link"), int(settings.get("inputs") or 1)
     groups: dict[tuple[str, str, str, str, str], list[dict[str, str]]] = {}
     for row in rows:
         groups.setdefault(
@@ -577,7 +697,18 @@ def section(folder: Path) -> str | None:
         "partition 0 kept the keys (precopy: only what changed since travels at the move); "
         "or (scale) the element goes from two partitions to three (the third "
         "on cloud) and every key whose partition changes moves (at the rescale record, or "
-        "with scale-waves in waves ahead of it). Latency per event from the "
+        "with scale-waves in waves ahead of it), or key group 0 of 2 (partition 0's keys) "
+        "moves (group: its keys holding state in backlog waves, then the group's record, "
+        "stored in each input, with the keys seen since and every later one). "
+        + (
+            "The partitioned PE reads two inputs (sources a and b, each at half the rate "
+            "below, the same keys in both): a tally numbering each key's events, every move "
+            "and rescale stored in both inputs, exactly-once checked from its output and "
+            "the inputs. "
+            if inputs == 2
+            else ""
+        )
+        + "Latency per event from the "
         "broker's timestamps (output stored - input stored); stoppage: per moved key, "
         "the largest latency of its events output from the move on and input before the "
         "operation ended, less the steady p50 (median over keys / max); stable: from the move "

@@ -27,6 +27,7 @@ from fogshift.bench.base import (
 from fogshift.bench.cluster import ClusterOptions, _rtts, delay_of
 from fogshift.bench.commands import register
 from fogshift.bench.exceptions import BadBenchOption
+from fogshift.bench.padded import PaddedTally, tally_problems
 from fogshift.bench.seamless import _bins, _round_down
 from fogshift.bench.workload import HEADER, InputFeeder
 from fogshift.checkpoint.central import CentralStore
@@ -392,6 +393,73 @@ def test_pam_traffic_is_uniform_or_skewed_as_asked(tmp_path: Path) -> None:
         sensors = [line.split(",")[1] for line in lines[1:]]
         counts[traffic] = max(sensors.count(f"s{k}") for k in range(20)) / len(sensors)
     assert counts["uniform"] < 0.1 < 0.25 < counts["zipf"]
+
+
+def test_pam_with_two_inputs_is_a_valid_spec_of_a_tally_behind_two_sources(
+    tmp_path: Path,
+) -> None:
+    from fogshift.spec.loader import load_spec
+
+    for path in (*pam.input_files(2).values(), *pam.input_files(1).values()):
+        (tmp_path / path).write_text(HEADER + "\n")  # (the feeders write them first)
+    spec = load_spec(pam.write_spec(tmp_path, "duo", 100.0, 2048, inputs=2),
+                     nodes=[pam.EDGE, pam.FIRST, pam.SECOND])  # fmt: skip
+    sources = {e.id: e for e in spec.elements if e.kind == "csv-source"}
+    assert {n: Path(e.options["path"]) for n, e in sources.items()} == {
+        n: tmp_path / path for n, path in pam.input_files(2).items()
+    }
+    assert all(e.options["rate"] == 50.0 for e in sources.values())  # half each
+    parts = spec.partitions_of("aggregate")
+    assert [p.node for p in parts] == [pam.FIRST, pam.SECOND]
+    assert all(p.inputs == ("a", "b") and p.key_by == "sensor" for p in parts)
+    one = load_spec(pam.write_spec(tmp_path, "one", 100.0, 0), nodes=[pam.EDGE, pam.FIRST,
+                                                                      pam.SECOND])  # fmt: skip
+    assert [e.id for e in one.elements if e.kind == "csv-source"] == ["source"]
+    with pytest.raises(BadBenchOption, match="one or two inputs"):
+        pam.PamConfig(inputs=3)
+    app = typer.Typer()
+    register(app)
+    refused = CliRunner().invoke(app, ["pam", "--out", "x", "--inputs", "3"])
+    assert refused.exit_code == 2 and "--inputs" in refused.output, refused.output
+
+
+def test_a_tally_numbers_each_keys_events_and_carries_its_padding() -> None:
+    from fogshift.events import Event
+
+    tally = PaddedTally.build({"pad_bytes": 300}, "t-p0", None)
+    assert len(tally.padding) == 300
+    outs = [tally.process(Event(seq, 0.0, src, {"sensor": "s1"})) for src, seq in
+            (("a", 4), ("b", 2), ("a", 9))]  # fmt: skip
+    assert [(o["n"], o["src"], o["src_seq"]) for o in outs] == [(1, "a", 4), (2, "b", 2),
+                                                                  (3, "a", 9)]  # fmt: skip
+    again = PaddedTally.build({"pad_bytes": 300}, "t-p1", tally.snapshot())
+    assert again.process(Event(10, 0.0, "a", {"sensor": "s1"}))["n"] == 4
+    assert again.padding == tally.padding  # the same noise: a key's state moves whole
+
+
+def test_tally_problems_find_every_way_a_key_can_go_wrong() -> None:
+    inputs = {"a": [(1, "s0"), (2, "s1"), (3, "s0")], "b": [(1, "s0"), (2, "s1")]}
+
+    def out(key: str, n: int, src: str, seq: int) -> dict[str, Any]:
+        return {"sensor": key, "n": n, "src": src, "src_seq": seq}
+
+    good = [out("s0", 1, "a", 1), out("s0", 2, "b", 1), out("s0", 3, "a", 3),
+            out("s1", 1, "b", 2), out("s1", 2, "a", 2)]  # fmt: skip
+    assert tally_problems(inputs, good) == []
+    assert tally_problems(inputs, list(reversed(good))) == []  # partitions interleave
+    # A state lost at a move: the key's numbers start again.
+    restarted = [*good[:2], out("s0", 1, "a", 3), *good[3:]]
+    assert "numbered" in " ".join(tally_problems(inputs, restarted))
+    # An event lost, or one output twice (renumbered by a state that took it twice).
+    lost = [o for o in good if o != good[2]]
+    assert "1 events missing" in " ".join(tally_problems(inputs, lost))
+    twice = [*good, out("s0", 4, "a", 3)]
+    assert "repeated" in " ".join(tally_problems(inputs, twice))
+    # One input's events of a key processed out of that input's order.
+    swapped = [out("s0", 1, "a", 3), out("s0", 2, "b", 1), out("s0", 3, "a", 1), *good[3:]]
+    assert "out of their order" in " ".join(tally_problems(inputs, swapped))
+    # A key never output.
+    assert "differ from input" in " ".join(tally_problems(inputs, good[:3]))
 
 
 def test_e1_takes_a_wait_range() -> None:
