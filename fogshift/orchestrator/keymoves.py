@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -112,6 +113,9 @@ MAX_GROUPS = 4096
 APPEND_TRIES = 50
 #: A listed move's largest record (a broker message takes at most ~1 MiB).
 MAX_RECORD_BYTES = 900 * 1024
+#: How many partitions' state stores are listed at once (:meth:`KeyMoves._listed_keys`):
+#: each listing is a Spark job on the partition's node.
+LIST_AT_ONCE = 16
 #: A listed move left in some inputs only is listed again from where its last record's scan
 #: ended while that leaves at most this many messages to scan, none trimmed meanwhile; else
 #: from the partitions' state stores, as a fresh one is (an orchestrator back after hours:
@@ -861,19 +865,40 @@ class KeyMoves(Standbys):
         self, pipeline: str, parts: list[ElementSpec]
     ) -> tuple[set[str], dict[str, int]]:
         """The keys in every partition's state store as of its newest committed batch, and
-        for each of the partitions' inputs the oldest position those batches end at."""
-        record = self.pipeline(pipeline)
-        held: set[str] = set()
-        since: dict[str, int] = {}
-        for part in parts:
-            node = record.placement.get(part.id, part.node)
+        for each of the partitions' inputs the oldest position those batches end at.
+
+        Every partition's node is asked at once: each answers from a state-reader job in
+        its Spark session, which takes a second or more beside a busy query, and a key
+        group's move or a rescale waits for them all.
+
+        Raises:
+            FogshiftError: A partition's node did not answer (the first such failure).
+        """
+        record, started = self.pipeline(pipeline), time.monotonic()
+
+        took: dict[str, float] = {}
+
+        def ask(part: ElementSpec) -> StateKeys:
+            node, began = record.placement.get(part.id, part.node), time.monotonic()
             path = f"/pipelines/{pipeline}/elements/{part.id}/keys"
             answer = self.agent(node).call(StateKeys, "GET", path, timeout=120)
+            took[part.id] = _ms_since(began)
+            return answer
+
+        workers = max(1, min(len(parts), LIST_AT_ONCE))
+        with ThreadPoolExecutor(workers, thread_name_prefix="list-keys") as pool:
+            answers = list(pool.map(ask, parts))
+        held: set[str] = set()
+        since: dict[str, int] = {}
+        for part, answer in zip(parts, answers, strict=True):
             held.update(answer.keys)
             for name in part.inputs:
                 start = part.partition.since_of(name) if part.partition is not None else 0
                 position = int(answer.positions.get(name, start))
                 since[name] = min(since.get(name, position), position)
+        log.info("listed %d keys in the state stores of %s's partitions in %.0f ms (%s)",
+                 len(held), pipeline, _ms_since(started),
+                 ", ".join(f"{pe} {ms:.0f} ms" for pe, ms in sorted(took.items())))  # fmt: skip
         return held, since
 
     def _append_listed(

@@ -462,3 +462,37 @@ def test_a_scale_in_whose_fence_fails_discards_nothing_still_placed(
     (discarded,) = agents["fog-b"].received("DELETE", retiring)
     assert discarded.query == {"discard": "true"}, discarded
     assert [p.id for p in _parts(orch)] == ["aggregate-p0"]
+
+
+def test_the_partitions_state_stores_are_listed_at_once(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """A key group's move or a rescale lists the keys in every partition's state store (a
+    state-reader job in each node's Spark session: a second or more beside a busy query):
+    every node is asked before any has answered."""
+    import threading
+
+    from fogshift.common.waiting import wait_until
+
+    _beat(orch, agents)
+    paths = {}
+    for node, pe, keys, position in (("fog-a", "aggregate-p0", ["s1", "s2"], 40),
+                                     ("fog-b", "aggregate-p1", ["s2", "s3"], 25)):  # fmt: skip
+        paths[node] = f"/pipelines/p/elements/{pe}/keys"
+        agents[node].answer("GET", paths[node], body={
+            "pipeline": "p", "element": pe, "node": node, "batch": 3,
+            "positions": {"source": position}, "keys": keys,
+        })  # fmt: skip
+    came, release = agents["fog-a"].hold("GET", paths["fog-a"])
+    listed: list[Any] = []
+    asking = threading.Thread(target=lambda: listed.append(orch._listed_keys("p", _parts(orch))))
+    asking.start()
+    try:
+        assert came.wait(10), "fog-a was not asked"
+        wait_until(lambda: agents["fog-b"].received("GET", paths["fog-b"]), 10,
+                   describe="fog-b asked while fog-a's answer is held")  # fmt: skip
+    finally:
+        release.set()
+        asking.join(30)
+    # The union of the keys, and each input from the oldest position the batches end at.
+    assert listed == [({"s1", "s2", "s3"}, {"source": 25})]
