@@ -872,7 +872,8 @@ class KeyMoves(Standbys):
         group's move or a rescale waits for them all.
 
         Raises:
-            FogshiftError: A partition's node did not answer (the first such failure).
+            FogshiftError: A partition's node did not answer: the failure of the first such
+                partition in ``parts``' order, once every request has ended.
         """
         record, started = self.pipeline(pipeline), time.monotonic()
 

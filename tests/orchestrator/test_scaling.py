@@ -485,7 +485,14 @@ def test_the_partitions_state_stores_are_listed_at_once(
         })  # fmt: skip
     came, release = agents["fog-a"].hold("GET", paths["fog-a"])
     listed: list[Any] = []
-    asking = threading.Thread(target=lambda: listed.append(orch._listed_keys("p", _parts(orch))))
+
+    def ask() -> None:
+        try:
+            listed.append(orch._listed_keys("p", _parts(orch)))
+        except Exception as exc:  # (shown by the assertion below, not lost in a thread)
+            listed.append(exc)
+
+    asking = threading.Thread(target=ask, daemon=True)
     asking.start()
     try:
         assert came.wait(10), "fog-a was not asked"
