@@ -291,7 +291,7 @@ def test_the_committed_handover_run_renders_with_a_colour_per_mode(tmp_path: Pat
 def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> None:
     log = RunLog(tmp_path / "pam" / "runs.csv", pam.RUN_FIELDS)
     for method, stall in (("whole", 900.0), ("literal", 2000.0), ("backlog", 40.0),
-                          ("backlog", 60.0), ("precopy", 20.0)):  # fmt: skip
+                          ("backlog", 60.0), ("precopy", 20.0), ("group", 100.0)):  # fmt: skip
         log.append(
             {"run": f"r-{method}-{stall}", "method": method, "traffic": "zipf", "keys": 20,
              "state_kib": 64, "rate": 1500.0, "consistent": True,
@@ -309,21 +309,22 @@ def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> N
     text = pam.section(tmp_path / "pam") or ""
     assert "fog-a and fog-b each behind a link of 10mbit,n0" in text
     rows = [line for line in text.splitlines() if line.startswith("| 20 |")]
-    # One row per method, in the order whole, literal, fifo, backlog, precopy; means over the
-    # good runs only.
-    assert [r.split("|")[5].strip() for r in rows[:5]] == [
-        "whole", "literal", "fifo", "backlog", "precopy"
+    # One row per method, in the order whole, literal, fifo, backlog, precopy, group; means
+    # over the good runs only.
+    assert [r.split("|")[5].strip() for r in rows[:6]] == [
+        "whole", "literal", "fifo", "backlog", "precopy", "group"
     ]  # fmt: skip
     assert "| 2/2 | 25 / 50 | 500 (2/2) |" in rows[3] and "| 97 | 1,000 |" in rows[3]
     # Runs disturbed at all: a stable time above 0 (none recorded: not disturbed).
     assert pam._disturbed([{"stable_ms": "0"}, {"stable_ms": "12.5"}, {"stable_ms": ""}]) == 1
     assert "| 0/1 |" in rows[2]
     assert "broken (key s3: 1 seq missing)" in text
-    # Key moves' stable time against moving the whole partition: 500 ms (backlog) and
-    # 200 ms (precopy) vs 20,000 ms (literal) and 9,000 ms (whole).
-    assert rows[5] == (
-        "| 20 | 64 | zipf | 1,500 | 20,000 / 9,000 / 500 / 200 | 98 % / 99 % | 94 % / 98 % |"
-    ), rows[5]
+    # Key moves' stable time against moving the whole partition: 500 ms (backlog), 200 ms
+    # (precopy) and 1,000 ms (group) vs 20,000 ms (literal) and 9,000 ms (whole).
+    assert rows[6] == (
+        "| 20 | 64 | zipf | 1,500 | 20,000 / 9,000 / 500 / 200 / 1,000 | 98 % / 99 % / 95 % "
+        "| 94 % / 98 % / 89 % |"
+    ), rows[6]
 
 
 def _point(t_in: float, ms: float, key: str = "k") -> pam.Point:
