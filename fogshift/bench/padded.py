@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import random
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -27,6 +27,8 @@ PADDED_CLASS = "fogshift.bench.padded:PaddedWindowAggregate"
 TALLY_CLASS = "fogshift.bench.padded:PaddedTally"
 #: The most padding a PE carries per key (bytes).
 MAX_PAD_BYTES = 512 * 1024 * 1024
+#: A PE's ``pad_bytes`` option: the state it carries (per key, if keyed), in bytes.
+PadBytes = Annotated[int, Field(ge=0, le=MAX_PAD_BYTES)]
 
 
 def _noise(size: int) -> str:
@@ -38,7 +40,7 @@ def _noise(size: int) -> str:
 class PaddedOptions(WindowAggregateOptions):
     """``window-aggregate``'s options and ``pad_bytes``, the state added (bytes)."""
 
-    pad_bytes: int = Field(default=0, ge=0, le=MAX_PAD_BYTES)
+    pad_bytes: PadBytes = 0
 
 
 class PaddedWindowAggregate(WindowAggregate):
@@ -56,7 +58,7 @@ class PaddedWindowAggregate(WindowAggregate):
 class TallyOptions(KindOptions):
     """Options of :class:`PaddedTally`: ``pad_bytes``, the state carried per key (bytes)."""
 
-    pad_bytes: int = Field(default=0, ge=0, le=MAX_PAD_BYTES)
+    pad_bytes: PadBytes = 0
 
 
 class PaddedTally(Processor):

@@ -107,8 +107,6 @@ KEY_METHODS = {
 }
 #: How the ``whole`` and ``literal`` methods migrate partition 0.
 WHOLE_MODES = {"whole": "handover", "literal": "literal"}
-#: The order :func:`_sooner` gives their stable times in.
-WHOLE_MODES_ORDER = ("literal", "whole")
 
 RUN_FIELDS = (
     "run", "method", "traffic", "keys", "state_kib", "rate", "inputs", "events", "moved_keys",
@@ -371,13 +369,14 @@ def _one(
         row["state_bytes"] = report.get("state_bytes")
         time.sleep(max(0.0, moved_at + config.after_s - time.time()))
         row["events"] = sum(feeder.finish() for feeder in feeders)
+        streams: Records | None = None  # (read by the check with two inputs: read once)
         if config.inputs == 1:
             verdict = _verdict(cluster, name, work, config.timeout_s)
         else:
             sent = dict(zip(files, (feeder.rows for feeder in feeders), strict=True))
-            verdict = _tally_verdict(cluster, name, sent, config.timeout_s)
+            verdict, streams = _tally_verdict(cluster, name, sent, config.timeout_s)
         row.update(consistent=verdict.consistent, problems="; ".join(verdict.problems) or None)
-        points = _points(cluster, name, list(files))
+        points = _points(cluster, name, list(files), streams)
         row.update(figures(points, moved_at, done_at, set(moving), config.before_s / 2,
                            2 * config.trigger_ms / 1000))  # fmt: skip
     except FogshiftError as exc:
@@ -486,12 +485,18 @@ def _verdict(cluster: BenchCluster, name: str, work: Path, timeout_s: float) -> 
     return result
 
 
-def _tally_verdict(cluster: BenchCluster, name: str, sent: dict[str, int], timeout_s: float) -> Any:
+def _tally_verdict(
+    cluster: BenchCluster, name: str, sent: dict[str, int], timeout_s: float
+) -> tuple[Any, Records]:
     """A two-input run's output against its inputs, as the broker holds both
     (:func:`~fogshift.bench.padded.tally_problems`: each key numbered 1..N, each event once,
     each input's in its order), once the sink wrote a line per event, which must number each
     key's lines 1..N too. ``sent``: the rows written to each source's file, which its stream
-    must hold as its events 1..n, each once."""
+    must hold as its events 1..n, each once.
+
+    Returns:
+        The verdict, and the sources' and partitions' records it read (:func:`_records`).
+    """
     import pandas as pd
 
     from fogshift.verify.reference import Verdict
@@ -521,7 +526,7 @@ def _tally_verdict(cluster: BenchCluster, name: str, sent: dict[str, int], timeo
     except (KeyError, TypeError, ValueError) as exc:  # (a record not as written: a failed run)
         problems.append(f"unreadable output or input: {type(exc).__name__}: {exc}")
         outputs = []
-    return Verdict(not problems, events, len(outputs), problems)
+    return Verdict(not problems, events, len(outputs), problems), streams
 
 
 def _partitions(cluster: BenchCluster, name: str) -> list[str]:
@@ -530,9 +535,11 @@ def _partitions(cluster: BenchCluster, name: str) -> list[str]:
     return [pe for pe in pes if pe.startswith("aggregate-p")]
 
 
-def _records(
-    cluster: BenchCluster, name: str, pes: list[str]
-) -> dict[str, list[tuple[float, dict[str, Any]]]]:
+#: Records of PEs' streams by PE: ``(store time, record)`` in stream order.
+Records = dict[str, list[tuple[float, dict[str, Any]]]]
+
+
+def _records(cluster: BenchCluster, name: str, pes: list[str]) -> Records:
     """Each of ``pes``' data records as stored: ``(store time, record)`` in stream order."""
     client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
     try:
@@ -552,12 +559,16 @@ def _records(
         client.close()
 
 
-def _points(cluster: BenchCluster, name: str, sources: list[str]) -> list[Point]:
+def _points(
+    cluster: BenchCluster, name: str, sources: list[str], streams: Records | None = None
+) -> list[Point]:
     """Every output record of the partitions with its input event's store time, from the
     broker's timestamps (one clock): the input event is the one of the record's ``seq``
-    with one source, of its body's ``src`` and ``src_seq`` with several (a tally's)."""
+    with one source, of its body's ``src`` and ``src_seq`` with several (a tally's).
+    ``streams``: the sources' and partitions' records if read already."""
     parts = _partitions(cluster, name)
-    streams = _records(cluster, name, [*sources, *parts])
+    if streams is None:
+        streams = _records(cluster, name, [*sources, *parts])
     came = {(source if len(sources) == 1 else str(r["creator"]), int(r["seq"])): stored
             for source in sources for stored, r in streams[source]}  # fmt: skip
     points: list[Point] = []
@@ -823,7 +834,7 @@ def _sooner(groups: dict[tuple[str, str, str, str, str], list[dict[str, str]]]) 
                 for m in KEYED
             )  # fmt: skip
 
-        times = " / ".join(fmt(stable.get(m)) for m in (*WHOLE_MODES_ORDER, *KEYED))
+        times = " / ".join(fmt(stable.get(m)) for m in ("literal", "whole", *KEYED))
         lines.append(
             f"| {keys} | {kib} | {traffic} | {fmt(float(rate))} | {times} | "
             f"{sooner('literal')} | {sooner('whole')} |"
