@@ -1058,6 +1058,10 @@ class StateKeys(BaseModel):
         batch: The committed batch read (``None``: none committed yet, no keys).
         positions: The input positions that batch ends at (``{}`` with no batch).
         keys: The keys' texts, sorted.
+        sizes: Each key's stored JSON texts' length (its state fields; a key moving in
+            whose state has not come: its move's few bytes): about what its state
+            weighs when it moves, so a key group's move or a rescale
+            sizes its waves before sending any (``{}`` from an agent that does not say).
     """
 
     model_config = _WIRE
@@ -1068,6 +1072,7 @@ class StateKeys(BaseModel):
     batch: int | None
     positions: dict[str, int]
     keys: list[str]
+    sizes: dict[str, int] = Field(default_factory=dict)
 
 
 class StreamEvent(BaseModel):

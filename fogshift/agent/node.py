@@ -787,12 +787,12 @@ class NodeRuntime:
                 received=f"{pe!r}, kind {element.kind!r}, without key_by",
                 hint="`fogshift status PIPELINE` lists the elements and their kinds",
             )
-        batch, end, keys = read_keys(
+        batch, end, sizes = read_keys(
             self.spark, self.checkpoint_dir(pipeline, pe), cls.state_parts(), element.moves_keys
         )
         positions = {k: int(v) for k, v in ((end or {}).get("positions") or {}).items()}
         return StateKeys(pipeline=pipeline, element=pe, node=self.config.name, batch=batch,
-                         positions=positions, keys=keys)  # fmt: skip
+                         positions=positions, keys=list(sizes), sizes=sizes)  # fmt: skip
 
     # -- reporting --------------------------------------------------------------------------
 

@@ -24,7 +24,8 @@ element scales out, in separate runs on fresh pipelines:
 * ``scale-waves``: the same in waves ahead of the rescale record (``scale --waves``);
 * ``group``: key group 0 of 2 (``migrate --key-group 0/2``: partition 0's keys, now and
   later) to ``fog-b``, backlog order: the keys holding state go ahead in waves (as
-  ``backlog``), then the group's own record, a *listed* move stored in each input in turn,
+  ``backlog``, but sized from the first by the sizes the state stores' listing gave), then
+  the group's own record, a *listed* move stored in each input in turn,
   moves the keys seen since and every later one.
 
 With ``inputs`` 2 the partitioned PE reads two sources on ``cloud`` (``a`` and ``b``, each
@@ -711,8 +712,9 @@ def section(folder: Path) -> str | None:
         "or (scale) the element goes from two partitions to three (the third "
         "on cloud) and every key whose partition changes moves (at the rescale record, or "
         "with scale-waves in waves ahead of it), or key group 0 of 2 (partition 0's keys) "
-        "moves (group: its keys holding state in backlog waves, then the group's record, "
-        "stored in each input, with the keys seen since and every later one). "
+        "moves (group: its keys holding state in backlog waves sized by the state "
+        "stores' listing, then the group's record, stored in each input, with the keys "
+        "seen since and every later one; scale-waves' waves are sized so too). "
         + (
             "The partitioned PE reads two inputs (sources a and b, each at half the rate "
             "below, the same keys in both): a tally numbering each key's events, every move "

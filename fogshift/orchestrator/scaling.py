@@ -229,8 +229,9 @@ class Scaling(KeyMoves):
             except _STEP_FAILED as exc:  # (a partition's node away: the added ones run)
                 raise self._unfinished_scale(exc, pipeline, element_id, owners.count) from exc
             if waves:
-                report, ahead = self._ahead(pipeline, element_id, source, listed[0], partitions,
-                                            owners, timeout_s, report)  # fmt: skip
+                report, ahead = self._ahead(pipeline, element_id, source, listed.keys,
+                                            partitions, owners, timeout_s, report,
+                                            listed.sizes)  # fmt: skip
                 if report.status != KeyMoveStatus.MOVED:
                     return report
             # The same listing: the input scan from its batches covers what came during the
@@ -266,13 +267,15 @@ class Scaling(KeyMoves):
     def _ahead(
         self, pipeline: str, element_id: str, source: str, held: set[str], partitions: int,
         owners: Ownership, timeout_s: float, report: ScaleReport,
+        sizes: dict[str, int] | None = None,
     ) -> tuple[ScaleReport, dict[str, int]]:  # fmt: skip
         """Move the keys ``held`` in the partitions' state stores whose partition of
         ``partitions`` differs from their owner now to that partition, ahead of the
         rescale, in waves per partition (:meth:`~KeyMoves._move_waves`): so each stops
         only while its wave crosses, not all of them at the rescale. An added partition
         takes its keys by key moves too (it reads the input from before them, and owns no
-        key else before the rescale).
+        key else before the rescale). ``sizes``: the keys' state sizes as listed (the
+        waves are sized by them).
 
         Returns:
             ``report`` with the waves (``pending`` if a wave's states did not come: the
@@ -292,7 +295,7 @@ class Scaling(KeyMoves):
         for index, keys in sorted(targets.items()):
             settled, more, last = self._move_waves(pipeline, element_id, source, keys,
                                                    everyone[index], KeyOrder.BACKLOG,
-                                                   timeout_s, None)  # fmt: skip
+                                                   timeout_s, None, sizes=sizes)  # fmt: skip
             waves += more
             stoppage |= settled.stoppage_ms
             sent += settled.state_bytes

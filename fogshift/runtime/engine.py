@@ -82,6 +82,9 @@ NO_KEY = "none"
 OPAQUE_PART = "__snapshot__"
 #: ``creator`` of the rows of a movable partition that are not events (see ``_moving``).
 CONTROL_CREATORS = (KEY_MOVE_OUT, KEY_MOVE_IN, KEY_STATE, KEY_COPY_OUT, KEY_COPY_IN)
+#: An event held for a key moving in until its state comes (one element of the
+#: ``held_events`` ListState, :func:`_stateful_processor`): its input row as is.
+HELD_EVENT_SCHEMA = "origin long, seq long, at double, creator string, body string"
 #: State values whose encoding can be reused while they are the same object.
 IMMUTABLE_STATE = (str, int, float, bool, type(None))
 
@@ -325,7 +328,8 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
 
     With ``movable`` (a partition whose keys can move, :mod:`fogshift.broker.keys`), a key's
     rows may also be its move out (its stored state becomes a ``key-state`` record and is
-    cleared), its move in (its events are held, in a ``held`` ValueState, from there on)
+    cleared), its move in (its events are held from there on: the move in a ``held``
+    ValueState, the events appended to a ``held_events`` ListState, never rewritten)
     and its state arriving (installed, then the held events processed, their outputs at the
     state's place in the input). A precopied move adds two: a copy out (the stored state
     sent as a copy, its parts' digests kept in ``copied``; the key stays) and a copy in (the
@@ -342,6 +346,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             names = self.parts if self.parts is not None else [opaque_part]
             self.values = {n: handle.getValueState(f"f_{n}", "json string") for n in names}
             self.held = handle.getValueState("held", "json string") if movable else None
+            self.held_events = (
+                handle.getListState("held_events", HELD_EVENT_SCHEMA) if movable else None
+            )
             self.copied = handle.getValueState("copied", "json string") if movable else None
             self.shadow = handle.getValueState("shadow", "json string") if movable else None
             unkeyed = key_by is None
@@ -553,10 +560,16 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             state in it (cut, as any dead letter's body, beyond a record's size), and the
             key goes on as before it came, without state: one record never stops the
             partition (raised, it failed the batch at every retry)."""
-            assert self.held is not None
+            assert self.held is not None and self.held_events is not None
             out: list[Any] = []
             saved = self.held.get()
             held = json.loads(saved[0]) if saved is not None else None
+            # Events held in earlier batches stay in the list store, appended to and never
+            # rewritten: a key whose state is slow to come (its origin being restored, say)
+            # holds thousands. (``events`` inline: as stored before the list was.)
+            inline: list[Any] = held.pop("events", []) if held is not None else []
+            fresh: list[Any] = []  # held in this batch, appended at its end
+            dropped = False  # the events stored in the list are spent (or dropped)
             segment: list[Any] = []
             stored: dict[str, str] | None = None
 
@@ -577,8 +590,8 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 creator = row[3]
                 if creator not in CONTROL_CREATORS:
                     if held is not None:  # its state has not come yet: never processed
-                        held["events"].append([int(row[0]), int(row[1]), float(row[2]),
-                                               str(creator), str(row[4])])  # fmt: skip
+                        fresh.append((int(row[0]), int(row[1]), float(row[2]), str(creator),
+                                      str(row[4])))  # fmt: skip
                     else:
                         segment.append(row)
                     continue
@@ -620,7 +633,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                         part.clear()
                     stored = {}
                 elif creator == KEY_MOVE_IN:
-                    held = {"move": detail["move"], "events": []}
+                    held, inline, fresh, dropped = {"move": detail["move"]}, [], [], True
                 elif held is not None and detail["move"] == held["move"]:
                     # (The key's parts here were cleared when it last left, if it ever was.)
                     state = self._arrived(key, detail)
@@ -638,8 +651,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     for name, text in state.items():
                         self.values[name].update((text,))
                     stored = state
-                    events = [tuple(e) for e in held["events"]]
-                    held = None
+                    before = [] if dropped else [tuple(e) for e in self.held_events.get()]
+                    events = [*(tuple(e) for e in inline), *before, *fresh]
+                    held, inline, fresh, dropped = None, [], [], True
                     got, stored = process(events, stored)
                     # Their outputs take the state's place in the input (origins grow),
                     # after its dead letter if it is one.
@@ -647,8 +661,13 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     out.extend((int(row[0]), first + n, *r[2:]) for n, r in enumerate(got))
                 # Another key-state (a copy the origin sent again): already installed.
             flush()
+            if dropped and saved is not None:
+                self.held_events.clear()
             if held is not None:
-                self.held.update((json.dumps(held),))
+                if inline or fresh:
+                    self.held_events.appendList([*(tuple(e) for e in inline), *fresh])
+                if saved is None or json.loads(saved[0]) != held:  # (a new move, or inline)
+                    self.held.update((json.dumps(held),))
             elif saved is not None:
                 self.held.clear()
             return out

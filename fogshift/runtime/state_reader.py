@@ -68,34 +68,40 @@ def read_state(
 
 def read_keys(
     spark: SparkSession, checkpoint: Path, parts: list[str] | None, movable: bool
-) -> tuple[int | None, dict[str, Any] | None, list[str]]:
+) -> tuple[int | None, dict[str, Any] | None, dict[str, int]]:
     """The keys a keyed PE holds anything for (a state field, or events held for a key
-    moving in), as of its newest committed batch, without their states.
+    moving in), as of its newest committed batch, each with the size of what it holds
+    but not its state.
 
     Returns:
         The batch read, its end offset (the input positions the keys are as of; ``None``
-        with no batch yet), and the keys' texts, sorted.
+        with no batch yet), and the keys' texts, sorted, each with the length of its
+        stored JSON texts (its state fields, about what its state weighs when it moves;
+        a key moving in whose state has not come: its move's few bytes).
     """
     from pyspark.sql import functions as F  # noqa: N812
 
     batch = committed_batch(checkpoint)
     if batch is None:
-        return None, None, []
+        return None, None, {}
     names = [f"f_{n}" for n in (parts if parts is not None else [OPAQUE_PART])]
     if movable:
         names.append("held")
     # Every state variable's keys in one Spark job, not one per variable.
     frames = [
-        _state_var(spark, checkpoint, batch, name).select(F.col(f"key.{GROUP_COLUMN}").alias("k"))
+        _state_var(spark, checkpoint, batch, name).select(
+            F.col(f"key.{GROUP_COLUMN}").alias("k"),
+            F.coalesce(F.length("value.json"), F.lit(0)).alias("n"),
+        )
         for name in names
     ]
-    union = functools.reduce(lambda a, b: a.union(b), frames).distinct()
-    keys = {
-        row["k"].removeprefix(KEY_PREFIX)
-        for row in union.collect()
+    union = functools.reduce(lambda a, b: a.union(b), frames)
+    sizes = {
+        row["k"].removeprefix(KEY_PREFIX): int(row["n"])
+        for row in union.groupBy("k").agg(F.sum("n").alias("n")).collect()
         if row["k"] is not None and row["k"].startswith(KEY_PREFIX)
     }
-    return batch, end_offset(checkpoint, batch), sorted(keys)
+    return batch, end_offset(checkpoint, batch), dict(sorted(sizes.items()))
 
 
 def _state_var(spark: SparkSession, checkpoint: Path, batch: int, name: str) -> DataFrame:

@@ -47,6 +47,11 @@ SPEC = {
 }  # fmt: skip
 
 
+def _none_listed() -> keymoves.Listing:
+    """A listing of state stores that hold nothing, as of both inputs' starts."""
+    return keymoves.Listing(set(), {"s1": 0, "s2": 0})
+
+
 @pytest.fixture
 def orch(
     tmp_path: Path, nats_server: BrokerProcess, js_client: SyncJetStream
@@ -151,9 +156,7 @@ def test_a_key_groups_record_in_each_input_lists_every_key_seen_until_its_append
     parts = record.spec.partitions_of("agg")
     to = 1 - partition_of_key(old, 2)
     make = keymoves._relisted(KeyMove(0, "x", "agg", (), to, group=group))
-    move, at, before = orch._append_listed(
-        "two", "agg", parts, make, "test", listed=(set(), {"s1": 0, "s2": 0})
-    )
+    move, at, before = orch._append_listed("two", "agg", parts, make, "test", listed=_none_listed())
     assert tries == ["s1", "s2", "s2"]  # s2's first append refused, the second stored
     assert _listed(js_client, "s1", move.move) == (old,)
     assert _listed(js_client, "s2", move.move) == (new,)
@@ -172,7 +175,7 @@ def test_a_key_groups_record_in_each_input_lists_every_key_seen_until_its_append
     later = keymoves._relisted(KeyMove(0, "x", "agg", (), 1 - to, group=group))
     orch._moves_complete.discard(("two", "agg"))
     half, _, _ = orch._append_listed("two", "agg", parts, later, "test",
-                                     listed=(set(), {"s1": 0, "s2": 0}), only=("s1",))  # fmt: skip
+                                     listed=_none_listed(), only=("s1",))  # fmt: skip
     assert ("two", "agg") not in orch._moves_complete  # (completing, the caller marks)
     assert _listed(js_client, "s1", half.move) == tuple(sorted((old, new)))
     _event(js_client, "s2", third)
@@ -190,14 +193,14 @@ def test_a_key_groups_record_in_each_input_lists_every_key_seen_until_its_append
     # orchestrator back after hours): listed from the partitions' state stores instead.
     more = keymoves._relisted(KeyMove(0, "x", "agg", (), to, group=group))
     again, _, _ = orch._append_listed("two", "agg", parts, more, "test",
-                                      listed=(set(), {"s1": 0, "s2": 0}), only=("s1",))  # fmt: skip
+                                      listed=_none_listed(), only=("s1",))  # fmt: skip
     fourth = _group_keys(group, 4)[3]
     _event(js_client, "s2", fourth)
     asked: list[str] = []
 
     def stores(pipeline: str, parts: Any) -> Any:
         asked.append(pipeline)
-        return {fourth}, {"s1": 0, "s2": 0}
+        return keymoves.Listing({fourth}, {"s1": 0, "s2": 0})
 
     monkeypatch.setattr(orch, "_listed_keys", stores)
     monkeypatch.setattr(keymoves, "COMPLETE_SCAN_MAX", 0)
@@ -217,7 +220,7 @@ def test_a_scale_completes_a_move_left_in_some_inputs_before_its_own(
     group = (partition_of_key("k0", 4), 4)
     make = keymoves._relisted(KeyMove(0, "x", "agg", (), 1, group=group))
     half, _, _ = orch._append_listed("two", "agg", parts, make, "test",
-                                     listed=(set(), {"s1": 0, "s2": 0}), only=("s1",))  # fmt: skip
+                                     listed=_none_listed(), only=("s1",))  # fmt: skip
     orch._moves_complete.discard(("two", "agg"))  # (a new orchestrator knows none complete)
     seen: list[list[str]] = []
     monkeypatch.setattr(orch, "_nodes_for", lambda *args: ["fog-c"])

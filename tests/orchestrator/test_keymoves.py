@@ -13,10 +13,13 @@ import pytest
 from fogshift.broker.keys import KeyCopy, KeyMove, Ownership, parse, state_payload
 from fogshift.contracts import KeyOrder
 from fogshift.orchestrator.keymoves import (
+    FIRST_WAVE_BYTES,
+    FIRST_WAVE_KEYS,
     PRECOPY_STEP_BYTES,
     WAVE_BYTES,
     WAVE_KEYS,
     KeyMoves,
+    Listing,
     _next_step,
 )
 from fogshift.orchestrator.scaling import _rescaled_to
@@ -100,6 +103,47 @@ def test_a_wave_whose_state_does_not_come_leaves_the_later_keys_where_they_are()
     assert settled.left == ["k5", "k6", "k7", "k8", "k9"]
     assert "k2" in settled.error and "5 keys of later waves did not move" in settled.error
     assert set(settled.stoppage_ms) == {"k0", "k1", "k3", "k4"}
+
+
+def test_listed_sizes_make_the_first_wave_as_many_keys_as_fit() -> None:
+    # A key group of ten 1 KiB keys (sizes from the state stores' listing): one wave, not
+    # the three (1, 4, 5) that learn the sizes as the states come.
+    sizes = keys(10, KIB)
+    _, appended, _ = Waves(sizes).run(list(sizes), wave_keys=None, sizes=sizes)
+    assert [w.keys for w in appended] == [list(sizes)]
+    # Many small keys: at most FIRST_WAVE_KEYS first, then fourfold within WAVE_KEYS.
+    sizes = keys(100, KIB)
+    _, appended, _ = Waves(sizes).run(list(sizes), wave_keys=None, sizes=sizes)
+    assert [len(w.keys) for w in appended] == [FIRST_WAVE_KEYS, WAVE_KEYS, 20] == [16, 64, 20]
+    assert [k for w in appended for k in w.keys] == list(sizes)  # in the order listed
+
+
+def test_listed_sizes_bound_each_wave_s_bytes_from_the_first() -> None:
+    # FIRST_WAVE_BYTES, then four times as much each wave within WAVE_BYTES; a key larger
+    # than a wave's bytes still moves, alone.
+    assert FIRST_WAVE_BYTES == 64 * KIB
+    sizes = {"a": 30 * KIB, "b": 30 * KIB, "c": 30 * KIB, "d": MIB, **keys(8, MIB, "m")}
+    _, appended, _ = Waves(sizes).run(list(sizes), wave_keys=None, sizes=sizes)
+    assert [w.keys for w in appended] == [
+        ["a", "b"],  # 60 KiB of 64
+        ["c"],  # 256 KiB: c and d would be 1,054
+        ["d"],  # 1 MiB
+        ["m0", "m1"],  # 2 MiB from here
+        ["m2", "m3"],
+        ["m4", "m5"],
+        ["m6", "m7"],
+    ]
+
+
+def test_without_every_key_s_size_the_first_wave_is_one_key() -> None:
+    sizes = keys(10, KIB)
+    partly = dict(list(sizes.items())[:9])  # k9 gained state after the listing
+    _, appended, _ = Waves(sizes).run(list(sizes), wave_keys=None, sizes=partly)
+    assert [len(w.keys) for w in appended] == [1, 4, 5]
+    # Precopied keys send what changed since their copies, not what the listing says.
+    _, appended, _ = Waves(sizes).run(list(sizes), wave_keys=None, sizes=sizes, copy="cp1",
+                                      copied=frozenset({"k0", "k1"}))  # fmt: skip
+    assert [len(w.keys) for w in appended][:2] == [1, 1]
 
 
 def test_fixed_waves_take_as_many_keys_each_whatever_the_sizes() -> None:
@@ -269,7 +313,7 @@ def test_a_listed_move_replays_the_moves_once_not_at_every_try() -> None:
     busy = Busy()
     move, at, _ = busy._append_listed(  # a rescale to 3 partitions
         "p", "agg", parts, lambda owners, held, m: _rescale("agg", 3, owners, held, m),
-        "scale", ({"a", "b"}, {"in": 0}),
+        "scale", Listing({"a", "b"}, {"in": 0}),
     )  # fmt: skip
     assert at == 99 and busy.appends == 5 and move.count == 3
     assert busy.replays == 1

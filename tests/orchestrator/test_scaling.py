@@ -20,6 +20,7 @@ from fogshift.broker.client import BrokerAddress
 from fogshift.contracts import Heartbeat
 from fogshift.exceptions import Unavailable
 from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.keymoves import Listing
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
 from fogshift.spec.models import ElementSpec, partition_of_key
@@ -315,7 +316,7 @@ def test_a_refused_rescale_record_says_which_added_partitions_run(
 
     _beat(orch, agents)
     monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(2))
-    monkeypatch.setattr(orch, "_listed_keys", lambda *args: (set(), 0))
+    monkeypatch.setattr(orch, "_listed_keys", lambda *args: Listing(set(), {}))
 
     def refuse(*args: Any) -> None:
         raise InvalidInput("cannot scale p/aggregate: 5000 keys would move",
@@ -476,12 +477,13 @@ def test_the_partitions_state_stores_are_listed_at_once(
 
     _beat(orch, agents)
     paths = {}
-    for node, pe, keys, position in (("fog-a", "aggregate-p0", ["s1", "s2"], 40),
-                                     ("fog-b", "aggregate-p1", ["s2", "s3"], 25)):  # fmt: skip
+    stores = (("fog-a", "aggregate-p0", {"s1": 100, "s2": 10}, 40),
+              ("fog-b", "aggregate-p1", {"s2": 5, "s3": 7}, 25))  # fmt: skip
+    for node, pe, sizes, position in stores:
         paths[node] = f"/pipelines/p/elements/{pe}/keys"
         agents[node].answer("GET", paths[node], body={
             "pipeline": "p", "element": pe, "node": node, "batch": 3,
-            "positions": {"source": position}, "keys": keys,
+            "positions": {"source": position}, "keys": list(sizes), "sizes": sizes,
         })  # fmt: skip
     came, release = agents["fog-a"].hold("GET", paths["fog-a"])
     listed: list[Any] = []
@@ -501,5 +503,6 @@ def test_the_partitions_state_stores_are_listed_at_once(
     finally:
         release.set()
         asking.join(30)
-    # The union of the keys, and each input from the oldest position the batches end at.
-    assert listed == [({"s1", "s2", "s3"}, {"source": 25})]
+    # The union of the keys, and each input from the oldest position the batches end at;
+    # a key in two stores (one holds its move in, its state not come yet) weighs both.
+    assert listed == [Listing({"s1", "s2", "s3"}, {"source": 25}, {"s1": 100, "s2": 15, "s3": 7})]

@@ -41,7 +41,7 @@ from fogshift.common.gate import acknowledged, open_gate, write_gate
 from fogshift.common.waiting import wait_until
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.gate import end_run
-from fogshift.runtime.state_reader import read_state
+from fogshift.runtime.state_reader import read_keys, read_state
 from fogshift.spec.models import ElementSpec, Partition, partition_of_key
 
 if TYPE_CHECKING:
@@ -339,6 +339,15 @@ def test_a_keyed_processor_keeps_a_state_per_key_in_one_instance(make_run: Any) 
     assert read_state(run.spark, Path(run.plan.checkpoint_dir), ["count", "total"], True, one)[
         1
     ] == {one: states[one]}
+    # The keys as listed for a key group's move or a rescale: each with the length of its
+    # stored texts, which sizes the move's waves.
+    listed, _, sizes = read_keys(run.spark, Path(run.plan.checkpoint_dir), ["count", "total"],
+                                 False)  # fmt: skip
+    assert listed == batch
+    assert sizes == {
+        k: sum(len(json.dumps(v, separators=(",", ":"))) for v in fields.values())
+        for k, fields in states.items()
+    }
     # One instance for every key and batch, undone events included (restored, not rebuilt).
     assert len(run.lines("build")) == 1
     assert run.lines("assign") == run.lines("build")

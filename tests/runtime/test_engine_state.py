@@ -53,15 +53,39 @@ class Value:
         self.value = None
 
 
+class Items:
+    """One ListState of the stand-in store; every call is recorded as ``(call, name)``."""
+
+    def __init__(self, name: str, calls: list[tuple[str, str]]) -> None:
+        self.name, self.calls, self.items = name, calls, list[tuple[Any, ...]]()
+
+    def get(self) -> Any:
+        self.calls.append(("get", self.name))
+        return iter(list(self.items))
+
+    def appendList(self, rows: list[tuple[Any, ...]]) -> None:  # noqa: N802
+        self.calls.append(("appendList", self.name))
+        assert rows, "an empty append (Spark refuses one)"
+        self.items += rows
+
+    def clear(self) -> None:
+        self.calls.append(("clear", self.name))
+        self.items = []
+
+
 class Store:
     """The state of one grouping key, as TWS's handle gives it to each batch."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
         self.values: dict[str, Value] = {}
+        self.lists: dict[str, Items] = {}
 
     def getValueState(self, name: str, schema: str) -> Value:  # noqa: N802
         return self.values.setdefault(name, Value(name, self.calls))
+
+    def getListState(self, name: str, schema: str) -> Items:  # noqa: N802
+        return self.lists.setdefault(name, Items(name, self.calls))
 
     def texts(self) -> dict[str, str | None]:
         return {n: v.value for n, v in self.values.items()}
@@ -251,3 +275,91 @@ def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
                                         "keep": ["total"]})))  # fmt: skip
     (dead,) = [(body, reason) for _, body, reason in got if reason is not None]
     assert dead[0][CONTROL_FIELD]["state"] == {"total": "4.0"} and "BadState" in dead[1]
+
+
+def test_events_held_for_a_key_moving_in_are_appended_never_rewritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key moving in holds its events until its state comes, which may take a restore of
+    its origin: each batch appends only its own events (they were one JSON text rewritten
+    whole every batch, quadratic in the events held), and the state processes them all, in
+    input order, as if they had come after it."""
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options = {"class": "lifecycle_procs:CountingStats", "path": str(HERE),
+               "options": {"log": str(tmp_path / "hooks.log")}}  # fmt: skip
+    run = f"run{next(_runs)}"
+    store = Store()
+
+    def batch(*rows: tuple[int, str, dict[str, Any]]) -> list[tuple[int, Any]]:
+        processor = _stateful_processor("custom", options, "p", "twin", 1 << 20, run=run,
+                                        gate="", key_by="k", movable=True)  # fmt: skip
+        processor.init(store)
+        store.calls.clear()
+        frame = pd.DataFrame(
+            [(o, o, 1000.0 + o, creator, json.dumps(body)) for o, creator, body in rows],
+            columns=["origin", "seq", "timestamp", "creator", "body"],
+        )
+        out = list(processor.handleInputRows(("k:a",), iter([frame]), None))
+        return [(o, json.loads(b)) for f in out
+                for o, b in zip(f["origin"], f["body"], strict=True)]  # fmt: skip
+
+    def event(origin: int, value: float) -> tuple[int, str, dict[str, Any]]:
+        return origin, "src", {"k": "a", "value": value}
+
+    assert batch((1, KEY_MOVE_IN, {"k": "a", CONTROL_FIELD: {"move": "m1", "to": 1}}),
+                 event(2, 1.0)) == []  # fmt: skip
+    held = store.texts()["held"]
+    assert held is not None and json.loads(held) == {"move": "m1"}
+    values = [1.0]
+    for first in range(3, 30, 3):
+        assert batch(event(first, first), event(first + 1, 0.5)) == []
+        values += [first, 0.5]
+        # One append of this batch's two events; nothing read, nothing rewritten.
+        assert store.calls == [("get", "held"), ("appendList", "held_events")]
+    assert len(store.lists["held_events"].items) == len(values) == 19
+    # The state comes (5 events before the move, total 10): the held events from it, in order.
+    got = batch((40, KEY_STATE, {"k": "a", CONTROL_FIELD: {
+        "move": "m1", "state": {"count": "5", "total": "10.0"}}}),
+                event(41, 2.0))  # fmt: skip
+    count, total, expected = 5, 10.0, []
+    for value in [*values, 2.0]:
+        count, total = count + 1, total + value
+        expected.append({"count": count, "total": total})
+    assert [b for _, b in got] == expected
+    assert [o for o, _ in got] == [40] * len(values) + [41]  # at the state's place
+    assert store.lists["held_events"].items == [] and store.texts()["held"] is None
+    assert batch(event(42, 1.0)) == [(42, {"count": count + 1, "total": total + 1.0})]
+    assert ("appendList", "held_events") not in store.calls
+
+
+def test_events_held_inline_as_stored_before_the_list_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint from before the list holds a key's held events inside ``held``: they
+    are moved to the list and processed first when the state comes."""
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options = {"class": "lifecycle_procs:CountingStats", "path": str(HERE),
+               "options": {"log": str(tmp_path / "hooks.log")}}  # fmt: skip
+    store = Store()
+    old = [[2, 2, 1002.0, "src", json.dumps({"k": "a", "value": 3.0})]]
+    store.getValueState("held", "json string").value = json.dumps({"move": "m1", "events": old})
+    run = f"run{next(_runs)}"
+
+    def batch(*rows: tuple[int, str, dict[str, Any]]) -> list[Any]:
+        processor = _stateful_processor("custom", options, "p", "twin", 1 << 20, run=run,
+                                        gate="", key_by="k", movable=True)  # fmt: skip
+        processor.init(store)
+        frame = pd.DataFrame(
+            [(o, o, 1000.0 + o, creator, json.dumps(body)) for o, creator, body in rows],
+            columns=["origin", "seq", "timestamp", "creator", "body"],
+        )
+        out = list(processor.handleInputRows(("k:a",), iter([frame]), None))
+        return [json.loads(b) for f in out for b in f["body"]]
+
+    assert batch((3, "src", {"k": "a", "value": 1.0})) == []
+    assert json.loads(store.texts()["held"] or "null") == {"move": "m1"}
+    assert [row[4] for row in store.lists["held_events"].items] == [
+        old[0][4], json.dumps({"k": "a", "value": 1.0})
+    ]  # fmt: skip
+    got = batch((4, KEY_STATE, {"k": "a", CONTROL_FIELD: {"move": "m1", "state": {}}}))
+    assert got == [{"count": 1, "total": 3.0}, {"count": 2, "total": 4.0}]
