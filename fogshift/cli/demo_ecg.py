@@ -365,13 +365,17 @@ def _wait(
     field: str = "events_out",
 ) -> None:
     """Until ``element`` has emitted ``count`` events (a sink: lines; ``field="events_in"``:
-    taken in) or the deadline."""
+    taken in) or the deadline; says how long it waited (on a loaded machine a restored PE's
+    catch-up shows there)."""
+    started = time.monotonic()
     with console.status(f"waiting for {what} ({element}: {count} events)"):
         while _element(client, pipeline, element)[field] < count:
             if time.monotonic() > deadline:
                 console.print(f"[yellow]gave up waiting for {what}[/]")
                 return
             time.sleep(0.5)
+    console.print(f"[dim]{what} ({element}: {count} events) after "
+                  f"{time.monotonic() - started:.1f} s[/]")  # fmt: skip
 
 
 def _spare(client: ServiceClient, pipeline: str, placed: set[str]) -> str:

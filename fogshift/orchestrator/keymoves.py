@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -909,8 +909,9 @@ class KeyMoves(Standbys):
         group's move or a rescale waits for them all.
 
         Raises:
-            FogshiftError: A partition's node did not answer: the failure of the first such
-                partition in ``parts``' order, once every request has ended.
+            FogshiftError: A partition's node did not answer: the first failure, as soon as
+                it comes (the other requests are not waited for: one may take its whole
+                timeout, and the operation fails either way).
         """
         record, started = self.pipeline(pipeline), time.monotonic()
 
@@ -924,8 +925,16 @@ class KeyMoves(Standbys):
             return answer
 
         workers = max(1, min(len(parts), LIST_AT_ONCE))
-        with ThreadPoolExecutor(workers, thread_name_prefix="list-keys") as pool:
-            answers = list(pool.map(ask, parts))
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="list-keys")
+        try:
+            asked = [pool.submit(ask, part) for part in parts]
+            for future in as_completed(asked):
+                failure = future.exception()
+                if failure is not None:
+                    raise failure
+            answers = [future.result() for future in asked]
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         held: set[str] = set()
         since: dict[str, int] = {}
         sizes: dict[str, int] = {}

@@ -18,7 +18,7 @@ import pytest
 
 from fogshift.broker.client import BrokerAddress
 from fogshift.contracts import Heartbeat
-from fogshift.exceptions import Unavailable
+from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.keymoves import Listing
 from fogshift.orchestrator.service import Orchestrator
@@ -506,3 +506,40 @@ def test_the_partitions_state_stores_are_listed_at_once(
     # The union of the keys, and each input from the oldest position the batches end at;
     # a key in two stores (one holds its move in, its state not come yet) weighs both.
     assert listed == [Listing({"s1", "s2", "s3"}, {"source": 25}, {"s1": 100, "s2": 15, "s3": 7})]
+
+
+def test_a_partition_whose_listing_fails_fails_it_without_waiting_for_the_others(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """One node's refusal ends the listing at once: another's request may run to its
+    timeout (two minutes), and the key group's move or rescale fails either way."""
+    import threading
+
+    _beat(orch, agents)
+    held = "/pipelines/p/elements/aggregate-p0/keys"
+    came, release = agents["fog-a"].hold("GET", held)
+    agents["fog-a"].answer("GET", held, body={
+        "pipeline": "p", "element": "aggregate-p0", "node": "fog-a", "batch": 3,
+        "positions": {"source": 4}, "keys": [],
+    })  # fmt: skip
+    agents["fog-b"].answer("GET", "/pipelines/p/elements/aggregate-p1/keys", 409,
+                           {"code": "no_state", "message": "fog-b holds no state"})  # fmt: skip
+    outcome: list[Any] = []
+    ended = threading.Event()
+
+    def ask() -> None:
+        try:
+            outcome.append(orch._listed_keys("p", _parts(orch)))
+        except Exception as exc:  # (shown by the assertions below, not lost in a thread)
+            outcome.append(exc)
+        ended.set()
+
+    threading.Thread(target=ask, daemon=True).start()
+    try:
+        assert came.wait(10), "fog-a was not asked"
+        # Ended while fog-a's answer is still held (waiting for it: not until released).
+        assert ended.wait(30), "the listing waited for fog-a after fog-b had failed"
+    finally:
+        release.set()
+    (failure,) = outcome
+    assert isinstance(failure, FogshiftError) and "fog-b holds no state" in str(failure)
