@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,12 +45,16 @@ DUPLICATE_WINDOW_S = 120.0
 
 @dataclass(frozen=True)
 class BrokerAddress:
-    """Where the broker is and how to log in. Serialised to a 0600 file, never logged.
+    """Where the broker is and how to log in. Serialised to a 0600 file, never logged (nor
+    in its ``repr``).
 
     Attributes:
         url: ``nats://host:port``.
-        user: The NATS user.
-        password: The NATS password.
+        user: The NATS user (a broker of the operator's, ``up --nats-url``).
+        password: The NATS password (the same).
+        seed: The NKEY seed of this user (the broker ``fogshift up`` starts): the client
+            signs the server's challenge with it, and the server's config names only its
+            public key (``broker.permissions.BrokerUsers``).
         inbox: The prefix of this user's reply subjects (``None``: NATS's ``_INBOX``). A
             node user fogshift makes has its own (``broker.permissions.node_inbox_prefix``)
             and may subscribe to nothing else: it cannot read the replies the broker sends
@@ -63,12 +67,15 @@ class BrokerAddress:
 
     url: str
     user: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     inbox: str | None = None
     api: str | None = None
+    seed: str | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"url": self.url, "user": self.user, "password": self.password}
+        if self.seed is not None:
+            data["seed"] = self.seed
         if self.inbox is not None:
             data["inbox"] = self.inbox
         if self.api is not None:
@@ -78,7 +85,8 @@ class BrokerAddress:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BrokerAddress:
         return cls(url=data["url"], user=data.get("user"), password=data.get("password"),
-                   inbox=data.get("inbox"), api=data.get("api"))  # fmt: skip
+                   inbox=data.get("inbox"), api=data.get("api"),
+                   seed=data.get("seed"))  # fmt: skip
 
     @classmethod
     def load(cls, path: str | Path) -> BrokerAddress:
@@ -86,7 +94,8 @@ class BrokerAddress:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def save(self, path: str | Path) -> Path:
-        """Write this address to ``path``, 0600 from the start (it holds the password)."""
+        """Write this address to ``path``, 0600 from the start (it holds the password or
+        seed)."""
         return write_private(Path(path), json.dumps(self.to_dict()))
 
 
@@ -188,6 +197,7 @@ class SyncJetStream:
         options: dict[str, Any] = {
             "user": self.address.user,
             "password": self.address.password,
+            "nkeys_seed_str": self.address.seed,
             "inbox_prefix": self.address.inbox or "_INBOX",
             "connect_timeout": self._timeout,
             "max_reconnect_attempts": -1,

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nkeys
+
 from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.naming import (
     cut_subject,
@@ -90,7 +92,7 @@ class Hosted:
 
 
 def node_user(node: str) -> str:
-    """The broker user of ``node``."""
+    """The name of ``node``'s broker user (its reply subjects' prefix names it)."""
     return f"node-{node}"
 
 
@@ -186,55 +188,77 @@ def streams_exports() -> list[dict[str, Any]]:
     return exports
 
 
+def new_user_seed() -> str:
+    """A new NATS user NKEY (an Ed25519 key pair), as its seed (``SU...``)."""
+    return nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER).decode()
+
+
+def user_public_key(seed: str) -> str:
+    """The public key (``U...``) of the user NKEY ``seed``: what nats.conf names."""
+    return str(nkeys.from_seed(seed.encode()).public_key.decode())
+
+
 @dataclass
 class BrokerUsers:
-    """The broker's users: the admin and one per node, with their passwords (a 0600 file).
+    """The broker's users: the admin and one per node, each an NKEY. nats.conf names only
+    their public keys; a client proves it holds a seed by signing the server's challenge.
+    So the server's config holds no secret, and one user's seed is in two places only: this
+    0600 file (the orchestrator's, which grants the rights) and the 0600 broker file of the
+    process it is for (``BrokerAddress.seed``).
 
     Attributes:
-        admin_user: The orchestrator's (and operator's) user: every right.
-        admin_password: Its password.
-        nodes: Node name → its user's password.
+        admin_seed: The orchestrator's (and operator's) user's seed: every right.
+        nodes: Node name → its user's seed.
     """
 
-    admin_user: str
-    admin_password: str
+    admin_seed: str
     nodes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> BrokerUsers:
+        """Read the users ``save`` wrote.
+
+        Raises:
+            BrokerError: The file is an older fogshift's (passwords, no seeds).
+        """
         data = json.loads(path.read_text())
-        return cls(data["admin_user"], data["admin_password"], dict(data["nodes"]))
+        if "admin_seed" not in data:
+            raise BrokerError(
+                f"the broker's users in {path} are an older fogshift's (passwords): the "
+                "accounts fogshift writes now log in with NKEYs",
+                expected="users with NKEY seeds (fogshift since 2026-11-30)",
+                received="users with passwords",
+                hint="restart the cluster: `fogshift down`, then `fogshift up` (the streams on "
+                "disk are carried over)",
+            )
+        return cls(data["admin_seed"], dict(data["nodes"]))
 
     def save(self, path: Path) -> Path:
-        body = {
-            "admin_user": self.admin_user,
-            "admin_password": self.admin_password,
-            "nodes": self.nodes,
-        }
-        return write_private(path, json.dumps(body))
+        return write_private(path, json.dumps({"admin_seed": self.admin_seed,
+                                               "nodes": self.nodes}))  # fmt: skip
 
     def add_node(self, node: str) -> str:
-        """The password of ``node``'s user, made on first use."""
+        """The seed of ``node``'s user, made on first use."""
         if node not in self.nodes:
-            self.nodes[node] = secrets.token_urlsafe(24)
+            self.nodes[node] = new_user_seed()
         return self.nodes[node]
 
     def accounts(self, hosted: Mapping[str, Iterable[Hosted]]) -> str:
         """The ``accounts`` block of nats.conf for ``hosted`` (node → its PEs): the streams'
-        account with the admin, and one account per node user (see the module's doc)."""
+        account with the admin, and one account per node user (see the module's doc); each
+        user by its public key."""
         accounts: dict[str, Any] = {
             STREAMS_ACCOUNT: {
                 "jetstream": "enabled",
-                "users": [{"user": self.admin_user, "password": self.admin_password}],
+                "users": [{"nkey": user_public_key(self.admin_seed)}],
                 "exports": streams_exports(),
             }
         }
-        for node, password in sorted(self.nodes.items()):
+        for node, seed in sorted(self.nodes.items()):
             pes = list(hosted.get(node, ()))
             accounts[node_account(node)] = {
                 "users": [{
-                    "user": node_user(node),
-                    "password": password,
+                    "nkey": user_public_key(seed),
                     "permissions": node_permissions(node, pes),
                 }],
                 "imports": node_imports(node, pes),
@@ -279,7 +303,7 @@ def apply_permissions(
     try:
         text = config_file.read_text()
         users = BrokerUsers.load(users_file(config_file))
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError) as exc:  # (an older fogshift's users: raised as is)
         raise BrokerError(f"cannot read the broker's config {config_file}: {exc}") from exc
     if _OLDER_USERS.search(text):
         raise BrokerError(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import secrets
 import shutil
 import socket
 import subprocess
@@ -22,8 +21,8 @@ from fogshift.broker.permissions import (
     NODE_API,
     STREAMS_ACCOUNT,
     BrokerUsers,
+    new_user_seed,
     node_inbox_prefix,
-    node_user,
     users_file,
     write_config,
 )
@@ -121,7 +120,7 @@ def start_nats_server(
     log_file: Path | None = None,
     nodes: Iterable[str] = (),
 ) -> BrokerProcess:
-    """Start nats-server with JetStream, a store dir under ``home`` and generated passwords:
+    """Start nats-server with JetStream, a store dir under ``home`` and generated NKEYs:
     one admin user, and one user per node in ``nodes`` with no rights yet (the orchestrator
     grants them as it places PEs).
 
@@ -140,10 +139,10 @@ def start_nats_server(
     store = home / "jetstream"
     _streams_into_their_account(store)
     config = home / "nats.conf"
-    users = BrokerUsers("fogshift", secrets.token_urlsafe(24))
+    users = BrokerUsers(new_user_seed())
     for node in nodes:
         users.add_node(node)
-    users.save(users_file(config))  # 0600 from the start: it holds the passwords
+    users.save(users_file(config))  # 0600 from the start: it holds the seeds
     # Port -1: the server binds a free port itself (no race with another process between
     # choosing a port and binding it) and reports it in its ports file. The config keeps
     # -1, which a reload (SIGHUP, see fogshift.broker.permissions) leaves alone.
@@ -171,16 +170,10 @@ def start_nats_server(
             hint=f"see {log_path}",
         ) from exc
     url = ports["nats"][0]
-    address = BrokerAddress(url=url, user=users.admin_user, password=users.admin_password)
+    address = BrokerAddress(url=url, seed=users.admin_seed)
     per_node = {
-        node: BrokerAddress(
-            url=url,
-            user=node_user(node),
-            password=password,
-            inbox=node_inbox_prefix(node),
-            api=NODE_API,
-        )
-        for node, password in users.nodes.items()
+        node: BrokerAddress(url=url, seed=seed, inbox=node_inbox_prefix(node), api=NODE_API)
+        for node, seed in users.nodes.items()
     }
     return BrokerProcess(
         address=address,

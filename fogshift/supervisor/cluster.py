@@ -411,6 +411,7 @@ def start_isolated_node(
             password=broker.password,
             inbox=broker.inbox,
             api=broker.api,
+            seed=broker.seed,
         ).save(node_broker_file(home, name))
         agent_url = f"http://127.0.0.1:{ready.routes['agent'][1]}"
         args = _agent_args(

@@ -39,11 +39,16 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     os.killpg(server.pid, signal.SIGKILL)
 
 
+def login(address: BrokerAddress) -> dict[str, Any]:
+    """nats-py's connect options for ``address``: its NKEY seed, or its user and password."""
+    return {"user": address.user, "password": address.password, "nkeys_seed_str": address.seed}
+
+
 def run(address: BrokerAddress, action: Callable[[Any], Awaitable[Any]]) -> Any:
     """``action(js)`` on a fresh connection with a short API timeout; the exception if any."""
 
     async def go() -> Any:
-        nc = await nats.connect(address.url, user=address.user, password=address.password,
+        nc = await nats.connect(address.url, **login(address),
                                 inbox_prefix=address.inbox or "_INBOX")  # fmt: skip
         try:
             return await action(jetstream(nc, address, timeout=1.0))
@@ -157,7 +162,7 @@ def test_a_node_reads_no_reply_but_its_own(broker: BrokerProcess) -> None:
         async def denied(exc: Exception) -> None:
             pass  # (the broker reports each subscription it refuses)
 
-        nc = await nats.connect(n2.url, user=n2.user, password=n2.password,
+        nc = await nats.connect(n2.url, **login(n2),
                                 inbox_prefix=n2.inbox, error_cb=denied)  # fmt: skip
         try:
             for inbox in ("_INBOX.>", ">"):
@@ -234,7 +239,7 @@ def test_a_standby_reads_its_primarys_stream_and_writes_nothing_there(
         return [Record(o, 0, o, 0.0, "pe1", json.dumps({"v": o})) for o in origins]
 
     async def primary(*origins: int) -> int:
-        nc = await nats.connect(n1.url, user=n1.user, password=n1.password,
+        nc = await nats.connect(n1.url, **login(n1),
                                 inbox_prefix=n1.inbox or "_INBOX")  # fmt: skip
         try:
             return await publish_records(jetstream(nc, n1), "sb", "pe1", records(*origins), 1)

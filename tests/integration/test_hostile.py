@@ -58,7 +58,7 @@ def test_a_nodes_token_opens_only_its_node_endpoints(cluster: Cluster) -> None:
 
 def test_dot_dot_names_read_and_delete_nothing_on_a_real_agent(cluster: Cluster) -> None:
     home: Path = cluster.home
-    password = json.loads((home / "broker.json").read_text())["password"]
+    seed = json.loads((home / "broker.json").read_text())["seed"]
     url = cluster.node("cloud")["url"]
     operator = (home / "token").read_text()
     node_home = home / "nodes" / "cloud"
@@ -74,7 +74,7 @@ def test_dot_dot_names_read_and_delete_nothing_on_a_real_agent(cluster: Cluster)
     for method, path in attacks:
         status, body = raw(url, method, path, operator)
         assert 400 <= status < 500, (method, path, status, body)
-        assert password not in body and operator not in body
+        assert seed not in body and operator not in body
     assert sorted(p.name for p in node_home.iterdir()) == before
     assert (home / "broker.json").exists()
     deadline = time.monotonic() + 10  # still alive and heartbeating

@@ -108,12 +108,12 @@ def test_a_broker_pid_another_process_has_now_is_never_signalled(tmp_path: Path)
     import pytest
 
     from fogshift.broker.exceptions import BrokerError
-    from fogshift.broker.permissions import BrokerUsers, users_file
+    from fogshift.broker.permissions import BrokerUsers, new_user_seed, users_file
     from fogshift.common.processes import started_at
 
     config = tmp_path / "nats.conf"
     config.write_text("listen: 127.0.0.1:1\n")
-    BrokerUsers("admin", "pw", {"fog-a": "x"}).save(users_file(config))
+    BrokerUsers(new_user_seed(), {"fog-a": new_user_seed()}).save(users_file(config))
     registry = Registry(tmp_path / "o.db")
     registry.put_pipeline(parse_spec(spec(), tmp_path), "running")
     other = subprocess.Popen(  # has the dead broker's pid, say; ends on SIGHUP

@@ -224,6 +224,22 @@ def test_a_key_whose_every_event_is_a_dead_letter_gets_no_stored_state(
     assert good.texts()["f_values"] == "[2.0]"
 
 
+def moving_key_batch(
+    store: Store, options: dict[str, Any], run: str, *rows: tuple[int, str, dict[str, Any]]
+) -> list[pd.DataFrame]:
+    """One batch of key ``a`` of a partition whose keys move (``custom`` processor
+    ``options``, instances kept per ``run``): each row ``(origin, creator, body)``."""
+    processor = _stateful_processor("custom", options, "p", "twin", 1 << 20, run=run,
+                                    gate="", key_by="k", movable=True)  # fmt: skip
+    processor.init(store)
+    store.calls.clear()
+    frame = pd.DataFrame(
+        [(o, o, 1000.0 + o, creator, json.dumps(body)) for o, creator, body in rows],
+        columns=["origin", "seq", "timestamp", "creator", "body"],
+    )
+    return list(processor.handleInputRows(("k:a",), iter([frame]), None))
+
+
 def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -237,14 +253,7 @@ def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
     store = Store()
 
     def batch(*rows: tuple[int, str, dict[str, Any]]) -> list[tuple[int, Any, Any]]:
-        processor = _stateful_processor("custom", options, "p", "twin", 1 << 20, run=run,
-                                        gate="", key_by="k", movable=True)  # fmt: skip
-        processor.init(store)
-        frame = pd.DataFrame(
-            [(o, o, 1000.0 + o, creator, json.dumps(body)) for o, creator, body in rows],
-            columns=["origin", "seq", "timestamp", "creator", "body"],
-        )
-        out = list(processor.handleInputRows(("k:a",), iter([frame]), None))
+        out = moving_key_batch(store, options, run, *rows)
         return [(o, json.loads(b), d) for f in out
                 for o, b, d in zip(f["origin"], f["body"], f["dead"], strict=True)]  # fmt: skip
 
@@ -291,15 +300,7 @@ def test_events_held_for_a_key_moving_in_are_appended_never_rewritten(
     store = Store()
 
     def batch(*rows: tuple[int, str, dict[str, Any]]) -> list[tuple[int, Any]]:
-        processor = _stateful_processor("custom", options, "p", "twin", 1 << 20, run=run,
-                                        gate="", key_by="k", movable=True)  # fmt: skip
-        processor.init(store)
-        store.calls.clear()
-        frame = pd.DataFrame(
-            [(o, o, 1000.0 + o, creator, json.dumps(body)) for o, creator, body in rows],
-            columns=["origin", "seq", "timestamp", "creator", "body"],
-        )
-        out = list(processor.handleInputRows(("k:a",), iter([frame]), None))
+        out = moving_key_batch(store, options, run, *rows)
         return [(o, json.loads(b)) for f in out
                 for o, b in zip(f["origin"], f["body"], strict=True)]  # fmt: skip
 
@@ -346,15 +347,8 @@ def test_events_held_inline_as_stored_before_the_list_are_kept(
     run = f"run{next(_runs)}"
 
     def batch(*rows: tuple[int, str, dict[str, Any]]) -> list[Any]:
-        processor = _stateful_processor("custom", options, "p", "twin", 1 << 20, run=run,
-                                        gate="", key_by="k", movable=True)  # fmt: skip
-        processor.init(store)
-        frame = pd.DataFrame(
-            [(o, o, 1000.0 + o, creator, json.dumps(body)) for o, creator, body in rows],
-            columns=["origin", "seq", "timestamp", "creator", "body"],
-        )
-        out = list(processor.handleInputRows(("k:a",), iter([frame]), None))
-        return [json.loads(b) for f in out for b in f["body"]]
+        return [json.loads(b) for f in moving_key_batch(store, options, run, *rows)
+                for b in f["body"]]  # fmt: skip
 
     assert batch((3, "src", {"k": "a", "value": 1.0})) == []
     assert json.loads(store.texts()["held"] or "null") == {"move": "m1"}
