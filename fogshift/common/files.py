@@ -1,4 +1,5 @@
-"""Writing files whole (atomically), and files that hold secrets (tokens, passwords)."""
+"""Writing files whole (atomically), and files that hold secrets (tokens, NKEY seeds,
+passwords)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ Every service runs in a process group of its own, so ``down`` (or a test) can ki
 node — agent, JVM and Python workers — with one signal. What was started is written to
 ``<home>/cluster.json``; the secrets live in files created 0600: the operator token
 (``<home>/token``, the CLI's), each node's own token (``<home>/nodes/<node>/token``, derived
-from the operator token, see ``fogshift.common.http``) and the broker's password.
+from the operator token, see ``fogshift.common.http``) and the broker users' NKEY seeds
+(each node's in its own broker file).
 
 With ``isolate``, each node agent runs in a network namespace of its own, joined to the host
 by a veth pair with the node's bandwidth (``tbf``), and reaches the broker and the
