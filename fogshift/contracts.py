@@ -515,7 +515,8 @@ class MigrationReport(BaseModel):
             origin's checkpoint fetched and installed on the target), ``warm`` (the target
             started until it re-ran the copy's last batch: workers up, state loaded) and
             ``converge`` (its capped rounds following the origin).
-        downtime_ms: From the pause until the target committed input beyond it.
+        downtime_ms: From the pause until the target committed input beyond it (``None``:
+            no input beyond the pause came within the wait, or none was there to process).
         caught_up_events: Events the target read beyond the copy it started from.
         rolled_back: A failed migration was undone: the origin runs again.
         epoch: The epoch the PE writes under afterwards (new if a rollback had to fence).

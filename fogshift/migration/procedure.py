@@ -75,6 +75,7 @@ from fogshift.contracts import (
     MigrationPhase,
     MigrationReport,
     MigrationStatus,
+    Offset,
     PEState,
 )
 from fogshift.exceptions import FogshiftError
@@ -119,6 +120,10 @@ class MigrationSteps:
             returns it: the epoch a ``handover`` target writes under beside the origin.
         mark: Fences the PE's output stream with the given epoch (no bump): a ``handover``
             cuts the origin off with the target's epoch.
+        pending: Whether the PE's inputs hold anything beyond the given offset (the
+            position at the switch). Without, the downtime is not waited for: nothing is
+            down while no input comes, and the command would have waited ``live_wait_s``
+            (30 s) for its report (``None``: always waited for).
     """
 
     phase: Callable[[str], None] = _no_phase
@@ -126,6 +131,7 @@ class MigrationSteps:
     fence: Callable[[], int] | None = None
     bump: Callable[[], int] | None = None
     mark: Callable[[int], None] | None = None
+    pending: Callable[[Offset | None], bool] | None = None
 
 
 class Stopwatch:
@@ -295,7 +301,7 @@ def migrate(
     # Routed: the target is the PE now. Nothing below may undo that.
     assert paused_at is not None
     _finish(report, watch, here, origin_agent, target_agent, (info, position, live),
-            paused_at, live_wait_s)  # fmt: skip
+            paused_at, live_wait_s, steps.pending)  # fmt: skip
     return report
 
 
@@ -380,7 +386,7 @@ def _handover(
         failure.report = report
         raise failure from exc
     _finish(report, watch, here, origin_agent, target_agent, (info, position, live),
-            paused_at, live_wait_s)  # fmt: skip
+            paused_at, live_wait_s, steps.pending)  # fmt: skip
     return report
 
 
@@ -456,11 +462,13 @@ def _finish(
     where: tuple[CheckpointInfo, ElementProgress, ElementProgress],
     paused_at: float,
     live_wait_s: float,
+    pending: Callable[[Offset | None], bool] | None = None,
 ) -> None:
     """After the routing change: remove the origin (left to the reconciler if its node does
     not answer: it writes nothing any more) while measuring the downtime — until the target
-    has processed input beyond ``where``'s position (the pause, or the fence). Measured
-    after the removal, the downtime counted its round trip (on a 500 ms link, most of it)."""
+    has processed input beyond ``where``'s position (the pause, or the fence), if its inputs
+    hold any (``pending``). Measured after the removal, the downtime counted its round trip
+    (on a 500 ms link, most of it)."""
     info, position, live = where
     refused: list[FogshiftError] = []
 
@@ -474,7 +482,9 @@ def _finish(
     removal = threading.Thread(target=remove, name=f"remove {here}", daemon=True)
     removal.start()
     try:
-        _measure_downtime(report, here, target, live, position, paused_at, live_wait_s)
+        # (No input beyond the switch: nothing to be down for; the downtime stays unknown.)
+        if live.progress > position.progress or pending is None or pending(position.offset):
+            _measure_downtime(report, here, target, live, position, paused_at, live_wait_s)
     except FogshiftError as exc:
         report.warnings.append(f"downtime not measured: {exc.message}")
     removal.join()

@@ -6,13 +6,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
+from nats.js.errors import NotFoundError
+
+from fogshift.broker.client import last_seq
+from fogshift.broker.naming import stream_name
 from fogshift.contracts import (
     CheckpointManifest,
     GroupMigrationReport,
     GroupMigrationStatus,
     MigrationMode,
     MigrationReport,
+    Offset,
     OperationKind,
     PipelineState,
     RestoreAttempt,
@@ -38,6 +44,23 @@ log = logging.getLogger("fogshift.orchestrator")
 
 class Coordination(Scaling):
     """Live migration and restoration of a PE."""
+
+    def _input_pending(self, pipeline: str, offset: Offset | None) -> bool:
+        """Whether a PE's inputs hold anything beyond ``offset`` (stream sequences by input,
+        as a JetStream reader's offset gives them); ``True`` where that cannot be told (a
+        source's own input, no offset yet, a stream or the broker that does not answer)."""
+        positions = (offset or {}).get("positions")
+        if not positions:
+            return True
+
+        async def ends(js: Any) -> dict[str, int]:
+            return {name: await last_seq(js, stream_name(pipeline, name)) for name in positions}
+
+        try:
+            last = self.broker.run(ends, timeout=10)
+        except (FogshiftError, NotFoundError):  # (unknown: waited for as if there were)
+            return True
+        return any(last[name] > int(at) for name, at in positions.items())
 
     def migrate(
         self,
@@ -84,6 +107,7 @@ class Coordination(Scaling):
                 fence=partial(self._fence_for, op),
                 bump=partial(self.registry.next_epoch, pipeline, element_id, operation=op.id),
                 mark=partial(self._mark, pipeline, element_id),
+                pending=partial(self._input_pending, pipeline),
             )
             try:
                 report = run_migration(

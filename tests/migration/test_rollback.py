@@ -183,3 +183,38 @@ def test_a_literal_migrations_downtime_and_catch_up_leave_out_the_origins_remova
     assert report.phases_ms["finalize"] >= 900, report.phases_ms  # the removal took 1 s
     assert report.downtime_ms is not None and report.downtime_ms < 800, report
     assert report.caught_up_events == 0, report
+
+
+@pytest.mark.parametrize("pending", [False, True])
+def test_a_migration_waits_for_its_downtime_only_with_input_to_process(pending: bool) -> None:
+    # The command waited its whole live wait (30 s) for the target to move beyond the pause
+    # when no input came: a group migration's handovers after the wearables' recordings had
+    # ended took 30 s each beyond their phases (Case 2's test on a loaded machine).
+    import time
+
+    offset = {"type": "jetstream", "positions": {"source": 500}}
+    pe = {"pipeline": "p", "element": "aggregate"}
+    asked: list[Any] = []
+    with standins("fog-a", "fog-b") as agents:
+        at_pause = {"committed_batch": 3, "offset": offset, "progress": 500}
+        agents["fog-a"].answer("POST", HERE + "/pause", body={**pe, "state": "paused", **at_pause})
+        info = json.dumps({"batch": 3, "offset": offset})
+        agents["fog-a"].answer("GET", HERE + "/checkpoint", content=b"checkpoint",
+                               headers={SHA_HEADER: "0" * 64, INFO_HEADER: info})  # fmt: skip
+        agents["fog-b"].answer(
+            "GET", HERE + "/progress", body={**pe, "state": "running", **at_pause}
+        )
+        clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
+        steps = MigrationSteps(pending=lambda at: asked.append(at) or pending)
+        began = time.monotonic()
+        report = migrate("p", ELEMENT, ("fog-a", clients["fog-a"]),
+                         ("fog-b", clients["fog-b"]), MigrationMode.LITERAL, timeout_s=5,
+                         live_wait_s=3 if pending else 60, steps=steps)  # fmt: skip
+        took = time.monotonic() - began
+        polls = len(agents["fog-b"].received("GET", HERE + "/progress"))
+    assert report.status == "migrated" and report.downtime_ms is None, report
+    assert asked == [offset]  # asked once, about where the origin paused
+    if pending:  # input the target has not processed: waited for (to the live wait's end)
+        assert took >= 3 and polls > 10, (took, polls)
+    else:  # none: the report at once, the target not asked again
+        assert took < 30 and polls <= 2, (took, polls)
