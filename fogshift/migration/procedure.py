@@ -88,6 +88,11 @@ log = logging.getLogger("fogshift.migration")
 PHASES = tuple(MigrationPhase)
 
 
+#: How long after a migration's switch the downtime is waited for if no input beyond the
+#: pause has come (a source writing every few hundred ms has written by then): the command
+#: answered only after its whole live wait (30 s) when none came (Case 2's handovers once
+#: the recordings had ended).
+IDLE_INPUT_S = 2.0
 #: Capped rounds a handover's target follows the origin before its gate opens. One brings
 #: it from the copy's batch to where the origin got meanwhile (the seconds its start took);
 #: more only chase the origin's next batches, which the target's open gate does anyway (the
@@ -121,9 +126,10 @@ class MigrationSteps:
         mark: Fences the PE's output stream with the given epoch (no bump): a ``handover``
             cuts the origin off with the target's epoch.
         pending: Whether the PE's inputs hold anything beyond the given offset (the
-            position at the switch). Without, the downtime is not waited for: nothing is
-            down while no input comes, and the command would have waited ``live_wait_s``
-            (30 s) for its report (``None``: always waited for).
+            position at the switch). Without any :data:`IDLE_INPUT_S` after the switch, the
+            downtime is not waited for further: nothing is down while no input comes, and
+            the command would have answered only after ``live_wait_s`` (30 s). ``None``:
+            waited for to the end.
     """
 
     phase: Callable[[str], None] = _no_phase
@@ -466,8 +472,8 @@ def _finish(
 ) -> None:
     """After the routing change: remove the origin (left to the reconciler if its node does
     not answer: it writes nothing any more) while measuring the downtime — until the target
-    has processed input beyond ``where``'s position (the pause, or the fence), if its inputs
-    hold any (``pending``). Measured after the removal, the downtime counted its round trip
+    has processed input beyond ``where``'s position (the pause, or the fence). Measured
+    after the removal, the downtime counted its round trip
     (on a 500 ms link, most of it)."""
     info, position, live = where
     refused: list[FogshiftError] = []
@@ -482,9 +488,8 @@ def _finish(
     removal = threading.Thread(target=remove, name=f"remove {here}", daemon=True)
     removal.start()
     try:
-        # (No input beyond the switch: nothing to be down for; the downtime stays unknown.)
-        if live.progress > position.progress or pending is None or pending(position.offset):
-            _measure_downtime(report, here, target, live, position, paused_at, live_wait_s)
+        _measure_downtime(report, here, target, live, position, paused_at, live_wait_s,
+                          pending)  # fmt: skip
     except FogshiftError as exc:
         report.warnings.append(f"downtime not measured: {exc.message}")
     removal.join()
@@ -570,6 +575,11 @@ def _restart_fenced(
     )
 
 
+class _NoInput(Exception):
+    """No input beyond a migration's pause came soon after its switch (see
+    :func:`_measure_downtime`)."""
+
+
 def _measure_downtime(
     report: MigrationReport,
     here: str,
@@ -578,20 +588,33 @@ def _measure_downtime(
     position: ElementProgress,
     paused_at: float,
     live_wait_s: float,
+    pending: Callable[[Offset | None], bool] | None = None,
 ) -> None:
     """Set ``downtime_ms`` once the target commits input beyond the pause position (``None``
-    if no new input arrives within ``live_wait_s``)."""
+    if no new input arrives within ``live_wait_s``, or, as ``pending`` tells, none has come
+    within :data:`IDLE_INPUT_S` of the switch: nothing is down while no input comes, and
+    the command would answer only at the end of the wait)."""
+    switched = time.monotonic()
+    looked = switched
 
     def moved_on() -> bool:
+        nonlocal looked
         info_now = (
             live
             if live.progress > position.progress
             else target.call(ElementProgress, "GET", here + "/progress")
         )
         report.observe(report.target, info_now)
-        return info_now.progress > position.progress
+        if info_now.progress > position.progress:
+            return True
+        now = time.monotonic()
+        if pending is not None and now - switched >= IDLE_INPUT_S and now - looked >= 0.5:
+            looked = now
+            if not pending(position.offset):
+                raise _NoInput
+        return False
 
-    with contextlib.suppress(WaitTimedOut):  # no new input: the downtime stays unknown
+    with contextlib.suppress(WaitTimedOut, _NoInput):  # no new input: the downtime stays unknown
         wait_until(moved_on, live_wait_s, interval_s=0.02, describe=f"{here} beyond the pause")
         report.downtime_ms = round((time.perf_counter() - paused_at) * 1000, 1)
 

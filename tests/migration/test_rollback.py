@@ -188,8 +188,10 @@ def test_a_literal_migrations_downtime_and_catch_up_leave_out_the_origins_remova
 @pytest.mark.parametrize("pending", [False, True])
 def test_a_migration_waits_for_its_downtime_only_with_input_to_process(pending: bool) -> None:
     # The command waited its whole live wait (30 s) for the target to move beyond the pause
-    # when no input came: a group migration's handovers after the wearables' recordings had
-    # ended took 30 s each beyond their phases (Case 2's test on a loaded machine).
+    # when no input came: a group migration's handover after the wearables' recordings had
+    # ended took 30 s beyond its phases (Case 2's test on a loaded machine). A source that
+    # writes every few hundred ms (E1's) has written within IDLE_INPUT_S, so its downtime is
+    # measured as before.
     import time
 
     offset = {"type": "jetstream", "positions": {"source": 500}}
@@ -213,8 +215,8 @@ def test_a_migration_waits_for_its_downtime_only_with_input_to_process(pending: 
         took = time.monotonic() - began
         polls = len(agents["fog-b"].received("GET", HERE + "/progress"))
     assert report.status == "migrated" and report.downtime_ms is None, report
-    assert asked == [offset]  # asked once, about where the origin paused
+    assert asked and all(at == offset for at in asked)  # about where the origin paused
     if pending:  # input the target has not processed: waited for (to the live wait's end)
         assert took >= 3 and polls > 10, (took, polls)
-    else:  # none: the report at once, the target not asked again
-        assert took < 30 and polls <= 2, (took, polls)
+    else:  # none came: given up soon after the switch, not at the live wait's end (60 s)
+        assert took < 30 and asked == [offset], (took, asked)
