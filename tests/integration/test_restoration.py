@@ -172,8 +172,19 @@ def test_torn_central_checkpoint_falls_back_to_an_older_one(
     blob = cluster.home / "central" / "blobs" / unique[0]
     data = blob.read_bytes()
     blob.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])
-    # The source's node (cloud) is alive: the old instance is fenced by the restore.
-    report = json.loads(cluster.cli("restore", "torn", "source", "--to", "fog-b", "--json").stdout)
+    # The source's node (cloud) is alive: the old instance is fenced by the restore. Onto a
+    # node holding no replica of the source: a backup node's replica fills in the files it
+    # holds (the damaged one among them), and the restore never reads the torn blob (a
+    # suite run restored from the newest checkpoint so, on fog-b).
+    holders = {n["name"]: n for n in cluster.json("nodes")}
+    spare = sorted(
+        name for name, n in holders.items()
+        if name != "cloud" and n["healthy"]
+        and not any(r.startswith("torn/source@") for r in n["replicas"])
+    )  # fmt: skip
+    assert spare, holders
+    report = json.loads(cluster.cli("restore", "torn", "source", "--to", spare[0],
+                                    "--json").stdout)  # fmt: skip
     assert report["checkpoint"] != newest["id"], report
     assert any(newest["id"] in s for s in report["skipped_checkpoints"]), report
     finish_and_compare(cluster, tmp_path, "torn")

@@ -343,6 +343,11 @@ def test_a_scale_whose_listing_or_start_fails_says_which_partitions_it_added(
     _beat(orch, agents)
     monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(2))
     agents["fog-a"].fail("GET", "/pipelines/p/elements/aggregate-p0/keys")
+    # (fog-b answers: the listing raises its first failure as it comes, fog-a's then.)
+    agents["fog-b"].answer("GET", "/pipelines/p/elements/aggregate-p1/keys", body={
+        "pipeline": "p", "element": "aggregate-p1", "node": "fog-b", "batch": None,
+        "positions": {}, "keys": [],
+    })  # fmt: skip
     with pytest.raises(Unavailable) as away:
         orch.scale("p", "aggregate", 3, ["fog-c"])
     assert agents["fog-c"].received("PUT", ADDED)  # it was started
