@@ -357,3 +357,53 @@ def test_events_held_inline_as_stored_before_the_list_are_kept(
     ]  # fmt: skip
     got = batch((4, KEY_STATE, {"k": "a", CONTROL_FIELD: {"move": "m1", "state": {}}}))
     assert got == [{"count": 1, "total": 3.0}, {"count": 2, "total": 4.0}]
+
+
+def test_held_events_around_a_state_in_one_batch_keep_the_input_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A move in, its events and its state in one batch; events held earlier, then more
+    in the state's batch before its row; a move in again drops what the earlier one held
+    (the orchestrator refuses a move of a key still waiting, so none is ever lost so)."""
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options = {"class": "lifecycle_procs:CountingStats", "path": str(HERE),
+               "options": {"log": str(tmp_path / "hooks.log")}}  # fmt: skip
+    store, run = Store(), f"run{next(_runs)}"
+
+    def batch(*rows: tuple[int, str, dict[str, Any]]) -> list[tuple[int, float]]:
+        # (A move out's state record is for its target; a dead letter fails the test.)
+        return [(o, json.loads(b)["total"]) for f in moving_key_batch(store, options, run, *rows)
+                for o, b, c, d in zip(f["origin"], f["body"], f["creator"], f["dead"], strict=True)
+                if c != KEY_STATE or d is not None]  # fmt: skip
+
+    def control(detail: dict[str, Any]) -> dict[str, Any]:
+        return {"k": "a", CONTROL_FIELD: detail}
+
+    def event(value: float) -> dict[str, Any]:
+        return {"k": "a", "value": value}
+
+    # All in one batch: nothing stored in the list, the events after the state as usual.
+    got = batch((1, KEY_MOVE_IN, control({"move": "m1", "to": 1})), (2, "src", event(1.0)),
+                (3, KEY_STATE, control({"move": "m1", "state": {"count": "1", "total": "10.0"}})),
+                (4, "src", event(2.0)))  # fmt: skip
+    assert got == [(3, 11.0), (4, 13.0)]
+    assert store.lists.get("held_events") is None or store.lists["held_events"].items == []
+    # Held over two batches, the state's own batch holding more before its row.
+    assert batch((5, KEY_MOVE_OUT, control({"move": "m2", "to": 0})),
+                 (6, KEY_MOVE_IN, control({"move": "m3", "to": 1})),
+                 (7, "src", event(1.0))) == []  # fmt: skip
+    assert batch((8, "src", event(2.0)), (9, KEY_STATE, control({
+        "move": "m3", "state": {"count": "1", "total": "100.0"}})), (10, "src", event(4.0))) == [
+        (9, 101.0), (9, 103.0), (10, 107.0)
+    ]  # fmt: skip
+    assert store.lists["held_events"].items == []
+    # A second move in while the first still waits: the first's events are dropped.
+    assert batch((11, KEY_MOVE_OUT, control({"move": "m4", "to": 0})),
+                 (12, KEY_MOVE_IN, control({"move": "m5", "to": 1})),
+                 (13, "src", event(1.0))) == []  # fmt: skip
+    assert batch((14, KEY_MOVE_IN, control({"move": "m6", "to": 1})),
+                 (15, "src", event(5.0))) == []  # fmt: skip
+    assert [row[4] for row in store.lists["held_events"].items] == [json.dumps(event(5.0))]
+    assert batch(
+        (16, KEY_STATE, control({"move": "m6", "state": {"count": "0", "total": "0.0"}}))
+    ) == [(16, 5.0)]
