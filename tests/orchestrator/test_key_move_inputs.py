@@ -281,3 +281,22 @@ def test_a_key_move_planned_before_its_partitions_inputs_changed_is_refused(
     planned = [p.model_copy(update={"inputs": ("s1",)}) for p in parts]
     with pytest.raises(Conflict, match="its partitions changed while it waited"):
         orch._unchanged("two", "agg", planned, "cannot move keys")
+
+
+def test_whether_a_pe_s_inputs_hold_anything_beyond_an_offset(
+    orch: Orchestrator, js_client: SyncJetStream
+) -> None:
+    """What a migration asks after its switch before waiting for its downtime, answered
+    from the inputs' streams on a real nats-server; unknown counts as pending."""
+    first = _event(js_client, "s1", "a")
+    last = _event(js_client, "s1", "b")
+    assert orch._input_pending("two", {"type": "jetstream", "positions": {"s1": first}})
+    assert not orch._input_pending("two", {"type": "jetstream", "positions": {"s1": last}})
+    # Several inputs: pending if any is behind its stream's end (s2 holds nothing).
+    assert not orch._input_pending("two", {"type": "jetstream",
+                                           "positions": {"s1": last, "s2": 0}})  # fmt: skip
+    assert orch._input_pending("two", {"type": "jetstream", "positions": {"s1": 0, "s2": 0}})
+    # A source's own offset, none yet, a stream that does not exist: waited for.
+    assert orch._input_pending("two", {"row": 3})
+    assert orch._input_pending("two", None)
+    assert orch._input_pending("two", {"type": "jetstream", "positions": {"gone": 0}})
