@@ -472,9 +472,9 @@ def _finish(
 ) -> None:
     """After the routing change: remove the origin (left to the reconciler if its node does
     not answer: it writes nothing any more) while measuring the downtime — until the target
-    has processed input beyond ``where``'s position (the pause, or the fence). Measured
-    after the removal, the downtime counted its round trip
-    (on a 500 ms link, most of it)."""
+    has processed input beyond ``where``'s position (the pause, or the fence), or no input
+    came (``pending``, see :func:`_measure_downtime`). Measured after the removal, the
+    downtime counted its round trip (on a 500 ms link, most of it)."""
     info, position, live = where
     refused: list[FogshiftError] = []
 
