@@ -356,7 +356,8 @@ def cluster(
         shared: Cluster = request.getfixturevalue("shared_cluster")
         shared.heal()
         yield shared
-        shared.heal()
+        # Not healed again here: the next module that takes the cluster heals it first, and
+        # a worker's last one would restart killed nodes (a JVM each) for nothing.
         shared.stop_all()
         return
     home = tmp_path_factory.mktemp("home")

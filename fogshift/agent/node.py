@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -115,11 +116,29 @@ class HostedElement:
     run_ids: set[str] = field(default_factory=set)
     #: Why its last node-level checkpoint failed (``None``: it succeeded, or none was tried).
     snapshot_error: str | None = None
+    #: The batch its checkpoint had committed when its query was last started here (-1:
+    #: none; ``None``: never started here): later batches are that run's, whose progress
+    #: reports come to be counted.
+    resumed_batch: int | None = None
+    #: Since when (monotonic) its node-level checkpoints are put off for want of a batch's
+    #: progress report (:meth:`NodeRuntime.snapshot_all`).
+    uncounted_since: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.plan.pipeline, self.plan.element.id)
 
+
+#: The PE's counters (``events_in``, ``last_batch``), inside its checkpoint folder so that
+#: they travel with it (migration, restore).
+METRICS_FILE = "fogshift-metrics.json"
+#: How long a round of node-level checkpoints waits for the progress reports of batches its
+#: PEs committed but have not counted (Spark's listener bus hands a report over after the
+#: batch's commit; under load, up to seconds later), and how often it looks.
+COUNT_WAIT_S, COUNT_POLL_S = 2.0, 0.05
+#: How long a PE's node-level checkpoints are put off for want of such a report before one
+#: is taken all the same.
+UNCOUNTED_LIMIT_S = 30.0
 
 #: The agent's exit code when its Spark JVM is gone.
 JVM_GONE_EXIT = 70
@@ -276,7 +295,7 @@ class NodeRuntime:
 
     def _metrics_file(self, pipeline: str, pe: str) -> Path:
         # Inside the checkpoint, so the counters travel with it (migration, restore).
-        return self.checkpoint_dir(pipeline, pe) / "fogshift-metrics.json"
+        return self.checkpoint_dir(pipeline, pe) / METRICS_FILE
 
     @property
     def query_locations(self) -> Path:
@@ -377,7 +396,9 @@ class NodeRuntime:
             )
             hosted.plan = replace(hosted.plan, location=str(location))
             spark = self.spark
+            resumed = committed_batch(Path(hosted.plan.checkpoint_dir))
             hosted.query = self._spark_thread.submit(start_query, spark, hosted.plan).result()
+            hosted.resumed_batch = -1 if resumed is None else resumed
             hosted.run_ids.add(str(hosted.query.runId))
             hosted.state, hosted.error = PEState.RUNNING, None
             hosted.started_at = time.time()
@@ -562,7 +583,12 @@ class NodeRuntime:
             known_chunks: sha256 digests of chunks of large files the asker holds: a large
                 file holding some ships only its others (:func:`pack`).
         """
-        self.hosted(pipeline, pe)
+        hosted = self.hosted(pipeline, pe)
+        if not warm and not self._wait_counted(hosted, time.monotonic() + COUNT_WAIT_S):
+            # (A warm copy's last batch runs again where it goes, and is counted there.)
+            log.warning("copy of %s made before the progress report of its newest batch "
+                        "came: its input count may fall short of that batch's rows",
+                        hosted.plan.query_name)  # fmt: skip
         source = self.checkpoint_dir(pipeline, pe)
         # A folder of its own per request: two copies of one PE at once (a request sent
         # again while the first is still packed) would remove and refill each other's.
@@ -956,9 +982,16 @@ class NodeRuntime:
             hosted = [
                 h for h in self._elements.values() if h.state in (PEState.RUNNING, PEState.PAUSED)
             ]
+        # A snapshot freezes the PE's counters file with its batch: one a batch behind stays
+        # short of that batch's rows in every instance started from it (a restore, a
+        # promotion), as Spark hands a batch's report over only after its commit. So each
+        # waits (all within one bound) for the report of the batch it would freeze.
+        deadline = time.monotonic() + COUNT_WAIT_S
         for h in hosted:
             pipeline, pe = h.key
             try:
+                if not self._wait_counted(h, deadline) and not self._put_off(h):
+                    continue
                 take_snapshot(
                     Path(h.plan.checkpoint_dir),
                     self.snapshot_store(pipeline, pe),
@@ -967,6 +1000,7 @@ class NodeRuntime:
                     dict(h.state_metrics),
                     pinned=self.pins.held(pipeline, pe),
                     epoch=h.plan.epoch,
+                    complete=functools.partial(self._covers, h),
                 )
                 h.snapshot_error = None
             except (OSError, ValueError, FogshiftError) as exc:
@@ -978,6 +1012,52 @@ class NodeRuntime:
                 log.exception("node-level checkpoint of %s failed", h.plan.query_name)
                 h.snapshot_error = f"{type(exc).__name__}: {exc}"
         self.snapshots_at = time.monotonic()
+
+    def _uncounted(self, hosted: HostedElement, batch: int | None) -> bool:
+        """Whether ``batch``, committed in the PE's checkpoint, is one its query ran since it
+        was last started here and whose progress report is not counted yet."""
+        resumed = hosted.resumed_batch
+        return batch is not None and resumed is not None and batch > max(hosted.last_batch, resumed)
+
+    def _wait_counted(self, hosted: HostedElement, deadline: float) -> bool:
+        """Until the PE's newest committed batch is counted, or ``deadline`` (monotonic);
+        whether it is."""
+        live = Path(hosted.plan.checkpoint_dir)
+        while self._uncounted(hosted, committed_batch(live)):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(COUNT_POLL_S)
+            with self._lock:
+                self._count_queued()
+        hosted.uncounted_since = None
+        return True
+
+    def _put_off(self, hosted: HostedElement) -> bool:
+        """For a PE whose newest batch is not counted: whether to take its node-level
+        checkpoint all the same, only once it has been put off :data:`UNCOUNTED_LIMIT_S`
+        (a report that never comes must not leave the PE without newer checkpoints)."""
+        now = time.monotonic()
+        since = hosted.uncounted_since = hosted.uncounted_since or now
+        if now - since < UNCOUNTED_LIMIT_S:
+            log.info("node-level checkpoint of %s put off: the progress report of its newest "
+                     "batch has not come", hosted.plan.query_name)  # fmt: skip
+            return False
+        log.warning("node-level checkpoint of %s taken without the progress report of its "
+                    "newest batch (awaited %.0f s): its input count may fall short of that "
+                    "batch's rows", hosted.plan.query_name, now - since)  # fmt: skip
+        return True
+
+    def _covers(self, hosted: HostedElement, staged: Path, batch: int) -> bool:
+        """Whether the counters in a staged copy of the PE's checkpoint cover the batch it
+        froze (:func:`take_snapshot`'s ``complete``: a batch committed while the copy was
+        made may not be counted yet)."""
+        if hosted.resumed_batch is None or batch <= hosted.resumed_batch:
+            return True  # came with the checkpoint: no report of it is to come here
+        try:
+            counted = int(json.loads((staged / METRICS_FILE).read_text())["last_batch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            counted = -1
+        return counted >= batch or self._put_off(hosted)
 
     def run_snapshots(self) -> None:
         """Loop :meth:`snapshot_all` every ``checkpoint_interval_s`` until :meth:`close`.

@@ -20,7 +20,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,7 @@ def take_snapshot(
     state_metrics: Mapping[int, dict[str, Any]] | None = None,
     pinned: Collection[str] = (),
     epoch: int | None = None,
+    complete: Callable[[Path, int], bool] | None = None,
 ) -> dict[str, Any] | None:
     """Snapshot the live checkpoint of a PE into ``store`` if it committed a newer batch.
 
@@ -112,9 +113,13 @@ def take_snapshot(
         epoch: The epoch of the instance whose checkpoint this is (in the manifest: the
             orchestrator trims a stream only once its readers' current instances have a
             central checkpoint, ``orchestrator.history``).
+        complete: Called with the staged copy and the batch it froze: ``False`` drops it
+            (``None`` is returned; a later call takes it again). The agent's: whether the
+            copy's counters cover that batch.
 
     Returns:
-        The new manifest, or ``None`` when there was nothing new to snapshot.
+        The new manifest, or ``None`` when there was nothing new to snapshot (or the copy
+        was not ``complete``).
     """
     batch = committed_batch(live)
     previous = latest_manifest(store)
@@ -139,6 +144,9 @@ def take_snapshot(
     # in place), so a snapshot writes no data at all.
     placed: dict[str, int | None] = {}
     info = copy_checkpoint(live, staging, link_from=old_dir, link=True, placed=placed)
+    if complete is not None and not complete(staging, info["batch"]):
+        shutil.rmtree(staging, ignore_errors=True)
+        return None
     copied_at = time.perf_counter()
     folder = store / snapshot_id(info["batch"])
     if folder.exists():
