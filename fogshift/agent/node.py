@@ -584,7 +584,7 @@ class NodeRuntime:
                 file holding some ships only its others (:func:`pack`).
         """
         hosted = self.hosted(pipeline, pe)
-        if not warm and not self._wait_counted(hosted, time.monotonic() + COUNT_WAIT_S):
+        if not warm and self._wait_counted(hosted, time.monotonic() + COUNT_WAIT_S) is not None:
             # (A warm copy's last batch runs again where it goes, and is counted there.)
             log.warning("copy of %s made before the progress report of its newest batch "
                         "came: its input count may fall short of that batch's rows",
@@ -990,7 +990,8 @@ class NodeRuntime:
         for h in hosted:
             pipeline, pe = h.key
             try:
-                if not self._wait_counted(h, deadline) and not self._put_off(h):
+                late = self._wait_counted(h, deadline)
+                if late is not None and not self._put_off(h, late):
                     continue
                 take_snapshot(
                     Path(h.plan.checkpoint_dir),
@@ -1019,21 +1020,21 @@ class NodeRuntime:
         resumed = hosted.resumed_batch
         return batch is not None and resumed is not None and batch > max(hosted.last_batch, resumed)
 
-    def _wait_counted(self, hosted: HostedElement, deadline: float) -> bool:
+    def _wait_counted(self, hosted: HostedElement, deadline: float) -> int | None:
         """Until the PE's newest committed batch is counted, or ``deadline`` (monotonic);
-        whether it is."""
+        then that batch if it is still not counted, else ``None``."""
         live = Path(hosted.plan.checkpoint_dir)
-        while self._uncounted(hosted, committed_batch(live)):
+        while self._uncounted(hosted, batch := committed_batch(live)):
             if time.monotonic() >= deadline:
-                return False
+                return batch
             time.sleep(COUNT_POLL_S)
             with self._lock:
                 self._count_queued()
         hosted.uncounted_since = None
-        return True
+        return None
 
-    def _put_off(self, hosted: HostedElement) -> bool:
-        """For a PE whose newest batch is not counted: whether to take its node-level
+    def _put_off(self, hosted: HostedElement, batch: int) -> bool:
+        """For a PE whose ``batch`` is not counted: whether to take its node-level
         checkpoint all the same, only once it has been put off :data:`UNCOUNTED_LIMIT_S`
         (a report that never comes must not leave the PE without newer checkpoints)."""
         now = time.monotonic()
@@ -1045,6 +1046,9 @@ class NodeRuntime:
         log.warning("node-level checkpoint of %s taken without the progress report of its "
                     "newest batch (awaited %.0f s): its input count may fall short of that "
                     "batch's rows", hosted.plan.query_name, now - since)  # fmt: skip
+        # Given up on: no later round waits for it again (its report, should it come, is
+        # still counted).
+        hosted.resumed_batch, hosted.uncounted_since = max(hosted.resumed_batch or -1, batch), None
         return True
 
     def _covers(self, hosted: HostedElement, staged: Path, batch: int) -> bool:
@@ -1057,7 +1061,7 @@ class NodeRuntime:
             counted = int(json.loads((staged / METRICS_FILE).read_text())["last_batch"])
         except (OSError, ValueError, KeyError, TypeError):
             counted = -1
-        return counted >= batch or self._put_off(hosted)
+        return counted >= batch or self._put_off(hosted, batch)
 
     def run_snapshots(self) -> None:
         """Loop :meth:`snapshot_all` every ``checkpoint_interval_s`` until :meth:`close`.

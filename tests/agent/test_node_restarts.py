@@ -284,7 +284,7 @@ def test_batches_that_came_with_the_checkpoint_are_frozen_at_once_and_a_lost_rep
 ) -> None:
     monkeypatch.setattr(node, "COUNT_WAIT_S", 0.05)
     # Started on a copy of batch 1 whose counters lag (no report of it ever comes here).
-    _running(runtime, tmp_path, resumed=1, counted=0)
+    h = _running(runtime, tmp_path, resumed=1, counted=0)
     _commit(runtime, 0, 1)
     runtime.snapshot_all()
     assert _frozen_counters(runtime)[0] == 1
@@ -295,6 +295,8 @@ def test_batches_that_came_with_the_checkpoint_are_frozen_at_once_and_a_lost_rep
     monkeypatch.setattr(node, "UNCOUNTED_LIMIT_S", 0.0)
     runtime.snapshot_all()
     assert _frozen_counters(runtime)[0] == 2
+    # Given up on once: no later round waits for that report again.
+    assert runtime._wait_counted(h, time.monotonic()) is None and h.uncounted_since is None
 
 
 def test_a_batch_committed_while_the_snapshot_copies_is_not_frozen_uncounted(
