@@ -173,13 +173,16 @@ def test_torn_central_checkpoint_falls_back_to_an_older_one(
     data = blob.read_bytes()
     blob.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])
     # The source's node (cloud) is alive: the old instance is fenced by the restore. Onto a
-    # node holding no replica of the source: a backup node's replica fills in the files it
-    # holds (the damaged one among them), and the restore never reads the torn blob (a
-    # suite run restored from the newest checkpoint so, on fog-b).
+    # node holding no replica of the source, and not its planned backup node (which a
+    # replica push may reach before the restore): a replica there fills in the files it
+    # holds (the damaged one among them), and the restore never reads the torn blob (suite
+    # runs restored from the newest checkpoint so, on fog-b, then on fog-c once its replica
+    # came after the node listing).
+    backup = cluster.element("torn", "source")["planned_backup"]
     holders = {n["name"]: n for n in cluster.json("nodes")}
     spare = sorted(
         name for name, n in holders.items()
-        if name != "cloud" and n["healthy"]
+        if name not in ("cloud", backup) and n["healthy"]
         and not any(r.startswith("torn/source@") for r in n["replicas"])
     )  # fmt: skip
     assert spare, holders
