@@ -292,13 +292,12 @@ def pgids_of(home: Path, broker: bool = True) -> list[int]:
 #: The cluster most integration tests share (one start-up for the session): four nodes,
 #: frequent checkpoints (every 2 s on the nodes, every 4 s centrally: more would load two
 #: cores with copying alone), a de-duplication window of 1 s, so exactly-once never leans on
-#: the broker dropping a re-sent message, and micro-batches at most once every 3 s: a batch
+#: the broker dropping a re-sent message, and micro-batches at most once every 2 s: a batch
 #: costs ~0.3-0.5 s of CPU whatever its size, so at 200 ms the tests' pipelines kept both
-#: cores busy and every operation waited for CPU; at 1 s the suite still spent 16 % more CPU,
-#: and at 2 s `make test` was still over its 12 minutes here (README, "How long the suite
-#: takes").
+#: cores busy and every operation waited for CPU; at 1 s the suite still spent 16 % more CPU
+#: (README, "How long the suite takes").
 SHARED_NODES = ["cloud", "fog-a", "fog-b", "fog-c"]
-SHARED_TRIGGER_MS = 3000
+SHARED_TRIGGER_MS = 2000
 SHARED_UP_ARGS = (
     "--checkpoint-interval",
     "2",

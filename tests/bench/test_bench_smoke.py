@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def shared(cluster: Cluster) -> Iterator[BenchCluster]:
     """The session's shared cluster (cloud, fog-a, fog-b, fog-c; checkpoints every 2 s,
-    central pulls every 4 s, the shared trigger), seen as a bench cluster; the nodes the bench
+    central pulls every 4 s, a 1 s trigger), seen as a bench cluster; the nodes the bench
     kills are started again after the module."""
     yield BenchCluster(
         cluster.home,

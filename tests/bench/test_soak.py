@@ -32,7 +32,7 @@ from fogshift.supervisor.cluster import (
     kill_group,
     load_cluster,
 )
-from tests.conftest import ROOT, SHARED_TRIGGER_MS, fogshift
+from tests.conftest import ROOT, fogshift
 
 EXAMPLE = ROOT / "examples" / "soak"
 
@@ -319,10 +319,10 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
         "bench", "soak", "--migrations", "0", "--kills", "0", "--orchestrator-kills", "1",
         "--mid-migration", "1", "--modes", "handover", "--nodes", "cloud,fog-a,fog-b",
         "--seed", "3",
-        # Batches as rare as on the shared clusters: two pipelines' 200 ms batches keep two
-        # cores busy, and every operation then waits for CPU (what is tested does not
-        # depend on it).
-        "--trigger-ms", str(SHARED_TRIGGER_MS),
+        # Batches at most once every 2 s, as on the shared clusters: two pipelines' 200 ms
+        # batches keep two cores busy, and every operation then waits for CPU (what is
+        # tested does not depend on it).
+        "--trigger-ms", "2000",
         "--out", str(out), "--work", str(work), check=False, timeout=2300,
     )  # fmt: skip
     minutes = (time.monotonic() - started) / 60
