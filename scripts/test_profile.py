@@ -31,8 +31,14 @@ def main() -> None:
     parser.add_argument("--min-seconds", type=float, default=5.0, help="modules to write")
     args = parser.parse_args()
     modules: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    #: Each worker's first start and last end (records since "ended" was added).
+    workers: dict[str, list[float]] = {}
     for line in args.profile.read_text().splitlines():
         record = json.loads(line)
+        if "ended" in record:
+            span = workers.setdefault(record["worker"], [record["ended"], 0.0])
+            span[0] = min(span[0], record["ended"] - record["wall_s"])
+            span[1] = max(span[1], record["ended"])
         module = modules[record["test"].split("::")[0]]
         module[0] += record["wall_s"]
         module[1] += record["busy_cpu_s"]
@@ -45,6 +51,11 @@ def main() -> None:
     for name, (w, b, i, n) in sorted(modules.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"{name:60} {n:5.0f} {w:8.1f} {w / wall:6.1%} {b / max(b + i, 1e-9):7.1%}")
     print(f"{'all':60} {'':5} {wall:8.1f} {'':6} {busy / max(busy + idle, 1e-9):7.1%}")
+    if workers:
+        # A worker that ran out of modules long before the others left its core's share idle.
+        start = min(first for first, _ in workers.values())
+        for name, (first, last) in sorted(workers.items()):
+            print(f"worker {name}: from +{first - start:.0f} s to +{last - start:.0f} s")
     if args.write_seconds:
         seconds = {
             name: round(m[0])

@@ -53,6 +53,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         "busy_cpu_s": round(total - idle, 2),
         "idle_cpu_s": round(idle, 2),
         "cores": psutil.cpu_count(),
+        # When it ended, and on which worker: how evenly the workers' queues ran out.
+        "ended": round(time.time(), 1),
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
     }
     with open(PROFILE, "a") as out:
         out.write(json.dumps(record) + "\n")

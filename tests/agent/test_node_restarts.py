@@ -275,7 +275,7 @@ def test_a_snapshot_waits_for_the_count_of_the_batch_it_freezes(
     threading.Timer(0.1, runtime.progress_feed._reports.put, [json.dumps(report)]).start()
     monkeypatch.setattr(node, "COUNT_WAIT_S", 10.0)
     runtime.snapshot_all()
-    assert _frozen_counters(runtime) == (1, {"events_in": 12, "last_batch": 1})
+    assert _frozen_counters(runtime) == (1, {"events_in": 12, "last_batch": 1, "batches": {"1": 7}})
     assert h.uncounted_since is None
 
 
@@ -337,7 +337,54 @@ def test_a_literal_copy_waits_for_the_count_of_its_last_batch(
     assert info.batch == 1 and h.last_batch == 1
     copy = tmp_path / "copy"
     unpack(data, digest, copy)
-    assert json.loads((copy / METRICS_FILE).read_text()) == {"events_in": 12, "last_batch": 1}
+    saved = json.loads((copy / METRICS_FILE).read_text())
+    assert saved == {"events_in": 12, "last_batch": 1, "batches": {"1": 7}}
+
+
+def test_a_warm_copys_target_counts_the_batches_it_runs_again(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Case 2's classifier handed over, then restored from its target's copy, counted 96 of
+    # its 384 windows for good: a warm copy drops its last commit, but its counters said
+    # batches after it were counted already, and the target's batches of those ids (new
+    # input) were never counted.
+    h = _running(runtime, tmp_path, resumed=-1, counted=-1)
+    live = runtime.checkpoint_dir("x", "p")
+    for b, end in ((0, 2), (1, 7), (2, 7)):  # batch 2 read nothing (a no-data batch)
+        (live / "offsets" / str(b)).write_text(f'v1\n{{}}\n{{"row": {end}}}')
+        (live / "commits" / str(b)).write_text("v1\n{}")
+    h.events_in = 0
+    runtime._check(h, [batch(0, 2), batch(1, 5), batch(2, 0)])
+    assert (h.events_in, h.last_batch) == (7, 2)
+    data, digest, info = runtime.checkpoint("x", "p", warm=True)
+    assert info.batch == 1  # run again on the copy (its commit dropped); batch 2 left out
+    target = NodeRuntime(runtime.config.model_copy(update={"name": "n2", "home": tmp_path / "n2"}))
+    target.spark = object()  # type: ignore[assignment]
+    target.install_checkpoint("x", "p", data, digest)
+    monkeypatch.setattr(node, "start_query", lambda spark, plan: FakeQuery())
+    target.deploy("x", h.plan.element.model_copy(update={"node": "n2"}), fresh=False, epoch=2)
+    moved = target.hosted("x", "p")
+    assert (moved.events_in, moved.last_batch) == (2, 0)  # as of the copy's batch
+    saved = json.loads((target.checkpoint_dir("x", "p") / METRICS_FILE).read_text())
+    assert saved == {"events_in": 2, "last_batch": 0, "batches": {"0": 2}}
+    # Batch 1 again (the same rows), then a batch 2 that reads new input here.
+    target._check(moved, [batch(1, 5), batch(2, 9)])
+    assert (moved.events_in, moved.last_batch) == (16, 2)
+
+
+def test_counters_without_the_rows_of_their_batches_are_taken_as_they_are(
+    runtime: NodeRuntime, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Written before the rows per batch were kept: the batches ahead run again and are
+    # counted again (an input count over, never one short for good); a warning says so.
+    h = hosted(tmp_path)
+    runtime._resume(h, {"events_in": 9, "last_batch": 3}, committed=1)
+    assert (h.events_in, h.last_batch) == (9, 1)
+    assert "batches [2, 3]" in caplog.text
+    runtime._resume(h, {"events_in": 9, "last_batch": 3, "batches": {"3": 4}}, committed=None)
+    assert (h.events_in, h.last_batch) == (5, -1) and h.batch_rows == {}
+    runtime._resume(h, {"events_in": 9, "last_batch": 3}, committed=5)  # behind: kept
+    assert (h.events_in, h.last_batch) == (9, 3)
 
 
 def test_one_pe_whose_checkpoint_went_mid_snapshot_stops_no_other_pes_snapshots(
