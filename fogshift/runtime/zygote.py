@@ -45,6 +45,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -79,6 +80,11 @@ _MAX_REQUEST = 1 << 20
 _MAX_PATH = 100
 #: How often the zygote checks that the process that started it is still there.
 _PARENT_CHECK_S = 1.0
+#: The temp folders of zygotes whose node's folder is too deep for a socket's path.
+TEMP_PREFIX = "fogshift-zygote-"
+#: How old such a folder must be, empty, before a sweep removes it: a zygote starting now
+#: binds its socket in a folder just made.
+STALE_EMPTY_S = 600.0
 
 
 def socket_path(folder: Path) -> Path:
@@ -91,17 +97,68 @@ def socket_path(folder: Path) -> Path:
     # folder in the temp dir, and a worker script named after it in the node's, for good);
     # another user's folder of that name is not taken (they could answer for the zygote).
     digest = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
-    stable = Path(tempfile.gettempdir()) / f"fogshift-zygote-{digest}"
+    temp = Path(tempfile.gettempdir())
+    stable = temp / f"{TEMP_PREFIX}{digest}"
+    with contextlib.suppress(OSError):  # tidying only: a start never fails for it
+        sweep_stale(temp, keep=stable)
     try:
         stable.mkdir(mode=0o700)
     except FileExistsError:
         pass
     except OSError:
-        return Path(tempfile.mkdtemp(prefix="fogshift-zygote-")) / "socket"
+        return Path(tempfile.mkdtemp(prefix=TEMP_PREFIX)) / "socket"
     info = stable.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        return Path(tempfile.mkdtemp(prefix="fogshift-zygote-")) / "socket"
+        return Path(tempfile.mkdtemp(prefix=TEMP_PREFIX)) / "socket"
     return stable / "socket"
+
+
+def sweep_stale(temp: Path, keep: Path | None = None) -> int:
+    """Remove this user's zygote folders under ``temp`` that no zygote uses any more: one
+    whose ``socket`` refuses connections (its zygote was killed with its node, and only a
+    clean exit removes the folder: the test suite's SIGKILLed nodes left one per node
+    folder, for good), and an empty one older than :data:`STALE_EMPTY_S`. ``keep`` is left
+    alone. Returns how many were removed.
+
+    A live zygote's socket is there only once it listens (it is bound under another name,
+    then renamed), so a ``socket`` that refuses is a dead one's.
+    """
+    removed = 0
+    for folder in temp.glob(f"{TEMP_PREFIX}*"):
+        try:
+            info = folder.lstat()
+            if folder == keep or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            sock = folder / "socket"
+            if _refuses(sock):
+                sock.unlink()
+            elif any(folder.iterdir()) or time.time() - info.st_mtime < STALE_EMPTY_S:
+                continue
+            folder.rmdir()  # fails if anything else is in it: then it stays
+            removed += 1
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove
+    return removed
+
+
+def _refuses(path: Path) -> bool:
+    """Whether ``path`` is a Unix socket nobody listens on."""
+    try:
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            return False
+    except OSError:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False
 
 
 def start(path: Path) -> subprocess.Popen[bytes]:
@@ -148,6 +205,9 @@ def serve(path: Path, parent: int, served: frozenset[str] = SERVED) -> None:
     with contextlib.suppress(FileNotFoundError):
         if os.stat(path).st_ino == identity:  # not a newer zygote's
             os.unlink(path)
+    if path.parent.name.startswith(TEMP_PREFIX):
+        with contextlib.suppress(OSError):  # a newer zygote's socket in it: it stays
+            path.parent.rmdir()
 
 
 class Zygote:
@@ -187,6 +247,9 @@ class Zygote:
         try:
             conn.settimeout(5)
             data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 3)
+            if not data and not fds:  # closed unsent: a sweep's probe (:func:`sweep_stale`)
+                conn.close()
+                return
             request = json.loads(data)
             args = list(request["args"])
             if len(fds) != 3 or len(args) < 2 or args[0] != "-m" or args[1] not in self.served:

@@ -200,3 +200,78 @@ def test_a_deep_folders_socket_is_the_same_at_every_start(tmp_path: Path) -> Non
     assert made <= {first.parent.name}
     assert (first.parent.stat().st_mode & 0o777) == 0o700
     first.parent.rmdir()
+
+
+def test_a_probe_of_a_live_zygote_is_no_request(tmp_path: Path) -> None:
+    # A sweep connects to tell a live zygote from a dead one's socket, then closes unsent:
+    # the zygote serves on, and says nothing of it (it had logged a refused request).
+    import socket as sockets
+
+    socket = zygote.socket_path(tmp_path)
+    socket.parent.mkdir(mode=0o700)
+    log = tmp_path / "zygote.err"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVE, str(socket), str(os.getpid()), ECHO], cwd=ROOT,
+            stderr=err,
+        )  # fmt: skip
+    try:
+        wait_until(socket.exists, 60, describe="the zygote listens")
+        probe = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
+        probe.connect(str(socket))
+        probe.close()
+        run = spark_starts(socket, "echo", "3", cwd=tmp_path)
+        out, _ = run.communicate("x\n", timeout=60)
+        assert run.returncode == 3 and json.loads(out)["pid"] != run.pid  # forked: served
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "refused" not in log.read_text()
+
+
+def test_zygote_folders_no_zygote_uses_are_swept(tmp_path: Path) -> None:
+    # The suite's SIGKILLed nodes left a /tmp/fogshift-zygote-* folder each, for good: only a
+    # zygote's clean exit removes its folder.
+    import socket as sockets
+
+    def folder(name: str, age_s: float = 0.0) -> Path:
+        made = tmp_path / f"{zygote.TEMP_PREFIX}{name}"
+        made.mkdir(mode=0o700)
+        if age_s:
+            os.utime(made, (made.stat().st_atime - age_s, made.stat().st_mtime - age_s))
+        return made
+
+    dead = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
+    dead.bind(str(folder("dead") / "socket"))
+    dead.close()  # its file stays: a killed zygote's
+    live = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
+    live.bind(str(folder("live") / "socket"))
+    live.listen(1)
+    half = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
+    half.bind(str(folder("half") / "socket.12"))  # bound, not yet listening nor renamed
+    folder("young")
+    folder("old", age_s=2 * zygote.STALE_EMPTY_S)
+    (folder("kept") / "socket").touch()  # not a socket: not judged
+    mine = folder("mine", age_s=2 * zygote.STALE_EMPTY_S)
+    try:
+        assert zygote.sweep_stale(tmp_path, keep=mine) == 2
+        left = sorted(p.name.removeprefix(zygote.TEMP_PREFIX) for p in tmp_path.iterdir())
+        assert left == ["half", "kept", "live", "mine", "young"]
+    finally:
+        live.close()
+        half.close()
+
+
+def test_a_deep_folders_zygote_removes_its_folder_when_it_exits(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    socket = zygote.socket_path(deep)
+    assert socket.parent.name.startswith(zygote.TEMP_PREFIX)
+    starter = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from pathlib import Path; from fogshift.runtime import zygote\n"
+         "print(zygote.start(Path(sys.argv[1])).pid)", str(socket)],
+        capture_output=True, text=True, check=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    pid = int(starter.stdout)
+    wait_until(lambda: not psutil.pid_exists(pid), 60, describe="the orphaned zygote exited")
+    assert not socket.parent.exists()
