@@ -146,8 +146,8 @@ def test_a_module_it_does_not_serve_gets_an_interpreter_of_its_own(tmp_path: Pat
         proc.wait()
 
 
-def test_the_zygote_exits_with_the_process_that_started_it(tmp_path: Path) -> None:
-    socket = zygote.socket_path(tmp_path)
+def _orphan_exits(socket: Path) -> None:
+    """Start a zygote at ``socket`` from a process that then exits; wait until it exits too."""
     starter = subprocess.run(
         [sys.executable, "-c",
          "import sys; from pathlib import Path; from fogshift.runtime import zygote\n"
@@ -156,6 +156,11 @@ def test_the_zygote_exits_with_the_process_that_started_it(tmp_path: Path) -> No
     )  # fmt: skip
     pid = int(starter.stdout)
     wait_until(lambda: not psutil.pid_exists(pid), 60, describe="the orphaned zygote exited")
+
+
+def test_the_zygote_exits_with_the_process_that_started_it(tmp_path: Path) -> None:
+    socket = zygote.socket_path(tmp_path)
+    _orphan_exits(socket)
     assert not socket.exists()
 
 
@@ -266,12 +271,5 @@ def test_a_deep_folders_zygote_removes_its_folder_when_it_exits(tmp_path: Path) 
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     socket = zygote.socket_path(deep)
     assert socket.parent.name.startswith(zygote.TEMP_PREFIX)
-    starter = subprocess.run(
-        [sys.executable, "-c",
-         "import sys; from pathlib import Path; from fogshift.runtime import zygote\n"
-         "print(zygote.start(Path(sys.argv[1])).pid)", str(socket)],
-        capture_output=True, text=True, check=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
-    pid = int(starter.stdout)
-    wait_until(lambda: not psutil.pid_exists(pid), 60, describe="the orphaned zygote exited")
+    _orphan_exits(socket)
     assert not socket.parent.exists()
