@@ -196,6 +196,8 @@ def serve(path: Path, parent: int, served: frozenset[str] = SERVED) -> None:
     staging = path.with_name(path.name + f".{os.getpid()}")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(staging)
+    # Made again if gone: the zygote this one replaces removes its temp folder as it exits.
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     listener.bind(str(staging))
     os.chmod(staging, 0o600)
     listener.listen(64)
