@@ -233,8 +233,9 @@ class NodeRuntime:
             self._warm_up(spark)
 
     def _warm_up(self, spark: SparkSession) -> None:
-        """Run the node's first stateful query now: a PE that comes here later (a
-        migration's target, a restore, a standby) does not pay for it.
+        """Run the node's first stateful query now, then its first state read: a PE that
+        comes here later (a migration's target, a restore, a standby), or the first key
+        listing or twin read of a PE here, does not pay for it.
 
         Only its start takes the Spark thread; its batch runs while the node is ready, and a
         PE deployed meanwhile starts at once (a node restarted with PEs to resume does not
@@ -256,12 +257,25 @@ class NodeRuntime:
                 warm_up.finish(query)
             except Exception:
                 log.exception("the warm-up query failed; the first PE here may start cold")
+                ran = False
             else:
                 log.info("warm-up: the first stateful query ran in %.1f s",
                          time.monotonic() - started)  # fmt: skip
+                ran = True
             finally:
                 with contextlib.suppress(RuntimeError):  # the node is closing: Spark stops it
                     self._spark_thread.submit(query.stop).result()
+            try:
+                if ran and not self._stop.is_set():
+                    # The node's first state read (a key listing, a twin read) paid ~1 s
+                    # of code generation and class initialisation; now the warm-up does.
+                    began = time.monotonic()
+                    warm_up.read_back(spark, folder)
+                    log.info("warm-up: its state read back in %.1f s", time.monotonic() - began)
+            except Exception as exc:  # slower first state read, never a wrong one
+                log.warning("warm-up: its state could not be read back (%s); the first "
+                            "state read here starts cold", exc)  # fmt: skip
+            finally:
                 shutil.rmtree(folder, ignore_errors=True)
 
         threading.Thread(target=finish, name="warm-up", daemon=True).start()

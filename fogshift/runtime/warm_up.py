@@ -11,9 +11,13 @@ time").
 
 :func:`warm_up` runs that query — fogshift's CSV source, a keyed count in one
 ``ValueState`` on RocksDB, a Python sink that keeps nothing — to its first batch, and a
-``mapInPandas`` job for the stateless kinds. It touches no broker (a node's broker user may
-create nothing) and leaves nothing behind but its folder, which the caller owns. The class
-archive is made by the same query, so the classes it maps are the ones a node runs.
+``mapInPandas`` job for the stateless kinds. :func:`read_back` then reads that query's state
+as the agent reads a PE's (Spark's state data source: a key listing and a twin read): a
+node's first such read took ~2 s of class loading and code generation, which landed on the
+first key group or rescale listing the node's partitions, or the first twin read. It
+touches no broker (a node's broker user may create nothing) and leaves nothing behind but
+its folder, which the caller owns. The class archive is made by the same query and reads,
+so the classes it maps are the ones a node runs.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.waiting import wait_until
+from fogshift.runtime.engine import GROUP_COLUMN, KEY_PREFIX
+from fogshift.runtime.state_reader import read_keys, read_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -34,10 +40,15 @@ if TYPE_CHECKING:
 QUERY_NAME = "fogshift-warm-up"
 #: The name the discarding sink is registered under.
 DISCARD_SINK = "fogshift-warm-up-discard"
+#: The warm-up processor's one state field: stored as a PE's declared field is
+#: (``f_<field>``, one JSON text), so that :func:`read_back` reads it as the agent reads a
+#: PE's.
+COUNT_PART = "count"
 
 
 def warm_up(spark: SparkSession, folder: Path, timeout_s: float = 120.0) -> float:
-    """Run one batch of a stateful streaming query and one ``mapInPandas`` job in ``spark``.
+    """Run one batch of a stateful streaming query and one ``mapInPandas`` job in ``spark``,
+    then read the query's state back (:func:`read_back`).
 
     Args:
         spark: The node's session (fogshift's data sources registered).
@@ -57,7 +68,30 @@ def warm_up(spark: SparkSession, folder: Path, timeout_s: float = 120.0) -> floa
         finish(query, timeout_s)
     finally:
         query.stop()
+    read_back(spark, folder)
     return time.monotonic() - started
+
+
+def read_back(spark: SparkSession, folder: Path) -> dict[str, Any]:
+    """Read the state of the stopped warm-up query in ``folder`` as the agent reads a keyed
+    PE's: its keys with their sizes (``state_reader.read_keys``, what a key group's move or
+    a rescale lists), then each key's state (``state_reader.read_state``, a twin read).
+
+    Returns:
+        Each key's stored count (by the input's ``value``, as text).
+
+    Raises:
+        RuntimeError: The query committed no batch, or the two reads disagree on the keys.
+    """
+    checkpoint = folder / "checkpoint"
+    batch, _, sizes = read_keys(spark, checkpoint, [COUNT_PART], movable=False)
+    _, states = read_state(spark, checkpoint, [COUNT_PART], keyed=True)
+    if batch is None or set(sizes) != set(states):
+        raise RuntimeError(
+            f"the warm-up's state reads disagree: keys {sorted(sizes)}, states "
+            f"{sorted(k or '' for k in states)} at batch {batch}"
+        )
+    return {str(key): fields[COUNT_PART] for key, fields in states.items()}
 
 
 def begin(spark: SparkSession, folder: Path) -> Any:
@@ -98,14 +132,16 @@ def _start_stateful(spark: SparkSession, folder: Path) -> Any:
     data = folder / "in.csv"
     data.write_text("timestamp,value\n" + "".join(f"{i},{i % 7}\n" for i in range(40)))
     spark.dataSource.register(_discard_sink())
+    # Keyed as a keyed PE's query is (its grouping column, its keys' prefix).
     rows = (
         spark.readStream.format("fogshift-csv-source")
         .option("path", str(data)).option("pe", "source").option("tail_settle_s", "0")
         .load()
-        .withColumn("key", func.col("creator"))
+        .withColumn(GROUP_COLUMN, func.concat(func.lit(KEY_PREFIX),
+                                              func.get_json_object("body", "$.value")))
     )  # fmt: skip
     return (
-        rows.groupBy("key")
+        rows.groupBy(GROUP_COLUMN)
         .transformWithStateInPandas(
             statefulProcessor=_counter(), outputStructType="key string, count long",
             outputMode="Update", timeMode="None",
@@ -123,17 +159,23 @@ def _identity(frames):  # type: ignore[no-untyped-def]
 
 
 def _counter():  # type: ignore[no-untyped-def]
-    """A keyed count in one ValueState: the shape of fogshift's stateful PEs."""
+    """A keyed count in one ValueState of a JSON text: the shape of fogshift's stateful
+    PEs (``engine._stateful_processor``)."""
+    import json
+
     import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
+    part = f"f_{COUNT_PART}"
+
     class Counter(StatefulProcessor):
         def init(self, handle):  # type: ignore[no-untyped-def]
-            self.count = handle.getValueState("count", "n long")
+            self.count = handle.getValueState(part, "json string")
 
         def handleInputRows(self, key, rows, timerValues):  # type: ignore[no-untyped-def]  # noqa: N802, N803
-            total = (self.count.get() or (0,))[0] + sum(len(frame) for frame in rows)
-            self.count.update((total,))
+            stored = self.count.get()
+            total = (json.loads(stored[0]) if stored else 0) + sum(len(f) for f in rows)
+            self.count.update((json.dumps(total),))
             yield pd.DataFrame({"key": [key[0]], "count": [total]})
 
         def close(self) -> None:

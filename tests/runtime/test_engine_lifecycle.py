@@ -12,6 +12,7 @@ import json
 import os
 import random
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,10 +103,15 @@ def test_the_warm_up_runs_a_stateful_batch_on_rocksdb_and_is_no_pe(
     # What a node runs before its first PE (fogshift.runtime.warm_up): a batch through the
     # CSV source, transformWithStateInPandas and a Python sink, committed with its state in
     # RocksDB (whose native library the JVM has loaded then).
-    from fogshift.runtime.warm_up import QUERY_NAME, warm_up
+    from fogshift.runtime.warm_up import QUERY_NAME, read_back, warm_up
 
     folder = tmp_path / "warm-up"
     assert warm_up(spark, folder) > 0
+    # Its state reads back as a keyed PE's does (the node's first key listing and twin
+    # read): each value of its input, counted here from the file it read.
+    lines = (folder / "in.csv").read_text().splitlines()
+    column = lines[0].split(",").index("value")
+    assert read_back(spark, folder) == Counter(line.split(",")[column] for line in lines[1:])
     checkpoint = folder / "checkpoint"
     assert (checkpoint / "commits" / "0").is_file()
     assert list((checkpoint / "state" / "0").rglob("*.changelog")), "no state was committed"
