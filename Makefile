@@ -2,22 +2,17 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+COMPILED := $(VENV)/.compiled
 PYTHON ?= python3
 
 .PHONY: setup demo test test-fast test-unit lint format clean lock
 
 $(STAMP): pyproject.toml constraints.txt
+	@rm -f $(COMPILED)  # (what is installed now is compiled anew, see setup)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@# The versions the suite passed with (constraints.txt, written by `make lock`).
 	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[dev,bench]'
-	@# pip compiles nothing (--no-compile): compileall below does it on every core, ~20 s
-	@# sooner than pip's one file after another.
-	@# Byte-compile everything once: with PYTHONDONTWRITEBYTECODE set (as on CI machines)
-	@# nothing is ever cached, and every Spark Python worker would compile pandas, pyarrow
-	@# and pyspark anew at start (3 s of CPU; Spark gives a worker 10 s to connect back).
-	@# A file that does not compile (a vendored test) is no reason to stop.
-	-$(PY) -m compileall -q -j 0 $(VENV)/lib fogshift > /dev/null
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -25,9 +20,20 @@ setup: $(STAMP)
 	@scripts/check-chromium.sh
 	@# fogshift's JVM classes (a local file system that forks no chmod per file written,
 	@# fogshift/runtime/jvm_classes.py), then the Spark driver JVM's class archive (once per
-	@# venv, ~25 s): every node's session then starts in about two thirds of the time
+	@# venv, ~30 s): every node's session then starts in about two thirds of the time
 	@# (fogshift/runtime/jvm_archive.py).
-	@$(PY) -m fogshift.runtime.jvm_archive
+	@# Beside it, once per venv: pip compiled nothing (--no-compile), compileall does it on
+	@# every core, ~20 s sooner than pip's one file after another, and while the archive's
+	@# JVM starts (the two took ~43 s one after the other, ~32 s side by side). With
+	@# PYTHONDONTWRITEBYTECODE set (as on CI machines) nothing is ever cached, and every
+	@# Spark Python worker would compile pandas, pyarrow and pyspark anew at start (3 s of
+	@# CPU; Spark gives a worker 10 s to connect back). A file that does not compile (a
+	@# vendored test) is no reason to stop.
+	@$(PY) -m fogshift.runtime.jvm_archive & archive=$$!; \
+	if [ ! -f $(COMPILED) ]; then \
+	  $(PY) -m compileall -q -j 0 $(VENV)/lib fogshift > /dev/null || true; touch $(COMPILED); \
+	fi; \
+	wait $$archive
 
 demo: setup
 	$(VENV)/bin/fogshift demo
