@@ -87,7 +87,9 @@ def read_keys(
     names = [f"f_{n}" for n in (parts if parts is not None else [OPAQUE_PART])]
     if movable:
         names.append("held")
-    # Every state variable's keys in one Spark job, not one per variable.
+    # Every state variable's keys in one Spark job, not one per variable; summed here, not
+    # by a Spark aggregation (a row per key and variable, a handful of variables: its
+    # shuffle stage took a third of an idle read, 0.30 s against 0.20 s).
     frames = [
         _state_var(spark, checkpoint, batch, name).select(
             F.col(f"key.{GROUP_COLUMN}").alias("k"),
@@ -96,11 +98,11 @@ def read_keys(
         for name in names
     ]
     union = functools.reduce(lambda a, b: a.union(b), frames)
-    sizes = {
-        row["k"].removeprefix(KEY_PREFIX): int(row["n"])
-        for row in union.groupBy("k").agg(F.sum("n").alias("n")).collect()
-        if row["k"] is not None and row["k"].startswith(KEY_PREFIX)
-    }
+    sizes: dict[str, int] = {}
+    for group, size in union.collect():
+        if group is not None and group.startswith(KEY_PREFIX):
+            key = group.removeprefix(KEY_PREFIX)
+            sizes[key] = sizes.get(key, 0) + int(size)
     return batch, end_offset(checkpoint, batch), dict(sorted(sizes.items()))
 
 
