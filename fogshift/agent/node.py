@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import ElementBusy, NodeNotReady, UnknownElement
 from fogshift.broker.exceptions import FENCED_TOKEN
+from fogshift.checkpoint import key_index
 from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.locations import close_location, open_location, sweep_locations
 from fogshift.checkpoint.spark_dir import (
@@ -29,6 +30,7 @@ from fogshift.checkpoint.spark_dir import (
     committed_batch,
     committed_offset,
     copy_checkpoint,
+    end_offset,
     incoming,
     install,
     installing,
@@ -69,7 +71,7 @@ from fogshift.runtime.exceptions import ElementError, NoState
 from fogshift.runtime.gate import end_run
 from fogshift.runtime.kinds import processor_for
 from fogshift.runtime.progress import ProgressFeed
-from fogshift.runtime.state_reader import read_keys, read_state
+from fogshift.runtime.state_reader import key_sizes, read_key_variables, read_state
 from fogshift.spec.models import ElementSpec
 
 if TYPE_CHECKING:
@@ -178,6 +180,8 @@ class NodeRuntime:
         #: One checkpoint install at a time per PE (see :meth:`_installing`).
         self._install_locks: dict[tuple[str, str], threading.Lock] = {}
         self._install_locks_guard = threading.Lock()
+        #: One key listing or key index compaction at a time per PE (checkpoint.key_index).
+        self._key_index_locks: dict[tuple[str, str], threading.Lock] = {}
         #: How many times each PE was discarded here (see :meth:`discards`).
         self._discards: dict[tuple[str, str], int] = {}
         #: Held while a discard counts itself and while an install renames its copy into
@@ -777,6 +781,11 @@ class NodeRuntime:
         with self._install_locks_guard:
             return self._install_locks.setdefault((pipeline, pe), threading.Lock())
 
+    def _key_index_lock(self, pipeline: str, pe: str) -> threading.Lock:
+        """The lock of the PE's key listings and key index compactions."""
+        with self._install_locks_guard:
+            return self._key_index_locks.setdefault((pipeline, pe), threading.Lock())
+
     def _not_running(self, pipeline: str, pe: str) -> None:
         if (pipeline, pe) in self._elements:
             raise ElementBusy(
@@ -874,9 +883,22 @@ class NodeRuntime:
                 received=f"{pe!r}, kind {element.kind!r}, without key_by",
                 hint="`fogshift status PIPELINE` lists the elements and their kinds",
             )
-        batch, end, sizes = read_keys(
-            self.spark, self.checkpoint_dir(pipeline, pe), cls.state_parts(), element.moves_keys
-        )
+        checkpoint = self.checkpoint_dir(pipeline, pe)
+        index = key_index.folder_of(checkpoint)
+        with self._key_index_lock(pipeline, pe):
+            # From the key index when it covers the newest commit (a few small files);
+            # else from the state store (a Spark job), which then gives the index its base.
+            batch = committed_batch(checkpoint)
+            variables = key_index.read(index, batch)
+            if variables is not None and batch is not None:
+                end: dict[str, Any] | None = end_offset(checkpoint, batch)
+            else:
+                batch, end, variables = read_key_variables(
+                    self.spark, checkpoint, cls.state_parts(), element.moves_keys
+                )
+                if batch is not None:
+                    key_index.write_base(index, batch, variables)
+        sizes = key_sizes(variables)
         positions = {k: int(v) for k, v in ((end or {}).get("positions") or {}).items()}
         return StateKeys(pipeline=pipeline, element=pe, node=self.config.name, batch=batch,
                          positions=positions, keys=list(sizes), sizes=sizes)  # fmt: skip
@@ -1065,6 +1087,7 @@ class NodeRuntime:
                     complete=functools.partial(self._covers, h),
                 )
                 h.snapshot_error = None
+                self._compact_key_index(h)
             except (OSError, ValueError, FogshiftError) as exc:
                 # A PE removed meanwhile (its checkpoint "moved on while it was copied"), a
                 # file in flux: this PE's next snapshot retries; no other PE's waits for it.
@@ -1074,6 +1097,20 @@ class NodeRuntime:
                 log.exception("node-level checkpoint of %s failed", h.plan.query_name)
                 h.snapshot_error = f"{type(exc).__name__}: {exc}"
         self.snapshots_at = time.monotonic()
+
+    def _compact_key_index(self, hosted: HostedElement) -> None:
+        """Fold a keyed PE's key index notes into a base at its newest commit (one small
+        file per batch otherwise piles up); skipped while a key listing of it runs."""
+        if hosted.plan.element.key_by is None:
+            return
+        lock = self._key_index_lock(*hosted.key)
+        if not lock.acquire(blocking=False):
+            return
+        try:
+            live = Path(hosted.plan.checkpoint_dir)
+            key_index.compact(key_index.folder_of(live), committed_batch(live))
+        finally:
+            lock.release()
 
     def _uncounted(self, hosted: HostedElement, batch: int | None) -> bool:
         """Whether ``batch``, committed in the PE's checkpoint, is one its query ran since it

@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -71,6 +72,7 @@ from fogshift.broker.keys import (
     CONTROL_FIELD,
     KEY_COPY_IN,
     KEY_COPY_OUT,
+    KEY_INDEX,
     KEY_MOVE_IN,
     KEY_MOVE_OUT,
     KEY_STATE,
@@ -105,6 +107,7 @@ from fogshift.broker.publish import (
     next_cut,
     publish_records,
 )
+from fogshift.checkpoint import key_index
 from fogshift.common.gate import read_gate
 from fogshift.events import ORIGIN_HEADER
 from fogshift.exceptions import InvariantViolation
@@ -1543,9 +1546,11 @@ def _moves_until(
 
 @dataclass
 class PublishedCount(WriterCommitMessage):
-    """How many records one write task appended."""
+    """How many records one write task appended, and the notes of its keys' stored state
+    (``checkpoint.key_index``: ``{key: {variable: length or None}}``, in batch order)."""
 
     appended: int
+    noted: dict[str, dict[str, int | None]] | None = None
 
 
 class JetStreamWriter(DataSourceStreamArrowWriter):
@@ -1563,6 +1568,9 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
         # subject it hands key states over on (the only one its node may publish them on).
         part = options.get("partition", "")
         self.origin = int(part.rsplit(":", 2)[1]) if part else None
+        # A keyed PE's key index (checkpoint.key_index): where each batch's notes go.
+        index = options.get("key_index", "")
+        self.key_index = Path(index) if index else None
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         records: list[Record] = []
@@ -1575,6 +1583,13 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
                     columns["creator"], columns["body"], columns["dead"], strict=True,
                 )
             )  # fmt: skip
+        noted: dict[str, dict[str, int | None]] = {}
+        if self.key_index is not None:
+            for record in records:
+                if record.creator == KEY_INDEX:
+                    note = json.loads(record.body)
+                    noted.setdefault(str(note["key"]), {}).update(note["vars"])
+            records = [r for r in records if r.creator != KEY_INDEX]
         client = shared_client(self.broker)
         states = [r for r in records if r.creator == KEY_STATE]
         records = [r for r in records if r.creator != KEY_STATE]
@@ -1603,10 +1618,19 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
             # After the batch's records: a moved key's last records here are stored before
             # the target can have its state, so before any record of the target's for it.
             client.run(lambda js: _send_states(js, self.pipeline, origin, states), timeout=300)
-        return PublishedCount(appended)
+        return PublishedCount(appended, noted)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        """The records are already durable in JetStream when ``write`` returns."""
+        """The records are already durable in JetStream when ``write`` returns. A keyed
+        PE's notes of its keys' stored state are stored now, before Spark commits the
+        batch (``checkpoint.key_index``), also when the batch wrote none."""
+        if self.key_index is None:
+            return
+        noted: dict[str, dict[str, int | None]] = {}
+        for message in messages:
+            for key, variables in (getattr(message, "noted", None) or {}).items():
+                noted.setdefault(key, {}).update(variables)
+        key_index.write_batch(self.key_index, int(batchId), noted)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """Nothing to undo: a retried batch skips what was appended (see publish)."""

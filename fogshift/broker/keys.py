@@ -66,6 +66,10 @@ KEY_MOVE_IN = CONTROL_PREFIX + "key-in"
 KEY_STATE = CONTROL_PREFIX + "key-state"
 KEY_COPY_OUT = CONTROL_PREFIX + "key-copy-out"
 KEY_COPY_IN = CONTROL_PREFIX + "key-copy-in"
+#: ``creator`` of the rows a keyed PE's processor makes of its writes to a key's stored
+#: state (``checkpoint.key_index``): its writer stores them beside the checkpoint and
+#: never appends them.
+KEY_INDEX = CONTROL_PREFIX + "key-index"
 #: The rows' body field carrying the move (beside the ``key_by`` field, which groups them).
 CONTROL_FIELD = RESERVED_FIELD_PREFIX + "key_move"
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES, file_chunks
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
+from fogshift.checkpoint.key_index import FOLDER as KEY_INDEX_FOLDER
 from fogshift.exceptions import FogshiftError
 
 log = logging.getLogger("fogshift.checkpoint")
@@ -78,7 +79,12 @@ def clear_orphan_state(checkpoint: Path) -> bool:
     discarded. Without an offset log the query starts from its first input anyway.
     """
     state = checkpoint / "state"
-    if planned_batch(checkpoint) is not None or not state.is_dir():
+    if planned_batch(checkpoint) is not None:
+        return False
+    # (Notes of a key index are of no batch either: a base among them would stand for
+    # batches this query has not run.)
+    shutil.rmtree(checkpoint / KEY_INDEX_FOLDER, ignore_errors=True)
+    if not state.is_dir():
         return False
     shutil.rmtree(state)
     return True
@@ -155,6 +161,11 @@ def copy_checkpoint(
         # Folders are told by where they lie in the checkpoint (``parts``: the path below
         # it), not by their names alone: a PE may be named "offsets" or "state". The offset
         # and commit logs are taken by name (``walk``).
+        if not parts and KEY_INDEX_FOLDER in names:
+            # The key index stays with the live checkpoint it describes: a copy's query
+            # resumes without it and lists its keys from its state store until a listing
+            # gives the index a base (key_index).
+            return [KEY_INDEX_FOLDER]
         if len(parts) == 3 and parts[0] == "state":
             # state/<op>/<partition>/<version>.changelog|zip: version v is after batch v-1,
             # so resuming after commit C loads version C + 1.

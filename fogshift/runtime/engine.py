@@ -30,6 +30,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fogshift.broker.datasource import EVENT_SCHEMA, RECORD_SCHEMA
@@ -37,12 +38,14 @@ from fogshift.broker.keys import (
     CONTROL_FIELD,
     KEY_COPY_IN,
     KEY_COPY_OUT,
+    KEY_INDEX,
     KEY_MOVE_IN,
     KEY_MOVE_OUT,
     KEY_STATE,
     KeyState,
     key_refusal,
 )
+from fogshift.checkpoint import key_index
 from fogshift.events import DEFAULT_MAX_RECORD_BYTES
 from fogshift.exceptions import InvariantViolation
 from fogshift.runtime.api import Processor, encode_state
@@ -344,8 +347,20 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             self.cls, self.opts = _processor_class(pipeline, pe, kind, options)
             self.parts = self.cls.state_parts()
             names = self.parts if self.parts is not None else [opaque_part]
-            self.values = {n: handle.getValueState(f"f_{n}", "json string") for n in names}
-            self.held = handle.getValueState("held", "json string") if movable else None
+            # A keyed PE's writes to the variables a key listing reads are noted per key
+            # (checkpoint.key_index); ``written`` holds the current key's.
+            self.written: dict[str, int | None] = {}
+            noted = key_by is not None
+            self.values = {
+                n: _noted(handle.getValueState(f"f_{n}", "json string"), f"f_{n}",
+                          self.written, noted)
+                for n in names
+            }  # fmt: skip
+            self.held = (
+                _noted(handle.getValueState("held", "json string"), "held", self.written, noted)
+                if movable
+                else None
+            )
             self.held_events = (
                 handle.getListState("held_events", HELD_EVENT_SCHEMA) if movable else None
             )
@@ -490,6 +505,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 else key_refusal(row[4], key_by, value, pe),
                 limit,
             )  # fmt: skip
+            self.written.clear()
             # Holds no state between keys (each key's is restored into it): any instance
             # of this run will do, like a stateless processor's.
             instance = InstanceKey(pipeline, pe, run, "keyed")
@@ -545,6 +561,10 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             shared.key = None
             registry().keep(instance, shared, None, gate)
             out = [*refused, *out]
+            if self.written:
+                # What the key's stored state is now, for the key listing: never appended.
+                note = json.dumps({"key": value, "vars": self.written})
+                out.append((0, 0, 0, 0.0, KEY_INDEX, note, None))
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
 
@@ -715,6 +735,35 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
     return SnapshotProcessor()
 
 
+class _NotedValue:
+    """A ``ValueState`` of one JSON text whose writes are noted: its variable's name to the
+    text's length (``update``) or ``None`` (``clear``), in ``written``."""
+
+    def __init__(self, state: Any, name: str, written: dict[str, int | None]) -> None:
+        self._state = state
+        self._name = name
+        self._written = written
+
+    def get(self) -> Any:
+        return self._state.get()
+
+    def exists(self) -> bool:
+        return bool(self._state.exists())
+
+    def update(self, value: tuple[str]) -> None:
+        self._state.update(value)
+        self._written[self._name] = len(value[0])
+
+    def clear(self) -> None:
+        self._state.clear()
+        self._written[self._name] = None
+
+
+def _noted(state: Any, name: str, written: dict[str, int | None], noted: bool) -> Any:
+    """``state``, its writes noted in ``written`` if ``noted`` (a keyed PE's)."""
+    return _NotedValue(state, name, written) if noted else state
+
+
 def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
     """Start the streaming query of one PE; it resumes from ``plan.checkpoint_dir`` if present."""
     element = plan.element
@@ -789,6 +838,8 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
         else:
             out = events.mapInPandas(_stateless(*args), RECORD_SCHEMA)
         writer = out.coalesce(1).writeStream.format("fogshift-jetstream")
+        if cls.is_stateful() and element.key_by is not None:
+            writer = writer.option("key_index", str(key_index.folder_of(Path(plan.checkpoint_dir))))
     else:
         writer = (
             _read_inputs(spark, plan)

@@ -558,3 +558,61 @@ def test_a_pause_of_a_query_that_will_never_pause_ends_at_once(
     with pytest.raises(NodeNotReady, match=f"cannot pause: its query is {state}"):
         runtime.pause("x", "p", timeout_s=30)
     assert time.monotonic() - started < 5
+
+
+def keyed(runtime: NodeRuntime) -> HostedElement:
+    """A keyed window-aggregate ``x/agg`` as ``runtime`` hosts it (its query never started:
+    nothing reads it)."""
+    element = ElementSpec(id="agg", kind="window-aggregate", node="n1", inputs=("s",),
+                          options={"field": "v", "window": 2}, key_by="k")  # fmt: skip
+    plan = QueryPlan("x", element, str(runtime.config.broker_file),
+                     str(runtime.checkpoint_dir("x", "agg")))  # fmt: skip
+    return HostedElement(plan=plan)
+
+
+def commit(checkpoint: Path, batch: int, position: int) -> None:
+    """Spark's offset and commit log entries of ``batch``, ending at ``position`` of ``s``."""
+    for log in ("offsets", "commits"):
+        (checkpoint / log).mkdir(parents=True, exist_ok=True)
+    offset = json.dumps({"positions": {"s": position}})
+    (checkpoint / "offsets" / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{offset}')
+    (checkpoint / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+
+
+def test_a_key_listing_reads_the_state_store_once_then_the_key_index(
+    runtime: NodeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first listing of a PE whose index has no base (a query resumed from a copy) is
+    # the state reader's, a Spark job; it gives the index its base, and a listing after
+    # the next batch comes from that base and the batch's notes, with no job.
+    from fogshift.checkpoint import key_index
+
+    h = keyed(runtime)
+    runtime._elements[h.key] = h
+    checkpoint = runtime.checkpoint_dir("x", "agg")
+    commit(checkpoint, 3, 30)
+    index = key_index.folder_of(checkpoint)
+    key_index.write_batch(index, 3, {"a": {"f_sum": 1}})  # (no base below it: unusable)
+    jobs: list[int | None] = []
+
+    def read_key_variables(spark: Any, cp: Path, parts: Any, movable: bool) -> Any:
+        jobs.append(node.committed_batch(cp))
+        return 3, node.end_offset(cp, 3), {"a": {"f_sum": 3, "f_count": 1}, "b": {"f_sum": 2}}
+
+    monkeypatch.setattr(node, "read_key_variables", read_key_variables)
+    first = runtime.state_keys("x", "agg")
+    assert jobs == [3]
+    assert (first.batch, first.keys, first.sizes, first.positions) == (
+        3, ["a", "b"], {"a": 4, "b": 2}, {"s": 30})  # fmt: skip
+    key_index.write_batch(index, 4, {"b": {"f_sum": None}, "c": {"f_sum": 7}})
+    key_index.write_batch(index, 5, {"d": {"f_sum": 1}})  # (not committed: not listed)
+    commit(checkpoint, 4, 41)
+    second = runtime.state_keys("x", "agg")
+    assert jobs == [3]  # no second job
+    assert (second.batch, second.keys, second.sizes, second.positions) == (
+        4, ["a", "c"], {"a": 4, "c": 7}, {"s": 41})  # fmt: skip
+    # The snapshot round folds the notes up to the commit into a base: one file, not one
+    # per batch, and the same keys.
+    runtime._compact_key_index(h)
+    assert sorted(p.name for p in index.iterdir()) == ["5.json", "base-4.json"]
+    assert runtime.state_keys("x", "agg") == second and jobs == [3]

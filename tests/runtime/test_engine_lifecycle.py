@@ -38,11 +38,12 @@ from fogshift.broker.naming import (
 )
 from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import BrokerProcess
+from fogshift.checkpoint.spark_dir import committed_batch
 from fogshift.common.gate import acknowledged, open_gate, write_gate
 from fogshift.common.waiting import wait_until
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.gate import end_run
-from fogshift.runtime.state_reader import read_keys, read_state
+from fogshift.runtime.state_reader import read_key_variables, read_keys, read_state
 from fogshift.spec.models import ElementSpec, Partition, partition_of_key
 
 if TYPE_CHECKING:
@@ -354,6 +355,9 @@ def test_a_keyed_processor_keeps_a_state_per_key_in_one_instance(make_run: Any) 
         k: sum(len(json.dumps(v, separators=(",", ":"))) for v in fields.values())
         for k, fields in states.items()
     }
+    # The key index the query's batches noted says the same, with no Spark job.
+    assert set(index_agrees(run.spark, Path(run.plan.checkpoint_dir), ["count", "total"],
+                            False)) == set(totals)  # fmt: skip
     # One instance for every key and batch, undone events included (restored, not rebuilt).
     assert len(run.lines("build")) == 1
     assert run.lines("assign") == run.lines("build")
@@ -573,6 +577,24 @@ def test_the_progress_feed_gets_every_batch_report_once_without_polling(
     assert {r["runId"] for r in reports} == {run_id}
 
 
+def index_agrees(
+    spark: SparkSession, checkpoint: Path, parts: list[str], movable: bool
+) -> dict[str, dict[str, int]]:
+    """The keys and their variables' lengths as the PE's key index gives them for its
+    newest commit, checked against the state store's as Spark's state reader reads them
+    at the same batch (checkpoint.key_index); those keys."""
+    from fogshift.checkpoint import key_index
+
+    for _ in range(50):
+        before = committed_batch(checkpoint)
+        noted = key_index.read(key_index.folder_of(checkpoint), before)
+        batch, _, variables = read_key_variables(spark, checkpoint, parts, movable)
+        if batch == before:  # (else a batch committed between the two reads: again)
+            assert noted == variables, f"index {noted} != state store {variables}"
+            return variables
+    raise AssertionError(f"{checkpoint} kept committing while its keys were compared")
+
+
 class Partitions:
     """Two partitions (``pe-p0``, ``pe-p1``) of a keyed ``lifecycle_procs`` processor
     reading one input ``src`` that the test appends events and key moves to."""
@@ -724,6 +746,14 @@ def test_keys_move_between_partitions_at_one_input_position(
         move_at = min(n for n in range(1, 300) if n not in parts.key_at)
         moved_seqs = [n for n, k in parts.key_at.items() if k in moving and n > move_at]
         assert moved_seqs and not after & set(moved_seqs)
+        # Each partition's key index follows the move: the moved keys left partition 0's
+        # store and are in partition 1's, as Spark's state reader reads them.
+        for index in (0, 1):
+            parts.committed(index)
+        listed = [index_agrees(spark, Path(plan.checkpoint_dir), ["count", "total"], True)
+                  for plan in parts.plans]  # fmt: skip
+        assert not set(moving) & set(listed[0]) and set(moving) <= set(listed[1])
+        assert set(listed[0]) | set(listed[1]) == set(parts.expected())
     finally:
         parts.stop()
 
@@ -856,6 +886,10 @@ def test_a_precopied_key_move_sends_only_what_changed_since_the_copy(
         for key in moving:
             want = "b" * ballast + ("g" if key == grown else "")
             assert held[key] == {"count": counts[key], "ballast": want}, key
+        # The key index of the partition the keys moved to, ballasts and all.
+        listed = index_agrees(spark, Path(parts.plans[1].checkpoint_dir),
+                              ["count", "total", "ballast"], True)  # fmt: skip
+        assert all(listed[key]["f_ballast"] >= ballast for key in moving), listed
     finally:
         parts.stop()
 

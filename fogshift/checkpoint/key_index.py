@@ -1,0 +1,155 @@
+"""The keys a keyed PE holds state for, kept beside its live checkpoint batch by batch.
+
+A key group's move and a rescale list the keys in every partition's state store as of a
+committed batch, with each key's size (``agent.node.NodeRuntime.state_keys``). Spark's state
+reader answers that with a batch job on the node, beside its running queries: 0.2 s on an
+idle node, 1.5-3.5 s on a busy one, and the operation waits for it. The index answers it
+from a few files instead:
+
+* Each batch of a keyed PE's query notes, for every key whose stored state variables it
+  wrote or cleared, each such variable's new length (``None``: cleared) — the processor
+  sees every write (``runtime.engine``), and the query's writer stores the batch's notes as
+  ``<batch>.json`` here when the batch commits its output (``broker.datasource``), before
+  Spark writes the batch's commit. A batch run again writes the same notes.
+* ``base-<batch>.json`` holds every key's variables' lengths as of that batch: from a
+  fold of the notes (:func:`compact`), or from a state reader's listing (:func:`write_base`).
+* The keys as of the committed batch ``C`` are the newest base at or below ``C`` with the
+  notes of every batch after it up to ``C`` applied (:func:`read`). A missing note (a
+  checkpoint copied here: copies leave this folder out, ``spark_dir.copy_checkpoint``)
+  makes the index unusable until a state reader's listing writes a base: never a guess.
+
+Notes of batches after ``C`` (not committed yet, or of a run that was cut off) are never
+read: a batch's notes are written before its commit, by the run that commits it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+#: The index's folder in a PE's checkpoint.
+FOLDER = "fogshift-keys"
+
+#: ``{key: {state variable: length of its stored text}}``.
+KeyVars = dict[str, dict[str, int]]
+#: One batch's notes: ``{key: {state variable: new length, or None if cleared}}``.
+Changes = Mapping[str, Mapping[str, int | None]]
+
+_BATCH = re.compile(r"(\d+)\.json")
+_BASE = re.compile(r"base-(\d+)\.json")
+
+
+def folder_of(checkpoint: Path) -> Path:
+    """The index folder of the PE whose live checkpoint is ``checkpoint``."""
+    return checkpoint / FOLDER
+
+
+def write_batch(folder: Path, batch: int, changes: Changes) -> None:
+    """Store one batch's notes (atomically: a reader sees them whole or not at all)."""
+    _write(folder, f"{batch}.json", {"batch": batch, "changes": changes})
+
+
+def write_base(folder: Path, batch: int, keys: Mapping[str, Mapping[str, int]]) -> None:
+    """Store every key's variables as of ``batch`` (read from the state store itself)."""
+    _write(folder, f"base-{batch}.json", {"batch": batch, "keys": keys})
+
+
+def read(folder: Path, committed: int | None) -> KeyVars | None:
+    """Every key's stored variables as of batch ``committed``; ``None`` when the index
+    cannot tell (no base at or below it and not every note since the first batch, a note
+    missing, or a file that cannot be read)."""
+    if committed is None:
+        return None
+    batches, bases = _listing(folder)
+    below = [b for b in bases if b <= committed]
+    if below:
+        start = max(below)
+        keys = _load(folder / f"base-{start}.json", "keys")
+        if keys is None:
+            return None
+        state: KeyVars = {k: dict(v) for k, v in keys.items()}
+    else:
+        start, state = -1, {}  # only if every batch since the first noted here
+    for batch in range(start + 1, committed + 1):
+        if batch not in batches:
+            return None
+        changes = _load(folder / f"{batch}.json", "changes")
+        if changes is None:
+            return None
+        apply(state, changes)
+    return state
+
+
+def apply(state: KeyVars, changes: Changes) -> None:
+    """Apply one batch's notes to ``state`` in place (a key with no variable left goes)."""
+    for key, variables in changes.items():
+        entry = state.setdefault(key, {})
+        for name, size in variables.items():
+            if size is None:
+                entry.pop(name, None)
+            else:
+                entry[name] = int(size)
+        if not entry:
+            del state[key]
+
+
+def compact(folder: Path, committed: int | None) -> bool:
+    """Fold the notes up to ``committed`` into a base there, and remove what it replaces.
+
+    Notes that no base can complete (a gap after a copy) are removed as well: they could
+    be used only with a base at or below them, which only a state reader's listing of an
+    older batch could give. Returns whether a base as of ``committed`` now stands.
+    """
+    if committed is None or not folder.is_dir():
+        return False
+    batches, bases = _listing(folder)
+    if committed in bases and not [b for b in batches if b <= committed]:
+        return True  # nothing new to fold
+    state = read(folder, committed)
+    if state is not None:
+        write_base(folder, committed, state)
+    for batch in batches:
+        if batch <= committed:
+            _remove(folder / f"{batch}.json")
+    for base in bases:
+        if base < committed or (base == committed and state is None):
+            _remove(folder / f"base-{base}.json")
+    return state is not None
+
+
+def _listing(folder: Path) -> tuple[set[int], set[int]]:
+    """The batches with notes and the batches with a base in ``folder``."""
+    batches: set[int] = set()
+    bases: set[int] = set()
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return batches, bases
+    for name in names:
+        if match := _BATCH.fullmatch(name):
+            batches.add(int(match.group(1)))
+        elif match := _BASE.fullmatch(name):
+            bases.add(int(match.group(1)))
+    return batches, bases
+
+
+def _load(path: Path, field: str) -> dict | None:
+    try:
+        value = json.loads(path.read_text())[field]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _write(folder: Path, name: str, content: object) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(content, separators=(",", ":")))
+    tmp.replace(folder / name)
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)

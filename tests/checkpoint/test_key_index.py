@@ -1,0 +1,104 @@
+"""The key index beside a keyed PE's live checkpoint (fogshift.checkpoint.key_index): the
+keys as of a committed batch from a base and the notes of the batches after it, never a
+guess when a note is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fogshift.checkpoint import key_index
+from fogshift.checkpoint.spark_dir import clear_orphan_state, copy_checkpoint
+
+
+def notes(folder: Path, *batches: dict[str, dict[str, int | None]]) -> None:
+    """Store ``batches`` as the notes of batches 0, 1, ..."""
+    for batch, changes in enumerate(batches):
+        key_index.write_batch(folder, batch, changes)
+
+
+def test_the_notes_of_every_batch_since_the_first_give_the_keys(tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    notes(
+        folder,
+        {"a": {"f_n": 1}, "b": {"f_n": 1, "held": 9}},
+        {"a": {"f_n": 2}, "b": {"held": None}},
+        {"a": {"f_n": None}, "c": {"f_n": 1}},  # a moved out: every variable cleared
+        {"b": {"f_n": 5}},  # not committed yet
+    )
+    assert key_index.read(folder, 0) == {"a": {"f_n": 1}, "b": {"f_n": 1, "held": 9}}
+    assert key_index.read(folder, 1) == {"a": {"f_n": 2}, "b": {"f_n": 1}}
+    # The notes of a batch after the commit are not read: batch 3 is not in it.
+    assert key_index.read(folder, 2) == {"b": {"f_n": 1}, "c": {"f_n": 1}}
+    assert key_index.read(folder, None) is None
+
+
+def test_a_missing_note_or_base_makes_the_index_unusable(tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    # A query resumed from a copied checkpoint (copies leave the index out) notes only the
+    # batches it runs: the batches before them are unknown.
+    key_index.write_batch(folder, 7, {"a": {"f_n": 1}})
+    key_index.write_batch(folder, 8, {"b": {"f_n": 1}})
+    assert key_index.read(folder, 8) is None
+    # A listing of the state store as of batch 7 gives it a base: from there it tells.
+    key_index.write_base(folder, 7, {"a": {"f_n": 1}, "z": {"f_n": 3}})
+    assert key_index.read(folder, 8) == {"a": {"f_n": 1}, "z": {"f_n": 3}, "b": {"f_n": 1}}
+    # A base after the commit is not used; a note between base and commit is needed.
+    key_index.write_base(folder, 20, {"q": {"f_n": 1}})
+    assert key_index.read(folder, 9) is None
+    (folder / "8.json").write_text("{not json")
+    assert key_index.read(folder, 8) is None
+    assert key_index.read(tmp_path / "none", 3) is None
+
+
+def test_compaction_folds_the_notes_into_a_base_and_keeps_the_later_ones(tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    notes(folder, {"a": {"f_n": 1}}, {"b": {"f_n": 2}}, {"a": {"f_n": None}}, {"c": {"f_n": 4}})
+    assert key_index.compact(folder, 2)
+    assert sorted(p.name for p in folder.iterdir()) == ["3.json", "base-2.json"]
+    assert key_index.read(folder, 2) == {"b": {"f_n": 2}}
+    assert key_index.read(folder, 3) == {"b": {"f_n": 2}, "c": {"f_n": 4}}
+    key_index.write_batch(folder, 4, {"b": {"f_n": None}})
+    assert key_index.compact(folder, 4)
+    assert sorted(p.name for p in folder.iterdir()) == ["base-4.json"]
+    assert key_index.read(folder, 4) == {"c": {"f_n": 4}}
+    assert key_index.compact(folder, 4)  # nothing new: as it was
+    assert sorted(p.name for p in folder.iterdir()) == ["base-4.json"]
+
+
+def test_compaction_drops_notes_no_base_can_complete(tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    key_index.write_batch(folder, 5, {"a": {"f_n": 1}})
+    key_index.write_batch(folder, 6, {"a": {"f_n": 2}})
+    key_index.write_batch(folder, 7, {"b": {"f_n": 2}})
+    assert not key_index.compact(folder, 6)
+    # Batch 7's note stays: a listing of batch 6 or 7 makes a base it completes.
+    assert sorted(p.name for p in folder.iterdir()) == ["7.json"]
+    key_index.write_base(folder, 6, {"a": {"f_n": 2}})
+    assert key_index.read(folder, 7) == {"a": {"f_n": 2}, "b": {"f_n": 2}}
+    assert not key_index.compact(tmp_path / "absent", 3)
+    assert not key_index.compact(folder, None)
+
+
+def test_a_copy_of_the_checkpoint_leaves_the_index_out(tmp_path: Path) -> None:
+    # A copy resumes a query elsewhere (a migration, a restore): the notes of batches it
+    # drops (a warm copy re-runs its last) and a base would stand for another history.
+    live = tmp_path / "live"
+    for name in ("0", "1"):
+        for log in ("offsets", "commits"):
+            (live / log).mkdir(parents=True, exist_ok=True)
+            (live / log / name).write_text('v1\n{"batchWatermarkMs":0}\n{"positions":{}}')
+    notes(key_index.folder_of(live), {"a": {"f_n": 1}}, {"a": {"f_n": 2}})
+    (live / "metadata").write_text("{}")
+    copy_checkpoint(live, tmp_path / "copy")
+    assert (tmp_path / "copy" / "commits" / "1").is_file()
+    assert not key_index.folder_of(tmp_path / "copy").exists()
+    assert key_index.read(key_index.folder_of(live), 1) == {"a": {"f_n": 2}}
+
+
+def test_a_checkpoint_without_batches_keeps_no_index(tmp_path: Path) -> None:
+    # Its query starts from its first batch: a base left there would stand for batches
+    # this query has not run.
+    live = tmp_path / "live"
+    key_index.write_base(key_index.folder_of(live), 40, {"a": {"f_n": 1}})
+    clear_orphan_state(live)
+    assert not key_index.folder_of(live).exists()
