@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
+import random
 import shutil
 import socket
 import subprocess
@@ -46,12 +48,47 @@ def nats_server_binary() -> str:
     return found
 
 
+#: Where the kernel takes the ports it gives a socket bound to port 0 or an outgoing
+#: connection (Linux's default, if it cannot be read).
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: How many ports below that range :func:`free_port` draws from.
+PORTS_BELOW_EPHEMERAL = 12_000
+_draws = random.Random()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (someone else may take it before the caller
-    binds it: prefer letting the server choose, as :func:`start_nats_server` does)."""
-    with socket.socket() as sock:
+    """A TCP port nobody listens on right now, drawn below the kernel's ephemeral range.
+
+    The caller hands it to a process that binds it a second or two later (a node agent).
+    A port the kernel chose (port 0) is ephemeral: it may hand it out again meanwhile to
+    any process binding port 0 or connecting out — a Spark JVM starting binds several — and
+    a node agent once failed to start on "address already in use". Below the range only a
+    process naming the port can take it (someone else may still do so before the caller
+    binds it: prefer letting the server choose, as :func:`start_nats_server` does).
+    """
+    low = _ephemeral_low()
+    first = max(1024, low - PORTS_BELOW_EPHEMERAL)
+    for _ in range(64 if low - first >= 1024 else 0):
+        port = _draws.randrange(first, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    continue  # taken (or reserved): another
+                raise
+            return port
+    with socket.socket() as sock:  # no room below the range: the kernel's choice
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range."""
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _ports_of(ports_dir: Path, proc: subprocess.Popen[bytes]) -> dict[str, list[str]] | None:
