@@ -2,9 +2,11 @@
 
 Starts nats-server and one node session (as an agent does), then ``--queries`` fresh
 ``window-aggregate`` PEs one after another, each with 20 events already in its input, and
-prints how long each took from ``start_query`` to its first committed batch. With
-``--warm-up``, the session first runs :func:`fogshift.runtime.warm_up.warm_up`, as every
-agent does before its first PE. Run it on a quiet machine:
+prints how long each took from ``start_query`` to its first committed batch, then how long
+a key listing of its state took (``state_reader.read_keys``, as a key group's move asks an
+agent). With ``--warm-up``, the session first runs :func:`fogshift.runtime.warm_up.warm_up`
+(a stateful batch and a read of its state), as every agent does before its first PE. Run
+it on a quiet machine:
 
     .venv/bin/python scripts/first_query.py
     .venv/bin/python scripts/first_query.py --warm-up
@@ -30,7 +32,9 @@ from fogshift.broker.server import start_nats_server
 from fogshift.common.waiting import wait_until
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.gate import end_run
+from fogshift.runtime.kinds import processor_for
 from fogshift.runtime.session import build_session
+from fogshift.runtime.state_reader import read_keys
 from fogshift.runtime.warm_up import warm_up
 from fogshift.spec.models import ElementSpec
 
@@ -75,6 +79,11 @@ def main() -> None:
                   f"{time.monotonic() - started:.2f} s", flush=True)  # fmt: skip
             query.stop()
             end_run(gate)
+            parts = processor_for(element.kind, dict(element.options))[0].state_parts()
+            started = time.monotonic()
+            read_keys(spark, Path(plan.checkpoint_dir), parts, movable=False)
+            print(f"query {index}: its keys listed in {time.monotonic() - started:.2f} s",
+                  flush=True)  # fmt: skip
     finally:
         spark.stop()
         js.close()
