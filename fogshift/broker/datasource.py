@@ -1583,13 +1583,13 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
                     columns["creator"], columns["body"], columns["dead"], strict=True,
                 )
             )  # fmt: skip
+        # A keyed PE's notes of its keys' stored state: kept for the commit, never appended.
         noted: dict[str, dict[str, int | None]] = {}
-        if self.key_index is not None:
-            for record in records:
-                if record.creator == KEY_INDEX:
-                    note = json.loads(record.body)
-                    noted.setdefault(str(note["key"]), {}).update(note["vars"])
-            records = [r for r in records if r.creator != KEY_INDEX]
+        for record in records:
+            if record.creator == KEY_INDEX and self.key_index is not None:
+                note = json.loads(record.body)
+                noted.setdefault(str(note["key"]), {}).update(note["vars"])
+        records = [r for r in records if r.creator != KEY_INDEX]
         client = shared_client(self.broker)
         states = [r for r in records if r.creator == KEY_STATE]
         records = [r for r in records if r.creator != KEY_STATE]

@@ -22,6 +22,7 @@ import fogshift.runtime.engine as engine
 from fogshift.broker.keys import (
     CONTROL_FIELD,
     KEY_COPY_IN,
+    KEY_INDEX,
     KEY_MOVE_IN,
     KEY_MOVE_OUT,
     KEY_STATE,
@@ -89,6 +90,24 @@ class Store:
 
     def texts(self) -> dict[str, str | None]:
         return {n: v.value for n, v in self.values.items()}
+
+
+def notes_checked(frames: list[pd.DataFrame], store: Store, key: str) -> list[pd.DataFrame]:
+    """A keyed batch's output without its key index note (the writer never appends one),
+    which must name each variable a key listing reads that the batch wrote or cleared, with
+    its length as now stored (``None``: cleared), and be the batch's only one for ``key``."""
+    listed = {n for call, n in store.calls
+              if call in ("update", "clear") and (n.startswith("f_") or n == "held")}  # fmt: skip
+    notes, kept = [], []
+    for frame in frames:
+        note = frame["creator"] == KEY_INDEX
+        notes += [json.loads(body) for body in frame.loc[note, "body"]]
+        if (~note).any():
+            kept.append(frame[~note].reset_index(drop=True))
+    stored = store.texts()
+    expected = {n: None if stored[n] is None else len(stored[n]) for n in listed}
+    assert notes == ([{"key": key, "vars": expected}] if listed else []), (notes, expected)
+    return kept
 
 
 class Pe:
@@ -212,6 +231,7 @@ def test_a_key_whose_every_event_is_a_dead_letter_gets_no_stored_state(
                 for n, v in enumerate(values, start=1)]  # fmt: skip
         frame = pd.DataFrame(rows, columns=["origin", "seq", "timestamp", "creator", "body"])
         out = list(processor.handleInputRows(("k:" + key,), iter([frame]), None))
+        out = notes_checked(out, store, key)
         return [(b, d) for f in out for b, d in zip(f["body"], f["dead"], strict=True)]
 
     bad = Store()
@@ -237,7 +257,8 @@ def moving_key_batch(
         [(o, o, 1000.0 + o, creator, json.dumps(body)) for o, creator, body in rows],
         columns=["origin", "seq", "timestamp", "creator", "body"],
     )
-    return list(processor.handleInputRows(("k:a",), iter([frame]), None))
+    return notes_checked(list(processor.handleInputRows(("k:a",), iter([frame]), None)), store,
+                         "a")  # fmt: skip
 
 
 def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
