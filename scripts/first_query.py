@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -88,6 +89,7 @@ def main() -> None:
         spark.stop()
         js.close()
         os.killpg(broker.pid, signal.SIGKILL)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":
