@@ -12,11 +12,16 @@ from a few files instead:
   ``<batch>.json`` here when the batch commits its output (``broker.datasource``), before
   Spark writes the batch's commit. A batch run again writes the same notes.
 * ``base-<batch>.json`` holds every key's variables' lengths as of that batch: from a
-  fold of the notes (:func:`compact`), or from a state reader's listing (:func:`write_base`).
+  fold of the notes once :data:`COMPACT_AFTER` have piled up (:func:`compact`, at the
+  agent's snapshot rounds), or from a state reader's listing (:func:`write_base`).
 * The keys as of the committed batch ``C`` are the newest base at or below ``C`` with the
   notes of every batch after it up to ``C`` applied (:func:`read`). A missing note (a
-  checkpoint copied here: copies leave this folder out, ``spark_dir.copy_checkpoint``)
-  makes the index unusable until a state reader's listing writes a base: never a guess.
+  checkpoint copied by an older fogshift, or during a compaction) makes the index unusable
+  until a state reader's listing writes a base: never a guess.
+* A copy of the checkpoint (a migration's, a snapshot, a central one) takes the index as of
+  its commit: the notes and bases of later batches are left out
+  (``spark_dir.copy_checkpoint``), so a query resumed from the copy goes on noting from
+  there and its listings need no state read either.
 
 Notes of batches after ``C`` (not committed yet, or of a run that was cut off) are never
 read: a batch's notes are written before its commit, by the run that commits it.
@@ -32,6 +37,8 @@ from pathlib import Path
 
 #: The index's folder in a PE's checkpoint.
 FOLDER = "fogshift-keys"
+#: How many notes :func:`compact` lets pile up before it folds them into a new base.
+COMPACT_AFTER = 16
 
 #: ``{key: {state variable: length of its stored text}}``.
 KeyVars = dict[str, dict[str, int]]
@@ -96,18 +103,25 @@ def apply(state: KeyVars, changes: Changes) -> None:
             del state[key]
 
 
-def compact(folder: Path, committed: int | None) -> bool:
-    """Fold the notes up to ``committed`` into a base there, and remove what it replaces.
+def compact(folder: Path, committed: int | None, min_notes: int | None = None) -> bool:
+    """Fold the notes up to ``committed`` into a base there, and remove what it replaces,
+    once there are ``min_notes`` of them (default :data:`COMPACT_AFTER`).
 
     Notes that no base can complete (a gap after a copy) are removed as well: they could
     be used only with a base at or below them, which only a state reader's listing of an
-    older batch could give. Returns whether a base as of ``committed`` now stands.
+    older batch could give. Returns whether it folded or removed anything.
     """
     if committed is None or not folder.is_dir():
         return False
     batches, bases = _listing(folder)
-    if committed in bases and not [b for b in batches if b <= committed]:
-        return True  # nothing new to fold
+    pending = [b for b in batches if b <= committed]
+    if not pending:
+        return False  # nothing new to fold
+    usable = 0 in batches or any(b <= committed for b in bases)
+    if usable and len(pending) < (COMPACT_AFTER if min_notes is None else min_notes):
+        # A base holds every key: rewritten at every round, a large one would be much of
+        # what each snapshot and central pull of the PE carries.
+        return False
     state = read(folder, committed)
     if state is not None:
         write_base(folder, committed, state)
@@ -117,7 +131,13 @@ def compact(folder: Path, committed: int | None) -> bool:
     for base in bases:
         if base < committed or (base == committed and state is None):
             _remove(folder / f"base-{base}.json")
-    return state is not None
+    return True
+
+
+def batch_of(name: str) -> int | None:
+    """The batch a file of the index is of (a note or a base), ``None`` for any other name."""
+    match = _BATCH.fullmatch(name) or _BASE.fullmatch(name)
+    return int(match.group(1)) if match else None
 
 
 def _listing(folder: Path) -> tuple[set[int], set[int]]:

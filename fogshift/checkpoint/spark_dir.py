@@ -28,6 +28,7 @@ from typing import Any
 from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES, file_chunks
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.checkpoint.key_index import FOLDER as KEY_INDEX_FOLDER
+from fogshift.checkpoint.key_index import batch_of as index_batch
 from fogshift.exceptions import FogshiftError
 
 log = logging.getLogger("fogshift.checkpoint")
@@ -161,11 +162,11 @@ def copy_checkpoint(
         # Folders are told by where they lie in the checkpoint (``parts``: the path below
         # it), not by their names alone: a PE may be named "offsets" or "state". The offset
         # and commit logs are taken by name (``walk``).
-        if not parts and KEY_INDEX_FOLDER in names:
-            # The key index stays with the live checkpoint it describes: a copy's query
-            # resumes without it and lists its keys from its state store until a listing
-            # gives the index a base (key_index).
-            return [KEY_INDEX_FOLDER]
+        if parts == (KEY_INDEX_FOLDER,):
+            # The key index as of the copy's commit: the notes and bases of later batches
+            # are of a run the copy does not hold (a warm copy runs its last batch again and
+            # notes it anew), and a file of no batch is none of the index's.
+            return [n for n in names if (b := index_batch(n)) is None or b > keep_commit]
         if len(parts) == 3 and parts[0] == "state":
             # state/<op>/<partition>/<version>.changelog|zip: version v is after batch v-1,
             # so resuming after commit C loads version C + 1.

@@ -611,8 +611,9 @@ def test_a_key_listing_reads_the_state_store_once_then_the_key_index(
     assert jobs == [3]  # no second job
     assert (second.batch, second.keys, second.sizes, second.positions) == (
         4, ["a", "c"], {"a": 4, "c": 7}, {"s": 41})  # fmt: skip
-    # The snapshot round folds the notes up to the commit into a base: one file, not one
-    # per batch, and the same keys.
+    # The snapshot round folds the notes up to the commit into a base (here after one
+    # note): one file, not one per batch, and the same keys.
+    monkeypatch.setattr(key_index, "COMPACT_AFTER", 1)
     runtime._compact_key_index(h)
     assert sorted(p.name for p in index.iterdir()) == ["5.json", "base-4.json"]
     assert runtime.state_keys("x", "agg") == second and jobs == [3]

@@ -4,6 +4,7 @@ guess when a note is missing."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fogshift.checkpoint import key_index
@@ -53,16 +54,31 @@ def test_a_missing_note_or_base_makes_the_index_unusable(tmp_path: Path) -> None
 def test_compaction_folds_the_notes_into_a_base_and_keeps_the_later_ones(tmp_path: Path) -> None:
     folder = tmp_path / "keys"
     notes(folder, {"a": {"f_n": 1}}, {"b": {"f_n": 2}}, {"a": {"f_n": None}}, {"c": {"f_n": 4}})
-    assert key_index.compact(folder, 2)
+    assert key_index.compact(folder, 2, min_notes=1)
     assert sorted(p.name for p in folder.iterdir()) == ["3.json", "base-2.json"]
     assert key_index.read(folder, 2) == {"b": {"f_n": 2}}
     assert key_index.read(folder, 3) == {"b": {"f_n": 2}, "c": {"f_n": 4}}
     key_index.write_batch(folder, 4, {"b": {"f_n": None}})
-    assert key_index.compact(folder, 4)
+    assert key_index.compact(folder, 4, min_notes=1)
     assert sorted(p.name for p in folder.iterdir()) == ["base-4.json"]
     assert key_index.read(folder, 4) == {"c": {"f_n": 4}}
-    assert key_index.compact(folder, 4)  # nothing new: as it was
+    assert not key_index.compact(folder, 4, min_notes=1)  # nothing new: as it was
     assert sorted(p.name for p in folder.iterdir()) == ["base-4.json"]
+
+
+def test_compaction_waits_for_enough_notes(tmp_path: Path) -> None:
+    # A base holds every key: it is rewritten only once COMPACT_AFTER notes piled up, not
+    # at every round (each snapshot and central pull carries what changed).
+    folder = tmp_path / "keys"
+    few = [{f"k{n}": {"f_n": n}} for n in range(key_index.COMPACT_AFTER - 1)]
+    notes(folder, *few)
+    last = len(few) - 1
+    assert not key_index.compact(folder, last)
+    assert not any(p.name.startswith("base-") for p in folder.iterdir())
+    key_index.write_batch(folder, last + 1, {"k0": {"f_n": None}})
+    assert key_index.compact(folder, last + 1)
+    assert sorted(p.name for p in folder.iterdir()) == [f"base-{last + 1}.json"]
+    assert key_index.read(folder, last + 1) == {f"k{n}": {"f_n": n} for n in range(1, last + 1)}
 
 
 def test_compaction_drops_notes_no_base_can_complete(tmp_path: Path) -> None:
@@ -70,7 +86,7 @@ def test_compaction_drops_notes_no_base_can_complete(tmp_path: Path) -> None:
     key_index.write_batch(folder, 5, {"a": {"f_n": 1}})
     key_index.write_batch(folder, 6, {"a": {"f_n": 2}})
     key_index.write_batch(folder, 7, {"b": {"f_n": 2}})
-    assert not key_index.compact(folder, 6)
+    assert key_index.compact(folder, 6)  # (however few: they are of no use)
     # Batch 7's note stays: a listing of batch 6 or 7 makes a base it completes.
     assert sorted(p.name for p in folder.iterdir()) == ["7.json"]
     key_index.write_base(folder, 6, {"a": {"f_n": 2}})
@@ -79,20 +95,38 @@ def test_compaction_drops_notes_no_base_can_complete(tmp_path: Path) -> None:
     assert not key_index.compact(folder, None)
 
 
-def test_a_copy_of_the_checkpoint_leaves_the_index_out(tmp_path: Path) -> None:
-    # A copy resumes a query elsewhere (a migration, a restore): the notes of batches it
-    # drops (a warm copy re-runs its last) and a base would stand for another history.
+def log_entry(position: int) -> str:
+    """An offset (or commit) log entry of a batch ending at ``position`` of input ``s``."""
+    return 'v1\n{"batchWatermarkMs":0}\n' + json.dumps({"positions": {"s": position}})
+
+
+def test_a_copy_of_the_checkpoint_takes_the_index_as_of_its_commit(tmp_path: Path) -> None:
+    # A copy resumes a query elsewhere (a migration, a restore): the index comes along as of
+    # the copy's commit, so the resumed query's listings need no state read; a note or base
+    # of a later batch (a warm copy runs its last one again) would be of another run.
     live = tmp_path / "live"
-    for name in ("0", "1"):
+    for batch in range(4):
         for log in ("offsets", "commits"):
             (live / log).mkdir(parents=True, exist_ok=True)
-            (live / log / name).write_text('v1\n{"batchWatermarkMs":0}\n{"positions":{}}')
-    notes(key_index.folder_of(live), {"a": {"f_n": 1}}, {"a": {"f_n": 2}})
+            (live / log / str(batch)).write_text(log_entry(10 * batch))
+    (live / "offsets" / "4").write_text(log_entry(40))
+    index = key_index.folder_of(live)
+    key_index.write_base(index, 1, {"a": {"f_n": 1}})
+    key_index.write_batch(index, 2, {"b": {"f_n": 2}})
+    key_index.write_batch(index, 3, {"a": {"f_n": None}})
+    key_index.write_batch(index, 4, {"c": {"f_n": 3}})  # batch 4: planned, not committed
+    key_index.write_base(index, 4, {"z": {"f_n": 9}})  # (as no compaction writes one)
+    (index / "stray.txt").write_text("none of the index's")
     (live / "metadata").write_text("{}")
-    copy_checkpoint(live, tmp_path / "copy")
-    assert (tmp_path / "copy" / "commits" / "1").is_file()
-    assert not key_index.folder_of(tmp_path / "copy").exists()
-    assert key_index.read(key_index.folder_of(live), 1) == {"a": {"f_n": 2}}
+    copy = tmp_path / "copy"
+    copy_checkpoint(live, copy)
+    copied = key_index.folder_of(copy)
+    assert sorted(p.name for p in copied.iterdir()) == ["2.json", "3.json", "base-1.json"]
+    assert key_index.read(copied, 3) == {"b": {"f_n": 2}} == key_index.read(index, 3)
+    # A warm copy drops its last busy batch's commit (3), which its query runs again.
+    copy_checkpoint(live, copy, warm=True)
+    assert sorted(p.name for p in copied.iterdir()) == ["2.json", "base-1.json"]
+    assert key_index.read(copied, 2) == {"a": {"f_n": 1}, "b": {"f_n": 2}}
 
 
 def test_a_checkpoint_without_batches_keeps_no_index(tmp_path: Path) -> None:
