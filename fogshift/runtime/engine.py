@@ -747,9 +747,6 @@ class _NotedValue:
     def get(self) -> Any:
         return self._state.get()
 
-    def exists(self) -> bool:
-        return bool(self._state.exists())
-
     def update(self, value: tuple[str]) -> None:
         self._state.update(value)
         self._written[self._name] = len(value[0])
