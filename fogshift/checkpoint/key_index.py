@@ -70,7 +70,11 @@ def read(folder: Path, committed: int | None) -> KeyVars | None:
     missing, or a file that cannot be read)."""
     if committed is None:
         return None
-    batches, bases = _listing(folder)
+    return _read(folder, committed, *_listing(folder))
+
+
+def _read(folder: Path, committed: int, batches: set[int], bases: set[int]) -> KeyVars | None:
+    """:func:`read`, with the folder's listing (:func:`_listing`) already taken."""
     below = [b for b in bases if b <= committed]
     if below:
         start = max(below)
@@ -122,7 +126,7 @@ def compact(folder: Path, committed: int | None, min_notes: int | None = None) -
         # A base holds every key: rewritten at every round, a large one would be much of
         # what each snapshot and central pull of the PE carries.
         return False
-    state = read(folder, committed)
+    state = _read(folder, committed, batches, bases)
     if state is not None:
         write_base(folder, committed, state)
     for batch in batches:
