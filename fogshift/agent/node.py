@@ -1087,7 +1087,6 @@ class NodeRuntime:
                     complete=functools.partial(self._covers, h),
                 )
                 h.snapshot_error = None
-                self._compact_key_index(h)
             except (OSError, ValueError, FogshiftError) as exc:
                 # A PE removed meanwhile (its checkpoint "moved on while it was copied"), a
                 # file in flux: this PE's next snapshot retries; no other PE's waits for it.
@@ -1096,6 +1095,9 @@ class NodeRuntime:
             except Exception as exc:  # as in the monitor: one PE's trouble stops no other
                 log.exception("node-level checkpoint of %s failed", h.plan.query_name)
                 h.snapshot_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                # Also when the snapshot is put off or fails: the notes pile up otherwise.
+                self._compact_key_index(h)
         self.snapshots_at = time.monotonic()
 
     def _compact_key_index(self, hosted: HostedElement) -> None:
@@ -1109,6 +1111,8 @@ class NodeRuntime:
         try:
             live = Path(hosted.plan.checkpoint_dir)
             key_index.compact(key_index.folder_of(live), committed_batch(live))
+        except Exception as exc:  # no snapshot's failure: listings fall back to a state read
+            log.warning("folding the key index of %s failed: %r", hosted.plan.query_name, exc)
         finally:
             lock.release()
 

@@ -108,8 +108,9 @@ def apply(state: KeyVars, changes: Changes) -> None:
 
 
 def compact(folder: Path, committed: int | None, min_notes: int | None = None) -> bool:
-    """Fold the notes up to ``committed`` into a base there, and remove what it replaces,
-    once there are ``min_notes`` of them (default :data:`COMPACT_AFTER`).
+    """Fold the notes up to ``committed`` into a base there once there are ``min_notes``
+    of them after the newest base (default :data:`COMPACT_AFTER`), and remove what that
+    base replaced (the base before it and the notes it folded stay until the next fold).
 
     Notes that no base can complete (a gap after a copy) are removed as well: they could
     be used only with a base at or below them, which only a state reader's listing of an
@@ -118,10 +119,11 @@ def compact(folder: Path, committed: int | None, min_notes: int | None = None) -
     if committed is None or not folder.is_dir():
         return False
     batches, bases = _listing(folder)
-    pending = [b for b in batches if b <= committed]
+    newest = max((b for b in bases if b <= committed), default=-1)
+    pending = [b for b in batches if newest < b <= committed]
     if not pending:
         return False  # nothing new to fold
-    usable = 0 in batches or any(b <= committed for b in bases)
+    usable = 0 in batches or newest >= 0
     if usable and len(pending) < (COMPACT_AFTER if min_notes is None else min_notes):
         # A base holds every key: rewritten at every round, a large one would be much of
         # what each snapshot and central pull of the PE carries.
@@ -129,11 +131,19 @@ def compact(folder: Path, committed: int | None, min_notes: int | None = None) -
     state = _read(folder, committed, batches, bases)
     if state is not None:
         write_base(folder, committed, state)
+        # The base before this one and the notes after it stay until the next fold: a warm
+        # copy (a migration's, a standby's) resumes before its last busy batch, which may be
+        # the one folded here, and without them it would find nothing at or below its
+        # commit (its listings then ran a state reader's job). With no base before (the
+        # notes since the first batch), those notes stay.
+        keep_from = newest if newest >= 0 else -1
+    else:
+        keep_from = committed + 1  # of no use: see above
     for batch in batches:
-        if batch <= committed:
+        if batch <= min(keep_from, committed):
             _remove(folder / f"{batch}.json")
     for base in bases:
-        if base < committed or (base == committed and state is None):
+        if base < keep_from or (base == committed and state is None):
             _remove(folder / f"base-{base}.json")
     return True
 

@@ -612,8 +612,40 @@ def test_a_key_listing_reads_the_state_store_once_then_the_key_index(
     assert (second.batch, second.keys, second.sizes, second.positions) == (
         4, ["a", "c"], {"a": 4, "c": 7}, {"s": 41})  # fmt: skip
     # The snapshot round folds the notes up to the commit into a base (here after one
-    # note): one file, not one per batch, and the same keys.
+    # note) and the same keys; what the base before (the listing's) replaced goes.
     monkeypatch.setattr(key_index, "COMPACT_AFTER", 1)
     runtime._compact_key_index(h)
-    assert sorted(p.name for p in index.iterdir()) == ["5.json", "base-4.json"]
+    assert sorted(p.name for p in index.iterdir()) == [
+        "4.json", "5.json", "base-3.json", "base-4.json"]  # fmt: skip
     assert runtime.state_keys("x", "agg") == second and jobs == [3]
+
+
+def test_the_key_index_is_folded_whether_or_not_its_snapshot_is_taken(
+    runtime: NodeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The notes pile up one a batch: a PE whose snapshots keep failing (or are put off)
+    # still has them folded; and a fold that fails is no snapshot's failure.
+    from fogshift.checkpoint import key_index
+
+    h = keyed(runtime)
+    h.state = PEState.RUNNING
+    runtime._elements[h.key] = h
+    checkpoint = runtime.checkpoint_dir("x", "agg")
+    index = key_index.folder_of(checkpoint)
+    for batch in range(3):
+        commit(checkpoint, batch, 10 * (batch + 1))
+        key_index.write_batch(index, batch, {f"k{batch}": {"f_sum": batch + 1}})
+    monkeypatch.setattr(key_index, "COMPACT_AFTER", 2)
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(node, "take_snapshot", broken)
+    runtime.snapshot_all()
+    assert (runtime.describe(h).snapshot_error or "").startswith("OSError")
+    assert (index / "base-2.json").is_file()
+    assert key_index.read(index, 2) == {f"k{b}": {"f_sum": b + 1} for b in range(3)}
+    monkeypatch.setattr(node, "take_snapshot", lambda *args, **kwargs: None)
+    monkeypatch.setattr(key_index, "compact", broken)
+    runtime.snapshot_all()
+    assert runtime.describe(h).snapshot_error is None

@@ -55,15 +55,45 @@ def test_compaction_folds_the_notes_into_a_base_and_keeps_the_later_ones(tmp_pat
     folder = tmp_path / "keys"
     notes(folder, {"a": {"f_n": 1}}, {"b": {"f_n": 2}}, {"a": {"f_n": None}}, {"c": {"f_n": 4}})
     assert key_index.compact(folder, 2, min_notes=1)
-    assert sorted(p.name for p in folder.iterdir()) == ["3.json", "base-2.json"]
+    # No base before it: the notes it folded stay until the next fold.
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "0.json", "1.json", "2.json", "3.json", "base-2.json"]  # fmt: skip
     assert key_index.read(folder, 2) == {"b": {"f_n": 2}}
     assert key_index.read(folder, 3) == {"b": {"f_n": 2}, "c": {"f_n": 4}}
     key_index.write_batch(folder, 4, {"b": {"f_n": None}})
-    assert key_index.compact(folder, 4, min_notes=1)
-    assert sorted(p.name for p in folder.iterdir()) == ["base-4.json"]
+    key_index.write_batch(folder, 5, {"d": {"f_n": 1}})
+    assert key_index.compact(folder, 4, min_notes=2)
+    # The base before (2) and the notes after it stay; what base 2 replaced goes.
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "3.json", "4.json", "5.json", "base-2.json", "base-4.json"]  # fmt: skip
     assert key_index.read(folder, 4) == {"c": {"f_n": 4}}
+    assert key_index.read(folder, 3) == {"b": {"f_n": 2}, "c": {"f_n": 4}}
+    assert key_index.read(folder, 5) == {"c": {"f_n": 4}, "d": {"f_n": 1}}
+    # Counted from the newest base, one note is not two: as it was.
+    assert not key_index.compact(folder, 5, min_notes=2)
     assert not key_index.compact(folder, 4, min_notes=1)  # nothing new: as it was
-    assert sorted(p.name for p in folder.iterdir()) == ["base-4.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "3.json", "4.json", "5.json", "base-2.json", "base-4.json"]  # fmt: skip
+
+
+def test_a_warm_copy_right_after_a_compaction_lists_from_the_index(tmp_path: Path) -> None:
+    # A warm copy resumes before its last busy batch: when that is the batch a compaction
+    # just folded, the copy (which takes only the index's files up to its commit) still
+    # finds a base and the notes after it.
+    live = tmp_path / "live"
+    last = 2 * key_index.COMPACT_AFTER + 1
+    for batch in range(last + 1):
+        for log in ("offsets", "commits"):
+            (live / log).mkdir(parents=True, exist_ok=True)
+            (live / log / str(batch)).write_text(log_entry(10 * batch))
+    index = key_index.folder_of(live)
+    notes(index, *({f"k{n}": {"f_n": n + 1}} for n in range(last + 1)))
+    assert key_index.compact(index, key_index.COMPACT_AFTER)
+    assert key_index.compact(index, last)
+    copy = tmp_path / "copy"
+    copy_checkpoint(live, copy, warm=True)
+    expected = {f"k{n}": {"f_n": n + 1} for n in range(last)}
+    assert key_index.read(key_index.folder_of(copy), last - 1) == expected
 
 
 def test_compaction_waits_for_enough_notes(tmp_path: Path) -> None:
@@ -77,7 +107,8 @@ def test_compaction_waits_for_enough_notes(tmp_path: Path) -> None:
     assert not any(p.name.startswith("base-") for p in folder.iterdir())
     key_index.write_batch(folder, last + 1, {"k0": {"f_n": None}})
     assert key_index.compact(folder, last + 1)
-    assert sorted(p.name for p in folder.iterdir()) == [f"base-{last + 1}.json"]
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("base-")) == [
+        f"base-{last + 1}.json"]  # fmt: skip
     assert key_index.read(folder, last + 1) == {f"k{n}": {"f_n": n} for n in range(1, last + 1)}
 
 
