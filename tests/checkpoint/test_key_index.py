@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from fogshift.checkpoint import key_index
 from fogshift.checkpoint.spark_dir import clear_orphan_state, copy_checkpoint
 
@@ -110,6 +112,39 @@ def test_compaction_waits_for_enough_notes(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.iterdir() if p.name.startswith("base-")) == [
         f"base-{last + 1}.json"]  # fmt: skip
     assert key_index.read(folder, last + 1) == {f"k{n}": {"f_n": n} for n in range(1, last + 1)}
+
+
+def test_a_large_base_is_folded_anew_only_once_the_notes_add_up_to_a_share_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With many keys a base is large and each batch's notes small: folding them every
+    # COMPACT_AFTER notes would rewrite the whole base for a few changes.
+    folder = tmp_path / "keys"
+    many = {f"key-{n:05d}": {"f_n": n} for n in range(2000)}
+    key_index.write_base(folder, 0, many)
+    base_bytes = (folder / "base-0.json").stat().st_size
+    batch = 0
+    noted = 0
+    while noted + 200 < key_index.COMPACT_SHARE * base_bytes:
+        batch += 1
+        key_index.write_batch(folder, batch, {f"key-{batch:05d}": {"f_n": -batch}})
+        noted += (folder / f"{batch}.json").stat().st_size
+        assert not key_index.compact(folder, batch), batch
+    assert batch > key_index.COMPACT_AFTER
+    while not key_index.compact(folder, batch):  # the share is reached within a few more
+        batch += 1
+        key_index.write_batch(folder, batch, {f"key-{batch:05d}": {"f_n": -batch}})
+    assert (folder / f"base-{batch}.json").is_file()
+    expected = {**many, **{f"key-{b:05d}": {"f_n": -b} for b in range(1, batch + 1)}}
+    assert key_index.read(folder, batch) == expected
+    # However small the notes, at most COMPACT_MOST pile up.
+    monkeypatch.setattr(key_index, "COMPACT_MOST", 3)
+    for more in range(batch + 1, batch + 3):
+        key_index.write_batch(folder, more, {})
+        assert not key_index.compact(folder, more, min_notes=1)
+    key_index.write_batch(folder, batch + 3, {})
+    assert key_index.compact(folder, batch + 3, min_notes=1)
+    assert key_index.read(folder, batch + 3) == expected
 
 
 def test_compaction_drops_notes_no_base_can_complete(tmp_path: Path) -> None:
