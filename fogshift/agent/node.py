@@ -292,8 +292,8 @@ class NodeRuntime:
         """Stop every query (their checkpoints stay) and the session."""
         self._stop.set()
         with self._lock:
-            for hosted in self._elements.values():
-                self._stop_query(hosted)
+            for hosted in list(self._elements.values()):
+                self._stop_counted(hosted)
         if self.spark is not None:
             self._spark_thread.submit(self.spark.stop).result()
         self._spark_thread.shutdown()
@@ -371,7 +371,7 @@ class NodeRuntime:
             ):
                 return self.describe(current)
             if current is not None:
-                self._stop_query(current)
+                self._stop_counted(current)
             checkpoint = self.checkpoint_dir(pipeline, element.id)
             metrics = self._metrics_file(pipeline, element.id)
             if fresh:
@@ -495,6 +495,20 @@ class NodeRuntime:
         delay = min(RESTART_BACKOFF_MAX_S, 2.0 ** (hosted.failures - 1))
         hosted.retry_at = time.time() + delay
 
+    def _stop_counted(self, hosted: HostedElement) -> None:
+        """Stop the PE's query (under the lock), then count the progress reports of its
+        last batches, which Spark hands over after their commits: a query started again on
+        this checkpoint (a restart, a redeploy, the agent's next start) never runs those
+        batches again, and their rows were never counted (a consumer restarted by a scale
+        lost up to a second of them). Waits at most :data:`COUNT_WAIT_S`, for a query that
+        was running only."""
+        running = hosted.query is not None
+        self._stop_query(hosted)
+        if running and self._wait_counted(hosted, time.monotonic() + COUNT_WAIT_S) is not None:
+            log.warning("%s stopped before the progress report of its last batch came: its "
+                        "input count may fall short of that batch's rows",
+                        hosted.plan.query_name)  # fmt: skip
+
     def _stop_query(self, hosted: HostedElement) -> None:
         if hosted.query is not None:
             try:
@@ -542,8 +556,11 @@ class NodeRuntime:
                 self._discard(pipeline, pe)
                 return ElementInfo(pipeline=pipeline, element=pe, state=PEState.DISCARDED)
             hosted = self.hosted(pipeline, pe)
+            if discard:
+                self._stop_query(hosted)
+            else:
+                self._stop_counted(hosted)
             del self._elements[(pipeline, pe)]
-            self._stop_query(hosted)
             open_gate(self.gate_file(pipeline, pe))
             if discard:
                 self._discard(pipeline, pe)
@@ -649,11 +666,10 @@ class NodeRuntime:
                 file holding some ships only its others (:func:`pack`).
         """
         hosted = self.hosted(pipeline, pe)
-        if not warm and self._wait_counted(hosted, time.monotonic() + COUNT_WAIT_S) is not None:
-            # (A warm copy's last batch runs again where it goes, and is counted there.)
-            log.warning("copy of %s made before the progress report of its newest batch "
-                        "came: its input count may fall short of that batch's rows",
-                        hosted.plan.query_name)  # fmt: skip
+        deadline = time.monotonic() + COUNT_WAIT_S
+        if not warm:
+            # (A warm copy's origin runs on: its newest batch moves on meanwhile.)
+            self._wait_counted(hosted, deadline)
         source = self.checkpoint_dir(pipeline, pe)
         # A folder of its own per request: two copies of one PE at once (a request sent
         # again while the first is still packed) would remove and refill each other's.
@@ -661,6 +677,19 @@ class NodeRuntime:
         try:
             # Linked, not copied: the staging copy is only read (packed), then removed.
             info = copy_checkpoint(source, staging, warm=warm, link=True)
+            # Its counters must cover its last commit: the batches up to it never run
+            # again where it goes (a warm copy runs only its last busy batch again), and
+            # reports come up to a second after their batch (counted by the monitor).
+            while not self._counted_in(hosted, staging):
+                if time.monotonic() >= deadline:
+                    log.warning("copy of %s made before the progress reports of its last "
+                                "batches came: its input count may fall short of their rows",
+                                hosted.plan.query_name)  # fmt: skip
+                    break
+                time.sleep(COUNT_POLL_S)
+                with self._lock:
+                    self._count_queued()
+                info = copy_checkpoint(source, staging, warm=warm, link=True)
             # The newest node-level snapshot links the same files: their digests are known.
             # (Looked up after the copy: an inode both hold then is one file, never a reuse.)
             asks = known or known_chunks
@@ -1157,13 +1186,19 @@ class NodeRuntime:
         """Whether the counters in a staged copy of the PE's checkpoint cover the batch it
         froze (:func:`take_snapshot`'s ``complete``: a batch committed while the copy was
         made may not be counted yet)."""
-        if hosted.resumed_batch is None or batch <= hosted.resumed_batch:
+        return self._counted_in(hosted, staged, batch) or self._put_off(hosted, batch)
+
+    def _counted_in(self, hosted: HostedElement, staged: Path, batch: int | None = None) -> bool:
+        """Whether the counters in a staged copy of the PE's checkpoint cover ``batch``
+        (default: the copy's last commit)."""
+        batch = committed_batch(staged) if batch is None else batch
+        if batch is None or hosted.resumed_batch is None or batch <= hosted.resumed_batch:
             return True  # came with the checkpoint: no report of it is to come here
         try:
             counted = int(json.loads((staged / METRICS_FILE).read_text())["last_batch"])
         except (OSError, ValueError, KeyError, TypeError):
             counted = -1
-        return counted >= batch or self._put_off(hosted, batch)
+        return counted >= batch
 
     def run_snapshots(self) -> None:
         """Loop :meth:`snapshot_all` every ``checkpoint_interval_s`` until :meth:`close`.

@@ -372,6 +372,48 @@ def test_a_warm_copys_target_counts_the_batches_it_runs_again(
     assert (moved.events_in, moved.last_batch) == (16, 2)
 
 
+def test_a_warm_copy_waits_for_the_counts_of_the_batches_it_keeps_committed(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    # A warm copy keeps its commits up to the one before its last busy batch: those
+    # batches never run again where it goes. Its counters, a second or more behind them
+    # (the monitor counts once a second), left the target short of their rows for good.
+    h = _running(runtime, tmp_path, resumed=0, counted=0)
+    live = runtime.checkpoint_dir("x", "p")
+    for b in range(4):
+        (live / "offsets" / str(b)).write_text(f'v1\n{{}}\n{{"row": {10 * (b + 1)}}}')
+        (live / "commits" / str(b)).write_text("v1\n{}")
+    reports = [{**batch(b, 10), "name": h.plan.query_name, "runId": "run-1"} for b in (1, 2, 3)]
+    for report in reports:
+        threading.Timer(0.1, runtime.progress_feed._reports.put, [json.dumps(report)]).start()
+    data, digest, info = runtime.checkpoint("x", "p", warm=True)
+    assert info.batch == 3  # batches 1 and 2 stay committed in the copy
+    copy = tmp_path / "copy"
+    unpack(data, digest, copy)
+    saved = json.loads((copy / METRICS_FILE).read_text())
+    assert saved["last_batch"] >= 2 and saved["events_in"] >= 25, saved
+
+
+def test_a_query_stopped_to_start_again_on_its_checkpoint_counts_its_last_batches_first(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restart on the PE's own checkpoint (the reconciler's, a scale's consumers, the
+    # agent's next start) runs no committed batch again: reports still on their way when
+    # the query stopped were dropped with it, and their rows never counted.
+    h = _running(runtime, tmp_path, resumed=0, counted=0)
+    h.query = FakeQuery()  # type: ignore[assignment]
+    _commit(runtime, 0, 1)
+    report = {**batch(1, 7), "name": h.plan.query_name, "runId": "run-1"}
+    threading.Timer(0.1, runtime.progress_feed._reports.put, [json.dumps(report)]).start()
+    runtime.remove("x", "p")
+    saved = json.loads((runtime.checkpoint_dir("x", "p") / METRICS_FILE).read_text())
+    assert (saved["events_in"], saved["last_batch"]) == (12, 1)
+    # Redeployed there: counted as of its commit, nothing short.
+    monkeypatch.setattr(node, "start_query", lambda spark, plan: FakeQuery())
+    runtime.deploy("x", h.plan.element, fresh=False, epoch=2)
+    assert (runtime.hosted("x", "p").events_in, runtime.hosted("x", "p").last_batch) == (12, 1)
+
+
 def test_counters_without_the_rows_of_their_batches_are_taken_as_they_are(
     runtime: NodeRuntime, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
