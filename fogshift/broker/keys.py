@@ -32,6 +32,9 @@ that did not (``base``, ``keep``): the target builds the state from both. Large 
 cross before the switch, in batches of their own, and the keys wait at the switch only for
 what changed.
 
+A move listing many keys (a rescale or key group of a PE with tens of thousands of keys) is
+stored compressed once its JSON passes :data:`PACKED_MOVE_BYTES` (:func:`parse` reads both).
+
 A state of more than :data:`INLINE_STATE_BYTES` travels compressed, in parts on the input's
 ``.state.<to>`` subject (its target's), its ``.keys`` record naming their sequences: every
 partition reads each ``.keys`` message at its place, and only the state's target reads the
@@ -52,6 +55,7 @@ target of a key takes its state only from the partition that owned the key befor
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -130,7 +134,7 @@ class KeyMove:
             body["copy"] = self.copy
         if self.scanned:
             body["scanned"] = dict(self.scanned)
-        return json.dumps(body).encode()
+        return _packed(json.dumps(body).encode())
 
 
 @dataclass(frozen=True)
@@ -207,11 +211,46 @@ class KeyState:
         return {**{name: copied[name] for name in self.keep}, **self.state}
 
 
+#: A move's JSON longer than this is stored compressed (zlib): a rescale's or key group's
+#: record lists every key holding state that changes partition, and the broker takes ~1 MiB
+#: a message (the orchestrator refuses a record over 900 KiB). 100,000 keys like
+#: ``patient-000123`` are 1.8 MB of JSON and 0.25 MB compressed (7.2x; 4x for numbers,
+#: 1.9x for random UUIDs), ~60 ms to compress and a few ms to read back.
+PACKED_MOVE_BYTES = 64 * 1024
+#: The most a packed record may unpack to (a message on ``.keys`` is the orchestrator's,
+#: still: no reader inflates one without bound).
+UNPACKED_MOST_BYTES = 64 * 1024 * 1024
+
+
+def _packed(body: bytes) -> bytes:
+    """``body``, compressed when it is long (a zlib stream: never begins with ``{``)."""
+    return zlib.compress(body, 6) if len(body) > PACKED_MOVE_BYTES else body
+
+
+def _unpacked(data: bytes) -> bytes:
+    """The JSON a ``.keys`` message holds: ``data`` itself, or what it compresses.
+
+    Raises:
+        ValueError: Compressed but not whole, or unpacking to more than
+            :data:`UNPACKED_MOST_BYTES`.
+    """
+    if data[:1] != b"x":  # zlib's first byte (deflate, 32 KiB window); JSON begins otherwise
+        return data
+    try:
+        inflater = zlib.decompressobj()
+        body = inflater.decompress(data, UNPACKED_MOST_BYTES)
+    except zlib.error as exc:
+        raise ValueError(f"not a packed record: {exc}") from None
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise ValueError("a packed record cut off, or larger than any record")
+    return body
+
+
 def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
     """The move or state a ``.keys`` message holds; ``None`` for anything else (a foreign
     message there is stepped over, as on every subject)."""
     try:
-        value = json.loads(data)
+        value = json.loads(_unpacked(data))
         if value.get("type") == "key-move":
             keys = tuple(str(k) for k in value["keys"])
             order: Order = "backlog" if value.get("order") == "backlog" else "fifo"

@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import json
 import random
+import zlib
 
 import pytest
 
 from fogshift.broker.keys import (
     INLINE_STATE_BYTES,
+    PACKED_MOVE_BYTES,
     STATE_PART_BYTES,
     KeyCopy,
     KeyMove,
@@ -81,6 +83,23 @@ def test_a_rescale_gives_every_key_its_partition_of_the_new_count() -> None:
     assert all(owners.pending[k] == "r1" for k in owners.pending)
     # A count below one is no rescale.
     assert parse(10, stored.replace(b'"count": 3', b'"count": 0')) is None
+
+
+def test_a_rescale_of_many_keys_is_stored_packed_and_read_back_whole() -> None:
+    # A rescale lists every key holding state that changes partition: 100,000 keys were
+    # 1.8 MB of JSON, over what one record may hold (the orchestrator refused the scale).
+    keys = tuple(f"patient-{n:06d}" for n in range(100_000))
+    stored = KeyMove(0, "r1", "agg", keys, -1, "backlog", 3).payload()
+    plain = json.dumps({"keys": list(keys)}).encode()
+    assert len(stored) < len(plain) / 5 and len(stored) < 900 * 1024
+    assert parse(9, stored) == KeyMove(9, "r1", "agg", keys, -1, "backlog", 3)
+    # A small one stays plain JSON, as an older fogshift stored it.
+    small = KeyMove(0, "m1", "agg", ("s1",), 1).payload()
+    assert small.startswith(b"{") and len(small) < PACKED_MOVE_BYTES
+    # A packed record cut short, or one that would unpack without bound, is stepped over.
+    assert parse(9, stored[: len(stored) // 2]) is None
+    assert parse(9, zlib.compress(b"{" + b" " * (80 * 1024 * 1024))) is None
+    assert parse(9, b"x not zlib") is None
 
 
 def test_a_key_group_moves_its_keys_seen_and_unseen_over_their_earlier_moves() -> None:
