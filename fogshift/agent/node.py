@@ -502,7 +502,7 @@ class NodeRuntime:
         batches again, and their rows were never counted (a consumer restarted by a scale
         lost up to a second of them). Waits at most :data:`COUNT_WAIT_S`, for a query that
         was running only."""
-        running = hosted.query is not None
+        running = hosted.query is not None and hosted.state != PEState.FAILED
         self._stop_query(hosted)
         if running and self._wait_counted(hosted, time.monotonic() + COUNT_WAIT_S) is not None:
             log.warning("%s stopped before the progress report of its last batch came: its "
