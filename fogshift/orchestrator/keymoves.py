@@ -1022,10 +1022,23 @@ class KeyMoves(Standbys):
                 if owners is None:  # (before the look: its time is the append's window)
                     owners = self._owners(pipeline, inputs[0], element_id, first.first_count,
                                           without=move_id)  # fmt: skip
-                ends, found = self.broker.run(
+                ends, found, cut = self.broker.run(
                     partial(_look, pipeline=pipeline, since=dict(scanned), last=name),
                     timeout=120,
                 )  # fmt: skip
+                if cut:
+                    # Records after where the look began were trimmed (a move that waited
+                    # longer than the history's age on a lagging partition): a key only they
+                    # held would be missed, and moved without its state. The partitions'
+                    # state stores again, as of commits past what was trimmed.
+                    log.warning("%s: records of %s after %s were trimmed while it looked; "
+                                "listing the partitions' keys again", what, ", ".join(cut),
+                                scanned)  # fmt: skip
+                    again = self._listed_keys(pipeline, parts)
+                    held |= again.keys
+                    scanned = {n: again.since.get(n, first.since_of(n)) for n in inputs}
+                    owners = None
+                    continue
                 for source, message in found:
                     if message.subject != data_subject(pipeline, source):
                         item = read_message(pipeline, source, message.subject, message.seq,
@@ -1167,13 +1180,16 @@ class KeyMoves(Standbys):
 
 async def _look(
     js: Any, pipeline: str, since: dict[str, int], last: str | None = None
-) -> tuple[dict[str, int], list[tuple[str, Any]]]:
+) -> tuple[dict[str, int], list[tuple[str, Any]], list[str]]:
     """Every input of ``since``'s last sequence, and its data and key messages after its
     position there: ``(input, message)``, input by input, input ``last`` last (the one a
     record is appended to next: the less time between reading its end and the append,
-    the likelier nothing came in between on a busy input)."""
+    the likelier nothing came in between on a busy input); and the inputs whose data
+    records after that position were trimmed (``recovery.history_s``) before the read
+    ended: the read skipped them, and the keys only they held."""
     ends: dict[str, int] = {}
     found: list[tuple[str, Any]] = []
+    cut: list[str] = []
     order = sorted(since, key=lambda name: name == last)  # (stable: the others as given)
     for name, start in ((n, since[n]) for n in order):
         stream = stream_name(pipeline, name)
@@ -1182,7 +1198,10 @@ async def _look(
                                                       start, end)]  # fmt: skip
         found += [(name, m) for m in await get_ranges(js, stream, key_subjects(pipeline, name),
                                                        start, end)]  # fmt: skip
-    return ends, found
+        # After the read: a trim marks its bound before it removes anything.
+        if await trimmed_below(js, stream) > start + 1:
+            cut.append(name)
+    return ends, found, cut
 
 
 async def _scan_is_short(js: Any, pipeline: str, ends: dict[str, int]) -> bool:

@@ -303,7 +303,7 @@ def test_a_listed_move_replays_the_moves_once_not_at_every_try() -> None:
 
         def run(self, make: Any, timeout: float = 30) -> Any:
             if make.func.__name__ == "_look":  # the input grew since the last look: one more
-                return {"in": 10 + self.appends}, []
+                return {"in": 10 + self.appends}, [], []
             self.appends += 1
             return None if self.appends < 5 else 99  # the first four appends came too late
 
@@ -317,6 +317,44 @@ def test_a_listed_move_replays_the_moves_once_not_at_every_try() -> None:
     )  # fmt: skip
     assert at == 99 and busy.appends == 5 and move.count == 3
     assert busy.replays == 1
+
+
+def test_a_listed_move_whose_look_was_trimmed_lists_the_state_stores_again() -> None:
+    """A key group that waited on its waves longer than the history's age: the records its
+    look would read from the listing's place were trimmed, and a key only they held went
+    unlisted (its state stranded on the origin, the key starting empty at the target)."""
+
+    class Trimmed(KeyMoves):
+        def __init__(self) -> None:
+            self.looks: list[dict[str, int]] = []
+            self.listings = 0
+            self.broker = SimpleNamespace(run=self.run)
+
+        def _owners(
+            self, pipeline: str, source: str, element_id: str, count: int, without: Any = None
+        ) -> Ownership:
+            return Ownership(count)
+
+        def _listed_keys(self, pipeline: str, parts: list[Any]) -> Listing:
+            self.listings += 1  # as of commits past the trim: "lost" is in a state store
+            return Listing({"a", "lost"}, {"in": 500})
+
+        def run(self, make: Any, timeout: float = 30) -> Any:
+            if make.func.__name__ == "_look":
+                self.looks.append(dict(make.keywords["since"]))
+                return {"in": 600}, [], ["in"] if len(self.looks) == 1 else []
+            return 601
+
+    first = SimpleNamespace(first_count=2, since_of=lambda name: 0)
+    parts: Any = [SimpleNamespace(id=f"agg-p{i}", key_by="k", partition=first, inputs=("in",))
+                  for i in (0, 1)]  # fmt: skip
+    trimmed = Trimmed()
+    move, at, _ = trimmed._append_listed(
+        "p", "agg", parts, lambda owners, held, m: KeyMove(0, m, "agg", tuple(sorted(held)), 1),
+        "move key group 1/2", Listing({"a"}, {"in": 10}),
+    )  # fmt: skip
+    assert trimmed.listings == 1 and trimmed.looks == [{"in": 10}, {"in": 500}]
+    assert at == 601 and move.keys == ("a", "lost")
 
 
 def test_a_broker_away_for_a_moment_ends_no_wait_for_states_before_its_deadline() -> None:
