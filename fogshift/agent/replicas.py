@@ -16,14 +16,18 @@ is made — a request (or a compromised peer) cannot make this node send a token
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
 from fogshift.agent.config import AgentConfig
-from fogshift.agent.exceptions import UnknownSource
+from fogshift.agent.exceptions import ElementBusy, UnknownSource
 from fogshift.agent.node import NodeRuntime
 from fogshift.checkpoint.central import CentralStore, check_manifest
 from fogshift.checkpoint.chunks import Chunk
@@ -90,6 +94,10 @@ class Replicas:
         self.config = config
         self.runtime = runtime
         self.store = CentralStore(config.home / "replicas", keep=2)
+        # Installs from the copies here under way, by PE: a drop of one of those PEs is
+        # refused meanwhile (see drop).
+        self._installs: Counter[tuple[str, str]] = Counter()
+        self._installs_lock = threading.Lock()
 
     def directory(self) -> NodeDirectory:
         """The orchestrator's node directory: the nodes this node may copy from.
@@ -190,16 +198,29 @@ class Replicas:
         # (A discard while the copy is fetched — the orchestrator gave up on this install —
         # must not be followed by the install: see NodeRuntime.discards.)
         discards = self.runtime.discards(pipeline, pe)
-        if manifest is not None:
-            fetched = self.copy(manifest, source)
-            problem = self.store.verify(manifest)
-            if problem is not None:
-                raise TornCheckpoint(
-                    f"copy of checkpoint {manifest['id']} of {pipeline}/{pe} on node "
-                    f"{self.config.name!r} is not whole: {problem}"
-                )
-        self.runtime.install_from_store(pipeline, pe, self.store, manifest, discards)
+        with self._installing(pipeline, pe):
+            if manifest is not None:
+                fetched = self.copy(manifest, source)
+                problem = self.store.verify(manifest)
+                if problem is not None:
+                    raise TornCheckpoint(
+                        f"copy of checkpoint {manifest['id']} of {pipeline}/{pe} on node "
+                        f"{self.config.name!r} is not whole: {problem}"
+                    )
+            self.runtime.install_from_store(pipeline, pe, self.store, manifest, discards)
         return InstallResult(fetched_bytes=fetched, source=source or "central")
+
+    @contextlib.contextmanager
+    def _installing(self, pipeline: str, pe: str) -> Iterator[None]:
+        with self._installs_lock:
+            self._installs[(pipeline, pe)] += 1
+        try:
+            yield
+        finally:
+            with self._installs_lock:
+                self._installs[(pipeline, pe)] -= 1
+                if not self._installs[(pipeline, pe)]:
+                    del self._installs[(pipeline, pe)]
 
     def install_packed(
         self, pipeline: str, pe: str, data: bytes, digest: str, discards: int | None = None
@@ -231,11 +252,25 @@ class Replicas:
         At once, whatever their age: every push touches the files it reuses, so a copy
         pushed within the store's horizon (ten minutes) kept them all, and a node that backs
         up nothing else never collected them. Copies under way are this store's puts, whose
-        files a collection spares (:meth:`CentralStore.collect_garbage`)."""
-        held = bool(self.store.manifests(pipeline, pe))
-        self.store.forget(pipeline, pe)
-        return DroppedReplica(pipeline=pipeline, element=pe, held=held,
-                              blobs=self.store.collect_garbage(horizon_s=0))  # fmt: skip
+        files a collection spares (:meth:`CentralStore.collect_garbage`).
+
+        Raises:
+            ElementBusy: The PE is being installed from its copy here (a restore in place
+                on a node that came back without its disk: the orchestrator, seeing the
+                copy of a PE placed on its own node, dropped it while it was read, and the
+                restore failed at every try); the orchestrator asks again later.
+        """
+        with self._installs_lock:
+            if self._installs[(pipeline, pe)]:
+                raise ElementBusy(
+                    f"node {self.config.name!r} is installing {pipeline}/{pe} from its copy "
+                    "here: not dropped",
+                    hint="drop it once the install is over",
+                )
+            held = bool(self.store.manifests(pipeline, pe))
+            self.store.forget(pipeline, pe)
+            blobs = self.store.collect_garbage(horizon_s=0)
+        return DroppedReplica(pipeline=pipeline, element=pe, held=held, blobs=blobs)
 
     def held(self) -> list[ReplicaInfo]:
         """The newest whole-looking copy per PE."""

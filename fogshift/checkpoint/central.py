@@ -191,9 +191,9 @@ class CentralStore:
             return False
         seen = (stat.st_size, stat.st_mtime_ns)
         if self._checked.get(sha) != seen:
-            if hashlib.sha256(blob.read_bytes()).hexdigest() != sha:
+            if _read_digest(blob) != sha:
                 self._checked.pop(sha, None)
-                blob.unlink(missing_ok=True)
+                _unlink_if(blob, stat.st_ino)
                 return False
             self._checked[sha] = seen
         if stat.st_size != size:
@@ -421,6 +421,15 @@ class CentralStore:
                     f"file {rel} of checkpoint {manifest['id']} of "
                     f"{manifest['pipeline']}/{manifest['element']} changed in transit"
                 )
+            if len(data) != sizes[sha]:
+                # A manifest stored with a wrong size counts among the kept ones, which
+                # restores refuse: three of them expired the last usable checkpoint.
+                raise TornCheckpoint(
+                    f"file {rel} of checkpoint {manifest['id']} of "
+                    f"{manifest['pipeline']}/{manifest['element']} has {len(data)} bytes, "
+                    f"not the {sizes[sha]} its manifest says (or the manifest names its "
+                    "content with two sizes)"
+                )
             blob = self.blobs / sha
             tmp = blob.with_name(f"{sha}.{threading.get_ident()}.tmp")
             tmp.write_bytes(data)
@@ -473,8 +482,13 @@ class CentralStore:
         for manifest_file in (self.root / "checkpoints").glob("*/*/*.json"):
             try:
                 files = json.loads(manifest_file.read_text())["files"]
-            except (OSError, ValueError, KeyError):
-                continue
+            except (FileNotFoundError, ValueError, KeyError):
+                continue  # expired meanwhile, or no manifest (a torn write is a temp file)
+            except OSError as exc:
+                # Unread (too many open files, an I/O error): its blobs would look unused.
+                log.warning("garbage collection of %s stopped: %s could not be read: %s",
+                            self.root, manifest_file, exc)  # fmt: skip
+                return 0
             referenced.update(entry["sha256"] for entry in files.values())
         removed = 0
         horizon = time.time() - horizon_s
@@ -565,19 +579,21 @@ class CentralStore:
         check_manifest(manifest)
         for rel, entry in manifest["files"].items():
             blob = self.blobs / entry["sha256"]
-            if not blob.exists():
+            try:
+                stat = blob.stat()
+                digest = _read_digest(blob)
+            except FileNotFoundError:
                 return f"file {rel} is missing"
-            digest = hashlib.sha256(blob.read_bytes()).hexdigest()
             if digest == entry["sha256"]:
-                if blob.stat().st_size == entry["size"]:
+                if stat.st_size == entry["size"]:
                     continue
                 # The manifest lies about a whole file: it is unusable, the file is not
                 # (other checkpoints name it).
-                return f"file {rel} has {blob.stat().st_size} bytes, not {entry['size']}"
+                return f"file {rel} has {stat.st_size} bytes, not {entry['size']}"
             problem = f"file {rel} is corrupt (sha256 {digest[:12]}…)"
             # Removed, so the next checkpoint holding this content ships it again.
             self._checked.pop(entry["sha256"], None)
-            blob.unlink(missing_ok=True)
+            _unlink_if(blob, stat.st_ino)
             return problem
         return None
 
@@ -633,3 +649,19 @@ def _newest_first(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
         found.append((path, manifest))
     found.sort(key=lambda m: (float(m[1].get("stored") or 0), str(m[1].get("id"))), reverse=True)
     return found
+
+
+def _read_digest(path: Path) -> str:
+    """The sha256 of a file's bytes (hex)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _unlink_if(path: Path, inode: int) -> None:
+    """Remove ``path`` if it is still the file ``inode`` (a corrupt blob found by one
+    reader, which another has meanwhile replaced by a good copy under the same name)."""
+    try:
+        if os.stat(path).st_ino == inode:
+            path.unlink()
+    except FileNotFoundError:
+        pass

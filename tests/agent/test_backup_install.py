@@ -119,3 +119,36 @@ def test_a_checkpoint_discarded_while_its_left_out_files_are_filled_in_is_not_in
     answer = agent.put(here, content=data, headers={SHA_HEADER: digest})  # asked again
     assert answer.status_code == 200, answer.text
     assert (installed / "commits" / "0").read_bytes() == b"c0"
+
+
+def test_a_replica_being_installed_is_not_dropped(
+    home: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A node back without its disk is restored in place from its replica of the PE; the
+    # orchestrator, seeing a copy of a PE placed on its own node, dropped it meanwhile: its
+    # files went while they were read, and the restore failed at every try.
+    from types import SimpleNamespace
+
+    from fogshift.agent.exceptions import ElementBusy
+
+    cfg = config(home)
+    node = Node({"offsets/0": b"o0", "commits/0": b"c0"})
+    pushed = manifest(0, node.files)
+    refusals: list[str] = []
+
+    def install_from_store(pipeline: str, pe: str, store: CentralStore, m: dict, d: int) -> None:
+        try:
+            held.drop("p", "agg")  # the orchestrator's DELETE, while the files are read
+        except ElementBusy as exc:
+            refusals.append(exc.message)
+        assert store.verify(m) is None  # every file still there
+
+    runtime = SimpleNamespace(discards=lambda p, e: 0, install_from_store=install_from_store)
+    held = replicas_module.Replicas(cfg, runtime)  # type: ignore[arg-type]
+    held.store.put(pushed, node.fetch, node)
+    monkeypatch.setattr(held, "copy", lambda manifest, source: 0)  # held here already
+    held.install("p", "agg", pushed, None)
+    assert len(refusals) == 1 and "installing p/agg" in refusals[0]
+    dropped = held.drop("p", "agg")  # once it is over
+    assert dropped.held and dropped.blobs == 2

@@ -360,3 +360,71 @@ def test_a_manifest_giving_a_shared_file_another_size_is_refused_and_the_file_ke
     assert whole is not None and whole["batch"] == 0
     assert store.verify(lying) == "file commits/0 has 5 bytes, not 99"
     assert store.verify(manifest(0, shared)) is None  # (verify kept it too)
+
+
+def test_a_manifest_giving_a_new_file_another_size_is_refused(tmp_path: Path) -> None:
+    # Its file new to the store: only its digest was checked, and the manifest was stored
+    # among the kept ones, which restores refuse (three such expired the last usable one).
+    store = CentralStore(tmp_path / "store", keep=1)
+    good = {"offsets/0": b"o0"}
+    store.put(manifest(0, good), good.__getitem__)
+    files = {"offsets/1": b"o1"}
+    lying = manifest(1, files)
+    lying["files"]["offsets/1"]["size"] = 7
+    with pytest.raises(TornCheckpoint, match="has 2 bytes, not the 7"):
+        store.put(lying, files.__getitem__)
+    assert [m["batch"] for m in store.manifests("p", "agg")] == [0]
+    assert store.latest_whole("p", "agg")[0]["batch"] == 0
+
+
+def test_a_corrupt_blob_replaced_by_a_good_copy_meanwhile_is_not_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restore's check read a corrupt blob; a pull then stored a good copy under its name
+    # before the check removed "it": the good copy went, and the newest checkpoint was torn.
+    import fogshift.checkpoint.central as central
+
+    store = CentralStore(tmp_path / "store")
+    files = {"offsets/0": b"o0"}
+    store.put(manifest(0, files), files.__getitem__)
+    blob = store.blobs / hashlib.sha256(b"o0").hexdigest()
+    blob.write_bytes(b"xx")
+    real = central._read_digest
+
+    def read_then_replaced(path: Path) -> str:
+        digest = real(path)
+        good = path.with_name("good.tmp")
+        good.write_bytes(b"o0")
+        good.replace(path)  # (as a pull's ship() stores it)
+        return digest
+
+    monkeypatch.setattr(central, "_read_digest", read_then_replaced)
+    assert store.verify(manifest(0, files)) == "file offsets/0 is corrupt (sha256 " + (
+        hashlib.sha256(b"xx").hexdigest()[:12] + "…)"
+    )
+    assert blob.read_bytes() == b"o0"
+    monkeypatch.setattr(central, "_read_digest", real)
+    assert store.verify(manifest(0, files)) is None
+
+
+def test_a_manifest_that_cannot_be_read_stops_the_collection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Taken as absent, its blobs looked unused and were deleted (a manifest unread for too
+    # many open files, an I/O error).
+    store = CentralStore(tmp_path / "store")
+    files = {"offsets/0": b"o0"}
+    store.put(manifest(0, files), files.__getitem__)
+    blob = store.blobs / hashlib.sha256(b"o0").hexdigest()
+    os.utime(blob, (time.time() - 3600, time.time() - 3600))
+    real = Path.read_text
+
+    def unreadable(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self.suffix == ".json":
+            raise OSError(24, "Too many open files")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", unreadable)
+    assert store.collect_garbage() == 0
+    monkeypatch.setattr(Path, "read_text", real)
+    assert blob.exists() and store.verify(manifest(0, files)) is None
