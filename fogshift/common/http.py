@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import ipaddress
 import re
 import ssl
 from typing import Any, TypeVar
@@ -315,3 +316,13 @@ class ServiceClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

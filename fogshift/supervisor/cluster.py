@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fogshift.broker.client import BrokerAddress
 from fogshift.broker.server import free_port, start_nats_server
 from fogshift.common.exceptions import WaitTimedOut
-from fogshift.common.files import write_atomic, write_private
-from fogshift.common.http import ServiceClient, node_token
+from fogshift.common.files import PRIVATE_MODE, write_atomic, write_private
+from fogshift.common.http import ServiceClient, is_loopback, node_token
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.processes import foreign, group_alive, leads, started_at
 from fogshift.common.waiting import wait_until
@@ -231,7 +231,8 @@ def read_cluster(path: Path) -> ClusterFile:
 def save_cluster(home: Path, cluster: ClusterFile) -> Path:
     """Write ``<home>/cluster.json`` atomically: a reader (``fogshift down``, another CLI
     command) never sees it half-written, even if ``up`` is killed while writing it."""
-    return write_atomic(cluster_file(home), cluster.model_dump_json(indent=2))
+    # Private: an external broker's URL given with its credentials is kept in it.
+    return write_atomic(cluster_file(home), cluster.model_dump_json(indent=2), PRIVATE_MODE)
 
 
 def cluster_running(home: Path) -> bool:
@@ -498,6 +499,12 @@ def up(
             hint=f"named more than once: {', '.join(twice)}",
         )
     _check_host(host)
+    if not is_loopback(host):
+        say(
+            f"warning: the orchestrator and the node agents listen on {host}, not loopback, "
+            "over plain HTTP: anyone on that network can read the tokens every request and "
+            "heartbeat carries (put TLS in front of them, or keep them on a private network)"
+        )
     if nats_url is None and (nats_user is not None or nats_password is not None):
         # (Ignored before: the cluster started its own broker, and the credentials meant
         # for another were silently unused.)

@@ -246,6 +246,37 @@ def _finite(value: object) -> bool:
         return False
 
 
+#: The largest request body the dashboard takes: a spec (``MAX_SPEC_BYTES``) and a form
+#: around it. The login form is open to anyone who can reach the dashboard, and a form's
+#: file parts are spooled to disk whatever their size before any handler runs.
+MAX_BODY_BYTES = MAX_SPEC_BYTES + 64 * 1024
+
+
+class BodyLimit:
+    """Refuses a request whose body is larger than ``most`` bytes (``413``), or that has a
+    body of unknown length (``411``), before anything reads it (the server takes at most
+    the declared length)."""
+
+    def __init__(self, app: Any, most: int) -> None:
+        self.app, self.most = app, most
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            length = headers.get(b"content-length")
+            chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+            refusal = None
+            if chunked and length is None:
+                refusal = 411, "a request body needs a Content-Length"
+            elif length is not None and (not length.isdigit() or int(length) > self.most):
+                refusal = 413, f"request body too large: at most {self.most} bytes"
+            if refusal is not None:
+                response = PlainTextResponse(refusal[1], status_code=refusal[0])
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(orchestrator: Orchestrator, sessions: Sessions, config: DashboardConfig) -> FastAPI:
     """The dashboard app: pages behind a session cookie, a sampler thread while it serves."""
     history = History(config.window_s)
@@ -264,6 +295,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         sampler.close()
 
     app = FastAPI(title="fogshift dashboard", lifespan=lifespan, openapi_url=None)
+    app.add_middleware(BodyLimit, most=MAX_BODY_BYTES)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.globals["fmt_rate"] = _fmt_rate

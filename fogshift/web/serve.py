@@ -10,7 +10,7 @@ from pathlib import Path
 
 import uvicorn
 
-from fogshift.common.http import SERVER_KEEP_ALIVE_S
+from fogshift.common.http import SERVER_KEEP_ALIVE_S, is_loopback
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor.cluster import load_cluster, orchestrator_client
 from fogshift.web.app import (
@@ -22,16 +22,6 @@ from fogshift.web.app import (
     create_app,
 )
 from fogshift.web.auth import Sessions
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -34,7 +34,7 @@ def raw(url: str, method: str, path: str, token: str) -> tuple[int, str]:
 def test_secret_files_are_0600(cluster: Cluster) -> None:
     home = cluster.home
     secrets = [home / "token", home / "nodes" / "cloud" / "token", home / "broker.json"]
-    secrets.append(home / "broker" / "nats.conf")
+    secrets += [home / "broker" / "nats.conf", home / "cluster.json"]
     for path in secrets:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 

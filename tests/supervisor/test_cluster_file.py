@@ -42,6 +42,8 @@ def test_saved_cluster_loads_back_and_leaves_no_temporary_file(home: Path) -> No
     cluster, token = load_cluster(home)
     assert cluster == a_cluster() and token == "secret"
     assert sorted(p.name for p in home.iterdir()) == ["cluster.json", "token"]
+    # Private: an external broker's URL may carry its user and password.
+    assert cluster_file(home).stat().st_mode & 0o777 == 0o600
 
 
 def test_a_write_that_fails_midway_leaves_the_previous_file_whole(

@@ -35,7 +35,7 @@ from fogshift.contracts import (
 )
 from fogshift.exceptions import FogshiftError, InvalidInput, NotFound
 from fogshift.migration.exceptions import MigrationFailed
-from fogshift.web.app import DashboardConfig, create_app
+from fogshift.web.app import MAX_BODY_BYTES, DashboardConfig, create_app
 from fogshift.web.auth import COOKIE, Sessions
 from fogshift.web.history import History, Sampler
 from tests.web.test_graph import element
@@ -238,6 +238,23 @@ def test_without_a_session_only_the_login_page_answers(web: TestClient, sessions
     assert web.get("/pipelines", follow_redirects=False).status_code == 303
     assert "Log in" in web.get("/login").text
     assert web.get("/static/vendor/htmx.min.js").status_code == 200  # assets are local
+
+
+def test_a_large_or_unmeasured_body_is_refused_before_anything_reads_it(web: TestClient) -> None:
+    # The login form is open to all: its file parts were spooled to disk whatever their
+    # size (a flood of uploads filled a fog host's disk with no session at all).
+    big = web.post("/login", files={"f": ("a", b"x" * (MAX_BODY_BYTES + 1))},
+                   data={"token": "x"})  # fmt: skip
+    assert big.status_code == 413 and "at most" in big.text
+
+    def chunks() -> Iterator[bytes]:
+        yield b"token=x"
+
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    unmeasured = web.post("/login", content=chunks(), headers=form)
+    assert unmeasured.status_code == 411
+    small = web.post("/login", data={"token": "x"}, follow_redirects=False)
+    assert small.status_code not in (411, 413)
 
 
 def test_the_link_logs_in_once_and_the_form_takes_the_operator_token(
