@@ -206,7 +206,9 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Callable[[Request], Any]) -> Any:
-        err = decide(request.method, request.url.path, bearer(request))
+        # The path the router routes by (``request.url`` is rebuilt from the Host header,
+        # which older Starlettes took as sent: ``Host: h/nodes/x/heartbeat#``).
+        err = decide(request.method, request.scope["path"], bearer(request))
         if err is not None:
             return JSONResponse(err.to_dict(), status_code=err.http_status)
         try:

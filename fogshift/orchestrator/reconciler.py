@@ -18,6 +18,7 @@ from fogshift.contracts import (
     LEFT_REPORTED,
     CheckpointManifest,
     ElementProgress,
+    MigrationPhase,
     OperationKind,
     PEState,
     PipelineState,
@@ -146,10 +147,16 @@ class Reconciler(Coordination):
                 origin = self.registry.node(op.origin)
                 reported = origin.report.element(op.pipeline, op.element) if origin else None
                 behind = reported is not None and reported.epoch < op.epoch
+                # Left while switching, the target's start (a literal migration's, under the
+                # origin's epoch) may have been sent and still be queued at its agent behind
+                # the discard: resumed under that epoch, the origin would write beside a
+                # target started from nothing. The dead orchestrator knew whether it had
+                # sent it (its rollback fences then); the journal does not: fenced anew.
+                sent = op.phase == MigrationPhase.SWITCHING
                 undone = run_rollback(
                     op.pipeline, element, (op.origin, self.agent(op.origin)),
                     (op.target, self.agent(op.target)), op.epoch, partial(self._fence_for, op),
-                    unanswered=behind,
+                    unanswered=behind or sent,
                 )  # fmt: skip
                 notes = "; ".join(undone.notes)
                 if undone.resumed:

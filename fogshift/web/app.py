@@ -318,7 +318,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         return response
 
     async def _guarded(request: Request, call_next: Any) -> Response:
-        path = request.url.path
+        path = request.scope["path"]  # what the router routes by (see common.service)
         if not _allowed(_hostname(request), config.allowed_hosts):
             return PlainTextResponse("unknown host name", status_code=400)
         if path.startswith("/static/") or path == "/login":

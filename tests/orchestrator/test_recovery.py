@@ -89,7 +89,7 @@ def calls(agents: dict[str, StandIn]) -> list[tuple[str, str, str, dict[str, str
 def test_a_migration_left_paused_is_rolled_back_target_first(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
-    op = left_by_dead_orchestrator(orch, "migration", "switching")  # the origin was paused
+    op = left_by_dead_orchestrator(orch, "migration", "pausing")  # the origin was paused
     decisions = orch.recover_operations()
     assert calls(agents) == [
         ("fog-b", "DELETE", AGG, {"discard": "true"}),  # the target cannot write any more...
@@ -99,8 +99,33 @@ def test_a_migration_left_paused_is_rolled_back_target_first(
     assert entry is not None and entry.outcome is not None
     assert entry.outcome.startswith("recovered: rolled back: fog-a runs under epoch 1"), entry
     assert orch.registry.get_pipeline("p").placement["aggregate"] == "fog-a"  # type: ignore[union-attr]
-    assert len(decisions) == 1 and "left at 'switching'" in decisions[0]
+    assert len(decisions) == 1 and "left at 'pausing'" in decisions[0]
     assert orch.registry.unfinished() == []
+
+
+def test_a_migration_left_switching_is_rolled_back_under_a_new_fence(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A literal migration's target start (under the origin's epoch) may have been sent and
+    # be queued at its agent behind the discard: the origin resumed under that epoch wrote
+    # beside a target started from nothing.
+    fenced: list[int] = []
+
+    def fence_for(op: Any) -> int:
+        fenced.append(orch.registry.next_epoch(op.pipeline, op.element, operation=op.id))
+        return fenced[-1]
+
+    monkeypatch.setattr(orch, "_fence_for", fence_for)
+    op = left_by_dead_orchestrator(orch, "migration", "switching")
+    orch.recover_operations()
+    assert calls(agents)[0] == ("fog-b", "DELETE", AGG, {"discard": "true"})
+    assert len(fenced) == 1
+    restarted = agents["fog-a"].received("PUT", AGG)
+    assert len(restarted) == 1 and restarted[0].body["epoch"] == fenced[0] > 1
+    assert agents["fog-a"].received("POST", AGG + "/resume") == []
+    entry = orch.registry.operation(op)
+    assert entry is not None and entry.outcome is not None
+    assert f"runs under epoch {fenced[0]}" in entry.outcome, entry
 
 
 def test_a_migration_left_after_its_routing_change_is_completed(
