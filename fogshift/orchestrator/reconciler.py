@@ -131,6 +131,15 @@ class Reconciler(Coordination):
         ):
             self._discard_quietly(op.target, here, record, op)
             return "abandoned: the PE does not run any more; the target was discarded", False
+        placed = self.registry.placed_at(op.pipeline, op.element)
+        if op.phase != "routed" and placed is not None and placed > op.started:
+            # Placed since the entry began, not by its own routing: the pipeline was stopped
+            # and deployed anew before a round resolved it (other operations on the PE wait
+            # for the entry). Its rollback would discard the fresh instance's node, its
+            # restore move a healthy fresh PE. What it left elsewhere goes (never the
+            # placed instance).
+            self._discard_quietly(op.target, here, record, op)
+            return "abandoned: the pipeline was deployed anew since", False
         element = record.spec.element(op.element)
         if op.kind == OperationKind.MIGRATION:
             if op.phase != "routed":

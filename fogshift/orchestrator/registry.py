@@ -421,6 +421,16 @@ class Registry:
             return None
         return PipelineRecord(spec, PipelineState(row[1]), placement, float(row[2] or 0.0))
 
+    def placed_at(self, pipeline: str, element: str) -> float | None:
+        """When ``pipeline/element`` was last placed (deployed, or moved by an operation's
+        routing; this host's clock); ``None`` if it is not placed."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT updated FROM placements WHERE pipeline = ? AND element = ?",
+                (pipeline, element),
+            ).fetchone()
+        return None if row is None else float(row[0])
+
     def pipelines(self) -> list[PipelineRecord]:
         with self._lock:
             names = [r[0] for r in self._db.execute("SELECT name FROM pipelines ORDER BY name")]

@@ -103,6 +103,25 @@ def test_a_migration_left_paused_is_rolled_back_target_first(
     assert orch.registry.unfinished() == []
 
 
+def test_an_entry_of_a_pipeline_deployed_anew_since_is_abandoned(
+    orch: Orchestrator, agents: dict[str, StandIn], tmp_path: Path
+) -> None:
+    # Stopped and deployed again before a recovery round: the old entry's rollback
+    # discarded the fresh instance on its target node and resumed nothing it owned.
+    op = left_by_dead_orchestrator(orch, "migration", "pausing")
+    moved = {**SPEC, "elements": [
+        {**e, "node": "fog-b"} if e["id"] == "aggregate" else e for e in SPEC["elements"]
+    ]}  # fmt: skip
+    orch.registry.put_pipeline(parse_spec(moved, tmp_path), "running")
+    orch.recover_operations()
+    assert agents["fog-b"].received("DELETE", AGG) == []  # the fresh instance stays
+    assert agents["fog-a"].received("POST", AGG + "/resume") == []
+    entry = orch.registry.operation(op)
+    assert entry is not None and entry.outcome == (
+        "recovered: abandoned: the pipeline was deployed anew since"
+    )
+
+
 def test_a_migration_left_switching_is_rolled_back_under_a_new_fence(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
