@@ -6,10 +6,11 @@ Input rows are ``(origin, seq, timestamp, creator, body)`` (see
 **Per-event isolation.** Whatever one event does — its body is not JSON, ``process()`` raises
 any :class:`Exception`, an output JSON cannot hold (a non-finite number, a set), an output
 over the record size limit — that event becomes a dead letter with the reason, the batch goes
-on, and the processor's state is as if the event had never arrived. Only what is not an
-:class:`Exception` (``KeyboardInterrupt``, ``SystemExit``) and a processor that cannot be
-built at all (:class:`~fogshift.runtime.exceptions.ElementError`: nothing an event did) end
-the batch.
+on, and the processor's state is as if the event had never arrived. ``SystemExit`` and
+``GeneratorExit`` raised by ``process()`` count as its exceptions too (user or library code
+calling ``sys.exit()`` on a bad input failed the batch at every retry). Only
+``KeyboardInterrupt`` and a processor that cannot be built at all
+(:class:`~fogshift.runtime.exceptions.ElementError`: nothing an event did) end the batch.
 
 State is undone without copying it before every event: on a failure at event *k* the
 processor is rebuilt from the last *known-good* state (at first the batch's starting state,
@@ -65,6 +66,11 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+#: What ``process()`` (or iterating its outputs) may raise for one event, which makes it a
+#: dead letter: every :class:`Exception`, and ``sys.exit()`` or a generator closed inside it.
+_EVENT_FAILURES = (Exception, SystemExit, GeneratorExit)
+
+
 class _Rejected(Exception):
     """One event's failure, with the dead letter's reason.
 
@@ -105,7 +111,7 @@ def _outputs(pe: str, result: Any) -> list[Any]:
         return [result]
     try:
         return list(result)
-    except Exception as exc:  # not iterable, or a generator that raised part-way
+    except _EVENT_FAILURES as exc:  # not iterable, or a generator that raised part-way
         raise _Rejected(
             f"processor {pe!r} returned {type(result).__name__} and iterating it raised "
             f"{_describe(exc)}; expected None, a dict, an Event or an iterable of those",
@@ -185,8 +191,11 @@ def _call(processor: Processor, pe: str, event: Event) -> list[Any]:
     try:
         result = processor.process(event)
     except DeadLetter as exc:
-        raise _Rejected(exc.reason, touched=not processor.dead_letters_change_nothing) from exc
-    except Exception as exc:
+        # (A subclass whose __init__ set no reason: its message, not an AttributeError that
+        # failed the batch at every retry.)
+        reason = getattr(exc, "reason", exc)
+        raise _Rejected(reason, touched=not processor.dead_letters_change_nothing) from exc
+    except _EVENT_FAILURES as exc:
         raise _Rejected(f"processor {pe!r} raised {_describe(exc)}", touched=True) from exc
     return _outputs(pe, result)
 
@@ -205,7 +214,9 @@ def _process(
 
 def dead_letter(row: InputRow, pe: str, reason: str, limit: int) -> RecordRow:
     origin, seq, timestamp, _, body_text = row
-    body, reason = fit_dead_letter(int(seq), float(timestamp), pe, str(body_text), reason, limit)
+    # (A reason quoting an input's text may hold a lone surrogate, which Arrow refuses.)
+    text = _as_reason(reason)
+    body, reason = fit_dead_letter(int(seq), float(timestamp), pe, str(body_text), text, limit)
     return (origin, 0, seq, timestamp, pe, body, reason)
 
 
