@@ -41,8 +41,9 @@ FOLDER = "fogshift-keys"
 COMPACT_AFTER = 16
 #: ... and how many bytes of notes, as a share of the newest base's: a base holds every key
 #: (~40 bytes each), so with many keys a fold every :data:`COMPACT_AFTER` notes rewrote
-#: megabytes for a few kilobytes of changes (100,000 keys: a 4.3 MB base, 1.3 s of CPU a
-#: fold, every 16 batches). A base is rewritten at most once per this share of it in notes.
+#: megabytes for a few kilobytes of changes (100,000 keys of two variables: a 4.3 MB base,
+#: 1.3 s of CPU a fold here, every 16 batches). A base is rewritten at most once per this
+#: share of it in notes.
 COMPACT_SHARE = 0.25
 #: ... unless this many notes piled up (what a listing reads, and each copy carries).
 COMPACT_MOST = 512
