@@ -44,8 +44,9 @@ class _Logging(Processor):
 
 class CountingStats(_Logging):
     """Count and running total of ``value``; an event with ``bad`` fails after changing the
-    state (so per-event isolation must undo it); an event with ``crash`` ends the task with
-    ``SystemExit`` the first time it is seen (a marker beside the log), so Spark retries it."""
+    state (so per-event isolation must undo it); an event with ``crash`` ends its Python
+    worker (``os._exit``: ``sys.exit()`` is one event's failure, a dead letter) the first
+    time it is seen (a marker beside the log), so Spark retries the task."""
 
     count: int = state(0)
     total: float = state(0.0)
@@ -59,7 +60,7 @@ class CountingStats(_Logging):
             marker = Path(f"{self.options['log']}.crashed")
             if not marker.exists():
                 marker.write_text("once")
-                raise SystemExit(3)
+                os._exit(3)
         return {"count": self.count, "total": self.total}
 
 
