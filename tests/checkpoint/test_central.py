@@ -377,6 +377,14 @@ def test_a_manifest_giving_a_new_file_another_size_is_refused(tmp_path: Path) ->
     assert store.latest_whole("p", "agg")[0]["batch"] == 0
 
 
+def one_file_stored(tmp_path: Path) -> tuple[CentralStore, dict[str, bytes], Path]:
+    """A store holding one checkpoint of one file: the store, its files and the file's blob."""
+    store = CentralStore(tmp_path / "store")
+    files = {"offsets/0": b"o0"}
+    store.put(manifest(0, files), files.__getitem__)
+    return store, files, store.blobs / hashlib.sha256(b"o0").hexdigest()
+
+
 def test_a_corrupt_blob_replaced_by_a_good_copy_meanwhile_is_not_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -384,10 +392,7 @@ def test_a_corrupt_blob_replaced_by_a_good_copy_meanwhile_is_not_removed(
     # before the check removed "it": the good copy went, and the newest checkpoint was torn.
     import fogshift.checkpoint.central as central
 
-    store = CentralStore(tmp_path / "store")
-    files = {"offsets/0": b"o0"}
-    store.put(manifest(0, files), files.__getitem__)
-    blob = store.blobs / hashlib.sha256(b"o0").hexdigest()
+    store, files, blob = one_file_stored(tmp_path)
     blob.write_bytes(b"xx")
     real = central._read_digest
 
@@ -412,10 +417,7 @@ def test_a_manifest_that_cannot_be_read_stops_the_collection(
 ) -> None:
     # Taken as absent, its blobs looked unused and were deleted (a manifest unread for too
     # many open files, an I/O error).
-    store = CentralStore(tmp_path / "store")
-    files = {"offsets/0": b"o0"}
-    store.put(manifest(0, files), files.__getitem__)
-    blob = store.blobs / hashlib.sha256(b"o0").hexdigest()
+    store, files, blob = one_file_stored(tmp_path)
     os.utime(blob, (time.time() - 3600, time.time() - 3600))
     real = Path.read_text
 

@@ -86,6 +86,13 @@ def calls(agents: dict[str, StandIn]) -> list[tuple[str, str, str, dict[str, str
     return [(node, c.method, c.path, c.query) for node, c in everywhere]
 
 
+def outcome(orch: Orchestrator, op: str) -> str:
+    """How the journal entry ``op`` ended (it must have)."""
+    entry = orch.registry.operation(op)
+    assert entry is not None and entry.outcome is not None, entry
+    return entry.outcome
+
+
 def test_a_migration_left_paused_is_rolled_back_target_first(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
@@ -116,10 +123,7 @@ def test_an_entry_of_a_pipeline_deployed_anew_since_is_abandoned(
     orch.recover_operations()
     assert agents["fog-b"].received("DELETE", AGG) == []  # the fresh instance stays
     assert agents["fog-a"].received("POST", AGG + "/resume") == []
-    entry = orch.registry.operation(op)
-    assert entry is not None and entry.outcome == (
-        "recovered: abandoned: the pipeline was deployed anew since"
-    )
+    assert outcome(orch, op) == "recovered: abandoned: the pipeline was deployed anew since"
 
 
 def test_a_migration_left_switching_is_rolled_back_under_a_new_fence(
@@ -142,9 +146,7 @@ def test_a_migration_left_switching_is_rolled_back_under_a_new_fence(
     restarted = agents["fog-a"].received("PUT", AGG)
     assert len(restarted) == 1 and restarted[0].body["epoch"] == fenced[0] > 1
     assert agents["fog-a"].received("POST", AGG + "/resume") == []
-    entry = orch.registry.operation(op)
-    assert entry is not None and entry.outcome is not None
-    assert f"runs under epoch {fenced[0]}" in entry.outcome, entry
+    assert f"runs under epoch {fenced[0]}" in outcome(orch, op)
 
 
 def test_a_migration_left_after_its_routing_change_is_completed(
