@@ -667,9 +667,6 @@ class NodeRuntime:
         """
         hosted = self.hosted(pipeline, pe)
         deadline = time.monotonic() + COUNT_WAIT_S
-        if not warm:
-            # (A warm copy's origin runs on: its newest batch moves on meanwhile.)
-            self._wait_counted(hosted, deadline)
         source = self.checkpoint_dir(pipeline, pe)
         # A folder of its own per request: two copies of one PE at once (a request sent
         # again while the first is still packed) would remove and refill each other's.
@@ -679,7 +676,8 @@ class NodeRuntime:
             info = copy_checkpoint(source, staging, warm=warm, link=True)
             # Its counters must cover its last commit: the batches up to it never run
             # again where it goes (a warm copy runs only its last busy batch again), and
-            # reports come up to a second after their batch (counted by the monitor).
+            # reports come up to a second after their batch (counted by the monitor). The
+            # copy is checked, not the live counters: a warm copy's origin runs on.
             while not self._counted_in(hosted, staging):
                 if time.monotonic() >= deadline:
                     log.warning("copy of %s made before the progress reports of its last "
