@@ -267,9 +267,22 @@ class BodyLimit:
             chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
             refusal = None
             if chunked and length is None:
-                refusal = 411, "a request body needs a Content-Length"
+                refusal = (
+                    411,
+                    (
+                        "expected: a request body with a Content-Length; received: a chunked "
+                        "body of unknown length (hint: send it whole, as a browser's form does)"
+                    ),
+                )
             elif length is not None and (not length.isdigit() or int(length) > self.most):
-                refusal = 413, f"request body too large: at most {self.most} bytes"
+                refusal = (
+                    413,
+                    (
+                        f"expected: a request body of at most {self.most} bytes; received: "
+                        f"Content-Length {length.decode('latin-1')[:20]} (hint: a spec of at most "
+                        f"{MAX_SPEC_BYTES} bytes)"
+                    ),
+                )
             if refusal is not None:
                 response = PlainTextResponse(refusal[1], status_code=refusal[0])
                 await response(scope, receive, send)

@@ -246,13 +246,14 @@ def test_a_large_or_unmeasured_body_is_refused_before_anything_reads_it(web: Tes
     big = web.post("/login", files={"f": ("a", b"x" * (MAX_BODY_BYTES + 1))},
                    data={"token": "x"})  # fmt: skip
     assert big.status_code == 413 and "at most" in big.text
+    assert "received: Content-Length" in big.text
 
     def chunks() -> Iterator[bytes]:
         yield b"token=x"
 
     form = {"content-type": "application/x-www-form-urlencoded"}
     unmeasured = web.post("/login", content=chunks(), headers=form)
-    assert unmeasured.status_code == 411
+    assert unmeasured.status_code == 411 and "Content-Length" in unmeasured.text
     small = web.post("/login", data={"token": "x"}, follow_redirects=False)
     assert small.status_code not in (411, 413)
 
