@@ -188,8 +188,10 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
             + ", ".join(f"{e.id}@{e.node}" for e in spec.elements)
         )
         deadline = time.monotonic() + timeout_s
-        # A partition reads every patient's windows (the others' it passes over): two each.
-        _wait(client, pipeline, origin.id, 2 * source.patients, deadline, console,
+        # A partition reads every patient's windows (the others' it passes over): one each,
+        # so that the twins hold state and most of the recordings still stream (on a loaded
+        # machine, waiting for two each once left none of the walker's windows to come).
+        _wait(client, pipeline, origin.id, source.patients, deadline, console,
               f"{origin.node}'s twins warm", field="events_in")  # fmt: skip
         before = _element(client, pipeline, origin.id)
         flow = _flow(client, spec, parts, "while the patients stream")
