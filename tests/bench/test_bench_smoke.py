@@ -45,9 +45,10 @@ def shared(cluster: Cluster) -> Iterator[BenchCluster]:
 
 
 #: Case 2 with its processing moving, only (the steady run is the same code without the
-#: migration): two patients, both turning abnormal, at twice real time; only the classifier
-#: moves (a group of one: each more PE is one more migration of the same code).
-ECG = ecg.EcgConfig(patients=2, abnormal_every=1, duration_s=16.0, onset_s=4.0, move_at_s=4.0,
+#: migration): one patient, turning abnormal, at twice real time; only the classifier moves
+#: (a group of one: each more PE is one more migration of the same code; each more patient
+#: more of the same windows to classify).
+ECG = ecg.EcgConfig(patients=1, abnormal_every=1, duration_s=16.0, onset_s=4.0, move_at_s=4.0,
                     speed=2.0, modes=("moving",), warm_up=False, group=("classify",))  # fmt: skip
 
 
