@@ -29,6 +29,14 @@ DEFAULT_MAX_RECORD_BYTES = BROKER_MAX_PAYLOAD - HEADER_MARGIN
 #: The longest dead-letter reason kept: a reason must never be what makes a record too big.
 MAX_REASON_CHARS = 2000
 
+#: How long a processor's ``process()`` may take for one event (its outputs iterated too)
+#: before that event is a dead letter, unless its element sets ``event_timeout_s``: an
+#: endless loop or a call that never returns would otherwise hold the PE's batch, and every
+#: retry of it, for good. Generous: it bounds a stuck event, not a slow one.
+DEFAULT_EVENT_TIMEOUT_S = 30.0
+#: The longest ``event_timeout_s`` an element may set.
+MAX_EVENT_TIMEOUT_S = 3600.0
+
 #: ``creator`` of an input row that is no fogshift event (someone else's message on a data
 #: subject, or one that names itself as the reader's own control rows): dead-lettered.
 NOT_AN_EVENT = "?"

@@ -12,6 +12,16 @@ calling ``sys.exit()`` on a bad input failed the batch at every retry). Only
 ``KeyboardInterrupt`` and a processor that cannot be built at all
 (:class:`~fogshift.runtime.exceptions.ElementError`: nothing an event did) end the batch.
 
+**A stuck event.** ``process()`` (its outputs iterated too) has ``event_timeout_s`` for one
+event; past it the event is a dead letter like any other failure. The bound is a
+``SIGALRM`` timer armed around each event (:class:`_Deadline`), so it also interrupts a
+``sleep`` or a blocking call, and it raises a ``BaseException`` that a processor's own
+``except Exception`` does not swallow (it is raised again every second until it escapes).
+Signals reach the main thread only: in any other thread there is no bound (Spark's Python
+workers run processors in their main thread). Code that never returns to the interpreter
+(a C extension's loop) is not interrupted either. A ``SIGALRM`` timer the caller had armed
+(pytest-timeout's, say) is armed again, with what was left of it, when the batch ends.
+
 State is undone without copying it before every event: on a failure at event *k* the
 processor is rebuilt from the last *known-good* state (at first the batch's starting state,
 as stored), the events since then are run again silently (their outputs are already
@@ -26,11 +36,17 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import partial
+from types import FrameType
 from typing import Any, Generic, TypeVar
 
 from fogshift.events import (
+    DEFAULT_EVENT_TIMEOUT_S,
     DEFAULT_MAX_RECORD_BYTES,
     NOT_AN_EVENT,
     NOT_AN_EVENT_WHY,
@@ -69,6 +85,69 @@ def _describe(exc: BaseException) -> str:
 #: What ``process()`` (or iterating its outputs) may raise for one event, which makes it a
 #: dead letter: every :class:`Exception`, and ``sys.exit()`` or a generator closed inside it.
 _EVENT_FAILURES = (Exception, SystemExit, GeneratorExit)
+
+
+class _EventTimedOut(BaseException):
+    """Raised into ``process()`` when its event is over its time (a ``BaseException``: a
+    processor's ``except Exception`` must not swallow it)."""
+
+
+#: Once the first alarm went unheeded (a processor caught it), it is raised again this often.
+_ALARM_REPEAT_S = 1.0
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    raise _EventTimedOut
+
+
+class _Deadline:
+    """The time limit of each event of one batch: see the module docstring.
+
+    Use :meth:`batch` around the batch (it takes ``SIGALRM`` and gives it back), and
+    :meth:`event` around each ``process()`` call. Inactive (no bound) when ``seconds`` is
+    ``None`` or the batch does not run in the main thread.
+    """
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.active = False
+
+    @contextmanager
+    def batch(self) -> Iterator[_Deadline]:
+        if not self.seconds or threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        started = time.monotonic()
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        left, every = signal.setitimer(signal.ITIMER_REAL, 0)
+        self.active = True
+        try:
+            yield self
+        finally:
+            self.active = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            if left > 0:  # the caller's timer, with what is left of it (at once if spent)
+                left = max(left - (time.monotonic() - started), 1e-3)
+                signal.setitimer(signal.ITIMER_REAL, left, every)
+
+    @contextmanager
+    def event(self) -> Iterator[None]:
+        """Bound one event. Raises :class:`_EventTimedOut` (from here, or from within) once
+        it is over its time; catch it outside this block: the alarm may fire as it ends."""
+        if not self.active:
+            yield
+            return
+        assert self.seconds is not None
+        signal.setitimer(signal.ITIMER_REAL, self.seconds, _ALARM_REPEAT_S)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+#: The deadline of code that runs events outside a batch (none).
+_UNBOUNDED = _Deadline(None)
 
 
 class _Rejected(Exception):
@@ -182,26 +261,42 @@ def _event(pe: str, row: InputRow) -> Event:
         raise _Rejected(f"input of {pe!r} is not an event: {_describe(exc)}", False) from exc
 
 
-def _call(processor: Processor, pe: str, event: Event) -> list[Any]:
-    """``process(event)``'s outputs as a list.
+def _call(
+    processor: Processor, pe: str, event: Event, deadline: _Deadline = _UNBOUNDED
+) -> list[Any]:
+    """``process(event)``'s outputs as a list, within ``deadline``'s time for one event.
 
     Raises:
-        _Rejected: ``process()`` raised (any :class:`Exception`) or returned no outputs.
+        _Rejected: ``process()`` raised (any :class:`Exception`), returned no outputs, or
+            was over its time.
     """
     try:
-        result = processor.process(event)
-    except DeadLetter as exc:
-        # (A subclass whose __init__ set no reason: its message, not an AttributeError that
-        # failed the batch at every retry.)
-        reason = getattr(exc, "reason", exc)
-        raise _Rejected(reason, touched=not processor.dead_letters_change_nothing) from exc
-    except _EVENT_FAILURES as exc:
-        raise _Rejected(f"processor {pe!r} raised {_describe(exc)}", touched=True) from exc
-    return _outputs(pe, result)
+        with deadline.event():
+            try:
+                result = processor.process(event)
+            except DeadLetter as exc:
+                # (A subclass whose __init__ set no reason: its message, not an
+                # AttributeError that failed the batch at every retry.)
+                reason = getattr(exc, "reason", exc)
+                touched = not processor.dead_letters_change_nothing
+                raise _Rejected(reason, touched=touched) from exc
+            except _EVENT_FAILURES as exc:
+                raise _Rejected(f"processor {pe!r} raised {_describe(exc)}", True) from exc
+            return _outputs(pe, result)
+    except _EventTimedOut as exc:
+        raise _Rejected(
+            f"processor {pe!r} took longer than {deadline.seconds:g} s for one event "
+            "(event_timeout_s: raise it in the element's spec if its events need longer)",
+            touched=True,
+        ) from exc
 
 
 def _process(
-    processor: Processor, pe: str, row: InputRow, limit: int
+    processor: Processor,
+    pe: str,
+    row: InputRow,
+    limit: int,
+    deadline: _Deadline = _UNBOUNDED,
 ) -> list[tuple[int, float, str]]:
     """Run one input row through ``processor``; its encoded outputs.
 
@@ -209,7 +304,7 @@ def _process(
         _Rejected: The event is a dead letter.
     """
     event = _event(pe, row)
-    return _encode(pe, event, _call(processor, pe, event), limit)
+    return _encode(pe, event, _call(processor, pe, event, deadline), limit)
 
 
 def dead_letter(row: InputRow, pe: str, reason: str, limit: int) -> RecordRow:
@@ -287,9 +382,10 @@ class _Batch(Generic[T]):
         pe: str,
         pipeline: str,
         live: Processor | None = None,
+        deadline: _Deadline = _UNBOUNDED,
     ) -> None:
         self.build, self.rows, self.finish, self.limit, self.pe = build, rows, finish, limit, pe
-        self.live = live
+        self.live, self.deadline = live, deadline
         #: Names the PE in errors (dead-letter reasons name the PE only: they live in its
         #: pipeline's streams).
         self.who = f"processor {pe!r}" + (f" of pipeline {pipeline!r}" if pipeline else "")
@@ -318,7 +414,7 @@ class _Batch(Generic[T]):
         """Run event ``i``; ``False`` if it failed after ``process()`` ran (state to undo)."""
         row = self.rows[i]
         try:
-            outputs = _process(processor, self.pe, row, self.limit)
+            outputs = _process(processor, self.pe, row, self.limit, self.deadline)
         except _Rejected as rejected:
             self._kill(i, rejected.reason)
             return not rejected.touched
@@ -344,7 +440,7 @@ class _Batch(Generic[T]):
                 continue
             try:
                 # Its outputs are already collected: only the state matters here.
-                _call(processor, self.pe, _event(self.pe, self.rows[j]))
+                _call(processor, self.pe, _event(self.pe, self.rows[j]), self.deadline)
             except _Rejected as rejected:
                 raise _ReplayFailed(j, rejected.reason) from rejected
         return processor
@@ -468,6 +564,7 @@ def run_batch(
     pipeline: str = "",
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     live: Processor | None = None,
+    event_timeout_s: float | None = DEFAULT_EVENT_TIMEOUT_S,
 ) -> tuple[list[RecordRow], T]:
     """Run one batch of a **stateful** processor with per-event isolation.
 
@@ -487,6 +584,8 @@ def run_batch(
         live: An instance that holds exactly ``start_state()`` (e.g. kept from the previous
             batch, see :mod:`fogshift.runtime.instances`): it runs the batch until an event
             has to be undone. ``finish`` then receives it or an instance ``build`` made.
+        event_timeout_s: How long ``process()`` may take for one event before the event is
+            a dead letter (``None``: no bound; see the module docstring).
 
     Returns:
         The output records (events and dead letters, by origin) and ``finish``'s result for
@@ -495,8 +594,12 @@ def run_batch(
     Raises:
         ElementError: The processor cannot be built, or rebuilt from its own snapshot.
     """
-    batch = _Batch(build, start_state, list(rows), finish, max_record_bytes, pe, pipeline, live)
-    return batch.run()
+    deadline = _Deadline(event_timeout_s)
+    batch = _Batch(
+        build, start_state, list(rows), finish, max_record_bytes, pe, pipeline, live, deadline
+    )
+    with deadline.batch():
+        return batch.run()
 
 
 def run_events(
@@ -504,27 +607,36 @@ def run_events(
     rows: Iterable[InputRow],
     *,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    event_timeout_s: float | None = DEFAULT_EVENT_TIMEOUT_S,
 ) -> Iterator[RecordRow]:
     """Feed ``rows`` (sorted by origin) to ``processor``; yield output records.
 
-    An event that cannot be parsed, for which the processor raises, or whose outputs cannot
-    be encoded or are over ``max_record_bytes``, becomes a dead letter carrying the input
-    body and the reason; processing goes on with the next event. A stateful ``processor``
-    ends the batch with the state as if those events had never arrived (its state is
-    snapshotted once, up front, to undo them; the engine uses :func:`run_batch` with the
-    stored state instead).
+    An event that cannot be parsed, for which the processor raises or is over
+    ``event_timeout_s``, or whose outputs cannot be encoded or are over
+    ``max_record_bytes``, becomes a dead letter carrying the input body and the reason;
+    processing goes on with the next event. A stateful ``processor`` ends the batch with
+    the state as if those events had never arrived (its state is snapshotted once, up front,
+    to undo them; the engine uses :func:`run_batch` with the stored state instead). Every
+    event has run before the first record is yielded (the time limit's alarm is the
+    batch's only while it runs, not while the caller holds this generator).
     """
     pe = processor.element_id
     rows = list(rows)
     if not processor.is_stateful():
-        for row in rows:
-            try:
-                outputs = _process(processor, pe, row, max_record_bytes)
-            except _Rejected as rejected:
-                yield dead_letter(row, pe, rejected.reason, max_record_bytes)
-                continue
-            for n, (seq, ts, text) in enumerate(outputs):
-                yield (row[0], n, seq, ts, pe, text, None)
+        records: list[RecordRow] = []
+        deadline = _Deadline(event_timeout_s)
+        with deadline.batch():
+            for row in rows:
+                try:
+                    outputs = _process(processor, pe, row, max_record_bytes, deadline)
+                except _Rejected as rejected:
+                    records.append(dead_letter(row, pe, rejected.reason, max_record_bytes))
+                    continue
+                records.extend(
+                    (row[0], n, seq, ts, pe, text, None)
+                    for n, (seq, ts, text) in enumerate(outputs)
+                )
+        yield from records
         return
     start = encode_state(processor.snapshot())
 
@@ -539,6 +651,7 @@ def run_events(
         pe=pe,
         max_record_bytes=max_record_bytes,
         live=processor,  # the caller's instance runs the batch until an event is undone
+        event_timeout_s=event_timeout_s,
     )
     if final is not processor:
         processor.restore(json.loads(encode_state(final.snapshot())))

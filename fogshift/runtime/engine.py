@@ -46,7 +46,7 @@ from fogshift.broker.keys import (
     key_refusal,
 )
 from fogshift.checkpoint import key_index
-from fogshift.events import DEFAULT_MAX_RECORD_BYTES
+from fogshift.events import DEFAULT_EVENT_TIMEOUT_S, DEFAULT_MAX_RECORD_BYTES
 from fogshift.exceptions import InvariantViolation
 from fogshift.runtime.api import Processor, encode_state
 from fogshift.runtime.batch import (
@@ -264,7 +264,14 @@ def _partition() -> str:
 
 
 def _stateless(  # type: ignore[no-untyped-def]
-    kind: str, options: dict[str, Any], pipeline: str, pe: str, limit: int, run: str, gate: str
+    kind: str,
+    options: dict[str, Any],
+    pipeline: str,
+    pe: str,
+    limit: int,
+    run: str,
+    gate: str,
+    event_timeout_s: float = DEFAULT_EVENT_TIMEOUT_S,
 ):
     """A ``mapInPandas`` function running a stateless processor (must be picklable).
 
@@ -286,7 +293,12 @@ def _stateless(  # type: ignore[no-untyped-def]
                 rows = ordered[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
                     index=False, name=None
                 )
-                out = list(run_events(processor, rows, max_record_bytes=limit))  # type: ignore[arg-type]
+                out = list(
+                    run_events(
+                        processor, rows,  # type: ignore[arg-type]
+                        max_record_bytes=limit, event_timeout_s=event_timeout_s,
+                    )
+                )  # fmt: skip
                 if out:
                     yield pd.DataFrame(out, columns=RECORD_COLUMNS)
         except BaseException:
@@ -305,6 +317,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
     limit: int,
     run: str,
     gate: str,
+    event_timeout_s: float = DEFAULT_EVENT_TIMEOUT_S,
     key_by: str | None = None,
     movable: bool = False,
 ):
@@ -474,6 +487,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     pipeline=pipeline,
                     max_record_bytes=limit,
                     live=live,
+                    event_timeout_s=event_timeout_s,
                 )
             except BaseException:
                 _drop(used, None, instance)
@@ -530,7 +544,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             def process(rows: Any, before: dict[str, str]) -> tuple[list[Any], dict[str, str]]:
                 got, fresh = run_batch(
                     build, lambda: self._decoded(before), rows, finish=self._texts, pe=pe,
-                    pipeline=pipeline, max_record_bytes=limit,
+                    pipeline=pipeline, max_record_bytes=limit, event_timeout_s=event_timeout_s,
                 )  # fmt: skip
                 if not before and sum(r[6] is not None for r in got) == len(rows):
                     # Every event was a dead letter: the key is as before them, which is no
@@ -802,6 +816,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
             plan.max_record_bytes,
             run,
             plan.gate_file,
+            element.event_timeout,
         )
         if cls.is_stateful():
             if element.key_by is None:

@@ -26,6 +26,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from fogshift.common.names import NAME_RE
+from fogshift.events import DEFAULT_EVENT_TIMEOUT_S, MAX_EVENT_TIMEOUT_S
 from fogshift.spec.kinds import (
     AmplifyOptions,
     BandpassOptions,
@@ -133,6 +134,10 @@ class ElementSpec(BaseModel):
             group a run of ``inputs``). Within a batch their records are merged by the input
             position they carry (``origin``), so that a key moved between partitions meets
             this element in its input order (:mod:`fogshift.broker.datasource`).
+        event_timeout_s: For a processor: how long ``process()`` may take for one event
+            before that event is a dead letter (a stuck event must not hold the PE);
+            ``None``: :data:`~fogshift.events.DEFAULT_EVENT_TIMEOUT_S` (see
+            :attr:`event_timeout`). Sources and sinks run no ``process()``: they refuse it.
         role: (class) source, processor or sink.
         path_options: (class) Option names that are file paths, resolved against the spec's
             folder when a spec file is loaded.
@@ -162,6 +167,12 @@ class ElementSpec(BaseModel):
     )
     partition: Partition | None = None
     merged: tuple[tuple[str, ...], ...] = ()
+    event_timeout_s: float | None = Field(default=None, gt=0, le=MAX_EVENT_TIMEOUT_S)
+
+    @property
+    def event_timeout(self) -> float:
+        """The seconds ``process()`` has for one event of this element."""
+        return DEFAULT_EVENT_TIMEOUT_S if self.event_timeout_s is None else self.event_timeout_s
 
     @property
     def moves_keys(self) -> bool:
@@ -216,6 +227,16 @@ class ElementSpec(BaseModel):
         if cls is not ElementSpec or isinstance(data, ElementSpec):
             return handler(data)
         return cast(Self, ELEMENT.validate_python(data))
+
+    @model_validator(mode="after")
+    def _timed_only_if_processing(self) -> Self:
+        if self.event_timeout_s is not None and self.role != "processor":
+            raise ValueError(
+                f"event_timeout_s bounds a processor's process() for one event; a {self.kind!r} "
+                f"element ({self.role}) runs none: remove event_timeout_s: "
+                f"{self.event_timeout_s:g}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _keyed_only_if_stateful(self) -> Self:

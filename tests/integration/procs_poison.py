@@ -6,6 +6,7 @@ later output.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fogshift.events import Event
@@ -15,9 +16,9 @@ from fogshift.runtime.api import Processor, state
 class Poisoned(Processor):
     """Running count and total of ``value``, with ``sensor`` passed through.
 
-    ``boom-index`` raises IndexError, ``boom-runtime`` RuntimeError; a value that is not a
-    finite number (``1e999`` stays text, ``float()`` makes it infinity) makes the output
-    non-finite.
+    ``boom-index`` raises IndexError, ``boom-runtime`` RuntimeError; ``hang-loop`` never
+    returns (a loop), ``hang-sleep`` not for an hour; a value that is not a finite number
+    (``1e999`` stays text, ``float()`` makes it infinity) makes the output non-finite.
     """
 
     count: int = state(0)
@@ -30,5 +31,10 @@ class Poisoned(Processor):
             return {"never": [][self.count]}
         if sensor == "boom-runtime":
             raise RuntimeError(f"sensor {sensor} is cursed")
+        if sensor == "hang-loop":
+            while True:
+                pass
+        if sensor == "hang-sleep":
+            time.sleep(3600)
         self.total += float(event.body["value"])
         return {"count": self.count, "total": self.total, "sensor": sensor}

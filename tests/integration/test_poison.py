@@ -1,5 +1,6 @@
-"""Poison events end to end: odd CSV bytes, a ``1e999`` cell and a custom PE that raises or
-returns a non-finite number on some events. Each bad event is a dead letter with its reason,
+"""Poison events end to end: odd CSV bytes, a ``1e999`` cell and a custom PE that raises,
+returns a non-finite number or never returns on some events (its ``event_timeout_s`` is
+1 s). Each bad event is a dead letter with its reason,
 the output equals a reference computed without them, and no query restarts. A PE whose
 class cannot be imported is ``failed`` with the error after a bounded number of restarts."""
 
@@ -29,6 +30,8 @@ BAD = {
     90: ("source", "row 90 is not valid UTF-8"),
     110: ("source", "row 110 cannot be read as CSV: field larger than field limit"),
     130: ("poison", "processor 'poison' raised RuntimeError: sensor boom-runtime is cursed"),
+    200: ("poison", "processor 'poison' took longer than 1 s for one event (event_timeout_s"),
+    201: ("poison", "processor 'poison' took longer than 1 s for one event (event_timeout_s"),
     150: ("source", "row 150 has 2 columns, the header has 3"),
 }
 
@@ -51,6 +54,8 @@ def write_input(path: Path) -> None:
             line = f"{1_700_000_000 + k},boom-index,{value}".encode()
         elif k == 130:
             line = f"{1_700_000_000 + k},boom-runtime,{value}".encode()
+        elif k in (200, 201):
+            line = f"{1_700_000_000 + k},{('hang-loop', 'hang-sleep')[k - 200]},{value}".encode()
         elif k == 90:
             line = f"{1_700_000_000 + k},s\xff,{value}".encode("latin-1")
         elif k == 110:
@@ -74,7 +79,7 @@ def reference(path: Path) -> list[tuple[int, int, float, str]]:
             cells = next(csv.reader([raw.removesuffix(b"\r").decode("utf-8")]))
         except (UnicodeDecodeError, csv.Error):
             continue
-        if len(cells) != 3 or cells[1] in ("boom-index", "boom-runtime"):
+        if len(cells) != 3 or cells[1] in ("boom-index", "boom-runtime", "hang-loop", "hang-sleep"):
             continue
         value = float(cells[2])
         if not math.isfinite(total + value):
@@ -118,6 +123,7 @@ def test_poison_events_are_dead_letters_and_the_rest_is_exact(
             {"id": "source", "kind": "csv-source", "node": "cloud",
              "options": {"path": "in.csv", "rate": 0}},
             {"id": "poison", "kind": "custom", "node": "fog-a", "inputs": ["source"],
+             "event_timeout_s": 1,
              "options": {"class": "procs_poison:Poisoned", "path": str(Path(__file__).parent)}},
             {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["poison"],
              "options": {"path": "out/poison.csv"}},
@@ -136,7 +142,7 @@ def test_poison_events_are_dead_letters_and_the_rest_is_exact(
     by_id = {e["element"]: e for e in cluster.status("poison")["elements"]}
     for element in ("source", "poison", "sink"):
         assert (by_id[element]["state"], by_id[element]["restarts"]) == ("running", 0), by_id
-    assert by_id["source"]["dead_letters"] == 3 and by_id["poison"]["dead_letters"] == 4
+    assert by_id["source"]["dead_letters"] == 3 and by_id["poison"]["dead_letters"] == 6
 
 
 def test_a_class_that_cannot_be_imported_fails_after_bounded_restarts(

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -525,3 +528,107 @@ def test_a_reason_found_by_bisection_quoting_a_lone_surrogate_is_carried() -> No
     assert list(dead) == [2] and "cannot store bad" in dead[2], dead
     assert final == {"names": ["a", "c"]} and len(events) == 2
     pa.Table.from_pandas(pd.DataFrame(records, columns=RECORD_COLUMNS))  # what Spark does
+
+
+# -- a stuck event ------------------------------------------------------------------------
+
+
+class Stuck(Processor):
+    """Counts events; ``hang`` says how it gets stuck on one (after changing its state)."""
+
+    n: int = state(0)
+
+    def process(self, event: Event) -> Any:
+        self.n += 1
+        hang = event.body.get("hang")
+        if hang == "loop":
+            while True:
+                pass
+        if hang == "sleep":
+            time.sleep(3600)
+        if hang == "swallow":  # a processor that catches whatever it can, and goes on
+            while True:
+                try:
+                    time.sleep(3600)
+                except Exception:
+                    continue
+        if hang == "outputs":  # stuck while its outputs are iterated
+            return self._never_ending()
+        return {"n": self.n}
+
+    def _never_ending(self) -> Iterator[dict[str, Any]]:
+        while True:
+            pass
+        yield {}
+
+
+@pytest.mark.timeout(120)  # (a regression would hang: fail it soon)
+@pytest.mark.parametrize("hang", ["loop", "sleep", "swallow", "outputs"])
+def test_an_event_over_its_time_is_a_dead_letter_and_its_changes_are_undone(hang: str) -> None:
+    rows = [row(1), row(2, hang=hang), row(3)]
+    started = time.monotonic()
+    records, final = run_batch(
+        lambda resume: Stuck.build({}, "p", resume),
+        lambda: None,
+        rows,
+        finish=lambda p: json.loads(encode_state(p.snapshot())),
+        pe="p",
+        event_timeout_s=0.2,
+    )
+    assert time.monotonic() - started < 30
+    events, dead = split(records)
+    assert [body for _, _, body in events] == ['{"n":1}', '{"n":2}']  # as if 2 never came
+    assert final == {"n": 2}
+    assert list(dead) == [2]
+    assert dead[2].startswith("processor 'p' took longer than 0.2 s for one event"), dead
+    assert "event_timeout_s" in dead[2]
+
+
+def test_a_stateless_processor_over_its_time_skips_the_event() -> None:
+    class Sleepy(Processor):
+        def process(self, event: Event) -> Any:
+            if event.body.get("hang"):
+                time.sleep(3600)
+            return {"seq": event.seq}
+
+    out = list(run_events(Sleepy.build({}, "s", None), [row(1), row(2, hang=1), row(3)],
+                          event_timeout_s=0.2))  # fmt: skip
+    assert [(r[2], r[6] is None) for r in out] == [(1, True), (2, False), (3, True)]
+    assert "took longer than 0.2 s" in str(out[1][6])
+
+
+def test_the_callers_alarm_and_its_handler_are_given_back_after_the_batch() -> None:
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.6)
+        out = list(run_events(Stuck.build({}, "p", None), [row(1), row(2, hang="loop")],
+                              event_timeout_s=0.2))  # fmt: skip
+        assert [r[6] is None for r in out] == [True, False]
+        assert not fired  # the caller's timer did not fire into the batch ...
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0 < left <= 0.6  # ... and runs on with what was left of it
+        deadline = time.monotonic() + 5
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fired == [signal.SIGALRM]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_without_a_time_limit_or_outside_the_main_thread_nothing_is_armed() -> None:
+    handler = signal.getsignal(signal.SIGALRM)
+    out = list(run_events(Stuck.build({}, "p", None), [row(1)], event_timeout_s=None))
+    assert out[0][6] is None and signal.getsignal(signal.SIGALRM) is handler
+    seen: list[Any] = []
+
+    def elsewhere() -> None:
+        seen.extend(run_events(Stuck.build({}, "p", None), [row(1), row(2)],
+                               event_timeout_s=0.2))  # fmt: skip
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join(30)
+    assert [r[6] for r in seen] == [None, None]
+    assert signal.getsignal(signal.SIGALRM) is handler  # (signals are the main thread's)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from fogshift.events import DEFAULT_EVENT_TIMEOUT_S, MAX_EVENT_TIMEOUT_S
 from fogshift.spec import InvalidSpec, parse_spec
 from fogshift.spec.kinds import CustomOptions, WindowAggregateOptions
 from fogshift.spec.models import (
@@ -134,6 +135,29 @@ def test_key_by_is_for_processors_that_hold_state() -> None:
         bad = spec_data()
         bad["elements"][1]["key_by"] = field
         with pytest.raises(InvalidSpec, match="key_by"):
+            parse_spec(bad)
+
+
+def test_event_timeout_s_bounds_a_processors_events_only() -> None:
+    spec = parse_spec(spec_data())
+    assert spec.element("own").event_timeout_s is None
+    assert spec.element("own").event_timeout == DEFAULT_EVENT_TIMEOUT_S
+    data = spec_data()
+    data["elements"][1]["event_timeout_s"] = 2.5
+    timed = parse_spec(data)
+    assert timed.element("own").event_timeout == 2.5
+    assert parse_spec(timed.model_dump(mode="json")) == timed  # round-trips
+    for index, kind in ((0, "csv-source"), (2, "csv-sink")):
+        bad = spec_data()
+        bad["elements"][index]["event_timeout_s"] = 5
+        with pytest.raises(InvalidSpec) as err:
+            parse_spec(bad)
+        assert f"a {kind!r} element" in str(err.value) and "runs none" in str(err.value)
+        assert "remove event_timeout_s: 5" in str(err.value)
+    for value in (0, -1, MAX_EVENT_TIMEOUT_S * 2, "soon"):
+        bad = spec_data()
+        bad["elements"][1]["event_timeout_s"] = value
+        with pytest.raises(InvalidSpec, match="event_timeout_s"):
             parse_spec(bad)
 
 
