@@ -13,14 +13,18 @@ calling ``sys.exit()`` on a bad input failed the batch at every retry). Only
 (:class:`~fogshift.runtime.exceptions.ElementError`: nothing an event did) end the batch.
 
 **A stuck event.** ``process()`` (its outputs iterated too) has ``event_timeout_s`` for one
-event; past it the event is a dead letter like any other failure. The bound is a
-``SIGALRM`` timer armed around each event (:class:`_Deadline`), so it also interrupts a
-``sleep`` or a blocking call, and it raises a ``BaseException`` that a processor's own
-``except Exception`` does not swallow (it is raised again every second until it escapes).
-Signals reach the main thread only: in any other thread there is no bound (Spark's Python
-workers run processors in their main thread). Code that never returns to the interpreter
-(a C extension's loop) is not interrupted either. A ``SIGALRM`` timer the caller had armed
-(pytest-timeout's, say) is armed again, with what was left of it, when the batch ends.
+event; past it the event is a dead letter like any other failure, and its state changes are
+undone. The bound is a ``SIGALRM`` timer armed around each event (:class:`_Deadline`), so it
+also interrupts a ``sleep`` and most blocking calls, and it raises a ``BaseException`` that a
+processor's own ``except Exception`` does not swallow (it is raised again every second until
+it escapes; a processor that catches ``BaseException`` every time is not stopped, and one
+that catches it and returns has its event processed). Signals reach the main thread only: in
+any other thread there is no bound (Spark's Python workers run processors in their main
+thread). Code that never returns to the interpreter (a C extension's loop) is not interrupted
+either, and the encoding of the outputs, after ``process()``, is not timed. An instance that
+goes on after such an event (a stateless or keyed PE's) keeps whatever it holds besides its
+declared state as the interruption left it. A ``SIGALRM`` timer the caller had armed
+(pytest-timeout's, say) keeps its deadline: its handler runs when it is due, in the batch too.
 
 State is undone without copying it before every event: on a failure at event *k* the
 processor is rebuilt from the last *known-good* state (at first the batch's starting state,
@@ -96,54 +100,90 @@ class _EventTimedOut(BaseException):
 _ALARM_REPEAT_S = 1.0
 
 
-def _on_alarm(signum: int, frame: FrameType | None) -> None:
-    raise _EventTimedOut
-
-
 class _Deadline:
     """The time limit of each event of one batch: see the module docstring.
 
     Use :meth:`batch` around the batch (it takes ``SIGALRM`` and gives it back), and
     :meth:`event` around each ``process()`` call. Inactive (no bound) when ``seconds`` is
     ``None`` or the batch does not run in the main thread.
+
+    A ``SIGALRM`` timer the caller had armed keeps its deadline: between events it is armed
+    as it was, during one it is armed at the sooner of the two, and when it is due the
+    caller's handler runs (a test's timeout still fires inside a batch).
     """
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
         self.active = False
+        self.timing = False
+        self._previous: Any = None
+        self._caller_due: float | None = None
+        self._caller_every = 0.0
 
     @contextmanager
     def batch(self) -> Iterator[_Deadline]:
         if not self.seconds or threading.current_thread() is not threading.main_thread():
             yield self
             return
-        started = time.monotonic()
-        previous = signal.signal(signal.SIGALRM, _on_alarm)
-        left, every = signal.setitimer(signal.ITIMER_REAL, 0)
+        # The caller's timer off first: its alarm must not meet this batch's handler.
+        left, self._caller_every = signal.setitimer(signal.ITIMER_REAL, 0)
+        self._caller_due = time.monotonic() + left if left > 0 else None
+        self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
         self.active = True
         try:
+            self._idle()
             yield self
         finally:
-            self.active = False
+            self.active = self.timing = False
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-            if left > 0:  # the caller's timer, with what is left of it (at once if spent)
-                left = max(left - (time.monotonic() - started), 1e-3)
-                signal.setitimer(signal.ITIMER_REAL, left, every)
+            signal.signal(signal.SIGALRM, self._previous)
+            if self._caller_due is not None:  # what is left of it (at once if spent)
+                left = max(self._caller_due - time.monotonic(), 1e-3)
+                signal.setitimer(signal.ITIMER_REAL, left, self._caller_every)
+
+    def _on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        due = self._caller_due
+        if due is not None and time.monotonic() >= due - 1e-3:
+            every = self._caller_every
+            self._caller_due = time.monotonic() + every if every > 0 else None
+            self._arm(self.seconds if self.timing else None)
+            if callable(self._previous):
+                self._previous(signum, frame)
+            return
+        if self.timing:
+            raise _EventTimedOut
+
+    def _arm(self, seconds: float | None) -> None:
+        """Arm the timer for ``seconds`` (``None``: only the caller's deadline, if any)."""
+        due = self._caller_due
+        caller = None if due is None else max(due - time.monotonic(), 1e-3)
+        first = min((t for t in (seconds, caller) if t is not None), default=0.0)
+        repeat = _ALARM_REPEAT_S if seconds is not None else 0.0
+        signal.setitimer(signal.ITIMER_REAL, first, repeat)
+
+    def _idle(self) -> None:
+        self.timing = False
+        self._arm(None)
 
     @contextmanager
     def event(self) -> Iterator[None]:
         """Bound one event. Raises :class:`_EventTimedOut` (from here, or from within) once
-        it is over its time; catch it outside this block: the alarm may fire as it ends."""
+        it is over its time; catch it outside this block, then call :meth:`disarm` (the
+        alarm may fire as the block ends, before it disarms)."""
         if not self.active:
             yield
             return
-        assert self.seconds is not None
-        signal.setitimer(signal.ITIMER_REAL, self.seconds, _ALARM_REPEAT_S)
         try:
+            self.timing = True
+            self._arm(self.seconds)
             yield
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            self._idle()
+
+    def disarm(self) -> None:
+        """No more alarms for this event (safe to call at any time)."""
+        if self.active:
+            self._idle()
 
 
 #: The deadline of code that runs events outside a batch (none).
@@ -284,6 +324,7 @@ def _call(
                 raise _Rejected(f"processor {pe!r} raised {_describe(exc)}", True) from exc
             return _outputs(pe, result)
     except _EventTimedOut as exc:
+        deadline.disarm()
         raise _Rejected(
             f"processor {pe!r} took longer than {deadline.seconds:g} s for one event "
             "(event_timeout_s: raise it in the element's spec if its events need longer)",

@@ -562,7 +562,7 @@ class Stuck(Processor):
         yield {}
 
 
-@pytest.mark.timeout(120)  # (a regression would hang: fail it soon)
+@pytest.mark.timeout(120)  # (a regression would hang: fail it soon, see the test below)
 @pytest.mark.parametrize("hang", ["loop", "sleep", "swallow", "outputs"])
 def test_an_event_over_its_time_is_a_dead_letter_and_its_changes_are_undone(hang: str) -> None:
     rows = [row(1), row(2, hang=hang), row(3)]
@@ -612,6 +612,28 @@ def test_the_callers_alarm_and_its_handler_are_given_back_after_the_batch() -> N
         while not fired and time.monotonic() < deadline:
             time.sleep(0.01)
         assert fired == [signal.SIGALRM]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class CallersTimeout(BaseException):
+    """What a caller's own alarm handler raises (as pytest-timeout's does)."""
+
+
+def test_the_callers_alarm_still_fires_when_due_inside_a_batch() -> None:
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise CallersTimeout
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        started = time.monotonic()
+        with pytest.raises(CallersTimeout):  # due long before the event's own 60 s
+            list(run_events(Stuck.build({}, "p", None), [row(1, hang="loop")],
+                            event_timeout_s=60))  # fmt: skip
+        assert time.monotonic() - started < 30
+        assert signal.getsignal(signal.SIGALRM) is on_alarm  # given back on the way out
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
