@@ -384,8 +384,12 @@ def test_a_warm_copy_waits_for_the_counts_of_the_batches_it_keeps_committed(
         (live / "offsets" / str(b)).write_text(f'v1\n{{}}\n{{"row": {10 * (b + 1)}}}')
         (live / "commits" / str(b)).write_text("v1\n{}")
     reports = [{**batch(b, 10), "name": h.plan.query_name, "runId": "run-1"} for b in (1, 2, 3)]
-    for report in reports:
-        threading.Timer(0.1, runtime.progress_feed._reports.put, [json.dumps(report)]).start()
+
+    def report_late() -> None:  # in their order, as Spark's listener bus posts them
+        for report in reports:
+            runtime.progress_feed._reports.put(json.dumps(report))
+
+    threading.Timer(0.1, report_late).start()
     data, digest, info = runtime.checkpoint("x", "p", warm=True)
     assert info.batch == 3  # batches 1 and 2 stay committed in the copy
     copy = tmp_path / "copy"
