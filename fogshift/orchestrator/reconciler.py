@@ -116,6 +116,58 @@ class Reconciler(Coordination):
                                 op.pipeline, op.element, exc.render())  # fmt: skip
         return decisions
 
+    def recover_pipelines(self) -> list[str]:
+        """Finish what an orchestrator that died left of a deploy or a stop.
+
+        A pipeline is ``deploying`` or ``stopping`` only while a deploy or stop of this
+        process holds its lock (both run under :meth:`pipeline_lock`): found so with the
+        lock free, it was left by an orchestrator that died mid-way, its PEs supervised by
+        nobody, and every deploy under its name refused as "already deploying" until a
+        ``stop``. A stop is completed (every node asked again: stopping is idempotent). A
+        deploy ends as one that fails does: the PEs it may have started are removed and
+        the pipeline is ``failed`` (deploy it again: its streams are made anew).
+
+        A node that does not answer keeps its instances until it is heard again: the
+        reconciler then removes them, as it does every instance of a pipeline that does not
+        run (:meth:`_remove_strays`).
+
+        Returns:
+            The decisions taken, one line each.
+        """
+        decisions: list[str] = []
+        for record in self.registry.pipelines():
+            if record.status not in (PipelineState.DEPLOYING, PipelineState.STOPPING):
+                continue
+            lock = self.pipeline_lock(record.name)
+            if not lock.acquire(blocking=False):
+                continue  # this process's deploy or stop of it runs
+            try:
+                current = self.registry.get_pipeline(record.name)
+                if current is None or current.status != record.status:
+                    continue  # ended meanwhile
+                if current.status == PipelineState.STOPPING:
+                    away = self._stop_pipeline(current.name).unreachable_nodes
+                    # "stopped" with a node away too (as a stop then is): its PEs there are
+                    # stopped by the reconciler once the node is heard again.
+                    decision = f"stopped (not reached: {', '.join(away)})" if away else "stopped"
+                else:
+                    for element in current.spec.elements:
+                        self._remove_quietly(current.name, element)
+                    self.registry.set_status(current.name, PipelineState.FAILED)
+                    self.permissions.sync_quietly(self.registry)
+                    decision = "failed: the PEs it had started were removed; deploy it again"
+            except FogshiftError as exc:
+                log.warning("recovery of pipeline %s (%s) failed: %s", record.name,
+                            record.status, exc.render())  # fmt: skip
+                continue
+            finally:
+                lock.release()
+            line = (f"pipeline {record.name} left {record.status} by an orchestrator that "
+                    f"died: {decision}")  # fmt: skip
+            log.warning("recovery: %s", line)
+            decisions.append(line)
+        return decisions
+
     def _recover(self, op: Operation) -> tuple[str, bool]:
         """Resolve one unfinished entry (inside its PE's exclusive section).
 
@@ -257,10 +309,12 @@ class Reconciler(Coordination):
 
         First, every operation an orchestrator left unfinished is resolved
         (:meth:`recover_operations`); a PE whose entry could not be resolved is left alone
-        until it is.
+        until it is. Then a deploy or a stop it left half-way is ended
+        (:meth:`recover_pipelines`).
         """
         with self._as_round():
             self.recover_operations()
+            self.recover_pipelines()
             self.permissions.sync_quietly(self.registry)
             records = self.registry.pipelines()
             pending = {(op.pipeline, op.element) for op in self.registry.unfinished()}

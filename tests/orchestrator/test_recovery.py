@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.contracts import Heartbeat
+from fogshift.contracts import Heartbeat, PipelineState
 from fogshift.exceptions import InvalidInput
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
@@ -476,3 +476,58 @@ def test_a_stop_is_not_held_up_by_an_entry_a_dead_orchestrator_left(
     assert [(m, p) for n, m, p, q in calls(agents) if n == "fog-a"] == [("DELETE", "/pipelines/p")]
     (decision,) = orch.recover_operations()
     assert "abandoned" in decision
+
+
+# -- a deploy or a stop an orchestrator died in ---------------------------------------------
+
+
+def test_a_stop_left_half_way_is_completed_on_every_node(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    orch.registry.set_status("p", PipelineState.STOPPING)  # killed after asking no node
+    decisions = orch.recover_pipelines()
+    assert sorted(c[:3] for c in calls(agents)) == [
+        ("cloud", "DELETE", "/pipelines/p"),
+        ("fog-a", "DELETE", "/pipelines/p"),
+    ]
+    assert orch.registry.get_pipeline("p").status == PipelineState.STOPPED  # type: ignore[union-attr]
+    assert decisions == ["pipeline p left stopping by an orchestrator that died: stopped"]
+    assert orch.recover_pipelines() == []  # done once
+
+
+def test_a_deploy_left_half_way_fails_and_its_started_pes_are_removed(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    orch.registry.set_status("p", PipelineState.DEPLOYING)
+    agents["fog-a"].fail("DELETE", AGG)  # a node that cannot answer keeps its instance
+    decisions = orch.recover_pipelines()
+    removed = sorted((node, path) for node, method, path, _ in calls(agents) if method == "DELETE")
+    assert removed == [
+        ("cloud", "/pipelines/p/elements/sink"),
+        ("cloud", "/pipelines/p/elements/source"),
+        ("fog-a", AGG),
+    ]
+    assert orch.registry.get_pipeline("p").status == PipelineState.FAILED  # type: ignore[union-attr]
+    assert len(decisions) == 1 and decisions[0].endswith(
+        "left deploying by an orchestrator that died: failed: the PEs it had started were "
+        "removed; deploy it again"
+    )
+
+
+def test_a_deploy_or_stop_this_orchestrator_runs_is_left_to_it(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    for status in (PipelineState.DEPLOYING, PipelineState.STOPPING):
+        orch.registry.set_status("p", status)
+        with orch.pipeline_lock("p"):  # as deploy() and stop() hold it throughout
+            assert orch.recover_pipelines() == []
+        assert orch.registry.get_pipeline("p").status == status  # type: ignore[union-attr]
+    assert calls(agents) == []
+
+
+def test_a_reconcile_round_ends_a_deploy_a_dead_orchestrator_left(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    orch.registry.set_status("p", PipelineState.DEPLOYING)
+    orch.reconcile_once()
+    assert orch.registry.get_pipeline("p").status == PipelineState.FAILED  # type: ignore[union-attr]
