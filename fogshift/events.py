@@ -34,8 +34,10 @@ MAX_REASON_CHARS = 2000
 #: endless loop or a call that never returns would otherwise hold the PE's batch, and every
 #: retry of it, for good. Generous: it bounds a stuck event, not a slow one.
 DEFAULT_EVENT_TIMEOUT_S = 30.0
-#: The longest ``event_timeout_s`` an element may set.
+#: The longest and the shortest ``event_timeout_s`` an element may set (below 10 ms, the
+#: alarm's own cost and the scheduler's grain would make every event a dead letter).
 MAX_EVENT_TIMEOUT_S = 3600.0
+MIN_EVENT_TIMEOUT_S = 0.01
 
 #: ``creator`` of an input row that is no fogshift event (someone else's message on a data
 #: subject, or one that names itself as the reader's own control rows): dead-lettered.

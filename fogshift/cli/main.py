@@ -57,7 +57,7 @@ from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.loader import check_fresh, load_spec
-from fogshift.spec.models import PipelineSpec
+from fogshift.spec.models import MAX_PARTITIONS, PipelineSpec
 from fogshift.supervisor import cluster as cluster_ops
 
 app = typer.Typer(
@@ -788,7 +788,7 @@ def migrate(
             received=f"element {element!r}, --elements {elements!r}",
         )
     if elements is not None:
-        _migrate_group(home, pipeline, elements.split(","), to, mode, as_json)
+        _migrate_group(home, pipeline, _items(elements, "--elements"), to, mode, as_json)
         return
     assert element is not None
     report = MigrationReport.model_validate(
@@ -915,6 +915,19 @@ def _migrate_group(
         raise typer.Exit(1)
 
 
+def _items(text: str, option: str) -> list[str]:
+    """The comma-separated names of ``option``; an empty one is refused (a stray comma)."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise InvalidInput(
+            f"{option} names an empty item",
+            expected="names separated by single commas (e.g. a,b)",
+            received=repr(text),
+            hint="remove the extra comma",
+        )
+    return items
+
+
 @app.command()
 def scale(
     pipeline: str,
@@ -943,9 +956,16 @@ def scale(
 ) -> None:
     """Give a partitioned keyed element more or fewer partitions while all of them run: only
     the keys whose partition changes move, with their state (exit 1 unless all moved)."""
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise InvalidInput(
+            f"cannot scale {pipeline}/{element} to {partitions} partitions",
+            expected=f"--partitions from 1 to {MAX_PARTITIONS}",
+            received=str(partitions),
+            hint="1 gathers every key in one partition",
+        )
     body: dict[str, Any] = {"partitions": partitions, "waves": waves}
     if on is not None:
-        body["nodes"] = [n.strip() for n in on.split(",")]
+        body["nodes"] = _items(on, "--on")
     report = _post(home, f"/pipelines/{pipeline}/elements/{element}/scale", body,
                    f"scaling {pipeline}/{element} to {partitions} partitions", ScaleReport,
                    as_json)  # fmt: skip

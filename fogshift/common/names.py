@@ -45,6 +45,11 @@ REL_PATH_RE = rf"^{_COMPONENT}(?:/{_COMPONENT})*$"
 MAX_REL_PATH = 1024
 #: A key group: ``G/N``, key group G of N (``migrate --key-group``).
 KEY_GROUP_RE = r"^[0-9]{1,4}/[0-9]{1,4}$"
+#: A body field a keyed PE's state is keyed by (``key_by``): a top-level field's name, named
+#: so that it is also a JSON path step.
+KEY_FIELD_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+#: A custom processor's class: ``module:ClassName``.
+CLASS_RE = r"^[\w.]+:\w+$"
 
 #: What each pattern accepts, in the words an error message uses.
 EXPECTED = {
@@ -52,6 +57,11 @@ EXPECTED = {
     SNAPSHOT_RE: "a snapshot id: 'b' and the batch number in 12 digits (b000000000042)",
     SHA256_RE: "a sha256 in lower-case hex (64 characters)",
     KEY_GROUP_RE: "G/N, key group G of N keys' CRC-32 groups, N at most 4096 (e.g. 3/16)",
+    KEY_FIELD_RE: (
+        "the name of a top-level body field: 1 to 64 ASCII letters, digits or '_', not "
+        "starting with a digit (e.g. patient)"
+    ),
+    CLASS_RE: "module:ClassName (e.g. procs:Mine, the module found in the option path)",
     REL_PATH_RE: (
         "a relative file path inside the checkpoint: '/'-separated, no '.' or '..' "
         "component, no leading '/', no backslash, control character, '?', '#' or '%'"

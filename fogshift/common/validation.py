@@ -42,6 +42,8 @@ def message_of(error: ErrorDetails) -> str:
     pattern = str((error.get("ctx") or {}).get("pattern"))
     if error["type"] == "string_pattern_mismatch" and pattern in EXPECTED:
         return f"should be {EXPECTED[pattern]}"
+    if error["type"] == "value_error":  # one of fogshift's own checks: its words alone
+        return error["msg"].removeprefix("Value error, ")
     return error["msg"]
 
 

@@ -422,11 +422,20 @@ class Deployment(Journal):
             json={"element": element.model_dump(mode="json"), "fresh": fresh, "epoch": epoch},
         )
 
-    def _remove_quietly(self, pipeline: str, element: ElementSpec) -> None:
+    def _remove_quietly(self, pipeline: str, element: ElementSpec) -> bool:
+        """Remove ``element``'s instance from its node; whether the node did (a failure is
+        logged)."""
         try:
             self.agent(element.node).delete(f"/pipelines/{pipeline}/elements/{element.id}")
         except FogshiftError as exc:
             log.warning("could not remove %s/%s: %s", pipeline, element.id, exc)
+            return False
+        return True
+
+    def _heard(self, node: str) -> bool:
+        """Whether ``node`` is registered and healthy (heard of within the node timeout)."""
+        record = self.registry.node(node)
+        return record is not None and self.healthy(record)
 
     def stop(self, name: str) -> StopResult:
         """Stop every PE of a pipeline; its streams, checkpoints and output stay. A
@@ -443,7 +452,10 @@ class Deployment(Journal):
                     if {e.id for e in self.pipeline(name).spec.elements} <= set(pes):
                         return self._stop_pipeline(name)
 
-    def _stop_pipeline(self, name: str) -> StopResult:
+    def _stop_pipeline(self, name: str, heard_only: bool = False) -> StopResult:
+        """Stop pipeline ``name`` on every node that hosts a PE or standby of it; ``stopped``
+        whichever node answers. With ``heard_only``, a node that is not healthy is not asked
+        (told as not reached): the reconciler stops its instances once it is heard again."""
         record = self.pipeline(name)
         self.registry.set_status(name, PipelineState.STOPPING)
         unreachable = []
@@ -451,6 +463,9 @@ class Deployment(Journal):
         for standby in standbys:
             self.registry.drop_standby(standby.pipeline, standby.element, standby.epoch)
         for node in sorted({*record.placement.values(), *(s.node for s in standbys)}):
+            if heard_only and not self._heard(node):
+                unreachable.append(node)
+                continue
             try:
                 self.agent(node).delete(f"/pipelines/{name}")
             except Unavailable:

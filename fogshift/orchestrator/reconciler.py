@@ -127,9 +127,10 @@ class Reconciler(Coordination):
         deploy ends as one that fails does: the PEs it may have started are removed and
         the pipeline is ``failed`` (deploy it again: its streams are made anew).
 
-        A node that does not answer keeps its instances until it is heard again: the
-        reconciler then removes them, as it does every instance of a pipeline that does not
-        run (:meth:`_remove_strays`).
+        A node that is not healthy is not asked (a partitioned one would hold the round for
+        the request's timeout per PE); it and one that does not answer keep their instances
+        until they are heard again: :meth:`_remove_strays` then stops them, as it does every
+        instance of a stopped or failed pipeline.
 
         Returns:
             The decisions taken, one line each.
@@ -146,19 +147,24 @@ class Reconciler(Coordination):
                 if current is None or current.status != record.status:
                     continue  # ended meanwhile
                 if current.status == PipelineState.STOPPING:
-                    away = self._stop_pipeline(current.name).unreachable_nodes
-                    # "stopped" with a node away too (as a stop then is): its PEs there are
-                    # stopped by the reconciler once the node is heard again.
-                    decision = f"stopped (not reached: {', '.join(away)})" if away else "stopped"
+                    # "stopped" with a node away too (as a stop then is).
+                    away = self._stop_pipeline(current.name, heard_only=True).unreachable_nodes
+                    decision = "stopped"
                 else:
-                    for element in current.spec.elements:
-                        self._remove_quietly(current.name, element)
+                    away = sorted({
+                        e.node for e in current.spec.elements
+                        if not (self._heard(e.node) and self._remove_quietly(current.name, e))
+                    })  # fmt: skip
                     self.registry.set_status(current.name, PipelineState.FAILED)
                     self.permissions.sync_quietly(self.registry)
-                    decision = "failed: the PEs it had started were removed; deploy it again"
-            except FogshiftError as exc:
-                log.warning("recovery of pipeline %s (%s) failed: %s", record.name,
-                            record.status, exc.render())  # fmt: skip
+                    decision = "failed, the PEs it had started removed; deploy it again"
+                if away:
+                    decision += f" (not reached: {', '.join(away)}; their instances are "
+                    decision += "stopped once they are heard again)"
+            except Exception:
+                # One pipeline's unforeseen trouble must not end the round before the PEs
+                # are reconciled: it is tried again next round.
+                log.exception("recovery of pipeline %s (%s) failed", record.name, record.status)
                 continue
             finally:
                 lock.release()
@@ -590,12 +596,13 @@ class Reconciler(Coordination):
                             and not any(e.id == key[1] for e in record.spec.elements)
                         )  # a partition `scale` removed: its instance is a stray too
                         # A stopped pipeline runs nowhere: an instance a restore or migration
-                        # started while `stop` ran is stopped too (its checkpoint kept). Told
+                        # started while `stop` ran is stopped too (its checkpoint kept), and so
+                        # is one a failed deploy could not remove (its node away then). Told
                         # by a heartbeat that came after the stop (an earlier one still lists
                         # what `stop` removed).
                         stopped = (
                             record is not None
-                            and record.status == PipelineState.STOPPED
+                            and record.status in (PipelineState.STOPPED, PipelineState.FAILED)
                             and node.last_seen > record.status_since + STOPPED_HEARD_S
                         )
                         if not stopped and (
@@ -606,8 +613,8 @@ class Reconciler(Coordination):
                         ):
                             continue
                         log.warning("removing %s %s/%s from %s",
-                                    "the stopped pipeline's" if stopped else "superseded", *key,
-                                    node.name)  # fmt: skip
+                                    f"the {record.status} pipeline's" if stopped and record
+                                    else "superseded", *key, node.name)  # fmt: skip
                         try:
                             self.agent(node.name).delete(
                                 f"/pipelines/{key[0]}/elements/{key[1]}",

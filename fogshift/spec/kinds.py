@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fogshift.common.names import CLASS_RE
 from fogshift.spec.expressions import check_expression
 
 #: What an element does with events: produce them, transform them, or write them out.
@@ -138,7 +139,7 @@ class CustomOptions(KindOptions):
         options: Passed to the processor as its options; the processor validates them.
     """
 
-    cls: str = Field(alias="class", pattern=r"^[\w.]+:\w+$")
+    cls: str = Field(alias="class", pattern=CLASS_RE)
     path: str | None = None
     options: dict[str, object] = Field(default_factory=dict)
 

@@ -313,10 +313,12 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> PipelineSpec:
         InvalidSpec: Naming the element and what was expected.
     """
     if not isinstance(data, dict):
+        kinds = {type(None): "an empty document", list: "a list", str: "text"}
         raise InvalidSpec(
             "a pipeline spec must be a mapping",
             expected="keys `pipeline` and `elements`",
-            received=type(data).__name__,
+            received=kinds.get(type(data), type(data).__name__),
+            hint="start from examples/case1/case1.yaml (`fogshift validate FILE` checks one)",
         )
     _check_values(data)
     try:
@@ -370,9 +372,21 @@ def validate_spec(
     seen: set[str] = set()
     for element_id in ids:
         if element_id in seen:
+            of = next((e.partition.of for e in spec.elements
+                       if e.id == element_id and e.partition is not None), None)  # fmt: skip
+            if of is not None:  # one the spec wrote, the other a partition fogshift made
+                raise InvalidSpec(
+                    f"pipeline {spec.pipeline!r}: element {element_id!r} is named as a "
+                    f"partition of the partitioned element {of!r} is",
+                    expected=f"ids other than {of}-p<number> (its partitions' names)",
+                    received=repr(element_id),
+                    hint=f"rename element {element_id!r}",
+                )
             raise InvalidSpec(
                 f"pipeline {spec.pipeline!r} has two elements with id {element_id!r}",
-                hint="element ids must be unique in a pipeline",
+                expected="element ids unique in the pipeline",
+                received=f"{element_id!r} twice",
+                hint="rename one of them",
             )
         seen.add(element_id)
     known_nodes = sorted(nodes) if nodes is not None else None

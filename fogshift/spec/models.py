@@ -25,8 +25,8 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from fogshift.common.names import NAME_RE
-from fogshift.events import DEFAULT_EVENT_TIMEOUT_S, MAX_EVENT_TIMEOUT_S
+from fogshift.common.names import KEY_FIELD_RE, NAME_RE
+from fogshift.events import DEFAULT_EVENT_TIMEOUT_S, MAX_EVENT_TIMEOUT_S, MIN_EVENT_TIMEOUT_S
 from fogshift.spec.kinds import (
     AmplifyOptions,
     BandpassOptions,
@@ -43,8 +43,6 @@ from fogshift.spec.kinds import (
 )
 
 _NAME = NAME_RE
-#: A ``key_by`` field: a top-level body field, named so that it is also a JSON path step.
-KEY_FIELD_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 
 #: The most partitions a keyed element may have (in a spec, and by `fogshift scale`).
 MAX_PARTITIONS = 64
@@ -167,7 +165,9 @@ class ElementSpec(BaseModel):
     )
     partition: Partition | None = None
     merged: tuple[tuple[str, ...], ...] = ()
-    event_timeout_s: float | None = Field(default=None, gt=0, le=MAX_EVENT_TIMEOUT_S)
+    event_timeout_s: float | None = Field(
+        default=None, ge=MIN_EVENT_TIMEOUT_S, le=MAX_EVENT_TIMEOUT_S, strict=True
+    )
 
     @property
     def event_timeout(self) -> float:
@@ -216,7 +216,8 @@ class ElementSpec(BaseModel):
             data = {**data, "options": {}}
         if isinstance(data, dict) and data.get("partitions") is not None:
             nodes = data["partitions"]
-            first = nodes[0] if isinstance(nodes, (list, tuple)) and nodes else "-"
+            # (Not a list of nodes, say a count: its own error says so, not a placeholder's.)
+            first = nodes[0] if isinstance(nodes, (list, tuple)) and nodes else "unplaced"
             if data.get("node", first) != first:
                 raise ValueError(
                     "a partitioned element is placed by `partitions` (one node per partition): "

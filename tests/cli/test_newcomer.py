@@ -310,6 +310,30 @@ def test_key_move_options_without_keys_are_refused_not_ignored(
     assert client.requests == []
 
 
+@pytest.mark.parametrize(
+    ("args", "refusal", "received"),
+    [
+        (["scale", "p", "agg", "--partitions", "0"], "--partitions from 1 to 64", "received: 0"),
+        (["scale", "p", "agg", "--partitions", "65"], "--partitions from 1 to 64", "received: 65"),
+        (["scale", "p", "agg", "--partitions", "3", "--on", "fog-a,,fog-b"], "--on names an "
+         "empty item", "received: 'fog-a,,fog-b'"),
+        (["migrate", "p", "--elements", "a,b,", "--to", "fog-b"], "--elements names an empty "
+         "item", "received: 'a,b,'"),
+    ],
+)  # fmt: skip
+def test_bad_counts_and_lists_are_refused_before_any_request(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], refusal: str, received: str
+) -> None:
+    # (The orchestrator refused them too, but in the words of an HTTP body, once one ran.)
+    client = StandInClient({})
+    use(monkeypatch, client)
+    result = runner.invoke(cli.app, args)
+    assert isinstance(result.exception, InvalidInput), result.output
+    said = flat(str(result.exception))
+    assert refusal in said and received in said and "hint:" in said, said
+    assert client.requests == []
+
+
 def test_restore_shows_its_phases_and_json_output_is_unchanged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -501,17 +501,39 @@ def test_a_deploy_left_half_way_fails_and_its_started_pes_are_removed(
     orch.registry.set_status("p", PipelineState.DEPLOYING)
     agents["fog-a"].fail("DELETE", AGG)  # a node that cannot answer keeps its instance
     decisions = orch.recover_pipelines()
-    removed = sorted((node, path) for node, method, path, _ in calls(agents) if method == "DELETE")
-    assert removed == [
-        ("cloud", "/pipelines/p/elements/sink"),
-        ("cloud", "/pipelines/p/elements/source"),
-        ("fog-a", AGG),
+    removed = sorted((node, path, query) for node, method, path, query in calls(agents)
+                     if method == "DELETE")  # fmt: skip
+    assert removed == [  # removed, not discarded: a deploy again makes everything anew
+        ("cloud", "/pipelines/p/elements/sink", {}),
+        ("cloud", "/pipelines/p/elements/source", {}),
+        ("fog-a", AGG, {}),
     ]
     assert orch.registry.get_pipeline("p").status == PipelineState.FAILED  # type: ignore[union-attr]
-    assert len(decisions) == 1 and decisions[0].endswith(
-        "left deploying by an orchestrator that died: failed: the PEs it had started were "
-        "removed; deploy it again"
-    )
+    assert decisions == [
+        "pipeline p left deploying by an orchestrator that died: failed, the PEs it had "
+        "started removed; deploy it again (not reached: fog-a; their instances are stopped "
+        "once they are heard again)"
+    ]
+    # fog-a answers again and still reports the aggregate: the reconciler stops it.
+    agents["fog-a"].answers.clear()
+    orch.registry._db.execute("UPDATE pipelines SET updated = updated - 10 WHERE name = 'p'")
+    beat(orch, agents, {"fog-a": [hosted("aggregate")]})
+    orch.reconcile_once()
+    assert agents["fog-a"].received("DELETE", AGG)[-1].query == {}  # stopped, kept
+
+
+def test_a_node_not_heard_of_is_not_asked_and_stops_its_instances_once_heard(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # Partitioned: asking it would hold the round for the request's timeout per PE.
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
+    for status in (PipelineState.DEPLOYING, PipelineState.STOPPING):
+        orch.registry.set_status("p", status)
+        (decision,) = orch.recover_pipelines()
+        assert decision.endswith("(not reached: fog-a; their instances are stopped once they "
+                                 "are heard again)"), decision  # fmt: skip
+        assert [c for c in calls(agents) if c[0] == "fog-a"] == []
+        assert {c[0] for c in calls(agents)} == {"cloud"}
 
 
 def test_a_deploy_or_stop_this_orchestrator_runs_is_left_to_it(
@@ -531,3 +553,8 @@ def test_a_reconcile_round_ends_a_deploy_a_dead_orchestrator_left(
     orch.registry.set_status("p", PipelineState.DEPLOYING)
     orch.reconcile_once()
     assert orch.registry.get_pipeline("p").status == PipelineState.FAILED  # type: ignore[union-attr]
+    assert sorted((c[0], c[2]) for c in calls(agents) if c[1] == "DELETE") == [
+        ("cloud", "/pipelines/p/elements/sink"),
+        ("cloud", "/pipelines/p/elements/source"),
+        ("fog-a", AGG),
+    ]

@@ -154,7 +154,8 @@ def test_event_timeout_s_bounds_a_processors_events_only() -> None:
             parse_spec(bad)
         assert f"a {kind!r} element" in str(err.value) and "runs none" in str(err.value)
         assert "remove event_timeout_s: 5" in str(err.value)
-    for value in (0, -1, MAX_EVENT_TIMEOUT_S * 2, "soon"):
+    # (true passed for 1 s, and 1e-300 for a timer that fired at once: every event dead.)
+    for value in (0, -1, 1e-300, MAX_EVENT_TIMEOUT_S * 2, "soon", True, "30"):
         bad = spec_data()
         bad["elements"][1]["event_timeout_s"] = value
         with pytest.raises(InvalidSpec, match="event_timeout_s"):
@@ -206,3 +207,36 @@ def test_partitions_and_detection_beyond_what_works_are_refused_at_load() -> Non
     data["elements"][1].update(partitions=["n"] * 65, key_by="sensor")
     with pytest.raises(InvalidSpec, match="partitions"):
         parse_spec(data)
+
+
+def test_refusals_say_in_words_what_was_expected() -> None:
+    for where, value, words in (
+        ("key_by", "patient.id", "the name of a top-level body field"),
+        ("class", "procs", "module:ClassName"),
+    ):
+        bad = spec_data()
+        if where == "key_by":
+            bad["elements"][1]["key_by"] = value
+        else:
+            bad["elements"][1]["options"]["class"] = value
+        with pytest.raises(InvalidSpec) as err:
+            parse_spec(bad)
+        text = err.value.render()
+        assert words in text and "String should match pattern" not in text, text
+    # A check of fogshift's own speaks alone, without pydantic's "Value error, ".
+    bad = spec_data()
+    bad["elements"][0]["event_timeout_s"] = 5
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(bad)
+    assert "Value error" not in err.value.render() and "runs none" in err.value.render()
+
+
+@pytest.mark.parametrize(("data", "received"), [(None, "an empty document"),
+                                                ([1], "a list"), ("x", "text")])  # fmt: skip
+def test_a_spec_that_is_no_mapping_says_what_it_is_and_where_to_start(
+    data: Any, received: str
+) -> None:
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    text = err.value.render()
+    assert f"received: {received}" in text and "examples/case1/case1.yaml" in text, text

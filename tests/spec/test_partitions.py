@@ -99,7 +99,8 @@ def test_partitions_written_by_hand_must_own_every_key_once() -> None:
         {"id": "agg-p1", "kind": "map", "node": "a", "inputs": ["src"],
          "options": {"set": {"v": "value"}}}
     )  # fmt: skip
-    with pytest.raises(InvalidSpec, match="two elements with id 'agg-p1'"):
+    # (Not "two elements with id 'agg-p1'": the spec wrote it once; fogshift made the other.)
+    with pytest.raises(InvalidSpec, match="'agg-p1' is named as a partition of the partitioned"):
         parse_spec(taken)
     # Nor one a later `scale` would add: it would share its stream, placement and epoch.
     ahead = data()
@@ -175,3 +176,14 @@ def test_the_case2_twins_example_splits_the_classifier_and_can_move_its_keys() -
     # One input each (bandpass): where a key changes owner is one position in it.
     assert all(p.inputs == ("bandpass",) and p.key_by == "patient" for p in parts)
     assert spec.element("alarms").inputs == ("classify-p0", "classify-p1")
+
+
+@pytest.mark.parametrize("partitions", [3, [], "a"])
+def test_partitions_that_are_no_list_of_nodes_are_refused_for_what_they_are(
+    partitions: Any,
+) -> None:
+    # (A count, as `scale --partitions 3` takes, was refused for a node the spec never wrote.)
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec(data(partitions=partitions))
+    text = refused.value.render()
+    assert "partitions" in text and ".node" not in text and "'-'" not in text, text
