@@ -301,13 +301,18 @@ MODE_OR_ORDER = "--mode moves a whole PE, --order orders --keys"
 def test_key_move_options_without_keys_are_refused_not_ignored(
     monkeypatch: pytest.MonkeyPatch, args: list[str], refusal: str, received: str
 ) -> None:
+    said = refused_before_any_request(monkeypatch, ["migrate", "p", *args, "--to", "fog-b"])
+    assert refusal in said and received in said, said
+
+
+def refused_before_any_request(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> str:
+    """What the CLI's refusal of ``args`` says; it must have sent no request."""
     client = StandInClient({})
     use(monkeypatch, client)
-    result = runner.invoke(cli.app, ["migrate", "p", *args, "--to", "fog-b"])
+    result = runner.invoke(cli.app, args)
     assert isinstance(result.exception, InvalidInput), result.output
-    said = flat(str(result.exception))
-    assert refusal in said and received in said, said
     assert client.requests == []
+    return flat(str(result.exception))
 
 
 @pytest.mark.parametrize(
@@ -325,13 +330,8 @@ def test_bad_counts_and_lists_are_refused_before_any_request(
     monkeypatch: pytest.MonkeyPatch, args: list[str], refusal: str, received: str
 ) -> None:
     # (The orchestrator refused them too, but in the words of an HTTP body, once one ran.)
-    client = StandInClient({})
-    use(monkeypatch, client)
-    result = runner.invoke(cli.app, args)
-    assert isinstance(result.exception, InvalidInput), result.output
-    said = flat(str(result.exception))
+    said = refused_before_any_request(monkeypatch, args)
     assert refusal in said and received in said and "hint:" in said, said
-    assert client.requests == []
 
 
 def test_restore_shows_its_phases_and_json_output_is_unchanged(
