@@ -104,7 +104,8 @@ class _Deadline:
     """The time limit of each event of one batch: see the module docstring.
 
     Use :meth:`batch` around the batch (it takes ``SIGALRM`` and gives it back), and
-    :meth:`event` around each ``process()`` call. Inactive (no bound) when ``seconds`` is
+    :meth:`start` and :meth:`stop` around each ``process()`` call (plain calls, not a
+    context manager: they run once per event). Inactive (no bound) when ``seconds`` is
     ``None`` or the batch does not run in the main thread.
 
     A ``SIGALRM`` timer the caller had armed keeps its deadline: between events it is armed
@@ -131,7 +132,7 @@ class _Deadline:
         self._previous = signal.signal(signal.SIGALRM, self._on_alarm)
         self.active = True
         try:
-            self._idle()
+            self.stop()  # (only the caller's timer, if any)
             yield self
         finally:
             self.active = self.timing = False
@@ -161,29 +162,25 @@ class _Deadline:
         repeat = _ALARM_REPEAT_S if seconds is not None else 0.0
         signal.setitimer(signal.ITIMER_REAL, first, repeat)
 
-    def _idle(self) -> None:
-        self.timing = False
-        self._arm(None)
-
-    @contextmanager
-    def event(self) -> Iterator[None]:
-        """Bound one event. Raises :class:`_EventTimedOut` (from here, or from within) once
-        it is over its time; catch it outside this block, then call :meth:`disarm` (the
-        alarm may fire as the block ends, before it disarms)."""
-        if not self.active:
-            yield
-            return
-        try:
-            self.timing = True
-            self._arm(self.seconds)
-            yield
-        finally:
-            self._idle()
-
-    def disarm(self) -> None:
-        """No more alarms for this event (safe to call at any time)."""
+    def start(self) -> None:
+        """Arm the time of one event. :class:`_EventTimedOut` is raised wherever the code
+        then is once it is over: catch it around the event and the :meth:`stop` after it
+        (the alarm may fire as the event ends, before the stop disarms it)."""
         if self.active:
-            self._idle()
+            self.timing = True
+            if self._caller_due is None:  # (the common case, once per event: one call)
+                signal.setitimer(signal.ITIMER_REAL, self.seconds or 0.0, _ALARM_REPEAT_S)
+            else:
+                self._arm(self.seconds)
+
+    def stop(self) -> None:
+        """No more alarms for this event (safe to call at any time, and twice)."""
+        if self.active:
+            self.timing = False  # first: an alarm from here on raises nothing
+            if self._caller_due is None:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            else:
+                self._arm(None)
 
 
 #: The deadline of code that runs events outside a batch (none).
@@ -311,7 +308,8 @@ def _call(
             was over its time.
     """
     try:
-        with deadline.event():
+        deadline.start()
+        try:
             try:
                 result = processor.process(event)
             except DeadLetter as exc:
@@ -323,8 +321,10 @@ def _call(
             except _EVENT_FAILURES as exc:
                 raise _Rejected(f"processor {pe!r} raised {_describe(exc)}", True) from exc
             return _outputs(pe, result)
+        finally:
+            deadline.stop()
     except _EventTimedOut as exc:
-        deadline.disarm()
+        deadline.stop()
         raise _Rejected(
             f"processor {pe!r} took longer than {deadline.seconds:g} s for one event "
             "(event_timeout_s: raise it in the element's spec if its events need longer)",
