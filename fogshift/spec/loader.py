@@ -375,13 +375,7 @@ def validate_spec(
             of = next((e.partition.of for e in spec.elements
                        if e.id == element_id and e.partition is not None), None)  # fmt: skip
             if of is not None:  # one the spec wrote, the other a partition fogshift made
-                raise InvalidSpec(
-                    f"pipeline {spec.pipeline!r}: element {element_id!r} is named as a "
-                    f"partition of the partitioned element {of!r} is",
-                    expected=f"ids other than {of}-p<number> (its partitions' names)",
-                    received=repr(element_id),
-                    hint=f"rename element {element_id!r}",
-                )
+                raise _named_as_a_partition(spec, element_id, of)
             raise InvalidSpec(
                 f"pipeline {spec.pipeline!r} has two elements with id {element_id!r}",
                 expected="element ids unique in the pipeline",
@@ -505,6 +499,17 @@ def _check_output_path(element: ElementSpec) -> None:
         )
 
 
+def _named_as_a_partition(spec: PipelineSpec, element_id: str, of: str) -> InvalidSpec:
+    """The refusal of an element named as a partition of the partitioned element ``of``."""
+    return InvalidSpec(
+        f"pipeline {spec.pipeline!r}: element {element_id!r} is named as a partition of the "
+        f"partitioned element {of!r} is",
+        expected=f"ids other than {of}-p<number> (its partitions' names)",
+        received=repr(element_id),
+        hint=f"rename element {element_id!r}",
+    )
+
+
 def _check_partitions(spec: PipelineSpec) -> None:
     """A partitioned element's partitions are all there, alike but for their node, and its
     id names no other element: each key then has exactly one owner."""
@@ -529,13 +534,7 @@ def _check_partitions(spec: PipelineSpec) -> None:
             if named.fullmatch(e.id) and (e.partition is None or e.partition.of != of)
         ]
         if taken:
-            raise InvalidSpec(
-                f"pipeline {spec.pipeline!r}: element {taken[0]!r} is named as a partition of "
-                f"the partitioned element {of!r} is",
-                expected=f"ids other than {of}-p<number> (its partitions' names)",
-                received=repr(taken[0]),
-                hint=f"rename element {taken[0]!r}",
-            )
+            raise _named_as_a_partition(spec, taken[0], of)
         count = parts[0].partition.count if parts[0].partition else 0
         indices = sorted(p.partition.index for p in parts if p.partition)
         if indices != list(range(count)) or any(
