@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import KeysView
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fogshift.common.names import CLASS_RE
 from fogshift.spec.expressions import check_expression
@@ -23,6 +23,21 @@ Role = Literal["source", "processor", "sink"]
 AggregateName = Literal["avg", "sum", "min", "max", "count"]
 
 
+def _visible(value: str) -> str:
+    """``value`` if it has a visible character and no control character (a newline, a tab)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(
+            f"{value!r} holds a control character (a newline, a tab): expected printable text"
+        )
+    if not value.strip():
+        raise ValueError(f"{value!r} is blank: expected at least one visible character")
+    return value
+
+
+#: A field name or a path as a spec writes it: printable, not blank.
+Text = Annotated[str, Field(min_length=1), AfterValidator(_visible)]
+
+
 class KindOptions(BaseModel):
     """Base of every kind's options: frozen, no unknown key, and readable as a mapping.
 
@@ -30,11 +45,15 @@ class KindOptions(BaseModel):
     ``dict(options)``) shows the options under their spec names (``class``, not ``cls``), every
     default filled in. It exists because a processor's contract takes its options as a mapping
     (:class:`fogshift.runtime.api.Processor`): the engine hands ``dict(element.options)`` on.
+
+    Strict: ``window: true`` is not a window of 1, nor ``keep: 1`` true, nor ``rate: "5"`` a
+    number (YAML and JSON carry their types; a quoted number is a mistake to point out).
     """
 
     model_config = ConfigDict(
         extra="forbid",
         frozen=True,
+        strict=True,
         allow_inf_nan=False,
         validate_by_name=True,
         validate_by_alias=True,
@@ -67,7 +86,7 @@ class CsvSourceOptions(KindOptions):
         max_events_per_batch: Upper bound of one micro-batch.
     """
 
-    path: str = Field(min_length=1)
+    path: Text
     rate: float = Field(default=0, ge=0)
     max_events_per_batch: int = Field(default=10_000, ge=1)
 
@@ -79,7 +98,7 @@ class CsvSinkOptions(KindOptions):
         path: The output CSV file. Relative to the spec file; its folder is created.
     """
 
-    path: str = Field(min_length=1)
+    path: Text
 
 
 class WindowAggregateOptions(KindOptions):
@@ -91,7 +110,7 @@ class WindowAggregateOptions(KindOptions):
         function: avg, sum, min, max or count.
     """
 
-    field: str = Field(min_length=1)
+    field: Text
     window: int = Field(ge=1, le=1_000_000)
     function: AggregateName = "avg"
 
@@ -104,7 +123,7 @@ class MapOptions(KindOptions):
         keep: Keep the input's other fields (default) or emit only the ``set`` fields.
     """
 
-    set: dict[str, str] = Field(min_length=1)
+    set: dict[Text, str] = Field(min_length=1)
     keep: bool = True
 
     @field_validator("set")
@@ -140,7 +159,7 @@ class CustomOptions(KindOptions):
     """
 
     cls: str = Field(alias="class", pattern=CLASS_RE)
-    path: str | None = None
+    path: Text | None = None
     options: dict[str, object] = Field(default_factory=dict)
 
 

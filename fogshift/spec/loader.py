@@ -407,8 +407,14 @@ def validate_spec(
                 received="no inputs",
                 hint="known elements: " + ", ".join(ids),
             )
-        if len(set(element.inputs)) != len(element.inputs):
-            raise InvalidSpec(f"element {element.id!r} names the same input twice")
+        twice = sorted({name for name in element.inputs if element.inputs.count(name) > 1})
+        if twice:
+            raise InvalidSpec(
+                f"element {element.id!r} of pipeline {spec.pipeline!r} names the same input twice",
+                expected="each input once",
+                received=f"inputs: {list(element.inputs)}",
+                hint=f"list {twice[0]!r} once: each of its events reaches {element.id!r} once",
+            )
         for name in element.inputs:
             if name not in seen:
                 others = [i for i in ids if i != element.id]
@@ -424,6 +430,8 @@ def validate_spec(
                 raise InvalidSpec(
                     f"element {element.id!r} has input {name!r}, which is a sink and emits "
                     "no events",
+                    expected="a source or a processor as input",
+                    received=f"{name!r} ({spec.element(name).kind}, a sink)",
                     hint="connect it to a source or processor instead",
                 )
         if check_files:
@@ -674,7 +682,12 @@ def load_spec(path: str | Path, nodes: Iterable[str] | None = None) -> PipelineS
     try:
         text = read_utf8(source)
     except OSError as exc:
-        raise InvalidSpec(f"cannot read spec file {str(source)!r}: {exc.strerror}") from None
+        raise InvalidSpec(
+            f"cannot read spec file {str(source)!r}: {exc.strerror or exc}",
+            expected="a readable YAML file",
+            received=repr(str(source)),
+            hint="check the path (relative to the current directory) and its permissions",
+        ) from None
     except ValueError as exc:
         raise InvalidSpec(
             f"cannot read spec file: {exc}",

@@ -454,3 +454,66 @@ def test_a_refused_field_says_what_was_expected_in_words(
         parse_spec(data)
     assert (refused.value.expected or "").startswith(expected)
     assert "pattern" not in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("element", "options", "said", "expected"),
+    [
+        # A boolean or a quoted number is no number, nor a number a boolean (it was
+        # `window: true`, a window of one; `keep: 1`, true).
+        (1, {"field": "value", "window": True}, "window", "a whole number"),
+        (1, {"field": "value", "window": "3"}, "window", "a whole number"),
+        (0, {"path": "in.csv", "rate": True}, "rate", "a number"),
+        # A blank field name, or a path with a newline, is a typing mistake, not a name.
+        (1, {"field": "  ", "window": 3}, "is blank", None),
+        (2, {"path": "out/o.csv\n"}, "control character", None),
+        (2, {"path": "out/\to.csv"}, "control character", None),
+    ],
+)
+def test_options_of_the_wrong_type_or_invisible_text_are_refused(
+    element: int, options: dict[str, object], said: str, expected: str | None
+) -> None:
+    data = case1()
+    data["elements"][element]["options"] = options
+    with pytest.raises(InvalidSpec, match=said) as refused:
+        parse_spec(data)
+    if expected is not None:
+        assert refused.value.expected == expected
+    assert refused.value.received
+
+
+def test_a_map_may_not_set_a_blank_field_nor_keep_a_number() -> None:
+    data = case1()
+    data["elements"][1] = {"id": "aggregate", "kind": "map", "node": "fog-a",
+                           "inputs": ["source"], "options": {"set": {" ": "value"}}}  # fmt: skip
+    with pytest.raises(InvalidSpec, match="is blank"):
+        parse_spec(data)
+    data["elements"][1]["options"] = {"set": {"double": "value * 2"}, "keep": 1}
+    with pytest.raises(InvalidSpec, match="keep") as refused:
+        parse_spec(data)
+    assert refused.value.expected == "true or false"
+
+
+def test_an_input_named_twice_or_a_sink_as_input_says_expected_received_and_a_hint() -> None:
+    data = case1()
+    data["elements"][1]["inputs"] = ["source", "source"]
+    with pytest.raises(InvalidSpec, match="names the same input twice") as refused:
+        parse_spec(data)
+    assert refused.value.expected == "each input once"
+    assert refused.value.received == "inputs: ['source', 'source']"
+    assert "'source'" in (refused.value.hint or "")
+    data = case1()
+    data["elements"].append({"id": "more", "kind": "csv-sink", "node": "cloud",
+                             "inputs": ["sink"], "options": {"path": "out/p.csv"}})  # fmt: skip
+    with pytest.raises(InvalidSpec, match="is a sink") as refused:
+        parse_spec(data)
+    assert refused.value.received == "'sink' (csv-sink, a sink)"
+    assert refused.value.expected and refused.value.hint
+
+
+def test_a_spec_file_that_cannot_be_read_says_what_was_expected(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSpec, match="cannot read spec file") as refused:
+        load_spec(tmp_path / "absent.yaml")
+    assert refused.value.expected == "a readable YAML file"
+    assert "absent.yaml" in (refused.value.received or "")
+    assert "path" in (refused.value.hint or "")
