@@ -469,6 +469,40 @@ def validate_spec(
             if len(cycle) > 2
             else f"{cycle[0]} lists itself as an input",
         ) from None
+    _check_bands(spec)
+
+
+def _check_bands(spec: PipelineSpec) -> None:
+    """Refuse a ``bandpass`` whose band does not fit under half the sampling rate of an
+    ``ecg-source`` upstream of it: every window would be a dead letter (the runtime checks
+    each window's own rate; this catches the spec's mistake before anything runs)."""
+    for element in spec.elements:
+        if element.kind != "bandpass":
+            continue
+        high = float(element.options["high_hz"])
+        seen: set[str] = set()
+        todo = list(element.inputs)
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            upstream = next((e for e in spec.elements if e.id == name), None)
+            if upstream is None:  # (a partitioned element's name: its partitions follow)
+                todo.extend(p.id for p in spec.partitions_of(name))
+                continue
+            todo.extend(upstream.inputs)
+            if upstream.kind != "ecg-source":
+                continue
+            rate = float(upstream.options["sampling_rate"])
+            if high >= rate / 2:
+                raise InvalidSpec(
+                    f"element {element.id!r} of pipeline {spec.pipeline!r} passes up to "
+                    f"{high:g} Hz, but {name!r} samples at {rate:g} Hz",
+                    expected=f"high_hz below {rate / 2:g} (half the sampling rate of {name!r})",
+                    received=f"high_hz: {high:g}",
+                    hint=f"lower high_hz, or raise {name!r}'s sampling_rate above {2 * high:g}",
+                )
 
 
 def _unusable_path(element: ElementSpec, option: str, value: str, exc: OSError) -> InvalidSpec:

@@ -7,8 +7,11 @@ import itertools
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fogshift.spec import InvalidSpec, load_spec, parse_spec, validate_spec
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def case1(**changes: object) -> dict:
@@ -517,3 +520,21 @@ def test_a_spec_file_that_cannot_be_read_says_what_was_expected(tmp_path: Path) 
     assert refused.value.expected == "a readable YAML file"
     assert "absent.yaml" in (refused.value.received or "")
     assert "path" in (refused.value.hint or "")
+
+
+@pytest.mark.parametrize("example", ["case2.yaml", "case2-twins.yaml"])
+def test_a_band_above_half_the_sources_sampling_rate_is_refused_at_load(example: str) -> None:
+    # Every window would have been a dead letter, found only once the pipeline ran.
+    data = yaml.safe_load((ROOT / "examples" / "case2" / example).read_text())
+    bandpass = next(e for e in data["elements"] if e["kind"] == "bandpass")
+    source = next(e for e in data["elements"] if e["kind"] == "ecg-source")
+    parse_spec(data)  # 0.5-40 Hz under 125 Hz
+    bandpass["options"] = {"low_hz": 0.5, "high_hz": 125}
+    with pytest.raises(InvalidSpec, match="passes up to 125 Hz") as refused:
+        parse_spec(data)
+    assert (
+        refused.value.expected == f"high_hz below 125 (half the sampling rate of {source['id']!r})"
+    )
+    assert refused.value.received == "high_hz: 125"
+    source["options"]["sampling_rate"] = 500  # the hint's way out
+    parse_spec(data)
