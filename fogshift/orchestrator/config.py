@@ -60,9 +60,10 @@ class OrchestratorConfig(BaseSettings):
             up`` recorded it): it is signalled only while its pid is still that process.
             ``None``: read at this orchestrator's start.
         test_pause_at: Test hook: ``<kind>:<phase>`` of an operation (e.g.
-            ``migration:switching``, ``restore:installing``) at which this orchestrator stops,
-            once the journal has recorded that phase and before its side effect, and waits to
-            be killed. ``None`` (always, outside tests): never.
+            ``migration:switching``, ``restore:installing``, ``scale:placed``) at which this
+            orchestrator stops, once the journal has recorded that phase and before its side
+            effect (a scale: once that step is done), and waits to be killed. ``None``
+            (always, outside tests): never.
     """
 
     model_config = SettingsConfigDict(
@@ -86,7 +87,7 @@ class OrchestratorConfig(BaseSettings):
     stall_slack_s: float = Field(default=30.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
     plan_interval_s: Seconds = 10.0
     plan_time_limit_s: Seconds = 5.0
-    test_pause_at: str | None = Field(default=None, pattern=r"^(migration|restore):[a-z_]+$")
+    test_pause_at: str | None = Field(default=None, pattern=r"^(migration|restore|scale):[a-z_]+$")
     broker_config: Path | None = None
     broker_pid: int | None = Field(default=None, ge=1)
     broker_started: float | None = Field(default=None, ge=0)

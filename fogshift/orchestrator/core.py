@@ -105,6 +105,10 @@ class OrchestratorCore:
         #: in a row, when (monotonic) the next try may come, and the epoch and node it
         #: failed at (``Reconciler._reconcile_element``).
         self._restart_backoff: dict[tuple[str, str], tuple[int, float, int, str]] = {}
+        #: Per scale carried on for a dead orchestrator that a node or the broker was away
+        #: for: when (monotonic) it may be tried again, and the pause before that
+        #: (``Reconciler.recover_scales``).
+        self._scale_retries: dict[str, tuple[float, float]] = {}
         #: Pipelines whose key moves' streams this process has seen have every subject
         #: (``Reconciler._streams_current``).
         self._streams_checked: set[str] = set()

@@ -78,6 +78,11 @@ _LOCKS: dict[tuple[str, str], threading.Lock] = {}
 LOCK_WAIT_S = 600.0
 
 
+def element_lock_of(pipeline: str, element_id: str) -> threading.Lock:
+    """The key-move lock of ``element_id`` (held by :func:`element_lock`)."""
+    return _LOCKS.setdefault((pipeline, element_id), threading.Lock())
+
+
 @contextlib.contextmanager
 def element_lock(
     pipeline: str, element_id: str, refusal: str, wait_s: float = LOCK_WAIT_S
@@ -88,7 +93,7 @@ def element_lock(
         Conflict: (starting with ``refusal``) another key move or scale of the element did
             not end within ``wait_s``; nothing was done.
     """
-    lock = _LOCKS.setdefault((pipeline, element_id), threading.Lock())
+    lock = element_lock_of(pipeline, element_id)
     if not lock.acquire(timeout=wait_s):
         raise Conflict(
             f"{refusal}: a key move or scale of {pipeline}/{element_id} has run for "

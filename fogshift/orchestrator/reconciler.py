@@ -14,6 +14,7 @@ from nats.js.errors import NotFoundError
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import ensure_subjects
 from fogshift.broker.exceptions import BrokerUnavailable
+from fogshift.common.text import one_line
 from fogshift.contracts import (
     LEFT_REPORTED,
     CheckpointManifest,
@@ -25,16 +26,21 @@ from fogshift.contracts import (
     RestoreAttempt,
     RestoreReport,
 )
-from fogshift.exceptions import FogshiftError
+from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.migration.procedure import roll_back as run_rollback
 from fogshift.orchestrator.coordination import Coordination
+from fogshift.orchestrator.keymoves import element_lock_of
 from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord
 from fogshift.orchestrator.scaling import stale_inputs
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.orchestrator")
+
+#: How long a scale carried on after its orchestrator died waits before it is tried again
+#: when a node or the broker was away, doubling up to the second.
+SCALE_RETRY_S, SCALE_RETRY_MAX_S = 5.0, 120.0
 
 #: An instance of a stopped pipeline counts as left running only in a heartbeat that came
 #: this long after the stop (one sent before the stop's removal may arrive after it).
@@ -170,6 +176,72 @@ class Reconciler(Coordination):
                 lock.release()
             line = (f"pipeline {record.name} left {record.status} by an orchestrator that "
                     f"died: {decision}")  # fmt: skip
+            log.warning("recovery: %s", line)
+            decisions.append(line)
+        return decisions
+
+    def recover_scales(self) -> list[str]:
+        """Carry on every scale an orchestrator that died left unfinished.
+
+        A scale holds its element's key-move lock from its journal entry to its end, so an
+        entry found with that lock free was left by a process that died. The same scale
+        again completes it, whatever step it had reached (added partitions placed or not,
+        the rescale record stored or not, retiring partitions removed or not): each step
+        does only what is missing. An entry of a pipeline that no longer runs, or of an
+        element no longer partitioned, is abandoned. One refused, or ``pending`` after its
+        wait, ends with that outcome (logged; `fogshift scale` again sees to it); one a
+        node or the broker was away for stays for the next round.
+
+        Returns:
+            The decisions taken, one line each.
+        """
+        decisions: list[str] = []
+        for entry in self.registry.unfinished_scales():
+            retry = self._scale_retries.get(entry.id)
+            if retry is not None and time.monotonic() < retry[0]:
+                continue  # a node or the broker was away at the last try
+            lock = element_lock_of(entry.pipeline, entry.element)
+            if not lock.acquire(blocking=False):
+                continue  # this process's scale or key move of the element runs
+            lock.release()
+            what = (
+                f"scale {entry.id} of {entry.pipeline}/{entry.element} to {entry.partitions} "
+                f"partitions, left by orchestrator {entry.owner}"
+            )
+            record = self.registry.get_pipeline(entry.pipeline)
+            if (
+                record is None
+                or record.status != PipelineState.RUNNING
+                or not record.spec.partitions_of(entry.element)
+            ):
+                self.registry.end_scale(entry.id, "abandoned: the element does not run any more")
+                decision = "abandoned: the element does not run any more"
+            else:
+                try:
+                    report = self.scale(entry.pipeline, entry.element, entry.partitions,
+                                        list(entry.nodes) or None, waves=entry.waves,
+                                        resume=entry)  # fmt: skip
+                except (Unavailable, BrokerUnavailable) as exc:
+                    # Tried again after a growing pause (a node may be away for long).
+                    wait = min(2 * retry[1], SCALE_RETRY_MAX_S) if retry else SCALE_RETRY_S
+                    self._scale_retries[entry.id] = (time.monotonic() + wait, wait)
+                    log.warning("recovery: %s is tried again in %.0f s: %s", what, wait,
+                                exc.render())  # fmt: skip
+                    continue
+                except FogshiftError as exc:
+                    # (Refused before it reached its journal entry, too: ended here.)
+                    self.registry.end_scale(entry.id, f"refused: {one_line(exc.message)}")
+                    decision = f"refused: {exc.render()}"
+                except Exception:
+                    self.registry.end_scale(entry.id, "failed")
+                    log.exception("recovery of %s failed", what)
+                    continue
+                else:
+                    decision = f"carried on: {report.status}" + (
+                        f" ({report.error})" if report.error else ""
+                    )
+            self._scale_retries.pop(entry.id, None)
+            line = f"{what}: {decision}"
             log.warning("recovery: %s", line)
             decisions.append(line)
         return decisions
@@ -316,7 +388,8 @@ class Reconciler(Coordination):
         First, every operation an orchestrator left unfinished is resolved
         (:meth:`recover_operations`); a PE whose entry could not be resolved is left alone
         until it is. Then a deploy or a stop it left half-way is ended
-        (:meth:`recover_pipelines`).
+        (:meth:`recover_pipelines`). Last, a scale it left is carried on
+        (:meth:`recover_scales`).
         """
         with self._as_round():
             self.recover_operations()
@@ -337,6 +410,9 @@ class Reconciler(Coordination):
                         log.exception("reconciling %s/%s failed", record.name, element.id)
             self._remove_strays(pending)
             self._discard_left(pending)
+            # Last: a scale carried on restarts consumers and waits for commits (seconds),
+            # which must not delay the PEs' restarts and restores above.
+            self.recover_scales()
 
     def streams_upkeep(self) -> None:
         records = self.registry.pipelines()

@@ -18,6 +18,11 @@ The operations journal records each migration and restore as it passes each phas
 the side effect the phase names, so an orchestrator that dies mid-way finds, on restart,
 every operation it left unfinished and how far it got (``Orchestrator.recover_operations``).
 The routing change of an operation is recorded in the same transaction as the placement.
+
+A ``scale`` is journaled apart (table ``scales``): what was asked (partitions, nodes, waves),
+from its start to its end. It has no phases to resolve: the same scale again completes what
+one left at any step, so one an orchestrator died in is carried on by the next
+(``Orchestrator.recover_scales``).
 """
 
 from __future__ import annotations
@@ -77,6 +82,18 @@ CREATE TABLE IF NOT EXISTS operations (
     outcome TEXT
 );
 CREATE INDEX IF NOT EXISTS unfinished_operations ON operations (outcome) WHERE outcome IS NULL;
+CREATE TABLE IF NOT EXISTS scales (
+    id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    element TEXT NOT NULL,
+    partitions INTEGER NOT NULL,
+    nodes TEXT NOT NULL,
+    waves INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    started REAL NOT NULL,
+    updated REAL NOT NULL,
+    outcome TEXT
+);
 CREATE TABLE IF NOT EXISTS standbys (
     pipeline TEXT NOT NULL,
     element TEXT NOT NULL,
@@ -124,6 +141,36 @@ class Operation(OperationRecord):
     """
 
     owner: str
+
+
+@dataclass(frozen=True)
+class ScaleEntry:
+    """A ``scale`` as journaled: what was asked, and how it ended (``None``: not yet).
+
+    Attributes:
+        nodes: The nodes asked for the added partitions (``--on``; empty: the default).
+        owner: The orchestrator process that ran it (see :class:`Operation`).
+    """
+
+    id: str
+    pipeline: str
+    element: str
+    partitions: int
+    nodes: tuple[str, ...]
+    waves: bool
+    owner: str
+    started: float
+    outcome: str | None
+
+
+_SCALE_COLUMNS = "id, pipeline, element, partitions, nodes, waves, owner, started, outcome"
+
+
+def _scale(row: tuple[Any, ...]) -> ScaleEntry:
+    scale_id, pipeline, element, partitions, nodes, waves, owner, started, outcome = row
+    return ScaleEntry(scale_id, pipeline, element, int(partitions),
+                      tuple(n for n in nodes.split(",") if n), bool(waves), owner,
+                      float(started), outcome)  # fmt: skip
 
 
 def _report(url: str, stored: str) -> Heartbeat:
@@ -548,6 +595,56 @@ class Registry:
                 "ORDER BY started, rowid"
             ).fetchall()
         return [_operation(r) for r in rows]
+
+    # -- scales -----------------------------------------------------------------------------
+
+    def begin_scale(
+        self, pipeline: str, element: str, partitions: int, nodes: list[str] | None,
+        waves: bool, owner: str,
+    ) -> ScaleEntry:  # fmt: skip
+        """Journal that a scale of ``pipeline/element`` starts; an earlier one of the element
+        left unfinished ends, superseded (the newer request is what the user wants now)."""
+        now = time.time()
+        scale_id = uuid.uuid4().hex[:16]
+        with self._tx() as db:
+            db.execute(
+                "UPDATE scales SET outcome = ?, updated = ? WHERE pipeline = ? AND element = ? "
+                "AND outcome IS NULL",
+                (f"superseded by scale {scale_id}", now, pipeline, element),
+            )
+            db.execute(
+                f"INSERT INTO scales ({_SCALE_COLUMNS}, updated) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)",
+                (scale_id, pipeline, element, partitions, ",".join(nodes or ()), int(waves),
+                 owner, now, now),
+            )  # fmt: skip
+        entry = self.scale(scale_id)
+        assert entry is not None
+        return entry
+
+    def end_scale(self, scale_id: str, outcome: str) -> None:
+        """Record how a scale ended, unless it has ended already (the first outcome stands:
+        a superseded one's, say); it is no longer unfinished."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE scales SET outcome = ?, updated = ? WHERE id = ? AND outcome IS NULL",
+                (outcome, time.time(), scale_id),
+            )
+
+    def scale(self, scale_id: str) -> ScaleEntry | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_SCALE_COLUMNS} FROM scales WHERE id = ?", (scale_id,)
+            ).fetchone()
+        return _scale(row) if row else None
+
+    def unfinished_scales(self) -> list[ScaleEntry]:
+        """Scales without an outcome, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_SCALE_COLUMNS} FROM scales WHERE outcome IS NULL ORDER BY started, rowid"
+            ).fetchall()
+        return [_scale(r) for r in rows]
 
     # -- nodes ------------------------------------------------------------------------------
 

@@ -59,10 +59,11 @@ from fogshift.broker.keys import KeyMove, Ownership
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence
 from fogshift.common.names import NAME_PATTERN
+from fogshift.common.text import one_line
 from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
 from fogshift.orchestrator.keymoves import KeyMoves, _ms_since, element_lock
-from fogshift.orchestrator.registry import PipelineRecord
+from fogshift.orchestrator.registry import PipelineRecord, ScaleEntry
 from fogshift.spec.models import (
     ElementSpec,
     Partition,
@@ -85,9 +86,14 @@ class Scaling(KeyMoves):
         nodes: list[str] | None = None,
         timeout_s: float = 90.0,
         waves: bool = False,
+        resume: ScaleEntry | None = None,
     ) -> ScaleReport:
         """Give the partitioned element ``element_id`` ``partitions`` partitions (more or
         fewer) while every partition keeps running.
+
+        The scale is journaled from the moment it holds the element to its end (an earlier
+        one left unfinished is superseded), so an orchestrator that dies in it leaves it for
+        the next to carry on (:meth:`~fogshift.orchestrator.reconciler.Reconciler.recover_scales`).
 
         Args:
             nodes: The nodes of the added partitions, one each (default: the healthy nodes
@@ -96,6 +102,9 @@ class Scaling(KeyMoves):
                 rescale, in waves (:meth:`_ahead`); else all at the rescale record. Waves
                 stop a key less and take longer, disturbing the partitions longer
                 (``bench pam``, 20 and 1000 keys): not the default.
+            resume: The unfinished journal entry this call carries on (the recovery's;
+                ``None``: a new scale). It stays unfinished if a node or the broker is
+                away, for the next round to try again.
 
         Returns:
             ``moved`` once every moved key's new owner committed its state (and, scaling in,
@@ -152,8 +161,32 @@ class Scaling(KeyMoves):
             self._unchanged(pipeline, element_id, parts, f"cannot {what}")
             self._refuse_moved_readers(self.pipeline(pipeline), parts, partitions, what)
             self._moves_completed(pipeline, element_id, parts[0].inputs)
-            return self._scale(pipeline, element_id, parts, partitions, placed, started,
-                               timeout_s, waves)  # fmt: skip
+            if resume is None:
+                entry = self.registry.begin_scale(pipeline, element_id, partitions, nodes,
+                                                  waves, self.run_id)  # fmt: skip
+            else:
+                entry = self.registry.scale(resume.id) or resume
+                if entry.outcome is not None:
+                    raise Conflict(
+                        f"cannot carry on scale {resume.id} of {pipeline}/{element_id}: it "
+                        f"ended meanwhile ({entry.outcome})",
+                        hint="nothing to do: a newer scale or a round before this one saw to it",
+                    )
+            try:
+                report = self._scale(pipeline, element_id, parts, partitions, placed, started,
+                                     timeout_s, waves)  # fmt: skip
+            except (Unavailable, BrokerError) as exc:
+                if resume is None:
+                    self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
+                raise  # (carried on: the next round tries again)
+            except FogshiftError as exc:
+                self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
+                raise
+            except BaseException:
+                self.registry.end_scale(entry.id, "failed")
+                raise
+            self.registry.end_scale(entry.id, str(report.status))
+            return report
 
     def _refuse_moved_readers(
         self, record: PipelineRecord, parts: list[ElementSpec], partitions: int, what: str
@@ -215,6 +248,7 @@ class Scaling(KeyMoves):
             raise self._unfinished_scale(
                 exc, pipeline, element_id, owners.count, ran=False
             ) from exc
+        self._test_pause("scale:placed")
         base: dict[str, Any] = {
             "pipeline": pipeline, "element": element_id, "before": len(parts),
             "after": partitions, "added": {e.id: e.node for e in added},
@@ -245,6 +279,7 @@ class Scaling(KeyMoves):
                 raise self._unfinished_scale(exc, pipeline, element_id, owners.count) from exc
             log.info("rescaled %s/%s to %d partitions at %d: %d keys move (%d ahead)",
                      pipeline, element_id, partitions, at, len(move.keys), len(ahead))  # fmt: skip
+            self._test_pause("scale:rescaled")
             report = self._moved(pipeline, element_id, source, move, at,
                                  time.monotonic() + timeout_s, report, ahead)  # fmt: skip
             if report.status != KeyMoveStatus.MOVED:

@@ -1,4 +1,5 @@
-"""The orchestrator SIGKILLed in the middle of a migration or a restore, with real processes.
+"""The orchestrator SIGKILLed in the middle of a migration, a restore or a scale, with real
+processes.
 
 Each test stops the orchestrator at a named step with its test hook, SIGKILLs it there and
 starts a new one (``fogshift up`` on a cluster whose orchestrator died). The new one finds
@@ -134,3 +135,30 @@ def test_killed_in_the_middle_of_a_restore_the_pe_runs_under_the_newest_epoch(
     assert node != "fog-a"
     finish_and_compare(cluster, tmp_path, "fenced")
     assert_only_new_epochs_after_fence(cluster, "fenced", "aggregate", epoch=3)
+
+
+def test_killed_in_the_middle_of_a_scale_it_is_carried_on_to_the_count_asked(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    spec = case1_spec(tmp_path, "rescaled", keys=12, partitions=["fog-a", "fog-b"])
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("rescaled", "sink", 10)
+    since = restart_orchestrator(cluster, pause_at="scale:placed")
+    scale = start_cli(cluster, "scale", "rescaled", "aggregate", "--partitions", "3", "--on",
+                      "fog-c", "--json")  # fmt: skip
+    # Stopped with the third partition placed and its consumer reading it, and no key of
+    # the rescale its yet: the record was never stored.
+    wait_logged(cluster, "test pause at scale:placed", since)
+    since = restart_orchestrator(cluster)
+    assert scale.wait(timeout=60) != 0
+    logged = wait_logged(cluster, "recovery: scale", since)
+    assert "rescaled/aggregate to 3 partitions" in logged, logged
+    assert "carried on: moved" in logged, logged
+    parts = [(e["element"], e["node"], e["partitions"])
+             for e in cluster.status("rescaled")["elements"] if e["partition_of"]]  # fmt: skip
+    assert parts == [("aggregate-p0", "fog-a", 3), ("aggregate-p1", "fog-b", 3),
+                     ("aggregate-p2", "fog-c", 3)]  # fmt: skip
+    # The rescale is stored: the same scale again finds nothing left to do.
+    again = cluster.json("scale", "rescaled", "aggregate", "--partitions", "3")
+    assert (again["status"], again["moved"]) == ("moved", 0), again
+    finish_and_compare(cluster, tmp_path, "rescaled")

@@ -24,6 +24,7 @@ from fogshift.broker.client import (
 from fogshift.broker.keys import KeyMove, parse
 from fogshift.broker.naming import data_subject, keys_subject, stream_name
 from fogshift.broker.server import BrokerProcess
+from fogshift.contracts import KeyMoveStatus, ScaleReport
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput
 from fogshift.orchestrator import keymoves
 from fogshift.orchestrator.config import OrchestratorConfig
@@ -225,7 +226,10 @@ def test_a_scale_completes_a_move_left_in_some_inputs_before_its_own(
     seen: list[list[str]] = []
     monkeypatch.setattr(orch, "_nodes_for", lambda *args: ["fog-c"])
     monkeypatch.setattr(orch, "_sections", lambda *args: contextlib.nullcontext())
-    monkeypatch.setattr(orch, "_scale", lambda *args: seen.append(moves(js_client, "s2")))
+    done = ScaleReport(pipeline="two", element="agg", status=KeyMoveStatus.MOVED, before=2,
+                       after=3)  # fmt: skip
+    monkeypatch.setattr(orch, "_scale",
+                        lambda *args: seen.append(moves(js_client, "s2")) or done)  # fmt: skip
     orch.scale("two", "agg", 3, ["fog-c"], timeout_s=0.1)
     assert seen == [[half.move]]  # stored in s2 before the scale went on
 

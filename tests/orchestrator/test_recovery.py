@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.contracts import Heartbeat, PipelineState
-from fogshift.exceptions import InvalidInput
+from fogshift.contracts import Heartbeat, KeyMoveStatus, PipelineState, ScaleReport
+from fogshift.exceptions import InvalidInput, Unavailable
+from fogshift.orchestrator import reconciler
 from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.keymoves import element_lock
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
 from tests.orchestrator.standin import SPEC, StandIn
@@ -558,3 +560,121 @@ def test_a_reconcile_round_ends_a_deploy_a_dead_orchestrator_left(
         ("cloud", "/pipelines/p/elements/source"),
         ("fog-a", AGG),
     ]
+
+
+# -- a scale an orchestrator died in -----------------------------------------------------------
+
+#: The aggregate keyed and in two partitions (fog-a, cloud).
+PARTITIONED = {**SPEC, "elements": [
+    SPEC["elements"][0],
+    {**SPEC["elements"][1], "key_by": "sensor", "node": None, "partitions": ["fog-a", "cloud"]},
+    SPEC["elements"][2],
+]}  # fmt: skip
+
+
+@pytest.fixture
+def scaled(
+    tmp_path: Path, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Orchestrator, list[dict[str, Any]]]]:
+    """An orchestrator running :data:`PARTITIONED`, its ``scale`` recording each call (and
+    answering with what the test put in ``answers``, else ``moved``)."""
+    spec = {k: v for k, v in PARTITIONED.items()}
+    spec["elements"] = [{k: v for k, v in e.items() if v is not None} for e in spec["elements"]]
+    asked: list[dict[str, Any]] = []
+    with orchestrator_of(tmp_path, agents, spec) as orchestrator:
+
+        def scale(
+            pipeline: str,
+            element: str,
+            partitions: int,
+            nodes: Any = None,
+            timeout_s: float = 90.0,
+            waves: bool = False,
+            resume: Any = None,
+        ) -> Any:
+            asked.append({"pipeline": pipeline, "element": element, "partitions": partitions,
+                          "nodes": nodes, "waves": waves, "resume": resume})  # fmt: skip
+            if answers:
+                raise answers.pop(0)
+            orchestrator.registry.end_scale(resume.id, "moved")
+            return ScaleReport(pipeline=pipeline, element=element, status=KeyMoveStatus.MOVED,
+                               before=2, after=partitions)  # fmt: skip
+
+        answers: list[Exception] = []
+        monkeypatch.setattr(orchestrator, "scale", scale)
+        orchestrator.scale_answers = answers  # type: ignore[attr-defined]
+        yield orchestrator, asked
+
+
+def dead_scale(orch: Orchestrator, **asked: Any) -> str:
+    """A scale of the aggregate to 3 partitions, as a killed orchestrator left it."""
+    entry = orch.registry.begin_scale("p", "aggregate", asked.get("partitions", 3),
+                                      asked.get("nodes"), asked.get("waves", False),
+                                      "dead0rchestr")  # fmt: skip
+    return entry.id
+
+
+def test_a_scale_a_dead_orchestrator_left_is_carried_on_as_it_was_asked(
+    scaled: tuple[Orchestrator, list[dict[str, Any]]],
+) -> None:
+    orch, asked = scaled
+    left = dead_scale(orch, nodes=["fog-b"], waves=True)
+    (decision,) = orch.recover_scales()
+    assert [(a["partitions"], a["nodes"], a["waves"], a["resume"].id) for a in asked] == [
+        (3, ["fog-b"], True, left)
+    ]
+    assert decision.startswith(f"scale {left} of p/aggregate to 3 partitions, left by "
+                               "orchestrator dead0rchestr: carried on: moved")  # fmt: skip
+    assert orch.registry.unfinished_scales() == []
+    assert orch.recover_scales() == [] and len(asked) == 1  # once
+
+
+def test_a_scale_this_orchestrator_runs_is_left_to_it(
+    scaled: tuple[Orchestrator, list[dict[str, Any]]],
+) -> None:
+    orch, asked = scaled
+    dead_scale(orch)
+    with element_lock("p", "aggregate", "test"):  # as scale() holds it throughout
+        assert orch.recover_scales() == []
+    assert asked == [] and len(orch.registry.unfinished_scales()) == 1
+
+
+def test_a_scale_of_a_pipeline_that_no_longer_runs_is_abandoned(
+    scaled: tuple[Orchestrator, list[dict[str, Any]]],
+) -> None:
+    orch, asked = scaled
+    left = dead_scale(orch)
+    orch.registry.set_status("p", PipelineState.STOPPED)
+    (decision,) = orch.recover_scales()
+    assert decision.endswith("abandoned: the element does not run any more")
+    assert asked == [] and orch.registry.scale(left).outcome.startswith("abandoned")  # type: ignore[union-attr]
+
+
+def test_a_scale_a_node_is_away_for_waits_and_a_refused_one_ends(
+    scaled: tuple[Orchestrator, list[dict[str, Any]]],
+) -> None:
+    orch, asked = scaled
+    left = dead_scale(orch)
+    orch.scale_answers.append(Unavailable("node fog-b is not healthy"))  # type: ignore[attr-defined]
+    assert orch.recover_scales() == []
+    assert orch.registry.scale(left).outcome is None  # type: ignore[union-attr]  # stays
+    assert orch.recover_scales() == [] and len(asked) == 1  # not before its pause
+    assert orch._scale_retries[left][1] == reconciler.SCALE_RETRY_S
+    orch._scale_retries[left] = (0.0, reconciler.SCALE_RETRY_S)  # the pause is over
+    orch.scale_answers.append(InvalidInput("cannot scale p/aggregate: keys wait"))  # type: ignore[attr-defined]
+    (decision,) = orch.recover_scales()
+    assert len(asked) == 2 and "refused: cannot scale p/aggregate: keys wait" in decision
+    assert orch.registry.scale(left).outcome == "refused: cannot scale p/aggregate: keys wait"  # type: ignore[union-attr]
+
+
+def test_a_newer_scale_supersedes_one_left_unfinished(
+    scaled: tuple[Orchestrator, list[dict[str, Any]]],
+) -> None:
+    orch, asked = scaled
+    left = dead_scale(orch)
+    newer = orch.registry.begin_scale("p", "aggregate", 2, None, False, orch.run_id)
+    assert orch.registry.scale(left).outcome == f"superseded by scale {newer.id}"  # type: ignore[union-attr]
+    orch.registry.end_scale(newer.id, "moved")
+    orch.registry.end_scale(left, "moved")  # the first outcome stands
+    assert orch.registry.scale(left).outcome == f"superseded by scale {newer.id}"  # type: ignore[union-attr]
+    assert orch.recover_scales() == [] and asked == []

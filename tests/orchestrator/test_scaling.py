@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from fogshift.broker.client import BrokerAddress
+from fogshift.common.text import one_line
 from fogshift.contracts import Heartbeat
 from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.orchestrator.config import OrchestratorConfig
@@ -330,6 +331,12 @@ def test_a_refused_rescale_record_says_which_added_partitions_run(
     assert "5000 keys would move" in error.message and "aggregate-p2" in error.message
     assert error.hint is not None and "move fewer keys" in error.hint
     assert "fogshift scale p aggregate --partitions 2" in error.hint
+    # Journaled from its start to its end: a refusal is an end (nothing to carry on).
+    (entry,) = [orch.registry.scale(i) for (i,) in orch.registry._db.execute(
+        "SELECT id FROM scales").fetchall()]  # fmt: skip
+    assert entry is not None and (entry.partitions, entry.nodes) == (3, ("fog-c",))
+    assert entry.outcome == "failed: " + one_line(error.message)
+    assert orch.registry.unfinished_scales() == []
 
 
 def test_a_scale_whose_listing_or_start_fails_says_which_partitions_it_added(
@@ -353,6 +360,13 @@ def test_a_scale_whose_listing_or_start_fails_says_which_partitions_it_added(
     assert agents["fog-c"].received("PUT", ADDED)  # it was started
     assert "aggregate-p2 were added and run" in away.value.message, away.value.message
     assert away.value.hint and "fogshift scale p aggregate --partitions 2" in away.value.hint
+    assert orch.registry.unfinished_scales() == []  # asked by a user, who was told
+    # Carried on for an orchestrator that died, it stays for the next round to try again.
+    left = orch.registry.begin_scale("p", "aggregate", 3, ["fog-c"], False, "dead0rchestr")
+    with pytest.raises(Unavailable):
+        orch.scale("p", "aggregate", 3, ["fog-c"], resume=left)
+    assert [e.id for e in orch.registry.unfinished_scales()] == [left.id]
+    orch.registry.end_scale(left.id, "test")
     # Retired again; then the added partition's node refuses to start it.
     orch.registry.remove_elements(parse_spec(SPEC, orch.config.home), ["aggregate-p2"])
     agents["fog-c"].fail("PUT", ADDED)
