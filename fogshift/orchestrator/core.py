@@ -109,6 +109,10 @@ class OrchestratorCore:
         #: for: when (monotonic) it may be tried again, and the pause before that
         #: (``Reconciler.recover_scales``).
         self._scale_retries: dict[str, tuple[float, float]] = {}
+        #: Scales a thread of this process carries on for a dead orchestrator, by journal
+        #: id, under ``_scales_lock``.
+        self._scales_carried: set[str] = set()
+        self._scales_lock = threading.Lock()
         #: Pipelines whose key moves' streams this process has seen have every subject
         #: (``Reconciler._streams_current``).
         self._streams_checked: set[str] = set()

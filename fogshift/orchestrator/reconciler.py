@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from functools import partial
 from typing import Any
@@ -13,7 +14,7 @@ from nats.js.errors import NotFoundError
 
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import ensure_subjects
-from fogshift.broker.exceptions import BrokerUnavailable
+from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
 from fogshift.common.text import one_line
 from fogshift.contracts import (
     LEFT_REPORTED,
@@ -26,12 +27,12 @@ from fogshift.contracts import (
     RestoreAttempt,
     RestoreReport,
 )
-from fogshift.exceptions import FogshiftError, Unavailable
+from fogshift.exceptions import Conflict, FogshiftError, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.migration.procedure import roll_back as run_rollback
 from fogshift.orchestrator.coordination import Coordination
 from fogshift.orchestrator.keymoves import element_lock_of
-from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord
+from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord, ScaleEntry
 from fogshift.orchestrator.scaling import stale_inputs
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.spec.models import ElementSpec
@@ -41,6 +42,10 @@ log = logging.getLogger("fogshift.orchestrator")
 #: How long a scale carried on after its orchestrator died waits before it is tried again
 #: when a node or the broker was away, doubling up to the second.
 SCALE_RETRY_S, SCALE_RETRY_MAX_S = 5.0, 120.0
+#: What holds up a scale carried on for a while, not for good: a node or the broker away,
+#: its element or a PE of it held by another operation or round (``Conflict``, which
+#: ``MigrationInProgress`` is).
+SCALE_HELD_UP = (Unavailable, BrokerError, Conflict)
 
 #: An instance of a stopped pipeline counts as left running only in a heartbeat that came
 #: this long after the stop (one sent before the stop's removal may arrive after it).
@@ -180,7 +185,7 @@ class Reconciler(Coordination):
             decisions.append(line)
         return decisions
 
-    def recover_scales(self) -> list[str]:
+    def recover_scales(self, background: bool = False) -> list[str]:
         """Carry on every scale an orchestrator that died left unfinished.
 
         A scale holds its element's key-move lock from its journal entry to its end, so an
@@ -188,63 +193,91 @@ class Reconciler(Coordination):
         again completes it, whatever step it had reached (added partitions placed or not,
         the rescale record stored or not, retiring partitions removed or not): each step
         does only what is missing. An entry of a pipeline that no longer runs, or of an
-        element no longer partitioned, is abandoned. One refused, or ``pending`` after its
-        wait, ends with that outcome (logged; `fogshift scale` again sees to it); one a
-        node or the broker was away for stays for the next round.
+        element no longer partitioned, is abandoned (a stop or a deploy anew ends the
+        pipeline's entries as well). One refused, or ``pending`` after its wait, ends with
+        that outcome (logged; `fogshift scale` again sees to it). One a node or the broker
+        was away for, or whose element or PEs something else held (a key move, a standby's
+        start, an operation not yet resolved), stays, and is tried again after a pause
+        that grows.
+
+        Args:
+            background: Carry each on in a thread of its own (the reconciler's rounds: a
+                scale's steps wait for commits, up to ``timeout_s`` each, which must not
+                hold up restoring lost nodes' PEs); else here, one after the other.
 
         Returns:
-            The decisions taken, one line each.
+            One line per entry: its decision, or (``background``) that it is carried on.
         """
         decisions: list[str] = []
-        for entry in self.registry.unfinished_scales():
+        unfinished = self.registry.unfinished_scales()
+        for gone in set(self._scale_retries) - {e.id for e in unfinished}:
+            del self._scale_retries[gone]  # ended by someone else meanwhile
+        for entry in unfinished:
             retry = self._scale_retries.get(entry.id)
             if retry is not None and time.monotonic() < retry[0]:
-                continue  # a node or the broker was away at the last try
-            lock = element_lock_of(entry.pipeline, entry.element)
-            if not lock.acquire(blocking=False):
-                continue  # this process's scale or key move of the element runs
-            lock.release()
-            what = (
-                f"scale {entry.id} of {entry.pipeline}/{entry.element} to {entry.partitions} "
-                f"partitions, left by orchestrator {entry.owner}"
-            )
+                continue  # held or away at the last try
+            with self._scales_lock:
+                if entry.id in self._scales_carried:
+                    continue  # a thread of this process carries it on
+                lock = element_lock_of(entry.pipeline, entry.element)
+                if not lock.acquire(blocking=False):
+                    continue  # this process's scale or key move of the element runs
+                lock.release()
+                self._scales_carried.add(entry.id)
+            if not background:
+                decisions.extend(self._carry_on_scale(entry))
+                continue
+            threading.Thread(
+                target=self._carry_on_scale, args=(entry,), name=f"scale {entry.id}", daemon=True
+            ).start()
+            decisions.append(f"scale {entry.id} of {entry.pipeline}/{entry.element}: carried on")
+        return decisions
+
+    def _carry_on_scale(self, entry: ScaleEntry) -> list[str]:
+        """Carry on ``entry`` (see :meth:`recover_scales`); its decision, if it ended."""
+        what = (
+            f"scale {entry.id} of {entry.pipeline}/{entry.element} to {entry.partitions} "
+            f"partitions, left by orchestrator {entry.owner}"
+        )
+        try:
             record = self.registry.get_pipeline(entry.pipeline)
             if (
                 record is None
                 or record.status != PipelineState.RUNNING
                 or not record.spec.partitions_of(entry.element)
             ):
-                self.registry.end_scale(entry.id, "abandoned: the element does not run any more")
                 decision = "abandoned: the element does not run any more"
+                self.registry.end_scale(entry.id, decision)
             else:
-                try:
-                    report = self.scale(entry.pipeline, entry.element, entry.partitions,
-                                        list(entry.nodes) or None, waves=entry.waves,
-                                        resume=entry)  # fmt: skip
-                except (Unavailable, BrokerUnavailable) as exc:
-                    # Tried again after a growing pause (a node may be away for long).
-                    wait = min(2 * retry[1], SCALE_RETRY_MAX_S) if retry else SCALE_RETRY_S
-                    self._scale_retries[entry.id] = (time.monotonic() + wait, wait)
-                    log.warning("recovery: %s is tried again in %.0f s: %s", what, wait,
-                                exc.render())  # fmt: skip
-                    continue
-                except FogshiftError as exc:
-                    # (Refused before it reached its journal entry, too: ended here.)
-                    self.registry.end_scale(entry.id, f"refused: {one_line(exc.message)}")
-                    decision = f"refused: {exc.render()}"
-                except Exception:
-                    self.registry.end_scale(entry.id, "failed")
-                    log.exception("recovery of %s failed", what)
-                    continue
-                else:
-                    decision = f"carried on: {report.status}" + (
-                        f" ({report.error})" if report.error else ""
-                    )
-            self._scale_retries.pop(entry.id, None)
-            line = f"{what}: {decision}"
-            log.warning("recovery: %s", line)
-            decisions.append(line)
-        return decisions
+                # (No wait for the element's locks: held by another, it is tried later.)
+                report = self.scale(entry.pipeline, entry.element, entry.partitions,
+                                    list(entry.nodes) or None, waves=entry.waves,
+                                    resume=entry, lock_wait_s=0)  # fmt: skip
+                decision = f"carried on: {report.status}" + (
+                    f" ({report.error})" if report.error else ""
+                )
+        except SCALE_HELD_UP as exc:
+            retry = self._scale_retries.get(entry.id)
+            wait = min(2 * retry[1], SCALE_RETRY_MAX_S) if retry else SCALE_RETRY_S
+            self._scale_retries[entry.id] = (time.monotonic() + wait, wait)
+            log.warning("recovery: %s is tried again in %.0f s: %s", what, wait, exc.render())
+            return []
+        except FogshiftError as exc:
+            # (Refused before it reached its journal entry, too: ended here.)
+            self.registry.end_scale(entry.id, f"refused: {one_line(exc.message)}")
+            decision = f"refused: {exc.render()}"
+        except Exception:
+            log.exception("recovery of %s failed", what)
+            with contextlib.suppress(Exception):
+                self.registry.end_scale(entry.id, "failed")
+            return []
+        finally:
+            with self._scales_lock:
+                self._scales_carried.discard(entry.id)
+        self._scale_retries.pop(entry.id, None)
+        line = f"{what}: {decision}"
+        log.warning("recovery: %s", line)
+        return [line]
 
     def _recover(self, op: Operation) -> tuple[str, bool]:
         """Resolve one unfinished entry (inside its PE's exclusive section).
@@ -410,9 +443,9 @@ class Reconciler(Coordination):
                         log.exception("reconciling %s/%s failed", record.name, element.id)
             self._remove_strays(pending)
             self._discard_left(pending)
-            # Last: a scale carried on restarts consumers and waits for commits (seconds),
-            # which must not delay the PEs' restarts and restores above.
-            self.recover_scales()
+            # A scale carried on restarts consumers and waits for commits (seconds): in
+            # threads of their own, not to delay the PEs' restarts and restores.
+            self.recover_scales(background=True)
 
     def streams_upkeep(self) -> None:
         records = self.registry.pipelines()

@@ -173,6 +173,14 @@ def _scale(row: tuple[Any, ...]) -> ScaleEntry:
                       float(started), outcome)  # fmt: skip
 
 
+def _end_scales(db: sqlite3.Connection, pipeline: str, outcome: str, now: float) -> None:
+    """Inside a transaction: end ``pipeline``'s unfinished scales with ``outcome``."""
+    db.execute(
+        "UPDATE scales SET outcome = ?, updated = ? WHERE pipeline = ? AND outcome IS NULL",
+        (outcome, now, pipeline),
+    )
+
+
 def _report(url: str, stored: str) -> Heartbeat:
     """A node's stored heartbeat; one another version wrote that does not fit the contract
     counts as a report of nothing (not ready, no PEs) until the node's next heartbeat
@@ -258,6 +266,7 @@ class Registry:
         """
         now = time.time()
         with self._tx() as db:
+            _end_scales(db, spec.pipeline, "abandoned: the pipeline was deployed anew", now)
             db.execute("DELETE FROM pipelines WHERE name = ?", (spec.pipeline,))
             db.execute(
                 "INSERT INTO pipelines VALUES (?, ?, ?, ?)",
@@ -307,11 +316,15 @@ class Registry:
         )
 
     def set_status(self, name: str, status: PipelineState) -> None:
+        """Set a pipeline's status; one that no longer runs ends its scales left unfinished
+        (nothing is to be carried on in a pipeline stopped, or deployed anew after)."""
+        now = time.time()
         with self._tx() as db:
             db.execute(
-                "UPDATE pipelines SET status = ?, updated = ? WHERE name = ?",
-                (status, time.time(), name),
+                "UPDATE pipelines SET status = ?, updated = ? WHERE name = ?", (status, now, name)
             )
+            if status not in (PipelineState.RUNNING, PipelineState.DEPLOYING):
+                _end_scales(db, name, f"abandoned: the pipeline is {status}", now)
 
     def add_trimmed(self, pipeline: str, element: str, records: int, dead: int = 0) -> None:
         """Count ``records`` more data records and ``dead`` more dead letters deleted from

@@ -62,7 +62,7 @@ from fogshift.common.names import NAME_PATTERN
 from fogshift.common.text import one_line
 from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
-from fogshift.orchestrator.keymoves import KeyMoves, _ms_since, element_lock
+from fogshift.orchestrator.keymoves import LOCK_WAIT_S, KeyMoves, _ms_since, element_lock
 from fogshift.orchestrator.registry import PipelineRecord, ScaleEntry
 from fogshift.spec.models import (
     ElementSpec,
@@ -87,6 +87,7 @@ class Scaling(KeyMoves):
         timeout_s: float = 90.0,
         waves: bool = False,
         resume: ScaleEntry | None = None,
+        lock_wait_s: float = LOCK_WAIT_S,
     ) -> ScaleReport:
         """Give the partitioned element ``element_id`` ``partitions`` partitions (more or
         fewer) while every partition keeps running.
@@ -104,7 +105,9 @@ class Scaling(KeyMoves):
                 (``bench pam``, 20 and 1000 keys): not the default.
             resume: The unfinished journal entry this call carries on (the recovery's;
                 ``None``: a new scale). It stays unfinished if a node or the broker is
-                away, for the next round to try again.
+                away, or a PE is held by another operation, for a later round to try again.
+            lock_wait_s: How long to wait for a key move or scale of the element (or of a
+                partitioned reader of it) that runs.
 
         Returns:
             ``moved`` once every moved key's new owner committed its state (and, scaling in,
@@ -154,9 +157,9 @@ class Scaling(KeyMoves):
         movers = sorted({e.partition.of for e in record.spec.elements
                          if e.id in readers and e.partition is not None})  # fmt: skip
         with contextlib.ExitStack() as held:
-            held.enter_context(element_lock(pipeline, element_id, f"cannot {what}"))
+            held.enter_context(element_lock(pipeline, element_id, f"cannot {what}", lock_wait_s))
             for mover in movers:  # (downstream of this element: no lock order cycles)
-                held.enter_context(element_lock(pipeline, mover, f"cannot {what}"))
+                held.enter_context(element_lock(pipeline, mover, f"cannot {what}", lock_wait_s))
             held.enter_context(self._sections(pipeline, [*old, *new, *readers]))
             self._unchanged(pipeline, element_id, parts, f"cannot {what}")
             self._refuse_moved_readers(self.pipeline(pipeline), parts, partitions, what)
@@ -175,10 +178,10 @@ class Scaling(KeyMoves):
             try:
                 report = self._scale(pipeline, element_id, parts, partitions, placed, started,
                                      timeout_s, waves)  # fmt: skip
-            except (Unavailable, BrokerError) as exc:
+            except (Unavailable, BrokerError, Conflict) as exc:
                 if resume is None:
                     self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
-                raise  # (carried on: the next round tries again)
+                raise  # (carried on: a later round tries again)
             except FogshiftError as exc:
                 self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
                 raise

@@ -232,6 +232,15 @@ def test_a_scale_completes_a_move_left_in_some_inputs_before_its_own(
                         lambda *args: seen.append(moves(js_client, "s2")) or done)  # fmt: skip
     orch.scale("two", "agg", 3, ["fog-c"], timeout_s=0.1)
     assert seen == [[half.move]]  # stored in s2 before the scale went on
+    # Journaled, and ended with its report's status.
+    ((outcome,),) = orch.registry._db.execute("SELECT outcome FROM scales").fetchall()
+    assert outcome == "moved"
+    # Carried on for a dead orchestrator whose entry ended meanwhile: nothing is done.
+    left = orch.registry.begin_scale("two", "agg", 3, None, False, "dead0rchestr")
+    orch.registry.end_scale(left.id, "superseded")
+    with pytest.raises(Conflict, match="ended meanwhile"):
+        orch.scale("two", "agg", 3, resume=left, timeout_s=0.1)
+    assert len(seen) == 1
 
 
 def test_an_element_a_partitioned_reader_moved_keys_on_is_not_scaled_out_of_one_partition(

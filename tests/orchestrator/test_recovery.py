@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from fogshift.broker.client import BrokerAddress
+from fogshift.common.waiting import wait_until
 from fogshift.contracts import Heartbeat, KeyMoveStatus, PipelineState, ScaleReport
 from fogshift.exceptions import InvalidInput, Unavailable
+from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator import reconciler
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.keymoves import element_lock
@@ -591,9 +593,11 @@ def scaled(
             timeout_s: float = 90.0,
             waves: bool = False,
             resume: Any = None,
+            lock_wait_s: float = 600.0,
         ) -> Any:
             asked.append({"pipeline": pipeline, "element": element, "partitions": partitions,
-                          "nodes": nodes, "waves": waves, "resume": resume})  # fmt: skip
+                          "nodes": nodes, "waves": waves, "resume": resume,
+                          "lock_wait_s": lock_wait_s})  # fmt: skip
             if answers:
                 raise answers.pop(0)
             orchestrator.registry.end_scale(resume.id, "moved")
@@ -620,9 +624,8 @@ def test_a_scale_a_dead_orchestrator_left_is_carried_on_as_it_was_asked(
     orch, asked = scaled
     left = dead_scale(orch, nodes=["fog-b"], waves=True)
     (decision,) = orch.recover_scales()
-    assert [(a["partitions"], a["nodes"], a["waves"], a["resume"].id) for a in asked] == [
-        (3, ["fog-b"], True, left)
-    ]
+    assert [(a["partitions"], a["nodes"], a["waves"], a["resume"].id, a["lock_wait_s"])
+            for a in asked] == [(3, ["fog-b"], True, left, 0)]  # fmt: skip
     assert decision.startswith(f"scale {left} of p/aggregate to 3 partitions, left by "
                                "orchestrator dead0rchestr: carried on: moved")  # fmt: skip
     assert orch.registry.unfinished_scales() == []
@@ -639,15 +642,51 @@ def test_a_scale_this_orchestrator_runs_is_left_to_it(
     assert asked == [] and len(orch.registry.unfinished_scales()) == 1
 
 
-def test_a_scale_of_a_pipeline_that_no_longer_runs_is_abandoned(
+def test_a_scale_of_a_pipeline_stopped_or_deployed_anew_is_abandoned(
     scaled: tuple[Orchestrator, list[dict[str, Any]]],
 ) -> None:
     orch, asked = scaled
     left = dead_scale(orch)
-    orch.registry.set_status("p", PipelineState.STOPPED)
+    orch.registry.set_status("p", PipelineState.STOPPING)
+    assert orch.registry.scale(left).outcome == "abandoned: the pipeline is stopping"  # type: ignore[union-attr]
+    # Deployed anew (same name, two partitions again) before a round carried it on: the
+    # old request is not the new deployment's.
+    left = dead_scale(orch)
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    orch.registry.put_pipeline(record.spec, PipelineState.RUNNING)
+    assert orch.registry.scale(left).outcome == "abandoned: the pipeline was deployed anew"  # type: ignore[union-attr]
+    # One left while the element is no longer partitioned (the registry written so).
+    left = dead_scale(orch)
+    orch.registry._db.execute("UPDATE scales SET element = 'sink' WHERE id = ?", (left,))
     (decision,) = orch.recover_scales()
-    assert decision.endswith("abandoned: the element does not run any more")
-    assert asked == [] and orch.registry.scale(left).outcome.startswith("abandoned")  # type: ignore[union-attr]
+    assert decision.endswith("abandoned: the element does not run any more"), decision
+    assert asked == []
+
+
+def test_a_scale_held_up_by_another_operation_is_tried_again_later(
+    scaled: tuple[Orchestrator, list[dict[str, Any]]],
+) -> None:
+    orch, asked = scaled
+    left = dead_scale(orch)
+    orch.scale_answers.append(  # type: ignore[attr-defined]
+        MigrationInProgress("p/aggregate-p0 is held by the start of its standby")
+    )
+    assert orch.recover_scales() == [] and len(asked) == 1
+    assert orch.registry.scale(left).outcome is None  # type: ignore[union-attr]
+    assert orch._scale_retries[left][1] == reconciler.SCALE_RETRY_S
+
+
+def test_a_reconcile_round_carries_a_scale_on_in_a_thread_of_its_own(
+    scaled: tuple[Orchestrator, list[dict[str, Any]]],
+) -> None:
+    orch, asked = scaled
+    left = dead_scale(orch)
+    orch.reconcile_once()
+    wait_until(lambda: orch.registry.scale(left).outcome == "moved", 30,  # type: ignore[union-attr]
+               describe="the scale carried on")  # fmt: skip
+    assert [a["resume"].id for a in asked] == [left]
+    assert orch._scales_carried == set()
 
 
 def test_a_scale_a_node_is_away_for_waits_and_a_refused_one_ends(
@@ -659,11 +698,14 @@ def test_a_scale_a_node_is_away_for_waits_and_a_refused_one_ends(
     assert orch.recover_scales() == []
     assert orch.registry.scale(left).outcome is None  # type: ignore[union-attr]  # stays
     assert orch.recover_scales() == [] and len(asked) == 1  # not before its pause
-    assert orch._scale_retries[left][1] == reconciler.SCALE_RETRY_S
+    orch._scale_retries[left] = (0.0, reconciler.SCALE_RETRY_S)  # the pause is over
+    orch.scale_answers.append(Unavailable("node fog-b is not healthy"))  # type: ignore[attr-defined]
+    assert orch.recover_scales() == [] and len(asked) == 2
+    assert orch._scale_retries[left][1] == 2 * reconciler.SCALE_RETRY_S  # a longer one
     orch._scale_retries[left] = (0.0, reconciler.SCALE_RETRY_S)  # the pause is over
     orch.scale_answers.append(InvalidInput("cannot scale p/aggregate: keys wait"))  # type: ignore[attr-defined]
     (decision,) = orch.recover_scales()
-    assert len(asked) == 2 and "refused: cannot scale p/aggregate: keys wait" in decision
+    assert len(asked) == 3 and "refused: cannot scale p/aggregate: keys wait" in decision
     assert orch.registry.scale(left).outcome == "refused: cannot scale p/aggregate: keys wait"  # type: ignore[union-attr]
 
 
