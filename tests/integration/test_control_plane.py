@@ -151,9 +151,9 @@ def test_killed_in_the_middle_of_a_scale_it_is_carried_on_to_the_count_asked(
     wait_logged(cluster, "test pause at scale:placed", since)
     since = restart_orchestrator(cluster)
     assert scale.wait(timeout=60) != 0
-    logged = wait_logged(cluster, "recovery: scale", since)
-    assert "rescaled/aggregate to 3 partitions" in logged, logged
-    assert "carried on: moved" in logged, logged
+    # (A standby's start or a key move holding a PE would make it wait for a later round.)
+    logged = wait_logged(cluster, "carried on: moved", since)
+    assert "rescaled/aggregate to 3 partitions, left by orchestrator" in logged, logged
     parts = [(e["element"], e["node"], e["partitions"])
              for e in cluster.status("rescaled")["elements"] if e["partition_of"]]  # fmt: skip
     assert parts == [("aggregate-p0", "fog-a", 3), ("aggregate-p1", "fog-b", 3),
