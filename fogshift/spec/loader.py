@@ -206,6 +206,13 @@ OPTION_BOUNDS = {
     "speed": 1_000.0,  # an ecg-source's signal seconds a second (0: unpaced)
     "max_events_per_batch": 10_000_000,
 }
+#: What to do instead of an option above its bound, by option.
+_BOUND_HINTS = {
+    "rate": "0 means 'as fast as it can'",
+    "speed": "0 means 'as fast as it can'",
+    "max_events_per_batch": "a source reads as many events as it has, up to this, per "
+    "micro-batch: a smaller bound only makes more batches",
+}
 
 
 def _check_bounds(spec: PipelineSpec) -> None:
@@ -217,9 +224,9 @@ def _check_bounds(spec: PipelineSpec) -> None:
                 raise InvalidSpec(
                     f"element {element.id!r} of pipeline {spec.pipeline!r}: {name} {value} "
                     "is more than any source takes",
-                    expected=f"{name} at most {most:g}",
+                    expected=f"{name} at most {most:,.0f}",
                     received=str(value),
-                    hint="0 means 'as fast as it can' where a rate or speed is asked",
+                    hint=_BOUND_HINTS[name],
                 )
 
 

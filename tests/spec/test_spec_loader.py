@@ -538,3 +538,23 @@ def test_a_band_above_half_the_sources_sampling_rate_is_refused_at_load(example:
     assert refused.value.received == "high_hz: 125"
     source["options"]["sampling_rate"] = 500  # the hint's way out
     parse_spec(data)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected", "hint"),
+    [
+        ("rate", 2e6, "rate at most 1,000,000", "0 means 'as fast as it can'"),
+        ("max_events_per_batch", 10**9, "max_events_per_batch at most 10,000,000",
+         "a smaller bound only makes more batches"),
+    ],
+)  # fmt: skip
+def test_a_source_option_above_its_bound_says_the_bound_and_what_to_do(
+    option: str, value: object, expected: str, hint: str
+) -> None:
+    # The batch bound's hint spoke of rates ("0 means 'as fast as it can'").
+    data = case1()
+    data["elements"][0]["options"][option] = value
+    with pytest.raises(InvalidSpec, match="more than any source takes") as refused:
+        parse_spec(data)
+    assert refused.value.expected == expected
+    assert hint in (refused.value.hint or "")
