@@ -193,13 +193,48 @@ class StrictQueryRoute(APIRoute):
         return strict
 
 
-def install_error_handlers(app: FastAPI, access: str | Access) -> None:
+def body_refusal(request: Request, most: int) -> tuple[FogshiftError, int] | None:
+    """Why ``request``'s body is not read, with the HTTP status (413: over ``most`` bytes by
+    its ``Content-Length``; 411: of no stated length, as chunked bodies are), or ``None``.
+
+    The length is judged before a byte of the body is read: the server would hold a body of
+    any size in memory before the route saw it."""
+    what = f"{request.method} {request.scope['path']}"
+    length = request.headers.get("content-length")
+    if length is None:
+        if "transfer-encoding" not in request.headers:
+            return None  # no body
+        return InvalidInput(
+            f"{what}: a body of unstated length is not read",
+            expected=f"a Content-Length header, of at most {most:,} bytes",
+            received="Transfer-Encoding: " + request.headers["transfer-encoding"],
+            hint="send the body whole, with its length (as fogshift's clients do)",
+        ), 411
+    try:
+        size = int(length)
+    except ValueError:
+        return None  # the server refuses a malformed length itself
+    if size <= most:
+        return None
+    return InvalidInput(
+        f"{what}: a body of {size:,} bytes is more than this service reads",
+        expected=f"at most {most:,} bytes",
+        received=f"{size:,} bytes",
+        hint="a spec, a command or a heartbeat is far smaller: check what sent it",
+    ), 413
+
+
+def install_error_handlers(
+    app: FastAPI, access: str | Access, max_body_bytes: int | None = None
+) -> None:
     """Check the bearer token of every request and map errors to JSON responses; the routes
     added afterwards refuse query parameters they do not take (:class:`StrictQueryRoute`).
 
     Args:
         access: The policy (see :data:`Access`); a plain token means "exactly this token,
             on every endpoint".
+        max_body_bytes: The largest request body read (:func:`body_refusal`), judged after
+            the token; ``None``: no bound.
     """
     decide = operator_only(access) if isinstance(access, str) else access
     app.router.route_class = StrictQueryRoute
@@ -211,6 +246,9 @@ def install_error_handlers(app: FastAPI, access: str | Access) -> None:
         err = decide(request.method, request.scope["path"], bearer(request))
         if err is not None:
             return JSONResponse(err.to_dict(), status_code=err.http_status)
+        refused = body_refusal(request, max_body_bytes) if max_body_bytes is not None else None
+        if refused is not None:
+            return JSONResponse(refused[0].to_dict(), status_code=refused[1])
         try:
             return await call_next(request)
         except Exception as exc:  # a bug: answered here, so the server keeps the connection

@@ -152,6 +152,12 @@ class RestoreRequest(BaseModel):
     target: str | None = Field(default=None, pattern=NAME_RE)
 
 
+#: The largest request body the orchestrator reads: a spec, a command or a node's heartbeat
+#: is kilobytes (a heartbeat ~1 KB per PE the node hosts); a node's token must not let it
+#: make the orchestrator hold gigabytes.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
 def create_app(config: OrchestratorConfig) -> FastAPI:
     """The orchestrator's FastAPI app; runs the reconciler with the server."""
     orchestrator = Orchestrator(config)
@@ -174,7 +180,7 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     # else (see orchestrator_access): it describes every endpoint with its contract.
     app = FastAPI(title="fogshift orchestrator", lifespan=lifespan, responses=ERROR_RESPONSES)
     app.state.orchestrator = orchestrator
-    install_error_handlers(app, orchestrator_access(config.token))
+    install_error_handlers(app, orchestrator_access(config.token), MAX_BODY_BYTES)
 
     @app.get("/health")
     def health() -> OrchestratorHealth:

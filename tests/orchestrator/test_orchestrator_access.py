@@ -7,6 +7,8 @@ lifespan: no background loops); its broker is never reached by these requests.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from fogshift.agent.replicas import _BlobSource
 from fogshift.checkpoint.central import CentralStore
 from fogshift.common.http import blob_token, node_token
 from fogshift.contracts import CheckpointManifest
+from fogshift.orchestrator.app import MAX_BODY_BYTES
 from fogshift.orchestrator.service import Orchestrator
 from tests.checkpoint.test_central import manifest
 from tests.checkpoint.test_chunks import sst, values
@@ -67,6 +70,31 @@ def test_a_node_token_opens_its_heartbeat_and_nothing_of_the_operator(app: FastA
     operator = as_(app, OPERATOR)
     assert operator.get("/nodes").status_code == 200
     assert operator.post("/nodes/fog-b/heartbeat", json=beat()).status_code == 200
+
+
+def test_a_body_over_the_bound_or_of_no_stated_length_is_not_read(app: FastAPI) -> None:
+    # A node's token let it post a heartbeat of any size, which the server held in memory
+    # whole before its route saw it.
+    node = as_(app, node_token(OPERATOR, "fog-a"))
+    big = b'{"url": "http://127.0.0.1:8700", "pad": "' + b"x" * MAX_BODY_BYTES + b'"}'
+    response = node.post("/nodes/fog-a/heartbeat", content=big,
+                         headers={"Content-Type": "application/json"})  # fmt: skip
+    assert response.status_code == 413, response.text
+    body = response.json()
+    assert body["code"] == "invalid" and body["expected"] == f"at most {MAX_BODY_BYTES:,} bytes"
+    assert body["received"] == f"{len(big):,} bytes" and body["hint"]
+
+    def chunks() -> Iterator[bytes]:
+        yield json.dumps(beat()).encode()
+
+    response = node.post("/nodes/fog-a/heartbeat", content=chunks(),
+                         headers={"Content-Type": "application/json"})  # fmt: skip
+    assert response.status_code == 411, response.text
+    assert response.json()["received"] == "Transfer-Encoding: chunked"
+    assert app.state.orchestrator.registry.node("fog-a") is None
+    # The token is judged first: a stranger learns nothing of the bound.
+    assert TestClient(app).post("/nodes/fog-a/heartbeat", content=big).status_code == 401
+    assert node.post("/nodes/fog-a/heartbeat", json=beat()).status_code == 200  # within it
 
 
 def test_wrong_and_forged_tokens_are_refused(app: FastAPI) -> None:

@@ -362,6 +362,11 @@ def test_a_scale_whose_listing_or_start_fails_says_which_partitions_it_added(
     assert away.value.hint and "fogshift scale p aggregate --partitions 2" in away.value.hint
     assert orch.registry.unfinished_scales() == []  # asked by a user, who was told
     # Carried on for an orchestrator that died, it stays for the next round to try again.
+    # (The added partition answers: fog-a's failure is the one raised.)
+    agents["fog-c"].answer("GET", "/pipelines/p/elements/aggregate-p2/keys", body={
+        "pipeline": "p", "element": "aggregate-p2", "node": "fog-c", "batch": None,
+        "positions": {}, "keys": [],
+    })  # fmt: skip
     left = orch.registry.begin_scale("p", "aggregate", 3, ["fog-c"], False, "dead0rchestr")
     with pytest.raises(Unavailable):
         orch.scale("p", "aggregate", 3, ["fog-c"], resume=left)
