@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import KeysView
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from fogshift.common.names import CLASS_RE
 from fogshift.spec.expressions import check_expression
@@ -38,6 +48,25 @@ def _visible(value: str) -> str:
 Text = Annotated[str, Field(min_length=1), AfterValidator(_visible)]
 
 
+def _no_boolean(kind: str, what: str) -> Any:
+    """A check that refuses ``true``/``false`` where a number is expected (pydantic takes a
+    boolean for 1 or 0 there), as pydantic's own ``kind`` error (``int_type``...)."""
+
+    def check(value: object) -> object:
+        if isinstance(value, bool):
+            raise PydanticCustomError(kind, "Input should be {what}, not a boolean", {"what": what})
+        return value
+
+    return BeforeValidator(check)
+
+
+#: A whole number or a number as an option: a boolean is neither (``window: true`` was a
+#: window of 1). A number written as text (``"5"``, or ``1e3``, which YAML reads as text) is
+#: taken, as pydantic takes it.
+Whole = Annotated[int, _no_boolean("int_type", "a valid integer")]
+Number = Annotated[float, _no_boolean("float_type", "a valid number")]
+
+
 class KindOptions(BaseModel):
     """Base of every kind's options: frozen, no unknown key, and readable as a mapping.
 
@@ -46,14 +75,13 @@ class KindOptions(BaseModel):
     default filled in. It exists because a processor's contract takes its options as a mapping
     (:class:`fogshift.runtime.api.Processor`): the engine hands ``dict(element.options)`` on.
 
-    Strict: ``window: true`` is not a window of 1, nor ``keep: 1`` true, nor ``rate: "5"`` a
-    number (YAML and JSON carry their types; a quoted number is a mistake to point out).
+    A boolean is no number here (``window: true`` is not a window of 1), nor a number a
+    boolean (``keep: 1`` is not true): see :data:`Whole`, :data:`Number`.
     """
 
     model_config = ConfigDict(
         extra="forbid",
         frozen=True,
-        strict=True,
         allow_inf_nan=False,
         validate_by_name=True,
         validate_by_alias=True,
@@ -87,8 +115,8 @@ class CsvSourceOptions(KindOptions):
     """
 
     path: Text
-    rate: float = Field(default=0, ge=0)
-    max_events_per_batch: int = Field(default=10_000, ge=1)
+    rate: Number = Field(default=0, ge=0)
+    max_events_per_batch: Whole = Field(default=10_000, ge=1)
 
 
 class CsvSinkOptions(KindOptions):
@@ -111,7 +139,7 @@ class WindowAggregateOptions(KindOptions):
     """
 
     field: Text
-    window: int = Field(ge=1, le=1_000_000)
+    window: Whole = Field(ge=1, le=1_000_000)
     function: AggregateName = "avg"
 
 
@@ -124,7 +152,7 @@ class MapOptions(KindOptions):
     """
 
     set: dict[Text, str] = Field(min_length=1)
-    keep: bool = True
+    keep: StrictBool = True
 
     @field_validator("set")
     @classmethod
@@ -186,15 +214,15 @@ class EcgSourceOptions(KindOptions):
         max_events_per_batch: Upper bound of one micro-batch.
     """
 
-    patients: int = Field(default=4, ge=1, le=99)
-    sampling_rate: int = Field(default=250, ge=250, le=2000)
-    window_s: float = Field(default=0.5, ge=0.5, le=10)
-    duration_s: float = Field(default=120.0, gt=0, le=3600)
-    seed: int = Field(default=1, ge=0, le=1_000_000)
-    abnormal_every: int = Field(default=2, ge=0)
-    onset_s: float = Field(default=30.0, gt=0)
-    speed: float = Field(default=1.0, ge=0)
-    max_events_per_batch: int = Field(default=1_000, ge=1)
+    patients: Whole = Field(default=4, ge=1, le=99)
+    sampling_rate: Whole = Field(default=250, ge=250, le=2000)
+    window_s: Number = Field(default=0.5, ge=0.5, le=10)
+    duration_s: Number = Field(default=120.0, gt=0, le=3600)
+    seed: Whole = Field(default=1, ge=0, le=1_000_000)
+    abnormal_every: Whole = Field(default=2, ge=0)
+    onset_s: Number = Field(default=30.0, gt=0)
+    speed: Number = Field(default=1.0, ge=0)
+    max_events_per_batch: Whole = Field(default=1_000, ge=1)
 
     @model_validator(mode="after")
     def _one_window_at_least(self) -> Self:
@@ -215,9 +243,9 @@ class AmplifyOptions(KindOptions):
         calibration: Per patient, the gain of their wearable to undo.
     """
 
-    gain: float = Field(default=1.0, gt=0)
+    gain: Number = Field(default=1.0, gt=0)
     # (0 would divide every window of the patient by zero: each a dead letter.)
-    calibration: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    calibration: dict[str, Annotated[Number, Field(gt=0)]] = Field(default_factory=dict)
 
 
 class BandpassOptions(KindOptions):
@@ -230,9 +258,9 @@ class BandpassOptions(KindOptions):
         order: The filter's order.
     """
 
-    low_hz: float = Field(default=0.5, gt=0)
-    high_hz: float = Field(default=40.0, gt=0)
-    order: int = Field(default=4, ge=1, le=10)
+    low_hz: Number = Field(default=0.5, gt=0)
+    high_hz: Number = Field(default=40.0, gt=0)
+    order: Whole = Field(default=4, ge=1, le=10)
 
     @model_validator(mode="after")
     def _a_band(self) -> Self:
@@ -254,5 +282,5 @@ class ClassifyOptions(KindOptions):
         confirm: Abnormal windows in a row before an alarm.
     """
 
-    threshold: float = Field(default=0.5, gt=0, lt=1)
-    confirm: int = Field(default=3, ge=1, le=100)
+    threshold: Number = Field(default=0.5, gt=0, lt=1)
+    confirm: Whole = Field(default=3, ge=1, le=100)

@@ -462,10 +462,9 @@ def test_a_refused_field_says_what_was_expected_in_words(
 @pytest.mark.parametrize(
     ("element", "options", "said", "expected"),
     [
-        # A boolean or a quoted number is no number, nor a number a boolean (it was
-        # `window: true`, a window of one; `keep: 1`, true).
+        # A boolean is no number, nor a number a boolean (it was `window: true`, a window
+        # of one; `keep: 1`, true).
         (1, {"field": "value", "window": True}, "window", "a whole number"),
-        (1, {"field": "value", "window": "3"}, "window", "a whole number"),
         (0, {"path": "in.csv", "rate": True}, "rate", "a number"),
         # A blank field name, or a path with a newline, is a typing mistake, not a name.
         (1, {"field": "  ", "window": 3}, "is blank", None),
@@ -558,3 +557,20 @@ def test_a_source_option_above_its_bound_says_the_bound_and_what_to_do(
         parse_spec(data)
     assert refused.value.expected == expected
     assert hint in (refused.value.hint or "")
+
+
+def test_numbers_as_yaml_writes_them_are_numbers(tmp_path: Path) -> None:
+    # YAML 1.1 reads `1e3` as text: a strict model refused it (it read `"3"` as text too).
+    (tmp_path / "in.csv").write_text("value\n1\n")
+    text = (
+        "pipeline: numbers\nelements:\n"
+        "  - {id: source, kind: csv-source, node: cloud, options: {path: in.csv, rate: 1e3}}\n"
+        "  - {id: aggregate, kind: window-aggregate, node: fog-a, inputs: [source],\n"
+        "     options: {field: value, window: 10.0}}\n"
+        "  - {id: sink, kind: csv-sink, node: cloud, inputs: [aggregate],\n"
+        "     options: {path: out/o.csv}}\n"
+    )
+    (tmp_path / "s.yaml").write_text(text)
+    spec = load_spec(tmp_path / "s.yaml")
+    assert spec.element("source").options["rate"] == 1000.0
+    assert spec.element("aggregate").options["window"] == 10
