@@ -8,6 +8,7 @@ same models; what runs a kind is the runtime's business (:mod:`fogshift.runtime.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import KeysView
 from typing import Annotated, Any, Literal, Self
 
@@ -34,8 +35,9 @@ AggregateName = Literal["avg", "sum", "min", "max", "count"]
 
 
 def _visible(value: str) -> str:
-    """``value`` if it has a visible character and no control character (a newline, a tab)."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+    """``value`` if it has a visible character and no control character (a newline, a tab,
+    C1's, Unicode's line and paragraph separators)."""
+    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in value):
         raise ValueError(
             f"{value!r} holds a control character (a newline, a tab): expected printable text"
         )

@@ -470,6 +470,8 @@ def test_a_refused_field_says_what_was_expected_in_words(
         (1, {"field": "  ", "window": 3}, "is blank", None),
         (2, {"path": "out/o.csv\n"}, "control character", None),
         (2, {"path": "out/\to.csv"}, "control character", None),
+        (2, {"path": "out/\x85o.csv"}, "control character", None),
+        (1, {"field": "val\u2028ue", "window": 3}, "control character", None),
     ],
 )
 def test_options_of_the_wrong_type_or_invisible_text_are_refused(
