@@ -479,10 +479,16 @@ def validate_spec(
     _check_bands(spec)
 
 
+#: The kinds a window passes through with its sampling rate (``fs``) as it came.
+_KEEP_FS = frozenset({"amplify", "bandpass", "filter"})
+
+
 def _check_bands(spec: PipelineSpec) -> None:
     """Refuse a ``bandpass`` whose band does not fit under half the sampling rate of an
     ``ecg-source`` upstream of it: every window would be a dead letter (the runtime checks
-    each window's own rate; this catches the spec's mistake before anything runs)."""
+    each window's own rate; this catches the spec's mistake before anything runs). The walk
+    upstream goes only through kinds that keep a window's ``fs`` as it came: a ``map`` or a
+    custom processor may resample, and what lies beyond it is not judged."""
     for element in spec.elements:
         if element.kind != "bandpass":
             continue
@@ -498,7 +504,8 @@ def _check_bands(spec: PipelineSpec) -> None:
             if upstream is None:  # (a partitioned element's name: its partitions follow)
                 todo.extend(p.id for p in spec.partitions_of(name))
                 continue
-            todo.extend(upstream.inputs)
+            if upstream.kind in _KEEP_FS:
+                todo.extend(upstream.inputs)
             if upstream.kind != "ecg-source":
                 continue
             rate = float(upstream.options["sampling_rate"])

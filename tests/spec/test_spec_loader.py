@@ -539,6 +539,11 @@ def test_a_band_above_half_the_sources_sampling_rate_is_refused_at_load(example:
     assert refused.value.received == "high_hz: 125"
     source["options"]["sampling_rate"] = 500  # the hint's way out
     parse_spec(data)
+    # A custom processor between them may resample: what lies beyond it is not judged.
+    source["options"]["sampling_rate"] = 250
+    amplify = next(e for e in data["elements"] if e["kind"] == "amplify")
+    amplify.update(kind="custom", options={"class": "resample:Up"})
+    parse_spec(data)
 
 
 @pytest.mark.parametrize(
