@@ -173,11 +173,15 @@ def _scale(row: tuple[Any, ...]) -> ScaleEntry:
                       float(started), outcome)  # fmt: skip
 
 
-def _end_scales(db: sqlite3.Connection, pipeline: str, outcome: str, now: float) -> None:
-    """Inside a transaction: end ``pipeline``'s unfinished scales with ``outcome``."""
+def _end_scales(
+    db: sqlite3.Connection, pipeline: str, outcome: str, now: float, element: str | None = None
+) -> None:
+    """Inside a transaction: end ``pipeline``'s unfinished scales (of ``element`` only, if
+    given) with ``outcome``."""
     db.execute(
-        "UPDATE scales SET outcome = ?, updated = ? WHERE pipeline = ? AND outcome IS NULL",
-        (outcome, now, pipeline),
+        "UPDATE scales SET outcome = ?, updated = ? WHERE pipeline = ? "
+        "AND (? IS NULL OR element = ?) AND outcome IS NULL",
+        (outcome, now, pipeline, element, element),
     )
 
 
@@ -620,11 +624,7 @@ class Registry:
         now = time.time()
         scale_id = uuid.uuid4().hex[:16]
         with self._tx() as db:
-            db.execute(
-                "UPDATE scales SET outcome = ?, updated = ? WHERE pipeline = ? AND element = ? "
-                "AND outcome IS NULL",
-                (f"superseded by scale {scale_id}", now, pipeline, element),
-            )
+            _end_scales(db, pipeline, f"superseded by scale {scale_id}", now, element)
             db.execute(
                 f"INSERT INTO scales ({_SCALE_COLUMNS}, updated) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)",

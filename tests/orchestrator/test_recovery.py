@@ -567,9 +567,10 @@ def test_a_reconcile_round_ends_a_deploy_a_dead_orchestrator_left(
 # -- a scale an orchestrator died in -----------------------------------------------------------
 
 #: The aggregate keyed and in two partitions (fog-a, cloud).
+_AGGREGATE = {k: v for k, v in SPEC["elements"][1].items() if k != "node"}
 PARTITIONED = {**SPEC, "elements": [
     SPEC["elements"][0],
-    {**SPEC["elements"][1], "key_by": "sensor", "node": None, "partitions": ["fog-a", "cloud"]},
+    {**_AGGREGATE, "key_by": "sensor", "partitions": ["fog-a", "cloud"]},
     SPEC["elements"][2],
 ]}  # fmt: skip
 
@@ -580,10 +581,8 @@ def scaled(
 ) -> Iterator[tuple[Orchestrator, list[dict[str, Any]]]]:
     """An orchestrator running :data:`PARTITIONED`, its ``scale`` recording each call (and
     answering with what the test put in ``answers``, else ``moved``)."""
-    spec = {k: v for k, v in PARTITIONED.items()}
-    spec["elements"] = [{k: v for k, v in e.items() if v is not None} for e in spec["elements"]]
     asked: list[dict[str, Any]] = []
-    with orchestrator_of(tmp_path, agents, spec) as orchestrator:
+    with orchestrator_of(tmp_path, agents, PARTITIONED) as orchestrator:
 
         def scale(
             pipeline: str,
