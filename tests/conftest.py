@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -130,14 +130,17 @@ def answer_json(handler: BaseHTTPRequestHandler, data: object, status: int = 200
     handler.wfile.write(body)
 
 
-def fogshift(*args: str, check: bool = True, timeout: float = 400) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess."""
+def fogshift(
+    *args: str, check: bool = True, timeout: float = 400, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (in ``env``, else this process's environment)."""
     proc = subprocess.run(
         [sys.executable, "-m", "fogshift.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        env=env,
     )
     return _checked(proc, args, check)
 
@@ -220,19 +223,33 @@ class Cluster:
             return self.get(f"/pipelines/{rest[0]}/errors", limit=int(limit))
         return json.loads(self.cli(*args, "--json").stdout)
 
+    @property
+    def pause_file(self) -> Path:
+        """Where this cluster's orchestrators read their test pause point from
+        (``FOGSHIFT_TEST_PAUSE_FILE``; tests/integration/control.py writes it)."""
+        return self.home / "test-pause-at"
+
+    def up_env(self) -> dict[str, str]:
+        """The environment `fogshift up` starts the cluster's services in."""
+        env = {k: v for k, v in os.environ.items() if k != "FOGSHIFT_TEST_PAUSE_AT"}
+        return {**env, "FOGSHIFT_TEST_PAUSE_FILE": str(self.pause_file)}
+
     def up(self) -> None:
-        self.cli("up", "--nodes", ",".join(self.nodes), *self.up_args)
+        fogshift("up", "--nodes", ",".join(self.nodes), *self.up_args, "--home",
+                 str(self.home), env=self.up_env())  # fmt: skip
 
     def down(self) -> None:
         if (self.home / "cluster.json").exists():
             self.cli("down")
 
-    def heal(self) -> None:
+    def heal(self, needs: Collection[str] | None = None) -> None:
         """Start again whatever of the cluster a test killed (`fogshift up` starts only what
-        died, judged as here: by pid and group, since pids are given again)."""
+        died, judged as here: by pid and group, since pids are given again) — unless only
+        nodes outside ``needs`` (``None``: every node) died: a node start costs ~12 s of
+        CPU (its agent, zygote and JVM), and the next module that needs it starts it."""
         data = json.loads((self.home / "cluster.json").read_text())
-        services = [data["orchestrator"], *data["nodes"].values()]
-        if not all(leads(s["pid"], s["pgid"]) for s in services):
+        wanted = [s for name, s in data["nodes"].items() if needs is None or name in needs]
+        if not all(leads(s["pid"], s["pgid"]) for s in [data["orchestrator"], *wanted]):
             self.up()
 
     def stop_all(self) -> None:
@@ -346,18 +363,27 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
 
 
 @pytest.fixture(scope="module")
+def cluster_needs() -> tuple[str, ...] | None:
+    """The shared cluster's nodes the module uses (``None``: all): others an earlier module
+    killed are not started again for it."""
+    return None
+
+
+@pytest.fixture(scope="module")
 def cluster(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     up_args: tuple[str, ...] | None,
     cluster_nodes: list[str] | None,
+    cluster_needs: tuple[str, ...] | None,
 ) -> Iterator[Cluster]:
-    """The module's cluster: the shared one, whole again and quiet (its earlier pipelines
-    stopped) — or, when the module overrides ``up_args`` or ``cluster_nodes``, one of its
-    own. Pipeline names must be unique across the modules that share it."""
+    """The module's cluster: the shared one, whole again (as far as ``cluster_needs`` asks)
+    and quiet (its earlier pipelines stopped) — or, when the module overrides ``up_args`` or
+    ``cluster_nodes``, one of its own. Pipeline names must be unique across the modules that
+    share it."""
     if up_args is None and cluster_nodes is None:
         shared: Cluster = request.getfixturevalue("shared_cluster")
-        shared.heal()
+        shared.heal(cluster_needs)
         yield shared
         # Not healed again here: the next module that takes the cluster heals it first, and
         # a worker's last one would restart killed nodes (a JVM each) for nothing.

@@ -64,6 +64,9 @@ class OrchestratorConfig(BaseSettings):
             orchestrator stops, once the journal has recorded that phase and before its side
             effect (a scale: once that step is done), and waits to be killed. ``None``
             (always, outside tests): never.
+        test_pause_file: Test hook: a file holding such a point, read at every point while
+            it exists (absent: no stop), so that a test tells a running orchestrator where
+            to stop instead of starting one for it. ``None`` (always, outside tests): none.
     """
 
     model_config = SettingsConfigDict(
@@ -88,6 +91,7 @@ class OrchestratorConfig(BaseSettings):
     plan_interval_s: Seconds = 10.0
     plan_time_limit_s: Seconds = 5.0
     test_pause_at: str | None = Field(default=None, pattern=r"^(migration|restore|scale):[a-z_]+$")
+    test_pause_file: Path | None = None
     broker_config: Path | None = None
     broker_pid: int | None = Field(default=None, ge=1)
     broker_started: float | None = Field(default=None, ge=0)

@@ -51,8 +51,15 @@ class Journal(Replication):
     """Journal entries, exclusivity and the steps migrations and restores share."""
 
     def _test_pause(self, point: str) -> None:
-        """The test hook of :attr:`OrchestratorConfig.test_pause_at`: block at ``point``."""
-        if point != self.config.test_pause_at:
+        """The test hooks :attr:`OrchestratorConfig.test_pause_at` and
+        :attr:`OrchestratorConfig.test_pause_file`: block at ``point``."""
+        wanted, file = self.config.test_pause_at, self.config.test_pause_file
+        if wanted is None and file is not None:
+            try:
+                wanted = file.read_text().strip()
+            except OSError:  # absent (or unreadable): no stop asked for
+                return
+        if point != wanted:
             return
         log.warning("test pause at %s: waiting to be killed", point)
         self._stop.wait()

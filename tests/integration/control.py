@@ -1,10 +1,11 @@
 """Killing and restarting a test cluster's orchestrator, and stopping it at a named step.
 
 The orchestrator is a process of its own (``fogshift up`` starts it in its own process
-group); ``fogshift up`` on a cluster whose orchestrator died starts just that one again. Its
-test hook ``FOGSHIFT_TEST_PAUSE_AT=<kind>:<phase>`` (read once, at start-up) makes it stop in
-the middle of an operation, right after the journal recorded that phase, so a test can
-SIGKILL it there deterministically.
+group); ``fogshift up`` on a cluster whose orchestrator died starts just that one again. A
+test cluster's orchestrator reads the test hook file :attr:`Cluster.pause_file`
+(``FOGSHIFT_TEST_PAUSE_FILE``) at every step of an operation: :func:`pause_at` writes
+``<kind>:<phase>`` there, and the running orchestrator stops right after the journal recorded
+that phase, so a test can SIGKILL it there deterministically.
 """
 
 from __future__ import annotations
@@ -33,24 +34,28 @@ def kill_orchestrator(cluster: Cluster) -> None:
         time.sleep(0.05)
 
 
-def restart_orchestrator(cluster: Cluster, pause_at: str | None = None) -> int:
-    """SIGKILL the orchestrator, wherever it is, and start a new one with `fogshift up`.
+def pause_at(cluster: Cluster, point: str) -> int:
+    """Make the cluster's running orchestrator stop at ``point`` (``<kind>:<phase>``) of its
+    next operation that reaches it; return where its log stands (for :func:`wait_logged`)."""
+    since = orchestrator_log(cluster).stat().st_size
+    cluster.pause_file.write_text(point)
+    return since
 
-    Args:
-        pause_at: The new one's test hook (``None``: it never stops).
+
+def restart_orchestrator(cluster: Cluster) -> int:
+    """SIGKILL the orchestrator, wherever it is, and start a new one with `fogshift up`,
+    asked to stop nowhere (its recovery goes through the same steps).
 
     Returns:
         Where the orchestrator log stood before the new one started (for :func:`wait_logged`).
     """
+    cluster.pause_file.unlink(missing_ok=True)
     kill_orchestrator(cluster)
     since = orchestrator_log(cluster).stat().st_size
-    env = {k: v for k, v in os.environ.items() if k != "FOGSHIFT_TEST_PAUSE_AT"}
-    if pause_at is not None:
-        env["FOGSHIFT_TEST_PAUSE_AT"] = pause_at
     args = ["up", "--home", str(cluster.home), "--nodes", ",".join(cluster.nodes)]
     proc = subprocess.run(
         [sys.executable, "-m", "fogshift.cli.main", *args, *cluster.up_args],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=cluster.up_env(),
     )  # fmt: skip
     assert proc.returncode == 0, f"restarting the orchestrator failed\n{proc.stdout}{proc.stderr}"
     return since

@@ -1,24 +1,24 @@
 """The orchestrator SIGKILLed in the middle of a migration, a restore or a scale, with real
 processes.
 
-Each test stops the orchestrator at a named step with its test hook, SIGKILLs it there and
-starts a new one (``fogshift up`` on a cluster whose orchestrator died). The new one finds
-the operation in its journal and rolls it back or completes it: no PE stays paused, none
-stays fenced with nobody writing, and the output is exactly the reference.
+Each test has the running orchestrator stop at a named step (its test hook file), SIGKILLs it
+there and starts a new one (``fogshift up`` on a cluster whose orchestrator died). The new
+one finds the operation in its journal and rolls it back or completes it: no PE stays
+paused, none stays fenced with nobody writing, and the output is exactly the reference.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import Cluster
-from tests.integration.control import restart_orchestrator, start_cli, wait_logged
+from tests.integration.control import pause_at, restart_orchestrator, start_cli, wait_logged
 from tests.integration.helpers import (
     assert_only_new_epochs_after_fence,
     case1_spec,
@@ -26,6 +26,13 @@ from tests.integration.helpers import (
 )
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def no_pause_left(cluster: Cluster) -> Iterator[None]:
+    """A test that failed before its orchestrator stopped leaves no stop asked for."""
+    yield
+    cluster.pause_file.unlink(missing_ok=True)
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 120) -> Any:
@@ -55,7 +62,7 @@ def test_killed_while_a_migration_holds_the_origin_it_is_rolled_back(
     spec = case1_spec(tmp_path, "held")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("held", "sink", 10)
-    since = restart_orchestrator(cluster, pause_at="migration:switching")
+    since = pause_at(cluster, "migration:switching")
     migration = start_cli(cluster, "migrate", "held", "aggregate", "--to", "fog-b", "--json")
     wait_logged(cluster, "test pause at migration:switching", since)
     # The origin is paused at its gate now; the warm target waits behind its own.
@@ -86,7 +93,7 @@ def test_killed_after_the_routing_change_of_a_migration_it_is_completed(
     spec = case1_spec(tmp_path, "routed")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("routed", "sink", 10)
-    since = restart_orchestrator(cluster, pause_at="migration:routed")
+    since = pause_at(cluster, "migration:routed")
     migration = start_cli(cluster, "migrate", "routed", "aggregate", "--to", "fog-b", "--json")
     wait_logged(cluster, "test pause at migration:routed", since)
     assert cluster.element("routed", "aggregate")["node"] == "fog-b"  # the placement moved
@@ -115,7 +122,7 @@ def test_killed_in_the_middle_of_a_restore_the_pe_runs_under_the_newest_epoch(
     assert refused.returncode == 2, refused.stderr
     assert "already runs on node 'fog-a'" in " ".join(refused.stderr.split()), refused.stderr
     assert hosts(cluster, "fenced/aggregate") == {"fog-a": 1}
-    since = restart_orchestrator(cluster, pause_at="restore:installing")
+    since = pause_at(cluster, "restore:installing")
     restore = start_cli(cluster, "restore", "fenced", "aggregate", "--to", "fog-b", "--json")
     # Stopped after the fence (epoch 2): fog-a's instance is fenced, no other runs yet.
     wait_logged(cluster, "test pause at restore:installing", since)
@@ -143,7 +150,7 @@ def test_killed_in_the_middle_of_a_scale_it_is_carried_on_to_the_count_asked(
     spec = case1_spec(tmp_path, "rescaled", keys=12, partitions=["fog-a", "fog-b"])
     cluster.cli("deploy", str(spec))
     cluster.wait_for("rescaled", "sink", 10)
-    since = restart_orchestrator(cluster, pause_at="scale:placed")
+    since = pause_at(cluster, "scale:placed")
     scale = start_cli(cluster, "scale", "rescaled", "aggregate", "--partitions", "3", "--on",
                       "fog-c", "--json")  # fmt: skip
     # Stopped with the third partition placed and its consumer reading it, and no key of
