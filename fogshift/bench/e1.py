@@ -94,6 +94,9 @@ class E1Config(ClusterRunConfig):
         wait_s: Range of the random wait between the origin's steady rhythm and the
             migration (module doc).
         steady_batches: Intervals between the origin's batches to see before that wait.
+        lead_s: How far ahead of its schedule each run's input is written, and so how
+            long its stream goes on after the run's action
+            (:class:`~fogshift.bench.workload.InputFeeder`).
 
     ``warm_up`` is off: the first run of every round is a precopy run (``modes`` order),
     whose ``prepare`` pays the target's first query outside the measured phases, and an
@@ -108,6 +111,7 @@ class E1Config(ClusterRunConfig):
     rate: float = thesis.thesis_rate_per_s()
     wait_s: tuple[float, float] = (2.0, 10.0)
     steady_batches: int = 3
+    lead_s: float = 4.0
     seed: int = 1
 
     @classmethod
@@ -230,6 +234,7 @@ def _one_run(
     with Case1Run(
         cluster, name, rate=config.rate, seed=config.seed, agg_node=origin,
         pad_bytes=size_mib * MIB, row={"wait_s": round(wait_s, 2), "status": "error"},
+        lead_s=config.lead_s,
     ) as run:  # fmt: skip
         t0 = run.t0
         run.deploy()

@@ -82,6 +82,9 @@ class E2Config(ClusterRunConfig):
             kill.
         restore_wait_s: Range of the random wait between the kill and the restore.
         methods: How runs restore, in turn (:data:`METHODS`).
+        lead_s: How far ahead of its schedule each run's input is written, and so how
+            long its stream goes on after the run's action
+            (:class:`~fogshift.bench.workload.InputFeeder`).
 
     ``warm_up`` is on: every fog node of a fresh cluster runs a short pipeline first.
     """
@@ -95,6 +98,7 @@ class E2Config(ClusterRunConfig):
     seed: int = 2
     warm_up: bool = True
     methods: tuple[str, ...] = ("checkpoint",)
+    lead_s: float = 4.0
 
     @classmethod
     def quick(cls) -> E2Config:
@@ -219,6 +223,7 @@ def _one_run(
         standby=target if method == "standby" else None,
         row={"status": "error", "kill_after_s": round(kill_after, 2),
              "restore_wait_s": round(restore_wait, 2)},
+        lead_s=config.lead_s,
     ) as run:  # fmt: skip
         t0 = run.t0
         run.deploy()

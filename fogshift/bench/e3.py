@@ -82,6 +82,9 @@ class E3Config(ClusterRunConfig):
         sizes_mib: Added state in MiB.
         duration_s: How long each size runs after its first output.
         rate: Events per second (the thesis's: little state changes per checkpoint).
+        lead_s: How far ahead of its schedule each run's input is written, and so how
+            long its stream goes on after the run's action
+            (:class:`~fogshift.bench.workload.InputFeeder`).
 
     Central pulls are every 5 s, to see several per run; ``warm_up`` is off: snapshots and
     central pulls do not depend on the query's start.
@@ -91,6 +94,7 @@ class E3Config(ClusterRunConfig):
     duration_s: float = 120.0
     rate: float = thesis.thesis_rate_per_s()
     central_interval_s: float = 5.0
+    lead_s: float = 4.0
     seed: int = 3
 
     @classmethod
@@ -138,8 +142,9 @@ def _one_run(
     node_level: dict[str, dict[str, Any]] = {}
     central: dict[str, dict[str, Any]] = {}
     with Case1Run(
-        cluster, name, rate=config.rate, seed=config.seed, agg_node=node, pad_bytes=size_mib * MIB
-    ) as run:
+        cluster, name, rate=config.rate, seed=config.seed, agg_node=node,
+        pad_bytes=size_mib * MIB, lead_s=config.lead_s,
+    ) as run:  # fmt: skip
         run.deploy()
         # Watched from the deploy on: the first (full) checkpoints may precede the first output.
         started = time.monotonic()

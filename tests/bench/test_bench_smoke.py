@@ -1,9 +1,12 @@
-"""Every bench experiment, end to end, in a tiny real configuration on one shared cluster.
+"""The bench experiments, end to end, in a tiny real configuration on one shared cluster.
 
-One cluster (cloud, fog-a, fog-b, fog-c; loopback) serves all five experiments in the order
-they can share it: E1 migrates fog-a -> cloud, E3 checkpoints on fog-a, ecg moves Case 2's
-processing fog-a -> fog-b, seamless migrates fog-a -> fog-b, kills fog-b and restores on
-fog-a, E2 kills fog-a and restores on fog-c.
+One cluster (cloud, fog-a, fog-b, fog-c; loopback) serves four experiments in the order they
+can share it: E1 migrates fog-a -> cloud, E3 checkpoints on fog-a, ecg moves Case 2's
+processing fog-a -> fog-b, E2 kills fog-a and restores on fog-b (its first two live fog
+nodes). The seamless experiment (a migration, a kill and a restore at load: one more node
+to start again, ~1 min here) is left out: its results (section and plot) are rendered from
+hand-written CSVs in test_bench_units.py; its run is the same migrate and restore calls as
+E1's and E2's.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fogshift.bench import e1, e2, e3, ecg, report, seamless
+from fogshift.bench import e1, e2, e3, ecg, report
 from fogshift.bench.base import Reporter, fmt_mean_std, write_machine
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.ecg.simulate import patients
@@ -31,8 +34,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def shared(cluster: Cluster) -> Iterator[BenchCluster]:
     """The session's shared cluster (cloud, fog-a, fog-b, fog-c; checkpoints every 2 s,
-    central pulls every 4 s, a 1 s trigger), seen as a bench cluster; the nodes the bench
-    kills are started again after the module."""
+    central pulls every 4 s, its trigger), seen as a bench cluster; the node E2 kills is
+    started again by the next module that takes the cluster."""
     yield BenchCluster(
         cluster.home,
         ClusterOptions(
@@ -54,7 +57,12 @@ ECG = ecg.EcgConfig(patients=1, abnormal_every=1, duration_s=16.0, onset_s=4.0, 
 
 @pytest.fixture(scope="module")
 def out(shared: BenchCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Run the five experiments once; their output folder."""
+    """Run the four experiments once; their output folder.
+
+    E1 migrates as soon as the origin has shown one interval between its batches (the steady
+    interval the output gap is measured against; ``_wait_steady``), and every Case 1 run's
+    input leads its schedule by 1 s (the feeder's tick is 0.5 s; the source starts later
+    still): the stream ends ~1 s after a run's operation instead of ~4 s."""
     folder = tmp_path_factory.mktemp("bench-out")
     write_machine(folder)
     clusters = Clusters(shared.home.parent, shared=shared)
@@ -62,18 +70,16 @@ def out(shared: BenchCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     with reporter.session():
         e1.run(
             e1.E1Config(runs=1, sizes_mib=(0,), modes=("precopy",), profiles=("n0",),
-                        wait_s=(0.5, 1.0), warm_up=False),
+                        wait_s=(0.0, 0.0), steady_batches=1, lead_s=1.0, warm_up=False),
             clusters, folder, reporter,
         )  # fmt: skip
-        e3.run(e3.E3Config(sizes_mib=(0,), duration_s=5), clusters, folder, reporter)
+        # 3 s after the first output: e3.png needs a checkpoint row, and the aggregate's
+        # first snapshot (its batch 0, a 2 s tick after the query starts) precedes the
+        # sink's first line (the sink's batch after the aggregate's): 5 were seen in 5 s.
+        e3.run(e3.E3Config(sizes_mib=(0,), duration_s=3, lead_s=1.0), clusters, folder, reporter)
         ecg.run(ECG, clusters, folder, reporter)
-        seamless.run(
-            seamless.SeamlessConfig(rate=200, before_s=3, between_s=2, restore_wait_s=0.5,
-                                    tail_s=4),
-            clusters, folder, reporter,
-        )  # fmt: skip
         e2.run(
-            e2.E2Config(runs=1, kill_after_s=(0.0, 0.5), restore_wait_s=(0.5, 1.0)),
+            e2.E2Config(runs=1, kill_after_s=(0.0, 0.5), restore_wait_s=(0.5, 1.0), lead_s=1.0),
             clusters, folder, reporter,
         )  # fmt: skip
     report.render(folder)
@@ -90,7 +96,6 @@ def test_every_experiment_writes_csv_png_and_results(out: Path) -> None:
         ("e1", ["e1.png", "e1_cpu.png"]),
         ("e2", ["e2.png"]),
         ("e3", ["e3.png"]),
-        ("seamless", ["seamless.png"]),
         ("ecg", ["ecg.png"]),
     ):
         rows = _rows(out / name / "runs.csv")
@@ -98,7 +103,7 @@ def test_every_experiment_writes_csv_png_and_results(out: Path) -> None:
         for png in pngs:
             assert (out / name / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     text = (out / "results.md").read_text()
-    for heading in ("## Machine", "## E1", "## E2", "## E3", "## Seamless", "## Case 2"):
+    for heading in ("## Machine", "## E1", "## E2", "## E3", "## Case 2"):
         assert heading in text
     assert "Fig. 22a p. 48" in text  # the thesis's anchors are cited beside our figures
 
@@ -168,5 +173,3 @@ def test_results_are_recomputed_from_the_csv(out: Path, tmp_path: Path) -> None:
         writer.writerows(rows)
     text = report.render(copy, plots=False).read_text()  # the plots were drawn by `out`
     assert "| 12,345 |" in text
-    seamless_rows = _rows(copy / "seamless" / "runs.csv")
-    assert seamless_rows[-1]["consistent"] in ("true", "false")

@@ -15,7 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fogshift.bench import commands, e1, e2, pam, report, thesis
+from fogshift.bench import commands, e1, e2, pam, report, seamless, thesis
 from fogshift.bench.base import (
     RunLog,
     fmt_mean_std,
@@ -164,6 +164,49 @@ def test_report_of_a_hand_written_e2_log(tmp_path: Path) -> None:
     text = report.render(tmp_path).read_text()
     assert "| reprocessed | 3 | 10-40 | 1.000 | 1,000 | 1.00 |" in text
     assert "`bad` failed" in text
+
+
+def test_report_of_a_hand_written_seamless_run(tmp_path: Path) -> None:
+    """The seamless section's figures come from its CSVs (per phase, from one-second bins),
+    and its plot is drawn: the smoke no longer runs the experiment."""
+    folder = tmp_path / seamless.NAME
+    runs = RunLog(folder / "runs.csv", seamless.RUN_FIELDS)
+    runs.append({"run": "seamless-calibration", "kind": "calibration", "rate": 0,
+                 "events": 20000, "max_rate": 987.6, "consistent": True})  # fmt: skip
+    runs.append(
+        {"run": "seamless-run", "kind": "run", "rate": 200, "events": 2600, "consistent": True,
+         "mig_start_s": 3, "mig_end_s": 5, "mig_status": "migrated",
+         "mig_downtime_ms": 1234.4, "kill_s": 7, "restore_start_s": 7.5,
+         "restore_end_s": 10, "restore_status": "restored", "restore_total_ms": 2500.0,
+         "reprocessed_events": 150, "intermediate_events": 100}
+    )  # fmt: skip
+    timeline = RunLog(folder / "timeline.csv", seamless.TIMELINE_FIELDS)
+    # (t_s, lines, mean, p99, max): no line in the two seconds after the kill.
+    for t, lines, mean, p99, top in (
+        (0, 200, 50, 90, 100), (1, 200, 50, 90, 100), (2, 200, 50, 90, 100),
+        (3, 100, 300, 800, 900), (4, 300, 100, 400, 450),
+        (5, 200, 60, 95, 110), (6, 200, 60, 95, 110),
+        (7, 0, None, None, None), (8, 0, None, None, None), (9, 150, 2000, 2900, 3000),
+        (10, 450, 1000, 1500, 1600), (11, 200, 80, 120, 130), (12, 200, 60, 95, 110),
+    ):  # fmt: skip
+        timeline.append({"run": "seamless-run", "t_s": t, "lines": lines, "lat_mean_ms": mean,
+                         "lat_p50_ms": mean, "lat_p99_ms": p99, "lat_max_ms": top})  # fmt: skip
+    text = report.render(tmp_path).read_text()
+    assert "## Seamless" in text and "peak output **988 events/s** (consistent)" in text
+    assert "(migrated, downtime 1,234 ms)" in text
+    assert "(restored, 2,500 ms, 150 reprocessed, 100 intermediate events)" in text
+    # Throughput is lines per second of the phase; latency the line-weighted mean of the
+    # bins' means, the highest p99 and max.
+    for row in (
+        "| before | 3.0 | 200 | 50 | 90 | 100 |",
+        "| live migration | 2.0 | 200 | 150 | 800 | 900 |",  # (100x300 + 300x100) / 400
+        "| between | 2.0 | 200 | 60 | 95 | 110 |",
+        "| node killed + restore | 3.0 | 50 | 2,000 | 2,900 | 3,000 |",
+        "| after (catching up) | 3.0 | 283 | 562 | 1,500 | 1,600 |",  # 850 lines, 478,000 / 850
+    ):
+        assert row in text, row
+    assert "![seamless](seamless/seamless.png)" in text
+    assert (folder / "seamless.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_e2_sets_standby_promotion_beside_checkpoint_restore(tmp_path: Path) -> None:

@@ -22,6 +22,14 @@ from tests.integration.helpers import case2_elements, stream_messages
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
+
+@pytest.fixture(scope="module")
+def cluster_needs() -> tuple[str, ...]:
+    """The wearables and alarms on cloud, the partitions on fog-a and fog-b. Other nodes an
+    earlier module killed stay down (tests/conftest.py)."""
+    return ("cloud", "fog-a", "fog-b")
+
+
 #: Six patients at real time for 50 s (at twice that speed, and once in 30 s, a loaded
 #: machine had streamed all before the move was stored): p02, p04 and p06 turn abnormal
 #: around 10 s; p04, p05 and p06 hash to partition 0 (fog-a), the others to partition 1

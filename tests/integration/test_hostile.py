@@ -19,6 +19,13 @@ from tests.conftest import Cluster
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module")
+def cluster_needs() -> tuple[str, ...]:
+    """Only cloud and the orchestrator are tested here. Other nodes an earlier module killed
+    stay down (tests/conftest.py)."""
+    return ("cloud",)
+
+
 def raw(url: str, method: str, path: str, token: str) -> tuple[int, str]:
     """Send ``path`` exactly as given (an HTTP client would normalise ``..`` away)."""
     parts = urlsplit(url)

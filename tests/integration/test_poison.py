@@ -20,6 +20,14 @@ from tests.integration.helpers import write_spec
 
 pytestmark = pytest.mark.integration
 
+
+@pytest.fixture(scope="module")
+def cluster_needs() -> tuple[str, ...]:
+    """The pipelines run on cloud and fog-a. Other nodes an earlier module killed stay down
+    (tests/conftest.py)."""
+    return ("cloud", "fog-a")
+
+
 ROWS = 300
 ODD = ["\f", "\v", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 #: seq -> (element, what its dead letter's reason says)

@@ -88,52 +88,90 @@ def freeze_past_central_checkpoint(
         client.close()
 
 
-def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> None:
-    # Keyed by sensor (50): every key's state comes back from the checkpoint. Records are
-    # kept 1 s once every reader has checkpointed past them: the restore reads what is left.
-    spec = case1_spec(tmp_path, "killed", detect_after_s=600, keys=50, history_s=1)
-    cluster.cli("deploy", str(spec))
-    cluster.wait_for("killed", "sink", 20)
-    wait_trimmed(cluster, "killed", "source")
-    # The node-level figure comes with the node's heartbeat, the central one from the pull,
-    # which may have taken a snapshot newer than the last heartbeat told (or come before the
-    # first heartbeat that told of one): wait for the next.
-    wait_until(
-        lambda: (
-            ((c := wait_central(cluster, "killed", "aggregate"))["node_level"] or {}).get(
-                "batch", -1
-            )
-            >= c["central"]["batch"]
-            >= 0
-        ),
-        30,
-        interval_s=0.5,
-        describe="the node-level checkpoint reported at least as new as the central one",
-    )
-    # A random moment: mid-batch, between checkpoints, or while one is being taken.
-    time.sleep(random.uniform(0, 2))
-    pgid = cluster.node("fog-a")["pgid"]
-    emitted, checkpoint = freeze_past_central_checkpoint(cluster, "killed", "aggregate", pgid)
-    os.killpg(pgid, signal.SIGKILL)
-    assert FEEDERS[tmp_path].feeding, "the input had ended before the kill"
-    time.sleep(3)  # longer than the streams' duplicate window (checked below)
-    result = cluster.cli("restore", "killed", "aggregate", "--to", "fog-b", "--json")
-    report = json.loads(result.stdout)
-    assert report["status"] == "restored" and report["epoch"] == 2, report
-    assert report["checkpoint"] is not None and report["checkpoint_age_ms"] >= 0
-    # Killed while input still flowed: the restore re-processed, without emitting, exactly
-    # what the killed instance had emitted since the checkpoint, then what arrived meanwhile.
-    assert report["reprocessed_events"] == emitted - checkpoint > 0, (report, emitted)
-    assert report["intermediate_events"] > 0 and report["intermediate_ms"] > 0, report
-    assert report["reprocess_ms"] > 0, report
-    assert cluster.element("killed", "aggregate")["node"] == "fog-b"
-    finish_and_compare(cluster, tmp_path, "killed")
+def wait_trimmed(cluster: Cluster, pipeline: str, element: str, timeout_s: float = 60) -> None:
+    """Wait until the oldest data records of the PE's stream were trimmed (``history_s``)."""
     client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    stream, data = stream_name(pipeline, element), data_subject(pipeline, element)
     try:
-        info = client.run(lambda js: js.stream_info(stream_name("killed", "aggregate")))
+        wait_until(
+            lambda: (
+                (first := client.run(lambda js: next_message(js, stream, data))) is not None
+                and first.seq > 1
+            ),
+            timeout_s,
+            interval_s=0.5,
+            describe=f"the oldest records of {pipeline}/{element} trimmed",
+        )
     finally:
         client.close()
-    assert info.config.duplicate_window == pytest.approx(1.0)
+
+
+def wait_for_epoch(
+    cluster: Cluster, pipeline: str, element: str, epoch: int, timeout_s: float = 60
+) -> None:
+    """Wait until the PE's output stream ends with a record (not a fence marker) of ``epoch``
+    or newer: the instance that got it writes."""
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    stream = stream_name(pipeline, element)
+
+    async def last(js: Any) -> tuple[str, int]:
+        msg = await js.get_msg(stream, seq=await last_seq(js, stream))
+        return msg.subject, int((msg.headers or {}).get(EPOCH_HEADER, 0))
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            subject, seen = client.run(last)
+            if seen >= epoch and subject != fence_subject(pipeline, element):
+                return
+            assert time.monotonic() < deadline, f"nothing was written under epoch {epoch}"
+            time.sleep(0.2)
+    finally:
+        client.close()
+
+
+# The tests run in file order on the shared cluster, and each node (a JVM) killed here costs
+# a restart of about 25 s: first the one test that starts its node again (only fog-b), then
+# those that kill no node (they freeze one, or the orchestrator), then the two that kill
+# nodes and leave them down (fog-a, then fog-c) for the next module's heal.
+
+
+def test_a_node_back_without_its_disk_gets_its_pe_from_the_central_checkpoint(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # Every node is up (the module's cluster is healed first). The aggregate's node dies and
+    # comes back (within detect_after_s: nothing is restored elsewhere) with an empty disk,
+    # after the aggregate's oldest input was trimmed: started from nothing it would read past
+    # the trimmed records and fail at its first batch. The reconciler restores it in place
+    # from its newest central checkpoint instead.
+    spec = case1_spec(tmp_path, "wiped", agg_node="fog-b", detect_after_s=600, history_s=1)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("wiped", "sink", 20)
+    wait_trimmed(cluster, "wiped", "source")
+    wait_central(cluster, "wiped", "aggregate")
+    node = cluster.node("fog-b")
+    os.killpg(node["pgid"], signal.SIGKILL)
+    wait_until(lambda: not group_alive(node["pgid"]), 30, describe="fog-b's processes gone")
+    home = cluster.home / "nodes" / "fog-b"
+    for lost in ("checkpoints", "node-checkpoints", "query-locations", "gates", "replicas"):
+        shutil.rmtree(home / lost, ignore_errors=True)
+    assert FEEDERS[tmp_path].feeding, "the input had ended before the node came back"
+    cluster.heal()
+    element = wait_until(
+        lambda: (
+            (e := cluster.element("wiped", "aggregate"))["last_restore"]
+            and e["last_restore"]["status"] == "restored"
+            and e
+        ),
+        180,
+        interval_s=0.5,
+        describe="the aggregate restored on its node",
+    )
+    report = element["last_restore"]
+    assert element["node"] == "fog-b" and report["target"] == "fog-b", element
+    assert report["checkpoint"] is not None and report["epoch"] >= 2, report
+    finish_and_compare(cluster, tmp_path, "wiped")
+    assert_no_older_epoch_after(cluster, "wiped", "aggregate", report["epoch"])
 
 
 def _files_of(manifest: Path) -> list[dict[str, Any]]:
@@ -148,7 +186,8 @@ def _files_of(manifest: Path) -> list[dict[str, Any]]:
 def test_torn_central_checkpoint_falls_back_to_an_older_one(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    # fog-a was killed by the previous test: this pipeline lives on cloud and fog-b.
+    # Every node is up (the previous test started fog-b again): this pipeline lives on cloud
+    # and fog-b.
     spec = case1_spec(tmp_path, "torn", agg_node="fog-b", detect_after_s=600)
     cluster.cli("deploy", str(spec))
     cluster.wait_for("torn", "sink", 20)
@@ -245,8 +284,9 @@ def test_frozen_node_is_restored_automatically_and_its_zombie_is_refused(
             assert time.monotonic() < deadline, "the zombie was never refused: it tried nothing"
             time.sleep(0.2)
     finally:
-        # The orchestrator only: it removes the zombie. Also when the wait failed, so that
-        # the module's next tests find an orchestrator.
+        # The orchestrator only (every node is alive: fog-b was woken above): it removes
+        # the zombie. Also when the wait failed, so that the module's next tests find an
+        # orchestrator.
         cluster.up()
     deadline = time.monotonic() + 60
     while "zombie/aggregate" in cluster.node("fog-b")["elements"]:
@@ -262,8 +302,9 @@ def test_a_standby_takes_over_a_frozen_node_and_the_node_never_emits_again(
 ) -> None:
     """#13 item 2: with ``standby: planned`` the aggregate has a warm, capped twin on another
     node; when its node goes silent the twin is fenced in and let go (no checkpoint moves, no
-    query starts), and the node, when it wakes, writes nothing. fog-a is down since the first
-    test: the aggregate runs on fog-c, its standby on the least busy other node."""
+    query starts), and the node, when it wakes, writes nothing. Every node is up: the aggregate
+    runs on fog-c, its standby on another node (the planner's redeploy node, else the least
+    busy)."""
     spec = case1_spec(tmp_path, "standby", agg_node="fog-c", detect_after_s=3, keys=20,
                       standby="planned", history_s=1)  # fmt: skip
     cluster.cli("deploy", str(spec))
@@ -312,92 +353,65 @@ def test_a_standby_takes_over_a_frozen_node_and_the_node_never_emits_again(
     assert_only_new_epochs_after_fence(cluster, "standby", "aggregate", epoch=2)
 
 
-def wait_trimmed(cluster: Cluster, pipeline: str, element: str, timeout_s: float = 60) -> None:
-    """Wait until the oldest data records of the PE's stream were trimmed (``history_s``)."""
-    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
-    stream, data = stream_name(pipeline, element), data_subject(pipeline, element)
-    try:
-        wait_until(
-            lambda: (
-                (first := client.run(lambda js: next_message(js, stream, data))) is not None
-                and first.seq > 1
-            ),
-            timeout_s,
-            interval_s=0.5,
-            describe=f"the oldest records of {pipeline}/{element} trimmed",
-        )
-    finally:
-        client.close()
-
-
-def wait_for_epoch(
-    cluster: Cluster, pipeline: str, element: str, epoch: int, timeout_s: float = 60
-) -> None:
-    """Wait until the PE's output stream ends with a record (not a fence marker) of ``epoch``
-    or newer: the instance that got it writes."""
-    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
-    stream = stream_name(pipeline, element)
-
-    async def last(js: Any) -> tuple[str, int]:
-        msg = await js.get_msg(stream, seq=await last_seq(js, stream))
-        return msg.subject, int((msg.headers or {}).get(EPOCH_HEADER, 0))
-
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            subject, seen = client.run(last)
-            if seen >= epoch and subject != fence_subject(pipeline, element):
-                return
-            assert time.monotonic() < deadline, f"nothing was written under epoch {epoch}"
-            time.sleep(0.2)
-    finally:
-        client.close()
-
-
-def test_a_node_back_without_its_disk_gets_its_pe_from_the_central_checkpoint(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    # The aggregate's node dies and comes back (within detect_after_s: nothing is restored
-    # elsewhere) with an empty disk, after the aggregate's oldest input was trimmed: started
-    # from nothing it would read past the trimmed records and fail at its first batch. The
-    # reconciler restores it in place from its newest central checkpoint instead.
-    spec = case1_spec(tmp_path, "wiped", agg_node="fog-b", detect_after_s=600, history_s=1)
+def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> None:
+    # Keyed by sensor (50): every key's state comes back from the checkpoint. Records are
+    # kept 1 s once every reader has checkpointed past them: the restore reads what is left.
+    spec = case1_spec(tmp_path, "killed", detect_after_s=600, keys=50, history_s=1)
     cluster.cli("deploy", str(spec))
-    cluster.wait_for("wiped", "sink", 20)
-    wait_trimmed(cluster, "wiped", "source")
-    wait_central(cluster, "wiped", "aggregate")
-    node = cluster.node("fog-b")
-    os.killpg(node["pgid"], signal.SIGKILL)
-    wait_until(lambda: not group_alive(node["pgid"]), 30, describe="fog-b's processes gone")
-    home = cluster.home / "nodes" / "fog-b"
-    for lost in ("checkpoints", "node-checkpoints", "query-locations", "gates", "replicas"):
-        shutil.rmtree(home / lost, ignore_errors=True)
-    assert FEEDERS[tmp_path].feeding, "the input had ended before the node came back"
-    cluster.heal()
-    element = wait_until(
+    cluster.wait_for("killed", "sink", 20)
+    wait_trimmed(cluster, "killed", "source")
+    # The node-level figure comes with the node's heartbeat, the central one from the pull,
+    # which may have taken a snapshot newer than the last heartbeat told (or come before the
+    # first heartbeat that told of one): wait for the next.
+    wait_until(
         lambda: (
-            (e := cluster.element("wiped", "aggregate"))["last_restore"]
-            and e["last_restore"]["status"] == "restored"
-            and e
+            ((c := wait_central(cluster, "killed", "aggregate"))["node_level"] or {}).get(
+                "batch", -1
+            )
+            >= c["central"]["batch"]
+            >= 0
         ),
-        180,
+        30,
         interval_s=0.5,
-        describe="the aggregate restored on its node",
+        describe="the node-level checkpoint reported at least as new as the central one",
     )
-    report = element["last_restore"]
-    assert element["node"] == "fog-b" and report["target"] == "fog-b", element
-    assert report["checkpoint"] is not None and report["epoch"] >= 2, report
-    finish_and_compare(cluster, tmp_path, "wiped")
-    assert_no_older_epoch_after(cluster, "wiped", "aggregate", report["epoch"])
+    # A random moment: mid-batch, between checkpoints, or while one is being taken. fog-a,
+    # the aggregate's node, stays down after this test (the next one needs it down).
+    time.sleep(random.uniform(0, 2))
+    pgid = cluster.node("fog-a")["pgid"]
+    emitted, checkpoint = freeze_past_central_checkpoint(cluster, "killed", "aggregate", pgid)
+    os.killpg(pgid, signal.SIGKILL)
+    assert FEEDERS[tmp_path].feeding, "the input had ended before the kill"
+    # Longer than the streams' duplicate window (1 s, checked below), with slack for the
+    # broker's timer that forgets older message ids: a duplicate would not be dropped.
+    time.sleep(1.5)
+    result = cluster.cli("restore", "killed", "aggregate", "--to", "fog-b", "--json")
+    report = json.loads(result.stdout)
+    assert report["status"] == "restored" and report["epoch"] == 2, report
+    assert report["checkpoint"] is not None and report["checkpoint_age_ms"] >= 0
+    # Killed while input still flowed: the restore re-processed, without emitting, exactly
+    # what the killed instance had emitted since the checkpoint, then what arrived meanwhile.
+    assert report["reprocessed_events"] == emitted - checkpoint > 0, (report, emitted)
+    assert report["intermediate_events"] > 0 and report["intermediate_ms"] > 0, report
+    assert report["reprocess_ms"] > 0, report
+    assert cluster.element("killed", "aggregate")["node"] == "fog-b"
+    finish_and_compare(cluster, tmp_path, "killed")
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    try:
+        info = client.run(lambda js: js.stream_info(stream_name("killed", "aggregate")))
+    finally:
+        client.close()
+    assert info.config.duplicate_window == pytest.approx(1.0)
 
 
 def test_restore_target_that_dies_during_the_restore_is_retried_elsewhere(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    # fog-a is down (killed here if an earlier restart brought it back); fog-c hosts
-    # nothing. cloud (source + sink) has no CPU to spare for one more PE in this fog
-    # topology, so the planner's redeploy node for the aggregate is fog-c: a restore without
-    # --to tries fog-c first and cloud (the least busy of the rest) next.
+    # fog-a is down: the previous test killed it (killed here if it runs, e.g. this test
+    # alone); fog-c hosts nothing. cloud (source + sink) has no CPU to spare for one more PE
+    # in this fog topology, so the planner's redeploy node for the aggregate is fog-c: a
+    # restore without --to tries fog-c first and cloud (the least busy of the rest) next;
+    # fog-b, the aggregate's own node, is never a candidate.
     cluster.stop_all()  # cloud's CPU in this topology fits this pipeline's PEs only
     fog_a = cluster.node("fog-a")
     if group_alive(fog_a["pgid"]):
@@ -422,7 +436,8 @@ def test_restore_target_that_dies_during_the_restore_is_retried_elsewhere(
             cluster.cli("topology", "show", "--json").stdout,
         )
         time.sleep(0.5)
-    os.killpg(cluster.node("fog-b")["pgid"], signal.SIGKILL)
+    # fog-b stays up (a node killed here costs the next module a restart): the candidates
+    # are the same, and the first attempt fences its instance as it would a dead one's.
     doomed = cluster.node("fog-c")
     assert doomed["healthy"] and not doomed["elements"], doomed
     restore = subprocess.Popen(
@@ -445,3 +460,5 @@ def test_restore_target_that_dies_during_the_restore_is_retried_elsewhere(
     assert report["epoch"] == report["attempts"][0]["epoch"] + 1, report
     assert cluster.element("retry", "aggregate")["node"] == "cloud"
     finish_and_compare(cluster, tmp_path, "retry")
+    # The fenced instance on fog-b, alive, never wrote again.
+    assert_no_older_epoch_after(cluster, "retry", "aggregate", report["attempts"][0]["epoch"])

@@ -24,6 +24,15 @@ from tests.integration.helpers import FEEDERS, case1_spec, finish_and_compare, s
 from tests.web.browser import PAGE_FITS, overflowing, shoot
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def cluster_needs() -> tuple[str, ...]:
+    """The pipeline runs on cloud and fog-a, and migrates to fog-b. Other nodes an earlier
+    module killed stay down (tests/conftest.py)."""
+    return ("cloud", "fog-a", "fog-b")
+
+
 PIPELINE = "webui"
 
 
