@@ -1,8 +1,9 @@
 """PEs with two inputs through handover, precopy and literal migration, a node's SIGKILL with
-restore, and a SIGKILL of the whole cluster: every output equals a reference computed from the
-inputs in the order the PE's logged cuts define (a stateful PE whose output depends on that order, a
-stateless filter, and a csv-sink with two inputs). A Case 1 pipeline goes through the whole
-cluster's SIGKILL too, and its output equals the single-process reference."""
+restore (and a migration to the dead node, rolled back), and a SIGKILL of the whole cluster:
+every output equals a reference computed from the inputs in the order the PE's logged cuts
+define (a stateful PE whose output depends on that order, a stateless filter, and a csv-sink
+with two inputs). A Case 1 pipeline goes through the whole cluster's SIGKILL too, and its
+output equals the single-process reference."""
 
 from __future__ import annotations
 
@@ -159,6 +160,26 @@ def test_two_input_pes_stay_exactly_once_through_migrations_restores_and_restart
     # fog-b, with tally and pick on it, dies while both inputs flow.
     cluster.wait_for("duo", "tally", cluster.element("duo", "tally")["events_out"] + 40)
     kill_group(cluster.node("fog-b")["pgid"])
+    # A migration to the dead node fails and is rolled back: the sink runs on on fog-a.
+    both = cluster.element("duo", "both")
+    victim = cluster.cli("migrate", "duo", "both", "--to", "fog-b", "--mode", "precopy",
+                         "--json", check=False)  # fmt: skip
+    assert victim.returncode == 1, victim
+    if victim.stdout.strip():  # the orchestrator still believed fog-b healthy
+        # Rolled back because fog-b is gone, not for any other reason; fog-b never started
+        # the PE, so the origin resumes under its own epoch (nothing to fence).
+        report = json.loads(victim.stdout)
+        assert report["status"] == "failed" and report["rolled_back"] is True, report
+        assert report["epoch"] == both["epoch"], (report, both)
+        assert report["error"].startswith("node agent 'fog-b' at "), report
+        assert "cannot be reached" in report["error"].splitlines()[0], report
+    else:  # it had already noticed fog-b's silence
+        assert "cannot migrate duo/both to node 'fog-b': it is not healthy" in (
+            " ".join(victim.stderr.split())
+        ), victim
+    after = cluster.element("duo", "both")
+    assert (after["node"], after["state"], after["epoch"]) == ("fog-a", "running",
+                                                                both["epoch"]), after  # fmt: skip
     for pe in ("tally", "pick"):
         report = json.loads(cluster.cli("restore", "duo", pe, "--to", "fog-a", "--json").stdout)
         assert report["status"] == "restored" and report["epoch"] >= 2, report
