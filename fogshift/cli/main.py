@@ -1231,7 +1231,8 @@ def serve_orchestrator(
         str | None,
         typer.Option(
             help="Test hook: stop at this operation phase (e.g. migration:switching) and wait "
-            "to be killed [default: $FOGSHIFT_TEST_PAUSE_AT, else never].",
+            "to be killed [default: $FOGSHIFT_TEST_PAUSE_AT, else the phase written in the "
+            "file $FOGSHIFT_TEST_PAUSE_FILE names, else never].",
         ),
     ] = None,
 ) -> None:

@@ -18,7 +18,8 @@ class OrchestratorConfig(BaseSettings):
 
     Settings: a value given to the constructor (the CLI's options) wins; a field not given is
     read from the environment variable ``FOGSHIFT_<FIELD>`` (e.g.
-    ``FOGSHIFT_PLAN_INTERVAL_S=30``, or the test hook ``FOGSHIFT_TEST_PAUSE_AT``); otherwise
+    ``FOGSHIFT_PLAN_INTERVAL_S=30``, or the test hooks ``FOGSHIFT_TEST_PAUSE_AT`` and
+    ``FOGSHIFT_TEST_PAUSE_FILE``); otherwise
     its default applies. Nothing else in the orchestrator reads the environment.
 
     Attributes:
@@ -66,7 +67,8 @@ class OrchestratorConfig(BaseSettings):
             (always, outside tests): never.
         test_pause_file: Test hook: a file holding such a point, read at every point while
             it exists (absent: no stop), so that a test tells a running orchestrator where
-            to stop instead of starting one for it. ``None`` (always, outside tests): none.
+            to stop instead of starting one for it; ``test_pause_at``, if given, wins.
+            ``None`` (always, outside tests): none.
     """
 
     model_config = SettingsConfigDict(

@@ -57,7 +57,7 @@ class Journal(Replication):
         if wanted is None and file is not None:
             try:
                 wanted = file.read_text().strip()
-            except OSError:  # absent (or unreadable): no stop asked for
+            except (OSError, ValueError):  # absent, unreadable or not text: no stop asked for
                 return
         if point != wanted:
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -62,10 +65,10 @@ def build_session(
     # session with a local dir of its own) forks the per-query ones from its zygote, and
     # the driver-side ones too (Spark's lookup of Python data sources at the first
     # registration ran a plain interpreter: ~1.5 s of CPU per node start).
-    zygote_socket = None
+    zygote_socket, zygote_process = None, None
     if local_dir:
         zygote_socket = zygote.socket_path(Path(local_dir))
-        zygote.start(zygote_socket)
+        zygote_process = zygote.start(zygote_socket)
     worker_python = _worker_python(Path(local_dir or tempfile.gettempdir()), zygote_socket)
     os.environ["PYSPARK_PYTHON"] = worker_python
     os.environ["PYSPARK_DRIVER_PYTHON"] = worker_python
@@ -123,10 +126,18 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    if zygote_socket is not None:
-        # The first registration has Spark look up Python data sources in a Python worker:
-        # forked from the zygote once it listens (its imports run beside the JVM's start).
-        zygote.wait_listening(zygote_socket)
+    # The first registration has Spark look up Python data sources in a Python worker:
+    # forked from the zygote once it listens (its imports run beside the JVM's start).
+    if (
+        zygote_socket is not None
+        and zygote_process is not None
+        and not zygote.wait_listening(zygote_socket, zygote_process)
+    ):
+        log.warning(
+            "node %s: its zygote does not listen at %s (exit status %s): Spark's Python "
+            "workers start as interpreters of their own", node, zygote_socket,
+            zygote_process.poll(),
+        )  # fmt: skip
     for source in (
         JetStreamDataSource,
         CsvSourceDataSource,

@@ -80,10 +80,10 @@ _MAX_REQUEST = 1 << 20
 _MAX_PATH = 100
 #: How often the zygote checks that the process that started it is still there.
 _PARENT_CHECK_S = 1.0
-#: The temp folders of zygotes whose node's folder is too deep for a socket's path.
 #: How long a session's start waits for its zygote to listen before its first Python worker
 #: (its imports take ~1 s of CPU, under load several seconds; the JVM starts meanwhile).
 LISTEN_WAIT_S = 30.0
+#: The temp folders of zygotes whose node's folder is too deep for a socket's path.
 TEMP_PREFIX = "fogshift-zygote-"
 #: How old such a folder must be, empty, before a sweep removes it: a zygote starting now
 #: binds its socket in a folder just made.
@@ -180,11 +180,15 @@ def start(path: Path) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-def wait_listening(path: Path, timeout_s: float = LISTEN_WAIT_S) -> bool:
-    """Wait until the zygote started at ``path`` listens (it binds once its imports are done),
-    at most ``timeout_s``; whether it does. The session's first Python worker (Spark's
-    lookup of Python data sources, at the first registration) is then forked from it, not
-    an interpreter of its own importing everything again (~1.5 s of CPU per node start)."""
+def wait_listening(
+    path: Path, process: subprocess.Popen[bytes], timeout_s: float = LISTEN_WAIT_S
+) -> bool:
+    """Wait until the zygote ``process`` started at ``path`` listens (it binds once its
+    imports are done), at most ``timeout_s``, and not once it has exited (it refuses to serve
+    when its imports started a thread); whether it listens. The session's first Python worker
+    (Spark's lookup of Python data sources, at the first registration) is then forked from
+    it, not an interpreter of its own importing everything again (~1.5 s of CPU per node
+    start); without a zygote the workers start as such interpreters, only slower."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -192,7 +196,7 @@ def wait_listening(path: Path, timeout_s: float = LISTEN_WAIT_S) -> bool:
                 return True
         except OSError:
             pass
-        if time.monotonic() >= deadline:
+        if process.poll() is not None or time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
 

@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 def shared(cluster: Cluster) -> Iterator[BenchCluster]:
     """The session's shared cluster (cloud, fog-a, fog-b, fog-c; checkpoints every 2 s,
     central pulls every 4 s, its trigger), seen as a bench cluster; the node E2 kills is
-    started again by the next module that takes the cluster."""
+    started again by the next module that takes the cluster and uses it."""
     yield BenchCluster(
         cluster.home,
         ClusterOptions(

@@ -36,10 +36,19 @@ def kill_orchestrator(cluster: Cluster) -> None:
 
 def pause_at(cluster: Cluster, point: str) -> int:
     """Make the cluster's running orchestrator stop at ``point`` (``<kind>:<phase>``) of its
-    next operation that reaches it; return where its log stands (for :func:`wait_logged`)."""
+    next operation that reaches it; return where its log stands (for :func:`wait_logged`).
+    A test that asks this must end with :func:`restart_orchestrator` (or
+    :func:`release_pause`, which does it when needed)."""
     since = orchestrator_log(cluster).stat().st_size
     cluster.pause_file.write_text(point)
     return since
+
+
+def release_pause(cluster: Cluster) -> None:
+    """After a test: no stop asked for any more, and an orchestrator that stopped at one
+    (the test failed before it killed it) replaced by one that recovers its operation."""
+    if cluster.pause_file.exists():
+        restart_orchestrator(cluster)
 
 
 def restart_orchestrator(cluster: Cluster) -> int:

@@ -1,6 +1,6 @@
 """Case 2 on real agents, through `fogshift demo --case ecg`: simulated patients' ECG through
-amplify, a keyed band-pass and a keyed classifier, moved to another node as one group, that
-node SIGKILLed and the three restored by the orchestrator; the filtered signal
+amplify, a keyed band-pass and a keyed classifier, moved to another node mid-stream as one
+group, that node SIGKILLed and the three restored by the orchestrator; the filtered signal
 (sample by sample) and the alarms equal an offline reference that filters each recording
 whole. The twins, the events endpoint and a refused group are checked on the pipeline the
 demo leaves running."""
@@ -31,13 +31,12 @@ from tests.web.browser import PAGE_FITS, shoot
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow]
 
-#: As fast as the source goes: the recordings are all sent in the first batches, and the
-#: move and the kill come once every twin is warm. At real time (72 s, then 48 s of it) they
-#: came after the recordings had ended on two loaded cores too, so the stream cost a minute
-#: of batches for nothing; what holds either way is asserted (the output equals the
-#: reference; the fenced band-pass never wrote again). Case 2's state moved mid-stream is
-#: the twins test's (a wearable's key) and the bench smoke's (the classifier).
-SOURCE = EcgSourceOptions(patients=4, duration_s=30.0, speed=0.0, onset_s=12.0, seed=2)
+#: At real time, long enough that on a quiet machine the move and the kill come while the
+#: wearables stream; on two loaded cores the recordings may end before the kill (they did
+#: even at 72 s, so the suite waits 48 s, not longer). Which it is, is the machine's to
+#: decide, so the test asserts what holds either way (the output equals the reference; the
+#: fenced band-pass never wrote again).
+SOURCE = EcgSourceOptions(patients=4, duration_s=48.0, speed=1.0, onset_s=12.0, seed=2)
 PROCESSING = ("amplify", "bandpass", "classify")
 
 

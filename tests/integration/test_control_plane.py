@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import Cluster
-from tests.integration.control import pause_at, restart_orchestrator, start_cli, wait_logged
+from tests.integration.control import (
+    pause_at,
+    release_pause,
+    restart_orchestrator,
+    start_cli,
+    wait_logged,
+)
 from tests.integration.helpers import (
     assert_only_new_epochs_after_fence,
     case1_spec,
@@ -30,9 +36,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(autouse=True)
 def no_pause_left(cluster: Cluster) -> Iterator[None]:
-    """A test that failed before its orchestrator stopped leaves no stop asked for."""
+    """A test that failed before it killed the orchestrator it had stop leaves no stop asked
+    for, and no orchestrator held at one."""
     yield
-    cluster.pause_file.unlink(missing_ok=True)
+    release_pause(cluster)
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 120) -> Any:

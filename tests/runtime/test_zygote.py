@@ -13,6 +13,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -273,3 +274,22 @@ def test_a_deep_folders_zygote_removes_its_folder_when_it_exits(tmp_path: Path) 
     assert socket.parent.name.startswith(zygote.TEMP_PREFIX)
     _orphan_exits(socket)
     assert not socket.parent.exists()
+
+
+def test_a_session_waits_for_its_zygote_to_listen_and_not_for_one_that_exited(
+    tmp_path: Path,
+) -> None:
+    # The wait before a session's first Python worker: over once the socket is there...
+    path = zygote.socket_path(tmp_path / "spark")
+    proc = zygote.start(path)
+    try:
+        assert zygote.wait_listening(path, proc, timeout_s=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    # ... and at once when the zygote exited without listening (not after the timeout).
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    started = time.monotonic()
+    assert not zygote.wait_listening(tmp_path / "none" / "socket", gone, timeout_s=60)
+    assert time.monotonic() - started < 5
