@@ -61,12 +61,7 @@ def restart_orchestrator(cluster: Cluster) -> int:
     cluster.pause_file.unlink(missing_ok=True)
     kill_orchestrator(cluster)
     since = orchestrator_log(cluster).stat().st_size
-    args = ["up", "--home", str(cluster.home), "--nodes", ",".join(cluster.nodes)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "fogshift.cli.main", *args, *cluster.up_args],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env=cluster.up_env(),
-    )  # fmt: skip
-    assert proc.returncode == 0, f"restarting the orchestrator failed\n{proc.stdout}{proc.stderr}"
+    cluster.up()  # the cluster's own `up`: it starts only what died
     return since
 
 
