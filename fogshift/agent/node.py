@@ -64,6 +64,7 @@ from fogshift.contracts import (
     TwinState,
 )
 from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.runtime import crashes
 from fogshift.runtime.api import Processor
 from fogshift.runtime.csv_io import read_marker, reset_sink
 from fogshift.runtime.engine import QueryPlan, start_query
@@ -377,6 +378,8 @@ class NodeRuntime:
             if fresh:
                 shutil.rmtree(checkpoint, ignore_errors=True)
                 shutil.rmtree(self.snapshot_store(pipeline, element.id), ignore_errors=True)
+                # Its origins start again at 0: no event of an earlier deploy is condemned.
+                crashes.reset(crashes.folder_of(self.gate_file(pipeline, element.id)))
                 if element.role == "sink":
                     self._reset_sink(pipeline, element, epoch)
             checkpoint.mkdir(parents=True, exist_ok=True)
@@ -450,6 +453,10 @@ class NodeRuntime:
                 log.warning("%s: removed state files left without any batch in its "
                             "checkpoint", hosted.plan.query_name)  # fmt: skip
             self._close_location(hosted)  # a failed run's, before it is restarted
+            if hosted.plan.gate_file:
+                # Marks left by workers Spark killed (a stop, a cancelled task) are never
+                # blamed for a later crash.
+                crashes.prepare(crashes.folder_of(hosted.plan.gate_file))
             with self._lock:
                 keep = {Path(h.plan.location) for h in self._elements.values()
                         if h.plan.location}  # fmt: skip
@@ -1063,6 +1070,8 @@ class NodeRuntime:
             return
         if hosted.last_batch > hosted.started_batch:
             hosted.failures = hosted.element_failures = 0  # it committed a batch: it works
+        if hosted.plan.gate_file and hosted.plan.element.role == "processor":
+            self._stop_overrunning(hosted)
         if not query.isActive:
             error = query.exception()
             text = str(error) if error else "query stopped by itself"
@@ -1072,6 +1081,7 @@ class NodeRuntime:
                 hosted.query = None
                 log.warning("%s is fenced: %s", hosted.plan.query_name, text[:300])
                 return
+            self._blame(hosted, text)
             cause = python_error(text)
             if cause is None:
                 self._failed(hosted, text)
@@ -1081,6 +1091,48 @@ class NodeRuntime:
             log.warning("%s failed: %s", hosted.plan.query_name, text[:4000])
             kind, message = cause
             self._failed(hosted, f"{kind}: {message}", element_error=kind == ElementError.__name__)
+
+    def _stop_overrunning(self, hosted: HostedElement) -> None:
+        """Kill the PE's Python workers stuck in one event far past its time limit, which
+        its alarm cannot end (native code): the crash that follows blames the event."""
+        limit = hosted.plan.element.event_timeout
+        killed = crashes.stop_overrunning(crashes.folder_of(hosted.plan.gate_file), limit)
+        for pid, event in killed.items():
+            log.warning(
+                "%s on node %s: killed its Python worker %d, in process() of event %s "
+                "(origin:seq:crc) for over %g s (event_timeout_s %g s)",
+                hosted.plan.query_name,
+                self.config.name,
+                pid,
+                event,
+                crashes.kill_after(limit),
+                limit,
+            )
+
+    def _blame(self, hosted: HostedElement, error: str) -> None:
+        """After the PE's query failed with ``error``: if a Python worker crashed, count the
+        event it died in; one that killed its worker twice is a dead letter from the next
+        start on (:mod:`fogshift.runtime.crashes`), so it cannot stop the PE."""
+        if not hosted.plan.gate_file or crashes.CRASHED not in error:
+            return
+        try:
+            folder = crashes.folder_of(hosted.plan.gate_file)
+            suspects = crashes.blame(folder, error, hosted.plan.element.id)
+        except OSError:  # (the folder unreadable: the restart loop goes on as before)
+            log.exception("%s: cannot look for the event that crashed its worker",
+                          hosted.plan.query_name)  # fmt: skip
+            return
+        for event, count in suspects.items():
+            condemned = count >= crashes.CRASHES_TO_CONDEMN
+            log.warning(
+                "%s on node %s: its Python worker died processing event %s (origin:seq:crc), "
+                "%d time(s)%s",
+                hosted.plan.query_name,
+                self.config.name,
+                event,
+                count,
+                ": it is a dead letter from now on" if condemned else "",
+            )
 
     def snapshot_all(self) -> None:
         """Take a node-level checkpoint of every running PE that committed a new batch."""

@@ -12,16 +12,22 @@ calling ``sys.exit()`` on a bad input failed the batch at every retry). Only
 ``KeyboardInterrupt`` and a processor that cannot be built at all
 (:class:`~fogshift.runtime.exceptions.ElementError`: nothing an event did) end the batch.
 
+**An event that kills its worker** (``os._exit()``, a crash in native code, the OOM
+killer) cannot be caught here: the worker's mark names it while ``process()`` runs, the
+agent blames it after the crash, and once it killed its worker twice it is *condemned*: a
+dead letter without being processed (:mod:`fogshift.runtime.crashes`).
+
 **A stuck event.** ``process()`` (its outputs iterated too) has ``event_timeout_s`` for one
 event; past it the event is a dead letter like any other failure, and its state changes are
 undone. The bound is a ``SIGALRM`` timer armed around each event (:class:`_Deadline`), so it
 also interrupts a ``sleep`` and most blocking calls, and it raises a ``BaseException`` that a
 processor's own ``except Exception`` does not swallow (it is raised again every second until
-it escapes; a processor that catches ``BaseException`` every time is not stopped, and one
-that catches it and returns has its event processed). Signals reach the main thread only: in
-any other thread there is no bound (Spark's Python workers run processors in their main
+it escapes; a processor that catches ``BaseException`` every time is not stopped here, and
+one that catches it and returns has its event processed). Signals reach the main thread only:
+in any other thread there is no bound (Spark's Python workers run processors in their main
 thread). Code that never returns to the interpreter (a C extension's loop) is not interrupted
-either, and the encoding of the outputs, after ``process()``, is not timed. An instance that
+either; such a worker, or one that swallows the alarm every time, is killed by its agent
+later (see below). The encoding of the outputs, after ``process()``, is not timed. An instance that
 goes on after such an event (a stateless or keyed PE's) keeps whatever it holds besides its
 declared state as the interruption left it. A ``SIGALRM`` timer the caller had armed
 (pytest-timeout's, say) keeps its deadline: its handler runs when it is due, in the batch too.
@@ -61,6 +67,7 @@ from fogshift.events import (
     oversize,
 )
 from fogshift.runtime.api import Processor, encode_state
+from fogshift.runtime.crashes import NO_WATCH, Watch
 from fogshift.runtime.exceptions import DeadLetter, ElementError
 
 RECORD_COLUMNS = ["origin", "idx", "seq", "timestamp", "creator", "body", "dead"]
@@ -338,14 +345,35 @@ def _process(
     row: InputRow,
     limit: int,
     deadline: _Deadline = _UNBOUNDED,
+    watch: Watch = NO_WATCH,
 ) -> list[tuple[int, float, str]]:
     """Run one input row through ``processor``; its encoded outputs.
 
     Raises:
-        _Rejected: The event is a dead letter.
+        _Rejected: The event is a dead letter (also when ``watch`` says it is condemned:
+            it killed its worker before, :mod:`fogshift.runtime.crashes`).
     """
+    condemned = watch.condemned(row)
+    if condemned is not None:
+        raise _Rejected(condemned, touched=False)
     event = _event(pe, row)
-    return _encode(pe, event, _call(processor, pe, event, deadline), limit)
+    return _encode(pe, event, _watched(processor, pe, row, event, deadline, watch), limit)
+
+
+def _watched(
+    processor: Processor,
+    pe: str,
+    row: InputRow,
+    event: Event,
+    deadline: _Deadline,
+    watch: Watch,
+) -> list[Any]:
+    """:func:`_call` with the worker's mark naming ``row``'s event while it runs."""
+    watch.enter(row)
+    try:
+        return _call(processor, pe, event, deadline)
+    finally:
+        watch.leave()
 
 
 def dead_letter(row: InputRow, pe: str, reason: str, limit: int) -> RecordRow:
@@ -424,9 +452,10 @@ class _Batch(Generic[T]):
         pipeline: str,
         live: Processor | None = None,
         deadline: _Deadline = _UNBOUNDED,
+        watch: Watch = NO_WATCH,
     ) -> None:
         self.build, self.rows, self.finish, self.limit, self.pe = build, rows, finish, limit, pe
-        self.live, self.deadline = live, deadline
+        self.live, self.deadline, self.watch = live, deadline, watch
         #: Names the PE in errors (dead-letter reasons name the PE only: they live in its
         #: pipeline's streams).
         self.who = f"processor {pe!r}" + (f" of pipeline {pipeline!r}" if pipeline else "")
@@ -455,7 +484,7 @@ class _Batch(Generic[T]):
         """Run event ``i``; ``False`` if it failed after ``process()`` ran (state to undo)."""
         row = self.rows[i]
         try:
-            outputs = _process(processor, self.pe, row, self.limit, self.deadline)
+            outputs = _process(processor, self.pe, row, self.limit, self.deadline, self.watch)
         except _Rejected as rejected:
             self._kill(i, rejected.reason)
             return not rejected.touched
@@ -481,7 +510,8 @@ class _Batch(Generic[T]):
                 continue
             try:
                 # Its outputs are already collected: only the state matters here.
-                _call(processor, self.pe, _event(self.pe, self.rows[j]), self.deadline)
+                row = self.rows[j]
+                _watched(processor, self.pe, row, _event(self.pe, row), self.deadline, self.watch)
             except _Rejected as rejected:
                 raise _ReplayFailed(j, rejected.reason) from rejected
         return processor
@@ -606,6 +636,7 @@ def run_batch(
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     live: Processor | None = None,
     event_timeout_s: float | None = DEFAULT_EVENT_TIMEOUT_S,
+    watch: Watch = NO_WATCH,
 ) -> tuple[list[RecordRow], T]:
     """Run one batch of a **stateful** processor with per-event isolation.
 
@@ -627,6 +658,9 @@ def run_batch(
             has to be undone. ``finish`` then receives it or an instance ``build`` made.
         event_timeout_s: How long ``process()`` may take for one event before the event is
             a dead letter (``None``: no bound; see the module docstring).
+        watch: The worker's mark and the PE's condemned events (see
+            :mod:`fogshift.runtime.crashes`): each event is marked while it runs, and a
+            condemned one is a dead letter without running.
 
     Returns:
         The output records (events and dead letters, by origin) and ``finish``'s result for
@@ -636,8 +670,18 @@ def run_batch(
         ElementError: The processor cannot be built, or rebuilt from its own snapshot.
     """
     deadline = _Deadline(event_timeout_s)
+    watch.refresh()
     batch = _Batch(
-        build, start_state, list(rows), finish, max_record_bytes, pe, pipeline, live, deadline
+        build,
+        start_state,
+        list(rows),
+        finish,
+        max_record_bytes,
+        pe,
+        pipeline,
+        live,
+        deadline,
+        watch,
     )
     with deadline.batch():
         return batch.run()
@@ -649,6 +693,7 @@ def run_events(
     *,
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     event_timeout_s: float | None = DEFAULT_EVENT_TIMEOUT_S,
+    watch: Watch = NO_WATCH,
 ) -> Iterator[RecordRow]:
     """Feed ``rows`` (sorted by origin) to ``processor``; yield output records.
 
@@ -659,17 +704,19 @@ def run_events(
     the state as if those events had never arrived (its state is snapshotted once, up front,
     to undo them; the engine uses :func:`run_batch` with the stored state instead). Every
     event has run before the first record is yielded (the time limit's alarm is the
-    batch's only while it runs, not while the caller holds this generator).
+    batch's only while it runs, not while the caller holds this generator). ``watch``: as
+    in :func:`run_batch`.
     """
     pe = processor.element_id
     rows = list(rows)
     if not processor.is_stateful():
+        watch.refresh()
         records: list[RecordRow] = []
         deadline = _Deadline(event_timeout_s)
         with deadline.batch():
             for row in rows:
                 try:
-                    outputs = _process(processor, pe, row, max_record_bytes, deadline)
+                    outputs = _process(processor, pe, row, max_record_bytes, deadline, watch)
                 except _Rejected as rejected:
                     records.append(dead_letter(row, pe, rejected.reason, max_record_bytes))
                     continue
@@ -693,6 +740,7 @@ def run_events(
         max_record_bytes=max_record_bytes,
         live=processor,  # the caller's instance runs the batch until an event is undone
         event_timeout_s=event_timeout_s,
+        watch=watch,
     )
     if final is not processor:
         processor.restore(json.loads(encode_state(final.snapshot())))

@@ -57,6 +57,7 @@ from fogshift.runtime.batch import (
     split_refused,
     unkeyed_dead_letters,
 )
+from fogshift.runtime.crashes import watch_for
 from fogshift.runtime.exceptions import ElementError
 from fogshift.runtime.gate import start_run
 from fogshift.runtime.instances import InstanceKey, call_hook, registry
@@ -297,6 +298,7 @@ def _stateless(  # type: ignore[no-untyped-def]
                     run_events(
                         processor, rows,  # type: ignore[arg-type]
                         max_record_bytes=limit, event_timeout_s=event_timeout_s,
+                        watch=watch_for(gate),
                     )
                 )  # fmt: skip
                 if out:
@@ -488,6 +490,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     max_record_bytes=limit,
                     live=live,
                     event_timeout_s=event_timeout_s,
+                    watch=watch_for(gate),
                 )
             except BaseException:
                 _drop(used, None, instance)
@@ -545,6 +548,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 got, fresh = run_batch(
                     build, lambda: self._decoded(before), rows, finish=self._texts, pe=pe,
                     pipeline=pipeline, max_record_bytes=limit, event_timeout_s=event_timeout_s,
+                    watch=watch_for(gate),
                 )  # fmt: skip
                 if not before and sum(r[6] is not None for r in got) == len(rows):
                     # Every event was a dead letter: the key is as before them, which is no

@@ -6,6 +6,9 @@ later output.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import faulthandler
 import time
 from typing import Any
 
@@ -17,7 +20,9 @@ class Poisoned(Processor):
     """Running count and total of ``value``, with ``sensor`` passed through.
 
     ``boom-index`` raises IndexError, ``boom-runtime`` RuntimeError; ``hang-loop`` never
-    returns (a loop), ``hang-sleep`` not for an hour; a value that is not a finite number
+    returns (a loop), ``hang-sleep`` not for an hour; ``crash-segv`` kills its Python worker
+    (a segmentation fault, as a C extension's bug would), ``hang-stubborn`` never returns and
+    swallows the time limit's alarm every time; a value that is not a finite number
     (``1e999`` stays text, ``float()`` makes it infinity) makes the output non-finite.
     """
 
@@ -36,5 +41,12 @@ class Poisoned(Processor):
                 pass
         if sensor == "hang-sleep":
             time.sleep(3600)
+        if sensor == "hang-stubborn":
+            while True:
+                with contextlib.suppress(BaseException):  # the time limit's alarm too
+                    time.sleep(3600)
+        if sensor == "crash-segv":
+            faulthandler.disable()  # (its dump would only fill the node's log)
+            ctypes.string_at(0)
         self.total += float(event.body["value"])
         return {"count": self.count, "total": self.total, "sensor": sensor}

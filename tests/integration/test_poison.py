@@ -1,7 +1,9 @@
 """Poison events end to end: odd CSV bytes, a ``1e999`` cell and a custom PE that raises,
-returns a non-finite number or never returns on some events (its ``event_timeout_s`` is
-1 s). Each bad event is a dead letter with its reason,
-the output equals a reference computed without them, and no query restarts. A PE whose
+returns a non-finite number, never returns (its ``event_timeout_s`` is 1 s; once swallowing
+the alarm every time) or kills its Python worker with a segmentation fault on some events.
+Each bad event is a dead letter with its reason, the output equals a reference computed
+without them, and no query restarts but for the two crashes it takes to condemn each event
+that kills its worker (the stubborn one's worker is killed by its node). A PE whose
 class cannot be imported is ``failed`` with the error after a bounded number of restarts."""
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ BAD = {
     130: ("poison", "processor 'poison' raised RuntimeError: sensor boom-runtime is cursed"),
     200: ("poison", "processor 'poison' took longer than 1 s for one event (event_timeout_s"),
     201: ("poison", "processor 'poison' took longer than 1 s for one event (event_timeout_s"),
+    230: ("poison", "running processor 'poison' died in this event 2 times"),
+    260: ("poison", "the last time killed by its node after 4 s in process()"),
     150: ("source", "row 150 has 2 columns, the header has 3"),
 }
 
@@ -62,6 +66,10 @@ def write_input(path: Path) -> None:
             line = f"{1_700_000_000 + k},boom-index,{value}".encode()
         elif k == 130:
             line = f"{1_700_000_000 + k},boom-runtime,{value}".encode()
+        elif k == 230:
+            line = f"{1_700_000_000 + k},crash-segv,{value}".encode()
+        elif k == 260:
+            line = f"{1_700_000_000 + k},hang-stubborn,{value}".encode()
         elif k in (200, 201):
             line = f"{1_700_000_000 + k},{('hang-loop', 'hang-sleep')[k - 200]},{value}".encode()
         elif k == 90:
@@ -87,7 +95,14 @@ def reference(path: Path) -> list[tuple[int, int, float, str]]:
             cells = next(csv.reader([raw.removesuffix(b"\r").decode("utf-8")]))
         except (UnicodeDecodeError, csv.Error):
             continue
-        if len(cells) != 3 or cells[1] in ("boom-index", "boom-runtime", "hang-loop", "hang-sleep"):
+        if len(cells) != 3 or cells[1] in (
+            "boom-index",
+            "boom-runtime",
+            "hang-loop",
+            "hang-sleep",
+            "crash-segv",
+            "hang-stubborn",
+        ):
             continue
         value = float(cells[2])
         if not math.isfinite(total + value):
@@ -148,9 +163,13 @@ def test_poison_events_are_dead_letters_and_the_rest_is_exact(
         assert got[seq][0] == element and reason in got[seq][1], (seq, got[seq])
 
     by_id = {e["element"]: e for e in cluster.status("poison")["elements"]}
+    # The worker killer and the stubborn event each crashed a batch twice (the stubborn one's
+    # worker killed by its node); then they were condemned, and nothing since.
+    restarts = {"source": 0, "poison": 4, "sink": 0}
     for element in ("source", "poison", "sink"):
-        assert (by_id[element]["state"], by_id[element]["restarts"]) == ("running", 0), by_id
-    assert by_id["source"]["dead_letters"] == 3 and by_id["poison"]["dead_letters"] == 6
+        got = (by_id[element]["state"], by_id[element]["restarts"])
+        assert got == ("running", restarts[element]), by_id
+    assert by_id["source"]["dead_letters"] == 3 and by_id["poison"]["dead_letters"] == 8
 
 
 def test_a_class_that_cannot_be_imported_fails_after_bounded_restarts(

@@ -1,0 +1,336 @@
+"""Events that kill the Python worker processing them: found, then dead-lettered.
+
+Per-event isolation (:mod:`fogshift.runtime.batch`) catches whatever ``process()`` raises,
+but an event can also end the worker itself: ``os._exit()`` in user or library code, a
+crash in native code (a C extension given a value it does not expect), the kernel's OOM
+killer. Spark then fails the task ("Python worker exited unexpectedly (crashed)"), the
+query fails, and its restart replays the same batch, which crashes again: one event would
+stop the PE for good. This module finds that event and has it dead-lettered instead.
+
+- **Marks.** While ``process()`` runs for an event, the worker's *mark* (a small file named
+  by its pid, memory-mapped: a few bytes written per event, no system call) names the event:
+  its ``origin``, ``seq`` and a CRC of its body. Between events the mark is cleared.
+- **Blame.** When the PE's query fails with a crashed Python worker, the agent
+  (:func:`blame`) reads the marks of the workers that are gone: a mark still set names the
+  event its worker died in. Each such event is a *suspect*, counted in ``suspects.json``.
+- **Condemned.** A suspect counted :data:`CRASHES_TO_CONDEMN` times (its batch replayed and
+  crashed on it again) is *condemned* (``condemned.json``). Workers read that list before
+  each batch, and a condemned event becomes a dead letter without ``process()`` being called:
+  the PE goes on, with its state as before that event (the crashed batches were never
+  committed, so their state changes were never kept).
+
+- **Stuck in native code.** The time limit per event (:mod:`fogshift.runtime.batch`) is a
+  signal, which code that never returns to the interpreter (a C extension's loop) never
+  sees, and a processor that catches ``BaseException`` every time ignores. The agent
+  therefore looks at the marks every second (:func:`stop_overrunning`): a worker whose mark
+  is set for longer than :func:`kill_after` of the element's ``event_timeout_s`` is killed
+  (SIGKILL), which Spark reports as a crashed worker, and the event is blamed as above.
+
+Why twice: a worker can die in an innocent event (the OOM killer chose it for another
+process's memory; a kill from outside). Once is bad luck, the same event twice at the same
+place is not. A worker Spark kills itself (a stopped query, a cancelled task) is not
+blamed: only a query that failed with a crashed worker is looked at, and its marks are
+cleared at every start of the query.
+
+An event is named by ``(origin, seq, CRC-32 of its body)``: an origin alone can come again
+after a fresh deploy (the folder is then cleared too, :func:`reset`). Everything lives in
+``<gate>.crashes/`` beside the PE's gate (:mod:`fogshift.runtime.gate`), on the node: a
+move to another node starts with nothing condemned there (the event, if replayed there, is
+found again the same way).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import signal
+import struct
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CRASHED",
+    "CRASHES_TO_CONDEMN",
+    "NO_WATCH",
+    "Watch",
+    "blame",
+    "condemned_events",
+    "folder_of",
+    "kill_after",
+    "prepare",
+    "reset",
+    "stop_overrunning",
+    "watch_for",
+]
+
+#: What Spark's error says when a Python worker died in a task (any cause).
+CRASHED = "Python worker exited unexpectedly"
+#: Crashes on the same event after which it is condemned (a dead letter from then on).
+CRASHES_TO_CONDEMN = 2
+
+#: A mark: set (1) or clear (0), origin, seq, CRC-32 of the body, since (monotonic clock,
+#: the same in every process of the host).
+_MARK = struct.Struct("<Bqqid")
+_SUSPECTS = "suspects.json"
+_CONDEMNED = "condemned.json"
+#: Workers the agent killed for overrunning: pid -> the limit they were over.
+_KILLED = "killed.json"
+
+
+def kill_after(event_timeout_s: float) -> float:
+    """How long a worker may stay in one event's ``process()`` before the agent kills it:
+    twice the element's time limit, plus 2 s (the limit's own alarm ends any event that
+    returns to the interpreter well before; this is for the ones that never do)."""
+    return 2 * event_timeout_s + 2.0
+
+
+_TYPE = "fogshift.condemned/1"
+
+
+def folder_of(gate: str | Path) -> Path:
+    """The folder of the marks and lists of the PE whose gate is ``gate``."""
+    return Path(f"{gate}.crashes")
+
+
+def _event_id(origin: int, seq: int, crc: int) -> str:
+    return f"{origin}:{seq}:{crc}"
+
+
+def _crc(body: str) -> int:
+    # (A body holding a lone surrogate, which a broken input can carry, still has a CRC.)
+    return zlib.crc32(body.encode("utf-8", "surrogatepass")) - (1 << 31)
+
+
+class Watch:
+    """One worker's mark for one PE, and that PE's condemned events.
+
+    Use :meth:`refresh` before a batch, :meth:`condemned` before an event, :meth:`enter`
+    and :meth:`leave` around its ``process()``. A watch whose folder cannot be used (it
+    does not exist: a test or a tool running a batch outside an agent) marks nothing and
+    condemns nothing.
+    """
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self._map: mmap.mmap | None = None
+        self._seen: int | None = None
+        self._condemned: dict[str, str] = {}
+        if folder is None or not folder.is_dir():
+            return
+        path = folder / str(os.getpid())
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.ftruncate(fd, _MARK.size)
+                self._map = mmap.mmap(fd, _MARK.size)
+            finally:
+                os.close(fd)
+        except OSError:  # a full or read-only disk: no marks, the batch still runs
+            self._map = None
+
+    def enter(self, row: tuple[Any, ...]) -> None:
+        """Mark the event of input row ``row`` (``(origin, seq, timestamp, creator, body)``)."""
+        if self._map is not None:
+            origin, seq, crc = int(row[0]), int(row[1]), _crc(str(row[4]))
+            _MARK.pack_into(self._map, 0, 1, origin, seq, crc, time.monotonic())
+
+    def leave(self) -> None:
+        """Clear the mark: ``process()`` returned (or raised) for the marked event."""
+        if self._map is not None:
+            self._map[0] = 0
+
+    def condemned(self, row: tuple[Any, ...]) -> str | None:
+        """Why the event of ``row`` is a dead letter without being processed (``None``: it
+        is not condemned), as of the last :meth:`refresh`."""
+        if not self._condemned:
+            return None
+        return self._condemned.get(_event_id(int(row[0]), int(row[1]), _crc(str(row[4]))))
+
+    def refresh(self) -> None:
+        """Read the PE's condemned events again if their file changed (once per batch: a
+        crash always ends the batch, and its retry is the next one)."""
+        if self.folder is None:
+            return
+        try:
+            seen = (self.folder / _CONDEMNED).stat().st_mtime_ns
+        except OSError:
+            seen = None
+        if seen != self._seen:
+            self._seen = seen
+            self._condemned = condemned_events(self.folder) if seen is not None else {}
+
+
+#: A watch that marks and condemns nothing.
+NO_WATCH = Watch(None)
+
+_watches: dict[tuple[int, str], Watch] = {}
+
+
+def watch_for(gate: str) -> Watch:
+    """This worker's watch for the PE behind ``gate`` (one per process and PE, kept)."""
+    if not gate:
+        return NO_WATCH
+    key = (os.getpid(), gate)  # a forked child makes its own mark
+    watch = _watches.get(key)
+    if watch is None or watch._map is None:
+        watch = _watches[key] = Watch(folder_of(gate))
+    return watch
+
+
+def condemned_events(folder: Path) -> dict[str, str]:
+    """The condemned events of a PE's folder: event id -> the reason its dead letter gives."""
+    try:
+        data = json.loads((folder / _CONDEMNED).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("type") != _TYPE:
+        return {}
+    events = data.get("events")
+    return {str(k): str(v) for k, v in events.items()} if isinstance(events, dict) else {}
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    # ``pid (comm) S ...``: the state follows the last ')' (comm may hold one).
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def _marks(folder: Path) -> list[tuple[Path, int]]:
+    out = []
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if path.name.isdigit():
+            out.append((path, int(path.name)))
+    return out
+
+
+def _read_mark(path: Path) -> tuple[str, float] | None:
+    """The event id a mark names and since when (``None``: clear, or unreadable)."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if len(raw) < _MARK.size:
+        return None
+    flag, origin, seq, crc, since = _MARK.unpack_from(raw)
+    return (_event_id(origin, seq, crc), since) if flag == 1 else None
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def stop_overrunning(
+    folder: Path, event_timeout_s: float, now: float | None = None
+) -> dict[int, str]:
+    """Kill the PE's workers that have been in one event's ``process()`` for longer than
+    :func:`kill_after` of ``event_timeout_s``; called by the agent every second.
+
+    Args:
+        now: The monotonic clock's time to judge by (``None``: now).
+
+    Returns:
+        The workers killed, pid -> the event id they were in.
+    """
+    limit = kill_after(event_timeout_s)
+    now = time.monotonic() if now is None else now
+    killed: dict[int, str] = {}
+    for path, pid in _marks(folder) if folder.is_dir() else ():
+        mark = _read_mark(path)
+        if mark is None or now - mark[1] <= limit or not _alive(pid):
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone meanwhile (or not ours): nothing to stop
+            continue
+        killed[pid] = mark[0]
+    if killed:
+        noted = _load(folder / _KILLED)
+        noted.update({str(pid): event_timeout_s for pid in killed})
+        _write(folder / _KILLED, noted)
+    return killed
+
+
+def prepare(folder: Path) -> None:
+    """Make the folder (0700) and drop the marks of workers that are gone: called before
+    each start of the PE's query, so no mark left by a worker Spark killed is blamed later."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for path, pid in _marks(folder):
+        if not _alive(pid):
+            path.unlink(missing_ok=True)
+
+
+def reset(folder: Path) -> None:
+    """Forget everything of the PE (a fresh deploy: origins start again at 0)."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def blame(folder: Path, error: str, pe: str) -> dict[str, int]:
+    """After the PE's query failed with ``error``: count the events its crashed workers died in.
+
+    Only an error saying a Python worker crashed (:data:`CRASHED`) is looked at (``pe``, the
+    element's id, is named in the dead letters' reason). Each mark
+    still set by a worker that is gone names a suspect; its count goes up by one, and one
+    at :data:`CRASHES_TO_CONDEMN` is condemned. The gone workers' marks are removed.
+
+    Returns:
+        The suspects of this failure, event id (``origin:seq:crc``) -> its count now.
+    """
+    if CRASHED not in error or not folder.is_dir():
+        return {}
+    killed = _load(folder / _KILLED)
+    found: dict[str, float | None] = {}  # event id -> the limit it overran (None: crashed)
+    for path, pid in _marks(folder):
+        if _alive(pid):
+            continue
+        mark = _read_mark(path)
+        path.unlink(missing_ok=True)
+        if mark is not None:
+            over = killed.get(str(pid))
+            found[mark[0]] = float(over) if over is not None else None
+    if killed:
+        (folder / _KILLED).unlink(missing_ok=True)
+    if not found:
+        return {}
+    counts = _load(folder / _SUSPECTS)
+    now = {}
+    for event in found:
+        now[event] = counts[event] = int(counts.get(event, 0)) + 1
+    _write(folder / _SUSPECTS, counts)
+    guilty = {e: n for e, n in now.items() if n >= CRASHES_TO_CONDEMN}
+    if guilty:
+        events = condemned_events(folder)
+        for event, n in guilty.items():
+            over = found[event]
+            how = (
+                "os._exit(), a crash in native code, or the OOM killer"
+                if over is None
+                else f"the last time killed by its node after {kill_after(over):g} s in "
+                f"process(), its event_timeout_s being {over:g} s: it never returned to Python "
+                "(native code), or caught the time limit's alarm"
+            )
+            events[event] = (
+                f"the Python worker running processor {pe!r} died in this event {n} times, "
+                f"its batch retried in between ({how})"
+            )
+        _write(folder / _CONDEMNED, {"type": _TYPE, "events": events})
+    return now

@@ -1,0 +1,235 @@
+"""An event that kills its Python worker: marked, blamed, condemned, then a dead letter
+(fogshift.runtime.crashes, fogshift.runtime.batch). Real forked workers that really die:
+``os._exit``, a segmentation fault, SIGKILL."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.events import Event
+from fogshift.runtime import crashes
+from fogshift.runtime.api import Processor
+from fogshift.runtime.batch import run_batch, run_events
+from fogshift.runtime.crashes import Watch, blame, condemned_events, prepare, watch_for
+from tests.runtime.test_batch import Acc, reference, row, split
+
+SPARK_SAYS = (
+    "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed). "
+    "Consider setting 'spark.python.worker.faulthandler.enabled'"
+)
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> str:
+    path = tmp_path / "gates" / "pipe" / "pe.json"
+    path.parent.mkdir(parents=True)
+    prepare(crashes.folder_of(path))
+    return str(path)
+
+
+def die_in(
+    gate: str, event: tuple[Any, ...], how: Callable[[], object], leave: bool = False
+) -> int:
+    """Fork a worker that marks ``event``, then dies by ``how`` (after clearing its mark if
+    ``leave``); reap it and return its pid."""
+    pid = os.fork()
+    if pid == 0:  # the worker
+        try:
+            watch = watch_for(gate)
+            watch.enter(event)
+            if leave:
+                watch.leave()
+            how()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def exit_7() -> None:
+    os._exit(7)
+
+
+def segfault() -> None:
+    faulthandler.disable()  # (pytest's, inherited: its dump of every thread is noise here)
+    ctypes.string_at(0)
+
+
+def sigkill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", [exit_7, segfault, sigkill], ids=["exit", "segv", "kill"])
+def test_an_event_that_kills_its_worker_twice_is_condemned(gate: str, how: Any) -> None:
+    folder = crashes.folder_of(gate)
+    bad, good = row(5, v=1), row(6, v=2)
+    die_in(gate, bad, how)
+    [(event, count)] = blame(folder, SPARK_SAYS, "pe").items()
+    assert count == 1 and event.startswith("10:5:")  # origin 10, seq 5
+    assert condemned_events(folder) == {}  # once may be bad luck
+    assert not any(p.name.isdigit() for p in folder.iterdir())  # the gone worker's mark
+
+    die_in(gate, bad, how)
+    assert blame(folder, SPARK_SAYS, "pe") == {event: 2}
+    reason = condemned_events(folder)[event]
+    assert "the Python worker running processor 'pe' died in this event 2 times" in reason
+
+    watch = Watch(folder)
+    watch.refresh()
+    assert watch.condemned(bad) == reason
+    assert watch.condemned(good) is None
+    # Same origin and seq, another body (a fresh deploy's event there): not this one.
+    assert watch.condemned((10, 5, 0.0, "src", json.dumps({"v": 9}))) is None
+
+
+def test_only_a_crash_is_blamed_and_only_on_a_set_mark_of_a_gone_worker(gate: str) -> None:
+    folder = crashes.folder_of(gate)
+    # A worker that finished its event before it died: not blamed.
+    die_in(gate, row(1), exit_7, leave=True)
+    assert blame(folder, SPARK_SAYS, "pe") == {}
+    # A failure that is not a crashed worker (broker trouble, a stop): marks not read.
+    die_in(gate, row(2), exit_7)
+    assert blame(folder, "java.io.IOException: No space left on device", "pe") == {}
+    assert any(p.name.isdigit() for p in folder.iterdir())
+    # ... and a start of the query drops the marks of gone workers: never blamed later.
+    prepare(folder)
+    assert blame(folder, SPARK_SAYS, "pe") == {}
+    # A worker that still runs, mid-event (this process): not blamed.
+    watch = Watch(folder)
+    watch.enter(row(3))
+    assert blame(folder, SPARK_SAYS, "pe") == {}
+    watch.leave()
+    assert (folder / str(os.getpid())).exists()
+
+
+def test_a_fresh_deploy_forgets_condemned_events(gate: str) -> None:
+    folder = crashes.folder_of(gate)
+    for _ in range(crashes.CRASHES_TO_CONDEMN):
+        die_in(gate, row(5), exit_7)
+        blame(folder, SPARK_SAYS, "pe")
+    assert len(condemned_events(folder)) == 1
+    crashes.reset(folder)
+    assert condemned_events(folder) == {} and not folder.exists()
+    # A batch run without the folder marks nothing and condemns nothing.
+    watch = Watch(folder)
+    watch.refresh()
+    assert watch.condemned(row(5)) is None
+
+
+def condemn(gate: str, event: tuple[Any, ...]) -> str:
+    folder = crashes.folder_of(gate)
+    for _ in range(crashes.CRASHES_TO_CONDEMN):
+        die_in(gate, event, segfault)
+        blame(folder, SPARK_SAYS, "p")
+    [reason] = condemned_events(folder).values()
+    return reason
+
+
+def test_a_condemned_event_is_a_dead_letter_and_the_state_is_as_without_it(gate: str) -> None:
+    rows = [row(1, v=1), row(2, v=2), row(3, v=3), row(4, v=4)]
+    reason = condemn(gate, rows[1])
+    watch = Watch(crashes.folder_of(gate))
+    records, final = run_batch(
+        lambda resume: Acc.build({}, "p", resume),
+        lambda: None,
+        rows,
+        finish=lambda p: json.loads(p.dump_state()),
+        pe="p",
+        watch=watch,
+    )
+    events, dead = split(records)
+    expected, state = reference(rows, skip={2})
+    assert dead == {2: reason}
+    assert events == expected and final == state
+    # Each event ran marked, and the mark is clear once the batch is done.
+    mark = (crashes.folder_of(gate) / str(os.getpid())).read_bytes()
+    assert mark[0] == 0
+
+
+def test_a_stateless_processor_skips_a_condemned_event(gate: str) -> None:
+    class Echo(Processor):
+        def process(self, event: Event) -> Any:
+            return {"v": event.body["v"]}
+
+    assert not Echo.is_stateful()
+    rows = [row(1, v=1), row(2, v=2)]
+    reason = condemn(gate, rows[0])
+    out = list(run_events(Echo.build({}, "p", None), rows, watch=Watch(crashes.folder_of(gate))))
+    assert [(r[2], r[5], r[6]) for r in out] == [(1, '{"v": 1}', reason), (2, '{"v":2}', None)]
+
+
+def test_an_event_that_kills_the_worker_running_a_real_batch_is_marked(gate: str) -> None:
+    """The mark is set by the batch itself: a processor that dies in ``process()`` leaves
+    its event named."""
+
+    class Crash(Acc):
+        def process(self, event: Event) -> Any:
+            if event.body.get("mode") == "die":
+                os._exit(3)
+            return super().process(event)
+
+    rows = [row(1, v=1), row(2, mode="die"), row(3, v=3)]
+    pid = os.fork()
+    if pid == 0:
+        try:
+            list(run_events(Crash.build({}, "p", None), rows, watch=watch_for(gate)))
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    [(event, count)] = blame(crashes.folder_of(gate), SPARK_SAYS, "p").items()
+    assert event.startswith("4:2:") and count == 1
+
+
+def test_a_worker_stuck_in_one_event_past_the_limit_is_killed_and_its_event_blamed(
+    gate: str,
+) -> None:
+    folder = crashes.folder_of(gate)
+    event = row(7, v=1)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a worker stuck in native code: here, a sleep that ignores the alarm
+        try:
+            os.close(ready_r)
+            watch_for(gate).enter(event)
+            os.write(ready_w, b"x")
+            while True:
+                time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"x"
+    os.close(ready_r)
+    try:
+        # Within its time (2 x 1 s + 2 s), it is left alone.
+        assert crashes.stop_overrunning(folder, 1.0) == {}
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)
+        later = time.monotonic() + crashes.kill_after(1.0) + 0.1
+        [(killed, named)] = crashes.stop_overrunning(folder, 1.0, now=later).items()
+        assert killed == pid and named.startswith("14:7:")
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    assert blame(folder, SPARK_SAYS, "pe") == {named: 1}
+    # The second time (its batch retried) it is condemned, for what it was.
+    # The second time (its batch retried) it is condemned, with how it died the last time.
+    again = die_in(gate, event, sigkill)
+    (folder / "killed.json").write_text(json.dumps({str(again): 1.0}))  # as stop_overrunning
+    assert blame(folder, SPARK_SAYS, "pe") == {named: 2}
+    reason = condemned_events(folder)[named]
+    assert "died in this event 2 times" in reason
+    assert "the last time killed by its node after 4 s in process()" in reason
+    assert "its event_timeout_s being 1 s" in reason
