@@ -357,21 +357,11 @@ def _process(
     if condemned is not None:
         raise _Rejected(condemned, touched=False)
     event = _event(pe, row)
-    return _encode(pe, event, _watched(processor, pe, row, event, deadline, watch), limit)
-
-
-def _watched(
-    processor: Processor,
-    pe: str,
-    row: InputRow,
-    event: Event,
-    deadline: _Deadline,
-    watch: Watch,
-) -> list[Any]:
-    """:func:`_call` with the worker's mark naming ``row``'s event while it runs."""
+    # The worker's mark names the event while anything of it runs: process(), iterating
+    # its outputs and encoding them.
     watch.enter(row)
     try:
-        return _call(processor, pe, event, deadline)
+        return _encode(pe, event, _call(processor, pe, event, deadline), limit)
     finally:
         watch.leave()
 
@@ -463,6 +453,10 @@ class _Batch(Generic[T]):
         self.good_state = start_state
         self.results: list[list[RecordRow] | None] = [None] * len(rows)
         self.dead: dict[int, str] = {}
+        #: The row whose failure the replays under way undo (``None``: the state's failure
+        #: to be stored): a worker that dies in a replay is blamed on it (those events ran
+        #: once already; it did not), see :mod:`fogshift.runtime.crashes`.
+        self.undoing: InputRow | None = None
 
     def _rebuild(self) -> Processor:
         """A processor holding the known-good state.
@@ -505,15 +499,19 @@ class _Batch(Generic[T]):
                 or its state does not survive a snapshot round trip).
         """
         processor = self._rebuild()
-        for j in range(self.good_at, upto):
-            if j in self.dead:
-                continue
-            try:
-                # Its outputs are already collected: only the state matters here.
-                row = self.rows[j]
-                _watched(processor, self.pe, row, _event(self.pe, row), self.deadline, self.watch)
-            except _Rejected as rejected:
-                raise _ReplayFailed(j, rejected.reason) from rejected
+        try:
+            for j in range(self.good_at, upto):
+                if j in self.dead:
+                    continue
+                if self.undoing is not None:
+                    self.watch.enter(self.undoing)  # (its time anew for each event)
+                try:
+                    # Its outputs are already collected: only the state matters here.
+                    _call(processor, self.pe, _event(self.pe, self.rows[j]), self.deadline)
+                except _Rejected as rejected:
+                    raise _ReplayFailed(j, rejected.reason) from rejected
+        finally:
+            self.watch.leave()
         return processor
 
     def _bisect(self, upto: int) -> tuple[int, str]:
@@ -598,6 +596,7 @@ class _Batch(Generic[T]):
                 if self.results[i] is None and not self._run(processor, i):
                     # The state may hold the failed event's changes: back to the state
                     # before it (the failed event is dead now, so the replay skips it).
+                    self.undoing = self.rows[i]
                     processor, _ = self._settle(i)
                     i = self.good_at
                 i += 1
@@ -605,6 +604,7 @@ class _Batch(Generic[T]):
                 final = self.finish(processor)
                 break
             except Exception as exc:
+                self.undoing = None
                 processor, found = self._settle(len(self.rows))
                 if not found:
                     raise ElementError(

@@ -7,33 +7,44 @@ killer. Spark then fails the task ("Python worker exited unexpectedly (crashed)"
 query fails, and its restart replays the same batch, which crashes again: one event would
 stop the PE for good. This module finds that event and has it dead-lettered instead.
 
-- **Marks.** While ``process()`` runs for an event, the worker's *mark* (a small file named
-  by its pid, memory-mapped: a few bytes written per event, no system call) names the event:
-  its ``origin``, ``seq`` and a CRC of its body. Between events the mark is cleared.
+- **Marks.** While anything of one event runs in a worker (``process()``, iterating and
+  encoding its outputs), the worker's *mark* (a small file named by its pid,
+  memory-mapped: a few bytes written per event, no system call) names the event: its
+  ``origin``, ``seq``, a CRC of its body's head and length, since when, and the worker's
+  start time. Between events the mark is cleared. A replay that undoes a failed event
+  (:mod:`fogshift.runtime.batch`) is marked with that event: the events replayed ran once
+  already, so a worker that dies in the replay is blamed on the failure it undoes.
 - **Blame.** When the PE's query fails with a crashed Python worker, the agent
   (:func:`blame`) reads the marks of the workers that are gone: a mark still set names the
   event its worker died in. Each such event is a *suspect*, counted in ``suspects.json``.
-- **Condemned.** A suspect counted :data:`CRASHES_TO_CONDEMN` times (its batch replayed and
-  crashed on it again) is *condemned* (``condemned.json``). Workers read that list before
-  each batch, and a condemned event becomes a dead letter without ``process()`` being called:
+- **Condemned.** A suspect counted :data:`CRASHES_TO_CONDEMN` times (its batch retried
+  after each crash) is *condemned* (``condemned.json``). Workers read that list before each
+  batch, and a condemned event becomes a dead letter without ``process()`` being called:
   the PE goes on, with its state as before that event (the crashed batches were never
   committed, so their state changes were never kept).
-
 - **Stuck in native code.** The time limit per event (:mod:`fogshift.runtime.batch`) is a
   signal, which code that never returns to the interpreter (a C extension's loop) never
   sees, and a processor that catches ``BaseException`` every time ignores. The agent
   therefore looks at the marks every second (:func:`stop_overrunning`): a worker whose mark
   is set for longer than :func:`kill_after` of the element's ``event_timeout_s`` is killed
-  (SIGKILL), which Spark reports as a crashed worker, and the event is blamed as above.
+  (SIGKILL through a pidfd, after checking its start time: never a process the pid was
+  given to since), which Spark reports as a crashed worker, and the event is blamed as
+  above.
 
 Why twice: a worker can die in an innocent event (the OOM killer chose it for another
-process's memory; a kill from outside). Once is bad luck, the same event twice at the same
-place is not. A worker Spark kills itself (a stopped query, a cancelled task) is not
-blamed: only a query that failed with a crashed worker is looked at, and its marks are
-cleared at every start of the query.
+process's memory; a kill from outside). Once is bad luck, the same event twice is not. A
+worker Spark kills itself (a stopped query) is not blamed: only a query that failed with a
+crashed worker is looked at, and every mark is dropped at each start of the query
+(:func:`prepare`; a worker Spark reuses makes its mark anew at its next batch).
 
-An event is named by ``(origin, seq, CRC-32 of its body)``: an origin alone can come again
-after a fresh deploy (the folder is then cleared too, :func:`reset`). Everything lives in
+Not covered: a crash outside one event (the state's ``snapshot()`` or ``restore()``,
+Arrow's conversion, the broker writer) names no event and restarts the PE with backoff as
+before; a batch whose memory grows until the OOM killer strikes condemns the event it
+strikes in. The marks are on the node: with a Spark cluster master the workers run
+elsewhere and mark nothing.
+
+An event is named by ``origin:seq:crc``: an origin alone can come again after a fresh
+deploy (the folder is then cleared too, :func:`reset`). Everything lives in
 ``<gate>.crashes/`` beside the PE's gate (:mod:`fogshift.runtime.gate`), on the node: a
 move to another node starts with nothing condemned there (the event, if replayed there, is
 found again the same way).
@@ -72,9 +83,13 @@ CRASHED = "Python worker exited unexpectedly"
 #: Crashes on the same event after which it is condemned (a dead letter from then on).
 CRASHES_TO_CONDEMN = 2
 
-#: A mark: set (1) or clear (0), origin, seq, CRC-32 of the body, since (monotonic clock,
-#: the same in every process of the host).
-_MARK = struct.Struct("<Bqqid")
+#: A mark: set (1) or clear (0), origin, seq, CRC-32 of the body's head and length, since
+#: (monotonic clock, the same in every process of the host), the worker's start time (in
+#: clock ticks since boot, as ``/proc/<pid>/stat`` gives it: a pid given again to another
+#: process, or a thread's id, is not taken for the worker).
+_MARK = struct.Struct("<Bqqidq")
+#: How much of a body its CRC covers (with the body's length): a fixed cost per event.
+_CRC_HEAD = 256
 _SUSPECTS = "suspects.json"
 _CONDEMNED = "condemned.json"
 #: Workers the agent killed for overrunning: pid -> the limit they were over.
@@ -102,7 +117,24 @@ def _event_id(origin: int, seq: int, crc: int) -> str:
 
 def _crc(body: str) -> int:
     # (A body holding a lone surrogate, which a broken input can carry, still has a CRC.)
-    return zlib.crc32(body.encode("utf-8", "surrogatepass")) - (1 << 31)
+    head = body[:_CRC_HEAD].encode("utf-8", "surrogatepass")
+    return zlib.crc32(head, len(body) & 0xFFFFFFFF) - (1 << 31)
+
+
+def _started(pid: int) -> int | None:
+    """The start time of live process ``pid`` (clock ticks since boot); ``None`` if there is
+    none, or it is a zombie not yet reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # ``pid (comm) S ...``: the fields after the last ')' (comm may hold one); the state is
+    # the first of them, the start time the 20th.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
 
 
 class Watch:
@@ -117,16 +149,23 @@ class Watch:
     def __init__(self, folder: Path | None) -> None:
         self.folder = folder
         self._map: mmap.mmap | None = None
+        self._inode: int | None = None
         self._seen: int | None = None
         self._condemned: dict[str, str] = {}
-        if folder is None or not folder.is_dir():
+        self._start = _started(os.getpid()) or 0
+        self._open()
+
+    def _open(self) -> None:
+        """Map this process's mark file, made anew (none if the folder is not there)."""
+        self._map, self._inode = None, None
+        if self.folder is None or not self.folder.is_dir():
             return
-        path = folder / str(os.getpid())
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(self.folder / str(os.getpid()), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 os.ftruncate(fd, _MARK.size)
                 self._map = mmap.mmap(fd, _MARK.size)
+                self._inode = os.fstat(fd).st_ino
             finally:
                 os.close(fd)
         except OSError:  # a full or read-only disk: no marks, the batch still runs
@@ -136,7 +175,10 @@ class Watch:
         """Mark the event of input row ``row`` (``(origin, seq, timestamp, creator, body)``)."""
         if self._map is not None:
             origin, seq, crc = int(row[0]), int(row[1]), _crc(str(row[4]))
-            _MARK.pack_into(self._map, 0, 1, origin, seq, crc, time.monotonic())
+            # The fields first, the flag last: a mark read meanwhile is clear, never set
+            # with the previous event's time (which could have its worker killed).
+            _MARK.pack_into(self._map, 0, 0, origin, seq, crc, time.monotonic(), self._start)
+            self._map[0] = 1
 
     def leave(self) -> None:
         """Clear the mark: ``process()`` returned (or raised) for the marked event."""
@@ -151,10 +193,19 @@ class Watch:
         return self._condemned.get(_event_id(int(row[0]), int(row[1]), _crc(str(row[4]))))
 
     def refresh(self) -> None:
-        """Read the PE's condemned events again if their file changed (once per batch: a
-        crash always ends the batch, and its retry is the next one)."""
+        """Before a batch: map the mark file anew if it is gone or was replaced (a start of
+        the query drops every mark, a fresh deploy the whole folder, and a worker Spark
+        reuses outlives both), and read the PE's condemned events again if their file
+        changed (once per batch: a crash always ends the batch, and its retry is the next
+        one)."""
         if self.folder is None:
             return
+        try:
+            inode: int | None = (self.folder / str(os.getpid())).stat().st_ino
+        except OSError:
+            inode = None
+        if inode is None or inode != self._inode:
+            self._open()
         try:
             seen = (self.folder / _CONDEMNED).stat().st_mtime_ns
         except OSError:
@@ -176,7 +227,7 @@ def watch_for(gate: str) -> Watch:
         return NO_WATCH
     key = (os.getpid(), gate)  # a forked child makes its own mark
     watch = _watches.get(key)
-    if watch is None or watch._map is None:
+    if watch is None:
         watch = _watches[key] = Watch(folder_of(gate))
     return watch
 
@@ -200,35 +251,34 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return False
-    # ``pid (comm) S ...``: the state follows the last ')' (comm may hold one).
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-
-
 def _marks(folder: Path) -> list[tuple[Path, int]]:
+    """The mark files in ``folder`` and their workers' pids."""
     out = []
-    for path in folder.iterdir() if folder.is_dir() else ():
+    try:
+        paths = list(folder.iterdir())
+    except OSError:  # (not there: a PE whose query has not started here)
+        return []
+    for path in paths:
         if path.name.isdigit():
             out.append((path, int(path.name)))
     return out
 
 
-def _read_mark(path: Path) -> tuple[str, float] | None:
-    """The event id a mark names and since when (``None``: clear, or unreadable)."""
+def _read_mark(path: Path) -> tuple[int, str, float, int] | None:
+    """``(flag, event id, since, worker start time)`` of a mark (``None``: unreadable)."""
     try:
         raw = path.read_bytes()
     except OSError:
         return None
     if len(raw) < _MARK.size:
         return None
-    flag, origin, seq, crc, since = _MARK.unpack_from(raw)
-    return (_event_id(origin, seq, crc), since) if flag == 1 else None
+    flag, origin, seq, crc, since, start = _MARK.unpack_from(raw)
+    return flag, _event_id(origin, seq, crc), since, start
+
+
+def _alive(pid: int, start: int) -> bool:
+    """Whether the worker that started at ``start`` as ``pid`` still runs."""
+    return _started(pid) == start
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -254,15 +304,24 @@ def stop_overrunning(
     limit = kill_after(event_timeout_s)
     now = time.monotonic() if now is None else now
     killed: dict[int, str] = {}
-    for path, pid in _marks(folder) if folder.is_dir() else ():
+    for path, pid in _marks(folder):
         mark = _read_mark(path)
-        if mark is None or now - mark[1] <= limit or not _alive(pid):
+        if mark is None or mark[0] != 1 or now - mark[2] <= limit:
             continue
         try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:  # gone meanwhile (or not ours): nothing to stop
+            # Through a pidfd, checked once it is held: the signal reaches that worker or
+            # no one (never a process given its pid since, nor a thread: no pidfd for one).
+            handle = os.pidfd_open(pid)
+        except OSError:
             continue
-        killed[pid] = mark[0]
+        try:
+            if _alive(pid, mark[3]):
+                signal.pidfd_send_signal(handle, signal.SIGKILL)
+                killed[pid] = mark[1]
+        except OSError:  # gone meanwhile: nothing to stop
+            pass
+        finally:
+            os.close(handle)
     if killed:
         noted = _load(folder / _KILLED)
         noted.update({str(pid): event_timeout_s for pid in killed})
@@ -271,12 +330,14 @@ def stop_overrunning(
 
 
 def prepare(folder: Path) -> None:
-    """Make the folder (0700) and drop the marks of workers that are gone: called before
-    each start of the PE's query, so no mark left by a worker Spark killed is blamed later."""
+    """Make the folder (0700) and drop every mark: called before each start of the PE's
+    query, when no worker runs its events, so no mark of a worker Spark killed (or is still
+    to kill) for an earlier run is blamed, or stopped, later. A worker Spark reuses makes
+    its mark anew at its next batch (:meth:`Watch.refresh`)."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for path, pid in _marks(folder):
-        if not _alive(pid):
-            path.unlink(missing_ok=True)
+    for path, _ in _marks(folder):
+        path.unlink(missing_ok=True)
+    (folder / _KILLED).unlink(missing_ok=True)
 
 
 def reset(folder: Path) -> None:
@@ -300,13 +361,13 @@ def blame(folder: Path, error: str, pe: str) -> dict[str, int]:
     killed = _load(folder / _KILLED)
     found: dict[str, float | None] = {}  # event id -> the limit it overran (None: crashed)
     for path, pid in _marks(folder):
-        if _alive(pid):
-            continue
         mark = _read_mark(path)
+        if mark is not None and _alive(pid, mark[3]):
+            continue
         path.unlink(missing_ok=True)
-        if mark is not None:
+        if mark is not None and mark[0] == 1:
             over = killed.get(str(pid))
-            found[mark[0]] = float(over) if over is not None else None
+            found[mark[1]] = float(over) if over is not None else None
     if killed:
         (folder / _KILLED).unlink(missing_ok=True)
     if not found:

@@ -10,8 +10,10 @@ import faulthandler
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +104,7 @@ def test_only_a_crash_is_blamed_and_only_on_a_set_mark_of_a_gone_worker(gate: st
     die_in(gate, row(2), exit_7)
     assert blame(folder, "java.io.IOException: No space left on device", "pe") == {}
     assert any(p.name.isdigit() for p in folder.iterdir())
-    # ... and a start of the query drops the marks of gone workers: never blamed later.
+    # ... and a start of the query drops every mark: never blamed later.
     prepare(folder)
     assert blame(folder, SPARK_SAYS, "pe") == {}
     # A worker that still runs, mid-event (this process): not blamed.
@@ -111,6 +113,36 @@ def test_only_a_crash_is_blamed_and_only_on_a_set_mark_of_a_gone_worker(gate: st
     assert blame(folder, SPARK_SAYS, "pe") == {}
     watch.leave()
     assert (folder / str(os.getpid())).exists()
+
+
+def test_a_worker_spark_reuses_marks_again_after_a_start_or_a_fresh_deploy(gate: str) -> None:
+    folder = crashes.folder_of(gate)
+    watch = watch_for(gate)
+    for forget in (prepare, lambda f: (crashes.reset(f), prepare(f))):
+        forget(folder)
+        assert not (folder / str(os.getpid())).exists()
+        watch.refresh()  # (the next batch)
+        watch.enter(row(4))
+        assert (folder / str(os.getpid())).read_bytes()[0] == 1
+        watch.leave()
+
+
+def test_a_mark_of_a_pid_given_to_another_process_is_never_its(gate: str) -> None:
+    """A mark whose pid now names another process (or a thread): that process is never
+    killed, and the mark counts as its worker's, gone."""
+    folder = crashes.folder_of(gate)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stale = crashes._MARK.pack(1, 9, 4, 0, time.monotonic() - 3600, 12345)
+        (folder / str(other.pid)).write_bytes(stale)
+        assert crashes.stop_overrunning(folder, 1.0) == {}
+        assert other.poll() is None
+        [(event, count)] = blame(folder, SPARK_SAYS, "pe").items()
+        assert event == "9:4:0" and count == 1
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_a_fresh_deploy_forgets_condemned_events(gate: str) -> None:
@@ -169,26 +201,59 @@ def test_a_stateless_processor_skips_a_condemned_event(gate: str) -> None:
     assert [(r[2], r[5], r[6]) for r in out] == [(1, '{"v": 1}', reason), (2, '{"v":2}', None)]
 
 
-def test_an_event_that_kills_the_worker_running_a_real_batch_is_marked(gate: str) -> None:
-    """The mark is set by the batch itself: a processor that dies in ``process()`` leaves
-    its event named."""
+class Crash(Acc):
+    """Dies in ``process()`` on ``die``, in encoding its output on ``die-encoding``, and on
+    ``die-again`` only when it runs the event a second time (a replay)."""
 
-    class Crash(Acc):
-        def process(self, event: Event) -> Any:
-            if event.body.get("mode") == "die":
-                os._exit(3)
-            return super().process(event)
+    runs: dict[int, int] = {}
 
-    rows = [row(1, v=1), row(2, mode="die"), row(3, v=3)]
+    def process(self, event: Event) -> Any:
+        mode = event.body.get("mode")
+        Crash.runs[event.seq] = Crash.runs.get(event.seq, 0) + 1
+        if mode == "die" or (mode == "die-again" and Crash.runs[event.seq] > 1):
+            os._exit(3)
+        if mode == "die-encoding":
+            return Bomb()
+        return super().process(event)
+
+
+class Bomb(Mapping[str, Any]):
+    """An output whose encoding kills the worker."""
+
+    def __getitem__(self, key: str) -> Any:
+        os._exit(4)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["a"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize(
+    ("rows", "blamed"),
+    [
+        ([row(1, v=1), row(2, mode="die"), row(3, v=3)], "4:2:"),
+        ([row(1, v=1), row(2, mode="die-encoding"), row(3, v=3)], "4:2:"),
+        # Event 3 raises; undoing it replays 1 and 2, and the replay of 2 dies: blamed on
+        # 3, whose failure the replay was for (2 ran fine once).
+        ([row(1, v=1), row(2, mode="die-again"), row(3, mode="raise", exc="Boom")], "6:3:"),
+    ],
+    ids=["process", "encoding", "replay"],
+)
+def test_a_real_batch_marks_the_event_its_worker_dies_in(
+    gate: str, rows: list[Any], blamed: str
+) -> None:
     pid = os.fork()
     if pid == 0:
         try:
             list(run_events(Crash.build({}, "p", None), rows, watch=watch_for(gate)))
         finally:
             os._exit(0)
-    os.waitpid(pid, 0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) in (3, 4)
     [(event, count)] = blame(crashes.folder_of(gate), SPARK_SAYS, "p").items()
-    assert event.startswith("4:2:") and count == 1
+    assert event.startswith(blamed) and count == 1
 
 
 def test_a_worker_stuck_in_one_event_past_the_limit_is_killed_and_its_event_blamed(
