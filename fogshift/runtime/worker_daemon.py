@@ -97,6 +97,31 @@ def preload(modules: tuple[str, ...]) -> list[str]:
     return missing
 
 
+#: The kernel's OOM killer takes the process with the highest score first; at the maximum,
+#: a worker goes before the node's JVM, agent or broker (see :func:`prefer_oom_kill`).
+OOM_SCORE_ADJ = 1000
+
+
+def prefer_oom_kill() -> bool:
+    """Have the kernel's OOM killer take this process and its children (the workers) first.
+
+    One event can make its worker take all the memory (nothing bounds an event's memory).
+    Left to itself, the OOM killer may take the node's JVM instead, which stops the node:
+    its PEs are restored elsewhere, where the same event does the same. A worker killed
+    instead is a crashed worker, and :mod:`fogshift.runtime.crashes` dead-letters an event
+    that its worker died in twice. Raising one's own score needs no privilege.
+
+    Returns:
+        Whether the score was set (not on a system without ``/proc``).
+    """
+    try:
+        with open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write(str(OOM_SCORE_ADJ))
+    except OSError:
+        return False
+    return True
+
+
 def main() -> None:
     """Preload what the worker module (first argument) needs, check there is still one
     thread, then run Spark's daemon."""
@@ -121,6 +146,7 @@ def main() -> None:
     # now lives as long as the process: frozen, a collection skips it (and the children's
     # copy-on-write pages stay shared, since a collection no longer touches them).
     gc.freeze()
+    prefer_oom_kill()
     daemon.manager()
 
 

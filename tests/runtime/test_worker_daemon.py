@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 
 from fogshift.runtime.session import WORKER_DAEMON, _jvm_temp_dir, _worker_python
-from fogshift.runtime.worker_daemon import TASK_WORKER, modules_for
+from fogshift.runtime.worker_daemon import OOM_SCORE_ADJ, TASK_WORKER, modules_for
 
 
 def test_the_wrapper_takes_sparks_zips_and_jars_off_the_path(tmp_path: Path) -> None:
@@ -75,6 +75,9 @@ def test_spark_starting_its_daemon_gets_fogshifts_single_threaded_one(tmp_path: 
             "-m", WORKER_DAEMON, "pyspark.sql.worker.plan_data_source_read"
         ]  # fmt: skip
         assert process.num_threads() == 1
+        # The OOM killer takes its workers (forked from it) before the node's JVM.
+        with open(f"/proc/{daemon.pid}/oom_score_adj") as handle:
+            assert int(handle.read()) == OOM_SCORE_ADJ == 1000
         daemon.stdin.close()  # Spark's way of telling the daemon to exit
         daemon.wait(timeout=30)  # (its exit status is 1 then, as Spark's own daemon's)
         assert daemon.stderr is not None
