@@ -129,17 +129,25 @@ class EcgSourceReader(DataSourceStreamReader):
         now = time.time() * 1000.0
         for k in range(partition.start + 1, partition.end + 1):
             patient, body = self.stream.event(k)
-            text = dump_body(body)
-            size = oversize(k, now, patient.device, text, None, self.max_record_bytes)
-            if size is not None:
+            try:
+                text = dump_body(body)
+            except ValueError as exc:  # a sample JSON cannot carry (NaN, infinity)
+                reason = (
+                    f"window {k} of patient {patient.name!r} holds a value an event cannot "
+                    f"carry ({exc}): the simulation gave a non-finite sample"
+                )
+            else:
+                size = oversize(k, now, patient.device, text, None, self.max_record_bytes)
+                if size is None:
+                    yield (k, 0, k, now, patient.device, text, None)
+                    continue
                 reason = (
                     f"window {k} is {size} bytes as an event, over the limit of "
                     f"{self.max_record_bytes} bytes (max_record_bytes): shorten window_s"
                 )
-                text, reason = fit_dead_letter(
-                    k, now, self.pe, json.dumps({"patient": patient.name, "t": body["t"]}),
-                    reason, self.max_record_bytes,
-                )  # fmt: skip
-                yield (k, 0, k, now, self.pe, text, reason)
-                continue
-            yield (k, 0, k, now, patient.device, text, None)
+            # One window is a dead letter; the stream goes on with the next.
+            text, reason = fit_dead_letter(
+                k, now, self.pe, json.dumps({"patient": patient.name, "t": body["t"]}),
+                reason, self.max_record_bytes,
+            )  # fmt: skip
+            yield (k, 0, k, now, self.pe, text, reason)

@@ -13,7 +13,7 @@ from fogshift.ecg.simulate import patients
 from fogshift.events import Event
 from fogshift.runtime.api import Processor
 from fogshift.runtime.batch import run_events
-from fogshift.runtime.ecg_source import Stream
+from fogshift.runtime.ecg_source import EcgPartition, EcgSourceReader, Stream
 from fogshift.runtime.operators.ecg import Amplify, Bandpass, Classify
 from fogshift.spec.kinds import AmplifyOptions, BandpassOptions, ClassifyOptions, EcgSourceOptions
 from fogshift.verify.case2 import reference_alarms, reference_filtered
@@ -144,3 +144,26 @@ def test_an_all_clear_while_a_patient_is_abnormal_is_a_detection_problem() -> No
     false_alarm = quality([(well.name, 5.0, "abnormal")], [sick, well], 60.0)
     assert any("specificity 0.50" in p for p in false_alarm.problems())
     assert any("sensitivity 0.00" in p for p in false_alarm.problems())
+
+
+def test_a_window_the_simulation_made_non_finite_is_the_sources_dead_letter() -> None:
+    """The simulated signal is a pure function of the options; should it hold a NaN, that
+    window is a dead letter and the source goes on with the next (the batch failed at
+    every retry)."""
+    reader = EcgSourceReader({"options": SOURCE.model_dump_json(), "pe": "ecg"})
+    made = reader.stream.event
+
+    def event(k: int) -> tuple[Any, dict[str, Any]]:
+        patient, body = made(k)
+        if k == 2:
+            body["samples"][3] = float("nan")
+        return patient, body
+
+    reader.stream.event = event  # type: ignore[method-assign]
+    rows = list(reader.read(EcgPartition(0, 3)))
+    assert [(r[0], r[2]) for r in rows] == [(1, 1), (2, 2), (3, 3)]
+    assert rows[0][6] is None and rows[2][6] is None
+    assert rows[1][4] == "ecg" and "window 2 of patient" in rows[1][6]
+    assert "non-finite sample" in rows[1][6]
+    _, body = made(2)
+    assert json.loads(rows[1][5]) == {"patient": body["patient"], "t": body["t"]}
