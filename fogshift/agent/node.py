@@ -1081,7 +1081,13 @@ class NodeRuntime:
                 hosted.query = None
                 log.warning("%s is fenced: %s", hosted.plan.query_name, text[:300])
                 return
-            self._blame(hosted, text)
+            if self._blame(hosted, text):
+                # The next run skips the event that crashed this one: it starts at once.
+                # The failures in a row still count, so a processor that crashes on every
+                # event waits longer and longer to find the next one.
+                self._failed(hosted, text)
+                hosted.retry_at = 0.0
+                return
             cause = python_error(text)
             if cause is None:
                 self._failed(hosted, text)
@@ -1109,19 +1115,23 @@ class NodeRuntime:
                 limit,
             )
 
-    def _blame(self, hosted: HostedElement, error: str) -> None:
+    def _blame(self, hosted: HostedElement, error: str) -> bool:
         """After the PE's query failed with ``error``: if a Python worker crashed, count the
         event it died in; one that killed its worker twice is a dead letter from the next
-        start on (:mod:`fogshift.runtime.crashes`), so it cannot stop the PE."""
+        start on (:mod:`fogshift.runtime.crashes`), so it cannot stop the PE.
+
+        Returns:
+            Whether an event was condemned now.
+        """
         if not hosted.plan.gate_file or crashes.CRASHED not in error:
-            return
+            return False
         try:
             folder = crashes.folder_of(hosted.plan.gate_file)
             suspects = crashes.blame(folder, error, hosted.plan.element.id)
         except OSError:  # (the folder unreadable: the restart loop goes on as before)
             log.exception("%s: cannot look for the event that crashed its worker",
                           hosted.plan.query_name)  # fmt: skip
-            return
+            return False
         for event, count in suspects.items():
             condemned = count >= crashes.CRASHES_TO_CONDEMN
             log.warning(
@@ -1133,6 +1143,7 @@ class NodeRuntime:
                 count,
                 ": it is a dead letter from now on" if condemned else "",
             )
+        return any(n >= crashes.CRASHES_TO_CONDEMN for n in suspects.values())
 
     def snapshot_all(self) -> None:
         """Take a node-level checkpoint of every running PE that committed a new batch."""
