@@ -15,9 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
-from fogshift.broker.client import BrokerAddress
+from fogshift.broker.client import BrokerAddress, SyncJetStream
 from fogshift.broker.exceptions import BrokerUnavailable
 from fogshift.broker.permissions import (
     NODE_API,
@@ -101,19 +99,24 @@ def _ports_of(ports_dir: Path, proc: subprocess.Popen[bytes]) -> dict[str, list[
     for path in ports_dir.glob(f"*_{proc.pid}.ports"):
         with contextlib.suppress(OSError, ValueError):
             ports = json.loads(path.read_text())
-            if ports.get("nats") and ports.get("monitoring"):
+            if ports.get("nats"):
                 return {k: list(v) for k, v in ports.items()}
     if proc.poll() is not None:
         raise BrokerUnavailable(f"nats-server exited with code {proc.returncode} while starting")
     return None
 
 
-def _healthy(monitor_url: str) -> bool:
-    """Whether the server's monitoring endpoint reports it (JetStream included) healthy."""
+def _jetstream_ready(address: BrokerAddress) -> bool:
+    """Whether the server answers a JetStream request of ``address``'s user (its account's
+    information): it listens and its JetStream is up."""
+    client = SyncJetStream(address, connect_timeout_s=1.0)
     try:
-        return httpx.get(monitor_url + "/healthz", timeout=1.0).status_code == 200
-    except httpx.HTTPError:
+        client.run(lambda js: js.account_info(), timeout=2.0)
+    except Exception:  # not yet: refused, timed out, JetStream still starting
         return False
+    finally:
+        client.close()
+    return True
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,6 @@ class BrokerProcess:
         address: The admin user's address (the orchestrator's and the operator's).
         node_addresses: Each node's own address: a user that may touch only the streams of
             the PEs the node hosts (see :mod:`fogshift.broker.permissions`).
-        monitor_url: The server's HTTP monitoring endpoint (``/healthz``, ``/jsz``, ...).
     """
 
     address: BrokerAddress
@@ -132,7 +134,6 @@ class BrokerProcess:
     config_file: Path
     store_dir: Path
     node_addresses: dict[str, BrokerAddress] = field(default_factory=dict)
-    monitor_url: str | None = None
 
 
 def _streams_into_their_account(store: Path) -> None:
@@ -162,9 +163,10 @@ def start_nats_server(
     grants them as it places PEs).
 
     The server runs in its own process group (``start_new_session``) so ``down`` can kill it
-    and everything it started in one signal. It chooses its own client and monitoring
-    ports (on ``host``) and is ready once its monitoring endpoint's ``/healthz`` answers
-    ok, JetStream included.
+    and everything it started in one signal. It chooses its own client port (on ``host``)
+    and is ready once it answers the admin user's JetStream request. It has no HTTP
+    monitoring port: nats-server's has no authentication, and would show anyone on the host
+    the connections, subjects and streams (least privilege; nothing of fogshift reads it).
 
     Args:
         port: A fixed client port instead (default: one the server chooses).
@@ -183,7 +185,7 @@ def start_nats_server(
     # Port -1: the server binds a free port itself (no race with another process between
     # choosing a port and binding it) and reports it in its ports file. The config keeps
     # -1, which a reload (SIGHUP, see fogshift.broker.permissions) leaves alone.
-    head = f'listen: {host}:{port or -1}\nhttp: {host}:-1\njetstream {{ store_dir: "{store}" }}\n'
+    head = f'listen: {host}:{port or -1}\njetstream {{ store_dir: "{store}" }}\n'
     write_config(config, head, users, {})
     log_path = log_file or home / "nats.log"
     with open(log_path, "ab") as log:
@@ -195,9 +197,9 @@ def start_nats_server(
         )
     try:
         ports = wait_until(lambda: _ports_of(home, proc), 15, describe="nats-server's ports")
-        monitor_url = ports["monitoring"][0]
+        ready = BrokerAddress(url=ports["nats"][0], seed=users.admin_seed)
         wait_until(
-            lambda: _healthy(monitor_url), 15, describe=f"nats-server healthy at {monitor_url}"
+            lambda: _jetstream_ready(ready), 15, describe=f"nats-server's JetStream at {ready.url}"
         )
     except FogshiftError as exc:
         proc.kill()
@@ -218,5 +220,4 @@ def start_nats_server(
         config_file=config,
         store_dir=store,
         node_addresses=per_node,
-        monitor_url=monitor_url,
     )

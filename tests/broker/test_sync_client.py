@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 import pytest
 from nats import errors as nats_errors
 from nats.js import errors as nats_js_errors
@@ -231,3 +232,17 @@ def test_a_direct_get_nobody_answers_yet_is_asked_again(
         for stream in ("FS_t_plain", "FS_t_nowhere"):
             assert client.run(lambda js, s=stream: read_ahead(js, s, 0, 1)) == []
         assert pauses == [0]
+
+
+def test_the_broker_listens_on_its_client_port_alone(nats_server: BrokerProcess) -> None:
+    """No HTTP monitoring port: nats-server's has no authentication and would show anyone
+    on the host its connections, subjects and streams; readiness is a JetStream request."""
+    listening = [
+        c.laddr
+        for c in psutil.Process(nats_server.pid).net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    client_port = int(nats_server.address.url.rsplit(":", 1)[1])
+    assert [addr.port for addr in listening] == [client_port], listening
+    assert all(addr.ip == "127.0.0.1" for addr in listening)
+    assert "http" not in nats_server.config_file.read_text().split("accounts ", 1)[0]
