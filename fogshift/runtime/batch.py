@@ -361,7 +361,9 @@ def _process(
     # its outputs and encoding them.
     watch.enter(row)
     try:
-        return _encode(pe, event, _call(processor, pe, event, deadline), limit)
+        outputs = _call(processor, pe, event, deadline)
+        watch.untimed()  # (the encoding is fogshift's own, never stuck: not killed)
+        return _encode(pe, event, outputs, limit)
     finally:
         watch.leave()
 
@@ -504,7 +506,8 @@ class _Batch(Generic[T]):
                 if j in self.dead:
                     continue
                 if self.undoing is not None:
-                    self.watch.enter(self.undoing)  # (its time anew for each event)
+                    # (its time anew for each event replayed)
+                    self.watch.enter(self.undoing, undoing=True)
                 try:
                     # Its outputs are already collected: only the state matters here.
                     _call(processor, self.pe, _event(self.pe, self.rows[j]), self.deadline)

@@ -53,6 +53,7 @@ found again the same way).
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import shutil
@@ -88,6 +89,10 @@ CRASHES_TO_CONDEMN = 2
 #: clock ticks since boot, as ``/proc/<pid>/stat`` gives it: a pid given again to another
 #: process, or a thread's id, is not taken for the worker).
 _MARK = struct.Struct("<Bqqidq")
+#: Where ``since`` is in a mark.
+_SINCE_AT = struct.calcsize("<Bqqi")
+#: A mark's flag: clear, in the event, in a replay that undoes the event's changes.
+_CLEAR, _IN_EVENT, _UNDOING = 0, 1, 2
 #: How much of a body its CRC covers (with the body's length): a fixed cost per event.
 _CRC_HEAD = 256
 _SUSPECTS = "suspects.json"
@@ -171,14 +176,21 @@ class Watch:
         except OSError:  # a full or read-only disk: no marks, the batch still runs
             self._map = None
 
-    def enter(self, row: tuple[Any, ...]) -> None:
-        """Mark the event of input row ``row`` (``(origin, seq, timestamp, creator, body)``)."""
+    def enter(self, row: tuple[Any, ...], undoing: bool = False) -> None:
+        """Mark the event of input row ``row`` (``(origin, seq, timestamp, creator, body)``)
+        as run now (``undoing``: the worker replays earlier events to undo its changes)."""
         if self._map is not None:
             origin, seq, crc = int(row[0]), int(row[1]), _crc(str(row[4]))
             # The fields first, the flag last: a mark read meanwhile is clear, never set
             # with the previous event's time (which could have its worker killed).
-            _MARK.pack_into(self._map, 0, 0, origin, seq, crc, time.monotonic(), self._start)
-            self._map[0] = 1
+            _MARK.pack_into(self._map, 0, _CLEAR, origin, seq, crc, time.monotonic(), self._start)
+            self._map[0] = _UNDOING if undoing else _IN_EVENT
+
+    def untimed(self) -> None:
+        """The marked event's own code has returned (``process()``): what runs now is
+        fogshift's (encoding its outputs), which the agent does not time, only blames."""
+        if self._map is not None:
+            struct.pack_into("<d", self._map, _SINCE_AT, math.inf)
 
     def leave(self) -> None:
         """Clear the mark: ``process()`` returned (or raised) for the marked event."""
@@ -306,7 +318,7 @@ def stop_overrunning(
     killed: dict[int, str] = {}
     for path, pid in _marks(folder):
         mark = _read_mark(path)
-        if mark is None or mark[0] != 1 or now - mark[2] <= limit:
+        if mark is None or mark[0] == _CLEAR or now - mark[2] <= limit:
             continue
         try:
             # Through a pidfd, checked once it is held: the signal reaches that worker or
@@ -359,15 +371,16 @@ def blame(folder: Path, error: str, pe: str) -> dict[str, int]:
     if CRASHED not in error or not folder.is_dir():
         return {}
     killed = _load(folder / _KILLED)
-    found: dict[str, float | None] = {}  # event id -> the limit it overran (None: crashed)
+    # event id -> (the limit it overran, None: it crashed; whether in a replay undoing it)
+    found: dict[str, tuple[float | None, bool]] = {}
     for path, pid in _marks(folder):
         mark = _read_mark(path)
         if mark is not None and _alive(pid, mark[3]):
             continue
         path.unlink(missing_ok=True)
-        if mark is not None and mark[0] == 1:
+        if mark is not None and mark[0] != _CLEAR:
             over = killed.get(str(pid))
-            found[mark[1]] = float(over) if over is not None else None
+            found[mark[1]] = (float(over) if over is not None else None, mark[0] == _UNDOING)
     if killed:
         (folder / _KILLED).unlink(missing_ok=True)
     if not found:
@@ -381,17 +394,22 @@ def blame(folder: Path, error: str, pe: str) -> dict[str, int]:
     if guilty:
         events = condemned_events(folder)
         for event, n in guilty.items():
-            over = found[event]
+            over, undoing = found[event]
+            where = (
+                "died undoing this event's changes (replaying the events before it)"
+                if undoing
+                else "died in this event"
+            )
             how = (
                 "os._exit(), a crash in native code, or the OOM killer"
                 if over is None
-                else f"the last time killed by its node after {kill_after(over):g} s in "
-                f"process(), its event_timeout_s being {over:g} s: it never returned to Python "
-                "(native code), or caught the time limit's alarm"
+                else f"killed by its node after {kill_after(over):g} s in process(), its "
+                f"event_timeout_s being {over:g} s: it never returned to Python (native "
+                "code), or caught the time limit's alarm"
             )
             events[event] = (
-                f"the Python worker running processor {pe!r} died in this event {n} times, "
-                f"its batch retried in between ({how})"
+                f"the Python worker running processor {pe!r} crashed {n} times on this event, "
+                f"its batch retried in between; the last time it {where} ({how})"
             )
         _write(folder / _CONDEMNED, {"type": _TYPE, "events": events})
     return now

@@ -126,6 +126,7 @@ def main() -> None:
     """Preload what the worker module (first argument) needs, check there is still one
     thread, then run Spark's daemon."""
     worker_module = sys.argv[1] if len(sys.argv) > 1 else "pyspark.worker"
+    prefer_oom_kill()  # (first: it holds for Spark's own daemon below too, across the exec)
     modules = modules_for(worker_module)
     preload(modules)
     running = threads()
@@ -146,7 +147,6 @@ def main() -> None:
     # now lives as long as the process: frozen, a collection skips it (and the children's
     # copy-on-write pages stay shared, since a collection no longer touches them).
     gc.freeze()
-    prefer_oom_kill()
     daemon.manager()
 
 

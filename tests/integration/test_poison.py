@@ -42,8 +42,8 @@ BAD = {
     130: ("poison", "processor 'poison' raised RuntimeError: sensor boom-runtime is cursed"),
     200: ("poison", "processor 'poison' took longer than 1 s for one event (event_timeout_s"),
     201: ("poison", "processor 'poison' took longer than 1 s for one event (event_timeout_s"),
-    230: ("poison", "running processor 'poison' died in this event 2 times"),
-    260: ("poison", "the last time killed by its node after 4 s in process()"),
+    230: ("poison", "running processor 'poison' crashed 2 times on this event"),
+    260: ("poison", "killed by its node after 4 s in process()"),
     150: ("source", "row 150 has 2 columns, the header has 3"),
 }
 

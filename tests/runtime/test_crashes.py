@@ -85,7 +85,7 @@ def test_an_event_that_kills_its_worker_twice_is_condemned(gate: str, how: Any) 
     die_in(gate, bad, how)
     assert blame(folder, SPARK_SAYS, "pe") == {event: 2}
     reason = condemned_events(folder)[event]
-    assert "the Python worker running processor 'pe' died in this event 2 times" in reason
+    assert "the Python worker running processor 'pe' crashed 2 times on this event" in reason
 
     watch = Watch(folder)
     watch.refresh()
@@ -295,6 +295,54 @@ def test_a_worker_stuck_in_one_event_past_the_limit_is_killed_and_its_event_blam
     (folder / "killed.json").write_text(json.dumps({str(again): 1.0}))  # as stop_overrunning
     assert blame(folder, SPARK_SAYS, "pe") == {named: 2}
     reason = condemned_events(folder)[named]
-    assert "died in this event 2 times" in reason
-    assert "the last time killed by its node after 4 s in process()" in reason
+    assert "crashed 2 times on this event" in reason
+    assert "killed by its node after 4 s in process()" in reason
     assert "its event_timeout_s being 1 s" in reason
+
+
+def test_a_replay_that_dies_is_told_apart_in_the_reason(gate: str) -> None:
+    rows = [row(1, v=1), row(2, mode="die-again"), row(3, mode="raise", exc="Boom")]
+    for _ in range(crashes.CRASHES_TO_CONDEMN):
+        Crash.runs.clear()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                list(run_events(Crash.build({}, "p", None), rows, watch=watch_for(gate)))
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        blame(crashes.folder_of(gate), SPARK_SAYS, "p")
+    [(event, reason)] = condemned_events(crashes.folder_of(gate)).items()
+    assert event.startswith("6:3:")
+    assert "the last time it died undoing this event's changes" in reason
+
+
+def test_encoding_an_events_outputs_is_blamed_but_never_timed(gate: str) -> None:
+    """The agent kills a worker over its time in the event's own code only: encoding the
+    outputs is fogshift's (it ends), so a worker there is not killed, however long."""
+    folder = crashes.folder_of(gate)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a worker encoding an event's outputs for a long time
+        try:
+            os.close(ready_r)
+            watch = watch_for(gate)
+            watch.enter(row(8))
+            watch.untimed()
+            os.write(ready_w, b"x")
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"x"
+        far = time.monotonic() + 10 * crashes.kill_after(0.01)
+        assert crashes.stop_overrunning(folder, 0.01, now=far) == {}
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)
+    finally:
+        os.close(ready_r)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    # Its crash there is still the event's.
+    [(event, count)] = blame(folder, SPARK_SAYS, "pe").items()
+    assert event.startswith("16:8:") and count == 1
