@@ -230,6 +230,18 @@ class Bomb(Mapping[str, Any]):
         return 1
 
 
+def batch_in_a_worker(gate: str, rows: list[Any]) -> int:
+    """Run ``rows`` through :class:`Crash` in a forked worker, as the engine would; its exit
+    status once it ended."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            list(run_events(Crash.build({}, "p", None), rows, watch=watch_for(gate)))
+        finally:
+            os._exit(0)
+    return os.waitpid(pid, 0)[1]
+
+
 @pytest.mark.parametrize(
     ("rows", "blamed"),
     [
@@ -244,13 +256,7 @@ class Bomb(Mapping[str, Any]):
 def test_a_real_batch_marks_the_event_its_worker_dies_in(
     gate: str, rows: list[Any], blamed: str
 ) -> None:
-    pid = os.fork()
-    if pid == 0:
-        try:
-            list(run_events(Crash.build({}, "p", None), rows, watch=watch_for(gate)))
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
+    status = batch_in_a_worker(gate, rows)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) in (3, 4)
     [(event, count)] = blame(crashes.folder_of(gate), SPARK_SAYS, "p").items()
     assert event.startswith(blamed) and count == 1
@@ -303,14 +309,7 @@ def test_a_worker_stuck_in_one_event_past_the_limit_is_killed_and_its_event_blam
 def test_a_replay_that_dies_is_told_apart_in_the_reason(gate: str) -> None:
     rows = [row(1, v=1), row(2, mode="die-again"), row(3, mode="raise", exc="Boom")]
     for _ in range(crashes.CRASHES_TO_CONDEMN):
-        Crash.runs.clear()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                list(run_events(Crash.build({}, "p", None), rows, watch=watch_for(gate)))
-            finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(batch_in_a_worker(gate, rows)) == 3
         blame(crashes.folder_of(gate), SPARK_SAYS, "p")
     [(event, reason)] = condemned_events(crashes.folder_of(gate)).items()
     assert event.startswith("6:3:")
