@@ -27,7 +27,7 @@ one that catches it and returns has its event processed). Signals reach the main
 in any other thread there is no bound (Spark's Python workers run processors in their main
 thread). Code that never returns to the interpreter (a C extension's loop) is not interrupted
 either; such a worker, or one that swallows the alarm every time, is killed by its agent
-later (see below). The encoding of the outputs, after ``process()``, is not timed. An instance that
+later (see above). The encoding of the outputs, after ``process()``, is not timed. An instance that
 goes on after such an event (a stateless or keyed PE's) keeps whatever it holds besides its
 declared state as the interruption left it. A ``SIGALRM`` timer the caller had armed
 (pytest-timeout's, say) keeps its deadline: its handler runs when it is due, in the batch too.

@@ -157,7 +157,7 @@ class Watch:
         self._inode: int | None = None
         self._seen: int | None = None
         self._condemned: dict[str, str] = {}
-        self._start = _started(os.getpid()) or 0
+        self._start = 0  # (this process's start time, read once it has a mark)
         self._open()
 
     def _open(self) -> None:
@@ -165,6 +165,7 @@ class Watch:
         self._map, self._inode = None, None
         if self.folder is None or not self.folder.is_dir():
             return
+        self._start = self._start or _started(os.getpid()) or 0
         try:
             fd = os.open(self.folder / str(os.getpid()), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -195,7 +196,7 @@ class Watch:
     def leave(self) -> None:
         """Clear the mark: ``process()`` returned (or raised) for the marked event."""
         if self._map is not None:
-            self._map[0] = 0
+            self._map[0] = _CLEAR
 
     def condemned(self, row: tuple[Any, ...]) -> str | None:
         """Why the event of ``row`` is a dead letter without being processed (``None``: it
