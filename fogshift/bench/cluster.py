@@ -261,6 +261,16 @@ class BenchCluster:
                     return exc.report.model_dump(mode="json")
                 raise
 
+    def post(self, path: str, body: dict[str, Any], timeout_s: float = 900) -> Any:
+        """POST ``body`` to the orchestrator's ``path`` and return its answer, waiting up to
+        ``timeout_s`` (a key move or a scale answers once its states are committed).
+
+        Raises:
+            FogshiftError: It was refused, or the orchestrator did not answer.
+        """
+        with orchestrator_client(self.home, timeout_s=timeout_s) as client:
+            return client.post(path, json=body)
+
     def agent(self, node: str) -> ServiceClient:
         """A REST client for one node's agent (e.g. a source's offset with its ``t0``)."""
         url = next(n["url"] for n in self.nodes() if n["name"] == node)

@@ -447,32 +447,66 @@ def register(bench_app: typer.Typer) -> None:
                 max=3_600_000,
             ),
         ] = AgentConfig.default("trigger_ms"),
+        no_keyed: Annotated[
+            bool,
+            typer.Option(
+                "--no-keyed",
+                help="Leave out the keyed pipeline (its aggregate in partitions), its key moves "
+                "and scales.",
+            ),
+        ] = not soak.SoakConfig.keyed,
+        key_moves: Annotated[
+            int,
+            typer.Option(
+                help="Key moves of the keyed pipeline (1-3 random keys each).",
+                min=0,
+                max=1_000_000,
+            ),
+        ] = soak.SoakConfig.key_moves,
+        scales: Annotated[
+            int,
+            typer.Option(
+                help="Scales of the keyed pipeline's element, between 2 and 3 partitions.",
+                min=0,
+                max=1_000_000,
+            ),
+        ] = soak.SoakConfig.scales,
+        keys: Annotated[
+            int, typer.Option(help="Keys (sensors) of the keyed pipeline's input.", min=1, max=1000)
+        ] = soak.SoakConfig.keys,
         work: Work = None,
         report_only: Annotated[
             bool,
             typer.Option("--report-only", help="Run nothing: render results.md from --out again."),
         ] = False,
     ) -> None:
-        """Soak: Case 1 and a two-input pipeline under random migrations and SIGKILLs of nodes
-        and the orchestrator; counts lost, duplicated and wrong output rows."""
+        """Soak: Case 1, a two-input and a keyed, partitioned pipeline under random
+        migrations, key moves, scales and SIGKILLs of nodes and the orchestrator; counts lost,
+        duplicated and wrong output rows."""
         target = out.resolve()
         if report_only:
             given = [
                 f"--{name.replace('_', '-')}" for name in (
                     "migrations", "kills", "orchestrator_kills", "modes", "mid_migration",
-                    "duration", "seed", "nodes", "rate", "standby", "trigger_ms", "work")
+                    "duration", "seed", "nodes", "rate", "standby", "trigger_ms", "no_keyed",
+                    "key_moves", "scales", "keys", "work")
                 if _given(ctx, name)
             ]  # fmt: skip
             refuse_options_with_report_only(given, "run")
             _rendered_from(target, [target / soak.RUNS_CSV, target / soak.VERDICT_JSON])
             console.print(f"results: {soak.render(target)}")
             return
+        keyed = not no_keyed
+        if not keyed:  # (their defaults go with the keyed pipeline; given, they are refused)
+            key_moves = key_moves if _given(ctx, "key_moves") else 0
+            scales = scales if _given(ctx, "scales") else 0
         config = soak.SoakConfig(
             migrations=migrations, kills=kills, orchestrator_kills=orchestrator_kills,
             modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
             mid_migration=mid_migration, duration_s=duration, seed=seed,
             nodes=tuple(n.strip() for n in nodes.split(",") if n.strip()), rate=rate,
-            trigger_ms=trigger_ms, standby=standby,
+            trigger_ms=trigger_ms, standby=standby, keyed=keyed, key_moves=key_moves,
+            scales=scales, keys=keys,
         )  # fmt: skip
         config.check()  # before a cluster starts
         verdict: dict[str, Any] = {}

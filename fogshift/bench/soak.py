@@ -1,7 +1,8 @@
-"""Soak: two pipelines under random migrations and SIGKILLs, then lost, duplicated, wrong rows.
+"""Soak: three pipelines under random migrations, key moves, scales and SIGKILLs, then lost,
+duplicated, wrong rows.
 
 ``fogshift bench soak --migrations N --kills M`` starts one cluster (``--nodes``, 4 by default)
-and runs two pipelines on it while their inputs keep growing:
+and runs three pipelines on it while their inputs keep growing:
 
 * **Case 1** (csv-source -> window-aggregate avg 10 -> csv-sink), through
   :class:`~fogshift.bench.workload.Case1Run`, compared with
@@ -9,34 +10,43 @@ and runs two pipelines on it while their inputs keep growing:
 * **merge**, a two-input pipeline (``examples/soak/merge.yaml``): two csv-sources ``left``
   and ``right`` -> one ``filter`` reading both (``value % 3 != 0``) -> csv-sink. Its reference
   (:func:`merge_reference`) is computed from the input files alone: the multiset of
-  ``(source, seq) -> (timestamp, value)`` of the rows the filter keeps.
+  ``(source, seq) -> (timestamp, value)`` of the rows the filter keeps;
+* **keyed** (unless ``--no-keyed``): csv-source -> Case 1's aggregate keyed by sensor in
+  two partitions -> csv-sink (:class:`KeyedRun`), compared with the keyed Case 1 reference,
+  each key's rows in its input order (partitions interleave in the sink).
 
-Then a seeded random schedule of ``N`` migrations, ``M`` node kills and ``K``
-(``--orchestrator-kills``, at least one by default) orchestrator kills runs, one operation at
-a time, after a random pause each:
+Then a seeded random schedule of ``N`` migrations, ``M`` node kills, ``K``
+(``--orchestrator-kills``, at least one by default) orchestrator kills, and the keyed
+pipeline's key moves (``--key-moves``) and scales (``--scales``) runs, one operation at a
+time, after a random pause each:
 
-* **migrate**: a random PE of either pipeline to a random other live node, in a mode drawn
-  from ``modes`` (``precopy``, ``literal``, ``handover``; a handover not for sinks, which the
-  orchestrator refuses) (the REST call ``fogshift migrate`` makes).
+* **migrate**: a random PE (a partition too) of any pipeline to a random other live node, in
+  a mode drawn from ``modes`` (``precopy``, ``literal``, ``handover``; a handover not for
+  sinks, which the orchestrator refuses) (the REST call ``fogshift migrate`` makes).
+* **move-keys**: one to three random keys to a random partition's node (``fogshift migrate
+  --keys``), in backlog or fifo order, with or without the precopy.
+* **scale**: the keyed element from 2 partitions to 3 or back (``fogshift scale``), in waves
+  or not.
 * **kill-node**: SIGKILL of a random node's whole process group; the orchestrator restores
   its PEs by itself (the specs keep ``recovery.auto``); a PE still on the dead node after
   ``restore_timeout_s`` is restored by hand (``fogshift restore``). Then the node's agent is
   started again, exactly as ``fogshift up`` had started it (:func:`start_node_again`).
 * **kill-orchestrator**: SIGKILL of the orchestrator's process group, idle or - with
-  probability ``mid_migration`` - while a migration it runs is under way; then ``fogshift
-  up`` starts it again (only it: the agents still run), and it resolves what the dead one
-  left unfinished (:func:`start_orchestrator_again`).
+  probability ``mid_migration`` - while a migration, key move or scale it runs is under way;
+  then ``fogshift up`` starts it again (only it: the agents still run), and it resolves what
+  the dead one left unfinished (:func:`start_orchestrator_again`).
 
-Each operation is one row of ``runs.csv``: outcome (``ok``, ``rolled back``, ``failed``,
-``interrupted``, ``refused``, ``skipped``) and durations. A failed operation is recorded and
-the soak goes on; before the next one it waits (up to ``settle_timeout_s``) until every PE
-runs on a live node. At the end the inputs stop growing, the outputs drain, and each is
-counted against its reference (:func:`tally`): ``verdict.json``; ``results.md`` is rendered
-from ``runs.csv`` and ``verdict.json`` only (``--report-only`` renders it again).
+Each operation is one row of ``runs.csv``: outcome (:data:`OUTCOMES`) and durations. A
+failed operation is recorded and the soak goes on; before the next one it waits (up to
+``settle_timeout_s``) until every PE runs on a live node. At the end the inputs stop growing,
+the outputs drain, and each is counted against its reference (:func:`tally`):
+``verdict.json``; ``results.md`` is rendered from ``runs.csv`` and ``verdict.json`` only
+(``--report-only`` renders it again).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -66,7 +76,9 @@ from fogshift.bench.base import (
 )
 from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters, cli_command
 from fogshift.bench.exceptions import BadBenchOption, BenchError
-from fogshift.bench.workload import Case1Run, InputFeeder, wait_rows
+from fogshift.bench.padded import aggregate_element
+from fogshift.bench.pam import KeyedFeeder
+from fogshift.bench.workload import INPUT, OUTPUT, Case1Run, InputFeeder, wait_rows
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.text import one_line
 from fogshift.common.waiting import wait_until
@@ -95,10 +107,22 @@ MERGE_OUTPUT = "out/merge.csv"
 #: Timestamps of generated rows: row *k* has ``TIMESTAMP_BASE + k`` (as in Case 1's inputs).
 TIMESTAMP_BASE = 1_700_000_000
 
+#: The keyed pipeline: csv-source -> window avg keyed by sensor in partitions -> csv-sink.
+KEYED = "soak-keys"
+#: Its partitioned element (partitions ``aggregate-p<i>``) and the body field it is keyed by.
+KEYED_ELEMENT, KEY_FIELD = "aggregate", "sensor"
+#: How many partitions a scale of the keyed element goes between.
+KEYED_PARTITIONS = (2, 3)
+
 MIGRATE, KILL_NODE, KILL_ORCHESTRATOR = "migrate", "kill-node", "kill-orchestrator"
-OPERATIONS = (MIGRATE, KILL_NODE, KILL_ORCHESTRATOR)
-OUTCOMES = ("ok", "rolled back", "failed", "interrupted", "refused", "skipped")
+MOVE_KEYS, SCALE = "move-keys", "scale"
+OPERATIONS = (MIGRATE, KILL_NODE, KILL_ORCHESTRATOR, MOVE_KEYS, SCALE)
+#: ``pending``: a key move or scale whose states had not all come when it answered (they
+#: come once the origin partition runs again, see ``fogshift migrate --keys``).
+OUTCOMES = ("ok", "rolled back", "failed", "interrupted", "refused", "skipped", "pending")
 MODES = ("precopy", "literal", "handover")
+#: Key move orders drawn from.
+KEY_ORDERS = ("backlog", "fifo")
 
 OP_FIELDS = (
     "index", "op", "started_s", "pipeline", "element", "origin", "target", "mode", "outcome",
@@ -137,8 +161,17 @@ class SoakConfig(ClusterRunConfig):
         quiet_s: At the end, a sink counts as drained once it wrote nothing for this long
             (after reaching its reference's length, or stalling).
         stall_s: At the end, give up on a sink that wrote nothing for this long.
-        standby: ``planned``: both pipelines keep hot standbys (``recovery.standby``); a
+        standby: ``planned``: the pipelines keep hot standbys (``recovery.standby``); a
             killed node's PEs are then taken over by them.
+        keyed: Run the keyed pipeline too (:data:`KEYED`: its aggregate in two partitions,
+            on the second and third nodes, or the second and first of two), whose PEs and
+            partitions the migrations and kills hit as any, besides its own operations.
+        key_moves: Key moves in the schedule (``migrate --keys``): one to three random keys
+            to a random partition's node, in a random order (backlog or fifo), with or
+            without the precopy.
+        scales: Scales of the keyed element in the schedule, between 2 and 3 partitions
+            (with or without waves).
+        keys: How many keys (sensors) the keyed pipeline's input draws from, uniformly.
 
     ``timeout_s`` bounds every wait for output (first rows, the drain); node-level
     checkpoints every 2 s and central pulls every 5 s keep restores from recent checkpoints.
@@ -164,6 +197,10 @@ class SoakConfig(ClusterRunConfig):
     trigger_ms: int = AgentConfig.default("trigger_ms")
     timeout_s: float = 900.0
     standby: str | None = None
+    keyed: bool = True
+    key_moves: int = 50
+    scales: int = 10
+    keys: int = 20
 
     def check(self) -> None:
         """Refuse settings a soak cannot run with.
@@ -172,7 +209,7 @@ class SoakConfig(ClusterRunConfig):
             BadBenchOption: A negative count, a probability outside 0..1, fewer than two
                 nodes, a repeated node, a non-positive rate or duration.
         """
-        for name in ("migrations", "kills", "orchestrator_kills"):
+        for name in ("migrations", "kills", "orchestrator_kills", "key_moves", "scales"):
             value = getattr(self, name)
             if value < 0:
                 raise BadBenchOption(
@@ -210,6 +247,17 @@ class SoakConfig(ClusterRunConfig):
                 "bad --duration", expected="seconds > 0, or no --duration",
                 received=f"{self.duration_s:g}",
             )  # fmt: skip
+        if not self.keyed and self.key_moves + self.scales > 0:
+            raise BadBenchOption(
+                "--key-moves and --scales need the keyed pipeline",
+                expected="the keyed pipeline (no --no-keyed), or --key-moves 0 --scales 0",
+                received=f"--no-keyed with --key-moves {self.key_moves} --scales {self.scales}",
+            )
+        if self.keyed and not 1 <= self.keys <= 1000:
+            raise BadBenchOption(
+                "bad --keys", expected="1 to 1000 keys (sensors)", received=str(self.keys),
+                hint="a key move takes at most 3 of them; the input draws from all uniformly",
+            )  # fmt: skip
         if self.standby not in (None, PLANNED_STANDBY):
             raise BadBenchOption(
                 "bad --standby",
@@ -223,6 +271,7 @@ class SoakConfig(ClusterRunConfig):
         """The operations in their seeded random order (same seed, same order)."""
         ops = [MIGRATE] * self.migrations + [KILL_NODE] * self.kills
         ops += [KILL_ORCHESTRATOR] * self.orchestrator_kills
+        ops += [MOVE_KEYS] * self.key_moves + [SCALE] * self.scales
         random.Random(self.seed).shuffle(ops)
         return ops
 
@@ -406,6 +455,82 @@ class MergeRun:
         self.cluster.cli("stop", self.name, check=False)
 
 
+# -- the keyed pipeline -------------------------------------------------------------------------
+
+
+def keyed_spec(
+    name: str, *, rate: float, edge: str, partitions: Sequence[str], standby: str | None = None
+) -> dict[str, Any]:
+    """The keyed pipeline's spec: a csv-source on ``edge`` -> Case 1's aggregate keyed by
+    :data:`KEY_FIELD`, one partition on each of ``partitions`` -> a csv-sink on ``edge``."""
+    aggregate = aggregate_element(partitions[0], element_id=KEYED_ELEMENT)
+    del aggregate["node"]
+    aggregate.update(partitions=list(partitions), key_by=KEY_FIELD)
+    return {
+        "pipeline": name,
+        "elements": [
+            {"id": "source", "kind": "csv-source", "node": edge,
+             "options": {"path": INPUT, "rate": rate}},
+            aggregate,
+            {"id": "sink", "kind": "csv-sink", "node": edge, "inputs": [KEYED_ELEMENT],
+             "options": {"path": OUTPUT}},
+        ],
+        "recovery": {"auto": True, **({"standby": standby} if standby else {})},
+    }  # fmt: skip
+
+
+class KeyedRun:
+    """One run of the keyed pipeline: its input growing (keys drawn uniformly), its spec,
+    deploy and stop; used as :class:`MergeRun` is.
+
+    Args:
+        cluster: The cluster to run on.
+        name: The pipeline's name; its files live in ``<cluster home>/runs/<name>``.
+        rate: Events per second of the source.
+        seed: The soak's seed (mixed with the name).
+        keys: How many keys (``s0``..) the input draws from.
+        edge: Node of the source and the sink.
+        partitions: Node of each partition of the aggregate.
+        standby: ``recovery.standby`` of the pipeline.
+    """
+
+    def __init__(
+        self,
+        cluster: BenchCluster,
+        name: str,
+        *,
+        rate: float,
+        seed: int,
+        keys: int,
+        edge: str,
+        partitions: Sequence[str],
+        standby: str | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.name = name
+        self.work = cluster.home / "runs" / name
+        self.feeder = KeyedFeeder(self.work / INPUT, rate, keys, "uniform", 1.0,
+                                  zlib.crc32(name.encode()) ^ seed)  # fmt: skip
+        self.spec = self.work / f"{name}.yaml"
+        spec = keyed_spec(name, rate=rate, edge=edge, partitions=partitions, standby=standby)
+        self.spec.write_text(yaml.safe_dump(spec, sort_keys=False))
+
+    def __enter__(self) -> KeyedRun:
+        self.feeder.start()
+        return self
+
+    def deploy(self) -> None:
+        self.cluster.cli("deploy", str(self.spec))
+
+    def finish_input(self) -> int:
+        """Stop the input growing; returns its data rows."""
+        return self.feeder.finish()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.feeder.finish()
+        self.cluster.cli("stop", self.name, check=False)
+
+
 # -- counting ---------------------------------------------------------------------------------
 
 K = TypeVar("K", bound=Hashable)
@@ -518,6 +643,22 @@ def count_merge(run: MergeRun, config: SoakConfig, events: int) -> dict[str, Any
     drain(run.cluster, run.name, len(expected), config)
     counted = tally(expected, read_merge_sink(run.work / MERGE_OUTPUT), lambda a, b: a == b)
     return _pipeline_verdict("two inputs", events, counted, counted.clean, [])
+
+
+def count_keyed(run: KeyedRun, config: SoakConfig, events: int) -> dict[str, Any]:
+    """Drain the keyed pipeline and count its output against the keyed Case 1 reference
+    (each key's window over its own events); the order is judged per key, as partitions
+    promise (their outputs interleave in the sink)."""
+    from fogshift.verify.reference import case1_reference, compare_per_key, keys_by_seq, read_sink
+
+    source = run.feeder.path
+    reference = case1_reference(source, "value", 10, "avg", key_field=KEY_FIELD)
+    drain(run.cluster, run.name, len(reference.rows), config)
+    actual = read_sink(run.work / OUTPUT, "value")
+    counted = tally(dict(reference.rows), actual, _close)
+    verdict = compare_per_key(reference.rows, actual, keys_by_seq(source, KEY_FIELD))
+    return _pipeline_verdict("keyed, partitioned", events, counted, verdict.consistent,
+                             verdict.problems)  # fmt: skip
 
 
 def _pipeline_verdict(
@@ -641,7 +782,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 class Soak:
-    """Runs the schedule against the two pipelines on ``cluster``, one row per operation.
+    """Runs the schedule against the pipelines on ``cluster``, one row per operation.
 
     Args:
         cluster: The running cluster.
@@ -731,6 +872,10 @@ class Soak:
                     rows = [self.migrate(index)]
                 elif op == KILL_NODE:
                     rows = [self.kill_node(index)]
+                elif op == MOVE_KEYS:
+                    rows = [self.move_keys(index)]
+                elif op == SCALE:
+                    rows = [self.scale(index)]
                 else:
                     rows = self.kill_orchestrator(index, pool)
                 fatal = [str(r.pop("fatal")) for r in rows if "fatal" in r]
@@ -739,7 +884,7 @@ class Soak:
                     row["settled_ms"] = _ms(settled)
                     if settled is None:
                         _add_note(row, "PEs not all running afterwards")
-                    if row["outcome"] == "interrupted":
+                    if row["outcome"] == "interrupted" and row["op"] == MIGRATE:
                         # Where the orchestrator's recovery left it: origin or target.
                         _add_note(row, f"afterwards on {self.node_of(row) or 'no node'}")
                     self.log.append(row)
@@ -812,6 +957,97 @@ class Soak:
         return {
             **row, "outcome": outcome, "duration_ms": _ms(time.monotonic() - started),
             "downtime_ms": report.get("downtime_ms"), "error": report.get("error"),
+        }  # fmt: skip
+
+    def keyed_ops(self) -> bool:
+        """Whether the schedule has operations of the keyed pipeline's own."""
+        return KEYED in self.pipelines and self.config.key_moves + self.config.scales > 0
+
+    def partitions(self) -> dict[str, str]:
+        """The keyed element's partitions and their nodes, as the orchestrator has them now.
+
+        Raises:
+            FogshiftError: The orchestrator does not answer.
+        """
+        return {
+            str(e["element"]): str(e["node"])
+            for e in self.cluster.client.get(f"/pipelines/{KEYED}")["elements"]
+            if str(e["element"]).startswith(f"{KEYED_ELEMENT}-p")
+        }
+
+    def choose_key_move(self) -> tuple[list[str], str, str, bool] | None:
+        """One to three random keys, the node of a random partition on a live node, an order
+        and whether to precopy (``None``: no partition to choose from)."""
+        try:
+            nodes = sorted(set(self.partitions().values()) & set(self.alive()))
+        except FogshiftError:
+            return None
+        if KEYED not in self.pipelines or not nodes:
+            return None
+        names = [f"s{k}" for k in range(self.config.keys)]
+        keys = sorted(self.rng.sample(names, min(len(names), self.rng.randint(1, 3))))
+        target = self.rng.choice(nodes)
+        return keys, target, self.rng.choice(KEY_ORDERS), self.rng.random() < 0.5
+
+    def move_keys(
+        self, index: int, chosen: tuple[list[str], str, str, bool] | None = None
+    ) -> dict[str, Any]:
+        """Move keys of the keyed element (``chosen``, else random ones); the row of its
+        outcome (``downtime_ms``: the longest a moved key waited for its state)."""
+        chosen = chosen or self.choose_key_move()
+        if chosen is None:
+            return self._row(index, MOVE_KEYS, outcome="skipped",
+                             error="no partition on a live node to move keys to")  # fmt: skip
+        keys, target, order, precopy = chosen
+        row = self._row(index, MOVE_KEYS, pipeline=KEYED, element=KEYED_ELEMENT, target=target,
+                        mode=order + (" precopy" if precopy else ""),
+                        note=f"keys {','.join(keys)}")  # fmt: skip
+        body = {"keys": keys, "target": target, "order": order, "precopy": precopy}
+        return self._key_operation(row, "keys/migrate", body)
+
+    def scale(self, index: int, waves: bool | None = None) -> dict[str, Any]:
+        """Scale the keyed element from 2 partitions to 3 or back (with ``waves`` or not,
+        else at random); the row of its outcome (``downtime_ms``: its longest stoppage)."""
+        try:
+            now = len(self.partitions())
+        except FogshiftError as exc:
+            return self._row(index, SCALE, outcome="skipped", error=exc.message)
+        if KEYED not in self.pipelines or not now:
+            return self._row(index, SCALE, outcome="skipped", error="no keyed pipeline")
+        low, high = KEYED_PARTITIONS
+        wanted = high if now <= low else low
+        waves = self.rng.random() < 0.5 if waves is None else waves
+        row = self._row(index, SCALE, pipeline=KEYED, element=KEYED_ELEMENT,
+                        mode=f"{now} -> {wanted}" + (" in waves" if waves else ""))  # fmt: skip
+        return self._key_operation(row, "scale", {"partitions": wanted, "waves": waves})
+
+    def _key_operation(
+        self, row: dict[str, Any], verb: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """POST a key move or scale of the keyed element; ``row`` with its outcome."""
+        started = time.monotonic()
+        path = f"/pipelines/{KEYED}/elements/{KEYED_ELEMENT}/{verb}"
+        try:
+            report = self.cluster.post(path, body)
+        except FogshiftError as exc:
+            # Refused before it began (409: another operation of the element under way),
+            # or the orchestrator went away while it ran (interrupted; the caller says so).
+            return {**row, "outcome": "refused", "duration_ms": _ms(time.monotonic() - started),
+                    "error": exc.message}  # fmt: skip
+        status = report.get("status")
+        stoppage = report.get("stoppage_ms")
+        if isinstance(stoppage, dict):  # a key move's: per key
+            stoppage = max(stoppage.values(), default=None)
+        # Partitions, not nodes: a key move's origins (by key), a scale's retired ones, and
+        # its added ones with their nodes.
+        origins = {*(report.get("origins") or {}).values(), *(report.get("retired") or {})}
+        added = sorted(f"{p}@{n}" for p, n in (report.get("added") or {}).items())
+        return {
+            **row, "outcome": {"moved": "ok", "pending": "pending"}.get(status, "failed"),
+            "origin": ";".join(sorted(origins)) or None,
+            "target": row.get("target") or ";".join(added) or None,
+            "duration_ms": _ms(time.monotonic() - started),
+            "downtime_ms": stoppage, "error": None if status == "moved" else f"status {status}",
         }  # fmt: skip
 
     def kill_node(self, index: int) -> dict[str, Any]:
@@ -921,9 +1157,18 @@ class Soak:
         row = self._row(index, KILL_ORCHESTRATOR, mode="idle")
         migration: Future[dict[str, Any]] | None = None
         if self.rng.random() < self.config.mid_migration:
-            chosen = self.choose_migration()
-            if chosen is not None:
+            # The operation it lands in: a migration, or (with the keyed pipeline's own
+            # operations in the schedule) a key move or a scale, as often as they come.
+            kinds = [MIGRATE] * (self.config.migrations > 0 or not self.keyed_ops())
+            kinds += [MOVE_KEYS] * (self.config.key_moves > 0) + [SCALE] * (self.config.scales > 0)
+            kind = self.rng.choice(kinds)
+            if kind == MIGRATE and (chosen := self.choose_migration()) is not None:
                 migration = pool.submit(self.migrate, index, chosen)
+            elif kind == MOVE_KEYS and (keys := self.choose_key_move()) is not None:
+                migration = pool.submit(self.move_keys, index, keys)
+            elif kind == SCALE:
+                migration = pool.submit(self.scale, index)
+            if migration is not None:
                 time.sleep(self.rng.uniform(*self.config.interrupt_after_s))
         if migration is not None:
             row["mode"] = "idle (the migration had ended)" if migration.done() else "mid-migration"
@@ -948,7 +1193,7 @@ class Soak:
                 # It got its report after all: it ended just before the kill.
                 row["mode"] = "idle (the migration had ended)"
             if row["mode"] == "mid-migration":
-                moved["note"] = "the orchestrator was killed while it ran"
+                _add_note(moved, "the orchestrator was killed while it ran")
                 moved["outcome"] = "interrupted"
             row["pipeline"], row["element"] = moved.get("pipeline"), moved.get("element")
             rows.append(moved)
@@ -1044,23 +1289,34 @@ def _soak(
     task: TaskID | None,
     verdict: dict[str, Any],
 ) -> None:
-    """Deploy both pipelines, run ``ops``, drain and count (filling ``verdict``)."""
+    """Deploy the pipelines, run ``ops``, drain and count (filling ``verdict``)."""
     nodes = config.nodes
     placement = {"left": nodes[0], "right": nodes[-1], "merge": nodes[2 % len(nodes)],
                  "sink": nodes[0]}  # fmt: skip
     case1_row: dict[str, Any] = {}
-    soak = Soak(cluster, config, log, reporter)
-    with Case1Run(
-        cluster, CASE1, rate=config.rate, seed=config.seed, agg_node=nodes[1],
-        edge_node=nodes[0], row=case1_row, standby=config.standby,
-    ) as case1, MergeRun(
-        cluster, MERGE, rate=config.rate, seed=config.seed, placement=placement,
-        standby=config.standby,
-    ) as merge:  # fmt: skip
-        reporter.step(task, "deploying Case 1 and the two-input pipeline")
-        case1.deploy()
-        merge.deploy()
-        for pipeline in (CASE1, MERGE):
+    pipelines = (CASE1, MERGE, KEYED) if config.keyed else (CASE1, MERGE)
+    soak = Soak(cluster, config, log, reporter, pipelines)
+    with contextlib.ExitStack() as stack:
+        case1 = stack.enter_context(Case1Run(
+            cluster, CASE1, rate=config.rate, seed=config.seed, agg_node=nodes[1],
+            edge_node=nodes[0], row=case1_row, standby=config.standby,
+        ))  # fmt: skip
+        merge = stack.enter_context(MergeRun(
+            cluster, MERGE, rate=config.rate, seed=config.seed, placement=placement,
+            standby=config.standby,
+        ))  # fmt: skip
+        keyed = None
+        if config.keyed:
+            keyed = stack.enter_context(KeyedRun(
+                cluster, KEYED, rate=config.rate, seed=config.seed, keys=config.keys,
+                edge=nodes[0], partitions=(nodes[1], nodes[2 % len(nodes)]),
+                standby=config.standby,
+            ))  # fmt: skip
+        reporter.step(task, "deploying the pipelines")
+        for run in (case1, merge, keyed):
+            if run is not None:
+                run.deploy()
+        for pipeline in pipelines:
             if wait_rows(cluster, pipeline, 1, config.timeout_s) < 1:
                 raise BenchError(f"{pipeline}: no output within {config.timeout_s:.0f} s")
         reporter.advance(task)
@@ -1075,11 +1331,15 @@ def _soak(
             verdict["done"] = {op: soak.done[op] for op in OPERATIONS}
             verdict["schedule_s"] = round(soak.elapsed(), 1)
         events = {CASE1: case1.finish_input(), MERGE: merge.finish_input()}
+        if keyed is not None:
+            events[KEYED] = keyed.finish_input()
         reporter.step(task, "draining the outputs")
         verdict["pipelines"] = {
             CASE1: count_case1(case1, config, events[CASE1]),
             MERGE: count_merge(merge, config, events[MERGE]),
         }
+        if keyed is not None:
+            verdict["pipelines"][KEYED] = count_keyed(keyed, config, events[KEYED])
         reporter.advance(task)
     if case1_row.get("error"):  # Case1Run records a FogshiftError of the block, then ends it
         raise BenchError("the soak failed", received=one_line(str(case1_row["error"]), 400))
@@ -1105,6 +1365,14 @@ MEASURES: dict[str, tuple[tuple[str, str], ...]] = {
         ("recovered_ms", "`fogshift up` -> it answers"),
         ("restart_ms", "`fogshift up` -> every node healthy"),
     ),
+    MOVE_KEYS: (
+        ("duration_ms", "the migrate --keys call"),
+        ("downtime_ms", "longest stoppage of a moved key (its report)"),
+    ),
+    SCALE: (
+        ("duration_ms", "the scale call"),
+        ("downtime_ms", "longest stoppage of a moved key (its report)"),
+    ),
 }
 
 
@@ -1117,11 +1385,13 @@ def render(out: Path) -> Path:
     parts = [
         "# fogshift soak",
         "",
-        "Case 1 (csv-source -> window avg -> csv-sink) and a two-input pipeline (two "
-        "csv-sources -> one filter reading both -> csv-sink, `examples/soak/merge.yaml`) ran "
-        "while PEs were migrated and nodes and the orchestrator were SIGKILLed at random "
-        "(`fogshift/bench/soak.py`). Every number below comes from `runs.csv` (one row per "
-        "operation) and `verdict.json` beside this file.",
+        "Case 1 (csv-source -> window avg -> csv-sink), a two-input pipeline (two "
+        "csv-sources -> one filter reading both -> csv-sink, `examples/soak/merge.yaml`) and "
+        "a keyed one (csv-source -> window avg per sensor in 2 or 3 partitions -> csv-sink; "
+        "its order is judged per key) ran while PEs were migrated, keys moved, the keyed "
+        "element scaled between 2 and 3 partitions, and nodes and the orchestrator were "
+        "SIGKILLed at random (`fogshift/bench/soak.py`). Every number below comes from "
+        "`runs.csv` (one row per operation) and `verdict.json` beside this file.",
         "",
         *_header(out, verdict, settings),
         "## Output against the references",
@@ -1190,8 +1460,8 @@ def _outcomes(rows: list[dict[str, str]], verdict: Mapping[str, Any]) -> list[st
     lines = [
         "## Operations",
         "",
-        "Planned: the seeded schedule; done: rows of `runs.csv` (a migration the orchestrator "
-        "was killed during is a row of its own).",
+        "Planned: the seeded schedule; done: rows of `runs.csv` (a migration, key move or "
+        "scale the orchestrator was killed during is a row of its own).",
         "",
         f"| operation | planned | done | {' | '.join(OUTCOMES)} |",
         "|---|---|---|" + "---|" * len(OUTCOMES),
@@ -1208,7 +1478,8 @@ def _outcomes(rows: list[dict[str, str]], verdict: Mapping[str, Any]) -> list[st
     unsettled = sum(1 for r in rows if not r["settled_ms"])
     lines += [
         "",
-        f"Orchestrator kills during a migration: {mid}. Operations after which not every PE "
+        f"Orchestrator kills during a migration, key move or scale: {mid}. Operations after "
+        "which not every PE "
         f"ran again within the settle timeout: {unsettled}.",
         "",
     ]

@@ -24,6 +24,7 @@ from fogshift.bench import soak
 from fogshift.bench.base import RunLog
 from fogshift.bench.commands import register
 from fogshift.bench.exceptions import BadBenchOption
+from fogshift.exceptions import FogshiftError
 from fogshift.spec.loader import load_spec, parse_spec, validate_spec
 from fogshift.supervisor.cluster import (
     ClusterFile,
@@ -135,10 +136,11 @@ def test_example_spec_is_the_spec_the_soak_deploys() -> None:
 
 
 def test_schedule_has_every_operation_once_per_count_and_follows_the_seed() -> None:
-    config = soak.SoakConfig(migrations=7, kills=3, orchestrator_kills=2, seed=5)
-    ops = config.schedule()
-    assert sorted(ops) == sorted(["migrate"] * 7 + ["kill-node"] * 3 + ["kill-orchestrator"] * 2)
-    assert ops == soak.SoakConfig(migrations=7, kills=3, orchestrator_kills=2, seed=5).schedule()
+    counts = {"migrations": 7, "kills": 3, "orchestrator_kills": 2, "key_moves": 4, "scales": 1}
+    ops = soak.SoakConfig(**counts, seed=5).schedule()
+    assert sorted(ops) == sorted(["migrate"] * 7 + ["kill-node"] * 3 + ["kill-orchestrator"] * 2
+                                 + ["move-keys"] * 4 + ["scale"])  # fmt: skip
+    assert ops == soak.SoakConfig(**counts, seed=5).schedule()
     others = {tuple(soak.SoakConfig(migrations=7, kills=3, seed=s).schedule()) for s in range(6)}
     assert len(others) > 1  # the seed changes the order
 
@@ -156,6 +158,9 @@ def test_schedule_has_every_operation_once_per_count_and_follows_the_seed() -> N
         ({"rate": 0.0}, "--rate"),
         ({"duration_s": 0.0}, "--duration"),
         ({"standby": "fog-b"}, "--standby"),
+        ({"key_moves": -1}, "--key-moves"),
+        ({"keyed": False, "scales": 1, "key_moves": 0}, "--key-moves and --scales"),
+        ({"keys": 0}, "--keys"),
     ],
 )
 def test_bad_settings_are_refused_with_what_was_expected(
@@ -165,6 +170,92 @@ def test_bad_settings_are_refused_with_what_was_expected(
         soak.SoakConfig(**changes).check()
     assert option in caught.value.message
     assert caught.value.expected and caught.value.received is not None
+
+
+def test_the_keyed_spec_is_a_valid_partitioned_pipeline(tmp_path: Path) -> None:
+    spec = soak.keyed_spec("keys", rate=10, edge="cloud", partitions=("fog-a", "cloud"))
+    parsed = parse_spec(spec, tmp_path)
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    validate_spec(parsed, ["cloud", "fog-a"], check_files=True)
+    partitions = parsed.partitions_of(soak.KEYED_ELEMENT)
+    assert [(p.id, p.node, p.key_by) for p in partitions] == [
+        ("aggregate-p0", "fog-a", soak.KEY_FIELD), ("aggregate-p1", "cloud", soak.KEY_FIELD),
+    ]  # fmt: skip
+    assert parsed.recovery.auto  # the soak's kills rely on automatic restores
+
+
+class _Orchestrator:
+    """Stands in for a soak's cluster: the keyed element's status, and the answers to the
+    key moves and scales posted (or a refusal)."""
+
+    def __init__(self, partitions: dict[str, str], answer: Any) -> None:
+        self.partitions = partitions
+        self.answer = answer
+        self.posted: list[tuple[str, dict[str, Any]]] = []
+        self.client = self
+        self.home = Path("/nonexistent")  # (nothing is killed here)
+
+    def get(self, path: str) -> Any:
+        assert path == f"/pipelines/{soak.KEYED}"
+        elements = [{"element": "source", "node": "cloud"}, {"element": "sink", "node": "cloud"}]
+        return {"elements": elements + [{"element": p, "node": n}
+                                        for p, n in self.partitions.items()]}  # fmt: skip
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        self.posted.append((path, body))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def _keyed_soak(orchestrator: _Orchestrator, **settings: Any) -> soak.Soak:
+    config = soak.SoakConfig(nodes=("cloud", "fog-a", "fog-b"), seed=1, **settings)
+    return soak.Soak(orchestrator, config, None, None, (soak.CASE1, soak.KEYED))  # type: ignore[arg-type]
+
+
+def test_a_key_move_goes_to_a_live_partitions_node_and_its_row_says_how_it_went() -> None:
+    moved = {"status": "moved", "origins": {"s1": "aggregate-p0", "s4": "aggregate-p0"},
+             "stoppage_ms": {"s1": 40.0, "s4": 75.5}}  # fmt: skip
+    orchestrator = _Orchestrator({"aggregate-p0": "fog-a", "aggregate-p1": "fog-b"}, moved)
+    runner = _keyed_soak(orchestrator, keys=5)
+    runner.lost.add("fog-a")  # a node the soak could not start again: never a target
+    row = runner.move_keys(3)
+    ((path, body),) = orchestrator.posted
+    assert path == f"/pipelines/{soak.KEYED}/elements/{soak.KEYED_ELEMENT}/keys/migrate"
+    assert body["target"] == "fog-b" and body["order"] in soak.KEY_ORDERS
+    assert 1 <= len(body["keys"]) <= 3 and set(body["keys"]) <= {f"s{k}" for k in range(5)}
+    assert isinstance(body["precopy"], bool)
+    assert (row["op"], row["outcome"], row["origin"], row["target"], row["downtime_ms"]) == (
+        "move-keys", "ok", "aggregate-p0", "fog-b", 75.5,
+    )  # fmt: skip
+    assert row["note"] == f"keys {','.join(body['keys'])}" and row["error"] is None
+    # A move whose states did not all come is pending; a refusal has no report.
+    orchestrator.answer = {**moved, "status": "pending"}
+    assert runner.move_keys(4)["outcome"] == "pending"
+    orchestrator.answer = FogshiftError("409: a scale of soak-keys/aggregate is under way")
+    refused = runner.move_keys(5)
+    assert refused["outcome"] == "refused" and "409" in refused["error"]
+    runner.lost.add("fog-b")
+    assert runner.move_keys(6)["outcome"] == "skipped"  # no partition on a live node
+
+
+def test_a_scale_goes_between_two_and_three_partitions() -> None:
+    answer = {"status": "moved", "stoppage_ms": 120.0, "added": {"aggregate-p2": "cloud"}}
+    orchestrator = _Orchestrator({"aggregate-p0": "fog-a", "aggregate-p1": "fog-b"}, answer)
+    runner = _keyed_soak(orchestrator)
+    row = runner.scale(1, waves=True)
+    assert orchestrator.posted[-1] == (
+        f"/pipelines/{soak.KEYED}/elements/{soak.KEYED_ELEMENT}/scale",
+        {"partitions": 3, "waves": True},
+    )
+    assert (row["outcome"], row["mode"], row["target"], row["downtime_ms"]) == (
+        "ok", "2 -> 3 in waves", "aggregate-p2@cloud", 120.0,
+    )  # fmt: skip
+    orchestrator.partitions["aggregate-p2"] = "cloud"
+    orchestrator.answer = {"status": "moved", "retired": {"aggregate-p2": "cloud"}}
+    row = runner.scale(2, waves=False)
+    assert orchestrator.posted[-1][1] == {"partitions": 2, "waves": False}
+    assert (row["mode"], row["origin"]) == ("3 -> 2", "aggregate-p2")
 
 
 def test_a_handover_is_drawn_only_for_pes_that_can_be_handed_over() -> None:
@@ -269,6 +360,13 @@ def test_results_are_rendered_from_runs_csv_and_verdict_json(tmp_path: Path) -> 
                 "recovered_ms": 12000.0, "restart_ms": 9000.0, "settled_ms": 5.0})  # fmt: skip
     log.append({"index": 6, "op": "kill-orchestrator", "mode": "mid-migration", "outcome": "ok",
                 "recovered_ms": 2500.0, "restart_ms": 3000.0})  # fmt: skip
+    log.append({"index": 7, "op": "move-keys", "pipeline": "soak-keys", "element": "aggregate",
+                "target": "fog-a", "mode": "backlog precopy", "outcome": "pending",
+                "duration_ms": 61000.0, "downtime_ms": 60500.0, "settled_ms": 5.0,
+                "note": "keys s1,s3", "error": "status pending"})  # fmt: skip
+    log.append({"index": 8, "op": "scale", "pipeline": "soak-keys", "element": "aggregate",
+                "mode": "2 -> 3", "outcome": "ok", "duration_ms": 4000.0, "downtime_ms": 900.0,
+                "settled_ms": 5.0})  # fmt: skip
     verdict = {
         "status": "complete", "error": None, "elapsed_s": 600.0, "schedule_s": 480.0,
         "settings": {"seed": 3, "nodes": ["cloud", "fog-a"], "rate": 10.0},
@@ -291,7 +389,12 @@ def test_results_are_rendered_from_runs_csv_and_verdict_json(tmp_path: Path) -> 
     assert "| migrate | 4 | 4 | 3 | 1 | 0 | 0 | 0 | 0 |" in text
     assert "| migrate | the migrate call | 3 | 200 | 300 | 300 |" in text
     assert "| kill-orchestrator | `fogshift up` -> it answers | 1 | 2,500 | 2,500 | 2,500 |" in text
-    assert "Orchestrator kills during a migration: 1." in text
+    assert "Orchestrator kills during a migration, key move or scale: 1." in text
+    assert "| move-keys | - | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 1 |" in text  # pending
+    assert "| scale | the scale call | 1 | 4,000 | 4,000 | 4,000 |" in text
+    assert "| move-keys | longest stoppage of a moved key (its report) | 1 | 60,500 |" in text
+    assert ("soak #7 move-keys soak-keys aggregate fog-a backlog precopy: pending (status "
+            "pending) [keys s1,s3]") in text  # fmt: skip
     assert "not every PE ran again within the settle timeout: 1." in text
     assert "soak #4 migrate soak-merge merge: rolled back (target died)" in text
 
@@ -310,17 +413,18 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     started = time.monotonic()
     proc = fogshift(
-        # One migration only: the one the orchestrator is killed during (a whole one is
-        # what every migration test runs), a make-before-break handover. No node kill: a
-        # node's SIGKILL, its PEs' automatic restore and the node's restart took 42 s of
-        # this test's schedule; the restoration, two-input and Case 2 tests kill nodes
-        # under exactly-once checks, and the shared test clusters start killed nodes again
-        # through `fogshift up` (`restart_nodes`, as the soak does).
+        # No migration of whole PEs: the migration tests run every mode, and the
+        # control-plane tests kill the orchestrator in each phase of one. Here the
+        # orchestrator is killed during a key move of the keyed pipeline, and one more key
+        # move follows. No node kill: a node's SIGKILL, its PEs' automatic restore and the
+        # node's restart took 42 s of this test's schedule; the restoration, two-input and
+        # Case 2 tests kill nodes under exactly-once checks, and the shared test clusters
+        # start killed nodes again through `fogshift up` (`restart_nodes`, as the soak does).
         "bench", "soak", "--migrations", "0", "--kills", "0", "--orchestrator-kills", "1",
-        # Two nodes: the handover needs one other node only, and a third node's JVM (~9 s
-        # of CPU to start, then its idle share) bought nothing the test checks.
-        "--mid-migration", "1", "--modes", "handover", "--nodes", "cloud,fog-a",
-        "--seed", "3",
+        "--key-moves", "1", "--scales", "0", "--keys", "6",
+        # Two nodes (the keyed element's partitions on both): a third node's JVM (~9 s of
+        # CPU to start, then its idle share) bought nothing the test checks.
+        "--mid-migration", "1", "--nodes", "cloud,fog-a", "--seed", "3",
         # Batches at most once every 2 s, as on the shared clusters: two pipelines' 200 ms
         # batches keep two cores busy, and every operation then waits for CPU (what is
         # tested does not depend on it).
@@ -331,34 +435,42 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
     verdict = json.loads((out / soak.VERDICT_JSON).read_text())
     assert verdict["status"] == "complete", (verdict.get("error"), proc.stdout[-3000:])
     pipelines = verdict["pipelines"]
-    for name in (soak.CASE1, soak.MERGE):
+    names = (soak.CASE1, soak.MERGE, soak.KEYED)
+    for name in names:
         counts = {k: pipelines[name][k] for k in soak.COUNTS}
         assert all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values())
         assert counts["expected"] > 0 and pipelines[name]["events"] > 0, counts
         print(f"{name}: {counts} ({minutes:.1f} min)")
-    # Both pipelines — Case 1 (one input per PE) and the two-input one — are exactly-once
-    # through an orchestrator's kill during a migration.
-    for name in (soak.CASE1, soak.MERGE):
+    # Every pipeline — Case 1 (one input per PE), the two-input one and the keyed one whose
+    # keys moved (each key's rows in its input order) — is exactly-once through an
+    # orchestrator's kill during a key move.
+    for name in names:
         counted = pipelines[name]
         assert (counted["lost"], counted["duplicated"], counted["wrong"]) == (0, 0, 0), counted
         assert counted["consistent"], counted
     assert proc.returncode == (0 if verdict["zero_errors"] else 1), proc.stderr[-2000:]
     with open(out / soak.RUNS_CSV, newline="") as handle:
         rows = list(csv.DictReader(handle))
-    # The migration the orchestrator is killed during: a handover.
+    # The key move the orchestrator is killed during, and the one of the schedule.
     ops = sorted(r["op"] for r in rows)
-    assert ops == ["kill-orchestrator", "migrate"], rows
-    assert next(r for r in rows if r["op"] == "migrate")["mode"] == "handover", rows
+    assert ops == ["kill-orchestrator", "move-keys", "move-keys"], rows
     assert all(r["outcome"] in soak.OUTCOMES for r in rows), rows
-    killed = {r["op"]: r for r in rows if r["op"] != "migrate"}
-    assert killed["kill-orchestrator"]["outcome"] == "ok", killed
+    moves = [r for r in rows if r["op"] == "move-keys"]
+    assert all(r["pipeline"] == soak.KEYED and r["note"].startswith("keys s") for r in moves)
+    # (Any not cut short by the kill found the orchestrator answering, the partitions up.)
+    assert all(r["outcome"] in ("ok", "pending", "interrupted") for r in moves), moves
+    assert any(r["outcome"] in ("ok", "pending") for r in moves), moves
+    killed = next(r for r in rows if r["op"] == "kill-orchestrator")
+    assert killed["outcome"] == "ok", killed
     interrupted = [r for r in rows if r["outcome"] == "interrupted"]
-    for row in interrupted:  # where the orchestrator's recovery left the PE is recorded
-        assert row["op"] == "migrate" and "afterwards on " in row["note"], row
-    assert len(interrupted) == (killed["kill-orchestrator"]["mode"] == "mid-migration")
+    for row in interrupted:
+        assert row["op"] == "move-keys", row
+        assert "the orchestrator was killed while it ran" in row["note"], row
+    assert len(interrupted) == (killed["mode"] == "mid-migration")
     assert all(r["settled_ms"] for r in rows), rows  # every PE ran again after each one
     text = (out / soak.RESULTS_MD).read_text()
     assert f"| {soak.CASE1} (case1) |" in text and "## Durations" in text
+    assert f"| {soak.KEYED} (keyed, partitioned) |" in text
     # `fogshift down` ran: it removes cluster.json, and no process group of it is left.
     homes = list(work.glob("cluster-*"))
     assert homes and not any((h / "cluster.json").exists() for h in homes)
