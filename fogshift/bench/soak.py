@@ -23,8 +23,9 @@ time, after a random pause each:
 * **migrate**: a random PE (a partition too) of any pipeline to a random other live node, in
   a mode drawn from ``modes`` (``precopy``, ``literal``, ``handover``; a handover not for
   sinks, which the orchestrator refuses) (the REST call ``fogshift migrate`` makes).
-* **move-keys**: one to three random keys to a random partition's node (``fogshift migrate
-  --keys``), in backlog or fifo order, with or without the precopy.
+* **move-keys**: one to three random keys (with or without the precopy), or a random key
+  group of 4, to a random partition's node (``fogshift migrate --keys`` / ``--key-group``),
+  in backlog or fifo order.
 * **scale**: the keyed element from 2 partitions to 3 or back (``fogshift scale``), in waves
   or not.
 * **kill-node**: SIGKILL of a random node's whole process group; the orchestrator restores
@@ -123,6 +124,8 @@ OUTCOMES = ("ok", "rolled back", "failed", "interrupted", "refused", "skipped", 
 MODES = ("precopy", "literal", "handover")
 #: Key move orders drawn from.
 KEY_ORDERS = ("backlog", "fifo")
+#: How often a key move moves a key group (``G/GROUPS``) instead of listed keys.
+GROUP_SHARE, GROUPS = 0.2, 4
 
 OP_FIELDS = (
     "index", "op", "started_s", "pipeline", "element", "origin", "target", "mode", "outcome",
@@ -167,8 +170,8 @@ class SoakConfig(ClusterRunConfig):
             on the second and third nodes, or the second and first of two), whose PEs and
             partitions the migrations and kills hit as any, besides its own operations.
         key_moves: Key moves in the schedule (``migrate --keys``): one to three random keys
-            to a random partition's node, in a random order (backlog or fifo), with or
-            without the precopy.
+            (with or without the precopy) or a key group to a random partition's node, in a
+            random order (backlog or fifo).
         scales: Scales of the keyed element in the schedule, between 2 and 3 partitions
             (with or without waves).
         keys: How many keys (sensors) the keyed pipeline's input draws from, uniformly.
@@ -975,34 +978,37 @@ class Soak:
             if str(e["element"]).startswith(f"{KEYED_ELEMENT}-p")
         }
 
-    def choose_key_move(self) -> tuple[list[str], str, str, bool] | None:
-        """One to three random keys, the node of a random partition on a live node, an order
-        and whether to precopy (``None``: no partition to choose from)."""
+    def choose_key_move(self) -> dict[str, Any] | None:
+        """The body of a random key move (``None``: no partition on a live node): to the node
+        of a random partition, in a random order; one to three random keys with or without
+        the precopy, or (one time in :data:`GROUP_SHARE`) a random key group of
+        :data:`GROUPS`."""
         try:
             nodes = sorted(set(self.partitions().values()) & set(self.alive()))
         except FogshiftError:
             return None
         if KEYED not in self.pipelines or not nodes:
             return None
+        body: dict[str, Any] = {"target": self.rng.choice(nodes),
+                                "order": self.rng.choice(KEY_ORDERS)}  # fmt: skip
+        if self.rng.random() < GROUP_SHARE:
+            return {**body, "group": f"{self.rng.randrange(GROUPS)}/{GROUPS}"}
         names = [f"s{k}" for k in range(self.config.keys)]
         keys = sorted(self.rng.sample(names, min(len(names), self.rng.randint(1, 3))))
-        target = self.rng.choice(nodes)
-        return keys, target, self.rng.choice(KEY_ORDERS), self.rng.random() < 0.5
+        return {**body, "keys": keys, "precopy": self.rng.random() < 0.5}
 
-    def move_keys(
-        self, index: int, chosen: tuple[list[str], str, str, bool] | None = None
-    ) -> dict[str, Any]:
-        """Move keys of the keyed element (``chosen``, else random ones); the row of its
-        outcome (``downtime_ms``: the longest a moved key waited for its state)."""
-        chosen = chosen or self.choose_key_move()
-        if chosen is None:
+    def move_keys(self, index: int, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Move keys of the keyed element (``body`` of the request, else a random one); the
+        row of its outcome (``downtime_ms``: the longest a moved key waited for its state)."""
+        body = body or self.choose_key_move()
+        if body is None:
             return self._row(index, MOVE_KEYS, outcome="skipped",
                              error="no partition on a live node to move keys to")  # fmt: skip
-        keys, target, order, precopy = chosen
-        row = self._row(index, MOVE_KEYS, pipeline=KEYED, element=KEYED_ELEMENT, target=target,
-                        mode=order + (" precopy" if precopy else ""),
-                        note=f"keys {','.join(keys)}")  # fmt: skip
-        body = {"keys": keys, "target": target, "order": order, "precopy": precopy}
+        what = f"group {body['group']}" if "group" in body else f"keys {','.join(body['keys'])}"
+        row = self._row(index, MOVE_KEYS, pipeline=KEYED, element=KEYED_ELEMENT,
+                        target=body["target"],
+                        mode=body["order"] + (" precopy" if body.get("precopy") else ""),
+                        note=what)  # fmt: skip
         return self._key_operation(row, "keys/migrate", body)
 
     def scale(self, index: int, waves: bool | None = None) -> dict[str, Any]:
@@ -1164,8 +1170,8 @@ class Soak:
             kind = self.rng.choice(kinds)
             if kind == MIGRATE and (chosen := self.choose_migration()) is not None:
                 migration = pool.submit(self.migrate, index, chosen)
-            elif kind == MOVE_KEYS and (keys := self.choose_key_move()) is not None:
-                migration = pool.submit(self.move_keys, index, keys)
+            elif kind == MOVE_KEYS and (body := self.choose_key_move()) is not None:
+                migration = pool.submit(self.move_keys, index, body)
             elif kind == SCALE:
                 migration = pool.submit(self.scale, index)
             if migration is not None:

@@ -219,9 +219,20 @@ def test_a_key_move_goes_to_a_live_partitions_node_and_its_row_says_how_it_went(
     orchestrator = _Orchestrator({"aggregate-p0": "fog-a", "aggregate-p1": "fog-b"}, moved)
     runner = _keyed_soak(orchestrator, keys=5)
     runner.lost.add("fog-a")  # a node the soak could not start again: never a target
-    row = runner.move_keys(3)
-    ((path, body),) = orchestrator.posted
-    assert path == f"/pipelines/{soak.KEYED}/elements/{soak.KEYED_ELEMENT}/keys/migrate"
+    rows = [runner.move_keys(3) for _ in range(12)]
+    paths = {path for path, _ in orchestrator.posted}
+    assert paths == {f"/pipelines/{soak.KEYED}/elements/{soak.KEYED_ELEMENT}/keys/migrate"}
+    bodies = [body for _, body in orchestrator.posted]
+    assert {b["target"] for b in bodies} == {"fog-b"}
+    groups = [b for b in bodies if "group" in b]
+    assert groups and len(groups) < len(bodies)  # (seeded: about one in five is a key group)
+    for body in groups:  # a group sends whole states: no precopy option (refused with it)
+        assert body["group"] in {f"{g}/4" for g in range(4)} and body.keys() == {
+            "group", "target", "order",
+        }, body  # fmt: skip
+        assert rows[bodies.index(body)]["note"] == f"group {body['group']}"
+    body = next(b for b in bodies if "keys" in b)
+    row = rows[bodies.index(body)]
     assert body["target"] == "fog-b" and body["order"] in soak.KEY_ORDERS
     assert 1 <= len(body["keys"]) <= 3 and set(body["keys"]) <= {f"s{k}" for k in range(5)}
     assert isinstance(body["precopy"], bool)
