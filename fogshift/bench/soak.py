@@ -60,7 +60,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import yaml
 from rich.progress import TaskID
@@ -397,8 +397,8 @@ def read_merge_sink(path: Path) -> list[tuple[tuple[str, int], tuple[int, int] |
     return rows
 
 
-class MergeRun:
-    """One run of the merge pipeline: its two inputs growing, its spec, deploy and stop.
+class SoakRun:
+    """One of the soak's pipelines: its inputs growing, its spec, deploy and stop.
 
     Used like :class:`~fogshift.bench.workload.Case1Run`: on entry the inputs start growing,
     :meth:`finish_input` stops them; on exit they stop and the pipeline is stopped. Errors
@@ -406,7 +406,59 @@ class MergeRun:
 
     Args:
         cluster: The cluster to run on.
-        name: The pipeline's name; its files live in ``<cluster home>/runs/<name>``.
+        name: The pipeline's name; its files live in ``<cluster home>/runs/<name>``
+            (:func:`run_folder`).
+        feeders: The feeder of each source, by source id.
+        spec: The pipeline's spec, written there as ``<name>.yaml``.
+    """
+
+    def __init__(
+        self,
+        cluster: BenchCluster,
+        name: str,
+        feeders: Mapping[str, InputFeeder],
+        spec: Mapping[str, Any],
+    ) -> None:
+        self.cluster = cluster
+        self.name = name
+        self.work = run_folder(cluster, name)
+        self.feeders = dict(feeders)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.spec = self.work / f"{name}.yaml"
+        self.spec.write_text(yaml.safe_dump(dict(spec), sort_keys=False))
+
+    def __enter__(self) -> Self:
+        for feeder in self.feeders.values():
+            feeder.start()
+        return self
+
+    def deploy(self) -> None:
+        self.cluster.cli("deploy", str(self.spec))
+
+    def finish_input(self) -> int:
+        """Stop the inputs growing; returns their data rows together."""
+        return sum(feeder.finish() for feeder in self.feeders.values())
+
+    def inputs(self) -> dict[str, Path]:
+        return {src: feeder.path for src, feeder in self.feeders.items()}
+
+    def __exit__(self, *exc_info: object) -> None:
+        for feeder in self.feeders.values():
+            feeder.finish()
+        self.cluster.cli("stop", self.name, check=False)
+
+
+def run_folder(cluster: BenchCluster, name: str) -> Path:
+    """Where a pipeline's files (inputs, spec, output) live: ``<cluster home>/runs/<name>``."""
+    return cluster.home / "runs" / name
+
+
+class MergeRun(SoakRun):
+    """The merge pipeline (:func:`merge_spec`), its two inputs growing.
+
+    Args:
+        cluster: The cluster to run on.
+        name: The pipeline's name.
         rate: Events per second of each source.
         seed: The soak's seed (mixed with the name and the source: each input differs).
         placement: Node of each element.
@@ -423,39 +475,15 @@ class MergeRun:
         placement: Mapping[str, str],
         standby: str | None = None,
     ) -> None:
-        self.cluster = cluster
-        self.name = name
-        self.work = cluster.home / "runs" / name
-        self.feeders = {
+        work = run_folder(cluster, name)
+        feeders = {
             src: TaggedFeeder(
-                self.work / f"{src}.csv", rate, zlib.crc32(f"{name}/{src}".encode()) ^ seed, src
+                work / f"{src}.csv", rate, zlib.crc32(f"{name}/{src}".encode()) ^ seed, src
             )
             for src in MERGE_SOURCES
         }
-        self.work.mkdir(parents=True, exist_ok=True)
-        self.spec = self.work / f"{name}.yaml"
         spec = merge_spec(name, rate=rate, placement=placement, standby=standby)
-        self.spec.write_text(yaml.safe_dump(spec, sort_keys=False))
-
-    def __enter__(self) -> MergeRun:
-        for feeder in self.feeders.values():
-            feeder.start()
-        return self
-
-    def deploy(self) -> None:
-        self.cluster.cli("deploy", str(self.spec))
-
-    def finish_input(self) -> int:
-        """Stop both inputs growing; returns their data rows together."""
-        return sum(feeder.finish() for feeder in self.feeders.values())
-
-    def inputs(self) -> dict[str, Path]:
-        return {src: feeder.path for src, feeder in self.feeders.items()}
-
-    def __exit__(self, *exc_info: object) -> None:
-        for feeder in self.feeders.values():
-            feeder.finish()
-        self.cluster.cli("stop", self.name, check=False)
+        super().__init__(cluster, name, feeders, spec)
 
 
 # -- the keyed pipeline -------------------------------------------------------------------------
@@ -482,13 +510,12 @@ def keyed_spec(
     }  # fmt: skip
 
 
-class KeyedRun:
-    """One run of the keyed pipeline: its input growing (keys drawn uniformly), its spec,
-    deploy and stop; used as :class:`MergeRun` is.
+class KeyedRun(SoakRun):
+    """The keyed pipeline (:func:`keyed_spec`), its input growing with keys drawn uniformly.
 
     Args:
         cluster: The cluster to run on.
-        name: The pipeline's name; its files live in ``<cluster home>/runs/<name>``.
+        name: The pipeline's name.
         rate: Events per second of the source.
         seed: The soak's seed (mixed with the name).
         keys: How many keys (``s0``..) the input draws from.
@@ -509,29 +536,10 @@ class KeyedRun:
         partitions: Sequence[str],
         standby: str | None = None,
     ) -> None:
-        self.cluster = cluster
-        self.name = name
-        self.work = cluster.home / "runs" / name
-        self.feeder = KeyedFeeder(self.work / INPUT, rate, keys, "uniform", 1.0,
-                                  zlib.crc32(name.encode()) ^ seed)  # fmt: skip
-        self.spec = self.work / f"{name}.yaml"
+        source = run_folder(cluster, name) / INPUT
+        feeder = KeyedFeeder(source, rate, keys, "uniform", 1.0, zlib.crc32(name.encode()) ^ seed)
         spec = keyed_spec(name, rate=rate, edge=edge, partitions=partitions, standby=standby)
-        self.spec.write_text(yaml.safe_dump(spec, sort_keys=False))
-
-    def __enter__(self) -> KeyedRun:
-        self.feeder.start()
-        return self
-
-    def deploy(self) -> None:
-        self.cluster.cli("deploy", str(self.spec))
-
-    def finish_input(self) -> int:
-        """Stop the input growing; returns its data rows."""
-        return self.feeder.finish()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.feeder.finish()
-        self.cluster.cli("stop", self.name, check=False)
+        super().__init__(cluster, name, {"source": feeder}, spec)
 
 
 # -- counting ---------------------------------------------------------------------------------
@@ -654,7 +662,7 @@ def count_keyed(run: KeyedRun, config: SoakConfig, events: int) -> dict[str, Any
     promise (their outputs interleave in the sink)."""
     from fogshift.verify.reference import case1_reference, compare_per_key, keys_by_seq, read_sink
 
-    source = run.feeder.path
+    source = run.inputs()["source"]
     reference = case1_reference(source, "value", 10, "avg", key_field=KEY_FIELD)
     drain(run.cluster, run.name, len(reference.rows), config)
     actual = read_sink(run.work / OUTPUT, "value")
