@@ -419,6 +419,15 @@ def register(bench_app: typer.Typer) -> None:
                 max=1,
             ),
         ] = 0.5,
+        mid_operation: Annotated[
+            float,
+            typer.Option(
+                help="Probability that a node kill lands during a migration, key move or scale "
+                "(then on a node it involves).",
+                min=0,
+                max=1,
+            ),
+        ] = soak.SoakConfig.mid_operation,
         duration: Annotated[
             float | None,
             typer.Option(
@@ -488,6 +497,7 @@ def register(bench_app: typer.Typer) -> None:
             given = [
                 f"--{name.replace('_', '-')}" for name in (
                     "migrations", "kills", "orchestrator_kills", "modes", "mid_migration",
+                    "mid_operation",
                     "duration", "seed", "nodes", "rate", "standby", "trigger_ms", "no_keyed",
                     "key_moves", "scales", "keys", "work")
                 if _given(ctx, name)
@@ -503,7 +513,8 @@ def register(bench_app: typer.Typer) -> None:
         config = soak.SoakConfig(
             migrations=migrations, kills=kills, orchestrator_kills=orchestrator_kills,
             modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
-            mid_migration=mid_migration, duration_s=duration, seed=seed,
+            mid_migration=mid_migration, mid_operation=mid_operation, duration_s=duration,
+            seed=seed,
             nodes=tuple(n.strip() for n in nodes.split(",") if n.strip()), rate=rate,
             trigger_ms=trigger_ms, standby=standby, keyed=keyed, key_moves=key_moves,
             scales=scales, keys=keys,

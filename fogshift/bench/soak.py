@@ -28,7 +28,9 @@ time, after a random pause each:
   in backlog or fifo order.
 * **scale**: the keyed element from 2 partitions to 3 or back (``fogshift scale``), in waves
   or not.
-* **kill-node**: SIGKILL of a random node's whole process group; the orchestrator restores
+* **kill-node**: SIGKILL of a random node's whole process group - idle or, with probability
+  ``mid_operation``, while a migration, key move or scale runs (then of a node it involves,
+  if known); the orchestrator restores
   its PEs by itself (the specs keep ``recovery.auto``); a PE still on the dead node after
   ``restore_timeout_s`` is restored by hand (``fogshift restore``). Then the node's agent is
   started again, exactly as ``fogshift up`` had started it (:func:`start_node_again`).
@@ -149,8 +151,12 @@ class SoakConfig(ClusterRunConfig):
         orchestrator_kills: Orchestrator kills in the schedule (the issue asks for one at
             least; 0 leaves them out).
         modes: The migration modes drawn from (:data:`MODES`).
-        mid_migration: Probability that an orchestrator kill lands while a migration runs.
-        interrupt_after_s: Range of the wait between starting that migration and the kill.
+        mid_migration: Probability that an orchestrator kill lands while a migration (or a
+            key move or scale) runs.
+        mid_operation: Probability that a node kill lands while a migration, key move or
+            scale runs, the node one it involves (a migration's origin or target, a key
+            move's partition), if known.
+        interrupt_after_s: Range of the wait between starting that operation and the kill.
         duration_s: Start no operation after this many seconds of schedule (``None``: no cap).
         nodes: The cluster's nodes; the first hosts the sources and sinks at first.
         rate: Events per second of each of the three sources.
@@ -185,6 +191,7 @@ class SoakConfig(ClusterRunConfig):
     orchestrator_kills: int = 1
     modes: tuple[str, ...] = MODES
     mid_migration: float = 0.5
+    mid_operation: float = 0.5
     interrupt_after_s: tuple[float, float] = (0.5, 5.0)
     duration_s: float | None = None
     nodes: tuple[str, ...] = ("cloud", "fog-a", "fog-b", "fog-c")
@@ -226,12 +233,13 @@ class SoakConfig(ClusterRunConfig):
                 expected=f"a comma-separated choice of {', '.join(MODES)}",
                 received=",".join(self.modes) or "(none)",
             )
-        if not 0.0 <= self.mid_migration <= 1.0:
-            raise BadBenchOption(
-                "bad --mid-migration",
-                expected="a probability between 0 and 1",
-                received=f"{self.mid_migration:g}",
-            )
+        for name in ("mid_migration", "mid_operation"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise BadBenchOption(
+                    f"bad --{name.replace('_', '-')}",
+                    expected="a probability between 0 and 1",
+                    received=f"{getattr(self, name):g}",
+                )
         if len(self.nodes) < 2 or len(set(self.nodes)) != len(self.nodes):
             raise BadBenchOption(
                 "a soak needs at least two distinct nodes",
@@ -882,7 +890,7 @@ class Soak:
                 if op == MIGRATE:
                     rows = [self.migrate(index)]
                 elif op == KILL_NODE:
-                    rows = [self.kill_node(index)]
+                    rows = self.kill_node(index, pool)
                 elif op == MOVE_KEYS:
                     rows = [self.move_keys(index)]
                 elif op == SCALE:
@@ -1064,13 +1072,37 @@ class Soak:
             "downtime_ms": stoppage, "error": None if status == "moved" else f"status {status}",
         }  # fmt: skip
 
-    def kill_node(self, index: int) -> dict[str, Any]:
-        """SIGKILL a random live node, wait for its PEs' restore, start it again."""
+    def kill_node(self, index: int, pool: ThreadPoolExecutor | None = None) -> list[dict[str, Any]]:
+        """SIGKILL a random live node, idle or (with ``pool``, at the odds of
+        ``mid_operation``) during a migration, key move or scale, then one of the nodes that
+        operation involves; wait for its PEs' restore, start it again.
+
+        Returns:
+            Its row, and the operation's if one ran (noting the kill).
+        """
+        operation: Future[dict[str, Any]] | None = None
+        involved: set[str] = set()
+        if pool is not None and self.rng.random() < self.config.mid_operation:
+            operation, involved = self._start_operation(index, pool)
+        alive = self.alive()
+        ended = operation is not None and operation.done()
+        row = self._kill_node(index, sorted(involved & set(alive)) or alive)
+        if operation is None:
+            return [row]
+        ran = operation.result()
+        _add_note(row, f"after the {ran['op']} it was to land in had ended" if ended
+                  else f"during a {ran['op']}")  # fmt: skip
+        if row.get("origin") and not ended:
+            _add_note(ran, f"node {row['origin']} was killed while it ran")
+        return [row, ran]
+
+    def _kill_node(self, index: int, candidates: Sequence[str]) -> dict[str, Any]:
+        """SIGKILL one of ``candidates`` (live nodes) at random; see :meth:`kill_node`."""
         alive = self.alive()
         if len(alive) < 2:
             return self._row(index, KILL_NODE, outcome="skipped",
                              error="fewer than two live nodes: nowhere to restore")  # fmt: skip
-        victim = self.rng.choice(alive)
+        victim = self.rng.choice(candidates)
         row = self._row(index, KILL_NODE, origin=victim)
         try:
             before = self.status()
@@ -1161,6 +1193,35 @@ class Soak:
         errors += [f"PEs of {victim} not all running elsewhere in time", *refused]
         return how, None, pes
 
+    def _start_operation(
+        self, index: int, pool: ThreadPoolExecutor
+    ) -> tuple[Future[dict[str, Any]] | None, set[str]]:
+        """Start a random migration or (with the keyed pipeline's own operations in the
+        schedule) a key move or scale, as often as they come, in ``pool``, then wait a random
+        ``interrupt_after_s``: a kill is to land while it runs.
+
+        Returns:
+            Its future (``None``: nothing to start), and the nodes it involves (a
+            migration's origin and target, a key move's partitions' nodes; a scale's: none
+            known).
+        """
+        kinds = [MIGRATE] * (self.config.migrations > 0 or not self.keyed_ops())
+        kinds += [MOVE_KEYS] * (self.config.key_moves > 0) + [SCALE] * (self.config.scales > 0)
+        kind = self.rng.choice(kinds)
+        started: Future[dict[str, Any]] | None = None
+        involved: set[str] = set()
+        if kind == MIGRATE and (chosen := self.choose_migration()) is not None:
+            started, involved = pool.submit(self.migrate, index, chosen), {chosen[2], chosen[3]}
+        elif kind == MOVE_KEYS and (body := self.choose_key_move()) is not None:
+            with contextlib.suppress(FogshiftError):
+                involved = set(self.partitions().values())
+            started = pool.submit(self.move_keys, index, body)
+        elif kind == SCALE:
+            started = pool.submit(self.scale, index)
+        if started is not None:
+            time.sleep(self.rng.uniform(*self.config.interrupt_after_s))
+        return started, involved
+
     def kill_orchestrator(self, index: int, pool: ThreadPoolExecutor) -> list[dict[str, Any]]:
         """SIGKILL the orchestrator, idle or during a migration, and start it again.
 
@@ -1171,19 +1232,7 @@ class Soak:
         row = self._row(index, KILL_ORCHESTRATOR, mode="idle")
         migration: Future[dict[str, Any]] | None = None
         if self.rng.random() < self.config.mid_migration:
-            # The operation it lands in: a migration, or (with the keyed pipeline's own
-            # operations in the schedule) a key move or a scale, as often as they come.
-            kinds = [MIGRATE] * (self.config.migrations > 0 or not self.keyed_ops())
-            kinds += [MOVE_KEYS] * (self.config.key_moves > 0) + [SCALE] * (self.config.scales > 0)
-            kind = self.rng.choice(kinds)
-            if kind == MIGRATE and (chosen := self.choose_migration()) is not None:
-                migration = pool.submit(self.migrate, index, chosen)
-            elif kind == MOVE_KEYS and (body := self.choose_key_move()) is not None:
-                migration = pool.submit(self.move_keys, index, body)
-            elif kind == SCALE:
-                migration = pool.submit(self.scale, index)
-            if migration is not None:
-                time.sleep(self.rng.uniform(*self.config.interrupt_after_s))
+            migration, _ = self._start_operation(index, pool)
         if migration is not None:
             row["mode"] = "idle (the migration had ended)" if migration.done() else "mid-migration"
         started = time.monotonic()

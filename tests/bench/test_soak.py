@@ -10,8 +10,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +250,41 @@ def test_a_key_move_goes_to_a_live_partitions_node_and_its_row_says_how_it_went(
     assert refused["outcome"] == "refused" and "409" in refused["error"]
     runner.lost.add("fog-b")
     assert runner.move_keys(6)["outcome"] == "skipped"  # no partition on a live node
+
+
+def test_a_node_kill_during_an_operation_hits_a_node_it_involves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    orchestrator = _Orchestrator({"aggregate-p0": "fog-a", "aggregate-p1": "fog-b"}, None)
+    runner = _keyed_soak(orchestrator, migrations=0, scales=0, mid_operation=1.0,
+                         interrupt_after_s=(0.0, 0.0))  # fmt: skip
+    killed: list[list[str]] = []
+    running = threading.Event()
+
+    def key_move(index: int, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        running.set()
+        assert done.wait(30)  # until the kill: it lands in the move
+        return runner._row(index, "move-keys", outcome="rolled back", note="keys s1")
+
+    def kill(index: int, candidates: list[str]) -> dict[str, Any]:
+        assert running.wait(30)
+        killed.append(list(candidates))
+        done.set()
+        return runner._row(index, "kill-node", origin=candidates[-1], outcome="ok")
+
+    done = threading.Event()
+    monkeypatch.setattr(runner, "move_keys", key_move)
+    monkeypatch.setattr(runner, "_kill_node", kill)
+    with ThreadPoolExecutor(1) as pool:
+        kill_row, move_row = runner.kill_node(7, pool)
+    assert killed == [["fog-a", "fog-b"]]  # the partitions' nodes, not cloud
+    assert kill_row["note"] == "during a move-keys"
+    assert move_row["note"] == "keys s1; node fog-b was killed while it ran"
+    # Never, and without a pool (one at a time): an idle kill of any live node.
+    runner.config = soak.SoakConfig(nodes=("cloud", "fog-a", "fog-b"), mid_operation=0.0)
+    done.clear()
+    (row,) = runner.kill_node(8, pool=None)
+    assert killed[-1] == ["cloud", "fog-a", "fog-b"] and not row.get("note")
 
 
 def test_a_scale_goes_between_two_and_three_partitions() -> None:
