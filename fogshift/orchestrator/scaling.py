@@ -62,6 +62,7 @@ from fogshift.common.names import NAME_PATTERN
 from fogshift.common.text import one_line
 from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
+from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator.keymoves import LOCK_WAIT_S, KeyMoves, _ms_since, element_lock
 from fogshift.orchestrator.registry import PipelineRecord, ScaleEntry
 from fogshift.spec.models import (
@@ -151,16 +152,18 @@ class Scaling(KeyMoves):
         readers = [e.id for e in record.spec.elements if set(old) & set(e.inputs)]
         self._key_subjects(pipeline, parts[0].inputs[0])
         # One key move or scale of an element at a time, and no migration, restore or
-        # reconciler restart of its partitions (added ones too) or consumers meanwhile.
-        # The key moves of its partitioned readers wait too: one stored while this scale
-        # waits would be lost to a reader that reads its partitions merged after it.
+        # reconciler restart of its partitions (added ones too) or consumers while they
+        # change (see _scale for how long). The key moves of its partitioned readers wait
+        # too: one stored while this scale waits would be lost to a reader that reads its
+        # partitions merged after it.
         movers = sorted({e.partition.of for e in record.spec.elements
                          if e.id in readers and e.partition is not None})  # fmt: skip
         with contextlib.ExitStack() as held:
             held.enter_context(element_lock(pipeline, element_id, f"cannot {what}", lock_wait_s))
             for mover in movers:  # (downstream of this element: no lock order cycles)
                 held.enter_context(element_lock(pipeline, mover, f"cannot {what}", lock_wait_s))
-            held.enter_context(self._sections(pipeline, [*old, *new, *readers]))
+            sections = held.enter_context(contextlib.ExitStack())
+            sections.enter_context(self._sections(pipeline, [*old, *new, *readers]))
             self._unchanged(pipeline, element_id, parts, f"cannot {what}")
             self._refuse_moved_readers(self.pipeline(pipeline), parts, partitions, what)
             self._moves_completed(pipeline, element_id, parts[0].inputs)
@@ -177,7 +180,7 @@ class Scaling(KeyMoves):
                     )
             try:
                 report = self._scale(pipeline, element_id, parts, partitions, placed, started,
-                                     timeout_s, waves)  # fmt: skip
+                                     timeout_s, waves, sections)  # fmt: skip
             except (Unavailable, BrokerError, Conflict) as exc:
                 if resume is None:
                     self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
@@ -229,7 +232,11 @@ class Scaling(KeyMoves):
     def _scale(
         self, pipeline: str, element_id: str, parts: list[ElementSpec], partitions: int,
         placed: list[str], started: float, timeout_s: float, waves: bool = False,
+        sections: contextlib.ExitStack | None = None,
     ) -> ScaleReport:  # fmt: skip
+        """The scale's steps (see :meth:`scale`). ``sections`` holds the exclusive sections
+        of the partitions and their consumers: released once the added partitions are
+        placed and the consumers restarted."""
         what = f"scale {pipeline}/{element_id}"
         first = parts[0].partition
         assert first is not None
@@ -251,6 +258,14 @@ class Scaling(KeyMoves):
             raise self._unfinished_scale(
                 exc, pipeline, element_id, owners.count, ran=False
             ) from exc
+        # What changes the partitions and their consumers is done. From here on the scale
+        # appends to the input and waits for the partitions to process what it appended,
+        # as a key move does, which holds no partition: a partition whose node is lost
+        # meanwhile is restored, and sends its states or commits where it runs then (held,
+        # its restore waited for the scale to give up its wait, a minute and more, while
+        # the scale waited for it). The retirement takes the sections it needs again.
+        if sections is not None:
+            sections.close()
         self._test_pause("scale:placed")
         base: dict[str, Any] = {
             "pipeline": pipeline, "element": element_id, "before": len(parts),
@@ -406,6 +421,40 @@ class Scaling(KeyMoves):
             if not self._committed_past(pipeline, part.id, source, at, deadline):
                 return {}, (f"{part.id} has not processed the rescale yet: it is retired once "
                             "it has (the same command again retires it)")  # fmt: skip
+        try:
+            with self._sections_by(pipeline, [p.id for p in retiring], deadline):
+                return self._remove_retiring(pipeline, retiring, count), None
+        except MigrationInProgress as exc:
+            return {}, (f"{exc.message}: the partitions are retired once it ended (the same "
+                        "command again retires them)")  # fmt: skip
+
+    @contextlib.contextmanager
+    def _sections_by(self, pipeline: str, pes: list[str], deadline: float) -> Iterator[None]:
+        """:meth:`_sections`, waiting until ``deadline`` (monotonic) for an operation that
+        holds one of them (a restore of a partition whose node was lost) to end.
+
+        Raises:
+            MigrationInProgress: One still held at ``deadline``.
+        """
+        with contextlib.ExitStack() as stack:
+            while True:
+                try:
+                    stack.enter_context(self._sections(pipeline, pes))
+                    break
+                except MigrationInProgress:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.5)
+            yield
+
+    def _remove_retiring(
+        self, pipeline: str, retiring: list[ElementSpec], count: int
+    ) -> dict[str, str]:
+        """Fence, drop and discard the ``retiring`` partitions (which own nothing and have
+        committed past the rescale to ``count``), holding their sections: see
+        :meth:`_retire`. Returns them with their nodes."""
+        first = retiring[0].partition
+        assert first is not None
         record = self.pipeline(pipeline)  # after the waits: a partition may have moved
         # Every stream fenced first: a broker away fails the scale with every partition
         # still placed and running (discarded one by one before, a failure half-way left
@@ -434,7 +483,7 @@ class Scaling(KeyMoves):
                             exc.message)  # fmt: skip
         for part_id in retired:  # (a partition added again later under its id starts afresh)
             self.central.forget(pipeline, part_id)
-        return retired, None
+        return retired
 
     def _nodes_for(
         self,

@@ -489,6 +489,75 @@ def test_a_scale_in_whose_fence_fails_discards_nothing_still_placed(
     assert [p.id for p in _parts(orch)] == ["aggregate-p0"]
 
 
+def test_a_scale_holds_its_partitions_only_while_it_changes_them(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scale held every partition's exclusive section through its waits for states and
+    commits: a partition whose node was lost then was restored only once the scale gave up
+    waiting for it (found by the keyed soak: 80 s after its node went silent)."""
+    from fogshift.broker.keys import Ownership
+    from fogshift.migration.exceptions import MigrationInProgress
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(2))
+    monkeypatch.setattr(orch, "_listed_keys", lambda *args: Listing(set(), {}))
+    free: dict[str, bool] = {}
+
+    def waits(where: str) -> None:
+        if where != "scale:placed":
+            return
+        for pe in ("aggregate-p0", "aggregate-p1", "aggregate-p2", "sink"):
+            try:
+                with orch._exclusive("p", pe, "restore"):
+                    free[pe] = True
+            except MigrationInProgress:
+                free[pe] = False
+        raise Unavailable("stopped here by the test")
+
+    monkeypatch.setattr(orch, "_test_pause", waits)
+    with pytest.raises(Unavailable):
+        orch.scale("p", "aggregate", 3, ["fog-c"])
+    assert agents["fog-c"].received("PUT", ADDED)  # placed, then the sections were let go
+    assert free == dict.fromkeys(("aggregate-p0", "aggregate-p1", "aggregate-p2", "sink"), True)
+
+
+def test_a_scale_in_removes_a_partition_once_its_restore_ended(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retirement takes the retiring partitions' sections again for their removal:
+    it waits for a restore of one under way (until the phase's deadline), and removes
+    nothing while it holds one."""
+    import threading
+    import time
+
+    from fogshift.broker.keys import Ownership
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(1))
+    monkeypatch.setattr(orch, "_committed_past", lambda *args: True)
+    retiring = "/pipelines/p/elements/aggregate-p1"
+    held, release = threading.Event(), threading.Event()
+
+    def restore() -> None:
+        with orch._exclusive("p", "aggregate-p1", "restore"):
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=restore)
+    thread.start()
+    assert held.wait(30)
+    retired, why = orch._retire("p", _parts(orch), 1, "source", 5, time.monotonic() + 0.5)
+    assert retired == {} and why is not None and "a restore is under way" in why, why
+    assert agents["fog-b"].received("DELETE", retiring) == []
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
+    threading.Timer(0.5, release.set).start()
+    retired, why = orch._retire("p", _parts(orch), 1, "source", 5, time.monotonic() + 30)
+    thread.join(30)
+    assert retired == {"aggregate-p1": "fog-b"} and why is None
+    assert agents["fog-b"].received("DELETE", retiring)
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0"]
+
+
 def test_the_partitions_state_stores_are_listed_at_once(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
