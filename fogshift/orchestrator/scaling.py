@@ -96,6 +96,9 @@ class Scaling(KeyMoves):
         The scale is journaled from the moment it holds the element to its end (an earlier
         one left unfinished is superseded), so an orchestrator that dies in it leaves it for
         the next to carry on (:meth:`~fogshift.orchestrator.reconciler.Reconciler.recover_scales`).
+        It holds the element's key-move lock throughout, but the exclusive sections of the
+        partitions and their consumers only while it changes them (placing, restarting,
+        retiring): a partition lost while it waits is restored meanwhile.
 
         Args:
             nodes: The nodes of the added partitions, one each (default: the healthy nodes
@@ -405,7 +408,9 @@ class Scaling(KeyMoves):
 
         Each has its stream fenced under a new epoch (so that nothing is appended to it any
         more: its consumers go on reading it as an input that has ended), then is dropped from
-        the spec and its placement, its standby dropped and its instance discarded.
+        the spec and its placement, its standby dropped and its instance discarded — under
+        their exclusive sections, taken after a restore or migration of one under way, until
+        ``deadline``.
 
         Returns:
             The partitions retired, with their nodes; and why not all were, if so.
