@@ -8,6 +8,7 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,11 @@ from fogshift.contracts import (
     TwinState,
 )
 from fogshift.events import EPOCH_HEADER, ORIGIN_HEADER
-from fogshift.exceptions import FogshiftError, InvalidInput, NotFound, Unavailable
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
 from fogshift.orchestrator.config import WarningLimits
 from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPipeline
-from fogshift.orchestrator.journal import Journal
+from fogshift.orchestrator.journal import STOP_WAIT_S, Journal
+from fogshift.orchestrator.locks import element_lock_of
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.loader import (
@@ -439,18 +441,56 @@ class Deployment(Journal):
 
     def stop(self, name: str) -> StopResult:
         """Stop every PE of a pipeline; its streams, checkpoints and output stay. A
-        migration, restore or scale under way ends first (they start instances).
+        migration, restore, key move or scale under way ends first (they start instances,
+        or append to the pipeline's inputs).
 
         Raises:
             Conflict: Such an operation still ran after ``STOP_WAIT_S``; nothing stopped.
         """
-        with self.pipeline_lock(name):
+        # The key-move locks before the pipeline's (a scale holds its element's throughout).
+        keyed = {e.partition.of for e in self.pipeline(name).spec.elements if e.partition}
+        with self._key_operations_ended(name, keyed), self.pipeline_lock(name):
             while True:
                 pes = [e.id for e in self.pipeline(name).spec.elements]
                 with self._stopping(name, pes):
                     # (A scale that ran meanwhile may have added partitions: theirs too.)
                     if {e.id for e in self.pipeline(name).spec.elements} <= set(pes):
                         return self._stop_pipeline(name)
+
+    @contextlib.contextmanager
+    def _key_operations_ended(self, name: str, elements: set[str]) -> Iterator[None]:
+        """Hold the key-move locks of the partitioned ``elements`` of pipeline ``name``, once
+        the key moves and scales under way on them ended (within ``STOP_WAIT_S``; taken all
+        at once or none, so no order of taking them can deadlock). A scale holds its
+        partitions' sections only while it changes them: without this, a stop ran beside
+        its waits, which then appended waves and rescale records to a stopped pipeline's
+        input (or a fresh deploy's).
+
+        Raises:
+            Conflict: One still ran after ``STOP_WAIT_S``; nothing was stopped.
+        """
+        locks = [element_lock_of(name, element) for element in sorted(elements)]
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:
+            taken = [lock for lock in locks if lock.acquire(blocking=False)]
+            if len(taken) == len(locks):
+                break
+            for lock in taken:
+                lock.release()
+            if time.monotonic() >= deadline:
+                raise Conflict(
+                    f"cannot stop pipeline {name!r}: a key move or scale of "
+                    f"{', '.join(sorted(elements))} is under way",
+                    expected="no key move or scale of its partitioned elements under way",
+                    received=f"one still running after {STOP_WAIT_S:.0f} s",
+                    hint="its own command reports when it ends; then stop again",
+                )
+            time.sleep(0.1)
+        try:
+            yield
+        finally:
+            for lock in taken:
+                lock.release()
 
     def _stop_pipeline(self, name: str, heard_only: bool = False) -> StopResult:
         """Stop pipeline ``name`` on every node that hosts a PE or standby of it; ``stopped``

@@ -11,12 +11,10 @@ move never notice.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -65,48 +63,12 @@ from fogshift.contracts import (
     StateKeys,
 )
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailable
+from fogshift.orchestrator.locks import element_lock, element_lock_of
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.orchestrator.standbys import Standbys
 from fogshift.spec.models import ElementSpec, partition_id
 
 log = logging.getLogger(__name__)
-
-#: One lock per partitioned element: its key moves go one at a time.
-_LOCKS: dict[tuple[str, str], threading.Lock] = {}
-#: How long a key move or scale waits for the one of its element under way: queued behind
-#: it, then refused (the request's thread, and the client, waited without end before).
-LOCK_WAIT_S = 600.0
-
-
-def element_lock_of(pipeline: str, element_id: str) -> threading.Lock:
-    """The key-move lock of ``element_id`` (held by :func:`element_lock`)."""
-    return _LOCKS.setdefault((pipeline, element_id), threading.Lock())
-
-
-@contextlib.contextmanager
-def element_lock(
-    pipeline: str, element_id: str, refusal: str, wait_s: float = LOCK_WAIT_S
-) -> Iterator[None]:
-    """Hold the key-move lock of ``element_id`` (see :data:`_LOCKS`).
-
-    Raises:
-        Conflict: (starting with ``refusal``) another key move or scale of the element did
-            not end within ``wait_s``; nothing was done.
-    """
-    lock = element_lock_of(pipeline, element_id)
-    if not lock.acquire(timeout=wait_s):
-        raise Conflict(
-            f"{refusal}: a key move or scale of {pipeline}/{element_id} has run for "
-            f"{wait_s:.0f} s more and still runs",
-            expected=f"no key move or scale of {element_id} under way",
-            received="one still running",
-            hint="its own command reports when it ends (`fogshift status` shows the "
-            "partitions meanwhile); then send this one again",
-        )
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 #: How many keys one move may carry, and how long a key may be (its text).
@@ -615,7 +577,7 @@ class KeyMoves(Standbys):
                     or (record.name, part.of) in self._moves_complete
                 ):
                     continue
-                lock = _LOCKS.setdefault((record.name, part.of), threading.Lock())
+                lock = element_lock_of(record.name, part.of)
                 if not lock.acquire(blocking=False):
                     continue  # a move under way appends its own
                 try:

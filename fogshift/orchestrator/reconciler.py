@@ -31,7 +31,7 @@ from fogshift.exceptions import Conflict, FogshiftError, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.migration.procedure import roll_back as run_rollback
 from fogshift.orchestrator.coordination import Coordination
-from fogshift.orchestrator.keymoves import element_lock_of
+from fogshift.orchestrator.locks import element_lock_of
 from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord, ScaleEntry
 from fogshift.orchestrator.scaling import stale_inputs
 from fogshift.restoration.exceptions import RestoreFailed

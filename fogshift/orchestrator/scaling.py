@@ -63,7 +63,8 @@ from fogshift.common.text import one_line
 from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
-from fogshift.orchestrator.keymoves import LOCK_WAIT_S, KeyMoves, _ms_since, element_lock
+from fogshift.orchestrator.keymoves import KeyMoves, _ms_since
+from fogshift.orchestrator.locks import LOCK_WAIT_S, element_lock
 from fogshift.orchestrator.registry import PipelineRecord, ScaleEntry
 from fogshift.spec.models import (
     ElementSpec,
@@ -409,8 +410,8 @@ class Scaling(KeyMoves):
         Each has its stream fenced under a new epoch (so that nothing is appended to it any
         more: its consumers go on reading it as an input that has ended), then is dropped from
         the spec and its placement, its standby dropped and its instance discarded — under
-        their exclusive sections, taken after a restore or migration of one under way, until
-        ``deadline``.
+        their and the consumers' exclusive sections, taken after a restore or migration of
+        one under way, until ``deadline``.
 
         Returns:
             The partitions retired, with their nodes; and why not all were, if so.
@@ -426,8 +427,13 @@ class Scaling(KeyMoves):
             if not self._committed_past(pipeline, part.id, source, at, deadline):
                 return {}, (f"{part.id} has not processed the rescale yet: it is retired once "
                             "it has (the same command again retires it)")  # fmt: skip
+        # The element's consumers too, as while the scale placed: their spec is rewritten
+        # with the element's (another scale's placement, of an element they also read,
+        # could else be lost between the read and the write).
+        ids = {p.id for p in parts}
+        readers = [e.id for e in self.pipeline(pipeline).spec.elements if ids & set(e.inputs)]
         try:
-            with self._sections_by(pipeline, [p.id for p in retiring], deadline):
+            with self._sections_by(pipeline, [*(p.id for p in retiring), *readers], deadline):
                 return self._remove_retiring(pipeline, retiring, count), None
         except MigrationInProgress as exc:
             return {}, (f"{exc.message}: the partitions are retired once it ended (the same "

@@ -383,7 +383,7 @@ def test_a_broker_away_for_a_moment_ends_no_wait_for_states_before_its_deadline(
 
 def test_a_key_move_queued_behind_a_long_one_is_refused_after_its_wait() -> None:
     from fogshift.exceptions import Conflict
-    from fogshift.orchestrator.keymoves import element_lock
+    from fogshift.orchestrator.locks import element_lock
 
     with (
         element_lock("p", "agg", "cannot move keys of p/agg"),

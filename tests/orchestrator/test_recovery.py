@@ -22,7 +22,7 @@ from fogshift.exceptions import InvalidInput, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator import reconciler
 from fogshift.orchestrator.config import OrchestratorConfig
-from fogshift.orchestrator.keymoves import element_lock
+from fogshift.orchestrator.locks import element_lock
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
 from tests.orchestrator.standin import SPEC, StandIn

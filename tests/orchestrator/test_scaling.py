@@ -130,7 +130,7 @@ def test_a_request_queued_behind_a_scale_is_refused_when_the_partitions_changed(
     import threading
 
     from fogshift.exceptions import Conflict
-    from fogshift.orchestrator.keymoves import _LOCKS
+    from fogshift.orchestrator.locks import _LOCKS
 
     class Told:
         """The element's lock, telling when the request comes to wait for it."""
@@ -422,6 +422,46 @@ def test_a_node_answering_an_error_does_not_stop_the_stop_half_way(
         assert agents[name].received("DELETE", "/pipelines/p"), name
     record = orch.registry.get_pipeline("p")
     assert record is not None and record.status == "stopped"
+
+
+def test_a_stop_waits_for_a_key_move_or_scale_under_way(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scale holds its partitions only while it changes them: a stop then ran beside its
+    waits, and the scale went on appending waves and a rescale record to a stopped
+    pipeline's input. It waits for the element's key-move lock now, as for a migration."""
+    import threading
+    import time
+
+    from fogshift.exceptions import Conflict
+    from fogshift.orchestrator import deployment
+    from fogshift.orchestrator.locks import element_lock
+
+    _beat(orch, agents)
+    held, release = threading.Event(), threading.Event()
+
+    def scale() -> None:
+        with element_lock("p", "aggregate", "test"):  # as a scale or key move holds it
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=scale)
+    thread.start()
+    assert held.wait(30)
+    monkeypatch.setattr(deployment, "STOP_WAIT_S", 0.3)
+    with pytest.raises(Conflict) as refused:
+        orch.stop("p")
+    assert "a key move or scale of aggregate is under way" in refused.value.message
+    assert not any(agents[n].received("DELETE", "/pipelines/p") for n in agents)
+    record = orch.registry.get_pipeline("p")
+    assert record is not None and record.status == "running"  # nothing stopped
+    monkeypatch.setattr(deployment, "STOP_WAIT_S", 30.0)
+    threading.Timer(0.5, release.set).start()
+    started = time.monotonic()
+    assert orch.stop("p").status == "stopped"
+    assert time.monotonic() - started >= 0.4  # (it waited for the scale to end)
+    thread.join(30)
+    assert agents["fog-a"].received("DELETE", "/pipelines/p")
 
 
 def test_a_deploy_whose_counts_cannot_be_read_is_still_reported_deployed(
