@@ -114,6 +114,8 @@ TIMESTAMP_BASE = 1_700_000_000
 KEYED = "soak-keys"
 #: Its partitioned element (partitions ``aggregate-p<i>``) and the body field it is keyed by.
 KEYED_ELEMENT, KEY_FIELD = "aggregate", "sensor"
+#: The keyed aggregate's window (events per key), its spec's and its reference's.
+KEYED_WINDOW = 10
 #: How many partitions a scale of the keyed element goes between.
 KEYED_PARTITIONS = (2, 3)
 
@@ -502,7 +504,7 @@ def keyed_spec(
 ) -> dict[str, Any]:
     """The keyed pipeline's spec: a csv-source on ``edge`` -> Case 1's aggregate keyed by
     :data:`KEY_FIELD`, one partition on each of ``partitions`` -> a csv-sink on ``edge``."""
-    aggregate = aggregate_element(partitions[0], element_id=KEYED_ELEMENT)
+    aggregate = aggregate_element(partitions[0], window=KEYED_WINDOW, element_id=KEYED_ELEMENT)
     del aggregate["node"]
     aggregate.update(partitions=list(partitions), key_by=KEY_FIELD)
     return {
@@ -671,7 +673,7 @@ def count_keyed(run: KeyedRun, config: SoakConfig, events: int) -> dict[str, Any
     from fogshift.verify.reference import case1_reference, compare_per_key, keys_by_seq, read_sink
 
     source = run.inputs()["source"]
-    reference = case1_reference(source, "value", 10, "avg", key_field=KEY_FIELD)
+    reference = case1_reference(source, "value", KEYED_WINDOW, "avg", key_field=KEY_FIELD)
     drain(run.cluster, run.name, len(reference.rows), config)
     actual = read_sink(run.work / OUTPUT, "value")
     counted = tally(dict(reference.rows), actual, _close)

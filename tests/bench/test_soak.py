@@ -184,6 +184,8 @@ def test_the_keyed_spec_is_a_valid_partitioned_pipeline(tmp_path: Path) -> None:
         ("aggregate-p0", "fog-a", soak.KEY_FIELD), ("aggregate-p1", "cloud", soak.KEY_FIELD),
     ]  # fmt: skip
     assert parsed.recovery.auto  # the soak's kills rely on automatic restores
+    # The window its reference computes with (soak.count_keyed).
+    assert partitions[0].options["window"] == soak.KEYED_WINDOW
 
 
 class _Orchestrator:
