@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +42,14 @@ from pydantic import ValidationError
 
 from fogshift.common.text import one_line
 from fogshift.contracts import Heartbeat, OperationKind, OperationRecord, PipelineState
+from fogshift.exceptions import NotFound
 from fogshift.spec.models import ElementSpec, PipelineSpec
 
 log = logging.getLogger(__name__)
+
+#: A change of a pipeline's spec: its new spec from the one stored (pure: no I/O, as it runs
+#: inside the registry's write transaction).
+SpecChange = Callable[[PipelineSpec], PipelineSpec]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pipelines (
@@ -283,40 +288,60 @@ class Registry:
             )
         return epochs
 
-    def add_elements(self, spec: PipelineSpec, added: list[ElementSpec]) -> dict[str, int]:
-        """Replace a running pipeline's spec by ``spec``, which has the ``added`` PEs
+    def add_elements(
+        self, pipeline: str, change: SpecChange, added: list[ElementSpec]
+    ) -> dict[str, int]:
+        """Change a running pipeline's spec by ``change``, which adds the ``added`` PEs
         besides the ones placed already (``fogshift scale``), and place those.
+
+        ``change`` is applied to the spec stored now, inside the transaction that stores
+        its result: two scales of different elements never lose each other's change (each
+        read the spec, waited on the broker, then wrote back what it had read).
 
         Returns:
             The new epoch of each added PE (above any it ever had).
+
+        Raises:
+            NotFound: The pipeline is not deployed (any longer).
         """
         now = time.time()
         with self._tx() as db:
-            self._set_spec(db, spec, now)
-            epochs = {e.id: self._bump_epoch(db, spec.pipeline, e.id) for e in added}
+            self._change_spec(db, pipeline, change, now)
+            epochs = {e.id: self._bump_epoch(db, pipeline, e.id) for e in added}
             db.executemany(
                 "INSERT OR REPLACE INTO placements VALUES (?, ?, ?, ?, ?)",
-                [(spec.pipeline, e.id, e.node, now, epochs[e.id]) for e in added],
+                [(pipeline, e.id, e.node, now, epochs[e.id]) for e in added],
             )
         return epochs
 
-    def remove_elements(self, spec: PipelineSpec, removed: list[str]) -> None:
-        """Replace a running pipeline's spec by ``spec``, which no longer has the PEs
+    def remove_elements(self, pipeline: str, change: SpecChange, removed: list[str]) -> None:
+        """Change a running pipeline's spec by ``change``, which leaves out the PEs
         ``removed`` (partitions ``scale`` retired), and forget their placement. Their
-        epochs stay: should one ever come back, it is fenced above every instance it had."""
+        epochs stay: should one ever come back, it is fenced above every instance it had.
+        ``change`` is applied as :meth:`add_elements` applies it.
+
+        Raises:
+            NotFound: The pipeline is not deployed (any longer).
+        """
         with self._tx() as db:
-            self._set_spec(db, spec, time.time())
+            self._change_spec(db, pipeline, change, time.time())
             db.executemany(
                 "DELETE FROM placements WHERE pipeline = ? AND element = ?",
-                [(spec.pipeline, pe) for pe in removed],
+                [(pipeline, pe) for pe in removed],
             )
 
     @staticmethod
-    def _set_spec(db: sqlite3.Connection, spec: PipelineSpec, now: float) -> None:
-        """Inside a transaction: store ``spec`` as its running pipeline's spec."""
+    def _change_spec(db: sqlite3.Connection, pipeline: str, change: SpecChange, now: float) -> None:
+        """Inside a transaction: store ``change`` of ``pipeline``'s stored spec as its spec."""
+        row = db.execute("SELECT spec FROM pipelines WHERE name = ?", (pipeline,)).fetchone()
+        if row is None:
+            raise NotFound(f"pipeline {pipeline!r} is not deployed: its spec cannot change")
+        spec = change(PipelineSpec.model_validate_json(row[0]))
+        if spec.pipeline != pipeline:  # (a change is of elements, never of the name)
+            raise ValueError(f"a change of {pipeline!r}'s spec named it {spec.pipeline!r}")
         db.execute(
             "UPDATE pipelines SET spec = ?, updated = ? WHERE name = ?",
-            (spec.model_dump_json(), now, spec.pipeline),
+            (spec.model_dump_json(), now, pipeline),
         )
 
     def set_status(self, name: str, status: PipelineState) -> None:

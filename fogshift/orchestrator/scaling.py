@@ -474,13 +474,16 @@ class Scaling(KeyMoves):
             self._fence_anew(pipeline, part.id)
         retired = {part.id: record.placement[part.id] for part in retiring}
         standbys = [self.registry.standby(pipeline, part_id) for part_id in retired]
-        elements = [
-            _counted(e, count, first.first_count) if e.partition and e.partition.of == first.of
-            else e
-            for e in record.spec.elements
-            if e.id not in retired
-        ]  # fmt: skip
-        self.registry.remove_elements(_respec(record.spec, elements), sorted(retired))
+
+        def change(spec: PipelineSpec) -> PipelineSpec:  # (of the spec stored then)
+            return _respec(spec, [
+                _counted(e, count, first.first_count) if e.partition and e.partition.of == first.of
+                else e
+                for e in spec.elements
+                if e.id not in retired
+            ])  # fmt: skip
+
+        self.registry.remove_elements(pipeline, change, sorted(retired))
         self.permissions.sync(self.registry)
         for standby in standbys:
             self.drop_standby(standby)
@@ -582,28 +585,37 @@ class Scaling(KeyMoves):
             for i in range(len(parts), count)
         ]
         old = {p.id for p in parts}
-        elements: list[ElementSpec] = []
         consumers: list[ElementSpec] = []
-        for each in spec.elements:
-            element: ElementSpec = each
-            if element.id in old:
-                element = _counted(element, count, base)
-            elif old & set(element.inputs) and not set(ids) <= set(element.inputs):
-                # The added partitions' streams right after the element's last one.
-                at = max(n for n, i in enumerate(element.inputs) if i in old) + 1
-                missing = [i for i in ids if i not in element.inputs]
-                inputs = (*element.inputs[:at], *missing, *element.inputs[at:])
-                # Its partitions, retired ones too, stay one merged run of inputs.
-                mine = {*ids, *(i for g in element.merged if set(g) & old for i in g)}
-                merged = (
-                    *(g for g in element.merged if not set(g) & old),
-                    tuple(i for i in inputs if i in mine),
-                )
-                element = element.model_copy(update={"inputs": inputs, "merged": merged})
-                consumers.append(element)
-            elements.append(element)
-            if element.id == parts[-1].id:
-                elements.extend(added)
+
+        def change(current: PipelineSpec) -> PipelineSpec:
+            """The partitions counted anew, ``added`` after them, and every consumer reading
+            them all; ``consumers``: the consumers changed. Applied to the spec stored when
+            the registry writes it (another element's scale may have changed it since)."""
+            elements: list[ElementSpec] = []
+            consumers.clear()
+            for each in current.elements:
+                element: ElementSpec = each
+                if element.id in old:
+                    element = _counted(element, count, base)
+                elif old & set(element.inputs) and not set(ids) <= set(element.inputs):
+                    # The added partitions' streams right after the element's last one.
+                    at = max(n for n, i in enumerate(element.inputs) if i in old) + 1
+                    missing = [i for i in ids if i not in element.inputs]
+                    inputs = (*element.inputs[:at], *missing, *element.inputs[at:])
+                    # Its partitions, retired ones too, stay one merged run of inputs.
+                    mine = {*ids, *(i for g in element.merged if set(g) & old for i in g)}
+                    merged = (
+                        *(g for g in element.merged if not set(g) & old),
+                        tuple(i for i in inputs if i in mine),
+                    )
+                    element = element.model_copy(update={"inputs": inputs, "merged": merged})
+                    consumers.append(element)
+                elements.append(element)
+                if element.id == parts[-1].id:
+                    elements.extend(added)
+            return _respec(current, elements)
+
+        change(spec)  # (what to do, as far as the spec read before tells)
         if added or consumers:
             # The added partitions' streams before the spec names them: a broker away then
             # fails the scale with nothing changed (placed without a stream, a partition
@@ -615,7 +627,7 @@ class Scaling(KeyMoves):
             )
             for part in added:  # (checkpoints of an earlier partition of the same id)
                 self.central.forget(pipeline, part.id)
-            self.registry.add_elements(_respec(spec, elements), added)
+            self.registry.add_elements(pipeline, change, added)
             self.permissions.sync(self.registry)  # the nodes may use the added streams
         # From here on idempotent: a call after one that failed midway (a node or the broker
         # refused) finishes it, though the spec already has what that one added. Partitions

@@ -373,7 +373,8 @@ def test_a_scale_whose_listing_or_start_fails_says_which_partitions_it_added(
     assert [e.id for e in orch.registry.unfinished_scales()] == [left.id]
     orch.registry.end_scale(left.id, "test")
     # Retired again; then the added partition's node refuses to start it.
-    orch.registry.remove_elements(parse_spec(SPEC, orch.config.home), ["aggregate-p2"])
+    spec = parse_spec(SPEC, orch.config.home)
+    orch.registry.remove_elements("p", lambda stored: spec, ["aggregate-p2"])
     agents["fog-c"].fail("PUT", ADDED)
     with pytest.raises(Unavailable) as refused:
         orch.scale("p", "aggregate", 3, ["fog-c"])
@@ -676,3 +677,67 @@ def test_a_partition_whose_listing_fails_fails_it_without_waiting_for_the_others
         release.set()
     (failure,) = outcome
     assert isinstance(failure, FogshiftError) and "fog-b holds no state" in str(failure)
+
+
+def test_two_scales_of_different_elements_keep_each_others_change_of_the_spec(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    """Each scale read the whole spec, waited on the broker, then wrote back what it had
+    read with its own change: a scale of another element that wrote meanwhile was lost
+    (its added partition placed, but no longer in the spec; its consumer's inputs back)."""
+    spec = {
+        "pipeline": "p",
+        "elements": [
+            *SPEC["elements"],  # type: ignore[misc]
+            {"id": "count", "kind": "window-aggregate", "partitions": ["fog-a", "fog-b"],
+             "key_by": "sensor", "inputs": ["source"],
+             "options": {"field": "value", "window": 3, "function": "count"}},
+            {"id": "counts", "kind": "csv-sink", "node": "cloud", "inputs": ["count"],
+             "options": {"path": "out/c.csv"}},
+        ],
+    }  # fmt: skip
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orch = Orchestrator(config)
+    try:
+        orch.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
+        orch.permissions = SimpleNamespace(  # type: ignore[assignment]
+            sync=lambda registry: None, sync_quietly=lambda registry: None
+        )
+        record = orch.registry.get_pipeline("p")
+        assert record is not None
+        for name, agent in agents.items():
+            hosted = [{"pipeline": "p", "element": e.id, "state": "running", "epoch": 1,
+                       "inputs": list(e.inputs)}
+                      for e in record.spec.elements if record.placement[e.id] == name]  # fmt: skip
+            orch.heartbeat(name, Heartbeat.model_validate({"url": agent.url, "ready": True,
+                                                           "elements": hosted}))  # fmt: skip
+        read_before = orch.registry.get_pipeline("p")
+        assert read_before is not None
+        interleaved: list[str] = []
+
+        def run(make: Any, timeout: float = 30) -> Any:
+            # While the first scale waits on the broker (its added stream), the other
+            # element's scale places its partition and changes its consumer.
+            if getattr(make, "func", None) is not None and not interleaved:
+                interleaved.append("count")
+                parts = [e for e in read_before.spec.elements
+                         if e.partition and e.partition.of == "count"]  # fmt: skip
+                orch._place(read_before.spec, parts, 3, ["fog-c"], "source")
+            return 0
+
+        orch.broker = SimpleNamespace(run=run, close=lambda: None)  # type: ignore[assignment]
+        parts = [e for e in read_before.spec.elements
+                 if e.partition and e.partition.of == "aggregate"]  # fmt: skip
+        orch._place(read_before.spec, parts, 3, ["fog-c"], "source")
+        assert interleaved == ["count"]
+        after = orch.registry.get_pipeline("p")
+        assert after is not None
+        ids = {e.id for e in after.spec.elements}
+        assert {"aggregate-p2", "count-p2"} <= ids, sorted(ids)
+        assert "aggregate-p2" in after.spec.element("sink").inputs
+        assert "count-p2" in after.spec.element("counts").inputs
+        assert {"aggregate-p2", "count-p2"} <= set(after.placement)
+        assert [e.partition.count for e in after.spec.elements if e.partition] == [3] * 6
+    finally:
+        orch.close()
