@@ -29,6 +29,7 @@ from fogshift.cli.topology import topology_app
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.settings import check_environment, check_value
+from fogshift.common.text import one_line
 from fogshift.contracts import (
     DeadLetter,
     ElementStatus,
@@ -127,8 +128,63 @@ def _options(
     """fogshift: stateful stream pipelines across fog nodes (PySpark + NATS JetStream)."""
 
 
+def _nats_password(ctx: typer.Context, given: str | None, file: Path | None) -> str | None:
+    """The broker password ``up`` was given: from its variable or its file, never from the
+    command line (any user of the host reads a command line in ``ps``).
+
+    Raises:
+        InvalidInput: The password on the command line, from both places, or a file that
+            cannot be read or that others than its owner may read.
+    """
+    source = ctx.get_parameter_source("nats_password")
+    expected = "the password in $FOGSHIFT_NATS_PASSWORD, or in a file of mode 0600 given by "
+    expected += "--nats-password-file"
+    if given is not None and source is not None and source.name == "COMMANDLINE":
+        raise InvalidInput(
+            "--nats-password on the command line shows to every user of this host (`ps`)",
+            expected=expected,
+            received="--nats-password on the command line",
+            hint="FOGSHIFT_NATS_PASSWORD=... fogshift up ..., or --nats-password-file FILE",
+        )
+    if file is None:
+        return given
+    if given is not None:
+        raise InvalidInput(
+            "the NATS password was given twice",
+            expected=expected + " (one of them)",
+            received="$FOGSHIFT_NATS_PASSWORD and --nats-password-file",
+            hint="unset FOGSHIFT_NATS_PASSWORD or leave --nats-password-file out",
+        )
+    try:
+        mode = file.stat().st_mode
+        lines = file.read_text().splitlines()  # (its first line, as written)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(
+            f"--nats-password-file {file} cannot be read",
+            expected="a readable text file holding the password",
+            received=one_line(str(exc)),
+            hint="check the path and its permissions",
+        ) from exc
+    if mode & 0o077:
+        raise InvalidInput(
+            f"--nats-password-file {file} may be read by others than its owner",
+            expected="a file of mode 0600 (or 0400)",
+            received=f"mode {mode & 0o777:04o}",
+            hint=f"chmod 600 {file}",
+        )
+    if not lines or not lines[0]:
+        raise InvalidInput(
+            f"--nats-password-file {file} is empty",
+            expected="the password on the file's first line",
+            received="an empty first line",
+            hint="write the broker user's password on its first line",
+        )
+    return lines[0]
+
+
 @app.command()
 def up(
+    ctx: typer.Context,
     home: Home = Path(".fogshift"),
     nodes: Annotated[str, typer.Option(help="Comma-separated node names.")] = "cloud,fog-a,fog-b",
     host: Annotated[str, typer.Option(help="Interface the services bind.")] = "127.0.0.1",
@@ -136,7 +192,18 @@ def up(
         str | None, typer.Option(envvar="FOGSHIFT_NATS_URL", help="Use this NATS server.")
     ] = None,
     nats_user: Annotated[str | None, typer.Option(envvar="FOGSHIFT_NATS_USER")] = None,
-    nats_password: Annotated[str | None, typer.Option(envvar="FOGSHIFT_NATS_PASSWORD")] = None,
+    nats_password: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FOGSHIFT_NATS_PASSWORD",
+            help="Only from $FOGSHIFT_NATS_PASSWORD (on the command line it would show in "
+            "`ps` to every user of the host).",
+        ),
+    ] = None,
+    nats_password_file: Annotated[
+        Path | None,
+        typer.Option(help="A file holding the NATS password, readable by its owner only."),
+    ] = None,
     spark_master: Annotated[
         str | None,
         typer.Option(help=_setting(AgentConfig, "spark_master", "Spark master of every node.")),
@@ -228,6 +295,7 @@ def up(
     ):
         if value is not None:
             check_value(settings, field, value, f"option {option}", "leave it out (the default)")
+    nats_password = _nats_password(ctx, nats_password, nats_password_file)
     names = [n.strip() for n in nodes.split(",") if n.strip()]
     profiles = parse_link_assignments(link, names) if link else None
     with console.status("starting fogshift") as status:

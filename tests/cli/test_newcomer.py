@@ -559,10 +559,34 @@ def test_a_home_the_os_will_not_look_up_is_refused_not_a_traceback(command: list
 def test_broker_credentials_without_the_broker_are_refused(tmp_path: Path) -> None:
     # They were silently unused: the cluster started a broker of its own.
     with pytest.raises(InvalidInput, match="broker credentials need the broker") as err:
-        runner.invoke(cli.app, ["up", "--nodes", "a", "--nats-user", "u", "--nats-password",
-                                "p", "--home", str(tmp_path / "home")],
-                      catch_exceptions=False)  # fmt: skip
+        runner.invoke(cli.app, ["up", "--nodes", "a", "--nats-user", "u", "--home",
+                                str(tmp_path / "home")],
+                      env={"FOGSHIFT_NATS_PASSWORD": "p"}, catch_exceptions=False)  # fmt: skip
     assert err.value.expected and "--nats-url" in err.value.expected
+    assert not (tmp_path / "home").exists()
+
+
+def test_the_broker_password_is_never_taken_from_the_command_line(tmp_path: Path) -> None:
+    # Given as --nats-password, it showed in `ps` to every user of the host while `up` ran.
+    up = ["up", "--nodes", "a", "--nats-user", "u", "--home", str(tmp_path / "home")]
+    with pytest.raises(InvalidInput, match="shows to every user") as err:
+        runner.invoke(cli.app, [*up, "--nats-password", "p"], catch_exceptions=False)
+    assert err.value.expected and "FOGSHIFT_NATS_PASSWORD" in err.value.expected
+    assert err.value.hint and "--nats-password-file" in err.value.hint
+    # A file others may read is refused too; one of mode 0600 is read (its first line),
+    # and then the next check speaks (here: no --nats-url).
+    secret = tmp_path / "password"
+    secret.write_text("s3cret\nignored\n")
+    secret.chmod(0o644)
+    with pytest.raises(InvalidInput, match="may be read by others") as err:
+        runner.invoke(cli.app, [*up, "--nats-password-file", str(secret)], catch_exceptions=False)
+    assert err.value.received == "mode 0644" and err.value.hint == f"chmod 600 {secret}"
+    secret.chmod(0o600)
+    with pytest.raises(InvalidInput, match="broker credentials need the broker"):
+        runner.invoke(cli.app, [*up, "--nats-password-file", str(secret)], catch_exceptions=False)
+    with pytest.raises(InvalidInput, match="given twice"):
+        runner.invoke(cli.app, [*up, "--nats-password-file", str(secret)],
+                      env={"FOGSHIFT_NATS_PASSWORD": "p"}, catch_exceptions=False)  # fmt: skip
     assert not (tmp_path / "home").exists()
 
 
