@@ -456,6 +456,13 @@ def register(bench_app: typer.Typer) -> None:
                 max=3_600_000,
             ),
         ] = AgentConfig.default("trigger_ms"),
+        pipelines: Annotated[
+            str,
+            typer.Option(
+                help="The pipelines to run, of case1,merge,keyed (Case 1, the two-input one, "
+                "the keyed one in partitions)."
+            ),
+        ] = ",".join(soak.PIPELINES),
         no_keyed: Annotated[
             bool,
             typer.Option(
@@ -463,7 +470,7 @@ def register(bench_app: typer.Typer) -> None:
                 help="Leave out the keyed pipeline (its aggregate in partitions), its key moves "
                 "and scales.",
             ),
-        ] = not soak.SoakConfig.keyed,
+        ] = False,
         key_moves: Annotated[
             int,
             typer.Option(
@@ -497,8 +504,8 @@ def register(bench_app: typer.Typer) -> None:
             given = [
                 f"--{name.replace('_', '-')}" for name in (
                     "migrations", "kills", "orchestrator_kills", "modes", "mid_migration",
-                    "mid_operation",
-                    "duration", "seed", "nodes", "rate", "standby", "trigger_ms", "no_keyed",
+                    "mid_operation", "duration", "seed", "nodes", "rate", "standby",
+                    "trigger_ms", "pipelines", "no_keyed",
                     "key_moves", "scales", "keys", "work")
                 if _given(ctx, name)
             ]  # fmt: skip
@@ -506,8 +513,10 @@ def register(bench_app: typer.Typer) -> None:
             _rendered_from(target, [target / soak.RUNS_CSV, target / soak.VERDICT_JSON])
             console.print(f"results: {soak.render(target)}")
             return
-        keyed = not no_keyed
-        if not keyed:  # (their defaults go with the keyed pipeline; given, they are refused)
+        chosen = tuple(p.strip() for p in pipelines.split(",") if p.strip())
+        if no_keyed:
+            chosen = tuple(p for p in chosen if p != "keyed")
+        if "keyed" not in chosen:  # (their defaults go with the keyed pipeline; given, refused)
             key_moves = key_moves if _given(ctx, "key_moves") else 0
             scales = scales if _given(ctx, "scales") else 0
         config = soak.SoakConfig(
@@ -516,7 +525,7 @@ def register(bench_app: typer.Typer) -> None:
             mid_migration=mid_migration, mid_operation=mid_operation, duration_s=duration,
             seed=seed,
             nodes=tuple(n.strip() for n in nodes.split(",") if n.strip()), rate=rate,
-            trigger_ms=trigger_ms, standby=standby, keyed=keyed, key_moves=key_moves,
+            trigger_ms=trigger_ms, standby=standby, pipelines=chosen, key_moves=key_moves,
             scales=scales, keys=keys,
         )  # fmt: skip
         config.check()  # before a cluster starts

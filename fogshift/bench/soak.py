@@ -2,7 +2,8 @@
 duplicated, wrong rows.
 
 ``fogshift bench soak --migrations N --kills M`` starts one cluster (``--nodes``, 4 by default)
-and runs three pipelines on it while their inputs keep growing:
+and runs three pipelines on it (``--pipelines``: all by default) while their inputs keep
+growing:
 
 * **Case 1** (csv-source -> window-aggregate avg 10 -> csv-sink), through
   :class:`~fogshift.bench.workload.Case1Run`, compared with
@@ -112,6 +113,8 @@ TIMESTAMP_BASE = 1_700_000_000
 
 #: The keyed pipeline: csv-source -> window avg keyed by sensor in partitions -> csv-sink.
 KEYED = "soak-keys"
+#: The pipelines a soak can run, by the short names ``--pipelines`` takes.
+PIPELINES = ("case1", "merge", "keyed")
 #: Its partitioned element (partitions ``aggregate-p<i>``) and the body field it is keyed by.
 KEYED_ELEMENT, KEY_FIELD = "aggregate", "sensor"
 #: The keyed aggregate's window (events per key), its spec's and its reference's.
@@ -174,9 +177,10 @@ class SoakConfig(ClusterRunConfig):
         stall_s: At the end, give up on a sink that wrote nothing for this long.
         standby: ``planned``: the pipelines keep hot standbys (``recovery.standby``); a
             killed node's PEs are then taken over by them.
-        keyed: Run the keyed pipeline too (:data:`KEYED`: its aggregate in two partitions,
-            on the second and third nodes, or the second and first of two), whose PEs and
-            partitions the migrations and kills hit as any, besides its own operations.
+        pipelines: Which of the pipelines run (:data:`PIPELINES`: ``case1``, ``merge``,
+            ``keyed``). The keyed one (:data:`KEYED`: its aggregate in two partitions, on
+            the second and third nodes, or the second and first of two) has its PEs and
+            partitions hit by the migrations and kills as any, besides its own operations.
         key_moves: Key moves in the schedule (``migrate --keys``): one to three random keys
             (with or without the precopy) or a key group to a random partition's node, in a
             random order (backlog or fifo).
@@ -209,10 +213,15 @@ class SoakConfig(ClusterRunConfig):
     trigger_ms: int = AgentConfig.default("trigger_ms")
     timeout_s: float = 900.0
     standby: str | None = None
-    keyed: bool = True
+    pipelines: tuple[str, ...] = PIPELINES
     key_moves: int = 50
     scales: int = 10
     keys: int = 20
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the keyed pipeline runs."""
+        return "keyed" in self.pipelines
 
     def check(self) -> None:
         """Refuse settings a soak cannot run with.
@@ -260,11 +269,23 @@ class SoakConfig(ClusterRunConfig):
                 "bad --duration", expected="seconds > 0, or no --duration",
                 received=f"{self.duration_s:g}",
             )  # fmt: skip
+        if (
+            not self.pipelines
+            or not set(self.pipelines) <= set(PIPELINES)
+            or len(set(self.pipelines)) != len(self.pipelines)
+        ):
+            raise BadBenchOption(
+                "bad --pipelines",
+                expected=f"a comma-separated choice of {', '.join(PIPELINES)}, each once",
+                received=",".join(self.pipelines) or "(none)",
+            )
         if not self.keyed and self.key_moves + self.scales > 0:
             raise BadBenchOption(
                 "--key-moves and --scales need the keyed pipeline",
-                expected="the keyed pipeline (no --no-keyed), or --key-moves 0 --scales 0",
-                received=f"--no-keyed with --key-moves {self.key_moves} --scales {self.scales}",
+                expected="the keyed pipeline (in --pipelines, no --no-keyed), or --key-moves 0 "
+                "--scales 0",
+                received=f"pipelines {','.join(self.pipelines)} with --key-moves "
+                f"{self.key_moves} --scales {self.scales}",
             )
         if self.keyed and not 1 <= self.keys <= 1000:
             raise BadBenchOption(
@@ -1359,28 +1380,30 @@ def _soak(
     placement = {"left": nodes[0], "right": nodes[-1], "merge": nodes[2 % len(nodes)],
                  "sink": nodes[0]}  # fmt: skip
     case1_row: dict[str, Any] = {}
-    pipelines = (CASE1, MERGE, KEYED) if config.keyed else (CASE1, MERGE)
+    names = dict(zip(PIPELINES, (CASE1, MERGE, KEYED), strict=True))
+    pipelines = tuple(names[p] for p in PIPELINES if p in config.pipelines)
     soak = Soak(cluster, config, log, reporter, pipelines)
     with contextlib.ExitStack() as stack:
-        case1 = stack.enter_context(Case1Run(
-            cluster, CASE1, rate=config.rate, seed=config.seed, agg_node=nodes[1],
-            edge_node=nodes[0], row=case1_row, standby=config.standby,
-        ))  # fmt: skip
-        merge = stack.enter_context(MergeRun(
-            cluster, MERGE, rate=config.rate, seed=config.seed, placement=placement,
-            standby=config.standby,
-        ))  # fmt: skip
-        keyed = None
-        if config.keyed:
-            keyed = stack.enter_context(KeyedRun(
+        runs: dict[str, Case1Run | SoakRun] = {}
+        if CASE1 in pipelines:
+            runs[CASE1] = stack.enter_context(Case1Run(
+                cluster, CASE1, rate=config.rate, seed=config.seed, agg_node=nodes[1],
+                edge_node=nodes[0], row=case1_row, standby=config.standby,
+            ))  # fmt: skip
+        if MERGE in pipelines:
+            runs[MERGE] = stack.enter_context(MergeRun(
+                cluster, MERGE, rate=config.rate, seed=config.seed, placement=placement,
+                standby=config.standby,
+            ))  # fmt: skip
+        if KEYED in pipelines:
+            runs[KEYED] = stack.enter_context(KeyedRun(
                 cluster, KEYED, rate=config.rate, seed=config.seed, keys=config.keys,
                 edge=nodes[0], partitions=(nodes[1], nodes[2 % len(nodes)]),
                 standby=config.standby,
             ))  # fmt: skip
         reporter.step(task, "deploying the pipelines")
-        for run in (case1, merge, keyed):
-            if run is not None:
-                run.deploy()
+        for run in runs.values():
+            run.deploy()
         for pipeline in pipelines:
             if wait_rows(cluster, pipeline, 1, config.timeout_s) < 1:
                 raise BenchError(f"{pipeline}: no output within {config.timeout_s:.0f} s")
@@ -1395,16 +1418,16 @@ def _soak(
         finally:
             verdict["done"] = {op: soak.done[op] for op in OPERATIONS}
             verdict["schedule_s"] = round(soak.elapsed(), 1)
-        events = {CASE1: case1.finish_input(), MERGE: merge.finish_input()}
-        if keyed is not None:
-            events[KEYED] = keyed.finish_input()
+        events = {name: run.finish_input() for name, run in runs.items()}
         reporter.step(task, "draining the outputs")
-        verdict["pipelines"] = {
-            CASE1: count_case1(case1, config, events[CASE1]),
-            MERGE: count_merge(merge, config, events[MERGE]),
-        }
-        if keyed is not None:
-            verdict["pipelines"][KEYED] = count_keyed(keyed, config, events[KEYED])
+        verdict["pipelines"] = {}
+        for name, run in runs.items():
+            if isinstance(run, Case1Run):
+                verdict["pipelines"][name] = count_case1(run, config, events[name])
+            elif isinstance(run, MergeRun):
+                verdict["pipelines"][name] = count_merge(run, config, events[name])
+            elif isinstance(run, KeyedRun):
+                verdict["pipelines"][name] = count_keyed(run, config, events[name])
         reporter.advance(task)
     if case1_row.get("error"):  # Case1Run records a FogshiftError of the block, then ends it
         raise BenchError("the soak failed", received=one_line(str(case1_row["error"]), 400))

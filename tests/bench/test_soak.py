@@ -161,7 +161,13 @@ def test_schedule_has_every_operation_once_per_count_and_follows_the_seed() -> N
         ({"duration_s": 0.0}, "--duration"),
         ({"standby": "fog-b"}, "--standby"),
         ({"key_moves": -1}, "--key-moves"),
-        ({"keyed": False, "scales": 1, "key_moves": 0}, "--key-moves and --scales"),
+        (
+            {"pipelines": ("case1", "merge"), "scales": 1, "key_moves": 0},
+            "--key-moves and --scales",
+        ),
+        ({"pipelines": ()}, "--pipelines"),
+        ({"pipelines": ("keyed", "keyed")}, "--pipelines"),
+        ({"pipelines": ("case2",)}, "--pipelines"),
         ({"keys": 0}, "--keys"),
     ],
 )
@@ -328,6 +334,16 @@ def test_the_command_refuses_bad_nodes_before_any_cluster_starts(tmp_path: Path)
     result = runner.invoke(app, ["soak", "--out", str(tmp_path / "out"), "--nodes", "cloud"])
     assert isinstance(result.exception, BadBenchOption)
     assert not (tmp_path / "out").exists()
+    # --no-keyed takes the keyed pipeline out of --pipelines: none left is refused too.
+    out = ["soak", "--out", str(tmp_path / "out")]
+    result = runner.invoke(app, [*out, "--pipelines", "keyed", "--no-keyed"])
+    assert isinstance(result.exception, BadBenchOption), result.output
+    assert "--pipelines" in result.exception.message and result.exception.received == "(none)"
+    # Without the keyed pipeline its operations' defaults go; given, they are refused.
+    result = runner.invoke(app, [*out, "--pipelines", "case1", "--scales", "2"])
+    assert isinstance(result.exception, BadBenchOption), result.output
+    assert "need the keyed pipeline" in result.exception.message
+    assert not (tmp_path / "out").exists()
 
 
 def test_report_only_renders_results_again_from_the_files(tmp_path: Path) -> None:
@@ -472,6 +488,10 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
         # start killed nodes again through `fogshift up` (`restart_nodes`, as the soak does).
         "bench", "soak", "--migrations", "0", "--kills", "0", "--orchestrator-kills", "1",
         "--key-moves", "1", "--scales", "0", "--keys", "6",
+        # The keyed pipeline alone: Case 1's and the two-input one's exactly-once through
+        # orchestrator kills is the control-plane tests', and the soak's reference and
+        # counts of them are unit-tested here; their queries (7 of 11) only slowed the rest.
+        "--pipelines", "keyed",
         # Two nodes (the keyed element's partitions on both): a third node's JVM (~9 s of
         # CPU to start, then its idle share) bought nothing the test checks.
         "--mid-migration", "1", "--nodes", "cloud,fog-a", "--seed", "3",
@@ -485,15 +505,15 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
     verdict = json.loads((out / soak.VERDICT_JSON).read_text())
     assert verdict["status"] == "complete", (verdict.get("error"), proc.stdout[-3000:])
     pipelines = verdict["pipelines"]
-    names = (soak.CASE1, soak.MERGE, soak.KEYED)
+    names = (soak.KEYED,)
+    assert sorted(pipelines) == [soak.KEYED], sorted(pipelines)  # only what --pipelines said
     for name in names:
         counts = {k: pipelines[name][k] for k in soak.COUNTS}
         assert all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values())
         assert counts["expected"] > 0 and pipelines[name]["events"] > 0, counts
         print(f"{name}: {counts} ({minutes:.1f} min)")
-    # Every pipeline — Case 1 (one input per PE), the two-input one and the keyed one whose
-    # keys moved (each key's rows in its input order) — is exactly-once through an
-    # orchestrator's kill during a key move.
+    # The keyed pipeline whose keys moved (each key's rows in its input order) is
+    # exactly-once through an orchestrator's kill during a key move.
     for name in names:
         counted = pipelines[name]
         assert (counted["lost"], counted["duplicated"], counted["wrong"]) == (0, 0, 0), counted
@@ -519,8 +539,8 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
     assert len(interrupted) == (killed["mode"] == "mid-migration")
     assert all(r["settled_ms"] for r in rows), rows  # every PE ran again after each one
     text = (out / soak.RESULTS_MD).read_text()
-    assert f"| {soak.CASE1} (case1) |" in text and "## Durations" in text
-    assert f"| {soak.KEYED} (keyed, partitioned) |" in text
+    assert f"| {soak.KEYED} (keyed, partitioned) |" in text and "## Durations" in text
+    assert soak.CASE1 not in text and soak.MERGE not in text
     # `fogshift down` ran: it removes cluster.json, and no process group of it is left.
     homes = list(work.glob("cluster-*"))
     assert homes and not any((h / "cluster.json").exists() for h in homes)
