@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -128,13 +129,17 @@ def _options(
     """fogshift: stateful stream pipelines across fog nodes (PySpark + NATS JetStream)."""
 
 
+#: Where `up` takes an existing broker's password from (or from a file: never the command line).
+NATS_PASSWORD_VARIABLE = "FOGSHIFT_NATS_PASSWORD"
+
+
 def _nats_password(ctx: typer.Context, given: str | None, file: Path | None) -> str | None:
     """The broker password ``up`` was given: from its variable or its file, never from the
     command line (any user of the host reads a command line in ``ps``).
 
     Raises:
-        InvalidInput: The password on the command line, from both places, or a file that
-            cannot be read or that others than its owner may read.
+        InvalidInput: The password on the command line, empty, from both places, or a file
+            that cannot be read, that is not this user's or that others may read or write.
     """
     source = ctx.get_parameter_source("nats_password")
     expected = "the password in $FOGSHIFT_NATS_PASSWORD, or in a file of mode 0600 given by "
@@ -146,6 +151,14 @@ def _nats_password(ctx: typer.Context, given: str | None, file: Path | None) -> 
             received="--nats-password on the command line",
             hint="FOGSHIFT_NATS_PASSWORD=... fogshift up ..., or --nats-password-file FILE",
         )
+    if given is None and os.environ.get(NATS_PASSWORD_VARIABLE) == "":
+        # (Click takes an empty variable for an unset one: the broker refused the user later.)
+        raise InvalidInput(
+            f"${NATS_PASSWORD_VARIABLE} is empty",
+            expected=expected,
+            received="an empty variable",
+            hint=f"unset {NATS_PASSWORD_VARIABLE}, or set it to the broker user's password",
+        )
     if file is None:
         return given
     if given is not None:
@@ -156,30 +169,40 @@ def _nats_password(ctx: typer.Context, given: str | None, file: Path | None) -> 
             hint="unset FOGSHIFT_NATS_PASSWORD or leave --nats-password-file out",
         )
     try:
-        mode = file.stat().st_mode
-        lines = file.read_text().splitlines()  # (its first line, as written)
+        # (The file opened is the one judged: stat of the descriptor, not of the path.)
+        with open(file, "rb") as handle:
+            status = os.fstat(handle.fileno())
+            text = handle.read().decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(
             f"--nats-password-file {file} cannot be read",
-            expected="a readable text file holding the password",
+            expected="a readable UTF-8 text file holding the password",
             received=one_line(str(exc)),
             hint="check the path and its permissions",
         ) from exc
-    if mode & 0o077:
+    if status.st_uid != os.geteuid():
         raise InvalidInput(
-            f"--nats-password-file {file} may be read by others than its owner",
+            f"--nats-password-file {file} belongs to another user",
+            expected=f"a file of this user's (uid {os.geteuid()}), mode 0600",
+            received=f"a file of uid {status.st_uid}",
+            hint="copy it to a file of your own, then chmod 600 it",
+        )
+    if status.st_mode & 0o077:
+        raise InvalidInput(
+            f"--nats-password-file {file} may be read or written by others than its owner",
             expected="a file of mode 0600 (or 0400)",
-            received=f"mode {mode & 0o777:04o}",
+            received=f"mode {status.st_mode & 0o777:04o}",
             hint=f"chmod 600 {file}",
         )
-    if not lines or not lines[0]:
+    first = text.split("\n", 1)[0].removesuffix("\r")  # (its first line, as written)
+    if not first:
         raise InvalidInput(
             f"--nats-password-file {file} is empty",
             expected="the password on the file's first line",
             received="an empty first line",
             hint="write the broker user's password on its first line",
         )
-    return lines[0]
+    return first
 
 
 @app.command()
@@ -195,7 +218,7 @@ def up(
     nats_password: Annotated[
         str | None,
         typer.Option(
-            envvar="FOGSHIFT_NATS_PASSWORD",
+            envvar=NATS_PASSWORD_VARIABLE,
             help="Only from $FOGSHIFT_NATS_PASSWORD (on the command line it would show in "
             "`ps` to every user of the host).",
         ),

@@ -336,7 +336,14 @@ class Registry:
         row = db.execute("SELECT spec FROM pipelines WHERE name = ?", (pipeline,)).fetchone()
         if row is None:
             raise NotFound(f"pipeline {pipeline!r} is not deployed: its spec cannot change")
-        spec = change(PipelineSpec.model_validate_json(row[0]))
+        try:
+            stored = PipelineSpec.model_validate_json(row[0])
+        except ValidationError as exc:  # (as get_pipeline reads it: as if absent)
+            raise NotFound(
+                f"pipeline {pipeline!r}: its stored spec is no longer valid, so it cannot "
+                f"change (deploy it again): {one_line(str(exc))[:300]}"
+            ) from exc
+        spec = change(stored)
         if spec.pipeline != pipeline:  # (a change is of elements, never of the name)
             raise ValueError(f"a change of {pipeline!r}'s spec named it {spec.pipeline!r}")
         db.execute(

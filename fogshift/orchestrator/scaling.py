@@ -428,8 +428,9 @@ class Scaling(KeyMoves):
                 return {}, (f"{part.id} has not processed the rescale yet: it is retired once "
                             "it has (the same command again retires it)")  # fmt: skip
         # The element's consumers too, as while the scale placed: their spec is rewritten
-        # with the element's (another scale's placement, of an element they also read,
-        # could else be lost between the read and the write).
+        # with the element's, and none of them is restarted or moved meanwhile (the
+        # registry applies the change to the spec it stores then: another element's scale
+        # that changed them since is kept).
         ids = {p.id for p in parts}
         readers = [e.id for e in self.pipeline(pipeline).spec.elements if ids & set(e.inputs)]
         try:
@@ -476,6 +477,12 @@ class Scaling(KeyMoves):
         standbys = [self.registry.standby(pipeline, part_id) for part_id in retired]
 
         def change(spec: PipelineSpec) -> PipelineSpec:  # (of the spec stored then)
+            if not set(retired) <= {e.id for e in spec.elements}:
+                raise Conflict(
+                    f"cannot retire {', '.join(sorted(retired))} of {pipeline}: the pipeline "
+                    "was deployed afresh meanwhile",
+                    hint="scale it again if it should have fewer partitions",
+                )
             return _respec(spec, [
                 _counted(e, count, first.first_count) if e.partition and e.partition.of == first.of
                 else e
@@ -591,6 +598,16 @@ class Scaling(KeyMoves):
             """The partitions counted anew, ``added`` after them, and every consumer reading
             them all; ``consumers``: the consumers changed. Applied to the spec stored when
             the registry writes it (another element's scale may have changed it since)."""
+            present = {e.id for e in current.elements}
+            if not old <= present or present & {p.id for p in added}:
+                # (Only a stop and a fresh deploy meanwhile change the element's partitions:
+                # a scale of it holds its key-move lock.)
+                raise Conflict(
+                    f"cannot scale {pipeline}/{of}: its partitions changed while the scale "
+                    f"placed them ({', '.join(sorted(old))} before, now "
+                    f"{', '.join(sorted(i for i in present if i in ids or i in old))})",
+                    hint="the pipeline was stopped or deployed afresh meanwhile: scale it again",
+                )
             elements: list[ElementSpec] = []
             consumers.clear()
             for each in current.elements:

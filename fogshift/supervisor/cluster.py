@@ -510,10 +510,15 @@ def up(
         # for another were silently unused.)
         raise InvalidInput(
             "broker credentials need the broker they are for",
-            expected="--nats-url URL with --nats-user/--nats-password (or none of them: "
-            "fogshift starts a broker of its own, with a user per node)",
-            received="--nats-user/--nats-password (or $FOGSHIFT_NATS_USER/_PASSWORD) "
-            "without --nats-url",
+            expected="--nats-url URL with --nats-user and the password ($FOGSHIFT_NATS_"
+            "PASSWORD or --nats-password-file), or none of them: fogshift starts a broker of "
+            "its own, with a user per node",
+            received=" and ".join(
+                given
+                for given, value in (("a user", nats_user), ("a password", nats_password))
+                if value is not None
+            )
+            + " without --nats-url",
             hint="give --nats-url, or drop the credentials",
         )
     if links and not isolate:

@@ -578,15 +578,38 @@ def test_the_broker_password_is_never_taken_from_the_command_line(tmp_path: Path
     secret = tmp_path / "password"
     secret.write_text("s3cret\nignored\n")
     secret.chmod(0o644)
-    with pytest.raises(InvalidInput, match="may be read by others") as err:
+    with pytest.raises(InvalidInput, match="may be read or written by others") as err:
         runner.invoke(cli.app, [*up, "--nats-password-file", str(secret)], catch_exceptions=False)
     assert err.value.received == "mode 0644" and err.value.hint == f"chmod 600 {secret}"
+    secret.chmod(0o620)  # (others may write it: then choose what it says)
+    with pytest.raises(InvalidInput, match="read or written by others"):
+        runner.invoke(cli.app, [*up, "--nats-password-file", str(secret)], catch_exceptions=False)
     secret.chmod(0o600)
     with pytest.raises(InvalidInput, match="broker credentials need the broker"):
         runner.invoke(cli.app, [*up, "--nats-password-file", str(secret)], catch_exceptions=False)
     with pytest.raises(InvalidInput, match="given twice"):
         runner.invoke(cli.app, [*up, "--nats-password-file", str(secret)],
                       env={"FOGSHIFT_NATS_PASSWORD": "p"}, catch_exceptions=False)  # fmt: skip
+    # An empty variable was taken for none (the broker refused the user later); an empty
+    # first line, a file missing or not text, or one of another user, are refused too.
+    with pytest.raises(InvalidInput, match="FOGSHIFT_NATS_PASSWORD is empty"):
+        runner.invoke(cli.app, up, env={"FOGSHIFT_NATS_PASSWORD": ""}, catch_exceptions=False)
+    secret.write_text("\nsecond\n")
+    with pytest.raises(InvalidInput, match="is empty"):
+        runner.invoke(cli.app, [*up, "--nats-password-file", str(secret)], catch_exceptions=False)
+    secret.write_bytes(b"\xff\xfe")
+    with pytest.raises(InvalidInput, match="cannot be read"):
+        runner.invoke(cli.app, [*up, "--nats-password-file", str(secret)], catch_exceptions=False)
+    with pytest.raises(InvalidInput, match="cannot be read") as err:
+        runner.invoke(cli.app, [*up, "--nats-password-file", str(tmp_path / "none")],
+                      catch_exceptions=False)  # fmt: skip
+    assert err.value.received and "No such file" in err.value.received
+    if os.geteuid() == 0:  # (only root can give a file away)
+        secret.write_text("s3cret\n")
+        os.chown(secret, 65534, -1)
+        with pytest.raises(InvalidInput, match="belongs to another user"):
+            runner.invoke(cli.app, [*up, "--nats-password-file", str(secret)],
+                          catch_exceptions=False)  # fmt: skip
     assert not (tmp_path / "home").exists()
 
 

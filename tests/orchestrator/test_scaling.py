@@ -717,8 +717,9 @@ def test_two_scales_of_different_elements_keep_each_others_change_of_the_spec(
         interleaved: list[str] = []
 
         def run(make: Any, timeout: float = 30) -> Any:
-            # While the first scale waits on the broker (its added stream), the other
-            # element's scale places its partition and changes its consumer.
+            # While the first scale waits on the broker (its input's tail, read before
+            # anything is written), the other element's scale places its partition and
+            # changes its consumer.
             if getattr(make, "func", None) is not None and not interleaved:
                 interleaved.append("count")
                 parts = [e for e in read_before.spec.elements
@@ -741,3 +742,37 @@ def test_two_scales_of_different_elements_keep_each_others_change_of_the_spec(
         assert [e.partition.count for e in after.spec.elements if e.partition] == [3] * 6
     finally:
         orch.close()
+
+
+def test_a_scale_whose_pipeline_was_deployed_afresh_meanwhile_changes_nothing(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """The change is applied to the spec stored when it is written: a deployment that
+    replaced the pipeline meanwhile, with other partitions, is not the one it was for."""
+    from fogshift.exceptions import Conflict
+
+    _beat(orch, agents)
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    one = {**SPEC, "elements": [
+        {**e, "partitions": ["fog-a"]} if e["id"] == "aggregate" else e
+        for e in SPEC["elements"]  # type: ignore[attr-defined]
+    ]}  # fmt: skip
+    redeployed: list[bool] = []
+
+    def run(make: Any, timeout: float = 30) -> Any:
+        if not redeployed:  # (while the scale reads its input's tail)
+            orch.registry.put_pipeline(parse_spec(one, orch.config.home), "running")
+            redeployed.append(True)
+        return 0
+
+    orch.broker = SimpleNamespace(run=run, close=lambda: None)  # type: ignore[assignment]
+    with pytest.raises(Conflict, match="its partitions changed while the scale placed them"):
+        orch._place(record.spec, _parts(orch), 3, ["fog-c"], "source")
+    after = orch.registry.get_pipeline("p")
+    assert after is not None
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0"]
+    assert "aggregate-p2" not in after.placement and after.spec.element("sink").inputs == (
+        "aggregate-p0",
+    )
+    assert agents["fog-c"].received("PUT", ADDED) == []
