@@ -170,6 +170,12 @@ def start(path: Path) -> subprocess.Popen[bytes]:
     listens (~1 s: its imports)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
+    if _refuses(path):
+        # A SIGKILLed node's zygote left its socket: :func:`wait_listening` took it for
+        # this one's, and the session's first worker, sent to it, started as a plain
+        # interpreter (its imports again, ~1.5 s of CPU at every restart after a kill).
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
     # The imports stay single-threaded (a fork copies one thread); Spark starts every Python
     # worker with PYTHONHASHSEED=0, and string hashing is fixed when an interpreter starts.
     env = {**os.environ, **SINGLE_THREADED, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}

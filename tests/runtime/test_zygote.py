@@ -287,6 +287,16 @@ def test_a_session_waits_for_its_zygote_to_listen_and_not_for_one_that_exited(
     finally:
         proc.kill()
         proc.wait()
+    # ... the new zygote's, not the socket a SIGKILLed one left (taken for the new one's,
+    # the session's first worker found nobody listening and started as an interpreter) ...
+    assert zygote._refuses(path)  # (the killed one's socket is still there)
+    proc = zygote.start(path)
+    try:
+        assert zygote.wait_listening(path, proc, timeout_s=60)
+        assert not zygote._refuses(path)
+    finally:
+        proc.kill()
+        proc.wait()
     # ... and at once when the zygote exited without listening (not after the timeout).
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
