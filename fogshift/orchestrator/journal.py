@@ -142,15 +142,17 @@ class Journal(Replication):
             self._in_round.active = before
 
     @contextlib.contextmanager
-    def _exclusive(self, pipeline: str, element_id: str, what: str) -> Iterator[None]:
+    def _exclusive(
+        self, pipeline: str, element_id: str, what: str, wait_s: float | None = None
+    ) -> Iterator[None]:
         """Run one operation on a PE's instances at a time; log its failure.
 
-        An operation someone asked for (a migration, restore, scale) waits, up to
-        :data:`BACKGROUND_WAIT_S`, for one of the orchestrator's own rounds that holds the
-        PE (:data:`BACKGROUND`: a standby's cap raised, a standby started, the reconciler's
-        repairs), which keep it for a few requests at a time: refused, a user's migration
-        of a PE with a standby failed whenever the follower's round held it (most of the
-        time over a slow link). The rounds themselves never wait: they skip the PE.
+        An operation someone asked for (a migration, restore, scale) waits, up to ``wait_s``
+        (``None``: :data:`BACKGROUND_WAIT_S`), for one of the orchestrator's own rounds that
+        holds the PE (:data:`BACKGROUND`: a standby's cap raised, a standby started, the
+        reconciler's repairs), which keep it for a few requests at a time: refused, a user's
+        migration of a PE with a standby failed whenever the follower's round held it (most
+        of the time over a slow link). The rounds themselves never wait: they skip the PE.
 
         Raises:
             MigrationInProgress: Another one is under way (or a round still is, after the
@@ -160,7 +162,8 @@ class Journal(Replication):
         # (Nor an operation a round itself starts, such as the reconciler's auto-restore: a
         # round that waited would hold up every other PE's turn.)
         waits = what not in BACKGROUND and not getattr(self._in_round, "active", False)
-        deadline = time.monotonic() + (BACKGROUND_WAIT_S if waits else 0.0)
+        wait_s = BACKGROUND_WAIT_S if wait_s is None else max(0.0, wait_s)
+        deadline = time.monotonic() + (wait_s if waits else 0.0)
         with self._lock:
             while key in self._migrating:
                 holder = self._migrating[key]

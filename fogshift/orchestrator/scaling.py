@@ -451,7 +451,9 @@ class Scaling(KeyMoves):
         with contextlib.ExitStack() as stack:
             while True:
                 try:
-                    stack.enter_context(self._sections(pipeline, pes))
+                    # (A round's section is waited for only until the deadline too.)
+                    left = deadline - time.monotonic()
+                    stack.enter_context(self._sections(pipeline, pes, wait_s=left))
                     break
                 except MigrationInProgress:
                     if time.monotonic() >= deadline:
@@ -543,11 +545,17 @@ class Scaling(KeyMoves):
         return chosen
 
     @contextlib.contextmanager
-    def _sections(self, pipeline: str, pes: list[str]) -> Iterator[None]:
-        """The exclusive sections of ``pes`` (no migration or restore of them meanwhile)."""
+    def _sections(
+        self, pipeline: str, pes: list[str], wait_s: float | None = None
+    ) -> Iterator[None]:
+        """The exclusive sections of ``pes`` (no migration or restore of them meanwhile),
+        waiting up to ``wait_s`` in all (``None``: up to ``BACKGROUND_WAIT_S`` for each) for
+        the orchestrator's own rounds that hold some."""
+        deadline = None if wait_s is None else time.monotonic() + wait_s
         with contextlib.ExitStack() as stack:
             for pe in pes:
-                stack.enter_context(self._exclusive(pipeline, pe, "scaling"))
+                left = None if deadline is None else deadline - time.monotonic()
+                stack.enter_context(self._exclusive(pipeline, pe, "scaling", wait_s=left))
             yield
 
     def _place(

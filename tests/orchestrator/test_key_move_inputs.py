@@ -225,7 +225,7 @@ def test_a_scale_completes_a_move_left_in_some_inputs_before_its_own(
     orch._moves_complete.discard(("two", "agg"))  # (a new orchestrator knows none complete)
     seen: list[list[str]] = []
     monkeypatch.setattr(orch, "_nodes_for", lambda *args: ["fog-c"])
-    monkeypatch.setattr(orch, "_sections", lambda *args: contextlib.nullcontext())
+    monkeypatch.setattr(orch, "_sections", lambda *args, **kwargs: contextlib.nullcontext())
     done = ScaleReport(pipeline="two", element="agg", status=KeyMoveStatus.MOVED, before=2,
                        after=3)  # fmt: skip
     monkeypatch.setattr(orch, "_scale",

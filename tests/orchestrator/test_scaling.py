@@ -776,3 +776,37 @@ def test_a_scale_whose_pipeline_was_deployed_afresh_meanwhile_changes_nothing(
         "aggregate-p0",
     )
     assert agents["fog-c"].received("PUT", ADDED) == []
+
+
+def test_a_retirement_waits_for_a_round_holding_a_partition_only_until_its_deadline(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round of the orchestrator's own (a standby's follow-up) holding a retiring
+    partition was waited for 60 s per PE, whatever the phase's deadline."""
+    import threading
+    import time
+
+    from fogshift.broker.keys import Ownership
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(1))
+    monkeypatch.setattr(orch, "_committed_past", lambda *args: True)
+    held, release = threading.Event(), threading.Event()
+
+    def follow() -> None:
+        with orch._exclusive("p", "aggregate-p1", "standby follow"):
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=follow)
+    thread.start()
+    try:
+        assert held.wait(30)
+        started = time.monotonic()
+        retired, why = orch._retire("p", _parts(orch), 1, "source", 5, time.monotonic() + 1.0)
+        assert time.monotonic() - started < 10, "waited past the deadline"
+        assert retired == {} and why is not None and "follow-up" in why, why
+        assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
+    finally:
+        release.set()
+        thread.join(30)
