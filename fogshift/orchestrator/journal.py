@@ -209,7 +209,10 @@ class Journal(Replication):
             with contextlib.ExitStack() as held:
                 try:
                     for pe in pes:
-                        held.enter_context(self._exclusive(pipeline, pe, "stopping"))
+                        # (A round of the orchestrator's own is waited for only until the
+                        # stop's deadline too, not BACKGROUND_WAIT_S per PE.)
+                        left = deadline - time.monotonic()
+                        held.enter_context(self._exclusive(pipeline, pe, "stopping", left))
                 except MigrationInProgress as exc:
                     if time.monotonic() >= deadline:
                         raise Conflict(

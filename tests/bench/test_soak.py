@@ -458,6 +458,12 @@ def test_results_are_rendered_from_runs_csv_and_verdict_json(tmp_path: Path) -> 
     assert "Orchestrator kills during a migration, key move or scale: 1." in text
     assert "| move-keys | - | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 1 |" in text  # pending
     assert "| scale | the scale call | 1 | 4,000 | 4,000 | 4,000 |" in text
+    # A verdict written before --pipelines says all three ran (its keyed flag unset).
+    assert "Case 1 (csv-source" in text and "a keyed one (" in text
+    verdict["settings"] = {**verdict["settings"], "pipelines": ["keyed"]}
+    (tmp_path / soak.VERDICT_JSON).write_text(json.dumps(verdict))
+    text = soak.render(tmp_path).read_text()
+    assert "\n\nA keyed one (csv-source" in text and "Case 1 (" not in text, text[:600]
     assert "| move-keys | longest stoppage of a moved key (its report) | 1 | 60,500 |" in text
     assert ("soak #7 move-keys soak-keys aggregate fog-a backlog precopy: pending (status "
             "pending) [keys s1,s3]") in text  # fmt: skip
@@ -541,6 +547,7 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
     text = (out / soak.RESULTS_MD).read_text()
     assert f"| {soak.KEYED} (keyed, partitioned) |" in text and "## Durations" in text
     assert soak.CASE1 not in text and soak.MERGE not in text
+    assert "Case 1 (" not in text and "two-input" not in text  # what ran, no more
     # `fogshift down` ran: it removes cluster.json, and no process group of it is left.
     homes = list(work.glob("cluster-*"))
     assert homes and not any((h / "cluster.json").exists() for h in homes)
