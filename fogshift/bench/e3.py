@@ -270,6 +270,18 @@ def section(folder: Path) -> str | None:
     return "\n".join(out)
 
 
+def _log_scale(axis: Any, unit: str, values: list[float], empty: str = "no data") -> None:
+    """A log scale for ``axis`` if anything it shows is above 0, else a linear one saying
+    ``empty``: a run without any central checkpoint (a short run, a pull interval longer
+    than it) failed the whole report (matplotlib cannot log-scale nothing)."""
+    if any(v > 0 for v in values):
+        axis.set_yscale("log")
+        axis.set_ylabel(f"{unit} (log)")
+    else:
+        axis.set_ylabel(unit)
+        axis.text(0.5, 0.5, empty, transform=axis.transAxes, ha="center", va="center")
+
+
 def plot(folder: Path) -> list[Path]:
     """``e3.png``: snapshot duration by state size beside the thesis (Fig. 24), and bytes
     shipped per central checkpoint."""
@@ -282,6 +294,7 @@ def plot(folder: Path) -> list[Path]:
     fig, axes = figure(ncols=2, width=5.5, height=4)
     left, right = axes[0]
     xs = range(len(sizes))
+    bars: list[float] = []
     for offset, (label, first) in enumerate((("first snapshot", True), ("later", False))):
         values = [
             mean_std(
@@ -292,6 +305,7 @@ def plot(folder: Path) -> list[Path]:
             for s in sizes
         ]  # fmt: skip
         left.bar([x + offset * 0.3 for x in xs], values, 0.3, label=label)
+        bars += values
     commits = [
         mean_std(
             num(c["commit_ms"]) for c in taken
@@ -306,11 +320,11 @@ def plot(folder: Path) -> list[Path]:
         left.plot([p[0] + 0.3 for p in points], [p[1] for p in points], "x", markersize=10,
                   color=COLOURS["thesis"], label="thesis checkpoint")  # fmt: skip
     left.set_xticks([x + 0.3 for x in xs], [f"{s} MiB" for s in sizes])
-    left.set_yscale("log")
-    left.set_ylabel("ms (log)")
+    _log_scale(left, "ms", [*bars, *commits, *(p[1] for p in points)])
     left.set_title("E3 node-level checkpoint")
     left.legend(fontsize=7)
     position = {size: x for x, size in enumerate(sizes)}
+    shown: list[float] = []
     for first, shift, label in ((True, -0.15, "first pull"), (False, 0.15, "later pulls")):
         pts = [
             (position[int(c["state_mib"])] + shift, num(c["shipped_bytes"])) for c in taken
@@ -318,14 +332,15 @@ def plot(folder: Path) -> list[Path]:
         ]  # fmt: skip
         right.plot([p[0] for p in pts], [max(1.0, p[1] or 0) for p in pts], "o",
                    linestyle="none", label=label, alpha=0.7)  # fmt: skip
+        shown += [max(1.0, p[1] or 0) for p in pts]
     whole = [
         (position[int(c["state_mib"])], num(c["bytes"])) for c in taken if c["level"] == "central"
     ]
     right.plot([p[0] for p in whole], [p[1] for p in whole], "_", markersize=20,
                color=COLOURS["machine"], label="whole checkpoint")  # fmt: skip
+    shown += [p[1] or 0.0 for p in whole]
     right.set_xticks(list(xs), [f"{s} MiB" for s in sizes])
-    right.set_yscale("log")
-    right.set_ylabel("bytes (log)")
+    _log_scale(right, "bytes", shown, "no central checkpoint in these runs")
     right.set_title("shipped to the central store per checkpoint")
     right.legend(fontsize=7)
     return [save(fig, folder / "e3.png")]

@@ -15,7 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fogshift.bench import commands, e1, e2, pam, report, seamless, thesis
+from fogshift.bench import commands, e1, e2, e3, pam, report, seamless, thesis
 from fogshift.bench.base import (
     RunLog,
     fmt_mean_std,
@@ -164,6 +164,27 @@ def test_report_of_a_hand_written_e2_log(tmp_path: Path) -> None:
     text = report.render(tmp_path).read_text()
     assert "| reprocessed | 3 | 10-40 | 1.000 | 1,000 | 1.00 |" in text
     assert "`bad` failed" in text
+
+
+def test_an_e3_run_without_central_checkpoints_renders_its_report(tmp_path: Path) -> None:
+    """A run shorter than the pull interval has node-level snapshots only: its plot's
+    log scale over no bytes at all raised, and the whole report was lost (the bench smoke,
+    once: E3 ran 3 s, the pulls every 4 s)."""
+    pytest.importorskip("matplotlib")
+    runs = RunLog(tmp_path / "e3" / "runs.csv", e3.RUN_FIELDS)
+    runs.append({"run": "e3-s0", "state_mib": 0, "status": "done", "events": 37,
+                 "node_checkpoints": 2, "central_checkpoints": 0, "consistent": True})  # fmt: skip
+    taken = RunLog(tmp_path / "e3" / "checkpoints.csv", e3.CHECKPOINT_FIELDS)
+    for batch, first in ((0, True), (1, False)):
+        taken.append({"run": "e3-s0", "state_mib": 0, "level": "node", "id": f"b{batch}",
+                      "batch": batch, "first": first, "bytes": 7000, "new_bytes": 1500,
+                      "took_ms": 2.0, "copy_ms": 1.5, "hash_ms": 0.4, "commit_ms": 1})  # fmt: skip
+    settings = {"rate": 10.0 / 3, "duration_s": 3, "checkpoint_interval_s": 2,
+                "central_interval_s": 4}  # fmt: skip
+    (tmp_path / "e3" / "notes.json").write_text(json.dumps({"settings": settings, "skipped": []}))
+    text = report.render(tmp_path).read_text()
+    assert "## E3" in text
+    assert (tmp_path / "e3" / "e3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_report_of_a_hand_written_seamless_run(tmp_path: Path) -> None:
