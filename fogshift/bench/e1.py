@@ -489,7 +489,7 @@ def _within(good: list[dict[str, str]]) -> str:
 
 def plot(folder: Path) -> list[Path]:
     """``e1.png`` (phases and downtime per series, Fig. 20) and ``e1_cpu.png`` (Fig. 21)."""
-    from fogshift.bench.plotting import COLOURS, figure, save
+    from fogshift.bench.plotting import COLOURS, figure, log_y, save
 
     rows = read_rows(folder / "runs.csv")
     if not rows:
@@ -501,6 +501,7 @@ def plot(folder: Path) -> list[Path]:
         keys = [k for k in groups if k[0] == profile]
         labels = []
         shown: set[str] = set()
+        drawn: list[float] = []  # (what the y axis shows: its scale)
 
         def once(label: str, shown: set[str] = shown) -> str | None:
             """The legend label the first time it is drawn on these axes."""
@@ -516,20 +517,22 @@ def plot(folder: Path) -> list[Path]:
                 value = mean_std(num(r[f"{phase}_ms"]) for r in good)[0] or 0.0
                 ax.bar(x, value, bottom=bottom, color=COLOURS[phase], label=once(phase))
                 bottom += value
+            drawn.append(bottom)
             _, std, _ = mean_std(num(r["phases123_ms"]) for r in good)
             if std is not None:
                 ax.errorbar(x, bottom, yerr=std, color="black", capsize=3)
             down = mean_std(num(r["downtime_ms"]) for r in good)[0]
             if down is not None:
                 ax.plot(x, down, "D", color="black", label=once("downtime (measured)"))
+                drawn.append(down)
             anchor = thesis.E1_DOWNTIME_MS.get((delay_of(profile), key[1]))
             if anchor is not None:
                 ax.plot(x, anchor.value, "x", color="red", markersize=9,
                         label=once("thesis downtime"))  # fmt: skip
+                drawn.append(anchor.value)
             labels.append(f"{key[1]} MiB\n{key[2]}\n{len(good)}/{len(groups[key])} ok")
         ax.set_xticks(range(len(keys)), labels, fontsize=7)
-        ax.set_yscale("log")
-        ax.set_ylabel("ms (log)")
+        log_y(ax, "ms", drawn, "no migration succeeded")
         ax.set_title(f"E1 live migration, link {profile}")
         ax.legend(fontsize=7)
     paths = [save(fig, folder / "e1.png")]

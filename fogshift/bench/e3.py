@@ -270,22 +270,10 @@ def section(folder: Path) -> str | None:
     return "\n".join(out)
 
 
-def _log_scale(axis: Any, unit: str, values: list[float], empty: str = "no data") -> None:
-    """A log scale for ``axis`` if anything it shows is above 0, else a linear one saying
-    ``empty``: a run without any central checkpoint (a short run, a pull interval longer
-    than it) failed the whole report (matplotlib cannot log-scale nothing)."""
-    if any(v > 0 for v in values):
-        axis.set_yscale("log")
-        axis.set_ylabel(f"{unit} (log)")
-    else:
-        axis.set_ylabel(unit)
-        axis.text(0.5, 0.5, empty, transform=axis.transAxes, ha="center", va="center")
-
-
 def plot(folder: Path) -> list[Path]:
     """``e3.png``: snapshot duration by state size beside the thesis (Fig. 24), and bytes
     shipped per central checkpoint."""
-    from fogshift.bench.plotting import COLOURS, figure, save
+    from fogshift.bench.plotting import COLOURS, figure, log_y, save
 
     taken = read_rows(folder / "checkpoints.csv")
     if not taken:
@@ -320,7 +308,7 @@ def plot(folder: Path) -> list[Path]:
         left.plot([p[0] + 0.3 for p in points], [p[1] for p in points], "x", markersize=10,
                   color=COLOURS["thesis"], label="thesis checkpoint")  # fmt: skip
     left.set_xticks([x + 0.3 for x in xs], [f"{s} MiB" for s in sizes])
-    _log_scale(left, "ms", [*bars, *commits, *(p[1] for p in points)])
+    log_y(left, "ms", [*bars, *commits, *(p[1] for p in points)])
     left.set_title("E3 node-level checkpoint")
     left.legend(fontsize=7)
     position = {size: x for x, size in enumerate(sizes)}
@@ -340,7 +328,7 @@ def plot(folder: Path) -> list[Path]:
                color=COLOURS["machine"], label="whole checkpoint")  # fmt: skip
     shown += [p[1] or 0.0 for p in whole]
     right.set_xticks(list(xs), [f"{s} MiB" for s in sizes])
-    _log_scale(right, "bytes", shown, "no central checkpoint in these runs")
+    log_y(right, "bytes", shown, "no central checkpoint in these runs")
     right.set_title("shipped to the central store per checkpoint")
     right.legend(fontsize=7)
     return [save(fig, folder / "e3.png")]

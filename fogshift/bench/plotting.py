@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -41,3 +42,16 @@ def save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def log_y(axis: Any, label: str, shown: Iterable[float | None], empty: str = "no data") -> None:
+    """A log y scale for ``axis``, labelled ``label (log)``, if anything ``shown`` on it is
+    above 0; else a linear one saying ``empty``. Matplotlib cannot log-scale nothing, and
+    raised at ``save``: a run with nothing to show there (every run failed, no central
+    checkpoint, no latency measured) lost its whole report."""
+    if any(v is not None and v > 0 for v in shown):
+        axis.set_yscale("log")
+        axis.set_ylabel(f"{label} (log)")
+    else:
+        axis.set_ylabel(label)
+        axis.text(0.5, 0.5, empty, transform=axis.transAxes, ha="center", va="center")

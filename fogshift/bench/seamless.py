@@ -427,7 +427,7 @@ def section(folder: Path) -> str | None:
 
 def plot(folder: Path) -> list[Path]:
     """``seamless.png``: throughput and latency over time, phases shaded."""
-    from fogshift.bench.plotting import COLOURS, figure, save
+    from fogshift.bench.plotting import COLOURS, figure, log_y, save
 
     runs = [r for r in read_rows(folder / "runs.csv") if r["kind"] == "run"]
     bins = read_rows(folder / "timeline.csv")
@@ -446,11 +446,12 @@ def plot(folder: Path) -> list[Path]:
     top.plot(ts, smooth, label="5 s mean")
     top.axhline(float(run["rate"]), color=COLOURS["thesis"], linestyle="--", label="input rate")
     top.set_ylabel("events/s")
+    latencies: list[float] = []
     for key, label in (("lat_p50_ms", "p50"), ("lat_p99_ms", "p99"), ("lat_max_ms", "max")):
         pts = [(float(b["t_s"]), float(b[key])) for b in mine if b[key]]
         bottom.plot([p[0] for p in pts], [max(1.0, p[1]) for p in pts], label=label)
-    bottom.set_yscale("log")
-    bottom.set_ylabel("end-to-end latency ms (log)")
+        latencies += [max(1.0, p[1]) for p in pts]
+    log_y(bottom, "end-to-end latency ms", latencies, "no output line's latency measured")
     bottom.set_xlabel("s since the source started")
     for ax in (top, bottom):
         for key_start, key_end, colour, label in (

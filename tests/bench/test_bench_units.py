@@ -352,6 +352,34 @@ def test_the_committed_handover_run_renders_with_a_colour_per_mode(tmp_path: Pat
     assert (folder / "e1" / "e1_cpu.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_an_e1_run_whose_migrations_all_failed_renders_its_report(tmp_path: Path) -> None:
+    # Nothing above 0 on a log axis (no migration to draw, a size the thesis has no anchor
+    # for): matplotlib warned and drew an empty log axis (E3's plot, with no point at all,
+    # raised at its save, and the whole report was lost). Now a linear axis says why.
+    pytest.importorskip("matplotlib")
+    import csv
+    import warnings
+
+    folder = tmp_path / "e1f"
+    shutil.copytree(Path(__file__).parents[2] / "docs" / "results" / "e1-handover", folder)
+    runs = folder / "e1" / "runs.csv"
+    with open(runs, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows
+    for row in rows:
+        row.update(status="failed", consistent="false", state_mib="2", downtime_ms="")
+    with open(runs, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    for png in folder.glob("e1/*.png"):
+        png.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ("Data has no positive values ... log-scaled")
+        report.render(folder)
+    assert (folder / "e1" / "e1.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> None:
     log = RunLog(tmp_path / "pam" / "runs.csv", pam.RUN_FIELDS)
     for method, stall in (("whole", 900.0), ("literal", 2000.0), ("backlog", 40.0),
