@@ -384,7 +384,7 @@ def section(folder: Path) -> str | None:
 
 def plot(folder: Path) -> list[Path]:
     """``ecg.png``: window latency over the run per mode, alarms marked, the move shaded."""
-    from fogshift.bench.plotting import figure, save
+    from fogshift.bench.plotting import figure, log_y, save
 
     runs = read_rows(folder / "runs.csv")
     windows = read_rows(folder / "windows.csv")
@@ -393,8 +393,10 @@ def plot(folder: Path) -> list[Path]:
         return []
     fig, axes = figure(ncols=1, nrows=1, width=9, height=3.6)
     ax = axes[0][0]
+    latencies: list[float] = []
     for r in runs:
         mine = [w for w in windows if w["run"] == r["run"]]
+        latencies += [max(1.0, float(w["latency_ms"])) for w in mine]
         ax.scatter([float(w["wall_s"]) for w in mine],
                    [max(1.0, float(w["latency_ms"])) for w in mine],
                    s=4, alpha=0.5, label=f"{r['mode']}: band-pass windows")  # fmt: skip
@@ -406,8 +408,7 @@ def plot(folder: Path) -> list[Path]:
         start, end = num(r["mig_start_s"]), num(r["mig_end_s"])
         if start is not None and end is not None:
             ax.axvspan(start, end, alpha=0.2, color="orange", label="group migration")
-    ax.set_yscale("log")
-    ax.set_ylabel("latency ms (log)")
+    log_y(ax, "latency ms", latencies, "no window of these runs")
     ax.set_xlabel("s since the first window was stored")
     ax.legend(fontsize=7, loc="upper right")
     ax.set_title("Case 2: latency while the processing moves")
