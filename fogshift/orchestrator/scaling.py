@@ -63,6 +63,7 @@ from fogshift.common.text import one_line
 from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, ScaleReport
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
+from fogshift.orchestrator import journal
 from fogshift.orchestrator.keymoves import KeyMoves, _ms_since
 from fogshift.orchestrator.locks import LOCK_WAIT_S, element_lock
 from fogshift.orchestrator.registry import PipelineRecord, ScaleEntry
@@ -549,12 +550,15 @@ class Scaling(KeyMoves):
         self, pipeline: str, pes: list[str], wait_s: float | None = None
     ) -> Iterator[None]:
         """The exclusive sections of ``pes`` (no migration or restore of them meanwhile),
-        waiting up to ``wait_s`` in all (``None``: up to ``BACKGROUND_WAIT_S`` for each) for
-        the orchestrator's own rounds that hold some."""
-        deadline = None if wait_s is None else time.monotonic() + wait_s
+        waiting up to ``wait_s`` in all (``None``: ``journal.BACKGROUND_WAIT_S``, as long as a
+        migration of one PE waits) for the orchestrator's own rounds that hold some. One
+        budget for all: given one each, a scale of two partitions with three readers could
+        wait five minutes for rounds before it began."""
+        budget = journal.BACKGROUND_WAIT_S if wait_s is None else wait_s
+        deadline = time.monotonic() + budget
         with contextlib.ExitStack() as stack:
             for pe in pes:
-                left = None if deadline is None else deadline - time.monotonic()
+                left = deadline - time.monotonic()
                 stack.enter_context(self._exclusive(pipeline, pe, "scaling", wait_s=left))
             yield
 

@@ -810,3 +810,33 @@ def test_a_retirement_waits_for_a_round_holding_a_partition_only_until_its_deadl
     finally:
         release.set()
         thread.join(30)
+
+
+def test_a_scale_waits_for_the_rounds_holding_its_pes_one_budget_in_all(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scale's sections gave each PE ``BACKGROUND_WAIT_S`` of its own: with rounds
+    holding them in turn, a scale of two partitions and three readers could wait five
+    minutes before it began. Now each PE gets what is left of one budget."""
+    import contextlib
+    import time
+
+    from fogshift.orchestrator import journal
+
+    budgets: list[float | None] = []
+
+    @contextlib.contextmanager
+    def exclusive(pipeline: str, pe: str, what: str, wait_s: float | None = None) -> Iterator[None]:
+        budgets.append(wait_s)
+        time.sleep(0.05)  # a round held it that long
+        yield
+
+    monkeypatch.setattr(journal, "BACKGROUND_WAIT_S", 5.0)
+    monkeypatch.setattr(orch, "_exclusive", exclusive)
+    with orch._sections("p", ["aggregate-p0", "aggregate-p1", "sink"]):
+        pass
+    assert len(budgets) == 3 and all(b is not None for b in budgets), budgets
+    first, *later = budgets
+    assert first is not None and first <= 5.0
+    for before, after in zip(budgets, later, strict=False):
+        assert before is not None and after is not None and after <= before - 0.05, budgets
