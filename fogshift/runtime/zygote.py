@@ -42,6 +42,7 @@ import select
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -144,24 +145,40 @@ def sweep_stale(temp: Path, keep: Path | None = None) -> int:
     return removed
 
 
-def _refuses(path: Path) -> bool:
-    """Whether ``path`` is a Unix socket nobody listens on."""
+#: What :func:`_listener_pid` answers for a socket nobody listens on.
+_NOBODY = 0
+#: ``struct ucred`` (pid, uid, gid), as ``SO_PEERCRED`` gives it.
+_UCRED = struct.Struct("3i")
+
+
+def _listener_pid(path: Path) -> int | None:
+    """The pid of the process listening at the Unix socket ``path`` (``SO_PEERCRED``: the
+    process that called ``listen``); :data:`_NOBODY` for a socket a dead process left; None
+    if there is no socket or it cannot be told. The probe connects and closes unsent, which
+    a zygote takes for no request."""
     try:
         if not stat.S_ISSOCK(path.lstat().st_mode):
-            return False
+            return None
     except OSError:
-        return False
+        return None
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         probe.settimeout(1.0)
         probe.connect(str(path))
+        creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     except ConnectionRefusedError:
-        return True
+        return _NOBODY
     except OSError:
-        return False
+        return None
     finally:
         probe.close()
-    return False
+    pid, _uid, _gid = _UCRED.unpack(creds)
+    return int(pid)
+
+
+def _refuses(path: Path) -> bool:
+    """Whether ``path`` is a Unix socket nobody listens on."""
+    return _listener_pid(path) == _NOBODY
 
 
 def start(path: Path) -> subprocess.Popen[bytes]:
@@ -194,14 +211,15 @@ def wait_listening(
     when its imports started a thread); whether it listens. The session's first Python worker
     (Spark's lookup of Python data sources, at the first registration) is then forked from
     it, not an interpreter of its own importing everything again (~1.5 s of CPU per node
-    start); without a zygote the workers start as such interpreters, only slower."""
+    start); without a zygote the workers start as such interpreters, only slower.
+
+    The socket must be ``process``'s own (by ``SO_PEERCRED``): one a killed zygote left, or
+    another live zygote's, is no sign this one listens (it replaces either once it does).
+    """
     deadline = time.monotonic() + timeout_s
     while True:
-        try:
-            if stat.S_ISSOCK(path.lstat().st_mode):
-                return True
-        except OSError:
-            pass
+        if _listener_pid(path) == process.pid:
+            return True
         if process.poll() is not None or time.monotonic() >= deadline:
             return False
         time.sleep(0.02)

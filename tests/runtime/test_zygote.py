@@ -303,3 +303,31 @@ def test_a_session_waits_for_its_zygote_to_listen_and_not_for_one_that_exited(
     started = time.monotonic()
     assert not zygote.wait_listening(tmp_path / "none" / "socket", gone, timeout_s=60)
     assert time.monotonic() - started < 5
+
+
+def test_a_session_does_not_take_another_live_zygotes_socket_for_its_own(tmp_path: Path) -> None:
+    """Another process listening at the path (a second agent on the same folder, say) was
+    taken for this zygote at once; the wait is for ``process``'s own socket."""
+    import socket as sockets
+
+    path = zygote.socket_path(tmp_path / "spark")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    other = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
+    other.bind(str(path))
+    other.listen(1)
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        assert not zygote.wait_listening(path, silent, timeout_s=1.0)
+        assert zygote._listener_pid(path) == os.getpid()
+    finally:
+        silent.kill()
+        silent.wait()
+    # A zygote started there replaces the other's socket with its own, and is waited for.
+    proc = zygote.start(path)
+    try:
+        assert zygote.wait_listening(path, proc, timeout_s=60)
+        assert zygote._listener_pid(path) == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+        other.close()
