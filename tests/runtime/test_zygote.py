@@ -7,12 +7,15 @@ stops it the way ``Process.destroy`` does (SIGTERM to the process it started).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket as sockets
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,8 +123,6 @@ def test_without_a_zygote_the_client_is_the_interpreter(tmp_path: Path) -> None:
     out, _ = proc.communicate("x\n", timeout=60)
     assert json.loads(out)["pid"] == proc.pid and proc.returncode == 5
     # A socket file no zygote listens on (a killed node's) is the same.
-    import socket as sockets
-
     socket.parent.mkdir()
     stale = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
     stale.bind(str(socket))
@@ -211,8 +212,6 @@ def test_a_deep_folders_socket_is_the_same_at_every_start(tmp_path: Path) -> Non
 def test_a_probe_of_a_live_zygote_is_no_request(tmp_path: Path) -> None:
     # A sweep connects to tell a live zygote from a dead one's socket, then closes unsent:
     # the zygote serves on, and says nothing of it (it had logged a refused request).
-    import socket as sockets
-
     socket = zygote.socket_path(tmp_path)
     socket.parent.mkdir(mode=0o700)
     log = tmp_path / "zygote.err"
@@ -238,8 +237,6 @@ def test_a_probe_of_a_live_zygote_is_no_request(tmp_path: Path) -> None:
 def test_zygote_folders_no_zygote_uses_are_swept(tmp_path: Path) -> None:
     # The suite's SIGKILLed nodes left a /tmp/fogshift-zygote-* folder each, for good: only a
     # zygote's clean exit removes its folder.
-    import socket as sockets
-
     def folder(name: str, age_s: float = 0.0) -> Path:
         made = tmp_path / f"{zygote.TEMP_PREFIX}{name}"
         made.mkdir(mode=0o700)
@@ -308,13 +305,19 @@ def test_a_session_waits_for_its_zygote_to_listen_and_not_for_one_that_exited(
 def test_a_session_does_not_take_another_live_zygotes_socket_for_its_own(tmp_path: Path) -> None:
     """Another process listening at the path (a second agent on the same folder, say) was
     taken for this zygote at once; the wait is for ``process``'s own socket."""
-    import socket as sockets
-
     path = zygote.socket_path(tmp_path / "spark")
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     other = sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET)
     other.bind(str(path))
-    other.listen(1)
+    other.listen(8)
+
+    def serve() -> None:  # as a live zygote does with probes: accept, read nothing, close
+        with contextlib.suppress(OSError):
+            while True:
+                other.accept()[0].close()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
     silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         assert not zygote.wait_listening(path, silent, timeout_s=1.0)
@@ -330,4 +333,7 @@ def test_a_session_does_not_take_another_live_zygotes_socket_for_its_own(tmp_pat
     finally:
         proc.kill()
         proc.wait()
+        with contextlib.suppress(OSError):
+            other.shutdown(sockets.SHUT_RDWR)  # wakes the accept
         other.close()
+        server.join(10)
