@@ -840,3 +840,25 @@ def test_a_scale_waits_for_the_rounds_holding_its_pes_one_budget_in_all(
     assert first is not None and first <= 5.0
     for before, after in zip(budgets, later, strict=False):
         assert before is not None and after is not None and after <= before - 0.05, budgets
+
+
+def test_a_scale_to_the_count_it_has_changes_nothing(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked again (a script's retry, say), a scale to the partitions there are is done at
+    once: nothing placed, restarted, retired or stored in the partitions' input."""
+    from fogshift.broker.keys import Ownership
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(2))
+    before = orch.registry.get_pipeline("p")
+    report = orch.scale("p", "aggregate", 2)
+    assert (report.status, report.before, report.after) == ("moved", 2, 2), report
+    assert (report.added, report.retired, report.consumers, report.moved) == ({}, {}, [], 0)
+    assert report.scale_seq == 0 and report.error is None, report
+    after = orch.registry.get_pipeline("p")
+    assert after is not None and before is not None
+    assert (after.spec, after.placement) == (before.spec, before.placement)
+    changes = [c for a in agents.values() for c in a.calls if c.method != "GET"]
+    assert changes == [], changes
+    assert orch.registry.unfinished_scales() == []
