@@ -105,6 +105,10 @@ class OrchestratorCore:
         #: in a row, when (monotonic) the next try may come, and the epoch and node it
         #: failed at (``Reconciler._reconcile_element``).
         self._restart_backoff: dict[tuple[str, str], tuple[int, float, int, str]] = {}
+        #: Per PE whose restore a dead orchestrator left, restarted by the recovery and
+        #: failed there (no healthy node yet, say): when (monotonic) it is tried again, and
+        #: the pause before that (``Reconciler.restores_owed``).
+        self._restores_owed: dict[tuple[str, str], tuple[float, float]] = {}
         #: Per scale carried on for a dead orchestrator that a node or the broker was away
         #: for: when (monotonic) it may be tried again, and the pause before that
         #: (``Reconciler.recover_scales``).

@@ -76,7 +76,9 @@ class Reconciler(Coordination):
           promotion, whose epoch is above the PE's until then, fences the stream first);
         * any other restore is restarted (what its attempt left on the target is discarded):
           the PE ends up running under a newer epoch — if no node takes it and its own node
-          is alive, it is started again there (see :meth:`restore`).
+          is alive, it is started again there (see :meth:`restore`). A restart that fails
+          is tried again, after a growing pause, while the PE's node is away
+          (:meth:`restores_owed`).
 
         Each decision is logged. An entry whose resolution fails is retried next round.
 
@@ -120,12 +122,51 @@ class Reconciler(Coordination):
             log.warning("recovery: %s", line)
             decisions.append(line)
             if restart:
-                try:
-                    self.restore(op.pipeline, op.element)
-                except FogshiftError as exc:
-                    log.warning("recovery: restarting the restore of %s/%s failed: %s",
-                                op.pipeline, op.element, exc.render())  # fmt: skip
+                self._restart_restore(op.pipeline, op.element)
         return decisions
+
+    def _restart_restore(self, pipeline: str, element_id: str, pause: float = 0.0) -> None:
+        """Restart the restore of ``pipeline/element_id`` a dead orchestrator left; if it
+        fails, owe it (:meth:`restores_owed`), to be tried again after twice ``pause``."""
+        key = (pipeline, element_id)
+        try:
+            self.restore(pipeline, element_id)
+        except MigrationInProgress:
+            self._restores_owed.pop(key, None)  # another operation has the PE now
+        except FogshiftError as exc:
+            pause = min(RESTART_BACKOFF_MAX_S, max(2 * pause, self.config.reconcile_s))
+            self._restores_owed[key] = (time.monotonic() + pause, pause)
+            log.warning("recovery: restarting the restore of %s/%s failed (again in %.0f s "
+                        "while its node is away): %s", pipeline, element_id, pause,
+                        exc.render())  # fmt: skip
+        else:
+            self._restores_owed.pop(key, None)
+
+    def restores_owed(self) -> None:
+        """Restart again each restore a dead orchestrator left whose restart failed
+        (:meth:`_restart_restore`), once its pause is over.
+
+        The journal entry is resolved once the restart is decided, so a restart that failed
+        (no healthy node yet after the whole cluster came back, say) was only logged, and
+        the PE stayed on its dead node unless its recovery is automatic. One is owed no more
+        once its PE is placed on a node heard from (the reconciler starts it there if it
+        does not run), its pipeline no longer runs, or another operation has it."""
+        for key, (due, pause) in list(self._restores_owed.items()):
+            if time.monotonic() < due:
+                continue
+            pipeline, element_id = key
+            record = self.registry.get_pipeline(pipeline)
+            node = None if record is None else record.placement.get(element_id)
+            here = None if node is None else self.registry.node(node)
+            if (
+                record is None
+                or record.status != PipelineState.RUNNING
+                or node is None
+                or (here is not None and self.healthy(here))
+            ):
+                del self._restores_owed[key]
+                continue
+            self._restart_restore(pipeline, element_id, pause)
 
     def recover_pipelines(self) -> list[str]:
         """Finish what an orchestrator that died left of a deploy or a stop.
@@ -426,6 +467,7 @@ class Reconciler(Coordination):
         """
         with self._as_round():
             self.recover_operations()
+            self.restores_owed()
             self.recover_pipelines()
             self.permissions.sync_quietly(self.registry)
             records = self.registry.pipelines()

@@ -217,6 +217,50 @@ def test_a_restore_left_before_its_target_ran_is_restarted(
     assert entry.outcome.startswith("recovered: restarted"), entry
 
 
+def test_a_restore_restart_that_fails_is_owed_until_its_pe_has_a_node_again(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restart of a restore a dead orchestrator left was tried once: if it failed (no
+    healthy node yet), its PE stayed on its dead node, with recovery off for good."""
+    tries: list[tuple[str, str]] = []
+    fails = [True, True, False]
+
+    def restore(pipeline: str, element: str, target: str | None = None) -> None:
+        tries.append((pipeline, element))
+        if fails.pop(0):
+            raise Unavailable("no healthy node to restore p/aggregate on", hint="start one")
+
+    monkeypatch.setattr(orch, "restore", restore)
+    away = {"fog-a"}  # the aggregate's node
+    monkeypatch.setattr(orch, "healthy", lambda node: node.name not in away)
+    op = left_by_dead_orchestrator(orch, "restore", "installing")
+    orch.recover_operations()
+    assert tries == [("p", "aggregate")] and outcome(orch, op).startswith("recovered: restarted")
+
+    def pause_over() -> None:
+        owed = orch._restores_owed
+        owed.update({key: (0.0, pause) for key, (_, pause) in owed.items()})
+
+    orch.reconcile_once()
+    assert len(tries) == 1  # not before its pause
+    (pause,) = [p for _, p in orch._restores_owed.values()]
+    pause_over()
+    orch.reconcile_once()  # fails again: a longer pause
+    assert len(tries) == 2 and orch._restores_owed[("p", "aggregate")][1] == 2 * pause
+    pause_over()
+    orch.reconcile_once()
+    assert len(tries) == 3 and orch._restores_owed == {}  # restored
+    # One whose node is heard from again is owed nothing more (the reconciler starts it
+    # there): no restore.
+    fails.append(True)
+    orch._restart_restore("p", "aggregate")
+    assert len(tries) == 4 and ("p", "aggregate") in orch._restores_owed
+    away.clear()
+    pause_over()
+    orch.reconcile_once()
+    assert len(tries) == 4 and orch._restores_owed == {}
+
+
 def test_a_handover_left_live_on_its_target_with_its_origin_gone_completes_there(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
