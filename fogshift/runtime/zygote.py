@@ -145,8 +145,10 @@ def sweep_stale(temp: Path, keep: Path | None = None) -> int:
     return removed
 
 
-#: What :func:`_listener_pid` answers for a socket nobody listens on.
-_NOBODY = 0
+#: What :func:`_listener_pid` answers for a socket nobody listens on: never a pid (not 0
+#: either, which the kernel gives for a live listener in a PID namespace the asker cannot
+#: see: its socket is not a dead one's).
+_NOBODY = -1
 #: ``struct ucred`` (pid, uid, gid), as ``SO_PEERCRED`` gives it.
 _UCRED = struct.Struct("3i")
 
