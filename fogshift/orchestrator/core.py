@@ -106,9 +106,9 @@ class OrchestratorCore:
         #: failed at (``Reconciler._reconcile_element``).
         self._restart_backoff: dict[tuple[str, str], tuple[int, float, int, str]] = {}
         #: Per PE whose restore a dead orchestrator left, restarted by the recovery and
-        #: failed there (no healthy node yet, say): when (monotonic) it is tried again, and
-        #: the pause before that (``Reconciler.restores_owed``).
-        self._restores_owed: dict[tuple[str, str], tuple[float, float]] = {}
+        #: failed there (no healthy node yet, say): when (monotonic) it is tried again, the
+        #: pause before that, and the node it was stranded on (``Reconciler.restores_owed``).
+        self._restores_owed: dict[tuple[str, str], tuple[float, float, str]] = {}
         #: Per scale carried on for a dead orchestrator that a node or the broker was away
         #: for: when (monotonic) it may be tried again, and the pause before that
         #: (``Reconciler.recover_scales``).

@@ -125,20 +125,35 @@ class Reconciler(Coordination):
                 self._restart_restore(op.pipeline, op.element)
         return decisions
 
-    def _restart_restore(self, pipeline: str, element_id: str, pause: float = 0.0) -> None:
+    def _restart_restore(
+        self, pipeline: str, element_id: str, pause: float = 0.0, stranded: str | None = None
+    ) -> None:
         """Restart the restore of ``pipeline/element_id`` a dead orchestrator left; if it
-        fails, owe it (:meth:`restores_owed`), to be tried again after twice ``pause``."""
+        fails, owe it (:meth:`restores_owed`): tried again after twice ``pause``, or next
+        round if another operation held the PE (a round's hold is brief), as long as the PE
+        stays placed on ``stranded`` (default: where it is placed now)."""
         key = (pipeline, element_id)
         try:
             self.restore(pipeline, element_id)
-        except MigrationInProgress:
-            self._restores_owed.pop(key, None)  # another operation has the PE now
-        except FogshiftError as exc:
+        except Exception as exc:
+            record = self.registry.get_pipeline(pipeline)
+            stranded = stranded or (None if record is None else record.placement.get(element_id))
+            if stranded is None:
+                self._restores_owed.pop(key, None)
+                return
+            if isinstance(exc, MigrationInProgress):
+                self._restores_owed[key] = (time.monotonic(), pause, stranded)
+                return
             pause = min(RESTART_BACKOFF_MAX_S, max(2 * pause, self.config.reconcile_s))
-            self._restores_owed[key] = (time.monotonic() + pause, pause)
-            log.warning("recovery: restarting the restore of %s/%s failed (again in %.0f s "
-                        "while its node is away): %s", pipeline, element_id, pause,
-                        exc.render())  # fmt: skip
+            self._restores_owed[key] = (time.monotonic() + pause, pause, stranded)
+            if isinstance(exc, FogshiftError):
+                log.warning("recovery: restarting the restore of %s/%s failed (again in "
+                            "%.0f s while %s is away): %s", pipeline, element_id, pause,
+                            stranded, exc.render())  # fmt: skip
+            else:
+                log.exception("recovery: restarting the restore of %s/%s failed (again in "
+                              "%.0f s while %s is away)", pipeline, element_id, pause,
+                              stranded)  # fmt: skip
         else:
             self._restores_owed.pop(key, None)
 
@@ -149,9 +164,10 @@ class Reconciler(Coordination):
         The journal entry is resolved once the restart is decided, so a restart that failed
         (no healthy node yet after the whole cluster came back, say) was only logged, and
         the PE stayed on its dead node unless its recovery is automatic. One is owed no more
-        once its PE is placed on a node heard from (the reconciler starts it there if it
-        does not run), its pipeline no longer runs, or another operation has it."""
-        for key, (due, pause) in list(self._restores_owed.items()):
+        once its PE is placed elsewhere (someone restored or moved it), its node is heard
+        from again (the reconciler starts it there if it does not run), its pipeline no
+        longer runs, or its recovery is automatic (the reconciler restores it)."""
+        for key, (due, pause, stranded) in list(self._restores_owed.items()):
             if time.monotonic() < due:
                 continue
             pipeline, element_id = key
@@ -161,12 +177,13 @@ class Reconciler(Coordination):
             if (
                 record is None
                 or record.status != PipelineState.RUNNING
-                or node is None
+                or record.spec.recovery.auto
+                or node != stranded
                 or (here is not None and self.healthy(here))
             ):
                 del self._restores_owed[key]
                 continue
-            self._restart_restore(pipeline, element_id, pause)
+            self._restart_restore(pipeline, element_id, pause, stranded)
 
     def recover_pipelines(self) -> list[str]:
         """Finish what an orchestrator that died left of a deploy or a stop.
@@ -467,7 +484,10 @@ class Reconciler(Coordination):
         """
         with self._as_round():
             self.recover_operations()
-            self.restores_owed()
+            try:
+                self.restores_owed()
+            except Exception:  # (the round goes on: PEs to restore, strays to remove)
+                log.exception("restarting the restores owed failed")
             self.recover_pipelines()
             self.permissions.sync_quietly(self.registry)
             records = self.registry.pipelines()

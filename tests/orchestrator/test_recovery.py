@@ -8,6 +8,7 @@ written as the dead orchestrator would have left them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -217,48 +218,102 @@ def test_a_restore_left_before_its_target_ran_is_restarted(
     assert entry.outcome.startswith("recovered: restarted"), entry
 
 
+@pytest.fixture
+def owed(
+    tmp_path: Path, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Orchestrator, list[BaseException | None], set[str]]]:
+    """An orchestrator running :data:`SPEC` with its recovery not automatic, whose every
+    ``restore`` is answered by the next of ``answers`` (``None``: restored; an exception:
+    raised) and whose nodes in ``away`` are not healthy (fog-a, the aggregate's, at
+    first), with a restore a dead orchestrator left, restarted and failed: owed. Pauses
+    start at 20 s (``reconcile_s``), none passing by itself."""
+    manual = {**SPEC, "recovery": {"auto": False}}
+    with orchestrator_of(tmp_path, agents, manual) as orch:
+        yield _owed(orch, monkeypatch)
+
+
+def _owed(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Orchestrator, list[BaseException | None], set[str]]:
+    answers: list[BaseException | None] = [Unavailable("no healthy node for p/aggregate")]
+    away = {"fog-a"}
+
+    def restore(pipeline: str, element: str, target: str | None = None) -> None:
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    monkeypatch.setattr(orch, "restore", restore)
+    monkeypatch.setattr(orch, "healthy", lambda node: node.name not in away)
+    monkeypatch.setattr(orch, "config", orch.config.model_copy(update={"reconcile_s": 20.0}))
+    op = left_by_dead_orchestrator(orch, "restore", "installing")
+    orch.recover_operations()
+    assert outcome(orch, op).startswith("recovered: restarted") and answers == []
+    return orch, answers, away
+
+
+def _pause_over(orch: Orchestrator) -> float:
+    """End the pause of the aggregate's owed restore; how long it was."""
+    _, pause, stranded = orch._restores_owed[("p", "aggregate")]
+    orch._restores_owed[("p", "aggregate")] = (0.0, pause, stranded)
+    return pause
+
+
 def test_a_restore_restart_that_fails_is_owed_until_its_pe_has_a_node_again(
-    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+    owed: tuple[Orchestrator, list[BaseException | None], set[str]],
 ) -> None:
     """The restart of a restore a dead orchestrator left was tried once: if it failed (no
     healthy node yet), its PE stayed on its dead node, with recovery off for good."""
-    tries: list[tuple[str, str]] = []
-    fails = [True, True, False]
-
-    def restore(pipeline: str, element: str, target: str | None = None) -> None:
-        tries.append((pipeline, element))
-        if fails.pop(0):
-            raise Unavailable("no healthy node to restore p/aggregate on", hint="start one")
-
-    monkeypatch.setattr(orch, "restore", restore)
-    away = {"fog-a"}  # the aggregate's node
-    monkeypatch.setattr(orch, "healthy", lambda node: node.name not in away)
-    op = left_by_dead_orchestrator(orch, "restore", "installing")
-    orch.recover_operations()
-    assert tries == [("p", "aggregate")] and outcome(orch, op).startswith("recovered: restarted")
-
-    def pause_over() -> None:
-        owed = orch._restores_owed
-        owed.update({key: (0.0, pause) for key, (_, pause) in owed.items()})
-
-    orch.reconcile_once()
-    assert len(tries) == 1  # not before its pause
-    (pause,) = [p for _, p in orch._restores_owed.values()]
-    pause_over()
+    orch, answers, away = owed
+    assert orch._restores_owed[("p", "aggregate")][2] == "fog-a"
+    orch.reconcile_once()  # not before its pause (nothing to answer: it would raise)
+    answers.append(Unavailable("still none"))
+    assert _pause_over(orch) == 20.0
     orch.reconcile_once()  # fails again: a longer pause
-    assert len(tries) == 2 and orch._restores_owed[("p", "aggregate")][1] == 2 * pause
-    pause_over()
+    assert answers == [] and _pause_over(orch) == 40.0
+    answers.append(None)
     orch.reconcile_once()
-    assert len(tries) == 3 and orch._restores_owed == {}  # restored
+    assert answers == [] and orch._restores_owed == {}  # restored
     # One whose node is heard from again is owed nothing more (the reconciler starts it
-    # there): no restore.
-    fails.append(True)
+    # there): no restore asked.
+    answers.append(Unavailable("none"))
     orch._restart_restore("p", "aggregate")
-    assert len(tries) == 4 and ("p", "aggregate") in orch._restores_owed
+    assert ("p", "aggregate") in orch._restores_owed
     away.clear()
-    pause_over()
+    _pause_over(orch)
     orch.reconcile_once()
-    assert len(tries) == 4 and orch._restores_owed == {}
+    assert orch._restores_owed == {}
+
+
+def test_an_owed_restore_outlasts_a_busy_pe_and_the_unforeseen_and_ends_once_moved(
+    owed: tuple[Orchestrator, list[BaseException | None], set[str]],
+) -> None:
+    """A round holding the PE for a moment (a standby's follow-up) ended the debt for good,
+    and an error that is not fogshift's would have ended every reconcile round after."""
+    orch, answers, _ = owed
+    pause = _pause_over(orch)
+    answers.append(MigrationInProgress("p/aggregate is held by a standby's follow-up"))
+    orch.reconcile_once()
+    due, again, _ = orch._restores_owed[("p", "aggregate")]
+    assert answers == [] and again == pause and due <= time.monotonic()  # next round, as long
+    answers.append(RuntimeError("something unforeseen"))
+    orch.reconcile_once()  # logged, not raised
+    assert answers == [] and _pause_over(orch) == 2 * pause
+    # Placed elsewhere meanwhile (someone restored it): owed no more, nothing asked.
+    orch.registry.set_placement("p", "aggregate", "fog-c")
+    orch.reconcile_once()
+    assert orch._restores_owed == {}
+
+
+def test_an_owed_restore_is_left_to_an_automatic_recovery(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With its recovery automatic, the reconciler restores the PE once its node is silent
+    long enough: the debt would only restore it twice a round."""
+    orch, _, _ = _owed(orch, monkeypatch)
+    _pause_over(orch)
+    orch.restores_owed()
+    assert orch._restores_owed == {}
 
 
 def test_a_handover_left_live_on_its_target_with_its_origin_gone_completes_there(
