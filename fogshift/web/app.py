@@ -254,40 +254,58 @@ MAX_BODY_BYTES = MAX_SPEC_BYTES + 64 * 1024
 
 class BodyLimit:
     """Refuses a request whose body is larger than ``most`` bytes (``413``), or that has a
-    body of unknown length (``411``), before anything reads it (the server takes at most
-    the declared length)."""
+    body of unknown length (``411``), before anything reads it; and cuts one whose body,
+    as it arrives, comes to more than ``most`` bytes (the app sees the client gone).
+
+    A ``Transfer-Encoding`` is refused even beside a ``Content-Length``: the server (h11)
+    then reads the chunks and ignores the length, so a small declared length let a body of
+    any size through to the login form's spooling (a browser's form never sends one)."""
 
     def __init__(self, app: Any, most: int) -> None:
         self.app, self.most = app, most
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            length = headers.get(b"content-length")
-            chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
-            refusal = None
-            if chunked and length is None:
-                refusal = (
-                    411,
-                    (
-                        "expected: a request body with a Content-Length; received: a chunked "
-                        "body of unknown length (hint: send it whole, as a browser's form does)"
-                    ),
-                )
-            elif length is not None and (not length.isdigit() or int(length) > self.most):
-                refusal = (
-                    413,
-                    (
-                        f"expected: a request body of at most {self.most} bytes; received: "
-                        f"Content-Length {length.decode('latin-1')[:20]} (hint: a spec of at most "
-                        f"{MAX_SPEC_BYTES} bytes)"
-                    ),
-                )
-            if refusal is not None:
-                response = PlainTextResponse(refusal[1], status_code=refusal[0])
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        encoding = headers.get(b"transfer-encoding")
+        refusal = None
+        if encoding is not None:
+            refusal = (
+                411,
+                (
+                    "expected: a request body with a Content-Length and no Transfer-Encoding; "
+                    f"received: Transfer-Encoding {encoding.decode('latin-1')[:20]} (hint: "
+                    "send it whole, as a browser's form does)"
+                ),
+            )
+        elif length is not None and (not length.isdigit() or int(length) > self.most):
+            refusal = (
+                413,
+                (
+                    f"expected: a request body of at most {self.most} bytes; received: "
+                    f"Content-Length {length.decode('latin-1')[:20]} (hint: a spec of at most "
+                    f"{MAX_SPEC_BYTES} bytes)"
+                ),
+            )
+        if refusal is not None:
+            response = PlainTextResponse(refusal[1], status_code=refusal[0])
+            await response(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal seen
+            message: dict[str, Any] = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.most:  # (what the headers said was not so)
+                    return {"type": "http.disconnect"}
+            return message
+
+        await self.app(scope, counted, send)
 
 
 def create_app(orchestrator: Orchestrator, sessions: Sessions, config: DashboardConfig) -> FastAPI:

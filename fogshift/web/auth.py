@@ -1,7 +1,9 @@
 """Login and sessions of the dashboard.
 
 `fogshift dashboard` prints a login URL carrying a one-time token (as Jupyter does): the first
-request with it gets a session cookie and the token is spent. The operator token (the one in
+request with it gets a session cookie and the token is spent; unused, it expires after
+``link_s`` (10 minutes) or at the first login by the operator token, so a link left in a
+log or a terminal's scrollback logs nobody in later. The operator token (the one in
 ``<home>/token``, which the CLI uses) also logs in, through the login form, for a browser that
 lost its cookie. Later requests carry only the cookie: ``HttpOnly`` (no script reads it) and
 ``SameSite=Strict`` (no other site's page sends it); state-changing requests must also come
@@ -36,11 +38,14 @@ class Sessions:
     Args:
         operator_token: The cluster's operator token (also accepted by the login form).
         idle_s: A session unused for this long ends.
+        link_s: The one-time token expires this long after it was made.
     """
 
     operator_token: str
     idle_s: float = 12 * 3600.0
+    link_s: float = 600.0
     login_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    _made: float = field(default_factory=lambda: time.monotonic())
     _spent: bool = False
     _sessions: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -56,19 +61,23 @@ class Sessions:
             The session id to set as the cookie.
 
         Raises:
-            BadLogin: ``token`` is neither, or it is the one-time token spent already.
+            BadLogin: ``token`` is neither, or it is the one-time token spent or expired.
         """
         with self._lock:
-            if not self._spent and same_token(token, self.login_token):
+            if time.monotonic() - self._made > self.link_s:
                 self._spent = True
+            if not self._spent and same_token(token, self.login_token):
+                pass
             elif one_time_only or not same_token(token, self.operator_token):
                 raise BadLogin(
-                    "this login link or token is not valid (a login link works once)",
-                    expected="the link `fogshift dashboard` printed, unused, or the operator "
-                    "token in <home>/token",
+                    "this login link or token is not valid (a login link works once, "
+                    f"within {self.link_s / 60:.0f} minutes)",
+                    expected="the link `fogshift dashboard` printed, unused and recent, or the "
+                    "operator token in <home>/token",
                     hint="paste the token from <home>/token into the form, or start "
                     "`fogshift dashboard` again for a new link",
                 )
+            self._spent = True  # any login spends the link: it is nobody's after that
             session = secrets.token_urlsafe(32)
             self._sessions[session] = time.monotonic()
             return session

@@ -116,7 +116,8 @@ def serve(
             "can read the pages and the session cookie (put TLS in front of it)")  # fmt: skip
     say(f"fogshift dashboard of the cluster under {home}")
     say(f"open: http://{shown}:{bound}/login?token={sessions.login_token}")
-    say("(the link works once; Ctrl-C stops the dashboard)")
+    say(f"(the link works once, within {sessions.link_s / 60:.0f} minutes; Ctrl-C stops the "
+        "dashboard)")  # fmt: skip
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", timeout_keep_alive=SERVER_KEEP_ALIVE_S)
     )

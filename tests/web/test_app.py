@@ -258,6 +258,54 @@ def test_a_large_or_unmeasured_body_is_refused_before_anything_reads_it(web: Tes
     assert small.status_code not in (411, 413)
 
 
+def _through_limit(headers: list[tuple[bytes, bytes]], body: bytes, most: int) -> tuple:
+    """A POST with ``headers`` and ``body`` (in 100-byte messages) through
+    :class:`BodyLimit`: the status answered, and the bytes the app behind it read."""
+    import asyncio
+
+    from fogshift.web.app import BodyLimit
+
+    read: list[bytes] = []
+    sent: list[dict[str, Any]] = []
+    parts = [body[i : i + 100] for i in range(0, len(body), 100)] or [b""]
+    messages = [{"type": "http.request", "body": part, "more_body": n < len(parts) - 1}
+                for n, part in enumerate(parts)]  # fmt: skip
+
+    async def receive() -> dict[str, Any]:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while True:  # reads as a form parser does, until the body ends or the client goes
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            read.append(message["body"])
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    scope = {"type": "http", "method": "POST", "path": "/login", "headers": headers}
+    asyncio.run(BodyLimit(app, most)(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start") if sent else None
+    return status, b"".join(read)
+
+
+def test_a_chunked_body_is_refused_even_with_a_content_length() -> None:
+    """h11 reads a chunked body whatever Content-Length says: a small declared length let
+    a login form's file parts of any size be spooled to disk, with no session."""
+    chunked = [(b"content-length", b"10"), (b"transfer-encoding", b"chunked")]
+    assert _through_limit(chunked, b"x" * 5000, most=1000) == (411, b"")
+    # A body longer than its headers said is cut where it passes the limit.
+    lying = [(b"content-length", b"10")]
+    status, read = _through_limit(lying, b"x" * 5000, most=1000)
+    assert status is None and len(read) <= 1000
+    assert _through_limit(lying, b"x" * 500, most=1000) == (200, b"x" * 500)
+
+
 def test_the_link_logs_in_once_and_the_form_takes_the_operator_token(
     web: TestClient, sessions: Sessions
 ) -> None:

@@ -37,3 +37,24 @@ def test_sessions_end_at_logout_and_when_idle(monkeypatch: pytest.MonkeyPatch) -
     assert sessions.valid(idle)
     clock[0] += 61
     assert not sessions.valid(idle)
+
+
+def test_an_unused_login_link_expires_and_any_login_spends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A link left in a log or a terminal's scrollback logged anyone in for as long as the
+    dashboard ran, if the operator had logged in with the operator token instead."""
+    clock = [1000.0]
+    monkeypatch.setattr("fogshift.web.auth.time.monotonic", lambda: clock[0])
+    late = Sessions(operator_token="t" * 32, link_s=600)
+    clock[0] += 601
+    with pytest.raises(BadLogin, match="within 10 minutes"):
+        late.login(late.login_token)
+    assert late.valid(late.login("t" * 32))  # the operator token still logs in
+    spent = Sessions(operator_token="t" * 32, link_s=600)
+    spent.login("t" * 32)
+    with pytest.raises(BadLogin):
+        spent.login(spent.login_token, one_time_only=True)
+    fresh = Sessions(operator_token="t" * 32, link_s=600)
+    clock[0] += 599
+    assert fresh.valid(fresh.login(fresh.login_token, one_time_only=True))
