@@ -248,8 +248,11 @@ def _finite(value: object) -> bool:
 
 #: The largest request body the dashboard takes: a spec (``MAX_SPEC_BYTES``) and a form
 #: around it. The login form is open to anyone who can reach the dashboard, and a form's
-#: file parts are spooled to disk whatever their size before any handler runs.
-MAX_BODY_BYTES = MAX_SPEC_BYTES + 64 * 1024
+#: file parts are spooled to disk whatever their size before any handler runs. A spec is
+#: posted again from the confirmation's text field, where the browser sends a CR LF for
+#: each line end: up to twice its size (the form is multipart, not URL-encoded, in which
+#: a line end took 6 bytes and a spec of 110 KiB could come to more than the limit).
+MAX_BODY_BYTES = 2 * MAX_SPEC_BYTES + 64 * 1024
 
 
 class BodyLimit:

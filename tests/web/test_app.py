@@ -35,7 +35,7 @@ from fogshift.contracts import (
 )
 from fogshift.exceptions import FogshiftError, InvalidInput, NotFound
 from fogshift.migration.exceptions import MigrationFailed
-from fogshift.web.app import MAX_BODY_BYTES, DashboardConfig, create_app
+from fogshift.web.app import MAX_BODY_BYTES, MAX_SPEC_BYTES, DashboardConfig, create_app
 from fogshift.web.auth import COOKIE, Sessions
 from fogshift.web.history import History, Sampler
 from tests.web.test_graph import element
@@ -483,6 +483,33 @@ def test_deploy_checks_the_spec_before_asking(web: TestClient, sessions: Session
     typo = "pipeline: q\nelements:\n  - {id: s, kind: csv-sourse, node: cloud}\n"
     refused = web.post("/deploy", files={"spec_file": ("q.yaml", typo.encode())})
     assert refused.status_code == 422 and "csv-source" in refused.text  # did you mean
+
+
+def test_a_large_spec_is_confirmed_as_multipart_and_deployed(
+    web: TestClient, sessions: Sessions, stand_in: StandIn, tmp_path: Path
+) -> None:
+    """The confirmation posted the spec's text URL-encoded: a line end took 6 bytes (a
+    browser sends CR LF), and a spec well under its limit came back over the body's (a bare
+    413 instead of the deploy)."""
+    logged_in(web, sessions)
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    spec = (
+        "pipeline: big\nelements:\n"
+        "  - {id: s, kind: csv-source, node: cloud, options: {path: in.csv}}\n"
+        "  - {id: o, kind: csv-sink, node: cloud, inputs: [s], options: {path: out/o.csv}}\n"
+    )
+    spec += "#\n" * ((MAX_SPEC_BYTES - len(spec)) // 2 - 10)  # comments up to the limit
+    asked = web.post("/deploy", files={"spec_file": ("big.yaml", spec.encode())})
+    assert asked.status_code == 200 and "Deploy big?" in asked.text
+    assert 'enctype="multipart/form-data"' in asked.text
+    deployed: list[str] = []
+    stand_in.deploy = lambda body: deployed.append(body["pipeline"]) or {}  # type: ignore[attr-defined]
+    as_sent = {"spec_text": spec.replace("\n", "\r\n"), "confirmed": "true"}  # a browser's
+    urlencoded = web.post("/deploy", data=as_sent)
+    assert urlencoded.status_code == 413  # what the form sent before
+    multipart = web.post("/deploy", files={k: (None, v) for k, v in as_sent.items()},
+                         follow_redirects=False)  # fmt: skip
+    assert multipart.status_code == 303 and deployed == ["big"], multipart.text
 
 
 def test_several_pes_migrate_as_one_operation_after_one_confirmation(
