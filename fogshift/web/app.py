@@ -449,8 +449,11 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             return page(request, "login.html", {"error": err, "poll_error": None},
                         err.http_status)  # fmt: skip
         response = page(request, "welcome.html", {"poll_error": None})
+        # Secure when reached over TLS (a proxy in front that says so: uvicorn takes its
+        # X-Forwarded-Proto from a local one), so the browser never sends it over plain HTTP.
         response.set_cookie(cookie_name(request.url.port), session, httponly=True,
-                            samesite="strict", path="/")  # fmt: skip
+                            samesite="strict", path="/",
+                            secure=request.url.scheme == "https")  # fmt: skip
         return response
 
     @app.post("/logout")

@@ -294,6 +294,22 @@ def _through_limit(headers: list[tuple[bytes, bytes]], body: bytes, most: int) -
     return status, b"".join(read)
 
 
+def test_the_session_cookie_is_secure_when_reached_over_tls(
+    stand_in: StandIn, sessions: Sessions, tmp_path: Path
+) -> None:
+    """Behind a TLS proxy the cookie was still sent by the browser over plain HTTP."""
+    app = create_app(stand_in, sessions, DashboardConfig(tmp_path, interval_s=0.05))  # type: ignore[arg-type]
+    with TestClient(app, base_url="https://127.0.0.1:8765") as client:
+        answer = client.get(f"/login?token={sessions.login_token}", follow_redirects=False)
+        assert answer.status_code == 200 and "Secure" in answer.headers["set-cookie"]
+        plain = client.post("/login", data={"token": TOKEN}, follow_redirects=False,
+                            headers={"origin": "https://127.0.0.1:8765"})  # fmt: skip
+        assert "Secure" in plain.headers["set-cookie"]
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:
+        answer = client.post("/login", data={"token": TOKEN}, follow_redirects=False)
+        assert answer.status_code == 200 and "Secure" not in answer.headers["set-cookie"]
+
+
 def test_a_chunked_body_is_refused_even_with_a_content_length() -> None:
     """h11 reads a chunked body whatever Content-Length says: a small declared length let
     a login form's file parts of any size be spooled to disk, with no session."""
