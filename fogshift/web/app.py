@@ -294,7 +294,11 @@ class BodyLimit:
                 ),
             )
         if refusal is not None:
-            response = PlainTextResponse(refusal[1], status_code=refusal[0])
+            # (Closed after: the server would otherwise read the refused body to its end to
+            # keep the connection, a chunked one without end.)
+            response = PlainTextResponse(
+                refusal[1], status_code=refusal[0], headers={"connection": "close"}
+            )
             await response(scope, receive, send)
             return
         seen = 0

@@ -43,6 +43,13 @@ PROCESSING = ("amplify", "bandpass", "classify")
 def test_the_processing_moves_its_node_dies_and_the_output_equals_the_reference(
     cluster: Cluster, tmp_path: Path, dashboard: str, browser: object
 ) -> None:
+    # Logged in before the demo: the printed link expires after 10 minutes, which a slow
+    # demo run can outlast.
+    context = browser.new_context(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+    login = context.new_page()
+    login.goto(dashboard)
+    expect(login).to_have_url(re.compile(r"/pipelines$"))
+    login.close()
     elements = case2_elements(SOURCE)
     spec = tmp_path / "case2.yaml"
     spec.write_text(yaml.safe_dump(
@@ -125,11 +132,9 @@ def test_the_processing_moves_its_node_dies_and_the_output_equals_the_reference(
     # The dashboard's ECG view, in a real browser: a patient's signal drawn, their alarms
     # listed as the classifier emitted them (the screenshot is the README's).
     sick = next(who for who, _, cls in expected if cls == "abnormal")
-    page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+    page = context.new_page()
     page.set_default_timeout(60_000)
     try:
-        page.goto(dashboard)
-        expect(page).to_have_url(re.compile(r"/pipelines$"))
         page.goto(dashboard.split("/login")[0] + "/pipelines/ecg")
         page.get_by_role("link", name="ECG and alarms of each patient").click()
         page.get_by_role("navigation", name="Patients").get_by_role("link", name=sick).click()
@@ -151,6 +156,7 @@ def test_the_processing_moves_its_node_dies_and_the_output_equals_the_reference(
                    describe="the ECG view as narrow as a phone's screen")  # fmt: skip
     finally:
         page.close()
+        context.close()
     # A group with a PE that does not exist is refused before anything moves.
     elsewhere = next(n for n in ("fog-a", "fog-c") if n != restored["bandpass"])
     refused = cluster.cli("migrate", "ecg", "--elements", "bandpass,nope", "--to", elsewhere,
