@@ -45,7 +45,7 @@ class Sessions:
     idle_s: float = 12 * 3600.0
     link_s: float = 600.0
     login_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
-    _made: float = field(default_factory=lambda: time.monotonic())
+    _made: float = field(default_factory=lambda: time.monotonic())  # (the clock as called)
     _spent: bool = False
     _sessions: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -66,9 +66,8 @@ class Sessions:
         with self._lock:
             if time.monotonic() - self._made > self.link_s:
                 self._spent = True
-            if not self._spent and same_token(token, self.login_token):
-                pass
-            elif one_time_only or not same_token(token, self.operator_token):
+            link = not self._spent and same_token(token, self.login_token)
+            if not link and (one_time_only or not same_token(token, self.operator_token)):
                 raise BadLogin(
                     "this login link or token is not valid (a login link works once, "
                     f"within {self.link_s / 60:.0f} minutes)",
