@@ -401,7 +401,9 @@ __all__ = ["BrokerAddress", "Cluster", "fogshift", "group_alive", "pgids_of"]
 
 @pytest.fixture()
 def dashboard(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
-    """A `fogshift dashboard` process for the cluster; its one-time login URL."""
+    """A `fogshift dashboard` process for the cluster (its spec folder ``tmp_path/work``);
+    its one-time login URL."""
+    (tmp_path / "work").mkdir(exist_ok=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", "fogshift.cli.main", "dashboard", "--home", str(cluster.home),
          "--port", "0", "--spec-dir", str(tmp_path / "work")],

@@ -363,7 +363,10 @@ def require_absolute_paths(spec: PipelineSpec) -> None:
 
 
 def validate_spec(
-    spec: PipelineSpec, nodes: Iterable[str] | None = None, check_files: bool = False
+    spec: PipelineSpec,
+    nodes: Iterable[str] | None = None,
+    check_files: bool = False,
+    base_dir: Path | None = None,
 ) -> None:
     """Check the spec as a graph, and optionally its nodes and files.
 
@@ -371,6 +374,8 @@ def validate_spec(
         spec: A spec whose fields already validated.
         nodes: The known node names; ``None`` skips the node check.
         check_files: Also check that input files exist.
+        base_dir: The folder the spec's relative paths were resolved against (the spec
+            file's, a dashboard's ``--spec-dir``), named in a missing file's hint.
 
     Raises:
         InvalidSpec: Unknown node, duplicate id, bad input, a cycle, a missing file.
@@ -459,7 +464,8 @@ def validate_spec(
                         + ("is not a file" if there else "does not exist"),
                         expected="an existing file" if wanted else "an existing path",
                         received="a directory or special file" if there else "no such file",
-                        hint="relative paths are relative to the spec file",
+                        hint="relative paths are relative to "
+                        + ("the spec file" if base_dir is None else f"{base_dir}/"),
                     )
             _check_output_path(element)
     _check_partitions(spec)
@@ -777,5 +783,5 @@ def load_spec_text(
             hint="a spec is a mapping of elements with their options; check the brackets",
         ) from None
     spec = parse_spec(data, base_dir)
-    validate_spec(spec, nodes, check_files=True)
+    validate_spec(spec, nodes, check_files=True, base_dir=base_dir)
     return spec

@@ -228,12 +228,17 @@ class DashboardConfig:
             its own name to this machine — DNS rebinding — is refused), in
             :func:`canonical_host` form; :data:`ANY_ADDRESS` takes any IP address (a browser
             sends one only when it was given one: no other site's name is behind it).
+        named_hosts: The DNS names the user said the dashboard is reached by
+            (``--allow-host``), in :func:`canonical_host` form: a post from a page at one of
+            them is the dashboard's own even when a proxy in front of it (TLS) sends another
+            ``Host``. Only names given explicitly: no other site's page is at one of them.
     """
 
     spec_dir: Path
     interval_s: float = 1.0
     window_s: float = 600.0
     allowed_hosts: tuple[str, ...] = LOOPBACK_NAMES
+    named_hosts: tuple[str, ...] = ()
 
 
 def _finite(value: object) -> bool:
@@ -369,8 +374,9 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             return RedirectResponse("/login", status_code=303)
         if request.method not in ("GET", "HEAD"):
             origin = request.headers.get("origin")
-            foreign = origin is not None and urlsplit(origin).netloc != request.headers.get("host")
-            if foreign or request.headers.get("sec-fetch-site") == "cross-site":
+            if foreign_origin(origin, request.headers.get("host"), config.named_hosts) or (
+                request.headers.get("sec-fetch-site") == "cross-site"
+            ):
                 err = CrossSiteRequest(
                     "this request came from another site's page: nothing was done",
                     expected=f"a form of this dashboard ({request.headers.get('host')})",
@@ -923,6 +929,24 @@ def canonical_host(name: str) -> str:
     if address is None:
         return name.lower().removesuffix(".")
     return f"[{address.compressed}]" if address.version == 6 else address.compressed
+
+
+def foreign_origin(origin: str | None, host: str | None, named: tuple[str, ...]) -> bool:
+    """Whether a post's ``Origin`` is another site's: neither the ``host`` it was sent to
+    nor at one of the ``named`` hosts (:attr:`DashboardConfig.named_hosts`); no ``Origin``
+    (an older browser's same-site form) is not."""
+    if origin is None:
+        return False
+    try:
+        parts = urlsplit(origin)
+        name = parts.hostname  # (None for "null": a sandboxed or privacy-hidden page)
+    except ValueError:  # an unparseable authority ("https://[::1"): a 500 before
+        return True
+    if parts.netloc == host:
+        return False
+    return (
+        parts.scheme not in ("http", "https") or name is None or (canonical_host(name) not in named)
+    )
 
 
 def _allowed(name: str, allowed: tuple[str, ...]) -> bool:

@@ -83,6 +83,37 @@ def allowed_hosts(host: str, names: Sequence[str] = ()) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in named if n))
 
 
+def check_spec_dir(spec_dir: Path) -> Path:
+    """``spec_dir``, a folder the relative paths of specs deployed from the browser can be
+    resolved against.
+
+    Raises:
+        InvalidInput: It is not a folder (a typo would refuse every such spec later, each
+            time naming a file missing from a folder that is not there).
+    """
+    if not spec_dir.is_dir():
+        raise InvalidInput(
+            f"--spec-dir {str(spec_dir)!r} is not a folder",
+            expected="an existing folder (the one specs' relative paths start from)",
+            received="a file" if spec_dir.exists() else "nothing at that path",
+            hint="give the folder your specs' input files are in; by default the current one",
+        )
+    return spec_dir
+
+
+def link_host(host: str) -> str:
+    """How the login link names the address ``host``: in brackets if IPv6, and a loopback
+    address for a wildcard one (a browser cannot open ``0.0.0.0``; the dashboard answers on
+    loopback too, and from elsewhere by this machine's address or name)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if address.is_unspecified:
+        return "[::1]" if address.version == 6 else "127.0.0.1"
+    return f"[{address.compressed}]" if address.version == 6 else host
+
+
 def serve(
     home: Path,
     host: str,
@@ -103,19 +134,26 @@ def serve(
             address cannot be bound.
     """
     names = tuple(check_host_name(n) for n in names)
+    check_spec_dir(spec_dir)
     _, token = load_cluster(home)  # refuses a home without a cluster, clearly
     client = orchestrator_client(home)
     sessions = Sessions(operator_token=token)
-    config = DashboardConfig(spec_dir, interval_s, allowed_hosts=allowed_hosts(host, names))
+    config = DashboardConfig(
+        spec_dir, interval_s, allowed_hosts=allowed_hosts(host, names),
+        named_hosts=tuple(canonical_host(n) for n in names),
+    )  # fmt: skip
     app = create_app(Orchestrator(client), sessions, config)
     sock = bind(host, port)
     bound = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
+    shown = link_host(host)
     if not is_loopback(host):
         say(f"warning: serving on {host}, not loopback: plain HTTP, so anyone on that network "
             "can read the pages and the session cookie (put TLS in front of it)")  # fmt: skip
     say(f"fogshift dashboard of the cluster under {home}")
     say(f"open: http://{shown}:{bound}/login?token={sessions.login_token}")
+    if shown in ("127.0.0.1", "[::1]") and not is_loopback(host):  # every address
+        say(f"(listening on {host}: from another machine, the same link with this machine's "
+            "address or a name given with --allow-host in place of the address)")  # fmt: skip
     say(f"(the link works once, within {sessions.link_s / 60:.0f} minutes; Ctrl-C stops the "
         "dashboard)")  # fmt: skip
     server = uvicorn.Server(

@@ -534,7 +534,7 @@ def test_a_wait_that_cannot_be_waited_is_refused_before_anything_starts(
     assert not (tmp_path / "home").exists()
 
 
-def test_a_dashboard_name_that_is_no_dns_name_is_refused_before_anything_starts(
+def test_a_dashboard_name_or_spec_folder_that_is_wrong_is_refused_before_anything_starts(
     tmp_path: Path,
 ) -> None:
     result = real_cli("dashboard", "--home", str(tmp_path), "--host", "0.0.0.0",
@@ -544,6 +544,14 @@ def test_a_dashboard_name_that_is_no_dns_name_is_refused_before_anything_starts(
     assert "is not a host name the dashboard can be reached by" in out
     assert "DNS name" in out and "no scheme, port or *" in out
     assert "Traceback" not in out
+    # A mistyped spec folder was taken, and each spec deployed from the browser was then
+    # refused for a missing file, under a hint that named the spec file.
+    result = real_cli("dashboard", "--home", str(tmp_path), "--spec-dir",
+                      str(tmp_path / "specz"))  # fmt: skip
+    out = flat(result.stdout + result.stderr)
+    assert result.returncode == 2, out
+    assert "is not a folder" in out and "nothing at that path" in out
+    assert "open: " not in out and "Traceback" not in out
 
 
 @pytest.mark.parametrize("command", [["status"], ["down"], ["logs"], ["topology", "show"]])

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from fogshift.spec import InvalidSpec, load_spec, parse_spec, validate_spec
+from fogshift.spec.loader import load_spec_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,6 +103,15 @@ def test_missing_file_is_refused(tmp_path: Path) -> None:
         load_spec(tmp_path / "p.yaml")
     assert "nowhere.csv" in err.value.message
     assert "element 's'" in err.value.message
+    assert err.value.hint == f"relative paths are relative to {tmp_path}/"
+    # An uploaded spec's are relative to the dashboard's --spec-dir, and the hint says so
+    # (it said "the spec file", which an upload has none of).
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    with pytest.raises(InvalidSpec) as err:
+        load_spec_text((tmp_path / "p.yaml").read_text(), specs, what="the uploaded spec")
+    assert str(specs / "nowhere.csv") in err.value.message
+    assert err.value.hint == f"relative paths are relative to {specs}/"
 
 
 def test_a_path_that_cannot_be_the_file_it_names_is_refused(tmp_path: Path) -> None:

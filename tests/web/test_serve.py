@@ -9,10 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fogshift.exceptions import InvalidInput
-from fogshift.web.app import DashboardConfig, create_app
+from fogshift.web.app import DashboardConfig, create_app, foreign_origin
 from fogshift.web.auth import Sessions
-from fogshift.web.serve import allowed_hosts, check_host_name
-from tests.web.test_app import StandIn
+from fogshift.web.serve import allowed_hosts, check_host_name, check_spec_dir, link_host
+from tests.web.test_app import TOKEN, StandIn, logged_in
 
 
 def served(allowed: tuple[str, ...], host: str, tmp_path: Path) -> bool:
@@ -69,3 +69,50 @@ def test_names_that_are_no_dns_names_are_refused(name: str) -> None:
 def test_dns_names_are_taken() -> None:
     for name in ("dash.example.org", "fog-a", "fog-a.lan.", "a1.b2"):
         assert check_host_name(name) == name
+
+
+def test_behind_a_proxy_posts_from_a_page_at_a_given_name_are_taken(tmp_path: Path) -> None:
+    # A TLS proxy in front (nginx's default) sends its own Host, so the browser's Origin
+    # is not the Host: every action post was refused as from another site. A page at a
+    # name given with --allow-host is the dashboard's own; any other site's still is not.
+    names = ("dash.example.org",)
+    config = DashboardConfig(tmp_path, interval_s=3600, allowed_hosts=allowed_hosts(
+        "127.0.0.1", names), named_hosts=names)  # fmt: skip
+    stand_in = StandIn()
+    sessions = Sessions(operator_token=TOKEN)
+    app = create_app(stand_in, sessions, config)  # type: ignore[arg-type]
+    form = {"target": "fog-b", "mode": "literal", "confirmed": "true"}
+    with TestClient(app, base_url="http://127.0.0.1:8765") as web:
+        logged_in(web, sessions)
+        for origin in ("https://evil.example", "https://dash.example.org.evil", "null",
+                       "ftp://dash.example.org", "https://[::1"):  # fmt: skip
+            answer = web.post("/pipelines/p/elements/pick/migrate", data=form,
+                              headers={"origin": origin})  # fmt: skip
+            assert answer.status_code == 403 and stand_in.actions == [], origin
+        answer = web.post("/pipelines/p/elements/pick/migrate", data=form,
+                          headers={"origin": "https://Dash.Example.org"})  # fmt: skip
+        assert answer.status_code == 200 and len(stand_in.actions) == 1, answer.text
+    # Without the name given, such a post is another site's, as before.
+    assert foreign_origin("https://dash.example.org", "127.0.0.1:8765", ())
+    assert not foreign_origin("http://127.0.0.1:8765", "127.0.0.1:8765", ())
+    assert not foreign_origin(None, "127.0.0.1:8765", ())
+
+
+def test_the_spec_folder_must_be_a_folder(tmp_path: Path) -> None:
+    assert check_spec_dir(tmp_path) == tmp_path
+    (tmp_path / "a-file").write_text("x")
+    for path, received in ((tmp_path / "a-file", "a file"),
+                           (tmp_path / "specz", "nothing at that path")):  # fmt: skip
+        with pytest.raises(InvalidInput) as err:
+            check_spec_dir(path)
+        assert "--spec-dir" in err.value.message and err.value.received == received
+        assert err.value.expected and err.value.hint
+
+
+def test_the_login_link_names_an_address_a_browser_can_open() -> None:
+    # On every address, the link was to http://0.0.0.0:PORT/..., which no browser opens.
+    assert link_host("0.0.0.0") == "127.0.0.1"
+    assert link_host("::") == link_host("0:0::0") == "[::1]"
+    assert link_host("::1") == "[::1]"
+    assert link_host("192.168.7.5") == "192.168.7.5"
+    assert link_host("localhost") == "localhost"
