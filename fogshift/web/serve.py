@@ -91,14 +91,18 @@ def check_spec_dir(spec_dir: Path) -> Path:
         InvalidInput: It is not a folder (a typo would refuse every such spec later, each
             time naming a file missing from a folder that is not there).
     """
-    if not spec_dir.is_dir():
-        raise InvalidInput(
-            f"--spec-dir {str(spec_dir)!r} is not a folder",
-            expected="an existing folder (the one specs' relative paths start from)",
-            received="a file" if spec_dir.exists() else "nothing at that path",
-            hint="give the folder your specs' input files are in; by default the current one",
-        )
-    return spec_dir
+    try:
+        if spec_dir.is_dir():
+            return spec_dir
+        received = "a file" if spec_dir.exists() else "nothing at that path"
+    except OSError as exc:  # a name too long, a folder that may not be looked into
+        received = exc.strerror or str(exc)
+    raise InvalidInput(
+        f"--spec-dir {str(spec_dir)!r} is not a folder",
+        expected="an existing folder (the one specs' relative paths start from)",
+        received=received,
+        hint="give the folder your specs' input files are in; by default the current one",
+    )
 
 
 def link_host(host: str) -> str:

@@ -102,7 +102,8 @@ def test_the_spec_folder_must_be_a_folder(tmp_path: Path) -> None:
     assert check_spec_dir(tmp_path) == tmp_path
     (tmp_path / "a-file").write_text("x")
     for path, received in ((tmp_path / "a-file", "a file"),
-                           (tmp_path / "specz", "nothing at that path")):  # fmt: skip
+                           (tmp_path / "specz", "nothing at that path"),
+                           (tmp_path / ("x" * 300), "File name too long")):  # fmt: skip
         with pytest.raises(InvalidInput) as err:
             check_spec_dir(path)
         assert "--spec-dir" in err.value.message and err.value.received == received
