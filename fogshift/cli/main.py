@@ -28,6 +28,7 @@ from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
 from fogshift.cli.topology import topology_app
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
+from fogshift.common.locks import AGENT_LOCK, ORCHESTRATOR_LOCK, claim
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.settings import check_environment, check_value
 from fogshift.common.text import one_line
@@ -1302,6 +1303,12 @@ def serve_agent(
     )
     config.home.mkdir(parents=True, exist_ok=True)
     _log_setup()
+    claim(
+        config.home / AGENT_LOCK,
+        f"node agent {name!r} under {str(config.home)!r}",
+        hint="one agent per node folder: stop the other (`fogshift down`), or start this one "
+        "under another --home",
+    )  # (a second agent would run the node's PEs again into the same checkpoints)
     _serve(create_app(config), config.host, port)
 
 
@@ -1348,6 +1355,11 @@ def serve_orchestrator(
         ),
     )
     _log_setup()
+    claim(
+        config.home / ORCHESTRATOR_LOCK,
+        f"an orchestrator of the cluster under {str(config.home)!r}",
+        hint="one orchestrator per cluster home: `fogshift up` starts it only if it is gone",
+    )  # (a second one would write the same registry: two PEs given one epoch)
     _serve(create_app(config), config.host, port)
 
 

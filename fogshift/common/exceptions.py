@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailable
 
 
 class NoAnswer(Unavailable):
@@ -21,6 +21,14 @@ class PathEscape(InvalidInput):
     """A path that, once resolved (``..``, symbolic links), lies outside its intended root."""
 
     code = "path_escape"
+
+
+class AlreadyRunning(Conflict):
+    """A process that must be the only one of its kind on a folder (an orchestrator on a
+    cluster home, an agent on its node's folder, an `up` or `down` of a cluster) found
+    another holding it (:mod:`fogshift.common.locks`)."""
+
+    code = "already_running"
 
 
 class Forbidden(FogshiftError):

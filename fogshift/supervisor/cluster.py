@@ -35,6 +35,7 @@ from fogshift.broker.server import free_port, start_nats_server
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.files import PRIVATE_MODE, write_atomic, write_private
 from fogshift.common.http import ServiceClient, is_loopback, node_token
+from fogshift.common.locks import CLUSTER_LOCK, exclusive
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.processes import foreign, group_alive, leads, started_at
 from fogshift.common.waiting import wait_until
@@ -473,6 +474,7 @@ def up(
 
     Raises:
         AlreadyUp: A cluster already runs whole under ``home``.
+        AlreadyRunning: Another `up` or `down` of ``home`` runs.
         InvalidInput: A bad node name, or ``links`` without ``isolate``.
         IsolationUnsupported: ``isolate`` here is impossible (not root, no ``ip``/``tc``).
         Unavailable: Something did not become healthy within ``timeout_s``; what was started
@@ -533,6 +535,40 @@ def up(
     fog_text = FogTopology.read_text(topology) if topology is not None else None
     if isolate:
         require_support(need_tc=any(p.bandwidth for p in profiles.values()))
+    home.mkdir(parents=True, exist_ok=True)
+    with exclusive(
+        home / CLUSTER_LOCK,
+        f"a fogshift up or down of {str(home)!r}",
+        hint="wait for the other `fogshift up` or `down` of this home to end, or use another "
+        "--home",
+    ):
+        return _up_claimed(
+            home, nodes, host, nats_url, nats_user, nats_password, spark_master, timeout_s,
+            say, checkpoint_interval_s, central_interval_s, duplicate_window_s, trigger_ms,
+            isolate, profiles, fog_text, plan_interval_s,
+        )  # fmt: skip
+
+
+def _up_claimed(
+    home: Path,
+    nodes: list[str],
+    host: str,
+    nats_url: str | None,
+    nats_user: str | None,
+    nats_password: str | None,
+    spark_master: str | None,
+    timeout_s: float,
+    say: Callable[[str], None],
+    checkpoint_interval_s: float | None,
+    central_interval_s: float | None,
+    duplicate_window_s: float | None,
+    trigger_ms: int | None,
+    isolate: bool,
+    profiles: dict[str, LinkProfile],
+    fog_text: str | None,
+    plan_interval_s: float | None,
+) -> ClusterFile:
+    """:func:`up`'s work once its arguments are checked and it holds the home's claim."""
     stale_network = False
     if cluster_file(home).exists():
         cluster, _ = load_cluster(home)
@@ -969,7 +1005,20 @@ def down(home: Path, grace_s: float = 15) -> list[str]:
     Raises:
         NetworkCommandFailed: A namespace or veth could not be removed (everything else was
             stopped; the next ``up`` of this home removes the leftovers).
+        NotUp: No cluster was started under ``home``.
+        AlreadyRunning: Another `up` or `down` of ``home`` runs.
     """
+    load_cluster(home)  # a home without a cluster is refused, and nothing made in it
+    with exclusive(
+        home / CLUSTER_LOCK,
+        f"a fogshift up or down of {str(home)!r}",
+        hint="wait for the other `fogshift up` or `down` of this home to end",
+    ):
+        return _down_claimed(home, grace_s)
+
+
+def _down_claimed(home: Path, grace_s: float) -> list[str]:
+    """:func:`down`'s work once it holds the home's claim."""
     cluster, _ = load_cluster(home)
     # The orchestrator first: it must not take stopping nodes for lost ones and restore them.
     tiers: list[dict[str, ProcessInfo]] = [

@@ -7,6 +7,8 @@ from __future__ import annotations
 import http.client
 import json
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -14,7 +16,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import Cluster
+from fogshift.broker.server import free_port
+from fogshift.common.processes import leads
+from fogshift.supervisor.cluster import node_broker_file, node_token_file
+from tests.conftest import ROOT, Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -88,3 +93,34 @@ def test_dot_dot_names_read_and_delete_nothing_on_a_real_agent(cluster: Cluster)
     while time.monotonic() < deadline and not cluster.node("cloud")["healthy"]:
         time.sleep(0.5)
     assert cluster.node("cloud")["healthy"]
+
+
+def test_a_second_agent_or_orchestrator_of_a_running_cluster_refuses_to_start(
+    cluster: Cluster,
+) -> None:
+    # Started by hand (or by an `up` that took the first for dead), a second agent of a
+    # node ran its PEs again into the same checkpoint folder, and a second orchestrator
+    # wrote the same registry (two PEs given one epoch).
+    home = cluster.home
+    data = json.loads((home / "cluster.json").read_text())
+    second = {
+        "agent": ["serve-agent", "--name", "cloud", "--home", str(home / "nodes" / "cloud"),
+                  "--orchestrator", data["orchestrator"]["url"],
+                  "--token-file", str(node_token_file(home, "cloud")),
+                  "--broker-file", str(node_broker_file(home, "cloud"))],
+        "orchestrator": ["serve-orchestrator", "--home", str(home),
+                         "--token-file", str(home / "token"),
+                         "--broker-file", str(home / "broker.json")],
+    }  # fmt: skip
+    for what, args in second.items():
+        result = subprocess.run(
+            [sys.executable, "-m", "fogshift.cli.main", *args, "--port", str(free_port())],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+        out = " ".join((result.stdout + result.stderr).split())
+        assert result.returncode == 1, (what, out)
+        assert "(already_running)" in out and "another process holds" in out, (what, out)
+        assert "Traceback" not in out, (what, out)
+    # The first ones run on.
+    assert cluster.node("cloud")["healthy"]
+    assert all(leads(s["pid"], s["pgid"]) for s in [data["orchestrator"], data["nodes"]["cloud"]])

@@ -385,6 +385,17 @@ def test_restore_after_sigkill_is_exact(cluster: Cluster, tmp_path: Path) -> Non
     # Longer than the streams' duplicate window (1 s, checked below), with slack for the
     # broker's timer that forgets older message ids: a duplicate would not be dropped.
     time.sleep(1.5)
+    # And input beyond what the killed instance had emitted has arrived (the feeder appends
+    # every 4 s: on a loaded machine the source had published nothing new by the restore).
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    try:
+        wait_until(
+            lambda: client.run(partial(last_seq, stream=stream_name("killed", "source")))
+            > emitted,
+            60, interval_s=0.2, describe="input beyond the killed instance's last output",
+        )  # fmt: skip
+    finally:
+        client.close()
     result = cluster.cli("restore", "killed", "aggregate", "--to", "fog-b", "--json")
     report = json.loads(result.stdout)
     assert report["status"] == "restored" and report["epoch"] == 2, report

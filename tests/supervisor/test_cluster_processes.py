@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from fogshift.common.exceptions import AlreadyRunning
+from fogshift.common.locks import CLUSTER_LOCK
 from fogshift.common.processes import alive
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor import cluster as cluster_ops
 from fogshift.supervisor.cluster import ClusterFile, ProcessInfo, save_cluster, token_file
+from tests.common.test_locks import holder
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -127,3 +130,32 @@ def test_a_process_is_still_itself_after_the_wall_clock_is_stepped(
 
     monkeypatch.setattr(linux, "boot_time", lambda: booted + 1.0)
     assert ours.runs() and not ours.foreign()
+
+
+def test_up_and_down_beside_another_of_the_same_home_are_refused_and_change_nothing(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An `up` beside another wrote new tokens under the running cluster and started a
+    # second broker on its store.
+    def start_nats_server(*args: object, **kwargs: object) -> None:
+        raise AssertionError("started something")
+
+    monkeypatch.setattr(cluster_ops, "start_nats_server", start_nats_server)
+    # A cluster whose orchestrator died and whose broker runs: an `up` would stop the broker
+    # and start everything anew, a `down` would stop the broker.
+    write_cluster(tmp_path, gone_process(), broker=ProcessInfo.of(sleeper.pid))
+    other = holder(tmp_path / CLUSTER_LOCK)  # another `up` or `down` of this home, running
+    try:
+        with pytest.raises(AlreadyRunning) as err:
+            cluster_ops.up(tmp_path, ["fog-a", "fog-b"])
+        assert f"a fogshift up or down of {str(tmp_path)!r}" in err.value.message
+        with pytest.raises(AlreadyRunning):
+            cluster_ops.down(tmp_path, grace_s=1)
+    finally:
+        other.kill()
+        other.wait()
+    assert token_file(tmp_path).read_text() == "secret\n"
+    assert cluster_ops.cluster_file(tmp_path).exists()
+    assert sleeper.poll() is None, "the broker was stopped while another held its home"
+    cluster_ops.down(tmp_path, grace_s=1)  # once the other has ended
+    sleeper.wait(timeout=10)
