@@ -31,7 +31,7 @@ from fogshift.common.names import (
     SHA256_RE,
     SNAPSHOT_RE,
 )
-from fogshift.common.validation import expected_of
+from fogshift.common.validation import expected_of, refusal_of
 from fogshift.contracts import ErrorBody, FileChunks
 from fogshift.exceptions import FogshiftError, InvalidInput, NotFound, Unauthorized
 
@@ -302,13 +302,16 @@ def install_error_handlers(
                 else "names are letters, digits, '_' and '-'; a path may not leave its folder",
             )
         else:
+            # One of fogshift's own checks says what it expected, received and suggests.
+            refusal = refusal_of(errors[0]) if errors else None
             err = InvalidInput(
                 message,
                 expected=(expected_of(errors[0]) if errors else None)
                 or str(first.get("msg", ""))
                 or None,
-                received=received,
-                hint="the schema (GET /openapi.json, or /docs) gives every parameter and body",
+                received=(refusal and refusal.received) or received,
+                hint=(refusal and refusal.hint)
+                or "the schema (GET /openapi.json, or /docs) gives every parameter and body",
             )
         return JSONResponse(err.to_dict(), status_code=err.http_status)
 

@@ -37,6 +37,31 @@ _EXPECTED = {
 }
 
 
+class Refusal(ValueError):
+    """A value one of fogshift's own validators refuses, with what was expected, what was
+    received and a hint. Raised in a pydantic validator it reaches the refusal whole:
+    pydantic keeps it as its error's ``ctx["error"]`` (:func:`refusal_of`), where a plain
+    ``ValueError`` left the refusal to show the whole object checked as received and a
+    generic hint."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        expected: str | None = None,
+        received: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.expected, self.received, self.hint = expected, received, hint
+
+
+def refusal_of(error: ErrorDetails) -> Refusal | None:
+    """The :class:`Refusal` behind pydantic's ``error``, if one is."""
+    found = (error.get("ctx") or {}).get("error")
+    return found if isinstance(found, Refusal) else None
+
+
 def message_of(error: ErrorDetails) -> str:
     """``error``'s message, a name pattern said in words (not its regular expression)."""
     pattern = str((error.get("ctx") or {}).get("pattern"))
@@ -50,6 +75,9 @@ def message_of(error: ErrorDetails) -> str:
 def expected_of(error: ErrorDetails) -> str | None:
     """What ``error``'s field expects, in words (a name pattern as names are described,
     not its regular expression); ``None`` if that is not known."""
+    refusal = refusal_of(error)
+    if refusal is not None:
+        return refusal.expected
     context = dict(error.get("ctx") or {})
     if error["type"] == "string_pattern_mismatch":
         return EXPECTED.get(str(context.get("pattern")))

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from fogshift.common.names import CLASS_RE
+from fogshift.common.validation import Refusal
 from fogshift.spec.expressions import check_expression
 
 #: What an element does with events: produce them, transform them, or write them out.
@@ -229,9 +230,12 @@ class EcgSourceOptions(KindOptions):
     @model_validator(mode="after")
     def _one_window_at_least(self) -> Self:
         if self.window_s > self.duration_s:
-            raise ValueError(
+            raise Refusal(
                 f"window_s ({self.window_s:g}) is longer than duration_s "
-                f"({self.duration_s:g}): no window would be sent"
+                f"({self.duration_s:g}): no window would be sent",
+                expected="window_s at most duration_s",
+                received=f"window_s: {self.window_s:g}, duration_s: {self.duration_s:g}",
+                hint="shorten window_s or lengthen duration_s",
             )
         return self
 
@@ -267,9 +271,12 @@ class BandpassOptions(KindOptions):
     @model_validator(mode="after")
     def _a_band(self) -> Self:
         if self.low_hz >= self.high_hz:
-            raise ValueError(
+            raise Refusal(
                 f"low_hz ({self.low_hz:g}) is not below high_hz ({self.high_hz:g}): no band "
-                "passes (every window would be a dead letter)"
+                "passes (every window would be a dead letter)",
+                expected="low_hz below high_hz",
+                received=f"low_hz: {self.low_hz:g}, high_hz: {self.high_hz:g}",
+                hint="swap them, or widen the band (e.g. low_hz: 0.5, high_hz: 40)",
             )
         return self
 

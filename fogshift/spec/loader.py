@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from fogshift.common.validation import expected_of, message_of
+from fogshift.common.validation import expected_of, message_of, refusal_of
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.models import (
@@ -104,7 +104,8 @@ def _pydantic_error(
     """One refusal for every error pydantic found in ``data`` (validated as ``model``), with
     a "did you mean" for each misspelt key and the keys that would have been valid."""
     lines = [f"{_where(tuple(e['loc']), data)}: {message_of(e)}" for e in errors]
-    received = repr(errors[0].get("input"))[:200]
+    refusal = refusal_of(errors[0])
+    received = (refusal and refusal.received) or repr(errors[0].get("input"))[:200]
     unknown, known = _unknown_keys(errors, model)
     guesses = [(key, guess) for key, guess in unknown if guess is not None]
     if unknown:
@@ -116,7 +117,7 @@ def _pydantic_error(
     elif guesses:
         hint = "did you mean " + ", ".join(f"{g!r} for {k!r}" for k, g in guesses) + "?"
     else:
-        hint = "see the spec example in the README"
+        hint = (refusal and refusal.hint) or "see the spec example in the README"
     if known:
         hint += " (known keys there: " + ", ".join(known) + ")"
     return InvalidSpec(

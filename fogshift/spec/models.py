@@ -26,6 +26,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from fogshift.common.names import KEY_FIELD_RE, NAME_RE
+from fogshift.common.validation import Refusal
 from fogshift.events import DEFAULT_EVENT_TIMEOUT_S, MAX_EVENT_TIMEOUT_S, MIN_EVENT_TIMEOUT_S
 from fogshift.spec.kinds import (
     AmplifyOptions,
@@ -219,9 +220,12 @@ class ElementSpec(BaseModel):
             # (Not a list of nodes, say a count: its own error says so, not a placeholder's.)
             first = nodes[0] if isinstance(nodes, (list, tuple)) and nodes else "unplaced"
             if data.get("node", first) != first:
-                raise ValueError(
-                    "a partitioned element is placed by `partitions` (one node per partition): "
-                    f"remove node: {data['node']}"
+                raise Refusal(
+                    "a partitioned element is placed by `partitions` (one node per partition), "
+                    "not by `node`",
+                    expected="`partitions` alone (or `node` the same as its first node)",
+                    received=f"node: {data['node']} beside partitions: {nodes}",
+                    hint=f"remove node: {data['node']}",
                 )
             # Its partitions take their nodes from the list; node is only a placeholder.
             data = {**data, "node": first}
@@ -232,10 +236,12 @@ class ElementSpec(BaseModel):
     @model_validator(mode="after")
     def _timed_only_if_processing(self) -> Self:
         if self.event_timeout_s is not None and self.role != "processor":
-            raise ValueError(
+            raise Refusal(
                 f"event_timeout_s bounds a processor's process() for one event; a {self.kind!r} "
-                f"element ({self.role}) runs none: remove event_timeout_s: "
-                f"{self.event_timeout_s:g}"
+                f"element ({self.role}) runs none",
+                expected="event_timeout_s on a processor only",
+                received=f"event_timeout_s: {self.event_timeout_s:g} on a {self.role}",
+                hint="remove event_timeout_s",
             )
         return self
 
@@ -243,24 +249,38 @@ class ElementSpec(BaseModel):
     def _keyed_only_if_stateful(self) -> Self:
         if self.key_by is not None and not self.keyable:
             keyable = ", ".join(k for k, c in KINDS.items() if c.keyable)
-            raise ValueError(
-                f"key_by is for processors that hold state ({keyable}); a {self.kind!r} "
-                f"element has no state to key: remove key_by: {self.key_by}"
+            raise Refusal(
+                f"key_by is for processors that hold state; a {self.kind!r} element has no "
+                "state to key",
+                expected=f"key_by on a processor with state ({keyable})",
+                received=f"key_by: {self.key_by} on a {self.kind!r} element",
+                hint="remove key_by",
             )
         if self.key_by is None and self.needs_key:
-            raise ValueError(
-                f"a {self.kind!r} element keeps its state per patient: add key_by: patient "
-                "(the field naming whose signal an event carries)"
+            raise Refusal(
+                f"a {self.kind!r} element keeps its state per patient, and this one names no key",
+                expected="key_by: patient (the field naming whose signal an event carries)",
+                received="no key_by",
+                hint="add key_by: patient",
             )
         if self.key_by is not None and self.key_by.startswith(RESERVED_FIELD_PREFIX):
-            raise ValueError(
+            raise Refusal(
                 f"key_by {self.key_by!r}: fields named {RESERVED_FIELD_PREFIX}... are "
-                "fogshift's own (a key move's record carries one): key by another field"
+                "fogshift's own (a key move's record carries one)",
+                expected=f"a field whose name does not start with {RESERVED_FIELD_PREFIX}",
+                received=f"key_by: {self.key_by}",
+                hint="key by another field",
             )
         if (self.partitions is not None or self.partition is not None) and self.key_by is None:
-            raise ValueError(
-                "partitions split a keyed PE's keys between instances: add key_by: FIELD "
-                "(the field whose value keys the state) or place it on one node"
+            raise Refusal(
+                "partitions split a keyed PE's keys between instances, and this one names no key",
+                expected="key_by: FIELD (the field whose value keys the state) beside partitions",
+                received=(
+                    f"partitions: {list(self.partitions)} without key_by"
+                    if self.partitions is not None
+                    else "a partition without key_by"
+                ),
+                hint="add key_by: FIELD, or place it on one node (node: NAME, no partitions)",
             )
         for group in self.merged:
             runs = [n for n, i in enumerate(self.inputs) if i in group]
@@ -269,14 +289,21 @@ class ElementSpec(BaseModel):
                 or len(runs) != len(group)
                 or runs != list(range(runs[0], runs[0] + len(runs)))
             ):
-                raise ValueError(
-                    f"merged inputs {list(group)} must be two or more of the inputs, next to "
-                    f"each other in {list(self.inputs)}"
+                raise Refusal(
+                    f"merged inputs {list(group)} are not two or more of the inputs next to "
+                    "each other",
+                    expected="two or more adjacent inputs per merged group",
+                    received=f"merged: {list(group)}; inputs: {list(self.inputs)}",
+                    hint="merged is written for `partitions`: name the partitioned element as "
+                    "the input instead",
                 )
         if self.partition is not None and self.partition.index >= self.partition.count:
-            raise ValueError(
+            raise Refusal(
                 f"partition {self.partition.index} of {self.partition.of!r} is beyond its "
-                f"{self.partition.count} partitions"
+                f"{self.partition.count} partitions",
+                expected=f"an index below {self.partition.count}",
+                received=f"index {self.partition.index}",
+                hint="a partition is written by `partitions`, not by hand",
             )
         return self
 
@@ -470,10 +497,13 @@ def _check_merged(elements: list[ElementSpec]) -> None:
         for group in element.merged:
             sources = {of.get(i) for i in group if i in ids}
             if len(sources) > 1 or None in sources:
-                raise ValueError(
+                raise Refusal(
                     f"element {element.id!r}: merged inputs {list(group)} are not the "
-                    "partitions of one element (merged is written for `partitions`, not by "
-                    "hand: name the partitioned element as the input)"
+                    "partitions of one element",
+                    expected="the partitions of one partitioned element",
+                    received=f"merged: {list(group)}",
+                    hint="merged is written for `partitions`, not by hand: name the "
+                    "partitioned element as the input",
                 )
         grouped = {i for group in element.merged for i in group}
         read: dict[str, list[str]] = {}
@@ -482,10 +512,12 @@ def _check_merged(elements: list[ElementSpec]) -> None:
                 read.setdefault(of[i], []).append(i)
         for source, parts in read.items():
             if len(parts) > 1:
-                raise ValueError(
+                raise Refusal(
                     f"element {element.id!r} reads partitions {parts} of {source!r} one by one "
-                    f"(a moved key's records would reach it out of order): name {source!r} "
-                    "as its input instead"
+                    "(a moved key's records would reach it out of order)",
+                    expected=f"{source!r} as one input (its partitions read together)",
+                    received=f"inputs: {list(element.inputs)}",
+                    hint=f"name {source!r} as its input instead",
                 )
 
 
@@ -514,9 +546,12 @@ class PipelineSpec(BaseModel):
             count = len(element.partitions)
             ids = [partition_id(element.id, i) for i in range(count)]
             if len(ids[-1]) > 63:
-                raise ValueError(
+                raise Refusal(
                     f"element {element.id!r}: its partitions' ids ({ids[-1]!r}) would be "
-                    "longer than 63 characters: shorten the id"
+                    "longer than 63 characters",
+                    expected="an id that leaves room for its partitions' suffix (-pN)",
+                    received=f"{len(element.id)} characters, {count} partitions",
+                    hint="shorten the id",
                 )
             parts[element.id] = ids
             elements.extend(

@@ -153,7 +153,12 @@ def test_event_timeout_s_bounds_a_processors_events_only() -> None:
         with pytest.raises(InvalidSpec) as err:
             parse_spec(bad)
         assert f"a {kind!r} element" in str(err.value) and "runs none" in str(err.value)
-        assert "remove event_timeout_s: 5" in str(err.value)
+        # What was expected, received and what to do, each in its place (the received was
+        # the whole element, the hint the README's example).
+        role = kind.split("-")[1]
+        assert err.value.expected == "event_timeout_s on a processor only"
+        assert err.value.received == f"event_timeout_s: 5 on a {role}"
+        assert err.value.hint == "remove event_timeout_s"
     # (true passed for 1 s, and 1e-300 for a timer that fired at once: every event dead.)
     for value in (0, -1, 1e-300, MAX_EVENT_TIMEOUT_S * 2, "soon", True, "30"):
         bad = spec_data()
@@ -167,8 +172,10 @@ def test_the_steps_that_keep_a_patients_state_need_key_by() -> None:
         {"id": "w", "kind": "ecg-source", "node": "n"},
         {"id": "b", "kind": "bandpass", "node": "n", "inputs": ["w"]},
     ]}  # fmt: skip
-    with pytest.raises(InvalidSpec, match="keeps its state per patient: add key_by: patient"):
+    with pytest.raises(InvalidSpec, match="keeps its state per patient") as err:
         parse_spec(data)
+    assert err.value.expected and "key_by: patient" in err.value.expected
+    assert (err.value.received, err.value.hint) == ("no key_by", "add key_by: patient")
     data["elements"][1]["key_by"] = "patient"
     assert parse_spec(data).element("b").options["high_hz"] == 40.0
 
