@@ -1253,13 +1253,15 @@ def dashboard(
     ] = None,
 ) -> None:
     """Serve the web dashboard of the cluster; prints a one-time login URL."""
-    from fogshift.web.serve import serve
+    from fogshift.web.serve import check_spec_dir, serve
 
     def say(line: str) -> None:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()  # the login URL must reach a pipe (a test, `| tee`) at once
 
-    serve(home.resolve(), host, port, spec_dir.resolve(), say, names=tuple(allow_host or ()))
+    # (Checked before it is resolved: a symlink loop was a traceback there.)
+    spec_dir = check_spec_dir(spec_dir).resolve()
+    serve(home.resolve(), host, port, spec_dir, say, names=tuple(allow_host or ()))
 
 
 @app.command("serve-agent", hidden=True)

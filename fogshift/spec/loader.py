@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import types
 import typing
@@ -466,7 +467,7 @@ def validate_spec(
                         expected="an existing file" if wanted else "an existing path",
                         received="a directory or special file" if there else "no such file",
                         hint="relative paths are relative to "
-                        + ("the spec file" if base_dir is None else f"{base_dir}/"),
+                        + ("the spec file" if base_dir is None else os.path.join(base_dir, "")),
                     )
             _check_output_path(element)
     _check_partitions(spec)

@@ -933,8 +933,8 @@ def canonical_host(name: str) -> str:
 
 def foreign_origin(origin: str | None, host: str | None, named: tuple[str, ...]) -> bool:
     """Whether a post's ``Origin`` is another site's: neither the ``host`` it was sent to
-    nor at one of the ``named`` hosts (:attr:`DashboardConfig.named_hosts`); no ``Origin``
-    (an older browser's same-site form) is not."""
+    nor ``https://`` one of the ``named`` hosts (:attr:`DashboardConfig.named_hosts`) on its
+    default port; no ``Origin`` (an older browser's same-site form) is not."""
     if origin is None:
         return False
     try:
@@ -944,8 +944,13 @@ def foreign_origin(origin: str | None, host: str | None, named: tuple[str, ...])
         return True
     if parts.netloc == host:
         return False
-    return (
-        parts.scheme not in ("http", "https") or name is None or (canonical_host(name) not in named)
+    # A named host's page only over TLS on its default port (a proxy in front, as the
+    # README asks): another port of that host, or plain HTTP, may be another service's.
+    return not (
+        parts.scheme == "https"
+        and parts.port in (None, 443)
+        and name is not None
+        and canonical_host(name) in named
     )
 
 

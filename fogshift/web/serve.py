@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -83,6 +85,22 @@ def allowed_hosts(host: str, names: Sequence[str] = ()) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in named if n))
 
 
+def named_hosts(names: Sequence[str]) -> tuple[str, ...]:
+    """Of the DNS names given with ``--allow-host``, those whose pages' posts are taken as
+    the dashboard's own (:attr:`DashboardConfig.named_hosts`): not a loopback name or an
+    address, where any local service's page would be."""
+    named = (canonical_host(n) for n in names)
+    return tuple(n for n in named if n not in LOOPBACK_NAMES and not _is_address(n))
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
 def check_spec_dir(spec_dir: Path) -> Path:
     """``spec_dir``, a folder the relative paths of specs deployed from the browser can be
     resolved against.
@@ -92,10 +110,12 @@ def check_spec_dir(spec_dir: Path) -> Path:
             time naming a file missing from a folder that is not there).
     """
     try:
-        if spec_dir.is_dir():
+        if stat.S_ISDIR(os.stat(spec_dir).st_mode):
             return spec_dir
-        received = "a file" if spec_dir.exists() else "nothing at that path"
-    except OSError as exc:  # a name too long, a folder that may not be looked into
+        received = "a file"
+    except (FileNotFoundError, NotADirectoryError):
+        received = "nothing at that path"
+    except OSError as exc:  # a name too long, a symlink loop, a folder not to be looked into
         received = exc.strerror or str(exc)
     raise InvalidInput(
         f"--spec-dir {str(spec_dir)!r} is not a folder",
@@ -144,7 +164,7 @@ def serve(
     sessions = Sessions(operator_token=token)
     config = DashboardConfig(
         spec_dir, interval_s, allowed_hosts=allowed_hosts(host, names),
-        named_hosts=tuple(canonical_host(n) for n in names),
+        named_hosts=named_hosts(names),
     )  # fmt: skip
     app = create_app(Orchestrator(client), sessions, config)
     sock = bind(host, port)

@@ -11,7 +11,13 @@ from fastapi.testclient import TestClient
 from fogshift.exceptions import InvalidInput
 from fogshift.web.app import DashboardConfig, create_app, foreign_origin
 from fogshift.web.auth import Sessions
-from fogshift.web.serve import allowed_hosts, check_host_name, check_spec_dir, link_host
+from fogshift.web.serve import (
+    allowed_hosts,
+    check_host_name,
+    check_spec_dir,
+    link_host,
+    named_hosts,
+)
 from tests.web.test_app import TOKEN, StandIn, logged_in
 
 
@@ -77,21 +83,27 @@ def test_behind_a_proxy_posts_from_a_page_at_a_given_name_are_taken(tmp_path: Pa
     # name given with --allow-host is the dashboard's own; any other site's still is not.
     names = ("dash.example.org",)
     config = DashboardConfig(tmp_path, interval_s=3600, allowed_hosts=allowed_hosts(
-        "127.0.0.1", names), named_hosts=names)  # fmt: skip
+        "127.0.0.1", names), named_hosts=named_hosts(names))  # fmt: skip
     stand_in = StandIn()
     sessions = Sessions(operator_token=TOKEN)
     app = create_app(stand_in, sessions, config)  # type: ignore[arg-type]
     form = {"target": "fog-b", "mode": "literal", "confirmed": "true"}
     with TestClient(app, base_url="http://127.0.0.1:8765") as web:
         logged_in(web, sessions)
+        # Another port or plain HTTP of the named host may be another service's page.
         for origin in ("https://evil.example", "https://dash.example.org.evil", "null",
-                       "ftp://dash.example.org", "https://[::1"):  # fmt: skip
+                       "ftp://dash.example.org", "https://[::1", "https://dash.example.org:9999",
+                       "http://dash.example.org", "https://127.0.0.1"):  # fmt: skip
             answer = web.post("/pipelines/p/elements/pick/migrate", data=form,
                               headers={"origin": origin})  # fmt: skip
             assert answer.status_code == 403 and stand_in.actions == [], origin
-        answer = web.post("/pipelines/p/elements/pick/migrate", data=form,
-                          headers={"origin": "https://Dash.Example.org"})  # fmt: skip
-        assert answer.status_code == 200 and len(stand_in.actions) == 1, answer.text
+        for n, origin in enumerate(("https://Dash.Example.org", "https://dash.example.org:443")):
+            answer = web.post("/pipelines/p/elements/pick/migrate", data=form,
+                              headers={"origin": origin})  # fmt: skip
+            assert answer.status_code == 200 and len(stand_in.actions) == n + 1, answer.text
+    # A loopback name or an address given is served, but its pages are any local service's.
+    assert named_hosts(["Dash.Example.org.", "localhost", "127.0.0.1", "::1", "fog.lan"]) == (
+        "dash.example.org", "fog.lan")  # fmt: skip
     # Without the name given, such a post is another site's, as before.
     assert foreign_origin("https://dash.example.org", "127.0.0.1:8765", ())
     assert not foreign_origin("http://127.0.0.1:8765", "127.0.0.1:8765", ())
@@ -101,9 +113,11 @@ def test_behind_a_proxy_posts_from_a_page_at_a_given_name_are_taken(tmp_path: Pa
 def test_the_spec_folder_must_be_a_folder(tmp_path: Path) -> None:
     assert check_spec_dir(tmp_path) == tmp_path
     (tmp_path / "a-file").write_text("x")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     for path, received in ((tmp_path / "a-file", "a file"),
                            (tmp_path / "specz", "nothing at that path"),
-                           (tmp_path / ("x" * 300), "File name too long")):  # fmt: skip
+                           (tmp_path / ("x" * 300), "File name too long"),
+                           (tmp_path / "loop", "Too many levels of symbolic links")):  # fmt: skip
         with pytest.raises(InvalidInput) as err:
             check_spec_dir(path)
         assert "--spec-dir" in err.value.message and err.value.received == received
