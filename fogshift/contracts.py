@@ -575,6 +575,8 @@ class GroupMigrationReport(BaseModel):
         undone: The moves back of the PEs that had reached the target, latest first.
         error: Why the operation did not complete.
         placement: Where each PE runs afterwards.
+        already_there: PEs of ``elements`` that ran on the target already and were not
+            moved (the same group asked again after it was cut short finishes it).
     """
 
     model_config = _WIRE
@@ -588,6 +590,7 @@ class GroupMigrationReport(BaseModel):
     undone: list[MigrationReport] = []
     error: str | None = None
     placement: dict[str, str]
+    already_there: list[str] = []
 
 
 class KeyOrder(StrEnum):

@@ -993,6 +993,8 @@ def _migrate_group(
                    f"migrating {', '.join(names)} of {pipeline} to {to}", GroupMigrationReport,
                    as_json)  # fmt: skip
     if not as_json:
+        for element in report.already_there:
+            console.print(f"{element}: on {report.target} already")
         for move in report.migrations:
             phases = ", ".join(f"{k} {v:.0f} ms" for k, v in move.phases_ms.items())
             console.print(f"{move.element}: {move.origin} -> {move.target} {move.status}; {phases}")
@@ -1264,6 +1266,11 @@ def dashboard(
     serve(home.resolve(), host, port, spec_dir, say, names=tuple(allow_host or ()))
 
 
+#: How long a service started waits for its folder's claim: `up` starts one again once its
+#: predecessor's leader has exited, whose last thread may still be letting go of files.
+SERVICE_CLAIM_WAIT_S = 5.0
+
+
 @app.command("serve-agent", hidden=True)
 def serve_agent(
     name: Annotated[str, typer.Option()],
@@ -1310,6 +1317,7 @@ def serve_agent(
         f"node agent {name!r} under {str(config.home)!r}",
         hint="one agent per node folder: stop the other (`fogshift down`), or start this one "
         "under another --home",
+        wait_s=SERVICE_CLAIM_WAIT_S,
     )  # (a second agent would run the node's PEs again into the same checkpoints)
     _serve(create_app(config), config.host, port)
 
@@ -1361,6 +1369,7 @@ def serve_orchestrator(
         config.home / ORCHESTRATOR_LOCK,
         f"an orchestrator of the cluster under {str(config.home)!r}",
         hint="one orchestrator per cluster home: `fogshift up` starts it only if it is gone",
+        wait_s=SERVICE_CLAIM_WAIT_S,
     )  # (a second one would write the same registry: two PEs given one epoch)
     _serve(create_app(config), config.host, port)
 

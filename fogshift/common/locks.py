@@ -26,17 +26,18 @@ CLUSTER_LOCK, ORCHESTRATOR_LOCK = "cluster.lock", "orchestrator.lock"
 #: In a node's folder (``<home>/nodes/<name>``): held by its agent for the agent's life.
 AGENT_LOCK = "agent.lock"
 
-#: The claims this process holds: a lock no longer referenced lets go when it is collected.
+#: The claims this process took (a lock no longer referenced lets go when it is collected).
 _HELD: dict[Path, FileLock] = {}
 
 
 def _lock(path: Path) -> FileLock:
-    # One object per path in a process (re-entrant: a command holding a home's claim may
-    # call another that takes it too), never a soft lock (a file left behind by a SIGKILL
-    # would keep the claim), and the file kept (deleting it lets a third process lock a new
-    # file while the second still holds the old one).
+    # One object per path in a process, re-entrant within a thread (a command holding a
+    # home's claim may call another that takes it too; another thread is refused as another
+    # process is), never a soft lock (a file left behind by a SIGKILL would keep the claim),
+    # and the file kept (deleting it lets a third process lock a new file while the second
+    # still holds the old one).
     return FileLock(
-        path, timeout=0, mode=PRIVATE_MODE, thread_local=False, is_singleton=True,
+        path, timeout=0, mode=PRIVATE_MODE, thread_local=True, is_singleton=True,
         fallback_to_soft=False, preserve_lock_file=True,
     )  # fmt: skip
 
@@ -62,16 +63,20 @@ def exclusive(path: Path, what: str, hint: str) -> Iterator[None]:
             _HELD.pop(path, None)
 
 
-def claim(path: Path, what: str, hint: str) -> FileLock:
+def claim(path: Path, what: str, hint: str, wait_s: float = 0.0) -> FileLock:
     """Take the claim on ``path`` (in a folder that exists) until the returned lock is
     released or this process ends (a service holds it for its life).
 
+    Args:
+        wait_s: How long to wait for another holder to let go (a service started again
+            while its predecessor's last thread still exits).
+
     Raises:
-        AlreadyRunning: Another process holds it.
+        AlreadyRunning: Another process holds it (still, after ``wait_s``).
     """
     lock = _lock(path)
     try:
-        lock.acquire()
+        lock.acquire(timeout=wait_s)
     except Timeout:
         raise AlreadyRunning(
             f"{what}: another process holds {str(path)!r}",

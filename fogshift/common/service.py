@@ -309,7 +309,7 @@ def install_error_handlers(
                 expected=(expected_of(errors[0]) if errors else None)
                 or str(first.get("msg", ""))
                 or None,
-                received=(refusal and refusal.received) or received,
+                received=((refusal and refusal.received) or received)[:200],
                 hint=(refusal and refusal.hint)
                 or "the schema (GET /openapi.json, or /docs) gives every parameter and body",
             )

@@ -141,7 +141,9 @@ class Coordination(Scaling):
     ) -> GroupMigrationReport:
         """Move several PEs of a pipeline to ``target`` as one operation: one after another
         (each a live migration, exactly once), and if one fails, move back the ones that
-        had moved, so that the pipeline runs as before.
+        had moved, so that the pipeline runs as before. PEs on ``target`` already stay
+        (``already_there``): the same group asked again after an orchestrator died in it
+        moves the rest.
 
         Everything that can be checked before a PE moves is (names, duplicates, current
         nodes, the target's health): a refusal changes nothing.
@@ -162,13 +164,15 @@ class Coordination(Scaling):
             )
         for element_id in element_ids:
             element = self._element(record, element_id)
-            self._refuse_current_node(record, element_id, target, "migrate")
             if mode == MigrationMode.HANDOVER:
                 _refuse_handover(pipeline, element)
+        there = [e for e in element_ids if record.placement[e] == target]
+        if len(there) == len(element_ids):  # nothing to move: refused as for one PE
+            self._refuse_current_node(record, element_ids[0], target, "migrate")
         self._usable_node(target, f"migrate {pipeline}/{','.join(element_ids)} to")
         moved: list[MigrationReport] = []
         try:
-            for element_id in element_ids:
+            for element_id in (e for e in element_ids if e not in there):
                 moved.append(self.migrate(pipeline, element_id, target, mode))
         except FogshiftError as exc:
             failed = getattr(exc, "report", None)
@@ -193,11 +197,13 @@ class Coordination(Scaling):
                 else GroupMigrationStatus.FAILED
             )
             return self._group_report(
-                pipeline, element_ids, target, mode, status, forward, undone, "; ".join(problems)
-            )
+                pipeline, element_ids, target, mode, status, forward, undone, "; ".join(problems),
+                there,
+            )  # fmt: skip
         return self._group_report(
-            pipeline, element_ids, target, mode, GroupMigrationStatus.MIGRATED, moved, [], None
-        )
+            pipeline, element_ids, target, mode, GroupMigrationStatus.MIGRATED, moved, [], None,
+            there,
+        )  # fmt: skip
 
     def _group_report(
         self,
@@ -209,6 +215,7 @@ class Coordination(Scaling):
         migrations: list[MigrationReport],
         undone: list[MigrationReport],
         error: str | None,
+        already_there: list[str],
     ) -> GroupMigrationReport:
         placement = self.pipeline(pipeline).placement
         return GroupMigrationReport(
@@ -221,6 +228,7 @@ class Coordination(Scaling):
             undone=undone,
             error=error,
             placement={e: placement[e] for e in element_ids},
+            already_there=already_there,
         )
 
     def _refuse_current_node(

@@ -106,7 +106,7 @@ def _pydantic_error(
     a "did you mean" for each misspelt key and the keys that would have been valid."""
     lines = [f"{_where(tuple(e['loc']), data)}: {message_of(e)}" for e in errors]
     refusal = refusal_of(errors[0])
-    received = (refusal and refusal.received) or repr(errors[0].get("input"))[:200]
+    received = ((refusal and refusal.received) or repr(errors[0].get("input")))[:200]
     unknown, known = _unknown_keys(errors, model)
     guesses = [(key, guess) for key, guess in unknown if guess is not None]
     if unknown:

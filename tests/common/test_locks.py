@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,3 +79,31 @@ def test_a_claim_is_taken_again_within_its_process_and_let_go_at_the_outer_end(
             pass
         assert tries(lock) == 3, "the inner end let go of the outer claim"
     assert tries(lock) == 0
+
+
+def test_another_thread_is_refused_and_a_wait_outlasts_a_holder_that_lets_go(
+    lock: Path,
+) -> None:
+    refused: list[BaseException] = []
+
+    def other_thread() -> None:
+        try:
+            claim(lock, "a fogshift down", hint="-")
+        except AlreadyRunning as exc:
+            refused.append(exc)
+
+    with exclusive(lock, "a fogshift up", hint="-"):
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join(30)
+    assert len(refused) == 1, "another thread took a claim this one held"
+    # A service started again while its predecessor still exits waits for it to let go.
+    other = holder(lock)
+    killer = threading.Timer(0.5, other.kill)
+    killer.start()
+    try:
+        claim(lock, "node agent 'fog-a'", hint="-", wait_s=30).release()
+    finally:
+        killer.cancel()
+        other.kill()
+        other.wait()

@@ -112,13 +112,21 @@ def test_a_second_agent_or_orchestrator_of_a_running_cluster_refuses_to_start(
                          "--token-file", str(home / "token"),
                          "--broker-file", str(home / "broker.json")],
     }  # fmt: skip
-    for what, args in second.items():
-        result = subprocess.run(
+    # (Side by side: each waits a few seconds for the claim to be let go before it gives up.)
+    started = {
+        what: subprocess.Popen(
             [sys.executable, "-m", "fogshift.cli.main", *args, "--port", str(free_port())],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
-        )  # fmt: skip
-        out = " ".join((result.stdout + result.stderr).split())
-        assert result.returncode == 1, (what, out)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+        for what, args in second.items()
+    }
+    for what, proc in started.items():
+        output, _ = proc.communicate(timeout=120)
+        out = " ".join(output.split())
+        assert proc.returncode == 1, (what, out)
         assert "(already_running)" in out and "another process holds" in out, (what, out)
         assert "Traceback" not in out, (what, out)
     # The first ones run on.

@@ -128,3 +128,27 @@ def test_a_group_whose_first_pe_is_refused_before_any_move_is_refused_as_such() 
     with pytest.raises(MigrationInProgress):
         fake.group(["a", "b"])
     assert fake.calls == [("a", "n2")]
+
+
+def test_pes_on_the_target_already_stay_and_the_rest_move() -> None:
+    # An orchestrator that died in a group left some PEs moved: the same group again was
+    # refused ("a already runs on n2"), so finishing it took a group without them.
+    fake = Fake(fail=set())
+    fake.placement["a"] = "n2"
+    report = fake.group(["a", "b", "c"])
+    assert report.status == GroupMigrationStatus.MIGRATED and report.already_there == ["a"]
+    assert fake.calls == [("b", "n2"), ("c", "n2")]
+    assert [m.element for m in report.migrations] == ["b", "c"]
+    assert report.placement == {"a": "n2", "b": "n2", "c": "n2"}
+    # A failed move moves back only what this group moved.
+    fake = Fake(fail={("c", "n2")})
+    fake.placement["a"] = "n2"
+    report = fake.group(["a", "b", "c"])
+    assert report.status == GroupMigrationStatus.ROLLED_BACK
+    assert report.placement == {"a": "n2", "b": "n1", "c": "n1"}
+    # Every PE there already: nothing to do, refused as one PE's migration to its node is.
+    fake = Fake(fail=set())
+    fake.placement.update(a="n2", b="n2")
+    with pytest.raises(InvalidInput, match="already runs on node 'n2'"):
+        fake.group(["a", "b"])
+    assert fake.calls == []
