@@ -138,6 +138,10 @@ class ClusterFile(BaseModel):
     network: dict[str, IsolatedNode] = {}
 
 
+#: How long `down` waits for a service's leader to stop after SIGTERM before SIGKILL.
+DOWN_GRACE_S = 15.0
+
+
 def cluster_file(home: Path) -> Path:
     return home / "cluster.json"
 
@@ -456,7 +460,9 @@ def up(
     Returns once the orchestrator answers and every node reports a ready Spark session.
     On a cluster that runs in part, only what died is started again: the orchestrator
     (:func:`restart_orchestrator`) and the node agents (:func:`restart_nodes`, as they were
-    started); the other arguments but the intervals are then ignored.
+    started); the other arguments but the intervals are then ignored. If the broker it
+    started died, the rest is stopped and the cluster started anew with these arguments
+    (its pipelines carry on from the registry, streams and checkpoints on disk).
 
     The services' settings (``spark_master``, the intervals and ``trigger_ms``, the queries'
     micro-batch trigger) left ``None`` are theirs:
@@ -570,7 +576,8 @@ def _up_claimed(
 ) -> ClusterFile:
     """:func:`up`'s work once its arguments are checked and it holds the home's claim."""
     stale_network = False
-    if cluster_file(home).exists():
+    # (A broker that died is not started alone: the cluster is stopped, then started anew.)
+    if cluster_file(home).exists() and not _broker_died(home, say):
         cluster, _ = load_cluster(home)
         # A pid alone could be a new process's by now (pids are given again): its group too.
         dead = [n for n, p in cluster.nodes.items() if not p.runs()]
@@ -682,6 +689,25 @@ def _up_claimed(
         raise
     finally:
         stack.close()
+
+
+def _broker_died(home: Path, say: Callable[[str], None]) -> bool:
+    """Whether the broker `up` started for the cluster under ``home`` died while some of
+    the rest runs; if so, the rest is stopped as `down` stops it.
+
+    Every agent's and the orchestrator's connections are to that broker, and its users and
+    the rights the orchestrator gave are in its config: the cluster is started again whole,
+    as after `down` (it carries on from the registry, the streams and the checkpoints on
+    disk). Before, `up` said the cluster was up, and nothing ran until a `down`.
+    """
+    cluster, _ = load_cluster(home)
+    services = [cluster.orchestrator, *cluster.nodes.values()]
+    if cluster.broker is None or cluster.broker.runs() or not any(p.runs() for p in services):
+        return False  # (an external broker is not ours to judge; all dead: a fresh start)
+    say("the cluster's broker (nats-server) is not running: stopping the cluster to start "
+        "it again whole")  # fmt: skip
+    _down_claimed(home, DOWN_GRACE_S)
+    return True
 
 
 def start_orchestrator(
@@ -989,7 +1015,7 @@ def _stop_leftovers(cluster: ClusterFile, grace_s: float = 5) -> None:
         _stop_tier(tier, grace_s)
 
 
-def down(home: Path, grace_s: float = 15) -> list[str]:
+def down(home: Path, grace_s: float = DOWN_GRACE_S) -> list[str]:
     """Stop everything ``up`` started.
 
     Each service's leader gets SIGTERM (the agents stop their queries cleanly); whatever is

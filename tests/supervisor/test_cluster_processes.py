@@ -159,3 +159,35 @@ def test_up_and_down_beside_another_of_the_same_home_are_refused_and_change_noth
     assert sleeper.poll() is None, "the broker was stopped while another held its home"
     cluster_ops.down(tmp_path, grace_s=1)  # once the other has ended
     sleeper.wait(timeout=10)
+
+
+def test_up_with_the_broker_dead_stops_the_rest_and_starts_the_cluster_anew(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The orchestrator and an agent ran on without their broker: `up` said the cluster
+    # was up, and nothing ran until a `down`.
+    class Started(Exception):
+        pass
+
+    def start_nats_server(*args: object, **kwargs: object) -> None:
+        raise Started
+
+    monkeypatch.setattr(cluster_ops, "start_nats_server", start_nats_server)
+    agent = subprocess.Popen(SLEEPER, start_new_session=True)
+    try:
+        token_file(tmp_path).write_text("secret\n")
+        save_cluster(tmp_path, ClusterFile(
+            orchestrator=ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"}),
+            broker=gone_process(),
+            nodes={"fog-a": ProcessInfo.of(agent.pid)},
+            broker_url="nats://127.0.0.1:9",
+        ))  # fmt: skip
+        said: list[str] = []
+        with pytest.raises(Started):  # the fresh start's first step: a broker
+            cluster_ops.up(tmp_path, ["fog-a"], on_progress=said.append)
+        sleeper.wait(timeout=30)
+        agent.wait(timeout=30)
+        assert any("broker (nats-server) is not running" in line for line in said), said
+    finally:
+        agent.kill()
+        agent.wait()
