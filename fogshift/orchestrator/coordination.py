@@ -164,8 +164,8 @@ class Coordination(Scaling):
             )
         for element_id in element_ids:
             element = self._element(record, element_id)
-            if mode == MigrationMode.HANDOVER:
-                _refuse_handover(pipeline, element)
+            if mode == MigrationMode.HANDOVER and record.placement[element_id] != target:
+                _refuse_handover(pipeline, element)  # (one that stays is not handed over)
         there = [e for e in element_ids if record.placement[e] == target]
         if len(there) == len(element_ids):  # nothing to move: refused as for one PE
             self._refuse_current_node(record, element_ids[0], target, "migrate")

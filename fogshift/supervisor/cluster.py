@@ -577,7 +577,7 @@ def _up_claimed(
     """:func:`up`'s work once its arguments are checked and it holds the home's claim."""
     stale_network = False
     # (A broker that died is not started alone: the cluster is stopped, then started anew.)
-    if cluster_file(home).exists() and not _broker_died(home, say):
+    if cluster_file(home).exists() and not _broker_died(home, nodes, isolate, say):
         cluster, _ = load_cluster(home)
         # A pid alone could be a new process's by now (pids are given again): its group too.
         dead = [n for n, p in cluster.nodes.items() if not p.runs()]
@@ -691,22 +691,41 @@ def _up_claimed(
         stack.close()
 
 
-def _broker_died(home: Path, say: Callable[[str], None]) -> bool:
+def _broker_died(home: Path, nodes: list[str], isolate: bool, say: Callable[[str], None]) -> bool:
     """Whether the broker `up` started for the cluster under ``home`` died while some of
     the rest runs; if so, the rest is stopped as `down` stops it.
 
     Every agent's and the orchestrator's connections are to that broker, and its users and
     the rights the orchestrator gave are in its config: the cluster is started again whole,
     as after `down` (it carries on from the registry, the streams and the checkpoints on
-    disk). Before, `up` said the cluster was up, and nothing ran until a `down`.
+    disk), with ``nodes`` and ``isolate`` as it ran. Before, `up` said the cluster was up,
+    and nothing ran until a `down`.
+
+    Raises:
+        InvalidInput: ``nodes`` or ``isolate`` are not the cluster's (nothing was stopped:
+            a plain `fogshift up`, with its default nodes, would have started another).
     """
     cluster, _ = load_cluster(home)
     services = [cluster.orchestrator, *cluster.nodes.values()]
     if cluster.broker is None or cluster.broker.runs() or not any(p.runs() for p in services):
         return False  # (an external broker is not ours to judge; all dead: a fresh start)
+    had = sorted(cluster.nodes)
+    if sorted(nodes) != had or isolate != bool(cluster.network):
+        again = f"--nodes {','.join(had)}" + (" --isolate" if cluster.network else "")
+        raise InvalidInput(
+            f"the broker of the cluster under {str(home)!r} is not running, and `up` starts "
+            "the cluster again whole: with its own nodes",
+            expected=again,
+            received=f"--nodes {','.join(nodes)}" + (" --isolate" if isolate else ""),
+            hint=f"fogshift up {again} --home {home} (or `fogshift down` first for another "
+            "cluster)",
+        )
     say("the cluster's broker (nats-server) is not running: stopping the cluster to start "
         "it again whole")  # fmt: skip
-    _down_claimed(home, DOWN_GRACE_S)
+    try:
+        _down_claimed(home, DOWN_GRACE_S)
+    except NetworkCommandFailed as exc:  # the isolated start's clean-up removes them
+        say(f"warning: {exc.message}")
     return True
 
 

@@ -732,20 +732,22 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             )  # fmt: skip
         _check_move(f"migrate PEs of {name}", target, mode)
         there = [e for e in chosen if by_id[e].node == target]
-        if there:
+        if len(there) == len(chosen):  # (some there already stay: the rest move)
             raise InvalidInput(
                 f"{name}/{there[0]} already runs on node {target!r}",
                 expected=f"PEs that run elsewhere than {target!r}",
                 received=", ".join(there), hint="untick them, or choose another node",
             )  # fmt: skip
         if not confirmed:
-            moves = ", ".join(f"{e} (on {by_id[e].node})" for e in chosen)
-            several = f"{len(chosen)} PEs" if len(chosen) > 1 else chosen[0]
+            moving = [e for e in chosen if e not in there]
+            moves = ", ".join(f"{e} (on {by_id[e].node})" for e in moving)
+            several = f"{len(moving)} PEs" if len(moving) > 1 else moving[0]
+            staying = f" ({', '.join(there)} there already)" if there else ""
             return page(request, "confirm.html", {
                 "title": f"Migrate {several}?",
-                "question": f"Migrate {moves} of {name} to {target} ({mode}) as one operation? "
-                            "They move one after another; if one fails, those already moved "
-                            "are moved back.",
+                "question": f"Migrate {moves} of {name} to {target} ({mode}) as one operation"
+                            f"{staying}? They move one after another; if one fails, those "
+                            "already moved are moved back.",
                 "action": f"/pipelines/{name}/migrate",
                 "fields": {"elements": chosen, "target": target, "mode": mode},
                 "back": f"/pipelines/{name}",

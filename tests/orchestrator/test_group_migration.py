@@ -62,9 +62,11 @@ class Fake:
         self.placement[element] = target
         return report.model_copy(update={"status": "migrated"})
 
-    def group(self, elements: list[str], target: str = "n2") -> Any:
+    def group(
+        self, elements: list[str], target: str = "n2", mode: MigrationMode = MigrationMode.PRECOPY
+    ) -> Any:
         self._group_report = Coordination._group_report.__get__(self)
-        return Coordination.migrate_group(self, "p", elements, target)  # type: ignore[arg-type]
+        return Coordination.migrate_group(self, "p", elements, target, mode)  # type: ignore[arg-type]
 
 
 def test_all_move_or_none_is_tried() -> None:
@@ -146,6 +148,17 @@ def test_pes_on_the_target_already_stay_and_the_rest_move() -> None:
     report = fake.group(["a", "b", "c"])
     assert report.status == GroupMigrationStatus.ROLLED_BACK
     assert report.placement == {"a": "n2", "b": "n1", "c": "n1"}
+    # One there already is not handed over (a sink cannot be: the group was refused).
+    fake = Fake(fail=set())
+    fake.placement["c"] = "n2"
+    fake._element = lambda record, element_id: SimpleNamespace(  # type: ignore[method-assign]
+        id=element_id,
+        role="sink" if element_id == "c" else "processor",
+        kind="csv-sink",
+        inputs=["x"],
+    )
+    report = fake.group(["a", "c"], mode=MigrationMode.HANDOVER)
+    assert report.status == GroupMigrationStatus.MIGRATED and report.already_there == ["c"]
     # Every PE there already: nothing to do, refused as one PE's migration to its node is.
     fake = Fake(fail=set())
     fake.placement.update(a="n2", b="n2")

@@ -183,6 +183,11 @@ def test_up_with_the_broker_dead_stops_the_rest_and_starts_the_cluster_anew(
             broker_url="nats://127.0.0.1:9",
         ))  # fmt: skip
         said: list[str] = []
+        # Not with other nodes than it ran (a plain `up` has its default ones): nothing stops.
+        with pytest.raises(InvalidInput) as refused:
+            cluster_ops.up(tmp_path, ["cloud", "fog-a"], on_progress=said.append)
+        assert refused.value.expected == "--nodes fog-a" and said == []
+        assert sleeper.poll() is None and agent.poll() is None
         with pytest.raises(Started):  # the fresh start's first step: a broker
             cluster_ops.up(tmp_path, ["fog-a"], on_progress=said.append)
         sleeper.wait(timeout=30)
