@@ -10,6 +10,7 @@ from typing import Any
 
 from fogshift.broker.client import last_seq
 from fogshift.broker.naming import stream_name
+from fogshift.common.text import one_line
 from fogshift.contracts import (
     CheckpointManifest,
     GroupMigrationReport,
@@ -170,6 +171,29 @@ class Coordination(Scaling):
         if len(there) == len(element_ids):  # nothing to move: refused as for one PE
             self._refuse_current_node(record, element_ids[0], target, "migrate")
         self._usable_node(target, f"migrate {pipeline}/{','.join(element_ids)} to")
+        # Journaled: one an orchestrator dies in is carried on by the next one's rounds
+        # (``Reconciler.recover_groups``), as the same group asked again would be.
+        group_id = self.registry.begin_group(pipeline, element_ids, target, mode, self.run_id)
+        outcome = "failed"
+        try:
+            report = self._move_pes(pipeline, element_ids, target, mode, there)
+            outcome = report.status
+            return report
+        except FogshiftError as exc:
+            outcome = f"refused: {one_line(exc.message)}"
+            raise
+        finally:
+            self.registry.end_group(group_id, outcome)
+
+    def _move_pes(
+        self,
+        pipeline: str,
+        element_ids: list[str],
+        target: str,
+        mode: MigrationMode,
+        there: list[str],
+    ) -> GroupMigrationReport:
+        """:meth:`migrate_group`'s moves once it is checked and journaled."""
         moved: list[MigrationReport] = []
         try:
             for element_id in (e for e in element_ids if e not in there):

@@ -117,6 +117,10 @@ class OrchestratorCore:
         #: id, under ``_scales_lock``.
         self._scales_carried: set[str] = set()
         self._scales_lock = threading.Lock()
+        #: The same for group migrations (``Reconciler.recover_groups``), under
+        #: ``_scales_lock`` too.
+        self._group_retries: dict[str, tuple[float, float]] = {}
+        self._groups_carried: set[str] = set()
         #: Pipelines whose key moves' streams this process has seen have every subject
         #: (``Reconciler._streams_current``).
         self._streams_checked: set[str] = set()

@@ -20,6 +20,7 @@ from fogshift.contracts import (
     LEFT_REPORTED,
     CheckpointManifest,
     ElementProgress,
+    MigrationMode,
     MigrationPhase,
     OperationKind,
     PEState,
@@ -32,7 +33,13 @@ from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.migration.procedure import roll_back as run_rollback
 from fogshift.orchestrator.coordination import Coordination
 from fogshift.orchestrator.locks import element_lock_of
-from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord, ScaleEntry
+from fogshift.orchestrator.registry import (
+    GroupEntry,
+    NodeRecord,
+    Operation,
+    PipelineRecord,
+    ScaleEntry,
+)
 from fogshift.orchestrator.scaling import stale_inputs
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.spec.models import ElementSpec
@@ -291,6 +298,88 @@ class Reconciler(Coordination):
             decisions.append(f"scale {entry.id} of {entry.pipeline}/{entry.element}: carried on")
         return decisions
 
+    def recover_groups(self, background: bool = False) -> list[str]:
+        """Carry on every group migration an orchestrator that died left unfinished: the
+        same group again, which leaves its PEs already on the target and moves the rest
+        (the move the orchestrator died in is resolved first, by :meth:`recover_operations`:
+        rolled back or completed). Before 2026-12-01's tenth session the group stayed split
+        between its nodes until someone asked again.
+
+        An entry of this process is its own (running). One whose PEs all run on the target
+        is done; one refused (its pipeline stopped, a PE gone) ends with that outcome, as
+        does one that moved, rolled back or failed. One a node or the broker was away for,
+        or whose PE something else held, stays and is tried again after a pause that grows
+        (as a scale's: :data:`SCALE_RETRY_S` to :data:`SCALE_RETRY_MAX_S`).
+
+        Args:
+            background: Carry each on in a thread of its own (its moves take seconds each);
+                else here, one after the other.
+
+        Returns:
+            One line per entry: its decision, or (``background``) that it is carried on.
+        """
+        decisions: list[str] = []
+        unfinished = [g for g in self.registry.unfinished_groups() if g.owner != self.run_id]
+        for gone in set(self._group_retries) - {g.id for g in unfinished}:
+            del self._group_retries[gone]
+        for entry in unfinished:
+            retry = self._group_retries.get(entry.id)
+            if retry is not None and time.monotonic() < retry[0]:
+                continue
+            with self._scales_lock:
+                if entry.id in self._groups_carried:
+                    continue  # a thread of this process carries it on
+                self._groups_carried.add(entry.id)
+            if not background:
+                decisions.extend(self._carry_on_group(entry))
+                continue
+            threading.Thread(
+                target=self._carry_on_group, args=(entry,), name=f"group {entry.id}", daemon=True
+            ).start()
+            decisions.append(f"group migration {entry.id} of {entry.pipeline}: carried on")
+        return decisions
+
+    def _carry_on_group(self, entry: GroupEntry) -> list[str]:
+        """Carry on ``entry`` (see :meth:`recover_groups`); its decision, if it ended."""
+        what = (
+            f"group migration {entry.id} of {entry.pipeline}/{','.join(entry.elements)} to "
+            f"{entry.target}, left by orchestrator {entry.owner}"
+        )
+        try:
+            try:
+                record = self.registry.get_pipeline(entry.pipeline)
+                placement = record.placement if record is not None else {}
+                if all(placement.get(e) == entry.target for e in entry.elements):
+                    decision = f"done: every PE runs on {entry.target}"
+                else:
+                    mode = MigrationMode(entry.mode)
+                    report = self.migrate_group(
+                        entry.pipeline, list(entry.elements), entry.target, mode
+                    )
+                    decision = f"carried on: {report.status}" + (
+                        f" ({one_line(report.error)})" if report.error else ""
+                    )
+            except SCALE_HELD_UP as exc:
+                retry = self._group_retries.get(entry.id)
+                wait = min(2 * retry[1], SCALE_RETRY_MAX_S) if retry else SCALE_RETRY_S
+                self._group_retries[entry.id] = (time.monotonic() + wait, wait)
+                log.warning("recovery: %s is tried again in %.0f s: %s", what, wait,
+                            exc.render())  # fmt: skip
+                return []
+            except FogshiftError as exc:
+                decision = f"refused: {one_line(exc.message)}"
+            except Exception:
+                log.exception("recovery of %s failed", what)
+                decision = "failed"
+            # (Ended before it is let go: the next round must not take it up again.)
+            self.registry.end_group(entry.id, decision)
+            self._group_retries.pop(entry.id, None)
+        finally:
+            with self._scales_lock:
+                self._groups_carried.discard(entry.id)
+        log.warning("recovery: %s: %s", what, decision)
+        return [f"{what}: {decision}"]
+
     def _carry_on_scale(self, entry: ScaleEntry) -> list[str]:
         """Carry on ``entry`` (see :meth:`recover_scales`); its decision, if it ended."""
         what = (
@@ -508,6 +597,7 @@ class Reconciler(Coordination):
             # A scale carried on restarts consumers and waits for commits (seconds): in
             # threads of their own, not to delay the PEs' restarts and restores.
             self.recover_scales(background=True)
+            self.recover_groups(background=True)
 
     def streams_upkeep(self) -> None:
         records = self.registry.pipelines()

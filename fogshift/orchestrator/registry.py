@@ -87,6 +87,17 @@ CREATE TABLE IF NOT EXISTS operations (
     outcome TEXT
 );
 CREATE INDEX IF NOT EXISTS unfinished_operations ON operations (outcome) WHERE outcome IS NULL;
+CREATE TABLE IF NOT EXISTS groups (
+    id TEXT PRIMARY KEY,
+    pipeline TEXT NOT NULL,
+    elements TEXT NOT NULL,
+    target TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    started REAL NOT NULL,
+    updated REAL NOT NULL,
+    outcome TEXT
+);
 CREATE TABLE IF NOT EXISTS scales (
     id TEXT PRIMARY KEY,
     pipeline TEXT NOT NULL,
@@ -178,11 +189,42 @@ def _scale(row: tuple[Any, ...]) -> ScaleEntry:
                       float(started), outcome)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class GroupEntry:
+    """A group migration as journaled: what was asked, and how it ended (``None``: not yet).
+
+    Attributes:
+        elements: The PEs, in the order asked.
+        owner: The orchestrator process that ran it (see :class:`Operation`).
+    """
+
+    id: str
+    pipeline: str
+    elements: tuple[str, ...]
+    target: str
+    mode: str
+    owner: str
+    outcome: str | None
+
+
+_GROUP_COLUMNS = "id, pipeline, elements, target, mode, owner, outcome"
+
+
+def _group(row: tuple[Any, ...]) -> GroupEntry:
+    group_id, pipeline, elements, target, mode, owner, outcome = row
+    return GroupEntry(group_id, pipeline, tuple(elements.split(",")), target, mode, owner, outcome)
+
+
 def _end_scales(
     db: sqlite3.Connection, pipeline: str, outcome: str, now: float, element: str | None = None
 ) -> None:
     """Inside a transaction: end ``pipeline``'s unfinished scales (of ``element`` only, if
-    given) with ``outcome``."""
+    given) with ``outcome``, and (for the whole pipeline) its group migrations."""
+    if element is None:
+        db.execute(
+            "UPDATE groups SET outcome = ?, updated = ? WHERE pipeline = ? AND outcome IS NULL",
+            (outcome, now, pipeline),
+        )
     db.execute(
         "UPDATE scales SET outcome = ?, updated = ? WHERE pipeline = ? "
         "AND (? IS NULL OR element = ?) AND outcome IS NULL",
@@ -644,6 +686,45 @@ class Registry:
                 "ORDER BY started, rowid"
             ).fetchall()
         return [_operation(r) for r in rows]
+
+    # -- group migrations -------------------------------------------------------------------
+
+    def begin_group(
+        self, pipeline: str, elements: list[str], target: str, mode: str, owner: str
+    ) -> str:
+        """Journal that a group migration of ``pipeline`` starts; return its id."""
+        now = time.time()
+        group_id = uuid.uuid4().hex[:16]
+        with self._tx() as db:
+            db.execute(
+                f"INSERT INTO groups ({_GROUP_COLUMNS}, started, updated) "
+                "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+                (group_id, pipeline, ",".join(elements), target, mode, owner, now, now),
+            )
+        return group_id
+
+    def end_group(self, group_id: str, outcome: str) -> None:
+        """Record how a group migration ended, unless it has already (the first stands)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE groups SET outcome = ?, updated = ? WHERE id = ? AND outcome IS NULL",
+                (outcome, time.time(), group_id),
+            )
+
+    def unfinished_groups(self) -> list[GroupEntry]:
+        """Group migrations without an outcome, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_GROUP_COLUMNS} FROM groups WHERE outcome IS NULL ORDER BY started, rowid"
+            ).fetchall()
+        return [_group(r) for r in rows]
+
+    def group(self, group_id: str) -> GroupEntry | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_GROUP_COLUMNS} FROM groups WHERE id = ?", (group_id,)
+            ).fetchone()
+        return _group(row) if row else None
 
     # -- scales -----------------------------------------------------------------------------
 

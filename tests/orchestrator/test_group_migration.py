@@ -33,6 +33,17 @@ class Fake:
         self.fail = fail
         self.resumed = resumed  # whether a failed move's own rollback runs its origin again
         self.calls: list[tuple[str, str]] = []
+        #: The group's journal: each entry's (what was begun, how it ended).
+        self.journal: dict[str, list[Any]] = {}
+        self.run_id = "me"
+        self.registry = SimpleNamespace(begin_group=self._begin, end_group=self._end)
+
+    def _begin(self, *entry: Any) -> str:
+        self.journal[f"g{len(self.journal)}"] = [entry, None]
+        return f"g{len(self.journal) - 1}"
+
+    def _end(self, group_id: str, outcome: str) -> None:
+        self.journal[group_id][1] = outcome
 
     def pipeline(self, name: str) -> Any:
         return SimpleNamespace(name=name, placement=dict(self.placement), status=self.status)
@@ -66,6 +77,7 @@ class Fake:
         self, elements: list[str], target: str = "n2", mode: MigrationMode = MigrationMode.PRECOPY
     ) -> Any:
         self._group_report = Coordination._group_report.__get__(self)
+        self._move_pes = Coordination._move_pes.__get__(self)
         return Coordination.migrate_group(self, "p", elements, target, mode)  # type: ignore[arg-type]
 
 
@@ -74,6 +86,9 @@ def test_all_move_or_none_is_tried() -> None:
     report = fake.group(["a", "b", "c"])
     assert report.status == GroupMigrationStatus.MIGRATED
     assert report.placement == {"a": "n2", "b": "n2", "c": "n2"} and report.undone == []
+    # Journaled before its first move, ended with its status (a dead orchestrator's entry
+    # stays unfinished for the next one to carry on).
+    assert fake.journal == {"g0": [("p", ["a", "b", "c"], "n2", "precopy", "me"), "migrated"]}
     for bad in (["a", "zz"], ["a", "a"], []):
         fake = Fake(fail=set())
         with pytest.raises(InvalidInput):
@@ -91,6 +106,7 @@ def test_a_failed_move_moves_the_others_back_latest_first() -> None:
     fake = Fake(fail={("c", "n2")})
     report = fake.group(["a", "b", "c"])
     assert report.status == GroupMigrationStatus.ROLLED_BACK
+    assert fake.journal["g0"][1] == "rolled_back"
     assert fake.calls == [("a", "n2"), ("b", "n2"), ("c", "n2"), ("b", "n1"), ("a", "n1")]
     assert report.placement == {"a": "n1", "b": "n1", "c": "n1"}
     assert [m.element for m in report.migrations] == ["a", "b", "c"]
@@ -130,6 +146,7 @@ def test_a_group_whose_first_pe_is_refused_before_any_move_is_refused_as_such() 
     with pytest.raises(MigrationInProgress):
         fake.group(["a", "b"])
     assert fake.calls == [("a", "n2")]
+    assert fake.journal["g0"][1] == "refused: p/a is being migrated"
 
 
 def test_pes_on_the_target_already_stay_and_the_rest_move() -> None:

@@ -18,7 +18,14 @@ import pytest
 
 from fogshift.broker.client import BrokerAddress
 from fogshift.common.waiting import wait_until
-from fogshift.contracts import Heartbeat, KeyMoveStatus, PipelineState, ScaleReport
+from fogshift.contracts import (
+    GroupMigrationReport,
+    GroupMigrationStatus,
+    Heartbeat,
+    KeyMoveStatus,
+    PipelineState,
+    ScaleReport,
+)
 from fogshift.exceptions import InvalidInput, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator import reconciler
@@ -818,3 +825,71 @@ def test_a_newer_scale_supersedes_one_left_unfinished(
     orch.registry.end_scale(left, "moved")  # the first outcome stands
     assert orch.registry.scale(left).outcome == f"superseded by scale {newer.id}"  # type: ignore[union-attr]
     assert orch.recover_scales() == [] and asked == []
+
+
+@pytest.fixture
+def grouped(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Orchestrator, list[tuple[Any, ...]], list[Exception]]:
+    """``orch`` with its ``migrate_group`` recording each call (and raising what the test
+    put in the answers, else moving every PE asked)."""
+    asked: list[tuple[Any, ...]] = []
+    answers: list[Exception] = []
+
+    def migrate_group(pipeline: str, elements: list[str], target: str, mode: Any) -> Any:
+        asked.append((pipeline, elements, target, str(mode)))
+        if answers:
+            raise answers.pop(0)
+        return GroupMigrationReport(
+            pipeline=pipeline, elements=elements, target=target, mode=mode,
+            status=GroupMigrationStatus.MIGRATED, migrations=[],
+            placement=dict.fromkeys(elements, target),
+        )  # fmt: skip
+
+    monkeypatch.setattr(orch, "migrate_group", migrate_group)
+    return orch, asked, answers
+
+
+def test_a_group_migration_a_dead_orchestrator_left_is_carried_on_as_asked(
+    grouped: tuple[Orchestrator, list[tuple[Any, ...]], list[Exception]],
+) -> None:
+    # The orchestrator died between the group's moves: the aggregate on fog-b, the sink not.
+    orch, asked, answers = grouped
+    left = orch.registry.begin_group("p", ["aggregate", "sink"], "fog-b", "precopy",
+                                     "dead0rchestr")  # fmt: skip
+    mine = orch.registry.begin_group("p", ["source"], "fog-b", "precopy", orch.run_id)
+    # Held up (the target away, a PE held): tried again after a pause, not ended.
+    answers.append(Unavailable("node 'fog-b' is not healthy"))
+    assert orch.recover_groups() == []
+    assert orch.recover_groups() == [], "tried again before its pause was over"
+    assert len(asked) == 1 and {g.id for g in orch.registry.unfinished_groups()} == {left, mine}
+    orch._group_retries[left] = (0.0, 5.0)  # (the pause over)
+    (decision,) = orch.recover_groups()
+    assert asked[-1] == ("p", ["aggregate", "sink"], "fog-b", "precopy")
+    assert decision.endswith("left by orchestrator dead0rchestr: carried on: migrated")
+    # This process's own entry is its running group's: left to it.
+    assert [g.id for g in orch.registry.unfinished_groups()] == [mine] and len(asked) == 2
+    assert orch.registry.group(left).outcome == "carried on: migrated"  # type: ignore[union-attr]
+
+
+def test_a_group_left_done_or_refused_ends_and_a_stop_ends_it_too(
+    grouped: tuple[Orchestrator, list[tuple[Any, ...]], list[Exception]],
+) -> None:
+    orch, asked, answers = grouped
+    # Every PE on the target already (it died after the last move): done, nothing asked.
+    done = orch.registry.begin_group("p", ["aggregate"], "fog-a", "precopy", "dead0rchestr")
+    (decision,) = orch.recover_groups()
+    assert decision.endswith("done: every PE runs on fog-a") and asked == []
+    # Refused for good (a PE gone from a redeployed spec, say): ended with why.
+    refused = orch.registry.begin_group("p", ["aggregate"], "fog-b", "literal", "dead0rchestr")
+    answers.append(InvalidInput("pipeline 'p' has no element 'aggregate'"))
+    (decision,) = orch.recover_groups()
+    assert orch.registry.group(refused).outcome == (  # type: ignore[union-attr]
+        "refused: pipeline 'p' has no element 'aggregate'"
+    )
+    assert orch.registry.group(done).outcome.startswith("done")  # type: ignore[union-attr]
+    # A stop ends the pipeline's groups: nothing to carry on in a stopped pipeline.
+    left = orch.registry.begin_group("p", ["sink"], "fog-b", "precopy", "dead0rchestr")
+    orch.registry.set_status("p", PipelineState.STOPPING)
+    assert orch.registry.group(left).outcome == "abandoned: the pipeline is stopping"  # type: ignore[union-attr]
+    assert orch.recover_groups() == [] and len(asked) == 1
