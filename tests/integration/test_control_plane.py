@@ -1,5 +1,5 @@
-"""The orchestrator SIGKILLed in the middle of a migration, a restore or a scale, with real
-processes.
+"""The orchestrator SIGKILLed in the middle of a migration (one of a group's too), a restore
+or a scale, with real processes.
 
 Each test has the running orchestrator stop at a named step (its test hook file), SIGKILLs it
 there and starts a new one (``fogshift up`` on a cluster whose orchestrator died). The new
@@ -97,22 +97,30 @@ def test_killed_while_a_migration_holds_the_origin_it_is_rolled_back(
 def test_killed_after_the_routing_change_of_a_migration_it_is_completed(
     cluster: Cluster, tmp_path: Path
 ) -> None:
+    # The aggregate's migration is the first of a group's (aggregate, then sink): completed
+    # by the next orchestrator, which then carries the group on and moves the sink too.
     spec = case1_spec(tmp_path, "routed")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("routed", "sink", 10)
     since = pause_at(cluster, "migration:routed")
-    migration = start_cli(cluster, "migrate", "routed", "aggregate", "--to", "fog-b", "--json")
+    migration = start_cli(cluster, "migrate", "routed", "--elements", "aggregate,sink", "--to",
+                          "fog-b", "--json")  # fmt: skip
     wait_logged(cluster, "test pause at migration:routed", since)
     assert cluster.element("routed", "aggregate")["node"] == "fog-b"  # the placement moved
+    assert cluster.element("routed", "sink")["node"] == "cloud"
     since = restart_orchestrator(cluster)
     assert migration.wait(timeout=60) != 0
     logged = wait_logged(cluster, "recovery: migration", since)
     assert "left at 'routed'" in logged and "completed: fog-b is the PE" in logged
+    logged = wait_logged(cluster, "recovery: group migration", since)
+    assert "left by orchestrator" in logged and "carried on: migrated" in logged, logged
     wait_until(
-        "the target running, the origin gone",
+        "the targets running, the origins gone",
         lambda: (
             cluster.element("routed", "aggregate")["state"] == "running"
             and hosts(cluster, "routed/aggregate") == {"fog-b": 1}
+            and cluster.element("routed", "sink")["state"] == "running"
+            and set(hosts(cluster, "routed/sink")) == {"fog-b"}
         ),
     )
     finish_and_compare(cluster, tmp_path, "routed")
