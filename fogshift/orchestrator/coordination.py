@@ -139,6 +139,7 @@ class Coordination(Scaling):
         element_ids: list[str],
         target: str,
         mode: MigrationMode = MigrationMode.PRECOPY,
+        resume: str | None = None,
     ) -> GroupMigrationReport:
         """Move several PEs of a pipeline to ``target`` as one operation: one after another
         (each a live migration, exactly once), and if one fails, move back the ones that
@@ -148,6 +149,12 @@ class Coordination(Scaling):
 
         Everything that can be checked before a PE moves is (names, duplicates, current
         nodes, the target's health): a refusal changes nothing.
+
+        Args:
+            resume: The journal entry of a group a dead orchestrator left, carried on here
+                (:meth:`Reconciler.recover_groups`, which ends it, or keeps it to try again);
+                ``None``: a new entry, which supersedes the unfinished ones of the pipeline
+                that share a PE with it (what the user asks now is what stands).
 
         Raises:
             InvalidInput / UnknownElement / Unavailable: Refused before anything moved.
@@ -173,7 +180,9 @@ class Coordination(Scaling):
         self._usable_node(target, f"migrate {pipeline}/{','.join(element_ids)} to")
         # Journaled: one an orchestrator dies in is carried on by the next one's rounds
         # (``Reconciler.recover_groups``), as the same group asked again would be.
-        group_id = self.registry.begin_group(pipeline, element_ids, target, mode, self.run_id)
+        group_id = resume or self.registry.begin_group(
+            pipeline, element_ids, target, mode, self.run_id
+        )
         outcome = "failed"
         try:
             report = self._move_pes(pipeline, element_ids, target, mode, there)
@@ -183,7 +192,8 @@ class Coordination(Scaling):
             outcome = f"refused: {one_line(exc.message)}"
             raise
         finally:
-            self.registry.end_group(group_id, outcome)
+            if resume is None:  # (a carried-on entry is ended, or kept, by its carrier)
+                self.registry.end_group(group_id, outcome)
 
     def _move_pes(
         self,

@@ -329,6 +329,9 @@ class Reconciler(Coordination):
             with self._scales_lock:
                 if entry.id in self._groups_carried:
                     continue  # a thread of this process carries it on
+                now = self.registry.group(entry.id)
+                if now is None or now.outcome is not None:
+                    continue  # ended since it was read (a thread's end, a superseding group)
                 self._groups_carried.add(entry.id)
             if not background:
                 decisions.extend(self._carry_on_group(entry))
@@ -354,7 +357,7 @@ class Reconciler(Coordination):
                 else:
                     mode = MigrationMode(entry.mode)
                     report = self.migrate_group(
-                        entry.pipeline, list(entry.elements), entry.target, mode
+                        entry.pipeline, list(entry.elements), entry.target, mode, resume=entry.id
                     )
                     decision = f"carried on: {report.status}" + (
                         f" ({one_line(report.error)})" if report.error else ""

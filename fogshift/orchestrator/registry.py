@@ -692,10 +692,22 @@ class Registry:
     def begin_group(
         self, pipeline: str, elements: list[str], target: str, mode: str, owner: str
     ) -> str:
-        """Journal that a group migration of ``pipeline`` starts; return its id."""
+        """Journal that a group migration of ``pipeline`` starts; return its id. Unfinished
+        ones of the pipeline that share a PE with it end, superseded (a carry-on of an older
+        request must not move a PE back where the user no longer wants it)."""
         now = time.time()
         group_id = uuid.uuid4().hex[:16]
         with self._tx() as db:
+            rows = db.execute(
+                "SELECT id, elements FROM groups WHERE pipeline = ? AND outcome IS NULL",
+                (pipeline,),
+            ).fetchall()
+            for older, named in rows:
+                if set(named.split(",")) & set(elements):
+                    db.execute(
+                        "UPDATE groups SET outcome = ?, updated = ? WHERE id = ?",
+                        (f"superseded by group migration {group_id}", now, older),
+                    )
             db.execute(
                 f"INSERT INTO groups ({_GROUP_COLUMNS}, started, updated) "
                 "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)",

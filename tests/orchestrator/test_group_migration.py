@@ -74,11 +74,15 @@ class Fake:
         return report.model_copy(update={"status": "migrated"})
 
     def group(
-        self, elements: list[str], target: str = "n2", mode: MigrationMode = MigrationMode.PRECOPY
+        self,
+        elements: list[str],
+        target: str = "n2",
+        mode: MigrationMode = MigrationMode.PRECOPY,
+        resume: str | None = None,
     ) -> Any:
         self._group_report = Coordination._group_report.__get__(self)
         self._move_pes = Coordination._move_pes.__get__(self)
-        return Coordination.migrate_group(self, "p", elements, target, mode)  # type: ignore[arg-type]
+        return Coordination.migrate_group(self, "p", elements, target, mode, resume)  # type: ignore[arg-type]
 
 
 def test_all_move_or_none_is_tried() -> None:
@@ -147,6 +151,12 @@ def test_a_group_whose_first_pe_is_refused_before_any_move_is_refused_as_such() 
         fake.group(["a", "b"])
     assert fake.calls == [("a", "n2")]
     assert fake.journal["g0"][1] == "refused: p/a is being migrated"
+    # A group carried on for a dead orchestrator keeps its own entry, and leaves it to its
+    # carrier (held up like this, it is tried again: ended, it would not be).
+    fake = Busy(fail=set())
+    with pytest.raises(MigrationInProgress):
+        fake.group(["a", "b"], resume="left0")
+    assert fake.journal == {}
 
 
 def test_pes_on_the_target_already_stay_and_the_rest_move() -> None:

@@ -836,8 +836,10 @@ def grouped(
     asked: list[tuple[Any, ...]] = []
     answers: list[Exception] = []
 
-    def migrate_group(pipeline: str, elements: list[str], target: str, mode: Any) -> Any:
-        asked.append((pipeline, elements, target, str(mode)))
+    def migrate_group(
+        pipeline: str, elements: list[str], target: str, mode: Any, resume: str | None = None
+    ) -> Any:
+        asked.append((pipeline, elements, target, str(mode), resume))
         if answers:
             raise answers.pop(0)
         return GroupMigrationReport(
@@ -865,7 +867,7 @@ def test_a_group_migration_a_dead_orchestrator_left_is_carried_on_as_asked(
     assert len(asked) == 1 and {g.id for g in orch.registry.unfinished_groups()} == {left, mine}
     orch._group_retries[left] = (0.0, 5.0)  # (the pause over)
     (decision,) = orch.recover_groups()
-    assert asked[-1] == ("p", ["aggregate", "sink"], "fog-b", "precopy")
+    assert asked[-1] == ("p", ["aggregate", "sink"], "fog-b", "precopy", left)
     assert decision.endswith("left by orchestrator dead0rchestr: carried on: migrated")
     # This process's own entry is its running group's: left to it.
     assert [g.id for g in orch.registry.unfinished_groups()] == [mine] and len(asked) == 2
@@ -888,6 +890,14 @@ def test_a_group_left_done_or_refused_ends_and_a_stop_ends_it_too(
         "refused: pipeline 'p' has no element 'aggregate'"
     )
     assert orch.registry.group(done).outcome.startswith("done")  # type: ignore[union-attr]
+    # A group the user asks now supersedes an unfinished one that shares a PE with it.
+    older = orch.registry.begin_group("p", ["sink", "source"], "fog-b", "precopy", "dead0rchestr")
+    other = orch.registry.begin_group("p", ["aggregate"], "fog-b", "precopy", "dead0rchestr")
+    newer = orch.registry.begin_group("p", ["sink"], "fog-a", "precopy", orch.run_id)
+    assert orch.registry.group(older).outcome == f"superseded by group migration {newer}"  # type: ignore[union-attr]
+    assert orch.registry.group(other).outcome is None  # type: ignore[union-attr]
+    orch.registry.end_group(other, "test")
+    orch.registry.end_group(newer, "test")
     # A stop ends the pipeline's groups: nothing to carry on in a stopped pipeline.
     left = orch.registry.begin_group("p", ["sink"], "fog-b", "precopy", "dead0rchestr")
     orch.registry.set_status("p", PipelineState.STOPPING)
