@@ -7,6 +7,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -62,6 +63,28 @@ STOPPED_HEARD_S = 2.0
 #: stream), and a node that refuses the start every round grew the stream and the epochs
 #: by one every round, for as long as it refused.
 RESTART_BACKOFF_MAX_S = 60.0
+
+
+def _carry(
+    carry: Callable[[Any], list[str]], entry: Any, background: bool, name: str, what: str
+) -> list[str]:
+    """``carry(entry)`` here (its decisions), or in a thread called ``name`` (that ``what``
+    is carried on): an operation a dead orchestrator left, taken up by a reconcile round."""
+    if not background:
+        return carry(entry)
+    threading.Thread(target=carry, args=(entry,), name=name, daemon=True).start()
+    return [f"{what}: carried on"]
+
+
+def _try_again_later(
+    retries: dict[str, tuple[float, float]], key: str, what: str, exc: FogshiftError
+) -> None:
+    """Put off the entry ``key`` held up by ``exc``: its next try after a pause doubling
+    from :data:`SCALE_RETRY_S` up to :data:`SCALE_RETRY_MAX_S` (in ``retries``)."""
+    retry = retries.get(key)
+    wait = min(2 * retry[1], SCALE_RETRY_MAX_S) if retry else SCALE_RETRY_S
+    retries[key] = (time.monotonic() + wait, wait)
+    log.warning("recovery: %s is tried again in %.0f s: %s", what, wait, exc.render())
 
 
 class Reconciler(Coordination):
@@ -289,13 +312,8 @@ class Reconciler(Coordination):
                     continue  # this process's scale or key move of the element runs
                 lock.release()
                 self._scales_carried.add(entry.id)
-            if not background:
-                decisions.extend(self._carry_on_scale(entry))
-                continue
-            threading.Thread(
-                target=self._carry_on_scale, args=(entry,), name=f"scale {entry.id}", daemon=True
-            ).start()
-            decisions.append(f"scale {entry.id} of {entry.pipeline}/{entry.element}: carried on")
+            what = f"scale {entry.id} of {entry.pipeline}/{entry.element}"
+            decisions += _carry(self._carry_on_scale, entry, background, f"scale {entry.id}", what)
         return decisions
 
     def recover_groups(self, background: bool = False) -> list[str]:
@@ -333,13 +351,8 @@ class Reconciler(Coordination):
                 if now is None or now.outcome is not None:
                     continue  # ended since it was read (a thread's end, a superseding group)
                 self._groups_carried.add(entry.id)
-            if not background:
-                decisions.extend(self._carry_on_group(entry))
-                continue
-            threading.Thread(
-                target=self._carry_on_group, args=(entry,), name=f"group {entry.id}", daemon=True
-            ).start()
-            decisions.append(f"group migration {entry.id} of {entry.pipeline}: carried on")
+            decisions += _carry(self._carry_on_group, entry, background, f"group {entry.id}",
+                                f"group migration {entry.id} of {entry.pipeline}")  # fmt: skip
         return decisions
 
     def _carry_on_group(self, entry: GroupEntry) -> list[str]:
@@ -363,11 +376,7 @@ class Reconciler(Coordination):
                         f" ({one_line(report.error)})" if report.error else ""
                     )
             except SCALE_HELD_UP as exc:
-                retry = self._group_retries.get(entry.id)
-                wait = min(2 * retry[1], SCALE_RETRY_MAX_S) if retry else SCALE_RETRY_S
-                self._group_retries[entry.id] = (time.monotonic() + wait, wait)
-                log.warning("recovery: %s is tried again in %.0f s: %s", what, wait,
-                            exc.render())  # fmt: skip
+                _try_again_later(self._group_retries, entry.id, what, exc)
                 return []
             except FogshiftError as exc:
                 decision = f"refused: {one_line(exc.message)}"
@@ -407,10 +416,7 @@ class Reconciler(Coordination):
                     f" ({report.error})" if report.error else ""
                 )
         except SCALE_HELD_UP as exc:
-            retry = self._scale_retries.get(entry.id)
-            wait = min(2 * retry[1], SCALE_RETRY_MAX_S) if retry else SCALE_RETRY_S
-            self._scale_retries[entry.id] = (time.monotonic() + wait, wait)
-            log.warning("recovery: %s is tried again in %.0f s: %s", what, wait, exc.render())
+            _try_again_later(self._scale_retries, entry.id, what, exc)
             return []
         except FogshiftError as exc:
             # (Refused before it reached its journal entry, too: ended here.)
