@@ -215,11 +215,12 @@ def _group(row: tuple[Any, ...]) -> GroupEntry:
     return GroupEntry(group_id, pipeline, tuple(elements.split(",")), target, mode, owner, outcome)
 
 
-def _end_scales(
+def _end_unfinished(
     db: sqlite3.Connection, pipeline: str, outcome: str, now: float, element: str | None = None
 ) -> None:
     """Inside a transaction: end ``pipeline``'s unfinished scales (of ``element`` only, if
-    given) with ``outcome``, and (for the whole pipeline) its group migrations."""
+    given) with ``outcome``, and (for the whole pipeline) its unfinished group migrations:
+    what a dead orchestrator left is not carried on in a pipeline stopped or deployed anew."""
     if element is None:
         db.execute(
             "UPDATE groups SET outcome = ?, updated = ? WHERE pipeline = ? AND outcome IS NULL",
@@ -317,7 +318,7 @@ class Registry:
         """
         now = time.time()
         with self._tx() as db:
-            _end_scales(db, spec.pipeline, "abandoned: the pipeline was deployed anew", now)
+            _end_unfinished(db, spec.pipeline, "abandoned: the pipeline was deployed anew", now)
             db.execute("DELETE FROM pipelines WHERE name = ?", (spec.pipeline,))
             db.execute(
                 "INSERT INTO pipelines VALUES (?, ?, ?, ?)",
@@ -394,15 +395,16 @@ class Registry:
         )
 
     def set_status(self, name: str, status: PipelineState) -> None:
-        """Set a pipeline's status; one that no longer runs ends its scales left unfinished
-        (nothing is to be carried on in a pipeline stopped, or deployed anew after)."""
+        """Set a pipeline's status; one that no longer runs ends its scales and group
+        migrations left unfinished (nothing is to be carried on in a pipeline stopped, or
+        deployed anew after)."""
         now = time.time()
         with self._tx() as db:
             db.execute(
                 "UPDATE pipelines SET status = ?, updated = ? WHERE name = ?", (status, now, name)
             )
             if status not in (PipelineState.RUNNING, PipelineState.DEPLOYING):
-                _end_scales(db, name, f"abandoned: the pipeline is {status}", now)
+                _end_unfinished(db, name, f"abandoned: the pipeline is {status}", now)
 
     def add_trimmed(self, pipeline: str, element: str, records: int, dead: int = 0) -> None:
         """Count ``records`` more data records and ``dead`` more dead letters deleted from
@@ -749,7 +751,7 @@ class Registry:
         now = time.time()
         scale_id = uuid.uuid4().hex[:16]
         with self._tx() as db:
-            _end_scales(db, pipeline, f"superseded by scale {scale_id}", now, element)
+            _end_unfinished(db, pipeline, f"superseded by scale {scale_id}", now, element)
             db.execute(
                 f"INSERT INTO scales ({_SCALE_COLUMNS}, updated) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, ?)",
