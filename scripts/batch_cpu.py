@@ -32,6 +32,7 @@ from fogshift.spec.models import ElementSpec
 
 OPTIONS = {
     "window-aggregate": {"field": "value", "window": 10, "function": "avg"},
+    "window-aggregate-jvm": {"field": "value", "window": 10, "function": "avg", "engine": "jvm"},
     "filter": {"where": "value > 0"},
 }
 
@@ -77,8 +78,10 @@ def main() -> None:
     js = SyncJetStream(broker.address)
     for pe in ("src", "pe"):
         js.run(lambda j, pe=pe: ensure_pe_stream(j, "p", pe))
-    element = ElementSpec(id="pe", kind=args.kind, node="n", inputs=("src",),
-                          options=OPTIONS[args.kind])  # fmt: skip
+    kind = args.kind.removesuffix("-jvm")
+    element = ElementSpec.model_validate(
+        {"id": "pe", "kind": kind, "node": "n", "inputs": ["src"], "options": OPTIONS[args.kind]}
+    )
     spark = build_session("batch-cpu", "local[2]", str(home / "spark"))
     warm_up(spark, home / "warm-up")
     plan = QueryPlan("p", element, str(broker_file), str(home / "checkpoint"),

@@ -72,8 +72,13 @@ from fogshift.runtime.exceptions import ElementError, NoState
 from fogshift.runtime.gate import end_run
 from fogshift.runtime.kinds import processor_for
 from fogshift.runtime.progress import ProgressFeed
-from fogshift.runtime.state_reader import key_sizes, read_key_variables, read_state
-from fogshift.spec.models import ElementSpec
+from fogshift.runtime.state_reader import (
+    key_sizes,
+    read_jvm_window,
+    read_key_variables,
+    read_state,
+)
+from fogshift.spec.models import ElementSpec, WindowAggregateElement
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -881,13 +886,18 @@ class NodeRuntime:
         element, cls = self._stateful(pipeline, pe)
         assert self.spark is not None
         keyed = element.key_by is not None
-        batch, states = read_state(
-            self.spark,
-            self.checkpoint_dir(pipeline, pe),
-            cls.state_parts(),
-            keyed,
-            key if keyed else None,
-        )
+        batch: int | None
+        states: dict[str | None, Any]
+        if isinstance(element, WindowAggregateElement) and element.options.engine == "jvm":
+            batch, states = read_jvm_window(self.spark, self.checkpoint_dir(pipeline, pe))
+        else:
+            batch, states = read_state(
+                self.spark,
+                self.checkpoint_dir(pipeline, pe),
+                cls.state_parts(),
+                keyed,
+                key if keyed else None,
+            )
         entries = [TwinEntry(key=k, state=v) for k, v in list(states.items())[:limit]]
         return TwinState(
             pipeline=pipeline,

@@ -109,7 +109,7 @@ from fogshift.broker.publish import (
 )
 from fogshift.checkpoint import key_index
 from fogshift.common.gate import read_gate
-from fogshift.events import ORIGIN_HEADER
+from fogshift.events import DEFAULT_MAX_RECORD_BYTES, ORIGIN_HEADER, fit_dead_letter
 from fogshift.exceptions import InvariantViolation
 from fogshift.spec.models import partition_id
 
@@ -1571,6 +1571,7 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
         # A keyed PE's key index (checkpoint.key_index): where each batch's notes go.
         index = options.get("key_index", "")
         self.key_index = Path(index) if index else None
+        self.max_record_bytes = int(options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         records: list[Record] = []
@@ -1578,6 +1579,8 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
             columns = batch.to_pydict()
             records.extend(
                 Record(int(o), int(i), int(q), float(t), str(c), str(b), d)
+                if d is None
+                else self._dead_letter(int(o), int(i), int(q), float(t), str(c), str(b), d)
                 for o, i, q, t, c, b, d in zip(
                     columns["origin"], columns["idx"], columns["seq"], columns["timestamp"],
                     columns["creator"], columns["body"], columns["dead"], strict=True,
@@ -1619,6 +1622,14 @@ class JetStreamWriter(DataSourceStreamArrowWriter):
             # the target can have its state, so before any record of the target's for it.
             client.run(lambda js: _send_states(js, self.pipeline, origin, states), timeout=300)
         return PublishedCount(appended, noted)
+
+    def _dead_letter(
+        self, origin: int, idx: int, seq: int, at: float, creator: str, body: str, reason: str
+    ) -> Record:
+        """A dead letter's record, cut to the record size limit (a no-op for the Python
+        processors' own, cut already; a JVM operator's carry their input whole)."""
+        body, reason = fit_dead_letter(seq, at, creator, body, reason, self.max_record_bytes)
+        return Record(origin, idx, seq, at, creator, body, reason)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """The records are already durable in JetStream when ``write`` returns. A keyed

@@ -171,7 +171,7 @@ def _point_line(rows: list[RunRow], last: RunRow) -> str:
 def dataplane(
     out: OutDir,
     quick: Annotated[
-        bool, typer.Option("--quick", help="Shorter runs and a smaller backlog: ~6 min on 2 cores.")
+        bool, typer.Option("--quick", help="Shorter runs and a smaller backlog: ~8 min on 2 cores.")
     ] = False,
     trigger_ms: Annotated[
         int | None,
@@ -184,7 +184,8 @@ def dataplane(
 ) -> None:
     """One PE's data plane, fogshift beside a plain PySpark query of the same job.
 
-    For `map` and `window-aggregate`: per-hop latency at a steady input, the highest input
+    For `map`, `window-aggregate` and `window-aggregate` on the JVM engine (`engine: jvm`,
+    beside the same floor): per-hop latency at a steady input, the highest input
     rate sustained at p99 <= 1 s, and the reprocessing rate of a backlog (with and without
     the query's start), with Spark's per-batch durations. Writes dataplane.csv,
     dataplane.png and results.md.

@@ -46,7 +46,12 @@ from fogshift.broker.keys import (
     key_refusal,
 )
 from fogshift.checkpoint import key_index
-from fogshift.events import DEFAULT_EVENT_TIMEOUT_S, DEFAULT_MAX_RECORD_BYTES
+from fogshift.events import (
+    DEFAULT_EVENT_TIMEOUT_S,
+    DEFAULT_MAX_RECORD_BYTES,
+    NOT_AN_EVENT,
+    NOT_AN_EVENT_WHY,
+)
 from fogshift.exceptions import InvariantViolation
 from fogshift.runtime.api import Processor, encode_state
 from fogshift.runtime.batch import (
@@ -62,7 +67,7 @@ from fogshift.runtime.exceptions import ElementError
 from fogshift.runtime.gate import start_run
 from fogshift.runtime.instances import InstanceKey, call_hook, registry
 from fogshift.runtime.kinds import processor_for
-from fogshift.spec.models import ElementSpec
+from fogshift.spec.models import ElementSpec, WindowAggregateElement
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -779,6 +784,37 @@ def _noted(state: Any, name: str, written: dict[str, int | None], noted: bool) -
     return _NotedValue(state, name, written) if noted else state
 
 
+def _jvm_window(spark: SparkSession, plan: QueryPlan, events: DataFrame) -> DataFrame:
+    """``window-aggregate`` with ``engine: jvm``: fogshift's JVM operator over ``events``
+    (``fogshift/runtime/java/WindowAggregate.java``; its outputs and dead letters are the
+    Python processor's, ``tests/runtime/test_jvm_window.py``).
+
+    Raises:
+        ElementError: This environment has no fogshift JVM classes (no JDK at setup).
+    """
+    from pyspark.sql import DataFrame as Frame
+
+    from fogshift.runtime.jvm_classes import jar_path
+
+    element = plan.element
+    assert isinstance(element, WindowAggregateElement)
+    jar = jar_path()
+    if not jar.is_file():
+        raise ElementError(
+            f"PE {element.id!r} of pipeline {plan.pipeline!r} runs with engine: jvm, and this "
+            f"node has no fogshift JVM classes ({jar})",
+            hint="install a JDK 17 (openjdk-17-jdk-headless) and run `make setup`, or "
+            "deploy it with engine: python",
+        )
+    opts = element.options
+    operator = spark._jvm.fogshift.ops.WindowAggregate  # type: ignore[union-attr]
+    frame = operator.apply(
+        events._jdf, element.id, opts.field, opts.window, opts.function,
+        NOT_AN_EVENT, NOT_AN_EVENT_WHY,
+    )  # fmt: skip
+    return Frame(frame, spark)
+
+
 def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
     """Start the streaming query of one PE; it resumes from ``plan.checkpoint_dir`` if present."""
     element = plan.element
@@ -822,7 +858,9 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
             plan.gate_file,
             element.event_timeout,
         )
-        if cls.is_stateful():
+        if isinstance(element, WindowAggregateElement) and element.options.engine == "jvm":
+            out = _jvm_window(spark, plan, events)
+        elif cls.is_stateful():
             if element.key_by is None:
                 group = F.lit(element.id)
             else:
@@ -853,7 +891,12 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
             )
         else:
             out = events.mapInPandas(_stateless(*args), RECORD_SCHEMA)
-        writer = out.coalesce(1).writeStream.format("fogshift-jetstream")
+        # (The limit fits a JVM operator's dead letters, which carry their input whole.)
+        writer = (
+            out.coalesce(1)
+            .writeStream.format("fogshift-jetstream")
+            .option("max_record_bytes", str(plan.max_record_bytes))
+        )
         if cls.is_stateful() and element.key_by is not None:
             writer = writer.option("key_index", str(key_index.folder_of(Path(plan.checkpoint_dir))))
     else:

@@ -1,7 +1,9 @@
 """fogshift's own JVM classes: compiled once per environment, put on every node's driver
 classpath.
 
-One class so far, the sessions' local file system (``java/NioLocalFileSystem.java``). Hadoop's
+Two classes. ``java/WindowAggregate.java`` is ``window-aggregate``'s JVM engine (``engine: jvm``,
+:func:`fogshift.runtime.engine.start_query`). ``java/NioLocalFileSystem.java`` is the sessions'
+local file system: Hadoop's
 local file system sets the permissions of each file it creates by starting a ``chmod``
 process when Hadoop's native library is missing, and no build of that library is published
 for this platform (PyPI and Debian have none). A streaming query writes its offsets, its
@@ -12,10 +14,10 @@ commit and its state changelog every micro-batch, each with a checksum file: mea
 permissions through ``java.nio``: a batch's offsets-log write and commit took 1-2 ms each
 instead of 8-9.5 ms.
 
-``python -m fogshift.runtime.jvm_archive`` (``make setup``) compiles it with the JDK's
-``javac`` against the Hadoop jar in the pyspark wheel, before it makes the class archive.
-Without a ``javac`` there is no jar, and sessions use Hadoop's own file system: more CPU per
-batch, the same results.
+``python -m fogshift.runtime.jvm_archive`` (``make setup``) compiles both with the JDK's
+``javac`` against the jars in the pyspark wheel, before it makes the class archive. Without a
+``javac`` there is no jar: sessions use Hadoop's own file system (more CPU per batch, the
+same results), and a PE with ``engine: jvm`` is refused where it would start.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ from pathlib import Path
 from filelock import FileLock
 
 #: The Java sources, compiled into one jar.
-SOURCES = (Path(__file__).with_name("java") / "NioLocalFileSystem.java",)
+SOURCES = tuple(
+    Path(__file__).with_name("java") / name
+    for name in ("NioLocalFileSystem.java", "WindowAggregate.java")
+)
 #: Hadoop's ``fs.file.impl`` of every session when the jar is there.
 LOCAL_FILE_SYSTEM = "fogshift.hadoop.NioLocalFileSystem"
 
@@ -51,7 +56,7 @@ def jar_path() -> Path:
     digest = hashlib.sha256()
     for source in SOURCES:
         digest.update(source.read_bytes())
-    for jar in sorted(_pyspark_jars().glob("hadoop-client-api-*.jar")):
+    for jar in sorted(_pyspark_jars().glob("*.jar")):
         digest.update(jar.name.encode())
     return Path(sys.prefix) / "share" / "fogshift" / f"fogshift-jvm-{digest.hexdigest()[:12]}.jar"
 
@@ -92,7 +97,7 @@ def ensure(jar: Path | None = None, timeout_s: float = 300) -> bool:
             )
             return False
         started = time.monotonic()
-        classpath = os.pathsep.join(str(j) for j in _pyspark_jars().glob("hadoop-client-api-*.jar"))
+        classpath = os.pathsep.join(str(j) for j in sorted(_pyspark_jars().glob("*.jar")))
         with tempfile.TemporaryDirectory(prefix="fogshift-javac-") as work:
             classes = Path(work) / "classes"
             proc = subprocess.run(

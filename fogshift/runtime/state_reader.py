@@ -64,6 +64,26 @@ def read_state(
     return batch, dict(sorted(out.items(), key=lambda kv: kv[0] or ""))
 
 
+def read_jvm_window(
+    spark: SparkSession, checkpoint: Path
+) -> tuple[int | None, dict[str | None, Any]]:
+    """The window of a ``window-aggregate`` with ``engine: jvm``, as of the newest committed
+    batch, in the Python engine's shape (``{None: {"values": [...]}}``; nothing before its
+    first value). Its one state variable holds the values as text, ints as digits and floats
+    as Java writes them (with a point or an exponent)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    batch = committed_batch(checkpoint)
+    if batch is None:
+        return None, {}
+    rows = _state_var(spark, checkpoint, batch, "window").select(F.col("value.value")).collect()
+    if not rows or rows[0][0] is None:
+        return batch, {}
+    text = str(rows[0][0])
+    values = [float(t) if "." in t or "E" in t else int(t) for t in text.split(",") if t]
+    return batch, {None: {"values": values}}
+
+
 def read_keys(
     spark: SparkSession, checkpoint: Path, parts: list[str] | None, movable: bool
 ) -> tuple[int | None, dict[str, Any] | None, dict[str, int]]:

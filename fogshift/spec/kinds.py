@@ -33,6 +33,8 @@ Role = Literal["source", "processor", "sink"]
 
 #: The aggregates ``window-aggregate`` computes (the runtime implements each).
 AggregateName = Literal["avg", "sum", "min", "max", "count"]
+#: What runs a built-in kind's query (see :class:`WindowAggregateOptions`).
+Engine = Literal["python", "jvm"]
 
 
 def _visible(value: str) -> str:
@@ -139,11 +141,17 @@ class WindowAggregateOptions(KindOptions):
         field: The body field to aggregate.
         window: How many of the latest valid values the aggregate covers (count window).
         function: avg, sum, min, max or count.
+        engine: ``python`` (the default: a ``transformWithStateInPandas`` query running
+            :mod:`fogshift.runtime.operators.window`) or ``jvm`` (the same outputs and dead
+            letters from a JVM operator, ``fogshift/runtime/java/WindowAggregate.java``,
+            without a Python worker on the batch's path; unkeyed only). A PE keeps its
+            engine for its life: its checkpoint holds that engine's state.
     """
 
     field: Text
     window: Whole = Field(ge=1, le=1_000_000)
     function: AggregateName = "avg"
+    engine: Engine = "python"
 
 
 class MapOptions(KindOptions):

@@ -326,6 +326,18 @@ class WindowAggregateElement(ElementSpec):
     kind: Literal["window-aggregate"]
     options: WindowAggregateOptions
 
+    @model_validator(mode="after")
+    def _jvm_unkeyed(self) -> Self:
+        if self.options.engine == "jvm" and self.key_by is not None:
+            raise Refusal(
+                f"window-aggregate {self.id!r}: the JVM engine keeps one window, not one per "
+                "key (key listings, twins and key moves read the Python engine's state)",
+                expected="engine: jvm without key_by, or key_by with engine: python",
+                received=f"engine: jvm with key_by: {self.key_by}",
+                hint="remove engine: jvm (the default is python)",
+            )
+        return self
+
 
 class MapElement(ElementSpec):
     """A ``map``: computes fields from expressions."""

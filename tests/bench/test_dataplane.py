@@ -54,14 +54,18 @@ def reference_window(count: int, window: int) -> dict[int, float]:
     }
 
 
-@pytest.mark.parametrize("system", dataplane.SYSTEMS)
+@pytest.mark.parametrize(
+    ("system", "case"),
+    [("fogshift", "window-aggregate"), ("plain", "window-aggregate"),
+     ("fogshift", "window-aggregate-jvm")],
+)  # fmt: skip
 def test_both_systems_compute_the_reference_window_average(
-    bench: dataplane.Bench, system: str
+    bench: dataplane.Bench, system: str, case: str
 ) -> None:
-    row = bench.steady(system, "window-aggregate", 100, 1.5)
+    row = bench.steady(system, case, 100, 1.5)
     got = outputs(bench)
     count = 1 + 150  # the warm-up event, then the fed ones
-    expected = reference_window(count, dataplane.OPTIONS["window-aggregate"]["window"])
+    expected = reference_window(count, dataplane.OPTIONS[case]["window"])
     assert sorted(got) == list(range(1, count + 1))
     assert all(math.isclose(got[n]["value"], expected[n]) for n in got)
     assert row["events"] == 150 and 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -547,3 +548,39 @@ def test_a_batch_the_broker_found_incomplete_is_sent_again_whole(
     with pytest.raises(BrokerError, match="incomplete"):
         js_client.run(lambda js: publish_records(js, "t", pe, records([4, 5, 6])))
     assert len(dropped) == 1
+
+
+def test_the_writer_cuts_a_dead_letter_carrying_its_input_whole(
+    js_client: SyncJetStream, tmp_path: Path
+) -> None:
+    # A JVM operator's dead letter carries its input as received: the writer cuts it to the
+    # record size limit as the Python processors cut theirs (a record must be appendable).
+    import pyarrow as pa
+
+    from fogshift.broker.datasource import JetStreamWriter
+    from fogshift.events import fit_dead_letter
+
+    pe = fresh_pe(js_client)
+    broker = js_client.address.save(tmp_path / "broker.json")
+    limit = 4096
+    writer = JetStreamWriter({"broker": str(broker), "pipeline": "t", "pe": pe, "epoch": "1",
+                              "max_record_bytes": str(limit)})  # fmt: skip
+    huge = json.dumps({"v": "x" * 20_000})
+    small = fit_dead_letter(2, 0.0, "pe", '{"v": "y"}', "not a number", limit)
+    rows = [
+        {"origin": 1, "idx": 0, "seq": 1, "timestamp": 0.0, "creator": "pe", "body": huge,
+         "dead": "field 'v' is 'xxx', not a finite number"},
+        {"origin": 2, "idx": 0, "seq": 2, "timestamp": 0.0, "creator": "pe", "body": small[0],
+         "dead": small[1]},
+        {"origin": 3, "idx": 0, "seq": 3, "timestamp": 0.0, "creator": "pe", "body": '{"v":1}',
+         "dead": None},
+    ]  # fmt: skip
+    writer.write(iter([pa.RecordBatch.from_pylist(rows)]))
+    stored = js_client.run(lambda js: get_range(js, stream_name("t", pe), dead_subject("t", pe),
+                                                0, 10))  # fmt: skip
+    letters = [json.loads(m.data) for m in stored]
+    assert [len(m.data) <= limit for m in stored] == [True, True]
+    assert letters[0]["body"].startswith(huge[:1000])
+    assert letters[0]["body"].endswith(f" ...[cut: {len(huge)} characters in all]")
+    assert letters[0]["reason"] == "field 'v' is 'xxx', not a finite number"
+    assert (letters[1]["body"], letters[1]["reason"]) == small  # already fitting: unchanged

@@ -16,12 +16,12 @@ from tests.integration.helpers import write_case1_csv, write_spec
 
 pytestmark = pytest.mark.integration
 
-AGGREGATES = [  # (function, window, node)
-    ("avg", 3, "fog-a"),
-    ("sum", 1, "fog-b"),
-    ("min", 10, "fog-a"),
-    ("max", 25, "fog-b"),
-    ("count", 7, "fog-a"),
+AGGREGATES = [  # (function, window, node, engine)
+    ("avg", 3, "fog-a", "python"),
+    ("sum", 1, "fog-b", "jvm"),
+    ("min", 10, "fog-a", "python"),
+    ("max", 25, "fog-b", "jvm"),
+    ("count", 7, "fog-a", "python"),
 ]
 ROWS = 400
 
@@ -34,15 +34,16 @@ def fan(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict:
     elements: list[dict] = [
         {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "data/in.csv"}}
     ]
-    for function, window, node in AGGREGATES:
+    for function, window, node, engine in AGGREGATES:
         name = f"{function}{window}"
+        options = {"field": "value", "window": window, "function": function, "engine": engine}
         elements.append(
             {
                 "id": name,
                 "kind": "window-aggregate",
                 "node": node,
                 "inputs": ["source"],
-                "options": {"field": "value", "window": window, "function": function},
+                "options": options,
             }
         )
         elements.append(
@@ -60,12 +61,24 @@ def fan(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_all_functions_and_windows_match_the_reference(cluster: Cluster, fan: dict) -> None:
-    for function, window, _ in AGGREGATES:
+    # Both engines: the JVM operator's outputs and dead letters are the Python processor's.
+    for function, window, _, _ in AGGREGATES:
         name = f"{function}{window}"
         ref = case1_reference(fan["data"], "value", window, function)
         cluster.wait_for("fan", f"sink-{name}", len(ref.rows))
         verdict = compare(ref.rows, read_sink(fan["work"] / "out" / f"{name}.csv", "value"))
         assert verdict.consistent, f"{name}: {verdict.summary()}"
+        letters = cluster.json("errors", "fan", "--limit", "10000")
+        dead = [d for d in letters if d["element"] == name]
+        malformed = [d for d in letters if d["element"] == "source"]
+        assert len(dead) == ref.dropped - len(malformed), name
+        assert all("not a finite number" in d["reason"] for d in dead), name
+    # A JVM window's state reads as the Python engine's: the last 25 valid values.
+    frame = pd.read_csv(fan["data"], dtype=str, keep_default_na=False, on_bad_lines="skip")
+    values = pd.to_numeric(frame["value"], errors="coerce")
+    window = values[values.notna() & values.abs().lt(float("inf"))].tolist()[-25:]
+    state = cluster.json("state", "fan", "max25")
+    assert [e["state"]["values"] for e in state["entries"]] == [window]
 
 
 def test_status_counts_and_dead_letters(cluster: Cluster, fan: dict) -> None:

@@ -138,6 +138,27 @@ def test_key_by_is_for_processors_that_hold_state() -> None:
             parse_spec(bad)
 
 
+def test_the_jvm_engine_runs_unkeyed_windows_only() -> None:
+    data = spec_data()
+    data["elements"][1] = {
+        "id": "own", "kind": "window-aggregate", "node": "fog-a", "inputs": ["src"],
+        "options": {"field": "v", "window": 3, "engine": "jvm"},
+    }  # fmt: skip
+    spec = parse_spec(data)
+    assert spec.element("own").options.engine == "jvm"  # type: ignore[attr-defined]
+    del data["elements"][1]["options"]["engine"]
+    assert parse_spec(data).element("own").options.engine == "python"  # type: ignore[attr-defined]
+    data["elements"][1]["options"]["engine"] = "jvm"
+    data["elements"][1]["key_by"] = "sensor"
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert err.value.expected == "engine: jvm without key_by, or key_by with engine: python"
+    assert err.value.received == "engine: jvm with key_by: sensor"
+    data["elements"][1]["options"]["engine"] = "scala"
+    with pytest.raises(InvalidSpec, match="engine"):
+        parse_spec(data)
+
+
 def test_event_timeout_s_bounds_a_processors_events_only() -> None:
     spec = parse_spec(spec_data())
     assert spec.element("own").event_timeout_s is None

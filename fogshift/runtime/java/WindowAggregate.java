@@ -1,0 +1,447 @@
+package fogshift.ops;
+
+import com.fasterxml.jackson.core.JsonFactory;
+import com.fasterxml.jackson.core.JsonParser;
+import com.fasterxml.jackson.core.StreamReadConstraints;
+import com.fasterxml.jackson.core.json.JsonReadFeature;
+import com.fasterxml.jackson.databind.DeserializationFeature;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.json.JsonMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.math.BigDecimal;
+import java.math.BigInteger;
+import java.math.MathContext;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.List;
+import java.util.TreeSet;
+import org.apache.spark.api.java.function.MapFunction;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.StatefulProcessor;
+import org.apache.spark.sql.streaming.TTLConfig;
+import org.apache.spark.sql.streaming.TimeMode;
+import org.apache.spark.sql.streaming.TimerValues;
+import org.apache.spark.sql.streaming.ValueState;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * fogshift's built-in {@code window-aggregate} (unkeyed) as a JVM operator: the same outputs
+ * and dead letters as the Python processor ({@code fogshift/runtime/operators/window.py}),
+ * without a Python worker, the state server or pandas on the batch's path.
+ *
+ * <p>Contract (checked against the Python processor by {@code tests/runtime/test_jvm_window.py}):
+ * the input rows ({@code origin, seq, timestamp, creator, body}) of a batch are taken in input
+ * order ({@code origin}); each event whose body is a JSON object with a finite number in
+ * {@code field} appends it to the window (the last {@code window} values) and emits
+ * {@code {field: aggregate}} with the input's seq and timestamp; any other event is a dead letter
+ * (body as received, the reason) and leaves the window as before it. Aggregates are computed as
+ * Python computes them: {@code sum} and {@code avg} with {@code math.fsum}'s correctly rounded
+ * sum (an intermediate overflow is an error: a dead letter for {@code sum}, {@code avg} then
+ * averages the quotients), {@code min} and {@code max} by exact comparison keeping the first of
+ * equals and its type (an int stays an int), {@code count} an int. The window is kept as text in
+ * one {@code ValueState}, written once per batch.
+ */
+public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
+  private static final long serialVersionUID = 1L;
+
+  /** Rows of fogshift's writer: {@code fogshift.broker.datasource.RECORD_SCHEMA}. */
+  public static final StructType RECORD_SCHEMA =
+      new StructType()
+          .add("origin", DataTypes.LongType)
+          .add("idx", DataTypes.IntegerType)
+          .add("seq", DataTypes.LongType)
+          .add("timestamp", DataTypes.DoubleType)
+          .add("creator", DataTypes.StringType)
+          .add("body", DataTypes.StringType)
+          .add("dead", DataTypes.StringType);
+
+  /** The creator of a row whose message is no event (fogshift.events.NOT_AN_EVENT). */
+  private final String notAnEvent;
+  private final String notAnEventWhy;
+  private final String pe;
+  private final String field;
+  private final int window;
+  private final String function;
+  private transient ValueState<String> values;
+  private transient ObjectMapper json;
+
+  public WindowAggregate(
+      String pe, String field, int window, String function, String notAnEvent, String why) {
+    this.pe = pe;
+    this.field = field;
+    this.window = window;
+    this.function = function;
+    this.notAnEvent = notAnEvent;
+    this.notAnEventWhy = why;
+  }
+
+  /**
+   * The operator over {@code events} (rows of {@code EVENT_SCHEMA}): the dataset of its output
+   * records. One group (the PE's id): an unkeyed PE's state is one window.
+   */
+  public static Dataset<Row> apply(
+      Dataset<Row> events,
+      String pe,
+      String field,
+      int window,
+      String function,
+      String notAnEvent,
+      String why) {
+    MapFunction<Row, String> group = row -> pe;
+    return events
+        .groupByKey(group, Encoders.STRING())
+        .transformWithState(
+            new WindowAggregate(pe, field, window, function, notAnEvent, why),
+            TimeMode.None(),
+            OutputMode.Append(),
+            Encoders.row(RECORD_SCHEMA));
+  }
+
+  @Override
+  public void init(OutputMode outputMode, TimeMode timeMode) {
+    values = getHandle().getValueState("window", Encoders.STRING(), TTLConfig.NONE());
+    json = mapper();
+  }
+
+  static ObjectMapper mapper() {
+    // As Python's json.loads: NaN and Infinity are read (then refused as not finite), trailing
+    // text is an error, the last of repeated names wins, integers of up to 4300 digits
+    // (Python's int_max_str_digits).
+    JsonFactory factory =
+        JsonFactory.builder()
+            .enable(JsonReadFeature.ALLOW_NON_NUMERIC_NUMBERS)
+            .streamReadConstraints(
+                StreamReadConstraints.builder().maxNumberLength(4300).build())
+            .build();
+    return JsonMapper.builder(factory)
+        .enable(DeserializationFeature.FAIL_ON_TRAILING_TOKENS)
+        .build();
+  }
+
+  /** One value of the window: an integer (exact) or a float. */
+  static final class Num {
+    final BigInteger integer;
+    final double real;
+
+    Num(BigInteger integer) {
+      this.integer = integer;
+      this.real = integer.doubleValue();
+    }
+
+    Num(double real) {
+      this.integer = null;
+      this.real = real;
+    }
+
+    String text() {
+      return integer != null ? integer.toString() : Double.toString(real);
+    }
+
+    static Num parse(String text) {
+      return text.indexOf('.') >= 0 || text.indexOf('E') >= 0
+          ? new Num(Double.parseDouble(text))
+          : new Num(new BigInteger(text));
+    }
+
+    /** Exact comparison, as Python compares ints and floats. */
+    int compare(Num other) {
+      if (integer == null && other.integer == null) {
+        return real < other.real ? -1 : (real > other.real ? 1 : 0);
+      }
+      if (integer != null && other.integer != null) {
+        return integer.compareTo(other.integer);
+      }
+      return exact().compareTo(other.exact());
+    }
+
+    BigDecimal exact() {
+      return integer != null ? new BigDecimal(integer) : new BigDecimal(real);
+    }
+  }
+
+  /** An aggregate that is an error (Python raised): the event is a dead letter. */
+  static final class Refused extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    Refused(String reason) {
+      super(reason, null, false, false);
+    }
+  }
+
+  @Override
+  public scala.collection.Iterator<Row> handleInputRows(
+      String key, scala.collection.Iterator<Row> rows, TimerValues timerValues) {
+    List<Row> input = new ArrayList<>();
+    Iterator<Row> it = CollectionConverters.asJava(rows);
+    while (it.hasNext()) {
+      input.add(it.next());
+    }
+    input.sort((a, b) -> Long.compare(a.getLong(0), b.getLong(0)));
+    ArrayDeque<Num> kept = load();
+    List<Row> out = new ArrayList<>(input.size());
+    boolean changed = false;
+    for (Row row : input) {
+      long origin = row.getLong(0);
+      long seq = row.getLong(1);
+      double timestamp = row.getDouble(2);
+      String creator = row.getString(3);
+      String body = row.getString(4);
+      try {
+        Num value = value(creator, body);
+        kept.addLast(value);
+        boolean trimmed = false;
+        Num dropped = null;
+        if (kept.size() > window) {
+          dropped = kept.removeFirst();
+          trimmed = true;
+        }
+        Object aggregate;
+        try {
+          aggregate = aggregate(kept);
+        } catch (Refused refused) {
+          kept.removeLast(); // the window as before the event
+          if (trimmed) {
+            kept.addFirst(dropped);
+          }
+          throw refused;
+        }
+        if (!(Double.isFinite(timestamp) && seq >= 0)) {
+          kept.removeLast();
+          if (trimmed) {
+            kept.addFirst(dropped);
+          }
+          throw new Refused(
+              "processor '" + pe + "' returned output 0 that cannot be encoded (seq " + seq
+                  + " or timestamp " + timestamp + " is out of range); bodies hold JSON values "
+                  + "and finite numbers only");
+        }
+        ObjectNode outBody = json.createObjectNode();
+        if (aggregate instanceof BigInteger) {
+          outBody.put(field, (BigInteger) aggregate);
+        } else if (aggregate instanceof Integer) {
+          outBody.put(field, (Integer) aggregate);
+        } else {
+          outBody.put(field, (Double) aggregate);
+        }
+        out.add(RowFactory.create(
+            origin, 0, seq, timestamp, pe, json.writeValueAsString(outBody), null));
+        changed = true;
+      } catch (Refused refused) {
+        out.add(RowFactory.create(origin, 0, seq, timestamp, pe, body, refused.getMessage()));
+      } catch (Exception other) {
+        // Nothing an event does stops the PE: whatever went wrong is this event's dead letter.
+        String reason = "processor '" + pe + "' raised " + other.getClass().getSimpleName()
+            + ": " + other.getMessage();
+        out.add(RowFactory.create(origin, 0, seq, timestamp, pe, body, reason));
+      }
+    }
+    if (changed) {
+      StringBuilder text = new StringBuilder(kept.size() * 8);
+      for (Num n : kept) {
+        if (text.length() > 0) {
+          text.append(',');
+        }
+        text.append(n.text());
+      }
+      values.update(text.toString());
+    }
+    return CollectionConverters.asScala(out.iterator());
+  }
+
+  private ArrayDeque<Num> load() {
+    ArrayDeque<Num> kept = new ArrayDeque<>();
+    if (values.exists()) {
+      String text = values.get();
+      if (!text.isEmpty()) {
+        for (String part : text.split(",")) {
+          kept.addLast(Num.parse(part));
+        }
+      }
+    }
+    return kept;
+  }
+
+  /** The event's value, or {@link Refused} with the reason it is a dead letter. */
+  Num value(String creator, String body) throws Refused {
+    if (notAnEvent.equals(creator)) {
+      throw new Refused("input of '" + pe + "' is not an event: " + notAnEventWhy);
+    }
+    JsonNode node;
+    try {
+      node = json.readTree(body);
+    } catch (Exception exc) {
+      throw new Refused("input of '" + pe + "' is not an event: " + exc.getClass().getSimpleName()
+          + ": " + firstLine(exc.getMessage()));
+    }
+    if (node == null || node.isMissingNode()) {
+      throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: Expecting value");
+    }
+    if (!node.isObject()) {
+      throw new Refused("input of '" + pe + "' is not an event: ValueError: an event body must "
+          + "be a JSON object, got " + kind(node));
+    }
+    JsonNode value = node.get(field);
+    if (value == null) {
+      TreeSet<String> names = new TreeSet<>();
+      node.fieldNames().forEachRemaining(names::add);
+      throw new Refused("field '" + field + "' is missing (fields: " + names + ")");
+    }
+    if (value.isIntegralNumber()) {
+      BigInteger integer = value.bigIntegerValue();
+      if (new BigDecimal(integer.abs()).compareTo(new BigDecimal(Double.MAX_VALUE)) > 0) {
+        throw new Refused("field '" + field + "' is an integer of "
+            + integer.abs().toString().length() + " digits, beyond a float's range");
+      }
+      return new Num(integer);
+    }
+    if (value.isFloatingPointNumber() && Double.isFinite(value.doubleValue())) {
+      return new Num(value.doubleValue());
+    }
+    throw new Refused("field '" + field + "' is " + value + ", not a finite number");
+  }
+
+  private static String kind(JsonNode node) {
+    if (node == null || node.isNull()) {
+      return "NoneType";
+    }
+    if (node.isArray()) {
+      return "list";
+    }
+    if (node.isTextual()) {
+      return "str";
+    }
+    if (node.isBoolean()) {
+      return "bool";
+    }
+    return node.isIntegralNumber() ? "int" : "float";
+  }
+
+  private static String firstLine(String message) {
+    if (message == null) {
+      return "";
+    }
+    int end = message.indexOf('\n');
+    return end < 0 ? message : message.substring(0, end);
+  }
+
+  Object aggregate(ArrayDeque<Num> kept) throws Refused {
+    switch (function) {
+      case "count":
+        return kept.size();
+      case "min":
+      case "max":
+        {
+          boolean min = function.equals("min");
+          Num best = null;
+          for (Num n : kept) {
+            if (best == null || (min ? n.compare(best) < 0 : n.compare(best) > 0)) {
+              best = n;
+            }
+          }
+          return best.integer != null ? (Object) best.integer : (Object) best.real;
+        }
+      case "sum":
+        {
+          double[] reals = new double[kept.size()];
+          int i = 0;
+          for (Num n : kept) {
+            reals[i++] = n.real;
+          }
+          return fsum(reals);
+        }
+      case "avg":
+        {
+          double[] reals = new double[kept.size()];
+          int i = 0;
+          for (Num n : kept) {
+            reals[i++] = n.real;
+          }
+          try {
+            return fsum(reals) / kept.size();
+          } catch (Refused overflow) {
+            // Python: fsum(v / len(values) for v in values); an int's quotient is the
+            // correctly rounded one of the exact division.
+            i = 0;
+            BigDecimal count = BigDecimal.valueOf(kept.size());
+            for (Num n : kept) {
+              reals[i++] = n.integer != null
+                  ? new BigDecimal(n.integer).divide(count, MathContext.DECIMAL128).doubleValue()
+                  : n.real / kept.size();
+            }
+            return fsum(reals);
+          }
+        }
+      default:
+        throw new Refused("unknown aggregate " + function);
+    }
+  }
+
+  /**
+   * CPython's {@code math.fsum} (Shewchuk's partials, half-even across partials), for finite
+   * inputs: an intermediate overflow is {@link Refused}, as Python raises OverflowError.
+   */
+  static double fsum(double[] values) throws Refused {
+    double[] partials = new double[32];
+    int n = 0;
+    for (double value : values) {
+      double x = value;
+      int i = 0;
+      for (int j = 0; j < n; j++) {
+        double y = partials[j];
+        if (Math.abs(x) < Math.abs(y)) {
+          double t = x;
+          x = y;
+          y = t;
+        }
+        double hi = x + y;
+        double lo = y - (hi - x);
+        if (lo != 0.0) {
+          partials[i++] = lo;
+        }
+        x = hi;
+      }
+      n = i;
+      if (x != 0.0) {
+        if (!Double.isFinite(x)) {
+          throw new Refused("processor raised OverflowError: intermediate overflow in fsum");
+        }
+        if (n == partials.length) {
+          partials = java.util.Arrays.copyOf(partials, n * 2);
+        }
+        partials[n++] = x;
+      }
+    }
+    double hi = 0.0;
+    if (n > 0) {
+      hi = partials[--n];
+      double lo = 0.0;
+      while (n > 0) {
+        double x = hi;
+        double y = partials[--n];
+        hi = x + y;
+        double yr = hi - x;
+        lo = y - yr;
+        if (lo != 0.0) {
+          break;
+        }
+      }
+      if (n > 0 && ((lo < 0.0 && partials[n - 1] < 0.0) || (lo > 0.0 && partials[n - 1] > 0.0))) {
+        double y = lo * 2.0;
+        double x = hi + y;
+        double yr = x - hi;
+        if (y == yr) {
+          hi = x;
+        }
+      }
+    }
+    return hi;
+  }
+}

@@ -1,0 +1,158 @@
+"""``window-aggregate`` with ``engine: jvm`` gives what the Python processor gives.
+
+The JVM operator (``fogshift/runtime/java/WindowAggregate.java``) runs in a real Spark
+streaming query over input files, in several batches and across a restart from its
+checkpoint; the reference is the Python processor (``runtime/operators/window.py``) run
+over the same rows by ``run_events``. Every output must be the same value of the same type
+(an int stays an int, -0.0 stays -0.0), and every dead letter the same event.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fogshift.events import NOT_AN_EVENT, NOT_AN_EVENT_WHY
+from fogshift.runtime.batch import run_events
+from fogshift.runtime.jvm_classes import jar_path
+from fogshift.runtime.operators.window import WindowAggregate
+
+pytestmark = pytest.mark.integration
+
+EVENT_SCHEMA = "origin long, seq long, timestamp double, creator string, body string"
+
+#: Bodies no aggregate may take (each a dead letter, the window as before it).
+BAD = [
+    '{"v": "7"}', '{"v": null}', '{"v": true}', '{"v": NaN}', '{"v": Infinity}',
+    '{"v": -Infinity}', '{"v": 1e400}', '{"v": [1]}', '{"v": {"w": 1}}', '{"w": 1}', "{}",
+    "[1, 2]", '"text"', "7", "", "not json", '{"v": 1} trailing', '{"v": 1,}',
+    '{"v": ' + "9" * 400 + "}",
+]  # fmt: skip
+
+
+def corpus(seed: int, count: int) -> list[str]:
+    """Event bodies: valid values of every kind Python tells apart, and bad ones."""
+    rng = random.Random(seed)
+    bodies = []
+    for _ in range(count):
+        pick = rng.random()
+        if pick < 0.12:
+            bodies.append(rng.choice(BAD))
+            continue
+        if pick < 0.35:
+            value: Any = rng.randint(-1000, 1000)
+        elif pick < 0.45:
+            value = rng.choice([10**20, -(10**19) - 7, 2**63, 0, 10**300])
+        elif pick < 0.55:
+            value = rng.choice([1e308, -1e308, 1.7e308, 5e-324, -0.0, 0.0, 1e16, 0.1])
+        else:
+            value = rng.uniform(-1e6, 1e6) * 10 ** rng.randint(-8, 8)
+        extra = {"w": rng.random()} if rng.random() < 0.3 else {}
+        bodies.append(json.dumps({**extra, "v": value, "v2": 1}))
+    return bodies
+
+
+def rows_of(bodies: list[str], first: int = 1) -> list[tuple[int, int, float, str, str]]:
+    return [(first + n, first + n, 1000.0 + n, "src", b) for n, b in enumerate(bodies)]
+
+
+def typed(body: str) -> str:
+    """The output's value as Python reads it, type and sign included."""
+    return repr(json.loads(body)["v"])
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from fogshift.runtime.session import build_session
+
+    assert jar_path().is_file(), "make setup compiles fogshift's JVM classes"
+    session = build_session("jvm-window", "local[2]", str(tmp_path_factory.mktemp("local")))
+    yield session
+    session.stop()
+
+
+def run_jvm(
+    spark: Any, work: Path, batches: list[list[tuple]], function: str, window: int
+) -> list[Any]:
+    """The JVM operator's output rows over ``batches``, one batch each, restarted from its
+    checkpoint after the first."""
+    from pyspark.sql import DataFrame
+
+    inbox = work / "in"
+    inbox.mkdir(parents=True)
+    got: list[Any] = []
+    for n, batch in enumerate(batches):
+        lines = [
+            json.dumps(dict(zip(("origin", "seq", "timestamp", "creator", "body"), r, strict=True)))
+            for r in batch
+        ]
+        (inbox / f"{n:03d}.json").write_text("\n".join(lines) + "\n")
+        events = spark.readStream.schema(EVENT_SCHEMA).json(str(inbox))
+        frame = spark._jvm.fogshift.ops.WindowAggregate.apply(
+            events._jdf, "agg", "v", window, function, NOT_AN_EVENT, NOT_AN_EVENT_WHY
+        )
+        query = (
+            DataFrame(frame, spark)
+            .writeStream.foreachBatch(lambda df, _: got.extend(df.collect()))
+            .option("checkpointLocation", str(work / "checkpoint"))
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    return got
+
+
+@pytest.mark.parametrize(
+    ("function", "window", "seed"),
+    [("avg", 3, 1), ("sum", 4, 2), ("min", 5, 3), ("max", 2, 4), ("count", 3, 5), ("avg", 1, 6)],
+)
+def test_jvm_window_matches_the_python_processor(
+    spark: Any, tmp_path: Path, function: str, window: int, seed: int
+) -> None:
+    bodies = corpus(seed, 240)
+    rows = rows_of(bodies)
+    rows.insert(57, (58, 57, 1057.0, NOT_AN_EVENT, "raw bytes"))  # a foreign message
+    rows = [(n + 1, *r[1:]) for n, r in enumerate(rows)]
+    # Three batches, the second's rows out of input order (Spark does not keep it).
+    batches = [rows[:100], list(reversed(rows[100:180])), rows[180:]]
+    got = {r.origin: r for r in run_jvm(spark, tmp_path, batches, function, window)}
+    options = {"field": "v", "window": window, "function": function}
+    expected = {r[0]: r for r in run_events(WindowAggregate.build(options, "agg", None), rows)}
+    assert sorted(got) == sorted(expected) == [r[0] for r in rows]
+    dead = [o for o, r in expected.items() if r[6] is not None]
+    assert [o for o, r in got.items() if r.dead is not None] == dead
+    assert len(dead) >= 20  # the corpus's bad events, and overflowing sums
+    for origin, want in expected.items():
+        row = got[origin]
+        assert (row.seq, row.timestamp, row.creator, row.idx) == (want[2], want[3], "agg", 0)
+        if want[6] is None:
+            assert typed(row.body) == typed(want[5]), (origin, row.body, want[5])
+        else:
+            assert row.body == want[5], origin  # the input as received
+            assert row.dead
+
+
+def test_jvm_avg_overflow_takes_the_mean_of_quotients(spark: Any, tmp_path: Path) -> None:
+    # fsum of two 1e308s overflows: Python averages the quotients, and so must the JVM;
+    # sum has no fallback, so the second event is a dead letter there.
+    bodies = ['{"v": 1e308}', '{"v": 1e308}', '{"v": 1.5e308}', '{"v": 2}']
+    rows = rows_of(bodies)
+    for function in ("avg", "sum"):
+        work = tmp_path / function
+        got = {r.origin: r for r in run_jvm(spark, work, [rows], function, 3)}
+        options = {"field": "v", "window": 3, "function": function}
+        want = {r[0]: r for r in run_events(WindowAggregate.build(options, "agg", None), rows)}
+        assert [got[o].dead is None for o in sorted(got)] == [
+            want[o][6] is None for o in sorted(want)
+        ]
+        for origin in want:
+            if want[origin][6] is None:
+                assert typed(got[origin].body) == typed(want[origin][5])
+    assert typed(got[1].body) == "1e+308"
