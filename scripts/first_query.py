@@ -10,6 +10,7 @@ it on a quiet machine:
 
     .venv/bin/python scripts/first_query.py
     .venv/bin/python scripts/first_query.py --warm-up
+    .venv/bin/python scripts/first_query.py --warm-up --engine jvm
 
 A measurement tool, not part of the runtime.
 """
@@ -35,7 +36,7 @@ from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.gate import end_run
 from fogshift.runtime.kinds import processor_for
 from fogshift.runtime.session import build_session
-from fogshift.runtime.state_reader import read_keys
+from fogshift.runtime.state_reader import read_jvm_window, read_keys
 from fogshift.runtime.warm_up import warm_up
 from fogshift.spec.models import ElementSpec
 
@@ -48,6 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=3)
     parser.add_argument("--warm-up", action="store_true")
+    parser.add_argument("--engine", choices=("python", "jvm"), default="python")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="fogshift-first-query-"))
     broker = start_nats_server(home / "nats")
@@ -65,8 +67,11 @@ def main() -> None:
                 Record(n, 0, n, 1000.0 + n, "src", json.dumps({"value": n})) for n in range(1, 21)
             ]
             js.run(partial(publish_records, pipeline=pipeline, pe="src", records=records))
-            element = ElementSpec(id="agg", kind="window-aggregate", node="n", inputs=("src",),
-                                  options={"field": "value", "window": 5})  # fmt: skip
+            options = {"field": "value", "window": 5, "engine": args.engine}
+            element = ElementSpec.model_validate(
+                {"id": "agg", "kind": "window-aggregate", "node": "n", "inputs": ["src"],
+                 "options": options}
+            )  # fmt: skip
             gate = str(home / pipeline / "gate.json")
             plan = QueryPlan(pipeline, element, broker_file, str(home / pipeline / "checkpoint"),
                              trigger_ms=200, gate_file=gate)  # fmt: skip
@@ -82,8 +87,11 @@ def main() -> None:
             end_run(gate)
             parts = processor_for(element.kind, dict(element.options))[0].state_parts()
             started = time.monotonic()
-            read_keys(spark, Path(plan.checkpoint_dir), parts, movable=False)
-            print(f"query {index}: its keys listed in {time.monotonic() - started:.2f} s",
+            if args.engine == "jvm":  # (its state as `fogshift state` reads it)
+                read_jvm_window(spark, Path(plan.checkpoint_dir))
+            else:
+                read_keys(spark, Path(plan.checkpoint_dir), parts, movable=False)
+            print(f"query {index}: its state read in {time.monotonic() - started:.2f} s",
                   flush=True)  # fmt: skip
     finally:
         spark.stop()
