@@ -171,7 +171,8 @@ def _point_line(rows: list[RunRow], last: RunRow) -> str:
 def dataplane(
     out: OutDir,
     quick: Annotated[
-        bool, typer.Option("--quick", help="Shorter runs and a smaller backlog: ~5-8 min on 2 cores.")
+        bool,
+        typer.Option("--quick", help="Shorter runs and a smaller backlog: ~5-8 min on 2 cores."),
     ] = False,
     trigger_ms: Annotated[
         int | None,
