@@ -148,16 +148,20 @@ def case1_spec(
     standby: str | None = None,
     partitions: list[str] | None = None,
     history_s: float | None = None,
+    engine: str = "python",
 ) -> Path:
     """Case 1 (source on cloud -> avg over 10 on ``agg_node`` -> sink on cloud) in ``work``,
     its input fed (:class:`Feeder`, ``first`` rows, then more) until :func:`finish_and_compare`.
     With ``keys``, the rows come from that many sensors and the aggregate is keyed by sensor
     (one window per sensor); with ``standby``, the pipeline keeps hot standbys there; with
     ``partitions`` (and ``keys``), the aggregate is partitioned over those nodes; with
-    ``history_s``, its streams keep records that long (``recovery.history_s``)."""
+    ``history_s``, its streams keep records that long (``recovery.history_s``); with
+    ``engine="jvm"``, the aggregate runs on the JVM engine."""
     line = partial(_case1_line, keys=keys)
     FEEDERS[work] = Feeder(work / "in.csv", seed=len(name), first=first, line=line)
     aggregate = aggregate_element(agg_node, pad_bytes)
+    if engine != "python":
+        aggregate["options"]["engine"] = engine
     if keys:
         aggregate["key_by"] = KEYED[work] = "sensor"
     if partitions:

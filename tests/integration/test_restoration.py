@@ -254,7 +254,9 @@ def test_torn_central_checkpoint_falls_back_to_an_older_one(
 def test_frozen_node_is_restored_automatically_and_its_zombie_is_refused(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    spec = case1_spec(tmp_path, "zombie", agg_node="fog-b", detect_after_s=4)
+    # On the JVM engine: restored from its central checkpoint, and its zombie fenced, as the
+    # Python engine's are.
+    spec = case1_spec(tmp_path, "zombie", agg_node="fog-b", detect_after_s=4, engine="jvm")
     cluster.cli("deploy", str(spec))
     cluster.wait_for("zombie", "sink", 40)
     wait_central(cluster, "zombie", "aggregate")

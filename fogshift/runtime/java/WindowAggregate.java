@@ -9,6 +9,7 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.json.JsonMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOError;
 import java.math.BigDecimal;
 import java.math.BigInteger;
 import java.math.MathContext;
@@ -192,54 +193,31 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       long origin = row.getLong(0);
       long seq = row.getLong(1);
       double timestamp = row.getDouble(2);
-      String creator = row.getString(3);
       String body = row.getString(4);
+      int before = kept.size();
+      Num dropped = null;
       try {
-        Num value = value(creator, body);
+        Num value = value(row.getString(3), body);
         kept.addLast(value);
-        boolean trimmed = false;
-        Num dropped = null;
         if (kept.size() > window) {
           dropped = kept.removeFirst();
-          trimmed = true;
         }
-        Object aggregate;
-        try {
-          aggregate = aggregate(kept);
-        } catch (Refused refused) {
-          kept.removeLast(); // the window as before the event
-          if (trimmed) {
-            kept.addFirst(dropped);
-          }
-          throw refused;
-        }
-        if (!(Double.isFinite(timestamp) && seq >= 0)) {
-          kept.removeLast();
-          if (trimmed) {
-            kept.addFirst(dropped);
-          }
-          throw new Refused(
-              "processor '" + pe + "' returned output 0 that cannot be encoded (seq " + seq
-                  + " or timestamp " + timestamp + " is out of range); bodies hold JSON values "
-                  + "and finite numbers only");
-        }
-        ObjectNode outBody = json.createObjectNode();
-        if (aggregate instanceof BigInteger) {
-          outBody.put(field, (BigInteger) aggregate);
-        } else if (aggregate instanceof Integer) {
-          outBody.put(field, (Integer) aggregate);
-        } else {
-          outBody.put(field, (Double) aggregate);
-        }
-        out.add(RowFactory.create(
-            origin, 0, seq, timestamp, pe, json.writeValueAsString(outBody), null));
+        String text = encode(aggregate(kept), seq, timestamp);
+        out.add(RowFactory.create(origin, 0, seq, timestamp, pe, text, null));
         changed = true;
-      } catch (Refused refused) {
-        out.add(RowFactory.create(origin, 0, seq, timestamp, pe, body, refused.getMessage()));
-      } catch (Exception other) {
-        // Nothing an event does stops the PE: whatever went wrong is this event's dead letter.
-        String reason = "processor '" + pe + "' raised " + other.getClass().getSimpleName()
-            + ": " + other.getMessage();
+      } catch (Refused | RuntimeException | StackOverflowError | IOError exc) {
+        // Nothing an event does stops the PE: it is a dead letter, and the window is as
+        // before it.
+        if (kept.size() > before || dropped != null) {
+          kept.removeLast();
+          if (dropped != null) {
+            kept.addFirst(dropped);
+          }
+        }
+        String reason = exc instanceof Refused
+            ? exc.getMessage()
+            : "processor '" + pe + "' raised " + exc.getClass().getSimpleName() + ": "
+                + exc.getMessage();
         out.add(RowFactory.create(origin, 0, seq, timestamp, pe, body, reason));
       }
     }
@@ -254,6 +232,30 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       values.update(text.toString());
     }
     return CollectionConverters.asScala(out.iterator());
+  }
+
+  /** The output body of {@code aggregate}, or {@link Refused} as Python's encoding refuses. */
+  private String encode(Object aggregate, long seq, double timestamp) throws Refused {
+    if (!(Double.isFinite(timestamp) && seq >= 0)) {
+      throw new Refused(
+          "processor '" + pe + "' returned output 0 that cannot be encoded (seq " + seq
+              + " or timestamp " + timestamp + " is out of range); bodies hold JSON values "
+              + "and finite numbers only");
+    }
+    ObjectNode outBody = json.createObjectNode();
+    if (aggregate instanceof BigInteger) {
+      outBody.put(field, (BigInteger) aggregate);
+    } else if (aggregate instanceof Integer) {
+      outBody.put(field, (Integer) aggregate);
+    } else {
+      outBody.put(field, (Double) aggregate);
+    }
+    try {
+      return json.writeValueAsString(outBody);
+    } catch (com.fasterxml.jackson.core.JsonProcessingException exc) {
+      throw new Refused("processor '" + pe + "' returned output 0 that cannot be encoded ("
+          + exc.getMessage() + ")");
+    }
   }
 
   private ArrayDeque<Num> load() {
