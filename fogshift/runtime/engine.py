@@ -810,7 +810,7 @@ def _jvm_window(spark: SparkSession, plan: QueryPlan, events: DataFrame) -> Data
     operator = spark._jvm.fogshift.ops.WindowAggregate  # type: ignore[union-attr]
     frame = operator.apply(
         events._jdf, element.id, opts.field, opts.window, opts.function,
-        NOT_AN_EVENT, NOT_AN_EVENT_WHY,
+        NOT_AN_EVENT, NOT_AN_EVENT_WHY, plan.max_record_bytes,
     )  # fmt: skip
     return Frame(frame, spark)
 

@@ -38,7 +38,7 @@ from filelock import FileLock
 #: The Java sources, compiled into one jar.
 SOURCES = tuple(
     Path(__file__).with_name("java") / name
-    for name in ("NioLocalFileSystem.java", "WindowAggregate.java")
+    for name in ("NioLocalFileSystem.java", "PyText.java", "WindowAggregate.java")
 )
 #: Hadoop's ``fs.file.impl`` of every session when the jar is there.
 LOCAL_FILE_SYSTEM = "fogshift.hadoop.NioLocalFileSystem"

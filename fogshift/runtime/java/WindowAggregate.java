@@ -2,17 +2,18 @@ package fogshift.ops;
 
 import com.fasterxml.jackson.core.JsonFactory;
 import com.fasterxml.jackson.core.JsonParser;
+import com.fasterxml.jackson.core.JsonToken;
 import com.fasterxml.jackson.core.StreamReadConstraints;
 import com.fasterxml.jackson.core.json.JsonReadFeature;
 import com.fasterxml.jackson.databind.DeserializationFeature;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.json.JsonMapper;
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOError;
 import java.math.BigDecimal;
 import java.math.BigInteger;
 import java.math.MathContext;
+import java.math.RoundingMode;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Iterator;
@@ -71,11 +72,19 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
   private final String field;
   private final int window;
   private final String function;
+  private final long maxRecordBytes;
   private transient ValueState<String> values;
   private transient ObjectMapper json;
 
   public WindowAggregate(
-      String pe, String field, int window, String function, String notAnEvent, String why) {
+      String pe,
+      String field,
+      int window,
+      String function,
+      String notAnEvent,
+      String why,
+      long maxRecordBytes) {
+    this.maxRecordBytes = maxRecordBytes;
     this.pe = pe;
     this.field = field;
     this.window = window;
@@ -95,12 +104,13 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       int window,
       String function,
       String notAnEvent,
-      String why) {
+      String why,
+      long maxRecordBytes) {
     MapFunction<Row, String> group = row -> pe;
     return events
         .groupByKey(group, Encoders.STRING())
         .transformWithState(
-            new WindowAggregate(pe, field, window, function, notAnEvent, why),
+            new WindowAggregate(pe, field, window, function, notAnEvent, why, maxRecordBytes),
             TimeMode.None(),
             OutputMode.Append(),
             Encoders.row(RECORD_SCHEMA));
@@ -113,14 +123,21 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
   }
 
   static ObjectMapper mapper() {
-    // As Python's json.loads: NaN and Infinity are read (then refused as not finite), trailing
-    // text is an error, the last of repeated names wins, integers of up to 4300 digits
-    // (Python's int_max_str_digits).
+    // As Python's json.loads: NaN, Infinity and -Infinity are read (then refused as not
+    // finite; Jackson's other spellings are refused by checkJson), trailing text is an error,
+    // the last of repeated names wins, no limit on the length of names, strings and numbers
+    // (checkJson applies Python's 4300 digits to integers). Nesting is limited to 1000 levels
+    // (Python's recursion limit, less the stack already in use: a body nested 990-1000 deep
+    // may be an event here and a dead letter there).
     JsonFactory factory =
         JsonFactory.builder()
             .enable(JsonReadFeature.ALLOW_NON_NUMERIC_NUMBERS)
             .streamReadConstraints(
-                StreamReadConstraints.builder().maxNumberLength(4300).build())
+                StreamReadConstraints.builder()
+                    .maxNumberLength(Integer.MAX_VALUE)
+                    .maxStringLength(Integer.MAX_VALUE)
+                    .maxNameLength(Integer.MAX_VALUE)
+                    .build())
             .build();
     return JsonMapper.builder(factory)
         .enable(DeserializationFeature.FAIL_ON_TRAILING_TOKENS)
@@ -167,6 +184,22 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       return integer != null ? new BigDecimal(integer) : new BigDecimal(real);
     }
   }
+
+  /** fsum's intermediate overflow (Python's OverflowError). */
+  static final class Overflow extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    Overflow() {
+      super("intermediate overflow in fsum", null, false, false);
+    }
+  }
+
+  /**
+   * The precision of an int's quotient in avg's fallback before it is rounded to a double:
+   * a quotient p/q that is not a double's midpoint is at least 1/(q 2^k) away from one, far
+   * more than 10^-100 of it for any window, so rounding twice gives Python's one rounding.
+   */
+  private static final MathContext QUOTIENT = new MathContext(100, RoundingMode.HALF_EVEN);
 
   /** An aggregate that is an error (Python raised): the event is a dead letter. */
   static final class Refused extends Exception {
@@ -221,7 +254,9 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
         out.add(RowFactory.create(origin, 0, seq, timestamp, pe, body, reason));
       }
     }
-    if (changed) {
+    // (Python's engine stores its window after a batch of dead letters too: the window then
+    // reads as empty, not as absent.)
+    if (changed || !values.exists()) {
       StringBuilder text = new StringBuilder(kept.size() * 8);
       for (Num n : kept) {
         if (text.length() > 0) {
@@ -238,24 +273,24 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
   private String encode(Object aggregate, long seq, double timestamp) throws Refused {
     if (!(Double.isFinite(timestamp) && seq >= 0)) {
       throw new Refused(
-          "processor '" + pe + "' returned output 0 that cannot be encoded (seq " + seq
-              + " or timestamp " + timestamp + " is out of range); bodies hold JSON values "
-              + "and finite numbers only");
+          "processor '" + pe + "' returned output 0 that cannot be encoded (ValueError: seq "
+              + seq + " or timestamp " + PyText.floatRepr(timestamp) + " is out of range); "
+              + "bodies hold JSON values and finite numbers only");
     }
-    ObjectNode outBody = json.createObjectNode();
-    if (aggregate instanceof BigInteger) {
-      outBody.put(field, (BigInteger) aggregate);
-    } else if (aggregate instanceof Integer) {
-      outBody.put(field, (Integer) aggregate);
-    } else {
-      outBody.put(field, (Double) aggregate);
+    // fogshift.events.dump_body: compact, ASCII, numbers as Python writes them.
+    String number = aggregate instanceof Double
+        ? PyText.floatRepr((Double) aggregate)
+        : aggregate.toString();
+    String text = "{" + PyText.jsonString(field) + ":" + number + "}";
+    long bound = (text.length() + pe.length()) * 12L + 128;
+    if (bound > maxRecordBytes) {
+      long size = PyText.recordBytes(seq, timestamp, pe, text);
+      if (size > maxRecordBytes) {
+        throw new Refused("processor '" + pe + "' returned output 0 of " + size + " bytes "
+            + "encoded, over the limit of " + maxRecordBytes + " bytes (max_record_bytes)");
+      }
     }
-    try {
-      return json.writeValueAsString(outBody);
-    } catch (com.fasterxml.jackson.core.JsonProcessingException exc) {
-      throw new Refused("processor '" + pe + "' returned output 0 that cannot be encoded ("
-          + exc.getMessage() + ")");
-    }
+    return text;
   }
 
   private ArrayDeque<Num> load() {
@@ -278,28 +313,39 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
     }
     JsonNode node;
     try {
+      checkJson(body);
       node = json.readTree(body);
+    } catch (Refused refused) {
+      throw refused;
     } catch (Exception exc) {
-      throw new Refused("input of '" + pe + "' is not an event: " + exc.getClass().getSimpleName()
-          + ": " + firstLine(exc.getMessage()));
+      throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: "
+          + firstLine(exc.getMessage()));
     }
     if (node == null || node.isMissingNode()) {
-      throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: Expecting value");
+      throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: Expecting "
+          + "value: line 1 column 1 (char 0)");
     }
     if (!node.isObject()) {
       throw new Refused("input of '" + pe + "' is not an event: ValueError: an event body must "
           + "be a JSON object, got " + kind(node));
     }
     JsonNode value = node.get(field);
+    String name = PyText.strRepr(field);
     if (value == null) {
-      TreeSet<String> names = new TreeSet<>();
+      // sorted(body): by code point
+      TreeSet<String> names = new TreeSet<>(WindowAggregate::byCodePoint);
       node.fieldNames().forEachRemaining(names::add);
-      throw new Refused("field '" + field + "' is missing (fields: " + names + ")");
+      List<String> shown = new ArrayList<>();
+      for (String n : names) {
+        shown.add(PyText.strRepr(n));
+      }
+      throw new Refused(
+          "field " + name + " is missing (fields: [" + String.join(", ", shown) + "])");
     }
     if (value.isIntegralNumber()) {
       BigInteger integer = value.bigIntegerValue();
       if (new BigDecimal(integer.abs()).compareTo(new BigDecimal(Double.MAX_VALUE)) > 0) {
-        throw new Refused("field '" + field + "' is an integer of "
+        throw new Refused("field " + name + " is an integer of "
             + integer.abs().toString().length() + " digits, beyond a float's range");
       }
       return new Num(integer);
@@ -307,7 +353,51 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
     if (value.isFloatingPointNumber() && Double.isFinite(value.doubleValue())) {
       return new Num(value.doubleValue());
     }
-    throw new Refused("field '" + field + "' is " + value + ", not a finite number");
+    throw new Refused("field " + name + " is " + PyText.repr(value) + ", not a finite number");
+  }
+
+  private static int byCodePoint(String a, String b) {
+    int i = 0;
+    int j = 0;
+    while (i < a.length() && j < b.length()) {
+      int x = a.codePointAt(i);
+      int y = b.codePointAt(j);
+      if (x != y) {
+        return Integer.compare(x, y);
+      }
+      i += Character.charCount(x);
+      j += Character.charCount(y);
+    }
+    return Integer.compare(a.length() - i, b.length() - j);
+  }
+
+  /**
+   * What Python's json.loads refuses and Jackson reads: non-numbers spelt otherwise than
+   * {@code NaN}, {@code Infinity} and {@code -Infinity}, and integers of more than 4300 digits.
+   */
+  private void checkJson(String body) throws Refused, java.io.IOException {
+    try (JsonParser parser = json.getFactory().createParser(body)) {
+      JsonToken token;
+      while ((token = parser.nextToken()) != null) {
+        if (token == JsonToken.VALUE_NUMBER_FLOAT) {
+          String text = parser.getText();
+          char first = text.charAt(text.charAt(0) == '-' || text.charAt(0) == '+' ? 1 : 0);
+          if (Character.isLetter(first)
+              && !(text.equals("NaN") || text.equals("Infinity") || text.equals("-Infinity"))) {
+            throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: Expecting "
+                + "value (" + text + ")");
+          }
+        } else if (token == JsonToken.VALUE_NUMBER_INT) {
+          String text = parser.getText();
+          int digits = text.length() - (text.charAt(0) == '-' ? 1 : 0);
+          if (digits > 4300) {
+            throw new Refused("input of '" + pe + "' is not an event: ValueError: Exceeds the "
+                + "limit (4300 digits) for integer string conversion: value has " + digits
+                + " digits; use sys.set_int_max_str_digits() to increase the limit");
+          }
+        }
+      }
+    }
   }
 
   private static String kind(JsonNode node) {
@@ -334,6 +424,10 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
     return end < 0 ? message : message.substring(0, end);
   }
 
+  private Refused raised(Overflow overflow) {
+    return new Refused("processor '" + pe + "' raised OverflowError: " + overflow.getMessage());
+  }
+
   Object aggregate(ArrayDeque<Num> kept) throws Refused {
     switch (function) {
       case "count":
@@ -357,7 +451,11 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
           for (Num n : kept) {
             reals[i++] = n.real;
           }
-          return fsum(reals);
+          try {
+            return fsum(reals);
+          } catch (Overflow overflow) {
+            throw raised(overflow);
+          }
         }
       case "avg":
         {
@@ -368,17 +466,21 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
           }
           try {
             return fsum(reals) / kept.size();
-          } catch (Refused overflow) {
+          } catch (Overflow overflow) {
             // Python: fsum(v / len(values) for v in values); an int's quotient is the
             // correctly rounded one of the exact division.
             i = 0;
             BigDecimal count = BigDecimal.valueOf(kept.size());
             for (Num n : kept) {
               reals[i++] = n.integer != null
-                  ? new BigDecimal(n.integer).divide(count, MathContext.DECIMAL128).doubleValue()
+                  ? new BigDecimal(n.integer).divide(count, QUOTIENT).doubleValue()
                   : n.real / kept.size();
             }
-            return fsum(reals);
+            try {
+              return fsum(reals);
+            } catch (Overflow again) {
+              throw raised(again);
+            }
           }
         }
       default:
@@ -390,7 +492,7 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
    * CPython's {@code math.fsum} (Shewchuk's partials, half-even across partials), for finite
    * inputs: an intermediate overflow is {@link Refused}, as Python raises OverflowError.
    */
-  static double fsum(double[] values) throws Refused {
+  static double fsum(double[] values) throws Overflow {
     double[] partials = new double[32];
     int n = 0;
     for (double value : values) {
@@ -413,7 +515,7 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       n = i;
       if (x != 0.0) {
         if (!Double.isFinite(x)) {
-          throw new Refused("processor raised OverflowError: intermediate overflow in fsum");
+          throw new Overflow();
         }
         if (n == partials.length) {
           partials = java.util.Arrays.copyOf(partials, n * 2);

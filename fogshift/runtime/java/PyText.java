@@ -1,0 +1,196 @@
+package fogshift.ops;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.math.BigDecimal;
+import java.math.MathContext;
+import java.math.RoundingMode;
+import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * Texts as CPython 3.11 writes them, for fogshift's JVM operators: their outputs and dead
+ * letters are the Python processors' to the character ({@code tests/runtime/test_jvm_window.py}).
+ */
+final class PyText {
+  private PyText() {}
+
+  /** {@code repr(float)}: the shortest digits that read back as {@code d} (the nearest of
+   * them), fixed notation for decimal exponents -4 to 15, else {@code 1.5e+16}. */
+  static String floatRepr(double d) {
+    if (Double.isNaN(d)) {
+      return "nan";
+    }
+    if (Double.isInfinite(d)) {
+      return d > 0 ? "inf" : "-inf";
+    }
+    if (d == 0.0) {
+      return 1.0 / d < 0 ? "-0.0" : "0.0";
+    }
+    BigDecimal exact = new BigDecimal(d);
+    BigDecimal best = null;
+    RoundingMode[] modes = {RoundingMode.HALF_EVEN, RoundingMode.FLOOR, RoundingMode.CEILING};
+    for (int digits = 1; digits <= 17 && best == null; digits++) {
+      for (RoundingMode mode : modes) {
+        BigDecimal candidate = exact.round(new MathContext(digits, mode));
+        if (Double.parseDouble(candidate.toString()) == d
+            && (best == null
+                || candidate.subtract(exact).abs().compareTo(best.subtract(exact).abs()) < 0)) {
+          best = candidate;
+        }
+      }
+    }
+    BigDecimal stripped = best.stripTrailingZeros();
+    String digits = stripped.unscaledValue().abs().toString();
+    int point = digits.length() - stripped.scale(); // value = 0.<digits> * 10^point
+    StringBuilder out = new StringBuilder(d < 0 ? "-" : "");
+    int exponent = point - 1;
+    if (exponent >= -4 && exponent <= 15) {
+      if (point <= 0) {
+        out.append("0.").append("0".repeat(-point)).append(digits);
+      } else if (point < digits.length()) {
+        out.append(digits, 0, point).append('.').append(digits, point, digits.length());
+      } else {
+        out.append(digits).append("0".repeat(point - digits.length())).append(".0");
+      }
+    } else {
+      out.append(digits.charAt(0));
+      if (digits.length() > 1) {
+        out.append('.').append(digits, 1, digits.length());
+      }
+      out.append('e').append(exponent < 0 ? '-' : '+');
+      String magnitude = Integer.toString(Math.abs(exponent));
+      out.append(magnitude.length() < 2 ? "0" : "").append(magnitude);
+    }
+    return out.toString();
+  }
+
+  /** {@code repr(str)}: quoted with ' (with " when only ' occurs), the non-printable escaped. */
+  static String strRepr(String s) {
+    char quote = s.indexOf('\'') >= 0 && s.indexOf('"') < 0 ? '"' : '\'';
+    StringBuilder out = new StringBuilder(s.length() + 2).append(quote);
+    for (int i = 0; i < s.length(); ) {
+      int cp = s.codePointAt(i);
+      i += Character.charCount(cp);
+      if (cp == quote || cp == '\\') {
+        out.append('\\').appendCodePoint(cp);
+      } else if (cp == '\t') {
+        out.append("\\t");
+      } else if (cp == '\n') {
+        out.append("\\n");
+      } else if (cp == '\r') {
+        out.append("\\r");
+      } else if (cp < 0x20 || cp == 0x7f) {
+        out.append(String.format("\\x%02x", cp));
+      } else if (cp < 0x7f) {
+        out.append((char) cp);
+      } else if (!printable(cp)) {
+        out.append(
+            cp < 0x100
+                ? String.format("\\x%02x", cp)
+                : cp < 0x10000 ? String.format("\\u%04x", cp) : String.format("\\U%08x", cp));
+      } else {
+        out.appendCodePoint(cp);
+      }
+    }
+    return out.append(quote).toString();
+  }
+
+  /** Python's {@code str.isprintable} of one code point (Unicode categories Cc, Cf, Cs, Co,
+   * Cn, Zl, Zp and Zs but the space are not). */
+  private static boolean printable(int cp) {
+    switch (Character.getType(cp)) {
+      case Character.CONTROL:
+      case Character.FORMAT:
+      case Character.SURROGATE:
+      case Character.PRIVATE_USE:
+      case Character.UNASSIGNED:
+      case Character.LINE_SEPARATOR:
+      case Character.PARAGRAPH_SEPARATOR:
+        return false;
+      case Character.SPACE_SEPARATOR:
+        return cp == ' ';
+      default:
+        return true;
+    }
+  }
+
+  /** {@code repr()} of the Python value {@code json.loads} makes of a JSON value. */
+  static String repr(JsonNode node) {
+    if (node.isNull()) {
+      return "None";
+    }
+    if (node.isBoolean()) {
+      return node.booleanValue() ? "True" : "False";
+    }
+    if (node.isIntegralNumber()) {
+      return node.bigIntegerValue().toString();
+    }
+    if (node.isNumber()) {
+      return floatRepr(node.doubleValue());
+    }
+    if (node.isTextual()) {
+      return strRepr(node.textValue());
+    }
+    List<String> parts = new ArrayList<>();
+    if (node.isArray()) {
+      for (JsonNode item : node) {
+        parts.add(repr(item));
+      }
+      return "[" + String.join(", ", parts) + "]";
+    }
+    Iterator<Map.Entry<String, JsonNode>> fields = node.fields();
+    while (fields.hasNext()) {
+      Map.Entry<String, JsonNode> field = fields.next();
+      parts.add(strRepr(field.getKey()) + ": " + repr(field.getValue()));
+    }
+    return "{" + String.join(", ", parts) + "}";
+  }
+
+  /** {@code json.dumps(str)} (ASCII only: the rest as {@code \\u} escapes, as Python's). */
+  static String jsonString(String s) {
+    StringBuilder out = new StringBuilder(s.length() + 2).append('"');
+    for (int i = 0; i < s.length(); i++) {
+      char c = s.charAt(i);
+      switch (c) {
+        case '"':
+          out.append("\\\"");
+          break;
+        case '\\':
+          out.append("\\\\");
+          break;
+        case '\n':
+          out.append("\\n");
+          break;
+        case '\r':
+          out.append("\\r");
+          break;
+        case '\t':
+          out.append("\\t");
+          break;
+        case '\b':
+          out.append("\\b");
+          break;
+        case '\f':
+          out.append("\\f");
+          break;
+        default:
+          if (c < 0x20 || c > 0x7e) {
+            out.append(String.format("\\u%04x", (int) c));
+          } else {
+            out.append(c);
+          }
+      }
+    }
+    return out.append('"').toString();
+  }
+
+  /** The length of {@code fogshift.events.record_payload} for a record without a reason. */
+  static long recordBytes(long seq, double timestamp, String creator, String body) {
+    return "{\"seq\": ".length() + Long.toString(seq).length()
+        + ", \"timestamp\": ".length() + floatRepr(timestamp).length()
+        + ", \"creator\": ".length() + jsonString(creator).length()
+        + ", \"body\": ".length() + jsonString(body).length() + 1;
+  }
+}
