@@ -175,7 +175,14 @@ def same_as_python(
 def test_jvm_avg_overflow_takes_the_mean_of_quotients(spark: Any, tmp_path: Path) -> None:
     # fsum of two 1e308s overflows: Python averages the quotients, and so must the JVM;
     # sum has no fallback, so the second event is a dead letter there.
+    # Then ints whose quotients Python rounds once, exactly (a 34-digit quotient rounded
+    # again gave 1.5e+308 for the third, against Python's 1.5000000000000004e+308).
+    big = int("15000000000000001661566186592646690003353381229225701501110047762066793937647155"
+              "55848341824849725267357766156993495169434857367570584244622857454267491715245906"
+              "95983890635193178588781682525412446540487531969905637540522023398847716423215207"
+              "086589103850590468618007803961344505907982122227151042800725409136641")  # fmt: skip
     bodies = ['{"v": 1e308}', '{"v": 1e308}', '{"v": 1.5e308}', '{"v": 2}']
+    bodies += [json.dumps({"v": big})] * 3
     rows = rows_of(bodies)
     for function in ("avg", "sum"):
         work = tmp_path / function

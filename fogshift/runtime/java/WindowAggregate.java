@@ -195,11 +195,25 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
   }
 
   /**
-   * The precision of an int's quotient in avg's fallback before it is rounded to a double:
-   * a quotient p/q that is not a double's midpoint is at least 1/(q 2^k) away from one, far
-   * more than 10^-100 of it for any window, so rounding twice gives Python's one rounding.
+   * The precision of an int's quotient in avg's fallback before it is rounded to a double,
+   * when it has no exact decimal: then the reduced p/q is no double's midpoint (q has a prime
+   * factor other than 2 and 5), and at least 1/q away from one above 2^53 (midpoints are
+   * integers there: 1/q of ~1e308, 10^-315 of it for any window), at least 1/(q 2^54) of it
+   * below. 400 digits round between the same two doubles as the exact quotient, so rounding
+   * twice gives Python's one rounding.
    */
-  private static final MathContext QUOTIENT = new MathContext(100, RoundingMode.HALF_EVEN);
+  private static final MathContext QUOTIENT = new MathContext(400, RoundingMode.HALF_EVEN);
+
+  /** Python's {@code int / int}: the double nearest to p/q (ties to even). */
+  static double quotient(BigInteger p, BigDecimal q) {
+    BigDecimal exact;
+    try {
+      exact = new BigDecimal(p).divide(q); // a terminating decimal: rounded once, below
+    } catch (ArithmeticException nonTerminating) {
+      exact = new BigDecimal(p).divide(q, QUOTIENT);
+    }
+    return Double.parseDouble(exact.toString());
+  }
 
   /** An aggregate that is an error (Python raised): the event is a dead letter. */
   static final class Refused extends Exception {
@@ -473,7 +487,7 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
             BigDecimal count = BigDecimal.valueOf(kept.size());
             for (Num n : kept) {
               reals[i++] = n.integer != null
-                  ? new BigDecimal(n.integer).divide(count, QUOTIENT).doubleValue()
+                  ? quotient(n.integer, count)
                   : n.real / kept.size();
             }
             try {
