@@ -10,6 +10,7 @@ over the same rows by ``run_events``. Every output must be the same value of the
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,3 +219,21 @@ def test_jvm_window_writes_what_python_writes_for_any_field_name(
     }  # fmt: skip
     assert [o for o, r in want.items() if r[6] is not None] == [3, 5]  # 5: its output too big
     same_as_python(got, want, limit)
+
+
+def test_python_texts_of_the_jvm_engine(spark: Any) -> None:
+    # Floats of every magnitude and bit pattern, and strings with every kind of character,
+    # written by the JVM as CPython writes them (repr and json.dumps).
+    import struct
+
+    text = spark._jvm.fogshift.ops.PyText
+    rng = random.Random(12)
+    floats = [1e16, 1e15, 0.0001, 1e-05, 5e-324, 1.7976931348623157e308, 2e23, 9007199254740993.0,
+              0.1, 1 / 3, 123456789.125, -2.5e-7, 100.0, 1e22]  # fmt: skip
+    floats += [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(3000)]
+    floats += [rng.uniform(-1, 1) * 10 ** rng.randint(-30, 30) for _ in range(2000)]
+    floats = [f for f in floats if math.isfinite(f)]
+    assert [text.floatRepr(f) for f in floats] == [repr(f) for f in floats]
+    alphabet = "a'\"\\\t\n\r\x00\x1f\x7f\x80\xa0\xad é€\u2028\ufeff\uffff😀\U000e0001"
+    strings = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(500)]
+    assert [text.strRepr(s) for s in strings] == [repr(s) for s in strings]

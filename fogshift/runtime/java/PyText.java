@@ -1,9 +1,8 @@
 package fogshift.ops;
 
+import com.fasterxml.jackson.core.io.schubfach.DoubleToDecimal;
 import com.fasterxml.jackson.databind.JsonNode;
 import java.math.BigDecimal;
-import java.math.MathContext;
-import java.math.RoundingMode;
 import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.List;
@@ -13,12 +12,13 @@ import java.util.Map;
  * Texts as CPython 3.11 writes them, for fogshift's JVM operators: their outputs and dead
  * letters are the Python processors' to the character ({@code tests/runtime/test_jvm_window.py}).
  */
-final class PyText {
+public final class PyText {
   private PyText() {}
 
   /** {@code repr(float)}: the shortest digits that read back as {@code d} (the nearest of
-   * them), fixed notation for decimal exponents -4 to 15, else {@code 1.5e+16}. */
-  static String floatRepr(double d) {
+   * them: Schubfach's, as Jackson carries it, and David Gay's in CPython agree), fixed
+   * notation for decimal exponents -4 to 15, else {@code 1.5e+16}. */
+  public static String floatRepr(double d) {
     if (Double.isNaN(d)) {
       return "nan";
     }
@@ -28,24 +28,52 @@ final class PyText {
     if (d == 0.0) {
       return 1.0 / d < 0 ? "-0.0" : "0.0";
     }
-    BigDecimal exact = new BigDecimal(d);
-    BigDecimal best = null;
-    RoundingMode[] modes = {RoundingMode.HALF_EVEN, RoundingMode.FLOOR, RoundingMode.CEILING};
-    for (int digits = 1; digits <= 17 && best == null; digits++) {
-      for (RoundingMode mode : modes) {
-        BigDecimal candidate = exact.round(new MathContext(digits, mode));
-        if (Double.parseDouble(candidate.toString()) == d
+    // Java's form: [-]D.DDD (10^-3 <= |d| < 10^7) or [-]D.DDDE[-]N.
+    String java = DoubleToDecimal.toString(Math.abs(d));
+    int e = java.indexOf('E');
+    String mantissa = e < 0 ? java : java.substring(0, e);
+    int point = mantissa.indexOf('.');
+    String digits = mantissa.substring(0, point) + mantissa.substring(point + 1);
+    int exponent = (e < 0 ? 0 : Integer.parseInt(java.substring(e + 1))) + point - 1;
+    int lead = 0;
+    while (lead < digits.length() - 1 && digits.charAt(lead) == '0') {
+      lead++; // 0.001 is 0.001 in Java's form: its exponent is the first non-zero digit's
+    }
+    exponent -= lead;
+    digits = digits.substring(lead);
+    int end = digits.length();
+    while (end > 1 && digits.charAt(end - 1) == '0') {
+      end--;
+    }
+    digits = digits.substring(0, end);
+    if (digits.length() == 2) {
+      // Java's form has two digits at least (4.9E-324 for the smallest double), where one
+      // may do (CPython: 5e-324): the nearer one-digit decimal that reads back, if any.
+      BigDecimal exact = new BigDecimal(Math.abs(d));
+      BigDecimal best = null;
+      int bestExponent = exponent;
+      int first = digits.charAt(0) - '0';
+      for (int candidate : new int[] {first, first + 1}) {
+        int shown = candidate == 10 ? 1 : candidate;
+        int power = candidate == 10 ? exponent + 1 : exponent;
+        BigDecimal value = BigDecimal.valueOf(shown).scaleByPowerOfTen(power);
+        if (Double.parseDouble(shown + "E" + power) == Math.abs(d)
             && (best == null
-                || candidate.subtract(exact).abs().compareTo(best.subtract(exact).abs()) < 0)) {
-          best = candidate;
+                || value.subtract(exact).abs().compareTo(best.subtract(exact).abs()) < 0)) {
+          best = value;
+          bestExponent = power;
+          digits = Integer.toString(shown);
         }
       }
+      exponent = bestExponent;
     }
-    BigDecimal stripped = best.stripTrailingZeros();
-    String digits = stripped.unscaledValue().abs().toString();
-    int point = digits.length() - stripped.scale(); // value = 0.<digits> * 10^point
-    StringBuilder out = new StringBuilder(d < 0 ? "-" : "");
-    int exponent = point - 1;
+    return (d < 0 ? "-" : "") + pythonForm(digits, exponent);
+  }
+
+  /** CPython's {@code repr} layout of {@code 0.<digits> * 10^(exponent + 1)}. */
+  private static String pythonForm(String digits, int exponent) {
+    StringBuilder out = new StringBuilder();
+    int point = exponent + 1;
     if (exponent >= -4 && exponent <= 15) {
       if (point <= 0) {
         out.append("0.").append("0".repeat(-point)).append(digits);
@@ -67,7 +95,7 @@ final class PyText {
   }
 
   /** {@code repr(str)}: quoted with ' (with " when only ' occurs), the non-printable escaped. */
-  static String strRepr(String s) {
+  public static String strRepr(String s) {
     char quote = s.indexOf('\'') >= 0 && s.indexOf('"') < 0 ? '"' : '\'';
     StringBuilder out = new StringBuilder(s.length() + 2).append(quote);
     for (int i = 0; i < s.length(); ) {
