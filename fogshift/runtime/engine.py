@@ -25,8 +25,10 @@ agent knows such a failure by that type and restarts it only a bounded number of
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -810,9 +812,28 @@ def _jvm_window(spark: SparkSession, plan: QueryPlan, events: DataFrame) -> Data
     operator = spark._jvm.fogshift.ops.WindowAggregate  # type: ignore[union-attr]
     frame = operator.apply(
         events._jdf, element.id, opts.field, opts.window, opts.function,
-        NOT_AN_EVENT, NOT_AN_EVENT_WHY, plan.max_record_bytes,
+        NOT_AN_EVENT, NOT_AN_EVENT_WHY, plan.max_record_bytes, not_printable(),
     )  # fmt: skip
     return Frame(frame, spark)
+
+
+@functools.cache
+def not_printable() -> str:
+    """The code points ``str.isprintable`` refuses in this Python, as ``"a-b,..."`` ranges in
+    hex (~700, ~7 KB; 0.3 s once per process): the JVM engine writes ``repr`` texts by this
+    Python's Unicode tables, not by the JVM's older ones."""
+    ranges: list[str] = []
+    start: int | None = None
+    for code in range(sys.maxunicode + 1):
+        if not chr(code).isprintable():
+            if start is None:
+                start = code
+        elif start is not None:
+            ranges.append(f"{start:x}-{code - 1:x}")
+            start = None
+    if start is not None:
+        ranges.append(f"{start:x}-{sys.maxunicode:x}")
+    return ",".join(ranges)
 
 
 def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:

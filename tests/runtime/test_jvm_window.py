@@ -25,6 +25,7 @@ from fogshift.events import (
     fit_dead_letter,
 )
 from fogshift.runtime.batch import run_events
+from fogshift.runtime.engine import not_printable
 from fogshift.runtime.jvm_classes import jar_path
 from fogshift.runtime.operators.window import WindowAggregate
 
@@ -41,6 +42,7 @@ BAD = [
     '{"v": 1, "w": +Infinity}', '{"v": -INF}', '{"v": 1, "w": INF}',
     '{"w": ' + "7" * 5000 + ', "v": 1}', '{"v": "it\'s"}', r'{"v": "a\u0000b\u00e9"}',
     r'{"\u00e9": 1, "\ud83d\ude00": 2, "\uffff": 3, "z": 4}', '{"v": {"k": [1.5, null]}}',
+    '{"v": "\U0001fae0"}', '{"\U0001fae0": 1}',
 ]  # fmt: skip
 #: Valid events Jackson's defaults would refuse: Python reads any length of float, name and
 #: string.
@@ -116,8 +118,9 @@ def run_jvm(
         (inbox / f"{n:03d}.json").write_text("\n".join(lines) + "\n")
         events = spark.readStream.schema(EVENT_SCHEMA).json(str(inbox))
         frame = spark._jvm.fogshift.ops.WindowAggregate.apply(
-            events._jdf, "agg", field, window, function, NOT_AN_EVENT, NOT_AN_EVENT_WHY, limit
-        )
+            events._jdf, "agg", field, window, function, NOT_AN_EVENT, NOT_AN_EVENT_WHY, limit,
+            not_printable(),
+        )  # fmt: skip
         query = (
             DataFrame(frame, spark)
             .writeStream.foreachBatch(lambda df, _: got.extend(df.collect()))
@@ -227,6 +230,7 @@ def test_python_texts_of_the_jvm_engine(spark: Any) -> None:
     import struct
 
     text = spark._jvm.fogshift.ops.PyText
+    text.useNotPrintable(not_printable())  # (as every JVM window does at its start)
     rng = random.Random(12)
     floats = [1e16, 1e15, 0.0001, 1e-05, 5e-324, 1.7976931348623157e308, 2e23, 9007199254740993.0,
               0.1, 1 / 3, 123456789.125, -2.5e-7, 100.0, 1e22]  # fmt: skip
@@ -234,6 +238,10 @@ def test_python_texts_of_the_jvm_engine(spark: Any) -> None:
     floats += [rng.uniform(-1, 1) * 10 ** rng.randint(-30, 30) for _ in range(2000)]
     floats = [f for f in floats if math.isfinite(f)]
     assert [text.floatRepr(f) for f in floats] == [repr(f) for f in floats]
-    alphabet = "a'\"\\\t\n\r\x00\x1f\x7f\x80\xa0\xad é€\u2028\ufeff\uffff😀\U000e0001"
+    # (with characters of Unicode 14, which Python 3.11 knows and Java 17 does not)
+    alphabet = (
+        "a'\"\\\t\n\r\x00\x1f\x7f\x80\xa0\xad é€\u2028\ufeff\uffff😀\U000e0001"
+        "\U0001fae0\u061d\u0870"
+    )
     strings = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(500)]
     assert [text.strRepr(s) for s in strings] == [repr(s) for s in strings]

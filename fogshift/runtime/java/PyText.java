@@ -125,9 +125,36 @@ public final class PyText {
     return out.append(quote).toString();
   }
 
-  /** Python's {@code str.isprintable} of one code point (Unicode categories Cc, Cf, Cs, Co,
-   * Cn, Zl, Zp and Zs but the space are not). */
+  /** The code points Python's {@code str.isprintable} refuses, as sorted inclusive ranges
+   * (starts, then ends), from the Python that runs fogshift (its Unicode version, not the
+   * JVM's: Java 17 knows Unicode 13, Python 3.11 Unicode 14); {@code null}: not given. */
+  private static volatile int[][] notPrintable;
+
+  /** Takes Python's non-printable code points: {@code "a-b,c-d,..."} in hex. */
+  public static void useNotPrintable(String ranges) {
+    if (notPrintable != null || ranges == null || ranges.isEmpty()) {
+      return;
+    }
+    String[] parts = ranges.split(",");
+    int[] starts = new int[parts.length];
+    int[] ends = new int[parts.length];
+    for (int i = 0; i < parts.length; i++) {
+      int dash = parts[i].indexOf('-');
+      starts[i] = Integer.parseInt(parts[i].substring(0, dash), 16);
+      ends[i] = Integer.parseInt(parts[i].substring(dash + 1), 16);
+    }
+    notPrintable = new int[][] {starts, ends};
+  }
+
+  /** Python's {@code str.isprintable} of one code point: by Python's own table when given,
+   * else by Java's categories (Cc, Cf, Cs, Co, Cn, Zl, Zp and Zs but the space are not). */
   private static boolean printable(int cp) {
+    int[][] table = notPrintable;
+    if (table != null) {
+      int at = java.util.Arrays.binarySearch(table[0], cp);
+      int range = at >= 0 ? at : -at - 2;
+      return range < 0 || cp > table[1][range];
+    }
     switch (Character.getType(cp)) {
       case Character.CONTROL:
       case Character.FORMAT:

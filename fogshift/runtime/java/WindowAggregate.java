@@ -73,7 +73,13 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
   private final int window;
   private final String function;
   private final long maxRecordBytes;
+  private final String notPrintable;
   private transient ValueState<String> values;
+  /** The field as Python's repr and json.dumps write it (once, not per event). */
+  private transient String fieldRepr;
+  private transient String fieldJson;
+  /** avg's and sum's values, reused from event to event. */
+  private transient double[] reals;
   private transient ObjectMapper json;
 
   public WindowAggregate(
@@ -83,8 +89,10 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       String function,
       String notAnEvent,
       String why,
-      long maxRecordBytes) {
+      long maxRecordBytes,
+      String notPrintable) {
     this.maxRecordBytes = maxRecordBytes;
+    this.notPrintable = notPrintable;
     this.pe = pe;
     this.field = field;
     this.window = window;
@@ -105,12 +113,14 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       String function,
       String notAnEvent,
       String why,
-      long maxRecordBytes) {
+      long maxRecordBytes,
+      String notPrintable) {
     MapFunction<Row, String> group = row -> pe;
     return events
         .groupByKey(group, Encoders.STRING())
         .transformWithState(
-            new WindowAggregate(pe, field, window, function, notAnEvent, why, maxRecordBytes),
+            new WindowAggregate(
+                pe, field, window, function, notAnEvent, why, maxRecordBytes, notPrintable),
             TimeMode.None(),
             OutputMode.Append(),
             Encoders.row(RECORD_SCHEMA));
@@ -120,6 +130,10 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
   public void init(OutputMode outputMode, TimeMode timeMode) {
     values = getHandle().getValueState("window", Encoders.STRING(), TTLConfig.NONE());
     json = mapper();
+    PyText.useNotPrintable(notPrintable);
+    fieldRepr = PyText.strRepr(field);
+    fieldJson = PyText.jsonString(field);
+    reals = new double[16];
   }
 
   static ObjectMapper mapper() {
@@ -177,6 +191,10 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       if (integer != null && other.integer != null) {
         return integer.compareTo(other.integer);
       }
+      Num whole = integer != null ? this : other;
+      if (whole.integer.bitLength() <= 53) { // exactly a double: compared as doubles
+        return real < other.real ? -1 : (real > other.real ? 1 : 0);
+      }
       return exact().compareTo(other.exact());
     }
 
@@ -206,12 +224,17 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
 
   /** Python's {@code int / int}: the double nearest to p/q (ties to even). */
   static double quotient(BigInteger p, BigDecimal q) {
-    BigDecimal exact;
-    try {
-      exact = new BigDecimal(p).divide(q); // a terminating decimal: rounded once, below
-    } catch (ArithmeticException nonTerminating) {
-      exact = new BigDecimal(p).divide(q, QUOTIENT);
+    // A terminating decimal (the reduced q has no prime factor but 2 and 5) is exact, and
+    // rounded once, below.
+    BigInteger d = q.toBigIntegerExact();
+    d = d.divide(d.gcd(p));
+    for (BigInteger f : new BigInteger[] {BigInteger.TWO, BigInteger.valueOf(5)}) {
+      while (d.mod(f).signum() == 0) {
+        d = d.divide(f);
+      }
     }
+    BigDecimal exact =
+        d.equals(BigInteger.ONE) ? new BigDecimal(p).divide(q) : new BigDecimal(p).divide(q, QUOTIENT);
     return Double.parseDouble(exact.toString());
   }
 
@@ -241,13 +264,17 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       long seq = row.getLong(1);
       double timestamp = row.getDouble(2);
       String body = row.getString(4);
-      int before = kept.size();
-      Num dropped = null;
+      boolean added = false;
+      ArrayDeque<Num> dropped = null;
       try {
         Num value = value(row.getString(3), body);
         kept.addLast(value);
-        if (kept.size() > window) {
-          dropped = kept.removeFirst();
+        added = true;
+        while (kept.size() > window) { // (as Python's del values[: len - window])
+          if (dropped == null) {
+            dropped = new ArrayDeque<>();
+          }
+          dropped.addLast(kept.removeFirst());
         }
         String text = encode(aggregate(kept), seq, timestamp);
         out.add(RowFactory.create(origin, 0, seq, timestamp, pe, text, null));
@@ -255,10 +282,10 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       } catch (Refused | RuntimeException | StackOverflowError | IOError exc) {
         // Nothing an event does stops the PE: it is a dead letter, and the window is as
         // before it.
-        if (kept.size() > before || dropped != null) {
+        if (added) {
           kept.removeLast();
-          if (dropped != null) {
-            kept.addFirst(dropped);
+          while (dropped != null && !dropped.isEmpty()) {
+            kept.addFirst(dropped.removeLast());
           }
         }
         String reason = exc instanceof Refused
@@ -295,7 +322,7 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
     String number = aggregate instanceof Double
         ? PyText.floatRepr((Double) aggregate)
         : aggregate.toString();
-    String text = "{" + PyText.jsonString(field) + ":" + number + "}";
+    String text = "{" + fieldJson + ":" + number + "}";
     long bound = (text.length() + pe.length()) * 12L + 128;
     if (bound > maxRecordBytes) {
       long size = PyText.recordBytes(seq, timestamp, pe, text);
@@ -327,7 +354,14 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
     }
     JsonNode node;
     try {
-      checkJson(body);
+      // (Only a body that may hold what Jackson reads and Python does not is read twice:
+      // Jackson's non-numbers all hold "NaN", "Inf" or "INF", and 4301 digits are long.)
+      if (body.length() > 4300
+          || body.contains("NaN")
+          || body.contains("Inf")
+          || body.contains("INF")) {
+        checkJson(body);
+      }
       node = json.readTree(body);
     } catch (Refused refused) {
       throw refused;
@@ -344,7 +378,7 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
           + "be a JSON object, got " + kind(node));
     }
     JsonNode value = node.get(field);
-    String name = PyText.strRepr(field);
+    String name = fieldRepr;
     if (value == null) {
       // sorted(body): by code point
       TreeSet<String> names = new TreeSet<>(WindowAggregate::byCodePoint);
@@ -438,6 +472,13 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
     return end < 0 ? message : message.substring(0, end);
   }
 
+  private double[] buffer(int size) {
+    if (reals.length < size) {
+      reals = new double[Math.max(size, reals.length * 2)];
+    }
+    return reals;
+  }
+
   private Refused raised(Overflow overflow) {
     return new Refused("processor '" + pe + "' raised OverflowError: " + overflow.getMessage());
   }
@@ -460,26 +501,26 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
         }
       case "sum":
         {
-          double[] reals = new double[kept.size()];
+          double[] reals = buffer(kept.size());
           int i = 0;
           for (Num n : kept) {
             reals[i++] = n.real;
           }
           try {
-            return fsum(reals);
+            return fsum(reals, kept.size());
           } catch (Overflow overflow) {
             throw raised(overflow);
           }
         }
       case "avg":
         {
-          double[] reals = new double[kept.size()];
+          double[] reals = buffer(kept.size());
           int i = 0;
           for (Num n : kept) {
             reals[i++] = n.real;
           }
           try {
-            return fsum(reals) / kept.size();
+            return fsum(reals, kept.size()) / kept.size();
           } catch (Overflow overflow) {
             // Python: fsum(v / len(values) for v in values); an int's quotient is the
             // correctly rounded one of the exact division.
@@ -491,7 +532,7 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
                   : n.real / kept.size();
             }
             try {
-              return fsum(reals);
+              return fsum(reals, kept.size());
             } catch (Overflow again) {
               throw raised(again);
             }
@@ -506,10 +547,11 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
    * CPython's {@code math.fsum} (Shewchuk's partials, half-even across partials), for finite
    * inputs: an intermediate overflow is {@link Refused}, as Python raises OverflowError.
    */
-  static double fsum(double[] values) throws Overflow {
+  static double fsum(double[] values, int count) throws Overflow {
     double[] partials = new double[32];
     int n = 0;
-    for (double value : values) {
+    for (int k = 0; k < count; k++) {
+      double value = values[k];
       double x = value;
       int i = 0;
       for (int j = 0; j < n; j++) {
