@@ -810,11 +810,11 @@ def _jvm_window(spark: SparkSession, plan: QueryPlan, events: DataFrame) -> Data
         )
     opts = element.options
     operator = spark._jvm.fogshift.ops.WindowAggregate  # type: ignore[union-attr]
-    frame = operator.apply(
-        events._jdf, element.id, opts.field, opts.window, opts.function,
-        NOT_AN_EVENT, NOT_AN_EVENT_WHY, plan.max_record_bytes, not_printable(),
+    processor = operator(
+        element.id, opts.field, opts.window, opts.function, NOT_AN_EVENT, NOT_AN_EVENT_WHY,
+        plan.max_record_bytes, not_printable(),
     )  # fmt: skip
-    return Frame(frame, spark)
+    return Frame(operator.apply(events._jdf, processor), spark)
 
 
 @functools.cache

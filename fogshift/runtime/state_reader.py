@@ -69,8 +69,8 @@ def read_jvm_window(
 ) -> tuple[int | None, dict[str | None, Any]]:
     """The window of a ``window-aggregate`` with ``engine: jvm``, as of the newest committed
     batch, in the Python engine's shape (``{None: {"values": [...]}}``; nothing before its
-    first value). Its one state variable holds the values as text, ints as digits and floats
-    as Java writes them (with a point or an exponent)."""
+    first batch with input). Its one state variable holds the values as text, ints as digits
+    and floats as Java writes them (with a point or an exponent)."""
     from pyspark.sql import functions as F  # noqa: N812
 
     batch = committed_batch(checkpoint)

@@ -117,10 +117,11 @@ def run_jvm(
         ]
         (inbox / f"{n:03d}.json").write_text("\n".join(lines) + "\n")
         events = spark.readStream.schema(EVENT_SCHEMA).json(str(inbox))
-        frame = spark._jvm.fogshift.ops.WindowAggregate.apply(
-            events._jdf, "agg", field, window, function, NOT_AN_EVENT, NOT_AN_EVENT_WHY, limit,
-            not_printable(),
-        )  # fmt: skip
+        operator = spark._jvm.fogshift.ops.WindowAggregate
+        processor = operator(
+            "agg", field, window, function, NOT_AN_EVENT, NOT_AN_EVENT_WHY, limit, not_printable()
+        )
+        frame = operator.apply(events._jdf, processor)
         query = (
             DataFrame(frame, spark)
             .writeStream.foreachBatch(lambda df, _: got.extend(df.collect()))

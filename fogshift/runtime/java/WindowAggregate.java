@@ -102,28 +102,16 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
   }
 
   /**
-   * The operator over {@code events} (rows of {@code EVENT_SCHEMA}): the dataset of its output
-   * records. One group (the PE's id): an unkeyed PE's state is one window.
+   * {@code processor} over {@code events} (rows of {@code EVENT_SCHEMA}): the dataset of its
+   * output records. One group (the PE's id): an unkeyed PE's state is one window.
    */
-  public static Dataset<Row> apply(
-      Dataset<Row> events,
-      String pe,
-      String field,
-      int window,
-      String function,
-      String notAnEvent,
-      String why,
-      long maxRecordBytes,
-      String notPrintable) {
-    MapFunction<Row, String> group = row -> pe;
+  public static Dataset<Row> apply(Dataset<Row> events, WindowAggregate processor) {
+    String key = processor.pe;
+    MapFunction<Row, String> group = row -> key;
     return events
         .groupByKey(group, Encoders.STRING())
         .transformWithState(
-            new WindowAggregate(
-                pe, field, window, function, notAnEvent, why, maxRecordBytes, notPrintable),
-            TimeMode.None(),
-            OutputMode.Append(),
-            Encoders.row(RECORD_SCHEMA));
+            processor, TimeMode.None(), OutputMode.Append(), Encoders.row(RECORD_SCHEMA));
   }
 
   @Override
