@@ -460,9 +460,14 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
     return end < 0 ? message : message.substring(0, end);
   }
 
-  private double[] buffer(int size) {
-    if (reals.length < size) {
-      reals = new double[Math.max(size, reals.length * 2)];
+  /** The window's values as doubles (as Python's fsum takes them), in a reused buffer. */
+  private double[] realsOf(ArrayDeque<Num> kept) {
+    if (reals.length < kept.size()) {
+      reals = new double[Math.max(kept.size(), reals.length * 2)];
+    }
+    int i = 0;
+    for (Num n : kept) {
+      reals[i++] = n.real;
     }
     return reals;
   }
@@ -488,31 +493,20 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
           return best.integer != null ? (Object) best.integer : (Object) best.real;
         }
       case "sum":
-        {
-          double[] reals = buffer(kept.size());
-          int i = 0;
-          for (Num n : kept) {
-            reals[i++] = n.real;
-          }
-          try {
-            return fsum(reals, kept.size());
-          } catch (Overflow overflow) {
-            throw raised(overflow);
-          }
+        try {
+          return fsum(realsOf(kept), kept.size());
+        } catch (Overflow overflow) {
+          throw raised(overflow);
         }
       case "avg":
         {
-          double[] reals = buffer(kept.size());
-          int i = 0;
-          for (Num n : kept) {
-            reals[i++] = n.real;
-          }
+          double[] reals = realsOf(kept);
           try {
             return fsum(reals, kept.size()) / kept.size();
           } catch (Overflow overflow) {
             // Python: fsum(v / len(values) for v in values); an int's quotient is the
             // correctly rounded one of the exact division.
-            i = 0;
+            int i = 0;
             BigDecimal count = BigDecimal.valueOf(kept.size());
             for (Num n : kept) {
               reals[i++] = n.integer != null
