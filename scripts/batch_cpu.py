@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -134,6 +135,7 @@ def main() -> None:
     spark.stop()
     js.close()
     os.killpg(broker.pid, 9)
+    shutil.rmtree(home, ignore_errors=True)  # (its checkpoint, broker store and scratch)
 
 
 if __name__ == "__main__":
