@@ -256,25 +256,26 @@ class NodeRuntime:
         folder = self.config.home / "warm-up"
         started = time.monotonic()
         try:
-            query = warm_up.begin(spark, folder)
+            queries = warm_up.begin(spark, folder)
         except Exception:  # a cold first query is slower, never wrong: the node serves on
-            log.exception("the warm-up query failed to start; the first PE here starts cold")
+            log.exception("the warm-up queries failed to start; the first PE here starts cold")
             shutil.rmtree(folder, ignore_errors=True)
             return
 
         def finish() -> None:
             try:
-                warm_up.finish(query)
+                warm_up.finish(queries)
             except Exception:
-                log.exception("the warm-up query failed; the first PE here may start cold")
+                log.exception("the warm-up queries failed; the first PE here may start cold")
                 ran = False
             else:
-                log.info("warm-up: the first stateful query ran in %.1f s",
-                         time.monotonic() - started)  # fmt: skip
+                kinds = "Python and JVM" if queries.jvm is not None else "Python; no JVM classes"
+                log.info("warm-up: the first stateful queries (%s) ran in %.1f s",
+                         kinds, time.monotonic() - started)  # fmt: skip
                 ran = True
             finally:
                 with contextlib.suppress(RuntimeError):  # the node is closing: Spark stops it
-                    self._spark_thread.submit(query.stop).result()
+                    self._spark_thread.submit(queries.stop).result()
             try:
                 if ran and not self._stop.is_set():
                     # The node's first state read (a key listing, a twin read) paid ~1 s

@@ -69,6 +69,7 @@ from fogshift.runtime.exceptions import ElementError
 from fogshift.runtime.gate import start_run
 from fogshift.runtime.instances import InstanceKey, call_hook, registry
 from fogshift.runtime.kinds import processor_for
+from fogshift.spec.kinds import WindowAggregateOptions
 from fogshift.spec.models import ElementSpec, WindowAggregateElement
 
 if TYPE_CHECKING:
@@ -794,8 +795,6 @@ def _jvm_window(spark: SparkSession, plan: QueryPlan, events: DataFrame) -> Data
     Raises:
         ElementError: This environment has no fogshift JVM classes (no JDK at setup).
     """
-    from pyspark.sql import DataFrame as Frame
-
     from fogshift.runtime.jvm_classes import jar_path
 
     element = plan.element
@@ -808,11 +807,25 @@ def _jvm_window(spark: SparkSession, plan: QueryPlan, events: DataFrame) -> Data
             hint="install a JDK 17 (openjdk-17-jdk-headless) and run `make setup`, or "
             "deploy it with engine: python",
         )
-    opts = element.options
+    return jvm_window(spark, events, element.id, element.options, plan.max_record_bytes)
+
+
+def jvm_window(
+    spark: SparkSession,
+    events: DataFrame,
+    pe: str,
+    options: WindowAggregateOptions,
+    max_record_bytes: int,
+) -> DataFrame:
+    """The JVM operator of a ``window-aggregate`` named ``pe`` over ``events`` (rows of
+    ``EVENT_SCHEMA``): its output records. The session must have fogshift's JVM classes
+    (``jvm_classes.jar_path()``; a node's warm-up runs it too)."""
+    from pyspark.sql import DataFrame as Frame
+
     operator = spark._jvm.fogshift.ops.WindowAggregate  # type: ignore[union-attr]
     processor = operator(
-        element.id, opts.field, opts.window, opts.function, NOT_AN_EVENT, NOT_AN_EVENT_WHY,
-        plan.max_record_bytes, not_printable(),
+        pe, options.field, options.window, options.function, NOT_AN_EVENT, NOT_AN_EVENT_WHY,
+        max_record_bytes, not_printable(),
     )  # fmt: skip
     return Frame(operator.apply(events._jdf, processor), spark)
 

@@ -11,12 +11,16 @@ time").
 
 :func:`warm_up` runs that query — fogshift's CSV source, a keyed count in one
 ``ValueState`` on RocksDB, a Python sink that keeps nothing — to its first batch, and a
-``mapInPandas`` job for the stateless kinds. :func:`read_back` then reads that query's state
-as the agent reads a PE's (Spark's state data source: a key listing and a twin read): a
-node's first such read took ~2 s of class loading and code generation, which landed on the
-first key group or rescale listing the node's partitions, or the first twin read. It
+``mapInPandas`` job for the stateless kinds. Where the node has fogshift's JVM classes it
+runs a second query beside it: the same rows through ``window-aggregate``'s JVM operator
+(``engine: jvm``), whose first query on a node paid ~0.25 s more of class loading, Scala
+``transformWithState`` planning and code generation than the Python warm-up covers.
+:func:`read_back` then reads both queries' states as the agent reads a PE's (Spark's state
+data source: a key listing and a twin read; the JVM window as ``fogshift state`` reads it):
+a node's first such read took ~2 s of class loading and code generation, which landed on
+the first key group or rescale listing the node's partitions, or the first twin read. It
 touches no broker (a node's broker user may create nothing) and leaves nothing behind but
-its folder, which the caller owns. The class archive is made by the same query and reads,
+its folder, which the caller owns. The class archive is made by the same queries and reads,
 so the classes it maps are the ones a node runs.
 """
 
@@ -24,16 +28,21 @@ from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.waiting import wait_until
-from fogshift.runtime.engine import GROUP_COLUMN, KEY_PREFIX
-from fogshift.runtime.state_reader import read_keys, read_state
+from fogshift.events import DEFAULT_MAX_RECORD_BYTES
+from fogshift.runtime.engine import GROUP_COLUMN, KEY_PREFIX, jvm_window
+from fogshift.runtime.jvm_classes import jar_path
+from fogshift.runtime.state_reader import read_jvm_window, read_keys, read_state
+from fogshift.spec.kinds import WindowAggregateOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 #: The warm-up query's name: progress reports of it are no PE's (the agent counts reports
 #: by their query's name).
@@ -44,6 +53,33 @@ DISCARD_SINK = "fogshift-warm-up-discard"
 #: (``f_<field>``, one JSON text), so that :func:`read_back` reads it as the agent reads a
 #: PE's.
 COUNT_PART = "count"
+#: The JVM warm-up's window: the latest five values of the input, averaged.
+JVM_WINDOW = WindowAggregateOptions(field="value", window=5, function="avg", engine="jvm")
+#: The JVM query's checkpoint in the warm-up's folder.
+JVM_CHECKPOINT = "jvm-checkpoint"
+#: The rows of the warm-up's input (``timestamp,value``): values ``i % 7``.
+ROWS = 40
+
+
+@dataclass(frozen=True)
+class Started:
+    """The warm-up's running queries: the Python stateful one, and the JVM operator's
+    (``None`` where the node has no fogshift JVM classes)."""
+
+    python: StreamingQuery
+    jvm: StreamingQuery | None
+
+    @property
+    def queries(self) -> list[StreamingQuery]:
+        return [q for q in (self.python, self.jvm) if q is not None]
+
+    def stop(self) -> None:
+        """Stop both (each tried, even if the other's stop raises)."""
+        try:
+            self.python.stop()
+        finally:
+            if self.jvm is not None:
+                self.jvm.stop()
 
 
 def warm_up(spark: SparkSession, folder: Path, timeout_s: float = 120.0) -> float:
@@ -63,25 +99,28 @@ def warm_up(spark: SparkSession, folder: Path, timeout_s: float = 120.0) -> floa
         RuntimeError: The query failed or ran no batch within ``timeout_s``.
     """
     started = time.monotonic()
-    query = begin(spark, folder)
+    queries = begin(spark, folder)
     try:
-        finish(query, timeout_s)
+        finish(queries, timeout_s)
     finally:
-        query.stop()
+        queries.stop()
     read_back(spark, folder)
     return time.monotonic() - started
 
 
 def read_back(spark: SparkSession, folder: Path) -> dict[str, Any]:
-    """Read the state of the stopped warm-up query in ``folder`` as the agent reads a keyed
-    PE's: its keys with their sizes (``state_reader.read_keys``, what a key group's move or
-    a rescale lists), then each key's state (``state_reader.read_state``, a twin read).
+    """Read the state of the stopped warm-up queries in ``folder`` as the agent reads a
+    PE's: the keyed query's keys with their sizes (``state_reader.read_keys``, what a key
+    group's move or a rescale lists), then each key's state (``state_reader.read_state``, a
+    twin read); and, if it ran, the JVM operator's window (``state_reader.read_jvm_window``,
+    ``fogshift state`` of a PE with ``engine: jvm``).
 
     Returns:
         Each key's stored count (by the input's ``value``, as text).
 
     Raises:
-        RuntimeError: The query committed no batch, or the two reads disagree on the keys.
+        RuntimeError: The keyed query committed no batch, the two reads disagree on the
+            keys, or the JVM window is not the input's latest values.
     """
     checkpoint = folder / "checkpoint"
     batch, _, sizes = read_keys(spark, checkpoint, [COUNT_PART], movable=False)
@@ -91,46 +130,58 @@ def read_back(spark: SparkSession, folder: Path) -> dict[str, Any]:
             f"the warm-up's state reads disagree: keys {sorted(sizes)}, states "
             f"{sorted(k or '' for k in states)} at batch {batch}"
         )
+    if (folder / JVM_CHECKPOINT).is_dir():
+        _, window = read_jvm_window(spark, folder / JVM_CHECKPOINT)
+        expected = [i % 7 for i in range(ROWS)][-JVM_WINDOW.window :]
+        if window != {None: {"values": expected}}:
+            raise RuntimeError(f"the JVM warm-up's window is {window}, not {expected}")
     return {str(key): fields[COUNT_PART] for key, fields in states.items()}
 
 
-def begin(spark: SparkSession, folder: Path) -> Any:
+def begin(spark: SparkSession, folder: Path) -> Started:
     """The part of :func:`warm_up` that uses the session: the ``mapInPandas`` job, then the
-    stateful query started (in a fresh ``folder``); the StreamingQuery, to :func:`finish`
-    and stop. A query must be started on the thread that registered the data sources."""
+    stateful queries started (in a fresh ``folder``), to :func:`finish` and stop. A query
+    must be started on the thread that registered the data sources."""
     spark.range(4).mapInPandas(_identity, "id long").collect()
-    return _start_stateful(spark, folder)
+    python = _start_stateful(spark, folder)
+    try:
+        jvm = _start_jvm(spark, folder) if jar_path().is_file() else None
+    except BaseException:
+        python.stop()
+        raise
+    return Started(python, jvm)
 
 
-def finish(query: Any, timeout_s: float = 120.0) -> None:
-    """Wait until the warm-up ``query`` has run a batch (any thread may wait).
+def finish(started: Started, timeout_s: float = 120.0) -> None:
+    """Wait until each warm-up query has run a batch (any thread may wait).
 
     Raises:
-        RuntimeError: It failed or ran no batch within ``timeout_s``.
+        RuntimeError: One failed or ran no batch within ``timeout_s``.
     """
     # The CSV is read in one batch: done once a batch with rows has run (or the query
     # failed).
     try:
         wait_until(
-            lambda: not query.isActive
-            or any(p["numInputRows"] > 0 for p in query.recentProgress),
-            timeout_s, interval_s=0.1, describe="the warm-up query ran a batch",
+            lambda: all(not q.isActive or any(p["numInputRows"] > 0 for p in q.recentProgress)
+                        for q in started.queries),
+            timeout_s, interval_s=0.1, describe="the warm-up queries ran a batch",
         )  # fmt: skip
     except WaitTimedOut as exc:
         raise RuntimeError(str(exc)) from exc
-    failure = query.exception()
-    if failure is not None:
-        raise RuntimeError(f"the warm-up query failed: {failure}")
+    for query in started.queries:
+        failure = query.exception()
+        if failure is not None:
+            raise RuntimeError(f"the warm-up query {query.name} failed: {failure}")
 
 
-def _start_stateful(spark: SparkSession, folder: Path) -> Any:
+def _start_stateful(spark: SparkSession, folder: Path) -> StreamingQuery:
     """Start (in a fresh ``folder``) the warm-up's stateful query; the StreamingQuery."""
     from pyspark.sql import functions as func
 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     data = folder / "in.csv"
-    data.write_text("timestamp,value\n" + "".join(f"{i},{i % 7}\n" for i in range(40)))
+    data.write_text("timestamp,value\n" + "".join(f"{i},{i % 7}\n" for i in range(ROWS)))
     spark.dataSource.register(_discard_sink())
     # Keyed as a keyed PE's query is (its grouping column, its keys' prefix).
     rows = (
@@ -149,6 +200,35 @@ def _start_stateful(spark: SparkSession, folder: Path) -> Any:
         .writeStream.format(DISCARD_SINK)
         .option("checkpointLocation", str(folder / "checkpoint"))
         .queryName(QUERY_NAME)
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )  # fmt: skip
+
+
+def _start_jvm(spark: SparkSession, folder: Path) -> StreamingQuery:
+    """Start the warm-up's JVM query (after :func:`_start_stateful`, which made ``folder``):
+    the same values, as a PE's input events, through ``window-aggregate``'s JVM operator
+    into the discarding sink. Its input is Spark's own CSV file source, not fogshift's: the
+    Python source's path is the other query's, and this one starts no Python process."""
+    from pyspark.sql import functions as func
+
+    data = folder / "jvm-in"
+    data.mkdir()
+    (data / "in.csv").write_text("".join(f"{i},{i % 7}\n" for i in range(ROWS)))
+    events = (
+        spark.readStream.schema("origin long, value long").csv(str(data))
+        .select(
+            "origin", func.col("origin").alias("seq"),
+            func.col("origin").cast("double").alias("timestamp"),
+            func.lit("source").alias("creator"),
+            func.to_json(func.struct("value")).alias("body"),
+        )
+    )  # fmt: skip
+    return (
+        jvm_window(spark, events, "warm-up", JVM_WINDOW, DEFAULT_MAX_RECORD_BYTES)
+        .writeStream.format(DISCARD_SINK)
+        .option("checkpointLocation", str(folder / JVM_CHECKPOINT))
+        .queryName(f"{QUERY_NAME}-jvm")
         .trigger(processingTime="100 milliseconds")
         .start()
     )  # fmt: skip

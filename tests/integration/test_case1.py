@@ -212,15 +212,16 @@ def test_nodes_are_separate_process_groups_behind_a_token(cluster: Cluster) -> N
     # Each node tells its free disk (all share this machine's).
     assert all(0 < n["disk_free_bytes"] <= n["disk_total_bytes"] for n in nodes.values())
     assert "GiB" in table  # (rich may wrap the column: one word)
-    # Each node runs its first stateful query and its first state read when it starts (a
-    # node is ready meanwhile), not when a PE comes or a key group lists the keys.
+    # Each node runs its first stateful queries (Python, and the JVM operator's: make setup
+    # compiled fogshift's JVM classes) and its first state reads when it starts (a node is
+    # ready meanwhile), not when a PE comes or a key group lists the keys.
     for name in nodes:
         log = cluster.home / "logs" / f"node-{name}.log"
         wait_until(
             lambda log=log: "warm-up: its state read back in" in log.read_text(),
             120, interval_s=0.5, describe=f"{name}'s warm-up",
         )  # fmt: skip
-        assert "warm-up: the first stateful query ran in" in log.read_text()
+        assert "warm-up: the first stateful queries (Python and JVM) ran in" in log.read_text()
     # No token, no answer: neither from an agent nor from the orchestrator.
     assert httpx.get(nodes["fog-a"]["url"] + "/elements").status_code == 401
     wrong = {"Authorization": "Bearer nope"}

@@ -104,10 +104,14 @@ def test_the_warm_up_runs_a_stateful_batch_on_rocksdb_and_is_no_pe(
     # What a node runs before its first PE (fogshift.runtime.warm_up): a batch through the
     # CSV source, transformWithStateInPandas and a Python sink, committed with its state in
     # RocksDB (whose native library the JVM has loaded then).
-    from fogshift.runtime.warm_up import QUERY_NAME, read_back, warm_up
+    from fogshift.runtime.warm_up import JVM_CHECKPOINT, QUERY_NAME, read_back, warm_up
 
     folder = tmp_path / "warm-up"
     assert warm_up(spark, folder) > 0
+    # The JVM operator's query ran beside it (make setup compiled fogshift's JVM classes),
+    # and its window (read back as `fogshift state` reads one) is the input's latest values:
+    # read_back raises otherwise.
+    assert (folder / JVM_CHECKPOINT / "commits" / "0").is_file()
     # Its state reads back as a keyed PE's does (the node's first key listing and twin
     # read): each value of its input, counted here from the file it read.
     lines = (folder / "in.csv").read_text().splitlines()
@@ -124,7 +128,7 @@ def test_the_warm_up_runs_a_stateful_batch_on_rocksdb_and_is_no_pe(
     # RocksDB (on a pytest worker, another module's session may have been first).
     assert libraries and all(Path(p).parent.name == "jvm-tmp" for p in libraries), libraries
     # Not running afterwards, and its name is no PE's (a PE's is PIPELINE.ELEMENT).
-    assert QUERY_NAME not in [q.name for q in spark.streams.active]
+    assert not [q.name for q in spark.streams.active if q.name.startswith(QUERY_NAME)]
     assert "." not in QUERY_NAME
     # Again in the same folder (an agent started again in the same home): from scratch.
     assert warm_up(spark, folder) > 0
