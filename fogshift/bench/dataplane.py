@@ -71,7 +71,7 @@ FEED_TICK_S = 0.02
 #: The latency bound of "sustained".
 SUSTAINED_P99_S = 1.0
 FIELDS = (
-    "system", "case", "measure", "rate", "events", "p50_ms", "p99_ms", "max_ms",
+    "run", "system", "case", "measure", "rate", "events", "p50_ms", "p99_ms", "max_ms",
     "events_per_s", "with_start_per_s", "sustained", "trigger_ms", "batch_ms",
     "add_batch_ms", "wal_commit_ms", "commit_offsets_ms", "latest_offset_ms", "planning_ms",
 )  # fmt: skip
@@ -88,6 +88,10 @@ class Settings:
         sweep_s: Seconds fed at each rate.
         backlog: Events appended before the reprocessing query starts.
         trigger_ms: The queries' trigger (the node agents' default).
+        cases: The cases measured, each beside its plain floor.
+        runs: How many times the whole measurement runs (one round of every case and
+            system after the other; the report gives each figure's median and range):
+            single runs here differ by more than fogshift and its floor do.
     """
 
     steady_rate: float = 100.0
@@ -97,6 +101,16 @@ class Settings:
     backlog: int = 200_000
     trigger_ms: int = AgentConfig.default("trigger_ms")
     cases: tuple[str, ...] = CASES
+    runs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.runs < 1:
+            raise BadBenchOption(
+                f"bench dataplane cannot run {self.runs} times",
+                expected="--runs of at least 1",
+                received=f"--runs {self.runs}",
+                hint="--runs 3 gives each figure's median of three rounds",
+            )
 
 
 QUICK = Settings(
@@ -499,25 +513,40 @@ def run(out: Path, settings: Settings, log: Callable[[str], None] = print) -> Pa
     work = Path(tempfile.mkdtemp(prefix="fogshift-dataplane-"))
     bench = Bench(work, settings)
     try:
-        for case in settings.cases:
-            for system in SYSTEMS if case not in KIND_OF else SYSTEMS[:1]:
-                base = {"system": system, "case": case, "trigger_ms": settings.trigger_ms}
-                log(f"{system} {case}: steady {settings.steady_rate:g}/s")
-                row = bench.steady(system, case, settings.steady_rate, settings.steady_s)
-                rows.append({**base, "measure": "steady", "rate": settings.steady_rate, **row})
-                for rate in settings.rates:
-                    log(f"{system} {case}: sweep {rate}/s")
-                    row = bench.steady(system, case, rate, settings.sweep_s)
-                    rows.append({**base, "measure": "sweep", "rate": rate, **row})
-                    if not row.get("sustained"):
-                        break
-                log(f"{system} {case}: reprocess {settings.backlog} events")
-                row = bench.reprocess(system, case, settings.backlog)
-                rows.append({**base, "measure": "reprocess", "rate": "", **row})
+        for number, case, system in rounds(settings):
+            base = {"run": number, "system": system, "case": case,
+                    "trigger_ms": settings.trigger_ms}  # fmt: skip
+            said = f"run {number}: {system} {case}" if settings.runs > 1 else f"{system} {case}"
+            log(f"{said}: steady {settings.steady_rate:g}/s")
+            row = bench.steady(system, case, settings.steady_rate, settings.steady_s)
+            rows.append({**base, "measure": "steady", "rate": settings.steady_rate, **row})
+            for rate in settings.rates:
+                log(f"{said}: sweep {rate}/s")
+                row = bench.steady(system, case, rate, settings.sweep_s)
+                rows.append({**base, "measure": "sweep", "rate": rate, **row})
+                if not row.get("sustained"):
+                    break
+            log(f"{said}: reprocess {settings.backlog} events")
+            row = bench.reprocess(system, case, settings.backlog)
+            rows.append({**base, "measure": "reprocess", "rate": "", **row})
     finally:
         bench.close()
         shutil.rmtree(work, ignore_errors=True)
     return render(out)
+
+
+def rounds(settings: Settings) -> list[tuple[int, str, str]]:
+    """What :func:`run` measures, in order: (run, case, system). Every case beside its floor
+    (a JVM case's floor is its kind's, measured once per run); each run goes through the
+    cases the other way round from the one before, so that a machine slowing down or
+    speeding up through the runs weighs on every case alike."""
+    order: list[tuple[int, str, str]] = []
+    for number in range(1, settings.runs + 1):
+        cases = settings.cases if number % 2 else tuple(reversed(settings.cases))
+        for case in cases:
+            systems = SYSTEMS if case not in KIND_OF else SYSTEMS[:1]
+            order += [(number, case, system) for system in systems]
+    return order
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -531,8 +560,38 @@ def _find(rows: Sequence[Mapping[str, str]], system: str, case: str, measure: st
     ]
 
 
+def _run_of(row: Mapping[str, str]) -> str:
+    """A row's run (``1`` in a CSV written before runs were numbered)."""
+    return row.get("run") or "1"
+
+
 def summary(rows: Sequence[Mapping[str, str]], system: str, case: str) -> dict[str, float | None]:
-    """The headline figures of one system and case."""
+    """The headline figures of one system and case: each the median of its runs' (of those
+    that have it; ``None`` if none has)."""
+    per_run = summaries(rows, system, case)
+    medians: dict[str, float | None] = {}
+    for key, _label, _lower in HEADLINES:
+        got = _present(per_run, key)
+        medians[key] = statistics.median(got) if got else None
+    return medians
+
+
+def _present(runs: Sequence[Mapping[str, float | None]], key: str) -> list[float]:
+    """The runs' values of ``key``, those they have."""
+    return [v for r in runs if (v := r[key]) is not None]
+
+
+def summaries(
+    rows: Sequence[Mapping[str, str]], system: str, case: str
+) -> list[dict[str, float | None]]:
+    """The headline figures of one system and case, one dict per run, in run order."""
+    runs = sorted({_run_of(r) for r in rows if r["system"] == system and r["case"] == case},
+                  key=int)  # fmt: skip
+    return [_one_run([r for r in rows if _run_of(r) == n], system, case) for n in runs]
+
+
+def _one_run(rows: Sequence[Mapping[str, str]], system: str, case: str) -> dict[str, float | None]:
+    """The headline figures of one system and case in one run's rows."""
     steady = _find(rows, system, case, "steady")
     sweep = [r for r in _find(rows, system, case, "sweep") if truthy(r["sustained"])]
     reprocess = _find(rows, system, case, "reprocess")
@@ -558,6 +617,14 @@ HEADLINES = (
     ("reprocess_per_s", "reprocessing, in its batches (events/s)", False),
     ("reprocess_with_start_per_s", "reprocessing, with the query start (events/s)", False),
 )
+
+
+def _cell(median: float | None, runs: Sequence[Mapping[str, float | None]], key: str) -> str:
+    """A figure's cell: the median, and with several runs their range in brackets."""
+    got = _present(runs, key)
+    if len(runs) < 2 or not got:
+        return fmt(median)
+    return f"{fmt(median)} ({fmt(min(got))} to {fmt(max(got))})"
 
 
 def render(out: Path) -> Path:
@@ -592,11 +659,20 @@ def render(out: Path) -> Path:
         if case in KIND_OF:
             kind = KIND_OF[case]
             lines += [f"(`{kind}` with `engine: jvm`; the floor is `{kind}`'s.)", ""]
+        runs_mine = summaries(rows, "fogshift", case)
+        runs_floor = summaries(rows, "plain", KIND_OF.get(case, case))
+        if max(len(runs_mine), len(runs_floor)) > 1:
+            lines += [
+                f"Medians of {len(runs_mine)} runs (fogshift) and {len(runs_floor)} (plain), "
+                "the runs' lowest and highest in brackets; the ratio is of the medians.",
+                "",
+            ]
         lines += ["| | fogshift | plain PySpark | ratio |", "|---|---|---|---|"]
         for key, label, _lower in HEADLINES:
             a, b = mine[key], floor[key]
             ratio = fmt(a / b, 2, "x") if a is not None and b else "-"
-            lines.append(f"| {label} | {fmt(a)} | {fmt(b)} | {ratio} |")
+            cells = (_cell(a, runs_mine, key), _cell(b, runs_floor, key))
+            lines.append(f"| {label} | {cells[0]} | {cells[1]} | {ratio} |")
         lines.append("")
         ax = axes[0][n]
         labels = ["p50", "p99"]
@@ -616,4 +692,4 @@ def render(out: Path) -> Path:
     return path
 
 
-__all__ = ["QUICK", "Settings", "render", "run", "start_plain", "summary"]
+__all__ = ["QUICK", "Settings", "render", "rounds", "run", "start_plain", "summaries", "summary"]

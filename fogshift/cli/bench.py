@@ -178,6 +178,14 @@ def dataplane(
         int | None,
         typer.Option(help="The queries' trigger (ms; default: the node agents' default)."),
     ] = None,
+    runs: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Measure it all this many times, the cases in turn; results.md gives each "
+            "figure's median and range.",
+        ),
+    ] = 1,
     report_only: Annotated[
         bool,
         typer.Option("--report-only", help="Measure nothing: re-render results.md from DIR."),
@@ -196,12 +204,14 @@ def dataplane(
 
     out = out.resolve()
     if report_only:
-        given = [o for o, v in (("--quick", quick), ("--trigger-ms", trigger_ms is not None)) if v]
+        given = [o for o, v in (("--quick", quick), ("--trigger-ms", trigger_ms is not None),
+                                ("--runs", runs != 1)) if v]  # fmt: skip
         refuse_options_with_report_only(given, "measurement")
         path = bench.render(out)
     else:
         settings = bench.QUICK if quick else bench.Settings()
         if trigger_ms is not None:
             settings = dataclasses.replace(settings, trigger_ms=trigger_ms)
+        settings = dataclasses.replace(settings, runs=runs)
         path = bench.run(out, settings, log=console.log)
     console.print(f"results: {path}")

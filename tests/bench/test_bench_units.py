@@ -668,3 +668,65 @@ def test_bench_options_that_cannot_work_are_refused_before_anything_runs(
     assert said in " ".join(text.split()), text
     assert result.exit_code == 2 or getattr(result.exception, "code", None) == "bad_bench_option"
     assert not any(out.glob("*/runs.csv")) and not (out / "results.md").exists()
+
+
+def test_dataplane_runs_alternate_the_cases_and_report_medians_and_ranges(tmp_path: Path) -> None:
+    import csv
+    import statistics
+
+    from fogshift.bench import dataplane
+
+    settings = dataplane.Settings(runs=3, cases=("map", "window-aggregate-jvm"))
+    # Each run in the other order than the one before; a JVM case beside no floor of its own.
+    assert dataplane.rounds(settings) == [
+        (1, "map", "fogshift"), (1, "map", "plain"), (1, "window-aggregate-jvm", "fogshift"),
+        (2, "window-aggregate-jvm", "fogshift"), (2, "map", "fogshift"), (2, "map", "plain"),
+        (3, "map", "fogshift"), (3, "map", "plain"), (3, "window-aggregate-jvm", "fogshift"),
+    ]  # fmt: skip
+    with pytest.raises(BadBenchOption, match="--runs of at least 1"):
+        dataplane.Settings(runs=0)
+    # Three runs of `map` written by hand: fogshift's p50 250, 310, 190 ms, the floor's 200,
+    # 220, 180; fogshift sustained 5,000, 2,500 and 7,500 events/s, the floor 2,500 each time
+    # (a rate not sustained is no figure); only run 2 reprocessed fogshift's backlog.
+    log = dataplane.RunLog(tmp_path / "dataplane.csv", dataplane.FIELDS)
+    p50s = {"fogshift": [250.0, 310.0, 190.0], "plain": [200.0, 220.0, 180.0]}
+    sustained = {"fogshift": [5000, 2500, 7500], "plain": [2500, 2500, 2500]}
+    for number in (1, 2, 3):
+        for system in dataplane.SYSTEMS:
+            base = {"run": number, "system": system, "case": "map", "trigger_ms": 200}
+            p50 = p50s[system][number - 1]
+            log.append({**base, "measure": "steady", "rate": 100, "p50_ms": p50,
+                        "p99_ms": 2 * p50, "batch_ms": p50 / 2})  # fmt: skip
+            top = sustained[system][number - 1]
+            for rate in (2500, 5000, 7500, 10000):
+                log.append({**base, "measure": "sweep", "rate": rate,
+                            "sustained": "true" if rate <= top else "false"})  # fmt: skip
+                if rate > top:
+                    break
+            if system == "plain" or number == 2:
+                log.append({**base, "measure": "reprocess", "events_per_s": 1000 * number})
+    (tmp_path / "settings.json").write_text(json.dumps(asdict(settings)))
+    rows = read_rows(tmp_path / "dataplane.csv")
+    mine = dataplane.summary(rows, "fogshift", "map")
+    assert mine["p50_ms"] == statistics.median(p50s["fogshift"]) == 250.0
+    assert mine["sustained_per_s"] == 5000.0
+    assert mine["reprocess_per_s"] == 2000.0  # the one run that has it, not a median with 0s
+    assert [r["p50_ms"] for r in dataplane.summaries(rows, "plain", "map")] == p50s["plain"]
+    text = (dataplane.render(tmp_path)).read_text()
+    assert "Medians of 3 runs (fogshift) and 3 (plain)" in text
+    assert "| per-hop p50 (ms) | 250 (190 to 310) | 200 (180 to 220) | 1.25x |" in text
+    assert (
+        "| sustained at p99 ≤ 1 s (events/s) | 5,000 (2,500 to 7,500) | 2,500 (2,500 to "
+        "2,500) | 2.00x |" in text
+    )
+    # A CSV from before runs were numbered reads as one run, with the medians' plain cells.
+    with open(tmp_path / "dataplane.csv", newline="") as handle:
+        old = [{k: v for k, v in row.items() if k != "run"} for row in csv.DictReader(handle)
+               if row["run"] == "1"]  # fmt: skip
+    with open(tmp_path / "dataplane.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=[f for f in dataplane.FIELDS if f != "run"])
+        writer.writeheader()
+        writer.writerows(old)
+    text = dataplane.render(tmp_path).read_text()
+    assert "Medians of" not in text
+    assert "| per-hop p50 (ms) | 250 | 200 | 1.25x |" in text

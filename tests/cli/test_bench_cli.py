@@ -192,6 +192,12 @@ def test_bad_options_are_refused_with_expected_and_received(tmp_path: Path) -> N
     result = fogshift("bench", "dataplane", "--out", str(tmp_path), "--report-only",
                       "--trigger-ms", "0", check=False)  # fmt: skip
     assert result.returncode == 2 and "--trigger-ms" in result.stderr, result.stderr
+    result = fogshift("bench", "dataplane", "--out", str(tmp_path), "--report-only",
+                      "--runs", "3", check=False)  # fmt: skip
+    assert result.returncode == 2 and "--runs" in result.stderr, result.stderr
+    result = fogshift("bench", "dataplane", "--out", str(tmp_path), "--runs", "0", check=False)
+    assert result.returncode == 2 and "--runs" in result.stderr, result.stderr
+    assert not (tmp_path / "dataplane.csv").exists()  # refused before measuring anything
     result = fogshift("bench", "dataplane", "--out", str(tmp_path), "--report-only", check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "no data-plane run to report" in result.stderr and "settings.json" in result.stderr
