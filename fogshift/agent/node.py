@@ -74,6 +74,7 @@ from fogshift.runtime.kinds import processor_for
 from fogshift.runtime.progress import ProgressFeed
 from fogshift.runtime.state_reader import (
     key_sizes,
+    read_jvm_key_variables,
     read_jvm_window,
     read_key_variables,
     read_state,
@@ -889,8 +890,10 @@ class NodeRuntime:
         keyed = element.key_by is not None
         batch: int | None
         states: dict[str | None, Any]
-        if isinstance(element, WindowAggregateElement) and element.options.engine == "jvm":
-            batch, states = read_jvm_window(self.spark, self.checkpoint_dir(pipeline, pe))
+        if _jvm(element):
+            batch, states = read_jvm_window(
+                self.spark, self.checkpoint_dir(pipeline, pe), keyed, key if keyed else None
+            )
         else:
             batch, states = read_state(
                 self.spark,
@@ -937,6 +940,8 @@ class NodeRuntime:
             variables = key_index.read(index, batch)
             if variables is not None and batch is not None:
                 end: dict[str, Any] | None = end_offset(checkpoint, batch)
+            elif _jvm(element):
+                batch, end, variables = read_jvm_key_variables(self.spark, checkpoint)
             else:
                 batch, end, variables = read_key_variables(
                     self.spark, checkpoint, cls.state_parts(), element.moves_keys
@@ -1375,3 +1380,8 @@ def state_metrics(progress: dict[str, Any]) -> dict[str, Any] | None:
         "rows": sum(int(op.get("numRowsTotal") or 0) for op in operators),
         "batch_ms": (progress.get("durationMs") or {}).get("triggerExecution"),
     }
+
+
+def _jvm(element: ElementSpec) -> bool:
+    """Whether ``element`` runs on the JVM engine (its state is the JVM operator's)."""
+    return isinstance(element, WindowAggregateElement) and element.options.engine == "jvm"

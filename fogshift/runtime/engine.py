@@ -74,7 +74,7 @@ from fogshift.spec.models import ElementSpec, WindowAggregateElement
 
 if TYPE_CHECKING:
     import pandas as pd
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 
@@ -787,6 +787,15 @@ def _noted(state: Any, name: str, written: dict[str, int | None], noted: bool) -
     return _NotedValue(state, name, written) if noted else state
 
 
+def _key_group(key_by: str) -> Column:
+    """A keyed PE's grouping key: :data:`KEY_PREFIX` + the ``key_by`` field's text as Spark
+    reads it, :data:`NO_KEY` for an event without one."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    field = F.get_json_object("body", f"$.{key_by}")
+    return F.when(field.isNull(), F.lit(NO_KEY)).otherwise(F.concat(F.lit(KEY_PREFIX), field))
+
+
 def _jvm_window(spark: SparkSession, plan: QueryPlan, events: DataFrame) -> DataFrame:
     """``window-aggregate`` with ``engine: jvm``: fogshift's JVM operator over ``events``
     (``fogshift/runtime/java/WindowAggregate.java``; its outputs and dead letters are the
@@ -807,7 +816,9 @@ def _jvm_window(spark: SparkSession, plan: QueryPlan, events: DataFrame) -> Data
             hint="install a JDK 17 (openjdk-17-jdk-headless) and run `make setup`, or "
             "deploy it with engine: python",
         )
-    return jvm_window(spark, events, element.id, element.options, plan.max_record_bytes)
+    return jvm_window(
+        spark, events, element.id, element.options, plan.max_record_bytes, element.key_by
+    )
 
 
 def jvm_window(
@@ -816,10 +827,17 @@ def jvm_window(
     pe: str,
     options: WindowAggregateOptions,
     max_record_bytes: int,
+    key_by: str | None = None,
 ) -> DataFrame:
-    """The JVM operator of a ``window-aggregate`` named ``pe`` over ``events`` (rows of
-    ``EVENT_SCHEMA``): its output records. The session must have fogshift's JVM classes
-    (``jvm_classes.jar_path()``; a node's warm-up runs it too)."""
+    """The JVM operator of a ``window-aggregate`` named ``pe`` over ``events``: its output
+    records (and, keyed, its key index notes). The session must have fogshift's JVM classes
+    (``jvm_classes.jar_path()``; a node's warm-up runs it too).
+
+    Args:
+        events: Rows of ``EVENT_SCHEMA``; keyed, with their grouping key as a sixth column
+            (:data:`GROUP_COLUMN`, as :func:`start_query` groups a keyed PE).
+        key_by: The body field the PE is keyed by (``None``: one window).
+    """
     from pyspark.sql import DataFrame as Frame
 
     operator = spark._jvm.fogshift.ops.WindowAggregate  # type: ignore[union-attr]
@@ -827,7 +845,10 @@ def jvm_window(
         pe, options.field, options.window, options.function, NOT_AN_EVENT, NOT_AN_EVENT_WHY,
         max_record_bytes, not_printable(),
     )  # fmt: skip
-    return Frame(operator.apply(events._jdf, processor), spark)
+    if key_by is None:
+        return Frame(operator.apply(events._jdf, processor), spark)
+    processor = processor.keyedBy(key_by, NO_KEY, KEY_PREFIX, KEY_INDEX)
+    return Frame(operator.applyKeyed(events._jdf, processor), spark)
 
 
 @functools.cache
@@ -893,15 +914,15 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
             element.event_timeout,
         )
         if isinstance(element, WindowAggregateElement) and element.options.engine == "jvm":
+            if element.key_by is not None:
+                events = events.withColumn(GROUP_COLUMN, _key_group(element.key_by))
             out = _jvm_window(spark, plan, events)
         elif cls.is_stateful():
             if element.key_by is None:
                 group = F.lit(element.id)
             else:
                 field = F.get_json_object("body", f"$.{element.key_by}")
-                group = F.when(field.isNull(), F.lit(NO_KEY)).otherwise(
-                    F.concat(F.lit(KEY_PREFIX), field)
-                )
+                group = _key_group(element.key_by)
                 if element.partition is not None and not element.moves_keys:
                     # A partition reads every input event and keeps those of its keys (as
                     # spec.partition_of_key: CRC-32 of the key's text, keyless ones to 0).

@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 from fogshift.checkpoint.spark_dir import committed_batch, end_offset
 from fogshift.runtime.engine import GROUP_COLUMN, KEY_PREFIX, OPAQUE_PART
 
+#: The JVM ``window-aggregate``'s one state variable (``WindowAggregate.java``): its window.
+JVM_WINDOW_VAR = "window"
+
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
@@ -65,23 +68,56 @@ def read_state(
 
 
 def read_jvm_window(
-    spark: SparkSession, checkpoint: Path
+    spark: SparkSession, checkpoint: Path, keyed: bool = False, key: str | None = None
 ) -> tuple[int | None, dict[str | None, Any]]:
-    """The window of a ``window-aggregate`` with ``engine: jvm``, as of the newest committed
-    batch, in the Python engine's shape (``{None: {"values": [...]}}``; nothing before its
-    first batch with input). Its one state variable holds the values as text, ints as digits
-    and floats as Java writes them (with a point or an exponent)."""
+    """The window of a ``window-aggregate`` with ``engine: jvm`` (each key's, keyed), as of
+    the newest committed batch, in the Python engine's shape (``{None: {"values": [...]}}``,
+    keyed ``{key: {"values": [...]}}``; nothing before a first batch with input, and no key
+    whose events were all dead letters). Its one state variable holds the values as text,
+    ints as digits and floats as Java writes them (with a point or an exponent).
+
+    Args:
+        keyed: Whether the PE is keyed (its grouping keys are :data:`KEY_PREFIX` + a key).
+        key: Only this key (of a keyed PE).
+    """
     from pyspark.sql import functions as F  # noqa: N812
 
     batch = committed_batch(checkpoint)
     if batch is None:
         return None, {}
-    rows = _state_var(spark, checkpoint, batch, "window").select(F.col("value.value")).collect()
-    if not rows or rows[0][0] is None:
-        return batch, {}
-    text = str(rows[0][0])
-    values = [float(t) if "." in t or "E" in t else int(t) for t in text.split(",") if t]
-    return batch, {None: {"values": values}}
+    frame = _state_var(spark, checkpoint, batch, JVM_WINDOW_VAR).select(
+        F.col("key.value").alias("k"), F.col("value.value").alias("v")
+    )
+    if keyed and key is not None:
+        frame = frame.where(F.col("k") == KEY_PREFIX + key)
+    out: dict[str | None, Any] = {}
+    for group, text in frame.collect():
+        if text is None:
+            continue
+        values = [float(t) if "." in t or "E" in t else int(t) for t in text.split(",") if t]
+        out[str(group).removeprefix(KEY_PREFIX) if keyed else None] = {"values": values}
+    return batch, dict(sorted(out.items(), key=lambda kv: kv[0] or ""))
+
+
+def read_jvm_key_variables(
+    spark: SparkSession, checkpoint: Path
+) -> tuple[int | None, dict[str, Any] | None, dict[str, dict[str, int]]]:
+    """:func:`read_key_variables` of a keyed ``window-aggregate`` with ``engine: jvm``: each
+    key with the length of its window's text (``{key: {"window": length}}``, as its key index
+    notes say)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    batch = committed_batch(checkpoint)
+    if batch is None:
+        return None, None, {}
+    frame = _state_var(spark, checkpoint, batch, JVM_WINDOW_VAR).select(
+        F.col("key.value"), F.coalesce(F.length("value.value"), F.lit(0))
+    )
+    variables: dict[str, dict[str, int]] = {}
+    for group, size in frame.collect():
+        if group is not None and str(group).startswith(KEY_PREFIX):
+            variables[str(group).removeprefix(KEY_PREFIX)] = {JVM_WINDOW_VAR: int(size)}
+    return batch, end_offset(checkpoint, batch), variables
 
 
 def read_keys(

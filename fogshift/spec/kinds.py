@@ -144,8 +144,9 @@ class WindowAggregateOptions(KindOptions):
         engine: ``python`` (the default: a ``transformWithStateInPandas`` query running
             :mod:`fogshift.runtime.operators.window`) or ``jvm`` (the same outputs and dead
             letters from a JVM operator, ``fogshift/runtime/java/WindowAggregate.java``,
-            without a Python worker on the batch's path; unkeyed only). A PE keeps its
-            engine for its life: its checkpoint holds that engine's state.
+            without a Python worker on the batch's path; keyed or not, on one node: not
+            partitioned). A PE keeps its engine for its life: its checkpoint holds that
+            engine's state.
     """
 
     field: Text

@@ -327,14 +327,22 @@ class WindowAggregateElement(ElementSpec):
     options: WindowAggregateOptions
 
     @model_validator(mode="after")
-    def _jvm_unkeyed(self) -> Self:
-        if self.options.engine == "jvm" and self.key_by is not None:
+    def _jvm_unpartitioned(self) -> Self:
+        if self.options.engine == "jvm" and (
+            self.partitions is not None or self.partition is not None
+        ):
+            placed = (
+                f"partitions: {list(self.partitions)}"
+                if self.partitions is not None
+                else f"partition {self.id!r}"
+            )
             raise Refusal(
-                f"window-aggregate {self.id!r}: the JVM engine keeps one window, not one per "
-                "key (key listings, twins and key moves read the Python engine's state)",
-                expected="engine: jvm without key_by, or key_by with engine: python",
-                received=f"engine: jvm with key_by: {self.key_by}",
-                hint="remove engine: jvm (the default is python)",
+                f"window-aggregate {self.id!r}: the JVM engine runs a PE on one node; "
+                "partitions move keys, and key moves hand over the Python engine's state",
+                expected="engine: jvm on one node (node: NAME, with or without key_by), or "
+                "partitions with engine: python",
+                received=f"engine: jvm with {placed}",
+                hint="remove engine: jvm (the default is python), or place it on one node",
             )
         return self
 

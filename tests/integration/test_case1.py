@@ -12,16 +12,17 @@ import pytest
 from fogshift.common.waiting import wait_until
 from fogshift.verify.reference import case1_reference, compare, read_sink
 from tests.conftest import Cluster
-from tests.integration.helpers import write_case1_csv, write_spec
+from tests.integration.helpers import keyed_windows, write_case1_csv, write_spec
 
 pytestmark = pytest.mark.integration
 
-AGGREGATES = [  # (function, window, node, engine)
-    ("avg", 3, "fog-a", "python"),
-    ("sum", 1, "fog-b", "jvm"),
-    ("min", 10, "fog-a", "python"),
-    ("max", 25, "fog-b", "jvm"),
-    ("count", 7, "fog-a", "python"),
+AGGREGATES = [  # (function, window, node, engine, key_by)
+    ("avg", 3, "fog-a", "python", None),
+    ("sum", 1, "fog-b", "jvm", None),
+    ("min", 10, "fog-a", "python", None),
+    ("max", 25, "fog-b", "jvm", None),
+    ("count", 7, "fog-a", "python", None),
+    ("avg", 4, "fog-b", "jvm", "sensor"),
 ]
 ROWS = 400
 
@@ -34,7 +35,7 @@ def fan(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict:
     elements: list[dict] = [
         {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "data/in.csv"}}
     ]
-    for function, window, node, engine in AGGREGATES:
+    for function, window, node, engine, key_by in AGGREGATES:
         name = f"{function}{window}"
         options = {"field": "value", "window": window, "function": function, "engine": engine}
         elements.append(
@@ -44,6 +45,7 @@ def fan(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict:
                 "node": node,
                 "inputs": ["source"],
                 "options": options,
+                **({"key_by": key_by} if key_by else {}),
             }
         )
         elements.append(
@@ -61,10 +63,11 @@ def fan(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_all_functions_and_windows_match_the_reference(cluster: Cluster, fan: dict) -> None:
-    # Both engines: the JVM operator's outputs and dead letters are the Python processor's.
-    for function, window, _, _ in AGGREGATES:
+    # Both engines: the JVM operator's outputs and dead letters are the Python processor's,
+    # keyed (a window per sensor, each output carrying its sensor) or not.
+    for function, window, _, _, key_by in AGGREGATES:
         name = f"{function}{window}"
-        ref = case1_reference(fan["data"], "value", window, function)
+        ref = case1_reference(fan["data"], "value", window, function, key_field=key_by)
         cluster.wait_for("fan", f"sink-{name}", len(ref.rows))
         verdict = compare(ref.rows, read_sink(fan["work"] / "out" / f"{name}.csv", "value"))
         assert verdict.consistent, f"{name}: {verdict.summary()}"
@@ -79,6 +82,13 @@ def test_all_functions_and_windows_match_the_reference(cluster: Cluster, fan: di
     window = values[values.notna() & values.abs().lt(float("inf"))].tolist()[-25:]
     state = cluster.json("state", "fan", "max25")
     assert [e["state"]["values"] for e in state["entries"]] == [window]
+    # A keyed JVM window's state is each sensor's last 4 valid values (its twins), one key too.
+    state = cluster.json("state", "fan", "avg4")
+    expected = keyed_windows(fan["data"], "sensor", "value", 4)
+    assert state["key_by"] == "sensor" and state["keys"] == len(expected) == 4
+    assert {e["key"]: e["state"]["values"] for e in state["entries"]} == expected
+    one = cluster.json("state", "fan", "avg4", "s2")
+    assert [(e["key"], e["state"]["values"]) for e in one["entries"]] == [("s2", expected["s2"])]
 
 
 def test_status_counts_and_dead_letters(cluster: Cluster, fan: dict) -> None:

@@ -246,3 +246,148 @@ def test_python_texts_of_the_jvm_engine(spark: Any) -> None:
     )
     strings = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(500)]
     assert [text.strRepr(s) for s in strings] == [repr(s) for s in strings]
+
+
+#: Bodies of a keyed window (key_by "k"): keys of every kind Python and Spark tell apart,
+#: events without a key, and keys that have no one text (each a dead letter, no key's state
+#: touched).
+KEYED = [
+    '{"k": "s1", "v": 1}', '{"k": 7, "v": 2.5}', '{"k": true, "v": 3}', '{"k": "é", "v": 4}',
+    '{"k": "s1", "v": "x"}', '{"v": 5}', '{"k": null, "v": 6}', '{"k": 1.5, "v": 7}',
+    '{"k": {"a": 1}, "v": 8}', '{"k": [1], "v": 9}', '{"k": "a", "k": "b", "v": 10}',
+    r'{"k": "\ud800", "v": 11}', "not json", '{"k": 12345678901234567890, "v": 12}',
+    '{"k": -0, "v": 13}', r'{"k": "a\"b", "v": 14}', '{"k": "s2", "v": 1e400}', "[1]",
+    '{"k": false, "v": 1e308}', '{"k": "\U0001fae0", "v": -0.0}', '{"k": 1e2, "v": 1}',
+]  # fmt: skip
+
+
+def keyed_corpus(seed: int, count: int) -> list[str]:
+    """Keyed event bodies: :data:`KEYED`, and :func:`corpus`'s values under a few keys."""
+    rng = random.Random(seed)
+    bodies = []
+    for body in corpus(seed, count):
+        if rng.random() < 0.15:
+            bodies.append(rng.choice(KEYED))
+            continue
+        try:
+            value = json.loads(body)
+        except (ValueError, RecursionError):
+            bodies.append(body)
+            continue
+        if isinstance(value, dict):
+            value["k"] = rng.choice(["s1", "s2", "s3", 4, "ü"])
+            bodies.append(json.dumps(value))
+        else:
+            bodies.append(body)
+    return bodies
+
+
+def run_keyed(
+    spark: Any, work: Path, batches: list[list[tuple]], engine: str, function: str, window: int
+) -> list[tuple[int, Any]]:
+    """``(batch, row)`` of each output of a keyed ``window-aggregate`` PE (key_by ``k``) on
+    ``engine`` over ``batches``, one batch each, restarted from its checkpoint after the
+    first: the Python engine's ``transformWithStateInPandas`` processor, or the JVM's."""
+    import uuid
+
+    from pyspark.sql import functions as F  # noqa: N812
+
+    from fogshift.broker.datasource import RECORD_SCHEMA
+    from fogshift.runtime.engine import GROUP_COLUMN, _key_group, _stateful_processor, jvm_window
+    from fogshift.spec.kinds import WindowAggregateOptions
+
+    inbox = work / "in"
+    inbox.mkdir(parents=True)
+    options = {"field": "v", "window": window, "function": function}
+    got: list[tuple[int, Any]] = []
+    for n, batch in enumerate(batches):
+        lines = [
+            json.dumps(dict(zip(("origin", "seq", "timestamp", "creator", "body"), r, strict=True)))
+            for r in batch
+        ]
+        (inbox / f"{n:03d}.json").write_text("\n".join(lines) + "\n")
+        events = (
+            spark.readStream.schema(EVENT_SCHEMA).json(str(inbox))
+            .withColumn(GROUP_COLUMN, _key_group("k"))
+        )  # fmt: skip
+        if engine == "jvm":
+            frame = jvm_window(
+                spark, events, "agg", WindowAggregateOptions(**options, engine="jvm"),
+                DEFAULT_MAX_RECORD_BYTES, key_by="k",
+            )  # fmt: skip
+        else:
+            frame = events.groupBy(GROUP_COLUMN).transformWithStateInPandas(
+                statefulProcessor=_stateful_processor(
+                    "window-aggregate", options, "p", "agg", DEFAULT_MAX_RECORD_BYTES,
+                    uuid.uuid4().hex, "", key_by="k",
+                ),
+                outputStructType=RECORD_SCHEMA, outputMode="Append", timeMode="None",
+            )  # fmt: skip
+        query = (
+            frame.withColumn("batch", F.lit(n))
+            .writeStream.foreachBatch(lambda df, _: got.extend((r.batch, r) for r in df.collect()))
+            .option("checkpointLocation", str(work / "checkpoint"))
+            .start()
+        )
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    return got
+
+
+@pytest.mark.parametrize(("function", "window", "seed"), [("avg", 3, 7), ("max", 2, 8)])
+def test_keyed_jvm_window_matches_the_python_engines_keyed_pe(
+    spark: Any, tmp_path: Path, function: str, window: int, seed: int
+) -> None:
+    from fogshift.broker.keys import KEY_INDEX
+    from fogshift.runtime.state_reader import (
+        read_jvm_key_variables,
+        read_jvm_window,
+        read_state,
+    )
+
+    rows = rows_of([*KEYED, *keyed_corpus(seed, 200)])
+    rows.insert(30, (31, 30, 1030.0, NOT_AN_EVENT, "raw bytes"))  # a foreign message
+    rows = [(n + 1, *r[1:]) for n, r in enumerate(rows)]
+    batches = [rows[:90], list(reversed(rows[90:170])), rows[170:]]
+    runs = {e: run_keyed(spark, tmp_path / e, batches, e, function, window)
+            for e in ("python", "jvm")}  # fmt: skip
+    outputs = {e: {r.origin: r for _, r in got if r.creator != KEY_INDEX}
+               for e, got in runs.items()}  # fmt: skip
+    assert sorted(outputs["jvm"]) == sorted(outputs["python"]) == [r[0] for r in rows]
+    python = {o: (r.origin, r.idx, r.seq, r.timestamp, r.creator, r.body, r.dead)
+              for o, r in outputs["python"].items()}  # fmt: skip
+    same_as_python(outputs["jvm"], python)
+    dead = {o for o, r in python.items() if r[6] is not None}
+    # Keys missing, null, a float, an object, an array, repeated, a lone surrogate, -0, 1e2;
+    # bodies that are no events; values no aggregate takes.
+    assert len(dead) >= 20
+    assert any("reads as 'b' here and as 'a' to Spark" in python[o][6] for o in dead)
+    assert any("is missing or null" in python[o][6] for o in dead)
+    # Each batch notes the same keys' stored state for the key index (the JVM's variable is
+    # its window's text, the Python engine's the values' JSON).
+    notes = {
+        e: sorted((b, json.loads(r.body)["key"], *json.loads(r.body)["vars"])
+                  for b, r in got if r.creator == KEY_INDEX)
+        for e, got in runs.items()
+    }  # fmt: skip
+    assert [n[:2] for n in notes["jvm"]] == [n[:2] for n in notes["python"]]
+    assert {n[2] for n in notes["jvm"]} == {"window"}
+    assert {n[2] for n in notes["python"]} == {"f_values"}
+    # And the same windows per key, read back as `fogshift state` reads each engine's.
+    _, want = read_state(spark, tmp_path / "python" / "checkpoint", ["values"], keyed=True)
+    _, have = read_jvm_window(spark, tmp_path / "jvm" / "checkpoint", keyed=True)
+    assert {k: [repr(v) for v in s["values"]] for k, s in have.items()} == {
+        k: [repr(v) for v in s["values"]] for k, s in want.items()
+    }
+    assert {"s1", "7", "true", "é", "12345678901234567890"} <= set(have)
+    _, one = read_jvm_window(spark, tmp_path / "jvm" / "checkpoint", keyed=True, key="é")
+    assert one == {"é": have["é"]}
+    # A key listing without the key index (read from the state store) has each key's window
+    # text as long as its last note said.
+    batch, _, variables = read_jvm_key_variables(spark, tmp_path / "jvm" / "checkpoint")
+    in_order = sorted(runs["jvm"], key=lambda br: br[0])
+    noted = {json.loads(r.body)["key"]: json.loads(r.body)["vars"]
+             for _, r in in_order if r.creator == KEY_INDEX}  # fmt: skip
+    assert batch is not None and variables == noted and set(variables) == set(have)

@@ -138,7 +138,7 @@ def test_key_by_is_for_processors_that_hold_state() -> None:
             parse_spec(bad)
 
 
-def test_the_jvm_engine_runs_unkeyed_windows_only() -> None:
+def test_the_jvm_engine_runs_windows_on_one_node_keyed_or_not() -> None:
     data = spec_data()
     data["elements"][1] = {
         "id": "own", "kind": "window-aggregate", "node": "fog-a", "inputs": ["src"],
@@ -150,10 +150,17 @@ def test_the_jvm_engine_runs_unkeyed_windows_only() -> None:
     assert parse_spec(data).element("own").options.engine == "python"  # type: ignore[attr-defined]
     data["elements"][1]["options"]["engine"] = "jvm"
     data["elements"][1]["key_by"] = "sensor"
+    assert parse_spec(data).element("own").key_by == "sensor"
+    # Partitions move keys, which hand over the Python engine's state: refused.
+    del data["elements"][1]["node"]
+    data["elements"][1]["partitions"] = ["fog-a", "fog-b"]
     with pytest.raises(InvalidSpec) as err:
         parse_spec(data)
-    assert err.value.expected == "engine: jvm without key_by, or key_by with engine: python"
-    assert err.value.received == "engine: jvm with key_by: sensor"
+    assert err.value.expected.startswith("engine: jvm on one node (node: NAME")
+    assert err.value.received == "engine: jvm with partitions: ['fog-a', 'fog-b']"
+    assert "remove engine: jvm" in err.value.hint
+    data["elements"][1]["options"]["engine"] = "python"
+    assert parse_spec(data).element("own-p1").node == "fog-b"
     data["elements"][1]["options"]["engine"] = "scala"
     with pytest.raises(InvalidSpec, match="engine"):
         parse_spec(data)

@@ -35,9 +35,11 @@ import org.apache.spark.sql.types.StructType;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
- * fogshift's built-in {@code window-aggregate} (unkeyed) as a JVM operator: the same outputs
- * and dead letters as the Python processor ({@code fogshift/runtime/operators/window.py}),
- * without a Python worker, the state server or pandas on the batch's path.
+ * fogshift's built-in {@code window-aggregate} as a JVM operator: the same outputs and dead
+ * letters as the Python processor ({@code fogshift/runtime/operators/window.py}) and, keyed
+ * ({@link #keyedBy}), as the Python engine's keyed PE ({@code engine._stateful_processor}: a
+ * window per key, events without one key dead letters, each key's stored state noted for the
+ * key index), without a Python worker, the state server or pandas on the batch's path.
  *
  * <p>Contract (checked against the Python processor by {@code tests/runtime/test_jvm_window.py}):
  * the input rows ({@code origin, seq, timestamp, creator, body}) of a batch are taken in input
@@ -74,10 +76,20 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
   private final String function;
   private final long maxRecordBytes;
   private final String notPrintable;
+  /** Keyed ({@link #keyedBy}): the body field keyed by, else {@code null}. */
+  private String keyBy;
+  /** The grouping key of events without a key, and the prefix of the others'. */
+  private String noKey;
+  private String keyPrefix;
+  /** The creator of a key index note (fogshift.broker.keys.KEY_INDEX). */
+  private String noteCreator;
   private transient ValueState<String> values;
   /** The field as Python's repr and json.dumps write it (once, not per event). */
   private transient String fieldRepr;
   private transient String fieldJson;
+  private transient String keyByRepr;
+  private transient String keyByJson;
+  private transient String peRepr;
   /** avg's and sum's values, reused from event to event. */
   private transient double[] reals;
   private transient ObjectMapper json;
@@ -102,6 +114,36 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
   }
 
   /**
+   * This processor keyed by body field {@code keyBy}, as the Python engine keys a PE: its
+   * input's grouping keys (column 5, see {@link #applyKeyed}) are {@code noKey} for events
+   * without a key and {@code keyPrefix} + the key's text for the others; key index notes
+   * are records of creator {@code noteCreator}, which the writer keeps and never appends.
+   *
+   * @return this processor
+   */
+  public WindowAggregate keyedBy(
+      String keyBy, String noKey, String keyPrefix, String noteCreator) {
+    this.keyBy = keyBy;
+    this.noKey = noKey;
+    this.keyPrefix = keyPrefix;
+    this.noteCreator = noteCreator;
+    return this;
+  }
+
+  /**
+   * A keyed {@code processor} ({@link #keyedBy}) over {@code events}: rows of {@code
+   * EVENT_SCHEMA} and their grouping key as a sixth column; the dataset of its output records
+   * (and key index notes). One window per key.
+   */
+  public static Dataset<Row> applyKeyed(Dataset<Row> events, WindowAggregate processor) {
+    MapFunction<Row, String> group = row -> row.getString(5);
+    return events
+        .groupByKey(group, Encoders.STRING())
+        .transformWithState(
+            processor, TimeMode.None(), OutputMode.Append(), Encoders.row(RECORD_SCHEMA));
+  }
+
+  /**
    * {@code processor} over {@code events} (rows of {@code EVENT_SCHEMA}): the dataset of its
    * output records. One group (the PE's id): an unkeyed PE's state is one window.
    */
@@ -121,6 +163,9 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
     PyText.useNotPrintable(notPrintable);
     fieldRepr = PyText.strRepr(field);
     fieldJson = PyText.jsonString(field);
+    peRepr = PyText.strRepr(pe);
+    keyByRepr = keyBy != null ? PyText.strRepr(keyBy) : null;
+    keyByJson = keyBy != null ? PyText.jsonString(keyBy) : null;
     reals = new double[16];
   }
 
@@ -244,18 +289,43 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       input.add(it.next());
     }
     input.sort((a, b) -> Long.compare(a.getLong(0), b.getLong(0)));
-    ArrayDeque<Num> kept = load();
     List<Row> out = new ArrayList<>(input.size());
+    if (keyBy != null && key.equals(noKey)) {
+      // No key: each a dead letter, no state (batch.unkeyed_dead_letters).
+      for (Row row : input) {
+        String reason;
+        try {
+          eventNode(row.getString(3), row.getString(4));
+          reason = "field " + keyByRepr + " (key_by of " + peRepr + ") is missing or null, or "
+              + "a value Spark does not read (NaN, a lone surrogate): the event has no key";
+        } catch (Refused refused) {
+          reason = refused.getMessage();
+        }
+        out.add(dead(row, reason));
+      }
+      return CollectionConverters.asScala(out.iterator());
+    }
+    String grouped = keyBy != null ? key.substring(keyPrefix.length()) : null;
+    String before = values.exists() ? values.get() : null;
+    ArrayDeque<Num> kept = load(before);
     boolean changed = false;
     for (Row row : input) {
       long origin = row.getLong(0);
       long seq = row.getLong(1);
       double timestamp = row.getDouble(2);
       String body = row.getString(4);
+      if (grouped != null) {
+        String refusal = keyRefusal(body, grouped);
+        if (refusal != null) { // before it meets the key's state: it changes none
+          out.add(dead(row, refusal));
+          continue;
+        }
+      }
       boolean added = false;
       ArrayDeque<Num> dropped = null;
       try {
-        Num value = value(row.getString(3), body);
+        JsonNode node = eventNode(row.getString(3), body);
+        Num value = fieldValue(node);
         kept.addLast(value);
         added = true;
         while (kept.size() > window) { // (as Python's del values[: len - window])
@@ -264,7 +334,7 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
           }
           dropped.addLast(kept.removeFirst());
         }
-        String text = encode(aggregate(kept), seq, timestamp);
+        String text = encode(aggregate(kept), seq, timestamp, keyed(node));
         out.add(RowFactory.create(origin, 0, seq, timestamp, pe, text, null));
         changed = true;
       } catch (Refused | RuntimeException | StackOverflowError | IOError exc) {
@@ -283,9 +353,10 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
         out.add(RowFactory.create(origin, 0, seq, timestamp, pe, body, reason));
       }
     }
-    // (Python's engine stores its window after a batch of dead letters too: the window then
-    // reads as empty, not as absent.)
-    if (changed || !values.exists()) {
+    // (Python's engine stores an unkeyed window after a batch of dead letters too: the window
+    // then reads as empty, not as absent. A key whose events were all dead letters stores
+    // nothing: bad events of random keys would grow the store and list keys never processed.)
+    if (changed || (before == null && grouped == null)) {
       StringBuilder text = new StringBuilder(kept.size() * 8);
       for (Num n : kept) {
         if (text.length() > 0) {
@@ -293,13 +364,115 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
         }
         text.append(n.text());
       }
+      if (text.toString().equals(before)) { // (as Python's engine: a text unchanged is not
+        // written again, nor noted)
+        return CollectionConverters.asScala(out.iterator());
+      }
       values.update(text.toString());
+      if (grouped != null) {
+        // What the key's stored state is now, for the key listing (checkpoint.key_index).
+        String note = "{\"key\": " + PyText.jsonString(grouped) + ", \"vars\": {\"window\": "
+            + text.length() + "}}";
+        out.add(RowFactory.create(0L, 0, 0L, 0.0, noteCreator, note, null));
+      }
     }
     return CollectionConverters.asScala(out.iterator());
   }
 
+  private Row dead(Row row, String reason) {
+    return RowFactory.create(
+        row.getLong(0), 0, row.getLong(1), row.getDouble(2), pe, row.getString(4), reason);
+  }
+
+  /**
+   * Why an event Spark grouped under key text {@code grouped} may not be processed under it,
+   * {@code null} if it may or its body is not JSON (processing dead-letters it as such): as
+   * fogshift.broker.keys.key_refusal. A key must be a string, an integer or a boolean, whose
+   * text is the same wherever it is read.
+   */
+  String keyRefusal(String body, String grouped) {
+    JsonNode node;
+    try {
+      if (pythonMayRefuse(body)) {
+        checkJson(body);
+      }
+      node = json.readTree(body);
+    } catch (Exception | StackOverflowError exc) { // json.loads raised: not refused here
+      return null;
+    }
+    if (node == null || node.isMissingNode()) {
+      return null;
+    }
+    JsonNode value = node.isObject() ? node.get(keyBy) : null;
+    String hint = "key by a string or an integer field";
+    if (value != null && (value.isFloatingPointNumber() || value.isObject() || value.isArray())) {
+      String kind = value.isObject() ? "an object" : value.isArray() ? "an array" : "a float";
+      return "field " + keyByRepr + " (key_by of " + peRepr + ") is " + kind + ": a key must be "
+          + "a string, an integer or a boolean, whose text is the same wherever it is read ("
+          + hint + ")";
+    }
+    String text = keyText(value);
+    if (!grouped.equals(text)) {
+      return "field " + keyByRepr + " (key_by of " + peRepr + ") reads as "
+          + (text == null ? "None" : PyText.strRepr(text)) + " here and as "
+          + PyText.strRepr(grouped) + " to Spark (is the field repeated in the body?): the "
+          + "event has no one key (" + hint + ")";
+    }
+    return null;
+  }
+
+  /** A key field's text (fogshift.broker.keys.key_text), {@code null} for none. */
+  private static String keyText(JsonNode value) {
+    if (value == null) {
+      return null;
+    }
+    if (value.isTextual()) {
+      String text = value.textValue();
+      for (int i = 0; i < text.length(); i++) { // a lone surrogate: no UTF-8 to route by
+        char c = text.charAt(i);
+        if (Character.isHighSurrogate(c)
+            && i + 1 < text.length()
+            && Character.isLowSurrogate(text.charAt(i + 1))) {
+          i++;
+        } else if (Character.isSurrogate(c)) {
+          return null;
+        }
+      }
+      return text;
+    }
+    if (value.isIntegralNumber()) {
+      return value.bigIntegerValue().toString();
+    }
+    if (value.isBoolean()) {
+      return value.booleanValue() ? "true" : "false";
+    }
+    return null;
+  }
+
   /** The output body of {@code aggregate}, or {@link Refused} as Python's encoding refuses. */
-  private String encode(Object aggregate, long seq, double timestamp) throws Refused {
+  /**
+   * A keyed output's first member, {@code "key_by":key,} as Python writes the event's key
+   * (a string, an integer or a boolean: others were refused); {@code ""} unkeyed, or keyed
+   * by the aggregated field itself (Python's {key_by: ..., field: aggregate} is then one).
+   */
+  private String keyed(JsonNode node) {
+    if (keyBy == null || keyBy.equals(field)) {
+      return "";
+    }
+    JsonNode key = node.get(keyBy);
+    String text;
+    if (key.isTextual()) {
+      text = PyText.jsonString(key.textValue());
+    } else if (key.isIntegralNumber()) {
+      text = key.bigIntegerValue().toString();
+    } else {
+      text = key.booleanValue() ? "true" : "false";
+    }
+    return keyByJson + ":" + text + ",";
+  }
+
+  private String encode(Object aggregate, long seq, double timestamp, String keyed)
+      throws Refused {
     if (!(Double.isFinite(timestamp) && seq >= 0)) {
       throw new Refused(
           "processor '" + pe + "' returned output 0 that cannot be encoded (ValueError: seq "
@@ -310,7 +483,7 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
     String number = aggregate instanceof Double
         ? PyText.floatRepr((Double) aggregate)
         : aggregate.toString();
-    String text = "{" + fieldJson + ":" + number + "}";
+    String text = "{" + keyed + fieldJson + ":" + number + "}";
     long bound = (text.length() + pe.length()) * 12L + 128;
     if (bound > maxRecordBytes) {
       long size = PyText.recordBytes(seq, timestamp, pe, text);
@@ -322,49 +495,22 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
     return text;
   }
 
-  private ArrayDeque<Num> load() {
+  /** The window stored as {@code text} ({@code null}: none stored). */
+  private static ArrayDeque<Num> load(String text) {
     ArrayDeque<Num> kept = new ArrayDeque<>();
-    if (values.exists()) {
-      String text = values.get();
-      if (!text.isEmpty()) {
-        for (String part : text.split(",")) {
-          kept.addLast(Num.parse(part));
-        }
+    if (text != null && !text.isEmpty()) {
+      for (String part : text.split(",")) {
+        kept.addLast(Num.parse(part));
       }
     }
     return kept;
   }
 
-  /** The event's value, or {@link Refused} with the reason it is a dead letter. */
-  Num value(String creator, String body) throws Refused {
-    if (notAnEvent.equals(creator)) {
-      throw new Refused("input of '" + pe + "' is not an event: " + notAnEventWhy);
-    }
-    JsonNode node;
-    try {
-      // (Only a body that may hold what Jackson reads and Python does not is read twice:
-      // Jackson's non-numbers all hold "NaN", "Inf" or "INF", and 4301 digits are long.)
-      if (body.length() > 4300
-          || body.contains("NaN")
-          || body.contains("Inf")
-          || body.contains("INF")) {
-        checkJson(body);
-      }
-      node = json.readTree(body);
-    } catch (Refused refused) {
-      throw refused;
-    } catch (Exception exc) {
-      throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: "
-          + firstLine(exc.getMessage()));
-    }
-    if (node == null || node.isMissingNode()) {
-      throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: Expecting "
-          + "value: line 1 column 1 (char 0)");
-    }
-    if (!node.isObject()) {
-      throw new Refused("input of '" + pe + "' is not an event: ValueError: an event body must "
-          + "be a JSON object, got " + kind(node));
-    }
+  /**
+   * The value of an event's body (an object, see {@link #eventNode}), or {@link Refused} with
+   * the reason process() refuses it: the event is a dead letter.
+   */
+  Num fieldValue(JsonNode node) throws Refused {
     JsonNode value = node.get(field);
     String name = fieldRepr;
     if (value == null) {
@@ -390,6 +536,48 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       return new Num(value.doubleValue());
     }
     throw new Refused("field " + name + " is " + PyText.repr(value) + ", not a finite number");
+  }
+
+  /**
+   * The event's body, a JSON object, or {@link Refused} with the reason the input row is no
+   * event (batch._event: a foreign message, a body that is not JSON or not an object).
+   */
+  JsonNode eventNode(String creator, String body) throws Refused {
+    if (notAnEvent.equals(creator)) {
+      throw new Refused("input of '" + pe + "' is not an event: " + notAnEventWhy);
+    }
+    JsonNode node;
+    try {
+      if (pythonMayRefuse(body)) {
+        checkJson(body);
+      }
+      node = json.readTree(body);
+    } catch (Refused refused) {
+      throw refused;
+    } catch (Exception exc) {
+      throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: "
+          + firstLine(exc.getMessage()));
+    }
+    if (node == null || node.isMissingNode()) {
+      throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: Expecting "
+          + "value: line 1 column 1 (char 0)");
+    }
+    if (!node.isObject()) {
+      throw new Refused("input of '" + pe + "' is not an event: ValueError: an event body must "
+          + "be a JSON object, got " + kind(node));
+    }
+    return node;
+  }
+
+  /**
+   * Whether a body may hold what Jackson reads and Python does not (then it is read twice):
+   * Jackson's non-numbers all hold "NaN", "Inf" or "INF", and 4301 digits are long.
+   */
+  private static boolean pythonMayRefuse(String body) {
+    return body.length() > 4300
+        || body.contains("NaN")
+        || body.contains("Inf")
+        || body.contains("INF");
   }
 
   private static int byCodePoint(String a, String b) {
