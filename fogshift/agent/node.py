@@ -270,13 +270,17 @@ class NodeRuntime:
                 log.exception("the warm-up queries failed; the first PE here may start cold")
                 ran = False
             else:
-                kinds = "Python and JVM" if queries.jvm is not None else "Python; no JVM classes"
+                kinds = "Python and JVM" if queries.jvm is not None else "Python only"
                 log.info("warm-up: the first stateful queries (%s) ran in %.1f s",
                          kinds, time.monotonic() - started)  # fmt: skip
                 ran = True
             finally:
-                with contextlib.suppress(RuntimeError):  # the node is closing: Spark stops it
+                try:
                     self._spark_thread.submit(queries.stop).result()
+                except RuntimeError:  # the node is closing: Spark stops them
+                    pass
+                except Exception:  # (its folder is still removed below)
+                    log.exception("the warm-up queries could not be stopped")
             try:
                 if ran and not self._stop.is_set():
                     # The node's first state read (a key listing, a twin read) paid ~1 s
@@ -940,12 +944,13 @@ class NodeRuntime:
             variables = key_index.read(index, batch)
             if variables is not None and batch is not None:
                 end: dict[str, Any] | None = end_offset(checkpoint, batch)
-            elif _jvm(element):
-                batch, end, variables = read_jvm_key_variables(self.spark, checkpoint)
             else:
-                batch, end, variables = read_key_variables(
-                    self.spark, checkpoint, cls.state_parts(), element.moves_keys
-                )
+                if _jvm(element):
+                    batch, end, variables = read_jvm_key_variables(self.spark, checkpoint)
+                else:
+                    batch, end, variables = read_key_variables(
+                        self.spark, checkpoint, cls.state_parts(), element.moves_keys
+                    )
                 if batch is not None:
                     key_index.write_base(index, batch, variables)
         sizes = key_sizes(variables)

@@ -26,12 +26,14 @@ so the classes it maps are the ones a node runs.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fogshift.checkpoint.spark_dir import committed_batch
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.waiting import wait_until
 from fogshift.events import DEFAULT_MAX_RECORD_BYTES
@@ -43,6 +45,8 @@ from fogshift.spec.kinds import WindowAggregateOptions
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
 
 #: The warm-up query's name: progress reports of it are no PE's (the agent counts reports
 #: by their query's name).
@@ -64,7 +68,8 @@ ROWS = 40
 @dataclass(frozen=True)
 class Started:
     """The warm-up's running queries: the Python stateful one, and the JVM operator's
-    (``None`` where the node has no fogshift JVM classes)."""
+    (``None`` where the node has no fogshift JVM classes, or it failed to start: the
+    Python warm-up stands without it)."""
 
     python: StreamingQuery
     jvm: StreamingQuery | None
@@ -120,7 +125,8 @@ def read_back(spark: SparkSession, folder: Path) -> dict[str, Any]:
 
     Raises:
         RuntimeError: The keyed query committed no batch, the two reads disagree on the
-            keys, or the JVM window is not the input's latest values.
+            keys, or the JVM query's window (if it committed a batch) is not the input's
+            latest values.
     """
     checkpoint = folder / "checkpoint"
     batch, _, sizes = read_keys(spark, checkpoint, [COUNT_PART], movable=False)
@@ -130,7 +136,7 @@ def read_back(spark: SparkSession, folder: Path) -> dict[str, Any]:
             f"the warm-up's state reads disagree: keys {sorted(sizes)}, states "
             f"{sorted(k or '' for k in states)} at batch {batch}"
         )
-    if (folder / JVM_CHECKPOINT).is_dir():
+    if committed_batch(folder / JVM_CHECKPOINT) is not None:
         _, window = read_jvm_window(spark, folder / JVM_CHECKPOINT)
         expected = [i % 7 for i in range(ROWS)][-JVM_WINDOW.window :]
         if window != {None: {"values": expected}}:
@@ -144,19 +150,22 @@ def begin(spark: SparkSession, folder: Path) -> Started:
     must be started on the thread that registered the data sources."""
     spark.range(4).mapInPandas(_identity, "id long").collect()
     python = _start_stateful(spark, folder)
-    try:
-        jvm = _start_jvm(spark, folder) if jar_path().is_file() else None
-    except BaseException:
-        python.stop()
-        raise
+    jvm = None
+    if jar_path().is_file():
+        try:
+            jvm = _start_jvm(spark, folder)
+        except Exception:  # a cold first JVM query is slower, never wrong
+            log.exception("the JVM warm-up query failed to start; a first JVM PE starts cold")
     return Started(python, jvm)
 
 
 def finish(started: Started, timeout_s: float = 120.0) -> None:
-    """Wait until each warm-up query has run a batch (any thread may wait).
+    """Wait until each warm-up query has run a batch (any thread may wait). The JVM query's
+    failure is logged, not raised: the Python warm-up stands without it (and
+    :func:`read_back` reads its state only if it committed a batch).
 
     Raises:
-        RuntimeError: One failed or ran no batch within ``timeout_s``.
+        RuntimeError: The Python query failed, or a query ran no batch within ``timeout_s``.
     """
     # The CSV is read in one batch: done once a batch with rows has run (or the query
     # failed).
@@ -168,10 +177,12 @@ def finish(started: Started, timeout_s: float = 120.0) -> None:
         )  # fmt: skip
     except WaitTimedOut as exc:
         raise RuntimeError(str(exc)) from exc
-    for query in started.queries:
-        failure = query.exception()
-        if failure is not None:
-            raise RuntimeError(f"the warm-up query {query.name} failed: {failure}")
+    failure = started.python.exception()
+    if failure is not None:
+        raise RuntimeError(f"the warm-up query failed: {failure}")
+    failure = started.jvm.exception() if started.jvm is not None else None
+    if failure is not None:
+        log.warning("the JVM warm-up query failed (%s); a first JVM PE starts cold", failure)
 
 
 def _start_stateful(spark: SparkSession, folder: Path) -> StreamingQuery:
@@ -208,8 +219,9 @@ def _start_stateful(spark: SparkSession, folder: Path) -> StreamingQuery:
 def _start_jvm(spark: SparkSession, folder: Path) -> StreamingQuery:
     """Start the warm-up's JVM query (after :func:`_start_stateful`, which made ``folder``):
     the same values, as a PE's input events, through ``window-aggregate``'s JVM operator
-    into the discarding sink. Its input is Spark's own CSV file source, not fogshift's: the
-    Python source's path is the other query's, and this one starts no Python process."""
+    into the discarding sink (a Python sink, as a PE's writer is). Its input is Spark's own
+    CSV file source, not fogshift's: the Python source's path is the other query's, and
+    this one then starts no source runner of its own."""
     from pyspark.sql import functions as func
 
     data = folder / "jvm-in"

@@ -99,7 +99,7 @@ def test_the_local_file_system_is_fogshifts_and_sets_modes(
 
 
 def test_the_warm_up_runs_a_stateful_batch_on_rocksdb_and_is_no_pe(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # What a node runs before its first PE (fogshift.runtime.warm_up): a batch through the
     # CSV source, transformWithStateInPandas and a Python sink, committed with its state in
@@ -132,6 +132,16 @@ def test_the_warm_up_runs_a_stateful_batch_on_rocksdb_and_is_no_pe(
     assert "." not in QUERY_NAME
     # Again in the same folder (an agent started again in the same home): from scratch.
     assert warm_up(spark, folder) > 0
+    # A JVM query that cannot start leaves the Python warm-up standing (and its state read).
+    from fogshift.runtime import warm_up as module
+
+    def fails(*_: object) -> None:
+        raise RuntimeError("no JVM operator here")
+
+    monkeypatch.setattr(module, "_start_jvm", fails)
+    assert warm_up(spark, folder) > 0
+    assert not (folder / JVM_CHECKPOINT).exists()
+    assert (checkpoint / "commits" / "0").is_file()
 
 
 def append_events(
