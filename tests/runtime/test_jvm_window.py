@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,37 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     session.stop()
 
 
+def run_batches(
+    spark: Any, work: Path, batches: list[list[tuple]], output: Callable[[Any], Any]
+) -> list[tuple[int, Any]]:
+    """``(batch, row)`` of each row ``output`` makes of the input events (a streaming
+    DataFrame of ``EVENT_SCHEMA`` rows) over ``batches``: one input file each, the query
+    started again from its checkpoint for each."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    inbox = work / "in"
+    inbox.mkdir(parents=True)
+    got: list[tuple[int, Any]] = []
+    for n, batch in enumerate(batches):
+        lines = [
+            json.dumps(dict(zip(("origin", "seq", "timestamp", "creator", "body"), r, strict=True)))
+            for r in batch
+        ]
+        (inbox / f"{n:03d}.json").write_text("\n".join(lines) + "\n")
+        events = spark.readStream.schema(EVENT_SCHEMA).json(str(inbox))
+        query = (
+            output(events).withColumn("batch", F.lit(n))
+            .writeStream.foreachBatch(lambda df, _: got.extend((r.batch, r) for r in df.collect()))
+            .option("checkpointLocation", str(work / "checkpoint"))
+            .start()
+        )  # fmt: skip
+        try:
+            query.processAllAvailable()
+        finally:
+            query.stop()
+    return got
+
+
 def run_jvm(
     spark: Any,
     work: Path,
@@ -107,32 +138,14 @@ def run_jvm(
     checkpoint after the first."""
     from pyspark.sql import DataFrame
 
-    inbox = work / "in"
-    inbox.mkdir(parents=True)
-    got: list[Any] = []
-    for n, batch in enumerate(batches):
-        lines = [
-            json.dumps(dict(zip(("origin", "seq", "timestamp", "creator", "body"), r, strict=True)))
-            for r in batch
-        ]
-        (inbox / f"{n:03d}.json").write_text("\n".join(lines) + "\n")
-        events = spark.readStream.schema(EVENT_SCHEMA).json(str(inbox))
+    def output(events: Any) -> Any:
         operator = spark._jvm.fogshift.ops.WindowAggregate
         processor = operator(
             "agg", field, window, function, NOT_AN_EVENT, NOT_AN_EVENT_WHY, limit, not_printable()
         )
-        frame = operator.apply(events._jdf, processor)
-        query = (
-            DataFrame(frame, spark)
-            .writeStream.foreachBatch(lambda df, _: got.extend(df.collect()))
-            .option("checkpointLocation", str(work / "checkpoint"))
-            .start()
-        )
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-    return got
+        return DataFrame(operator.apply(events._jdf, processor), spark)
+
+    return [row for _, row in run_batches(spark, work, batches, output)]
 
 
 @pytest.mark.parametrize(
@@ -290,50 +303,28 @@ def run_keyed(
     first: the Python engine's ``transformWithStateInPandas`` processor, or the JVM's."""
     import uuid
 
-    from pyspark.sql import functions as F  # noqa: N812
-
     from fogshift.broker.datasource import RECORD_SCHEMA
     from fogshift.runtime.engine import GROUP_COLUMN, _key_group, _stateful_processor, jvm_window
     from fogshift.spec.kinds import WindowAggregateOptions
 
-    inbox = work / "in"
-    inbox.mkdir(parents=True)
     options = {"field": "v", "window": window, "function": function}
-    got: list[tuple[int, Any]] = []
-    for n, batch in enumerate(batches):
-        lines = [
-            json.dumps(dict(zip(("origin", "seq", "timestamp", "creator", "body"), r, strict=True)))
-            for r in batch
-        ]
-        (inbox / f"{n:03d}.json").write_text("\n".join(lines) + "\n")
-        events = (
-            spark.readStream.schema(EVENT_SCHEMA).json(str(inbox))
-            .withColumn(GROUP_COLUMN, _key_group("k"))
-        )  # fmt: skip
+
+    def output(events: Any) -> Any:
+        events = events.withColumn(GROUP_COLUMN, _key_group("k"))
         if engine == "jvm":
-            frame = jvm_window(
+            return jvm_window(
                 spark, events, "agg", WindowAggregateOptions(**options, engine="jvm"),
                 DEFAULT_MAX_RECORD_BYTES, key_by="k",
             )  # fmt: skip
-        else:
-            frame = events.groupBy(GROUP_COLUMN).transformWithStateInPandas(
-                statefulProcessor=_stateful_processor(
-                    "window-aggregate", options, "p", "agg", DEFAULT_MAX_RECORD_BYTES,
-                    uuid.uuid4().hex, "", key_by="k",
-                ),
-                outputStructType=RECORD_SCHEMA, outputMode="Append", timeMode="None",
-            )  # fmt: skip
-        query = (
-            frame.withColumn("batch", F.lit(n))
-            .writeStream.foreachBatch(lambda df, _: got.extend((r.batch, r) for r in df.collect()))
-            .option("checkpointLocation", str(work / "checkpoint"))
-            .start()
-        )
-        try:
-            query.processAllAvailable()
-        finally:
-            query.stop()
-    return got
+        return events.groupBy(GROUP_COLUMN).transformWithStateInPandas(
+            statefulProcessor=_stateful_processor(
+                "window-aggregate", options, "p", "agg", DEFAULT_MAX_RECORD_BYTES,
+                uuid.uuid4().hex, "", key_by="k",
+            ),
+            outputStructType=RECORD_SCHEMA, outputMode="Append", timeMode="None",
+        )  # fmt: skip
+
+    return run_batches(spark, work, batches, output)
 
 
 @pytest.mark.parametrize(("function", "window", "seed"), [("avg", 3, 7), ("max", 2, 8)])
