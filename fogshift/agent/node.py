@@ -79,7 +79,7 @@ from fogshift.runtime.state_reader import (
     read_key_variables,
     read_state,
 )
-from fogshift.spec.models import ElementSpec, WindowAggregateElement
+from fogshift.spec.models import ElementSpec, runs_on_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -894,7 +894,7 @@ class NodeRuntime:
         keyed = element.key_by is not None
         batch: int | None
         states: dict[str | None, Any]
-        if _jvm(element):
+        if runs_on_jvm(element):
             batch, states = read_jvm_window(
                 self.spark, self.checkpoint_dir(pipeline, pe), keyed, key if keyed else None
             )
@@ -945,7 +945,7 @@ class NodeRuntime:
             if variables is not None and batch is not None:
                 end: dict[str, Any] | None = end_offset(checkpoint, batch)
             else:
-                if _jvm(element):
+                if runs_on_jvm(element):
                     batch, end, variables = read_jvm_key_variables(self.spark, checkpoint)
                 else:
                     batch, end, variables = read_key_variables(
@@ -1385,8 +1385,3 @@ def state_metrics(progress: dict[str, Any]) -> dict[str, Any] | None:
         "rows": sum(int(op.get("numRowsTotal") or 0) for op in operators),
         "batch_ms": (progress.get("durationMs") or {}).get("triggerExecution"),
     }
-
-
-def _jvm(element: ElementSpec) -> bool:
-    """Whether ``element`` runs on the JVM engine (its state is the JVM operator's)."""
-    return isinstance(element, WindowAggregateElement) and element.options.engine == "jvm"

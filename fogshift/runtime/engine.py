@@ -70,7 +70,7 @@ from fogshift.runtime.gate import start_run
 from fogshift.runtime.instances import InstanceKey, call_hook, registry
 from fogshift.runtime.kinds import processor_for
 from fogshift.spec.kinds import WindowAggregateOptions
-from fogshift.spec.models import ElementSpec, WindowAggregateElement
+from fogshift.spec.models import ElementSpec, WindowAggregateElement, runs_on_jvm
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -913,7 +913,7 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
             plan.gate_file,
             element.event_timeout,
         )
-        if isinstance(element, WindowAggregateElement) and element.options.engine == "jvm":
+        if runs_on_jvm(element):
             if element.key_by is not None:
                 events = events.withColumn(GROUP_COLUMN, _key_group(element.key_by))
             out = _jvm_window(spark, plan, events)

@@ -347,6 +347,12 @@ class WindowAggregateElement(ElementSpec):
         return self
 
 
+def runs_on_jvm(element: ElementSpec) -> bool:
+    """Whether ``element`` runs on the JVM engine (a ``window-aggregate`` with ``engine:
+    jvm``): its query and its state are the JVM operator's."""
+    return isinstance(element, WindowAggregateElement) and element.options.engine == "jvm"
+
+
 class MapElement(ElementSpec):
     """A ``map``: computes fields from expressions."""
 
