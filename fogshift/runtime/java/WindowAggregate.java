@@ -295,7 +295,7 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       for (Row row : input) {
         String reason;
         try {
-          eventNode(row.getString(3), row.getString(4));
+          eventNode(row.getString(3), read(row.getString(4)));
           reason = "field " + keyByRepr + " (key_by of " + peRepr + ") is missing or null, or "
               + "a value Spark does not read (NaN, a lone surrogate): the event has no key";
         } catch (Refused refused) {
@@ -314,8 +314,9 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       long seq = row.getLong(1);
       double timestamp = row.getDouble(2);
       String body = row.getString(4);
+      Read read = read(body); // once, for its key and its value
       if (grouped != null) {
-        String refusal = keyRefusal(body, grouped);
+        String refusal = keyRefusal(read, grouped);
         if (refusal != null) { // before it meets the key's state: it changes none
           out.add(dead(row, refusal));
           continue;
@@ -324,7 +325,7 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       boolean added = false;
       ArrayDeque<Num> dropped = null;
       try {
-        JsonNode node = eventNode(row.getString(3), body);
+        JsonNode node = eventNode(row.getString(3), read);
         Num value = fieldValue(node);
         kept.addLast(value);
         added = true;
@@ -390,17 +391,10 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
    * fogshift.broker.keys.key_refusal. A key must be a string, an integer or a boolean, whose
    * text is the same wherever it is read.
    */
-  String keyRefusal(String body, String grouped) {
-    JsonNode node;
-    try {
-      if (pythonMayRefuse(body)) {
-        checkJson(body);
-      }
-      node = json.readTree(body);
-    } catch (Exception | StackOverflowError exc) { // json.loads raised: not refused here
-      return null;
-    }
-    if (node == null || node.isMissingNode()) {
+  String keyRefusal(Read read, String grouped) {
+    JsonNode node = read.node;
+    if (read.error != null || node == null || node.isMissingNode()) {
+      // json.loads raised, or no value: not refused here
       return null;
     }
     JsonNode value = node.isObject() ? node.get(keyBy) : null;
@@ -542,22 +536,21 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
    * The event's body, a JSON object, or {@link Refused} with the reason the input row is no
    * event (batch._event: a foreign message, a body that is not JSON or not an object).
    */
-  JsonNode eventNode(String creator, String body) throws Refused {
+  JsonNode eventNode(String creator, Read read) throws Refused {
     if (notAnEvent.equals(creator)) {
       throw new Refused("input of '" + pe + "' is not an event: " + notAnEventWhy);
     }
-    JsonNode node;
-    try {
-      if (pythonMayRefuse(body)) {
-        checkJson(body);
-      }
-      node = json.readTree(body);
-    } catch (Refused refused) {
+    if (read.error instanceof Refused refused) {
       throw refused;
-    } catch (Exception exc) {
+    }
+    if (read.error instanceof Exception exc) {
       throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: "
           + firstLine(exc.getMessage()));
     }
+    if (read.error instanceof StackOverflowError deep) {
+      throw deep; // (as when read here: the PE raised it, see handleInputRows)
+    }
+    JsonNode node = read.node;
     if (node == null || node.isMissingNode()) {
       throw new Refused("input of '" + pe + "' is not an event: JSONDecodeError: Expecting "
           + "value: line 1 column 1 (char 0)");
@@ -567,6 +560,32 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
           + "be a JSON object, got " + kind(node));
     }
     return node;
+  }
+
+  /** A body read once: its JSON, or what reading it raised (thrown where the event is read). */
+  static final class Read {
+    final JsonNode node;
+    final Throwable error;
+
+    Read(JsonNode node, Throwable error) {
+      this.node = node;
+      this.error = error;
+    }
+  }
+
+  /**
+   * A body read as Python's json.loads reads it: Jackson, after {@link #checkJson} where Jackson
+   * would read what Python refuses. A keyed event's key and value come from this one read.
+   */
+  Read read(String body) {
+    try {
+      if (pythonMayRefuse(body)) {
+        checkJson(body);
+      }
+      return new Read(json.readTree(body), null);
+    } catch (Exception | StackOverflowError exc) {
+      return new Read(null, exc);
+    }
   }
 
   /**
