@@ -108,7 +108,8 @@ PRECOPY_BUDGET_S = 600.0
 #: :meth:`KeyMoves._committed_past`).
 PLACEMENT_RECHECK_S = 1.0
 #: Listed keys move in waves, each a move of its own appended once the states of the one
-#: before are stored: the first wave moves one key, to learn the size; each later one at
+#: before are stored (large ones: are being sent, see :meth:`KeyMoves._move_waves`): the
+#: first wave moves one key, to learn the size; each later one at
 #: most four times as many, up to :data:`WAVE_KEYS` keys and about :data:`WAVE_BYTES` of
 #: state (by the largest state sent so far). A key stops only while its own wave crosses,
 #: and every key of a later wave is processed by its origin meanwhile; one move of hundreds
@@ -162,6 +163,17 @@ class Settled:
     error: str | None = None
     left: list[str] = field(default_factory=list)
 
+    def note(self, states: dict[str, tuple[Any, int]], moved_at: float | None) -> int:
+        """Count ``states`` (as :meth:`KeyMoves._await_states` gives them, for a move stored
+        at ``moved_at``) in, in the order they were stored; return the largest's size."""
+        largest = 0
+        for key, (message, size) in sorted(states.items(), key=lambda kv: kv[1][0].seq):
+            waited = message.stored_at - moved_at if moved_at is not None else 0.0
+            self.stoppage_ms[key] = round(waited * 1000, 1)
+            self.state_bytes += size
+            largest = max(largest, size)
+        return largest
+
 
 @dataclass
 class Precopy:
@@ -214,9 +226,10 @@ class KeyMoves(Standbys):
 
         Returns once the target has committed every moved key's state (``moved``), or with
         ``pending`` once a wave's states have not all been stored within ``timeout_s`` of
-        it (that wave stands: its keys' events wait at the target until the origin
-        partition, e.g. once restored, sends their states; later waves are not appended,
-        their keys ``left`` where they are), or the last states not committed within
+        it (that wave stands, and so does the one appended while it was sent, if any:
+        their keys' events wait at the target until the origin partition, e.g. once
+        restored, sends their states; later waves are not appended, their keys ``left``
+        where they are), or the last states not committed within
         ``timeout_s`` more.
 
         Raises:
@@ -426,6 +439,13 @@ class KeyMoves(Standbys):
         each wave's states (``order``); the waves go in the order listed. Each wave's states
         must be stored within ``timeout_s`` of its move.
 
+        Large states (parts, more than :data:`~fogshift.broker.keys.INLINE_STATE_BYTES`)
+        go as a precopy's do: once the origin is sending a wave's states (its batch that
+        moves them runs), the next wave is appended, for the batch after
+        (:meth:`_await_sending`), so that the origin's batches follow each other instead of
+        each waiting for the one before to be seen stored (behind a slow link, a trigger
+        and the orchestrator's look of every wave). Never more than one wave is ahead.
+
         Returns:
             How the states arrived (the keys of waves never appended, after one whose
             states did not all come, in ``left``), the waves appended, and the last state's
@@ -436,48 +456,84 @@ class KeyMoves(Standbys):
         waves: list[KeyWave] = []
         last: dict[int, int] = {}
         ordered = [k for k in moving if k in copied] + [k for k in moving if k not in copied]
-        step, largest, done = wave_keys or 1, 1, 0
+        step, largest, asked = wave_keys or 1, 1, 0
         known = (
             sizes if wave_keys is None and not copied and sizes and set(moving) <= set(sizes)
             else None
         )  # fmt: skip
         most_keys, most_bytes = FIRST_WAVE_KEYS, FIRST_WAVE_BYTES
-        while done < len(ordered):
+        index = to.partition.index
+        pending: list[tuple[KeyWave, str, float]] = []  # appended, states not all seen
+        parts = stream_name(pipeline, source), state_subject(pipeline, source, index)
+
+        def append_wave() -> None:
+            nonlocal asked, most_keys, most_bytes, step
             if known is not None:
-                step = _fitting(ordered[done:], known, most_keys, most_bytes)
+                step = _fitting(ordered[asked:], known, most_keys, most_bytes)
                 most_keys = min(4 * most_keys, WAVE_KEYS)
                 most_bytes = min(4 * most_bytes, WAVE_BYTES)
-            wave = ordered[done : done + step]
+            wave = ordered[asked : asked + step]
             if wave_keys is None and wave[0] in copied:
                 wave = [k for k in wave if k in copied]  # the last wave of copied keys
-            move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(wave),
-                           to.partition.index, order.value, copy=copy)  # fmt: skip
+            move = KeyMove(0, uuid.uuid4().hex[:12], element_id, tuple(wave), index,
+                           order.value, copy=copy)  # fmt: skip
             at = self._append_move(pipeline, to.inputs, move)
             waves.append(KeyWave(seq=at, keys=wave))
+            pending.append((waves[-1], move.move, time.monotonic() + timeout_s))
+            asked += len(wave)
             log.info("moving %d keys of %s/%s to %s at %s (wave %d)", len(wave), pipeline,
                      element_id, to.id, at, len(waves))  # fmt: skip
-            deadline = time.monotonic() + timeout_s
-            states, moved_at = self._await_states(pipeline, source, move.move, at, wave, deadline)
-            for key, (message, size) in sorted(states.items(), key=lambda kv: kv[1][0].seq):
-                waited = message.stored_at - moved_at if moved_at is not None else 0.0
-                settled.stoppage_ms[key] = round(waited * 1000, 1)
-                settled.state_bytes += size
-                largest = max(largest, size)
+
+        def ahead_ok() -> bool:
+            """Whether the next wave may go in before this one's states are stored: a
+            wave's worth of whole states, or of copied ones, like the last (sizing starts
+            again at the first whole state: its size is unknown)."""
+            return (
+                len(pending) == 1
+                and bool(settled.stoppage_ms)
+                and asked < len(ordered)
+                and largest > INLINE_STATE_BYTES
+                and (ordered[asked] in copied) == (ordered[asked - 1] in copied)
+            )
+
+        append_wave()
+        while pending:
+            wave, move_id, deadline = pending[0]
+            if ahead_ok():
+                before = self.broker.run(partial(subject_count, stream=parts[0], subject=parts[1]))
+                wait = min(deadline, time.monotonic() + PRECOPY_WAIT_S)
+                if self._await_sending(pipeline, source, move_id, wave.seq, wave.keys, parts,
+                                       before, wait):  # fmt: skip
+                    append_wave()
+            states, moved_at = self._await_states(
+                pipeline, source, move_id, wave.seq, wave.keys, deadline
+            )
+            pending.pop(0)
+            largest = max(largest, settled.note(states, moved_at))
             _note_last(last, states)
-            done += len(wave)
-            missing = [k for k in wave if k not in states]
+            missing = [k for k in wave.keys if k not in states]
             if missing:
-                settled.left = ordered[done:]
+                # A wave already appended after it moves on by itself (as this one does,
+                # once its origin runs): its keys are moving, not left.
+                for later, later_id, _ in pending:
+                    got, at = self._await_states(pipeline, source, later_id, later.seq,
+                                                 later.keys, 0.0)  # fmt: skip
+                    settled.note(got, at)
+                    _note_last(last, got)
+                    missing += [k for k in later.keys if k not in got]
+                settled.left = ordered[asked:]
                 settled.error = _no_state(missing) + (
                     f"; {len(settled.left)} keys of later waves did not move" if settled.left
                     else ""
                 )  # fmt: skip
                 return settled, waves, last
-            if wave_keys is None and known is None and done < len(ordered):
-                if wave[0] in copied and ordered[done] not in copied:
+            if wave_keys is None and known is None and asked < len(ordered):
+                if wave.keys[0] in copied and ordered[asked] not in copied:
                     step, largest = 1, 1  # whole states from here: their size is unknown
                 else:
                     step = _next_step(step, largest, WAVE_BYTES, WAVE_KEYS)
+            if not pending and asked < len(ordered):
+                append_wave()
         return settled, waves, last
 
     def _append_move(self, pipeline: str, inputs: tuple[str, ...], move: KeyMove) -> int:
@@ -773,14 +829,8 @@ class KeyMoves(Standbys):
         its state stored and committed by its new partition, or ``deadline``."""
         moving = list(move.keys)
         states, moved_at = self._await_states(pipeline, source, move.move, at, moving, deadline)
-        ordered = sorted(states.items(), key=lambda kv: kv[1][0].seq)
-        settled = Settled(
-            stoppage_ms={
-                k: round((m.stored_at - moved_at) * 1000, 1) if moved_at is not None else 0.0
-                for k, (m, _) in ordered
-            },
-            state_bytes=sum(size for _, (_, size) in ordered),
-        )
+        settled = Settled({}, 0)
+        settled.note(states, moved_at)
         missing = sorted(set(moving) - set(states))
         if missing:
             settled.error = _no_state(missing)

@@ -32,19 +32,29 @@ class Waves(KeyMoves):
     """The waves a move appends, each wave's states stored at once with the ``sizes`` given
     (a key in ``lost`` never sends one: its origin is down)."""
 
-    def __init__(self, sizes: dict[str, int], lost: frozenset[str] = frozenset()) -> None:
-        self.sizes, self.lost = sizes, lost
+    def __init__(
+        self, sizes: dict[str, int], lost: frozenset[str] = frozenset(), sending: bool = True
+    ) -> None:
+        self.sizes, self.lost, self.sending = sizes, lost, sending
         self.moves: list[KeyMove] = []
+        self.log: list[tuple[str, list[str]]] = []
+        self.broker: Any = SimpleNamespace(run=lambda make, timeout=30: 0)  # parts counted
 
     def _append_key_record(self, pipeline: str, source: str, payload: bytes) -> int:
         move = parse(0, payload)
         assert isinstance(move, KeyMove)
         self.moves.append(move)
+        self.log.append(("append", list(move.keys)))
         return 1000 * len(self.moves)
+
+    def _await_sending(self, *args: Any, **kwargs: Any) -> bool:
+        self.log.append(("sending", []))
+        return self.sending
 
     def _await_states(
         self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float
     ) -> tuple[dict[str, tuple[Any, int]], float | None]:
+        self.log.append(("stored", keys))
         states = {}
         for index, key in enumerate(k for k in keys if k not in self.lost):
             data = state_payload(move, "agg", key, 1, {"v": "x"})
@@ -82,6 +92,42 @@ def test_large_states_move_about_a_wave_s_bytes_at_a_time() -> None:
     _, appended, _ = Waves(sizes).run(list(sizes), wave_keys=None)
     assert [len(w.keys) for w in appended] == [1, 2, 2, 2, 2, 1]
     assert WAVE_BYTES // MIB == 2
+
+
+def test_a_wave_of_large_states_is_appended_once_the_origin_sends_the_one_before() -> None:
+    # 0.8 MB states (in parts): from the second wave on, the next goes in as soon as the
+    # origin sends a wave's parts (its batch runs), for the batch after, as a precopy's
+    # requests do; never more than one wave ahead of the one being sent.
+    waves = Waves(keys(5, 800 * KIB))
+    settled, appended, _ = waves.run(list(waves.sizes), wave_keys=None)
+    assert [w.keys for w in appended] == [["k0"], ["k1", "k2"], ["k3", "k4"]]
+    assert waves.log == [
+        ("append", ["k0"]), ("stored", ["k0"]),
+        ("append", ["k1", "k2"]), ("sending", []), ("append", ["k3", "k4"]),
+        ("stored", ["k1", "k2"]), ("stored", ["k3", "k4"]),
+    ]  # fmt: skip
+    assert settled.error is None and len(settled.stoppage_ms) == 5
+    # Not seen sending (stored before a part was seen): each wave after the one before.
+    alone = Waves(keys(5, 800 * KIB), sending=False)
+    alone.run(list(alone.sizes), wave_keys=None)
+    assert [what for what, _ in alone.log if what != "sending"] == ["append", "stored"] * 3
+    # Small states come inline (no parts to see): one wave at a time, as ever.
+    small = Waves(keys(10, KIB))
+    small.run(list(small.sizes), wave_keys=None)
+    assert ("sending", []) not in small.log
+
+
+def test_a_wave_that_fails_with_the_next_already_appended_leaves_only_later_keys() -> None:
+    # k2's origin never sends it; the wave after k2's was appended while k2's was being
+    # sent: its keys are moving (their states came), only the waves never appended stay.
+    waves = Waves(keys(9, 800 * KIB), lost=frozenset({"k2"}))
+    settled, appended, last = waves.run(list(waves.sizes), wave_keys=None)
+    assert [w.keys for w in appended] == [["k0"], ["k1", "k2"], ["k3", "k4"]]
+    assert settled.left == ["k5", "k6", "k7", "k8"]
+    assert settled.error.startswith("no state yet for 1 keys (k2)")
+    assert "4 keys of later waves did not move" in settled.error
+    assert set(settled.stoppage_ms) == {"k0", "k1", "k3", "k4"}
+    assert last == {1: 3002}  # the later wave's states are awaited to their commits too
 
 
 def test_copied_keys_go_first_and_the_sizing_starts_again_at_whole_states() -> None:
