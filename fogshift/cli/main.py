@@ -805,8 +805,9 @@ def migrate(
             min=1,
             max=1000,
             help="With --keys: move them in waves of this many, each once the one before "
-            "has arrived (default: one key, then growing with the states' sizes up to 64; "
-            "at least as many as --keys: all at one position of the input).",
+            "has arrived (states in parts: is being sent) (default: one key, then growing "
+            "with the states' sizes up to 64; at least as many as --keys: all at one "
+            "position of the input).",
         ),
     ] = None,
     home: Home = Path(".fogshift"),
