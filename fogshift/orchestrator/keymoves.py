@@ -444,7 +444,10 @@ class KeyMoves(Standbys):
         moves them runs), the next wave is appended, for the batch after
         (:meth:`_await_sending`), so that the origin's batches follow each other instead of
         each waiting for the one before to be seen stored (behind a slow link, a trigger
-        and the orchestrator's look of every wave). Never more than one wave is ahead.
+        and the orchestrator's look of every wave). Never more than one wave is ahead, and
+        a wave appended ahead is sized by the states seen before the one being sent (at
+        most four times its keys still: it may hold more than :data:`WAVE_BYTES` if that
+        one's states are larger than any before).
 
         Returns:
             How the states arrived (the keys of waves never appended, after one whose
@@ -496,7 +499,8 @@ class KeyMoves(Standbys):
                 and (ordered[asked] in copied) == (ordered[asked - 1] in copied)
             )
 
-        append_wave()
+        if ordered:  # (a key group's move: none of its keys may hold state yet)
+            append_wave()
         while pending:
             wave, move_id, deadline = pending[0]
             if ahead_ok():

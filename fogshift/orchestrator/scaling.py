@@ -362,7 +362,8 @@ class Scaling(KeyMoves):
                 settled.error = self._await_commits(pipeline, element_id, source, last,
                                                     time.monotonic() + timeout_s)  # fmt: skip
             if settled.error is not None:
-                stuck = [k for k in (more[-1].keys if more else []) if k not in stoppage]
+                # (The wave that failed, and one appended while it was sent: the last two.)
+                stuck = [k for wave in more for k in wave.keys if k not in stoppage]
                 later = [k for i, ks in sorted(targets.items()) if i > index for k in ks]
                 return report.model_copy(update={
                     "status": KeyMoveStatus.PENDING, "waves": waves, "moved": len(ahead),

@@ -130,6 +130,13 @@ def test_a_wave_that_fails_with_the_next_already_appended_leaves_only_later_keys
     assert last == {1: 3002}  # the later wave's states are awaited to their commits too
 
 
+def test_a_key_group_with_no_key_holding_state_appends_no_wave() -> None:
+    waves = Waves({})
+    settled, appended, last = waves.run([], wave_keys=None, sizes={})
+    assert appended == [] and waves.log == [] and last == {}
+    assert settled.error is None and settled.left == []
+
+
 def test_copied_keys_go_first_and_the_sizing_starts_again_at_whole_states() -> None:
     # Three precopied keys send a few bytes each; the three not copied their whole MiB.
     sizes = {**keys(3, 100, "c"), **keys(3, MIB, "w")}

@@ -862,3 +862,36 @@ def test_a_scale_to_the_count_it_has_changes_nothing(
     changes = [c for a in agents.values() for c in a.calls if c.method != "GET"]
     assert changes == [], changes
     assert orch.registry.unfinished_scales() == []
+
+
+def test_a_scale_s_failed_wave_leaves_its_keys_though_a_later_wave_was_appended() -> None:
+    # Waves of large states go one ahead: the wave after the failed one was appended while
+    # it was sent, and its states came. The failed wave's key without a state is left.
+    from fogshift.broker.keys import Ownership
+    from fogshift.contracts import KeyMoveStatus, KeyWave, ScaleReport
+    from fogshift.orchestrator.keymoves import Settled
+    from fogshift.orchestrator.scaling import Scaling
+
+    moving = sorted(k for k in (f"k{i}" for i in range(40)) if partition_of_key(k, 2) == 1)[:7]
+
+    class Ahead(Scaling):
+        def __init__(self) -> None:
+            pass
+
+        def pipeline(self, name: str) -> Any:
+            parts = [SimpleNamespace(partition=SimpleNamespace(index=i)) for i in (0, 1)]
+            return SimpleNamespace(spec=SimpleNamespace(partitions_of=lambda element: parts))
+
+        def _move_waves(self, *args: Any, **kwargs: Any) -> Any:
+            keys = args[3]
+            came = dict.fromkeys([keys[0], keys[1], keys[3], keys[4]], 1.0)
+            waves = [KeyWave(seq=1, keys=keys[:1]), KeyWave(seq=2, keys=keys[1:3]),
+                     KeyWave(seq=3, keys=keys[3:5])]  # fmt: skip
+            return Settled(came, 4, error="no state yet", left=keys[5:]), waves, {}
+
+    report = ScaleReport(pipeline="p", element="aggregate", status=KeyMoveStatus.MOVED,
+                         before=2, after=2)  # fmt: skip
+    done, _ = Ahead()._ahead("p", "aggregate", "source", set(moving), 2, Ownership(1), 5.0,
+                             report)  # fmt: skip
+    assert done.status == KeyMoveStatus.PENDING and done.moved == 4
+    assert done.left == [moving[2], *moving[5:]]
