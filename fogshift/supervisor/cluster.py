@@ -529,6 +529,13 @@ def up(
             + " without --nats-url",
             hint="give --nats-url, or drop the credentials",
         )
+    if nats_url is not None:
+        say(
+            f"warning: every node connects to the broker at {nats_url} with the credentials "
+            "given: no broker permissions per node (a node could read, write or delete any "
+            "pipeline's streams those credentials reach); least privilege per node holds "
+            "with the broker `fogshift up` starts itself (leave out --nats-url)"
+        )
     if links and not isolate:
         raise InvalidInput(
             "link profiles need isolated nodes",

@@ -45,3 +45,26 @@ def test_an_agent_is_started_with_its_own_token_not_the_operators(tmp_path: Path
     args = _agent_args(tmp_path, "fog-a", "127.0.0.1", 1, "http://o", tmp_path / "b", "local", 5)
     assert args[args.index("--token-file") + 1] == str(node_token_file(tmp_path, "fog-a"))
     assert str(token_file(tmp_path)) not in args
+
+
+def test_an_external_broker_is_said_to_give_every_node_the_same_rights(tmp_path: Path) -> None:
+    # Its credentials go to every node's broker file: no permissions per node. `up` said
+    # nothing of it (only the README did).
+    from fogshift.exceptions import InvalidInput
+    from fogshift.network.links import LinkProfile
+    from fogshift.supervisor.cluster import up
+
+    said: list[str] = []
+    with pytest.raises(InvalidInput, match="link profiles need isolated nodes"):
+        # (Refused right after the warning: nothing starts.)
+        up(tmp_path / "home", ["a"], nats_url="nats://127.0.0.1:4222", nats_user="u",
+           nats_password="s3cret-pw", on_progress=said.append,
+           links={"a": LinkProfile(bandwidth="10mbit")})  # fmt: skip
+    assert len(said) == 1 and said[0].startswith("warning: every node connects")
+    assert "no broker permissions per node" in said[0] and "leave out --nats-url" in said[0]
+    assert "nats://127.0.0.1:4222" in said[0] and "s3cret-pw" not in said[0]
+    said.clear()
+    with pytest.raises(InvalidInput, match="link profiles need isolated nodes"):
+        up(tmp_path / "home", ["a"], on_progress=said.append,
+           links={"a": LinkProfile(bandwidth="10mbit")})  # fmt: skip
+    assert said == []  # its own broker: a user per node
