@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 
 from fogshift.broker.client import BrokerAddress
+from fogshift.broker.keys import Ownership
 from fogshift.common.text import one_line
-from fogshift.contracts import Heartbeat
+from fogshift.contracts import Heartbeat, KeyMoveStatus, KeyWave, ScaleReport
 from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.orchestrator.config import OrchestratorConfig
-from fogshift.orchestrator.keymoves import Listing
+from fogshift.orchestrator.keymoves import Listing, Settled
+from fogshift.orchestrator.scaling import Scaling
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
 from fogshift.spec.models import ElementSpec, partition_of_key
@@ -867,11 +869,6 @@ def test_a_scale_to_the_count_it_has_changes_nothing(
 def test_a_scale_s_failed_wave_leaves_its_keys_though_a_later_wave_was_appended() -> None:
     # Waves of large states go one ahead: the wave after the failed one was appended while
     # it was sent, and its states came. The failed wave's key without a state is left.
-    from fogshift.broker.keys import Ownership
-    from fogshift.contracts import KeyMoveStatus, KeyWave, ScaleReport
-    from fogshift.orchestrator.keymoves import Settled
-    from fogshift.orchestrator.scaling import Scaling
-
     moving = sorted(k for k in (f"k{i}" for i in range(40)) if partition_of_key(k, 2) == 1)[:7]
 
     class Ahead(Scaling):

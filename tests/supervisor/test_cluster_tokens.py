@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from fogshift.common.http import node_token, token_node
-from fogshift.supervisor.cluster import _agent_args, node_token_file, token_file, write_tokens
+from fogshift.exceptions import InvalidInput
+from fogshift.network.links import LinkProfile
+from fogshift.supervisor.cluster import (
+    _agent_args,
+    node_token_file,
+    token_file,
+    up,
+    write_tokens,
+)
 
 
 def test_up_writes_the_operator_token_and_one_token_per_node_0600(
@@ -50,10 +58,6 @@ def test_an_agent_is_started_with_its_own_token_not_the_operators(tmp_path: Path
 def test_an_external_broker_is_said_to_give_every_node_the_same_rights(tmp_path: Path) -> None:
     # Its credentials go to every node's broker file: no permissions per node. `up` said
     # nothing of it (only the README did).
-    from fogshift.exceptions import InvalidInput
-    from fogshift.network.links import LinkProfile
-    from fogshift.supervisor.cluster import up
-
     said: list[str] = []
     with pytest.raises(InvalidInput, match="link profiles need isolated nodes"):
         # (Refused right after the warning: nothing starts.)
