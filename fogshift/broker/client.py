@@ -414,7 +414,8 @@ async def _stream_holding(js: JetStreamContext, pipeline: str, pe: str) -> str |
 async def ensure_subjects(js: JetStreamContext, pipeline: str, pe: str) -> None:
     """Give the existing stream of ``pe`` every subject :func:`stream_subjects` names: a
     stream an older fogshift made lacks the newer ones (``.state`` and ``.state.*`` since
-    2026-11-28, ``.keys.*`` since 2026-11-29), and publishing on a subject no stream has fails.
+    2026-11-28, ``.keys.*`` since 2026-11-29, ``.state.*.*`` since 2026-12-02), and
+    publishing on a subject no stream has fails.
 
     Raises:
         NotFoundError: The stream does not exist.

@@ -608,7 +608,8 @@ class JetStreamReader(DataSourceStreamReader):
             with contextlib.suppress(BrokerUnavailable):  # the batch reads them, or says why
                 self._parts_ahead = PartsAhead(
                     client, stream_name(self.pipeline, name),
-                    state_subject(self.pipeline, name, self.partition[1]), begin.get(name, 0),
+                    state_subject(self.pipeline, name, self.partition[1], self.partition[0]),
+                    begin.get(name, 0),
                 )  # fmt: skip
         if len(self.inputs) > 1:
             # Several inputs: the order in which their events meet the PE is fixed by where
@@ -1016,7 +1017,7 @@ class JetStreamReader(DataSourceStreamReader):
                 owners.apply(item)
             elif isinstance(item, KeyCopy):
                 owners.request(item)
-            elif item.to == index and item.addressed and owners.sent_by_owner(item):
+            elif item.to == index and item.scoped and owners.sent_by_owner(item):
                 named.extend(item.parts)
         return JetStreamPartition([[rng]], keys=keys, parts=self._parts_ahead.take(named))
 
@@ -1297,10 +1298,12 @@ class JetStreamReader(DataSourceStreamReader):
         by_seq = {p: held[p] for p in item.parts if p in held}
         wanted = [p for p in item.parts if p not in by_seq]
         if wanted:
-            # (On .state or .keys if an older fogshift stored them: its records say they are
-            # not addressed, or give no raw length, their parts being the text itself.)
+            # (On .state.<to>, .state or .keys if an older fogshift stored them: its records
+            # say they are not scoped, or not addressed, or give no raw length, their parts
+            # being the text itself.)
             apart = (
-                state_subject(self.pipeline, name, item.to) if item.addressed
+                state_subject(self.pipeline, name, item.to, item.element) if item.scoped
+                else state_subject(self.pipeline, name, item.to) if item.addressed
                 else state_subject(self.pipeline, name) if item.raw
                 else keys_subject(self.pipeline, name)
             )  # fmt: skip
@@ -1359,8 +1362,8 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
     """Append the states of moving keys (rows the processor of partition ``origin`` made at
     their move, see :mod:`fogshift.broker.keys`) to the origin's ``.keys.<origin>`` subject
     of the input they move on, in the order their move asks; a large state's parts first,
-    on the input's subject addressed to its target (``.state.<to>``). Sent again (a retried
-    batch), a state is the same state: the broker drops the copy within its duplicate
+    on the input's subject addressed to its target (``.state.<element>.<to>``). Sent again
+    (a retried batch), a state is the same state: the broker drops the copy within its duplicate
     window, the target ignores it after. (A precopy's copy sent again after its move only
     replaces the copy the target keeps aside, which nothing reads then: one stale copy per
     key at most, until its next copy or move.)
@@ -1407,7 +1410,7 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
     for source, _, state, bodies, msg_id in sending:  # (each state's parts to its own target)
         written.append([
             await _Sent.publish(
-                js, state_subject(pipeline, source, state["to"]), body,
+                js, state_subject(pipeline, source, state["to"], state["element"]), body,
                 stream_name(pipeline, source), f"{msg_id}:{index}",
             )
             for index, body in enumerate(bodies)
@@ -1416,7 +1419,7 @@ async def _send_states(js: Any, pipeline: str, origin: int, records: list[Record
     for (source, move, state, bodies, msg_id), futures in zip(sending, written, strict=True):
         # (An error, or no answer, fails the batch; Spark runs it again.)
         stream = stream_name(pipeline, source)
-        apart = state_subject(pipeline, source, state["to"])
+        apart = state_subject(pipeline, source, state["to"], state["element"])
         got = [await w.ack(js) for w in futures]
         # (Checked at once: a retried batch finds every part a repeat.)
         parts = list(await asyncio.gather(*(

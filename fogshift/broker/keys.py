@@ -36,7 +36,7 @@ A move listing many keys (a rescale or key group of a PE with tens of thousands 
 stored compressed once its JSON passes :data:`PACKED_MOVE_BYTES` (:func:`parse` reads both).
 
 A state of more than :data:`INLINE_STATE_BYTES` travels compressed, in parts on the input's
-``.state.<to>`` subject (its target's), its ``.keys`` record naming their sequences: every
+``.state.<element>.<to>`` subject (its target's), its ``.keys`` record naming their sequences: every
 partition reads each ``.keys`` message at its place, and only the state's target reads the
 parts — as they are stored, ahead of the batch that reads the record
 (:mod:`fogshift.broker.parts_ahead`).
@@ -161,7 +161,7 @@ class KeyState:
     """A key's state as the origin partition held it at its move, or at a copy request
     (``copy``); at a precopied move, only the parts that changed since the copy (``base``,
     ``keep``). ``parts``: the sequences of the messages holding it instead (on the input's
-    ``.state.<to>`` subject), when it was larger than :data:`INLINE_STATE_BYTES`."""
+    ``.state.<element>.<to>`` subject), when it was larger than :data:`INLINE_STATE_BYTES`."""
 
     seq: int
     move: str
@@ -181,10 +181,13 @@ class KeyState:
     #: compress (``0``: parts an older fogshift stored, the text itself).
     size: int = 0
     raw: int = 0
-    #: The parts are on the subject addressed to partition :attr:`to` (``.state.<to>``),
-    #: whose reader fetches them as they are stored; ``False``: on ``.state`` (or, with no
+    #: The parts are on a subject addressed to partition :attr:`to`, whose reader fetches
+    #: them as they are stored (:attr:`scoped`); ``False``: on ``.state`` (or, with no
     #: ``raw``, on ``.keys``), where an older fogshift stored them.
     addressed: bool = False
+    #: With :attr:`addressed`: the subject names the element too
+    #: (``.state.<element>.<to>``); ``False``: ``.state.<to>``, an older fogshift's.
+    scoped: bool = False
     #: The partition that sent it, as its subject (``.keys.<origin>``) tells; ``None``: it
     #: is on ``.keys``, where only the orchestrator may publish now and an older fogshift's
     #: partitions stored their states.
@@ -280,7 +283,8 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
                             int(value["to"]), state, parts, bool(value.get("copy", False)),
                             base, tuple(str(n) for n in value.get("keep") or ()),
                             int(value.get("size") or 0), int(value.get("raw") or 0),
-                            bool(value.get("addressed", False)), after=after)  # fmt: skip
+                            bool(value.get("addressed", False)), after=after,
+                            scoped=bool(value.get("scoped", False)))  # fmt: skip
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         return None  # (1e999 as an int, a number too large for a float, JSON nested too deep)
     return None
@@ -331,10 +335,10 @@ def read_message(
     return replace(item, origin=origin)
 
 
-#: A key's state larger than this (its JSON text) goes in parts, on the input's ``.state.<to>``
-#: subject: every partition reading the input reads each ``.keys`` message, and only the
-#: state's target needs its bytes (``bench pam --link 10mbit,n0``: each partition read
-#: every state that passed, its origin its own back: 6 MB took ~45 s to move).
+#: A key's state larger than this (its JSON text) goes in parts, on the input's
+#: ``.state.<element>.<to>`` subject: every partition reading the input reads each ``.keys``
+#: message, and only the state's target needs its bytes (``bench pam --link 10mbit,n0``: each
+#: partition read every state that passed, its origin its own back: 6 MB took ~45 s to move).
 INLINE_STATE_BYTES = 4 * 1024
 #: The largest part (the broker takes at most ~1 MiB a message).
 STATE_PART_BYTES = 512 * 1024
@@ -351,13 +355,13 @@ def state_payload(
 ) -> bytes:  # fmt: skip
     """The message with ``key``'s state for its move (on its origin's ``.keys.<origin>``); a
     large state comes in ``parts`` (the sequences of its :func:`state_parts` messages on
-    the subject addressed to ``to``, in order, ``size`` bytes in all, ``raw`` bytes of JSON
-    uncompressed)
-    instead. ``copy``, ``base``, ``keep`` and ``after``: see :class:`KeyState`."""
+    the subject addressed to ``to`` by ``element``, in order, ``size`` bytes in all, ``raw``
+    bytes of JSON uncompressed) instead. ``copy``, ``base``, ``keep`` and ``after``: see
+    :class:`KeyState`."""
     body: dict[str, Any] = {"type": "key-state", "move": move, "element": element, "key": key,
                             "to": to, "state": state}  # fmt: skip
     if parts is not None:
-        body.update(parts=parts, size=size, raw=raw, addressed=True)
+        body.update(parts=parts, size=size, raw=raw, addressed=True, scoped=True)
     if copy:
         body["copy"] = True
     if base is not None:

@@ -5,7 +5,7 @@ with two subjects: ``fs.<pipeline>.<pe>.data`` for its output events and
 ``fs.<pipeline>.<pe>.dead`` for its dead letters (plus ``.fence`` for fence markers,
 ``.cut`` for the batch cuts of a PE with several inputs, ``.keys`` for the orchestrator's
 key moves of partitioned PEs reading it, ``.keys.<partition>`` for the key states each
-partition hands over and ``.state.<partition>`` for their large states' parts).
+partition hands over and ``.state.<element>.<partition>`` for their large states' parts).
 One stream per PE makes the PE the single writer of its stream, which is what lets the
 writer check the last stored message to make re-executed batches idempotent (see
 ``broker.datasource``).
@@ -101,20 +101,31 @@ def key_state_origin(pipeline: str, pe: str, subject: str, element: str) -> int 
     return int(origin)
 
 
-def state_subject(pipeline: str, pe: str, to: int | None = None) -> str:
-    """The subject, in ``pe``'s stream, of the parts of large key states addressed to
-    partition ``to`` (see :mod:`fogshift.broker.keys`): apart from ``.keys``, which every
-    partition reading ``pe`` reads whole, so that only the partition a state is for reads
-    its bytes (over a fog node's link, a partition reading every state that passes was the
-    cost of a key move), and it can fetch them as they are stored, ahead of the batch that
-    reads their record. ``None``: ``.state``, where an older fogshift stored every part."""
+def state_subject(pipeline: str, pe: str, to: int | None = None, element: str | None = None) -> str:
+    """The subject, in ``pe``'s stream, of the parts of large key states that the
+    partitioned element ``element`` hands to its partition ``to`` (see
+    :mod:`fogshift.broker.keys`): apart from ``.keys``, which every partition reading ``pe``
+    reads whole, so that only the partition a state is for reads its bytes (over a fog
+    node's link, a partition reading every state that passes was the cost of a key move),
+    and it can fetch them as they are stored, ahead of the batch that reads their record.
+
+    By element, as :func:`key_state_subject` is: two partitioned elements reading ``pe``
+    each have a partition 0, and a node hosting one of them may publish parts for its own
+    element's partitions only, so that it cannot fill another's read-ahead.
+
+    Older fogshifts' subjects: ``element`` ``None``, ``.state.<to>`` (every element's parts
+    for partition ``to``, until 2026-12-02); ``to`` ``None`` too, ``.state`` (every part)."""
     subject = f"fs.{pipeline}.{pe}.state"
-    return subject if to is None else f"{subject}.{to}"
+    if to is None:
+        return subject
+    return f"{subject}.{to}" if element is None else f"{subject}.{element}.{to}"
 
 
-def state_subjects(pipeline: str, pe: str) -> str:
-    """The wildcard of every partition's :func:`state_subject`."""
-    return f"{state_subject(pipeline, pe)}.*"
+def state_subjects(pipeline: str, pe: str, element: str | None = None) -> str:
+    """The wildcard of :func:`state_subject` for every partition of ``element`` (``None``:
+    the older ``.state.<to>`` of every partition, a stream's subject still)."""
+    subject = state_subject(pipeline, pe)
+    return f"{subject}.*" if element is None else f"{subject}.{element}.*"
 
 
 def stream_subjects(pipeline: str, pe: str) -> list[str]:
@@ -128,4 +139,5 @@ def stream_subjects(pipeline: str, pe: str) -> list[str]:
         key_state_subjects(pipeline, pe),
         state_subject(pipeline, pe),
         state_subjects(pipeline, pe),
+        state_subjects(pipeline, pe, "*"),
     ]

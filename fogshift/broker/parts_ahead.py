@@ -1,7 +1,7 @@
 """The parts of large key states addressed to a partition, fetched as the broker stores them.
 
 A key state larger than :data:`~fogshift.broker.keys.INLINE_STATE_BYTES` travels in parts on
-its target's subject (``.state.<to>``, :func:`~fogshift.broker.naming.state_subject`), and
+its target's subject (``.state.<element>.<to>``, :func:`~fogshift.broker.naming.state_subject`), and
 then a record on its origin's ``.keys.<origin>`` names them. Read only once the batch that
 holds the record runs, the parts cross the target's link after they crossed the origin's:
 behind two 10 Mbit/s links, a precopy of six 1 MiB states took ~7 s, twice the time one
@@ -55,7 +55,7 @@ class PartsAhead:
     Args:
         client: The planner's broker client.
         stream: The input's stream.
-        subject: The partition's ``.state.<to>`` subject.
+        subject: The partition's ``.state.<element>.<to>`` subject.
         after: The position the query starts from.
     """
 

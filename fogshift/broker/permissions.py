@@ -10,9 +10,11 @@ and asking it to reload (SIGHUP); the admin user (the orchestrator's) keeps ever
 A node hosting PE ``e`` of pipeline ``p`` with inputs ``i…`` may:
 
 * publish ``fs.p.e.data``, ``fs.p.e.dead`` and ``fs.p.e.cut`` (never ``.fence``: fencing is
-  the orchestrator's), and, for partition ``k`` of a keyed PE, ``fs.p.i.keys.k`` and
-  ``fs.p.i.state.*`` of its input (the states of the keys it hands over, and their parts;
-  never ``fs.p.i.keys``, the orchestrator's key moves, nor another partition's states);
+  the orchestrator's), and, for partition ``k`` of a keyed element ``x`` (``e`` is
+  ``x-pk``), ``fs.p.i.keys.e`` and ``fs.p.i.state.x.*`` of its input (the states of the
+  keys it hands over, and their parts for its element's partitions; never ``fs.p.i.keys``,
+  the orchestrator's key moves, nor another partition's states, nor parts for another
+  element's partitions, whose read-ahead they would fill);
 * read the tail of its own stream (``STREAM.INFO``, ``STREAM.MSG.GET``);
 * read its inputs' streams with batched direct gets (``STREAM.INFO``, ``DIRECT.GET``),
   never through consumers: a consumer's creator names the subject the broker delivers it on,
@@ -62,6 +64,7 @@ from fogshift.broker.naming import (
 )
 from fogshift.common.files import write_private
 from fogshift.common.processes import started_at
+from fogshift.spec.models import partitioned
 
 API = "$JS.API"
 #: The account of the streams, JetStream and the admin user.
@@ -81,8 +84,9 @@ class Hosted:
     element: str
     inputs: tuple[str, ...] = ()
     #: A partition whose keys can move, its index: it appends its moving keys' states to its
-    #: first input's ``.keys.<its id>`` subject, a large one's parts to its ``.state.<target>``
-    #: subjects (see ``broker.keys``); ``None``: not one.
+    #: first input's ``.keys.<its id>`` subject, a large one's parts to its
+    #: ``.state.<element>.<target>`` subjects (see ``broker.keys``); ``None``: not one.
+    #: :attr:`element` is then the partition's id (``<element>-p<index>``).
     moves_keys: int | None = None
     #: Standing by for the PE (a warm standby): it reads what the PE reads and its stream,
     #: and writes nothing there until it is promoted (the promotion, journaled, gives the
@@ -136,7 +140,7 @@ def _node_rights(node: str, hosted: Iterable[Hosted]) -> tuple[set[str], set[str
                 # (Key states travel on the first input only, see broker.keys.)
                 publish |= {
                     key_state_subject(pe.pipeline, name, pe.element),
-                    state_subjects(pe.pipeline, name),
+                    state_subjects(pe.pipeline, name, partitioned(pe.element, pe.moves_keys)),
                 }
             # No consumers: whoever may create one chooses its deliver subject, and the
             # broker would copy the input into any stream's subjects for it (another

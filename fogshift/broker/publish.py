@@ -228,8 +228,8 @@ async def read_tail(js: JetStreamContext, stream: str) -> StreamTail:
             seq -= 1
             continue
         # Only a writer's subject holds a writer's message: a partition's node may publish
-        # on its input's `.keys.<id>` and `.state.*`, and one message there with a writer's
-        # headers (a position far ahead, an epoch far ahead) silenced or fenced the input's
+        # on its input's `.keys.<id>` and `.state.<element>.*`, and one message there with a
+        # writer's headers (a position far ahead, an epoch far ahead) silenced or fenced the input's
         # writer for good.
         writers = msg.subject is not None and msg.subject.endswith(MARKED_SUBJECTS)
         found = _fogshift_headers(msg.headers) if writers else None

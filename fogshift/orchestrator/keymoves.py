@@ -356,7 +356,8 @@ class KeyMoves(Standbys):
 
     def _key_subjects(self, pipeline: str, source: str) -> None:
         """Make sure the stream of ``source`` (the partitions' input) has the subjects key
-        moves write on: one made by an older fogshift lacks ``.state.*`` or ``.keys.*``."""
+        moves write on: one made by an older fogshift lacks ``.state.*``, ``.state.*.*`` or
+        ``.keys.*``."""
         self.broker.run(partial(ensure_subjects, pipeline=pipeline, pe=source), timeout=30)
 
     def _move_keys(
@@ -467,7 +468,7 @@ class KeyMoves(Standbys):
         most_keys, most_bytes = FIRST_WAVE_KEYS, FIRST_WAVE_BYTES
         index = to.partition.index
         pending: list[tuple[KeyWave, str, float]] = []  # appended, states not all seen
-        parts = stream_name(pipeline, source), state_subject(pipeline, source, index)
+        parts = stream_name(pipeline, source), state_subject(pipeline, source, index, element_id)
 
         def append_wave() -> None:
             nonlocal asked, most_keys, most_bytes, step
@@ -694,7 +695,7 @@ class KeyMoves(Standbys):
         done: list[str] = []
         sent, step, largest, asked = 0, 1, 1, 0
         pending: list[tuple[list[str], int]] = []  # requests appended, copies not all seen
-        parts = stream_name(pipeline, source), state_subject(pipeline, source, to)
+        parts = stream_name(pipeline, source), state_subject(pipeline, source, to, element_id)
 
         def ask() -> None:
             nonlocal asked

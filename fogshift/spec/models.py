@@ -98,6 +98,19 @@ def partition_id(element_id: str, index: int) -> str:
     return f"{element_id}-p{index}"
 
 
+def partitioned(partition: str, index: int) -> str:
+    """The id of the partitioned element whose partition ``index`` is ``partition`` (the
+    inverse of :func:`partition_id`).
+
+    Raises:
+        ValueError: ``partition`` is not the id of a partition ``index``.
+    """
+    suffix = f"-p{index}"
+    if index < 0 or not partition.endswith(suffix) or len(partition) == len(suffix):
+        raise ValueError(f"{partition!r} is not the id of a partition {index}")
+    return partition[: -len(suffix)]
+
+
 def partition_of_key(key: str | None, count: int) -> int:
     """The partition that owns ``key`` (a keyed PE's key text) among ``count``: CRC-32 of its
     UTF-8 bytes modulo ``count``, which Spark computes alike (``pmod(crc32(key), count)``), so

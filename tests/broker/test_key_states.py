@@ -54,8 +54,8 @@ def test_each_large_states_parts_go_to_its_own_target(js_client: SyncJetStream) 
     stream = stream_name(pipeline, "src")
     for key, to in (("a", 1), ("b", 2)):
         state = states[key]
-        assert state.origin == 0 and state.to == to and state.parts and state.addressed
-        apart = state_subject(pipeline, "src", to)
+        assert state.origin == 0 and state.to == to and state.parts and state.scoped
+        apart = state_subject(pipeline, "src", to, "pe")  # its element's partition's
         parts: Any = js_client.run(lambda j, s=apart: get_range(j, stream, s, 0, 1000))
         bodies = {m.seq: m.data for m in parts}
         assert set(state.parts) <= set(bodies), (key, state.parts, sorted(bodies))
@@ -79,7 +79,7 @@ def test_a_state_whose_message_id_another_partition_took_is_still_stored(
     big = {"ballast": base64.b64encode(os.urandom(6_000)).decode()}
     for subject, msg_id in (
         (key_state_subject(pipeline, "src", "pe-p2"), "pe:m1:small"),  # the record's id
-        (state_subject(pipeline, "src", 1), "pe:m1:large:0"),  # its first part's
+        (state_subject(pipeline, "src", 1, "pe"), "pe:m1:large:0"),  # its first part's
     ):
         taken = {"Nats-Msg-Id": msg_id}
         js_client.run(lambda j, s=subject, h=taken: j.publish(s, b"x", stream=stream, headers=h))
@@ -88,7 +88,7 @@ def test_a_state_whose_message_id_another_partition_took_is_still_stored(
     states = {s.key: s for s in stored(js_client, pipeline) if s.origin == 0}
     assert states["small"].state == {"count": "3"}
     parts: Any = js_client.run(
-        lambda j: get_range(j, stream, state_subject(pipeline, "src", 1), 0, 1000)
+        lambda j: get_range(j, stream, state_subject(pipeline, "src", 1, "pe"), 0, 1000)
     )
     bodies = {m.seq: m.data for m in parts}
     assert joined_state([bodies[p] for p in states["large"].parts], states["large"].raw) == big

@@ -63,16 +63,17 @@ class Input:
                 "body": json.dumps({"patient": key})}  # fmt: skip
         return self.publish(data_subject(self.pipeline, "src"), json.dumps(body).encode())
 
-    def state(self, key: str, to: int, state: dict[str, str]) -> list[int]:
-        """A large state of ``key`` for partition ``to``, as an origin sends it: its parts on
-        ``to``'s subject, then its record; the parts' sequences."""
+    def state(self, key: str, to: int, state: dict[str, str], element: str = "pe") -> list[int]:
+        """A large state of ``key`` for partition ``to`` of ``element``, as an origin sends
+        it: its parts on ``to``'s subject, then its record; the parts' sequences."""
         packed = state_parts(state)
         assert packed is not None and len(packed[0]) >= 2  # large enough for two parts
         bodies, raw = packed
-        parts = [self.publish(state_subject(self.pipeline, "src", to), b) for b in bodies]
+        subject = state_subject(self.pipeline, "src", to, element)
+        parts = [self.publish(subject, b) for b in bodies]
         self.publish(
-            key_state_subject(self.pipeline, "src", f"pe-p{1 - to}"),
-            state_payload("m1", "pe", key, to, None, parts, size=sum(map(len, bodies)), raw=raw),
+            key_state_subject(self.pipeline, "src", f"{element}-p{1 - to}"),
+            state_payload("m1", element, key, to, None, parts, size=sum(map(len, bodies)), raw=raw),
         )
         return parts
 
@@ -88,15 +89,18 @@ def test_parts_addressed_to_a_partition_are_read_as_stored_and_only_those(
     src = Input(js_client)
     src.event("a")
     theirs = src.state("b", 0, big_state(0))  # another partition's: never read here
-    ahead = PartsAhead(js_client, src.stream, state_subject(src.pipeline, "src", 1), 0)
+    # Another partitioned element's partition 1's (reading the same input): nor those.
+    others = src.state("d", 1, big_state(3), element="other")
+    ahead = PartsAhead(js_client, src.stream, state_subject(src.pipeline, "src", 1, "pe"), 0)
     try:
         mine = src.state("a", 1, big_state(1))
         # What a precopy watches to know the origin is sending (keymoves._await_sending).
-        counted = [state_subject(src.pipeline, "src", to) for to in (0, 1)]
+        counted = [state_subject(src.pipeline, "src", to, e)
+                   for to, e in ((0, "pe"), (1, "other"), (1, "pe"))]  # fmt: skip
         assert [js_client.run(partial(subject_count, stream=src.stream, subject=subject))
-                for subject in counted] == [len(theirs), len(mine)]  # fmt: skip
+                for subject in counted] == [len(theirs), len(others), len(mine)]  # fmt: skip
         wait_until(lambda: ahead.held() == mine, 30, describe="partition 1's parts held")
-        assert ahead.take([*theirs, *mine]).keys() == set(mine)
+        assert ahead.take([*theirs, *others, *mine]).keys() == set(mine)
         assert ahead.held() == [] and ahead.take(mine) == {}  # handed over once
         later = src.state("c", 1, big_state(2))  # it goes on reading
         wait_until(lambda: ahead.held() == later, 30, describe="the later parts held")
@@ -115,7 +119,7 @@ def test_a_batch_waits_for_parts_being_read_instead_of_reading_them_again(
     src = Input(js_client)
     mine = src.state("a", 1, big_state(1))
     # Asked at once, before a read could have brought them: the take waits for the reads.
-    ahead = PartsAhead(js_client, src.stream, state_subject(src.pipeline, "src", 1), 0)
+    ahead = PartsAhead(js_client, src.stream, state_subject(src.pipeline, "src", 1, "pe"), 0)
     try:
         assert ahead.take(mine).keys() == set(mine)
     finally:
@@ -171,13 +175,46 @@ def test_a_batch_with_parts_fetched_ahead_reads_what_one_reading_them_itself_rea
         reader.stop()
 
 
+def test_a_state_an_older_fogshift_sent_is_read_where_it_put_the_parts(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    # Until 2026-12-02 a state's parts went on `.state.<to>` (every element's partition
+    # `to`), its record saying "addressed" only. An input holding one (a restore, or a
+    # partition catching up, reads it again) still gives the key its whole state: the
+    # batch reads the parts there itself, and the planner waits for none.
+    src = Input(js_client)
+    src.event("a")
+    reader, start = partition_one(src, nats_server, tmp_path)
+    try:
+        state = big_state(8)
+        key = next(k for k in "bcdefgh" if partition_of_key(k, 2) == 0)
+        src.publish(keys_subject(src.pipeline, "src"), KeyMove(0, "m1", "pe", (key,), 1).payload())
+        packed = state_parts(state)
+        assert packed is not None
+        bodies, raw = packed
+        parts = [src.publish(state_subject(src.pipeline, "src", 1), b) for b in bodies]
+        sent = json.loads(state_payload("m1", "pe", key, 1, None, parts,
+                                        size=sum(map(len, bodies)), raw=raw))  # fmt: skip
+        assert sent.pop("scoped") is True and sent["addressed"] is True
+        src.publish(key_state_subject(src.pipeline, "src", "pe-p0"), json.dumps(sent).encode())
+        src.event(key)
+        end = reader.latestOffset(start, ReadMaxRows(10_000))
+        (planned,) = reader.partitions(start, end)
+        assert isinstance(planned, JetStreamPartition) and planned.keys and planned.parts == {}
+        rows = [row for batch in reader.read(planned) for row in batch.to_pylist()]
+        (arrived,) = [row for row in rows if row["creator"] == KEY_STATE]
+        assert json.loads(arrived["body"])[CONTROL_FIELD]["state"] == state
+    finally:
+        reader.stop()
+
+
 def test_a_move_request_wakes_the_reads_of_an_idle_partition(
     js_client: SyncJetStream, nats_server: BrokerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Idle, it reads seldom (here: never again within the test); a wake reads at once.
     monkeypatch.setattr("fogshift.broker.parts_ahead.PARTS_IDLE_POLL_S", 600.0)
     src = Input(js_client)
-    ahead = PartsAhead(js_client, src.stream, state_subject(src.pipeline, "src", 1), 0)
+    ahead = PartsAhead(js_client, src.stream, state_subject(src.pipeline, "src", 1, "pe"), 0)
     try:
         wait_until(lambda: ahead.reads >= 1, 30, describe="the first read")
         mine = src.state("a", 1, big_state(1))
@@ -201,7 +238,7 @@ def test_a_precopy_sees_the_origin_send_a_requests_copies_by_their_parts(
     owners = Ownership(1)  # (the registry's part: partition 0 owns "a" and sends its copy)
     owners.request(KeyCopy(0, "c1", "pe", ("a",), 1))
     moves._ownership = lambda *args: owners
-    parts = (src.stream, state_subject(src.pipeline, "src", 1))
+    parts = (src.stream, state_subject(src.pipeline, "src", 1, "pe"))
     at = src.publish(keys_subject(src.pipeline, "src"),
                      KeyCopy(0, "c1", "pe", ("a",), 1).payload())  # fmt: skip
     src.state("z", 1, big_state(1))  # another request's parts, counted before

@@ -141,10 +141,14 @@ def test_a_partition_hands_over_key_states_on_its_own_subject_only(
         return run(address, lambda js: js.publish(subject, body, stream="FS_k_src"))
 
     assert until(lambda: allowed(publish(n1, key_state_subject("k", "src", "agg-p1"), state)))
-    assert allowed(publish(n1, state_subject("k", "src", 0), b"part"))
+    assert allowed(publish(n1, state_subject("k", "src", 0, "agg"), b"part"))
     move = KeyMove(0, "m2", "agg", ("s1",), 1).payload()
     for subject, body in ((keys_subject("k", "src"), move), (keys_subject("k", "src"), state),
-                          (key_state_subject("k", "src", "agg-p0"), state)):  # fmt: skip
+                          (key_state_subject("k", "src", "agg-p0"), state),
+                          # another element's partitions' parts, and the older subjects
+                          (state_subject("k", "src", 0, "other"), b"part"),
+                          (state_subject("k", "src", 0), b"part"),
+                          (state_subject("k", "src"), b"part")):  # fmt: skip
         assert not allowed(publish(n1, subject, body)), subject
     assert allowed(publish(admin, keys_subject("k", "src"), move))  # the orchestrator's
 

@@ -231,7 +231,7 @@ def test_a_tail_behind_key_records_is_found_without_stepping_over_them(
     js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2, 3], {2}), epoch=4))
     for _ in range(6):
         foreign(js_client, pe, keys_subject("t", pe))
-        foreign(js_client, pe, state_subject("t", pe))
+        foreign(js_client, pe, state_subject("t", pe, 0, "data"))  # (an element "data")
     tail = js_client.run(lambda js: publish.read_tail(js, stream))
     assert (tail.last_seq, tail.mark_seq, tail.position, tail.epoch) == (15, 3, (3, 0), 4)
     # The writer goes on after them: a re-executed record skipped, the next one stored.
@@ -460,22 +460,25 @@ def test_streams_made_without_atomic_batches_or_direct_gets_are_still_written_an
 def test_a_stream_made_before_the_state_subject_gets_it_and_keeps_its_messages(
     js_client: SyncJetStream,
 ) -> None:
-    # A stream an older fogshift made has no `.state` subject, where key moves now put a
-    # large state's parts: made sure of, it has every subject and still its messages.
+    # A stream an older fogshift made has no `.state` subject, nor `.state.*.*`, where key
+    # moves now put a large state's parts: made sure of, it has every subject and still its
+    # messages.
     from nats.js.api import StreamConfig
 
-    from fogshift.broker.naming import state_subject, stream_subjects
+    from fogshift.broker.naming import state_subject, state_subjects, stream_subjects
 
     pe = f"pe{next(_names)}"
     stream = stream_name("t", pe)
-    older = [s for s in stream_subjects("t", pe) if s != state_subject("t", pe)]
+    newer = (state_subject("t", pe), state_subjects("t", pe, "*"))
+    older = [s for s in stream_subjects("t", pe) if s not in newer]
     js_client.run(lambda js: js.add_stream(StreamConfig(name=stream, subjects=older)))
     assert js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2]))) == 2
     js_client.run(lambda js: ensure_pe_stream(js, "t", pe))
     info = js_client.run(lambda js: js.stream_info(stream))
     assert sorted(info.config.subjects or []) == sorted(stream_subjects("t", pe))
-    ack = js_client.run(lambda js: js.publish(state_subject("t", pe), b"part", stream=stream))
-    assert ack.seq == 3 and js_client.run(lambda js: last_seq(js, stream)) == 3
+    for seq, subject in enumerate((state_subject("t", pe), state_subject("t", pe, 0, "agg")), 3):
+        ack = js_client.run(lambda js, s=subject: js.publish(s, b"part", stream=stream))
+        assert ack.seq == seq and js_client.run(lambda js: last_seq(js, stream)) == seq
 
 
 def test_get_range_skips_other_subjects_and_honours_bounds(js_client: SyncJetStream) -> None:

@@ -711,12 +711,13 @@ class Partitions:
         self.js.run(lambda j: j.publish(subject, payload, stream=stream, headers=headers))
 
     def part_seqs(self, to: int | None) -> list[int]:
-        """The sequences of the input's ``.state.<to>`` subject: the parts of large states
-        for partition ``to`` (``None``: ``.state``, which only older fogshifts wrote)."""
+        """The sequences of the input's ``.state.pe.<to>`` subject: the parts of large
+        states for partition ``to`` (``None``: ``.state``, which only older fogshifts wrote)."""
         stream = stream_name(self.pipeline, "src")
         end = self.js.run(lambda j: last_seq(j, stream))
+        on = None if to is None else "pe"
         found = self.js.run(
-            lambda j: get_range(j, stream, state_subject(self.pipeline, "src", to), 0, end)
+            lambda j: get_range(j, stream, state_subject(self.pipeline, "src", to, on), 0, end)
         )
         return [m.seq for m in found]
 

@@ -9,7 +9,7 @@ import pytest
 
 from fogshift.spec import InvalidSpec, parse_spec
 from fogshift.spec.loader import check_fresh
-from fogshift.spec.models import PipelineSpec, partition_of_key
+from fogshift.spec.models import PipelineSpec, partition_id, partition_of_key, partitioned
 
 
 def data(**aggregate: Any) -> dict[str, Any]:
@@ -190,3 +190,18 @@ def test_partitions_that_are_no_list_of_nodes_are_refused_for_what_they_are(
         parse_spec(data(partitions=partitions))
     text = refused.value.render()
     assert "partitions" in text and ".node" not in text and "'-'" not in text, text
+
+
+def test_a_partitions_id_gives_back_its_element_and_only_for_its_index() -> None:
+    # (The broker's rights of a partition's node name its element's subjects.)
+    for element in ("agg", "a-p1", "x-p"):
+        assert partitioned(partition_id(element, 12), 12) == element
+    for partition, index in (
+        ("agg-p1", 2),
+        ("agg-p12", 2),
+        ("-p0", 0),
+        ("agg", 0),
+        ("agg-p-1", -1),
+    ):
+        with pytest.raises(ValueError, match="not the id of a partition"):
+            partitioned(partition, index)
