@@ -26,7 +26,6 @@ agent knows such a failure by that type and restarts it only a bounded number of
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import sys
 import uuid
@@ -68,6 +67,7 @@ from fogshift.runtime.crashes import watch_for
 from fogshift.runtime.exceptions import ElementError
 from fogshift.runtime.gate import start_run
 from fogshift.runtime.instances import InstanceKey, call_hook, registry
+from fogshift.runtime.key_parts import IMMUTABLE_STATE, KeyParts, state_digest
 from fogshift.runtime.kinds import processor_for
 from fogshift.spec.kinds import WindowAggregateOptions
 from fogshift.spec.models import ElementSpec, WindowAggregateElement, runs_on_jvm
@@ -97,13 +97,6 @@ CONTROL_CREATORS = (KEY_MOVE_OUT, KEY_MOVE_IN, KEY_STATE, KEY_COPY_OUT, KEY_COPY
 #: An event held for a key moving in until its state comes (one element of the
 #: ``held_events`` ListState, :func:`_stateful_processor`): its input row as is.
 HELD_EVENT_SCHEMA = "origin long, seq long, at double, creator string, body string"
-#: State values whose encoding can be reused while they are the same object.
-IMMUTABLE_STATE = (str, int, float, bool, type(None))
-
-
-def state_digest(text: str) -> str:
-    """A short digest of a state text: equal digests stand for equal texts."""
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -350,7 +343,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
 
     With ``key_by`` the grouping key is the event's key, and one processor instance serves
     every key of the query: built and assigned once, then given each key's stored state
-    with ``restore()`` before that key's events (see :mod:`fogshift.runtime.api`).
+    with ``restore()`` before that key's events (see :mod:`fogshift.runtime.api`). Its
+    large parts, unchanged, cost a batch nothing either: the worker keeps them, checked
+    against digests stored beside them (``part_marks``, :mod:`fogshift.runtime.key_parts`).
 
     With ``movable`` (a partition whose keys can move, :mod:`fogshift.broker.keys`), a key's
     rows may also be its move out (its stored state becomes a ``key-state`` record and is
@@ -391,6 +386,8 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             self.shadow = handle.getValueState("shadow", "json string") if movable else None
             unkeyed = key_by is None
             self.marks = handle.getValueState("marks", "json string") if unkeyed else None
+            # A keyed PE's: the digests of each key's large parts (runtime.key_parts).
+            self.part_marks = None if unkeyed else handle.getValueState("part_marks", "json string")
 
         def _stored(self) -> dict[str, str]:
             """The current grouping key's stored state texts, by part (one call to the
@@ -398,11 +395,15 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             got = {n: v.get() for n, v in self.values.items()}
             return {n: value[0] for n, value in got.items() if value is not None}
 
-        def _decoded(self, stored: dict[str, str]) -> Any:
-            """The resume state of stored texts (``None``: nothing stored, fresh)."""
+        def _decoded(self, stored: dict[str, str], parts: KeyParts | None = None) -> Any:
+            """The resume state of stored texts (``None``: nothing stored, fresh); with a
+            keyed PE's ``parts``, their kept values where they may be used."""
             if not stored:
                 return None
-            decoded = {n: json.loads(text) for n, text in stored.items()}
+            decoded = (
+                parts.decoded(stored) if parts is not None
+                else {n: json.loads(text) for n, text in stored.items()}
+            )  # fmt: skip
             return decoded if self.parts is not None else decoded[opaque_part]
 
         def _texts(
@@ -540,6 +541,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 shared.key_by = key_by
                 shared = _assign(pipeline, pe, shared)
 
+            parts = KeyParts(self.values, self.part_marks, (pipeline, pe, run), value,
+                             f"PE {pe!r} of pipeline {pipeline!r}")  # fmt: skip
+
             def build(resume: Any) -> Processor:
                 shared.key = value
                 try:
@@ -553,8 +557,18 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 return shared
 
             def process(rows: Any, before: dict[str, str]) -> tuple[list[Any], dict[str, str]]:
+                # (A large part kept in the worker, unchanged, is neither decoded nor
+                # encoded: the very value restored comes back from snapshot().)
+                encoded: dict[str, tuple[Any, str]] = {}
+
+                def finish(processor: Processor) -> dict[str, str]:
+                    encoded.clear()
+                    encoded.update(parts.encoded())
+                    return self._texts(processor, encoded)
+
                 got, fresh = run_batch(
-                    build, lambda: self._decoded(before), rows, finish=self._texts, pe=pe,
+                    build, lambda: self._decoded(before, parts),
+                    rows, finish=finish, pe=pe,
                     pipeline=pipeline, max_record_bytes=limit, event_timeout_s=event_timeout_s,
                     watch=watch_for(gate),
                 )  # fmt: skip
@@ -563,7 +577,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     # state at all (storing the fresh one let bad events of random keys
                     # grow the store, and list keys that never had an event processed).
                     return got, before
-                self._store(before, fresh)
+                parts.store(before, fresh, encoded)
                 return got, fresh
 
             def refusal(state: dict[str, str]) -> str | None:
@@ -578,9 +592,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             try:
                 if self.held is None:
                     # (none left: the key's state is neither read nor made)
-                    out = process(tuples, self._stored())[0] if tuples else []
+                    out = process(tuples, parts.read())[0] if tuples else []
                 else:
-                    out = self._moving(value, list(tuples), process, refusal)
+                    out = self._moving(value, list(tuples), process, refusal, parts)
             except BaseException:
                 _drop([shared], None, instance)
                 raise
@@ -594,7 +608,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             if out:
                 yield pd.DataFrame(out, columns=RECORD_COLUMNS)
 
-        def _moving(self, key: str, rows: list[Any], process: Any, refusal: Any) -> list[Any]:
+        def _moving(
+            self, key: str, rows: list[Any], process: Any, refusal: Any, parts: KeyParts
+        ) -> list[Any]:
             """One key's rows of a partition whose keys move: events, and its moves.
 
             The key's stored state is read only once something needs it: a key moving in,
@@ -622,7 +638,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             def current() -> dict[str, str]:
                 nonlocal stored
                 if stored is None:
-                    stored = self._stored()
+                    stored = parts.read()
                 return stored
 
             def flush() -> None:
@@ -648,7 +664,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     # the move sends only what changed since. The key stays here.
                     record = {"key": key, **detail, "state": current()}
                     out.append((int(row[0]), 0, 0, 0.0, KEY_STATE, json.dumps(record), None))
-                    marks = {n: state_digest(t) for n, t in current().items()}
+                    marks = {n: parts.digest(n, t) for n, t in current().items()}
                     self._copied().update((json.dumps({"copy": detail["move"], "marks": marks}),))
                 elif creator == KEY_COPY_IN:
                     # Kept aside: the key is not this partition's until its move.
@@ -669,14 +685,13 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     if copy is not None and copy["copy"] == base:
                         # Precopied: the parts as the copy had them are named, not sent.
                         keep = sorted(n for n, t in now.items()
-                                      if copy["marks"].get(n) == state_digest(t))  # fmt: skip
+                                      if copy["marks"].get(n) == parts.digest(n, t))  # fmt: skip
                         changed = {n: t for n, t in now.items() if n not in keep}
                         record.update(state=changed, base=base, keep=keep)
                     if sent is not None:
                         self._copied().clear()
                     out.append((int(row[0]), 0, 0, 0.0, KEY_STATE, json.dumps(record), None))
-                    for part in self.values.values():
-                        part.clear()
+                    parts.clear()
                     stored = {}
                 elif creator == KEY_MOVE_IN:
                     held, inline, fresh, dropped = {"move": detail["move"]}, [], [], True
@@ -694,8 +709,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                         body = json.dumps({key_by: key, CONTROL_FIELD: whole})
                         out.append(dead_letter((*row[:4], body), pe, reason, limit))
                         state = {}
-                    for name, text in state.items():
-                        self.values[name].update((text,))
+                    parts.install(state)
                     stored = state
                     before = [] if dropped else [tuple(e) for e in self.held_events.get()]
                     events = [*(tuple(e) for e in inline), *before, *fresh]

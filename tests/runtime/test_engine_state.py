@@ -27,8 +27,11 @@ from fogshift.broker.keys import (
     KEY_MOVE_OUT,
     KEY_STATE,
 )
+from fogshift.exceptions import InvariantViolation
+from fogshift.runtime import key_parts
 from fogshift.runtime.engine import _stateful_processor, state_digest
 from fogshift.runtime.instances import registry
+from fogshift.runtime.key_parts import LARGE_PART_BYTES
 
 HERE = Path(__file__).resolve().parent
 BALLAST = 200_000
@@ -428,3 +431,151 @@ def test_held_events_around_a_state_in_one_batch_keep_the_input_order(
     assert batch(
         (16, KEY_STATE, control({"move": "m6", "state": {"count": "0", "total": "0.0"}}))
     ) == [(16, 5.0)]
+
+
+def ballasted_options(tmp_path: Path) -> dict[str, Any]:
+    return {"class": "lifecycle_procs:Ballasted", "path": str(HERE),
+            "options": {"log": str(tmp_path / "hooks.log"), "ballast_bytes": BALLAST}}  # fmt: skip
+
+
+def assert_part_marks_match(store: Store) -> None:
+    """A keyed PE's stored digests are those of its large parts, and of no other."""
+    texts = store.texts()
+    marks = json.loads(texts.pop("part_marks", None) or "{}")
+    large = {n[2:]: t for n, t in texts.items() if n.startswith("f_") and t is not None}
+    assert marks == {n: state_digest(t) for n, t in large.items() if len(t) >= LARGE_PART_BYTES}
+
+
+def keyed_events(store: Store, options: dict[str, Any], run: str, *values: Any) -> list[Any]:
+    """One batch of events of key ``a`` (``{"k": "a", **value}`` each) of a keyed PE whose
+    keys do not move (``custom`` processor ``options``, instances kept per ``run``)."""
+    processor = _stateful_processor(
+        "custom", options, "p", "twin", 1 << 20, run=run, gate="", key_by="k"
+    )
+    processor.init(store)
+    store.calls.clear()
+    frame = pd.DataFrame(
+        [(n, n, 1000.0 + n, "src", json.dumps({"k": "a", **v}))
+         for n, v in enumerate(values, start=1)],
+        columns=["origin", "seq", "timestamp", "creator", "body"],
+    )  # fmt: skip
+    out = notes_checked(list(processor.handleInputRows(("k:a",), iter([frame]), None)), store, "a")
+    return [json.loads(b) for f in out for b in f["body"]]
+
+
+def test_a_keys_big_field_a_batch_leaves_alone_is_neither_read_nor_encoded_nor_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As an unkeyed PE's (above): a key's large part that a batch does not change is taken
+    from what the worker kept, by its stored digest (1 MiB cost ~14 ms a key and batch)."""
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    encoded = encodings_of_big_texts(monkeypatch)
+    options, run, store = ballasted_options(tmp_path), f"run{next(_runs)}", Store()
+    assert keyed_events(store, options, run, {"value": 1.0}) == [{"count": 1, "total": 1.0}]
+    assert ("update", "f_ballast") in store.calls and encoded == [BALLAST]
+    assert_part_marks_match(store)
+    assert json.loads(store.texts()["part_marks"] or "{}").keys() == {"ballast"}
+    for n in range(2, 5):
+        got = keyed_events(store, options, run, {"value": float(n)})
+        assert got == [{"count": n, "total": n * (n + 1) / 2}]
+        assert ("get", "f_ballast") not in store.calls
+        assert ("update", "f_ballast") not in store.calls
+        assert ("update", "f_count") in store.calls and ("get", "f_count") in store.calls
+        assert ("update", "part_marks") not in store.calls  # (the small parts have none)
+        assert_part_marks_match(store)
+    assert encoded == [BALLAST]  # neither decoded nor encoded again
+    got = keyed_events(store, options, run, {"value": 5.0, "grow": True})
+    assert got == [{"count": 5, "total": 15.0}]
+    assert ("update", "f_ballast") in store.calls and ("update", "part_marks") in store.calls
+    assert encoded == [BALLAST, BALLAST + 1]
+    assert_part_marks_match(store)
+    assert keyed_events(store, options, run, {"value": 6.0}) == [{"count": 6, "total": 21.0}]
+    assert ("get", "f_ballast") not in store.calls and encoded == [BALLAST, BALLAST + 1]
+
+
+def test_a_kept_key_part_is_not_trusted_when_the_stored_one_is_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options, run, store = ballasted_options(tmp_path), f"run{next(_runs)}", Store()
+    keyed_events(store, options, run, {"value": 1.0})
+    before = copy.deepcopy({n: v.value for n, v in store.values.items()})
+    keyed_events(store, options, run, {"value": 2.0, "grow": True})
+    # The store goes back to before that batch (its commit failed: Spark runs it again),
+    # while the worker keeps the grown text it wrote.
+    for name, value in before.items():
+        store.values[name].value = value
+    assert keyed_events(store, options, run, {"value": 2.0}) == [{"count": 2, "total": 3.0}]
+    assert ("get", "f_ballast") in store.calls  # the digests differed: read again
+    assert store.texts()["f_ballast"] == json.dumps("b" * BALLAST)
+    assert_part_marks_match(store)
+    # Another worker changed it meanwhile (here: behind this one's back).
+    other = json.dumps("b" * BALLAST + "x")
+    store.values["f_ballast"].value = other
+    store.values["part_marks"].value = json.dumps({"ballast": state_digest(other)})
+    assert keyed_events(store, options, run, {"value": 3.0}) == [{"count": 3, "total": 6.0}]
+    assert ("get", "f_ballast") in store.calls and ("update", "f_ballast") not in store.calls
+    assert store.texts()["f_ballast"] == other
+    # A worker that kept nothing reads it, and rewrites neither it nor its digest.
+    key_parts.cache().clear()
+    assert keyed_events(store, options, run, {"value": 4.0}) == [{"count": 4, "total": 10.0}]
+    assert ("get", "f_ballast") in store.calls and ("get", "part_marks") in store.calls
+    assert not {c for c in store.calls if c[0] == "update"} & {
+        ("update", "f_ballast"),
+        ("update", "part_marks"),
+    }
+    assert_part_marks_match(store)
+
+
+def test_a_key_stored_without_digests_gets_them_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a checkpoint made before the digests holds it: parts, no `part_marks`.
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options, run, store = ballasted_options(tmp_path), f"run{next(_runs)}", Store()
+    keyed_events(store, options, run, {"value": 1.0})
+    store.values["part_marks"].value = None
+    key_parts.cache().clear()
+    assert keyed_events(store, options, run, {"value": 2.0}) == [{"count": 2, "total": 3.0}]
+    assert ("update", "part_marks") in store.calls and ("update", "f_ballast") not in store.calls
+    assert_part_marks_match(store)
+    assert keyed_events(store, options, run, {"value": 3.0}) == [{"count": 3, "total": 6.0}]
+    assert ("get", "f_ballast") not in store.calls
+
+
+def test_stored_digests_of_a_part_that_is_not_large_are_an_invariant_violation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options, run, store = ballasted_options(tmp_path), f"run{next(_runs)}", Store()
+    keyed_events(store, options, run, {"value": 1.0})
+    store.values["part_marks"].value = json.dumps({"count": state_digest("1")})
+    with pytest.raises(InvariantViolation, match="name parts \\['count'\\]"):
+        keyed_events(store, options, run, {"value": 2.0})
+
+
+def test_a_key_moving_out_and_in_keeps_its_digests_in_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options, run, store = ballasted_options(tmp_path), f"run{next(_runs)}", Store()
+
+    def control(detail: dict[str, Any]) -> dict[str, Any]:
+        return {"k": "a", CONTROL_FIELD: detail}
+
+    keyed_events(store, options, run, {"value": 1.0})
+    out = moving_key_batch(store, options, run, (2, KEY_MOVE_OUT, control({"move": "m1", "to": 0})))
+    (sent,) = [json.loads(b) for f in out for b in f["body"]]
+    assert sent["state"]["ballast"] == json.dumps("b" * BALLAST)  # the kept text, sent
+    assert ("get", "f_ballast") not in store.calls
+    assert {n: t for n, t in store.texts().items() if t is not None and n != "copied"} == {}
+    # It comes back with another state: stored with its digest, then kept.
+    state = {"count": "7", "total": "70.0", "ballast": json.dumps("c" * BALLAST)}
+    got = moving_key_batch(store, options, run, (3, KEY_MOVE_IN, control({"move": "m2", "to": 1})),
+                           (4, KEY_STATE, control({"move": "m2", "state": state})),
+                           (5, "src", {"k": "a", "value": 1.0}))  # fmt: skip
+    assert [json.loads(b) for f in got for b in f["body"]] == [{"count": 8, "total": 71.0}]
+    assert_part_marks_match(store)
+    assert keyed_events(store, options, run, {"value": 2.0}) == [{"count": 9, "total": 73.0}]
+    assert ("get", "f_ballast") not in store.calls
+    assert store.texts()["f_ballast"] == json.dumps("c" * BALLAST)
