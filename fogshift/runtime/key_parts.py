@@ -2,8 +2,8 @@
 
 A keyed PE stores each key's state as one JSON text per part (declared field) in Spark's
 state store, and a batch used to read, decode, encode and compare every part of every key
-it touches: at 1 MiB a key, ~14 ms a key and batch (``scripts/keyed_state_cost.py``: 10
-keys took a batch from 330 to 473 ms), whether the part changed or not. Unkeyed PEs had
+it touches: at 1 MiB a key, ~19 ms a key and batch (``scripts/keyed_state_cost.py``: 10
+keys took a batch from ~270 to ~467 ms), whether the part changed or not. Unkeyed PEs had
 been spared that since issue #13 (their kept instance and its digests,
 :mod:`fogshift.runtime.instances`); one instance serves every key of a keyed PE, so here the
 texts themselves are kept.
@@ -44,7 +44,8 @@ from fogshift.exceptions import InvariantViolation
 from fogshift.runtime.instances import workers_reused
 
 #: A part's text at least this long is a large part: its digest is stored, and a worker
-#: keeps it. Below it, reading the text costs about what reading its digest would.
+#: keeps it. Smaller parts are read from the store every batch, as before: keeping them
+#: would save little beside the state call that reads the digests.
 LARGE_PART_BYTES = 16 * 1024
 #: The most a worker process keeps of large parts (texts and decoded strings), all keyed
 #: PEs together.
