@@ -63,6 +63,15 @@ class Input:
                 "body": json.dumps({"patient": key})}  # fmt: skip
         return self.publish(data_subject(self.pipeline, "src"), json.dumps(body).encode())
 
+    def moving_to_one(self) -> str:
+        """A key of partition 0 (of two), moved to partition 1 here (its state comes from
+        partition 0)."""
+        key = next(k for k in "bcdefgh" if partition_of_key(k, 2) == 0)
+        self.publish(
+            keys_subject(self.pipeline, "src"), KeyMove(0, "m1", "pe", (key,), 1).payload()
+        )
+        return key
+
     def state(self, key: str, to: int, state: dict[str, str], element: str = "pe") -> list[int]:
         """A large state of ``key`` for partition ``to`` of ``element``, as an origin sends
         it: its parts on ``to``'s subject, then its record; the parts' sequences."""
@@ -153,9 +162,7 @@ def test_a_batch_with_parts_fetched_ahead_reads_what_one_reading_them_itself_rea
     reader, start = partition_one(src, nats_server, tmp_path)
     try:
         state = big_state(7)
-        # Partition 0's key moves to partition 1 here: its state comes from partition 0.
-        key = next(k for k in "bcdefgh" if partition_of_key(k, 2) == 0)
-        src.publish(keys_subject(src.pipeline, "src"), KeyMove(0, "m1", "pe", (key,), 1).payload())
+        key = src.moving_to_one()
         parts = src.state(key, 1, state)
         src.event(key)
         wait_until(lambda: reader._parts_ahead is not None and reader._parts_ahead.held() == parts,
@@ -187,8 +194,7 @@ def test_a_state_an_older_fogshift_sent_is_read_where_it_put_the_parts(
     reader, start = partition_one(src, nats_server, tmp_path)
     try:
         state = big_state(8)
-        key = next(k for k in "bcdefgh" if partition_of_key(k, 2) == 0)
-        src.publish(keys_subject(src.pipeline, "src"), KeyMove(0, "m1", "pe", (key,), 1).payload())
+        key = src.moving_to_one()
         packed = state_parts(state)
         assert packed is not None
         bodies, raw = packed
@@ -266,8 +272,7 @@ def test_the_planner_waits_for_no_part_a_forged_state_names(
     src = Input(js_client)
     reader, start = partition_one(src, nats_server, tmp_path)
     try:
-        key = next(k for k in "bcdefgh" if partition_of_key(k, 2) == 0)
-        src.publish(keys_subject(src.pipeline, "src"), KeyMove(0, "m1", "pe", (key,), 1).payload())
+        key = src.moving_to_one()
         forged = state_payload("m1", "pe", key, 1, None, [999_998, 999_999], size=10, raw=10)
         src.publish(key_state_subject(src.pipeline, "src", "pe-p1"), forged)  # not the owner's
         src.event(key)

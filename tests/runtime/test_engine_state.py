@@ -526,35 +526,28 @@ def test_a_kept_key_part_is_not_trusted_when_the_stored_one_is_another(
     assert_part_marks_match(store)
 
 
-def test_a_key_stored_without_digests_gets_them_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    "stored",
+    [
+        # As a checkpoint made before the digests holds the key: parts, no `part_marks`.
+        None,
+        # Digests of a field the PE no longer declares, of a part an older fogshift made
+        # small, and a stale one of the large part (an older fogshift changed it: a
+        # downgrade, then this fogshift again).
+        {"count": state_digest("1"), "gone": "0" * 32, "ballast": state_digest("x")},
+    ],
+    ids=["none", "stale"],
+)
+def test_stored_digests_that_are_not_the_large_parts_are_set_right_never_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stored: dict[str, str] | None
 ) -> None:
-    # As a checkpoint made before the digests holds it: parts, no `part_marks`.
-    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
-    options, run, store = ballasted_options(tmp_path), f"run{next(_runs)}", Store()
-    keyed_events(store, options, run, {"value": 1.0})
-    store.values["part_marks"].value = None
-    key_parts.cache().clear()
-    assert keyed_events(store, options, run, {"value": 2.0}) == [{"count": 2, "total": 3.0}]
-    assert ("update", "part_marks") in store.calls and ("update", "f_ballast") not in store.calls
-    assert_part_marks_match(store)
-    assert keyed_events(store, options, run, {"value": 3.0}) == [{"count": 3, "total": 6.0}]
-    assert ("get", "f_ballast") not in store.calls
-
-
-def test_stored_digests_that_are_not_the_large_parts_are_set_right_not_trusted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Digests of a field the PE no longer declares, of a part an older fogshift made small,
-    # and a stale one of the large part (an older fogshift changed it, a downgrade): a
-    # worker keeping nothing reads the parts, and stores the digests of what it read.
+    # A worker keeping nothing reads the parts, and stores the digests of what it read.
     monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
     options, run, store = ballasted_options(tmp_path), f"run{next(_runs)}", Store()
     keyed_events(store, options, run, {"value": 1.0})
     changed = json.dumps("b" * BALLAST + "older")
     store.values["f_ballast"].value = changed
-    stale = {"count": state_digest("1"), "gone": "0" * 32, "ballast": state_digest("x")}
-    store.values["part_marks"].value = json.dumps(stale)
+    store.values["part_marks"].value = None if stored is None else json.dumps(stored)
     key_parts.cache().clear()
     assert keyed_events(store, options, run, {"value": 2.0}) == [{"count": 2, "total": 3.0}]
     assert ("update", "part_marks") in store.calls and ("update", "f_ballast") not in store.calls
