@@ -154,6 +154,15 @@ def partition_one(
     return reader, start
 
 
+def next_batch(reader: JetStreamReader, start: Any) -> tuple[JetStreamPartition, Any, list[Any]]:
+    """The partition's next batch from ``start``, as Spark would run it: planned (its one
+    partition), its end offset, and its rows as an executor reads them."""
+    end = reader.latestOffset(start, ReadMaxRows(10_000))
+    (planned,) = reader.partitions(start, end)
+    assert isinstance(planned, JetStreamPartition)
+    return planned, end, [row for batch in reader.read(planned) for row in batch.to_pylist()]
+
+
 def test_a_batch_with_parts_fetched_ahead_reads_what_one_reading_them_itself_reads(
     js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
 ) -> None:
@@ -167,11 +176,8 @@ def test_a_batch_with_parts_fetched_ahead_reads_what_one_reading_them_itself_rea
         src.event(key)
         wait_until(lambda: reader._parts_ahead is not None and reader._parts_ahead.held() == parts,
                    30, describe="the planner holds the parts")  # fmt: skip
-        end = reader.latestOffset(start, ReadMaxRows(10_000))
-        (planned,) = reader.partitions(start, end)
-        assert isinstance(planned, JetStreamPartition)
+        planned, end, ahead = next_batch(reader, start)
         assert planned.keys is not None and sorted(planned.parts) == parts
-        ahead = [row for batch in reader.read(planned) for row in batch.to_pylist()]
         # The reference: the same batch read by an executor that fetches every part itself.
         rng = Range("src", positions_of(start)["src"], positions_of(end)["src"])
         itself = [row for b in reader.read(JetStreamPartition([[rng]])) for row in b.to_pylist()]
@@ -204,10 +210,8 @@ def test_a_state_an_older_fogshift_sent_is_read_where_it_put_the_parts(
         assert sent.pop("scoped") is True and sent["addressed"] is True
         src.publish(key_state_subject(src.pipeline, "src", "pe-p0"), json.dumps(sent).encode())
         src.event(key)
-        end = reader.latestOffset(start, ReadMaxRows(10_000))
-        (planned,) = reader.partitions(start, end)
-        assert isinstance(planned, JetStreamPartition) and planned.keys and planned.parts == {}
-        rows = [row for batch in reader.read(planned) for row in batch.to_pylist()]
+        planned, _, rows = next_batch(reader, start)
+        assert planned.keys and planned.parts == {}
         (arrived,) = [row for row in rows if row["creator"] == KEY_STATE]
         assert json.loads(arrived["body"])[CONTROL_FIELD]["state"] == state
     finally:
@@ -280,11 +284,9 @@ def test_the_planner_waits_for_no_part_a_forged_state_names(
         assert reader._parts_ahead is not None
         take = reader._parts_ahead.take
         reader._parts_ahead.take = lambda seqs, *a: asked.append(list(seqs)) or take(seqs, *a)  # type: ignore[method-assign]
-        end = reader.latestOffset(start, ReadMaxRows(10_000))
-        (planned,) = reader.partitions(start, end)
-        assert isinstance(planned, JetStreamPartition) and planned.keys
+        planned, _, rows = next_batch(reader, start)
+        assert planned.keys
         assert asked == [[]], asked
-        rows = [row for batch in reader.read(planned) for row in batch.to_pylist()]
         assert [r["creator"] for r in rows if r["creator"] == KEY_STATE] == []
     finally:
         reader.stop()
