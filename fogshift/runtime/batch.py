@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
+from operator import itemgetter
 from types import FrameType
 from typing import Any, Generic, TypeVar
 
@@ -74,6 +75,8 @@ RECORD_COLUMNS = ["origin", "idx", "seq", "timestamp", "creator", "body", "dead"
 
 #: One input row: ``(origin, seq, timestamp, creator, body)``.
 InputRow = tuple[int, int, float, str, str]
+#: The input columns, in :data:`InputRow`'s order.
+INPUT_COLUMNS = ("origin", "seq", "timestamp", "creator", "body")
 #: One output row: ``(origin, idx, seq, timestamp, creator, body, dead)``.
 RecordRow = tuple[int, int, int, float, str, str, str | None]
 #: Builds the processor with a resume state (``None``: fresh), like ``Processor.build``.
@@ -395,6 +398,20 @@ def unkeyed_dead_letters(
         )
         out.append(dead_letter(row, pe, reason, limit))
     return out
+
+
+def input_rows(frames: Iterable[Any]) -> list[InputRow]:
+    """The rows of ``frames`` (Spark's pandas frames of one key, or of one Arrow batch) as
+    tuples of plain Python values, in input order (by ``origin``; a stable sort).
+
+    Not through pandas (``concat``, ``sort_values``, a column selection, ``itertuples``):
+    that took ~1.1 ms a call here, paid for every key in every batch of a keyed PE (1,000
+    keys: over a second a batch), against ~16 µs for a key's handful of rows this way."""
+    rows: list[InputRow] = []
+    for frame in frames:
+        rows.extend(zip(*(frame[column].tolist() for column in INPUT_COLUMNS), strict=True))
+    rows.sort(key=itemgetter(0))
+    return rows
 
 
 def split_refused(

@@ -58,6 +58,7 @@ from fogshift.runtime.api import Processor, encode_state
 from fogshift.runtime.batch import (
     RECORD_COLUMNS,
     dead_letter,
+    input_rows,
     run_batch,
     run_events,
     split_refused,
@@ -291,10 +292,7 @@ def _stateless(  # type: ignore[no-untyped-def]
             processor = _assign(pipeline, pe, _build(pipeline, pe, cls, opts, None))
         try:
             for frame in frames:
-                ordered = frame.sort_values("origin")
-                rows = ordered[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
-                    index=False, name=None
-                )
+                rows = input_rows([frame])
                 out = list(
                     run_events(
                         processor, rows,  # type: ignore[arg-type]
@@ -465,10 +463,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
         def handleInputRows(self, key, rows, timerValues):  # type: ignore[no-untyped-def]  # noqa: N802, N803
             import pandas as pd
 
-            frame = pd.concat(list(rows), ignore_index=True).sort_values("origin")
-            tuples = frame[["origin", "seq", "timestamp", "creator", "body"]].itertuples(
-                index=False, name=None
-            )
+            tuples = input_rows(rows)
             if key_by is not None:
                 yield from self._keyed(str(key[0]), tuples)
                 return

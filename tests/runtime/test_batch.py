@@ -15,7 +15,7 @@ import pytest
 
 from fogshift.events import NOT_AN_EVENT, Event, oversize
 from fogshift.runtime.api import Processor, encode_state, state
-from fogshift.runtime.batch import InputRow, RecordRow, run_batch, run_events
+from fogshift.runtime.batch import InputRow, RecordRow, input_rows, run_batch, run_events
 from fogshift.runtime.exceptions import DeadLetter, ElementError
 
 
@@ -654,3 +654,23 @@ def test_without_a_time_limit_or_outside_the_main_thread_nothing_is_armed() -> N
     thread.join(30)
     assert [r[6] for r in seen] == [None, None]
     assert signal.getsignal(signal.SIGALRM) is handler  # (signals are the main thread's)
+
+
+def test_input_rows_are_plain_values_in_input_order_across_frames() -> None:
+    import pandas as pd
+
+    def frame(origins: list[int], bodies: list[str | None]) -> pd.DataFrame:
+        # As Spark hands them: Arrow's types, and a column the processor does not read.
+        return pd.DataFrame({
+            "key": ["k"] * len(origins), "origin": pd.Series(origins, dtype="int64"),
+            "seq": pd.Series([o * 10 for o in origins], dtype="int64"),
+            "timestamp": [float(o) / 2 for o in origins], "creator": ["c"] * len(origins),
+            "body": bodies,
+        })  # fmt: skip
+
+    rows = input_rows([frame([7, 2], ['{"v": 7}', None]), frame([5, 2], ['{"v": 5}', "x"])])
+    # Sorted by origin across frames; a tie keeps the frames' order (a stable sort).
+    assert rows == [(2, 20, 1.0, "c", None), (2, 20, 1.0, "c", "x"), (5, 50, 2.5, "c", '{"v": 5}'),
+                    (7, 70, 3.5, "c", '{"v": 7}')]  # fmt: skip
+    assert all(type(v) in (int, float, str, type(None)) for row in rows for v in row)
+    assert input_rows([]) == [] and input_rows([frame([], [])]) == []
