@@ -78,8 +78,9 @@ from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.bench.exceptions import BadBenchOption, BenchError
 from fogshift.bench.padded import aggregate_element, tally_element, tally_problems
 from fogshift.bench.workload import INPUT, OUTPUT, InputFeeder, wait_rows
-from fogshift.broker.client import BrokerAddress, SyncJetStream, get_range, last_seq
-from fogshift.broker.naming import data_subject, stream_name
+from fogshift.broker.client import BrokerAddress, SyncJetStream, get_range, get_ranges, last_seq
+from fogshift.broker.keys import KeyMove, KeyState, read_message
+from fogshift.broker.naming import data_subject, key_subjects, stream_name
 from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES
 from fogshift.exceptions import FogshiftError
@@ -112,8 +113,8 @@ WHOLE_MODES = {"whole": "handover", "literal": "literal"}
 RUN_FIELDS = (
     "run", "method", "traffic", "keys", "state_kib", "rate", "inputs", "events", "moved_keys",
     "moved_at", "done_at", "op_ms", "waves", "precopy_ms", "precopy_bytes", "state_bytes",
-    "steady_p50_ms", "steady_p99_ms", "stoppage_p50_ms", "stoppage_max_ms", "stable_ms",
-    "late_disturbed", "during_p99_ms",
+    "steady_p50_ms", "steady_p99_ms", "stoppage_p50_ms", "stoppage_max_ms", "origin_leg_ms",
+    "target_leg_ms", "stable_ms", "late_disturbed", "during_p99_ms",
     "added_p99_ms", "tput_before", "tput_during", "tput_after", "tput_op",
     "consistent", "problems", "error",
 )  # fmt: skip
@@ -380,6 +381,9 @@ def _one(
         points = _points(cluster, name, list(files), streams)
         row.update(figures(points, moved_at, done_at, set(moving), config.before_s / 2,
                            2 * config.trigger_ms / 1000))  # fmt: skip
+        if method not in WHOLE_MODES:
+            moves, states = _key_records(cluster, name, next(iter(files)))
+            row.update(legs(moves, states, points, set(moving)))
     except FogshiftError as exc:
         row["error"] = exc.message
     finally:
@@ -560,6 +564,68 @@ def _records(cluster: BenchCluster, name: str, pes: list[str]) -> Records:
         client.close()
 
 
+def _key_records(
+    cluster: BenchCluster, name: str, source: str
+) -> tuple[dict[str, float], list[tuple[float, KeyState]]]:
+    """The key moves (each move's first record: when it was stored, by the move's id) and
+    the key states (store time, state) in ``source``'s stream, where they travel (the first
+    input)."""
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    stream = stream_name(name, source)
+    try:
+        messages = client.run(
+            lambda js: _all_of(js, stream, key_subjects(name, source)), timeout=300
+        )
+    finally:
+        client.close()
+    moves: dict[str, float] = {}
+    states: list[tuple[float, KeyState]] = []
+    for message in messages:
+        item = read_message(name, source, message.subject, message.seq, message.data)
+        if isinstance(item, KeyMove):
+            moves.setdefault(item.move, message.stored_at)
+        elif isinstance(item, KeyState):
+            states.append((message.stored_at, item))
+    return moves, states
+
+
+async def _all_of(js: Any, stream: str, subjects: list[str]) -> Any:
+    return await get_ranges(js, stream, subjects, 0, await last_seq(js, stream))
+
+
+def legs(
+    moves: dict[str, float],
+    states: list[tuple[float, KeyState]],
+    points: list[Point],
+    moving: set[str],
+) -> dict[str, Any]:
+    """Where a moved key's stoppage goes, as the broker stored it: the origin's leg, from
+    its move's record to its state's (the origin's batch that reached the move, and the wait
+    for that batch), and the target's leg, from its state to its first output on the target
+    (the target's batch that read the state, and the wait for it); medians over the moved
+    keys (a key's first state only: one sent again is the same). ``None`` where no key's is
+    known (a whole move has neither)."""
+    sent: dict[str, tuple[float, str]] = {}
+    for stored, state in sorted(states, key=lambda s: s[0]):
+        if not state.copy and state.key in moving and state.key not in sent:
+            sent[state.key] = (stored, state.move)
+    origin, target = [], []
+    for key, (stored, move) in sent.items():
+        if move in moves:
+            origin.append((stored - moves[move]) * 1000)
+        # The origin's last outputs of the key are stored before its state: the first one
+        # after it is the target's.
+        first = min((p.t_out for p in points if p.key == key and p.t_out >= stored),
+                    default=None)  # fmt: skip
+        if first is not None:
+            target.append((first - stored) * 1000)
+
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 1) if values else None
+
+    return {"origin_leg_ms": median(origin), "target_leg_ms": median(target)}
+
+
 def _points(
     cluster: BenchCluster, name: str, sources: list[str], streams: Records | None = None
 ) -> list[Point]:
@@ -727,7 +793,11 @@ def section(folder: Path) -> str | None:
         + "Latency per event from the "
         "broker's timestamps (output stored - input stored); stoppage: per moved key, "
         "the largest latency of its events output from the move on and input before the "
-        "operation ended, less the steady p50 (median over keys / max); stable: from the move "
+        "operation ended, less the steady p50 (median over keys / max); key's way: per "
+        "moved key, from its move's record to its state's (origin: the origin's batch that "
+        "reached the move, and the wait for it) and from there to its first output on the "
+        "target (target: the target's batch that read the state, and the wait for it), "
+        "medians over keys (from the records' store times); stable: from the move "
         "until the output of the last disturbed event (above 1.5 times the steady p99, or "
         "50 ms above it) of the run of them reaching back to the operation's end, each within "
         "two triggers of the one before (mean over runs; in brackets, how many runs were "
@@ -744,9 +814,9 @@ def section(folder: Path) -> str | None:
         ),
         "",
         "| keys | KiB/key | traffic | events/s | method | runs ok | stoppage p50 / max ms | "
-        "stable ms (runs disturbed) | late | steady p99 ms | added p99 ms | "
-        "tput before / during / after | op tput | op ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "key's way: origin / target ms | stable ms (runs disturbed) | late | steady p99 ms | "
+        "added p99 ms | tput before / during / after | op tput | op ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (keys, kib, traffic, rate, method), group in sorted(
         groups.items(),
@@ -767,6 +837,7 @@ def section(folder: Path) -> str | None:
             f"| {keys} | {kib} | {traffic} | {fmt(float(rate))} | {method} | "
             f"{len(ok)}/{len(group)} | "
             f"{fmt(mean('stoppage_p50_ms'))} / {fmt(mean('stoppage_max_ms'))} | "
+            f"{fmt(mean('origin_leg_ms'))} / {fmt(mean('target_leg_ms'))} | "
             f"{fmt(_stable(ok))} ({_disturbed(ok)}/{len(ok)}) | "
             f"{fmt(mean('late_disturbed'), 1)} | "
             f"{fmt(mean('steady_p99_ms'))} | "

@@ -30,6 +30,7 @@ from fogshift.bench.exceptions import BadBenchOption
 from fogshift.bench.padded import PaddedTally, tally_problems
 from fogshift.bench.seamless import _bins, _round_down
 from fogshift.bench.workload import HEADER, InputFeeder
+from fogshift.broker.keys import KeyState
 from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES
 from fogshift.common.text import one_line
@@ -406,7 +407,7 @@ def test_pam_table_comes_from_the_csv_and_names_failed_runs(tmp_path: Path) -> N
     assert [r.split("|")[5].strip() for r in rows[:6]] == [
         "whole", "literal", "fifo", "backlog", "precopy", "group"
     ]  # fmt: skip
-    assert "| 2/2 | 25 / 50 | 500 (2/2) |" in rows[3] and "| 97 | 1,000 |" in rows[3]
+    assert "| 2/2 | 25 / 50 | - / - | 500 (2/2) |" in rows[3] and "| 97 | 1,000 |" in rows[3]
     # Runs disturbed at all: a stable time above 0 (none recorded: not disturbed).
     assert pam._disturbed([{"stable_ms": "0"}, {"stable_ms": "12.5"}, {"stable_ms": ""}]) == 1
     assert "| 0/1 |" in rows[2]
@@ -474,6 +475,30 @@ def test_pam_figures_are_per_event_not_per_time_bin() -> None:
         sum(100 <= p.t_out < 103 for p in undisturbed) / 3, abs=0.1
     ) and long["tput_during"] == calm["tput_during"]  # fmt: skip
     assert pam.figures(points[:9], moved, done, set(), steady_s=5, min_window_s=1.0) == {}
+
+
+def test_pam_legs_split_a_moved_keys_way_at_its_state() -> None:
+    def state(key: str, move: str, copy: bool = False) -> KeyState:
+        return KeyState(0, move, "aggregate", key, 1, {}, copy=copy)
+
+    moves = {"m1": 100.0, "m2": 101.0}
+    states = [
+        (99.0, state("s0", "c1", copy=True)),  # a copy ahead: not the move's state
+        (100.6, state("s0", "m1")),
+        (101.2, state("s0", "m1")),  # sent again (a retried batch): the first counts
+        (101.9, state("s1", "m2")),
+        (102.0, state("s9", "m2")),  # a key the run did not move
+    ]
+    points = [
+        _point(99.5, 1000, "s0"),  # the origin's last output of s0, stored before its state
+        _point(100.2, 1200, "s0"),  # held on the target: out 1.4 s after its state was
+        _point(101.5, 800, "s1"),  # out at 102.3: 0.4 s after s1's state
+        _point(101.9, 500, "s1"),
+    ]
+    got = pam.legs(moves, states, points, {"s0", "s1", "s2"})
+    # Origin: 600 and 900 ms from the moves' records to the states; target: 800 and 400 ms.
+    assert got == {"origin_leg_ms": 750.0, "target_leg_ms": 600.0}
+    assert pam.legs({}, [], points, {"s0"}) == {"origin_leg_ms": None, "target_leg_ms": None}
 
 
 def test_pam_traffic_is_uniform_or_skewed_as_asked(tmp_path: Path) -> None:
