@@ -382,8 +382,12 @@ def _one(
         row.update(figures(points, moved_at, done_at, set(moving), config.before_s / 2,
                            2 * config.trigger_ms / 1000))  # fmt: skip
         if method not in WHOLE_MODES:
-            moves, states = _key_records(cluster, name, next(iter(files)))
-            row.update(legs(moves, states, points, set(moving)))
+            try:
+                moves, states = _key_records(cluster, name, next(iter(files)))
+                row.update(legs(moves, states, points, set(moving)))
+            except FogshiftError as exc:  # (the run's other figures stand)
+                noted = [row.get("problems"), f"no key legs: {exc.message}"]
+                row["problems"] = "; ".join(p for p in noted if p)
     except FogshiftError as exc:
         row["error"] = exc.message
     finally:
@@ -613,10 +617,11 @@ def legs(
     for key, (stored, move) in sent.items():
         if move in moves:
             origin.append((stored - moves[move]) * 1000)
-        # The origin's last outputs of the key are stored before its state: the first one
-        # after it is the target's.
-        first = min((p.t_out for p in points if p.key == key and p.t_out >= stored),
-                    default=None)  # fmt: skip
+        # The events held for the state (input before it): the origin's last outputs of the
+        # key are stored before its state, so the first one after it is the target's. (A
+        # later event's output would add the wait for that event.)
+        first = min((p.t_out for p in points
+                     if p.key == key and p.t_in <= stored <= p.t_out), default=None)  # fmt: skip
         if first is not None:
             target.append((first - stored) * 1000)
 
@@ -796,8 +801,10 @@ def section(folder: Path) -> str | None:
         "operation ended, less the steady p50 (median over keys / max); key's way: per "
         "moved key, from its move's record to its state's (origin: the origin's batch that "
         "reached the move, and the wait for it) and from there to its first output on the "
-        "target (target: the target's batch that read the state, and the wait for it), "
-        "medians over keys (from the records' store times); stable: from the move "
+        "target of its events held for the state (target: the target's batch that read "
+        "the state, and the wait for it), medians over keys (from the records' store "
+        "times; with two inputs the origin's includes the move's append to the second); "
+        "stable: from the move "
         "until the output of the last disturbed event (above 1.5 times the steady p99, or "
         "50 ms above it) of the run of them reaching back to the operation's end, each within "
         "two triggers of the one before (mean over runs; in brackets, how many runs were "

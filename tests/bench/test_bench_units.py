@@ -494,6 +494,7 @@ def test_pam_legs_split_a_moved_keys_way_at_its_state() -> None:
         _point(100.2, 1200, "s0"),  # held on the target: out 1.4 s after its state was
         _point(101.5, 800, "s1"),  # out at 102.3: 0.4 s after s1's state
         _point(101.9, 500, "s1"),
+        _point(102.0, 100, "s0"),  # input after its state: not held, not the target's leg
     ]
     got = pam.legs(moves, states, points, {"s0", "s1", "s2"})
     # Origin: 600 and 900 ms from the moves' records to the states; target: 800 and 400 ms.
