@@ -605,10 +605,10 @@ def legs(
 ) -> dict[str, Any]:
     """Where a moved key's stoppage goes, as the broker stored it: the origin's leg, from
     its move's record to its state's (the origin's batch that reached the move, and the wait
-    for that batch), and the target's leg, from its state to its first output on the target
-    (the target's batch that read the state, and the wait for it); medians over the moved
-    keys (a key's first state only: one sent again is the same). ``None`` where no key's is
-    known (a whole move has neither)."""
+    for that batch), and the target's leg, from its state to the first output on the target
+    of an event held for it (the target's batch that read the state, and the wait for the
+    batch under way then); medians over the moved keys (a key's first state only: one sent
+    again is the same). ``None`` where no key's is known (a whole move has neither)."""
     sent: dict[str, tuple[float, str]] = {}
     for stored, state in sorted(states, key=lambda s: s[0]):
         if not state.copy and state.key in moving and state.key not in sent:

@@ -295,7 +295,7 @@ def _stateless(  # type: ignore[no-untyped-def]
                 rows = input_rows([frame])
                 out = list(
                     run_events(
-                        processor, rows,  # type: ignore[arg-type]
+                        processor, rows,
                         max_record_bytes=limit, event_timeout_s=event_timeout_s,
                         watch=watch_for(gate),
                     )
@@ -487,7 +487,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 out, (fresh, final) = run_batch(
                     build,
                     lambda: self._decoded(stored),
-                    tuples,  # type: ignore[arg-type]
+                    tuples,
                     finish=finish,
                     pe=pe,
                     pipeline=pipeline,
