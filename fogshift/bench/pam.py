@@ -78,7 +78,7 @@ from fogshift.bench.cluster import BenchCluster, ClusterOptions, Clusters
 from fogshift.bench.exceptions import BadBenchOption, BenchError
 from fogshift.bench.padded import aggregate_element, tally_element, tally_problems
 from fogshift.bench.workload import INPUT, OUTPUT, InputFeeder, wait_rows
-from fogshift.broker.client import BrokerAddress, SyncJetStream, get_range, get_ranges, last_seq
+from fogshift.broker.client import BrokerAddress, SyncJetStream, get_ranges, last_seq
 from fogshift.broker.keys import KeyMove, KeyState, read_message
 from fogshift.broker.naming import data_subject, key_subjects, stream_name
 from fogshift.checkpoint.central import CentralStore
@@ -548,24 +548,25 @@ def _partitions(cluster: BenchCluster, name: str) -> list[str]:
 Records = dict[str, list[tuple[float, dict[str, Any]]]]
 
 
-def _records(cluster: BenchCluster, name: str, pes: list[str]) -> Records:
-    """Each of ``pes``' data records as stored: ``(store time, record)`` in stream order."""
+def _stored(cluster: BenchCluster, name: str, reads: dict[str, list[str]]) -> dict[str, Any]:
+    """The messages stored on ``reads``' subjects (by PE: the subjects of its stream), in
+    stream order, by PE."""
     client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+
+    async def read(js: Any, pe: str) -> Any:
+        stream = stream_name(name, pe)
+        return await get_ranges(js, stream, reads[pe], 0, await last_seq(js, stream))
+
     try:
-
-        async def read(js: Any, pe: str) -> Any:
-            stream = stream_name(name, pe)
-            return await get_range(
-                js, stream, data_subject(name, pe), 0, await last_seq(js, stream)
-            )
-
-        return {
-            pe: [(m.stored_at, json.loads(m.data)) for m in client.run(partial(read, pe=pe),
-                                                                        timeout=300)]
-            for pe in pes
-        }  # fmt: skip
+        return {pe: client.run(partial(read, pe=pe), timeout=300) for pe in reads}
     finally:
         client.close()
+
+
+def _records(cluster: BenchCluster, name: str, pes: list[str]) -> Records:
+    """Each of ``pes``' data records as stored: ``(store time, record)`` in stream order."""
+    stored = _stored(cluster, name, {pe: [data_subject(name, pe)] for pe in pes})
+    return {pe: [(m.stored_at, json.loads(m.data)) for m in stored[pe]] for pe in pes}
 
 
 def _key_records(
@@ -574,27 +575,15 @@ def _key_records(
     """The key moves (each move's first record: when it was stored, by the move's id) and
     the key states (store time, state) in ``source``'s stream, where they travel (the first
     input)."""
-    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
-    stream = stream_name(name, source)
-    try:
-        messages = client.run(
-            lambda js: _all_of(js, stream, key_subjects(name, source)), timeout=300
-        )
-    finally:
-        client.close()
     moves: dict[str, float] = {}
     states: list[tuple[float, KeyState]] = []
-    for message in messages:
+    for message in _stored(cluster, name, {source: key_subjects(name, source)})[source]:
         item = read_message(name, source, message.subject, message.seq, message.data)
         if isinstance(item, KeyMove):
             moves.setdefault(item.move, message.stored_at)
         elif isinstance(item, KeyState):
             states.append((message.stored_at, item))
     return moves, states
-
-
-async def _all_of(js: Any, stream: str, subjects: list[str]) -> Any:
-    return await get_ranges(js, stream, subjects, 0, await last_seq(js, stream))
 
 
 def legs(
