@@ -7,6 +7,10 @@ ended meanwhile), then the CPU of the same query idle. Run it on a quiet machine
 
     .venv/bin/python scripts/batch_cpu.py --kind window-aggregate --trigger-ms 200
 
+``--windows N`` measures N times in a row (how the cost changes as the JIT compiles),
+``--warm-s`` feeds that long before the first, ``--java-options`` replaces the driver JVM's
+options (``fogshift.runtime.session.JAVA_OPTIONS``).
+
 A measurement tool, not part of the runtime (the planned ``fogshift bench dataplane`` will
 measure latency and throughput against plain Spark).
 """
@@ -27,7 +31,7 @@ from fogshift.broker.client import SyncJetStream, ensure_pe_stream
 from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import start_nats_server
 from fogshift.runtime.engine import QueryPlan, start_query
-from fogshift.runtime.session import build_session
+from fogshift.runtime.session import JAVA_OPTIONS, build_session
 from fogshift.runtime.warm_up import warm_up
 from fogshift.spec.models import ElementSpec
 
@@ -70,6 +74,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=12, help="events per append")
     parser.add_argument("--seconds", type=float, default=40)
     parser.add_argument("--trigger-ms", type=int, default=200)
+    parser.add_argument("--windows", type=int, default=1, help="measurements in a row")
+    parser.add_argument("--warm-s", type=float, default=10, help="seconds fed before measuring")
+    parser.add_argument("--java-options", default=JAVA_OPTIONS, help="the driver JVM's options")
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="batch-cpu-"))
@@ -83,7 +90,7 @@ def main() -> None:
     element = ElementSpec.model_validate(
         {"id": "pe", "kind": kind, "node": "n", "inputs": ["src"], "options": OPTIONS[args.kind]}
     )
-    spark = build_session("batch-cpu", "local[2]", str(home / "spark"))
+    spark = build_session("batch-cpu", "local[2]", str(home / "spark"), args.java_options)
     warm_up(spark, home / "warm-up")
     plan = QueryPlan("p", element, str(broker_file), str(home / "checkpoint"),
                      trigger_ms=args.trigger_ms, gate_file=str(home / "gate.json"))  # fmt: skip
@@ -100,33 +107,48 @@ def main() -> None:
         sent += count
 
     def committed() -> int:
-        folder = home / "checkpoint" / "commits"
-        return (
-            sum(1 for f in folder.iterdir() if not f.name.startswith(".")) if folder.exists() else 0
-        )
+        # (Spark keeps the last 100 commit files only: the last batch's id counts them all.)
+        last = query.lastProgress
+        return int(last.batchId) + 1 if last is not None else 0
 
     me = psutil.Process()
-    send(args.rows)
-    time.sleep(10)  # the first batches, and the workers' start, are not what is measured
-    tasks = last_pid()
-    before, batches, busy, started = cpu_by_process(me), committed(), machine_busy_s(), time.time()
-    while time.time() - started < args.seconds:
+    # The first batches, the workers' start and the JIT's first compilations are not what is
+    # measured.
+    warm_until = time.time() + args.warm_s
+    while time.time() < warm_until:
         send(args.rows)
         time.sleep(args.every)
-    time.sleep(2)
-    after, batches, busy = cpu_by_process(me), committed() - batches, machine_busy_s() - busy
-    wall = time.time() - started
-    tasks = (last_pid() - tasks) % int(Path("/proc/sys/kernel/pid_max").read_text())
-    spent = {pid: t - before.get(pid, (0.0, ""))[0] for pid, (t, _) in after.items()}
-    total = sum(spent.values())
-    print(f"{args.kind}, {args.rows} events every {args.every} s, trigger {args.trigger_ms} ms: "
-          f"{batches} batches in {wall:.0f} s; processes {total:.1f} s of CPU "
-          f"({1000 * total / max(batches, 1):.0f} ms a batch, {100 * total / wall:.0f}% of a "
-          f"core); machine busy {busy:.1f} s; {tasks / max(batches, 1):.0f} processes and "
-          f"threads started a batch")  # fmt: skip
-    for pid, seconds in sorted(spent.items(), key=lambda kv: -kv[1])[:10]:
-        print(f"  {seconds:6.1f} s  {1000 * seconds / max(batches, 1):5.0f} ms/batch  "
-              f"{after[pid][1]}")  # fmt: skip
+    for window in range(args.windows):
+        tasks = last_pid()
+        before, batches, busy, started = (
+            cpu_by_process(me),
+            committed(),
+            machine_busy_s(),
+            time.time(),
+        )
+        while time.time() - started < args.seconds:
+            send(args.rows)
+            time.sleep(args.every)
+        time.sleep(2 if window == args.windows - 1 else 0)
+        after, batches, busy = cpu_by_process(me), committed() - batches, machine_busy_s() - busy
+        wall = time.time() - started
+        tasks = (last_pid() - tasks) % int(Path("/proc/sys/kernel/pid_max").read_text())
+        spent = {pid: t - before.get(pid, (0.0, ""))[0] for pid, (t, _) in after.items()}
+        total = sum(spent.values())
+        print(f"[{window}] {args.kind}, {args.rows} events every {args.every} s, "
+              f"trigger {args.trigger_ms} ms: "
+              f"{batches} batches in {wall:.0f} s; processes {total:.1f} s of CPU "
+              f"({1000 * total / max(batches, 1):.0f} ms a batch, {100 * total / wall:.0f}% of a "
+              f"core); machine busy {busy:.1f} s; {tasks / max(batches, 1):.0f} processes and "
+              f"threads started a batch")  # fmt: skip
+        for pid, seconds in sorted(spent.items(), key=lambda kv: -kv[1])[:10]:
+            print(f"  {seconds:6.1f} s  {1000 * seconds / max(batches, 1):5.0f} ms/batch  "
+                  f"{after[pid][1]}")  # fmt: skip
+        durations = [p.durationMs for p in query.recentProgress if "addBatch" in p.durationMs]
+        for name in ("triggerExecution", "addBatch"):
+            times = sorted(d.get(name, 0) for d in durations)
+            if times:
+                print(f"  {name}: median {times[len(times) // 2]} ms of the last {len(times)}")
     idle_before = cpu_by_process(me)
     time.sleep(15)
     idle = sum(t - idle_before.get(pid, (0.0, ""))[0] for pid, (t, _) in cpu_by_process(me).items())

@@ -32,6 +32,10 @@ WORKER_DAEMON = "fogshift.runtime.worker_daemon"
 #: 2-core machine: a session's start-up plus 30 small stateful batches took 42 s of CPU
 #: instead of 72 s, and 60 steady batches 12 s instead of 16 s, at the same wall time. CPU
 #: left over is what lets a fresh Python worker connect back within Spark's fixed 10 s.
+#: Nor does C2 pay back later (``scripts/batch_cpu.py --kind window-aggregate --warm-s 0
+#: --windows 5``, 2026-12-02): the JVM took 47.7, 25.7, 20.8, 22.0, 18.1 s of CPU in five
+#: minutes of batches at a 200 ms trigger with C2, 26.3, 19.2, 19.5, 18.8, 18.5 s with C1
+#: only; C2's batches were ~10 % shorter (median 223 against 249 ms) from the third minute.
 JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC"
 #: The driver JVM's heap. Spark's default (1 GiB) is too small for a PE with a 50 MiB state
 #: field: the transformWithState state server pickles a value it hands to Python into a
