@@ -279,6 +279,10 @@ def parse(seq: int, data: bytes) -> KeyMove | KeyCopy | KeyState | None:
             parts = tuple(int(p) for p in value.get("parts") or ())
             base = str(value["base"]) if value.get("base") is not None else None
             after = int(value["after"]) if value.get("after") is not None else None
+            if after is not None and not 0 <= after < 1 << 62:
+                # The target numbers its rows from the state on beyond it, in an Arrow int64
+                # column: one beyond failed its batch at every retry (room left for them).
+                return None
             return KeyState(seq, str(value["move"]), str(value["element"]), str(value["key"]),
                             int(value["to"]), state, parts, bool(value.get("copy", False)),
                             base, tuple(str(n) for n in value.get("keep") or ()),

@@ -576,12 +576,19 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 return got, fresh
 
             def refusal(state: dict[str, str]) -> str | None:
-                """Why ``restore()`` does not take ``state`` (a moved key's), ``None`` if it
-                does."""
+                """Why ``state`` (a moved key's) cannot be taken, ``None`` if it can: the
+                processor's ``restore()`` refuses it, or the processor restored from it
+                cannot store it again (every batch of the key would then fail with no
+                event to blame: a state from other code, say)."""
                 try:
-                    build(self._decoded(state))
+                    restored = build(self._decoded(state))
                 except Exception as exc:  # ElementError, or a text that is no JSON
                     return str(exc) if isinstance(exc, ElementError) else _describe(exc)
+                try:
+                    self._texts(restored)
+                except Exception as exc:  # snapshot() raised, or gave what cannot be encoded
+                    return (f"processor {pe!r} ({self.cls.__name__}) restored from it cannot "
+                            f"store it again: its snapshot() fails ({_describe(exc)})")  # fmt: skip
                 return None
 
             try:
@@ -612,8 +619,9 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             or whose state arrives, has none here (that saves a state call per part and
             key when hundreds of keys move at once).
 
-            A state that arrives and that the processor's ``restore()`` refuses (``refusal``
-            says why: its code differs from the origin's, say) is a dead letter, the whole
+            A state that arrives and that the processor's ``restore()`` refuses, or that
+            the processor restored from it cannot store again (``refusal`` says why: its
+            code differs from the origin's, say), is a dead letter, the whole
             state in it (cut, as any dead letter's body, beyond a record's size), and the
             key goes on as before it came, without state: one record never stops the
             partition (raised, it failed the batch at every retry)."""
@@ -747,7 +755,10 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             # otherwise; a copy whose move never came stays until the key's next copy).
             saved = self._shadow().get() if detail.get("base") is not None else None
             kept = json.loads(saved[0]) if saved is not None else None
-            keep = tuple(detail.get("keep") or ())
+            # Parts this code does not declare are left out of the copy kept aside (and of
+            # the state installed): a move that keeps one goes on without it, as a move
+            # without a copy does (the origin ran other code: a redeploy between the two).
+            keep = tuple(n for n in detail.get("keep") or () if n in self.values)
             sent = KeyState(0, detail["move"], pe, key, 0, detail["state"],
                             base=detail.get("base"), keep=keep)  # fmt: skip
             copied = kept["state"] if kept is not None and kept["copy"] == sent.base else None

@@ -43,6 +43,11 @@ def test_a_move_and_a_state_read_back_as_stored() -> None:
                  b"0" * 400 + b".5, \"state\": {}}",
                  b"[" * 100_000 + b"]" * 100_000):  # fmt: skip
         assert parse(1, junk) is None
+    # A state whose "after" no int64 column holds (the target numbers its rows beyond it)
+    # is stepped over too; one in range reads back.
+    for after, read in ((-1, False), (1 << 62, False), (10**30, False), ((1 << 62) - 1, True)):
+        payload = state_payload("m1", "agg", "s1", 1, {"values": "[1.0]"}, after=after)
+        assert (parse(3, payload) is not None) is read, after
     # An event body nested too deep has no key (its PE dead-letters it), as one not JSON.
     assert body_key("[" * 100_000 + "]" * 100_000, "sensor") is None
 

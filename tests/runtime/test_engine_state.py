@@ -309,6 +309,69 @@ def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
     assert dead[0][CONTROL_FIELD]["state"] == {"total": "4.0"} and "BadState" in dead[1]
 
 
+def test_a_moved_state_whose_snapshot_cannot_be_encoded_is_a_dead_letter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state that ``restore()`` takes but the processor cannot store again (here a total of
+    1e999, which JSON reads as infinity) is refused when it arrives, as one ``restore()``
+    refuses: stored, it failed the target's batch at every retry (no event to blame)."""
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options = {"class": "lifecycle_procs:CountingStats", "path": str(HERE),
+               "options": {"log": str(tmp_path / "hooks.log")}}  # fmt: skip
+    run = f"run{next(_runs)}"
+    store = Store()
+
+    def batch(*rows: tuple[int, str, dict[str, Any]]) -> list[tuple[int, Any, Any]]:
+        out = moving_key_batch(store, options, run, *rows)
+        return [(o, json.loads(b), d) for f in out
+                for o, b, d in zip(f["origin"], f["body"], f["dead"], strict=True)]  # fmt: skip
+
+    def control(detail: dict[str, Any]) -> dict[str, Any]:
+        return {"k": "a", CONTROL_FIELD: detail}
+
+    assert batch((1, KEY_MOVE_IN, control({"move": "m1", "to": 1})),
+                 (2, "src", {"k": "a", "value": 5.0})) == []  # fmt: skip
+    state = {"count": "1", "total": "1e999"}
+    got = batch((3, KEY_STATE, control({"move": "m1", "state": state})))
+    dead = [(o, body, reason) for o, body, reason in got if reason is not None]
+    assert len(dead) == 1 and dead[0][0] == 3
+    assert dead[0][1] == control({"move": "m1", "state": state})
+    assert "is refused" in dead[0][2] and "snapshot" in dead[0][2], dead[0][2]
+    # The held event from no state, as before the state came; the key goes on.
+    assert [(o, b) for o, b, r in got if r is None] == [(3, {"count": 1, "total": 5.0})]
+    assert batch((4, "src", {"k": "a", "value": 1.0})) == [(4, {"count": 2, "total": 6.0}, None)]
+
+
+def test_a_precopied_moved_state_keeping_a_part_not_declared_here_goes_on_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The origin's code declared a part this partition's does not (a redeploy between the
+    two): the copy kept aside holds only the declared parts, and a move that names the
+    undeclared one as kept is installed without it, as a move without a copy is, not an
+    invariant broken at every retry."""
+    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
+    options = {"class": "lifecycle_procs:CountingStats", "path": str(HERE),
+               "options": {"log": str(tmp_path / "hooks.log")}}  # fmt: skip
+    run = f"run{next(_runs)}"
+    store = Store()
+
+    def control(detail: dict[str, Any]) -> dict[str, Any]:
+        return {"k": "a", CONTROL_FIELD: detail}
+
+    copied = {"count": "2", "total": "4.0", "ballast": '"bbb"'}
+    out = moving_key_batch(
+        store, options, run,
+        (1, KEY_COPY_IN, control({"move": "c1", "state": copied})),
+        (2, KEY_MOVE_IN, control({"move": "m1", "to": 1})),
+        (3, "src", {"k": "a", "value": 1.0}),
+        (4, KEY_STATE, control({"move": "m1", "state": {"count": "3"}, "base": "c1",
+                                "keep": ["ballast", "total"]})),
+    )  # fmt: skip
+    got = [(o, json.loads(b), d) for f in out
+           for o, b, d in zip(f["origin"], f["body"], f["dead"], strict=True)]  # fmt: skip
+    assert got == [(4, {"count": 4, "total": 5.0}, None)]
+
+
 def test_events_held_for_a_key_moving_in_are_appended_never_rewritten(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
