@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from nats.errors import Error as NatsError
 from nats.js.errors import NoStreamResponseError, NotFoundError
 from pyspark.sql.datasource import (
     DataSource,
@@ -110,7 +111,7 @@ from fogshift.broker.publish import (
 from fogshift.checkpoint import key_index
 from fogshift.common.gate import read_gate
 from fogshift.events import DEFAULT_MAX_RECORD_BYTES, ORIGIN_HEADER, fit_dead_letter
-from fogshift.exceptions import InvariantViolation
+from fogshift.exceptions import FogshiftError, InvariantViolation
 from fogshift.spec.models import partition_id
 
 log = logging.getLogger(__name__)
@@ -385,15 +386,28 @@ class InputArrivals:
 
     def __init__(self, client: SyncJetStream, subjects: Sequence[str]) -> None:
         self._event = threading.Event()
+        self._client = client
 
         async def on_message(msg: Any) -> None:
             self._event.set()
 
-        async def subscribe(js: Any) -> None:
-            for subject in subjects:
-                await client.connection.subscribe(subject, cb=on_message)
+        async def subscribe(js: Any) -> list[Any]:
+            return [await client.connection.subscribe(s, cb=on_message) for s in subjects]
 
-        client.run(subscribe)
+        self._subscriptions = client.run(subscribe)
+
+    def close(self) -> None:
+        """Unsubscribe (the client is the process's, shared: it outlives the reader)."""
+        subscriptions, self._subscriptions = self._subscriptions, []
+
+        async def unsubscribe(js: Any) -> None:
+            for subscription in subscriptions:
+                with contextlib.suppress(NatsError):  # (already gone with its connection)
+                    await subscription.unsubscribe()
+
+        if subscriptions:
+            with contextlib.suppress(FogshiftError):  # (the broker gone: nothing to undo)
+                self._client.run(unsubscribe)
 
     def wait(self, timeout_s: float) -> bool:
         """Whether a message arrived since the last call, waiting up to ``timeout_s``."""
@@ -771,6 +785,9 @@ class JetStreamReader(DataSourceStreamReader):
         parts, self._parts_ahead = self._parts_ahead, None
         if parts is not None:
             parts.stop()
+        arrivals, self._arrivals = self._arrivals, None
+        if arrivals is not None:
+            arrivals.close()
 
     def _clamped(
         self, client: SyncJetStream, begin: dict[str, int], latest: dict[str, int]

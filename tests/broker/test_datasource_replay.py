@@ -17,7 +17,13 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from fogshift.broker import datasource, publish
-from fogshift.broker.client import SyncJetStream, delete_pe_stream, ensure_pe_stream
+from fogshift.broker.client import (
+    BrokerAddress,
+    SyncJetStream,
+    delete_pe_stream,
+    ensure_pe_stream,
+    shared_client,
+)
 from fogshift.broker.datasource import JetStreamReader, cut_of, positions_of
 from fogshift.broker.keys import KeyMove
 from fogshift.broker.naming import data_subject, keys_subject
@@ -132,6 +138,13 @@ def test_an_idle_reader_answers_as_soon_as_input_arrives(
     assert positions_of(reader.latestOffset(start, limit)) == {"w_in": 1}
     assert time.monotonic() - began < 10
     later.join()
+    # Stopped, it leaves no subscription behind on the process's shared connection (which
+    # outlives it: a runner's next reader would keep adding some).
+    connection = shared_client(BrokerAddress.load(broker)).connection
+    subscribed = [s.subject for s in connection._subs.values()]  # (nats-py's own listing)
+    assert data_subject("replay", "w_in") in subscribed
+    reader.stop()
+    assert data_subject("replay", "w_in") not in [s.subject for s in connection._subs.values()]
 
 
 def test_the_partitions_of_one_element_meet_a_reader_merged_by_input_position(
