@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -263,12 +264,12 @@ def moving_key_batch(
                          "a")  # fmt: skip
 
 
-def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
+def counting_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One record never stops a partition: a key's state that arrives by a key move and
-    that the target's ``restore()`` refuses (here: it lacks a declared field, as from a
-    processor whose code differs) failed the target's batch at every retry."""
+) -> Callable[..., list[tuple[int, Any, Any]]]:
+    """Batches of key ``a`` of a partition whose keys move, running ``CountingStats`` on one
+    store (instances kept): each row ``(origin, creator, body)``, the outputs as
+    ``(origin, body, dead letter's reason or None)``."""
     monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
     options = {"class": "lifecycle_procs:CountingStats", "path": str(HERE),
                "options": {"log": str(tmp_path / "hooks.log")}}  # fmt: skip
@@ -280,9 +281,21 @@ def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
         return [(o, json.loads(b), d) for f in out
                 for o, b, d in zip(f["origin"], f["body"], f["dead"], strict=True)]  # fmt: skip
 
-    def control(detail: dict[str, Any]) -> dict[str, Any]:
-        return {"k": "a", CONTROL_FIELD: detail}
+    return batch
 
+
+def control(detail: dict[str, Any]) -> dict[str, Any]:
+    """Key ``a``'s control row body with ``detail``."""
+    return {"k": "a", CONTROL_FIELD: detail}
+
+
+def test_a_moved_state_restore_refuses_is_a_dead_letter_and_the_key_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One record never stops a partition: a key's state that arrives by a key move and
+    that the target's ``restore()`` refuses (here: it lacks a declared field, as from a
+    processor whose code differs) failed the target's batch at every retry."""
+    batch = counting_key(tmp_path, monkeypatch)
     # The key moves in: its events are held until its state comes.
     assert batch((1, KEY_MOVE_IN, control({"move": "m1", "to": 1})),
                  (2, "src", {"k": "a", "value": 5.0})) == []  # fmt: skip
@@ -315,20 +328,7 @@ def test_a_moved_state_whose_snapshot_cannot_be_encoded_is_a_dead_letter(
     """A state that ``restore()`` takes but the processor cannot store again (here a total of
     1e999, which JSON reads as infinity) is refused when it arrives, as one ``restore()``
     refuses: stored, it failed the target's batch at every retry (no event to blame)."""
-    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
-    options = {"class": "lifecycle_procs:CountingStats", "path": str(HERE),
-               "options": {"log": str(tmp_path / "hooks.log")}}  # fmt: skip
-    run = f"run{next(_runs)}"
-    store = Store()
-
-    def batch(*rows: tuple[int, str, dict[str, Any]]) -> list[tuple[int, Any, Any]]:
-        out = moving_key_batch(store, options, run, *rows)
-        return [(o, json.loads(b), d) for f in out
-                for o, b, d in zip(f["origin"], f["body"], f["dead"], strict=True)]  # fmt: skip
-
-    def control(detail: dict[str, Any]) -> dict[str, Any]:
-        return {"k": "a", CONTROL_FIELD: detail}
-
+    batch = counting_key(tmp_path, monkeypatch)
     assert batch((1, KEY_MOVE_IN, control({"move": "m1", "to": 1})),
                  (2, "src", {"k": "a", "value": 5.0})) == []  # fmt: skip
     state = {"count": "1", "total": "1e999"}
@@ -349,26 +349,15 @@ def test_a_precopied_moved_state_keeping_a_part_not_declared_here_goes_on_withou
     two): the copy kept aside holds only the declared parts, and a move that names the
     undeclared one as kept is installed without it, as a move without a copy is, not an
     invariant broken at every retry."""
-    monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
-    options = {"class": "lifecycle_procs:CountingStats", "path": str(HERE),
-               "options": {"log": str(tmp_path / "hooks.log")}}  # fmt: skip
-    run = f"run{next(_runs)}"
-    store = Store()
-
-    def control(detail: dict[str, Any]) -> dict[str, Any]:
-        return {"k": "a", CONTROL_FIELD: detail}
-
+    batch = counting_key(tmp_path, monkeypatch)
     copied = {"count": "2", "total": "4.0", "ballast": '"bbb"'}
-    out = moving_key_batch(
-        store, options, run,
+    got = batch(
         (1, KEY_COPY_IN, control({"move": "c1", "state": copied})),
         (2, KEY_MOVE_IN, control({"move": "m1", "to": 1})),
         (3, "src", {"k": "a", "value": 1.0}),
         (4, KEY_STATE, control({"move": "m1", "state": {"count": "3"}, "base": "c1",
                                 "keep": ["ballast", "total"]})),
     )  # fmt: skip
-    got = [(o, json.loads(b), d) for f in out
-           for o, b, d in zip(f["origin"], f["body"], f["dead"], strict=True)]  # fmt: skip
     assert got == [(4, {"count": 4, "total": 5.0}, None)]
 
 
@@ -461,9 +450,6 @@ def test_held_events_around_a_state_in_one_batch_keep_the_input_order(
         return [(o, json.loads(b)["total"]) for f in moving_key_batch(store, options, run, *rows)
                 for o, b, c, d in zip(f["origin"], f["body"], f["creator"], f["dead"], strict=True)
                 if c != KEY_STATE or d is not None]  # fmt: skip
-
-    def control(detail: dict[str, Any]) -> dict[str, Any]:
-        return {"k": "a", CONTROL_FIELD: detail}
 
     def event(value: float) -> dict[str, Any]:
         return {"k": "a", "value": value}
@@ -625,9 +611,6 @@ def test_a_key_moving_out_and_in_keeps_its_digests_in_step(
 ) -> None:
     monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
     options, run, store = ballasted_options(tmp_path), f"run{next(_runs)}", Store()
-
-    def control(detail: dict[str, Any]) -> dict[str, Any]:
-        return {"k": "a", CONTROL_FIELD: detail}
 
     keyed_events(store, options, run, {"value": 1.0})
     out = moving_key_batch(store, options, run, (2, KEY_MOVE_OUT, control({"move": "m1", "to": 0})))
