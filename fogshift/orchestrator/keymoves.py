@@ -233,8 +233,10 @@ class KeyMoves(Standbys):
         ``timeout_s`` more.
 
         Raises:
-            InvalidInput: Not a partitioned element, partitioned inputs, a key group of
-                several inputs, no partition on ``target``, bad keys; nothing was stored.
+            InvalidInput: Not a partitioned element, partitioned inputs, no partition on
+                ``target``, bad keys; nothing was stored.
+            Conflict: A key to move still waits for an earlier move's state (once that
+                comes, the same request goes on); nothing was stored.
             Unavailable: ``target`` is not healthy.
         """
         started = time.monotonic()
@@ -376,9 +378,9 @@ class KeyMoves(Standbys):
             )  # fmt: skip
         waiting = sorted(set(keys) & set(owners.pending))
         if waiting:
-            raise InvalidInput(
-                f"cannot move {what}: {', '.join(waiting)} still wait for the state of an "
-                "earlier move",
+            raise Conflict(  # (a wait, not a refusal for good)
+                f"cannot move {what} now: {', '.join(waiting)} still wait for the state of "
+                "an earlier move",
                 expected="keys whose earlier moves have completed",
                 received=", ".join(waiting),
                 hint="that move completes when its origin partition runs (restore it if its "
@@ -763,8 +765,8 @@ class KeyMoves(Standbys):
         g, n = group
         waiting = sorted(k for k in owners.pending if in_group(k, g, n))
         if waiting:
-            raise InvalidInput(
-                f"cannot move key group {g}/{n} of {pipeline}/{element_id}: "
+            raise Conflict(  # (a wait, not a refusal for good)
+                f"cannot move key group {g}/{n} of {pipeline}/{element_id} now: "
                 f"{', '.join(waiting[:5])} still wait for the state of an earlier move",
                 expected="no key of the group waiting for an earlier move",
                 received=", ".join(waiting[:5]),

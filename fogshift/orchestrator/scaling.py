@@ -122,8 +122,10 @@ class Scaling(KeyMoves):
             the retirement): what was stored stands, as a key move's does.
 
         Raises:
-            InvalidInput: Not a partitioned element whose keys move, wrong ``nodes``, a key
-                move still under way, too many keys moving; nothing changed.
+            InvalidInput: Not a partitioned element whose keys move, wrong ``nodes``, too
+                many keys moving; nothing changed.
+            Conflict: A key still waits for a key move's state (the scale's own, too: the
+                same request goes on once it came); nothing more changed.
             Unavailable: A node is not healthy; the same request again finishes what was
                 started (ownership changes only by the waves' key moves and the rescale
                 record, each complete on its own).
@@ -248,13 +250,18 @@ class Scaling(KeyMoves):
         source = parts[0].inputs[0]
         owners = self._owners(pipeline, source, element_id, first.first_count)
         if owners.pending:
-            raise InvalidInput(
-                f"cannot {what}: keys {', '.join(sorted(owners.pending)[:5])} still wait "
-                "for the state of an earlier key move",
+            # A wait, not a refusal for good (409): a scale's own waves and rescale leave
+            # keys waiting while their states cross, which is when an orchestrator that
+            # dies most likely dies, and its recovery ended the scale as refused (the
+            # partitions a scale-in retires never retired) instead of trying it again.
+            raise Conflict(
+                f"cannot {what} now: keys {', '.join(sorted(owners.pending)[:5])} still "
+                "wait for the state of an earlier key move",
                 expected="no key move under way",
                 received=f"{len(owners.pending)} keys waiting",
                 hint="that move completes when its origin partition runs (restore it if "
-                "its node is lost); then scale",
+                "its node is lost); then scale again (a scale an orchestrator's restart "
+                "carries on is tried again by itself)",
             )
         try:
             added, consumers = self._place(self.pipeline(pipeline).spec, parts, partitions,

@@ -808,10 +808,10 @@ def test_a_scale_a_node_is_away_for_waits_and_a_refused_one_ends(
     assert orch.recover_scales() == [] and len(asked) == 2
     assert orch._scale_retries[left][1] == 2 * reconciler.SCALE_RETRY_S  # a longer one
     orch._scale_retries[left] = (0.0, reconciler.SCALE_RETRY_S)  # the pause is over
-    orch.scale_answers.append(InvalidInput("cannot scale p/aggregate: keys wait"))  # type: ignore[attr-defined]
+    orch.scale_answers.append(InvalidInput("cannot scale p/aggregate: 5000 keys move"))  # type: ignore[attr-defined]
     (decision,) = orch.recover_scales()
-    assert len(asked) == 3 and "refused: cannot scale p/aggregate: keys wait" in decision
-    assert orch.registry.scale(left).outcome == "refused: cannot scale p/aggregate: keys wait"  # type: ignore[union-attr]
+    assert len(asked) == 3 and "refused: cannot scale p/aggregate: 5000 keys move" in decision
+    assert orch.registry.scale(left).outcome == "refused: cannot scale p/aggregate: 5000 keys move"  # type: ignore[union-attr]
 
 
 def test_a_newer_scale_supersedes_one_left_unfinished(

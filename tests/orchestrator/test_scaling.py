@@ -341,6 +341,31 @@ def test_a_refused_rescale_record_says_which_added_partitions_run(
     assert orch.registry.unfinished_scales() == []
 
 
+def test_a_scale_carried_on_while_keys_wait_for_their_states_is_tried_again(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys waiting for a move's state (the scale's own waves' or rescale's, crossing when
+    its orchestrator died) are a wait, not a refusal: the recovery ended such a scale as
+    refused, and a scale-in's partitions were never retired."""
+    from fogshift.exceptions import Conflict
+
+    _beat(orch, agents)
+    waiting = Ownership(2)
+    waiting.pending["s1"] = "m1"
+    monkeypatch.setattr(orch, "_owners", lambda *args: waiting)
+    left = orch.registry.begin_scale("p", "aggregate", 3, None, True, "dead0rchestr")
+    assert orch.recover_scales() == []
+    entry = orch.registry.scale(left.id)
+    assert entry is not None and entry.outcome is None  # left open: tried again later
+    assert left.id in orch._scale_retries
+    # Asked by a user meanwhile: told to wait (409), with what waits.
+    with pytest.raises(Conflict) as refused:
+        orch.scale("p", "aggregate", 3)
+    assert "still wait for the state of an earlier key move" in refused.value.message
+    assert refused.value.received == "1 keys waiting" and refused.value.http_status == 409
+    assert refused.value.hint is not None and "scale again" in refused.value.hint
+
+
 def test_a_scale_whose_listing_or_start_fails_says_which_partitions_it_added(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
