@@ -820,10 +820,15 @@ def migrate(
             "unknown migration mode",
             expected=", ".join(m.value for m in MigrationMode),
             received=repr(mode),
+            hint="precopy (the default) keeps the PE running while its state copies; "
+            "handover starts a warm target first; literal is the thesis's procedure",
         )
     if not to:
         raise InvalidInput(
-            "migrate needs the node to move to", expected="--to NODE", received="no --to"
+            "migrate needs the node to move to",
+            expected="--to NODE",
+            received="no --to",
+            hint="`fogshift nodes` lists the nodes, `fogshift status PIPELINE` where each PE runs",
         )
     # (Split and stripped, a key such as " s1" or "a,b" was sent as another that does not
     # exist, moved as an empty state, and reported moved.)
@@ -863,12 +868,16 @@ def migrate(
                 "--key-group G/N --to N`",
                 received=f"element {element!r}, --elements {elements!r}, --keys {keys!r}, "
                 f"--key-group {key_group!r}",
+                hint="name the partitioned element (not a partition, not --elements) and "
+                "either --keys or --key-group",
             )
         if order not in tuple(KeyOrder):
             raise InvalidInput(
                 "unknown key order",
                 expected=", ".join(o.value for o in KeyOrder),
                 received=repr(order),
+                hint="backlog (the default) sends first the states of the keys whose next "
+                "events come first; fifo as listed",
             )
         _migrate_keys(home, pipeline, element, listed or [], to, order,
                       as_json, key_group, precopy, wave_keys)  # fmt: skip

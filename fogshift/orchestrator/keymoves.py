@@ -1318,6 +1318,18 @@ def _check_keys(what: str, keys: list[str]) -> None:
             f"cannot move {what}: bad key list",
             expected=f"1 to {MAX_KEYS} distinct keys, each 1 to {MAX_KEY_CHARS} printable "
             "characters (a key is the key_by field's value as text)",
-            received=", ".join(repr(k) for k in (bad or keys)[:5]) or "(none)",
+            received=_bad_keys(keys, bad),
             hint="e.g. --keys p01,p02",
         )
+
+
+def _bad_keys(keys: list[str], bad: list[str]) -> str:
+    """What is wrong with a key list :func:`_check_keys` refuses, as received."""
+    if not keys:
+        return "(none)"
+    if bad:
+        return ", ".join(repr(k[: MAX_KEY_CHARS + 1]) for k in bad[:5])
+    if len(keys) > MAX_KEYS:
+        return f"{len(keys)} keys"
+    doubled = sorted({k for k in keys if keys.count(k) > 1})
+    return "listed twice: " + ", ".join(repr(k) for k in doubled[:5])

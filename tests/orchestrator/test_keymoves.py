@@ -15,11 +15,13 @@ from fogshift.contracts import KeyOrder
 from fogshift.orchestrator.keymoves import (
     FIRST_WAVE_BYTES,
     FIRST_WAVE_KEYS,
+    MAX_KEYS,
     PRECOPY_STEP_BYTES,
     WAVE_BYTES,
     WAVE_KEYS,
     KeyMoves,
     Listing,
+    _check_keys,
     _next_step,
 )
 from fogshift.orchestrator.scaling import _rescaled_to
@@ -446,3 +448,22 @@ def test_a_key_move_queued_behind_a_long_one_is_refused_after_its_wait() -> None
         pass
     with element_lock("p", "agg", "cannot move keys of p/agg", wait_s=0.1):
         pass  # (released by the first)
+
+
+@pytest.mark.parametrize(
+    ("keys", "received"),
+    [
+        ([], "(none)"),
+        (["s1", " s2", "s1"], "listed twice: 's1'"),
+        ([f"k{n}" for n in range(MAX_KEYS + 1)], f"{MAX_KEYS + 1} keys"),
+        (["ok", "a\tb"], "'a\\tb'"),
+    ],
+)
+def test_a_refused_key_list_says_what_is_wrong_with_it(keys: list[str], received: str) -> None:
+    """A doubled key or too many were shown as the list's first five keys."""
+    from fogshift.exceptions import InvalidInput
+
+    with pytest.raises(InvalidInput) as refused:
+        _check_keys("keys of p/agg", keys)
+    assert refused.value.received == received
+    assert refused.value.hint is not None
