@@ -371,6 +371,20 @@ class KeyMoves(Standbys):
         what = f"keys of {pipeline}/{element_id}"
         assert to.partition is not None
         owners = self._owners(pipeline, source, element_id, to.partition.first_count)
+        if to.partition.index >= owners.count and owners.rescaled > to.partition.since_of(source):
+            # A rescale stored since it was placed left fewer partitions: this one is being
+            # retired (its scale returned before the retirement, or died), and keys moved
+            # to it would hold it back or go with it. (One a scale-out added, its rescale
+            # not stored yet, reads from after the last one: keys may move there.)
+            raise InvalidInput(
+                f"cannot move {what} to {target!r}: its partition {to.id} is being retired "
+                f"(the element is rescaled to {owners.count} partitions)",
+                expected=f"a node hosting one of partitions 0 to {owners.count - 1}",
+                received=f"{target} ({to.id})",
+                hint=f"finish the scale first (`fogshift scale {pipeline} {element_id} "
+                f"--partitions {owners.count}` again), then move the keys to a partition "
+                "that stays",
+            )
         if group is not None:
             return self._move_group(
                 pipeline, element_id, parts, to, target, source, order, started, timeout_s,

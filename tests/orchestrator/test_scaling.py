@@ -309,6 +309,25 @@ def test_a_key_move_asked_again_is_moved_only_once_its_target_committed(
     assert report.status == "moved" and report.already == [key]
 
 
+def test_no_key_moves_to_a_partition_a_stored_rescale_retires(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scaled in to one partition, the rescale stored and its retirement not done yet (the
+    scale returned pending, or died): keys were moved to partition 1, which then could not
+    be retired."""
+    from fogshift.exceptions import InvalidInput
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(count=1, rescaled=5))
+    monkeypatch.setattr(orch, "_key_subjects", lambda *args: None)
+    with pytest.raises(InvalidInput) as refused:
+        orch.migrate_keys("p", "aggregate", ["s1"], "fog-b", timeout_s=0.3)
+    error = refused.value
+    assert "its partition aggregate-p1 is being retired" in error.message
+    assert error.received == "fog-b (aggregate-p1)" and error.hint is not None
+    assert "fogshift scale p aggregate --partitions 1" in error.hint
+
+
 def test_a_refused_rescale_record_says_which_added_partitions_run(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
