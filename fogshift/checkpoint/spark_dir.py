@@ -29,6 +29,8 @@ from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES, file_chunks
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.checkpoint.key_index import FOLDER as KEY_INDEX_FOLDER
 from fogshift.checkpoint.key_index import batch_of as index_batch
+from fogshift.common.exceptions import InvalidName
+from fogshift.common.names import check_relative_path
 from fogshift.exceptions import FogshiftError
 
 log = logging.getLogger("fogshift.checkpoint")
@@ -545,7 +547,8 @@ def fill_omitted(
     """
     try:
         return _filled(data, blob, chunk)
-    except (tarfile.TarError, KeyError, TypeError, ValueError) as exc:
+    except (tarfile.TarError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        # (AttributeError: a listing that is no mapping; answered 500, nobody sent it whole)
         raise TornCheckpoint(f"a checkpoint archive that left files out cannot be read: {exc}",
                              expected="an archive of fogshift's pack()") from exc  # fmt: skip
 
@@ -633,11 +636,47 @@ def unpack(
     staging.mkdir()
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+            _refuse_strangers(tar.getmembers(), target)
             tar.extractall(staging, filter="data")
-    except (tarfile.TarError, OSError) as exc:
+    except (tarfile.TarError, OSError, TornCheckpoint) as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, TornCheckpoint):
+            raise
         raise TornCheckpoint(f"checkpoint archive for {target} cannot be read: {exc}") from exc
     (place or install)(staging, target)
+
+
+STRANGER_HINT = "the sending node is not fogshift's, or not itself"
+
+
+def _refuse_strangers(members: list[tarfile.TarInfo], target: Path) -> None:
+    """Refuse an archive with anything :func:`pack` never makes: a member other than a file,
+    a folder or a hard link to another member, or a name that is not a normalised relative
+    path. Not left to tarfile's ``data`` filter alone: interpreters before 3.11.13 let some
+    links through it (CVE-2025-4517), and the archive comes from another node.
+
+    Raises:
+        TornCheckpoint: Such a member, named.
+    """
+    for member in members:
+        name = member.name.removeprefix("./")
+        if name in ("", ".") and member.isdir():
+            continue  # (the archive's root, as pack() adds it)
+        names = [name, member.linkname.removeprefix("./")] if member.islnk() else [name]
+        try:
+            for each in names:
+                check_relative_path(each, f"file of the checkpoint archive for {target}")
+        except InvalidName as exc:
+            raise TornCheckpoint(
+                exc.message, expected=exc.expected, received=exc.received, hint=STRANGER_HINT
+            ) from exc
+        if not (member.isfile() or member.isdir() or member.islnk()):
+            raise TornCheckpoint(
+                f"checkpoint archive for {target} holds {name!r}, which is no file or folder",
+                expected="files, folders and hard links between them, as fogshift packs them",
+                received=f"{name!r} of tar type {member.type!r}",
+                hint=STRANGER_HINT,
+            )
 
 
 def installing(target: Path) -> Path:

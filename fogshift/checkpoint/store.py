@@ -32,8 +32,10 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 KEEP = 2
 #: How long a snapshot someone is reading stays, after their last read, beyond the newest
-#: :data:`KEEP` (see :class:`SnapshotPins`).
-PIN_S = 60.0
+#: :data:`KEEP` (see :class:`SnapshotPins`). A read pins it as it starts and once it is
+#: sent: a file of 8 MB among eight read at once over an 8 Mbit/s link takes ~64 s, and at
+#: 60 s the snapshot went from under it (the pull lost, the next one again).
+PIN_S = 300.0
 
 
 def sha256_file(path: Path) -> str:

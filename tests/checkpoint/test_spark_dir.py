@@ -17,6 +17,7 @@ from fogshift.checkpoint import spark_dir
 from fogshift.checkpoint.chunks import file_chunks
 from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.spark_dir import (
+    OMITTED,
     clear_orphan_state,
     copy_checkpoint,
     fill_omitted,
@@ -282,6 +283,55 @@ def test_a_shipped_checkpoint_arrives_whole_or_not_at_all(tmp_path: Path) -> Non
     assert got.read_bytes() == bytes(range(256)) * 64
 
 
+@pytest.mark.parametrize(
+    ("kind", "name", "link"),
+    [
+        (tarfile.SYMTYPE, "./state/evil", "/etc/passwd"),
+        (tarfile.SYMTYPE, "./state/inside", "0/0/1.changelog"),
+        (tarfile.LNKTYPE, "./state/hard", "../../outside"),
+        (tarfile.REGTYPE, "./../escaped", ""),
+        (tarfile.REGTYPE, "/absolute", ""),
+        (tarfile.FIFOTYPE, "./state/fifo", ""),
+    ],
+)
+def test_an_archive_with_what_pack_never_makes_is_refused_whole(
+    tmp_path: Path, kind: bytes, name: str, link: str
+) -> None:
+    """Links out, names that climb, devices: refused before anything is written, not left
+    to tarfile's ``data`` filter alone (bypassed in interpreters before 3.11.13)."""
+    source = tmp_path / "origin"
+    _write(source / "offsets" / "0", "v1\n{}\n{}")
+    data, _ = pack(source)
+    buffer = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(data)) as good,
+        tarfile.open(fileobj=buffer, mode="w") as bad,
+    ):
+        for member in good.getmembers():
+            bad.addfile(member, good.extractfile(member) if member.isfile() else None)
+        stranger = tarfile.TarInfo(name)
+        stranger.type, stranger.linkname = kind, link
+        bad.addfile(stranger, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
+    hostile = buffer.getvalue()
+    with pytest.raises(TornCheckpoint) as refused:
+        unpack(hostile, hashlib.sha256(hostile).hexdigest(), tmp_path / "target" / "cp")
+    assert refused.value.hint is not None and "not fogshift's" in refused.value.hint
+    assert not (tmp_path / "target" / "cp").exists()
+    assert not (tmp_path / "target" / "cp.incoming").exists()
+
+
+def test_hard_links_between_an_archives_files_still_install(tmp_path: Path) -> None:
+    """``tar.add`` stores a second name of one inode as a hard link to the first."""
+    source = tmp_path / "origin"
+    _write(source / "offsets" / "0", "v1\n{}\n{}")
+    os.link(source / "offsets" / "0", source / "offsets" / "1")
+    data, digest = pack(source)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert any(m.islnk() for m in tar.getmembers())
+    unpack(data, digest, tmp_path / "target" / "cp")
+    assert (tmp_path / "target" / "cp" / "offsets" / "1").read_text() == "v1\n{}\n{}"
+
+
 def test_a_gzipped_checkpoint_of_an_older_agent_still_installs(tmp_path: Path) -> None:
     source = tmp_path / "origin"
     _write(source / "commits" / "0", "v1\n{}")
@@ -328,6 +378,15 @@ def test_files_the_receiver_holds_stay_behind_and_are_put_back_from_its_blobs(
     (blobs / sha).unlink()
     with pytest.raises(TornCheckpoint):
         fill_omitted(delta, lambda s: blobs / s)
+    # A listing that is no mapping is refused the same way (it was a 500: nobody asked for
+    # the whole then).
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as odd:
+        listing = tarfile.TarInfo(OMITTED)
+        listing.size = 2
+        odd.addfile(listing, io.BytesIO(b"[]"))
+    with pytest.raises(TornCheckpoint):
+        fill_omitted(buffer.getvalue(), lambda s: blobs / s)
 
 
 def test_a_rewritten_large_file_ships_only_the_chunks_the_receiver_lacks(
