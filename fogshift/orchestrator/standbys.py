@@ -341,7 +341,19 @@ class Standbys(Deployment):
                 continue
             try:
                 with self._exclusive(*key, "standby follow"):
-                    self._follow_one(standby, primary)
+                    # As they are now: a promotion just before the section was free made the
+                    # standby the PE, and capping it at the fenced primary stalled it until
+                    # the next reconcile round.
+                    now = self.registry.standby(*key)
+                    placed = self.registry.get_pipeline(standby.pipeline)
+                    if (
+                        now is None
+                        or (now.node, now.epoch) != (standby.node, standby.epoch)
+                        or placed is None
+                        or placed.placement.get(standby.element) != primary
+                    ):
+                        continue
+                    self._follow_one(now, primary)
             except MigrationInProgress:
                 continue  # a migration, restore or start of the standby owns it now
             except Exception:  # one standby's trouble must not stall the others' caps

@@ -224,6 +224,33 @@ def test_the_follower_raises_the_cap_only_when_the_primary_committed(
     assert len(agents["fog-b"].received("PUT", AGG + "/gate")) == 2
 
 
+def test_a_standby_promoted_while_the_follower_waited_for_its_pe_is_not_capped(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower read the standby before it took the PE's section; a promotion held that
+    section meanwhile: the follower then capped the PE itself at its fenced primary's
+    offset, and it stalled until the next reconcile round."""
+    orch.registry.add_standby("p", "aggregate", "fog-b")
+    reports = {"cloud": [hosted("source"), hosted("sink")], "fog-a": [hosted("aggregate")],
+               "fog-b": [hosted("aggregate", 2)]}  # fmt: skip
+    beat(orch, agents, reports)
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+    agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 41))
+    exclusive = orch._exclusive
+
+    @contextmanager
+    def promoted_first(*args: Any, **kwargs: Any) -> Iterator[None]:
+        # What a promotion that held the section leaves: the standby is the PE.
+        orch.registry.set_placement("p", "aggregate", "fog-b")
+        orch.registry.drop_standby("p", "aggregate")
+        with exclusive(*args, **kwargs):
+            yield
+
+    monkeypatch.setattr(orch, "_exclusive", promoted_first)
+    orch.follow_standbys()
+    assert agents["fog-b"].received("PUT", AGG + "/gate") == []
+
+
 def test_a_restore_promotes_the_standby_fencing_before_it_lifts_the_cap(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
