@@ -203,15 +203,21 @@ def test_a_standby_that_never_gets_warm_is_dropped(
     assert agents["fog-b"].received("DELETE", AGG)[0].query == {"discard": "true"}
 
 
-def test_the_follower_raises_the_cap_only_when_the_primary_committed(
-    orch: Orchestrator, agents: dict[str, StandIn]
-) -> None:
+def followed_standby(orch: Orchestrator, agents: dict[str, StandIn]) -> None:
+    """The aggregate's standby on fog-b (epoch 2, at 41) for the follower; its primary on
+    fog-a committed up to 45."""
     orch.registry.add_standby("p", "aggregate", "fog-b")
     reports = {"cloud": [hosted("source"), hosted("sink")], "fog-a": [hosted("aggregate")],
                "fog-b": [hosted("aggregate", 2)]}  # fmt: skip
     beat(orch, agents, reports)
     agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
     agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 41))
+
+
+def test_the_follower_raises_the_cap_only_when_the_primary_committed(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    followed_standby(orch, agents)
     orch.follow_standbys()
     orch.follow_standbys()  # nothing committed since: the gate is left as it is
     (cap,) = agents["fog-b"].received("PUT", AGG + "/gate")
@@ -230,12 +236,7 @@ def test_a_standby_promoted_while_the_follower_waited_for_its_pe_is_not_capped(
     """The follower read the standby before it took the PE's section; a promotion held that
     section meanwhile: the follower then capped the PE itself at its fenced primary's
     offset, and it stalled until the next reconcile round."""
-    orch.registry.add_standby("p", "aggregate", "fog-b")
-    reports = {"cloud": [hosted("source"), hosted("sink")], "fog-a": [hosted("aggregate")],
-               "fog-b": [hosted("aggregate", 2)]}  # fmt: skip
-    beat(orch, agents, reports)
-    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
-    agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 41))
+    followed_standby(orch, agents)
     exclusive = orch._exclusive
 
     @contextmanager
