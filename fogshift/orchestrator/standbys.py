@@ -331,33 +331,35 @@ class Standbys(Deployment):
         nodes = {n.name: n for n in self.registry.nodes()}
         for standby in self.registry.standbys():
             key = (standby.pipeline, standby.element)
-            record = self.registry.get_pipeline(standby.pipeline)
-            if record is None or record.status != PipelineState.RUNNING:
-                continue
-            primary = record.placement.get(standby.element)
-            if primary is None or primary == standby.node:
+            primary = self._primary_of(standby)
+            if primary is None:
                 continue
             if not (self._ready(nodes.get(primary)) and self._ready(nodes.get(standby.node))):
                 continue
             try:
                 with self._exclusive(*key, "standby follow"):
-                    # As they are now: a promotion just before the section was free made the
+                    # Judged again: a promotion just before the section was free made the
                     # standby the PE, and capping it at the fenced primary stalled it until
                     # the next reconcile round.
                     now = self.registry.standby(*key)
-                    placed = self.registry.get_pipeline(standby.pipeline)
                     if (
-                        now is None
-                        or (now.node, now.epoch) != (standby.node, standby.epoch)
-                        or placed is None
-                        or placed.placement.get(standby.element) != primary
+                        now is not None
+                        and (now.node, now.epoch) == (standby.node, standby.epoch)
+                        and self._primary_of(now) == primary
                     ):
-                        continue
-                    self._follow_one(now, primary)
+                        self._follow_one(now, primary)
             except MigrationInProgress:
                 continue  # a migration, restore or start of the standby owns it now
             except Exception:  # one standby's trouble must not stall the others' caps
                 log.exception("following the standby of %s/%s on %s failed", *key, standby.node)
+
+    def _primary_of(self, standby: StandbyRecord) -> str | None:
+        """The node of the running PE ``standby`` follows (``None``: none to follow)."""
+        record = self.registry.get_pipeline(standby.pipeline)
+        if record is None or record.status != PipelineState.RUNNING:
+            return None
+        primary = record.placement.get(standby.element)
+        return None if primary is None or primary == standby.node else primary
 
     def _follow_one(self, standby: StandbyRecord, primary: str) -> None:
         key = (standby.pipeline, standby.element)
