@@ -740,7 +740,14 @@ def migrate(
     element: Annotated[
         str | None, typer.Argument(help="The PE (or give several with --elements).")
     ] = None,
-    to: Annotated[str, typer.Option("--to", help="The node to move the PE to.")] = "",
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="The node to move the PE to; with --keys or --key-group, the node of the "
+            "partition the keys go to, or that partition's id (two partitions on one node).",
+        ),
+    ] = "",
     mode: Annotated[
         str | None,
         typer.Option(

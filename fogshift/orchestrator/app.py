@@ -273,10 +273,10 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
 
     @app.post("/pipelines/{name}/elements/{element}/keys/migrate")
     def migrate_keys(name: NameParam, element: NameParam, request: KeyMoveRequest) -> KeyMoveReport:
-        """Move single keys of a partitioned element to its partition on ``target``, while
-        every partition runs (PAM). Answers 200 with ``pending`` if a wave's states have not
-        come within a minute: that wave stands (the target holds its keys' events), later
-        ones are not appended."""
+        """Move single keys of a partitioned element to its partition on ``target`` (a node,
+        or a partition's id), while every partition runs (PAM). Answers 200 with ``pending``
+        if a wave's states have not come within a minute: that wave stands (the target holds
+        its keys' events), later ones are not appended."""
         group = None
         if request.group is not None:
             g, n = request.group.split("/")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -209,7 +209,8 @@ class KeyMoves(Standbys):
         wave_keys: int | None = None,
     ) -> KeyMoveReport:
         """Move ``keys`` of the partitioned element ``element_id`` to its partition on
-        ``target``, while every partition keeps running.
+        ``target`` (a node hosting one, or the partition's id), while every partition keeps
+        running.
 
         With ``precopy`` (listed keys; ``None``: yes), their states are first copied to the
         target while their origins keep them (:meth:`_precopy`); the move then carries only
@@ -234,7 +235,7 @@ class KeyMoves(Standbys):
 
         Raises:
             InvalidInput: Not a partitioned element, partitioned inputs, no partition on
-                ``target``, bad keys; nothing was stored.
+                ``target`` or several, bad keys; nothing was stored.
             Conflict: A key to move still waits for an earlier move's state (once that
                 comes, the same request goes on); nothing was stored.
             Unavailable: ``target`` is not healthy.
@@ -243,16 +244,7 @@ class KeyMoves(Standbys):
         record = self.pipeline(pipeline)
         what = f"keys of {pipeline}/{element_id}"
         parts = self._movable_parts(record, element_id, f"cannot move {what}")
-        here = [p for p in parts if record.placement.get(p.id) == target]
-        if not here:
-            raise InvalidInput(
-                f"cannot move {what} to {target!r}: no partition of {element_id!r} runs there",
-                expected="a node hosting one of "
-                + ", ".join(f"{p.id} ({record.placement.get(p.id)})" for p in parts),
-                received=repr(target),
-                hint=f"move a partition there first (`fogshift migrate {pipeline} "
-                f"{parts[0].id} --to {target}`)",
-            )
+        to, target = _target_partition(pipeline, element_id, parts, record.placement, target)
         if group is None:
             _check_keys(what, keys)
         elif wave_keys is not None or precopy is not None:
@@ -276,7 +268,6 @@ class KeyMoves(Standbys):
                 hint="e.g. --key-group 3/16 (keys whose CRC-32 modulo 16 is 3)",
             )
         self._usable_node(target, f"move {what} to")
-        to = here[0]
         assert to.partition is not None
         source = parts[0].inputs[0]
         for name in parts[0].inputs:
@@ -1321,6 +1312,44 @@ def _no_state(missing: list[str]) -> str:
     return (
         f"no state yet for {len(missing)} keys ({', '.join(missing[:10])}) in time: "
         "their events wait at their new partition until their origin sends them"
+    )
+
+
+def _target_partition(
+    pipeline: str,
+    element_id: str,
+    parts: list[ElementSpec],
+    placement: Mapping[str, str],
+    target: str,
+) -> tuple[ElementSpec, str]:
+    """The partition a key move's ``target`` names and the node it runs on: ``target`` is a
+    partition's id, or a node where exactly one partition of the element runs.
+
+    Raises:
+        InvalidInput: No partition of the element runs on node ``target``, or several do
+            (which one the keys should go to is the user's to say).
+    """
+    what = f"keys of {pipeline}/{element_id}"
+    for part in parts:
+        if part.id == target and placement.get(part.id) is not None:
+            return part, placement[part.id]
+    here = [p for p in parts if placement.get(p.id) == target]
+    if len(here) == 1:
+        return here[0], target
+    hosted = ", ".join(f"{p.id} ({placement.get(p.id)})" for p in parts)
+    if not here:
+        raise InvalidInput(
+            f"cannot move {what} to {target!r}: no partition of {element_id!r} runs there",
+            expected="a partition's id, or a node hosting one of " + hosted,
+            received=repr(target),
+            hint=f"move a partition there first (`fogshift migrate {pipeline} "
+            f"{parts[0].id} --to {target}`)",
+        )
+    raise InvalidInput(
+        f"cannot move {what} to {target!r}: {len(here)} partitions of {element_id!r} run there",
+        expected="one partition's id: " + " or ".join(p.id for p in here),
+        received=repr(target),
+        hint=f"name the partition the keys go to, e.g. `--to {here[0].id}`",
     )
 
 

@@ -23,6 +23,7 @@ from fogshift.orchestrator.keymoves import (
     Listing,
     _check_keys,
     _next_step,
+    _target_partition,
 )
 from fogshift.orchestrator.scaling import _rescaled_to
 
@@ -467,3 +468,23 @@ def test_a_refused_key_list_says_what_is_wrong_with_it(keys: list[str], received
         _check_keys("keys of p/agg", keys)
     assert refused.value.received == received
     assert refused.value.hint is not None
+
+
+def test_a_key_move_s_target_is_a_node_with_one_partition_or_a_partition_s_id() -> None:
+    """With two partitions on one node, ``--to NODE`` meant the first of them, silently."""
+    from fogshift.exceptions import InvalidInput
+
+    parts: Any = [SimpleNamespace(id=f"agg-p{i}") for i in range(3)]
+    placement = {"agg-p0": "fog-a", "agg-p1": "fog-b", "agg-p2": "fog-b"}
+    to, node = _target_partition("p", "agg", parts, placement, "fog-a")
+    assert (to.id, node) == ("agg-p0", "fog-a")
+    to, node = _target_partition("p", "agg", parts, placement, "agg-p2")
+    assert (to.id, node) == ("agg-p2", "fog-b")
+    with pytest.raises(InvalidInput, match="2 partitions of 'agg' run there") as refused:
+        _target_partition("p", "agg", parts, placement, "fog-b")
+    assert refused.value.expected == "one partition's id: agg-p1 or agg-p2"
+    assert refused.value.hint is not None and "--to agg-p1" in refused.value.hint
+    with pytest.raises(InvalidInput, match="no partition of 'agg' runs there"):
+        _target_partition("p", "agg", parts, placement, "cloud")
+    with pytest.raises(InvalidInput, match="no partition of 'agg' runs there"):
+        _target_partition("p", "agg", parts, {"agg-p0": "fog-a"}, "agg-p1")  # placed nowhere
