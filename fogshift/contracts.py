@@ -1022,12 +1022,16 @@ class TwinEntry(BaseModel):
     Attributes:
         key: The key (the ``key_by`` field's value as text); ``None`` for an unkeyed PE.
         state: The processor's snapshot for that key, as it stored it.
+        partition: In a read of a whole partitioned element, the partition holding the
+            key's state (a key moved by ``migrate --keys`` is not where its hash puts it);
+            ``None`` otherwise.
     """
 
     model_config = _WIRE
 
     key: str | None
     state: Any
+    partition: str | None = None
 
 
 class TwinState(BaseModel):

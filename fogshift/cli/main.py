@@ -576,11 +576,15 @@ def state(
     batch = "no batch committed yet" if data.batch is None else f"batch {data.batch}"
     keyed = f"keyed by {data.key_by}, {data.keys} keys" if data.key_by else "not keyed"
     table = Table(title=f"state of {pipeline}/{element} on {data.node} ({batch}; {keyed})")
-    for column in ("key", "state"):
+    # (A partitioned element's keys each in the partition holding them: a moved key is not
+    # where its hash puts it.)
+    held = any(entry.partition is not None for entry in data.entries)
+    for column in ("key", "partition", "state") if held else ("key", "state"):
         table.add_column(column)
     for entry in data.entries:
         text = json.dumps(entry.state, separators=(",", ":"))
-        table.add_row(*_plain("-" if entry.key is None else entry.key, text[:200]))
+        where = [entry.partition or "-"] if held else []
+        table.add_row(*_plain("-" if entry.key is None else entry.key, *where, text[:200]))
     console.print(table)
     if key is not None and not data.entries:
         console.print(f"no state for key {escape(repr(key))} (it has had no valid event yet)")

@@ -818,7 +818,10 @@ class Deployment(Journal):
         # newest committed batch (the answer's batch is the oldest of those).
         answers = [ask(p.id) for p in parts]
         batches = [a.batch for a in answers]
-        entries = sorted((e for a in answers for e in a.entries), key=lambda e: e.key or "")
+        entries = sorted(
+            (e.model_copy(update={"partition": a.element}) for a in answers for e in a.entries),
+            key=lambda e: e.key or "",
+        )
         return TwinState(
             pipeline=name,
             element=element_id,

@@ -89,6 +89,11 @@ def test_a_wearable_moves_to_the_other_gateway_and_only_its_twin_follows(
     assert (one["element"], one["node"]) == ("classify-p1", "fog-b")
     kept = cluster.json("state", "twins", "classify-p0")["entries"]
     assert sorted(e["key"] for e in kept) == stay
+    # A read of the whole element says where each twin is.
+    whole = cluster.json("state", "twins", "classify")["entries"]
+    assert {e["key"]: e["partition"] for e in whole} == {
+        p: f"classify-p{1 if p == MOVING else partition_of_key(p, 2)}" for p in names
+    }
     # Mid-stream: the band-pass emitted windows of the patient after the move was stored.
     # When the move came while the wearables streamed, as the demo says (on a quiet machine
     # it does; on two loaded cores the five queries' starts took longer than the 50 s of
