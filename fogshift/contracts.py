@@ -1016,6 +1016,20 @@ class DeadLetter(BaseModel):
     event: Any
 
 
+class KeyWaiting(BaseModel):
+    """A key that moved in to a partition whose state has not come yet.
+
+    Attributes:
+        move: The key move whose state it waits for.
+        events: The key's events held until then (processed, in order, once it comes).
+    """
+
+    model_config = _WIRE
+
+    move: str
+    events: int
+
+
 class TwinEntry(BaseModel):
     """The state of one key of a PE (of the whole PE when it is not keyed).
 
@@ -1025,6 +1039,8 @@ class TwinEntry(BaseModel):
         partition: In a read of a whole partitioned element, the partition holding the
             key's state (a key moved by ``migrate --keys`` is not where its hash puts it);
             ``None`` otherwise.
+        waiting: A key moving in whose state has not come yet (``state`` is then ``None``):
+            its events are held here until it does; ``None`` otherwise.
     """
 
     model_config = _WIRE
@@ -1032,6 +1048,7 @@ class TwinEntry(BaseModel):
     key: str | None
     state: Any
     partition: str | None = None
+    waiting: KeyWaiting | None = None
 
 
 class TwinState(BaseModel):
@@ -1043,7 +1060,9 @@ class TwinState(BaseModel):
         batch: The committed batch the state is as of (``None``: no batch committed yet).
         key_by: The PE's key field, ``None`` for an unkeyed PE.
         keys: How many keys hold state (all of them, also when ``entries`` is cut).
-        entries: The keys asked for, sorted by key, at most ``limit`` of them.
+        waiting: How many keys moving in wait for their state (all of them).
+        entries: The keys asked for, sorted by key, at most ``limit`` of them: those
+            holding state, and those waiting for it (see :attr:`TwinEntry.waiting`).
     """
 
     model_config = _WIRE
@@ -1055,6 +1074,7 @@ class TwinState(BaseModel):
     key_by: str | None
     keys: int
     entries: list[TwinEntry]
+    waiting: int = 0
 
 
 class StateKeys(BaseModel):

@@ -38,6 +38,7 @@ from fogshift.checkpoint.spark_dir import (
     planned_batch,
     progress_of,
     replaced,
+    settle_install,
     unpack,
 )
 from fogshift.checkpoint.store import (
@@ -56,6 +57,7 @@ from fogshift.contracts import (
     ElementInfo,
     ElementProgress,
     Gate,
+    KeyWaiting,
     LeftCheckpoint,
     NodeCheckpoint,
     PEState,
@@ -78,6 +80,7 @@ from fogshift.runtime.state_reader import (
     read_jvm_window,
     read_key_variables,
     read_state,
+    read_waiting,
 )
 from fogshift.spec.models import ElementSpec, runs_on_jvm
 
@@ -219,9 +222,23 @@ class NodeRuntime:
         """Start Spark (slow, ~7 s) and the monitor, in the background."""
         # Copies a process before this one was packing when it ended: no one reads them.
         shutil.rmtree(self._outgoing, ignore_errors=True)
+        self._settle_installs()
         self._spark_thread.submit(self._start_spark)
         threading.Thread(target=self._monitor, name="monitor", daemon=True).start()
         threading.Thread(target=self.run_snapshots, name="snapshots", daemon=True).start()
+
+    def _settle_installs(self) -> None:
+        """Settle the checkpoint installs a process before this one ended between their two
+        renames (:func:`settle_install`), before anything reads the node's checkpoints."""
+        root = self.config.home / "checkpoints"
+        for old in sorted(root.glob("*/*.replaced")) if root.is_dir() else ():
+            target = old.with_name(old.name.removesuffix(".replaced"))
+            outcome = settle_install(target)
+            if outcome is not None:
+                log.warning("checkpoint %s/%s: an install ended between its renames; %s",
+                            target.parent.name, target.name,
+                            "the checkpoint it replaced is back" if outcome
+                            else "the one it replaced is removed")  # fmt: skip
 
     def _start_spark(self) -> None:
         from fogshift.runtime.session import build_session
@@ -906,7 +923,19 @@ class NodeRuntime:
                 keyed,
                 key if keyed else None,
             )
-        entries = [TwinEntry(key=k, state=v) for k, v in list(states.items())[:limit]]
+        waiting = (
+            read_waiting(
+                self.spark, self.checkpoint_dir(pipeline, pe), batch, key if keyed else None
+            )
+            if element.moves_keys
+            else {}
+        )
+        entries = [TwinEntry(key=k, state=v) for k, v in states.items()]
+        entries += [
+            TwinEntry(key=k, state=None, waiting=KeyWaiting(move=move, events=events))
+            for k, (move, events) in waiting.items()
+        ]
+        entries.sort(key=lambda e: e.key or "")
         return TwinState(
             pipeline=pipeline,
             element=pe,
@@ -914,7 +943,8 @@ class NodeRuntime:
             batch=batch,
             key_by=element.key_by,
             keys=len(states),
-            entries=entries,
+            waiting=len(waiting),
+            entries=entries[:limit],
         )
 
     def state_keys(self, pipeline: str, pe: str) -> StateKeys:

@@ -699,6 +699,30 @@ def replaced(target: Path) -> Path:
     return target.with_name(target.name + ".replaced")
 
 
+def settle_install(target: Path) -> bool | None:
+    """Settle what an install that ended between its two renames left at ``target`` (the
+    process was killed there): the checkpoint it was replacing, aside as :func:`replaced`.
+
+    If ``target`` is missing, the new copy never got into place, so the install did not
+    happen (its caller never heard it did): the old checkpoint goes back, rather than the PE
+    seeming to have none here (a deploy would start it over, and nothing would ever remove
+    the folder aside). If ``target`` is there, the install was done but for removing the old
+    one, which is removed now.
+
+    Returns:
+        ``True`` if the old checkpoint was put back, ``False`` if it was removed, ``None``
+        if there was nothing to settle.
+    """
+    old = replaced(target)
+    if not old.is_dir():
+        return None
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        return False
+    old.replace(target)
+    return True
+
+
 def install(
     staging: Path, target: Path, renames: contextlib.AbstractContextManager[object] | None = None
 ) -> None:

@@ -575,6 +575,8 @@ def state(
         return
     batch = "no batch committed yet" if data.batch is None else f"batch {data.batch}"
     keyed = f"keyed by {data.key_by}, {data.keys} keys" if data.key_by else "not keyed"
+    if data.waiting:
+        keyed += f", {data.waiting} waiting for a key move's state"
     table = Table(title=f"state of {pipeline}/{element} on {data.node} ({batch}; {keyed})")
     # (A partitioned element's keys each in the partition holding them: a moved key is not
     # where its hash puts it.)
@@ -583,6 +585,9 @@ def state(
         table.add_column(column)
     for entry in data.entries:
         text = json.dumps(entry.state, separators=(",", ":"))
+        if entry.waiting is not None:
+            text = (f"(moving in: waiting for key move {entry.waiting.move}'s state, "
+                    f"{entry.waiting.events} events held)")  # fmt: skip
         where = [entry.partition or "-"] if held else []
         table.add_row(*_plain("-" if entry.key is None else entry.key, *where, text[:200]))
     console.print(table)

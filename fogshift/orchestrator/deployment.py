@@ -808,12 +808,17 @@ class Deployment(Journal):
         if key is not None:
             # A key lives in one partition: the one CRC-32 gives it, unless it moved; ask
             # that one first, then the others.
+            # A key moving whose origin has not sent its state yet is in two: at its
+            # origin with its state, at its target waiting for it. Its state is the answer.
             first = partition_of_key(key, len(parts))
+            waits: TwinState | None = None
             for part in [parts[first], *(p for p in parts if p is not parts[first])]:
                 answer = ask(part.id)
-                if answer.entries:
+                if any(e.waiting is None for e in answer.entries):
                     return answer
-            return answer.model_copy(update={"element": element_id})
+                if answer.entries and waits is None:
+                    waits = answer
+            return waits or answer.model_copy(update={"element": element_id})
         # The whole partitioned element: every partition's keys, each read as of its own
         # newest committed batch (the answer's batch is the oldest of those).
         answers = [ask(p.id) for p in parts]
@@ -829,6 +834,7 @@ class Deployment(Journal):
             batch=None if None in batches else min(b for b in batches if b is not None),
             key_by=answers[0].key_by,
             keys=sum(a.keys for a in answers),
+            waiting=sum(a.waiting for a in answers),
             entries=entries[:limit],
         )
 

@@ -67,6 +67,43 @@ def read_state(
     return batch, dict(sorted(out.items(), key=lambda kv: kv[0] or ""))
 
 
+def read_waiting(
+    spark: SparkSession, checkpoint: Path, batch: int | None, key: str | None = None
+) -> dict[str, tuple[str, int]]:
+    """The keys of a partition whose keys move (:mod:`fogshift.broker.keys`) that moved in
+    and whose state has not come yet, as of committed batch ``batch`` (that of a
+    :func:`read_state` just made: one cut): each with the move it waits for and how many
+    of its events are held until then (the ``held`` value state and the ``held_events``
+    list state of :mod:`fogshift.runtime.engine`).
+
+    Args:
+        batch: ``None``: no batch committed yet (nothing waits).
+        key: Only this key.
+
+    Returns:
+        ``{key: (move, events held)}``, sorted by key.
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+
+    if batch is None:
+        return {}
+    group = F.col(f"key.{GROUP_COLUMN}").alias("k")
+    held = _state_var(spark, checkpoint, batch, "held").select(group, F.col("value.json"))
+    events = _state_var(spark, checkpoint, batch, "held_events").select(group)
+    if key is not None:
+        held, events = (f.where(F.col("k") == KEY_PREFIX + key) for f in (held, events))
+    moves = {g: json.loads(text) for g, text in held.collect()}
+    if not moves:
+        return {}  # (no second job when nothing waits: the usual case)
+    counts: dict[str, int] = dict(events.groupBy("k").count().collect())
+    out: dict[str, tuple[str, int]] = {}
+    for g, detail in moves.items():
+        # (Events an older engine kept inline in the held value count too.)
+        inline = len(detail.get("events", ()))
+        out[str(g).removeprefix(KEY_PREFIX)] = (str(detail["move"]), counts.get(g, 0) + inline)
+    return dict(sorted(out.items()))
+
+
 def read_jvm_window(
     spark: SparkSession, checkpoint: Path, keyed: bool = False, key: str | None = None
 ) -> tuple[int | None, dict[str | None, Any]]:

@@ -695,3 +695,17 @@ def test_the_key_index_is_folded_whether_or_not_its_snapshot_is_taken(
     monkeypatch.setattr(key_index, "compact", broken)
     runtime.snapshot_all()
     assert runtime.describe(h).snapshot_error is None
+
+
+def test_a_restarted_node_gets_back_the_checkpoint_an_interrupted_install_set_aside(
+    runtime: NodeRuntime,
+) -> None:
+    checkpoint = runtime.checkpoint_dir("x", "p")
+    aside = checkpoint.with_name("p.replaced")
+    (aside / "commits").mkdir(parents=True)
+    (aside / "commits" / "0").write_text("v1")
+    assert runtime.left() == []  # (a folder aside is no PE's: it went unreported)
+    runtime._settle_installs()
+    assert (checkpoint / "commits" / "0").read_text() == "v1"
+    assert not aside.exists()
+    assert [(left.pipeline, left.element) for left in runtime.left()] == [("x", "p")]

@@ -23,6 +23,8 @@ from fogshift.checkpoint.spark_dir import (
     fill_omitted,
     pack,
     relocate,
+    replaced,
+    settle_install,
     unpack,
 )
 
@@ -476,3 +478,19 @@ def test_a_pe_named_like_a_checkpoint_folder_is_copied_whole(tmp_path: Path, pe:
     assert copy_checkpoint(live, copy)["batch"] == 4
     assert _names(copy) == {"metadata", "offsets", "commits", "state"}
     assert (copy / "state" / "0" / "0" / "5.changelog").exists()
+
+
+def test_an_install_ended_between_its_renames_is_settled(tmp_path: Path) -> None:
+    target = tmp_path / "p" / "pe"
+    # Killed after the old checkpoint went aside, before the new one came into place: the
+    # install did not happen, and the old checkpoint is the PE's again.
+    _write(replaced(target) / "commits" / "3", "old")
+    assert settle_install(target) is True
+    assert (target / "commits" / "3").read_text() == "old"
+    assert not replaced(target).exists()
+    # Killed after both renames, before the old one was removed: it is removed now.
+    _write(replaced(target) / "commits" / "2", "older")
+    assert settle_install(target) is False
+    assert (target / "commits" / "3").read_text() == "old"
+    assert not replaced(target).exists()
+    assert settle_install(target) is None

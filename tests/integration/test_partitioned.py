@@ -260,6 +260,17 @@ def test_key_moves_whose_origin_or_target_node_dies_complete_once_it_is_restored
                     for r in records()
                     if isinstance(r, KeyState) and not r.copy and r.key in moving
                 ]
+                # Meanwhile the target's state read shows the keys waiting for it.
+                move = next(r.move for r in records()
+                            if isinstance(r, KeyMove) and r.keys == tuple(moving))  # fmt: skip
+
+                def waiting() -> dict[str, Any]:
+                    read = cluster.json("state", "orphan", "aggregate-p1")
+                    return {e["key"]: e["waiting"] for e in read["entries"] if e["waiting"]}
+
+                wait_until(lambda: set(waiting()) == set(moving), 30,
+                           describe="the target's state read shows the keys waiting")  # fmt: skip
+                assert {w["move"] for w in waiting().values()} == {move}
             else:  # the target, frozen before the move, cannot have taken the states
                 wait_until(lambda: stored(moving, copies=False), 60, interval_s=0.1,
                            describe="the moved states stored")  # fmt: skip

@@ -43,7 +43,7 @@ from fogshift.common.gate import acknowledged, open_gate, write_gate
 from fogshift.common.waiting import wait_until
 from fogshift.runtime.engine import QueryPlan, start_query
 from fogshift.runtime.gate import end_run
-from fogshift.runtime.state_reader import read_key_variables, read_keys, read_state
+from fogshift.runtime.state_reader import read_key_variables, read_keys, read_state, read_waiting
 from fogshift.spec.models import ElementSpec, Partition, partition_of_key
 
 if TYPE_CHECKING:
@@ -838,11 +838,22 @@ def test_a_key_state_is_taken_only_from_the_keys_owner_before_its_move(
         parts.send(30, keys=8)
         parts.committed(1)  # partition 1 read the forgeries (and holds the moved keys)
         assert all(parts.key_at[o["seq"]] not in mine for o in parts.outputs("pe-p1"))
+        # A state read says so: the moved keys wait there for move m1's state, each with
+        # the events of it sent since the move held; they hold no state there yet.
+        target = Path(parts.plans[1].checkpoint_dir)
+        batch, states = read_state(spark, target, ["count", "total"], True)
+        late = Counter(body["patient"] for body in parts.sent[-30:])
+        assert read_waiting(spark, target, batch) == {k: ("m1", late[k]) for k in moving}
+        assert read_waiting(spark, target, batch, moving[1]) == {moving[1]: ("m1", late[moving[1]])}
+        assert not set(moving) & set(states)
         open_gate(gate)
         parts.send(30, keys=8)
         parts.answered()
         assert parts.per_key() == parts.expected()
         assert {parts.key_at[o["seq"]] for o in parts.outputs("pe-p0")} >= {staying}
+        parts.committed(1)
+        batch, states = read_state(spark, target, ["count", "total"], True)
+        assert read_waiting(spark, target, batch) == {} and set(moving) <= set(states)
     finally:
         parts.stop()
 

@@ -18,6 +18,7 @@ from fogshift.contracts import (
     GroupMigrationReport,
     GroupMigrationStatus,
     HopLatency,
+    KeyWaiting,
     MigrationMode,
     MigrationReport,
     MigrationStatus,
@@ -142,9 +143,13 @@ class StandIn:
     def twin_state(self, name: str, element: str, kind: str) -> TwinState | None:
         if element != "pick":
             return None
-        twins = [TwinEntry(key="p01", state={"zi": [0.5]}), TwinEntry(key="p02", state={})]
+        twins = [
+            TwinEntry(key="p01", state={"zi": [0.5]}),
+            TwinEntry(key="p02", state={}),
+            TwinEntry(key="p04", state=None, waiting=KeyWaiting(move="m7", events=4)),
+        ]
         return TwinState(pipeline=name, element=element, node="fog-a", batch=7,
-                         key_by="patient", keys=3, entries=twins)  # fmt: skip
+                         key_by="patient", keys=3, waiting=1, entries=twins)  # fmt: skip
 
     def migrate(self, name: str, element: str, target: str, mode: str) -> MigrationReport:
         self.actions.append(("migrate", name, element, target, mode))
@@ -350,8 +355,16 @@ def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
     assert "KeyError: &#39;value&#39;" in detail and "<option>fog-b</option>" in detail
     assert "<option>fog-a</option>" not in detail.split('id="target"')[1].split("</select>")[0]
     # Its twins, per key, as of a committed batch.
-    assert "Its state per patient (3 keys, 2 shown), as of batch 7 on fog-a" in detail
+    assert (
+        "Its state per patient (3 keys, 1 waiting for a key move's state, 3 shown), as of "
+        "batch 7 on fog-a" in detail
+    )
     assert '<th scope="row">p01</th><td><code>{"zi": [0.5]}</code>' in detail
+    # A key moving in, its state not come yet: what it waits for, not an empty state.
+    assert (
+        '<th scope="row">p04</th><td>moving in: waiting for key move m7\'s state '
+        "(4 events held)</td>" in detail
+    )
     assert web.get("/pipelines/p/elements/nope").status_code == 404
     assert web.get("/pipelines/..%2Fx").status_code in (404, 422)
     nodes = web.get("/nodes")
