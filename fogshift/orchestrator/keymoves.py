@@ -95,6 +95,14 @@ PRECOPY_STEP_BYTES = 1024 * 1024
 #: How long one precopy request's copies may take to be stored before the move goes ahead
 #: without the rest (their keys' whole states then travel at the move, as without precopy).
 PRECOPY_WAIT_S = 15.0
+#: What a key move stored in only some of a partitioned element's inputs holds until it is
+#: completed (logged when completing it fails; tried again every central round).
+_WAITING = (
+    "until then its keys wait (a key group's move or a rescale holds the inputs it is in at "
+    "its place; a move of listed keys holds those keys' events at their target), and a "
+    "key move or scale of the element tries to complete it first; tried again next round"
+)
+
 #: A precopy stops once it has seen :data:`PRECOPY_SAMPLE` keys, none of whose copies held
 #: this much: a small state costs more as one more record through both partitions (a
 #: round of batches) than its bytes cost at the move (``bench pam``: 1 KiB states gained
@@ -652,14 +660,14 @@ class KeyMoves(Standbys):
                     self._complete_moves(record.name, part.of, element.inputs)
                     self._moves_complete.add((record.name, part.of))
                 except BrokerUnavailable as exc:
-                    log.warning("cannot complete the key moves of %s/%s: %s", record.name,
-                                part.of, exc.message)  # fmt: skip
+                    log.warning("cannot complete the key moves of %s/%s: %s; %s",
+                                record.name, part.of, exc.message, _WAITING)  # fmt: skip
                     return  # (next round: the other elements would wait for it too)
                 except Exception as exc:
                     # (The central round's pulls and pushes go on: one element's trouble
                     # is logged and looked at again next round.)
-                    log.warning("cannot complete the key moves of %s/%s: %r", record.name,
-                                part.of, exc)  # fmt: skip
+                    log.warning("cannot complete the key moves of %s/%s: %r; %s",
+                                record.name, part.of, exc, _WAITING)  # fmt: skip
                 finally:
                     lock.release()
 
