@@ -27,6 +27,7 @@ from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
 from fogshift.cli.topology import topology_app
+from fogshift.common.files import make_private_dir
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.locks import AGENT_LOCK, ORCHESTRATOR_LOCK, claim
 from fogshift.common.names import NAME_PATTERN
@@ -1336,7 +1337,7 @@ def serve_agent(
             pull_rate_bps=pull_rate_bps,
         ),
     )
-    config.home.mkdir(parents=True, exist_ok=True)
+    make_private_dir(config.home)
     _log_setup()
     claim(
         config.home / AGENT_LOCK,

@@ -6,10 +6,14 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from pathlib import Path
 
 #: The mode of every file holding a secret: the owner reads and writes, nobody else.
 PRIVATE_MODE = 0o600
+
+#: The mode of a fogshift home: only its owner enters it.
+PRIVATE_DIR_MODE = 0o700
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
@@ -56,3 +60,22 @@ def write_private(path: Path, text: str) -> Path:
         ``path``.
     """
     return write_atomic(path, text, PRIVATE_MODE)
+
+
+def make_private_dir(path: Path) -> Path:
+    """Make sure folder ``path`` exists and only its owner can enter it (a fogshift home:
+    its pipelines' checkpoints and twins, the central store, the registry, the logs and the
+    secrets; files under it keep the umask's modes, the folder keeps others out of all).
+
+    A new folder is created 0700 (its parents as the umask has them); an existing one of
+    this user's that is wider is narrowed to 0700 (a home made by an older fogshift, or by
+    hand); one of another user's is left as it is.
+
+    Returns:
+        ``path``.
+    """
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    found = path.stat()
+    if found.st_uid == os.geteuid() and stat.S_IMODE(found.st_mode) != PRIVATE_DIR_MODE:
+        os.chmod(path, PRIVATE_DIR_MODE)
+    return path

@@ -198,18 +198,20 @@ def body_refusal(request: Request, most: int) -> tuple[FogshiftError, int] | Non
     its ``Content-Length``; 411: of no stated length, as chunked bodies are), or ``None``.
 
     The length is judged before a byte of the body is read: the server would hold a body of
-    any size in memory before the route saw it."""
+    any size in memory before the route saw it. A ``Transfer-Encoding`` is refused even
+    beside a ``Content-Length``: the server (h11) then reads the chunks and ignores the
+    length, so a small stated length let a body of any size through."""
     what = f"{request.method} {request.scope['path']}"
     length = request.headers.get("content-length")
-    if length is None:
-        if "transfer-encoding" not in request.headers:
-            return None  # no body
+    if "transfer-encoding" in request.headers:
         return InvalidInput(
             f"{what}: a body of unstated length is not read",
             expected=f"a Content-Length header, of at most {most:,} bytes",
             received="Transfer-Encoding: " + request.headers["transfer-encoding"],
             hint="send the body whole, with its length (as fogshift's clients do)",
         ), 411
+    if length is None:
+        return None  # no body
     try:
         size = int(length)
     except ValueError:

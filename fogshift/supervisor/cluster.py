@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fogshift.broker.client import BrokerAddress
 from fogshift.broker.server import free_port, start_nats_server
 from fogshift.common.exceptions import WaitTimedOut
-from fogshift.common.files import PRIVATE_MODE, write_atomic, write_private
+from fogshift.common.files import PRIVATE_MODE, make_private_dir, write_atomic, write_private
 from fogshift.common.http import ServiceClient, is_loopback, node_token
 from fogshift.common.locks import CLUSTER_LOCK, exclusive
 from fogshift.common.names import NAME_PATTERN
@@ -548,7 +548,7 @@ def up(
     fog_text = FogTopology.read_text(topology) if topology is not None else None
     if isolate:
         require_support(need_tc=any(p.bandwidth for p in profiles.values()))
-    home.mkdir(parents=True, exist_ok=True)
+    make_private_dir(home)
     with exclusive(
         home / CLUSTER_LOCK,
         f"a fogshift up or down of {str(home)!r}",
@@ -614,7 +614,7 @@ def _up_claimed(
         # A killed isolated run leaves namespaces, veths and routes; relays follow their
         # veth. Nothing of this home runs now (checked above), so they all go.
         cleanup_stale(home, cluster_running)
-    home.mkdir(parents=True, exist_ok=True)
+    make_private_dir(home)
     write_tokens(home, nodes)
     if fog_text is not None:
         (home / "topology.yaml").write_text(fog_text)

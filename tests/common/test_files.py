@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.common.files import write_private
+from fogshift.common.files import make_private_dir, write_private
 
 
 @pytest.fixture
@@ -70,3 +70,16 @@ def test_the_broker_address_file_is_0600_from_the_start(
     path = BrokerAddress("nats://h:1", "u", "pw").save(tmp_path / "broker.json")
     assert mode(path) == 0o600 and BrokerAddress.load(path).password == "pw"
     assert created and all(m == 0o600 for _, m in created), created
+
+
+def test_a_home_is_made_or_narrowed_to_its_owner_alone(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        made = make_private_dir(tmp_path / "a" / "home")
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700
+        assert stat.S_IMODE((tmp_path / "a").stat().st_mode) == 0o755  # (its parents: umask)
+        wide = tmp_path / "older"
+        wide.mkdir(mode=0o755)
+        assert stat.S_IMODE(make_private_dir(wide).stat().st_mode) == 0o700
+    finally:
+        os.umask(old)

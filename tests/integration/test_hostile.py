@@ -49,6 +49,9 @@ def test_secret_files_are_0600(cluster: Cluster) -> None:
     secrets += [home / "broker" / "nats.conf", home / "cluster.json"]
     for path in secrets:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    # And the homes are the owner's alone: the checkpoints, twins and logs under them too.
+    for folder in (home, home / "nodes" / "cloud", home / "nodes" / "fog-a"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
 
 
 def test_a_nodes_token_opens_only_its_node_endpoints(cluster: Cluster) -> None:

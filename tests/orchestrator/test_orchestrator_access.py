@@ -91,6 +91,12 @@ def test_a_body_over_the_bound_or_of_no_stated_length_is_not_read(app: FastAPI) 
                          headers={"Content-Type": "application/json"})  # fmt: skip
     assert response.status_code == 411, response.text
     assert response.json()["received"] == "Transfer-Encoding: chunked"
+    # Also beside a small stated length: the server reads the chunks, whatever their size,
+    # and ignores the length.
+    response = node.post("/nodes/fog-a/heartbeat", content=json.dumps(beat()).encode(),
+                         headers={"Content-Type": "application/json",
+                                  "Transfer-Encoding": "chunked"})  # fmt: skip
+    assert response.status_code == 411, response.text
     assert app.state.orchestrator.registry.node("fog-a") is None
     # The token is judged first: a stranger learns nothing of the bound.
     assert TestClient(app).post("/nodes/fog-a/heartbeat", content=big).status_code == 401
