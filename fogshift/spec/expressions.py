@@ -118,6 +118,19 @@ def check_expression(expression: str) -> str:
             f"{expression!r} gives a format spec in an f-string (a width from an event "
             "would build a string of any size): format with str() and +"
         )
+    # Syntax the evaluator has no rule for (``(x := 1)``, ``lambda: 1``, ``*a``, a set
+    # comprehension) parses, then fails at every event: each one a dead letter.
+    unknown = sorted({
+        type(node).__name__ for node in ast.walk(tree)
+        if isinstance(node, ast.expr) and type(node) not in evaluator().nodes
+    })  # fmt: skip
+    if unknown:
+        raise ValueError(
+            f"{expression!r} uses {', '.join(unknown)}, which expressions do not have: they "
+            "have fields, constants, operators, comparisons, `x if c else y`, lists, dicts, "
+            "indexing, comprehensions and calls of the functions "
+            f"{', '.join(sorted(FUNCTIONS))}"
+        )
     if any(isinstance(node, ast.Attribute) for node in ast.walk(tree)):
         raise ValueError(
             f"{expression!r} reads an attribute or calls a method: expressions use fields, "

@@ -273,6 +273,15 @@ def _check_values(data: Any) -> None:
                 hint="rates, sizes and times are finite; 0 often means 'no limit' "
                 "(see the README's spec example)",
             )
+        if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 63:
+            # (YAML's 0x… and 0b… build integers of any size: Python writes none of over
+            # 4300 digits as text, and JSON, the refusal's own text and the deploy failed.)
+            raise InvalidSpec(
+                f"{place} is a whole number of {value.bit_length()} bits",
+                expected="a whole number within ±(2**63 - 1)",
+                received=f"a number of {value.bit_length()} bits",
+                hint="counts, sizes and times fit in 64 bits; check the digits",
+            )
         if isinstance(value, str) and "\x00" in value:
             raise InvalidSpec(
                 f"{place} holds a NUL character",
@@ -550,8 +559,18 @@ def _check_output_path(element: ElementSpec) -> None:
     try:
         blocking = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
         is_dir = target.is_dir()
+        # (A FIFO or a device: emptying it at the deploy waits for a reader, holding the
+        # node's lock, and every later deploy or stop on that node waits with it.)
+        special = not is_dir and target.exists() and not target.is_file()
     except OSError as exc:  # a name too long, a folder that may not be listed
         raise _unusable_path(element, "path", element.options["path"], exc) from None
+    if special:
+        raise InvalidSpec(
+            f"sink {element.id!r}: path {element.options['path']!r} is no regular file",
+            expected="a path to a regular file (made if missing, in folders made if missing)",
+            received=f"{path} is a FIFO, socket or device",
+            hint="name a file, e.g. out/results.csv",
+        )
     if is_dir or blocking is not None:
         raise InvalidSpec(
             f"sink {element.id!r}: path {element.options['path']!r} cannot be written as a file",

@@ -550,6 +550,17 @@ def _check_merged(elements: list[ElementSpec]) -> None:
             if i in of and i not in grouped:
                 read.setdefault(of[i], []).append(i)
         for source, parts in read.items():
+            if len(parts) == 1 and sum(1 for o in of.values() if o == source) > 1:
+                # (It would see only the keys that partition owns: a key moved away would
+                # vanish from its input, and a scale would give it every partition's whole
+                # history from the start. An element of one partition is read so.)
+                raise Refusal(
+                    f"element {element.id!r} reads partition {parts[0]!r} of {source!r} "
+                    "alone (a key moved to another partition would vanish from its input)",
+                    expected=f"{source!r} as one input (its partitions read together)",
+                    received=f"inputs: {list(element.inputs)}",
+                    hint=f"name {source!r} as its input instead",
+                )
             if len(parts) > 1:
                 raise Refusal(
                     f"element {element.id!r} reads partitions {parts} of {source!r} one by one "

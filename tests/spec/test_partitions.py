@@ -149,6 +149,11 @@ def test_merged_inputs_are_only_one_elements_partitions_read_together() -> None:
     apart["elements"][-1].update(inputs=["agg-p2", "agg-p0", "agg-p1"], merged=[])
     with pytest.raises(InvalidSpec, match="one by one"):
         parse_spec(apart)
+    # Nor one alone: it would see only that partition's keys, a moved one vanishing.
+    alone = parse_spec(data()).model_dump(mode="json")
+    alone["elements"][-1].update(inputs=["agg-p1"], merged=[])
+    with pytest.raises(InvalidSpec, match="reads partition 'agg-p1' of 'agg' alone"):
+        parse_spec(alone)
     # What the expansion writes is valid, stored and read back.
     spec = parse_spec(data())
     assert parse_spec(spec.model_dump(mode="json")) == spec

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,13 @@ def test_a_path_that_cannot_be_the_file_it_names_is_refused(tmp_path: Path) -> N
     custom["elements"][1] = {"id": "aggregate", "kind": "custom", "node": "fog-a",
                              "inputs": ["source"], "options": options}  # fmt: skip
     validate_spec(parse_spec(custom, tmp_path), check_files=True)
+    # A FIFO: emptying it at the deploy waited for a reader, holding the node's lock.
+    os.mkfifo(tmp_path / "fifo")
+    fifo = case1()
+    fifo["elements"][2]["options"]["path"] = "fifo"
+    with pytest.raises(InvalidSpec) as err:
+        validate_spec(parse_spec(fifo, tmp_path), check_files=True)
+    assert "is no regular file" in err.value.message and err.value.hint
     # A sink's file and folders that do not exist yet are fine: the deploy makes them.
     fine = case1()
     fine["elements"][2]["options"]["path"] = "out/new/o.csv"
@@ -240,6 +248,11 @@ def test_map_expression_is_checked_at_load() -> None:
         # The listed functions only: simpleeval added dict, list, set and tuple to them.
         ("len(list(name)) > 2", "calls list: expressions call only abs"),
         ("shout(name)", "calls shout"),
+        # Parsed, then failed at every event (each a dead letter): no rule in the evaluator.
+        ("(x := 1)", "uses NamedExpr, which expressions do not have"),
+        ("lambda: 1", "uses Lambda"),
+        ("max(*values)", "uses Starred"),
+        ("{v for v in values}", "uses SetComp"),
     ],
 )
 def test_a_filter_that_is_not_one_expression_is_refused_at_load(where: str, said: str) -> None:
@@ -301,6 +314,15 @@ def test_a_sink_may_not_write_another_sinks_exactly_once_marker(tmp_path: Path) 
         (("elements", 1, "options", "field"), b"\xff", "a bytes, which a spec cannot hold"),
         (("elements", 1, "options", "field"), datetime.date(2020, 1, 1), "a date, which"),
         (("elements", 1, "options"), {1: "a"}, "has key 1, which is not text"),
+        # YAML's 0x… builds an integer of any size: the refusal's text, JSON and the deploy
+        # failed on one of over 4300 digits.
+        pytest.param(
+            ("elements", 0, "options", "max_events_per_batch"),
+            16**4000,
+            "of 16001 bits",
+            id="an-integer-of-4817-digits",
+        ),
+        (("elements", 1, "options", "window"), -(2**63), "of 64 bits"),
         (
             ("elements", 1, "options", "window"),
             [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],
