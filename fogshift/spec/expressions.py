@@ -120,9 +120,10 @@ def check_expression(expression: str) -> str:
         )
     # Syntax the evaluator has no rule for (``(x := 1)``, ``lambda: 1``, ``*a``, a set
     # comprehension) parses, then fails at every event: each one a dead letter.
+    rules = evaluator().nodes
     unknown = sorted({
         type(node).__name__ for node in ast.walk(tree)
-        if isinstance(node, ast.expr) and type(node) not in evaluator().nodes
+        if isinstance(node, ast.expr) and type(node) not in rules
     })  # fmt: skip
     if unknown:
         raise ValueError(
