@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fogshift.common.http import ServiceClient
+from fogshift.contracts import NodeView
 from fogshift.spec.examples import example_path
-from fogshift.spec.loader import load_spec
+from fogshift.spec.loader import check_fresh, load_spec, validate_spec
 from fogshift.spec.models import PipelineSpec
 from fogshift.supervisor import cluster as cluster_ops
 from fogshift.verify.case1 import case1_parts
@@ -98,6 +99,23 @@ def run_demo(
         if started and not keep:
             cluster_ops.down(home)
             console.print("cluster stopped (fogshift down)")
+
+
+def redeploy(client: ServiceClient, spec: PipelineSpec) -> None:
+    """Deploy ``spec`` afresh, stopping a run of its name left from before, but only once
+    the spec fits the cluster: its nodes are checked against the cluster's first (a spec
+    refused after the stop had stopped that run for nothing).
+
+    Raises:
+        InvalidSpec: The spec names a node the cluster lacks, or is not one to deploy
+            afresh; nothing was stopped.
+    """
+    validate_spec(spec, nodes=[NodeView.model_validate(n).name for n in client.get("/nodes")])
+    check_fresh(spec)
+    existing = {p["pipeline"]: p for p in client.get("/pipelines")}
+    if existing.get(spec.pipeline, {}).get("status") == "running":
+        client.post(f"/pipelines/{spec.pipeline}/stop")
+    client.post("/pipelines", json=spec.model_dump(mode="json"))
 
 
 def _sink_rows(client: ServiceClient, pipeline: str, at_least: int, deadline: float) -> int:
@@ -259,10 +277,7 @@ def _run(
     source, agg, sink = case1_parts(spec)
     reference = case1_reference(source, agg["field"], agg["window"], agg.get("function", "avg"))
     with cluster_ops.orchestrator_client(home, cluster_ops.OPERATION_TIMEOUT_S) as client:
-        existing = {p["pipeline"]: p for p in client.get("/pipelines")}
-        if existing.get(spec.pipeline, {}).get("status") == "running":
-            client.post(f"/pipelines/{spec.pipeline}/stop")
-        client.post("/pipelines", json=spec.model_dump(mode="json"))
+        redeploy(client, spec)
         console.print(
             f"deployed [bold]{spec.pipeline}[/]: "
             + ", ".join(f"{e.id}@{e.node}" for e in spec.elements)

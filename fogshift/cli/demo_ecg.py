@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from fogshift.cli.demo import checkpointed
+from fogshift.cli.demo import checkpointed, redeploy
 from fogshift.common.http import ServiceClient
 from fogshift.ecg.simulate import Patient, layout, patients
 from fogshift.exceptions import InvalidInput
@@ -62,7 +62,7 @@ def run_ecg(
     expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
     pipeline = spec.pipeline
     with cluster_ops.orchestrator_client(home, cluster_ops.OPERATION_TIMEOUT_S) as client:
-        _deploy(client, spec)
+        redeploy(client, spec)
         console.print(
             f"deployed [bold]{pipeline}[/] ({source.patients} patients, {source.duration_s:g} s "
             f"of ECG each at {source.speed:g}x): "
@@ -180,7 +180,7 @@ def run_twins(home: Path, spec: PipelineSpec, timeout_s: float, console: Console
     walker, stay = here[0], sorted(here[1:])
     expected = reference_alarms(source, parts.amplify, parts.band, parts.classify)
     with cluster_ops.orchestrator_client(home, cluster_ops.OPERATION_TIMEOUT_S) as client:
-        _deploy(client, spec)
+        redeploy(client, spec)
         console.print(
             f"deployed [bold]{pipeline}[/] ({source.patients} patients; the twins of "
             f"{', '.join(here)} on {origin.node}, the others on "
@@ -332,14 +332,6 @@ def _taken(
             if taken == expected or time.monotonic() > deadline:
                 return taken
             time.sleep(2.0)
-
-
-def _deploy(client: ServiceClient, spec: PipelineSpec) -> None:
-    """Deploy ``spec`` afresh (stopping a run of it left from before)."""
-    existing = {p["pipeline"]: p for p in client.get("/pipelines")}
-    if existing.get(spec.pipeline, {}).get("status") == "running":
-        client.post(f"/pipelines/{spec.pipeline}/stop")
-    client.post("/pipelines", json=spec.model_dump(mode="json"))
 
 
 def _source_id(spec: PipelineSpec) -> str:

@@ -77,3 +77,41 @@ def test_a_cluster_file_left_by_a_dead_cluster_is_brought_up_not_used(
     monkeypatch.setattr(cluster_ops, "up", up)
     with pytest.raises(Up):
         demo.run_demo(home, example_path("case1") / "case1.yaml", 60, False, demo.Console())
+
+
+class _Cluster:
+    """A cluster whose nodes are ``nodes`` and whose pipeline ``case1`` runs; records posts."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.nodes = nodes
+        self.posts: list[str] = []
+
+    def get(self, path: str) -> object:
+        if path == "/nodes":
+            return [{"name": n, "url": "http://127.0.0.1:9", "pid": None, "pgid": None,
+                     "healthy": True, "alive": True, "ready": True, "error": None,
+                     "last_seen_s": 0.0, "cpu_percent": None, "replicas": [], "elements": [],
+                     "checkpoints": []} for n in self.nodes]  # fmt: skip
+        return [{"pipeline": "case1", "status": "running"}]
+
+    def post(self, path: str, json: object = None) -> object:
+        self.posts.append(path)
+        return {}
+
+
+def test_a_demo_spec_the_cluster_cannot_run_stops_nothing() -> None:
+    # The demo stopped the running pipeline of its name, then had its spec refused: a node
+    # it names is not in the cluster. Nothing is stopped now; a spec that fits redeploys.
+    from fogshift.spec.examples import example_path
+    from fogshift.spec.exceptions import InvalidSpec
+    from fogshift.spec.loader import load_spec
+
+    spec = load_spec(example_path("case1") / "case1.yaml")
+    placed = sorted({e.node for e in spec.elements})
+    short = _Cluster(placed[1:])
+    with pytest.raises(InvalidSpec, match=f"unknown node {placed[0]!r}"):
+        demo.redeploy(short, spec)  # type: ignore[arg-type]
+    assert short.posts == []
+    whole = _Cluster(placed)
+    demo.redeploy(whole, spec)  # type: ignore[arg-type]
+    assert whole.posts == ["/pipelines/case1/stop", "/pipelines"]
