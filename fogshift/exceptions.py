@@ -22,6 +22,8 @@ class FogshiftError(Exception):
 
     code = "error"
     http_status = 500
+    #: The hint of an error raised without one (a family of refusals whose remedy is one).
+    default_hint: str | None = None
 
     def __init__(
         self,
@@ -34,7 +36,7 @@ class FogshiftError(Exception):
         self.message = message
         self.expected = expected
         self.received = received
-        self.hint = hint
+        self.hint = hint if hint is not None else self.default_hint
         super().__init__(self.render())
 
     def render(self) -> str:

@@ -252,6 +252,7 @@ def create_app(config: AgentConfig) -> FastAPI:
                 f"deploy request for {pipeline}/{element} carries element {request.element.id!r}",
                 expected=repr(element),
                 received=repr(request.element.id),
+                hint="the path and the body name the same element",
             )
         return runtime.deploy(pipeline, request.element, request.fresh, request.gate, request.epoch)
 
@@ -400,7 +401,10 @@ def create_app(config: AgentConfig) -> FastAPI:
         if request.manifest is None:
             raise InvalidInput(
                 f"replica request for {pipeline}/{element} needs that PE's checkpoint manifest",
+                expected="manifest: the PE's checkpoint manifest as the central store keeps it",
                 received="null",
+                hint="send the manifest of the checkpoint to copy (the orchestrator's "
+                "replication does)",
             )
         check_manifest(request.manifest, pipeline, element)
         return CopyResult(fetched_bytes=replicas.copy(request.manifest, request.source))

@@ -178,6 +178,7 @@ class Replicas:
                 expected="a manifest as a node's snapshot writes it (id, pipeline, element, "
                 "batch, created, files)",
                 received=f"{'.'.join(map(str, first['loc'])) or 'manifest'}: {first['msg']}",
+                hint="send the manifest whole, as the central store keeps it",
             ) from None
         blobs = self._source(shaped, source)
         try:

@@ -21,6 +21,7 @@ class BadBenchOption(InvalidInput):
     """A bench option that cannot be used as given."""
 
     code = "bad_bench_option"
+    default_hint = "`fogshift bench EXPERIMENT --help` gives each option's form"
 
 
 def refuse_options_with_report_only(given: list[str], what: str) -> None:

@@ -75,6 +75,7 @@ class InvalidBenchConfig(BenchError, InvalidInput):
 
     code = "invalid_bench_config"
     http_status = 422
+    default_hint = "`fogshift bench planner --help` gives the presets and options"
 
 
 class InvalidBenchResults(BenchError, InvalidInput):
@@ -82,6 +83,7 @@ class InvalidBenchResults(BenchError, InvalidInput):
 
     code = "invalid_bench_results"
     http_status = 422
+    default_hint = "run `fogshift bench planner --out DIR` again to write them anew"
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,9 @@ class Sweep:
             )
         if not self.extra_links >= 0:
             raise InvalidBenchConfig(
-                f"sweep {self.name}: extra_links must be >= 0", received=repr(self.extra_links)
+                f"sweep {self.name}: extra_links must be >= 0",
+                expected="a whole number >= 0",
+                received=repr(self.extra_links),
             )
 
     @property
@@ -167,6 +171,7 @@ class BenchConfig:
         if not names or len(set(names)) != len(names):
             raise InvalidBenchConfig(
                 "a configuration needs at least one sweep and unique sweep names",
+                expected="one sweep or more, each named once",
                 received=repr(names),
             )
 
@@ -212,6 +217,7 @@ class BenchConfig:
             raise InvalidBenchResults(
                 f"{META_NAME} does not hold a benchmark configuration ({exc!r})",
                 expected="the 'config' object fogshift bench planner writes",
+                received=f"keys {sorted(data)}" if isinstance(data, dict) else type(data).__name__,
                 hint="re-run the benchmark to regenerate it",
             ) from exc
 
@@ -577,7 +583,9 @@ def read_rows(path: str | Path) -> list[RunRow]:
                     )
                 except (TypeError, ValueError) as exc:
                     raise InvalidBenchResults(
-                        f"{path}, line {k}: bad value ({exc})", received=repr(rec)[:300]
+                        f"{path}, line {k}: bad value ({exc})",
+                        expected="a row as fogshift bench planner writes it",
+                        received=repr(rec)[:300],
                     ) from exc
                 if rec["method"] not in METHODS:
                     raise InvalidBenchResults(
@@ -589,6 +597,8 @@ def read_rows(path: str | Path) -> list[RunRow]:
     except OSError as exc:
         raise InvalidBenchResults(
             f"cannot read {path}: {exc.strerror or exc}",
+            expected=f"a readable {path.name}",
+            received=exc.strerror or str(exc),
             hint="run `fogshift bench planner --out DIR` first",
         ) from exc
 
@@ -605,13 +615,22 @@ def read_meta(path: str | Path) -> tuple[BenchConfig, dict[str, Any]]:
     except OSError as exc:
         raise InvalidBenchResults(
             f"cannot read {path}: {exc.strerror or exc}",
+            expected=f"a readable {path.name}",
+            received=exc.strerror or str(exc),
             hint="run `fogshift bench planner --out DIR` first",
         ) from exc
     except json.JSONDecodeError as exc:
-        raise InvalidBenchResults(f"{path} is not valid JSON: {exc}") from exc
+        raise InvalidBenchResults(
+            f"{path} is not valid JSON: {exc}",
+            expected="JSON as fogshift bench planner writes it",
+            received=f"text that is not JSON ({exc.msg} at line {exc.lineno})",
+        ) from exc
     if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
         raise InvalidBenchResults(
-            f"{path} has no 'config' object", hint="re-run the benchmark to regenerate it"
+            f"{path} has no 'config' object",
+            expected="an object with a 'config' object",
+            received=f"keys {sorted(meta)}" if isinstance(meta, dict) else type(meta).__name__,
+            hint="re-run the benchmark to regenerate it",
         )
     return BenchConfig.from_json(meta["config"]), meta
 

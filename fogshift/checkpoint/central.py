@@ -50,6 +50,10 @@ from fogshift.exceptions import InvalidInput, NotFound
 
 log = logging.getLogger(__name__)
 
+#: What a refused manifest's sender can do: it is written by a node's snapshot, and one
+#: refused here was changed on its way or was not written by fogshift.
+_MANIFEST_HINT = "send the manifest as the node's snapshot wrote it, unchanged"
+
 
 def check_manifest(
     manifest: Any, pipeline: str | None = None, pe: str | None = None
@@ -71,6 +75,7 @@ def check_manifest(
             "not a checkpoint manifest",
             expected="an object with id, pipeline, element and files",
             received=repr(manifest)[:120],
+            hint=_MANIFEST_HINT,
         )
     owner_pipeline = check_name(manifest.get("pipeline"), "pipeline name in a manifest")
     owner_pe = check_name(manifest.get("element"), "element name in a manifest")
@@ -80,6 +85,7 @@ def check_manifest(
             f"checkpoint manifest for {pipeline}/{pe} belongs to another PE",
             expected=f"{pipeline}/{pe}",
             received=owner,
+            hint=f"send {pipeline}/{pe}'s own manifest",
         )
     check_snapshot_id(manifest.get("id"), f"checkpoint id of {owner}")
     for rel, entry in manifest["files"].items():
@@ -90,6 +96,7 @@ def check_manifest(
                 f"file {rel} of checkpoint {manifest['id']} of {owner} has no valid size",
                 expected="a byte count (an integer >= 0)",
                 received=repr(entry)[:120],
+                hint=_MANIFEST_HINT,
             )
         check_sha256(entry.get("sha256"), f"digest of file {rel} of {owner}")
     folders = {str(parent) for rel in manifest["files"] for parent in PurePosixPath(rel).parents}
@@ -100,6 +107,7 @@ def check_manifest(
             f"checkpoint {manifest['id']} of {owner} names {clash[0]!r} as a file and a folder",
             expected="file paths none of which is another's folder",
             received=clash[0],
+            hint=_MANIFEST_HINT,
         )
     return manifest
 

@@ -905,6 +905,7 @@ def migrate(
             expected="`fogshift migrate P ELEMENT --to N` or `fogshift migrate P --elements "
             "A,B --to N`",
             received=f"element {element!r}, --elements {elements!r}",
+            hint="name the PE, or give --elements, but not both",
         )
     if elements is not None:
         _migrate_group(home, pipeline, _items(elements, "--elements"), to, mode, as_json)

@@ -341,7 +341,20 @@ def install_error_handlers(
                 hint=f"{schema} gives every body",
             )
         else:
-            err = InvalidInput(f"{what}: {exc.detail}", hint=f"{schema} gives their methods")
+            allowed = next(
+                (
+                    v
+                    for k, v in (exc.headers or {}).items()
+                    if k.lower() == "allow" and status == 405
+                ),
+                None,
+            )
+            err = InvalidInput(
+                f"{what}: {exc.detail}",
+                expected=f"one of the methods {allowed}" if allowed else None,
+                received=request.method if allowed else None,
+                hint=f"{schema} gives their methods",
+            )
         # (A 405's Allow header names the methods the path takes.)
         return JSONResponse(err.to_dict(), status_code=status, headers=exc.headers)
 

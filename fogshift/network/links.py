@@ -51,6 +51,8 @@ PROFILE_SYNTAX = (
     "a delay n<MEAN> (n0, n100, n500) or normal:<MEAN_MS>:<SD_MS>, a bandwidth such as "
     "10mbit or 512kbit, or both separated by a comma (10mbit,n100)"
 )
+#: The hint of a profile that is not one.
+_EXAMPLES = "e.g. --link fog-a=10mbit,n100 (10 Mbit/s, 100 ms one way) or --link '*=n50'"
 
 
 def bandwidth_bps(text: str, where: str = "") -> int:
@@ -69,6 +71,7 @@ def bandwidth_bps(text: str, where: str = "") -> int:
             f"bad bandwidth {text!r}{where}",
             expected="a number and one of " + ", ".join(_UNITS) + " (e.g. 10mbit)",
             received=repr(text),
+            hint="write the rate as tc does, e.g. 10mbit or 500kbit",
         )
     bps = round(float(match.group(1)) * _UNITS[match.group(2).lower()])
     if not MIN_BANDWIDTH_BPS <= bps <= MAX_BANDWIDTH_BPS:
@@ -77,6 +80,7 @@ def bandwidth_bps(text: str, where: str = "") -> int:
             expected=f"between {MIN_BANDWIDTH_BPS // 1000}kbit and "
             f"{MAX_BANDWIDTH_BPS // 1_000_000_000}gbit",
             received=f"{bps} bit/s",
+            hint="choose a rate within those bounds",
         )
     return bps
 
@@ -152,8 +156,9 @@ def parse_link_profile(text: str, node: str | None = None) -> LinkProfile:
     parts = [p.strip() for p in text.split(",")]
     if not text.strip() or len(parts) > 2 or not all(parts):
         raise BadLinkProfile(
-            f"bad link profile{where}", expected=PROFILE_SYNTAX, received=repr(text)
-        )
+            f"bad link profile{where}", expected=PROFILE_SYNTAX, received=repr(text),
+            hint=_EXAMPLES,
+        )  # fmt: skip
     bandwidth: str | None = None
     delay: tuple[float, float] | None = None
     for part in parts:
@@ -163,7 +168,7 @@ def parse_link_profile(text: str, node: str | None = None) -> LinkProfile:
             if delay is not None:
                 raise BadLinkProfile(
                     f"link profile{where} has two delays", expected=PROFILE_SYNTAX,
-                    received=repr(text),
+                    received=repr(text), hint="keep one delay, e.g. 10mbit,n100",
                 )  # fmt: skip
             if preset:
                 mean = float(preset.group(1))
@@ -175,7 +180,7 @@ def parse_link_profile(text: str, node: str | None = None) -> LinkProfile:
             if bandwidth is not None:
                 raise BadLinkProfile(
                     f"link profile{where} has two bandwidths", expected=PROFILE_SYNTAX,
-                    received=repr(text),
+                    received=repr(text), hint="keep one bandwidth, e.g. 10mbit,n100",
                 )  # fmt: skip
             bandwidth = part
         else:
@@ -186,7 +191,7 @@ def parse_link_profile(text: str, node: str | None = None) -> LinkProfile:
                 received=repr(text),
                 hint=f"a bare number needs a unit ({part}mbit) or a delay prefix (n{part})"
                 if bare
-                else None,
+                else _EXAMPLES,
             )
     mean_ms, sd_ms = delay or (0.0, 0.0)
     for what, value in (("mean", mean_ms), ("standard deviation", sd_ms)):
@@ -195,6 +200,7 @@ def parse_link_profile(text: str, node: str | None = None) -> LinkProfile:
                 f"the delay's {what} in the link profile{where} is too long",
                 expected=f"at most {MAX_DELAY_MS:.0f} ms",
                 received=f"{value:g} ms",
+                hint=f"choose a {what} of at most {MAX_DELAY_MS:.0f} ms",
             )
     if bandwidth is not None:
         bandwidth_bps(bandwidth, where)
@@ -220,15 +226,22 @@ def parse_link_assignments(items: list[str], nodes: list[str]) -> dict[str, Link
                 "bad --link option",
                 expected="NODE=PROFILE, e.g. fog-a=10mbit,n100 (or *=PROFILE for every node)",
                 received=repr(item),
+                hint="name the node before '='",
             )
         if node != "*" and node not in nodes:
             raise BadLinkProfile(
                 f"--link names node {node!r}, which is not started",
                 expected="one of " + ", ".join(nodes) + " (or * for every node)",
                 received=repr(item),
+                hint="give --link for a node named in --nodes",
             )
         if node in named or (node == "*" and default is not None):
-            raise BadLinkProfile(f"--link sets node {node!r} twice", received=repr(item))
+            raise BadLinkProfile(
+                f"--link sets node {node!r} twice",
+                expected="one --link per node",
+                received=repr(item),
+                hint=f"drop one of the --link options for {node!r}",
+            )
         parsed = parse_link_profile(profile, None if node == "*" else node)
         if node == "*":
             default = parsed

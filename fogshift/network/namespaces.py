@@ -396,6 +396,8 @@ def set_link(link: NodeLink, up: bool) -> None:
     if link_state(link) == "missing":
         raise NotIsolated(
             f"node {link.node!r} has no link: interface {link.host_if} does not exist",
+            expected=f"interface {link.host_if}",
+            received="no such interface",
             hint="is the cluster up (`fogshift nodes`)? it must be started with --isolate",
         )
     verb = "healing" if up else "partitioning"

@@ -67,6 +67,7 @@ def measure_rtt(
             f"cannot measure the round trip through {what}",
             expected="at least 1 sample of at least 1 byte",
             received=f"{samples} samples of {payload_bytes} bytes",
+            hint="ask for 1 sample or more, of 1 byte or more",
         )
     payload = (bytes(range(256)) * (payload_bytes // 256 + 1))[:payload_bytes]
     times: list[float] = []

@@ -372,6 +372,8 @@ class Coordination(Scaling):
             if record.status != PipelineState.RUNNING:
                 raise InvalidInput(
                     f"pipeline {pipeline!r} is {record.status}, not running",
+                    expected="a running pipeline",
+                    received=f"pipeline {pipeline!r} {record.status}",
                     hint="only a running pipeline's PEs are restored; `fogshift deploy` "
                     "starts a stopped one",
                 )
@@ -538,5 +540,7 @@ def _refuse_stopped(record: PipelineRecord) -> None:
     if record.status != PipelineState.RUNNING:
         raise InvalidInput(
             f"pipeline {record.name!r} is {record.status}, not running",
-            hint="only running pipelines can be migrated",
+            expected="a running pipeline",
+            received=f"pipeline {record.name!r} {record.status}",
+            hint="only running pipelines can be migrated; `fogshift deploy` starts a stopped one",
         )

@@ -126,11 +126,16 @@ class FogTopology(BaseModel):
         except OSError as exc:
             raise InvalidInput(
                 f"cannot read fog topology {str(path)!r}: {exc.strerror or exc}",
+                expected="a readable YAML file",
+                received=repr(str(path)),
                 hint="pass the path of a YAML file (see examples/fog/topology.yaml)",
             ) from None
         except ValueError as exc:
             raise InvalidInput(
-                f"cannot read fog topology: {exc}", hint="save the file as UTF-8"
+                f"cannot read fog topology: {exc}",
+                expected="a YAML file in UTF-8",
+                received="another encoding (Latin-1, UTF-16, ...)",
+                hint="save the file as UTF-8",
             ) from None
         FogTopology.parse(text, source=repr(str(path)))
         return text

@@ -47,6 +47,8 @@ from fogshift.planner.exceptions import InvalidTopology
 
 #: Relative tolerance used when comparing sums of floats against capacities.
 TOLERANCE = 1e-6
+#: The hint of a topology that is not one.
+_EXAMPLE = "see examples/planner/small.yaml for the fields a topology has"
 
 _CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -213,6 +215,7 @@ class Topology(BaseModel):
                 f"invalid {source}: the top level must be a mapping",
                 expected="a mapping with keys servers, tasks, links",
                 received=type(data).__name__,
+                hint=_EXAMPLE,
             )
         try:
             return cls.model_validate(dict(data))
@@ -229,6 +232,7 @@ class Topology(BaseModel):
                 f"invalid {source}: " + "; ".join(lines),
                 expected=str(first["msg"]).removeprefix("Value error, ") if first["loc"] else None,
                 received=repr(first.get("input"))[:200] if first["loc"] else None,
+                hint=_EXAMPLE,
             ) from exc
 
     @classmethod
@@ -247,14 +251,27 @@ class Topology(BaseModel):
             text = read_utf8(path)
         except OSError as exc:
             raise InvalidTopology(
-                f"cannot read topology file {str(path)!r}: {exc.strerror or exc}"
+                f"cannot read topology file {str(path)!r}: {exc.strerror or exc}",
+                expected="a readable YAML file",
+                received=repr(str(path)),
+                hint="check the path (relative to the current directory) and its permissions",
             ) from exc
         except ValueError as exc:
-            raise InvalidTopology(f"cannot read topology file: {exc}") from None
+            raise InvalidTopology(
+                f"cannot read topology file: {exc}",
+                expected="a YAML file in UTF-8",
+                received="another encoding (Latin-1, UTF-16, ...)",
+                hint="save the file as UTF-8",
+            ) from None
         try:
             data = load_yaml(text)
         except yaml.YAMLError as exc:
-            raise InvalidTopology(f"topology file {str(path)!r} is not valid YAML: {exc}") from exc
+            raise InvalidTopology(
+                f"topology file {str(path)!r} is not valid YAML: {exc}",
+                expected="YAML",
+                received="text with a YAML syntax error (where: in the message)",
+                hint=_EXAMPLE,
+            ) from exc
         return cls.from_dict(data, source=f"topology {str(path)!r}")
 
     def network(self) -> Network:

@@ -422,6 +422,7 @@ def validate_spec(
                 f"element {element.id!r} is a source ({element.kind}) and takes no inputs",
                 expected="inputs: []",
                 received=f"inputs: {list(element.inputs)}",
+                hint=f"remove {element.id!r}'s inputs, or use a processor kind to read them",
             )
         if element.role != "source" and not element.inputs:
             raise InvalidSpec(
@@ -447,7 +448,9 @@ def validate_spec(
                     f"of pipeline {spec.pipeline!r}",
                     expected="one of " + ", ".join(others),
                     received=repr(name),
-                    hint=f"did you mean {guess!r}?" if guess else None,
+                    hint=f"did you mean {guess!r}?"
+                    if guess
+                    else f"name an element's id, or add an element {name!r} to the spec",
                 )
             if spec.element(name).role == "sink":
                 raise InvalidSpec(
@@ -492,6 +495,8 @@ def validate_spec(
             received=f"{cycle[0]} feeds itself through " + ", ".join(cycle[1:-1])
             if len(cycle) > 2
             else f"{cycle[0]} lists itself as an input",
+            hint=f"remove one input along the cycle, e.g. {cycle[-2]!r} from {cycle[-1]!r}'s "
+            "inputs",
         ) from None
     _check_bands(spec)
 
@@ -606,6 +611,8 @@ def _check_partitions(spec: PipelineSpec) -> None:
             raise InvalidSpec(
                 f"pipeline {spec.pipeline!r}: {of!r} is an element and also the partitioned "
                 "element of " + ", ".join(repr(p.id) for p in parts),
+                expected=f"no element named {of!r} beside its partitions",
+                received=f"element {of!r} and partitions of {of!r}",
                 hint=f"rename element {of!r}",
             )
         # A partition `scale` adds later takes the next such id: an element holding it would
@@ -642,8 +649,30 @@ def _check_partitions(spec: PipelineSpec) -> None:
             raise InvalidSpec(
                 f"pipeline {spec.pipeline!r}: the partitions of {of!r} differ in more than "
                 "their node",
+                expected=f"partitions alike but for their node, each named {of}-p<index>",
+                received=_partitions_differ(of, parts),
                 hint=f"write {of!r} once with partitions: [NODE, ...]",
             )
+
+
+def _partitions_differ(of: str, parts: list[ElementSpec]) -> str:
+    """Where the first partition that differs from the first of ``parts`` differs."""
+    first = parts[0]
+    for part in parts:
+        if part.partition and part.id != partition_id(of, part.partition.index):
+            return f"{part.id!r} is partition {part.partition.index}"
+        if (
+            part.partition
+            and first.partition
+            and (part.partition.first_count != first.partition.first_count)
+        ):
+            return f"{first.id!r} and {part.id!r} start from different counts"
+        mine = part.model_dump(mode="json", exclude={"id", "node", "partition"})
+        theirs = first.model_dump(mode="json", exclude={"id", "node", "partition"})
+        fields = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        if fields:
+            return f"{first.id!r} and {part.id!r} differ in " + ", ".join(fields)
+    return "partitions that differ"
 
 
 def check_fresh(spec: PipelineSpec) -> None:

@@ -354,7 +354,12 @@ def start_node(
 def _host_port(url: str, default_port: int) -> tuple[str, int]:
     parts = urlsplit(url)
     if parts.hostname is None:
-        raise InvalidInput(f"cannot relay to {url!r}: it names no host", received=repr(url))
+        raise InvalidInput(
+            f"cannot relay to {url!r}: it names no host",
+            expected="a URL with a host, e.g. http://127.0.0.1:8000",
+            received=repr(url),
+            hint="name the host in the URL",
+        )
     return parts.hostname, parts.port or default_port
 
 
@@ -493,9 +498,15 @@ def up(
                 f"bad node name {name!r}",
                 expected="letters, digits, '_' and '-' (e.g. cloud,fog-a,fog-b)",
                 received=repr(name),
+                hint="rename the node",
             )
     if not nodes:
-        raise InvalidInput("no nodes to start", expected="--nodes cloud,fog-a,fog-b")
+        raise InvalidInput(
+            "no nodes to start",
+            expected="--nodes cloud,fog-a,fog-b",
+            received="no node names",
+            hint="name at least one node",
+        )
     twice = sorted({name for name in nodes if nodes.count(name) > 1})
     if twice:
         # Two agents of one name would share a home, a token and a broker user; the file
@@ -543,6 +554,7 @@ def up(
             received=" ".join(
                 f"--link {n}={p.label()}" for n, p in links.items() if p != LinkProfile()
             ),
+            hint="add --isolate (needs root, for network namespaces)",
         )
     profiles = {name: (links or {}).get(name, LinkProfile()) for name in nodes}
     fog_text = FogTopology.read_text(topology) if topology is not None else None
@@ -1116,6 +1128,8 @@ def isolated_node(home: Path, node: str) -> IsolatedNode:
         raise NotIsolated(
             f"the cluster under {str(home)!r} runs its nodes without isolation: they have no "
             "links to partition or measure",
+            expected="a cluster started with --isolate",
+            received="nodes without isolation",
             hint="`fogshift down`, then `fogshift up --isolate`",
         )
     if node not in cluster.network:
@@ -1123,6 +1137,7 @@ def isolated_node(home: Path, node: str) -> IsolatedNode:
             f"no isolated node {node!r} in the cluster under {str(home)!r}",
             expected="one of " + ", ".join(cluster.network),
             received=repr(node),
+            hint="`fogshift nodes` lists the nodes",
         )
     return cluster.network[node]
 

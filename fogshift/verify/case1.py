@@ -38,6 +38,7 @@ def case1_parts(spec: PipelineSpec) -> tuple[str, dict[str, Any], str]:
             f"pipeline {spec.pipeline!r} is not a Case 1 pipeline",
             expected=expected,
             received=", ".join(e.kind for e in spec.elements),
+            hint="start from examples/case1/case1.yaml",
         )
     source, sink = by_kind["csv-source"], by_kind["csv-sink"]
     middle = by_kind.get("window-aggregate") or by_kind["custom"]

@@ -400,6 +400,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             "this request does not fit the dashboard's forms",
             expected="names of letters, digits, '-' and '_'; the form's own fields",
             received=one_line(problems, 300),
+            hint="go back, reload the page and send its form again",
         )
         return await on_error(request, err)
 
@@ -821,6 +822,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
                 raise InvalidInput(
                     "the spec file is too large", expected=f"at most {MAX_SPEC_BYTES} bytes",
                     received=f"more than {MAX_SPEC_BYTES} bytes",
+                    hint="choose the pipeline's YAML spec, not a data file",
                 )  # fmt: skip
             spec_text = raw.decode("utf-8", errors="replace")
         if not spec_text.strip():
@@ -878,11 +880,12 @@ def _check_move(what: str, target: str, mode: str) -> None:
     """Refuse a migration form without a target node or with an unknown mode."""
     if not target:
         raise InvalidInput(f"no target node to {what} to", expected="a node name",
-                           received="nothing")  # fmt: skip
+                           received="nothing", hint="choose a node in the form")  # fmt: skip
     if mode not in {m.value for m in MigrationMode}:
         raise InvalidInput(
             f"unknown migration mode to {what}",
             expected=" or ".join(m.value for m in MigrationMode), received=mode,
+            hint="choose a mode in the form",
         )  # fmt: skip
 
 

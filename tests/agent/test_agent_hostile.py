@@ -421,6 +421,7 @@ def test_a_request_no_route_takes_is_answered_in_fogshifts_form(home: Path) -> N
     wrong = client(app, OPERATOR).delete("/health")
     assert wrong.status_code == 405 and "DELETE /health" in wrong.json()["message"], wrong.text
     assert "GET" in wrong.headers["allow"]
+    assert "GET" in wrong.json()["expected"] and wrong.json()["received"] == "DELETE"
     bad = client(app, OPERATOR).post("/pipelines/p/elements/agg/pause",
                                      params={"timeout_s": "soon"})  # fmt: skip
     assert bad.json()["expected"] and bad.json()["hint"], bad.text

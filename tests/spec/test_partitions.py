@@ -95,8 +95,9 @@ def test_partitions_written_by_hand_must_own_every_key_once() -> None:
         parse_spec(missing)
     unlike = parse_spec(data()).model_dump(mode="json")
     unlike["elements"][2]["options"]["window"] = 6
-    with pytest.raises(InvalidSpec, match="differ in more than their node"):
+    with pytest.raises(InvalidSpec, match="differ in more than their node") as refused:
         parse_spec(unlike)
+    assert refused.value.received == "'agg-p0' and 'agg-p1' differ in options"
     taken = data()
     taken["elements"].append(
         {"id": "agg-p1", "kind": "map", "node": "a", "inputs": ["src"],
@@ -121,8 +122,9 @@ def test_partitions_written_by_hand_must_own_every_key_once() -> None:
     based = parse_spec(data()).model_dump(mode="json")
     (p0,) = [e for e in based["elements"] if e["id"] == "agg-p0"]
     p0["partition"]["base"] = 1
-    with pytest.raises(InvalidSpec, match="differ in more than their node"):
+    with pytest.raises(InvalidSpec, match="differ in more than their node") as refused:
         parse_spec(based)
+    assert refused.value.received == "'agg-p0' and 'agg-p1' start from different counts"
 
 
 def test_merged_inputs_are_only_one_elements_partitions_read_together() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -182,8 +183,9 @@ def test_bad_options_name_the_field() -> None:
 def test_source_with_inputs_and_processor_without() -> None:
     data = case1()
     data["elements"][0]["inputs"] = ["sink"]
-    with pytest.raises(InvalidSpec, match=r"source .* takes no inputs"):
+    with pytest.raises(InvalidSpec, match=r"source .* takes no inputs") as refused:
         parse_spec(data)
+    assert refused.value.hint and "remove 'source''s inputs" in refused.value.hint
     data = case1()
     data["elements"][1]["inputs"] = []
     with pytest.raises(InvalidSpec, match=r"'aggregate' .* has no inputs"):
@@ -429,10 +431,19 @@ def test_a_longer_cycle_is_named_in_the_direction_events_flow() -> None:
     # m1 feeds m2, m2 feeds m3, m3 feeds m1: each step follows the data.
     inputs = {e["id"]: e.get("inputs", []) for e in data["elements"]}
     assert all(a in inputs[b] for a, b in itertools.pairwise(steps))
+    # The hint names an input to remove, and removing it breaks the cycle.
+    hint = re.fullmatch(r"remove one input along the cycle, e\.g\. '(\w+)' from '(\w+)''s "
+                        r"inputs", err.value.hint or "")  # fmt: skip
+    assert hint is not None
+    (element,) = [e for e in data["elements"] if e["id"] == hint[2]]
+    element["inputs"].remove(hint[1])
+    element["inputs"].append("source")
+    parse_spec(data)
     loop = case1()
     loop["elements"][1]["inputs"] = ["aggregate"]
-    with pytest.raises(InvalidSpec, match="aggregate -> aggregate"):
+    with pytest.raises(InvalidSpec, match="aggregate -> aggregate") as err:
         parse_spec(loop)
+    assert err.value.hint and "'aggregate' from 'aggregate''s inputs" in err.value.hint
 
 
 def test_topological_order_is_by_level_then_spec_order() -> None:
