@@ -72,6 +72,7 @@ from fogshift.contracts import (
     TwinState,
 )
 from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.spec.loader import check_element_files
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.agent")
@@ -254,6 +255,10 @@ def create_app(config: AgentConfig) -> FastAPI:
                 received=repr(request.element.id),
                 hint="the path and the body name the same element",
             )
+        # Here, not only where the spec was loaded: the files are read on this node, and a
+        # missing one failed the PE over and over once started (a deploy refused instead is
+        # undone, a migration to here rolled back).
+        check_element_files(request.element, node=config.name)
         return runtime.deploy(pipeline, request.element, request.fresh, request.gate, request.epoch)
 
     @app.delete("/pipelines/{pipeline}/elements/{element}")

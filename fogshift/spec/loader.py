@@ -461,27 +461,7 @@ def validate_spec(
                     hint="connect it to a source or processor instead",
                 )
         if check_files:
-            for option in element.must_exist:
-                value = element.options.get(option)
-                if not isinstance(value, str):
-                    continue
-                # (a source reads a file; a custom processor's `path` is a folder to import
-                # from)
-                wanted = element.role == "source"
-                try:
-                    there, is_file = Path(value).exists(), Path(value).is_file()
-                except OSError as exc:  # a name too long, a folder that may not be listed
-                    raise _unusable_path(element, option, value, exc) from None
-                if not there or (wanted and not is_file):
-                    raise InvalidSpec(
-                        f"element {element.id!r}: file {value!r} (option `{option}`) "
-                        + ("is not a file" if there else "does not exist"),
-                        expected="an existing file" if wanted else "an existing path",
-                        received="a directory or special file" if there else "no such file",
-                        hint="relative paths are relative to "
-                        + ("the spec file" if base_dir is None else os.path.join(base_dir, "")),
-                    )
-            _check_output_path(element)
+            check_element_files(element, base_dir)
     _check_partitions(spec)
     _check_single_writer_files(spec)
     _check_standby(spec, known_nodes)
@@ -499,6 +479,47 @@ def validate_spec(
             "inputs",
         ) from None
     _check_bands(spec)
+
+
+def check_element_files(
+    element: ElementSpec, base_dir: Path | None = None, node: str | None = None
+) -> None:
+    """Refuse ``element`` if a path it reads is missing or a path it writes cannot be a file,
+    here: on the host checking it (the CLI's or dashboard's when it loads a spec, the node
+    agent's when it is asked to run the PE).
+
+    Args:
+        base_dir: The folder relative paths were resolved against, named in the hint.
+        node: The node checking, named in the refusal (``None``: where the spec is loaded).
+
+    Raises:
+        InvalidSpec: A missing input file, an output path that cannot be a file.
+    """
+    on = f" on node {node!r}" if node is not None else ""
+    for option in element.must_exist:
+        value = element.options.get(option)
+        if not isinstance(value, str):
+            continue
+        # (a source reads a file; a custom processor's `path` is a folder to import from)
+        wanted = element.role == "source"
+        try:
+            there, is_file = Path(value).exists(), Path(value).is_file()
+        except OSError as exc:  # a name too long, a folder that may not be listed
+            raise _unusable_path(element, option, value, exc) from None
+        if not there or (wanted and not is_file):
+            raise InvalidSpec(
+                f"element {element.id!r}: file {value!r} (option `{option}`) "
+                + ("is not a file" if there else "does not exist")
+                + on,
+                expected="an existing file" if wanted else "an existing path",
+                received="a directory or special file" if there else "no such file",
+                hint=f"put the file in place on node {node!r}, or place {element.id!r} on a "
+                "node that has it"
+                if node is not None
+                else "relative paths are relative to "
+                + ("the spec file" if base_dir is None else os.path.join(base_dir, "")),
+            )
+    _check_output_path(element)
 
 
 #: The kinds a window passes through with its sampling rate (``fs``) as it came.

@@ -412,6 +412,29 @@ def test_a_pause_that_would_never_wait_or_never_end_is_refused(home: Path, timeo
     assert answer.status_code == 422 and "timeout_s" in answer.json()["message"], answer.text
 
 
+def test_a_pe_whose_input_file_is_not_on_this_node_is_refused_before_it_starts(
+    home: Path,
+) -> None:
+    # `POST /pipelines` checks no file (the orchestrator's host is not the node's): the
+    # source started, failed on the missing file and was started again, over and over.
+    app = create_app(config(home))
+    source = {"id": "src", "kind": "csv-source", "node": "fog-a",
+              "options": {"path": str(home / "no-such.csv")}}  # fmt: skip
+    answer = client(app, OPERATOR).put("/pipelines/p/elements/src",
+                                       json={"element": source, "fresh": True})  # fmt: skip
+    assert answer.status_code == 422 and answer.json()["code"] == "invalid_spec", answer.text
+    body = answer.json()
+    assert "does not exist on node 'fog-a'" in body["message"] and "no-such.csv" in body["message"]
+    assert body["received"] == "no such file" and "node 'fog-a'" in body["hint"]
+    # A sink whose file would be a folder is refused there too.
+    (home / "out").mkdir()
+    sink = {"id": "sink", "kind": "csv-sink", "node": "fog-a", "inputs": ["src"],
+            "options": {"path": str(home / "out")}}  # fmt: skip
+    answer = client(app, OPERATOR).put("/pipelines/p/elements/sink",
+                                       json={"element": sink, "fresh": True})  # fmt: skip
+    assert answer.status_code == 422 and "cannot be written as a file" in answer.json()["message"]
+
+
 def test_a_request_no_route_takes_is_answered_in_fogshifts_form(home: Path) -> None:
     # Starlette's bare {"detail": "Not Found"} left the CLI with "answered HTTP 404".
     app = create_app(config(home))

@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 
 from fogshift.common.waiting import wait_until
+from fogshift.spec.exceptions import InvalidSpec
+from fogshift.supervisor.cluster import orchestrator_client
 from fogshift.verify.reference import case1_reference, compare, read_sink
 from tests.conftest import Cluster
 from tests.integration.helpers import keyed_windows, write_case1_csv, write_spec
@@ -198,6 +200,27 @@ def test_bad_specs_are_refused_before_anything_starts(cluster: Cluster, tmp_path
     assert result.returncode == 2 and "does not exist" in result.stderr
     names = [p["pipeline"] for p in cluster.json("status")]
     assert "bad" not in names and "missing" not in names
+    # Straight to the API (which checks no file: its host is not the nodes'), the node that
+    # would read it refuses, and what the deploy started before (the sink) is stopped again.
+    api = {"pipeline": "missing-api", "elements": [
+        {"id": "s", "kind": "csv-source", "node": "cloud",
+         "options": {"path": str(tmp_path / "no.csv")}},
+        {"id": "k", "kind": "csv-sink", "node": "fog-a", "inputs": ["s"],
+         "options": {"path": str(tmp_path / "out-api.csv")}},
+    ]}  # fmt: skip
+    with (
+        orchestrator_client(cluster.home, timeout_s=60) as client,
+        pytest.raises(InvalidSpec) as refused,
+    ):
+        client.post("/pipelines", json=api)
+    assert "does not exist on node 'cloud'" in refused.value.message
+    assert refused.value.received == "no such file" and refused.value.hint
+    assert cluster.status("missing-api")["status"] == "failed"
+    wait_until(
+        lambda: not any(e.startswith("missing-api/") for n in cluster.json("nodes")
+                        for e in n["elements"]),
+        30, interval_s=0.5, describe="no node running a PE of the refused deploy",
+    )  # fmt: skip
     result = cluster.cli("status", "nope", check=False)
     assert result.returncode == 1 and "no pipeline named 'nope'" in result.stderr
 
