@@ -110,6 +110,28 @@ class KindOptions(BaseModel):
         return key in self.as_dict()
 
 
+#: The slowest pace a source may be given (0 aside: as fast as possible); slower, its first
+#: event was days or ages away and the source looked stuck.
+MIN_PACE = 0.001
+#: ``amplify``'s largest gain.
+MAX_GAIN = 1e6
+#: ``bandpass``'s lowest cut-off (Hz).
+MIN_LOW_HZ = 0.01
+
+
+def _paced(value: float, option: str, unit: str) -> float:
+    """``value`` if it is 0 (as fast as possible) or at least :data:`MIN_PACE`."""
+    if 0 < value < MIN_PACE:
+        raise Refusal(
+            f"{option} {value:g} is too slow: the source would seem stuck (its events "
+            f"hours to ages apart)",
+            expected=f"0 (as fast as possible) or at least {MIN_PACE:g} {unit}",
+            received=f"{option}: {value:g}",
+            hint=f"raise {option}, or set it to 0",
+        )
+    return value
+
+
 class CsvSourceOptions(KindOptions):
     """Options of ``csv-source``.
 
@@ -122,6 +144,11 @@ class CsvSourceOptions(KindOptions):
     path: Text
     rate: Number = Field(default=0, ge=0)
     max_events_per_batch: Whole = Field(default=10_000, ge=1)
+
+    @field_validator("rate")
+    @classmethod
+    def _emits(cls, value: float) -> float:
+        return _paced(value, "rate", "events per second")
 
 
 class CsvSinkOptions(KindOptions):
@@ -236,6 +263,11 @@ class EcgSourceOptions(KindOptions):
     speed: Number = Field(default=1.0, ge=0)
     max_events_per_batch: Whole = Field(default=1_000, ge=1)
 
+    @field_validator("speed")
+    @classmethod
+    def _emits(cls, value: float) -> float:
+        return _paced(value, "speed", "signal seconds per second")
+
     @model_validator(mode="after")
     def _one_window_at_least(self) -> Self:
         if self.window_s > self.duration_s:
@@ -258,7 +290,8 @@ class AmplifyOptions(KindOptions):
         calibration: Per patient, the gain of their wearable to undo.
     """
 
-    gain: Number = Field(default=1.0, gt=0)
+    # (Above, a window's samples overflow to infinity: each a dead letter.)
+    gain: Number = Field(default=1.0, gt=0, le=MAX_GAIN)
     # (0 would divide every window of the patient by zero: each a dead letter.)
     calibration: dict[str, Annotated[Number, Field(gt=0)]] = Field(default_factory=dict)
 
@@ -273,7 +306,9 @@ class BandpassOptions(KindOptions):
         order: The filter's order.
     """
 
-    low_hz: Number = Field(default=0.5, gt=0)
+    # (Below, the filter's design is singular at ECG sampling rates: every window a dead
+    # letter.)
+    low_hz: Number = Field(default=0.5, ge=MIN_LOW_HZ)
     high_hz: Number = Field(default=40.0, gt=0)
     order: Whole = Field(default=4, ge=1, le=10)
 

@@ -357,6 +357,15 @@ class WindowAggregateElement(ElementSpec):
                 received=f"engine: jvm with {placed}",
                 hint="remove engine: jvm (the default is python), or place it on one node",
             )
+        if self.options.engine == "jvm" and self.event_timeout_s is not None:
+            # (It bounds Python code for one event; it was accepted, and bounded nothing.)
+            raise Refusal(
+                f"window-aggregate {self.id!r}: event_timeout_s bounds Python code, and the "
+                "JVM engine runs none per event (a window bounds its work)",
+                expected="event_timeout_s with engine: python, or engine: jvm without it",
+                received=f"engine: jvm, event_timeout_s: {self.event_timeout_s:g}",
+                hint="remove event_timeout_s, or engine: jvm",
+            )
         return self
 
 

@@ -151,6 +151,12 @@ def test_the_jvm_engine_runs_windows_on_one_node_keyed_or_not() -> None:
     data["elements"][1]["options"]["engine"] = "jvm"
     data["elements"][1]["key_by"] = "sensor"
     assert parse_spec(data).element("own").key_by == "sensor"
+    # A bound on Python code per event bounds nothing here: refused, not silently ignored.
+    data["elements"][1]["event_timeout_s"] = 5
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert err.value.received == "engine: jvm, event_timeout_s: 5" and err.value.hint
+    del data["elements"][1]["event_timeout_s"]
     # Partitions move keys, which hand over the Python engine's state: refused.
     del data["elements"][1]["node"]
     data["elements"][1]["partitions"] = ["fog-a", "fog-b"]
@@ -215,6 +221,11 @@ def test_the_steps_that_keep_a_patients_state_need_key_by() -> None:
         ("bandpass", {"low_hz": 50, "high_hz": 10}, "low_hz (50) is not below high_hz (10)"),
         ("amplify", {"calibration": {"p1": 0}}, "greater than 0"),
         ("ecg-source", {"window_s": 10, "duration_s": 1}, "window_s (10) is longer"),
+        # A design scipy finds singular at these rates; samples overflowing to infinity; a
+        # source whose first window was ages away.
+        ("bandpass", {"low_hz": 1e-9, "high_hz": 40}, "greater than or equal to 0.01"),
+        ("amplify", {"gain": 1e300}, "less than or equal to 1000000"),
+        ("ecg-source", {"speed": 1e-300}, "speed 1e-300 is too slow"),
     ],
 )
 def test_case2_options_that_cannot_work_are_refused_at_load(

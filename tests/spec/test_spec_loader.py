@@ -609,6 +609,17 @@ def test_a_source_option_above_its_bound_says_the_bound_and_what_to_do(
     assert hint in (refused.value.hint or "")
 
 
+def test_a_source_paced_to_seem_stuck_is_refused_and_zero_is_as_fast_as_it_can() -> None:
+    data = case1()
+    data["elements"][0]["options"]["rate"] = 1e-300
+    with pytest.raises(InvalidSpec, match="rate 1e-300 is too slow") as refused:
+        parse_spec(data)
+    assert refused.value.expected == "0 (as fast as possible) or at least 0.001 events per second"
+    for rate in (0, 0.001, 0.5):
+        data["elements"][0]["options"]["rate"] = rate
+        assert parse_spec(data).element("source").options["rate"] == rate
+
+
 def test_numbers_as_yaml_writes_them_are_numbers(tmp_path: Path) -> None:
     # YAML 1.1 reads `1e3` as text: a strict model refused it (it read `"3"` as text too).
     (tmp_path / "in.csv").write_text("value\n1\n")
