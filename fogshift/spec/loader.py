@@ -123,7 +123,9 @@ def _pydantic_error(
         hint += " (known keys there: " + ", ".join(known) + ")"
     return InvalidSpec(
         f"{what} is invalid: " + "; ".join(lines),
-        expected=expected_of(errors[0]) if not unknown else None,
+        expected=expected_of(errors[0])
+        if not unknown
+        else "keys known there" + (": " + ", ".join(known) if known else ""),
         received=received,
         hint=hint,
     )

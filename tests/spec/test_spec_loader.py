@@ -371,6 +371,7 @@ def test_a_misspelt_kind_or_key_gets_a_did_you_mean() -> None:
     assert "options of element 'aggregate'" in err.value.message
     assert (err.value.hint or "").startswith("did you mean 'function'?")
     assert err.value.received == "unknown key 'fucntion'"
+    assert err.value.expected == "keys known there: field, window, function, engine"
     data = case1()
     data["elements"][2]["input"] = data["elements"][2].pop("inputs")
     with pytest.raises(InvalidSpec) as err:
@@ -635,3 +636,12 @@ def test_numbers_as_yaml_writes_them_are_numbers(tmp_path: Path) -> None:
     spec = load_spec(tmp_path / "s.yaml")
     assert spec.element("source").options["rate"] == 1000.0
     assert spec.element("aggregate").options["window"] == 10
+
+
+def test_an_element_that_is_no_mapping_says_what_an_element_is() -> None:
+    data = case1()
+    data["elements"][0] = "source"
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data)
+    assert "elements[0]" in err.value.message
+    assert (err.value.expected, err.value.received) == ("a mapping (key: value)", "'source'")
