@@ -141,20 +141,31 @@ def _install(
     if not any(source is None for _, source in copies):
         copies = [*copies, ("central", None)]
     body = manifest.model_dump(mode="json", exclude_unset=True)  # as the store wrote it
+    # Without a source (the target's own copy, the central store: one request, what the
+    # target lacks coming from the central store) a failure is not the last word while
+    # another node's copy is left to try: it stopped the attempt before them.
+    central_failed: FogshiftError | None = None
     for label, source in copies:
+        if source is None and central_failed is not None:
+            report.skipped_copies.append(f"{label}: {central_failed.message}")
+            continue
         try:
             result = agent.call(
                 InstallResult, "POST", here + "/checkpoint/install",
                 json={"manifest": body, "source": source},
             )  # fmt: skip
+        except ElementBusy:
+            raise  # (the target runs the PE: no copy can be put in place there)
         except FogshiftError as exc:
             if source is None:
-                raise
+                central_failed = exc
             report.skipped_copies.append(f"{label}: {exc.message}")
             continue
         report.checkpoint_source = label
         report.fetched_bytes = result.fetched_bytes
         return
+    # (The copies end with one without a source: it failed, or was skipped as one that had.)
+    raise central_failed or FogshiftError(f"no copy of checkpoint {manifest.id} to install")
 
 
 def restore(
