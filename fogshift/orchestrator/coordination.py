@@ -24,7 +24,7 @@ from fogshift.contracts import (
     RestorePhase,
     RestoreReport,
 )
-from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailable
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.migration.procedure import MigrationSteps
 from fogshift.migration.procedure import migrate as run_migration
@@ -449,6 +449,22 @@ class Coordination(Scaling):
             if attempts and (node is None or not self.healthy(node)):
                 attempts.append(RestoreAttempt(node=name, error="not healthy any more: skipped"))
                 continue
+            # Before the attempt takes a new epoch and fences: an instance left on the node
+            # (a migration's origin it could not remove, an attempt's it could not discard)
+            # refused the install only after the PE was fenced, and a healthy PE was
+            # restarted for nothing.
+            leftover = self._leftover_on(name, pipeline, element_id)
+            if leftover is not None:
+                attempts.append(RestoreAttempt(node=name, error=leftover))
+                if name == candidates[-1]:
+                    raise Conflict(
+                        f"cannot restore {pipeline}/{element_id} on {name!r}: {leftover}",
+                        expected=f"a node that runs no instance of {pipeline}/{element_id}",
+                        received="; ".join(f"{a.node}: {a.error}" for a in attempts),
+                        hint="the reconciler removes an instance from a node it is not "
+                        "placed on: retry in a few seconds, or restore on another node",
+                    )
+                continue
             op = self.registry.begin_operation(
                 OperationKind.RESTORE, pipeline, element_id, current, name, self.run_id,
                 RestorePhase.FENCING, new_epoch=True,
@@ -485,6 +501,19 @@ class Coordination(Scaling):
             received="; ".join(f"{a.node}: {a.error}" for a in attempts),
             hint="`fogshift nodes` shows node health",
         )
+
+    def _leftover_on(self, node: str, pipeline: str, element_id: str) -> str | None:
+        """Why ``node`` cannot take a restore of the PE: it runs an instance of it (its
+        agent refuses to install a checkpoint under it); ``None`` if it runs none, or its
+        agent does not answer (the attempt then finds out for itself)."""
+        try:
+            hosted = self.agent(node).get("/elements")
+        except FogshiftError:
+            return None
+        for info in hosted if isinstance(hosted, list) else []:
+            if (info.get("pipeline"), info.get("element")) == (pipeline, element_id):
+                return f"it still runs an instance of the PE ({info.get('state', 'in some state')})"
+        return None
 
     def _restart_in_place(self, pipeline: str, element: ElementSpec, node: str) -> int | None:
         """Start ``element`` again on ``node``, its placement, under a new epoch.

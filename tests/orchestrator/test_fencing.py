@@ -22,6 +22,7 @@ from fogshift.broker.publish import Record, last_position, publish_records
 from fogshift.broker.server import BrokerProcess
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.contracts import Heartbeat
+from fogshift.exceptions import Conflict
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.permissions import hosted_by_node
@@ -313,6 +314,40 @@ def test_a_failed_restore_of_a_pe_whose_node_is_silent_leaves_it_to_the_reconcil
     assert "runs again" not in failed.value.message
     assert agents["fog-a"].calls == []
     assert orch.registry.epoch(pipeline, "aggregate") == 2
+
+
+def test_a_restore_onto_a_node_still_running_an_instance_fences_nothing(
+    orch: Orchestrator, pipeline: str, agents: dict[str, StandIn], js_client: SyncJetStream
+) -> None:
+    # The install there was refused only after the PE had a new epoch and a fence marker:
+    # the healthy instance on fog-a was fenced, then restarted under yet another epoch.
+    left = {"pipeline": pipeline, "element": "aggregate", "state": "failed", "epoch": 1}
+    agents["fog-b"].answer("GET", "/elements", body=[left])
+    install = f"/pipelines/{pipeline}/elements/aggregate/checkpoint/install"
+    agents["fog-b"].answer(
+        "POST",
+        install,
+        409,
+        {  # (as its agent refuses)
+            "code": "element_busy",
+            "message": f"{pipeline}/aggregate already runs on node 'fog-b'",
+        },
+    )
+    before = tail(js_client, pipeline, "aggregate")
+    with pytest.raises(Conflict) as refused:
+        orch.restore(pipeline, "aggregate", "fog-b")
+    assert "still runs an instance of the PE (failed)" in refused.value.message
+    assert refused.value.hint and "retry" in refused.value.hint
+    assert orch.registry.epoch(pipeline, "aggregate") == 1
+    assert tail(js_client, pipeline, "aggregate") == before  # no fence marker
+    assert agents["fog-a"].calls == []  # not stopped, not restarted
+    assert [c.method for c in agents["fog-b"].calls] == ["GET"]
+    # A node that runs none takes it (the stand-in's install and start answer as asked).
+    agents["fog-b"].answer("GET", "/elements", body=[])
+    agents["fog-b"].fail("POST", install)
+    with pytest.raises(RestoreFailed):
+        orch.restore(pipeline, "aggregate", "fog-b")
+    assert orch.registry.epoch(pipeline, "aggregate") > 1  # this one got as far as fencing
 
 
 def test_a_target_that_never_started_is_no_writer_and_the_origin_simply_resumes(
