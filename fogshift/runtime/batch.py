@@ -17,20 +17,23 @@ killer) cannot be caught here: the worker's mark names it while ``process()`` ru
 agent blames it after the crash, and once it killed its worker twice it is *condemned*: a
 dead letter without being processed (:mod:`fogshift.runtime.crashes`).
 
-**A stuck event.** ``process()`` (its outputs iterated too) has ``event_timeout_s`` for one
-event; past it the event is a dead letter like any other failure, and its state changes are
-undone. The bound is a ``SIGALRM`` timer armed around each event (:class:`_Deadline`), so it
-also interrupts a ``sleep`` and most blocking calls, and it raises a ``BaseException`` that a
-processor's own ``except Exception`` does not swallow (it is raised again every second until
-it escapes; a processor that catches ``BaseException`` every time is not stopped here, and
-one that catches it and returns has its event processed). Signals reach the main thread only:
-in any other thread there is no bound (Spark's Python workers run processors in their main
-thread). Code that never returns to the interpreter (a C extension's loop) is not interrupted
-either; such a worker, or one that swallows the alarm every time, is killed by its agent
-later (see above). The encoding of the outputs, after ``process()``, is not timed. An instance that
-goes on after such an event (a stateless or keyed PE's) keeps whatever it holds besides its
-declared state as the interruption left it. A ``SIGALRM`` timer the caller had armed
-(pytest-timeout's, say) keeps its deadline: its handler runs when it is due, in the batch too.
+**A stuck event.** ``process()`` (its outputs iterated and encoded too) has
+``event_timeout_s`` for one event; past it the event is a dead letter like any other
+failure, and its state changes are undone. The bound is a ``SIGALRM`` timer armed around
+each event (:class:`_Deadline`), so it also interrupts a ``sleep`` and most blocking calls,
+and it raises a ``BaseException`` that a processor's own ``except Exception`` does not
+swallow (it is raised again every second until it escapes; a processor that catches
+``BaseException`` every time is not stopped here, and one that catches it and returns has
+its event processed). Signals reach the main thread only: in any other thread there is no
+bound (Spark's Python workers run processors in their main thread). Code that never
+returns to the interpreter (a C extension's loop) is not interrupted either; such a worker,
+or one that swallows the alarm every time, is killed by its agent later (see above). The
+encoding of the outputs is timed with the event because the user's code runs there too (a
+body that is a ``Mapping`` of its own, an ``Event`` whose ``seq`` is an object with
+``__int__``). An instance that goes on after such an event (a stateless or keyed PE's)
+keeps whatever it holds besides its declared state as the interruption left it. A
+``SIGALRM`` timer the caller had armed (pytest-timeout's, say) keeps its deadline: its
+handler runs when it is due, in the batch too.
 
 State is undone without copying it before every event: on a failure at event *k* the
 processor is rebuilt from the last *known-good* state (at first the batch's starting state,
@@ -309,13 +312,22 @@ def _event(pe: str, row: InputRow) -> Event:
 
 
 def _call(
-    processor: Processor, pe: str, event: Event, deadline: _Deadline = _UNBOUNDED
+    processor: Processor,
+    pe: str,
+    event: Event,
+    deadline: _Deadline = _UNBOUNDED,
+    limit: int | None = None,
 ) -> list[Any]:
-    """``process(event)``'s outputs as a list, within ``deadline``'s time for one event.
+    """``process(event)``'s outputs as a list, within ``deadline``'s time for one event;
+    encoded by :func:`_encode` (``limit``: ``max_record_bytes``) unless ``limit`` is ``None``.
+
+    The encoding is timed with the event: the user's code runs there too (a body that is a
+    ``Mapping`` of its own, a ``dict`` subclass inside one, an ``Event`` whose ``seq`` is an
+    object with ``__int__``), and stuck there it would hold the PE for good.
 
     Raises:
-        _Rejected: ``process()`` raised (any :class:`Exception`), returned no outputs, or
-            was over its time.
+        _Rejected: ``process()`` raised (any :class:`Exception`), returned no outputs or
+            outputs that cannot be encoded, or was over its time.
     """
     try:
         deadline.start()
@@ -330,7 +342,8 @@ def _call(
                 raise _Rejected(reason, touched=touched) from exc
             except _EVENT_FAILURES as exc:
                 raise _Rejected(f"processor {pe!r} raised {_describe(exc)}", True) from exc
-            return _outputs(pe, result)
+            outputs = _outputs(pe, result)
+            return outputs if limit is None else _encode(pe, event, outputs, limit)
         finally:
             deadline.stop()
     except _EventTimedOut as exc:
@@ -360,13 +373,11 @@ def _process(
     if condemned is not None:
         raise _Rejected(condemned, touched=False)
     event = _event(pe, row)
-    # The worker's mark names the event while anything of it runs: process(), iterating
-    # its outputs and encoding them.
+    # The worker's mark names the event while anything of it runs, all of it timed:
+    # process(), iterating its outputs and encoding them.
     watch.enter(row)
     try:
-        outputs = _call(processor, pe, event, deadline)
-        watch.untimed()  # (the encoding is fogshift's own, never stuck: not killed)
-        return _encode(pe, event, outputs, limit)
+        return _call(processor, pe, event, deadline, limit)
     finally:
         watch.leave()
 

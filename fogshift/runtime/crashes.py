@@ -53,7 +53,6 @@ found again the same way).
 from __future__ import annotations
 
 import json
-import math
 import mmap
 import os
 import shutil
@@ -89,8 +88,6 @@ CRASHES_TO_CONDEMN = 2
 #: clock ticks since boot, as ``/proc/<pid>/stat`` gives it: a pid given again to another
 #: process, or a thread's id, is not taken for the worker).
 _MARK = struct.Struct("<Bqqidq")
-#: Where ``since`` is in a mark.
-_SINCE_AT = struct.calcsize("<Bqqi")
 #: A mark's flag: clear, in the event, in a replay that undoes the event's changes.
 _CLEAR, _IN_EVENT, _UNDOING = 0, 1, 2
 #: How much of a body its CRC covers (with the body's length): a fixed cost per event.
@@ -186,12 +183,6 @@ class Watch:
             # with the previous event's time (which could have its worker killed).
             _MARK.pack_into(self._map, 0, _CLEAR, origin, seq, crc, time.monotonic(), self._start)
             self._map[0] = _UNDOING if undoing else _IN_EVENT
-
-    def untimed(self) -> None:
-        """The marked event's own code has returned (``process()``): what runs now is
-        fogshift's (encoding its outputs), which the agent does not time, only blames."""
-        if self._map is not None:
-            struct.pack_into("<d", self._map, _SINCE_AT, math.inf)
 
     def leave(self) -> None:
         """Clear the mark: ``process()`` returned (or raised) for the marked event."""

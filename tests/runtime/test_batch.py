@@ -554,6 +554,13 @@ class Stuck(Processor):
                     continue
         if hang == "outputs":  # stuck while its outputs are iterated
             return self._never_ending()
+        # Stuck while its outputs are encoded: the user's code runs there too.
+        if hang == "mapping":  # a body that is a Mapping of its own
+            return EndlessMapping()
+        if hang == "nested":  # a dict subclass inside a body (json reads it by items())
+            return {"inner": EndlessItems(a=1)}
+        if hang == "seq":  # an Event whose seq is an object of its own
+            return Event(EndlessInt(), 0.0, "p", {})  # type: ignore[arg-type]
         return {"n": self.n}
 
     def _never_ending(self) -> Iterator[dict[str, Any]]:
@@ -562,8 +569,36 @@ class Stuck(Processor):
         yield {}
 
 
+def _spin() -> Any:
+    while True:
+        pass
+
+
+class EndlessMapping(Mapping[str, Any]):
+    def __getitem__(self, key: str) -> Any:
+        return _spin()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["a"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+class EndlessItems(dict[str, Any]):
+    def items(self) -> Any:
+        return _spin()
+
+
+class EndlessInt:
+    def __int__(self) -> int:
+        return int(_spin())
+
+
 @pytest.mark.timeout(120)  # (a regression would hang: fail it soon, see the test below)
-@pytest.mark.parametrize("hang", ["loop", "sleep", "swallow", "outputs"])
+@pytest.mark.parametrize(
+    "hang", ["loop", "sleep", "swallow", "outputs", "mapping", "nested", "seq"]
+)
 def test_an_event_over_its_time_is_a_dead_letter_and_its_changes_are_undone(hang: str) -> None:
     rows = [row(1), row(2, hang=hang), row(3)]
     started = time.monotonic()

@@ -314,34 +314,3 @@ def test_a_replay_that_dies_is_told_apart_in_the_reason(gate: str) -> None:
     [(event, reason)] = condemned_events(crashes.folder_of(gate)).items()
     assert event.startswith("6:3:")
     assert "the last time it died undoing this event's changes" in reason
-
-
-def test_encoding_an_events_outputs_is_blamed_but_never_timed(gate: str) -> None:
-    """The agent kills a worker over its time in the event's own code only: encoding the
-    outputs is fogshift's (it ends), so a worker there is not killed, however long."""
-    folder = crashes.folder_of(gate)
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a worker encoding an event's outputs for a long time
-        try:
-            os.close(ready_r)
-            watch = watch_for(gate)
-            watch.enter(row(8))
-            watch.untimed()
-            os.write(ready_w, b"x")
-            time.sleep(60)
-        finally:
-            os._exit(0)
-    os.close(ready_w)
-    try:
-        assert os.read(ready_r, 1) == b"x"
-        far = time.monotonic() + 10 * crashes.kill_after(0.01)
-        assert crashes.stop_overrunning(folder, 0.01, now=far) == {}
-        assert os.waitpid(pid, os.WNOHANG) == (0, 0)
-    finally:
-        os.close(ready_r)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    # Its crash there is still the event's.
-    [(event, count)] = blame(folder, SPARK_SAYS, "pe").items()
-    assert event.startswith("16:8:") and count == 1
