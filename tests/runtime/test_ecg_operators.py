@@ -92,7 +92,7 @@ def test_a_window_at_another_rate_or_without_a_probability_changes_no_twin() -> 
     before = classify.snapshot()
     faster = {"patient": "p01", "t": 20.0, "fs": 500, "samples": [0.0] * 125}
     outputs, reasons = through(classify, [faster])
-    assert outputs == [] and "come at 250.0 Hz; this one at 500.0 Hz" in reasons[0]
+    assert outputs == [] and "come at 250 Hz; this one at 500 Hz" in reasons[0]
     assert classify.snapshot() == before
     classify.model = SimpleNamespace(abnormal=lambda found: float("nan"))  # type: ignore[assignment]
     same = {"patient": "p01", "t": 20.0, "fs": 250, "samples": pulse[:125].tolist()}
@@ -167,3 +167,23 @@ def test_a_window_the_simulation_made_non_finite_is_the_sources_dead_letter() ->
     assert "non-finite sample" in rows[1][6]
     _, body = made(2)
     assert json.loads(rows[1][5]) == {"patient": body["patient"], "t": body["t"]}
+
+
+def test_a_rate_no_ecg_has_is_a_dead_letter_not_the_patients_rate() -> None:
+    # A patient's first window fixes its rate: one at 1e9 Hz (or 1e-9) was taken, and every
+    # real window of the patient after it was refused.
+    stream = Stream(SOURCE)
+    windows = through(
+        Bandpass.build({}, "band", None), [stream.event(k)[1] for k in range(1, stream.total + 1)]
+    )[0]
+
+    def alarms(windows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+        classify = Classify.build({}, "classify", None)
+        classify.on_assign()
+        return through(classify, windows)
+
+    for fs in (1e9, 1e-9, 49.0, 10_001):
+        raised, reasons = alarms([{**windows[0], "fs": fs}, *windows])
+        assert len(reasons) == 1 and "field 'fs' is" in reasons[0], reasons
+        assert "50 to 10000 Hz" in reasons[0]
+        assert raised == alarms(windows)[0] and raised, raised

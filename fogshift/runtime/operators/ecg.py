@@ -84,6 +84,12 @@ class Bandpass(Processor):
         return {**event.body, "samples": out.tolist()}
 
 
+#: The sampling rates ``classify`` takes (Hz): every ECG's, with room around the source's
+#: 250-2000. A patient's first window fixes its rate, so one at a rate no ECG has (1e9 Hz)
+#: would have every real window of the patient after it refused.
+CLASSIFY_FS = (50.0, 10_000.0)
+
+
 class Classify(Processor):
     """Beats, rhythm features and a neural network per window; an alarm (``class``
     ``abnormal``) after ``confirm`` abnormal windows in a row, cleared (``normal``) after as
@@ -103,12 +109,17 @@ class Classify(Processor):
     def process(self, event: Event) -> dict[str, Any] | None:
         opts: ClassifyOptions = self.config
         patient, t, fs, samples = _window(event)
+        low, high = CLASSIFY_FS
+        if not low <= fs <= high:
+            raise DeadLetter(
+                f"field 'fs' is {fs:g} Hz; classify takes ECG sampled at {low:g} to {high:g} Hz"
+            )
         known = self.rhythm.get("fs")
         if known is not None and known != fs:
             # Beats are counted in samples: taken at another rate, the heart rate read as
             # that much faster or slower (an alarm of a normal rhythm).
             raise DeadLetter(
-                f"patient {patient!r}'s windows come at {known} Hz; this one at {fs} Hz"
+                f"the windows of patient {patient!r} come at {known:g} Hz; this one at {fs:g} Hz"
             )
         rhythm = {**beats.step(self.rhythm, samples, fs), "fs": fs}
         found = beats.features(rhythm, fs)
