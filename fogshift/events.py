@@ -173,7 +173,13 @@ def _fitting_prefix(text: str, budget: int) -> int:
 
 
 def fit_dead_letter(
-    seq: int, timestamp: float, creator: str, body: str, reason: str, limit: int
+    seq: int,
+    timestamp: float,
+    creator: str,
+    body: str,
+    reason: str,
+    limit: int,
+    total: int | None = None,
 ) -> tuple[str, str]:
     """``(body, reason)`` of a dead letter, cut so that the record is at most ``limit`` bytes.
 
@@ -181,11 +187,15 @@ def fit_dead_letter(
     huge CSV line, an output that was too big itself) keeps its longest prefix that fits,
     followed by a note of how long it was: a dead letter must itself be appendable. The
     reason is cut to :data:`MAX_REASON_CHARS`, and further if the limit is that small.
+
+    Args:
+        total: How long the input was in characters, for the note, when the caller cut it
+            before making ``body`` of it (``None``: ``body``'s length).
     """
     reason = fit_reason(reason)
     if oversize(seq, timestamp, creator, body, reason, limit) is None:
         return body, reason
-    note = f" ...[cut: {len(body)} characters in all]"
+    note = f" ...[cut: {len(body) if total is None else total} characters in all]"
     fixed = len(record_payload(seq, timestamp, creator, note, reason))
     if fixed > limit:  # the reason alone is too long for this limit
         bare = len(record_payload(seq, timestamp, creator, note, ""))

@@ -106,6 +106,31 @@ def test_a_field_over_the_csv_limit_is_a_dead_letter_that_fits(tmp_path: Path) -
     assert "[cut: " in rows[1][5]
 
 
+def test_a_huge_line_costs_a_dead_letters_size_not_many_times_its_own(tmp_path: Path) -> None:
+    # The whole line was escaped as JSON, measured by escaping it again and cut by escaping
+    # prefixes of it: ~9x a line of control characters (a 2 GiB line: a worker's OOM).
+    import tracemalloc
+
+    size = 8 * 2**20
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\na,1\n" + b"\x01" * size + b",2\nc,3\n")
+    source = reader(data, max_record_bytes=2**20)
+    end = source.latestOffset(source.initialOffset(), source.getDefaultReadLimit())
+    (partition,) = source.partitions(source.initialOffset(), end)
+    tracemalloc.start()
+    try:
+        rows = list(source.read(partition))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(r[0], r[6] is None) for r in rows] == [(1, True), (2, False), (3, True)]
+    assert fits(rows[1], 2**20) and rows[1][5].startswith('{"line": "\\u0001')
+    assert f"[cut: {size + 2} characters in all]" in rows[1][5]
+    # The line is held four times whatever is done with it (the file's bytes, the line's,
+    # its text, its text without the line end): a dead letter's worth above that.
+    assert peak < 4 * size + 16 * 2**20, peak / size
+
+
 def test_a_row_over_the_record_limit_is_a_dead_letter(tmp_path: Path) -> None:
     data = tmp_path / "in.csv"
     data.write_text(f"name,value\na,1\n{'é' * 500},2\nc,3\n")
