@@ -240,6 +240,8 @@ def _outputs(pe: str, result: Any) -> list[Any]:
         return [result]
     try:
         return list(result)
+    except DeadLetter:  # a generator's own: as if process() had raised it (see _call)
+        raise
     except _EVENT_FAILURES as exc:  # not iterable, or a generator that raised part-way
         raise _Rejected(
             f"processor {pe!r} returned {type(result).__name__} and iterating it raised "
@@ -333,7 +335,9 @@ def _call(
         deadline.start()
         try:
             try:
-                result = processor.process(event)
+                outputs = _outputs(pe, processor.process(event))  # (a generator runs here)
+            except _Rejected:
+                raise
             except DeadLetter as exc:
                 # (A subclass whose __init__ set no reason: its message, not an
                 # AttributeError that failed the batch at every retry.)
@@ -342,7 +346,6 @@ def _call(
                 raise _Rejected(reason, touched=touched) from exc
             except _EVENT_FAILURES as exc:
                 raise _Rejected(f"processor {pe!r} raised {_describe(exc)}", True) from exc
-            outputs = _outputs(pe, result)
             return outputs if limit is None else _encode(pe, event, outputs, limit)
         finally:
             deadline.stop()

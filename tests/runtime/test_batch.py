@@ -380,14 +380,23 @@ def test_a_snapshot_that_never_encodes_is_an_element_error() -> None:
         )
 
 
-def test_a_processor_may_promise_its_dead_letters_change_nothing() -> None:
+@pytest.mark.parametrize("generator", [False, True], ids=["returns", "yields"])
+def test_a_processor_may_promise_its_dead_letters_change_nothing(generator: bool) -> None:
+    # (A generator's DeadLetter, raised as its outputs are iterated, was reported as
+    # "returned generator and iterating it raised DeadLetter" and undone by a rebuild.)
     class Careful(Acc):
         dead_letters_change_nothing = True
 
         def process(self, event: Event) -> Any:
+            return self._outputs(event) if generator else self._output(event)
+
+        def _output(self, event: Event) -> Any:
             if event.body.get("mode") == "dead":
                 raise DeadLetter("checked first")
             return super().process(event)
+
+        def _outputs(self, event: Event) -> Iterator[Any]:
+            yield self._output(event)
 
     build = Counted()
     rows = [row(1, v=1), row(2, v=2, mode="dead"), row(3, v=3)]
