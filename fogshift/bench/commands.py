@@ -496,9 +496,11 @@ def register(bench_app: typer.Typer) -> None:
             typer.Option("--report-only", help="Run nothing: render results.md from --out again."),
         ] = False,
     ) -> None:
-        """Soak: Case 1, a two-input and a keyed, partitioned pipeline under random
-        migrations, key moves, scales and SIGKILLs of nodes and the orchestrator; counts lost,
-        duplicated and wrong output rows."""
+        """Soak: pipelines under random migrations, key moves, scales and kills; lost rows.
+
+        Case 1, a two-input and a keyed, partitioned pipeline under random migrations, key
+        moves, scales and SIGKILLs of nodes and the orchestrator; counts lost, duplicated and
+        wrong output rows."""
         target = out.resolve()
         if report_only:
             given = [

@@ -484,9 +484,10 @@ def status(
 
 @app.command()
 def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
-    """Per node: name, url, pid, pgid, healthy, free disk and its PEs; then what is wrong
-    with a node, or the orchestrator, that works (checkpoints failing or stopped, disk
-    nearly full)."""
+    """Per node: name, url, pid, pgid, healthy, free disk and its PEs; then what is wrong.
+
+    What is wrong is told of a node, or the orchestrator, that works: checkpoints failing or
+    stopped, disk nearly full."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
         data = [NodeView.model_validate(n) for n in client.get("/nodes")]
         health = OrchestratorHealth.model_validate(client.get("/health"))
@@ -830,8 +831,9 @@ def migrate(
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
-    """Live-migrate a running PE (or several, or single keys of a partitioned PE) to another
-    node (exit 1 if it failed; the origin runs on)."""
+    """Live-migrate a running PE, several, or single keys of a partitioned PE to another node.
+
+    Exit 1 if it failed; the origin runs on."""
     if mode is not None and mode not in tuple(MigrationMode):
         raise InvalidInput(
             "unknown migration mode",
@@ -1076,8 +1078,9 @@ def scale(
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
-    """Give a partitioned keyed element more or fewer partitions while all of them run: only
-    the keys whose partition changes move, with their state (exit 1 unless all moved)."""
+    """Give a partitioned keyed element more or fewer partitions while all of them run.
+
+    Only the keys whose partition changes move, with their state (exit 1 unless all moved)."""
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise InvalidInput(
             f"cannot scale {pipeline}/{element} to {partitions} partitions",
@@ -1134,9 +1137,10 @@ def restore(
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
-    """Restore a PE exactly-once, fencing the old one: its hot standby takes over if it has one
-    (and --to is left out or names the standby's node), else from its latest central
-    checkpoint."""
+    """Restore a PE exactly-once, fencing the old one: from its hot standby or a checkpoint.
+
+    Its hot standby takes over if it has one (and --to is left out or names the standby's
+    node), else it starts from its latest central checkpoint."""
     report = RestoreReport.model_validate(
         _run_operation(home, pipeline, element, OperationKind.RESTORE, {"target": to}, as_json)
     )
@@ -1252,8 +1256,9 @@ def demo(
     ] = 300,
     keep: Annotated[bool, typer.Option(help="Leave the cluster up afterwards.")] = False,
 ) -> None:
-    """Run Case 1 (or Case 2: --case ecg, --case twins) and print a consistency verdict
-    (exit 1 if inconsistent)."""
+    """Run Case 1 (or Case 2: --case ecg, --case twins) and print a consistency verdict.
+
+    Exit 1 if inconsistent."""
     from fogshift.cli.demo import demo_copy, run_demo
 
     home = home.resolve()
@@ -1318,8 +1323,10 @@ def serve_agent(
         int | None, typer.Option(help="Pace the central store's checkpoint pulls (bit/s).")
     ] = None,
 ) -> None:
-    """Run one node agent in the foreground (started by `up`). Settings not given here are
-    read from ``FOGSHIFT_*`` or defaulted by :class:`AgentConfig`."""
+    """Run one node agent in the foreground (started by `up`).
+
+    Settings not given here are read from ``FOGSHIFT_*`` or defaulted by
+    :class:`AgentConfig`."""
     from fogshift.agent.app import create_app
 
     config = AgentConfig(
@@ -1367,13 +1374,15 @@ def serve_orchestrator(
         str | None,
         typer.Option(
             help="Test hook: stop at this operation phase (e.g. migration:switching) and wait "
-            "to be killed [default: $FOGSHIFT_TEST_PAUSE_AT, else the phase written in the "
+            "to be killed \\[default: $FOGSHIFT_TEST_PAUSE_AT, else the phase written in the "
             "file $FOGSHIFT_TEST_PAUSE_FILE names, else never].",
         ),
     ] = None,
 ) -> None:
-    """Run the orchestrator in the foreground (started by `up`). Settings not given here are
-    read from ``FOGSHIFT_*`` or defaulted by :class:`OrchestratorConfig`."""
+    """Run the orchestrator in the foreground (started by `up`).
+
+    Settings not given here are read from ``FOGSHIFT_*`` or defaulted by
+    :class:`OrchestratorConfig`."""
     from fogshift.orchestrator.app import create_app
 
     config = OrchestratorConfig(

@@ -4,6 +4,7 @@ nothing deployed, ``logs``, the demo's copy of the example, and the phases ``mig
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from typer.main import get_command
 from typer.testing import CliRunner
 
 from fogshift.cli import logs as cli_logs
@@ -630,3 +632,47 @@ def test_validate_refuses_node_names_no_node_can_have(nodes: str, tmp_path: Path
     with pytest.raises(InvalidInput, match="--nodes names the nodes") as err:
         runner.invoke(cli.app, ["validate", str(spec), "--nodes", nodes], catch_exceptions=False)
     assert err.value.received == repr(nodes)
+
+
+# -- --help ---------------------------------------------------------------------------------
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+COMMANDS = list(_commands(get_command(cli.app)))
+
+
+def _wide_help(path: tuple[str, ...]) -> str:
+    # Wide enough that no cell wraps: each text is then one row of its table.
+    result = runner.invoke(cli.app, [*path, "--help"], env={"COLUMNS": "2000"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.parametrize(
+    "path", [p for p, c in COMMANDS if getattr(c, "commands", None)], ids=" ".join
+)
+def test_a_command_list_shows_each_summary_on_one_line(path: tuple[str, ...]) -> None:
+    # Rich help kept a summary's line breaks in the list: "nodes  Per node: …; then what is
+    # wrong" with the rest of the sentence on the next rows, beside no command.
+    group = dict(COMMANDS)[path]
+    rows = _wide_help(path).splitlines()
+    for name, sub in group.commands.items():
+        if sub.hidden:
+            continue
+        summary = " ".join(inspect.cleandoc(sub.help or "").split("\n\n")[0].split())
+        row = next((r for r in rows if f"│ {name} " in r), None)
+        assert row is not None and summary in " ".join(row.split()), (name, summary, row)
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COMMANDS[1:]], ids=" ".join)
+def test_an_options_help_is_shown_whole(path: tuple[str, ...]) -> None:
+    # Rich read "[default: $FOGSHIFT_TEST_PAUSE_AT, else …]" as markup and printed nothing of it.
+    shown = " ".join(_wide_help(path).split())
+    for param in dict(COMMANDS)[path].params:
+        text = " ".join((getattr(param, "help", None) or "").replace("\\[", "[").split())
+        assert text in shown, (param.name, text)
