@@ -486,8 +486,8 @@ def status(
 def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     """Per node: name, url, pid, pgid, healthy, free disk and its PEs; then what is wrong.
 
-    What is wrong is told of a node, or the orchestrator, that works: checkpoints failing or
-    stopped, disk nearly full."""
+    What is wrong is told of a node, or of the orchestrator, even while it answers: checkpoints
+    failing or stopped, disk nearly full."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
         data = [NodeView.model_validate(n) for n in client.get("/nodes")]
         health = OrchestratorHealth.model_validate(client.get("/health"))
