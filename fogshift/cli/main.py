@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fogshift.agent.config import AgentConfig
+from fogshift.broker.server import DEFAULT_SYNC
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
@@ -302,6 +303,17 @@ def up(
             )
         ),
     ] = None,
+    broker_sync: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FOGSHIFT_BROKER_SYNC",
+            help="When the broker fsyncs the records it stores: always (each batch before it "
+            "is acknowledged, so acknowledged records survive a power loss of its host) or an "
+            "interval such as 2m (nats-server's own default: a little faster, and up to that "
+            "long of acknowledged records lost with the host's power). Not with --nats-url. "
+            f"\\[default: {DEFAULT_SYNC}]",
+        ),
+    ] = None,
 ) -> None:
     """Start the broker, the orchestrator and one node agent per node; wait until healthy."""
     from fogshift.network.links import parse_link_assignments
@@ -342,6 +354,7 @@ def up(
             links=profiles,
             topology=topology,
             plan_interval_s=plan_interval,
+            broker_sync=broker_sync,
         )
     isolated = " in network namespaces" if isolate else ""
     console.print(f"[green]up[/]: nodes {', '.join(names)} healthy{isolated} (home {home})")

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.broker.server import free_port, start_nats_server
+from fogshift.broker.server import DEFAULT_SYNC, check_sync, free_port, start_nats_server
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.files import PRIVATE_MODE, make_private_dir, write_atomic, write_private
 from fogshift.common.http import ServiceClient, is_loopback, node_token
@@ -459,6 +459,7 @@ def up(
     links: dict[str, LinkProfile] | None = None,
     topology: Path | None = None,
     plan_interval_s: float | None = None,
+    broker_sync: str | None = None,
 ) -> ClusterFile:
     """Start the broker (unless ``nats_url``), the orchestrator and the node agents.
 
@@ -482,16 +483,29 @@ def up(
         topology: A fog topology (YAML) for the planner, copied to ``<home>/topology.yaml``
             (``fogshift topology set`` replaces it later); validated before anything starts.
         plan_interval_s: Interval of the orchestrator's backup/redeploy planner.
+        broker_sync: When the broker it starts fsyncs stored records (default:
+            :data:`fogshift.broker.server.DEFAULT_SYNC`); refused with ``nats_url``, whose
+            broker fogshift does not configure.
 
     Raises:
         AlreadyUp: A cluster already runs whole under ``home``.
         AlreadyRunning: Another `up` or `down` of ``home`` runs.
-        InvalidInput: A bad node name, or ``links`` without ``isolate``.
+        InvalidInput: A bad node name, ``links`` without ``isolate``, a bad ``broker_sync``
+            or one with ``nats_url``.
         IsolationUnsupported: ``isolate`` here is impossible (not root, no ``ip``/``tc``).
         Unavailable: Something did not become healthy within ``timeout_s``; what was started
             is stopped again (namespaces included).
     """
     say = on_progress or (lambda _msg: None)
+    if broker_sync is not None and nats_url is not None:
+        raise InvalidInput(
+            "a broker sync for a broker fogshift does not start",
+            expected="--broker-sync only without --nats-url",
+            received=f"--broker-sync {broker_sync} with --nats-url {nats_url}",
+            hint="set sync_interval in that nats-server's own config, and leave --broker-sync "
+            "(and $FOGSHIFT_BROKER_SYNC) out",
+        )
+    sync = check_sync(broker_sync or DEFAULT_SYNC)
     for name in nodes:
         if not NAME_PATTERN.fullmatch(name):
             raise InvalidInput(
@@ -570,7 +584,7 @@ def up(
         return _up_claimed(
             home, nodes, host, nats_url, nats_user, nats_password, spark_master, timeout_s,
             say, checkpoint_interval_s, central_interval_s, duplicate_window_s, trigger_ms,
-            isolate, profiles, fog_text, plan_interval_s,
+            isolate, profiles, fog_text, plan_interval_s, sync,
         )  # fmt: skip
 
 
@@ -592,6 +606,7 @@ def _up_claimed(
     profiles: dict[str, LinkProfile],
     fog_text: str | None,
     plan_interval_s: float | None,
+    broker_sync: str,
 ) -> ClusterFile:
     """:func:`up`'s work once its arguments are checked and it holds the home's claim."""
     stale_network = False
@@ -637,7 +652,9 @@ def _up_claimed(
         broker_info: ProcessInfo | None = None
         if nats_url is None:
             say("starting nats-server (JetStream)")
-            broker = start_nats_server(home / "broker", host="127.0.0.1", nodes=nodes)
+            broker = start_nats_server(
+                home / "broker", host="127.0.0.1", nodes=nodes, sync=broker_sync
+            )
             broker_info = ProcessInfo.of(broker.pid, url=broker.address.url)
             started.append(broker_info)
             address = broker.address

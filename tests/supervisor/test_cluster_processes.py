@@ -100,6 +100,29 @@ def test_up_refuses_a_node_named_twice(tmp_path: Path, monkeypatch: pytest.Monke
     assert "cloud" in (caught.value.hint or "")
 
 
+@pytest.mark.parametrize(
+    ("sync", "nats_url", "received"),
+    [
+        ("never", None, "'never'"),
+        ("always", "nats://127.0.0.1:4222", "--broker-sync always with --nats-url "
+         "nats://127.0.0.1:4222"),
+    ],
+)  # fmt: skip
+def test_up_refuses_a_broker_sync_before_starting_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str, nats_url: str | None,
+    received: str,
+) -> None:  # fmt: skip
+    def start_nats_server(*args: object, **kwargs: object) -> None:
+        raise AssertionError("started something")
+
+    monkeypatch.setattr(cluster_ops, "start_nats_server", start_nats_server)
+    with pytest.raises(InvalidInput) as caught:
+        cluster_ops.up(tmp_path, ["fog-a"], nats_url=nats_url, broker_sync=sync)
+    assert caught.value.received == received
+    assert caught.value.expected and caught.value.hint
+    assert not cluster_ops.cluster_file(tmp_path).exists()
+
+
 @pytest.mark.parametrize("host", ["192.0.2.7", "::1", "no-such-host.invalid"])
 def test_up_refuses_a_host_it_cannot_listen_on_before_starting_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str
