@@ -348,7 +348,11 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     def page(
         request: Request, name: str, context: dict[str, Any], status_code: int = 200
     ) -> HTMLResponse:
-        context.setdefault("poll_error", sampler.error)
+        # A page answered without a session (the login pages, a refusal under /static or
+        # /login) shows neither the orchestrator's troubles nor the dashboard's menu.
+        authed = getattr(request.state, "authed", False)
+        context.setdefault("poll_error", sampler.error if authed else None)
+        context.setdefault("authed", authed)
         return _page(templates, request, name, context, status_code)
 
     def error_page(request: Request, err: FogshiftError, title: str) -> HTMLResponse:
@@ -372,6 +376,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             if path.startswith("/api/"):
                 return JSONResponse({"code": "not_logged_in", "message": "log in first"}, 401)
             return RedirectResponse("/login", status_code=303)
+        request.state.authed = True
         if request.method not in ("GET", "HEAD"):
             origin = request.headers.get("origin")
             if foreign_origin(origin, request.headers.get("host"), config.named_hosts) or (
@@ -945,7 +950,8 @@ def foreign_origin(origin: str | None, host: str | None, named: tuple[str, ...])
     try:
         parts = urlsplit(origin)
         name = parts.hostname  # (None for "null": a sandboxed or privacy-hidden page)
-    except ValueError:  # an unparseable authority ("https://[::1"): a 500 before
+        port = parts.port
+    except ValueError:  # an unparseable authority ("https://[::1", a port of 99999): a 500
         return True
     if parts.netloc == host:
         return False
@@ -953,7 +959,7 @@ def foreign_origin(origin: str | None, host: str | None, named: tuple[str, ...])
     # README asks): another port of that host, or plain HTTP, may be another service's.
     return not (
         parts.scheme == "https"
-        and parts.port in (None, 443)
+        and port in (None, 443)
         and name is not None
         and canonical_host(name) in named
     )

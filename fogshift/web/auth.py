@@ -7,7 +7,8 @@ log or a terminal's scrollback logs nobody in later. The operator token (the one
 ``<home>/token``, which the CLI uses) also logs in, through the login form, for a browser that
 lost its cookie. Later requests carry only the cookie: ``HttpOnly`` (no script reads it) and
 ``SameSite=Strict`` (no other site's page sends it); state-changing requests must also come
-from the dashboard's own origin.
+from the dashboard's own origin. A session ends at logout, after 12 hours unused, and 12
+hours after its login whatever its use.
 """
 
 from __future__ import annotations
@@ -38,16 +39,21 @@ class Sessions:
     Args:
         operator_token: The cluster's operator token (also accepted by the login form).
         idle_s: A session unused for this long ends.
+        lifetime_s: A session ends this long after its login, used or not: an open page's
+            live parts use it every few seconds, so the idle bound alone never ended a
+            forgotten tab's session, nor a stolen cookie kept in use.
         link_s: The one-time token expires this long after it was made.
     """
 
     operator_token: str
     idle_s: float = 12 * 3600.0
+    lifetime_s: float = 12 * 3600.0
     link_s: float = 600.0
     login_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     _made: float = field(default_factory=lambda: time.monotonic())  # (the clock as called)
     _spent: bool = False
-    _sessions: dict[str, float] = field(default_factory=dict)
+    #: Each live session's login and last use (monotonic seconds).
+    _sessions: dict[str, tuple[float, float]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def login(self, token: str, one_time_only: bool = False) -> str:
@@ -78,7 +84,8 @@ class Sessions:
                 )
             self._spent = True  # any login spends the link: it is nobody's after that
             session = secrets.token_urlsafe(32)
-            self._sessions[session] = time.monotonic()
+            now = time.monotonic()
+            self._sessions[session] = (now, now)
             return session
 
     def valid(self, session: str | None) -> bool:
@@ -87,11 +94,15 @@ class Sessions:
             return False
         now = time.monotonic()
         with self._lock:
-            for stale in [s for s, t in self._sessions.items() if now - t > self.idle_s]:
+            for stale in [
+                s
+                for s, (began, used) in self._sessions.items()
+                if now - used > self.idle_s or now - began > self.lifetime_s
+            ]:
                 del self._sessions[stale]
             if session not in self._sessions:
                 return False
-            self._sessions[session] = now
+            self._sessions[session] = (self._sessions[session][0], now)
             return True
 
     def logout(self, session: str | None) -> None:

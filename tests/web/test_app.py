@@ -83,7 +83,14 @@ class StandIn:
                       element("pick", "fog-a", ["src"], events_in=8, out=6, epoch=3)],
         )  # fmt: skip
 
+    #: What every poll of the nodes fails with (the orchestrator in trouble), if anything.
+    unreachable: FogshiftError | None = None
+    failed_polls = 0
+
     def nodes(self) -> list[NodeView]:
+        if self.unreachable is not None:
+            self.failed_polls += 1
+            raise self.unreachable
         stalled = node("fog-b").model_copy(
             update={
                 "warnings": ["node-level checkpoints stopped: the last round ended 60 s ago"],
@@ -476,6 +483,33 @@ def test_a_post_from_another_site_is_refused(
     assert no_origin.status_code == 403 and stand_in.actions == []
     # A name of another site that resolves to this machine (DNS rebinding) is not served.
     assert web.get("/pipelines", headers={"host": "evil.example:8765"}).status_code == 400
+
+
+def test_a_bad_port_in_an_origin_is_refused_not_a_failure(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    for origin in ("https://127.0.0.1:99999", "https://127.0.0.1:port"):
+        answer = web.post("/pipelines/p/stop", headers={"origin": origin})
+        assert answer.status_code == 403 and "another site" in answer.text, origin
+    assert stand_in.actions == []
+
+
+def test_a_page_without_a_session_shows_neither_the_orchestrators_troubles_nor_the_menu(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    """Refusals answered without a session (a missing file under /static, a wrong method on
+    /login) showed anyone who could reach the port what the orchestrator's last poll failed
+    with (its address among it), and the menu."""
+    stand_in.unreachable = FogshiftError("orchestrator at http://10.1.2.3:7443 unreachable")
+    # (The second failed poll began after the first had kept its error.)
+    wait_until(lambda: stand_in.failed_polls >= 2, 10, describe="two failed polls")
+    for answer in (web.get("/static/none.css"), web.put("/login"), web.get("/login")):
+        assert answer.status_code in (200, 404, 405), answer.status_code
+        assert "10.1.2.3" not in answer.text and "Log out" not in answer.text
+    logged_in(web, sessions)
+    page = web.get("/pipelines")
+    assert "10.1.2.3" in page.text and "does not answer" in page.text and "Log out" in page.text
 
 
 def test_what_the_orchestrator_says_is_escaped(

@@ -58,3 +58,17 @@ def test_an_unused_login_link_expires_and_any_login_spends_it(
     fresh = Sessions(operator_token="t" * 32, link_s=600)
     clock[0] += 599
     assert fresh.valid(fresh.login(fresh.login_token, one_time_only=True))
+
+
+def test_a_session_in_use_still_ends_at_its_lifetime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An open page's live parts use its session every few seconds: the idle bound alone
+    never ended a forgotten tab's session, nor a stolen cookie kept in use."""
+    sessions = Sessions(operator_token="t" * 32, idle_s=60, lifetime_s=3600)
+    clock = [1000.0]
+    monkeypatch.setattr("fogshift.web.auth.time.monotonic", lambda: clock[0])
+    session = sessions.login("t" * 32)
+    while clock[0] <= 1000.0 + 3600:
+        assert sessions.valid(session)
+        clock[0] += 30
+    assert not sessions.valid(session)  # 3,630 s after its login, used 30 s before
+    assert sessions.valid(sessions.login("t" * 32))  # a new login starts a new lifetime
