@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 #: was told is stored survives a power loss of the broker's host (fogshift's exactly-once
 #: relies on acknowledged records: a checkpoint's offsets name them). nats-server's own
 #: default (2 min) would lose up to that long of them. Measured here: one fsync per batch
-#: (an atomic batch of any size is synced once), 0.1-0.2 ms on this disk.
+#: (an atomic batch of any size is synced once), 0.1-0.5 ms more per append, 1-6 %
+#: (``scripts/broker_sync_cost.py``).
 DEFAULT_SYNC = "always"
 _SYNC = re.compile(r"always|[1-9][0-9]{0,5}(ms|s|m|h)")
 
