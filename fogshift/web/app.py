@@ -449,18 +449,25 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     def login_page(request: Request, token: str | None = None) -> Response:
         if token is None:
             return page(request, "login.html", {"poll_error": None})
-        # The link's token is spent even when the cookie cannot come back with the redirect
-        # (a link opened from another site's page: a SameSite=Strict cookie is not sent on
-        # that navigation), so the answer is a page that moves on by itself, same-site.
-        return _log_in(request, token, one_time_only=True)
+        # Opening the link is not a login: link previews, mail scanners and prefetching
+        # open a link before its user does, and a GET that logged in gave them a session and
+        # spent the link. The page's button posts the token from the dashboard's own page,
+        # so the SameSite=Strict cookie its answer sets comes along with the next request
+        # wherever the link was opened (another site's page included).
+        try:
+            sessions.check_link(token)
+        except FogshiftError as err:
+            return page(request, "login.html", {"error": err, "poll_error": None},
+                        err.http_status)  # fmt: skip
+        return page(request, "login.html", {"link_token": token, "poll_error": None})
 
     @app.post("/login", response_class=HTMLResponse)
     def login_form(request: Request, token: Annotated[str, Form()] = "") -> Response:
-        return _log_in(request, token.strip(), one_time_only=False)
+        return _log_in(request, token.strip())
 
-    def _log_in(request: Request, token: str, one_time_only: bool) -> Response:
+    def _log_in(request: Request, token: str) -> Response:
         try:
-            session = sessions.login(token, one_time_only=one_time_only)
+            session = sessions.login(token)
         except FogshiftError as err:
             return page(request, "login.html", {"error": err, "poll_error": None},
                         err.http_status)  # fmt: skip

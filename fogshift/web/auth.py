@@ -1,7 +1,9 @@
 """Login and sessions of the dashboard.
 
-`fogshift dashboard` prints a login URL carrying a one-time token (as Jupyter does): the first
-request with it gets a session cookie and the token is spent; unused, it expires after
+`fogshift dashboard` prints a login URL carrying a one-time token (as Jupyter does): it opens
+a page whose button posts the token, which gets a session cookie and spends it (opening the
+link alone does neither: link previews, mail scanners and prefetching open links before
+their users do); unused, it expires after
 ``link_s`` (10 minutes) or at the first login by the operator token, so a link left in a
 log or a terminal's scrollback logs nobody in later. The operator token (the one in
 ``<home>/token``, which the CLI uses) also logs in, through the login form, for a browser that
@@ -56,12 +58,8 @@ class Sessions:
     _sessions: dict[str, tuple[float, float]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def login(self, token: str, one_time_only: bool = False) -> str:
+    def login(self, token: str) -> str:
         """A new session for ``token`` (the unspent one-time token, or the operator token).
-
-        Args:
-            one_time_only: Accept only the one-time token (a link: the operator token must
-                never travel in a URL, where history and logs keep it).
 
         Returns:
             The session id to set as the cookie.
@@ -70,23 +68,40 @@ class Sessions:
             BadLogin: ``token`` is neither, or it is the one-time token spent or expired.
         """
         with self._lock:
-            if time.monotonic() - self._made > self.link_s:
-                self._spent = True
-            link = not self._spent and same_token(token, self.login_token)
-            if not link and (one_time_only or not same_token(token, self.operator_token)):
-                raise BadLogin(
-                    "this login link or token is not valid (a login link works once, "
-                    f"within {self.link_s / 60:.0f} minutes)",
-                    expected="the link `fogshift dashboard` printed, unused and recent, or the "
-                    "operator token in <home>/token",
-                    hint="paste the token from <home>/token into the form, or start "
-                    "`fogshift dashboard` again for a new link",
-                )
+            link = self._link_is(token)
+            if not link and not same_token(token, self.operator_token):
+                raise self._refusal()
             self._spent = True  # any login spends the link: it is nobody's after that
             session = secrets.token_urlsafe(32)
             now = time.monotonic()
             self._sessions[session] = (now, now)
             return session
+
+    def check_link(self, token: str) -> None:
+        """Refuse ``token`` unless it is the unspent, recent one-time token; spends nothing.
+
+        Raises:
+            BadLogin: It is not (the operator token included: never in a URL).
+        """
+        with self._lock:
+            if not self._link_is(token):
+                raise self._refusal()
+
+    def _link_is(self, token: str) -> bool:
+        """Whether ``token`` is the one-time token, unspent and unexpired (under the lock)."""
+        if time.monotonic() - self._made > self.link_s:
+            self._spent = True
+        return not self._spent and same_token(token, self.login_token)
+
+    def _refusal(self) -> BadLogin:
+        return BadLogin(
+            "this login link or token is not valid (a login link works once, "
+            f"within {self.link_s / 60:.0f} minutes)",
+            expected="the link `fogshift dashboard` printed, unused and recent, or the "
+            "operator token in <home>/token",
+            hint="paste the token from <home>/token into the form, or start "
+            "`fogshift dashboard` again for a new link",
+        )
 
     def valid(self, session: str | None) -> bool:
         """Whether ``session`` is live (and mark it used now)."""

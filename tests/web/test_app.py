@@ -226,7 +226,11 @@ def web(stand_in: StandIn, sessions: Sessions, tmp_path: Path) -> Iterator[TestC
 
 
 def logged_in(web: TestClient, sessions: Sessions) -> TestClient:
-    answer = web.get(f"/login?token={sessions.login_token}", follow_redirects=False)
+    """Open the login link, then press its page's button (which posts the link's token)."""
+    opened = web.get(f"/login?token={sessions.login_token}", follow_redirects=False)
+    assert opened.status_code == 200 and "set-cookie" not in opened.headers
+    assert f'name="token" value="{sessions.login_token}"' in opened.text
+    answer = web.post("/login", data={"token": sessions.login_token}, follow_redirects=False)
     # A page that moves on by itself (same-site, so the SameSite=Strict cookie goes along
     # even when the link was opened from another site), not a redirect.
     assert answer.status_code == 200 and 'url=/pipelines"' in answer.text
@@ -235,6 +239,20 @@ def logged_in(web: TestClient, sessions: Sessions) -> TestClient:
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie
     assert sessions.login_token not in cookie
     return web
+
+
+def test_opening_the_link_neither_logs_in_nor_spends_it(
+    web: TestClient, sessions: Sessions
+) -> None:
+    """A link preview, a mail scanner or a prefetch opens a link before its user does: a GET
+    that logged in gave it the session and spent the link."""
+    for _ in range(2):
+        opened = web.get(f"/login?token={sessions.login_token}", follow_redirects=False)
+        assert opened.status_code == 200 and "set-cookie" not in opened.headers
+        assert "Log in" in opened.text
+        assert web.get("/pipelines", follow_redirects=False).status_code == 303
+    logged_in(web, sessions)
+    assert web.get("/pipelines", follow_redirects=False).status_code == 200
 
 
 def test_without_a_session_only_the_login_page_answers(web: TestClient, sessions: Sessions) -> None:
@@ -313,7 +331,8 @@ def test_the_session_cookie_is_secure_when_reached_over_tls(
     """Behind a TLS proxy the cookie was still sent by the browser over plain HTTP."""
     app = create_app(stand_in, sessions, DashboardConfig(tmp_path, interval_s=0.05))  # type: ignore[arg-type]
     with TestClient(app, base_url="https://127.0.0.1:8765") as client:
-        answer = client.get(f"/login?token={sessions.login_token}", follow_redirects=False)
+        answer = client.post("/login", data={"token": sessions.login_token},
+                             follow_redirects=False)  # fmt: skip
         assert answer.status_code == 200 and "Secure" in answer.headers["set-cookie"]
         form = client.post("/login", data={"token": TOKEN}, follow_redirects=False,
                            headers={"origin": "https://127.0.0.1:8765"})  # fmt: skip

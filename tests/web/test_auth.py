@@ -54,10 +54,16 @@ def test_an_unused_login_link_expires_and_any_login_spends_it(
     spent = Sessions(operator_token="t" * 32, link_s=600)
     spent.login("t" * 32)
     with pytest.raises(BadLogin):
-        spent.login(spent.login_token, one_time_only=True)
+        spent.check_link(spent.login_token)
     fresh = Sessions(operator_token="t" * 32, link_s=600)
     clock[0] += 599
-    assert fresh.valid(fresh.login(fresh.login_token, one_time_only=True))
+    fresh.check_link(fresh.login_token)  # opening the link spends nothing
+    fresh.check_link(fresh.login_token)
+    assert fresh.valid(fresh.login(fresh.login_token))
+    with pytest.raises(BadLogin):
+        fresh.check_link(fresh.login_token)
+    with pytest.raises(BadLogin, match="works once"):  # the operator token: never in a URL
+        fresh.check_link("t" * 32)
 
 
 def test_a_session_in_use_still_ends_at_its_lifetime(monkeypatch: pytest.MonkeyPatch) -> None:

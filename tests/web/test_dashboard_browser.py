@@ -45,10 +45,11 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
     page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
     page.set_default_timeout(60_000)
     try:
-        # Nothing but the login page without the link; the link logs in (once).
+        # Nothing but the login page without the link; the link's page logs in (once).
         page.goto(dashboard.split("/login")[0] + "/pipelines")
         expect(page).to_have_url(re.compile(r"/login$"))
         page.goto(dashboard)
+        page.get_by_role("button", name="Log in").click()
         expect(page).to_have_url(re.compile(r"/pipelines$"))
 
         # Deploy from the file: checked and summarised first, deployed on confirmation.
