@@ -93,6 +93,11 @@ PHASES = tuple(MigrationPhase)
 #: answered only after its whole live wait (30 s) when none came (Case 2's handovers once
 #: the recordings had ended).
 IDLE_INPUT_S = 2.0
+#: How much longer than the pause's own bound its request waits for the agent's answer:
+#: the agent gives up pausing (and resumes the PE) after ``timeout_s`` from when the request
+#: reached it, and says why; a client bound equal to it ran out first (its clock starts at
+#: the send) and reported "no answer" instead, while the agent's resume could still come.
+PAUSE_ANSWER_MARGIN_S = 30.0
 #: Capped rounds a handover's target follows the origin before its gate opens. One brings
 #: it from the copy's batch to where the origin got meanwhile (the seconds its start took);
 #: more only chase the origin's next batches, which the target's open gate does anyway (the
@@ -244,7 +249,11 @@ def migrate(
         steps.phase(MigrationPhase.PAUSING)
         paused_at = time.perf_counter()
         position = origin_agent.call(
-            ElementProgress, "POST", here + "/pause", params={"timeout_s": timeout_s}
+            ElementProgress,
+            "POST",
+            here + "/pause",
+            params={"timeout_s": timeout_s},
+            timeout=timeout_s + PAUSE_ANSWER_MARGIN_S,
         )
         report.observe(origin_name, position)
         watch.lap("pause")
@@ -339,9 +348,12 @@ def _handover(
     started = False
     try:
         steps.phase(MigrationPhase.PREPARING)
-        report.epoch = steps.bump()
         prepare = Stopwatch(report, report.prepare_ms)
         info = _copy_warm(report, here, origin_agent, target_agent, (known, held), prepare)
+        # The next epoch only once the copy is in place, for the target about to start: a
+        # copy that failed left the origin behind a newer epoch, which the reconciler
+        # mends by restarting the healthy origin fenced (downtime for nothing).
+        report.epoch = steps.bump()
         started = True
         _follow_capped(report, here, origin_agent, target_agent, placed, info, report.epoch,
                        timeout_s, rounds, prepare)  # fmt: skip
@@ -515,8 +527,8 @@ def _undo_handover(
     The target is discarded. If it was ever asked to run it may have appended under its
     epoch, which would refuse the origin's appends: the PE is fenced under a newer epoch still
     and the origin restarted under it (from its own checkpoint). If it never ran, the origin
-    (never paused) just goes on under ``epoch``, its own; the reconciler restarts it under the
-    epoch the handover took, as it does any PE behind its newest epoch.
+    (never paused) just goes on under ``epoch``, its own (the handover takes its epoch only
+    once the target is about to start).
     """
     origin_name, (target_name, target_agent) = origin[0], target
     path = _path(pipeline, element.id)

@@ -4,6 +4,8 @@ agents over real HTTP)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -106,15 +108,46 @@ def test_a_handover_that_failed_before_its_target_ran_asks_whether_the_origin_ru
         else:
             agents["fog-a"].fail("GET", HERE + "/progress")
         clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
-        steps = MigrationSteps(route=lambda: None, fence=lambda: 9, bump=lambda: 2,
+        bumps: list[int] = []
+        steps = MigrationSteps(route=lambda: None, fence=lambda: 9,
+                               bump=lambda: bumps.append(2) or 2,
                                mark=lambda epoch: None)  # fmt: skip
         with pytest.raises(MigrationFailed) as failed:
             migrate("p", ELEMENT, ("fog-a", clients["fog-a"]), ("fog-b", clients["fog-b"]),
-                    MigrationMode.HANDOVER, timeout_s=5, steps=steps)  # fmt: skip
+                    MigrationMode.HANDOVER, timeout_s=5, steps=steps, epoch=1)  # fmt: skip
     report = failed.value.report  # type: ignore[attr-defined]
     assert report.rolled_back is origin_runs, report
+    # No newer epoch for a target that never started: with one, the reconciler restarted
+    # the healthy origin fenced under the epoch after it (downtime for nothing).
+    assert bumps == [] and report.epoch == 1, report
     if not origin_runs:
         assert "does not answer" in (report.error or "") + " ".join(report.warnings), report
+
+
+def test_a_pause_that_gives_up_is_answered_by_the_agent_not_cut_off_by_the_client() -> None:
+    # The agent gives up pausing after timeout_s from when the request reached it, resumes
+    # the PE and says why; the client's bound was the same, started at the send, so it ran
+    # out first and the migration failed with "cannot be reached" instead.
+    with standins("fog-a", "fog-b") as agents:
+        refusal = {"code": "node_not_ready", "message": "aggregate reached no batch boundary"}
+        agents["fog-a"].answer("POST", HERE + "/pause", 409, refusal)
+        came, answer = agents["fog-a"].hold("POST", HERE + "/pause")
+        pause_s = 0.5
+        origin = ServiceClient(agents["fog-a"].url, "t" * 32, "fog-a", timeout_s=pause_s)
+        target = ServiceClient(agents["fog-b"].url, "t" * 32, "fog-b")
+
+        def agent_gives_up() -> None:  # answers after the pause's bound, as the agent does
+            came.wait(10)
+            time.sleep(pause_s * 2)
+            answer.set()
+
+        threading.Thread(target=agent_gives_up, daemon=True).start()
+        with pytest.raises(MigrationFailed) as failed:
+            migrate("p", ELEMENT, ("fog-a", origin), ("fog-b", target),
+                    MigrationMode.LITERAL, timeout_s=pause_s, steps=MigrationSteps())  # fmt: skip
+    report = failed.value.report  # type: ignore[attr-defined]
+    assert "no batch boundary" in (report.error or ""), report
+    assert "cannot be reached" not in (report.error or ""), report
 
 
 def test_a_literal_start_that_got_no_answer_is_fenced_out_not_trusted_discarded() -> None:
