@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 	@scripts/check-java.sh
-	@scripts/check-chromium.sh
+	@scripts/check-test-tools.sh
 	@# fogshift's JVM classes (a local file system that forks no chmod per file written,
 	@# fogshift/runtime/jvm_classes.py), then the Spark driver JVM's class archive (once per
 	@# venv, ~30 s): every node's session then starts in about two thirds of the time

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,15 +38,19 @@ def test_a_sync_nats_server_would_not_take_is_refused_with_what_it_takes(value: 
     assert caught.value.received == repr(value) and caught.value.hint
 
 
+StartBroker = Callable[[str], BrokerProcess]
+
+
 @pytest.fixture()
-def broker_of(tmp_path: Path) -> Iterator[dict[str, BrokerProcess]]:
+def broker_of(tmp_path: Path) -> Iterator[StartBroker]:
+    """Starts a real nats-server with a given sync (each killed at the end)."""
     started: dict[str, BrokerProcess] = {}
 
     def start(sync: str) -> BrokerProcess:
         started[sync] = start_nats_server(tmp_path / sync, sync=sync, nodes=["n1"])
         return started[sync]
 
-    yield start  # type: ignore[misc]
+    yield start
     for broker in started.values():
         os.killpg(broker.pid, signal.SIGKILL)
 
@@ -79,10 +82,10 @@ def _fsyncs_of_message_blocks(broker: BrokerProcess, trace: Path) -> int:
     return sum(1 for line in lines if "sync(" in line and "/FS_p_a/msgs/" in line)
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to watch the fsyncs")
 def test_by_default_each_stored_batch_is_fsynced_and_with_an_interval_none_is(
-    broker_of, tmp_path: Path
+    broker_of: StartBroker, tmp_path: Path
 ) -> None:
+    # (strace is installed by `make setup`: scripts/check-test-tools.sh)
     durable = broker_of(DEFAULT_SYNC)
     assert f'sync_interval: "{DEFAULT_SYNC}"' in durable.config_file.read_text()
     assert _fsyncs_of_message_blocks(durable, tmp_path / "always.trace") >= BATCHES
@@ -90,7 +93,7 @@ def test_by_default_each_stored_batch_is_fsynced_and_with_an_interval_none_is(
     assert _fsyncs_of_message_blocks(lazy, tmp_path / "2m.trace") == 0
 
 
-def test_a_permissions_reload_keeps_the_sync(broker_of) -> None:
+def test_a_permissions_reload_keeps_the_sync(broker_of: StartBroker) -> None:
     broker = broker_of("10s")
     apply_permissions(broker.config_file, broker.pid, {"n1": [Hosted("p", "pe1", ("src",))]})
     text = broker.config_file.read_text()
