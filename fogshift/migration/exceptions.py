@@ -26,3 +26,13 @@ class MigrationInProgress(Conflict):
     """Another migration of the same PE is under way."""
 
     code = "migration_in_progress"
+
+
+class MigrationRouted(FogshiftError):
+    """Something failed after the migration's routing change committed: the target is the
+    PE, and nothing undoes that. Raised by the caller's ``route`` step for what fails once
+    its change is in place; the migration passes it on without a rollback (its journal
+    entry, left at ``routed``, is completed by the next recovery round)."""
+
+    code = "migration_routed"
+    http_status = 503

@@ -79,7 +79,7 @@ from fogshift.contracts import (
     PEState,
 )
 from fogshift.exceptions import FogshiftError
-from fogshift.migration.exceptions import MigrationFailed
+from fogshift.migration.exceptions import MigrationFailed, MigrationRouted
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.migration")
@@ -122,7 +122,9 @@ class MigrationSteps:
             effect (the caller journals it; it may raise to stop the migration there).
         route: The routing change: the caller points the PE's placement at the target (and
             journals ``routed`` with it). Called once the target is live, before the origin
-            is detached; from then on the migration never rolls back.
+            is detached; from then on the migration never rolls back. What fails after its
+            change is in place, it raises as :class:`MigrationRouted` (anything else it
+            raises is taken to have changed nothing, and is rolled back).
         fence: Bumps the PE's epoch and fences its output stream with it; returns the new
             epoch. Used when a rollback cannot make sure the target stopped: the origin is
             then restarted under the new epoch. ``None``: the origin is resumed regardless.
@@ -281,6 +283,8 @@ def migrate(
                               "catching up", report)  # fmt: skip
         watch.lap("invoke")
         steps.route()
+    except MigrationRouted:  # the target is the PE: a rollback would discard it
+        raise
     except Exception as exc:  # whatever failed before the routing change: roll back
         message = exc.message if isinstance(exc, FogshiftError) else f"{type(exc).__name__}: {exc}"
         report.error = exc.render() if isinstance(exc, FogshiftError) else message
@@ -385,6 +389,8 @@ def _handover(
                               report)  # fmt: skip
         watch.lap("invoke")
         steps.route()
+    except MigrationRouted:  # the target is the PE: a rollback would discard it
+        raise
     except Exception as exc:  # before the routing change: roll back
         message = exc.message if isinstance(exc, FogshiftError) else f"{type(exc).__name__}: {exc}"
         report.error = exc.render() if isinstance(exc, FogshiftError) else message

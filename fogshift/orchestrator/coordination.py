@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any
 
 from fogshift.broker.client import last_seq
+from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.naming import stream_name
 from fogshift.common.text import one_line
 from fogshift.contracts import (
@@ -99,7 +100,18 @@ class Coordination(Scaling):
                 OperationKind.MIGRATION, pipeline, element_id, origin, target, self.run_id,
                 "preparing",
             )  # fmt: skip
-            self.permissions.sync(self.registry)  # the target may read and, later, write
+            try:
+                self.permissions.sync(self.registry)  # the target may read and, later, write
+            except BrokerError as exc:
+                # Nothing was asked of a node yet: ended here, not left unfinished (which
+                # would refuse every operation on the PE until a recovery round, needing
+                # the same broker, rolled back a migration that never began).
+                self.registry.finish(op.id, "failed")
+                raise Unavailable(
+                    f"cannot migrate {pipeline}/{element_id} to {target}: the broker could "
+                    f"not give {target} the PE's rights: {exc.message}",
+                    hint=f"the PE runs on {origin} as before: try again once the broker answers",
+                ) from exc
             steps = MigrationSteps(
                 phase=partial(self._enter, op),
                 route=partial(self._route, op),

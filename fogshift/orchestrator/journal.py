@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.publish import fence
 from fogshift.exceptions import Conflict, FogshiftError, Unavailable
-from fogshift.migration.exceptions import MigrationInProgress
+from fogshift.migration.exceptions import MigrationInProgress, MigrationRouted
 from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord
 from fogshift.orchestrator.replication import Replication
@@ -74,7 +74,14 @@ class Journal(Replication):
         """The routing change of ``op``: placement and journal move to the target at once."""
         self.registry.route(op.id, op.target)
         log.info("%s of %s/%s: routed to %s", op.kind, op.pipeline, op.element, op.target)
-        self._test_pause(f"{op.kind}:routed")
+        try:
+            self._test_pause(f"{op.kind}:routed")
+        except FogshiftError as exc:  # committed: not to be rolled back (see MigrationSteps)
+            raise MigrationRouted(
+                f"{op.kind} of {op.pipeline}/{op.element} to {op.target} stopped after its "
+                f"routing change: {exc.message}",
+                hint="the journal's next recovery round completes it",
+            ) from exc
 
     def _fence_for(self, op: Operation) -> int:
         """Give ``op``'s PE a new epoch and fence its output stream with it; return it."""

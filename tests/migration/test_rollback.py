@@ -15,7 +15,7 @@ from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
 from fogshift.contracts import MigrationMode
 from fogshift.exceptions import Unavailable
-from fogshift.migration.exceptions import MigrationFailed
+from fogshift.migration.exceptions import MigrationFailed, MigrationRouted
 from fogshift.migration.procedure import MigrationSteps, migrate, roll_back
 from fogshift.spec.models import ElementSpec
 from tests.orchestrator.standin import standins
@@ -253,3 +253,38 @@ def test_a_migration_waits_for_its_downtime_only_with_input_to_process(pending: 
         assert took >= 3 and polls > 10, (took, polls)
     else:  # none came: given up soon after the switch, not at the live wait's end (60 s)
         assert took < 10 and asked == [offset], (took, asked)
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_what_fails_after_the_routing_change_is_not_rolled_back(committed: bool) -> None:
+    # The route step committed the target as the PE, then raised (the orchestrator stopped
+    # at its test hold there): the rollback discarded the target the placement named and
+    # resumed the origin, which the journal's recovery then took to be routed away.
+    offset = {"type": "jetstream", "positions": {"source": 30}}
+    pe = {"pipeline": "p", "element": "aggregate"}
+
+    def route() -> None:
+        if committed:
+            raise MigrationRouted("stopped after its routing change (test)")
+        raise Unavailable("the registry could not be written (test)")
+
+    with standins("fog-a", "fog-b") as agents:
+        at_pause = {"committed_batch": 3, "offset": offset, "progress": 30}
+        agents["fog-a"].answer("POST", HERE + "/pause", body={**pe, "state": "paused", **at_pause})
+        info = json.dumps({"batch": 3, "offset": offset})
+        agents["fog-a"].answer("GET", HERE + "/checkpoint", content=b"checkpoint",
+                               headers={SHA_HEADER: "0" * 64, INFO_HEADER: info})  # fmt: skip
+        agents["fog-b"].answer(
+            "GET", HERE + "/progress", body={**pe, "state": "running", **at_pause}
+        )
+        clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
+        steps = MigrationSteps(route=route)
+        with pytest.raises(MigrationRouted if committed else MigrationFailed):
+            migrate("p", ELEMENT, ("fog-a", clients["fog-a"]), ("fog-b", clients["fog-b"]),
+                    MigrationMode.LITERAL, timeout_s=5, steps=steps)  # fmt: skip
+        discarded = agents["fog-b"].received("DELETE", HERE)
+        resumed = agents["fog-a"].received("POST", HERE + "/resume")
+    if committed:  # the target runs on, the origin stays held for the recovery to remove
+        assert discarded == [] and resumed == [], (discarded, resumed)
+    else:  # nothing was routed: rolled back as before
+        assert discarded and resumed, (discarded, resumed)

@@ -393,6 +393,27 @@ def test_an_operation_on_a_pe_with_an_unresolved_entry_is_refused_until_it_is_re
     assert entry is not None and entry.outcome is not None
 
 
+def test_a_migration_whose_target_cannot_be_given_its_rights_ends_its_entry(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The broker's config could not be rewritten for the target's rights: the entry was left
+    # unfinished, and every migration and restore of the PE was refused as "unfinished"
+    # until a recovery round (needing the same broker) rolled back what never began.
+    from fogshift.broker.exceptions import BrokerError
+
+    def refuse(registry: object) -> bool:
+        raise BrokerError("nats-server did not reload its config (test)")
+
+    monkeypatch.setattr(orch.permissions, "sync", refuse)
+    with pytest.raises(Unavailable) as refused:
+        orch.migrate("p", "aggregate", "fog-b")
+    assert "could not give fog-b the PE's rights" in refused.value.message
+    assert refused.value.hint and "runs on fog-a as before" in refused.value.hint
+    assert orch.registry.unfinished() == []
+    assert calls(agents) == []  # nothing was asked of a node: nothing paused
+    assert orch.pipeline("p").placement["aggregate"] == "fog-a"
+
+
 def test_a_reconcile_round_resolves_the_journal_first(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
