@@ -1299,6 +1299,13 @@ def dashboard(
             "--host 0.0.0.0, this machine's addresses and host names are served anyway.",
         ),
     ] = None,
+    tls_proxy: Annotated[
+        bool,
+        typer.Option(
+            help="Users reach the dashboard over HTTPS through a proxy: the session cookie "
+            "is sent over HTTPS only and browsers are told to keep to HTTPS (HSTS).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the web dashboard of the cluster; prints a one-time login URL."""
     from fogshift.web.serve import check_spec_dir, serve
@@ -1309,7 +1316,8 @@ def dashboard(
 
     # (Checked before it is resolved: a symlink loop was a traceback there.)
     spec_dir = check_spec_dir(spec_dir).resolve()
-    serve(home.resolve(), host, port, spec_dir, say, names=tuple(allow_host or ()))
+    serve(home.resolve(), host, port, spec_dir, say, names=tuple(allow_host or ()),
+          tls_proxy=tls_proxy)  # fmt: skip
 
 
 #: How long a service started waits for its folder's claim: `up` starts one again once its

@@ -232,6 +232,10 @@ class DashboardConfig:
             (``--allow-host``), in :func:`canonical_host` form: a post from a page at one of
             them is the dashboard's own even when a proxy in front of it (TLS) sends another
             ``Host``. Only names given explicitly: no other site's page is at one of them.
+        tls_proxy: Users reach the dashboard over HTTPS through a proxy (``--tls-proxy``):
+            its session cookie is ``Secure`` whatever scheme the request came by (uvicorn
+            takes ``X-Forwarded-Proto`` from a proxy on loopback only, so one on another
+            host looked like plain HTTP), and browsers are told to keep to HTTPS (HSTS).
     """
 
     spec_dir: Path
@@ -239,6 +243,12 @@ class DashboardConfig:
     window_s: float = 600.0
     allowed_hosts: tuple[str, ...] = LOOPBACK_NAMES
     named_hosts: tuple[str, ...] = ()
+    tls_proxy: bool = False
+
+
+#: How long a browser keeps to HTTPS for the dashboard's host once told (one year: what
+#: HSTS preload lists ask; only sent with ``--tls-proxy``).
+HSTS_MAX_AGE_S = 365 * 24 * 3600
 
 
 def _finite(value: object) -> bool:
@@ -362,6 +372,8 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     async def guard(request: Request, call_next: Any) -> Response:
         response = await _guarded(request, call_next)
         response.headers.update(SECURITY_HEADERS)
+        if config.tls_proxy:
+            response.headers["Strict-Transport-Security"] = f"max-age={HSTS_MAX_AGE_S}"
         return response
 
     async def _guarded(request: Request, call_next: Any) -> Response:
@@ -473,10 +485,11 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
                         err.http_status)  # fmt: skip
         response = page(request, "welcome.html", {"poll_error": None})
         # Secure when reached over TLS (a proxy in front that says so: uvicorn takes its
-        # X-Forwarded-Proto from a local one), so the browser never sends it over plain HTTP.
+        # X-Forwarded-Proto from a local one; one elsewhere: --tls-proxy), so the browser
+        # never sends it over plain HTTP.
+        secure = config.tls_proxy or request.url.scheme == "https"
         response.set_cookie(cookie_name(request.url.port), session, httponly=True,
-                            samesite="strict", path="/",
-                            secure=request.url.scheme == "https")  # fmt: skip
+                            samesite="strict", path="/", secure=secure)  # fmt: skip
         return response
 
     @app.post("/logout")

@@ -146,12 +146,15 @@ def serve(
     say: Callable[[str], None],
     interval_s: float = 1.0,
     names: Sequence[str] = (),
+    tls_proxy: bool = False,
 ) -> None:
     """Serve until interrupted; ``say`` gets the one-time login URL first.
 
     Args:
         names: DNS names users reach the dashboard by (besides its address): see
             :func:`allowed_hosts`.
+        tls_proxy: Users reach it over HTTPS through a proxy: see
+            :attr:`DashboardConfig.tls_proxy`.
 
     Raises:
         FogshiftError: No cluster under ``home`` (its file or token cannot be read), or the
@@ -164,13 +167,16 @@ def serve(
     sessions = Sessions(operator_token=token)
     config = DashboardConfig(
         spec_dir, interval_s, allowed_hosts=allowed_hosts(host, names),
-        named_hosts=named_hosts(names),
+        named_hosts=named_hosts(names), tls_proxy=tls_proxy,
     )  # fmt: skip
     app = create_app(Orchestrator(client), sessions, config)
     sock = bind(host, port)
     bound = sock.getsockname()[1]
     shown = link_host(host)
-    if not is_loopback(host):
+    if tls_proxy:
+        say("behind a TLS proxy: log in at its https:// address, with the link's path (the "
+            "session cookie is never sent over plain HTTP)")  # fmt: skip
+    elif not is_loopback(host):
         say(f"warning: serving on {host}, not loopback: plain HTTP, so anyone on that network "
             "can read the pages and the session cookie (put TLS in front of it)")  # fmt: skip
     say(f"fogshift dashboard of the cluster under {home}")

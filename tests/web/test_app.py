@@ -342,6 +342,26 @@ def test_the_session_cookie_is_secure_when_reached_over_tls(
         assert answer.status_code == 200 and "Secure" not in answer.headers["set-cookie"]
 
 
+def test_behind_a_tls_proxy_on_another_host_the_cookie_is_secure_and_hsts_sent(
+    stand_in: StandIn, sessions: Sessions, tmp_path: Path
+) -> None:
+    """uvicorn takes X-Forwarded-Proto from a proxy on loopback only: behind one on another
+    host every request looked like plain HTTP, and the cookie lacked Secure."""
+    config = DashboardConfig(tmp_path, interval_s=0.05, tls_proxy=True)
+    app = create_app(stand_in, sessions, config)  # type: ignore[arg-type]
+    with TestClient(app, base_url="http://127.0.0.1:8765") as client:  # (as the proxy calls)
+        answer = client.post("/login", data={"token": TOKEN}, follow_redirects=False)
+        assert answer.status_code == 200 and "Secure" in answer.headers["set-cookie"]
+        assert answer.headers["strict-transport-security"] == "max-age=31536000"
+        refused = client.get("/static/none.css")  # every answer, with or without a session
+        assert refused.headers["strict-transport-security"] == "max-age=31536000"
+    plain = create_app(stand_in, sessions, DashboardConfig(tmp_path, interval_s=0.05))  # type: ignore[arg-type]
+    with TestClient(plain, base_url="http://127.0.0.1:8765") as client:
+        answer = client.post("/login", data={"token": TOKEN}, follow_redirects=False)
+        assert "Secure" not in answer.headers["set-cookie"]
+        assert "strict-transport-security" not in answer.headers
+
+
 def test_a_chunked_body_is_refused_even_with_a_content_length() -> None:
     """h11 reads a chunked body whatever Content-Length says: a small declared length let
     a login form's file parts of any size be spooled to disk, with no session."""
