@@ -47,7 +47,7 @@ from fogshift.bench.exceptions import BadBenchOption
 from fogshift.broker.client import SyncJetStream, ensure_pe_stream, get_range, last_seq
 from fogshift.broker.naming import data_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
-from fogshift.broker.server import BrokerProcess, start_nats_server
+from fogshift.broker.server import DEFAULT_SYNC, BrokerProcess, check_sync, start_nats_server
 from fogshift.common.waiting import wait_until
 from fogshift.events import ORIGIN_HEADER
 
@@ -92,6 +92,11 @@ class Settings:
         runs: How many times the whole measurement runs (one round of every case and
             system after the other; the report gives each figure's median and range):
             single runs here differ by more than fogshift and its floor do.
+        broker_sync: The broker's ``sync_interval`` (:data:`DEFAULT_SYNC`: fogshift's,
+            each stored batch fsynced). It weighs on the two systems differently: fogshift
+            appends a batch's records as one atomic batch (one fsync), the floor's writer
+            publishes each record on its own (one each); nats-server's own default
+            (``2m``) measures both without it.
     """
 
     steady_rate: float = 100.0
@@ -102,8 +107,10 @@ class Settings:
     trigger_ms: int = AgentConfig.default("trigger_ms")
     cases: tuple[str, ...] = CASES
     runs: int = 1
+    broker_sync: str = DEFAULT_SYNC
 
     def __post_init__(self) -> None:
+        check_sync(self.broker_sync)
         if self.runs < 1:
             raise BadBenchOption(
                 f"bench dataplane cannot run {self.runs} times",
@@ -288,7 +295,7 @@ class Bench:
         from fogshift.runtime.warm_up import warm_up
 
         self.work, self.settings = work, settings
-        self.broker: BrokerProcess = start_nats_server(work / "nats")
+        self.broker: BrokerProcess = start_nats_server(work / "nats", sync=settings.broker_sync)
         self.broker_file = str(self.broker.address.save(work / "broker.json"))
         self.js = SyncJetStream(self.broker.address)
         self.spark = build_session("bench-dataplane", "local[2]", str(work / "local"))

@@ -186,6 +186,14 @@ def dataplane(
             "figure's median and range.",
         ),
     ] = 1,
+    broker_sync: Annotated[
+        str | None,
+        typer.Option(
+            metavar="INTERVAL",
+            help="The broker's sync_interval (default: fogshift's, 'always'; nats-server's "
+            "own default, '2m', measures both systems without per-batch fsyncs).",
+        ),
+    ] = None,
     report_only: Annotated[
         bool,
         typer.Option("--report-only", help="Measure nothing: re-render results.md from DIR."),
@@ -205,7 +213,8 @@ def dataplane(
     out = out.resolve()
     if report_only:
         given = [o for o, v in (("--quick", quick), ("--trigger-ms", trigger_ms is not None),
-                                ("--runs", runs != 1)) if v]  # fmt: skip
+                                ("--runs", runs != 1),
+                                ("--broker-sync", broker_sync is not None)) if v]  # fmt: skip
         refuse_options_with_report_only(given, "measurement")
         path = bench.render(out)
     else:
@@ -213,5 +222,7 @@ def dataplane(
         if trigger_ms is not None:
             settings = dataclasses.replace(settings, trigger_ms=trigger_ms)
         settings = dataclasses.replace(settings, runs=runs)
+        if broker_sync is not None:
+            settings = dataclasses.replace(settings, broker_sync=broker_sync)
         path = bench.run(out, settings, log=console.log)
     console.print(f"results: {path}")

@@ -197,6 +197,13 @@ def test_bad_options_are_refused_with_expected_and_received(tmp_path: Path) -> N
     assert result.returncode == 2 and "--runs" in result.stderr, result.stderr
     result = fogshift("bench", "dataplane", "--out", str(tmp_path), "--runs", "0", check=False)
     assert result.returncode == 2 and "--runs" in result.stderr, result.stderr
+    result = fogshift("bench", "dataplane", "--out", str(tmp_path), "--report-only",
+                      "--broker-sync", "2m", check=False)  # fmt: skip
+    assert result.returncode == 2 and "--broker-sync" in result.stderr, result.stderr
+    result = fogshift("bench", "dataplane", "--out", str(tmp_path), "--broker-sync", "never",
+                      check=False)  # fmt: skip
+    assert result.returncode == 2 and "'never'" in result.stderr, result.stderr
+    assert "always, or an interval" in " ".join(result.stderr.split()), result.stderr
     assert not (tmp_path / "dataplane.csv").exists()  # refused before measuring anything
     result = fogshift("bench", "dataplane", "--out", str(tmp_path), "--report-only", check=False)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
