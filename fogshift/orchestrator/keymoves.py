@@ -926,7 +926,16 @@ class KeyMoves(Standbys):
                     moved_at = message.stored_at
                 elif isinstance(item, KeyState) and item.move == move and item.key in wanted:
                     if item.origin is not None:
-                        senders = senders or self._ownership(pipeline, source, item.element)
+                        if senders is None:
+                            try:
+                                senders = self._ownership(pipeline, source, item.element)
+                            except BrokerUnavailable as exc:  # (as for the read above)
+                                log.warning("waiting for the states of move %s on %s/%s: %s",
+                                            move, pipeline, source, exc.message)  # fmt: skip
+                                if time.monotonic() >= deadline:
+                                    return states, moved_at
+                                time.sleep(0.5)
+                                break  # read again from this state on
                         if not senders.sent_by_owner(item):
                             after = max(after, message.seq)
                             continue

@@ -49,6 +49,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -185,10 +186,17 @@ class Scaling(KeyMoves):
                         f"ended meanwhile ({entry.outcome})",
                         hint="nothing to do: a newer scale or a round before this one saw to it",
                     )
+            progress = _Progress()
             try:
                 report = self._scale(pipeline, element_id, parts, partitions, placed, started,
-                                     timeout_s, waves, sections)  # fmt: skip
+                                     timeout_s, waves, sections, progress)  # fmt: skip
             except (Unavailable, BrokerError, Conflict) as exc:
+                if resume is None and progress.rescaled and not isinstance(exc, Conflict):
+                    # The rescale stands (keys moved by it): ended here, the partitions it
+                    # retires would stay placed, running, owning nothing (one fenced and
+                    # restarted), until someone asked the same scale again. Left open, the
+                    # reconciler's rounds carry it on as that.
+                    raise _carried_on(exc, pipeline, element_id, partitions) from exc
                 if resume is None:
                     self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
                 raise  # (carried on: a later round tries again)
@@ -239,11 +247,12 @@ class Scaling(KeyMoves):
     def _scale(
         self, pipeline: str, element_id: str, parts: list[ElementSpec], partitions: int,
         placed: list[str], started: float, timeout_s: float, waves: bool = False,
-        sections: contextlib.ExitStack | None = None,
+        sections: contextlib.ExitStack | None = None, progress: _Progress | None = None,
     ) -> ScaleReport:  # fmt: skip
         """The scale's steps (see :meth:`scale`). ``sections`` holds the exclusive sections
         of the partitions and their consumers: released once the added partitions are
-        placed and the consumers restarted."""
+        placed and the consumers restarted. ``progress`` is told once the rescale stands."""
+        progress = progress or _Progress()
         what = f"scale {pipeline}/{element_id}"
         first = parts[0].partition
         assert first is not None
@@ -307,6 +316,7 @@ class Scaling(KeyMoves):
                 )  # fmt: skip
             except (InvalidInput, Unavailable) as exc:  # (refusals; a broker away too)
                 raise self._unfinished_scale(exc, pipeline, element_id, owners.count) from exc
+            progress.rescaled = True
             log.info("rescaled %s/%s to %d partitions at %d: %d keys move (%d ahead)",
                      pipeline, element_id, partitions, at, len(move.keys), len(ahead))  # fmt: skip
             self._test_pause("scale:rescaled")
@@ -317,6 +327,7 @@ class Scaling(KeyMoves):
         else:
             # Rescaled by an earlier call (whose wait for the commits may have run out):
             # moved once every partition has committed what the input holds now.
+            progress.rescaled = True
             error = self._committed_now(pipeline, element_id, source, list(range(partitions)),
                                         time.monotonic() + timeout_s)  # fmt: skip
             if error is not None:
@@ -761,6 +772,26 @@ async def _ensure_streams(js: Any, pipeline: str, ids: list[str], window_s: floa
     """The streams of partitions ``ids`` (made if missing; idempotent)."""
     for pe in ids:
         await ensure_pe_stream(js, pipeline, pe, window_s)
+
+
+@dataclass
+class _Progress:
+    """How far a scale got: whether its rescale record stands (stored by it or before)."""
+
+    rescaled: bool = False
+
+
+def _carried_on(exc: FogshiftError, pipeline: str, element_id: str, count: int) -> FogshiftError:
+    """``exc``, a step after the rescale record stood, saying that the scale's entry stays
+    open for the reconciler's rounds to carry it on."""
+    return type(exc)(
+        f"{exc.message}; the rescale of {pipeline}/{element_id} to {count} partitions is "
+        "stored: the orchestrator carries the scale on by itself once that clears",
+        expected=exc.expected,
+        received=exc.received,
+        hint=f"{exc.hint or 'nothing to do'}; `fogshift status {pipeline}` shows the "
+        "partitions (or ask the same scale again)",
+    )
 
 
 def _unfinished(

@@ -435,6 +435,19 @@ def test_a_broker_away_for_a_moment_ends_no_wait_for_states_before_its_deadline(
     assert list(states) == ["k3"]
     answers[:] = [BrokerUnavailable("the broker did not answer")]  # past the deadline: pending
     assert KeyMoves._await_states(moves, "p", "in", "m1", 10, ["k3"], 0.0) == ({}, None)
+    # Nor one failed read of who sends what, once a state came (it raised the same 503).
+    looks: list[Any] = [BrokerUnavailable("the broker did not answer"), owners]
+
+    def ownership(*args: Any) -> Ownership:
+        answer = looks.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    answers[:] = [[real]]
+    moves = SimpleNamespace(broker=SimpleNamespace(run=run), _ownership=ownership)
+    states, _ = KeyMoves._await_states(moves, "p", "in", "m1", 10, ["k3"], time.monotonic() + 30)
+    assert list(states) == ["k3"] and looks == []
 
 
 def test_a_key_move_queued_behind_a_long_one_is_refused_after_its_wait() -> None:

@@ -576,6 +576,59 @@ def test_a_scale_in_whose_fence_fails_discards_nothing_still_placed(
     assert [p.id for p in _parts(orch)] == ["aggregate-p0"]
 
 
+def test_a_scale_that_fails_once_its_rescale_stands_is_carried_on_by_the_reconciler(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's scale-in whose retirement met a broker away after the rescale was stored
+    was ended as failed: its partition stayed placed, running and owning nothing (fenced,
+    then restarted by the reconciler) until someone asked the same scale again."""
+    from fogshift.broker.exceptions import BrokerUnavailable
+    from fogshift.broker.keys import Ownership
+    from fogshift.broker.publish import fence
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(1))  # rescaled to 1
+    monkeypatch.setattr(orch, "_committed_now", lambda *args: None)
+    monkeypatch.setattr(orch, "_committed_past", lambda *args: True)
+    away = [True]
+
+    def run(make: Any, timeout: float = 30) -> Any:
+        if away[0] and getattr(make, "func", None) is fence:
+            raise BrokerUnavailable("the broker cannot be reached")
+        return 0
+
+    orch.broker = SimpleNamespace(run=run, close=lambda: None)  # type: ignore[assignment]
+    with pytest.raises(BrokerUnavailable) as failed:
+        orch.scale("p", "aggregate", 1)
+    assert "carries the scale on by itself" in failed.value.message
+    (entry,) = orch.registry.unfinished_scales()  # left open, not ended as failed
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
+    away[0] = False  # the broker is back: the reconciler's round retires the partition
+    orch.recover_scales()
+    done = orch.registry.scale(entry.id)
+    assert done is not None and done.outcome == "moved", done
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0"]
+    (discarded,) = agents["fog-b"].received("DELETE", "/pipelines/p/elements/aggregate-p1")
+    assert discarded.query == {"discard": "true"}, discarded
+
+
+def test_a_scale_that_fails_before_anything_changed_is_ended_as_failed(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fogshift.broker.exceptions import BrokerUnavailable
+
+    _beat(orch, agents)
+
+    def away(*args: Any) -> Ownership:
+        raise BrokerUnavailable("the broker cannot be reached")
+
+    monkeypatch.setattr(orch, "_owners", away)
+    with pytest.raises(BrokerUnavailable) as failed:
+        orch.scale("p", "aggregate", 1)
+    assert "carries the scale on" not in failed.value.message
+    assert orch.registry.unfinished_scales() == []
+
+
 def test_a_scale_holds_its_partitions_only_while_it_changes_them(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
