@@ -493,10 +493,12 @@ class Scaling(KeyMoves):
         # Every stream fenced first: a broker away fails the scale with every partition
         # still placed and running (discarded one by one before, a failure half-way left
         # discarded partitions in the spec, which the reconciler then restored).
+        # (Their standbys read before: a fence's new epoch drops the standby's record, and
+        # the instance was left to the reconciler's stray removal.)
+        standbys = [self.registry.standby(pipeline, part.id) for part in retiring]
         for part in retiring:
             self._fence_anew(pipeline, part.id)
         retired = {part.id: record.placement[part.id] for part in retiring}
-        standbys = [self.registry.standby(pipeline, part_id) for part_id in retired]
 
         def change(spec: PipelineSpec) -> PipelineSpec:  # (of the spec stored then)
             if not set(retired) <= {e.id for e in spec.elements}:
@@ -512,10 +514,11 @@ class Scaling(KeyMoves):
                 if e.id not in retired
             ])  # fmt: skip
 
-        self.registry.remove_elements(pipeline, change, sorted(retired))
-        self.permissions.sync(self.registry)
+        # Their standbys' instances discarded first: a failure below leaves none running.
         for standby in standbys:
             self.drop_standby(standby)
+        self.registry.remove_elements(pipeline, change, sorted(retired))
+        self.permissions.sync(self.registry)
         for part_id, node in retired.items():
             try:
                 self.agent(node).delete(

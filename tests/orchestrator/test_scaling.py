@@ -629,6 +629,33 @@ def test_a_scale_that_fails_before_anything_changed_is_ended_as_failed(
     assert orch.registry.unfinished_scales() == []
 
 
+def test_a_retired_partitions_standby_is_discarded_by_the_scale_itself(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The standbys were read after the partitions' fences, whose new epochs had dropped
+    their records: the scale never discarded a standby's instance (left to the reconciler's
+    removal of strays)."""
+    import time
+
+    from fogshift.broker.exceptions import BrokerError
+    from fogshift.broker.keys import Ownership
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(1))
+    monkeypatch.setattr(orch, "_committed_past", lambda *args: True)
+    orch.registry.add_standby("p", "aggregate-p1", "fog-c")
+
+    def refuse(registry: object) -> None:
+        raise BrokerError("nats-server did not reload its config (test)")
+
+    orch.permissions = SimpleNamespace(sync=refuse, sync_quietly=refuse)  # type: ignore[assignment]
+    with pytest.raises(BrokerError):
+        orch._retire("p", _parts(orch), 1, "source", 5, time.monotonic() + 5)
+    assert orch.registry.standby("p", "aggregate-p1") is None
+    (discarded,) = agents["fog-c"].received("DELETE", "/pipelines/p/elements/aggregate-p1")
+    assert discarded.query == {"discard": "true"}, discarded
+
+
 def test_a_scale_holds_its_partitions_only_while_it_changes_them(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
