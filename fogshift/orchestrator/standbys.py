@@ -342,16 +342,26 @@ class Standbys(Deployment):
                     # standby the PE, and capping it at the fenced primary stalled it until
                     # the next reconcile round.
                     now = self.registry.standby(*key)
+                    # Nor one a dead orchestrator's promotion left unresolved: it may be the
+                    # PE already (fenced its primary, opened its gate), and capped at the
+                    # primary's position it stalled until that entry was resolved.
                     if (
                         now is not None
                         and (now.node, now.epoch) == (standby.node, standby.epoch)
                         and self._primary_of(now) == primary
+                        and not self._unresolved(*key)
                     ):
                         self._follow_one(now, primary)
             except MigrationInProgress:
                 continue  # a migration, restore or start of the standby owns it now
             except Exception:  # one standby's trouble must not stall the others' caps
                 log.exception("following the standby of %s/%s on %s failed", *key, standby.node)
+
+    def _unresolved(self, pipeline: str, element_id: str) -> bool:
+        """Whether the PE has an unfinished journal entry (left to its resolution)."""
+        return any(
+            (op.pipeline, op.element) == (pipeline, element_id) for op in self.registry.unfinished()
+        )
 
     def _primary_of(self, standby: StandbyRecord) -> str | None:
         """The node of the running PE ``standby`` follows (``None``: none to follow)."""

@@ -314,6 +314,20 @@ def test_a_promotion_left_unfinished_is_carried_on_and_fenced_first(
     assert entry is not None and (entry.outcome or "").startswith("recovered: carried on")
 
 
+def test_a_standby_a_dead_orchestrators_promotion_left_unresolved_is_not_capped(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """The orchestrator died in a promotion after opening the standby's gate, before its
+    routing change: the next one's follower capped the new PE at its fenced primary's
+    position, stalled until that entry's resolution (which a broker away holds up)."""
+    followed_standby(orch, agents)
+    orch.registry.begin_operation(
+        "restore", "p", "aggregate", "fog-a", "fog-b", "dead0rchestr", "live", epoch=2
+    )
+    orch.follow_standbys()
+    assert agents["fog-b"].received("PUT", AGG + "/gate") == []
+
+
 def test_one_standby_whose_following_raises_stalls_no_other_standby(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
