@@ -118,6 +118,12 @@ TMP_LEFT_S = 600.0
 
 #: Files of one checkpoint fetched at a time (:meth:`CentralStore.put`).
 FETCH_WORKERS = 8
+#: How long a blob's digest check is trusted while its size and mtime stay the same: a bad
+#: disk changes bytes, not the inode's times, and a stable file (an SST, Spark's metadata)
+#: is named by every checkpoint of its PE, so one flipped bit trusted for good tore each
+#: new one, until the count-based expiry had removed the last whole one. Read again after
+#: this, a blob costs one read per interval however often checkpoints name it.
+RECHECK_S = 600.0
 
 
 class ChunkedSource(Protocol):
@@ -159,7 +165,7 @@ class CentralStore:
         # Blobs whose digest this process checked, with the (size, mtime) it saw then: a
         # blob changed on disk since (a torn write, a bad disk, a hand) is checked again
         # before a new checkpoint counts on it, instead of being trusted for its name.
-        self._checked: dict[str, tuple[int, int]] = {}
+        self._checked: dict[str, tuple[int, int, float]] = {}  # ... and when (monotonic)
         # The chunks of the large blobs (``chunks/<sha256>``: their lists), by chunk digest:
         # where each can be read here. Loaded at the first put; a hit is read and checked
         # before use (its blob may be gone).
@@ -198,12 +204,13 @@ class CentralStore:
         except FileNotFoundError:
             return False
         seen = (stat.st_size, stat.st_mtime_ns)
-        if self._checked.get(sha) != seen:
+        checked = self._checked.get(sha)
+        if checked is None or checked[:2] != seen or time.monotonic() - checked[2] > RECHECK_S:
             if _read_digest(blob) != sha:
                 self._checked.pop(sha, None)
                 _unlink_if(blob, stat.st_ino)
                 return False
-            self._checked[sha] = seen
+            self._checked[sha] = (*seen, time.monotonic())
         if stat.st_size != size:
             raise TornCheckpoint(
                 f"a checkpoint manifest gives file content {sha[:12]}… {size} bytes; that "
@@ -410,7 +417,9 @@ class CentralStore:
             blob = self.blobs / entry["sha256"]
             if self._intact(blob, entry["sha256"], entry["size"]):
                 os.utime(blob)  # in use again: out of reach of a concurrent collection
-                self._checked[entry["sha256"]] = (entry["size"], blob.stat().st_mtime_ns)
+                sha = entry["sha256"]  # (its check's time stays: see RECHECK_S)
+                self._checked[sha] = (entry["size"], blob.stat().st_mtime_ns,
+                                      self._checked[sha][2])  # fmt: skip
                 if chunked is not None and entry["size"] >= CHUNKED_MIN_BYTES:
                     self._index(entry["sha256"])  # (stored before its chunks were listed)
                 continue
@@ -442,7 +451,7 @@ class CentralStore:
             tmp = blob.with_name(f"{sha}.{threading.get_ident()}.tmp")
             tmp.write_bytes(data)
             tmp.replace(blob)
-            self._checked[sha] = (len(data), blob.stat().st_mtime_ns)
+            self._checked[sha] = (len(data), blob.stat().st_mtime_ns, time.monotonic())
             if large:
                 self._index(sha, data)
             return crossed

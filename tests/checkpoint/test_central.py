@@ -71,6 +71,32 @@ def test_a_corrupt_shared_blob_is_shipped_again_by_the_next_checkpoint(tmp_path:
     assert store.latest_whole("p", "agg")[0]["id"] == "b000000000002"
 
 
+def test_a_blob_rotten_in_place_is_found_by_a_later_check_not_trusted_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Bytes a bad disk changed keep the file's size and times: the check of its digest,
+    # remembered by (size, mtime), was trusted for the process's life, each new checkpoint
+    # naming the blob was stored torn, and the count-based expiry removed the whole ones.
+    import fogshift.checkpoint.central as central
+
+    store = CentralStore(tmp_path / "store", keep=2)
+    common = {"commits/0": b"v1\n{}"}
+    files = {**common, "offsets/0": b"o0"}
+    store.put(manifest(0, files), files.__getitem__)
+    blob = store.blobs / hashlib.sha256(b"v1\n{}").hexdigest()
+    times = blob.stat()
+    blob.write_bytes(b"v2\n{}")  # same size, other bytes, the times set back
+    os.utime(blob, ns=(times.st_atime_ns, times.st_mtime_ns))
+    monkeypatch.setattr(central, "RECHECK_S", 0.0, raising=False)  # (its interval passed)
+    asked: list[str] = []
+    for batch in (1, 2, 3):
+        files = {**common, f"offsets/{batch}": f"o{batch}".encode()}
+        store.put(manifest(batch, files), lambda rel, f=files: asked.append(rel) or f[rel])
+    assert "commits/0" in asked  # found and shipped again
+    newest, skipped = store.latest_whole("p", "agg")
+    assert newest["id"] == "b000000000003" and skipped == []
+
+
 def test_newest_is_the_first_readable_manifest_newest_first(tmp_path: Path) -> None:
     store = CentralStore(tmp_path / "store")
     assert store.newest("p", "agg") is None
