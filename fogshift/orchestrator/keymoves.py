@@ -520,10 +520,11 @@ class KeyMoves(Standbys):
         while pending:
             wave, move_id, deadline = pending[0]
             if ahead_ok():
-                before = self.broker.run(partial(subject_count, stream=parts[0], subject=parts[1]))
+                before = self._parts_count(parts)
                 wait = min(deadline, time.monotonic() + PRECOPY_WAIT_S)
-                if self._await_sending(pipeline, source, move_id, wave.seq, wave.keys, parts,
-                                       before, wait):  # fmt: skip
+                if before is not None and self._await_sending(
+                    pipeline, source, move_id, wave.seq, wave.keys, parts, before, wait
+                ):
                     append_wave()
             states, moved_at = self._await_states(
                 pipeline, source, move_id, wave.seq, wave.keys, deadline
@@ -724,8 +725,10 @@ class KeyMoves(Standbys):
             chunk, at = pending[0]
             wait = min(deadline, time.monotonic() + PRECOPY_WAIT_S)
             if len(pending) == 1 and done and asked < len(keys) and largest > INLINE_STATE_BYTES:
-                before = self.broker.run(partial(subject_count, stream=parts[0], subject=parts[1]))
-                if self._await_sending(pipeline, source, copy, at, chunk, parts, before, wait):
+                before = self._parts_count(parts)
+                if before is not None and self._await_sending(
+                    pipeline, source, copy, at, chunk, parts, before, wait
+                ):
                     ask()
             states, _ = self._await_states(pipeline, source, copy, at, chunk, wait)
             pending.pop(0)
@@ -746,6 +749,17 @@ class KeyMoves(Standbys):
         log.info("precopied %d keys of %s/%s (%d bytes)", len(done), pipeline, element_id, sent)
         return Precopy(copy if done else None, done, sent, _ms_since(started))
 
+    def _parts_count(self, parts: tuple[str, str]) -> int | None:
+        """How many messages the target's parts subject (``parts``: stream and subject)
+        holds; ``None`` while the broker is away: the moves are stored, and a look that
+        fails only makes the next request wait for the copies (it raised a 503 that said
+        nothing of the waves stored)."""
+        try:
+            return int(self.broker.run(partial(subject_count, stream=parts[0], subject=parts[1])))
+        except BrokerUnavailable as exc:
+            log.warning("counting the parts on %s: %s", parts[1], exc.message)
+            return None
+
     def _await_sending(
         self, pipeline: str, source: str, copy: str, at: int, keys: list[str],
         parts: tuple[str, str], before: int, deadline: float,
@@ -759,9 +773,9 @@ class KeyMoves(Standbys):
             beyond ``before`` (their batch may be over: the next request goes after them),
             or at ``deadline``.
         """
-        stream, subject = parts
         while time.monotonic() < deadline:
-            if self.broker.run(partial(subject_count, stream=stream, subject=subject)) > before:
+            count = self._parts_count(parts)
+            if count is not None and count > before:
                 return True
             states, _ = self._await_states(pipeline, source, copy, at, keys, 0.0)
             if len(states) >= len(keys):

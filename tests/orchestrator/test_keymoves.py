@@ -5,6 +5,7 @@ in ``tests/integration/test_partitioned.py``)."""
 from __future__ import annotations
 
 import time
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -448,6 +449,31 @@ def test_a_broker_away_for_a_moment_ends_no_wait_for_states_before_its_deadline(
     moves = SimpleNamespace(broker=SimpleNamespace(run=run), _ownership=ownership)
     states, _ = KeyMoves._await_states(moves, "p", "in", "m1", 10, ["k3"], time.monotonic() + 30)
     assert list(states) == ["k3"] and looks == []
+
+
+def test_a_broker_away_for_a_moment_while_copies_are_awaited_raises_nothing() -> None:
+    # The waves are stored; a failed count of the target's parts (a broker restarting)
+    # raised out of the command with a 503 that said nothing of them.
+    from fogshift.broker.exceptions import BrokerUnavailable
+
+    answers: list[Any] = [BrokerUnavailable("the broker did not answer"), 3]
+
+    def run(make: Any, timeout: float = 30) -> Any:
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    moves: Any = SimpleNamespace(broker=SimpleNamespace(run=run))
+    moves._parts_count = partial(KeyMoves._parts_count, moves)
+    moves._await_states = lambda *args: ({}, None)
+    parts = ("fs_p_in", "fs.p.in.parts.agg-p1")
+    assert KeyMoves._parts_count(moves, parts) is None  # away: unknown, not raised
+    assert KeyMoves._parts_count(moves, parts) == 3
+    answers[:] = [BrokerUnavailable("the broker did not answer"), 3]
+    sending = KeyMoves._await_sending(moves, "p", "in", "c1", 10, ["k0"], parts, 2,
+                                      time.monotonic() + 30)  # fmt: skip
+    assert sending is True
 
 
 def test_a_key_move_queued_behind_a_long_one_is_refused_after_its_wait() -> None:
