@@ -218,6 +218,20 @@ def test_a_literal_migrations_downtime_and_catch_up_leave_out_the_origins_remova
     assert report.caught_up_events == 0, report
 
 
+def switch_at(agents: dict[str, Any], position: int) -> dict[str, Any]:
+    """A literal switch of the aggregate at input ``position``: fog-a pauses there and
+    serves its checkpoint, fog-b reports running there. Returns the pause's offset."""
+    offset = {"type": "jetstream", "positions": {"source": position}}
+    pe = {"pipeline": "p", "element": "aggregate"}
+    at_pause = {"committed_batch": 3, "offset": offset, "progress": position}
+    agents["fog-a"].answer("POST", HERE + "/pause", body={**pe, "state": "paused", **at_pause})
+    info = json.dumps({"batch": 3, "offset": offset})
+    agents["fog-a"].answer("GET", HERE + "/checkpoint", content=b"checkpoint",
+                           headers={SHA_HEADER: "0" * 64, INFO_HEADER: info})  # fmt: skip
+    agents["fog-b"].answer("GET", HERE + "/progress", body={**pe, "state": "running", **at_pause})
+    return offset
+
+
 @pytest.mark.parametrize("pending", [False, True])
 def test_a_migration_waits_for_its_downtime_only_with_input_to_process(pending: bool) -> None:
     # The command waited its whole live wait (30 s) for the target to move beyond the pause
@@ -227,18 +241,9 @@ def test_a_migration_waits_for_its_downtime_only_with_input_to_process(pending: 
     # measured as before.
     import time
 
-    offset = {"type": "jetstream", "positions": {"source": 500}}
-    pe = {"pipeline": "p", "element": "aggregate"}
     asked: list[Any] = []
     with standins("fog-a", "fog-b") as agents:
-        at_pause = {"committed_batch": 3, "offset": offset, "progress": 500}
-        agents["fog-a"].answer("POST", HERE + "/pause", body={**pe, "state": "paused", **at_pause})
-        info = json.dumps({"batch": 3, "offset": offset})
-        agents["fog-a"].answer("GET", HERE + "/checkpoint", content=b"checkpoint",
-                               headers={SHA_HEADER: "0" * 64, INFO_HEADER: info})  # fmt: skip
-        agents["fog-b"].answer(
-            "GET", HERE + "/progress", body={**pe, "state": "running", **at_pause}
-        )
+        offset = switch_at(agents, 500)
         clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
         steps = MigrationSteps(pending=lambda at: asked.append(at) or pending)
         began = time.monotonic()
@@ -260,23 +265,13 @@ def test_what_fails_after_the_routing_change_is_not_rolled_back(committed: bool)
     # The route step committed the target as the PE, then raised (the orchestrator stopped
     # at its test hold there): the rollback discarded the target the placement named and
     # resumed the origin, which the journal's recovery then took to be routed away.
-    offset = {"type": "jetstream", "positions": {"source": 30}}
-    pe = {"pipeline": "p", "element": "aggregate"}
-
     def route() -> None:
         if committed:
             raise MigrationRouted("stopped after its routing change (test)")
         raise Unavailable("the registry could not be written (test)")
 
     with standins("fog-a", "fog-b") as agents:
-        at_pause = {"committed_batch": 3, "offset": offset, "progress": 30}
-        agents["fog-a"].answer("POST", HERE + "/pause", body={**pe, "state": "paused", **at_pause})
-        info = json.dumps({"batch": 3, "offset": offset})
-        agents["fog-a"].answer("GET", HERE + "/checkpoint", content=b"checkpoint",
-                               headers={SHA_HEADER: "0" * 64, INFO_HEADER: info})  # fmt: skip
-        agents["fog-b"].answer(
-            "GET", HERE + "/progress", body={**pe, "state": "running", **at_pause}
-        )
+        switch_at(agents, 30)
         clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
         steps = MigrationSteps(route=route)
         with pytest.raises(MigrationRouted if committed else MigrationFailed):
