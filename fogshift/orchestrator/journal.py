@@ -233,6 +233,11 @@ class Journal(Replication):
                     return
             time.sleep(0.1)
 
+    def _unresolved(self, pipeline: str, element_id: str) -> list[Operation]:
+        """The PE's unfinished journal entries, oldest first (left to their resolution)."""
+        return [op for op in self.registry.unfinished()
+                if (op.pipeline, op.element) == (pipeline, element_id)]  # fmt: skip
+
     def _refuse_unresolved(self, pipeline: str, element_id: str) -> None:
         """Refuse an operation on a PE whose journal holds an operation nobody runs (left by
         an orchestrator that died, until the reconciler's next round resolves it): run
@@ -243,8 +248,7 @@ class Journal(Replication):
         Raises:
             MigrationInProgress: Such an entry exists.
         """
-        left = [op for op in self.registry.unfinished()
-                if (op.pipeline, op.element) == (pipeline, element_id)]  # fmt: skip
+        left = self._unresolved(pipeline, element_id)
         if left:
             op = left[0]
             raise MigrationInProgress(

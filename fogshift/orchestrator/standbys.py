@@ -357,12 +357,6 @@ class Standbys(Deployment):
             except Exception:  # one standby's trouble must not stall the others' caps
                 log.exception("following the standby of %s/%s on %s failed", *key, standby.node)
 
-    def _unresolved(self, pipeline: str, element_id: str) -> bool:
-        """Whether the PE has an unfinished journal entry (left to its resolution)."""
-        return any(
-            (op.pipeline, op.element) == (pipeline, element_id) for op in self.registry.unfinished()
-        )
-
     def _primary_of(self, standby: StandbyRecord) -> str | None:
         """The node of the running PE ``standby`` follows (``None``: none to follow)."""
         record = self.registry.get_pipeline(standby.pipeline)
