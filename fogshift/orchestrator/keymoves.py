@@ -917,6 +917,15 @@ class KeyMoves(Standbys):
         moved_at = None
         after = at - 1
         senders: Ownership | None = None  # read once a state comes (the move is stored)
+
+        def away(exc: BrokerUnavailable) -> None:
+            # (The records are stored: a broker away for a moment ends no wait before its
+            # deadline, checked below; past it, the move is reported pending as for late
+            # states.)
+            log.warning("waiting for the states of move %s on %s/%s: %s", move, pipeline,
+                        source, exc.message)  # fmt: skip
+            time.sleep(0.5)
+
         while True:
 
             async def read(js: Any, start: int = after) -> Any:
@@ -926,14 +935,8 @@ class KeyMoves(Standbys):
             try:
                 found = self.broker.run(read, timeout=30)
             except BrokerUnavailable as exc:
-                # (The records are stored: a broker away for a moment ends no wait before
-                # its deadline; past it, the move is reported pending as for late states.)
-                log.warning("waiting for the states of move %s on %s/%s: %s", move, pipeline,
-                            source, exc.message)  # fmt: skip
-                if time.monotonic() >= deadline:
-                    return states, moved_at
-                time.sleep(0.5)
-                continue
+                away(exc)
+                found = []
             for message in found:
                 item = read_message(pipeline, source, message.subject, message.seq, message.data)
                 if isinstance(item, KeyMove) and item.move == move:
@@ -943,12 +946,8 @@ class KeyMoves(Standbys):
                         if senders is None:
                             try:
                                 senders = self._ownership(pipeline, source, item.element)
-                            except BrokerUnavailable as exc:  # (as for the read above)
-                                log.warning("waiting for the states of move %s on %s/%s: %s",
-                                            move, pipeline, source, exc.message)  # fmt: skip
-                                if time.monotonic() >= deadline:
-                                    return states, moved_at
-                                time.sleep(0.5)
+                            except BrokerUnavailable as exc:
+                                away(exc)
                                 break  # read again from this state on
                         if not senders.sent_by_owner(item):
                             after = max(after, message.seq)

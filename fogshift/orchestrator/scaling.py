@@ -787,13 +787,19 @@ class _Progress:
 def _carried_on(exc: FogshiftError, pipeline: str, element_id: str, count: int) -> FogshiftError:
     """``exc``, a step after the rescale record stood, saying that the scale's entry stays
     open for the reconciler's rounds to carry it on."""
+    return _saying(
+        exc,
+        f"the rescale of {pipeline}/{element_id} to {count} partitions is stored: the "
+        "orchestrator carries the scale on by itself once that clears",
+        f"{exc.hint or 'nothing to do'}; `fogshift status {pipeline}` shows the partitions "
+        "(or ask the same scale again)",
+    )
+
+
+def _saying(exc: FogshiftError, more: str, hint: str) -> FogshiftError:
+    """``exc`` again (its type, expected and received), its message followed by ``more``."""
     return type(exc)(
-        f"{exc.message}; the rescale of {pipeline}/{element_id} to {count} partitions is "
-        "stored: the orchestrator carries the scale on by itself once that clears",
-        expected=exc.expected,
-        received=exc.received,
-        hint=f"{exc.hint or 'nothing to do'}; `fogshift status {pipeline}` shows the "
-        "partitions (or ask the same scale again)",
+        f"{exc.message}; {more}", expected=exc.expected, received=exc.received, hint=hint
     )
 
 
@@ -813,12 +819,11 @@ def _unfinished(
         else "though no key of the rescale is theirs yet"
     )
     done = "added and run" if ran else "added to the spec (not all started)"
-    return type(exc)(
-        f"{exc.message}; partitions {', '.join(idle)} were {done}, {owned}",
-        expected=exc.expected,
-        received=exc.received,
-        hint=f"{exc.hint or 'try again'}; the same scale again completes it, or `fogshift "
-        f"scale {pipeline} {element_id} --partitions {count}` retires them",
+    return _saying(
+        exc,
+        f"partitions {', '.join(idle)} were {done}, {owned}",
+        f"{exc.hint or 'try again'}; the same scale again completes it, or `fogshift scale "
+        f"{pipeline} {element_id} --partitions {count}` retires them",
     )
 
 
