@@ -491,6 +491,42 @@ async def last_seq(js: JetStreamContext, stream: str) -> int:
     return int(info.state.last_seq or 0)
 
 
+#: How many times :func:`publish_once` sends a record whose acknowledgement did not come.
+PUBLISH_TRIES = 3
+
+
+async def publish_once(
+    js: JetStreamContext, subject: str, payload: bytes, stream: str, msg_id: str,
+    tries: int = PUBLISH_TRIES,
+) -> int:  # fmt: skip
+    """Publish ``payload`` on ``subject`` of ``stream`` under message id ``msg_id``, sent
+    again under the same id while its acknowledgement does not come (at most ``tries``
+    times); the sequence it is stored at.
+
+    A publish whose acknowledgement is late (a busy broker) may still be stored: raising
+    then would report as failed what took effect. The broker drops a repeat of an id within
+    its duplicate window (:data:`DUPLICATE_WINDOW_S`) and acknowledges it with the sequence
+    the first was stored at, so the record is stored once whichever try it was. (A request
+    nobody answered at all, during an account reload, :class:`_Client` sends again itself.)
+
+    Raises:
+        nats.errors.TimeoutError: No try was acknowledged (the caller's
+            :meth:`SyncJetStream.run` makes it a :class:`BrokerUnavailable`).
+    """
+    headers = {"Nats-Msg-Id": msg_id}
+    for attempt in range(1, tries + 1):
+        try:
+            ack = await js.publish(subject, payload, stream=stream, headers=headers)
+        except nats_errors.TimeoutError:
+            if attempt == tries:
+                raise
+            log.warning("%s: no acknowledgement of message %s in time; sent again under its "
+                        "id", subject, msg_id)  # fmt: skip
+            continue
+        return int(ack.seq)
+    raise AssertionError("unreachable")  # (the last try returns or raises)
+
+
 async def subject_count(js: JetStreamContext, stream: str, subject: str) -> int:
     """Messages stored on ``subject`` (no wildcard) of ``stream``."""
     return (await subject_counts(js, stream, subject)).get(subject, 0)

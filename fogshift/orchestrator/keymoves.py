@@ -27,6 +27,7 @@ from fogshift.broker.client import (
     get_range,
     get_ranges,
     last_seq,
+    publish_once,
     subject_count,
 )
 from fogshift.broker.exceptions import BrokerUnavailable
@@ -564,9 +565,9 @@ class KeyMoves(Standbys):
         until :meth:`_complete_moves` appends the rest."""
         payload = move.payload()
         if len(inputs) == 1:
-            return self._append_key_record(pipeline, inputs[0], payload)
+            return self._append_key_record(pipeline, inputs[0], payload, move.move)
         self._moves_complete.discard((pipeline, move.element))  # (checked again if this fails)
-        at = self._append_key_record(pipeline, inputs[0], payload)
+        at = self._append_key_record(pipeline, inputs[0], payload, move.move)
         for name in inputs[1:]:
             # (Under the move's id: an append that timed out and is sent again by
             # _complete_moves is stored once; a reader takes a move once per input anyway.)
@@ -672,18 +673,16 @@ class KeyMoves(Standbys):
                 finally:
                     lock.release()
 
-    def _append_key_record(
-        self, pipeline: str, source: str, payload: bytes, msg_id: str | None = None
-    ) -> int:
+    def _append_key_record(self, pipeline: str, source: str, payload: bytes, msg_id: str) -> int:
         """Append ``payload`` (a key move or copy request) to the ``.keys`` subject of the
-        input ``source`` (under message id ``msg_id``, if given); its stream sequence."""
+        input ``source`` under message id ``key-move:{msg_id}``; its stream sequence.
+
+        Sent again under its id while its acknowledgement does not come
+        (:func:`~fogshift.broker.client.publish_once`): one acknowledged late is stored
+        anyway, and a move reported as failed then would still move its keys."""
         stream, subject = stream_name(pipeline, source), keys_subject(pipeline, source)
-        headers = {"Nats-Msg-Id": f"key-move:{msg_id}"} if msg_id is not None else None
-
-        async def store(js: Any) -> int:
-            ack = await js.publish(subject, payload, stream=stream, headers=headers)
-            return int(ack.seq)
-
+        store = partial(publish_once, subject=subject, payload=payload, stream=stream,
+                        msg_id=f"key-move:{msg_id}")  # fmt: skip
         return int(self.broker.run(store, timeout=30))
 
     def _precopy(
@@ -717,7 +716,8 @@ class KeyMoves(Standbys):
             nonlocal asked
             chunk = keys[asked : asked + step]
             request = KeyCopy(0, copy, element_id, tuple(chunk), to)
-            pending.append((chunk, self._append_key_record(pipeline, source, request.payload())))
+            at = self._append_key_record(pipeline, source, request.payload(), f"{copy}-{asked}")
+            pending.append((chunk, at))
             asked += len(chunk)
 
         ask()

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import nats.errors
 import pytest
 
 from fogshift.broker.client import (
@@ -82,6 +83,50 @@ def moves(js: SyncJetStream, name: str) -> list[str]:
     return [m.move for m in parsed if isinstance(m, KeyMove)]
 
 
+class LateAcks:
+    """The orchestrator's broker client, whose first publish of a record is stored but its
+    acknowledgement never comes (a busy broker: the client's wait runs out first)."""
+
+    def __init__(self, client: SyncJetStream) -> None:
+        self.client, self.late = client, 1
+
+    def run(self, make: Any, timeout: float = 30.0) -> Any:
+        outer = self
+
+        class Late:
+            def __init__(self, js: Any) -> None:
+                self.js = js
+
+            async def publish(self, *args: Any, **kwargs: Any) -> Any:
+                ack = await self.js.publish(*args, **kwargs)
+                if outer.late:
+                    outer.late -= 1
+                    raise nats.errors.TimeoutError
+                return ack
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.js, name)
+
+        return self.client.run(lambda js: make(Late(js)), timeout)
+
+
+@pytest.mark.parametrize("inputs", [("s1",), ("s1", "s2")])
+def test_a_move_acknowledged_late_is_stored_once_and_reported_where(
+    orch: Orchestrator, js_client: SyncJetStream, inputs: tuple[str, ...]
+) -> None:
+    # Sent again under its id, the broker dropping the repeat and answering with where the
+    # first is: before, a single input's move (and the first input's of several) had no
+    # id, so its late-stored move was reported as failed (a 503) while its keys moved.
+    real = orch.broker
+    orch.broker = LateAcks(real)  # type: ignore[assignment]
+    try:
+        at = orch._append_move("two", inputs, KeyMove(0, "m1", "agg", ("k1",), 1))
+    finally:
+        orch.broker = real
+    assert moves(js_client, "s1") == ["m1"] and all(moves(js_client, n) == ["m1"] for n in inputs)
+    assert at == js_client.run(lambda j: last_seq(j, stream_name("two", "s1"))) == 1
+
+
 def test_a_move_is_stored_in_every_input_and_one_left_half_way_is_completed(
     orch: Orchestrator, js_client: SyncJetStream
 ) -> None:
@@ -91,7 +136,7 @@ def test_a_move_is_stored_in_every_input_and_one_left_half_way_is_completed(
     assert at == js_client.run(lambda j: last_seq(j, stream_name("two", "s1")))
     # An orchestrator died after storing m2 in the first input only: its key would wait at
     # its target for good, its origin for the move's place in s2.
-    orch._append_key_record("two", "s1", KeyMove(0, "m2", "agg", ("k2",), 1).payload())
+    orch._append_key_record("two", "s1", KeyMove(0, "m2", "agg", ("k2",), 1).payload(), "m2")
     orch._moves_complete.discard(("two", "agg"))  # (a new orchestrator knows none complete)
     records = orch.registry.pipelines()
     orch.complete_key_moves(records)
@@ -269,7 +314,7 @@ def test_an_element_a_partitioned_reader_moved_keys_on_is_not_scaled_out_of_one_
             orchestrator.scale("chain", "up", 2, ["fog-b"], timeout_s=0.1)
         assert "unknown node 'fog-b'" in unmoved.value.message
         orchestrator._append_key_record(
-            "chain", "up-p0", KeyMove(0, "m1", "down", ("k1",), 1).payload()
+            "chain", "up-p0", KeyMove(0, "m1", "down", ("k1",), 1).payload(), "m1"
         )
         with pytest.raises(InvalidInput) as refused:
             orchestrator.scale("chain", "up", 2, ["fog-b"], timeout_s=0.1)

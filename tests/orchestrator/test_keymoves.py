@@ -44,7 +44,7 @@ class Waves(KeyMoves):
         self.log: list[tuple[str, list[str]]] = []
         self.broker: Any = SimpleNamespace(run=lambda make, timeout=30: 0)  # parts counted
 
-    def _append_key_record(self, pipeline: str, source: str, payload: bytes) -> int:
+    def _append_key_record(self, pipeline: str, source: str, payload: bytes, msg_id: str) -> int:
         move = parse(0, payload)
         assert isinstance(move, KeyMove)
         self.moves.append(move)
@@ -235,7 +235,7 @@ class Copies(KeyMoves):
         self.log: list[tuple[str, list[str]]] = []
         self.broker: Any = SimpleNamespace(run=lambda make, timeout=30: 0)  # parts counted
 
-    def _append_key_record(self, pipeline: str, source: str, payload: bytes) -> int:
+    def _append_key_record(self, pipeline: str, source: str, payload: bytes, msg_id: str) -> int:
         request = parse(0, payload)
         assert isinstance(request, KeyCopy)
         self.log.append(("ask", list(request.keys)))
