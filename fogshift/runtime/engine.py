@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -233,16 +234,56 @@ def _drop(instances: list[Processor], keep: Processor | None, key: InstanceKey) 
             call_hook(instance, "close", key)
 
 
-def check_processor(plan: QueryPlan) -> type[Processor]:
+#: How long the driver's check of a processor (:func:`check_processor`: its module's import,
+#: its constructor and ``close()``) may take before its start fails.
+PROBE_TIMEOUT_S = 30.0
+
+
+def check_processor(plan: QueryPlan, timeout_s: float = PROBE_TIMEOUT_S) -> type[Processor]:
     """Import and build the processor of ``plan`` once, in the driver.
 
     A PE that cannot be built at all then fails at its start with a clear error, instead of
     in a Python worker, batch after batch. The instance is closed at once; it is never
     assigned (``on_assign`` runs only where events are processed).
 
+    The check runs in a thread of its own, waited for ``timeout_s`` at most: user code (a
+    module's import, a constructor) that never returns would otherwise hold the caller — the
+    agent's only Spark thread and its lock, so every other PE's supervision, deploy and
+    removal on the node — for good. One that does not return in time is left running there,
+    and the start fails as for a constructor that raised.
+
     Raises:
-        ElementError: The class cannot be imported, or its constructor rejects the options.
+        ElementError: The class cannot be imported, its constructor rejects the options, or
+            the two did not return within ``timeout_s``.
     """
+    done: list[type[Processor] | BaseException] = []
+
+    def probe() -> None:
+        try:
+            done.append(_probe(plan))
+        except BaseException as exc:  # handed to the caller's thread
+            done.append(exc)
+
+    thread = threading.Thread(target=probe, name=f"probe {plan.query_name}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not done:
+        element = plan.element
+        raise ElementError(
+            f"processor {element.id!r} of pipeline {plan.pipeline!r}: importing and building "
+            f"it did not return within {timeout_s:g} s",
+            expected=f"its module's import and its constructor done within {timeout_s:g} s",
+            received=f"still running after {timeout_s:g} s",
+            hint="a constructor checks the options only: load models and files, and open "
+            "connections, in on_assign()",
+        )
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
+
+
+def _probe(plan: QueryPlan) -> type[Processor]:
+    """:func:`check_processor`'s work, in its own thread."""
     element = plan.element
     cls, opts = _processor_class(plan.pipeline, element.id, element.kind, dict(element.options))
     probe = _build(plan.pipeline, element.id, cls, opts, None)

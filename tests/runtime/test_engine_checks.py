@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,17 @@ class Strict(Processor):
 
     def process(self, event: Event) -> dict:
         return {"x": self.config.factor}
+
+
+#: Released at the end of the test that builds a :class:`Hangs` (its thread then ends).
+RELEASE = threading.Event()
+
+
+class Hangs(Processor):
+    """A constructor that waits for a network share that never answers."""
+
+    def __init__(self, options: dict, element_id: str = "") -> None:
+        RELEASE.wait()
 
 
 class Explodes(Processor):
@@ -87,3 +100,22 @@ def test_a_keyed_processor_must_have_state(tmp_path: Path) -> None:
         check_processor(plan(tmp_path, options, key_by="patient"))
     assert "has key_by: patient but its processor Strict declares no state" in err.value.message
     assert err.value.hint == "remove key_by, or declare the state to keep per key"
+
+
+def test_a_processor_whose_constructor_never_returns_fails_its_start_in_bounded_time(
+    tmp_path: Path,
+) -> None:
+    # Before, the check waited for it for good on the agent's only Spark thread, under the
+    # agent's lock: no other PE of the node was supervised, deployed or removed again.
+    options = {"class": "tests.runtime.test_engine_checks:Hangs"}
+    started = time.monotonic()
+    try:
+        with pytest.raises(ElementError) as err:
+            check_processor(plan(tmp_path, options), timeout_s=0.5)
+    finally:
+        RELEASE.set()
+    assert time.monotonic() - started < 5
+    assert err.value.message == (
+        "processor 'pe1' of pipeline 'pl': importing and building it did not return within 0.5 s"
+    )
+    assert err.value.hint and "on_assign()" in err.value.hint
