@@ -109,6 +109,7 @@ class HostedElement:
     error: str | None = None
     restarts: int = 0
     gated: bool = False
+    #: When the monitor may start a failed query again (``time.monotonic()``).
     retry_at: float = 0.0
     #: Failures since the query last committed a batch (drives backoff).
     failures: int = 0
@@ -528,7 +529,7 @@ class NodeRuntime:
             log.error("%s: %s", hosted.plan.query_name, hosted.error)
             return
         delay = min(RESTART_BACKOFF_MAX_S, 2.0 ** (hosted.failures - 1))
-        hosted.retry_at = time.time() + delay
+        hosted.retry_at = time.monotonic() + delay  # (a clock stepped back delays nothing)
 
     def _stop_counted(self, hosted: HostedElement) -> None:
         """Stop the PE's query (under the lock), then count the progress reports of its
@@ -551,11 +552,20 @@ class NodeRuntime:
             except Exception:  # a query that already died cannot be stopped twice
                 log.warning("stopping %s raised", hosted.plan.query_name, exc_info=True)
             hosted.query = None
-        self._close_location(hosted)
-        if hosted.plan.gate_file:
-            # The Python workers keeping its processor call on_revoke() and close().
-            end_run(hosted.plan.gate_file)
+        # Stopped whatever the clean-up below raises (a disk error in the agent's home): a
+        # PE left RUNNING with no query is one the monitor never looks at again.
         hosted.state = PEState.STOPPED
+        self._end_run(hosted)
+
+    def _end_run(self, hosted: HostedElement) -> None:
+        """After the PE's query ended (stopped, or fenced): cut its path to the checkpoint,
+        and end its run, so that the Python workers keeping its processor call on_revoke()
+        and close()."""
+        try:
+            self._close_location(hosted)
+        finally:
+            if hosted.plan.gate_file:
+                end_run(hosted.plan.gate_file)
 
     def _close_location(self, hosted: HostedElement) -> None:
         """Cut the stopped query's path to the checkpoint: what its state store still
@@ -642,11 +652,16 @@ class NodeRuntime:
                 batch = committed_batch(checkpoint)
                 query = hosted.query
                 busy = query is not None and query.status["isTriggerActive"]
-                if planned_batch(checkpoint) == batch and not busy:
-                    hosted.state = PEState.PAUSED
+                if (
+                    planned_batch(checkpoint) == batch
+                    and not busy
+                    and self._turn(
+                        hosted, (PEState.STARTING, PEState.RUNNING, PEState.PAUSED), PEState.PAUSED
+                    )
+                ):
                     return self._position(hosted)
             time.sleep(0.01)
-        self.resume(pipeline, pe)
+        self._open(hosted)
         if hosted.state in (PEState.FAILED, PEState.FENCED, PEState.STOPPED):
             raise NodeNotReady(
                 f"{pipeline}/{pe} on node {self.config.name!r} cannot pause: its query is "
@@ -662,11 +677,31 @@ class NodeRuntime:
     def resume(self, pipeline: str, pe: str) -> ElementProgress:
         """Open the PE's input gate again."""
         hosted = self.hosted(pipeline, pe)
-        open_gate(self.gate_file(pipeline, pe))
-        hosted.gated = False
-        if hosted.state == PEState.PAUSED:
-            hosted.state = PEState.RUNNING
+        self._open(hosted)
         return self._position(hosted)
+
+    def _open(self, hosted: HostedElement) -> None:
+        """Open the gate of ``hosted`` if it is still the instance hosted under its name (a
+        pause that ended after its PE was removed and deployed anew must not open the new
+        one's gate: another operation may be pausing it)."""
+        with self._lock:
+            if self._elements.get(hosted.key) is not hosted:
+                return
+            open_gate(self.gate_file(*hosted.key))
+            hosted.gated = False
+        self._turn(hosted, (PEState.PAUSED,), PEState.RUNNING)
+
+    def _turn(self, hosted: HostedElement, was: tuple[PEState, ...], now: PEState) -> bool:
+        """Set ``hosted``'s state to ``now`` if it is one of ``was`` and ``hosted`` is still the
+        instance hosted under its name; whether it did. Under the lock the monitor changes
+        states under: a pause that saw its query at a boundary, then wrote PAUSED over the
+        FENCED the monitor had just set, hid the fenced PE from the monitor and the
+        reconciler, and the resume after made it RUNNING with no query, for good."""
+        with self._lock:
+            if hosted.state not in was or self._elements.get(hosted.key) is not hosted:
+                return False
+            hosted.state = now
+            return True
 
     def _position(self, hosted: HostedElement) -> ElementProgress:
         batch, offset = committed_offset(Path(hosted.plan.checkpoint_dir))
@@ -1004,7 +1039,7 @@ class NodeRuntime:
             error=hosted.error,
             restarts=hosted.restarts,
             retry_in_s=(
-                round(max(0.0, hosted.retry_at - time.time()), 1)
+                round(max(0.0, hosted.retry_at - time.monotonic()), 1)
                 if hosted.state == PEState.FAILED and math.isfinite(hosted.retry_at)
                 else None
             ),
@@ -1112,7 +1147,7 @@ class NodeRuntime:
         self._count(hosted, reports)
         query = hosted.query
         if hosted.state == PEState.FAILED:
-            if time.time() >= hosted.retry_at and self.spark is not None:
+            if time.monotonic() >= hosted.retry_at and self.spark is not None:
                 hosted.restarts += 1
                 log.warning("restarting %s (try %d)", hosted.plan.query_name, hosted.restarts)
                 self._start_query(hosted)
@@ -1131,6 +1166,9 @@ class NodeRuntime:
                 hosted.state, hosted.error = PEState.FENCED, text[:2000]
                 hosted.query = None
                 log.warning("%s is fenced: %s", hosted.plan.query_name, text[:300])
+                # (Its processors kept by the workers held their models and connections
+                # until the PE was removed or restarted.)
+                self._end_run(hosted)
                 return
             if self._blame(hosted, text):
                 # The next run skips the event that crashed this one: it starts at once.

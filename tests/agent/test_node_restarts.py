@@ -67,6 +67,7 @@ class FakeQuery:
         self.isActive = error is None
         self.error = error
         self.runId = "run-1"
+        self.lastProgress: dict[str, Any] | None = None
 
     def exception(self) -> Any:
         return RuntimeError(self.error) if self.error else None
@@ -111,7 +112,7 @@ def run_monitor(rt: NodeRuntime, h: HostedElement, rounds: int) -> list[int]:
     for _ in range(rounds):
         if h.retry_at == math.inf:
             break
-        delays.append(round(h.retry_at - time.time()))
+        delays.append(round(h.retry_at - time.monotonic()))
         h.retry_at = 0.0  # the backoff has elapsed
         rt._check(h)
     return delays
@@ -158,7 +159,7 @@ def test_a_worker_side_element_error_is_bounded_too_and_reported_short(
     for _ in range(20):
         if h.retry_at == math.inf:
             break
-        delays.append(round(h.retry_at - time.time()))
+        delays.append(round(h.retry_at - time.monotonic()))
         h.retry_at = 0.0
         runtime._check(h)  # restart
         runtime._check(h)  # and see it fail again
@@ -175,7 +176,7 @@ def test_other_failures_are_retried_with_capped_backoff_and_reset_by_progress(
     delays = []
     for _ in range(8):
         runtime._check(h)  # it fails
-        delays.append(round(h.retry_at - time.time()))
+        delays.append(round(h.retry_at - time.monotonic()))
         h.retry_at = 0.0
         runtime._check(h)  # restart
     assert delays == [1, 2, 4, 8, 16, 30, 30, 30]
@@ -187,7 +188,60 @@ def test_other_failures_are_retried_with_capped_backoff_and_reset_by_progress(
     assert h.failures == 0
     h.query = FakeQuery("broker gone again")  # type: ignore[assignment]
     runtime._check(h)
-    assert round(h.retry_at - time.time()) == 1
+    assert round(h.retry_at - time.monotonic()) == 1
+
+
+def test_a_clock_stepped_back_delays_no_restart(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fog device without a real-time clock gets its time from NTP after it has started:
+    # a step back of an hour held every failed PE of the node that hour.
+    monkeypatch.setattr(node, "start_query", lambda spark, plan: FakeQuery("broker gone"))
+    h = hosted(tmp_path)
+    runtime._start_query(h)
+    runtime._check(h)  # it fails: the first restart 1 s later
+    assert h.state == "failed"
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
+    deadline = time.monotonic() + 10
+    while h.restarts == 0 and time.monotonic() < deadline:
+        runtime._check(h)
+        time.sleep(0.05)
+    assert h.restarts == 1
+
+
+def test_a_fenced_query_ends_its_run_so_its_kept_processors_are_revoked(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    from fogshift.broker.exceptions import FENCED_TOKEN
+    from fogshift.runtime.gate import current_run, start_run
+
+    h = hosted(tmp_path)
+    gate = runtime.gate_file("x", "p")
+    gate.parent.mkdir(parents=True, exist_ok=True)
+    h.plan = replace(h.plan, gate_file=str(gate))
+    start_run(gate)
+    h.state, h.query = PEState.RUNNING, FakeQuery(f"{FENCED_TOKEN}: epoch 3 took over")  # type: ignore[assignment]
+    runtime._check(h)
+    assert h.state == PEState.FENCED and h.query is None
+    assert current_run(gate) is None
+
+
+def test_a_stop_whose_clean_up_fails_leaves_the_pe_stopped_not_running(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A disk error while cutting the stopped query's checkpoint path: the PE stayed RUNNING
+    # with no query, which the monitor never looks at again.
+    def broken(path: Path) -> None:
+        raise OSError("I/O error")
+
+    monkeypatch.setattr(node, "close_location", broken)
+    h = hosted(tmp_path)
+    h.plan = replace(h.plan, location=str(tmp_path / "loc"))
+    h.state, h.query = PEState.RUNNING, FakeQuery()  # type: ignore[assignment]
+    with pytest.raises(OSError):
+        runtime._stop_query(h)
+    assert (h.state, h.query) == (PEState.STOPPED, None)
 
 
 def test_events_in_counts_a_batch_that_follows_an_idle_trigger(
@@ -604,6 +658,58 @@ def test_a_pause_of_a_query_that_will_never_pause_ends_at_once(
     with pytest.raises(NodeNotReady, match=f"cannot pause: its query is {state}"):
         runtime.pause("x", "p", timeout_s=30)
     assert time.monotonic() - started < 5
+
+
+def test_a_pause_that_meets_its_query_fenced_at_the_boundary_leaves_it_fenced(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The monitor fences the query between the pause's look at the boundary and its PAUSED:
+    # written over FENCED, the PE was hidden from the monitor and the reconciler, and the
+    # resume after made it RUNNING with no query, for good.
+    from fogshift.agent.exceptions import NodeNotReady
+
+    h = hosted(tmp_path)
+    h.state, h.query = PEState.RUNNING, FakeQuery()  # type: ignore[assignment]
+    runtime._elements[("x", "p")] = h
+
+    def fenced_meanwhile(gate: Any, nonce: Any) -> bool:
+        with runtime._lock:  # (the monitor's round)
+            h.state, h.query = PEState.FENCED, None
+        return True
+
+    monkeypatch.setattr(node, "acknowledged", fenced_meanwhile)
+    with pytest.raises(NodeNotReady, match="cannot pause: its query is fenced"):
+        runtime.pause("x", "p", timeout_s=5)
+    assert h.state == PEState.FENCED
+    runtime.resume("x", "p")
+    assert h.state == PEState.FENCED and not h.gated
+
+
+def test_a_pause_that_ends_after_its_pe_was_deployed_anew_leaves_the_new_gate_alone(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A rollback's restart (remove, deploy) during a pause: the old pause's resume opened
+    # the new instance's gate, which another operation may be holding.
+    from fogshift.agent.exceptions import NodeNotReady
+    from fogshift.common.gate import gate_mode, write_gate
+
+    old, new = hosted(tmp_path), hosted(tmp_path)
+    old.state, old.query = PEState.RUNNING, FakeQuery()  # type: ignore[assignment]
+    new.state, new.query = PEState.RUNNING, FakeQuery()  # type: ignore[assignment]
+    runtime._elements[("x", "p")] = old
+
+    def replaced_meanwhile(gate: Any, nonce: Any) -> bool:
+        with runtime._lock:
+            old.state = PEState.STOPPED
+            runtime._elements[("x", "p")] = new
+            write_gate(runtime.gate_file("x", "p"), "hold")  # (another operation's)
+            new.gated = True
+        return False
+
+    monkeypatch.setattr(node, "acknowledged", replaced_meanwhile)
+    with pytest.raises(NodeNotReady):
+        runtime.pause("x", "p", timeout_s=5)
+    assert gate_mode(runtime.gate_file("x", "p")) == "hold" and new.gated
 
 
 def keyed(runtime: NodeRuntime) -> HostedElement:
