@@ -78,6 +78,9 @@ class _Kept:
     marks: Mapping[str, str] | None = None
     #: Encodings to reuse: part -> (the immutable value encoded, its text).
     encoded: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    #: Held while the watcher calls a hook of this instance: a batch that takes it waits
+    #: for that hook, and no other (see :meth:`Instances.poll`).
+    hooking: threading.Lock = field(default_factory=threading.Lock)
 
 
 def call_hook(processor: Processor, hook: str, who: object) -> bool:
@@ -133,10 +136,12 @@ class Instances:
             hold ``texts`` is closed; a paused one gets ``on_resume`` first (a batch runs,
             so the gate is open).
         """
-        with self._lock:  # waits for a hook the watcher is calling on this instance
+        with self._lock:
             kept = self._kept.pop(key, None)
         if kept is None:
             return None
+        with kept.hooking:  # waits for a hook the watcher is calling on this instance
+            pass
         if kept.texts != texts:
             call_hook(kept.processor, "close", key)
             return None
@@ -209,27 +214,45 @@ class Instances:
         * another run started (a restart): ``close``, dropped;
         * the gate holds and the instance is not paused: ``on_pause``;
         * the gate no longer holds and the instance is paused: ``on_resume``.
+
+        Each hook runs under its instance's own lock, not the registry's: one PE's hook that
+        takes long (a model unloaded, a connection closed) holds back only a batch of that
+        PE, where it held every batch of every PE this worker runs.
         """
         with self._lock:
-            for key, kept in list(self._kept.items()):
-                if not kept.gate:
-                    continue
-                run = current_run(kept.gate)
+            listed = list(self._kept.items())
+        for key, kept in listed:
+            if not kept.gate:
+                continue
+            with kept.hooking:
+                with self._lock:
+                    if self._kept.get(key) is not kept:
+                        continue  # a batch took it meanwhile (or it was dropped)
+                    run = current_run(kept.gate)
+                    hold = gate_mode(kept.gate) == "hold"
+                    if run != key.run:
+                        del self._kept[key]
+                # From here a batch that takes the instance waits for its hook.
                 if run != key.run:
-                    del self._kept[key]
                     if run is None:
                         call_hook(kept.processor, "on_revoke", key)
                     call_hook(kept.processor, "close", key)
-                    continue
-                hold = gate_mode(kept.gate) == "hold"
-                if hold and not kept.paused:
+                elif hold and not kept.paused:
                     kept.paused = True
                     call_hook(kept.processor, "on_pause", key)
                 elif not hold and kept.paused:
                     kept.paused = False
                     if not call_hook(kept.processor, "on_resume", key):
-                        del self._kept[key]
-                        call_hook(kept.processor, "close", key)
+                        with self._lock:
+                            if self._kept.get(key) is kept:
+                                del self._kept[key]
+                                dropped = True
+                            else:
+                                # A batch took it: it calls on_resume again, and drops it
+                                # if that fails too.
+                                kept.paused, dropped = True, False
+                        if dropped:
+                            call_hook(kept.processor, "close", key)
 
     def close_all(self) -> None:
         """Close every kept instance and forget it (no ``on_revoke``: nothing left the node)."""

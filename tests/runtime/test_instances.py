@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import ClassVar
 
@@ -142,6 +143,47 @@ def test_pause_resume_revoke_and_close_follow_the_gate_and_the_run(gate: str) ->
     kept.poll()
     assert processor.calls == ["pause", "resume", "pause", "revoke", "close"]
     assert len(kept) == 0
+
+
+def test_one_pes_slow_hook_holds_no_batch_of_another_pe(tmp_path: Path) -> None:
+    # A reused worker runs several PEs' tasks: with every hook under the registry's lock,
+    # one PE's on_pause that took long held every other PE's batches in that worker.
+    kept = instances()
+    slow_gate, other_gate = str(tmp_path / "slow.json"), str(tmp_path / "other.json")
+    slow_run, other_run = start_run(slow_gate), start_run(other_gate)
+    release, entered = threading.Event(), threading.Event()
+
+    class Slow(Hooked):
+        def on_pause(self) -> None:
+            entered.set()
+            release.wait(30)
+            super().on_pause()
+
+    slow, other = Slow.build({}, "slow", None), Hooked.build({}, "other", None)
+    kept.keep(key(slow_run, "slow"), slow, TEXTS, slow_gate)
+    kept.keep(key(other_run, "other"), other, TEXTS, other_gate)
+    write_gate(slow_gate, "hold")
+    watcher = threading.Thread(target=kept.poll)
+    watcher.start()
+    try:
+        assert entered.wait(10)
+        took: list[object] = []
+        batch = threading.Thread(target=lambda: took.append(
+            kept.checkout(key(other_run, "other"), TEXTS)))  # fmt: skip
+        batch.start()
+        batch.join(5)
+        assert took == [other]
+        # A batch of the slow PE itself waits for its hook, and then resumes it.
+        mine = threading.Thread(target=lambda: took.append(
+            kept.checkout(key(slow_run, "slow"), TEXTS)))  # fmt: skip
+        mine.start()
+        mine.join(0.3)
+        assert mine.is_alive()
+    finally:
+        release.set()
+        watcher.join(10)
+    mine.join(10)
+    assert took == [other, slow] and slow.calls == ["pause", "resume"]
 
 
 def test_a_restart_closes_without_revoking(gate: str) -> None:
