@@ -404,19 +404,26 @@ class NodeRuntime:
                 self._stop_counted(current)
             checkpoint = self.checkpoint_dir(pipeline, element.id)
             metrics = self._metrics_file(pipeline, element.id)
-            if fresh:
-                shutil.rmtree(checkpoint, ignore_errors=True)
-                shutil.rmtree(self.snapshot_store(pipeline, element.id), ignore_errors=True)
-                # Its origins start again at 0: no event of an earlier deploy is condemned.
-                crashes.reset(crashes.folder_of(self.gate_file(pipeline, element.id)))
-                if element.role == "sink":
-                    self._reset_sink(pipeline, element, epoch)
-            checkpoint.mkdir(parents=True, exist_ok=True)
-            gate_file = self.gate_file(pipeline, element.id)
-            if gate is None:
-                open_gate(gate_file)
-            else:
-                write_gate(gate_file, gate.mode, gate.limit)
+            try:
+                if fresh:
+                    shutil.rmtree(checkpoint, ignore_errors=True)
+                    shutil.rmtree(self.snapshot_store(pipeline, element.id), ignore_errors=True)
+                    # Its origins start again at 0: no event of an earlier deploy is condemned.
+                    crashes.reset(crashes.folder_of(self.gate_file(pipeline, element.id)))
+                    if element.role == "sink":
+                        self._reset_sink(pipeline, element, epoch)
+                checkpoint.mkdir(parents=True, exist_ok=True)
+                gate_file = self.gate_file(pipeline, element.id)
+                if gate is None:
+                    open_gate(gate_file)
+                else:
+                    write_gate(gate_file, gate.mode, gate.limit)
+            except Exception:
+                # The instance stopped above is gone with its checkpoint (fresh): reported
+                # STOPPED, it stayed hosted with no query for good, which nothing restarts.
+                if current is not None:
+                    del self._elements[key]
+                raise
             plan = QueryPlan(
                 pipeline=pipeline,
                 element=element,

@@ -538,6 +538,15 @@ def test_a_fresh_sink_whose_file_cannot_be_written_is_refused_not_a_500(
     assert "on node 'n1'" in refused.value.message and refused.value.hint
     assert refused.value.received and "IsADirectoryError" in refused.value.received
     assert started == []
+    # Deployed afresh over an instance running here: that one is stopped, and no longer
+    # hosted (it stayed listed STOPPED, with no query and its checkpoint gone, for good).
+    h = hosted(tmp_path)
+    h.plan = replace(h.plan, element=sink)
+    h.state, h.query = PEState.RUNNING, FakeQuery()  # type: ignore[assignment]
+    runtime._elements[("x", "sink")] = h
+    with pytest.raises(InvalidInput):
+        runtime.deploy("x", sink, fresh=True, epoch=2)
+    assert h.state == PEState.STOPPED and ("x", "sink") not in runtime._elements
 
 
 def test_checkpoints_of_pes_the_node_does_not_run_are_reported(
