@@ -1009,6 +1009,7 @@ class NodeRuntime:
             )
         checkpoint = self.checkpoint_dir(pipeline, pe)
         index = key_index.folder_of(checkpoint)
+        hosted = self._elements.get((pipeline, pe))
         with self._key_index_lock(pipeline, pe):
             # From the key index when it covers the newest commit (a few small files);
             # else from the state store (a Spark job), which then gives the index its base.
@@ -1023,8 +1024,12 @@ class NodeRuntime:
                     batch, end, variables = read_key_variables(
                         self.spark, checkpoint, cls.state_parts(), element.moves_keys
                     )
-                if batch is not None:
-                    key_index.write_base(index, batch, variables)
+                with self._lock:
+                    # Not if the PE was deployed afresh (or installed) while the state
+                    # store was read: the old history's base would stand for the new
+                    # one's batch of that number. (A deploy replaces it under the lock.)
+                    if batch is not None and self._elements.get((pipeline, pe)) is hosted:
+                        key_index.write_base(index, batch, variables)
         sizes = key_sizes(variables)
         positions = {k: int(v) for k, v in ((end or {}).get("positions") or {}).items()}
         return StateKeys(pipeline=pipeline, element=pe, node=self.config.name, batch=batch,

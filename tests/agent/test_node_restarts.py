@@ -781,6 +781,29 @@ def test_a_key_listing_reads_the_state_store_once_then_the_key_index(
     assert runtime.state_keys("x", "agg") == second and jobs == [3]
 
 
+def test_a_key_listing_across_a_fresh_deploy_gives_the_new_history_no_base(
+    runtime: NodeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The state store was read for the old history's batch 3; the PE was deployed afresh
+    # meanwhile: a base-3 written then would stand for the new history's batch 3.
+    from fogshift.checkpoint import key_index
+
+    h = keyed(runtime)
+    runtime._elements[h.key] = h
+    checkpoint = runtime.checkpoint_dir("x", "agg")
+    commit(checkpoint, 3, 30)
+
+    def read_key_variables(spark: Any, cp: Path, parts: Any, movable: bool) -> Any:
+        runtime._elements[h.key] = keyed(runtime)  # (the fresh deploy's new instance)
+        return 3, node.end_offset(cp, 3), {"a": {"f_sum": 3}}
+
+    monkeypatch.setattr(node, "read_key_variables", read_key_variables)
+    listed = runtime.state_keys("x", "agg")
+    assert listed.keys == ["a"]  # (what was read is still the answer to this request)
+    index = key_index.folder_of(checkpoint)
+    assert not index.exists() or not list(index.iterdir())
+
+
 def test_the_key_index_is_folded_whether_or_not_its_snapshot_is_taken(
     runtime: NodeRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
