@@ -302,7 +302,8 @@ def apply_permissions(
             would have ended whatever had it now.
 
     Raises:
-        BrokerError: The config or its users cannot be read, or the server is gone.
+        BrokerError: The config or its users cannot be read, the config cannot be written,
+            or the server is gone.
     """
     try:
         text = config_file.read_text()
@@ -319,7 +320,15 @@ def apply_permissions(
             "disk are carried over)",
         )
     head = _USERS_BLOCK.split(text, 1)[0]
-    write_config(config_file, head, users, hosted)
+    try:
+        write_config(config_file, head, users, hosted)
+    except OSError as exc:
+        # (Typed as every other failure here: a plain OSError ended each reconcile round
+        # of the orchestrator before its restores and repairs, while the disk stayed full.)
+        raise BrokerError(
+            f"cannot write the broker's config {config_file}: {exc}",
+            hint="free space on its disk, or give back the write rights on its folder",
+        ) from exc
     if started is not None and started_at(pid) != started:
         raise BrokerError(
             f"nats-server (pid {pid}) is gone (the pid is another process's now, or none's): "

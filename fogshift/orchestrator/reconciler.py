@@ -299,7 +299,8 @@ class Reconciler(Coordination):
         decisions: list[str] = []
         unfinished = self.registry.unfinished_scales()
         for gone in set(self._scale_retries) - {e.id for e in unfinished}:
-            del self._scale_retries[gone]  # ended by someone else meanwhile
+            # Ended by someone else meanwhile (its carry-on thread may drop it too).
+            self._scale_retries.pop(gone, None)
         for entry in unfinished:
             retry = self._scale_retries.get(entry.id)
             if retry is not None and time.monotonic() < retry[0]:
@@ -339,7 +340,7 @@ class Reconciler(Coordination):
         decisions: list[str] = []
         unfinished = [g for g in self.registry.unfinished_groups() if g.owner != self.run_id]
         for gone in set(self._group_retries) - {g.id for g in unfinished}:
-            del self._group_retries[gone]
+            self._group_retries.pop(gone, None)  # (its carry-on thread may drop it too)
         for entry in unfinished:
             retry = self._group_retries.get(entry.id)
             if retry is not None and time.monotonic() < retry[0]:
@@ -662,13 +663,24 @@ class Reconciler(Coordination):
         # Silence counts from this process's start: after a restart of the whole cluster,
         # nodes that have not re-registered yet are not lost.
         silent = time.time() - max(node.last_seen, self.started_at)
+        key = (pipeline, element_id)
         if record.spec.recovery.auto and silent > record.spec.recovery.detect_after_s:
+            newest = self.registry.epoch(pipeline, element_id)
+            failed = self._backed_off(key, newest, node.name)
+            if failed is None:
+                return  # its last restore failed: not every round either
             log.warning("node %s silent for %.1f s: restoring %s/%s",
                         node.name, silent, pipeline, element_id)  # fmt: skip
             try:
                 self.restore(pipeline, element_id)
             except FogshiftError as exc:
                 log.warning("auto-restore of %s/%s: %s", pipeline, element_id, exc)
+                # Each failed try fenced anew on every candidate (a new epoch, a marker in
+                # the PE's stream, a journal entry, a copy), and the whole round waited for
+                # it, every round, for as long as the node stayed away.
+                self._back_off(key, failed, newest, node.name)
+                return
+            self._restart_backoff.pop(key, None)
             return
         if not self.healthy(node) or not node.report.ready:
             return
@@ -679,13 +691,10 @@ class Reconciler(Coordination):
         if reported is not None and not (
             reported.gated or reported.epoch < newest or stale or fenced
         ):
-            self._restart_backoff.pop((pipeline, element_id), None)
+            self._restart_backoff.pop(key, None)
             return
-        key = (pipeline, element_id)
-        failed, after, at_epoch, at_node = self._restart_backoff.get(key, (0, 0.0, 0, ""))
-        if (at_epoch, at_node) != (newest, node.name):
-            failed, after = 0, 0.0  # placed or fenced anew since by someone else
-        if time.monotonic() < after:
+        failed = self._backed_off(key, newest, node.name)
+        if failed is None:
             return  # its last restart failed: not every round (see RESTART_BACKOFF_MAX_S)
         try:
             with self._exclusive(pipeline, element_id, "restart"):
@@ -712,15 +721,28 @@ class Reconciler(Coordination):
         except MigrationInProgress:
             return  # the operation under way owns the PE
         except FogshiftError:
-            # A failed start, logged by _exclusive. Once it fenced anew, tried again after a
-            # back-off (a failure before, a request, is tried again next round).
-            epoch = self.registry.epoch(pipeline, element_id)
-            if epoch > newest:
-                wait = min(RESTART_BACKOFF_MAX_S, self.config.reconcile_s * 2 ** min(failed, 16))
-                self._restart_backoff[key] = (failed + 1, time.monotonic() + wait, epoch,
-                                              node.name)  # fmt: skip
+            # A failed start, logged by _exclusive.
+            self._back_off(key, failed, newest, node.name)
             return
         self._restart_backoff.pop(key, None)
+
+    def _backed_off(self, key: tuple[str, str], newest: int, node: str) -> int | None:
+        """How many restarts (or restores) of PE ``key`` on ``node`` failed in a row, or
+        ``None`` while the back-off after the last one runs (see :meth:`_back_off`)."""
+        failed, after, at_epoch, at_node = self._restart_backoff.get(key, (0, 0.0, 0, ""))
+        if (at_epoch, at_node) != (newest, node):
+            return 0  # placed or fenced anew since by someone else
+        return None if time.monotonic() < after else failed
+
+    def _back_off(self, key: tuple[str, str], failed: int, newest: int, node: str) -> None:
+        """After a failed restart or restore of PE ``key`` placed on ``node``: once it fenced
+        anew (its epoch passed ``newest``), the next try waits twice as many rounds as the
+        last, at most :data:`RESTART_BACKOFF_MAX_S` (a failure before, a request, is tried
+        again next round)."""
+        epoch = self.registry.epoch(*key)
+        if epoch > newest:
+            wait = min(RESTART_BACKOFF_MAX_S, self.config.reconcile_s * 2 ** min(failed, 16))
+            self._restart_backoff[key] = (failed + 1, time.monotonic() + wait, epoch, node)
 
     def _hosts(self, element: ElementSpec, pipeline: str) -> bool:
         """Whether ``element.node`` runs an instance of the PE now (its last report lags a

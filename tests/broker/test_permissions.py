@@ -417,3 +417,21 @@ def test_an_older_fogshifts_streams_are_carried_into_the_streams_account(
         assert info.state.messages == 1
     finally:
         os.killpg(broker.pid, signal.SIGKILL)
+
+
+def test_a_config_that_cannot_be_written_is_a_broker_error(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plain OSError (a full disk) passed every handler that catches the broker's errors:
+    # each reconcile round of the orchestrator ended there, before its restores and repairs.
+    import errno
+
+    from fogshift.broker import permissions
+    from fogshift.broker.exceptions import BrokerError
+
+    def full(path: Path, text: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(permissions, "write_private", full)
+    with pytest.raises(BrokerError, match=r"cannot write the broker's config .*No space left"):
+        apply_permissions(broker.config_file, broker.pid, {"n1": []})

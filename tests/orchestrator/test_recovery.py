@@ -592,6 +592,49 @@ def test_a_restart_a_node_refuses_is_tried_again_after_a_growing_back_off(
     assert ("p", "aggregate") not in orch._restart_backoff
 
 
+def test_an_automatic_restore_that_fails_is_tried_again_after_a_growing_back_off(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each failed try fenced anew on every candidate (an epoch, a marker, a journal entry,
+    a copy) and held the whole round, every round, for as long as the node stayed away."""
+    import time
+    from types import SimpleNamespace
+
+    from fogshift.restoration.exceptions import RestoreFailed
+
+    clock = [1000.0]  # the reconciler's own clock (only its module's)
+    monkeypatch.setattr(reconciler, "time", SimpleNamespace(
+        monotonic=lambda: clock[0], time=time.time, sleep=time.sleep))  # fmt: skip
+    orch.started_at -= 60
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
+    tries: list[int] = []
+    succeed = [False]
+
+    def restore(pipeline: str, element: str, *args: Any, **kwargs: Any) -> None:
+        tries.append(orch.registry.next_epoch(pipeline, element))  # (it fenced)
+        if not succeed[0]:
+            raise RestoreFailed(f"no node could run {pipeline}/{element}")
+
+    monkeypatch.setattr(orch, "restore", restore)
+    counted = []
+    for _ in range(12):  # twelve rounds, one every reconcile_s
+        orch.reconcile_once()
+        counted.append(len(tries))
+        clock[0] += orch.config.reconcile_s
+    assert counted == [1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4], counted
+    # Once one succeeds, the next failure starts from a round again.
+    succeed[0] = True
+    clock[0] += reconciler.RESTART_BACKOFF_MAX_S
+    orch.reconcile_once()
+    assert len(tries) == 5 and ("p", "aggregate") not in orch._restart_backoff
+    # One fenced anew by someone else (a user's restore) is not held by the back-off.
+    succeed[0] = False
+    orch.reconcile_once()
+    orch.registry.next_epoch("p", "aggregate")
+    orch.reconcile_once()
+    assert len(tries) == 7
+
+
 def test_a_stop_is_not_held_up_by_an_entry_a_dead_orchestrator_left(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
