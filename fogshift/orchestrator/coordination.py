@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -300,12 +302,24 @@ class Coordination(Scaling):
         )
 
     def restore_candidates(self, pipeline: str, element_id: str, exclude: set[str]) -> list[str]:
-        """Healthy, ready nodes outside ``exclude``: the PE's planned redeploy node first,
-        then the least busy (fewest PEs)."""
+        """Healthy, ready nodes outside ``exclude``, none silent for longer than the
+        pipeline declares a node lost after: the PE's planned redeploy node first, then the
+        least busy (fewest PEs).
+
+        (A pipeline may declare nodes lost sooner than the orchestrator calls them
+        unhealthy: ``recovery.detect_after_s`` from 2 s, ``node_timeout_s`` 5 s. A node
+        lost to the pipeline but still "healthy" was a candidate: a PE restored there was
+        restored away from it the next round, fenced at every move.)"""
+        record = self.registry.get_pipeline(pipeline)
+        lost_after = record.spec.recovery.detect_after_s if record is not None else math.inf
+        now = time.time()
         candidates = [
             n
             for n in self.registry.nodes()
-            if n.name not in exclude and self.healthy(n) and n.report.ready
+            if n.name not in exclude
+            and self.healthy(n)
+            and n.report.ready
+            and now - n.last_seen <= lost_after
         ]
         planned = self.planned(pipeline, element_id).redeploy
         ranked = sorted(

@@ -635,6 +635,24 @@ def test_an_automatic_restore_that_fails_is_tried_again_after_a_growing_back_off
     assert len(tries) == 7
 
 
+def test_a_node_the_pipeline_counts_lost_is_no_restore_candidate(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    # Lost to the pipeline after 2 s of silence, unhealthy to the orchestrator after 5 s: a
+    # node silent 3 s was a candidate, and a PE restored there was restored away again the
+    # next round, fenced at every move.
+    quick = {**SPEC, "recovery": {"auto": True, "detect_after_s": 2}}
+    with orchestrator_of(tmp_path, agents, quick) as orch:
+        orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 3 WHERE name = 'fog-b'")
+        node = orch.registry.node("fog-b")
+        assert node is not None and orch.healthy(node)
+        assert "fog-b" not in orch.restore_candidates("p", "aggregate", {"fog-a"})
+        assert "cloud" in orch.restore_candidates("p", "aggregate", {"fog-a"})
+    with orchestrator_of(tmp_path / "slow", agents, SPEC) as orch:  # (10 s by default)
+        orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 3 WHERE name = 'fog-b'")
+        assert "fog-b" in orch.restore_candidates("p", "aggregate", {"fog-a"})
+
+
 def test_a_stop_is_not_held_up_by_an_entry_a_dead_orchestrator_left(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
