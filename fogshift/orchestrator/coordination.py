@@ -360,8 +360,16 @@ class Coordination(Scaling):
 
         return copies
 
-    def restore(self, pipeline: str, element_id: str, target: str | None = None) -> RestoreReport:
+    def restore(
+        self, pipeline: str, element_id: str, target: str | None = None, *,
+        lost: str | None = None,
+    ) -> RestoreReport:  # fmt: skip
         """Restore a PE from its central checkpoint on ``target``, or on the best healthy node.
+
+        ``lost``: restore only if the PE is still placed on that node (the reconciler's
+        automatic restore, which saw the node silent before it took the PE's exclusive
+        section: an operation that moved the PE meanwhile would otherwise be undone, its
+        healthy instance fenced).
 
         Without ``target`` a failed attempt (the chosen node died or failed during the
         restore) is retried on the next candidate; every attempt fences the previous ones
@@ -404,6 +412,14 @@ class Coordination(Scaling):
                     "starts a stopped one",
                 )
             current = record.placement[element_id]
+            if lost is not None and current != lost:
+                raise Conflict(
+                    f"{pipeline}/{element_id} is not restored from node {lost!r}: it was "
+                    f"moved to {current!r} meanwhile",
+                    expected=f"{pipeline}/{element_id} placed on {lost!r}",
+                    received=f"placed on {current!r}",
+                    hint="nothing to do: another operation moved it",
+                )
             attempts: list[RestoreAttempt] = []
             standby = self.registry.standby(pipeline, element_id)
             if (

@@ -672,7 +672,7 @@ class Reconciler(Coordination):
             log.warning("node %s silent for %.1f s: restoring %s/%s",
                         node.name, silent, pipeline, element_id)  # fmt: skip
             try:
-                self.restore(pipeline, element_id)
+                self.restore(pipeline, element_id, lost=node.name)
             except FogshiftError as exc:
                 log.warning("auto-restore of %s/%s: %s", pipeline, element_id, exc)
                 # Each failed try fenced anew on every candidate (a new epoch, a marker in

@@ -653,6 +653,32 @@ def test_a_node_the_pipeline_counts_lost_is_no_restore_candidate(
         assert "fog-b" in orch.restore_candidates("p", "aggregate", {"fog-a"})
 
 
+def test_an_automatic_restore_of_a_pe_moved_meanwhile_changes_nothing(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The round saw fog-a silent; an operation moved the PE to fog-b before the restore took
+    # the PE's exclusive section: the restore fenced fog-b's healthy instance and moved it.
+    from fogshift.exceptions import Conflict
+
+    orch.started_at -= 60
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
+    real = orch.restore
+
+    def moved_first(pipeline: str, element: str, *args: Any, **kwargs: Any) -> Any:
+        op = orch.registry.begin_operation("migration", "p", "aggregate", "fog-a", "fog-b",
+                                           "someone", "preparing")  # fmt: skip
+        orch.registry.route(op.id, "fog-b")
+        orch.registry.finish(op.id, "done")
+        return real(pipeline, element, *args, **kwargs)
+
+    monkeypatch.setattr(orch, "restore", moved_first)
+    orch.reconcile_once()
+    assert [c for c in calls(agents) if c[1] != "GET"] == []
+    assert orch.registry.epoch("p", "aggregate") == 1
+    with pytest.raises(Conflict, match="moved to 'fog-b' meanwhile"):
+        real("p", "aggregate", lost="fog-a")
+
+
 def test_a_stop_is_not_held_up_by_an_entry_a_dead_orchestrator_left(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
