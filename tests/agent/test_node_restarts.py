@@ -167,12 +167,20 @@ def test_a_worker_side_element_error_is_bounded_too_and_reported_short(
     assert h.restarts == ELEMENT_ERROR_RESTARTS and "gave up" in (h.error or "")
 
 
-def test_other_failures_are_retried_with_capped_backoff_and_reset_by_progress(
+def started_failing(
     runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> HostedElement:
+    """A PE started by ``runtime`` whose every query fails (its broker gone)."""
     monkeypatch.setattr(node, "start_query", lambda spark, plan: FakeQuery("broker gone"))
     h = hosted(tmp_path)
     runtime._start_query(h)
+    return h
+
+
+def test_other_failures_are_retried_with_capped_backoff_and_reset_by_progress(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = started_failing(runtime, tmp_path, monkeypatch)
     delays = []
     for _ in range(8):
         runtime._check(h)  # it fails
@@ -196,9 +204,7 @@ def test_a_clock_stepped_back_delays_no_restart(
 ) -> None:
     # A fog device without a real-time clock gets its time from NTP after it has started:
     # a step back of an hour held every failed PE of the node that hour.
-    monkeypatch.setattr(node, "start_query", lambda spark, plan: FakeQuery("broker gone"))
-    h = hosted(tmp_path)
-    runtime._start_query(h)
+    h = started_failing(runtime, tmp_path, monkeypatch)
     runtime._check(h)  # it fails: the first restart 1 s later
     assert h.state == "failed"
     real = time.time
@@ -740,6 +746,16 @@ def commit(checkpoint: Path, batch: int, position: int) -> None:
     (checkpoint / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
 
 
+def hosted_at_batch_3(runtime: NodeRuntime) -> tuple[HostedElement, Path]:
+    """:func:`keyed` hosted by ``runtime``, its checkpoint committed up to batch 3 (its
+    input at 30); and that checkpoint."""
+    h = keyed(runtime)
+    runtime._elements[h.key] = h
+    checkpoint = runtime.checkpoint_dir("x", "agg")
+    commit(checkpoint, 3, 30)
+    return h, checkpoint
+
+
 def test_a_key_listing_reads_the_state_store_once_then_the_key_index(
     runtime: NodeRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -748,10 +764,7 @@ def test_a_key_listing_reads_the_state_store_once_then_the_key_index(
     # the next batch comes from that base and the batch's notes, with no job.
     from fogshift.checkpoint import key_index
 
-    h = keyed(runtime)
-    runtime._elements[h.key] = h
-    checkpoint = runtime.checkpoint_dir("x", "agg")
-    commit(checkpoint, 3, 30)
+    h, checkpoint = hosted_at_batch_3(runtime)
     index = key_index.folder_of(checkpoint)
     key_index.write_batch(index, 3, {"a": {"f_sum": 1}})  # (no base below it: unusable)
     jobs: list[int | None] = []
@@ -788,10 +801,7 @@ def test_a_key_listing_across_a_fresh_deploy_gives_the_new_history_no_base(
     # meanwhile: a base-3 written then would stand for the new history's batch 3.
     from fogshift.checkpoint import key_index
 
-    h = keyed(runtime)
-    runtime._elements[h.key] = h
-    checkpoint = runtime.checkpoint_dir("x", "agg")
-    commit(checkpoint, 3, 30)
+    h, checkpoint = hosted_at_batch_3(runtime)
 
     def read_key_variables(spark: Any, cp: Path, parts: Any, movable: bool) -> Any:
         runtime._elements[h.key] = keyed(runtime)  # (the fresh deploy's new instance)
