@@ -22,8 +22,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -575,17 +576,42 @@ def up(
     if isolate:
         require_support(need_tc=any(p.bandwidth for p in profiles.values()))
     make_private_dir(home)
-    with exclusive(
-        home / CLUSTER_LOCK,
-        f"a fogshift up or down of {str(home)!r}",
-        hint="wait for the other `fogshift up` or `down` of this home to end, or use another "
-        "--home",
+    with (
+        exclusive(
+            home / CLUSTER_LOCK,
+            f"a fogshift up or down of {str(home)!r}",
+            hint="wait for the other `fogshift up` or `down` of this home to end, or use another "
+            "--home",
+        ),
+        _ended_by_signals(),
     ):
         return _up_claimed(
             home, nodes, host, nats_url, nats_user, nats_password, spark_master, timeout_s,
             say, checkpoint_interval_s, central_interval_s, duplicate_window_s, trigger_ms,
             isolate, profiles, fog_text, plan_interval_s, sync,
         )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _ended_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``SystemExit`` while this holds (in the main thread), as
+    Ctrl-C raises ``KeyboardInterrupt``: an `up` ended by `timeout`, a service manager or
+    a closed terminal stops what it started. By default they end the interpreter at once:
+    its broker and agents ran on with no cluster file for `down` to find them by, and the
+    next `up` waited out its timeout on a node folder an orphaned agent still held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def end(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    before = {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _up_claimed(
@@ -926,7 +952,13 @@ def wait_agents_ready(
         for name in sorted(waiting):
             try:
                 health = clients[name].call(AgentHealth, "GET", "/health")
-            except Unavailable:  # still starting its web server
+            except Unavailable:  # still starting its web server, unless it has exited
+                if not agents[name].runs():
+                    raise Unavailable(
+                        f"node {name!r}'s agent exited while starting"
+                        + _last_line(home / "logs" / f"node-{name}.log"),
+                        hint=f"see its log, {home / 'logs' / f'node-{name}.log'}",
+                    ) from None
                 continue
             if health.error:
                 raise Unavailable(f"node {name!r} failed to start: {health.error}")
@@ -947,6 +979,17 @@ def wait_agents_ready(
     finally:
         for client in clients.values():
             client.close()
+
+
+def _last_line(log: Path) -> str:
+    """``": "`` and the last line of ``log`` that is not empty, or ``""``."""
+    try:
+        with log.open("rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - 4096))
+            lines = [x for x in file.read().decode("utf-8", "replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return f": {lines[-1].strip()[:500]}" if lines else ""
 
 
 def wait_healthy(

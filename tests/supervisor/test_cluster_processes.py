@@ -3,6 +3,7 @@ pids, and leave none of theirs running (real processes, no cluster)."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -219,3 +220,71 @@ def test_up_with_the_broker_dead_stops_the_rest_and_starts_the_cluster_anew(
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_an_agent_that_exits_while_starting_ends_the_wait_at_once(tmp_path: Path) -> None:
+    # `up` waited out its whole timeout (240 s) for an agent that had exited at once (its
+    # node folder held by another agent), then said it had "no Spark session".
+    import time
+
+    from fogshift.exceptions import Unavailable
+
+    node_token_file = cluster_ops.node_token_file(tmp_path, "fog-a")
+    node_token_file.parent.mkdir(parents=True)
+    node_token_file.write_text("t" * 32)
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "node-fog-a.log").write_text(
+        "starting\nerror (already_running): another process holds its agent.lock\n\n"
+    )
+    dead = gone_process().model_copy(update={"url": "http://127.0.0.1:9"})
+    started = time.monotonic()
+    with pytest.raises(Unavailable) as exited:
+        cluster_ops.wait_agents_ready(tmp_path, {"fog-a": dead}, 60, lambda line: None)
+    assert time.monotonic() - started < 30
+    assert exited.value.message == (
+        "node 'fog-a''s agent exited while starting: error (already_running): another "
+        "process holds its agent.lock"
+    )
+    assert exited.value.hint and "node-fog-a.log" in exited.value.hint
+
+
+@pytest.mark.integration
+def test_an_up_ended_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
+    # Ended by `timeout`, a service manager or a closed terminal, `up` left its broker and
+    # agents running with no cluster file: `down` said nothing was up, and the next `up`
+    # waited out its timeout on the node folder an orphaned agent held.
+    import os
+    import signal
+
+    import psutil
+
+    from fogshift.common.waiting import wait_until
+
+    home = tmp_path / "home"
+
+    def ours() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if any(str(home) in part for part in proc.info["cmdline"] or ()):
+                    found.append(proc)
+        return found
+
+    up = subprocess.Popen(
+        [sys.executable, "-m", "fogshift.cli.main", "up", "--nodes", "fog-a", "--home",
+         str(home), "--timeout", "120"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/tmp",
+    )  # fmt: skip
+    try:
+        # Its broker and the agent started (the agent's JVM starting): then ended.
+        wait_until(lambda: (home / "logs" / "node-fog-a.log").exists() and len(ours()) >= 2,
+                   60, describe="the broker and the agent started")  # fmt: skip
+        os.kill(up.pid, signal.SIGTERM)
+        assert up.wait(timeout=60) == 128 + signal.SIGTERM
+        wait_until(lambda: not ours(), 30, describe="nothing of the cluster left")
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for proc in ours():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
