@@ -336,7 +336,7 @@ def up(
     names = [n.strip() for n in nodes.split(",") if n.strip()]
     profiles = parse_link_assignments(link, names) if link else None
     with console.status("starting fogshift") as status:
-        cluster_ops.up(
+        cluster = cluster_ops.up(
             home.resolve(),
             names,
             host=host,
@@ -357,7 +357,10 @@ def up(
             broker_sync=broker_sync,
         )
     isolated = " in network namespaces" if isolate else ""
-    console.print(f"[green]up[/]: nodes {', '.join(names)} healthy{isolated} (home {home})")
+    # (The nodes that run: an `up` over a cluster whose nodes died starts its own ones again,
+    # whatever --nodes says.)
+    running = ", ".join(cluster.nodes)
+    console.print(f"[green]up[/]: nodes {running} healthy{isolated} (home {home})")
 
 
 @app.command()
@@ -943,7 +946,11 @@ def migrate(
     console.print(
         f"[green]migrated[/] {pipeline}/{element}: {report.origin} -> {report.target} "
         f"({report.mode}); state {report.state_bytes} bytes; {phases}; "
-        f"downtime {report.downtime_ms} ms"
+        + (
+            f"downtime {report.downtime_ms:.0f} ms"
+            if report.downtime_ms is not None
+            else "downtime not measured (no input came after the pause)"
+        )
     )
     for warning in report.warnings:
         console.print(f"[yellow]warning[/]: {escape(warning)}")

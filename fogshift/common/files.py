@@ -9,6 +9,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from fogshift.exceptions import InvalidInput
+
 #: The mode of every file holding a secret: the owner reads and writes, nobody else.
 PRIVATE_MODE = 0o600
 
@@ -73,8 +75,19 @@ def make_private_dir(path: Path) -> Path:
 
     Returns:
         ``path``.
+
+    Raises:
+        InvalidInput: ``path``, or a folder above it, is a file.
     """
-    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise InvalidInput(
+            f"cannot use {str(path)!r} as a folder: {exc.strerror}",
+            expected="a folder, or a path where one can be made",
+            received=f"{next(p for p in (path, *path.parents) if p.exists())} is a file",
+            hint="give another --home, or move that file away",
+        ) from exc
     found = path.stat()
     if found.st_uid == os.geteuid() and stat.S_IMODE(found.st_mode) != PRIVATE_DIR_MODE:
         os.chmod(path, PRIVATE_DIR_MODE)

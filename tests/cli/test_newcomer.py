@@ -236,6 +236,36 @@ def test_migrate_shows_each_phase_while_it_runs(monkeypatch: pytest.MonkeyPatch)
     assert all("migration of p/aggregate" in s for s in shown)
 
 
+def test_a_migration_with_no_input_after_its_pause_says_its_downtime_was_not_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # It printed "downtime None ms".
+    phases = Phases("migration", ["preparing"])
+    unmeasured = {**MIGRATED, "downtime_ms": None}
+    use(monkeypatch, StandInClient({OPERATION: phases.view}, phases.answer(unmeasured)))
+    result = runner.invoke(cli.app, ["migrate", "p", "aggregate", "--to", "fog-b"])
+    assert result.exit_code == 0, result.output
+    assert "downtime not measured (no input came after the pause)" in flat(result.stdout)
+    assert "None" not in result.stdout
+
+
+def test_up_names_the_nodes_that_run_not_the_option(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # An `up` over a cluster whose nodes died starts that cluster's nodes again, whatever
+    # --nodes says: it printed "nodes zz healthy" for a cluster of cloud and fog-b.
+    from fogshift.supervisor import cluster as cluster_ops
+    from fogshift.supervisor.cluster import ClusterFile, ProcessInfo
+
+    node = ProcessInfo(pid=1, pgid=1, url="http://127.0.0.1:9")
+    ran = ClusterFile(orchestrator=node, broker=None, nodes={"cloud": node, "fog-b": node},
+                      broker_url="nats://127.0.0.1:9")  # fmt: skip
+    monkeypatch.setattr(cluster_ops, "up", lambda *args, **kwargs: ran)
+    result = runner.invoke(cli.app, ["up", "--nodes", "zz", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "up: nodes cloud, fog-b healthy" in flat(result.stdout)
+
+
 def test_a_key_move_left_pending_names_its_waves_and_the_keys_left(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -83,3 +83,17 @@ def test_a_home_is_made_or_narrowed_to_its_owner_alone(tmp_path: Path) -> None:
         assert stat.S_IMODE(make_private_dir(wide).stat().st_mode) == 0o700
     finally:
         os.umask(old)
+
+
+def test_a_home_that_is_a_file_is_refused_with_what_was_expected(tmp_path: Path) -> None:
+    # `up --home FILE` (or FILE/sub) ended in a traceback.
+    from fogshift.exceptions import InvalidInput
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for path in (afile, afile / "sub"):
+        with pytest.raises(InvalidInput) as refused:
+            make_private_dir(path)
+        assert refused.value.message.startswith(f"cannot use {str(path)!r} as a folder")
+        assert refused.value.received == f"{afile} is a file"
+        assert refused.value.hint == "give another --home, or move that file away"
