@@ -267,7 +267,11 @@ class ServiceClient:
             unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
             raise (Unavailable if unsent else NoAnswer)(
                 f"{self.name} at {self.url} cannot be reached: {type(exc).__name__}",
-                hint="is it running? `fogshift nodes` shows the node agents",
+                # (`fogshift nodes` asks the orchestrator: no help when it is the one away.)
+                hint="is the cluster up? `fogshift up` starts what is not running, and "
+                "`fogshift logs orchestrator` tells why it stopped"
+                if self.name == "the orchestrator"
+                else "is it running? `fogshift nodes` shows the node agents",
             ) from exc
         raise_for_error(response, self.name)
         return response

@@ -58,6 +58,7 @@ from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.loader import (
     check_fresh,
+    did_you_mean,
     input_file,
     output_file,
     parse_spec,
@@ -231,9 +232,18 @@ class Deployment(Journal):
         record = self.registry.get_pipeline(name)
         if record is None:
             known = [p.name for p in self.registry.pipelines()]
+            guess = did_you_mean(name, known)
             raise UnknownPipeline(
                 f"no pipeline named {name!r}",
                 expected="one of " + (", ".join(known) or "(none deployed)"),
+                received=repr(name),
+                hint=f"did you mean {guess!r}?"
+                if guess
+                else (
+                    "`fogshift status` lists the pipelines"
+                    if known
+                    else "`fogshift deploy SPEC` deploys one"
+                ),
             )
         return record
 

@@ -15,6 +15,7 @@ from fogshift.migration.exceptions import MigrationInProgress, MigrationRouted
 from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord
 from fogshift.orchestrator.replication import Replication
+from fogshift.spec.loader import did_you_mean
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -263,9 +264,16 @@ class Journal(Replication):
             return record.spec.element(element_id)
         except KeyError:
             parts = [e.id for e in record.spec.partitions_of(element_id)]
+            ids = [e.id for e in record.spec.elements]
+            guess = did_you_mean(element_id, ids)
             raise UnknownElement(
                 f"pipeline {record.name!r} has no element {element_id!r}"
                 + (" (it is partitioned)" if parts else ""),
-                expected="one of " + ", ".join(e.id for e in record.spec.elements),
-                hint=f"name one of its partitions: {', '.join(parts)}" if parts else None,
+                expected="one of " + ", ".join(ids),
+                received=repr(element_id),
+                hint=f"name one of its partitions: {', '.join(parts)}"
+                if parts
+                else f"did you mean {guess!r}?"
+                if guess
+                else f"`fogshift status {record.name}` lists its elements",
             ) from None

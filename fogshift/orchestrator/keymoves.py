@@ -326,13 +326,15 @@ class KeyMoves(Standbys):
             )
 
     def _movable_parts(
-        self, record: PipelineRecord, element_id: str, refusal: str
-    ) -> list[ElementSpec]:
+        self, record: PipelineRecord, element_id: str, refusal: str,
+        whole: str = "without --keys, `fogshift migrate` moves a whole PE",
+    ) -> list[ElementSpec]:  # fmt: skip
         """The partitions of ``element_id``, whose keys can move (their inputs are not
         partitioned).
 
         Raises:
-            InvalidInput: (starting with ``refusal``) not partitioned, or partitioned inputs.
+            InvalidInput: (starting with ``refusal``) not partitioned (its hint ``whole``),
+                or partitioned inputs.
             UnknownElement: No such element.
         """
         parts = record.spec.partitions_of(element_id)
@@ -342,7 +344,7 @@ class KeyMoves(Standbys):
                 f"{refusal}: {element_id!r} is not partitioned",
                 expected="a keyed element written with partitions: [NODE, ...]",
                 received=f"element {element_id!r}",
-                hint="without --keys, `fogshift migrate` moves a whole PE",
+                hint=whole,
             )
         if not parts[0].moves_keys:
             raise InvalidInput(
@@ -1368,11 +1370,21 @@ def _target_partition(
         return here[0], target
     hosted = ", ".join(f"{p.id} ({placement.get(p.id)})" for p in parts)
     if not here:
+        # (A partition id the element does not have is no node to move a partition to.)
+        named_part = target.startswith(f"{element_id}-p") and all(p.id != target for p in parts)
         raise InvalidInput(
-            f"cannot move {what} to {target!r}: no partition of {element_id!r} runs there",
+            f"cannot move {what} to {target!r}: "
+            + (
+                f"{element_id!r} has no partition {target!r}"
+                if named_part
+                else f"no partition of {element_id!r} runs there"
+            ),
             expected="a partition's id, or a node hosting one of " + hosted,
             received=repr(target),
-            hint=f"move a partition there first (`fogshift migrate {pipeline} "
+            hint=f"name one of {', '.join(p.id for p in parts)}, or give it more partitions "
+            f"first (`fogshift scale {pipeline} {element_id} --partitions N`)"
+            if named_part
+            else f"move a partition there first (`fogshift migrate {pipeline} "
             f"{parts[0].id} --to {target}`)",
         )
     raise InvalidInput(

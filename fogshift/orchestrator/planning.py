@@ -48,6 +48,14 @@ class NodeCapacity(BaseModel):
     cpu: float = Field(gt=0, le=1e9, description="CPU capacity, in percent of one core")
 
 
+#: A fog topology file's fields, as a refusal's hint shows them (`topology show` prints
+#: a plan, not a file to give `topology set`).
+_EXAMPLE = (
+    "`central: cloud`, `nodes: {fog-a: {cpu: 50}}`, "
+    "`links: [{a: cloud, b: fog-a, bandwidth: 10}]` (CPU in % of a core, bandwidth in Mb/s)"
+)
+
+
 class FogLink(BaseModel):
     """A link of the fog topology file (undirected, Mb/s)."""
 
@@ -155,14 +163,14 @@ class FogTopology(BaseModel):
                 expected="a YAML mapping with `nodes` and `links`, each key once, without "
                 "anchors or aliases",
                 received=f"{len(text)} characters",
-                hint="`fogshift topology show` prints a valid one; check the line named above",
+                hint="check the line named above; a valid one reads: " + _EXAMPLE,
             ) from None
         except RecursionError:
             raise InvalidInput(
                 f"fog topology {source} nests too deep to read",
                 expected="nodes and links, a few levels deep",
                 received="YAML nested hundreds of levels deep",
-                hint="`fogshift topology show` prints a valid one",
+                hint="a valid one reads: " + _EXAMPLE,
             ) from None
         try:
             return cls.model_validate(data)
@@ -174,8 +182,8 @@ class FogTopology(BaseModel):
                 expected="central, default_cpu, default_bandwidth, pe_cpu, "
                 "nodes: {NAME: {cpu}}, links: [{a, b, bandwidth}]",
                 received=repr(first.get("input"))[:200],
-                hint="`fogshift topology show` prints a valid one; the README's \"Planned "
-                'backups and redeploy nodes" gives the fields',
+                hint="a valid one reads: " + _EXAMPLE + "; the README's \"Planned backups "
+                'and redeploy nodes" gives the fields',
             ) from None
 
     def central_node(self, nodes: list[str]) -> str | None:

@@ -134,7 +134,11 @@ class Scaling(KeyMoves):
         started = time.monotonic()
         record = self.pipeline(pipeline)
         what = f"scale {pipeline}/{element_id}"
-        parts = self._movable_parts(record, element_id, f"cannot {what}")
+        parts = self._movable_parts(
+            record, element_id, f"cannot {what}",
+            whole="only an element written with `partitions:` (and `key_by`) scales: deploy "
+            "the spec again with them",
+        )  # fmt: skip
         if partitions < len(parts) and nodes:
             raise InvalidInput(
                 f"cannot {what} in to {partitions} partitions with nodes for added ones",

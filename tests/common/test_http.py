@@ -121,3 +121,18 @@ def test_a_request_path_made_of_something_else_than_names_is_never_sent() -> Non
         assert services["orchestrator"].calls == []
         client.post("/pipelines/case2/stop")  # names only: sent
         assert [c.path for c in services["orchestrator"].calls] == ["/pipelines/case2/stop"]
+
+
+def test_an_orchestrator_that_cannot_be_reached_is_not_sent_to_fogshift_nodes() -> None:
+    # `fogshift nodes` asks the orchestrator: its hint sent the user to a command that
+    # failed the same way.
+    from fogshift.broker.server import free_port
+
+    url = f"http://127.0.0.1:{free_port('127.0.0.1')}"  # nobody listens there
+    for name, hint in (
+        ("the orchestrator", "is the cluster up? `fogshift up` starts what is not running"),
+        ("node agent 'fog-a'", "is it running? `fogshift nodes` shows the node agents"),
+    ):
+        with ServiceClient(url, "t" * 16, name, 5) as client, pytest.raises(Unavailable) as away:
+            client.request("GET", "/health")
+        assert (away.value.hint or "").startswith(hint)

@@ -527,3 +527,11 @@ def test_a_key_move_s_target_is_a_node_with_one_partition_or_a_partition_s_id() 
         _target_partition("p", "agg", parts, placement, "cloud")
     with pytest.raises(InvalidInput, match="no partition of 'agg' runs there"):
         _target_partition("p", "agg", parts, {"agg-p0": "fog-a"}, "agg-p1")  # placed nowhere
+    # A partition the element does not have: its hint told to move a partition to a node
+    # named "agg-p5".
+    with pytest.raises(InvalidInput, match="'agg' has no partition 'agg-p5'") as refused:
+        _target_partition("p", "agg", parts, placement, "agg-p5")
+    assert refused.value.hint == (
+        "name one of agg-p0, agg-p1, agg-p2, or give it more partitions first "
+        "(`fogshift scale p agg --partitions N`)"
+    )

@@ -238,3 +238,21 @@ def test_names_no_node_registered_with_are_told_with_the_plan(app: FastAPI) -> N
     answer = client.put("/topology", content=fixed, headers={"Content-Type": "text/plain"})
     assert PlanView.model_validate(answer.json()).unknown_nodes == []
     assert client.get("/plan").json()["unknown_nodes"] == []
+
+
+def test_a_refused_topology_file_shows_one_that_is_valid() -> None:
+    # Its hint said `fogshift topology show` prints a valid one: it prints a plan.
+    import re
+
+    from fogshift.exceptions import InvalidInput
+    from fogshift.orchestrator.planning import FogTopology
+
+    for bad in ("nodes: [", "nodes: {fog-a: {cpu: -1}}"):
+        with pytest.raises(InvalidInput) as refused:
+            FogTopology.parse(bad, source="'fog.yaml'")
+        hint = refused.value.hint or ""
+        assert "topology show" not in hint
+        example = "\n".join(re.findall(r"`([^`]+)`", hint.split("reads: ", 1)[1]))
+        topology = FogTopology.parse(example, source="the hint")
+        assert topology.central == "cloud" and topology.nodes["fog-a"].cpu == 50
+        assert topology.links[0].bandwidth == 10

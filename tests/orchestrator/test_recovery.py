@@ -1011,3 +1011,39 @@ def test_a_group_left_done_or_refused_ends_and_a_stop_ends_it_too(
     orch.registry.set_status("p", PipelineState.STOPPING)
     assert orch.registry.group(left).outcome == "abandoned: the pipeline is stopping"  # type: ignore[union-attr]
     assert orch.recover_groups() == [] and len(asked) == 1
+
+
+def test_an_unknown_pipeline_or_element_is_refused_with_what_came_and_a_guess(
+    orch: Orchestrator,
+) -> None:
+    # Only "expected: one of ..." was said: no received, no hint.
+    from fogshift.agent.exceptions import UnknownElement
+    from fogshift.orchestrator.exceptions import UnknownPipeline
+
+    with pytest.raises(UnknownPipeline) as refused:
+        orch.pipeline("pp")
+    assert (refused.value.expected, refused.value.received) == ("one of p", "'pp'")
+    assert refused.value.hint == "did you mean 'p'?"
+    with pytest.raises(UnknownPipeline) as refused:
+        orch.pipeline("zzzz")
+    assert refused.value.hint == "`fogshift status` lists the pipelines"
+    record = orch.pipeline("p")
+    with pytest.raises(UnknownElement) as unknown:
+        orch._element(record, "aggregat")
+    assert unknown.value.received == "'aggregat'"
+    assert unknown.value.hint == "did you mean 'aggregate'?"
+    with pytest.raises(UnknownElement) as unknown:
+        orch._element(record, "qqqq")
+    assert unknown.value.hint == "`fogshift status p` lists its elements"
+
+
+def test_scaling_an_element_without_partitions_hints_at_partitions_not_migrate(
+    orch: Orchestrator,
+) -> None:
+    # Its hint was migrate's: "without --keys, `fogshift migrate` moves a whole PE".
+    with pytest.raises(InvalidInput, match="'aggregate' is not partitioned") as refused:
+        orch.scale("p", "aggregate", 2)
+    assert refused.value.hint == (
+        "only an element written with `partitions:` (and `key_by`) scales: deploy the spec "
+        "again with them"
+    )
