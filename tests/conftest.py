@@ -265,6 +265,13 @@ class Cluster:
         """Node ``name`` as `fogshift nodes --json` reports it."""
         return next(n for n in self.json("nodes") if n["name"] == name)
 
+    def hosts(self, name: str, pe: str) -> bool:
+        """Whether node ``name`` lists ``pe`` (``pipeline/element``) as running; a node not
+        heard lately counts as hosting it still (it lists only the PEs placed on it, and
+        may run others: a zombie is known gone only once the node is heard again)."""
+        node = self.node(name)
+        return not node["alive"] or pe in node["elements"]
+
     def element(self, pipeline: str, element: str) -> dict[str, Any]:
         return next(e for e in self.status(pipeline)["elements"] if e["element"] == element)
 

@@ -184,10 +184,33 @@ class Deployment(Journal):
         return [] if disk is None else [disk + " (central checkpoints fail once it is full)"]
 
     def nodes(self) -> list[NodeView]:
-        """Every node as last heard from, with the checkpoints of the PEs it runs."""
+        """Every node as last heard from, with the checkpoints of the PEs it runs.
+
+        A node not heard from lately lists only the PEs still placed on it: one restored
+        elsewhere since is told among its warnings (listed as the node's, it read as running
+        in two places)."""
+        placed = {
+            (record.name, element): node
+            for record in self.registry.pipelines()
+            for element, node in record.placement.items()
+        }
         out = []
         for node in self.registry.nodes():
             report = node.report
+            listed, moved = report.elements, []
+            if not self.healthy(node):
+                here = [
+                    e for e in report.elements if placed.get((e.pipeline, e.element)) == node.name
+                ]
+                moved = [
+                    f"last heard running {e.pipeline}/{e.element}, which runs on "
+                    f"{placed[(e.pipeline, e.element)]} now"
+                    if (e.pipeline, e.element) in placed
+                    else f"last heard running {e.pipeline}/{e.element}, which is no longer deployed"
+                    for e in report.elements
+                    if e not in here
+                ]
+                listed = here
             out.append(
                 NodeView(
                     name=node.name,
@@ -203,7 +226,7 @@ class Deployment(Journal):
                     disk_free_bytes=report.disk_free_bytes,
                     disk_total_bytes=report.disk_total_bytes,
                     replicas=[f"{r.pipeline}/{r.element}@{r.id}" for r in report.replicas],
-                    elements=[f"{e.pipeline}/{e.element}" for e in report.elements],
+                    elements=[f"{e.pipeline}/{e.element}" for e in listed],
                     checkpoints=[
                         CheckpointsView(
                             element=f"{e.pipeline}/{e.element}",
@@ -211,7 +234,7 @@ class Deployment(Journal):
                             node_level=_aged(e.node_checkpoint),
                             central=self.checkpoint_status(e.pipeline, e.element),
                         )
-                        for e in report.elements
+                        for e in listed
                     ],
                     warnings=node_warnings(
                         report,
@@ -223,7 +246,8 @@ class Deployment(Journal):
                         f"central checkpoint of {p}/{e} failed: {error}"
                         for (p, e), (at, error) in sorted(self.pull_errors.items())
                         if at == node.name
-                    ],
+                    ]
+                    + moved,
                 )
             )
         return out

@@ -180,7 +180,7 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     assert shrunk["waves"] == []  # without --waves: every key at the rescale record
     status = cluster.status("split")["elements"]
     assert [e["element"] for e in status if e["partition_of"]] == ["aggregate-p0", "aggregate-p1"]
-    wait_until(lambda: "split/aggregate-p2" not in cluster.node("fog-c")["elements"], 30,
+    wait_until(lambda: not cluster.hosts("fog-c", "split/aggregate-p2"), 30,
                interval_s=0.5, describe="the retired partition gone from fog-c")  # fmt: skip
     # The partitioned element is not a PE: naming it is refused with its partitions named.
     refused = cluster.cli("migrate", "split", "aggregate", "--to", "cloud", check=False)

@@ -291,7 +291,7 @@ def test_frozen_node_is_restored_automatically_and_its_zombie_is_refused(
         # orchestrator.
         cluster.up()
     deadline = time.monotonic() + 60
-    while "zombie/aggregate" in cluster.node("fog-b")["elements"]:
+    while cluster.hosts("fog-b", "zombie/aggregate"):
         assert time.monotonic() < deadline, "the zombie was not removed from fog-b"
         time.sleep(1)
     assert cluster.element("zombie", "aggregate")["node"] == restored_on
@@ -344,7 +344,7 @@ def test_a_standby_takes_over_a_frozen_node_and_the_node_never_emits_again(
     # The node wakes: its instance is removed (or refused first), and a new standby stands
     # by for the aggregate somewhere else than where it now runs.
     wait_until(
-        lambda: "standby/aggregate" not in cluster.node("fog-c")["elements"]
+        lambda: not cluster.hosts("fog-c", "standby/aggregate")
         or (cluster.element("standby", "aggregate")["standby"] or {}).get("node") == "fog-c",
         60, interval_s=0.5, describe="the frozen node's instance removed",
     )  # fmt: skip

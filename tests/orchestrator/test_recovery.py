@@ -1047,3 +1047,22 @@ def test_scaling_an_element_without_partitions_hints_at_partitions_not_migrate(
         "only an element written with `partitions:` (and `key_by`) scales: deploy the spec "
         "again with them"
     )
+
+
+def test_a_silent_node_does_not_list_a_pe_restored_elsewhere_as_its_own(
+    orch: Orchestrator,
+) -> None:
+    # `fogshift nodes` showed the dead fog-a still hosting the aggregate restored on fog-b.
+    op = orch.registry.begin_operation("restore", "p", "aggregate", "fog-a", "fog-b", "me",
+                                       "fencing", new_epoch=True)  # fmt: skip
+    orch.registry.route(op.id, "fog-b")
+    orch.registry.finish(op.id, "done")
+
+    def fog_a() -> Any:
+        return next(n for n in orch.nodes() if n.name == "fog-a")
+
+    assert fog_a().elements == ["p/aggregate"]  # heard lately: as it says (a zombie shows)
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
+    silent = fog_a()
+    assert (silent.elements, silent.checkpoints) == ([], [])
+    assert "last heard running p/aggregate, which runs on fog-b now" in silent.warnings
