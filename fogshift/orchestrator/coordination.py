@@ -189,8 +189,14 @@ class Coordination(Scaling):
             if mode == MigrationMode.HANDOVER and record.placement[element_id] != target:
                 _refuse_handover(pipeline, element)  # (one that stays is not handed over)
         there = [e for e in element_ids if record.placement[e] == target]
-        if len(there) == len(element_ids):  # nothing to move: refused as for one PE
-            self._refuse_current_node(record, element_ids[0], target, "migrate")
+        if len(there) == len(element_ids):  # nothing to move (it named only the first)
+            raise InvalidInput(
+                f"every PE of {pipeline}/{{{','.join(element_ids)}}} already runs on node "
+                f"{target!r}: nothing to migrate",
+                expected=f"at least one PE not on {target!r}",
+                received=", ".join(f"{e} on {target}" for e in element_ids),
+                hint="choose another node (`fogshift nodes` lists them)",
+            )
         self._usable_node(target, f"migrate {pipeline}/{','.join(element_ids)} to")
         # Journaled: one an orchestrator dies in is carried on by the next one's rounds
         # (``Reconciler.recover_groups``), as the same group asked again would be.

@@ -186,9 +186,13 @@ def test_pes_on_the_target_already_stay_and_the_rest_move() -> None:
     )
     report = fake.group(["a", "c"], mode=MigrationMode.HANDOVER)
     assert report.status == GroupMigrationStatus.MIGRATED and report.already_there == ["c"]
-    # Every PE there already: nothing to do, refused as one PE's migration to its node is.
+    # Every PE there already: nothing to do, refused naming them all (it named the first).
     fake = Fake(fail=set())
     fake.placement.update(a="n2", b="n2")
-    with pytest.raises(InvalidInput, match="already runs on node 'n2'"):
+    with pytest.raises(InvalidInput) as refused:
         fake.group(["a", "b"])
+    assert refused.value.message == (
+        "every PE of p/{a,b} already runs on node 'n2': nothing to migrate"
+    )
+    assert refused.value.received == "a on n2, b on n2" and refused.value.hint
     assert fake.calls == []
