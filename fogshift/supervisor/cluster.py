@@ -643,9 +643,22 @@ def _up_claimed(
         dead = [n for n, p in cluster.nodes.items() if not p.runs()]
         if cluster.orchestrator.runs():
             if not dead:
+                running = ", ".join(cluster.nodes)
+                # (Nodes asked for that it lacks went unmentioned: they are not added.)
+                missing = [n for n in nodes if n not in cluster.nodes]
                 raise AlreadyUp(
-                    f"a fogshift cluster is already up under {str(home)!r}",
-                    hint="`fogshift down` first, or use another --home",
+                    f"a fogshift cluster is already up under {str(home)!r}, with nodes "
+                    f"{running}"
+                    + (
+                        f"; {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                        "among them, and a running cluster takes no new node"
+                        if missing
+                        else ""
+                    ),
+                    expected="a home where no cluster is up",
+                    received=f"a cluster up with nodes {running}",
+                    hint="`fogshift down` first (pipelines, checkpoints and outputs are "
+                    "kept), then `fogshift up --nodes` with every node; or use another --home",
                 )
             # Some nodes died (killed, crashed): start them again, as they were started.
             return restart_nodes(home, cluster, dead, timeout_s, say)

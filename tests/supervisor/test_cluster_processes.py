@@ -288,3 +288,24 @@ def test_an_up_ended_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
         for proc in ours():
             with contextlib.suppress(psutil.Error):
                 proc.kill()
+
+
+def test_up_over_a_running_cluster_says_which_nodes_run_and_which_it_lacks(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # `up --nodes cloud,fog-a,fog-b` over a running cloud+fog-b cluster said only "already
+    # up": fog-a was silently not started.
+    from fogshift.supervisor.exceptions import AlreadyUp
+
+    running = ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"})
+    token_file(tmp_path).write_text("secret\n")
+    save_cluster(tmp_path, ClusterFile(orchestrator=running, broker=None,
+                                       nodes={"cloud": running, "fog-b": running},
+                                       broker_url="nats://127.0.0.1:9"))  # fmt: skip
+    with pytest.raises(AlreadyUp) as refused:
+        cluster_ops.up(tmp_path, ["cloud", "fog-a", "fog-b"])
+    assert refused.value.message.endswith(
+        "with nodes cloud, fog-b; fog-a is not among them, and a running cluster takes no new node"
+    )
+    assert refused.value.received == "a cluster up with nodes cloud, fog-b"
+    assert sleeper.poll() is None  # nothing stopped
