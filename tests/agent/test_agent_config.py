@@ -119,11 +119,26 @@ def test_serve_agent_takes_what_it_is_not_given_from_the_settings(
     assert [kw["timeout_keep_alive"] for kw in served] == [SERVER_KEEP_ALIVE_S] * 2
 
 
+def recorded_up(started: list[object]) -> Any:
+    """A stand-in for ``cluster_ops.up`` that records its arguments in ``started`` and
+    answers as a cluster of node ``a``."""
+    from fogshift.supervisor.cluster import ClusterFile, ProcessInfo
+
+    node = ProcessInfo(pid=1, pgid=1, url="http://127.0.0.1:9")
+
+    def up(*args: object, **kwargs: object) -> ClusterFile:
+        started.append(args)
+        return ClusterFile(orchestrator=node, broker=None, nodes={"a": node},
+                           broker_url="nats://127.0.0.1:9")  # fmt: skip
+
+    return up
+
+
 def test_up_refuses_a_bad_setting_in_the_environment_before_starting_anything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started: list[object] = []
-    monkeypatch.setattr(cluster_ops, "up", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setattr(cluster_ops, "up", recorded_up(started))
     monkeypatch.setenv("FOGSHIFT_TRIGGER_MS", "3")
     result = CliRunner().invoke(app, ["up", "--home", str(tmp_path), "--nodes", "a"])
     assert isinstance(result.exception, InvalidInput) and started == []
@@ -152,7 +167,7 @@ def test_up_refuses_a_bad_option_before_starting_anything(
     # Each reaches a service's command line; the service died on it at start-up, and `up`
     # waited its whole timeout to say the node did not become healthy.
     started: list[object] = []
-    monkeypatch.setattr(cluster_ops, "up", lambda *args, **kwargs: started.append(args))
+    monkeypatch.setattr(cluster_ops, "up", recorded_up(started))
     result = CliRunner().invoke(app, ["up", "--home", str(tmp_path), "--nodes", "a", option, value])
     assert isinstance(result.exception, InvalidInput) and started == []
     assert result.exception.message == f"option {option} is not a valid {field}"
