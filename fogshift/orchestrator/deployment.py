@@ -199,18 +199,14 @@ class Deployment(Journal):
             report = node.report
             listed, moved = report.elements, []
             if not self.healthy(node):
-                here = [
-                    e for e in report.elements if placed.get((e.pipeline, e.element)) == node.name
-                ]
-                moved = [
-                    f"last heard running {e.pipeline}/{e.element}, which runs on "
-                    f"{placed[(e.pipeline, e.element)]} now"
-                    if (e.pipeline, e.element) in placed
-                    else f"last heard running {e.pipeline}/{e.element}, which is no longer deployed"
-                    for e in report.elements
-                    if e not in here
-                ]
-                listed = here
+                listed = []
+                for e in report.elements:
+                    now = placed.get((e.pipeline, e.element))
+                    if now == node.name:
+                        listed.append(e)
+                    else:
+                        where = f"runs on {now} now" if now else "is no longer deployed"
+                        moved.append(f"last heard running {e.pipeline}/{e.element}, which {where}")
             out.append(
                 NodeView(
                     name=node.name,
