@@ -301,7 +301,13 @@ def migrate(
         report.rolled_back, report.epoch = undone.resumed, undone.epoch
         if undone.notes:
             report.error = "; ".join([report.error, *undone.notes])
-        if report.rolled_back:
+        if report.rolled_back and undone.halted:
+            outcome = "was rolled back"
+            hint = (
+                f"{element.id} is on {origin_name} as before, {undone.halted}: `fogshift "
+                "restore` it if its node is at fault, else mend it and `fogshift deploy` again"
+            )
+        elif report.rolled_back:
             outcome = "was rolled back"
             hint = f"{element.id} runs on {origin_name} again (epoch {report.epoch})"
         else:
@@ -737,14 +743,17 @@ class Rollback:
     """What :func:`roll_back` achieved.
 
     Attributes:
-        resumed: The origin runs again.
+        resumed: The origin runs again (its gate open, or restarted).
         epoch: The epoch it runs under (new if the PE had to be fenced).
         notes: What went wrong on the way, for the report.
+        halted: The state (and error) the resumed origin said it is in, if it does not
+            run for all that (failed, fenced or stopped before the migration began).
     """
 
     resumed: bool
     epoch: int
     notes: list[str] = field(default_factory=list)
+    halted: str | None = None
 
 
 def roll_back(
@@ -785,7 +794,14 @@ def roll_back(
                     pipeline, element.id, target_name, _said(exc))  # fmt: skip
     try:
         if fence is None or (target_stopped and not unanswered):
-            origin_agent.post(path + "/resume")
+            said = origin_agent.post(path + "/resume")
+            # Its gate is open again, but a query that had failed (a processor that breaks
+            # on every restart) or was fenced does not run for that: said so, not "runs on
+            # the origin again" (the pause of a failed query is what failed).
+            state = said.get("state") if isinstance(said, dict) else None
+            if state in (PEState.FAILED, PEState.FENCED, PEState.STOPPED):
+                result.halted = f"{state} ({said.get('error')})"
+                result.notes.append(f"the origin on {origin_name} is {result.halted}")
         else:
             _restart_fenced(element, origin, path, fence, result)
     except Exception as exc:

@@ -70,8 +70,15 @@ class Coordination(Scaling):
         element_id: str,
         target: str,
         mode: MigrationMode = MigrationMode.PRECOPY,
+        *,
+        group: str | None = None,
     ) -> MigrationReport:
         """Live-migrate a running PE to ``target`` (see :mod:`fogshift.migration.procedure`).
+
+        ``group``: the group migration this move is part of (or moves back); ``None``: a
+        single migration, asked of this PE, which supersedes the unfinished group
+        migrations holding it that another orchestrator left (see
+        :meth:`Registry.supersede_groups`) once it begins.
 
         Raises:
             UnknownPipeline / UnknownElement / UnknownNode: A name does not exist.
@@ -87,7 +94,9 @@ class Coordination(Scaling):
         self._refuse_current_node(record, element_id, target, "migrate")
         if mode == MigrationMode.HANDOVER:
             _refuse_handover(pipeline, element)
-        self._usable_node(target, f"migrate {pipeline}/{element_id} to")
+        self._usable_node(
+            target, f"migrate {pipeline}/{element_id} to", record.placement[element_id]
+        )
         with self._exclusive(pipeline, element_id, "migration"):
             # Afresh: a restore or migration that just ended may have moved the PE, a stop
             # that just ended stopped it.
@@ -102,6 +111,10 @@ class Coordination(Scaling):
                 OperationKind.MIGRATION, pipeline, element_id, origin, target, self.run_id,
                 "preparing",
             )  # fmt: skip
+            if group is None:
+                self._supersede_groups(
+                    pipeline, element_id, f"a migration of {element_id} to {target}"
+                )
             try:
                 self.permissions.sync(self.registry)  # the target may read and, later, write
             except BrokerError as exc:
@@ -205,7 +218,7 @@ class Coordination(Scaling):
         )
         outcome = "failed"
         try:
-            report = self._move_pes(pipeline, element_ids, target, mode, there)
+            report = self._move_pes(pipeline, element_ids, target, mode, there, group_id)
             outcome = report.status
             return report
         except FogshiftError as exc:
@@ -222,12 +235,13 @@ class Coordination(Scaling):
         target: str,
         mode: MigrationMode,
         there: list[str],
+        group: str,
     ) -> GroupMigrationReport:
-        """:meth:`migrate_group`'s moves once it is checked and journaled."""
+        """:meth:`migrate_group`'s moves once it is checked and journaled as ``group``."""
         moved: list[MigrationReport] = []
         try:
             for element_id in (e for e in element_ids if e not in there):
-                moved.append(self.migrate(pipeline, element_id, target, mode))
+                moved.append(self.migrate(pipeline, element_id, target, mode, group=group))
         except FogshiftError as exc:
             failed = getattr(exc, "report", None)
             if not moved and not isinstance(failed, MigrationReport):
@@ -239,7 +253,9 @@ class Coordination(Scaling):
             undone, problems = [], [f"{exc.message}"]
             for report in reversed(moved):  # latest first: the way they came
                 try:
-                    undone.append(self.migrate(pipeline, report.element, report.origin, mode))
+                    undone.append(
+                        self.migrate(pipeline, report.element, report.origin, mode, group=group)
+                    )
                 except FogshiftError as back:
                     problems.append(f"moving {report.element} back failed: {back.message}")
             # Rolled back only if the PE that failed runs where it ran too (its own
@@ -284,6 +300,14 @@ class Coordination(Scaling):
             placement={e: placement[e] for e in element_ids},
             already_there=already_there,
         )
+
+    def _supersede_groups(self, pipeline: str, element_id: str, by: str) -> None:
+        """End the unfinished group migrations other orchestrators left that hold the PE:
+        a migration or restore the user asks of it now is what stands (a carry-on of such
+        a group moved the PE back to the group's target)."""
+        for group_id in self.registry.supersede_groups(pipeline, element_id, by, self.run_id):
+            log.warning("group migration %s of %s is not carried on: superseded by %s",
+                        group_id, pipeline, by)  # fmt: skip
 
     def _refuse_current_node(
         self, record: PipelineRecord, element_id: str, node: str, what: str
@@ -390,6 +414,10 @@ class Coordination(Scaling):
         :mod:`fogshift.restoration.standby`); if that fails, the standby is dropped and the
         PE restored from its checkpoint as below.
 
+        A restore naming its ``target`` (the user's) supersedes the unfinished group
+        migrations holding the PE that another orchestrator left, as a single migration
+        does (see :meth:`migrate`).
+
         If every attempt fails while the PE's own node is healthy, the PE is started again
         there — from its own checkpoint, under a newer epoch than every attempt's — so it
         never stays fenced with nobody writing; the error says so.
@@ -405,7 +433,9 @@ class Coordination(Scaling):
         element = self._element(record, element_id)
         if target is not None:
             self._refuse_current_node(record, element_id, target, "restore")
-            self._usable_node(target, f"restore {pipeline}/{element_id} on")
+            self._usable_node(
+                target, f"restore {pipeline}/{element_id} on", record.placement[element_id]
+            )
         with self._exclusive(pipeline, element_id, "restore"):
             # Afresh: a migration or restore that just ended may have moved the PE.
             record = self.pipeline(pipeline)
@@ -425,6 +455,10 @@ class Coordination(Scaling):
                     expected=f"{pipeline}/{element_id} placed on {lost!r}",
                     received=f"placed on {current!r}",
                     hint="nothing to do: another operation moved it",
+                )
+            if target is not None:  # (the user's, naming where: the reconciler's name none)
+                self._supersede_groups(
+                    pipeline, element_id, f"a restore of {element_id} on {target}"
                 )
             attempts: list[RestoreAttempt] = []
             standby = self.registry.standby(pipeline, element_id)

@@ -117,8 +117,9 @@ class Journal(Replication):
             # Not there or its node is silent: the reconciler restarts or restores it.
             log.warning("recovery: the gate of %s on %s not opened: %s", here, node, exc.message)
 
-    def _usable_node(self, name: str, what: str) -> NodeRecord:
-        """Node ``name``, known, healthy and ready, to ``what`` (e.g. "restore p/e on").
+    def _usable_node(self, name: str, what: str, leaving: str | None = None) -> NodeRecord:
+        """Node ``name``, known, healthy and ready, to ``what`` (e.g. "restore p/e on");
+        ``leaving``: the node the PE leaves, not offered instead.
 
         Raises:
             UnknownNode: It never registered.
@@ -132,9 +133,22 @@ class Journal(Replication):
                 received=repr(name),
             )
         if not self.healthy(node) or not node.report.ready:
+            silent = time.time() - node.last_seen
+            usable = [
+                n.name
+                for n in self.registry.nodes()
+                if n.name not in (name, leaving) and self.healthy(n) and n.report.ready
+            ]
             raise Unavailable(
                 f"cannot {what} node {name!r}: it is not healthy",
-                hint="choose another node; `fogshift nodes` shows node health",
+                expected=f"a node heard within {self.config.node_timeout_s:g} s, its Spark "
+                "session ready",
+                received=f"{name!r} last heard {silent:.0f} s ago"
+                if not self.healthy(node)
+                else f"{name!r} heard, its Spark session not ready yet (starting)",
+                hint=f"choose another node ({', '.join(usable)} healthy now)"
+                if usable
+                else "no node is healthy now: `fogshift nodes` shows why",
             )
         return node
 

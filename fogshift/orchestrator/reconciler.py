@@ -58,6 +58,9 @@ SCALE_HELD_UP = (Unavailable, BrokerError, Conflict)
 #: An instance of a stopped pipeline counts as left running only in a heartbeat that came
 #: this long after the stop (one sent before the stop's removal may arrive after it).
 STOPPED_HEARD_S = 2.0
+#: An instance in one of these states never writes again by itself: placed, under the PE's
+#: newest epoch, with no operation under way, it is started again (:meth:`Reconciler._mend`).
+HALTED = (PEState.FENCED, PEState.STOPPED)
 #: A PE whose restart failed is tried again after twice as many reconcile rounds each time,
 #: at most this long apart: each try fences anew (a new epoch, a fence marker in its
 #: stream), and a node that refuses the start every round grew the stream and the epochs
@@ -687,9 +690,9 @@ class Reconciler(Coordination):
         reported = node.report.element(pipeline, element_id)
         newest = self.registry.epoch(pipeline, element_id)
         stale = stale_inputs(reported, record.spec.element(element_id))
-        fenced = reported is not None and reported.state == PEState.FENCED
+        halted = reported is not None and reported.state in HALTED
         if reported is not None and not (
-            reported.gated or reported.epoch < newest or stale or fenced
+            reported.gated or reported.epoch < newest or stale or halted
         ):
             self._restart_backoff.pop(key, None)
             return
@@ -836,14 +839,16 @@ class Reconciler(Coordination):
                         list(element.inputs))  # fmt: skip
             self.drop_standby(self.registry.standby(pipeline, element.id))
             self._restart_fenced(pipeline, element, element.node)
-        elif info.state == PEState.FENCED and info.epoch >= newest:
-            # Fenced under the PE's newest epoch where it is placed, with no operation under
-            # way: nobody writes. A promotion that fenced under its standby's epoch (above
-            # the PE's own), then failed with no node to restore on, leaves it so: started
-            # again under an epoch above every one given, fenced first.
-            log.warning("reconcile: %s/%s on %s is fenced with no operation under way: "
+        elif info.state in HALTED and info.epoch >= newest:
+            # Fenced, or stopped, under the PE's newest epoch where it is placed, with no
+            # operation under way: nobody writes. A promotion that fenced under its
+            # standby's epoch (above the PE's own), then failed with no node to restore on,
+            # leaves it fenced; a stop on the node whose clean-up raised (a disk error in
+            # the agent's home) leaves it stopped, still hosted. Started again under an
+            # epoch above every one given, fenced first.
+            log.warning("reconcile: %s/%s on %s is %s with no operation under way: "
                         "starting it again under a new epoch", pipeline, element.id,
-                        element.node)  # fmt: skip
+                        element.node, info.state)  # fmt: skip
             self._restart_fenced(pipeline, element, element.node)
         elif info.epoch < newest:
             # The newest epoch was given to an instance elsewhere (a restore whose target

@@ -725,6 +725,26 @@ class Registry:
                 (outcome, time.time(), group_id),
             )
 
+    def supersede_groups(self, pipeline: str, element: str, by: str, owner: str) -> list[str]:
+        """End the unfinished group migrations of ``pipeline`` that hold ``element`` and that
+        other orchestrators than ``owner`` left, as ``superseded by {by}``: a carry-on of
+        one must not move the PE back where the user no longer wants it (a single migration
+        or restore asked of it since). Return their ids."""
+        now = time.time()
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT id, elements FROM groups WHERE pipeline = ? AND outcome IS NULL "
+                "AND owner != ?",
+                (pipeline, owner),
+            ).fetchall()
+            ended = [group_id for group_id, named in rows if element in named.split(",")]
+            for group_id in ended:
+                db.execute(
+                    "UPDATE groups SET outcome = ?, updated = ? WHERE id = ?",
+                    (f"superseded by {by}", now, group_id),
+                )
+        return ended
+
     def unfinished_groups(self) -> list[GroupEntry]:
         """Group migrations without an outcome, oldest first."""
         with self._lock:

@@ -150,6 +150,34 @@ def test_a_pause_that_gives_up_is_answered_by_the_agent_not_cut_off_by_the_clien
     assert "cannot be reached" not in (report.error or ""), report
 
 
+@pytest.mark.parametrize("origin_state", ["failed", "running"])
+def test_a_migration_of_a_pe_whose_query_failed_does_not_say_it_runs_again(
+    origin_state: str,
+) -> None:
+    # The origin's query had failed (a processor that breaks on every restart): its pause
+    # was refused, the rollback opened its gate, and the hint said "runs on fog-a again".
+    with standins("fog-a", "fog-b") as agents:
+        error = "ValueError: no field 'value'"
+        refusal = {"code": "node_not_ready", "message": f"aggregate cannot pause: {error}"}
+        agents["fog-a"].answer("POST", HERE + "/pause", 409, refusal)
+        agents["fog-a"].answer("POST", HERE + "/resume", body={
+            "pipeline": "p", "element": "aggregate", "state": origin_state,
+            "error": error if origin_state == "failed" else None})  # fmt: skip
+        clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
+        with pytest.raises(MigrationFailed) as failed:
+            migrate("p", ELEMENT, ("fog-a", clients["fog-a"]), ("fog-b", clients["fog-b"]),
+                    MigrationMode.PRECOPY, timeout_s=5, steps=MigrationSteps())  # fmt: skip
+    report = failed.value.report  # type: ignore[attr-defined]
+    assert report.rolled_back, report  # (nothing changed: it ran nowhere else before)
+    hint = failed.value.hint or ""
+    if origin_state == "failed":
+        assert "runs on fog-a again" not in hint, hint
+        assert f"is on fog-a as before, failed ({error})" in hint, hint
+        assert f"the origin on fog-a is failed ({error})" in (report.error or ""), report
+    else:
+        assert hint == "aggregate runs on fog-a again (epoch 1)", hint
+
+
 def test_a_literal_start_that_got_no_answer_is_fenced_out_not_trusted_discarded() -> None:
     # The target's start request timed out; the rollback's discard then found nothing (the
     # agent took it first) and the origin was resumed under the same epoch: the start,

@@ -59,7 +59,10 @@ class Fake:
     def _usable_node(self, name: str, what: str) -> None:
         pass
 
-    def migrate(self, pipeline: str, element: str, target: str, mode: MigrationMode) -> Any:
+    def migrate(
+        self, pipeline: str, element: str, target: str, mode: MigrationMode, *, group: str
+    ) -> Any:
+        assert group in self.journal, "a group's move not named its own: it superseded it"
         self.calls.append((element, target))
         origin = self.placement[element]
         report = MigrationReport(pipeline=pipeline, element=element, origin=origin,
@@ -142,7 +145,9 @@ def test_a_group_whose_first_pe_is_refused_before_any_move_is_refused_as_such() 
     from fogshift.migration.exceptions import MigrationInProgress
 
     class Busy(Fake):
-        def migrate(self, pipeline: str, element: str, target: str, mode: MigrationMode) -> Any:
+        def migrate(
+            self, pipeline: str, element: str, target: str, mode: MigrationMode, *, group: str
+        ) -> Any:
             self.calls.append((element, target))
             raise MigrationInProgress(f"{pipeline}/{element} is being migrated")
 

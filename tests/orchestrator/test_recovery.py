@@ -486,6 +486,28 @@ def test_a_pe_behind_its_newest_epoch_is_started_again_under_a_new_one_fenced(
     assert len(fenced) == 1 and orch.registry.epoch("p", "aggregate") == 3  # marker first
 
 
+@pytest.mark.parametrize("state", ["fenced", "stopped"])
+def test_a_pe_halted_under_its_newest_epoch_is_started_again_under_a_new_one_fenced(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    # Stopped: a stop on the node whose clean-up raised (a disk error) left the instance
+    # hosted and STOPPED under the newest epoch; the reconciler took it for current, and
+    # nobody wrote for good. (Fenced: a promotion that fenced, then failed.)
+    fenced: list[object] = []
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30: fenced.append(make) or 9)
+    beat(orch, agents, {"cloud": [hosted("source"), hosted("sink")],
+                        "fog-a": [{**hosted("aggregate"), "state": state}]})  # fmt: skip
+    agents["fog-a"].answer("GET", AGG + "/progress", body={**PE, "state": state, "epoch": 1})
+    orch.reconcile_once()
+    assert [(m, q) for n, m, p, q in calls(agents) if n == "fog-a" and p == AGG] == [
+        ("DELETE", {}),
+        ("PUT", {}),
+    ]
+    put = agents["fog-a"].received("PUT", AGG)[0].body
+    assert (put["epoch"], put["fresh"]) == (2, False)
+    assert len(fenced) == 1 and orch.registry.epoch("p", "aggregate") == 2
+
+
 def test_a_pe_held_at_its_gate_with_no_operation_is_resumed(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
@@ -1011,6 +1033,60 @@ def test_a_group_left_done_or_refused_ends_and_a_stop_ends_it_too(
     orch.registry.set_status("p", PipelineState.STOPPING)
     assert orch.registry.group(left).outcome == "abandoned: the pipeline is stopping"  # type: ignore[union-attr]
     assert orch.recover_groups() == [] and len(asked) == 1
+
+
+def test_a_pes_own_migration_or_restore_supersedes_a_dead_orchestrators_group_holding_it(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A group a dead orchestrator left (the aggregate and the sink to cloud) was carried on
+    # by the next one's rounds after the user had moved the aggregate elsewhere: back it
+    # went, to the group's target.
+    from fogshift.broker.exceptions import BrokerError
+
+    def left(elements: list[str]) -> str:
+        return orch.registry.begin_group("p", elements, "cloud", "precopy", "dead0rchestr")
+
+    holding, other = left(["aggregate", "sink"]), left(["source"])
+
+    def refuse(registry: object) -> bool:  # (the migration ends once it has begun)
+        raise BrokerError("nats-server did not reload its config (test)")
+
+    monkeypatch.setattr(orch.permissions, "sync", refuse)
+    with pytest.raises(Unavailable):
+        orch.migrate("p", "aggregate", "fog-b")
+    assert orch.registry.group(holding).outcome == (  # type: ignore[union-attr]
+        "superseded by a migration of aggregate to fog-b"
+    )
+    assert [g.id for g in orch.registry.unfinished_groups()] == [other]  # (not holding it)
+    # A restore the user names a node for supersedes too; the reconciler's (none) does not.
+    holding = left(["aggregate"])
+    restored: list[list[str]] = []
+    monkeypatch.setattr(orch, "_restore_on", lambda *args: restored.append(args[3]) or "done")
+    assert orch.restore("p", "aggregate", lost="fog-a") == "done"  # type: ignore[comparison-overlap]
+    assert orch.registry.group(holding).outcome is None  # type: ignore[union-attr]
+    assert orch.restore("p", "aggregate", "fog-b") == "done"  # type: ignore[comparison-overlap]
+    assert orch.registry.group(holding).outcome == (  # type: ignore[union-attr]
+        "superseded by a restore of aggregate on fog-b"
+    )
+    assert restored[-1] == ["fog-b"]
+    assert [g.id for g in orch.registry.unfinished_groups()] == [other]
+
+
+def test_an_operation_onto_a_node_not_healthy_says_what_it_expected_and_the_healthy_ones(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It said only "it is not healthy": not since when, nor where else to go.
+    monkeypatch.setattr(orch, "healthy", lambda node: node.name != "fog-b")
+    for attempt in (lambda: orch.migrate("p", "aggregate", "fog-b"),
+                    lambda: orch.restore("p", "aggregate", "fog-b")):  # fmt: skip
+        with pytest.raises(Unavailable) as refused:
+            attempt()
+        error = refused.value
+        assert error.message.endswith("node 'fog-b': it is not healthy"), error.message
+        assert error.expected == "a node heard within 5 s, its Spark session ready"
+        assert (error.received or "").startswith("'fog-b' last heard "), error.received
+        assert error.hint == "choose another node (cloud healthy now)", error.hint
+    assert orch.pipeline("p").placement["aggregate"] == "fog-a"
 
 
 def test_an_unknown_pipeline_or_element_is_refused_with_what_came_and_a_guess(
