@@ -28,6 +28,7 @@ from fogshift.broker.permissions import (
     write_config,
 )
 from fogshift.common.waiting import wait_until
+from fogshift.events import BROKER_MAX_PAYLOAD, DEFAULT_MAX_RECORD_BYTES
 from fogshift.exceptions import FogshiftError, InvalidInput
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,42 @@ def _jetstream_ready(address: BrokerAddress) -> bool:
     finally:
         client.close()
     return True
+
+
+def check_external(address: BrokerAddress, timeout_s: float = 5.0) -> None:
+    """Check a broker fogshift does not start (``fogshift up --nats-url``) before anything
+    runs on it: it answers a JetStream request of ``address``'s user, and takes messages as
+    large as fogshift's records (:data:`~fogshift.events.BROKER_MAX_PAYLOAD`). One with a
+    smaller ``max_payload`` refused a record the PE had let through, and the agent, taking
+    that for broker trouble, retried its batch for good.
+
+    Raises:
+        BrokerUnavailable: It does not answer (or has no JetStream for the user).
+        InvalidInput: Its ``max_payload`` is smaller than fogshift's records need.
+    """
+    client = SyncJetStream(address, connect_timeout_s=timeout_s)
+    try:
+        try:
+            client.run(lambda js: js.account_info(), timeout=timeout_s)
+        except Exception as exc:
+            raise BrokerUnavailable(
+                f"the broker at {address.url} does not answer a JetStream request: "
+                f"{type(exc).__name__}: {exc}",
+                hint="start it (with JetStream enabled for the user given) before `fogshift "
+                "up`, or leave out --nats-url and let fogshift start its own",
+            ) from exc
+        largest = int(client.connection.max_payload)
+    finally:
+        client.close()
+    if largest < BROKER_MAX_PAYLOAD:
+        raise InvalidInput(
+            f"the broker at {address.url} takes messages of at most {largest:,} bytes",
+            expected=f"max_payload of at least {BROKER_MAX_PAYLOAD:,} bytes (a record is up "
+            f"to {DEFAULT_MAX_RECORD_BYTES:,} bytes, and its headers)",
+            received=f"max_payload {largest:,}",
+            hint="set `max_payload: 1MB` (or more) in that nats-server's config, or leave out "
+            "--nats-url and let fogshift start its own",
+        )
 
 
 @dataclass(frozen=True)

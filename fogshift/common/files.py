@@ -71,13 +71,16 @@ def make_private_dir(path: Path) -> Path:
 
     A new folder is created 0700 (its parents as the umask has them); an existing one of
     this user's that is wider is narrowed to 0700 (a home made by an older fogshift, or by
-    hand); one of another user's is left as it is.
+    hand); one of another user's is refused: its owner could rename and replace the files
+    written in it (the cluster file, whose orchestrator URL then took the operator's token
+    elsewhere), whatever their modes.
 
     Returns:
         ``path``.
 
     Raises:
-        InvalidInput: ``path``, or a folder above it, is a file.
+        InvalidInput: ``path``, or a folder above it, is a file; or it belongs to another
+            user.
     """
     try:
         path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
@@ -88,7 +91,14 @@ def make_private_dir(path: Path) -> Path:
             received=f"{next(p for p in (path, *path.parents) if p.exists())} is a file",
             hint="give another --home, or move that file away",
         ) from exc
-    found = path.stat()
-    if found.st_uid == os.geteuid() and stat.S_IMODE(found.st_mode) != PRIVATE_DIR_MODE:
+    found, me = path.stat(), os.geteuid()
+    if found.st_uid != me:
+        raise InvalidInput(
+            f"cannot use {str(path)!r} as a fogshift home: it belongs to another user",
+            expected=f"a folder of this user's (uid {me}), or a path where one can be made",
+            received=f"a folder of uid {found.st_uid}, mode {stat.S_IMODE(found.st_mode):o}",
+            hint="give a --home of your own, or have its owner hand it over (`chown`)",
+        )
+    if stat.S_IMODE(found.st_mode) != PRIVATE_DIR_MODE:
         os.chmod(path, PRIVATE_DIR_MODE)
     return path

@@ -339,7 +339,10 @@ class Coordination(Scaling):
         (A pipeline may declare nodes lost sooner than the orchestrator calls them
         unhealthy: ``recovery.detect_after_s`` from 2 s, ``node_timeout_s`` 5 s. A node
         lost to the pipeline but still "healthy" was a candidate: a PE restored there was
-        restored away from it the next round, fenced at every move.)"""
+        restored away from it the next round, fenced at every move.)
+
+        How busy a node is counts from the registry (:meth:`load`), not from its own
+        heartbeat."""
         record = self.registry.get_pipeline(pipeline)
         lost_after = record.spec.recovery.detect_after_s if record is not None else math.inf
         now = time.time()
@@ -352,9 +355,8 @@ class Coordination(Scaling):
             and now - n.last_seen <= lost_after
         ]
         planned = self.planned(pipeline, element_id).redeploy
-        ranked = sorted(
-            candidates, key=lambda n: (n.name != planned, len(n.report.elements), n.name)
-        )
+        busy = self.load()
+        ranked = sorted(candidates, key=lambda n: (n.name != planned, busy[n.name], n.name))
         return [n.name for n in ranked]
 
     def checkpoint_copies(

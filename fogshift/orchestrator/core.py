@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from fogshift.contracts import (
     Heartbeat,
     LeftCheckpoint,
     MigrationReport,
+    PipelineState,
     PlanView,
     ReplicaInfo,
     RestoreReport,
@@ -196,6 +198,17 @@ class OrchestratorCore:
 
     def node_names(self) -> list[str]:
         return [n.name for n in self.registry.nodes()]
+
+    def load(self) -> Counter[str]:
+        """How many instances the registry places on each node: the PEs of running
+        pipelines and the standbys. What ranks nodes for a restore or a standby, rather
+        than each node's own heartbeat: a node that reported no PE drew every one (and,
+        with it, the broker rights of each PE placed there)."""
+        busy = Counter(s.node for s in self.registry.standbys())
+        for record in self.registry.pipelines():
+            if record.status == PipelineState.RUNNING:
+                busy.update(record.placement.values())
+        return busy
 
     def agent(self, name: str) -> ServiceClient:
         """A client for node ``name``'s agent."""

@@ -85,7 +85,8 @@ class Standbys(Deployment):
     def standby_node(self, record: PipelineRecord, element: ElementSpec) -> str | None:
         """Where the PE's standby should be started now (``None``: none wanted, or no node
         can take it): the spec's node, or with ``planned`` the planner's redeploy node, else
-        the healthy node running the fewest PEs — never the PE's own node. While the PE runs
+        the healthy node the registry places the fewest PEs and standbys on — never the
+        PE's own node. While the PE runs
         on the spec's node (its standby there was promoted), as with ``planned``: it had no
         standby at all after its first promotion."""
         wanted = record.spec.recovery.standby
@@ -96,9 +97,8 @@ class Standbys(Deployment):
             return wanted if self._ready(self.registry.node(wanted)) else None
         candidates = [n for n in self.registry.nodes() if n.name != current and self._ready(n)]
         planned = self.planned(record.name, element.id).redeploy
-        ranked = sorted(
-            candidates, key=lambda n: (n.name != planned, len(n.report.elements), n.name)
-        )
+        busy = self.load()  # (the registry's count, not each node's own: see load)
+        ranked = sorted(candidates, key=lambda n: (n.name != planned, busy[n.name], n.name))
         return ranked[0].name if ranked else None
 
     # -- keeping them -----------------------------------------------------------------------

@@ -94,7 +94,7 @@ def _describe(exc: BaseException) -> str:
     """``Type: message`` of an exception, even one whose ``__str__`` raises."""
     try:
         text = str(exc)
-    except Exception:  # a user exception class with a broken __str__ still has a type
+    except _EVENT_FAILURES:  # a user exception class whose __str__ raises (or exits)
         text = "<unprintable>"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -227,7 +227,7 @@ def _as_reason(reason: object) -> str:
     else:
         try:
             text = str(reason)
-        except Exception:  # a user object whose __str__ raises still has a type
+        except _EVENT_FAILURES:  # a user object whose __str__ raises (or exits)
             text = f"<unprintable {type(reason).__name__}>"
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
@@ -341,7 +341,10 @@ def _call(
             except DeadLetter as exc:
                 # (A subclass whose __init__ set no reason: its message, not an
                 # AttributeError that failed the batch at every retry.)
-                reason = getattr(exc, "reason", exc)
+                try:
+                    reason = getattr(exc, "reason", exc)
+                except _EVENT_FAILURES:  # (a subclass's property that raises)
+                    reason = exc
                 touched = not processor.dead_letters_change_nothing
                 raise _Rejected(reason, touched=touched) from exc
             except _EVENT_FAILURES as exc:

@@ -169,7 +169,9 @@ class ElementSpec(BaseModel):
     id: str = Field(pattern=_NAME)
     kind: str
     node: str = Field(pattern=_NAME)
-    inputs: tuple[str, ...] = ()
+    # (Checked here too, not only against the spec's element ids: an agent takes an element
+    # from a request, and each input names the subjects and stream it reads.)
+    inputs: tuple[Annotated[str, Field(pattern=_NAME)], ...] = ()
     # Serialized as what it is: a field typed ElementSpec holds a kind's element, whose
     # options the base model does not know.
     options: SerializeAsAny[KindOptions]
@@ -178,7 +180,7 @@ class ElementSpec(BaseModel):
         default=None, min_length=1, max_length=MAX_PARTITIONS
     )
     partition: Partition | None = None
-    merged: tuple[tuple[str, ...], ...] = ()
+    merged: tuple[tuple[Annotated[str, Field(pattern=_NAME)], ...], ...] = ()
     event_timeout_s: float | None = Field(
         default=None, ge=MIN_EVENT_TIMEOUT_S, le=MAX_EVENT_TIMEOUT_S, strict=True
     )

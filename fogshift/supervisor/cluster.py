@@ -32,7 +32,13 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.broker.server import DEFAULT_SYNC, check_sync, free_port, start_nats_server
+from fogshift.broker.server import (
+    DEFAULT_SYNC,
+    check_external,
+    check_sync,
+    free_port,
+    start_nats_server,
+)
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.files import PRIVATE_MODE, make_private_dir, write_atomic, write_private
 from fogshift.common.http import ServiceClient, is_loopback, node_token
@@ -575,6 +581,8 @@ def up(
     fog_text = FogTopology.read_text(topology) if topology is not None else None
     if isolate:
         require_support(need_tc=any(p.bandwidth for p in profiles.values()))
+    if nats_url is not None:
+        check_external(BrokerAddress(url=nats_url, user=nats_user, password=nats_password))
     make_private_dir(home)
     with (
         exclusive(

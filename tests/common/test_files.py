@@ -97,3 +97,21 @@ def test_a_home_that_is_a_file_is_refused_with_what_was_expected(tmp_path: Path)
         assert refused.value.message.startswith(f"cannot use {str(path)!r} as a folder")
         assert refused.value.received == f"{afile} is a file"
         assert refused.value.hint == "give another --home, or move that file away"
+
+
+def test_a_home_of_another_user_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Left as it was (say 0777, made by someone else in /tmp): its owner could replace the
+    # cluster file written in it, and the next `fogshift status` sent the operator's token
+    # to the orchestrator URL it named.
+    from fogshift.common import files
+    from fogshift.exceptions import InvalidInput
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o777)
+    os.chmod(theirs, 0o777)
+    monkeypatch.setattr(files.os, "geteuid", lambda: os.getuid() + 1)  # (not the owner)
+    with pytest.raises(InvalidInput) as refused:
+        make_private_dir(theirs)
+    assert "belongs to another user" in refused.value.message
+    assert refused.value.received == f"a folder of uid {os.getuid()}, mode 777"
+    assert stat.S_IMODE(theirs.stat().st_mode) == 0o777  # (nothing changed)

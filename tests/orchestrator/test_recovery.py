@@ -675,6 +675,19 @@ def test_a_node_the_pipeline_counts_lost_is_no_restore_candidate(
         assert "fog-b" in orch.restore_candidates("p", "aggregate", {"fog-a"})
 
 
+def test_restore_candidates_are_ranked_by_what_the_registry_places_not_what_nodes_say(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cloud hosts the source and the sink but reports nothing: it ranked first (by name,
+    # among nodes that report no PE), and a node that lied so drew every restore.
+    beat(orch, agents, {})  # (no plan: no planned redeploy node)
+    assert orch.restore_candidates("p", "aggregate", {"fog-a"}) == ["fog-b", "cloud"]
+    # Standbys count too.
+    for element in ("source", "sink", "x"):
+        orch.registry.add_standby("p", element, "fog-b")
+    assert orch.restore_candidates("p", "aggregate", {"fog-a"}) == ["cloud", "fog-b"]
+
+
 def test_an_automatic_restore_of_a_pe_moved_meanwhile_changes_nothing(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:

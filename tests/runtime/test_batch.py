@@ -457,6 +457,21 @@ class NoReason(DeadLetter):
         Exception.__init__(self, what)
 
 
+class ExitsInStr(Exception):
+    def __str__(self) -> str:
+        raise SystemExit("a library exception whose text exits")
+
+
+class ReasonRaises(DeadLetter):
+    @property  # type: ignore[override]
+    def reason(self) -> str:
+        raise ValueError("no reason")
+
+    @reason.setter
+    def reason(self, value: str) -> None:
+        pass
+
+
 #: What processors have raised as a dead letter's reason besides text, and texts no UTF-8
 #: encoder takes (an input's lone surrogate quoted in a message): each failed its batch at
 #: every retry, in the reason's length or in Arrow.
@@ -472,6 +487,9 @@ ODD_REASONS: dict[str, Callable[[], BaseException]] = {
     "no reason": lambda: NoReason("missing v"),
     "sys.exit": lambda: SystemExit(3),
     "generator closed": lambda: GeneratorExit(),
+    # Two that escaped while their reason was written (the batch failed at every retry).
+    "exits in str": lambda: ExitsInStr(),
+    "reason raises": lambda: ReasonRaises("x"),
 }
 
 

@@ -286,3 +286,20 @@ def test_a_spec_that_is_no_mapping_says_what_it_is_and_where_to_start(
         parse_spec(data)
     text = err.value.render()
     assert f"received: {received}" in text and "examples/case1/case1.yaml" in text, text
+
+
+@pytest.mark.parametrize(
+    "names", [{"inputs": ["src.>"]}, {"inputs": ["a", "b"], "merged": [["a", "*"]]}]
+)
+def test_an_element_as_a_request_carries_it_refuses_inputs_that_are_no_names(
+    names: dict[str, list[Any]],
+) -> None:
+    # The agent takes an element from a request (PUT .../elements/E), not from a spec whose
+    # inputs the loader matched against its ids: each input names subjects and a stream it
+    # reads ("fs.p.src.>.data").
+    element = {"id": "own", "kind": "custom", "node": "fog-a",
+               "options": {"class": "procs:Mine"}, **names}  # fmt: skip
+    with pytest.raises(ValidationError, match="should match pattern"):
+        Deploy.model_validate({"element": element})
+    element.update(inputs=["src"], merged=[])
+    assert Deploy.model_validate({"element": element}).element.inputs == ("src",)

@@ -72,3 +72,45 @@ def test_an_external_broker_is_said_to_give_every_node_the_same_rights(tmp_path:
         up(tmp_path / "home", ["a"], on_progress=said.append,
            links={"a": LinkProfile(bandwidth="10mbit")})  # fmt: skip
     assert said == []  # its own broker: a user per node
+
+
+@pytest.mark.parametrize("max_payload", [64 * 1024, None])
+def test_an_external_broker_whose_messages_are_smaller_than_records_is_refused(
+    tmp_path: Path, max_payload: int | None
+) -> None:
+    # A record of 600 KB passed the PE's check (1 MiB less room for headers); the broker,
+    # at max_payload 512 KB, refused it, and the agent retried its batch for good.
+    import json
+    import subprocess
+
+    from fogshift.broker.client import BrokerAddress
+    from fogshift.broker.exceptions import BrokerUnavailable
+    from fogshift.broker.server import _jetstream_ready, check_external, nats_server_binary
+    from fogshift.common.waiting import wait_until
+
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f'listen: 127.0.0.1:-1\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+        + ("" if max_payload is None else f"max_payload: {max_payload}\n")
+    )
+    proc = subprocess.Popen([nats_server_binary(), "-c", str(config), "--ports_file_dir",
+                             str(tmp_path)], stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        ports = wait_until(lambda: next(tmp_path.glob("*.ports"), None), 10,
+                           describe="nats-server's ports file")  # fmt: skip
+        url = json.loads(ports.read_text())["nats"][0]
+        wait_until(lambda: _jetstream_ready(BrokerAddress(url)) or None, 10,
+                   describe="the broker's JetStream")  # fmt: skip
+        if max_payload is None:
+            check_external(BrokerAddress(url))  # (nats-server's default, 1 MiB: taken)
+        else:
+            with pytest.raises(InvalidInput) as refused:
+                up(tmp_path / "home", ["a"], nats_url=url, on_progress=lambda _: None)
+            assert refused.value.received == "max_payload 65,536"
+            assert "max_payload: 1MB" in (refused.value.hint or "")
+            assert not (tmp_path / "home").exists()  # refused before anything was made
+    finally:
+        proc.terminate()
+        proc.wait()
+    with pytest.raises(BrokerUnavailable, match="does not answer"):
+        check_external(BrokerAddress(url), timeout_s=0.5)
