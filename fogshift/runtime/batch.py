@@ -70,7 +70,7 @@ from fogshift.events import (
     load_body,
     oversize,
 )
-from fogshift.runtime.api import Processor, encode_state
+from fogshift.runtime.api import ProcessingElement, Processor, encode_state
 from fogshift.runtime.crashes import NO_WATCH, Watch
 from fogshift.runtime.exceptions import DeadLetter, ElementError
 
@@ -567,7 +567,8 @@ class _Batch(Generic[T]):
         if error is not None or not live:
             raise ElementError(
                 f"{self.who} has a state that cannot be encoded ({error or 'whatever its events'})",
-                hint="snapshot() must return JSON values and finite numbers only",
+                hint="snapshot() must return JSON values and finite numbers only, and "
+                "restore() take them back",
             )
         low, high = 0, len(live)  # the state after live[:low] encodes, after live[:high] not
         while high - low > 1:
@@ -580,6 +581,7 @@ class _Batch(Generic[T]):
         return live[high - 1], (
             f"processor {self.pe!r} was left with a state that cannot be encoded "
             f"({error}); state holds JSON values and finite numbers only"
+            + (", and reads back as it is" if "snapshot() returned" in (error or "") else "")
         )
 
     def _settle(self, upto: int) -> tuple[Processor, bool]:
@@ -596,7 +598,7 @@ class _Batch(Generic[T]):
         while True:
             try:
                 processor = self._replay(upto)
-                text = encode_state(processor.snapshot())
+                text = _state_text(processor)
             except _ReplayFailed as failed:
                 culprit, reason = (
                     failed.index,
@@ -638,6 +640,8 @@ class _Batch(Generic[T]):
                     i = self.good_at
                 i += 1
             try:
+                if _own_snapshot(processor):  # (declared fields: see _state_text)
+                    _state_text(processor)
                 final = self.finish(processor)
                 break
             except Exception as exc:
@@ -653,11 +657,43 @@ class _Batch(Generic[T]):
         return [record for result in self.results for record in result or ()], final
 
 
+def _own_snapshot(processor: Processor) -> bool:
+    """Whether the processor's class has a ``snapshot()`` of its own (its state one blob)."""
+    return type(processor).snapshot is not ProcessingElement.snapshot
+
+
+def _state_text(processor: Processor) -> str:
+    """The processor's state as it is stored; with a ``snapshot()`` of its own, read back
+    first: ``restore()`` given it (decoded) must take it, and the processor must then store
+    the same text. Declared fields read back by :func:`encode_state`'s own check; a
+    snapshot of its own may not (ids written as text that ``restore()`` turns into ints,
+    and one event's text id): the state was stored, and every later rebuild from it (an
+    event undone, a restart, a move) failed for good. Afterwards the processor holds the
+    state read back (the same, as checked); if the check fails, what it holds is not to be
+    used (the callers rebuild from the known-good state).
+
+    Raises:
+        ValueError: The state cannot be encoded, or does not read back as it is.
+    """
+    text = encode_state(processor.snapshot())
+    if _own_snapshot(processor):
+        try:
+            processor.restore(json.loads(text))
+            again = encode_state(processor.snapshot())
+        except _EVENT_FAILURES as exc:
+            raise ValueError(
+                f"its restore() refuses what its snapshot() returned ({_describe(exc)})"
+            ) from exc
+        if again != text:
+            raise ValueError("restored from what its snapshot() returned, it stores another state")
+    return text
+
+
 def _unencodable(processor: Processor) -> str | None:
-    """Why the processor's snapshot cannot be encoded, or ``None`` if it can."""
+    """Why the processor's state cannot be stored (:func:`_state_text`), or ``None``."""
     try:
-        encode_state(processor.snapshot())
-    except Exception as exc:  # snapshot() itself may raise, like the encoding
+        _state_text(processor)
+    except _EVENT_FAILURES as exc:  # snapshot() itself may raise, like the encoding
         return _describe(exc)
     return None
 

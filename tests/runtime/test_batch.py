@@ -447,6 +447,47 @@ def test_a_state_that_would_not_read_back_as_it_is_makes_its_event_a_dead_letter
     assert final == {"counts": {"7": 3}}
 
 
+class Ids(Processor):
+    """Counts by id, ids ints: its own snapshot() writes them as text, and its restore()
+    turns them back into ints."""
+
+    def __init__(self, options: Any, element_id: str = "") -> None:
+        super().__init__(options, element_id)
+        self.counts: dict[Any, int] = {}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"counts": {str(k): v for k, v in self.counts.items()}}
+
+    def restore(self, snapshot: Mapping[str, Any] | None) -> None:
+        self.counts = {} if snapshot is None else {int(k): v for k, v in snapshot["counts"].items()}
+
+    def process(self, event: Event) -> Any:
+        if event.body.get("raise"):
+            raise ValueError("told to")
+        self.counts[event.body["id"]] = self.counts.get(event.body["id"], 0) + 1
+        return {"n": sum(self.counts.values())}
+
+
+def test_an_event_after_which_a_state_of_its_own_does_not_read_back_is_a_dead_letter() -> None:
+    # The text id "x" was stored as the state "x"; every rebuild from it (an event undone
+    # in the next batch, a restart, a move) raised in restore(): the PE failed for good.
+    build = lambda resume: Ids.build({}, "ids", resume)  # noqa: E731
+    rows = [row(1, id=1), row(2, id="x"), row(3, id=2)]
+    finish = lambda p: json.loads(encode_state(p.snapshot()))  # noqa: E731
+    records, final = run_batch(build, lambda: None, rows, finish=finish, pe="ids")
+    events, dead = split(records)
+    assert list(dead) == [2] and "its restore() refuses what its snapshot() returned" in dead[2]
+    assert "reads back as it is" in dead[2]
+    assert [json.loads(body)["n"] for _, _, body in events] == [1, 2]
+    assert final == {"counts": {"1": 1, "2": 1}}
+    # The next batch, whose event is undone, rebuilds from it.
+    stored = json.dumps(final)
+    rows = [row(4, id=1), row(5, id=3, **{"raise": True})]
+    records, final = run_batch(build, lambda: json.loads(stored), rows, finish=finish, pe="ids")
+    events, dead = split(records)
+    assert list(dead) == [5] and final == {"counts": {"1": 2, "2": 1}}
+
+
 class Unprintable:
     def __str__(self) -> str:
         raise RuntimeError("no text")
