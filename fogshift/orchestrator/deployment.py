@@ -63,6 +63,7 @@ from fogshift.spec.loader import (
     output_file,
     parse_spec,
     require_absolute_paths,
+    same_file,
     validate_spec,
 )
 from fogshift.spec.models import ElementSpec, PipelineSpec, partition_of_key
@@ -393,10 +394,11 @@ class Deployment(Journal):
         reads (the deploy would empty a running source's input), and a source reading a file
         a running pipeline's sink writes (torn lines): within one spec the loader refuses
         all three."""
-        mine = {output_file(e): e.id for e in spec.elements if output_file(e) is not None}
-        reads = {input_file(e): e.id for e in spec.elements if input_file(e) is not None}
+        # (Compared as files, not names: a hard link is one file under two names.)
+        mine = {same_file(p): e.id for e in spec.elements if (p := output_file(e)) is not None}
+        reads = {same_file(p): e.id for e in spec.elements if (p := input_file(e)) is not None}
         home = Path(self.config.home).resolve()
-        for path, element_id in mine.items():
+        for path, element_id in ((output_file(e), e.id) for e in spec.elements):
             # A deploy empties its sinks' files: one of the cluster's own (its token, its
             # registry, a node's checkpoints) would break the cluster.
             where = Path(path).resolve() if path is not None else None
@@ -435,10 +437,10 @@ class Deployment(Journal):
                      "(its output is then replaced)"),
                 )  # fmt: skip
                 for path, ours, doing, role, does, expected, hint in clashes:
-                    if path is not None and path in ours:
+                    if path is not None and (clash := ours.get(same_file(path))) is not None:
                         what, verb = doing.split()
                         raise InvalidSpec(
-                            f"{what} {ours[path]!r} of pipeline {spec.pipeline!r} {verb} "
+                            f"{what} {clash!r} of pipeline {spec.pipeline!r} {verb} "
                             f"{path!r}, which {role} {element.id!r} of running pipeline "
                             f"{other.name!r} {does}",
                             expected=expected,

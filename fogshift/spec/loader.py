@@ -757,17 +757,29 @@ def input_file(element: ElementSpec) -> str | None:
     return str(Path(path).resolve()) if element.role == "source" and isinstance(path, str) else None
 
 
+def same_file(path: str) -> str:
+    """What tells whether two of the paths :func:`output_file` and :func:`input_file` give
+    are one file: its device and inode where it exists (a hard link or a bind mount is one
+    file under two names, which a resolved path does not tell), else the path itself."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return path
+    return f"inode {found.st_dev}:{found.st_ino}"
+
+
 def _check_single_writer_files(spec: PipelineSpec) -> None:
     """Refuse shapes whose output could not be exactly-once: two sinks appending to one file
     (their exactly-once markers would overwrite each other), or a source reading a file a sink
     of the same pipeline writes (a feedback loop the broker cannot see)."""
     writers: dict[str, str] = {}
+    names: dict[str, str] = {}  # (each written file's resolved path, by same_file)
     for element in spec.elements:
-        key = output_file(element)
-        if key is None:
+        resolved = output_file(element)
+        if resolved is None:
             continue
         path = element.options["path"]
-        name = Path(key).name
+        name = Path(resolved).name
         if name.startswith(".") and name.endswith((".fogshift.json", ".fogshift.tmp")):
             raise InvalidSpec(
                 f"sink {element.id!r} of pipeline {spec.pipeline!r} writes {path!r}, a name "
@@ -777,22 +789,25 @@ def _check_single_writer_files(spec: PipelineSpec) -> None:
                 hint="name the output otherwise: a sink writing another's marker would undo "
                 "that sink's exactly-once",
             )
+        key = same_file(resolved)
         if key in writers:
             raise InvalidSpec(
                 f"sinks {writers[key]!r} and {element.id!r} of pipeline {spec.pipeline!r} both "
                 f"write {path!r}",
                 expected="one sink per output file",
-                received=f"{writers[key]}.path == {element.id}.path",
+                received=f"{writers[key]}.path == {element.id}.path"
+                if names[key] == resolved
+                else f"{writers[key]}.path and {element.id}.path: one file under two names",
                 hint="give each sink its own `path`, or feed one sink from both inputs",
             )
-        writers[key] = element.id
+        writers[key], names[key] = element.id, resolved
     for element in spec.elements:
         path = element.options.get("path")
-        key = input_file(element)
-        if key is not None and key in writers:
+        read = input_file(element)
+        if read is not None and same_file(read) in writers:
             raise InvalidSpec(
                 f"source {element.id!r} of pipeline {spec.pipeline!r} reads {path!r}, "
-                f"which sink {writers[key]!r} writes",
+                f"which sink {writers[same_file(read)]!r} writes",
                 expected="a source file no sink of the pipeline writes",
                 received=repr(path),
                 hint="a pipeline is a directed acyclic graph; loops through files are not",

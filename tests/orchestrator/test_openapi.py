@@ -294,6 +294,16 @@ def test_a_sink_writing_a_running_pipelines_output_is_refused(
     assert answer.status_code == 422 and answer.json()["code"] == "invalid_spec", answer.text
     assert "which sink 'sink' of running pipeline 'p' writes" in answer.json()["message"]
     assert "reads" in answer.json()["message"]
+    # Nor under another name (a hard link: one file, whose marker the two sinks would share).
+    (tmp_path / "linked.csv").hardlink_to(tmp_path / "out" / "o.csv")
+    linked = {**spec, "pipeline": "e"}
+    linked["elements"] = [*spec["elements"][:2],
+                          {**spec["elements"][2], "options": {"path": "linked.csv"}}]  # fmt: skip
+    answer = as_(app, OPERATOR).post(
+        "/pipelines", json=parse_spec(linked, tmp_path).model_dump(mode="json")
+    )
+    assert answer.status_code == 422, answer.text
+    assert "which sink 'sink' of running pipeline 'p' writes" in answer.json()["message"]
     # Once it is stopped, the file may be taken over.
     orch.registry.set_status("p", "stopped")
     orch.broker.close()  # (the deploy then fails at the broker, past the check)

@@ -290,6 +290,30 @@ def test_shapes_that_could_not_be_exactly_once_are_refused(tmp_path: Path) -> No
         parse_spec(twice, tmp_path)
 
 
+def test_one_file_under_two_names_is_one_file_to_the_exactly_once_checks(tmp_path: Path) -> None:
+    # `ln out/o.csv out/b.csv`: the paths differed, both sinks were taken, and the second's
+    # append cut the file to its own marker's length (the first's committed rows gone).
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "o.csv").write_text("")
+    (tmp_path / "out" / "b.csv").hardlink_to(tmp_path / "out" / "o.csv")
+    (tmp_path / "in.csv").write_text("")
+    data = case1()
+    data["elements"].append({"id": "sink2", "kind": "csv-sink", "node": "fog-b",
+                             "inputs": ["source"], "options": {"path": "out/b.csv"}})  # fmt: skip
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data, tmp_path)
+    assert "sinks 'sink' and 'sink2'" in err.value.message
+    assert err.value.received == "sink.path and sink2.path: one file under two names"
+    (tmp_path / "out" / "b.csv").unlink()
+    (tmp_path / "out" / "b.csv").write_text("")  # (its own file now: taken)
+    assert parse_spec(data, tmp_path) is not None
+    (tmp_path / "in.csv").unlink()
+    (tmp_path / "in.csv").hardlink_to(tmp_path / "out" / "o.csv")
+    loop = case1()  # the source reads in.csv: the sink's o.csv under another name
+    with pytest.raises(InvalidSpec, match="which sink 'sink' writes"):
+        parse_spec(loop, tmp_path)
+
+
 def test_a_sink_may_not_write_another_sinks_exactly_once_marker(tmp_path: Path) -> None:
     # sink2 writing sink's marker would overwrite it (and sink's atomic replace sink2's file).
     for name in (".o.csv.fogshift.json", ".o.csv.fogshift.tmp"):
