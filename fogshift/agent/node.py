@@ -945,12 +945,16 @@ class NodeRuntime:
 
         Raises:
             UnknownElement: The PE does not run here.
-            NoState: It holds no state (a source, a sink, a stateless processor).
+            NoState: It holds no state (a source, a sink, a stateless processor), or a
+                ``key`` was asked of a PE that keeps no state per key.
             NodeNotReady: The node's Spark session is not up yet.
         """
         element, cls = self._stateful(pipeline, pe)
         assert self.spark is not None
         keyed = element.key_by is not None
+        if key is not None and not keyed:
+            # (The key was dropped: the whole state came back, under no key, said nothing.)
+            raise _no_key(pipeline, pe, element, f"key {key!r} asked")
         batch: int | None
         states: dict[str | None, Any]
         if runs_on_jvm(element):
@@ -1001,12 +1005,7 @@ class NodeRuntime:
         element, cls = self._stateful(pipeline, pe)
         assert self.spark is not None
         if element.key_by is None:
-            raise NoState(
-                f"{pipeline}/{pe} on node {self.config.name!r} holds no state per key",
-                expected="a keyed stateful processor (key_by, with state)",
-                received=f"{pe!r}, kind {element.kind!r}, without key_by",
-                hint="`fogshift status PIPELINE` lists the elements and their kinds",
-            )
+            raise _no_key(pipeline, pe, element, f"on node {self.config.name!r}")
         checkpoint = self.checkpoint_dir(pipeline, pe)
         index = key_index.folder_of(checkpoint)
         hosted = self._elements.get((pipeline, pe))
@@ -1445,6 +1444,17 @@ def _reports_of(hosted: HostedElement, reports: dict[str, list[dict[str, Any]]])
     """The progress reports among ``reports`` (by query name) of the PE's current runs."""
     mine = reports.get(hosted.plan.query_name, [])
     return [r for r in mine if r.get("runId") in hosted.run_ids]
+
+
+def _no_key(pipeline: str, pe: str, element: ElementSpec, where: str) -> NoState:
+    """The refusal of a per-key read of PE ``element``, which has no ``key_by``."""
+    return NoState(
+        f"{pipeline}/{pe} holds no state per key ({where})",
+        expected="a keyed stateful processor (key_by, with state)",
+        received=f"{pe!r}, kind {element.kind!r}, without key_by",
+        hint=f"only a PE with key_by keeps a state per key; `fogshift state {pipeline} {pe}` "
+        "without a key shows its whole state",
+    )
 
 
 def state_metrics(progress: dict[str, Any]) -> dict[str, Any] | None:

@@ -422,6 +422,12 @@ class Ownership:
     #: ``(key, to)`` -> the last copy request of the key for partition ``to``: the one a
     #: later move to ``to`` names (see :meth:`newest_copy`).
     copies: dict[tuple[str, int], str] = field(default_factory=dict)
+    #: key -> the newest move that took it to another partition (see :meth:`last_move`).
+    last: dict[str, str] = field(default_factory=dict)
+
+    def last_move(self, key: str) -> str | None:
+        """The newest move applied that took ``key`` to another partition (``None``: none)."""
+        return self.last.get(key)
 
     def owner(self, key: str | None) -> int:
         """The partition owning ``key`` (``None``: keyless, partition 0)."""
@@ -455,6 +461,7 @@ class Ownership:
             if before[key] != move.target(key):
                 self.pending[key] = move.move
                 self.senders[(move.move, key)] = before[key]
+                self.last[key] = move.move
         self.applied = move.seq
         return before
 

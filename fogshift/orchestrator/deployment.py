@@ -26,7 +26,7 @@ from fogshift.broker.client import (
     subject_counts,
 )
 from fogshift.broker.exceptions import BrokerError
-from fogshift.broker.keys import key_text
+from fogshift.broker.keys import Ownership, key_text
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import fence
 from fogshift.contracts import (
@@ -37,6 +37,7 @@ from fogshift.contracts import (
     EventPage,
     Heartbeat,
     HopLatency,
+    KeyWaiting,
     NodeCheckpoint,
     NodeView,
     PEState,
@@ -46,6 +47,7 @@ from fogshift.contracts import (
     StandbyStatus,
     StopResult,
     StreamEvent,
+    TwinEntry,
     TwinState,
 )
 from fogshift.events import EPOCH_HEADER, ORIGIN_HEADER
@@ -387,6 +389,21 @@ class Deployment(Journal):
             log.warning("deployed %s; its stream counts cannot be read now: %s",
                         spec.pipeline, exc.message)  # fmt: skip
             return self.status(spec.pipeline, counts=False)[0]
+
+    def _ownership(self, pipeline: str, source: str, element_id: str) -> Ownership:
+        """Who owns each key of partitioned ``element_id`` (:class:`KeyMoves`, above)."""
+        raise NotImplementedError
+
+    def _read_owners(self, pipeline: str, part: ElementSpec, element_id: str) -> Ownership | None:
+        """Who owns each key of partitioned ``element_id`` (one of its partitions:
+        ``part``), from the key moves stored in its first input; ``None`` if they cannot be
+        read now (the broker away): the reads then go by CRC-32 alone, as before."""
+        try:
+            return self._ownership(pipeline, part.inputs[0], element_id)
+        except Exception as exc:  # (a read of state must not fail on the moves' replay)
+            log.warning("the key moves of %s/%s could not be read (%s): reading its state "
+                        "by its keys' hash", pipeline, element_id, exc)  # fmt: skip
+            return None
 
     def _refuse_shared_outputs(self, spec: PipelineSpec) -> None:
         """Refuse a sink writing a file a sink of a running pipeline writes (their
@@ -802,8 +819,15 @@ class Deployment(Journal):
         store, as of its newest committed batch."""
         record = self.pipeline(name)
         parts = record.spec.partitions_of(element_id)
-        if not parts:
-            self._element(record, element_id)
+        element = parts[0] if parts else self._element(record, element_id)
+        if key is not None and element.key_by is None:
+            # (Asked of its node, the key was dropped: the whole state came back, unsaid.)
+            raise InvalidInput(
+                f"{name}/{element_id} holds no state per key: key {key!r} cannot be read",
+                expected="a keyed stateful processor (key_by, with state)",
+                received=f"{element_id!r}, kind {element.kind!r}, without key_by",
+                hint=f"`fogshift state {name} {element_id}` without a key shows its whole state",
+            )
         if record.status != PipelineState.RUNNING:
             raise Unavailable(
                 f"the state of {name}/{element_id} cannot be read: pipeline {name!r} is "
@@ -837,12 +861,16 @@ class Deployment(Journal):
 
         if not parts:
             return ask(element_id)
+        owners = self._read_owners(name, parts[0], element_id)
         if key is not None:
-            # A key lives in one partition: the one CRC-32 gives it, unless it moved; ask
-            # that one first, then the others.
-            # A key moving whose origin has not sent its state yet is in two: at its
+            # A key lives in one partition: the one its moves stored in the stream give it
+            # (CRC-32's, if it never moved, or they cannot be read); asked first, then the
+            # others. A key moving whose origin has not sent its state yet is in two: at its
             # origin with its state, at its target waiting for it. Its state is the answer.
-            first = partition_of_key(key, len(parts))
+            # (The owner first: a partition restored from a checkpoint before the key left
+            # holds its older state again until it replays the move.)
+            first = owners.owner(key) if owners else partition_of_key(key, len(parts))
+            first = first if first < len(parts) else 0
             waits: TwinState | None = None
             for part in [parts[first], *(p for p in parts if p is not parts[first])]:
                 answer = ask(part.id)
@@ -850,13 +878,32 @@ class Deployment(Journal):
                     return answer
                 if answer.entries and waits is None:
                     waits = answer
+            if waits is None and owners is not None and (moving := owners.last_move(key)):
+                # Its origin has let it go, its target not yet taken it in (each commits
+                # the move in its own batch): in flight, not "no valid event yet".
+                entry = TwinEntry(key=key, state=None, waiting=KeyWaiting(move=moving, events=0))
+                return answer.model_copy(update={"element": parts[first].id, "entries": [entry],
+                                                 "waiting": 1})  # fmt: skip
             return waits or answer.model_copy(update={"element": element_id})
         # The whole partitioned element: every partition's keys, each read as of its own
         # newest committed batch (the answer's batch is the oldest of those).
         answers = [ask(p.id) for p in parts]
         batches = [a.batch for a in answers]
+        held = {  # (a key's state at its owner: a copy elsewhere is an older one's, restored)
+            (e.key, a.element)
+            for a in answers
+            for e in a.entries
+            if e.waiting is None and owners is not None
+            and parts[min(owners.owner(e.key), len(parts) - 1)].id == a.element
+        }  # fmt: skip
+        owned = {k for k, _ in held}
         entries = sorted(
-            (e.model_copy(update={"partition": a.element}) for a in answers for e in a.entries),
+            (
+                e.model_copy(update={"partition": a.element})
+                for a in answers
+                for e in a.entries
+                if e.waiting is not None or e.key not in owned or (e.key, a.element) in held
+            ),
             key=lambda e: e.key or "",
         )
         return TwinState(

@@ -1102,6 +1102,17 @@ def test_an_operation_onto_a_node_not_healthy_says_what_it_expected_and_the_heal
     assert orch.pipeline("p").placement["aggregate"] == "fog-a"
 
 
+def test_a_key_asked_of_a_pe_without_key_by_is_refused_not_dropped(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # Its node dropped the key and answered the whole state, under no key, saying nothing.
+    with pytest.raises(InvalidInput) as refused:
+        orch.twin_state("p", "aggregate", "s1")
+    assert refused.value.message == "p/aggregate holds no state per key: key 's1' cannot be read"
+    assert refused.value.received == "'aggregate', kind 'window-aggregate', without key_by"
+    assert calls(agents) == []  # (nothing asked of its node)
+
+
 def test_an_unknown_pipeline_or_element_is_refused_with_what_came_and_a_guess(
     orch: Orchestrator,
 ) -> None:

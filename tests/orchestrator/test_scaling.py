@@ -235,6 +235,48 @@ def test_a_state_that_cannot_be_read_now_is_unavailable_with_the_reason(
     assert len(agents["fog-a"].calls) == asked  # no node asked
 
 
+def _twins(part: str, node: str, entries: dict[str, Any]) -> dict[str, Any]:
+    """A partition's answer to a state read: ``entries`` key -> state."""
+    return {"pipeline": "p", "element": part, "node": node, "batch": 7, "key_by": "sensor",
+            "keys": len(entries), "entries": [{"key": k, "state": v}
+                                              for k, v in entries.items()]}  # fmt: skip
+
+
+def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never_seen(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # s1 (CRC-32's partition 0) moved to partition 1 by move m1; partition 0, restored from
+    # a checkpoint before the move, holds its older state until it replays the move: the
+    # read answered that, and the listing showed s1 twice.
+    assert partition_of_key("s1", 2) == 0
+    _beat(orch, agents)
+    owners = Ownership(2, moved={"s1": 1}, last={"s1": "m1"})
+    monkeypatch.setattr(orch, "_ownership", lambda *args: owners)
+    p0, p1 = ("/pipelines/p/elements/aggregate-p0/state",
+              "/pipelines/p/elements/aggregate-p1/state")  # fmt: skip
+    agents["fog-a"].answer(
+        "GET", p0, body=_twins("aggregate-p0", "fog-a", {"s1": {"n": 1}, "s2": {"n": 4}})
+    )
+    agents["fog-b"].answer("GET", p1, body=_twins("aggregate-p1", "fog-b", {"s1": {"n": 9}}))
+    one = orch.twin_state("p", "aggregate", "s1")
+    assert [(e.key, e.state) for e in one.entries] == [("s1", {"n": 9})]
+    assert agents["fog-a"].received("GET", p0) == []  # (its owner answered)
+    every = orch.twin_state("p", "aggregate")
+    assert [(e.key, e.partition, e.state) for e in every.entries] == [
+        ("s1", "aggregate-p1", {"n": 9}),
+        ("s2", "aggregate-p0", {"n": 4}),
+    ]
+    # In flight: its origin let it go, its target has not taken it in yet. It was "no
+    # state (it has had no valid event yet)".
+    agents["fog-a"].answer("GET", p0, body=_twins("aggregate-p0", "fog-a", {}))
+    agents["fog-b"].answer("GET", p1, body=_twins("aggregate-p1", "fog-b", {}))
+    (entry,) = orch.twin_state("p", "aggregate", "s1").entries
+    assert entry.key == "s1" and entry.state is None
+    assert entry.waiting is not None and entry.waiting.move == "m1"
+    # A key that never moved and is held nowhere has had no event yet.
+    assert orch.twin_state("p", "aggregate", "s3").entries == []
+
+
 def test_checkpoints_left_on_a_node_are_discarded_only_where_the_pe_is_not_placed(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
