@@ -718,13 +718,8 @@ class Deployment(Journal):
         """
         record = self.pipeline(name)
         element = self._element(record, element_id)
-        if key is not None and element.key_by is None:
-            raise NotKeyed(
-                f"{name}/{element_id} is not keyed: its events have no key to select",
-                expected="a key only for a PE with key_by",
-                received=f"key={key!r}",
-                hint=f"leave out key, or ask a keyed PE of {name}",
-            )
+        _refuse_key(name, element_id, element, key, "its events have no key to select",
+                    f"leave out key, or ask a keyed PE of {name}")  # fmt: skip
         stream = stream_name(name, element_id)
 
         async def read(js: Any) -> tuple[int, int, int, list[Any]]:
@@ -820,14 +815,10 @@ class Deployment(Journal):
         record = self.pipeline(name)
         parts = record.spec.partitions_of(element_id)
         element = parts[0] if parts else self._element(record, element_id)
-        if key is not None and element.key_by is None:
-            # (Asked of its node, the key was dropped: the whole state came back, unsaid.)
-            raise InvalidInput(
-                f"{name}/{element_id} holds no state per key: key {key!r} cannot be read",
-                expected="a keyed stateful processor (key_by, with state)",
-                received=f"{element_id!r}, kind {element.kind!r}, without key_by",
-                hint=f"`fogshift state {name} {element_id}` without a key shows its whole state",
-            )
+        # (Asked of its node, the key was dropped: the whole state came back, unsaid.)
+        _refuse_key(name, element_id, element, key, "it holds no state per key",
+                    f"`fogshift state {name} {element_id}` without a key shows its whole "
+                    "state")  # fmt: skip
         if record.status != PipelineState.RUNNING:
             raise Unavailable(
                 f"the state of {name}/{element_id} cannot be read: pipeline {name!r} is "
@@ -958,3 +949,21 @@ def _origin(headers: dict[str, str] | None) -> int | None:
     """The input sequence a single-input PE's record names in its origin header."""
     value = (headers or {}).get(ORIGIN_HEADER)
     return int(value) if value is not None else None
+
+
+def _refuse_key(
+    name: str, element_id: str, element: ElementSpec, key: str | None, why: str, hint: str
+) -> None:
+    """Refuse ``key`` asked of PE ``element_id`` of pipeline ``name`` (``element``: it, or
+    one of its partitions) if it has no ``key_by``.
+
+    Raises:
+        NotKeyed: It has none, and a key was given.
+    """
+    if key is not None and element.key_by is None:
+        raise NotKeyed(
+            f"{name}/{element_id} is not keyed: {why}",
+            expected="a key only for a PE with key_by",
+            received=f"key={key!r} for {element_id!r}, kind {element.kind!r}, without key_by",
+            hint=hint,
+        )

@@ -1108,8 +1108,10 @@ def test_a_key_asked_of_a_pe_without_key_by_is_refused_not_dropped(
     # Its node dropped the key and answered the whole state, under no key, saying nothing.
     with pytest.raises(InvalidInput) as refused:
         orch.twin_state("p", "aggregate", "s1")
-    assert refused.value.message == "p/aggregate holds no state per key: key 's1' cannot be read"
-    assert refused.value.received == "'aggregate', kind 'window-aggregate', without key_by"
+    assert refused.value.message == "p/aggregate is not keyed: it holds no state per key"
+    assert refused.value.received == (
+        "key='s1' for 'aggregate', kind 'window-aggregate', without key_by"
+    )
     assert calls(agents) == []  # (nothing asked of its node)
 
 
