@@ -26,6 +26,10 @@ HEADER_MARGIN = 16 * 1024
 #: The default limit of one encoded record (see :func:`oversize`); a larger output is a
 #: dead letter instead of an append the broker refuses (which would fail the batch for good).
 DEFAULT_MAX_RECORD_BYTES = BROKER_MAX_PAYLOAD - HEADER_MARGIN
+#: The longest key a keyed PE processes (its ``key_by`` field's text, in characters): an
+#: event with a longer one is a dead letter (:func:`~fogshift.broker.keys.key_refusal`), so
+#: every key held can be asked for (``GET .../state?key=``) and moved by name.
+MAX_KEY_CHARS = 1024
 #: The longest dead-letter reason kept: a reason must never be what makes a record too big.
 MAX_REASON_CHARS = 2000
 

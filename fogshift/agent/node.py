@@ -957,10 +957,16 @@ class NodeRuntime:
             raise _no_key(pipeline, pe, element, f"key {key!r} asked")
         batch: int | None
         states: dict[str | None, Any]
+        # A page of a large keyed state: its first ``limit`` keys by the key index (when it
+        # covers the newest commit: no Spark job), the others never collected (1000 keys of
+        # 1 MiB each, all read, passed Spark's maxResultSize). A small one: one job, as is.
+        indexed = self._indexed_keys(pipeline, pe) if keyed and key is None else None
+        only = sorted(indexed)[:limit] if indexed is not None and len(indexed) > limit else None
         if runs_on_jvm(element):
             batch, states = read_jvm_window(
-                self.spark, self.checkpoint_dir(pipeline, pe), keyed, key if keyed else None
-            )
+                self.spark, self.checkpoint_dir(pipeline, pe), keyed, key if keyed else None,
+                only,
+            )  # fmt: skip
         else:
             batch, states = read_state(
                 self.spark,
@@ -968,6 +974,7 @@ class NodeRuntime:
                 cls.state_parts(),
                 keyed,
                 key if keyed else None,
+                only,
             )
         waiting = (
             read_waiting(
@@ -988,10 +995,22 @@ class NodeRuntime:
             node=self.config.name,
             batch=batch,
             key_by=element.key_by,
-            keys=len(states),
+            keys=len(indexed) if only is not None and indexed is not None else len(states),
             waiting=len(waiting),
             entries=entries[:limit],
         )
+
+    def _indexed_keys(self, pipeline: str, pe: str) -> list[str] | None:
+        """The keys a keyed PE holds state for as of its newest committed batch, by its key
+        index alone (``None``: the index does not cover that batch; no Spark job is run)."""
+        checkpoint = self.checkpoint_dir(pipeline, pe)
+        with self._key_index_lock(pipeline, pe):
+            variables = key_index.read(key_index.folder_of(checkpoint),
+                                       committed_batch(checkpoint))  # fmt: skip
+        if variables is None:
+            return None
+        # (A key that only waits for its move's state holds ``held`` alone: no state yet.)
+        return [k for k, names in variables.items() if any(n != "held" for n in names)]
 
     def state_keys(self, pipeline: str, pe: str) -> StateKeys:
         """The keys a keyed PE holds anything for, as of its newest committed batch (see

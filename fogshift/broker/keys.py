@@ -61,7 +61,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fogshift.broker.naming import key_state_origin, keys_subject
-from fogshift.events import CONTROL_PREFIX, NOT_AN_EVENT
+from fogshift.events import CONTROL_PREFIX, MAX_KEY_CHARS, NOT_AN_EVENT
 from fogshift.spec.models import RESERVED_FIELD_PREFIX, partition_of_key
 
 #: ``creator`` of the rows a partition's reader makes of key moves and states.
@@ -424,10 +424,20 @@ class Ownership:
     copies: dict[tuple[str, int], str] = field(default_factory=dict)
     #: key -> the newest move that took it to another partition (see :meth:`last_move`).
     last: dict[str, str] = field(default_factory=dict)
+    #: key -> ``(move, seq)``: the state stored for the key's last move held something, at
+    #: input sequence ``seq`` (see :meth:`carried_at`).
+    carried: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def last_move(self, key: str) -> str | None:
         """The newest move applied that took ``key`` to another partition (``None``: none)."""
         return self.last.get(key)
+
+    def carried_at(self, key: str) -> int | None:
+        """The input sequence of the state the key's newest move carried, if that state held
+        something (``None``: not stored yet, or empty: the key had no state to carry)."""
+        move = self.last.get(key)
+        carried = self.carried.get(key)
+        return carried[1] if move is not None and carried and carried[0] == move else None
 
     def owner(self, key: str | None) -> int:
         """The partition owning ``key`` (``None``: keyless, partition 0)."""
@@ -495,6 +505,10 @@ class Ownership:
             and self.sent_by_owner(state)
         ):
             del self.pending[state.key]
+            if state.state or state.parts or state.keep:
+                self.carried[state.key] = (state.move, state.seq)
+            else:
+                self.carried.pop(state.key, None)
 
 
 def in_group(key: str, group: int, of: int) -> bool:
@@ -543,8 +557,14 @@ def key_refusal(body: str, key_by: str, grouped: str, pe: str) -> str | None:
     :func:`key_text`), and any body whose key reads otherwise here than to Spark (a field
     repeated in the object: Spark takes the first, JSON parsers the last; a lone surrogate).
     Such an event would be routed by one text and kept under another, so it is never
-    processed: it belongs to no key's state.
+    processed: it belongs to no key's state. So is a key longer than
+    :data:`~fogshift.events.MAX_KEY_CHARS` (which could be neither asked for nor moved).
     """
+    if len(grouped) > MAX_KEY_CHARS:
+        return (
+            f"field {key_by!r} (key_by of {pe!r}) is {len(grouped):,} characters long: a key "
+            f"is at most {MAX_KEY_CHARS:,} (to be asked for and moved by name)"
+        )
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -67,6 +69,10 @@ BATCH_SEQUENCE_HEADER = "Nats-Batch-Sequence"
 BATCH_COMMIT_HEADER = "Nats-Batch-Commit"
 #: JetStream's error code for a failed Nats-Expected-Last-Sequence check.
 WRONG_LAST_SEQUENCE = 10071
+#: How long :func:`fence` tries to land its marker on a stream that keeps moving, and its
+#: first pause between tries (doubled at each, jittered, at most 0.2 s).
+FENCE_WAIT_S = 60.0
+FENCE_PAUSE_S = 0.001
 #: JetStream's error code for an atomic batch holding a message id the stream already has:
 #: a record at one of the batch's positions was stored since the tail the batch follows (the
 #: broker checks this before the expected last sequence).
@@ -657,7 +663,9 @@ async def fence(js: JetStreamContext, pipeline: str, pe: str, epoch: int) -> int
     is unaffected; readers of the data subject never see it.
     """
     stream = stream_name(pipeline, pe)
-    for _ in range(50):
+    deadline = time.monotonic() + FENCE_WAIT_S
+    tries = 0
+    while True:
         tail = await read_tail(js, stream)
         if tail.epoch >= epoch:
             return tail.mark_seq
@@ -670,11 +678,21 @@ async def fence(js: JetStreamContext, pipeline: str, pe: str, epoch: int) -> int
         try:
             ack = await js.publish(fence_subject(pipeline, pe), b"{}", headers=headers)
         except APIError as exc:
-            if exc.err_code == WRONG_LAST_SEQUENCE:
-                continue  # the old instance (or a stranger) appended meanwhile: read again
-            raise BrokerError(f"cannot fence {pipeline}/{pe}: {exc}") from exc
-        return int(ack.seq)
-    raise BrokerError(f"cannot fence {pipeline}/{pe}: its stream keeps moving")
+            if exc.err_code != WRONG_LAST_SEQUENCE:
+                raise BrokerError(f"cannot fence {pipeline}/{pe}: {exc}") from exc
+        else:
+            return int(ack.seq)
+        # The old instance (or a stranger) appended meanwhile: read again, after a pause
+        # that grows (jittered), so that the marker lands between its bursts. (Fifty
+        # immediate tries all fell within one burst of a batch's pipelined appends.)
+        tries += 1
+        if time.monotonic() >= deadline:
+            raise BrokerError(
+                f"cannot fence {pipeline}/{pe}: its stream kept moving for {FENCE_WAIT_S:g} s "
+                f"({tries} markers refused): an instance of an older epoch is still writing",
+                hint="stop the PE's old instance (its node), then restore it again",
+            )
+        await asyncio.sleep(random.uniform(0, min(FENCE_PAUSE_S * 2 ** min(tries, 10), 0.2)))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from fogshift.broker.client import BrokerAddress, SyncJetStream
 from fogshift.broker.exceptions import BrokerUnavailable
@@ -158,16 +159,31 @@ def check_external(address: BrokerAddress, timeout_s: float = 5.0) -> None:
         BrokerUnavailable: It does not answer (or has no JetStream for the user).
         InvalidInput: Its ``max_payload`` is smaller than fogshift's records need.
     """
+    hint = ("start it (with JetStream enabled for the user given) before `fogshift up`, or "
+            "leave out --nats-url and let fogshift start its own")  # fmt: skip
+    where = urlsplit(address.url)
+    host, port = where.hostname or "127.0.0.1", where.port or 4222
+    try:  # (first: the client's connect retries until its timeout, whatever the cause)
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise BrokerUnavailable(
+            f"no broker answers at {address.url}: {exc.strerror or type(exc).__name__} "
+            f"(nothing listens at {host}:{port}, or it cannot be reached from here)",
+            hint=hint,
+        ) from exc
     client = SyncJetStream(address, connect_timeout_s=timeout_s)
     try:
         try:
             client.run(lambda js: js.account_info(), timeout=timeout_s)
         except Exception as exc:
+            # (The client's own error names the address and asks whether `fogshift up`
+            # runs: what went wrong underneath is what tells the operator something.)
+            cause = exc.__cause__ if isinstance(exc, FogshiftError) and exc.__cause__ else exc
+            why = (f"no answer within {timeout_s:g} s" if isinstance(cause, TimeoutError)
+                   else f"{type(cause).__name__}: {cause}")  # fmt: skip
             raise BrokerUnavailable(
-                f"the broker at {address.url} does not answer a JetStream request: "
-                f"{type(exc).__name__}: {exc}",
-                hint="start it (with JetStream enabled for the user given) before `fogshift "
-                "up`, or leave out --nats-url and let fogshift start its own",
+                f"the broker at {address.url} does not answer a JetStream request ({why})",
+                hint=hint,
             ) from exc
         largest = int(client.connection.max_payload)
     finally:

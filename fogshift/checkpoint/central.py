@@ -149,6 +149,30 @@ class KnownBlobs:
     chunk: Callable[[str], bytes | None] | None = None
 
 
+def _write_synced(tmp: Path, data: bytes, path: Path, renamed: bool = True) -> None:
+    """Write ``data`` to ``tmp``, on disk before it is renamed to ``path``; with
+    ``renamed``, the rename on disk too (else the caller syncs the folder, once for many:
+    :func:`_sync_folder`). The central store is a PE's last copy once its node is gone:
+    after a power loss of its host, a manifest must not name files that were only in the
+    page cache (empty then), the checkpoints before it expired as kept ones."""
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    if renamed:
+        _sync_folder(path.parent)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Put the renames made in ``folder`` on disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class CentralStore:
     """The central checkpoint store of one orchestrator.
 
@@ -448,9 +472,9 @@ class CentralStore:
                     "content with two sizes)"
                 )
             blob = self.blobs / sha
-            tmp = blob.with_name(f"{sha}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(data)
-            tmp.replace(blob)
+            _write_synced(
+                blob.with_name(f"{sha}.{threading.get_ident()}.tmp"), data, blob, renamed=False
+            )  # (the folder once, before the manifest)
             self._checked[sha] = (len(data), blob.stat().st_mtime_ns, time.monotonic())
             if large:
                 self._index(sha, data)
@@ -474,9 +498,10 @@ class CentralStore:
             last = float(before[0][1].get("stored") or 0) if before else 0.0
             at = max(time.time(), math.nextafter(last, math.inf))
             stored = {**manifest, "stored": at, "shipped_bytes": shipped}
-            tmp = folder / f".{manifest['id']}.tmp"
-            tmp.write_text(json.dumps(stored))
-            tmp.replace(folder / f"{manifest['id']}.json")
+            if missing:
+                _sync_folder(self.blobs)
+            _write_synced(folder / f".{manifest['id']}.tmp", json.dumps(stored).encode(),
+                          folder / f"{manifest['id']}.json")  # fmt: skip
         expired = _newest_first(folder)[self.keep :]
         for old, _ in expired:
             old.unlink(missing_ok=True)

@@ -698,6 +698,7 @@ def _watch_phases(
     ``stop`` is set, polling the orchestrator's view of its journal. A poll that fails is
     skipped: the line only informs, the POST the CLI waits for decides."""
     started = time.monotonic()
+    shown: str | None = None
     try:
         client = cluster_ops.orchestrator_client(home, timeout_s=5)
     except FogshiftError:
@@ -711,10 +712,15 @@ def _watch_phases(
             except (FogshiftError, ValueError):
                 continue
             if view.running and view.kind == kind:
-                status.update(
-                    f"{kind} of {pipeline}/{element} {view.origin} -> {view.target}: "
-                    f"[bold]{escape(view.phase)}[/] ({time.monotonic() - started:.0f} s)"
-                )
+                line = f"{kind} of {pipeline}/{element} {view.origin} -> {view.target}: "
+                if console.is_terminal:
+                    status.update(f"{line}[bold]{escape(view.phase)}[/] "
+                                  f"({time.monotonic() - started:.0f} s)")  # fmt: skip
+                elif view.phase != shown:
+                    # (No spinner without a terminal: each phase once, on stderr, so a
+                    # script or a log shows where a long operation is.)
+                    shown = view.phase
+                    err_console.print(f"{escape(line)}{escape(view.phase)}", highlight=False)
 
 
 def _run_operation(

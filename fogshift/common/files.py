@@ -64,6 +64,34 @@ def write_private(path: Path, text: str) -> Path:
     return write_atomic(path, text, PRIVATE_MODE)
 
 
+def _check_parents(path: Path, me: int) -> None:
+    """Refuse a home whose folders above could be changed by another user: one of theirs
+    (its owner can move the home away and put one of their own in its place, whatever the
+    home's mode), or one others may write without the sticky bit (so may they). ``/tmp``
+    (root's, sticky) and a folder of this user's or root's are fine.
+
+    Raises:
+        InvalidInput: Naming the folder.
+    """
+    for parent in path.resolve().parents:
+        try:
+            found = parent.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # (made by this user below)
+        mode = stat.S_IMODE(found.st_mode)
+        others_write = mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX
+        if found.st_uid not in (me, 0) or others_write:
+            whose = "another user's" if found.st_uid not in (me, 0) else "writable by others"
+            raise InvalidInput(
+                f"cannot use {str(path)!r} as a fogshift home: the folder {str(parent)!r} "
+                f"above it is {whose}, who could put another folder in its place",
+                expected=f"folders above the home of this user's (uid {me}) or root's, "
+                "written by nobody else (or sticky, as /tmp)",
+                received=f"{parent}: uid {found.st_uid}, mode {mode:o}",
+                hint="give a --home under a folder of your own (e.g. ~/fogshift)",
+            )
+
+
 def make_private_dir(path: Path) -> Path:
     """Make sure folder ``path`` exists and only its owner can enter it (a fogshift home:
     its pipelines' checkpoints and twins, the central store, the registry, the logs and the
@@ -79,9 +107,11 @@ def make_private_dir(path: Path) -> Path:
         ``path``.
 
     Raises:
-        InvalidInput: ``path``, or a folder above it, is a file; or it belongs to another
-            user.
+        InvalidInput: ``path``, or a folder above it, is a file; or it, or a folder above
+            it, belongs to another user (or, above it, may be written by others).
     """
+    me = os.geteuid()
+    _check_parents(path, me)  # (before anything is made there)
     try:
         path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
     except (FileExistsError, NotADirectoryError) as exc:
@@ -91,7 +121,7 @@ def make_private_dir(path: Path) -> Path:
             received=f"{next(p for p in (path, *path.parents) if p.exists())} is a file",
             hint="give another --home, or move that file away",
         ) from exc
-    found, me = path.stat(), os.geteuid()
+    found = path.stat()
     if found.st_uid != me:
         raise InvalidInput(
             f"cannot use {str(path)!r} as a fogshift home: it belongs to another user",

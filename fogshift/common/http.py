@@ -27,6 +27,8 @@ import hmac
 import ipaddress
 import re
 import ssl
+import threading
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import httpx
@@ -185,6 +187,8 @@ _REPEATABLE = frozenset({"GET", "HEAD"})
 #: The connection broke before any answer arrived (a pooled connection the server had
 #: closed meanwhile is the usual cause).
 _BROKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+#: How often a watched request (:class:`ServiceClient`'s ``silent``) checks its service.
+WATCH_S = 0.5
 
 
 def client_limits() -> httpx.Limits:
@@ -231,11 +235,20 @@ class ServiceClient:
         token: The bearer token.
         name: How the service is named in errors ("node agent fog-a").
         timeout_s: Per-request timeout.
+        silent: Asked every :data:`WATCH_S` while a request waits: why the service is to be
+            taken as gone (its node stopped sending heartbeats), or ``None``. With a reason
+            the request is given up at once as :class:`NoAnswer` (it may still be carried
+            out), instead of after ``timeout_s``: a stopped process (SIGSTOP, a frozen VM)
+            keeps its connections open, and its requests would wait the whole timeout.
     """
 
-    def __init__(self, url: str, token: str, name: str, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, url: str, token: str, name: str, timeout_s: float = 30.0,
+        silent: Callable[[], str | None] | None = None,
+    ) -> None:  # fmt: skip
         self.url = url.rstrip("/")
         self.name = name
+        self._silent = silent
         self._client = httpx.Client(
             base_url=self.url,
             headers={"Authorization": f"Bearer {token}"},
@@ -256,12 +269,10 @@ class ServiceClient:
         """
         _check_path(path, self.name)
         try:
-            try:
-                response = self._client.request(method, path, **kwargs)
-            except _BROKEN:
-                if method.upper() not in _REPEATABLE:
-                    raise
-                response = self._client.request(method, path, **kwargs)
+            if self._silent is None:
+                response = self._send(method, path, kwargs)
+            else:
+                response = self._watched(method, path, kwargs, self._silent)
         except httpx.HTTPError as exc:
             # Never connected: never sent. Otherwise the service may have it (NoAnswer).
             unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
@@ -275,6 +286,48 @@ class ServiceClient:
             ) from exc
         raise_for_error(response, self.name)
         return response
+
+    def _send(self, method: str, path: str, kwargs: dict[str, Any]) -> httpx.Response:
+        """The request, sent once more if it is repeatable and its connection broke."""
+        try:
+            return self._client.request(method, path, **kwargs)
+        except _BROKEN:
+            if method.upper() not in _REPEATABLE:
+                raise
+            return self._client.request(method, path, **kwargs)
+
+    def _watched(
+        self, method: str, path: str, kwargs: dict[str, Any], silent: Callable[[], str | None]
+    ) -> httpx.Response:
+        """:meth:`_send` on a thread of its own, given up once ``silent`` gives a reason.
+
+        Raises:
+            NoAnswer: The service went silent while the request waited.
+        """
+        done = threading.Event()
+        outcome: list[Any] = []
+
+        def send() -> None:
+            try:
+                outcome.append(self._send(method, path, kwargs))
+            except BaseException as exc:  # (raised below, on the caller's thread)
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        # A daemon: one given up waits out its timeout without holding up an exit.
+        threading.Thread(target=send, name=f"{method} {self.name}", daemon=True).start()
+        while not done.wait(WATCH_S):
+            reason = silent()
+            if reason is not None:
+                raise NoAnswer(
+                    f"{self.name} at {self.url} stopped answering {method} {path}: {reason}",
+                    hint="it may still carry the request out if it resumes; `fogshift nodes` "
+                    "shows the node agents",
+                )
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Send a request and return its JSON body (see :meth:`raw` for the errors)."""

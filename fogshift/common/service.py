@@ -33,6 +33,7 @@ from fogshift.common.names import (
 )
 from fogshift.common.validation import expected_of, refusal_of
 from fogshift.contracts import ErrorBody, FileChunks
+from fogshift.events import MAX_KEY_CHARS
 from fogshift.exceptions import FogshiftError, InvalidInput, NotFound, Unauthorized
 
 log = logging.getLogger("fogshift.service")
@@ -53,7 +54,7 @@ RelPathParam = Annotated[str, PathParam(pattern=REL_PATH_RE, max_length=MAX_REL_
 # -- query parameters of ``GET .../elements/{element}/state`` (orchestrator and agent) ---
 
 #: One key of a keyed PE (free text: it is only compared with the stored keys).
-StateKeyQuery = Annotated[str | None, Query(max_length=1024)]
+StateKeyQuery = Annotated[str | None, Query(max_length=MAX_KEY_CHARS)]
 #: The most keys one answer lists.
 StateLimitQuery = Annotated[int, Query(ge=1, le=100_000)]
 #: A byte range of a checkpoint file (``GET .../snapshots/{id}/files/{path}``).

@@ -29,6 +29,10 @@ class OrchestratorConfig(BaseSettings):
         token: The cluster's bearer token.
         broker_file: The broker address file.
         node_timeout_s: A node silent for longer is reported unhealthy.
+        call_silence_s: A request to a node agent is given up (as no answer: it may still
+            be carried out) once the node has sent no heartbeat for this long while the
+            request waits: a stopped agent process keeps its connections open, and a
+            migration onto it waited minutes before its rollback.
         reconcile_s: Interval of the loop that redeploys PEs missing from healthy nodes,
             restores PEs of lost nodes and removes superseded instances.
         central_interval_s: Interval of central-level checkpoint pulls.
@@ -81,6 +85,7 @@ class OrchestratorConfig(BaseSettings):
     token: str = Field(min_length=16)
     broker_file: Path
     node_timeout_s: Seconds = 5.0
+    call_silence_s: Seconds = 20.0
     reconcile_s: Seconds = 2.0
     central_interval_s: Seconds = 15.0
     pull_new_state_bytes: int = Field(default=1 << 20, ge=0)

@@ -10,6 +10,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from fogshift.broker.client import (
     BrokerAddress,
@@ -210,6 +211,16 @@ class OrchestratorCore:
                 busy.update(record.placement.values())
         return busy
 
+    def _silence(self, name: str) -> str | None:
+        """Why a request to node ``name`` is to be given up: it has sent no heartbeat for
+        ``call_silence_s`` (stopped, cut off), or ``None``."""
+        node = self.registry.node(name)
+        quiet = time.time() - node.last_seen if node is not None else 0.0
+        if quiet <= self.config.call_silence_s:
+            return None
+        return (f"node {name!r} has sent no heartbeat for {quiet:.0f} s (more than "
+                f"{self.config.call_silence_s:g} s)")  # fmt: skip
+
     def agent(self, name: str) -> ServiceClient:
         """A client for node ``name``'s agent."""
         node = self.registry.node(name)
@@ -228,7 +239,8 @@ class OrchestratorCore:
                     client.close()
                 # The node's own token: a node never receives the operator token.
                 token = node_token(self.config.token, name)
-                client = ServiceClient(node.url, token, f"node agent {name!r}", 120)
+                client = ServiceClient(node.url, token, f"node agent {name!r}", 120,
+                                       silent=partial(self._silence, name))  # fmt: skip
                 self._agents[name] = (client, node.pid)
             return client
 

@@ -8,7 +8,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from fogshift.contracts import (
     AgedNodeCheckpoint,
     CheckpointsView,
     DeadLetter,
+    ElementProgress,
     ElementStatus,
     EventPage,
     Heartbeat,
@@ -394,6 +395,18 @@ class Deployment(Journal):
         """Who owns each key of partitioned ``element_id`` (:class:`KeyMoves`, above)."""
         raise NotImplementedError
 
+    def _position(self, pipeline: str, pe: str, source: str, node: str) -> int | None:
+        """How far ``pe`` on ``node`` has committed its input ``source`` (``None``: its node
+        did not answer, or does not run it)."""
+        try:
+            progress = self.agent(node).call(
+                ElementProgress, "GET", f"/pipelines/{pipeline}/elements/{pe}/progress",
+                timeout=5,
+            )  # fmt: skip
+        except FogshiftError:
+            return None
+        return int(((progress.offset or {}).get("positions") or {}).get(source, 0))
+
     def _read_owners(self, pipeline: str, part: ElementSpec, element_id: str) -> Ownership | None:
         """Who owns each key of partitioned ``element_id`` (one of its partitions:
         ``part``), from the key moves stored in its first input; ``None`` if they cannot be
@@ -412,8 +425,8 @@ class Deployment(Journal):
         a running pipeline's sink writes (torn lines): within one spec the loader refuses
         all three."""
         # (Compared as files, not names: a hard link is one file under two names.)
-        mine = {same_file(p): e.id for e in spec.elements if (p := output_file(e)) is not None}
-        reads = {same_file(p): e.id for e in spec.elements if (p := input_file(e)) is not None}
+        mine = {same_file(p): (e.id, p) for e in spec.elements if (p := output_file(e)) is not None}
+        reads = {same_file(p): (e.id, p) for e in spec.elements if (p := input_file(e)) is not None}
         home = Path(self.config.home).resolve()
         for path, element_id in ((output_file(e), e.id) for e in spec.elements):
             # A deploy empties its sinks' files: one of the cluster's own (its token, its
@@ -455,11 +468,13 @@ class Deployment(Journal):
                 )  # fmt: skip
                 for path, ours, doing, role, does, expected, hint in clashes:
                     if path is not None and (clash := ours.get(same_file(path))) is not None:
-                        what, verb = doing.split()
+                        (pe, own), what, verb = clash, *doing.split()
+                        # (A link is one file under two names: both said.)
+                        named = f"{own!r}" if own == path else f"{own!r}, one file with {path!r}"
                         raise InvalidSpec(
-                            f"{what} {clash!r} of pipeline {spec.pipeline!r} {verb} "
-                            f"{path!r}, which {role} {element.id!r} of running pipeline "
-                            f"{other.name!r} {does}",
+                            f"{what} {pe!r} of pipeline {spec.pipeline!r} {verb} {named}, "
+                            f"which {role} {element.id!r} of running pipeline {other.name!r} "
+                            f"{does}",
                             expected=expected,
                             received=path,
                             hint=hint,
@@ -862,20 +877,17 @@ class Deployment(Journal):
             # holds its older state again until it replays the move.)
             first = owners.owner(key) if owners else partition_of_key(key, len(parts))
             first = first if first < len(parts) else 0
-            waits: TwinState | None = None
-            for part in [parts[first], *(p for p in parts if p is not parts[first])]:
-                answer = ask(part.id)
+            answers = [
+                ask(p.id) for p in [parts[first], *(p for p in parts if p is not parts[first])]
+            ]
+            for answer in answers:
                 if any(e.waiting is None for e in answer.entries):
                     return answer
-                if answer.entries and waits is None:
-                    waits = answer
-            if waits is None and owners is not None and (moving := owners.last_move(key)):
-                # Its origin has let it go, its target not yet taken it in (each commits
-                # the move in its own batch): in flight, not "no valid event yet".
-                entry = TwinEntry(key=key, state=None, waiting=KeyWaiting(move=moving, events=0))
-                return answer.model_copy(update={"element": parts[first].id, "entries": [entry],
-                                                 "waiting": 1})  # fmt: skip
-            return waits or answer.model_copy(update={"element": element_id})
+            waits = next((a for a in answers if a.entries), None)
+            if waits is None and owners is not None and owners.last_move(key):
+                waits = self._in_flight(name, element_id, parts, key, ask)
+            # (Found nowhere: the owner's answer, and its node, says so.)
+            return waits or answers[0].model_copy(update={"element": element_id})
         # The whole partitioned element: every partition's keys, each read as of its own
         # newest committed batch (the answer's batch is the oldest of those).
         answers = [ask(p.id) for p in parts]
@@ -907,6 +919,31 @@ class Deployment(Journal):
             waiting=sum(a.waiting for a in answers),
             entries=entries[:limit],
         )
+
+    def _in_flight(
+        self, name: str, element_id: str, parts: list[ElementSpec], key: str,
+        ask: Callable[[str], TwinState],
+    ) -> TwinState | None:  # fmt: skip
+        """A moved key no partition holds: waiting for its move (its origin has sent the state
+        it held, its target not yet taken it in: each commits the move in its own batch), or
+        ``None``: it has no state (the move carried none, or the target took it and the PE
+        has dropped it since). The moves are read again: the state may have been stored
+        since the partitions were asked."""
+        owners = self._read_owners(name, parts[0], element_id)
+        seq = owners.carried_at(key) if owners is not None else None
+        move = owners.last_move(key) if owners is not None else None
+        if owners is None or seq is None or move is None:
+            return None
+        target = parts[min(owners.owner(key), len(parts) - 1)]
+        node = self.pipeline(name).placement.get(target.id)
+        position = self._position(name, target.id, parts[0].inputs[0], node) if node else None
+        if position is not None and position >= seq:
+            # Taken in (so asked again, once): no entry there now means none.
+            answer = ask(target.id)
+            return answer if answer.entries else None
+        entry = TwinEntry(key=key, state=None, waiting=KeyWaiting(move=move, events=0))
+        return TwinState(pipeline=name, element=target.id, node=node or "", batch=None,
+                         key_by=target.key_by, keys=0, waiting=1, entries=[entry])  # fmt: skip
 
 
 #: Opening brackets below which a body cannot nest deeper than an answer can carry.

@@ -131,6 +131,7 @@ class Journal(Replication):
                 f"cannot {what} unknown node {name!r}",
                 expected="one of " + ", ".join(self.node_names()),
                 received=repr(name),
+                hint="`fogshift nodes` lists the nodes and their health",
             )
         if not self.healthy(node) or not node.report.ready:
             silent = time.time() - node.last_seen
@@ -146,9 +147,12 @@ class Journal(Replication):
                 received=f"{name!r} last heard {silent:.0f} s ago"
                 if not self.healthy(node)
                 else f"{name!r} heard, its Spark session not ready yet (starting)",
-                hint=f"choose another node ({', '.join(usable)} healthy now)"
+                # (The node the PE leaves is no choice: said, not left out unsaid.)
+                hint=f"choose another node ({', '.join(usable)} healthy now"
+                + (f"; it is on {leaving!r} now" if leaving else "")
+                + ")"
                 if usable
-                else "no node is healthy now: `fogshift nodes` shows why",
+                else "no other node is healthy now: `fogshift nodes` shows why",
             )
         return node
 

@@ -11,10 +11,11 @@ move never notice.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -55,7 +56,6 @@ from fogshift.broker.naming import (
 )
 from fogshift.broker.publish import WRONG_LAST_SEQUENCE
 from fogshift.contracts import (
-    ElementProgress,
     KeyMoveReport,
     KeyMoveStatus,
     KeyOrder,
@@ -63,7 +63,9 @@ from fogshift.contracts import (
     PipelineState,
     StateKeys,
 )
-from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailable
+from fogshift.events import MAX_KEY_CHARS
+from fogshift.exceptions import Conflict, InvalidInput, Unavailable
+from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.locks import element_lock, element_lock_of
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.orchestrator.standbys import Standbys
@@ -72,9 +74,8 @@ from fogshift.spec.models import ElementSpec, partition_id
 log = logging.getLogger(__name__)
 
 
-#: How many keys one move may carry, and how long a key may be (its text).
+#: How many keys one move may carry (a key: at most events.MAX_KEY_CHARS characters).
 MAX_KEYS = 1000
-MAX_KEY_CHARS = 256
 #: The most key groups an element's keys may be split into by a group move.
 MAX_GROUPS = 4096
 #: How often a listed move is tried, each time after looking at what came meanwhile.
@@ -253,7 +254,8 @@ class KeyMoves(Standbys):
         record = self.pipeline(pipeline)
         what = f"keys of {pipeline}/{element_id}"
         parts = self._movable_parts(record, element_id, f"cannot move {what}")
-        to, target = _target_partition(pipeline, element_id, parts, record.placement, target)
+        to, target = _target_partition(pipeline, element_id, parts, record.placement, target,
+                                       self.node_names())  # fmt: skip
         if group is None:
             _check_keys(what, keys)
         elif wave_keys is not None or precopy is not None:
@@ -1219,22 +1221,16 @@ class KeyMoves(Standbys):
         runs: its node is looked up again after a failed ask and every
         :data:`PLACEMENT_RECHECK_S` (a restore or a migration may move it meanwhile: a
         partition restored elsewhere after its node died commits there)."""
-        path = f"/pipelines/{pipeline}/elements/{pe}/progress"
         node: str | None = None
         looked = 0.0
         while time.monotonic() < deadline:
             if node is None or time.monotonic() - looked >= PLACEMENT_RECHECK_S:
                 node, looked = self.pipeline(pipeline).placement.get(pe), time.monotonic()
-            try:
-                progress = (
-                    self.agent(node).call(ElementProgress, "GET", path, timeout=5)
-                    if node is not None else None
-                )  # fmt: skip
-            except FogshiftError:
-                progress, node = None, None
-            positions = (progress.offset or {}).get("positions", {}) if progress else {}
-            if int(positions.get(source, 0)) >= seq:
+            position = self._position(pipeline, pe, source, node) if node is not None else None
+            if (position or 0) >= seq:  # (up to 0: nothing to commit, wherever it runs)
                 return True
+            if position is None:
+                node = None
             time.sleep(0.05)
         return False
 
@@ -1353,15 +1349,34 @@ def _target_partition(
     parts: list[ElementSpec],
     placement: Mapping[str, str],
     target: str,
+    nodes: Collection[str],
 ) -> tuple[ElementSpec, str]:
     """The partition a key move's ``target`` names and the node it runs on: ``target`` is a
-    partition's id, or a node where exactly one partition of the element runs.
+    partition's id, or a node (one of ``nodes``) where exactly one partition of the element
+    runs.
 
     Raises:
+        UnknownNode: ``target`` is neither a node nor one of the element's partitions.
         InvalidInput: No partition of the element runs on node ``target``, or several do
             (which one the keys should go to is the user's to say).
     """
     what = f"keys of {pipeline}/{element_id}"
+    if (
+        target not in nodes
+        and all(p.id != target for p in parts)
+        and not target.startswith(f"{element_id}-p")
+    ):  # (it said "no partition runs there" of a node that does not exist)
+        raise UnknownNode(
+            f"cannot move {what} to {target!r}: no node or partition of {element_id!r} has "
+            "that name",
+            expected="a node ("
+            + ", ".join(sorted(nodes))
+            + ") or a partition's id ("
+            + ", ".join(p.id for p in parts)
+            + ")",
+            received=repr(target),
+            hint=f"`fogshift nodes` lists the nodes, `fogshift status {pipeline}` the partitions",
+        )
     for part in parts:
         if part.id == target and placement.get(part.id) is not None:
             return part, placement[part.id]
@@ -1405,6 +1420,14 @@ def _check_keys(what: str, keys: list[str]) -> None:
             "characters (a key is the key_by field's value as text)",
             received=_bad_keys(keys, bad),
             hint="e.g. --keys p01,p02",
+        )
+    listed = len(json.dumps(keys))
+    if listed > MAX_RECORD_BYTES // 2:  # (the move's record, and its state requests, carry them)
+        raise InvalidInput(
+            f"cannot move {what}: the keys are too long together for one move",
+            expected=f"keys of at most {MAX_RECORD_BYTES // 2:,} bytes as JSON in one move",
+            received=f"{len(keys)} keys, {listed:,} bytes",
+            hint="move them in two or more commands",
         )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ def read_state(
     parts: list[str] | None,
     keyed: bool,
     key: str | None = None,
+    only: Collection[str] | None = None,
 ) -> tuple[int | None, dict[str | None, Any]]:
     """Each key's snapshot as of the newest committed batch.
 
@@ -44,6 +45,8 @@ def read_state(
         keyed: Whether the PE is keyed (``key_by``): keys are then its keys' texts;
             otherwise the one entry has key ``None``.
         key: Only this key (of a keyed PE).
+        only: Only these keys (of a keyed PE): a page of a large state, whose other keys
+            are never collected to the driver.
 
     Returns:
         The batch read, and the snapshot of each key (fields decoded from their JSON).
@@ -55,8 +58,7 @@ def read_state(
         return None, {}
     names = parts if parts is not None else [OPAQUE_PART]
     frame = _variables(spark, checkpoint, batch, [f"f_{n}" for n in names], F.col("value.json"))
-    if keyed and key is not None:
-        frame = frame.where(F.col("k") == KEY_PREFIX + key)
+    frame = _selected(frame, keyed, key, only)
     values: dict[str, dict[str, Any]] = {}
     for group, name, text in frame.collect():
         values.setdefault(group, {})[name.removeprefix("f_")] = json.loads(text)
@@ -104,8 +106,24 @@ def read_waiting(
     return dict(sorted(out.items()))
 
 
+def _selected(
+    frame: DataFrame, keyed: bool, key: str | None, only: Collection[str] | None
+) -> DataFrame:
+    """``frame`` (grouping keys in column ``k``) with only key ``key``, or keys ``only``."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    if not keyed or (key is None and only is None):
+        return frame
+    wanted = [key] if key is not None else sorted(only or ())
+    return frame.where(F.col("k").isin([KEY_PREFIX + k for k in wanted]))
+
+
 def read_jvm_window(
-    spark: SparkSession, checkpoint: Path, keyed: bool = False, key: str | None = None
+    spark: SparkSession,
+    checkpoint: Path,
+    keyed: bool = False,
+    key: str | None = None,
+    only: Collection[str] | None = None,
 ) -> tuple[int | None, dict[str | None, Any]]:
     """The window of a ``window-aggregate`` with ``engine: jvm`` (each key's, keyed), as of
     the newest committed batch, in the Python engine's shape (``{None: {"values": [...]}}``,
@@ -116,6 +134,7 @@ def read_jvm_window(
     Args:
         keyed: Whether the PE is keyed (its grouping keys are :data:`KEY_PREFIX` + a key).
         key: Only this key (of a keyed PE).
+        only: Only these keys (of a keyed PE), as :func:`read_state`'s.
     """
     from pyspark.sql import functions as F  # noqa: N812
 
@@ -125,8 +144,7 @@ def read_jvm_window(
     frame = _state_var(spark, checkpoint, batch, JVM_WINDOW_VAR).select(
         F.col("key.value").alias("k"), F.col("value.value").alias("v")
     )
-    if keyed and key is not None:
-        frame = frame.where(F.col("k") == KEY_PREFIX + key)
+    frame = _selected(frame, keyed, key, only)
     out: dict[str | None, Any] = {}
     for group, text in frame.collect():
         if text is None:

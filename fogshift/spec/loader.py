@@ -773,7 +773,7 @@ def _check_single_writer_files(spec: PipelineSpec) -> None:
     (their exactly-once markers would overwrite each other), or a source reading a file a sink
     of the same pipeline writes (a feedback loop the broker cannot see)."""
     writers: dict[str, str] = {}
-    names: dict[str, str] = {}  # (each written file's resolved path, by same_file)
+    names: dict[str, str] = {}  # (each written file's path as given, by same_file)
     for element in spec.elements:
         resolved = output_file(element)
         if resolved is None:
@@ -791,16 +791,20 @@ def _check_single_writer_files(spec: PipelineSpec) -> None:
             )
         key = same_file(resolved)
         if key in writers:
+            first, same = names[key], names[key] == path
             raise InvalidSpec(
                 f"sinks {writers[key]!r} and {element.id!r} of pipeline {spec.pipeline!r} both "
-                f"write {path!r}",
+                + (f"write {path!r}" if same else f"write one file: {first!r} and {path!r}"),
                 expected="one sink per output file",
-                received=f"{writers[key]}.path == {element.id}.path"
-                if names[key] == resolved
-                else f"{writers[key]}.path and {element.id}.path: one file under two names",
+                # (Paths come here absolute, links followed: two written apart may meet.)
+                received=f"{writers[key]}.path and {element.id}.path: both {path!r} made "
+                "absolute, links followed"
+                if same
+                else f"{writers[key]}.path and {element.id}.path: one file under two names (a "
+                "link, or a path written two ways)",
                 hint="give each sink its own `path`, or feed one sink from both inputs",
             )
-        writers[key], names[key] = element.id, resolved
+        writers[key], names[key] = element.id, path
     for element in spec.elements:
         path = element.options.get("path")
         read = input_file(element)

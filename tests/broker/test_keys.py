@@ -335,6 +335,9 @@ def test_a_copy_settles_no_move_and_moves_no_key() -> None:
         # Spark reads single quotes and ignores what follows an object: not JSON here, which
         # processing dead-letters as such.
         ("{'patient': 'q'}", "q", None),
+        # Longer than a key can be asked for or moved by name: refused, whatever it is.
+        ('{"patient": "' + "é" * 1024 + '"}', "é" * 1024, None),
+        ('{"patient": "' + "é" * 1025 + '"}', "é" * 1025, "is 1,025 characters long"),
     ],
 )
 def test_an_event_whose_key_has_no_one_text_is_refused(
@@ -346,7 +349,8 @@ def test_an_event_whose_key_has_no_one_text_is_refused(
         assert reason is None
     else:
         assert reason is not None and refused in reason, reason
-        assert "'patient' (key_by of 'agg')" in reason and "string or an integer" in reason
+        assert "'patient' (key_by of 'agg')" in reason
+        assert "string or an integer" in reason or "a key is at most 1,024" in reason
 
 
 def test_only_the_newest_copy_request_of_a_key_for_a_target_is_kept() -> None:

@@ -587,3 +587,40 @@ def test_the_writer_cuts_a_dead_letter_carrying_its_input_whole(
     assert letters[0]["body"].endswith(f" ...[cut: {len(huge)} characters in all]")
     assert letters[0]["reason"] == "field 'v' is 'xxx', not a finite number"
     assert (letters[1]["body"], letters[1]["reason"]) == small  # already fitting: unchanged
+
+
+def test_a_fence_lands_between_an_old_instance_s_bursts_however_many_tries_it_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A zombie appending a large batch (pipelined) moved the tail under each of fifty
+    # immediate tries: the restore failed with "its stream keeps moving".
+    import asyncio
+
+    from nats.js.errors import APIError
+
+    tail = {"seq": 10}
+    headers_sent: list[dict[str, str]] = []
+
+    async def read_tail(js: object, stream: str) -> publish.StreamTail:
+        return publish.StreamTail(tail["seq"], tail["seq"], (1, tail["seq"]), 2)
+
+    class Moving:
+        """A stream the old instance appends to under each of the first 120 tries."""
+
+        async def publish(self, subject: str, data: bytes, headers: dict[str, str]) -> object:
+            headers_sent.append(headers)
+            if len(headers_sent) <= 120:
+                tail["seq"] += 1
+                raise APIError(err_code=publish.WRONG_LAST_SEQUENCE)
+            return type("Ack", (), {"seq": tail["seq"] + 1})()
+
+    monkeypatch.setattr(publish, "read_tail", read_tail)
+    monkeypatch.setattr(publish, "FENCE_PAUSE_S", 0.0)  # (the pauses' length is not tested)
+    assert asyncio.run(publish.fence(Moving(), "p", "pe", 3)) == 131  # type: ignore[arg-type]
+    last = headers_sent[-1]
+    assert last["Nats-Expected-Last-Sequence"] == "130" and last["Fogshift-Epoch"] == "3"
+    # Given up only after its time, saying why.
+    headers_sent.clear()
+    monkeypatch.setattr(publish, "FENCE_WAIT_S", 0.0)
+    with pytest.raises(BrokerError, match="kept moving for 0 s \\(1 markers refused\\)"):
+        asyncio.run(publish.fence(Moving(), "p", "pe", 3))  # type: ignore[arg-type]

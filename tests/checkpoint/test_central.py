@@ -456,3 +456,29 @@ def test_a_manifest_that_cannot_be_read_stops_the_collection(
     assert store.collect_garbage() == 0
     monkeypatch.setattr(Path, "read_text", real)
     assert blob.exists() and store.verify(manifest(0, files)) is None
+
+
+def test_a_checkpoint_s_files_are_on_disk_before_its_manifest_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Written to the page cache only, a power loss of the orchestrator's host left blobs
+    # empty under a manifest that named them, the checkpoints before it expired.
+    from fogshift.checkpoint import central
+
+    store = CentralStore(tmp_path / "store")
+    files = {"offsets/0": b"o0", "state/0/1.changelog": b"x" * 1000}
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(central.os, "fsync", fsync)
+    store.put(manifest(0, files), files.__getitem__)
+    blobs = {hashlib.sha256(d).hexdigest() for d in files.values()}
+    names = [Path(p).name for p in synced]
+    written = [n.split(".")[0] for n in names if n.endswith(".tmp") and not n.startswith(".")]
+    assert sorted(written) == sorted(blobs)  # each blob's data, before its rename
+    # Then the blobs' folder (the renames), then the manifest and its folder, in that order.
+    assert names[len(written) :] == ["blobs", f".{manifest(0, files)['id']}.tmp", "agg"], synced

@@ -220,6 +220,7 @@ def recorded_status(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         yield Line()
 
     monkeypatch.setattr(cli.console, "status", status)
+    monkeypatch.setattr(cli.console, "_force_terminal", True)  # (the spinner's case)
     yield shown
 
 
@@ -234,6 +235,20 @@ def test_migrate_shows_each_phase_while_it_runs(monkeypatch: pytest.MonkeyPatch)
     seen = [phase for phase in phases.phases if any(f"[bold]{phase}[/]" in s for s in shown)]
     assert seen == phases.phases, shown
     assert all("migration of p/aggregate" in s for s in shown)
+
+
+def test_migrate_without_a_terminal_says_each_phase_once_on_stderr(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Run from a script (no spinner), a migration waiting on a stopped node printed nothing
+    # for minutes.
+    phases = Phases("migration", ["preparing", "pausing", "switching"])
+    use(monkeypatch, StandInClient({OPERATION: phases.view}, phases.answer(MIGRATED)))
+    result = runner.invoke(cli.app, ["migrate", "p", "aggregate", "--to", "fog-b"])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if "migration of p/aggregate" in line]
+    assert said == [f"migration of p/aggregate fog-a -> fog-b: {p}" for p in phases.phases]
+    assert "migrated p/aggregate: fog-a -> fog-b" in flat(result.stdout)
 
 
 def test_a_migration_with_no_input_after_its_pause_says_its_downtime_was_not_measured(

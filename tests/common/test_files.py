@@ -115,3 +115,26 @@ def test_a_home_of_another_user_is_refused(tmp_path: Path, monkeypatch: pytest.M
     assert "belongs to another user" in refused.value.message
     assert refused.value.received == f"a folder of uid {os.getuid()}, mode 777"
     assert stat.S_IMODE(theirs.stat().st_mode) == 0o777  # (nothing changed)
+
+
+def test_a_home_below_a_folder_others_can_change_is_refused(tmp_path: Path) -> None:
+    # /tmp/theirs/sub, theirs 0777 (or another user's): the home was made 0700 and taken,
+    # yet whoever can write `theirs` can move `sub` away and put their own in its place.
+    from fogshift.exceptions import InvalidInput
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(InvalidInput) as refused:
+        make_private_dir(shared / "sub" / "home")
+    assert f"the folder {str(shared)!r} above it is writable by others" in refused.value.message
+    assert refused.value.received == f"{shared}: uid {os.geteuid()}, mode 777"
+    assert list(shared.iterdir()) == []  # (refused before anything was made there)
+    os.chmod(shared, 0o1777)  # sticky, as /tmp: nobody renames what is not theirs
+    assert make_private_dir(shared / "mine").is_dir()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 4242, -1)  # (the suite runs as root)
+    with pytest.raises(InvalidInput) as refused:
+        make_private_dir(theirs / "home")
+    assert f"the folder {str(theirs)!r} above it is another user's" in refused.value.message

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -12,6 +14,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from fogshift.common.exceptions import NoAnswer
 from fogshift.common.http import (
     CLIENT_KEEP_ALIVE_S,
     SERVER_KEEP_ALIVE_S,
@@ -136,3 +139,41 @@ def test_an_orchestrator_that_cannot_be_reached_is_not_sent_to_fogshift_nodes() 
         with ServiceClient(url, "t" * 16, name, 5) as client, pytest.raises(Unavailable) as away:
             client.request("GET", "/health")
         assert (away.value.hint or "").startswith(hint)
+
+
+def test_a_request_to_a_service_gone_silent_is_given_up_before_its_timeout() -> None:
+    """A stopped process (SIGSTOP) keeps its listening socket: the connection is made and
+    the request waits for an answer that never comes. A migration onto such a node waited
+    the client's whole timeout (120 s) per call before its rollback."""
+    stopped = socket.socket()
+    stopped.bind(("127.0.0.1", 0))
+    stopped.listen(8)  # (never accepted: the kernel completes the connection, nobody reads)
+    gone = threading.Event()
+    url = f"http://127.0.0.1:{stopped.getsockname()[1]}"
+    reason = "node 'fog-a' has sent no heartbeat for 21 s"
+    client = ServiceClient(url, "t" * 16, "node agent 'fog-a'", 60,
+                           silent=lambda: reason if gone.is_set() else None)  # fmt: skip
+    outcome: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            client.post("/pipelines/p/elements/e/pause")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    asking = threading.Thread(target=ask)
+    started = time.monotonic()
+    asking.start()
+    asking.join(1.5)
+    assert asking.is_alive()  # (waits while the node is not called silent)
+    gone.set()
+    asking.join(30)
+    try:
+        assert not asking.is_alive() and time.monotonic() - started < 30
+        (error,) = outcome
+        assert isinstance(error, NoAnswer)
+        assert "stopped answering POST /pipelines/p/elements/e/pause" in error.message
+        assert reason in error.message
+    finally:
+        client.close()
+        stopped.close()

@@ -91,6 +91,14 @@ def test_all_functions_and_windows_match_the_reference(cluster: Cluster, fan: di
     assert {e["key"]: e["state"]["values"] for e in state["entries"]} == expected
     one = cluster.json("state", "fan", "avg4", "s2")
     assert [(e["key"], e["state"]["values"]) for e in one["entries"]] == [("s2", expected["s2"])]
+    # A page: the first keys only (read by the key index, the others never collected),
+    # every key counted.
+    page = cluster.json("state", "fan", "avg4", "--limit", "2")
+    first = sorted(expected)[:2]
+    assert page["keys"] == len(expected)
+    assert [(e["key"], e["state"]["values"]) for e in page["entries"]] == [
+        (k, expected[k]) for k in first
+    ]
 
 
 def test_status_counts_and_dead_letters(cluster: Cluster, fan: dict) -> None:

@@ -120,6 +120,10 @@ def test_the_processing_moves_its_node_dies_and_the_output_equals_the_reference(
     held = {e["key"]: e["state"]["alarm"] for e in twins["entries"]}
     last = {who: cls == "abnormal" for who, _, cls in alarms}
     assert held == {p.name: last.get(p.name, False) for p in people}
+    page = cluster.json("state", "ecg", "classify", "--limit", "2")  # (its first keys)
+    assert page["keys"] == SOURCE.patients
+    assert [e["key"] for e in page["entries"]] == sorted(held)[:2]
+    assert all(e["state"]["alarm"] == held[e["key"]] for e in page["entries"])
     # One patient's newest filtered windows, as the dashboard's ECG view reads them.
     page = cluster.json("events", "ecg", "bandpass", "p01", "--tail", "40", "--limit", "5")
     assert [e["body"]["patient"] for e in page["events"]] == ["p01"] * 5, page

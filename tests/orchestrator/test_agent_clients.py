@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+
+import pytest
 
 from fogshift.broker.client import BrokerAddress
 from fogshift.contracts import Heartbeat
+from fogshift.orchestrator import core
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 
@@ -28,5 +32,26 @@ def test_a_restarted_agent_gets_a_new_client_with_no_pooled_connection(tmp_path:
         second = orch.agent("fog-a")
         assert second is not first and second.url == first.url
         assert first._client.is_closed
+    finally:
+        orch.close()
+
+
+def test_a_request_to_an_agent_is_given_up_once_its_node_has_gone_silent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration onto a node whose agent was just stopped (SIGSTOP) printed nothing for
+    minutes: each request waited the client's whole timeout before the rollback."""
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    orch = Orchestrator(config)
+    try:
+        orch.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9", pid=1, ready=True))
+        client = orch.agent("fog-a")
+        assert client._silent is not None and client._silent() is None
+        later = time.time() + config.call_silence_s + 1
+        monkeypatch.setattr(core.time, "time", lambda: later)
+        reason = client._silent()
+        quiet = f"node 'fog-a' has sent no heartbeat for {config.call_silence_s + 1:.0f} s"
+        assert reason is not None and quiet in reason
     finally:
         orch.close()

@@ -13,6 +13,7 @@ import pytest
 
 from fogshift.broker.keys import KeyCopy, KeyMove, Ownership, parse, state_payload
 from fogshift.contracts import KeyOrder
+from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.keymoves import (
     FIRST_WAVE_BYTES,
     FIRST_WAVE_KEYS,
@@ -509,29 +510,40 @@ def test_a_refused_key_list_says_what_is_wrong_with_it(keys: list[str], received
     assert refused.value.hint is not None
 
 
+NODES = ("cloud", "fog-a", "fog-b")
+
+
 def test_a_key_move_s_target_is_a_node_with_one_partition_or_a_partition_s_id() -> None:
     """With two partitions on one node, ``--to NODE`` meant the first of them, silently."""
     from fogshift.exceptions import InvalidInput
 
     parts: Any = [SimpleNamespace(id=f"agg-p{i}") for i in range(3)]
     placement = {"agg-p0": "fog-a", "agg-p1": "fog-b", "agg-p2": "fog-b"}
-    to, node = _target_partition("p", "agg", parts, placement, "fog-a")
+    to, node = _target_partition("p", "agg", parts, placement, "fog-a", NODES)
     assert (to.id, node) == ("agg-p0", "fog-a")
-    to, node = _target_partition("p", "agg", parts, placement, "agg-p2")
+    to, node = _target_partition("p", "agg", parts, placement, "agg-p2", NODES)
     assert (to.id, node) == ("agg-p2", "fog-b")
     with pytest.raises(InvalidInput, match="2 partitions of 'agg' run there") as refused:
-        _target_partition("p", "agg", parts, placement, "fog-b")
+        _target_partition("p", "agg", parts, placement, "fog-b", NODES)
     assert refused.value.expected == "one partition's id: agg-p1 or agg-p2"
     assert refused.value.hint is not None and "--to agg-p1" in refused.value.hint
     with pytest.raises(InvalidInput, match="no partition of 'agg' runs there"):
-        _target_partition("p", "agg", parts, placement, "cloud")
+        _target_partition("p", "agg", parts, placement, "cloud", NODES)
     with pytest.raises(InvalidInput, match="no partition of 'agg' runs there"):
-        _target_partition("p", "agg", parts, {"agg-p0": "fog-a"}, "agg-p1")  # placed nowhere
+        _target_partition("p", "agg", parts, {"agg-p0": "fog-a"}, "agg-p1", NODES)  # (nowhere)
     # A partition the element does not have: its hint told to move a partition to a node
     # named "agg-p5".
     with pytest.raises(InvalidInput, match="'agg' has no partition 'agg-p5'") as refused:
-        _target_partition("p", "agg", parts, placement, "agg-p5")
+        _target_partition("p", "agg", parts, placement, "agg-p5", NODES)
     assert refused.value.hint == (
         "name one of agg-p0, agg-p1, agg-p2, or give it more partitions first "
         "(`fogshift scale p agg --partitions N`)"
     )
+    # A node that does not exist: it said "no partition of 'agg' runs there".
+    with pytest.raises(UnknownNode, match="no node or partition of 'agg' has that name") as no:
+        _target_partition("p", "agg", parts, placement, "nowhere", NODES)
+    assert (
+        no.value.expected == "a node (cloud, fog-a, fog-b) or a partition's id (agg-p0, "
+        "agg-p1, agg-p2)"
+    )
+    assert no.value.hint is not None and "fogshift nodes" in no.value.hint

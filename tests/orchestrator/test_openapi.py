@@ -304,6 +304,7 @@ def test_a_sink_writing_a_running_pipelines_output_is_refused(
     )
     assert answer.status_code == 422, answer.text
     assert "which sink 'sink' of running pipeline 'p' writes" in answer.json()["message"]
+    assert "linked.csv', one file with '" in answer.json()["message"]  # (its own name too)
     # Once it is stopped, the file may be taken over.
     orch.registry.set_status("p", "stopped")
     orch.broker.close()  # (the deploy then fails at the broker, past the check)

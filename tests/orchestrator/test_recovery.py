@@ -1098,7 +1098,7 @@ def test_an_operation_onto_a_node_not_healthy_says_what_it_expected_and_the_heal
         assert error.message.endswith("node 'fog-b': it is not healthy"), error.message
         assert error.expected == "a node heard within 5 s, its Spark session ready"
         assert (error.received or "").startswith("'fog-b' last heard "), error.received
-        assert error.hint == "choose another node (cloud healthy now)", error.hint
+        assert error.hint == "choose another node (cloud healthy now; it is on 'fog-a' now)"
     assert orch.pipeline("p").placement["aggregate"] == "fog-a"
 
 

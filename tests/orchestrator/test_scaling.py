@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.broker.keys import Ownership
+from fogshift.broker.keys import KeyMove, KeyState, Ownership
 from fogshift.common.text import one_line
 from fogshift.contracts import Heartbeat, KeyMoveStatus, KeyWave, ScaleReport
 from fogshift.exceptions import FogshiftError, Unavailable
@@ -248,9 +248,11 @@ def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never
     # s1 (CRC-32's partition 0) moved to partition 1 by move m1; partition 0, restored from
     # a checkpoint before the move, holds its older state until it replays the move: the
     # read answered that, and the listing showed s1 twice.
-    assert partition_of_key("s1", 2) == 0
+
+    assert partition_of_key("s1", 2) == partition_of_key("s8", 2) == 0
     _beat(orch, agents)
-    owners = Ownership(2, moved={"s1": 1}, last={"s1": "m1"})
+    owners = Ownership(2)
+    owners.apply(KeyMove(30, "m1", "aggregate", ("s1", "s8"), 1))
     monkeypatch.setattr(orch, "_ownership", lambda *args: owners)
     p0, p1 = ("/pipelines/p/elements/aggregate-p0/state",
               "/pipelines/p/elements/aggregate-p1/state")  # fmt: skip
@@ -260,21 +262,36 @@ def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never
     agents["fog-b"].answer("GET", p1, body=_twins("aggregate-p1", "fog-b", {"s1": {"n": 9}}))
     one = orch.twin_state("p", "aggregate", "s1")
     assert [(e.key, e.state) for e in one.entries] == [("s1", {"n": 9})]
-    assert agents["fog-a"].received("GET", p0) == []  # (its owner answered)
     every = orch.twin_state("p", "aggregate")
     assert [(e.key, e.partition, e.state) for e in every.entries] == [
         ("s1", "aggregate-p1", {"n": 9}),
         ("s2", "aggregate-p0", {"n": 4}),
     ]
-    # In flight: its origin let it go, its target has not taken it in yet. It was "no
-    # state (it has had no valid event yet)".
+    # In flight: its origin sent the state it held (stored at 40), its target has not taken
+    # it in yet (committed up to 35). It was "no state (it has had no valid event yet)".
+    owners.settle(KeyState(40, "m1", "aggregate", "s1", 1, {"n": "9"}))
+    owners.settle(KeyState(41, "m1", "aggregate", "s8", 1, {}))  # (s8 had none to send)
     agents["fog-a"].answer("GET", p0, body=_twins("aggregate-p0", "fog-a", {}))
     agents["fog-b"].answer("GET", p1, body=_twins("aggregate-p1", "fog-b", {}))
-    (entry,) = orch.twin_state("p", "aggregate", "s1").entries
+    progress = "/pipelines/p/elements/aggregate-p1/progress"
+    at = {"pipeline": "p", "element": "aggregate-p1", "state": "running", "epoch": 1}
+    agents["fog-b"].answer("GET", progress, body={**at, "offset": {"positions": {"source": 35}}})
+    moving = orch.twin_state("p", "aggregate", "s1")
+    (entry,) = moving.entries
     assert entry.key == "s1" and entry.state is None
     assert entry.waiting is not None and entry.waiting.move == "m1"
-    # A key that never moved and is held nowhere has had no event yet.
-    assert orch.twin_state("p", "aggregate", "s3").entries == []
+    assert (moving.element, moving.node, moving.waiting) == ("aggregate-p1", "fog-b", 1)
+    # A key moved without state waits for nothing: it has had no event yet (it was "waiting
+    # for key move m1" until one came), and its owner's node says so.
+    unseen = orch.twin_state("p", "aggregate", "s8")
+    assert unseen.entries == [] and unseen.node == "fog-b"
+    # Taken in (committed past 40), its state dropped by the PE since: no state, not waiting.
+    agents["fog-b"].answer("GET", progress, body={**at, "offset": {"positions": {"source": 40}}})
+    assert orch.twin_state("p", "aggregate", "s1").entries == []
+    # A key that never moved and is held nowhere has had no event yet, says its owner.
+    assert partition_of_key("s3", 2) == 0
+    never = orch.twin_state("p", "aggregate", "s3")
+    assert never.entries == [] and never.node == "fog-a"
 
 
 def test_checkpoints_left_on_a_node_are_discarded_only_where_the_pe_is_not_placed(

@@ -303,7 +303,15 @@ def test_one_file_under_two_names_is_one_file_to_the_exactly_once_checks(tmp_pat
     with pytest.raises(InvalidSpec) as err:
         parse_spec(data, tmp_path)
     assert "sinks 'sink' and 'sink2'" in err.value.message
-    assert err.value.received == "sink.path and sink2.path: one file under two names"
+    assert err.value.received.startswith("sink.path and sink2.path: one file under two names")
+    # Both names said (it named the second twice: "both write 'out/b.csv'").
+    assert "o.csv' and '" in err.value.message and err.value.message.endswith("b.csv'")
+    (tmp_path / "out" / "b.csv").unlink()
+    # A symbolic link: it said "sink.path == sink2.path", the paths written differing.
+    (tmp_path / "out" / "b.csv").symlink_to(tmp_path / "out" / "o.csv")
+    with pytest.raises(InvalidSpec) as err:
+        parse_spec(data, tmp_path)
+    assert "==" not in err.value.received and "links followed" in err.value.received
     (tmp_path / "out" / "b.csv").unlink()
     (tmp_path / "out" / "b.csv").write_text("")  # (its own file now: taken)
     assert parse_spec(data, tmp_path) is not None

@@ -78,6 +78,8 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
   private final String notPrintable;
   /** Keyed ({@link #keyedBy}): the body field keyed by, else {@code null}. */
   private String keyBy;
+  /** The longest key processed (fogshift.events.MAX_KEY_CHARS). */
+  static final int MAX_KEY_CHARS = 1024;
   /** The grouping key of events without a key, and the prefix of the others'. */
   private String noKey;
   private String keyPrefix;
@@ -392,6 +394,14 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
    * text is the same wherever it is read.
    */
   String keyRefusal(Read read, String grouped) {
+    // fogshift.events.MAX_KEY_CHARS, counted in code points as Python's len() counts.
+    int chars = grouped.codePointCount(0, grouped.length());
+    if (chars > MAX_KEY_CHARS) {
+      return "field " + keyByRepr + " (key_by of " + peRepr + ") is "
+          + String.format(java.util.Locale.ROOT, "%,d", chars) + " characters long: a key is at"
+          + " most " + String.format(java.util.Locale.ROOT, "%,d", MAX_KEY_CHARS)
+          + " (to be asked for and moved by name)";
+    }
     JsonNode node = read.node;
     if (read.error != null || node == null || node.isMissingNode()) {
       // json.loads raised, or no value: not refused here
