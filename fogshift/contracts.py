@@ -1115,6 +1115,8 @@ class StreamEvent(BaseModel):
         body: The body, decoded if it is JSON, else the text as it is.
         origin: The sequence, in the PE's input stream, of the event it came from (``None``
             for a source's events and a multi-input PE's, which come from a cut of several).
+        partition: In a page of a partitioned element, the partition whose stream holds it
+            (``seq`` is in that stream); ``None`` otherwise.
     """
 
     model_config = _WIRE
@@ -1126,6 +1128,7 @@ class StreamEvent(BaseModel):
     creator: str
     body: Any
     origin: int | None = None
+    partition: str | None = None
 
 
 class HopLatency(BaseModel):
@@ -1162,6 +1165,11 @@ class EventPage(BaseModel):
         scanned_after: The page covers the stream sequences after this one ...
         scanned_to: ... up to this one: ask again with ``after=scanned_to`` for the next page.
         last_seq: The stream's newest sequence when it was read.
+
+    A partitioned element's page holds its partitions' newest events (each partition's
+    newest ``tail`` messages scanned), merged by when the broker stored them, each naming its
+    partition; sequences are each partition's own, so the three fields above are 0 (page a
+    partition's stream forward by its id).
     """
 
     model_config = _WIRE

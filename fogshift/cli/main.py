@@ -631,15 +631,20 @@ def events(
     if as_json:
         _print_json(data)
         return
+    # (A partitioned element's page merges its partitions' streams: each event names its.)
+    parts = any(e.partition is not None for e in data.events)
     table = Table(
-        title=f"events of {pipeline}/{element} (stream sequences "
-        f"{data.scanned_after + 1}-{data.scanned_to} of {data.last_seq})"
-    )
-    for column in ("seq", "epoch", "creator", "body"):
+        title=f"events of {pipeline}/{element} ("
+        + ("its partitions' newest, by when stored" if parts else
+           f"stream sequences {data.scanned_after + 1}-{data.scanned_to} of {data.last_seq}")
+        + ")"
+    )  # fmt: skip
+    for column in ("partition", "seq", "epoch", "creator", "body")[0 if parts else 1 :]:
         table.add_column(column)
     for event in data.events:
         text = json.dumps(event.body, separators=(",", ":"))
-        table.add_row(*_plain(str(event.seq), str(event.epoch), event.creator, text[:160]))
+        cells = (str(event.seq), str(event.epoch), event.creator, text[:160])
+        table.add_row(*_plain(*((event.partition or "",) if parts else ()), *cells))
     console.print(table)
     if not data.events:
         console.print("no events" + (f" of key {escape(repr(key))}" if key is not None else "")

@@ -258,7 +258,8 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         limit: EventsLimitQuery = 500,
     ) -> EventPage:
         """A page of the events a PE emitted (its output stream): forward from ``after``, or
-        the newest ones; only a key's with ``key`` (a keyed PE)."""
+        the newest ones; only a key's with ``key`` (a keyed PE). A partitioned element's:
+        its partitions' newest, merged, each naming its partition (no ``after``)."""
         return orchestrator.events(name, element, key, after, tail, limit)
 
     @app.post("/pipelines/{name}/elements/{element}/migrate")

@@ -218,7 +218,7 @@ class OrchestratorCore:
         quiet = time.time() - node.last_seen if node is not None else 0.0
         if quiet <= self.config.call_silence_s:
             return None
-        return (f"node {name!r} has sent no heartbeat for {quiet:.0f} s (more than "
+        return (f"node {name!r} has sent no heartbeat for {quiet:.1f} s (more than "
                 f"{self.config.call_silence_s:g} s)")  # fmt: skip
 
     def agent(self, name: str) -> ServiceClient:

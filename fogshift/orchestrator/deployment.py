@@ -730,11 +730,48 @@ class Deployment(Journal):
             UnknownPipeline: No such pipeline.
             UnknownElement: No such PE in it.
             NotKeyed: ``key`` was given for a PE without ``key_by``.
+            InvalidInput: ``after`` for a partitioned element (each partition's stream has
+                its own sequences).
         """
         record = self.pipeline(name)
-        element = self._element(record, element_id)
+        parts = record.spec.partitions_of(element_id)
+        element = parts[0] if parts else self._element(record, element_id)
         _refuse_key(name, element_id, element, key, "its events have no key to select",
                     f"leave out key, or ask a keyed PE of {name}")  # fmt: skip
+        if not parts:
+            return self._event_page(name, element, key, after, tail, limit)
+        if after is not None:
+            raise InvalidInput(
+                f"cannot page forward through the events of {name}/{element_id}: it is "
+                "partitioned, each partition's stream with sequences of its own",
+                expected="`after` with one partition's id ("
+                + ", ".join(p.id for p in parts)
+                + "), or `tail` with the element's",
+                received=f"after={after}",
+                hint=f"e.g. `GET /pipelines/{name}/elements/{parts[0].id}/events?after={after}`",
+            )
+        # (A key's events since a move are in its new partition's stream, those before in
+        # the one it left: every partition's newest, merged by when they were stored.)
+        merged = [
+            event.model_copy(update={"partition": part.id})
+            for part in parts
+            for event in self._event_page(name, part, key, None, tail, limit).events
+        ]
+        merged.sort(key=lambda e: (e.stored, e.partition or "", e.seq))
+        return EventPage(pipeline=name, element=element_id, key=key, events=merged[-limit:],
+                         scanned_after=0, scanned_to=0, last_seq=0)  # fmt: skip
+
+    def _event_page(
+        self,
+        name: str,
+        element: ElementSpec,
+        key: str | None,
+        after: int | None,
+        tail: int | None,
+        limit: int,
+    ) -> EventPage:
+        """:meth:`events` of one PE (a partition too)."""
+        element_id = element.id
         stream = stream_name(name, element_id)
 
         async def read(js: Any) -> tuple[int, int, int, list[Any]]:

@@ -721,3 +721,21 @@ def test_an_options_help_is_shown_whole(path: tuple[str, ...]) -> None:
     for param in dict(COMMANDS)[path].params:
         text = " ".join((getattr(param, "help", None) or "").replace("\\[", "[").split())
         assert text in shown, (param.name, text)
+
+
+def test_events_of_a_partitioned_element_name_each_event_s_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A merged page's sequences are each partition's own: shown without their partition
+    # (and as "stream sequences 1-0 of 0"), they named nothing.
+    event = {"seq": 4, "epoch": 1, "stored": 1.0, "timestamp": 1.0, "creator": "agg",
+             "body": {"sensor": "s1"}}  # fmt: skip
+    merged = [{**event, "partition": "agg-p0"}, {**event, "partition": "agg-p1"}]
+    page = {"pipeline": "p", "element": "agg", "key": "s1", "scanned_after": 0,
+            "scanned_to": 0, "last_seq": 0, "events": merged}  # fmt: skip
+    use(monkeypatch, StandInClient({"/pipelines/p/elements/agg/events": page}))
+    result = runner.invoke(cli.app, ["events", "p", "agg", "s1"])
+    assert result.exit_code == 0, result.output
+    text = flat(result.stdout)
+    assert "its partitions' newest, by when stored" in text and "1-0 of 0" not in text
+    assert "agg-p0" in text and "agg-p1" in text

@@ -51,7 +51,7 @@ def test_a_request_to_an_agent_is_given_up_once_its_node_has_gone_silent(
         later = time.time() + config.call_silence_s + 1
         monkeypatch.setattr(core.time, "time", lambda: later)
         reason = client._silent()
-        quiet = f"node 'fog-a' has sent no heartbeat for {config.call_silence_s + 1:.0f} s"
+        quiet = f"node 'fog-a' has sent no heartbeat for {config.call_silence_s + 1:.1f} s"
         assert reason is not None and quiet in reason
     finally:
         orch.close()

@@ -67,3 +67,43 @@ def test_strangers_messages_deep_bodies_and_missing_streams_are_read_without_fai
     assert orch.events(name, "sink").events == []
     assert orch.errors(name) == letters
     assert all(h.element != "sink" for h in orch.latency(name))
+
+
+def test_a_partitioned_element_s_events_are_its_partitions_merged_by_when_stored(
+    orch: Orchestrator,  # noqa: F811
+    tmp_path: Path,
+    agents: dict[str, StandIn],
+    js_client: SyncJetStream,
+) -> None:
+    # `fogshift events P aggregate s1` of a partitioned element was refused ("it is
+    # partitioned") while `fogshift state P aggregate s1` answered: a key's events since a
+    # move are in its new partition's stream, those before in the one it left.
+    from fogshift.exceptions import InvalidInput
+
+    name = "merged"
+    partitioned = spec(tmp_path, name)
+    aggregate = partitioned["elements"][1]
+    del aggregate["node"]
+    aggregate.update(partitions=["fog-a", "fog-b"], key_by="sensor")
+    orch.deploy(partitioned)
+    written = [("aggregate-p0", "s1", 1.0), ("aggregate-p1", "s2", 2.0),
+               ("aggregate-p0", "s2", 3.0), ("aggregate-p1", "s1", 4.0),
+               ("aggregate-p1", "s1", 5.0)]  # fmt: skip
+    for n, (part, sensor, value) in enumerate(written, 1):  # (one after another: stored so)
+        body = json.dumps({"sensor": sensor, "value": value})
+        record = Record(n, 0, n, float(n), part, body)
+        js_client.run(lambda j, p=part, r=record: publish_records(j, name, p, [r], epoch=1))
+    page = orch.events(name, "aggregate", "s1")
+    assert [(e.partition, e.body["value"]) for e in page.events] == [
+        ("aggregate-p0", 1.0),
+        ("aggregate-p1", 4.0),
+        ("aggregate-p1", 5.0),
+    ]
+    p1 = [e.seq for e in page.events if e.partition == "aggregate-p1"]
+    assert len(p1) == 2 and p1 == sorted(p1)  # (in its own stream)
+    every = orch.events(name, "aggregate", limit=3)  # the newest three, of both
+    assert [e.body["value"] for e in every.events] == [3.0, 4.0, 5.0]
+    assert orch.events(name, "aggregate-p1").events[0].partition is None  # (one stream)
+    with pytest.raises(InvalidInput) as refused:
+        orch.events(name, "aggregate", after=0)
+    assert "aggregate-p0, aggregate-p1" in (refused.value.expected or "")
