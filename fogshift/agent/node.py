@@ -960,12 +960,13 @@ class NodeRuntime:
         # A page of a large keyed state: its first ``limit`` keys by the key index (when it
         # covers the newest commit: no Spark job), the others never collected (1000 keys of
         # 1 MiB each, all read, passed Spark's maxResultSize). A small one: one job, as is.
-        indexed = self._indexed_keys(pipeline, pe) if keyed and key is None else None
+        at, indexed = self._indexed_keys(pipeline, pe) if keyed and key is None else (None, None)
         only = sorted(indexed)[:limit] if indexed is not None and len(indexed) > limit else None
+        at = at if only is not None else None  # (the page read at the batch it was listed at)
         if runs_on_jvm(element):
             batch, states = read_jvm_window(
                 self.spark, self.checkpoint_dir(pipeline, pe), keyed, key if keyed else None,
-                only,
+                only, at,
             )  # fmt: skip
         else:
             batch, states = read_state(
@@ -975,6 +976,7 @@ class NodeRuntime:
                 keyed,
                 key if keyed else None,
                 only,
+                at,
             )
         waiting = (
             read_waiting(
@@ -1000,17 +1002,18 @@ class NodeRuntime:
             entries=entries[:limit],
         )
 
-    def _indexed_keys(self, pipeline: str, pe: str) -> list[str] | None:
-        """The keys a keyed PE holds state for as of its newest committed batch, by its key
-        index alone (``None``: the index does not cover that batch; no Spark job is run)."""
+    def _indexed_keys(self, pipeline: str, pe: str) -> tuple[int | None, list[str] | None]:
+        """The newest committed batch of a keyed PE and the keys holding state as of it, by
+        its key index alone (keys ``None``: the index does not cover that batch; no Spark
+        job is run)."""
         checkpoint = self.checkpoint_dir(pipeline, pe)
         with self._key_index_lock(pipeline, pe):
-            variables = key_index.read(key_index.folder_of(checkpoint),
-                                       committed_batch(checkpoint))  # fmt: skip
+            batch = committed_batch(checkpoint)
+            variables = key_index.read(key_index.folder_of(checkpoint), batch)
         if variables is None:
-            return None
+            return batch, None
         # (A key that only waits for its move's state holds ``held`` alone: no state yet.)
-        return [k for k, names in variables.items() if any(n != "held" for n in names)]
+        return batch, [k for k, names in variables.items() if any(n != "held" for n in names)]
 
     def state_keys(self, pipeline: str, pe: str) -> StateKeys:
         """The keys a keyed PE holds anything for, as of its newest committed batch (see

@@ -69,9 +69,11 @@ BATCH_SEQUENCE_HEADER = "Nats-Batch-Sequence"
 BATCH_COMMIT_HEADER = "Nats-Batch-Commit"
 #: JetStream's error code for a failed Nats-Expected-Last-Sequence check.
 WRONG_LAST_SEQUENCE = 10071
-#: How long :func:`fence` tries to land its marker on a stream that keeps moving, and its
-#: first pause between tries (doubled at each, jittered, at most 0.2 s).
-FENCE_WAIT_S = 60.0
+#: How long :func:`fence` tries to land its marker on a stream that keeps moving (within
+#: its callers' broker timeout, 30 s: past it they would report a broker that did not
+#: answer, the fence still trying), and its first pause between tries (doubled at each,
+#: jittered, at most 0.2 s).
+FENCE_WAIT_S = 20.0
 FENCE_PAUSE_S = 0.001
 #: JetStream's error code for an atomic batch holding a message id the stream already has:
 #: a record at one of the batch's positions was stored since the tail the batch follows (the

@@ -148,6 +148,20 @@ def _jetstream_ready(address: BrokerAddress) -> bool:
     return True
 
 
+def _host_port(url: str) -> tuple[str, int] | None:
+    """Where a NATS client connects for ``url``, read as nats-py reads it (no scheme:
+    ``nats://``; no port: 4222); ``None`` for a websocket or a URL it does not read so (the
+    client's own connect then tells)."""
+    try:
+        where = urlsplit(url if "://" in url else f"nats://{url}")
+        port = where.port
+    except ValueError:
+        return None
+    if where.scheme not in ("nats", "tls") or not where.hostname:
+        return None
+    return where.hostname, port or 4222
+
+
 def check_external(address: BrokerAddress, timeout_s: float = 5.0) -> None:
     """Check a broker fogshift does not start (``fogshift up --nats-url``) before anything
     runs on it: it answers a JetStream request of ``address``'s user, and takes messages as
@@ -161,14 +175,15 @@ def check_external(address: BrokerAddress, timeout_s: float = 5.0) -> None:
     """
     hint = ("start it (with JetStream enabled for the user given) before `fogshift up`, or "
             "leave out --nats-url and let fogshift start its own")  # fmt: skip
-    where = urlsplit(address.url)
-    host, port = where.hostname or "127.0.0.1", where.port or 4222
+    where = _host_port(address.url)
     try:  # (first: the client's connect retries until its timeout, whatever the cause)
-        socket.create_connection((host, port), timeout=timeout_s).close()
+        if where is not None:
+            socket.create_connection(where, timeout=timeout_s).close()
     except OSError as exc:
+        assert where is not None
         raise BrokerUnavailable(
             f"no broker answers at {address.url}: {exc.strerror or type(exc).__name__} "
-            f"(nothing listens at {host}:{port}, or it cannot be reached from here)",
+            f"(nothing listens at {where[0]}:{where[1]}, or it cannot be reached from here)",
             hint=hint,
         ) from exc
     client = SyncJetStream(address, connect_timeout_s=timeout_s)

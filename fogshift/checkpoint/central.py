@@ -21,6 +21,7 @@ it must resolve inside its folder.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -165,10 +166,14 @@ def _write_synced(tmp: Path, data: bytes, path: Path, renamed: bool = True) -> N
 
 
 def _sync_folder(folder: Path) -> None:
-    """Put the renames made in ``folder`` on disk."""
+    """Put the renames made in ``folder`` on disk (where the file system can: some network
+    and FUSE ones refuse a folder's fsync, and sync its entries themselves)."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
     finally:
         os.close(fd)
 
@@ -498,8 +503,9 @@ class CentralStore:
             last = float(before[0][1].get("stored") or 0) if before else 0.0
             at = max(time.time(), math.nextafter(last, math.inf))
             stored = {**manifest, "stored": at, "shipped_bytes": shipped}
-            if missing:
-                _sync_folder(self.blobs)
+            # (Also with nothing shipped: a blob found here may be another put's, renamed
+            # and not yet synced.)
+            _sync_folder(self.blobs)
             _write_synced(folder / f".{manifest['id']}.tmp", json.dumps(stored).encode(),
                           folder / f"{manifest['id']}.json")  # fmt: skip
         expired = _newest_first(folder)[self.keep :]

@@ -68,27 +68,37 @@ def _check_parents(path: Path, me: int) -> None:
     """Refuse a home whose folders above could be changed by another user: one of theirs
     (its owner can move the home away and put one of their own in its place, whatever the
     home's mode), or one others may write without the sticky bit (so may they). ``/tmp``
-    (root's, sticky) and a folder of this user's or root's are fine.
+    (root's, sticky) and a folder of this user's or root's are fine; so is one its group may
+    write when that group is this user's own (a user private group, as with umask 002).
 
     Raises:
         InvalidInput: Naming the folder.
     """
+    mine = os.getegid()
     for parent in path.resolve().parents:
         try:
             found = parent.stat()
         except (FileNotFoundError, NotADirectoryError):
             continue  # (made by this user below)
         mode = stat.S_IMODE(found.st_mode)
-        others_write = mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX
+        writers = stat.S_IWOTH | (stat.S_IWGRP if found.st_gid != mine else 0)
+        others_write = mode & writers and not mode & stat.S_ISVTX
         if found.st_uid not in (me, 0) or others_write:
-            whose = "another user's" if found.st_uid not in (me, 0) else "writable by others"
+            theirs = found.st_uid not in (me, 0)
+            whose = "another user's" if theirs else "writable by others"
             raise InvalidInput(
                 f"cannot use {str(path)!r} as a fogshift home: the folder {str(parent)!r} "
                 f"above it is {whose}, who could put another folder in its place",
                 expected=f"folders above the home of this user's (uid {me}) or root's, "
                 "written by nobody else (or sticky, as /tmp)",
-                received=f"{parent}: uid {found.st_uid}, mode {mode:o}",
-                hint="give a --home under a folder of your own (e.g. ~/fogshift)",
+                received=f"{parent}: uid {found.st_uid}, gid {found.st_gid}, mode {mode:o}",
+                hint="give a --home under a folder of your own (e.g. ~/fogshift)"
+                + (
+                    "; as root, not under another user's folder: they could swap what root "
+                    "then trusts (e.g. /root/fogshift)"
+                    if me == 0 and theirs
+                    else ""
+                ),
             )
 
 

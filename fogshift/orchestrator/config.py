@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fogshift.broker.client import DUPLICATE_WINDOW_S
@@ -102,6 +102,18 @@ class OrchestratorConfig(BaseSettings):
     broker_config: Path | None = None
     broker_pid: int | None = Field(default=None, ge=1)
     broker_started: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _calls_outlast_health(self) -> OrchestratorConfig:
+        # A call given up before its node is even reported unhealthy would abort operations
+        # on a node merely slow to send its heartbeat.
+        if self.call_silence_s < self.node_timeout_s:
+            raise ValueError(
+                f"call_silence_s ({self.call_silence_s:g}) must be at least node_timeout_s "
+                f"({self.node_timeout_s:g}): a call is given up only once its node counts as "
+                "silent"
+            )
+        return self
 
     @classmethod
     def default(cls, field: str) -> Any:

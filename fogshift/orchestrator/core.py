@@ -154,6 +154,12 @@ class OrchestratorCore:
         #: Per PE: how long starting its current standby took (ms).
         self.standby_ready_ms: dict[tuple[str, str], float] = {}
         self.started_at = time.time()
+        #: When this process last received each node's heartbeat (monotonic): what a call
+        #: to the node's agent is given up by (:meth:`_silence`). Not the registry's
+        #: ``last_seen``: written by an earlier process, it made every node look silent
+        #: after an orchestrator restart, and a clock step made all of them so at once.
+        self._beats: dict[str, float] = {}
+        self._beats_since = time.monotonic()
         #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
         self.plan = PlanView(error="not computed yet")
         self._topology: Topology | None = None
@@ -188,6 +194,7 @@ class OrchestratorCore:
                 "left": [c for c in report.left if named(c)],
             })  # fmt: skip
         self.registry.heartbeat(name, report)
+        self._beats[name] = time.monotonic()
 
     def pipeline_lock(self, name: str) -> threading.Lock:
         """The lock a deploy and a stop of pipeline ``name`` hold (see ``_pipeline_locks``)."""
@@ -212,10 +219,10 @@ class OrchestratorCore:
         return busy
 
     def _silence(self, name: str) -> str | None:
-        """Why a request to node ``name`` is to be given up: it has sent no heartbeat for
-        ``call_silence_s`` (stopped, cut off), or ``None``."""
-        node = self.registry.node(name)
-        quiet = time.time() - node.last_seen if node is not None else 0.0
+        """Why a request to node ``name`` is to be given up: it has sent this process no
+        heartbeat for ``call_silence_s`` (stopped, cut off; counted from this process's
+        start for a node not heard yet), or ``None``."""
+        quiet = time.monotonic() - self._beats.get(name, self._beats_since)
         if quiet <= self.config.call_silence_s:
             return None
         return (f"node {name!r} has sent no heartbeat for {quiet:.1f} s (more than "

@@ -914,10 +914,11 @@ class Deployment(Journal):
             # holds its older state again until it replays the move.)
             first = owners.owner(key) if owners else partition_of_key(key, len(parts))
             first = first if first < len(parts) else 0
-            answers = [
-                ask(p.id) for p in [parts[first], *(p for p in parts if p is not parts[first])]
-            ]
-            for answer in answers:
+            # (One partition after another, the owner first: its answer is the usual one,
+            # and a lost node elsewhere does not fail it.)
+            answers: list[TwinState] = []
+            for part in [parts[first], *(p for p in parts if p is not parts[first])]:
+                answers.append(answer := ask(part.id))
                 if any(e.waiting is None for e in answer.entries):
                     return answer
             waits = next((a for a in answers if a.entries), None)
@@ -971,7 +972,8 @@ class Deployment(Journal):
         move = owners.last_move(key) if owners is not None else None
         if owners is None or seq is None or move is None:
             return None
-        target = parts[min(owners.owner(key), len(parts) - 1)]
+        owner = owners.owner(key)
+        target = parts[owner if owner < len(parts) else 0]  # (as twin_state asks it first)
         node = self.pipeline(name).placement.get(target.id)
         position = self._position(name, target.id, parts[0].inputs[0], node) if node else None
         if position is not None and position >= seq:

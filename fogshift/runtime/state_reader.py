@@ -34,6 +34,7 @@ def read_state(
     keyed: bool,
     key: str | None = None,
     only: Collection[str] | None = None,
+    at: int | None = None,
 ) -> tuple[int | None, dict[str | None, Any]]:
     """Each key's snapshot as of the newest committed batch.
 
@@ -47,13 +48,15 @@ def read_state(
         key: Only this key (of a keyed PE).
         only: Only these keys (of a keyed PE): a page of a large state, whose other keys
             are never collected to the driver.
+        at: The committed batch to read (``None``: the newest): the one ``only`` was
+            listed at, so that the page is one cut.
 
     Returns:
         The batch read, and the snapshot of each key (fields decoded from their JSON).
     """
     from pyspark.sql import functions as F  # noqa: N812
 
-    batch = committed_batch(checkpoint)
+    batch = committed_batch(checkpoint) if at is None else at
     if batch is None:
         return None, {}
     names = parts if parts is not None else [OPAQUE_PART]
@@ -124,6 +127,7 @@ def read_jvm_window(
     keyed: bool = False,
     key: str | None = None,
     only: Collection[str] | None = None,
+    at: int | None = None,
 ) -> tuple[int | None, dict[str | None, Any]]:
     """The window of a ``window-aggregate`` with ``engine: jvm`` (each key's, keyed), as of
     the newest committed batch, in the Python engine's shape (``{None: {"values": [...]}}``,
@@ -135,10 +139,11 @@ def read_jvm_window(
         keyed: Whether the PE is keyed (its grouping keys are :data:`KEY_PREFIX` + a key).
         key: Only this key (of a keyed PE).
         only: Only these keys (of a keyed PE), as :func:`read_state`'s.
+        at: The committed batch to read (``None``: the newest), as :func:`read_state`'s.
     """
     from pyspark.sql import functions as F  # noqa: N812
 
-    batch = committed_batch(checkpoint)
+    batch = committed_batch(checkpoint) if at is None else at
     if batch is None:
         return None, {}
     frame = _state_var(spark, checkpoint, batch, JVM_WINDOW_VAR).select(

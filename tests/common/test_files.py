@@ -128,10 +128,19 @@ def test_a_home_below_a_folder_others_can_change_is_refused(tmp_path: Path) -> N
     with pytest.raises(InvalidInput) as refused:
         make_private_dir(shared / "sub" / "home")
     assert f"the folder {str(shared)!r} above it is writable by others" in refused.value.message
-    assert refused.value.received == f"{shared}: uid {os.geteuid()}, mode 777"
+    assert refused.value.received == f"{shared}: uid {os.geteuid()}, gid {os.getegid()}, mode 777"
     assert list(shared.iterdir()) == []  # (refused before anything was made there)
     os.chmod(shared, 0o1777)  # sticky, as /tmp: nobody renames what is not theirs
     assert make_private_dir(shared / "mine").is_dir()
+    # Its group may write it: fine when that group is this user's own (umask 002 and a user
+    # private group make every folder so), refused when it is another group.
+    grouped = tmp_path / "grouped"
+    grouped.mkdir()
+    os.chmod(grouped, 0o775)
+    assert make_private_dir(grouped / "home").is_dir()
+    os.chown(grouped, -1, 4242)  # (the suite runs as root)
+    with pytest.raises(InvalidInput, match="writable by others"):
+        make_private_dir(grouped / "other")
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)
     os.chown(theirs, 4242, -1)  # (the suite runs as root)

@@ -9,7 +9,7 @@ import pytest
 
 from fogshift.broker.client import BrokerAddress
 from fogshift.contracts import Heartbeat
-from fogshift.orchestrator import core
+from fogshift.orchestrator import core, registry
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 
@@ -48,10 +48,27 @@ def test_a_request_to_an_agent_is_given_up_once_its_node_has_gone_silent(
         orch.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9", pid=1, ready=True))
         client = orch.agent("fog-a")
         assert client._silent is not None and client._silent() is None
-        later = time.time() + config.call_silence_s + 1
-        monkeypatch.setattr(core.time, "time", lambda: later)
+        # Counted by this process's clock: a wall-clock step changes nothing.
+        monkeypatch.setattr(core.time, "time", lambda: 1e12)
+        assert client._silent() is None
+        later = time.monotonic() + config.call_silence_s + 1
+        monkeypatch.setattr(core.time, "monotonic", lambda: later)
         reason = client._silent()
         quiet = f"node 'fog-a' has sent no heartbeat for {config.call_silence_s + 1:.1f} s"
         assert reason is not None and quiet in reason
     finally:
         orch.close()
+    # A new orchestrator process: the registry's last_seen is an earlier process's (an hour
+    # old, it was down that long); a node is silent only once this one has waited for it.
+    monkeypatch.undo()
+    past = time.time() - 3600
+    monkeypatch.setattr(registry.time, "time", lambda: past)
+    again = Orchestrator(config)
+    try:
+        again.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9", pid=1, ready=True))
+        again.close()
+        again = Orchestrator(config)  # (started now, the node's last_seen an hour old)
+        assert again.agent("fog-a")._silent is not None
+        assert again.agent("fog-a")._silent() is None  # type: ignore[misc]
+    finally:
+        again.close()

@@ -94,3 +94,11 @@ def test_a_period_no_wait_can_take_is_refused_before_anything_starts(
         check_environment(OrchestratorConfig)
         check_environment(AgentConfig)
     assert variable in refused.value.message and refused.value.expected
+
+
+def test_calls_are_not_given_up_before_their_node_counts_as_silent(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"call_silence_s \(3\) must be at least"):
+        OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=tmp_path / "b",
+                           call_silence_s=3)  # fmt: skip

@@ -262,6 +262,7 @@ def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never
     agents["fog-b"].answer("GET", p1, body=_twins("aggregate-p1", "fog-b", {"s1": {"n": 9}}))
     one = orch.twin_state("p", "aggregate", "s1")
     assert [(e.key, e.state) for e in one.entries] == [("s1", {"n": 9})]
+    assert agents["fog-a"].received("GET", p0) == []  # (its owner answered: nobody else)
     every = orch.twin_state("p", "aggregate")
     assert [(e.key, e.partition, e.state) for e in every.entries] == [
         ("s1", "aggregate-p1", {"n": 9}),

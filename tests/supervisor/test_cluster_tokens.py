@@ -119,3 +119,23 @@ def test_an_external_broker_whose_messages_are_smaller_than_records_is_refused(
     assert f"no broker answers at {url}: Connection refused" in away.value.message
     assert "BrokerUnavailable" not in away.value.message
     assert "is `fogshift up` running" not in (away.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("url", "where"),
+    [
+        # Read as nats-py reads it: `broker.lan:4222` was probed at 127.0.0.1 ("broker.lan"
+        # taken for a scheme), and refused.
+        ("broker.lan:4222", ("broker.lan", 4222)),
+        ("nats://10.0.0.5", ("10.0.0.5", 4222)),
+        ("tls://broker.lan:7422", ("broker.lan", 7422)),
+        ("ws://broker.lan", None),  # (a websocket: the client's own connect tells)
+        ("nats://broker.lan:99999", None),  # (no port: the client's error, not a traceback)
+    ],
+)
+def test_an_external_broker_is_probed_where_the_client_connects(
+    url: str, where: tuple[str, int] | None
+) -> None:
+    from fogshift.broker.server import _host_port
+
+    assert _host_port(url) == where
