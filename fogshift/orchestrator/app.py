@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from fastapi import Body, FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -156,6 +158,11 @@ class RestoreRequest(BaseModel):
 #: is kilobytes (a heartbeat ~1 KB per PE the node hosts); a node's token must not let it
 #: make the orchestrator hold gigabytes.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+#: Threads kept for heartbeats alone: the other handlers share the server's pool (40), which
+#: long requests (a migration, a read waiting on a node) can fill; a heartbeat queued behind
+#: them would leave its node looking dead, and every call to that node's agent is given up
+#: after ``call_silence_s`` without one (``Orchestrator._silence``).
+HEARTBEAT_THREADS = 4
 
 
 def create_app(config: OrchestratorConfig) -> FastAPI:
@@ -190,9 +197,14 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
             warnings=orchestrator.health_warnings(),
         )
 
+    beats = CapacityLimiter(HEARTBEAT_THREADS)
+
     @app.post("/nodes/{name}/heartbeat")
-    def heartbeat(name: NameParam, report: Heartbeat) -> Ack:
-        orchestrator.heartbeat(name, report)
+    async def heartbeat(name: NameParam, report: Heartbeat) -> Ack:
+        # Heard on arrival, on the event loop: the registry's write (SQLite) waits for one
+        # of the heartbeats' own threads, never for the shared pool.
+        orchestrator.heard(name)
+        await anyio.to_thread.run_sync(orchestrator.heartbeat, name, report, limiter=beats)
         return Ack()
 
     @app.get("/nodes/{name}/directory")

@@ -194,6 +194,11 @@ class OrchestratorCore:
                 "left": [c for c in report.left if named(c)],
             })  # fmt: skip
         self.registry.heartbeat(name, report)
+        self.heard(name)
+
+    def heard(self, name: str) -> None:
+        """Note that node ``name``'s heartbeat has just arrived (what :meth:`_silence` goes
+        by): called as the request comes in, before it waits for a thread to be recorded."""
         self._beats[name] = time.monotonic()
 
     def pipeline_lock(self, name: str) -> threading.Lock:
