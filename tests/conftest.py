@@ -234,8 +234,10 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if k != "FOGSHIFT_TEST_PAUSE_AT"}
         return {**env, "FOGSHIFT_TEST_PAUSE_FILE": str(self.pause_file)}
 
-    def up(self) -> None:
-        fogshift("up", "--nodes", ",".join(self.nodes), *self.up_args, "--home",
+    def up(self, nodes: Collection[str] | None = None) -> None:
+        """`fogshift up` of ``nodes`` (default: all the cluster's): on a running cluster,
+        what died is started again and a node it lacks is added."""
+        fogshift("up", "--nodes", ",".join(nodes or self.nodes), *self.up_args, "--home",
                  str(self.home), env=self.up_env())  # fmt: skip
 
     def down(self) -> None:
@@ -246,11 +248,14 @@ class Cluster:
         """Start again whatever of the cluster a test killed (`fogshift up` starts only what
         died, judged as here: by pid and group, since pids are given again) — unless only
         nodes outside ``needs`` (``None``: every node) died: a node start costs ~12 s of
-        CPU (its agent, zygote and JVM), and the next module that needs it starts it."""
+        CPU (its agent, zygote and JVM), and the next module that needs it starts it. A
+        needed node the cluster lacks (the shared cluster starts without its last) is added."""
         data = json.loads((self.home / "cluster.json").read_text())
-        wanted = [s for name, s in data["nodes"].items() if needs is None or name in needs]
-        if not all(leads(s["pid"], s["pgid"]) for s in [data["orchestrator"], *wanted]):
-            self.up()
+        needed = [n for n in self.nodes if needs is None or n in needs]
+        missing = [n for n in needed if n not in data["nodes"]]
+        wanted = [s for name, s in data["nodes"].items() if name in needed]
+        if missing or not all(leads(s["pid"], s["pgid"]) for s in [data["orchestrator"], *wanted]):
+            self.up([*data["nodes"], *missing])
 
     def stop_all(self) -> None:
         """Stop every running pipeline (outputs stay), so the next module starts quiet."""
@@ -349,9 +354,12 @@ def cluster_nodes() -> list[str] | None:
     return None
 
 
-def _start(home: Path, nodes: list[str], up_args: tuple[str, ...]) -> Iterator[Cluster]:
+def _start(
+    home: Path, nodes: list[str], up_args: tuple[str, ...], first: list[str] | None = None
+) -> Iterator[Cluster]:
+    """A cluster of ``nodes``, of which ``first`` (default: all) are started at once."""
     c = Cluster(home, nodes, up_args)
-    c.up()
+    c.up(first)
     try:
         yield c
     finally:
@@ -365,8 +373,13 @@ def _start(home: Path, nodes: list[str], up_args: tuple[str, ...]) -> Iterator[C
 
 @pytest.fixture(scope="session")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The session's shared cluster (:data:`SHARED_NODES`, :data:`SHARED_UP_ARGS`)."""
-    yield from _start(tmp_path_factory.mktemp("shared"), SHARED_NODES, SHARED_UP_ARGS)
+    """The session's shared cluster (:data:`SHARED_NODES`, :data:`SHARED_UP_ARGS`). Its last
+    node is added to the running cluster by the first module that needs it (`fogshift up`
+    with a node it lacks): a worker whose modules do not need it never starts it, and every
+    one that does runs its tests on an added node."""
+    yield from _start(
+        tmp_path_factory.mktemp("shared"), SHARED_NODES, SHARED_UP_ARGS, SHARED_NODES[:-1]
+    )
 
 
 @pytest.fixture(scope="module")

@@ -41,17 +41,19 @@ and a request in flight then may find no responder for a moment: clients retry t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nkeys
+from filelock import FileLock, Timeout
 
 from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.naming import (
@@ -62,7 +64,7 @@ from fogshift.broker.naming import (
     state_subjects,
     stream_name,
 )
-from fogshift.common.files import write_private
+from fogshift.common.files import PRIVATE_MODE, write_private
 from fogshift.common.processes import started_at
 from fogshift.spec.models import partitioned
 
@@ -74,6 +76,10 @@ STREAMS_ACCOUNT = "FS"
 NODE_API = "fsjs.API"
 #: The JetStream calls nodes make (on the streams their PEs may read, see :func:`node_imports`).
 NODE_CALLS = ("STREAM.INFO", "STREAM.MSG.GET", "DIRECT.GET")
+#: Beside the server's config: claimed while its users or config are rewritten.
+CONFIG_LOCK = "nats.conf.lock"
+#: How long a writer waits for another's claim (a rewrite and a reload take milliseconds).
+CONFIG_LOCK_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -259,16 +265,21 @@ class BrokerUsers:
             }
         }
         for node, seed in sorted(self.nodes.items()):
-            pes = list(hosted.get(node, ()))
-            accounts[node_account(node)] = {
-                "users": [{
-                    "nkey": user_public_key(seed),
-                    "permissions": node_permissions(node, pes),
-                }],
-                "imports": node_imports(node, pes),
-            }  # fmt: skip
-        # nats.conf is a superset of JSON: a JSON object is a valid value.
-        return f"accounts {json.dumps(accounts, indent=2)}\n"
+            accounts[node_account(node)] = _node_entry(node, seed, list(hosted.get(node, ())))
+        return _accounts_block(accounts)
+
+
+def _node_entry(node: str, seed: str, hosted: list[Hosted]) -> dict[str, Any]:
+    """The account of ``node``'s user (by its public key) hosting ``hosted``."""
+    return {
+        "users": [{"nkey": user_public_key(seed), "permissions": node_permissions(node, hosted)}],
+        "imports": node_imports(node, hosted),
+    }
+
+
+def _accounts_block(accounts: dict[str, Any]) -> str:
+    # nats.conf is a superset of JSON: a JSON object is a valid value.
+    return f"accounts {json.dumps(accounts, indent=2)}\n"
 
 
 #: Where the users' block of a config fogshift wrote begins: all before it is the head.
@@ -280,6 +291,15 @@ _OLDER_USERS = re.compile(r"^authorization ", re.MULTILINE)
 def users_file(config_file: Path) -> Path:
     """Where the users of the server configured by ``config_file`` are kept."""
     return config_file.with_name("users.json")
+
+
+def _config_lock(config_file: Path) -> FileLock:
+    """The claim whoever rewrites the server's users or config holds while reading, writing
+    and reloading them: the orchestrator granting rights and an `up` adding a node. Without
+    it, a grant that read the users before a node was added would write the config without
+    that node's user, and the node could not log in until the next change of placement."""
+    return FileLock(config_file.with_name(CONFIG_LOCK), timeout=CONFIG_LOCK_WAIT_S,
+                    mode=PRIVATE_MODE, preserve_lock_file=True)  # fmt: skip
 
 
 def write_config(config_file: Path, head: str, users: BrokerUsers, hosted: Mapping) -> None:
@@ -305,6 +325,25 @@ def apply_permissions(
         BrokerError: The config or its users cannot be read, the config cannot be written,
             or the server is gone.
     """
+    with _locked(config_file):
+        _apply(config_file, pid, hosted, started)
+
+
+@contextlib.contextmanager
+def _locked(config_file: Path) -> Iterator[None]:
+    try:
+        with _config_lock(config_file):
+            yield
+    except Timeout as exc:
+        raise BrokerError(
+            f"the broker's config {config_file} stayed claimed for {CONFIG_LOCK_WAIT_S:g} s "
+            "by another writer (the orchestrator granting rights, or an `up` adding a node)",
+            hint="try again; a process stopped while holding it lets go when it ends",
+        ) from exc
+
+
+def _read(config_file: Path) -> tuple[str, BrokerUsers]:
+    """The server's config (checked to be this fogshift's) and its users."""
     try:
         text = config_file.read_text()
         users = BrokerUsers.load(users_file(config_file))
@@ -319,9 +358,58 @@ def apply_permissions(
             hint="restart the cluster: `fogshift down`, then `fogshift up` (the streams on "
             "disk are carried over)",
         )
+    return text, users
+
+
+def _apply(
+    config_file: Path, pid: int, hosted: Mapping[str, Iterable[Hosted]], started: float | None
+) -> None:
+    text, users = _read(config_file)
     head = _USERS_BLOCK.split(text, 1)[0]
+    _write_and_reload(config_file, head + users.accounts(hosted), pid, started)
+
+
+def add_node_users(
+    config_file: Path, pid: int, nodes: Iterable[str], started: float | None = None
+) -> dict[str, str]:
+    """Give each of ``nodes`` a broker user (an account of its own, no rights yet: the
+    orchestrator grants them as it places PEs there) on the running server, every other
+    user's account left as it is; a node that has one keeps it.
+
+    Returns:
+        Each of ``nodes`` → its user's seed.
+
+    Raises:
+        BrokerError: As :func:`apply_permissions`, or the config's accounts are not the
+            JSON object fogshift writes.
+    """
+    with _locked(config_file):
+        text, users = _read(config_file)
+        new = [node for node in nodes if node not in users.nodes]
+        for node in new:
+            users.add_node(node)
+        if new:
+            found = _USERS_BLOCK.search(text)
+            head = text[: found.start()] if found else text
+            try:
+                accounts = json.loads(text[found.end() :] if found else "")
+            except ValueError as exc:
+                raise BrokerError(
+                    f"the accounts in the broker's config {config_file} are not the JSON "
+                    f"fogshift writes: {exc}",
+                    hint="restart the cluster: `fogshift down`, then `fogshift up` with every node",
+                ) from exc
+            for node in new:
+                accounts[node_account(node)] = _node_entry(node, users.nodes[node], [])
+            # The users first: a grant that reads them next writes the new accounts too.
+            users.save(users_file(config_file))
+            _write_and_reload(config_file, head + _accounts_block(accounts), pid, started)
+        return {node: users.nodes[node] for node in nodes}
+
+
+def _write_and_reload(config_file: Path, text: str, pid: int, started: float | None) -> None:
     try:
-        write_config(config_file, head, users, hosted)
+        write_private(config_file, text)
     except OSError as exc:
         # (Typed as every other failure here: a plain OSError ended each reconcile round
         # of the orchestrator before its restores and repairs, while the disk stayed full.)

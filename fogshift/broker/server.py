@@ -246,6 +246,12 @@ def _streams_into_their_account(store: Path) -> None:
         log.info("moved the streams in %s into account %s", older, STREAMS_ACCOUNT)
 
 
+def node_address(url: str, node: str, seed: str) -> BrokerAddress:
+    """Where and as whom node ``node``'s agent reaches the broker at ``url`` that fogshift
+    started: its user's ``seed``, its own reply subjects and JetStream prefix."""
+    return BrokerAddress(url=url, seed=seed, inbox=node_inbox_prefix(node), api=NODE_API)
+
+
 def start_nats_server(
     home: Path,
     host: str = "127.0.0.1",
@@ -312,10 +318,7 @@ def start_nats_server(
         ) from exc
     url = ports["nats"][0]
     address = BrokerAddress(url=url, seed=users.admin_seed)
-    per_node = {
-        node: BrokerAddress(url=url, seed=seed, inbox=node_inbox_prefix(node), api=NODE_API)
-        for node, seed in users.nodes.items()
-    }
+    per_node = {node: node_address(url, node, seed) for node, seed in users.nodes.items()}
     return BrokerProcess(
         address=address,
         pid=proc.pid,

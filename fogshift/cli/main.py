@@ -315,7 +315,9 @@ def up(
         ),
     ] = None,
 ) -> None:
-    """Start the broker, the orchestrator and one node agent per node; wait until healthy."""
+    """Start the broker, the orchestrator and one node agent per node; wait until healthy.
+
+    On a running cluster: starts again what died, and adds the nodes named that it lacks."""
     from fogshift.network.links import parse_link_assignments
 
     # The services read their settings from the environment they inherit: refuse a bad one

@@ -32,11 +32,13 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fogshift.broker.client import BrokerAddress
+from fogshift.broker.permissions import add_node_users
 from fogshift.broker.server import (
     DEFAULT_SYNC,
     check_external,
     check_sync,
     free_port,
+    node_address,
     start_nats_server,
 )
 from fogshift.common.exceptions import WaitTimedOut
@@ -473,7 +475,9 @@ def up(
     Returns once the orchestrator answers and every node reports a ready Spark session.
     On a cluster that runs in part, only what died is started again: the orchestrator
     (:func:`restart_orchestrator`) and the node agents (:func:`restart_nodes`, as they were
-    started); the other arguments but the intervals are then ignored. If the broker it
+    started); a node in ``nodes`` that a running cluster lacks is added to it
+    (:func:`add_nodes`, started as its first node was); the other arguments but the
+    intervals are then ignored. If the broker it
     started died, the rest is stopped and the cluster started anew with these arguments
     (its pipelines carry on from the registry, streams and checkpoints on disk).
 
@@ -495,7 +499,7 @@ def up(
             broker fogshift does not configure.
 
     Raises:
-        AlreadyUp: A cluster already runs whole under ``home``.
+        AlreadyUp: A cluster already runs whole under ``home``, with every node asked for.
         AlreadyRunning: Another `up` or `down` of ``home`` runs.
         InvalidInput: A bad node name, ``links`` without ``isolate``, a bad ``broker_sync``
             or one with ``nats_url``.
@@ -649,27 +653,26 @@ def _up_claimed(
         cluster, _ = load_cluster(home)
         # A pid alone could be a new process's by now (pids are given again): its group too.
         dead = [n for n, p in cluster.nodes.items() if not p.runs()]
+        # Nodes asked for that the cluster lacks join it (they were silently not started).
+        missing = [n for n in nodes if n not in cluster.nodes]
+        runs = cluster.orchestrator.runs() or len(dead) < len(cluster.nodes)
+        if missing and runs:
+            _check_addable(home, cluster, missing, isolate)
         if cluster.orchestrator.runs():
-            if not dead:
+            if not dead and not missing:
                 running = ", ".join(cluster.nodes)
-                # (Nodes asked for that it lacks went unmentioned: they are not added.)
-                missing = [n for n in nodes if n not in cluster.nodes]
                 raise AlreadyUp(
-                    f"a fogshift cluster is already up under {str(home)!r}, with nodes "
-                    f"{running}"
-                    + (
-                        f"; {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
-                        "among them, and a running cluster takes no new node"
-                        if missing
-                        else ""
-                    ),
-                    expected="a home where no cluster is up",
+                    f"a fogshift cluster is already up under {str(home)!r}, with nodes {running}",
+                    expected="a home where no cluster is up, or a node the cluster lacks",
                     received=f"a cluster up with nodes {running}",
-                    hint="`fogshift down` first (pipelines, checkpoints and outputs are "
-                    "kept), then `fogshift up --nodes` with every node; or use another --home",
+                    hint="`fogshift up --nodes` with a new name adds that node; `fogshift "
+                    "down` stops the cluster (pipelines, checkpoints and outputs are kept); "
+                    "or use another --home",
                 )
             # Some nodes died (killed, crashed): start them again, as they were started.
-            return restart_nodes(home, cluster, dead, timeout_s, say)
+            if dead:
+                cluster = restart_nodes(home, cluster, dead, timeout_s, say)
+            return add_nodes(home, cluster, missing, timeout_s, say) if missing else cluster
         if len(dead) < len(cluster.nodes):
             # The orchestrator died while agents run: start it again where the agents look
             # for it, then the nodes that died too.
@@ -677,7 +680,9 @@ def _up_claimed(
                 home, cluster, central_interval_s, duplicate_window_s, plan_interval_s,
                 timeout_s, say,
             )  # fmt: skip
-            return restart_nodes(home, cluster, dead, timeout_s, say) if dead else cluster
+            if dead:
+                cluster = restart_nodes(home, cluster, dead, timeout_s, say)
+            return add_nodes(home, cluster, missing, timeout_s, say) if missing else cluster
         stale_network = bool(cluster.network)
         # Nothing of it answers any more, but some of it may still run (its broker on the
         # store the next broker would open, a relay, a dead agent's Spark JVM): stopped, or
@@ -947,6 +952,112 @@ def restart_nodes(
             kill_group(fresh[name].pgid, signal.SIGKILL)
         raise
     return cluster
+
+
+def _check_addable(home: Path, cluster: ClusterFile, nodes: list[str], isolate: bool) -> None:
+    """Refuse adding ``nodes`` to the cluster under ``home`` before anything starts.
+
+    Raises:
+        InvalidInput: The cluster (or this `up`) is isolated: a new node would need a
+            namespace, a link and a relay of its own; or no node of the cluster records the
+            command it was started with (an older fogshift's), which a new node copies.
+    """
+    named = ", ".join(nodes)
+    if isolate or cluster.network:
+        raise InvalidInput(
+            f"cannot add {named} to the isolated cluster under {str(home)!r}",
+            expected="a cluster started without --isolate (a running one takes new nodes)",
+            received="--isolate" if isolate and not cluster.network else "an isolated cluster",
+            hint="`fogshift down` (pipelines, checkpoints and outputs are kept), then "
+            f"`fogshift up --isolate --nodes` with {named} among the nodes",
+        )
+    if not any(info.argv for info in cluster.nodes.values()):
+        raise InvalidInput(
+            f"cannot add {named} to the cluster under {str(home)!r}: a new node is started "
+            "as its others were, and none records how",
+            expected="a cluster started by this version of `fogshift up`",
+            received="nodes with no start command recorded",
+            hint="`fogshift down`, then `fogshift up` with every node",
+        )
+
+
+def add_nodes(
+    home: Path,
+    cluster: ClusterFile,
+    nodes: list[str],
+    timeout_s: float,
+    say: Callable[[str], None],
+) -> ClusterFile:
+    """Start ``nodes`` (names the cluster lacks) as new members of the running cluster.
+
+    Each gets what `up` gives a node: its token (0600), a broker user of its own with no
+    rights until the orchestrator places a PE there (the broker `up` started; an external
+    broker's credentials otherwise, as its other nodes have), and an agent started as the
+    cluster's first node was (its host, orchestrator and settings). The orchestrator
+    registers a node on its first heartbeat; from then on deploys, migrations, restores and
+    the planner may place PEs on it. Returns once every node of the cluster is healthy.
+
+    Raises:
+        InvalidInput: As :func:`_check_addable`.
+        BrokerError: The broker's users could not be added (nothing was started).
+        Unavailable: A new node did not become healthy within ``timeout_s``: the new nodes
+            are stopped and left out of the cluster (their broker users, with no rights,
+            stay for a next try).
+    """
+    template = next(info.argv for info in cluster.nodes.values() if info.argv)
+    _, token = load_cluster(home)
+    if cluster.broker is not None:
+        seeds = add_node_users(
+            home / "broker" / "nats.conf", cluster.broker.pid, nodes, cluster.broker.started
+        )
+        addresses = {n: node_address(cluster.broker_url, n, seeds[n]) for n in nodes}
+    else:
+        shared = BrokerAddress.load(broker_file(home))
+        addresses = dict.fromkeys(nodes, shared)
+    for name in nodes:
+        addresses[name].save(node_broker_file(home, name))
+        write_private(node_token_file(home, name), node_token(token, name))
+    host = _flag(template, "--host")
+    fresh = dict(cluster.nodes)
+    started: list[str] = []
+    try:
+        for k, name in enumerate(nodes):
+            if k and k % STARTING_AT_ONCE == 0:
+                wait_agents_ready(home, {n: fresh[n] for n in started}, timeout_s, say)
+            say(f"adding node agent {name}")
+            port = free_port(host)
+            argv = _with_flags(template, {
+                "--name": name,
+                "--home": str(home / "nodes" / name),
+                "--port": str(port),
+                "--token-file": str(node_token_file(home, name)),
+                "--broker-file": str(node_broker_file(home, name)),
+            })  # fmt: skip
+            fresh[name] = _spawn(argv, home / "logs" / f"node-{name}.log").model_copy(
+                update={"url": f"http://{host}:{port}"}
+            )
+            started.append(name)
+            # Recorded at once: a `down` meanwhile stops it too.
+            save_cluster(home, cluster.model_copy(update={"nodes": fresh}))
+        wait_healthy(home, list(fresh), timeout_s, say, _pids(fresh, started))
+    except BaseException:
+        for name in started:
+            kill_group(fresh[name].pgid, signal.SIGKILL)
+        save_cluster(home, cluster)
+        raise
+    return cluster.model_copy(update={"nodes": fresh})
+
+
+def _flag(argv: tuple[str, ...], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def _with_flags(argv: tuple[str, ...], values: Mapping[str, str]) -> list[str]:
+    """``argv`` with the value after each flag in ``values`` replaced."""
+    out = list(argv)
+    for flag, value in values.items():
+        out[out.index(flag) + 1] = value
+    return out
 
 
 def _pids(infos: Mapping[str, ProcessInfo], names: list[str]) -> dict[str, int]:

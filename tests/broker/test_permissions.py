@@ -27,9 +27,15 @@ from fogshift.broker.naming import (
     keys_subject,
     state_subject,
 )
-from fogshift.broker.permissions import Hosted, apply_permissions, users_file
+from fogshift.broker.permissions import (
+    Hosted,
+    add_node_users,
+    apply_permissions,
+    new_user_seed,
+    users_file,
+)
 from fogshift.broker.publish import Record, publish_records
-from fogshift.broker.server import BrokerProcess, start_nats_server
+from fogshift.broker.server import BrokerProcess, node_address, start_nats_server
 
 pytestmark = pytest.mark.integration
 
@@ -435,3 +441,52 @@ def test_a_config_that_cannot_be_written_is_a_broker_error(
     monkeypatch.setattr(permissions, "write_private", full)
     with pytest.raises(BrokerError, match=r"cannot write the broker's config .*No space left"):
         apply_permissions(broker.config_file, broker.pid, {"n1": []})
+
+
+def logs_in(address: BrokerAddress) -> bool:
+    """Whether ``address``'s user is let in by the broker at all."""
+
+    async def go() -> bool:
+        try:
+            nc = await nats.connect(address.url, **login(address), allow_reconnect=False,
+                                    connect_timeout=2, max_reconnect_attempts=0,
+                                    inbox_prefix=address.inbox or "_INBOX")  # fmt: skip
+        except Exception:  # (refused: "Authorization Violation", or no connection)
+            return False
+        await nc.close()
+        return True
+
+    return asyncio.run(go())
+
+
+def test_a_node_added_to_the_running_broker_logs_in_with_no_rights(
+    broker: BrokerProcess,
+) -> None:
+    """`fogshift up` of a node a running cluster lacks gives it a user of its own: no rights
+    until a PE is placed there, the others' rights untouched, and kept by the next grant."""
+    admin, n1 = broker.address, broker.node_addresses["n1"]
+    for pe in ("src", "pe1", "pe2"):
+        assert allowed(run(admin, lambda js, pe=pe: ensure_pe_stream(js, "ad", pe)))
+    mine = {"n1": [Hosted("ad", "pe1", ("src",))]}
+    apply_permissions(broker.config_file, broker.pid, mine)
+    assert until(lambda: allowed(run(n1, lambda js: js.stream_info("FS_ad_pe1"))))
+    url = broker.address.url
+    stranger = node_address(url, "n3", new_user_seed())
+    assert not logs_in(stranger)  # (what "logs in" tells apart)
+
+    seeds = add_node_users(broker.config_file, broker.pid, ["n1", "n3"])
+    assert seeds["n1"] == n1.seed  # a node that has a user keeps it
+    n3 = node_address(url, "n3", seeds["n3"])
+    assert until(lambda: logs_in(n3))
+    assert not allowed(run(n3, lambda js: js.stream_info("FS_ad_src")))
+    assert not allowed(run(n3, lambda js: js.publish(data_subject("ad", "pe2"), b"x")))
+    assert allowed(run(n1, lambda js: js.stream_info("FS_ad_pe1")))  # n1's rights stand
+    assert oct(users_file(broker.config_file).stat().st_mode & 0o777) == "0o600"
+    assert oct(broker.config_file.stat().st_mode & 0o777) == "0o600"
+    # Adding it again changes nothing; the orchestrator's next grant keeps the new user.
+    assert add_node_users(broker.config_file, broker.pid, ["n3"]) == {"n3": seeds["n3"]}
+    apply_permissions(broker.config_file, broker.pid,
+                      {**mine, "n3": [Hosted("ad", "pe2", ("src",))]})  # fmt: skip
+    assert until(lambda: allowed(run(n3, lambda js: js.stream_info("FS_ad_src"))))
+    assert run(n3, lambda js: publish_records(js, "ad", "pe2", record(1), epoch=1)) == 1
+    assert logs_in(n1)

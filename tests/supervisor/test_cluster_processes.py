@@ -290,11 +290,9 @@ def test_an_up_ended_by_sigterm_stops_what_it_started(tmp_path: Path) -> None:
                 proc.kill()
 
 
-def test_up_over_a_running_cluster_says_which_nodes_run_and_which_it_lacks(
+def test_up_over_a_running_cluster_says_which_nodes_run(
     tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
-    # `up --nodes cloud,fog-a,fog-b` over a running cloud+fog-b cluster said only "already
-    # up": fog-a was silently not started.
     from fogshift.supervisor.exceptions import AlreadyUp
 
     running = ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"})
@@ -303,9 +301,35 @@ def test_up_over_a_running_cluster_says_which_nodes_run_and_which_it_lacks(
                                        nodes={"cloud": running, "fog-b": running},
                                        broker_url="nats://127.0.0.1:9"))  # fmt: skip
     with pytest.raises(AlreadyUp) as refused:
-        cluster_ops.up(tmp_path, ["cloud", "fog-a", "fog-b"])
-    assert refused.value.message.endswith(
-        "with nodes cloud, fog-b; fog-a is not among them, and a running cluster takes no new node"
-    )
-    assert refused.value.received == "a cluster up with nodes cloud, fog-b"
+        cluster_ops.up(tmp_path, ["cloud", "fog-b"])
+    assert refused.value.message.endswith("with nodes cloud, fog-b")
+    assert "with a new name adds that node" in (refused.value.hint or "")
     assert sleeper.poll() is None  # nothing stopped
+
+
+def test_a_node_that_cannot_join_a_running_cluster_is_refused_before_anything_starts(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # `up --nodes cloud,fog-a,fog-b` over a running cloud+fog-b cluster said only "already
+    # up": fog-a was silently not started. Now it is added, except where it cannot be: nodes
+    # an older fogshift started, whose command a new node copies, or an isolated cluster
+    # (it would need a namespace, a link and a relay of its own).
+    running = ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"})
+    token_file(tmp_path).write_text("secret\n")
+    cluster = ClusterFile(orchestrator=running, broker=None,
+                          nodes={"cloud": running, "fog-b": running},
+                          broker_url="nats://127.0.0.1:9")  # fmt: skip
+    save_cluster(tmp_path, cluster)
+    with pytest.raises(InvalidInput) as refused:
+        cluster_ops.up(tmp_path, ["cloud", "fog-a", "fog-b"])
+    assert refused.value.message.startswith("cannot add fog-a to the cluster under")
+    assert refused.value.received == "nodes with no start command recorded"
+    assert sleeper.poll() is None  # nothing stopped, nothing started
+    assert not (tmp_path / "nodes").exists() and not (tmp_path / "logs").exists()
+    recorded = cluster.model_copy(update={"nodes": {
+        "cloud": running.model_copy(update={"argv": ("fogshift", "serve-agent")})
+    }})  # fmt: skip
+    with pytest.raises(InvalidInput) as refused:
+        cluster_ops._check_addable(tmp_path, recorded, ["fog-a"], isolate=True)
+    assert refused.value.message.startswith("cannot add fog-a to the isolated cluster")
+    assert refused.value.received == "--isolate"

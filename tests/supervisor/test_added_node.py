@@ -1,0 +1,60 @@
+"""A node added to a running cluster (`fogshift up` with a node it lacks), on the shared
+cluster, whose last node is always added so (``tests.conftest.shared_cluster``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fogshift.broker.client import BrokerAddress
+from fogshift.common.http import node_token
+from fogshift.supervisor.cluster import node_broker_file, node_token_file, token_file
+from tests.conftest import SHARED_NODES, Cluster
+from tests.integration.helpers import case1_spec, finish_and_compare
+
+pytestmark = pytest.mark.integration
+
+#: The flags whose values are a node's own; every other word of its command is its peers'.
+OWN = ("--name", "--home", "--port", "--token-file", "--broker-file")
+
+
+def _without_own(argv: list[str]) -> list[str]:
+    return [word for k, word in enumerate(argv) if k == 0 or argv[k - 1] not in OWN]
+
+
+def _mode(path: Path) -> str:
+    return oct(path.stat().st_mode & 0o777)
+
+
+def test_an_added_node_is_a_member_like_the_others_and_runs_pes_exactly_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    added = SHARED_NODES[-1]
+    nodes = json.loads((cluster.home / "cluster.json").read_text())["nodes"]
+    assert sorted(nodes) == sorted(SHARED_NODES)
+    # Started as its peers were (host, orchestrator, the cluster's settings), as itself.
+    first = nodes[SHARED_NODES[0]]["argv"]
+    argv = nodes[added]["argv"]
+    assert _without_own(argv) == _without_own(first)
+    assert argv[argv.index("--name") + 1] == added
+    assert "--trigger-ms" in argv  # (one of `up`'s settings, copied)
+    # Its own token and broker user, secret to its owner.
+    token = node_token_file(cluster.home, added)
+    assert _mode(token) == "0o600"
+    assert token.read_text().strip() == node_token(token_file(cluster.home).read_text().strip(),
+                                                   added)  # fmt: skip
+    mine = node_broker_file(cluster.home, added)
+    assert _mode(mine) == "0o600"
+    users = json.loads((cluster.home / "broker" / "users.json").read_text())["nodes"]
+    address = BrokerAddress.load(mine)
+    assert address.seed == users[added]
+    assert len(set(users.values())) == len(SHARED_NODES)  # nobody shares a user
+    view = cluster.node(added)
+    assert view["alive"] and view["ready"], view
+    # And it serves a PE whose rights the orchestrator grants it like any node's.
+    spec = case1_spec(tmp_path, "joined", agg_node=added, first=40)
+    cluster.cli("deploy", str(spec))
+    assert cluster.element("joined", "aggregate")["node"] == added
+    finish_and_compare(cluster, tmp_path, "joined")
