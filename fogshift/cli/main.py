@@ -337,6 +337,7 @@ def up(
     nats_password = _nats_password(ctx, nats_password, nats_password_file)
     names = [n.strip() for n in nodes.split(",") if n.strip()]
     profiles = parse_link_assignments(link, names) if link else None
+    before = _cluster_nodes(home.resolve())
     with console.status("starting fogshift") as status:
         cluster = cluster_ops.up(
             home.resolve(),
@@ -362,7 +363,20 @@ def up(
     # (The nodes that run: an `up` over a cluster whose nodes died starts its own ones again,
     # whatever --nodes says.)
     running = ", ".join(cluster.nodes)
-    console.print(f"[green]up[/]: nodes {running} healthy{isolated} (home {home})")
+    added = [n for n in cluster.nodes if before and n not in before]
+    joined = f" ({', '.join(added)} added to the running cluster)" if added else ""
+    console.print(f"[green]up[/]: nodes {running} healthy{isolated}{joined} (home {home})")
+
+
+def _cluster_nodes(home: Path) -> set[str]:
+    """The nodes of the cluster under ``home`` if some of it runs (what `up` adds to);
+    none if none does (`up` starts anew) or its file cannot be read (`up` says why)."""
+    try:
+        cluster = cluster_ops.read_cluster(cluster_ops.cluster_file(home))
+    except (FogshiftError, OSError):
+        return set()
+    services = [cluster.orchestrator, *cluster.nodes.values()]
+    return set(cluster.nodes) if any(p.runs() for p in services) else set()
 
 
 @app.command()
