@@ -42,6 +42,17 @@ DEFAULT_EVENT_TIMEOUT_S = 30.0
 #: alarm's own cost and the scheduler's grain would make every event a dead letter).
 MAX_EVENT_TIMEOUT_S = 3600.0
 MIN_EVENT_TIMEOUT_S = 0.01
+#: How long one micro-batch of a PE may run without committing before its node stops the
+#: query and starts it again (the batch runs again: its output, appended only beyond what
+#: is stored, stays exactly-once), unless its element sets ``batch_timeout_s``; doubled for
+#: each such restart in a row, so a batch that only needs longer gets it. For a batch held
+#: up outside any one event, which the event time limit does not see: once seen, a query
+#: restarted after a crashed Python worker sat 3 minutes in a batch with no event running.
+DEFAULT_BATCH_TIMEOUT_S = 300.0
+#: The longest and the shortest ``batch_timeout_s`` an element may set (below a second, a
+#: query start itself would count as a stall).
+MAX_BATCH_TIMEOUT_S = 86_400.0
+MIN_BATCH_TIMEOUT_S = 1.0
 
 #: ``creator`` of an input row that is no fogshift event (someone else's message on a data
 #: subject, or one that names itself as the reader's own control rows): dead-lettered.

@@ -97,6 +97,9 @@ RESTART_BACKOFF_MAX_S = 30.0
 #: so restarting cannot help until someone changes the PE and deploys it again). Other
 #: failures (broker or disk trouble) are retried with the backoff as long as they last.
 ELEMENT_ERROR_RESTARTS = 3
+#: Spark's status message while a micro-batch runs (after its offsets were got, until its
+#: commit): what :meth:`NodeRuntime._stalled` times.
+BATCH_RUNNING = "Processing new data"
 
 
 @dataclass
@@ -118,6 +121,12 @@ class HostedElement:
     element_failures: int = 0
     #: ``last_batch`` when the query was last started: a later batch means it works.
     started_batch: int = -1
+    #: Its query's batch after ``last_batch`` seen running since when (``(last_batch,
+    #: monotonic)``; ``None``: no batch running at the last look): see :meth:`_stalled`.
+    batch_since: tuple[int, float] | None = None
+    #: Restarts for a batch that ran past its time limit since the query last committed
+    #: one: each doubles the limit.
+    stalls: int = 0
     events_in: int = 0
     last_batch: int = -1
     started_at: float = field(default_factory=time.time)
@@ -1188,9 +1197,12 @@ class NodeRuntime:
         if query is None:
             return
         if hosted.last_batch > hosted.started_batch:
-            hosted.failures = hosted.element_failures = 0  # it committed a batch: it works
+            # It committed a batch: it works.
+            hosted.failures = hosted.element_failures = hosted.stalls = 0
         if hosted.plan.gate_file and hosted.plan.element.role == "processor":
             self._stop_overrunning(hosted)
+        if self._stalled(hosted, query):
+            return
         if not query.isActive:
             error = query.exception()
             text = str(error) if error else "query stopped by itself"
@@ -1219,6 +1231,47 @@ class NodeRuntime:
             log.warning("%s failed: %s", hosted.plan.query_name, text[:4000])
             kind, message = cause
             self._failed(hosted, f"{kind}: {message}", element_error=kind == ElementError.__name__)
+
+    def _stalled(self, hosted: HostedElement, query: StreamingQuery) -> bool:
+        """Stop and mark failed (to be started again at once) a running query whose batch
+        has run without committing for the element's ``batch_timeout_s``, doubled for each
+        such restart in a row. The event time limit ends an event that runs too long; this
+        ends a batch held up outside any one event (a Python worker that never answers, a
+        stuck call in the engine), which kept the PE silent while its status said
+        running. The batch runs again on the restart, its output appended only beyond what
+        is stored (exactly-once).
+
+        Returns:
+            Whether the query was stopped.
+        """
+        try:
+            status = query.status if hosted.state == PEState.RUNNING else {}
+        except Exception:  # (a query ending now: the next look sees how)
+            status = {}
+        if not status.get("isTriggerActive") or status.get("message") != BATCH_RUNNING:
+            hosted.batch_since = None
+            return False
+        now = time.monotonic()
+        if hosted.batch_since is None or hosted.batch_since[0] != hosted.last_batch:
+            hosted.batch_since = (hosted.last_batch, now)
+            return False
+        limit = hosted.plan.element.batch_timeout * 2**hosted.stalls
+        if now - hosted.batch_since[1] < limit:
+            return False
+        pipeline, pe = hosted.key
+        text = (
+            f"PE {pe!r} of pipeline {pipeline!r} on node {self.config.name!r}: its batch "
+            f"after batch {hosted.last_batch} ran {limit:g} s without committing "
+            f"(batch_timeout_s {hosted.plan.element.batch_timeout:g} s, doubled for each "
+            "restart in a row): its query was started again to run it again"
+        )
+        log.warning("%s", text)
+        hosted.stalls += 1
+        hosted.batch_since = None
+        self._stop_query(hosted)
+        self._failed(hosted, text)
+        hosted.retry_at = 0.0  # (nothing to back off from: the batch never failed)
+        return True
 
     def _stop_overrunning(self, hosted: HostedElement) -> None:
         """Kill the PE's Python workers stuck in one event far past its time limit, which

@@ -27,7 +27,14 @@ from pydantic_core import CoreSchema
 
 from fogshift.common.names import KEY_FIELD_RE, NAME_RE
 from fogshift.common.validation import Refusal
-from fogshift.events import DEFAULT_EVENT_TIMEOUT_S, MAX_EVENT_TIMEOUT_S, MIN_EVENT_TIMEOUT_S
+from fogshift.events import (
+    DEFAULT_BATCH_TIMEOUT_S,
+    DEFAULT_EVENT_TIMEOUT_S,
+    MAX_BATCH_TIMEOUT_S,
+    MAX_EVENT_TIMEOUT_S,
+    MIN_BATCH_TIMEOUT_S,
+    MIN_EVENT_TIMEOUT_S,
+)
 from fogshift.spec.kinds import (
     AmplifyOptions,
     BandpassOptions,
@@ -150,6 +157,9 @@ class ElementSpec(BaseModel):
             before that event is a dead letter (a stuck event must not hold the PE);
             ``None``: :data:`~fogshift.events.DEFAULT_EVENT_TIMEOUT_S` (see
             :attr:`event_timeout`). Sources and sinks run no ``process()``: they refuse it.
+        batch_timeout_s: How long one micro-batch of the PE may run without committing
+            before its node starts its query again; ``None``:
+            :data:`~fogshift.events.DEFAULT_BATCH_TIMEOUT_S` (see :attr:`batch_timeout`).
         role: (class) source, processor or sink.
         path_options: (class) Option names that are file paths, resolved against the spec's
             folder when a spec file is loaded.
@@ -184,6 +194,15 @@ class ElementSpec(BaseModel):
     event_timeout_s: float | None = Field(
         default=None, ge=MIN_EVENT_TIMEOUT_S, le=MAX_EVENT_TIMEOUT_S, strict=True
     )
+
+    batch_timeout_s: float | None = Field(
+        default=None, ge=MIN_BATCH_TIMEOUT_S, le=MAX_BATCH_TIMEOUT_S, strict=True
+    )
+
+    @property
+    def batch_timeout(self) -> float:
+        """The seconds one micro-batch of this element may run without committing."""
+        return DEFAULT_BATCH_TIMEOUT_S if self.batch_timeout_s is None else self.batch_timeout_s
 
     @property
     def event_timeout(self) -> float:

@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import faulthandler
 import time
+from pathlib import Path
 from typing import Any
 
 from fogshift.events import Event
@@ -50,3 +51,23 @@ class Poisoned(Processor):
             ctypes.string_at(0)
         self.total += float(event.body["value"])
         return {"count": self.count, "total": self.total, "sensor": sensor}
+
+
+class StallsOnce(Processor):
+    """Running count of its events; its ``snapshot()`` (once per batch, after the batch's
+    events: outside any one event, so outside the event time limit) blocks for an hour the
+    first time it finds the file its option ``stall`` names, which it removes first: a batch
+    held up outside any event, as a worker that never answers holds one."""
+
+    count: int = state(0)
+
+    def process(self, event: Event) -> dict[str, Any]:
+        self.count += 1
+        return {"count": self.count, "value": event.body["value"]}
+
+    def snapshot(self) -> dict[str, Any]:
+        flag = Path(str(self.options["stall"]))
+        with contextlib.suppress(FileNotFoundError):
+            flag.unlink()
+            time.sleep(3600)
+        return {"count": self.count}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -195,3 +196,46 @@ def test_a_class_that_cannot_be_imported_fails_after_bounded_restarts(
     assert "cannot import processor class 'fogshift_no_such_module:Missing'" in info["error"]
     assert "PE 'ghost' of pipeline 'broken'" in info["error"]
     assert cluster.element("broken", "source")["state"] == "running"
+
+
+def test_a_batch_held_up_outside_any_event_is_run_again_after_its_time_limit(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Once seen: a query restarted after a crashed Python worker sat 3 minutes in a batch
+    with no event running, its status "running", its output stopped. The batch now has a
+    time limit (``batch_timeout_s``): past it, the node starts the query again, the batch
+    runs again, and the output is exact."""
+    rows = 40
+    (tmp_path / "in.csv").write_text("value\n" + "".join(f"{k}\n" for k in range(1, rows + 1)))
+    flag = tmp_path / "stall-once"
+    flag.touch()
+    spec = write_spec(
+        tmp_path / "stalled.yaml",
+        "stalled",
+        [
+            {"id": "source", "kind": "csv-source", "node": "cloud",
+             "options": {"path": "in.csv", "rate": 0}},
+            {"id": "counter", "kind": "custom", "node": "fog-a", "inputs": ["source"],
+             "batch_timeout_s": 3,
+             "options": {"class": "procs_poison:StallsOnce", "path": str(Path(__file__).parent),
+                         "options": {"stall": str(flag)}}},
+            {"id": "sink", "kind": "csv-sink", "node": "cloud", "inputs": ["counter"],
+             "options": {"path": "out/stalled.csv"}},
+        ],
+    )  # fmt: skip
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("stalled", "sink", rows, timeout_s=180)
+    assert not flag.exists()  # the batch did stall
+    with open(tmp_path / "out" / "stalled.csv", newline="") as handle:
+        out = [(int(r["count"]), r["value"]) for r in csv.DictReader(handle)]
+    assert out == [(k, str(k)) for k in range(1, rows + 1)]  # each once, in order
+    counter = cluster.element("stalled", "counter")
+    assert (counter["state"], counter["restarts"], counter["dead_letters"]) == (
+        "running", 1, 0), counter  # fmt: skip
+    logged = (cluster.home / "logs" / "node-fog-a.log").read_text()
+    assert re.search(
+        r"PE 'counter' of pipeline 'stalled' on node 'fog-a': its batch after "
+        r"batch -?\d+ ran 3 s without committing \(batch_timeout_s 3 s",
+        logged,
+    )
+    cluster.cli("stop", "stalled")

@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from fogshift.events import DEFAULT_EVENT_TIMEOUT_S, MAX_EVENT_TIMEOUT_S
+from fogshift.events import (
+    DEFAULT_BATCH_TIMEOUT_S,
+    DEFAULT_EVENT_TIMEOUT_S,
+    MAX_BATCH_TIMEOUT_S,
+    MAX_EVENT_TIMEOUT_S,
+)
 from fogshift.spec import InvalidSpec, parse_spec
 from fogshift.spec.kinds import CustomOptions, WindowAggregateOptions
 from fogshift.spec.models import (
@@ -198,6 +203,22 @@ def test_event_timeout_s_bounds_a_processors_events_only() -> None:
         bad = spec_data()
         bad["elements"][1]["event_timeout_s"] = value
         with pytest.raises(InvalidSpec, match="event_timeout_s"):
+            parse_spec(bad)
+
+
+def test_batch_timeout_s_is_any_elements_with_a_default_and_bounds() -> None:
+    spec = parse_spec(spec_data())
+    assert [e.batch_timeout for e in spec.elements] == [DEFAULT_BATCH_TIMEOUT_S] * 3
+    data = spec_data()
+    for element, seconds in zip(data["elements"], (1, 2.5, 600), strict=True):
+        element["batch_timeout_s"] = seconds  # a source, a processor and a sink alike
+    timed = parse_spec(data)
+    assert [e.batch_timeout for e in timed.elements] == [1, 2.5, 600]
+    assert parse_spec(timed.model_dump(mode="json")) == timed  # round-trips
+    for value in (0, 0.5, -1, MAX_BATCH_TIMEOUT_S * 2, "soon", True, "30"):
+        bad = spec_data()
+        bad["elements"][1]["batch_timeout_s"] = value
+        with pytest.raises(InvalidSpec, match="batch_timeout_s"):
             parse_spec(bad)
 
 
