@@ -475,8 +475,8 @@ def up(
     Returns once the orchestrator answers and every node reports a ready Spark session.
     On a cluster that runs in part, only what died is started again: the orchestrator
     (:func:`restart_orchestrator`) and the node agents (:func:`restart_nodes`, as they were
-    started); a node in ``nodes`` that a running cluster lacks is added to it
-    (:func:`add_nodes`, started as its first node was); the other arguments but the
+    started); when ``nodes`` names every node of a running cluster, one it lacks is added
+    to it (:func:`add_nodes`, started as its first node was); the other arguments but the
     intervals are then ignored. If the broker it
     started died, the rest is stopped and the cluster started anew with these arguments
     (its pipelines carry on from the registry, streams and checkpoints on disk).
@@ -653,8 +653,11 @@ def _up_claimed(
         cluster, _ = load_cluster(home)
         # A pid alone could be a new process's by now (pids are given again): its group too.
         dead = [n for n, p in cluster.nodes.items() if not p.runs()]
-        # Nodes asked for that the cluster lacks join it (they were silently not started).
-        missing = [n for n in nodes if n not in cluster.nodes]
+        # Nodes asked for that the cluster lacks join it (they were silently not started),
+        # when every node of the cluster is asked for too: a plain `up` (its default nodes)
+        # over a cluster of other names restarts what died, as it always did, and adds none.
+        asked_all = set(cluster.nodes) <= set(nodes)
+        missing = [n for n in nodes if n not in cluster.nodes] if asked_all else []
         runs = cluster.orchestrator.runs() or len(dead) < len(cluster.nodes)
         if missing and runs:
             _check_addable(home, cluster, missing, isolate)

@@ -304,6 +304,12 @@ def test_up_over_a_running_cluster_says_which_nodes_run(
         cluster_ops.up(tmp_path, ["cloud", "fog-b"])
     assert refused.value.message.endswith("with nodes cloud, fog-b")
     assert "with a new name adds that node" in (refused.value.hint or "")
+    # A plain `up` (its default nodes) over a cluster of other names adds none of them: it
+    # restarts what died, and here nothing did.
+    with pytest.raises(AlreadyUp):
+        cluster_ops.up(tmp_path, ["cloud", "fog-a"])
+    with pytest.raises(AlreadyUp):
+        cluster_ops.up(tmp_path, ["fog-a", "fog-c"])
     assert sleeper.poll() is None  # nothing stopped
 
 
