@@ -201,6 +201,8 @@ class Cluster:
         self.home = home
         self.nodes = nodes
         self.up_args = up_args
+        #: The nodes `up` added to the running cluster since it was last started whole.
+        self.joined: set[str] = set()
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         run = fogshift_in_process if args[0] in IN_PROCESS else fogshift
@@ -237,8 +239,19 @@ class Cluster:
     def up(self, nodes: Collection[str] | None = None) -> None:
         """`fogshift up` of ``nodes`` (default: all the cluster's): on a running cluster,
         what died is started again and a node it lacks is added."""
-        fogshift("up", "--nodes", ",".join(nodes or self.nodes), *self.up_args, "--home",
-                 str(self.home), env=self.up_env())  # fmt: skip
+        broker = self._broker_pid()
+        out = fogshift("up", "--nodes", ",".join(nodes or self.nodes), *self.up_args,
+                       "--home", str(self.home), env=self.up_env()).stdout  # fmt: skip
+        if self._broker_pid() != broker:  # started whole (again): every node as at first
+            self.joined = set()
+        # (Rich wraps the line at the terminal's width: words, not lines.)
+        if found := re.search(r"\(([^()]+) added to the running cluster\)", " ".join(out.split())):
+            self.joined |= set(found.group(1).split(", "))
+
+    def _broker_pid(self) -> int | None:
+        path = self.home / "cluster.json"
+        broker = json.loads(path.read_text())["broker"] if path.exists() else None
+        return broker["pid"] if broker else None
 
     def down(self) -> None:
         if (self.home / "cluster.json").exists():
@@ -254,7 +267,12 @@ class Cluster:
         needed = [n for n in self.nodes if needs is None or n in needs]
         missing = [n for n in needed if n not in data["nodes"]]
         wanted = [s for name, s in data["nodes"].items() if name in needed]
-        if missing or not all(leads(s["pid"], s["pgid"]) for s in [data["orchestrator"], *wanted]):
+        services = [data["orchestrator"], *([data["broker"]] if data["broker"] else []), *wanted]
+        # What died first, with the nodes the cluster has: over a dead broker `up` starts it
+        # again whole, with its own nodes only (it refuses others); then what it lacks.
+        if not all(leads(s["pid"], s["pgid"]) for s in services):
+            self.up(list(data["nodes"]))
+        if missing:
             self.up([*data["nodes"], *missing])
 
     def stop_all(self) -> None:

@@ -331,15 +331,29 @@ def apply_permissions(
 
 @contextlib.contextmanager
 def _locked(config_file: Path) -> Iterator[None]:
+    lock = _config_lock(config_file)
     try:
-        with _config_lock(config_file):
-            yield
+        lock.acquire()
     except Timeout as exc:
         raise BrokerError(
             f"the broker's config {config_file} stayed claimed for {CONFIG_LOCK_WAIT_S:g} s "
             "by another writer (the orchestrator granting rights, or an `up` adding a node)",
             hint="try again; a process stopped while holding it lets go when it ends",
         ) from exc
+    except OSError as exc:
+        # (Typed as every other failure here: the reconcile loop and the coordination catch
+        # BrokerError, and a full disk, lost rights or a file system without locks would
+        # otherwise end their rounds with a plain OSError.)
+        raise BrokerError(
+            f"cannot claim the broker's config {config_file} "
+            f"({config_file.with_name(CONFIG_LOCK)}): {exc}",
+            hint="give back the write rights on its folder, free space on its disk, or keep "
+            "the cluster's home on a file system with file locks",
+        ) from exc
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _read(config_file: Path) -> tuple[str, BrokerUsers]:
@@ -383,26 +397,37 @@ def add_node_users(
         BrokerError: As :func:`apply_permissions`, or the config's accounts are not the
             JSON object fogshift writes.
     """
+    nodes = list(nodes)
     with _locked(config_file):
         text, users = _read(config_file)
-        new = [node for node in nodes if node not in users.nodes]
-        for node in new:
+        found = _USERS_BLOCK.search(text)
+        head = text[: found.start()] if found else text
+        try:
+            accounts = json.loads(text[found.end() :] if found else "")
+        except ValueError as exc:
+            raise BrokerError(
+                f"the accounts in the broker's config {config_file} are not the JSON "
+                f"fogshift writes: {exc}",
+                hint="restart the cluster: `fogshift down`, then `fogshift up` with every node",
+            ) from exc
+        unknown = [node for node in nodes if node not in users.nodes]
+        for node in unknown:
             users.add_node(node)
-        if new:
-            found = _USERS_BLOCK.search(text)
-            head = text[: found.start()] if found else text
-            try:
-                accounts = json.loads(text[found.end() :] if found else "")
-            except ValueError as exc:
-                raise BrokerError(
-                    f"the accounts in the broker's config {config_file} are not the JSON "
-                    f"fogshift writes: {exc}",
-                    hint="restart the cluster: `fogshift down`, then `fogshift up` with every node",
-                ) from exc
-            for node in new:
-                accounts[node_account(node)] = _node_entry(node, users.nodes[node], [])
+        # A node with a user but no account is new to the server too: an add that ended
+        # between saving the users and writing the config (the users go first, below).
+        missing = [node for node in nodes if node_account(node) not in accounts]
+        if unknown:
             # The users first: a grant that reads them next writes the new accounts too.
-            users.save(users_file(config_file))
+            try:
+                users.save(users_file(config_file))
+            except OSError as exc:
+                raise BrokerError(
+                    f"cannot save the broker's users {users_file(config_file)}: {exc}",
+                    hint="free space on its disk, or give back the write rights on its folder",
+                ) from exc
+        if missing:
+            for node in missing:
+                accounts[node_account(node)] = _node_entry(node, users.nodes[node], [])
             _write_and_reload(config_file, head + _accounts_block(accounts), pid, started)
         return {node: users.nodes[node] for node in nodes}
 

@@ -998,7 +998,7 @@ def add_nodes(
     broker's credentials otherwise, as its other nodes have), and an agent started as the
     cluster's first node was (its host, orchestrator and settings). The orchestrator
     registers a node on its first heartbeat; from then on deploys, migrations, restores and
-    the planner may place PEs on it. Returns once every node of the cluster is healthy.
+    the planner may place PEs on it. Returns once every new node is healthy.
 
     Raises:
         InvalidInput: As :func:`_check_addable`.
@@ -1042,7 +1042,14 @@ def add_nodes(
             started.append(name)
             # Recorded at once: a `down` meanwhile stops it too.
             save_cluster(home, cluster.model_copy(update={"nodes": fresh}))
-        wait_healthy(home, list(fresh), timeout_s, say, _pids(fresh, started))
+        # The new nodes only: a sick node of the cluster is not theirs to fail on.
+        wait_healthy(home, started, timeout_s, say, _pids(fresh, started))
+        if cluster.broker is not None:
+            # Again, now that any grant begun before the users were saved has ended: an
+            # orchestrator older than the config's lock (upgraded in place, still running)
+            # may have written the config from the users it read before, without theirs.
+            add_node_users(home / "broker" / "nats.conf", cluster.broker.pid, nodes,
+                           cluster.broker.started)  # fmt: skip
     except BaseException:
         for name in started:
             kill_group(fresh[name].pgid, signal.SIGKILL)

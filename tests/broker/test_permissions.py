@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -16,9 +17,11 @@ from typing import Any
 import nats
 import nats.errors
 import pytest
+from filelock import FileLock
 
+from fogshift.broker import permissions
 from fogshift.broker.client import BrokerAddress, ensure_pe_stream
-from fogshift.broker.exceptions import BrokerUnavailable
+from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
 from fogshift.broker.keys import KeyMove, state_payload
 from fogshift.broker.naming import (
     data_subject,
@@ -28,6 +31,8 @@ from fogshift.broker.naming import (
     state_subject,
 )
 from fogshift.broker.permissions import (
+    CONFIG_LOCK,
+    BrokerUsers,
     Hosted,
     add_node_users,
     apply_permissions,
@@ -490,3 +495,62 @@ def test_a_node_added_to_the_running_broker_logs_in_with_no_rights(
     assert until(lambda: allowed(run(n3, lambda js: js.stream_info("FS_ad_src"))))
     assert run(n3, lambda js: publish_records(js, "ad", "pe2", record(1), epoch=1)) == 1
     assert logs_in(n1)
+
+
+def test_a_node_whose_user_was_saved_without_its_account_is_added(
+    broker: BrokerProcess,
+) -> None:
+    """An add that ended between saving the users and writing the config (they go in that
+    order) left a user the server does not know: the next add writes its account."""
+    users = BrokerUsers.load(users_file(broker.config_file))
+    seed = users.add_node("n5")
+    users.save(users_file(broker.config_file))
+    n5 = node_address(broker.address.url, "n5", seed)
+    assert not logs_in(n5)
+    assert add_node_users(broker.config_file, broker.pid, ["n5"]) == {"n5": seed}
+    assert until(lambda: logs_in(n5))
+
+
+def test_an_add_waits_for_the_config_claimed_by_another_writer(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever rewrites the users or config holds ``nats.conf.lock`` (the orchestrator's
+    grants, an `up` adding a node): an add waits while another holds it, and one held past
+    the wait is a BrokerError saying who may hold it."""
+    held = FileLock(broker.config_file.with_name(CONFIG_LOCK))
+    done = threading.Event()
+
+    def add() -> None:
+        add_node_users(broker.config_file, broker.pid, ["n6"])
+        done.set()
+
+    with held:
+        adding = threading.Thread(target=add, daemon=True)
+        adding.start()
+        assert not done.wait(1.0)  # (the claim is what holds it: released below, it goes on)
+        assert "n6" not in BrokerUsers.load(users_file(broker.config_file)).nodes
+    assert done.wait(30)
+    adding.join()
+    assert "n6" in BrokerUsers.load(users_file(broker.config_file)).nodes
+
+    monkeypatch.setattr(permissions, "CONFIG_LOCK_WAIT_S", 0.2)
+    with held, pytest.raises(BrokerError, match=r"stayed claimed for 0\.2 s by another"):
+        apply_permissions(broker.config_file, broker.pid, {"n1": []})
+
+
+def test_a_config_that_cannot_be_claimed_is_a_broker_error(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock file that cannot be opened or locked (no rights, a full disk, a file system
+    without locks) is the BrokerError the reconcile loop and coordination catch, never a
+    plain OSError that would end their rounds."""
+
+    class NoLocks(FileLock):
+        def acquire(self, *args: Any, **kwargs: Any) -> Any:
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(permissions, "FileLock", NoLocks)
+    with pytest.raises(BrokerError, match=r"cannot claim the broker's config .*No locks"):
+        apply_permissions(broker.config_file, broker.pid, {"n1": []})
+    with pytest.raises(BrokerError, match=r"cannot claim"):
+        add_node_users(broker.config_file, broker.pid, ["n7"])

@@ -339,3 +339,39 @@ def test_a_node_that_cannot_join_a_running_cluster_is_refused_before_anything_st
         cluster_ops._check_addable(tmp_path, recorded, ["fog-a"], isolate=True)
     assert refused.value.message.startswith("cannot add fog-a to the isolated cluster")
     assert refused.value.received == "--isolate"
+
+
+def test_adding_a_node_waits_for_the_new_node_only(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An add waits for the nodes it starts: a sick node of the running cluster (one that
+    died after `up`, one whose Spark failed) must not fail the add and have the healthy new
+    node stopped. (The wait itself is the one `up` uses, tested with real agents.)"""
+    from fogshift.broker.client import BrokerAddress
+
+    running = ProcessInfo.of(sleeper.pid).model_copy(update={
+        "url": "http://127.0.0.1:9",
+        "argv": (*SLEEPER, "--name", "cloud", "--home", "h", "--host", "127.0.0.1",
+                 "--port", "9", "--token-file", "t", "--broker-file", "b"),
+    })  # fmt: skip
+    token_file(tmp_path).write_text("secret\n")
+    BrokerAddress("nats://127.0.0.1:9").save(cluster_ops.broker_file(tmp_path))
+    cluster = ClusterFile(orchestrator=running, broker=None,
+                          nodes={"cloud": running, "fog-b": running},
+                          broker_url="nats://127.0.0.1:9")  # fmt: skip
+    save_cluster(tmp_path, cluster)
+    waited: list[list[str]] = []
+    monkeypatch.setattr(cluster_ops, "wait_healthy",
+                        lambda home, nodes, *_: waited.append(list(nodes)) or [])  # fmt: skip
+    grown = cluster_ops.add_nodes(tmp_path, cluster, ["fog-c"], 5, lambda _: None)
+    try:
+        assert waited == [["fog-c"]]
+        assert list(grown.nodes) == ["cloud", "fog-b", "fog-c"]
+        assert grown.nodes["fog-c"].argv[-12:] == (
+            "--name", "fog-c", "--home", str(tmp_path / "nodes" / "fog-c"),
+            "--host", "127.0.0.1", "--port", grown.nodes["fog-c"].url.rsplit(":", 1)[1],
+            "--token-file", str(cluster_ops.node_token_file(tmp_path, "fog-c")),
+            "--broker-file", str(cluster_ops.node_broker_file(tmp_path, "fog-c")),
+        )  # fmt: skip
+    finally:
+        cluster_ops.kill_group(grown.nodes["fog-c"].pgid, 9)
