@@ -236,17 +236,19 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if k != "FOGSHIFT_TEST_PAUSE_AT"}
         return {**env, "FOGSHIFT_TEST_PAUSE_FILE": str(self.pause_file)}
 
-    def up(self, nodes: Collection[str] | None = None) -> None:
+    def up(self, nodes: Collection[str] | None = None) -> set[str]:
         """`fogshift up` of ``nodes`` (default: all the cluster's): on a running cluster,
-        what died is started again and a node it lacks is added."""
+        what died is started again and a node it lacks is added; the nodes it added."""
         broker = self._broker_pid()
         out = fogshift("up", "--nodes", ",".join(nodes or self.nodes), *self.up_args,
                        "--home", str(self.home), env=self.up_env()).stdout  # fmt: skip
         if self._broker_pid() != broker:  # started whole (again): every node as at first
             self.joined = set()
         # (Rich wraps the line at the terminal's width: words, not lines.)
-        if found := re.search(r"\(([^()]+) added to the running cluster\)", " ".join(out.split())):
-            self.joined |= set(found.group(1).split(", "))
+        found = re.search(r"\(([^()]+) added to the running cluster\)", " ".join(out.split()))
+        added = set(found.group(1).split(", ")) if found else set()
+        self.joined |= added
+        return added
 
     def _broker_pid(self) -> int | None:
         path = self.home / "cluster.json"

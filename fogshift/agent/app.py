@@ -168,6 +168,7 @@ def heartbeat_loop(
     """Tell the orchestrator, every ``heartbeat_s``, that this node lives, what it runs, what
     checkpoint copies it holds and how much CPU it uses."""
     meter = CpuMeter()
+    refused = 0  # the status of the last refusal, said once until it changes
     with httpx.Client(
         base_url=config.orchestrator_url,
         headers={"Authorization": f"Bearer {config.token}"},
@@ -195,7 +196,15 @@ def heartbeat_loop(
                         else None
                     ),
                 )
-                client.post(f"/nodes/{config.name}/heartbeat", json=beat.model_dump(mode="json"))
+                answer = client.post(
+                    f"/nodes/{config.name}/heartbeat", json=beat.model_dump(mode="json")
+                )
+                if answer.is_error and answer.status_code != refused:
+                    # (A node removed from the cluster, a token that is not the cluster's:
+                    # the orchestrator takes this node for dead; said, not silently retried.)
+                    log.warning("the orchestrator refused this node's heartbeat (%d): %s",
+                                answer.status_code, answer.text[:300])  # fmt: skip
+                refused = answer.status_code if answer.is_error else 0
             except httpx.HTTPError as exc:  # the orchestrator may be restarting
                 log.debug("heartbeat failed: %s", exc)
             except Exception:  # a node whose heartbeats ended would be taken for dead

@@ -400,16 +400,7 @@ def add_node_users(
     nodes = list(nodes)
     with _locked(config_file):
         text, users = _read(config_file)
-        found = _USERS_BLOCK.search(text)
-        head = text[: found.start()] if found else text
-        try:
-            accounts = json.loads(text[found.end() :] if found else "")
-        except ValueError as exc:
-            raise BrokerError(
-                f"the accounts in the broker's config {config_file} are not the JSON "
-                f"fogshift writes: {exc}",
-                hint="restart the cluster: `fogshift down`, then `fogshift up` with every node",
-            ) from exc
+        head, accounts = _split_accounts(config_file, text)
         unknown = [node for node in nodes if node not in users.nodes]
         for node in unknown:
             users.add_node(node)
@@ -418,18 +409,65 @@ def add_node_users(
         missing = [node for node in nodes if node_account(node) not in accounts]
         if unknown:
             # The users first: a grant that reads them next writes the new accounts too.
-            try:
-                users.save(users_file(config_file))
-            except OSError as exc:
-                raise BrokerError(
-                    f"cannot save the broker's users {users_file(config_file)}: {exc}",
-                    hint="free space on its disk, or give back the write rights on its folder",
-                ) from exc
+            _save_users(config_file, users)
         if missing:
             for node in missing:
                 accounts[node_account(node)] = _node_entry(node, users.nodes[node], [])
             _write_and_reload(config_file, head + _accounts_block(accounts), pid, started)
         return {node: users.nodes[node] for node in nodes}
+
+
+def remove_node_users(
+    config_file: Path, pid: int, nodes: Iterable[str], started: float | None = None
+) -> None:
+    """Drop the broker users of ``nodes`` (taken out of the cluster) from the running
+    server: they can no longer log in, and connections they hold are closed by its reload.
+    Every other user's account is left as it is; a node with no user is no error.
+
+    Raises:
+        BrokerError: As :func:`add_node_users`.
+    """
+    nodes = list(nodes)
+    with _locked(config_file):
+        text, users = _read(config_file)
+        head, accounts = _split_accounts(config_file, text)
+        gone = [node for node in nodes if node in users.nodes]
+        if gone:
+            for node in gone:
+                del users.nodes[node]
+            # The users first, as an add does: a grant that reads them next writes none of
+            # theirs, and a crash between leaves accounts that the next grant drops.
+            _save_users(config_file, users)
+        stale = [node for node in nodes if node_account(node) in accounts]
+        if stale:
+            for node in stale:
+                del accounts[node_account(node)]
+            _write_and_reload(config_file, head + _accounts_block(accounts), pid, started)
+
+
+def _split_accounts(config_file: Path, text: str) -> tuple[str, dict[str, Any]]:
+    """The config's head and its accounts (the JSON object fogshift writes)."""
+    found = _USERS_BLOCK.search(text)
+    head = text[: found.start()] if found else text
+    try:
+        accounts = json.loads(text[found.end() :] if found else "")
+    except ValueError as exc:
+        raise BrokerError(
+            f"the accounts in the broker's config {config_file} are not the JSON "
+            f"fogshift writes: {exc}",
+            hint="restart the cluster: `fogshift down`, then `fogshift up` with every node",
+        ) from exc
+    return head, accounts
+
+
+def _save_users(config_file: Path, users: BrokerUsers) -> None:
+    try:
+        users.save(users_file(config_file))
+    except OSError as exc:
+        raise BrokerError(
+            f"cannot save the broker's users {users_file(config_file)}: {exc}",
+            hint="free space on its disk, or give back the write rights on its folder",
+        ) from exc
 
 
 def _write_and_reload(config_file: Path, text: str, pid: int, started: float | None) -> None:

@@ -386,6 +386,22 @@ def down(home: Home = Path(".fogshift")) -> None:
     console.print(f"[green]down[/]: stopped {', '.join(stopped)}")
 
 
+@app.command("remove-node")
+def remove_node(
+    nodes: Annotated[
+        list[str], typer.Argument(help="The nodes to take out of the running cluster.")
+    ],
+    home: Home = Path(".fogshift"),
+) -> None:
+    """Take nodes out of the running cluster; each must host no PE or standby.
+
+    Move a node's PEs first (`migrate`). Its agent stops, its broker user and token stop
+    working; its folder stays. `up --nodes` naming every node and it adds it again."""
+    with console.status("removing nodes") as status:
+        cluster = cluster_ops.remove_nodes(home.resolve(), nodes, lambda m: status.update(m))
+    console.print(f"[green]removed[/] {', '.join(nodes)}: nodes {', '.join(cluster.nodes)} remain")
+
+
 @app.command()
 def deploy(
     spec: Annotated[Path, typer.Argument(help="The pipeline spec (YAML).")],

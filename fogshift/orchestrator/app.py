@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -66,17 +66,21 @@ from fogshift.contracts import (
 )
 from fogshift.exceptions import FogshiftError, NotFound
 from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.exceptions import NodeRemoved
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec.models import MAX_PARTITIONS
 
 _BLOBS = re.compile(r"/checkpoints/blobs/[^/]+(/chunks)?")
 
 
-def orchestrator_access(operator_token: str) -> Access:
+def orchestrator_access(
+    operator_token: str, removed: Callable[[str], bool] = lambda _: False
+) -> Access:
     """The operator token opens every endpoint; node ``X``'s token (see
     ``common.http.node_token``) only ``POST /nodes/X/heartbeat``, ``GET /nodes/X/directory``
     and ``GET /checkpoints/blobs/{sha256}[/chunks]``: a node can neither speak for another node nor
-    deploy, migrate, restore, stop or read the registry."""
+    deploy, migrate, restore, stop or read the registry. A node ``removed`` (taken out of the
+    cluster) has its token open nothing."""
 
     def access(method: str, path: str, given: str) -> FogshiftError | None:
         if same_token(given, operator_token):
@@ -84,6 +88,12 @@ def orchestrator_access(operator_token: str) -> Access:
         node = token_node(given)
         if node is None or not same_token(given, node_token(operator_token, node)):
             return wrong_token("the orchestrator")
+        if removed(node):
+            return NodeRemoved(
+                f"node {node!r} was removed from the cluster: its token opens nothing on the "
+                "orchestrator",
+                hint=f"`fogshift up --nodes` naming every node and {node} adds it again",
+            )
         allowed = {("POST", f"/nodes/{node}/heartbeat"), ("GET", f"/nodes/{node}/directory")}
         if (method, path) in allowed or (method == "GET" and _BLOBS.fullmatch(path)):
             return None
@@ -187,7 +197,9 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     # else (see orchestrator_access): it describes every endpoint with its contract.
     app = FastAPI(title="fogshift orchestrator", lifespan=lifespan, responses=ERROR_RESPONSES)
     app.state.orchestrator = orchestrator
-    install_error_handlers(app, orchestrator_access(config.token), MAX_BODY_BYTES)
+    install_error_handlers(
+        app, orchestrator_access(config.token, orchestrator.removed), MAX_BODY_BYTES
+    )
 
     @app.get("/health")
     def health() -> OrchestratorHealth:
@@ -224,6 +236,20 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.get("/nodes")
     def nodes() -> list[NodeView]:
         return orchestrator.nodes()
+
+    @app.delete("/nodes/{name}")
+    def remove_node(name: NameParam) -> Ack:
+        """Take the node out of the cluster (it must host nothing); its agent is the
+        caller's to stop. Asked again once removed: nothing changes."""
+        orchestrator.remove_node(name)
+        return Ack()
+
+    @app.post("/nodes/{name}/admit")
+    def admit_node(name: NameParam) -> Ack:
+        """Let a removed node join again (before its agent starts): its heartbeats and
+        token are taken again. A node never removed: nothing changes."""
+        orchestrator.admit_node(name)
+        return Ack()
 
     @app.post("/pipelines")
     def deploy(spec: dict[str, Any] = Body(...)) -> PipelineStatus:

@@ -31,6 +31,7 @@ from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailab
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.migration.procedure import MigrationSteps
 from fogshift.migration.procedure import migrate as run_migration
+from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.planning import (
     nearest_first,
 )
@@ -530,7 +531,10 @@ class Coordination(Scaling):
         element_id = element.id
         for name in candidates:
             node = self.registry.node(name)
-            if attempts and (node is None or not self.healthy(node)):
+            if node is None:  # (removed from the cluster since it was chosen)
+                attempts.append(RestoreAttempt(node=name, error="not in the cluster: skipped"))
+                continue
+            if attempts and not self.healthy(node):
                 attempts.append(RestoreAttempt(node=name, error="not healthy any more: skipped"))
                 continue
             # Before the attempt takes a new epoch and fences: an instance left on the node
@@ -549,10 +553,14 @@ class Coordination(Scaling):
                         "placed on: retry in a few seconds, or restore on another node",
                     )
                 continue
-            op = self.registry.begin_operation(
-                OperationKind.RESTORE, pipeline, element_id, current, name, self.run_id,
-                RestorePhase.FENCING, new_epoch=True,
-            )  # fmt: skip
+            try:
+                op = self.registry.begin_operation(
+                    OperationKind.RESTORE, pipeline, element_id, current, name, self.run_id,
+                    RestorePhase.FENCING, new_epoch=True,
+                )  # fmt: skip
+            except UnknownNode as exc:  # removed from the cluster just now: the next one
+                attempts.append(RestoreAttempt(node=name, error=exc.message))
+                continue
             self.permissions.sync_quietly(self.registry)  # the target may write, nobody else
             log.info("restoring %s/%s on %s (epoch %d)", pipeline, element_id, name, op.epoch)
             try:

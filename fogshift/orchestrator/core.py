@@ -138,6 +138,10 @@ class OrchestratorCore:
         #: ``_lock``): their inputs are not trimmed meanwhile (``History._copying``).
         self._standby_copies: set[tuple[str, str]] = set()
         self.central = CentralStore(config.home / "central")
+        #: The nodes removed from the cluster (the registry's, kept here too: every request
+        #: with a node's token asks, on the server's event loop, which must not wait for
+        #: the registry's lock).
+        self._removed = frozenset(self.registry.removed_nodes())
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}
         #: Per PE: why its last central pull failed, from which node (cleared when one
@@ -232,6 +236,42 @@ class OrchestratorCore:
             return None
         return (f"node {name!r} has sent no heartbeat for {quiet:.1f} s (more than "
                 f"{self.config.call_silence_s:g} s)")  # fmt: skip
+
+    def remove_node(self, name: str) -> None:
+        """Take node ``name`` out of the cluster (``fogshift remove-node``): forgotten, its
+        heartbeats and every request with its token refused, and nothing placed there from
+        now on (the registry refuses it in the write's own transaction: a choice made just
+        before cannot land after). Whoever asked stops its agent and drops its broker user.
+
+        A name never heard from is removed too (its agent may still be starting: its first
+        heartbeat is refused), and one removed already again (nothing changes).
+
+        Raises:
+            NodeInUse: It still hosts a PE or standby of a deployed pipeline, or an
+                unfinished operation names it (see :meth:`Registry.remove_node`).
+        """
+        self.registry.remove_node(name)
+        with self._lock:
+            self._removed = self._removed | {name}
+            self._beats.pop(name, None)
+            # Dropped, not closed: a thread may be sending on it now (a closed client would
+            # raise what no caller catches); its agent is stopped next anyway.
+            self._agents.pop(name, None)
+        log.warning("node %s was removed from the cluster", name)
+
+    def admit_node(self, name: str) -> bool:
+        """Let node ``name`` join again after :meth:`remove_node` (`fogshift up` adding it);
+        whether it had been removed."""
+        admitted = self.registry.admit_node(name)
+        with self._lock:
+            self._removed = self._removed - {name}
+        if admitted:
+            log.info("node %s may join the cluster again", name)
+        return admitted
+
+    def removed(self, name: str) -> bool:
+        """Whether node ``name`` was removed (its token opens nothing)."""
+        return name in self._removed
 
     def agent(self, name: str) -> ServiceClient:
         """A client for node ``name``'s agent."""

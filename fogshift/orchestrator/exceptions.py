@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fogshift.common.exceptions import Forbidden
 from fogshift.exceptions import Conflict, InvalidInput, NotFound
 
 
@@ -15,6 +16,19 @@ class UnknownNode(NotFound):
     """No node of that name has registered."""
 
     code = "unknown_node"
+
+
+class NodeInUse(Conflict):
+    """A node to remove still hosts a PE or standby, or an unfinished operation names it."""
+
+    code = "node_in_use"
+
+
+class NodeRemoved(Forbidden):
+    """The node was removed from the cluster: its token opens nothing until it is added
+    again."""
+
+    code = "node_removed"
 
 
 class PipelineExists(Conflict):

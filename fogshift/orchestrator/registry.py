@@ -43,6 +43,7 @@ from pydantic import ValidationError
 from fogshift.common.text import one_line
 from fogshift.contracts import Heartbeat, OperationKind, OperationRecord, PipelineState
 from fogshift.exceptions import NotFound
+from fogshift.orchestrator.exceptions import NodeInUse, NodeRemoved, UnknownNode
 from fogshift.spec.models import ElementSpec, PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,10 @@ CREATE TABLE IF NOT EXISTS nodes (
     pgid INTEGER,
     last_seen REAL NOT NULL,
     report TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS removed_nodes (
+    name TEXT PRIMARY KEY,
+    removed REAL NOT NULL
 );
 """
 
@@ -233,6 +238,62 @@ def _end_unfinished(
     )
 
 
+def _hosted(db: sqlite3.Connection, node: str) -> list[str]:
+    """What keeps ``node`` in the cluster (see :meth:`Registry.remove_node`), each said as
+    ``what pipeline/element``."""
+    deployed = ", ".join(f"'{s}'" for s in (PipelineState.DEPLOYING, PipelineState.RUNNING,
+                                             PipelineState.STOPPING))  # fmt: skip
+    placed = db.execute(
+        "SELECT p.pipeline, p.element FROM placements p JOIN pipelines q ON q.name = p.pipeline "
+        f"WHERE p.node = ? AND q.status IN ({deployed}) ORDER BY p.pipeline, p.element",
+        (node,),
+    ).fetchall()
+    standbys = db.execute(
+        "SELECT pipeline, element FROM standbys WHERE node = ? ORDER BY pipeline, element",
+        (node,),
+    ).fetchall()
+    operations = db.execute(
+        "SELECT kind, pipeline, element FROM operations WHERE outcome IS NULL "
+        "AND (origin = ? OR target = ?) ORDER BY started",
+        (node, node),
+    ).fetchall()
+    groups = db.execute(
+        "SELECT pipeline FROM groups WHERE outcome IS NULL AND target = ?", (node,)
+    ).fetchall()
+    scales = db.execute(
+        "SELECT pipeline, element, nodes FROM scales WHERE outcome IS NULL ORDER BY started"
+    ).fetchall()
+    return [
+        *(f"PE {p}/{e}" for p, e in placed),
+        *(f"the standby of {p}/{e}" for p, e in standbys),
+        *(f"an unfinished {kind} of {p}/{e}" for kind, p, e in operations),
+        *(f"an unfinished group migration of {p}" for (p,) in groups),
+        *(f"an unfinished scale of {p}/{e}" for p, e, nodes in scales
+          if not nodes or node in nodes.split(",")),
+    ]  # fmt: skip
+
+
+def _placeable(db: sqlite3.Connection, pipeline: str, placed: list[tuple[str, str]]) -> None:
+    """Refuse, inside a write's transaction, to place anything on a removed node: a choice
+    made before the node's removal (a deploy's spec checked, a restore's target picked)
+    may be written after it, and would leave a PE on a node nobody runs."""
+    nodes = {node for _, node in placed}
+    if not nodes:
+        return
+    marks = ", ".join("?" * len(nodes))
+    gone = {r[0] for r in db.execute(
+        f"SELECT name FROM removed_nodes WHERE name IN ({marks})", tuple(nodes)
+    ).fetchall()}  # fmt: skip
+    for element, node in placed:
+        if node in gone:
+            raise UnknownNode(
+                f"node {node!r} was removed from the cluster: {pipeline}/{element} cannot be "
+                "placed there",
+                hint="choose another node (`fogshift nodes` lists them), or add it again "
+                f"with `fogshift up --nodes` naming every node and {node}",
+            )
+
+
 def _report(url: str, stored: str) -> Heartbeat:
     """A node's stored heartbeat; one another version wrote that does not fit the contract
     counts as a report of nothing (not ready, no PEs) until the node's next heartbeat
@@ -324,6 +385,7 @@ class Registry:
                 "INSERT INTO pipelines VALUES (?, ?, ?, ?)",
                 (spec.pipeline, spec.model_dump_json(), status, now),
             )
+            _placeable(db, spec.pipeline, [(e.id, e.node) for e in spec.elements])
             epochs = {e.id: self._bump_epoch(db, spec.pipeline, e.id) for e in spec.elements}
             db.executemany(
                 "INSERT INTO placements VALUES (?, ?, ?, ?, ?)",
@@ -349,6 +411,7 @@ class Registry:
         """
         now = time.time()
         with self._tx() as db:
+            _placeable(db, pipeline, [(e.id, e.node) for e in added])
             self._change_spec(db, pipeline, change, now)
             epochs = {e.id: self._bump_epoch(db, pipeline, e.id) for e in added}
             db.executemany(
@@ -429,6 +492,7 @@ class Registry:
     def set_placement(self, pipeline: str, element: str, node: str) -> None:
         """Record that ``element`` of ``pipeline`` now runs on ``node`` (routing state)."""
         with self._tx() as db:
+            _placeable(db, pipeline, [(element, node)])
             db.execute(
                 "UPDATE placements SET node = ?, updated = ? WHERE pipeline = ? AND element = ?",
                 (node, time.time(), pipeline, element),
@@ -467,6 +531,7 @@ class Registry:
         """Record a new standby of a PE on ``node`` (replacing any); return its epoch, above
         every epoch the PE or any of its standbys was given. The PE's own epoch stays."""
         with self._tx() as db:
+            _placeable(db, pipeline, [(element, node)])
             row = db.execute(
                 "SELECT epoch FROM epochs WHERE pipeline = ? AND element = ?", (pipeline, element)
             ).fetchone()
@@ -597,6 +662,7 @@ class Registry:
         now = time.time()
         op_id = uuid.uuid4().hex[:16]
         with self._tx() as db:
+            _placeable(db, pipeline, [(element, target)])
             if new_epoch:
                 epoch = self._bump_epoch(db, pipeline, element)
             elif epoch is None:
@@ -635,6 +701,7 @@ class Registry:
             row = db.execute(
                 "SELECT pipeline, element, epoch FROM operations WHERE id = ?", (op_id,)
             ).fetchone()
+            _placeable(db, row[0], [(row[1], node)])
             db.execute(
                 "UPDATE placements SET node = ?, updated = ? WHERE pipeline = ? AND element = ?",
                 (node, now, row[0], row[1]),
@@ -809,8 +876,17 @@ class Registry:
     # -- nodes ------------------------------------------------------------------------------
 
     def heartbeat(self, name: str, report: Heartbeat) -> None:
-        """Record node ``name``'s heartbeat: it lives now, as ``report`` says."""
+        """Record node ``name``'s heartbeat: it lives now, as ``report`` says.
+
+        Raises:
+            NodeRemoved: The node was removed (:meth:`remove_node`).
+        """
         with self._tx() as db:
+            if db.execute("SELECT 1 FROM removed_nodes WHERE name = ?", (name,)).fetchone():
+                raise NodeRemoved(
+                    f"node {name!r} was removed from the cluster: its heartbeat is refused",
+                    hint=f"`fogshift up --nodes` naming every node and {name} adds it again",
+                )
             db.execute(
                 "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
                 "url = excluded.url, pid = excluded.pid, pgid = excluded.pgid, "
@@ -818,6 +894,46 @@ class Registry:
                 (name, report.url, report.pid, report.pgid, time.time(),
                  report.model_dump_json()),
             )  # fmt: skip
+
+    def remove_node(self, name: str) -> None:
+        """Forget node ``name`` and refuse it from now on: its heartbeats, and every write
+        that would place something there (a deploy, a route, a standby, an operation's
+        target) raises :class:`UnknownNode` (see :func:`_placeable`).
+
+        What it hosts is read in the same transaction as it is forgotten: a write placing
+        something there cannot come between the check and the removal.
+
+        Raises:
+            NodeInUse: A PE of a pipeline that is deployed (deploying, running or stopping)
+                or a standby is placed there, or an unfinished migration, restore, scale or
+                group migration names it (a scale that names no node may choose it);
+                nothing changed.
+        """
+        with self._tx() as db:
+            held = _hosted(db, name)
+            if held:
+                raise NodeInUse(
+                    f"node {name!r} still hosts or is named by " + ", ".join(held[:10])
+                    + (f" and {len(held) - 10} more" if len(held) > 10 else ""),
+                    expected="a node that runs no PE or standby of a deployed pipeline and "
+                    "that no unfinished migration, restore, scale or group migration names",
+                    received=f"{len(held)} of them",
+                    hint="move its PEs first (`fogshift migrate PIPELINE ELEMENT --to NODE`; "
+                    "`fogshift restore` if the node is down), stop the pipelines of its "
+                    "standbys, or wait for the operation to end",
+                )  # fmt: skip
+            db.execute("DELETE FROM nodes WHERE name = ?", (name,))
+            db.execute("INSERT OR REPLACE INTO removed_nodes VALUES (?, ?)", (name, time.time()))
+
+    def admit_node(self, name: str) -> bool:
+        """Let node ``name`` join again after :meth:`remove_node`; whether it was removed."""
+        with self._tx() as db:
+            return db.execute("DELETE FROM removed_nodes WHERE name = ?", (name,)).rowcount > 0
+
+    def removed_nodes(self) -> set[str]:
+        with self._lock:
+            rows = self._db.execute("SELECT name FROM removed_nodes").fetchall()
+        return {r[0] for r in rows}
 
     def nodes(self) -> list[NodeRecord]:
         with self._lock:

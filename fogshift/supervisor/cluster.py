@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.broker.permissions import add_node_users
+from fogshift.broker.permissions import add_node_users, remove_node_users
 from fogshift.broker.server import (
     DEFAULT_SYNC,
     check_external,
@@ -49,7 +49,7 @@ from fogshift.common.names import NAME_PATTERN
 from fogshift.common.processes import foreign, group_alive, leads, started_at
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import AgentHealth, NodeView
-from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
 from fogshift.network.exceptions import NetworkCommandFailed, NotIsolated
 from fogshift.network.links import LinkProfile
 from fogshift.network.namespaces import (
@@ -70,6 +70,7 @@ from fogshift.network.relay import (
 )
 from fogshift.network.rtt import RttReport, measure_rtt
 from fogshift.orchestrator.planning import FogTopology
+from fogshift.orchestrator.registry import Registry
 from fogshift.supervisor.exceptions import AlreadyUp, NotUp
 
 #: Port of an isolated node's agent inside its namespace (the namespace has nothing else).
@@ -145,6 +146,9 @@ class ClusterFile(BaseModel):
     broker_url: str
     #: The isolated nodes (all of them with ``up --isolate``; none without).
     network: dict[str, IsolatedNode] = {}
+    #: Nodes a `remove-node` began to take out (:func:`remove_nodes`): not waited for,
+    #: not started again; the next `up` or `remove-node` finishes taking them out.
+    removing: tuple[str, ...] = ()
 
 
 #: How long `down` waits for a service's leader to stop after SIGTERM before SIGKILL.
@@ -651,17 +655,23 @@ def _up_claimed(
     # (A broker that died is not started alone: the cluster is stopped, then started anew.)
     if cluster_file(home).exists() and not _broker_died(home, nodes, isolate, say):
         cluster, _ = load_cluster(home)
+        finished = bool(cluster.removing) and cluster.orchestrator.runs()
+        if finished:
+            cluster = _finish_removals(home, cluster, say)
         # A pid alone could be a new process's by now (pids are given again): its group too.
-        dead = [n for n, p in cluster.nodes.items() if not p.runs()]
+        dead = [n for n, p in cluster.nodes.items() if not p.runs() and n not in cluster.removing]
         # Nodes asked for that the cluster lacks join it (they were silently not started),
         # when every node of the cluster is asked for too: a plain `up` (its default nodes)
         # over a cluster of other names restarts what died, as it always did, and adds none.
-        asked_all = set(cluster.nodes) <= set(nodes)
+        members = [n for n in cluster.nodes if n not in cluster.removing]
+        asked_all = set(members) <= set(nodes)
         missing = [n for n in nodes if n not in cluster.nodes] if asked_all else []
-        runs = cluster.orchestrator.runs() or len(dead) < len(cluster.nodes)
+        runs = cluster.orchestrator.runs() or len(dead) < len(members)
         if missing and runs:
             _check_addable(home, cluster, missing, isolate)
         if cluster.orchestrator.runs():
+            if not dead and not missing and finished:
+                return cluster
             if not dead and not missing:
                 running = ", ".join(cluster.nodes)
                 raise AlreadyUp(
@@ -676,13 +686,14 @@ def _up_claimed(
             if dead:
                 cluster = restart_nodes(home, cluster, dead, timeout_s, say)
             return add_nodes(home, cluster, missing, timeout_s, say) if missing else cluster
-        if len(dead) < len(cluster.nodes):
+        if len(dead) < len(members):
             # The orchestrator died while agents run: start it again where the agents look
             # for it, then the nodes that died too.
             cluster = restart_orchestrator(
                 home, cluster, central_interval_s, duplicate_window_s, plan_interval_s,
                 timeout_s, say,
             )  # fmt: skip
+            cluster = _finish_removals(home, cluster, say)
             if dead:
                 cluster = restart_nodes(home, cluster, dead, timeout_s, say)
             return add_nodes(home, cluster, missing, timeout_s, say) if missing else cluster
@@ -754,6 +765,9 @@ def _up_claimed(
                 )  # fmt: skip
             started.append(node_infos[name])
         say("starting the orchestrator")
+        # Nodes named here that a `remove-node` took out join again (its refusals outlive
+        # `down` in the registry; the agents would wait for an answer that never comes).
+        _admit_in_registry(home, nodes)
         reservation.close()
         orchestrator = start_orchestrator(
             home, host, port, central_interval_s, duplicate_window_s, plan_interval_s,
@@ -898,7 +912,8 @@ def restart_orchestrator(
     cluster = cluster.model_copy(update={"orchestrator": info})
     save_cluster(home, cluster)
     try:
-        wait_healthy(home, [n for n, p in cluster.nodes.items() if p.runs()], timeout_s, say)
+        wait_healthy(home, [n for n, p in cluster.nodes.items()
+                            if p.runs() and n not in cluster.removing], timeout_s, say)  # fmt: skip
     except BaseException:
         kill_group(info.pgid, signal.SIGKILL)
         raise
@@ -949,7 +964,8 @@ def restart_nodes(
             started.append(name)
             save_cluster(home, cluster.model_copy(update={"nodes": fresh}))
         cluster = cluster.model_copy(update={"nodes": fresh})
-        wait_healthy(home, list(cluster.nodes), timeout_s, say, _pids(fresh, started))
+        wait_healthy(home, [n for n in cluster.nodes if n not in cluster.removing], timeout_s,
+                     say, _pids(fresh, started))  # fmt: skip
     except BaseException:
         for name in started:
             kill_group(fresh[name].pgid, signal.SIGKILL)
@@ -1021,6 +1037,7 @@ def add_nodes(
         addresses[name].save(node_broker_file(home, name))
         write_private(node_token_file(home, name), node_token(token, name))
     host = _flag(template, "--host")
+    _admit(home, nodes)
     fresh = dict(cluster.nodes)
     started: list[str] = []
     try:
@@ -1056,6 +1073,27 @@ def add_nodes(
         save_cluster(home, cluster)
         raise
     return cluster.model_copy(update={"nodes": fresh})
+
+
+def _admit_in_registry(home: Path, nodes: list[str]) -> None:
+    """:func:`_admit` for an orchestrator that does not run yet: in its registry."""
+    if (home / "orchestrator.db").exists():
+        registry = Registry(home / "orchestrator.db")
+        try:
+            for name in nodes:
+                registry.admit_node(name)
+        finally:
+            registry.close()
+
+
+def _admit(home: Path, nodes: list[str]) -> None:
+    """Have the orchestrator take ``nodes`` again if they were removed from the cluster
+    (:func:`remove_nodes`): their heartbeats and tokens were refused."""
+    with orchestrator_client(home, timeout_s=30) as client:
+        for name in nodes:
+            # (NotFound: an orchestrator older than removals, which removed nobody.)
+            with contextlib.suppress(NotFound):
+                client.post(f"/nodes/{name}/admit")
 
 
 def _flag(argv: tuple[str, ...], flag: str) -> str:
@@ -1281,6 +1319,119 @@ def down(home: Path, grace_s: float = DOWN_GRACE_S) -> list[str]:
         hint="wait for the other `fogshift up` or `down` of this home to end",
     ):
         return _down_claimed(home, grace_s)
+
+
+def remove_nodes(
+    home: Path, names: list[str], say: Callable[[str], None], grace_s: float = DOWN_GRACE_S
+) -> ClusterFile:
+    """Take ``names`` out of the running cluster, one after the other: the orchestrator
+    forgets each (refused while it hosts something: nothing changes for it, nor for the
+    ones after it), then its agent is stopped as `down` stops one, it leaves the cluster
+    file, and its broker user is dropped (the broker `up` started). Its folder (logs,
+    checkpoints) stays. `up --nodes` naming every node and it adds it again.
+
+    Returns:
+        The cluster as it is now.
+
+    Raises:
+        InvalidInput: A name is not one of the cluster's nodes, they are all its nodes
+            (`down` stops a cluster), or the cluster is isolated (its namespaces and links
+            are made and removed whole).
+        Unavailable: The orchestrator does not run (it must forget a node before its
+            agent stops, or it would restore the node's PEs).
+        NodeInUse: (from the orchestrator) A node still hosts a PE or a standby, or an
+            unfinished operation names it; the nodes before it are removed.
+        AlreadyRunning: Another `up` or `down` of ``home`` runs.
+    """
+    names = list(dict.fromkeys(names))
+    load_cluster(home)
+    with exclusive(
+        home / CLUSTER_LOCK,
+        f"a fogshift up or down of {str(home)!r}",
+        hint="wait for the other `fogshift up` or `down` of this home to end",
+    ):
+        cluster, _ = load_cluster(home)
+        _check_removable(home, cluster, names)
+        for name in names:
+            say(f"removing node {name}")
+            cluster = _remove_node(home, cluster, name, grace_s)
+        return cluster
+
+
+def _remove_node(home: Path, cluster: ClusterFile, name: str, grace_s: float) -> ClusterFile:
+    """One node of :func:`remove_nodes`. Marked ``removing`` in the cluster file first:
+    one cut short (a crash, ^C) is finished by the next `up` or `remove-node`, and until
+    then `up` does not wait for it (its heartbeats are refused)."""
+    before = cluster
+    cluster = cluster.model_copy(update={"removing": (*cluster.removing, name)})
+    save_cluster(home, cluster)
+    try:
+        with orchestrator_client(home, timeout_s=OPERATION_TIMEOUT_S) as client:
+            client.delete(f"/nodes/{name}")
+    except Conflict:  # refused (it hosts something): nothing changed, nothing to finish
+        save_cluster(home, before.model_copy(update={
+            "removing": tuple(n for n in before.removing if n != name)
+        }))  # fmt: skip
+        raise
+    _stop_tier({f"node {name}": cluster.nodes[name]}, grace_s)
+    if cluster.broker is not None:
+        # Before it leaves the cluster file: a failure here leaves it there, to try again.
+        remove_node_users(home / "broker" / "nats.conf", cluster.broker.pid, [name],
+                          cluster.broker.started)  # fmt: skip
+    cluster = cluster.model_copy(update={
+        "nodes": {n: p for n, p in cluster.nodes.items() if n != name},
+        "removing": tuple(n for n in cluster.removing if n != name),
+    })  # fmt: skip
+    save_cluster(home, cluster)
+    return cluster
+
+
+def _finish_removals(home: Path, cluster: ClusterFile, say: Callable[[str], None]) -> ClusterFile:
+    """Finish the removals a `remove-node` cut short (see :func:`_remove_node`)."""
+    for name in cluster.removing:
+        say(f"finishing the removal of node {name}")
+        try:
+            cluster = _remove_node(home, cluster, name, DOWN_GRACE_S)
+        except Conflict as exc:  # (cut short before the orchestrator took it: it stays)
+            say(f"node {name} stays in the cluster: {exc.message}")
+            cluster, _ = load_cluster(home)
+    return cluster
+
+
+def _check_removable(home: Path, cluster: ClusterFile, names: list[str]) -> None:
+    """Refuse, before anything changes, what :func:`remove_nodes` cannot do."""
+    have = ", ".join(cluster.nodes)
+    unknown = [n for n in names if n not in cluster.nodes]
+    if unknown:
+        raise InvalidInput(
+            f"cannot remove {', '.join(unknown)} from the cluster under {str(home)!r}: not "
+            "one of its nodes",
+            expected=f"one or more of {have}",
+            received=", ".join(names),
+            hint="`fogshift nodes` lists the cluster's nodes",
+        )
+    if len(set(names)) >= len(cluster.nodes):
+        raise InvalidInput(
+            f"cannot remove every node of the cluster under {str(home)!r}",
+            expected=f"some of {have}, not all",
+            received=", ".join(names),
+            hint="`fogshift down` stops the whole cluster (pipelines, checkpoints and "
+            "outputs are kept)",
+        )
+    if cluster.network:
+        raise InvalidInput(
+            f"cannot remove {', '.join(names)} from the isolated cluster under {str(home)!r}: "
+            "its namespaces, links and relays are made and removed whole",
+            expected="a cluster started without --isolate",
+            received="--isolate",
+            hint="`fogshift down`, then `fogshift up --isolate` with the nodes to keep",
+        )
+    if not cluster.orchestrator.runs():
+        raise Unavailable(
+            f"the orchestrator of the cluster under {str(home)!r} is not running: it must "
+            "forget a node before its agent stops (or it would restore the node's PEs)",
+            hint="`fogshift up` starts it again, then remove the node",
+        )
 
 
 def _down_claimed(home: Path, grace_s: float) -> list[str]:

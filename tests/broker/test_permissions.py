@@ -37,6 +37,7 @@ from fogshift.broker.permissions import (
     add_node_users,
     apply_permissions,
     new_user_seed,
+    remove_node_users,
     users_file,
 )
 from fogshift.broker.publish import Record, publish_records
@@ -554,3 +555,37 @@ def test_a_config_that_cannot_be_claimed_is_a_broker_error(
         apply_permissions(broker.config_file, broker.pid, {"n1": []})
     with pytest.raises(BrokerError, match=r"cannot claim"):
         add_node_users(broker.config_file, broker.pid, ["n7"])
+
+
+def test_a_removed_nodes_user_is_dropped_and_its_connection_closed(
+    broker: BrokerProcess,
+) -> None:
+    """`fogshift remove-node`: the node's user can no longer log in, the connection it holds
+    is closed by the reload, and the other users keep their rights."""
+    url = broker.address.url
+    seeds = add_node_users(broker.config_file, broker.pid, ["n8"])
+    n8 = node_address(url, "n8", seeds["n8"])
+    assert until(lambda: logs_in(n8))
+    connected, closed = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        async def gone() -> None:
+            closed.set()
+
+        nc = await nats.connect(n8.url, **login(n8), inbox_prefix=n8.inbox or "_INBOX",
+                                allow_reconnect=False, closed_cb=gone)  # fmt: skip
+        connected.set()
+        await asyncio.get_running_loop().run_in_executor(None, closed.wait, 30)
+        await nc.close()
+
+    holder = threading.Thread(target=asyncio.run, args=(hold(),), daemon=True)
+    holder.start()
+    assert connected.wait(30)
+    remove_node_users(broker.config_file, broker.pid, ["n8", "never-added"])
+    assert closed.wait(30), "the removed user's connection stayed open"
+    holder.join(30)
+    assert not logs_in(n8)
+    assert "n8" not in BrokerUsers.load(users_file(broker.config_file)).nodes
+    assert "N_n8" not in broker.config_file.read_text()
+    assert logs_in(broker.node_addresses["n1"])
+    remove_node_users(broker.config_file, broker.pid, ["n8"])  # again: nothing to do

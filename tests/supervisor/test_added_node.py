@@ -1,16 +1,20 @@
 """A node added to a running cluster (`fogshift up` with a node it lacks), on the shared
-cluster, whose last node is always added so (``tests.conftest.shared_cluster``)."""
+cluster, whose last node is always added so (``tests.conftest.shared_cluster``); then taken
+out (`fogshift remove-node`) and added again."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from fogshift.broker.client import BrokerAddress
 from fogshift.common.http import node_token
+from fogshift.common.processes import group_alive
 from fogshift.supervisor.cluster import node_broker_file, node_token_file, token_file
+from tests.broker.test_permissions import logs_in, until
 from tests.conftest import SHARED_NODES, Cluster
 from tests.integration.helpers import case1_spec, finish_and_compare
 
@@ -63,3 +67,54 @@ def test_an_added_node_is_a_member_like_the_others_and_runs_pes_exactly_once(
     cluster.cli("deploy", str(spec))
     assert cluster.element("joined", "aggregate")["node"] == added
     finish_and_compare(cluster, tmp_path, "joined")
+
+
+def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    name = SHARED_NODES[-1]
+    # Refused while it hosts a PE: nothing changes, the pipeline runs on to its exact end.
+    spec = case1_spec(tmp_path, "leaving", agg_node=name, first=20)
+    cluster.cli("deploy", str(spec))
+    refused = cluster.cli("remove-node", name, check=False)
+    said = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode != 0, said
+    assert f"node '{name}' still hosts or is named by PE leaving/aggregate" in said
+    assert "fogshift migrate" in said  # the way round
+    assert not json.loads((cluster.home / "cluster.json").read_text())["removing"]
+    finish_and_compare(cluster, tmp_path, "leaving")  # (and stops it)
+    assert cluster.node(name)["alive"]
+
+    record = json.loads((cluster.home / "cluster.json").read_text())["nodes"][name]
+    address = BrokerAddress.load(node_broker_file(cluster.home, name))
+    token = node_token_file(cluster.home, name).read_text().strip()
+    done = cluster.cli("remove-node", name, name)  # (named twice: once)
+    assert f"removed {name}" in " ".join(done.stdout.split())
+    assert not group_alive(record["pgid"])  # its agent, JVM and workers stopped
+    data = json.loads((cluster.home / "cluster.json").read_text())
+    assert sorted(data["nodes"]) == sorted(SHARED_NODES[:-1]) and not data["removing"]
+    assert name not in [n["name"] for n in cluster.json("nodes")]
+    users = json.loads((cluster.home / "broker" / "users.json").read_text())["nodes"]
+    assert name not in users
+    assert until(lambda: not logs_in(address))
+    beat = httpx.post(f"{data['orchestrator']['url']}/nodes/{name}/heartbeat", timeout=10,
+                      headers={"Authorization": f"Bearer {token}"},
+                      json={"url": record["url"], "ready": True})  # fmt: skip
+    assert beat.status_code == 403 and beat.json()["code"] == "node_removed", beat.text
+    # Added again as any new node: a fresh user and agent, a member like the others.
+    assert cluster.up(SHARED_NODES) == {name}
+    view = cluster.node(name)
+    assert view["alive"] and view["ready"], view
+    assert BrokerAddress.load(node_broker_file(cluster.home, name)).seed != address.seed
+
+    # A removal cut short once the node was marked (a crash, ^C): `up` finishes it, and
+    # does not wait for the node or start it again meanwhile.
+    data = json.loads((cluster.home / "cluster.json").read_text())
+    pgid = data["nodes"][name]["pgid"]
+    (cluster.home / "cluster.json").write_text(json.dumps({**data, "removing": [name]}))
+    assert cluster.up(SHARED_NODES[:-1]) == set()
+    assert not group_alive(pgid)
+    data = json.loads((cluster.home / "cluster.json").read_text())
+    assert sorted(data["nodes"]) == sorted(SHARED_NODES[:-1]) and not data["removing"]
+    assert name not in [n["name"] for n in cluster.json("nodes")]
+    assert cluster.up(SHARED_NODES) == {name}  # (whole again for the modules after)

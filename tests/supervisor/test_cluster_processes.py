@@ -363,6 +363,7 @@ def test_adding_a_node_waits_for_the_new_node_only(
     waited: list[list[str]] = []
     monkeypatch.setattr(cluster_ops, "wait_healthy",
                         lambda home, nodes, *_: waited.append(list(nodes)) or [])  # fmt: skip
+    monkeypatch.setattr(cluster_ops, "_admit", lambda home, nodes: None)  # (no orchestrator)
     grown = cluster_ops.add_nodes(tmp_path, cluster, ["fog-c"], 5, lambda _: None)
     try:
         assert waited == [["fog-c"]]
@@ -375,3 +376,33 @@ def test_adding_a_node_waits_for_the_new_node_only(
         )  # fmt: skip
     finally:
         cluster_ops.kill_group(grown.nodes["fog-c"].pgid, 9)
+
+
+def test_removing_nodes_is_refused_before_anything_changes(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    from fogshift.exceptions import Unavailable
+
+    running = ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"})
+    token_file(tmp_path).write_text("secret\n")
+    cluster = ClusterFile(orchestrator=running, broker=None,
+                          nodes={"cloud": running, "fog-b": running},
+                          broker_url="nats://127.0.0.1:9")  # fmt: skip
+    save_cluster(tmp_path, cluster)
+    before = cluster_ops.cluster_file(tmp_path).read_text()
+    with pytest.raises(InvalidInput) as refused:
+        cluster_ops.remove_nodes(tmp_path, ["fog-a"], lambda _: None)
+    assert refused.value.message.startswith("cannot remove fog-a from the cluster under")
+    assert refused.value.expected == "one or more of cloud, fog-b"
+    with pytest.raises(InvalidInput) as refused:
+        cluster_ops.remove_nodes(tmp_path, ["fog-b", "cloud"], lambda _: None)
+    assert "`fogshift down` stops the whole cluster" in (refused.value.hint or "")
+    isolated = cluster.model_copy(update={"network": {"fog-b": object()}})
+    with pytest.raises(InvalidInput) as refused:
+        cluster_ops._check_removable(tmp_path, isolated, ["fog-b"])
+    assert refused.value.received == "--isolate"
+    gone = cluster.model_copy(update={"orchestrator": gone_process()})
+    with pytest.raises(Unavailable, match="must forget a node before its agent stops"):
+        cluster_ops._check_removable(tmp_path, gone, ["fog-b"])
+    assert cluster_ops.cluster_file(tmp_path).read_text() == before
+    assert sleeper.poll() is None  # nothing stopped

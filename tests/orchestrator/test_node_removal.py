@@ -1,0 +1,140 @@
+"""A node taken out of the cluster (``fogshift remove-node``): refused while it hosts
+something, then forgotten, its token refused, and nothing placed there, even by a choice made
+before its removal (real SQLite registry; the orchestrator's app in process)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+
+from fogshift.common.http import node_token
+from fogshift.contracts import Heartbeat
+from fogshift.orchestrator.exceptions import NodeInUse, NodeRemoved, UnknownNode
+from fogshift.orchestrator.registry import Registry
+from fogshift.orchestrator.service import Orchestrator
+from tests.orchestrator.conftest import OPERATOR
+from tests.orchestrator.test_orchestrator_access import as_, beat
+from tests.orchestrator.test_registry import spec
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    reg = Registry(tmp_path / "orchestrator.db")
+    for node in ("cloud", "fog-a", "fog-b"):
+        reg.heartbeat(node, Heartbeat(url="http://127.0.0.1:9"))
+    yield reg
+    reg.close()
+
+
+def test_a_node_is_removed_only_once_nothing_is_placed_there_or_names_it(
+    registry: Registry, tmp_path: Path
+) -> None:
+    registry.put_pipeline(spec(tmp_path), "running")  # its sink on fog-a
+    with pytest.raises(NodeInUse, match=r"'fog-a' still hosts or is named by PE p/sink"):
+        registry.remove_node("fog-a")
+    registry.set_placement("p", "sink", "fog-b")
+    registry.add_standby("p", "source", "fog-a")
+    with pytest.raises(NodeInUse, match=r"the standby of p/source"):
+        registry.remove_node("fog-a")
+    registry.drop_standby("p", "source")
+    op = registry.begin_operation("migration", "p", "sink", "fog-b", "fog-a", "me", "preparing")
+    with pytest.raises(NodeInUse, match=r"an unfinished migration of p/sink"):
+        registry.remove_node("fog-a")
+    registry.finish(op.id, "rolled back")
+    scale = registry.begin_scale("p", "sink", 2, None, False, "me")  # it may choose any node
+    with pytest.raises(NodeInUse, match=r"an unfinished scale of p/sink"):
+        registry.remove_node("fog-a")
+    registry.end_scale(scale.id, "failed")
+    assert registry.node("fog-a") is not None  # each refusal changed nothing
+    registry.set_status("p", "stopped")  # a stopped pipeline's placement does not hold it
+    registry.set_placement("p", "sink", "fog-a")
+    registry.remove_node("fog-a")
+    assert registry.node("fog-a") is None
+    assert registry.removed_nodes() == {"fog-a"}
+
+
+def test_nothing_is_placed_on_a_removed_node_even_by_an_earlier_choice(
+    registry: Registry, tmp_path: Path
+) -> None:
+    """A deploy's spec was checked, a restore's target picked, before the removal: their
+    writes come after it and are refused inside their transactions."""
+    registry.put_pipeline(spec(tmp_path, ("source",)), "running")  # on cloud
+    registry.remove_node("fog-a")
+    with pytest.raises(UnknownNode, match=r"'fog-a' was removed .* p/sink cannot be placed"):
+        registry.put_pipeline(spec(tmp_path), "running")
+    assert registry.get_pipeline("p").placement == {"source": "cloud"}  # rolled back
+    for write in (
+        lambda: registry.set_placement("p", "source", "fog-a"),
+        lambda: registry.add_standby("p", "source", "fog-a"),
+        lambda: registry.begin_operation("restore", "p", "source", "cloud", "fog-a", "me", "x"),
+    ):
+        with pytest.raises(UnknownNode, match="was removed"):
+            write()
+    op = registry.begin_operation("migration", "p", "source", "cloud", "fog-b", "me", "x")
+    with pytest.raises(NodeInUse):
+        registry.remove_node("fog-b")
+    registry.finish(op.id, "done")
+    assert registry.get_pipeline("p").placement == {"source": "cloud"}
+    assert registry.standbys() == []
+    # Its heartbeats are refused until it is admitted again.
+    with pytest.raises(NodeRemoved, match="'fog-a' was removed"):
+        registry.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9"))
+    assert registry.node("fog-a") is None
+    assert registry.admit_node("fog-a")
+    assert not registry.admit_node("fog-a")  # (once)
+    registry.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9"))
+    registry.set_placement("p", "source", "fog-a")
+    assert registry.get_pipeline("p").placement == {"source": "fog-a"}
+
+
+def test_a_removed_nodes_token_opens_nothing_until_it_is_admitted(app: FastAPI) -> None:
+    orchestrator: Orchestrator = app.state.orchestrator
+    operator = as_(app, OPERATOR)
+    node = as_(app, node_token(OPERATOR, "fog-a"))
+    other = as_(app, node_token(OPERATOR, "fog-b"))
+    assert node.post("/nodes/fog-a/heartbeat", json=beat()).status_code == 200
+    assert other.post("/nodes/fog-b/heartbeat", json=beat()).status_code == 200
+    # A node cannot remove itself or another; the operator can.
+    assert node.delete("/nodes/fog-a").status_code == 403
+    assert other.delete("/nodes/fog-a").status_code == 403
+    assert operator.delete("/nodes/fog-a").status_code == 200
+    assert [n["name"] for n in operator.get("/nodes").json()] == ["fog-b"]
+    for refused in (
+        node.post("/nodes/fog-a/heartbeat", json=beat()),
+        node.get("/nodes/fog-a/directory"),
+        node.get("/checkpoints/blobs/" + "0" * 64),
+    ):
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["code"] == "node_removed"
+    assert orchestrator.registry.node("fog-a") is None
+    assert other.post("/nodes/fog-b/heartbeat", json=beat()).status_code == 200  # others go on
+    names = [e["name"] for e in other.get("/nodes/fog-b/directory").json()["nodes"]]
+    assert names == ["fog-b"]  # no peer copies from it any more
+    # Asked again: nothing changes. Admitted (`up` adding it again): it joins.
+    assert operator.delete("/nodes/fog-a").status_code == 200
+    assert operator.post("/nodes/fog-a/admit").status_code == 200
+    assert node.post("/nodes/fog-a/heartbeat", json=beat()).status_code == 200
+    assert orchestrator.registry.node("fog-a") is not None
+
+
+def test_a_fresh_up_naming_a_removed_node_lets_it_join_again(tmp_path: Path) -> None:
+    """The registry's refusals outlive `down`: `up` (the orchestrator not started yet)
+    admits the nodes it names, or their agents would wait for answers that never come."""
+    from fogshift.supervisor.cluster import _admit_in_registry
+
+    registry = Registry(tmp_path / "orchestrator.db")
+    registry.remove_node("fog-a")
+    registry.remove_node("fog-b")
+    registry.close()
+    _admit_in_registry(tmp_path, ["cloud", "fog-a"])
+    registry = Registry(tmp_path / "orchestrator.db")
+    try:
+        assert registry.removed_nodes() == {"fog-b"}  # (not named: still out)
+        registry.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9"))
+    finally:
+        registry.close()
+    _admit_in_registry(tmp_path / "none", ["fog-a"])  # no registry yet: nothing to do
+    assert not (tmp_path / "none").exists()
