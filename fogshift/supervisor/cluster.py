@@ -1352,9 +1352,15 @@ def remove_nodes(
     ):
         cluster, _ = load_cluster(home)
         _check_removable(home, cluster, names)
-        for name in names:
+        for k, name in enumerate(names):
             say(f"removing node {name}")
-            cluster = _remove_node(home, cluster, name, grace_s)
+            try:
+                cluster = _remove_node(home, cluster, name, grace_s)
+            except FogshiftError as exc:
+                if k:  # (said, or the user would take the error for the whole command's)
+                    exc.message += f" ({', '.join(names[:k])} removed before it)"
+                    exc.args = (exc.render(),)
+                raise
         return cluster
 
 

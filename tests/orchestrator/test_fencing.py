@@ -383,3 +383,24 @@ def test_a_migrations_origin_loses_its_broker_rights_when_it_ends(
     monkeypatch.setattr(orch.permissions, "sync", sync)
     orch.migrate(pipeline, "aggregate", "fog-b", mode="literal")
     assert seen[0] == [None] and seen[-1] == ["migrated"], seen
+
+
+def test_a_restore_skips_a_node_removed_since_it_was_chosen(
+    orch: Orchestrator, pipeline: str, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fogshift remove-node` between a restore's choice of nodes and its attempt there: the
+    attempt is skipped (before, it fenced the PE, then failed on a node nobody knew) and the
+    next candidate is tried (here it refuses the checkpoint too)."""
+    here = f"/pipelines/{pipeline}/elements/aggregate"
+    agents["cloud"].fail("POST", here + "/checkpoint/install")
+    chosen = orch.restore_candidates(pipeline, "aggregate", {"fog-a"})
+    assert chosen[0] == "fog-b"
+    orch.remove_node("fog-b")
+    monkeypatch.setattr(orch, "restore_candidates", lambda *_: chosen)
+    with pytest.raises(RestoreFailed) as failed:
+        orch.restore(pipeline, "aggregate")
+    attempts = failed.value.report.attempts  # type: ignore[attr-defined]
+    assert (attempts[0].node, attempts[0].error) == ("fog-b", "not in the cluster: skipped")
+    assert [a.node for a in attempts] == ["fog-b", "cloud"]
+    assert agents["fog-b"].calls == []
+    assert [o.target for o in orch.registry.operations(pipeline)] == ["cloud"]
