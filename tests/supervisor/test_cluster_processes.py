@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,18 @@ def gone_process() -> ProcessInfo:
     info = ProcessInfo.of(proc.pid)
     proc.wait()
     return info
+
+
+def two_node_cluster(home: Path, sleeper: subprocess.Popen[bytes], **info: Any) -> ClusterFile:
+    """A cluster file under ``home`` of nodes cloud and fog-b, its orchestrator and both
+    agents the running ``sleeper`` (``info``: more of their records), no broker of its own."""
+    running = ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9", **info})
+    token_file(home).write_text("secret\n")
+    cluster = ClusterFile(orchestrator=running, broker=None,
+                          nodes={"cloud": running, "fog-b": running},
+                          broker_url="nats://127.0.0.1:9")  # fmt: skip
+    save_cluster(home, cluster)
+    return cluster
 
 
 def write_cluster(home: Path, orchestrator: ProcessInfo, broker: ProcessInfo | None) -> None:
@@ -295,11 +308,7 @@ def test_up_over_a_running_cluster_says_which_nodes_run(
 ) -> None:
     from fogshift.supervisor.exceptions import AlreadyUp
 
-    running = ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"})
-    token_file(tmp_path).write_text("secret\n")
-    save_cluster(tmp_path, ClusterFile(orchestrator=running, broker=None,
-                                       nodes={"cloud": running, "fog-b": running},
-                                       broker_url="nats://127.0.0.1:9"))  # fmt: skip
+    two_node_cluster(tmp_path, sleeper)
     with pytest.raises(AlreadyUp) as refused:
         cluster_ops.up(tmp_path, ["cloud", "fog-b"])
     assert refused.value.message.endswith("with nodes cloud, fog-b")
@@ -320,12 +329,8 @@ def test_a_node_that_cannot_join_a_running_cluster_is_refused_before_anything_st
     # up": fog-a was silently not started. Now it is added, except where it cannot be: nodes
     # an older fogshift started, whose command a new node copies, or an isolated cluster
     # (it would need a namespace, a link and a relay of its own).
-    running = ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"})
-    token_file(tmp_path).write_text("secret\n")
-    cluster = ClusterFile(orchestrator=running, broker=None,
-                          nodes={"cloud": running, "fog-b": running},
-                          broker_url="nats://127.0.0.1:9")  # fmt: skip
-    save_cluster(tmp_path, cluster)
+    cluster = two_node_cluster(tmp_path, sleeper)
+    running = cluster.orchestrator
     with pytest.raises(InvalidInput) as refused:
         cluster_ops.up(tmp_path, ["cloud", "fog-a", "fog-b"])
     assert refused.value.message.startswith("cannot add fog-a to the cluster under")
@@ -349,17 +354,11 @@ def test_adding_a_node_waits_for_the_new_node_only(
     node stopped. (The wait itself is the one `up` uses, tested with real agents.)"""
     from fogshift.broker.client import BrokerAddress
 
-    running = ProcessInfo.of(sleeper.pid).model_copy(update={
-        "url": "http://127.0.0.1:9",
-        "argv": (*SLEEPER, "--name", "cloud", "--home", "h", "--host", "127.0.0.1",
-                 "--port", "9", "--token-file", "t", "--broker-file", "b"),
-    })  # fmt: skip
-    token_file(tmp_path).write_text("secret\n")
+    cluster = two_node_cluster(tmp_path, sleeper, argv=(
+        *SLEEPER, "--name", "cloud", "--home", "h", "--host", "127.0.0.1", "--port", "9",
+        "--token-file", "t", "--broker-file", "b",
+    ))  # fmt: skip
     BrokerAddress("nats://127.0.0.1:9").save(cluster_ops.broker_file(tmp_path))
-    cluster = ClusterFile(orchestrator=running, broker=None,
-                          nodes={"cloud": running, "fog-b": running},
-                          broker_url="nats://127.0.0.1:9")  # fmt: skip
-    save_cluster(tmp_path, cluster)
     waited: list[list[str]] = []
     monkeypatch.setattr(cluster_ops, "wait_healthy",
                         lambda home, nodes, *_: waited.append(list(nodes)) or [])  # fmt: skip
@@ -383,12 +382,7 @@ def test_removing_nodes_is_refused_before_anything_changes(
 ) -> None:
     from fogshift.exceptions import Unavailable
 
-    running = ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"})
-    token_file(tmp_path).write_text("secret\n")
-    cluster = ClusterFile(orchestrator=running, broker=None,
-                          nodes={"cloud": running, "fog-b": running},
-                          broker_url="nats://127.0.0.1:9")  # fmt: skip
-    save_cluster(tmp_path, cluster)
+    cluster = two_node_cluster(tmp_path, sleeper)
     before = cluster_ops.cluster_file(tmp_path).read_text()
     with pytest.raises(InvalidInput) as refused:
         cluster_ops.remove_nodes(tmp_path, ["fog-a"], lambda _: None)
