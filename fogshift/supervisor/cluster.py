@@ -276,13 +276,33 @@ def orchestrator_client(home: Path, timeout_s: float = 120) -> ServiceClient:
     return ServiceClient(cluster.orchestrator.url, token, "the orchestrator", timeout_s)
 
 
+#: Every process :func:`_spawn` started in this interpreter, in order: what an `up` ended by
+#: a signal stops (see :func:`_ended_by_signals`).
+_spawned: list[ProcessInfo] = []
+#: While :func:`_spawn` starts and records a process: the signal that came meanwhile.
+_deferred: dict[str, int | bool] = {"active": False, "signal": 0}
+
+
 def _spawn(args: list[str], log: Path) -> ProcessInfo:
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd()
-        )
-    return ProcessInfo.of(proc.pid, argv=tuple(args))
+    # A signal that ends `up` waits until the process is recorded: raised inside Popen (as
+    # it waits for the child's exec) or before its caller kept it, it left the child running
+    # with nothing to stop it (seen under load: an agent ran on after `up` ended).
+    _deferred.update(active=True, signal=0)
+    try:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=os.getcwd(),
+            )  # fmt: skip
+        info = ProcessInfo.of(proc.pid, argv=tuple(args))
+        _spawned.append(info)
+    finally:
+        signum = int(_deferred["signal"])
+        _deferred.update(active=False, signal=0)
+    if signum:
+        raise SystemExit(128 + signum)
+    return info
 
 
 def _cli(*args: str) -> list[str]:
@@ -619,15 +639,31 @@ def _ended_by_signals() -> Iterator[None]:
         yield
         return
 
+    ended: list[int] = []
+
     def end(signum: int, frame: object) -> None:
+        ended.append(signum)
+        if _deferred["active"]:  # (raised once the process is recorded: see _spawn)
+            _deferred["signal"] = signum
+            return
         raise SystemExit(128 + signum)
 
+    mark = len(_spawned)
     before = {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
+    except SystemExit:
+        if ended:
+            # Whatever this `up` started, recorded by the caller or not (each path's own
+            # clean-up stops what it recorded; a process started just as the signal came
+            # was not, yet).
+            for info in _spawned[mark:]:
+                kill_group(info.pgid, signal.SIGKILL)
+        raise
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+        del _spawned[mark:]
 
 
 def _up_claimed(

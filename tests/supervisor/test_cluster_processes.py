@@ -400,3 +400,32 @@ def test_removing_nodes_is_refused_before_anything_changes(
         cluster_ops._check_removable(tmp_path, gone, ["fog-b"])
     assert cluster_ops.cluster_file(tmp_path).read_text() == before
     assert sleeper.poll() is None  # nothing stopped
+
+
+def test_a_signal_that_comes_as_a_process_starts_stops_that_process_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `up` ended by SIGTERM just as it started an agent (inside Popen, waiting for the
+    # child's exec, or before its caller recorded it) left that agent running: seen under
+    # load in the test above, the agent ran on after `up` had ended.
+    import os
+    import signal
+
+    children: list[subprocess.Popen[bytes]] = []
+    real = subprocess.Popen
+
+    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        child = real(*args, **kwargs)
+        children.append(child)
+        os.kill(os.getpid(), signal.SIGTERM)  # (its handler runs at the next bytecode)
+        return child
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(SystemExit) as ended, cluster_ops._ended_by_signals():
+        cluster_ops._spawn(SLEEPER, tmp_path / "log")
+    assert ended.value.code == 128 + signal.SIGTERM
+    try:
+        assert children[0].wait(timeout=10) == -signal.SIGKILL
+    finally:
+        children[0].kill()
+        children[0].wait()
