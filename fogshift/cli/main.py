@@ -392,13 +392,24 @@ def remove_node(
         list[str], typer.Argument(help="The nodes to take out of the running cluster.")
     ],
     home: Home = Path(".fogshift"),
+    drain: Annotated[
+        bool,
+        typer.Option(
+            "--drain",
+            help="Move each node's PEs away first (a migration each, to the least busy "
+            "healthy node that stays).",
+        ),
+    ] = False,
 ) -> None:
     """Take nodes out of the running cluster; each must host no PE or standby.
 
-    Move a node's PEs first (`migrate`). Its agent stops, its broker user and token stop
-    working; its folder stays. `up --nodes` naming every node and it adds it again."""
+    Move a node's PEs first (`migrate`, or `--drain`). Its agent stops, its broker user and
+    token stop working; its folder stays. `up --nodes` naming every node and it adds it
+    again."""
     with console.status("removing nodes") as status:
-        cluster = cluster_ops.remove_nodes(home.resolve(), nodes, lambda m: status.update(m))
+        cluster = cluster_ops.remove_nodes(
+            home.resolve(), nodes, lambda m: status.update(m), drain=drain
+        )
     console.print(f"[green]removed[/] {', '.join(nodes)}: nodes {', '.join(cluster.nodes)} remain")
 
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,15 @@ from fogshift.common.locks import CLUSTER_LOCK, exclusive
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.processes import foreign, group_alive, leads, started_at
 from fogshift.common.waiting import wait_until
-from fogshift.contracts import AgentHealth, NodeView
-from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
+from fogshift.contracts import AgentHealth, NodeView, PipelineState, PipelineStatus
+from fogshift.exceptions import (
+    Conflict,
+    FogshiftError,
+    InvalidInput,
+    InvariantViolation,
+    NotFound,
+    Unavailable,
+)
 from fogshift.network.exceptions import NetworkCommandFailed, NotIsolated
 from fogshift.network.links import LinkProfile
 from fogshift.network.namespaces import (
@@ -1358,13 +1366,21 @@ def down(home: Path, grace_s: float = DOWN_GRACE_S) -> list[str]:
 
 
 def remove_nodes(
-    home: Path, names: list[str], say: Callable[[str], None], grace_s: float = DOWN_GRACE_S
+    home: Path,
+    names: list[str],
+    say: Callable[[str], None],
+    grace_s: float = DOWN_GRACE_S,
+    drain: bool = False,
 ) -> ClusterFile:
     """Take ``names`` out of the running cluster, one after the other: the orchestrator
     forgets each (refused while it hosts something: nothing changes for it, nor for the
     ones after it), then its agent is stopped as `down` stops one, it leaves the cluster
     file, and its broker user is dropped (the broker `up` started). Its folder (logs,
     checkpoints) stays. `up --nodes` naming every node and it adds it again.
+
+    Args:
+        drain: Move each node's PEs of running pipelines away first (:func:`drain_node`);
+            without it a node that runs one is refused.
 
     Returns:
         The cluster as it is now.
@@ -1389,8 +1405,10 @@ def remove_nodes(
         cluster, _ = load_cluster(home)
         _check_removable(home, cluster, names)
         for k, name in enumerate(names):
-            say(f"removing node {name}")
             try:
+                if drain:
+                    drain_node(home, name, set(names), say)
+                say(f"removing node {name}")
                 cluster = _remove_node(home, cluster, name, grace_s)
             except FogshiftError as exc:
                 if k:  # (said, or the user would take the error for the whole command's)
@@ -1398,6 +1416,49 @@ def remove_nodes(
                     exc.args = (exc.render(),)
                 raise
         return cluster
+
+
+def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], None]) -> list[str]:
+    """Move every PE that a running pipeline places on node ``name`` to the least busy
+    healthy node outside ``leaving``, one migration at a time, each as `fogshift migrate`
+    makes it (its default mode; rolled back if the target fails); the PEs moved, as
+    ``pipeline/element``. Standbys are not moved (their node is the standby keeper's
+    choice): a node that keeps one is still refused by the removal.
+
+    Raises:
+        Unavailable: No other healthy node to move to.
+        FogshiftError: A migration failed (the PE runs where it was; those moved before
+            stay moved).
+    """
+    moved: list[str] = []
+    with orchestrator_client(home, timeout_s=OPERATION_TIMEOUT_S) as client:
+        while True:  # one at a time: each move changes how busy the nodes are
+            running = [
+                status for status in map(PipelineStatus.model_validate, client.get("/pipelines"))
+                if status.status == PipelineState.RUNNING
+            ]  # fmt: skip
+            here = [f"{s.pipeline}/{e.element}" for s in running for e in s.elements
+                    if e.node == name]  # fmt: skip
+            if not here:
+                return moved
+            if here[0] in moved:  # (it migrated, yet is placed there: never loop on it)
+                raise InvariantViolation(
+                    f"{here[0]} is still placed on node {name!r} after it was moved away"
+                )
+            busy = Counter(e.node for s in running for e in s.elements)
+            targets = [n.name for n in map(NodeView.model_validate, client.get("/nodes"))
+                       if n.healthy and n.name not in leaving]  # fmt: skip
+            if not targets:
+                raise Unavailable(
+                    f"no healthy node to move {', '.join(here)} to from node {name!r}",
+                    hint="`fogshift nodes` shows node health; `fogshift up --nodes` adds one",
+                )
+            target = min(targets, key=lambda n: (busy[n], n))
+            pipeline, element = here[0].split("/", 1)
+            say(f"moving {here[0]} from {name} to {target}")
+            client.post(f"/pipelines/{pipeline}/elements/{element}/migrate",
+                        json={"target": target})  # fmt: skip
+            moved.append(here[0])
 
 
 def _remove_node(home: Path, cluster: ClusterFile, name: str, grace_s: float) -> ClusterFile:

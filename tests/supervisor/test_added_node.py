@@ -82,14 +82,19 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
     assert f"node '{name}' still hosts or is named by PE leaving/aggregate" in said
     assert "fogshift migrate" in said  # the way round
     assert not json.loads((cluster.home / "cluster.json").read_text())["removing"]
-    finish_and_compare(cluster, tmp_path, "leaving")  # (and stops it)
     assert cluster.node(name)["alive"]
 
+    # With --drain its PE is moved away first (a migration), then it is removed; the
+    # pipeline's output stays exact across the move.
     record = json.loads((cluster.home / "cluster.json").read_text())["nodes"][name]
     address = BrokerAddress.load(node_broker_file(cluster.home, name))
     token = node_token_file(cluster.home, name).read_text().strip()
-    done = cluster.cli("remove-node", name, name)  # (named twice: once)
+    done = cluster.cli("remove-node", name, name, "--drain")  # (named twice: once)
     assert f"removed {name}" in " ".join(done.stdout.split())
+    moved_to = cluster.element("leaving", "aggregate")["node"]
+    assert moved_to in SHARED_NODES[:-1]
+    assert cluster.element("leaving", "aggregate")["last_migration"]["status"] == "migrated"
+    finish_and_compare(cluster, tmp_path, "leaving")  # (and stops it)
     assert not group_alive(record["pgid"])  # its agent, JVM and workers stopped
     data = json.loads((cluster.home / "cluster.json").read_text())
     assert sorted(data["nodes"]) == sorted(SHARED_NODES[:-1]) and not data["removing"]
