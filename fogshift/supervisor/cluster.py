@@ -158,6 +158,11 @@ class ClusterFile(BaseModel):
     #: not started again; the next `up` or `remove-node` finishes taking them out.
     removing: tuple[str, ...] = ()
 
+    @property
+    def members(self) -> list[str]:
+        """Its nodes but those being removed: the ones `up` waits for and starts again."""
+        return [n for n in self.nodes if n not in self.removing]
+
 
 #: How long `down` waits for a service's leader to stop after SIGTERM before SIGKILL.
 DOWN_GRACE_S = 15.0
@@ -703,11 +708,11 @@ def _up_claimed(
         if finished:
             cluster = _finish_removals(home, cluster, say)
         # A pid alone could be a new process's by now (pids are given again): its group too.
-        dead = [n for n, p in cluster.nodes.items() if not p.runs() and n not in cluster.removing]
+        dead = [n for n in cluster.members if not cluster.nodes[n].runs()]
         # Nodes asked for that the cluster lacks join it (they were silently not started),
         # when every node of the cluster is asked for too: a plain `up` (its default nodes)
         # over a cluster of other names restarts what died, as it always did, and adds none.
-        members = [n for n in cluster.nodes if n not in cluster.removing]
+        members = cluster.members
         asked_all = set(members) <= set(nodes)
         missing = [n for n in nodes if n not in cluster.nodes] if asked_all else []
         runs = cluster.orchestrator.runs() or len(dead) < len(members)
@@ -956,8 +961,7 @@ def restart_orchestrator(
     cluster = cluster.model_copy(update={"orchestrator": info})
     save_cluster(home, cluster)
     try:
-        wait_healthy(home, [n for n, p in cluster.nodes.items()
-                            if p.runs() and n not in cluster.removing], timeout_s, say)  # fmt: skip
+        wait_healthy(home, [n for n in cluster.members if cluster.nodes[n].runs()], timeout_s, say)
     except BaseException:
         kill_group(info.pgid, signal.SIGKILL)
         raise
@@ -1008,8 +1012,7 @@ def restart_nodes(
             started.append(name)
             save_cluster(home, cluster.model_copy(update={"nodes": fresh}))
         cluster = cluster.model_copy(update={"nodes": fresh})
-        wait_healthy(home, [n for n in cluster.nodes if n not in cluster.removing], timeout_s,
-                     say, _pids(fresh, started))  # fmt: skip
+        wait_healthy(home, cluster.members, timeout_s, say, _pids(fresh, started))
     except BaseException:
         for name in started:
             kill_group(fresh[name].pgid, signal.SIGKILL)
@@ -1513,7 +1516,7 @@ def _check_removable(home: Path, cluster: ClusterFile, names: list[str]) -> None
             received=", ".join(names),
             hint="`fogshift nodes` lists the cluster's nodes",
         )
-    if len(set(names)) >= len(cluster.nodes):
+    if len(names) >= len(cluster.nodes):
         raise InvalidInput(
             f"cannot remove every node of the cluster under {str(home)!r}",
             expected=f"some of {have}, not all",
