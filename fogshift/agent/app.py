@@ -43,6 +43,8 @@ from fogshift.common.service import (
     NameParam,
     OffsetQuery,
     PauseTimeoutQuery,
+    ProgressSeenQuery,
+    ProgressWaitQuery,
     RelPathParam,
     SnapshotParam,
     StateKeyQuery,
@@ -67,6 +69,7 @@ from fogshift.contracts import (
     Heartbeat,
     InstalledCheckpoint,
     InstallResult,
+    PEState,
     ReplicaInfo,
     StateKeys,
     TwinState,
@@ -289,8 +292,16 @@ def create_app(config: AgentConfig) -> FastAPI:
         return runtime.set_gate(pipeline, element, request.gate)
 
     @app.get("/pipelines/{pipeline}/elements/{element}/progress")
-    def progress(pipeline: NameParam, element: NameParam) -> ElementProgress:
-        return runtime.progress(pipeline, element)
+    def progress(
+        pipeline: NameParam,
+        element: NameParam,
+        wait_s: ProgressWaitQuery = 0.0,
+        seen: ProgressSeenQuery = None,
+        state: PEState | None = None,
+    ) -> ElementProgress:
+        # A long poll when the caller says what it last saw: answered when that changed.
+        last = (seen, state) if seen is not None and state is not None else None
+        return runtime.progress(pipeline, element, changed_from=last, wait_s=wait_s)
 
     @app.get("/pipelines/{pipeline}/elements/{element}/state")
     def twin_state(

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.http import ServiceClient
@@ -12,6 +15,31 @@ from fogshift.contracts import ElementProgress, PEState
 from fogshift.exceptions import FogshiftError
 
 log = logging.getLogger("fogshift.progress")
+
+#: How long one progress request may wait at the agent for the PE to move on (a long poll,
+#: well under :data:`~fogshift.common.service.PROGRESS_WAIT_MAX_S`): the answer comes when
+#: the PE commits a batch or changes state; an agent of a version without long polls
+#: answers at once and is asked again every 20 ms.
+LONG_POLL_S = 1.0
+
+
+def progress_params(last: ElementProgress | None, wait_s: float) -> dict[str, Any]:
+    """The query of a ``GET .../progress`` that waits (at most ``wait_s``) until the PE's
+    progress or state differs from ``last`` (none: answered at once)."""
+    if last is None or wait_s <= 0:
+        return {}
+    return {"wait_s": round(wait_s, 3), "seen": last.progress, "state": last.state.value}
+
+
+@dataclass
+class PositionWatch:
+    """A caller's long poll of one PE's progress across requests: the last answer and the
+    node it came from (an answer from another node is no base to wait on), and how long the
+    next request may wait at the agent."""
+
+    node: str | None = None
+    last: ElementProgress | None = None
+    wait_s: float = 0.0
 
 
 def wait_for_progress(
@@ -24,7 +52,8 @@ def wait_for_progress(
     observe: Callable[[ElementProgress], None] | None = None,
     while_moving: bool = False,
 ) -> ElementProgress:
-    """Poll ``<element_path>/progress`` until the committed input progress reaches ``at_least``.
+    """Ask ``<element_path>/progress`` until the committed input progress reaches ``at_least``
+    (each request after the first waits at the agent until the answer would differ).
 
     Args:
         while_moving: Wait on as long as the progress grows, ``timeout_s`` at a time: only a
@@ -40,10 +69,13 @@ def wait_for_progress(
     """
     info: ElementProgress | None = None
     began: int | None = None  # the progress at the first answer of this stretch of waiting
+    deadline = 0.0  # of the present stretch: no request waits at the agent beyond it
 
     def reached() -> ElementProgress | None:
         nonlocal info, began
-        info = agent.call(ElementProgress, "GET", element_path + "/progress")
+        wait_s = min(LONG_POLL_S, deadline - time.monotonic())
+        info = agent.call(ElementProgress, "GET", element_path + "/progress",
+                          params=progress_params(info, wait_s))  # fmt: skip
         if began is None:
             began = info.progress
         if observe is not None:
@@ -71,6 +103,7 @@ def wait_for_progress(
         return None
 
     while True:
+        deadline = time.monotonic() + timeout_s
         try:
             return wait_until(
                 reached, timeout_s, interval_s=0.02, describe=f"{what}: input position {at_least}"

@@ -64,6 +64,16 @@ OffsetQuery = Annotated[int | None, Query(ge=0)]
 PauseTimeoutQuery = Annotated[float, Query(gt=0, le=3600, allow_inf_nan=False)]
 LengthQuery = Annotated[int | None, Query(ge=1)]
 
+# -- query parameters of a long-polled ``GET .../elements/{element}/progress`` (agent) -----
+
+#: The most an agent holds a progress request that asks to wait for a change: a caller
+#: waiting longer asks again (a held request is one of the agent's worker threads).
+PROGRESS_WAIT_MAX_S = 5.0
+#: How long to wait for the PE's progress or state to differ from the caller's last answer.
+ProgressWaitQuery = Annotated[float, Query(ge=0, le=PROGRESS_WAIT_MAX_S, allow_inf_nan=False)]
+#: The progress of the caller's last answer (with :data:`ProgressStateQuery`).
+ProgressSeenQuery = Annotated[int | None, Query()]
+
 # -- query parameters of ``GET .../elements/{element}/events`` (orchestrator) -------------
 
 #: Read the events after this stream sequence (forward paging).

@@ -64,7 +64,7 @@ from fogshift.checkpoint.spark_dir import fill_omitted, lean_archive, progress_o
 from fogshift.common.exceptions import NoAnswer, WaitTimedOut
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
-from fogshift.common.progress import wait_for_progress
+from fogshift.common.progress import progress_params, wait_for_progress
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
     CheckpointInfo,
@@ -93,6 +93,10 @@ PHASES = tuple(MigrationPhase)
 #: answered only after its whole live wait (30 s) when none came (Case 2's handovers once
 #: the recordings had ended).
 IDLE_INPUT_S = 2.0
+#: The longest one request for the target's progress after the switch waits at its agent
+#: (a long poll): short enough that whether input is pending is asked every half second
+#: once :data:`IDLE_INPUT_S` has passed.
+MOVED_ON_POLL_S = 0.5
 #: How much longer than the pause's own bound its request waits for the agent's answer:
 #: the agent gives up pausing (and resumes the PE) after ``timeout_s`` from when the request
 #: reached it, and says why; a client bound equal to it ran out first (its clock starts at
@@ -620,13 +624,19 @@ def _measure_downtime(
     the command would answer only at the end of the wait)."""
     switched = time.monotonic()
     looked = switched
+    last: ElementProgress | None = None
 
     def moved_on() -> bool:
-        nonlocal looked
-        info_now = (
+        nonlocal looked, last
+        # Each request but the first waits at the target until its answer differs (a long
+        # poll): the commit is seen when Spark reports it, which is what the downtime is.
+        wait_s = min(MOVED_ON_POLL_S, switched + live_wait_s - time.monotonic())
+        info_now = last = (
             live
             if live.progress > position.progress
-            else target.call(ElementProgress, "GET", here + "/progress")
+            else target.call(
+                ElementProgress, "GET", here + "/progress", params=progress_params(last, wait_s)
+            )
         )
         report.observe(report.target, info_now)
         if info_now.progress > position.progress:

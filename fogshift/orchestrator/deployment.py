@@ -29,6 +29,8 @@ from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.keys import Ownership, key_text
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import fence
+from fogshift.common.progress import PositionWatch, progress_params
+from fogshift.common.service import PROGRESS_WAIT_MAX_S
 from fogshift.contracts import (
     AgedNodeCheckpoint,
     CheckpointsView,
@@ -395,16 +397,28 @@ class Deployment(Journal):
         """Who owns each key of partitioned ``element_id`` (:class:`KeyMoves`, above)."""
         raise NotImplementedError
 
-    def _position(self, pipeline: str, pe: str, source: str, node: str) -> int | None:
+    def _position(
+        self, pipeline: str, pe: str, source: str, node: str, watch: PositionWatch | None = None
+    ) -> int | None:
         """How far ``pe`` on ``node`` has committed its input ``source`` (``None``: its node
-        did not answer, or does not run it)."""
+        did not answer, or does not run it).
+
+        Args:
+            watch: The caller's last answer from that node and how long this request may
+                wait at the agent for a newer one (a long poll); it gets this answer.
+        """
+        params = {}
+        if watch is not None and watch.node == node:
+            params = progress_params(watch.last, watch.wait_s)
         try:
             progress = self.agent(node).call(
                 ElementProgress, "GET", f"/pipelines/{pipeline}/elements/{pe}/progress",
-                timeout=5,
+                params=params, timeout=5 + PROGRESS_WAIT_MAX_S,
             )  # fmt: skip
         except FogshiftError:
             return None
+        if watch is not None:
+            watch.node, watch.last = node, progress
         return int(((progress.offset or {}).get("positions") or {}).get(source, 0))
 
     def _read_owners(self, pipeline: str, part: ElementSpec, element_id: str) -> Ownership | None:

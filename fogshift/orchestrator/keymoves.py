@@ -55,6 +55,7 @@ from fogshift.broker.naming import (
     stream_name,
 )
 from fogshift.broker.publish import WRONG_LAST_SEQUENCE
+from fogshift.common.progress import PositionWatch
 from fogshift.contracts import (
     KeyMoveReport,
     KeyMoveStatus,
@@ -1223,10 +1224,16 @@ class KeyMoves(Standbys):
         partition restored elsewhere after its node died commits there)."""
         node: str | None = None
         looked = 0.0
+        watch = PositionWatch()
         while time.monotonic() < deadline:
             if node is None or time.monotonic() - looked >= PLACEMENT_RECHECK_S:
                 node, looked = self.pipeline(pipeline).placement.get(pe), time.monotonic()
-            position = self._position(pipeline, pe, source, node) if node is not None else None
+            # After the first answer, each request waits at the agent for the next commit
+            # (a long poll), never past the next placement look or the deadline.
+            watch.wait_s = min(looked + PLACEMENT_RECHECK_S, deadline) - time.monotonic()
+            position = (
+                self._position(pipeline, pe, source, node, watch) if node is not None else None
+            )
             if (position or 0) >= seq:  # (up to 0: nothing to commit, wherever it runs)
                 return True
             if position is None:

@@ -6,6 +6,10 @@ reports a second per query, one py4j round trip each (and PySpark's own listener
 builds every report field by field, dozens of round trips). This listener is called by
 Spark once per report and takes the report's JSON in one call; the agent drains the queue
 when it looks at its queries. Nothing is lost between two looks, however long they are.
+
+The feed also counts the reports as they come, so that a caller waiting for a query to move
+on (the agent's long-polled ``GET .../progress``) sleeps until one comes instead of asking
+the query again and again.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,14 +30,14 @@ log = logging.getLogger(__name__)
 class _Listener:
     """The Python side of Spark's ``PythonStreamingQueryListener`` (a py4j callback)."""
 
-    def __init__(self, reports: queue.SimpleQueue[str]) -> None:
-        self._reports = reports
+    def __init__(self, put: Callable[[str], None]) -> None:
+        self._put = put
 
     def onQueryStarted(self, jevent: Any) -> None:  # noqa: N802 - Spark's names
         pass
 
     def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
-        self._reports.put(jevent.progress().json())
+        self._put(jevent.progress().json())
 
     def onQueryIdle(self, jevent: Any) -> None:  # noqa: N802
         pass
@@ -48,6 +54,30 @@ class ProgressFeed:
 
     def __init__(self) -> None:
         self._reports: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._arrived = threading.Condition()
+        self._count = 0
+
+    def put(self, text: str) -> None:
+        """Queue one report (Spark's JSON of it) and wake whoever waits for one."""
+        self._reports.put(text)
+        with self._arrived:
+            self._count += 1
+            self._arrived.notify_all()
+
+    @property
+    def arrivals(self) -> int:
+        """How many reports came so far (never goes down; drained ones count too)."""
+        return self._count
+
+    def wait_beyond(self, seen: int, timeout_s: float) -> int:
+        """Block until more than ``seen`` reports came, or ``timeout_s`` passed.
+
+        Returns:
+            :attr:`arrivals` then: more than ``seen`` if a report came.
+        """
+        with self._arrived:
+            self._arrived.wait_for(lambda: self._count > seen, max(0.0, timeout_s))
+            return self._count
 
     def attach(self, spark: SparkSession) -> None:
         """Listen to ``spark``'s streaming queries (the session's, from now on)."""
@@ -58,7 +88,7 @@ class ProgressFeed:
         jvm = context._jvm
         assert jvm is not None
         wrapper = jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper
-        spark._jsparkSession.streams().addListener(wrapper(_Listener(self._reports)))
+        spark._jsparkSession.streams().addListener(wrapper(_Listener(self.put)))
 
     def drain(self) -> dict[str, list[dict[str, Any]]]:
         """The reports queued since the last call, by query name, oldest first."""

@@ -412,6 +412,22 @@ def test_a_pause_that_would_never_wait_or_never_end_is_refused(home: Path, timeo
     assert answer.status_code == 422 and "timeout_s" in answer.json()["message"], answer.text
 
 
+@pytest.mark.parametrize(
+    "query",
+    [{"wait_s": "nan"}, {"wait_s": "inf"}, {"wait_s": "-1"}, {"wait_s": "6"},
+     {"wait_s": "1", "seen": "x", "state": "running"}, {"wait_s": "1", "state": "asleep"}],
+)  # fmt: skip
+def test_a_progress_wait_that_would_hold_a_worker_too_long_is_refused(
+    home: Path, query: dict[str, str]
+) -> None:
+    # A long poll holds one of the agent's worker threads: bounded, and only with what the
+    # caller saw in the agent's own terms.
+    app = create_app(config(home))
+    answer = client(app, OPERATOR).get("/pipelines/p/elements/agg/progress", params=query)
+    assert answer.status_code == 422, answer.text
+    assert any(name in answer.json()["message"] for name in query), answer.text
+
+
 def test_a_pe_whose_input_file_is_not_on_this_node_is_refused_before_it_starts(
     home: Path,
 ) -> None:

@@ -20,7 +20,9 @@ from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES, file_chunks
 from fogshift.checkpoint.spark_dir import CHUNKS_FOLDER, OMITTED
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.http import ServiceClient, node_token
+from fogshift.common.progress import progress_params
 from fogshift.common.waiting import wait_until
+from fogshift.contracts import ElementProgress
 from fogshift.migration.procedure import fetch_checkpoint
 from fogshift.supervisor.cluster import load_cluster
 from tests.conftest import Cluster
@@ -215,6 +217,19 @@ def test_a_shipped_checkpoint_leaves_out_what_the_central_store_holds(
             return (copies[-1].info.batch or 0) >= 1
 
         wait_until(past_batch_0, 120, describe="a warm copy of lean/aggregate past batch 0")
+        # The agent's long poll: a request naming what the caller last saw waits there until
+        # a batch commits (Spark's report of it), so a caller waiting for the next commit
+        # asks a few times, not every 20 ms (each ask is ~5 ms of the node's CPU).
+        first = now = agent.call(ElementProgress, "GET", here + "/progress")
+        asked, began = 0, time.monotonic()
+        while now.progress == first.progress and time.monotonic() - began < 120:
+            params = progress_params(now, 2.0)
+            now = agent.call(ElementProgress, "GET", here + "/progress", params=params)
+            asked += 1
+        assert now.progress > first.progress, (first, now)
+        assert (now.committed_batch or 0) > (first.committed_batch or 0), (first, now)
+        # Every answer but the last waited its 2 s for a change.
+        assert asked <= (time.monotonic() - began) / 2.0 + 1, asked
         whole = copies[-1]
         # What a store would hold after pulling that copy: its files, by content.
         blobs = tmp_path / "blobs"
