@@ -1008,6 +1008,12 @@ class NodeRuntime:
         # covers the newest commit: no Spark job), the others never collected (1000 keys of
         # 1 MiB each, all read, passed Spark's maxResultSize). A small one: one job, as is.
         at, indexed = self._indexed_keys(pipeline, pe) if keyed and key is None else (None, None)
+        if keyed and key is None and indexed is None and at is not None:
+            # The index does not cover the newest commit (a PE resumed from a copy): its
+            # keys from the state store (their lengths only, one job) give it its base, and
+            # the page is read by its keys. All the state was read for one page before.
+            self.state_keys(pipeline, pe)
+            at, indexed = self._indexed_keys(pipeline, pe)
         only = sorted(indexed)[:limit] if indexed is not None and len(indexed) > limit else None
         at = at if only is not None else None  # (the page read at the batch it was listed at)
         if runs_on_jvm(element):

@@ -794,6 +794,37 @@ def test_a_key_listing_reads_the_state_store_once_then_the_key_index(
     assert runtime.state_keys("x", "agg") == second and jobs == [3]
 
 
+def test_a_page_of_twins_without_a_key_index_reads_only_the_pages_keys(
+    runtime: NodeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `fogshift state --limit` of a PE resumed from a copy (no base in its key index): the
+    # keys are listed from the state store's lengths (one job, which gives the index its
+    # base), and only the page's keys' state is read. It read all the state before: 1000
+    # keys of 1 MiB passed Spark's maxResultSize for a page of two.
+    hosted_at_batch_3(runtime)
+    jobs: list[str] = []
+
+    def read_key_variables(spark: Any, cp: Path, parts: Any, movable: bool) -> Any:
+        jobs.append("keys")
+        return 3, node.end_offset(cp, 3), {k: {"f_sum": 9} for k in ("d", "a", "c", "b")}
+
+    def read_state(spark: Any, cp: Any, parts: Any, keyed: bool, key: Any, only: Any,
+                   at: Any) -> Any:  # fmt: skip
+        jobs.append(f"state of {only} at {at}")
+        keys = only if only is not None else ["a", "b", "c", "d"]
+        return 3, {k: {"sum": 9} for k in keys}
+
+    monkeypatch.setattr(node, "read_key_variables", read_key_variables)
+    monkeypatch.setattr(node, "read_state", read_state)
+    page = runtime.twin_state("x", "agg", limit=2)
+    assert jobs == ["keys", "state of ['a', 'b'] at 3"]
+    assert (page.keys, [e.key for e in page.entries], page.batch) == (4, ["a", "b"], 3)
+    # The next page comes from the index alone: no key job.
+    jobs.clear()
+    assert runtime.twin_state("x", "agg", limit=3).keys == 4
+    assert jobs == ["state of ['a', 'b', 'c'] at 3"]
+
+
 def test_a_key_listing_across_a_fresh_deploy_gives_the_new_history_no_base(
     runtime: NodeRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
