@@ -71,7 +71,7 @@ LengthQuery = Annotated[int | None, Query(ge=1)]
 PROGRESS_WAIT_MAX_S = 5.0
 #: How long to wait for the PE's progress or state to differ from the caller's last answer.
 ProgressWaitQuery = Annotated[float, Query(ge=0, le=PROGRESS_WAIT_MAX_S, allow_inf_nan=False)]
-#: The progress of the caller's last answer (with :data:`ProgressStateQuery`).
+#: The progress of the caller's last answer (with its ``state``: both, or no long poll).
 ProgressSeenQuery = Annotated[int | None, Query()]
 
 # -- query parameters of ``GET .../elements/{element}/events`` (orchestrator) -------------
