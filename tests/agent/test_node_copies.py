@@ -22,7 +22,7 @@ from fogshift.checkpoint.central import CentralStore
 from fogshift.checkpoint.spark_dir import pack
 from fogshift.contracts import PEState
 from fogshift.runtime.engine import QueryPlan
-from tests.agent.test_node_restarts import hosted, runtime  # noqa: F401
+from tests.agent.test_node_restarts import hosted
 from tests.checkpoint.test_central import manifest
 
 
@@ -46,7 +46,7 @@ def _host(rt: NodeRuntime, tmp_path: Path) -> None:
 
 
 def test_a_discarded_pe_leaves_no_snapshot_and_no_half_installed_copy(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     tmp_path: Path,
 ) -> None:
     for hosted_here in (True, False):  # the PE ran here; a migration target that never ran it
@@ -71,7 +71,7 @@ def test_a_discarded_pe_leaves_no_snapshot_and_no_half_installed_copy(
 
 
 def test_an_install_replaces_the_snapshots_of_the_checkpoint_it_replaced(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     tmp_path: Path,
 ) -> None:
     # The PE ran here up to batch 5 (its snapshots stay after a stop), then elsewhere; a
@@ -95,7 +95,7 @@ def test_an_install_replaces_the_snapshots_of_the_checkpoint_it_replaced(
 
 
 def test_an_install_that_fails_leaves_the_checkpoint_and_no_half_copy(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -120,7 +120,7 @@ def test_an_install_that_fails_leaves_the_checkpoint_and_no_half_copy(
 
 
 def test_two_copies_of_one_pe_at_once_do_not_share_a_folder(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -178,7 +178,7 @@ def _held_at_second_copy(
 
 
 def _second_install_waiting(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     files: dict[str, bytes],
@@ -206,7 +206,7 @@ def _second_install_waiting(
 
 
 def test_an_install_sent_again_waits_for_the_first_and_each_installs_whole(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -228,7 +228,7 @@ def test_an_install_sent_again_waits_for_the_first_and_each_installs_whole(
 
 
 def test_an_install_sent_again_is_refused_once_the_pe_runs_meanwhile(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -264,7 +264,7 @@ def _in_thread(action: Callable[[], object], errors: list[BaseException]) -> thr
 
 
 def test_a_discard_during_an_install_returns_at_once_and_the_install_is_refused(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -296,7 +296,7 @@ def test_a_discard_during_an_install_returns_at_once_and_the_install_is_refused(
 
 
 def test_a_shipped_checkpoint_a_discard_overtook_is_refused(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -330,7 +330,7 @@ def test_a_shipped_checkpoint_a_discard_overtook_is_refused(
 
 
 def test_an_install_whose_copy_a_discard_overtook_is_refused(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A restore's install fetches its copy before it takes the PE's install lock; the
@@ -360,7 +360,7 @@ def test_an_install_whose_copy_a_discard_overtook_is_refused(
 
 
 def test_an_install_waits_for_no_other_pes_deploy_and_leaves_no_old_copy(
-    runtime: NodeRuntime,  # noqa: F811
+    runtime: NodeRuntime,
     tmp_path: Path,
 ) -> None:
     """An install put its copy in place under the node's lock, which a deploy holds while

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from fogshift.agent import node
-from fogshift.agent.config import AgentConfig
 from fogshift.agent.node import (
     ELEMENT_ERROR_RESTARTS,
     METRICS_FILE,
@@ -74,21 +73,6 @@ class FakeQuery:
 
     def stop(self) -> None:
         self.isActive = False
-
-
-@pytest.fixture
-def runtime(tmp_path: Path) -> NodeRuntime:
-    config = AgentConfig(
-        name="n1",
-        port=9999,
-        home=tmp_path,
-        token="t" * 32,
-        orchestrator_url="http://127.0.0.1:1",
-        broker_file=tmp_path / "broker.json",
-    )
-    rt = NodeRuntime(config)
-    rt.spark = object()  # type: ignore[assignment]  # never called: start_query is faked
-    return rt
 
 
 def hosted(tmp_path: Path) -> HostedElement:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.agent.node import HostedElement, NodeRuntime, PEState
 from fogshift.common.progress import progress_params
@@ -36,16 +35,7 @@ class Positions:
 
 
 @pytest.fixture
-def setup(tmp_path: Path) -> tuple[NodeRuntime, HostedElement, Positions]:
-    config = AgentConfig(
-        name="n1",
-        port=9999,
-        home=tmp_path,
-        token="t" * 32,
-        orchestrator_url="http://127.0.0.1:1",
-        broker_file=tmp_path / "broker.json",
-    )
-    runtime = NodeRuntime(config)
+def setup(runtime: NodeRuntime, tmp_path: Path) -> tuple[NodeRuntime, HostedElement, Positions]:
     element = ElementSpec(id="p", kind="map", node="n1", inputs=("s",), options={"set": {"x": "1"}})
     plan = QueryPlan("x", element, str(tmp_path / "broker.json"), str(tmp_path / "cp"))
     hosted = HostedElement(plan=plan, state=PEState.RUNNING)
