@@ -1,6 +1,12 @@
-"""A node added to a running cluster (`fogshift up` with a node it lacks), on the shared
-cluster, whose last node is always added so (``tests.conftest.shared_cluster``); then taken
-out (`fogshift remove-node`) and added again."""
+"""A node taken out of a running cluster (`fogshift remove-node`) and added again
+(`fogshift up` with a node it lacks), on the shared cluster; then the added node is a member
+like the others.
+
+The removal comes first: it ends with the node added again, which the second test needs. An
+earlier module that started the shared cluster again whole (a whole-cluster kill) started its
+last node with the others instead of adding it (``tests.conftest.shared_cluster``); the
+second test would then have to stop and start the whole cluster again (broker, orchestrator,
+four JVMs: over a minute of both cores) to see an added node."""
 
 from __future__ import annotations
 
@@ -30,43 +36,6 @@ def _without_own(argv: list[str]) -> list[str]:
 
 def _mode(path: Path) -> str:
     return oct(path.stat().st_mode & 0o777)
-
-
-def test_an_added_node_is_a_member_like_the_others_and_runs_pes_exactly_once(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    added = SHARED_NODES[-1]
-    if added not in cluster.joined:  # (a module before had the cluster started again whole)
-        cluster.down()
-        cluster.up(SHARED_NODES[:-1])
-        cluster.up(SHARED_NODES)
-    assert cluster.joined == {added}
-    nodes = json.loads((cluster.home / "cluster.json").read_text())["nodes"]
-    assert sorted(nodes) == sorted(SHARED_NODES)
-    # Started as its peers were (host, orchestrator, the cluster's settings), as itself.
-    first = nodes[SHARED_NODES[0]]["argv"]
-    argv = nodes[added]["argv"]
-    assert _without_own(argv) == _without_own(first)
-    assert argv[argv.index("--name") + 1] == added
-    assert "--trigger-ms" in argv  # (one of `up`'s settings, copied)
-    # Its own token and broker user, secret to its owner.
-    token = node_token_file(cluster.home, added)
-    assert _mode(token) == "0o600"
-    assert token.read_text().strip() == node_token(token_file(cluster.home).read_text().strip(),
-                                                   added)  # fmt: skip
-    mine = node_broker_file(cluster.home, added)
-    assert _mode(mine) == "0o600"
-    users = json.loads((cluster.home / "broker" / "users.json").read_text())["nodes"]
-    address = BrokerAddress.load(mine)
-    assert address.seed == users[added]
-    assert len(set(users.values())) == len(SHARED_NODES)  # nobody shares a user
-    view = cluster.node(added)
-    assert view["alive"] and view["ready"], view
-    # And it serves a PE whose rights the orchestrator grants it like any node's.
-    spec = case1_spec(tmp_path, "joined", agg_node=added, first=40)
-    cluster.cli("deploy", str(spec))
-    assert cluster.element("joined", "aggregate")["node"] == added
-    finish_and_compare(cluster, tmp_path, "joined")
 
 
 def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
@@ -123,3 +92,40 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
     assert sorted(data["nodes"]) == sorted(SHARED_NODES[:-1]) and not data["removing"]
     assert name not in [n["name"] for n in cluster.json("nodes")]
     assert cluster.up(SHARED_NODES) == {name}  # (whole again for the modules after)
+
+
+def test_an_added_node_is_a_member_like_the_others_and_runs_pes_exactly_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    added = SHARED_NODES[-1]
+    if added not in cluster.joined:  # (the removal test stopped before adding it again)
+        cluster.down()
+        cluster.up(SHARED_NODES[:-1])
+        cluster.up(SHARED_NODES)
+    assert cluster.joined == {added}
+    nodes = json.loads((cluster.home / "cluster.json").read_text())["nodes"]
+    assert sorted(nodes) == sorted(SHARED_NODES)
+    # Started as its peers were (host, orchestrator, the cluster's settings), as itself.
+    first = nodes[SHARED_NODES[0]]["argv"]
+    argv = nodes[added]["argv"]
+    assert _without_own(argv) == _without_own(first)
+    assert argv[argv.index("--name") + 1] == added
+    assert "--trigger-ms" in argv  # (one of `up`'s settings, copied)
+    # Its own token and broker user, secret to its owner.
+    token = node_token_file(cluster.home, added)
+    assert _mode(token) == "0o600"
+    assert token.read_text().strip() == node_token(token_file(cluster.home).read_text().strip(),
+                                                   added)  # fmt: skip
+    mine = node_broker_file(cluster.home, added)
+    assert _mode(mine) == "0o600"
+    users = json.loads((cluster.home / "broker" / "users.json").read_text())["nodes"]
+    address = BrokerAddress.load(mine)
+    assert address.seed == users[added]
+    assert len(set(users.values())) == len(SHARED_NODES)  # nobody shares a user
+    view = cluster.node(added)
+    assert view["alive"] and view["ready"], view
+    # And it serves a PE whose rights the orchestrator grants it like any node's.
+    spec = case1_spec(tmp_path, "joined", agg_node=added, first=40)
+    cluster.cli("deploy", str(spec))
+    assert cluster.element("joined", "aggregate")["node"] == added
+    finish_and_compare(cluster, tmp_path, "joined")
