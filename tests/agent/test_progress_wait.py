@@ -14,9 +14,8 @@ from fogshift.agent.exceptions import UnknownElement
 from fogshift.agent.node import HostedElement, NodeRuntime, PEState
 from fogshift.common.progress import progress_params
 from fogshift.contracts import ElementProgress
-from fogshift.runtime.engine import QueryPlan
 from fogshift.runtime.progress import ProgressFeed
-from fogshift.spec.models import ElementSpec
+from tests.agent.test_node_restarts import hosted
 
 
 class Positions:
@@ -36,13 +35,12 @@ class Positions:
 
 @pytest.fixture
 def setup(runtime: NodeRuntime, tmp_path: Path) -> tuple[NodeRuntime, HostedElement, Positions]:
-    element = ElementSpec(id="p", kind="map", node="n1", inputs=("s",), options={"set": {"x": "1"}})
-    plan = QueryPlan("x", element, str(tmp_path / "broker.json"), str(tmp_path / "cp"))
-    hosted = HostedElement(plan=plan, state=PEState.RUNNING)
-    runtime._elements[("x", "p")] = hosted
+    element = hosted(tmp_path)
+    element.state = PEState.RUNNING
+    runtime._elements[("x", "p")] = element
     positions = Positions(runtime)
     runtime._position = positions  # type: ignore[method-assign]
-    return runtime, hosted, positions
+    return runtime, element, positions
 
 
 def later(seconds: float, action: object) -> threading.Thread:
