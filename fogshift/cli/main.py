@@ -396,16 +396,18 @@ def remove_node(
         bool,
         typer.Option(
             "--drain",
-            help="Move each node's PEs away first (a migration each, to the least busy "
-            "healthy node that stays).",
+            help="Move each node's PEs away first (a migration each, to the PE's planned "
+            "redeploy node if it is healthy and stays, else to the healthy node that stays "
+            "running the fewest PEs).",
         ),
     ] = False,
 ) -> None:
-    """Take nodes out of the running cluster; each must host no PE or standby.
+    """Take nodes out of the running cluster; each must host no PE.
 
-    Move a node's PEs first (`migrate`, or `--drain`). Its agent stops, its broker user and
-    token stop working; its folder stays. `up --nodes` naming every node and it adds it
-    again."""
+    Move a node's PEs first (`migrate`, or `--drain`). Standbys the orchestrator placed
+    there start again on other nodes; one the spec places there (`recovery.standby: NODE`)
+    keeps the node. Its agent stops, its broker user and token stop working; its folder
+    stays. `up --nodes` naming every node and it adds it again."""
     with console.status("removing nodes") as status:
         cluster = cluster_ops.remove_nodes(
             home.resolve(), nodes, lambda m: status.update(m), drain=drain

@@ -142,6 +142,9 @@ class OrchestratorCore:
         #: with a node's token asks, on the server's event loop, which must not wait for
         #: the registry's lock).
         self._removed = frozenset(self.registry.removed_nodes())
+        #: The nodes a removal is taking out now (under ``_lock``): no standby is started or
+        #: kept there meanwhile (``Standbys.remove_node``).
+        self._leaving: frozenset[str] = frozenset()
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}
         #: Per PE: why its last central pull failed, from which node (cleared when one

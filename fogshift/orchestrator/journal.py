@@ -24,6 +24,8 @@ log = logging.getLogger("fogshift.orchestrator")
 #: What the section of a PE whose stream's old records are being trimmed is held as
 #: (``orchestrator.history``).
 TRIMMING = "trimming"
+#: A node's removal dropping the standby the keeper had put there (``Standbys.remove_node``).
+NODE_REMOVAL = "node removal"
 #: The orchestrator's own rounds that take a PE's exclusive section (see
 #: :meth:`Journal._exclusive`): they skip a PE someone holds, and are waited for.
 BACKGROUND = frozenset(
@@ -45,6 +47,7 @@ BUSY = {
     "operation", "removal of a superseded instance": "the removal of a superseded instance",
     "discarding a checkpoint left on a node": "the removal of a checkpoint left on a node",
     TRIMMING: "the trimming of its stream's old records",
+    NODE_REMOVAL: "the removal of its standby's node",
 }  # fmt: skip
 
 

@@ -32,7 +32,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,9 +238,12 @@ def _end_unfinished(
     )
 
 
-def _hosted(db: sqlite3.Connection, node: str) -> list[str]:
+def _hosted(
+    db: sqlite3.Connection, node: str, besides: Collection[tuple[str, str]] = ()
+) -> list[str]:
     """What keeps ``node`` in the cluster (see :meth:`Registry.remove_node`), each said as
-    ``what pipeline/element``."""
+    ``what pipeline/element``; the standbys of the PEs ``besides`` (pipeline, element) are
+    not counted."""
     deployed = ", ".join(f"'{s}'" for s in (PipelineState.DEPLOYING, PipelineState.RUNNING,
                                              PipelineState.STOPPING))  # fmt: skip
     placed = db.execute(
@@ -265,12 +268,28 @@ def _hosted(db: sqlite3.Connection, node: str) -> list[str]:
     ).fetchall()
     return [
         *(f"PE {p}/{e}" for p, e in placed),
-        *(f"the standby of {p}/{e}" for p, e in standbys),
+        *(f"the standby of {p}/{e}" for p, e in standbys if (p, e) not in besides),
         *(f"an unfinished {kind} of {p}/{e}" for kind, p, e in operations),
         *(f"an unfinished group migration of {p}" for (p,) in groups),
         *(f"an unfinished scale of {p}/{e}" for p, e, nodes in scales
           if not nodes or node in nodes.split(",")),
     ]  # fmt: skip
+
+
+def node_in_use(name: str, held: list[str]) -> NodeInUse:
+    """The refusal to remove node ``name`` while ``held`` (:func:`_hosted`'s) keeps it."""
+    return NodeInUse(
+        f"node {name!r} still hosts or is named by " + ", ".join(held[:10])
+        + (f" and {len(held) - 10} more" if len(held) > 10 else ""),
+        expected="a node that runs no PE of a deployed pipeline, keeps no standby its "
+        "pipeline's spec places there (`recovery.standby: NODE`), and that no unfinished "
+        "migration, restore, scale or group migration names",
+        received=f"{len(held)} of them",
+        hint="move its PEs first (`fogshift migrate PIPELINE ELEMENT --to NODE`, or "
+        "`fogshift remove-node --drain`; `fogshift restore` if the node is down), stop "
+        "the pipelines whose spec names it as their standby node (`recovery.standby`), or "
+        "wait for the operation to end",
+    )  # fmt: skip
 
 
 def _placeable(db: sqlite3.Connection, pipeline: str, placed: list[tuple[str, str]]) -> None:
@@ -912,18 +931,15 @@ class Registry:
         with self._tx() as db:
             held = _hosted(db, name)
             if held:
-                raise NodeInUse(
-                    f"node {name!r} still hosts or is named by " + ", ".join(held[:10])
-                    + (f" and {len(held) - 10} more" if len(held) > 10 else ""),
-                    expected="a node that runs no PE or standby of a deployed pipeline and "
-                    "that no unfinished migration, restore, scale or group migration names",
-                    received=f"{len(held)} of them",
-                    hint="move its PEs first (`fogshift migrate PIPELINE ELEMENT --to NODE`; "
-                    "`fogshift restore` if the node is down), stop the pipelines of its "
-                    "standbys, or wait for the operation to end",
-                )  # fmt: skip
+                raise node_in_use(name, held)
             db.execute("DELETE FROM nodes WHERE name = ?", (name,))
             db.execute("INSERT OR REPLACE INTO removed_nodes VALUES (?, ?)", (name, time.time()))
+
+    def holding(self, name: str, besides: Collection[tuple[str, str]] = ()) -> list[str]:
+        """What keeps node ``name`` in the cluster now, as :meth:`remove_node` would refuse
+        it (``[]``: nothing); the standbys of the PEs ``besides`` are not counted."""
+        with self._lock:
+            return _hosted(self._db, name, besides)
 
     def admit_node(self, name: str) -> bool:
         """Let node ``name`` join again after :meth:`remove_node`; whether it was removed."""

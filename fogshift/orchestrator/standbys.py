@@ -32,7 +32,14 @@ from fogshift.exceptions import FogshiftError
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator.core import Followed
 from fogshift.orchestrator.deployment import Deployment
-from fogshift.orchestrator.registry import NodeRecord, PipelineRecord, StandbyRecord
+from fogshift.orchestrator.exceptions import NodeInUse
+from fogshift.orchestrator.journal import NODE_REMOVAL
+from fogshift.orchestrator.registry import (
+    NodeRecord,
+    PipelineRecord,
+    StandbyRecord,
+    node_in_use,
+)
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.restoration.procedure import RestoreSteps
 from fogshift.restoration.standby import (
@@ -52,6 +59,10 @@ log = logging.getLogger("fogshift.orchestrator")
 REPORT_GRACE_S = 10.0
 #: How long discarding a dropped standby may take before it is left to the reconciler.
 DROP_TIMEOUT_S = 10.0
+#: How many times a node's removal drops the keeper's standbys there and tries again: a
+#: standby the keeper chose there just before the node was marked leaving may land after the
+#: first pass; none chosen after it does (:meth:`Standbys.remove_node`).
+REMOVAL_PASSES = 3
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,11 @@ class Standbys(Deployment):
     def _ready(self, node: NodeRecord | None) -> bool:
         return node is not None and self.healthy(node) and node.report.ready
 
+    def _may_keep(self, node: NodeRecord | None) -> bool:
+        """Whether a standby may be started or stay on ``node``: ready, and not being taken
+        out of the cluster."""
+        return self._ready(node) and node is not None and node.name not in self._leaving
+
     def standby_node(self, record: PipelineRecord, element: ElementSpec) -> str | None:
         """Where the PE's standby should be started now (``None``: none wanted, or no node
         can take it): the spec's node, or with ``planned`` the planner's redeploy node, else
@@ -94,8 +110,8 @@ class Standbys(Deployment):
         if wanted is None or not wants_standby(element):
             return None
         if wanted not in (PLANNED_STANDBY, current):
-            return wanted if self._ready(self.registry.node(wanted)) else None
-        candidates = [n for n in self.registry.nodes() if n.name != current and self._ready(n)]
+            return wanted if self._may_keep(self.registry.node(wanted)) else None
+        candidates = [n for n in self.registry.nodes() if n.name != current and self._may_keep(n)]
         planned = self.planned(record.name, element.id).redeploy
         busy = self.load()  # (the registry's count, not each node's own: see load)
         ranked = sorted(candidates, key=lambda n: (n.name != planned, busy[n.name], n.name))
@@ -284,7 +300,7 @@ class Standbys(Deployment):
             # the node its timeout first): judged by a report, not the one before the
             # restart (warm standbys were dropped in the first round after one).
             return True
-        if not self._ready(node):
+        if not self._may_keep(node):
             return False
         assert node is not None
         reported = node.report.element(record.name, element.id)
@@ -323,6 +339,66 @@ class Standbys(Deployment):
         standby = self.registry.standby(pipeline, element_id)
         if standby is not None and standby.node == node:
             self.drop_standby(standby)
+
+    # -- a node taken out -------------------------------------------------------------------
+
+    def remove_node(self, name: str) -> None:
+        """Take node ``name`` out of the cluster (:meth:`OrchestratorCore.remove_node`); the
+        standbys the keeper chose there do not keep it: each is dropped (inside its PE's
+        section) and the keeper's next round starts it on another node, as it starts a
+        missing one (meanwhile a restore of its PE starts from the PE's checkpoint, as for a
+        PE without a standby). A standby on the node its pipeline's spec names
+        (``recovery.standby: NODE``) keeps it: the keeper would put it back there.
+
+        Nothing is dropped while something else keeps the node (a PE, an unfinished
+        operation, such a named standby): refused as :meth:`Registry.remove_node` refuses.
+        While the removal runs no standby is started or kept there (``_leaving``); one the
+        keeper had chosen there just before, landing after the drops, is dropped in a
+        second pass.
+
+        Raises:
+            NodeInUse: Something other than the keeper's standbys keeps the node (nothing
+                changed), or came to keep it meanwhile (a standby promoted there).
+            MigrationInProgress: A user's operation holds the PE of a standby to drop.
+        """
+        held = self.registry.holding(name, besides=self._movable_standbys(name))
+        if held:
+            raise node_in_use(name, held)
+        with self._lock:
+            self._leaving = self._leaving | {name}
+        try:
+            for attempt in range(REMOVAL_PASSES):
+                for key in self._movable_standbys(name):
+                    with self._exclusive(*key, NODE_REMOVAL):
+                        standby = self.registry.standby(*key)
+                        if standby is not None and standby.node == name:
+                            log.info("node %s is being removed: its standby of %s/%s moves "
+                                     "to another node", name, *key)  # fmt: skip
+                            self.drop_standby(standby)
+                try:
+                    super().remove_node(name)
+                    return
+                except NodeInUse:
+                    # (A standby the keeper started there after the first pass is dropped
+                    # in the next; anything else is the refusal.)
+                    movable = self._movable_standbys(name)
+                    if attempt + 1 == REMOVAL_PASSES or self.registry.holding(name, movable):
+                        raise
+        finally:
+            with self._lock:
+                self._leaving = self._leaving - {name}
+
+    def _movable_standbys(self, name: str) -> list[tuple[str, str]]:
+        """The PEs (pipeline, element) whose standby is on node ``name`` by the keeper's
+        choice, not because their spec names the node."""
+        movable = []
+        for standby in self.registry.standbys():
+            if standby.node != name:
+                continue
+            record = self.registry.get_pipeline(standby.pipeline)
+            if record is None or record.spec.recovery.standby != name:
+                movable.append((standby.pipeline, standby.element))
+        return movable
 
     # -- following --------------------------------------------------------------------------
 

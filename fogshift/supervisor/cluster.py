@@ -1422,11 +1422,15 @@ def remove_nodes(
 
 
 def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], None]) -> list[str]:
-    """Move every PE that a running pipeline places on node ``name`` to the least busy
-    healthy node outside ``leaving``, one migration at a time, each as `fogshift migrate`
-    makes it (its default mode; rolled back if the target fails); the PEs moved, as
-    ``pipeline/element``. Standbys are not moved (their node is the standby keeper's
-    choice): a node that keeps one is still refused by the removal.
+    """Move every PE that a running pipeline places on node ``name`` away, one migration at
+    a time, each as `fogshift migrate` makes it (its default mode; rolled back if the target
+    fails); the PEs moved, as ``pipeline/element``. Each goes to its redeploy node in the
+    planner's latest plan (its status's ``planned_redeploy``: where a restore would put it,
+    chosen for its recovery time) if that node is healthy and stays, else to the healthy
+    node outside ``leaving`` that runs the fewest PEs. Standbys are not moved here: the
+    orchestrator's removal drops the ones its keeper chose there, which it starts again
+    elsewhere; one that the pipeline's spec places on the node (``recovery.standby:
+    NODE``) still keeps it.
 
     Raises:
         Unavailable: No other healthy node to move to.
@@ -1440,8 +1444,9 @@ def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], No
                 status for status in map(PipelineStatus.model_validate, client.get("/pipelines"))
                 if status.status == PipelineState.RUNNING
             ]  # fmt: skip
-            here = [f"{s.pipeline}/{e.element}" for s in running for e in s.elements
-                    if e.node == name]  # fmt: skip
+            here_planned = {f"{s.pipeline}/{e.element}": e.planned_redeploy
+                            for s in running for e in s.elements if e.node == name}  # fmt: skip
+            here = list(here_planned)
             if not here:
                 return moved
             if here[0] in moved:  # (it migrated, yet is placed there: never loop on it)
@@ -1456,8 +1461,9 @@ def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], No
                     f"no healthy node to move {', '.join(here)} to from node {name!r}",
                     hint="`fogshift nodes` shows node health; `fogshift up --nodes` adds one",
                 )
-            target = min(targets, key=lambda n: (busy[n], n))
             pipeline, element = here[0].split("/", 1)
+            planned = here_planned[here[0]]
+            target = planned if planned in targets else min(targets, key=lambda n: (busy[n], n))
             say(f"moving {here[0]} from {name} to {target}")
             client.post(f"/pipelines/{pipeline}/elements/{element}/migrate",
                         json={"target": target})  # fmt: skip

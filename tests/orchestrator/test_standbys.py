@@ -19,6 +19,7 @@ import pytest
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.contracts import OperationKind, RestorePhase
 from fogshift.exceptions import Unavailable
+from fogshift.orchestrator.exceptions import NodeInUse
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration import standby as standby_procedure
 from tests.orchestrator.standin import SPEC, StandIn
@@ -457,3 +458,77 @@ def test_a_standby_whose_node_cannot_be_given_the_pes_rights_is_not_promoted(
     assert agents["fog-b"].received("GET", AGG + "/progress") == []  # nothing was asked
     (op,) = orch.registry.operations("p")
     assert op.outcome == "failed"
+
+
+def test_a_node_taken_out_gives_up_the_standbys_the_keeper_put_there(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    """`fogshift remove-node` of a node keeping a standby the keeper chose there
+    (``standby: planned``): it was refused, and the only way round was to stop the
+    standby's pipeline. The standby is dropped (discarded on its node), the node removed,
+    and the next round starts one on a node that stays."""
+    with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
+        serve_warm_copy(agents)
+        agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+        agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
+        agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 40))
+        orch.keep_standbys()
+        standby = orch.registry.standby("p", "aggregate")
+        assert standby is not None and standby.node == "fog-b"  # the least busy
+        # A PE there too: refused, and its standby stays (nothing changed).
+        orch.registry.set_placement("p", "sink", "fog-b")
+        with pytest.raises(NodeInUse, match=r"'fog-b' still hosts or is named by PE p/sink\n"):
+            orch.remove_node("fog-b")
+        assert orch.registry.standby("p", "aggregate") == standby
+        assert agents["fog-b"].received("DELETE", AGG) == []
+        orch.registry.set_placement("p", "sink", "cloud")
+
+        orch.remove_node("fog-b")
+        assert orch.registry.node("fog-b") is None
+        assert orch.registry.standby("p", "aggregate") is None
+        (discard,) = agents["fog-b"].received("DELETE", AGG)
+        assert discard.query == {"discard": "true"}
+        agents["cloud"].answer("GET", AGG + "/progress", body=progress(3, 40))
+        agents["cloud"].answer("PUT", AGG + "/gate", body=progress(3, 40))
+        orch.keep_standbys()
+        standby = orch.registry.standby("p", "aggregate")
+        assert standby is not None and (standby.node, standby.epoch) == ("cloud", 3)
+        assert not orch._leaving
+
+
+def test_a_standby_on_the_node_its_spec_names_keeps_the_node(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """``recovery.standby: fog-b``: the keeper would start it there again, so the node's
+    removal is refused as before, and the refusal says how to go on."""
+    serve_warm_copy(agents)
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
+    orch.keep_standbys()
+    standby = orch.registry.standby("p", "aggregate")
+    assert standby is not None and standby.node == "fog-b"
+    with pytest.raises(NodeInUse, match=r"the standby of p/aggregate") as refused:
+        orch.remove_node("fog-b")
+    assert "recovery.standby" in refused.value.render()
+    assert orch.registry.standby("p", "aggregate") == standby
+    assert orch.registry.node("fog-b") is not None
+    assert agents["fog-b"].received("DELETE", AGG) == []
+
+
+def test_no_standby_is_started_or_kept_on_a_node_being_removed(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    """While a removal runs (between its drops and the registry's removal) the keeper's
+    rounds neither choose the node nor keep a standby there: one they chose just before
+    would land after the drops and keep the node."""
+    from fogshift.orchestrator.registry import StandbyRecord
+
+    with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
+        record = orch.pipeline("p")
+        element = record.spec.element("aggregate")
+        assert orch.standby_node(record, element) == "fog-b"
+        standby = StandbyRecord("p", "aggregate", "fog-b", 2, time.time())  # just started
+        assert orch._standby_sound(record, element, standby)
+        orch._leaving = frozenset({"fog-b"})
+        assert orch.standby_node(record, element) == "cloud"
+        assert not orch._standby_sound(record, element, standby)

@@ -402,6 +402,66 @@ def test_removing_nodes_is_refused_before_anything_changes(
     assert sleeper.poll() is None  # nothing stopped
 
 
+class _Orchestrator:
+    """A stand-in for the orchestrator's client in :func:`cluster_ops.drain_node`: one
+    running pipeline; a migration moves the PE where it is asked to."""
+
+    def __init__(self, placed: dict[str, tuple[str, str | None]], healthy: list[str]) -> None:
+        self.placed = placed  # element -> (node, planned redeploy node)
+        self.healthy = healthy
+        self.moves: list[tuple[str, str]] = []
+
+    def __enter__(self) -> _Orchestrator:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+    def get(self, path: str) -> Any:
+        element = {"kind": "map", "state": "running", "events_in": 0, "events_out": 0,
+                   "dead_letters": 0, "restarts": 0, "error": None, "planned_backup": None,
+                   "last_restore": None}  # fmt: skip
+        node = {"url": "http://127.0.0.1:9", "pid": 1, "pgid": 1, "alive": True, "ready": True,
+                "error": None, "last_seen_s": 0.1, "cpu_percent": 1.0, "replicas": [],
+                "elements": [], "checkpoints": []}  # fmt: skip
+        if path == "/pipelines":
+            return [{"pipeline": "p", "status": "running", "elements": [
+                {**element, "element": e, "node": n, "planned_redeploy": r}
+                for e, (n, r) in self.placed.items()
+            ]}]  # fmt: skip
+        assert path == "/nodes", path
+        return [{**node, "name": n, "healthy": n in self.healthy}
+                for n in ("cloud", "fog-a", "fog-b", "fog-c")]  # fmt: skip
+
+    def post(self, path: str, json: dict[str, str]) -> None:
+        element = path.split("/")[4]
+        self.moves.append((element, json["target"]))
+        self.placed[element] = (json["target"], self.placed[element][1])
+
+
+def test_a_drained_pe_goes_to_its_planned_redeploy_node_if_it_can(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`remove-node --drain` took the node running the fewest PEs, whatever the planner had
+    chosen (for its recovery time) as the PE's redeploy node; now the planned node, if it
+    is healthy and stays, else the least busy."""
+    orchestrator = _Orchestrator(
+        {"a": ("fog-c", "fog-b"), "b": ("fog-c", "fog-a"), "c": ("fog-c", "fog-c"),
+         "d": ("fog-c", None), "e": ("fog-b", None)},
+        healthy=["cloud", "fog-b", "fog-c"],
+    )  # fmt: skip
+    monkeypatch.setattr(cluster_ops, "orchestrator_client", lambda *_, **__: orchestrator)
+    said: list[str] = []
+    moved = cluster_ops.drain_node(Path("h"), "fog-c", {"fog-c"}, said.append)
+    assert moved == ["p/a", "p/b", "p/c", "p/d"]
+    # a: its planned node, busier than cloud; b: its planned fog-a is not healthy; c: its
+    # planned node is the one leaving; d: no plan. The last three to the node with the
+    # fewest PEs at their turn (cloud: 0, 1, 2 against fog-b's 2; a tie goes by name).
+    assert orchestrator.moves == [("a", "fog-b"), ("b", "cloud"), ("c", "cloud"),
+                                  ("d", "cloud")]  # fmt: skip
+    assert said[0] == "moving p/a from fog-c to fog-b"
+
+
 def test_a_signal_that_comes_as_a_process_starts_stops_that_process_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
