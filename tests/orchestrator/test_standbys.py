@@ -20,6 +20,7 @@ from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.contracts import OperationKind, RestorePhase
 from fogshift.exceptions import Unavailable
 from fogshift.orchestrator.exceptions import NodeInUse
+from fogshift.orchestrator.registry import StandbyRecord
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration import standby as standby_procedure
 from tests.orchestrator.standin import SPEC, StandIn
@@ -54,6 +55,19 @@ def serve_warm_copy(agents: dict[str, StandIn]) -> None:
                            headers={INFO_HEADER: info, SHA_HEADER: "abc"})  # fmt: skip
 
 
+def standby_on_fog_b(orch: Orchestrator, agents: dict[str, StandIn]) -> StandbyRecord:
+    """One round of the keeper: the aggregate's standby started on fog-b (epoch 2), warm
+    and capped where fog-a's primary committed."""
+    serve_warm_copy(agents)
+    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
+    agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 40))
+    orch.keep_standbys()
+    standby = orch.registry.standby("p", "aggregate")
+    assert standby is not None and (standby.node, standby.epoch) == ("fog-b", 2)
+    return standby
+
+
 @contextmanager
 def keeper_held(
     orch: Orchestrator, agents: dict[str, StandIn], node: str, path: str, standby_epoch: int
@@ -79,13 +93,7 @@ def keeper_held(
 def test_a_standby_starts_from_a_warm_copy_capped_under_a_newer_epoch(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
-    serve_warm_copy(agents)
-    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
-    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
-    agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 40))
-    orch.keep_standbys()
-    standby = orch.registry.standby("p", "aggregate")
-    assert standby is not None and (standby.node, standby.epoch) == ("fog-b", 2)
+    standby_on_fog_b(orch, agents)
     assert orch.registry.epoch("p", "aggregate") == 1  # the primary is not behind
     assert agents["fog-a"].received("GET", AGG + "/checkpoint")[0].query == {"warm": "true"}
     assert agents["fog-b"].received("PUT", AGG + "/checkpoint")[0].body is not None
@@ -411,10 +419,6 @@ def test_a_pe_promoted_onto_its_fixed_standby_node_gets_a_standby_elsewhere(
     """``standby: fog-b`` and the PE promoted onto fog-b: it had no standby after that,
     and nothing said so. It now has one where ``planned`` would put it, until the PE runs
     elsewhere again."""
-    import time
-
-    from fogshift.orchestrator.registry import StandbyRecord
-
     record = orch.pipeline("p")
     element = record.spec.element("aggregate")
     assert orch.standby_node(record, element) == "fog-b"
@@ -468,13 +472,7 @@ def test_a_node_taken_out_gives_up_the_standbys_the_keeper_put_there(
     standby's pipeline. The standby is dropped (discarded on its node), the node removed,
     and the next round starts one on a node that stays."""
     with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
-        serve_warm_copy(agents)
-        agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
-        agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
-        agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 40))
-        orch.keep_standbys()
-        standby = orch.registry.standby("p", "aggregate")
-        assert standby is not None and standby.node == "fog-b"  # the least busy
+        standby = standby_on_fog_b(orch, agents)  # (the least busy node)
         # A PE there too: refused, and its standby stays (nothing changed).
         orch.registry.set_placement("p", "sink", "fog-b")
         with pytest.raises(NodeInUse, match=r"'fog-b' still hosts or is named by PE p/sink\n"):
@@ -501,12 +499,7 @@ def test_a_standby_on_the_node_its_spec_names_keeps_the_node(
 ) -> None:
     """``recovery.standby: fog-b``: the keeper would start it there again, so the node's
     removal is refused as before, and the refusal says how to go on."""
-    serve_warm_copy(agents)
-    agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 45))
-    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 40))
-    orch.keep_standbys()
-    standby = orch.registry.standby("p", "aggregate")
-    assert standby is not None and standby.node == "fog-b"
+    standby = standby_on_fog_b(orch, agents)
     with pytest.raises(NodeInUse, match=r"the standby of p/aggregate") as refused:
         orch.remove_node("fog-b")
     assert "recovery.standby" in refused.value.render()
@@ -521,8 +514,6 @@ def test_no_standby_is_started_or_kept_on_a_node_being_removed(
     """While a removal runs (between its drops and the registry's removal) the keeper's
     rounds neither choose the node nor keep a standby there: one they chose just before
     would land after the drops and keep the node."""
-    from fogshift.orchestrator.registry import StandbyRecord
-
     with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
         record = orch.pipeline("p")
         element = record.spec.element("aggregate")
