@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
 
@@ -867,6 +867,25 @@ class CheckpointsView(BaseModel):
     epoch: int | None
     node_level: AgedNodeCheckpoint | None
     central: CentralCheckpoint | None
+
+
+class NodeHold(BaseModel):
+    """One thing that keeps a node in the cluster: ``GET /nodes/{name}/holds``, and what
+    ``DELETE /nodes/{name}`` refuses on.
+
+    Attributes:
+        kind: ``pe`` (a PE of a deployed pipeline placed there: `migrate` or `remove-node
+            --drain` moves it), ``standby`` (one its pipeline's spec places there:
+            ``recovery.standby: NODE``), ``operation`` (an unfinished migration or restore
+            from or to it), ``group`` (an unfinished group migration to it) or ``scale`` (an
+            unfinished scale that names it or may choose it).
+        text: What it is, as the refusal says it (``PE pipeline/element``, ...).
+    """
+
+    model_config = _WIRE
+
+    kind: Literal["pe", "standby", "operation", "group", "scale"]
+    text: str
 
 
 class NodeView(BaseModel):

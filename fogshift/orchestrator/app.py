@@ -54,6 +54,7 @@ from fogshift.contracts import (
     KeyOrder,
     MigrationMode,
     MigrationReport,
+    NodeHold,
     NodeView,
     OperationView,
     OrchestratorHealth,
@@ -236,6 +237,12 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.get("/nodes")
     def nodes() -> list[NodeView]:
         return orchestrator.nodes()
+
+    @app.get("/nodes/{name}/holds")
+    def node_holds(name: NameParam) -> list[NodeHold]:
+        """What keeps the node in the cluster now: what ``DELETE /nodes/{name}`` would
+        refuse on (``[]``: it may be removed)."""
+        return orchestrator.holds(name)
 
     @app.delete("/nodes/{name}")
     def remove_node(name: NameParam) -> Ack:

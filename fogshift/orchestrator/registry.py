@@ -41,7 +41,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from fogshift.common.text import one_line
-from fogshift.contracts import Heartbeat, OperationKind, OperationRecord, PipelineState
+from fogshift.contracts import (
+    Heartbeat,
+    NodeHold,
+    OperationKind,
+    OperationRecord,
+    PipelineState,
+)
 from fogshift.exceptions import NotFound
 from fogshift.orchestrator.exceptions import NodeInUse, NodeRemoved, UnknownNode
 from fogshift.spec.models import ElementSpec, PipelineSpec
@@ -240,7 +246,7 @@ def _end_unfinished(
 
 def _hosted(
     db: sqlite3.Connection, node: str, besides: Collection[tuple[str, str]] = ()
-) -> list[str]:
+) -> list[NodeHold]:
     """What keeps ``node`` in the cluster (see :meth:`Registry.remove_node`), each said as
     ``what pipeline/element``; the standbys of the PEs ``besides`` (pipeline, element) are
     not counted."""
@@ -267,17 +273,21 @@ def _hosted(
         "SELECT pipeline, element, nodes FROM scales WHERE outcome IS NULL ORDER BY started"
     ).fetchall()
     return [
-        *(f"PE {p}/{e}" for p, e in placed),
-        *(f"the standby of {p}/{e}" for p, e in standbys if (p, e) not in besides),
-        *(f"an unfinished {kind} of {p}/{e}" for kind, p, e in operations),
-        *(f"an unfinished group migration of {p}" for (p,) in groups),
-        *(f"an unfinished scale of {p}/{e}" for p, e, nodes in scales
-          if not nodes or node in nodes.split(",")),
+        *(NodeHold(kind="pe", text=f"PE {p}/{e}") for p, e in placed),
+        *(NodeHold(kind="standby", text=f"the standby of {p}/{e}") for p, e in standbys
+          if (p, e) not in besides),
+        *(NodeHold(kind="operation", text=f"an unfinished {kind} of {p}/{e}")
+          for kind, p, e in operations),
+        *(NodeHold(kind="group", text=f"an unfinished group migration of {p}")
+          for (p,) in groups),
+        *(NodeHold(kind="scale", text=f"an unfinished scale of {p}/{e}")
+          for p, e, nodes in scales if not nodes or node in nodes.split(",")),
     ]  # fmt: skip
 
 
-def node_in_use(name: str, held: list[str]) -> NodeInUse:
-    """The refusal to remove node ``name`` while ``held`` (:func:`_hosted`'s) keeps it."""
+def node_in_use(name: str, holds: list[NodeHold]) -> NodeInUse:
+    """The refusal to remove node ``name`` while ``holds`` (:func:`_hosted`'s) keep it."""
+    held = [h.text for h in holds]
     return NodeInUse(
         f"node {name!r} still hosts or is named by " + ", ".join(held[:10])
         + (f" and {len(held) - 10} more" if len(held) > 10 else ""),
@@ -935,7 +945,7 @@ class Registry:
             db.execute("DELETE FROM nodes WHERE name = ?", (name,))
             db.execute("INSERT OR REPLACE INTO removed_nodes VALUES (?, ?)", (name, time.time()))
 
-    def holding(self, name: str, besides: Collection[tuple[str, str]] = ()) -> list[str]:
+    def holding(self, name: str, besides: Collection[tuple[str, str]] = ()) -> list[NodeHold]:
         """What keeps node ``name`` in the cluster now, as :meth:`remove_node` would refuse
         it (``[]``: nothing); the standbys of the PEs ``besides`` are not counted."""
         with self._lock:

@@ -22,6 +22,7 @@ from functools import partial
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.exceptions import BrokerError
 from fogshift.contracts import (
+    NodeHold,
     OperationKind,
     PEState,
     PipelineState,
@@ -361,7 +362,7 @@ class Standbys(Deployment):
                 changed), or came to keep it meanwhile (a standby promoted there).
             MigrationInProgress: A user's operation holds the PE of a standby to drop.
         """
-        held = self.registry.holding(name, besides=self._movable_standbys(name))
+        held = self.holds(name)
         if held:
             raise node_in_use(name, held)
         with self._lock:
@@ -387,6 +388,11 @@ class Standbys(Deployment):
         finally:
             with self._lock:
                 self._leaving = self._leaving - {name}
+
+    def holds(self, name: str) -> list[NodeHold]:
+        """What keeps node ``name`` in the cluster now: what :meth:`remove_node` would
+        refuse on (the standbys the keeper chose there do not keep it)."""
+        return self.registry.holding(name, besides=self._movable_standbys(name))
 
     def _movable_standbys(self, name: str) -> list[tuple[str, str]]:
         """The PEs (pipeline, element) whose standby is on node ``name`` by the keeper's

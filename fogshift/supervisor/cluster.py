@@ -49,7 +49,7 @@ from fogshift.common.locks import CLUSTER_LOCK, exclusive
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.processes import foreign, group_alive, leads, started_at
 from fogshift.common.waiting import wait_until
-from fogshift.contracts import AgentHealth, NodeView, PipelineState, PipelineStatus
+from fogshift.contracts import AgentHealth, NodeHold, NodeView, PipelineState, PipelineStatus
 from fogshift.exceptions import (
     Conflict,
     FogshiftError,
@@ -78,7 +78,7 @@ from fogshift.network.relay import (
 )
 from fogshift.network.rtt import RttReport, measure_rtt
 from fogshift.orchestrator.planning import FogTopology
-from fogshift.orchestrator.registry import Registry
+from fogshift.orchestrator.registry import Registry, node_in_use
 from fogshift.supervisor.exceptions import AlreadyUp, NotUp
 
 #: Port of an isolated node's agent inside its namespace (the namespace has nothing else).
@@ -1383,7 +1383,8 @@ def remove_nodes(
 
     Args:
         drain: Move each node's PEs of running pipelines away first (:func:`drain_node`);
-            without it a node that runs one is refused.
+            without it a node that runs one is refused. A node that something a drain
+            does not move would keep anyway is refused before any of its PEs moves.
 
     Returns:
         The cluster as it is now.
@@ -1394,8 +1395,9 @@ def remove_nodes(
             are made and removed whole).
         Unavailable: The orchestrator does not run (it must forget a node before its
             agent stops, or it would restore the node's PEs).
-        NodeInUse: (from the orchestrator) A node still hosts a PE or a standby, or an
-            unfinished operation names it; the nodes before it are removed.
+        NodeInUse: (from the orchestrator) A node still hosts a PE, a standby its spec
+            places there, or an unfinished operation names it (see ``GET
+            /nodes/{name}/holds``); the nodes before it are removed.
         AlreadyRunning: Another `up` or `down` of ``home`` runs.
     """
     names = list(dict.fromkeys(names))
@@ -1410,6 +1412,7 @@ def remove_nodes(
         for k, name in enumerate(names):
             try:
                 if drain:
+                    _refuse_undrainable(home, name)
                     drain_node(home, name, set(names), say)
                 say(f"removing node {name}")
                 cluster = _remove_node(home, cluster, name, grace_s)
@@ -1419,6 +1422,21 @@ def remove_nodes(
                     exc.args = (exc.render(),)
                 raise
         return cluster
+
+
+def _refuse_undrainable(home: Path, name: str) -> None:
+    """Refuse, before any PE is moved, to drain node ``name`` when something a drain does
+    not move would keep it in the cluster anyway (a standby its spec places there, an
+    unfinished operation naming it): the PEs were moved, then the removal refused.
+
+    Raises:
+        NodeInUse: Such a hold (nothing changed).
+    """
+    with orchestrator_client(home, timeout_s=30) as client:
+        holds = [NodeHold.model_validate(h) for h in client.get(f"/nodes/{name}/holds")]
+    kept = [h for h in holds if h.kind != "pe"]
+    if kept:
+        raise node_in_use(name, kept)
 
 
 def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], None]) -> list[str]:

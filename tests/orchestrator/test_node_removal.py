@@ -32,22 +32,31 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
 def test_a_node_is_removed_only_once_nothing_is_placed_there_or_names_it(
     registry: Registry, tmp_path: Path
 ) -> None:
+    def holds() -> list[tuple[str, str]]:
+        return [(h.kind, h.text) for h in registry.holding("fog-a")]
+
     registry.put_pipeline(spec(tmp_path), "running")  # its sink on fog-a
     with pytest.raises(NodeInUse, match=r"'fog-a' still hosts or is named by PE p/sink"):
         registry.remove_node("fog-a")
+    assert holds() == [("pe", "PE p/sink")]
     registry.set_placement("p", "sink", "fog-b")
     registry.add_standby("p", "source", "fog-a")
     with pytest.raises(NodeInUse, match=r"the standby of p/source"):
         registry.remove_node("fog-a")
+    assert holds() == [("standby", "the standby of p/source")]
+    assert registry.holding("fog-a", besides=[("p", "source")]) == []
     registry.drop_standby("p", "source")
     op = registry.begin_operation("migration", "p", "sink", "fog-b", "fog-a", "me", "preparing")
     with pytest.raises(NodeInUse, match=r"an unfinished migration of p/sink"):
         registry.remove_node("fog-a")
+    assert holds() == [("operation", "an unfinished migration of p/sink")]
     registry.finish(op.id, "rolled back")
     scale = registry.begin_scale("p", "sink", 2, None, False, "me")  # it may choose any node
     with pytest.raises(NodeInUse, match=r"an unfinished scale of p/sink"):
         registry.remove_node("fog-a")
+    assert holds() == [("scale", "an unfinished scale of p/sink")]
     registry.end_scale(scale.id, "failed")
+    assert holds() == []
     assert registry.node("fog-a") is not None  # each refusal changed nothing
     registry.set_status("p", "stopped")  # a stopped pipeline's placement does not hold it
     registry.set_placement("p", "sink", "fog-a")
@@ -97,7 +106,10 @@ def test_a_removed_nodes_token_opens_nothing_until_it_is_admitted(app: FastAPI) 
     other = as_(app, node_token(OPERATOR, "fog-b"))
     assert node.post("/nodes/fog-a/heartbeat", json=beat()).status_code == 200
     assert other.post("/nodes/fog-b/heartbeat", json=beat()).status_code == 200
-    # A node cannot remove itself or another; the operator can.
+    # What keeps a node is the operator's to read; a node cannot remove itself or
+    # another; the operator can.
+    assert operator.get("/nodes/fog-a/holds").json() == []
+    assert node.get("/nodes/fog-a/holds").status_code == 403
     assert node.delete("/nodes/fog-a").status_code == 403
     assert other.delete("/nodes/fog-a").status_code == 403
     assert operator.delete("/nodes/fog-a").status_code == 200

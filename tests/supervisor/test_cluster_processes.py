@@ -406,9 +406,15 @@ class _Orchestrator:
     """A stand-in for the orchestrator's client in :func:`cluster_ops.drain_node`: one
     running pipeline; a migration moves the PE where it is asked to."""
 
-    def __init__(self, placed: dict[str, tuple[str, str | None]], healthy: list[str]) -> None:
+    def __init__(
+        self,
+        placed: dict[str, tuple[str, str | None]],
+        healthy: list[str],
+        holds: list[dict[str, str]] | None = None,
+    ) -> None:
         self.placed = placed  # element -> (node, planned redeploy node)
         self.healthy = healthy
+        self.holds = holds or []  # what GET /nodes/{name}/holds answers besides the PEs
         self.moves: list[tuple[str, str]] = []
 
     def __enter__(self) -> _Orchestrator:
@@ -429,6 +435,9 @@ class _Orchestrator:
                 {**element, "element": e, "node": n, "planned_redeploy": r}
                 for e, (n, r) in self.placed.items()
             ]}]  # fmt: skip
+        if path.endswith("/holds"):
+            pes = [{"kind": "pe", "text": f"PE p/{e}"} for e in self.placed]
+            return pes + self.holds
         assert path == "/nodes", path
         return [{**node, "name": n, "healthy": n in self.healthy}
                 for n in ("cloud", "fog-a", "fog-b", "fog-c")]  # fmt: skip
@@ -460,6 +469,28 @@ def test_a_drained_pe_goes_to_its_planned_redeploy_node_if_it_can(
     assert orchestrator.moves == [("a", "fog-b"), ("b", "cloud"), ("c", "cloud"),
                                   ("d", "cloud")]  # fmt: skip
     assert said[0] == "moving p/a from fog-c to fog-b"
+
+
+def test_a_drain_that_could_not_free_the_node_is_refused_before_any_pe_moves(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standby the spec places on the node (or an unfinished operation naming it) keeps
+    it whatever a drain moves: the PEs were migrated away, then the removal refused."""
+    from fogshift.orchestrator.exceptions import NodeInUse
+
+    two_node_cluster(tmp_path, sleeper)
+    standby = {"kind": "standby", "text": "the standby of p/a"}
+    orchestrator = _Orchestrator({"a": ("cloud", None), "b": ("fog-b", None)},
+                                 healthy=["cloud", "fog-b"], holds=[standby])  # fmt: skip
+    monkeypatch.setattr(cluster_ops, "orchestrator_client", lambda *_, **__: orchestrator)
+    before = cluster_ops.cluster_file(tmp_path).read_text()
+    with pytest.raises(NodeInUse) as refused:
+        cluster_ops.remove_nodes(tmp_path, ["fog-b"], lambda _: None, drain=True)
+    assert refused.value.message == "node 'fog-b' still hosts or is named by the standby of p/a"
+    assert "recovery.standby" in (refused.value.hint or "")
+    assert orchestrator.moves == []  # nothing moved
+    assert cluster_ops.cluster_file(tmp_path).read_text() == before
+    assert sleeper.poll() is None
 
 
 def test_a_signal_that_comes_as_a_process_starts_stops_that_process_too(
