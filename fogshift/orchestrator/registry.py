@@ -247,9 +247,9 @@ def _end_unfinished(
 def _hosted(
     db: sqlite3.Connection, node: str, besides: Collection[tuple[str, str]] = ()
 ) -> list[NodeHold]:
-    """What keeps ``node`` in the cluster (see :meth:`Registry.remove_node`), each said as
-    ``what pipeline/element``; the standbys of the PEs ``besides`` (pipeline, element) are
-    not counted."""
+    """What keeps ``node`` in the cluster (see :meth:`Registry.remove_node`), each a kind
+    and its words (``what pipeline/element``); the standbys of the PEs ``besides``
+    (pipeline, element) are not counted."""
     deployed = ", ".join(f"'{s}'" for s in (PipelineState.DEPLOYING, PipelineState.RUNNING,
                                              PipelineState.STOPPING))  # fmt: skip
     placed = db.execute(
