@@ -401,6 +401,14 @@ def remove_node(
             "running the fewest PEs).",
         ),
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Change nothing: say what keeps each node in the cluster (what a removal "
+            "would be refused for, and which of it `--drain` moves).",
+        ),
+    ] = False,
 ) -> None:
     """Take nodes out of the running cluster; each must host no PE.
 
@@ -408,6 +416,17 @@ def remove_node(
     there start again on other nodes; one the spec places there (`recovery.standby: NODE`)
     keeps the node. Its agent stops, its broker user and token stop working; its folder
     stays. `up --nodes` naming every node and it adds it again."""
+    if dry_run:
+        for name, holds in cluster_ops.node_holds(home.resolve(), nodes).items():
+            if not holds:
+                console.print(f"{name}: nothing keeps it; `fogshift remove-node {name}` "
+                              "removes it")  # fmt: skip
+                continue
+            console.print(f"{name} is kept by:")
+            for hold in holds:
+                moves = " (`--drain` moves it)" if hold.kind == "pe" else ""
+                console.print(Text(f"  {hold.text}{moves}"))
+        return
     with console.status("removing nodes") as status:
         cluster = cluster_ops.remove_nodes(
             home.resolve(), nodes, lambda m: status.update(m), drain=drain

@@ -1424,6 +1424,25 @@ def remove_nodes(
         return cluster
 
 
+def node_holds(home: Path, names: list[str]) -> dict[str, list[NodeHold]]:
+    """What keeps each of ``names`` in the running cluster now (``remove-node --dry-run``):
+    what its removal would be refused for. Nothing changes.
+
+    Raises:
+        InvalidInput, Unavailable: As :func:`remove_nodes` refuses ``names``.
+    """
+    names = list(dict.fromkeys(names))
+    cluster, _ = load_cluster(home)
+    _check_removable(home, cluster, names)
+    with orchestrator_client(home, timeout_s=30) as client:
+        return {name: _holds(client, name) for name in names}
+
+
+def _holds(client: ServiceClient, name: str) -> list[NodeHold]:
+    """What the orchestrator (``client``) says keeps node ``name`` in the cluster."""
+    return [NodeHold.model_validate(h) for h in client.get(f"/nodes/{name}/holds")]
+
+
 def _refuse_undrainable(home: Path, name: str) -> None:
     """Refuse, before any PE is moved, to drain node ``name`` when something a drain does
     not move would keep it in the cluster anyway (a standby its spec places there, an
@@ -1433,8 +1452,7 @@ def _refuse_undrainable(home: Path, name: str) -> None:
         NodeInUse: Such a hold (nothing changed).
     """
     with orchestrator_client(home, timeout_s=30) as client:
-        holds = [NodeHold.model_validate(h) for h in client.get(f"/nodes/{name}/holds")]
-    kept = [h for h in holds if h.kind != "pe"]
+        kept = [h for h in _holds(client, name) if h.kind != "pe"]
     if kept:
         raise node_in_use(name, kept)
 

@@ -45,6 +45,8 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
     # Refused while it hosts a PE: nothing changes, the pipeline runs on to its exact end.
     spec = case1_spec(tmp_path, "leaving", agg_node=name, first=20)
     cluster.cli("deploy", str(spec))
+    dry = " ".join(cluster.cli("remove-node", name, "--dry-run").stdout.split())
+    assert f"{name} is kept by: PE leaving/aggregate (`--drain` moves it)" in dry, dry
     refused = cluster.cli("remove-node", name, check=False)
     said = " ".join((refused.stdout + refused.stderr).split())
     assert refused.returncode != 0, said
@@ -68,6 +70,8 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
     data = json.loads((cluster.home / "cluster.json").read_text())
     assert sorted(data["nodes"]) == sorted(SHARED_NODES[:-1]) and not data["removing"]
     assert name not in [n["name"] for n in cluster.json("nodes")]
+    dry = " ".join(cluster.cli("remove-node", SHARED_NODES[1], "--dry-run").stdout.split())
+    assert f"{SHARED_NODES[1]}: nothing keeps it" in dry, dry
     users = json.loads((cluster.home / "broker" / "users.json").read_text())["nodes"]
     assert name not in users
     assert until(lambda: not logs_in(address))
