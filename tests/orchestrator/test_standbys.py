@@ -523,3 +523,38 @@ def test_no_standby_is_started_or_kept_on_a_node_being_removed(
         orch._leaving = frozenset({"fog-b"})
         assert orch.standby_node(record, element) == "cloud"
         assert not orch._standby_sound(record, element, standby)
+
+
+@pytest.mark.parametrize("lands", ["standby", "pe"])
+def test_a_standby_that_lands_on_a_node_being_removed_is_dropped_in_a_second_pass(
+    tmp_path: Path, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch, lands: str
+) -> None:
+    """The keeper had chosen the node before the removal marked it leaving, and its standby
+    landed after the removal's drops: the registry refuses the removal, and the removal
+    drops that one too and tries again. Anything else that lands there (a PE) is the
+    refusal."""
+    with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
+        standby_on_fog_b(orch, agents)
+        real = orch.registry.remove_node
+        calls: list[str] = []
+
+        def landing_first(name: str) -> None:
+            calls.append(name)
+            if len(calls) == 1:  # (between the first pass's drops and the registry's removal)
+                if lands == "standby":
+                    orch.registry.add_standby("p", "aggregate", "fog-b")
+                else:
+                    orch.registry.set_placement("p", "sink", "fog-b")
+            real(name)
+
+        monkeypatch.setattr(orch.registry, "remove_node", landing_first)
+        if lands == "pe":
+            with pytest.raises(NodeInUse, match=r"PE p/sink\n"):
+                orch.remove_node("fog-b")
+            assert calls == ["fog-b"] and orch.registry.node("fog-b") is not None
+        else:
+            orch.remove_node("fog-b")
+            assert calls == ["fog-b", "fog-b"] and orch.registry.node("fog-b") is None
+            assert orch.registry.standby("p", "aggregate") is None
+            assert len(agents["fog-b"].received("DELETE", AGG)) == 2  # each discarded
+        assert not orch._leaving
