@@ -874,9 +874,12 @@ class NodeHold(BaseModel):
     ``DELETE /nodes/{name}`` refuses on.
 
     Attributes:
-        kind: ``pe`` (a PE of a deployed pipeline placed there: `migrate` or `remove-node
-            --drain` moves it), ``standby`` (one its pipeline's spec places there:
-            ``recovery.standby: NODE``), ``operation`` (an unfinished migration or restore
+        kind: ``pe`` (a PE of a running pipeline placed there: `migrate` or `remove-node
+            --drain` moves it), ``settling`` (a PE placed there of a pipeline being
+            deployed or stopped: nothing moves it until that ends), ``standby`` (a
+            deployed pipeline whose spec places its standbys there, ``recovery.standby:
+            NODE``, whether one stands there now or not; or a standby that stands there
+            when the keeper may not move it), ``operation`` (an unfinished migration or restore
             from or to it), ``group`` (an unfinished group migration to it) or ``scale`` (an
             unfinished scale that names it or may choose it).
         text: What it is, as the refusal says it (``PE pipeline/element``, ...).
@@ -884,7 +887,7 @@ class NodeHold(BaseModel):
 
     model_config = _WIRE
 
-    kind: Literal["pe", "standby", "operation", "group", "scale"]
+    kind: Literal["pe", "settling", "standby", "operation", "group", "scale"]
     text: str
 
 

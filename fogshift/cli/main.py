@@ -413,9 +413,9 @@ def remove_node(
     """Take nodes out of the running cluster; each must host no PE.
 
     Move a node's PEs first (`migrate`, or `--drain`). Standbys the orchestrator placed
-    there start again on other nodes; one the spec places there (`recovery.standby: NODE`)
-    keeps the node. Its agent stops, its broker user and token stop working; its folder
-    stays. `up --nodes` naming every node and it adds it again."""
+    there start again on other nodes; a spec naming it as the standby node
+    (`recovery.standby: NODE`) keeps it. Its agent stops, its broker user and token stop
+    working; its folder stays. `up --nodes` naming every node and it adds it again."""
     if dry_run:
         for name, holds in cluster_ops.node_holds(home.resolve(), nodes).items():
             if not holds:
@@ -424,14 +424,21 @@ def remove_node(
                 continue
             console.print(f"{name} is kept by:")
             for hold in holds:
-                moves = " (`--drain` moves it)" if hold.kind == "pe" else ""
-                console.print(Text(f"  {hold.text}{moves}"))
+                console.print(Text(f"  {hold.text}{_HOLD_WAYS.get(hold.kind, '')}"))
         return
     with console.status("removing nodes") as status:
         cluster = cluster_ops.remove_nodes(
             home.resolve(), nodes, lambda m: status.update(m), drain=drain
         )
     console.print(f"[green]removed[/] {', '.join(nodes)}: nodes {', '.join(cluster.nodes)} remain")
+
+
+#: How `remove-node --dry-run` says each kind of hold is ended (``NodeHold.kind``).
+_HOLD_WAYS = {
+    "pe": " (`--drain` moves it)",
+    "settling": " (not moved: wait for the deploy or stop to end)",
+    "standby": " (not moved: `--drain` is refused while it keeps the node)",
+}
 
 
 @app.command()

@@ -333,9 +333,9 @@ class Coordination(Scaling):
         )
 
     def restore_candidates(self, pipeline: str, element_id: str, exclude: set[str]) -> list[str]:
-        """Healthy, ready nodes outside ``exclude``, none silent for longer than the
-        pipeline declares a node lost after: the PE's planned redeploy node first, then the
-        least busy (fewest PEs).
+        """Healthy, ready nodes outside ``exclude`` and not being removed, none silent for
+        longer than the pipeline declares a node lost after: the PE's planned redeploy node
+        first, then the least busy (fewest PEs).
 
         (A pipeline may declare nodes lost sooner than the orchestrator calls them
         unhealthy: ``recovery.detect_after_s`` from 2 s, ``node_timeout_s`` 5 s. A node
@@ -347,6 +347,8 @@ class Coordination(Scaling):
         record = self.registry.get_pipeline(pipeline)
         lost_after = record.spec.recovery.detect_after_s if record is not None else math.inf
         now = time.time()
+        with self._lock:
+            exclude = exclude | set(self._leaving)  # (see Standbys.remove_node)
         candidates = [
             n
             for n in self.registry.nodes()
@@ -469,7 +471,7 @@ class Coordination(Scaling):
                 standby is not None
                 and standby.node != current
                 and target in (None, standby.node)
-                and self._ready(self.registry.node(standby.node))
+                and self._may_keep(self.registry.node(standby.node))
             ):
                 try:
                     return self.promote_standby(element, pipeline, current, standby)

@@ -142,9 +142,11 @@ class OrchestratorCore:
         #: with a node's token asks, on the server's event loop, which must not wait for
         #: the registry's lock).
         self._removed = frozenset(self.registry.removed_nodes())
-        #: The nodes a removal is taking out now (under ``_lock``): no standby is started or
-        #: kept there meanwhile (``Standbys.remove_node``).
-        self._leaving: frozenset[str] = frozenset()
+        #: The nodes a removal is taking out now, each with how many removals of it run
+        #: (under ``_lock``; counted: two overlapping ``DELETE /nodes/{name}`` must not end
+        #: each other's mark): no standby is started or kept there meanwhile, nor a PE
+        #: migrated, restored or promoted there (``Standbys.remove_node``).
+        self._leaving: Counter[str] = Counter()
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}
         #: Per PE: why its last central pull failed, from which node (cleared when one

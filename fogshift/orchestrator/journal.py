@@ -126,7 +126,8 @@ class Journal(Replication):
 
         Raises:
             UnknownNode: It never registered.
-            Unavailable: It is not healthy (silent, or its Spark session is not ready).
+            Unavailable: It is not healthy (silent, or its Spark session is not ready), or
+                it is being removed from the cluster (``fogshift remove-node``).
         """
         node = self.registry.node(name)
         if node is None:
@@ -135,6 +136,20 @@ class Journal(Replication):
                 expected="one of " + ", ".join(self.node_names()),
                 received=repr(name),
                 hint="`fogshift nodes` lists the nodes and their health",
+            )
+        with self._lock:
+            removing = set(self._leaving)
+        if name in removing:
+            # (Placed there, it would keep the node the user is removing: the removal,
+            # its standbys dropped already, would be refused.)
+            others = [n for n in self.node_names() if n not in removing | {name, leaving}]
+            raise Unavailable(
+                f"cannot {what} node {name!r}: it is being removed from the cluster",
+                expected="a node that stays in the cluster",
+                received=f"{name!r}, whose removal (`fogshift remove-node`) is under way",
+                hint=f"choose another node ({', '.join(others)})"
+                if others
+                else "`fogshift nodes` lists the nodes",
             )
         if not self.healthy(node) or not node.report.ready:
             silent = time.time() - node.last_seen

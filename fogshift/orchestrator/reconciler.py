@@ -773,7 +773,7 @@ class Reconciler(Coordination):
         assert node is not None
         attempts: list[RestoreAttempt] = []  # (a failed promotion: in the report, as restore's)
         standby = self.registry.standby(pipeline, element.id)
-        if standby is not None and self._ready(self.registry.node(standby.node)):
+        if standby is not None and self._may_keep(self.registry.node(standby.node)):
             log.warning("reconcile: %s came back without the checkpoints of %s/%s: its "
                         "standby on %s takes over", node, pipeline, element.id,
                         standby.node)  # fmt: skip

@@ -253,10 +253,18 @@ def _hosted(
     deployed = ", ".join(f"'{s}'" for s in (PipelineState.DEPLOYING, PipelineState.RUNNING,
                                              PipelineState.STOPPING))  # fmt: skip
     placed = db.execute(
-        "SELECT p.pipeline, p.element FROM placements p JOIN pipelines q ON q.name = p.pipeline "
+        "SELECT p.pipeline, p.element, q.status FROM placements p "
+        "JOIN pipelines q ON q.name = p.pipeline "
         f"WHERE p.node = ? AND q.status IN ({deployed}) ORDER BY p.pipeline, p.element",
         (node,),
     ).fetchall()
+    # (Named whether or not a standby stands there now: its PE may have been promoted onto
+    # it, and the keeper puts a standby back there whenever it can.)
+    named = {r[0] for r in db.execute(
+        f"SELECT name FROM pipelines WHERE status IN ({deployed}) "
+        "AND json_extract(spec, '$.recovery.standby') = ? ORDER BY name",
+        (node,),
+    ).fetchall()}  # fmt: skip
     standbys = db.execute(
         "SELECT pipeline, element FROM standbys WHERE node = ? ORDER BY pipeline, element",
         (node,),
@@ -273,9 +281,15 @@ def _hosted(
         "SELECT pipeline, element, nodes FROM scales WHERE outcome IS NULL ORDER BY started"
     ).fetchall()
     return [
-        *(NodeHold(kind="pe", text=f"PE {p}/{e}") for p, e in placed),
+        *(NodeHold(kind="pe", text=f"PE {p}/{e}") for p, e, status in placed
+          if status == PipelineState.RUNNING),
+        *(NodeHold(kind="settling", text=f"PE {p}/{e} of a pipeline being "
+                   + ("deployed" if status == PipelineState.DEPLOYING else "stopped"))
+          for p, e, status in placed if status != PipelineState.RUNNING),
+        *(NodeHold(kind="standby", text=f"pipeline {p}, whose spec places its standbys "
+                   "there (`recovery.standby`)") for p in sorted(named)),
         *(NodeHold(kind="standby", text=f"the standby of {p}/{e}") for p, e in standbys
-          if (p, e) not in besides),
+          if (p, e) not in besides and p not in named),
         *(NodeHold(kind="operation", text=f"an unfinished {kind} of {p}/{e}")
           for kind, p, e in operations),
         *(NodeHold(kind="group", text=f"an unfinished group migration of {p}")
@@ -291,14 +305,14 @@ def node_in_use(name: str, holds: list[NodeHold]) -> NodeInUse:
     return NodeInUse(
         f"node {name!r} still hosts or is named by " + ", ".join(held[:10])
         + (f" and {len(held) - 10} more" if len(held) > 10 else ""),
-        expected="a node that runs no PE of a deployed pipeline, keeps no standby its "
-        "pipeline's spec places there (`recovery.standby: NODE`), and that no unfinished "
-        "migration, restore, scale or group migration names",
+        expected="a node that runs no PE of a deployed pipeline, that no deployed "
+        "pipeline's spec names as its standby node (`recovery.standby: NODE`), and that no "
+        "unfinished migration, restore, scale or group migration names",
         received=f"{len(held)} of them",
         hint="move its PEs first (`fogshift migrate PIPELINE ELEMENT --to NODE`, or "
         "`fogshift remove-node --drain`; `fogshift restore` if the node is down), stop "
         "the pipelines whose spec names it as their standby node (`recovery.standby`), or "
-        "wait for the operation to end",
+        "wait for the operation, deploy or stop to end",
     )  # fmt: skip
 
 

@@ -95,8 +95,8 @@ class Standbys(Deployment):
         return node is not None and self.healthy(node) and node.report.ready
 
     def _may_keep(self, node: NodeRecord | None) -> bool:
-        """Whether a standby may be started or stay on ``node``: ready, and not being taken
-        out of the cluster."""
+        """Whether a standby may be started, stay or be promoted on ``node``: ready, and
+        not being taken out of the cluster."""
         return self._ready(node) and node is not None and node.name not in self._leaving
 
     def standby_node(self, record: PipelineRecord, element: ElementSpec) -> str | None:
@@ -348,46 +348,79 @@ class Standbys(Deployment):
         standbys the keeper chose there do not keep it: each is dropped (inside its PE's
         section) and the keeper's next round starts it on another node, as it starts a
         missing one (meanwhile a restore of its PE starts from the PE's checkpoint, as for a
-        PE without a standby). A standby on the node its pipeline's spec names
-        (``recovery.standby: NODE``) keeps it: the keeper would put it back there.
+        PE without a standby). A pipeline whose spec names the node as its standby node
+        (``recovery.standby: NODE``) keeps it: the keeper would put its standbys back there.
 
         Nothing is dropped while something else keeps the node (a PE, an unfinished
-        operation, such a named standby): refused as :meth:`Registry.remove_node` refuses.
-        While the removal runs no standby is started or kept there (``_leaving``); one the
-        keeper had chosen there just before, landing after the drops, is dropped in a
+        operation, such a pipeline), nor while a user's operation holds one of the PEs
+        whose standby would be dropped: every such PE's section is taken before any
+        standby is dropped, and what keeps the node is looked at again then. While the
+        removal runs no standby is started or kept there, and no PE is migrated, restored
+        or promoted there (``_leaving``, :meth:`_may_keep`, ``_usable_node``); a standby
+        the keeper had chosen there just before, landing after the drops, is dropped in a
         second pass.
 
         Raises:
             NodeInUse: Something other than the keeper's standbys keeps the node (nothing
-                changed), or came to keep it meanwhile (a standby promoted there).
-            MigrationInProgress: A user's operation holds the PE of a standby to drop.
+                changed), or came to keep it after the standbys were dropped (a PE placed
+                there by a choice made before the removal began).
+            MigrationInProgress: A user's operation (or, after a minute, a round of the
+                orchestrator's own) holds the PE of a standby to drop; nothing was dropped.
         """
         held = self.holds(name)
         if held:
             raise node_in_use(name, held)
         with self._lock:
-            self._leaving = self._leaving | {name}
+            self._leaving[name] += 1
         try:
             for attempt in range(REMOVAL_PASSES):
-                for key in self._movable_standbys(name):
-                    with self._exclusive(*key, NODE_REMOVAL):
-                        standby = self.registry.standby(*key)
-                        if standby is not None and standby.node == name:
-                            log.info("node %s is being removed: its standby of %s/%s moves "
-                                     "to another node", name, *key)  # fmt: skip
-                            self.drop_standby(standby)
+                self._drop_movable_standbys(name)
                 try:
                     super().remove_node(name)
                     return
                 except NodeInUse:
                     # (A standby the keeper started there after the first pass is dropped
-                    # in the next; anything else is the refusal.)
-                    movable = self._movable_standbys(name)
-                    if attempt + 1 == REMOVAL_PASSES or self.registry.holding(name, movable):
-                        raise
+                    # in the next; anything else is the refusal, said without the ones a
+                    # next pass would drop.)
+                    held = self.holds(name)
+                    if attempt + 1 == REMOVAL_PASSES or held:
+                        raise node_in_use(name, held or self.registry.holding(name)) from None
         finally:
             with self._lock:
-                self._leaving = self._leaving - {name}
+                self._leaving[name] -= 1
+                if self._leaving[name] <= 0:
+                    del self._leaving[name]
+
+    def _drop_movable_standbys(self, name: str) -> None:
+        """Drop the standbys the keeper chose on node ``name`` (one pass of
+        :meth:`remove_node`): all their PEs' sections are taken first, then what keeps the
+        node is looked at again, and only then is any standby dropped.
+
+        Raises:
+            NodeInUse: Something other than those standbys keeps the node; none dropped.
+            MigrationInProgress: A PE's section is held (see :meth:`remove_node`); none
+                dropped.
+        """
+        movable = self._movable_standbys(name)
+        with contextlib.ExitStack() as sections:
+            for key in movable:
+                try:
+                    sections.enter_context(self._exclusive(*key, NODE_REMOVAL))
+                except MigrationInProgress as exc:
+                    raise MigrationInProgress(
+                        f"node {name!r} is not removed: its standby of {key[0]}/{key[1]} "
+                        f"cannot be moved now ({exc.message}); nothing was changed",
+                        hint="wait for that operation to end, then remove the node again",
+                    ) from exc
+            held = self.holds(name)
+            if held:
+                raise node_in_use(name, held)
+            for key in movable:
+                standby = self.registry.standby(*key)
+                if standby is not None and standby.node == name:
+                    log.info("node %s is being removed: its standby of %s/%s moves to "
+                             "another node", name, *key)  # fmt: skip
+                    self.drop_standby(standby)
 
     def holds(self, name: str) -> list[NodeHold]:
         """What keeps node ``name`` in the cluster now: what :meth:`remove_node` would

@@ -1395,9 +1395,9 @@ def remove_nodes(
             are made and removed whole).
         Unavailable: The orchestrator does not run (it must forget a node before its
             agent stops, or it would restore the node's PEs).
-        NodeInUse: (from the orchestrator) A node still hosts a PE, a standby its spec
-            places there, or an unfinished operation names it (see ``GET
-            /nodes/{name}/holds``); the nodes before it are removed.
+        NodeInUse: (from the orchestrator) A node still hosts a PE, a deployed
+            pipeline's spec names it as its standby node, or an unfinished operation names
+            it (see ``GET /nodes/{name}/holds``); the nodes before it are removed.
         AlreadyRunning: Another `up` or `down` of ``home`` runs.
     """
     names = list(dict.fromkeys(names))
@@ -1445,8 +1445,9 @@ def _holds(client: ServiceClient, name: str) -> list[NodeHold]:
 
 def _refuse_undrainable(home: Path, name: str) -> None:
     """Refuse, before any PE is moved, to drain node ``name`` when something a drain does
-    not move would keep it in the cluster anyway (a standby its spec places there, an
-    unfinished operation naming it): the PEs were moved, then the removal refused.
+    not move would keep it in the cluster anyway (a PE of a pipeline being deployed or
+    stopped, a pipeline whose spec names it as its standby node, an unfinished operation
+    naming it): the PEs were moved, then the removal refused.
 
     Raises:
         NodeInUse: Such a hold (nothing changed).
@@ -1465,8 +1466,8 @@ def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], No
     chosen for its recovery time) if that node is healthy and stays, else to the healthy
     node outside ``leaving`` that runs the fewest PEs. Standbys are not moved here: the
     orchestrator's removal drops the ones its keeper chose there, which it starts again
-    elsewhere; one that the pipeline's spec places on the node (``recovery.standby:
-    NODE``) still keeps it.
+    elsewhere; a pipeline whose spec names the node as its standby node
+    (``recovery.standby: NODE``) still keeps it.
 
     Raises:
         Unavailable: No other healthy node to move to.

@@ -57,6 +57,12 @@ def test_a_node_is_removed_only_once_nothing_is_placed_there_or_names_it(
     assert holds() == [("scale", "an unfinished scale of p/sink")]
     registry.end_scale(scale.id, "failed")
     assert holds() == []
+    registry.set_placement("p", "sink", "fog-a")
+    for status, doing in (("deploying", "deployed"), ("stopping", "stopped")):
+        # (Its own kind: a drain moves a running pipeline's PEs only.)
+        registry.set_status("p", status)
+        assert holds() == [("settling", f"PE p/sink of a pipeline being {doing}")]
+    registry.set_placement("p", "sink", "fog-b")
     assert registry.node("fog-a") is not None  # each refusal changed nothing
     registry.set_status("p", "stopped")  # a stopped pipeline's placement does not hold it
     registry.set_placement("p", "sink", "fog-a")

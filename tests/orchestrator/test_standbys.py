@@ -19,6 +19,7 @@ import pytest
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.contracts import OperationKind, RestorePhase
 from fogshift.exceptions import Unavailable
+from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator.exceptions import NodeInUse
 from fogshift.orchestrator.registry import StandbyRecord
 from fogshift.orchestrator.service import Orchestrator
@@ -500,12 +501,34 @@ def test_a_standby_on_the_node_its_spec_names_keeps_the_node(
     """``recovery.standby: fog-b``: the keeper would start it there again, so the node's
     removal is refused as before, and the refusal says how to go on."""
     standby = standby_on_fog_b(orch, agents)
-    with pytest.raises(NodeInUse, match=r"the standby of p/aggregate") as refused:
+    with pytest.raises(NodeInUse, match=r"pipeline p, whose spec places") as refused:
         orch.remove_node("fog-b")
     assert "recovery.standby" in refused.value.render()
+    assert "the standby of p/aggregate" not in refused.value.message  # (said once)
     assert orch.registry.standby("p", "aggregate") == standby
     assert orch.registry.node("fog-b") is not None
     assert agents["fog-b"].received("DELETE", AGG) == []
+
+
+def test_the_node_a_spec_names_for_its_standbys_is_kept_with_no_standby_on_it(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """The PE was promoted onto the node its spec names (``recovery.standby: fog-b``), so
+    no standby stands there: the node was no longer kept, `--drain` moved the PE away and
+    the removal went on, after which the PE never had a standby again. The spec's naming
+    keeps it, and a drain is refused up front (the hold is no ``pe``)."""
+    standby_on_fog_b(orch, agents)
+    orch.registry.drop_standby("p", "aggregate", epoch=2)
+    orch.registry.set_placement("p", "aggregate", "fog-b")  # promoted there
+    assert {(h.kind, h.text) for h in orch.holds("fog-b")} == {
+        ("pe", "PE p/aggregate"),
+        ("standby", "pipeline p, whose spec places its standbys there (`recovery.standby`)"),
+    }
+    orch.registry.set_placement("p", "aggregate", "fog-a")  # moved away: still kept
+    assert [h.kind for h in orch.holds("fog-b")] == ["standby"]
+    with pytest.raises(NodeInUse, match=r"pipeline p, whose spec places"):
+        orch.remove_node("fog-b")
+    assert orch.registry.node("fog-b") is not None
 
 
 def test_no_standby_is_started_or_kept_on_a_node_being_removed(
@@ -520,9 +543,60 @@ def test_no_standby_is_started_or_kept_on_a_node_being_removed(
         assert orch.standby_node(record, element) == "fog-b"
         standby = StandbyRecord("p", "aggregate", "fog-b", 2, time.time())  # just started
         assert orch._standby_sound(record, element, standby)
-        orch._leaving = frozenset({"fog-b"})
+        orch._leaving["fog-b"] += 1
         assert orch.standby_node(record, element) == "cloud"
         assert not orch._standby_sound(record, element, standby)
+
+
+def test_no_pe_is_migrated_restored_or_promoted_onto_a_node_being_removed(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    """Only the keeper looked at the leaving mark: a migration or restore to the node, or a
+    promotion of its standby there, placed a PE on it after the removal had dropped its
+    standbys, and the removal was then refused with the standbys gone."""
+    with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
+        standby = standby_on_fog_b(orch, agents)
+        assert "fog-b" in orch.restore_candidates("p", "aggregate", {"fog-a"})
+        orch._leaving["fog-b"] += 1
+        with pytest.raises(Unavailable, match="being removed from the cluster") as refused:
+            orch.migrate("p", "aggregate", "fog-b")
+        assert "choose another node (cloud)" in refused.value.render()
+        with pytest.raises(Unavailable, match="being removed from the cluster"):
+            orch.restore("p", "aggregate", target="fog-b")
+        assert orch.restore_candidates("p", "aggregate", {"fog-a"}) == ["cloud"]
+        assert not orch._may_keep(orch.registry.node(standby.node))  # (never promoted)
+        assert orch.pipeline("p").placement["aggregate"] == "fog-a"
+        assert agents["fog-b"].received("PUT", AGG + "/gate")[1:] == []  # (only its cap)
+
+
+def test_a_removal_that_cannot_take_every_pe_it_would_touch_drops_nothing(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    """A user's operation holds one of the PEs whose standby the removal would drop: it
+    raised halfway, after dropping the standbys before that PE's. Every section is taken
+    first now, and the refusal changes nothing."""
+    with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
+        standby = standby_on_fog_b(orch, agents)
+        orch.registry.add_standby("p", "source", "fog-b")  # (after the aggregate's)
+        source = orch.registry.standby("p", "source")
+        busy = pytest.raises(MigrationInProgress, match="its standby of p/source cannot")
+        with orch._exclusive("p", "source", "migration"), busy:
+            orch.remove_node("fog-b")
+        assert orch.registry.standby("p", "aggregate") == standby
+        assert orch.registry.standby("p", "source") == source
+        assert agents["fog-b"].received("DELETE", AGG) == []
+        assert orch.registry.node("fog-b") is not None and not orch._leaving
+
+
+def test_overlapping_removals_of_a_node_do_not_end_each_others_leaving_mark(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    """The mark was a set: the first removal to end cleared it under the other, and the
+    keeper could choose the node again while that one still dropped standbys there."""
+    with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
+        orch._leaving["fog-b"] += 1  # (another removal of it, under way)
+        orch.remove_node("fog-b")
+        assert orch._leaving == {"fog-b": 1}
 
 
 @pytest.mark.parametrize("lands", ["standby", "pe"])
@@ -552,6 +626,10 @@ def test_a_standby_that_lands_on_a_node_being_removed_is_dropped_in_a_second_pas
             with pytest.raises(NodeInUse, match=r"PE p/sink\n"):
                 orch.remove_node("fog-b")
             assert calls == ["fog-b"] and orch.registry.node("fog-b") is not None
+            # The standby, dropped before the PE landed, stays dropped: the keeper starts
+            # it again on a node it may choose (fog-b too, no longer leaving).
+            assert orch.registry.standby("p", "aggregate") is None
+            assert len(agents["fog-b"].received("DELETE", AGG)) == 1
         else:
             orch.remove_node("fog-b")
             assert calls == ["fog-b", "fog-b"] and orch.registry.node("fog-b") is None
