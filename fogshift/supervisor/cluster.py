@@ -1464,7 +1464,8 @@ def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], No
     fails); the PEs moved, as ``pipeline/element``. Each goes to its redeploy node in the
     planner's latest plan (its status's ``planned_redeploy``: where a restore would put it,
     chosen for its recovery time) if that node is healthy and stays, else to the healthy
-    node outside ``leaving`` that runs the fewest PEs. Standbys are not moved here: the
+    node outside ``leaving`` that runs the fewest PEs; never to the node of its own hot
+    standby while another node will do (its standby stays warm). Standbys are not moved here: the
     orchestrator's removal drops the ones its keeper chose there, which it starts again
     elsewhere; a pipeline whose spec names the node as its standby node
     (``recovery.standby: NODE``) still keeps it.
@@ -1481,7 +1482,8 @@ def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], No
                 status for status in map(PipelineStatus.model_validate, client.get("/pipelines"))
                 if status.status == PipelineState.RUNNING
             ]  # fmt: skip
-            here_planned = {f"{s.pipeline}/{e.element}": e.planned_redeploy
+            here_planned = {f"{s.pipeline}/{e.element}": (e.planned_redeploy,
+                                                          e.standby and e.standby.node)
                             for s in running for e in s.elements if e.node == name}  # fmt: skip
             here = list(here_planned)
             if not here:
@@ -1499,8 +1501,13 @@ def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], No
                     hint="`fogshift nodes` shows node health; `fogshift up --nodes` adds one",
                 )
             pipeline, element = here[0].split("/", 1)
-            planned = here_planned[here[0]]
-            target = planned if planned in targets else min(targets, key=lambda n: (busy[n], n))
+            planned, warm = here_planned[here[0]]
+            # (Not onto the node of the PE's own standby while another will do: the
+            # migration drops that standby and the keeper starts it again elsewhere, a
+            # warm copy and a query start for nothing, the PE without one meanwhile. With
+            # `standby: planned` that node is the planned one.)
+            fits = [n for n in targets if n != warm] or targets
+            target = planned if planned in fits else min(fits, key=lambda n: (busy[n], n))
             say(f"moving {here[0]} from {name} to {target}")
             client.post(f"/pipelines/{pipeline}/elements/{element}/migrate",
                         json={"target": target})  # fmt: skip

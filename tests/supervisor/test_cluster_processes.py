@@ -411,9 +411,11 @@ class _Orchestrator:
         placed: dict[str, tuple[str, str | None]],
         healthy: list[str],
         holds: list[dict[str, str]] | None = None,
+        standbys: dict[str, str] | None = None,
     ) -> None:
         self.placed = placed  # element -> (node, planned redeploy node)
         self.healthy = healthy
+        self.standbys = standbys or {}  # element -> its standby's node
         self.holds = holds or []  # what GET /nodes/{name}/holds answers besides the PEs
         self.moves: list[tuple[str, str]] = []
 
@@ -432,7 +434,9 @@ class _Orchestrator:
                 "elements": [], "checkpoints": []}  # fmt: skip
         if path == "/pipelines":
             return [{"pipeline": "p", "status": "running", "elements": [
-                {**element, "element": e, "node": n, "planned_redeploy": r}
+                {**element, "element": e, "node": n, "planned_redeploy": r, "standby":
+                 {"node": self.standbys[e], "epoch": 2, "state": "running"}
+                 if e in self.standbys else None}
                 for e, (n, r) in self.placed.items()
             ]}]  # fmt: skip
         if path.endswith("/holds"):
@@ -469,6 +473,26 @@ def test_a_drained_pe_goes_to_its_planned_redeploy_node_if_it_can(
     assert orchestrator.moves == [("a", "fog-b"), ("b", "cloud"), ("c", "cloud"),
                                   ("d", "cloud")]  # fmt: skip
     assert said[0] == "moving p/a from fog-c to fog-b"
+
+
+def test_a_drained_pe_does_not_go_where_its_own_standby_is_if_another_node_will_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With `standby: planned` the PE's standby stands on its planned redeploy node, where
+    the drain moved it: the migration dropped the standby and the keeper started it again
+    elsewhere. The standby's node is taken only when no other one stays."""
+    orchestrator = _Orchestrator(
+        {"a": ("fog-c", "fog-b"), "b": ("fog-c", "fog-b")}, healthy=["cloud", "fog-b", "fog-c"],
+        standbys={"a": "fog-b", "b": "cloud"},
+    )  # fmt: skip
+    monkeypatch.setattr(cluster_ops, "orchestrator_client", lambda *_, **__: orchestrator)
+    cluster_ops.drain_node(Path("h"), "fog-c", {"fog-c"}, lambda _: None)
+    assert orchestrator.moves == [("a", "cloud"), ("b", "fog-b")]
+    orchestrator = _Orchestrator({"a": ("fog-c", "fog-b")}, healthy=["fog-b", "fog-c"],
+                                 standbys={"a": "fog-b"})  # fmt: skip
+    monkeypatch.setattr(cluster_ops, "orchestrator_client", lambda *_, **__: orchestrator)
+    cluster_ops.drain_node(Path("h"), "fog-c", {"fog-c"}, lambda _: None)
+    assert orchestrator.moves == [("a", "fog-b")]  # (the only node that stays)
 
 
 def test_a_drain_that_could_not_free_the_node_is_refused_before_any_pe_moves(
