@@ -438,6 +438,9 @@ _HOLD_WAYS = {
     "pe": " (`--drain` moves it)",
     "settling": " (not moved: wait for the deploy or stop to end)",
     "standby": " (not moved: `--drain` is refused while it keeps the node)",
+    "operation": " (not moved: wait for it to end)",
+    "group": " (not moved: wait for it to end)",
+    "scale": " (not moved: wait for it to end)",
 }
 
 

@@ -107,6 +107,15 @@ def orchestrator_access(
     return access
 
 
+class DrainLease(BaseModel):
+    """``PUT /nodes/{name}/leaving``: how long the node counts as leaving from now (a
+    drain renews it before each migration); ``null`` ends it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seconds: float | None = Field(gt=0, le=7200)
+
+
 class MigrateRequest(BaseModel):
     """Body of ``POST /pipelines/{name}/elements/{element}/migrate``."""
 
@@ -243,6 +252,13 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         """What keeps the node in the cluster now: what ``DELETE /nodes/{name}`` would
         refuse on (``[]``: it may be removed)."""
         return orchestrator.holds(name)
+
+    @app.put("/nodes/{name}/leaving")
+    def drain_lease(name: NameParam, lease: DrainLease) -> Ack:
+        """Mark the node leaving for ``lease.seconds`` (a drain before its removal: nothing
+        is placed there meanwhile), or (``null``) end the mark."""
+        orchestrator.drain_lease(name, lease.seconds)
+        return Ack()
 
     @app.delete("/nodes/{name}")
     def remove_node(name: NameParam) -> Ack:

@@ -105,6 +105,8 @@ class Coordination(Scaling):
             _refuse_stopped(record)
             self._refuse_current_node(record, element_id, target, "migrate")
             origin = record.placement[element_id]
+            # (Again: the target's removal may have begun while this waited for the section.)
+            self._usable_node(target, f"migrate {pipeline}/{element_id} to", origin)
             # The PE itself goes there: an instance cannot stand by for itself.
             self.drop_standby_on(pipeline, element_id, target)
             log.info("migrating %s/%s: %s -> %s (%s)", pipeline, element_id, origin, target, mode)
@@ -347,8 +349,7 @@ class Coordination(Scaling):
         record = self.registry.get_pipeline(pipeline)
         lost_after = record.spec.recovery.detect_after_s if record is not None else math.inf
         now = time.time()
-        with self._lock:
-            exclude = exclude | set(self._leaving)  # (see Standbys.remove_node)
+        exclude = exclude | self.leaving_nodes()  # (see Standbys.remove_node)
         candidates = [
             n
             for n in self.registry.nodes()
@@ -485,6 +486,8 @@ class Coordination(Scaling):
                                                    error=exc.message))  # fmt: skip
             if target is not None:
                 self._refuse_current_node(record, element_id, target, "restore")
+                # (Again: its removal may have begun while this waited for the section.)
+                self._usable_node(target, f"restore {pipeline}/{element_id} on", current)
                 candidates = [target]
             else:
                 candidates = self.restore_candidates(pipeline, element_id, {current})

@@ -147,6 +147,10 @@ class OrchestratorCore:
         #: each other's mark): no standby is started or kept there meanwhile, nor a PE
         #: migrated, restored or promoted there (``Standbys.remove_node``).
         self._leaving: Counter[str] = Counter()
+        #: The nodes a drain is emptying before their removal (``PUT
+        #: /nodes/{name}/leaving``), each with the monotonic time its lease ends (under
+        #: ``_lock``): a lease, not a mark, so a drain whose caller died ends by itself.
+        self._draining: dict[str, float] = {}
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}
         #: Per PE: why its last central pull failed, from which node (cleared when one
@@ -263,6 +267,37 @@ class OrchestratorCore:
             # raise what no caller catches); its agent is stopped next anyway.
             self._agents.pop(name, None)
         log.warning("node %s was removed from the cluster", name)
+
+    def leaving_nodes(self) -> set[str]:
+        """The nodes being taken out of the cluster now (a removal under way, or a drain's
+        lease): no PE is placed, restored, promoted or migrated there, and no standby is
+        started or kept there."""
+        now = time.monotonic()
+        with self._lock:
+            removing = {n for n, count in self._leaving.items() if count > 0}
+            return removing | {n for n, end in self._draining.items() if end > now}
+
+    def drain_lease(self, name: str, seconds: float | None) -> None:
+        """Mark node ``name`` leaving for ``seconds`` from now (a drain of it, before its
+        removal: ``fogshift remove-node --drain``); ``None`` ends the lease.
+
+        Raises:
+            UnknownNode: ``name`` is not one of the cluster's nodes (only when marking).
+        """
+        if seconds is None:
+            with self._lock:
+                self._draining.pop(name, None)
+            return
+        if self.registry.node(name) is None:
+            raise UnknownNode(
+                f"cannot drain unknown node {name!r}",
+                expected="one of " + ", ".join(self.node_names()),
+                received=repr(name),
+                hint="`fogshift nodes` lists the nodes",
+            )
+        with self._lock:
+            self._draining[name] = time.monotonic() + seconds
+        log.info("node %s is being drained (for %.0f s at most)", name, seconds)
 
     def admit_node(self, name: str) -> bool:
         """Let node ``name`` join again after :meth:`remove_node` (`fogshift up` adding it);

@@ -328,7 +328,16 @@ class Deployment(Journal):
                 hint=f"`fogshift stop {spec.pipeline}` first, or deploy under another name",
             )
         self._refuse_shared_outputs(spec)
+        leaving = self.leaving_nodes()
         for node in {e.node for e in spec.elements}:
+            if node in leaving:
+                raise Unavailable(
+                    f"node {node!r} (needed by pipeline {spec.pipeline!r}) is being removed "
+                    "from the cluster",
+                    expected="nodes that stay in the cluster",
+                    received=f"{node!r}, whose removal (`fogshift remove-node`) is under way",
+                    hint="place its elements on other nodes (`fogshift nodes` lists them)",
+                )
             record = self.registry.node(node)
             if record is None or not self.healthy(record) or not record.report.ready:
                 raise Unavailable(

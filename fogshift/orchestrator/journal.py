@@ -137,19 +137,19 @@ class Journal(Replication):
                 received=repr(name),
                 hint="`fogshift nodes` lists the nodes and their health",
             )
-        with self._lock:
-            removing = set(self._leaving)
+        removing = self.leaving_nodes()
         if name in removing:
             # (Placed there, it would keep the node the user is removing: the removal,
             # its standbys dropped already, would be refused.)
-            others = [n for n in self.node_names() if n not in removing | {name, leaving}]
+            others = [n.name for n in self.registry.nodes() if self.healthy(n)
+                      and n.report.ready and n.name not in removing | {name, leaving}]  # fmt: skip
             raise Unavailable(
                 f"cannot {what} node {name!r}: it is being removed from the cluster",
                 expected="a node that stays in the cluster",
                 received=f"{name!r}, whose removal (`fogshift remove-node`) is under way",
-                hint=f"choose another node ({', '.join(others)})"
+                hint=f"choose another node ({', '.join(others)} healthy now)"
                 if others
-                else "`fogshift nodes` lists the nodes",
+                else "no other node is healthy now: `fogshift nodes` shows why",
             )
         if not self.healthy(node) or not node.report.ready:
             silent = time.time() - node.last_seen

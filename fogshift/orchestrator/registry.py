@@ -50,7 +50,7 @@ from fogshift.contracts import (
 )
 from fogshift.exceptions import NotFound
 from fogshift.orchestrator.exceptions import NodeInUse, NodeRemoved, UnknownNode
-from fogshift.spec.models import ElementSpec, PipelineSpec
+from fogshift.spec.models import PLANNED_STANDBY, ElementSpec, PipelineSpec
 
 log = logging.getLogger(__name__)
 
@@ -259,8 +259,9 @@ def _hosted(
         (node,),
     ).fetchall()
     # (Named whether or not a standby stands there now: its PE may have been promoted onto
-    # it, and the keeper puts a standby back there whenever it can.)
-    named = {r[0] for r in db.execute(
+    # it, and the keeper puts a standby back there whenever it can. A node called
+    # "planned" is never named so: `standby: planned` asks for the planner's choice.)
+    named = set() if node == PLANNED_STANDBY else {r[0] for r in db.execute(
         f"SELECT name FROM pipelines WHERE status IN ({deployed}) "
         "AND json_extract(spec, '$.recovery.standby') = ? ORDER BY name",
         (node,),
@@ -948,9 +949,9 @@ class Registry:
 
         Raises:
             NodeInUse: A PE of a pipeline that is deployed (deploying, running or stopping)
-                or a standby is placed there, or an unfinished migration, restore, scale or
-                group migration names it (a scale that names no node may choose it);
-                nothing changed.
+                or a standby is placed there, a deployed pipeline's spec names it as its
+                standby node, or an unfinished migration, restore, scale or group migration
+                names it (a scale that names no node may choose it); nothing changed.
         """
         with self._tx() as db:
             held = _hosted(db, name)

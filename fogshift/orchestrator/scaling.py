@@ -555,8 +555,11 @@ class Scaling(KeyMoves):
             for node in nodes:
                 self._usable_node(node, f"{what} onto")
             return list(nodes)
+        leaving = self.leaving_nodes()
         healthy = sorted(
-            n.name for n in self.registry.nodes() if self.healthy(n) and n.report.ready
+            n.name
+            for n in self.registry.nodes()
+            if self.healthy(n) and n.report.ready and n.name not in leaving
         )
         if not healthy:
             raise Unavailable(f"cannot {what}: no healthy node",

@@ -34,7 +34,7 @@ from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator.core import Followed
 from fogshift.orchestrator.deployment import Deployment
 from fogshift.orchestrator.exceptions import NodeInUse
-from fogshift.orchestrator.journal import NODE_REMOVAL
+from fogshift.orchestrator.journal import BACKGROUND_WAIT_S, NODE_REMOVAL
 from fogshift.orchestrator.registry import (
     NodeRecord,
     PipelineRecord,
@@ -97,7 +97,7 @@ class Standbys(Deployment):
     def _may_keep(self, node: NodeRecord | None) -> bool:
         """Whether a standby may be started, stay or be promoted on ``node``: ready, and
         not being taken out of the cluster."""
-        return self._ready(node) and node is not None and node.name not in self._leaving
+        return self._ready(node) and node is not None and node.name not in self.leaving_nodes()
 
     def standby_node(self, record: PipelineRecord, element: ElementSpec) -> str | None:
         """Where the PE's standby should be started now (``None``: none wanted, or no node
@@ -355,8 +355,9 @@ class Standbys(Deployment):
         operation, such a pipeline), nor while a user's operation holds one of the PEs
         whose standby would be dropped: every such PE's section is taken before any
         standby is dropped, and what keeps the node is looked at again then. While the
-        removal runs no standby is started or kept there, and no PE is migrated, restored
-        or promoted there (``_leaving``, :meth:`_may_keep`, ``_usable_node``); a standby
+        removal runs (and while a drain's lease holds, :meth:`drain_lease`) no standby is
+        started or kept there, and no PE is deployed, scaled, migrated, restored or
+        promoted there (:meth:`leaving_nodes`, :meth:`_may_keep`, ``_usable_node``); a standby
         the keeper had chosen there just before, landing after the drops, is dropped in a
         second pass.
 
@@ -365,16 +366,19 @@ class Standbys(Deployment):
                 changed), or came to keep it after the standbys were dropped (a PE placed
                 there by a choice made before the removal began).
             MigrationInProgress: A user's operation (or, after a minute, a round of the
-                orchestrator's own) holds the PE of a standby to drop; nothing was dropped.
+                orchestrator's own) holds the PE of a standby to drop; nothing was dropped
+                in that pass (in the first: nothing at all; the message says which).
         """
-        held = self.holds(name)
-        if held:
-            raise node_in_use(name, held)
+        # (Marked before the first look: a choice made after the look and before the mark
+        # could still place something there.)
         with self._lock:
             self._leaving[name] += 1
         try:
+            held = self.holds(name)
+            if held:
+                raise node_in_use(name, held)
             for attempt in range(REMOVAL_PASSES):
-                self._drop_movable_standbys(name)
+                self._drop_movable_standbys(name, first=attempt == 0)
                 try:
                     super().remove_node(name)
                     return
@@ -391,25 +395,32 @@ class Standbys(Deployment):
                 if self._leaving[name] <= 0:
                     del self._leaving[name]
 
-    def _drop_movable_standbys(self, name: str) -> None:
+    def _drop_movable_standbys(self, name: str, first: bool) -> None:
         """Drop the standbys the keeper chose on node ``name`` (one pass of
-        :meth:`remove_node`): all their PEs' sections are taken first, then what keeps the
-        node is looked at again, and only then is any standby dropped.
+        :meth:`remove_node`; ``first``: the first, before which nothing was dropped): all
+        their PEs' sections are taken first (within one :data:`BACKGROUND_WAIT_S` for the
+        orchestrator's own rounds, not one per PE), then what keeps the node is looked at
+        again, and only then is any standby dropped.
 
         Raises:
-            NodeInUse: Something other than those standbys keeps the node; none dropped.
+            NodeInUse: Something other than those standbys keeps the node; none dropped
+                in this pass.
             MigrationInProgress: A PE's section is held (see :meth:`remove_node`); none
-                dropped.
+                dropped in this pass.
         """
         movable = self._movable_standbys(name)
+        deadline = time.monotonic() + BACKGROUND_WAIT_S
         with contextlib.ExitStack() as sections:
             for key in movable:
+                left = deadline - time.monotonic()
                 try:
-                    sections.enter_context(self._exclusive(*key, NODE_REMOVAL))
+                    sections.enter_context(self._exclusive(*key, NODE_REMOVAL, left))
                 except MigrationInProgress as exc:
+                    done = ("nothing was changed" if first else "the standbys the keeper had "
+                            "put there before were dropped already")  # fmt: skip
                     raise MigrationInProgress(
                         f"node {name!r} is not removed: its standby of {key[0]}/{key[1]} "
-                        f"cannot be moved now ({exc.message}); nothing was changed",
+                        f"cannot be moved now ({exc.message}); {done}",
                         hint="wait for that operation to end, then remove the node again",
                     ) from exc
             held = self.holds(name)

@@ -1411,11 +1411,14 @@ def remove_nodes(
         _check_removable(home, cluster, names)
         for k, name in enumerate(names):
             try:
-                if drain:
-                    _refuse_undrainable(home, name)
-                    drain_node(home, name, set(names), say)
-                say(f"removing node {name}")
-                cluster = _remove_node(home, cluster, name, grace_s)
+                # (Marked leaving for the whole drain: emptied, the node became the least
+                # busy, the first choice of a restore or a new standby.)
+                with _draining(home, name) if drain else contextlib.nullcontext():
+                    if drain:
+                        _refuse_undrainable(home, name)
+                        drain_node(home, name, set(names), say)
+                    say(f"removing node {name}")
+                    cluster = _remove_node(home, cluster, name, grace_s)
             except FogshiftError as exc:
                 if k:  # (said, or the user would take the error for the whole command's)
                     exc.message += f" ({', '.join(names[:k])} removed before it)"
@@ -1441,6 +1444,42 @@ def node_holds(home: Path, names: list[str]) -> dict[str, list[NodeHold]]:
 def _holds(client: ServiceClient, name: str) -> list[NodeHold]:
     """What the orchestrator (``client``) says keeps node ``name`` in the cluster."""
     return [NodeHold.model_validate(h) for h in client.get(f"/nodes/{name}/holds")]
+
+
+#: How long the orchestrator counts a node being drained as leaving after the drain's last
+#: renewal (every third of it, by a thread): a drain whose process died ends by itself.
+DRAIN_LEASE_S = 60.0
+
+
+@contextlib.contextmanager
+def _draining(home: Path, name: str) -> Iterator[None]:
+    """Have the orchestrator count node ``name`` as leaving while the block runs (``PUT
+    /nodes/{name}/leaving``: nothing is deployed, restored, promoted, migrated or scaled
+    there, no standby started there), renewed by a thread, ended when the block ends.
+
+    Raises:
+        UnknownNode: (from the orchestrator) No such node.
+    """
+    here = f"/nodes/{name}/leaving"
+    stop = threading.Event()
+    with orchestrator_client(home, timeout_s=30) as client:
+        client.put(here, json={"seconds": DRAIN_LEASE_S})
+
+        def renew() -> None:
+            while not stop.wait(DRAIN_LEASE_S / 3):
+                # (A renewal that fails is tried again; the lease outlasts two of them.)
+                with contextlib.suppress(FogshiftError):
+                    client.put(here, json={"seconds": DRAIN_LEASE_S})
+
+        renewing = threading.Thread(target=renew, name=f"drain lease of {name}", daemon=True)
+        renewing.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            renewing.join()
+            with contextlib.suppress(FogshiftError):  # (it ends by itself otherwise)
+                client.put(here, json={"seconds": None})
 
 
 def _refuse_undrainable(home: Path, name: str) -> None:

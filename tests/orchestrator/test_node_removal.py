@@ -116,6 +116,15 @@ def test_a_removed_nodes_token_opens_nothing_until_it_is_admitted(app: FastAPI) 
     # another; the operator can.
     assert operator.get("/nodes/fog-a/holds").json() == []
     assert node.get("/nodes/fog-a/holds").status_code == 403
+    # A drain's lease: the operator's only, a bounded number of seconds or null.
+    assert node.put("/nodes/fog-a/leaving", json={"seconds": 60}).status_code == 403
+    for bad in ({"seconds": 0}, {"seconds": 1e9}, {"seconds": "x"}, {}, {"secs": 60}):
+        assert operator.put("/nodes/fog-a/leaving", json=bad).status_code == 422, bad
+    assert operator.put("/nodes/fog-x/leaving", json={"seconds": 60}).status_code == 404
+    assert operator.put("/nodes/fog-a/leaving", json={"seconds": 60}).status_code == 200
+    assert orchestrator.leaving_nodes() == {"fog-a"}
+    assert operator.put("/nodes/fog-a/leaving", json={"seconds": None}).status_code == 200
+    assert orchestrator.leaving_nodes() == set()
     assert node.delete("/nodes/fog-a").status_code == 403
     assert other.delete("/nodes/fog-a").status_code == 403
     assert operator.delete("/nodes/fog-a").status_code == 200

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
+from fogshift.common.waiting import wait_until
 from fogshift.contracts import OperationKind, RestorePhase
 from fogshift.exceptions import Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
-from fogshift.orchestrator.exceptions import NodeInUse
+from fogshift.orchestrator.exceptions import NodeInUse, UnknownNode
 from fogshift.orchestrator.registry import StandbyRecord
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration import standby as standby_procedure
@@ -549,24 +550,61 @@ def test_no_standby_is_started_or_kept_on_a_node_being_removed(
 
 
 def test_no_pe_is_migrated_restored_or_promoted_onto_a_node_being_removed(
-    tmp_path: Path, agents: dict[str, StandIn]
+    tmp_path: Path, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Only the keeper looked at the leaving mark: a migration or restore to the node, or a
     promotion of its standby there, placed a PE on it after the removal had dropped its
     standbys, and the removal was then refused with the standbys gone."""
     with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
-        standby = standby_on_fog_b(orch, agents)
+        standby_on_fog_b(orch, agents)
         assert "fog-b" in orch.restore_candidates("p", "aggregate", {"fog-a"})
         orch._leaving["fog-b"] += 1
         with pytest.raises(Unavailable, match="being removed from the cluster") as refused:
             orch.migrate("p", "aggregate", "fog-b")
-        assert "choose another node (cloud)" in refused.value.render()
+        assert "choose another node (cloud healthy now)" in refused.value.render()
         with pytest.raises(Unavailable, match="being removed from the cluster"):
             orch.restore("p", "aggregate", target="fog-b")
         assert orch.restore_candidates("p", "aggregate", {"fog-a"}) == ["cloud"]
-        assert not orch._may_keep(orch.registry.node(standby.node))  # (never promoted)
         assert orch.pipeline("p").placement["aggregate"] == "fog-a"
-        assert agents["fog-b"].received("PUT", AGG + "/gate")[1:] == []  # (only its cap)
+        # A restore naming no node, and the reconciler's of a PE whose node came back
+        # without its checkpoints: its standby on fog-b is not promoted, the checkpoint's
+        # restore goes elsewhere.
+        promoted: list[str] = []
+        restored: list[list[str]] = []
+        monkeypatch.setattr(orch, "promote_standby", lambda *a: promoted.append(a[3].node))
+        monkeypatch.setattr(orch, "_restore_on", lambda *a: restored.append(a[3]))
+        orch.restore("p", "aggregate")
+        orch._restore_lost("p", orch.pipeline("p").spec.element("aggregate"))
+        assert (promoted, restored) == ([], [["cloud"], ["fog-a"]])
+        orch._leaving["fog-b"] -= 1  # (the removal ended: promoted again)
+        orch.restore("p", "aggregate")
+        assert promoted == ["fog-b"]
+
+
+def test_a_drain_lease_marks_a_node_leaving_until_it_ends_or_lapses(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    """`remove-node --drain` empties the node before its removal: emptied, it became the
+    least busy node, the first choice of a restore or a new standby there meanwhile."""
+    with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
+        record = orch.pipeline("p")
+        element = record.spec.element("aggregate")
+        assert orch.standby_node(record, element) == "fog-b"
+        orch.drain_lease("fog-b", 60)
+        assert orch.leaving_nodes() == {"fog-b"}
+        assert orch.standby_node(record, element) == "cloud"
+        with pytest.raises(Unavailable, match="being removed"):
+            source, aggregate, sink = SPEC["elements"]
+            orch.deploy({"pipeline": "q", "elements": [
+                {**source, "options": {"path": str(tmp_path / "in.csv")}},
+                {**aggregate, "node": "fog-b"},
+                {**sink, "options": {"path": str(tmp_path / "out" / "q.csv")}}]})  # fmt: skip
+        orch.drain_lease("fog-b", None)
+        assert orch.leaving_nodes() == set()
+        orch.drain_lease("fog-b", 0.05)  # (its drain died: it lapses)
+        wait_until(lambda: not orch.leaving_nodes(), 5, describe="the lease lapsed")
+        with pytest.raises(UnknownNode):
+            orch.drain_lease("fog-x", 60)
 
 
 def test_a_removal_that_cannot_take_every_pe_it_would_touch_drops_nothing(
@@ -582,10 +620,31 @@ def test_a_removal_that_cannot_take_every_pe_it_would_touch_drops_nothing(
         busy = pytest.raises(MigrationInProgress, match="its standby of p/source cannot")
         with orch._exclusive("p", "source", "migration"), busy:
             orch.remove_node("fog-b")
+        assert busy.excinfo.value.message.endswith("nothing was changed")
         assert orch.registry.standby("p", "aggregate") == standby
         assert orch.registry.standby("p", "source") == source
         assert agents["fog-b"].received("DELETE", AGG) == []
         assert orch.registry.node("fog-b") is not None and not orch._leaving
+
+
+def test_what_lands_on_the_node_while_the_removal_takes_the_sections_stops_it_first(
+    tmp_path: Path, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holds are looked at again once every section is taken, before any drop: a PE
+    placed there meanwhile refuses the removal with the standby still standing."""
+    with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
+        standby = standby_on_fog_b(orch, agents)
+        real = orch._exclusive
+
+        def landing(*args: Any) -> Any:
+            orch.registry.set_placement("p", "sink", "fog-b")
+            return real(*args)
+
+        monkeypatch.setattr(orch, "_exclusive", landing)
+        with pytest.raises(NodeInUse, match=r"PE p/sink\n"):
+            orch.remove_node("fog-b")
+        assert orch.registry.standby("p", "aggregate") == standby
+        assert agents["fog-b"].received("DELETE", AGG) == []
 
 
 def test_overlapping_removals_of_a_node_do_not_end_each_others_leaving_mark(

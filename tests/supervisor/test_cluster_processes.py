@@ -7,6 +7,7 @@ import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -418,6 +419,7 @@ class _Orchestrator:
         self.standbys = standbys or {}  # element -> its standby's node
         self.holds = holds or []  # what GET /nodes/{name}/holds answers besides the PEs
         self.moves: list[tuple[str, str]] = []
+        self.leases: list[tuple[str, float | None]] = []  # PUT /nodes/{name}/leaving
 
     def __enter__(self) -> _Orchestrator:
         return self
@@ -446,10 +448,18 @@ class _Orchestrator:
         return [{**node, "name": n, "healthy": n in self.healthy}
                 for n in ("cloud", "fog-a", "fog-b", "fog-c")]  # fmt: skip
 
+    def put(self, path: str, json: dict[str, float | None]) -> None:
+        assert path.endswith("/leaving"), path
+        self.leases.append((path.split("/")[2], json["seconds"]))
+
     def post(self, path: str, json: dict[str, str]) -> None:
         element = path.split("/")[4]
         self.moves.append((element, json["target"]))
         self.placed[element] = (json["target"], self.placed[element][1])
+
+
+def _same(orchestrator: _Orchestrator, *_: object, **__: object) -> _Orchestrator:
+    return orchestrator
 
 
 def test_a_drained_pe_goes_to_its_planned_redeploy_node_if_it_can(
@@ -503,16 +513,19 @@ def test_a_drain_that_could_not_free_the_node_is_refused_before_any_pe_moves(
     from fogshift.orchestrator.exceptions import NodeInUse
 
     two_node_cluster(tmp_path, sleeper)
-    standby = {"kind": "standby", "text": "the standby of p/a"}
-    orchestrator = _Orchestrator({"a": ("cloud", None), "b": ("fog-b", None)},
-                                 healthy=["cloud", "fog-b"], holds=[standby])  # fmt: skip
-    monkeypatch.setattr(cluster_ops, "orchestrator_client", lambda *_, **__: orchestrator)
     before = cluster_ops.cluster_file(tmp_path).read_text()
-    with pytest.raises(NodeInUse) as refused:
-        cluster_ops.remove_nodes(tmp_path, ["fog-b"], lambda _: None, drain=True)
-    assert refused.value.message == "node 'fog-b' still hosts or is named by the standby of p/a"
-    assert "recovery.standby" in (refused.value.hint or "")
-    assert orchestrator.moves == []  # nothing moved
+    for hold in ({"kind": "standby", "text": "pipeline p, whose spec places its standbys there"},
+                 {"kind": "settling", "text": "PE q/c of a pipeline being stopped"}):  # fmt: skip
+        orchestrator = _Orchestrator({"a": ("cloud", None), "b": ("fog-b", None)},
+                                     healthy=["cloud", "fog-b"], holds=[hold])  # fmt: skip
+        monkeypatch.setattr(cluster_ops, "orchestrator_client", partial(_same, orchestrator))
+        with pytest.raises(NodeInUse) as refused:
+            cluster_ops.remove_nodes(tmp_path, ["fog-b"], lambda _: None, drain=True)
+        assert refused.value.message == f"node 'fog-b' still hosts or is named by {hold['text']}"
+        assert "recovery.standby" in (refused.value.hint or "")
+        assert orchestrator.moves == []  # nothing moved
+        # Marked leaving while it looked (nothing lands there meanwhile), then no more.
+        assert orchestrator.leases == [("fog-b", cluster_ops.DRAIN_LEASE_S), ("fog-b", None)]
     assert cluster_ops.cluster_file(tmp_path).read_text() == before
     assert sleeper.poll() is None
 
