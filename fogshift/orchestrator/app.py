@@ -109,7 +109,7 @@ def orchestrator_access(
 
 class DrainLease(BaseModel):
     """``PUT /nodes/{name}/leaving``: how long the node counts as leaving from now (a
-    drain renews it before each migration); ``null`` ends it."""
+    drain renews it while it runs); ``null`` ends it."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1412,7 +1412,11 @@ def remove_nodes(
         for k, name in enumerate(names):
             try:
                 # (Marked leaving for the whole drain: emptied, the node became the least
-                # busy, the first choice of a restore or a new standby.)
+                # busy, the first choice of a restore or a new standby. Looked at before
+                # the mark too: marked, the keeper would drop a standby the spec puts
+                # there, for a drain then refused.)
+                if drain:
+                    _refuse_undrainable(home, name)
                 with _draining(home, name) if drain else contextlib.nullcontext():
                     if drain:
                         _refuse_undrainable(home, name)
@@ -1504,8 +1508,8 @@ def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], No
     planner's latest plan (its status's ``planned_redeploy``: where a restore would put it,
     chosen for its recovery time) if that node is healthy and stays, else to the healthy
     node outside ``leaving`` that runs the fewest PEs; never to the node of its own hot
-    standby while another node will do (its standby stays warm). Standbys are not moved here: the
-    orchestrator's removal drops the ones its keeper chose there, which it starts again
+    standby while another node will do (its standby stays warm). Standbys are not moved
+    here: the orchestrator's removal drops the ones its keeper chose there, which it starts again
     elsewhere; a pipeline whose spec names the node as its standby node
     (``recovery.standby: NODE``) still keeps it.
 
