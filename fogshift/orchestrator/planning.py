@@ -194,10 +194,12 @@ class FogTopology(BaseModel):
 
 @dataclass(frozen=True)
 class LiveNode:
-    """What the orchestrator knows of a healthy node when it plans."""
+    """What the orchestrator knows of a healthy node when it plans (``leaving``: being
+    removed or drained, so it holds no backup and takes no redeployed PE)."""
 
     name: str
     cpu_percent: float
+    leaving: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,7 @@ def build_topology(
                 hint="raise its cpu in the fog topology or lower pe_cpu",
             )
         load = min(max(node.cpu_percent - needs, 0.0), capacity - needs)
-        servers.append(Server(id=node.name, cpu=capacity, load=load))
+        servers.append(Server(id=node.name, cpu=capacity, load=load, leaving=node.leaving))
     if fog.links:
         links = [
             Link(a=link.a, b=link.b, bandwidth=link.bandwidth)

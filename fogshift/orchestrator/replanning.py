@@ -44,8 +44,9 @@ class Replanning(OrchestratorCore):
         """Recompute the plan from the fog topology, live CPU use and checkpoint sizes.
 
         PEs whose node is not healthy keep their previous assignment: that is the plan for
-        the failure at hand. An instance the planner cannot satisfy keeps the previous plan
-        and reports the reason in ``error``.
+        the failure at hand. A node leaving (:meth:`leaving_nodes`) keeps its PEs in the
+        plan but is no PE's backup or redeploy node. An instance the planner cannot satisfy
+        keeps the previous plan and reports the reason in ``error``.
         """
         try:
             fog = FogTopology.load(self.config.topology_file)
@@ -59,6 +60,7 @@ class Replanning(OrchestratorCore):
             return self.plan
         unknown = sorted(fog.names() - set(self.node_names()))
         live = [n for n in self.registry.nodes() if self.healthy(n) and n.report.ready]
+        leaving = self.leaving_nodes()
         pes = []
         for record in self.registry.pipelines():
             if record.status != PipelineState.RUNNING:
@@ -80,7 +82,9 @@ class Replanning(OrchestratorCore):
         previous = self.plan.assignments
         try:
             topology = build_topology(
-                fog, [LiveNode(n.name, float(n.report.cpu_percent or 0.0)) for n in live],
+                fog,
+                [LiveNode(n.name, float(n.report.cpu_percent or 0.0), n.name in leaving)
+                 for n in live],
                 pes, fog.central_node(self.node_names()),
             )  # fmt: skip
             result = (

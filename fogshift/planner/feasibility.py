@@ -42,19 +42,26 @@ def normalise_shares(shares: Iterable[float]) -> tuple[float, ...]:
 
 
 def backup_candidates(net: Network, task: int) -> list[int]:
-    """Servers other than ``s_w(τ)`` whose replication route (from ``s_w(τ)``, or from
-    :attr:`~fogshift.planner.model.Task.replicas_from`) has ``d_τ^store`` on every link."""
+    """Servers other than ``s_w(τ)``, not leaving, whose replication route (from ``s_w(τ)``,
+    or from :attr:`~fogshift.planner.model.Task.replicas_from`) has ``d_τ^store`` on every
+    link."""
     work = net.task_server[task]
     return [
-        i for i in range(len(net.server_ids)) if i != work and net.replication_fits_links(task, i)
+        i
+        for i in range(len(net.server_ids))
+        if i != work and net.usable[i] and net.replication_fits_links(task, i)
     ]
 
 
 def redeploy_candidates(net: Network, task: int) -> list[int]:
-    """Servers other than ``s_w(τ)`` with at least ``c_τ`` free CPU."""
+    """Servers other than ``s_w(τ)``, not leaving, with at least ``c_τ`` free CPU."""
     work = net.task_server[task]
     need = net.topology.tasks[task].cpu
-    return [j for j in range(len(net.server_ids)) if j != work and within(need, net.free_cpu[j])]
+    return [
+        j
+        for j in range(len(net.server_ids))
+        if j != work and net.usable[j] and within(need, net.free_cpu[j])
+    ]
 
 
 def candidate_options(
@@ -107,23 +114,22 @@ def explain_task(net: Network, task: int) -> InfeasiblePlan | None:
     t = topo.tasks[task]
     work = net.task_server[task]
     work_id = net.server_ids[work]
-    if len(net.server_ids) < 2:
+    others = [i for i in range(len(net.server_ids)) if i != work and net.usable[i]]
+    if not others:
+        leaving = [net.server_ids[i] for i in range(len(net.server_ids)) if not net.usable[i]]
+        but = f" (leaving: {', '.join(leaving)})" if leaving else ""
         return InfeasiblePlan(
-            f"task {t.id} has no server other than its primary {work_id} to hold its backup "
-            "or take it over",
+            f"task {t.id} has no server other than its primary {work_id}{but} to hold its "
+            "backup or take it over",
             constraint="no_other_server",
             task_id=t.id,
             server_id=work_id,
-            hint="add a server",
+            hint="add a server" + (": a server being removed takes neither" if leaving else ""),
         )
     backups = backup_candidates(net, task)
     if not backups:
         source_id = t.replicas_from or work_id
-        reachable = [
-            i
-            for i in range(len(net.server_ids))
-            if i != work and net.replication_route(task, i) is not None
-        ]
+        reachable = [i for i in others if net.replication_route(task, i) is not None]
         if reachable:
             best = max(reachable, key=lambda i: net.replication_width(task, i))
             received = (
@@ -145,7 +151,6 @@ def explain_task(net: Network, task: int) -> InfeasiblePlan | None:
         )
     redeploys = redeploy_candidates(net, task)
     if not redeploys:
-        others = [j for j in range(len(net.server_ids)) if j != work]
         best = max(others, key=lambda j: net.free_cpu[j])
         return InfeasiblePlan(
             f"task {t.id} needs {t.cpu:g} CPU but no server other than its primary {work_id} "

@@ -109,14 +109,15 @@ class _State:
 
 
 def _by_hops(net: Network, task: int) -> list[list[int]]:
-    """Servers other than the task's own its backup data reaches, grouped by hop count from
-    the task's server ascending (the paper's "number of edges": where it is redeployed
-    matters, however its backup data gets there)."""
+    """Servers other than the task's own, not leaving, its backup data reaches, grouped by
+    hop count from the task's server ascending (the paper's "number of edges": where it is
+    redeployed matters, however its backup data gets there)."""
     work = net.task_server[task]
     layers: dict[int, list[int]] = defaultdict(list)
     for s in range(len(net.server_ids)):
         hops = net.hops(work, s)
-        if s != work and hops is not None and net.replication_route(task, s) is not None:
+        if (s != work and net.usable[s] and hops is not None
+                and net.replication_route(task, s) is not None):  # fmt: skip
             layers[hops].append(s)
     return [layers[h] for h in sorted(layers)]
 
@@ -139,7 +140,8 @@ def _colocate(net: Network, state: _State, task: int, layers: list[list[int]]) -
 
 
 class _PairOrder:
-    """Per backup server ``i``, the other servers ``j`` by ``Z(i, j)`` descending (cached)."""
+    """Per backup server ``i``, the other servers ``j`` not leaving by ``Z(i, j)`` descending
+    (cached)."""
 
     def __init__(self, net: Network) -> None:
         self.net = net
@@ -152,7 +154,7 @@ class _PairOrder:
             got = []
             for j in range(len(net.server_ids)):
                 hops = net.hops(i, j)
-                if j != i and hops is not None:
+                if j != i and hops is not None and net.usable[j]:
                     got.append((-net.bottleneck(i, j), hops, j))
             got.sort()
             self._lists[i] = got
@@ -172,11 +174,13 @@ def _remote(
     backups = []
     for i in range(len(net.server_ids)):
         route = net.replication_route(task, i)
-        if i != work and route is not None and state.replication_fits(work, route, t.backup_rate):
+        if (i != work and net.usable[i] and route is not None
+                and state.replication_fits(work, route, t.backup_rate)):  # fmt: skip
             backups.append(i)
     if not backups:
         return None, "replication_bandwidth"
-    if not any(j != work and state.cpu_fits(work, j, t.cpu) for j in range(len(net.server_ids))):
+    if not any(j != work and net.usable[j] and state.cpu_fits(work, j, t.cpu)
+               for j in range(len(net.server_ids))):  # fmt: skip
         return None, "cpu"
 
     def meets(z: float) -> bool:
@@ -234,7 +238,9 @@ def _blocker(net: Network, state: _State, task: int, backups: list[int]) -> Cons
     t = net.topology.tasks[task]
     work = net.task_server[task]
     targets = [
-        j for j in range(len(net.server_ids)) if j != work and state.cpu_fits(work, j, t.cpu)
+        j
+        for j in range(len(net.server_ids))
+        if j != work and net.usable[j] and state.cpu_fits(work, j, t.cpu)
     ]
     for i in backups:
         for j in targets:

@@ -247,7 +247,9 @@ def _describe(m: _Milp, groups: list[_Group]) -> InfeasiblePlan:
             tasks = net.tasks_on[f]
             needs = ", ".join(f"{topo.tasks[k].id} {topo.tasks[k].cpu:g}" for k in tasks)
             free = ", ".join(
-                f"{sid} {net.free_cpu[j]:g}" for j, sid in enumerate(net.server_ids) if j != f
+                f"{sid} {net.free_cpu[j]:g}"
+                for j, sid in enumerate(net.server_ids)
+                if j != f and net.usable[j]  # (one leaving takes none)
             )
             return InfeasiblePlan(
                 f"when {net.server_ids[f]} fails, its tasks cannot all be redeployed: their "

@@ -67,6 +67,9 @@ class Server(BaseModel):
         load: CPU already used on the server by work *other than* the tasks of the topology
             (those are added from :attr:`Task.cpu`). The free CPU that redeployed tasks can use
             is ``cpu - load - sum(c_τ for τ working on s)``.
+        leaving: The server is being removed (beyond the paper): its tasks are still planned
+            for, but it holds no task's backup and takes no redeployed task, whatever its
+            free CPU and bandwidth; its links still forward.
     """
 
     model_config = _CONFIG
@@ -74,6 +77,7 @@ class Server(BaseModel):
     id: str = Field(min_length=1)
     cpu: float = Field(gt=0)
     load: float = Field(default=0.0, ge=0)
+    leaving: bool = False
 
 
 class Task(BaseModel):
@@ -313,6 +317,8 @@ class Network:
             (self.server_index[link.a], self.server_index[link.b]) for link in topology.links
         )
         self.bandwidth: tuple[float, ...] = tuple(link.bandwidth for link in topology.links)
+        #: Whether a server may hold a backup or take a redeployed task (not leaving).
+        self.usable: tuple[bool, ...] = tuple(not s.leaving for s in topology.servers)
         self._routes, self._bottleneck = self._all_routes()
 
     def _all_routes(
@@ -560,6 +566,9 @@ def violations(net: Network, choice: Mapping[str, tuple[str, str, float | None]]
             problems.append(f"task {name}: backup server {work_id} is its own server (eq. 5)")
         if c.redeploy == c.work:
             problems.append(f"task {name}: redeploy server {work_id} is its own server (eq. 5)")
+        for role, server in (("backup", c.backup), ("redeploy", c.redeploy)):
+            if not net.usable[server]:
+                problems.append(f"task {name}: {role} server {net.server_ids[server]} is leaving")
         rep_route = net.replication_route(c.task, c.backup)
         if rep_route is None:
             problems.append(

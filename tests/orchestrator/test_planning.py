@@ -23,6 +23,7 @@ from fogshift.orchestrator.planning import (
 )
 from fogshift.planner import plan
 from tests.orchestrator.conftest import OPERATOR
+from tests.orchestrator.standin import SPEC, StandIn
 
 FOG = """
 central: cloud
@@ -256,3 +257,32 @@ def test_a_refused_topology_file_shows_one_that_is_valid() -> None:
         topology = FogTopology.parse(example, source="the hint")
         assert topology.central == "cloud" and topology.nodes["fog-a"].cpu == 50
         assert topology.links[0].bandwidth == 10
+
+
+def test_a_node_marked_leaving_is_no_pes_backup_or_redeploy_node_at_once(
+    app: FastAPI, agents: dict[str, StandIn], tmp_path: Path
+) -> None:
+    # A drain moves each PE to its planned redeploy node: the plan of the last round named
+    # the node being drained (it still counted as live) until the next round, 10 s later.
+    from fogshift.spec import parse_spec
+
+    orchestrator = app.state.orchestrator
+    orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+    placed = {"cloud": ["source", "sink"], "fog-a": ["aggregate"]}
+    for name, agent in agents.items():
+        elements = [{"pipeline": "p", "element": e, "state": "running", "epoch": 1}
+                    for e in placed.get(name, [])]  # fmt: skip
+        orchestrator.heartbeat(name, Heartbeat.model_validate(
+            {"url": agent.url, "ready": True, "elements": elements}))  # fmt: skip
+    before = orchestrator.replan().assignments
+    target = before["p/aggregate"].redeploy
+    assert target in ("cloud", "fog-b"), before
+    client = TestClient(app, headers={"Authorization": f"Bearer {OPERATOR}"})
+    assert client.put(f"/nodes/{target}/leaving", json={"seconds": 60}).status_code == 200
+    during = PlanView.model_validate(client.get("/plan").json())
+    assert during.error is None and set(during.assignments) == set(before), during
+    for key, chosen in during.assignments.items():  # its own PEs are still planned for
+        assert target not in (chosen.backup, chosen.redeploy), (key, during)
+    assert client.put(f"/nodes/{target}/leaving", json={"seconds": None}).status_code == 200
+    after = PlanView.model_validate(client.get("/plan").json()).assignments
+    assert {k: a.redeploy for k, a in after.items()} == {k: a.redeploy for k, a in before.items()}

@@ -25,14 +25,18 @@ Choice = tuple[str, str, float | None]
 
 
 def topo(
-    servers: Sequence[tuple[str, float, float]],
+    servers: Sequence[tuple[str, float, float] | tuple[str, float, float, bool]],
     tasks: Sequence[dict[str, Any]],
     links: Sequence[tuple[str, str, float]],
 ) -> Topology:
-    """Build a topology from ``(id, cpu, load)``, task dicts and ``(a, b, bandwidth)``."""
+    """Build a topology from ``(id, cpu, load[, leaving])``, task dicts and ``(a, b,
+    bandwidth)``."""
     return Topology.from_dict(
         {
-            "servers": [{"id": i, "cpu": c, "load": ld} for i, c, ld in servers],
+            "servers": [
+                {"id": i, "cpu": c, "load": ld, "leaving": bool(rest and rest[0])}
+                for i, c, ld, *rest in servers
+            ],
             "tasks": tasks,
             "links": [{"a": a, "b": b, "bandwidth": bw} for a, b, bw in links],
         }
@@ -110,7 +114,8 @@ def generic_topologies(draw: st.DrawFn, max_servers: int = 4, max_tasks: int = 3
     Free CPU per server is drawn from a few levels including "none", so that co-location is
     often impossible and remote recoveries (and their bandwidth shares) get exercised; some
     instances are infeasible and some networks disconnected. Some tasks' backup data comes
-    from another server (``replicas_from``, as fogshift's from its central store).
+    from another server (``replicas_from``, as fogshift's from its central store), and now
+    and then a server is leaving (it may hold none of them).
     """
     n = draw(st.integers(min(3, max_servers), max_servers))
     ids = [f"s{k + 1}" for k in range(n)]
@@ -144,8 +149,12 @@ def generic_topologies(draw: st.DrawFn, max_servers: int = 4, max_tasks: int = 3
         (ids[a], ids[b], float(draw(st.sampled_from([5, 10, 20, 40, 100])))) for a, b in chosen
     ]
     # A server's capacity must be positive; an idle server with no free CPU gets load instead.
-    servers = [(sid, cap, 0.0) if cap > 0 else (sid, 1.0, 1.0) for sid, cap, _ in servers]
-    return topo(servers, tasks, links)
+    leaving = [draw(st.sampled_from([False, False, False, False, True])) for _ in ids]
+    shaped = [
+        (sid, cap, 0.0, away) if cap > 0 else (sid, 1.0, 1.0, away)
+        for (sid, cap, _), away in zip(servers, leaving, strict=True)
+    ]
+    return topo(shaped, tasks, links)
 
 
 @st.composite

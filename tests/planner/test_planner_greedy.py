@@ -158,3 +158,32 @@ def test_backup_data_from_another_server_loads_the_route_from_it(solve: object) 
         result = solve(t)  # type: ignore[operator]
         assert result.check(t) == []
         assert sum(a.backup == "b" for a in result.assignments) == on_b, result.assignments
+
+
+@pytest.mark.parametrize("solve", [solve_greedy, solve_exact], ids=["greedy", "exact"])
+def test_a_leaving_server_holds_no_backup_and_takes_no_task(solve: object) -> None:
+    """s2 (a fat link to s1, the most free CPU) is every task's first choice; leaving (a
+    node being removed) it is nobody's, and its own task is still planned for."""
+    links = [("s1", "s2", 1000), ("s2", "s3", 100), ("s1", "s3", 10)]
+    tasks = [task("t1", "s1"), task("t2", "s2")]
+
+    def servers(away: bool) -> list[tuple[str, float, float, bool]]:
+        return [("s1", 100, 0, False), ("s2", 500, 0, away), ("s3", 100, 0, False)]
+
+    staying = solve(topo(servers(False), tasks, links))  # type: ignore[operator]
+    assert {(a.task, a.backup, a.redeploy) for a in staying.assignments} >= {("t1", "s2", "s2")}
+    t = topo(servers(True), tasks, links)
+    result = solve(t)  # type: ignore[operator]
+    assert result.check(t) == []
+    chosen = {a.task: (a.backup, a.redeploy) for a in result.assignments}
+    assert chosen["t1"] == ("s3", "s3") and "s2" not in chosen["t2"], chosen
+
+
+def test_every_other_server_leaving_is_refused_by_name() -> None:
+    t = topo([("s1", 100, 0), ("s2", 100, 0, True)], [task("t1", "s1")], [("s1", "s2", 100)])
+    for solve in (solve_greedy, solve_exact):
+        with pytest.raises(InfeasiblePlan) as refused:
+            solve(t)
+        assert refused.value.constraint == "no_other_server"
+        assert "other than its primary s1 (leaving: s2)" in refused.value.message
+        assert "a server being removed takes neither" in (refused.value.hint or "")

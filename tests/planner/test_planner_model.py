@@ -223,6 +223,21 @@ def test_violations_needs_a_route_for_replication_and_recovery() -> None:
     assert "no route from backup s2 to redeploy s3" in violations(net, {"t1": ("s2", "s3", 1.0)})[0]
 
 
+def test_violations_names_a_leaving_backup_or_redeploy_server() -> None:
+    t = topo(
+        [("s1", 100, 0), ("s2", 100, 0, True), ("s3", 100, 0)],
+        [task("t1", "s1")],
+        [("s1", "s2", 100), ("s2", "s3", 100)],
+    )
+    net = t.network()
+    assert violations(net, {"t1": ("s3", "s3", None)}) == []  # through s2: it forwards
+    assert violations(net, {"t1": ("s2", "s2", None)}) == [
+        "task t1: backup server s2 is leaving",
+        "task t1: redeploy server s2 is leaving",
+    ]
+    assert violations(net, {"t1": ("s3", "s2", 50.0)}) == ["task t1: redeploy server s2 is leaving"]
+
+
 def _plan(assignments: list[Assignment], objective: float) -> Plan:
     return Plan(
         assignments=tuple(assignments),
