@@ -227,7 +227,10 @@ class Journal(Replication):
                 self._refuse_unresolved(pipeline, element_id)
             yield
         except FogshiftError as exc:
-            log.warning("%s of %s/%s failed: %s", what, pipeline, element_id, exc.render())
+            # (A node's removal holds the sections of all the PEs whose standby it drops:
+            # it says its refusal once, not once a PE.)
+            if what != NODE_REMOVAL:
+                log.warning("%s of %s/%s failed: %s", what, pipeline, element_id, exc.render())
             raise
         finally:
             with self._lock:

@@ -389,6 +389,9 @@ class Standbys(Deployment):
                     held = self.holds(name)
                     if attempt + 1 == REMOVAL_PASSES or held:
                         raise node_in_use(name, held or self.registry.holding(name)) from None
+        except FogshiftError as exc:
+            log.warning("the removal of node %s was refused: %s", name, exc.render())
+            raise
         finally:
             with self._lock:
                 self._leaving[name] -= 1

@@ -7,6 +7,7 @@ asked; the broker's fence is replaced by a recorder (the integration test fences
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -628,7 +629,10 @@ def test_a_removal_that_cannot_take_every_pe_it_would_touch_drops_nothing(
 
 
 def test_what_lands_on_the_node_while_the_removal_takes_the_sections_stops_it_first(
-    tmp_path: Path, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    agents: dict[str, StandIn],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The holds are looked at again once every section is taken, before any drop: a PE
     placed there meanwhile refuses the removal with the standby still standing."""
@@ -641,10 +645,15 @@ def test_what_lands_on_the_node_while_the_removal_takes_the_sections_stops_it_fi
             return real(*args)
 
         monkeypatch.setattr(orch, "_exclusive", landing)
-        with pytest.raises(NodeInUse, match=r"PE p/sink\n"):
+        orch.registry.add_standby("p", "source", "fog-b")  # (two sections held at the refusal)
+        refused = pytest.raises(NodeInUse, match=r"PE p/sink\n")
+        with caplog.at_level(logging.WARNING, "fogshift.orchestrator"), refused:
             orch.remove_node("fog-b")
         assert orch.registry.standby("p", "aggregate") == standby
         assert agents["fog-b"].received("DELETE", AGG) == []
+        # Said once, not once per PE section it held (each logged "node removal of p/… failed").
+        said = [r.getMessage() for r in caplog.records if "removal" in r.getMessage()]
+        assert len(said) == 1 and said[0].startswith("the removal of node fog-b was refused"), said
 
 
 def test_overlapping_removals_of_a_node_do_not_end_each_others_leaving_mark(
