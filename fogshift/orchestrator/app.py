@@ -256,13 +256,8 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.put("/nodes/{name}/leaving")
     def drain_lease(name: NameParam, lease: DrainLease) -> Ack:
         """Mark the node leaving for ``lease.seconds`` (a drain before its removal: nothing
-        is placed there meanwhile), or (``null``) end the mark. A mark taken or ended plans
-        again at once: the drain moves each PE to its planned redeploy node, which is then
-        not this one."""
-        before = orchestrator.leaving_nodes()
+        is placed there meanwhile), or (``null``) end the mark."""
         orchestrator.drain_lease(name, lease.seconds)
-        if orchestrator.leaving_nodes() != before:
-            orchestrator.replan()
         return Ack()
 
     @app.delete("/nodes/{name}")

@@ -187,9 +187,17 @@ class Journal(Replication):
 
     @contextlib.contextmanager
     def _exclusive(
-        self, pipeline: str, element_id: str, what: str, wait_s: float | None = None
+        self,
+        pipeline: str,
+        element_id: str,
+        what: str,
+        wait_s: float | None = None,
+        *,
+        log_failure: bool = True,
     ) -> Iterator[None]:
-        """Run one operation on a PE's instances at a time; log its failure.
+        """Run one operation on a PE's instances at a time; log its failure (unless
+        ``log_failure`` is false: a caller holding many PEs' sections at once, such as a
+        node's removal, says its failure once itself).
 
         An operation someone asked for (a migration, restore, scale) waits, up to ``wait_s``
         (``None``: :data:`BACKGROUND_WAIT_S`), for one of the orchestrator's own rounds that
@@ -227,9 +235,7 @@ class Journal(Replication):
                 self._refuse_unresolved(pipeline, element_id)
             yield
         except FogshiftError as exc:
-            # (A node's removal holds the sections of all the PEs whose standby it drops:
-            # it says its refusal once, not once a PE.)
-            if what != NODE_REMOVAL:
+            if log_failure:
                 log.warning("%s of %s/%s failed: %s", what, pipeline, element_id, exc.render())
             raise
         finally:

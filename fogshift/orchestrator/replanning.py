@@ -28,6 +28,15 @@ class Replanning(OrchestratorCore):
         """The PE's planned ``backup`` and ``redeploy`` nodes (``None`` before a plan exists)."""
         return self.plan.assignments.get(f"{pipeline}/{element_id}", Assignment())
 
+    def drain_lease(self, name: str, seconds: float | None) -> None:
+        """:meth:`OrchestratorCore.drain_lease`, and a mark taken or ended plans again at
+        once: the drain moves each PE to its planned redeploy node, which is then not this
+        one (the last round's plan named it for up to a planning interval)."""
+        before = self.leaving_nodes()
+        super().drain_lease(name, seconds)
+        if self.leaving_nodes() != before:
+            self.replan()
+
     def set_topology(self, text: str) -> PlanView:
         """Validate and store a new fog topology (YAML), then plan with it at once.
 

@@ -417,7 +417,9 @@ class Standbys(Deployment):
             for key in movable:
                 left = deadline - time.monotonic()
                 try:
-                    sections.enter_context(self._exclusive(*key, NODE_REMOVAL, left))
+                    sections.enter_context(
+                        self._exclusive(*key, NODE_REMOVAL, left, log_failure=False)
+                    )
                 except MigrationInProgress as exc:
                     done = ("nothing was changed" if first else "the standbys the keeper had "
                             "put there before were dropped already")  # fmt: skip

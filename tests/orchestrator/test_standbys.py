@@ -640,9 +640,9 @@ def test_what_lands_on_the_node_while_the_removal_takes_the_sections_stops_it_fi
         standby = standby_on_fog_b(orch, agents)
         real = orch._exclusive
 
-        def landing(*args: Any) -> Any:
+        def landing(*args: Any, **kwargs: Any) -> Any:
             orch.registry.set_placement("p", "sink", "fog-b")
-            return real(*args)
+            return real(*args, **kwargs)
 
         monkeypatch.setattr(orch, "_exclusive", landing)
         orch.registry.add_standby("p", "source", "fog-b")  # (two sections held at the refusal)
