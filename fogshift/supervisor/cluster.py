@@ -292,8 +292,10 @@ def orchestrator_client(home: Path, timeout_s: float = 120) -> ServiceClient:
 #: Every process :func:`_spawn` started in this interpreter, in order: what an `up` ended by
 #: a signal stops (see :func:`_ended_by_signals`).
 _spawned: list[ProcessInfo] = []
-#: While :func:`_spawn` starts and records a process: the signal that came meanwhile.
-_deferred: dict[str, int | bool] = {"active": False, "signal": 0}
+#: While :func:`_spawn` starts and records a process: the signal that came meanwhile
+#: ("signal"); while :func:`_ended_by_signals` holds: the first signal that ended `up`
+#: ("ended", see :func:`_check_ended`).
+_deferred: dict[str, int | bool] = {"active": False, "signal": 0, "ended": 0}
 
 
 def _spawn(args: list[str], log: Path) -> ProcessInfo:
@@ -641,6 +643,19 @@ def up(
         )  # fmt: skip
 
 
+def _check_ended() -> None:
+    """Raise once more the ``SystemExit`` of a signal that ended `up`, if one came.
+
+    A signal's handler runs wherever the interpreter is: inside a finaliser (a ``__del__``,
+    such as an unreferenced ``Popen``'s) its ``SystemExit`` is printed as "Exception
+    ignored" and dropped, and `up` went on to finish with 0, its services running (seen
+    under load: `up` ended by SIGTERM as it started an agent). Called where `up` waits.
+    """
+    signum = int(_deferred["ended"])
+    if signum and not _deferred["active"]:
+        raise SystemExit(128 + signum)
+
+
 @contextlib.contextmanager
 def _ended_by_signals() -> Iterator[None]:
     """SIGTERM and SIGHUP raise ``SystemExit`` while this holds (in the main thread), as
@@ -656,6 +671,7 @@ def _ended_by_signals() -> Iterator[None]:
 
     def end(signum: int, frame: object) -> None:
         ended.append(signum)
+        _deferred["ended"] = _deferred["ended"] or signum
         if _deferred["active"]:  # (raised once the process is recorded: see _spawn)
             _deferred["signal"] = signum
             return
@@ -665,6 +681,10 @@ def _ended_by_signals() -> Iterator[None]:
     before = {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
+        if ended:
+            # Its SystemExit was dropped (see _check_ended) after the last wait: what this
+            # `up` started is stopped all the same, as a crash would leave it.
+            raise SystemExit(128 + ended[0])
     except SystemExit:
         if ended:
             # Whatever this `up` started, recorded by the caller or not (each path's own
@@ -676,6 +696,7 @@ def _ended_by_signals() -> Iterator[None]:
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+        _deferred["ended"] = 0
         del _spawned[mark:]
 
 
@@ -1176,6 +1197,7 @@ def wait_agents_ready(
     waiting = set(clients)
 
     def ready() -> bool:
+        _check_ended()
         for name in sorted(waiting):
             try:
                 health = clients[name].call(AgentHealth, "GET", "/health")
@@ -1241,6 +1263,7 @@ def wait_healthy(
 
     def all_healthy() -> bool:
         nonlocal last, healthy
+        _check_ended()
         try:
             views = [NodeView.model_validate(n) for n in client.get("/nodes")]
         except Unavailable as exc:  # the orchestrator is still starting

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from fogshift.common.exceptions import AlreadyRunning
 from fogshift.common.locks import CLUSTER_LOCK
 from fogshift.common.processes import alive
-from fogshift.exceptions import InvalidInput
+from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.supervisor import cluster as cluster_ops
 from fogshift.supervisor.cluster import ClusterFile, ProcessInfo, save_cluster, token_file
 from tests.common.test_locks import holder
@@ -564,3 +565,48 @@ def test_a_signal_that_comes_as_a_process_starts_stops_that_process_too(
     finally:
         children[0].kill()
         children[0].wait()
+
+
+class _SignalledInFinaliser:
+    """Sends this process SIGTERM from its ``__del__``: the handler's ``SystemExit`` is raised
+    inside the finaliser, where Python prints it as "Exception ignored" and drops it."""
+
+    def __del__(self) -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # (its handler runs at the next bytecode: here)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the point)
+def test_a_signal_dropped_inside_a_finaliser_still_ends_up(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # Seen under load: `up` ended by SIGTERM went on and finished with 0, its services
+    # running: the handler's SystemExit came inside a finaliser and was dropped.
+    import signal
+
+    from fogshift.common.exceptions import WaitTimedOut
+
+    # Where `up` waits (here for an agent that never answers), it ends at the next poll.
+    agent = ProcessInfo.of(sleeper.pid, url="http://127.0.0.1:9")
+    cluster_ops.node_token_file(tmp_path, "fog-a").parent.mkdir(parents=True, exist_ok=True)
+    cluster_ops.node_token_file(tmp_path, "fog-a").write_text("t")
+    with pytest.raises(SystemExit) as ended, cluster_ops._ended_by_signals():
+        _SignalledInFinaliser()  # (dropped at once: its finaliser runs here)
+        started = time.monotonic()
+        with contextlib.suppress(WaitTimedOut, FogshiftError):
+            cluster_ops.wait_agents_ready(tmp_path, {"fog-a": agent}, 30, lambda line: None)
+    assert ended.value.code == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 10  # at the wait's first poll, not its timeout
+
+    # After its last wait, `up` ends as it returns, and what it started is stopped.
+    with pytest.raises(SystemExit) as ended, cluster_ops._ended_by_signals():
+        cluster_ops._spawned.append(ProcessInfo.of(sleeper.pid))
+        _SignalledInFinaliser()
+    assert ended.value.code == 128 + signal.SIGTERM
+    assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    # Nothing carried over: the next `up` in this interpreter is not ended by it.
+    with cluster_ops._ended_by_signals():
+        cluster_ops._check_ended()
