@@ -312,6 +312,10 @@ def _spawn(args: list[str], log: Path) -> ProcessInfo:
             )  # fmt: skip
         info = ProcessInfo.of(proc.pid, argv=tuple(args))
         _spawned.append(info)
+        # The Popen's finaliser runs here, while a signal waits: run as this function
+        # returned, a signal that came just then raised its SystemExit inside the
+        # finaliser, which drops it (see _check_ended).
+        del proc
     finally:
         signum = int(_deferred["signal"])
         _deferred.update(active=False, signal=0)

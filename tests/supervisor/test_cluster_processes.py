@@ -610,3 +610,39 @@ def test_a_signal_dropped_inside_a_finaliser_still_ends_up(
     # Nothing carried over: the next `up` in this interpreter is not ended by it.
     with cluster_ops._ended_by_signals():
         cluster_ops._check_ended()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_signal_as_a_started_process_is_let_go_ends_up_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The window of the run above: `_spawn` returned, its Popen's finaliser ran, and the
+    # SIGTERM the test sent as the agent started came inside it.
+    import os
+    import signal
+
+    pids: list[int] = []
+
+    class Signalling(subprocess.Popen):  # type: ignore[type-arg]
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            super().__del__()
+
+    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        child = Signalling(*args, **kwargs)
+        pids.append(child.pid)  # (not the object: its finaliser runs as `_spawn` lets go)
+        return child
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(SystemExit) as ended, cluster_ops._ended_by_signals():
+        cluster_ops._spawn(SLEEPER, tmp_path / "log")
+        pytest.fail("`_spawn` returned: the signal was dropped")
+    assert ended.value.code == 128 + signal.SIGTERM
+    try:
+        deadline = time.monotonic() + 10
+        while alive(pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pids[0])  # stopped with what that `up` started
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[0], signal.SIGKILL)
