@@ -299,6 +299,7 @@ _deferred: dict[str, int | bool] = {"active": False, "signal": 0, "ended": 0}
 
 
 def _spawn(args: list[str], log: Path) -> ProcessInfo:
+    _check_ended()  # (no more processes once `up` was told to end: see _check_ended)
     log.parent.mkdir(parents=True, exist_ok=True)
     # A signal that ends `up` waits until the process is recorded: raised inside Popen (as
     # it waits for the child's exec) or before its caller kept it, it left the child running
@@ -653,8 +654,9 @@ def _check_ended() -> None:
     A signal's handler runs wherever the interpreter is: inside a finaliser (a ``__del__``,
     such as an unreferenced ``Popen``'s) its ``SystemExit`` is printed as "Exception
     ignored" and dropped, and `up` went on to finish with 0, its services running (seen
-    under load: `up` ended by SIGTERM as it started an agent). Called where `up` waits.
-    """
+    under load: `up` ended by SIGTERM as it started an agent). Called where `up` waits
+    and before it starts a process (one `up` at a time per interpreter:
+    :func:`_ended_by_signals` is not nested)."""
     signum = int(_deferred["ended"])
     if signum and not _deferred["active"]:
         raise SystemExit(128 + signum)
@@ -857,6 +859,9 @@ def _up_claimed(
         )
         save_cluster(home, cluster)
         wait_healthy(home, nodes, timeout_s, say)
+        # A signal whose SystemExit was dropped after the wait's last poll: stopped here,
+        # where the broker and the links are known too (see _check_ended).
+        _check_ended()
         return cluster
     except BaseException:
         for info in started:

@@ -593,9 +593,9 @@ def test_a_signal_dropped_inside_a_finaliser_still_ends_up(
     agent = ProcessInfo.of(sleeper.pid, url="http://127.0.0.1:9")
     cluster_ops.node_token_file(tmp_path, "fog-a").parent.mkdir(parents=True, exist_ok=True)
     cluster_ops.node_token_file(tmp_path, "fog-a").write_text("t")
+    started = time.monotonic()
     with pytest.raises(SystemExit) as ended, cluster_ops._ended_by_signals():
         _SignalledInFinaliser()  # (dropped at once: its finaliser runs here)
-        started = time.monotonic()
         with contextlib.suppress(WaitTimedOut, FogshiftError):
             cluster_ops.wait_agents_ready(tmp_path, {"fog-a": agent}, 30, lambda line: None)
     assert ended.value.code == 128 + signal.SIGTERM
@@ -634,11 +634,11 @@ def test_a_signal_as_a_started_process_is_let_go_ends_up_at_once(
         return child
 
     monkeypatch.setattr(subprocess, "Popen", popen)
-    with pytest.raises(SystemExit) as ended, cluster_ops._ended_by_signals():
-        cluster_ops._spawn(SLEEPER, tmp_path / "log")
-        pytest.fail("`_spawn` returned: the signal was dropped")
-    assert ended.value.code == 128 + signal.SIGTERM
     try:
+        with pytest.raises(SystemExit) as ended, cluster_ops._ended_by_signals():
+            cluster_ops._spawn(SLEEPER, tmp_path / "log")
+            pytest.fail("`_spawn` returned: the signal was dropped")
+        assert ended.value.code == 128 + signal.SIGTERM
         deadline = time.monotonic() + 10
         while alive(pids[0]) and time.monotonic() < deadline:
             time.sleep(0.05)
