@@ -292,10 +292,10 @@ def orchestrator_client(home: Path, timeout_s: float = 120) -> ServiceClient:
 #: Every process :func:`_spawn` started in this interpreter, in order: what an `up` ended by
 #: a signal stops (see :func:`_ended_by_signals`).
 _spawned: list[ProcessInfo] = []
-#: While :func:`_spawn` starts and records a process: the signal that came meanwhile
-#: ("signal"); while :func:`_ended_by_signals` holds: the first signal that ended `up`
-#: ("ended", see :func:`_check_ended`).
-_deferred: dict[str, int | bool] = {"active": False, "signal": 0, "ended": 0}
+#: "active" while :func:`_spawn` starts and records a process (a signal then waits until it
+#: ends); "ended": the first signal that ended `up` while :func:`_ended_by_signals` holds
+#: (see :func:`_check_ended`).
+_deferred: dict[str, int | bool] = {"active": False, "ended": 0}
 
 
 def _spawn(args: list[str], log: Path) -> ProcessInfo:
@@ -304,7 +304,7 @@ def _spawn(args: list[str], log: Path) -> ProcessInfo:
     # A signal that ends `up` waits until the process is recorded: raised inside Popen (as
     # it waits for the child's exec) or before its caller kept it, it left the child running
     # with nothing to stop it (seen under load: an agent ran on after `up` ended).
-    _deferred.update(active=True, signal=0)
+    _deferred["active"] = True
     try:
         with open(log, "ab") as out:
             proc = subprocess.Popen(
@@ -318,10 +318,8 @@ def _spawn(args: list[str], log: Path) -> ProcessInfo:
         # finaliser, which drops it (see _check_ended).
         del proc
     finally:
-        signum = int(_deferred["signal"])
-        _deferred.update(active=False, signal=0)
-    if signum:
-        raise SystemExit(128 + signum)
+        _deferred["active"] = False
+    _check_ended()  # (a signal that came meanwhile)
     return info
 
 
@@ -673,13 +671,9 @@ def _ended_by_signals() -> Iterator[None]:
         yield
         return
 
-    ended: list[int] = []
-
     def end(signum: int, frame: object) -> None:
-        ended.append(signum)
         _deferred["ended"] = _deferred["ended"] or signum
         if _deferred["active"]:  # (raised once the process is recorded: see _spawn)
-            _deferred["signal"] = signum
             return
         raise SystemExit(128 + signum)
 
@@ -687,12 +681,11 @@ def _ended_by_signals() -> Iterator[None]:
     before = {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
-        if ended:
-            # Its SystemExit was dropped (see _check_ended) after the last wait: what this
-            # `up` started is stopped all the same, as a crash would leave it.
-            raise SystemExit(128 + ended[0])
+        # A SystemExit dropped (see _check_ended) after the last wait: what this `up`
+        # started is stopped all the same, as a crash would leave it.
+        _check_ended()
     except SystemExit:
-        if ended:
+        if _deferred["ended"]:
             # Whatever this `up` started, recorded by the caller or not (each path's own
             # clean-up stops what it recorded; a process started just as the signal came
             # was not, yet).
