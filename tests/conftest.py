@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from collections.abc import Collection, Iterator
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from filelock import FileLock
 
 from fogshift.broker.client import BrokerAddress, SyncJetStream
 from fogshift.broker.server import BrokerProcess, start_nats_server
+from fogshift.common import waiting
 from fogshift.common.processes import leads
 from fogshift.supervisor.cluster import group_alive, orchestrator_client
 
@@ -59,6 +60,42 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     }
     with open(PROFILE, "a") as out:
         out.write(json.dumps(record) + "\n")
+
+
+#: Phases shorter than this are not recorded: only the waits and operations a test's wall
+#: clock could be looked for in.
+PHASE_MIN_S = 1.0
+
+
+@contextmanager
+def phase(what: str) -> Iterator[None]:
+    """Record (with :data:`PROFILE`) how long ``what`` took within the running test: one
+    JSON line with a ``phase`` key (``scripts/test_profile.py --phases`` lists the longest)."""
+    if not PROFILE:
+        yield
+        return
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        took = time.monotonic() - started
+        if took >= PHASE_MIN_S:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+            record = {"phase": what, "test": test, "wall_s": round(took, 2)}
+            with open(PROFILE, "a") as out:
+                out.write(json.dumps(record) + "\n")
+
+
+if PROFILE:
+    # Every wait of a test module (imported after this file) is a phase, named by what it
+    # waits for.
+    _wait_until = waiting.wait_until
+
+    def _timed_wait_until(condition: Any, timeout_s: float, **kwargs: Any) -> Any:
+        with phase(f"wait: {kwargs.get('describe', '?')}"):
+            return _wait_until(condition, timeout_s, **kwargs)
+
+    waiting.wait_until = _timed_wait_until  # type: ignore[assignment]
 
 
 #: Held through a module with a test marked ``root``: those create network namespaces, veth
@@ -206,7 +243,8 @@ class Cluster:
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         run = fogshift_in_process if args[0] in IN_PROCESS else fogshift
-        return run(*args, "--home", str(self.home), check=check)
+        with phase(f"cli: {args[0]}"):
+            return run(*args, "--home", str(self.home), check=check)
 
     def get(self, path: str, **params: Any) -> Any:
         """GET ``path`` of the orchestrator (with the operator token)."""
@@ -232,16 +270,24 @@ class Cluster:
         return self.home / "test-pause-at"
 
     def up_env(self) -> dict[str, str]:
-        """The environment `fogshift up` starts the cluster's services in."""
+        """The environment `fogshift up` starts the cluster's services in: nodes without the
+        warm-up (``FOGSHIFT_WARM_UP``: ~6 s of CPU at each of the suite's ~30 node starts,
+        for a first query's latency no test here times; a soak's cluster runs it, and
+        tests/runtime/test_engine_lifecycle.py tests it)."""
         env = {k: v for k, v in os.environ.items() if k != "FOGSHIFT_TEST_PAUSE_AT"}
-        return {**env, "FOGSHIFT_TEST_PAUSE_FILE": str(self.pause_file)}
+        return {
+            **env,
+            "FOGSHIFT_TEST_PAUSE_FILE": str(self.pause_file),
+            "FOGSHIFT_WARM_UP": "false",
+        }
 
     def up(self, nodes: Collection[str] | None = None) -> set[str]:
         """`fogshift up` of ``nodes`` (default: all the cluster's): on a running cluster,
         what died is started again and a node it lacks is added; the nodes it added."""
         broker = self._broker_pid()
-        out = fogshift("up", "--nodes", ",".join(nodes or self.nodes), *self.up_args,
-                       "--home", str(self.home), env=self.up_env()).stdout  # fmt: skip
+        with phase("cluster: up " + ",".join(nodes or self.nodes)):
+            out = fogshift("up", "--nodes", ",".join(nodes or self.nodes), *self.up_args,
+                           "--home", str(self.home), env=self.up_env()).stdout  # fmt: skip
         if self._broker_pid() != broker:  # started whole (again): every node as at first
             self.joined = set()
         # (Rich wraps the line at the terminal's width: words, not lines.)
@@ -306,11 +352,12 @@ class Cluster:
         """Wait until ``element`` has emitted ``count`` events (sinks: lines written)."""
         deadline = time.monotonic() + timeout_s
         info: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            info = self.element(pipeline, element)
-            if info["events_out"] >= count:
-                return info
-            time.sleep(0.25)
+        with phase(f"wait_for: {element} emitted {count}"):
+            while time.monotonic() < deadline:
+                info = self.element(pipeline, element)
+                if info["events_out"] >= count:
+                    return info
+                time.sleep(0.25)
         others = [e for e in self.status(pipeline)["elements"] if e["element"] != element]
         raise AssertionError(
             f"{pipeline}/{element} emitted {info.get('events_out')} of {count} in {timeout_s}s: "
@@ -423,11 +470,13 @@ def cluster(
     share it."""
     if up_args is None and cluster_nodes is None:
         shared: Cluster = request.getfixturevalue("shared_cluster")
-        shared.heal(cluster_needs)
+        with phase("cluster: heal"):
+            shared.heal(cluster_needs)
         yield shared
         # Not healed again here: the next module that takes the cluster heals it first, and
         # a worker's last one would restart killed nodes (a JVM each) for nothing.
-        shared.stop_all()
+        with phase("cluster: stop_all"):
+            shared.stop_all()
         return
     home = tmp_path_factory.mktemp("home")
     yield from _start(home, cluster_nodes or ["cloud", "fog-a", "fog-b"], up_args or ())

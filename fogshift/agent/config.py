@@ -58,8 +58,9 @@ class AgentConfig(BaseSettings):
             :mod:`fogshift.runtime.session`); ``FOGSHIFT_JAVA_OPTIONS`` replaces them.
         warm_up: Run a stateful query of the node's own when its session is up
             (:mod:`fogshift.runtime.warm_up`), so the first PE it receives (a migration's
-            target, a restore) starts like any later one; ~2.7 s of CPU at each start.
-            ``FOGSHIFT_WARM_UP=false`` saves that where first-query latency does not count.
+            target, a restore) starts like any later one; ~6 s of CPU at each start (its
+            Python and JVM queries and their state reads). ``FOGSHIFT_WARM_UP=false`` saves
+            that where first-query latency does not count (the test suite's clusters).
         pull_rate_bps: The most bits per second the central store's pulls of this node's
             checkpoints may take (:mod:`fogshift.agent.pacing`), so that they never fill the
             node's uplink ahead of its PEs' output; ``None``: as fast as the link goes.
