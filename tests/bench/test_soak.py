@@ -554,8 +554,8 @@ def test_a_small_soak_counts_every_output_row(tmp_path: Path) -> None:
     assert not any(_running_under(h) for h in homes)
     # Each node ran its first stateful queries (Python, and the JVM operator's: make setup
     # compiled fogshift's JVM classes) and its first state reads when it started (a node is
-    # ready meanwhile), not when a PE came or a key group listed the keys: the one cluster
-    # of the suite started as a user's is (the test clusters' nodes skip the warm-up).
+    # ready meanwhile), not when a PE came or a key group listed the keys: this cluster is
+    # started as a user's is (the test clusters' nodes skip the warm-up).
     logs = [log for h in homes for log in (h / "logs").glob("node-*.log")]
     assert {log.name for log in logs} == {"node-cloud.log", "node-fog-a.log"}, logs
     for log in logs:
