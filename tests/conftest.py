@@ -58,6 +58,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         "ended": round(time.time(), 1),
         "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
     }
+    _profiled(record)
+
+
+def _profiled(record: dict[str, Any]) -> None:
+    """Append ``record`` to :data:`PROFILE` as one JSON line."""
+    assert PROFILE is not None
     with open(PROFILE, "a") as out:
         out.write(json.dumps(record) + "\n")
 
@@ -81,9 +87,7 @@ def phase(what: str) -> Iterator[None]:
         took = time.monotonic() - started
         if took >= PHASE_MIN_S:
             test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
-            record = {"phase": what, "test": test, "wall_s": round(took, 2)}
-            with open(PROFILE, "a") as out:
-                out.write(json.dumps(record) + "\n")
+            _profiled({"phase": what, "test": test, "wall_s": round(took, 2)})
 
 
 if PROFILE:
