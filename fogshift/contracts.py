@@ -851,11 +851,23 @@ class OrchestratorHealth(BaseModel):
 
 
 class Ack(BaseModel):
-    """Answer of a request that only needs acknowledging (a heartbeat)."""
+    """Answer of a request that only needs acknowledging."""
 
     model_config = _WIRE
 
     ok: bool = True
+
+
+class HeartbeatAnswer(Ack):
+    """Answer of ``POST /nodes/{name}/heartbeat``.
+
+    Attributes:
+        removed: The nodes taken out of the cluster (``fogshift remove-node``) and not
+            added again: the node that sent the heartbeat refuses their blob tokens from
+            now on (what they copied with before their removal opens nothing any more).
+    """
+
+    removed: list[str] = []
 
 
 class CheckpointsView(BaseModel):

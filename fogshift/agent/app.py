@@ -34,7 +34,14 @@ from fogshift.checkpoint.central import check_manifest
 from fogshift.checkpoint.chunks import file_chunks
 from fogshift.common.exceptions import Forbidden
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
-from fogshift.common.http import blob_token, client_limits, node_token, same_token, tls_context
+from fogshift.common.http import (
+    blob_reader,
+    blob_token,
+    client_limits,
+    node_token,
+    same_token,
+    tls_context,
+)
 from fogshift.common.names import SHA256_RE
 from fogshift.common.service import (
     ERROR_RESPONSES,
@@ -67,6 +74,7 @@ from fogshift.contracts import (
     FileChunks,
     Gate,
     Heartbeat,
+    HeartbeatAnswer,
     InstalledCheckpoint,
     InstallResult,
     PEState,
@@ -128,27 +136,54 @@ def _packed(data: bytes, digest: str, info: CheckpointInfo) -> Response:
     )
 
 
-def agent_access(config: AgentConfig) -> Access:
+class RemovedNodes:
+    """The nodes the orchestrator last said were removed from the cluster (its answer to
+    this node's heartbeat); their blob tokens open nothing here. Written by the heartbeat
+    thread, read by every request: one reference, swapped whole."""
+
+    def __init__(self) -> None:
+        self._names: frozenset[str] = frozenset()
+
+    def update(self, names: list[str]) -> None:
+        names_now = frozenset(names)
+        if names_now != self._names:
+            log.info("nodes removed from the cluster (their blob tokens refused here): %s",
+                     ", ".join(sorted(names_now)) or "none")  # fmt: skip
+        self._names = names_now
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+
+def agent_access(config: AgentConfig, removed: RemovedNodes | None = None) -> Access:
     """Who may call this agent.
 
     Its own node token (the orchestrator's calls) and the operator token (an operator's
     tools) open everything; the agent recognises the operator token by deriving its node
-    token from it, so it never holds the operator token. Its blob token (other nodes
-    copying one of its replicas) opens only ``GET /checkpoints/blobs/{sha256}[/chunks]``.
+    token from it, so it never holds the operator token. Another node's blob token for this
+    node (that node copying one of its replicas) opens only
+    ``GET /checkpoints/blobs/{sha256}[/chunks]``, and nothing once that node is ``removed``.
     """
-    blobs = blob_token(config.token)
+    removed = RemovedNodes() if removed is None else removed
 
     def access(method: str, path: str, given: str) -> FogshiftError | None:
         if same_token(given, config.token) or same_token(
             node_token(given, config.name), config.token
         ):
             return None
-        if same_token(given, blobs):
+        reader = blob_reader(given)
+        if reader is not None and same_token(given, blob_token(config.token, reader)):
+            if reader in removed:
+                return Forbidden(
+                    f"node {reader!r} was removed from the cluster: its blob token opens "
+                    f"nothing on node {config.name!r} any more",
+                    hint=f"`fogshift up --nodes` naming every node and {reader} adds it again",
+                )
             if method == "GET" and _BLOBS.fullmatch(path):
                 return None
             return Forbidden(
-                f"node {config.name!r}'s blob token only reads checkpoint blobs, "
-                f"not {method} {path}",
+                f"node {reader!r}'s blob token for node {config.name!r} only reads checkpoint "
+                f"blobs, not {method} {path}",
                 hint="control requests to a node come from the orchestrator",
             )
         return wrong_token(f"node agent {config.name!r}")
@@ -166,10 +201,15 @@ def _disk(home: Path) -> dict[str, int]:
 
 
 def heartbeat_loop(
-    config: AgentConfig, runtime: NodeRuntime, replicas: Replicas, stop: threading.Event
+    config: AgentConfig,
+    runtime: NodeRuntime,
+    replicas: Replicas,
+    stop: threading.Event,
+    removed: RemovedNodes,
 ) -> None:
     """Tell the orchestrator, every ``heartbeat_s``, that this node lives, what it runs, what
-    checkpoint copies it holds and how much CPU it uses."""
+    checkpoint copies it holds and how much CPU it uses; learn from its answer which nodes
+    were removed from the cluster (``removed``)."""
     meter = CpuMeter()
     refused = 0  # the status of the last refusal, said once until it changes
     with httpx.Client(
@@ -208,6 +248,8 @@ def heartbeat_loop(
                     log.warning("the orchestrator refused this node's heartbeat (%d): %s",
                                 answer.status_code, answer.text[:300])  # fmt: skip
                 refused = answer.status_code if answer.is_error else 0
+                if not answer.is_error:
+                    removed.update(HeartbeatAnswer.model_validate(answer.json()).removed)
             except httpx.HTTPError as exc:  # the orchestrator may be restarting
                 log.debug("heartbeat failed: %s", exc)
             except Exception:  # a node whose heartbeats ended would be taken for dead
@@ -220,6 +262,7 @@ def create_app(config: AgentConfig) -> FastAPI:
     runtime = NodeRuntime(config)
     replicas = Replicas(config, runtime)
     stop = threading.Event()
+    removed = RemovedNodes()
     # One for the node: every pull shares its uplink.
     pacer = Pacer(config.pull_rate_bps) if config.pull_rate_bps else None
 
@@ -228,7 +271,7 @@ def create_app(config: AgentConfig) -> FastAPI:
         runtime.start()
         beat = threading.Thread(
             target=heartbeat_loop,
-            args=(config, runtime, replicas, stop),
+            args=(config, runtime, replicas, stop, removed),
             name="heartbeat",
             daemon=True,
         )
@@ -242,7 +285,8 @@ def create_app(config: AgentConfig) -> FastAPI:
         title=f"fogshift node agent {config.name}", lifespan=lifespan, responses=ERROR_RESPONSES
     )
     app.state.runtime = runtime
-    install_error_handlers(app, agent_access(config))
+    app.state.removed = removed
+    install_error_handlers(app, agent_access(config, removed))
 
     @app.get("/health")
     def health() -> AgentHealth:

@@ -14,9 +14,12 @@ any node's token without a list, and a node cannot work the operator token out o
 The orchestrator accepts a node token only on that node's endpoints (heartbeat, node
 directory, checkpoint blobs) and calls each agent with that agent's node token, never with
 the operator token: a compromised node learns nothing it did not already hold. A node that
-copies checkpoint files from another node's replicas sends that node's *blob token*
-(:func:`blob_token`), which the node directory hands out and which opens nothing but
-``GET /checkpoints/blobs/{sha256}`` there.
+copies checkpoint files from another node's replicas sends that node's *blob token* for
+it (:func:`blob_token`), which the node directory hands out and which opens nothing but
+``GET /checkpoints/blobs/{sha256}`` there. A blob token names its reader, so a node taken out
+of the cluster (``fogshift remove-node``) loses what it copied with: the orchestrator tells
+every node, with its heartbeats' answers, which nodes were removed, and a node refuses their
+blob tokens from then on (one shared token per node could not be taken from one reader).
 """
 
 from __future__ import annotations
@@ -79,10 +82,25 @@ def token_node(token: str) -> str | None:
     return match.group(1) if match else None
 
 
-def blob_token(node_tok: str) -> str:
-    """The token that reads checkpoint blobs from the replicas of the node holding
-    ``node_tok`` — and nothing else there."""
-    return f"fsblob.{_mac(node_tok, 'fogshift blob token')}"
+_BLOB_TOKEN = re.compile(r"fsblob\.([A-Za-z0-9][A-Za-z0-9_-]{0,62})\.[0-9a-f]{64}")
+
+
+def blob_token(node_tok: str, reader: str) -> str:
+    """The token with which node ``reader`` reads checkpoint blobs from the replicas of the
+    node holding ``node_tok`` — and nothing else there:
+    ``fsblob.<reader>.<HMAC-SHA256(node token, reader)>``.
+
+    It names its reader, so the node it opens can refuse one reader (a node removed from the
+    cluster) and keep serving the others; only that node and the orchestrator can make it.
+    """
+    return f"fsblob.{reader}.{_mac(node_tok, f'fogshift blob token for {reader}')}"
+
+
+def blob_reader(token: str) -> str | None:
+    """The node a token claims to be a blob token of, ``None`` if it is not shaped like
+    one (the claim is worth nothing until :func:`blob_token` confirms it)."""
+    match = _BLOB_TOKEN.fullmatch(token)
+    return match.group(1) if match else None
 
 
 def same_token(given: str, expected: str) -> bool:
@@ -96,7 +114,8 @@ class DirectoryEntry(BaseModel):
     Attributes:
         name: The node.
         url: Where its agent is reached (the URL it reports in its heartbeats).
-        blob_token: What opens ``GET /checkpoints/blobs/{sha256}`` on it.
+        blob_token: What opens ``GET /checkpoints/blobs/{sha256}`` on it for the node the
+            directory is of (see :func:`blob_token`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -49,6 +49,7 @@ from fogshift.contracts import (
     EventPage,
     GroupMigrationReport,
     Heartbeat,
+    HeartbeatAnswer,
     HopLatency,
     KeyMoveReport,
     KeyOrder,
@@ -222,22 +223,23 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     beats = CapacityLimiter(HEARTBEAT_THREADS)
 
     @app.post("/nodes/{name}/heartbeat")
-    async def heartbeat(name: NameParam, report: Heartbeat) -> Ack:
+    async def heartbeat(name: NameParam, report: Heartbeat) -> HeartbeatAnswer:
         # Heard on arrival, on the event loop: the registry's write (SQLite) waits for one
         # of the heartbeats' own threads, never for the shared pool.
         orchestrator.heard(name)
         await anyio.to_thread.run_sync(orchestrator.heartbeat, name, report, limiter=beats)
-        return Ack()
+        return HeartbeatAnswer(removed=orchestrator.removed_nodes())
 
     @app.get("/nodes/{name}/directory")
     def directory(name: NameParam) -> NodeDirectory:
-        """The nodes ``name`` may copy checkpoint files from, with their blob tokens."""
+        """The nodes ``name`` may copy checkpoint files from, with their blob tokens for
+        ``name``."""
         return NodeDirectory(
             nodes=[
                 DirectoryEntry(
                     name=n.name,
                     url=n.url,
-                    blob_token=blob_token(node_token(config.token, n.name)),
+                    blob_token=blob_token(node_token(config.token, n.name), name),
                 )
                 for n in orchestrator.registry.nodes()
             ]

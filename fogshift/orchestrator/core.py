@@ -313,6 +313,11 @@ class OrchestratorCore:
         """Whether node ``name`` was removed (its token opens nothing)."""
         return name in self._removed
 
+    def removed_nodes(self) -> list[str]:
+        """The nodes removed and not admitted again, sorted (every node refuses their blob
+        tokens once a heartbeat's answer told it)."""
+        return sorted(self._removed)
+
     def agent(self, name: str) -> ServiceClient:
         """A client for node ``name``'s agent."""
         node = self.registry.node(name)

@@ -27,9 +27,11 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from fogshift.agent.app import create_app
+from fogshift.agent.app import create_app, heartbeat_loop
 from fogshift.agent.config import AgentConfig
+from fogshift.agent.replicas import Replicas
 from fogshift.common.http import blob_token, node_token
+from fogshift.common.waiting import wait_until
 
 OPERATOR = "operator-token-" + "o" * 32
 SECRET = "broker-password-s3cr3t"
@@ -232,7 +234,7 @@ def test_the_agent_accepts_its_node_token_and_the_operator_token_only(home: Path
 
 def test_the_blob_token_reads_blobs_and_nothing_else(home: Path) -> None:
     app = create_app(config(home))
-    blobs = client(app, blob_token(node_token(OPERATOR, "fog-a")))
+    blobs = client(app, blob_token(node_token(OPERATOR, "fog-a"), "fog-b"))
     data = b"replica bytes"
     sha = hashlib.sha256(data).hexdigest()
     (home / "nodes" / "fog-a" / "replicas" / "blobs" / sha).write_bytes(data)
@@ -243,9 +245,48 @@ def test_the_blob_token_reads_blobs_and_nothing_else(home: Path) -> None:
     assert blobs.get("/elements").status_code == 403
     assert blobs.delete("/pipelines/p/elements/agg?discard=true").status_code == 403
     assert (home / "nodes" / "fog-a" / "checkpoints" / "p" / "agg" / "metadata").exists()
-    # Another node's blob token opens nothing here.
-    other = client(app, blob_token(node_token(OPERATOR, "fog-b")))
+    # A blob token made with another node's token, or naming another reader, opens nothing.
+    other = client(app, blob_token(node_token(OPERATOR, "fog-c"), "fog-b"))
     assert other.get(f"/checkpoints/blobs/{sha}").status_code == 401
+    forged = blob_token(node_token(OPERATOR, "fog-a"), "fog-b").replace("fog-b", "fog-c")
+    assert client(app, forged).get(f"/checkpoints/blobs/{sha}").status_code == 401
+
+
+def test_a_removed_nodes_blob_token_is_refused_once_a_heartbeat_says_so(home: Path) -> None:
+    data = b"replica bytes"
+    sha = hashlib.sha256(data).hexdigest()
+    removed = json.dumps({"ok": True, "removed": ["fog-b"]}).encode()
+    with recorder({"/nodes/fog-a/heartbeat": (200, removed)}) as orchestrator:
+        cfg = config(home, orchestrator.url)
+        app = create_app(cfg)
+        (home / "nodes" / "fog-a" / "replicas" / "blobs" / sha).write_bytes(data)
+        fog_b = client(app, blob_token(cfg.token, "fog-b"))
+        fog_c = client(app, blob_token(cfg.token, "fog-c"))
+        assert fog_b.get(f"/checkpoints/blobs/{sha}").content == data
+        # The agent's own heartbeat loop, against an orchestrator whose answer says fog-b
+        # was removed from the cluster.
+        stop = threading.Event()
+        runtime = app.state.runtime
+        beat = threading.Thread(
+            target=heartbeat_loop, args=(cfg, runtime, Replicas(cfg, runtime), stop,
+                                         app.state.removed), daemon=True,
+        )  # fmt: skip
+        beat.start()
+        try:
+            wait_until(lambda: "fog-b" in app.state.removed, 30, describe="fog-b refused")
+        finally:
+            stop.set()
+            beat.join(30)
+        assert [p for p, _ in orchestrator.seen] == ["/nodes/fog-a/heartbeat"] * len(
+            orchestrator.seen
+        )
+    refused = fog_b.get(f"/checkpoints/blobs/{sha}")
+    assert refused.status_code == 403, refused.text
+    assert "node 'fog-b' was removed from the cluster" in refused.json()["message"]
+    assert fog_c.get(f"/checkpoints/blobs/{sha}").content == data  # the others read on
+    # Added again (the orchestrator's answers stop naming it): its token opens blobs again.
+    app.state.removed.update([])
+    assert fog_b.get(f"/checkpoints/blobs/{sha}").content == data
 
 
 # -- checkpoint sources -------------------------------------------------------------------
@@ -264,6 +305,10 @@ class Recorder(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.do_GET()
 
     def log_message(self, *args: object) -> None:
         pass

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fogshift.agent.app import heartbeat_loop
+from fogshift.agent.app import RemovedNodes, heartbeat_loop
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.node import NodeRuntime
 from fogshift.agent.replicas import Replicas
@@ -49,7 +49,8 @@ def _beats(folder: Path, url: str, beats: list[dict[str, Any]], prepare: Any) ->
     prepare(runtime)  # e.g. its first round of snapshots
     stop = threading.Event()
     loop = threading.Thread(
-        target=heartbeat_loop, args=(agent, runtime, Replicas(agent, runtime), stop)
+        target=heartbeat_loop,
+        args=(agent, runtime, Replicas(agent, runtime), stop, RemovedNodes()),
     )
     loop.start()
     try:

@@ -111,7 +111,9 @@ def test_a_removed_nodes_token_opens_nothing_until_it_is_admitted(app: FastAPI) 
     node = as_(app, node_token(OPERATOR, "fog-a"))
     other = as_(app, node_token(OPERATOR, "fog-b"))
     assert node.post("/nodes/fog-a/heartbeat", json=beat()).status_code == 200
-    assert other.post("/nodes/fog-b/heartbeat", json=beat()).status_code == 200
+    # Every node's heartbeat is answered with the nodes removed (none yet): each node
+    # refuses their blob tokens.
+    assert other.post("/nodes/fog-b/heartbeat", json=beat()).json() == {"ok": True, "removed": []}
     # What keeps a node is the operator's to read; a node cannot remove itself or
     # another; the operator can.
     assert operator.get("/nodes/fog-a/holds").json() == []
@@ -137,14 +139,16 @@ def test_a_removed_nodes_token_opens_nothing_until_it_is_admitted(app: FastAPI) 
         assert refused.status_code == 403, refused.text
         assert refused.json()["code"] == "node_removed"
     assert orchestrator.registry.node("fog-a") is None
-    assert other.post("/nodes/fog-b/heartbeat", json=beat()).status_code == 200  # others go on
+    answer = other.post("/nodes/fog-b/heartbeat", json=beat())  # others go on
+    assert answer.json() == {"ok": True, "removed": ["fog-a"]}  # told: refuse fog-a's blob tokens
     names = [e["name"] for e in other.get("/nodes/fog-b/directory").json()["nodes"]]
     assert names == ["fog-b"]  # no peer copies from it any more
     # Asked again: nothing changes. Admitted (`up` adding it again): it joins.
     assert operator.delete("/nodes/fog-a").status_code == 200
     assert operator.post("/nodes/fog-a/admit").status_code == 200
-    assert node.post("/nodes/fog-a/heartbeat", json=beat()).status_code == 200
+    assert node.post("/nodes/fog-a/heartbeat", json=beat()).json()["removed"] == []
     assert orchestrator.registry.node("fog-a") is not None
+    assert other.post("/nodes/fog-b/heartbeat", json=beat()).json()["removed"] == []
 
 
 def test_a_fresh_up_naming_a_removed_node_lets_it_join_again(tmp_path: Path) -> None:

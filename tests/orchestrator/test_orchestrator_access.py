@@ -120,7 +120,13 @@ def test_the_directory_gives_each_node_its_blob_token(app: FastAPI) -> None:
     assert response.status_code == 200
     nodes = {n["name"]: n for n in response.json()["nodes"]}
     assert nodes["fog-b"]["url"] == "http://h:2"
-    assert nodes["fog-b"]["blob_token"] == blob_token(node_token(OPERATOR, "fog-b"))
+    # fog-b's blob token for fog-a: it names its reader, so fog-b can refuse fog-a alone.
+    assert nodes["fog-b"]["blob_token"] == blob_token(node_token(OPERATOR, "fog-b"), "fog-a")
+    assert nodes["fog-b"]["blob_token"].startswith("fsblob.fog-a.")
+    theirs = as_(app, node_token(OPERATOR, "fog-b")).get("/nodes/fog-b/directory").json()
+    assert {n["name"]: n["blob_token"] for n in theirs["nodes"]}["fog-a"] == blob_token(
+        node_token(OPERATOR, "fog-a"), "fog-b"
+    )
     # Neither the operator token nor a node token is handed out.
     assert OPERATOR not in response.text and node_token(OPERATOR, "fog-b") not in response.text
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.common.http import node_token
+from fogshift.common.http import blob_token, node_token
 from fogshift.common.processes import group_alive
 from fogshift.supervisor.cluster import node_broker_file, node_token_file, token_file
 from tests.broker.test_permissions import logs_in, until
@@ -60,6 +60,17 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
     record = json.loads((cluster.home / "cluster.json").read_text())["nodes"][name]
     address = BrokerAddress.load(node_broker_file(cluster.home, name))
     token = node_token_file(cluster.home, name).read_text().strip()
+    # What it copies a peer's replicas with (the node directory hands it out): it opens
+    # that peer's blobs (none by this digest) until the node is removed.
+    peer = json.loads((cluster.home / "cluster.json").read_text())["nodes"][SHARED_NODES[0]]
+    blobs = blob_token(node_token(token_file(cluster.home).read_text().strip(),
+                                  SHARED_NODES[0]), name)  # fmt: skip
+
+    def peer_blob() -> httpx.Response:
+        return httpx.get(f"{peer['url']}/checkpoints/blobs/{'0' * 64}", timeout=10,
+                         headers={"Authorization": f"Bearer {blobs}"})  # fmt: skip
+
+    assert peer_blob().status_code == 404, peer_blob().text
     done = cluster.cli("remove-node", name, name, "--drain")  # (named twice: once)
     assert f"removed {name}" in " ".join(done.stdout.split())
     moved_to = cluster.element("leaving", "aggregate")["node"]
@@ -79,11 +90,15 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
                       headers={"Authorization": f"Bearer {token}"},
                       json={"url": record["url"], "ready": True})  # fmt: skip
     assert beat.status_code == 403 and beat.json()["code"] == "node_removed", beat.text
+    # Its peers refuse its blob tokens (told by their heartbeats' answers).
+    assert until(lambda: peer_blob().status_code == 403), peer_blob().text
+    assert f"node '{name}' was removed from the cluster" in peer_blob().json()["message"]
     # Added again as any new node: a fresh user and agent, a member like the others.
     assert cluster.up(SHARED_NODES) == {name}
     view = cluster.node(name)
     assert view["alive"] and view["ready"], view
     assert BrokerAddress.load(node_broker_file(cluster.home, name)).seed != address.seed
+    assert until(lambda: peer_blob().status_code == 404), peer_blob().text  # a member again
 
     # A removal cut short once the node was marked (a crash, ^C): `up` finishes it, and
     # does not wait for the node or start it again meanwhile.
