@@ -864,7 +864,8 @@ class HeartbeatAnswer(Ack):
     Attributes:
         removed: The nodes taken out of the cluster (``fogshift remove-node``) and not
             added again: the node that sent the heartbeat refuses their blob tokens from
-            now on (what they copied with before their removal opens nothing any more).
+            now on (what they copied with before their removal opens nothing while they
+            stay removed).
     """
 
     removed: list[str] = []

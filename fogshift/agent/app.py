@@ -6,6 +6,7 @@ again where it becomes a path; who may call what is :func:`agent_access`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -15,13 +16,13 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from starlette.background import BackgroundTask
 
 from fogshift.agent.config import AgentConfig
@@ -33,6 +34,7 @@ from fogshift.agent.replicas import Replicas
 from fogshift.checkpoint.central import check_manifest
 from fogshift.checkpoint.chunks import file_chunks
 from fogshift.common.exceptions import Forbidden
+from fogshift.common.files import write_private
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import (
     blob_reader,
@@ -42,7 +44,7 @@ from fogshift.common.http import (
     same_token,
     tls_context,
 )
-from fogshift.common.names import SHA256_RE
+from fogshift.common.names import NAME_RE, SHA256_RE
 from fogshift.common.service import (
     ERROR_RESPONSES,
     Access,
@@ -136,20 +138,43 @@ def _packed(data: bytes, digest: str, info: CheckpointInfo) -> Response:
     )
 
 
+#: Where an agent keeps the nodes it was last told were removed (in its own folder).
+REMOVED_NODES_FILE = "removed-nodes.json"
+_NODE_NAMES = TypeAdapter(list[Annotated[str, Field(pattern=NAME_RE)]])
+
+
 class RemovedNodes:
     """The nodes the orchestrator last said were removed from the cluster (its answer to
-    this node's heartbeat); their blob tokens open nothing here. Written by the heartbeat
-    thread, read by every request: one reference, swapped whole."""
+    this node's heartbeat); their blob tokens open nothing here.
 
-    def __init__(self) -> None:
+    Kept in ``path`` too (0600, replaced whole): an agent started again (after a crash, or
+    `fogshift up` after `down`, which starts the agents before the orchestrator) refuses
+    them from its first request, not from its first answered heartbeat. Written by the
+    heartbeat thread, read by every request: one reference, swapped whole.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
         self._names: frozenset[str] = frozenset()
+        if path is not None and path.exists():
+            try:
+                self._names = frozenset(_NODE_NAMES.validate_json(path.read_bytes()))
+            except (OSError, ValueError) as exc:  # (pydantic's ValidationError is one)
+                # Not a reason to stay down: the first answered heartbeat says it again.
+                log.warning("cannot read the removed nodes from %s: %s", path, exc)
 
     def update(self, names: list[str]) -> None:
         names_now = frozenset(names)
-        if names_now != self._names:
-            log.info("nodes removed from the cluster (their blob tokens refused here): %s",
-                     ", ".join(sorted(names_now)) or "none")  # fmt: skip
+        if names_now == self._names:
+            return
+        log.info("nodes removed from the cluster (their blob tokens refused here): %s",
+                 ", ".join(sorted(names_now)) or "none")  # fmt: skip
         self._names = names_now
+        if self.path is not None:
+            try:
+                write_private(self.path, json.dumps(sorted(names_now)))
+            except OSError as exc:  # refused here meanwhile all the same
+                log.warning("cannot keep the removed nodes in %s: %s", self.path, exc)
 
     def __contains__(self, name: object) -> bool:
         return name in self._names
@@ -177,7 +202,8 @@ def agent_access(config: AgentConfig, removed: RemovedNodes | None = None) -> Ac
                 return Forbidden(
                     f"node {reader!r} was removed from the cluster: its blob token opens "
                     f"nothing on node {config.name!r} any more",
-                    hint=f"`fogshift up --nodes` naming every node and {reader} adds it again",
+                    hint=f"an operator's `fogshift up --nodes` naming every node and "
+                    f"{reader} adds it again",
                 )
             if method == "GET" and _BLOBS.fullmatch(path):
                 return None
@@ -262,7 +288,7 @@ def create_app(config: AgentConfig) -> FastAPI:
     runtime = NodeRuntime(config)
     replicas = Replicas(config, runtime)
     stop = threading.Event()
-    removed = RemovedNodes()
+    removed = RemovedNodes(config.home / REMOVED_NODES_FILE)
     # One for the node: every pull shares its uplink.
     pacer = Pacer(config.pull_rate_bps) if config.pull_rate_bps else None
 

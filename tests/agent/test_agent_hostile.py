@@ -27,7 +27,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from fogshift.agent.app import create_app, heartbeat_loop
+from fogshift.agent.app import REMOVED_NODES_FILE, create_app, heartbeat_loop
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.replicas import Replicas
 from fogshift.common.http import blob_token, node_token
@@ -284,9 +284,27 @@ def test_a_removed_nodes_blob_token_is_refused_once_a_heartbeat_says_so(home: Pa
     assert refused.status_code == 403, refused.text
     assert "node 'fog-b' was removed from the cluster" in refused.json()["message"]
     assert fog_c.get(f"/checkpoints/blobs/{sha}").content == data  # the others read on
-    # Added again (the orchestrator's answers stop naming it): its token opens blobs again.
+    # A token naming the removed reader but not made with this node's token: not its own.
+    forged = blob_token(node_token(OPERATOR, "fog-c"), "fog-b")
+    assert client(app, forged).get(f"/checkpoints/blobs/{sha}").status_code == 401
+    # Kept in the node's folder (0600): the agent started again refuses fog-b from its
+    # first request, before any heartbeat (`up` starts the agents before the orchestrator).
+    kept = home / "nodes" / "fog-a" / REMOVED_NODES_FILE
+    assert json.loads(kept.read_text()) == ["fog-b"] and kept.stat().st_mode & 0o777 == 0o600
+    again = create_app(cfg)
+    assert (
+        client(again, blob_token(cfg.token, "fog-b")).get(f"/checkpoints/blobs/{sha}").status_code
+        == 403
+    )
+    assert (
+        client(again, blob_token(cfg.token, "fog-c")).get(f"/checkpoints/blobs/{sha}").content
+        == data
+    )
+    # Added again (the orchestrator's answers stop naming it): its token opens blobs again,
+    # and the kept list says so.
     app.state.removed.update([])
     assert fog_b.get(f"/checkpoints/blobs/{sha}").content == data
+    assert json.loads(kept.read_text()) == []
 
 
 # -- checkpoint sources -------------------------------------------------------------------
