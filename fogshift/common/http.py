@@ -39,6 +39,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fogshift.common.exceptions import InvalidName, NoAnswer
+from fogshift.common.names import NAME_RE
 from fogshift.contracts import ErrorBody, MigrationReport, RestoreReport
 from fogshift.exceptions import (
     Conflict,
@@ -60,7 +61,9 @@ _BY_STATUS: dict[int, type[FogshiftError]] = {
 
 # -- tokens --------------------------------------------------------------------------------
 
-_NODE_TOKEN = re.compile(r"fsnode\.([A-Za-z0-9][A-Za-z0-9_-]{0,62})\.[0-9a-f]{64}")
+#: A node name inside a token (:data:`NAME_RE` without its anchors).
+_TOKEN_NAME = NAME_RE.removeprefix("^").removesuffix("$")
+_NODE_TOKEN = re.compile(rf"fsnode\.({_TOKEN_NAME})\.[0-9a-f]{{64}}")
 
 
 def _mac(key: str, message: str) -> str:
@@ -82,7 +85,7 @@ def token_node(token: str) -> str | None:
     return match.group(1) if match else None
 
 
-_BLOB_TOKEN = re.compile(r"fsblob\.([A-Za-z0-9][A-Za-z0-9_-]{0,62})\.[0-9a-f]{64}")
+_BLOB_TOKEN = re.compile(rf"fsblob\.({_TOKEN_NAME})\.[0-9a-f]{{64}}")
 
 
 def blob_token(node_tok: str, reader: str) -> str:
