@@ -180,7 +180,7 @@ class RemovedNodes:
         return name in self._names
 
 
-def agent_access(config: AgentConfig, removed: RemovedNodes | None = None) -> Access:
+def agent_access(config: AgentConfig, removed: RemovedNodes) -> Access:
     """Who may call this agent.
 
     Its own node token (the orchestrator's calls) and the operator token (an operator's
@@ -189,7 +189,6 @@ def agent_access(config: AgentConfig, removed: RemovedNodes | None = None) -> Ac
     node (that node copying one of its replicas) opens only
     ``GET /checkpoints/blobs/{sha256}[/chunks]``, and nothing once that node is ``removed``.
     """
-    removed = RemovedNodes() if removed is None else removed
 
     def access(method: str, path: str, given: str) -> FogshiftError | None:
         if same_token(given, config.token) or same_token(
