@@ -866,9 +866,29 @@ class HeartbeatAnswer(Ack):
             added again: the node that sent the heartbeat refuses their blob tokens from
             now on (what they copied with before their removal opens nothing while they
             stay removed).
+        generations: Each node added again after a removal, with its generation now (the
+            others are in generation 0): the node that sent the heartbeat refuses the blob
+            tokens of their earlier generations (``common.http.blob_token``), which the
+            machines taken out may hold.
     """
 
     removed: list[str] = []
+    generations: dict[str, int] = {}
+
+
+class NodeAdmission(BaseModel):
+    """Answer of ``POST /nodes/{name}/admit``.
+
+    Attributes:
+        name: The node.
+        generation: Its generation now: how many times it was added again after a removal
+            (``0``: never removed). Its node token is ``common.http.node_token`` of it.
+    """
+
+    model_config = _WIRE
+
+    name: str
+    generation: int = Field(ge=0)
 
 
 class CheckpointsView(BaseModel):

@@ -6,7 +6,6 @@ again where it becomes a path; who may call what is :func:`agent_access`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -43,6 +42,7 @@ from fogshift.common.http import (
     node_token,
     same_token,
     tls_context,
+    token_node,
 )
 from fogshift.common.names import NAME_RE, SHA256_RE
 from fogshift.common.service import (
@@ -140,12 +140,27 @@ def _packed(data: bytes, digest: str, info: CheckpointInfo) -> Response:
 
 #: Where an agent keeps the nodes it was last told were removed (in its own folder).
 REMOVED_NODES_FILE = "removed-nodes.json"
-_NODE_NAMES = TypeAdapter(list[Annotated[str, Field(pattern=NAME_RE)]])
+_NODE_NAME = Annotated[str, Field(pattern=NAME_RE)]
+
+
+class _Kept(BaseModel):
+    """What :class:`RemovedNodes` keeps on disk."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    removed: list[_NODE_NAME] = []
+    generations: dict[_NODE_NAME, Annotated[int, Field(ge=1)]] = {}
+
+
+#: An older agent's file: the removed nodes' names only.
+_KEPT = TypeAdapter(_Kept | list[_NODE_NAME])
 
 
 class RemovedNodes:
-    """The nodes the orchestrator last said were removed from the cluster (its answer to
-    this node's heartbeat); their blob tokens open nothing here.
+    """The nodes the orchestrator last said were removed from the cluster, and the
+    generations of those added again since (its answer to this node's heartbeat): the blob
+    tokens of the removed ones, and of the earlier generations of the others, open nothing
+    here.
 
     Kept in ``path`` too (0600, replaced whole): an agent started again (after a crash, or
     `fogshift up` after `down`, which starts the agents before the orchestrator) refuses
@@ -155,29 +170,43 @@ class RemovedNodes:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
-        self._names: frozenset[str] = frozenset()
+        self._kept = _Kept()
         if path is not None and path.exists():
             try:
-                self._names = frozenset(_NODE_NAMES.validate_json(path.read_bytes()))
+                kept = _KEPT.validate_json(path.read_bytes())
             except (OSError, ValueError) as exc:  # (pydantic's ValidationError is one)
                 # Not a reason to stay down: the first answered heartbeat says it again.
                 log.warning("cannot read the removed nodes from %s: %s", path, exc)
+            else:
+                self._kept = kept if isinstance(kept, _Kept) else _Kept(removed=kept)
 
-    def update(self, names: list[str]) -> None:
-        names_now = frozenset(names)
-        if names_now == self._names:
+    def update(self, names: list[str], generations: dict[str, int] | None = None) -> None:
+        """Take the orchestrator's answer: ``names`` removed, ``generations`` of the nodes
+        added again (``None``: as before)."""
+        kept = _Kept(
+            removed=sorted(set(names)),
+            generations=self._kept.generations if generations is None else generations,
+        )
+        if kept == self._kept:
             return
-        log.info("nodes removed from the cluster (their blob tokens refused here): %s",
-                 ", ".join(sorted(names_now)) or "none")  # fmt: skip
-        self._names = names_now
+        log.info("nodes removed from the cluster (their blob tokens refused here): %s; "
+                 "added again (their earlier tokens refused): %s",
+                 ", ".join(kept.removed) or "none",
+                 ", ".join(f"{n} in generation {g}" for n, g in sorted(kept.generations.items()))
+                 or "none")  # fmt: skip
+        self._kept = kept
         if self.path is not None:
             try:
-                write_private(self.path, json.dumps(sorted(names_now)))
+                write_private(self.path, kept.model_dump_json())
             except OSError as exc:  # refused here meanwhile all the same
                 log.warning("cannot keep the removed nodes in %s: %s", self.path, exc)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._names
+        return name in self._kept.removed
+
+    def generation(self, name: str) -> int:
+        """Node ``name``'s generation as last told (``0``: never added again)."""
+        return self._kept.generations.get(name, 0)
 
 
 def agent_access(config: AgentConfig, removed: RemovedNodes) -> Access:
@@ -190,19 +219,35 @@ def agent_access(config: AgentConfig, removed: RemovedNodes) -> Access:
     ``GET /checkpoints/blobs/{sha256}[/chunks]``, and nothing once that node is ``removed``.
     """
 
+    # This node's own generation, from its token: the operator token derives it only so.
+    own = token_node(config.token)
+    own_generation = own[1] if own is not None else 0
+
     def access(method: str, path: str, given: str) -> FogshiftError | None:
         if same_token(given, config.token) or same_token(
-            node_token(given, config.name), config.token
+            node_token(given, config.name, own_generation), config.token
         ):
             return None
-        reader = blob_reader(given)
-        if reader is not None and same_token(given, blob_token(config.token, reader)):
+        claim = blob_reader(given)
+        if claim is not None and same_token(given, blob_token(config.token, *claim)):
+            reader, of = claim
             if reader in removed:
                 return Forbidden(
                     f"node {reader!r} was removed from the cluster: its blob token opens "
                     f"nothing on node {config.name!r} any more",
                     hint=f"an operator's `fogshift up --nodes` naming every node and "
                     f"{reader} adds it again",
+                )
+            now = removed.generation(reader)
+            if of != now:
+                return Forbidden(
+                    f"this blob token is node {reader!r}'s of generation {of}, and the node "
+                    f"is in its generation {now}: it was removed from the cluster and added "
+                    f"again since, and its tokens of before open nothing on node "
+                    f"{config.name!r}",
+                    expected=f"node {reader!r}'s blob token of generation {now}",
+                    received=f"one of generation {of}",
+                    hint="a node gets its blob tokens from the orchestrator's node directory",
                 )
             if method == "GET" and _BLOBS.fullmatch(path):
                 return None
@@ -274,7 +319,8 @@ def heartbeat_loop(
                                 answer.status_code, answer.text[:300])  # fmt: skip
                 refused = answer.status_code if answer.is_error else 0
                 if not answer.is_error:
-                    removed.update(HeartbeatAnswer.model_validate(answer.json()).removed)
+                    heard = HeartbeatAnswer.model_validate(answer.json())
+                    removed.update(heard.removed, heard.generations)
             except httpx.HTTPError as exc:  # the orchestrator may be restarting
                 log.debug("heartbeat failed: %s", exc)
             except Exception:  # a node whose heartbeats ended would be taken for dead

@@ -20,6 +20,9 @@ it (:func:`blob_token`), which the node directory hands out and which opens noth
 of the cluster (``fogshift remove-node``) loses what it copied with: the orchestrator tells
 every node, with its heartbeats' answers, which nodes were removed, and a node refuses their
 blob tokens from then on (one shared token per node could not be taken from one reader).
+A name added again after its removal gets a new *generation*: its node and blob tokens are
+signed with it, and the orchestrator and every node (told by the same answers) refuse those
+of the earlier generations, which the machine taken out may still hold.
 """
 
 from __future__ import annotations
@@ -63,47 +66,67 @@ _BY_STATUS: dict[int, type[FogshiftError]] = {
 
 #: A node name inside a token (:data:`NAME_RE` without its anchors).
 _TOKEN_NAME = NAME_RE.removeprefix("^").removesuffix("$")
-_NODE_TOKEN = re.compile(rf"fsnode\.({_TOKEN_NAME})\.[0-9a-f]{{64}}")
+#: ``<name>.<hex>`` (generation 0) or ``<name>.<generation>.<hex>``: names hold no dot.
+_CLAIM = rf"({_TOKEN_NAME})\.(?:([1-9][0-9]{{0,8}})\.)?[0-9a-f]{{64}}"
+_NODE_TOKEN = re.compile(rf"fsnode\.{_CLAIM}")
+_BLOB_TOKEN = re.compile(rf"fsblob\.{_CLAIM}")
 
 
 def _mac(key: str, message: str) -> str:
     return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
 
 
-def node_token(operator_token: str, node: str) -> str:
-    """The token of node ``node``: ``fsnode.<node>.<HMAC-SHA256(operator token, node)>``.
+def _claimed(prefix: str, name: str, generation: int, mac: str) -> str:
+    if generation < 0:
+        raise ValueError(f"a node's generation is never negative: {generation}")
+    return f"{prefix}.{name}.{generation}.{mac}" if generation else f"{prefix}.{name}.{mac}"
 
-    It names its node, so a service can tell whose it is before checking it.
+
+def _suffix(generation: int) -> str:
+    # Generation 0 signs what tokens signed before generations existed.
+    return f" generation {generation}" if generation else ""
+
+
+def node_token(operator_token: str, node: str, generation: int = 0) -> str:
+    """The token of node ``node`` in its ``generation``:
+    ``fsnode.<node>[.<generation>].<HMAC-SHA256(operator token, node and generation)>``.
+
+    It names its node, so a service can tell whose it is before checking it. The generation
+    counts the times the name was added again after a removal (``fogshift remove-node``,
+    then ``up --nodes`` naming it while the cluster runs): each admission makes the tokens
+    of the node removed before it worthless, so the machine that was taken out does not get
+    its access back when a new one takes the name. ``0`` (never removed) is left out.
     """
-    return f"fsnode.{node}.{_mac(operator_token, f'fogshift node token {node}')}"
+    mac = _mac(operator_token, f"fogshift node token {node}{_suffix(generation)}")
+    return _claimed("fsnode", node, generation, mac)
 
 
-def token_node(token: str) -> str | None:
-    """The node a token claims to be the node token of, ``None`` if it is not shaped like
-    one (the claim is worth nothing until :func:`node_token` confirms it)."""
+def token_node(token: str) -> tuple[str, int] | None:
+    """The node and generation a token claims to be the node token of, ``None`` if it is
+    not shaped like one (the claim is worth nothing until :func:`node_token` confirms it)."""
     match = _NODE_TOKEN.fullmatch(token)
-    return match.group(1) if match else None
+    return (match.group(1), int(match.group(2) or 0)) if match else None
 
 
-_BLOB_TOKEN = re.compile(rf"fsblob\.({_TOKEN_NAME})\.[0-9a-f]{{64}}")
-
-
-def blob_token(node_tok: str, reader: str) -> str:
-    """The token with which node ``reader`` reads checkpoint blobs from the replicas of the
-    node holding ``node_tok`` — and nothing else there:
-    ``fsblob.<reader>.<HMAC-SHA256(node token, reader)>``.
+def blob_token(node_tok: str, reader: str, generation: int = 0) -> str:
+    """The token with which node ``reader`` (in its ``generation``, see :func:`node_token`)
+    reads checkpoint blobs from the replicas of the node holding ``node_tok`` — and nothing
+    else there:
+    ``fsblob.<reader>[.<generation>].<HMAC-SHA256(node token, reader and generation)>``.
 
     It names its reader, so the node it opens can refuse one reader (a node removed from the
-    cluster) and keep serving the others; only that node and the orchestrator can make it.
+    cluster, or an earlier generation of one added again) and keep serving the others; only
+    that node and the orchestrator can make it.
     """
-    return f"fsblob.{reader}.{_mac(node_tok, f'fogshift blob token for {reader}')}"
+    mac = _mac(node_tok, f"fogshift blob token for {reader}{_suffix(generation)}")
+    return _claimed("fsblob", reader, generation, mac)
 
 
-def blob_reader(token: str) -> str | None:
-    """The node a token claims to be a blob token of, ``None`` if it is not shaped like
-    one (the claim is worth nothing until :func:`blob_token` confirms it)."""
+def blob_reader(token: str) -> tuple[str, int] | None:
+    """The node and generation a token claims to be a blob token of, ``None`` if it is not
+    shaped like one (the claim is worth nothing until :func:`blob_token` confirms it)."""
     match = _BLOB_TOKEN.fullmatch(token)
-    return match.group(1) if match else None
+    return (match.group(1), int(match.group(2) or 0)) if match else None
 
 
 def same_token(given: str, expected: str) -> bool:

@@ -55,6 +55,7 @@ from fogshift.contracts import (
     KeyOrder,
     MigrationMode,
     MigrationReport,
+    NodeAdmission,
     NodeHold,
     NodeView,
     OperationView,
@@ -76,25 +77,40 @@ _BLOBS = re.compile(r"/checkpoints/blobs/[^/]+(/chunks)?")
 
 
 def orchestrator_access(
-    operator_token: str, removed: Callable[[str], bool] = lambda _: False
+    operator_token: str,
+    removed: Callable[[str], bool] = lambda _: False,
+    generation: Callable[[str], int] = lambda _: 0,
 ) -> Access:
     """The operator token opens every endpoint; node ``X``'s token (see
     ``common.http.node_token``) only ``POST /nodes/X/heartbeat``, ``GET /nodes/X/directory``
     and ``GET /checkpoints/blobs/{sha256}[/chunks]``: a node can neither speak for another node nor
     deploy, migrate, restore, stop or read the registry. A node ``removed`` (taken out of the
-    cluster) has its token open nothing."""
+    cluster) has its token open nothing, and so has one of an earlier ``generation`` of a
+    name added again since (the machine that was taken out)."""
 
     def access(method: str, path: str, given: str) -> FogshiftError | None:
         if same_token(given, operator_token):
             return None
-        node = token_node(given)
-        if node is None or not same_token(given, node_token(operator_token, node)):
+        claim = token_node(given)
+        if claim is None or not same_token(given, node_token(operator_token, *claim)):
             return wrong_token("the orchestrator")
+        node, of = claim
         if removed(node):
             return NodeRemoved(
                 f"node {node!r} was removed from the cluster: its token opens nothing on the "
                 "orchestrator",
                 hint=f"`fogshift up --nodes` naming every node and {node} adds it again",
+            )
+        now = generation(node)
+        if of != now:
+            return NodeRemoved(
+                f"this token is node {node!r}'s of generation {of}, and the node is in its "
+                f"generation {now}: it was removed from the cluster and added again since, and "
+                "the tokens of before open nothing on the orchestrator",
+                expected=f"node {node!r}'s token of generation {now}",
+                received=f"its token of generation {of}",
+                hint=f"the node's agent reads its token from <home>/nodes/{node}/token, which "
+                "`fogshift up --nodes` wrote when it added the node again",
             )
         allowed = {("POST", f"/nodes/{node}/heartbeat"), ("GET", f"/nodes/{node}/directory")}
         if (method, path) in allowed or (method == "GET" and _BLOBS.fullmatch(path)):
@@ -209,7 +225,9 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     app = FastAPI(title="fogshift orchestrator", lifespan=lifespan, responses=ERROR_RESPONSES)
     app.state.orchestrator = orchestrator
     install_error_handlers(
-        app, orchestrator_access(config.token, orchestrator.removed), MAX_BODY_BYTES
+        app,
+        orchestrator_access(config.token, orchestrator.removed, orchestrator.generation),
+        MAX_BODY_BYTES,
     )
 
     @app.get("/health")
@@ -228,18 +246,25 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         # of the heartbeats' own threads, never for the shared pool.
         orchestrator.heard(name)
         await anyio.to_thread.run_sync(orchestrator.heartbeat, name, report, limiter=beats)
-        return HeartbeatAnswer(removed=orchestrator.removed_nodes())
+        return HeartbeatAnswer(
+            removed=orchestrator.removed_nodes(), generations=orchestrator.generations()
+        )
 
     @app.get("/nodes/{name}/directory")
     def directory(name: NameParam) -> NodeDirectory:
         """The nodes ``name`` may copy checkpoint files from, with their blob tokens for
         ``name``."""
+        reader = orchestrator.generation(name)
         return NodeDirectory(
             nodes=[
                 DirectoryEntry(
                     name=n.name,
                     url=n.url,
-                    blob_token=blob_token(node_token(config.token, n.name), name),
+                    blob_token=blob_token(
+                        node_token(config.token, n.name, orchestrator.generation(n.name)),
+                        name,
+                        reader,
+                    ),
                 )
                 for n in orchestrator.registry.nodes()
             ]
@@ -270,11 +295,11 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         return Ack()
 
     @app.post("/nodes/{name}/admit")
-    def admit_node(name: NameParam) -> Ack:
-        """Let a removed node join again (before its agent starts): its heartbeats and
-        token are taken again. A node never removed: nothing changes."""
-        orchestrator.admit_node(name)
-        return Ack()
+    def admit_node(name: NameParam) -> NodeAdmission:
+        """Let a removed node join again (before its agent starts): its heartbeats are taken
+        again, with the token of its next generation (the caller writes it for the agent;
+        those of before stay refused). A node not removed: nothing changes."""
+        return NodeAdmission(name=name, generation=orchestrator.admit_node(name))
 
     @app.post("/pipelines")
     def deploy(spec: dict[str, Any] = Body(...)) -> PipelineStatus:

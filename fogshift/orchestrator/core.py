@@ -142,6 +142,9 @@ class OrchestratorCore:
         #: with a node's token asks, on the server's event loop, which must not wait for
         #: the registry's lock).
         self._removed = frozenset(self.registry.removed_nodes())
+        #: Each name's generation, where it is not 0 (the registry's, kept here for the
+        #: same reason; replaced whole under ``_lock``): its tokens are signed with it.
+        self._generations: dict[str, int] = self.registry.generations()
         #: The nodes a removal is taking out now, each with how many removals of it run
         #: (under ``_lock``; counted: two overlapping ``DELETE /nodes/{name}`` must not end
         #: each other's mark): no standby is started or kept there meanwhile, nor a PE
@@ -299,15 +302,29 @@ class OrchestratorCore:
             self._draining[name] = time.monotonic() + seconds
         log.info("node %s is being drained (for %.0f s at most)", name, seconds)
 
-    def admit_node(self, name: str) -> bool:
+    def admit_node(self, name: str) -> int:
         """Let node ``name`` join again after :meth:`remove_node` (`fogshift up` adding it);
-        whether it had been removed."""
-        admitted = self.registry.admit_node(name)
+        a name that was removed gets its next generation, so the tokens of the machine
+        taken out open nothing (``common.http.node_token``). Returns its generation."""
+        was_removed = name in self._removed
+        generation = self.registry.admit_node(name)
         with self._lock:
             self._removed = self._removed - {name}
-        if admitted:
-            log.info("node %s may join the cluster again", name)
-        return admitted
+            if generation:
+                self._generations = {**self._generations, name: generation}
+            # Dropped: a client made with the earlier generation's token would be refused.
+            self._agents.pop(name, None)
+        if was_removed:
+            log.info("node %s may join the cluster again (generation %d)", name, generation)
+        return generation
+
+    def generation(self, name: str) -> int:
+        """Node ``name``'s generation: how many times it was added again after a removal."""
+        return self._generations.get(name, 0)
+
+    def generations(self) -> dict[str, int]:
+        """The generations that are not 0, by node."""
+        return dict(self._generations)
 
     def removed(self, name: str) -> bool:
         """Whether node ``name`` was removed (its token opens nothing)."""
@@ -335,7 +352,7 @@ class OrchestratorCore:
                 if client is not None:
                     client.close()
                 # The node's own token: a node never receives the operator token.
-                token = node_token(self.config.token, name)
+                token = node_token(self.config.token, name, self.generation(name))
                 client = ServiceClient(node.url, token, f"node agent {name!r}", 120,
                                        silent=partial(self._silence, name))  # fmt: skip
                 self._agents[name] = (client, node.pid)

@@ -144,6 +144,10 @@ CREATE TABLE IF NOT EXISTS removed_nodes (
     name TEXT PRIMARY KEY,
     removed REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS node_generations (
+    name TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL
+);
 """
 
 
@@ -966,10 +970,27 @@ class Registry:
         with self._lock:
             return _hosted(self._db, name, besides)
 
-    def admit_node(self, name: str) -> bool:
-        """Let node ``name`` join again after :meth:`remove_node`; whether it was removed."""
+    def admit_node(self, name: str) -> int:
+        """Let node ``name`` join again after :meth:`remove_node`: a name that was removed
+        gets its next generation (see ``common.http.node_token``: the removed machine's
+        tokens stay refused). Returns its generation now (``0``: never removed)."""
         with self._tx() as db:
-            return db.execute("DELETE FROM removed_nodes WHERE name = ?", (name,)).rowcount > 0
+            if db.execute("DELETE FROM removed_nodes WHERE name = ?", (name,)).rowcount:
+                db.execute(
+                    "INSERT INTO node_generations VALUES (?, 1) ON CONFLICT(name) "
+                    "DO UPDATE SET generation = generation + 1",
+                    (name,),
+                )
+            row = db.execute(
+                "SELECT generation FROM node_generations WHERE name = ?", (name,)
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    def generations(self) -> dict[str, int]:
+        """The generation of every name added again after a removal (the others: ``0``)."""
+        with self._lock:
+            rows = self._db.execute("SELECT name, generation FROM node_generations").fetchall()
+        return {r[0]: int(r[1]) for r in rows}
 
     def removed_nodes(self) -> set[str]:
         with self._lock:

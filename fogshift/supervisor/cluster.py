@@ -49,13 +49,19 @@ from fogshift.common.locks import CLUSTER_LOCK, exclusive
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.processes import foreign, group_alive, leads, started_at
 from fogshift.common.waiting import wait_until
-from fogshift.contracts import AgentHealth, NodeHold, NodeView, PipelineState, PipelineStatus
+from fogshift.contracts import (
+    AgentHealth,
+    NodeAdmission,
+    NodeHold,
+    NodeView,
+    PipelineState,
+    PipelineStatus,
+)
 from fogshift.exceptions import (
     Conflict,
     FogshiftError,
     InvalidInput,
     InvariantViolation,
-    NotFound,
     Unavailable,
 )
 from fogshift.network.exceptions import NetworkCommandFailed, NotIsolated
@@ -191,8 +197,9 @@ def node_token_file(home: Path, node: str) -> Path:
     return home / "nodes" / node / "token"
 
 
-def write_tokens(home: Path, nodes: list[str]) -> str:
-    """Generate a new operator token and write it and each node's token, all 0600.
+def write_tokens(home: Path, nodes: list[str], generations: Mapping[str, int]) -> str:
+    """Generate a new operator token and write it and each node's token (of its generation
+    in ``generations``, 0 if not there), all 0600.
 
     Returns:
         The operator token.
@@ -200,7 +207,9 @@ def write_tokens(home: Path, nodes: list[str]) -> str:
     token = secrets.token_urlsafe(32)
     write_private(token_file(home), token)
     for node in nodes:
-        write_private(node_token_file(home, node), node_token(token, node))
+        write_private(
+            node_token_file(home, node), node_token(token, node, generations.get(node, 0))
+        )
     return token
 
 
@@ -777,7 +786,10 @@ def _up_claimed(
         # veth. Nothing of this home runs now (checked above), so they all go.
         cleanup_stale(home, cluster_running)
     make_private_dir(home)
-    write_tokens(home, nodes)
+    # Nodes named here that a `remove-node` took out join again (its refusals outlive
+    # `down` in the registry; the agents would wait for an answer that never comes), each
+    # in its next generation, which its token is of.
+    write_tokens(home, nodes, _admit_in_registry(home, nodes))
     if fog_text is not None:
         (home / "topology.yaml").write_text(fog_text)
     started: list[ProcessInfo] = []
@@ -834,9 +846,6 @@ def _up_claimed(
                 )  # fmt: skip
             started.append(node_infos[name])
         say("starting the orchestrator")
-        # Nodes named here that a `remove-node` took out join again (its refusals outlive
-        # `down` in the registry; the agents would wait for an answer that never comes).
-        _admit_in_registry(home, nodes)
         reservation.close()
         orchestrator = start_orchestrator(
             home, host, port, central_interval_s, duplicate_window_s, plan_interval_s,
@@ -1103,11 +1112,12 @@ def add_nodes(
     else:
         shared = BrokerAddress.load(broker_file(home))
         addresses = dict.fromkeys(nodes, shared)
+    # Admitted first: a name removed before is in its next generation, which its token is of.
+    generations = _admit(home, nodes)
     for name in nodes:
         addresses[name].save(node_broker_file(home, name))
-        write_private(node_token_file(home, name), node_token(token, name))
+        write_private(node_token_file(home, name), node_token(token, name, generations[name]))
     host = _flag(template, "--host")
-    _admit(home, nodes)
     fresh = dict(cluster.nodes)
     started: list[str] = []
     try:
@@ -1145,25 +1155,27 @@ def add_nodes(
     return cluster.model_copy(update={"nodes": fresh})
 
 
-def _admit_in_registry(home: Path, nodes: list[str]) -> None:
+def _admit_in_registry(home: Path, nodes: list[str]) -> dict[str, int]:
     """:func:`_admit` for an orchestrator that does not run yet: in its registry."""
-    if (home / "orchestrator.db").exists():
-        registry = Registry(home / "orchestrator.db")
-        try:
-            for name in nodes:
-                registry.admit_node(name)
-        finally:
-            registry.close()
+    if not (home / "orchestrator.db").exists():
+        return dict.fromkeys(nodes, 0)
+    registry = Registry(home / "orchestrator.db")
+    try:
+        return {name: registry.admit_node(name) for name in nodes}
+    finally:
+        registry.close()
 
 
-def _admit(home: Path, nodes: list[str]) -> None:
+def _admit(home: Path, nodes: list[str]) -> dict[str, int]:
     """Have the orchestrator take ``nodes`` again if they were removed from the cluster
-    (:func:`remove_nodes`): their heartbeats and tokens were refused."""
+    (:func:`remove_nodes`): their heartbeats and tokens were refused. Returns each node's
+    generation, which its token must be of (``common.http.node_token``)."""
+    generations: dict[str, int] = {}
     with orchestrator_client(home, timeout_s=30) as client:
         for name in nodes:
-            # (NotFound: an orchestrator older than removals, which removed nobody.)
-            with contextlib.suppress(NotFound):
-                client.post(f"/nodes/{name}/admit")
+            answer = client.post(f"/nodes/{name}/admit")
+            generations[name] = NodeAdmission.model_validate(answer).generation
+    return generations
 
 
 def _flag(argv: tuple[str, ...], flag: str) -> str:

@@ -290,7 +290,8 @@ def test_a_removed_nodes_blob_token_is_refused_once_a_heartbeat_says_so(home: Pa
     # Kept in the node's folder (0600): the agent started again refuses fog-b from its
     # first request, before any heartbeat (`up` starts the agents before the orchestrator).
     kept = home / "nodes" / "fog-a" / REMOVED_NODES_FILE
-    assert json.loads(kept.read_text()) == ["fog-b"] and kept.stat().st_mode & 0o777 == 0o600
+    assert json.loads(kept.read_text()) == {"removed": ["fog-b"], "generations": {}}
+    assert kept.stat().st_mode & 0o777 == 0o600
     again = create_app(cfg)
     assert (
         client(again, blob_token(cfg.token, "fog-b")).get(f"/checkpoints/blobs/{sha}").status_code
@@ -300,11 +301,53 @@ def test_a_removed_nodes_blob_token_is_refused_once_a_heartbeat_says_so(home: Pa
         client(again, blob_token(cfg.token, "fog-c")).get(f"/checkpoints/blobs/{sha}").content
         == data
     )
-    # Added again (the orchestrator's answers stop naming it): its token opens blobs again,
-    # and the kept list says so.
-    app.state.removed.update([])
-    assert fog_b.get(f"/checkpoints/blobs/{sha}").content == data
-    assert json.loads(kept.read_text()) == []
+    # Added again (the orchestrator's answers stop naming it and give its generation): the
+    # token of its new generation opens blobs, the one the removed machine held does not,
+    # and the kept file says so.
+    app.state.removed.update([], {"fog-b": 1})
+    assert (
+        client(app, blob_token(cfg.token, "fog-b", 1)).get(f"/checkpoints/blobs/{sha}").content
+        == data
+    )
+    stale = fog_b.get(f"/checkpoints/blobs/{sha}")
+    assert stale.status_code == 403, stale.text
+    assert (
+        "'fog-b''s of generation 0, and the node is in its generation 1"
+        in (stale.json()["message"])
+    )
+    assert fog_c.get(f"/checkpoints/blobs/{sha}").content == data
+    assert json.loads(kept.read_text()) == {"removed": [], "generations": {"fog-b": 1}}
+    assert (
+        client(create_app(cfg), blob_token(cfg.token, "fog-b"))
+        .get(f"/checkpoints/blobs/{sha}")
+        .status_code
+        == 403
+    )  # (kept: refused from the first request)
+    # An older agent's file (the removed names only) is read too.
+    kept.write_text(json.dumps(["fog-c"]))
+    older = create_app(cfg)
+    assert (
+        client(older, blob_token(cfg.token, "fog-c")).get(f"/checkpoints/blobs/{sha}").status_code
+        == 403
+    )
+    assert (
+        client(older, blob_token(cfg.token, "fog-b")).get(f"/checkpoints/blobs/{sha}").content
+        == data
+    )
+
+
+def test_a_node_in_a_later_generation_knows_the_operator_token_and_not_its_old_token(
+    home: Path,
+) -> None:
+    # fog-a removed and added again twice: its token is of generation 2.
+    cfg = config(home).model_copy(update={"token": node_token(OPERATOR, "fog-a", 2)})
+    app = create_app(cfg)
+    assert client(app, OPERATOR).get("/elements").status_code == 200
+    assert client(app, cfg.token).get("/elements").status_code == 200
+    for earlier in (0, 1):
+        assert (
+            client(app, node_token(OPERATOR, "fog-a", earlier)).get("/elements").status_code == 401
+        )
 
 
 # -- checkpoint sources -------------------------------------------------------------------

@@ -19,8 +19,12 @@ from fogshift.common.http import (
     CLIENT_KEEP_ALIVE_S,
     SERVER_KEEP_ALIVE_S,
     ServiceClient,
+    blob_reader,
+    blob_token,
     client_limits,
+    node_token,
     tls_context,
+    token_node,
 )
 from fogshift.common.waiting import wait_until
 from fogshift.exceptions import Unavailable
@@ -177,3 +181,28 @@ def test_a_request_to_a_service_gone_silent_is_given_up_before_its_timeout() -> 
     finally:
         client.close()
         stopped.close()
+
+
+def test_tokens_name_their_node_and_generation_and_each_generation_differs() -> None:
+    operator = "operator-secret"
+    first, third = node_token(operator, "fog-a"), node_token(operator, "fog-a", 2)
+    assert first.startswith("fsnode.fog-a.") and first.count(".") == 2  # (as before)
+    assert third.startswith("fsnode.fog-a.2.") and third.count(".") == 3
+    assert token_node(first) == ("fog-a", 0) and token_node(third) == ("fog-a", 2)
+    # Every generation signs anew: its mac is not an earlier one's with a number added.
+    macs = {node_token(operator, "fog-a", g).rpartition(".")[2] for g in range(4)}
+    assert len(macs) == 4
+    # A generation written into an earlier token does not make it the later one's.
+    assert first.replace("fsnode.fog-a.", "fsnode.fog-a.2.") != third
+    reader = blob_token(third, "fog-b", 1)
+    assert reader.startswith("fsblob.fog-b.1.") and blob_reader(reader) == ("fog-b", 1)
+    assert blob_token(third, "fog-b") != reader and blob_reader(blob_token(third, "fog-b")) == (
+        "fog-b",
+        0,
+    )
+    zeros = "0" * 64
+    for shape in (f"fsnode.fog-a.0.{zeros}", f"fsnode.fog-a.01.{zeros}",
+                  f"fsnode.fog-a.x.{zeros}", f"fsnode.fog.a.{zeros}", "fsnode.fog-a"):  # fmt: skip
+        assert token_node(shape) is None, shape  # (generation 0 is written without a number)
+    with pytest.raises(ValueError, match="never negative"):
+        node_token(operator, "fog-a", -1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 
-from fogshift.common.http import node_token
+from fogshift.common.http import blob_token, node_token
 from fogshift.contracts import Heartbeat
 from fogshift.orchestrator.exceptions import NodeInUse, NodeRemoved, UnknownNode
 from fogshift.orchestrator.registry import Registry
@@ -98,8 +98,10 @@ def test_nothing_is_placed_on_a_removed_node_even_by_an_earlier_choice(
     with pytest.raises(NodeRemoved, match="'fog-a' was removed"):
         registry.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9"))
     assert registry.node("fog-a") is None
-    assert registry.admit_node("fog-a")
-    assert not registry.admit_node("fog-a")  # (once)
+    assert registry.admit_node("fog-a") == 1  # its next generation
+    assert registry.admit_node("fog-a") == 1  # (once: it was not removed any more)
+    assert registry.admit_node("fog-b") == 0  # (never removed)
+    assert registry.generations() == {"fog-a": 1}
     registry.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9"))
     registry.set_placement("p", "source", "fog-a")
     assert registry.get_pipeline("p").placement == {"source": "fog-a"}
@@ -113,7 +115,11 @@ def test_a_removed_nodes_token_opens_nothing_until_it_is_admitted(app: FastAPI) 
     assert node.post("/nodes/fog-a/heartbeat", json=beat()).status_code == 200
     # Every node's heartbeat is answered with the nodes removed (none yet): each node
     # refuses their blob tokens.
-    assert other.post("/nodes/fog-b/heartbeat", json=beat()).json() == {"ok": True, "removed": []}
+    assert other.post("/nodes/fog-b/heartbeat", json=beat()).json() == {
+        "ok": True,
+        "removed": [],
+        "generations": {},
+    }
     # What keeps a node is the operator's to read; a node cannot remove itself or
     # another; the operator can.
     assert operator.get("/nodes/fog-a/holds").json() == []
@@ -140,15 +146,38 @@ def test_a_removed_nodes_token_opens_nothing_until_it_is_admitted(app: FastAPI) 
         assert refused.json()["code"] == "node_removed"
     assert orchestrator.registry.node("fog-a") is None
     answer = other.post("/nodes/fog-b/heartbeat", json=beat())  # others go on
-    assert answer.json() == {"ok": True, "removed": ["fog-a"]}  # told: refuse fog-a's blob tokens
+    # Told: refuse fog-a's blob tokens.
+    assert answer.json() == {"ok": True, "removed": ["fog-a"], "generations": {}}
     names = [e["name"] for e in other.get("/nodes/fog-b/directory").json()["nodes"]]
     assert names == ["fog-b"]  # no peer copies from it any more
-    # Asked again: nothing changes. Admitted (`up` adding it again): it joins.
+    # Asked again: nothing changes. Admitted (`up` adding it again): it joins in its next
+    # generation, with a new token; the one the machine taken out holds stays refused.
     assert operator.delete("/nodes/fog-a").status_code == 200
-    assert operator.post("/nodes/fog-a/admit").status_code == 200
-    assert node.post("/nodes/fog-a/heartbeat", json=beat()).json()["removed"] == []
+    assert node.post("/nodes/fog-a/admit").status_code == 403  # (the operator's only)
+    assert operator.post("/nodes/fog-a/admit").json() == {"name": "fog-a", "generation": 1}
+    assert operator.post("/nodes/fog-a/admit").json()["generation"] == 1  # (once)
+    assert operator.post("/nodes/fog-b/admit").json()["generation"] == 0  # (never removed)
+    stale = node.post("/nodes/fog-a/heartbeat", json=beat())
+    assert stale.status_code == 403 and stale.json()["code"] == "node_removed", stale.text
+    assert "generation 0, and the node is in its generation 1" in stale.json()["message"]
+    assert node.get("/nodes/fog-a/directory").status_code == 403
+    assert orchestrator.registry.node("fog-a") is None
+    renewed = as_(app, node_token(OPERATOR, "fog-a", 1))
+    assert renewed.post("/nodes/fog-a/heartbeat", json=beat()).json()["removed"] == []
     assert orchestrator.registry.node("fog-a") is not None
-    assert other.post("/nodes/fog-b/heartbeat", json=beat()).json()["removed"] == []
+    # Every node is told its generation (to refuse the blob tokens of before), and the
+    # directory hands out blob tokens of the generations now, both ways.
+    answer = other.post("/nodes/fog-b/heartbeat", json=beat()).json()
+    assert answer == {"ok": True, "removed": [], "generations": {"fog-a": 1}}
+    tokens = {e["name"]: e["blob_token"]
+              for e in other.get("/nodes/fog-b/directory").json()["nodes"]}  # fmt: skip
+    assert tokens["fog-a"] == blob_token(node_token(OPERATOR, "fog-a", 1), "fog-b")
+    tokens = {e["name"]: e["blob_token"]
+              for e in renewed.get("/nodes/fog-a/directory").json()["nodes"]}  # fmt: skip
+    assert tokens["fog-b"] == blob_token(node_token(OPERATOR, "fog-b"), "fog-a", 1)
+    # The orchestrator calls the new agent with the new token.
+    sent = orchestrator.agent("fog-a")._client.headers["Authorization"]
+    assert sent == f"Bearer {node_token(OPERATOR, 'fog-a', 1)}"
 
 
 def test_a_fresh_up_naming_a_removed_node_lets_it_join_again(tmp_path: Path) -> None:
@@ -160,12 +189,15 @@ def test_a_fresh_up_naming_a_removed_node_lets_it_join_again(tmp_path: Path) -> 
     registry.remove_node("fog-a")
     registry.remove_node("fog-b")
     registry.close()
-    _admit_in_registry(tmp_path, ["cloud", "fog-a"])
+    # Each in its generation, which `up` writes its token of.
+    assert _admit_in_registry(tmp_path, ["cloud", "fog-a"]) == {"cloud": 0, "fog-a": 1}
     registry = Registry(tmp_path / "orchestrator.db")
     try:
         assert registry.removed_nodes() == {"fog-b"}  # (not named: still out)
+        assert registry.generations() == {"fog-a": 1}
         registry.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9"))
     finally:
         registry.close()
-    _admit_in_registry(tmp_path / "none", ["fog-a"])  # no registry yet: nothing to do
+    # No registry yet: nothing to do, every node in generation 0.
+    assert _admit_in_registry(tmp_path / "none", ["fog-a"]) == {"fog-a": 0}
     assert not (tmp_path / "none").exists()

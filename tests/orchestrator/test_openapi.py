@@ -25,11 +25,15 @@ from fogshift.spec import parse_spec
 from tests.orchestrator.conftest import OPERATOR
 from tests.orchestrator.standin import SPEC, StandIn
 
+#: A heartbeat's answer while no node was removed or added again.
+QUIET_ANSWER = {"ok": True, "removed": [], "generations": {}}
+
 #: ``(method, path)`` -> the contract its 200 answer is (``[...]``: a list of them).
 ANSWERS = {
     ("get", "/health"): "OrchestratorHealth",
     ("post", "/nodes/{name}/heartbeat"): "HeartbeatAnswer",
     ("get", "/nodes/{name}/directory"): "NodeDirectory",
+    ("post", "/nodes/{name}/admit"): "NodeAdmission",
     ("get", "/nodes"): "[NodeView]",
     ("post", "/pipelines"): "PipelineStatus",
     ("get", "/pipelines"): "[PipelineStatus]",
@@ -101,7 +105,7 @@ def test_a_heartbeat_comes_back_typed_in_the_node_view(app: FastAPI) -> None:
                           "created": 1.0}],
             "cpu_percent": 4.0}  # fmt: skip
     node = as_(app, node_token(OPERATOR, "fog-a"))
-    assert node.post("/nodes/fog-a/heartbeat", json=beat).json() == {"ok": True, "removed": []}
+    assert node.post("/nodes/fog-a/heartbeat", json=beat).json() == QUIET_ANSWER
     refused = node.post("/nodes/fog-a/heartbeat", json={**beat, "elements": [{"id": "agg"}]})
     assert refused.status_code == 422 and refused.json()["code"] == "invalid"
     assert "elements.0.pipeline" in refused.json()["message"]
@@ -127,7 +131,7 @@ def test_a_heartbeat_naming_what_no_spec_can_have_does_not_break_the_node_view(
             "replicas": [{"pipeline": "p", "element": "../y", "id": "b000000002", "batch": 2,
                           "created": 1.0}]}  # fmt: skip
     node = as_(app, node_token(OPERATOR, "fog-a"))
-    assert node.post("/nodes/fog-a/heartbeat", json=beat).json() == {"ok": True, "removed": []}
+    assert node.post("/nodes/fog-a/heartbeat", json=beat).json() == QUIET_ANSWER
     answer = as_(app, OPERATOR).get("/nodes")
     assert answer.status_code == 200, answer.text
     (view,) = [NodeView.model_validate(n) for n in answer.json()]
@@ -166,7 +170,7 @@ def test_a_node_whose_checkpoints_fail_or_stopped_is_flagged_in_the_node_view(
             "elements": [{"pipeline": "p", "element": "agg", "state": "running",
                           "snapshot_error": "CheckpointError: no room"}]}  # fmt: skip
     node = as_(app, node_token(OPERATOR, "fog-a"))
-    assert node.post("/nodes/fog-a/heartbeat", json=beat).json() == {"ok": True, "removed": []}
+    assert node.post("/nodes/fog-a/heartbeat", json=beat).json() == QUIET_ANSWER
     (view,) = [NodeView.model_validate(n) for n in as_(app, OPERATOR).get("/nodes").json()]
     assert view.healthy  # it works: flagged, not taken for lost (that would restore its PEs)
     assert (view.disk_free_bytes, view.disk_total_bytes) == (7 * 2**30, 2**36)
@@ -197,7 +201,7 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
         beat = {"url": agent.url, "ready": True, "elements": []}
         assert as_(app, node_token(OPERATOR, name)).post(
             f"/nodes/{name}/heartbeat", json=beat
-        ).json() == {"ok": True, "removed": []}  # fmt: skip
+        ).json() == QUIET_ANSWER  # fmt: skip
     (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
     spec = {
         **SPEC,

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from fogshift.broker.client import BrokerAddress
-from fogshift.common.http import blob_token, node_token
+from fogshift.common.http import blob_token, node_token, token_node
 from fogshift.common.processes import group_alive
 from fogshift.supervisor.cluster import node_broker_file, node_token_file, token_file
 from tests.broker.test_permissions import logs_in, until
@@ -60,15 +60,18 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
     record = json.loads((cluster.home / "cluster.json").read_text())["nodes"][name]
     address = BrokerAddress.load(node_broker_file(cluster.home, name))
     token = node_token_file(cluster.home, name).read_text().strip()
+    operator = token_file(cluster.home).read_text().strip()
     # What it copies a peer's replicas with (the node directory hands it out): it opens
     # that peer's blobs (none by this digest) until the node is removed.
     peer = json.loads((cluster.home / "cluster.json").read_text())["nodes"][SHARED_NODES[0]]
-    blobs = blob_token(node_token(token_file(cluster.home).read_text().strip(),
-                                  SHARED_NODES[0]), name)  # fmt: skip
+    claim = token_node(token)
+    assert claim is not None and claim[0] == name, claim
+    generation = claim[1]  # (0 unless an earlier run of this test removed it)
+    blobs = blob_token(node_token(operator, SHARED_NODES[0]), name, generation)
 
-    def peer_blob() -> httpx.Response:
+    def peer_blob(with_token: str = blobs) -> httpx.Response:
         return httpx.get(f"{peer['url']}/checkpoints/blobs/{'0' * 64}", timeout=10,
-                         headers={"Authorization": f"Bearer {blobs}"})  # fmt: skip
+                         headers={"Authorization": f"Bearer {with_token}"})  # fmt: skip
 
     assert peer_blob().status_code == 404, peer_blob().text
     done = cluster.cli("remove-node", name, name, "--drain")  # (named twice: once)
@@ -93,12 +96,29 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
     # Its peers refuse its blob tokens (told by their heartbeats' answers).
     assert until(lambda: peer_blob().status_code == 403), peer_blob().text
     assert f"node '{name}' was removed from the cluster" in peer_blob().json()["message"]
-    # Added again as any new node: a fresh user and agent, a member like the others.
+    # Added again as any new node: a fresh user, agent and token (its next generation), a
+    # member like the others; what the machine taken out holds stays refused everywhere.
     assert cluster.up(SHARED_NODES) == {name}
     view = cluster.node(name)
     assert view["alive"] and view["ready"], view
     assert BrokerAddress.load(node_broker_file(cluster.home, name)).seed != address.seed
-    assert until(lambda: peer_blob().status_code == 404), peer_blob().text  # a member again
+    renewed = node_token_file(cluster.home, name).read_text().strip()
+    assert token_node(renewed) == (name, generation + 1)
+    assert renewed == node_token(operator, name, generation + 1)
+    beat = httpx.post(f"{data['orchestrator']['url']}/nodes/{name}/heartbeat", timeout=10,
+                      headers={"Authorization": f"Bearer {token}"},
+                      json={"url": record["url"], "ready": True})  # fmt: skip
+    assert beat.status_code == 403 and beat.json()["code"] == "node_removed", beat.text
+    assert f"and the node is in its generation {generation + 1}" in beat.json()["message"]
+    # The peer learns the new generation from its heartbeats' answers: the old blob token
+    # stays refused, the one the directory hands the new node opens the peer's blobs.
+    fresh = blob_token(node_token(operator, SHARED_NODES[0]), name, generation + 1)
+    assert until(lambda: peer_blob(fresh).status_code == 404), peer_blob(fresh).text  # a member
+    stale = peer_blob()
+    assert stale.status_code == 403, stale.text
+    assert (
+        f"generation {generation}, and the node is in its generation" in (stale.json()["message"])
+    )
 
     # A removal cut short once the node was marked (a crash, ^C): `up` finishes it, and
     # does not wait for the node or start it again meanwhile.
@@ -133,8 +153,11 @@ def test_an_added_node_is_a_member_like_the_others_and_runs_pes_exactly_once(
     # Its own token and broker user, secret to its owner.
     token = node_token_file(cluster.home, added)
     assert _mode(token) == "0o600"
-    assert token.read_text().strip() == node_token(token_file(cluster.home).read_text().strip(),
-                                                   added)  # fmt: skip
+    # Of the generation it is in (the removal test above added it again twice).
+    claim = token_node(token.read_text().strip())
+    assert claim is not None and claim[0] == added, claim
+    operator = token_file(cluster.home).read_text().strip()
+    assert token.read_text().strip() == node_token(operator, added, claim[1])
     mine = node_broker_file(cluster.home, added)
     assert _mode(mine) == "0o600"
     users = json.loads((cluster.home / "broker" / "users.json").read_text())["nodes"]

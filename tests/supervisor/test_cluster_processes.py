@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from fogshift.common.exceptions import AlreadyRunning
+from fogshift.common.http import node_token
 from fogshift.common.locks import CLUSTER_LOCK
 from fogshift.common.processes import alive
 from fogshift.exceptions import FogshiftError, InvalidInput
@@ -364,10 +365,15 @@ def test_adding_a_node_waits_for_the_new_node_only(
     waited: list[list[str]] = []
     monkeypatch.setattr(cluster_ops, "wait_healthy",
                         lambda home, nodes, *_: waited.append(list(nodes)) or [])  # fmt: skip
-    monkeypatch.setattr(cluster_ops, "_admit", lambda home, nodes: None)  # (no orchestrator)
+    # (No orchestrator: fog-c was removed before and added again once.)
+    monkeypatch.setattr(cluster_ops, "_admit", lambda home, nodes: {"fog-c": 1})
     grown = cluster_ops.add_nodes(tmp_path, cluster, ["fog-c"], 5, lambda _: None)
     try:
         assert waited == [["fog-c"]]
+        # Its token is of the generation the orchestrator gave it.
+        _, operator = cluster_ops.load_cluster(tmp_path)
+        token = cluster_ops.node_token_file(tmp_path, "fog-c").read_text()
+        assert token == node_token(operator, "fog-c", 1) != node_token(operator, "fog-c")
         assert list(grown.nodes) == ["cloud", "fog-b", "fog-c"]
         assert grown.nodes["fog-c"].argv[-12:] == (
             "--name", "fog-c", "--home", str(tmp_path / "nodes" / "fog-c"),

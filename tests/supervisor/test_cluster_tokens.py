@@ -34,19 +34,22 @@ def test_up_writes_the_operator_token_and_one_token_per_node_0600(
     monkeypatch.setattr(os, "open", spy)
     old = os.umask(0)
     try:
-        operator = write_tokens(tmp_path, ["cloud", "fog-a"])
+        # fog-a was removed and added again twice (the registry's generations).
+        operator = write_tokens(tmp_path, ["cloud", "fog-a"], {"fog-a": 2})
     finally:
         os.umask(old)
     assert created == [0o600, 0o600, 0o600]
     assert token_file(tmp_path).read_text() == operator
-    for name in ("cloud", "fog-a"):
+    for name, generation in (("cloud", 0), ("fog-a", 2)):
         path = node_token_file(tmp_path, name)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         token = path.read_text()
-        assert token == node_token(operator, name) and token_node(token) == name
+        assert token == node_token(operator, name, generation)
+        assert token_node(token) == (name, generation)
         assert operator not in token
+    assert node_token_file(tmp_path, "fog-a").read_text().startswith("fsnode.fog-a.2.")
     # A new `up` makes new tokens: the old node tokens stop working.
-    assert write_tokens(tmp_path, ["cloud"]) != operator
+    assert write_tokens(tmp_path, ["cloud"], {}) != operator
 
 
 def test_an_agent_is_started_with_its_own_token_not_the_operators(tmp_path: Path) -> None:
