@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import anyio.to_thread
 from anyio import CapacityLimiter
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from fogshift.common.exceptions import Forbidden
@@ -40,6 +40,7 @@ from fogshift.common.service import (
     StateKeyQuery,
     StateLimitQuery,
     add_blob_routes,
+    bearer,
     install_error_handlers,
     wrong_token,
 )
@@ -69,7 +70,7 @@ from fogshift.contracts import (
 )
 from fogshift.exceptions import FogshiftError, NotFound
 from fogshift.orchestrator.config import OrchestratorConfig
-from fogshift.orchestrator.exceptions import NodeRemoved
+from fogshift.orchestrator.exceptions import NodeRemoved, stale_generation
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec.models import MAX_PARTITIONS
 
@@ -103,15 +104,7 @@ def orchestrator_access(
             )
         now = generation(node)
         if of != now:
-            return NodeRemoved(
-                f"this token is node {node!r}'s of generation {of}, and the node is in its "
-                f"generation {now}: it was removed from the cluster and added again since, and "
-                "the tokens of before open nothing on the orchestrator",
-                expected=f"node {node!r}'s token of generation {now}",
-                received=f"its token of generation {of}",
-                hint=f"the node's agent reads its token from <home>/nodes/{node}/token, which "
-                "`fogshift up --nodes` wrote when it added the node again",
-            )
+            return stale_generation(node, of, now)
         allowed = {("POST", f"/nodes/{node}/heartbeat"), ("GET", f"/nodes/{node}/directory")}
         if (method, path) in allowed or (method == "GET" and _BLOBS.fullmatch(path)):
             return None
@@ -122,6 +115,13 @@ def orchestrator_access(
         )
 
     return access
+
+
+def _claimed_generation(request: Request) -> int | None:
+    """The generation of the node token a request came with (checked by
+    :func:`orchestrator_access` as it arrived), ``None`` for the operator token."""
+    claim = token_node(bearer(request))
+    return claim[1] if claim is not None else None
 
 
 class DrainLease(BaseModel):
@@ -241,20 +241,31 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     beats = CapacityLimiter(HEARTBEAT_THREADS)
 
     @app.post("/nodes/{name}/heartbeat")
-    async def heartbeat(name: NameParam, report: Heartbeat) -> HeartbeatAnswer:
+    async def heartbeat(name: NameParam, report: Heartbeat, request: Request) -> HeartbeatAnswer:
+        # The token's generation was current when its headers came; a body sent slowly
+        # can outlast a removal and a new admission: checked again here, and in the
+        # registry's write (or the removed machine's URL would be called with the new token).
+        generation = _claimed_generation(request)
+        if generation is not None:
+            orchestrator.check_generation(name, generation)
         # Heard on arrival, on the event loop: the registry's write (SQLite) waits for one
         # of the heartbeats' own threads, never for the shared pool.
         orchestrator.heard(name)
-        await anyio.to_thread.run_sync(orchestrator.heartbeat, name, report, limiter=beats)
+        await anyio.to_thread.run_sync(
+            orchestrator.heartbeat, name, report, generation, limiter=beats
+        )
         return HeartbeatAnswer(
             removed=orchestrator.removed_nodes(), generations=orchestrator.generations()
         )
 
     @app.get("/nodes/{name}/directory")
-    def directory(name: NameParam) -> NodeDirectory:
+    def directory(name: NameParam, request: Request) -> NodeDirectory:
         """The nodes ``name`` may copy checkpoint files from, with their blob tokens for
-        ``name``."""
-        reader = orchestrator.generation(name)
+        ``name`` (of the generation of the caller's token: a request of the machine taken
+        out that outlasted a new admission gets tokens the peers refuse)."""
+        reader = _claimed_generation(request)
+        if reader is None:  # (the operator's)
+            reader = orchestrator.generation(name)
         return NodeDirectory(
             nodes=[
                 DirectoryEntry(

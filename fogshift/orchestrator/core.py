@@ -31,7 +31,7 @@ from fogshift.contracts import (
     RestoreReport,
 )
 from fogshift.orchestrator.config import OrchestratorConfig
-from fogshift.orchestrator.exceptions import UnknownNode
+from fogshift.orchestrator.exceptions import UnknownNode, stale_generation
 from fogshift.orchestrator.permissions import BrokerPermissions
 from fogshift.orchestrator.registry import NodeRecord, Registry
 from fogshift.planner.model import Topology
@@ -182,8 +182,10 @@ class OrchestratorCore:
         #: The central node of the fog topology ``_topology`` was built from.
         self._central: str | None = None
 
-    def heartbeat(self, name: str, report: Heartbeat) -> None:
-        """Record that node ``name`` is alive and what it runs.
+    def heartbeat(self, name: str, report: Heartbeat, generation: int | None = None) -> None:
+        """Record that node ``name`` is alive and what it runs; sent with its token of
+        ``generation`` (``None``: the operator's), refused unless that is its generation
+        when the registry records it (:meth:`check_generation`).
 
         A PE or copy it names with a pipeline or element name no spec can have is left out
         (and logged): every view of the nodes builds paths and subjects from those names,
@@ -209,7 +211,7 @@ class OrchestratorCore:
                 "replicas": [r for r in report.replicas if named(r)],
                 "left": [c for c in report.left if named(c)],
             })  # fmt: skip
-        self.registry.heartbeat(name, report)
+        self.registry.heartbeat(name, report, generation)
         self.heard(name)
 
     def heard(self, name: str) -> None:
@@ -317,6 +319,17 @@ class OrchestratorCore:
         if was_removed:
             log.info("node %s may join the cluster again (generation %d)", name, generation)
         return generation
+
+    def check_generation(self, name: str, generation: int) -> None:
+        """Refuse a request made with node ``name``'s token of ``generation`` unless that is
+        its generation now.
+
+        Raises:
+            NodeRemoved: It is not (the name was added again since: the machine taken out).
+        """
+        now = self.generation(name)
+        if generation != now:
+            raise stale_generation(name, generation, now)
 
     def generation(self, name: str) -> int:
         """Node ``name``'s generation: how many times it was added again after a removal."""

@@ -31,6 +31,21 @@ class NodeRemoved(Forbidden):
     code = "node_removed"
 
 
+def stale_generation(node: str, of: int, now: int) -> NodeRemoved:
+    """The refusal of node ``node``'s token of generation ``of`` while the node is in
+    generation ``now`` (``common.http.node_token``): the machine taken out before the name
+    was added again."""
+    return NodeRemoved(
+        f"this token is node {node!r}'s of generation {of}, and the node is in its "
+        f"generation {now}: it was removed from the cluster and added again since, and "
+        "the tokens of before open nothing on the orchestrator",
+        expected=f"node {node!r}'s token of generation {now}",
+        received=f"its token of generation {of}",
+        hint=f"the node's agent reads its token from <home>/nodes/{node}/token, which "
+        "`fogshift up --nodes` wrote when it added the node again",
+    )
+
+
 class PipelineExists(Conflict):
     """A pipeline of that name is already running."""
 

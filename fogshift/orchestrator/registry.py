@@ -49,7 +49,7 @@ from fogshift.contracts import (
     PipelineState,
 )
 from fogshift.exceptions import NotFound
-from fogshift.orchestrator.exceptions import NodeInUse, NodeRemoved, UnknownNode
+from fogshift.orchestrator.exceptions import NodeInUse, NodeRemoved, UnknownNode, stale_generation
 from fogshift.spec.models import PLANNED_STANDBY, ElementSpec, PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -923,11 +923,17 @@ class Registry:
 
     # -- nodes ------------------------------------------------------------------------------
 
-    def heartbeat(self, name: str, report: Heartbeat) -> None:
+    def heartbeat(self, name: str, report: Heartbeat, generation: int | None = None) -> None:
         """Record node ``name``'s heartbeat: it lives now, as ``report`` says.
 
+        Args:
+            generation: The generation of the token it came with (``None``: the operator's),
+                checked in the write's own transaction: a request of the machine taken out
+                that outlasted the name's new admission must not record its address.
+
         Raises:
-            NodeRemoved: The node was removed (:meth:`remove_node`).
+            NodeRemoved: The node was removed (:meth:`remove_node`), or ``generation`` is
+                not its generation.
         """
         with self._tx() as db:
             if db.execute("SELECT 1 FROM removed_nodes WHERE name = ?", (name,)).fetchone():
@@ -935,6 +941,13 @@ class Registry:
                     f"node {name!r} was removed from the cluster: its heartbeat is refused",
                     hint=f"`fogshift up --nodes` naming every node and {name} adds it again",
                 )
+            if generation is not None:
+                row = db.execute(
+                    "SELECT generation FROM node_generations WHERE name = ?", (name,)
+                ).fetchone()
+                now = int(row[0]) if row else 0
+                if generation != now:
+                    raise stale_generation(name, generation, now)
             db.execute(
                 "INSERT INTO nodes VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
                 "url = excluded.url, pid = excluded.pid, pgid = excluded.pgid, "

@@ -219,10 +219,10 @@ class Replication(Replanning):
         held = [m for m in self.central.manifests(pipeline, pe) if m["id"] in ids]
         return self.central.blobs_of(held) if held else None
 
-    def heartbeat(self, name: str, report: Heartbeat) -> None:
+    def heartbeat(self, name: str, report: Heartbeat, generation: int | None = None) -> None:
         """Record the heartbeat; wake the central pull when it reports a new node-level
         checkpoint of a PE placed there that brought ``pull_new_state_bytes`` or more."""
-        super().heartbeat(name, report)
+        super().heartbeat(name, report, generation)
         threshold = self.config.pull_new_state_bytes
         if threshold <= 0:
             return

@@ -89,9 +89,10 @@ def test_a_heartbeat_is_heard_before_it_is_recorded(app: FastAPI) -> None:
     heard_before: list[bool] = []
     record = orchestrator.registry.heartbeat
 
-    def slow(name: str, report: Any) -> None:
+    def slow(name: str, report: Any, generation: int | None) -> None:
         heard_before.append(name in orchestrator._beats)
-        record(name, report)
+        assert generation == 0  # (fog-b's token's, checked again in the write)
+        record(name, report, generation)
 
     orchestrator.registry.heartbeat = slow  # type: ignore[method-assign]
     node: TestClient = as_(app, node_token(OPERATOR, "fog-b"))

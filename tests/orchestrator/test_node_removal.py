@@ -102,7 +102,16 @@ def test_nothing_is_placed_on_a_removed_node_even_by_an_earlier_choice(
     assert registry.admit_node("fog-a") == 1  # (once: it was not removed any more)
     assert registry.admit_node("fog-b") == 0  # (never removed)
     assert registry.generations() == {"fog-a": 1}
-    registry.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9"))
+    # A heartbeat made with the token of before (a request of the machine taken out that
+    # outlasted the admission) is refused in the write itself: its address is not taken.
+    with pytest.raises(NodeRemoved, match="generation 0, and the node is in its generation 1"):
+        registry.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:8"), generation=0)
+    assert registry.node("fog-a") is None
+    registry.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9"), generation=1)
+    with pytest.raises(NodeRemoved, match="generation 0, and the node is in its generation 1"):
+        registry.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:8"), generation=0)
+    assert registry.node("fog-a").url == "http://127.0.0.1:9"  # type: ignore[union-attr]
+    registry.heartbeat("fog-b", Heartbeat(url="http://127.0.0.1:9"), generation=0)
     registry.set_placement("p", "source", "fog-a")
     assert registry.get_pipeline("p").placement == {"source": "fog-a"}
 
@@ -161,6 +170,11 @@ def test_a_removed_nodes_token_opens_nothing_until_it_is_admitted(app: FastAPI) 
     assert stale.status_code == 403 and stale.json()["code"] == "node_removed", stale.text
     assert "generation 0, and the node is in its generation 1" in stale.json()["message"]
     assert node.get("/nodes/fog-a/directory").status_code == 403
+    assert orchestrator.registry.node("fog-a") is None
+    # A request of the machine taken out whose token was checked before the admission and
+    # whose heartbeat is recorded after it: refused all the same.
+    with pytest.raises(NodeRemoved, match="generation 0, and the node is in its generation 1"):
+        orchestrator.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:8"), 0)
     assert orchestrator.registry.node("fog-a") is None
     renewed = as_(app, node_token(OPERATOR, "fog-a", 1))
     assert renewed.post("/nodes/fog-a/heartbeat", json=beat()).json()["removed"] == []
