@@ -427,9 +427,13 @@ def remove_node(
                 console.print(Text(f"  {hold.text}{_HOLD_WAYS.get(hold.kind, '')}"))
         return
     with console.status("removing nodes") as status:
-        cluster = cluster_ops.remove_nodes(
-            home.resolve(), nodes, lambda m: status.update(m), drain=drain
-        )
+
+        def say(message: str) -> None:
+            status.update(message)
+            if message.startswith("moving "):  # (a drain's moves stay on the screen)
+                console.print(Text(message))
+
+        cluster = cluster_ops.remove_nodes(home.resolve(), nodes, say, drain=drain)
     console.print(f"[green]removed[/] {', '.join(nodes)}: nodes {', '.join(cluster.nodes)} remain")
 
 

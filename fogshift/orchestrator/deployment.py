@@ -325,6 +325,8 @@ class Deployment(Journal):
         ):
             raise PipelineExists(
                 f"pipeline {spec.pipeline!r} is already {existing.status}",
+                expected="a pipeline name no running or deploying pipeline has",
+                received=f"{spec.pipeline!r}, {existing.status}",
                 hint=f"`fogshift stop {spec.pipeline}` first, or deploy under another name",
             )
         self._refuse_shared_outputs(spec)

@@ -23,6 +23,7 @@ from typing import Any
 
 from nats.js.errors import APIError
 
+from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import (
     ensure_subjects,
     get_range,
@@ -70,6 +71,7 @@ from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.locks import element_lock, element_lock_of
 from fogshift.orchestrator.registry import PipelineRecord
 from fogshift.orchestrator.standbys import Standbys
+from fogshift.spec.loader import did_you_mean
 from fogshift.spec.models import ElementSpec, partition_id
 
 log = logging.getLogger(__name__)
@@ -342,7 +344,7 @@ class KeyMoves(Standbys):
         """
         parts = record.spec.partitions_of(element_id)
         if not parts:
-            self._element(record, element_id)  # an unknown id is refused as such
+            _known_for_keys(record, element_id)
             raise InvalidInput(
                 f"{refusal}: {element_id!r} is not partitioned",
                 expected="a keyed element written with partitions: [NODE, ...]",
@@ -1448,3 +1450,25 @@ def _bad_keys(keys: list[str], bad: list[str]) -> str:
         return f"{len(keys)} keys"
     doubled = sorted({k for k in keys if keys.count(k) > 1})
     return "listed twice: " + ", ".join(repr(k) for k in doubled[:5])
+
+
+def _known_for_keys(record: PipelineRecord, element_id: str) -> None:
+    """Refuse an id that is no element of ``record``'s pipeline, naming its partitioned
+    elements (what keys move between), not every element and partition.
+
+    Raises:
+        UnknownElement: No element has that id.
+    """
+    if any(e.id == element_id for e in record.spec.elements):
+        return
+    keyed = sorted({e.partition.of for e in record.spec.elements if e.partition is not None})
+    guess = did_you_mean(element_id, keyed)
+    raise UnknownElement(
+        f"pipeline {record.name!r} has no element {element_id!r}",
+        expected="one of its partitioned elements (keys move between their partitions): "
+        + (", ".join(keyed) or "(it has none)"),
+        received=repr(element_id),
+        hint=f"did you mean {guess!r}?"
+        if guess
+        else f"`fogshift status {record.name}` lists its elements",
+    )

@@ -21,6 +21,7 @@ from fogshift.contracts import (
 )
 from fogshift.exceptions import FogshiftError
 from fogshift.orchestrator.core import CentralPull, ReplicaPush
+from fogshift.orchestrator.registry import NodeRecord
 from fogshift.orchestrator.replanning import Replanning
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -51,6 +52,15 @@ class _SnapshotFiles:
         return bytes(response.content)
 
 
+def _no_snapshot_yet(node: NodeRecord, pipeline: str, pe: str) -> bool:
+    """Whether ``node``'s last heartbeat reports ``pe`` running there with no node-level
+    checkpoint yet."""
+    return any(
+        (e.pipeline, e.element) == (pipeline, pe) and e.node_checkpoint is None
+        for e in node.report.elements
+    )
+
+
 class Replication(Replanning):
     """Central checkpoint pulls and replica pushes."""
 
@@ -67,6 +77,11 @@ class Replication(Replanning):
                     continue
                 key = (record.name, element.id)
                 tried.add(key)
+                if _no_snapshot_yet(node, record.name, element.id):
+                    # Just started there (deployed, migrated, restored): its first snapshot
+                    # comes after its first batch. Not a failure to warn of.
+                    self.pull_errors.pop(key, None)
+                    continue
                 try:
                     self._pull_one(record.name, element.id, node.name, key, record.status_since)
                 except FogshiftError as exc:

@@ -756,9 +756,9 @@ def _up_claimed(
                     f"a fogshift cluster is already up under {str(home)!r}, with nodes {running}",
                     expected="a home where no cluster is up, or a node the cluster lacks",
                     received=f"a cluster up with nodes {running}",
-                    hint="`fogshift up --nodes` with a new name adds that node; `fogshift "
-                    "down` stops the cluster (pipelines, checkpoints and outputs are kept); "
-                    "or use another --home",
+                    hint=f"`fogshift up --nodes {','.join(members)},NEW` (every node it has "
+                    "and the new one) adds node NEW; `fogshift down` stops the cluster "
+                    "(pipelines, checkpoints and outputs are kept); or use another --home",
                 )
             # Some nodes died (killed, crashed): start them again, as they were started.
             if dead:

@@ -173,6 +173,32 @@ def test_one_pe_whose_pull_fails_stops_no_other_pull_and_its_node_is_warned_of(
     assert {n.name: n.warnings for n in orchestrator.nodes()} == {"cloud": [], "fog-a": []}
 
 
+def test_a_pe_with_no_node_level_checkpoint_yet_is_not_pulled_nor_warned_of(
+    orchestrator: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Just deployed, migrated or restored there: every round tried it, the node answered
+    # "no node-level checkpoint", and `fogshift nodes` warned of a failed central checkpoint.
+    pulled: list[str] = []
+
+    def pull_one(pipeline: str, pe: str, node: str, key: tuple[str, str], since: float) -> None:
+        pulled.append(pe)
+
+    monkeypatch.setattr(orchestrator, "_pull_one", pull_one)
+    orchestrator.pull_errors[("p", "aggregate")] = ("fog-a", "UnknownElement: no checkpoint")
+    fresh = {"pipeline": "p", "element": "aggregate", "state": "running", "epoch": 1}
+    for node, elements in (("cloud", []), ("fog-a", [fresh])):
+        orchestrator.heartbeat(node, Heartbeat.model_validate(
+            {"url": "http://127.0.0.1:9", "ready": True, "elements": elements}
+        ))  # fmt: skip
+    orchestrator.pull_checkpoints()
+    assert pulled == ["source", "sink"]  # (the others: not reported, so tried as before)
+    assert {n.name: n.warnings for n in orchestrator.nodes()} == {"cloud": [], "fog-a": []}
+    # Its first snapshot reported: pulled.
+    assert _beat(orchestrator, "fog-a", "b000000000001", 10) is False
+    orchestrator.pull_checkpoints()
+    assert pulled == ["source", "sink", "source", "aggregate", "sink"]
+
+
 def test_a_pull_that_outlives_a_stop_and_a_fresh_deploy_stores_nothing_of_the_run_before(
     orchestrator: Orchestrator, tmp_path: Path
 ) -> None:

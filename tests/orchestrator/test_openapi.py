@@ -268,6 +268,11 @@ def test_a_sink_writing_a_running_pipelines_output_is_refused(
     }
     spec["elements"][1]["options"] = SPEC["elements"][1]["options"]  # fmt: skip
     orch.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
+    # Its own name again: refused with what was expected and received.
+    answer = as_(app, OPERATOR).post("/pipelines", json=spec)
+    assert answer.status_code == 409 and answer.json()["code"] == "pipeline_exists", answer.text
+    assert answer.json()["received"] == "'p', running"
+    assert answer.json()["expected"] == "a pipeline name no running or deploying pipeline has"
     answer = as_(app, OPERATOR).post("/pipelines", json={**spec, "pipeline": "b"})
     assert answer.status_code == 422 and answer.json()["code"] == "invalid_spec", answer.text
     assert "which sink 'sink' of running pipeline 'p' writes" in answer.json()["message"]

@@ -1076,3 +1076,23 @@ def test_a_scale_s_failed_wave_leaves_its_keys_though_a_later_wave_was_appended(
                              report)  # fmt: skip
     assert done.status == KeyMoveStatus.PENDING and done.moved == 4
     assert done.left == [moving[2], *moving[5:]]
+
+
+def test_a_key_move_of_an_unknown_element_suggests_the_partitioned_element(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # "did you mean 'aggregate-p2'?": a partition, which no key move names.
+    from fogshift.agent.exceptions import UnknownElement
+
+    _beat(orch, agents)
+    with pytest.raises(UnknownElement) as refused:
+        orch.migrate_keys("p", "aggregat", ["s1"], "fog-b", timeout_s=0.1)
+    assert refused.value.message == "pipeline 'p' has no element 'aggregat'"
+    assert refused.value.expected == (
+        "one of its partitioned elements (keys move between their partitions): aggregate"
+    )
+    assert (refused.value.received, refused.value.hint) == (
+        "'aggregat'",
+        "did you mean 'aggregate'?",
+    )
+    assert all(agent.calls == [] for agent in agents.values())

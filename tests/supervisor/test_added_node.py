@@ -78,6 +78,8 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
     assert f"removed {name}" in " ".join(done.stdout.split())
     moved_to = cluster.element("leaving", "aggregate")["node"]
     assert moved_to in SHARED_NODES[:-1]
+    # Said where it went, not only that the node is gone.
+    assert f"moving leaving/aggregate from {name} to {moved_to}" in " ".join(done.stdout.split())
     assert cluster.element("leaving", "aggregate")["last_migration"]["status"] == "migrated"
     finish_and_compare(cluster, tmp_path, "leaving")  # (and stops it)
     assert not group_alive(record["pgid"])  # its agent, JVM and workers stopped

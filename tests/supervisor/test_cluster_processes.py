@@ -315,7 +315,9 @@ def test_up_over_a_running_cluster_says_which_nodes_run(
     with pytest.raises(AlreadyUp) as refused:
         cluster_ops.up(tmp_path, ["cloud", "fog-b"])
     assert refused.value.message.endswith("with nodes cloud, fog-b")
-    assert "with a new name adds that node" in (refused.value.hint or "")
+    assert "`fogshift up --nodes cloud,fog-b,NEW` (every node it has and the new one) adds" in (
+        refused.value.hint or ""
+    )
     # A plain `up` (its default nodes) over a cluster of other names adds none of them: it
     # restarts what died, and here nothing did.
     with pytest.raises(AlreadyUp):
