@@ -670,7 +670,10 @@ def state(
         _print_json(data)
         return
     batch = "no batch committed yet" if data.batch is None else f"batch {data.batch}"
-    keyed = f"keyed by {data.key_by}, {data.keys} keys" if data.key_by else "not keyed"
+    keys = f"{data.keys} key" + ("" if data.keys == 1 else "s")
+    if key is None and data.key_by and len(data.entries) < data.keys:
+        keys += f", the first {len(data.entries)} shown (--limit)"
+    keyed = f"keyed by {data.key_by}, {keys}" if data.key_by else "not keyed"
     if data.waiting:
         keyed += f", {data.waiting} waiting for a key move's state"
     table = Table(title=f"state of {pipeline}/{element} on {data.node} ({batch}; {keyed})")
@@ -686,9 +689,12 @@ def state(
                     f"{entry.waiting.events} events held)")  # fmt: skip
         where = [entry.partition or "-"] if held else []
         table.add_row(*_plain("-" if entry.key is None else entry.key, *where, text[:200]))
-    console.print(table)
     if key is not None and not data.entries:
-        console.print(f"no state for key {escape(repr(key))} (it has had no valid event yet)")
+        # (Not an empty table under the title: the key has none.)
+        console.print(f"{table.title}: no state for key {escape(repr(key))} (it has had no "
+                      "valid event yet)", highlight=False)  # fmt: skip
+        return
+    console.print(table)
 
 
 @app.command()

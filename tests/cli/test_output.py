@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from rich.table import Table
 
@@ -34,3 +35,29 @@ def test_table_cells_show_a_reason_with_brackets_as_it_is() -> None:
     Console(file=out, width=200).print(table)
     assert "missing key [patient] in event" in out.getvalue()
     assert "KeyError: [/tmp]" in out.getvalue()
+
+
+def test_a_state_read_says_when_it_shows_part_of_the_keys_or_none_for_a_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A walk-through's findings: "4 keys" over 2 rows (cut by --limit, unsaid), "1 keys",
+    # and an empty table for a key with no state.
+    from fogshift.cli import main as cli
+    from fogshift.contracts import TwinEntry, TwinState
+
+    answers: list[TwinState] = []
+    monkeypatch.setattr(cli, "_element_read", lambda *args: answers.pop(0))
+
+    def read(count: int, shown: list[str], *args: str) -> str:
+        answers.append(TwinState(
+            pipeline="p", element="agg", node="fog-a", batch=7, key_by="sensor", keys=count,
+            entries=[TwinEntry(key=k, state={"n": 1}) for k in shown],
+        ))  # fmt: skip
+        return " ".join(fogshift_in_process("state", "p", "agg", *args).stdout.split())
+
+    assert "keyed by sensor, 4 keys, the first 2 shown (--limit)" in read(4, ["s1", "s2"])
+    assert "keyed by sensor, 1 key)" in read(1, ["s1"])
+    assert "keyed by sensor, 2 keys)" in read(2, ["s1", "s2"])
+    missing = read(2, [], "s9")
+    assert missing.endswith("no state for key 's9' (it has had no valid event yet)"), missing
+    assert "┃" not in missing and "key" in missing  # (no empty table)
