@@ -671,7 +671,7 @@ def state(
         return
     batch = "no batch committed yet" if data.batch is None else f"batch {data.batch}"
     keys = f"{data.keys} key" + ("" if data.keys == 1 else "s")
-    if key is None and data.key_by and len(data.entries) < data.keys:
+    if key is None and len(data.entries) >= limit and data.keys + data.waiting > limit:
         keys += f", the first {len(data.entries)} shown (--limit)"
     keyed = f"keyed by {data.key_by}, {keys}" if data.key_by else "not keyed"
     if data.waiting:
