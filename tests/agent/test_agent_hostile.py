@@ -292,48 +292,35 @@ def test_a_removed_nodes_blob_token_is_refused_once_a_heartbeat_says_so(home: Pa
     kept = home / "nodes" / "fog-a" / REMOVED_NODES_FILE
     assert json.loads(kept.read_text()) == {"removed": ["fog-b"], "generations": {}}
     assert kept.stat().st_mode & 0o777 == 0o600
+
+    def read_as(app_: FastAPI, reader: str, generation: int = 0) -> Any:
+        """A blob read of ``app_`` with ``reader``'s blob token of ``generation``."""
+        return client(app_, blob_token(cfg.token, reader, generation)).get(
+            f"/checkpoints/blobs/{sha}"
+        )
+
     again = create_app(cfg)
-    assert (
-        client(again, blob_token(cfg.token, "fog-b")).get(f"/checkpoints/blobs/{sha}").status_code
-        == 403
-    )
-    assert (
-        client(again, blob_token(cfg.token, "fog-c")).get(f"/checkpoints/blobs/{sha}").content
-        == data
-    )
+    assert read_as(again, "fog-b").status_code == 403
+    assert read_as(again, "fog-c").content == data
     # Added again (the orchestrator's answers stop naming it and give its generation): the
     # token of its new generation opens blobs, the one the removed machine held does not,
     # and the kept file says so.
     app.state.removed.update([], {"fog-b": 1})
-    assert (
-        client(app, blob_token(cfg.token, "fog-b", 1)).get(f"/checkpoints/blobs/{sha}").content
-        == data
-    )
-    stale = fog_b.get(f"/checkpoints/blobs/{sha}")
+    assert read_as(app, "fog-b", 1).content == data
+    stale = read_as(app, "fog-b")
     assert stale.status_code == 403, stale.text
     assert (
         "'fog-b''s of generation 0, and the node is in its generation 1"
         in (stale.json()["message"])
     )
-    assert fog_c.get(f"/checkpoints/blobs/{sha}").content == data
+    assert read_as(app, "fog-c").content == data
     assert json.loads(kept.read_text()) == {"removed": [], "generations": {"fog-b": 1}}
-    assert (
-        client(create_app(cfg), blob_token(cfg.token, "fog-b"))
-        .get(f"/checkpoints/blobs/{sha}")
-        .status_code
-        == 403
-    )  # (kept: refused from the first request)
+    assert read_as(create_app(cfg), "fog-b").status_code == 403  # (kept: refused at once)
     # An older agent's file (the removed names only) is read too.
     kept.write_text(json.dumps(["fog-c"]))
     older = create_app(cfg)
-    assert (
-        client(older, blob_token(cfg.token, "fog-c")).get(f"/checkpoints/blobs/{sha}").status_code
-        == 403
-    )
-    assert (
-        client(older, blob_token(cfg.token, "fog-b")).get(f"/checkpoints/blobs/{sha}").content
-        == data
-    )
+    assert read_as(older, "fog-c").status_code == 403
+    assert read_as(older, "fog-b").content == data
 
 
 def test_a_node_in_a_later_generation_knows_the_operator_token_and_not_its_old_token(
