@@ -978,7 +978,8 @@ class StandbyStatus(BaseModel):
         epoch: The epoch it writes under once promoted (newer than the primary's).
         state: What its node reports (``pending`` while it starts).
         lag_events: The primary's committed input position minus the standby's, when the
-            orchestrator last raised its cap (``None``: not followed yet).
+            orchestrator last raised its cap, or looked again while the standby was behind
+            and the primary committed nothing new (``None``: not followed yet).
         ready_ms: How long starting it took (copy, start, warm-up).
     """
 

@@ -59,7 +59,7 @@ from fogshift.orchestrator.config import WarningLimits
 from fogshift.orchestrator.exceptions import NotKeyed, PipelineExists, UnknownPipeline
 from fogshift.orchestrator.journal import STOP_WAIT_S, Journal
 from fogshift.orchestrator.locks import element_lock_of
-from fogshift.orchestrator.registry import PipelineRecord
+from fogshift.orchestrator.registry import NodeRecord, PipelineRecord
 from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.loader import (
     check_fresh,
@@ -212,7 +212,9 @@ class Deployment(Journal):
                         listed.append(e)
                     else:
                         where = f"runs on {now} now" if now else "is no longer deployed"
-                        moved.append(f"last heard running {e.pipeline}/{e.element}, which {where}")
+                        # (Its copy there may have been the PE or its standby: a report
+                        # does not say, and the standby's record goes with the node.)
+                        moved.append(f"last heard holding {e.pipeline}/{e.element}, which {where}")
             out.append(
                 NodeView(
                     name=node.name,
@@ -238,21 +240,23 @@ class Deployment(Journal):
                         )
                         for e in listed
                     ],
-                    warnings=node_warnings(
-                        report,
-                        time.time() - node.last_seen,
-                        time.time(),
-                        self.config.warning_limits,
-                    )
-                    + [
-                        f"central checkpoint of {p}/{e} failed: {error}"
-                        for (p, e), (at, error) in sorted(self.pull_errors.items())
-                        if at == node.name
-                    ]
-                    + moved,
+                    warnings=self._node_warnings(node) + moved,
                 )
             )
         return out
+
+    def _node_warnings(self, node: NodeRecord) -> list[str]:
+        """What ``nodes`` warns of for ``node``: of a silent one, its silence only (its last
+        report's checkpoints age with the silence: "stopped" said nothing the silence does
+        not, and read as the node's own trouble)."""
+        heard_s = time.time() - node.last_seen
+        if not self.healthy(node):
+            return [f"no heartbeat for {heard_s:.0f} s (its agent is down or cut off)"]
+        return node_warnings(node.report, heard_s, time.time(), self.config.warning_limits) + [
+            f"central checkpoint of {p}/{e} failed: {error}"
+            for (p, e), (at, error) in sorted(self.pull_errors.items())
+            if at == node.name
+        ]
 
     def pipeline(self, name: str) -> PipelineRecord:
         record = self.registry.get_pipeline(name)

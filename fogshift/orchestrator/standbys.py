@@ -22,6 +22,7 @@ from functools import partial
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.exceptions import BrokerError
 from fogshift.contracts import (
+    ElementProgress,
     NodeHold,
     OperationKind,
     PEState,
@@ -508,6 +509,19 @@ class Standbys(Deployment):
             # Its node is slow or lost it: keep_standbys judges that from the heartbeats.
             log.debug("following %s/%s on %s: %s", *key, standby.node, exc.message)
             return
+        if answer is None and last is not None and last.standby is not None:
+            if last.standby.progress >= now.progress:
+                return
+            # The primary committed nothing new, and the standby was behind when its cap
+            # was last raised: seen again, or `status` showed that lag for as long as the
+            # pipeline stayed idle (the standby long caught up).
+            try:
+                answer = self.agent(standby.node).call(
+                    ElementProgress, "GET", here + "/progress", timeout=5.0
+                )
+            except FogshiftError as exc:
+                log.debug("following %s/%s on %s: %s", *key, standby.node, exc.message)
+                return
         if answer is not None:
             self.followed[key] = Followed(primary=now, standby=answer)
 

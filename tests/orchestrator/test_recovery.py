@@ -1167,4 +1167,8 @@ def test_a_silent_node_does_not_list_a_pe_restored_elsewhere_as_its_own(
     orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
     silent = fog_a()
     assert (silent.elements, silent.checkpoints) == ([], [])
-    assert "last heard running p/aggregate, which runs on fog-b now" in silent.warnings
+    # Its silence first, and none of what its last report's ageing checkpoints would say
+    # ("node-level checkpoints stopped": the silence, not the node's own trouble).
+    assert silent.warnings[0].startswith("no heartbeat for 6"), silent.warnings
+    assert silent.warnings[0].endswith(" s (its agent is down or cut off)")
+    assert silent.warnings[1:] == ["last heard holding p/aggregate, which runs on fog-b now"]

@@ -237,6 +237,16 @@ def test_the_follower_raises_the_cap_only_when_the_primary_committed(
     assert cap.body == {"gate": {"mode": "cap", "limit": limit}}
     status = orch.standby_status("p", "aggregate")
     assert status is not None and status.lag_events == 4 and status.state == "running"
+    # The primary idle, the standby caught up: seen again (its progress read, its gate
+    # left as it is), the lag it showed is 0, not the 4 it had when capped.
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 45))
+    orch.follow_standbys()
+    status = orch.standby_status("p", "aggregate")
+    assert status is not None and status.lag_events == 0
+    assert len(agents["fog-b"].received("PUT", AGG + "/gate")) == 1
+    reads = len(agents["fog-b"].received("GET", AGG + "/progress"))
+    orch.follow_standbys()  # caught up and nothing new: not read again
+    assert len(agents["fog-b"].received("GET", AGG + "/progress")) == reads
     agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 50))
     orch.follow_standbys()
     assert len(agents["fog-b"].received("PUT", AGG + "/gate")) == 2
