@@ -1008,6 +1008,8 @@ class ElementStatus(BaseModel):
         last_migration: The report of its last migration (``None``: none since the
             orchestrator started).
         standby: Its hot standby, if the pipeline keeps one for it and one is up.
+        standby_missing: Why it has none though its pipeline asks for one (its node not
+            up, no other node to take it, being started); ``None`` otherwise.
         partition_of: For a partition of a partitioned keyed PE: the element the spec
             partitioned (``partition``: its number from 0, ``partitions``: how many).
     """
@@ -1030,6 +1032,7 @@ class ElementStatus(BaseModel):
     epoch: int | None = None
     last_migration: MigrationReport | None = None
     standby: StandbyStatus | None = None
+    standby_missing: str | None = None
     partition_of: str | None = None
     partition: int | None = None
     partitions: int | None = None

@@ -530,10 +530,10 @@ def validate(
 
 
 def _standby_cell(element: ElementStatus) -> str:
-    """``fog-c (running, 3 behind)``, or ``-`` without a standby."""
+    """``fog-c (running, 3 behind)``; without one, why (its pipeline asks for one) or ``-``."""
     standby = element.standby
     if standby is None:
-        return "-"
+        return f"none: {element.standby_missing}" if element.standby_missing else "-"
     lag = "" if standby.lag_events is None else f", {standby.lag_events} behind"
     return f"{standby.node} ({standby.state}{lag})"
 

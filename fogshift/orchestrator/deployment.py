@@ -665,6 +665,7 @@ class Deployment(Journal):
                         epoch=report.epoch if report else None,
                         last_migration=self.last_migration.get((record.name, element.id)),
                         standby=self.standby_status(record.name, element.id),
+                        standby_missing=self.standby_missing(record, element),
                         **_partition_fields(element),
                     )
                 )
@@ -672,6 +673,11 @@ class Deployment(Journal):
                 PipelineStatus(pipeline=record.name, status=record.status, elements=elements)
             )
         return out
+
+    def standby_missing(self, record: PipelineRecord, element: ElementSpec) -> str | None:
+        """Why a PE whose spec asks for a hot standby has none now (``None``: it has one,
+        or none is asked for); :class:`~fogshift.orchestrator.standbys.Standbys` says."""
+        return None
 
     def standby_status(self, pipeline: str, element_id: str) -> StandbyStatus | None:
         """The PE's standby for ``status``."""

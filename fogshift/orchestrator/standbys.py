@@ -119,6 +119,28 @@ class Standbys(Deployment):
         ranked = sorted(candidates, key=lambda n: (n.name != planned, busy[n.name], n.name))
         return ranked[0].name if ranked else None
 
+    def standby_missing(self, record: PipelineRecord, element: ElementSpec) -> str | None:
+        """Why the PE has no standby though its spec asks for one (``status``: its
+        protection gone while its node is down was shown as no standby at all)."""
+        wanted = record.spec.recovery.standby
+        if (
+            wanted is None
+            or not wants_standby(element)
+            or record.status != PipelineState.RUNNING
+            or self.registry.standby(record.name, element.id) is not None
+        ):
+            return None
+        current = record.placement[element.id]
+        if wanted not in (PLANNED_STANDBY, current) and not self._may_keep(
+            self.registry.node(wanted)
+        ):
+            leaving = wanted in self.leaving_nodes()
+            return f"its node {wanted} is {'leaving' if leaving else 'not up'}"
+        target = self.standby_node(record, element)
+        if target is None:
+            return "no other node can take it"
+        return f"being started on {target}"
+
     # -- keeping them -----------------------------------------------------------------------
 
     def keep_standbys(self) -> None:

@@ -714,3 +714,24 @@ def test_a_standby_that_lands_on_a_node_being_removed_is_dropped_in_a_second_pas
             assert orch.registry.standby("p", "aggregate") is None
             assert len(agents["fog-b"].received("DELETE", AGG)) == 2  # each discarded
         assert not orch._leaving
+
+
+def test_status_says_why_a_pe_asked_a_standby_has_none(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # Its standby node killed: the standby cells showed "-", as for a pipeline asking none.
+    def missing() -> dict[str, str | None]:
+        (status,) = orch.status("p", counts=False)
+        return {e.element: e.standby_missing for e in status.elements}
+
+    # (The sink is restored from checkpoints: never a standby.)
+    assert missing() == {"source": "being started on fog-b", "aggregate": "being started on fog-b",
+                         "sink": None}  # fmt: skip
+    standby_on_fog_b(orch, agents)
+    assert missing()["aggregate"] is None
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-b'")
+    orch.drop_standby(orch.registry.standby("p", "aggregate"))  # type: ignore[arg-type]
+    assert missing() == {"source": "its node fog-b is not up",
+                         "aggregate": "its node fog-b is not up", "sink": None}  # fmt: skip
+    orch.drain_lease("fog-b", 60)
+    assert missing()["aggregate"] == "its node fog-b is leaving"
