@@ -627,6 +627,10 @@ def errors(
     if as_json:
         _print_json(data)
         return
+    if not data:
+        console.print(f"no dead letters in {escape(pipeline)} (none stored in its streams)",
+                      highlight=False)  # fmt: skip
+        return
     table = Table(title=f"dead letters of {pipeline} ({len(data)})")
     for column in ("element", "seq", "reason", "event"):
         table.add_column(column)

@@ -318,7 +318,9 @@ def migrate(
             outcome = "could not be rolled back"
             hint = (
                 f"see the error; once {origin_name} answers, the reconciler resumes the PE "
-                "held at its gate there (or restarts it under its newest epoch)"
+                "held at its gate there (or restarts it under its newest epoch); if "
+                f"{origin_name} stays silent, the PE is restored elsewhere as any PE of a "
+                "lost node (`recovery.auto`; else `fogshift restore` it)"
             )
         failure = MigrationFailed(
             f"migration of {pipeline}/{element.id} from {origin_name} to {target_name} failed "

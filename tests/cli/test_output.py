@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -65,3 +66,21 @@ def test_a_state_read_says_when_it_shows_part_of_the_keys_or_none_for_a_key(
     missing = read(2, [], "s9")
     assert missing.endswith("no state for key 's9' (it has had no valid event yet)"), missing
     assert "┃" not in missing and "key" in missing  # (no empty table)
+
+
+def test_a_pipeline_without_dead_letters_is_said_to_have_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # It printed an empty table.
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from fogshift.cli import main as cli
+
+    @contextmanager
+    def client(home: Path) -> Any:
+        yield SimpleNamespace(get=lambda path, params: [])
+
+    monkeypatch.setattr(cli.cluster_ops, "orchestrator_client", client)
+    out = " ".join(fogshift_in_process("errors", "w2").stdout.split())
+    assert out == "no dead letters in w2 (none stored in its streams)"

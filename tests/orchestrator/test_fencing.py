@@ -262,6 +262,9 @@ def test_a_rollback_whose_origin_does_not_run_again_is_not_reported_rolled_back(
     report = failed.value.report  # type: ignore[attr-defined]
     assert report.rolled_back is False, report
     assert "could not be rolled back" in failed.value.message
+    # What happens next either way: the origin answers again, or its PEs are restored.
+    assert "once fog-a answers, the reconciler resumes the PE" in (failed.value.hint or "")
+    assert "if fog-a stays silent, the PE is restored elsewhere" in (failed.value.hint or "")
     assert "running the origin on fog-a again failed" in report.error
     assert [o.outcome for o in orch.registry.operations(pipeline)] == ["failed"]
 
