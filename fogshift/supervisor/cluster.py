@@ -1545,7 +1545,8 @@ def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], No
     planner's latest plan (its status's ``planned_redeploy``: where a restore would put it,
     chosen for its recovery time) if that node is healthy and stays, else to the healthy
     node outside ``leaving`` that runs the fewest PEs; never to the node of its own hot
-    standby while another node will do (its standby stays warm). Standbys are not moved
+    standby, nor a partition to a node running another partition of its element, while
+    another node will do (its standby stays warm; partitions stay apart). Standbys are not moved
     here: the orchestrator's removal drops the ones its keeper chose there, which it starts again
     elsewhere; a pipeline whose spec names the node as its standby node
     (``recovery.standby: NODE``) still keeps it.
@@ -1587,6 +1588,15 @@ def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], No
             # warm copy and a query start for nothing, the PE without one meanwhile. With
             # `standby: planned` that node is the planned one.)
             fits = [n for n in targets if n != warm] or targets
+            # (Nor onto a node running another partition of its element while another will
+            # do: two partitions on one node split no work, and a key move `--to` that node
+            # is refused as ambiguous.)
+            status = next(s for s in running if s.pipeline == pipeline)
+            this = next(e for e in status.elements if e.element == element)
+            siblings = {e.node for e in status.elements
+                        if this.partition_of is not None and e.element != element
+                        and e.partition_of == this.partition_of}  # fmt: skip
+            fits = [n for n in fits if n not in siblings] or fits
             target = planned if planned in fits else min(fits, key=lambda n: (busy[n], n))
             say(f"moving {here[0]} from {name} to {target}")
             client.post(f"/pipelines/{pipeline}/elements/{element}/migrate",

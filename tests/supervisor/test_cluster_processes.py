@@ -422,8 +422,10 @@ class _Orchestrator:
         healthy: list[str],
         holds: list[dict[str, str]] | None = None,
         standbys: dict[str, str] | None = None,
+        partitions: dict[str, str] | None = None,
     ) -> None:
         self.placed = placed  # element -> (node, planned redeploy node)
+        self.partitions = partitions or {}  # a partition's id -> the element it is of
         self.healthy = healthy
         self.standbys = standbys or {}  # element -> its standby's node
         self.holds = holds or []  # what GET /nodes/{name}/holds answers besides the PEs
@@ -445,7 +447,8 @@ class _Orchestrator:
                 "elements": [], "checkpoints": []}  # fmt: skip
         if path == "/pipelines":
             return [{"pipeline": "p", "status": "running", "elements": [
-                {**element, "element": e, "node": n, "planned_redeploy": r, "standby":
+                {**element, "element": e, "node": n, "planned_redeploy": r,
+                 "partition_of": self.partitions.get(e), "standby":
                  {"node": self.standbys[e], "epoch": 2, "state": "running"}
                  if e in self.standbys else None}
                 for e, (n, r) in self.placed.items()
@@ -518,6 +521,29 @@ def test_a_drained_pe_does_not_go_where_its_own_standby_is_if_another_node_will_
     monkeypatch.setattr(cluster_ops, "orchestrator_client", lambda *_, **__: orchestrator)
     cluster_ops.drain_node(Path("h"), "fog-c", {"fog-c"}, lambda _: None)
     assert orchestrator.moves == [("a", "fog-b")]  # (the only node that stays)
+
+
+def test_a_drained_partition_does_not_join_another_partition_of_its_element_if_it_can(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A walk-through's drain put aggregate-p1 beside aggregate-p2 (the least busy node by
+    # name): two partitions on one node split no work, and `--keys --to` it was refused.
+    parts = {"agg-p0": "agg", "agg-p1": "agg"}
+    orchestrator = _Orchestrator(
+        {"agg-p0": ("fog-c", None), "agg-p1": ("cloud", None), "x": ("fog-b", None)},
+        healthy=["cloud", "fog-b", "fog-c"], partitions=parts,
+    )  # fmt: skip
+    monkeypatch.setattr(cluster_ops, "orchestrator_client", lambda *_, **__: orchestrator)
+    cluster_ops.drain_node(Path("h"), "fog-c", {"fog-c"}, lambda _: None)
+    assert orchestrator.moves == [("agg-p0", "fog-b")]  # (cloud: tied, first by name)
+    # The only node that stays runs its sibling: it goes there all the same.
+    orchestrator = _Orchestrator(
+        {"agg-p0": ("fog-c", None), "agg-p1": ("cloud", None)},
+        healthy=["cloud", "fog-c"], partitions=parts,
+    )  # fmt: skip
+    monkeypatch.setattr(cluster_ops, "orchestrator_client", lambda *_, **__: orchestrator)
+    cluster_ops.drain_node(Path("h"), "fog-c", {"fog-c"}, lambda _: None)
+    assert orchestrator.moves == [("agg-p0", "cloud")]
 
 
 def test_a_drain_that_could_not_free_the_node_is_refused_before_any_pe_moves(
