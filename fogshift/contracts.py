@@ -933,7 +933,8 @@ class NodeView(BaseModel):
         ready: Its Spark session is up.
         last_seen_s: Seconds since its last heartbeat.
         replicas: ``pipeline/element@checkpoint`` of each copy it holds.
-        elements: ``pipeline/element`` of each PE it runs.
+        elements: ``pipeline/element`` of each PE it runs (hot standbys among them).
+        standbys: Those of ``elements`` that are a PE's hot standby there, not the PE.
         warnings: What is wrong with a node that still works: its node-level checkpoints
             failing or no longer taken (a restore would then reprocess ever more input, and
             nothing new reaches the central store), its PEs' central pulls failing, its disk
@@ -961,6 +962,7 @@ class NodeView(BaseModel):
     elements: list[str]
     checkpoints: list[CheckpointsView]
     warnings: list[str] = []
+    standbys: list[str] = []
 
     @property
     def disk_text(self) -> str | None:

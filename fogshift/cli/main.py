@@ -595,7 +595,9 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
         table.add_row(
             *_plain(n.name, n.url, str(n.pid), str(n.pgid)),
             "[green]yes[/]" if n.healthy else "[red]no[/]",
-            *_plain(n.disk_text or "-", ", ".join(n.elements)),
+            *_plain(n.disk_text or "-", ", ".join(
+                f"{e} (standby)" if e in n.standbys else e for e in n.elements
+            )),
         )  # fmt: skip
     console.print(table)
     for n in data:

@@ -200,6 +200,7 @@ class Deployment(Journal):
             for record in self.registry.pipelines()
             for element, node in record.placement.items()
         }
+        standing = {(s.pipeline, s.element): s.node for s in self.registry.standbys()}
         out = []
         for node in self.registry.nodes():
             report = node.report
@@ -231,6 +232,12 @@ class Deployment(Journal):
                     disk_total_bytes=report.disk_total_bytes,
                     replicas=[f"{r.pipeline}/{r.element}@{r.id}" for r in report.replicas],
                     elements=[f"{e.pipeline}/{e.element}" for e in listed],
+                    standbys=[
+                        f"{e.pipeline}/{e.element}"
+                        for e in listed
+                        if standing.get((e.pipeline, e.element)) == node.name
+                        and placed.get((e.pipeline, e.element)) != node.name
+                    ],
                     checkpoints=[
                         CheckpointsView(
                             element=f"{e.pipeline}/{e.element}",

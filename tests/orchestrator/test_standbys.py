@@ -729,6 +729,13 @@ def test_status_says_why_a_pe_asked_a_standby_has_none(
                          "sink": None}  # fmt: skip
     standby_on_fog_b(orch, agents)
     assert missing()["aggregate"] is None
+    # `nodes` tells the standby from the PE (both listed among the nodes' elements).
+    reports = {"cloud": [hosted("source"), hosted("sink")], "fog-a": [hosted("aggregate")],
+               "fog-b": [hosted("aggregate", 2)]}  # fmt: skip
+    beat(orch, agents, reports)
+    views = {n.name: n for n in orch.nodes()}
+    assert (views["fog-b"].elements, views["fog-b"].standbys) == (["p/aggregate"], ["p/aggregate"])
+    assert (views["fog-a"].elements, views["fog-a"].standbys) == (["p/aggregate"], [])
     orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-b'")
     orch.drop_standby(orch.registry.standby("p", "aggregate"))  # type: ignore[arg-type]
     assert missing() == {"source": "its node fog-b is not up",
