@@ -942,10 +942,7 @@ class Registry:
                     hint=f"`fogshift up --nodes` naming every node and {name} adds it again",
                 )
             if generation is not None:
-                row = db.execute(
-                    "SELECT generation FROM node_generations WHERE name = ?", (name,)
-                ).fetchone()
-                now = int(row[0]) if row else 0
+                now = _generation(db, name)
                 if generation != now:
                     raise stale_generation(name, generation, now)
             db.execute(
@@ -994,10 +991,7 @@ class Registry:
                     "DO UPDATE SET generation = generation + 1",
                     (name,),
                 )
-            row = db.execute(
-                "SELECT generation FROM node_generations WHERE name = ?", (name,)
-            ).fetchone()
-        return int(row[0]) if row else 0
+            return _generation(db, name)
 
     def generations(self) -> dict[str, int]:
         """The generation of every name added again after a removal (the others: ``0``)."""
@@ -1023,3 +1017,9 @@ class Registry:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _generation(db: sqlite3.Connection, name: str) -> int:
+    """Node ``name``'s generation in the registry (``0``: never added again)."""
+    row = db.execute("SELECT generation FROM node_generations WHERE name = ?", (name,)).fetchone()
+    return int(row[0]) if row else 0
