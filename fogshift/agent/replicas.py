@@ -34,6 +34,7 @@ from fogshift.checkpoint.chunks import Chunk
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.checkpoint.spark_dir import fill_omitted
 from fogshift.common.http import NodeDirectory, client_limits, raise_for_error, tls_context
+from fogshift.common.validation import message_of
 from fogshift.contracts import (
     CheckpointManifest,
     DroppedReplica,
@@ -177,7 +178,7 @@ class Replicas:
                 f"{manifest['element']} is not whole",
                 expected="a manifest as a node's snapshot writes it (id, pipeline, element, "
                 "batch, created, files)",
-                received=f"{'.'.join(map(str, first['loc'])) or 'manifest'}: {first['msg']}",
+                received=f"{'.'.join(map(str, first['loc'])) or 'manifest'}: {message_of(first)}",
                 hint="send the manifest whole, as the central store keeps it",
             ) from None
         blobs = self._source(shaped, source)

@@ -31,7 +31,7 @@ from fogshift.common.names import (
     SHA256_RE,
     SNAPSHOT_RE,
 )
-from fogshift.common.validation import expected_of, refusal_of
+from fogshift.common.validation import expected_of, message_of, refusal_of
 from fogshift.contracts import ErrorBody, FileChunks
 from fogshift.events import MAX_KEY_CHARS
 from fogshift.exceptions import FogshiftError, InvalidInput, NotFound, Unauthorized
@@ -293,7 +293,7 @@ def install_error_handlers(
                 return f"{error['input']!r} is not a key group"
             if error in named:
                 return f"{error['input']!r} cannot be used as a name"
-            return str(error["msg"])
+            return message_of(error)
 
         message = f"bad request to {request.url.path}: " + "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {said(e)}" for e in errors

@@ -65,14 +65,36 @@ def refusal_of(error: ErrorDetails) -> Refusal | None:
     return found if isinstance(found, Refusal) else None
 
 
+#: pydantic's messages fogshift says in its own words (``{...}``: the error's context):
+#: "Extra inputs are not permitted" or "Tuple should have at least 1 item after
+#: validation, not 0" read as a library's, not as a refusal of what the user wrote.
+_SAID = {
+    "missing": "missing (required)",
+    "extra_forbidden": "not a key known here",
+    "too_short": "has {actual_length}, at least {min_length} expected",
+    "too_long": "has {actual_length}, at most {max_length} expected",
+}
+
+
 def message_of(error: ErrorDetails) -> str:
-    """``error``'s message, a name pattern said in words (not its regular expression)."""
-    pattern = str((error.get("ctx") or {}).get("pattern"))
+    """``error``'s message in fogshift's words: a name pattern said in words (not its
+    regular expression), fogshift's own checks without pydantic's prefix, and the messages
+    of :data:`_SAID` reworded; any other as pydantic says it, without its "Input " (the
+    caller names the field)."""
+    context = dict(error.get("ctx") or {})
+    pattern = str(context.get("pattern"))
     if error["type"] == "string_pattern_mismatch" and pattern in EXPECTED:
         return f"should be {EXPECTED[pattern]}"
     if error["type"] == "value_error":  # one of fogshift's own checks: its words alone
         return error["msg"].removeprefix("Value error, ")
-    return error["msg"]
+    template = _SAID.get(error["type"])
+    if template is not None:
+        try:
+            return template.format(**context)
+        except (KeyError, IndexError, ValueError):
+            pass
+    message = error["msg"]
+    return message[len("Input ") :] if message.startswith("Input should") else message
 
 
 def expected_of(error: ErrorDetails) -> str | None:

@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fogshift.common.names import NAME_RE
+from fogshift.common.validation import message_of
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.contracts import Assignment, PlannedServer, PlanView
 from fogshift.exceptions import InvalidInput
@@ -178,7 +179,7 @@ class FogTopology(BaseModel):
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(top level)"
             raise InvalidInput(
-                f"invalid fog topology {source}: {where}: {first['msg']}",
+                f"invalid fog topology {source}: {where}: {message_of(first)}",
                 expected="central, default_cpu, default_bandwidth, pe_cpu, "
                 "nodes: {NAME: {cpu}}, links: [{a, b, bandwidth}]",
                 received=repr(first.get("input"))[:200],

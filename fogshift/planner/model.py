@@ -42,6 +42,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fogshift.common.validation import message_of
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.planner.exceptions import InvalidTopology
 
@@ -227,14 +228,14 @@ class Topology(BaseModel):
             errors = exc.errors()
             lines = []
             for err in errors[:10]:
-                msg = str(err["msg"]).removeprefix("Value error, ")
+                msg = message_of(err)
                 # Cross-field errors carry their path in the message already.
                 where = _loc(tuple(err["loc"]))
                 lines.append(msg if not err["loc"] else f"{where}: {msg}")
             first = errors[0]
             raise InvalidTopology(
                 f"invalid {source}: " + "; ".join(lines),
-                expected=str(first["msg"]).removeprefix("Value error, ") if first["loc"] else None,
+                expected=message_of(first) if first["loc"] else None,
                 received=repr(first.get("input"))[:200] if first["loc"] else None,
                 hint=_EXAMPLE,
             ) from exc

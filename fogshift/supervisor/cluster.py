@@ -48,6 +48,7 @@ from fogshift.common.http import ServiceClient, is_loopback, node_token
 from fogshift.common.locks import CLUSTER_LOCK, exclusive
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.processes import foreign, group_alive, leads, started_at
+from fogshift.common.validation import message_of
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
     AgentHealth,
@@ -254,7 +255,7 @@ def read_cluster(path: Path) -> ClusterFile:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        problem = first["msg"] + (f" at {where}" if where else "")
+        problem = message_of(first) + (f" at {where}" if where else "")
         if exc.error_count() > 1:
             problem += f" (and {exc.error_count() - 1} more)"
     raise InvalidInput(

@@ -40,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fogshift.common.http import ServiceClient
 from fogshift.common.service import NameParam, StateKeyQuery
 from fogshift.common.text import one_line
+from fogshift.common.validation import message_of
 from fogshift.contracts import (
     DeadLetter,
     ElementStatus,
@@ -411,7 +412,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     @app.exception_handler(RequestValidationError)
     async def on_bad_request(request: Request, exc: RequestValidationError) -> Response:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc'])}: {message_of(e)}" for e in exc.errors()
         )
         err = InvalidInput(
             "this request does not fit the dashboard's forms",

@@ -114,7 +114,7 @@ def test_an_element_without_options_is_told_which_it_needs() -> None:
     with pytest.raises(InvalidSpec) as err:
         parse_spec(data)
     assert "options of element 'src' (csv-source)" in err.value.message
-    assert "path: Field required" in err.value.message
+    assert "path: missing (required)" in err.value.message
     assert "at least 1 item" not in err.value.message
 
 
@@ -123,7 +123,7 @@ def test_a_missing_kind_is_a_missing_field_not_a_tag_error() -> None:
     del data["elements"][1]["kind"]
     with pytest.raises(InvalidSpec) as err:
         parse_spec(data)
-    assert "elements[1] (id 'own').kind: Field required" in err.value.message
+    assert "elements[1] (id 'own').kind: missing (required)" in err.value.message
 
 
 def test_key_by_is_for_processors_that_hold_state() -> None:

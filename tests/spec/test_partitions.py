@@ -68,7 +68,7 @@ def test_keys_spread_over_the_partitions_as_crc32_says() -> None:
     [
         ({"key_by": None}, "add key_by"),
         ({"node": "b"}, "remove node: b"),
-        ({"partitions": []}, "at least 1 item"),
+        ({"partitions": []}, "has 0, at least 1 expected"),
         ({"partitions": ["a", "bad node"]}, "partitions"),
         ({"id": "x" * 62}, "longer than 63 characters"),
         # A key move's record carries fogshift_key_move beside the key: the key was lost.

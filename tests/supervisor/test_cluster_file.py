@@ -67,7 +67,7 @@ def test_a_write_that_fails_midway_leaves_the_previous_file_whole(
     [
         (b'{"orchestrator": {"pid": 1', "Invalid JSON"),
         (b"", "Invalid JSON"),
-        (b'{"orchestrator": {"pid": 1, "pgid": 1}}', "Field required"),
+        (b'{"orchestrator": {"pid": 1, "pgid": 1}}', "missing (required)"),
         (b"\xff\xfe\x00garbage", "not text"),
     ],
     ids=["truncated", "empty", "wrong-shape", "binary"],

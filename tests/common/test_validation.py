@@ -1,0 +1,39 @@
+"""Pydantic's errors said in fogshift's words (``fogshift.common.validation``)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fogshift.common.validation import message_of
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    window: int = Field(default=1, gt=0)
+    fields: tuple[str, ...] = Field(default=("v",), min_length=1, max_length=2)
+
+
+def _messages(data: dict[str, object]) -> dict[str, str]:
+    with pytest.raises(ValidationError) as err:
+        _Options.model_validate(data)
+    return {".".join(map(str, e["loc"])): message_of(e) for e in err.value.errors()}
+
+
+def test_pydantic_wording_does_not_reach_a_refusal() -> None:
+    said = _messages({"window": 0, "pad": 1, "fields": []})
+    assert said == {
+        "path": "missing (required)",
+        "pad": "not a key known here",
+        "window": "should be greater than 0",
+        "fields": "has 0, at least 1 expected",
+    }
+    assert _messages({"path": "p", "fields": ["a", "b", "c"]}) == {
+        "fields": "has 3, at most 2 expected"
+    }
+
+
+def test_other_messages_keep_pydantic_words_without_its_subject() -> None:
+    assert _messages({"path": 3}) == {"path": "should be a valid string"}
