@@ -382,8 +382,12 @@ def _cluster_nodes(home: Path) -> set[str]:
 @app.command()
 def down(home: Home = Path(".fogshift")) -> None:
     """Stop everything `up` started. Pipelines, checkpoints and outputs are kept."""
-    stopped = cluster_ops.down(home.resolve())
-    console.print(f"[green]down[/]: stopped {', '.join(stopped)}")
+    report = cluster_ops.down(home.resolve())
+    running = [label for label in report.stopped if label not in report.gone]
+    console.print(f"[green]down[/]: stopped {', '.join(running) or 'nothing'}")
+    if report.gone:
+        # (Killed or crashed before: said apart, not as if this stopped them.)
+        console.print(f"{', '.join(report.gone)}: had stopped already")
 
 
 @app.command("remove-node")

@@ -322,15 +322,21 @@ class Coordination(Scaling):
         """
         if record.placement[element_id] != node:
             return
+        found = self.registry.node(node)
+        if found is not None and self.healthy(found):
+            message = f"{record.name}/{element_id} already runs on node {node!r}"
+            also = "; a PE missing from its healthy node is started there again by the reconciler"
+        else:  # (it does not run: its node is silent, or gone)
+            message = f"{record.name}/{element_id} is placed on node {node!r}, which is not up"
+            also = "; a node that comes back starts its PEs there again by itself"
         raise InvalidInput(
-            f"{record.name}/{element_id} already runs on node {node!r}: cannot {what} it there",
+            f"{message}: cannot {what} it there",
             expected="a node other than " + repr(node),
             received=repr(node),
             hint=(
                 "choose another node (`fogshift nodes` lists them)"
                 if what == "migrate"
-                else "restore it on another node, or leave --to out; a PE missing from its "
-                "healthy node is started there again by the reconciler"
+                else "restore it on another node, or leave --to out" + also
             ),
         )
 

@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -1378,7 +1378,20 @@ def _stop_leftovers(cluster: ClusterFile, grace_s: float = 5) -> None:
         _stop_tier(tier, grace_s)
 
 
-def down(home: Path, grace_s: float = DOWN_GRACE_S) -> list[str]:
+class Stopped(NamedTuple):
+    """What :func:`down` stopped.
+
+    Attributes:
+        stopped: The services and links it stopped, in order.
+        gone: Those of them that had stopped before (killed, crashed): nothing of their
+            process groups was left to stop.
+    """
+
+    stopped: list[str]
+    gone: list[str]
+
+
+def down(home: Path, grace_s: float = DOWN_GRACE_S) -> Stopped:
     """Stop everything ``up`` started.
 
     Each service's leader gets SIGTERM (the agents stop their queries cleanly); whatever is
@@ -1388,8 +1401,8 @@ def down(home: Path, grace_s: float = DOWN_GRACE_S) -> list[str]:
     they stop), then their namespaces, veths and routes are removed.
 
     Returns:
-        What was stopped. The registry, checkpoints and outputs stay, so a later ``up``
-        carries on with the pipelines that were running.
+        What was stopped, and which of it had stopped already. The registry, checkpoints
+        and outputs stay, so a later ``up`` carries on with the pipelines that were running.
 
     Raises:
         NetworkCommandFailed: A namespace or veth could not be removed (everything else was
@@ -1681,7 +1694,7 @@ def _check_removable(home: Path, cluster: ClusterFile, names: list[str]) -> None
         )
 
 
-def _down_claimed(home: Path, grace_s: float) -> list[str]:
+def _down_claimed(home: Path, grace_s: float) -> Stopped:
     """:func:`down`'s work once it holds the home's claim."""
     cluster, _ = load_cluster(home)
     # The orchestrator first: it must not take stopping nodes for lost ones and restore them.
@@ -1694,6 +1707,12 @@ def _down_claimed(home: Path, grace_s: float) -> list[str]:
     if cluster.broker is not None:
         tiers.append({"broker": cluster.broker})
     # Then the nodes (they stop their queries cleanly), then the broker.
+    gone = [
+        label
+        for tier in tiers
+        for label, info in tier.items()
+        if info.foreign() or not (info.runs() or group_alive(info.pgid))
+    ]
     for tier in tiers:
         _stop_tier(tier, grace_s)
     failures: list[NetworkCommandFailed] = []
@@ -1710,7 +1729,7 @@ def _down_claimed(home: Path, grace_s: float) -> list[str]:
             hint="the next `fogshift up --isolate` of this home removes them",
         )
     stopped = [label for tier in tiers for label in tier]
-    return stopped + [f"network {n}" for n in cluster.network]
+    return Stopped(stopped + [f"network {n}" for n in cluster.network], gone)
 
 
 # -- isolated nodes' links -----------------------------------------------------------------

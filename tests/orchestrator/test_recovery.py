@@ -456,6 +456,20 @@ def test_restore_onto_the_pes_own_node_is_refused_and_changes_nothing(
     assert orch.registry.operations() == []
 
 
+def test_restore_onto_the_pes_silent_node_says_it_is_not_up(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # (Not "already runs on": the PE does not run while its node is silent.)
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
+    with pytest.raises(InvalidInput) as refused:
+        orch.restore("p", "aggregate", "fog-a")
+    assert "p/aggregate is placed on node 'fog-a', which is not up" in refused.value.message
+    assert "already runs" not in refused.value.message
+    assert refused.value.hint is not None and "restore it on another node" in refused.value.hint
+    assert calls(agents) == []
+    assert orch.registry.operations() == []
+
+
 @pytest.mark.parametrize("back_with", ["the old epoch", "nothing"])
 def test_a_pe_behind_its_newest_epoch_is_started_again_under_a_new_one_fenced(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch,

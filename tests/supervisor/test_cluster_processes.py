@@ -76,17 +76,20 @@ def test_down_leaves_alone_a_session_leader_that_took_a_recorded_pid(
     # What `up` recorded: this pid, when another process (now gone) had it.
     recorded = ours.model_copy(update={"started": ours.started - 60})
     write_cluster(tmp_path, recorded, broker=None)
-    cluster_ops.down(tmp_path, grace_s=1)
+    report = cluster_ops.down(tmp_path, grace_s=1)
     assert sleeper.poll() is None, "down killed a process that only had a recorded pid"
+    assert report.gone == ["orchestrator", "node fog-a"]  # (the recorded one is not ours)
 
 
 def test_down_stops_what_the_cluster_started(
     tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
     write_cluster(tmp_path, ProcessInfo.of(sleeper.pid), broker=None)
-    cluster_ops.down(tmp_path, grace_s=1)
+    report = cluster_ops.down(tmp_path, grace_s=1)
     sleeper.wait(timeout=10)
     assert not alive(sleeper.pid)
+    # Node fog-a's agent had died before: said apart from what down stopped.
+    assert report == cluster_ops.Stopped(["orchestrator", "node fog-a"], ["node fog-a"])
 
 
 def test_up_over_a_dead_cluster_stops_its_broker_that_still_runs(
