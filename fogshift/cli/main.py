@@ -1293,13 +1293,32 @@ def restore(
         return
     if report.error is not None:
         console.print(f"[yellow]note[/]: {escape(report.error)}")
+    if report.checkpoint is None or report.checkpoint_age_ms is None:
+        source = "no checkpoint (its input from its start)"
+    else:
+        # A PE whose input stood still takes no checkpoint: an old one is then its newest
+        # state, not a stale one.
+        idle = report.reprocessed_events == 0 and report.intermediate_events == 0
+        source = (
+            f"checkpoint {report.checkpoint} ({_took(report.checkpoint_age_ms)} old"
+            + ("; its input had nothing newer" if idle else "")
+            + ")"
+        )
     console.print(
         f"[green]restored[/] {pipeline}/{element} on {report.target} (epoch "
-        f"{report.epoch}) from checkpoint {report.checkpoint} "
-        f"({report.checkpoint_age_ms} ms old): reprocessed {report.reprocessed_events} "
-        f"events in {report.reprocess_ms:.0f} ms, intermediate "
+        f"{report.epoch}) from {source}: reprocessed "
+        f"{report.reprocessed_events} events in {report.reprocess_ms:.0f} ms, intermediate "
         f"{report.intermediate_events} in {report.intermediate_ms:.0f} ms"
     )
+
+
+def _took(ms: float) -> str:
+    """``ms`` in the unit a reader takes in: ms below a second, s below two minutes, min."""
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms / 60_000:.0f} min"
 
 
 @app.command()
@@ -1339,13 +1358,18 @@ def plan(
         _print_json(result.model_dump(mode="json"))
         return
     table = Table(
-        title=f"{result.method} plan ({result.status}): objective {result.objective_ms:.1f} ms, "
-        f"solved in {result.solve_ms:.0f} ms"
+        title=f"{result.method} plan ({result.status}): objective {result.objective_ms:.1f} ms "
+        f"of state transfers, solved in {result.solve_ms:.0f} ms"
     )
-    for column in ("task", "backup", "redeploy", "recovery ms"):
+    for column in ("task", "backup", "redeploy", "state transfer ms", "at Mb/s"):
         table.add_column(column)
     for a in result.assignments:
-        table.add_row(*_plain(a.task, a.backup, a.redeploy, f"{a.recovery_ms:.1f}"))
+        # The objective counts the backup's transfer to the redeploy server only: one on
+        # that server is read in place, which "0.0" alone read as an instant recovery.
+        local = a.backup == a.redeploy
+        transfer = "none (backup on it)" if local else f"{a.recovery_ms:.1f}"
+        bandwidth = "-" if a.recovery_bandwidth is None else f"{a.recovery_bandwidth:g}"
+        table.add_row(*_plain(a.task, a.backup, a.redeploy, transfer, bandwidth))
     console.print(table)
 
 

@@ -84,3 +84,33 @@ def test_a_pipeline_without_dead_letters_is_said_to_have_none(
     monkeypatch.setattr(cli.cluster_ops, "orchestrator_client", client)
     out = " ".join(fogshift_in_process("errors", "w2").stdout.split())
     assert out == "no dead letters in w2 (none stored in its streams)"
+
+
+@pytest.mark.parametrize(
+    ("report", "says"),
+    [
+        (
+            {"checkpoint": "c1", "checkpoint_age_ms": 312_000.0},
+            "from checkpoint c1 (5 min old; its input had nothing newer): reprocessed 0",
+        ),
+        (
+            {"checkpoint": "c1", "checkpoint_age_ms": 2_400.0, "reprocessed_events": 12},
+            "from checkpoint c1 (2.4 s old): reprocessed 12",
+        ),
+        ({}, "from no checkpoint (its input from its start): reprocessed 0"),
+    ],
+    ids=["idle", "busy", "none"],
+)
+def test_a_restore_says_how_old_its_checkpoint_is_and_whether_that_is_stale(
+    monkeypatch: pytest.MonkeyPatch, report: dict[str, Any], says: str
+) -> None:
+    # An idle pipeline's restore read "(312000.0 ms old)", as if its checkpoint were stale;
+    # one without a checkpoint "from checkpoint None (None ms old)".
+    from fogshift.cli import main as cli
+    from fogshift.contracts import RestoreReport, RestoreStatus
+
+    answer = RestoreReport(pipeline="p", element="agg", target="fog-b", epoch=3,
+                           status=RestoreStatus.RESTORED, **report)  # fmt: skip
+    monkeypatch.setattr(cli, "_run_operation", lambda *args: answer.model_dump(mode="json"))
+    out = " ".join(fogshift_in_process("restore", "p", "agg").stdout.split())
+    assert out.startswith("restored p/agg on fog-b (epoch 3) " + says), out

@@ -19,6 +19,13 @@ def test_plan_prints_an_assignment_that_satisfies_the_constraints() -> None:
         assert plan.check(Topology.from_yaml(EXAMPLE)) == []
         assert {a.task for a in plan.assignments} == {"t1", "t2"}
         assert all(a.backup != "s1" and a.redeploy != "s1" for a in plan.assignments)
+    # As a table: a backup on the redeploy server is read in place, not "0.0 ms" of transfer.
+    table = fogshift("plan", str(EXAMPLE), "--greedy").stdout
+    for a in plan.assignments:
+        row = next(line for line in table.splitlines() if f" {a.task} " in line)
+        transfer = "none (backup on it)" if a.backup == a.redeploy else f"{a.recovery_ms:.1f}"
+        assert transfer in row, table
+    assert "state transfers" in " ".join(table.split())
 
 
 def test_infeasible_topology_names_the_constraint(tmp_path: Path) -> None:
