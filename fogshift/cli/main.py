@@ -34,6 +34,7 @@ from fogshift.common.locks import AGENT_LOCK, ORCHESTRATOR_LOCK, claim
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.settings import check_environment, check_value
 from fogshift.common.text import one_line
+from fogshift.common.validation import message_of
 from fogshift.contracts import (
     DeadLetter,
     ElementStatus,
@@ -1599,7 +1600,7 @@ def main(argv: list[str] | None = None) -> None:
         # between the CLI and the cluster, not the user's mistake.
         err_console.print(
             f"[red]error[/] (invariant): the cluster's answer is not a {exc.title}: "
-            f"{escape(str(exc.errors()[0]['loc']))}: {exc.errors()[0]['msg']}\n"
+            f"{escape(str(exc.errors()[0]['loc']))}: {escape(message_of(exc.errors()[0]))}\n"
             "hint: are the CLI and the cluster of one fogshift version?",
             highlight=False,
         )

@@ -114,3 +114,16 @@ def test_a_restore_says_how_old_its_checkpoint_is_and_whether_that_is_stale(
     monkeypatch.setattr(cli, "_run_operation", lambda *args: answer.model_dump(mode="json"))
     out = " ".join(fogshift_in_process("restore", "p", "agg").stdout.split())
     assert out.startswith("restored p/agg on fog-b (epoch 3) " + says), out
+
+
+def test_an_answer_outside_its_contract_is_said_as_a_version_mismatch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fogshift.cli import main as cli
+
+    monkeypatch.setattr(cli, "_run_operation", lambda *args: {"element": "agg"})
+    result = fogshift_in_process("restore", "p", "agg", check=False)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 1, said
+    assert "the cluster's answer is not a RestoreReport: ('pipeline',): missing (required)" in said
+    assert "of one fogshift version?" in said and "Traceback" not in said
