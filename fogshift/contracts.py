@@ -379,6 +379,21 @@ class Gate(BaseModel):
     limit: Offset | None = None
 
 
+class FilesChecked(BaseModel):
+    """Answer of a node agent's ``POST /pipelines/{pipeline}/files/check``: the files of
+    these PEs, as this node sees them, are what the PEs need (a refusal answers 422).
+
+    Attributes:
+        node: The node that checked.
+        elements: The PEs whose files it checked.
+    """
+
+    model_config = _WIRE
+
+    node: str
+    elements: list[str]
+
+
 class ElementInfo(BaseModel):
     """One PE on a node agent: ``GET /elements``, and each PE of a heartbeat.
 

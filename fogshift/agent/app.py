@@ -74,6 +74,7 @@ from fogshift.contracts import (
     ElementInfo,
     ElementProgress,
     FileChunks,
+    FilesChecked,
     Gate,
     Heartbeat,
     HeartbeatAnswer,
@@ -100,6 +101,14 @@ class DeployRequest(BaseModel):
     fresh: bool = False
     gate: Gate | None = None
     epoch: int = 0
+
+
+class FilesCheck(BaseModel):
+    """Body of ``POST /pipelines/{pipeline}/files/check``: the PEs whose files to check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    elements: list[ElementSpec] = Field(min_length=1, max_length=10_000)
 
 
 class CopyRequest(BaseModel):
@@ -241,22 +250,22 @@ def agent_access(config: AgentConfig, removed: RemovedNodes) -> Access:
             now = removed.generation(reader)
             if of != now:
                 return Forbidden(
-                    f"this blob token is node {reader!r}'s of generation {of}, and the node "
+                    f"this blob token is of node {reader!r} in its generation {of}, and the node "
                     f"is in its generation {now}: it was removed from the cluster and added "
                     f"again since, and its tokens of before open nothing on node "
                     f"{config.name!r}",
-                    expected=f"node {reader!r}'s blob token of generation {now}",
+                    expected=f"the blob token of node {reader!r} of generation {now}",
                     received=f"one of generation {of}",
                     hint="a node gets its blob tokens from the orchestrator's node directory",
                 )
             if method == "GET" and _BLOBS.fullmatch(path):
                 return None
             return Forbidden(
-                f"node {reader!r}'s blob token for node {config.name!r} only reads checkpoint "
+                f"the blob token of node {reader!r} for node {config.name!r} only reads checkpoint "
                 f"blobs, not {method} {path}",
                 hint="control requests to a node come from the orchestrator",
             )
-        return wrong_token(f"node agent {config.name!r}")
+        return wrong_token(f"node agent {config.name!r}", given)
 
     return access
 
@@ -387,6 +396,15 @@ def create_app(config: AgentConfig) -> FastAPI:
         # undone, a migration to here rolled back).
         check_element_files(request.element, node=config.name)
         return runtime.deploy(pipeline, request.element, request.fresh, request.gate, request.epoch)
+
+    @app.post("/pipelines/{pipeline}/files/check")
+    def check_files(pipeline: NameParam, request: FilesCheck) -> FilesChecked:
+        # A deploy asks before it changes anything: refused at a PE's start, one PE's
+        # missing input came after a sink had emptied its file and the run before's
+        # streams and checkpoints were gone.
+        for element in request.elements:
+            check_element_files(element, node=config.name)
+        return FilesChecked(node=config.name, elements=[e.id for e in request.elements])
 
     @app.delete("/pipelines/{pipeline}/elements/{element}")
     def remove(pipeline: NameParam, element: NameParam, discard: bool = False) -> ElementInfo:

@@ -155,11 +155,16 @@ def bearer(request: Request) -> str:
 Access = Callable[[str, str, str], FogshiftError | None]
 
 
-def wrong_token(where: str) -> Unauthorized:
-    """The answer to a missing or wrong token."""
+def wrong_token(where: str, given: str) -> Unauthorized:
+    """The answer to a missing or wrong token (``given``: the bearer token sent, ``""``
+    for none)."""
     return Unauthorized(
         f"missing or wrong token for {where}",
-        hint="the token is in the cluster file written by `fogshift up` (--home)",
+        expected="an Authorization: Bearer header with the cluster's token",
+        received="a token this service does not know" if given else "no bearer token",
+        # (Not "the cluster file": it holds where the token is, not the token.)
+        hint="the operator's token is the file `token` in the cluster's home (`fogshift up "
+        "--home`, .fogshift by default); a node's own is `nodes/NODE/token` there",
     )
 
 
@@ -167,7 +172,7 @@ def operator_only(token: str) -> Access:
     """Every endpoint needs exactly ``token``."""
 
     def access(method: str, path: str, given: str) -> FogshiftError | None:
-        return None if same_token(given, token) else wrong_token("this service")
+        return None if same_token(given, token) else wrong_token("this service", given)
 
     return access
 
@@ -258,7 +263,9 @@ def install_error_handlers(
         # which older Starlettes took as sent: ``Host: h/nodes/x/heartbeat#``).
         err = decide(request.method, request.scope["path"], bearer(request))
         if err is not None:
-            return JSONResponse(err.to_dict(), status_code=err.http_status)
+            # (RFC 9110: a 401 names the scheme it takes.)
+            challenge = {"WWW-Authenticate": "Bearer"} if err.http_status == 401 else None
+            return JSONResponse(err.to_dict(), status_code=err.http_status, headers=challenge)
         refused = body_refusal(request, max_body_bytes) if max_body_bytes is not None else None
         if refused is not None:
             return JSONResponse(refused[0].to_dict(), status_code=refused[1])

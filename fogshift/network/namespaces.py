@@ -208,7 +208,7 @@ def plan_links(home: Path, profiles: dict[str, LinkProfile]) -> dict[str, NodeLi
                 break
         else:
             raise IsolationUnsupported(
-                f"no free /30 left in {POOL} for node {node!r}'s link",
+                f"no free /30 left in {POOL} for the link of node {node!r}",
                 hint="`fogshift down` other isolated clusters, or remove stale links",
             )
         taken.append(subnet)

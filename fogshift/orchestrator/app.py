@@ -94,7 +94,7 @@ def orchestrator_access(
             return None
         claim = token_node(given)
         if claim is None or not same_token(given, node_token(operator_token, *claim)):
-            return wrong_token("the orchestrator")
+            return wrong_token("the orchestrator", given)
         node, of = claim
         if removed(node):
             return NodeRemoved(
@@ -109,7 +109,7 @@ def orchestrator_access(
         if (method, path) in allowed or (method == "GET" and _BLOBS.fullmatch(path)):
             return None
         return Forbidden(
-            f"node {node!r}'s token cannot call {method} {path} on the orchestrator: it opens "
+            f"the token of node {node!r} cannot call {method} {path} on the orchestrator: it opens "
             "only that node's heartbeat and directory and the central checkpoint blobs",
             hint="operator commands need the operator token in <home>/token",
         )

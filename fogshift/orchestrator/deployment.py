@@ -322,13 +322,40 @@ class Deployment(Journal):
         # A stop meanwhile waits for the deploy, then stops what it started (run one after
         # the other, the deploy's last step marked a stopped pipeline running again).
         with self.pipeline_lock(spec.pipeline):
+            self._refuse_taken_name(spec)
+            self._check_files(spec)
             with self._admission:
                 epochs = self._admit(spec)
             return self._start(spec, epochs)
 
-    def _admit(self, spec: PipelineSpec) -> dict[str, int]:
-        """Refuse ``spec`` if its name or an output file is taken or one of its nodes is not
-        healthy; else store it as deploying. Its PEs' epochs."""
+    def _check_files(self, spec: PipelineSpec) -> None:
+        """Have each healthy node check the files of ``spec``'s PEs placed on it, before
+        anything of the deploy changes: refused only when a PE started, a missing input
+        came after a sink had emptied its file, the streams and central checkpoints of an
+        earlier run under the name were gone, and a failed pipeline stayed behind. (A node
+        that is not healthy is refused by :meth:`_admit`, in its words.)
+
+        Raises:
+            InvalidSpec: A node found a PE's input missing or its output path unusable.
+            Unavailable: A node could not be asked.
+        """
+        placed: dict[str, list[ElementSpec]] = {}
+        for element in spec.elements:
+            placed.setdefault(element.node, []).append(element)
+        for node, elements in sorted(placed.items()):
+            if not self._heard(node):
+                continue
+            self.agent(node).post(
+                f"/pipelines/{spec.pipeline}/files/check",
+                json={"elements": [e.model_dump(mode="json") for e in elements]},
+            )
+
+    def _refuse_taken_name(self, spec: PipelineSpec) -> None:
+        """Refuse ``spec`` if a pipeline of its name runs or is being deployed.
+
+        Raises:
+            PipelineExists: It does; nothing was changed.
+        """
         existing = self.registry.get_pipeline(spec.pipeline)
         if existing is not None and existing.status in (
             PipelineState.RUNNING,
@@ -340,6 +367,11 @@ class Deployment(Journal):
                 received=f"{spec.pipeline!r}, {existing.status}",
                 hint=f"`fogshift stop {spec.pipeline}` first, or deploy under another name",
             )
+
+    def _admit(self, spec: PipelineSpec) -> dict[str, int]:
+        """Refuse ``spec`` if its name or an output file is taken or one of its nodes is not
+        healthy; else store it as deploying. Its PEs' epochs."""
+        self._refuse_taken_name(spec)
         self._refuse_shared_outputs(spec)
         leaving = self.leaving_nodes()
         for node in {e.node for e in spec.elements}:

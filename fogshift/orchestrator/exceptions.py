@@ -36,10 +36,10 @@ def stale_generation(node: str, of: int, now: int) -> NodeRemoved:
     generation ``now`` (``common.http.node_token``): the machine taken out before the name
     was added again."""
     return NodeRemoved(
-        f"this token is node {node!r}'s of generation {of}, and the node is in its "
+        f"this token is of node {node!r} in its generation {of}, and the node is in its "
         f"generation {now}: it was removed from the cluster and added again since, and "
         "the tokens of before open nothing on the orchestrator",
-        expected=f"node {node!r}'s token of generation {now}",
+        expected=f"the token of node {node!r} of generation {now}",
         received=f"its token of generation {of}",
         hint=f"the node's agent reads its token from <home>/nodes/{node}/token, which "
         "`fogshift up --nodes` wrote when it added the node again",

@@ -310,7 +310,7 @@ def test_a_removed_nodes_blob_token_is_refused_once_a_heartbeat_says_so(home: Pa
     stale = read_as(app, "fog-b")
     assert stale.status_code == 403, stale.text
     assert (
-        "'fog-b''s of generation 0, and the node is in its generation 1"
+        "of node 'fog-b' in its generation 0, and the node is in its generation 1"
         in (stale.json()["message"])
     )
     assert read_as(app, "fog-c").content == data
@@ -542,6 +542,30 @@ def test_a_pe_whose_input_file_is_not_on_this_node_is_refused_before_it_starts(
     answer = client(app, OPERATOR).put("/pipelines/p/elements/sink",
                                        json={"element": sink, "fresh": True})  # fmt: skip
     assert answer.status_code == 422 and "cannot be written as a file" in answer.json()["message"]
+
+
+def test_a_deploy_asks_the_node_to_check_its_files_before_anything_starts(home: Path) -> None:
+    # What a PE's start refuses, asked of all the node's PEs before the deploy changes
+    # anything (the orchestrator's `_check_files`): nothing is started or emptied by it.
+    app = create_app(config(home))
+    (home / "in.csv").write_text("timestamp,sensor,value\n")
+    (home / "kept.csv").write_text("precious\n")
+    source = {"id": "src", "kind": "csv-source", "node": "fog-a",
+              "options": {"path": str(home / "in.csv")}}  # fmt: skip
+    sink = {"id": "sink", "kind": "csv-sink", "node": "fog-a", "inputs": ["src"],
+            "options": {"path": str(home / "kept.csv")}}  # fmt: skip
+    fine = client(app, OPERATOR).post("/pipelines/p/files/check",
+                                      json={"elements": [source, sink]})  # fmt: skip
+    assert fine.status_code == 200 and fine.json() == {"node": "fog-a", "elements": ["src", "sink"]}
+    gone = {**source, "options": {"path": str(home / "no-such.csv")}}
+    refused = client(app, OPERATOR).post("/pipelines/p/files/check",
+                                         json={"elements": [sink, gone]})  # fmt: skip
+    assert refused.status_code == 422 and refused.json()["code"] == "invalid_spec", refused.text
+    assert "does not exist on node 'fog-a'" in refused.json()["message"]
+    assert (home / "kept.csv").read_text() == "precious\n"
+    assert client(app, OPERATOR).get("/elements").json() == []
+    empty = client(app, OPERATOR).post("/pipelines/p/files/check", json={"elements": []})
+    assert empty.status_code == 422, empty.text
 
 
 def test_a_request_no_route_takes_is_answered_in_fogshifts_form(home: Path) -> None:

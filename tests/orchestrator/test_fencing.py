@@ -124,6 +124,43 @@ def test_a_redeployment_fences_instances_of_the_earlier_one(
         js_client.run(lambda js: publish_records(js, name, "aggregate", [record], epoch=1))
 
 
+def test_a_deploy_a_node_refuses_the_files_of_changes_nothing(
+    orch: Orchestrator, tmp_path: Path, agents: dict[str, StandIn], js_client: SyncJetStream
+) -> None:
+    # Refused only when the PE started, a missing input came after the sink had emptied its
+    # file, the run before's streams and checkpoints were gone, and a failed pipeline stayed.
+    from fogshift.contracts import PipelineState
+    from fogshift.spec.exceptions import InvalidSpec
+
+    name = f"fence{next(_names)}"
+    orch.deploy(spec(tmp_path, name))
+    orch.stop(name)
+    before = tail(js_client, name, "aggregate")
+    for agent in agents.values():
+        agent.calls.clear()
+    missing = {
+        "code": "invalid_spec",
+        "message": "element 'source': file 'x' does not exist on node 'cloud'",
+        "expected": "an existing file",
+        "received": "no such file",
+    }
+    for again in (name, f"fence{next(_names)}"):  # a stopped pipeline's name, and a new one
+        agents["cloud"].answer("POST", f"/pipelines/{again}/files/check", 422, missing)
+        with pytest.raises(InvalidSpec, match="does not exist on node 'cloud'"):
+            orch.deploy(spec(tmp_path, again))
+    assert [c.method for a in agents.values() for c in a.calls] == ["POST"] * 2  # cloud's
+    checked = agents["cloud"].received("POST", f"/pipelines/{name}/files/check")
+    assert [e["id"] for e in checked[0].body["elements"]] == ["source", "sink"]
+    record = orch.registry.get_pipeline(name)
+    assert record is not None and record.status == PipelineState.STOPPED
+    assert orch.registry.get_pipeline(again) is None
+    assert tail(js_client, name, "aggregate") == before  # its streams as the stop left them
+    # Files fine again: deployed, fog-a asked of its aggregate's too.
+    del agents["cloud"].answers[("POST", f"/pipelines/{name}/files/check")]
+    orch.deploy(spec(tmp_path, name))
+    assert len(agents["fog-a"].received("POST", f"/pipelines/{name}/files/check")) == 1
+
+
 def test_a_stop_during_a_deploy_leaves_the_pipeline_stopped(
     orch: Orchestrator, tmp_path: Path, agents: dict[str, StandIn]
 ) -> None:

@@ -108,7 +108,17 @@ def test_wrong_and_forged_tokens_are_refused(app: FastAPI) -> None:
     for token in ("", "nope", forged, node_token("another cluster's token", "fog-a")):
         response = as_(app, token).post("/nodes/fog-a/heartbeat", json=beat())
         assert response.status_code == 401, token
-    assert TestClient(app).get("/nodes").status_code == 401
+        # Said what to send and where the token is (not "the cluster file": it holds
+        # the token's path only), with the scheme a 401 names.
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+        body = response.json()
+        assert body["received"] == ("a token this service does not know" if token
+                                    else "no bearer token")  # fmt: skip
+        assert "Authorization: Bearer" in body["expected"]
+        assert "`token` in the cluster's home" in body["hint"]
+        assert "nodes/NODE/token" in body["hint"]
+    basic = TestClient(app).get("/nodes", headers={"Authorization": "Basic bm9wZQ=="})
+    assert basic.status_code == 401 and basic.json()["received"] == "no bearer token"
     assert app.state.orchestrator.registry.node("fog-a") is None
 
 
