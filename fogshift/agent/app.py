@@ -360,9 +360,14 @@ def create_app(config: AgentConfig) -> FastAPI:
         stop.set()
         runtime.close()
 
-    # The schema (/openapi.json, /docs) is served behind the token like everything else.
+    # The schema (/openapi.json) is served behind the token like everything else (no
+    # /docs: see the orchestrator's).
     app = FastAPI(
-        title=f"fogshift node agent {config.name}", lifespan=lifespan, responses=ERROR_RESPONSES
+        title=f"fogshift node agent {config.name}",
+        lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.runtime = runtime
     app.state.removed = removed

@@ -202,7 +202,7 @@ class StrictQueryRoute(APIRoute):
                     + ", ".join(repr(name) for name in unknown),
                     expected=("one of " + ", ".join(taken)) if taken else "no query parameters",
                     received=", ".join(unknown),
-                    hint="the schema (GET /openapi.json, or /docs) gives every parameter",
+                    hint="the schema (GET /openapi.json) gives every parameter",
                 )
             return await handler(request)
 
@@ -331,7 +331,7 @@ def install_error_handlers(
                 or None,
                 received=((refusal and refusal.received) or received)[:200],
                 hint=(refusal and refusal.hint)
-                or "the schema (GET /openapi.json, or /docs) gives every parameter and body",
+                or "the schema (GET /openapi.json) gives every parameter and body",
             )
         return JSONResponse(err.to_dict(), status_code=err.http_status)
 
@@ -340,7 +340,7 @@ def install_error_handlers(
         # No such route, or not with this method: answered in fogshift's form (code,
         # message, hint) like every other refusal, not as Starlette's bare {"detail"}.
         what = f"{request.method} {request.url.path}"
-        schema = "the schema (GET /openapi.json, or /docs)"
+        schema = "the schema (GET /openapi.json)"
         err: FogshiftError
         status = exc.status_code
         if status == 404:

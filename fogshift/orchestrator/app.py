@@ -220,9 +220,17 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         yield
         orchestrator.close()
 
-    # The schema (/openapi.json, /docs) is served behind the operator token like everything
-    # else (see orchestrator_access): it describes every endpoint with its contract.
-    app = FastAPI(title="fogshift orchestrator", lifespan=lifespan, responses=ERROR_RESPONSES)
+    # The schema (/openapi.json) is served behind the operator token like everything else
+    # (see orchestrator_access): it describes every endpoint with its contract. No /docs:
+    # its page loads Swagger UI from a CDN (a fog node may be offline) and fetches the
+    # schema without the token, so it only ever showed a blank page or a 401.
+    app = FastAPI(
+        title="fogshift orchestrator",
+        lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.orchestrator = orchestrator
     install_error_handlers(
         app,
