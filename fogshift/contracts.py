@@ -1081,7 +1081,8 @@ class DeadLetter(BaseModel):
     Attributes:
         seq: Its input's stream sequence.
         reason: Why the PE refused it.
-        event: The event as it came (any JSON).
+        event: The input event's text as it came: its JSON, or what could not be read
+            as JSON (kept as text either way: a dead letter shows what the PE was given).
     """
 
     model_config = _WIRE
@@ -1089,7 +1090,7 @@ class DeadLetter(BaseModel):
     element: str
     seq: int
     reason: str | None
-    event: Any
+    event: str
 
 
 class KeyWaiting(BaseModel):

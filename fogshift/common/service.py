@@ -311,6 +311,17 @@ def install_error_handlers(
             body = exc.body if isinstance(exc.body, (str, bytes)) else ""
             text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
             received = f"{text[:80]!r}: {first.get('ctx', {}).get('error', 'not JSON')}"
+        hint = "the schema (GET /openapi.json) gives every parameter and body"
+        kind = request.headers.get("content-type", "")
+        if tuple(first.get("loc", ())) == ("body",) and not kind.startswith("application/json"):
+            # A JSON body sent as text (curl -d's default form type, text/plain): FastAPI
+            # reads it as text, and said so in Python's bytes notation ("b'{...'").
+            sent = first.get("input")
+            shown = sent.decode("utf-8", "replace") if isinstance(sent, bytes) else sent
+            received = f"a body of type {kind or 'none'!r}" + (
+                f": {str(shown)[:80]!r}" if shown else " (empty)"
+            )
+            hint = "send the body as JSON, with the header Content-Type: application/json"
         expected = [f"{e['loc'][-1]}: {EXPECTED[e['ctx']['pattern']]}" for e in named]
         if expected:
             err: FogshiftError = (InvalidInput if len(groups) == len(named) else InvalidName)(
@@ -330,8 +341,7 @@ def install_error_handlers(
                 or str(first.get("msg", ""))
                 or None,
                 received=((refusal and refusal.received) or received)[:200],
-                hint=(refusal and refusal.hint)
-                or "the schema (GET /openapi.json) gives every parameter and body",
+                hint=(refusal and refusal.hint) or hint,
             )
         return JSONResponse(err.to_dict(), status_code=err.http_status)
 

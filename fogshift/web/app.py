@@ -38,6 +38,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fogshift.common.http import ServiceClient
+from fogshift.common.names import EXPECTED
 from fogshift.common.service import NameParam, StateKeyQuery
 from fogshift.common.text import one_line
 from fogshift.common.validation import message_of
@@ -367,7 +368,12 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         return _page(templates, request, name, context, status_code)
 
     def error_page(request: Request, err: FogshiftError, title: str) -> HTMLResponse:
-        return page(request, "result.html", _outcome(err, title), err.http_status)
+        context = _outcome(err, title)
+        if request.method in ("GET", "HEAD") and "migration" not in context:
+            # A page asked for, not an action: "Refused: nothing was changed, the pipelines
+            # run on" answered an unknown pipeline's address as if something had been tried.
+            context["outcome"] = "This page cannot be shown: see why below."
+        return page(request, "result.html", context, err.http_status)
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Response:
@@ -411,14 +417,26 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
 
     @app.exception_handler(RequestValidationError)
     async def on_bad_request(request: Request, exc: RequestValidationError) -> Response:
+        def said(error: Any) -> str:
+            # A name in the address said as the REST API says it, not as its pattern.
+            if (error.get("ctx") or {}).get("pattern") in EXPECTED:
+                return f"{error['input']!r} cannot be used as a name"
+            return message_of(error)
+
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {message_of(e)}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc'])}: {said(e)}" for e in exc.errors()
         )
+        looked = request.method in ("GET", "HEAD")
         err = InvalidInput(
-            "this request does not fit the dashboard's forms",
-            expected="names of letters, digits, '-' and '_'; the form's own fields",
+            "this address names no page of the dashboard"
+            if looked
+            else "this request does not fit the dashboard's forms",
+            expected="names of letters, digits, '-' and '_'"
+            + ("" if looked else "; the form's own fields"),
             received=one_line(problems, 300),
-            hint="go back, reload the page and send its form again",
+            hint="check the address, or follow the dashboard's links"
+            if looked
+            else "go back, reload the page and send its form again",
         )
         return await on_error(request, err)
 
@@ -549,7 +567,9 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
 
     @app.get("/fragments/pipelines/{name}", response_class=HTMLResponse)
     def pipeline_fragment(request: Request, name: NameParam) -> HTMLResponse:
-        return page(request, "_pipeline.html", pipeline_context(name))
+        # (oob: the move form's "on NODE" too, out of band: it said "on fog-a" after a
+        # migration to fog-b, while the table beside it had moved on.)
+        return page(request, "_pipeline.html", {**pipeline_context(name), "oob": True})
 
     @app.get("/api/pipelines/{name}/series")
     def series(name: NameParam) -> dict[str, object]:
@@ -592,6 +612,12 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     @app.get("/pipelines/{name}/elements/{element}", response_class=HTMLResponse)
     def element_page(request: Request, name: NameParam, element: NameParam) -> HTMLResponse:
         return page(request, "element.html", element_context(name, element))
+
+    @app.get("/fragments/pipelines/{name}/elements/{element}", response_class=HTMLResponse)
+    def element_fragment(request: Request, name: NameParam, element: NameParam) -> HTMLResponse:
+        # Its facts, and (out of band) its operations, state and dead letters: the page
+        # showed them as they were when it was loaded. Its forms stay as the user left them.
+        return page(request, "_element.html", {**element_context(name, element), "oob": True})
 
     # -- Case 2: a patient's ECG and alarms ---------------------------------------------------
 
@@ -676,14 +702,22 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
                  for a in alarms_of(name, classifiers, patient)]  # fmt: skip
         return {"t": t, "y": y, "marks": marks}
 
-    @app.get("/nodes", response_class=HTMLResponse)
-    def nodes_page(request: Request) -> HTMLResponse:
+    def nodes_context() -> dict[str, Any]:
         nodes, plan = orchestrator.nodes(), orchestrator.plan()
         backups: dict[str, list[str]] = {}
         for key, assignment in plan.assignments.items():
             if assignment.backup:
                 backups.setdefault(assignment.backup, []).append(key)
-        return page(request, "nodes.html", {"nodes": nodes, "backups": backups, "plan": plan})
+        return {"nodes": nodes, "backups": backups, "plan": plan}
+
+    @app.get("/nodes", response_class=HTMLResponse)
+    def nodes_page(request: Request) -> HTMLResponse:
+        return page(request, "nodes.html", nodes_context())
+
+    @app.get("/fragments/nodes", response_class=HTMLResponse)
+    def nodes_fragment(request: Request) -> HTMLResponse:
+        # (Its "last heard 0.7 s ago" stood still until a reload.)
+        return page(request, "_nodes.html", nodes_context())
 
     # -- actions --------------------------------------------------------------------------------
     # Post, then redirect to the result (post/redirect/get): reloading a result page shows it

@@ -94,3 +94,26 @@ def test_a_body_that_cannot_be_read_is_refused_with_what_was_sent(text: str, rec
     body = answer.json()
     assert body["received"].startswith(received), body
     assert "JSON" in body["expected"] and "schema" in body["hint"], body
+
+
+@pytest.mark.parametrize(
+    ("kind", "content", "received"),
+    [
+        ("text/plain", '{"name": "a"}', "a body of type 'text/plain': '{\"name\": \"a\"}'"),
+        ("application/x-www-form-urlencoded", "name=a", "a body of type "),
+        (None, "", "a body of type 'none' (empty)"),
+    ],
+)
+def test_a_body_sent_as_other_than_json_is_told_to_be_sent_as_json(
+    kind: str | None, content: str, received: str
+) -> None:
+    # curl -d sends a form type, `--data-binary` with -H text/plain a text: FastAPI read
+    # either as text, answered "Input should be a valid dictionary", "b'{...'" received.
+    client = _app_with_a_body_and_a_query()
+    headers = {"content-type": kind} if kind else {}
+    answer = client.post("/things", content=content, headers=headers)
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert body["received"].startswith(received), body
+    assert "b'" not in body["received"] and "Input should" not in body["message"], body
+    assert body["hint"] == "send the body as JSON, with the header Content-Type: application/json"

@@ -4,6 +4,7 @@ cross-site posts refused. The real thing, in a real browser: test_dashboard_brow
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,7 @@ class StandIn:
                            latency_ms=345.6)]  # fmt: skip
 
     def errors(self, name: str, limit: int = 1000) -> list[DeadLetter]:
-        return [DeadLetter(element="pick", seq=4, reason=self.reason, event={"seq": 4})]
+        return [DeadLetter(element="pick", seq=4, reason=self.reason, event='{"seq": 4}')]
 
     def operation(self, name: str, element: str) -> OperationView | None:
         return None
@@ -426,6 +427,37 @@ def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
     )
 
 
+def test_the_pages_live_parts_follow_what_changes_and_leave_the_forms_alone(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    # A walk-through's finding: after a migration, the pipeline page's move form still
+    # said "pick on fog-a", and the PE's page and the nodes page never refreshed at all.
+    logged_in(web, sessions)
+    pipeline = web.get("/pipelines/p").text
+    assert '<span id="on-pick" class="muted">on fog-a</span>' in pipeline
+    assert "hx-swap-oob" not in pipeline  # (the page itself: one element of each id)
+    moved = stand_in.pipeline("p")
+    moved = moved.model_copy(update={"elements": [moved.elements[0],
+                                                  moved.elements[1].model_copy(
+                                                      update={"node": "fog-b"})]})  # fmt: skip
+    stand_in.pipeline = lambda name: moved  # type: ignore[method-assign]
+    live = web.get("/fragments/pipelines/p", headers={"hx-request": "true"}).text
+    assert '<span id="on-pick" class="muted" hx-swap-oob="true">on fog-b</span>' in live
+    assert "<form" not in live  # the form as the user filled it
+    # The PE's page: its facts in a live part, its operations, state and letters out of band.
+    detail = web.get("/pipelines/p/elements/pick").text
+    assert 'hx-get="/fragments/pipelines/p/elements/pick"' in detail
+    part = web.get("/fragments/pipelines/p/elements/pick", headers={"hx-request": "true"}).text
+    assert '<dd class="node">fog-b</dd>' in part and "<form" not in part
+    more = part.split('<div id="element-more" hx-swap-oob="true">')[1]
+    assert "KeyError: &#39;value&#39;" in more and "Its state per patient" in more
+    assert web.get("/fragments/pipelines/p/elements/nope").status_code == 404
+    # The nodes page: its table live.
+    assert 'hx-get="/fragments/nodes"' in web.get("/nodes").text
+    nodes = web.get("/fragments/nodes", headers={"hx-request": "true"}).text
+    assert 'data-node="fog-b"' in nodes and "<h1>" not in nodes
+
+
 def test_an_action_asks_first_then_shows_its_report(
     web: TestClient, sessions: Sessions, stand_in: StandIn
 ) -> None:
@@ -466,6 +498,23 @@ def test_an_action_asks_first_then_shows_its_report(
     ask = web.post("/pipelines/p/elements/pick/restore", data={"target": "fog-c"})
     assert "from its central checkpoint on fog-c?" in ask.text
     assert "takes over" in web.get("/pipelines/p/elements/pick").text
+
+
+def test_an_address_that_names_nothing_is_not_said_to_be_a_refused_action(
+    web: TestClient, sessions: Sessions
+) -> None:
+    # A walk-through's finding: /pipelines/café showed the name's regular expression and
+    # "go back … send its form again", and an unknown pipeline's page "Refused: nothing was
+    # changed, the pipelines run on".
+    logged_in(web, sessions)
+    bad = web.get("/pipelines/caf\u00e9")
+    assert bad.status_code == 422
+    text = html.unescape(bad.text)
+    assert "'café' cannot be used as a name" in text and "pattern" not in text
+    assert "check the address" in text and "send its form again" not in text
+    assert "This page cannot be shown" in text
+    unknown = html.unescape(web.get("/pipelines/nope").text)
+    assert "This page cannot be shown" in unknown and "pipelines run on" not in unknown
 
 
 def test_a_failed_migration_shows_its_report_and_where_the_pe_runs(

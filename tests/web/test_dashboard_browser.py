@@ -100,6 +100,20 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
         page.select_option("#target", "fog-b")
         page.select_option("#mode", "literal")
         shoot(page, tmp_path, "element")
+        # Two more tabs of the session, left open through the migration: their live parts
+        # follow it without a reload (the move form's "on fog-a" and the PE's page did not).
+        # (A context of its own with the session's cookie: a page's own context takes none.)
+        tabs = browser.new_context(  # type: ignore[attr-defined]
+            storage_state=page.context.storage_state(), viewport={"width": 1280, "height": 900}
+        )
+        watching = tabs.new_page()
+        watching.set_default_timeout(60_000)
+        watching.goto(page.url.rsplit("/elements/", 1)[0])
+        expect(watching.locator("#on-aggregate")).to_have_text("on fog-a")
+        watching_pe = tabs.new_page()
+        watching_pe.set_default_timeout(60_000)
+        watching_pe.goto(page.url)
+        expect(watching_pe.locator("dd.node")).to_have_text("fog-a")
         page.get_by_role("button", name="Migrate…").click()
         expect(page.locator("#question")).to_contain_text("from fog-a to fog-b (literal)")
         assert FEEDERS[work].feeding
@@ -107,6 +121,10 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
         expect(page.locator(".outcome")).to_have_text("Migrated.", timeout=300_000)
         expect(page.locator(".report")).to_contain_text("downtime")
         assert cluster.element(PIPELINE, "aggregate")["node"] == "fog-b"
+        expect(watching.locator("#on-aggregate")).to_have_text("on fog-b")
+        expect(watching_pe.locator("dd.node")).to_have_text("fog-b")
+        expect(watching_pe.locator("#element-more")).to_contain_text("downtime")
+        tabs.close()
         page.get_by_role("link", name="Continue").click()
         expect(aggregate_box).to_have_attribute("data-node", "fog-b")
         expect(page.locator(".marks")).to_contain_text("aggregate: fog-a → fog-b (migration)")
