@@ -1056,13 +1056,18 @@ class ElementStatus(BaseModel):
 
 
 class PipelineStatus(BaseModel):
-    """A pipeline's status: ``GET /pipelines/{name}`` (``fogshift status``)."""
+    """A pipeline's status: ``GET /pipelines/{name}`` (``fogshift status``).
+
+    Attributes:
+        error: Why a ``failed`` pipeline failed (its deploy's error), ``None`` otherwise.
+    """
 
     model_config = _WIRE
 
     pipeline: str
     status: PipelineState
     elements: list[ElementStatus]
+    error: str | None = None
 
 
 class StopResult(BaseModel):

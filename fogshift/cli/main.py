@@ -561,6 +561,8 @@ def _status_table(pipelines: list[PipelineStatus]) -> None:
                 _standby_cell(e),
             )  # fmt: skip
         console.print(table)
+        if pipeline.error:
+            console.print(f"[red]failed[/]: {escape(pipeline.error)}", highlight=False)
 
 
 @app.command()

@@ -395,10 +395,11 @@ class Deployment(Journal):
         """Give ``spec``'s PEs fresh streams, fenced under ``epochs``, and start them."""
         try:
             self.permissions.sync(self.registry)  # the nodes may use their PEs' streams
-        except Exception:
+        except Exception as exc:
             # Failed, not left deploying: every deploy again was refused as "already
             # deploying" until a stop.
-            self.registry.set_status(spec.pipeline, PipelineState.FAILED)
+            reason = f"its nodes' broker rights could not be set: {_said(exc)}"
+            self.registry.set_status(spec.pipeline, PipelineState.FAILED, reason)
             raise
         # Afresh: the central checkpoints of a run before under this name hold positions of
         # streams deleted below (restored, a PE would wait for input that never comes, or
@@ -418,7 +419,8 @@ class Deployment(Journal):
             self.broker.run(reset_streams)
         except Exception as exc:
             # Failed, not left deploying (which a deploy again would be refused for).
-            self.registry.set_status(spec.pipeline, PipelineState.FAILED)
+            reason = f"the broker refused its streams: {_said(exc)}"
+            self.registry.set_status(spec.pipeline, PipelineState.FAILED, reason)
             if isinstance(exc, FogshiftError):
                 raise
             raise BrokerError(
@@ -432,10 +434,11 @@ class Deployment(Journal):
             for element in reversed(spec.topological_order()):
                 self._deploy_element(spec.pipeline, element, fresh=True)
                 started.append(element)
-        except FogshiftError:
+        except FogshiftError as exc:
             for element in started:
                 self._remove_quietly(spec.pipeline, element)
-            self.registry.set_status(spec.pipeline, PipelineState.FAILED)
+            reason = f"a PE could not be started: {_said(exc)}"
+            self.registry.set_status(spec.pipeline, PipelineState.FAILED, reason)
             raise
         self.registry.set_status(spec.pipeline, PipelineState.RUNNING)
         try:
@@ -709,7 +712,14 @@ class Deployment(Journal):
                     )
                 )
             out.append(
-                PipelineStatus(pipeline=record.name, status=record.status, elements=elements)
+                PipelineStatus(
+                    pipeline=record.name,
+                    status=record.status,
+                    elements=elements,
+                    error=self.registry.failure(record.name)
+                    if record.status == PipelineState.FAILED
+                    else None,
+                )
             )
         return out
 
@@ -1117,3 +1127,11 @@ def _refuse_key(
             received=f"key={key!r} for {element_id!r}, kind {element.kind!r}, without key_by",
             hint=hint,
         )
+
+
+def _said(exc: BaseException) -> str:
+    """``exc`` as a failed pipeline's reason says it: a fogshift error's message, hint
+    and all; any other with its type."""
+    if isinstance(exc, FogshiftError):
+        return exc.render()
+    return f"{type(exc).__name__}: {exc}"

@@ -257,7 +257,11 @@ class Reconciler(Coordination):
                         e.node for e in current.spec.elements
                         if not (self._heard(e.node) and self._remove_quietly(current.name, e))
                     })  # fmt: skip
-                    self.registry.set_status(current.name, PipelineState.FAILED)
+                    self.registry.set_status(
+                        current.name,
+                        PipelineState.FAILED,
+                        "its deploy was left half-way (the orchestrator running it stopped)",
+                    )
                     self.permissions.sync_quietly(self.registry)
                     decision = "failed, the PEs it had started removed; deploy it again"
                 if away:

@@ -65,6 +65,11 @@ CREATE TABLE IF NOT EXISTS pipelines (
     status TEXT NOT NULL,
     updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pipeline_failures (
+    pipeline TEXT PRIMARY KEY REFERENCES pipelines(name) ON DELETE CASCADE,
+    reason TEXT NOT NULL,
+    at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS placements (
     pipeline TEXT NOT NULL REFERENCES pipelines(name) ON DELETE CASCADE,
     element TEXT NOT NULL,
@@ -505,17 +510,32 @@ class Registry:
             (spec.model_dump_json(), now, pipeline),
         )
 
-    def set_status(self, name: str, status: PipelineState) -> None:
+    def set_status(self, name: str, status: PipelineState, reason: str | None = None) -> None:
         """Set a pipeline's status; one that no longer runs ends its scales and group
         migrations left unfinished (nothing is to be carried on in a pipeline stopped, or
-        deployed anew after)."""
+        deployed anew after). ``reason``: why it failed (kept with a ``failed`` status, for
+        :meth:`failure`; any other status forgets it)."""
         now = time.time()
         with self._tx() as db:
             db.execute(
                 "UPDATE pipelines SET status = ?, updated = ? WHERE name = ?", (status, now, name)
             )
+            db.execute("DELETE FROM pipeline_failures WHERE pipeline = ?", (name,))
+            if status == PipelineState.FAILED and reason:
+                db.execute(
+                    "INSERT INTO pipeline_failures SELECT name, ?, ? FROM pipelines WHERE name = ?",
+                    (reason, now, name),
+                )
             if status not in (PipelineState.RUNNING, PipelineState.DEPLOYING):
                 _end_unfinished(db, name, f"abandoned: the pipeline is {status}", now)
+
+    def failure(self, name: str) -> str | None:
+        """Why pipeline ``name`` failed (see :meth:`set_status`), if it did and was told."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT reason FROM pipeline_failures WHERE pipeline = ?", (name,)
+            ).fetchone()
+        return str(row[0]) if row else None
 
     def add_trimmed(self, pipeline: str, element: str, records: int, dead: int = 0) -> None:
         """Count ``records`` more data records and ``dead`` more dead letters deleted from

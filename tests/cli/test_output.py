@@ -127,3 +127,21 @@ def test_an_answer_outside_its_contract_is_said_as_a_version_mismatch(
     assert result.returncode == 1, said
     assert "the cluster's answer is not a RestoreReport: ('pipeline',): missing (required)" in said
     assert "of one fogshift version?" in said and "Traceback" not in said
+
+
+def test_a_failed_pipeline_is_shown_with_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from fogshift.cli import main as cli
+
+    failed = {"pipeline": "w3", "status": "failed", "elements": [],
+              "error": "a PE could not be started: [fog-a] is gone"}  # fmt: skip
+
+    @contextmanager
+    def client(home: Path) -> Any:
+        yield SimpleNamespace(get=lambda path: failed)
+
+    monkeypatch.setattr(cli.cluster_ops, "orchestrator_client", client)
+    out = " ".join(fogshift_in_process("status", "w3").stdout.split())
+    assert out.endswith("failed: a PE could not be started: [fog-a] is gone"), out

@@ -161,6 +161,26 @@ def test_a_deploy_a_node_refuses_the_files_of_changes_nothing(
     assert len(agents["fog-a"].received("POST", f"/pipelines/{name}/files/check")) == 1
 
 
+def test_a_deploy_whose_pe_cannot_start_is_failed_with_why_until_deployed_again(
+    orch: Orchestrator, tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    from fogshift.exceptions import Unavailable
+
+    name = f"fence{next(_names)}"
+    agents["fog-a"].fail("PUT", f"/pipelines/{name}/elements/aggregate")
+    with pytest.raises(Unavailable, match="fog-a fails"):
+        orch.deploy(spec(tmp_path, name))
+    (status,) = orch.status(name, counts=False)
+    assert status.status == "failed"
+    assert status.error is not None and status.error.startswith("a PE could not be started: ")
+    assert "fog-a fails" in status.error
+    del agents["fog-a"].answers[("PUT", f"/pipelines/{name}/elements/aggregate")]
+    orch.deploy(spec(tmp_path, name))
+    (status,) = orch.status(name, counts=False)
+    assert status.status == "running" and status.error is None
+    assert orch.registry.failure(name) is None
+
+
 def test_a_stop_during_a_deploy_leaves_the_pipeline_stopped(
     orch: Orchestrator, tmp_path: Path, agents: dict[str, StandIn]
 ) -> None:

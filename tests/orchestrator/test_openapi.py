@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from fogshift.broker.exceptions import BrokerError
 from fogshift.common.http import node_token
-from fogshift.contracts import Heartbeat, MigrationReport, NodeView
+from fogshift.contracts import Heartbeat, MigrationReport, NodeView, PipelineState
 from fogshift.orchestrator import deployment
 from fogshift.spec import parse_spec
 from tests.orchestrator.conftest import OPERATOR
@@ -238,6 +238,10 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
         assert answer.status_code >= 500 and answer.json()["code"] == "broker_error", answer.text
         assert "stream limits exceeded" in answer.json()["message"]
         assert orch.registry.get_pipeline("p").status == "failed"
+    # Why it failed stays with it: `status` said "failed" with no reason anywhere.
+    why = orch.status("p", counts=False)[0].error
+    assert why is not None and why.startswith("the broker refused its streams: ")
+    assert "stream limits exceeded" in why
     assert orch.central.newest("p", "aggregate") is None
     assert ("p", "aggregate") not in orch.last_migration
 
@@ -251,6 +255,12 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
         answer = as_(app, OPERATOR).post("/pipelines", json=spec)
         assert answer.status_code >= 500 and answer.json()["code"] == "broker_error", answer.text
         assert orch.registry.get_pipeline("p").status == "failed"
+    assert orch.registry.failure("p") == (
+        "its nodes' broker rights could not be set: cannot rewrite the broker's config"
+    )
+    # A stop forgets it (a stopped pipeline did not fail).
+    orch.registry.set_status("p", PipelineState.STOPPED)
+    assert orch.registry.failure("p") is None
 
 
 def test_a_sink_writing_a_running_pipelines_output_is_refused(

@@ -776,6 +776,9 @@ def test_a_deploy_left_half_way_fails_and_its_started_pes_are_removed(
         ("fog-a", AGG, {}),
     ]
     assert orch.registry.get_pipeline("p").status == PipelineState.FAILED  # type: ignore[union-attr]
+    assert orch.registry.failure("p") == (
+        "its deploy was left half-way (the orchestrator running it stopped)"
+    )
     assert decisions == [
         "pipeline p left deploying by an orchestrator that died: failed, the PEs it had "
         "started removed; deploy it again (not reached: fog-a; their instances are stopped "

@@ -500,6 +500,18 @@ def test_an_action_asks_first_then_shows_its_report(
     assert "takes over" in web.get("/pipelines/p/elements/pick").text
 
 
+def test_a_failed_pipelines_page_says_why(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    failed = stand_in.pipeline("p").model_copy(
+        update={"status": PipelineState.FAILED, "error": "a PE could not be started: <gone>"}
+    )
+    stand_in.pipeline = lambda name: failed  # type: ignore[method-assign]
+    page = web.get("/pipelines/p").text
+    assert "Why it failed: a PE could not be started: &lt;gone&gt;" in page
+
+
 def test_an_address_that_names_nothing_is_not_said_to_be_a_refused_action(
     web: TestClient, sessions: Sessions
 ) -> None:
