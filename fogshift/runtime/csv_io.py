@@ -524,7 +524,7 @@ def _append(
             refused.append((row, f"fields {list(body)} do not match the output header {fields}"))
             continue
         try:
-            header = _csv_line(["seq", *names]) if fields is None else b""
+            header = _csv_line([seq_column(names), *names]) if fields is None else b""
             line = _csv_line([row[1], *(_cell(body[f]) for f in names)])
         except Exception as exc:
             refused.append((row, f"cannot be written as CSV: {type(exc).__name__}: {exc}"))
@@ -555,6 +555,17 @@ def _append(
         },
     )
     return written
+
+
+def seq_column(fields: list[str]) -> str:
+    """The name of a sink file's first column (the input's sequence) beside the events'
+    ``fields``: ``seq``, unless an event field has that name (a source file's own ``seq``
+    column, say), then ``_seq`` (``__seq``, ...): the header wrote ``seq,seq,...``, read
+    back as two columns of one name, and the events' own field keeps its name."""
+    name = "seq"
+    while name in fields:
+        name = "_" + name
+    return name
 
 
 class CsvSinkWriter(DataSourceStreamWriter):

@@ -152,6 +152,17 @@ def test_an_empty_body_sets_no_header_and_fields_may_come_in_any_order(tmp_path:
     assert out.read_text() == "seq,a,b\n2,1,2\n3,3,4\n"
 
 
+def test_events_with_a_field_named_seq_keep_it_beside_the_sinks_own(tmp_path: Path) -> None:
+    # A walk-through's finding: the header read "seq,seq,a" (pandas: "seq" and "seq.1").
+    out = tmp_path / "o.csv"
+    batch = [(o, o, 0.0, json.dumps({"seq": 100 + o, "a": o, "_seq": 0})) for o in (1, 2)]
+    assert append_exactly_once(out, batch) == 2
+    assert out.read_text() == "__seq,seq,a,_seq\n1,101,1,0\n2,102,2,0\n"
+    other = tmp_path / "p.csv"
+    assert append_exactly_once(other, [(1, 1, 0.0, json.dumps({"seq": 7}))]) == 1
+    assert other.read_text() == "_seq,seq\n1,7\n"
+
+
 def test_a_carriage_return_in_a_cell_is_quoted_so_the_row_stays_one(tmp_path: Path) -> None:
     import csv
 
