@@ -20,6 +20,7 @@ from fogshift.runtime.operators.ecg import Amplify, Bandpass, Classify
 from fogshift.runtime.operators.expr import Filter, Map
 from fogshift.runtime.operators.window import WindowAggregate
 from fogshift.spec.kinds import CustomOptions
+from fogshift.spec.loader import did_you_mean
 from fogshift.spec.models import KINDS
 
 __all__ = ["PROCESSORS", "load_class", "processor_for"]
@@ -105,12 +106,28 @@ def load_class(reference: str, path: str | None = None) -> type[Processor]:
             # the PE failed the same way until the agent was restarted.
             module = importlib.reload(module)
         _IMPORTED[module_name] = _stamp(module)
-        cls = getattr(module, class_name)
     except Exception as exc:  # not found, or the module itself raises (SyntaxError...)
         raise ElementError(
             f"cannot import processor class {reference!r}: {type(exc).__name__}: {exc}",
             hint="the module must be importable on the node (set `path` in the options)",
         ) from exc
+    try:
+        cls = getattr(module, class_name)
+    except AttributeError:
+        # (The module imported: "must be importable" sent the user after the wrong thing.)
+        found = sorted(
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type) and issubclass(value, Processor) and value is not Processor
+        )
+        raise ElementError(
+            f"module {module_name!r} has no class {class_name!r}",
+            expected="a Processor class of the module: " + (", ".join(found) or "none"),
+            received=repr(class_name),
+            hint=f"did you mean {guess!r}?"
+            if (guess := did_you_mean(class_name, found))
+            else "name the class as the module defines it (`class: module:Class`)",
+        ) from None
     if path:
         _check_origin(module, module_name, Path(path))
     if not (isinstance(cls, type) and issubclass(cls, Processor)):
@@ -118,5 +135,16 @@ def load_class(reference: str, path: str | None = None) -> type[Processor]:
             f"{reference!r} is not a fogshift Processor",
             expected="a subclass of fogshift.runtime.api.Processor",
             received=repr(cls),
+        )
+    if cls.process is Processor.process:
+        # Accepted, it ran and dead-lettered every event as "raised NotImplementedError".
+        methods = sorted(n for n, v in vars(cls).items() if callable(v) and not n.startswith("__"))
+        raise ElementError(
+            f"processor class {reference!r} has no process() method",
+            expected="a method process(self, event) returning its output",
+            received="methods " + (", ".join(methods) or "none") + " of its own",
+            hint=f"did you mean to name {guess!r} process?"
+            if (guess := did_you_mean("process", methods))
+            else "define process(self, event) (see the README's custom processors)",
         )
     return cls

@@ -37,10 +37,23 @@ class Hangs(Processor):
     def __init__(self, options: dict, element_id: str = "") -> None:
         RELEASE.wait()
 
+    def process(self, event: Event) -> None:
+        return None
+
 
 class Explodes(Processor):
     def __init__(self, options: dict, element_id: str = "") -> None:
         raise RuntimeError("no constructor today")
+
+    def process(self, event: Event) -> None:
+        return None
+
+
+class Lazy(Processor):
+    """A user's typo: ``proces``. Accepted, it dead-lettered every event."""
+
+    def proces(self, event: Event) -> None:
+        return None
 
 
 def plan(tmp_path: Path, options: dict, key_by: str | None = None) -> QueryPlan:
@@ -70,6 +83,14 @@ def test_the_record_limit_has_one_default(tmp_path: Path) -> None:
             {"class": "tests.runtime.test_engine_checks:Strict", "options": {"factr": 2}},
             "processor 'pe1' (Strict) of pipeline 'pl' cannot be built with its options: "
             "ValidationError",
+        ),
+        (
+            {"class": "tests.runtime.test_engine_checks:Lazy"},
+            "processor class 'tests.runtime.test_engine_checks:Lazy' has no process() method",
+        ),
+        (
+            {"class": "tests.runtime.test_engine_checks:Missing"},
+            "module 'tests.runtime.test_engine_checks' has no class 'Missing'",
         ),
         (
             {"class": "tests.runtime.test_engine_checks:Explodes"},
@@ -119,3 +140,14 @@ def test_a_processor_whose_constructor_never_returns_fails_its_start_in_bounded_
         "processor 'pe1' of pipeline 'pl': importing and building it did not return within 0.5 s"
     )
     assert err.value.hint and "on_assign()" in err.value.hint
+
+
+def test_a_missing_process_method_or_class_is_refused_with_what_to_name(tmp_path: Path) -> None:
+    with pytest.raises(ElementError) as lazy:
+        check_processor(plan(tmp_path, {"class": "tests.runtime.test_engine_checks:Lazy"}))
+    assert lazy.value.hint == "did you mean to name 'proces' process?"
+    assert lazy.value.received == "methods proces of its own"
+    with pytest.raises(ElementError) as missing:
+        check_processor(plan(tmp_path, {"class": "tests.runtime.test_engine_checks:Explode"}))
+    assert missing.value.hint == "did you mean 'Explodes'?"
+    assert missing.value.expected is not None and "Explodes, Hangs" in missing.value.expected
