@@ -27,3 +27,10 @@ class UnknownSource(InvalidInput):
     """A checkpoint source URL that is neither the orchestrator nor a node it knows."""
 
     code = "unknown_source"
+
+
+class CannotBuild(InvalidInput):
+    """A PE asked to start fresh that cannot be built here (its class does not import, has
+    no ``process()``, refuses its options): refused, not hosted as a failed PE."""
+
+    code = "cannot_build"

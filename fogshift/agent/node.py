@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fogshift.agent.config import AgentConfig
-from fogshift.agent.exceptions import ElementBusy, NodeNotReady, UnknownElement
+from fogshift.agent.exceptions import CannotBuild, ElementBusy, NodeNotReady, UnknownElement
 from fogshift.broker.exceptions import FENCED_TOKEN
 from fogshift.checkpoint import key_index
 from fogshift.checkpoint.central import CentralStore
@@ -450,6 +450,21 @@ class NodeRuntime:
                 self._resume(hosted, json.loads(metrics.read_text()), committed_batch(checkpoint))
             self._elements[key] = hosted
             self._start_query(hosted)
+            if fresh and hosted.state == PEState.FAILED and hosted.element_failures:
+                # A deploy's PE that cannot be built (a class that does not import, options
+                # it refuses) is refused, so the deploy is undone and says why: hosted as a
+                # failed PE, the deploy said "deployed" and the pipeline "running" while the
+                # PE was given up on after its restarts.
+                del self._elements[key]
+                self._close_location(hosted)
+                raise CannotBuild(
+                    f"{pipeline}/{element.id} cannot be built on node {self.config.name!r}: "
+                    + (hosted.error or "its processor failed to build"),
+                    expected="a processor that imports and builds with its options here",
+                    received=(hosted.error or "").partition(":")[0] or None,
+                    hint="fix the processor or its options (`fogshift validate` checks the "
+                    "spec, not the class), then deploy again",
+                )
             return self.describe(hosted)
 
     def _resume(self, hosted: HostedElement, saved: dict[str, Any], committed: int | None) -> None:
@@ -542,8 +557,10 @@ class NodeRuntime:
         if element_error and hosted.element_failures > ELEMENT_ERROR_RESTARTS:
             hosted.retry_at = math.inf
             hosted.error = (
+                # (No "change it and deploy again": a deploy starts it over, state lost, and
+                # a migration's target that gave up has its origin running again.)
                 f"{error[:2000]}\ngave up after {hosted.element_failures - 1} restarts in a "
-                "row: the PE cannot be built; change it and deploy again"
+                f"row: it cannot be built on node {self.config.name!r}"
             )
             log.error("%s: %s", hosted.plan.query_name, hosted.error)
             return

@@ -47,6 +47,7 @@ from fogshift.contracts import (
     PipelineState,
     PipelineStatus,
     PlacementState,
+    RestoreStatus,
     StandbyStatus,
     StopResult,
     StreamEvent,
@@ -688,6 +689,16 @@ class Deployment(Journal):
                     out_count = stored.get(data_subject(record.name, element.id), 0)
                     out_count += trimmed.get(element.id, (0, 0))[0]
                 planned = self.planned(record.name, element.id)
+                error = report.error if report else None
+                restore = self.last_restore.get((record.name, element.id))
+                if (
+                    state == PlacementState.NODE_LOST
+                    and restore is not None
+                    and restore.status == RestoreStatus.FAILED
+                ):
+                    # (Automatic restores failing over and over showed only "node-lost",
+                    # the reason in --json's last_restore.)
+                    error = f"its last restore, onto {restore.target}, failed: {restore.error}"
                 elements.append(
                     ElementStatus(
                         element=element.id,
@@ -699,10 +710,10 @@ class Deployment(Journal):
                         dead_letters=stored.get(dead_subject(record.name, element.id), 0)
                         + trimmed.get(element.id, (0, 0))[1],
                         restarts=report.restarts if report else 0,
-                        error=report.error if report else None,
+                        error=error,
                         planned_backup=planned.backup,
                         planned_redeploy=planned.redeploy,
-                        last_restore=self.last_restore.get((record.name, element.id)),
+                        last_restore=restore,
                         inputs=list(element.inputs),
                         epoch=report.epoch if report else None,
                         last_migration=self.last_migration.get((record.name, element.id)),

@@ -243,6 +243,14 @@ def _outputs(pe: str, result: Any) -> list[Any]:
     except DeadLetter:  # a generator's own: as if process() had raised it (see _call)
         raise
     except _EVENT_FAILURES as exc:  # not iterable, or a generator that raised part-way
+        if isinstance(result, Iterator):
+            # The processor's own code raised, as a generator runs it here: not a wrong
+            # return type (it read "expected None, a dict, ..." of the user's exception).
+            raise _Rejected(
+                f"processor {pe!r} raised {_describe(exc)} while its outputs were taken "
+                "(a generator runs as they are)",
+                touched=True,
+            ) from exc
         raise _Rejected(
             f"processor {pe!r} returned {type(result).__name__} and iterating it raised "
             f"{_describe(exc)}; expected None, a dict, an Event or an iterable of those",
@@ -675,7 +683,12 @@ def _state_text(processor: Processor) -> str:
     Raises:
         ValueError: The state cannot be encoded, or does not read back as it is.
     """
-    text = encode_state(processor.snapshot())
+    try:
+        state = processor.snapshot()
+    except _EVENT_FAILURES as exc:
+        # Said as its own (it read as a state that "cannot be encoded").
+        raise ValueError(f"its snapshot() raised {_describe(exc)}") from exc
+    text = encode_state(state)
     if _own_snapshot(processor):
         try:
             processor.restore(json.loads(text))

@@ -671,6 +671,30 @@ def test_an_automatic_restore_that_fails_is_tried_again_after_a_growing_back_off
     assert len(tries) == 7
 
 
+def test_a_lost_pe_whose_restore_failed_says_why_in_its_status(orch: Orchestrator) -> None:
+    # A walk-through's finding: while automatic restores kept failing, `status` showed
+    # "node-lost" and no error; the reason was in --json's last_restore only.
+    from fogshift.contracts import RestoreReport, RestoreStatus
+
+    orch.last_restore[("p", "aggregate")] = RestoreReport(
+        pipeline="p", element="aggregate", target="fog-b", status=RestoreStatus.FAILED,
+        error="cannot be built from its stored state: RuntimeError: restore bug",
+    )  # fmt: skip
+
+    def aggregate() -> Any:
+        (status,) = orch.status("p", counts=False)
+        return next(e for e in status.elements if e.element == "aggregate")
+
+    assert aggregate().error is None  # fog-a is up: its own report speaks
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
+    lost = aggregate()
+    assert lost.state == "node-lost"
+    assert lost.error == (
+        "its last restore, onto fog-b, failed: cannot be built from its stored state: "
+        "RuntimeError: restore bug"
+    )
+
+
 def test_a_node_the_pipeline_counts_lost_is_no_restore_candidate(
     tmp_path: Path, agents: dict[str, StandIn]
 ) -> None:

@@ -172,7 +172,7 @@ def test_base_exceptions_that_are_not_errors_end_the_batch(exc: type[BaseExcepti
         ("inf", "cannot be encoded (ValueError: Out of range float values"),
         ("set", "cannot be encoded (TypeError: Object of type set is not JSON serializable"),
         ("int", "returned int and iterating it raised TypeError"),
-        ("gen", "returned generator and iterating it raised IndexError: half way"),
+        ("gen", "raised IndexError: half way while its outputs were taken"),
         ("dead", "told to"),
     ],
 )
@@ -486,6 +486,31 @@ def test_an_event_after_which_a_state_of_its_own_does_not_read_back_is_a_dead_le
     records, final = run_batch(build, lambda: json.loads(stored), rows, finish=finish, pe="ids")
     events, dead = split(records)
     assert list(dead) == [5] and final == {"counts": {"1": 2, "2": 1}}
+
+
+class Explodes(Ids):
+    """Its snapshot() raises once an event set it off."""
+
+    def snapshot(self) -> dict[str, Any]:
+        if "boom" in self.counts:
+            raise RuntimeError("snapshot exploded")
+        return super().snapshot()
+
+    def restore(self, snapshot: Mapping[str, Any] | None) -> None:
+        self.counts = {} if snapshot is None else dict(snapshot["counts"])
+
+
+def test_a_snapshot_that_raises_after_an_event_is_said_as_raising() -> None:
+    # A walk-through's finding: it read "a state that cannot be encoded (RuntimeError: ...)".
+    build = lambda resume: Explodes.build({}, "ex", resume)  # noqa: E731
+    rows = [row(1, id="a"), row(2, id="boom"), row(3, id="b")]
+    finish = lambda p: json.loads(encode_state(p.snapshot()))  # noqa: E731
+    records, final = run_batch(build, lambda: None, rows, finish=finish, pe="ex")
+    events, dead = split(records)
+    assert list(dead) == [2], dead
+    assert "its snapshot() raised RuntimeError: snapshot exploded" in dead[2]
+    assert [json.loads(body)["n"] for _, _, body in events] == [1, 2]
+    assert final == {"counts": {"a": 1, "b": 1}}
 
 
 class Unprintable:
