@@ -379,9 +379,10 @@ class Gate(BaseModel):
     limit: Offset | None = None
 
 
-class FilesChecked(BaseModel):
-    """Answer of a node agent's ``POST /pipelines/{pipeline}/files/check``: the files of
-    these PEs, as this node sees them, are what the PEs need (a refusal answers 422).
+class ElementsChecked(BaseModel):
+    """Answer of a node agent's ``POST /pipelines/{pipeline}/check``: these PEs' files, as
+    this node sees them, are what they need, and their processors import and build here
+    with their options (a refusal answers 422).
 
     Attributes:
         node: The node that checked.

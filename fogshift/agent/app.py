@@ -73,8 +73,8 @@ from fogshift.contracts import (
     DroppedReplica,
     ElementInfo,
     ElementProgress,
+    ElementsChecked,
     FileChunks,
-    FilesChecked,
     Gate,
     Heartbeat,
     HeartbeatAnswer,
@@ -103,8 +103,8 @@ class DeployRequest(BaseModel):
     epoch: int = 0
 
 
-class FilesCheck(BaseModel):
-    """Body of ``POST /pipelines/{pipeline}/files/check``: the PEs whose files to check."""
+class ElementsCheck(BaseModel):
+    """Body of ``POST /pipelines/{pipeline}/check``: the PEs to check."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -402,14 +402,18 @@ def create_app(config: AgentConfig) -> FastAPI:
         check_element_files(request.element, node=config.name)
         return runtime.deploy(pipeline, request.element, request.fresh, request.gate, request.epoch)
 
-    @app.post("/pipelines/{pipeline}/files/check")
-    def check_files(pipeline: NameParam, request: FilesCheck) -> FilesChecked:
+    @app.post("/pipelines/{pipeline}/check")
+    def check_elements(pipeline: NameParam, request: ElementsCheck) -> ElementsChecked:
         # A deploy asks before it changes anything: refused at a PE's start, one PE's
-        # missing input came after a sink had emptied its file and the run before's
-        # streams and checkpoints were gone.
+        # missing input or a class that does not import came after a sink had emptied its
+        # file and the run before's streams and checkpoints were gone (and a class that
+        # does not build was hosted failed while the deploy said "deployed").
         for element in request.elements:
             check_element_files(element, node=config.name)
-        return FilesChecked(node=config.name, elements=[e.id for e in request.elements])
+        for element in request.elements:
+            if element.role == "processor":
+                runtime.check_build(pipeline, element)
+        return ElementsChecked(node=config.name, elements=[e.id for e in request.elements])
 
     @app.delete("/pipelines/{pipeline}/elements/{element}")
     def remove(pipeline: NameParam, element: NameParam, discard: bool = False) -> ElementInfo:

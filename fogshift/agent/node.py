@@ -69,7 +69,7 @@ from fogshift.exceptions import FogshiftError, InvalidInput
 from fogshift.runtime import crashes
 from fogshift.runtime.api import Processor
 from fogshift.runtime.csv_io import read_marker, reset_sink
-from fogshift.runtime.engine import QueryPlan, start_query
+from fogshift.runtime.engine import QueryPlan, check_processor, start_query
 from fogshift.runtime.exceptions import ElementError, NoState
 from fogshift.runtime.gate import end_run
 from fogshift.runtime.kinds import processor_for
@@ -450,21 +450,6 @@ class NodeRuntime:
                 self._resume(hosted, json.loads(metrics.read_text()), committed_batch(checkpoint))
             self._elements[key] = hosted
             self._start_query(hosted)
-            if fresh and hosted.state == PEState.FAILED and hosted.element_failures:
-                # A deploy's PE that cannot be built (a class that does not import, options
-                # it refuses) is refused, so the deploy is undone and says why: hosted as a
-                # failed PE, the deploy said "deployed" and the pipeline "running" while the
-                # PE was given up on after its restarts.
-                del self._elements[key]
-                self._close_location(hosted)
-                raise CannotBuild(
-                    f"{pipeline}/{element.id} cannot be built on node {self.config.name!r}: "
-                    + (hosted.error or "its processor failed to build"),
-                    expected="a processor that imports and builds with its options here",
-                    received=(hosted.error or "").partition(":")[0] or None,
-                    hint="fix the processor or its options (`fogshift validate` checks the "
-                    "spec, not the class), then deploy again",
-                )
             return self.describe(hosted)
 
     def _resume(self, hosted: HostedElement, saved: dict[str, Any], committed: int | None) -> None:
@@ -969,6 +954,31 @@ class NodeRuntime:
         write_gate(self.gate_file(pipeline, pe), gate.mode, gate.limit)
         hosted.gated = True
         return self._position(hosted)
+
+    def check_build(self, pipeline: str, element: ElementSpec) -> None:
+        """Import and build processor ``element`` of ``pipeline`` once, as its start would
+        (:func:`~fogshift.runtime.engine.check_processor`), without starting anything.
+
+        Raises:
+            CannotBuild: It cannot be built here (its class does not import, has no
+                ``process()``, refuses its options, or took too long).
+        """
+        plan = QueryPlan(
+            pipeline=pipeline,
+            element=element,
+            broker_file=str(self.config.broker_file),
+            checkpoint_dir=str(self.checkpoint_dir(pipeline, element.id)),
+        )
+        try:
+            check_processor(plan)
+        except ElementError as exc:
+            raise CannotBuild(
+                f"{pipeline}/{element.id} cannot be built on node {self.config.name!r}: "
+                f"{exc.message}",
+                expected=exc.expected or "a processor that imports and builds with its options",
+                received=exc.received,
+                hint=exc.hint or "fix the processor or its options, then deploy again",
+            ) from exc
 
     def remove_pipeline(self, pipeline: str) -> list[ElementInfo]:
         """Stop every PE of ``pipeline`` on this node."""

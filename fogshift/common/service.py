@@ -312,14 +312,21 @@ def install_error_handlers(
             text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
             received = f"{text[:80]!r}: {first.get('ctx', {}).get('error', 'not JSON')}"
         hint = "the schema (GET /openapi.json) gives every parameter and body"
-        kind = request.headers.get("content-type", "")
-        if tuple(first.get("loc", ())) == ("body",) and not kind.startswith("application/json"):
+        kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        sent = first.get("input")
+        json_type = kind in ("", "application/json") or kind.endswith("+json")
+        if tuple(first.get("loc", ())) == ("body",) and (
+            (isinstance(sent, (bytes, str)) and not json_type)
+            or (sent is None and first.get("type") == "missing")
+        ):
             # A JSON body sent as text (curl -d's default form type, text/plain): FastAPI
-            # reads it as text, and said so in Python's bytes notation ("b'{...'").
-            sent = first.get("input")
+            # reads it as text, and said so in Python's bytes notation ("b'{...'"); no body
+            # at all read as "None".
             shown = sent.decode("utf-8", "replace") if isinstance(sent, bytes) else sent
-            received = f"a body of type {kind or 'none'!r}" + (
-                f": {str(shown)[:80]!r}" if shown else " (empty)"
+            received = (
+                "no body"
+                if sent is None
+                else f"a body of type {kind!r}" + (f": {shown[:80]!r}" if shown else " (empty)")
             )
             hint = "send the body as JSON, with the header Content-Type: application/json"
         expected = [f"{e['loc'][-1]}: {EXPECTED[e['ctx']['pattern']]}" for e in named]

@@ -88,7 +88,8 @@ def message_of(error: ErrorDetails) -> str:
     if error["type"] == "value_error":  # one of fogshift's own checks: its words alone
         return error["msg"].removeprefix("Value error, ")
     template = _SAID.get(error["type"])
-    if template is not None:
+    # (pydantic leaves a length it does not know None: "has None, ..." said nothing.)
+    if template is not None and None not in context.values():
         try:
             return template.format(**context)
         except (KeyError, IndexError, ValueError):

@@ -324,20 +324,22 @@ class Deployment(Journal):
         # the other, the deploy's last step marked a stopped pipeline running again).
         with self.pipeline_lock(spec.pipeline):
             self._refuse_taken_name(spec)
-            self._check_files(spec)
+            self._check_on_nodes(spec)
             with self._admission:
                 epochs = self._admit(spec)
             return self._start(spec, epochs)
 
-    def _check_files(self, spec: PipelineSpec) -> None:
-        """Have each healthy node check the files of ``spec``'s PEs placed on it, before
-        anything of the deploy changes: refused only when a PE started, a missing input
-        came after a sink had emptied its file, the streams and central checkpoints of an
-        earlier run under the name were gone, and a failed pipeline stayed behind. (A node
-        that is not healthy is refused by :meth:`_admit`, in its words.)
+    def _check_on_nodes(self, spec: PipelineSpec) -> None:
+        """Have each healthy node check ``spec``'s PEs placed on it — their files, and that
+        each processor imports and builds with its options — before anything of the deploy
+        changes: refused only when a PE started, a missing input or a class that does not
+        import came after a sink had emptied its file, the streams and central checkpoints
+        of an earlier run under the name were gone, and a failed pipeline stayed behind.
+        (A node that is not healthy is refused by :meth:`_admit`, in its words.)
 
         Raises:
             InvalidSpec: A node found a PE's input missing or its output path unusable.
+            CannotBuild: A node cannot build a PE's processor (``cannot_build``, 422).
             Unavailable: A node could not be asked.
         """
         placed: dict[str, list[ElementSpec]] = {}
@@ -347,7 +349,7 @@ class Deployment(Journal):
             if not self._heard(node):
                 continue
             self.agent(node).post(
-                f"/pipelines/{spec.pipeline}/files/check",
+                f"/pipelines/{spec.pipeline}/check",
                 json={"elements": [e.model_dump(mode="json") for e in elements]},
             )
 
@@ -695,6 +697,7 @@ class Deployment(Journal):
                     state == PlacementState.NODE_LOST
                     and restore is not None
                     and restore.status == RestoreStatus.FAILED
+                    and restore.error
                 ):
                     # (Automatic restores failing over and over showed only "node-lost",
                     # the reason in --json's last_restore.)

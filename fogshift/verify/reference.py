@@ -143,14 +143,17 @@ def case1_reference(
 
 
 def read_sink(path: str | Path, field_name: str) -> list[tuple[int, float]]:
-    """``(seq, value)`` rows of a csv-sink output file."""
+    """``(seq, value)`` rows of a csv-sink output file (its first column: ``seq``, or
+    ``_seq`` beside events of a field ``seq``, see ``runtime.csv_io.seq_column``)."""
     target = Path(path)
     if not target.exists() or target.stat().st_size == 0:
         return []
     frame = pd.read_csv(target)
     return list(
         zip(
-            frame["seq"].astype(int).tolist(), frame[field_name].astype(float).tolist(), strict=True
+            frame.iloc[:, 0].astype(int).tolist(),
+            frame[field_name].astype(float).tolist(),
+            strict=True,
         )
     )
 

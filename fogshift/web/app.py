@@ -369,7 +369,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
 
     def error_page(request: Request, err: FogshiftError, title: str) -> HTMLResponse:
         context = _outcome(err, title)
-        if request.method in ("GET", "HEAD") and "migration" not in context:
+        if request.method in ("GET", "HEAD") and not {"migration", "restore"} & set(context):
             # A page asked for, not an action: "Refused: nothing was changed, the pipelines
             # run on" answered an unknown pipeline's address as if something had been tried.
             context["outcome"] = "This page cannot be shown: see why below."
@@ -586,7 +586,9 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             )
         return status, mine
 
-    def element_context(name: str, element: str) -> dict[str, Any]:
+    def element_context(name: str, element: str, more: bool = True) -> dict[str, Any]:
+        """What a PE's page shows; ``more``: its state and dead letters too (a read on its
+        node, and of the pipeline's dead letters: not for the part polled every 3 s)."""
         status, mine = element_of(name, element)
         nodes = orchestrator.nodes()
         key = f"{name}/{element}"
@@ -603,8 +605,10 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             "lag": lag(mine, by_id),
             "checkpoints": reports[0] if reports else None,
             "operation": orchestrator.operation(name, element),
-            "letters": [d for d in orchestrator.errors(name, 50) if d.element == element],
-            "twins": orchestrator.twin_state(name, element, mine.kind),
+            "letters": [d for d in orchestrator.errors(name, 50) if d.element == element]
+            if more
+            else [],
+            "twins": orchestrator.twin_state(name, element, mine.kind) if more else None,
             "targets": sorted(n.name for n in nodes if n.healthy and n.name != mine.node),
             "modes": [m.value for m in MigrationMode],
         }
@@ -615,9 +619,13 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
 
     @app.get("/fragments/pipelines/{name}/elements/{element}", response_class=HTMLResponse)
     def element_fragment(request: Request, name: NameParam, element: NameParam) -> HTMLResponse:
-        # Its facts, and (out of band) its operations, state and dead letters: the page
-        # showed them as they were when it was loaded. Its forms stay as the user left them.
-        return page(request, "_element.html", {**element_context(name, element), "oob": True})
+        # Its facts, checkpoints and operations: the page showed them as they were when it
+        # was loaded. Its forms stay as the user left them.
+        return page(request, "_element.html", element_context(name, element, more=False))
+
+    @app.get("/fragments/pipelines/{name}/elements/{element}/more", response_class=HTMLResponse)
+    def element_more(request: Request, name: NameParam, element: NameParam) -> HTMLResponse:
+        return page(request, "_element_more.html", element_context(name, element))
 
     # -- Case 2: a patient's ECG and alarms ---------------------------------------------------
 

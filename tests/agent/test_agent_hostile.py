@@ -546,7 +546,7 @@ def test_a_pe_whose_input_file_is_not_on_this_node_is_refused_before_it_starts(
 
 def test_a_deploy_asks_the_node_to_check_its_files_before_anything_starts(home: Path) -> None:
     # What a PE's start refuses, asked of all the node's PEs before the deploy changes
-    # anything (the orchestrator's `_check_files`): nothing is started or emptied by it.
+    # anything (the orchestrator's `_check_on_nodes`): nothing is started or emptied by it.
     app = create_app(config(home))
     (home / "in.csv").write_text("timestamp,sensor,value\n")
     (home / "kept.csv").write_text("precious\n")
@@ -554,18 +554,38 @@ def test_a_deploy_asks_the_node_to_check_its_files_before_anything_starts(home: 
               "options": {"path": str(home / "in.csv")}}  # fmt: skip
     sink = {"id": "sink", "kind": "csv-sink", "node": "fog-a", "inputs": ["src"],
             "options": {"path": str(home / "kept.csv")}}  # fmt: skip
-    fine = client(app, OPERATOR).post("/pipelines/p/files/check",
+    fine = client(app, OPERATOR).post("/pipelines/p/check",
                                       json={"elements": [source, sink]})  # fmt: skip
     assert fine.status_code == 200 and fine.json() == {"node": "fog-a", "elements": ["src", "sink"]}
     gone = {**source, "options": {"path": str(home / "no-such.csv")}}
-    refused = client(app, OPERATOR).post("/pipelines/p/files/check",
+    refused = client(app, OPERATOR).post("/pipelines/p/check",
                                          json={"elements": [sink, gone]})  # fmt: skip
     assert refused.status_code == 422 and refused.json()["code"] == "invalid_spec", refused.text
     assert "does not exist on node 'fog-a'" in refused.json()["message"]
     assert (home / "kept.csv").read_text() == "precious\n"
     assert client(app, OPERATOR).get("/elements").json() == []
-    empty = client(app, OPERATOR).post("/pipelines/p/files/check", json={"elements": []})
+    empty = client(app, OPERATOR).post("/pipelines/p/check", json={"elements": []})
     assert empty.status_code == 422, empty.text
+    # A processor is imported and built with its options there: one that cannot be, refused.
+    (home / "walk_pe.py").write_text(
+        "from fogshift.runtime.api import Processor\n"
+        "class Fine(Processor):\n    def process(self, event):\n        return event.body\n"
+        "class Typo(Processor):\n    def proces(self, event):\n        return None\n"
+    )
+
+    def custom(cls: str) -> dict:
+        return {"id": "pe", "kind": "custom", "node": "fog-a", "inputs": ["src"],
+                "options": {"class": f"walk_pe:{cls}", "path": str(home)}}  # fmt: skip
+
+    built = client(app, OPERATOR).post("/pipelines/p/check", json={"elements": [custom("Fine")]})
+    assert built.status_code == 200, built.text
+    for cls, says in (("Typo", "has no process() method"), ("Gone", "has no class 'Gone'")):
+        refused = client(app, OPERATOR).post("/pipelines/p/check", json={"elements": [custom(cls)]})
+        body = refused.json()
+        assert refused.status_code == 422 and body["code"] == "cannot_build", refused.text
+        assert body["message"].startswith("p/pe cannot be built on node 'fog-a': ")
+        assert says in body["message"] and body["hint"], body
+    assert client(app, OPERATOR).get("/elements").json() == []
 
 
 def test_a_request_no_route_takes_is_answered_in_fogshifts_form(home: Path) -> None:

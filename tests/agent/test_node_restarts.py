@@ -127,29 +127,6 @@ def test_a_pe_that_cannot_be_built_gives_up_after_bounded_restarts(
     assert len(calls) == 1 + ELEMENT_ERROR_RESTARTS
 
 
-def test_a_fresh_deploy_of_a_pe_that_cannot_be_built_is_refused_not_hosted(
-    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A walk-through's finding: hosted as failed, the deploy said "deployed" (exit 0) and
-    # the pipeline "running" while the PE was given up on after its restarts.
-    from fogshift.agent.exceptions import CannotBuild
-
-    def start_query(spark: Any, plan: QueryPlan) -> Any:
-        raise ElementError("cannot import processor class 'nope:Missing': ModuleNotFoundError")
-
-    monkeypatch.setattr(node, "start_query", start_query)
-    element = hosted(tmp_path).plan.element
-    with pytest.raises(CannotBuild) as refused:
-        runtime.deploy("x", element, fresh=True)
-    assert refused.value.http_status == 422
-    assert refused.value.message.startswith("x/p cannot be built on node 'n1': ElementError: ")
-    assert "nope:Missing" in refused.value.message and refused.value.hint
-    assert runtime.elements() == []
-    # Started again from its checkpoint (a restart, a restore): hosted, restarted, bounded.
-    info = runtime.deploy("x", element, fresh=False)
-    assert info.state == "failed" and "nope:Missing" in (info.error or "")
-
-
 def test_a_worker_side_element_error_is_bounded_too_and_reported_short(
     runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -101,7 +101,8 @@ def test_a_body_that_cannot_be_read_is_refused_with_what_was_sent(text: str, rec
     [
         ("text/plain", '{"name": "a"}', "a body of type 'text/plain': '{\"name\": \"a\"}'"),
         ("application/x-www-form-urlencoded", "name=a", "a body of type "),
-        (None, "", "a body of type 'none' (empty)"),
+        ("text/plain; charset=utf-8", "", "no body"),
+        (None, "", "no body"),
     ],
 )
 def test_a_body_sent_as_other_than_json_is_told_to_be_sent_as_json(
@@ -117,3 +118,12 @@ def test_a_body_sent_as_other_than_json_is_told_to_be_sent_as_json(
     assert body["received"].startswith(received), body
     assert "b'" not in body["received"] and "Input should" not in body["message"], body
     assert body["hint"] == "send the body as JSON, with the header Content-Type: application/json"
+
+
+def test_a_json_body_of_the_wrong_shape_is_not_told_to_be_sent_as_json() -> None:
+    client = _app_with_a_body_and_a_query()
+    for kind in ("application/json", "application/merge-patch+json", None):
+        headers = {"content-type": kind} if kind else {}
+        answer = client.post("/things", content='["a"]', headers=headers)
+        assert answer.status_code == 422, answer.text
+        assert "send the body as JSON" not in answer.json()["hint"], (kind, answer.json())

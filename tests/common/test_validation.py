@@ -37,3 +37,13 @@ def test_pydantic_wording_does_not_reach_a_refusal() -> None:
 
 def test_other_messages_keep_pydantic_words_without_its_subject() -> None:
     assert _messages({"path": 3}) == {"path": "should be a valid string"}
+
+
+def test_a_length_pydantic_does_not_know_is_not_said_as_none() -> None:
+    class Tags(BaseModel):
+        tags: frozenset[str] = Field(max_length=2)
+
+    with pytest.raises(ValidationError) as err:
+        Tags.model_validate_json('{"tags": ["a", "b", "c"]}')
+    said = message_of(err.value.errors()[0])
+    assert "None" not in said and "at most 2" in said

@@ -145,20 +145,20 @@ def test_a_deploy_a_node_refuses_the_files_of_changes_nothing(
         "received": "no such file",
     }
     for again in (name, f"fence{next(_names)}"):  # a stopped pipeline's name, and a new one
-        agents["cloud"].answer("POST", f"/pipelines/{again}/files/check", 422, missing)
+        agents["cloud"].answer("POST", f"/pipelines/{again}/check", 422, missing)
         with pytest.raises(InvalidSpec, match="does not exist on node 'cloud'"):
             orch.deploy(spec(tmp_path, again))
     assert [c.method for a in agents.values() for c in a.calls] == ["POST"] * 2  # cloud's
-    checked = agents["cloud"].received("POST", f"/pipelines/{name}/files/check")
+    checked = agents["cloud"].received("POST", f"/pipelines/{name}/check")
     assert [e["id"] for e in checked[0].body["elements"]] == ["source", "sink"]
     record = orch.registry.get_pipeline(name)
     assert record is not None and record.status == PipelineState.STOPPED
     assert orch.registry.get_pipeline(again) is None
     assert tail(js_client, name, "aggregate") == before  # its streams as the stop left them
     # Files fine again: deployed, fog-a asked of its aggregate's too.
-    del agents["cloud"].answers[("POST", f"/pipelines/{name}/files/check")]
+    del agents["cloud"].answers[("POST", f"/pipelines/{name}/check")]
     orch.deploy(spec(tmp_path, name))
-    assert len(agents["fog-a"].received("POST", f"/pipelines/{name}/files/check")) == 1
+    assert len(agents["fog-a"].received("POST", f"/pipelines/{name}/check")) == 1
 
 
 def test_a_deploy_whose_pe_cannot_start_is_failed_with_why_until_deployed_again(

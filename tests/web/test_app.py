@@ -444,14 +444,22 @@ def test_the_pages_live_parts_follow_what_changes_and_leave_the_forms_alone(
     live = web.get("/fragments/pipelines/p", headers={"hx-request": "true"}).text
     assert '<span id="on-pick" class="muted" hx-swap-oob="true">on fog-b</span>' in live
     assert "<form" not in live  # the form as the user filled it
-    # The PE's page: its facts in a live part, its operations, state and letters out of band.
+    # The PE's page: its facts and operations in a live part; its state and dead letters
+    # (read from its node and the broker) in another, polled slowly.
     detail = web.get("/pipelines/p/elements/pick").text
     assert 'hx-get="/fragments/pipelines/p/elements/pick"' in detail
+    assert 'hx-get="/fragments/pipelines/p/elements/pick/more" hx-trigger="every 15s"' in detail
     part = web.get("/fragments/pipelines/p/elements/pick", headers={"hx-request": "true"}).text
     assert '<dd class="node">fog-b</dd>' in part and "<form" not in part
-    more = part.split('<div id="element-more" hx-swap-oob="true">')[1]
+    assert "Last operation" in part and "Its state" not in part and "KeyError" not in part
+    more = web.get("/fragments/pipelines/p/elements/pick/more").text
     assert "KeyError: &#39;value&#39;" in more and "Its state per patient" in more
-    assert web.get("/fragments/pipelines/p/elements/nope").status_code == 404
+    assert "<form" not in more
+    for bad in (
+        "/fragments/pipelines/p/elements/nope",
+        "/fragments/pipelines/p/elements/nope/more",
+    ):
+        assert web.get(bad).status_code == 404, bad
     # The nodes page: its table live.
     assert 'hx-get="/fragments/nodes"' in web.get("/nodes").text
     nodes = web.get("/fragments/nodes", headers={"hx-request": "true"}).text

@@ -123,7 +123,7 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
         assert cluster.element(PIPELINE, "aggregate")["node"] == "fog-b"
         expect(watching.locator("#on-aggregate")).to_have_text("on fog-b")
         expect(watching_pe.locator("dd.node")).to_have_text("fog-b")
-        expect(watching_pe.locator("#element-more")).to_contain_text("downtime")
+        expect(watching_pe.locator("#element-live")).to_contain_text("downtime")
         tabs.close()
         page.get_by_role("link", name="Continue").click()
         expect(aggregate_box).to_have_attribute("data-node", "fog-b")
