@@ -156,6 +156,7 @@ class Coordination(Scaling):
             # reconcile round resolves it by its phase (see recover_operations).
             self.registry.finish(op.id, "migrated")
             self.last_migration[(pipeline, element_id)] = report
+            self.plan_soon.set()
             # The origin's rights go now, not at the next reconcile round ("origin and
             # target until the handover").
             self.permissions.sync_quietly(self.registry)
@@ -597,6 +598,7 @@ class Coordination(Scaling):
             self.registry.route(op.id, name)
             self.registry.finish(op.id, "restored")
             self.last_restore[(pipeline, element_id)] = report
+            self.plan_soon.set()
             log.info("restored %s/%s: %s", pipeline, element_id, report.model_dump(mode="json"))
             return report
         raise Unavailable(  # every candidate became unhealthy before its turn

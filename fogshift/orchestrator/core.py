@@ -86,6 +86,9 @@ class OrchestratorCore:
         self._stop = threading.Event()
         #: Set when a central pull should not wait for its interval (see ``Replication``).
         self._pull_now = threading.Event()
+        #: Set when the plan should not wait for its interval: a PE moved (its planned
+        #: backup and redeploy nodes named the node it moved to, for up to an interval).
+        self.plan_soon = threading.Event()
         #: Per PE: the (node, node-level checkpoint) a heartbeat last woke a pull for.
         self._early_pulls: dict[tuple[str, str], tuple[str, str]] = {}
         #: Owner of the journal entries this process writes: an unfinished entry of another
@@ -398,6 +401,7 @@ class OrchestratorCore:
     def close(self) -> None:
         self._stop.set()
         self._pull_now.set()  # wakes the central loop, which then sees the stop
+        self.plan_soon.set()  # and the planning loop
         for client, _ in self._agents.values():
             client.close()
         self.broker.close()

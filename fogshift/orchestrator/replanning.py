@@ -125,4 +125,4 @@ class Replanning(OrchestratorCore):
 
     def run_planner(self) -> None:
         """Loop :meth:`replan` until :meth:`close`."""
-        self._every(self.config.plan_interval_s, self.replan, "planning")
+        self._every(self.config.plan_interval_s, self.replan, "planning", wake=self.plan_soon)

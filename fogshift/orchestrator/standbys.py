@@ -603,6 +603,7 @@ class Standbys(Deployment):
         self.followed.pop(key, None)
         self.standby_ready_ms.pop(key, None)
         self.last_restore[key] = report
+        self.plan_soon.set()
         log.info("promoted the standby of %s/%s: %s", pipeline, element.id,
                  report.model_dump(mode="json"))  # fmt: skip
         return report

@@ -263,8 +263,12 @@ def test_a_failure_after_the_routing_change_completes_the_migration(
     here = f"/pipelines/{pipeline}/elements/aggregate"
     literal_migration_answers(agents, here)
     agents["fog-a"].fail("DELETE", here)  # the origin cannot be removed after the switch
+    orch.plan_soon.clear()
     report = orch.migrate(pipeline, "aggregate", "fog-b", mode="literal").model_dump(mode="json")
     assert report["status"] == "migrated" and report["rolled_back"] is False, report
+    # The plan is made again at once, not up to an interval later naming fog-b as the
+    # aggregate's own backup or redeploy node (a walk-through's finding).
+    assert orch.plan_soon.is_set()
     assert any("fog-a was not removed" in w for w in report["warnings"]), report
     assert orch.registry.get_pipeline(pipeline).placement["aggregate"] == "fog-b"  # type: ignore[union-attr]
     # The origin stays held at its gate: it is never resumed as a second writer.
