@@ -775,10 +775,19 @@ class Deployment(Journal):
             stream = stream_name(name, element.id)
 
             async def dead(js: Any, stream: str = stream, pe: str = element.id) -> list[Any]:
+                # The newest ``limit`` only, read back from the stream's end in growing
+                # windows: every dead letter of the stream was read, then all but ``limit``
+                # dropped (the dashboard asks for 50 every 15 s).
                 end = await _stored_end(js, stream)
-                return await fetch_range(js, stream, dead_subject(name, pe), 0, end)
+                span = max(8 * limit, 1024)
+                while True:
+                    start = max(0, end - span)
+                    got = await fetch_range(js, stream, dead_subject(name, pe), start, end)
+                    if len(got) >= limit or start == 0:
+                        return got[-limit:]
+                    span *= 8
 
-            for msg in self.broker.run(dead, timeout=60)[-limit:]:
+            for msg in self.broker.run(dead, timeout=60):
                 # The dead letter's own format (``broker.publish``), read where it is stored.
                 try:
                     payload = json.loads(msg.data)

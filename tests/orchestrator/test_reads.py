@@ -107,3 +107,24 @@ def test_a_partitioned_element_s_events_are_its_partitions_merged_by_when_stored
     with pytest.raises(InvalidInput) as refused:
         orch.events(name, "aggregate", after=0)
     assert "aggregate-p0, aggregate-p1" in (refused.value.expected or "")
+
+
+def test_the_newest_dead_letters_are_read_from_the_streams_end(
+    orch: Orchestrator,  # noqa: F811
+    tmp_path: Path,
+    agents: dict[str, StandIn],
+    js_client: SyncJetStream,
+) -> None:
+    # Every dead letter of a stream was read, then all but `limit` dropped: now from the
+    # end back in growing windows, as far as `limit` of them take (here: past 1,500 events).
+    name = "tail"
+    orch.deploy(spec(tmp_path, name))
+    early = [Record(k, 0, k, 0.0, "aggregate", "{", dead=f"bad {k}") for k in (1, 2, 3)]
+    events = [Record(k, 0, k, 0.0, "aggregate", json.dumps({"value": 1.0}))
+              for k in range(4, 1504)]  # fmt: skip
+    late = [Record(1504, 0, 1504, 0.0, "aggregate", "{", dead="bad 1504")]
+    js_client.run(lambda j: publish_records(j, name, "aggregate", early + events + late, epoch=1))
+    newest = [(d.seq, d.reason) for d in orch.errors(name, limit=2)]
+    assert newest == [(3, "bad 3"), (1504, "bad 1504")]
+    assert [d.seq for d in orch.errors(name)] == [1, 2, 3, 1504]
+    assert [d.seq for d in orch.errors(name, limit=1)] == [1504]
