@@ -516,7 +516,7 @@ def validate(
             _print_json({"valid": False, "error": exc.to_dict()})
         else:
             err_console.print(f"[red]refused[/] ({exc.code}): {escape(exc.render())}")
-        raise typer.Exit(1) from None
+        raise typer.Exit(2) from None  # (as `deploy` exits for the same spec)
     summary = _spec_summary(pipeline)
     if as_json:
         _print_json(summary)

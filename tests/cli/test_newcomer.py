@@ -102,27 +102,27 @@ def test_validate_refuses_with_expected_received_and_a_guess(tmp_path: Path) -> 
         tmp_path, "kind: window-aggregate, options: {field: value, window: 2, fucntion: avg}"
     )
     result = runner.invoke(cli.app, ["validate", str(spec)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # as `deploy` exits for it
     text = flat(result.stderr)
     assert "refused (invalid_spec): options of element 'aggregate'" in text
     assert "received: unknown key 'fucntion'" in text
     assert "hint: did you mean 'function'?" in text
     result = runner.invoke(cli.app, ["validate", str(spec), "--json"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     answer = json.loads(result.stdout)
     assert answer["valid"] is False and answer["error"]["code"] == "invalid_spec"
     assert answer["error"]["hint"].startswith("did you mean 'function'?")
 
 
-def test_validate_exits_1_from_the_real_cli_and_checks_nodes_when_given(tmp_path: Path) -> None:
+def test_validate_exits_2_from_the_real_cli_and_checks_nodes_when_given(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "kind: window-agregate, options: {field: value, window: 2}")
     result = real_cli("validate", str(spec))
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "did you mean 'window-aggregate'?" in result.stderr
     fixed = write_spec(tmp_path, "kind: window-aggregate, options: {field: value, window: 2}")
     assert real_cli("validate", str(fixed)).returncode == 0
     result = runner.invoke(cli.app, ["validate", str(fixed), "--nodes", "cloud,fog-b"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "unknown node 'fog-a'" in flat(result.stderr)
 
 
