@@ -787,7 +787,7 @@ class Deployment(Journal):
                         return got[-limit:]
                     span *= 8
 
-            for msg in self.broker.run(dead, timeout=60):
+            for msg in self.broker.run(dead, timeout=60)[-limit:]:
                 # The dead letter's own format (``broker.publish``), read where it is stored.
                 try:
                     payload = json.loads(msg.data)
