@@ -72,7 +72,7 @@ from fogshift.exceptions import FogshiftError, NotFound
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import NodeRemoved, stale_generation
 from fogshift.orchestrator.service import Orchestrator
-from fogshift.spec.models import MAX_PARTITIONS
+from fogshift.spec.models import MAX_PARTITIONS, PipelineSpec
 
 _BLOBS = re.compile(r"/checkpoints/blobs/[^/]+(/chunks)?")
 
@@ -237,6 +237,7 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         orchestrator_access(config.token, orchestrator.removed, orchestrator.generation),
         MAX_BODY_BYTES,
     )
+    _describe_spec_body(app)
 
     @app.get("/health")
     def health() -> OrchestratorHealth:
@@ -446,3 +447,27 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         return orchestrator.stop(name)
 
     return app
+
+
+def _describe_spec_body(app: FastAPI) -> None:
+    """Describe ``POST /pipelines``'s body in the schema as a :class:`PipelineSpec` (its
+    route takes the spec as a plain mapping, so that the loader refuses a bad one with a
+    "did you mean": the schema said only "an object"). Its models join the schema's
+    components; one of a name the API's own models have keeps theirs (none today)."""
+    made = app.openapi
+
+    def schema() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = made()
+        spec = PipelineSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+        models = document.setdefault("components", {}).setdefault("schemas", {})
+        for name, model in spec.pop("$defs", {}).items():
+            models.setdefault(name, model)
+        models.setdefault("PipelineSpec", spec)
+        body = {"schema": {"$ref": "#/components/schemas/PipelineSpec"}}
+        deploy = document["paths"]["/pipelines"]["post"]
+        deploy["requestBody"] = {"required": True, "content": {"application/json": body}}
+        return document
+
+    app.openapi = schema  # type: ignore[method-assign]

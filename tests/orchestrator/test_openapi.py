@@ -96,6 +96,15 @@ def test_every_endpoint_answers_with_its_contract(app: FastAPI) -> None:
     models = schema["components"]["schemas"]
     assert set(models["ErrorBody"]["properties"]) >= {"code", "expected", "received", "hint",
                                                      "report"}  # fmt: skip
+    # The deploy's body is a pipeline spec, its models beside the API's (none shadowed).
+    deploy = schema["paths"]["/pipelines"]["post"]["requestBody"]
+    assert deploy["required"] is True
+    assert contract(deploy["content"]["application/json"]["schema"]) == "PipelineSpec"
+    from fogshift.spec.models import PipelineSpec
+
+    spec = PipelineSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, model in {**spec.pop("$defs"), "PipelineSpec": spec}.items():
+        assert models[name] == model, name
     # States are enums in the schema, with the strings the API has always used.
     assert set(models["PEState"]["enum"]) >= {"running", "paused", "failed", "fenced"}
     assert models["MigrationMode"]["enum"] == ["precopy", "literal", "handover"]
