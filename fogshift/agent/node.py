@@ -996,10 +996,14 @@ class NodeRuntime:
         """
         element = self.hosted(pipeline, pe).plan.element
         stateless = NoState(
-            f"{pipeline}/{pe} on node {self.config.name!r} holds no state: it is a "
-            f"{element.kind!r} "
-            + ("processor without state fields" if element.role == "processor" else element.role),
-            expected="a stateful processor (window-aggregate, or a custom one with state)",
+            f"{pipeline}/{pe} on node {self.config.name!r} holds no state: it is "
+            + (
+                f"a processor of kind {element.kind!r}, without state fields"
+                if element.role == "processor"
+                else f"a {element.role} ({element.kind})"
+            ),
+            expected="a stateful processor (window-aggregate, bandpass, classify, or a custom "
+            "one with state)",
             received=f"{pe!r}, kind {element.kind!r}",
             hint="`fogshift status PIPELINE` lists the elements and their kinds",
         )

@@ -704,8 +704,9 @@ def state(
         table.add_row(*_plain("-" if entry.key is None else entry.key, *where, text[:200]))
     if key is not None and not data.entries:
         # (Not an empty table under the title: the key has none.)
-        console.print(f"{table.title}: no state for key {escape(repr(key))} (it has had no "
-                      "valid event yet)", highlight=False)  # fmt: skip
+        # ("it has had no valid event yet" of a key whose events go to another partition.)
+        console.print(f"{table.title}: no state for key {escape(repr(key))} (no valid event "
+                      f"of it has come to {escape(element)})", highlight=False)  # fmt: skip
         return
     console.print(table)
 
@@ -742,10 +743,19 @@ def events(
         text = json.dumps(event.body, separators=(",", ":"))
         cells = (str(event.seq), str(event.epoch), event.creator, text[:160])
         table.add_row(*_plain(*((event.partition or "",) if parts else ()), *cells))
-    console.print(table)
     if not data.events:
-        console.print("no events" + (f" of key {escape(repr(key))}" if key is not None else "")
-                      + " there")  # fmt: skip
+        # (Not an empty table, nor a partitioned page's "stream sequences 1-0 of 0".)
+        among = f"among the newest {tail} messages" if data.last_seq else "there"
+        console.print(
+            f"no events of {escape(pipeline)}/{escape(element)}"
+            + (f" of key {escape(repr(key))}" if key is not None else "")
+            + f" {among}"
+            + ("; a larger --tail looks further back" if key is not None and data.last_seq
+               else ""),
+            highlight=False,
+        )  # fmt: skip
+        return
+    console.print(table)
 
 
 @app.command()
@@ -994,8 +1004,11 @@ def migrate(
     if (mode is not None and by_keys) or (order is not None and not by_keys):
         # (Either was checked, then left out of the request: silently ignored.)
         raise InvalidInput(
-            "--mode moves a whole PE, --order orders --keys or --key-group"
-            + (": not both" if by_keys else ""),
+            # (It said "not both" of --mode beside --keys, where no --order was given.)
+            "--mode moves a whole PE, not the keys --keys or --key-group name (they move by "
+            "--order)"
+            if by_keys
+            else "--order orders the keys --keys or --key-group move, not a whole PE",
             expected="`fogshift migrate P ELEMENT --to N [--mode M]` or `fogshift migrate P "
             "ELEMENT --keys K1,K2 --to N [--order O]`",
             received=f"--mode {mode}" if by_keys else f"--order {order} without --keys",

@@ -310,11 +310,16 @@ class Journal(Replication):
         except KeyError:
             parts = [e.id for e in record.spec.partitions_of(element_id)]
             ids = [e.id for e in record.spec.elements]
-            guess = did_you_mean(element_id, ids)
+            # The partitioned elements by their own names too (`state`, `events` and key
+            # moves take them): "classfy" was guessed to be "classify-p1".
+            partitioned = sorted({e.partition.of for e in record.spec.elements if e.partition})
+            guess = did_you_mean(element_id, [*ids, *partitioned])
             raise UnknownElement(
                 f"pipeline {record.name!r} has no element {element_id!r}"
                 + (" (it is partitioned)" if parts else ""),
-                expected="one of " + ", ".join(ids),
+                expected="one of "
+                + ", ".join(ids)
+                + (f" (partitions of {', '.join(partitioned)})" if partitioned else ""),
                 received=repr(element_id),
                 hint=f"name one of its partitions: {', '.join(parts)}"
                 if parts

@@ -343,6 +343,17 @@ class KeyMoves(Standbys):
             UnknownElement: No such element.
         """
         parts = record.spec.partitions_of(element_id)
+        named = next((e for e in record.spec.elements if e.id == element_id), None)
+        if not parts and named is not None and named.partition is not None:
+            # (It said "'classify-p0' is not partitioned" of a partition.)
+            of = named.partition.of
+            raise InvalidInput(
+                f"{refusal}: {element_id!r} is a partition of {of!r}, which is the element to name",
+                expected=f"the partitioned element {of!r}",
+                received=f"its partition {element_id!r}",
+                hint=f"name {of!r} instead (a key move names the partition to move to with "
+                f"--to, e.g. --to {element_id})",
+            )
         if not parts:
             _known_for_keys(record, element_id)
             raise InvalidInput(

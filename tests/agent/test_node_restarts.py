@@ -872,3 +872,21 @@ def test_a_restarted_node_gets_back_the_checkpoint_an_interrupted_install_set_as
     assert (checkpoint / "commits" / "0").read_text() == "v1"
     assert not aside.exists()
     assert [(left.pipeline, left.element) for left in runtime.left()] == [("x", "p")]
+
+
+def test_a_pe_without_state_is_said_as_what_it_is(runtime: NodeRuntime) -> None:
+    # It read "it is a 'amplify' processor without state fields", and named no Case 2 kind
+    # among the stateful ones.
+    from fogshift.runtime.exceptions import NoState
+
+    for kind, options, says in (
+        ("amplify", {"calibration": {"p1": 1.0}}, "a processor of kind 'amplify', without"),
+        ("csv-sink", {"path": "/tmp/o.csv"}, "a sink (csv-sink)"),
+    ):
+        element = ElementSpec(id="pe", kind=kind, node="n1", inputs=("s",), options=options)
+        plan = QueryPlan("x", element, str(runtime.config.broker_file), "cp")
+        runtime._elements[("x", "pe")] = HostedElement(plan=plan)
+        with pytest.raises(NoState) as refused:
+            runtime._stateful("x", "pe")
+        assert f"x/pe on node 'n1' holds no state: it is {says}" in refused.value.message
+        assert refused.value.expected is not None and "classify" in refused.value.expected

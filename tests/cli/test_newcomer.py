@@ -330,7 +330,8 @@ def test_a_key_move_left_pending_names_its_waves_and_the_keys_left(
 KEYS_ONLY = "--wave-keys and --no-precopy are for --keys"
 #: (--mode and --order were checked, then left out of the request: the move went on
 #: without them.)
-MODE_OR_ORDER = "--mode moves a whole PE, --order orders --keys"
+MODE_FOR_KEYS = "--mode moves a whole PE, not the keys --keys or --key-group name"
+ORDER_FOR_PE = "--order orders the keys --keys or --key-group move, not a whole PE"
 
 
 @pytest.mark.parametrize(
@@ -340,9 +341,9 @@ MODE_OR_ORDER = "--mode moves a whole PE, --order orders --keys"
         (["aggregate", "--no-precopy"], KEYS_ONLY, "--no-precopy without --keys"),
         (["aggregate", "--key-group", "1/4", "--no-precopy"], KEYS_ONLY,
          "--no-precopy with --key-group 1/4"),
-        (["aggregate", "--order", "fifo"], MODE_OR_ORDER, "--order fifo without --keys"),
-        (["aggregate", "--keys", "a", "--mode", "handover"], MODE_OR_ORDER, "--mode handover"),
-        (["aggregate", "--key-group", "1/4", "--mode", "literal"], MODE_OR_ORDER,
+        (["aggregate", "--order", "fifo"], ORDER_FOR_PE, "--order fifo without --keys"),
+        (["aggregate", "--keys", "a", "--mode", "handover"], MODE_FOR_KEYS, "--mode handover"),
+        (["aggregate", "--key-group", "1/4", "--mode", "literal"], MODE_FOR_KEYS,
          "--mode literal"),
     ],
 )  # fmt: skip

@@ -64,7 +64,7 @@ def test_a_state_read_says_when_it_shows_part_of_the_keys_or_none_for_a_key(
     assert "keyed by sensor, 1 key)" in read(1, ["s1"])
     assert "keyed by sensor, 2 keys)" in read(2, ["s1", "s2"])
     missing = read(2, [], "s9")
-    assert missing.endswith("no state for key 's9' (it has had no valid event yet)"), missing
+    assert missing.endswith("no state for key 's9' (no valid event of it has come to agg)"), missing
     assert "┃" not in missing and "key" in missing  # (no empty table)
 
 
@@ -145,3 +145,25 @@ def test_a_failed_pipeline_is_shown_with_why(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(cli.cluster_ops, "orchestrator_client", client)
     out = " ".join(fogshift_in_process("status", "w3").stdout.split())
     assert out.endswith("failed: a PE could not be started: [fog-a] is gone"), out
+
+
+def test_no_events_of_a_key_says_where_it_looked_not_an_empty_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A walk-through's finding: an empty table, over "no events of key 'p01' there", with a
+    # partitioned page's header "stream sequences 1-0 of 0".
+    from fogshift.cli import main as cli
+    from fogshift.contracts import EventPage
+
+    pages = [EventPage(pipeline="p", element="band", key="p01", events=[], scanned_after=900,
+                       scanned_to=1000, last_seq=1000),
+             EventPage(pipeline="p", element="band", key=None, events=[], scanned_after=0,
+                       scanned_to=0, last_seq=0)]  # fmt: skip
+    monkeypatch.setattr(cli, "_element_read", lambda *args: pages.pop(0))
+    keyed = " ".join(fogshift_in_process("events", "p", "band", "p01").stdout.split())
+    assert keyed == (
+        "no events of p/band of key 'p01' among the newest 100 messages; a larger --tail "
+        "looks further back"
+    )
+    empty = " ".join(fogshift_in_process("events", "p", "band").stdout.split())
+    assert empty == "no events of p/band there"

@@ -1096,3 +1096,33 @@ def test_a_key_move_of_an_unknown_element_suggests_the_partitioned_element(
         "did you mean 'aggregate'?",
     )
     assert all(agent.calls == [] for agent in agents.values())
+
+
+def test_a_partition_named_for_a_key_move_or_scale_names_its_element(orch: Orchestrator) -> None:
+    # A walk-through's finding: "'aggregate-p0' is not partitioned", of a partition.
+    from fogshift.exceptions import InvalidInput
+
+    for attempt in (
+        lambda: orch.migrate_keys("p", "aggregate-p0", ["s1"], "fog-b", timeout_s=0.1),
+        lambda: orch.scale("p", "aggregate-p0", 3, ["fog-c"], timeout_s=0.1),
+    ):
+        with pytest.raises(InvalidInput) as refused:
+            attempt()
+        assert "'aggregate-p0' is a partition of 'aggregate'" in refused.value.message
+        assert refused.value.hint is not None and "name 'aggregate' instead" in refused.value.hint
+
+
+def test_an_unknown_element_is_guessed_among_the_partitioned_elements_too(
+    orch: Orchestrator,
+) -> None:
+    # "classfy" was guessed to be "classify-p1", and "classify" was left out of the list
+    # though `state`, `events` and key moves take it.
+    from fogshift.agent.exceptions import UnknownElement
+
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    with pytest.raises(UnknownElement) as unknown:
+        orch._element(record, "agregate")
+    assert unknown.value.hint == "did you mean 'aggregate'?"
+    assert unknown.value.expected is not None
+    assert unknown.value.expected.endswith("(partitions of aggregate)")
