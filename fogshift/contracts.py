@@ -666,6 +666,8 @@ class KeyMoveReport(BaseModel):
             that order): at the move they sent only what changed since.
         precopy_ms: How long that copying took (``None``: no precopy asked).
         precopy_bytes: The copies' size as sent.
+        stateless: Keys moved whose origin held no state of them: never seen there (a
+            typo?). They moved all the same: their events from the move on go to the target.
     """
 
     model_config = _WIRE
@@ -690,6 +692,7 @@ class KeyMoveReport(BaseModel):
     precopied: list[str] = []
     precopy_ms: float | None = None
     precopy_bytes: int = 0
+    stateless: list[str] = []
     error: str | None = None
 
 

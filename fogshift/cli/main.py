@@ -1130,6 +1130,14 @@ def _migrate_keys(
             console.print(
                 f"already on {report.target_partition}: {escape(', '.join(report.already))}"
             )
+        if report.stateless:
+            # (A typo's key was reported moved like any other.)
+            console.print(
+                f"[yellow]warning[/]: {escape(', '.join(report.stateless))}: no state at "
+                f"{'its' if len(report.stateless) == 1 else 'their'} origin (never seen "
+                "there: a typo?); moved all the same",
+                highlight=False,
+            )
         _key_outcome(
             report.status,
             f"{len(report.keys)} keys"

@@ -175,6 +175,8 @@ class Settled:
     state_bytes: int
     error: str | None = None
     left: list[str] = field(default_factory=list)
+    #: Moved keys whose origin held no state of them (never seen there).
+    stateless: set[str] = field(default_factory=set)
 
     def note(self, states: dict[str, tuple[Any, int]], moved_at: float | None) -> int:
         """Count ``states`` (as :meth:`KeyMoves._await_states` gives them, for a move stored
@@ -453,6 +455,7 @@ class KeyMoves(Standbys):
             **base, status=KeyMoveStatus.MOVED, move_seq=waves[0].seq, waves=waves,
             sent=list(settled.stoppage_ms), stoppage_ms=settled.stoppage_ms,
             state_bytes=settled.state_bytes, left=settled.left,
+            stateless=[k for k in moving if k in settled.stateless],
         )  # fmt: skip
         if settled.error is not None:
             return report.model_copy(
@@ -546,7 +549,7 @@ class KeyMoves(Standbys):
                 ):
                     append_wave()
             states, moved_at = self._await_states(
-                pipeline, source, move_id, wave.seq, wave.keys, deadline
+                pipeline, source, move_id, wave.seq, wave.keys, deadline, settled.stateless
             )
             pending.pop(0)
             largest = max(largest, settled.note(states, moved_at))
@@ -557,7 +560,7 @@ class KeyMoves(Standbys):
                 # once its origin runs): its keys are moving, not left.
                 for later, later_id, _ in pending:
                     got, at = self._await_states(pipeline, source, later_id, later.seq,
-                                                 later.keys, 0.0)  # fmt: skip
+                                                 later.keys, 0.0, settled.stateless)  # fmt: skip
                     settled.note(got, at)
                     _note_last(last, got)
                     missing += [k for k in later.keys if k not in got]
@@ -916,14 +919,16 @@ class KeyMoves(Standbys):
         return None
 
     def _await_states(
-        self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float
-    ) -> tuple[dict[str, tuple[Any, int]], float | None]:
+        self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float,
+        empty: set[str] | None = None,
+    ) -> tuple[dict[str, tuple[Any, int]], float | None]:  # fmt: skip
         """Wait until the state of every key of ``keys`` for ``move`` (stored at ``at`` in
         the input ``source``) is stored, or ``deadline``. (The requests of one precopy share
         its id: states of a later request's keys may come meanwhile, and do not count.)
 
         Only a state its key's owner sent counts (the one the target takes): a state from
         another partition is forged, and would end the wait while the key still waits.
+        ``empty``: the keys whose state came empty (their origin held none) are added.
 
         Returns:
             Each key's state message and its size (a large state's parts included), for
@@ -970,7 +975,12 @@ class KeyMoves(Standbys):
                         if not senders.sent_by_owner(item):
                             after = max(after, message.seq)
                             continue
-                    states.setdefault(item.key, (message, len(message.data) + item.size))
+                    if item.key not in states:
+                        states[item.key] = (message, len(message.data) + item.size)
+                        # (No part sent, none kept of a copy: its origin held no state of
+                        # it. A typo's key was reported moved like any other.)
+                        if empty is not None and not (item.state or item.parts or item.keep):
+                            empty.add(item.key)
                 after = max(after, message.seq)
             if len(states) >= len(keys) or time.monotonic() >= deadline:
                 return states, moved_at

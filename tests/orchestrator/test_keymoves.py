@@ -57,8 +57,9 @@ class Waves(KeyMoves):
         return self.sending
 
     def _await_states(
-        self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float
-    ) -> tuple[dict[str, tuple[Any, int]], float | None]:
+        self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float,
+        empty: set[str] | None = None,
+    ) -> tuple[dict[str, tuple[Any, int]], float | None]:  # fmt: skip
         self.log.append(("stored", keys))
         states = {}
         for index, key in enumerate(k for k in keys if k not in self.lost):
@@ -323,6 +324,27 @@ def test_a_forged_state_does_not_end_the_wait_for_a_keys_state() -> None:
     stored.append(real)
     states, _ = KeyMoves._await_states(moves, "p", "in", "c1", 10, ["k3"], 0.0)
     assert list(states) == ["k3"] and states["k3"][0] is real
+
+
+def test_a_moved_key_whose_origin_held_no_state_is_told_apart() -> None:
+    # A walk-through's finding: `--keys p99` (never seen) was reported moved as any other.
+    def sent(seq: int, key: str, state: dict[str, str], **more: Any) -> Any:
+        return SimpleNamespace(seq=seq, stored_at=1.0, subject="fs.p.in.keys.agg-p0",
+                               data=state_payload("m1", "agg", key, 1, state, **more))  # fmt: skip
+
+    stored = [sent(11, "k1", {"v": "x"}), sent(12, "ghost", {}),
+              sent(13, "k2", {}, base="c1", keep=["v"])]  # fmt: skip
+    owners = Ownership(1)
+    owners.apply(KeyMove(10, "m1", "agg", ("k1", "ghost", "k2"), 1))
+    moves: Any = SimpleNamespace(
+        broker=SimpleNamespace(run=lambda make, timeout=30: list(stored)),
+        _ownership=lambda *args: owners,
+    )
+    empty: set[str] = set()
+    states, _ = KeyMoves._await_states(moves, "p", "in", "m1", 10, ["k1", "ghost", "k2"], 0.0,
+                                       empty)  # fmt: skip
+    assert sorted(states) == ["ghost", "k1", "k2"]
+    assert empty == {"ghost"}  # (k2: nothing changed since its copy, which it keeps)
 
 
 def test_a_scale_back_after_waves_to_an_added_partition_rescales_first() -> None:
