@@ -31,7 +31,7 @@ from fogshift.common.names import (
     SHA256_RE,
     SNAPSHOT_RE,
 )
-from fogshift.common.validation import expected_of, message_of, refusal_of
+from fogshift.common.validation import expected_of, refusal_of, request_message_of
 from fogshift.contracts import ErrorBody, FileChunks
 from fogshift.events import MAX_KEY_CHARS
 from fogshift.exceptions import FogshiftError, InvalidInput, NotFound, Unauthorized
@@ -295,15 +295,8 @@ def install_error_handlers(
         named = [e for e in errors if e.get("ctx", {}).get("pattern") in EXPECTED]
         groups = [e for e in named if e["ctx"]["pattern"] == KEY_GROUP_RE]
 
-        def said(error: Any) -> str:
-            if error in groups:
-                return f"{error['input']!r} is not a key group"
-            if error in named:
-                return f"{error['input']!r} cannot be used as a name"
-            return message_of(error)
-
         message = f"bad request to {request.url.path}: " + "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {said(e)}" for e in errors
+            f"{'.'.join(map(str, e['loc']))}: {request_message_of(e)}" for e in errors
         )
         received = repr(first.get("input"))[:200]
         if first.get("type") == "json_invalid":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic_core import ErrorDetails
 
-from fogshift.common.names import EXPECTED
+from fogshift.common.names import EXPECTED, KEY_GROUP_RE
 
 #: What pydantic's error types ask for, in the words of a refusal (``{...}``: its context).
 _EXPECTED = {
@@ -96,6 +96,18 @@ def message_of(error: ErrorDetails) -> str:
             pass
     message = error["msg"]
     return message[len("Input ") :] if message.startswith("Input should") else message
+
+
+def request_message_of(error: ErrorDetails) -> str:
+    """``error`` of a request's parameter or body as the services answer it: a value that
+    failed a name's (or a key group's) pattern said as what it cannot be, anything else as
+    :func:`message_of` says it (the REST API's and the dashboard's refusals alike)."""
+    pattern = (error.get("ctx") or {}).get("pattern")
+    if pattern == KEY_GROUP_RE:
+        return f"{error['input']!r} is not a key group"
+    if pattern in EXPECTED:
+        return f"{error['input']!r} cannot be used as a name"
+    return message_of(error)
 
 
 def expected_of(error: ErrorDetails) -> str | None:

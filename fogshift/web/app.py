@@ -38,10 +38,9 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fogshift.common.http import ServiceClient
-from fogshift.common.names import EXPECTED
 from fogshift.common.service import NameParam, StateKeyQuery
 from fogshift.common.text import one_line
-from fogshift.common.validation import message_of
+from fogshift.common.validation import request_message_of
 from fogshift.contracts import (
     DeadLetter,
     ElementStatus,
@@ -417,14 +416,9 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
 
     @app.exception_handler(RequestValidationError)
     async def on_bad_request(request: Request, exc: RequestValidationError) -> Response:
-        def said(error: Any) -> str:
-            # A name in the address said as the REST API says it, not as its pattern.
-            if (error.get("ctx") or {}).get("pattern") in EXPECTED:
-                return f"{error['input']!r} cannot be used as a name"
-            return message_of(error)
-
+        # (A name in the address said as the REST API says it, not as its pattern.)
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {said(e)}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc'])}: {request_message_of(e)}" for e in exc.errors()
         )
         looked = request.method in ("GET", "HEAD")
         err = InvalidInput(

@@ -47,3 +47,21 @@ def test_a_length_pydantic_does_not_know_is_not_said_as_none() -> None:
         Tags.model_validate_json('{"tags": ["a", "b", "c"]}')
     said = message_of(err.value.errors()[0])
     assert "None" not in said and "at most 2" in said
+
+
+def test_a_requests_name_or_key_group_is_said_as_what_it_cannot_be() -> None:
+    # One place for the REST API's and the dashboard's words (each had its own copy).
+    from fogshift.common.names import KEY_GROUP_RE, NAME_PATTERN
+    from fogshift.common.validation import request_message_of
+
+    class Ask(BaseModel):
+        name: str = Field(pattern=NAME_PATTERN)
+        group: str = Field(default="1/2", pattern=KEY_GROUP_RE)
+
+    with pytest.raises(ValidationError) as err:
+        Ask.model_validate({"name": "caf\u00e9", "group": "x"})
+    said = {e["loc"][0]: request_message_of(e) for e in err.value.errors()}
+    assert said == {"name": "'café' cannot be used as a name", "group": "'x' is not a key group"}
+    with pytest.raises(ValidationError) as err:
+        Ask.model_validate({})
+    assert request_message_of(err.value.errors()[0]) == "missing (required)"
