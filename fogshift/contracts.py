@@ -1084,6 +1084,25 @@ class StopResult(BaseModel):
     unreachable_nodes: list[str]
 
 
+class DeleteResult(BaseModel):
+    """Answer of ``DELETE /pipelines/{name}``: what went of a stopped pipeline.
+
+    Attributes:
+        streams: The broker streams deleted (its PEs' records and dead letters).
+        nodes: The nodes that discarded what they held of it (checkpoints, node-level
+            snapshots).
+        unreachable_nodes: Nodes not heard now: what they hold of it is discarded once
+            they are (the orchestrator remembers the deletion until a deploy of the name).
+    """
+
+    model_config = _WIRE
+
+    pipeline: str
+    streams: list[str]
+    nodes: list[str]
+    unreachable_nodes: list[str]
+
+
 class DeadLetter(BaseModel):
     """One dead letter of ``GET /pipelines/{name}/errors``.
 

@@ -586,7 +586,7 @@ def create_app(config: AgentConfig) -> FastAPI:
                     f"on node {config.name!r}")  # fmt: skip
 
     @app.delete("/pipelines/{pipeline}")
-    def remove_pipeline(pipeline: NameParam) -> list[ElementInfo]:
-        return runtime.remove_pipeline(pipeline)
+    def remove_pipeline(pipeline: NameParam, discard: bool = False) -> list[ElementInfo]:
+        return runtime.remove_pipeline(pipeline, discard)
 
     return app

@@ -980,11 +980,27 @@ class NodeRuntime:
                 hint=exc.hint or "fix the processor or its options, then deploy again",
             ) from exc
 
-    def remove_pipeline(self, pipeline: str) -> list[ElementInfo]:
-        """Stop every PE of ``pipeline`` on this node."""
+    def remove_pipeline(self, pipeline: str, discard: bool = False) -> list[ElementInfo]:
+        """Stop every PE of ``pipeline`` on this node. With ``discard`` (the pipeline is
+        deleted), also discard everything this node holds of it: the checkpoints and
+        node-level snapshots of the PEs it ran here before, listed as ``left``."""
         with self._lock:
             keys = [k for k in self._elements if k[0] == pipeline]
-            return [self.remove(*k) for k in keys]
+            removed = [self.remove(*k, discard=discard) for k in keys]
+            if discard:
+                held = {e for root in self._pipeline_roots(pipeline) for e in _pe_names(root)}
+                removed += [self.remove(pipeline, pe, discard=True) for pe in sorted(held)]
+                for root in self._pipeline_roots(pipeline):
+                    with contextlib.suppress(OSError):  # (another's file left in it: kept)
+                        root.rmdir()
+            return removed
+
+    def _pipeline_roots(self, pipeline: str) -> list[Path]:
+        """The folders this node keeps ``pipeline``'s PEs' checkpoints and node-level
+        snapshots in (as :meth:`left` reads them)."""
+        # (through pe_folder: names come from requests, and must stay inside the node's)
+        return [pe_folder(self.config.home / root, pipeline, "any").parent
+                for root in ("checkpoints", "node-checkpoints")]  # fmt: skip
 
     def _stateful(self, pipeline: str, pe: str) -> tuple[ElementSpec, type[Processor]]:
         """The PE's spec and processor class, once it is known to hold state here.
@@ -1563,6 +1579,18 @@ class NodeRuntime:
 
 
 _SPARK_TRAILERS = re.compile(r" SQLSTATE: |\n=== Streaming Query ===|\n\tat |\n\s*at org\.apache")
+
+
+def _pe_names(root: Path) -> set[str]:
+    """The PEs whose checkpoints, node-level snapshots or unfinished install's copy a
+    pipeline's folder ``root`` holds (named as :meth:`NodeRuntime.left` reads them)."""
+    if not root.is_dir():
+        return set()
+    # (a checkpoint being installed, or the one it replaced not yet removed, is a PE's too:
+    # spark_dir.installing's and spark_dir.replaced's folders)
+    names = {f.name.removesuffix(".incoming").removesuffix(".replaced")
+             for f in root.iterdir() if f.is_dir()}  # fmt: skip
+    return {n for n in names if NAME_PATTERN.fullmatch(n)}
 
 
 def python_error(text: str) -> tuple[str, str] | None:

@@ -37,6 +37,7 @@ from fogshift.common.text import one_line
 from fogshift.common.validation import message_of
 from fogshift.contracts import (
     DeadLetter,
+    DeleteResult,
     ElementStatus,
     EventPage,
     GroupMigrationReport,
@@ -1353,6 +1354,21 @@ def stop(pipeline: str, home: Home = Path(".fogshift")) -> None:
     console.print(f"[green]stopped[/] {pipeline}")
     if result.unreachable_nodes:
         console.print(f"[yellow]unreachable nodes[/]: {', '.join(result.unreachable_nodes)}")
+
+
+@app.command()
+def delete(pipeline: str, home: Home = Path(".fogshift")) -> None:
+    """Delete a stopped pipeline: its streams, checkpoints and entry go (its output stays)."""
+    with cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client:
+        result = client.call(DeleteResult, "DELETE", f"/pipelines/{pipeline}")
+    streams = len(result.streams)
+    console.print(f"[green]deleted[/] {pipeline} ({streams} stream{'s' * (streams != 1)}; "
+                  f"checkpoints on {', '.join(result.nodes) or 'no node'})")  # fmt: skip
+    if result.unreachable_nodes:
+        console.print(
+            f"[yellow]unreachable nodes[/]: {', '.join(result.unreachable_nodes)} (what they "
+            "hold of it is discarded once they are heard again)"
+        )
 
 
 @app.command()

@@ -47,6 +47,7 @@ from fogshift.common.service import (
 from fogshift.contracts import (
     Ack,
     DeadLetter,
+    DeleteResult,
     EventPage,
     GroupMigrationReport,
     Heartbeat,
@@ -445,6 +446,11 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @app.post("/pipelines/{name}/stop")
     def stop(name: NameParam) -> StopResult:
         return orchestrator.stop(name)
+
+    @app.delete("/pipelines/{name}")
+    def delete(name: NameParam) -> DeleteResult:
+        # (Stopped first: a running pipeline's delete is refused, 409.)
+        return orchestrator.delete(name)
 
     return app
 

@@ -35,6 +35,7 @@ from fogshift.contracts import (
     AgedNodeCheckpoint,
     CheckpointsView,
     DeadLetter,
+    DeleteResult,
     ElementProgress,
     ElementStatus,
     EventPage,
@@ -410,10 +411,7 @@ class Deployment(Journal):
         self.central.forget(spec.pipeline)  # (every PE's: partitions of a scale too)
         # What the orchestrator remembers of the run before goes too: shown as the new
         # run's, its migrations and restores read as this run's outcomes.
-        for memory in (self.central_stats, self.pull_errors, self._early_pulls,
-                       self.last_migration, self.last_restore):  # fmt: skip
-            for key in [k for k in list(memory) if k[0] == spec.pipeline]:
-                memory.pop(key, None)
+        self._forget_runs(spec.pipeline)
 
         def reset_streams(js: Any) -> Any:
             return fresh_streams(js, spec, epochs, self.config.duplicate_window_s)
@@ -452,6 +450,14 @@ class Deployment(Journal):
             log.warning("deployed %s; its stream counts cannot be read now: %s",
                         spec.pipeline, exc.message)  # fmt: skip
             return self.status(spec.pipeline, counts=False)[0]
+
+    def _forget_runs(self, pipeline: str) -> None:
+        """Drop what this process remembers of ``pipeline``'s runs: its PEs' last central
+        pulls and their errors, migrations and restores."""
+        for memory in (self.central_stats, self.pull_errors, self._early_pulls,
+                       self.last_migration, self.last_restore):  # fmt: skip
+            for key in [k for k in list(memory) if k[0] == pipeline]:
+                memory.pop(key, None)
 
     def _ownership(self, pipeline: str, source: str, element_id: str) -> Ownership:
         """Who owns each key of partitioned ``element_id`` (:class:`KeyMoves`, above)."""
@@ -659,6 +665,72 @@ class Deployment(Journal):
         return StopResult(
             pipeline=name, status=PipelineState.STOPPED, unreachable_nodes=unreachable
         )
+
+    def delete(self, name: str) -> DeleteResult:
+        """Delete a stopped (or failed) pipeline: its streams (records and dead letters), its
+        central checkpoints, what each node holds of it, and its entry. Its sinks' output
+        files stay (they are the user's). Its PEs' epochs are kept, so a deploy of the name
+        again fences any instance of it still somewhere; a node not heard now discards what
+        it holds of it once it is (:meth:`Reconciler._discard_left`).
+
+        Order: the streams first — a broker away refuses the delete with nothing changed
+        but streams already gone (the pipeline stays listed, stopped; delete again).
+
+        Raises:
+            UnknownPipeline: No pipeline of that name.
+            Conflict: It is not stopped or failed.
+            BrokerError: Its streams could not all be deleted; it stays listed.
+        """
+        with self.pipeline_lock(name):
+            record = self.pipeline(name)
+            if record.status not in (PipelineState.STOPPED, PipelineState.FAILED):
+                raise Conflict(
+                    f"cannot delete pipeline {name!r}: it is {record.status}",
+                    expected="a stopped or failed pipeline",
+                    received=str(record.status),
+                    hint=f"`fogshift stop {name}` first: a delete drops its streams and "
+                    "checkpoints, which a running pipeline uses",
+                )
+
+            async def drop_streams(js: Any) -> list[str]:
+                names = await pipeline_streams(js, name)
+                for stream in names:
+                    with contextlib.suppress(NotFoundError):
+                        await js.delete_stream(stream)
+                return sorted(names)
+
+            try:
+                streams = self.broker.run(drop_streams)
+            except FogshiftError:
+                raise
+            except Exception as exc:
+                raise BrokerError(
+                    f"cannot delete pipeline {name!r}: the broker refused to delete its "
+                    f"streams: {_said(exc)}",
+                    hint="`fogshift nodes` says whether the broker is up; delete again",
+                ) from exc
+            self.central.forget(name)
+            self._forget_runs(name)
+            self.registry.delete_pipeline(name)
+            cleared, unreachable = [], []
+            for node in self.registry.nodes():
+                if not self.healthy(node):
+                    unreachable.append(node.name)
+                    continue
+                try:
+                    self.agent(node.name).delete(f"/pipelines/{name}", params={"discard": True})
+                except FogshiftError as exc:
+                    log.warning("node %s did not discard deleted pipeline %s: %s", node.name,
+                                name, exc.message)  # fmt: skip
+                    unreachable.append(node.name)
+                else:
+                    cleared.append(node.name)
+        self.permissions.sync_quietly(self.registry)
+        log.info("deleted pipeline %s (streams %s)", name, ", ".join(streams) or "none")
+        return DeleteResult(
+            pipeline=name, streams=streams, nodes=sorted(cleared),
+            unreachable_nodes=sorted(unreachable),
+        )  # fmt: skip
 
     def status(self, name: str | None = None, counts: bool = True) -> list[PipelineStatus]:
         """Per pipeline, per PE: node, state, events in/out, dead letters (``counts``:

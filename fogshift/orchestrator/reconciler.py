@@ -906,16 +906,23 @@ class Reconciler(Coordination):
                             and record.status in (PipelineState.STOPPED, PipelineState.FAILED)
                             and node.last_seen > record.status_since + STOPPED_HEARD_S
                         )
-                        if not stopped and (
+                        # A deleted pipeline's, on a node away at the delete: discarded.
+                        deleted = self.registry.deleted(key[0]) if record is None else None
+                        gone = deleted is not None and node.last_seen > deleted + STOPPED_HEARD_S
+                        if gone:
+                            log.warning("removing %s/%s of the deleted pipeline from %s",
+                                        *key, node.name)  # fmt: skip
+                        elif not stopped and (
                             record is None
                             or record.status != PipelineState.RUNNING
                             or (placed in (None, node.name) and not retired)
                             or (standby is not None and standby.node == node.name)
                         ):
                             continue
-                        log.warning("removing %s %s/%s from %s",
-                                    f"the {record.status} pipeline's" if stopped and record
-                                    else "superseded", *key, node.name)  # fmt: skip
+                        else:
+                            log.warning("removing %s %s/%s from %s",
+                                        f"the {record.status} pipeline's" if stopped and record
+                                        else "superseded", *key, node.name)  # fmt: skip
                         try:
                             self.agent(node.name).delete(
                                 f"/pipelines/{key[0]}/elements/{key[1]}",
@@ -933,11 +940,11 @@ class Reconciler(Coordination):
 
     def _discard_left(self, pending: set[tuple[str, str]]) -> None:
         """Discard the checkpoints nodes hold of PEs of known pipelines that are neither
-        placed nor standing by there (``Heartbeat.left``): an instance removed while its
-        agent was down left them, on disk for good. Decided inside the PE's exclusive
-        section, with the placement read afresh: an operation under way (a migration's
-        target being set up) owns them, and one that just ended may have placed the PE
-        there."""
+        placed nor standing by there (``Heartbeat.left``), and of deleted pipelines: an
+        instance removed while its agent was down left them, on disk for good. Decided
+        inside the PE's exclusive section, with the placement read afresh: an operation
+        under way (a migration's target being set up) owns them, and one that just ended
+        may have placed the PE there."""
         for node in self.registry.nodes():
             if not self.healthy(node):
                 continue
@@ -949,6 +956,14 @@ class Reconciler(Coordination):
                     with self._exclusive(*key, "discarding a checkpoint left on a node"):
                         record = self.registry.get_pipeline(key[0])
                         standby = self.registry.standby(*key)
+                        if record is None and self.registry.deleted(key[0]) is not None:
+                            # Of a pipeline deleted while this node was away.
+                            log.info("discarding the checkpoint %s/%s of the deleted pipeline "
+                                     "left on %s", *key, node.name)  # fmt: skip
+                            self.agent(node.name).delete(
+                                f"/pipelines/{key[0]}/elements/{key[1]}", params={"discard": True}
+                            )
+                            continue
                         if (
                             record is None  # (not ours to judge)
                             or record.placement.get(key[1]) == node.name

@@ -130,6 +130,10 @@ CREATE TABLE IF NOT EXISTS standbys (
     updated REAL NOT NULL,
     PRIMARY KEY (pipeline, element)
 );
+CREATE TABLE IF NOT EXISTS deleted_pipelines (
+    name TEXT PRIMARY KEY,
+    deleted REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS trimmed (
     pipeline TEXT NOT NULL REFERENCES pipelines(name) ON DELETE CASCADE,
     element TEXT NOT NULL,
@@ -434,6 +438,7 @@ class Registry:
         with self._tx() as db:
             _end_unfinished(db, spec.pipeline, "abandoned: the pipeline was deployed anew", now)
             db.execute("DELETE FROM pipelines WHERE name = ?", (spec.pipeline,))
+            db.execute("DELETE FROM deleted_pipelines WHERE name = ?", (spec.pipeline,))
             db.execute(
                 "INSERT INTO pipelines VALUES (?, ?, ?, ?)",
                 (spec.pipeline, spec.model_dump_json(), status, now),
@@ -528,6 +533,33 @@ class Registry:
                 )
             if status not in (PipelineState.RUNNING, PipelineState.DEPLOYING):
                 _end_unfinished(db, name, f"abandoned: the pipeline is {status}", now)
+
+    def delete_pipeline(self, name: str) -> None:
+        """Forget pipeline ``name`` (stopped: see ``Deployment.delete``) — its spec,
+        placement, failure and trimmed counts — and mark it deleted (:meth:`deleted`) until
+        a deploy under its name. Its epochs stay: a deploy again fences every instance it
+        ever had. Its journal stays too (operations are kept by id, ended).
+
+        Raises:
+            NotFound: No pipeline of that name is deployed.
+        """
+        with self._tx() as db:
+            gone = db.execute("DELETE FROM pipelines WHERE name = ?", (name,)).rowcount
+            if not gone:
+                raise NotFound(f"pipeline {name!r} is not deployed: it cannot be deleted")
+            db.execute("DELETE FROM standbys WHERE pipeline = ?", (name,))
+            db.execute(
+                "INSERT OR REPLACE INTO deleted_pipelines VALUES (?, ?)", (name, time.time())
+            )
+
+    def deleted(self, name: str) -> float | None:
+        """When pipeline ``name`` was deleted (this host's clock), if it was and has not been
+        deployed again since: what nodes still hold of it, heard later, is discarded."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT deleted FROM deleted_pipelines WHERE name = ?", (name,)
+            ).fetchone()
+        return None if row is None else float(row[0])
 
     def failure(self, name: str) -> str | None:
         """Why pipeline ``name`` failed (see :meth:`set_status`), if it did and was told."""

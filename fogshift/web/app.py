@@ -43,6 +43,7 @@ from fogshift.common.text import one_line
 from fogshift.common.validation import request_message_of
 from fogshift.contracts import (
     DeadLetter,
+    DeleteResult,
     ElementStatus,
     EventPage,
     GroupMigrationReport,
@@ -212,6 +213,11 @@ class Orchestrator:
 
     def stop(self, name: str) -> StopResult:
         return self._act(StopResult, f"/pipelines/{name}/stop")
+
+    def delete(self, name: str) -> DeleteResult:
+        return self.client.call(
+            DeleteResult, "DELETE", f"/pipelines/{name}", timeout=OPERATION_TIMEOUT_S
+        )
 
     def deploy(self, spec: dict[str, Any]) -> PipelineStatus:
         return self._act(PipelineStatus, "/pipelines", json=spec)
@@ -866,6 +872,22 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
                 "action": f"/pipelines/{name}/stop", "fields": {}, "back": f"/pipelines/{name}",
             })  # fmt: skip
         return done(f"stop {name}", lambda: {"stopped": orchestrator.stop(name)}, "/pipelines")
+
+    @app.post("/pipelines/{name}/delete", response_class=HTMLResponse)
+    def delete(
+        request: Request, name: NameParam, confirmed: Annotated[bool, Form()] = False
+    ) -> Response:
+        if not confirmed:
+            orchestrator.pipeline(name)
+            return page(request, "confirm.html", {
+                "title": f"Delete {name}?",
+                "question": f"Delete {name}? Its streams (records and dead letters) and "
+                "checkpoints go for good; its output files stay.",
+                "action": f"/pipelines/{name}/delete", "fields": {},
+                "back": f"/pipelines/{name}",
+            })  # fmt: skip
+        return done(f"delete {name}", lambda: {"deleted": orchestrator.delete(name)},
+                    "/pipelines")  # fmt: skip
 
     @app.get("/deploy", response_class=HTMLResponse)
     def deploy_page(request: Request) -> HTMLResponse:

@@ -567,6 +567,30 @@ def test_checkpoints_of_pes_the_node_does_not_run_are_reported(
     assert {c.element: c.partial for c in runtime.left()}["half"] is False
 
 
+def test_a_deleted_pipelines_checkpoints_go_with_its_instances(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    # `fogshift delete`: what the node ran of the pipeline before, and runs now, is
+    # discarded; another pipeline's is not (nor a file that is not a PE's).
+    folders = [
+        *("checkpoints/p/gone", "node-checkpoints/p/gone", "node-checkpoints/p/old"),
+        *("checkpoints/p/half.incoming", "checkpoints/p/runs", "checkpoints/q/kept"),
+    ]
+    for folder in folders:
+        (tmp_path / folder).mkdir(parents=True)
+    runtime._elements[("p", "runs")] = hosted(tmp_path)
+    removed = runtime.remove_pipeline("p", discard=True)
+    assert len(removed) == 4 and {"gone", "half", "old"} <= {e.element for e in removed}
+    assert ("p", "runs") not in runtime._elements
+    assert not (tmp_path / "checkpoints" / "p").exists()
+    assert not (tmp_path / "node-checkpoints" / "p").exists()
+    assert [(c.pipeline, c.element) for c in runtime.left()] == [("q", "kept")]
+    # Without discard (a stop), checkpoints stay.
+    (tmp_path / "checkpoints" / "p" / "again").mkdir(parents=True)
+    assert runtime.remove_pipeline("p") == []
+    assert (tmp_path / "checkpoints" / "p" / "again").is_dir()
+
+
 def test_a_start_whose_checkpoint_location_cannot_be_opened_fails_and_is_retried(
     runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

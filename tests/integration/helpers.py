@@ -15,7 +15,13 @@ import pandas as pd
 import yaml
 
 from fogshift.bench.padded import aggregate_element
-from fogshift.broker.client import BrokerAddress, SyncJetStream, fetch_range, last_seq
+from fogshift.broker.client import (
+    BrokerAddress,
+    SyncJetStream,
+    fetch_range,
+    last_seq,
+    pipeline_streams,
+)
 from fogshift.broker.naming import fence_subject, stream_name
 from fogshift.ecg.simulate import patients
 from fogshift.events import EPOCH_HEADER
@@ -250,6 +256,15 @@ def stream_messages(cluster: Cluster, pipeline: str, element: str) -> list[Any]:
         end = client.run(lambda js: last_seq(js, stream))
         subjects = f"fs.{pipeline}.{element}.>"
         return list(client.run(lambda js: fetch_range(js, stream, subjects, 0, end)))
+    finally:
+        client.close()
+
+
+def pipeline_stream_names(cluster: Cluster, pipeline: str) -> list[str]:
+    """The broker's streams of ``pipeline``'s PEs."""
+    client = SyncJetStream(BrokerAddress.load(cluster.home / "broker.json"))
+    try:
+        return sorted(client.run(lambda js: pipeline_streams(js, pipeline)))
     finally:
         client.close()
 

@@ -13,7 +13,12 @@ from fogshift.spec.exceptions import InvalidSpec
 from fogshift.supervisor.cluster import orchestrator_client
 from fogshift.verify.reference import case1_reference, compare, read_sink
 from tests.conftest import Cluster
-from tests.integration.helpers import keyed_windows, write_case1_csv, write_spec
+from tests.integration.helpers import (
+    keyed_windows,
+    pipeline_stream_names,
+    write_case1_csv,
+    write_spec,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -274,6 +279,9 @@ def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
     )  # fmt: skip
     cluster.cli("deploy", str(spec))
     done = cluster.wait_for("short", "k", 1)
+    refused = cluster.cli("delete", "short", check=False)  # running: its streams in use
+    assert refused.returncode == 1 and "fogshift stop short" in refused.stderr, refused.stderr
+    assert cluster.status("short")["status"] == "running"
     cluster.cli("stop", "short")
     status = cluster.status("short")
     assert status["status"] == "stopped"
@@ -286,3 +294,20 @@ def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
             break
         time.sleep(0.5)
     assert not any(e.startswith("short/") for e in hosted), hosted
+
+    # Deleted: its streams and what the nodes hold of it go, its output stays; deployed
+    # again, it starts over (its PEs fenced above the deleted run's).
+    held = [cluster.home / "nodes" / n / "checkpoints" / "short" for n in ("cloud", "fog-b")]
+    assert all(folder.is_dir() for folder in held)
+    assert len(pipeline_stream_names(cluster, "short")) == 2
+    output = (tmp_path / "out.csv").read_text()
+    deleted = cluster.cli("delete", "short")
+    assert "deleted short (2 streams; checkpoints on " in deleted.stdout, deleted.stdout
+    assert "short" not in [p["pipeline"] for p in cluster.json("status")]
+    assert pipeline_stream_names(cluster, "short") == []
+    assert not any(folder.exists() for folder in held)
+    assert (tmp_path / "out.csv").read_text() == output
+    assert cluster.cli("status", "short", check=False).returncode == 1
+    cluster.cli("deploy", str(spec))
+    assert cluster.wait_for("short", "k", 50)["events_out"] == 50
+    cluster.cli("stop", "short")

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
     DeadLetter,
+    DeleteResult,
     EventPage,
     GroupMigrationReport,
     GroupMigrationStatus,
@@ -35,7 +36,7 @@ from fogshift.contracts import (
     TwinEntry,
     TwinState,
 )
-from fogshift.exceptions import FogshiftError, InvalidInput, NotFound
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.web.app import MAX_BODY_BYTES, MAX_SPEC_BYTES, DashboardConfig, create_app
 from fogshift.web.auth import COOKIE, Sessions
@@ -207,6 +208,13 @@ class StandIn:
     def stop(self, name: str) -> Any:
         self.actions.append(("stop", name))
         raise AssertionError("not used")
+
+    def delete(self, name: str) -> DeleteResult:
+        if self.refuse is not None:
+            raise self.refuse
+        self.actions.append(("delete", name))
+        return DeleteResult(pipeline=name, streams=["a", "b", "c"], nodes=["cloud", "fog-a"],
+                            unreachable_nodes=["fog-b"])  # fmt: skip
 
 
 @pytest.fixture()
@@ -518,6 +526,23 @@ def test_a_failed_pipelines_page_says_why(
     stand_in.pipeline = lambda name: failed  # type: ignore[method-assign]
     page = web.get("/pipelines/p").text
     assert "Why it failed: a PE could not be started: &lt;gone&gt;" in page
+    # A failed (or stopped) pipeline is deleted from its page, not stopped; confirmed first.
+    assert "Delete pipeline…" in page and "Stop pipeline…" not in page
+    ask = web.post("/pipelines/p/delete")
+    assert "go for good; its output files stay" in ask.text and stand_in.actions == []
+    done = web.post("/pipelines/p/delete", data={"confirmed": "true"})
+    assert stand_in.actions == [("delete", "p")]
+    assert "Deleted p: 3 streams, checkpoints on cloud, fog-a." in done.text
+    assert "Unreachable nodes (what they hold of it goes once they are heard again): fog-b" in (
+        done.text
+    )
+    stand_in.refuse = Conflict(
+        "cannot delete pipeline 'p': it is running",
+        expected="a stopped or failed pipeline",
+        received="running",
+    )
+    refused = html.unescape(web.post("/pipelines/p/delete", data={"confirmed": "true"}).text)
+    assert "it is running" in refused and "a stopped or failed pipeline" in refused
 
 
 def test_an_address_that_names_nothing_is_not_said_to_be_a_refused_action(

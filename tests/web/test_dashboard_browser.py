@@ -20,7 +20,13 @@ from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.waiting import wait_until
 from fogshift.events import ORIGIN_HEADER
 from tests.conftest import Cluster
-from tests.integration.helpers import FEEDERS, case1_spec, finish_and_compare, stream_messages
+from tests.integration.helpers import (
+    FEEDERS,
+    case1_spec,
+    finish_and_compare,
+    pipeline_stream_names,
+    stream_messages,
+)
 from tests.web.browser import PAGE_FITS, overflowing, shoot
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -176,6 +182,18 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
         page.get_by_role("button", name="Confirm").click()
         expect(page.locator(".outcome")).to_contain_text(f"Stopped {PIPELINE}.")
         assert cluster.status(PIPELINE)["status"] == "stopped"
+        # A stopped pipeline's page offers its delete instead: its streams and checkpoints
+        # go, its output stays.
+        page.goto(dashboard.split("/login")[0] + f"/pipelines/{PIPELINE}")
+        expect(page.get_by_role("button", name="Stop pipeline…")).to_have_count(0)
+        page.get_by_role("button", name="Delete pipeline…").click()
+        expect(page.locator("#question")).to_contain_text("go for good")
+        page.get_by_role("button", name="Confirm").click()
+        expect(page.locator(".outcome")).to_contain_text(f"Deleted {PIPELINE}: ")
+        assert PIPELINE not in [p["pipeline"] for p in cluster.json("status")]
+        assert pipeline_stream_names(cluster, PIPELINE) == []
+        page.get_by_role("link", name="Continue").click()
+        expect(page.locator("main")).not_to_contain_text(PIPELINE)
         page.goto(dashboard.split("/login")[0] + "/nodes")
         expect(page.locator('tr[data-node="fog-b"]')).to_contain_text("healthy")
         shoot(page, tmp_path, "nodes")
