@@ -1099,12 +1099,14 @@ class Deployment(Journal):
             for part in [parts[first], *(p for p in parts if p is not parts[first])]:
                 answers.append(answer := ask(part.id))
                 if any(e.waiting is None for e in answer.entries):
-                    return answer
+                    return _with_partition(answer)
             waits = next((a for a in answers if a.entries), None)
             if waits is None and owners is not None and owners.last_move(key):
                 waits = self._in_flight(name, element_id, parts, key, ask)
             # (Found nowhere: the owner's answer, and its node, says so.)
-            return waits or answers[0].model_copy(update={"element": element_id})
+            if waits is not None:
+                return _with_partition(waits)
+            return answers[0].model_copy(update={"element": element_id})
         # The whole partitioned element: every partition's keys, each read as of its own
         # newest committed batch (the answer's batch is the oldest of those).
         answers = [ask(p.id) for p in parts]
@@ -1162,6 +1164,13 @@ class Deployment(Journal):
         entry = TwinEntry(key=key, state=None, waiting=KeyWaiting(move=move, events=0))
         return TwinState(pipeline=name, element=target.id, node=node or "", batch=None,
                          key_by=target.key_by, keys=0, waiting=1, entries=[entry])  # fmt: skip
+
+
+def _with_partition(answer: TwinState) -> TwinState:
+    """A partition's answer for one key, each entry naming that partition (as a read of the
+    whole element names each key's; its ``partition`` was null)."""
+    entries = [e.model_copy(update={"partition": answer.element}) for e in answer.entries]
+    return answer.model_copy(update={"entries": entries})
 
 
 #: Opening brackets below which a body cannot nest deeper than an answer can carry.

@@ -87,6 +87,7 @@ def test_a_wearable_moves_to_the_other_gateway_and_only_its_twin_follows(
     # The twin is on fog-b now; the others of fog-a are where they were.
     one = cluster.json("state", "twins", "classify", MOVING)
     assert (one["element"], one["node"]) == ("classify-p1", "fog-b")
+    assert [e["partition"] for e in one["entries"]] == ["classify-p1"]
     kept = cluster.json("state", "twins", "classify-p0")["entries"]
     assert sorted(e["key"] for e in kept) == stay
     # A read of the whole element says where each twin is.

@@ -261,7 +261,9 @@ def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never
     )
     agents["fog-b"].answer("GET", p1, body=_twins("aggregate-p1", "fog-b", {"s1": {"n": 9}}))
     one = orch.twin_state("p", "aggregate", "s1")
-    assert [(e.key, e.state) for e in one.entries] == [("s1", {"n": 9})]
+    assert [(e.key, e.partition, e.state) for e in one.entries] == [
+        ("s1", "aggregate-p1", {"n": 9})
+    ]
     assert agents["fog-a"].received("GET", p0) == []  # (its owner answered: nobody else)
     every = orch.twin_state("p", "aggregate")
     assert [(e.key, e.partition, e.state) for e in every.entries] == [
@@ -279,7 +281,7 @@ def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never
     agents["fog-b"].answer("GET", progress, body={**at, "offset": {"positions": {"source": 35}}})
     moving = orch.twin_state("p", "aggregate", "s1")
     (entry,) = moving.entries
-    assert entry.key == "s1" and entry.state is None
+    assert entry.key == "s1" and entry.state is None and entry.partition == "aggregate-p1"
     assert entry.waiting is not None and entry.waiting.move == "m1"
     assert (moving.element, moving.node, moving.waiting) == ("aggregate-p1", "fog-b", 1)
     # A key moved without state waits for nothing: it has had no event yet (it was "waiting
