@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
+
+from fogshift.cli.output import make_console
 
 if TYPE_CHECKING:
     from fogshift.bench.planner import RunRow, Sweep
@@ -35,7 +36,7 @@ def _register_thesis_experiments() -> None:
 
 
 _register_thesis_experiments()
-console = Console(log_path=False)  # the source line of a log call is noise here
+console = make_console(log_path=False)  # the source line of a log call is noise here
 
 OutDir = Annotated[
     Path, typer.Option("--out", help="Folder for the CSV, plots and results.md (created).")

@@ -16,7 +16,6 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel, ValidationError
-from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
@@ -27,6 +26,7 @@ from fogshift.broker.server import DEFAULT_SYNC
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
+from fogshift.cli.output import make_console
 from fogshift.cli.topology import topology_app
 from fogshift.common.files import make_private_dir
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
@@ -75,9 +75,9 @@ app = typer.Typer(
 app.add_typer(bench_app, name="bench")
 app.add_typer(topology_app, name="topology")
 app.add_typer(net_cli.app, name="net")
-console = Console()
+console = make_console()
 M = TypeVar("M", bound=BaseModel)
-err_console = Console(stderr=True)
+err_console = make_console(stderr=True)
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from fogshift.cli.output import make_console
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor import cluster as cluster_ops
 
@@ -23,7 +23,7 @@ app = typer.Typer(
     help="Isolated nodes' links (`fogshift up --isolate`): partition, heal, show.",
     no_args_is_help=True,
 )
-console = Console()
+console = make_console()
 
 
 def usable_home(home: Path) -> Path:

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from fogshift.cli.net import Home
+from fogshift.cli.output import make_console
 from fogshift.contracts import PlanView
 from fogshift.orchestrator.planning import FogTopology
 from fogshift.supervisor import cluster as cluster_ops
@@ -19,7 +19,7 @@ topology_app = typer.Typer(
     help="The fog topology (node CPU, link bandwidths) and the live backup/redeploy plan.",
     no_args_is_help=True,
 )
-console = Console()
+console = make_console()
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
