@@ -587,6 +587,10 @@ def create_app(config: AgentConfig) -> FastAPI:
 
     @app.delete("/pipelines/{pipeline}")
     def remove_pipeline(pipeline: NameParam, discard: bool = False) -> list[ElementInfo]:
-        return runtime.remove_pipeline(pipeline, discard)
+        # With ``discard`` (the pipeline is deleted): its copies kept here as a backup too.
+        removed = runtime.remove_pipeline(pipeline, discard)
+        if discard:
+            replicas.drop_pipeline(pipeline)
+        return removed
 
     return app

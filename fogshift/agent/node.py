@@ -645,6 +645,21 @@ class NodeRuntime:
             replaced(checkpoint),
         ):
             shutil.rmtree(folder, ignore_errors=True)
+        self._prune(pipeline)
+
+    def _prune(self, pipeline: str) -> None:
+        """Once this node holds nothing of ``pipeline`` — no PE of it runs here, no
+        checkpoint or snapshot of it is left — remove its empty folders and its PEs' gates
+        and crash marks (left for good after a delete, or a move of its last PE away).
+        Called holding ``_lock`` (as a deploy, which writes a gate, does)."""
+        if any(key[0] == pipeline for key in self._elements):
+            return
+        roots = self._pipeline_roots(pipeline)
+        for root in roots:
+            with contextlib.suppress(OSError):  # (not empty: something of it is still held)
+                root.rmdir()
+        if not any(root.exists() for root in roots):
+            shutil.rmtree(self.gate_file(pipeline, "any").parent, ignore_errors=True)
 
     # -- pause, resume, state ---------------------------------------------------------------
 
@@ -990,9 +1005,6 @@ class NodeRuntime:
             if discard:
                 held = {e for root in self._pipeline_roots(pipeline) for e in _pe_names(root)}
                 removed += [self.remove(pipeline, pe, discard=True) for pe in sorted(held)]
-                for root in self._pipeline_roots(pipeline):
-                    with contextlib.suppress(OSError):  # (another's file left in it: kept)
-                        root.rmdir()
             return removed
 
     def _pipeline_roots(self, pipeline: str) -> list[Path]:

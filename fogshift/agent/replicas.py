@@ -34,6 +34,7 @@ from fogshift.checkpoint.chunks import Chunk
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.checkpoint.spark_dir import fill_omitted
 from fogshift.common.http import NodeDirectory, client_limits, raise_for_error, tls_context
+from fogshift.common.names import NAME_PATTERN, check_name
 from fogshift.common.validation import message_of
 from fogshift.contracts import (
     CheckpointManifest,
@@ -273,6 +274,20 @@ class Replicas:
             self.store.forget(pipeline, pe)
             blobs = self.store.collect_garbage(horizon_s=0)
         return DroppedReplica(pipeline=pipeline, element=pe, held=held, blobs=blobs)
+
+    def drop_pipeline(self, pipeline: str) -> list[DroppedReplica]:
+        """Forget every copy of ``pipeline``'s PEs here, as :meth:`drop` does each (the
+        pipeline is deleted), and its emptied folder.
+
+        Raises:
+            ElementBusy: One is being installed from its copy here (see :meth:`drop`).
+        """
+        root = self.store.root / "checkpoints" / check_name(pipeline, "pipeline name")
+        pes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        dropped = [self.drop(pipeline, pe) for pe in pes if NAME_PATTERN.fullmatch(pe)]
+        with contextlib.suppress(OSError):  # (not empty: a file no copy is, kept)
+            root.rmdir()
+        return dropped
 
     def held(self) -> list[ReplicaInfo]:
         """The newest whole-looking copy per PE."""

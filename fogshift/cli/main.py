@@ -1357,10 +1357,13 @@ def stop(pipeline: str, home: Home = Path(".fogshift")) -> None:
 
 
 @app.command()
-def delete(pipeline: str, home: Home = Path(".fogshift")) -> None:
+def delete(pipeline: str, home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     """Delete a stopped pipeline: its streams, checkpoints and entry go (its output stays)."""
     with cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client:
         result = client.call(DeleteResult, "DELETE", f"/pipelines/{pipeline}")
+    if as_json:
+        _print_json(result)
+        return
     streams = len(result.streams)
     console.print(f"[green]deleted[/] {pipeline} ({streams} stream{'s' * (streams != 1)}; "
                   f"checkpoints on {', '.join(result.nodes) or 'no node'})")  # fmt: skip

@@ -710,6 +710,10 @@ class Deployment(Journal):
                     hint="`fogshift nodes` says whether the broker is up; delete again",
                 ) from exc
             self.central.forget(name)
+            # Its files at once (a deploy's waits for the next checkpoint that expires one:
+            # with no pipeline running, none ever did). The store has no writer besides
+            # this process, whose puts under way a collection spares.
+            self.central.collect_garbage(horizon_s=0)
             self._forget_runs(name)
             self.registry.delete_pipeline(name)
             cleared, unreachable = [], []

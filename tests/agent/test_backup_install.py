@@ -152,3 +152,22 @@ def test_a_replica_being_installed_is_not_dropped(
     assert len(refusals) == 1 and "installing p/agg" in refusals[0]
     dropped = held.drop("p", "agg")  # once it is over
     assert dropped.held and dropped.blobs == 2
+
+
+def test_a_deleted_pipelines_copies_go_with_their_files(home: Path) -> None:  # noqa: F811
+    # `fogshift delete`: its copies stayed as files until the orchestrator's next sweep of
+    # stale replicas, and its emptied folder for good.
+    from types import SimpleNamespace
+
+    node = Node({"offsets/0": b"o0", "commits/0": b"c0"})
+    runtime = SimpleNamespace(discards=lambda p, e: 0)
+    held = replicas_module.Replicas(config(home), runtime)  # type: ignore[arg-type]
+    for pipeline, pe in (("p", "agg"), ("p", "src"), ("q", "agg")):
+        pushed = {**manifest(0, node.files), "pipeline": pipeline, "element": pe}
+        held.store.put(pushed, node.fetch, node)
+    dropped = held.drop_pipeline("p")
+    assert [(d.element, d.held) for d in dropped] == [("agg", True), ("src", True)]
+    assert [(r.pipeline, r.element) for r in held.held()] == [("q", "agg")]
+    assert not (held.store.root / "checkpoints" / "p").exists()
+    assert held.store.verify(held.store.newest("q", "agg")) is None  # q's files are kept
+    assert held.drop_pipeline("never") == []

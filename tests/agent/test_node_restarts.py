@@ -578,13 +578,25 @@ def test_a_deleted_pipelines_checkpoints_go_with_its_instances(
     ]
     for folder in folders:
         (tmp_path / folder).mkdir(parents=True)
+    for pipeline in ("p", "q"):  # the gates and crash marks of their PEs
+        (tmp_path / "gates" / pipeline / "runs.json.crashes").mkdir(parents=True)
+        (tmp_path / "gates" / pipeline / "runs.json").write_text("{}")
     runtime._elements[("p", "runs")] = hosted(tmp_path)
     removed = runtime.remove_pipeline("p", discard=True)
     assert len(removed) == 4 and {"gone", "half", "old"} <= {e.element for e in removed}
     assert ("p", "runs") not in runtime._elements
-    assert not (tmp_path / "checkpoints" / "p").exists()
-    assert not (tmp_path / "node-checkpoints" / "p").exists()
+    for root in ("checkpoints", "node-checkpoints", "gates"):  # nothing of p is left
+        assert not (tmp_path / root / "p").exists(), root
+    assert (tmp_path / "gates" / "q" / "runs.json.crashes").is_dir()
     assert [(c.pipeline, c.element) for c in runtime.left()] == [("q", "kept")]
+    # One PE at a time (the reconciler's discards, a node back after the delete): its
+    # folders and gates go with the pipeline's last PE here.
+    (tmp_path / "checkpoints" / "q" / "other").mkdir()
+    runtime.remove("q", "kept", discard=True)
+    assert (tmp_path / "gates" / "q").is_dir() and (tmp_path / "checkpoints" / "q").is_dir()
+    runtime.remove("q", "other", discard=True)
+    assert not (tmp_path / "gates" / "q").exists()
+    assert not (tmp_path / "checkpoints" / "q").exists()
     # Without discard (a stop), checkpoints stay.
     (tmp_path / "checkpoints" / "p" / "again").mkdir(parents=True)
     assert runtime.remove_pipeline("p") == []

@@ -306,8 +306,13 @@ def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
     assert "short" not in [p["pipeline"] for p in cluster.json("status")]
     assert pipeline_stream_names(cluster, "short") == []
     assert not any(folder.exists() for folder in held)
+    for node in ("cloud", "fog-a", "fog-b"):  # nor its gates, snapshots or backup copies
+        for kept in ("gates", "node-checkpoints", "replicas/checkpoints"):
+            assert not (cluster.home / "nodes" / node / kept / "short").exists(), (node, kept)
     assert (tmp_path / "out.csv").read_text() == output
     assert cluster.cli("status", "short", check=False).returncode == 1
     cluster.cli("deploy", str(spec))
     assert cluster.wait_for("short", "k", 50)["events_out"] == 50
     cluster.cli("stop", "short")
+    again = cluster.json("delete", "short")
+    assert len(again["streams"]) == 2 and again["unreachable_nodes"] == [], again

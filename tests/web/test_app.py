@@ -528,6 +528,11 @@ def test_a_failed_pipelines_page_says_why(
     assert "Why it failed: a PE could not be started: &lt;gone&gt;" in page
     # A failed (or stopped) pipeline is deleted from its page, not stopped; confirmed first.
     assert "Delete pipeline…" in page and "Stop pipeline…" not in page
+    # Nor are its PEs offered to move (refused while it does not run).
+    assert "Migrate selected…" not in page and "p is failed: its PEs move" in page
+    pe_page = web.get("/pipelines/p/elements/pick").text
+    assert "Migrate…" not in pe_page and "Restore…" not in pe_page
+    assert 'id="on-pick"' not in web.get("/fragments/pipelines/p").text
     ask = web.post("/pipelines/p/delete")
     assert "go for good; its output files stay" in ask.text and stand_in.actions == []
     done = web.post("/pipelines/p/delete", data={"confirmed": "true"})
