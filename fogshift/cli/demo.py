@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fogshift.cli.output import progress_to
 from fogshift.common.http import ServiceClient
 from fogshift.contracts import NodeView
 from fogshift.spec.examples import example_path
@@ -83,7 +84,7 @@ def run_demo(
         # user's, brought back, is left running.
         existed = cluster_ops.cluster_file(home).exists()
         with console.status("starting fogshift") as status:
-            cluster_ops.up(home, nodes, on_progress=lambda m: status.update(m))
+            cluster_ops.up(home, nodes, on_progress=progress_to(status, console))
         started = not existed
     try:
         if case == "ecg":

@@ -26,7 +26,7 @@ from fogshift.broker.server import DEFAULT_SYNC
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
-from fogshift.cli.output import make_console
+from fogshift.cli.output import make_console, progress_to
 from fogshift.cli.topology import topology_app
 from fogshift.common.files import make_private_dir
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
@@ -350,7 +350,7 @@ def up(
             nats_password=nats_password,
             spark_master=spark_master,
             timeout_s=timeout,
-            on_progress=lambda msg: status.update(msg),
+            on_progress=progress_to(status, console),
             checkpoint_interval_s=checkpoint_interval,
             central_interval_s=central_interval,
             duplicate_window_s=duplicate_window,
@@ -367,7 +367,8 @@ def up(
     running = ", ".join(cluster.nodes)
     added = [n for n in cluster.nodes if before and n not in before]
     joined = f" ({', '.join(added)} added to the running cluster)" if added else ""
-    console.print(f"[green]up[/]: nodes {running} healthy{isolated}{joined} (home {home})")
+    console.print(f"[green]up[/]: nodes {running} healthy{isolated}{joined} "
+                  f"(home {escape(str(home.resolve()))})")  # fmt: skip
 
 
 def _cluster_nodes(home: Path) -> set[str]:

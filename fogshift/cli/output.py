@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.status import Status
+from rich.text import Text
 
 #: Columns a table may take when the output is not a terminal (a pipe, a file) and
 #: ``COLUMNS`` does not say: Rich's default there is 80, which wrapped each row of `nodes`
@@ -21,3 +24,21 @@ def make_console(**options: Any) -> Console:
     if not console.is_terminal and not os.environ.get("COLUMNS"):
         console.width = PIPED_COLUMNS
     return console
+
+
+#: What starting a cluster says that stays on the screen once it is done: warnings (a
+#: non-loopback address, a link left behind) and what it started again or added. The rest
+#: is progress, shown by the spinner while it lasts (the warnings went with it).
+KEPT_MESSAGES = ("warning:", "restarting ", "adding ", "the cluster's broker")
+
+
+def progress_to(status: Status, console: Console) -> Callable[[str], None]:
+    """A progress callback for ``cluster_ops.up``: each message on ``status``'s spinner,
+    those of :data:`KEPT_MESSAGES` printed on ``console`` too."""
+
+    def say(message: str) -> None:
+        status.update(message)
+        if message.startswith(KEPT_MESSAGES):
+            console.print(Text(message, style="yellow" if message.startswith("warning:") else ""))
+
+    return say

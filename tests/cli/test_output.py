@@ -1,28 +1,169 @@
-"""The width of what the commands print into a pipe or a file."""
+"""What the CLI prints is what it was told: data and messages are never read as Rich markup."""
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 from rich.table import Table
 
-from fogshift.cli.output import PIPED_COLUMNS, make_console
+from fogshift.cli.main import _plain
+from tests.conftest import fogshift_in_process
 
 
-def test_a_table_piped_keeps_each_row_on_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("COLUMNS", raising=False)
-    out = io.StringIO()
-    console = make_console(file=out)
+def test_an_error_naming_brackets_is_printed_as_it_is(tmp_path: Path) -> None:
+    # The message names the home "…/x[/tmp]": read as markup, it ended the CLI with a
+    # MarkupError traceback instead of the error.
+    home = tmp_path / "x[/tmp]"
+    result = fogshift_in_process("status", "--home", str(home), check=False)
+    assert result.returncode in (1, 2), result.stderr
+    # (The console wraps long lines, anywhere in a path as long as pytest's folders make it.)
+    assert "x[/tmp]" in "".join(result.stderr.split()), result.stderr
+    assert "Traceback" not in result.stderr and "MarkupError" not in result.stderr
+
+
+def test_table_cells_show_a_reason_with_brackets_as_it_is() -> None:
+    # A dead letter's reason "missing key [patient] in event" printed as "missing key  in
+    # event"; "KeyError: [/tmp]" failed the command.
     table = Table()
-    for column in ("name", "url", "hosted"):
-        table.add_column(column)
-    hosted = "case1/aggregate, case1/source, ecg/band, ecg/classify, twins/classify-p0"
-    table.add_row("fog-a", "http://127.0.0.1:40123", hosted)
-    console.print(table)
-    assert console.width == PIPED_COLUMNS
-    (row,) = [line for line in out.getvalue().splitlines() if "fog-a" in line]
-    assert hosted in row  # Rich's 80 columns wrapped it over three lines
-    # COLUMNS still says how wide, as Rich reads it.
-    monkeypatch.setenv("COLUMNS", "50")
-    assert make_console(file=io.StringIO()).width == 50
+    table.add_column("reason")
+    table.add_column("event")
+    table.add_row(*_plain("missing key [patient] in event", "KeyError: [/tmp]"))
+    out = io.StringIO()
+    Console(file=out, width=200).print(table)
+    assert "missing key [patient] in event" in out.getvalue()
+    assert "KeyError: [/tmp]" in out.getvalue()
+
+
+def test_a_state_read_says_when_it_shows_part_of_the_keys_or_none_for_a_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A walk-through's findings: "4 keys" over 2 rows (cut by --limit, unsaid), "1 keys",
+    # and an empty table for a key with no state.
+    from fogshift.cli import main as cli
+    from fogshift.contracts import TwinEntry, TwinState
+
+    answers: list[TwinState] = []
+    monkeypatch.setattr(cli, "_element_read", lambda *args: answers.pop(0))
+
+    def read(count: int, shown: list[str], *args: str) -> str:
+        answers.append(TwinState(
+            pipeline="p", element="agg", node="fog-a", batch=7, key_by="sensor", keys=count,
+            entries=[TwinEntry(key=k, state={"n": 1}) for k in shown],
+        ))  # fmt: skip
+        return " ".join(fogshift_in_process("state", "p", "agg", *args).stdout.split())
+
+    assert "keyed by sensor, 4 keys, the first 2 shown (--limit)" in read(
+        4, ["s1", "s2"], "--limit", "2"
+    )
+    # Fewer entries than keys without a cut (a restored partition's duplicate dropped).
+    assert "keyed by sensor, 3 keys)" in read(3, ["s1", "s2"])
+    assert "keyed by sensor, 1 key)" in read(1, ["s1"])
+    assert "keyed by sensor, 2 keys)" in read(2, ["s1", "s2"])
+    missing = read(2, [], "s9")
+    assert missing.endswith("no state for key 's9' (no valid event of it has come to agg)"), missing
+    assert "┃" not in missing and "key" in missing  # (no empty table)
+
+
+def test_a_pipeline_without_dead_letters_is_said_to_have_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # It printed an empty table.
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from fogshift.cli import main as cli
+
+    @contextmanager
+    def client(home: Path) -> Any:
+        yield SimpleNamespace(get=lambda path, params: [])
+
+    monkeypatch.setattr(cli.cluster_ops, "orchestrator_client", client)
+    out = " ".join(fogshift_in_process("errors", "w2").stdout.split())
+    assert out == "no dead letters in w2 (none stored in its streams)"
+
+
+@pytest.mark.parametrize(
+    ("report", "says"),
+    [
+        (
+            {"checkpoint": "c1", "checkpoint_age_ms": 312_000.0},
+            "from checkpoint c1 (5 min old; its input had nothing newer): reprocessed 0",
+        ),
+        (
+            {"checkpoint": "c1", "checkpoint_age_ms": 2_400.0, "reprocessed_events": 12},
+            "from checkpoint c1 (2.4 s old): reprocessed 12",
+        ),
+        ({}, "from no checkpoint (its input from its start): reprocessed 0"),
+    ],
+    ids=["idle", "busy", "none"],
+)
+def test_a_restore_says_how_old_its_checkpoint_is_and_whether_that_is_stale(
+    monkeypatch: pytest.MonkeyPatch, report: dict[str, Any], says: str
+) -> None:
+    # An idle pipeline's restore read "(312000.0 ms old)", as if its checkpoint were stale;
+    # one without a checkpoint "from checkpoint None (None ms old)".
+    from fogshift.cli import main as cli
+    from fogshift.contracts import RestoreReport, RestoreStatus
+
+    answer = RestoreReport(pipeline="p", element="agg", target="fog-b", epoch=3,
+                           status=RestoreStatus.RESTORED, **report)  # fmt: skip
+    monkeypatch.setattr(cli, "_run_operation", lambda *args: answer.model_dump(mode="json"))
+    out = " ".join(fogshift_in_process("restore", "p", "agg").stdout.split())
+    assert out.startswith("restored p/agg on fog-b (epoch 3) " + says), out
+
+
+def test_an_answer_outside_its_contract_is_said_as_a_version_mismatch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fogshift.cli import main as cli
+
+    monkeypatch.setattr(cli, "_run_operation", lambda *args: {"element": "agg"})
+    result = fogshift_in_process("restore", "p", "agg", check=False)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 1, said
+    assert "the cluster's answer is not a RestoreReport: ('pipeline',): missing (required)" in said
+    assert "of one fogshift version?" in said and "Traceback" not in said
+
+
+def test_a_failed_pipeline_is_shown_with_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from fogshift.cli import main as cli
+
+    failed = {"pipeline": "w3", "status": "failed", "elements": [],
+              "error": "a PE could not be started: [fog-a] is gone"}  # fmt: skip
+
+    @contextmanager
+    def client(home: Path) -> Any:
+        yield SimpleNamespace(get=lambda path: failed)
+
+    monkeypatch.setattr(cli.cluster_ops, "orchestrator_client", client)
+    out = " ".join(fogshift_in_process("status", "w3").stdout.split())
+    assert out.endswith("failed: a PE could not be started: [fog-a] is gone"), out
+
+
+def test_no_events_of_a_key_says_where_it_looked_not_an_empty_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A walk-through's finding: an empty table, over "no events of key 'p01' there", with a
+    # partitioned page's header "stream sequences 1-0 of 0".
+    from fogshift.cli import main as cli
+    from fogshift.contracts import EventPage
+
+    pages = [EventPage(pipeline="p", element="band", key="p01", events=[], scanned_after=900,
+                       scanned_to=1000, last_seq=1000),
+             EventPage(pipeline="p", element="band", key=None, events=[], scanned_after=0,
+                       scanned_to=0, last_seq=0)]  # fmt: skip
+    monkeypatch.setattr(cli, "_element_read", lambda *args: pages.pop(0))
+    keyed = " ".join(fogshift_in_process("events", "p", "band", "p01").stdout.split())
+    assert keyed == (
+        "no events of p/band of key 'p01' among the newest 100 messages; a larger --tail "
+        "looks further back"
+    )
+    empty = " ".join(fogshift_in_process("events", "p", "band").stdout.split())
+    assert empty == "no events of p/band there"
