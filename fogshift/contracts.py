@@ -1022,12 +1022,14 @@ class ElementStatus(BaseModel):
         events_out: Records it emitted (a sink: lines written).
         planned_backup: The planner's backup node for it.
         planned_redeploy: The planner's redeploy node for it.
-        last_restore: The report of its last restore.
+        last_restore: The report of its last restore (kept across orchestrator restarts,
+            dropped by a deploy of the pipeline again; ``None`` while one an orchestrator
+            died in is the latest: the journal has its outcome).
         inputs: The PEs it reads (the pipeline's edges).
         epoch: The epoch its instance writes under, as its node last reported (``None``:
             no report).
-        last_migration: The report of its last migration (``None``: none since the
-            orchestrator started).
+        last_migration: The report of its last migration (``None``: none, or one an
+            orchestrator died in is the latest); kept as ``last_restore`` is.
         standby: Its hot standby, if the pipeline keeps one for it and one is up.
         standby_missing: Why it has none though its pipeline asks for one (its node not
             up, no other node to take it, being started); ``None`` otherwise.

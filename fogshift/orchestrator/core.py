@@ -34,6 +34,7 @@ from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import UnknownNode, stale_generation
 from fogshift.orchestrator.permissions import BrokerPermissions
 from fogshift.orchestrator.registry import NodeRecord, Registry
+from fogshift.orchestrator.reports import KeptReports
 from fogshift.planner.model import Topology
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -165,9 +166,9 @@ class OrchestratorCore:
         #: Each PE's last replica push: node, checkpoint id, bytes fetched, time it took.
         self.replica_stats: dict[tuple[str, str], ReplicaPush] = {}
         #: The report of each PE's last restore (manual or automatic).
-        self.last_restore: dict[tuple[str, str], RestoreReport] = {}
+        self.last_restore = KeptReports(self.registry, "restore", RestoreReport)
         #: The report of each PE's last migration (migrated, rolled back or failed).
-        self.last_migration: dict[tuple[str, str], MigrationReport] = {}
+        self.last_migration = KeptReports(self.registry, "migration", MigrationReport)
         #: Per PE: what the standby follower last capped its standby at.
         self.followed: dict[tuple[str, str], Followed] = {}
         #: Per PE: how long starting its current standby took (ms).

@@ -139,6 +139,11 @@ class Reconciler(Coordination):
                         continue  # resolved meanwhile
                     decision, restart = self._recover(current)
                     self.registry.finish(op.id, f"recovered: {decision}")
+                    # The PE's kept report is an earlier operation's: shown, it would pass
+                    # for this one's outcome (which the journal holds: `GET .../operation`).
+                    kept = (self.last_migration if op.kind == OperationKind.MIGRATION
+                            else self.last_restore)  # fmt: skip
+                    kept.pop((op.pipeline, op.element), None)
             except MigrationInProgress:
                 continue  # an operation of this process runs: it owns the entry
             except FogshiftError:

@@ -130,6 +130,13 @@ CREATE TABLE IF NOT EXISTS standbys (
     updated REAL NOT NULL,
     PRIMARY KEY (pipeline, element)
 );
+CREATE TABLE IF NOT EXISTS last_reports (
+    pipeline TEXT NOT NULL REFERENCES pipelines(name) ON DELETE CASCADE,
+    element TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    report TEXT NOT NULL,
+    PRIMARY KEY (pipeline, element, kind)
+);
 CREATE TABLE IF NOT EXISTS deleted_pipelines (
     name TEXT PRIMARY KEY,
     deleted REAL NOT NULL
@@ -533,6 +540,32 @@ class Registry:
                 )
             if status not in (PipelineState.RUNNING, PipelineState.DEPLOYING):
                 _end_unfinished(db, name, f"abandoned: the pipeline is {status}", now)
+
+    def put_report(self, pipeline: str, element: str, kind: str, report: str) -> None:
+        """Keep ``report`` (JSON) as PE ``pipeline/element``'s last of ``kind`` (dropped
+        with its pipeline: a deploy of the name again, a delete). Not kept if the pipeline
+        is gone meanwhile."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO last_reports SELECT name, ?, ?, ? FROM pipelines "
+                "WHERE name = ?",
+                (element, kind, report, pipeline),
+            )
+
+    def drop_report(self, pipeline: str, element: str, kind: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM last_reports WHERE pipeline = ? AND element = ? AND kind = ?",
+                (pipeline, element, kind),
+            )
+
+    def reports(self, kind: str) -> dict[tuple[str, str], str]:
+        """Each PE's last report of ``kind`` kept (JSON)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT pipeline, element, report FROM last_reports WHERE kind = ?", (kind,)
+            ).fetchall()
+        return {(str(p), str(e)): str(r) for p, e, r in rows}
 
     def delete_pipeline(self, name: str) -> None:
         """Forget pipeline ``name`` (stopped: see ``Deployment.delete``) — its spec,

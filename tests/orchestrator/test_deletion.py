@@ -17,7 +17,7 @@ import pytest
 
 from fogshift.broker.client import BrokerAddress
 from fogshift.broker.exceptions import BrokerError
-from fogshift.contracts import Heartbeat, PipelineState
+from fogshift.contracts import Heartbeat, PipelineState, RestoreReport, RestoreStatus
 from fogshift.exceptions import Conflict
 from fogshift.orchestrator import reconciler
 from fogshift.orchestrator.config import OrchestratorConfig
@@ -85,7 +85,9 @@ def test_a_stopped_pipeline_is_deleted_its_epochs_kept(
     stored = tmp_path / "central" / "checkpoints" / "p" / "aggregate"
     stored.mkdir(parents=True)
     (stored / "x").write_text("a checkpoint")
-    orch.last_restore[("p", "aggregate")] = object()  # type: ignore[assignment]
+    orch.last_restore[("p", "aggregate")] = RestoreReport(
+        pipeline="p", element="aggregate", target="fog-c", status=RestoreStatus.RESTORED, epoch=2
+    )
     orch.registry.set_status("p", PipelineState.STOPPED)
     # fog-b is away: what it holds is discarded once it is heard again.
     orch.registry.heartbeat(
@@ -101,6 +103,7 @@ def test_a_stopped_pipeline_is_deleted_its_epochs_kept(
         "fog-b": [],
     }  # fmt: skip
     assert not stored.exists() and ("p", "aggregate") not in orch.last_restore
+    assert orch.registry.reports("restore") == {}
     assert orch.registry.get_pipeline("p") is None
     assert [s.pipeline for s in orch.status()] == []
     assert orch.registry.deleted("p") is not None

@@ -23,6 +23,9 @@ from fogshift.contracts import (
     GroupMigrationStatus,
     Heartbeat,
     KeyMoveStatus,
+    MigrationMode,
+    MigrationReport,
+    MigrationStatus,
     PipelineState,
     ScaleReport,
 )
@@ -109,7 +112,15 @@ def test_a_migration_left_paused_is_rolled_back_target_first(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
     op = left_by_dead_orchestrator(orch, "migration", "pausing")  # the origin was paused
+    # A report of an earlier migration is kept: shown after this recovery, it would pass
+    # for this one's outcome.
+    orch.last_migration[("p", "aggregate")] = MigrationReport(
+        pipeline="p", element="aggregate", origin="fog-b", target="fog-a",
+        mode=MigrationMode.LITERAL, status=MigrationStatus.MIGRATED,
+    )  # fmt: skip
     decisions = orch.recover_operations()
+    assert ("p", "aggregate") not in orch.last_migration
+    assert orch.registry.reports("migration") == {}
     assert calls(agents) == [
         ("fog-b", "DELETE", AGG, {"discard": "true"}),  # the target cannot write any more...
         ("fog-a", "POST", AGG + "/resume", {}),  # ...before the origin runs again
