@@ -348,6 +348,9 @@ def create_app(config: AgentConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # (A restarted agent's lines went on from its predecessor's with nothing between.)
+        log.info("node agent %s started: pid %d, home %s, port %d", config.name, os.getpid(),
+                 config.home, config.port)  # fmt: skip
         runtime.start()
         beat = threading.Thread(
             target=heartbeat_loop,
@@ -359,6 +362,7 @@ def create_app(config: AgentConfig) -> FastAPI:
         yield
         stop.set()
         runtime.close()
+        log.info("node agent %s stopped", config.name)
 
     # The schema (/openapi.json) is served behind the token like everything else (no
     # /docs: see the orchestrator's).

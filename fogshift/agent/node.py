@@ -450,6 +450,11 @@ class NodeRuntime:
                 self._resume(hosted, json.loads(metrics.read_text()), committed_batch(checkpoint))
             self._elements[key] = hosted
             self._start_query(hosted)
+            # (Operators read the node's log for what ran where, and when: it said nothing.)
+            batch = committed_batch(checkpoint)
+            log.info("started %s under epoch %d, %s%s", plan.query_name, epoch,
+                     "fresh" if fresh or batch is None else f"from its checkpoint at batch {batch}",
+                     f", held at its gate ({gate.mode})" if gate is not None else "")  # fmt: skip
             return self.describe(hosted)
 
     def _resume(self, hosted: HostedElement, saved: dict[str, Any], committed: int | None) -> None:
@@ -620,6 +625,8 @@ class NodeRuntime:
             if discard and (pipeline, pe) not in self._elements:
                 # A migration target that got its checkpoint but never started.
                 self._discard(pipeline, pe)
+                log.info("discarded what this node held of %s/%s (not running here)",
+                         pipeline, pe)  # fmt: skip
                 return ElementInfo(pipeline=pipeline, element=pe, state=PEState.DISCARDED)
             hosted = self.hosted(pipeline, pe)
             if discard:
@@ -630,6 +637,8 @@ class NodeRuntime:
             open_gate(self.gate_file(pipeline, pe))
             if discard:
                 self._discard(pipeline, pe)
+            log.info("removed %s%s", hosted.plan.query_name,
+                     ", its checkpoint discarded" if discard else "")  # fmt: skip
             return self.describe(hosted)
 
     def _discard(self, pipeline: str, pe: str) -> None:
@@ -695,6 +704,7 @@ class NodeRuntime:
                         hosted, (PEState.STARTING, PEState.RUNNING, PEState.PAUSED), PEState.PAUSED
                     )
                 ):
+                    log.info("paused %s at batch %s", hosted.plan.query_name, batch)
                     return self._position(hosted)
             time.sleep(0.01)
         self._open(hosted)
@@ -714,6 +724,7 @@ class NodeRuntime:
         """Open the PE's input gate again."""
         hosted = self.hosted(pipeline, pe)
         self._open(hosted)
+        log.info("resumed %s", hosted.plan.query_name)
         return self._position(hosted)
 
     def _open(self, hosted: HostedElement) -> None:

@@ -8,6 +8,8 @@ Every name in a URL is checked against ``fogshift.common.names`` before a handle
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -76,6 +78,8 @@ from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec.models import MAX_PARTITIONS, PipelineSpec
 
 _BLOBS = re.compile(r"/checkpoints/blobs/[^/]+(/chunks)?")
+
+log = logging.getLogger("fogshift.orchestrator")
 
 
 def orchestrator_access(
@@ -216,10 +220,16 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
             orchestrator.run_standby_follower,
             orchestrator.run_standby_keeper,
         )
+        # (After a crash, its log went on from the dead one's with nothing between.)
+        pipelines = orchestrator.registry.pipelines()
+        log.info("orchestrator started: pid %d, home %s, port %d; %d pipeline(s), %d "
+                 "unfinished operation(s) to resolve", os.getpid(), config.home, config.port,
+                 len(pipelines), len(orchestrator.registry.unfinished()))  # fmt: skip
         for loop in loops:
             threading.Thread(target=loop, daemon=True).start()
         yield
         orchestrator.close()
+        log.info("orchestrator stopped")
 
     # The schema (/openapi.json) is served behind the operator token like everything else
     # (see orchestrator_access): it describes every endpoint with its contract. No /docs:

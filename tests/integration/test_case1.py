@@ -310,6 +310,11 @@ def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
         for kept in ("gates", "node-checkpoints", "replicas/checkpoints"):
             assert not (cluster.home / "nodes" / node / kept / "short").exists(), (node, kept)
     assert (tmp_path / "out.csv").read_text() == output
+    # The nodes' logs say what ran there, and went (they said nothing of it).
+    log = (cluster.home / "logs" / "node-fog-b.log").read_text()
+    assert "started short.k under epoch 1, fresh" in log and "removed short.k" in log
+    assert "node agent fog-b started: pid" in log
+    assert "orchestrator started: pid" in (cluster.home / "logs" / "orchestrator.log").read_text()
     assert cluster.cli("status", "short", check=False).returncode == 1
     cluster.cli("deploy", str(spec))
     assert cluster.wait_for("short", "k", 50)["events_out"] == 50
