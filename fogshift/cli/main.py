@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
@@ -42,6 +43,7 @@ from fogshift.contracts import (
     EventPage,
     GroupMigrationReport,
     GroupMigrationStatus,
+    HopLatency,
     KeyMoveReport,
     KeyMoveStatus,
     KeyOrder,
@@ -642,11 +644,38 @@ def errors(
         console.print(f"no dead letters in {escape(pipeline)} (none stored in its streams)",
                       highlight=False)  # fmt: skip
         return
-    table = Table(title=f"dead letters of {pipeline} ({len(data)})")
+    # (With --limit 2 it said "(4)" of a pipeline with 8: the limit is per PE.)
+    full = Counter(d.element for d in data).most_common(1)[0][1] >= limit
+    cut = f"; the newest {limit} of each PE, `--limit` shows more" if full else ""
+    table = Table(title=f"dead letters of {pipeline} ({len(data)}{cut})")
     for column in ("element", "seq", "reason", "event"):
         table.add_column(column)
     for d in data:
         table.add_row(*_plain(d.element, str(d.seq), d.reason or "", str(d.event)[:60]))
+    console.print(table)
+
+
+@app.command()
+def latency(pipeline: str, home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
+    """Each PE's newest per-hop latency: its newest output against the input event it came
+    from, by the broker's clock (PEs with one input; `GET /pipelines/{p}/latency`)."""
+    with cluster_ops.orchestrator_client(home.resolve()) as client:
+        answer = client.get(f"/pipelines/{pipeline}/latency")
+    hops = [HopLatency.model_validate(h) for h in answer]
+    if as_json:
+        _print_json(hops)
+        return
+    if not hops:
+        console.print(f"no hop of {escape(pipeline)} has an output yet (or its PEs read several "
+                      "inputs each)", highlight=False)  # fmt: skip
+        return
+    table = Table(title=f"newest per-hop latency of {pipeline}")
+    for column in ("element", "input", "output seq", "from input seq", "latency", "stored"):
+        table.add_column(column)
+    for hop in hops:
+        stored = time.strftime("%H:%M:%S", time.localtime(hop.stored))
+        table.add_row(*_plain(hop.element, hop.input, str(hop.seq), str(hop.input_seq),
+                              f"{hop.latency_ms:.0f} ms", stored))  # fmt: skip
     console.print(table)
 
 

@@ -134,6 +134,19 @@ def test_status_counts_and_dead_letters(cluster: Cluster, fan: dict) -> None:
     assert all("columns, the header has 3" in d["reason"] for d in from_source)
     assert len(from_avg) == agg["dead_letters"]
     assert all("not a finite number" in d["reason"] for d in from_avg)
+    # --limit is per PE: the title says so when a PE reached it (it said "(2)" of more).
+    assert (
+        letters and "the newest 1 of each PE" in cluster.cli("errors", "fan", "--limit", "1").stdout
+    )
+
+    # Each single-input PE's newest hop: its output against the input event it came from.
+    hops = {h["element"]: h for h in cluster.json("latency", "fan")}
+    inputs = {e["element"]: e["inputs"] for e in status["elements"]}
+    assert hops["avg3"]["input"] == "source" and "source" not in hops  # (a sink has no stream)
+    for element, hop in hops.items():
+        assert [hop["input"]] == inputs[element] and hop["latency_ms"] >= 0, hop
+        assert hop["input_seq"] >= 1 and hop["seq"] >= 1, hop
+    assert "newest per-hop latency of fan" in cluster.cli("latency", "fan").stdout
 
 
 def test_stateless_and_custom_processors(cluster: Cluster, tmp_path: Path) -> None:
