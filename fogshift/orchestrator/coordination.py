@@ -45,6 +45,11 @@ from fogshift.spec.models import ElementSpec
 log = logging.getLogger("fogshift.orchestrator")
 
 
+#: A node's silence from which a refusal to restore a PE onto its own node says how long
+#: the node has been silent (heartbeats come every second).
+SILENT_SAID_S = 2.5
+
+
 class Coordination(Scaling):
     """Live migration and restoration of a PE."""
 
@@ -327,6 +332,14 @@ class Coordination(Scaling):
         if found is not None and self.healthy(found):
             message = f"{record.name}/{element_id} already runs on node {node!r}"
             also = "; a PE missing from its healthy node is started there again by the reconciler"
+            silent = time.time() - found.last_seen
+            if silent >= SILENT_SAID_S:
+                # (Just killed, a node is healthy until its timeout: "already runs" read as
+                # wrong, and the hint as if nothing were to be done.)
+                message += f" (last heard {silent:.1f} s ago)"
+                also = (f"; if {node!r} is down, its PEs are restored elsewhere once it has "
+                        "been silent for the pipeline's recovery.detect_after_s (`fogshift "
+                        "nodes` shows it), or restore it now without --to")  # fmt: skip
         else:  # (it does not run: its node is silent, or gone)
             message = f"{record.name}/{element_id} is placed on node {node!r}, which is not up"
             also = "; a node that comes back starts its PEs there again by itself"

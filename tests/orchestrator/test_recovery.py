@@ -465,6 +465,14 @@ def test_restore_onto_the_pes_own_node_is_refused_and_changes_nothing(
     assert calls(agents) == []  # nothing fenced, installed or discarded
     assert orch.registry.epoch("p", "aggregate") == 1
     assert orch.registry.operations() == []
+    assert "last heard" not in refused.value.message
+    # Killed a moment ago, its node is healthy until its timeout: how long it has been
+    # silent is said, and what then happens ("started there again" read as if nothing).
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 3 WHERE name = 'fog-a'")
+    with pytest.raises(InvalidInput) as refused:
+        orch.restore("p", "aggregate", "fog-a")
+    assert "already runs on node 'fog-a' (last heard 3." in refused.value.message
+    assert "if 'fog-a' is down, its PEs are restored elsewhere" in (refused.value.hint or "")
 
 
 def test_restore_onto_the_pes_silent_node_says_it_is_not_up(
