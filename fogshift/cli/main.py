@@ -53,9 +53,11 @@ from fogshift.contracts import (
     OperationKind,
     OperationView,
     OrchestratorHealth,
+    PEState,
     PipelineStatus,
     RestoreMethod,
     RestoreReport,
+    RestoreStatus,
     ScaleReport,
     StopResult,
     TwinState,
@@ -1321,12 +1323,19 @@ def restore(
 
     Its hot standby takes over if it has one (and --to is left out or names the standby's
     node), else it starts from its latest central checkpoint."""
+    was = None if as_json else _running_on(home, pipeline, element)
     report = RestoreReport.model_validate(
         _run_operation(home, pipeline, element, OperationKind.RESTORE, {"target": to}, as_json)
     )
     if as_json:
         _print_json(report)
         return
+    if was is not None and report.status == RestoreStatus.RESTORED:
+        # (A restore of a healthy PE went ahead without a word: it replaces the instance
+        # wherever it runs, as documented, but a user may have meant a lost one.)
+        console.print(f"[yellow]note[/]: {escape(pipeline)}/{escape(element)} was running on "
+                      f"{escape(was)}: that instance is fenced and removed (`fogshift migrate` "
+                      "moves a running PE with less downtime)", highlight=False)  # fmt: skip
     for attempt in report.attempts:
         console.print(f"[yellow]attempt on {attempt.node} failed[/]: {escape(attempt.error)}")
     if report.method == RestoreMethod.STANDBY:
@@ -1365,6 +1374,18 @@ def restore(
         f"{report.reprocessed_events} events in {report.reprocess_ms:.0f} ms, intermediate "
         f"{report.intermediate_events} in {report.intermediate_ms:.0f} ms"
     )
+
+
+def _running_on(home: Path, pipeline: str, element: str) -> str | None:
+    """The healthy node PE ``pipeline/element`` runs on now, if it does (``None`` too when
+    this cannot be told: the operation itself then says what is wrong)."""
+    try:
+        with cluster_ops.orchestrator_client(home.resolve()) as client:
+            status = PipelineStatus.model_validate(client.get(f"/pipelines/{pipeline}"))
+    except FogshiftError:
+        return None
+    found = next((e for e in status.elements if e.element == element), None)
+    return found.node if found is not None and found.state == PEState.RUNNING else None
 
 
 def _took(ms: float) -> str:

@@ -116,6 +116,23 @@ def test_a_restore_says_how_old_its_checkpoint_is_and_whether_that_is_stale(
     assert out.startswith("restored p/agg on fog-b (epoch 3) " + says), out
 
 
+def test_a_restore_of_a_running_pe_says_it_replaced_that_instance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An operator's walk-through: `restore` of a healthy PE moved it without a word.
+    from fogshift.cli import main as cli
+    from fogshift.contracts import RestoreReport, RestoreStatus
+
+    answer = RestoreReport(pipeline="p", element="agg", target="cloud", epoch=3,
+                           status=RestoreStatus.RESTORED)  # fmt: skip
+    monkeypatch.setattr(cli, "_run_operation", lambda *args: answer.model_dump(mode="json"))
+    monkeypatch.setattr(cli, "_running_on", lambda home, p, e: "fog-a")
+    out = " ".join(fogshift_in_process("restore", "p", "agg").stdout.split())
+    assert "note: p/agg was running on fog-a: that instance is fenced and removed" in out, out
+    monkeypatch.setattr(cli, "_running_on", lambda home, p, e: None)  # lost, or not told
+    assert "note" not in fogshift_in_process("restore", "p", "agg").stdout
+
+
 def test_an_answer_outside_its_contract_is_said_as_a_version_mismatch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
