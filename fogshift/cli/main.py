@@ -557,7 +557,7 @@ def _status_table(pipelines: list[PipelineStatus]) -> None:
         for column in columns:
             table.add_column(column)
         for e in pipeline.elements:
-            state = e.state if not e.error else f"{e.state}: {e.error[:60]}"  # (a _plain cell)
+            state = e.state if not e.error else f"{e.state}: {e.error[:90]}"  # (a _plain cell)
             kind = e.kind
             if e.partition_of is not None:
                 kind += f" ({e.partition_of}, p{e.partition} of {e.partitions})"
@@ -659,8 +659,10 @@ def errors(
 
 @app.command()
 def latency(pipeline: str, home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
-    """Each PE's newest per-hop latency: its newest output against the input event it came
-    from, by the broker's clock (PEs with one input; `GET /pipelines/{p}/latency`)."""
+    """Each PE's newest per-hop latency, by the broker's clock.
+
+    Its newest output against the input event it came from (PEs with one input and an
+    output stream; `GET /pipelines/{p}/latency`)."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
         answer = client.get(f"/pipelines/{pipeline}/latency")
     hops = [HopLatency.model_validate(h) for h in answer]
@@ -1382,7 +1384,7 @@ def _running_on(home: Path, pipeline: str, element: str) -> str | None:
     try:
         with cluster_ops.orchestrator_client(home.resolve()) as client:
             status = PipelineStatus.model_validate(client.get(f"/pipelines/{pipeline}"))
-    except FogshiftError:
+    except Exception:  # (only a note hangs on it: the restore goes on and says the rest)
         return None
     found = next((e for e in status.elements if e.element == element), None)
     return found.node if found is not None and found.state == PEState.RUNNING else None

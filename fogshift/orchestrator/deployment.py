@@ -778,6 +778,8 @@ class Deployment(Journal):
                     # (Automatic restores failing over and over showed only "node-lost",
                     # the reason in --json's last_restore.)
                     error = f"its last restore, onto {restore.target}, failed: {restore.error}"
+                elif state == PlacementState.NODE_LOST:
+                    error = self._lost_note(record, element.id, node_name, node)
                 elements.append(
                     ElementStatus(
                         element=element.id,
@@ -812,6 +814,23 @@ class Deployment(Journal):
                 )
             )
         return out
+
+    def _lost_note(
+        self, record: PipelineRecord, element_id: str, node_name: str, node: NodeRecord | None
+    ) -> str:
+        """What is done about PE ``element_id``, whose node is lost (short: a cell of
+        `status`): an operator saw only "node-lost" until the PE showed up elsewhere."""
+        silent = None if node is None else time.time() - node.last_seen
+        lost = f"node {node_name} " + ("gone" if silent is None else f"silent {silent:.0f} s")
+        doing = self._migrating.get((record.name, element_id))
+        recovery = record.spec.recovery
+        if doing is not None:
+            return f"{lost}; {doing} under way"
+        if not recovery.auto:
+            return f"{lost}; recovery is manual: `fogshift restore {record.name} {element_id}`"
+        if silent is not None and silent < recovery.detect_after_s:
+            return f"{lost}; restored elsewhere after {recovery.detect_after_s:g} s"
+        return f"{lost}; restore due (automatic)"
 
     def standby_missing(self, record: PipelineRecord, element: ElementSpec) -> str | None:
         """Why a PE whose spec asks for a hot standby has none now (``None``: it has one,

@@ -8,6 +8,7 @@ written as the dead orchestrator would have left them.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -712,6 +713,28 @@ def test_a_lost_pe_whose_restore_failed_says_why_in_its_status(orch: Orchestrato
         "its last restore, onto fog-b, failed: cannot be built from its stored state: "
         "RuntimeError: restore bug"
     )
+
+
+def test_a_lost_pe_says_what_is_done_about_it(orch: Orchestrator) -> None:
+    # An operator's walk-through: `status` showed "node-lost" and nothing else until the
+    # PE turned up on another node: whether a restore was due, under way, or manual.
+    def lost() -> str:
+        (status,) = orch.status("p", counts=False)
+        aggregate = next(e for e in status.elements if e.element == "aggregate")
+        assert aggregate.state == "node-lost" and aggregate.error is not None
+        # (The seconds as the clock has it by now: a loaded machine runs slower.)
+        return re.sub(r"silent \d+ s;", "silent N s;", aggregate.error)
+
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 6 WHERE name = 'fog-a'")
+    assert lost() == "node fog-a silent N s; restored elsewhere after 10 s"
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 6 WHERE name = 'fog-a'")
+    assert lost() == "node fog-a silent N s; restore due (automatic)"
+    orch._migrating[("p", "aggregate")] = "restore"
+    assert lost() == "node fog-a silent N s; restore under way"
+    del orch._migrating[("p", "aggregate")]
+    manual = {**SPEC, "recovery": {"auto": False}}
+    orch.registry.put_pipeline(parse_spec(manual, orch.config.home), "running")
+    assert lost() == "node fog-a silent N s; recovery is manual: `fogshift restore p aggregate`"
 
 
 def test_a_node_the_pipeline_counts_lost_is_no_restore_candidate(
