@@ -21,6 +21,11 @@ from fogshift.planner import plan as plan_backups
 log = logging.getLogger("fogshift.orchestrator")
 
 
+#: When the planner's first round runs after the orchestrator starts: the nodes' heartbeats
+#: come every second, and a plan needs them (one made before knows no live node).
+FIRST_PLAN_S = 2.0
+
+
 class Replanning(OrchestratorCore):
     """The backup/redeploy planning loop."""
 
@@ -124,5 +129,9 @@ class Replanning(OrchestratorCore):
         return self.plan
 
     def run_planner(self) -> None:
-        """Loop :meth:`replan` until :meth:`close`."""
+        """Loop :meth:`replan` until :meth:`close`, the first round as soon as the nodes
+        were heard (:data:`FIRST_PLAN_S`): an orchestrator started again showed no backup
+        or redeploy node for its first interval or two."""
+        if not self._stop.wait(FIRST_PLAN_S):
+            self.plan_soon.set()
         self._every(self.config.plan_interval_s, self.replan, "planning", wake=self.plan_soon)

@@ -286,3 +286,27 @@ def test_a_node_marked_leaving_is_no_pes_backup_or_redeploy_node_at_once(
     assert client.put(f"/nodes/{target}/leaving", json={"seconds": None}).status_code == 200
     after = PlanView.model_validate(client.get("/plan").json()).assignments
     assert {k: a.redeploy for k, a in after.items()} == {k: a.redeploy for k, a in before.items()}
+
+
+def test_the_first_plan_comes_as_soon_as_the_nodes_were_heard(
+    app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An operator's walk-through: an orchestrator started again showed no backup or
+    # redeploy node for ~20 s (its first rounds came a whole interval after its start).
+    import threading
+
+    from fogshift.common.waiting import wait_until
+    from fogshift.orchestrator import replanning
+
+    orchestrator = app.state.orchestrator
+    later = orchestrator.config.model_copy(update={"plan_interval_s": 3600.0})
+    monkeypatch.setattr(orchestrator, "config", later)
+    monkeypatch.setattr(replanning, "FIRST_PLAN_S", 0.05)
+    rounds: list[float] = []
+    monkeypatch.setattr(orchestrator, "replan", lambda: rounds.append(1.0))
+    loop = threading.Thread(target=orchestrator.run_planner, daemon=True)
+    loop.start()
+    wait_until(lambda: rounds or None, 10, describe="the planner's first round")
+    orchestrator.close()
+    loop.join(10)
+    assert rounds == [1.0] and not loop.is_alive()
