@@ -29,6 +29,7 @@ from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
 from fogshift.cli.output import make_console, progress_to
 from fogshift.cli.topology import topology_app
+from fogshift.common.exceptions import NoAnswer
 from fogshift.common.files import make_private_dir
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.locks import AGENT_LOCK, ORCHESTRATOR_LOCK, claim
@@ -911,6 +912,17 @@ def _run_operation(
                 _print_json(exc.report)
                 raise typer.Exit(1) from exc
             raise
+        except NoAnswer as exc:
+            # (The orchestrator died, or its connection broke, mid-operation: "cannot be
+            # reached: RemoteProtocolError" said nothing of what became of the operation.)
+            raise NoAnswer(
+                f"the orchestrator stopped answering during the {kind} of {pipeline}/"
+                f"{element} ({exc.message}): it may have ended either way",
+                hint=f"`fogshift up` starts it again if it died, and its recovery ends the "
+                f"{kind} (a migration before its switch is rolled back, after it completed); "
+                f"`fogshift status {pipeline}` shows where {element} runs, `fogshift logs "
+                "orchestrator` how it ended",
+            ) from exc
     return report
 
 

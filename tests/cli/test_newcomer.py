@@ -745,3 +745,23 @@ def test_events_of_a_partitioned_element_name_each_event_s_partition(
     text = flat(result.stdout)
     assert "its partitions' newest, by when stored" in text and "1-0 of 0" not in text
     assert "agg-p0" in text and "agg-p1" in text
+
+
+def test_an_orchestrator_lost_mid_operation_is_said_with_what_becomes_of_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An operator's walk-through: the orchestrator killed during `migrate` left only
+    # "cannot be reached: RemoteProtocolError" (its recovery's outcome in its log alone).
+    from fogshift.common.exceptions import NoAnswer
+
+    def broke() -> Any:
+        raise NoAnswer("the orchestrator at http://127.0.0.1:1 cannot be reached: "
+                       "RemoteProtocolError")  # fmt: skip
+
+    use(monkeypatch, StandInClient({}, broke))
+    result = runner.invoke(cli.app, ["migrate", "p", "aggregate", "--to", "fog-b", "--json"])
+    assert isinstance(result.exception, NoAnswer), result.output
+    said = flat(str(result.exception))
+    assert "stopped answering during the migration of p/aggregate" in said, said
+    assert "RemoteProtocolError" in said and "`fogshift logs orchestrator` how it ended" in said
+    assert "a migration before its switch is rolled back" in said
