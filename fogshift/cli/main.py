@@ -609,7 +609,8 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
         table.add_row(
             *_plain(n.name, n.url, str(n.pid), str(n.pgid)),
             "[green]yes[/]" if n.healthy else "[red]no[/]",
-            *_plain(n.disk_text or "-", ", ".join(
+            # (A silent node's figure is its last heartbeat's: said, not shown as now.)
+            *_plain(_disk(n), ", ".join(
                 f"{e} (standby)" if e in n.standbys else e for e in n.elements
             )),
         )  # fmt: skip
@@ -619,6 +620,14 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
             console.print(f"[yellow]warning[/] {n.name}: {escape(warning)}")
     for warning in health.warnings:
         console.print(f"[yellow]warning[/] orchestrator: {escape(warning)}")
+
+
+def _disk(node: NodeView) -> str:
+    """Node ``node``'s free disk as a cell: ``-`` if it did not say; a silent node's as
+    last heard."""
+    if node.disk_text is None:
+        return "-"
+    return node.disk_text if node.healthy else f"{node.disk_text} (when last heard)"
 
 
 def _plain(*cells: str) -> list[Text]:

@@ -184,3 +184,14 @@ def test_no_events_of_a_key_says_where_it_looked_not_an_empty_table(
     )
     empty = " ".join(fogshift_in_process("events", "p", "band").stdout.split())
     assert empty == "no events of p/band there"
+
+
+def test_a_silent_nodes_disk_is_said_as_last_heard() -> None:
+    # An operator's walk-through: a dead node's disk column kept its figure, as if now.
+    from fogshift.cli.main import _disk
+    from tests.web.test_history import node
+
+    up = node("fog-a").model_copy(update={"disk_free_bytes": 2**31, "disk_total_bytes": 2**35})
+    assert _disk(up) == "2.0 of 32 GiB free"
+    assert _disk(up.model_copy(update={"healthy": False})) == "2.0 of 32 GiB free (when last heard)"
+    assert _disk(node("fog-b")) == "-"  # (it did not say)
