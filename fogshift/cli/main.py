@@ -658,7 +658,7 @@ def errors(
         return
     # (With --limit 2 it said "(4)" of a pipeline with 8: the limit is per PE.)
     full = Counter(d.element for d in data).most_common(1)[0][1] >= limit
-    cut = f"; the newest {limit} of each PE, `--limit` shows more" if full else ""
+    cut = f"; at most the newest {limit} of each PE" if full else ""
     table = Table(title=f"dead letters of {pipeline} ({len(data)}{cut})")
     for column in ("element", "seq", "reason", "event"):
         table.add_column(column)

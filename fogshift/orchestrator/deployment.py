@@ -397,6 +397,10 @@ class Deployment(Journal):
 
     def _start(self, spec: PipelineSpec, epochs: dict[str, int]) -> PipelineStatus:
         """Give ``spec``'s PEs fresh streams, fenced under ``epochs``, and start them."""
+        # What the orchestrator remembers of the run before goes (shown as the new run's,
+        # its migrations and restores read as this run's outcomes): first, as the registry
+        # dropped its kept reports with the run's entry.
+        self._forget_runs(spec.pipeline)
         try:
             self.permissions.sync(self.registry)  # the nodes may use their PEs' streams
         except Exception as exc:
@@ -409,9 +413,6 @@ class Deployment(Journal):
         # streams deleted below (restored, a PE would wait for input that never comes, or
         # skip what the new streams hold up to there).
         self.central.forget(spec.pipeline)  # (every PE's: partitions of a scale too)
-        # What the orchestrator remembers of the run before goes too: shown as the new
-        # run's, its migrations and restores read as this run's outcomes.
-        self._forget_runs(spec.pipeline)
 
         def reset_streams(js: Any) -> Any:
             return fresh_streams(js, spec, epochs, self.config.duplicate_window_s)
@@ -709,11 +710,10 @@ class Deployment(Journal):
                     f"streams: {_said(exc)}",
                     hint="`fogshift nodes` says whether the broker is up; delete again",
                 ) from exc
+            # Its files go with a collection once past the store's horizon (a restore or
+            # copy of another PE may still read a file an expired checkpoint named): the
+            # central loop's, every ten minutes, or a pull's that expires a checkpoint.
             self.central.forget(name)
-            # Its files at once (a deploy's waits for the next checkpoint that expires one:
-            # with no pipeline running, none ever did). The store has no writer besides
-            # this process, whose puts under way a collection spares.
-            self.central.collect_garbage(horizon_s=0)
             self._forget_runs(name)
             self.registry.delete_pipeline(name)
             cleared, unreachable = [], []
@@ -824,6 +824,8 @@ class Deployment(Journal):
         lost = f"node {node_name} " + ("gone" if silent is None else f"silent {silent:.0f} s")
         doing = self._migrating.get((record.name, element_id))
         recovery = record.spec.recovery
+        if record.status != PipelineState.RUNNING:
+            return lost  # (nothing restores a PE of a pipeline that does not run)
         if doing is not None:
             return f"{lost}; {doing} under way"
         if not recovery.auto:

@@ -913,21 +913,19 @@ class Reconciler(Coordination):
                         )
                         # A deleted pipeline's, on a node away at the delete: discarded.
                         deleted = self.registry.deleted(key[0]) if record is None else None
-                        gone = deleted is not None and node.last_seen > deleted + STOPPED_HEARD_S
-                        if gone:
-                            log.warning("removing %s/%s of the deleted pipeline from %s",
-                                        *key, node.name)  # fmt: skip
-                        elif not stopped and (
+                        if deleted is not None and node.last_seen > deleted + STOPPED_HEARD_S:
+                            self._discard_deleted(node.name, *key, "instance")
+                            continue
+                        if not stopped and (
                             record is None
                             or record.status != PipelineState.RUNNING
                             or (placed in (None, node.name) and not retired)
                             or (standby is not None and standby.node == node.name)
                         ):
                             continue
-                        else:
-                            log.warning("removing %s %s/%s from %s",
-                                        f"the {record.status} pipeline's" if stopped and record
-                                        else "superseded", *key, node.name)  # fmt: skip
+                        log.warning("removing %s %s/%s from %s",
+                                    f"the {record.status} pipeline's" if stopped and record
+                                    else "superseded", *key, node.name)  # fmt: skip
                         try:
                             self.agent(node.name).delete(
                                 f"/pipelines/{key[0]}/elements/{key[1]}",
@@ -942,6 +940,31 @@ class Reconciler(Coordination):
                     continue  # the operation under way owns the PE's instances
                 except Exception:  # as in reconcile_once: the other instances go on
                     log.exception("removing a superseded %s/%s from %s failed", *key, node.name)
+
+    def _discard_deleted(self, node: str, pipeline: str, element: str, what: str) -> None:
+        """Discard the ``what`` (an instance, a checkpoint) node ``node`` holds of PE
+        ``pipeline/element``, of a deleted pipeline. Under the pipeline's lock, taken only if
+        free, and with the deletion read again there: a deploy of the name again holds it
+        from its registry entry to its PEs' starts, and its fresh PE on that node must not
+        be discarded as the deleted run's."""
+        lock = self.pipeline_lock(pipeline)
+        if not lock.acquire(blocking=False):
+            return  # a deploy or delete of the name runs: the next round judges again
+        try:
+            if self.registry.get_pipeline(pipeline) is not None:
+                return  # deployed again meanwhile
+            if self.registry.deleted(pipeline) is None:
+                return
+            log.warning("discarding the %s of %s/%s of the deleted pipeline on %s", what,
+                        pipeline, element, node)  # fmt: skip
+            self.agent(node).delete(
+                f"/pipelines/{pipeline}/elements/{element}", params={"discard": True}
+            )
+        except FogshiftError as exc:  # (gone meanwhile, or its node away again)
+            log.info("%s/%s of the deleted pipeline on %s not discarded: %s", pipeline,
+                     element, node, exc.message)  # fmt: skip
+        finally:
+            lock.release()
 
     def _discard_left(self, pending: set[tuple[str, str]]) -> None:
         """Discard the checkpoints nodes hold of PEs of known pipelines that are neither
@@ -963,11 +986,7 @@ class Reconciler(Coordination):
                         standby = self.registry.standby(*key)
                         if record is None and self.registry.deleted(key[0]) is not None:
                             # Of a pipeline deleted while this node was away.
-                            log.info("discarding the checkpoint %s/%s of the deleted pipeline "
-                                     "left on %s", *key, node.name)  # fmt: skip
-                            self.agent(node.name).delete(
-                                f"/pipelines/{key[0]}/elements/{key[1]}", params={"discard": True}
-                            )
+                            self._discard_deleted(node.name, *key, "checkpoint")
                             continue
                         if (
                             record is None  # (not ours to judge)

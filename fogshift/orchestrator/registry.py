@@ -541,16 +541,17 @@ class Registry:
             if status not in (PipelineState.RUNNING, PipelineState.DEPLOYING):
                 _end_unfinished(db, name, f"abandoned: the pipeline is {status}", now)
 
-    def put_report(self, pipeline: str, element: str, kind: str, report: str) -> None:
+    def put_report(self, pipeline: str, element: str, kind: str, report: str) -> bool:
         """Keep ``report`` (JSON) as PE ``pipeline/element``'s last of ``kind`` (dropped
-        with its pipeline: a deploy of the name again, a delete). Not kept if the pipeline
-        is gone meanwhile."""
+        with its pipeline: a deploy of the name again, a delete); whether it was kept (not
+        if the pipeline is gone)."""
         with self._tx() as db:
-            db.execute(
+            kept = db.execute(
                 "INSERT OR REPLACE INTO last_reports SELECT name, ?, ?, ? FROM pipelines "
                 "WHERE name = ?",
                 (element, kind, report, pipeline),
-            )
+            ).rowcount
+        return bool(kept)
 
     def drop_report(self, pipeline: str, element: str, kind: str) -> None:
         with self._tx() as db:
@@ -569,9 +570,10 @@ class Registry:
 
     def delete_pipeline(self, name: str) -> None:
         """Forget pipeline ``name`` (stopped: see ``Deployment.delete``) — its spec,
-        placement, failure and trimmed counts — and mark it deleted (:meth:`deleted`) until
-        a deploy under its name. Its epochs stay: a deploy again fences every instance it
-        ever had. Its journal stays too (operations are kept by id, ended).
+        placement, failure, trimmed counts, kept reports and standbys — and mark it deleted
+        (:meth:`deleted`) until a deploy under its name. Its epochs stay, its standbys'
+        reserved too: a deploy again fences every instance it ever had. Its journal stays
+        (operations are kept by id, ended).
 
         Raises:
             NotFound: No pipeline of that name is deployed.
@@ -580,7 +582,12 @@ class Registry:
             gone = db.execute("DELETE FROM pipelines WHERE name = ?", (name,)).rowcount
             if not gone:
                 raise NotFound(f"pipeline {name!r} is not deployed: it cannot be deleted")
-            db.execute("DELETE FROM standbys WHERE pipeline = ?", (name,))
+            # (Forgotten, their epochs kept reserved, as a stop does: deleted, a standby's
+            # epoch was given again to the next deploy's PE, which then did not fence it.)
+            db.execute(
+                "UPDATE standbys SET node = NULL, updated = ? WHERE pipeline = ?",
+                (time.time(), name),
+            )
             db.execute(
                 "INSERT OR REPLACE INTO deleted_pipelines VALUES (?, ?)", (name, time.time())
             )

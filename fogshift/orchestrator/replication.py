@@ -61,6 +61,11 @@ def _no_snapshot_yet(node: NodeRecord, pipeline: str, pe: str) -> bool:
     )
 
 
+#: How often the central loop collects the central store's files no kept checkpoint names,
+#: besides the collection each expiring pull makes (those younger than the store's
+#: horizon, ten minutes, are spared: a copy of another PE may be reading them).
+CENTRAL_GC_S = 600.0
+
 class Replication(Replanning):
     """Central checkpoint pulls and replica pushes."""
 
@@ -274,10 +279,17 @@ class Replication(Replanning):
         """Pull and push every ``central_interval_s``, or at once when a heartbeat asks
         (:meth:`heartbeat`), until :meth:`close`."""
 
+        collected = [time.monotonic()]
+
         def step() -> None:
             self.streams_upkeep()
             self.pull_checkpoints()
             self.push_replicas()
+            if time.monotonic() - collected[0] >= CENTRAL_GC_S:
+                # The files no kept checkpoint names: a pull that expires one collects
+                # them, but with nothing running (a pipeline stopped, or deleted) none does.
+                collected[0] = time.monotonic()
+                self.central.collect_garbage()
             # Last: a broker that is away holds it up for its connect timeout, which must
             # not delay the pulls (a node's large state change wakes this loop for them).
             self.trim_streams()

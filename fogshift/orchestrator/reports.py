@@ -22,7 +22,7 @@ class KeptReports(MutableMapping[tuple[str, str], R], Generic[R]):
     """``(pipeline, element)`` -> its last report of one kind, written through to the
     registry (a report whose pipeline is gone is not kept) and read back at start.
 
-    A report stored by an older fogshift that this one's contract refuses is left out (as
+    A report stored by an older fogshift that this one's contract refuses is dropped (as
     if none), said in the log.
     """
 
@@ -33,15 +33,18 @@ class KeptReports(MutableMapping[tuple[str, str], R], Generic[R]):
             try:
                 self._held[key] = model.model_validate_json(text)
             except ValidationError as exc:
-                log.warning("the last %s report of %s/%s kept is not readable, left out: %s",
+                log.warning("the last %s report of %s/%s kept is not readable, dropped: %s",
                             kind, *key, one_line(str(exc))[:300])  # fmt: skip
+                registry.drop_report(*key, kind)
 
     def __getitem__(self, key: tuple[str, str]) -> R:
         return self._held[key]
 
     def __setitem__(self, key: tuple[str, str], report: R) -> None:
-        self._registry.put_report(*key, self._kind, report.model_dump_json())
-        self._held[key] = report
+        if self._registry.put_report(*key, self._kind, report.model_dump_json()):
+            self._held[key] = report
+        else:  # (its pipeline is gone: deleted, or deployed anew meanwhile)
+            self._held.pop(key, None)
 
     def __delitem__(self, key: tuple[str, str]) -> None:
         del self._held[key]

@@ -279,3 +279,30 @@ def test_a_node_cannot_plant_another_pes_checkpoint_in_the_central_store(
         assert refused.value.received == "q/y"
     assert orchestrator.central.newest("q", "y") is None
     assert orchestrator.central.newest("p", "aggregate") is None
+
+
+def test_the_central_loop_collects_unnamed_files_with_nothing_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A deleted (or stopped) pipeline's central files were collected only by a pull that
+    # expired a checkpoint: with nothing running, never.
+    from fogshift.common.waiting import wait_until
+    from fogshift.orchestrator import replication
+
+    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
+    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker,
+                                central_interval_s=0.05)  # fmt: skip
+    orch = Orchestrator(config)
+    monkeypatch.setattr(replication, "CENTRAL_GC_S", 0.0)
+    for step in ("streams_upkeep", "pull_checkpoints", "push_replicas", "trim_streams"):
+        monkeypatch.setattr(orch, step, lambda: None)
+    collections: list[float] = []
+    monkeypatch.setattr(orch.central, "collect_garbage", lambda: collections.append(1.0) or 0)
+    loop = threading.Thread(target=orch.run_central, daemon=True)
+    loop.start()
+    try:
+        wait_until(lambda: len(collections) >= 2 or None, 10, describe="two collections")
+    finally:
+        orch.close()
+        loop.join(10)
+    assert not loop.is_alive()

@@ -81,7 +81,8 @@ def test_a_running_pipeline_is_not_deleted(orch: Orchestrator, broker: list[str]
 def test_a_stopped_pipeline_is_deleted_its_epochs_kept(
     orch: Orchestrator, broker: list[str], agents: dict[str, StandIn], tmp_path: Path
 ) -> None:
-    epochs = orch.registry.epochs("p")
+    standby = orch.registry.add_standby("p", "aggregate", "fog-b")  # (above the PE's epoch)
+    epochs = {**orch.registry.epochs("p"), "aggregate": standby}
     stored = tmp_path / "central" / "checkpoints" / "p" / "aggregate"
     stored.mkdir(parents=True)
     (stored / "x").write_text("a checkpoint")
@@ -107,7 +108,8 @@ def test_a_stopped_pipeline_is_deleted_its_epochs_kept(
     assert orch.registry.get_pipeline("p") is None
     assert [s.pipeline for s in orch.status()] == []
     assert orch.registry.deleted("p") is not None
-    # Deployed again, every PE is fenced above the deleted run's instances.
+    # Deployed again, every PE is fenced above the deleted run's instances, its standby's
+    # too (deleted, the standby's epoch was given to the next run's PE).
     again = orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), PipelineState.RUNNING)
     assert all(again[pe] > epochs[pe] for pe in epochs), (again, epochs)
     assert orch.registry.deleted("p") is None
@@ -153,6 +155,33 @@ def test_a_node_heard_after_the_delete_discards_what_it_holds_of_the_pipeline(
     # A heartbeat sent before the delete may arrive after it: judged by a later one.
     monkeypatch.setattr(reconciler, "STOPPED_HEARD_S", 0.0)
     orch.heartbeat("fog-b", Heartbeat.model_validate(report))
+    # Not while a deploy (or delete) of the name holds the pipeline: a deploy again may be
+    # starting its fresh PE on that very node.
+    with orch.pipeline_lock("p"):
+        orch._remove_strays()
+        orch._discard_left(set())
+    assert len(discards(agents)["fog-b"]) == 1
     orch._remove_strays()
     assert discards(agents)["fog-b"][-1] == "/pipelines/p/elements/aggregate?discard=true"
     assert discards(agents)["cloud"] == [] and discards(agents)["fog-a"] == []
+
+
+def test_a_deploy_again_of_the_name_is_not_taken_for_the_deleted_run(
+    orch: Orchestrator,
+    broker: list[str],
+    agents: dict[str, StandIn],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    orch.registry.set_status("p", PipelineState.STOPPED)
+    orch.delete("p")
+    orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), PipelineState.RUNNING)
+    for agent in agents.values():
+        agent.calls.clear()
+    monkeypatch.setattr(reconciler, "STOPPED_HEARD_S", 0.0)
+    report = {"url": agents["fog-a"].url, "ready": True,
+              "elements": [{"pipeline": "p", "element": "aggregate"}]}  # fmt: skip
+    orch.heartbeat("fog-a", Heartbeat.model_validate(report))  # the new run's, placed there
+    orch._remove_strays()
+    orch._discard_left(set())
+    assert discards(agents) == {name: [] for name in agents}

@@ -472,7 +472,7 @@ def test_restore_onto_the_pes_own_node_is_refused_and_changes_nothing(
     orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 3 WHERE name = 'fog-a'")
     with pytest.raises(InvalidInput) as refused:
         orch.restore("p", "aggregate", "fog-a")
-    assert "already runs on node 'fog-a' (last heard 3." in refused.value.message
+    assert re.search(r"already runs on node 'fog-a' \(last heard \d", refused.value.message)
     assert "if 'fog-a' is down, its PEs are restored elsewhere" in (refused.value.hint or "")
 
 
@@ -723,7 +723,7 @@ def test_a_lost_pe_says_what_is_done_about_it(orch: Orchestrator) -> None:
         aggregate = next(e for e in status.elements if e.element == "aggregate")
         assert aggregate.state == "node-lost" and aggregate.error is not None
         # (The seconds as the clock has it by now: a loaded machine runs slower.)
-        return re.sub(r"silent \d+ s;", "silent N s;", aggregate.error)
+        return re.sub(r"silent \d+ s", "silent N s", aggregate.error)
 
     orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 6 WHERE name = 'fog-a'")
     assert lost() == "node fog-a silent N s; restored elsewhere after 10 s"
@@ -732,6 +732,8 @@ def test_a_lost_pe_says_what_is_done_about_it(orch: Orchestrator) -> None:
     orch._migrating[("p", "aggregate")] = "restore"
     assert lost() == "node fog-a silent N s; restore under way"
     del orch._migrating[("p", "aggregate")]
+    orch.registry.set_status("p", "stopped")  # (nothing restores a stopped pipeline's PEs)
+    assert lost() == "node fog-a silent N s"
     manual = {**SPEC, "recovery": {"auto": False}}
     orch.registry.put_pipeline(parse_spec(manual, orch.config.home), "running")
     assert lost() == "node fog-a silent N s; recovery is manual: `fogshift restore p aggregate`"
