@@ -66,6 +66,7 @@ def _no_snapshot_yet(node: NodeRecord, pipeline: str, pe: str) -> bool:
 #: horizon, ten minutes, are spared: a copy of another PE may be reading them).
 CENTRAL_GC_S = 600.0
 
+
 class Replication(Replanning):
     """Central checkpoint pulls and replica pushes."""
 
