@@ -49,7 +49,7 @@ from fogshift.checkpoint.store import (
     take_snapshot,
 )
 from fogshift.common.gate import acknowledged, open_gate, write_gate
-from fogshift.common.names import NAME_PATTERN, pe_folder
+from fogshift.common.names import NAME_PATTERN, pe_folder, pipeline_folder
 from fogshift.contracts import (
     LEFT_REPORTED,
     CheckpointInfo,
@@ -668,7 +668,7 @@ class NodeRuntime:
             with contextlib.suppress(OSError):  # (not empty: something of it is still held)
                 root.rmdir()
         if not any(root.exists() for root in roots):
-            shutil.rmtree(self.gate_file(pipeline, "any").parent, ignore_errors=True)
+            shutil.rmtree(pipeline_folder(self.config.home / "gates", pipeline), ignore_errors=True)
 
     # -- pause, resume, state ---------------------------------------------------------------
 
@@ -1021,8 +1021,8 @@ class NodeRuntime:
     def _pipeline_roots(self, pipeline: str) -> list[Path]:
         """The folders this node keeps ``pipeline``'s PEs' checkpoints and node-level
         snapshots in (as :meth:`left` reads them)."""
-        # (through pe_folder: names come from requests, and must stay inside the node's)
-        return [pe_folder(self.config.home / root, pipeline, "any").parent
+        # (checked: names come from requests, and must stay inside the node's folder)
+        return [pipeline_folder(self.config.home / root, pipeline)
                 for root in ("checkpoints", "node-checkpoints")]  # fmt: skip
 
     def _stateful(self, pipeline: str, pe: str) -> tuple[ElementSpec, type[Processor]]:

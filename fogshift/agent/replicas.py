@@ -34,7 +34,7 @@ from fogshift.checkpoint.chunks import Chunk
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.checkpoint.spark_dir import fill_omitted
 from fogshift.common.http import NodeDirectory, client_limits, raise_for_error, tls_context
-from fogshift.common.names import NAME_PATTERN, check_name
+from fogshift.common.names import NAME_PATTERN, pipeline_folder
 from fogshift.common.validation import message_of
 from fogshift.contracts import (
     CheckpointManifest,
@@ -282,7 +282,7 @@ class Replicas:
         Raises:
             ElementBusy: One is being installed from its copy here (see :meth:`drop`).
         """
-        root = self.store.root / "checkpoints" / check_name(pipeline, "pipeline name")
+        root = pipeline_folder(self.store.root / "checkpoints", pipeline)
         pes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
         dropped = [self.drop(pipeline, pe) for pe in pes if NAME_PATTERN.fullmatch(pe)]
         with contextlib.suppress(OSError):  # (not empty: a file no copy is, kept)

@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -466,6 +466,18 @@ async def pipeline_streams(js: JetStreamContext, pipeline: str) -> list[str]:
         names.extend(page)
         if not page or len(names) >= int(answer.get("total", 0)):
             return [name for name in names if await _pe_stream(js, pipeline, name)]
+
+
+async def delete_pipeline_streams(
+    js: JetStreamContext, pipeline: str, keep: Collection[str] = ()
+) -> list[str]:
+    """Delete the streams of ``pipeline``'s PEs (:func:`pipeline_streams`) but those named
+    in ``keep``; the names deleted, sorted."""
+    gone = sorted(name for name in await pipeline_streams(js, pipeline) if name not in keep)
+    for name in gone:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
+    return gone
 
 
 async def _pe_stream(js: JetStreamContext, pipeline: str, name: str) -> bool:

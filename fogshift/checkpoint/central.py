@@ -46,6 +46,7 @@ from fogshift.common.names import (
     check_snapshot_id,
     contained,
     pe_folder,
+    pipeline_folder,
 )
 from fogshift.exceptions import InvalidInput, NotFound
 
@@ -250,10 +251,6 @@ class CentralStore:
     def _folder(self, pipeline: str, pe: str) -> Path:
         return pe_folder(self.root / "checkpoints", pipeline, pe)
 
-    def _pipeline_folder(self, pipeline: str) -> Path:
-        root = self.root / "checkpoints"
-        return contained(root, check_name(pipeline, "pipeline name"), what="pipeline folder")
-
     def manifests(self, pipeline: str, pe: str) -> list[dict[str, Any]]:
         """Every visible checkpoint of a PE, newest first."""
         return list(self._manifests(pipeline, pe))
@@ -263,7 +260,11 @@ class CentralStore:
         afresh: its streams start over, and a checkpoint of the run before, restored, would
         resume at positions of streams that are gone; a partition retired, whose id a later
         scale may give a new one); their files go with the next garbage collection."""
-        folder = self._folder(pipeline, pe) if pe is not None else self._pipeline_folder(pipeline)
+        folder = (
+            self._folder(pipeline, pe)
+            if pe is not None
+            else pipeline_folder(self.root / "checkpoints", pipeline)
+        )
         with self._commit_lock:
             shutil.rmtree(folder, ignore_errors=True)
 

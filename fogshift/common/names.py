@@ -153,6 +153,17 @@ def contained(root: Path, *parts: str, what: str = "path") -> Path:
     return path
 
 
+def pipeline_folder(root: Path, pipeline: str) -> Path:
+    """The folder ``root/<pipeline>`` of one pipeline's PEs, the name checked and the result
+    inside ``root``.
+
+    Raises:
+        InvalidName: ``pipeline`` is not a valid name.
+        PathEscape: The folder resolves outside ``root`` (a symbolic link).
+    """
+    return contained(root, check_name(pipeline, "pipeline name"), what="pipeline folder")
+
+
 def pe_folder(root: Path, pipeline: str, pe: str) -> Path:
     """The folder ``root/<pipeline>/<pe>`` of one PE, both names checked and the result
     inside ``root``.

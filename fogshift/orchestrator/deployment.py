@@ -18,11 +18,11 @@ from pydantic_core import to_json
 
 from fogshift.broker.client import (
     delete_pe_stream,
+    delete_pipeline_streams,
     ensure_pe_stream,
     fetch_range,
     get_range,
     last_seq,
-    pipeline_streams,
     subject_counts,
 )
 from fogshift.broker.exceptions import BrokerError
@@ -169,10 +169,7 @@ async def fresh_streams(
     outputs taken for stored ones, its old ones read downstream as new).
     """
     ours = {stream_name(spec.pipeline, e.id) for e in spec.elements}
-    for name in await pipeline_streams(js, spec.pipeline):
-        if name not in ours:
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream(name)
+    await delete_pipeline_streams(js, spec.pipeline, keep=ours)
     for element in spec.elements:
         await delete_pe_stream(js, spec.pipeline, element.id)
         await ensure_pe_stream(js, spec.pipeline, element.id, duplicate_window_s)
@@ -693,15 +690,8 @@ class Deployment(Journal):
                     "checkpoints, which a running pipeline uses",
                 )
 
-            async def drop_streams(js: Any) -> list[str]:
-                names = await pipeline_streams(js, name)
-                for stream in names:
-                    with contextlib.suppress(NotFoundError):
-                        await js.delete_stream(stream)
-                return sorted(names)
-
             try:
-                streams = self.broker.run(drop_streams)
+                streams = self.broker.run(partial(delete_pipeline_streams, pipeline=name))
             except FogshiftError:
                 raise
             except Exception as exc:

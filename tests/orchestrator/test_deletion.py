@@ -49,11 +49,11 @@ def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
 
 @pytest.fixture
 def broker(orch: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The streams the broker stand-in was asked to list and delete (named by the run)."""
+    """The pipelines whose streams the broker stand-in was asked to delete."""
     asked: list[str] = []
 
     def run(work: Any) -> Any:
-        asked.append(work.__name__)
+        asked.append(work.keywords["pipeline"])
         return list(STREAMS)
 
     monkeypatch.setattr(orch.broker, "run", run)
@@ -97,7 +97,7 @@ def test_a_stopped_pipeline_is_deleted_its_epochs_kept(
     with orch.registry._tx() as db:
         db.execute("UPDATE nodes SET last_seen = ? WHERE name = 'fog-b'", (time.time() - 3600,))
     result = orch.delete("p")
-    assert result.streams == STREAMS and result.pipeline == "p"
+    assert result.streams == STREAMS and result.pipeline == "p" and broker == ["p"]
     assert result.nodes == ["cloud", "fog-a"] and result.unreachable_nodes == ["fog-b"]
     assert discards(agents) == {
         "cloud": ["/pipelines/p?discard=true"], "fog-a": ["/pipelines/p?discard=true"],
