@@ -3,7 +3,10 @@ them developing an abnormal rhythm at a seeded moment, with the ground truth kep
 
 A patient's whole recording is a pure function of the source's options and the patient's
 number, so every node that runs the source — or re-runs it after a migration or a restore —
-and the offline reference get the same samples.
+and the offline reference get the same samples. It is simulated in pieces of
+:data:`PIECE_S` seconds, each when a window first needs it: a source's first events wait for
+one piece per patient, not for whole recordings (up to an hour each), and a process holds a
+few pieces, not every recording.
 """
 
 from __future__ import annotations
@@ -95,28 +98,77 @@ def abnormal_rhythm(rhythm: str) -> tuple[float, float]:
     return (150.0, 2.0) if rhythm == "tachycardia" else (105.0, 25.0)
 
 
-#: Recordings kept per process: more than an ecg-source has patients (at most 99). Its
-#: events visit the patients in turn, so a cache smaller than that never hit, and each
-#: event simulated its patient's whole recording again (seconds each).
-RECORDINGS_CACHED = 128
+#: Seconds of a recording simulated at a time. A recording this long or shorter is one
+#: piece, simulated as it always was (the examples and tests run 120 s or less); a longer
+#: one is simulated piece by piece, each piece with its own seed, joined where an R wave
+#: begins a piece as the onset of an abnormal rhythm already joins two simulations. Whole
+#: recordings simulated at a source's first event stalled it: 900 s of six patients took
+#: 49 s in each Python worker, an hour of 99 patients would take a quarter of an hour.
+PIECE_S = 120.0
+
+#: Pieces kept per process: two per patient (at most 99), so a window across a piece's end
+#: and the patients' turns never evict a piece still in use.
+PIECES_CACHED = 256
 
 
-@lru_cache(maxsize=RECORDINGS_CACHED)
-def recording(patient: Patient, duration_s: float, fs: int, seed: int) -> np.ndarray:
-    """The patient's whole recording as the wearable measures it (millivolts times its gain),
-    rounded to 5 decimals (what the events carry). Deterministic; cached per process."""
+def _piece_seed(base: int, piece: int, part: int) -> int:
+    """The simulator's seed of part ``part`` (0: normal rhythm, 1: abnormal) of piece
+    ``piece``: piece 0 keeps the seeds a one-piece recording always had."""
+    if piece == 0:
+        return base + part
+    return int(np.random.SeedSequence([base, piece, part]).generate_state(1)[0])
+
+
+@lru_cache(maxsize=PIECES_CACHED)
+def piece(patient: Patient, duration_s: float, fs: int, seed: int, n: int) -> np.ndarray:
+    """Piece ``n`` of the patient's recording as the wearable measures it: samples
+    ``round(n * PIECE_S * fs)`` up to ``round(min((n + 1) * PIECE_S, duration_s) * fs)``
+    (millivolts times its gain, rounded to 5 decimals, what the events carry).
+    Deterministic; cached per process."""
+    begin_s = n * PIECE_S
+    end_s = min(begin_s + PIECE_S, duration_s)
+    if begin_s >= end_s:
+        raise BadSignal(f"piece {n} begins after the recording's end ({duration_s:g} s)")
     number = int(patient.name[1:])
     base = seed * 1000 + number * 7
-    if patient.onset_s is None or patient.onset_s >= duration_s:
-        signal = segment(duration_s, fs, patient.heart_rate, 1.0, base)
+    onset = patient.onset_s
+    first = round(begin_s * fs)
+    length = round(end_s * fs) - first
+    if onset is None or onset >= end_s:
+        signal = segment(end_s - begin_s, fs, patient.heart_rate, 1.0, _piece_seed(base, n, 0))
     else:
         assert patient.rhythm is not None
-        before = segment(patient.onset_s, fs, patient.heart_rate, 1.0, base)
         rate, std = abnormal_rhythm(patient.rhythm)
-        after = segment(duration_s - patient.onset_s, fs, rate, std, base + 1)
-        signal = np.concatenate([before[: round(patient.onset_s * fs)], after])
+        if onset <= begin_s:
+            signal = segment(end_s - begin_s, fs, rate, std, _piece_seed(base, n, 1))
+        else:
+            before = segment(onset - begin_s, fs, patient.heart_rate, 1.0, _piece_seed(base, n, 0))
+            after = segment(end_s - onset, fs, rate, std, _piece_seed(base, n, 1))
+            signal = np.concatenate([before[: round(onset * fs) - first], after])
+    return np.round(signal[:length] * patient.gain, 5)
+
+
+def samples(
+    patient: Patient, duration_s: float, fs: int, seed: int, start: int, end: int
+) -> np.ndarray:
+    """Samples ``start`` up to ``end`` of the patient's recording, simulating only the
+    pieces they lie in."""
+    per_piece = round(PIECE_S * fs)
     total = round(duration_s * fs)
-    return np.round(signal[:total] * patient.gain, 5)
+    if not 0 <= start <= end <= total:
+        raise BadSignal(f"samples {start}..{end} are not within the recording's {total}")
+    if start == end:
+        return np.empty(0)
+    parts = []
+    for n in range(start // per_piece, (max(end, start + 1) - 1) // per_piece + 1):
+        offset = round(n * PIECE_S * fs)
+        parts.append(piece(patient, duration_s, fs, seed, n)[max(start - offset, 0) : end - offset])
+    return np.concatenate(parts)[: end - start]
+
+
+def recording(patient: Patient, duration_s: float, fs: int, seed: int) -> np.ndarray:
+    """The patient's whole recording (every piece, in order). Deterministic."""
+    return samples(patient, duration_s, fs, seed, 0, round(duration_s * fs))
 
 
 def layout(sampling_rate: int, window_s: float, duration_s: float) -> tuple[int, int]:

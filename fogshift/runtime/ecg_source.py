@@ -22,7 +22,7 @@ from pyspark.sql.types import StructType
 
 from fogshift.broker.datasource import RECORD_SCHEMA
 from fogshift.common.gate import read_gate
-from fogshift.ecg.simulate import Patient, layout, patients, recording
+from fogshift.ecg.simulate import Patient, layout, patients, samples
 from fogshift.events import DEFAULT_MAX_RECORD_BYTES, dump_body, fit_dead_letter, oversize
 from fogshift.exceptions import InvariantViolation
 from fogshift.spec.kinds import EcgSourceOptions
@@ -59,11 +59,14 @@ class Stream:
         """Event ``k``'s patient and body."""
         patient = self.patients[(k - 1) % len(self.patients)]
         w = (k - 1) // len(self.patients)
-        signal = recording(patient, self.options.duration_s, self.fs, self.options.seed)
-        samples = signal[w * self.window : (w + 1) * self.window]
+        # Only the piece(s) of the recording this window lies in are simulated.
+        signal = samples(
+            patient, self.options.duration_s, self.fs, self.options.seed,
+            w * self.window, (w + 1) * self.window,
+        )  # fmt: skip
         t = round(w * self.window / self.fs, 6)
         return patient, {"patient": patient.name, "t": t, "fs": self.fs,
-                         "samples": samples.tolist()}  # fmt: skip
+                         "samples": signal.tolist()}  # fmt: skip
 
 
 class EcgPartition(InputPartition):

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 from scipy.signal import sosfilt
 
-from fogshift.ecg import beats, dsp
+from fogshift.ecg import beats, dsp, simulate
+from fogshift.ecg.exceptions import BadSignal
 from fogshift.ecg.model import BAND, load, window_features
 from fogshift.ecg.simulate import patients, recording, segment
+from fogshift.spec.kinds import AmplifyOptions, BandpassOptions, ClassifyOptions, EcgSourceOptions
+from fogshift.verify.case2 import quality, reference_alarms
 
 
 def test_patients_are_seeded_and_every_second_one_turns_abnormal() -> None:
@@ -32,7 +35,7 @@ def test_a_recording_is_the_same_wherever_it_is_made() -> None:
     (p,) = patients(1, seed=5, abnormal_every=1, onset_s=10.0)
     assert p.onset_s is not None and p.rhythm is not None
     first = recording(p, 20.0, 250, 5)
-    recording.cache_clear()
+    simulate.piece.cache_clear()
     again = recording(p, 20.0, 250, 5)
     assert first.shape == (5000,) and np.array_equal(first, again)
     # The rhythm changes at the onset: faster, or more irregular, after it.
@@ -116,9 +119,6 @@ def test_every_patients_recording_is_simulated_once_however_many_patients(
 ) -> None:
     # Events visit the patients in turn: with more patients than the cache held (65-99),
     # every event simulated its patient's whole recording again (seconds each).
-    from fogshift.ecg import simulate
-    from fogshift.spec.kinds import EcgSourceOptions
-
     limits = EcgSourceOptions.model_fields["patients"].metadata
     most = next(m.le for m in limits if hasattr(m, "le"))
     calls: list[int] = []
@@ -128,10 +128,88 @@ def test_every_patients_recording_is_simulated_once_however_many_patients(
         return np.zeros(round(duration_s * fs) + 1)
 
     monkeypatch.setattr(simulate, "segment", segment)
-    simulate.recording.cache_clear()
+    simulate.piece.cache_clear()
     people = simulate.patients(most, 1, 0, 30.0)
     for _ in range(2):
         for patient in people:
             simulate.recording(patient, 2.0, 250, 1)
     assert len(calls) == most
-    simulate.recording.cache_clear()
+    simulate.piece.cache_clear()
+
+
+def _counting_segments(monkeypatch: pytest.MonkeyPatch) -> list[tuple[float, float, int]]:
+    """Stands in for the simulator (a ramp numbering its samples, fast); records each call's
+    duration, heart rate and seed."""
+    calls: list[tuple[float, float, int]] = []
+
+    def segment(duration_s: float, fs: int, heart_rate: float, std: float, seed: int) -> Any:
+        calls.append((duration_s, heart_rate, seed))
+        return np.arange(max(round(duration_s * fs), fs), dtype=float) + seed
+
+    monkeypatch.setattr(simulate, "segment", segment)
+    simulate.piece.cache_clear()
+    return calls
+
+
+def test_a_long_recordings_first_window_simulates_one_piece_not_the_recording(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An hour per patient simulated whole at the source's first event stalled it for minutes.
+    calls = _counting_segments(monkeypatch)
+    (p,) = patients(1, seed=2, abnormal_every=0, onset_s=30.0)
+    window = simulate.samples(p, 3600.0, 250, 2, 0, 125)
+    assert window.shape == (125,)
+    assert [d for d, _, _ in calls] == [simulate.PIECE_S]
+    # A window across a piece's end joins the two pieces' samples.
+    edge = round(simulate.PIECE_S * 250)
+    across = simulate.samples(p, 3600.0, 250, 2, edge - 50, edge + 75)
+    assert [d for d, _, _ in calls] == [simulate.PIECE_S, simulate.PIECE_S]
+    whole = recording(p, 3600.0, 250, 2)
+    assert np.array_equal(across, whole[edge - 50 : edge + 75])
+    assert np.array_equal(window, whole[:125])
+    # Each piece simulated once, with its own seed.
+    assert len(calls) == len({seed for _, _, seed in calls}) == 3600.0 / simulate.PIECE_S
+    simulate.piece.cache_clear()
+
+
+def test_pieces_before_the_onset_are_normal_and_after_it_abnormal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _counting_segments(monkeypatch)
+    (p,) = patients(1, seed=3, abnormal_every=1, onset_s=1.5 * simulate.PIECE_S)
+    assert p.onset_s is not None and p.rhythm is not None
+    abnormal, _ = simulate.abnormal_rhythm(p.rhythm)
+    x = recording(p, 4 * simulate.PIECE_S, 250, 3)
+    assert x.shape == (round(4 * simulate.PIECE_S * 250),)
+    rates = [rate for _, rate, _ in calls]
+    # Piece 0 normal; piece 1 normal up to the onset, abnormal after it; pieces 2 and 3
+    # abnormal.
+    assert rates == [p.heart_rate, p.heart_rate, abnormal, abnormal, abnormal]
+    assert sum(d for d, _, _ in calls) == pytest.approx(4 * simulate.PIECE_S)
+    # A recording of one piece keeps the seeds it always had (seed * 1000 + number * 7, and
+    # the next one after the onset): the examples' and the tests' signals did not change.
+    calls.clear()
+    (early,) = patients(1, seed=3, abnormal_every=1, onset_s=simulate.PIECE_S / 2)
+    recording(early, simulate.PIECE_S, 250, 3)
+    assert [seed for _, _, seed in calls] == [3 * 1000 + 7, 3 * 1000 + 7 + 1]
+    simulate.piece.cache_clear()
+
+
+def test_a_window_outside_the_recording_is_refused() -> None:
+    (p,) = patients(1, seed=2, abnormal_every=0, onset_s=30.0)
+    with pytest.raises(BadSignal, match="not within"):
+        simulate.samples(p, 10.0, 250, 2, 2400, 2600)
+    assert simulate.samples(p, 10.0, 250, 2, 2500, 2500).size == 0
+
+
+def test_a_normal_rhythm_raises_no_alarm_across_the_pieces_and_an_onset_one_after_it() -> None:
+    """With the real simulator: where pieces join (an R wave begins each), the classifier
+    sees no abnormal rhythm; the onset inside a later piece is found after it."""
+    source = EcgSourceOptions(patients=2, duration_s=2.5 * simulate.PIECE_S, onset_s=180.0, seed=1)
+    people = patients(2, source.seed, source.abnormal_every, source.onset_s)
+    assert people[0].onset_s is None and people[1].onset_s is not None
+    assert simulate.PIECE_S < people[1].onset_s < 2 * simulate.PIECE_S
+    amplify = AmplifyOptions(calibration={p.name: p.gain for p in people})
+    alarms = reference_alarms(source, amplify, BandpassOptions(), ClassifyOptions())
+    found = quality(alarms, people, source.duration_s)
+    assert found.specificity == 1.0 and found.sensitivity == 1.0, alarms
