@@ -46,6 +46,45 @@ JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC"
 DRIVER_MEMORY = "2g"
 
 
+#: Spark's loggers whose every ERROR is a write aborted: a stopped query's batch ("is
+#: aborting", "aborted", "Aborting commit for partition"), which fogshift's stop, pause and
+#: migration do to every PE they stop mid-batch; the batch runs again from the checkpoint.
+#: A query that fails for real is logged by the node with its cause ("... failed: ...").
+ABORT_LOGGERS = (
+    "org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec",
+    "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
+)
+#: Spark's general logger and the message it logs with the TaskKilledException's 30-line
+#: trace of a task its stopped query killed (its other errors stay).
+TASK_LOGGER, KILLED_TASK_MESSAGE = "org.apache.spark.util.Utils", "Aborting task"
+
+
+def quiet_stop_noise(spark: SparkSession) -> None:
+    """Keep the aborted writes of stopped queries out of the node's log.
+
+    A ``fogshift stop`` of a Case 2 pipeline left ~40 ERROR lines and a stack trace per PE
+    stopped mid-batch in its node's log, as a migration's origin did: to an operator they
+    read as failures, and hid the lines that are.
+    """
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    log4j = jvm.org.apache.logging.log4j
+    configurator = log4j.core.config.Configurator
+    for name in ABORT_LOGGERS:
+        configurator.setLevel(name, log4j.Level.OFF)
+    # A logger of its own for Spark's general logger (at the session's level), to hold the
+    # filter that drops the one message.
+    configurator.setLevel(TASK_LOGGER, log4j.Level.ERROR)
+    result = getattr(log4j.core, "Filter$Result")
+    context = log4j.core.LoggerContext.getContext(False)
+    context.getConfiguration().getLoggerConfig(TASK_LOGGER).addFilter(
+        log4j.core.filter.RegexFilter.createFilter(
+            KILLED_TASK_MESSAGE, None, False, result.DENY, result.NEUTRAL
+        )
+    )
+    context.updateLoggers()
+
+
 def build_session(
     node: str,
     master: str = "local[*]",
@@ -130,6 +169,7 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    quiet_stop_noise(spark)
     # The first registration has Spark look up Python data sources in a Python worker:
     # forked from the zygote once it listens (its imports run beside the JVM's start).
     if (

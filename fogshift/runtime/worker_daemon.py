@@ -30,6 +30,8 @@ import gc
 import importlib
 import os
 import sys
+import traceback
+from typing import Any
 
 #: Environment that keeps the preloaded libraries single-threaded (set before they load).
 SINGLE_THREADED = {
@@ -122,6 +124,25 @@ def prefer_oom_kill() -> bool:
     return True
 
 
+#: What a forked worker's socket raises once Spark closed it: the task it served was
+#: killed (its query stopped mid-batch, as a stop, a pause or a migration's origin does).
+CLOSED_BY_SPARK = (BrokenPipeError, ConnectionResetError)
+
+
+class QuietTraceback:
+    """Spark's daemon's ``traceback`` module without the trace of a worker whose socket
+    Spark closed: the daemon printed it (before the worker exits 1, as it still does), and
+    in the node's log it read as a failure after every such stop. Any other trace stays."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(traceback, name)
+
+    def print_exc(self, *args: Any, **kwargs: Any) -> None:
+        if isinstance(sys.exc_info()[1], CLOSED_BY_SPARK):
+            return
+        traceback.print_exc(*args, **kwargs)
+
+
 def main() -> None:
     """Preload what the worker module (first argument) needs, check there is still one
     thread, then run Spark's daemon."""
@@ -147,6 +168,7 @@ def main() -> None:
     # now lives as long as the process: frozen, a collection skips it (and the children's
     # copy-on-write pages stay shared, since a collection no longer touches them).
     gc.freeze()
+    daemon.traceback = QuietTraceback()  # type: ignore[assignment]
     daemon.manager()
 
 

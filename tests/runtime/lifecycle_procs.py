@@ -8,6 +8,7 @@ build (``check_processor``) from the workers' builds.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,21 @@ class CountingStats(_Logging):
                 marker.write_text("once")
                 os._exit(3)
         return {"count": self.count, "total": self.total}
+
+
+class Holding(_Logging):
+    """Stateless: doubles ``value``; an event with ``hold`` notes ``held`` and keeps its
+    batch running until the file ``<log>.release`` exists (at most a minute)."""
+
+    def process(self, event: Event) -> dict[str, float]:
+        if event.body.get("hold"):
+            self._note("held")
+            release = Path(f"{self.options['log']}.release")
+            for _ in range(600):
+                if release.exists():
+                    break
+                time.sleep(0.1)
+        return {"value": 2 * event.body["value"]}
 
 
 class Doubling(_Logging):

@@ -14,6 +14,7 @@ import random
 import shutil
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -528,6 +529,64 @@ def test_hooks_follow_the_gate_and_the_end_of_the_run(make_run: Any) -> None:
                  if pid == worker[0]]  # fmt: skip
     assert in_worker == ["build", "assign", "pause", "resume", "revoke", "close"]
     assert [json.loads(o["body"]) for o in run.outputs()] == expected_stats([1.0, 2.0, 3.0])
+
+
+@contextmanager
+def spark_log(spark: SparkSession, path: Path) -> Iterator[None]:
+    """Spark's log lines (all loggers, the session's levels and filters) also into ``path``."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    core = jvm.org.apache.logging.log4j.core
+    context = core.LoggerContext.getContext(False)
+    config = context.getConfiguration()
+    layout = core.layout.PatternLayout.newBuilder().withPattern("%p %c{1}: %m%n%ex").build()
+    appender = (
+        core.appender.FileAppender.newBuilder()
+        .withFileName(str(path))
+        .setName("fogshift-test-capture")
+        .setLayout(layout)
+        .setConfiguration(config)
+        .build()
+    )
+    appender.start()
+    config.addAppender(appender)
+    config.getRootLogger().addAppender(appender, None, None)
+    context.updateLoggers()
+    try:
+        yield
+    finally:
+        config.getRootLogger().removeAppender("fogshift-test-capture")
+        context.updateLoggers()
+        appender.stop()
+
+
+def test_a_query_stopped_mid_batch_leaves_no_error_in_the_nodes_log(
+    make_run: Any, spark: SparkSession, tmp_path: Path
+) -> None:
+    """A stop, a pause or a migration's origin stops a query in the middle of a batch: Spark
+    aborts its write (the batch runs again from the checkpoint). Its ERROR lines and the
+    killed task's trace read as failures in the node's log: the session keeps them out,
+    and Spark's other errors in."""
+    run = make_run("Holding")
+    run.start()
+    run.send([{"value": 1.0}])
+    captured = tmp_path / "spark.log"
+    with spark_log(spark, captured):
+        append_events(run.js, run.pipeline, run.sent + 1, [{"value": 2.0, "hold": True}])
+        wait_until(lambda: run.lines("held"), 60, describe="the batch held in the worker")
+        run.stop()
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        jvm.org.apache.logging.log4j.LogManager.getLogger("org.apache.spark.util.Utils").error(
+            "another error of Spark's"
+        )
+    Path(f"{run.log}.release").touch()
+    text = captured.read_text()
+    assert "ERROR Utils: another error of Spark's" in text, text
+    for noise in ("TaskKilledException", "Aborting task", "is aborting", "Aborting commit"):
+        assert noise not in text, text
+    # The held event's batch was not committed: its output was never emitted.
+    assert [json.loads(o["body"]) for o in run.outputs()] == [{"value": 2.0}]
 
 
 def test_rolled_back_events_and_a_retried_batch_give_the_reference_output(

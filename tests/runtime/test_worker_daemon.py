@@ -10,9 +10,15 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from fogshift.runtime.session import WORKER_DAEMON, _jvm_temp_dir, _worker_python
-from fogshift.runtime.worker_daemon import OOM_SCORE_ADJ, TASK_WORKER, modules_for
+from fogshift.runtime.worker_daemon import (
+    OOM_SCORE_ADJ,
+    TASK_WORKER,
+    QuietTraceback,
+    modules_for,
+)
 
 
 def test_the_wrapper_takes_sparks_zips_and_jars_off_the_path(tmp_path: Path) -> None:
@@ -121,3 +127,30 @@ def test_spark_scratch_an_earlier_jvm_left_goes_the_zygotes_stays(tmp_path: Path
         folder.mkdir()
     sweep_scratch(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in kept)
+
+
+def test_a_worker_whose_socket_spark_closed_leaves_no_trace_and_others_do(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import traceback
+
+    from pyspark import daemon
+
+    # The daemon prints a worker's trace through its module's ``traceback``: the name the
+    # quiet one replaces (a Spark that stops using it would print every trace again).
+    assert daemon.traceback is traceback
+    quiet = QuietTraceback()
+    for closed in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")):
+        try:
+            raise closed
+        except OSError:
+            quiet.print_exc()
+    assert capsys.readouterr().err == ""
+    try:
+        raise ValueError("a worker's real failure")
+    except ValueError:
+        quiet.print_exc()
+        formatted = quiet.format_exc()
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ValueError: a worker's real failure" in err
+    assert "ValueError: a worker's real failure" in formatted
