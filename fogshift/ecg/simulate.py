@@ -160,7 +160,7 @@ def samples(
     if start == end:
         return np.empty(0)
     parts = []
-    for n in range(start // per_piece, (max(end, start + 1) - 1) // per_piece + 1):
+    for n in range(start // per_piece, (end - 1) // per_piece + 1):
         offset = round(n * PIECE_S * fs)
         parts.append(piece(patient, duration_s, fs, seed, n)[max(start - offset, 0) : end - offset])
     return np.concatenate(parts)[: end - start]
