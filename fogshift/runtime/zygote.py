@@ -49,6 +49,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any, TextIO
 
 from fogshift.runtime.worker_daemon import SINGLE_THREADED, modules_for, preload, threads
 
@@ -57,6 +58,29 @@ from fogshift.runtime.worker_daemon import SINGLE_THREADED, modules_for, preload
 SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
 TWS_RUNNER = "pyspark.sql.streaming.transform_with_state_driver_worker"
 SERVED = frozenset({SOURCE_RUNNER, TWS_RUNNER, "fogshift.runtime.worker_daemon"})
+
+#: What Spark's transformWithState set-up runner notes at every keyed query's start: five
+#: lines, each followed by a blank one, made most of a node's log.
+TWS_CHATTER = "Streaming TransformWithStateInPandas Python worker"
+
+
+class WithoutChatter:
+    """A text stream minus the ``print()`` calls whose text holds ``marker`` (with the end
+    each such call writes after it); whatever else is written goes through, a processor's
+    own prints among it."""
+
+    def __init__(self, stream: TextIO, marker: str) -> None:
+        self._stream, self._marker, self._dropped = stream, marker, False
+
+    def write(self, text: str) -> int:
+        dropped, self._dropped = self._dropped, self._marker in text
+        if self._dropped or (dropped and text == "\n"):
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
 
 #: The worker modules Spark's daemons serve (each daemon preloads its own: all of them here).
 _DAEMON_WORKERS = (
@@ -341,6 +365,8 @@ class Zygote:
             _fresh_stdio(unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))
             _, module, *rest = request["args"]
             sys.argv = [module, *rest]
+            if module == TWS_RUNNER:
+                sys.stdout = WithoutChatter(sys.stdout, TWS_CHATTER)  # type: ignore[assignment]
             # Run as ``-m`` runs it: a fresh ``__main__``, not the preloaded module object.
             sys.modules.pop(module, None)
             runpy.run_module(module, run_name="__main__", alter_sys=True)

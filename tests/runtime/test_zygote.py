@@ -337,3 +337,24 @@ def test_a_session_does_not_take_another_live_zygotes_socket_for_its_own(tmp_pat
             other.shutdown(sockets.SHUT_RDWR)  # wakes the accept
         other.close()
         server.join(10)
+
+
+def test_the_keyed_query_runners_notes_are_left_out_and_other_prints_kept() -> None:
+    import io
+
+    out = io.StringIO()
+    stream = zygote.WithoutChatter(out, zygote.TWS_CHATTER)
+    print(f"Starting {zygote.TWS_CHATTER}.\n", file=stream)
+    print("a processor's own line", file=stream)
+    print(f"{zygote.TWS_CHATTER} Starting execution of UDF: f.\n", file=stream)
+    print(file=stream)
+    stream.write("\n")
+    print("second", "line", sep=" ", file=stream)
+    stream.flush()
+    assert out.getvalue() == "a processor's own line\n\n\nsecond line\n"
+    # Spark's runner prints them so; a Spark that stops would leave them in the log.
+    import inspect
+
+    from pyspark.sql.streaming import transform_with_state_driver_worker as runner
+
+    assert f'log_name = "{zygote.TWS_CHATTER}"' in inspect.getsource(runner)
