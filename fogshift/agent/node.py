@@ -88,6 +88,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
+    from fogshift.runtime.warm_up import Started
+
 log = logging.getLogger("fogshift.agent")
 
 #: A failed query is restarted after 1, 2, 4... seconds (failures in a row), at most this.
@@ -212,6 +214,9 @@ class NodeRuntime:
         #: install neither waits for another PE's deploy nor blocks one.
         self._placing = threading.Lock()
         self._stop = threading.Event()
+        #: The warm-up's queries while they run (see :meth:`_warm_up`): a node stopping then
+        #: stops them before its session.
+        self._warming: Started | None = None
         # Every Spark control call runs on the thread that created the session: a query
         # started from another thread (e.g. a web worker) may not see the session's
         # registered Python data sources.
@@ -293,11 +298,16 @@ class NodeRuntime:
             shutil.rmtree(folder, ignore_errors=True)
             return
 
+        self._warming = queries
+
         def finish() -> None:
             try:
                 warm_up.finish(queries)
             except Exception:
-                log.exception("the warm-up queries failed; the first PE here may start cold")
+                if self._stop.is_set():  # stopped under it by close(): no failure of its own
+                    log.info("warm-up: cut short by the node's stop")
+                else:
+                    log.exception("the warm-up queries failed; the first PE here may start cold")
                 ran = False
             else:
                 kinds = "Python and JVM" if queries.jvm is not None else "Python only"
@@ -305,9 +315,10 @@ class NodeRuntime:
                          kinds, time.monotonic() - started)  # fmt: skip
                 ran = True
             finally:
+                self._warming = None
                 try:
                     self._spark_thread.submit(queries.stop).result()
-                except RuntimeError:  # the node is closing: Spark stops them
+                except RuntimeError:  # the node is closing: close() stops them
                     pass
                 except Exception:  # (its folder is still removed below)
                     log.exception("the warm-up queries could not be stopped")
@@ -337,8 +348,20 @@ class NodeRuntime:
             for hosted in list(self._elements.values()):
                 self._stop_counted(hosted)
         if self.spark is not None:
-            self._spark_thread.submit(self.spark.stop).result()
+            self._spark_thread.submit(self._stop_session, self.spark).result()
         self._spark_thread.shutdown()
+
+    def _stop_session(self, spark: SparkSession) -> None:
+        """On the Spark thread, after whatever it was doing (the warm-up's start among it):
+        the warm-up's queries, then the session. A session stopped under running queries
+        logged ~250 lines of their errors (a `down` right after an `up`)."""
+        warming = self._warming
+        if warming is not None:
+            try:
+                warming.stop()
+            except Exception:  # the session's stop ends them anyway
+                log.info("warm-up: its queries could not be stopped first", exc_info=True)
+        spark.stop()
 
     # -- paths ------------------------------------------------------------------------------
 

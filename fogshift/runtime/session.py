@@ -37,6 +37,8 @@ WORKER_DAEMON = "fogshift.runtime.worker_daemon"
 #: minutes of batches at a 200 ms trigger with C2, 26.3, 19.2, 19.5, 18.8, 18.5 s with C1
 #: only; C2's batches were ~10 % shorter (median 223 against 249 ms) from the third minute.
 JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC"
+#: The driver JVM's log configuration (see the file).
+LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 #: The driver JVM's heap. Spark's default (1 GiB) is too small for a PE with a 50 MiB state
 #: field: the transformWithState state server pickles a value it hands to Python into a
 #: doubling byte buffer, a few times the value's size for a moment, and a node whose query
@@ -54,9 +56,18 @@ ABORT_LOGGERS = (
     "org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec",
     "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
 )
-#: Spark's general logger and the message it logs with the TaskKilledException's 30-line
-#: trace of a task its stopped query killed (its other errors stay).
-TASK_LOGGER, KILLED_TASK_MESSAGE = "org.apache.spark.util.Utils", "Aborting task"
+#: Messages of other loggers that only such a stop gives: the 30-line TaskKilledException
+#: trace of a task its stopped query killed (Spark's general logger keeps its other errors),
+#: and a keyed query stopped before its set-up runner opened its state server (Spark's
+#: NullPointerException closing the socket it never opened).
+STOP_NOTES = (
+    ("org.apache.spark.util.Utils", "Aborting task"),
+    (
+        "org.apache.spark.sql.execution.python.streaming."
+        "TransformWithStateInPySparkPythonPreInitRunner",
+        "failed to close state server socket",
+    ),
+)
 
 
 def quiet_stop_noise(spark: SparkSession) -> None:
@@ -72,16 +83,16 @@ def quiet_stop_noise(spark: SparkSession) -> None:
     configurator = log4j.core.config.Configurator
     for name in ABORT_LOGGERS:
         configurator.setLevel(name, log4j.Level.OFF)
-    # A logger of its own for Spark's general logger (at the session's level), to hold the
-    # filter that drops the one message.
-    configurator.setLevel(TASK_LOGGER, log4j.Level.ERROR)
     result = getattr(log4j.core, "Filter$Result")
     context = log4j.core.LoggerContext.getContext(False)
-    context.getConfiguration().getLoggerConfig(TASK_LOGGER).addFilter(
-        log4j.core.filter.RegexFilter.createFilter(
-            KILLED_TASK_MESSAGE, None, False, result.DENY, result.NEUTRAL
+    for name, message in STOP_NOTES:
+        # A logger of its own (at the session's level), to hold the filter of the message.
+        configurator.setLevel(name, log4j.Level.ERROR)
+        context.getConfiguration().getLoggerConfig(name).addFilter(
+            log4j.core.filter.RegexFilter.createFilter(
+                message, None, False, result.DENY, result.NEUTRAL
+            )
         )
-    )
     context.updateLoggers()
 
 
@@ -164,6 +175,7 @@ def build_session(
     # Read when the driver JVM is launched, which the first session of a process does.
     # The environment's class archive, if made, saves ~a quarter of the JVM's start; its
     # local file system, if compiled, saves a chmod process per file written.
+    java_options = f"{java_options} -Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"
     builder = builder.config("spark.driver.extraJavaOptions", with_archive(java_options))
     for key, value in session_configs().items():
         builder = builder.config(key, value)

@@ -926,3 +926,24 @@ def test_a_pe_without_state_is_said_as_what_it_is(runtime: NodeRuntime) -> None:
             runtime._stateful("x", "pe")
         assert f"x/pe on node 'n1' holds no state: it is {says}" in refused.value.message
         assert refused.value.expected is not None and "classify" in refused.value.expected
+
+
+def test_a_node_stopping_stops_the_warm_up_queries_before_its_session(
+    runtime: NodeRuntime,
+) -> None:
+    # A session stopped under the running warm-up queries logged ~250 lines of their errors
+    # (a `down` right after an `up`); the warm-up starts on the Spark thread, so the stop
+    # decides there, after it.
+    order: list[str] = []
+
+    class Stops:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def stop(self) -> None:
+            order.append(self.name)
+
+    runtime.spark = Stops("session")  # type: ignore[assignment]
+    runtime._spark_thread.submit(lambda: setattr(runtime, "_warming", Stops("warm-up")))
+    runtime.close()
+    assert order == ["warm-up", "session"]

@@ -327,6 +327,9 @@ def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
     log = (cluster.home / "logs" / "node-fog-b.log").read_text()
     assert "started short.k under epoch 1, fresh" in log and "removed short.k" in log
     assert "node agent fog-b started: pid" in log
+    # ... and not Spark's notes of its own start, nor a keyed query runner's.
+    for noise in ("default log4j profile", "NativeCodeLoader", "TransformWithStateInPandas"):
+        assert noise not in log, noise
     assert "orchestrator started: pid" in (cluster.home / "logs" / "orchestrator.log").read_text()
     assert cluster.cli("status", "short", check=False).returncode == 1
     cluster.cli("deploy", str(spec))

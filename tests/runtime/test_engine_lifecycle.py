@@ -79,6 +79,15 @@ def test_the_driver_jvm_maps_the_class_archive(spark: SparkSession) -> None:
     assert str(archive) in maps, f"the driver JVM ({pid}) did not map {archive}"
 
 
+def test_the_driver_logs_by_fogshifts_configuration_from_its_start(spark: SparkSession) -> None:
+    from fogshift.runtime.session import LOG_CONFIG
+
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    context = jvm.org.apache.logging.log4j.core.LoggerContext.getContext(False)
+    source = context.getConfiguration().getConfigurationSource().getLocation()
+    assert source == str(LOG_CONFIG), source  # (Spark's defaults are in one of its jars)
+
+
 def test_the_local_file_system_is_fogshifts_and_sets_modes(
     spark: SparkSession, tmp_path: Path
 ) -> None:
