@@ -35,7 +35,7 @@ from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.locks import AGENT_LOCK, ORCHESTRATOR_LOCK, claim
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.settings import check_environment, check_value
-from fogshift.common.text import one_line
+from fogshift.common.text import counted, one_line
 from fogshift.common.validation import message_of
 from fogshift.contracts import (
     DeadLetter,
@@ -1160,14 +1160,14 @@ def _migrate_keys(
         body["precopy"] = precopy
     if wave_keys is not None:
         body["wave_keys"] = wave_keys
-    moving = f"key group {group}" if group is not None else f"{len(keys)} keys"
+    moving = f"key group {group}" if group is not None else counted(len(keys), "key")
     report = _post(home, f"/pipelines/{pipeline}/elements/{element}/keys/migrate", body,
                    f"moving {moving} of {pipeline}/{element} to {to}", KeyMoveReport,
                    as_json)  # fmt: skip
     if not as_json:
         if report.precopy_ms is not None:
             console.print(
-                f"precopied {len(report.precopied)} of {len(report.keys)} keys "
+                f"precopied {len(report.precopied)} of {counted(len(report.keys), 'key')} "
                 f"({report.precopy_bytes} bytes) in {report.precopy_ms:.0f} ms"
             )
         for key in report.sent:
@@ -1176,9 +1176,13 @@ def _migrate_keys(
                 f"{report.stoppage_ms.get(key, float('nan')):.0f} ms"
             )
         if len(report.waves) > 1:
+            # (Each wave a move record in the partitions' input, at that sequence; a key
+            # group's own record last, with the keys seen since its waves: maybe none.)
             console.print(
                 f"in {len(report.waves)} waves: "
-                + ", ".join(f"{len(w.keys)} keys at {w.seq}" for w in report.waves)
+                + ", ".join(
+                    f"{counted(len(w.keys), 'key')} at input seq {w.seq}" for w in report.waves
+                )
             )
         if report.left:
             console.print(f"not moved (no wave for them): {escape(', '.join(report.left))}")
@@ -1196,7 +1200,7 @@ def _migrate_keys(
             )
         _key_outcome(
             report.status,
-            f"{len(report.keys)} keys"
+            counted(len(report.keys), "key")
             + (f" (key group {report.group})" if report.group else "")
             + f" of {pipeline}/{element} to {report.target_partition} on "
             f"{report.target}{_in_ms(report.done_ms)} ({report.order}, {report.state_bytes} "
@@ -1313,16 +1317,29 @@ def scale(
         )
         if report.waves:
             console.print(
-                f"{sum(len(w.keys) for w in report.waves)} keys moved ahead of the rescale in "
-                f"{len(report.waves)} waves"
+                f"{counted(sum(len(w.keys) for w in report.waves), 'key')} moved ahead of "
+                f"the rescale in {counted(len(report.waves), 'wave')}"
             )
-        _key_outcome(
-            report.status,
-            f"{pipeline}/{element}: {report.before} -> {report.after} partitions"
-            f"{_in_ms(report.done_ms)}; {report.moved} keys changed partition "
-            f"({report.state_bytes} bytes of state){stopped}",
-            report.error,
+        unchanged = report.status == KeyMoveStatus.MOVED and not (
+            report.before != report.after
+            or report.added
+            or report.retired
+            or report.moved
+            or report.waves
         )
+        if unchanged:  # (It said "moved ...: 3 -> 3 partitions", as if it had rescaled.)
+            console.print(
+                f"{pipeline}/{element}: {counted(report.after, 'partition')} already; "
+                "nothing to change"
+            )
+        else:
+            _key_outcome(
+                report.status,
+                f"{pipeline}/{element}: {report.before} -> {report.after} partitions"
+                f"{_in_ms(report.done_ms)}; {counted(report.moved, 'key')} changed partition "
+                f"({report.state_bytes} bytes of state){stopped}",
+                report.error,
+            )
     if report.status != KeyMoveStatus.MOVED:
         raise typer.Exit(1)
 

@@ -296,8 +296,10 @@ class Deployment(Journal):
                 f"{refusal}: pipeline {record.name!r} is {record.status}, not running",
                 expected="a running pipeline",
                 received=str(record.status),
-                hint=f"`fogshift deploy` starts a stopped pipeline; `fogshift status "
-                f"{record.name}` shows its state",
+                # (It read as "resume": a deploy starts over, and a sink's file is emptied.)
+                hint=f"`fogshift status {record.name}` shows its state; `fogshift deploy "
+                "SPEC` starts it over, fresh: its state and its sinks' files begin empty "
+                "(copy what you keep of them first)",
             )
 
     def deploy(self, data: dict[str, Any]) -> PipelineStatus:
@@ -929,7 +931,9 @@ class Deployment(Journal):
         """
         record = self.pipeline(name)
         parts = record.spec.partitions_of(element_id)
-        element = parts[0] if parts else self._element(record, element_id)
+        element = parts[0] if parts else self._retired_partition(record, element_id)
+        if element is None:
+            element = self._element(record, element_id)
         _refuse_key(name, element_id, element, key, "its events have no key to select",
                     f"leave out key, or ask a keyed PE of {name}")  # fmt: skip
         if not parts:
@@ -945,15 +949,30 @@ class Deployment(Journal):
                 hint=f"e.g. `GET /pipelines/{name}/elements/{parts[0].id}/events?after={after}`",
             )
         # (A key's events since a move are in its new partition's stream, those before in
-        # the one it left: every partition's newest, merged by when they were stored.)
+        # the one it left: every partition's newest, merged by when they were stored. A
+        # partition a scale-in retired left its stream, which its readers still drain: its
+        # events are the keys' before the rescale.)
+        retired = [
+            parts[0].model_copy(update={"id": i})
+            for i in record.spec.retired_partitions_of(element_id)
+        ]
         merged = [
             event.model_copy(update={"partition": part.id})
-            for part in parts
+            for part in [*parts, *retired]
             for event in self._event_page(name, part, key, None, tail, limit).events
         ]
         merged.sort(key=lambda e: (e.stored, e.partition or "", e.seq))
         return EventPage(pipeline=name, element=element_id, key=key, events=merged[-limit:],
                          scanned_after=0, scanned_to=0, last_seq=0)  # fmt: skip
+
+    @staticmethod
+    def _retired_partition(record: PipelineRecord, element_id: str) -> ElementSpec | None:
+        """``element_id`` as a partition a scale-in retired (see
+        :meth:`PipelineSpec.retired_partitions_of`), to read its stream; None if it is none."""
+        for of in sorted({e.partition.of for e in record.spec.elements if e.partition}):
+            if element_id in record.spec.retired_partitions_of(of):
+                return record.spec.partitions_of(of)[0].model_copy(update={"id": element_id})
+        return None
 
     def _event_page(
         self,
@@ -1069,7 +1088,10 @@ class Deployment(Journal):
             raise Unavailable(
                 f"the state of {name}/{element_id} cannot be read: pipeline {name!r} is "
                 f"{record.status} (a PE's state is read from its running query)",
-                hint=f"`fogshift deploy` starts it again; `fogshift status {name}`",
+                expected="a running pipeline",
+                received=str(record.status),
+                hint=f"`fogshift status {name}` shows it; `fogshift deploy SPEC` starts it "
+                "over, fresh: its state begins empty",
             )
         params: dict[str, Any] = {"limit": limit}
         if key is not None:

@@ -57,6 +57,7 @@ from fogshift.broker.naming import (
 )
 from fogshift.broker.publish import WRONG_LAST_SEQUENCE
 from fogshift.common.progress import PositionWatch
+from fogshift.common.text import counted
 from fogshift.contracts import (
     KeyMoveReport,
     KeyMoveStatus,
@@ -566,7 +567,8 @@ class KeyMoves(Standbys):
                     missing += [k for k in later.keys if k not in got]
                 settled.left = ordered[asked:]
                 settled.error = _no_state(missing) + (
-                    f"; {len(settled.left)} keys of later waves did not move" if settled.left
+                    f"; {counted(len(settled.left), 'key')} of later waves did not move"
+                    if settled.left
                     else ""
                 )  # fmt: skip
                 return settled, waves, last
@@ -1368,7 +1370,7 @@ def _note_last(last: dict[int, int], states: dict[str, tuple[Any, int]]) -> None
 
 def _no_state(missing: list[str]) -> str:
     return (
-        f"no state yet for {len(missing)} keys ({', '.join(missing[:10])}) in time: "
+        f"no state yet for {counted(len(missing), 'key')} ({', '.join(missing[:10])}) in time: "
         "their events wait at their new partition until their origin sends them"
     )
 

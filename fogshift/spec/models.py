@@ -662,6 +662,22 @@ class PipelineSpec(BaseModel):
         found = [e for e in self.elements if e.partition and e.partition.of == element_id]
         return sorted(found, key=lambda e: e.partition.index if e.partition else 0)
 
+    def retired_partitions_of(self, element_id: str) -> list[str]:
+        """The partitions of the partitioned element ``element_id`` that a scale-in retired
+        and its readers still drain: ids in a reader's merged group of its partitions that
+        are no element now (their streams stay, fenced), in index order."""
+        current = {e.id for e in self.partitions_of(element_id)}
+        ids = {e.id for e in self.elements}
+        retired = {
+            i
+            for e in self.elements
+            for group in e.merged
+            if current & set(group)
+            for i in group
+            if i not in ids
+        }
+        return sorted(retired, key=lambda i: (len(i), i))  # (p9 before p10)
+
     def element(self, element_id: str) -> ElementSpec:
         """The element with id ``element_id`` (KeyError if none)."""
         for element in self.elements:

@@ -35,6 +35,7 @@ from fogshift.contracts import (
     KeyWave,
     MigrationReport,
     RestoreReport,
+    ScaleReport,
 )
 from fogshift.exceptions import InvalidInput, NotFound
 from fogshift.spec import load_spec
@@ -291,7 +292,7 @@ def test_a_key_move_left_pending_names_its_waves_and_the_keys_left(
         origins=dict.fromkeys(["s1", "s2", "s3", "s4"], "aggregate-p0"), move_seq=40,
         waves=[KeyWave(seq=40, keys=["s1"]), KeyWave(seq=52, keys=["s2", "s3"])],
         left=["s4"], sent=["s1", "s2"], stoppage_ms={"s1": 12.0, "s2": 30.0},
-        error="no state yet for 1 keys (s3) in time",
+        error="no state yet for 1 key (s3) in time",
     )  # fmt: skip
     sent: list[Any] = []
 
@@ -307,10 +308,10 @@ def test_a_key_move_left_pending_names_its_waves_and_the_keys_left(
     assert sent == [{"keys": ["s1", "s2", "s3", "s4"], "target": "fog-b", "order": "fifo",
                      "precopy": True, "wave_keys": 2}]  # fmt: skip
     said = flat(result.stdout)
-    assert "in 2 waves: 1 keys at 40, 2 keys at 52" in said, said
+    assert "in 2 waves: 1 key at input seq 40, 2 keys at input seq 52" in said, said
     assert "not moved (no wave for them): s4" in said
     assert "s2: aggregate-p0 -> aggregate-p1, stopped 30 ms" in said
-    assert "no state yet for 1 keys (s3)" in said
+    assert "no state yet for 1 key (s3)" in said
     # A key with brackets is printed as it is (read as markup, "[/x]" failed the command).
     odd = pending.model_copy(update={"sent": ["a[/x]"], "stoppage_ms": {"a[/x]": 5.0},
                                      "origins": {"a[/x]": "aggregate-p0"}})  # fmt: skip
@@ -325,6 +326,25 @@ def test_a_key_move_left_pending_names_its_waves_and_the_keys_left(
              "--to", "fog-b"]  # fmt: skip
     runner.invoke(cli.app, exact)
     assert sent[-1]["keys"] == ["s1", "s2", " s3", "a,b"], sent
+
+
+def test_a_scale_to_the_count_it_has_says_nothing_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # It said "moved p/aggregate: 3 -> 3 partitions", as if it had rescaled.
+    same = ScaleReport(pipeline="p", element="aggregate", status=KeyMoveStatus.MOVED,
+                       before=3, after=3, done_ms=4.0)  # fmt: skip
+    use(monkeypatch, StandInClient({}, same.model_dump(mode="json")))
+    result = runner.invoke(cli.app, ["scale", "p", "aggregate", "--partitions", "3"])
+    assert result.exit_code == 0, result.output
+    said = flat(result.stdout)
+    assert "p/aggregate: 3 partitions already; nothing to change" in said, said
+    assert "->" not in said and "moved" not in said
+    rescaled = same.model_copy(update={"after": 2, "moved": 1, "retired": {"aggregate-p2": "x"}})
+    use(monkeypatch, StandInClient({}, rescaled.model_dump(mode="json")))
+    result = runner.invoke(cli.app, ["scale", "p", "aggregate", "--partitions", "2"])
+    said = flat(result.stdout)
+    assert "moved p/aggregate: 3 -> 2 partitions in 4 ms; 1 key changed partition" in said, said
 
 
 KEYS_ONLY = "--wave-keys and --no-precopy are for --keys"

@@ -130,7 +130,7 @@ def test_a_wave_that_fails_with_the_next_already_appended_leaves_only_later_keys
     settled, appended, last = waves.run(list(waves.sizes), wave_keys=None)
     assert [w.keys for w in appended] == [["k0"], ["k1", "k2"], ["k3", "k4"]]
     assert settled.left == ["k5", "k6", "k7", "k8"]
-    assert settled.error.startswith("no state yet for 1 keys (k2)")
+    assert settled.error.startswith("no state yet for 1 key (k2)")
     assert "4 keys of later waves did not move" in settled.error
     assert set(settled.stoppage_ms) == {"k0", "k1", "k3", "k4"}
     assert last == {1: 3002}  # the later wave's states are awaited to their commits too

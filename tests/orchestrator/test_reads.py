@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import SyncJetStream, delete_pe_stream
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
@@ -107,6 +108,48 @@ def test_a_partitioned_element_s_events_are_its_partitions_merged_by_when_stored
     with pytest.raises(InvalidInput) as refused:
         orch.events(name, "aggregate", after=0)
     assert "aggregate-p0, aggregate-p1" in (refused.value.expected or "")
+
+
+def test_a_partition_a_scale_in_retired_still_shows_its_events(
+    orch: Orchestrator,  # noqa: F811
+    tmp_path: Path,
+    agents: dict[str, StandIn],
+    js_client: SyncJetStream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Scaled back from three partitions to two, a key's alarms emitted while a third held
+    # it were in the sink but `events` no longer listed them, and `events P aggregate-p2`
+    # was an unknown element: its stream stays (fenced), which the sink still drains.
+    import time
+
+    from fogshift.broker.keys import Ownership
+
+    name = "retired"
+    partitioned = spec(tmp_path, name)
+    aggregate = partitioned["elements"][1]
+    del aggregate["node"]
+    aggregate.update(partitions=["fog-a", "fog-b", "fog-a"], key_by="sensor")
+    orch.deploy(partitioned)
+    for n, (part, value) in enumerate([("aggregate-p2", 1.0), ("aggregate-p0", 2.0)], 1):
+        record = Record(n, 0, n, float(n), part, json.dumps({"sensor": "s1", "value": value}))
+        js_client.run(lambda j, p=part, r=record: publish_records(j, name, p, [r], epoch=1))
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(2))
+    monkeypatch.setattr(orch, "_committed_past", lambda *args: True)
+    parts = orch.pipeline(name).spec.partitions_of("aggregate")
+    retired, why = orch._retire(name, parts, 2, "source", 1, time.monotonic() + 5)
+    assert retired == {"aggregate-p2": "fog-a"} and why is None, why
+    spec_now = orch.pipeline(name).spec
+    assert [p.id for p in spec_now.partitions_of("aggregate")] == ["aggregate-p0", "aggregate-p1"]
+    assert spec_now.retired_partitions_of("aggregate") == ["aggregate-p2"]
+    page = orch.events(name, "aggregate", "s1")
+    assert [(e.partition, e.body["value"]) for e in page.events] == [
+        ("aggregate-p2", 1.0),
+        ("aggregate-p0", 2.0),
+    ]
+    alone = orch.events(name, "aggregate-p2")
+    assert [e.body["value"] for e in alone.events] == [1.0]
+    with pytest.raises(UnknownElement):
+        orch.events(name, "aggregate-p3")
 
 
 def test_the_newest_dead_letters_are_read_from_the_streams_end(
