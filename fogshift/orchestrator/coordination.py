@@ -160,6 +160,9 @@ class Coordination(Scaling):
             # Anything else escaping the procedure leaves the entry unfinished: the next
             # reconcile round resolves it by its phase (see recover_operations).
             self.registry.finish(op.id, "migrated")
+            shared = shared_node_warning(self.pipeline(pipeline), element_id, target)
+            if shared:
+                report.warnings.append(shared)
             self.last_migration[(pipeline, element_id)] = report
             self.plan_soon.set()
             # The origin's rights go now, not at the next reconcile round ("origin and
@@ -662,6 +665,24 @@ class Coordination(Scaling):
         return epoch
 
 
+def shared_node_warning(record: PipelineRecord, element_id: str, node: str) -> str | None:
+    """What to say when partition ``element_id`` now runs on ``node`` beside another
+    partition of its element: a key move to ``node`` is refused there as ambiguous, which
+    nothing said when the partitions came together. None otherwise."""
+    element = next((e for e in record.spec.elements if e.id == element_id), None)
+    if element is None or element.partition is None:
+        return None
+    of = element.partition.of
+    there = [e.id for e in record.spec.partitions_of(of) if record.placement.get(e.id) == node]
+    if len(there) < 2:
+        return None
+    return (
+        f"{node} runs {len(there)} partitions of {of!r} now ({', '.join(there)}): a key "
+        f"move `--to {node}` is refused there as ambiguous; name the partition instead "
+        f"(`--to {element_id}`)"
+    )
+
+
 def _refuse_handover(pipeline: str, element: ElementSpec) -> None:
     """A handover runs two instances side by side: only for a PE whose every output the
     broker holds, idempotent by input position (with several inputs, by logged cut).
@@ -689,5 +710,6 @@ def _refuse_stopped(record: PipelineRecord) -> None:
             f"pipeline {record.name!r} is {record.status}, not running",
             expected="a running pipeline",
             received=f"pipeline {record.name!r} {record.status}",
-            hint="only running pipelines can be migrated; `fogshift deploy` starts a stopped one",
+            hint="only running pipelines can be migrated; `fogshift deploy SPEC` starts a "
+            "stopped one over, fresh: its state and its sinks' files begin empty",
         )
