@@ -721,6 +721,8 @@ class ScaleReport(BaseModel):
             rescale being stored to its state being stored).
         done_ms: From the request to every moved state being committed by its new owner.
         state_bytes: The moved states' size as sent.
+        warnings: What to know that did not change the outcome (partitions of the element
+            sharing a node: a key move to it must name one).
     """
 
     model_config = _WIRE
@@ -742,6 +744,7 @@ class ScaleReport(BaseModel):
     done_ms: float | None = None
     state_bytes: int = 0
     error: str | None = None
+    warnings: list[str] = []
 
 
 class RestoreAttempt(BaseModel):

@@ -1327,6 +1327,8 @@ def scale(
             or report.moved
             or report.waves
         )
+        for warning in report.warnings:
+            console.print(f"[yellow]warning[/]: {escape(warning)}")
         if unchanged:  # (It said "moved ...: 3 -> 3 partitions", as if it had rescaled.)
             console.print(
                 f"{pipeline}/{element}: {counted(report.after, 'partition')} already; "

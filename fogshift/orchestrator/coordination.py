@@ -36,7 +36,7 @@ from fogshift.orchestrator.planning import (
     nearest_first,
 )
 from fogshift.orchestrator.registry import PipelineRecord
-from fogshift.orchestrator.scaling import Scaling
+from fogshift.orchestrator.scaling import Scaling, shared_node_warnings
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.restoration.procedure import Copy, RestoreSteps
 from fogshift.restoration.procedure import restore as run_restore
@@ -160,9 +160,10 @@ class Coordination(Scaling):
             # Anything else escaping the procedure leaves the entry unfinished: the next
             # reconcile round resolves it by its phase (see recover_operations).
             self.registry.finish(op.id, "migrated")
-            shared = shared_node_warning(self.pipeline(pipeline), element_id, target)
-            if shared:
-                report.warnings.append(shared)
+            if element.partition is not None:
+                report.warnings += shared_node_warnings(
+                    self.pipeline(pipeline), element.partition.of, target, element_id
+                )
             self.last_migration[(pipeline, element_id)] = report
             self.plan_soon.set()
             # The origin's rights go now, not at the next reconcile round ("origin and
@@ -663,24 +664,6 @@ class Coordination(Scaling):
         log.warning("restore of %s/%s failed everywhere: restarted on its node %s under "
                     "epoch %d", pipeline, element.id, node, epoch)  # fmt: skip
         return epoch
-
-
-def shared_node_warning(record: PipelineRecord, element_id: str, node: str) -> str | None:
-    """What to say when partition ``element_id`` now runs on ``node`` beside another
-    partition of its element: a key move to ``node`` is refused there as ambiguous, which
-    nothing said when the partitions came together. None otherwise."""
-    element = next((e for e in record.spec.elements if e.id == element_id), None)
-    if element is None or element.partition is None:
-        return None
-    of = element.partition.of
-    there = [e.id for e in record.spec.partitions_of(of) if record.placement.get(e.id) == node]
-    if len(there) < 2:
-        return None
-    return (
-        f"{node} runs {len(there)} partitions of {of!r} now ({', '.join(there)}): a key "
-        f"move `--to {node}` is refused there as ambiguous; name the partition instead "
-        f"(`--to {element_id}`)"
-    )
 
 
 def _refuse_handover(pipeline: str, element: ElementSpec) -> None:

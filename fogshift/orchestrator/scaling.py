@@ -211,7 +211,8 @@ class Scaling(KeyMoves):
                 self.registry.end_scale(entry.id, "failed")
                 raise
             self.registry.end_scale(entry.id, str(report.status))
-            return report
+            shared = shared_node_warnings(self.pipeline(pipeline), element_id)
+            return report.model_copy(update={"warnings": shared}) if shared else report
 
     def _refuse_moved_readers(
         self, record: PipelineRecord, parts: list[ElementSpec], partitions: int, what: str
@@ -832,6 +833,25 @@ def _unfinished(
         f"{exc.hint or 'try again'}; the same scale again completes it, or `fogshift scale "
         f"{pipeline} {element_id} --partitions {count}` retires them",
     )
+
+
+def shared_node_warnings(
+    record: PipelineRecord, element_id: str, node: str | None = None, name: str | None = None
+) -> list[str]:
+    """What to say of each node (``node`` only, if given) that runs two or more partitions
+    of the partitioned element ``element_id``: a key move to it is refused there as
+    ambiguous, which nothing said when they came together (a migration, a scale's
+    ``--on``). ``name``: the partition to suggest (else the node's first)."""
+    by_node: dict[str, list[str]] = {}
+    for part in record.spec.partitions_of(element_id):
+        by_node.setdefault(record.placement.get(part.id, ""), []).append(part.id)
+    return [
+        f"{where} runs {len(ids)} partitions of {element_id!r} now ({', '.join(ids)}): a key "
+        f"move `--to {where}` is refused there as ambiguous; name the partition instead "
+        f"(`--to {name if name in ids else ids[0]}`)"
+        for where, ids in sorted(by_node.items())
+        if where and len(ids) > 1 and node in (None, where)
+    ]
 
 
 def _rescaled_to(owners: Ownership, count: int) -> bool:

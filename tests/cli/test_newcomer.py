@@ -340,11 +340,15 @@ def test_a_scale_to_the_count_it_has_says_nothing_changed(
     said = flat(result.stdout)
     assert "p/aggregate: 3 partitions already; nothing to change" in said, said
     assert "->" not in said and "moved" not in said
-    rescaled = same.model_copy(update={"after": 2, "moved": 1, "retired": {"aggregate-p2": "x"}})
+    shared = ["fog-b runs 2 partitions of 'aggregate'"]
+    rescaled = same.model_copy(
+        update={"after": 2, "moved": 1, "retired": {"aggregate-p2": "x"}, "warnings": shared}
+    )
     use(monkeypatch, StandInClient({}, rescaled.model_dump(mode="json")))
     result = runner.invoke(cli.app, ["scale", "p", "aggregate", "--partitions", "2"])
     said = flat(result.stdout)
     assert "moved p/aggregate: 3 -> 2 partitions in 4 ms; 1 key changed partition" in said, said
+    assert "warning: fog-b runs 2 partitions of 'aggregate'" in said
 
 
 KEYS_ONLY = "--wave-keys and --no-precopy are for --keys"

@@ -535,37 +535,42 @@ def test_a_refused_key_list_says_what_is_wrong_with_it(keys: list[str], received
 NODES = ("cloud", "fog-a", "fog-b")
 
 
-def test_a_partition_migrated_beside_another_says_a_key_move_there_must_name_one(
+def test_partitions_brought_together_say_a_key_move_there_must_name_one(
     tmp_path: Any,
 ) -> None:
-    # Accepted silently; a later `migrate --keys K --to NODE` was then refused as ambiguous.
+    # A migration or a scale's `--on` putting two partitions on one node was accepted
+    # silently; a later `migrate --keys K --to NODE` was then refused as ambiguous.
     from fogshift.contracts import PipelineState
-    from fogshift.orchestrator.coordination import shared_node_warning
     from fogshift.orchestrator.registry import PipelineRecord
+    from fogshift.orchestrator.scaling import shared_node_warnings
     from fogshift.spec import parse_spec
 
     spec = parse_spec({
         "pipeline": "p",
         "elements": [
             {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "i"}},
-            {"id": "agg", "kind": "window-aggregate", "partitions": ["fog-a", "fog-b"],
+            {"id": "agg", "kind": "window-aggregate", "partitions": ["fog-a", "fog-b", "fog-b"],
              "key_by": "sensor", "inputs": ["source"], "options": {"field": "value", "window": 3}},
         ],
     }, tmp_path)  # fmt: skip
-    apart = {"source": "cloud", "agg-p0": "fog-a", "agg-p1": "fog-b"}
+    apart = {"source": "cloud", "agg-p0": "fog-a", "agg-p1": "fog-b", "agg-p2": "cloud"}
     record = PipelineRecord(spec, PipelineState.RUNNING, apart)
-    assert shared_node_warning(record, "agg-p1", "fog-b") is None
-    assert shared_node_warning(record, "source", "cloud") is None  # (not a partition)
-    together = PipelineRecord(spec, PipelineState.RUNNING, {**apart, "agg-p1": "fog-a"})
-    said = shared_node_warning(together, "agg-p1", "fog-a")
-    assert said is not None and "fog-a runs 2 partitions of 'agg' now (agg-p0, agg-p1)" in said
+    assert shared_node_warnings(record, "agg") == []
+    assert shared_node_warnings(record, "source") == []  # (not partitioned)
+    together = PipelineRecord(spec, PipelineState.RUNNING, {**apart, "agg-p2": "fog-b"})
+    (said,) = shared_node_warnings(together, "agg")
+    assert "fog-b runs 2 partitions of 'agg' now (agg-p1, agg-p2)" in said
     assert "`--to agg-p1`" in said
+    # A migration's: its target only, suggesting the partition it moved.
+    assert shared_node_warnings(together, "agg", "fog-a") == []
+    (said,) = shared_node_warnings(together, "agg", "fog-b", "agg-p2")
+    assert "`--to agg-p2`" in said
     # ... the very refusal it announces:
     from fogshift.exceptions import InvalidInput
 
-    parts: Any = [SimpleNamespace(id="agg-p0"), SimpleNamespace(id="agg-p1")]
+    parts: Any = [SimpleNamespace(id=f"agg-p{i}") for i in range(3)]
     with pytest.raises(InvalidInput, match="2 partitions of 'agg' run there"):
-        _target_partition("p", "agg", parts, together.placement, "fog-a", NODES)
+        _target_partition("p", "agg", parts, together.placement, "fog-b", NODES)
 
 
 def test_a_key_move_s_target_is_a_node_with_one_partition_or_a_partition_s_id() -> None:
