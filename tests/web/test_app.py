@@ -168,6 +168,7 @@ class StandIn:
             pipeline=name, element=element, origin="fog-a", target=target,
             mode=MigrationMode(mode), status=MigrationStatus.MIGRATED,
             phases_ms={"pause": 12.0, "state": 30.0}, downtime_ms=80.0, epoch=3,
+            warnings=["fog-b runs 2 partitions of 'pick' now <b>"],
         )  # fmt: skip
 
     def migrate_group(
@@ -489,6 +490,8 @@ def test_an_action_asks_first_then_shows_its_report(
     assert posted.status_code == 303 and posted.headers["location"].startswith("/results/")
     done = web.get(posted.headers["location"])
     assert done.status_code == 200 and "Migrated." in done.text and "80 ms" in done.text
+    # Its warnings too (the CLI printed them; the page did not), as text.
+    assert "fog-b runs 2 partitions of &#39;pick&#39; now &lt;b&gt;" in done.text
     assert web.get(posted.headers["location"]).text == done.text  # a reload shows it again
     assert stand_in.actions == [("migrate", "p", "pick", "fog-b", "literal")]  # ... only
     restored = web.post("/pipelines/p/elements/pick/restore",
