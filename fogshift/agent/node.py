@@ -1352,7 +1352,8 @@ class NodeRuntime:
                 # until the PE was removed or restarted.)
                 self._end_run(hosted)
                 return
-            if self._blame(hosted, text):
+            blamed = self._blame(hosted, text)
+            if blamed:
                 # The next run skips the event that crashed this one: it starts at once.
                 # The failures in a row still count, so a processor that crashes on every
                 # event waits longer and longer to find the next one.
@@ -1361,7 +1362,11 @@ class NodeRuntime:
                 return
             cause = python_error(text)
             if cause is None:
-                self._failed(hosted, text)
+                # (Only "restarting" was logged, and the status cut Spark's text before the
+                # words that said what died.)
+                summary = spark_failure(text, in_event=blamed is not None)
+                log.warning("%s failed: %s\n%s", hosted.plan.query_name, summary, text[:4000])
+                self._failed(hosted, f"{summary}\n{text}")
                 return
             # Spark's text around a Python worker's exception is a plan and a JVM stack:
             # the status says what the PE raised; the log keeps the rest.
@@ -1427,23 +1432,26 @@ class NodeRuntime:
                 limit,
             )
 
-    def _blame(self, hosted: HostedElement, error: str) -> bool:
+    def _blame(self, hosted: HostedElement, error: str) -> bool | None:
         """After the PE's query failed with ``error``: if a Python worker crashed, count the
         event it died in; one that killed its worker twice is a dead letter from the next
         start on (:mod:`fogshift.runtime.crashes`), so it cannot stop the PE.
 
         Returns:
-            Whether an event was condemned now.
+            Whether an event was condemned now; None if no event was found to blame (no
+            crash, or one outside any event).
         """
         if not hosted.plan.gate_file or crashes.CRASHED not in error:
-            return False
+            return None
         try:
             folder = crashes.folder_of(hosted.plan.gate_file)
             suspects = crashes.blame(folder, error, hosted.plan.element.id)
         except OSError:  # (the folder unreadable: the restart loop goes on as before)
             log.exception("%s: cannot look for the event that crashed its worker",
                           hosted.plan.query_name)  # fmt: skip
-            return False
+            return None
+        if not suspects:
+            return None
         for event, count in suspects.items():
             condemned = count >= crashes.CRASHES_TO_CONDEMN
             log.warning(
@@ -1658,6 +1666,24 @@ def python_error(text: str) -> tuple[str, str] | None:
             message = "\n".join([first, *lines[i + 1 :]]).strip()
             return name.rpartition(".")[2], message
     return None
+
+
+def spark_failure(text: str, in_event: bool = False) -> str:
+    """One line saying why a query failed, from Spark's text of a failure that is no
+    Python exception (see :func:`python_error`): a Python worker that died (``in_event``:
+    in an event the node blamed), else the innermost cause Spark names, else its first
+    line."""
+    if crashes.CRASHED in text:
+        return (
+            "its Python worker exited unexpectedly processing an event (a second time on it "
+            "makes it a dead letter)"
+            if in_event
+            else "its Python worker exited unexpectedly, not while processing an event (in "
+            "a hook such as snapshot(), or killed: out of memory?)"
+        )
+    causes = [line.strip() for line in text.splitlines() if line.strip().startswith("Caused by: ")]
+    line = causes[-1].removeprefix("Caused by: ") if causes else text.strip().split("\n", 1)[0]
+    return line[:300]
 
 
 #: How many batches' state-store metrics a PE keeps (a snapshot is of a recent batch).

@@ -23,6 +23,7 @@ from fogshift.agent.node import (
     NodeRuntime,
     PEState,
     python_error,
+    spark_failure,
 )
 from fogshift.checkpoint.spark_dir import unpack
 from fogshift.runtime.engine import QueryPlan
@@ -88,6 +89,47 @@ def test_python_error_takes_the_outermost_exception_out_of_sparks_text() -> None
         "hint: its restore() must accept what snapshot() returned",
     )
     assert python_error("java.io.IOException: disk full") is None
+
+
+WORKER_DIED = (
+    "Job aborted due to stage failure: Task 0 in stage 744.0 failed 1 times, most recent "
+    "failure: Lost task 0.0 in stage 744.0 (TID 744) (127.0.0.1 executor driver): "
+    "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)\n"
+    "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handle(x.scala:1)\n"
+    "Caused by: java.io.EOFException\n"
+)
+
+
+def test_a_failure_that_is_no_python_exception_is_said_in_one_line() -> None:
+    assert spark_failure(WORKER_DIED).startswith(
+        "its Python worker exited unexpectedly, not while processing an event"
+    )
+    assert "processing an event (a second time" in spark_failure(WORKER_DIED, in_event=True)
+    nested = (
+        "org.apache.spark.SparkException: boom\n\tat x\nCaused by: java.io.IOException: disk full\n"
+    )
+    assert spark_failure(nested) == "java.io.IOException: disk full"
+    assert spark_failure("query stopped by itself") == "query stopped by itself"
+
+
+def test_a_worker_that_died_outside_an_event_is_said_in_the_log_and_the_status(
+    runtime: NodeRuntime,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A snapshot() that ended its worker: only "restarting (try n)" was logged, and the
+    # status cut Spark's text before the words that said what died.
+    monkeypatch.setattr(node, "start_query", lambda spark, plan: FakeQuery(WORKER_DIED))
+    h = hosted(tmp_path)
+    runtime._start_query(h)
+    with caplog.at_level("WARNING", logger="fogshift.agent"):
+        runtime._check(h)
+    assert h.state == PEState.FAILED
+    said = "its Python worker exited unexpectedly, not while processing an event"
+    assert (h.error or "").startswith(said), h.error
+    assert "Job aborted due to stage failure" in (h.error or "")  # (Spark's text after it)
+    assert any(said in r.getMessage() and "x.p failed" in r.getMessage() for r in caplog.records)
 
 
 def run_monitor(rt: NodeRuntime, h: HostedElement, rounds: int) -> list[int]:
