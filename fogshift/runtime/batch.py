@@ -49,13 +49,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
+import sysconfig
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from operator import itemgetter
+from pathlib import Path
 from types import FrameType
 from typing import Any, Generic, TypeVar
 
@@ -97,6 +101,36 @@ def _describe(exc: BaseException) -> str:
     except _EVENT_FAILURES:  # a user exception class whose __str__ raises (or exits)
         text = "<unprintable>"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+#: Code that is not a processor's: fogshift's own, the standard library's (and installed
+#: packages', by their folder's name). Where an exception came from is said as the
+#: innermost frame outside them.
+_NOT_USER_CODE = tuple(
+    str(Path(folder).resolve()) + os.sep
+    for folder in (
+        Path(__file__).resolve().parents[1],  # the fogshift package
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["platstdlib"],
+    )
+)
+
+
+def raised_at(exc: BaseException) -> str:
+    """``Type: message (at file.py:12 in process)``: :func:`_describe` and where in the
+    processor's code the exception came from (the innermost frame of neither fogshift, the
+    standard library nor an installed package; none, as for a built-in kind: nothing
+    more). A dead letter's reason said what was raised, never where."""
+    user = [f for f in traceback.extract_tb(exc.__traceback__) if not _library(f.filename)]
+    if not user:
+        return _describe(exc)
+    at = user[-1]
+    return f"{_describe(exc)} (at {Path(at.filename).name}:{at.lineno} in {at.name})"
+
+
+def _library(filename: str) -> bool:
+    path = Path(filename).resolve()
+    return str(path).startswith(_NOT_USER_CODE) or "site-packages" in path.parts
 
 
 #: What ``process()`` (or iterating its outputs) may raise for one event, which makes it a
@@ -247,13 +281,13 @@ def _outputs(pe: str, result: Any) -> list[Any]:
             # The processor's own code raised, as a generator runs it here: not a wrong
             # return type (it read "expected None, a dict, ..." of the user's exception).
             raise _Rejected(
-                f"processor {pe!r} raised {_describe(exc)} while its outputs were taken "
+                f"processor {pe!r} raised {raised_at(exc)} while its outputs were taken "
                 "(a generator runs as they are)",
                 touched=True,
             ) from exc
         raise _Rejected(
             f"processor {pe!r} returned {type(result).__name__} and iterating it raised "
-            f"{_describe(exc)}; expected None, a dict, an Event or an iterable of those",
+            f"{raised_at(exc)}; expected None, a dict, an Event or an iterable of those",
             touched=True,
         ) from exc
 
@@ -356,7 +390,7 @@ def _call(
                 touched = not processor.dead_letters_change_nothing
                 raise _Rejected(reason, touched=touched) from exc
             except _EVENT_FAILURES as exc:
-                raise _Rejected(f"processor {pe!r} raised {_describe(exc)}", True) from exc
+                raise _Rejected(f"processor {pe!r} raised {raised_at(exc)}", True) from exc
             return outputs if limit is None else _encode(pe, event, outputs, limit)
         finally:
             deadline.stop()
@@ -586,6 +620,13 @@ class _Batch(Generic[T]):
             else:
                 high = mid
         error = _unencodable(self._replay(live[high - 1] + 1))
+        if error is not None and error.startswith("ValueError: its snapshot() raised "):
+            # The processor's own code failed, not the encoding ("state holds JSON values
+            # and finite numbers only" sent its author looking at the wrong thing).
+            return live[high - 1], (
+                f"processor {self.pe!r} cannot take a snapshot of its state after this "
+                f"event: {error.removeprefix('ValueError: ')}"
+            )
         return live[high - 1], (
             f"processor {self.pe!r} was left with a state that cannot be encoded "
             f"({error}); state holds JSON values and finite numbers only"
@@ -687,7 +728,7 @@ def _state_text(processor: Processor) -> str:
         state = processor.snapshot()
     except _EVENT_FAILURES as exc:
         # Said as its own (it read as a state that "cannot be encoded").
-        raise ValueError(f"its snapshot() raised {_describe(exc)}") from exc
+        raise ValueError(f"its snapshot() raised {raised_at(exc)}") from exc
     text = encode_state(state)
     if _own_snapshot(processor):
         try:
@@ -695,7 +736,7 @@ def _state_text(processor: Processor) -> str:
             again = encode_state(processor.snapshot())
         except _EVENT_FAILURES as exc:
             raise ValueError(
-                f"its restore() refuses what its snapshot() returned ({_describe(exc)})"
+                f"its restore() refuses what its snapshot() returned ({raised_at(exc)})"
             ) from exc
         if again != text:
             raise ValueError("restored from what its snapshot() returned, it stores another state")

@@ -60,6 +60,7 @@ from fogshift.runtime.batch import (
     RECORD_COLUMNS,
     dead_letter,
     input_rows,
+    raised_at,
     run_batch,
     run_events,
     split_refused,
@@ -207,7 +208,7 @@ def _build(
         what = "from its stored state" if resume is not None else "with its options"
         raise ElementError(
             f"processor {pe!r} ({cls.__name__}) of pipeline {pipeline!r} cannot be built "
-            f"{what}: {_describe(exc)}",
+            f"{what}: {raised_at(exc)}",
             hint="check the element's options, and that its constructor and restore() accept "
             "them" + (" and the state its snapshot() stored" if resume is not None else ""),
         ) from exc
@@ -221,7 +222,7 @@ def _assign(pipeline: str, pe: str, processor: Processor) -> Processor:
         call_hook(processor, "close", f"processor {pe!r} of pipeline {pipeline!r}")
         raise ElementError(
             f"processor {pe!r} ({type(processor).__name__}) of pipeline {pipeline!r} cannot be "
-            f"set up: on_assign() raised {_describe(exc)}",
+            f"set up: on_assign() raised {raised_at(exc)}",
             hint="check what on_assign() loads (files, models) on the node",
         ) from exc
     return processor

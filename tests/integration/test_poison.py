@@ -147,6 +147,8 @@ def test_poison_events_are_dead_letters_and_the_rest_is_exact(
     assert sorted(got) == sorted(BAD), got
     for seq, (element, reason) in BAD.items():
         assert got[seq][0] == element and reason in got[seq][1], (seq, got[seq])
+    # Where in the processor's code (a reason said what was raised, never where).
+    assert " (at procs_poison.py:" in got[130][1] and " in process)" in got[130][1], got[130]
 
     by_id = {e["element"]: e for e in cluster.status("poison")["elements"]}
     # The worker killer and the stubborn event each crashed a batch twice (the stubborn one's

@@ -172,7 +172,12 @@ def test_base_exceptions_that_are_not_errors_end_the_batch(exc: type[BaseExcepti
         ("inf", "cannot be encoded (ValueError: Out of range float values"),
         ("set", "cannot be encoded (TypeError: Object of type set is not JSON serializable"),
         ("int", "returned int and iterating it raised TypeError"),
-        ("gen", "raised IndexError: half way while its outputs were taken"),
+        # (Where in the processor's code, too: a reason said what was raised, never where.)
+        (
+            "gen",
+            "raised IndexError: half way (at test_batch.py:"
+            f"{Acc._half.__code__.co_firstlineno + 3} in _half) while its outputs",
+        ),
         ("dead", "told to"),
     ],
 )
@@ -312,7 +317,12 @@ def test_stateless_processors_skip_the_event_and_keep_going() -> None:
     out = list(run_events(Picky.build({}, "s", None), [row(1, v=2), row(2, v=0), row(3, v=4)]))
     assert [(r[2], r[5], r[6]) for r in out] == [
         (1, '{"inv":0.5}', None),
-        (2, '{"v": 0}', "processor 's' raised ZeroDivisionError: division by zero"),
+        (
+            2,
+            '{"v": 0}',
+            "processor 's' raised ZeroDivisionError: division by zero (at "
+            f"test_batch.py:{Picky.process.__code__.co_firstlineno + 1} in process)",
+        ),
         (3, '{"inv":0.25}', None),
     ]
 
@@ -508,7 +518,10 @@ def test_a_snapshot_that_raises_after_an_event_is_said_as_raising() -> None:
     records, final = run_batch(build, lambda: None, rows, finish=finish, pe="ex")
     events, dead = split(records)
     assert list(dead) == [2], dead
-    assert "its snapshot() raised RuntimeError: snapshot exploded" in dead[2]
+    assert "its snapshot() raised RuntimeError: snapshot exploded (at test_batch.py:" in dead[2]
+    # Its own code failed, not the encoding: no hint at JSON values (another walk-through's).
+    assert dead[2].startswith("processor 'ex' cannot take a snapshot of its state"), dead[2]
+    assert "finite numbers" not in dead[2]
     assert [json.loads(body)["n"] for _, _, body in events] == [1, 2]
     assert final == {"counts": {"a": 1, "b": 1}}
 
