@@ -442,6 +442,10 @@ class Deployment(Journal):
             self.registry.set_status(spec.pipeline, PipelineState.FAILED, reason)
             raise
         self.registry.set_status(spec.pipeline, PipelineState.RUNNING)
+        # (Its log said nothing of deploys and stops: only the broker rights they changed.)
+        placed = self.pipeline(spec.pipeline).placement
+        log.info("deployed pipeline %s: %s", spec.pipeline,
+                 ", ".join(f"{pe} on {node}" for pe, node in placed.items()))  # fmt: skip
         try:
             return self.status(spec.pipeline)[0]
         except Unavailable as exc:
@@ -661,6 +665,8 @@ class Deployment(Journal):
                 log.warning("node %s did not stop pipeline %s: %s", node, name, exc.message)
                 unreachable.append(node)
         self.registry.set_status(name, PipelineState.STOPPED)
+        log.info("stopped pipeline %s%s", name,
+                 f" (not heard: {', '.join(unreachable)})" if unreachable else "")  # fmt: skip
         self.permissions.sync_quietly(self.registry)
         return StopResult(
             pipeline=name, status=PipelineState.STOPPED, unreachable_nodes=unreachable

@@ -58,10 +58,15 @@ ABORT_LOGGERS = (
 )
 #: Messages of other loggers that only such a stop gives: the 30-line TaskKilledException
 #: trace of a task its stopped query killed (Spark's general logger keeps its other errors),
-#: and a keyed query stopped before its set-up runner opened its state server (Spark's
-#: NullPointerException closing the socket it never opened).
+#: a batch's broadcast its stopped query no longer stores, and a keyed query stopped before
+#: its set-up runner opened its state server (Spark's NullPointerException closing the
+#: socket it never opened). Each a regular expression of the whole message.
 STOP_NOTES = (
     ("org.apache.spark.util.Utils", "Aborting task"),
+    (
+        "org.apache.spark.broadcast.TorrentBroadcast",
+        r"Store broadcast \S+ fail, remove all pieces of the broadcast",
+    ),
     (
         "org.apache.spark.sql.execution.python.streaming."
         "TransformWithStateInPySparkPythonPreInitRunner",

@@ -330,7 +330,13 @@ def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
     # ... and not Spark's notes of its own start, nor a keyed query runner's.
     for noise in ("default log4j profile", "NativeCodeLoader", "TransformWithStateInPandas"):
         assert noise not in log, noise
-    assert "orchestrator started: pid" in (cluster.home / "logs" / "orchestrator.log").read_text()
+    orchestrator_log = (cluster.home / "logs" / "orchestrator.log").read_text()
+    assert "orchestrator started: pid" in orchestrator_log
+    assert "deployed pipeline short: " in orchestrator_log  # (it said only broker rights)
+    assert (
+        "stopped pipeline short" in orchestrator_log
+        and "deleted pipeline short" in orchestrator_log
+    )
     assert cluster.cli("status", "short", check=False).returncode == 1
     cluster.cli("deploy", str(spec))
     assert cluster.wait_for("short", "k", 50)["events_out"] == 50
