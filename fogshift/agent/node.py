@@ -473,11 +473,15 @@ class NodeRuntime:
                 self._resume(hosted, json.loads(metrics.read_text()), committed_batch(checkpoint))
             self._elements[key] = hosted
             self._start_query(hosted)
-            # (Operators read the node's log for what ran where, and when: it said nothing.)
+            # (Operators read the node's log for what ran where, and when: it said nothing.
+            # A start that failed said "cannot start" already: not "started" after it.)
             batch = committed_batch(checkpoint)
-            log.info("started %s under epoch %d, %s%s", plan.query_name, epoch,
-                     "fresh" if fresh or batch is None else f"from its checkpoint at batch {batch}",
-                     f", held at its gate ({gate.mode})" if gate is not None else "")  # fmt: skip
+            if hosted.state == PEState.RUNNING:
+                origin = (
+                    "fresh" if fresh or batch is None else f"from its checkpoint at batch {batch}"
+                )
+                held = f", held at its gate ({gate.mode})" if gate is not None else ""
+                log.info("started %s under epoch %d, %s%s", plan.query_name, epoch, origin, held)
             return self.describe(hosted)
 
     def _resume(self, hosted: HostedElement, saved: dict[str, Any], committed: int | None) -> None:

@@ -989,3 +989,27 @@ def test_a_node_stopping_stops_the_warm_up_queries_before_its_session(
     runtime._spark_thread.submit(lambda: setattr(runtime, "_warming", Stops("warm-up")))
     runtime.close()
     assert order == ["warm-up", "session"]
+
+
+def test_a_deploy_whose_start_failed_is_not_logged_as_started(
+    runtime: NodeRuntime,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # "ERROR cannot start x.p: ..." was followed at once by "INFO started x.p under epoch 1".
+    def cannot(spark: Any, plan: QueryPlan) -> Any:
+        raise ElementError("cannot import processor class 'nope:Missing'")
+
+    element = hosted(tmp_path).plan.element
+    monkeypatch.setattr(node, "start_query", cannot)
+    with caplog.at_level("INFO", logger="fogshift.agent"):
+        runtime.deploy("x", element, fresh=True, epoch=1)
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("cannot start x.p") for m in said), said
+    assert not any(m.startswith("started x.p") for m in said), said
+    monkeypatch.setattr(node, "start_query", lambda spark, plan: FakeQuery())
+    caplog.clear()
+    with caplog.at_level("INFO", logger="fogshift.agent"):
+        runtime.deploy("x", element, fresh=True, epoch=2)
+    assert any(r.getMessage() == "started x.p under epoch 2, fresh" for r in caplog.records)
