@@ -112,6 +112,8 @@ class OrchestratorCore:
         #: in a row, when (monotonic) the next try may come, and the epoch and node it
         #: failed at (``Reconciler._reconcile_element``).
         self._restart_backoff: dict[tuple[str, str], tuple[int, float, int, str]] = {}
+        #: Why the last automatic restore of each PE failed, as logged (said in full once).
+        self._restore_failures: dict[tuple[str, str], str] = {}
         #: Per PE whose restore a dead orchestrator left, restarted by the recovery and
         #: failed there (no healthy node yet, say): when (monotonic) it is tried again, the
         #: pause before that, and the node it was stranded on (``Reconciler.restores_owed``).

@@ -686,13 +686,21 @@ class Reconciler(Coordination):
             try:
                 self.restore(pipeline, element_id, lost=node.name)
             except FogshiftError as exc:
-                log.warning("auto-restore of %s/%s: %s", pipeline, element_id, exc)
+                said = str(exc)
+                if self._restore_failures.get(key) == said:
+                    # (The same lines of reason every try, for as long as the node was away.)
+                    log.warning("auto-restore of %s/%s failed again, as before (try %d)",
+                                pipeline, element_id, failed + 1)  # fmt: skip
+                else:
+                    log.warning("auto-restore of %s/%s: %s", pipeline, element_id, said)
+                    self._restore_failures[key] = said
                 # Each failed try fenced anew on every candidate (a new epoch, a marker in
                 # the PE's stream, a journal entry, a copy), and the whole round waited for
                 # it, every round, for as long as the node stayed away.
                 self._back_off(key, failed, newest, node.name)
                 return
             self._restart_backoff.pop(key, None)
+            self._restore_failures.pop(key, None)
             return
         if not self.healthy(node) or not node.report.ready:
             return

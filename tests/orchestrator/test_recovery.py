@@ -649,7 +649,7 @@ def test_a_restart_a_node_refuses_is_tried_again_after_a_growing_back_off(
 
 
 def test_an_automatic_restore_that_fails_is_tried_again_after_a_growing_back_off(
-    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Each failed try fenced anew on every candidate (an epoch, a marker, a journal entry,
     a copy) and held the whole round, every round, for as long as the node stayed away."""
@@ -673,11 +673,20 @@ def test_an_automatic_restore_that_fails_is_tried_again_after_a_growing_back_off
 
     monkeypatch.setattr(orch, "restore", restore)
     counted = []
-    for _ in range(12):  # twelve rounds, one every reconcile_s
-        orch.reconcile_once()
-        counted.append(len(tries))
-        clock[0] += orch.config.reconcile_s
+    with caplog.at_level("WARNING", logger="fogshift.orchestrator"):
+        for _ in range(12):  # twelve rounds, one every reconcile_s
+            orch.reconcile_once()
+            counted.append(len(tries))
+            clock[0] += orch.config.reconcile_s
     assert counted == [1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 4], counted
+    # Its reason in full once, then that it failed again as before (the same lines every
+    # try, for as long as the node was away).
+    said = [
+        r.getMessage() for r in caplog.records if "auto-restore of p/aggregate" in r.getMessage()
+    ]
+    assert [m.count("no node could run p/aggregate") for m in said] == [1, 0, 0, 0], said
+    assert said[1:] == [f"auto-restore of p/aggregate failed again, as before (try {n})"
+                        for n in (2, 3, 4)]  # fmt: skip
     # Once one succeeds, the next failure starts from a round again.
     succeed[0] = True
     clock[0] += reconciler.RESTART_BACKOFF_MAX_S
