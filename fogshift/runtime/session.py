@@ -37,7 +37,8 @@ WORKER_DAEMON = "fogshift.runtime.worker_daemon"
 #: minutes of batches at a 200 ms trigger with C2, 26.3, 19.2, 19.5, 18.8, 18.5 s with C1
 #: only; C2's batches were ~10 % shorter (median 223 against 249 ms) from the third minute.
 JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC"
-#: The driver JVM's log configuration (see the file).
+#: The driver JVM's log configuration (see the file): Spark at ERROR from its start, without
+#: what a query stopped mid-batch makes it log.
 LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 #: The driver JVM's heap. Spark's default (1 GiB) is too small for a PE with a 50 MiB state
 #: field: the transformWithState state server pickles a value it hands to Python into a
@@ -46,59 +47,6 @@ LOG_CONFIG = Path(__file__).with_name("log4j2.properties")
 #: 11th run on one cluster). After a full GC the heap of such a node holds ~50 MB: the
 #: memory is reserved, not used.
 DRIVER_MEMORY = "2g"
-
-
-#: Spark's loggers whose every ERROR is a write aborted: a stopped query's batch ("is
-#: aborting", "aborted", "Aborting commit for partition"), which fogshift's stop, pause and
-#: migration do to every PE they stop mid-batch; the batch runs again from the checkpoint.
-#: A query that fails for real is logged by the node with its cause ("... failed: ...").
-ABORT_LOGGERS = (
-    "org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec",
-    "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
-)
-#: Messages of other loggers that only such a stop gives: the 30-line TaskKilledException
-#: trace of a task its stopped query killed (Spark's general logger keeps its other errors),
-#: a batch's broadcast its stopped query no longer stores, and a keyed query stopped before
-#: its set-up runner opened its state server (Spark's NullPointerException closing the
-#: socket it never opened). Each a regular expression of the whole message.
-STOP_NOTES = (
-    ("org.apache.spark.util.Utils", "Aborting task"),
-    (
-        "org.apache.spark.broadcast.TorrentBroadcast",
-        r"Store broadcast \S+ fail, remove all pieces of the broadcast",
-    ),
-    (
-        "org.apache.spark.sql.execution.python.streaming."
-        "TransformWithStateInPySparkPythonPreInitRunner",
-        "failed to close state server socket",
-    ),
-)
-
-
-def quiet_stop_noise(spark: SparkSession) -> None:
-    """Keep the aborted writes of stopped queries out of the node's log.
-
-    A ``fogshift stop`` of a Case 2 pipeline left ~40 ERROR lines and a stack trace per PE
-    stopped mid-batch in its node's log, as a migration's origin did: to an operator they
-    read as failures, and hid the lines that are.
-    """
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    log4j = jvm.org.apache.logging.log4j
-    configurator = log4j.core.config.Configurator
-    for name in ABORT_LOGGERS:
-        configurator.setLevel(name, log4j.Level.OFF)
-    result = getattr(log4j.core, "Filter$Result")
-    context = log4j.core.LoggerContext.getContext(False)
-    for name, message in STOP_NOTES:
-        # A logger of its own (at the session's level), to hold the filter of the message.
-        configurator.setLevel(name, log4j.Level.ERROR)
-        context.getConfiguration().getLoggerConfig(name).addFilter(
-            log4j.core.filter.RegexFilter.createFilter(
-                message, None, False, result.DENY, result.NEUTRAL
-            )
-        )
-    context.updateLoggers()
 
 
 def build_session(
@@ -186,7 +134,6 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    quiet_stop_noise(spark)
     # The first registration has Spark look up Python data sources in a Python worker:
     # forked from the zygote once it listens (its imports run beside the JVM's start).
     if (
