@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.orchestrator.app import create_app
-from fogshift.orchestrator.config import OrchestratorConfig
-from tests.orchestrator.standin import StandIn, standins
+from tests.orchestrator.standin import StandIn, offline_config, standins
 
 #: The operator token of :func:`app`.
 OPERATOR = "operator-token-" + "o" * 32
@@ -20,8 +18,7 @@ OPERATOR = "operator-token-" + "o" * 32
 
 @pytest.fixture
 def app(tmp_path: Path) -> Iterator[FastAPI]:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token=OPERATOR, broker_file=broker)
+    config = offline_config(tmp_path, token=OPERATOR)
     app = create_app(config)
     yield app
     app.state.orchestrator.close()

@@ -14,10 +14,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from fogshift.broker.client import BrokerAddress
+from fogshift.orchestrator.config import OrchestratorConfig
+
+
 #: A Case 1 pipeline: source on cloud, aggregate on fog-a, sink on cloud.
+def offline_config(home: Path, token: str = "t" * 16, **settings: Any) -> OrchestratorConfig:
+    """An orchestrator's configuration in ``home`` whose broker address is never dialled
+    (the test stands in for the broker, or needs none); ``settings`` as the config takes
+    them."""
+    broker = BrokerAddress("nats://127.0.0.1:9").save(home / "broker.json")
+    return OrchestratorConfig(home=home, port=1, token=token, broker_file=broker, **settings)
+
+
 SPEC = {
     "pipeline": "p",
     "elements": [

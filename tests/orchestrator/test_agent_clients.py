@@ -7,16 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.contracts import Heartbeat
 from fogshift.orchestrator import core, registry
-from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
+from tests.orchestrator.standin import offline_config
 
 
 def test_a_restarted_agent_gets_a_new_client_with_no_pooled_connection(tmp_path: Path) -> None:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    config = offline_config(tmp_path)
     orch = Orchestrator(config)
     try:
 
@@ -41,8 +39,7 @@ def test_a_request_to_an_agent_is_given_up_once_its_node_has_gone_silent(
 ) -> None:
     """A migration onto a node whose agent was just stopped (SIGSTOP) printed nothing for
     minutes: each request waited the client's whole timeout before the rollback."""
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    config = offline_config(tmp_path)
     orch = Orchestrator(config)
     try:
         orch.heartbeat("fog-a", Heartbeat(url="http://127.0.0.1:9", pid=1, ready=True))

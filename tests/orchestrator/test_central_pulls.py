@@ -15,20 +15,17 @@ from typing import Any
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.contracts import Heartbeat
-from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
-from tests.orchestrator.standin import SPEC, standins
+from tests.orchestrator.standin import SPEC, offline_config, standins
 
 MIB = 1 << 20
 
 
 @pytest.fixture
 def orchestrator(tmp_path: Path) -> Iterator[Orchestrator]:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    config = offline_config(tmp_path)
     orch = Orchestrator(config)
     orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
     yield orch
@@ -112,9 +109,7 @@ def test_a_checkpoint_of_the_pe_s_new_node_is_pulled_though_its_batch_is_older(
 
 
 def test_pulling_only_at_intervals_when_told(tmp_path: Path) -> None:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker,
-                                pull_new_state_bytes=0)  # fmt: skip
+    config = offline_config(tmp_path, pull_new_state_bytes=0)
     orch = Orchestrator(config)
     try:
         orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
@@ -289,9 +284,7 @@ def test_the_central_loop_collects_unnamed_files_with_nothing_running(
     from fogshift.common.waiting import wait_until
     from fogshift.orchestrator import replication
 
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker,
-                                central_interval_s=0.05)  # fmt: skip
+    config = offline_config(tmp_path, central_interval_s=0.05)
     orch = Orchestrator(config)
     monkeypatch.setattr(replication, "CENTRAL_GC_S", 0.0)
     for step in ("streams_upkeep", "pull_checkpoints", "push_replicas", "trim_streams"):

@@ -15,16 +15,14 @@ from typing import Any
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.broker.exceptions import BrokerError
 from fogshift.contracts import Heartbeat, PipelineState, RestoreReport, RestoreStatus
 from fogshift.exceptions import Conflict
 from fogshift.orchestrator import reconciler
-from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import UnknownPipeline
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
-from tests.orchestrator.standin import SPEC, StandIn, standins
+from tests.orchestrator.standin import SPEC, StandIn, offline_config, standins
 
 STREAMS = ["FS_p__aggregate", "FS_p__sink", "FS_p__source"]
 
@@ -37,8 +35,7 @@ def agents() -> Iterator[dict[str, StandIn]]:
 
 @pytest.fixture
 def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    config = offline_config(tmp_path)
     orch = Orchestrator(config)
     orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), PipelineState.RUNNING)
     for name, agent in agents.items():

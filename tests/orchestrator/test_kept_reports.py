@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.contracts import (
     MigrationMode,
     MigrationReport,
@@ -14,15 +13,13 @@ from fogshift.contracts import (
     RestoreReport,
     RestoreStatus,
 )
-from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
-from tests.orchestrator.standin import SPEC
+from tests.orchestrator.standin import SPEC, offline_config
 
 
 def orchestrator(home: Path) -> Orchestrator:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(home / "broker.json")  # never used
-    return Orchestrator(OrchestratorConfig(home=home, port=1, token="t" * 16, broker_file=broker))
+    return Orchestrator(offline_config(home))
 
 
 def test_reports_outlive_the_orchestrator_and_go_with_a_deploy_again(tmp_path: Path) -> None:

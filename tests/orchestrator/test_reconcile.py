@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.broker.server import BrokerProcess
 from fogshift.contracts import Heartbeat
 from fogshift.orchestrator import reconciler
@@ -22,7 +21,7 @@ from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.spec import parse_spec
 from tests.conftest import answer_json
-from tests.orchestrator.standin import SPEC
+from tests.orchestrator.standin import SPEC, offline_config
 
 
 class _Agent(BaseHTTPRequestHandler):
@@ -50,8 +49,7 @@ def agent() -> Iterator[tuple[str, list[str]]]:
 
 @pytest.fixture
 def orchestrator(tmp_path: Path, agent: tuple[str, list[str]]) -> Iterator[Orchestrator]:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    config = offline_config(tmp_path)
     orch = Orchestrator(config)
     orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
     # fog-c hosts an instance of the aggregate (e.g. the one a restore just started).
@@ -195,8 +193,7 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
     # trimmed records), or its standby promoted; restarted when nothing was ever pulled.
     from tests.orchestrator.standin import standins
 
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    config = offline_config(tmp_path)
     orch = Orchestrator(config)
     done: list[tuple[str, ...]] = []
     monkeypatch.setattr(

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
     GroupMigrationReport,
@@ -33,11 +32,10 @@ from fogshift.contracts import (
 from fogshift.exceptions import InvalidInput, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator import reconciler
-from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.locks import element_lock
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
-from tests.orchestrator.standin import SPEC, StandIn
+from tests.orchestrator.standin import SPEC, StandIn, offline_config
 
 AGG = "/pipelines/p/elements/aggregate"
 #: What names the aggregate in its agent's answers (fogshift.contracts.ElementProgress).
@@ -55,8 +53,7 @@ def orchestrator_of(
 ) -> Iterator[Orchestrator]:
     """An orchestrator running ``spec`` as placed (source and sink on cloud, the aggregate on
     fog-a), every stand-in having sent a heartbeat."""
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    config = offline_config(tmp_path)
     orchestrator = Orchestrator(config)
     orchestrator.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
     beat(orchestrator, agents, {"cloud": [hosted("source"), hosted("sink")],

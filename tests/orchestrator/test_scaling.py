@@ -16,18 +16,16 @@ from typing import Any
 
 import pytest
 
-from fogshift.broker.client import BrokerAddress
 from fogshift.broker.keys import KeyMove, KeyState, Ownership
 from fogshift.common.text import one_line
 from fogshift.contracts import Heartbeat, KeyMoveStatus, KeyWave, ScaleReport
 from fogshift.exceptions import FogshiftError, Unavailable
-from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.keymoves import Listing, Settled
 from fogshift.orchestrator.scaling import Scaling
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
 from fogshift.spec.models import ElementSpec, partition_of_key
-from tests.orchestrator.standin import StandIn, standins
+from tests.orchestrator.standin import StandIn, offline_config, standins
 
 SPEC = {
     "pipeline": "p",
@@ -52,8 +50,7 @@ def agents() -> Iterator[dict[str, StandIn]]:
 
 @pytest.fixture
 def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")  # never used
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    config = offline_config(tmp_path)
     orchestrator = Orchestrator(config)
     orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
     orchestrator.broker = SimpleNamespace(run=lambda make, timeout=30: 0, close=lambda: None)  # type: ignore[assignment]
@@ -888,8 +885,7 @@ def test_two_scales_of_different_elements_keep_each_others_change_of_the_spec(
              "options": {"path": "out/c.csv"}},
         ],
     }  # fmt: skip
-    broker = BrokerAddress("nats://127.0.0.1:9").save(tmp_path / "broker.json")
-    config = OrchestratorConfig(home=tmp_path, port=1, token="t" * 16, broker_file=broker)
+    config = offline_config(tmp_path)
     orch = Orchestrator(config)
     try:
         orch.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
