@@ -486,6 +486,14 @@ def _append(
             f"{FENCED_TOKEN}: sink {owner or target} runs under epoch {epoch}, but epoch "
             f"{marker['epoch']} has written {target}: this instance must not write",
         )
+    if target.exists() and not target.is_file():
+        # (Its size would be the directory's, "4096 bytes", and the append's open fail.)
+        raise InvariantViolation(
+            f"sink {owner or target}: its output {target} is no longer a file "
+            f"({'a directory' if target.is_dir() else 'not a regular file'})",
+            hint="something replaced the output file while the pipeline ran: put the file "
+            "back at its path (the PE's query is restarted and tries the batch again)",
+        )
     size = target.stat().st_size if target.exists() else 0
     if size < marker["bytes"]:
         raise InvariantViolation(

@@ -83,6 +83,17 @@ def test_a_truncated_output_is_an_error_and_reset_starts_over(tmp_path: Path) ->
     assert append_exactly_once(out, rows((1, 1.0))) == 1
 
 
+def test_an_output_replaced_by_a_directory_is_said_so(tmp_path: Path) -> None:
+    # (Its size was the directory's: "is 4096 bytes but 12 were committed to it".)
+    out = tmp_path / "o.csv"
+    append_exactly_once(out, rows((1, 1.0)))
+    out.unlink()
+    out.mkdir()
+    with pytest.raises(InvariantViolation, match="is no longer a file \\(a directory\\)") as err:
+        append_exactly_once(out, rows((2, 2.0)))
+    assert "bytes" not in err.value.message and "put the file back" in err.value.render()
+
+
 def test_a_body_that_is_not_json_is_refused_not_fatal(tmp_path: Path) -> None:
     out = tmp_path / "o.csv"
     refused: list = []
