@@ -931,19 +931,22 @@ class Reconciler(Coordination):
                             or (standby is not None and standby.node == node.name)
                         ):
                             continue
-                        log.warning("removing %s %s/%s from %s",
-                                    f"the {record.status} pipeline's" if stopped and record
-                                    else "superseded", *key, node.name)  # fmt: skip
+                        what = (f"the {record.status} pipeline's" if stopped and record
+                                else "superseded")  # fmt: skip
                         try:
                             self.agent(node.name).delete(
                                 f"/pipelines/{key[0]}/elements/{key[1]}",
                                 params={} if stopped else {"discard": True},
                             )
                         except FogshiftError as exc:
-                            # Gone meanwhile, or its node stopped answering: the next round
-                            # sees what its heartbeats then report.
-                            log.info("superseded %s/%s on %s not removed: %s", *key, node.name,
+                            # Gone meanwhile (a heartbeat sent before a migration removed its
+                            # origin lists it still), or its node stopped answering: the next
+                            # round sees what its heartbeats then report. Said only when
+                            # something was removed: a warning for nothing misled.
+                            log.info("%s %s/%s on %s not removed: %s", what, *key, node.name,
                                      exc.message)  # fmt: skip
+                        else:
+                            log.warning("removed %s %s/%s from %s", what, *key, node.name)
                 except MigrationInProgress:
                     continue  # the operation under way owns the PE's instances
                 except Exception:  # as in reconcile_once: the other instances go on

@@ -6,6 +6,7 @@ agent that hosts the instance (it records the removals it is asked for); no Spar
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,9 +27,14 @@ from tests.orchestrator.standin import SPEC, offline_config
 
 class _Agent(BaseHTTPRequestHandler):
     removed: list[str] = []
+    gone: list[bool] = []  # [True]: the instance is gone already (the agent answers 404)
 
     def do_DELETE(self) -> None:
         self.removed.append(self.path)
+        if self.gone:
+            error = {"code": "unknown", "message": "no PE p/aggregate on fog-c"}
+            answer_json(self, {**error, "expected": None, "received": None, "hint": None}, 404)
+            return
         answer_json(self, {"state": "stopped"})
 
     def log_message(self, *args: object) -> None:
@@ -84,6 +90,29 @@ def test_an_instance_off_its_placement_is_removed_with_its_checkpoint(
     orchestrator._remove_strays()  # placed on fog-a, running on fog-c: a leftover
     assert agent[1] == ["/pipelines/p/elements/aggregate?discard=true"]
     assert ("p", "aggregate") not in orchestrator._migrating
+
+
+def test_a_removal_is_logged_as_a_warning_only_if_something_was_removed(
+    orchestrator: Orchestrator, agent: tuple[str, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A heartbeat sent before a migration removed its origin lists the instance still: the
+    # round asks for a removal the agent answers with "no such PE". Logged as "removing
+    # superseded ..." at WARNING, that read as a stray found after every such migration.
+    _Agent.gone.append(True)
+    try:
+        with caplog.at_level(logging.INFO, "fogshift.orchestrator"):
+            orchestrator._remove_strays()
+    finally:
+        _Agent.gone.clear()
+    assert agent[1] == ["/pipelines/p/elements/aggregate?discard=true"]
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "p/aggregate" in r.getMessage()]
+    assert [level for level, _ in said] == [logging.INFO], said
+    assert said[0][1].startswith("superseded p/aggregate on fog-c not removed: no PE")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "fogshift.orchestrator"):
+        orchestrator._remove_strays()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "p/aggregate" in r.getMessage()]
+    assert said == [(logging.WARNING, "removed superseded p/aggregate from fog-c")]
 
 
 def test_instances_of_stopped_pipelines_are_stopped_with_their_checkpoints_kept(
