@@ -1069,6 +1069,8 @@ class PipelineStatus(BaseModel):
 
     Attributes:
         error: Why a ``failed`` pipeline failed (its deploy's error), ``None`` otherwise.
+        warnings: What to know of a running pipeline that does not stop it (partitions of
+            one element on one node).
     """
 
     model_config = _WIRE
@@ -1077,6 +1079,7 @@ class PipelineStatus(BaseModel):
     status: PipelineState
     elements: list[ElementStatus]
     error: str | None = None
+    warnings: list[str] = []
 
 
 class StopResult(BaseModel):

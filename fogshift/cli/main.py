@@ -570,6 +570,8 @@ def _status_table(pipelines: list[PipelineStatus]) -> None:
         console.print(table)
         if pipeline.error:
             console.print(f"[red]failed[/]: {escape(pipeline.error)}", highlight=False)
+        for warning in pipeline.warnings:
+            console.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
 
 
 @app.command()

@@ -31,12 +31,13 @@ from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailab
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.migration.procedure import MigrationSteps
 from fogshift.migration.procedure import migrate as run_migration
+from fogshift.orchestrator.deployment import shared_node_warnings
 from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.planning import (
     nearest_first,
 )
 from fogshift.orchestrator.registry import PipelineRecord
-from fogshift.orchestrator.scaling import Scaling, shared_node_warnings
+from fogshift.orchestrator.scaling import Scaling
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.restoration.procedure import Copy, RestoreSteps
 from fogshift.restoration.procedure import restore as run_restore

@@ -809,6 +809,15 @@ class Deployment(Journal):
                     error=self.registry.failure(record.name)
                     if record.status == PipelineState.FAILED
                     else None,
+                    warnings=[
+                        warning
+                        for element_id in dict.fromkeys(
+                            e.partition.of for e in record.spec.elements if e.partition
+                        )
+                        for warning in shared_node_warnings(record, element_id)
+                    ]
+                    if record.status == PipelineState.RUNNING
+                    else [],
                 )
             )
         return out
@@ -1242,6 +1251,26 @@ async def _stored_end(js: Any, stream: str) -> int:
         return await last_seq(js, stream)
     except NotFoundError:
         return 0
+
+
+def shared_node_warnings(
+    record: PipelineRecord, element_id: str, node: str | None = None, name: str | None = None
+) -> list[str]:
+    """What to say of each node (``node`` only, if given) that runs two or more partitions
+    of the partitioned element ``element_id``: a key move to it is refused there as
+    ambiguous, which nothing said when they came together (a spec's ``partitions: [a,
+    a]``, a migration, a scale's ``--on``). ``name``: the partition to suggest (else the
+    node's first)."""
+    by_node: dict[str, list[str]] = {}
+    for part in record.spec.partitions_of(element_id):
+        by_node.setdefault(record.placement.get(part.id, ""), []).append(part.id)
+    return [
+        f"{where} runs {len(ids)} partitions of {element_id!r} now ({', '.join(ids)}): a key "
+        f"move `--to {where}` is refused there as ambiguous; name the partition instead "
+        f"(`--to {name if name in ids else ids[0]}`)"
+        for where, ids in sorted(by_node.items())
+        if where and len(ids) > 1 and node in (None, where)
+    ]
 
 
 def _partition_fields(element: ElementSpec) -> dict[str, Any]:

@@ -65,6 +65,7 @@ from fogshift.contracts import ElementInfo, KeyMoveStatus, KeyOrder, KeyWave, Sc
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator import journal
+from fogshift.orchestrator.deployment import shared_node_warnings
 from fogshift.orchestrator.keymoves import KeyMoves, _ms_since
 from fogshift.orchestrator.locks import LOCK_WAIT_S, element_lock
 from fogshift.orchestrator.registry import PipelineRecord, ScaleEntry
@@ -833,25 +834,6 @@ def _unfinished(
         f"{exc.hint or 'try again'}; the same scale again completes it, or `fogshift scale "
         f"{pipeline} {element_id} --partitions {count}` retires them",
     )
-
-
-def shared_node_warnings(
-    record: PipelineRecord, element_id: str, node: str | None = None, name: str | None = None
-) -> list[str]:
-    """What to say of each node (``node`` only, if given) that runs two or more partitions
-    of the partitioned element ``element_id``: a key move to it is refused there as
-    ambiguous, which nothing said when they came together (a migration, a scale's
-    ``--on``). ``name``: the partition to suggest (else the node's first)."""
-    by_node: dict[str, list[str]] = {}
-    for part in record.spec.partitions_of(element_id):
-        by_node.setdefault(record.placement.get(part.id, ""), []).append(part.id)
-    return [
-        f"{where} runs {len(ids)} partitions of {element_id!r} now ({', '.join(ids)}): a key "
-        f"move `--to {where}` is refused there as ambiguous; name the partition instead "
-        f"(`--to {name if name in ids else ids[0]}`)"
-        for where, ids in sorted(by_node.items())
-        if where and len(ids) > 1 and node in (None, where)
-    ]
 
 
 def _rescaled_to(owners: Ownership, count: int) -> bool:

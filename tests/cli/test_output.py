@@ -164,6 +164,26 @@ def test_a_failed_pipeline_is_shown_with_why(monkeypatch: pytest.MonkeyPatch) ->
     assert out.endswith("failed: a PE could not be started: [fog-a] is gone"), out
 
 
+def test_a_pipelines_warnings_are_printed_under_its_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from fogshift.cli import main as cli
+
+    shared = "fog-a runs 2 partitions of 'agg' now (agg-p0, agg-p1): [a hint]"
+    running = {"pipeline": "w3", "status": "running", "elements": [], "warnings": [shared]}
+
+    @contextmanager
+    def client(home: Path) -> Any:
+        yield SimpleNamespace(get=lambda path: running)
+
+    monkeypatch.setattr(cli.cluster_ops, "orchestrator_client", client)
+    out = " ".join(fogshift_in_process("status", "w3").stdout.split())
+    assert out.endswith(f"warning: {shared}"), out
+
+
 def test_no_events_of_a_key_says_where_it_looked_not_an_empty_table(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

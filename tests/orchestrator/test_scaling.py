@@ -85,6 +85,27 @@ def _parts(orch: Orchestrator) -> list[ElementSpec]:
     return [e for e in record.spec.elements if e.partition and e.partition.of == "aggregate"]
 
 
+def test_partitions_placed_on_one_node_are_a_warning_of_the_running_pipelines_status(
+    orch: Orchestrator, tmp_path: Path
+) -> None:
+    # A spec's `partitions: [fog-a, fog-a]` is accepted (a later scale or migration may part
+    # them) but said nowhere, while a key move `--to fog-a` is refused there as ambiguous.
+    assert orch.status("p", counts=False)[0].warnings == []  # fog-a and fog-b
+    shared = {**SPEC, "pipeline": "q", "elements": [
+        {**e, "partitions": ["fog-a", "fog-a"]} if e["id"] == "aggregate" else e
+        for e in SPEC["elements"]  # type: ignore[attr-defined]
+    ]}  # fmt: skip
+    orch.registry.put_pipeline(parse_spec(shared, tmp_path), "running")
+    (status,) = orch.status("q", counts=False)
+    assert len(status.warnings) == 1, status.warnings
+    assert status.warnings[0].startswith(
+        "fog-a runs 2 partitions of 'aggregate' now (aggregate-p0, aggregate-p1)"
+    )
+    assert "`--to aggregate-p0`" in status.warnings[0]
+    orch.registry.set_status("q", "stopped")  # (it runs nowhere: nothing to say)
+    assert orch.status("q", counts=False)[0].warnings == []
+
+
 def test_a_scale_out_that_failed_midway_is_finished_by_the_same_request_again(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:

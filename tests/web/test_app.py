@@ -519,6 +519,16 @@ def test_an_action_asks_first_then_shows_its_report(
     assert "takes over" in web.get("/pipelines/p/elements/pick").text
 
 
+def test_a_running_pipelines_page_shows_its_warnings(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    warned = stand_in.pipeline("p").model_copy(update={"warnings": ["fog-a runs 2 <parts>"]})
+    stand_in.pipeline = lambda name: warned  # type: ignore[method-assign]
+    page = web.get("/pipelines/p").text
+    assert '<p class="errtext warning">fog-a runs 2 &lt;parts&gt;</p>' in page
+
+
 def test_a_failed_pipelines_page_says_why(
     web: TestClient, sessions: Sessions, stand_in: StandIn
 ) -> None:
@@ -529,6 +539,7 @@ def test_a_failed_pipelines_page_says_why(
     stand_in.pipeline = lambda name: failed  # type: ignore[method-assign]
     page = web.get("/pipelines/p").text
     assert "Why it failed: a PE could not be started: &lt;gone&gt;" in page
+    assert 'class="errtext warning"' not in page  # (a running pipeline's warnings, below)
     # A failed (or stopped) pipeline is deleted from its page, not stopped; confirmed first.
     assert "Delete pipeline…" in page and "Stop pipeline…" not in page
     # Nor are its PEs offered to move (refused while it does not run).
