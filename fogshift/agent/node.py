@@ -1349,9 +1349,11 @@ class NodeRuntime:
             text = str(error) if error else "query stopped by itself"
             if FENCED_TOKEN in text:
                 # A newer instance owns the output: never restart this one.
-                hosted.state, hosted.error = PEState.FENCED, text[:2000]
+                fenced = python_error(text)  # (the writer's Fenced, said without the plan)
+                said = f"{fenced[0]}: {fenced[1]}" if fenced else spark_head(text)
+                hosted.state, hosted.error = PEState.FENCED, said[:2000]
                 hosted.query = None
-                log.warning("%s is fenced: %s", hosted.plan.query_name, text[:300])
+                log.warning("%s is fenced: %s", hosted.plan.query_name, said[:300])
                 # (Its processors kept by the workers held their models and connections
                 # until the PE was removed or restarted.)
                 self._end_run(hosted)
@@ -1370,7 +1372,8 @@ class NodeRuntime:
                 # words that said what died.)
                 summary = spark_failure(text, in_event=blamed is not None)
                 log.warning("%s failed: %s\n%s", hosted.plan.query_name, summary, text[:4000])
-                self._failed(hosted, f"{summary}\n{text}")
+                # (Its 2,000 characters in the status were mostly Spark's plan and stack.)
+                self._failed(hosted, f"{summary}\n{spark_head(text)}\n{SPARK_TEXT_LOGGED}")
                 return
             # Spark's text around a Python worker's exception is a plan and a JVM stack:
             # the status says what the PE raised; the log keeps the rest.
@@ -1670,6 +1673,17 @@ def python_error(text: str) -> tuple[str, str] | None:
             message = "\n".join([first, *lines[i + 1 :]]).strip()
             return name.rpartition(".")[2], message
     return None
+
+
+#: Where the rest of Spark's text of a failure is (a status carries its head only).
+SPARK_TEXT_LOGGED = "(Spark's whole text, its plan and stack: the node's log, `fogshift logs NODE`)"
+
+
+def spark_head(text: str) -> str:
+    """Spark's text of a failure up to its plan, stack or SQL state (its first 1,000
+    characters at most): what it says, without what only a Spark developer reads."""
+    trailer = _SPARK_TRAILERS.search(text)
+    return (text[: trailer.start()] if trailer else text).strip()[:1000]
 
 
 def spark_failure(text: str, in_event: bool = False) -> str:

@@ -24,6 +24,7 @@ from fogshift.agent.node import (
     PEState,
     python_error,
     spark_failure,
+    spark_head,
 )
 from fogshift.checkpoint.spark_dir import unpack
 from fogshift.runtime.engine import QueryPlan
@@ -129,6 +130,10 @@ def test_a_worker_that_died_outside_an_event_is_said_in_the_log_and_the_status(
     said = "its Python worker exited unexpectedly, not while processing an event"
     assert (h.error or "").startswith(said), h.error
     assert "Job aborted due to stage failure" in (h.error or "")  # (Spark's text after it)
+    # Without Spark's stack (or plan): the node's log has it.
+    assert "\tat org.apache" not in (h.error or "") and "fogshift logs NODE" in (h.error or "")
+    plan = "java.io.IOException: disk full SQLSTATE: 58030\n=== Streaming Query ===\nPlan"
+    assert spark_head(plan) == "java.io.IOException: disk full"
     assert any(said in r.getMessage() and "x.p failed" in r.getMessage() for r in caplog.records)
 
 
@@ -257,6 +262,29 @@ def test_a_fenced_query_ends_its_run_so_its_kept_processors_are_revoked(
     runtime._check(h)
     assert h.state == PEState.FENCED and h.query is None
     assert current_run(gate) is None
+    assert h.error == f"{FENCED_TOKEN}: epoch 3 took over"
+
+
+def test_a_fenced_pes_status_says_what_fenced_it_without_sparks_plan(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    from fogshift.broker.exceptions import FENCED_TOKEN
+
+    fenced = (
+        "[PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback (most "
+        'recent call last):\n  File "/x/csv_io.py", line 9, in _append\n    raise Fenced(x)\n'
+        f"fogshift.broker.exceptions.Fenced: {FENCED_TOKEN}: sink p/sink runs under epoch 2, "
+        "but epoch 3 has written /o.csv: this instance must not write SQLSTATE: 38000\n"
+        "=== Streaming Query ===\nIdentifier: [id = 1]\n\tat org.apache.spark.X(x.scala:1)\n"
+    )
+    h = hosted(tmp_path)
+    h.state, h.query = PEState.RUNNING, FakeQuery(fenced)  # type: ignore[assignment]
+    runtime._check(h)
+    assert h.state == PEState.FENCED
+    assert h.error == (
+        f"Fenced: {FENCED_TOKEN}: sink p/sink runs under epoch 2, but epoch 3 has written "
+        "/o.csv: this instance must not write"
+    )
 
 
 def test_a_stop_whose_clean_up_fails_leaves_the_pe_stopped_not_running(
