@@ -609,9 +609,19 @@ class Coordination(Scaling):
                     self.last_restore[(pipeline, element_id)] = failed
                 if name == candidates[-1]:
                     raise
-                log.warning("restore of %s/%s on %s failed; trying the next node: %s",
-                            pipeline, element_id, name, exc.message)  # fmt: skip
+                tried = (pipeline, element_id, name)
+                if self._attempts_said.get(tried) == exc.message:
+                    # (The same reason each round of an automatic restore's back-off.)
+                    log.info("restore of %s/%s on %s failed again, as before; trying the "
+                             "next node", *tried)  # fmt: skip
+                else:
+                    log.warning("restore of %s/%s on %s failed; trying the next node: %s",
+                                *tried, exc.message)  # fmt: skip
+                    self._attempts_said[tried] = exc.message
                 continue
+            for tried in list(self._attempts_said):  # (a copy: other PEs' restores run)
+                if tried[:2] == (pipeline, element_id):
+                    self._attempts_said.pop(tried, None)
             report.attempts = attempts
             self.registry.route(op.id, name)
             self.registry.finish(op.id, "restored")

@@ -114,6 +114,9 @@ class OrchestratorCore:
         self._restart_backoff: dict[tuple[str, str], tuple[int, float, int, str]] = {}
         #: Why the last automatic restore of each PE failed, as logged (said in full once).
         self._restore_failures: dict[tuple[str, str], str] = {}
+        #: Why a restore of each PE on each node failed, as last logged (said in full once;
+        #: the PE's entries go when a restore of it succeeds).
+        self._attempts_said: dict[tuple[str, str, str], str] = {}
         #: Per PE whose restore a dead orchestrator left, restarted by the recovery and
         #: failed there (no healthy node yet, say): when (monotonic) it is tried again, the
         #: pause before that, and the node it was stranded on (``Reconciler.restores_owed``).

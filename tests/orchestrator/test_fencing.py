@@ -468,3 +468,38 @@ def test_a_restore_skips_a_node_removed_since_it_was_chosen(
     assert [a.node for a in attempts] == ["fog-b", "cloud"]
     assert agents["fog-b"].calls == []
     assert [o.target for o in orch.registry.operations(pipeline)] == ["cloud"]
+
+
+def test_a_restore_attempts_reason_is_logged_in_full_once_while_it_stays_the_same(
+    orch: Orchestrator,
+    pipeline: str,
+    agents: dict[str, StandIn],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An automatic restore tries again every back-off round: each round logged every
+    # failing candidate's reason again, for as long as the failure lasted.
+    here = f"/pipelines/{pipeline}/elements/aggregate"
+    agents["fog-b"].fail("POST", here + "/checkpoint/install")
+    agents["cloud"].fail("POST", here + "/checkpoint/install")
+    monkeypatch.setattr(orch, "restore_candidates", lambda *_: ["fog-b", "cloud"])
+
+    def said() -> list[tuple[str, str]]:
+        lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+        caplog.clear()
+        return [(level, text) for level, text in lines if "on fog-b failed" in text]
+
+    with caplog.at_level("INFO", logger="fogshift.orchestrator"):
+        with pytest.raises(RestoreFailed):
+            orch.restore(pipeline, "aggregate")
+        first = said()
+        with pytest.raises(RestoreFailed):
+            orch.restore(pipeline, "aggregate")
+        again = said()
+    assert [level for level, _ in first] == ["WARNING"], first
+    assert first[0][1].startswith(f"restore of {pipeline}/aggregate on fog-b failed; trying")
+    assert again == [
+        ("INFO", f"restore of {pipeline}/aggregate on fog-b failed again, as before; trying "
+         "the next node")
+    ]  # fmt: skip
+    assert orch._attempts_said  # (kept until a restore of the PE succeeds)
