@@ -668,6 +668,9 @@ class KeyMoveReport(BaseModel):
         precopy_bytes: The copies' size as sent.
         stateless: Keys moved whose origin held no state of them: never seen there (a
             typo?). They moved all the same: their events from the move on go to the target.
+        unseen: Keys ``already`` on the target that it holds no state of either (as of its
+            newest committed batch): never seen (a typo?), or their first events not
+            committed yet. ``[]`` too if the target's keys could not be read.
     """
 
     model_config = _WIRE
@@ -693,6 +696,7 @@ class KeyMoveReport(BaseModel):
     precopy_ms: float | None = None
     precopy_bytes: int = 0
     stateless: list[str] = []
+    unseen: list[str] = []
     error: str | None = None
 
 

@@ -1192,6 +1192,15 @@ def _migrate_keys(
             console.print(
                 f"already on {report.target_partition}: {escape(', '.join(report.already))}"
             )
+        if report.unseen:
+            # (A typo's key whose hash names the target was "already" there, without a word.)
+            console.print(
+                f"[yellow]warning[/]: {escape(', '.join(report.unseen))}: no state at "
+                f"{report.target_partition} either (never seen: a typo?, or "
+                f"{'its' if len(report.unseen) == 1 else 'their'} first events not committed "
+                "yet)",
+                highlight=False,
+            )
         if report.stateless:
             # (A typo's key was reported moved like any other.)
             console.print(

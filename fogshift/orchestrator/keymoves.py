@@ -67,7 +67,7 @@ from fogshift.contracts import (
     StateKeys,
 )
 from fogshift.events import MAX_KEY_CHARS
-from fogshift.exceptions import Conflict, InvalidInput, Unavailable
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.locks import element_lock, element_lock_of
 from fogshift.orchestrator.registry import PipelineRecord
@@ -76,7 +76,6 @@ from fogshift.spec.loader import did_you_mean
 from fogshift.spec.models import ElementSpec, partition_id
 
 log = logging.getLogger(__name__)
-
 
 #: How many keys one move may carry (a key: at most events.MAX_KEY_CHARS characters).
 MAX_KEYS = 1000
@@ -89,6 +88,9 @@ MAX_RECORD_BYTES = 900 * 1024
 #: How many partitions' state stores are listed at once (:meth:`KeyMoves._listed_keys`):
 #: each listing is a Spark job on the partition's node.
 LIST_AT_ONCE = 16
+#: How long a key move waits for its target's keys, to tell which keys named ``already``
+#: there it never saw (a warning only).
+UNSEEN_ASK_S = 10.0
 #: A listed move left in some inputs only is listed again from where its last record's scan
 #: ended while that leaves at most this many messages to scan, none trimmed meanwhile; else
 #: from the partitions' state stores, as a fresh one is (an orchestrator back after hours:
@@ -427,6 +429,7 @@ class KeyMoves(Standbys):
             "pipeline": pipeline, "element": element_id, "target": target,
             "target_partition": to.id, "order": order, "keys": moving, "already": already,
             "origins": {k: parts[owners.owner(k)].id for k in moving},
+            "unseen": self._unseen(pipeline, to, already),
         }  # fmt: skip
         if not moving:
             # Moved by an earlier call (whose wait for the commit may have run out): moved
@@ -987,6 +990,25 @@ class KeyMoves(Standbys):
             if len(states) >= len(keys) or time.monotonic() >= deadline:
                 return states, moved_at
             time.sleep(0.05)
+
+    def _unseen(self, pipeline: str, part: ElementSpec, keys: list[str]) -> list[str]:
+        """Those of ``keys`` (owned by partition ``part`` already) that its state store
+        holds nothing for as of its newest committed batch: a typo's key was said to be
+        "already" there, without a word. ``[]`` if its node cannot say now (a warning
+        only: the request goes on)."""
+        if not keys:
+            return []
+        node = self.pipeline(pipeline).placement.get(part.id, part.node)
+        record = self.registry.node(node)
+        if record is None or not self.healthy(record):
+            return []  # (a silent node would hold the request up for the call's timeout)
+        path = f"/pipelines/{pipeline}/elements/{part.id}/keys"
+        try:
+            held = self.agent(node).call(StateKeys, "GET", path, timeout=UNSEEN_ASK_S)
+        except FogshiftError as exc:
+            log.info("cannot tell which keys %s holds: %s", part.id, exc)
+            return []
+        return [k for k in keys if k not in set(held.keys)]
 
     def _listed_keys(self, pipeline: str, parts: list[ElementSpec]) -> Listing:
         """The keys in every partition's state store as of its newest committed batch, with

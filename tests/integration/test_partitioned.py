@@ -79,10 +79,13 @@ def test_a_partitioned_pe_moves_keys_and_partitions_and_scales_out_exactly_once(
     assert f"warning: {ghost}: no state at its origin (never seen there: a typo?)" in said, said
     # Keys already there are not moved again (the partition named by its id); a node
     # without a partition is refused.
+    # A key never seen whose hash names the target is "already" there too: said unseen.
+    unseen = next(f"ghost{i}" for i in range(100) if partition_of_key(f"ghost{i}", 2) == 1)
     again = cluster.json(
-        "migrate", "split", "aggregate", "--keys", first[0], "--to", "aggregate-p1"
+        "migrate", "split", "aggregate", "--keys", f"{first[0]},{unseen}", "--to", "aggregate-p1"
     )
-    assert (again["keys"], again["already"]) == ([], [first[0]])
+    assert (again["keys"], again["already"]) == ([], [first[0], unseen])
+    assert again["unseen"] == [unseen], again
     nowhere = cluster.cli(
         "migrate", "split", "aggregate", "--keys", first[0], "--to", "cloud", check=False
     )

@@ -391,6 +391,29 @@ def test_a_key_move_asked_again_is_moved_only_once_its_target_committed(
     agents["fog-b"].answer("GET", progress, body={**body, "offset": {"positions": {"source": 7}}})
     report = orch.migrate_keys("p", "aggregate", [key], "fog-b", timeout_s=5)
     assert report.status == "moved" and report.already == [key]
+    assert report.unseen == []  # (the stand-in's keys are no StateKeys: it cannot tell)
+
+
+def test_a_key_already_on_its_target_that_it_never_saw_is_said_unseen(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A typo's key whose hash names the target was reported "already" there, exit 0, no
+    # word: the user took the key for moved.
+    from fogshift.broker.keys import Ownership
+
+    _beat(orch, agents)
+    seen, typo = [k for k in (f"s{n}" for n in range(100)) if partition_of_key(k, 2) == 1][:2]
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(count=2))
+    monkeypatch.setattr(orch, "_key_subjects", lambda *args: None)
+    orch.broker = SimpleNamespace(run=lambda make, timeout=30: 7, close=lambda: None)  # type: ignore[assignment]
+    progress = "/pipelines/p/elements/aggregate-p1/progress"
+    body = {"pipeline": "p", "element": "aggregate-p1", "state": "running", "epoch": 1}
+    agents["fog-b"].answer("GET", progress, body={**body, "offset": {"positions": {"source": 7}}})
+    keys = {"pipeline": "p", "element": "aggregate-p1", "node": "fog-b", "batch": 4,
+            "positions": {"source": 7}, "keys": [seen]}  # fmt: skip
+    agents["fog-b"].answer("GET", "/pipelines/p/elements/aggregate-p1/keys", body=keys)
+    report = orch.migrate_keys("p", "aggregate", [seen, typo], "fog-b", timeout_s=5)
+    assert (report.status, report.already, report.unseen) == ("moved", [seen, typo], [typo])
 
 
 def test_no_key_moves_to_a_partition_a_stored_rescale_retires(
