@@ -435,6 +435,23 @@ class ElementInfo(BaseModel):
     snapshot_error: str | None = None
 
 
+class StoppedCounts(BaseModel):
+    """What a PE had done when its pipeline was stopped, as its node said at the stop (kept
+    by the orchestrator: the nodes' reports go with the instances).
+
+    Attributes:
+        events_in: Input rows committed.
+        lines_written: A sink's committed output lines (``None`` for other PEs).
+        restarts: Restarts after failures.
+    """
+
+    model_config = _WIRE
+
+    events_in: int = 0
+    lines_written: int | None = None
+    restarts: int = 0
+
+
 class ElementProgress(ElementInfo):
     """A PE with its committed position: ``GET .../progress`` and the answers of pause,
     resume, gate and deploy.

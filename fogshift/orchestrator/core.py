@@ -29,6 +29,7 @@ from fogshift.contracts import (
     PlanView,
     ReplicaInfo,
     RestoreReport,
+    StoppedCounts,
 )
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import UnknownNode, stale_generation
@@ -174,6 +175,8 @@ class OrchestratorCore:
         self.last_restore = KeptReports(self.registry, "restore", RestoreReport)
         #: The report of each PE's last migration (migrated, rolled back or failed).
         self.last_migration = KeptReports(self.registry, "migration", MigrationReport)
+        #: Each PE's counts when its pipeline was stopped, as its node gave them.
+        self.stopped_counts = KeptReports(self.registry, "stopped", StoppedCounts)
         #: Per PE: what the standby follower last capped its standby at.
         self.followed: dict[tuple[str, str], Followed] = {}
         #: Per PE: how long starting its current standby took (ms).

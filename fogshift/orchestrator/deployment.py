@@ -36,6 +36,7 @@ from fogshift.contracts import (
     CheckpointsView,
     DeadLetter,
     DeleteResult,
+    ElementInfo,
     ElementProgress,
     ElementStatus,
     EventPage,
@@ -50,6 +51,7 @@ from fogshift.contracts import (
     PlacementState,
     RestoreStatus,
     StandbyStatus,
+    StoppedCounts,
     StopResult,
     StreamEvent,
     TwinEntry,
@@ -459,7 +461,7 @@ class Deployment(Journal):
         """Drop what this process remembers of ``pipeline``'s runs: its PEs' last central
         pulls and their errors, migrations and restores."""
         for memory in (self.central_stats, self.pull_errors, self._early_pulls,
-                       self.last_migration, self.last_restore):  # fmt: skip
+                       self.last_migration, self.last_restore, self.stopped_counts):  # fmt: skip
             for key in [k for k in list(memory) if k[0] == pipeline]:
                 memory.pop(key, None)
 
@@ -655,7 +657,7 @@ class Deployment(Journal):
                 unreachable.append(node)
                 continue
             try:
-                self.agent(node).delete(f"/pipelines/{name}")
+                removed = self.agent(node).delete(f"/pipelines/{name}")
             except Unavailable:
                 unreachable.append(node)
             except FogshiftError as exc:
@@ -664,6 +666,8 @@ class Deployment(Journal):
                 # same, and this one is told as not stopped, as one away is.)
                 log.warning("node %s did not stop pipeline %s: %s", node, name, exc.message)
                 unreachable.append(node)
+            else:
+                self._keep_stopped_counts(record, node, removed)
         self.registry.set_status(name, PipelineState.STOPPED)
         log.info("stopped pipeline %s%s", name,
                  f" (not heard: {', '.join(unreachable)})" if unreachable else "")  # fmt: skip
@@ -671,6 +675,22 @@ class Deployment(Journal):
         return StopResult(
             pipeline=name, status=PipelineState.STOPPED, unreachable_nodes=unreachable
         )
+
+    def _keep_stopped_counts(self, record: PipelineRecord, node: str, removed: Any) -> None:
+        """Keep the counts of the PEs placed on ``node`` as its agent gave them when it
+        stopped them (``removed``: its answer, a list of ``ElementInfo``): they come from
+        the nodes' reports, gone with the instances, so a stopped pipeline showed ``in 0``
+        for every PE and a sink's ``out 0`` (:meth:`status` reads them back)."""
+        for item in removed if isinstance(removed, list) else []:
+            try:
+                info = ElementInfo.model_validate(item)
+            except ValueError:  # (an answer out of contract: nothing kept, the stop goes on)
+                continue
+            if record.placement.get(info.element) == node:  # (not a standby's)
+                self.stopped_counts[(record.name, info.element)] = StoppedCounts(
+                    events_in=info.events_in, lines_written=info.lines_written,
+                    restarts=info.restarts,
+                )  # fmt: skip
 
     def delete(self, name: str) -> DeleteResult:
         """Delete a stopped (or failed) pipeline: its streams (records and dead letters), its
@@ -743,10 +763,13 @@ class Deployment(Journal):
         for record in records:
             elements = []
             trimmed = self.registry.trimmed(record.name)
+            stopped = self.stopped_counts if record.status == PipelineState.STOPPED else {}
             for element in record.spec.elements:
                 node_name = record.placement[element.id]
                 node = nodes.get(node_name)
                 report = node.report.element(record.name, element.id) if node else None
+                # A stopped PE's counts, as its node gave them at the stop (none reports it).
+                counted = report or stopped.get((record.name, element.id)) or StoppedCounts()
                 stream = stream_name(record.name, element.id)
                 stored = self.broker.run(partial(subject_counts, stream=stream)) if counts else {}
                 role = element.role
@@ -759,7 +782,7 @@ class Deployment(Journal):
                 else:
                     state = report.state
                 if role == "sink":
-                    out_count = (report.lines_written if report else None) or 0
+                    out_count = counted.lines_written or 0
                 else:
                     # (Records trimmed from the stream count: see broker.history.)
                     out_count = stored.get(data_subject(record.name, element.id), 0)
@@ -784,11 +807,11 @@ class Deployment(Journal):
                         kind=element.kind,
                         node=node_name,
                         state=state,
-                        events_in=report.events_in if report else 0,
+                        events_in=counted.events_in,
                         events_out=out_count,
                         dead_letters=stored.get(dead_subject(record.name, element.id), 0)
                         + trimmed.get(element.id, (0, 0))[1],
-                        restarts=report.restarts if report else 0,
+                        restarts=counted.restarts,
                         error=error,
                         planned_backup=planned.backup,
                         planned_redeploy=planned.redeploy,

@@ -18,9 +18,10 @@ import pytest
 
 from fogshift.broker.keys import KeyMove, KeyState, Ownership
 from fogshift.common.text import one_line
-from fogshift.contracts import Heartbeat, KeyMoveStatus, KeyWave, ScaleReport
+from fogshift.contracts import Heartbeat, KeyMoveStatus, KeyWave, ScaleReport, StoppedCounts
 from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.orchestrator.keymoves import Listing, Settled
+from fogshift.orchestrator.reports import KeptReports
 from fogshift.orchestrator.scaling import Scaling
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.spec import parse_spec
@@ -576,6 +577,40 @@ def test_a_node_answering_an_error_does_not_stop_the_stop_half_way(
         assert agents[name].received("DELETE", "/pipelines/p"), name
     record = orch.registry.get_pipeline("p")
     assert record is not None and record.status == "stopped"
+
+
+def test_a_stopped_pipelines_status_shows_the_counts_its_nodes_gave_at_the_stop(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # The counts came from the nodes' reports only, gone with the instances: every PE of a
+    # stopped pipeline showed `in 0`, and its sink `out 0`.
+    _beat(orch, agents)
+    info = {"pipeline": "p", "state": "stopped", "epoch": 1}
+    agents["cloud"].answer("DELETE", "/pipelines/p", body=[
+        {**info, "element": "source", "events_in": 0},
+        {**info, "element": "sink", "events_in": 40, "lines_written": 38, "restarts": 1},
+    ])  # fmt: skip
+    agents["fog-a"].answer("DELETE", "/pipelines/p", body=[
+        {**info, "element": "aggregate-p0", "events_in": 120},
+        {**info, "element": "aggregate-p1", "events_in": 999},  # (a standby's: not kept)
+    ])  # fmt: skip
+    agents["fog-b"].answer("DELETE", "/pipelines/p", 200, {"unexpected": "answer"})
+    orch.stop("p")
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    for name, agent in agents.items():  # (heard after the stop: they run none of it)
+        orch.heartbeat(name, Heartbeat.model_validate({"url": agent.url, "ready": True}))
+    shown = {e.element: e for e in orch.status("p", counts=False)[0].elements}
+    assert (shown["sink"].events_in, shown["sink"].events_out, shown["sink"].restarts) == (
+        40, 38, 1,
+    )  # fmt: skip
+    assert shown["aggregate-p0"].events_in == 120
+    assert shown["aggregate-p1"].events_in == 0  # (fog-b's answer kept nothing: unknown)
+    # Kept in the registry (an orchestrator started again shows them); gone with a deploy.
+    kept = KeptReports(orch.registry, "stopped", StoppedCounts)
+    assert sorted(k[1] for k in kept) == ["aggregate-p0", "sink", "source"]
+    orch._forget_runs("p")
+    assert not KeptReports(orch.registry, "stopped", StoppedCounts)
 
 
 def test_a_stop_waits_for_a_key_move_or_scale_under_way(
