@@ -689,7 +689,7 @@ class _Batch(Generic[T]):
                     i = self.good_at
                 i += 1
             try:
-                if _own_snapshot(processor):  # (declared fields: see _state_text)
+                if _own_state_code(processor):  # (declared fields: see _state_text)
                     _state_text(processor)
                 final = self.finish(processor)
                 break
@@ -706,20 +706,29 @@ class _Batch(Generic[T]):
         return [record for result in self.results for record in result or ()], final
 
 
-def _own_snapshot(processor: Processor) -> bool:
-    """Whether the processor's class has a ``snapshot()`` of its own (its state one blob)."""
-    return type(processor).snapshot is not ProcessingElement.snapshot
+def _own_state_code(processor: Processor) -> bool:
+    """Whether the processor's class has a ``snapshot()`` or a ``restore()`` of its own:
+    its state must then be read back where a batch ends (see :func:`_state_text`). A
+    ``restore()`` of its own over declared fields (a cache rebuilt from them) could refuse
+    a state its fields encode: stored, every rebuild from it failed for good."""
+    cls = type(processor)
+    return (
+        cls.snapshot is not ProcessingElement.snapshot
+        or cls.restore is not ProcessingElement.restore
+    )
 
 
 def _state_text(processor: Processor) -> str:
-    """The processor's state as it is stored; with a ``snapshot()`` of its own, read back
-    first: ``restore()`` given it (decoded) must take it, and the processor must then store
-    the same text. Declared fields read back by :func:`encode_state`'s own check; a
-    snapshot of its own may not (ids written as text that ``restore()`` turns into ints,
-    and one event's text id): the state was stored, and every later rebuild from it (an
-    event undone, a restart, a move) failed for good. Afterwards the processor holds the
-    state read back (the same, as checked); if the check fails, what it holds is not to be
-    used (the callers rebuild from the known-good state).
+    """The processor's state as it is stored; with a ``snapshot()`` or ``restore()`` of
+    its own, read back first: ``restore()`` given it (decoded) must take it, and the
+    processor must then store the same text. Declared fields read back by
+    :func:`encode_state`'s own check; a snapshot of its own may not (ids written as text
+    that ``restore()`` turns into ints, and one event's text id), nor may declared fields
+    a ``restore()`` of its own builds on (an index by a field an event lacked): the state
+    was stored, and every later rebuild from it (an event undone, a restart, a move)
+    failed for good. Afterwards the processor holds the state read back (the same, as
+    checked); if the check fails, what it holds is not to be used (the callers rebuild
+    from the known-good state).
 
     Raises:
         ValueError: The state cannot be encoded, or does not read back as it is.
@@ -730,7 +739,7 @@ def _state_text(processor: Processor) -> str:
         # Said as its own (it read as a state that "cannot be encoded").
         raise ValueError(f"its snapshot() raised {raised_at(exc)}") from exc
     text = encode_state(state)
-    if _own_snapshot(processor):
+    if _own_state_code(processor):
         try:
             processor.restore(json.loads(text))
             again = encode_state(processor.snapshot())

@@ -498,6 +498,43 @@ def test_an_event_after_which_a_state_of_its_own_does_not_read_back_is_a_dead_le
     assert list(dead) == [5] and final == {"counts": {"1": 2, "2": 1}}
 
 
+class Indexed(Processor):
+    """Declared state only; its restore() rebuilds an index (not state) from it."""
+
+    seen: list = state(default_factory=list)
+
+    def restore(self, snapshot: Mapping[str, Any] | None) -> None:
+        super().restore(snapshot)
+        self.by_id = {item["id"]: item for item in self.seen}
+
+    def process(self, event: Event) -> Any:
+        if event.body.get("raise"):
+            raise ValueError("told to")
+        self.seen.append(event.body)
+        self.by_id[event.body.get("id")] = event.body
+        return {"n": len(self.seen)}
+
+
+def test_an_event_after_which_its_own_restore_refuses_the_declared_state_is_a_dead_letter() -> None:
+    # Only a class with its own snapshot() was read back: one overriding restore() alone
+    # stored a state (an event without "id") that every later rebuild refused (KeyError),
+    # and the PE failed for good.
+    build = lambda resume: Indexed.build({}, "ix", resume)  # noqa: E731
+    finish = lambda p: json.loads(encode_state(p.snapshot()))  # noqa: E731
+    rows = [row(1, id=1), row(2, v=2), row(3, id=3)]
+    records, final = run_batch(build, lambda: None, rows, finish=finish, pe="ix")
+    _, dead = split(records)
+    assert list(dead) == [2] and "its restore() refuses what its snapshot() returned" in dead[2]
+    assert "KeyError: 'id'" in dead[2]
+    assert final == {"seen": [{"id": 1}, {"id": 3}]}
+    stored = json.dumps(final)  # the next batch undoes an event: rebuilt from it
+    records, final = run_batch(
+        build, lambda: json.loads(stored), [row(4, id=4), row(5, id=5, **{"raise": True})],
+        finish=finish, pe="ix",
+    )  # fmt: skip
+    assert list(split(records)[1]) == [5] and len(final["seen"]) == 3
+
+
 class Explodes(Ids):
     """Its snapshot() raises once an event set it off."""
 
