@@ -320,7 +320,9 @@ def _encode(
             if not (0 <= seq <= _LONG_MAX and math.isfinite(timestamp)):
                 raise ValueError(f"seq {seq!r} or timestamp {timestamp!r} is out of range")
             text = dump_body(dict(body))
-        except Exception as exc:  # what the event encoding refuses, whatever the type
+        except _EVENT_FAILURES as exc:  # what the encoding refuses, whatever the type (a
+            # mapping or number of the processor's own runs its code here: its sys.exit()
+            # is its event's failure, as in process())
             raise _Rejected(
                 f"processor {pe!r} returned output {n} that cannot be encoded "
                 f"({_describe(exc)}); bodies hold JSON values and finite numbers only",

@@ -87,7 +87,8 @@ def call_hook(processor: Processor, hook: str, who: object) -> bool:
     """Call one lifecycle hook; log what it raises. ``True`` if it returned normally."""
     try:
         getattr(processor, hook)()
-    except Exception:  # a hook manages resources; its failure must not stop the query
+    except (Exception, SystemExit, GeneratorExit):  # a hook manages resources; its failure
+        # (a sys.exit() in it too) must not stop the query
         log.warning("%s: %s() raised", who, hook, exc_info=True)
         return False
     return True

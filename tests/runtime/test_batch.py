@@ -609,6 +609,52 @@ ODD_REASONS: dict[str, Callable[[], BaseException]] = {
 }
 
 
+class ExitingBody(Mapping[str, Any]):
+    """An output mapping whose reading calls sys.exit() (the processor's code runs while
+    its outputs are encoded)."""
+
+    def __getitem__(self, key: str) -> Any:
+        raise SystemExit("bad value")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["v"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+class ExitingSeq:
+    def __int__(self) -> int:
+        raise SystemExit(3)
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+@pytest.mark.parametrize("output", ["mapping", "event seq"])
+def test_an_output_whose_encoding_exits_is_a_dead_letter(output: str, stateful: bool) -> None:
+    # Only Exception was caught there: the SystemExit escaped the batch, which failed at
+    # every retry, the event never dead-lettered.
+    class Exits(Processor):
+        def process(self, event: Event) -> Any:
+            if not event.body.get("odd"):
+                return {"v": event.body["v"]}
+            if output == "mapping":
+                return ExitingBody()
+            return Event(seq=ExitingSeq(), timestamp=0.0, creator="x", body={"v": 0})  # type: ignore[arg-type]
+
+    class ExitsKept(Exits):
+        n: int = state(0)
+
+    rows = [row(1, v=1), row(2, v=2, odd=True), row(3, v=3)]
+    if stateful:
+        records, _ = run_batch(lambda resume: ExitsKept.build({}, "x", resume), lambda: None,
+                               rows, finish=lambda p: {}, pe="x")  # fmt: skip
+    else:
+        records = list(run_events(Exits.build({}, "x", None), rows))
+    events, dead = split(records)
+    assert [body for _, _, body in events] == ['{"v":1}', '{"v":3}']
+    assert list(dead) == [2] and "cannot be encoded (SystemExit" in dead[2], dead
+
+
 @pytest.mark.parametrize("stateful", [True, False])
 @pytest.mark.parametrize("name", sorted(ODD_REASONS))
 def test_any_reason_a_processor_gives_is_a_dead_letter_arrow_carries(

@@ -418,3 +418,18 @@ class Probed(Hooked):
     def __init__(self, options: dict, element_id: str = "") -> None:
         super().__init__(options, element_id)
         self.made.append(self)
+
+
+def test_a_hook_that_calls_sys_exit_fails_alone() -> None:
+    # Only Exception was caught: a close() calling sys.exit() (after an event undone) ended
+    # the batch, and the query was restarted over and over.
+    from fogshift.runtime.instances import call_hook
+
+    class Quits(Processor):
+        def process(self, event: Event) -> None:
+            return None
+
+        def close(self) -> None:
+            raise SystemExit(2)
+
+    assert call_hook(Quits.build({}, "q", None), "close", "q") is False
