@@ -262,7 +262,7 @@ class CsvSourceReader(DataSourceStreamReader):
             chunk = handle.read(partition.byte_end - partition.byte_begin)
         unreadable: str | None = None
         try:
-            header = next(csv.reader([header_line.rstrip("\r\n")]), [])
+            header = next(csv.reader([header_line.rstrip("\r\n")], strict=True), [])
         except csv.Error as exc:  # (a lone \r, a field over csv.field_size_limit)
             header, unreadable = [], f"the header (line 1) cannot be read as CSV: {exc}"
         lines = chunk.split(b"\n")
@@ -291,9 +291,17 @@ class CsvSourceReader(DataSourceStreamReader):
             reason = f"row {k} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
             return self._dead(k, raw.decode("utf-8", errors="backslashreplace"), reason, now)
         try:
-            cells = next(csv.reader([line]), [])
+            # Strict: the lenient reader took `1,"unterminated` for the cell `unterminated`
+            # and `3,"a" b` for `a b`, events no row holds, with no dead letter.
+            cells = next(csv.reader([line], strict=True), [])
         except csv.Error as exc:  # a field over csv.field_size_limit, a lone \r, a NUL...
-            return self._dead(k, line, f"row {k} cannot be read as CSV: {exc}", now)
+            why = f"row {k} cannot be read as CSV: {exc}"
+            if "unexpected end of data" in str(exc):
+                why += (
+                    " (a quote not closed on its line: a csv-source reads one record per "
+                    "line, no line break inside quotes)"
+                )
+            return self._dead(k, line, why, now)
         if len(cells) != len(header):
             reason = (
                 f"row {k} has {len(cells)} columns, the header has {len(header)} "

@@ -51,7 +51,7 @@ def _cells(line: str | None) -> list[str] | None:
     if line is None:
         return None
     try:
-        return next(csv.reader([line]), [])
+        return next(csv.reader([line], strict=True), [])
     except csv.Error:
         return None
 
@@ -104,7 +104,7 @@ def case1_reference(
 
     A header naming a column twice: a row's body holds the last cell of that name."""
     lines = input_lines(csv_path)
-    header = next(csv.reader([lines[0] or ""]), [])
+    header = next(csv.reader([lines[0] or ""], strict=True), [])
 
     def last(name: str) -> int:
         return len(header) - 1 - header[::-1].index(name)

@@ -91,7 +91,7 @@ def reference(path: Path) -> list[tuple[int, int, float, str]]:
     count, total = 0, 0.0
     for k, raw in enumerate(path.read_bytes().split(b"\n")[1:], start=1):
         try:
-            cells = next(csv.reader([raw.removesuffix(b"\r").decode("utf-8")]))
+            cells = next(csv.reader([raw.removesuffix(b"\r").decode("utf-8")], strict=True))
         except (UnicodeDecodeError, csv.Error):
             continue
         if len(cells) != 3 or cells[1] in (

@@ -86,6 +86,25 @@ def test_a_header_that_cannot_be_read_makes_dead_letters_not_failed_batches(
     assert [json.loads(r[5]) for r in rows] == [{"line": "1,2"}, {"line": "3,4"}]
 
 
+def test_a_quote_not_closed_or_followed_by_text_is_a_dead_letter_not_another_event(
+    tmp_path: Path,
+) -> None:
+    # The lenient reader made `1,"unterminated` the cell `unterminated` and `3,"a" b` the
+    # cell `a b`: events no row holds, without a dead letter.
+    data = tmp_path / "in.csv"
+    data.write_bytes(b'id,note\n1,"unterminated\n2,"ok, quoted"\n3,"a" b\n4,a"b\n')
+    rows = read_all(data)
+    assert [json.loads(r[5]) for r in rows if r[6] is None] == [
+        {"id": 2, "note": "ok, quoted"},
+        {"id": 4, "note": 'a"b'},  # (a quote inside an unquoted cell is text)
+    ]
+    dead = {r[0]: r[6] for r in rows if r[6] is not None}
+    assert list(dead) == [1, 3]
+    assert dead[1].startswith("row 1 cannot be read as CSV: unexpected end of data")
+    assert "a quote not closed on its line" in dead[1]
+    assert dead[3] == "row 3 cannot be read as CSV: ',' expected after '\"'"
+
+
 def test_invalid_utf8_is_a_dead_letter_with_the_raw_bytes_shown(tmp_path: Path) -> None:
     data = tmp_path / "in.csv"
     data.write_bytes(b"name,value\na,1\nb\xff\xfe,2\nc,3\n")

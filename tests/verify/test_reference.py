@@ -56,7 +56,8 @@ def test_a_keyed_comparison_fails_on_rows_whose_key_is_unknown(tmp_path: Path) -
     data = tmp_path / "in.csv"
     data.write_text('timestamp,sensor,value\n1,s1,1.0\n2,s2,"2.0\n3,s1,3.0\n4,s2,4.0\n')
     key_of = keys_by_seq(data, "sensor")
-    assert key_of == {1: "s1", 2: "s2", 3: "s1", 4: "s2"}
+    # (Row 2 itself cannot be read, as the csv-source reads it: a dead letter there.)
+    assert key_of == {1: "s1", 3: "s1", 4: "s2"}
     expected = [(1, 1.0), (3, 3.0), (4, 4.0)]
     assert compare_per_key(expected, expected, key_of).consistent
     assert not compare_per_key(expected, expected[:1], key_of).consistent
