@@ -118,8 +118,18 @@ def is_finite_number(value: Any) -> bool:
 
 
 def dump_body(body: dict[str, Any]) -> str:
-    """The canonical JSON text of a body (strict: NaN/inf are refused)."""
-    return json.dumps(body, allow_nan=False, separators=(",", ":"))
+    """The canonical JSON text of a body (strict: NaN/inf are refused).
+
+    Raises:
+        ValueError: A value is not finite, or two fields have one name as JSON names them
+            (``1`` and ``"1"``, ``None`` and ``"null"``: a reader keeps only the last).
+    """
+    text = json.dumps(body, allow_nan=False, separators=(",", ":"))
+    if not all(isinstance(name, str) for name in body) and len(json.loads(text)) != len(body):
+        names = [json.dumps({name: 0})[1:-4] for name in body]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise ValueError(f"fields named {', '.join(twice)} twice as JSON names them")
+    return text
 
 
 def load_body(text: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import pytest
 from fogshift.events import (
     DEFAULT_MAX_RECORD_BYTES,
     MAX_REASON_CHARS,
+    Event,
     dump_body,
     fit_dead_letter,
     oversize,
@@ -66,3 +67,29 @@ def test_a_dead_letter_is_cut_to_the_limit_and_says_so(unit: str, limit: int) ->
 
 def test_a_dead_letter_that_fits_is_left_alone() -> None:
     assert fit_dead_letter(1, 1.0, "pe", '{"a":1}', "bad", 1000) == ('{"a":1}', "bad")
+
+
+@pytest.mark.parametrize(
+    "body", [{1: "a", "1": "b"}, {None: 1, "null": 2}, {"a": 0, 2.5: 1, "2.5": 2}]
+)
+def test_fields_that_json_names_alike_are_refused(body: dict) -> None:
+    # Written as {"1":"a","1":"b"}: a reader keeps only the last, so the event was read
+    # otherwise than it was written.
+    with pytest.raises(ValueError, match="twice as JSON names them"):
+        dump_body(body)
+    assert dump_body({1: "a", 2: "b"}) == '{"1":"a","2":"b"}'  # (distinct: written)
+
+
+def test_an_output_with_fields_named_alike_is_a_dead_letter() -> None:
+    from fogshift.runtime.api import Processor
+    from fogshift.runtime.batch import run_events
+
+    class Twice(Processor):
+        def process(self, event: Event) -> dict:
+            return {1: "a", "1": "b"} if event.seq == 2 else {"v": event.seq}
+
+    rows = [(k, k, 0.0, "src", json.dumps({"v": k})) for k in (1, 2, 3)]
+    records = list(run_events(Twice.build({}, "t", None), rows))
+    reasons = {r[2]: r[6] for r in records}
+    assert reasons[1] is None and reasons[3] is None
+    assert 'cannot be encoded (ValueError: fields named "1" twice' in (reasons[2] or "")
