@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Self
 
@@ -81,17 +82,42 @@ def state(default: Any = _MISSING, *, default_factory: Callable[[], Any] | None 
     return StateField(None if default is _MISSING else default, default_factory)
 
 
+#: How many Python frames deeper than its check a state must still read back at: an
+#: event undone decodes the state deeper in the stack than a batch's end checks it, and
+#: Python counts its frames and JSON's nesting against one limit. A state nested to just
+#: under the limit at the check failed every undo from it (a RecursionError: the batch
+#: failed at every retry).
+STATE_DEPTH_MARGIN = 200
+
+
+def _deeper(frames: int, read: Callable[[], Any]) -> Any:
+    """``read()`` called ``frames`` Python frames deeper than here."""
+    return read() if frames <= 0 else _deeper(frames - 1, read)
+
+
 def encode_state(value: Any) -> str:
     """Canonical JSON text of (part of) a snapshot; NaN and infinities are refused, and so
     is a value that would not read back as it is (a tuple reads back as a list, an int key
-    as text): the instance that holds it and one rebuilt from its text (after a dead letter,
-    a restart, a move) would then go on differently.
+    as text), or not :data:`STATE_DEPTH_MARGIN` frames deeper in the stack: the instance
+    that holds it and one rebuilt from its text (after a dead letter, a restart, a move)
+    would then go on differently, or not at all.
 
     Raises:
         ValueError: The value cannot be encoded, or would not read back equal.
     """
     text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    if json.loads(text) != value:
+    if text.count("[") + text.count("{") > sys.getrecursionlimit() // 2:
+        # (Fewer brackets cannot nest that deep: most states skip the margin's frames.)
+        try:
+            same = _deeper(STATE_DEPTH_MARGIN, lambda: json.loads(text) == value)
+        except RecursionError:
+            raise ValueError(
+                "it is nested too deep to be read back where an event is undone (keep state "
+                "within a few hundred levels of lists and dicts)"
+            ) from None
+    else:
+        same = json.loads(text) == value
+    if not same:
         raise ValueError(
             "it would not read back as it is: JSON has no tuples (they read back as lists) "
             "and its object keys are text (an int key reads back as a str)"

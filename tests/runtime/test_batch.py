@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -533,6 +534,36 @@ def test_an_event_after_which_its_own_restore_refuses_the_declared_state_is_a_de
         finish=finish, pe="ix",
     )  # fmt: skip
     assert list(split(records)[1]) == [5] and len(final["seen"]) == 3
+
+
+class Trie(Processor):
+    """A state one level deeper per character of a word."""
+
+    trie: dict = state(default_factory=dict)
+
+    def process(self, event: Event) -> Any:
+        node = self.trie
+        for letter in event.body["word"]:  # (KeyError: an event without a word)
+            node = node.setdefault(letter, {})
+        node["$"] = 1
+        return {"n": len(event.body["word"])}
+
+
+def test_a_state_nested_too_deep_to_be_undone_from_is_refused_where_it_would_be_made() -> None:
+    # Nested to just under Python's limit, it passed the batch's check, then every undo
+    # (decoding it deeper in the stack) raised RecursionError: the batch failed for good.
+    build = lambda resume: Trie.build({}, "t", resume)  # noqa: E731
+    finish = lambda p: json.loads(encode_state(p.snapshot()))  # noqa: E731
+    deep = "b" * (sys.getrecursionlimit() - 60)
+    rows = [row(1, word="a" * 300), row(2, word=deep), row(3, word="c")]
+    records, final = run_batch(build, lambda: None, rows, finish=finish, pe="t")
+    events, dead = split(records)
+    assert list(dead) == [2] and "cannot be encoded" in dead[2], dead
+    assert [json.loads(body)["n"] for _, _, body in events] == [300, 1]
+    stored = json.dumps(final)  # the next batch undoes an event: rebuilt from it
+    rows = [row(4, word="d"), row(5, nothing=1), row(6, word="e")]
+    records, final = run_batch(build, lambda: json.loads(stored), rows, finish=finish, pe="t")
+    assert list(split(records)[1]) == [5] and set(final["trie"]) == {"a", "c", "d", "e"}
 
 
 class Explodes(Ids):
