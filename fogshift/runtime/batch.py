@@ -47,6 +47,7 @@ same way (by bisection) and dead-lettered. Stateless processors (no declared sta
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -92,6 +93,13 @@ Builder = Callable[[Mapping[str, Any] | None], Processor]
 T = TypeVar("T")
 
 _LONG_MAX = 2**63 - 1
+#: The most outputs one event may have, and their most bytes in all (encoded): each
+#: record is limited (``max_record_bytes``), but one event returning millions, or a
+#: thousand of a MiB each, was copied on into pandas, Arrow and the JVM whole, and a
+#: worker or JVM out of memory blames no event (the PE restarted for ever, on every node
+#: it was restored to).
+MAX_EVENT_OUTPUTS = 100_000
+MAX_EVENT_OUTPUT_BYTES = 64 * 1024 * 1024
 
 
 def _describe(exc: BaseException) -> str:
@@ -273,8 +281,17 @@ def _outputs(pe: str, result: Any) -> list[Any]:
     if isinstance(result, (Event, Mapping)):
         return [result]
     try:
-        return list(result)
-    except DeadLetter:  # a generator's own: as if process() had raised it (see _call)
+        # (Taken one past the limit at most: a generator without end is cut here.)
+        outputs = list(itertools.islice(result, MAX_EVENT_OUTPUTS + 1))
+        if len(outputs) > MAX_EVENT_OUTPUTS:
+            raise _Rejected(
+                f"processor {pe!r} returned more than {MAX_EVENT_OUTPUTS:,} outputs for one "
+                "event, the most one event may have",
+                touched=True,
+            )
+        return outputs
+    except (DeadLetter, _Rejected):  # a generator's own DeadLetter: as if process()
+        # had raised it (see _call); too many outputs: this event's
         raise
     except _EVENT_FAILURES as exc:  # not iterable, or a generator that raised part-way
         if isinstance(result, Iterator):
@@ -303,6 +320,7 @@ def _encode(
     """
     encoded = []
     body: Mapping[str, Any]
+    total = 0
     for n, out in enumerate(outputs):
         if isinstance(out, Event):
             seq, timestamp, body = out.seq, out.timestamp, out.body
@@ -333,6 +351,13 @@ def _encode(
             raise _Rejected(
                 f"processor {pe!r} returned output {n} of {size} bytes encoded, over the "
                 f"limit of {limit} bytes (max_record_bytes)",
+                touched=True,
+            )
+        total += len(text)  # (ASCII: JSON escapes the rest)
+        if total > MAX_EVENT_OUTPUT_BYTES:
+            raise _Rejected(
+                f"processor {pe!r} returned outputs of over {MAX_EVENT_OUTPUT_BYTES:,} bytes "
+                f"encoded in all for one event (at output {n}), the most one event may have",
                 touched=True,
             )
         encoded.append((seq, timestamp, text))

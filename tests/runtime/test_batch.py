@@ -566,6 +566,42 @@ def test_a_state_nested_too_deep_to_be_undone_from_is_refused_where_it_would_be_
     assert list(split(records)[1]) == [5] and set(final["trie"]) == {"a", "c", "d", "e"}
 
 
+@pytest.mark.parametrize("too_much", ["outputs", "endless", "bytes"])
+def test_one_event_with_too_many_outputs_is_a_dead_letter(
+    too_much: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each record was limited, not an event's outputs in all: millions of them, or a
+    # generator without end, were taken whole (a worker out of memory blames no event).
+    from itertools import count
+
+    from fogshift.runtime import batch
+
+    monkeypatch.setattr(batch, "MAX_EVENT_OUTPUTS", 10)
+    monkeypatch.setattr(batch, "MAX_EVENT_OUTPUT_BYTES", 1000)
+
+    class Many(Processor):
+        n: int = state(0)
+
+        def process(self, event: Event) -> Any:
+            self.n += 1
+            if not event.body.get("many"):
+                return {"v": event.body["v"]}
+            if too_much == "outputs":
+                return [{"v": k} for k in range(11)]
+            if too_much == "endless":
+                return ({"v": k} for k in count())
+            return [{"v": "x" * 200} for _ in range(5)]  # (5 of ~210 bytes: over 1000)
+
+    rows = [row(1, v=1), row(2, v=2, many=True), row(3, v=3)]
+    records, final = run_batch(lambda resume: Many.build({}, "m", resume), lambda: None, rows,
+                               finish=lambda p: p.snapshot(), pe="m")  # fmt: skip
+    events, dead = split(records)
+    assert [body for _, _, body in events] == ['{"v":1}', '{"v":3}']
+    assert list(dead) == [2] and "the most one event may have" in dead[2], dead
+    assert final == {"n": 2}  # (its state as before it)
+    assert [{"v": k} for k in range(10)] == batch._outputs("m", [{"v": k} for k in range(10)])
+
+
 class Explodes(Ids):
     """Its snapshot() raises once an event set it off."""
 
