@@ -17,6 +17,8 @@ from typing import Any
 
 from simpleeval import DEFAULT_OPERATORS, EvalWithCompoundTypes, InvalidExpression, safe_power
 
+from fogshift.common.validation import Refusal
+
 #: The most digits an integer an expression makes may have: Python converts no more to text
 #: (``sys.get_int_max_str_digits``), so no output could hold it, and computing one of
 #: millions of digits held the query for minutes.
@@ -92,6 +94,19 @@ def evaluator() -> EvalWithCompoundTypes:
     return found
 
 
+def _refused(expression: str, message: str) -> Refusal:
+    """The refusal of ``expression`` in a spec: what expressions have, and where they are
+    described (a plain ``ValueError`` left the refusal without what was expected)."""
+    return Refusal(
+        message,
+        expected="one expression of fields, constants, operators, comparisons, `x if c else "
+        "y`, lists, dicts, indexing, comprehensions and calls of " + ", ".join(sorted(FUNCTIONS)),
+        received=repr(expression)[:200],
+        hint="the README's \"Pipeline spec\" says what expressions have, over the body's "
+        "fields and seq",
+    )
+
+
 def check_expression(expression: str) -> str:
     """Return ``expression`` if it parses (names are only known per event, so unchecked).
 
@@ -104,19 +119,21 @@ def check_expression(expression: str) -> str:
     except SyntaxError as exc:
         # (simpleeval evaluates `status = 'ok'` as 'ok', true for every event, and of
         # `x > 0; y > 0` the first only.)
-        raise ValueError(
+        raise _refused(
+            expression,
             f"{expression!r} is not a valid expression: {exc.msg} (one expression: compare "
-            "with ==; no assignments, statements or ';')"
+            "with ==; no assignments, statements or ';')",
         ) from None
     except (RecursionError, MemoryError):  # (Python's parser gives up on "1+1+…" or "---…1")
-        raise ValueError(
-            f"an expression of {len(expression)} characters nests too deep to parse"
+        raise _refused(
+            expression, f"an expression of {len(expression)} characters nests too deep to parse"
         ) from None
     if any(isinstance(node, ast.FormattedValue) and node.format_spec is not None
            for node in ast.walk(tree)):  # fmt: skip
-        raise ValueError(
+        raise _refused(
+            expression,
             f"{expression!r} gives a format spec in an f-string (a width from an event "
-            "would build a string of any size): format with str() and +"
+            "would build a string of any size): format with str() and +",
         )
     # Syntax the evaluator has no rule for (``(x := 1)``, ``lambda: 1``, ``*a``, a set
     # comprehension) parses, then fails at every event: each one a dead letter.
@@ -126,16 +143,18 @@ def check_expression(expression: str) -> str:
         if isinstance(node, ast.expr) and type(node) not in rules
     })  # fmt: skip
     if unknown:
-        raise ValueError(
+        raise _refused(
+            expression,
             f"{expression!r} uses {', '.join(unknown)}, which expressions do not have: they "
             "have fields, constants, operators, comparisons, `x if c else y`, lists, dicts, "
             "indexing, comprehensions and calls of the functions "
-            f"{', '.join(sorted(FUNCTIONS))}"
+            f"{', '.join(sorted(FUNCTIONS))}",
         )
     if any(isinstance(node, ast.Attribute) for node in ast.walk(tree)):
-        raise ValueError(
+        raise _refused(
+            expression,
             f"{expression!r} reads an attribute or calls a method: expressions use fields, "
-            f"operators and the functions {', '.join(sorted(FUNCTIONS))}"
+            f"operators and the functions {', '.join(sorted(FUNCTIONS))}",
         )
     called = sorted({
         node.func.id for node in ast.walk(tree)
@@ -143,16 +162,17 @@ def check_expression(expression: str) -> str:
         and node.func.id not in FUNCTIONS
     })  # fmt: skip
     if called:
-        raise ValueError(
+        raise _refused(
+            expression,
             f"{expression!r} calls {', '.join(called)}: expressions call only "
-            f"{', '.join(sorted(FUNCTIONS))}"
+            f"{', '.join(sorted(FUNCTIONS))}",
         )
     try:
         evaluator().parse(expression)
     except (SyntaxError, InvalidExpression) as exc:
-        raise ValueError(f"{expression!r} is not a valid expression: {exc}") from exc
+        raise _refused(expression, f"{expression!r} is not a valid expression: {exc}") from exc
     except (RecursionError, MemoryError):  # (Python's parser gives up on "1+1+…" or "---…1")
-        raise ValueError(
-            f"an expression of {len(expression)} characters nests too deep to parse"
+        raise _refused(
+            expression, f"an expression of {len(expression)} characters nests too deep to parse"
         ) from None
     return expression

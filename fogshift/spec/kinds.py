@@ -40,12 +40,21 @@ Engine = Literal["python", "jvm"]
 def _visible(value: str) -> str:
     """``value`` if it has a visible character and no control character (a newline, a tab,
     C1's, Unicode's line and paragraph separators)."""
+    expected = "printable text with at least one visible character (a field name, a path)"
     if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in value):
-        raise ValueError(
-            f"{value!r} holds a control character (a newline, a tab): expected printable text"
+        raise Refusal(
+            f"{value!r} holds a control character (a newline, a tab): expected printable text",
+            expected=expected,
+            received=repr(value)[:200],
+            hint="remove the control character (a YAML double-quoted \\t or \\n is one)",
         )
     if not value.strip():
-        raise ValueError(f"{value!r} is blank: expected at least one visible character")
+        raise Refusal(
+            f"{value!r} is blank: expected at least one visible character",
+            expected=expected,
+            received=repr(value)[:200],
+            hint="name the field (or path) it is for",
+        )
     return value
 
 

@@ -261,8 +261,26 @@ def test_a_filter_that_is_not_one_expression_is_refused_at_load(where: str, said
     data = case1()
     data["elements"][1] = {"id": "aggregate", "kind": "filter", "node": "fog-a",
                            "inputs": ["source"], "options": {"where": where}}  # fmt: skip
-    with pytest.raises(InvalidSpec, match=said):
+    with pytest.raises(InvalidSpec, match=said) as refused:
         parse_spec(data)
+    # What expressions have, the expression, and where they are told (they had neither an
+    # expected nor a hint but "see the spec example in the README").
+    assert (refused.value.expected or "").startswith("one expression of fields, constants")
+    assert refused.value.received == repr(where)
+    assert "Pipeline spec" in (refused.value.hint or "")
+
+
+@pytest.mark.parametrize(("field", "said"), [("  ", "is blank"), ("a\tb", "control character")])
+def test_a_blank_field_or_one_with_a_control_character_says_what_was_expected(
+    field: str, said: str
+) -> None:
+    data = case1()
+    data["elements"][1]["options"]["field"] = field
+    with pytest.raises(InvalidSpec, match=said) as refused:
+        parse_spec(data)
+    assert (refused.value.expected or "").startswith("printable text with at least one")
+    assert refused.value.received == repr(field)
+    assert "see the spec example" not in (refused.value.hint or "")
 
 
 def test_shapes_that_could_not_be_exactly_once_are_refused(tmp_path: Path) -> None:
