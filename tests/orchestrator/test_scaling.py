@@ -371,25 +371,39 @@ def test_a_scale_whose_added_partition_would_take_another_elements_id_is_refused
     assert all(c.method == "GET" for a in agents.values() for c in a.calls)
 
 
+def _keys_to_p1(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch,
+    committed: int,
+) -> None:  # fmt: skip
+    """Set up key moves to partition 1 of two (on fog-b): the input holds 7 messages, of
+    which partition 1 has committed ``committed``."""
+    from fogshift.broker.keys import Ownership
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(count=2))
+    monkeypatch.setattr(orch, "_key_subjects", lambda *args: None)
+    orch.broker = SimpleNamespace(run=lambda make, timeout=30: 7, close=lambda: None)  # type: ignore[assignment]
+    _p1_committed(agents, committed)
+
+
+def _p1_committed(agents: dict[str, StandIn], position: int) -> None:
+    """Partition 1's node answers that it has committed its input up to ``position``."""
+    body = {"pipeline": "p", "element": "aggregate-p1", "state": "running", "epoch": 1,
+            "offset": {"positions": {"source": position}}}  # fmt: skip
+    agents["fog-b"].answer("GET", "/pipelines/p/elements/aggregate-p1/progress", body=body)
+
+
 def test_a_key_move_asked_again_is_moved_only_once_its_target_committed(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first call's wait for the commit ran out (the target's node died after the
     states were stored); the same command again said "moved" at once, with nobody having
     committed the key."""
-    from fogshift.broker.keys import Ownership
-
-    _beat(orch, agents)
     key = next(f"s{k}" for k in range(100) if partition_of_key(f"s{k}", 2) == 1)
-    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(count=2))
-    monkeypatch.setattr(orch, "_key_subjects", lambda *args: None)
-    orch.broker = SimpleNamespace(run=lambda make, timeout=30: 7, close=lambda: None)  # type: ignore[assignment]
-    progress = "/pipelines/p/elements/aggregate-p1/progress"
-    body = {"pipeline": "p", "element": "aggregate-p1", "state": "running", "epoch": 1}
-    agents["fog-b"].answer("GET", progress, body={**body, "offset": {"positions": {"source": 3}}})
+    _keys_to_p1(orch, agents, monkeypatch, committed=3)
     report = orch.migrate_keys("p", "aggregate", [key], "fog-b", timeout_s=0.3)
     assert report.status == "pending" and "has not committed" in (report.error or "")
-    agents["fog-b"].answer("GET", progress, body={**body, "offset": {"positions": {"source": 7}}})
+    _p1_committed(agents, 7)
     report = orch.migrate_keys("p", "aggregate", [key], "fog-b", timeout_s=5)
     assert report.status == "moved" and report.already == [key]
     assert report.unseen == []  # (the stand-in's keys are no StateKeys: it cannot tell)
@@ -400,16 +414,8 @@ def test_a_key_already_on_its_target_that_it_never_saw_is_said_unseen(
 ) -> None:
     # A typo's key whose hash names the target was reported "already" there, exit 0, no
     # word: the user took the key for moved.
-    from fogshift.broker.keys import Ownership
-
-    _beat(orch, agents)
     seen, typo = [k for k in (f"s{n}" for n in range(100)) if partition_of_key(k, 2) == 1][:2]
-    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(count=2))
-    monkeypatch.setattr(orch, "_key_subjects", lambda *args: None)
-    orch.broker = SimpleNamespace(run=lambda make, timeout=30: 7, close=lambda: None)  # type: ignore[assignment]
-    progress = "/pipelines/p/elements/aggregate-p1/progress"
-    body = {"pipeline": "p", "element": "aggregate-p1", "state": "running", "epoch": 1}
-    agents["fog-b"].answer("GET", progress, body={**body, "offset": {"positions": {"source": 7}}})
+    _keys_to_p1(orch, agents, monkeypatch, committed=7)
     keys = {"pipeline": "p", "element": "aggregate-p1", "node": "fog-b", "batch": 4,
             "positions": {"source": 7}, "keys": [seen]}  # fmt: skip
     agents["fog-b"].answer("GET", "/pipelines/p/elements/aggregate-p1/keys", body=keys)
