@@ -19,7 +19,7 @@ import pytest
 from fogshift.broker.keys import KeyMove, KeyState, Ownership
 from fogshift.common.text import one_line
 from fogshift.contracts import Heartbeat, KeyMoveStatus, KeyWave, ScaleReport, StoppedCounts
-from fogshift.exceptions import FogshiftError, Unavailable
+from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.keymoves import Listing, Settled
 from fogshift.orchestrator.reports import KeptReports
 from fogshift.orchestrator.scaling import Scaling
@@ -1015,6 +1015,31 @@ def test_two_scales_of_different_elements_keep_each_others_change_of_the_spec(
         assert [e.partition.count for e in after.spec.elements if e.partition] == [3] * 6
     finally:
         orch.close()
+
+
+def test_an_element_deployed_with_one_partition_is_not_scaled_out_under_its_plain_readers(
+    orch: Orchestrator, agents: dict[str, StandIn], tmp_path: Path
+) -> None:
+    """Its sink read aggregate-p0 as a plain input, numbering its records by stream
+    sequence; the scale made it read aggregate-p0|aggregate-p1 merged, numbered densely: a
+    batch run again across the scale numbered the same records lower, and the writer
+    skipped those at or below what it had stored (a review's finding)."""
+    one = {**SPEC, "pipeline": "q", "elements": [
+        {**e, "partitions": ["fog-a"]} if e["id"] == "aggregate" else e
+        for e in SPEC["elements"]  # type: ignore[attr-defined]
+    ]}  # fmt: skip
+    orch.registry.put_pipeline(parse_spec(one, tmp_path), "running")
+    with pytest.raises(InvalidInput) as refused:
+        orch.scale("q", "aggregate", 2, ["fog-b"], timeout_s=0.1)
+    assert "sink reads aggregate-p0 as a plain input" in refused.value.message
+    assert refused.value.expected and "two partitions or more" in refused.value.expected
+    assert refused.value.hint and "afresh" in refused.value.hint
+    record = orch.registry.get_pipeline("q")
+    assert record is not None and [e.id for e in record.spec.partitions_of("aggregate")] == [
+        "aggregate-p0"
+    ]
+    assert all(agent.calls == [] or all(c.method == "GET" for c in agent.calls)
+               for agent in agents.values())  # nothing started or stopped  # fmt: skip
 
 
 def test_a_scale_whose_pipeline_was_deployed_afresh_meanwhile_changes_nothing(
