@@ -115,6 +115,8 @@ class OrchestratorCore:
         self._restart_backoff: dict[tuple[str, str], tuple[int, float, int, str]] = {}
         #: Why the last automatic restore of each PE failed, as logged (said in full once).
         self._restore_failures: dict[tuple[str, str], str] = {}
+        #: PEs a reconcile round's thread is restoring now (under ``_lock``).
+        self._auto_restoring: set[tuple[str, str]] = set()
         #: Why a restore of each PE on each node failed, as last logged (said in full once;
         #: the PE's entries go when a restore of it succeeds).
         self._attempts_said: dict[tuple[str, str, str], str] = {}

@@ -572,7 +572,7 @@ class Reconciler(Coordination):
             f"epoch {op.epoch}, the origin fenced out) took over"
         )
 
-    def reconcile_once(self) -> None:
+    def reconcile_once(self, background: bool = False) -> None:
         """Keep running pipelines as placed.
 
         * a PE missing from its healthy node is started there (from its local checkpoint);
@@ -592,6 +592,12 @@ class Reconciler(Coordination):
         until it is. Then a deploy or a stop it left half-way is ended
         (:meth:`recover_pipelines`). Last, a scale it left is carried on
         (:meth:`recover_scales`).
+
+        Args:
+            background: Restore each lost PE in a thread of its own (the reconciler's
+                rounds): one restore waiting on a target that went silent held up every
+                other one, a warm standby's promotion too (promoted after 28 s of silence
+                where the pipeline asked for 5); else here, one after the other.
         """
         with self._as_round():
             self.recover_operations()
@@ -608,7 +614,7 @@ class Reconciler(Coordination):
                     if (record.name, element.id) in pending:
                         continue
                     try:
-                        self._reconcile_element(record.name, element.id)
+                        self._reconcile_element(record.name, element.id, background)
                     except Exception:
                         # One PE's trouble (an auto-restore that raised something
                         # unforeseen) must not leave the PEs after it unrestored, nor the
@@ -654,8 +660,8 @@ class Reconciler(Coordination):
                 continue
             self._streams_checked.add(record.name)
 
-    def _reconcile_element(self, pipeline: str, element_id: str) -> None:
-        """One PE's part of :meth:`reconcile_once`.
+    def _reconcile_element(self, pipeline: str, element_id: str, background: bool = False) -> None:
+        """One PE's part of :meth:`reconcile_once` (``background``: as there).
 
         Its placement is read afresh, and a restart happens inside the PE's exclusive
         section: a migration or restore (this round's, or one from the REST API) may have
@@ -677,14 +683,42 @@ class Reconciler(Coordination):
         silent = time.time() - max(node.last_seen, self.started_at)
         key = (pipeline, element_id)
         if record.spec.recovery.auto and silent > record.spec.recovery.detect_after_s:
+            with self._lock:
+                if key in self._auto_restoring:
+                    return  # a thread of this process restores it
             newest = self.registry.epoch(pipeline, element_id)
             failed = self._backed_off(key, newest, node.name)
             if failed is None:
                 return  # its last restore failed: not every round either
             log.warning("node %s silent for %.1f s: restoring %s/%s",
                         node.name, silent, pipeline, element_id)  # fmt: skip
+            if not background:
+                self._auto_restore(pipeline, element_id, node.name, failed, newest)
+                return
+            with self._lock:
+                self._auto_restoring.add(key)
+            threading.Thread(
+                target=self._auto_restore,
+                args=(pipeline, element_id, node.name, failed, newest, True),
+                name=f"restore {pipeline}/{element_id}", daemon=True,
+            ).start()  # fmt: skip
+            return
+        if not self.healthy(node) or not node.report.ready:
+            return
+        self._keep_running(record, pipeline, element_id, node, key)
+
+    def _auto_restore(
+        self, pipeline: str, element_id: str, lost: str, failed: int, newest: int,
+        threaded: bool = False,
+    ) -> None:  # fmt: skip
+        """The automatic restore of PE ``pipeline/element_id``, whose node ``lost`` is
+        silent (its ``failed`` tries before, at epoch ``newest``): a failure is logged (in
+        full once while it stays the same) and puts the next try off. ``threaded``: in a
+        thread of its own, which logs what else it raises (tried again next round)."""
+        key = (pipeline, element_id)
+        try:
             try:
-                self.restore(pipeline, element_id, lost=node.name)
+                self.restore(pipeline, element_id, lost=lost)
             except FogshiftError as exc:
                 said = str(exc)
                 if self._restore_failures.get(key) == said:
@@ -697,13 +731,25 @@ class Reconciler(Coordination):
                 # Each failed try fenced anew on every candidate (a new epoch, a marker in
                 # the PE's stream, a journal entry, a copy), and the whole round waited for
                 # it, every round, for as long as the node stayed away.
-                self._back_off(key, failed, newest, node.name)
+                self._back_off(key, failed, newest, lost)
+                return
+            except Exception:
+                if not threaded:
+                    raise  # (reconcile_once logs it, and goes on with the next PE)
+                log.exception("auto-restore of %s/%s failed", pipeline, element_id)
                 return
             self._restart_backoff.pop(key, None)
             self._restore_failures.pop(key, None)
-            return
-        if not self.healthy(node) or not node.report.ready:
-            return
+        finally:
+            with self._lock:
+                self._auto_restoring.discard(key)
+
+    def _keep_running(
+        self, record: PipelineRecord, pipeline: str, element_id: str, node: NodeRecord,
+        key: tuple[str, str],
+    ) -> None:  # fmt: skip
+        """The rest of :meth:`_reconcile_element` for a PE whose node is heard: start it
+        again there if it is missing, fenced, halted or behind its newest epoch."""
         reported = node.report.element(pipeline, element_id)
         newest = self.registry.epoch(pipeline, element_id)
         stale = stale_inputs(reported, record.spec.element(element_id))
@@ -718,14 +764,14 @@ class Reconciler(Coordination):
             return  # its last restart failed: not every round (see RESTART_BACKOFF_MAX_S)
         try:
             with self._exclusive(pipeline, element_id, "restart"):
-                record = self.registry.get_pipeline(pipeline)
+                now = self.registry.get_pipeline(pipeline)
                 if (
-                    record is None
-                    or record.status != PipelineState.RUNNING
-                    or record.placement.get(element_id) != node.name
+                    now is None
+                    or now.status != PipelineState.RUNNING
+                    or now.placement.get(element_id) != node.name
                 ):
                     return  # moved or stopped meanwhile
-                here = record.spec.element(element_id).model_copy(update={"node": node.name})
+                here = now.spec.element(element_id).model_copy(update={"node": node.name})
                 if reported is None and not self._hosts(here, pipeline):
                     if self._lost(here, pipeline, node):
                         self._restore_lost(pipeline, here)
@@ -1022,4 +1068,5 @@ class Reconciler(Coordination):
 
     def run_reconciler(self) -> None:
         """Loop :meth:`reconcile_once` until :meth:`close`."""
-        self._every(self.config.reconcile_s, self.reconcile_once, "reconcile")
+        self._every(self.config.reconcile_s, partial(self.reconcile_once, background=True),
+                    "reconcile")  # fmt: skip

@@ -139,7 +139,7 @@ def test_one_pe_whose_reconcile_raises_leaves_the_other_pes_and_the_strays_to_it
 ) -> None:
     seen: list[str] = []
 
-    def reconcile_element(pipeline: str, element_id: str) -> None:
+    def reconcile_element(pipeline: str, element_id: str, background: bool = False) -> None:
         seen.append(element_id)
         if element_id == "source":  # e.g. an auto-restore whose store raised OSError
             raise OSError(28, "No space left on device")

@@ -1263,3 +1263,41 @@ def test_a_silent_node_does_not_list_a_pe_restored_elsewhere_as_its_own(
     assert silent.warnings[0].startswith("no heartbeat for 6"), silent.warnings
     assert silent.warnings[0].endswith(" s (its agent is down or cut off)")
     assert silent.warnings[1:] == ["last heard holding p/aggregate, which runs on fog-b now"]
+
+
+def test_a_restore_held_up_does_not_hold_up_the_restores_of_other_pes(
+    tmp_path: Path, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconcile loop's rounds restore each lost PE in a thread of its own: one restore
+    waiting on a target that went silent held up every other one (a walk-through saw a warm
+    standby promoted after 28 s of silence where its pipeline asked for 5)."""
+    import threading
+
+    with orchestrator_of(tmp_path, agents, SPEC) as orch:
+        orch.started_at -= 60
+        orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60")  # all lost
+        release, asked = threading.Event(), []
+        done = {"source": threading.Event(), "sink": threading.Event()}
+
+        def restore(pipeline: str, element: str, *args: Any, **kwargs: Any) -> None:
+            asked.append(element)
+            if element == "aggregate":
+                assert release.wait(30)  # held up, as by a target gone silent
+            else:
+                done[element].set()
+
+        monkeypatch.setattr(orch, "restore", restore)
+        orch.reconcile_once(background=True)
+        assert all(event.wait(10) for event in done.values()), asked  # the others went on
+        deadline = time.monotonic() + 10
+        while orch._auto_restoring != {("p", "aggregate")} and time.monotonic() < deadline:
+            time.sleep(0.02)  # (their threads end)
+        assert orch._auto_restoring == {("p", "aggregate")}
+        orch.reconcile_once(background=True)  # (the held one is not restored twice; the
+        # stand-in restores of the others moved nothing: they are asked again)
+        assert asked.count("aggregate") == 1 and asked.count("source") == 2, asked
+        release.set()
+        deadline = time.monotonic() + 10
+        while orch._auto_restoring and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert orch._auto_restoring == set()
