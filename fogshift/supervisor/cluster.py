@@ -757,9 +757,15 @@ def _up_claimed(
                     f"a fogshift cluster is already up under {str(home)!r}, with nodes {running}",
                     expected="a home where no cluster is up, or a node the cluster lacks",
                     received=f"a cluster up with nodes {running}",
-                    hint=f"`fogshift up --nodes {','.join(members)},NEW` (every node it has "
-                    "and the new one) adds node NEW; `fogshift down` stops the cluster "
-                    "(pipelines, checkpoints and outputs are kept); or use another --home",
+                    hint=(
+                        f"`fogshift up --nodes {','.join(members)},NEW` (every node it has "
+                        "and the new one) adds node NEW"
+                        if not cluster.network
+                        else "an isolated cluster takes no node while it runs: `fogshift "
+                        f"down`, then `{_up_again(cluster, ',NEW')}` adds node NEW"
+                    )
+                    + "; `fogshift down` stops the cluster (pipelines, checkpoints and "
+                    "outputs are kept); or use another --home",
                 )
             # Some nodes died (killed, crashed): start them again, as they were started.
             if dead:
@@ -1001,6 +1007,21 @@ def restart_orchestrator(
     return cluster
 
 
+def _up_again(cluster: ClusterFile, more: str = "") -> str:
+    """The `fogshift up` that starts ``cluster`` again as it was started: its nodes (and
+    ``more``), and if isolated, ``--isolate`` with each link's profile (a fresh `up` makes
+    namespaces and links anew, from its own arguments only)."""
+    command = f"fogshift up --nodes {','.join(cluster.members)}{more}"
+    if not cluster.network:
+        return command
+    links = [
+        f" --link {name}={node.link.profile.label()}"
+        for name, node in sorted(cluster.network.items())
+        if node.link.profile != LinkProfile()
+    ]
+    return command + " --isolate" + "".join(links)
+
+
 def restart_nodes(
     home: Path,
     cluster: ClusterFile,
@@ -1030,7 +1051,8 @@ def restart_nodes(
                 "started alone",
                 expected="a node started without --isolate by this version of `fogshift up`",
                 received="an isolated node" if name in cluster.network else "no start command",
-                hint="`fogshift down`, then `fogshift up`",
+                # (A plain `up` after `down` brought the cluster back without isolation.)
+                hint=f"`fogshift down`, then `{_up_again(cluster)}`",
             )
     started: list[str] = []
     try:

@@ -107,3 +107,28 @@ def test_a_token_this_user_cannot_read_is_a_refusal_not_a_traceback(home: Path) 
     with pytest.raises(InvalidInput) as caught:
         load_cluster(home)
     assert "operator token" in caught.value.message and caught.value.hint
+
+
+def test_an_isolated_node_that_died_is_told_to_come_back_isolated_with_its_links(
+    home: Path,
+) -> None:
+    # "`fogshift down`, then `fogshift up`" brought the cluster back without isolation.
+    from fogshift.network.links import parse_link_profile
+    from fogshift.network.namespaces import NodeLink
+    from fogshift.supervisor.cluster import IsolatedNode, restart_nodes
+
+    def isolated(node: str, profile: str) -> IsolatedNode:
+        link = NodeLink(node=node, home=str(home), namespace=f"ns-{node}", host_if="h",
+                        ns_if="n", subnet="10.0.0.0/30", host_ip="10.0.0.1", ns_ip="10.0.0.2",
+                        profile=parse_link_profile(profile, node))  # fmt: skip
+        return IsolatedNode(link=link, relay=ProcessInfo(pid=1, pgid=1), routes={})
+
+    cluster = a_cluster().model_copy(update={
+        "nodes": {n: ProcessInfo(pid=9, pgid=9) for n in ("cloud", "fog-a")},
+        "network": {"cloud": isolated("cloud", "n0"), "fog-a": isolated("fog-a", "10mbit,n100")},
+    })  # fmt: skip
+    with pytest.raises(InvalidInput, match="cannot be started alone") as refused:
+        restart_nodes(home, cluster, ["fog-a"], 1.0, lambda _: None)
+    assert refused.value.hint == (
+        "`fogshift down`, then `fogshift up --nodes cloud,fog-a --isolate --link fog-a=10mbit,n100`"
+    )
