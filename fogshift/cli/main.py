@@ -1387,8 +1387,10 @@ def restore(
         # (A restore of a healthy PE went ahead without a word: it replaces the instance
         # wherever it runs, as documented, but a user may have meant a lost one.)
         console.print(f"[yellow]note[/]: {escape(pipeline)}/{escape(element)} was running on "
-                      f"{escape(was)}: that instance is fenced and removed (`fogshift migrate` "
-                      "moves a running PE with less downtime)", highlight=False)  # fmt: skip
+                      f"{escape(was)} (as last heard): that instance is fenced (it cannot emit) "
+                      "and removed once its node answers (while its node is up, `fogshift "
+                      "migrate` moves a running PE with less downtime)",
+                      highlight=False)  # fmt: skip
     for attempt in report.attempts:
         console.print(f"[yellow]attempt on {attempt.node} failed[/]: {escape(attempt.error)}")
     if report.method == RestoreMethod.STANDBY:

@@ -128,7 +128,10 @@ def test_a_restore_of_a_running_pe_says_it_replaced_that_instance(
     monkeypatch.setattr(cli, "_run_operation", lambda *args: answer.model_dump(mode="json"))
     monkeypatch.setattr(cli, "_running_on", lambda home, p, e: "fog-a")
     out = " ".join(fogshift_in_process("restore", "p", "agg").stdout.split())
-    assert "note: p/agg was running on fog-a: that instance is fenced and removed" in out, out
+    assert (
+        "note: p/agg was running on fog-a (as last heard): that instance is fenced (it "
+        "cannot emit) and removed once its node answers" in out
+    ), out
     monkeypatch.setattr(cli, "_running_on", lambda home, p, e: None)  # lost, or not told
     assert "note" not in fogshift_in_process("restore", "p", "agg").stdout
 
