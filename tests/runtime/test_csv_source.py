@@ -35,6 +35,13 @@ def fits(record: tuple, limit: int) -> bool:
     return oversize(seq, timestamp, creator, body, reason, limit) is None
 
 
+def rows_of(tmp_path: Path, content: bytes) -> list[tuple]:
+    """The rows one batch reads of a file ``in.csv`` holding ``content``."""
+    data = tmp_path / "in.csv"
+    data.write_bytes(content)
+    return read_all(data)
+
+
 def read_all(path: Path, **options: Any) -> list[tuple]:
     source = reader(path, **options)
     _, rows = next_batch(source, source.initialOffset())
@@ -62,9 +69,7 @@ def test_odd_characters_are_part_of_the_cell_not_line_breaks(tmp_path: Path, odd
 
 
 def test_crlf_line_ends_and_a_lone_carriage_return(tmp_path: Path) -> None:
-    data = tmp_path / "in.csv"
-    data.write_bytes(b"name,value\r\na,1\r\nb\rx,2\r\nc,3\n")
-    rows = read_all(data)
+    rows = rows_of(tmp_path, b"name,value\r\na,1\r\nb\rx,2\r\nc,3\n")
     assert [json.loads(r[5]) for r in rows if r[6] is None] == [
         {"name": "a", "value": 1},
         {"name": "c", "value": 3},
@@ -78,9 +83,7 @@ def test_a_header_that_cannot_be_read_makes_dead_letters_not_failed_batches(
     tmp_path: Path,
 ) -> None:
     # A bare \r in the header raised in every batch, at every restart, for good.
-    data = tmp_path / "in.csv"
-    data.write_bytes(b"sensor\rid,value\n1,2\n3,4\n")
-    rows = read_all(data)
+    rows = rows_of(tmp_path, b"sensor\rid,value\n1,2\n3,4\n")
     assert [r[0] for r in rows] == [1, 2]
     assert all("the header (line 1) cannot be read as CSV" in r[6] for r in rows), rows
     assert [json.loads(r[5]) for r in rows] == [{"line": "1,2"}, {"line": "3,4"}]
@@ -91,9 +94,7 @@ def test_a_quote_not_closed_or_followed_by_text_is_a_dead_letter_not_another_eve
 ) -> None:
     # The lenient reader made `1,"unterminated` the cell `unterminated` and `3,"a" b` the
     # cell `a b`: events no row holds, without a dead letter.
-    data = tmp_path / "in.csv"
-    data.write_bytes(b'id,note\n1,"unterminated\n2,"ok, quoted"\n3,"a" b\n4,a"b\n')
-    rows = read_all(data)
+    rows = rows_of(tmp_path, b'id,note\n1,"unterminated\n2,"ok, quoted"\n3,"a" b\n4,a"b\n')
     assert [json.loads(r[5]) for r in rows if r[6] is None] == [
         {"id": 2, "note": "ok, quoted"},
         {"id": 4, "note": 'a"b'},  # (a quote inside an unquoted cell is text)
@@ -106,9 +107,7 @@ def test_a_quote_not_closed_or_followed_by_text_is_a_dead_letter_not_another_eve
 
 
 def test_invalid_utf8_is_a_dead_letter_with_the_raw_bytes_shown(tmp_path: Path) -> None:
-    data = tmp_path / "in.csv"
-    data.write_bytes(b"name,value\na,1\nb\xff\xfe,2\nc,3\n")
-    rows = read_all(data)
+    rows = rows_of(tmp_path, b"name,value\na,1\nb\xff\xfe,2\nc,3\n")
     assert [(r[0], r[6] is None) for r in rows] == [(1, True), (2, False), (3, True)]
     assert rows[1][6] == "row 2 is not valid UTF-8 (invalid start byte at byte 1)"
     assert json.loads(rows[1][5]) == {"line": "b\\xff\\xfe,2"}
@@ -230,9 +229,7 @@ def test_a_fresh_reader_resumes_after_a_tail_it_read_before(tmp_path: Path) -> N
 
 
 def test_blank_and_short_rows_keep_their_reasons(tmp_path: Path) -> None:
-    data = tmp_path / "in.csv"
-    data.write_bytes(b"name,value\n\na\nb,2\n")
-    rows = read_all(data)
+    rows = rows_of(tmp_path, b"name,value\n\na\nb,2\n")
     assert [(r[0], r[6]) for r in rows] == [
         (1, "row 1 has 0 columns, the header has 2 (name, value)"),
         (2, "row 2 has 1 columns, the header has 2 (name, value)"),
