@@ -16,6 +16,7 @@ delay (:mod:`fogshift.network`). The orchestrator reaches the agent through the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -834,6 +835,7 @@ def _up_claimed(
         node_infos: dict[str, ProcessInfo] = {}
         isolated: dict[str, IsolatedNode] = {}
         if isolate:
+            _say_changed_links(home, profiles, say)
             say("creating a network namespace per node")
             made_links = create_links(home, profiles)
         for k, name in enumerate(nodes):
@@ -1005,6 +1007,35 @@ def restart_orchestrator(
         kill_group(info.pgid, signal.SIGKILL)
         raise
     return cluster
+
+
+#: The link profiles of a home's last isolated run (``up --isolate``), by node: a fresh
+#: one says which links it starts otherwise (the cluster file goes with `down`, and a plain
+#: `up --isolate` after it started every link at n0 without a word).
+LAST_LINKS = "last-links.json"
+
+
+def _say_changed_links(
+    home: Path, profiles: dict[str, LinkProfile], say: Callable[[str], None]
+) -> None:
+    """Warn (``say``) of each node whose link ``profiles`` gives otherwise than the home's
+    last isolated run did, then keep these as the last."""
+    path = home / LAST_LINKS
+    try:
+        last = json.loads(path.read_text())
+    except (OSError, ValueError):
+        last = {}
+    now = {name: profile.label() for name, profile in profiles.items()}
+    changed = sorted(n for n in now if isinstance(last, dict) and last.get(n, now[n]) != now[n])
+    if changed:
+        say(
+            "warning: this home's last isolated run had the links "
+            + ", ".join(f"{n}={last[n]}" for n in changed)
+            + "; this one starts them as "
+            + ", ".join(f"{n}={now[n]}" for n in changed)
+            + " (give --link NODE=PROFILE to set them as before)"
+        )
+    path.write_text(json.dumps(now, sort_keys=True) + "\n")
 
 
 def _up_again(cluster: ClusterFile, more: str = "") -> str:

@@ -132,3 +132,26 @@ def test_an_isolated_node_that_died_is_told_to_come_back_isolated_with_its_links
     assert refused.value.hint == (
         "`fogshift down`, then `fogshift up --nodes cloud,fog-a --isolate --link fog-a=10mbit,n100`"
     )
+
+
+def test_a_fresh_isolated_run_says_which_links_it_starts_otherwise_than_the_last(
+    home: Path,
+) -> None:
+    # A plain `up --isolate` after `down` started every link at n0, without a word.
+    from fogshift.network.links import parse_link_profile
+    from fogshift.supervisor.cluster import LAST_LINKS, _say_changed_links
+
+    said: list[str] = []
+    first = {"cloud": parse_link_profile("n0"), "fog-a": parse_link_profile("10mbit,n100")}
+    _say_changed_links(home, first, said.append)
+    assert said == []  # (no run before)
+    again = {"cloud": parse_link_profile("n0"), "fog-a": parse_link_profile("n0"),
+             "fog-b": parse_link_profile("n100")}  # fmt: skip
+    _say_changed_links(home, again, said.append)
+    assert said == [
+        "warning: this home's last isolated run had the links fog-a=10mbit,n100; this one "
+        "starts them as fog-a=n0 (give --link NODE=PROFILE to set them as before)"
+    ]
+    (home / LAST_LINKS).write_text("not json")  # (unreadable: as if none)
+    _say_changed_links(home, again, said.append)
+    assert len(said) == 1
