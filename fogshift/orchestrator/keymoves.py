@@ -57,7 +57,7 @@ from fogshift.broker.naming import (
 )
 from fogshift.broker.publish import WRONG_LAST_SEQUENCE
 from fogshift.common.progress import PositionWatch
-from fogshift.common.text import counted
+from fogshift.common.text import counted, one_line
 from fogshift.contracts import (
     KeyMoveReport,
     KeyMoveStatus,
@@ -543,45 +543,65 @@ class KeyMoves(Standbys):
 
         if ordered:  # (a key group's move: none of its keys may hold state yet)
             append_wave()
-        while pending:
-            wave, move_id, deadline = pending[0]
-            if ahead_ok():
-                before = self._parts_count(parts)
-                wait = min(deadline, time.monotonic() + PRECOPY_WAIT_S)
-                if before is not None and self._await_sending(
-                    pipeline, source, move_id, wave.seq, wave.keys, parts, before, wait
-                ):
+        try:
+            while pending:
+                wave, move_id, deadline = pending[0]
+                if ahead_ok():
+                    before = self._parts_count(parts)
+                    wait = min(deadline, time.monotonic() + PRECOPY_WAIT_S)
+                    if before is not None and self._await_sending(
+                        pipeline, source, move_id, wave.seq, wave.keys, parts, before, wait
+                    ):
+                        append_wave()
+                states, moved_at = self._await_states(
+                    pipeline, source, move_id, wave.seq, wave.keys, deadline, settled.stateless
+                )
+                pending.pop(0)
+                largest = max(largest, settled.note(states, moved_at))
+                _note_last(last, states)
+                missing = [k for k in wave.keys if k not in states]
+                if missing:
+                    # A wave already appended after it moves on by itself (as this one does,
+                    # once its origin runs): its keys are moving, not left.
+                    for later, later_id, _ in pending:
+                        got, at = self._await_states(
+                            pipeline, source, later_id, later.seq, later.keys, 0.0,
+                            settled.stateless,
+                        )  # fmt: skip
+                        settled.note(got, at)
+                        _note_last(last, got)
+                        missing += [k for k in later.keys if k not in got]
+                    settled.left = ordered[asked:]
+                    settled.error = _no_state(missing) + (
+                        f"; {counted(len(settled.left), 'key')} of later waves did not move"
+                        if settled.left
+                        else ""
+                    )  # fmt: skip
+                    return settled, waves, last
+                if wave_keys is None and known is None and asked < len(ordered):
+                    if wave.keys[0] in copied and ordered[asked] not in copied:
+                        step, largest = 1, 1  # whole states from here: their size is unknown
+                    else:
+                        step = _next_step(step, largest, WAVE_BYTES, WAVE_KEYS)
+                if not pending and asked < len(ordered):
                     append_wave()
-            states, moved_at = self._await_states(
-                pipeline, source, move_id, wave.seq, wave.keys, deadline, settled.stateless
-            )
-            pending.pop(0)
-            largest = max(largest, settled.note(states, moved_at))
-            _note_last(last, states)
-            missing = [k for k in wave.keys if k not in states]
-            if missing:
-                # A wave already appended after it moves on by itself (as this one does,
-                # once its origin runs): its keys are moving, not left.
-                for later, later_id, _ in pending:
-                    got, at = self._await_states(pipeline, source, later_id, later.seq,
-                                                 later.keys, 0.0, settled.stateless)  # fmt: skip
-                    settled.note(got, at)
-                    _note_last(last, got)
-                    missing += [k for k in later.keys if k not in got]
-                settled.left = ordered[asked:]
-                settled.error = _no_state(missing) + (
-                    f"; {counted(len(settled.left), 'key')} of later waves did not move"
+        except FogshiftError as exc:
+            # (A broker away for a moment after the first wave was stored: the bare error
+            # said nothing of the keys that move as stored.)
+            stored = [k for wave in waves for k in wave.keys]
+            settled.left = ordered[asked:]
+            settled.error = (
+                f"{one_line(exc.message)}, after {counted(len(waves), 'wave')} of "
+                f"{counted(len(stored), 'key')} stored: those move as stored (their target "
+                "takes them once it runs); "
+                + (
+                    f"{counted(len(settled.left), 'key')} of later waves did not move (the "
+                    "same command again moves them)"
                     if settled.left
-                    else ""
-                )  # fmt: skip
-                return settled, waves, last
-            if wave_keys is None and known is None and asked < len(ordered):
-                if wave.keys[0] in copied and ordered[asked] not in copied:
-                    step, largest = 1, 1  # whole states from here: their size is unknown
-                else:
-                    step = _next_step(step, largest, WAVE_BYTES, WAVE_KEYS)
-            if not pending and asked < len(ordered):
-                append_wave()
+                    else "no key is left"
+                )
+            )
+            return settled, waves, last
         return settled, waves, last
 
     def _append_move(self, pipeline: str, inputs: tuple[str, ...], move: KeyMove) -> int:

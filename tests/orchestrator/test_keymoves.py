@@ -607,3 +607,30 @@ def test_a_key_move_s_target_is_a_node_with_one_partition_or_a_partition_s_id() 
         "agg-p1, agg-p2)"
     )
     assert no.value.hint is not None and "fogshift nodes" in no.value.hint
+
+
+def test_a_broker_away_after_the_first_wave_says_which_keys_move_and_which_did_not() -> None:
+    # The bare "broker away" came back (a 503) though the waves stored before it move:
+    # a key move or `scale --waves` said nothing of what it had done.
+    from fogshift.broker.exceptions import BrokerUnavailable
+
+    class Away(Waves):
+        def _append_key_record(self, pipeline: str, source: str, payload: bytes,
+                               msg_id: str) -> int:  # fmt: skip
+            if len(self.moves) == 2:
+                raise BrokerUnavailable("broker away for a moment")
+            return super()._append_key_record(pipeline, source, payload, msg_id)
+
+    sizes = keys(30, KIB)
+    waves = Away(sizes)
+    settled, appended, _ = waves.run(list(sizes), wave_keys=None)
+    assert [len(w.keys) for w in appended] == [1, 4]
+    assert settled.left == list(sizes)[5:]
+    assert (settled.error or "").startswith(
+        "broker away for a moment, after 2 waves of 5 keys stored: those move as stored"
+    ), settled.error
+    assert "25 keys of later waves did not move (the same command again" in settled.error
+    first = Away(sizes)
+    first.moves = [None, None]  # type: ignore[list-item]  # (the first append fails)
+    with pytest.raises(BrokerUnavailable):  # nothing stored: refused as it is
+        first.run(list(sizes), wave_keys=None)
