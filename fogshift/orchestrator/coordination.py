@@ -509,14 +509,16 @@ class Coordination(Scaling):
                     fenced = exc.report.epoch if isinstance(exc.report, RestoreReport) else 0
                     attempts.append(RestoreAttempt(node=standby.node, epoch=fenced or None,
                                                    error=exc.message))  # fmt: skip
-            if target is not None:
-                self._refuse_current_node(record, element_id, target, "restore")
-                # (Again: its removal may have begun while this waited for the section.)
-                self._usable_node(target, f"restore {pipeline}/{element_id} on", current)
-                candidates = [target]
-            else:
-                candidates = self.restore_candidates(pipeline, element_id, {current})
             try:
+                # (In the try: refused after a standby's promotion that fenced the primary
+                # and failed, the PE must still run again in place, its rights given back.)
+                if target is not None:
+                    self._refuse_current_node(record, element_id, target, "restore")
+                    # (Again: its removal may have begun while this waited for the section.)
+                    self._usable_node(target, f"restore {pipeline}/{element_id} on", current)
+                    candidates = [target]
+                else:
+                    candidates = self.restore_candidates(pipeline, element_id, {current})
                 if not candidates:
                     raise Unavailable(
                         f"no healthy node to restore {pipeline}/{element_id} on "

@@ -390,6 +390,34 @@ def test_a_promotion_that_fenced_then_failed_with_no_node_left_restarts_the_pe_i
     assert len(fenced) == 1 and orch.registry.epoch("p", "aggregate") == 3
 
 
+def test_a_promotion_onto_a_named_node_that_fenced_then_failed_restarts_the_pe_in_place(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`restore --to` the standby's node: its promotion fenced the primary and failed, then
+    the node was refused as a target (draining now, not ready): the refusal escaped before
+    the fallback, the primary left fenced and without its rights until the next round (a
+    review's finding)."""
+    epoch = orch.registry.add_standby("p", "aggregate", "fog-b")
+    monkeypatch.setattr(standby_procedure, "fence_and_locate", lambda *args: (44, 44))
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30: 9)
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(epoch, 41, gated=True))
+    agents["fog-b"].fail("PUT", AGG + "/gate")
+
+    usable, asked = orch._usable_node, []
+
+    def unusable(node: str, *args: Any) -> Any:
+        asked.append(node)
+        if node == "fog-b" and asked.count("fog-b") > 1:  # (its drain began meanwhile)
+            raise Unavailable(f"node {node!r} is being drained")
+        return usable(node, *args)
+
+    monkeypatch.setattr(orch, "_usable_node", unusable)
+    with pytest.raises(Unavailable, match=r"runs again on fog-a .* under epoch 3"):
+        orch.restore("p", "aggregate", target="fog-b")
+    (put,) = agents["fog-a"].received("PUT", AGG)
+    assert (put.body["epoch"], put.body["fresh"]) == (3, False)
+
+
 def test_a_pe_fenced_where_it_is_placed_with_no_operation_is_started_again(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
