@@ -50,6 +50,7 @@ from fogshift.checkpoint.store import (
 )
 from fogshift.common.gate import acknowledged, open_gate, write_gate
 from fogshift.common.names import NAME_PATTERN, pe_folder, pipeline_folder
+from fogshift.common.text import one_line
 from fogshift.contracts import (
     LEFT_REPORTED,
     CheckpointInfo,
@@ -132,6 +133,10 @@ class HostedElement:
     #: Restarts for a batch that ran past its time limit since the query last committed
     #: one: each doubles the limit.
     stalls: int = 0
+    #: The last failure logged with Spark's whole text (its one line): the same again is
+    #: logged in one line (a node cut off failed its PEs every restart, each with ~200
+    #: lines of stack). Cleared once a batch commits.
+    failure_said: str | None = None
     events_in: int = 0
     last_batch: int = -1
     started_at: float = field(default_factory=time.time)
@@ -1340,6 +1345,7 @@ class NodeRuntime:
         if hosted.last_batch > hosted.started_batch:
             # It committed a batch: it works.
             hosted.failures = hosted.element_failures = hosted.stalls = 0
+            hosted.failure_said = None
         if hosted.plan.gate_file and hosted.plan.element.role == "processor":
             self._stop_overrunning(hosted)
         if self._stalled(hosted, query):
@@ -1371,15 +1377,25 @@ class NodeRuntime:
                 # (Only "restarting" was logged, and the status cut Spark's text before the
                 # words that said what died.)
                 summary = spark_failure(text, in_event=blamed is not None)
-                log.warning("%s failed: %s\n%s", hosted.plan.query_name, summary, text[:4000])
+                self._log_failure(hosted, summary, text)
                 # (Its 2,000 characters in the status were mostly Spark's plan and stack.)
                 self._failed(hosted, f"{summary}\n{spark_head(text)}\n{SPARK_TEXT_LOGGED}")
                 return
             # Spark's text around a Python worker's exception is a plan and a JVM stack:
             # the status says what the PE raised; the log keeps the rest.
-            log.warning("%s failed: %s", hosted.plan.query_name, text[:4000])
             kind, message = cause
+            self._log_failure(hosted, f"{kind}: {message}", text)
             self._failed(hosted, f"{kind}: {message}", element_error=kind == ElementError.__name__)
+
+    def _log_failure(self, hosted: HostedElement, summary: str, text: str) -> None:
+        """Log that the PE's query failed: ``summary`` with Spark's ``text`` (its first 4,000
+        characters), or only the summary if the failure before it said the same."""
+        if hosted.failure_said == summary:
+            log.warning("%s failed again, as before: %s", hosted.plan.query_name,
+                        one_line(summary)[:300])  # fmt: skip
+            return
+        hosted.failure_said = summary
+        log.warning("%s failed: %s\n%s", hosted.plan.query_name, summary, text[:4000])
 
     def _stalled(self, hosted: HostedElement, query: StreamingQuery) -> bool:
         """Stop and mark failed (to be started again at once) a running query whose batch
