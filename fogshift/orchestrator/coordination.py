@@ -264,8 +264,14 @@ class Coordination(Scaling):
                 # PE ran where it ran before while another migration moved it).
                 raise
             forward = [*moved, failed] if isinstance(failed, MigrationReport) else moved
-            undone, problems = [], [f"{exc.message}"]
+            undone, problems, already_back = [], [f"{exc.message}"], 0
             for report in reversed(moved):  # latest first: the way they came
+                if self.pipeline(pipeline).placement.get(report.element) == report.origin:
+                    # Back already (its target's node was lost and the reconciler restored
+                    # it there): "moving it back failed: already runs there" read as a
+                    # failure of a group whose every PE ran where it ran before.
+                    already_back += 1
+                    continue
                 try:
                     undone.append(
                         self.migrate(pipeline, report.element, report.origin, mode, group=group)
@@ -277,7 +283,7 @@ class Coordination(Scaling):
             itself = not isinstance(failed, MigrationReport) or failed.rolled_back
             status = (
                 GroupMigrationStatus.ROLLED_BACK
-                if len(undone) == len(moved) and itself
+                if len(undone) + already_back == len(moved) and itself
                 else GroupMigrationStatus.FAILED
             )
             return self._group_report(

@@ -122,6 +122,24 @@ def test_a_failed_move_moves_the_others_back_latest_first() -> None:
     assert "migrating c to n2 failed" in (report.error or "")
 
 
+def test_a_pe_put_back_on_its_origin_meanwhile_counts_as_moved_back() -> None:
+    # Its target's node was lost during the group's next move and the reconciler restored
+    # it on its origin: "moving a back failed: already runs there" made the group "failed"
+    # where every PE ran where it ran before (a walk-through's finding).
+    class Restored(Fake):
+        def migrate(self, pipeline: str, element: str, target: str, mode: MigrationMode,
+                    *, group: str) -> Any:  # fmt: skip
+            if (element, target) == ("b", "n2"):
+                self.placement["a"] = "n1"  # (restored there by the reconciler)
+            return super().migrate(pipeline, element, target, mode, group=group)
+
+    fake = Restored(fail={("b", "n2")})
+    report = fake.group(["a", "b"])
+    assert report.status == GroupMigrationStatus.ROLLED_BACK, report
+    assert fake.calls == [("a", "n2"), ("b", "n2")]  # (nothing to move back)
+    assert report.placement == {"a": "n1", "b": "n1"} and "back failed" not in (report.error or "")
+
+
 def test_a_move_back_that_fails_is_reported_with_where_each_runs() -> None:
     fake = Fake(fail={("b", "n2"), ("a", "n1")})
     report = fake.group(["a", "b"])
