@@ -861,7 +861,8 @@ class Deployment(Journal):
         if not recovery.auto:
             return f"{lost}; recovery is manual: `fogshift restore {record.name} {element_id}`"
         if silent is not None and silent < recovery.detect_after_s:
-            return f"{lost}; restored elsewhere after {recovery.detect_after_s:g} s"
+            # ("restored elsewhere after 10 s" read as done already.)
+            return f"{lost}; to be restored elsewhere at {recovery.detect_after_s:g} s of silence"
         return f"{lost}; restore due (automatic)"
 
     def standby_missing(self, record: PipelineRecord, element: ElementSpec) -> str | None:

@@ -732,7 +732,7 @@ def test_a_lost_pe_says_what_is_done_about_it(orch: Orchestrator) -> None:
         return re.sub(r"silent \d+ s", "silent N s", aggregate.error)
 
     orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 6 WHERE name = 'fog-a'")
-    assert lost() == "node fog-a silent N s; restored elsewhere after 10 s"
+    assert lost() == "node fog-a silent N s; to be restored elsewhere at 10 s of silence"
     orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 6 WHERE name = 'fog-a'")
     assert lost() == "node fog-a silent N s; restore due (automatic)"
     orch._migrating[("p", "aggregate")] = "restore"
