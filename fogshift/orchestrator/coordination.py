@@ -227,12 +227,19 @@ class Coordination(Scaling):
         self._usable_node(target, f"migrate {pipeline}/{','.join(element_ids)} to")
         # Journaled: one an orchestrator dies in is carried on by the next one's rounds
         # (``Reconciler.recover_groups``), as the same group asked again would be.
-        group_id = resume or self.registry.begin_group(
-            pipeline, element_ids, target, mode, self.run_id
-        )
+        if resume is None:
+            group_id = self.registry.begin_group(
+                pipeline, element_ids, target, mode, self.run_id,
+                origins={e: record.placement[e] for e in element_ids},
+            )  # fmt: skip
+            earlier: dict[str, str] = {}
+        else:  # (the PEs on the target that the dead orchestrator had moved there)
+            group_id = resume
+            began = self.registry.group_origins(resume)
+            earlier = {e: began[e] for e in there if began.get(e, target) != target}
         outcome = "failed"
         try:
-            report = self._move_pes(pipeline, element_ids, target, mode, there, group_id)
+            report = self._move_pes(pipeline, element_ids, target, mode, there, group_id, earlier)
             outcome = report.status
             return report
         except FogshiftError as exc:
@@ -250,8 +257,15 @@ class Coordination(Scaling):
         mode: MigrationMode,
         there: list[str],
         group: str,
+        earlier: dict[str, str],
     ) -> GroupMigrationReport:
-        """:meth:`migrate_group`'s moves once it is checked and journaled as ``group``."""
+        """:meth:`migrate_group`'s moves once it is checked and journaled as ``group``.
+
+        Args:
+            earlier: PEs of ``there`` the group had moved before (carried on for a dead
+                orchestrator), each with the node it ran on as the group began: a failure
+                moves them back there too, so that "rolled back" means the pipeline runs as
+                before the group (they stayed on the target while the report said so)."""
         moved: list[MigrationReport] = []
         try:
             for element_id in (e for e in element_ids if e not in there):
@@ -265,25 +279,25 @@ class Coordination(Scaling):
                 raise
             forward = [*moved, failed] if isinstance(failed, MigrationReport) else moved
             undone, problems, already_back = [], [f"{exc.message}"], 0
-            for report in reversed(moved):  # latest first: the way they came
-                if self.pipeline(pipeline).placement.get(report.element) == report.origin:
+            back = [(r.element, r.origin) for r in reversed(moved)]  # latest first
+            back += [(e, earlier[e]) for e in reversed(element_ids) if e in earlier]
+            for element_id, origin in back:
+                if self.pipeline(pipeline).placement.get(element_id) == origin:
                     # Back already (its target's node was lost and the reconciler restored
                     # it there): "moving it back failed: already runs there" read as a
                     # failure of a group whose every PE ran where it ran before.
                     already_back += 1
                     continue
                 try:
-                    undone.append(
-                        self.migrate(pipeline, report.element, report.origin, mode, group=group)
-                    )
-                except FogshiftError as back:
-                    problems.append(f"moving {report.element} back failed: {back.message}")
+                    undone.append(self.migrate(pipeline, element_id, origin, mode, group=group))
+                except FogshiftError as refused:
+                    problems.append(f"moving {element_id} back failed: {refused.message}")
             # Rolled back only if the PE that failed runs where it ran too (its own
             # rollback may not have resumed it), not just the PEs moved before it.
             itself = not isinstance(failed, MigrationReport) or failed.rolled_back
             status = (
                 GroupMigrationStatus.ROLLED_BACK
-                if len(undone) + already_back == len(moved) and itself
+                if len(undone) + already_back == len(back) and itself
                 else GroupMigrationStatus.FAILED
             )
             return self._group_report(

@@ -110,6 +110,15 @@ CREATE TABLE IF NOT EXISTS groups (
     updated REAL NOT NULL,
     outcome TEXT
 );
+-- Where each PE of a group migration ran when it began: a carry-on that fails moves the
+-- ones an orchestrator that died had moved back there too (a home from before
+-- 2026-12-06's sixth session has no rows: its carry-ons move back only what they moved).
+CREATE TABLE IF NOT EXISTS group_origins (
+    group_id TEXT NOT NULL REFERENCES groups(id) ON DELETE CASCADE,
+    element TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    PRIMARY KEY (group_id, element)
+);
 CREATE TABLE IF NOT EXISTS scales (
     id TEXT PRIMARY KEY,
     pipeline TEXT NOT NULL,
@@ -899,11 +908,20 @@ class Registry:
     # -- group migrations -------------------------------------------------------------------
 
     def begin_group(
-        self, pipeline: str, elements: list[str], target: str, mode: str, owner: str
+        self,
+        pipeline: str,
+        elements: list[str],
+        target: str,
+        mode: str,
+        owner: str,
+        origins: dict[str, str] | None = None,
     ) -> str:
         """Journal that a group migration of ``pipeline`` starts; return its id. Unfinished
         ones of the pipeline that share a PE with it end, superseded (a carry-on of an older
-        request must not move a PE back where the user no longer wants it)."""
+        request must not move a PE back where the user no longer wants it).
+
+        Args:
+            origins: Where each PE runs as the group begins (:meth:`group_origins`)."""
         now = time.time()
         group_id = uuid.uuid4().hex[:16]
         with self._tx() as db:
@@ -922,7 +940,19 @@ class Registry:
                 "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?)",
                 (group_id, pipeline, ",".join(elements), target, mode, owner, now, now),
             )
+            db.executemany(
+                "INSERT INTO group_origins (group_id, element, origin) VALUES (?, ?, ?)",
+                [(group_id, e, n) for e, n in (origins or {}).items()],
+            )
         return group_id
+
+    def group_origins(self, group_id: str) -> dict[str, str]:
+        """Where each PE of the group migration ran as it began (empty: not journaled)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT element, origin FROM group_origins WHERE group_id = ?", (group_id,)
+            ).fetchall()
+        return dict(rows)
 
     def end_group(self, group_id: str, outcome: str) -> None:
         """Record how a group migration ended, unless it has already (the first stands)."""

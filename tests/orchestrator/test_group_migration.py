@@ -36,11 +36,18 @@ class Fake:
         #: The group's journal: each entry's (what was begun, how it ended).
         self.journal: dict[str, list[Any]] = {}
         self.run_id = "me"
-        self.registry = SimpleNamespace(begin_group=self._begin, end_group=self._end)
+        #: Each group's journaled origins (where its PEs ran as it began).
+        self.origins: dict[str, dict[str, str]] = {}
+        self.registry = SimpleNamespace(
+            begin_group=self._begin,
+            end_group=self._end,
+            group_origins=lambda g: self.origins.get(g, {}),
+        )
 
-    def _begin(self, *entry: Any) -> str:
-        self.journal[f"g{len(self.journal)}"] = [entry, None]
-        return f"g{len(self.journal) - 1}"
+    def _begin(self, *entry: Any, origins: dict[str, str]) -> str:
+        group_id = f"g{len(self.journal)}"
+        self.journal[group_id], self.origins[group_id] = [entry, None], dict(origins)
+        return group_id
 
     def _end(self, group_id: str, outcome: str) -> None:
         self.journal[group_id][1] = outcome
@@ -219,3 +226,37 @@ def test_pes_on_the_target_already_stay_and_the_rest_move() -> None:
     )
     assert refused.value.received == "a on n2, b on n2" and refused.value.hint
     assert fake.calls == []
+
+
+def test_a_carried_on_group_that_fails_moves_back_what_it_moved_before_too() -> None:
+    # An orchestrator died after moving a; the next one carried the group on, and c's move
+    # failed: b went back, a stayed on the target, and the report said "rolled back".
+    fake = Fake(fail=set())
+    fake.placement["c"] = "n3"
+    fake.group(["a", "b", "c"])  # (journals where each ran: a, b on n1, c on n3)
+    fake.placement = {"a": "n2", "b": "n1", "c": "n3"}  # as the dead one left it
+    fake.journal["g0"][1], fake.fail, fake.calls = None, {("c", "n2")}, []
+    report = fake.group(["a", "b", "c"], resume="g0")
+    assert report.status == GroupMigrationStatus.ROLLED_BACK, report
+    assert fake.calls == [("b", "n2"), ("c", "n2"), ("b", "n1"), ("a", "n1")]
+    assert report.placement == {"a": "n1", "b": "n1", "c": "n3"}
+    assert [u.element for u in report.undone] == ["b", "a"]
+    # One of them back already (restored on its origin meanwhile) is counted so; one that
+    # cannot go back makes the group "failed", naming it.
+    fake.placement, fake.calls = {"a": "n1", "b": "n2", "c": "n3"}, []
+    fake.fail = {("c", "n2"), ("b", "n1")}
+    report = fake.group(["a", "b", "c"], resume="g0")
+    assert fake.calls == [("a", "n2"), ("c", "n2"), ("a", "n1"), ("b", "n1")]
+    assert report.status == GroupMigrationStatus.FAILED
+    assert report.placement == {"a": "n1", "b": "n2", "c": "n3"}
+    assert "moving b back failed" in (report.error or "")
+    # A group journaled without origins (a home from before they were) moves back only
+    # what the carry-on moved, as it did.
+    fake.origins.clear()
+    fake.placement, fake.calls, fake.fail = {"a": "n2", "b": "n1", "c": "n1"}, [], {("c", "n2")}
+    report = fake.group(["a", "b", "c"], resume="g0")
+    assert report.placement == {"a": "n2", "b": "n1", "c": "n1"}
+    # A new group (not carried on) leaves PEs already on the target there, as before.
+    fake.calls = []
+    report = fake.group(["a", "b", "c"])
+    assert report.placement == {"a": "n2", "b": "n1", "c": "n1"} and ("a", "n1") not in fake.calls

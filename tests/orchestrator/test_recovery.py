@@ -1092,8 +1092,12 @@ def test_a_group_migration_a_dead_orchestrator_left_is_carried_on_as_asked(
     # The orchestrator died between the group's moves: the aggregate on fog-b, the sink not.
     orch, asked, answers = grouped
     left = orch.registry.begin_group("p", ["aggregate", "sink"], "fog-b", "precopy",
-                                     "dead0rchestr")  # fmt: skip
+                                     "dead0rchestr", origins={"aggregate": "fog-a",
+                                                              "sink": "cloud"})  # fmt: skip
     mine = orch.registry.begin_group("p", ["source"], "fog-b", "precopy", orch.run_id)
+    # Where its PEs ran as it began, kept for its carry-on (moved back there if it fails).
+    assert orch.registry.group_origins(left) == {"aggregate": "fog-a", "sink": "cloud"}
+    assert orch.registry.group_origins(mine) == {}
     # Held up (the target away, a PE held): tried again after a pause, not ended.
     answers.append(Unavailable("node 'fog-b' is not healthy"))
     assert orch.recover_groups() == []
