@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -408,6 +410,22 @@ class Coordination(Scaling):
         ranked = sorted(candidates, key=lambda n: (n.name != planned, busy[n.name], n.name))
         return [n.name for n in ranked]
 
+    @contextmanager
+    def _choosing(self, pipeline: str, element_id: str, exclude: set[str]) -> Iterator[list[str]]:
+        """:meth:`restore_candidates`, the first one counted by :meth:`load` while the
+        block runs (the restore's attempts, its placement written): restores running at
+        once (the reconciler's, one thread each) are spread as one after the other were."""
+        with self._lock:  # (ranked and reserved at once: the next one sees it)
+            candidates = self.restore_candidates(pipeline, element_id, exclude)
+            first = candidates[:1]
+            self._restoring_to.update(first)
+        try:
+            yield candidates
+        finally:
+            with self._lock:
+                self._restoring_to.subtract(first)
+                self._restoring_to += Counter()  # (drops the nodes at 0)
+
     def checkpoint_copies(
         self, pipeline: str, element_id: str, target: str
     ) -> Callable[[CheckpointManifest], list[Copy]]:
@@ -488,8 +506,10 @@ class Coordination(Scaling):
                 target, f"restore {pipeline}/{element_id} on", record.placement[element_id]
             )
         with self._exclusive(pipeline, element_id, "restore"):
-            # Afresh: a migration or restore that just ended may have moved the PE.
+            # Afresh: a migration or restore that just ended may have moved the PE, a
+            # scale changed its inputs.
             record = self.pipeline(pipeline)
+            element = self._element(record, element_id)
             if record.status != PipelineState.RUNNING:
                 raise InvalidInput(
                     f"pipeline {pipeline!r} is {record.status}, not running",
@@ -536,16 +556,15 @@ class Coordination(Scaling):
                     self._refuse_current_node(record, element_id, target, "restore")
                     # (Again: its removal may have begun while this waited for the section.)
                     self._usable_node(target, f"restore {pipeline}/{element_id} on", current)
-                    candidates = [target]
-                else:
-                    candidates = self.restore_candidates(pipeline, element_id, {current})
-                if not candidates:
-                    raise Unavailable(
-                        f"no healthy node to restore {pipeline}/{element_id} on "
-                        f"(it was on {current!r})",
-                        hint="`fogshift nodes` shows node health; start a node or wait",
-                    )
-                return self._restore_on(element, pipeline, current, candidates, attempts)
+                    return self._restore_on(element, pipeline, current, [target], attempts)
+                with self._choosing(pipeline, element_id, {current}) as candidates:
+                    if not candidates:
+                        raise Unavailable(
+                            f"no healthy node to restore {pipeline}/{element_id} on "
+                            f"(it was on {current!r})",
+                            hint="`fogshift nodes` shows node health; start a node or wait",
+                        )
+                    return self._restore_on(element, pipeline, current, candidates, attempts)
             except FogshiftError as exc:
                 # The attempts are finished: the node the PE stays on may use its streams
                 # again (each attempt took its rights; it waited for the next round).

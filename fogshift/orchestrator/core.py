@@ -117,6 +117,10 @@ class OrchestratorCore:
         self._restore_failures: dict[tuple[str, str], str] = {}
         #: PEs a reconcile round's thread is restoring now (under ``_lock``).
         self._auto_restoring: set[tuple[str, str]] = set()
+        #: Per node, the restores in flight that chose it first (under ``_lock``): counted
+        #: by :meth:`load` until each one's placement is written (restores running at once
+        #: saw the same counts and all chose the least busy node).
+        self._restoring_to: Counter[str] = Counter()
         #: Why a restore of each PE on each node failed, as last logged (said in full once;
         #: the PE's entries go when a restore of it succeeds).
         self._attempts_said: dict[tuple[str, str, str], str] = {}
@@ -248,11 +252,14 @@ class OrchestratorCore:
         """How many instances the registry places on each node: the PEs of running
         pipelines and the standbys. What ranks nodes for a restore or a standby, rather
         than each node's own heartbeat: a node that reported no PE drew every one (and,
-        with it, the broker rights of each PE placed there)."""
+        with it, the broker rights of each PE placed there). Restores in flight count on
+        the node each chose (:meth:`Coordination.restore_candidates`)."""
         busy = Counter(s.node for s in self.registry.standbys())
         for record in self.registry.pipelines():
             if record.status == PipelineState.RUNNING:
                 busy.update(record.placement.values())
+        with self._lock:
+            busy.update(self._restoring_to)
         return busy
 
     def _silence(self, name: str) -> str | None:

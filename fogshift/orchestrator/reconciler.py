@@ -697,11 +697,16 @@ class Reconciler(Coordination):
                 return
             with self._lock:
                 self._auto_restoring.add(key)
-            threading.Thread(
-                target=self._auto_restore,
-                args=(pipeline, element_id, node.name, failed, newest, True),
-                name=f"restore {pipeline}/{element_id}", daemon=True,
-            ).start()  # fmt: skip
+            try:
+                threading.Thread(
+                    target=self._auto_restore,
+                    args=(pipeline, element_id, node.name, failed, newest, True),
+                    name=f"restore {pipeline}/{element_id}", daemon=True,
+                ).start()  # fmt: skip
+            except BaseException:  # (no thread: the next round must try again)
+                with self._lock:
+                    self._auto_restoring.discard(key)
+                raise
             return
         if not self.healthy(node) or not node.report.ready:
             return
@@ -714,35 +719,44 @@ class Reconciler(Coordination):
         """The automatic restore of PE ``pipeline/element_id``, whose node ``lost`` is
         silent (its ``failed`` tries before, at epoch ``newest``): a failure is logged (in
         full once while it stays the same) and puts the next try off. ``threaded``: in a
-        thread of its own, which logs what else it raises (tried again next round)."""
+        thread of its own, which logs what else it raises (tried again next round), and
+        runs as one of the orchestrator's rounds: a PE someone holds is refused at once,
+        not waited for (a wait of up to a minute acted on a silence seen before it)."""
         key = (pipeline, element_id)
         try:
-            try:
-                self.restore(pipeline, element_id, lost=lost)
-            except FogshiftError as exc:
-                said = str(exc)
-                if self._restore_failures.get(key) == said:
-                    # (The same lines of reason every try, for as long as the node was away.)
-                    log.warning("auto-restore of %s/%s failed again, as before (try %d)",
-                                pipeline, element_id, failed + 1)  # fmt: skip
-                else:
-                    log.warning("auto-restore of %s/%s: %s", pipeline, element_id, said)
-                    self._restore_failures[key] = said
-                # Each failed try fenced anew on every candidate (a new epoch, a marker in
-                # the PE's stream, a journal entry, a copy), and the whole round waited for
-                # it, every round, for as long as the node stayed away.
-                self._back_off(key, failed, newest, lost)
-                return
-            except Exception:
-                if not threaded:
-                    raise  # (reconcile_once logs it, and goes on with the next PE)
-                log.exception("auto-restore of %s/%s failed", pipeline, element_id)
-                return
-            self._restart_backoff.pop(key, None)
-            self._restore_failures.pop(key, None)
+            with self._as_round() if threaded else contextlib.nullcontext():
+                self._try_restore(pipeline, element_id, lost, failed, newest)
+        except Exception:
+            if not threaded:
+                raise  # (reconcile_once logs it, and goes on with the next PE)
+            log.exception("auto-restore of %s/%s failed", pipeline, element_id)
         finally:
             with self._lock:
                 self._auto_restoring.discard(key)
+
+    def _try_restore(
+        self, pipeline: str, element_id: str, lost: str, failed: int, newest: int
+    ) -> None:
+        """:meth:`_auto_restore`'s restore, and what its outcome changes."""
+        key = (pipeline, element_id)
+        try:
+            self.restore(pipeline, element_id, lost=lost)
+        except FogshiftError as exc:
+            said = str(exc)
+            if self._restore_failures.get(key) == said:
+                # (The same lines of reason every try, for as long as the node was away.)
+                log.warning("auto-restore of %s/%s failed again, as before (try %d)",
+                            pipeline, element_id, failed + 1)  # fmt: skip
+            else:
+                log.warning("auto-restore of %s/%s: %s", pipeline, element_id, said)
+                self._restore_failures[key] = said
+            # Each failed try fenced anew on every candidate (a new epoch, a marker in
+            # the PE's stream, a journal entry, a copy), and the whole round waited for
+            # it, every round, for as long as the node stayed away.
+            self._back_off(key, failed, newest, lost)
+            return
+        self._restart_backoff.pop(key, None)
+        self._restore_failures.pop(key, None)
 
     def _keep_running(
         self, record: PipelineRecord, pipeline: str, element_id: str, node: NodeRecord,

@@ -1305,3 +1305,75 @@ def test_a_restore_held_up_does_not_hold_up_the_restores_of_other_pes(
         while orch._auto_restoring and time.monotonic() < deadline:
             time.sleep(0.02)
         assert orch._auto_restoring == set()
+
+
+def test_restores_at_once_are_spread_as_one_after_the_other_would_be(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cloud lost with the source and the sink: one after the other, the source went to
+    # fog-b (nothing there) and the sink to fog-a (one PE each then, the name breaking the
+    # tie). Each in a thread of its own, both saw the same counts and chose fog-b.
+    import threading
+
+    both = threading.Barrier(2, timeout=10)
+    chosen: dict[str, list[str]] = {}
+
+    def restore_on(element: Any, pipeline: str, current: str, candidates: list[str],
+                   attempts: list[Any]) -> None:  # fmt: skip
+        chosen[element.id] = list(candidates)
+        both.wait()  # (both in flight at once, neither placed yet)
+
+    monkeypatch.setattr(orch, "_restore_on", restore_on)
+    threads = [threading.Thread(target=orch.restore, args=("p", e)) for e in ("source", "sink")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert sorted(c[0] for c in chosen.values()) == ["fog-a", "fog-b"], chosen
+    assert orch.load() == {"cloud": 2, "fog-a": 1}  # (the reservations gone with them)
+    assert orch._restoring_to == {}
+
+
+def test_a_background_restore_is_refused_at_once_by_a_pe_someone_holds(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # In its own thread it waited up to a minute for the section (a standby's follow, a
+    # restart), then restored away from a node that may have answered meanwhile; in the
+    # loop's round it was refused and tried again next round, its node looked at anew.
+    import threading
+
+    newest = orch.registry.epoch("p", "aggregate")
+    with orch._exclusive("p", "aggregate", "standby follow"):
+        thread = threading.Thread(target=orch._auto_restore,
+                                  args=("p", "aggregate", "fog-a", 0, newest, True))  # fmt: skip
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), "it waited for the section"
+    assert "being" in orch._restore_failures[("p", "aggregate")], orch._restore_failures
+    # What the failure's own handling raises (the registry closed at a shutdown) is logged
+    # by the thread, not left to Python's hook on stderr; the PE may be tried again.
+    monkeypatch.setattr(orch, "restore", lambda *a, **k: (_ for _ in ()).throw(
+        Unavailable("node 'fog-b' is not healthy")))  # fmt: skip
+    monkeypatch.setattr(orch, "_back_off", lambda *a: 1 / 0)
+    orch._auto_restoring.add(("p", "aggregate"))
+    with caplog.at_level("ERROR", logger="fogshift.orchestrator.reconciler"):
+        orch._auto_restore("p", "aggregate", "fog-a", 0, newest, True)
+    assert "auto-restore of p/aggregate failed" in caplog.text
+    assert "ZeroDivisionError" in caplog.text and orch._auto_restoring == set()
+
+
+def test_a_restore_thread_that_cannot_start_is_tried_again_next_round(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its PE stayed marked as being restored, and was never restored by this process.
+    import threading
+
+    orch.started_at -= 60
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
+
+    def start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    orch.reconcile_once(background=True)
+    assert orch._auto_restoring == set()
