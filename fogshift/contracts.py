@@ -1347,6 +1347,9 @@ class PlanView(BaseModel):
         unknown_nodes: Names the fog topology gives that no node of the cluster has
             registered with (a typo such as ``fog_a``, or a node not started yet): their
             capacities and links are left out of the plan until one does.
+        unplanned: PEs (``pipeline/element``) the latest round found no backup for, each
+            with why: each keeps its previous assignment (none, if it had none), and the
+            others were planned without it.
     """
 
     model_config = _WIRE
@@ -1360,6 +1363,7 @@ class PlanView(BaseModel):
     error: str | None = None
     computed_at: float | None = None
     unknown_nodes: list[str] = []
+    unplanned: dict[str, str] = {}
 
 
 ErrorBody.model_rebuild()

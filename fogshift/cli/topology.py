@@ -35,6 +35,8 @@ def _show(plan: PlanView, as_json: bool) -> None:
             f"[yellow]topology[/]: no node of the cluster is named {', '.join(plan.unknown_nodes)}"
             " (a typo, or a node not started yet): left out of the plan until one registers"
         )
+    for key, why in sorted(plan.unplanned.items()):
+        console.print(f"[yellow]planner[/]: {key} keeps its previous plan: {why}")
     table = Table("PE", "backup", "redeploy", "recovery ms")
     for key, choice in sorted(plan.assignments.items()):
         recovery = "-" if choice.recovery_ms is None else f"{choice.recovery_ms:.1f}"

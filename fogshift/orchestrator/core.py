@@ -34,6 +34,7 @@ from fogshift.contracts import (
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import UnknownNode, stale_generation
 from fogshift.orchestrator.permissions import BrokerPermissions
+from fogshift.orchestrator.planning import RATE_WINDOW_PULLS, Recent
 from fogshift.orchestrator.registry import NodeRecord, Registry
 from fogshift.orchestrator.reports import KeptReports
 from fogshift.planner.model import Topology
@@ -172,6 +173,12 @@ class OrchestratorCore:
         self._draining: dict[str, float] = {}
         #: Each PE's last central pull: checkpoint id, bytes shipped and the time it took.
         self.central_stats: dict[tuple[str, str], CentralPull] = {}
+        #: Each PE's bytes shipped by its recent central pulls: its backup rate to plan with.
+        self.shipped: Recent[tuple[str, str]] = Recent(
+            RATE_WINDOW_PULLS * self.config.central_interval_s
+        )
+        #: Each node's CPU use as its recent heartbeats gave it: its load to plan with.
+        self.cpu_seen: Recent[str] = Recent(self.config.plan_interval_s)
         #: Per PE: why its last central pull failed, from which node (cleared when one
         #: succeeds): a warning in ``GET /nodes``.
         self.pull_errors: dict[tuple[str, str], tuple[str, str]] = {}
@@ -231,6 +238,8 @@ class OrchestratorCore:
             })  # fmt: skip
         self.registry.heartbeat(name, report, generation)
         self.heard(name)
+        if report.cpu_percent is not None:
+            self.cpu_seen.add(name, report.cpu_percent)
 
     def heard(self, name: str) -> None:
         """Note that node ``name``'s heartbeat has just arrived (what :meth:`_silence` goes

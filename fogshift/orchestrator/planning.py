@@ -5,12 +5,14 @@ every ``plan_interval_s``:
 
 * **servers** are the healthy nodes; their capacity comes from the fog topology file
   (``<home>/topology.yaml``, see :class:`FogTopology`), their load from the CPU use the node
-  agents report with every heartbeat;
+  agents report with every heartbeat, averaged over the last planning interval
+  (:class:`Recent`: one second's reading swung the plan, or made it infeasible);
 * **links** and their bandwidths come from the topology file (a full mesh at the default
   bandwidth when it names none);
 * **tasks** are the running PEs: CPU need from the file (``pe_cpu``), latency requirement
   from the pipeline's ``recovery.latency_ms``, backup rate from the bytes the central pulls
-  shipped per interval, transfer size from the newest checkpoint's size.
+  shipped over the last :data:`RATE_WINDOW_PULLS` intervals (early pulls of a busy PE
+  included; an idle PE's falls to 0), transfer size from the newest checkpoint's size.
 
 The plan decides two nodes per PE: its *backup* node, which keeps an extra copy of each
 central checkpoint (pushed incrementally after each pull: the planner counts that traffic on
@@ -23,9 +25,13 @@ the topology.
 from __future__ import annotations
 
 import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Generic, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -39,6 +45,59 @@ from fogshift.planner.model import Link, Server, Task, Topology
 
 #: Megabits per byte, for the planner's units (Mb, Mb/s).
 MB_PER_BYTE = 8 / 1_000_000
+#: A PE's backup rate counts the bytes its central pulls shipped over this many central
+#: intervals. The last pull's bytes over one interval undercounted a PE whose checkpoints
+#: bring enough to be pulled early (every checkpoint: ~3 times as often), and kept a burst's
+#: rate for good once the PE went idle (an unchanged checkpoint is not pulled again).
+RATE_WINDOW_PULLS = 3
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Recent(Generic[K]):
+    """Values seen per key within the last ``window_s`` seconds (monotonic), for a rate or
+    a mean of what came lately rather than the last value alone. Thread-safe: heartbeats
+    and pulls add, the planning round reads."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._seen: dict[K, deque[tuple[float, float]]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, key: K, value: float, at: float | None = None) -> None:
+        at = time.monotonic() if at is None else at
+        with self._lock:
+            seen = self._seen.setdefault(key, deque())
+            seen.append((at, value))
+            self._trim(seen, at)
+
+    def _trim(self, seen: deque[tuple[float, float]], now: float) -> None:
+        while seen and seen[0][0] < now - self.window_s:
+            seen.popleft()
+
+    def _values(self, key: K, now: float | None) -> list[float]:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is None:
+                return []
+            self._trim(seen, now)
+            return [value for _, value in seen]
+
+    def per_s(self, key: K, now: float | None = None) -> float:
+        """The sum of the values within the window, per second of it (0: none)."""
+        return sum(self._values(key, now)) / self.window_s
+
+    def mean(self, key: K, now: float | None = None) -> float | None:
+        """The mean of the values within the window (``None``: none)."""
+        values = self._values(key, now)
+        return sum(values) / len(values) if values else None
+
+    def forget(self, gone: Callable[[K], bool]) -> None:
+        """Drop every key ``gone`` says is."""
+        with self._lock:
+            for key in [k for k in self._seen if gone(k)]:
+                del self._seen[key]
 
 
 class NodeCapacity(BaseModel):

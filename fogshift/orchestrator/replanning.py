@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
+from fogshift.common.text import one_line
 from fogshift.contracts import Assignment, PipelineState, PlanView
 from fogshift.exceptions import FogshiftError
 from fogshift.orchestrator.core import OrchestratorCore
@@ -16,7 +17,9 @@ from fogshift.orchestrator.planning import (
     build_topology,
     describe_plan,
 )
+from fogshift.orchestrator.registry import NodeRecord
 from fogshift.planner import plan as plan_backups
+from fogshift.planner.exceptions import InfeasiblePlan
 
 log = logging.getLogger("fogshift.orchestrator")
 
@@ -59,7 +62,9 @@ class Replanning(OrchestratorCore):
 
         PEs whose node is not healthy keep their previous assignment: that is the plan for
         the failure at hand. A node leaving (:meth:`leaving_nodes`) keeps its PEs in the
-        plan but is no PE's backup or redeploy node. An instance the planner cannot satisfy
+        plan but is no PE's backup or redeploy node. A PE the planner finds no backup for
+        (it names the task) keeps its previous assignment, said in ``unplanned``, and the
+        others are planned without it; an instance the planner cannot satisfy otherwise
         keeps the previous plan and reports the reason in ``error``.
         """
         try:
@@ -82,30 +87,38 @@ class Replanning(OrchestratorCore):
             for element in record.spec.elements:
                 key = (record.name, element.id)
                 newest = self.central.newest(*key)
-                pulled = self.central_stats.get(key)
-                shipped = pulled.shipped_bytes if pulled else 0
                 pes.append(
                     LivePE(
                         key=f"{record.name}/{element.id}",
                         node=record.placement[element.id],
                         latency_ms=record.spec.recovery.latency_ms,
                         checkpoint_bytes=int(newest["bytes"]) if newest else 0,
-                        shipped_bytes_per_s=shipped / self.config.central_interval_s,
+                        shipped_bytes_per_s=self.shipped.per_s(key),
                     )
                 )
         previous = self.plan.assignments
+        servers = [LiveNode(n.name, self._cpu_of(n), n.name in leaving) for n in live]
+        #: PEs this round cannot plan, each with why (a latency no route meets, say).
+        unplanned: dict[str, str] = {}
         try:
-            topology = build_topology(
-                fog,
-                [LiveNode(n.name, float(n.report.cpu_percent or 0.0), n.name in leaving)
-                 for n in live],
-                pes, fog.central_node(self.node_names()),
-            )  # fmt: skip
-            result = (
-                plan_backups(topology, "exact", time_limit_s=self.config.plan_time_limit_s)
-                if topology.tasks
-                else None
-            )
+            while True:
+                topology = build_topology(
+                    fog, servers, [pe for pe in pes if pe.key not in unplanned],
+                    fog.central_node(self.node_names()),
+                )  # fmt: skip
+                try:
+                    result = (
+                        plan_backups(topology, "exact", time_limit_s=self.config.plan_time_limit_s)
+                        if topology.tasks
+                        else None
+                    )
+                    break
+                except InfeasiblePlan as exc:
+                    # One PE that cannot be planned kept the previous plan for every PE
+                    # (none on a fresh start): it keeps its own, the others are planned.
+                    if exc.task_id not in {t.id for t in topology.tasks}:
+                        raise
+                    unplanned[exc.task_id] = exc.render()
         except FogshiftError as exc:
             self.plan = self.plan.model_copy(
                 update={"error": exc.render(), "computed_at": time.time(),
@@ -118,15 +131,25 @@ class Replanning(OrchestratorCore):
         planned_now = {t.id for t in topology.tasks}
         kept = {k: v for k, v in previous.items() if k not in planned_now and
                 any(pe.key == k for pe in pes)}  # fmt: skip
+        for task, why in unplanned.items():
+            if self.plan.unplanned.get(task) != why:  # (said once, not every round)
+                log.warning("planner: %s keeps its previous plan: %s", task, one_line(why))
         self.plan = fresh.model_copy(
             update={
                 "assignments": {**kept, **fresh.assignments},
                 "error": None,
                 "computed_at": time.time(),
                 "unknown_nodes": unknown,
+                "unplanned": unplanned,
             }
         )
         return self.plan
+
+    def _cpu_of(self, node: NodeRecord) -> float:
+        """Node ``node``'s CPU use (%) to plan with: the mean of its heartbeats over the last
+        planning interval (:attr:`cpu_seen`), else its last one's."""
+        seen = self.cpu_seen.mean(node.name)
+        return seen if seen is not None else float(node.report.cpu_percent or 0.0)
 
     def run_planner(self) -> None:
         """Loop :meth:`replan` until :meth:`close`, the first round as soon as the nodes

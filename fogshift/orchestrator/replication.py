@@ -140,6 +140,7 @@ class Replication(Replanning):
             )
 
         shipped = self.central.put(manifest, files.file, files, wanted)
+        self.shipped.add(key, shipped)
         self.central_stats[key] = CentralPull(
             id=latest.id,
             shipped_bytes=shipped,

@@ -38,6 +38,9 @@ def test_names_no_node_has_are_told(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no node of the cluster is named fog_a, hub" in out
     _show(PLAN, as_json=False)
     assert "no node of the cluster" not in capsys.readouterr().out
+    # A PE the last round could not plan (the others were planned) is said with why.
+    _show(PLAN.model_copy(update={"unplanned": {"p/agg": "no backup server"}}), as_json=False)
+    assert "p/agg keeps its previous plan: no backup server" in capsys.readouterr().out
 
 
 def test_json_is_the_plan_as_the_orchestrator_sent_it(capsys: pytest.CaptureFixture[str]) -> None:
