@@ -1347,6 +1347,9 @@ class PlanView(BaseModel):
         unknown_nodes: Names the fog topology gives that no node of the cluster has
             registered with (a typo such as ``fog_a``, or a node not started yet): their
             capacities and links are left out of the plan until one does.
+        unlinked_nodes: Nodes of the cluster that a fog topology listing links gives none:
+            no copy reaches them and none leaves them (their PEs' backups come only from
+            the central node, if it is theirs), so the plan takes them for nothing.
         unplanned: PEs (``pipeline/element``) the latest round found no backup for, each
             with why: each keeps its previous assignment (none, if it had none), and the
             others were planned without it.
@@ -1363,6 +1366,7 @@ class PlanView(BaseModel):
     error: str | None = None
     computed_at: float | None = None
     unknown_nodes: list[str] = []
+    unlinked_nodes: list[str] = []
     unplanned: dict[str, str] = {}
 
 

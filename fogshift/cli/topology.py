@@ -35,6 +35,11 @@ def _show(plan: PlanView, as_json: bool) -> None:
             f"[yellow]topology[/]: no node of the cluster is named {', '.join(plan.unknown_nodes)}"
             " (a typo, or a node not started yet): left out of the plan until one registers"
         )
+    if plan.unlinked_nodes:
+        console.print(
+            f"[yellow]topology[/]: its links name no link of {', '.join(plan.unlinked_nodes)}"
+            ": no backup reaches it and no PE is redeployed there (add its links)"
+        )
     for key, why in sorted(plan.unplanned.items()):
         console.print(f"[yellow]planner[/]: {key} keeps its previous plan: {why}")
     table = Table("PE", "backup", "redeploy", "recovery ms")

@@ -78,6 +78,10 @@ class Replanning(OrchestratorCore):
             })  # fmt: skip
             return self.plan
         unknown = sorted(fog.names() - set(self.node_names()))
+        # (A node a list of links leaves out has none: it was silently no PE's backup or
+        # redeploy node, and its own PEs had no backup without a central node.)
+        linked = {end for link in fog.links for end in (link.a, link.b)}
+        unlinked = sorted(set(self.node_names()) - linked) if fog.links else []
         live = [n for n in self.registry.nodes() if self.healthy(n) and n.report.ready]
         leaving = self.leaving_nodes()
         pes = []
@@ -122,7 +126,7 @@ class Replanning(OrchestratorCore):
         except FogshiftError as exc:
             self.plan = self.plan.model_copy(
                 update={"error": exc.render(), "computed_at": time.time(),
-                        "unknown_nodes": unknown}
+                        "unknown_nodes": unknown, "unlinked_nodes": unlinked}
             )  # fmt: skip
             return self.plan
         self._topology = topology
@@ -140,6 +144,7 @@ class Replanning(OrchestratorCore):
                 "error": None,
                 "computed_at": time.time(),
                 "unknown_nodes": unknown,
+                "unlinked_nodes": unlinked,
                 "unplanned": unplanned,
             }
         )

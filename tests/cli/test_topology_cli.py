@@ -41,6 +41,8 @@ def test_names_no_node_has_are_told(capsys: pytest.CaptureFixture[str]) -> None:
     # A PE the last round could not plan (the others were planned) is said with why.
     _show(PLAN.model_copy(update={"unplanned": {"p/agg": "no backup server"}}), as_json=False)
     assert "p/agg keeps its previous plan: no backup server" in capsys.readouterr().out
+    _show(PLAN.model_copy(update={"unlinked_nodes": ["fog-c"]}), as_json=False)
+    assert "its links name no link of fog-c" in " ".join(capsys.readouterr().out.split())
 
 
 def test_json_is_the_plan_as_the_orchestrator_sent_it(capsys: pytest.CaptureFixture[str]) -> None:

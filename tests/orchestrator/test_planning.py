@@ -237,10 +237,19 @@ def test_names_no_node_registered_with_are_told_with_the_plan(app: FastAPI) -> N
     answer = client.put("/topology", content=text, headers={"Content-Type": "text/plain"})
     assert answer.status_code == 200, answer.text
     assert PlanView.model_validate(answer.json()).unknown_nodes == ["fog_a"]
+    assert PlanView.model_validate(answer.json()).unlinked_nodes == []
     fixed = text.replace("fog_a", "fog-a")
     answer = client.put("/topology", content=fixed, headers={"Content-Type": "text/plain"})
     assert PlanView.model_validate(answer.json()).unknown_nodes == []
     assert client.get("/plan").json()["unknown_nodes"] == []
+    assert client.get("/plan").json()["unlinked_nodes"] == []
+    # The typo in a link: fog-a, which the links leave out, has none (no backup reaches
+    # it); without links the default mesh joins every node.
+    typo = "links: [{a: cloud, b: fog_a, bandwidth: 5}]\n"
+    answer = client.put("/topology", content=typo, headers={"Content-Type": "text/plain"})
+    assert PlanView.model_validate(answer.json()).unlinked_nodes == ["fog-a"]
+    answer = client.put("/topology", content="pe_cpu: 5\n", headers={"Content-Type": "text/plain"})
+    assert PlanView.model_validate(answer.json()).unlinked_nodes == []
 
 
 def test_a_refused_topology_file_shows_one_that_is_valid() -> None:

@@ -103,7 +103,11 @@ class StandIn:
         return [node("cloud"), node("fog-a"), stalled]
 
     def plan(self) -> PlanView:
-        return PlanView(unknown_nodes=["fog_a"], unplanned={"p/pick": "no backup server"})
+        return PlanView(
+            unknown_nodes=["fog_a"],
+            unplanned={"p/pick": "no backup server"},
+            unlinked_nodes=["fog-c"],
+        )
 
     def latency(self, name: str) -> list[HopLatency]:
         return [HopLatency(element="pick", input="src", seq=6, input_seq=8, stored=0.0,
@@ -431,6 +435,7 @@ def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
     # A name in the fog topology that no node has (a typo) is told, not silently dropped.
     assert "The fog topology names fog_a, which no node of the cluster is" in nodes.text
     assert "Planner: p/pick keeps its previous plan: no backup server" in nodes.text
+    assert "links name no link of fog-c" in nodes.text
     assert (
         '<td class="num">\N{EN DASH}</td>'
         in nodes.text.split('data-node="cloud"')[1].split("</tr>")[0]
