@@ -130,6 +130,11 @@ class OrchestratorConfig(BaseSettings):
         """The fog topology (node capacities, link bandwidths) the planner uses."""
         return self.home / "topology.yaml"
 
+    @property
+    def plan_file(self) -> Path:
+        """The last plan's assignments, what an orchestrator started again begins with."""
+        return self.home / "plan.json"
+
 
 class WarningLimits(BaseModel):
     """When a node, or the orchestrator, that works is warned of (see

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 from fogshift.broker.client import (
     BrokerAddress,
@@ -69,6 +70,22 @@ class Followed:
 
     primary: ElementProgress
     standby: ElementProgress | None = None
+
+
+def last_plan(path: Path) -> PlanView:
+    """The plan an orchestrator starts with: the assignments of the last one's latest plan
+    (``path``), not computed by this process yet. A PE whose node is down keeps its
+    assignment through the planning rounds (the plan for the failure at hand): started
+    again while a node was down, the orchestrator had none for its PEs, restored then on
+    the least busy node whatever the CPU and links."""
+    try:
+        kept = PlanView.model_validate_json(path.read_bytes()).assignments
+    except FileNotFoundError:
+        kept = {}
+    except (OSError, ValueError) as exc:
+        log.warning("the last plan (%s) cannot be read, planning afresh: %s", path, exc)
+        kept = {}
+    return PlanView(error="not computed yet", assignments=kept)
 
 
 class OrchestratorCore:
@@ -202,7 +219,7 @@ class OrchestratorCore:
         self._beats: dict[str, float] = {}
         self._beats_since = time.monotonic()
         #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
-        self.plan = PlanView(error="not computed yet")
+        self.plan = last_plan(config.plan_file)
         self._topology: Topology | None = None
         #: The central node of the fog topology ``_topology`` was built from.
         self._central: str | None = None

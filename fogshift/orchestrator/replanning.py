@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
+from fogshift.common.files import write_atomic
 from fogshift.common.text import one_line
 from fogshift.contracts import Assignment, PipelineState, PlanView
 from fogshift.exceptions import FogshiftError
@@ -138,9 +139,16 @@ class Replanning(OrchestratorCore):
         for task, why in unplanned.items():
             if self.plan.unplanned.get(task) != why:  # (said once, not every round)
                 log.warning("planner: %s keeps its previous plan: %s", task, one_line(why))
+        assignments = {**kept, **fresh.assignments}
+        if assignments != previous:  # (for the next orchestrator: see core.last_plan)
+            try:
+                write_atomic(self.config.plan_file,
+                             PlanView(assignments=assignments).model_dump_json())  # fmt: skip
+            except OSError as exc:
+                log.warning("cannot keep the plan in %s: %s", self.config.plan_file, exc)
         self.plan = fresh.model_copy(
             update={
-                "assignments": {**kept, **fresh.assignments},
+                "assignments": assignments,
                 "error": None,
                 "computed_at": time.time(),
                 "unknown_nodes": unknown,

@@ -384,3 +384,50 @@ def test_a_pe_that_cannot_be_planned_keeps_its_plan_and_the_others_are_planned(
     assert set(view.assignments) == set(before.assignments)
     client = TestClient(app, headers={"Authorization": f"Bearer {OPERATOR}"})
     assert client.get("/plan").json()["unplanned"] == view.unplanned
+
+
+def test_an_orchestrator_started_again_keeps_the_plan_of_a_node_that_is_down(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    # A PE whose node is down keeps its assignment through the rounds (the plan for the
+    # failure at hand), but only in memory: started again meanwhile, the orchestrator had
+    # none, and restored it on the least busy node whatever the CPU and links.
+    from fogshift.orchestrator.service import Orchestrator
+    from fogshift.spec import parse_spec
+    from tests.orchestrator.standin import offline_config
+
+    def started() -> Orchestrator:
+        orchestrator = Orchestrator(offline_config(tmp_path))
+        for name, agent in agents.items():
+            orchestrator.heartbeat(name, Heartbeat.model_validate(
+                {"url": agent.url, "ready": True, "elements": []}))  # fmt: skip
+        return orchestrator
+
+    first = started()
+    try:
+        first.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+        planned = first.replan().assignments["p/aggregate"]
+        assert planned.redeploy is not None
+    finally:
+        first.close()
+    second = Orchestrator(offline_config(tmp_path))
+    try:
+        assert second.planned("p", "aggregate") == planned  # before its first round
+        assert second.plan.error == "not computed yet"
+        second.registry._db.execute(  # (the aggregate's node is down)
+            "UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'"
+        )
+        for name, agent in agents.items():
+            if name != "fog-a":
+                second.heartbeat(name, Heartbeat.model_validate(
+                    {"url": agent.url, "ready": True, "elements": []}))  # fmt: skip
+        assert second.replan().assignments["p/aggregate"] == planned
+    finally:
+        second.close()
+    # A file that cannot be read is a plan to make afresh, said in the log.
+    (tmp_path / "home").mkdir(exist_ok=True)
+    broken = offline_config(tmp_path).plan_file
+    broken.write_text("{")
+    from fogshift.orchestrator.core import last_plan
+
+    assert last_plan(broken).assignments == {}
