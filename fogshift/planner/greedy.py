@@ -111,15 +111,22 @@ class _State:
 def _by_hops(net: Network, task: int) -> list[list[int]]:
     """Servers other than the task's own, not leaving, its backup data reaches, grouped by
     hop count from the task's server ascending (the paper's "number of edges": where it is
-    redeployed matters, however its backup data gets there)."""
+    redeployed matters, however its backup data gets there), then those its server has no
+    route to: backup data sent from another server (``replicas_from``) may still reach
+    them, and a co-located backup and redeploy server needs no other route (dropped, a
+    task on a server without links was never co-located; the exact solver did)."""
     work = net.task_server[task]
     layers: dict[int, list[int]] = defaultdict(list)
+    apart = []
     for s in range(len(net.server_ids)):
+        if s == work or not net.usable[s] or net.replication_route(task, s) is None:
+            continue
         hops = net.hops(work, s)
-        if (s != work and net.usable[s] and hops is not None
-                and net.replication_route(task, s) is not None):  # fmt: skip
+        if hops is None:
+            apart.append(s)
+        else:
             layers[hops].append(s)
-    return [layers[h] for h in sorted(layers)]
+    return [layers[h] for h in sorted(layers)] + ([apart] if apart else [])
 
 
 def _colocate(net: Network, state: _State, task: int, layers: list[list[int]]) -> int | None:

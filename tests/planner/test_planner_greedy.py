@@ -187,3 +187,17 @@ def test_every_other_server_leaving_is_refused_by_name() -> None:
         assert refused.value.constraint == "no_other_server"
         assert "other than its primary s1 (leaving: s2)" in refused.value.message
         assert "a server being removed takes neither" in (refused.value.hint or "")
+
+
+def test_a_task_on_a_server_without_links_is_co_located_where_its_backups_come_from() -> None:
+    """c has no link; its task's backup data comes from cloud (``replicas_from``), which
+    can hold it and take it over: recovery without a transfer. The greedy left out every
+    server c has no route to and put the backup on cloud, the redeploy on a (1,280 ms)."""
+    links = [("cloud", "a", 100)]
+    servers = [("cloud", 100, 0), ("a", 100, 0), ("c", 100, 0)]
+    t = topo(servers, [task("t", "c", transfer_size=128, replicas_from="cloud")], links)
+    for solve in (solve_greedy, solve_exact):
+        result = solve(t)
+        assert result.check(t) == []
+        (chosen,) = result.assignments
+        assert (chosen.backup, chosen.redeploy, chosen.recovery_ms) == ("cloud", "cloud", 0.0)
