@@ -534,6 +534,11 @@ class Heartbeat(BaseModel):
 # -- operations -------------------------------------------------------------------------------
 
 
+#: How a migration report's warning starts when its downtime could not be measured (a node
+#: that did not answer): not measured for want of input is said otherwise.
+DOWNTIME_FAILED = "downtime not measured"
+
+
 class MigrationReport(BaseModel):
     """What ``fogshift migrate --json`` prints (and a failed migration's error carries).
 
@@ -607,6 +612,8 @@ class GroupMigrationReport(BaseModel):
         migrations: Each move towards the target, in order; a failed one is the last.
         undone: The moves back of the PEs that had reached the target, latest first.
         error: Why the operation did not complete.
+        hint: What to do about it: the failed move's own hint (a target that went silent:
+            the PE runs on once it answers, or is restored elsewhere).
         placement: Where each PE runs afterwards.
         already_there: PEs of ``elements`` that ran on the target already and were not
             moved (the same group asked again after it was cut short finishes it).
@@ -622,6 +629,7 @@ class GroupMigrationReport(BaseModel):
     migrations: list[MigrationReport]
     undone: list[MigrationReport] = []
     error: str | None = None
+    hint: str | None = None
     placement: dict[str, str]
     already_there: list[str] = []
 

@@ -38,6 +38,7 @@ from fogshift.common.settings import check_environment, check_value
 from fogshift.common.text import counted, one_line
 from fogshift.common.validation import message_of
 from fogshift.contracts import (
+    DOWNTIME_FAILED,
     DeadLetter,
     DeleteResult,
     ElementStatus,
@@ -1128,24 +1129,50 @@ def migrate(
         + (
             f"downtime {report.downtime_ms:.0f} ms"
             if report.downtime_ms is not None
-            else "downtime not measured (no input came after the pause)"
+            # (A measurement that failed says why among the warnings: "no input came" was
+            # said beside "node agent 'cloud' cannot be reached" while input flowed.)
+            else "downtime not measured"
+            + ("" if _downtime_failed(report) else " (no input came after the pause)")
         )
     )
     for warning in report.warnings:
         console.print(f"[yellow]warning[/]: {escape(warning)}")
 
 
+def _downtime_failed(report: MigrationReport) -> bool:
+    """Whether the downtime of ``report``'s migration could not be measured (a warning says
+    why), rather than not measured because no input came after the pause."""
+    return any(w.startswith(DOWNTIME_FAILED) for w in report.warnings)
+
+
 def _post(
-    home: Path, path: str, body: dict[str, Any], doing: str, answer: type[M], as_json: bool
-) -> M:
+    home: Path, pipeline: str, path: str, body: dict[str, Any], doing: str, answer: type[M],
+    as_json: bool,
+) -> M:  # fmt: skip
     """POST ``body`` to the orchestrator's ``path``, showing ``doing`` until it answers (an
     operation may take minutes: the client waits up to 30); the answer as ``answer``,
-    printed as JSON with ``as_json``."""
+    printed as JSON with ``as_json``.
+
+    Raises:
+        NoAnswer: The orchestrator stopped answering meanwhile: said so, with what becomes
+            of the operation."""
     with (
         cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client,
         console.status(doing),
     ):
-        report = answer.model_validate(client.post(path, json=body))
+        try:
+            report = answer.model_validate(client.post(path, json=body))
+        except NoAnswer as exc:
+            # (A group migration an orchestrator died in was carried on by the next one,
+            # and "cannot be reached: RemoteProtocolError; is the cluster up?" said nothing
+            # of it.)
+            raise NoAnswer(
+                f"the orchestrator stopped answering while {doing} ({exc.message}): it may "
+                "have ended either way",
+                hint="`fogshift up` starts it again if it died, and it carries on or rolls "
+                f"back what the dead one left (`fogshift logs orchestrator` says how it "
+                f"ended); `fogshift status {pipeline}` shows where each PE runs",
+            ) from exc
     if as_json:
         _print_json(report)
     return report
@@ -1163,7 +1190,8 @@ def _migrate_keys(
     if wave_keys is not None:
         body["wave_keys"] = wave_keys
     moving = f"key group {group}" if group is not None else counted(len(keys), "key")
-    report = _post(home, f"/pipelines/{pipeline}/elements/{element}/keys/migrate", body,
+    report = _post(home, pipeline, f"/pipelines/{pipeline}/elements/{element}/keys/migrate",
+                   body,
                    f"moving {moving} of {pipeline}/{element} to {to}", KeyMoveReport,
                    as_json)  # fmt: skip
     if not as_json:
@@ -1239,15 +1267,19 @@ def _migrate_group(
 ) -> None:
     names = [e.strip() for e in elements]
     body = {"elements": names, "target": to, "mode": mode}
-    report = _post(home, f"/pipelines/{pipeline}/migrate", body,
+    report = _post(home, pipeline, f"/pipelines/{pipeline}/migrate", body,
                    f"migrating {', '.join(names)} of {pipeline} to {to}", GroupMigrationReport,
                    as_json)  # fmt: skip
     if not as_json:
         for element in report.already_there:
             console.print(f"{element}: on {report.target} already")
         for move in report.migrations:
-            phases = ", ".join(f"{k} {v:.0f} ms" for k, v in move.phases_ms.items())
-            console.print(f"{move.element}: {move.origin} -> {move.target} {move.status}; {phases}")
+            told = [f"{k} {v:.0f} ms" for k, v in move.phases_ms.items()]
+            if move.downtime_ms is not None:
+                told.append(f"downtime {move.downtime_ms:.0f} ms")
+            # (A move that failed before its first phase ended in "failed; ", nothing after.)
+            console.print(f"{move.element}: {move.origin} -> {move.target} {move.status}"
+                          + (f"; {', '.join(told)}" if told else ""))  # fmt: skip
         for back in report.undone:
             console.print(f"{back.element}: moved back to {back.target}")
         where = ", ".join(f"{e} on {n}" for e, n in report.placement.items())
@@ -1255,6 +1287,8 @@ def _migrate_group(
         console.print(f"[{colour}]{report.status}[/]: {where}")
         if report.error:
             console.print(f"error: {escape(report.error)}")
+        if report.hint:
+            console.print(f"hint: {escape(report.hint)}")
     if report.status != GroupMigrationStatus.MIGRATED:
         raise typer.Exit(1)
 
@@ -1311,7 +1345,7 @@ def scale(
     body: dict[str, Any] = {"partitions": partitions, "waves": waves}
     if on is not None:
         body["nodes"] = _items(on, "--on")
-    report = _post(home, f"/pipelines/{pipeline}/elements/{element}/scale", body,
+    report = _post(home, pipeline, f"/pipelines/{pipeline}/elements/{element}/scale", body,
                    f"scaling {pipeline}/{element} to {partitions} partitions", ScaleReport,
                    as_json)  # fmt: skip
     if not as_json:

@@ -67,6 +67,7 @@ from fogshift.common.http import ServiceClient
 from fogshift.common.progress import progress_params, wait_for_progress
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
+    DOWNTIME_FAILED,
     CheckpointInfo,
     ElementProgress,
     Gate,
@@ -521,7 +522,7 @@ def _finish(
         _measure_downtime(report, here, target, live, position, paused_at, live_wait_s,
                           pending)  # fmt: skip
     except FogshiftError as exc:
-        report.warnings.append(f"downtime not measured: {exc.message}")
+        report.warnings.append(f"{DOWNTIME_FAILED}: {exc.message}")
     removal.join()
     for error in refused:
         report.warnings.append(f"the origin on {report.origin} was not removed: {error.message}")

@@ -304,7 +304,7 @@ class Coordination(Scaling):
             )
             return self._group_report(
                 pipeline, element_ids, target, mode, status, forward, undone, "; ".join(problems),
-                there,
+                there, exc.hint,
             )  # fmt: skip
         return self._group_report(
             pipeline, element_ids, target, mode, GroupMigrationStatus.MIGRATED, moved, [], None,
@@ -322,6 +322,7 @@ class Coordination(Scaling):
         undone: list[MigrationReport],
         error: str | None,
         already_there: list[str],
+        hint: str | None = None,
     ) -> GroupMigrationReport:
         placement = self.pipeline(pipeline).placement
         return GroupMigrationReport(
@@ -335,6 +336,7 @@ class Coordination(Scaling):
             error=error,
             placement={e: placement[e] for e in element_ids},
             already_there=already_there,
+            hint=hint,
         )
 
     def _supersede_groups(self, pipeline: str, element_id: str, by: str) -> None:

@@ -27,8 +27,10 @@ from fogshift.cli import logs as cli_logs
 from fogshift.cli import main as cli
 from fogshift.cli.demo import demo_copy, run_demo
 from fogshift.cli.demo_ecg import _partitions, run_ecg
+from fogshift.common.exceptions import NoAnswer
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
+    GroupMigrationReport,
     KeyMoveReport,
     KeyMoveStatus,
     KeyOrder,
@@ -264,6 +266,56 @@ def test_a_migration_with_no_input_after_its_pause_says_its_downtime_was_not_mea
     assert result.exit_code == 0, result.output
     assert "downtime not measured (no input came after the pause)" in flat(result.stdout)
     assert "None" not in result.stdout
+    # One whose measurement failed (the target's node did not answer) says only why: "no
+    # input came" was said beside it while input flowed (a walk-through).
+    failed = {**unmeasured, "warnings": ["downtime not measured: node agent 'fog-b' at "
+                                         "http://127.0.0.1:9 cannot be reached"]}  # fmt: skip
+    use(monkeypatch, StandInClient({OPERATION: phases.view}, phases.answer(failed)))
+    result = runner.invoke(cli.app, ["migrate", "p", "aggregate", "--to", "fog-b"])
+    assert result.exit_code == 0, result.output
+    assert "no input came" not in result.stdout
+    assert "downtime not measured: node agent 'fog-b'" in flat(result.stdout)
+
+
+def test_a_group_migration_that_failed_says_each_move_and_what_to_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A move that failed before its first phase printed "sink: fog-a -> cloud failed; "
+    # (nothing after), and the failed move's hint stayed in the orchestrator's log.
+    moved = {**MIGRATED, "status": "migrated"}
+    failed = {**MIGRATED, "element": "sink", "status": "failed", "phases_ms": {},
+              "downtime_ms": None}  # fmt: skip
+    report = GroupMigrationReport(
+        pipeline="p", elements=["aggregate", "sink"], target="fog-b", mode="precopy",
+        status="failed", migrations=[moved, failed], placement={"aggregate": "fog-b",
+        "sink": "fog-a"}, error="migration of p/sink failed: fog-b cannot be reached",
+        hint="once fog-b answers, its PEs run on; if it stays silent, they are restored",
+    ).model_dump(mode="json")  # fmt: skip
+    use(monkeypatch, StandInClient({}, report))
+    result = runner.invoke(cli.app, ["migrate", "p", "--elements", "aggregate,sink",
+                                     "--to", "fog-b"])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    lines = result.stdout.splitlines()
+    assert "aggregate: fog-a -> fog-b migrated; prepare 9 ms, pause 1 ms, downtime 2 ms" in lines
+    assert "sink: fog-a -> fog-b failed" in lines
+    assert "hint: once fog-b answers, its PEs run on; if it stays silent, they are restored" in (
+        flat(result.stdout)
+    )
+
+    # The orchestrator gone mid-group: said as for one PE, not "is the cluster up?".
+    class Gone(StandInClient):
+        def post(self, path: str, **kwargs: Any) -> Any:
+            raise NoAnswer("the orchestrator at http://127.0.0.1:9 cannot be reached: "
+                           "RemoteProtocolError", hint="is the cluster up?")  # fmt: skip
+
+    use(monkeypatch, Gone({}))
+    result = runner.invoke(cli.app, ["migrate", "p", "--elements", "aggregate,sink",
+                                     "--to", "fog-b"])  # fmt: skip
+    assert isinstance(result.exception, NoAnswer), result.output
+    said = result.exception.message
+    assert "stopped answering while migrating aggregate, sink of p to fog-b" in said, said
+    assert "it may have ended either way" in said
+    assert "`fogshift up` starts it again" in (result.exception.hint or "")
 
 
 def test_up_names_the_nodes_that_run_not_the_option(

@@ -75,7 +75,8 @@ class Fake:
         report = MigrationReport(pipeline=pipeline, element=element, origin=origin,
                                  target=target, mode=mode)  # fmt: skip
         if (element, target) in self.fail:
-            error = MigrationFailed(f"migrating {element} to {target} failed")
+            error = MigrationFailed(f"migrating {element} to {target} failed",
+                                    hint=f"once {target} answers, it runs on")  # fmt: skip
             error.report = report.model_copy(
                 update={"status": "failed", "rolled_back": self.resumed}
             )
@@ -127,6 +128,7 @@ def test_a_failed_move_moves_the_others_back_latest_first() -> None:
     assert report.migrations[-1].status == "failed"
     assert [u.element for u in report.undone] == ["b", "a"]
     assert "migrating c to n2 failed" in (report.error or "")
+    assert report.hint == "once n2 answers, it runs on"  # (the failed move's own)
 
 
 def test_a_pe_put_back_on_its_origin_meanwhile_counts_as_moved_back() -> None:
