@@ -413,20 +413,33 @@ class Coordination(Scaling):
         return [n.name for n in ranked]
 
     @contextmanager
-    def _choosing(self, pipeline: str, element_id: str, exclude: set[str]) -> Iterator[list[str]]:
-        """:meth:`restore_candidates`, the first one counted by :meth:`load` while the
-        block runs (the restore's attempts, its placement written): restores running at
-        once (the reconciler's, one thread each) are spread as one after the other were."""
+    def _choosing(
+        self, pipeline: str, element_id: str, exclude: set[str]
+    ) -> Iterator[tuple[list[str], Callable[[str], None]]]:
+        """:meth:`restore_candidates`, and the node being tried counted by :meth:`load`
+        while the block runs (the restore's attempts, its placement written): restores
+        running at once (the reconciler's, one thread each) are spread as one after the
+        other were. The first candidate is counted from the start; the block's function
+        moves the count to the candidate it tries next."""
+        held: list[str] = []
+
+        def trying(name: str) -> None:
+            with self._lock:
+                self._restoring_to.subtract(held)
+                held[:] = [name]
+                self._restoring_to.update(held)
+                self._restoring_to += Counter()  # (drops the nodes at 0)
+
         with self._lock:  # (ranked and reserved at once: the next one sees it)
             candidates = self.restore_candidates(pipeline, element_id, exclude)
-            first = candidates[:1]
-            self._restoring_to.update(first)
+            if candidates:
+                trying(candidates[0])
         try:
-            yield candidates
+            yield candidates, trying
         finally:
             with self._lock:
-                self._restoring_to.subtract(first)
-                self._restoring_to += Counter()  # (drops the nodes at 0)
+                self._restoring_to.subtract(held)
+                self._restoring_to += Counter()
 
     def checkpoint_copies(
         self, pipeline: str, element_id: str, target: str
@@ -559,14 +572,16 @@ class Coordination(Scaling):
                     # (Again: its removal may have begun while this waited for the section.)
                     self._usable_node(target, f"restore {pipeline}/{element_id} on", current)
                     return self._restore_on(element, pipeline, current, [target], attempts)
-                with self._choosing(pipeline, element_id, {current}) as candidates:
+                with self._choosing(pipeline, element_id, {current}) as (candidates, trying):
                     if not candidates:
                         raise Unavailable(
                             f"no healthy node to restore {pipeline}/{element_id} on "
                             f"(it was on {current!r})",
                             hint="`fogshift nodes` shows node health; start a node or wait",
                         )
-                    return self._restore_on(element, pipeline, current, candidates, attempts)
+                    return self._restore_on(
+                        element, pipeline, current, candidates, attempts, trying
+                    )
             except FogshiftError as exc:
                 # The attempts are finished: the node the PE stays on may use its streams
                 # again (each attempt took its rights; it waited for the next round).
@@ -598,11 +613,15 @@ class Coordination(Scaling):
         current: str,
         candidates: list[str],
         attempts: list[RestoreAttempt],
+        trying: Callable[[str], None] | None = None,
     ) -> RestoreReport:
         """The attempts of :meth:`restore`, in its exclusive section; failed ones are added
-        to ``attempts`` (with the epoch they fenced with)."""
+        to ``attempts`` (with the epoch they fenced with). ``trying`` is told each node as
+        it is tried (:meth:`_choosing`)."""
         element_id = element.id
         for name in candidates:
+            if trying is not None:
+                trying(name)
             node = self.registry.node(name)
             if node is None:  # (removed from the cluster since it was chosen)
                 attempts.append(RestoreAttempt(node=name, error="not in the cluster: skipped"))

@@ -465,6 +465,7 @@ class Deployment(Journal):
             for key in [k for k in list(memory) if k[0] == pipeline]:
                 memory.pop(key, None)
         self.shipped.forget(lambda key: key[0] == pipeline)
+        self.forget_plan(pipeline)
 
     def _ownership(self, pipeline: str, source: str, element_id: str) -> Ownership:
         """Who owns each key of partitioned ``element_id`` (:class:`KeyMoves`, above)."""

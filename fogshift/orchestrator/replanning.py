@@ -76,6 +76,7 @@ class Replanning(OrchestratorCore):
             self.plan = self.plan.model_copy(update={
                 "error": f"the stored fog topology cannot be used: {exc.render()}",
                 "computed_at": time.time(),
+                "unplanned": {},
             })  # fmt: skip
             return self.plan
         unknown = sorted(fog.names() - set(self.node_names()))
@@ -127,7 +128,8 @@ class Replanning(OrchestratorCore):
         except FogshiftError as exc:
             self.plan = self.plan.model_copy(
                 update={"error": exc.render(), "computed_at": time.time(),
-                        "unknown_nodes": unknown, "unlinked_nodes": unlinked}
+                        "unknown_nodes": unknown, "unlinked_nodes": unlinked,
+                        "unplanned": {}}
             )  # fmt: skip
             return self.plan
         self._topology = topology
@@ -137,15 +139,12 @@ class Replanning(OrchestratorCore):
         kept = {k: v for k, v in previous.items() if k not in planned_now and
                 any(pe.key == k for pe in pes)}  # fmt: skip
         for task, why in unplanned.items():
-            if self.plan.unplanned.get(task) != why:  # (said once, not every round)
+            # (Said once, not every round: its reason's figures change from round to round.)
+            if task not in self.plan.unplanned:
                 log.warning("planner: %s keeps its previous plan: %s", task, one_line(why))
         assignments = {**kept, **fresh.assignments}
-        if assignments != previous:  # (for the next orchestrator: see core.last_plan)
-            try:
-                write_atomic(self.config.plan_file,
-                             PlanView(assignments=assignments).model_dump_json())  # fmt: skip
-            except OSError as exc:
-                log.warning("cannot keep the plan in %s: %s", self.config.plan_file, exc)
+        if _nodes_of(assignments) != _nodes_of(previous):  # (see core.last_plan)
+            self._keep_plan(assignments)
         self.plan = fresh.model_copy(
             update={
                 "assignments": assignments,
@@ -157,6 +156,24 @@ class Replanning(OrchestratorCore):
             }
         )
         return self.plan
+
+    def _keep_plan(self, assignments: dict[str, Assignment]) -> None:
+        """Write ``assignments`` where the next orchestrator starts from (core.last_plan)."""
+        try:
+            write_atomic(self.config.plan_file,
+                         PlanView(assignments=assignments).model_dump_json())  # fmt: skip
+        except OSError as exc:
+            log.warning("cannot keep the plan in %s: %s", self.config.plan_file, exc)
+
+    def forget_plan(self, pipeline: str) -> None:
+        """Drop ``pipeline``'s PEs from the plan, and from the one kept for the next
+        orchestrator: a pipeline deployed again under its name started with them while
+        planning failed."""
+        kept = {k: v for k, v in self.plan.assignments.items()
+                if k.split("/", 1)[0] != pipeline}  # fmt: skip
+        if kept != self.plan.assignments:
+            self.plan = self.plan.model_copy(update={"assignments": kept})
+            self._keep_plan(kept)
 
     def _cpu_of(self, node: NodeRecord) -> float:
         """Node ``node``'s CPU use (%) to plan with: the mean of its heartbeats over the last
@@ -171,3 +188,9 @@ class Replanning(OrchestratorCore):
         if not self._stop.wait(FIRST_PLAN_S):
             self.plan_soon.set()
         self._every(self.config.plan_interval_s, self.replan, "planning", wake=self.plan_soon)
+
+
+def _nodes_of(assignments: dict[str, Assignment]) -> dict[str, tuple[str | None, str | None]]:
+    """Each PE's planned backup and redeploy node (not its recovery time, which moves with
+    its checkpoint's size: the plan was written nearly every round)."""
+    return {k: (a.backup, a.redeploy) for k, a in assignments.items()}

@@ -359,7 +359,7 @@ def test_the_live_plan_reads_recent_pulls_and_heartbeats(app: FastAPI) -> None:
 
 
 def test_a_pe_that_cannot_be_planned_keeps_its_plan_and_the_others_are_planned(
-    app: FastAPI, agents: dict[str, StandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    app: FastAPI, agents: dict[str, StandIn], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # One PE no node could back up (its checkpoints ship more than any link from its node
     # carries) kept the previous plan for every PE of every pipeline, none on a fresh start.
@@ -384,6 +384,23 @@ def test_a_pe_that_cannot_be_planned_keeps_its_plan_and_the_others_are_planned(
     assert set(view.assignments) == set(before.assignments)
     client = TestClient(app, headers={"Authorization": f"Bearer {OPERATOR}"})
     assert client.get("/plan").json()["unplanned"] == view.unplanned
+    # Said once while it stays unplanned, though its reason's figures change every round.
+    orchestrator.shipped.add(("q", "source"), 10**12)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="fogshift.orchestrator"):
+        again = orchestrator.replan()
+    assert again.unplanned["q/source"] != view.unplanned["q/source"]
+    assert "keeps its previous plan" not in caplog.text
+    # A round that fails whole says its error, not the last round's unplanned PEs.
+    orchestrator.config.topology_file.write_text("links: [{a: x, b: x, bandwidth: 10}]\n")
+    failed = orchestrator.replan()
+    assert failed.error and failed.unplanned == {}
+    # A pipeline forgotten (stopped, deleted) leaves the plan, and the one kept for the
+    # next orchestrator: deployed again under its name, it started with them.
+    orchestrator.forget_plan("q")
+    assert not any(k.startswith("q/") for k in orchestrator.plan.assignments)
+    kept = PlanView.model_validate_json(orchestrator.config.plan_file.read_text())
+    assert set(kept.assignments) == {"p/source", "p/aggregate", "p/sink"}
 
 
 def test_an_orchestrator_started_again_keeps_the_plan_of_a_node_that_is_down(

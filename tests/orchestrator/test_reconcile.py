@@ -226,7 +226,7 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
     orch = Orchestrator(config)
     done: list[tuple[str, ...]] = []
     monkeypatch.setattr(
-        orch, "_restore_on", lambda e, p, current, candidates, attempts: done.append(
+        orch, "_restore_on", lambda e, p, current, candidates, attempts, *_: done.append(
             ("restore", current, *candidates, *(a.node for a in attempts)))
     )  # fmt: skip
     monkeypatch.setattr(orch, "_restart_fenced", lambda p, e, node: done.append(("restart", node)))

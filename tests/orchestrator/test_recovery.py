@@ -1319,7 +1319,7 @@ def test_restores_at_once_are_spread_as_one_after_the_other_would_be(
     chosen: dict[str, list[str]] = {}
 
     def restore_on(element: Any, pipeline: str, current: str, candidates: list[str],
-                   attempts: list[Any]) -> None:  # fmt: skip
+                   attempts: list[Any], trying: Any) -> None:  # fmt: skip
         chosen[element.id] = list(candidates)
         both.wait()  # (both in flight at once, neither placed yet)
 
@@ -1331,6 +1331,14 @@ def test_restores_at_once_are_spread_as_one_after_the_other_would_be(
         thread.join(20)
     assert sorted(c[0] for c in chosen.values()) == ["fog-a", "fog-b"], chosen
     assert orch.load() == {"cloud": 2, "fog-a": 1}  # (the reservations gone with them)
+    assert orch._restoring_to == {}
+    # An attempt on the next candidate moves the count there (it stayed on the first,
+    # which had failed, and the node in use was not counted).
+    with orch._choosing("p", "source", {"cloud"}) as (candidates, trying):
+        assert candidates == ["fog-b", "fog-a"] and orch._restoring_to == {"fog-b": 1}
+        trying("fog-a")
+        assert orch._restoring_to == {"fog-a": 1}
+        assert orch.load()["fog-a"] == 2 and orch.load()["fog-b"] == 0
     assert orch._restoring_to == {}
 
 

@@ -306,7 +306,7 @@ def test_a_standby_that_is_not_running_under_its_epoch_is_dropped_not_promoted(
     orch.registry.add_standby("p", "aggregate", "fog-b")
     fallback: list[list[str]] = []
     monkeypatch.setattr(
-        orch, "_restore_on", lambda element, p, current, candidates, attempts: fallback.append(
+        orch, "_restore_on", lambda element, p, current, candidates, attempts, *_: fallback.append(
             [a.node for a in attempts]) or "restored from a checkpoint",
     )  # fmt: skip
     agents["fog-b"].answer("GET", AGG + "/progress", body=progress(1, 41, state="fenced"))
