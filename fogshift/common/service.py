@@ -7,6 +7,7 @@ which does not import FastAPI, so that a CLI command starts in a fraction of the
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +32,12 @@ from fogshift.common.names import (
     SHA256_RE,
     SNAPSHOT_RE,
 )
-from fogshift.common.validation import expected_of, refusal_of, request_message_of
+from fogshift.common.validation import (
+    expected_of,
+    message_of,
+    refusal_of,
+    request_message_of,
+)
 from fogshift.contracts import ErrorBody, FileChunks
 from fogshift.events import MAX_KEY_CHARS
 from fogshift.exceptions import FogshiftError, InvalidInput, NotFound, Unauthorized
@@ -86,6 +92,25 @@ EventsLimitQuery = Annotated[int, Query(ge=1, le=5_000)]
 ErrorsLimitQuery = Annotated[int, Query(ge=1, le=10_000)]
 
 # -- responses ---------------------------------------------------------------------------
+
+
+def _shown(error: Any) -> str:
+    """What a request sent where ``error`` is, as it was sent: a body's value in JSON (its
+    ``true``, ``null``, not Python's ``True``, ``None``), a parameter's quoted."""
+    value = error.get("input")
+    if tuple(error.get("loc", ()))[:1] == ("body",):
+        try:
+            return json.dumps(value, default=str)[:200]
+        except (TypeError, ValueError):
+            pass
+    return repr(value)[:200]
+
+
+def _field(error: Any) -> str:
+    """The field ``error`` is about: the last name of its location (a list's item was named
+    by its index: "0: 1 to 63 letters...")."""
+    names = [part for part in error.get("loc", ()) if isinstance(part, str)]
+    return names[-1] if names else "value"
 
 
 def read_range(path: Path, offset: int | None, length: int | None, what: str) -> bytes:
@@ -296,9 +321,13 @@ def install_error_handlers(
         groups = [e for e in named if e["ctx"]["pattern"] == KEY_GROUP_RE]
 
         message = f"bad request to {request.url.path}: " + "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {request_message_of(e)}" for e in errors
+            # (A body that is not JSON was "body.1: JSON decode error": the 1 a position.)
+            "the body is not JSON"
+            if e.get("type") == "json_invalid"
+            else f"{'.'.join(map(str, e['loc']))}: {request_message_of(e)}"
+            for e in errors
         )
-        received = repr(first.get("input"))[:200]
+        received = _shown(first)
         if first.get("type") == "json_invalid":
             # (FastAPI gives an empty dict as the "input" of a body that is not JSON.)
             body = exc.body if isinstance(exc.body, (str, bytes)) else ""
@@ -322,7 +351,7 @@ def install_error_handlers(
                 else f"a body of type {kind!r}" + (f": {shown[:80]!r}" if shown else " (empty)")
             )
             hint = "send the body as JSON, with the header Content-Type: application/json"
-        expected = [f"{e['loc'][-1]}: {EXPECTED[e['ctx']['pattern']]}" for e in named]
+        expected = [f"{_field(e)}: {EXPECTED[e['ctx']['pattern']]}" for e in named]
         if expected:
             err: FogshiftError = (InvalidInput if len(groups) == len(named) else InvalidName)(
                 message,
@@ -338,8 +367,7 @@ def install_error_handlers(
             err = InvalidInput(
                 message,
                 expected=(expected_of(errors[0]) if errors else None)
-                or str(first.get("msg", ""))
-                or None,
+                or (message_of(errors[0]).removeprefix("should be ") if errors else None),
                 received=((refusal and refusal.received) or received)[:200],
                 hint=(refusal and refusal.hint) or hint,
             )

@@ -37,6 +37,9 @@ _EXPECTED = {
     "bool_parsing": "true or false",
     "finite_number": "a finite number",
     "json_invalid": "a JSON document",
+    "string_unicode": "text (UTF-8)",
+    "union_tag_invalid": "one of {expected_tags}",
+    "union_tag_not_found": "a mapping with its {discriminator}",
 }
 
 
@@ -94,6 +97,15 @@ def message_of(error: ErrorDetails) -> str:
             return template.format(**context)
         except (KeyError, IndexError, ValueError):
             pass
+    # (pydantic's own sentences read as a library's: "should be a valid tuple" of a list
+    # the user wrote, "should be a valid dictionary or instance of FogTopology". A JSON
+    # document's says where it breaks: kept.)
+    expected = _EXPECTED.get(error["type"])
+    if expected is not None and error["type"] != "json_invalid" and None not in context.values():
+        try:
+            return "should be " + expected.format(**_bounds(context))
+        except (KeyError, IndexError, ValueError):
+            pass
     message = error["msg"]
     return message[len("Input ") :] if message.startswith("Input should") else message
 
@@ -123,6 +135,15 @@ def expected_of(error: ErrorDetails) -> str | None:
     if template is None:
         return None
     try:
-        return template.format(**context)
+        return template.format(**_bounds(context))
     except (KeyError, IndexError, ValueError):
         return None
+
+
+def _bounds(context: dict[str, object]) -> dict[str, object]:
+    """``context`` with a whole bound said whole: "above 0", not "above 0.0" (nor, by a
+    format of its own, "at most 1e+06")."""
+    return {
+        k: int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 1e15 else v
+        for k, v in context.items()
+    }

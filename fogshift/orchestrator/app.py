@@ -135,7 +135,8 @@ class DrainLease(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    seconds: float | None = Field(gt=0, le=7200)
+    # (Strict: JSON's true was read as 1 s; NaN said "at most 7200".)
+    seconds: float | None = Field(gt=0, le=7200, strict=True, allow_inf_nan=False)
 
 
 class MigrateRequest(BaseModel):
@@ -169,10 +170,10 @@ class KeyMoveRequest(BaseModel):
     group: str | None = Field(default=None, pattern=KEY_GROUP_RE)
     #: Listed keys: copy their states to the target first, then move what changed since
     #: (``None``: yes). Refused with a group, which always sends whole states.
-    precopy: bool | None = None
+    precopy: bool | None = Field(default=None, strict=True)
     #: Listed keys: move them in waves of this many (default: one key first, then growing
     #: with the states' sizes, up to 64 keys); at least the number of keys: all at once.
-    wave_keys: int | None = Field(default=None, ge=1, le=1000)
+    wave_keys: int | None = Field(default=None, ge=1, le=1000, strict=True)
 
 
 class ScaleRequest(BaseModel):
@@ -180,12 +181,15 @@ class ScaleRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    partitions: int = Field(ge=1, le=MAX_PARTITIONS)
+    # (Strict, as the booleans: JSON's true was read as 1 partition, a scale-in that ran;
+    # "no" as false. Not the whole model: FastAPI checks a parsed body in Python's mode,
+    # where a strict enum refuses its own value's text.)
+    partitions: int = Field(ge=1, le=MAX_PARTITIONS, strict=True)
     nodes: list[Annotated[str, Field(pattern=NAME_RE)]] | None = Field(
         default=None, min_length=1, max_length=63
     )
     #: Move the keys holding state ahead of the rescale in waves (else all at its record).
-    waves: bool = False
+    waves: bool = Field(default=False, strict=True)
 
 
 class RestoreRequest(BaseModel):

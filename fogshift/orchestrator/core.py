@@ -39,6 +39,7 @@ from fogshift.orchestrator.planning import RATE_WINDOW_PULLS, Recent
 from fogshift.orchestrator.registry import NodeRecord, Registry
 from fogshift.orchestrator.reports import KeptReports
 from fogshift.planner.model import Topology
+from fogshift.spec.loader import did_you_mean
 
 log = logging.getLogger("fogshift.orchestrator")
 
@@ -70,6 +71,21 @@ class Followed:
 
     primary: ElementProgress
     standby: ElementProgress | None = None
+
+
+def unknown_node(message: str, name: str, names: list[str], hint: str) -> UnknownNode:
+    """:class:`UnknownNode` for ``name``, among the registered ``names``: the one it
+    misspells as the hint (``FOG-B`` for ``fog-b``: a pipeline's or element's typo was
+    guessed, a node's not), else ``hint``; "one of " with nothing after when none has
+    registered."""
+    same = [n for n in names if n.lower() == name.lower()]
+    guess = same[0] if same else did_you_mean(name, names)
+    return UnknownNode(
+        message,
+        expected="one of " + (", ".join(names) or "(no node has registered)"),
+        received=repr(name),
+        hint=f"did you mean {guess!r}?" if guess else hint,
+    )
 
 
 def last_plan(path: Path) -> PlanView:
@@ -341,12 +357,8 @@ class OrchestratorCore:
                 self._draining.pop(name, None)
             return
         if self.registry.node(name) is None:
-            raise UnknownNode(
-                f"cannot drain unknown node {name!r}",
-                expected="one of " + ", ".join(self.node_names()),
-                received=repr(name),
-                hint="`fogshift nodes` lists the nodes",
-            )
+            raise unknown_node(f"cannot drain unknown node {name!r}", name, self.node_names(),
+                               "`fogshift nodes` lists the nodes")  # fmt: skip
         with self._lock:
             self._draining[name] = time.monotonic() + seconds
         log.info("node %s is being drained (for %.0f s at most)", name, seconds)

@@ -12,7 +12,7 @@ from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.publish import fence
 from fogshift.exceptions import Conflict, FogshiftError, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress, MigrationRouted
-from fogshift.orchestrator.exceptions import UnknownNode
+from fogshift.orchestrator.core import unknown_node
 from fogshift.orchestrator.registry import NodeRecord, Operation, PipelineRecord
 from fogshift.orchestrator.replication import Replication
 from fogshift.spec.loader import did_you_mean
@@ -131,12 +131,8 @@ class Journal(Replication):
         """
         node = self.registry.node(name)
         if node is None:
-            raise UnknownNode(
-                f"cannot {what} unknown node {name!r}",
-                expected="one of " + ", ".join(self.node_names()),
-                received=repr(name),
-                hint="`fogshift nodes` lists the nodes and their health",
-            )
+            raise unknown_node(f"cannot {what} unknown node {name!r}", name, self.node_names(),
+                               "`fogshift nodes` lists the nodes and their health")  # fmt: skip
         removing = self.leaving_nodes()
         if name in removing:
             # (Placed there, it would keep the node the user is removing: the removal,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -27,7 +29,7 @@ def test_pydantic_wording_does_not_reach_a_refusal() -> None:
     assert said == {
         "path": "missing (required)",
         "pad": "not a key known here",
-        "window": "should be greater than 0",
+        "window": "should be a number above 0",
         "fields": "has 0, at least 1 expected",
     }
     assert _messages({"path": "p", "fields": ["a", "b", "c"]}) == {
@@ -36,7 +38,19 @@ def test_pydantic_wording_does_not_reach_a_refusal() -> None:
 
 
 def test_other_messages_keep_pydantic_words_without_its_subject() -> None:
-    assert _messages({"path": 3}) == {"path": "should be a valid string"}
+    # Said in fogshift's words where it has some ("should be a valid tuple" of a list the
+    # user wrote), else pydantic's without its "Input ".
+    assert _messages({"path": 3}) == {"path": "should be text"}
+
+    class Dated(BaseModel):
+        at: float = Field(allow_inf_nan=False)
+        day: date
+
+    with pytest.raises(ValidationError) as err:
+        Dated.model_validate({"at": 1e999, "day": "soon"})
+    said = [message_of(e) for e in err.value.errors()]
+    assert said[0] == "should be a finite number"
+    assert said[1].startswith("should be a valid date")
 
 
 def test_a_length_pydantic_does_not_know_is_not_said_as_none() -> None:

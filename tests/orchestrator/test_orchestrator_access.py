@@ -210,3 +210,47 @@ def test_a_heartbeat_with_a_number_beyond_64_bits_is_a_422(app: FastAPI) -> None
         answer = node.post("/nodes/fog-a/heartbeat", json={**beat(), field: 2**63})
         assert answer.status_code == 422, (field, answer.text)
     assert node.post("/nodes/fog-a/heartbeat", json=beat()).status_code == 200
+
+
+def test_request_bodies_take_json_types_as_they_are(app: FastAPI) -> None:
+    # A refusal review: {"partitions": true} was read as 1 and scaled the element in,
+    # "no" as false; refusals showed Python's True and said pydantic's sentences.
+    operator = as_(app, OPERATOR)
+    scale = "/pipelines/p/elements/agg/scale"
+    for body, field, sent in (
+        ({"partitions": True}, "partitions", "true"),
+        ({"partitions": "2"}, "partitions", '"2"'),
+        ({"partitions": 2, "waves": "no"}, "waves", '"no"'),
+    ):
+        answer = operator.post(scale, json=body)
+        assert answer.status_code == 422, answer.text
+        refused = answer.json()
+        assert f"body.{field}: should be " in refused["message"], refused
+        assert refused["received"] == sent and refused["expected"] in (
+            "a whole number", "true or false")  # fmt: skip
+    keys = {"keys": ["a"], "target": "fog-a", "precopy": "yes"}
+    assert operator.post("/pipelines/p/elements/agg/keys/migrate", json=keys).status_code == 422
+    for seconds in ("true", "NaN"):
+        answer = operator.put("/nodes/fog-a/leaving", content=f'{{"seconds": {seconds}}}',
+                              headers={"Content-Type": "application/json"})  # fmt: skip
+        assert answer.status_code == 422 and answer.json()["received"] == seconds, answer.text
+    # A body that is not JSON is said so (it was "body.1: JSON decode error").
+    answer = operator.post(scale, content="{bad", headers={"Content-Type": "application/json"})
+    assert answer.json()["message"] == f"bad request to {scale}: the body is not JSON"
+    # A bad name in a list is named by its field, not by its index.
+    answer = operator.post(scale, json={"partitions": 3, "nodes": ["fog b"]})
+    assert answer.json()["expected"].startswith("nodes: 1 to 63 letters"), answer.json()
+
+
+def test_an_unknown_node_is_guessed_as_elements_are(app: FastAPI) -> None:
+    operator = as_(app, OPERATOR)
+    answer = operator.put("/nodes/fog-a/leaving", json={"seconds": 5})
+    assert answer.json()["expected"] == "one of (no node has registered)", answer.json()
+    beat = {"url": "http://127.0.0.1:9", "ready": True, "elements": []}
+    assert operator.post("/nodes/fog-b/heartbeat", json=beat).status_code == 200
+    answer = operator.put("/nodes/FOG-B/leaving", json={"seconds": 5})
+    assert answer.status_code == 404 and answer.json()["hint"] == "did you mean 'fog-b'?"
+    answer = operator.put("/nodes/fgo-b/leaving", json={"seconds": 5})
+    assert answer.json()["hint"] == "did you mean 'fog-b'?"
+    answer = operator.put("/nodes/cloud/leaving", json={"seconds": 5})
+    assert answer.json()["hint"] == "`fogshift nodes` lists the nodes"

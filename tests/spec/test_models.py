@@ -240,12 +240,12 @@ def test_the_steps_that_keep_a_patients_state_need_key_by() -> None:
     [
         # Each was accepted, then every window of it a dead letter, or no window sent.
         ("bandpass", {"low_hz": 50, "high_hz": 10}, "low_hz (50) is not below high_hz (10)"),
-        ("amplify", {"calibration": {"p1": 0}}, "greater than 0"),
+        ("amplify", {"calibration": {"p1": 0}}, "a number above 0"),
         ("ecg-source", {"window_s": 10, "duration_s": 1}, "window_s (10) is longer"),
         # A design scipy finds singular at these rates; samples overflowing to infinity; a
         # source whose first window was ages away.
-        ("bandpass", {"low_hz": 1e-9, "high_hz": 40}, "greater than or equal to 0.01"),
-        ("amplify", {"gain": 1e300}, "less than or equal to 1000000"),
+        ("bandpass", {"low_hz": 1e-9, "high_hz": 40}, "a number of at least 0.01"),
+        ("amplify", {"gain": 1e300}, "a number of at most 1000000"),
         ("ecg-source", {"speed": 1e-300}, "speed 1e-300 is too slow"),
     ],
 )
