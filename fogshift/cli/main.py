@@ -29,7 +29,7 @@ from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
 from fogshift.cli.output import make_console, progress_to
 from fogshift.cli.topology import topology_app
-from fogshift.common.exceptions import NoAnswer
+from fogshift.common.exceptions import InvalidName, NoAnswer
 from fogshift.common.files import make_private_dir
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.locks import AGENT_LOCK, ORCHESTRATOR_LOCK, claim
@@ -86,6 +86,31 @@ M = TypeVar("M", bound=BaseModel)
 err_console = make_console(stderr=True)
 
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _one_name(value: str | None) -> str | None:
+    """A pipeline's or element's name as a command takes it: one name. ``p/aggregate``, as
+    the CLI prints a PE, was sent as two segments of the request's path: "no endpoint GET
+    /pipelines/p/aggregate" with a hint about the REST schema.
+
+    Raises:
+        InvalidName: ``value`` is not a name."""
+    if value is not None and not NAME_PATTERN.fullmatch(value):
+        pipeline, slash, element = value.partition("/")
+        raise InvalidName(
+            f"{value!r} is not the name of a pipeline or element",
+            expected="1 to 63 letters, digits, '_' or '-', starting with a letter or digit",
+            received=repr(value),
+            hint=f"name the pipeline and the PE as two arguments: {pipeline} {element}"
+            if slash and NAME_PATTERN.fullmatch(pipeline) and NAME_PATTERN.fullmatch(element)
+            else "`fogshift status` lists the pipelines and their PEs",
+        )
+    return value
+
+
+#: A pipeline's or an element's name, checked before any request is built from it.
+Pipeline = Annotated[str, typer.Argument(callback=_one_name, show_default=False)]
+Element = Annotated[str, typer.Argument(callback=_one_name, show_default=False)]
 
 
 def _setting(config: type[AgentConfig | OrchestratorConfig], field: str, what: str) -> str:
@@ -577,7 +602,7 @@ def _status_table(pipelines: list[PipelineStatus]) -> None:
 
 @app.command()
 def status(
-    pipeline: Annotated[str | None, typer.Argument()] = None,
+    pipeline: Annotated[str | None, typer.Argument(callback=_one_name)] = None,
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
 ) -> None:
@@ -641,7 +666,7 @@ def _plain(*cells: str) -> list[Text]:
 
 @app.command()
 def errors(
-    pipeline: str,
+    pipeline: Pipeline,
     home: Home = Path(".fogshift"),
     limit: Annotated[
         int, typer.Option(help="At most this many per PE (its newest).", min=1, max=10_000)
@@ -671,7 +696,7 @@ def errors(
 
 
 @app.command()
-def latency(pipeline: str, home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
+def latency(pipeline: Pipeline, home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     """Each PE's newest per-hop latency, by the broker's clock.
 
     Its newest output against the input event it came from (PEs with one input and an
@@ -716,8 +741,8 @@ def _element_read(
 
 @app.command()
 def state(
-    pipeline: str,
-    element: str,
+    pipeline: Pipeline,
+    element: Element,
     key: Annotated[
         str | None, typer.Argument(help="One key of a keyed PE (default: every key).")
     ] = None,
@@ -761,8 +786,8 @@ def state(
 
 @app.command()
 def events(
-    pipeline: str,
-    element: str,
+    pipeline: Pipeline,
+    element: Element,
     key: Annotated[str | None, typer.Argument(help="Only this key's events (a keyed PE).")] = None,
     home: Home = Path(".fogshift"),
     tail: Annotated[
@@ -940,9 +965,10 @@ def _run_operation(
 
 @app.command()
 def migrate(
-    pipeline: str,
+    pipeline: Pipeline,
     element: Annotated[
-        str | None, typer.Argument(help="The PE (or give several with --elements).")
+        str | None,
+        typer.Argument(callback=_one_name, help="The PE (or give several with --elements)."),
     ] = None,
     to: Annotated[
         str,
@@ -1308,8 +1334,10 @@ def _items(text: str, option: str) -> list[str]:
 
 @app.command()
 def scale(
-    pipeline: str,
-    element: Annotated[str, typer.Argument(help="A partitioned element (its id in the spec).")],
+    pipeline: Pipeline,
+    element: Annotated[
+        str, typer.Argument(callback=_one_name, help="A partitioned element (its id in the spec).")
+    ],
     partitions: Annotated[
         int, typer.Option("--partitions", help="How many partitions it should have.")
     ],
@@ -1393,8 +1421,8 @@ def scale(
 
 @app.command()
 def restore(
-    pipeline: str,
-    element: str,
+    pipeline: Pipeline,
+    element: Element,
     to: Annotated[
         str | None,
         typer.Option(
@@ -1487,7 +1515,7 @@ def _took(ms: float) -> str:
 
 
 @app.command()
-def stop(pipeline: str, home: Home = Path(".fogshift")) -> None:
+def stop(pipeline: Pipeline, home: Home = Path(".fogshift")) -> None:
     """Stop a pipeline's PEs (streams, checkpoints and output stay)."""
     with cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client:
         result = StopResult.model_validate(client.post(f"/pipelines/{pipeline}/stop"))
@@ -1497,7 +1525,7 @@ def stop(pipeline: str, home: Home = Path(".fogshift")) -> None:
 
 
 @app.command()
-def delete(pipeline: str, home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
+def delete(pipeline: Pipeline, home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     """Delete a stopped pipeline: its streams, checkpoints and entry go (its output stays)."""
     with cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client:
         result = client.call(DeleteResult, "DELETE", f"/pipelines/{pipeline}")

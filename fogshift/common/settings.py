@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource
 
+from fogshift.common.validation import expected_of, message_of
 from fogshift.exceptions import InvalidInput
 
 #: The longest period or timeout a service takes (a day): a wait on ``1e300`` seconds
@@ -54,7 +55,10 @@ def check_value(
     except ValidationError as exc:
         raise InvalidInput(
             f"{given_as} is not a valid {name}",
-            expected="; ".join(e["msg"] for e in exc.errors()),
+            # (pydantic's "Input should be greater than or equal to 0" was the expected.)
+            expected="; ".join(
+                expected_of(e) or message_of(e).removeprefix("should be ") for e in exc.errors()
+            ),
             received=repr(value),
             hint=f"fix it or {other_way}",
         ) from None

@@ -71,7 +71,7 @@ from fogshift.contracts import (
     StopResult,
     TwinState,
 )
-from fogshift.exceptions import FogshiftError, NotFound
+from fogshift.exceptions import FogshiftError, InvalidInput, NotFound
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import NodeRemoved, stale_generation
 from fogshift.orchestrator.service import Orchestrator
@@ -450,9 +450,27 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     def plan() -> PlanView:
         return orchestrator.plan
 
-    @app.put("/topology")
-    def put_topology(text: str = Body(..., media_type="text/plain")) -> PlanView:
-        return orchestrator.set_topology(text)
+    @app.put(
+        "/topology",
+        openapi_extra={"requestBody": {"required": False, "content": {
+            "text/plain": {"schema": {"type": "string", "description": "the fog topology (YAML)"}},
+        }}},
+    )  # fmt: skip
+    async def put_topology(request: Request) -> PlanView:
+        # (Read whole, not as a required text body: an empty file, a valid topology of
+        # defaults, was refused as "body: missing" with a hint to send JSON, and one not in
+        # UTF-8 with pydantic's words.)
+        body = await request.body()
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(
+                "the fog topology is not text in UTF-8",
+                expected="YAML text in UTF-8",
+                received=f"byte {body[exc.start]:#04x} at offset {exc.start}",
+                hint="save the file as UTF-8 and send it again",
+            ) from None
+        return await anyio.to_thread.run_sync(orchestrator.set_topology, text)
 
     add_blob_routes(app, orchestrator.central.blob_path, orchestrator.central.blob_chunks,
                     "in the central store")  # fmt: skip

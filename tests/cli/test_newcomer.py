@@ -841,3 +841,21 @@ def test_an_orchestrator_lost_mid_operation_is_said_with_what_becomes_of_it(
     assert "stopped answering during the migration of p/aggregate" in said, said
     assert "RemoteProtocolError" in said and "`fogshift logs orchestrator` how it ended" in said
     assert "a migration before its switch is rolled back" in said
+
+
+def test_a_pe_named_as_the_cli_prints_it_is_told_to_be_two_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `fogshift state p/aggregate` built GET /pipelines/p/aggregate/...: "no endpoint", with
+    # a hint about the REST schema.
+    client = StandInClient({})
+    use(monkeypatch, client)
+    for argv in (["state", "p/aggregate"], ["status", "p/aggregate"], ["restore", "p", "a/b"],
+                 ["migrate", "p/aggregate", "--to", "fog-b"], ["stop", "p/x"]):  # fmt: skip
+        result = runner.invoke(cli.app, argv)
+        assert type(result.exception).__name__ == "InvalidName", (argv, result.output)
+        assert client.requests == [], argv  # refused before any request
+    result = runner.invoke(cli.app, ["state", "p/aggregate"])
+    assert result.exception.hint == "name the pipeline and the PE as two arguments: p aggregate"
+    result = runner.invoke(cli.app, ["events", "p", "agg regate"])
+    assert result.exception.hint == "`fogshift status` lists the pipelines and their PEs"

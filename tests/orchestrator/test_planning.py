@@ -250,6 +250,15 @@ def test_names_no_node_registered_with_are_told_with_the_plan(app: FastAPI) -> N
     assert PlanView.model_validate(answer.json()).unlinked_nodes == ["fog-a"]
     answer = client.put("/topology", content="pe_cpu: 5\n", headers={"Content-Type": "text/plain"})
     assert PlanView.model_validate(answer.json()).unlinked_nodes == []
+    # An empty file is the topology of defaults (refused as "body: missing", with a hint to
+    # send JSON); one not in UTF-8 is said so, not in pydantic's words.
+    answer = client.put("/topology", content=b"", headers={"Content-Type": "text/plain"})
+    assert answer.status_code == 200, answer.text
+    answer = client.put(
+        "/topology", content=b"pe_cpu: \xff", headers={"Content-Type": "text/plain"}
+    )
+    assert answer.status_code == 422 and answer.json()["expected"] == "YAML text in UTF-8"
+    assert answer.json()["received"] == "byte 0xff at offset 8"
 
 
 def test_a_refused_topology_file_shows_one_that_is_valid() -> None:
