@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from fogshift.cli.options import bounded
 from fogshift.cli.output import make_console
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ def dataplane(
     runs: Annotated[
         int,
         typer.Option(
-            min=1,
+            callback=bounded("--runs", 1),
             help="Measure it all this many times, the cases in turn; results.md gives each "
             "figure's median and range.",
         ),

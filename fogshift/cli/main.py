@@ -27,6 +27,7 @@ from fogshift.broker.server import DEFAULT_SYNC
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
+from fogshift.cli.options import bounded
 from fogshift.cli.output import make_console, progress_to
 from fogshift.cli.topology import topology_app
 from fogshift.common.exceptions import InvalidName, NoAnswer
@@ -268,7 +269,8 @@ def up(
         typer.Option(help=_setting(AgentConfig, "spark_master", "Spark master of every node.")),
     ] = None,
     timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for health.", min=1, max=86_400)
+        float,
+        typer.Option(help="Seconds to wait for health.", callback=bounded("--timeout", 1, 86_400)),
     ] = 240,
     checkpoint_interval: Annotated[
         float | None,
@@ -669,7 +671,10 @@ def errors(
     pipeline: Pipeline,
     home: Home = Path(".fogshift"),
     limit: Annotated[
-        int, typer.Option(help="At most this many per PE (its newest).", min=1, max=10_000)
+        int,
+        typer.Option(
+            help="At most this many per PE (its newest).", callback=bounded("--limit", 1, 10_000)
+        ),
     ] = 100,
     as_json: AsJson = False,
 ) -> None:
@@ -747,7 +752,10 @@ def state(
         str | None, typer.Argument(help="One key of a keyed PE (default: every key).")
     ] = None,
     home: Home = Path(".fogshift"),
-    limit: Annotated[int, typer.Option(min=1, help="At most this many keys.")] = 1000,
+    # (At most the orchestrator's bound: beyond it, its refusal hinted at the REST schema.)
+    limit: Annotated[
+        int, typer.Option(callback=bounded("--limit", 1, 100_000), help="At most this many keys.")
+    ] = 1000,
     as_json: AsJson = False,
 ) -> None:
     """A stateful PE's state per key (its digital twins), as of its last committed batch."""
@@ -791,9 +799,14 @@ def events(
     key: Annotated[str | None, typer.Argument(help="Only this key's events (a keyed PE).")] = None,
     home: Home = Path(".fogshift"),
     tail: Annotated[
-        int, typer.Option(min=1, max=20_000, help="Look at the newest this-many messages.")
+        int,
+        typer.Option(
+            callback=bounded("--tail", 1, 20_000), help="Look at the newest this-many messages."
+        ),
     ] = 100,
-    limit: Annotated[int, typer.Option(min=1, max=5_000, help="At most this many events.")] = 20,
+    limit: Annotated[
+        int, typer.Option(callback=bounded("--limit", 1, 5_000), help="At most this many events.")
+    ] = 20,
     as_json: AsJson = False,
 ) -> None:
     """The newest events a PE emitted, as its output stream holds them."""
@@ -841,7 +854,10 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")
     ] = False,
-    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="Lines of each tail.")] = 20,
+    lines: Annotated[
+        int,
+        typer.Option("--lines", "-n", callback=bounded("--lines", 0), help="Lines of each tail."),
+    ] = 20,
 ) -> None:
     """The tail of a node's log (<home>/logs/node-NODE.log), the orchestrator's, or all."""
     from fogshift.cli.logs import follow as follow_logs
@@ -1039,8 +1055,7 @@ def migrate(
         int | None,
         typer.Option(
             "--wave-keys",
-            min=1,
-            max=1000,
+            callback=bounded("--wave-keys", 1, 1000),
             help="With --keys: move them in waves of this many, each once the one before "
             "has arrived (states in parts: is being sent) (default: one key, then growing "
             "with the states' sizes up to 64; at least as many as --keys: all at one "
@@ -1612,7 +1627,10 @@ def demo(
         ),
     ] = None,
     timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for the output.", min=1, max=86_400)
+        float,
+        typer.Option(
+            help="Seconds to wait for the output.", callback=bounded("--timeout", 1, 86_400)
+        ),
     ] = 300,
     keep: Annotated[bool, typer.Option(help="Leave the cluster up afterwards.")] = False,
 ) -> None:
@@ -1633,7 +1651,10 @@ def dashboard(
     host: Annotated[
         str, typer.Option(help="Address to listen on (loopback unless you say otherwise).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port; 0 picks a free one.")] = 8765,
+    port: Annotated[
+        int,
+        typer.Option(callback=bounded("--port", 0, 65535), help="Port; 0 picks a free one."),
+    ] = 8765,
     spec_dir: Annotated[
         Path, typer.Option(help="Relative paths of specs deployed from the browser start here.")
     ] = Path("."),

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from fogshift.cli.options import bounded
 from fogshift.cli.output import make_console
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor import cluster as cluster_ops
@@ -78,7 +79,9 @@ def heal(node: Node, home: Home = Path(".fogshift")) -> None:
 def show(
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
-    samples: Annotated[int, typer.Option(min=1, help="Round trips timed per node.")] = 5,
+    samples: Annotated[
+        int, typer.Option(callback=bounded("--samples", 1), help="Round trips timed per node.")
+    ] = 5,
 ) -> None:
     """Per isolated node: namespace, IPs, profile, link up/down and the RTT measured now."""
     rows = cluster_ops.network_status(home.resolve(), samples=samples)

@@ -655,8 +655,36 @@ def test_a_wait_that_cannot_be_waited_is_refused_before_anything_starts(
     # `up --timeout -1` started every service, then gave up on them at once.
     result = runner.invoke(cli.app, ["up", "--nodes", "a", "--timeout", timeout,
                                      "--home", str(tmp_path / "home")])  # fmt: skip
-    assert result.exit_code == 2 and "--timeout" in result.output
+    assert isinstance(result.exception, InvalidInput), result.output
+    assert result.exception.message.startswith("--timeout ")
+    assert result.exception.expected == "a number from 1 to 86400"
     assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["errors", "p", "--limit", "0"], "a number from 1 to 10000"),
+        (["state", "p", "a", "--limit", "200000"], "a number from 1 to 100000"),
+        (["events", "p", "a", "--tail", "0"], "a number from 1 to 20000"),
+        (["logs", "-n", "-1"], "a number of at least 0"),
+        (["migrate", "p", "a", "--keys", "k", "--to", "n", "--wave-keys", "0"],
+         "a number from 1 to 1000"),
+        (["dashboard", "--port", "70000"], "a number from 0 to 65535"),
+        (["net", "show", "--samples", "0"], "a number of at least 1"),
+    ],
+)  # fmt: skip
+def test_an_option_out_of_range_is_refused_in_fogshifts_words(
+    argv: list[str], expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "Invalid value for '--limit': Input should be greater than or equal to 1" in a usage
+    # box: pydantic's words, neither what was received nor a hint.
+    client = StandInClient({})
+    use(monkeypatch, client)
+    result = runner.invoke(cli.app, argv)
+    assert isinstance(result.exception, InvalidInput), result.output
+    assert result.exception.expected == expected and result.exception.hint
+    assert result.exception.received == argv[-1] and client.requests == []
 
 
 def test_a_dashboard_name_or_spec_folder_that_is_wrong_is_refused_before_anything_starts(
