@@ -435,8 +435,8 @@ def _origin_progress(
     try:
         now = origin.call(ElementProgress, "GET", here + "/progress")
     except FogshiftError as exc:
-        log.warning("handover of %s: the origin on %s does not answer: %s",
-                    here, report.origin, exc.message)  # fmt: skip
+        log.warning("handover of %s/%s: the origin on %s does not answer: %s",
+                    report.pipeline, report.element, report.origin, exc.message)  # fmt: skip
         return None
     report.observe(report.origin, now)
     return now
@@ -526,8 +526,9 @@ def _finish(
     removal.join()
     for error in refused:
         report.warnings.append(f"the origin on {report.origin} was not removed: {error.message}")
-        log.warning("migration of %s: the origin on %s was not removed (left to the "
-                    "reconciler): %s", here, report.origin, error.message)  # fmt: skip
+        log.warning("migration of %s/%s: the origin on %s was not removed (left to the "
+                    "reconciler): %s", report.pipeline, report.element, report.origin,
+                    error.message)  # fmt: skip
     report.status = MigrationStatus.MIGRATED
     report.caught_up_events = max(0, position.progress - progress_of(info.offset))
 

@@ -220,7 +220,10 @@ class Journal(Replication):
                     raise MigrationInProgress(
                         f"{pipeline}/{element_id} is already being migrated, restored or "
                         f"cleaned up: {BUSY.get(holder, holder)} is under way",
-                        hint="wait for that operation to finish",
+                        expected=f"no other operation on {pipeline}/{element_id}",
+                        received=f"{what} while {BUSY.get(holder, holder)} is under way",
+                        hint="wait for that operation to finish (`fogshift status "
+                        f"{pipeline}` shows it), then try again",
                     )
                 self._released.wait(left)
             self._migrating[key] = what
@@ -297,6 +300,8 @@ class Journal(Replication):
                 f"{pipeline}/{element_id} has an unfinished {op.kind} ({op.origin} -> "
                 f"{op.target}, phase {op.phase}) that an orchestrator left: it is resolved "
                 "first",
+                expected=f"no unfinished operation on {pipeline}/{element_id}",
+                received=f"the {op.kind} {op.id}, left in phase {op.phase}",
                 hint="the reconciler resolves it within a round or two; try again then",
             )
 

@@ -54,11 +54,14 @@ def test_rounds_never_wait_and_operations_asked_for_never_wait_for_each_other(
         for what in ("restore", "standby follow"):
             began = time.monotonic()
             with (
-                pytest.raises(MigrationInProgress, match="a migration is under way"),
+                pytest.raises(MigrationInProgress, match="a migration is under way") as refused,
                 orch._exclusive(*KEY, what),
             ):
                 pass
             assert time.monotonic() - began < 1
+            # (It said neither what was expected nor what was received.)
+            assert refused.value.received == f"{what} while a migration is under way"
+            assert refused.value.expected and refused.value.expected.startswith("no other ")
     finally:
         release.set()
         holder.join()
