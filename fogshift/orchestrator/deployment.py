@@ -968,7 +968,7 @@ class Deployment(Journal):
             UnknownElement: No such PE in it.
             NotKeyed: ``key`` was given for a PE without ``key_by``.
             InvalidInput: ``after`` for a partitioned element (each partition's stream has
-                its own sequences).
+                its own sequences), or ``after`` and ``tail`` both.
         """
         record = self.pipeline(name)
         parts = record.spec.partitions_of(element_id)
@@ -977,6 +977,15 @@ class Deployment(Journal):
             element = self._element(record, element_id)
         _refuse_key(name, element_id, element, key, "its events have no key to select",
                     f"leave out key, or ask a keyed PE of {name}")  # fmt: skip
+        if after is not None and tail is not None:
+            # (Both were taken, and tail left out without a word.)
+            raise InvalidInput(
+                f"the events of {name}/{element_id} are read forward from `after` or back "
+                "from the end by `tail`, not both",
+                expected="`after` or `tail`",
+                received=f"after={after}, tail={tail}",
+                hint="leave one out: `after` pages forward, `tail` looks at the newest",
+            )
         if not parts:
             return self._event_page(name, element, key, after, tail, limit)
         if after is not None:

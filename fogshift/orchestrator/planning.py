@@ -37,7 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fogshift.common.names import NAME_RE
-from fogshift.common.validation import message_of
+from fogshift.common.validation import Refusal, expected_of, message_of, refusal_of
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.contracts import Assignment, PlannedServer, PlanView
 from fogshift.exceptions import InvalidInput
@@ -159,9 +159,14 @@ class FogTopology(BaseModel):
         for index, link in enumerate(self.links):
             pair = frozenset((link.a, link.b))
             if len(pair) == 1 or pair in seen:
-                raise ValueError(
+                raise Refusal(
                     f"link {index} ({link.a}-{link.b}) "
-                    + ("links a node to itself" if len(pair) == 1 else "links a pair twice")
+                    + ("links a node to itself" if len(pair) == 1 else "links a pair twice"),
+                    expected="links between two different nodes, each pair once",
+                    received=f"{link.a}-{link.b}",
+                    hint="name another node at one end, or remove that link"
+                    if len(pair) == 1
+                    else "keep one link of that pair (either way round is the same)",
                 )
             seen.add(pair)
         return self
@@ -237,12 +242,21 @@ class FogTopology(BaseModel):
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+            refusal = refusal_of(first)
+            # (What this field expects, and its value: every refusal gave the list of the
+            # file's fields, and the whole file as received for a link to itself.)
             raise InvalidInput(
                 f"invalid fog topology {source}: {where}: {message_of(first)}",
-                expected="central, default_cpu, default_bandwidth, pe_cpu, "
+                expected=expected_of(first)
+                or "central, default_cpu, default_bandwidth, pe_cpu, "
                 "nodes: {NAME: {cpu}}, links: [{a, b, bandwidth}]",
-                received=repr(first.get("input"))[:200],
-                hint="a valid one reads: " + _EXAMPLE + "; the README's \"Planned backups "
+                received=(refusal.received if refusal and refusal.received else None)
+                or repr(first.get("input"))[:200],
+                hint=(refusal.hint if refusal and refusal.hint else "")
+                + ("; " if refusal and refusal.hint else "")
+                + "a valid one reads: "
+                + _EXAMPLE
+                + "; the README's \"Planned backups "
                 'and redeploy nodes" gives the fields',
             ) from None
 

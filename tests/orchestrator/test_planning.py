@@ -457,3 +457,16 @@ def test_an_orchestrator_started_again_keeps_the_plan_of_a_node_that_is_down(
     from fogshift.orchestrator.core import last_plan
 
     assert last_plan(broken).assignments == {}
+
+
+def test_a_refused_topology_says_what_its_field_expects_and_got() -> None:
+    # Every refusal gave the file's field list as expected, and a link to itself the whole
+    # file as received.
+    with pytest.raises(InvalidInput) as refused:
+        FogTopology.parse("links: [{a: x, b: x, bandwidth: 10}]", source="t.yaml")
+    assert (refused.value.expected, refused.value.received) == (
+        "links between two different nodes, each pair once", "x-x")  # fmt: skip
+    assert (refused.value.hint or "").startswith("name another node at one end")
+    with pytest.raises(InvalidInput) as refused:
+        FogTopology.parse("nodes: {fog-a: {cpu: -1}}", source="t.yaml")
+    assert (refused.value.expected, refused.value.received) == ("a number above 0", "-1")

@@ -108,6 +108,10 @@ def test_a_partitioned_element_s_events_are_its_partitions_merged_by_when_stored
     with pytest.raises(InvalidInput) as refused:
         orch.events(name, "aggregate", after=0)
     assert "aggregate-p0, aggregate-p1" in (refused.value.expected or "")
+    # Both ways at once: tail was left out without a word.
+    with pytest.raises(InvalidInput) as refused:
+        orch.events(name, "aggregate-p1", after=0, tail=5)
+    assert refused.value.received == "after=0, tail=5"
 
 
 def test_a_partition_a_scale_in_retired_still_shows_its_events(
