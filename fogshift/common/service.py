@@ -210,10 +210,32 @@ def _query_names(dependant: Dependant) -> set[str]:
     return names
 
 
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members as a dict, refusing a key given twice (``json.loads``'s
+    ``object_pairs_hook``)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _RepeatedKey(key)
+        seen[key] = value
+    return seen
+
+
+class _RepeatedKey(ValueError):
+    """A JSON object names ``key`` twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
 class StrictQueryRoute(APIRoute):
     """A route that refuses query parameters it does not take (FastAPI ignores them: a
     ``POST …/restore?target=fog-b``, whose target goes in the body, went unseen, and the
-    restore went where the orchestrator chose)."""
+    restore went where the orchestrator chose), and a JSON body naming a key twice (the
+    last one was taken without a word: ``{"target": "fog-b", "target": "cloud"}`` migrated
+    to cloud, a spec naming ``pipeline`` twice deployed the second; a spec file's YAML
+    refuses that)."""
 
     def get_route_handler(self) -> Callable[[Request], Any]:
         handler = super().get_route_handler()
@@ -229,6 +251,20 @@ class StrictQueryRoute(APIRoute):
                     received=", ".join(unknown),
                     hint="the schema (GET /openapi.json) gives every parameter",
                 )
+            kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+            if kind == "application/json" or kind.endswith("+json"):
+                body = await request.body()  # (kept by the request: the handler reads it)
+                try:
+                    json.loads(body, object_pairs_hook=_no_repeated_keys)
+                except _RepeatedKey as twice:
+                    raise InvalidInput(
+                        f"{request.method} {request.url.path}: the body names {twice.key!r} twice",
+                        expected="each key of a JSON object once",
+                        received=f"{twice.key!r} twice",
+                        hint="keep one of them (the last was taken before, silently)",
+                    ) from None
+                except (ValueError, RecursionError):
+                    pass  # not JSON, or nested too deep: refused below, in words of their own
             return await handler(request)
 
         return strict

@@ -254,3 +254,28 @@ def test_an_unknown_node_is_guessed_as_elements_are(app: FastAPI) -> None:
     assert answer.json()["hint"] == "did you mean 'fog-b'?"
     answer = operator.put("/nodes/cloud/leaving", json={"seconds": 5})
     assert answer.json()["hint"] == "`fogshift nodes` lists the nodes"
+
+
+def test_a_json_body_naming_a_key_twice_is_refused(app: FastAPI) -> None:
+    # The last one was taken without a word: {"target": "fog-b", "target": "cloud"}
+    # migrated to cloud; a spec naming `pipeline` twice deployed the second.
+    operator = as_(app, OPERATOR)
+    twice = '{"pipeline": "p", "pipeline": "q", "elements": []}'
+    answer = operator.post("/pipelines", content=twice,
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["received"] == "'pipeline' twice"
+    nested = '{"target": "fog-b", "mode": {"a": 1, "a": 2}}'
+    answer = operator.post("/pipelines/p/elements/s/migrate", content=nested,
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+    assert answer.status_code == 422 and answer.json()["received"] == "'a' twice"
+    # Each once: on to the route (no such pipeline here).
+    once = '{"target": "fog-b"}'
+    answer = operator.post("/pipelines/p/elements/s/migrate", content=once,
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+    assert answer.status_code == 404, answer.text
+    # Nested past what JSON reads: refused as before, not a 500.
+    deep = '{"target": ' + "[" * 5_000 + "]" * 5_000 + "}"
+    answer = operator.post("/pipelines/p/elements/s/migrate", content=deep,
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+    assert answer.status_code == 422, answer.text
