@@ -780,11 +780,15 @@ def _check_single_writer_files(spec: PipelineSpec) -> None:
             continue
         path = element.options["path"]
         name = Path(resolved).name
-        if name.startswith(".") and name.endswith((".fogshift.json", ".fogshift.tmp")):
+        # (The lock too: a sink writing another's lock file was accepted, 2026-12-06.)
+        if name.startswith(".") and name.endswith(
+            (".fogshift.json", ".fogshift.tmp", ".fogshift.lock")
+        ):
             raise InvalidSpec(
                 f"sink {element.id!r} of pipeline {spec.pipeline!r} writes {path!r}, a name "
-                "fogshift keeps for a sink's exactly-once marker",
-                expected="an output file not named .<file>.fogshift.json or .fogshift.tmp",
+                "fogshift keeps for a sink's exactly-once marker or its lock",
+                expected="an output file not named .<file>.fogshift.json, .fogshift.tmp or "
+                ".fogshift.lock",
                 received=repr(path),
                 hint="name the output otherwise: a sink writing another's marker would undo "
                 "that sink's exactly-once",

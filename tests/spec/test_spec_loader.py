@@ -342,7 +342,8 @@ def test_one_file_under_two_names_is_one_file_to_the_exactly_once_checks(tmp_pat
 
 def test_a_sink_may_not_write_another_sinks_exactly_once_marker(tmp_path: Path) -> None:
     # sink2 writing sink's marker would overwrite it (and sink's atomic replace sink2's file).
-    for name in (".o.csv.fogshift.json", ".o.csv.fogshift.tmp"):
+    # (And its lock: writing it was accepted.)
+    for name in (".o.csv.fogshift.json", ".o.csv.fogshift.tmp", ".o.csv.fogshift.lock"):
         data = case1()
         sink = {"id": "sink2", "kind": "csv-sink", "node": "fog-b", "inputs": ["source"],
                 "options": {"path": f"out/{name}"}}  # fmt: skip
