@@ -1359,8 +1359,8 @@ class PlanView(BaseModel):
             no copy reaches them and none leaves them (their PEs' backups come only from
             the central node, if it is theirs), so the plan takes them for nothing.
         unplanned: PEs (``pipeline/element``) the latest round found no backup for, each
-            with why: each keeps its previous assignment (none, if it had none), and the
-            others were planned without it.
+            with why: each keeps its previous assignment (none, if it had none, or if that
+            named the node it runs on now), and the others were planned without it.
     """
 
     model_config = _WIRE

@@ -41,12 +41,18 @@ def _show(plan: PlanView, as_json: bool) -> None:
             ": no backup reaches it and no PE is redeployed there (add its links)"
         )
     for key, why in sorted(plan.unplanned.items()):
-        console.print(f"[yellow]planner[/]: {key} keeps its previous plan: {why}")
-    table = Table("PE", "backup", "redeploy", "recovery ms")
-    for key, choice in sorted(plan.assignments.items()):
-        recovery = "-" if choice.recovery_ms is None else f"{choice.recovery_ms:.1f}"
-        table.add_row(key, choice.backup or "-", choice.redeploy or "-", recovery)
-    console.print(table)
+        # (It said "keeps its previous plan" of a PE that had none.)
+        kept = "keeps its previous plan" if key in plan.assignments else "has no plan"
+        console.print(f"[yellow]planner[/]: {key} {kept}: {why}")
+    if not plan.assignments and not plan.unplanned and not plan.error:
+        # (An empty table, no plan line: nothing said there was nothing to plan.)
+        console.print("no running PE to plan for (`fogshift deploy SPEC` starts a pipeline)")
+    else:
+        table = Table("PE", "backup", "redeploy", "recovery ms")
+        for key, choice in sorted(plan.assignments.items()):
+            recovery = "-" if choice.recovery_ms is None else f"{choice.recovery_ms:.1f}"
+            table.add_row(key, choice.backup or "-", choice.redeploy or "-", recovery)
+        console.print(table)
     servers = ", ".join(f"{s.node} {s.load:.0f}/{s.cpu:.0f}" for s in plan.servers)
     if servers:
         solve = "" if plan.solve_ms is None else f", {plan.solve_ms:.0f} ms"

@@ -42,6 +42,7 @@ from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.contracts import Assignment, PlannedServer, PlanView
 from fogshift.exceptions import InvalidInput
 from fogshift.planner.model import Link, Server, Task, Topology
+from fogshift.spec.loader import did_you_mean
 
 #: Megabits per byte, for the planner's units (Mb, Mb/s).
 MB_PER_BYTE = 8 / 1_000_000
@@ -110,6 +111,8 @@ class NodeCapacity(BaseModel):
 
 #: A fog topology file's fields, as a refusal's hint shows them (`topology show` prints
 #: a plan, not a file to give `topology set`).
+#: The keys of a fog topology file, for a misspelt one's "did you mean".
+TOPOLOGY_KEYS = ("central", "default_cpu", "default_bandwidth", "pe_cpu", "nodes", "links")
 _EXAMPLE = (
     "`central: cloud`, `nodes: {fog-a: {cpu: 50}}`, "
     "`links: [{a: cloud, b: fog-a, bandwidth: 10}]` (CPU in % of a core, bandwidth in Mb/s)"
@@ -160,10 +163,10 @@ class FogTopology(BaseModel):
             pair = frozenset((link.a, link.b))
             if len(pair) == 1 or pair in seen:
                 raise Refusal(
-                    f"link {index} ({link.a}-{link.b}) "
+                    f"link {index} (a: {link.a}, b: {link.b}) "
                     + ("links a node to itself" if len(pair) == 1 else "links a pair twice"),
                     expected="links between two different nodes, each pair once",
-                    received=f"{link.a}-{link.b}",
+                    received=f"a: {link.a}, b: {link.b}",
                     hint="name another node at one end, or remove that link"
                     if len(pair) == 1
                     else "keep one link of that pair (either way round is the same)",
@@ -243,21 +246,27 @@ class FogTopology(BaseModel):
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(top level)"
             refusal = refusal_of(first)
+            said = refusal.hint if refusal and refusal.hint else None
+            received = refusal.received if refusal and refusal.received else None
+            if first["type"] == "extra_forbidden" and first["loc"]:
+                # (The key, not its value: `centrl: cloud` was "received: 'cloud'".)
+                key = str(first["loc"][-1])
+                received = repr(key)
+                guess = did_you_mean(key, TOPOLOGY_KEYS)
+                said = f"did you mean {guess!r}?" if guess and len(first["loc"]) == 1 else None
             # (What this field expects, and its value: every refusal gave the list of the
-            # file's fields, and the whole file as received for a link to itself.)
+            # file's fields, and the whole file as received for a link to itself. The
+            # README's section it named gives no format: the commented example does.)
             raise InvalidInput(
                 f"invalid fog topology {source}: {where}: {message_of(first)}",
-                expected=expected_of(first)
+                expected=(expected_of(first) if first["type"] != "extra_forbidden" else None)
                 or "central, default_cpu, default_bandwidth, pe_cpu, "
                 "nodes: {NAME: {cpu}}, links: [{a, b, bandwidth}]",
-                received=(refusal.received if refusal and refusal.received else None)
-                or repr(first.get("input"))[:200],
-                hint=(refusal.hint if refusal and refusal.hint else "")
-                + ("; " if refusal and refusal.hint else "")
+                received=received or repr(first.get("input"))[:200],
+                hint=(f"{said}{' ' if said.endswith('?') else '; '}" if said else "")
                 + "a valid one reads: "
                 + _EXAMPLE
-                + "; the README's \"Planned backups "
-                'and redeploy nodes" gives the fields',
+                + "; examples/fog/topology.yaml gives every field, commented",
             ) from None
 
     def central_node(self, nodes: list[str]) -> str | None:

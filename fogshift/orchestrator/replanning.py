@@ -129,19 +129,19 @@ class Replanning(OrchestratorCore):
             self.plan = self.plan.model_copy(
                 update={"error": exc.render(), "computed_at": time.time(),
                         "unknown_nodes": unknown, "unlinked_nodes": unlinked,
-                        "unplanned": {}}
+                        "unplanned": {}, "assignments": _sound(previous, pes)}
             )  # fmt: skip
             return self.plan
         self._topology = topology
         self._central = fog.central_node(self.node_names())
         fresh = describe_plan(result, topology) if result else PlanView()
         planned_now = {t.id for t in topology.tasks}
-        kept = {k: v for k, v in previous.items() if k not in planned_now and
-                any(pe.key == k for pe in pes)}  # fmt: skip
+        kept = {k: v for k, v in _sound(previous, pes).items() if k not in planned_now}
         for task, why in unplanned.items():
             # (Said once, not every round: its reason's figures change from round to round.)
             if task not in self.plan.unplanned:
-                log.warning("planner: %s keeps its previous plan: %s", task, one_line(why))
+                log.warning("planner: %s %s: %s", task, "keeps its previous plan" if task in
+                            kept else "has no plan", one_line(why))  # fmt: skip
         assignments = {**kept, **fresh.assignments}
         if _nodes_of(assignments) != _nodes_of(previous):  # (see core.last_plan)
             self._keep_plan(assignments)
@@ -194,3 +194,12 @@ def _nodes_of(assignments: dict[str, Assignment]) -> dict[str, tuple[str | None,
     """Each PE's planned backup and redeploy node (not its recovery time, which moves with
     its checkpoint's size: the plan was written nearly every round)."""
     return {k: (a.backup, a.redeploy) for k, a in assignments.items()}
+
+
+def _sound(assignments: dict[str, Assignment], pes: list[LivePE]) -> dict[str, Assignment]:
+    """The ``assignments`` of running PEs that name neither as backup nor as redeploy node
+    the node the PE runs on now (restored there since they were made: a plan redeploying a
+    PE onto its own node was shown, and is none)."""
+    where = {pe.key: pe.node for pe in pes}
+    return {k: v for k, v in assignments.items()
+            if k in where and where[k] not in (v.backup, v.redeploy)}  # fmt: skip

@@ -41,6 +41,11 @@ def test_names_no_node_has_are_told(capsys: pytest.CaptureFixture[str]) -> None:
     # A PE the last round could not plan (the others were planned) is said with why.
     _show(PLAN.model_copy(update={"unplanned": {"p/agg": "no backup server"}}), as_json=False)
     assert "p/agg keeps its previous plan: no backup server" in capsys.readouterr().out
+    # (One that had none was said to keep it.)
+    _show(PLAN.model_copy(update={"unplanned": {"p/new": "no backup server"}}), as_json=False)
+    assert "p/new has no plan: no backup server" in capsys.readouterr().out
+    _show(PlanView(method="exact", status="optimal"), as_json=False)
+    assert "no running PE to plan for" in capsys.readouterr().out
     _show(PLAN.model_copy(update={"unlinked_nodes": ["fog-c"]}), as_json=False)
     assert "its links name no link of fog-c" in " ".join(capsys.readouterr().out.split())
 

@@ -465,8 +465,26 @@ def test_a_refused_topology_says_what_its_field_expects_and_got() -> None:
     with pytest.raises(InvalidInput) as refused:
         FogTopology.parse("links: [{a: x, b: x, bandwidth: 10}]", source="t.yaml")
     assert (refused.value.expected, refused.value.received) == (
-        "links between two different nodes, each pair once", "x-x")  # fmt: skip
+        "links between two different nodes, each pair once", "a: x, b: x")  # fmt: skip
     assert (refused.value.hint or "").startswith("name another node at one end")
     with pytest.raises(InvalidInput) as refused:
         FogTopology.parse("nodes: {fog-a: {cpu: -1}}", source="t.yaml")
     assert (refused.value.expected, refused.value.received) == ("a number above 0", "-1")
+    # A misspelt key: the key as received (it was its value), and what it may have meant.
+    with pytest.raises(InvalidInput) as refused:
+        FogTopology.parse("centrl: cloud", source="t.yaml")
+    assert refused.value.received == "'centrl'"
+    assert (refused.value.hint or "").startswith("did you mean 'central'? a valid one reads")
+
+
+def test_a_kept_assignment_naming_the_node_a_pe_runs_on_now_is_dropped() -> None:
+    # Restored onto its redeploy node while planning failed, a PE was shown with that node
+    # as its backup and redeploy node: a plan that is none.
+    from fogshift.contracts import Assignment
+    from fogshift.orchestrator.replanning import _sound
+
+    planned = {"p/a": Assignment(backup="fog-b", redeploy="fog-b"),
+               "p/b": Assignment(backup="cloud", redeploy="fog-b"),
+               "q/gone": Assignment(backup="cloud", redeploy="cloud")}  # fmt: skip
+    now = [pe("p/a", "fog-b"), pe("p/b", "fog-a")]
+    assert _sound(planned, now) == {"p/b": planned["p/b"]}
