@@ -27,14 +27,14 @@ from fogshift.broker.server import DEFAULT_SYNC
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
-from fogshift.cli.options import bounded
+from fogshift.cli.options import bounded, in_range
 from fogshift.cli.output import make_console, progress_to
 from fogshift.cli.topology import topology_app
 from fogshift.common.exceptions import InvalidName, NoAnswer
 from fogshift.common.files import make_private_dir
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.locks import AGENT_LOCK, ORCHESTRATOR_LOCK, claim
-from fogshift.common.names import NAME_PATTERN
+from fogshift.common.names import EXPECTED, NAME_PATTERN, NAME_RE
 from fogshift.common.settings import check_environment, check_value
 from fogshift.common.text import counted, one_line
 from fogshift.common.validation import message_of
@@ -100,7 +100,7 @@ def _one_name(value: str | None) -> str | None:
         pipeline, slash, element = value.partition("/")
         raise InvalidName(
             f"{value!r} is not the name of a pipeline or element",
-            expected="1 to 63 letters, digits, '_' or '-', starting with a letter or digit",
+            expected=EXPECTED[NAME_RE],
             received=repr(value),
             hint=f"name the pipeline and the PE as two arguments: {pipeline} {element}"
             if slash and NAME_PATTERN.fullmatch(pipeline) and NAME_PATTERN.fullmatch(element)
@@ -270,7 +270,10 @@ def up(
     ] = None,
     timeout: Annotated[
         float,
-        typer.Option(help="Seconds to wait for health.", callback=bounded("--timeout", 1, 86_400)),
+        typer.Option(
+            help="Seconds to wait for health." + in_range(1, 86_400),
+            callback=bounded("--timeout", 1, 86_400),
+        ),
     ] = 240,
     checkpoint_interval: Annotated[
         float | None,
@@ -673,7 +676,8 @@ def errors(
     limit: Annotated[
         int,
         typer.Option(
-            help="At most this many per PE (its newest).", callback=bounded("--limit", 1, 10_000)
+            help="At most this many per PE (its newest)." + in_range(1, 10_000),
+            callback=bounded("--limit", 1, 10_000),
         ),
     ] = 100,
     as_json: AsJson = False,
@@ -754,7 +758,11 @@ def state(
     home: Home = Path(".fogshift"),
     # (At most the orchestrator's bound: beyond it, its refusal hinted at the REST schema.)
     limit: Annotated[
-        int, typer.Option(callback=bounded("--limit", 1, 100_000), help="At most this many keys.")
+        int,
+        typer.Option(
+            callback=bounded("--limit", 1, 100_000),
+            help="At most this many keys." + in_range(1, 100_000),
+        ),
     ] = 1000,
     as_json: AsJson = False,
 ) -> None:
@@ -801,11 +809,16 @@ def events(
     tail: Annotated[
         int,
         typer.Option(
-            callback=bounded("--tail", 1, 20_000), help="Look at the newest this-many messages."
+            callback=bounded("--tail", 1, 20_000),
+            help="Look at the newest this-many messages." + in_range(1, 20_000),
         ),
     ] = 100,
     limit: Annotated[
-        int, typer.Option(callback=bounded("--limit", 1, 5_000), help="At most this many events.")
+        int,
+        typer.Option(
+            callback=bounded("--limit", 1, 5_000),
+            help="At most this many events." + in_range(1, 5_000),
+        ),
     ] = 20,
     as_json: AsJson = False,
 ) -> None:
@@ -856,7 +869,12 @@ def logs(
     ] = False,
     lines: Annotated[
         int,
-        typer.Option("--lines", "-n", callback=bounded("--lines", 0), help="Lines of each tail."),
+        typer.Option(
+            "--lines",
+            "-n",
+            callback=bounded("--lines", 0),
+            help="Lines of each tail." + in_range(0),
+        ),
     ] = 20,
 ) -> None:
     """The tail of a node's log (<home>/logs/node-NODE.log), the orchestrator's, or all."""
@@ -1059,7 +1077,7 @@ def migrate(
             help="With --keys: move them in waves of this many, each once the one before "
             "has arrived (states in parts: is being sent) (default: one key, then growing "
             "with the states' sizes up to 64; at least as many as --keys: all at one "
-            "position of the input).",
+            "position of the input)." + in_range(1, 1000),
         ),
     ] = None,
     home: Home = Path(".fogshift"),
@@ -1629,7 +1647,8 @@ def demo(
     timeout: Annotated[
         float,
         typer.Option(
-            help="Seconds to wait for the output.", callback=bounded("--timeout", 1, 86_400)
+            help="Seconds to wait for the output." + in_range(1, 86_400),
+            callback=bounded("--timeout", 1, 86_400),
         ),
     ] = 300,
     keep: Annotated[bool, typer.Option(help="Leave the cluster up afterwards.")] = False,
@@ -1653,7 +1672,10 @@ def dashboard(
     ] = "127.0.0.1",
     port: Annotated[
         int,
-        typer.Option(callback=bounded("--port", 0, 65535), help="Port; 0 picks a free one."),
+        typer.Option(
+            callback=bounded("--port", 0, 65535),
+            help="Port; 0 picks a free one." + in_range(0, 65535),
+        ),
     ] = 8765,
     spec_dir: Annotated[
         Path, typer.Option(help="Relative paths of specs deployed from the browser start here.")

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from fogshift.cli.options import bounded
+from fogshift.cli.options import bounded, in_range
 from fogshift.cli.output import make_console
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor import cluster as cluster_ops
@@ -80,7 +80,10 @@ def show(
     home: Home = Path(".fogshift"),
     as_json: AsJson = False,
     samples: Annotated[
-        int, typer.Option(callback=bounded("--samples", 1), help="Round trips timed per node.")
+        int,
+        typer.Option(
+            callback=bounded("--samples", 1), help="Round trips timed per node." + in_range(1)
+        ),
     ] = 5,
 ) -> None:
     """Per isolated node: namespace, IPs, profile, link up/down and the RTT measured now."""

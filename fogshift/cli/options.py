@@ -16,25 +16,37 @@ def bounded(option: str, low: float, high: float | None = None) -> Callable[[N],
     """A typer option callback refusing a value of ``option`` below ``low`` or above
     ``high`` (and a float that is not finite). Typer's own ``min``/``max`` said pydantic's
     "Invalid value for '--limit': Input should be greater than or equal to 1" in a usage
-    box, with neither what was received nor a hint; a ``nan`` passed both."""
+    box, with neither what was received nor a hint; a ``nan`` passed both. The option's
+    help ends with :func:`in_range` (where typer showed the range)."""
 
     def check(value: N) -> N:
         if value is None:  # (an option left out whose default is None)
             return value
-        if (isinstance(value, float) and not math.isfinite(value)) or not (
-            low <= value and (high is None or value <= high)
-        ):
-            shown = f"{low:g}" if high is None else f"{low:g} to {high:g}"
+        finite = not isinstance(value, float) or math.isfinite(value)
+        if not finite or not (low <= value and (high is None or value <= high)):
+            shown = _number(low) if high is None else f"{_number(low)} to {_number(high)}"
             raise InvalidInput(
-                f"{option} {value!r} is out of range",
-                expected=f"a number of at least {low:g}"
+                f"{option} {value!r} is " + ("out of range" if finite else "not a finite number"),
+                expected=f"a number of at least {shown}"
                 if high is None
                 else f"a number from {shown}",
                 received=repr(value),
                 hint=f"give {option} a number from {shown}"
                 if high is not None
-                else f"give {option} {low:g} or more",
+                else f"give {option} {shown} or more",
             )
         return value
 
     return check
+
+
+def in_range(low: float, high: float | None = None) -> str:
+    """The range :func:`bounded` takes, as an option's help ends with it (typer's own
+    ``min``/``max`` showed it there)."""
+    return f" [{_number(low)} to {_number(high)}]" if high is not None else f" [>= {_number(low)}]"
+
+
+def _number(value: float) -> str:
+    """``value`` as written: a whole one without a fraction or an exponent (1000000, not
+    1e+06)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -98,6 +98,8 @@ def _shown(error: Any) -> str:
     """What a request sent where ``error`` is, as it was sent: a body's value in JSON (its
     ``true``, ``null``, not Python's ``True``, ``None``), a parameter's quoted."""
     value = error.get("input")
+    if isinstance(value, bytes):  # (a body FastAPI took as bytes: its text)
+        return repr(value.decode("utf-8", "replace"))[:200]
     if tuple(error.get("loc", ()))[:1] == ("body",):
         try:
             return json.dumps(value, default=str)[:200]
@@ -372,7 +374,9 @@ def install_error_handlers(
         hint = "the schema (GET /openapi.json) gives every parameter and body"
         kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         sent = first.get("input")
-        json_type = kind in ("", "application/json") or kind.endswith("+json")
+        # (Not a body without a type: FastAPI reads none as JSON, and "the schema gives
+        # every body" did not say to send the header.)
+        json_type = kind == "application/json" or kind.endswith("+json")
         if tuple(first.get("loc", ())) == ("body",) and (
             (isinstance(sent, (bytes, str)) and not json_type)
             or (sent is None and first.get("type") == "missing")
@@ -384,7 +388,8 @@ def install_error_handlers(
             received = (
                 "no body"
                 if sent is None
-                else f"a body of type {kind!r}" + (f": {shown[:80]!r}" if shown else " (empty)")
+                else (f"a body of type {kind!r}" if kind else "a body without a Content-Type")
+                + (f": {shown[:80]!r}" if shown else " (empty)")
             )
             hint = "send the body as JSON, with the header Content-Type: application/json"
         expected = [f"{_field(e)}: {EXPECTED[e['ctx']['pattern']]}" for e in named]

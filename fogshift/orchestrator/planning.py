@@ -106,7 +106,10 @@ class NodeCapacity(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    cpu: float = Field(gt=0, le=1e9, description="CPU capacity, in percent of one core")
+    # (Strict: YAML's `yes` was read as 1.)
+    cpu: float = Field(
+        gt=0, le=1e9, strict=True, description="CPU capacity, in percent of one core"
+    )
 
 
 #: A fog topology file's fields, as a refusal's hint shows them (`topology show` prints
@@ -126,7 +129,7 @@ class FogLink(BaseModel):
 
     a: str = Field(pattern=NAME_RE)
     b: str = Field(pattern=NAME_RE)
-    bandwidth: float = Field(gt=0, le=1e9)
+    bandwidth: float = Field(gt=0, le=1e9, strict=True)
 
 
 class FogTopology(BaseModel):
@@ -148,9 +151,10 @@ class FogTopology(BaseModel):
     # (Names as nodes have them: a typo like `fog_a` for `fog-a` still reads as a node the
     # cluster does not have, and its links are left out of the plan.)
     central: str | None = Field(default=None, pattern=NAME_RE)
-    default_cpu: float = Field(default=100.0, gt=0, le=1e9)
-    default_bandwidth: float = Field(default=1000.0, gt=0, le=1e9)
-    pe_cpu: float = Field(default=10.0, ge=0, le=1e9)
+    # (Strict, as the nodes' and links': `pe_cpu: yes` was read as 1.)
+    default_cpu: float = Field(default=100.0, gt=0, le=1e9, strict=True)
+    default_bandwidth: float = Field(default=1000.0, gt=0, le=1e9, strict=True)
+    pe_cpu: float = Field(default=10.0, ge=0, le=1e9, strict=True)
     nodes: dict[Annotated[str, Field(pattern=NAME_RE)], NodeCapacity] = Field(default_factory=dict)
     links: tuple[FogLink, ...] = ()
 

@@ -126,4 +126,6 @@ def test_a_json_body_of_the_wrong_shape_is_not_told_to_be_sent_as_json() -> None
         headers = {"content-type": kind} if kind else {}
         answer = client.post("/things", content='["a"]', headers=headers)
         assert answer.status_code == 422, answer.text
-        assert "send the body as JSON" not in answer.json()["hint"], (kind, answer.json())
+        # (Without a type FastAPI does not read a body as JSON: the header is what to add.)
+        told = "send the body as JSON" in answer.json()["hint"]
+        assert told == (kind is None), (kind, answer.json())

@@ -234,6 +234,10 @@ def test_request_bodies_take_json_types_as_they_are(app: FastAPI) -> None:
         answer = operator.put("/nodes/fog-a/leaving", content=f'{{"seconds": {seconds}}}',
                               headers={"Content-Type": "application/json"})  # fmt: skip
         assert answer.status_code == 422 and answer.json()["received"] == seconds, answer.text
+    # A body sent without its type is shown as its text (not b'...' quoted again).
+    answer = operator.post(scale, content='{"partitions": 2}')
+    assert answer.json()["received"] == "a body without a Content-Type: '{\"partitions\": 2}'"
+    assert answer.json()["hint"].startswith("send the body as JSON, with the header")
     # A body that is not JSON is said so (it was "body.1: JSON decode error").
     answer = operator.post(scale, content="{bad", headers={"Content-Type": "application/json"})
     assert answer.json()["message"] == f"bad request to {scale}: the body is not JSON"

@@ -130,6 +130,9 @@ def test_nearest_copy_first_and_central_last_on_a_tie() -> None:
         ("nodes: {fog-a: {cpu: -1}}", "nodes.fog-a.cpu"),
         ("links: [{a: x, b: y}]", "links.0.bandwidth"),
         ("pe_cpu: lots", "pe_cpu"),
+        # (YAML's yes was read as 1.)
+        ("pe_cpu: yes", "pe_cpu"),
+        ("links: [{a: x, b: y, bandwidth: true}]", "links.0.bandwidth"),
         ("nodes: [", "not valid YAML"),
         ("colour: blue", "colour"),
         # (Accepted before, then failed every plan with a bare ValidationError: a 500.)
