@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fogshift.cli.options import bounded, in_range
+from fogshift.cli.options import ranged
 from fogshift.cli.output import make_console
 
 if TYPE_CHECKING:
@@ -182,10 +182,11 @@ def dataplane(
     ] = None,
     runs: Annotated[
         int,
-        typer.Option(
-            callback=bounded("--runs", 1),
-            help="Measure it all this many times, the cases in turn; results.md gives each "
-            "figure's median and range." + in_range(1),
+        ranged(
+            "--runs",
+            "Measure it all this many times, the cases in turn; results.md gives each "
+            "figure's median and range.",
+            1,
         ),
     ] = 1,
     broker_sync: Annotated[

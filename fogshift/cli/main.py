@@ -27,7 +27,7 @@ from fogshift.broker.server import DEFAULT_SYNC
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
-from fogshift.cli.options import bounded, in_range
+from fogshift.cli.options import ranged
 from fogshift.cli.output import make_console, progress_to
 from fogshift.cli.topology import topology_app
 from fogshift.common.exceptions import InvalidName, NoAnswer
@@ -270,10 +270,7 @@ def up(
     ] = None,
     timeout: Annotated[
         float,
-        typer.Option(
-            help="Seconds to wait for health." + in_range(1, 86_400),
-            callback=bounded("--timeout", 1, 86_400),
-        ),
+        ranged("--timeout", "Seconds to wait for health.", 1, 86_400),
     ] = 240,
     checkpoint_interval: Annotated[
         float | None,
@@ -675,10 +672,7 @@ def errors(
     home: Home = Path(".fogshift"),
     limit: Annotated[
         int,
-        typer.Option(
-            help="At most this many per PE (its newest)." + in_range(1, 10_000),
-            callback=bounded("--limit", 1, 10_000),
-        ),
+        ranged("--limit", "At most this many per PE (its newest).", 1, 10_000),
     ] = 100,
     as_json: AsJson = False,
 ) -> None:
@@ -759,10 +753,7 @@ def state(
     # (At most the orchestrator's bound: beyond it, its refusal hinted at the REST schema.)
     limit: Annotated[
         int,
-        typer.Option(
-            callback=bounded("--limit", 1, 100_000),
-            help="At most this many keys." + in_range(1, 100_000),
-        ),
+        ranged("--limit", "At most this many keys.", 1, 100_000),
     ] = 1000,
     as_json: AsJson = False,
 ) -> None:
@@ -808,17 +799,11 @@ def events(
     home: Home = Path(".fogshift"),
     tail: Annotated[
         int,
-        typer.Option(
-            callback=bounded("--tail", 1, 20_000),
-            help="Look at the newest this-many messages." + in_range(1, 20_000),
-        ),
+        ranged("--tail", "Look at the newest this-many messages.", 1, 20_000),
     ] = 100,
     limit: Annotated[
         int,
-        typer.Option(
-            callback=bounded("--limit", 1, 5_000),
-            help="At most this many events." + in_range(1, 5_000),
-        ),
+        ranged("--limit", "At most this many events.", 1, 5_000),
     ] = 20,
     as_json: AsJson = False,
 ) -> None:
@@ -869,12 +854,7 @@ def logs(
     ] = False,
     lines: Annotated[
         int,
-        typer.Option(
-            "--lines",
-            "-n",
-            callback=bounded("--lines", 0),
-            help="Lines of each tail." + in_range(0),
-        ),
+        ranged("--lines", "Lines of each tail.", 0, None, "--lines", "-n"),
     ] = 20,
 ) -> None:
     """The tail of a node's log (<home>/logs/node-NODE.log), the orchestrator's, or all."""
@@ -1071,13 +1051,15 @@ def migrate(
     ] = True,
     wave_keys: Annotated[
         int | None,
-        typer.Option(
+        ranged(
             "--wave-keys",
-            callback=bounded("--wave-keys", 1, 1000),
-            help="With --keys: move them in waves of this many, each once the one before "
+            "With --keys: move them in waves of this many, each once the one before "
             "has arrived (states in parts: is being sent) (default: one key, then growing "
             "with the states' sizes up to 64; at least as many as --keys: all at one "
-            "position of the input)." + in_range(1, 1000),
+            "position of the input).",
+            1,
+            1000,
+            "--wave-keys",
         ),
     ] = None,
     home: Home = Path(".fogshift"),
@@ -1646,10 +1628,7 @@ def demo(
     ] = None,
     timeout: Annotated[
         float,
-        typer.Option(
-            help="Seconds to wait for the output." + in_range(1, 86_400),
-            callback=bounded("--timeout", 1, 86_400),
-        ),
+        ranged("--timeout", "Seconds to wait for the output.", 1, 86_400),
     ] = 300,
     keep: Annotated[bool, typer.Option(help="Leave the cluster up afterwards.")] = False,
 ) -> None:
@@ -1672,10 +1651,7 @@ def dashboard(
     ] = "127.0.0.1",
     port: Annotated[
         int,
-        typer.Option(
-            callback=bounded("--port", 0, 65535),
-            help="Port; 0 picks a free one." + in_range(0, 65535),
-        ),
+        ranged("--port", "Port; 0 picks a free one.", 0, 65535),
     ] = 8765,
     spec_dir: Annotated[
         Path, typer.Option(help="Relative paths of specs deployed from the browser start here.")

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from fogshift.cli.options import bounded, in_range
+from fogshift.cli.options import ranged
 from fogshift.cli.output import make_console
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor import cluster as cluster_ops
@@ -81,9 +81,7 @@ def show(
     as_json: AsJson = False,
     samples: Annotated[
         int,
-        typer.Option(
-            callback=bounded("--samples", 1), help="Round trips timed per node." + in_range(1)
-        ),
+        ranged("--samples", "Round trips timed per node.", 1),
     ] = 5,
 ) -> None:
     """Per isolated node: namespace, IPs, profile, link up/down and the RTT measured now."""

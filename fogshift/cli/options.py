@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import typer
 
 from fogshift.exceptions import InvalidInput
 
@@ -50,3 +52,14 @@ def _number(value: float) -> str:
     """``value`` as written: a whole one without a fraction or an exponent (1000000, not
     1e+06)."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def ranged(option: str, help: str, low: float, high: float | None = None, *names: str) -> Any:
+    """A typer option checked by :func:`bounded`, its help ending with its range.
+
+    Args:
+        option: The option as refusals name it (``--limit``).
+        names: Its names, if not the one typer derives from the parameter's."""
+    return typer.Option(
+        *names, callback=bounded(option, low, high), help=help + in_range(low, high)
+    )
