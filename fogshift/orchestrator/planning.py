@@ -42,7 +42,7 @@ from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.contracts import Assignment, PlannedServer, PlanView
 from fogshift.exceptions import InvalidInput
 from fogshift.planner.model import Link, Server, Task, Topology
-from fogshift.spec.loader import did_you_mean
+from fogshift.spec.loader import unknown_keys
 
 #: Megabits per byte, for the planner's units (Mb, Mb/s).
 MB_PER_BYTE = 8 / 1_000_000
@@ -114,8 +114,6 @@ class NodeCapacity(BaseModel):
 
 #: A fog topology file's fields, as a refusal's hint shows them (`topology show` prints
 #: a plan, not a file to give `topology set`).
-#: The keys of a fog topology file, for a misspelt one's "did you mean".
-TOPOLOGY_KEYS = ("central", "default_cpu", "default_bandwidth", "pe_cpu", "nodes", "links")
 _EXAMPLE = (
     "`central: cloud`, `nodes: {fog-a: {cpu: 50}}`, "
     "`links: [{a: cloud, b: fog-a, bandwidth: 10}]` (CPU in % of a core, bandwidth in Mb/s)"
@@ -252,12 +250,12 @@ class FogTopology(BaseModel):
             refusal = refusal_of(first)
             said = refusal.hint if refusal and refusal.hint else None
             received = refusal.received if refusal and refusal.received else None
-            if first["type"] == "extra_forbidden" and first["loc"]:
+            unknown, _ = unknown_keys([first], cls)
+            if unknown:
                 # (The key, not its value: `centrl: cloud` was "received: 'cloud'".)
-                key = str(first["loc"][-1])
+                key, guess = unknown[0]
                 received = repr(key)
-                guess = did_you_mean(key, TOPOLOGY_KEYS)
-                said = f"did you mean {guess!r}?" if guess and len(first["loc"]) == 1 else None
+                said = f"did you mean {guess!r}?" if guess else None
             # (What this field expects, and its value: every refusal gave the list of the
             # file's fields, and the whole file as received for a link to itself. The
             # README's section it named gives no format: the commented example does.)

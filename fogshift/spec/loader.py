@@ -82,7 +82,7 @@ def _field_names_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return [f.alias or name for name, f in current.model_fields.items()]
 
 
-def _unknown_keys(
+def unknown_keys(
     errors: list[ErrorDetails], model: type[BaseModel]
 ) -> tuple[list[tuple[str, str | None]], list[str]]:
     """Each unknown key in ``errors`` with the known key closest to it (``None`` if none is
@@ -107,7 +107,7 @@ def _pydantic_error(
     lines = [f"{_where(tuple(e['loc']), data)}: {message_of(e)}" for e in errors]
     refusal = refusal_of(errors[0])
     received = ((refusal and refusal.received) or repr(errors[0].get("input")))[:200]
-    unknown, known = _unknown_keys(errors, model)
+    unknown, known = unknown_keys(errors, model)
     guesses = [(key, guess) for key, guess in unknown if guess is not None]
     if unknown:
         received = ("unknown key " if len(unknown) == 1 else "unknown keys ") + ", ".join(
