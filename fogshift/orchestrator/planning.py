@@ -245,12 +245,15 @@ class FogTopology(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
+            errors = exc.errors()
+            # (A misspelt key explains the field it leaves missing: `nodes: {fog-a: {cpuu:
+            # 50}}` was refused as "nodes.fog-a.cpu: missing", its misspelling unsaid.)
+            first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
             where = ".".join(str(p) for p in first["loc"]) or "(top level)"
             refusal = refusal_of(first)
             said = refusal.hint if refusal and refusal.hint else None
             received = refusal.received if refusal and refusal.received else None
-            unknown, _ = unknown_keys([first], cls)
+            unknown, known = unknown_keys([first], cls)
             if unknown:
                 # (The key, not its value: `centrl: cloud` was "received: 'cloud'".)
                 key, guess = unknown[0]
@@ -262,6 +265,7 @@ class FogTopology(BaseModel):
             raise InvalidInput(
                 f"invalid fog topology {source}: {where}: {message_of(first)}",
                 expected=(expected_of(first) if first["type"] != "extra_forbidden" else None)
+                or (", ".join(known) if unknown and len(first["loc"]) > 1 else None)
                 or "central, default_cpu, default_bandwidth, pe_cpu, "
                 "nodes: {NAME: {cpu}}, links: [{a, b, bandwidth}]",
                 received=received or repr(first.get("input"))[:200],

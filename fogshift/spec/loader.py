@@ -8,7 +8,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from graphlib import CycleError
 from pathlib import Path
 from typing import Any
@@ -67,15 +67,31 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _is_mapping(annotation: Any) -> bool:
+    """Whether an annotation is a mapping (``dict[str, NodeCapacity] | None`` is)."""
+    if typing.get_origin(annotation) in (dict, Mapping):
+        return True
+    return any(
+        _is_mapping(arg)
+        for arg in typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    )
+
+
 def _field_names_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The field names (aliases where set) of the model found at ``loc`` below ``model``;
     empty if ``loc`` leads out of pydantic models (into a free-form dict)."""
     current: type[BaseModel] | None = model
+    keyed = False  # the part is a mapping's key: its value is the model found already
     for part in loc:
-        if isinstance(part, int):
-            continue  # an item of a tuple/list field: the model was unwrapped already
+        if isinstance(part, int) or keyed:
+            # (An item of a tuple or list field, or a mapping's value: the model was
+            # unwrapped already. A topology's `nodes.fog-a.cpuu` was not guessed.)
+            keyed = False
+            continue
         field = current.model_fields.get(part) if current is not None else None
         current = _model_in(field.annotation) if field is not None else None
+        keyed = field is not None and _is_mapping(field.annotation)
         if current is None:
             return []
     assert current is not None

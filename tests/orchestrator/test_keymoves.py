@@ -232,8 +232,10 @@ class Copies(KeyMoves):
     ``sizes`` given; the origin is seen sending a request's copies (``sending``) or not
     (small states come inline, no parts)."""
 
-    def __init__(self, sizes: dict[str, int], sending: bool = True) -> None:
-        self.sizes, self.sending = sizes, sending
+    def __init__(
+        self, sizes: dict[str, int], sending: bool = True, unknown: frozenset[str] = frozenset()
+    ) -> None:
+        self.sizes, self.sending, self.unknown = sizes, sending, unknown
         self.log: list[tuple[str, list[str]]] = []
         self.broker: Any = SimpleNamespace(run=lambda make, timeout=30: 0)  # parts counted
 
@@ -248,13 +250,26 @@ class Copies(KeyMoves):
         return self.sending
 
     def _await_states(
-        self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float
-    ) -> tuple[dict[str, tuple[Any, int]], float | None]:
+        self, pipeline: str, source: str, move: str, at: int, keys: list[str], deadline: float,
+        empty: set[str] | None = None,
+    ) -> tuple[dict[str, tuple[Any, int]], float | None]:  # fmt: skip
         self.log.append(("stored", keys))
+        if empty is not None:  # (the keys ``unknown`` come as empty copies)
+            empty.update(k for k in keys if k in self.unknown)
         return {k: (SimpleNamespace(seq=at), self.sizes[k]) for k in keys}, float(at)
 
     def run(self, moving: list[str]) -> Any:
         return self._precopy("p", "agg", "in", moving, 1, time.monotonic() + 60)
+
+
+def test_a_key_its_origin_holds_no_state_of_is_not_said_precopied() -> None:
+    # A typo's key was reported "precopied 1 of 1 key (119 bytes)" beside the warning that
+    # its origin held no state of it: its empty copy counts neither as a copy nor in bytes.
+    copies = Copies({"k0": 20 * KIB, "ghost": 119, "k1": 20 * KIB}, unknown=frozenset({"ghost"}))
+    done = copies.run(["k0", "ghost", "k1"])
+    assert done.keys == ["k0", "k1"] and done.state_bytes == 40 * KIB
+    alone = Copies({"ghost": 119}, unknown=frozenset({"ghost"})).run(["ghost"])
+    assert (alone.copy, alone.keys, alone.state_bytes) == (None, [], 0)
 
 
 def test_a_precopy_asks_for_the_next_copies_once_the_origin_sends_these() -> None:

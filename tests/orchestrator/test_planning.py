@@ -478,6 +478,17 @@ def test_a_refused_topology_says_what_its_field_expects_and_got() -> None:
         FogTopology.parse("centrl: cloud", source="t.yaml")
     assert refused.value.received == "'centrl'"
     assert (refused.value.hint or "").startswith("did you mean 'central'? a valid one reads")
+    # Misspelt below the top level: said rather than the field it leaves missing, with the
+    # keys known there.
+    for text, key, known, guess in [
+        ("nodes: {fog-a: {cpuu: 50}}", "cpuu", "cpu", "cpu"),
+        ("links: [{a: cloud, b: fog-a, bandwith: 3}]", "bandwith", "a, b, bandwidth", "bandwidth"),
+    ]:
+        with pytest.raises(InvalidInput) as refused:
+            FogTopology.parse(text, source="t.yaml")
+        assert f".{key}: not a key known here" in refused.value.message, refused.value.message
+        assert (refused.value.expected, refused.value.received) == (known, repr(key))
+        assert (refused.value.hint or "").startswith(f"did you mean {guess!r}?")
 
 
 def test_a_kept_assignment_naming_the_node_a_pe_runs_on_now_is_dropped() -> None:

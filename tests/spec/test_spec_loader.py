@@ -695,4 +695,4 @@ def test_an_element_that_is_no_mapping_says_what_an_element_is() -> None:
     with pytest.raises(InvalidSpec) as err:
         parse_spec(data)
     assert "elements[0]" in err.value.message
-    assert (err.value.expected, err.value.received) == ("a mapping (key: value)", "'source'")
+    assert (err.value.expected, err.value.received) == ("a mapping (e.g. {key: value})", "'source'")
