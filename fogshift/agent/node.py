@@ -1515,7 +1515,7 @@ class NodeRuntime:
                     pipeline,
                     pe,
                     dict(h.state_metrics),
-                    pinned=self.pins.held(pipeline, pe),
+                    pinned=functools.partial(self.pins.held, pipeline, pe),
                     epoch=h.plan.epoch,
                     complete=functools.partial(self._covers, h),
                 )

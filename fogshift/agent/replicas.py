@@ -184,7 +184,9 @@ class Replicas:
             ) from None
         blobs = self._source(shaped, source)
         try:
-            return self.store.put(manifest, blobs.file, blobs)
+            shipped = self.store.put(manifest, blobs.file, blobs)
+            assert shipped is not None  # (stored: no ``wanted`` to refuse it)
+            return shipped
         finally:
             blobs.client.close()
 

@@ -404,8 +404,9 @@ class CentralStore:
         fetch: Callable[[str], bytes],
         chunked: ChunkedSource | None = None,
         wanted: Callable[[], bool] | None = None,
-    ) -> int:
-        """Store a node-level snapshot, fetching only unknown files; returns bytes shipped.
+    ) -> int | None:
+        """Store a node-level snapshot, fetching only unknown files; returns bytes shipped
+        (``None``: not stored, ``wanted`` said no).
 
         Args:
             manifest: The snapshot's manifest.
@@ -440,7 +441,7 @@ class CentralStore:
         fetch: Callable[[str], bytes],
         chunked: ChunkedSource | None,
         wanted: Callable[[], bool] | None,
-    ) -> int:
+    ) -> int | None:
         folder = self._folder(manifest["pipeline"], manifest["element"])
         missing: dict[str, str] = {}  # sha256 -> a file with that content
         for rel, entry in manifest["files"].items():
@@ -496,7 +497,7 @@ class CentralStore:
             if wanted is not None and not wanted():
                 log.info("checkpoint %s of %s/%s is no longer wanted: not stored",
                          manifest["id"], manifest["pipeline"], manifest["element"])  # fmt: skip
-                return shipped
+                return None  # (a number here was taken for a pull done: shown, its error cleared)
             folder.mkdir(parents=True, exist_ok=True)
             # Stored after every checkpoint before it, whatever the clock says: a clock set
             # back (NTP, a resumed VM) made each new one the oldest, expired at once.

@@ -96,7 +96,7 @@ def take_snapshot(
     pipeline: str,
     pe: str,
     state_metrics: Mapping[int, dict[str, Any]] | None = None,
-    pinned: Collection[str] = (),
+    pinned: Callable[[], Collection[str]] = frozenset,
     epoch: int | None = None,
     complete: Callable[[Path, int], bool] | None = None,
 ) -> dict[str, Any] | None:
@@ -110,8 +110,10 @@ def take_snapshot(
     Args:
         state_metrics: State-store metrics by batch id (see the agent's ``snapshot_all``);
             the entry of the snapshotted batch goes into the manifest, ``None`` if absent.
-        pinned: Ids of snapshots being read (:class:`SnapshotPins`): kept even when older
-            than the newest :data:`KEEP`.
+        pinned: The ids of the snapshots being read now (:class:`SnapshotPins`): kept even
+            when older than the newest :data:`KEEP`. Asked when the old ones go, after the
+            copy and its digests (read before them, a pull that began meanwhile lost its
+            snapshot).
         epoch: The epoch of the instance whose checkpoint this is (in the manifest: the
             orchestrator trims a stream only once its readers' current instances have a
             central checkpoint, ``orchestrator.history``).
@@ -200,8 +202,9 @@ def take_snapshot(
     tmp.write_text(json.dumps(manifest))
     tmp.replace(staging / MANIFEST)
     staging.replace(folder)
+    held = pinned()
     for old in sorted(store.iterdir(), reverse=True)[KEEP:]:
-        if old.name not in pinned:
+        if old.name not in held:
             shutil.rmtree(old, ignore_errors=True)
     return manifest
 

@@ -140,6 +140,8 @@ class Replication(Replanning):
             )
 
         shipped = self.central.put(manifest, files.file, files, wanted)
+        if shipped is None:
+            return  # (deployed afresh or stopped meanwhile: nothing stored, nothing to show)
         self.shipped.add(key, shipped)
         self.central_stats[key] = CentralPull(
             id=latest.id,

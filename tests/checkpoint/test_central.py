@@ -97,6 +97,16 @@ def test_a_blob_rotten_in_place_is_found_by_a_later_check_not_trusted_for_good(
     assert newest["id"] == "b000000000003" and skipped == []
 
 
+def test_a_checkpoint_no_longer_wanted_is_not_stored_nor_said_shipped(tmp_path: Path) -> None:
+    # A pull whose pipeline was deployed afresh meanwhile: its bytes were returned, and the
+    # orchestrator showed it as the PE's last pull (its pull error cleared).
+    store = CentralStore(tmp_path / "store")
+    files = {"offsets/0": b"o0"}
+    assert store.put(manifest(0, files), files.__getitem__, wanted=lambda: False) is None
+    assert store.newest("p", "agg") is None
+    assert store.put(manifest(0, files), files.__getitem__, wanted=lambda: True) == 0
+
+
 def test_newest_is_the_first_readable_manifest_newest_first(tmp_path: Path) -> None:
     store = CentralStore(tmp_path / "store")
     assert store.newest("p", "agg") is None

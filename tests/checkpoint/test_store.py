@@ -139,16 +139,41 @@ def test_a_snapshot_being_read_outlives_the_clean_up_until_its_reads_stop(
     for b in range(1, 5):  # the node snapshots on while the pull goes on
         _batch(live, b)
         clock[0] += 5.0
-        assert take_snapshot(live, store, "p", "agg", pinned=pins.held("p", "agg"))
+        assert take_snapshot(live, store, "p", "agg", pinned=lambda: pins.held("p", "agg"))
     kept = sorted(p.name for p in store.iterdir())
     assert kept[0] == first["id"] and len(kept) == 1 + KEEP  # the newest two + the pinned
     assert pins.held("q", "agg") == frozenset()  # pins are per PE
     clock[0] += 61.0  # the reads stopped a minute ago: the pin lapses
     assert pins.held("p", "agg") == frozenset()
     _batch(live, 5)
-    assert take_snapshot(live, store, "p", "agg", pinned=pins.held("p", "agg"))
+    assert take_snapshot(live, store, "p", "agg", pinned=lambda: pins.held("p", "agg"))
     assert first["id"] not in {p.name for p in store.iterdir()}
     assert len(list(store.iterdir())) == KEEP
+
+
+def test_a_pull_that_begins_while_a_snapshot_is_taken_keeps_what_it_reads(
+    tmp_path: Path,
+) -> None:
+    # The pins were read as the snapshot began: a pull pinning the oldest kept snapshot
+    # while the new one was copied and hashed lost it to that snapshot's clean-up.
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 1)
+    pins = SnapshotPins(hold_s=60.0)
+    first = take_snapshot(live, store, "p", "agg")
+    assert first is not None
+    for b in range(1, KEEP):
+        _batch(live, b)
+        assert take_snapshot(live, store, "p", "agg", pinned=lambda: pins.held("p", "agg"))
+    _batch(live, KEEP)
+
+    def pull_begins(staged: Path, batch: int) -> bool:  # (between the copy and the clean-up)
+        pins.touch("p", "agg", first["id"])
+        return True
+
+    assert take_snapshot(
+        live, store, "p", "agg", pinned=lambda: pins.held("p", "agg"), complete=pull_begins
+    )
+    assert first["id"] in {p.name for p in store.iterdir()}
 
 
 def test_the_newest_snapshot_tells_the_digests_of_the_live_files_it_links(tmp_path: Path) -> None:
