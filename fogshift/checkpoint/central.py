@@ -301,6 +301,11 @@ class CentralStore:
             chunk=self.held_chunk,
         )
 
+    def kept(self, pipeline: str, pe: str) -> list[dict[str, Any]]:
+        """The PE's kept checkpoints' manifests, newest stored first, whole or not (see
+        :meth:`verify`)."""
+        return list(self._manifests(pipeline, pe))
+
     def _manifests(self, pipeline: str, pe: str) -> Iterator[dict[str, Any]]:
         """The PE's checkpoints, newest stored first (see :func:`_newest_first`)."""
         for _, manifest in _newest_first(self._folder(pipeline, pe)):

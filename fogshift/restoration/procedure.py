@@ -36,7 +36,6 @@ from fogshift.broker.client import SyncJetStream, last_seq
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence, last_position
 from fogshift.checkpoint.central import CentralStore
-from fogshift.checkpoint.exceptions import CheckpointError
 from fogshift.checkpoint.spark_dir import progress_of
 from fogshift.common.http import ServiceClient
 from fogshift.common.progress import wait_for_progress
@@ -168,6 +167,66 @@ def _install(
     raise central_failed or FogshiftError(f"no copy of checkpoint {manifest.id} to install")
 
 
+def _install_newest(
+    agent: ServiceClient,
+    here: str,
+    central: CentralStore,
+    pipeline: str,
+    element_id: str,
+    copies: Callable[[CheckpointManifest], list[Copy]],
+    report: RestoreReport,
+) -> CheckpointManifest | None:
+    """Install the newest checkpoint of the PE a copy of which is whole, on the target; the
+    one installed (``None``: none is, the target's checkpoint is cleared and the PE replays
+    its input from the start).
+
+    A checkpoint whose central copy is torn is tried from the other nodes' replicas of it:
+    one corrupt blob that every kept checkpoint names (a long-lived state file) made all of
+    them unusable, and the PE replayed its whole input (or, the input trimmed, could not
+    start) while a backup node held the file whole.
+
+    Raises:
+        ElementBusy: The target runs the PE.
+        FogshiftError: The newest whole central checkpoint could not be installed.
+    """
+    for kept in central.kept(pipeline, element_id):
+        problem = central.verify(kept)
+        manifest = CheckpointManifest.model_validate(kept)
+        if problem is not None:
+            held = copies(manifest)
+            if not any(label.startswith("replica@") for label, _ in held):
+                report.skipped_checkpoints.append(f"{manifest.id}: {problem}")
+                continue
+            tried = len(report.skipped_copies)
+            try:
+                _install(agent, here, manifest, held, report)
+            except ElementBusy:
+                raise
+            except FogshiftError as exc:
+                report.skipped_checkpoints.append(
+                    f"{manifest.id}: {problem} (no whole copy elsewhere: {exc.message})"
+                )
+                del report.skipped_copies[tried:]  # (this checkpoint's: said above)
+                continue
+        else:
+            _install(agent, here, manifest, copies(manifest), report)
+        report.checkpoint = manifest.id
+        report.checkpoint_age_ms = round((time.time() - manifest.created) * 1000, 1)
+        report.state_bytes = manifest.bytes
+        if problem is not None:
+            log.warning("restore of %s/%s: checkpoint %s's central copy is unusable (%s); "
+                        "installed from %s", pipeline, element_id, manifest.id, problem,
+                        report.checkpoint_source)  # fmt: skip
+        return manifest
+    report.skipped_checkpoints.append(
+        "none usable: the input is replayed from its start"
+        if report.skipped_checkpoints
+        else f"none usable: no central checkpoint of {pipeline}/{element_id} was taken yet"
+    )
+    _install(agent, here, None, [], report)
+    return None
+
+
 def restore(
     pipeline: str,
     element: ElementSpec,
@@ -205,24 +264,15 @@ def restore(
         emitted, upstream = fence_and_locate(broker, pipeline, element, epoch)
         if element.shifts_origins:
             emitted = 0  # (its origins are no positions: caught up once it has read upstream)
-        manifest: CheckpointManifest | None
-        try:
-            whole, report.skipped_checkpoints = central.latest_whole(pipeline, element.id)
-            manifest = CheckpointManifest.model_validate(whole)
-            report.checkpoint = manifest.id
-            report.checkpoint_age_ms = round((time.time() - manifest.created) * 1000, 1)
-            report.state_bytes = manifest.bytes
-            offset = manifest.offset
-        except CheckpointError as exc:
-            report.skipped_checkpoints.append(f"none usable ({exc.message})")
-            manifest, offset = None, None
         steps.phase(RestorePhase.INSTALLING)
         touched = True
         try:
-            _install(agent, here, manifest, copies(manifest) if manifest else [], report)
+            manifest = _install_newest(agent, here, central, pipeline, element.id, copies,
+                                       report)  # fmt: skip
         except ElementBusy:
             touched = False  # the target runs an instance of its own: not ours to discard
             raise
+        offset = manifest.offset if manifest is not None else None
         start_at = progress_of(offset)
         t0 = offset.get("t0") if offset else None
         report.reprocessed_events = max(0, emitted - start_at)

@@ -183,7 +183,7 @@ def _files_of(manifest: Path) -> list[dict[str, Any]]:
         return []
 
 
-def test_torn_central_checkpoint_falls_back_to_an_older_one(
+def test_a_torn_central_checkpoint_is_installed_from_a_backup_nodes_replica(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     # Every node is up (the previous test started fog-b again): this pipeline lives on cloud
@@ -226,17 +226,27 @@ def test_torn_central_checkpoint_falls_back_to_an_older_one(
         if rel.startswith("offsets/") and e["size"] > 0 and e["sha256"] not in others
     ]
     assert unique, "the newest checkpoint shares every offset file with other checkpoints"
+    # The planned backup node holds the newest checkpoint's replica, pushed from the central
+    # store before the damage.
+    backup = cluster.element("torn", "source")["planned_backup"]
+    assert backup is not None
+    wait_until(
+        lambda: (
+            f"torn/source@{newest['id']}"
+            in {n["name"]: n for n in cluster.json("nodes")}[backup]["replicas"]
+        ),
+        60,
+        interval_s=0.5,
+        describe=f"{backup}'s replica of checkpoint {newest['id']}",
+    )
     # Same size, other bytes: only the digest check can tell.
     blob = cluster.home / "central" / "blobs" / unique[0]
     data = blob.read_bytes()
     blob.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])
     # The source's node (cloud) is alive: the old instance is fenced by the restore. Onto a
-    # node holding no replica of the source, and not its planned backup node (which a
-    # replica push may reach before the restore): a replica there fills in the files it
-    # holds (the damaged one among them), and the restore never reads the torn blob (suite
-    # runs restored from the newest checkpoint so, on fog-b, then on fog-c once its replica
-    # came after the node listing).
-    backup = cluster.element("torn", "source")["planned_backup"]
+    # node holding no replica of the source: the newest checkpoint, torn in the central
+    # store, comes whole from the backup node's replica (one corrupt blob every kept
+    # checkpoint named made them all unusable, and the PE replayed its whole input).
     holders = {n["name"]: n for n in cluster.json("nodes")}
     spare = sorted(
         name for name, n in holders.items()
@@ -246,8 +256,9 @@ def test_torn_central_checkpoint_falls_back_to_an_older_one(
     assert spare, holders
     report = json.loads(cluster.cli("restore", "torn", "source", "--to", spare[0],
                                     "--json").stdout)  # fmt: skip
-    assert report["checkpoint"] != newest["id"], report
-    assert any(newest["id"] in s for s in report["skipped_checkpoints"]), report
+    assert report["checkpoint"] == newest["id"], report
+    assert report["checkpoint_source"] == f"replica@{backup}", report
+    assert report["skipped_checkpoints"] == [], report
     finish_and_compare(cluster, tmp_path, "torn")
 
 

@@ -13,7 +13,7 @@ import pytest
 from fogshift.agent.exceptions import ElementBusy
 from fogshift.contracts import CheckpointManifest, InstallResult, RestoreReport
 from fogshift.exceptions import FogshiftError, Unavailable
-from fogshift.restoration.procedure import _install
+from fogshift.restoration.procedure import _install, _install_newest
 
 HERE = "/pipelines/p/elements/agg"
 COPIES = [("replica@fog-c", None), ("replica@fog-b", "http://fog-b"), ("central", None)]
@@ -36,8 +36,8 @@ class Agent:
         return InstallResult(fetched_bytes=42, source=json["source"] or "central")
 
 
-def manifest() -> CheckpointManifest:
-    return CheckpointManifest(id="b000000000007", pipeline="p", element="agg", batch=7,
+def manifest(checkpoint: str = "b000000000007") -> CheckpointManifest:
+    return CheckpointManifest(id=checkpoint, pipeline="p", element="agg", batch=7,
                               created=time.time(), files={})  # fmt: skip
 
 
@@ -71,3 +71,89 @@ def test_a_target_running_the_pe_ends_the_install_at_once() -> None:
     with pytest.raises(ElementBusy):
         _install(agent, HERE, manifest(), COPIES, report())  # type: ignore[arg-type]
     assert agent.sources == [None]
+
+
+class Central:
+    """A central store keeping ``ids`` (newest first), those in ``torn`` unusable here."""
+
+    def __init__(self, ids: list[str], torn: set[str]) -> None:
+        self.ids, self.torn = ids, torn
+
+    def kept(self, pipeline: str, pe: str) -> list[dict[str, Any]]:
+        return [manifest(i).model_dump(mode="json") for i in self.ids]
+
+    def verify(self, kept: dict[str, Any]) -> str | None:
+        return "file offsets/7 is corrupt" if kept["id"] in self.torn else None
+
+
+class Installs:
+    """The target's agent: an install from a node in ``whole`` works, from ``central``
+    (no source) only for a checkpoint not in ``torn``."""
+
+    def __init__(self, whole: dict[str, set[str]], torn: set[str]) -> None:
+        self.whole, self.torn = whole, torn
+        self.tried: list[tuple[str, str | None]] = []
+
+    def call(self, model: Any, method: str, path: str, json: dict[str, Any]) -> InstallResult:
+        checkpoint, source = json["manifest"]["id"], json["source"]
+        self.tried.append((checkpoint, source))
+        if source is None and checkpoint in self.torn:
+            raise FogshiftError(f"file offsets/7 of {checkpoint} is missing")
+        if source is not None and checkpoint not in self.whole.get(source, set()):
+            raise FogshiftError(f"{source} holds no copy of {checkpoint}")
+        return InstallResult(fetched_bytes=1, source=source or "central")
+
+    def post(self, path: str, json: dict[str, Any]) -> None:
+        self.tried.append(("cleared", None))
+
+
+def holders(of: dict[str, list[str]]) -> Any:
+    return lambda m: [*((f"replica@{n}", f"http://{n}") for n in of.get(m.id, [])),
+                      ("central", None)]  # fmt: skip
+
+
+def test_a_checkpoint_torn_centrally_is_installed_from_a_backup_nodes_replica() -> None:
+    # One corrupt blob every kept checkpoint named made them all unusable: the PE replayed
+    # its whole input while a backup node held the checkpoint whole.
+    torn = {"b9", "b8"}
+    agent = Installs({"http://fog-b": {"b9"}}, torn)
+    done = report()
+    chosen = _install_newest(agent, HERE, Central(["b9", "b8"], torn), "p", "agg",  # type: ignore[arg-type]
+                             holders({"b9": ["fog-b"]}), done)  # fmt: skip
+    assert chosen is not None and chosen.id == "b9"
+    assert (done.checkpoint, done.checkpoint_source) == ("b9", "replica@fog-b")
+    assert done.skipped_checkpoints == [] and agent.tried == [("b9", "http://fog-b")]
+
+
+def test_a_torn_checkpoint_no_node_holds_whole_falls_back_to_an_older_one() -> None:
+    torn = {"b9"}
+    agent = Installs({"http://fog-b": set()}, torn)
+    done = report()
+    chosen = _install_newest(agent, HERE, Central(["b9", "b8"], torn), "p", "agg",  # type: ignore[arg-type]
+                             holders({"b9": ["fog-b"]}), done)  # fmt: skip
+    assert chosen is not None and chosen.id == "b8" and done.checkpoint_source == "central"
+    assert len(done.skipped_checkpoints) == 1 and done.skipped_checkpoints[0].startswith(
+        "b9: file offsets/7 is corrupt (no whole copy elsewhere"
+    )
+    assert done.skipped_copies == []  # (the torn one's attempts are said in its line)
+    # Not tried from the central store alone when no node holds a copy: nothing to gain.
+    agent = Installs({}, torn)
+    done = report()
+    chosen = _install_newest(agent, HERE, Central(["b9", "b8"], torn), "p", "agg",  # type: ignore[arg-type]
+                             holders({}), done)  # fmt: skip
+    assert chosen is not None and chosen.id == "b8" and agent.tried == [("b8", None)]
+    assert done.skipped_checkpoints == ["b9: file offsets/7 is corrupt"]
+
+
+def test_no_whole_checkpoint_anywhere_replays_the_input_and_says_so() -> None:
+    torn = {"b9"}
+    agent = Installs({}, torn)
+    done = report()
+    assert _install_newest(agent, HERE, Central(["b9"], torn), "p", "agg",  # type: ignore[arg-type]
+                           holders({}), done) is None  # fmt: skip
+    assert agent.tried == [("cleared", None)] and done.checkpoint is None
+    assert done.skipped_checkpoints[-1] == "none usable: the input is replayed from its start"
+    done = report()
+    assert _install_newest(Installs({}, set()), HERE, Central([], set()), "p", "agg",  # type: ignore[arg-type]
+                           holders({}), done) is None  # fmt: skip
+    assert done.skipped_checkpoints == ["none usable: no central checkpoint of p/agg was taken yet"]
