@@ -24,6 +24,7 @@ from fogshift.agent.exceptions import CannotBuild, ElementBusy, NodeNotReady, Un
 from fogshift.broker.exceptions import FENCED_TOKEN
 from fogshift.checkpoint import key_index
 from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.locations import close_location, open_location, sweep_locations
 from fogshift.checkpoint.spark_dir import (
     clear_orphan_state,
@@ -39,6 +40,7 @@ from fogshift.checkpoint.spark_dir import (
     progress_of,
     replaced,
     settle_install,
+    torn_log,
     unpack,
 )
 from fogshift.checkpoint.store import (
@@ -440,9 +442,22 @@ class NodeRuntime:
                 and current.state in (PEState.RUNNING, PEState.STARTING, PEState.PAUSED)
             ):
                 return self.describe(current)
+            checkpoint = self.checkpoint_dir(pipeline, element.id)
+            torn = None if fresh or not checkpoint.is_dir() else torn_log(checkpoint)
+            if torn is not None:
+                # (Refused before anything changes: the orchestrator restores the PE from
+                # its central checkpoint, here or elsewhere, rather than start it again.)
+                raise TornCheckpoint(
+                    f"the checkpoint of {pipeline}/{element.id} on node {self.config.name!r} "
+                    f"is torn: {torn}",
+                    expected="a checkpoint whose offset and commit logs read",
+                    received=torn,
+                    hint="its node lost what it had not written to disk (a power loss?): "
+                    "the reconciler restores the PE from its central checkpoint; "
+                    f"`fogshift restore {pipeline} {element.id}` restores it on another node",
+                )
             if current is not None:
                 self._stop_counted(current)
-            checkpoint = self.checkpoint_dir(pipeline, element.id)
             metrics = self._metrics_file(pipeline, element.id)
             try:
                 if fresh:

@@ -42,6 +42,45 @@ def _batches(folder: Path) -> list[int]:
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
+_VERSION_LINE = re.compile(r"v\d+")
+
+
+def torn_log(checkpoint: Path) -> str | None:
+    """What makes the checkpoint's metadata, offset or commit log unreadable to Spark (an
+    entry empty, without its version line, or with text that is not JSON), or ``None`` if
+    they read.
+
+    Spark syncs none of these files: a node that lost power shortly after batches committed
+    came back with entries its disk never got, and every start of the PE from them failed
+    ("Log file was malformed"), the agent retrying for good. Only the logs are read here
+    (a few hundred bytes an entry); a torn state file still fails the PE's first batch.
+    """
+    metadata = checkpoint / "metadata"
+    if metadata.is_file():
+        try:
+            json.loads(metadata.read_text())
+        except (OSError, ValueError) as exc:
+            return f"its metadata does not read ({type(exc).__name__}: {exc})"
+    for name in ("offsets", "commits"):
+        for batch in _batches(checkpoint / name):
+            entry = f"{name}/{batch}"
+            try:
+                lines = (checkpoint / name / str(batch)).read_text().splitlines()
+            except (OSError, ValueError) as exc:
+                return f"{entry} does not read ({type(exc).__name__}: {exc})"
+            if not lines:
+                return f"{entry} is empty"
+            if not _VERSION_LINE.fullmatch(lines[0]) or len(lines) < 2:
+                return f"{entry} is not a log entry (no version line and JSON)"
+            try:
+                for line in lines[1:]:
+                    if line != "-":  # (a source without an offset yet)
+                        json.loads(line)
+            except ValueError:
+                return f"{entry} holds text that is not JSON"
+    return None
+
+
 def committed_batch(checkpoint: Path) -> int | None:
     """The last batch whose output and state are committed, if any."""
     batches = _batches(checkpoint / "commits")

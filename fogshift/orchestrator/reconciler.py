@@ -16,6 +16,7 @@ from nats.js.errors import NotFoundError
 from fogshift.agent.exceptions import UnknownElement
 from fogshift.broker.client import ensure_subjects
 from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
+from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.common.text import one_line
 from fogshift.contracts import (
     LEFT_REPORTED,
@@ -795,7 +796,13 @@ class Reconciler(Coordination):
                         # discard got no answer), which would share it.
                         log.info("reconcile: starting %s/%s on %s under a new epoch",
                                  pipeline, element_id, node.name)  # fmt: skip
-                        self._restart_fenced(pipeline, here, node.name)
+                        try:
+                            self._restart_fenced(pipeline, here, node.name)
+                        except TornCheckpoint as exc:
+                            # (A node back from a power loss: every start from it failed,
+                            # the agent retrying for good.)
+                            self._restore_lost(pipeline, here, f"holds a torn checkpoint "
+                                               f"({exc.received})")  # fmt: skip
                 else:
                     self._mend(pipeline, here)
         except MigrationInProgress:
@@ -835,13 +842,16 @@ class Reconciler(Coordination):
             return False
         return True
 
-    def _restore_lost(self, pipeline: str, element: ElementSpec) -> None:
+    def _restore_lost(
+        self, pipeline: str, element: ElementSpec, why: str = "came back without the checkpoints"
+    ) -> None:
         """Bring back a PE whose node (``element.node``, its placement) came back without
         its checkpoints (a wiped or new disk): started from nothing, it would read its
         input from the start, past records trimmed since (recovery.history_s), or all
-        again. Its hot standby, if one stands, is promoted; else (or if that fails) it is
-        restored there as on any node: fenced, from the newest central checkpoint,
-        reprocessing without emitting. Inside the PE's exclusive section.
+        again; or with a checkpoint whose logs are torn (``why`` says which), which its
+        agent refuses to start from. Its hot standby, if one stands, is promoted; else (or
+        if that fails) it is restored there as on any node: fenced, from the newest central
+        checkpoint, reprocessing without emitting. Inside the PE's exclusive section.
 
         Raises:
             FogshiftError: The restore failed (the caller backs off).
@@ -851,9 +861,8 @@ class Reconciler(Coordination):
         attempts: list[RestoreAttempt] = []  # (a failed promotion: in the report, as restore's)
         standby = self.registry.standby(pipeline, element.id)
         if standby is not None and self._may_keep(self.registry.node(standby.node)):
-            log.warning("reconcile: %s came back without the checkpoints of %s/%s: its "
-                        "standby on %s takes over", node, pipeline, element.id,
-                        standby.node)  # fmt: skip
+            log.warning("reconcile: %s %s of %s/%s: its standby on %s takes over", node, why,
+                        pipeline, element.id, standby.node)  # fmt: skip
             try:
                 self.promote_standby(element, pipeline, node, standby)
                 return
@@ -863,9 +872,8 @@ class Reconciler(Coordination):
                 fenced = exc.report.epoch if isinstance(exc.report, RestoreReport) else 0
                 attempts.append(RestoreAttempt(node=standby.node, epoch=fenced or None,
                                                error=exc.message))  # fmt: skip
-        log.warning("reconcile: %s came back without the checkpoints of %s/%s: restoring "
-                    "it there from its central checkpoint", node, pipeline,
-                    element.id)  # fmt: skip
+        log.warning("reconcile: %s %s of %s/%s: restoring it there from its central "
+                    "checkpoint", node, why, pipeline, element.id)  # fmt: skip
         self._restore_on(element, pipeline, node, [node], attempts)
 
     def _lost(self, element: ElementSpec, pipeline: str, node: NodeRecord) -> bool:

@@ -25,6 +25,7 @@ from fogshift.checkpoint.spark_dir import (
     relocate,
     replaced,
     settle_install,
+    torn_log,
     unpack,
 )
 
@@ -54,6 +55,32 @@ def test_a_missing_or_stateless_checkpoint_is_left_alone(tmp_path: Path) -> None
     assert clear_orphan_state(tmp_path / "absent") is False
     _write(tmp_path / "metadata")
     assert clear_orphan_state(tmp_path) is False
+
+
+def test_logs_a_power_loss_tore_are_told(tmp_path: Path) -> None:
+    # Spark syncs none of its log entries: a node back from a power loss may hold them
+    # empty, and every start of the PE from them failed.
+    _write(tmp_path / "metadata", '{"id": "q"}')
+    _write(tmp_path / "offsets" / "0", 'v1\n{"batchWatermarkMs":0}\n{"positions":{"1":3}}')
+    _write(tmp_path / "offsets" / "1", 'v1\n{"batchWatermarkMs":0}\n-')
+    _write(tmp_path / "commits" / "0", 'v1\n{"nextBatchWatermarkMs":0}')
+    assert torn_log(tmp_path) is None
+    assert torn_log(tmp_path / "absent") is None  # (a fresh PE's: nothing to read)
+    for entry, text, said in [
+        ("commits/1", "", "commits/1 is empty"),
+        ("offsets/2", '{"batchWatermarkMs":0}', "offsets/2 is not a log entry"),
+        ("offsets/2", 'v1\n{"batchWat', "offsets/2 holds text that is not JSON"),
+        ("metadata", "", "its metadata does not read"),
+    ]:
+        torn = tmp_path / entry
+        before = torn.read_text() if torn.exists() else None
+        _write(torn, text)
+        assert (torn_log(tmp_path) or "").startswith(said), (entry, torn_log(tmp_path))
+        if before is None:
+            torn.unlink()
+        else:
+            _write(torn, before)
+    assert torn_log(tmp_path) is None
 
 
 def _checkpoint(root: Path, batches: int, snapshots: tuple[int, ...]) -> None:

@@ -174,6 +174,46 @@ def test_a_node_back_without_its_disk_gets_its_pe_from_the_central_checkpoint(
     assert_no_older_epoch_after(cluster, "wiped", "aggregate", report["epoch"])
 
 
+def test_a_node_back_from_a_power_loss_with_torn_logs_gets_its_pe_from_central(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The aggregate's node dies and comes back (within detect_after_s) with its newest log
+    # entries empty, as a power loss leaves files Spark wrote and never synced: every start
+    # from them failed, its agent retrying for good. Its agent refuses them as torn now, and
+    # the reconciler restores the PE in place from its newest central checkpoint.
+    spec = case1_spec(tmp_path, "powerloss", agg_node="fog-b", detect_after_s=600)
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for("powerloss", "sink", 20)
+    wait_central(cluster, "powerloss", "aggregate")
+    node = cluster.node("fog-b")
+    os.killpg(node["pgid"], signal.SIGKILL)
+    wait_until(lambda: not group_alive(node["pgid"]), 30, describe="fog-b's processes gone")
+    checkpoint = cluster.home / "nodes" / "fog-b" / "checkpoints" / "powerloss" / "aggregate"
+    commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+    assert commits, f"no commit in {checkpoint}"
+    for log_name in ("commits", "offsets"):
+        (checkpoint / log_name / str(max(commits))).write_bytes(b"")
+    assert FEEDERS[tmp_path].feeding, "the input had ended before the node came back"
+    cluster.heal()
+    element = wait_until(
+        lambda: (
+            (e := cluster.element("powerloss", "aggregate"))["last_restore"]
+            and e["last_restore"]["status"] == "restored"
+            and e
+        ),
+        180,
+        interval_s=0.5,
+        describe="the aggregate restored on its node",
+    )
+    report = element["last_restore"]
+    assert element["node"] == "fog-b" and report["target"] == "fog-b", element
+    assert report["checkpoint"] is not None, report
+    log_text = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
+    assert f"holds a torn checkpoint (offsets/{max(commits)} is empty)" in log_text
+    finish_and_compare(cluster, tmp_path, "powerloss")
+    assert_no_older_epoch_after(cluster, "powerloss", "aggregate", report["epoch"])
+
+
 def _files_of(manifest: Path) -> list[dict[str, Any]]:
     """The file entries of a central checkpoint's manifest; none if it went meanwhile (the
     store expires old checkpoints of running PEs as it pulls new ones)."""
