@@ -489,7 +489,11 @@ def create_app(config: AgentConfig) -> FastAPI:
         manifest = runtime.latest_snapshot(pipeline, element)
         if manifest is None:
             raise UnknownElement(
-                f"node {config.name!r} has no node-level checkpoint of {pipeline}/{element}"
+                f"node {config.name!r} has no node-level checkpoint of {pipeline}/{element}",
+                expected="a PE that ran here and committed a batch since its start",
+                received=f"{pipeline}/{element}",
+                hint="node-level checkpoints are taken every checkpoint interval "
+                "(FOGSHIFT_CHECKPOINT_INTERVAL_S) of a PE that committed a batch",
             )
         return manifest
 

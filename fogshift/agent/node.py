@@ -651,8 +651,13 @@ class NodeRuntime:
         """The hosted PE, or :class:`UnknownElement`."""
         hosted = self._elements.get((pipeline, pe))
         if hosted is None:
+            hosts = sorted(f"{p}/{e}" for p, e in self._elements)
             raise UnknownElement(
                 f"node {self.config.name!r} does not host {pipeline}/{pe}",
+                expected="one of " + ", ".join(hosts[:10]) + (", …" if len(hosts) > 10 else "")
+                if hosts
+                else "none: it hosts no PE",
+                received=f"{pipeline}/{pe}",
                 hint="`fogshift status` shows where each element runs",
             )
         return hosted

@@ -605,8 +605,19 @@ class CentralStore:
         """
         path = self.blobs / check_sha256(sha)
         if not path.is_file():
-            raise NotFound(f"no checkpoint blob {sha[:12]}… in {self.root}")
+            raise self._no_blob(sha)
         return path
+
+    def _no_blob(self, sha: str) -> NotFound:
+        # (Said to the nodes that copy from this store: the store's absolute path on its
+        # host, which the refusal named, is none of theirs.)
+        return NotFound(
+            f"no checkpoint blob {sha[:12]}… in this store",
+            expected="a blob a kept checkpoint names",
+            received=sha,
+            hint="the checkpoint naming it was expired or found torn since it was listed: "
+            "ask for the newest checkpoint's files again",
+        )
 
     def blob_chunks(self, sha: str) -> tuple[int, list[Chunk]]:
         """Blob ``sha``'s size and content-defined chunks (listed once, kept beside it), for
@@ -621,8 +632,8 @@ class CentralStore:
             self._index(sha)
             listing = json.loads((self.chunk_lists / sha).read_text())
             size = path.stat().st_size
-        except (OSError, ValueError) as exc:  # collected meanwhile
-            raise NotFound(f"no checkpoint blob {sha[:12]}… in {self.root}: {exc}") from None
+        except (OSError, ValueError):  # collected meanwhile
+            raise self._no_blob(sha) from None
         return size, [(int(o), int(n), str(d)) for o, n, d in listing]
 
     def verify(self, manifest: dict[str, Any]) -> str | None:

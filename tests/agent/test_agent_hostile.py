@@ -115,6 +115,15 @@ HOSTILE_DELETES = [
 ]
 
 
+def test_a_missing_node_level_checkpoint_is_refused_with_what_was_asked(home: Path) -> None:
+    c = client(create_app(config(home)), node_token(OPERATOR, "fog-a"))
+    response = c.get("/pipelines/p/elements/other/snapshots/latest")
+    assert response.status_code == 404
+    body = response.json()
+    assert (body["code"], body["received"]) == ("unknown_element", "p/other")
+    assert body["expected"] and body["hint"]
+
+
 def test_a_legitimate_snapshot_file_is_served(home: Path) -> None:
     # The control for the tests below: their 4xx is the validation, not a broken route.
     # (The client is not entered as a context: that would run the lifespan, i.e. Spark.)

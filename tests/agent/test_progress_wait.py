@@ -120,9 +120,11 @@ def test_a_state_change_without_a_report_ends_the_wait(setup) -> None:  # type: 
 def test_a_pe_removed_during_the_wait_ends_it_as_unknown(setup) -> None:  # type: ignore[no-untyped-def]
     runtime, _, _ = setup
     thread = later(0.2, lambda: runtime._elements.pop(("x", "p")))
-    with pytest.raises(UnknownElement, match="does not host x/p"):
+    with pytest.raises(UnknownElement, match="does not host x/p") as gone:
         runtime.progress("x", "p", changed_from=(5, PEState.RUNNING), wait_s=30)
     thread.join()
+    # (What it hosts, and what was asked: the node-facing refusals said neither.)
+    assert (gone.value.expected, gone.value.received) == ("none: it hosts no PE", "x/p")
 
 
 def test_the_callers_query_names_what_it_saw_only_when_it_waits() -> None:

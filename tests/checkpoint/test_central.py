@@ -182,8 +182,17 @@ def test_blob_path_checks_its_argument(tmp_path: Path) -> None:
     store = CentralStore(tmp_path / "store")
     with pytest.raises(InvalidInput):
         store.blob_path("../../etc/passwd")
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound) as missing:
         store.blob_path("0" * 64)
+    # Said to the nodes that copy from the store: not its path on the orchestrator's host.
+    assert str(tmp_path) not in missing.value.render()
+    assert (missing.value.received, missing.value.expected) == (
+        "0" * 64,
+        "a blob a kept checkpoint names",
+    )
+    with pytest.raises(NotFound) as missing:
+        store.blob_chunks("0" * 64)
+    assert str(tmp_path) not in missing.value.render()
 
 
 def test_known_blobs_are_the_newest_checkpoints_files(tmp_path: Path) -> None:
