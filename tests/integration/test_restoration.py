@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,45 @@ def wait_for_epoch(
 # nodes and leave them down (fog-a, then fog-c) for the next module's heal.
 
 
+def _back_damaged(
+    cluster: Cluster, tmp_path: Path, pipeline: str, damage: Callable[[Path], None],
+    history_s: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Deploy Case 1 as ``pipeline`` (its aggregate on fog-b), SIGKILL fog-b once the
+    aggregate has a central checkpoint (and, with ``history_s``, the source's oldest records
+    were trimmed), ``damage`` fog-b's folder, bring it back within ``detect_after_s`` and
+    wait for the aggregate's restore; its report, after the output was compared."""
+    spec = case1_spec(tmp_path, pipeline, agg_node="fog-b", detect_after_s=600,
+                      history_s=history_s)  # fmt: skip
+    cluster.cli("deploy", str(spec))
+    cluster.wait_for(pipeline, "sink", 20)
+    if history_s is not None:
+        wait_trimmed(cluster, pipeline, "source")
+    wait_central(cluster, pipeline, "aggregate")
+    node = cluster.node("fog-b")
+    os.killpg(node["pgid"], signal.SIGKILL)
+    wait_until(lambda: not group_alive(node["pgid"]), 30, describe="fog-b's processes gone")
+    damage(cluster.home / "nodes" / "fog-b")
+    assert FEEDERS[tmp_path].feeding, "the input had ended before the node came back"
+    cluster.heal()
+    element = wait_until(
+        lambda: (
+            (e := cluster.element(pipeline, "aggregate"))["last_restore"]
+            and e["last_restore"]["status"] == "restored"
+            and e
+        ),
+        180,
+        interval_s=0.5,
+        describe="the aggregate restored on its node",
+    )
+    report: dict[str, Any] = element["last_restore"]
+    assert element["node"] == "fog-b" and report["target"] == "fog-b", element
+    assert report["checkpoint"] is not None and report["epoch"] >= 2, report
+    finish_and_compare(cluster, tmp_path, pipeline)
+    assert_no_older_epoch_after(cluster, pipeline, "aggregate", report["epoch"])
+    return report
+
+
 def test_a_node_back_without_its_disk_gets_its_pe_from_the_central_checkpoint(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -144,74 +184,33 @@ def test_a_node_back_without_its_disk_gets_its_pe_from_the_central_checkpoint(
     # after the aggregate's oldest input was trimmed: started from nothing it would read past
     # the trimmed records and fail at its first batch. The reconciler restores it in place
     # from its newest central checkpoint instead.
-    spec = case1_spec(tmp_path, "wiped", agg_node="fog-b", detect_after_s=600, history_s=1)
-    cluster.cli("deploy", str(spec))
-    cluster.wait_for("wiped", "sink", 20)
-    wait_trimmed(cluster, "wiped", "source")
-    wait_central(cluster, "wiped", "aggregate")
-    node = cluster.node("fog-b")
-    os.killpg(node["pgid"], signal.SIGKILL)
-    wait_until(lambda: not group_alive(node["pgid"]), 30, describe="fog-b's processes gone")
-    home = cluster.home / "nodes" / "fog-b"
-    for lost in ("checkpoints", "node-checkpoints", "query-locations", "gates", "replicas"):
-        shutil.rmtree(home / lost, ignore_errors=True)
-    assert FEEDERS[tmp_path].feeding, "the input had ended before the node came back"
-    cluster.heal()
-    element = wait_until(
-        lambda: (
-            (e := cluster.element("wiped", "aggregate"))["last_restore"]
-            and e["last_restore"]["status"] == "restored"
-            and e
-        ),
-        180,
-        interval_s=0.5,
-        describe="the aggregate restored on its node",
-    )
-    report = element["last_restore"]
-    assert element["node"] == "fog-b" and report["target"] == "fog-b", element
-    assert report["checkpoint"] is not None and report["epoch"] >= 2, report
-    finish_and_compare(cluster, tmp_path, "wiped")
-    assert_no_older_epoch_after(cluster, "wiped", "aggregate", report["epoch"])
+    def wipe(home: Path) -> None:
+        for lost in ("checkpoints", "node-checkpoints", "query-locations", "gates", "replicas"):
+            shutil.rmtree(home / lost, ignore_errors=True)
+
+    _back_damaged(cluster, tmp_path, "wiped", wipe, history_s=1)
 
 
 def test_a_node_back_from_a_power_loss_with_torn_logs_gets_its_pe_from_central(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    # The aggregate's node dies and comes back (within detect_after_s) with its newest log
-    # entries empty, as a power loss leaves files Spark wrote and never synced: every start
-    # from them failed, its agent retrying for good. Its agent refuses them as torn now, and
-    # the reconciler restores the PE in place from its newest central checkpoint.
-    spec = case1_spec(tmp_path, "powerloss", agg_node="fog-b", detect_after_s=600)
-    cluster.cli("deploy", str(spec))
-    cluster.wait_for("powerloss", "sink", 20)
-    wait_central(cluster, "powerloss", "aggregate")
-    node = cluster.node("fog-b")
-    os.killpg(node["pgid"], signal.SIGKILL)
-    wait_until(lambda: not group_alive(node["pgid"]), 30, describe="fog-b's processes gone")
-    checkpoint = cluster.home / "nodes" / "fog-b" / "checkpoints" / "powerloss" / "aggregate"
-    commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
-    assert commits, f"no commit in {checkpoint}"
-    for log_name in ("commits", "offsets"):
-        (checkpoint / log_name / str(max(commits))).write_bytes(b"")
-    assert FEEDERS[tmp_path].feeding, "the input had ended before the node came back"
-    cluster.heal()
-    element = wait_until(
-        lambda: (
-            (e := cluster.element("powerloss", "aggregate"))["last_restore"]
-            and e["last_restore"]["status"] == "restored"
-            and e
-        ),
-        180,
-        interval_s=0.5,
-        describe="the aggregate restored on its node",
-    )
-    report = element["last_restore"]
-    assert element["node"] == "fog-b" and report["target"] == "fog-b", element
-    assert report["checkpoint"] is not None, report
+    # The aggregate's node comes back with its newest log entries empty, as a power loss
+    # leaves files Spark wrote and never synced: every start from them failed, its agent
+    # retrying for good. Its agent refuses them as torn now, and the reconciler restores the
+    # PE in place from its newest central checkpoint.
+    newest: list[int] = []
+
+    def tear(home: Path) -> None:
+        checkpoint = home / "checkpoints" / "powerloss" / "aggregate"
+        commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
+        assert commits, f"no commit in {checkpoint}"
+        newest.append(max(commits))
+        for log_name in ("commits", "offsets"):
+            (checkpoint / log_name / str(newest[0])).write_bytes(b"")
+
+    _back_damaged(cluster, tmp_path, "powerloss", tear)
     log_text = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
-    assert f"holds a torn checkpoint (offsets/{max(commits)} is empty)" in log_text
-    finish_and_compare(cluster, tmp_path, "powerloss")
-    assert_no_older_epoch_after(cluster, "powerloss", "aggregate", report["epoch"])
+    assert f"holds a torn checkpoint (offsets/{newest[0]} is empty)" in log_text
 
 
 def _files_of(manifest: Path) -> list[dict[str, Any]]:
