@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import CannotBuild, ElementBusy, NodeNotReady, UnknownElement
+from fogshift.agent.runs import boot_id, note_start, note_stop, set_aside
 from fogshift.broker.exceptions import FENCED_TOKEN
 from fogshift.checkpoint import key_index
 from fogshift.checkpoint.central import CentralStore
@@ -247,10 +248,27 @@ class NodeRuntime:
         """Start Spark (slow, ~7 s) and the monitor, in the background."""
         # Copies a process before this one was packing when it ended: no one reads them.
         shutil.rmtree(self._outgoing, ignore_errors=True)
+        self._distrust_after_a_machine_stop()
         self._settle_installs()
         self._spark_thread.submit(self._start_spark)
         threading.Thread(target=self._monitor, name="monitor", daemon=True).start()
         threading.Thread(target=self.run_snapshots, name="snapshots", daemon=True).start()
+
+    def _distrust_after_a_machine_stop(self) -> None:
+        """Set the node's checkpoints aside if its machine went down while the last agent
+        ran (see :mod:`fogshift.agent.runs`): without them, the orchestrator restores each
+        PE from its central checkpoint (or promotes its standby), where one started from
+        them failed for good, or read state that was never whole."""
+        home = self.config.home
+        previous = note_start(home, boot_id())
+        if previous is None:
+            return
+        aside = set_aside(home, ("checkpoints", "node-checkpoints"))
+        if aside is not None:
+            log.warning("the machine started again while this node's last agent ran (boot "
+                        "%s…): its checkpoints may not all have reached the disk (Spark syncs "
+                        "none); set aside in %s, its PEs are restored from their central "
+                        "checkpoints", previous[:8], aside)  # fmt: skip
 
     def _settle_installs(self) -> None:
         """Settle the checkpoint installs a process before this one ended between their two
@@ -357,6 +375,7 @@ class NodeRuntime:
         if self.spark is not None:
             self._spark_thread.submit(self._stop_session, self.spark).result()
         self._spark_thread.shutdown()
+        note_stop(self.config.home)  # (last: what the queries wrote, synced)
 
     def _stop_session(self, spark: SparkSession) -> None:
         """On the Spark thread, after whatever it was doing (the warm-up's start among it):

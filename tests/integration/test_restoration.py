@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from fogshift.agent.runs import RUN_FILE
 from fogshift.broker.client import (
     BrokerAddress,
     SyncJetStream,
@@ -211,6 +212,27 @@ def test_a_node_back_from_a_power_loss_with_torn_logs_gets_its_pe_from_central(
     _back_damaged(cluster, tmp_path, "powerloss", tear)
     log_text = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
     assert f"holds a torn checkpoint (offsets/{newest[0]} is empty)" in log_text
+
+
+def test_a_node_whose_machine_went_down_under_it_gets_its_pes_from_central(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # The machine went down under the aggregate's node (its agent's note of its run is of
+    # another boot) and lost a state file Spark wrote and never synced: one the logs' check
+    # cannot see. The agent sets the node's checkpoints aside as it starts, and the
+    # reconciler restores the PE from its newest central checkpoint.
+    def reboot(home: Path) -> None:
+        note = json.loads((home / RUN_FILE).read_text())
+        (home / RUN_FILE).write_text(json.dumps({**note, "boot_id": "a boot before this one"}))
+        state = home / "checkpoints" / "reboot" / "aggregate" / "state"
+        changelogs = sorted(state.rglob("*.changelog"), key=lambda p: int(p.name.split(".")[0]))
+        assert changelogs, f"no state changelog in {state}"
+        changelogs[-1].write_bytes(b"")
+
+    _back_damaged(cluster, tmp_path, "reboot", reboot)
+    said = (cluster.home / "logs" / "node-fog-b.log").read_text(errors="replace")
+    assert "the machine started again while this node's last agent ran" in said
+    assert (cluster.home / "nodes" / "fog-b" / "distrusted").is_dir()
 
 
 def _files_of(manifest: Path) -> list[dict[str, Any]]:
