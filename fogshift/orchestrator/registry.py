@@ -419,6 +419,11 @@ class Registry:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
+        # Every commit synced before it is acted on: an epoch given, then lost with the
+        # machine's power, would be given again to another instance (two writers under one
+        # epoch). SQLite's default in WAL mode is a build option (NORMAL syncs only at
+        # checkpoints); set, not assumed.
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
         # Registries written before the epochs table kept epochs with the placements.

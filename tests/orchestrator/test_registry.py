@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,6 +62,27 @@ def test_epochs_survive_a_restart_of_the_registry(tmp_path: Path) -> None:
         assert again.epochs("p") == {"source": 2, "sink": 1}
     finally:
         again.close()
+
+
+def test_every_commit_is_synced_whatever_sqlites_build_defaults_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An epoch given and lost with the power would be given again: FULL (2), not the WAL
+    # mode's NORMAL (1) some builds default to (a connection that starts at NORMAL here).
+    connect = sqlite3.connect
+
+    def normal_by_default(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        db = connect(*args, **kwargs)
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
+
+    monkeypatch.setattr(sqlite3, "connect", normal_by_default)
+    registry = Registry(tmp_path / "orchestrator.db")
+    try:
+        assert registry._db.execute("PRAGMA synchronous").fetchone() == (2,)
+        assert registry._db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    finally:
+        registry.close()
 
 
 def test_a_registry_that_kept_epochs_with_the_placements_keeps_them(tmp_path: Path) -> None:
