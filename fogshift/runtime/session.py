@@ -96,6 +96,11 @@ def build_session(
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        # Pinned (it is Spark 4.3's default): a snapshot tells which SSTs a state store's
+        # kept snapshot names from its `N.zip` (checkpoint.spark_dir); version 2 names them
+        # `N_<id>.zip`, and a snapshot would then keep every SST, a half-uploaded one too
+        # (RocksDB's SSTs are uploaded under their final names).
+        .config("spark.sql.streaming.stateStore.checkpointFormatVersion", "1")
         # Retain Spark's default 100 batches: a checkpoint is copied while its query runs,
         # and what the copy needs must not be purged under it. Changelogs keep this small.
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "10s")
