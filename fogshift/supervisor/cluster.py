@@ -985,7 +985,10 @@ def restart_orchestrator(
 
     Raises:
         Unavailable: The cluster's broker is gone too (``fogshift down`` first), or the
-            orchestrator did not become healthy within ``timeout_s`` (it is stopped again).
+            orchestrator did not answer within ``timeout_s`` (it is stopped again), or it
+            answers but a node whose processes run did not become healthy (it is kept: a
+            frozen node's PEs are restored elsewhere by it, and a cluster without its
+            orchestrator has nothing to do so).
     """
     if cluster.broker is not None and not cluster.broker.runs():
         raise Unavailable(
@@ -1001,11 +1004,29 @@ def restart_orchestrator(
     )  # fmt: skip
     cluster = cluster.model_copy(update={"orchestrator": info})
     save_cluster(home, cluster)
+    deadline = time.monotonic() + timeout_s
     try:
-        wait_healthy(home, [n for n in cluster.members if cluster.nodes[n].runs()], timeout_s, say)
+        wait_healthy(home, [], timeout_s, say)  # (it answers)
     except BaseException:
         kill_group(info.pgid, signal.SIGKILL)
         raise
+    living = [n for n in cluster.members if cluster.nodes[n].runs()]
+    try:
+        wait_healthy(home, living, max(1.0, deadline - time.monotonic()), say)
+    except Unavailable as exc:
+        # (It was killed here once a node whose processes run stayed silent — a frozen
+        # one, SIGSTOPped or hung — after it had restored that node's PEs: the pipelines ran
+        # on with nothing to supervise them, and every `up` while the node was frozen did
+        # the same.)
+        raise Unavailable(
+            f"the orchestrator runs again, but not every node whose processes run answers: "
+            f"{exc.message}",
+            expected=f"nodes {', '.join(living)} healthy",
+            received=exc.message,
+            hint="a node that runs but does not answer is frozen or hung (`kill -CONT`, or "
+            "stop it: the orchestrator restores its PEs elsewhere once it is silent); "
+            "`fogshift nodes` shows each node's health",
+        ) from None
     return cluster
 
 

@@ -9,7 +9,9 @@ paused, none stays fenced with nobody writing, and the output is exactly the ref
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Cluster
+from tests.conftest import Cluster, fogshift
 from tests.integration.control import (
+    kill_orchestrator,
     pause_at,
     release_pause,
     restart_orchestrator,
@@ -185,3 +188,29 @@ def test_killed_in_the_middle_of_a_scale_it_is_carried_on_to_the_count_asked(
     again = cluster.json("scale", "rescaled", "aggregate", "--partitions", "3")
     assert (again["status"], again["moved"]) == ("moved", 0), again
     finish_and_compare(cluster, tmp_path, "rescaled")
+
+
+def test_an_up_while_a_node_is_frozen_keeps_the_orchestrator_it_started(
+    cluster: Cluster,
+) -> None:
+    # `up` restarted a dead orchestrator, then killed it again once a node whose processes
+    # run (frozen: SIGSTOP, a hung machine) stayed silent past its --timeout: the pipelines
+    # ran on with nothing to restore or supervise them, and every `up` while the node was
+    # frozen did the same.
+    frozen = next(n for n in cluster.json("nodes")[1:] if n["healthy"])
+    os.killpg(frozen["pgid"], signal.SIGSTOP)
+    try:
+        wait_until(f"{frozen['name']} silent", lambda: not cluster.node(frozen["name"])["healthy"])
+        kill_orchestrator(cluster)
+        result = fogshift(
+            "up", "--nodes", ",".join(cluster.nodes), *cluster.up_args, "--timeout", "8",
+            "--home", str(cluster.home), env=cluster.up_env(), check=False,
+        )  # fmt: skip
+        said = " ".join(result.stderr.split())
+        assert result.returncode != 0, said
+        assert "the orchestrator runs again, but not every node" in said, said
+        assert frozen["name"] in said and "frozen or hung" in said, said
+        assert {n["name"] for n in cluster.json("nodes")} >= {frozen["name"]}  # it answers
+    finally:
+        os.killpg(frozen["pgid"], signal.SIGCONT)
+    wait_until(f"{frozen['name']} healthy again", lambda: cluster.node(frozen["name"])["healthy"])
