@@ -1002,7 +1002,7 @@ class Reconciler(Coordination):
                         what = (f"the {record.status} pipeline's" if stopped and record
                                 else "superseded")  # fmt: skip
                         try:
-                            self.agent(node.name).delete(
+                            said = self.agent(node.name).delete(
                                 f"/pipelines/{key[0]}/elements/{key[1]}",
                                 params={} if stopped else {"discard": True},
                             )
@@ -1014,7 +1014,13 @@ class Reconciler(Coordination):
                             log.info("%s %s/%s on %s not removed: %s", what, *key, node.name,
                                      exc.message)  # fmt: skip
                         else:
-                            log.warning("removed %s %s/%s from %s", what, *key, node.name)
+                            if isinstance(said, dict) and said.get("state") == PEState.DISCARDED:
+                                # Only its checkpoint was there (a handover's origin, a
+                                # dropped standby's copy): no instance ran, nothing to warn of.
+                                log.info("discarded the checkpoint %s held of %s %s/%s",
+                                         node.name, what, *key)  # fmt: skip
+                            else:
+                                log.warning("removed %s %s/%s from %s", what, *key, node.name)
                 except MigrationInProgress:
                     continue  # the operation under way owns the PE's instances
                 except Exception:  # as in reconcile_once: the other instances go on

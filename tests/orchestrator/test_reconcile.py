@@ -28,6 +28,7 @@ from tests.orchestrator.standin import SPEC, offline_config
 class _Agent(BaseHTTPRequestHandler):
     removed: list[str] = []
     gone: list[bool] = []  # [True]: the instance is gone already (the agent answers 404)
+    idle: list[bool] = []  # [True]: only its checkpoint is there (discarded, none ran)
 
     def do_DELETE(self) -> None:
         self.removed.append(self.path)
@@ -35,7 +36,7 @@ class _Agent(BaseHTTPRequestHandler):
             error = {"code": "unknown", "message": "no PE p/aggregate on fog-c"}
             answer_json(self, {**error, "expected": None, "received": None, "hint": None}, 404)
             return
-        answer_json(self, {"state": "stopped"})
+        answer_json(self, {"state": "discarded" if self.idle else "stopped"})
 
     def log_message(self, *args: object) -> None:
         pass
@@ -113,6 +114,19 @@ def test_a_removal_is_logged_as_a_warning_only_if_something_was_removed(
         orchestrator._remove_strays()
     said = [(r.levelno, r.getMessage()) for r in caplog.records if "p/aggregate" in r.getMessage()]
     assert said == [(logging.WARNING, "removed superseded p/aggregate from fog-c")]
+    # Only a checkpoint there (a handover's origin, a dropped standby's copy): the agent
+    # discarded it, no instance ran; warned of after almost every handover.
+    caplog.clear()
+    _Agent.idle.append(True)
+    try:
+        with caplog.at_level(logging.INFO, "fogshift.orchestrator"):
+            orchestrator._remove_strays()
+    finally:
+        _Agent.idle.clear()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "p/aggregate" in r.getMessage()]
+    assert said == [
+        (logging.INFO, "discarded the checkpoint fog-c held of superseded p/aggregate")
+    ], said
 
 
 def test_instances_of_stopped_pipelines_are_stopped_with_their_checkpoints_kept(
