@@ -888,38 +888,43 @@ def logs(
 def _watch_phases(
     home: Path,
     pipeline: str,
-    element: str,
+    elements: list[str],
     kind: OperationKind,
     status: Status,
     stop: threading.Event,
 ) -> None:
-    """Show the phase of the running ``kind`` of ``pipeline/element`` in ``status`` until
-    ``stop`` is set, polling the orchestrator's view of its journal. A poll that fails is
-    skipped: the line only informs, the POST the CLI waits for decides."""
+    """Show the phase of the running ``kind`` of ``pipeline``'s ``elements`` (a group's
+    moves run one at a time: the one running) in ``status`` until ``stop`` is set, polling
+    the orchestrator's view of their journal. A poll that fails is skipped: the line only
+    informs, the POST the CLI waits for decides."""
     started = time.monotonic()
-    shown: str | None = None
+    shown: tuple[str, str] | None = None
     try:
         client = cluster_ops.orchestrator_client(home, timeout_s=5)
     except FogshiftError:
         return
     with client:
         while not stop.wait(0.5):
-            try:
-                view = OperationView.model_validate(
-                    client.get(f"/pipelines/{pipeline}/elements/{element}/operation")
-                )
-            except (FogshiftError, ValueError):
-                continue
-            if view.running and view.kind == kind:
+            for element in elements:
+                try:
+                    view = OperationView.model_validate(
+                        client.get(f"/pipelines/{pipeline}/elements/{element}/operation")
+                    )
+                except (FogshiftError, ValueError):
+                    continue
+                if not (view.running and view.kind == kind):
+                    continue
                 line = f"{kind} of {pipeline}/{element} {view.origin} -> {view.target}: "
                 if console.is_terminal:
                     status.update(f"{line}[bold]{escape(view.phase)}[/] "
                                   f"({time.monotonic() - started:.0f} s)")  # fmt: skip
-                elif view.phase != shown:
+                elif (element, view.phase) != shown:
                     # (No spinner without a terminal: each phase once, on stderr, so a
-                    # script or a log shows where a long operation is.)
-                    shown = view.phase
+                    # script or a log shows where a long operation is; a group's said
+                    # nothing.)
+                    shown = (element, view.phase)
                     err_console.print(f"{escape(line)}{escape(view.phase)}", highlight=False)
+                break
 
 
 def _run_operation(
@@ -949,7 +954,7 @@ def _run_operation(
                 with console.status(f"{kind} of {pipeline}/{element}: starting") as status:
                     watcher = threading.Thread(
                         target=_watch_phases,
-                        args=(home, pipeline, element, kind, status, stop),
+                        args=(home, pipeline, [element], kind, status, stop),
                         daemon=True,  # never holds up the exit (Ctrl-C included)
                     )
                     watcher.start()
@@ -1188,19 +1193,28 @@ def _downtime_failed(report: MigrationReport) -> bool:
 
 def _post(
     home: Path, pipeline: str, path: str, body: dict[str, Any], doing: str, answer: type[M],
-    as_json: bool,
+    as_json: bool, watched: list[str] | None = None,
 ) -> M:  # fmt: skip
     """POST ``body`` to the orchestrator's ``path``, showing ``doing`` until it answers (an
     operation may take minutes: the client waits up to 30); the answer as ``answer``,
-    printed as JSON with ``as_json``.
+    printed as JSON with ``as_json``. ``watched``: elements whose migrations' phases are
+    shown meanwhile (:func:`_watch_phases`; not with ``as_json``).
 
     Raises:
         NoAnswer: The orchestrator stopped answering meanwhile: said so, with what becomes
             of the operation."""
+    stop = threading.Event()
     with (
         cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client,
-        console.status(doing),
+        console.status(doing) as status,
     ):
+        if watched and not as_json:
+            watcher = threading.Thread(
+                target=_watch_phases,
+                args=(home.resolve(), pipeline, watched, OperationKind.MIGRATION, status, stop),
+                daemon=True,  # never holds up the exit (Ctrl-C included)
+            )
+            watcher.start()
         try:
             report = answer.model_validate(client.post(path, json=body))
         except NoAnswer as exc:
@@ -1214,6 +1228,8 @@ def _post(
                 f"back what the dead one left (`fogshift logs orchestrator` says how it "
                 f"ended); `fogshift status {pipeline}` shows where each PE runs",
             ) from exc
+        finally:
+            stop.set()
     if as_json:
         _print_json(report)
     return report
@@ -1310,7 +1326,7 @@ def _migrate_group(
     body = {"elements": names, "target": to, "mode": mode}
     report = _post(home, pipeline, f"/pipelines/{pipeline}/migrate", body,
                    f"migrating {', '.join(names)} of {pipeline} to {to}", GroupMigrationReport,
-                   as_json)  # fmt: skip
+                   as_json, watched=names)  # fmt: skip
     if not as_json:
         for element in report.already_there:
             console.print(f"{element}: on {report.target} already")

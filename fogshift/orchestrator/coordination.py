@@ -304,12 +304,32 @@ class Coordination(Scaling):
             )
             return self._group_report(
                 pipeline, element_ids, target, mode, status, forward, undone, "; ".join(problems),
-                there, exc.hint,
+                there, self._stranded_hint(pipeline, element_ids, exc.hint),
             )  # fmt: skip
         return self._group_report(
             pipeline, element_ids, target, mode, GroupMigrationStatus.MIGRATED, moved, [], None,
             there,
         )  # fmt: skip
+
+    def _stranded_hint(self, pipeline: str, element_ids: list[str], hint: str | None) -> str | None:
+        """``hint`` (the failed move's), with what becomes of the group's PEs left on a node
+        that is not up (a target lost mid-group): the failed move's hint spoke of its own PE
+        only, and a PE moved before it, stranded there, went unsaid (it is restored once its
+        node has been silent long enough)."""
+        placement = self.pipeline(pipeline).placement
+        stranded = []
+        for element_id in element_ids:
+            node = placement.get(element_id)
+            record = self.registry.node(node) if node is not None else None
+            if node is not None and (record is None or not self.healthy(record)):
+                stranded.append(f"{element_id} on {node}")
+        if not stranded:
+            return hint
+        said = (
+            f"{', '.join(stranded)}, not up: restored elsewhere once silent for the "
+            f"pipeline's recovery.detect_after_s (`fogshift restore {pipeline} ELEMENT` now)"
+        )
+        return f"{hint}; {said}" if hint else said
 
     def _group_report(
         self,

@@ -107,12 +107,15 @@ def test_killed_after_the_routing_change_of_a_migration_it_is_completed(
     cluster.wait_for("routed", "sink", 10)
     since = pause_at(cluster, "migration:routed")
     migration = start_cli(cluster, "migrate", "routed", "--elements", "aggregate,sink", "--to",
-                          "fog-b", "--json")  # fmt: skip
+                          "fog-b")  # fmt: skip
     wait_logged(cluster, "test pause at migration:routed", since)
     assert cluster.element("routed", "aggregate")["node"] == "fog-b"  # the placement moved
     assert cluster.element("routed", "sink")["node"] == "cloud"
     since = restart_orchestrator(cluster)
     assert migration.wait(timeout=60) != 0
+    # Its phases on stderr as it ran (no terminal: each once; a group's said none).
+    _, err = migration.communicate()
+    assert "migration of routed/aggregate fog-a -> fog-b: preparing" in " ".join(err.split()), err
     logged = wait_logged(cluster, "recovery: migration", since)
     assert "left at 'routed'" in logged and "completed: fog-b is the PE" in logged
     # (Not the line of a try held up, which names the group too: its decision.)

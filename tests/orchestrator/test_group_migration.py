@@ -42,7 +42,13 @@ class Fake:
             begin_group=self._begin,
             end_group=self._end,
             group_origins=lambda g: self.origins.get(g, {}),
+            node=lambda name: SimpleNamespace(name=name),
         )
+        #: Nodes that are not up.
+        self.down: set[str] = set()
+
+    def healthy(self, record: Any) -> bool:
+        return record.name not in self.down
 
     def _begin(self, *entry: Any, origins: dict[str, str]) -> str:
         group_id = f"g{len(self.journal)}"
@@ -92,6 +98,7 @@ class Fake:
         resume: str | None = None,
     ) -> Any:
         self._group_report = Coordination._group_report.__get__(self)
+        self._stranded_hint = Coordination._stranded_hint.__get__(self)
         self._move_pes = Coordination._move_pes.__get__(self)
         return Coordination.migrate_group(self, "p", elements, target, mode, resume)  # type: ignore[arg-type]
 
@@ -155,6 +162,19 @@ def test_a_move_back_that_fails_is_reported_with_where_each_runs() -> None:
     assert report.status == GroupMigrationStatus.FAILED
     assert report.placement == {"a": "n2", "b": "n1"}
     assert "moving a back failed" in (report.error or "")
+
+
+def test_a_pe_left_on_a_node_that_is_not_up_is_said_to_be_restored() -> None:
+    # The target died mid-group: a moved back from it failed, and the hint spoke of b (the
+    # move that failed) only; a, stranded on the dead node, went unsaid (restored ~6 s later).
+    fake = Fake(fail={("b", "n2"), ("a", "n1")})
+    fake.down = {"n2"}
+    report = fake.group(["a", "b"])
+    assert report.status == GroupMigrationStatus.FAILED and report.placement["a"] == "n2"
+    assert report.hint == (
+        "once n2 answers, it runs on; a on n2, not up: restored elsewhere once silent for "
+        "the pipeline's recovery.detect_after_s (`fogshift restore p ELEMENT` now)"
+    )
 
 
 def test_a_failed_move_whose_own_origin_does_not_run_again_is_no_rollback() -> None:
