@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fogshift.agent.config import AgentConfig
 from fogshift.agent.exceptions import CannotBuild, ElementBusy, NodeNotReady, UnknownElement
-from fogshift.agent.runs import boot_id, note_start, note_stop, set_aside
+from fogshift.agent.runs import boot_id, last_run_went_down, note_start, note_stop, set_aside
 from fogshift.broker.exceptions import FENCED_TOKEN
 from fogshift.checkpoint import key_index
 from fogshift.checkpoint.central import CentralStore
@@ -259,16 +259,17 @@ class NodeRuntime:
         ran (see :mod:`fogshift.agent.runs`): without them, the orchestrator restores each
         PE from its central checkpoint (or promotes its standby), where one started from
         them failed for good, or read state that was never whole."""
-        home = self.config.home
-        previous = note_start(home, boot_id())
-        if previous is None:
-            return
-        aside = set_aside(home, ("checkpoints", "node-checkpoints"))
-        if aside is not None:
-            log.warning("the machine started again while this node's last agent ran (boot "
-                        "%s…): its checkpoints may not all have reached the disk (Spark syncs "
-                        "none); set aside in %s, its PEs are restored from their central "
-                        "checkpoints", previous[:8], aside)  # fmt: skip
+        home, boot = self.config.home, boot_id()
+        previous = last_run_went_down(home, boot)
+        if previous is not None:
+            aside = set_aside(home, ("checkpoints", "node-checkpoints"))
+            if aside is not None:
+                log.warning("the machine started again while this node's last agent ran "
+                            "(boot %s…): its checkpoints may not all have reached the disk "
+                            "(Spark syncs none); set aside in %s, its PEs are restored from "
+                            "their central checkpoints", previous[:8], aside)  # fmt: skip
+        # (After the set-aside: one cut short is done again at the next start.)
+        note_start(home, boot)
 
     def _settle_installs(self) -> None:
         """Settle the checkpoint installs a process before this one ended between their two

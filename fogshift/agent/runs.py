@@ -6,8 +6,9 @@ back with any of them empty or cut short: a PE started from such a checkpoint fa
 start or at its first batch, for good, or read state that was never whole. An agent notes
 the machine's boot id in ``<home>/run.json`` when it starts and removes the note when it
 stops (after syncing the file systems): a note left by an agent of another boot says the
-machine went down while it ran, and the node's local checkpoints are set aside, to be
-restored from their central copies (``NodeRuntime.start``).
+machine went down while it ran (or that the agent was killed, and the machine restarted
+since: told alike), and the node's local checkpoints are set aside, to be restored from
+their central copies (``NodeRuntime.start``).
 """
 
 from __future__ import annotations
@@ -37,19 +38,29 @@ def boot_id(path: Path = BOOT_ID_FILE) -> str | None:
         return None
 
 
-def note_start(home: Path, boot: str | None) -> str | None:
-    """Note this run of the agent in ``home``, under ``boot`` (see :func:`boot_id`).
-
-    Returns:
-        The boot id of the last run if it did not stop and the machine started again since
-        (its files may not all have reached the disk); ``None`` otherwise, or if either
-        boot id is not known.
-    """
-    note = home / RUN_FILE
+def last_run_went_down(home: Path, boot: str | None) -> str | None:
+    """Whether the machine went down under the agent's last run in ``home``: its note's
+    boot id if it did not stop (its note is there) and the machine started again since
+    (``boot``, see :func:`boot_id`, is another); ``None`` otherwise, or if either boot id is
+    not known. Its files may not all have reached the disk then; so may they after a kill
+    of the agent followed by a clean restart of the machine, which is told alike (its
+    checkpoints are distrusted for nothing: costly, never wrong)."""
     try:
-        previous = json.loads(note.read_text()).get("boot_id")
+        previous = json.loads((home / RUN_FILE).read_text()).get("boot_id")
     except (OSError, ValueError, AttributeError):
-        previous = None  # (none: the last run stopped; an unreadable one tells nothing)
+        return None  # (none: the last run stopped; an unreadable one tells nothing)
+    if previous is None or boot is None or previous == boot:
+        return None
+    return str(previous)
+
+
+def note_start(home: Path, boot: str | None) -> None:
+    """Note this run of the agent in ``home``, under ``boot``: on disk (the file and its
+    folder synced) before the run writes anything. Called once what a last run that went
+    down left is dealt with (:func:`last_run_went_down`, :func:`set_aside`): noted first, an
+    agent that stopped in between (a set-aside that failed, a kill) forgot the crash, and the
+    next start trusted the checkpoints."""
+    note = home / RUN_FILE
     home.mkdir(parents=True, exist_ok=True)
     tmp = note.with_name(f".{RUN_FILE}.tmp")
     with open(tmp, "w") as handle:
@@ -57,9 +68,11 @@ def note_start(home: Path, boot: str | None) -> str | None:
         handle.flush()
         os.fsync(handle.fileno())
     tmp.replace(note)
-    if previous is None or boot is None or previous == boot:
-        return None
-    return str(previous)
+    folder = os.open(home, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def note_stop(home: Path) -> None:
@@ -79,5 +92,14 @@ def set_aside(home: Path, folders: tuple[str, ...]) -> Path | None:
     target = home / DISTRUSTED / time.strftime("%Y%m%dT%H%M%S")
     target.mkdir(parents=True)
     for folder in present:
-        folder.rename(target / folder.name)
+        try:
+            folder.rename(target / folder.name)
+        except OSError:
+            # (A mount point, another file system: what it holds goes instead; a failure
+            # here raises, and the next start tries again, its note not yet rewritten.)
+            for child in folder.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
     return target

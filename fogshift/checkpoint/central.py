@@ -502,7 +502,7 @@ class CentralStore:
             if wanted is not None and not wanted():
                 log.info("checkpoint %s of %s/%s is no longer wanted: not stored",
                          manifest["id"], manifest["pipeline"], manifest["element"])  # fmt: skip
-                return None  # (a number here was taken for a pull done: shown, its error cleared)
+                return None  # (a number here was taken for a pull done: shown as the PE's last)
             folder.mkdir(parents=True, exist_ok=True)
             # Stored after every checkpoint before it, whatever the clock says: a clock set
             # back (NTP, a resumed VM) made each new one the oldest, expired at once.

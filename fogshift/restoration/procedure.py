@@ -25,6 +25,7 @@ restarts it (``Orchestrator.recover_operations``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -203,10 +204,17 @@ def _install_newest(
             except ElementBusy:
                 raise
             except FogshiftError as exc:
+                why = "; ".join(report.skipped_copies[tried:]) or exc.message
                 report.skipped_checkpoints.append(
-                    f"{manifest.id}: {problem} (no whole copy elsewhere: {exc.message})"
+                    f"{manifest.id}: {problem} (no whole copy elsewhere: {why})"
                 )
                 del report.skipped_copies[tried:]  # (this checkpoint's: said above)
+                # An install given up on (no answer in time) may still be copying, and
+                # would put this checkpoint in place after the next one was installed: the
+                # PE would start from another checkpoint than the report's. A discard makes
+                # the target refuse it.
+                with contextlib.suppress(FogshiftError):
+                    agent.delete(here, params={"discard": True})
                 continue
         else:
             _install(agent, here, manifest, copies(manifest), report)

@@ -106,6 +106,10 @@ class Installs:
     def post(self, path: str, json: dict[str, Any]) -> None:
         self.tried.append(("cleared", None))
 
+    def delete(self, path: str, params: dict[str, Any]) -> None:
+        assert (path, params) == (HERE, {"discard": True})
+        self.tried.append(("discarded", None))
+
 
 def holders(of: dict[str, list[str]]) -> Any:
     return lambda m: [*((f"replica@{n}", f"http://{n}") for n in of.get(m.id, [])),
@@ -132,10 +136,16 @@ def test_a_torn_checkpoint_no_node_holds_whole_falls_back_to_an_older_one() -> N
     chosen = _install_newest(agent, HERE, Central(["b9", "b8"], torn), "p", "agg",  # type: ignore[arg-type]
                              holders({"b9": ["fog-b"]}), done)  # fmt: skip
     assert chosen is not None and chosen.id == "b8" and done.checkpoint_source == "central"
-    assert len(done.skipped_checkpoints) == 1 and done.skipped_checkpoints[0].startswith(
-        "b9: file offsets/7 is corrupt (no whole copy elsewhere"
-    )
+    # The replica's reason, not only the central store's (which the install raises).
+    assert done.skipped_checkpoints == [
+        "b9: file offsets/7 is corrupt (no whole copy elsewhere: replica@fog-b: "
+        "http://fog-b holds no copy of b9; central: file offsets/7 of b9 is missing)"
+    ]
     assert done.skipped_copies == []  # (the torn one's attempts are said in its line)
+    # Discarded on the target before the next one: an install given up on (no answer in
+    # time) and still copying would be put in place after b8's.
+    assert agent.tried == [("b9", "http://fog-b"), ("b9", None), ("discarded", None),
+                           ("b8", None)]  # fmt: skip
     # Not tried from the central store alone when no node holds a copy: nothing to gain.
     agent = Installs({}, torn)
     done = report()
