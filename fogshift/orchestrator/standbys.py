@@ -278,6 +278,14 @@ class Standbys(Deployment):
         target = self.standby_node(record, element)
         if target is None:
             return None
+        there = self.registry.node(target)
+        if there is not None and any(
+            (e.pipeline, e.element) == (pipeline, element_id) for e in there.report.elements
+        ):
+            # An instance of the PE still runs there (a rolled-back migration's target, a
+            # woken zombie), which the reconciler removes: its agent refused the standby's
+            # start, and each try took an epoch. Next round.
+            return None
         return WantedStandby(
             primary, target, self.registry.epoch(pipeline, element_id), record.status_since
         )

@@ -770,3 +770,22 @@ def test_status_says_why_a_pe_asked_a_standby_has_none(
                          "aggregate": "its node fog-b is not up", "sink": None}  # fmt: skip
     orch.drain_lease("fog-b", 60)
     assert missing()["aggregate"] == "its node fog-b is leaving"
+
+
+def test_no_standby_is_started_where_an_instance_of_the_pe_still_runs(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # A rolled-back migration's target, a woken zombie: its agent refused the standby's
+    # start until the reconciler removed that instance, and each try took an epoch.
+    beat(orch, agents, {"cloud": [hosted("source"), hosted("sink")], "fog-a": [hosted("aggregate")],
+                        "fog-b": [hosted("aggregate", epoch=1)]})  # fmt: skip
+    serve_warm_copy(agents)
+    orch.keep_standbys()
+    assert orch.registry.standby("p", "aggregate") is None
+    assert agents["fog-b"].received("PUT", AGG) == []
+    assert orch.registry.epoch("p", "aggregate") == 1  # no epoch taken
+    # Gone from fog-b's next heartbeat: started there.
+    beat(
+        orch, agents, {"cloud": [hosted("source"), hosted("sink")], "fog-a": [hosted("aggregate")]}
+    )
+    standby_on_fog_b(orch, agents)
