@@ -214,9 +214,13 @@ class Deployment(Journal):
                         listed.append(e)
                     else:
                         where = f"runs on {now} now" if now else "is no longer deployed"
-                        # (Its copy there may have been the PE or its standby: a report
-                        # does not say, and the standby's record goes with the node.)
-                        moved.append(f"last heard holding {e.pipeline}/{e.element}, which {where}")
+                        # (Its copy there may have been the PE or its standby: the standby's
+                        # record goes with the node, but a standby is held at its cap, which
+                        # the report says: "holding p/source" of a standby read as the PE.)
+                        copy = (f"a capped copy of {e.pipeline}/{e.element} (its standby, or a "
+                                "migration's target)" if e.gated
+                                else f"{e.pipeline}/{e.element}")  # fmt: skip
+                        moved.append(f"last heard holding {copy}, which {where}")
             out.append(
                 NodeView(
                     name=node.name,

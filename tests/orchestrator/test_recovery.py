@@ -1247,7 +1247,7 @@ def test_scaling_an_element_without_partitions_hints_at_partitions_not_migrate(
 
 
 def test_a_silent_node_does_not_list_a_pe_restored_elsewhere_as_its_own(
-    orch: Orchestrator,
+    orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
     # `fogshift nodes` showed the dead fog-a still hosting the aggregate restored on fog-b.
     op = orch.registry.begin_operation("restore", "p", "aggregate", "fog-a", "fog-b", "me",
@@ -1267,6 +1267,14 @@ def test_a_silent_node_does_not_list_a_pe_restored_elsewhere_as_its_own(
     assert silent.warnings[0].startswith("no heartbeat for 6"), silent.warnings
     assert silent.warnings[0].endswith(" s (its agent is down or cut off)")
     assert silent.warnings[1:] == ["last heard holding p/aggregate, which runs on fog-b now"]
+    # A copy held at its cap (a standby's, whose record went with the node) is said so:
+    # "holding p/aggregate" read as the PE.
+    beat(orch, {"fog-a": agents["fog-a"]}, {"fog-a": [hosted("aggregate", gated=True)]})
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
+    assert fog_a().warnings[1:] == [
+        "last heard holding a capped copy of p/aggregate (its standby, or a migration's "
+        "target), which runs on fog-b now"
+    ]
 
 
 def test_a_restore_held_up_does_not_hold_up_the_restores_of_other_pes(
