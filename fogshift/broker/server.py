@@ -316,6 +316,11 @@ def start_nats_server(
             received=exc.message,
             hint=f"see {log_path}",
         ) from exc
+    except BaseException:
+        # (`up` ended by a signal or Ctrl-C while the broker started: nothing recorded it,
+        # and the next `up` started a second one on the same store beside it.)
+        proc.kill()
+        raise
     url = ports["nats"][0]
     address = BrokerAddress(url=url, seed=users.admin_seed)
     per_node = {node: node_address(url, node, seed) for node, seed in users.nodes.items()}

@@ -769,12 +769,20 @@ def _up_claimed(
                     "outputs are kept); or use another --home",
                 )
             # Some nodes died (killed, crashed): start them again, as they were started.
+            deadline = time.monotonic() + timeout_s
             if dead:
                 cluster = restart_nodes(home, cluster, dead, timeout_s, say)
-            return add_nodes(home, cluster, missing, timeout_s, say) if missing else cluster
+            cluster = add_nodes(home, cluster, missing, timeout_s, say) if missing else cluster
+            living = [n for n in members if n not in dead]
+            again = (f"{', '.join(dead)} {'runs' if len(dead) == 1 else 'run'} again"
+                     if dead else f"{', '.join(missing)} joined")  # fmt: skip
+            _living_heard(home, living, deadline, say, again)
+            return cluster
         if len(dead) < len(members):
             # The orchestrator died while agents run: start it again where the agents look
             # for it, then the nodes that died too.
+            deadline = time.monotonic() + timeout_s
+            living = [n for n in members if n not in dead]
             cluster = restart_orchestrator(
                 home, cluster, central_interval_s, duplicate_window_s, plan_interval_s,
                 timeout_s, say,
@@ -782,7 +790,9 @@ def _up_claimed(
             cluster = _finish_removals(home, cluster, say)
             if dead:
                 cluster = restart_nodes(home, cluster, dead, timeout_s, say)
-            return add_nodes(home, cluster, missing, timeout_s, say) if missing else cluster
+            cluster = add_nodes(home, cluster, missing, timeout_s, say) if missing else cluster
+            _living_heard(home, living, deadline, say, "the orchestrator runs again")
+            return cluster
         stale_network = bool(cluster.network)
         # Nothing of it answers any more, but some of it may still run (its broker on the
         # store the next broker would open, a relay, a dead agent's Spark JVM): stopped, or
@@ -980,15 +990,14 @@ def restart_orchestrator(
 
     Same address (the agents and relays know no other), token and broker; the registry on
     disk carries on, and the new orchestrator resolves the operations the dead one left
-    unfinished. Returns once it answers and every living node is healthy again; nodes that
-    died too are left to it (they are silent, so their PEs are restored).
+    unfinished. Returns once it answers (the caller checks the nodes: :func:`_living_heard`);
+    nodes that died too are left to it (they are silent, so their PEs are restored).
 
     Raises:
         Unavailable: The cluster's broker is gone too (``fogshift down`` first), or the
-            orchestrator did not answer within ``timeout_s`` (it is stopped again), or it
-            answers but a node whose processes run did not become healthy (it is kept: a
-            frozen node's PEs are restored elsewhere by it, and a cluster without its
-            orchestrator has nothing to do so).
+            orchestrator did not answer within ``timeout_s`` (it is stopped again). Once it
+            answers it is kept, whatever comes after (a frozen node's PEs are restored
+            elsewhere by it; a cluster without its orchestrator has nothing to do so).
     """
     if cluster.broker is not None and not cluster.broker.runs():
         raise Unavailable(
@@ -1004,30 +1013,41 @@ def restart_orchestrator(
     )  # fmt: skip
     cluster = cluster.model_copy(update={"orchestrator": info})
     save_cluster(home, cluster)
-    deadline = time.monotonic() + timeout_s
     try:
         wait_healthy(home, [], timeout_s, say)  # (it answers)
     except BaseException:
         kill_group(info.pgid, signal.SIGKILL)
         raise
-    living = [n for n in cluster.members if cluster.nodes[n].runs()]
+    # Kept from here on, whatever ends this `up` (a SIGTERM during a later wait stopped it
+    # with what this `up` started, and the pipelines ran on unsupervised).
+    _spawned[:] = [p for p in _spawned if p.pid != info.pid]  # (recorded as a copy)
+    return cluster
+
+
+def _living_heard(
+    home: Path, living: list[str], deadline: float, say: Callable[[str], None], started: str
+) -> None:
+    """After ``started`` (what this `up` started again, for the message): wait until the
+    nodes whose processes ran all along (``living``) are healthy to the orchestrator, until
+    ``deadline``; kills nothing.
+
+    Raises:
+        Unavailable: One stayed silent (frozen, hung): what was started is kept.
+    """
     try:
         wait_healthy(home, living, max(1.0, deadline - time.monotonic()), say)
     except Unavailable as exc:
-        # (It was killed here once a node whose processes run stayed silent — a frozen
-        # one, SIGSTOPped or hung — after it had restored that node's PEs: the pipelines ran
-        # on with nothing to supervise them, and every `up` while the node was frozen did
-        # the same.)
+        # (Once, the orchestrator started again was killed here after it had restored that
+        # node's PEs, and nodes started again likewise: the pipelines ran on with nothing
+        # to supervise them, and every `up` while the node was frozen did the same.)
         raise Unavailable(
-            f"the orchestrator runs again, but not every node whose processes run answers: "
-            f"{exc.message}",
+            f"{started}, but not every node whose processes run answers: {exc.message}",
             expected=f"nodes {', '.join(living)} healthy",
             received=exc.message,
             hint="a node that runs but does not answer is frozen or hung (`kill -CONT`, or "
             "stop it: the orchestrator restores its PEs elsewhere once it is silent); "
             "`fogshift nodes` shows each node's health",
         ) from None
-    return cluster
 
 
 #: The link profiles of a home's last isolated run (``up --isolate``), by node: a fresh
@@ -1119,7 +1139,10 @@ def restart_nodes(
             started.append(name)
             save_cluster(home, cluster.model_copy(update={"nodes": fresh}))
         cluster = cluster.model_copy(update={"nodes": fresh})
-        wait_healthy(home, cluster.members, timeout_s, say, _pids(fresh, started))
+        # (The restarted nodes only: waiting for every member, a frozen one made `up` kill
+        # the nodes it had just started again, after its whole --timeout; `add_nodes` waits
+        # for its own likewise. The others are checked by the caller, killing nothing.)
+        wait_healthy(home, started, timeout_s, say, _pids(fresh, started))
     except BaseException:
         for name in started:
             kill_group(fresh[name].pgid, signal.SIGKILL)

@@ -683,3 +683,40 @@ def test_a_signal_as_a_started_process_is_let_go_ends_up_at_once(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pids[0], signal.SIGKILL)
+
+
+def test_restarting_nodes_waits_for_the_restarted_ones_only(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` over a cluster with a dead node waited for every member: one frozen (SIGSTOP, a
+    hung machine) failed the wait after --timeout, and the node it had just started again
+    was stopped, at every `up` while the other stayed frozen. (The others are checked
+    after, killing nothing: `_living_heard`.)"""
+    cluster = two_node_cluster(tmp_path, sleeper)
+    dead = gone_process().model_copy(update={"url": "http://127.0.0.1:9", "argv": tuple(SLEEPER)})
+    cluster = cluster.model_copy(update={"nodes": {**cluster.nodes, "fog-b": dead}})
+    save_cluster(tmp_path, cluster)
+    waited: list[list[str]] = []
+    monkeypatch.setattr(cluster_ops, "wait_healthy",
+                        lambda home, nodes, *_: waited.append(list(nodes)) or [])  # fmt: skip
+    again = cluster_ops.restart_nodes(tmp_path, cluster, ["fog-b"], 5, lambda _: None)
+    try:
+        assert waited == [["fog-b"]]
+        assert again.nodes["fog-b"].runs() and again.nodes["fog-b"].pid != dead.pid
+    finally:
+        cluster_ops.kill_group(again.nodes["fog-b"].pgid, 9)
+
+
+def test_nodes_that_ran_all_along_and_stay_silent_are_said_and_nothing_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def silent(home: Path, nodes: list[str], timeout_s: float, *_: Any) -> list[Any]:
+        raise cluster_ops.Unavailable(f"still waiting for: {nodes}")
+
+    monkeypatch.setattr(cluster_ops, "wait_healthy", silent)
+    monkeypatch.setattr(cluster_ops, "kill_group", lambda *_: pytest.fail("killed something"))
+    with pytest.raises(cluster_ops.Unavailable) as said:
+        cluster_ops._living_heard(tmp_path, ["fog-a"], time.monotonic() + 1, lambda _: None,
+                                  "fog-b runs again")  # fmt: skip
+    assert said.value.message.startswith("fog-b runs again, but not every node whose processes")
+    assert "frozen or hung" in (said.value.hint or "")
