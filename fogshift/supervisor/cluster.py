@@ -1507,7 +1507,21 @@ def down(home: Path, grace_s: float = DOWN_GRACE_S) -> Stopped:
         NotUp: No cluster was started under ``home``.
         AlreadyRunning: Another `up` or `down` of ``home`` runs.
     """
-    load_cluster(home)  # a home without a cluster is refused, and nothing made in it
+    try:
+        load_cluster(home)  # a home without a cluster is refused, and nothing made in it
+    except NotUp:
+        if (home / CLUSTER_LOCK).exists():
+            # A first `up` records its cluster once all of it started (minutes on two
+            # cores): "no cluster is up, run `fogshift up`" of one starting read as if
+            # nothing ran. Said as the `up` under way it is.
+            with exclusive(
+                home / CLUSTER_LOCK,
+                f"a fogshift up or down of {str(home)!r}",
+                hint="a `fogshift up` of this home is starting its cluster: wait for it to "
+                "end, then `fogshift down`",
+            ):
+                pass
+        raise
     with exclusive(
         home / CLUSTER_LOCK,
         f"a fogshift up or down of {str(home)!r}",

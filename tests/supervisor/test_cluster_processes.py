@@ -720,3 +720,21 @@ def test_nodes_that_ran_all_along_and_stay_silent_are_said_and_nothing_is_killed
                                   "fog-b runs again")  # fmt: skip
     assert said.value.message.startswith("fog-b runs again, but not every node whose processes")
     assert "frozen or hung" in (said.value.hint or "")
+
+
+def test_down_while_a_first_up_starts_its_cluster_says_so(tmp_path: Path) -> None:
+    # A first `up` records its cluster only once all of it started (minutes on two cores):
+    # `down` meanwhile said "no fogshift cluster is up ... run `fogshift up`".
+    with pytest.raises(cluster_ops.NotUp):
+        cluster_ops.down(tmp_path, grace_s=1)  # nothing at all: as before
+    assert not (tmp_path / CLUSTER_LOCK).exists()  # (and nothing made in the home)
+    other = holder(tmp_path / CLUSTER_LOCK)  # the first `up`, starting
+    try:
+        with pytest.raises(AlreadyRunning) as err:
+            cluster_ops.down(tmp_path, grace_s=1)
+        assert "is starting its cluster" in (err.value.hint or "")
+    finally:
+        other.kill()
+        other.wait()
+    with pytest.raises(cluster_ops.NotUp):
+        cluster_ops.down(tmp_path, grace_s=1)  # it ended without a cluster
