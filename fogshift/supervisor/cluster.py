@@ -737,7 +737,7 @@ def _up_claimed(
         cluster, _ = load_cluster(home)
         finished = bool(cluster.removing) and cluster.orchestrator.runs()
         if finished:
-            cluster = _finish_removals(home, cluster, say)
+            cluster = _finish_removals(home, cluster, say, timeout_s)
         # A pid alone could be a new process's by now (pids are given again): its group too.
         dead = [n for n in cluster.members if not cluster.nodes[n].runs()]
         # Nodes asked for that the cluster lacks join it (they were silently not started),
@@ -787,7 +787,7 @@ def _up_claimed(
                 home, cluster, central_interval_s, duplicate_window_s, plan_interval_s,
                 timeout_s, say,
             )  # fmt: skip
-            cluster = _finish_removals(home, cluster, say)
+            cluster = _finish_removals(home, cluster, say, timeout_s)
             if dead:
                 cluster = restart_nodes(home, cluster, dead, timeout_s, say)
             cluster = add_nodes(home, cluster, missing, timeout_s, say) if missing else cluster
@@ -1729,15 +1729,19 @@ def drain_node(home: Path, name: str, leaving: set[str], say: Callable[[str], No
             moved.append(here[0])
 
 
-def _remove_node(home: Path, cluster: ClusterFile, name: str, grace_s: float) -> ClusterFile:
+def _remove_node(
+    home: Path, cluster: ClusterFile, name: str, grace_s: float,
+    timeout_s: float = OPERATION_TIMEOUT_S,
+) -> ClusterFile:  # fmt: skip
     """One node of :func:`remove_nodes`. Marked ``removing`` in the cluster file first:
     one cut short (a crash, ^C) is finished by the next `up` or `remove-node`, and until
-    then `up` does not wait for it (its heartbeats are refused)."""
+    then `up` does not wait for it (its heartbeats are refused). ``timeout_s``: how long
+    the orchestrator's answer is waited for."""
     before = cluster
     cluster = cluster.model_copy(update={"removing": (*cluster.removing, name)})
     save_cluster(home, cluster)
     try:
-        with orchestrator_client(home, timeout_s=OPERATION_TIMEOUT_S) as client:
+        with orchestrator_client(home, timeout_s=timeout_s) as client:
             client.delete(f"/nodes/{name}")
     except Conflict:  # refused (it hosts something): nothing changed, nothing to finish
         save_cluster(home, before.model_copy(update={
@@ -1757,14 +1761,22 @@ def _remove_node(home: Path, cluster: ClusterFile, name: str, grace_s: float) ->
     return cluster
 
 
-def _finish_removals(home: Path, cluster: ClusterFile, say: Callable[[str], None]) -> ClusterFile:
-    """Finish the removals a `remove-node` cut short (see :func:`_remove_node`)."""
+def _finish_removals(
+    home: Path, cluster: ClusterFile, say: Callable[[str], None], timeout_s: float
+) -> ClusterFile:
+    """Finish the removals a `remove-node` cut short (see :func:`_remove_node`), each
+    waiting for the orchestrator at most ``timeout_s`` (`up`'s --timeout: a frozen
+    orchestrator held `up`, and the home's lock, for the 30 minutes an operation may take).
+    One the orchestrator does not answer stays marked, for the next `up`."""
     for name in cluster.removing:
         say(f"finishing the removal of node {name}")
         try:
-            cluster = _remove_node(home, cluster, name, DOWN_GRACE_S)
+            cluster = _remove_node(home, cluster, name, DOWN_GRACE_S, timeout_s)
         except Conflict as exc:  # (cut short before the orchestrator took it: it stays)
             say(f"node {name} stays in the cluster: {exc.message}")
+            cluster, _ = load_cluster(home)
+        except Unavailable as exc:  # (no answer in time: NoAnswer is one)
+            say(f"the removal of node {name} is finished by a later `up`: {exc.message}")
             cluster, _ = load_cluster(home)
     return cluster
 

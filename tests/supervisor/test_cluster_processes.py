@@ -738,3 +738,25 @@ def test_down_while_a_first_up_starts_its_cluster_says_so(tmp_path: Path) -> Non
         other.wait()
     with pytest.raises(cluster_ops.NotUp):
         cluster_ops.down(tmp_path, grace_s=1)  # it ended without a cluster
+
+
+def test_a_removal_the_orchestrator_does_not_answer_is_left_for_a_later_up(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A `remove-node` cut short, then `up` with the orchestrator frozen: it waited the 30
+    # minutes an operation may take, holding the home's lock (`down` refused meanwhile).
+    from fogshift.common.exceptions import NoAnswer
+
+    cluster = two_node_cluster(tmp_path, sleeper).model_copy(update={"removing": ("fog-b",)})
+    save_cluster(tmp_path, cluster)
+    asked: list[float] = []
+
+    def no_answer(home: Path, cluster: Any, name: str, grace_s: float, timeout_s: float) -> Any:
+        asked.append(timeout_s)
+        raise NoAnswer("the orchestrator at http://127.0.0.1:9 did not answer in time")
+
+    monkeypatch.setattr(cluster_ops, "_remove_node", no_answer)
+    said: list[str] = []
+    kept = cluster_ops._finish_removals(tmp_path, cluster, said.append, 7)
+    assert asked == [7] and kept.removing == ("fog-b",)  # (marked still: the next `up`'s)
+    assert said[-1].startswith("the removal of node fog-b is finished by a later `up`")
