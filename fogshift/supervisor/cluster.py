@@ -1133,6 +1133,10 @@ def restart_nodes(
                 wait_healthy(home, started, timeout_s, say, _pids(fresh, started))
             say(f"restarting node agent {name}")
             info = cluster.nodes[name]
+            if not info.foreign():
+                # What is left of its dead agent's group (its JVM): the file records only
+                # the new group from here on, and `down` could not reach it any more.
+                kill_group(info.pgid, signal.SIGKILL)
             fresh[name] = _spawn(list(info.argv), home / "logs" / f"node-{name}.log").model_copy(
                 update={"url": info.url}
             )

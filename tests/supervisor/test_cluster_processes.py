@@ -4,6 +4,7 @@ pids, and leave none of theirs running (real processes, no cluster)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from fogshift.common.exceptions import AlreadyRunning
@@ -693,7 +695,22 @@ def test_restarting_nodes_waits_for_the_restarted_ones_only(
     was stopped, at every `up` while the other stayed frozen. (The others are checked
     after, killing nothing: `_living_heard`.)"""
     cluster = two_node_cluster(tmp_path, sleeper)
-    dead = gone_process().model_copy(update={"url": "http://127.0.0.1:9", "argv": tuple(SLEEPER)})
+    # The dead agent left a member of its group (its JVM): the file then recorded only the
+    # new group, and `down` could not reach it.
+    leader = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable,"
+         " '-c', 'import time; time.sleep(120)']); time.sleep(120)"],
+        start_new_session=True,
+    )  # fmt: skip
+    wait_for = time.monotonic() + 10
+    while len(_group(leader.pid)) < 2 and time.monotonic() < wait_for:
+        time.sleep(0.05)
+    dead = ProcessInfo.of(leader.pid).model_copy(
+        update={"url": "http://127.0.0.1:9", "argv": tuple(SLEEPER)}
+    )
+    leader.kill()
+    leader.wait()
+    (left,) = _group(dead.pgid)
     cluster = cluster.model_copy(update={"nodes": {**cluster.nodes, "fog-b": dead}})
     save_cluster(tmp_path, cluster)
     waited: list[list[str]] = []
@@ -703,8 +720,32 @@ def test_restarting_nodes_waits_for_the_restarted_ones_only(
     try:
         assert waited == [["fog-b"]]
         assert again.nodes["fog-b"].runs() and again.nodes["fog-b"].pid != dead.pid
+        assert _gone_soon(left), "the dead agent's leftover was not stopped"
     finally:
         cluster_ops.kill_group(again.nodes["fog-b"].pgid, 9)
+        cluster_ops.kill_group(dead.pgid, 9)
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` that run (not zombies)."""
+    return [p.pid for p in psutil.process_iter(["pid"])
+            if _pgid(p.pid) == pgid and alive(p.pid)]  # fmt: skip
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _gone_soon(pid: int) -> bool:
+    deadline = time.monotonic() + 10
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_nodes_that_ran_all_along_and_stay_silent_are_said_and_nothing_is_killed(
