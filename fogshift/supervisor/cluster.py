@@ -751,6 +751,9 @@ def _up_claimed(
             _check_addable(home, cluster, missing, isolate)
         if cluster.orchestrator.runs():
             if not dead and not missing and finished:
+                # (Its caller says the nodes are healthy: checked, not assumed.)
+                _living_heard(home, cluster.members, time.monotonic() + timeout_s, say,
+                              "the removals are finished")  # fmt: skip
                 return cluster
             if not dead and not missing:
                 running = ", ".join(cluster.nodes)
