@@ -218,6 +218,7 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loops = (
+            orchestrator.run_pause_watch,
             orchestrator.run_reconciler,
             orchestrator.run_central,
             orchestrator.run_planner,

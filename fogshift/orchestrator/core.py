@@ -44,6 +44,10 @@ from fogshift.spec.loader import did_you_mean
 log = logging.getLogger("fogshift.orchestrator")
 
 
+#: How often :meth:`OrchestratorCore.run_pause_watch` looks at the clock.
+PAUSE_TICK_S = 0.5
+
+
 @dataclass(frozen=True)
 class CentralPull:
     """The last pull of a PE's node-level checkpoint into the central store."""
@@ -234,6 +238,8 @@ class OrchestratorCore:
         #: after an orchestrator restart, and a clock step made all of them so at once.
         self._beats: dict[str, float] = {}
         self._beats_since = time.monotonic()
+        #: When :meth:`run_pause_watch` last ran (monotonic; ``None``: it does not run).
+        self._ticked_at: float | None = None
         #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
         self.plan = last_plan(config.plan_file)
         self._topology: Topology | None = None
@@ -303,6 +309,34 @@ class OrchestratorCore:
         with self._lock:
             busy.update(self._restoring_to)
         return busy
+
+    def run_pause_watch(self) -> None:
+        """Until :meth:`close`, every :data:`PAUSE_TICK_S`: notice this process not
+        running for longer than a node takes to be counted silent (:meth:`check_paused`)."""
+        self._ticked_at = time.monotonic()
+        while not self._stop.wait(PAUSE_TICK_S):
+            self.check_paused()
+
+    def check_paused(self) -> None:
+        """If this process did not run (SIGSTOPped, its machine suspended) for longer than a
+        node takes to be counted silent, the heartbeats of that time never reached it: node
+        silences count from now, as after a restart of the orchestrator. Paused 50 s, it
+        restored a healthy node's PEs as soon as it ran again, before reading their
+        heartbeats. Told by :meth:`run_pause_watch`'s ticks (not the reconciler's rounds,
+        which may be long); the reconciler asks too before it judges a silence (both wake
+        together after a pause). Nothing while the watch does not run (tests)."""
+        with self._lock:
+            if self._ticked_at is None:
+                return
+            now = time.monotonic()
+            away, self._ticked_at = now - self._ticked_at, now
+            if away <= self.config.node_timeout_s:
+                return
+            self.started_at = max(self.started_at, time.time())
+            self._beats = dict.fromkeys(self._beats, now)
+            self._beats_since = now
+        log.warning("this orchestrator did not run for %.1f s (paused, or its machine "
+                    "suspended): node silences count from now", away)  # fmt: skip
 
     def _silence(self, name: str) -> str | None:
         """Why a request to node ``name`` is to be given up: it has sent this process no

@@ -600,6 +600,7 @@ class Reconciler(Coordination):
                 other one, a warm standby's promotion too (promoted after 28 s of silence
                 where the pipeline asked for 5); else here, one after the other.
         """
+        self.check_paused()  # (before any silence is judged: see Core.check_paused)
         with self._as_round():
             self.recover_operations()
             try:

@@ -309,6 +309,14 @@ _spawned: list[ProcessInfo] = []
 _deferred: dict[str, int | bool] = {"active": False, "ended": 0}
 
 
+def _kept(*processes: ProcessInfo) -> None:
+    """Keep ``processes`` (started by this `up` and answering, each recorded in the
+    cluster file) whatever ends this `up` from now on: a SIGTERM during a later wait (for a
+    frozen node, the next wave) stopped them with what it had started, a SIGINT not."""
+    gone = {p.pid for p in processes}
+    _spawned[:] = [p for p in _spawned if p.pid not in gone]  # (recorded as copies)
+
+
 def _spawn(args: list[str], log: Path) -> ProcessInfo:
     _check_ended()  # (no more processes once `up` was told to end: see _check_ended)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -794,7 +802,12 @@ def _up_claimed(
             if dead:
                 cluster = restart_nodes(home, cluster, dead, timeout_s, say)
             cluster = add_nodes(home, cluster, missing, timeout_s, say) if missing else cluster
-            _living_heard(home, living, deadline, say, "the orchestrator runs again")
+            again = (
+                "the orchestrator"
+                + "".join(f", {n}" for n in dead[:-1])
+                + (f" and {dead[-1]} run again" if dead else " runs again")
+            )
+            _living_heard(home, living, deadline, say, again)
             return cluster
         stale_network = bool(cluster.network)
         # Nothing of it answers any more, but some of it may still run (its broker on the
@@ -1023,7 +1036,7 @@ def restart_orchestrator(
         raise
     # Kept from here on, whatever ends this `up` (a SIGTERM during a later wait stopped it
     # with what this `up` started, and the pipelines ran on unsupervised).
-    _spawned[:] = [p for p in _spawned if p.pid != info.pid]  # (recorded as a copy)
+    _kept(info)
     return cluster
 
 
@@ -1154,6 +1167,7 @@ def restart_nodes(
         for name in started:
             kill_group(fresh[name].pgid, signal.SIGKILL)
         raise
+    _kept(*(fresh[name] for name in started))
     return cluster
 
 
@@ -1257,6 +1271,7 @@ def add_nodes(
             kill_group(fresh[name].pgid, signal.SIGKILL)
         save_cluster(home, cluster)
         raise
+    _kept(*(fresh[name] for name in started))
     return cluster.model_copy(update={"nodes": fresh})
 
 

@@ -1393,3 +1393,22 @@ def test_a_restore_thread_that_cannot_start_is_tried_again_next_round(
     monkeypatch.setattr(threading.Thread, "start", start)
     orch.reconcile_once(background=True)
     assert orch._auto_restoring == set()
+
+
+def test_an_orchestrator_that_did_not_run_counts_silences_from_its_resumption(
+    orch: Orchestrator, agents: dict[str, StandIn], caplog: pytest.LogCaptureFixture
+) -> None:
+    # SIGSTOPped 50 s, it restored a healthy node's PEs as soon as it ran again, before
+    # reading the heartbeats that node had sent meanwhile.
+    orch.started_at -= 60
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 50 WHERE name = 'fog-a'")
+    orch._ticked_at = time.monotonic() - 50  # its pause watch did not run for 50 s
+    with caplog.at_level("WARNING", logger="fogshift.orchestrator"):
+        orch.reconcile_once()
+    assert calls(agents) == [] and orch.registry.operations() == []  # nothing restored
+    assert any("did not run for 50" in r.getMessage() for r in caplog.records)
+    assert orch._silence("fog-a") is None  # (nor its calls given up)
+    # Still silent once a node's silence has counted from then: restored as ever.
+    orch.started_at -= 60
+    orch.reconcile_once()
+    assert [op.element for op in orch.registry.operations()] == ["aggregate"]

@@ -721,6 +721,9 @@ def test_restarting_nodes_waits_for_the_restarted_ones_only(
         assert waited == [["fog-b"]]
         assert again.nodes["fog-b"].runs() and again.nodes["fog-b"].pid != dead.pid
         assert _gone_soon(left), "the dead agent's leftover was not stopped"
+        # Kept whatever ends this `up` from now on (a SIGTERM during a later wait, for a
+        # frozen node, stopped it with what `up` had started).
+        assert again.nodes["fog-b"].pid not in [p.pid for p in cluster_ops._spawned]
     finally:
         cluster_ops.kill_group(again.nodes["fog-b"].pgid, 9)
         cluster_ops.kill_group(dead.pgid, 9)
