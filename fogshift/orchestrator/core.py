@@ -240,6 +240,7 @@ class OrchestratorCore:
         self._beats_since = time.monotonic()
         #: When :meth:`run_pause_watch` last ran (monotonic; ``None``: it does not run).
         self._ticked_at: float | None = None
+        self._tick_lock = threading.Lock()
         #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
         self.plan = last_plan(config.plan_file)
         self._topology: Topology | None = None
@@ -325,13 +326,15 @@ class OrchestratorCore:
         heartbeats. Told by :meth:`run_pause_watch`'s ticks (not the reconciler's rounds,
         which may be long); the reconciler asks too before it judges a silence (both wake
         together after a pause). Nothing while the watch does not run (tests)."""
-        with self._lock:
+        # (A lock of its own: waiting for the orchestrator's would count as a pause.)
+        with self._tick_lock:
             if self._ticked_at is None:
                 return
             now = time.monotonic()
             away, self._ticked_at = now - self._ticked_at, now
             if away <= self.config.node_timeout_s:
                 return
+        with self._lock:
             self.started_at = max(self.started_at, time.time())
             self._beats = dict.fromkeys(self._beats, now)
             self._beats_since = now
