@@ -26,11 +26,13 @@ log = logging.getLogger("fogshift.orchestrator")
 TRIMMING = "trimming"
 #: A node's removal dropping the standby the keeper had put there (``Standbys.remove_node``).
 NODE_REMOVAL = "node removal"
+#: The standby keeper's round holding a PE only to see whether it needs a standby.
+STANDBY_LOOK = "standby look"
 #: The orchestrator's own rounds that take a PE's exclusive section (see
 #: :meth:`Journal._exclusive`): they skip a PE someone holds, and are waited for.
 BACKGROUND = frozenset(
-    {"standby", "standby follow", "restart", "recovery", "removal of a superseded instance",
-     "discarding a checkpoint left on a node", TRIMMING}
+    {"standby", STANDBY_LOOK, "standby follow", "restart", "recovery",
+     "removal of a superseded instance", "discarding a checkpoint left on a node", TRIMMING}
 )  # fmt: skip
 #: How long an operation someone asked for waits for such a round to let the PE go (a
 #: standby's start copies a checkpoint and starts a query: seconds, more over slow links).
@@ -43,6 +45,7 @@ BUSY = {
     "stopping": "a stop of its pipeline",
     "migration": "a migration", "restore": "a restore", "scaling": "a scale or key move",
     "standby": "the start of its standby", "standby follow": "its standby's follow-up",
+    STANDBY_LOOK: "the standby keeper's look at it (a moment)",
     "restart": "a restart by the reconciler", "recovery": "the recovery of an interrupted "
     "operation", "removal of a superseded instance": "the removal of a superseded instance",
     "discarding a checkpoint left on a node": "the removal of a checkpoint left on a node",

@@ -35,7 +35,7 @@ from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator.core import Followed
 from fogshift.orchestrator.deployment import Deployment
 from fogshift.orchestrator.exceptions import NodeInUse
-from fogshift.orchestrator.journal import BACKGROUND_WAIT_S, NODE_REMOVAL
+from fogshift.orchestrator.journal import BACKGROUND_WAIT_S, NODE_REMOVAL, STANDBY_LOOK
 from fogshift.orchestrator.registry import (
     NodeRecord,
     PipelineRecord,
@@ -172,7 +172,9 @@ class Standbys(Deployment):
         query or a large state: a restore meanwhile promotes it as it is); inside again,
         raise its cap to where the primary has committed, if it is still the standby."""
         key = (pipeline, element_id)
-        with self._exclusive(*key, "standby"):
+        # (Its own label: a restore refused while the keeper looked at a PE with no standby
+        # said "the start of its standby is under way".)
+        with self._exclusive(*key, STANDBY_LOOK):
             wanted = self._standby_wanted(pipeline, element_id)
         if wanted is None:
             return

@@ -12,6 +12,7 @@ import pytest
 
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator import journal
+from fogshift.orchestrator.journal import STANDBY_LOOK
 from fogshift.orchestrator.service import Orchestrator
 from tests.orchestrator.test_recovery import orch  # noqa: F401
 
@@ -98,3 +99,20 @@ def test_what_a_round_starts_itself_does_not_wait(orch: Orchestrator) -> None:  
     finally:
         release.set()
         holder.join()
+
+
+def test_the_standby_keepers_look_at_a_pe_is_said_as_such(orch: Orchestrator) -> None:  # noqa: F811
+    # Its round holds every PE a moment to see whether it needs a standby: a restore refused
+    # meanwhile, of a pipeline without standbys, said "the start of its standby".
+    release, holder = _held(orch, STANDBY_LOOK)
+    try:
+        with (
+            orch._as_round(),
+            pytest.raises(MigrationInProgress, match="the standby keeper's look at it"),
+            orch._exclusive(*KEY, "restore"),
+        ):
+            pass
+    finally:
+        release.set()
+        holder.join()
+    assert STANDBY_LOOK in journal.BACKGROUND  # (waited for by what someone asked for)
