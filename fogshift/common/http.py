@@ -323,6 +323,19 @@ class ServiceClient:
         except httpx.HTTPError as exc:
             # Never connected: never sent. Otherwise the service may have it (NoAnswer).
             unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+            if isinstance(exc, httpx.TimeoutException) and not unsent:
+                # (Connected, and no answer: "cannot be reached ... is the cluster up?" of
+                # a frozen orchestrator, whose process runs, sent `fogshift up` looking for
+                # what was not running.)
+                raise NoAnswer(
+                    f"{self.name} at {self.url} took the request and did not answer in time "
+                    f"({type(exc).__name__})",
+                    hint="its process may run but be frozen (SIGSTOP, a hung machine) or "
+                    "overloaded: `kill -CONT` a stopped one, or stop it and `fogshift up` "
+                    "starts it again"
+                    if self.name == "the orchestrator"
+                    else "its agent may be frozen or overloaded: `fogshift nodes` shows its health",
+                ) from exc
             raise (Unavailable if unsent else NoAnswer)(
                 f"{self.name} at {self.url} cannot be reached: {type(exc).__name__}",
                 # (`fogshift nodes` asks the orchestrator: no help when it is the one away.)

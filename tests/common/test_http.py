@@ -206,3 +206,22 @@ def test_tokens_name_their_node_and_generation_and_each_generation_differs() -> 
         assert token_node(shape) is None, shape  # (generation 0 is written without a number)
     with pytest.raises(ValueError, match="never negative"):
         node_token(operator, "fog-a", -1)
+
+
+def test_a_service_that_takes_a_request_and_never_answers_is_said_to_be_frozen() -> None:
+    # A frozen orchestrator (SIGSTOP) still accepts connections (the kernel does): "cannot
+    # be reached ... is the cluster up?" sent `fogshift up` looking for what was not running.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = ServiceClient(f"http://127.0.0.1:{port}", "t" * 16, "the orchestrator", 0.5)
+        try:
+            with pytest.raises(NoAnswer) as silent:
+                client.get("/nodes")
+        finally:
+            client.close()
+    assert "took the request and did not answer in time (ReadTimeout)" in silent.value.message
+    assert "frozen" in (silent.value.hint or "") and "is the cluster up" not in (
+        silent.value.hint or ""
+    )
