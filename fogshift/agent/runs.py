@@ -14,13 +14,12 @@ their central copies (``NodeRuntime.start``).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import time
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from fogshift.common.files import sync_folder, write_atomic
 
 #: The kernel's id of the current boot (Linux): another after every start of the machine.
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
@@ -60,19 +59,9 @@ def note_start(home: Path, boot: str | None) -> None:
     down left is dealt with (:func:`last_run_went_down`, :func:`set_aside`): noted first, an
     agent that stopped in between (a set-aside that failed, a kill) forgot the crash, and the
     next start trusted the checkpoints."""
-    note = home / RUN_FILE
-    home.mkdir(parents=True, exist_ok=True)
-    tmp = note.with_name(f".{RUN_FILE}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump({"boot_id": boot, "pid": os.getpid(), "started": time.time()}, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(note)
-    folder = os.open(home, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    note = {"boot_id": boot, "pid": os.getpid(), "started": time.time()}
+    write_atomic(home / RUN_FILE, json.dumps(note))
+    sync_folder(home)
 
 
 def note_stop(home: Path) -> None:

@@ -21,7 +21,6 @@ it must resolve inside its folder.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
@@ -39,6 +38,7 @@ from typing import Any, Protocol
 
 from fogshift.checkpoint.chunks import CHUNKED_MIN_BYTES, Chunk, file_chunks
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
+from fogshift.common.files import sync_folder
 from fogshift.common.names import (
     check_name,
     check_relative_path,
@@ -154,29 +154,17 @@ class KnownBlobs:
 def _write_synced(tmp: Path, data: bytes, path: Path, renamed: bool = True) -> None:
     """Write ``data`` to ``tmp``, on disk before it is renamed to ``path``; with
     ``renamed``, the rename on disk too (else the caller syncs the folder, once for many:
-    :func:`_sync_folder`). The central store is a PE's last copy once its node is gone:
-    after a power loss of its host, a manifest must not name files that were only in the
-    page cache (empty then), the checkpoints before it expired as kept ones."""
+    :func:`~fogshift.common.files.sync_folder`). The central store is a PE's last copy once
+    its node is gone: after a power loss of its host, a manifest must not name files that
+    were only in the page cache (empty then), the checkpoints before it expired as kept
+    ones."""
     with open(tmp, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     tmp.replace(path)
     if renamed:
-        _sync_folder(path.parent)
-
-
-def _sync_folder(folder: Path) -> None:
-    """Put the renames made in ``folder`` on disk (where the file system can: some network
-    and FUSE ones refuse a folder's fsync, and sync its entries themselves)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
+        sync_folder(path.parent)
 
 
 class CentralStore:
@@ -512,7 +500,7 @@ class CentralStore:
             stored = {**manifest, "stored": at, "shipped_bytes": shipped}
             # (Also with nothing shipped: a blob found here may be another put's, renamed
             # and not yet synced.)
-            _sync_folder(self.blobs)
+            sync_folder(self.blobs)
             _write_synced(folder / f".{manifest['id']}.tmp", json.dumps(stored).encode(),
                           folder / f"{manifest['id']}.json")  # fmt: skip
         expired = _newest_first(folder)[self.keep :]

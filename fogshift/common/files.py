@@ -4,6 +4,7 @@ passwords)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -48,6 +49,19 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
             tmp.unlink()
         raise
     return path
+
+
+def sync_folder(folder: Path) -> None:
+    """Put the renames made in ``folder`` on disk (where the file system can: some network
+    and FUSE ones refuse a folder's fsync, and sync its entries themselves)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 def write_private(path: Path, text: str) -> Path:

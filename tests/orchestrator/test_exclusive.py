@@ -83,15 +83,29 @@ def test_rounds_never_wait_and_operations_asked_for_never_wait_for_each_other(
     assert KEY not in orch._migrating
 
 
-def test_what_a_round_starts_itself_does_not_wait(orch: Orchestrator) -> None:  # noqa: F811
+@pytest.mark.parametrize(
+    ("holder_label", "said"),
+    [
+        ("standby", "the start of its standby"),
+        # The keeper's round holds every PE a moment to see whether it needs a standby: a
+        # restore refused meanwhile, of a pipeline without standbys, said the line above.
+        (STANDBY_LOOK, "the standby keeper's look at it"),
+    ],
+)
+def test_what_a_round_starts_itself_does_not_wait(
+    orch: Orchestrator,  # noqa: F811
+    holder_label: str,
+    said: str,
+) -> None:
     """The reconciler's auto-restore of a PE a standby's start holds is refused at once: a
     round that waited would hold up every other PE's restore."""
-    release, holder = _held(orch, "standby")
+    assert holder_label in journal.BACKGROUND  # (waited for by what someone asked for)
+    release, holder = _held(orch, holder_label)
     try:
         began = time.monotonic()
         with (
             orch._as_round(),
-            pytest.raises(MigrationInProgress, match="the start of its standby"),
+            pytest.raises(MigrationInProgress, match=said),
             orch._exclusive(*KEY, "restore"),
         ):
             pass
@@ -99,20 +113,3 @@ def test_what_a_round_starts_itself_does_not_wait(orch: Orchestrator) -> None:  
     finally:
         release.set()
         holder.join()
-
-
-def test_the_standby_keepers_look_at_a_pe_is_said_as_such(orch: Orchestrator) -> None:  # noqa: F811
-    # Its round holds every PE a moment to see whether it needs a standby: a restore refused
-    # meanwhile, of a pipeline without standbys, said "the start of its standby".
-    release, holder = _held(orch, STANDBY_LOOK)
-    try:
-        with (
-            orch._as_round(),
-            pytest.raises(MigrationInProgress, match="the standby keeper's look at it"),
-            orch._exclusive(*KEY, "restore"),
-        ):
-            pass
-    finally:
-        release.set()
-        holder.join()
-    assert STANDBY_LOOK in journal.BACKGROUND  # (waited for by what someone asked for)

@@ -93,37 +93,38 @@ def test_an_instance_off_its_placement_is_removed_with_its_checkpoint(
     assert ("p", "aggregate") not in orchestrator._migrating
 
 
+def _said_by_a_round(
+    orchestrator: Orchestrator, caplog: pytest.LogCaptureFixture, answer: list[bool] | None
+) -> list[tuple[int, str]]:
+    """What a round of stray removals logged of p/aggregate, the stand-in agent answering
+    as ``answer`` says (``_Agent.gone``, ``_Agent.idle``; ``None``: removed)."""
+    caplog.clear()
+    if answer is not None:
+        answer.append(True)
+    try:
+        with caplog.at_level(logging.INFO, "fogshift.orchestrator"):
+            orchestrator._remove_strays()
+    finally:
+        if answer is not None:
+            answer.clear()
+    return [(r.levelno, r.getMessage()) for r in caplog.records if "p/aggregate" in r.getMessage()]
+
+
 def test_a_removal_is_logged_as_a_warning_only_if_something_was_removed(
     orchestrator: Orchestrator, agent: tuple[str, list[str]], caplog: pytest.LogCaptureFixture
 ) -> None:
     # A heartbeat sent before a migration removed its origin lists the instance still: the
     # round asks for a removal the agent answers with "no such PE". Logged as "removing
     # superseded ..." at WARNING, that read as a stray found after every such migration.
-    _Agent.gone.append(True)
-    try:
-        with caplog.at_level(logging.INFO, "fogshift.orchestrator"):
-            orchestrator._remove_strays()
-    finally:
-        _Agent.gone.clear()
+    said = _said_by_a_round(orchestrator, caplog, _Agent.gone)
     assert agent[1] == ["/pipelines/p/elements/aggregate?discard=true"]
-    said = [(r.levelno, r.getMessage()) for r in caplog.records if "p/aggregate" in r.getMessage()]
     assert [level for level, _ in said] == [logging.INFO], said
     assert said[0][1].startswith("superseded p/aggregate on fog-c not removed: no PE")
-    caplog.clear()
-    with caplog.at_level(logging.INFO, "fogshift.orchestrator"):
-        orchestrator._remove_strays()
-    said = [(r.levelno, r.getMessage()) for r in caplog.records if "p/aggregate" in r.getMessage()]
+    said = _said_by_a_round(orchestrator, caplog, None)
     assert said == [(logging.WARNING, "removed superseded p/aggregate from fog-c")]
     # Only a checkpoint there (a handover's origin, a dropped standby's copy): the agent
     # discarded it, no instance ran; warned of after almost every handover.
-    caplog.clear()
-    _Agent.idle.append(True)
-    try:
-        with caplog.at_level(logging.INFO, "fogshift.orchestrator"):
-            orchestrator._remove_strays()
-    finally:
-        _Agent.idle.clear()
-    said = [(r.levelno, r.getMessage()) for r in caplog.records if "p/aggregate" in r.getMessage()]
+    said = _said_by_a_round(orchestrator, caplog, _Agent.idle)
     assert said == [
         (logging.INFO, "discarded the checkpoint fog-c held of superseded p/aggregate")
     ], said
