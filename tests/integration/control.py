@@ -65,12 +65,20 @@ def restart_orchestrator(cluster: Cluster) -> int:
     return since
 
 
-def start_cli(cluster: Cluster, *args: str) -> subprocess.Popen[str]:
-    """Run ``fogshift ARGS --home HOME`` in the background (e.g. an operation to interrupt)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "fogshift.cli.main", *args, "--home", str(cluster.home)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+def start_cli(cluster: Cluster, *args: str, stderr_to: Path | None = None) -> subprocess.Popen[str]:
+    """Run ``fogshift ARGS --home HOME`` in the background (e.g. an operation to interrupt).
+    Its stderr goes to the file ``stderr_to`` if given (for a test to read what it said while
+    it runs), else to a pipe like its stdout."""
+    if stderr_to is None:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fogshift.cli.main", *args, "--home", str(cluster.home)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+    with stderr_to.open("w") as err:  # (the child holds its own copy of the descriptor)
+        return subprocess.Popen(
+            [sys.executable, "-m", "fogshift.cli.main", *args, "--home", str(cluster.home)],
+            stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT,
+        )  # fmt: skip
 
 
 def wait_logged(cluster: Cluster, text: str, since: int, timeout_s: float = 240) -> str:
