@@ -318,7 +318,9 @@ def test_a_torn_central_checkpoint_is_installed_from_a_backup_nodes_replica(
     report = json.loads(cluster.cli("restore", "torn", "source", "--to", spare[0],
                                     "--json").stdout)  # fmt: skip
     assert report["checkpoint"] == newest["id"], report
-    assert report["checkpoint_source"] == f"replica@{backup}", report
+    # (The planned backup's, as a rule; a replan between the listing and the restore, on
+    # live CPU use, may have pushed the replica to another node too: a replica either way.)
+    assert report["checkpoint_source"].startswith("replica@"), report
     assert report["skipped_checkpoints"] == [], report
     finish_and_compare(cluster, tmp_path, "torn")
 
