@@ -414,6 +414,9 @@ class ElementInfo(BaseModel):
             seconds (``0``: now). ``None``: not failed, or the agent gave up on it.
         inputs: The inputs its query reads, as it was started (``None``: not told). A
             consumer whose element gained inputs since (``scale``) is started again.
+        unreadable: A ``failed`` PE whose query cannot read its checkpoint here, every start
+            failing on it (a state file torn or gone): what Spark said. The orchestrator
+            restores it from its central checkpoint. ``None`` otherwise.
     """
 
     model_config = _WIRE
@@ -433,6 +436,7 @@ class ElementInfo(BaseModel):
     node_checkpoint: NodeCheckpoint | None = None
     lines_written: int | None = None
     snapshot_error: str | None = None
+    unreadable: str | None = None
 
 
 class StoppedCounts(BaseModel):

@@ -43,6 +43,7 @@ from fogshift.checkpoint.spark_dir import (
     settle_install,
     torn_log,
     unpack,
+    unreadable_checkpoint,
 )
 from fogshift.checkpoint.store import (
     SnapshotPins,
@@ -103,6 +104,11 @@ RESTART_BACKOFF_MAX_S = 30.0
 #: so restarting cannot help until someone changes the PE and deploys it again). Other
 #: failures (broker or disk trouble) are retried with the backoff as long as they last.
 ELEMENT_ERROR_RESTARTS = 3
+#: Failures in a row, each of Spark saying the query cannot read its checkpoint (a state
+#: file torn or gone: :func:`unreadable_checkpoint`), after which the PE is reported so
+#: (``unreadable``): every start from that checkpoint fails, and the orchestrator restores
+#: the PE from its central checkpoint. (One such failure may pass: a file system's hiccup.)
+UNREADABLE_FAILURES = 3
 #: Spark's status message while a micro-batch runs (after its offsets were got, until its
 #: commit): what :meth:`NodeRuntime._stalled` times.
 BATCH_RUNNING = "Processing new data"
@@ -136,6 +142,10 @@ class HostedElement:
     #: Restarts for a batch that ran past its time limit since the query last committed
     #: one: each doubles the limit.
     stalls: int = 0
+    #: Failures in a row that said its checkpoint cannot be read, and what the last said
+    #: (see :data:`UNREADABLE_FAILURES`).
+    unreadable_failures: int = 0
+    unreadable: str | None = None
     #: The last failure logged with Spark's whole text (its one line): the same again is
     #: logged in one line (a node cut off failed its PEs every restart, each with ~200
     #: lines of stack). Cleared once a batch commits.
@@ -600,7 +610,21 @@ class NodeRuntime:
             self._failed(hosted, f"{type(exc).__name__}: {exc}", element_error=True)
         except Exception as exc:  # the failure is the PE's status; the monitor retries
             log.exception("cannot start %s", hosted.plan.query_name)
+            self._note_unreadable(hosted, str(exc))
             self._failed(hosted, f"{type(exc).__name__}: {exc}")
+
+    def _note_unreadable(self, hosted: HostedElement, text: str) -> None:
+        """Count a failure of the PE's query (Spark's ``text``) towards
+        :data:`UNREADABLE_FAILURES` if it says the checkpoint cannot be read; any other
+        failure starts the count over."""
+        said = unreadable_checkpoint(text)
+        hosted.unreadable_failures = hosted.unreadable_failures + 1 if said else 0
+        hosted.unreadable = said
+        if said and hosted.unreadable_failures == UNREADABLE_FAILURES:
+            log.error("%s: its checkpoint on node %r cannot be read (%s), %d failures in a "
+                      "row: reported, for the orchestrator to restore it from its central "
+                      "checkpoint", hosted.plan.query_name, self.config.name, said,
+                      UNREADABLE_FAILURES)  # fmt: skip
 
     def _failed(self, hosted: HostedElement, error: str, element_error: bool = False) -> None:
         """Mark the PE failed; schedule its restart, or give up on one that cannot be built.
@@ -1286,6 +1310,12 @@ class NodeRuntime:
             ),
             lines_written=self._lines_written(element) if sink else None,
             snapshot_error=hosted.snapshot_error,
+            unreadable=(
+                hosted.unreadable
+                if hosted.state == PEState.FAILED
+                and hosted.unreadable_failures >= UNREADABLE_FAILURES
+                else None
+            ),
         )
 
     def _lines_written(self, element: ElementSpec) -> int | None:
@@ -1385,6 +1415,7 @@ class NodeRuntime:
         if hosted.last_batch > hosted.started_batch:
             # It committed a batch: it works.
             hosted.failures = hosted.element_failures = hosted.stalls = 0
+            hosted.unreadable_failures, hosted.unreadable = 0, None
             hosted.failure_said = None
         if hosted.plan.gate_file and hosted.plan.element.role == "processor":
             self._stop_overrunning(hosted)
@@ -1404,6 +1435,7 @@ class NodeRuntime:
                 # until the PE was removed or restarted.)
                 self._end_run(hosted)
                 return
+            self._note_unreadable(hosted, text)
             blamed = self._blame(hosted, text)
             if blamed:
                 # The next run skips the event that crashed this one: it starts at once.

@@ -81,6 +81,38 @@ def torn_log(checkpoint: Path) -> str | None:
     return None
 
 
+#: Spark's error conditions (``CANNOT_LOAD_STATE_STORE.<sub>`` or a condition of its own)
+#: that say a query's checkpoint files cannot be read: the query fails on them at every
+#: start. Not those of a configuration or a schema (a deploy's), nor of memory or threads
+#: (which may pass).
+_UNREADABLE_CONDITIONS = re.compile(
+    r"\[(CANNOT_LOAD_STATE_STORE\.(?:UNCATEGORIZED|CANNOT_READ_[A-Z_]+|UNEXPECTED_FILE_SIZE"
+    r"|CANNOT_FIND_BASE_SNAPSHOT_CHECKPOINT|AUTO_SNAPSHOT_REPAIR_FAILED"
+    r"|SNAPSHOT_PARTITION_ID_NOT_FOUND|INVALID_CHECKPOINT_LINEAGE)"
+    r"|CHECKPOINT_FILE_CHECKSUM_VERIFICATION_FAILED|STATE_STORE_ROW_CHECKSUM_VERIFICATION_FAILED"
+    r"|STATE_STORE_UNEXPECTED_EMPTY_FILE_IN_ROCKSDB_ZIP"
+    r"|STREAMING_CHECKPOINT_MISSING_METADATA_FILE)\]"
+)
+#: What Spark's metadata logs (offsets, commits) raise on an entry they cannot parse.
+_UNREADABLE_LOG = re.compile(r"(Incomplete log file|Log file was malformed|Failed to read log "
+                             r"file)[^\n]{0,200}")  # fmt: skip
+
+
+def unreadable_checkpoint(text: str) -> str | None:
+    """What Spark's failure ``text`` says of its query's checkpoint if it says the query
+    cannot read it (a state file or a log entry torn, emptied or gone), else ``None``.
+
+    A torn log entry is refused before a deploy (:func:`torn_log`); a torn state file shows
+    only when the query loads it, at its first batch, and fails it at every start: the
+    caller, seeing it fail so in a row, has the PE restored from another checkpoint.
+    """
+    if found := _UNREADABLE_CONDITIONS.search(text):
+        return f"Spark cannot load its state ({found.group(1)})"
+    if found := _UNREADABLE_LOG.search(text):
+        return f"Spark cannot read its log ({found.group(0).strip()})"
+    return None
+
+
 def committed_batch(checkpoint: Path) -> int | None:
     """The last batch whose output and state are committed, if any."""
     batches = _batches(checkpoint / "commits")

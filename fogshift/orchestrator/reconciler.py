@@ -765,13 +765,15 @@ class Reconciler(Coordination):
         key: tuple[str, str],
     ) -> None:  # fmt: skip
         """The rest of :meth:`_reconcile_element` for a PE whose node is heard: start it
-        again there if it is missing, fenced, halted or behind its newest epoch."""
+        again there if it is missing, fenced, halted or behind its newest epoch; restore it
+        there from its central checkpoint if its query cannot read the node's."""
         reported = node.report.element(pipeline, element_id)
         newest = self.registry.epoch(pipeline, element_id)
         stale = stale_inputs(reported, record.spec.element(element_id))
         halted = reported is not None and reported.state in HALTED
+        unreadable = reported is not None and reported.unreadable is not None
         if reported is not None and not (
-            reported.gated or reported.epoch < newest or stale or halted
+            reported.gated or reported.epoch < newest or stale or halted or unreadable
         ):
             self._restart_backoff.pop(key, None)
             return
@@ -804,6 +806,8 @@ class Reconciler(Coordination):
                             # the agent retrying for good.)
                             self._restore_lost(pipeline, here, f"holds a torn checkpoint "
                                                f"({exc.received})")  # fmt: skip
+                elif unreadable:
+                    self._restore_unreadable(pipeline, here)
                 else:
                     self._mend(pipeline, here)
         except MigrationInProgress:
@@ -813,6 +817,25 @@ class Reconciler(Coordination):
             self._back_off(key, failed, newest, node.name)
             return
         self._restart_backoff.pop(key, None)
+
+    def _restore_unreadable(self, pipeline: str, element: ElementSpec) -> None:
+        """The PE's instance on its node (``element.node``) failed in a row on a checkpoint
+        its query cannot read there (a state file torn or gone: every start fails on it, the
+        agent retrying for good), as the node's last report said. Judged again by what the
+        agent says now; the instance, failed, writes nothing: discarded with that checkpoint,
+        and the PE restored there from its central checkpoint (:meth:`_restore_lost`), its
+        standby promoted if one stands. Inside the exclusive section.
+
+        Raises:
+            FogshiftError: The discard or the restore failed (the caller backs off).
+        """
+        here = f"/pipelines/{pipeline}/elements/{element.id}"
+        info = self.agent(element.node).call(ElementProgress, "GET", here + "/progress")
+        if info.state != PEState.FAILED or info.unreadable is None:
+            return  # (it started since, or was replaced)
+        self.agent(element.node).delete(here, params={"discard": True})
+        self._restore_lost(pipeline, element, f"holds a checkpoint its query cannot read "
+                                              f"({info.unreadable})")  # fmt: skip
 
     def _backed_off(self, key: tuple[str, str], newest: int, node: str) -> int | None:
         """How many restarts (or restores) of PE ``key`` on ``node`` failed in a row, or

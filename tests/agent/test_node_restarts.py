@@ -19,6 +19,7 @@ from fogshift.agent.node import (
     ELEMENT_ERROR_RESTARTS,
     METRICS_FILE,
     RESTART_BACKOFF_MAX_S,
+    UNREADABLE_FAILURES,
     HostedElement,
     NodeRuntime,
     PEState,
@@ -244,6 +245,35 @@ def test_other_failures_are_retried_with_capped_backoff_and_reset_by_progress(
     h.query = FakeQuery("broker gone again")  # type: ignore[assignment]
     runtime._check(h)
     assert round(h.retry_at - time.monotonic()) == 1
+
+
+def test_a_pe_failing_in_a_row_on_a_checkpoint_spark_cannot_read_is_reported_so(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An emptied state file failed every start at the first batch, the agent retrying for
+    # good: reported after UNREADABLE_FAILURES in a row, for the orchestrator to restore it
+    # from central. Another failure between, or a committed batch, starts the count over.
+    torn = "[CANNOT_LOAD_STATE_STORE.UNCATEGORIZED] An error occurred during loading state."
+    monkeypatch.setattr(node, "start_query", lambda spark, plan: FakeQuery(torn))
+    h = hosted(tmp_path)
+    runtime._start_query(h)
+    said = []
+    for failing in [torn, torn, "broker gone", torn, torn, torn]:
+        h.query = FakeQuery(failing)  # type: ignore[assignment]
+        runtime._check(h)  # it fails
+        said.append(runtime.describe(h).unreadable)
+        h.retry_at = 0.0
+        runtime._check(h)  # restart
+    assert UNREADABLE_FAILURES == 3
+    told = "Spark cannot load its state (CANNOT_LOAD_STATE_STORE.UNCATEGORIZED)"
+    assert said == [None, None, None, None, None, told], said
+    # Running again (its restart's query): not said while it runs; a batch it commits ends it.
+    assert h.state == "running" and runtime.describe(h).unreadable is None
+    h.query = FakeQuery()  # type: ignore[assignment]
+    runtime._check(h, [batch(b, 1) for b in range(3)])
+    h.query = FakeQuery(torn)  # type: ignore[assignment]
+    runtime._check(h)
+    assert h.state == "failed" and runtime.describe(h).unreadable is None
 
 
 def test_a_clock_stepped_back_delays_no_restart(

@@ -235,6 +235,24 @@ def test_a_node_whose_machine_went_down_under_it_gets_its_pes_from_central(
     assert (cluster.home / "nodes" / "fog-b" / "distrusted").is_dir()
 
 
+def test_a_pe_whose_query_cannot_read_a_state_file_gets_restored_from_central(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # A state file of the aggregate's emptied on its node, the machine never down (a disk's
+    # fault: its agent trusts its checkpoints): every start failed at its first batch
+    # (CANNOT_LOAD_STATE_STORE), the agent retrying for good. Its agent reports it after
+    # failures in a row, and the reconciler restores the PE in place from central.
+    def tear(home: Path) -> None:
+        state = home / "checkpoints" / "tornstate" / "aggregate" / "state"
+        changelogs = sorted(state.rglob("*.changelog"), key=lambda p: int(p.name.split(".")[0]))
+        assert changelogs, f"no state changelog in {state}"
+        changelogs[-1].write_bytes(b"")
+
+    _back_damaged(cluster, tmp_path, "tornstate", tear)
+    said = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
+    assert "fog-b holds a checkpoint its query cannot read (Spark cannot load its state " in said
+
+
 def _files_of(manifest: Path) -> list[dict[str, Any]]:
     """The file entries of a central checkpoint's manifest; none if it went meanwhile (the
     store expires old checkpoints of running PEs as it pulls new ones)."""

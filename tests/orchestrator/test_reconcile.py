@@ -288,3 +288,43 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
         assert done == [*tried, ("restore", "fog-a", "fog-a", *failed)]
     else:
         assert done == [(expected, "fog-a")]
+
+
+@pytest.mark.parametrize("now", ["failed", "running"])
+def test_a_pe_whose_query_cannot_read_its_checkpoint_is_restored_there_from_central(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, now: str
+) -> None:
+    # Its node reports it failed in a row on a state file Spark cannot read: every start
+    # failed on it, the agent retrying for good. Discarded there and restored in place from
+    # the central checkpoint; not if the agent says it runs again by the time it is judged.
+    from tests.orchestrator.standin import standins
+
+    said = "Spark cannot load its state (CANNOT_LOAD_STATE_STORE.UNCATEGORIZED)"
+    orch = Orchestrator(offline_config(tmp_path))
+    done: list[tuple[str, ...]] = []
+    monkeypatch.setattr(
+        orch, "_restore_on", lambda e, p, current, candidates, attempts, *_: done.append(
+            ("restore", current, *candidates))
+    )  # fmt: skip
+    monkeypatch.setattr(orch, "_restart_fenced", lambda p, e, node: done.append(("restart", node)))
+    here = "/pipelines/p/elements/aggregate"
+    failed = {"pipeline": "p", "element": "aggregate", "state": "failed", "epoch": 1,
+              "unreadable": said}  # fmt: skip
+    answered = failed if now == "failed" else {**failed, "state": "running", "unreadable": None}
+    with standins("fog-a") as agents, caplog.at_level(logging.WARNING, "fogshift.orchestrator"):
+        agent = agents["fog-a"]
+        agent.answer("GET", here + "/progress", 200, answered)
+        try:
+            orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+            orch.heartbeat("fog-a", Heartbeat.model_validate(
+                {"url": agent.url, "ready": True, "elements": [failed]}))  # fmt: skip
+            orch._reconcile_element("p", "aggregate")
+        finally:
+            orch.close()
+        discards = [c.query for c in agent.received("DELETE", here)]
+    if now == "failed":
+        assert discards == [{"discard": "true"}], discards
+        assert done == [("restore", "fog-a", "fog-a")]
+        assert f"fog-a holds a checkpoint its query cannot read ({said})" in caplog.text
+    else:
+        assert (discards, done) == ([], [])
