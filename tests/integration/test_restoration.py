@@ -243,10 +243,20 @@ def test_a_pe_whose_query_cannot_read_a_state_file_gets_restored_from_central(
     # (CANNOT_LOAD_STATE_STORE), the agent retrying for good. Its agent reports it after
     # failures in a row, and the reconciler restores the PE in place from central.
     def tear(home: Path) -> None:
-        state = home / "checkpoints" / "tornstate" / "aggregate" / "state"
-        changelogs = sorted(state.rglob("*.changelog"), key=lambda p: int(p.name.split(".")[0]))
-        assert changelogs, f"no state changelog in {state}"
-        changelogs[-1].write_bytes(b"")
+        checkpoint = home / "checkpoints" / "tornstate" / "aggregate"
+        committed = max(int(p.name) for p in (checkpoint / "commits").iterdir()
+                        if p.name.isdigit())  # fmt: skip
+        # The state version its next start loads (the last committed batch's, batch + 1),
+        # not the newest file: that may be of a batch the SIGKILL cut before its commit,
+        # which the start runs again. Its snapshot, if maintenance made one, would stand in
+        # for the changelog: removed.
+        version = committed + 1
+        changelogs = list((checkpoint / "state").rglob(f"{version}.changelog"))
+        assert changelogs, f"no state changelog of version {version} in {checkpoint}"
+        for changelog in changelogs:
+            changelog.write_bytes(b"")
+        for snapshot in (checkpoint / "state").rglob(f"{version}.zip"):
+            snapshot.unlink()
 
     _back_damaged(cluster, tmp_path, "tornstate", tear)
     said = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
