@@ -765,11 +765,29 @@ def _up_claimed(
                 return cluster
             if not dead and not missing:
                 running = ", ".join(cluster.nodes)
+                # (Its processes run, so `up` has nothing to start; a frozen node among them
+                # went unsaid, and "already up" read as all is well.)
+                silent = _silent_now(home, members)
+                said = (
+                    f"; {', '.join(silent)} {'runs' if len(silent) == 1 else 'run'} but "
+                    "the orchestrator does not hear from "
+                    f"{'it' if len(silent) == 1 else 'them'} (frozen or hung?)"
+                    if silent
+                    else ""
+                )
                 raise AlreadyUp(
-                    f"a fogshift cluster is already up under {str(home)!r}, with nodes {running}",
+                    f"a fogshift cluster is already up under {str(home)!r}, with nodes "
+                    f"{running}{said}",
                     expected="a home where no cluster is up, or a node the cluster lacks",
-                    received=f"a cluster up with nodes {running}",
+                    received=f"a cluster up with nodes {running}{said}",
                     hint=(
+                        "a node that runs but does not answer is frozen or hung (`kill -CONT` "
+                        "it, or stop it: the orchestrator restores its PEs elsewhere once it "
+                        "is silent; `fogshift nodes` shows each node's health); "
+                        if silent
+                        else ""
+                    )
+                    + (
                         f"`fogshift up --nodes {','.join(members)},NEW` (every node it has "
                         "and the new one) adds node NEW"
                         if not cluster.network
@@ -1038,6 +1056,19 @@ def restart_orchestrator(
     # with what this `up` started, and the pipelines ran on unsupervised).
     _kept(info)
     return cluster
+
+
+def _silent_now(home: Path, members: list[str]) -> list[str]:
+    """Which of ``members`` the cluster's orchestrator has not heard from within its node
+    timeout, each with for how long (``[]`` too if it cannot be asked now: this only
+    informs)."""
+    try:
+        with orchestrator_client(home, timeout_s=3) as client:
+            views = [NodeView.model_validate(n) for n in client.get("/nodes")]
+    except (FogshiftError, ValueError):
+        return []
+    return [f"{v.name} (silent {v.last_seen_s:.0f} s)" for v in views
+            if v.name in members and not v.alive]  # fmt: skip
 
 
 def _living_heard(

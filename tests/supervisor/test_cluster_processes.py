@@ -332,6 +332,49 @@ def test_up_over_a_running_cluster_says_which_nodes_run(
     assert sleeper.poll() is None  # nothing stopped
 
 
+def test_up_over_a_running_cluster_names_a_node_the_orchestrator_does_not_hear(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every process runs, so `up` starts nothing; fog-b's is frozen: "already up" alone
+    # read as all is well.
+    from fogshift.supervisor.exceptions import AlreadyUp
+
+    two_node_cluster(tmp_path, sleeper)
+
+    def view(name: str, alive: bool, seen: float) -> dict[str, Any]:
+        return {"name": name, "url": "http://127.0.0.1:1", "pid": 1, "pgid": 1,
+                "healthy": alive, "alive": alive, "ready": True, "error": None,
+                "last_seen_s": seen, "cpu_percent": None, "replicas": [], "elements": [],
+                "checkpoints": []}  # fmt: skip
+
+    class Orchestrator:
+        heard = [view("cloud", True, 0.4), view("fog-b", False, 41.7)]
+
+        def __enter__(self) -> Orchestrator:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def get(self, path: str) -> Any:
+            assert path == "/nodes"
+            return self.heard
+
+    monkeypatch.setattr(cluster_ops, "orchestrator_client", lambda home, timeout_s: Orchestrator())
+    with pytest.raises(AlreadyUp) as refused:
+        cluster_ops.up(tmp_path, ["cloud", "fog-b"])
+    said = refused.value.message
+    assert said.endswith("with nodes cloud, fog-b; fog-b (silent 42 s) runs but the "
+                         "orchestrator does not hear from it (frozen or hung?)"), said  # fmt: skip
+    assert (refused.value.hint or "").startswith("a node that runs but does not answer is "
+                                                 "frozen or hung (`kill -CONT` it")  # fmt: skip
+    Orchestrator.heard = [view("cloud", True, 0.4), view("fog-b", True, 0.9)]
+    with pytest.raises(AlreadyUp) as refused:
+        cluster_ops.up(tmp_path, ["cloud", "fog-b"])
+    assert refused.value.message.endswith("with nodes cloud, fog-b")
+    assert sleeper.poll() is None  # nothing stopped
+
+
 def test_a_node_that_cannot_join_a_running_cluster_is_refused_before_anything_starts(
     tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
