@@ -12,9 +12,11 @@ started again finds its folder free.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 from filelock import FileLock, Timeout
 
 from fogshift.common.exceptions import AlreadyRunning
@@ -78,14 +80,59 @@ def claim(path: Path, what: str, hint: str, wait_s: float = 0.0) -> FileLock:
     try:
         lock.acquire(timeout=wait_s)
     except Timeout:
+        # (Which process: "another process" left the user to hunt for it, e.g. the `up`
+        # still waiting on a frozen node that refused a `remove-node`.)
+        holder = holder_of(path)
+        said = f" (pid {holder[0]}: {holder[1]})" if holder else ""
         raise AlreadyRunning(
-            f"{what}: another process holds {str(path)!r}",
+            f"{what}: another process holds {str(path)!r}{said}",
             expected="no other process of this kind on this folder",
-            received=f"{path.name} locked",
+            received=f"{path.name} locked" + (f" by pid {holder[0]}" if holder else ""),
             hint=hint,
         ) from None
     _HELD[path] = lock
     return lock
 
 
-__all__ = ["AGENT_LOCK", "CLUSTER_LOCK", "ORCHESTRATOR_LOCK", "claim", "exclusive"]
+def holder_of(path: Path) -> tuple[int, str] | None:
+    """The pid and command line of the process holding the claim on ``path``, as the
+    kernel's table of locks (``/proc/locks``) says; ``None`` if it cannot tell (not Linux,
+    the holder gone meanwhile, or no right to read its command line)."""
+    try:
+        stat = path.stat()
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:6963372 0 EOF" (a waiter's line has "->")
+    file_id = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        if (
+            len(fields) >= 6
+            and "->" not in fields
+            and (fields[1], fields[5]) == ("FLOCK", file_id)
+            and fields[4].isdigit()
+        ):
+            pid = int(fields[4])
+            try:
+                args = psutil.Process(pid).cmdline()
+            except psutil.Error:
+                return None
+            return pid, _command(args)
+    return None
+
+
+def _command(args: list[str]) -> str:
+    """A command line as a user would have typed it: ``fogshift up ...`` for a fogshift
+    CLI or service run through its module, at most 200 characters."""
+    for i, arg in enumerate(args):
+        if arg.startswith("fogshift.") and i > 0 and args[i - 1] == "-m":
+            args = ["fogshift", *args[i + 1 :]]
+            break
+    else:
+        args = [Path(args[0]).name, *args[1:]] if args else ["?"]
+    text = " ".join(" ".join(args).split())  # (one line: a `-c` program has several)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+__all__ = ["AGENT_LOCK", "CLUSTER_LOCK", "ORCHESTRATOR_LOCK", "claim", "exclusive", "holder_of"]

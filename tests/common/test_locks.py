@@ -62,6 +62,11 @@ def test_a_claim_another_process_holds_is_refused_until_that_process_is_killed(
             claim(lock, "an orchestrator of the cluster under /x", hint="stop the other one")
         assert err.value.message.startswith("an orchestrator of the cluster under /x: ")
         assert str(lock) in err.value.message and err.value.hint == "stop the other one"
+        # Which process holds it, as the kernel says, its command on one line.
+        said = f"(pid {other.pid}: {Path(sys.executable).name} -c import sys, time from pathlib"
+        assert said in err.value.message, err.value.message
+        assert "\n" not in err.value.message
+        assert err.value.received == f"{lock.name} locked by pid {other.pid}"
         assert err.value.expected and err.value.received
     finally:
         other.kill()  # SIGKILL: nothing of its own lets go; the kernel does
@@ -107,3 +112,13 @@ def test_another_thread_is_refused_and_a_wait_outlasts_a_holder_that_lets_go(
         killer.cancel()
         other.kill()
         other.wait()
+
+
+def test_a_holders_command_is_said_as_typed() -> None:
+    from fogshift.common.locks import _command
+
+    run = ["/h/.venv/bin/python", "-m", "fogshift.cli.main", "up", "--home", "/h/c"]
+    assert _command(run) == "fogshift up --home /h/c"
+    assert _command(["/usr/bin/nats-server", "-js"]) == "nats-server -js"
+    assert _command(["python", "-c", "x" * 300]).endswith("x…")
+    assert len(_command(["python", "-c", "x" * 300])) == 200
