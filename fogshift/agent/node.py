@@ -105,10 +105,14 @@ RESTART_BACKOFF_MAX_S = 30.0
 #: failures (broker or disk trouble) are retried with the backoff as long as they last.
 ELEMENT_ERROR_RESTARTS = 3
 #: Failures in a row, each of Spark saying the query cannot read its checkpoint (a state
-#: file torn or gone: :func:`unreadable_checkpoint`), after which the PE is reported so
-#: (``unreadable``): every start from that checkpoint fails, and the orchestrator restores
-#: the PE from its central checkpoint. (One such failure may pass: a file system's hiccup.)
+#: file torn or gone: :func:`unreadable_checkpoint`), spanning at least
+#: :data:`UNREADABLE_SPAN_S`, after which the PE is reported so (``unreadable``): every
+#: start from that checkpoint fails, and the orchestrator restores the PE from its central
+#: checkpoint. (A few such failures in a row may pass: Spark's ``UNCATEGORIZED`` load
+#: failure wraps whatever the load raised, a file system's hiccup too. A restore not needed
+#: costs reprocessing since the central checkpoint, never correctness.)
 UNREADABLE_FAILURES = 3
+UNREADABLE_SPAN_S = 10.0
 #: Spark's status message while a micro-batch runs (after its offsets were got, until its
 #: commit): what :meth:`NodeRuntime._stalled` times.
 BATCH_RUNNING = "Processing new data"
@@ -146,6 +150,9 @@ class HostedElement:
     #: (see :data:`UNREADABLE_FAILURES`).
     unreadable_failures: int = 0
     unreadable: str | None = None
+    #: When (monotonic) the first of those failed; whether the log said it was reported.
+    unreadable_since: float = 0.0
+    unreadable_told: bool = False
     #: The last failure logged with Spark's whole text (its one line): the same again is
     #: logged in one line (a node cut off failed its PEs every restart, each with ~200
     #: lines of stack). Cleared once a batch commits.
@@ -607,6 +614,7 @@ class NodeRuntime:
             hosted.started_batch = hosted.last_batch
         except ElementError as exc:  # the PE cannot be built: no traceback needed
             log.error("cannot start %s: %s", hosted.plan.query_name, exc)
+            self._note_unreadable(hosted, "")
             self._failed(hosted, f"{type(exc).__name__}: {exc}", element_error=True)
         except Exception as exc:  # the failure is the PE's status; the monitor retries
             log.exception("cannot start %s", hosted.plan.query_name)
@@ -615,16 +623,34 @@ class NodeRuntime:
 
     def _note_unreadable(self, hosted: HostedElement, text: str) -> None:
         """Count a failure of the PE's query (Spark's ``text``) towards
-        :data:`UNREADABLE_FAILURES` if it says the checkpoint cannot be read; any other
-        failure starts the count over."""
-        said = unreadable_checkpoint(text)
-        hosted.unreadable_failures = hosted.unreadable_failures + 1 if said else 0
+        :data:`UNREADABLE_FAILURES` if it says the checkpoint cannot be read (not an
+        exception the PE's own code raised, whatever it says); any other failure starts the
+        count over."""
+        said = unreadable_checkpoint(text) if python_error(text) is None else None
+        if said is None:
+            hosted.unreadable_failures, hosted.unreadable = 0, None
+            return
+        if not hosted.unreadable_failures:
+            hosted.unreadable_since, hosted.unreadable_told = time.monotonic(), False
+        hosted.unreadable_failures += 1
         hosted.unreadable = said
-        if said and hosted.unreadable_failures == UNREADABLE_FAILURES:
+        if not hosted.unreadable_told and self._unreadable(hosted) is not None:
+            hosted.unreadable_told = True
             log.error("%s: its checkpoint on node %r cannot be read (%s), %d failures in a "
-                      "row: reported, for the orchestrator to restore it from its central "
-                      "checkpoint", hosted.plan.query_name, self.config.name, said,
-                      UNREADABLE_FAILURES)  # fmt: skip
+                      "row: reported to the orchestrator (which restores the PE from its "
+                      "central checkpoint)", hosted.plan.query_name, self.config.name, said,
+                      hosted.unreadable_failures)  # fmt: skip
+
+    @staticmethod
+    def _unreadable(hosted: HostedElement) -> str | None:
+        """What Spark said of the PE's checkpoint if its failures in a row make it
+        unreadable (:data:`UNREADABLE_FAILURES` over :data:`UNREADABLE_SPAN_S`)."""
+        if (
+            hosted.unreadable_failures >= UNREADABLE_FAILURES
+            and time.monotonic() - hosted.unreadable_since >= UNREADABLE_SPAN_S
+        ):
+            return hosted.unreadable
+        return None
 
     def _failed(self, hosted: HostedElement, error: str, element_error: bool = False) -> None:
         """Mark the PE failed; schedule its restart, or give up on one that cannot be built.
@@ -1310,12 +1336,7 @@ class NodeRuntime:
             ),
             lines_written=self._lines_written(element) if sink else None,
             snapshot_error=hosted.snapshot_error,
-            unreadable=(
-                hosted.unreadable
-                if hosted.state == PEState.FAILED
-                and hosted.unreadable_failures >= UNREADABLE_FAILURES
-                else None
-            ),
+            unreadable=self._unreadable(hosted) if hosted.state == PEState.FAILED else None,
         )
 
     def _lines_written(self, element: ElementSpec) -> int | None:

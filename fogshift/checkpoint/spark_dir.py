@@ -90,7 +90,6 @@ _UNREADABLE_CONDITIONS = re.compile(
     r"|CANNOT_FIND_BASE_SNAPSHOT_CHECKPOINT|AUTO_SNAPSHOT_REPAIR_FAILED"
     r"|SNAPSHOT_PARTITION_ID_NOT_FOUND|INVALID_CHECKPOINT_LINEAGE)"
     r"|CHECKPOINT_FILE_CHECKSUM_VERIFICATION_FAILED|STATE_STORE_ROW_CHECKSUM_VERIFICATION_FAILED"
-    r"|STATE_STORE_UNEXPECTED_EMPTY_FILE_IN_ROCKSDB_ZIP"
     r"|STREAMING_CHECKPOINT_MISSING_METADATA_FILE)\]"
 )
 #: What Spark's metadata logs (offsets, commits) raise on an entry they cannot parse.
@@ -107,9 +106,9 @@ def unreadable_checkpoint(text: str) -> str | None:
     caller, seeing it fail so in a row, has the PE restored from another checkpoint.
     """
     if found := _UNREADABLE_CONDITIONS.search(text):
-        return f"Spark cannot load its state ({found.group(1)})"
+        return f"Spark cannot load its state: {found.group(1)}"
     if found := _UNREADABLE_LOG.search(text):
-        return f"Spark cannot read its log ({found.group(0).strip()})"
+        return f"Spark cannot read its log: {found.group(0).strip()}"
     return None
 
 

@@ -60,8 +60,9 @@ def wait_for_progress(
             PE that made no progress for ``timeout_s`` fails the wait (a restore after a long
             outage has a backlog no fixed time fits).
         error: Raised (with ``what`` in its message) if the PE was fenced, or its query
-            failed and the agent will not start it again, or the position is not reached
-            within ``timeout_s`` (a failed query the agent restarts is waited for).
+            failed and the agent will not start it again or reports its checkpoint
+            unreadable, or the position is not reached within ``timeout_s`` (a failed query
+            the agent restarts is waited for).
         observe: Called with every answer (e.g. to record a trace).
 
     Returns:
@@ -87,6 +88,11 @@ def wait_for_progress(
             info.state == PEState.FAILED and info.retry_in_s is None
         ):
             raise error(f"{what}: the PE's query {info.state}: {info.error}")
+        if info.state == PEState.FAILED and info.unreadable is not None:
+            # (Every start fails on the checkpoint it was given: waited for to the end of
+            # the timeout, a restore from a central checkpoint torn alike took minutes a try.)
+            raise error(f"{what}: the PE's query cannot read the checkpoint it was given "
+                        f"({info.unreadable})")  # fmt: skip
         # Only a query that runs is there: an installed checkpoint's position is on disk
         # before its query starts, and stays there when it fails to (a restore or a move
         # reported done with nobody running the PE). Position 0 is reached with nothing

@@ -712,7 +712,7 @@ class Reconciler(Coordination):
             return
         if not self.healthy(node) or not node.report.ready:
             return
-        self._keep_running(record, pipeline, element_id, node, key)
+        self._keep_running(record, pipeline, element_id, node, key, background)
 
     def _auto_restore(
         self, pipeline: str, element_id: str, lost: str, failed: int, newest: int,
@@ -762,11 +762,13 @@ class Reconciler(Coordination):
 
     def _keep_running(
         self, record: PipelineRecord, pipeline: str, element_id: str, node: NodeRecord,
-        key: tuple[str, str],
+        key: tuple[str, str], background: bool = False,
     ) -> None:  # fmt: skip
         """The rest of :meth:`_reconcile_element` for a PE whose node is heard: start it
         again there if it is missing, fenced, halted or behind its newest epoch; restore it
-        there from its central checkpoint if its query cannot read the node's."""
+        there from its central checkpoint if the node lost its checkpoint, holds it torn, or
+        its query cannot read it (``background``: that restore in a thread of its own, see
+        :meth:`_in_place_later`)."""
         reported = node.report.element(pipeline, element_id)
         newest = self.registry.epoch(pipeline, element_id)
         stale = stale_inputs(reported, record.spec.element(element_id))
@@ -777,9 +779,14 @@ class Reconciler(Coordination):
         ):
             self._restart_backoff.pop(key, None)
             return
+        with self._lock:
+            if key in self._auto_restoring:
+                return  # a thread of this process restores it
         failed = self._backed_off(key, newest, node.name)
         if failed is None:
             return  # its last restart failed: not every round (see RESTART_BACKOFF_MAX_S)
+        #: A restore in place decided on (called with the PE's element as placed).
+        in_place: Callable[[ElementSpec], None] | None = None
         try:
             with self._exclusive(pipeline, element_id, "restart"):
                 now = self.registry.get_pipeline(pipeline)
@@ -792,7 +799,7 @@ class Reconciler(Coordination):
                 here = now.spec.element(element_id).model_copy(update={"node": node.name})
                 if reported is None and not self._hosts(here, pipeline):
                     if self._lost(here, pipeline, node):
-                        self._restore_lost(pipeline, here)
+                        in_place = partial(self._restore_lost, pipeline)
                     else:
                         # Under an epoch above every one given, fenced first: the newest may
                         # be another instance's (a restore's target whose last step and
@@ -804,19 +811,69 @@ class Reconciler(Coordination):
                         except TornCheckpoint as exc:
                             # (A node back from a power loss: every start from it failed,
                             # the agent retrying for good.)
-                            self._restore_lost(pipeline, here, f"holds a torn checkpoint "
-                                               f"({exc.received})")  # fmt: skip
+                            torn = f"holds a torn checkpoint ({exc.received})"
+                            in_place = partial(self._restore_lost, pipeline, why=torn)
                 elif unreadable:
-                    self._restore_unreadable(pipeline, here)
+                    in_place = partial(self._restore_unreadable, pipeline)
                 else:
                     self._mend(pipeline, here)
+                if in_place is not None and not background:
+                    in_place(here)
         except MigrationInProgress:
             return  # the operation under way owns the PE
         except FogshiftError:
             # A failed start, logged by _exclusive.
             self._back_off(key, failed, newest, node.name)
             return
+        if in_place is not None and background:
+            self._in_place_later(key, failed, newest, here, in_place)
+            return
         self._restart_backoff.pop(key, None)
+
+    def _in_place_later(
+        self, key: tuple[str, str], failed: int, newest: int, element: ElementSpec,
+        restore: Callable[[ElementSpec], None],
+    ) -> None:  # fmt: skip
+        """Run ``restore`` of PE ``key`` on its node (``element.node``) in a thread of its
+        own, as one of the orchestrator's rounds, in the PE's exclusive section taken anew
+        (its placement checked again); :meth:`_keep_running` decided on it (``failed``
+        restarts before, at epoch ``newest``). A restore waits until the PE caught up —
+        seconds, minutes after a long outage — and in the round it held up every other PE's
+        turn: a silent node went unnoticed, a standby unpromoted, meanwhile. A failure puts
+        the next try off as a failed restart does."""
+        pipeline, element_id = key
+
+        def run() -> None:
+            try:
+                with self._as_round(), self._exclusive(pipeline, element_id, "restart"):
+                    now = self.registry.get_pipeline(pipeline)
+                    if (
+                        now is None
+                        or now.status != PipelineState.RUNNING
+                        or now.placement.get(element_id) != element.node
+                    ):
+                        return  # moved or stopped meanwhile
+                    restore(element)
+                self._restart_backoff.pop(key, None)
+            except MigrationInProgress:
+                pass  # the operation under way owns the PE
+            except FogshiftError:
+                self._back_off(key, failed, newest, element.node or "")
+            except Exception:  # (tried again next round)
+                log.exception("restoring %s/%s on %s failed", pipeline, element_id, element.node)
+            finally:
+                with self._lock:
+                    self._auto_restoring.discard(key)
+
+        with self._lock:
+            self._auto_restoring.add(key)
+        try:
+            threading.Thread(target=run, name=f"restore {pipeline}/{element_id} in place",
+                             daemon=True).start()  # fmt: skip
+        except BaseException:  # (no thread: the next round must try again)
+            with self._lock:
+                self._auto_restoring.discard(key)
+            raise
 
     def _restore_unreadable(self, pipeline: str, element: ElementSpec) -> None:
         """The PE's instance on its node (``element.node``) failed in a row on a checkpoint
@@ -832,8 +889,13 @@ class Reconciler(Coordination):
         here = f"/pipelines/{pipeline}/elements/{element.id}"
         info = self.agent(element.node).call(ElementProgress, "GET", here + "/progress")
         if info.state != PEState.FAILED or info.unreadable is None:
-            return  # (it started since, or was replaced)
+            log.info("reconcile: %s/%s on %s is %s now: not restored", pipeline, element.id,
+                     element.node, info.state)  # fmt: skip
+            return
         self.agent(element.node).delete(here, params={"discard": True})
+        log.warning("reconcile: discarded the failed instance of %s/%s on %s with the "
+                    "checkpoint its query cannot read", pipeline, element.id,
+                    element.node)  # fmt: skip
         self._restore_lost(pipeline, element, f"holds a checkpoint its query cannot read "
                                               f"({info.unreadable})")  # fmt: skip
 

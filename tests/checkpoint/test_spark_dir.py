@@ -90,19 +90,21 @@ def test_logs_a_power_loss_tore_are_told(tmp_path: Path) -> None:
         # An emptied state changelog (checked against pyspark 4.3.0: a power loss's).
         ("org.apache.spark.SparkException: [CANNOT_LOAD_STATE_STORE.UNCATEGORIZED] An error "
          "occurred during loading state. SQLSTATE: 58030\n\tat org.apache...",
-         "Spark cannot load its state (CANNOT_LOAD_STATE_STORE.UNCATEGORIZED)"),
+         "Spark cannot load its state: CANNOT_LOAD_STATE_STORE.UNCATEGORIZED"),
         ("[CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE_NOT_EXISTS] Error reading delta "
-         "file", "Spark cannot load its state (CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE"
-         "_NOT_EXISTS)"),
+         "file", "Spark cannot load its state: CANNOT_LOAD_STATE_STORE.CANNOT_READ_DELTA_FILE"
+         "_NOT_EXISTS"),
         ("[CHECKPOINT_FILE_CHECKSUM_VERIFICATION_FAILED] Checksum verification failed",
-         "Spark cannot load its state (CHECKPOINT_FILE_CHECKSUM_VERIFICATION_FAILED)"),
+         "Spark cannot load its state: CHECKPOINT_FILE_CHECKSUM_VERIFICATION_FAILED"),
         ("java.lang.IllegalStateException: Incomplete log file in the offset commit log\n\tat",
-         "Spark cannot read its log (Incomplete log file in the offset commit log)"),
+         "Spark cannot read its log: Incomplete log file in the offset commit log"),
         # Not a checkpoint that cannot be read: these may pass, or are a deploy's.
         ("[CANNOT_LOAD_STATE_STORE.UNRELEASED_THREAD_ERROR] RocksDB instance could not be "
          "acquired", None),
         ("[CANNOT_LOAD_STATE_STORE.ROCKSDB_STORE_PROVIDER_OUT_OF_MEMORY] Could not load", None),
         ("[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] Provided key schema does not match", None),
+        # Raised writing a snapshot ("please retry"), not reading one.
+        ("[STATE_STORE_UNEXPECTED_EMPTY_FILE_IN_ROCKSDB_ZIP] Detected an empty file", None),
         ("fogshift.broker.exceptions.BrokerUnavailable: nats: no servers available", None),
     ],
 )  # fmt: skip

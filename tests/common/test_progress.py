@@ -86,3 +86,20 @@ def test_a_restore_waits_as_long_as_its_pe_catches_up_and_no_longer() -> None:
         with pytest.raises(RestoreFailed, match="in 0 s without progress"):
             wait_for_progress(agent, HERE, 31, 0.4, RestoreFailed, "restore of p/alarms",
                               while_moving=True)  # fmt: skip
+
+
+def test_a_pe_whose_query_cannot_read_the_checkpoint_it_was_given_ends_the_wait_at_once() -> None:
+    """Every start fails on it (a restore's central checkpoint torn alike, a move's copy):
+    waited for to the end of the timeout, each try of a restore took minutes."""
+    with standins("fog-b") as agents:
+        failed = {"pipeline": "p", "element": "alarms", "state": "failed", "retry_in_s": 4.0,
+                  "committed_batch": 3, "progress": 40, "error": "[CANNOT_LOAD_STATE_STORE]",
+                  "unreadable": "Spark cannot load its state: X"}  # fmt: skip
+        agents["fog-b"].answer("GET", HERE + "/progress", body=failed)
+        agent = ServiceClient(agents["fog-b"].url, "t" * 32, "fog-b")
+        with pytest.raises(RestoreFailed) as ended:
+            wait_for_progress(agent, HERE, 50, 120.0, RestoreFailed, "restore of p/alarms")
+        assert ended.value.message == (
+            "restore of p/alarms: the PE's query cannot read the checkpoint it was given "
+            "(Spark cannot load its state: X)"
+        )

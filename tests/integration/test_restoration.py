@@ -260,7 +260,7 @@ def test_a_pe_whose_query_cannot_read_a_state_file_gets_restored_from_central(
 
     _back_damaged(cluster, tmp_path, "tornstate", tear)
     said = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
-    assert "fog-b holds a checkpoint its query cannot read (Spark cannot load its state " in said
+    assert "fog-b holds a checkpoint its query cannot read (Spark cannot load its state: " in said
 
 
 def _files_of(manifest: Path) -> list[dict[str, Any]]:

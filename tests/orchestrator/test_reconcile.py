@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -299,7 +300,7 @@ def test_a_pe_whose_query_cannot_read_its_checkpoint_is_restored_there_from_cent
     # the central checkpoint; not if the agent says it runs again by the time it is judged.
     from tests.orchestrator.standin import standins
 
-    said = "Spark cannot load its state (CANNOT_LOAD_STATE_STORE.UNCATEGORIZED)"
+    said = "Spark cannot load its state: CANNOT_LOAD_STATE_STORE.UNCATEGORIZED"
     orch = Orchestrator(offline_config(tmp_path))
     done: list[tuple[str, ...]] = []
     monkeypatch.setattr(
@@ -328,3 +329,45 @@ def test_a_pe_whose_query_cannot_read_its_checkpoint_is_restored_there_from_cent
         assert f"fog-a holds a checkpoint its query cannot read ({said})" in caplog.text
     else:
         assert (discards, done) == ([], [])
+
+
+def test_a_restore_in_place_runs_beside_the_round_not_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restore waits until its PE caught up (minutes after a long outage): in the round,
+    # it held up every other PE's turn (a silent node unnoticed, a standby unpromoted).
+    from tests.orchestrator.standin import standins
+
+    orch = Orchestrator(offline_config(tmp_path))
+    release, started = threading.Event(), threading.Event()
+    done: list[str] = []
+
+    def restore_on(e: object, p: str, current: str, candidates: list[str], *_: object) -> None:
+        started.set()
+        assert release.wait(30)
+        done.append(current)
+
+    monkeypatch.setattr(orch, "_restore_on", restore_on)
+    here = "/pipelines/p/elements/aggregate"
+    failed = {"pipeline": "p", "element": "aggregate", "state": "failed", "epoch": 1,
+              "unreadable": "Spark cannot load its state: CANNOT_LOAD_STATE_STORE.X"}  # fmt: skip
+    with standins("fog-a") as agents:
+        agents["fog-a"].answer("GET", here + "/progress", 200, failed)
+        try:
+            orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+            orch.heartbeat("fog-a", Heartbeat.model_validate(
+                {"url": agents["fog-a"].url, "ready": True, "elements": [failed]}))  # fmt: skip
+            orch._reconcile_element("p", "aggregate", background=True)
+            assert started.wait(30), "the restore did not start"
+            assert done == [] and ("p", "aggregate") in orch._auto_restoring
+            orch._reconcile_element("p", "aggregate", background=True)  # not a second one
+            release.set()
+            deadline = time.monotonic() + 30
+            while ("p", "aggregate") in orch._auto_restoring:
+                assert time.monotonic() < deadline, "the restore's thread did not end"
+                time.sleep(0.01)
+        finally:
+            release.set()
+            orch.close()
+        assert done == ["fog-a"]
+        assert len(agents["fog-a"].received("DELETE", here)) == 1
