@@ -13,7 +13,9 @@ import contextlib
 import datetime
 import json
 import logging
+import math
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import Future
@@ -123,6 +125,8 @@ class SyncJetStream:
         self._js: JetStreamContext | None = None
         self._timeout = connect_timeout_s
         self._lock = threading.Lock()
+        #: Refusals by the broker logged lately: when (monotonic), and how many since, by text.
+        self._refusals: dict[str, tuple[float, int]] = {}
         _open_clients.add(self)
 
     def run(self, make: Callable[[JetStreamContext], Awaitable[T]], timeout: float = 30.0) -> T:
@@ -220,8 +224,25 @@ class SyncJetStream:
     # nats-py's default callbacks print a traceback to stderr for every failed reconnect
     # attempt (every 0.5 s while the broker is down): one logged line each instead.
     async def _on_error(self, exc: Exception) -> None:
-        log.log(error_level(exc), "broker %s: %s: %s", self.address.url, type(exc).__name__,
-                one_line(str(exc)))  # fmt: skip
+        text = one_line(str(exc))
+        if PERMISSIONS_VIOLATION not in text.lower():
+            log.log(error_level(exc), "broker %s: %s: %s", self.address.url,
+                    type(exc).__name__, text)  # fmt: skip
+            return
+        # A revived zombie's every write and read is refused, each a line of nats-py's own
+        # words, many a second: said once a minute per refusal, with what it means.
+        now = time.monotonic()
+        last, since = self._refusals.get(text, (-math.inf, 0))
+        if now - last < REFUSALS_SAID_EVERY_S:
+            self._refusals[text] = (last, since + 1)
+            return
+        if len(self._refusals) > 256:  # (a subject per PE and stream: bounded, but kept so)
+            self._refusals.clear()
+        self._refusals[text] = (now, 0)
+        again = f" ({since} more since it last said so)" if since else ""
+        log.warning("broker %s refused this node: %s%s — it holds no right to that now (as "
+                    "a PE's old node, once the PE was moved or restored elsewhere)",
+                    self.address.url, text, again)  # fmt: skip
 
     async def _on_disconnected(self) -> None:
         # nats-py also calls this when the client is closed; close() drops _nc first.
@@ -317,6 +338,12 @@ _RECONNECT_NOISE = (
     nats_errors.ConnectionClosedError,
     nats_errors.NoServersError,
 )
+
+
+#: How nats-py words the broker's refusal of a subject this connection has no right to.
+PERMISSIONS_VIOLATION = "permissions violation"
+#: How often the same refusal is logged (a zombie retries its writes many times a second).
+REFUSALS_SAID_EVERY_S = 60.0
 
 
 def error_level(exc: BaseException) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import subprocess
 import sys
@@ -166,6 +167,27 @@ def test_a_refusal_by_the_broker_is_a_warning_a_failed_reconnect_is_not() -> Non
     for noise in (ConnectionRefusedError(111, "refused"), TimeoutError(),
                   nats_errors.NoServersError(), nats_errors.UnexpectedEOF()):  # fmt: skip
         assert error_level(noise) == logging.DEBUG, noise
+
+
+def test_a_zombies_refusals_are_said_once_a_minute_with_what_they_mean(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A revived zombie's writes are refused many times a second: each was a line of
+    # nats-py's own words.
+    client = SyncJetStream.__new__(SyncJetStream)  # (no connection: only its callback)
+    client.address, client._refusals = BrokerAddress("nats://127.0.0.1:9"), {}
+    text = 'nats: permissions violation for publish to "$js.api.x"'
+    with caplog.at_level(logging.DEBUG, "fogshift.broker"):
+        for _ in range(5):
+            asyncio.run(client._on_error(nats_errors.Error(text)))
+        last, since = client._refusals[text]
+        client._refusals[text] = (last - 61, since)  # a minute on
+        asyncio.run(client._on_error(nats_errors.Error(text)))
+    said = [r.getMessage() for r in caplog.records if "refused this node" in r.getMessage()]
+    assert len(said) == 2, said
+    meant = "it holds no right to that now (as a PE's old node, once the PE was moved"
+    assert said[0].startswith(f"broker nats://127.0.0.1:9 refused this node: {text} — {meant}")
+    assert "(4 more since it last said so)" in said[1], said
 
 
 def test_a_request_nobody_answers_yet_is_sent_again_until_someone_does(
