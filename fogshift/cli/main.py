@@ -424,6 +424,13 @@ def down(home: Home = Path(".fogshift")) -> None:
     if report.gone:
         # (Killed or crashed before: said apart, not as if this stopped them.)
         console.print(f"{', '.join(report.gone)}: had stopped already")
+    if report.killed:
+        # (A frozen node was stopped as if it had ended cleanly: nothing said it was not.)
+        err_console.print(
+            f"warning: {', '.join(report.killed)} did not stop within "
+            f"{cluster_ops.DOWN_GRACE_S:g} s of SIGTERM (frozen or hung?): killed with SIGKILL",
+            highlight=False,
+        )
 
 
 @app.command("remove-node")

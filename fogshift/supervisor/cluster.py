@@ -1471,9 +1471,11 @@ def kill_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _stop_tier(tier: dict[str, ProcessInfo], grace_s: float) -> None:
+def _stop_tier(tier: dict[str, ProcessInfo], grace_s: float) -> list[str]:
     """SIGTERM each leader of ``tier``, SIGKILL their groups after ``grace_s`` (at once if
-    the leaders are gone before), then give the groups up to 5 s more to disappear.
+    the leaders are gone before), then give the groups up to 5 s more to disappear; the
+    labels of those whose leader still ran at the SIGKILL (frozen or hung: a SIGSTOPped
+    process leaves SIGTERM pending).
 
     A process whose pid (and group) another process has now is left alone: the services
     lead sessions of their own, and so do many others (another cluster's, a shell's jobs).
@@ -1491,6 +1493,7 @@ def _stop_tier(tier: dict[str, ProcessInfo], grace_s: float) -> None:
             interval_s=0.1,
             describe="the leaders of " + ", ".join(tier) + " to exit",
         )
+    killed = [label for label, info in tier.items() if not info.foreign() and info.runs()]
     for info in infos:
         kill_group(info.pgid, signal.SIGKILL)
     with contextlib.suppress(WaitTimedOut):
@@ -1500,6 +1503,7 @@ def _stop_tier(tier: dict[str, ProcessInfo], grace_s: float) -> None:
             interval_s=0.05,
             describe="the process groups of " + ", ".join(tier) + " to end",
         )
+    return killed
 
 
 def _check_host(host: str) -> None:
@@ -1535,10 +1539,14 @@ class Stopped(NamedTuple):
         stopped: The services and links it stopped, in order.
         gone: Those of them that had stopped before (killed, crashed): nothing of their
             process groups was left to stop.
+        killed: Those of them that did not stop within the grace time of SIGTERM (frozen
+            or hung), killed with SIGKILL: their PEs stopped without a clean end (their
+            checkpoints hold what they committed).
     """
 
     stopped: list[str]
     gone: list[str]
+    killed: list[str] = []
 
 
 def down(home: Path, grace_s: float = DOWN_GRACE_S) -> Stopped:
@@ -1889,8 +1897,7 @@ def _down_claimed(home: Path, grace_s: float) -> Stopped:
         for label, info in tier.items()
         if info.foreign() or not (info.runs() or group_alive(info.pgid))
     ]
-    for tier in tiers:
-        _stop_tier(tier, grace_s)
+    killed = [label for tier in tiers for label in _stop_tier(tier, grace_s)]
     failures: list[NetworkCommandFailed] = []
     for isolated in cluster.network.values():
         try:
@@ -1905,7 +1912,7 @@ def _down_claimed(home: Path, grace_s: float) -> Stopped:
             hint="the next `fogshift up --isolate` of this home removes them",
         )
     stopped = [label for tier in tiers for label in tier]
-    return Stopped(stopped + [f"network {n}" for n in cluster.network], gone)
+    return Stopped(stopped + [f"network {n}" for n in cluster.network], gone, killed)
 
 
 # -- isolated nodes' links -----------------------------------------------------------------

@@ -893,3 +893,18 @@ def test_a_pe_named_as_the_cli_prints_it_is_told_to_be_two_arguments(
     assert result.exception.hint == "name the pipeline and the PE as two arguments: p aggregate"
     result = runner.invoke(cli.app, ["events", "p", "agg regate"])
     assert result.exception.hint == "`fogshift status` lists the pipelines and their PEs"
+
+
+def test_down_warns_of_a_process_it_had_to_kill(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A frozen node killed after the grace time was said "stopped" as for a clean end.
+    report = cli.cluster_ops.Stopped(["orchestrator", "node fog-a", "node fog-b"],
+                                     ["node fog-a"], ["node fog-b"])  # fmt: skip
+    monkeypatch.setattr(cli.cluster_ops, "down", lambda home: report)
+    result = runner.invoke(cli.app, ["down"])
+    assert result.exit_code == 0, result.output
+    assert "stopped orchestrator, node fog-b" in flat(result.stdout)
+    assert "node fog-a: had stopped already" in flat(result.stdout)
+    assert flat(result.stderr) == (
+        f"warning: node fog-b did not stop within {cli.cluster_ops.DOWN_GRACE_S:g} s of SIGTERM "
+        "(frozen or hung?): killed with SIGKILL"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -92,6 +93,20 @@ def test_down_stops_what_the_cluster_started(
     assert not alive(sleeper.pid)
     # Node fog-a's agent had died before: said apart from what down stopped.
     assert report == cluster_ops.Stopped(["orchestrator", "node fog-a"], ["node fog-a"])
+
+
+def test_down_says_which_process_it_had_to_kill(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # A frozen node (SIGSTOP: its SIGTERM stays pending) was killed after the grace time,
+    # and `down` said "stopped" as for a clean end.
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    write_cluster(tmp_path, ProcessInfo.of(sleeper.pid), broker=None)
+    report = cluster_ops.down(tmp_path, grace_s=0.5)
+    sleeper.wait(timeout=10)
+    assert sleeper.returncode == -signal.SIGKILL
+    assert report == cluster_ops.Stopped(["orchestrator", "node fog-a"], ["node fog-a"],
+                                          ["orchestrator"])  # fmt: skip
 
 
 def test_up_over_a_dead_cluster_stops_its_broker_that_still_runs(
