@@ -148,9 +148,9 @@ class OrchestratorCore:
         #: reconciler's): what it starts never waits for a PE someone holds.
         self._in_round = threading.local()
         #: Per PE whose restart by the reconciler failed once fenced anew: how many times
-        #: in a row, when (monotonic) the next try may come, and the epoch and node it
-        #: failed at (``Reconciler._reconcile_element``).
-        self._restart_backoff: dict[tuple[str, str], tuple[int, float, int, str]] = {}
+        #: in a row, when (monotonic) the next try may come, the epoch and node it failed
+        #: at, and whether it was a restore away from that node (``Reconciler._back_off``).
+        self._restart_backoff: dict[tuple[str, str], tuple[int, float, int, str, bool]] = {}
         #: Why the last automatic restore of each PE failed, as logged (said in full once).
         self._restore_failures: dict[tuple[str, str], str] = {}
         #: PEs a reconcile round's thread is restoring now (under ``_lock``).

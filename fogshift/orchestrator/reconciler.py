@@ -689,7 +689,7 @@ class Reconciler(Coordination):
                 if key in self._auto_restoring:
                     return  # a thread of this process restores it
             newest = self.registry.epoch(pipeline, element_id)
-            failed = self._backed_off(key, newest, node.name)
+            failed = self._backed_off(key, newest, node.name, away=True)
             if failed is None:
                 return  # its last restore failed: not every round either
             log.warning("node %s silent for %.1f s: restoring %s/%s",
@@ -755,7 +755,7 @@ class Reconciler(Coordination):
             # Each failed try fenced anew on every candidate (a new epoch, a marker in
             # the PE's stream, a journal entry, a copy), and the whole round waited for
             # it, every round, for as long as the node stayed away.
-            self._back_off(key, failed, newest, lost)
+            self._back_off(key, failed, newest, lost, away=True)
             return
         self._restart_backoff.pop(key, None)
         self._restore_failures.pop(key, None)
@@ -842,6 +842,7 @@ class Reconciler(Coordination):
         turn: a silent node went unnoticed, a standby unpromoted, meanwhile. A failure puts
         the next try off as a failed restart does."""
         pipeline, element_id = key
+        decided = self.registry.epoch(pipeline, element_id)
 
         def run() -> None:
             try:
@@ -851,14 +852,21 @@ class Reconciler(Coordination):
                         now is None
                         or now.status != PipelineState.RUNNING
                         or now.placement.get(element_id) != element.node
+                        or self.registry.epoch(pipeline, element_id) != decided
                     ):
-                        return  # moved or stopped meanwhile
+                        # Moved, stopped, or restored or moved back by an operation in the
+                        # gap between the round's section and this one (its new epoch): it
+                        # runs, and a restore now would fence it for nothing.
+                        return
                     restore(element)
                 self._restart_backoff.pop(key, None)
             except MigrationInProgress:
                 pass  # the operation under way owns the PE
             except FogshiftError:
-                self._back_off(key, failed, newest, element.node or "")
+                try:
+                    self._back_off(key, failed, newest, element.node or "")
+                except Exception:  # (a registry closed under it: the next round tries)
+                    log.exception("backing off the restore of %s/%s", pipeline, element_id)
             except Exception:  # (tried again next round)
                 log.exception("restoring %s/%s on %s failed", pipeline, element_id, element.node)
             finally:
@@ -899,23 +907,33 @@ class Reconciler(Coordination):
         self._restore_lost(pipeline, element, f"holds a checkpoint its query cannot read "
                                               f"({info.unreadable})")  # fmt: skip
 
-    def _backed_off(self, key: tuple[str, str], newest: int, node: str) -> int | None:
+    def _backed_off(
+        self, key: tuple[str, str], newest: int, node: str, away: bool = False
+    ) -> int | None:
         """How many restarts (or restores) of PE ``key`` on ``node`` failed in a row, or
-        ``None`` while the back-off after the last one runs (see :meth:`_back_off`)."""
-        failed, after, at_epoch, at_node = self._restart_backoff.get(key, (0, 0.0, 0, ""))
-        if (at_epoch, at_node) != (newest, node):
-            return 0  # placed or fenced anew since by someone else
+        ``None`` while the back-off after the last one runs (see :meth:`_back_off`).
+        ``away``: of the restores away from a silent ``node``, which a failure on the node
+        itself (a restart, a restore in place, as the node froze) puts off no more: the PE
+        waited up to :data:`RESTART_BACKOFF_MAX_S` past its ``detect_after_s``."""
+        failed, after, at_epoch, at_node, was_away = self._restart_backoff.get(
+            key, (0, 0.0, 0, "", away)
+        )
+        if (at_epoch, at_node, was_away) != (newest, node, away):
+            return 0  # placed or fenced anew since by someone else, or tried otherwise
         return None if time.monotonic() < after else failed
 
-    def _back_off(self, key: tuple[str, str], failed: int, newest: int, node: str) -> None:
-        """After a failed restart or restore of PE ``key`` placed on ``node``: once it fenced
-        anew (its epoch passed ``newest``), the next try waits twice as many rounds as the
-        last, at most :data:`RESTART_BACKOFF_MAX_S` (a failure before, a request, is tried
-        again next round)."""
+    def _back_off(
+        self, key: tuple[str, str], failed: int, newest: int, node: str, away: bool = False
+    ) -> None:
+        """After a failed restart or restore of PE ``key`` placed on ``node`` (``away``: a
+        restore away from it, silent): once it fenced anew (its epoch passed ``newest``),
+        the next try waits twice as many rounds as the last, at most
+        :data:`RESTART_BACKOFF_MAX_S` (a failure before, a request, is tried again next
+        round)."""
         epoch = self.registry.epoch(*key)
         if epoch > newest:
             wait = min(RESTART_BACKOFF_MAX_S, self.config.reconcile_s * 2 ** min(failed, 16))
-            self._restart_backoff[key] = (failed + 1, time.monotonic() + wait, epoch, node)
+            self._restart_backoff[key] = (failed + 1, time.monotonic() + wait, epoch, node, away)
 
     def _hosts(self, element: ElementSpec, pipeline: str) -> bool:
         """Whether ``element.node`` runs an instance of the PE now (its last report lags a

@@ -307,6 +307,10 @@ _spawned: list[ProcessInfo] = []
 #: ends); "ended": the first signal that ended `up` while :func:`_ended_by_signals` holds
 #: (see :func:`_check_ended`).
 _deferred: dict[str, int | bool] = {"active": False, "ended": 0}
+#: What each process :func:`_spawn` started is (its log's name: "orchestrator", "node-fog-a"),
+#: by pid; and the labels of those :func:`_kept` since, in order: what an ended `up` says.
+_labels: dict[int, str] = {}
+_kept_labels: list[str] = []
 
 
 def _kept(*processes: ProcessInfo) -> None:
@@ -314,6 +318,7 @@ def _kept(*processes: ProcessInfo) -> None:
     cluster file) whatever ends this `up` from now on: a SIGTERM during a later wait (for a
     frozen node, the next wave) stopped them with what it had started, a SIGINT not."""
     gone = {p.pid for p in processes}
+    _kept_labels.extend(_labels.get(p.pid, f"pid {p.pid}") for p in _spawned if p.pid in gone)
     _spawned[:] = [p for p in _spawned if p.pid not in gone]  # (recorded as copies)
 
 
@@ -332,6 +337,7 @@ def _spawn(args: list[str], log: Path) -> ProcessInfo:
             )  # fmt: skip
         info = ProcessInfo.of(proc.pid, argv=tuple(args))
         _spawned.append(info)
+        _labels[info.pid] = log.stem.replace("node-", "node ", 1)
         # The Popen's finaliser runs here, while a signal waits: run as this function
         # returned, a signal that came just then raised its SystemExit inside the
         # finaliser, which drops it (see _check_ended).
@@ -656,7 +662,7 @@ def up(
             hint="wait for the other `fogshift up` or `down` of this home to end, or use another "
             "--home",
         ),
-        _ended_by_signals(),
+        _ended_by_signals(say),
     ):
         return _up_claimed(
             home, nodes, host, nats_url, nats_user, nats_password, spark_master, timeout_s,
@@ -680,12 +686,13 @@ def _check_ended() -> None:
 
 
 @contextlib.contextmanager
-def _ended_by_signals() -> Iterator[None]:
+def _ended_by_signals(say: Callable[[str], None] = lambda line: None) -> Iterator[None]:
     """SIGTERM and SIGHUP raise ``SystemExit`` while this holds (in the main thread), as
     Ctrl-C raises ``KeyboardInterrupt``: an `up` ended by `timeout`, a service manager or
     a closed terminal stops what it started. By default they end the interpreter at once:
     its broker and agents ran on with no cluster file for `down` to find them by, and the
-    next `up` waited out its timeout on a node folder an orphaned agent still held."""
+    next `up` waited out its timeout on a node folder an orphaned agent still held. What
+    it stopped and what it kept running is said (``say``)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -696,7 +703,7 @@ def _ended_by_signals() -> Iterator[None]:
             return
         raise SystemExit(128 + signum)
 
-    mark = len(_spawned)
+    mark, kept_mark = len(_spawned), len(_kept_labels)
     before = {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
@@ -710,12 +717,20 @@ def _ended_by_signals() -> Iterator[None]:
             # was not, yet).
             for info in _spawned[mark:]:
                 kill_group(info.pgid, signal.SIGKILL)
+            # (It ended without a word of what it had started, stopped or left running.)
+            stopped = [_labels.get(i.pid, f"pid {i.pid}") for i in _spawned[mark:]]
+            kept = _kept_labels[kept_mark:]
+            say(f"warning: `up` ended by {signal.Signals(int(_deferred['ended'])).name}: "
+                f"stopped {', '.join(stopped) or 'nothing'} of what it had started"
+                + (f"; kept {', '.join(kept)} running (in the cluster file: `fogshift down` "
+                   "stops the cluster)" if kept else ""))  # fmt: skip
         raise
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
         _deferred["ended"] = 0
         del _spawned[mark:]
+        del _kept_labels[kept_mark:]
 
 
 def _up_claimed(
@@ -1065,7 +1080,7 @@ def _silent_now(home: Path, members: list[str]) -> list[str]:
     try:
         with orchestrator_client(home, timeout_s=3) as client:
             views = [NodeView.model_validate(n) for n in client.get("/nodes")]
-    except (FogshiftError, ValueError):
+    except Exception:  # (whatever it is: this only informs a refusal)
         return []
     return [f"{v.name} (silent {v.last_seen_s:.0f} s)" for v in views
             if v.name in members and not v.alive]  # fmt: skip

@@ -371,3 +371,27 @@ def test_a_restore_in_place_runs_beside_the_round_not_in_it(
             orch.close()
         assert done == ["fog-a"]
         assert len(agents["fog-a"].received("DELETE", here)) == 1
+
+
+def test_a_failure_on_a_node_does_not_put_off_the_restore_away_from_it_once_silent(
+    tmp_path: Path,
+) -> None:
+    # A restore in place (or a restart) failed as the node froze: its back-off, up to 30 s,
+    # delayed the restore away from the silent node past the pipeline's detect_after_s.
+    orch = Orchestrator(offline_config(tmp_path))
+    try:
+        orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+        key = ("p", "aggregate")
+        newest = orch.registry.epoch(*key)
+        orch.registry.next_epoch(*key)  # (the failed try fenced anew)
+        orch._back_off(key, 0, newest, "fog-a")
+        epoch = orch.registry.epoch(*key)
+        assert orch._backed_off(key, epoch, "fog-a") is None  # the next try here waits
+        assert orch._backed_off(key, epoch, "fog-a", away=True) == 0  # not away from it
+        # ... and a failed restore away from it puts the next one off.
+        orch.registry.next_epoch(*key)
+        orch._back_off(key, 0, epoch, "fog-a", away=True)
+        epoch = orch.registry.epoch(*key)
+        assert orch._backed_off(key, epoch, "fog-a", away=True) is None
+    finally:
+        orch.close()

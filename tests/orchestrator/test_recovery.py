@@ -1370,7 +1370,7 @@ def test_a_background_restore_is_refused_at_once_by_a_pe_someone_holds(
     # by the thread, not left to Python's hook on stderr; the PE may be tried again.
     monkeypatch.setattr(orch, "restore", lambda *a, **k: (_ for _ in ()).throw(
         Unavailable("node 'fog-b' is not healthy")))  # fmt: skip
-    monkeypatch.setattr(orch, "_back_off", lambda *a: 1 / 0)
+    monkeypatch.setattr(orch, "_back_off", lambda *a, **k: 1 / 0)
     orch._auto_restoring.add(("p", "aggregate"))
     with caplog.at_level("ERROR", logger="fogshift.orchestrator.reconciler"):
         orch._auto_restore("p", "aggregate", "fog-a", 0, newest, True)
