@@ -664,6 +664,32 @@ def test_a_signal_that_comes_as_a_process_starts_stops_that_process_too(
         children[0].wait()
 
 
+def test_an_up_ended_by_a_signal_says_what_it_stopped_and_what_it_kept(tmp_path: Path) -> None:
+    # It ended without a word: the nodes it had restarted and kept ran on, the others not.
+    said: list[str] = []
+    kept = stopped = None
+    try:
+        with pytest.raises(SystemExit), cluster_ops._ended_by_signals(said.append):
+            kept = cluster_ops._spawn(SLEEPER, tmp_path / "logs" / "node-fog-a.log")
+            cluster_ops._kept(kept)
+            stopped = cluster_ops._spawn(SLEEPER, tmp_path / "logs" / "node-fog-b.log")
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # (its handler runs at the next bytecode)
+        assert said == ["warning: `up` ended by SIGTERM: stopped node fog-b of what it had "
+                        "started; kept node fog-a running (in the cluster file: `fogshift "
+                        "down` stops the cluster)"]  # fmt: skip
+        assert stopped is not None and kept is not None
+        wait_until_gone = time.monotonic() + 10
+        while stopped.runs() and time.monotonic() < wait_until_gone:
+            time.sleep(0.05)
+        assert not stopped.runs() and kept.runs()
+    finally:
+        for info in (kept, stopped):
+            if info is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(info.pgid, signal.SIGKILL)
+
+
 class _SignalledInFinaliser:
     """Sends this process SIGTERM from its ``__del__``: the handler's ``SystemExit`` is raised
     inside the finaliser, where Python prints it as "Exception ignored" and drops it."""
