@@ -112,7 +112,7 @@ ELEMENT_ERROR_RESTARTS = 3
 #: failure wraps whatever the load raised, a file system's hiccup too. A restore not needed
 #: costs reprocessing since the central checkpoint, never correctness.)
 UNREADABLE_FAILURES = 3
-UNREADABLE_SPAN_S = 10.0
+UNREADABLE_SPAN_S = 5.0
 #: Spark's status message while a micro-batch runs (after its offsets were got, until its
 #: commit): what :meth:`NodeRuntime._stalled` times.
 BATCH_RUNNING = "Processing new data"
