@@ -955,7 +955,8 @@ class Reconciler(Coordination):
         again; or with a checkpoint whose logs are torn (``why`` says which), which its
         agent refuses to start from. Its hot standby, if one stands, is promoted; else (or
         if that fails) it is restored there as on any node: fenced, from the newest central
-        checkpoint, reprocessing without emitting. Inside the PE's exclusive section.
+        checkpoint, reprocessing without emitting; if that fails, on the best other node.
+        Inside the PE's exclusive section.
 
         Raises:
             FogshiftError: The restore failed (the caller backs off).
@@ -978,7 +979,18 @@ class Reconciler(Coordination):
                                                error=exc.message))  # fmt: skip
         log.warning("reconcile: %s %s of %s/%s: restoring it there from its central "
                     "checkpoint", node, why, pipeline, element.id)  # fmt: skip
-        self._restore_on(element, pipeline, node, [node], attempts)
+        try:
+            self._restore_on(element, pipeline, node, [node], attempts)
+        except RestoreFailed as exc:
+            # (Its node's disk may be what fails, full or failing: every round restored it
+            # there again, for good.) On the best other node then, as a silent node's.
+            with self._choosing(pipeline, element.id, {node}) as (candidates, trying):
+                if not candidates:
+                    raise
+                log.warning("reconcile: restoring %s/%s on %s failed (%s): restoring it on "
+                            "%s", pipeline, element.id, node, exc.message,
+                            " or ".join(candidates))  # fmt: skip
+                self._restore_on(element, pipeline, node, candidates, attempts, trying)
 
     def _lost(self, element: ElementSpec, pipeline: str, node: NodeRecord) -> bool:
         """Whether ``node`` (``element.node``) lost the PE's checkpoints: the central store

@@ -212,7 +212,7 @@ def test_an_up_while_a_node_is_frozen_keeps_the_orchestrator_it_started(
         wait_until(f"{frozen['name']} silent", lambda: not cluster.node(frozen["name"])["healthy"])
         kill_orchestrator(cluster)
         result = fogshift(
-            "up", "--nodes", ",".join(cluster.nodes), *cluster.up_args, "--timeout", "20",
+            "up", "--nodes", ",".join(cluster.nodes), *cluster.up_args, "--timeout", "12",
             "--home", str(cluster.home), env=cluster.up_env(), check=False,
         )  # fmt: skip
         said = " ".join(result.stderr.split())

@@ -395,3 +395,31 @@ def test_a_failure_on_a_node_does_not_put_off_the_restore_away_from_it_once_sile
         assert orch._backed_off(key, epoch, "fog-a", away=True) is None
     finally:
         orch.close()
+
+
+def test_a_restore_in_place_that_fails_is_tried_on_another_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its node's disk full or failing: every round restored the PE there again, for good.
+    from tests.orchestrator.standin import standins
+
+    orch = Orchestrator(offline_config(tmp_path))
+    tried: list[list[str]] = []
+
+    def restore_on(e: object, p: str, current: str, candidates: list[str], *_: object) -> None:
+        tried.append([current, *candidates])
+        if candidates == ["fog-a"]:
+            raise RestoreFailed("restore of p/aggregate on fog-a failed: No space left")
+
+    monkeypatch.setattr(orch, "_restore_on", restore_on)
+    with standins("fog-a", "fog-b") as agents:
+        try:
+            orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+            for name, agent in agents.items():
+                orch.heartbeat(name, Heartbeat.model_validate(
+                    {"url": agent.url, "ready": True, "elements": []}))  # fmt: skip
+            element = orch.pipeline("p").spec.element("aggregate")
+            orch._restore_lost("p", element.model_copy(update={"node": "fog-a"}))
+        finally:
+            orch.close()
+    assert tried == [["fog-a", "fog-a"], ["fog-a", "fog-b"]], tried
