@@ -139,42 +139,55 @@ def wait_for_epoch(
 
 
 def _back_damaged(
-    cluster: Cluster, tmp_path: Path, pipeline: str, damage: Callable[[Path], None],
+    cluster: Cluster, tmp_path: Path, damages: dict[str, Callable[[Path], None]],
     history_s: float | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """Deploy Case 1 as ``pipeline`` (its aggregate on fog-b), SIGKILL fog-b once the
-    aggregate has a central checkpoint (and, with ``history_s``, the source's oldest records
-    were trimmed), ``damage`` fog-b's folder, bring it back within ``detect_after_s`` and
-    wait for the aggregate's restore; its report, after the output was compared."""
-    spec = case1_spec(tmp_path, pipeline, agg_node="fog-b", detect_after_s=600,
-                      history_s=history_s)  # fmt: skip
-    cluster.cli("deploy", str(spec))
-    cluster.wait_for(pipeline, "sink", 20)
-    if history_s is not None:
-        wait_trimmed(cluster, pipeline, "source")
-    wait_central(cluster, pipeline, "aggregate")
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Deploy Case 1 as each pipeline of ``damages`` (its aggregate on fog-b, its files in a
+    folder of its own), SIGKILL fog-b once each aggregate has a central checkpoint (and,
+    with ``history_s``, each source's oldest records were trimmed), apply each damage to
+    fog-b's folder, bring it back within ``detect_after_s`` and wait for each aggregate's
+    restore; their reports, by pipeline, after each output was compared. (One kill and one
+    node start for them all: a node's start costs 10 to 20 s.)"""
+    works = {pipeline: tmp_path / pipeline for pipeline in damages}
+    for pipeline, work in works.items():
+        work.mkdir()
+        spec = case1_spec(work, pipeline, agg_node="fog-b", detect_after_s=600,
+                          history_s=history_s)  # fmt: skip
+        cluster.cli("deploy", str(spec))
+    for pipeline in works:
+        cluster.wait_for(pipeline, "sink", 20)
+        if history_s is not None:
+            wait_trimmed(cluster, pipeline, "source")
+        wait_central(cluster, pipeline, "aggregate")
     node = cluster.node("fog-b")
     os.killpg(node["pgid"], signal.SIGKILL)
     wait_until(lambda: not group_alive(node["pgid"]), 30, describe="fog-b's processes gone")
-    damage(cluster.home / "nodes" / "fog-b")
-    assert FEEDERS[tmp_path].feeding, "the input had ended before the node came back"
-    cluster.heal()
-    element = wait_until(
-        lambda: (
-            (e := cluster.element(pipeline, "aggregate"))["last_restore"]
-            and e["last_restore"]["status"] == "restored"
-            and e
-        ),
-        180,
-        interval_s=0.5,
-        describe="the aggregate restored on its node",
+    for damage in damages.values():
+        damage(cluster.home / "nodes" / "fog-b")
+    assert all(FEEDERS[w].feeding for w in works.values()), (
+        "an input ended before the node came back"
     )
-    report: dict[str, Any] = element["last_restore"]
-    assert element["node"] == "fog-b" and report["target"] == "fog-b", element
-    assert report["checkpoint"] is not None and report["epoch"] >= 2, report
-    finish_and_compare(cluster, tmp_path, pipeline)
-    assert_no_older_epoch_after(cluster, pipeline, "aggregate", report["epoch"])
-    return report
+    cluster.heal()
+    reports: dict[str, dict[str, Any]] = {}
+    for pipeline in works:
+        element = wait_until(
+            lambda pipeline=pipeline: (
+                (e := cluster.element(pipeline, "aggregate"))["last_restore"]
+                and e["last_restore"]["status"] == "restored"
+                and e
+            ),
+            180,
+            interval_s=0.5,
+            describe=f"{pipeline}'s aggregate restored on its node",
+        )
+        report: dict[str, Any] = element["last_restore"]
+        assert element["node"] == "fog-b" and report["target"] == "fog-b", element
+        assert report["checkpoint"] is not None and report["epoch"] >= 2, report
+        reports[pipeline] = report
+    for pipeline, work in works.items():
+        finish_and_compare(cluster, work, pipeline)
+        assert_no_older_epoch_after(cluster, pipeline, "aggregate", reports[pipeline]["epoch"])
+    return reports
 
 
 def test_a_node_back_without_its_disk_gets_its_pe_from_the_central_checkpoint(
@@ -189,19 +202,23 @@ def test_a_node_back_without_its_disk_gets_its_pe_from_the_central_checkpoint(
         for lost in ("checkpoints", "node-checkpoints", "query-locations", "gates", "replicas"):
             shutil.rmtree(home / lost, ignore_errors=True)
 
-    _back_damaged(cluster, tmp_path, "wiped", wipe, history_s=1)
+    _back_damaged(cluster, tmp_path, {"wiped": wipe}, history_s=1)
 
 
-def test_a_node_back_from_a_power_loss_with_torn_logs_gets_its_pe_from_central(
+def test_a_node_back_with_torn_logs_or_a_torn_state_file_gets_its_pes_from_central(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    # The aggregate's node comes back with its newest log entries empty, as a power loss
-    # leaves files Spark wrote and never synced: every start from them failed, its agent
-    # retrying for good. Its agent refuses them as torn now, and the reconciler restores the
-    # PE in place from its newest central checkpoint.
+    # Two pipelines' aggregates on the node; it comes back (its machine never down: its
+    # agent trusts its checkpoints) with
+    # - powerloss's newest log entries empty, as a power loss leaves files Spark wrote and
+    #   never synced: every start from them failed, its agent retrying for good. Its agent
+    #   refuses them as torn now, and the reconciler restores the PE in place from central;
+    # - tornstate's state file emptied (a disk's fault): every start failed at its first
+    #   batch (CANNOT_LOAD_STATE_STORE), the agent retrying for good. Its agent reports it
+    #   after failures in a row, and the reconciler restores the PE in place from central.
     newest: list[int] = []
 
-    def tear(home: Path) -> None:
+    def tear_logs(home: Path) -> None:
         checkpoint = home / "checkpoints" / "powerloss" / "aggregate"
         commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
         assert commits, f"no commit in {checkpoint}"
@@ -209,9 +226,26 @@ def test_a_node_back_from_a_power_loss_with_torn_logs_gets_its_pe_from_central(
         for log_name in ("commits", "offsets"):
             (checkpoint / log_name / str(newest[0])).write_bytes(b"")
 
-    _back_damaged(cluster, tmp_path, "powerloss", tear)
-    log_text = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
-    assert f"holds a torn checkpoint (offsets/{newest[0]} is empty)" in log_text
+    def tear_state(home: Path) -> None:
+        checkpoint = home / "checkpoints" / "tornstate" / "aggregate"
+        committed = max(int(p.name) for p in (checkpoint / "commits").iterdir()
+                        if p.name.isdigit())  # fmt: skip
+        # The state version its next start loads (the last committed batch's, batch + 1),
+        # not the newest file: that may be of a batch the SIGKILL cut before its commit,
+        # which the start runs again. Its snapshot, if maintenance made one, would stand in
+        # for the changelog: removed.
+        version = committed + 1
+        changelogs = list((checkpoint / "state").rglob(f"{version}.changelog"))
+        assert changelogs, f"no state changelog of version {version} in {checkpoint}"
+        for changelog in changelogs:
+            changelog.write_bytes(b"")
+        for snapshot in (checkpoint / "state").rglob(f"{version}.zip"):
+            snapshot.unlink()
+
+    _back_damaged(cluster, tmp_path, {"powerloss": tear_logs, "tornstate": tear_state})
+    said = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
+    assert f"holds a torn checkpoint (offsets/{newest[0]} is empty)" in said
+    assert "fog-b holds a checkpoint its query cannot read (Spark cannot load its state: " in said
 
 
 def test_a_node_whose_machine_went_down_under_it_gets_its_pes_from_central(
@@ -229,38 +263,10 @@ def test_a_node_whose_machine_went_down_under_it_gets_its_pes_from_central(
         assert changelogs, f"no state changelog in {state}"
         changelogs[-1].write_bytes(b"")
 
-    _back_damaged(cluster, tmp_path, "reboot", reboot)
+    _back_damaged(cluster, tmp_path, {"reboot": reboot})
     said = (cluster.home / "logs" / "node-fog-b.log").read_text(errors="replace")
     assert "the machine started again while this node's last agent ran" in said
     assert (cluster.home / "nodes" / "fog-b" / "distrusted").is_dir()
-
-
-def test_a_pe_whose_query_cannot_read_a_state_file_gets_restored_from_central(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    # A state file of the aggregate's emptied on its node, the machine never down (a disk's
-    # fault: its agent trusts its checkpoints): every start failed at its first batch
-    # (CANNOT_LOAD_STATE_STORE), the agent retrying for good. Its agent reports it after
-    # failures in a row, and the reconciler restores the PE in place from central.
-    def tear(home: Path) -> None:
-        checkpoint = home / "checkpoints" / "tornstate" / "aggregate"
-        committed = max(int(p.name) for p in (checkpoint / "commits").iterdir()
-                        if p.name.isdigit())  # fmt: skip
-        # The state version its next start loads (the last committed batch's, batch + 1),
-        # not the newest file: that may be of a batch the SIGKILL cut before its commit,
-        # which the start runs again. Its snapshot, if maintenance made one, would stand in
-        # for the changelog: removed.
-        version = committed + 1
-        changelogs = list((checkpoint / "state").rglob(f"{version}.changelog"))
-        assert changelogs, f"no state changelog of version {version} in {checkpoint}"
-        for changelog in changelogs:
-            changelog.write_bytes(b"")
-        for snapshot in (checkpoint / "state").rglob(f"{version}.zip"):
-            snapshot.unlink()
-
-    _back_damaged(cluster, tmp_path, "tornstate", tear)
-    said = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
-    assert "fog-b holds a checkpoint its query cannot read (Spark cannot load its state: " in said
 
 
 def _files_of(manifest: Path) -> list[dict[str, Any]]:
