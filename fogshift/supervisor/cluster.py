@@ -731,6 +731,8 @@ def _ended_by_signals(say: Callable[[str], None] = lambda line: None) -> Iterato
         _deferred["ended"] = 0
         del _spawned[mark:]
         del _kept_labels[kept_mark:]
+        for pid in set(_labels) - {p.pid for p in _spawned}:  # (the kept ones' were copied)
+            del _labels[pid]
 
 
 def _up_claimed(

@@ -679,6 +679,7 @@ def test_an_up_ended_by_a_signal_says_what_it_stopped_and_what_it_kept(tmp_path:
                         "started; kept node fog-a running (in the cluster file: `fogshift "
                         "down` stops the cluster)"]  # fmt: skip
         assert stopped is not None and kept is not None
+        assert not {stopped.pid, kept.pid} & set(cluster_ops._labels)  # (none kept past `up`)
         wait_until_gone = time.monotonic() + 10
         while stopped.runs() and time.monotonic() < wait_until_gone:
             time.sleep(0.05)
