@@ -112,6 +112,50 @@ def unreadable_checkpoint(text: str) -> str | None:
     return None
 
 
+#: The header of the checksum file Hadoop's local file system writes beside each file Spark
+#: writes (``.NAME.crc``): then the bytes each checksum covers (a big-endian int) and a
+#: big-endian CRC-32 of each such run of the file's bytes.
+_CRC_HEADER = b"crc\x00"
+
+
+def checksum_problem(path: Path, name: str | None = None) -> str | None:
+    """How the file at ``path`` (``name`` in the answer, default its file name) differs from
+    the checksums Spark wrote beside it (Hadoop's ``.NAME.crc``), or ``None`` if it matches
+    them or has none to match.
+
+    Spark syncs none of its checkpoint files, and a node-level snapshot links them: a file a
+    power loss or a disk's fault left short, empty or changed before its first snapshot was
+    digested as it was, pulled to the central store, and every restore from there failed
+    (the query could not load it). Its checksums, written with it, tell. A checksum file
+    that is not one (torn itself) is passed over, as Spark's reader does.
+    """
+    sidecar = path.with_name(f".{path.name}.crc")
+    name = name or path.name
+    try:
+        sums = sidecar.read_bytes()
+    except FileNotFoundError:
+        return None
+    per = int.from_bytes(sums[4:8], "big") if len(sums) >= 8 else 0
+    if sums[:4] != _CRC_HEADER or per <= 0 or (len(sums) - 8) % 4:
+        return None
+    expected = [int.from_bytes(sums[i : i + 4], "big") for i in range(8, len(sums), 4)]
+    data = path.read_bytes()
+    runs = -(-len(data) // per)  # (an empty file: none)
+    if runs != len(expected):
+        covered = (
+            f"{(len(expected) - 1) * per + 1} to {len(expected) * per} bytes"
+            if expected
+            else "0 bytes"
+        )
+        return f"{name} has {len(data)} bytes, its checksums are of {covered}"
+    view = memoryview(data)
+    for k, crc in enumerate(expected):
+        if zlib.crc32(view[k * per : (k + 1) * per]) != crc:
+            last = min(len(data), (k + 1) * per) - 1
+            return f"{name}'s bytes {k * per} to {last} do not match their checksum"
+    return None
+
+
 def committed_batch(checkpoint: Path) -> int | None:
     """The last batch whose output and state are committed, if any."""
     batches = _batches(checkpoint / "commits")
@@ -834,10 +878,11 @@ def relocate(checkpoint: Path, final: Path) -> int:
         fixed = _SCHEMA_PATH.sub(lambda m: f'"file:{final}/state/{m.group(1)}/_stateSchema/', text)
         if fixed != text:
             # A new file under the name, never the old one rewritten: node-level snapshots
-            # hard-link it, and their manifests hold the digest of what it was.
+            # hard-link it, and their manifests hold the digest of what it was. Its
+            # checksums go first: a snapshot checks a file against them.
+            (meta.parent / f".{meta.name}.crc").unlink(missing_ok=True)
             tmp = meta.with_name(f".{meta.name}.fogshift.tmp")
             tmp.write_text(fixed)
             tmp.replace(meta)
-            (meta.parent / f".{meta.name}.crc").unlink(missing_ok=True)
             rewritten += 1
     return rewritten

@@ -6,9 +6,10 @@ node agent freezes a consistent copy of it (as of one committed batch, see
 once in place (offset and commit log entries, RocksDB SSTs, changelogs, snapshot zips: each
 written to a temporary file and renamed), so every file is hard-linked, not copied: one
 already in the previous snapshot from there (its digest is known), a new one from the live
-directory (then digested). A snapshot writes no data; it costs a link per file and the
-digests of what changed. The manifest — every file with its size and sha256 — is written
-last and atomically: a snapshot without one is incomplete and ignored.
+directory (then checked against the checksums Spark wrote beside it, and digested). A
+snapshot writes no data; it costs a link per file and the digests of what changed. The
+manifest — every file with its size and sha256 — is written last and atomically: a snapshot
+without one is incomplete and ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from fogshift.checkpoint.spark_dir import committed_batch, copy_checkpoint, progress_of
+from fogshift.checkpoint.exceptions import TornCheckpoint
+from fogshift.checkpoint.spark_dir import (
+    checksum_problem,
+    committed_batch,
+    copy_checkpoint,
+    progress_of,
+)
 from fogshift.common.names import check_relative_path, check_snapshot_id, contained
 
 log = logging.getLogger(__name__)
@@ -174,6 +181,19 @@ def take_snapshot(
             files[rel] = before
         else:
             path = staging / rel
+            problem = None if rel.endswith(".crc") else checksum_problem(path, rel)
+            if problem is not None:
+                # Frozen, it would be pulled to the central store, and every restore from
+                # there would fail as the PE's next start here will: the snapshots stay at
+                # the last batch whose files were whole.
+                shutil.rmtree(staging, ignore_errors=True)
+                raise TornCheckpoint(
+                    f"the checkpoint of {pipeline}/{pe} at batch {info['batch']} is torn: "
+                    f"{problem}: not frozen",
+                    hint="its disk lost or changed what Spark wrote (a power loss, a "
+                    "disk's fault); a start from it fails, and the PE is then restored from "
+                    "its central checkpoint",
+                )
             size = os.stat(path).st_size
             files[rel] = {"size": size, "sha256": sha256_file(path)}
             copied_bytes += size

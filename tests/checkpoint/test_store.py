@@ -4,16 +4,19 @@ synthetic checkpoint laid out as Spark writes one."""
 
 from __future__ import annotations
 
+import binascii
 import errno
 import hashlib
 import os
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
 
 from fogshift.checkpoint import spark_dir
 from fogshift.checkpoint import store as store_module
+from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.store import KEEP, SnapshotPins, known_digests, take_snapshot
 
 
@@ -286,3 +289,50 @@ def test_a_manifest_that_cannot_be_read_is_no_snapshot(tmp_path: Path) -> None:
     _batch(live, 3)
     third = take_snapshot(live, store, "p", "agg")
     assert third is not None and third["batch"] == 3 and latest_manifest(store) == third
+
+
+def _checksummed(path: Path, per: int = 512) -> None:
+    """Write the checksum file Hadoop's local file system writes beside a file Spark writes:
+    ``crc\\0``, the bytes a checksum covers, a big-endian CRC-32 of each run of them."""
+    data = path.read_bytes()
+    sums = b"".join(
+        struct.pack(">I", binascii.crc32(data[at : at + per])) for at in range(0, len(data), per)
+    )
+    path.with_name(f".{path.name}.crc").write_bytes(b"crc\0" + struct.pack(">i", per) + sums)
+
+
+def test_a_file_that_does_not_match_the_checksums_spark_wrote_is_not_frozen(
+    tmp_path: Path,
+) -> None:
+    # A node killed between a batch's commit and its snapshot came back with that batch's
+    # state file emptied (its disk never got it): the snapshot taken then digested it as it
+    # was, the central store pulled it, and every restore from there failed as the PE's
+    # start on the node did. Spark's checksums, written with the file, tell.
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 2)
+    for path in live.rglob("*"):
+        if path.is_file():
+            _checksummed(path, per=4)
+    first = take_snapshot(live, store, "p", "agg")  # (each file matches its checksums)
+    assert first is not None and first["batch"] == 1
+    _batch(live, 2)
+    changelog = live / "state" / "0" / "0" / "3.changelog"
+    _checksummed(changelog, per=4)
+    whole = changelog.read_bytes()
+    changelog.write_bytes(b"")
+    with pytest.raises(TornCheckpoint) as refused:
+        take_snapshot(live, store, "p", "agg")
+    runs = (len(whole) + 3) // 4  # (of 4 bytes each: the file's length to within 4)
+    assert "at batch 2 is torn: state/0/0/3.changelog has 0 bytes, its checksums are of " \
+           f"{runs * 4 - 3} to {runs * 4} bytes: not frozen" in refused.value.message  # fmt: skip
+    assert [f.name for f in store.iterdir()] == [first["id"]]  # (no staging left either)
+    # Changed, not cut: the run of bytes that differs is named.
+    changelog.write_bytes(whole[:5] + b"?" + whole[6:])
+    with pytest.raises(TornCheckpoint, match=r"3\.changelog's bytes 4 to 7 do not match"):
+        take_snapshot(live, store, "p", "agg")
+    # Whole again (or a checksum file that is none, as Spark's reader passes it over).
+    changelog.write_bytes(whole)
+    assert take_snapshot(live, store, "p", "agg")["batch"] == 2  # type: ignore[index]
+    _batch(live, 3)
+    (live / "state" / "0" / "0" / ".4.changelog.crc").write_bytes(b"")
+    assert take_snapshot(live, store, "p", "agg")["batch"] == 3  # type: ignore[index]

@@ -108,6 +108,33 @@ def test_the_local_file_system_is_fogshifts_and_sets_modes(
         assert target.stat().st_mode & 0o777 == mode
 
 
+def test_the_checksums_spark_writes_beside_a_file_are_read_as_fogshift_reads_them(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # A node-level snapshot checks each new file against them (a file torn before its first
+    # snapshot is not frozen): the format read is the one Spark's file system writes.
+    from fogshift.checkpoint.spark_dir import checksum_problem
+
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    fs = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    target = tmp_path / "3.changelog"
+    data = bytes(range(256)) * 5  # (three runs of Hadoop's 512 bytes, the last one short)
+    out = fs.create(jvm.org.apache.hadoop.fs.Path(str(target)), True)
+    out.write(bytearray(data))
+    out.close()
+    assert target.read_bytes() == data and (tmp_path / ".3.changelog.crc").is_file()
+    assert checksum_problem(target) is None
+    changed = bytearray(data)
+    changed[700] ^= 1
+    target.write_bytes(bytes(changed))
+    assert checksum_problem(target) == "3.changelog's bytes 512 to 1023 do not match their checksum"
+    target.write_bytes(b"")
+    assert (
+        checksum_problem(target)
+        == "3.changelog has 0 bytes, its checksums are of 1025 to 1536 bytes"
+    )
+
+
 def test_the_warm_up_runs_a_stateful_batch_on_rocksdb_and_is_no_pe(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
