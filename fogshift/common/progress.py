@@ -51,6 +51,7 @@ def wait_for_progress(
     what: str,
     observe: Callable[[ElementProgress], None] | None = None,
     while_moving: bool = False,
+    unreadable_error: type[FogshiftError] | None = None,
 ) -> ElementProgress:
     """Ask ``<element_path>/progress`` until the committed input progress reaches ``at_least``
     (each request after the first waits at the agent until the answer would differ).
@@ -64,6 +65,8 @@ def wait_for_progress(
             unreadable, or the position is not reached within ``timeout_s`` (a failed query
             the agent restarts is waited for).
         observe: Called with every answer (e.g. to record a trace).
+        unreadable_error: Raised instead of ``error`` when the PE reports the checkpoint it
+            was given unreadable (default: ``error``).
 
     Returns:
         The last progress answer.
@@ -91,8 +94,10 @@ def wait_for_progress(
         if info.state == PEState.FAILED and info.unreadable is not None:
             # (Every start fails on the checkpoint it was given: waited for to the end of
             # the timeout, a restore from a central checkpoint torn alike took minutes a try.)
-            raise error(f"{what}: the PE's query cannot read the checkpoint it was given "
-                        f"({info.unreadable})")  # fmt: skip
+            raise (unreadable_error or error)(
+                f"{what}: the PE's query cannot read the checkpoint it was given "
+                f"({info.unreadable})"
+            )
         # Only a query that runs is there: an installed checkpoint's position is on disk
         # before its query starts, and stays there when it fails to (a restore or a move
         # reported done with nobody running the PE). Position 0 is reached with nothing

@@ -20,3 +20,10 @@ class RestoreFailed(FogshiftError):
     code = "restore_failed"
     http_status = 502
     report: BaseModel | None = None
+
+
+class CheckpointUnreadable(RestoreFailed):
+    """The restored PE's query cannot read the checkpoint it was given: every start of it
+    fails on it (a file torn alike in every copy). The restore tries an older one."""
+
+    code = "checkpoint_unreadable"

@@ -8,6 +8,8 @@
    copied to the target from its nearest copy (the target's own replica, the PE's planned
    backup node, else the central store), fetching only the files the target lacks; if
    there is none yet, the PE starts from the beginning of its input, which the broker keeps.
+   One whose files the PE's query cannot read (every start failing on them, the target
+   reports) gives way to the next older, under the same epoch.
 3. **Reprocess** the events between the checkpoint and what the old instance had already
    emitted, *without emitting*: the target runs behind a gate capped at the last emitted input
    position, and its writer skips every record up to that position.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 
@@ -51,7 +53,7 @@ from fogshift.contracts import (
     RestoreStatus,
 )
 from fogshift.exceptions import FogshiftError
-from fogshift.restoration.exceptions import RestoreFailed
+from fogshift.restoration.exceptions import CheckpointUnreadable, RestoreFailed
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.restoration")
@@ -85,7 +87,7 @@ def _wait(agent: ServiceClient, path: str, at_least: int, timeout_s: float) -> f
     # As long as it catches up: the backlog of a late restore fits no fixed time, and a
     # restore that failed on it would fail again, with more to do, at every attempt.
     wait_for_progress(agent, path, at_least, timeout_s, RestoreFailed, "restoring",
-                      while_moving=True)  # fmt: skip
+                      while_moving=True, unreadable_error=CheckpointUnreadable)  # fmt: skip
     return round((time.perf_counter() - started) * 1000, 1)
 
 
@@ -176,10 +178,12 @@ def _install_newest(
     element_id: str,
     copies: Callable[[CheckpointManifest], list[Copy]],
     report: RestoreReport,
+    unreadable: Collection[str] = (),
 ) -> CheckpointManifest | None:
     """Install the newest checkpoint of the PE a copy of which is whole, on the target; the
     one installed (``None``: none is, the target's checkpoint is cleared and the PE replays
-    its input from the start).
+    its input from the start). Those in ``unreadable`` (ids: the PE's query could not read
+    them in this restore, said in the report already) are passed over.
 
     A checkpoint whose central copy is torn is tried from the other nodes' replicas of it:
     one corrupt blob that every kept checkpoint names (a long-lived state file) made all of
@@ -191,6 +195,8 @@ def _install_newest(
         FogshiftError: The newest whole central checkpoint could not be installed.
     """
     for kept in central.kept(pipeline, element_id):
+        if kept["id"] in unreadable:
+            continue
         problem = central.verify(kept)
         manifest = CheckpointManifest.model_validate(kept)
         if problem is not None:
@@ -274,26 +280,47 @@ def restore(
             emitted = 0  # (its origins are no positions: caught up once it has read upstream)
         steps.phase(RestorePhase.INSTALLING)
         touched = True
-        try:
-            manifest = _install_newest(agent, here, central, pipeline, element.id, copies,
-                                       report)  # fmt: skip
-        except ElementBusy:
-            touched = False  # the target runs an instance of its own: not ours to discard
-            raise
-        offset = manifest.offset if manifest is not None else None
-        start_at = progress_of(offset)
-        t0 = offset.get("t0") if offset else None
-        report.reprocessed_events = max(0, emitted - start_at)
-        cap = _cap(element, max(emitted, start_at), t0)
-        gate = Gate(mode=GateMode.CAP, limit=cap).model_dump(mode="json") if cap else None
-        steps.phase(RestorePhase.STARTING)
-        agent.put(here, json={"element": placed, "fresh": False, "gate": gate, "epoch": epoch})
-        if cap is not None:
-            report.reprocess_ms = _wait(agent, here, max(emitted, start_at), timeout_s)
-        else:
-            # Nothing to re-derive behind a cap (several inputs, or nothing emitted since
-            # the checkpoint): still, only a query that runs is restored.
-            _wait(agent, here, 0, timeout_s)
+        unreadable: list[str] = []  # checkpoints the PE's query could not read, by id
+        while True:
+            try:
+                manifest = _install_newest(agent, here, central, pipeline, element.id, copies,
+                                           report, unreadable)  # fmt: skip
+            except ElementBusy:
+                touched = False  # the target runs an instance of its own: not ours to discard
+                raise
+            offset = manifest.offset if manifest is not None else None
+            start_at = progress_of(offset)
+            t0 = offset.get("t0") if offset else None
+            report.reprocessed_events = max(0, emitted - start_at)
+            cap = _cap(element, max(emitted, start_at), t0)
+            gate = Gate(mode=GateMode.CAP, limit=cap).model_dump(mode="json") if cap else None
+            if not unreadable:
+                steps.phase(RestorePhase.STARTING)
+            agent.put(here, json={"element": placed, "fresh": False, "gate": gate,
+                                  "epoch": epoch})  # fmt: skip
+            try:
+                if cap is not None:
+                    report.reprocess_ms = _wait(agent, here, max(emitted, start_at), timeout_s)
+                else:
+                    # Nothing to re-derive behind a cap (several inputs, or nothing emitted
+                    # since the checkpoint): still, only a query that runs is restored.
+                    _wait(agent, here, 0, timeout_s)
+                break
+            except CheckpointUnreadable as exc:
+                if manifest is None:
+                    raise
+                # Torn alike in every copy (a file torn before its node's first snapshot
+                # of it, pulled as it was): restored from it again at every attempt, the
+                # PE never ran. An older one, or its input from the start, under the same
+                # epoch: the instance that could not read it emitted nothing.
+                unreadable.append(manifest.id)
+                report.skipped_checkpoints.append(f"{manifest.id}: {exc.message}")
+                # (The next install says its own; none at all, the input from its start.)
+                report.checkpoint = report.checkpoint_source = report.checkpoint_age_ms = None
+                report.state_bytes = 0
+                log.warning("restore of %s/%s on %s: %s; trying an older checkpoint", pipeline,
+                            element.id, target_name, exc.message)  # fmt: skip
+                agent.delete(here, params={"discard": True})
         if element.role != "source" and upstream > max(emitted, start_at):
             report.intermediate_events = upstream - max(emitted, start_at)
             limit = _cap(element, upstream, t0)

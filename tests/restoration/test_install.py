@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from fogshift.agent.exceptions import ElementBusy
-from fogshift.contracts import CheckpointManifest, InstallResult, RestoreReport
+from fogshift.contracts import (
+    CheckpointManifest,
+    ElementProgress,
+    InstallResult,
+    PEState,
+    RestoreReport,
+)
 from fogshift.exceptions import FogshiftError, Unavailable
 from fogshift.restoration.procedure import _install, _install_newest
 
@@ -167,3 +173,79 @@ def test_no_whole_checkpoint_anywhere_replays_the_input_and_says_so() -> None:
     assert _install_newest(Installs({}, set()), HERE, Central([], set()), "p", "agg",  # type: ignore[arg-type]
                            holders({}), done) is None  # fmt: skip
     assert done.skipped_checkpoints == ["none usable: no central checkpoint of p/agg was taken yet"]
+
+
+class Unreadable:
+    """The target's agent: a PE started from a checkpoint in ``unreadable`` fails at every
+    start as Spark cannot load its state, and is reported so; from any other, it runs."""
+
+    def __init__(self, unreadable: set[str]) -> None:
+        self.unreadable, self.installed = unreadable, None
+        self.done: list[tuple[str, str | None]] = []
+
+    def call(self, model: Any, method: str, path: str, **kwargs: Any) -> Any:
+        if method == "POST":
+            self.installed = kwargs["json"]["manifest"]["id"]
+            self.done.append(("installed", self.installed))
+            return InstallResult(fetched_bytes=1, source="central")
+        assert (method, path) == ("GET", HERE + "/progress")
+        if self.installed in self.unreadable:
+            return ElementProgress(
+                pipeline="p", element="agg", state=PEState.FAILED, retry_in_s=1.0, epoch=3,
+                unreadable="Spark cannot load its state: CANNOT_LOAD_STATE_STORE.UNCATEGORIZED",
+            )  # fmt: skip
+        return ElementProgress(pipeline="p", element="agg", state=PEState.RUNNING, epoch=3,
+                               committed_batch=9, progress=40)  # fmt: skip
+
+    def post(self, path: str, json: dict[str, Any]) -> None:
+        self.installed = None
+        self.done.append(("cleared", None))
+
+    def put(self, path: str, json: dict[str, Any]) -> None:
+        if path == HERE:
+            self.done.append(("started", None if json["gate"] is None else "capped"))
+        else:
+            self.done.append(("gate", json["gate"] and json["gate"]["mode"]))
+
+    def delete(self, path: str, params: dict[str, Any]) -> None:
+        assert (path, params) == (HERE, {"discard": True})
+        self.done.append(("discarded", self.installed))
+
+
+@pytest.mark.parametrize("unreadable", [{"b9"}, {"b9", "b8"}])
+def test_a_checkpoint_the_pes_query_cannot_read_gives_way_to_an_older_one(
+    unreadable: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A node's state file torn before its first snapshot of it was pulled as it was: whole
+    # by its digest, every restore from it failed (on every node in turn), the PE never
+    # running again. The restore takes the next older one, or the input from its start.
+    from fogshift.restoration import procedure
+    from fogshift.spec import parse_spec
+
+    spec = parse_spec({"pipeline": "p", "elements": [
+        {"id": "source", "kind": "csv-source", "node": "cloud", "options": {"path": "a.csv"}},
+        {"id": "agg", "kind": "window-aggregate", "node": "fog-b", "inputs": ["source"],
+         "options": {"field": "v", "window": 2}},
+    ]})  # fmt: skip
+    monkeypatch.setattr(procedure, "fence_and_locate", lambda *args: (30, 30))
+    agent = Unreadable(unreadable)
+    report = procedure.restore("p", spec.element("agg"), 3, ("fog-c", agent),  # type: ignore[arg-type]
+                               Central(["b9", "b8"], set()), None, timeout_s=5)  # type: ignore[arg-type]  # fmt: skip
+    assert report.status == "restored"
+    why = ("restoring: the PE's query cannot read the checkpoint it was given (Spark cannot "
+           "load its state: CANNOT_LOAD_STATE_STORE.UNCATEGORIZED)")  # fmt: skip
+    if unreadable == {"b9"}:
+        assert report.checkpoint == "b8" and report.skipped_checkpoints == [f"b9: {why}"]
+        assert agent.done == [
+            ("installed", "b9"), ("started", "capped"), ("discarded", "b9"),
+            ("installed", "b8"), ("started", "capped"), ("gate", None),
+        ]  # fmt: skip
+    else:
+        assert report.checkpoint is None
+        assert report.skipped_checkpoints == [
+            f"b9: {why}",
+            f"b8: {why}",
+            "none usable: the input is replayed from its start",
+        ]
+        assert agent.done[-4:] == [("discarded", "b8"), ("cleared", None), ("started", "capped"),
+                                   ("gate", None)]  # fmt: skip
