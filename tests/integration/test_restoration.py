@@ -237,15 +237,25 @@ def test_a_node_back_with_torn_logs_or_a_torn_state_file_gets_its_pes_from_centr
         version = committed + 1
         changelogs = list((checkpoint / "state").rglob(f"{version}.changelog"))
         assert changelogs, f"no state changelog of version {version} in {checkpoint}"
+        torn.extend(str(c.relative_to(checkpoint)) for c in changelogs)
         for changelog in changelogs:
             changelog.write_bytes(b"")
         for snapshot in (checkpoint / "state").rglob(f"{version}.zip"):
             snapshot.unlink()
 
+    torn: list[str] = []
     _back_damaged(cluster, tmp_path, {"powerloss": tear_logs, "tornstate": tear_state})
     said = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
     assert f"holds a torn checkpoint (offsets/{newest[0]} is empty)" in said
     assert "fog-b holds a checkpoint its query cannot read (Spark cannot load its state: " in said
+    # The node's snapshots never froze the emptied file (it does not match the checksums
+    # Spark wrote with it): no central checkpoint holds it as it was torn. (One that did,
+    # pulled when the node's snapshot of its batch came after the kill, failed every
+    # restore on every node.)
+    central = cluster.home / "central" / "checkpoints" / "tornstate" / "aggregate"
+    for kept in central.glob("*.json"):
+        files = json.loads(kept.read_text())["files"]
+        assert all(files[rel]["size"] > 0 for rel in torn if rel in files), (kept.name, torn)
 
 
 def test_a_node_whose_machine_went_down_under_it_gets_its_pes_from_central(
