@@ -41,7 +41,7 @@ from fogshift.checkpoint.spark_dir import (
     progress_of,
     replaced,
     settle_install,
-    torn_log,
+    torn_checkpoint,
     unpack,
     unreadable_checkpoint,
 )
@@ -480,16 +480,18 @@ class NodeRuntime:
             ):
                 return self.describe(current)
             checkpoint = self.checkpoint_dir(pipeline, element.id)
-            torn = None if fresh or not checkpoint.is_dir() else torn_log(checkpoint)
+            torn = None if fresh or not checkpoint.is_dir() else torn_checkpoint(checkpoint)
             if torn is not None:
                 # (Refused before anything changes: the orchestrator restores the PE from
                 # its central checkpoint, here or elsewhere, rather than start it again.)
                 raise TornCheckpoint(
                     f"the checkpoint of {pipeline}/{element.id} on node {self.config.name!r} "
                     f"is torn: {torn}",
-                    expected="a checkpoint whose offset and commit logs read",
+                    expected="a checkpoint whose logs read and whose files match the "
+                    "checksums Spark wrote beside them",
                     received=torn,
-                    hint="its node lost what it had not written to disk (a power loss?): "
+                    hint="its node lost or changed what Spark wrote (a power loss, a disk's "
+                    "fault?): "
                     "the reconciler restores the PE from its central checkpoint; "
                     f"`fogshift restore {pipeline} {element.id}` restores it on another node",
                 )

@@ -45,15 +45,20 @@ def _batches(folder: Path) -> list[int]:
 _VERSION_LINE = re.compile(r"v\d+")
 
 
-def torn_log(checkpoint: Path) -> str | None:
-    """What makes the checkpoint's metadata, offset or commit log unreadable to Spark (an
-    entry empty, without its version line, or with text that is not JSON), or ``None`` if
-    they read.
+def torn_checkpoint(checkpoint: Path) -> str | None:
+    """What makes the checkpoint unreadable to a start of its query — its metadata, offset
+    or commit log (an entry empty, without its version line, or with text that is not
+    JSON), or a file the start reads that does not match the checksums Spark wrote beside
+    it — or ``None`` if nothing does.
 
     Spark syncs none of these files: a node that lost power shortly after batches committed
     came back with entries its disk never got, and every start of the PE from them failed
-    ("Log file was malformed"), the agent retrying for good. Only the logs are read here
-    (a few hundred bytes an entry); a torn state file still fails the PE's first batch.
+    ("Log file was malformed"), the agent retrying for good; a state file emptied so failed
+    every start at its first batch, and a log entry changed by a disk's fault but still
+    JSON would have resumed the query elsewhere in its input. The files read are the logs,
+    the sources' and operators' metadata and, of each state partition, what loading the
+    version after the last commit reads (its snapshot and changelogs, :func:`_state_outside`;
+    not the RocksDB SSTs, whose blocks RocksDB checks itself).
     """
     metadata = checkpoint / "metadata"
     if metadata.is_file():
@@ -78,6 +83,26 @@ def torn_log(checkpoint: Path) -> str | None:
                         json.loads(line)
             except ValueError:
                 return f"{entry} holds text that is not JSON"
+    return _unchecked_file(checkpoint) if checkpoint.is_dir() else None
+
+
+def _unchecked_file(checkpoint: Path) -> str | None:
+    """The first file a start from ``checkpoint`` reads that does not match its checksums
+    (:func:`checksum_problem`), or ``None``."""
+    committed = committed_batch(checkpoint)
+    version = 0 if committed is None else committed + 1  # (the state a start loads)
+    for folder, folders, names in os.walk(checkpoint):
+        parts = Path(folder).relative_to(checkpoint).parts
+        skipped: set[str] = set()
+        if len(parts) == 3 and parts[0] == "state":
+            skipped = set(_state_outside(names, version)[0])
+            folders[:] = [f for f in folders if f != "SSTs"]
+        for name in sorted(names):
+            if name.endswith(".crc") or _being_written(name) or name in skipped:
+                continue
+            problem = checksum_problem(Path(folder) / name, "/".join((*parts, name)))
+            if problem is not None:
+                return problem
     return None
 
 
@@ -101,9 +126,10 @@ def unreadable_checkpoint(text: str) -> str | None:
     """What Spark's failure ``text`` says of its query's checkpoint if it says the query
     cannot read it (a state file or a log entry torn, emptied or gone), else ``None``.
 
-    A torn log entry is refused before a deploy (:func:`torn_log`); a torn state file shows
-    only when the query loads it, at its first batch, and fails it at every start: the
-    caller, seeing it fail so in a row, has the PE restored from another checkpoint.
+    A torn log entry, or a file that does not match its checksums, is refused before a
+    start (:func:`torn_checkpoint`); a state file torn otherwise shows only when the query
+    loads it, at its first batch, and fails it at every start: the caller, seeing it fail
+    so in a row, has the PE restored from another checkpoint.
     """
     if found := _UNREADABLE_CONDITIONS.search(text):
         return f"Spark cannot load its state: {found.group(1)}"

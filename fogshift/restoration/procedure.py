@@ -39,6 +39,7 @@ from fogshift.broker.client import SyncJetStream, last_seq
 from fogshift.broker.naming import stream_name
 from fogshift.broker.publish import fence, last_position
 from fogshift.checkpoint.central import CentralStore
+from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.spark_dir import progress_of
 from fogshift.common.http import ServiceClient
 from fogshift.common.progress import wait_for_progress
@@ -296,9 +297,9 @@ def restore(
             gate = Gate(mode=GateMode.CAP, limit=cap).model_dump(mode="json") if cap else None
             if not unreadable:
                 steps.phase(RestorePhase.STARTING)
-            agent.put(here, json={"element": placed, "fresh": False, "gate": gate,
-                                  "epoch": epoch})  # fmt: skip
             try:
+                agent.put(here, json={"element": placed, "fresh": False, "gate": gate,
+                                      "epoch": epoch})  # fmt: skip
                 if cap is not None:
                     report.reprocess_ms = _wait(agent, here, max(emitted, start_at), timeout_s)
                 else:
@@ -306,13 +307,14 @@ def restore(
                     # since the checkpoint): still, only a query that runs is restored.
                     _wait(agent, here, 0, timeout_s)
                 break
-            except CheckpointUnreadable as exc:
+            except (CheckpointUnreadable, TornCheckpoint) as exc:
                 if manifest is None:
                     raise
                 # Torn alike in every copy (a file torn before its node's first snapshot
                 # of it, pulled as it was): restored from it again at every attempt, the
                 # PE never ran. An older one, or its input from the start, under the same
-                # epoch: the instance that could not read it emitted nothing.
+                # epoch: the instance that could not read it (or that the target would not
+                # start from it: its files do not match Spark's checksums) emitted nothing.
                 unreadable.append(manifest.id)
                 report.skipped_checkpoints.append(f"{manifest.id}: {exc.message}")
                 # (The next install says its own; none at all, the input from its start.)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import binascii
 import hashlib
 import io
 import json
 import os
 import random
+import struct
 import tarfile
 import zipfile
 from pathlib import Path
@@ -25,7 +27,7 @@ from fogshift.checkpoint.spark_dir import (
     relocate,
     replaced,
     settle_install,
-    torn_log,
+    torn_checkpoint,
     unpack,
     unreadable_checkpoint,
 )
@@ -65,8 +67,8 @@ def test_logs_a_power_loss_tore_are_told(tmp_path: Path) -> None:
     _write(tmp_path / "offsets" / "0", 'v1\n{"batchWatermarkMs":0}\n{"positions":{"1":3}}')
     _write(tmp_path / "offsets" / "1", 'v1\n{"batchWatermarkMs":0}\n-')
     _write(tmp_path / "commits" / "0", 'v1\n{"nextBatchWatermarkMs":0}')
-    assert torn_log(tmp_path) is None
-    assert torn_log(tmp_path / "absent") is None  # (a fresh PE's: nothing to read)
+    assert torn_checkpoint(tmp_path) is None
+    assert torn_checkpoint(tmp_path / "absent") is None  # (a fresh PE's: nothing to read)
     for entry, text, said in [
         ("commits/1", "", "commits/1 is empty"),
         ("offsets/2", '{"batchWatermarkMs":0}', "offsets/2 is not a log entry"),
@@ -76,12 +78,62 @@ def test_logs_a_power_loss_tore_are_told(tmp_path: Path) -> None:
         torn = tmp_path / entry
         before = torn.read_text() if torn.exists() else None
         _write(torn, text)
-        assert (torn_log(tmp_path) or "").startswith(said), (entry, torn_log(tmp_path))
+        assert (torn_checkpoint(tmp_path) or "").startswith(said), (
+            entry,
+            torn_checkpoint(tmp_path),
+        )
         if before is None:
             torn.unlink()
         else:
             _write(torn, before)
-    assert torn_log(tmp_path) is None
+    assert torn_checkpoint(tmp_path) is None
+
+
+def _checksummed(path: Path, per: int = 4) -> None:
+    """The checksum file Hadoop's local file system writes beside a file Spark writes."""
+    data = path.read_bytes()
+    sums = b"".join(
+        struct.pack(">I", binascii.crc32(data[at : at + per])) for at in range(0, len(data), per)
+    )
+    path.with_name(f".{path.name}.crc").write_bytes(b"crc\0" + struct.pack(">i", per) + sums)
+
+
+def test_a_file_a_start_reads_that_does_not_match_its_checksums_is_told(tmp_path: Path) -> None:
+    # An emptied state file failed every start at its first batch; a log entry a disk's
+    # fault changed but left JSON would have resumed the query elsewhere in its input.
+    _write(tmp_path / "metadata", '{"id": "q"}')
+    for b in range(3):
+        _write(tmp_path / "offsets" / str(b), f'v1\n{{}}\n{{"positions":{{"1":{b}}}}}')
+        _write(tmp_path / "commits" / str(b), "v1\n{}")
+    partition = tmp_path / "state" / "0" / "0"
+    for v in range(1, 5):  # (4.changelog: of a batch the kill cut before its commit)
+        _write(partition / f"{v}.changelog", f"changes of version {v}")
+    _write(partition / "2.zip", "snapshot of version 2")
+    _write(partition / "SSTs" / "a.sst", "table")
+    for path in [p for p in tmp_path.rglob("*") if p.is_file()]:
+        _checksummed(path)
+    assert torn_checkpoint(tmp_path) is None
+    # Read by a start after commit 2 (state version 3): the snapshot 2.zip and 3.changelog.
+    # Not the changelogs before the snapshot nor after the version, not RocksDB's SSTs.
+    for unread in ("1.changelog", "2.changelog", "4.changelog", "SSTs/a.sst"):
+        (partition / unread).write_bytes(b"")
+    assert torn_checkpoint(tmp_path) is None
+    for read, said in [
+        ("state/0/0/3.changelog", "state/0/0/3.changelog has 0 bytes, its checksums are of "),
+        ("state/0/0/2.zip", "state/0/0/2.zip has 0 bytes, its checksums are of "),
+    ]:
+        before = (tmp_path / read).read_bytes()
+        (tmp_path / read).write_bytes(b"")
+        assert (torn_checkpoint(tmp_path) or "").startswith(said), torn_checkpoint(tmp_path)
+        (tmp_path / read).write_bytes(before)
+    # A log entry changed, still JSON: its content passes, its checksums do not.
+    offsets = tmp_path / "offsets" / "1"
+    text = offsets.read_text()
+    offsets.write_text(text.replace(":1}", ":7}"))
+    run = (text.index(":1}") + 1) // 4 * 4  # (the run of 4 bytes the digit is in)
+    assert torn_checkpoint(tmp_path) == (
+        f"offsets/1's bytes {run} to {min(len(text), run + 4) - 1} do not match their checksum"
+    )
 
 
 @pytest.mark.parametrize(

@@ -208,15 +208,21 @@ def test_a_node_back_without_its_disk_gets_its_pe_from_the_central_checkpoint(
 def test_a_node_back_with_torn_logs_or_a_torn_state_file_gets_its_pes_from_central(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    # Two pipelines' aggregates on the node; it comes back (its machine never down: its
+    # Three pipelines' aggregates on the node; it comes back (its machine never down: its
     # agent trusts its checkpoints) with
     # - powerloss's newest log entries empty, as a power loss leaves files Spark wrote and
     #   never synced: every start from them failed, its agent retrying for good. Its agent
     #   refuses them as torn now, and the reconciler restores the PE in place from central;
     # - tornstate's state file emptied (a disk's fault): every start failed at its first
-    #   batch (CANNOT_LOAD_STATE_STORE), the agent retrying for good. Its agent reports it
-    #   after failures in a row, and the reconciler restores the PE in place from central.
+    #   batch (CANNOT_LOAD_STATE_STORE). Its agent refuses it as torn, the file not matching
+    #   the checksums Spark wrote beside it, and it is restored in place likewise;
+    # - unchecked's state file emptied with its checksums gone: nothing tells before the
+    #   query loads it. Its agent reports it after failures in a row, and the reconciler
+    #   restores the PE in place from central (from an older central checkpoint if the
+    #   node's snapshot of the torn batch, taken as it came back, reached the central store:
+    #   no checksum stopped it).
     newest: list[int] = []
+    torn: dict[str, list[str]] = {}
 
     def tear_logs(home: Path) -> None:
         checkpoint = home / "checkpoints" / "powerloss" / "aggregate"
@@ -226,8 +232,8 @@ def test_a_node_back_with_torn_logs_or_a_torn_state_file_gets_its_pes_from_centr
         for log_name in ("commits", "offsets"):
             (checkpoint / log_name / str(newest[0])).write_bytes(b"")
 
-    def tear_state(home: Path) -> None:
-        checkpoint = home / "checkpoints" / "tornstate" / "aggregate"
+    def tear_state(pipeline: str, home: Path) -> None:
+        checkpoint = home / "checkpoints" / pipeline / "aggregate"
         committed = max(int(p.name) for p in (checkpoint / "commits").iterdir()
                         if p.name.isdigit())  # fmt: skip
         # The state version its next start loads (the last committed batch's, batch + 1),
@@ -237,25 +243,33 @@ def test_a_node_back_with_torn_logs_or_a_torn_state_file_gets_its_pes_from_centr
         version = committed + 1
         changelogs = list((checkpoint / "state").rglob(f"{version}.changelog"))
         assert changelogs, f"no state changelog of version {version} in {checkpoint}"
-        torn.extend(str(c.relative_to(checkpoint)) for c in changelogs)
+        torn[pipeline] = [str(c.relative_to(checkpoint)) for c in changelogs]
         for changelog in changelogs:
             changelog.write_bytes(b"")
+            if pipeline == "unchecked":
+                changelog.with_name(f".{changelog.name}.crc").unlink()
         for snapshot in (checkpoint / "state").rglob(f"{version}.zip"):
             snapshot.unlink()
 
-    torn: list[str] = []
-    _back_damaged(cluster, tmp_path, {"powerloss": tear_logs, "tornstate": tear_state})
+    _back_damaged(cluster, tmp_path, {
+        "powerloss": tear_logs,
+        "tornstate": partial(tear_state, "tornstate"),
+        "unchecked": partial(tear_state, "unchecked"),
+    })  # fmt: skip
     said = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
     assert f"holds a torn checkpoint (offsets/{newest[0]} is empty)" in said
+    assert f"holds a torn checkpoint ({torn['tornstate'][0]} has 0 bytes, its checksums " in said
     assert "fog-b holds a checkpoint its query cannot read (Spark cannot load its state: " in said
-    # The node's snapshots never froze the emptied file (it does not match the checksums
-    # Spark wrote with it): no central checkpoint holds it as it was torn. (One that did,
-    # pulled when the node's snapshot of its batch came after the kill, failed every
-    # restore on every node.)
+    # The node's snapshots never froze tornstate's emptied file (it does not match the
+    # checksums Spark wrote with it): no central checkpoint holds it as it was torn. (One
+    # that did, pulled when the node's snapshot of its batch came after the kill, failed
+    # every restore on every node.)
     central = cluster.home / "central" / "checkpoints" / "tornstate" / "aggregate"
     for kept in central.glob("*.json"):
         files = json.loads(kept.read_text())["files"]
-        assert all(files[rel]["size"] > 0 for rel in torn if rel in files), (kept.name, torn)
+        assert all(files[rel]["size"] > 0 for rel in torn["tornstate"] if rel in files), (
+            kept.name, torn
+        )  # fmt: skip
 
 
 def test_a_node_whose_machine_went_down_under_it_gets_its_pes_from_central(

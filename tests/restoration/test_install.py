@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from fogshift.agent.exceptions import ElementBusy
+from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.contracts import (
     CheckpointManifest,
     ElementProgress,
@@ -175,12 +176,15 @@ def test_no_whole_checkpoint_anywhere_replays_the_input_and_says_so() -> None:
     assert done.skipped_checkpoints == ["none usable: no central checkpoint of p/agg was taken yet"]
 
 
+TORN = "state/0/0/10.changelog has 0 bytes, its checksums are of 1 to 512 bytes"
+
+
 class Unreadable:
     """The target's agent: a PE started from a checkpoint in ``unreadable`` fails at every
     start as Spark cannot load its state, and is reported so; from any other, it runs."""
 
-    def __init__(self, unreadable: set[str]) -> None:
-        self.unreadable, self.installed = unreadable, None
+    def __init__(self, unreadable: set[str], refused: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.unreadable, self.refused, self.installed = unreadable, refused, None
         self.done: list[tuple[str, str | None]] = []
 
     def call(self, model: Any, method: str, path: str, **kwargs: Any) -> Any:
@@ -202,6 +206,9 @@ class Unreadable:
         self.done.append(("cleared", None))
 
     def put(self, path: str, json: dict[str, Any]) -> None:
+        if path == HERE and self.installed in self.refused:
+            self.done.append(("refused", self.installed))
+            raise TornCheckpoint(f"the checkpoint of p/agg on node 'fog-c' is torn: {TORN}")
         if path == HERE:
             self.done.append(("started", None if json["gate"] is None else "capped"))
         else:
@@ -212,13 +219,9 @@ class Unreadable:
         self.done.append(("discarded", self.installed))
 
 
-@pytest.mark.parametrize("unreadable", [{"b9"}, {"b9", "b8"}])
-def test_a_checkpoint_the_pes_query_cannot_read_gives_way_to_an_older_one(
-    unreadable: set[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A node's state file torn before its first snapshot of it was pulled as it was: whole
-    # by its digest, every restore from it failed (on every node in turn), the PE never
-    # running again. The restore takes the next older one, or the input from its start.
+def _restored(agent: Unreadable, monkeypatch: pytest.MonkeyPatch) -> RestoreReport:
+    """A Case 1 aggregate restored on fog-c through ``agent``, the central store keeping b9
+    and b8, its last output at input position 30."""
     from fogshift.restoration import procedure
     from fogshift.spec import parse_spec
 
@@ -228,9 +231,19 @@ def test_a_checkpoint_the_pes_query_cannot_read_gives_way_to_an_older_one(
          "options": {"field": "v", "window": 2}},
     ]})  # fmt: skip
     monkeypatch.setattr(procedure, "fence_and_locate", lambda *args: (30, 30))
+    return procedure.restore("p", spec.element("agg"), 3, ("fog-c", agent),  # type: ignore[arg-type]
+                             Central(["b9", "b8"], set()), None, timeout_s=5)  # type: ignore[arg-type]  # fmt: skip
+
+
+@pytest.mark.parametrize("unreadable", [{"b9"}, {"b9", "b8"}])
+def test_a_checkpoint_the_pes_query_cannot_read_gives_way_to_an_older_one(
+    unreadable: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A node's state file torn before its first snapshot of it was pulled as it was: whole
+    # by its digest, every restore from it failed (on every node in turn), the PE never
+    # running again. The restore takes the next older one, or the input from its start.
     agent = Unreadable(unreadable)
-    report = procedure.restore("p", spec.element("agg"), 3, ("fog-c", agent),  # type: ignore[arg-type]
-                               Central(["b9", "b8"], set()), None, timeout_s=5)  # type: ignore[arg-type]  # fmt: skip
+    report = _restored(agent, monkeypatch)
     assert report.status == "restored"
     why = ("restoring: the PE's query cannot read the checkpoint it was given (Spark cannot "
            "load its state: CANNOT_LOAD_STATE_STORE.UNCATEGORIZED)")  # fmt: skip
@@ -249,3 +262,18 @@ def test_a_checkpoint_the_pes_query_cannot_read_gives_way_to_an_older_one(
         ]
         assert agent.done[-4:] == [("discarded", "b8"), ("cleared", None), ("started", "capped"),
                                    ("gate", None)]  # fmt: skip
+
+
+def test_a_checkpoint_the_target_refuses_as_torn_gives_way_to_an_older_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its files do not match the checksums Spark wrote (frozen before snapshots checked
+    # them): the target refuses to start from it, at every attempt as it was.
+    agent = Unreadable(set(), refused={"b9"})
+    report = _restored(agent, monkeypatch)
+    assert report.status == "restored" and report.checkpoint == "b8"
+    assert report.skipped_checkpoints == [
+        f"b9: the checkpoint of p/agg on node 'fog-c' is torn: {TORN}"
+    ]
+    assert agent.done == [("installed", "b9"), ("refused", "b9"), ("discarded", "b9"),
+                          ("installed", "b8"), ("started", "capped"), ("gate", None)]  # fmt: skip
