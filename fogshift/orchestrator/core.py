@@ -153,6 +153,10 @@ class OrchestratorCore:
         self._restart_backoff: dict[tuple[str, str], tuple[int, float, int, str, bool]] = {}
         #: Why the last automatic restore of each PE failed, as logged (said in full once).
         self._restore_failures: dict[tuple[str, str], str] = {}
+        #: Per PE whose last restore on its own node by the reconciler failed (there and
+        #: elsewhere): that node. The next round finds it with no instance there, for that
+        #: reason, not because the node came back without its checkpoints.
+        self._in_place_failed: dict[tuple[str, str], str] = {}
         #: PEs a reconcile round's thread is restoring now (under ``_lock``).
         self._auto_restoring: set[tuple[str, str]] = set()
         #: Per node, the restores in flight that chose it first (under ``_lock``): counted

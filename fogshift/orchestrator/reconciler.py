@@ -799,7 +799,10 @@ class Reconciler(Coordination):
                 here = now.spec.element(element_id).model_copy(update={"node": node.name})
                 if reported is None and not self._hosts(here, pipeline):
                     if self._lost(here, pipeline, node):
-                        in_place = partial(self._restore_lost, pipeline)
+                        gone = ("has had no instance of it since restoring it there failed"
+                                if self._in_place_failed.get(key) == node.name
+                                else "came back without the checkpoints")  # fmt: skip
+                        in_place = partial(self._restore_lost, pipeline, why=gone)
                     else:
                         # Under an epoch above every one given, fenced first: the newest may
                         # be another instance's (a restore's target whose last step and
@@ -970,6 +973,7 @@ class Reconciler(Coordination):
                         pipeline, element.id, standby.node)  # fmt: skip
             try:
                 self.promote_standby(element, pipeline, node, standby)
+                self._in_place_failed.pop((pipeline, element.id), None)
                 return
             except RestoreFailed as exc:  # (dropped: restored in place instead)
                 log.warning("reconcile: promoting the standby of %s/%s failed: %s", pipeline,
@@ -979,18 +983,24 @@ class Reconciler(Coordination):
                                                error=exc.message))  # fmt: skip
         log.warning("reconcile: %s %s of %s/%s: restoring it there from its central "
                     "checkpoint", node, why, pipeline, element.id)  # fmt: skip
+        key = (pipeline, element.id)
         try:
-            self._restore_on(element, pipeline, node, [node], attempts)
-        except RestoreFailed as exc:
-            # (Its node's disk may be what fails, full or failing: every round restored it
-            # there again, for good.) On the best other node then, as a silent node's.
-            with self._choosing(pipeline, element.id, {node}) as (candidates, trying):
-                if not candidates:
-                    raise
-                log.warning("reconcile: restoring %s/%s on %s failed (%s): restoring it on "
-                            "%s", pipeline, element.id, node, exc.message,
-                            " or ".join(candidates))  # fmt: skip
-                self._restore_on(element, pipeline, node, candidates, attempts, trying)
+            try:
+                self._restore_on(element, pipeline, node, [node], attempts)
+            except RestoreFailed as exc:
+                # (Its node's disk may be what fails, full or failing: every round restored
+                # it there again, for good.) On the best other node then, as a silent node's.
+                with self._choosing(pipeline, element.id, {node}) as (candidates, trying):
+                    if not candidates:
+                        raise
+                    log.warning("reconcile: restoring %s/%s on %s failed (%s): restoring it "
+                                "on %s", pipeline, element.id, node, exc.message,
+                                " or ".join(candidates))  # fmt: skip
+                    self._restore_on(element, pipeline, node, candidates, attempts, trying)
+        except FogshiftError:
+            self._in_place_failed[key] = node
+            raise
+        self._in_place_failed.pop(key, None)
 
     def _lost(self, element: ElementSpec, pipeline: str, node: NodeRecord) -> bool:
         """Whether ``node`` (``element.node``) lost the PE's checkpoints: the central store

@@ -212,6 +212,9 @@ def test_the_input_of_partitions_gets_the_key_state_subjects_an_older_fogshift_l
     ("central", "node_snapshot", "left", "standby", "expected"),
     [
         (True, False, False, False, "restore"),  # the node came back without its disk
+        # Its last restore there failed (there and elsewhere): it has no instance there
+        # since, which the log says, not that the node came back without its checkpoints.
+        (True, False, False, False, "restore again"),
         (True, True, False, False, "restart"),  # its own checkpoints are there
         # Its heartbeat lists the PE's checkpoint there: an install (a migration's, a
         # restore's) deleted the snapshots and the node restarted before the next one.
@@ -231,6 +234,7 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
     left: bool | str,
     standby: bool | str,
     expected: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The aggregate's node answers again and hosts nothing. Restarted from its own
     # checkpoint when it holds one; restored in place from the central store when it holds
@@ -279,11 +283,19 @@ def test_a_node_back_without_the_pes_checkpoints_gets_it_restored_there(
                 {"url": agents["fog-b"].url, "ready": True, "elements": []}))  # fmt: skip
             if standby:
                 orch.registry.add_standby("p", "aggregate", "fog-b")
-            orch._reconcile_element("p", "aggregate")
+            if expected == "restore again":
+                orch._in_place_failed[("p", "aggregate")] = "fog-a"
+            with caplog.at_level(logging.WARNING, logger="fogshift.orchestrator"):
+                orch._reconcile_element("p", "aggregate")
+            assert ("p", "aggregate") not in orch._in_place_failed  # (restored)
         finally:
             orch.close()
     tried = [("promote", "fog-a")] if standby else []
-    if expected == "restore":
+    if expected.startswith("restore") and not standby:
+        why = ("has had no instance of it since restoring it there failed"
+               if expected == "restore again" else "came back without the checkpoints")  # fmt: skip
+        assert f"fog-a {why} of p/aggregate: restoring it there" in caplog.text
+    if expected.startswith("restore"):
         # (A failed promotion is the restore's first attempt in its report.)
         failed = ("fog-b",) if standby == "fails" else ()
         assert done == [*tried, ("restore", "fog-a", "fog-a", *failed)]
@@ -408,8 +420,10 @@ def test_a_restore_in_place_that_fails_is_tried_on_another_node(
 
     def restore_on(e: object, p: str, current: str, candidates: list[str], *_: object) -> None:
         tried.append([current, *candidates])
-        if candidates == ["fog-a"]:
-            raise RestoreFailed("restore of p/aggregate on fog-a failed: No space left")
+        if candidates == ["fog-a"] or everywhere:
+            raise RestoreFailed(f"restore of p/aggregate on {candidates[0]} failed: No space left")
+
+    everywhere = False
 
     monkeypatch.setattr(orch, "_restore_on", restore_on)
     with standins("fog-a", "fog-b") as agents:
@@ -420,6 +434,12 @@ def test_a_restore_in_place_that_fails_is_tried_on_another_node(
                     {"url": agent.url, "ready": True, "elements": []}))  # fmt: skip
             element = orch.pipeline("p").spec.element("aggregate")
             orch._restore_lost("p", element.model_copy(update={"node": "fog-a"}))
+            assert ("p", "aggregate") not in orch._in_place_failed
+            # Failed everywhere: the next round is told why the PE has no instance there.
+            everywhere = True
+            with pytest.raises(RestoreFailed):
+                orch._restore_lost("p", element.model_copy(update={"node": "fog-a"}))
+            assert orch._in_place_failed[("p", "aggregate")] == "fog-a"
         finally:
             orch.close()
-    assert tried == [["fog-a", "fog-a"], ["fog-a", "fog-b"]], tried
+    assert tried == [["fog-a", "fog-a"], ["fog-a", "fog-b"]] * 2, tried
