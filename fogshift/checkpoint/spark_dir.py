@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import tarfile
+import time
 import zipfile
 import zlib
 from collections.abc import Callable, Collection, Mapping
@@ -100,9 +101,12 @@ def _unchecked_file(checkpoint: Path) -> str | None:
         for name in sorted(names):
             if name.endswith(".crc") or _being_written(name) or name in skipped:
                 continue
-            problem = checksum_problem(Path(folder) / name, "/".join((*parts, name)))
-            if problem is not None:
-                return problem
+            path, rel = Path(folder) / name, "/".join((*parts, name))
+            if checksum_problem(path, rel) is not None:
+                time.sleep(SETTLE_S)  # (see SETTLE_S)
+                problem = checksum_problem(path, rel)
+                if problem is not None:
+                    return problem
     return None
 
 
@@ -138,6 +142,10 @@ def unreadable_checkpoint(text: str) -> str | None:
     return None
 
 
+#: How long a file that does not match its checksums is given before it is judged: Hadoop
+#: renames a file into place, then its checksum file, and one written again under its name
+#: (a late state upload of a stopped query's) meets the old checksums in between.
+SETTLE_S = 0.5
 #: The header of the checksum file Hadoop's local file system writes beside each file Spark
 #: writes (``.NAME.crc``): then the bytes each checksum covers (a big-endian int) and a
 #: big-endian CRC-32 of each such run of the file's bytes.
@@ -153,19 +161,28 @@ def checksum_problem(path: Path, name: str | None = None) -> str | None:
     power loss or a disk's fault left short, empty or changed before its first snapshot was
     digested as it was, pulled to the central store, and every restore from there failed
     (the query could not load it). Its checksums, written with it, tell. A checksum file
-    that is not one (torn itself) is passed over, as Spark's reader does.
+    that is not one (torn itself) is passed over, as Spark's reader does; so is a file gone
+    meanwhile. One that cannot be read (an I/O error) is a problem.
+
+    Hadoop puts a file in place, then its checksums, each by a rename: a file written again
+    under its name meets its old checksums for a moment (see :data:`SETTLE_S`).
     """
     sidecar = path.with_name(f".{path.name}.crc")
     name = name or path.name
     try:
         sums = sidecar.read_bytes()
-    except FileNotFoundError:
+    except OSError:
         return None
     per = int.from_bytes(sums[4:8], "big") if len(sums) >= 8 else 0
     if sums[:4] != _CRC_HEADER or per <= 0 or (len(sums) - 8) % 4:
         return None
     expected = [int.from_bytes(sums[i : i + 4], "big") for i in range(8, len(sums), 4)]
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{name} cannot be read ({exc.strerror or exc})"
     runs = -(-len(data) // per)  # (an empty file: none)
     if runs != len(expected):
         covered = (

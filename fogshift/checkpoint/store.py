@@ -27,6 +27,7 @@ from typing import Any
 
 from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.spark_dir import (
+    SETTLE_S,
     checksum_problem,
     committed_batch,
     copy_checkpoint,
@@ -182,6 +183,12 @@ def take_snapshot(
         else:
             path = staging / rel
             problem = None if rel.endswith(".crc") else checksum_problem(path, rel)
+            if problem is not None and _in_flux(live / rel, path, rel):
+                # Linked between Hadoop's two renames: a later round takes it.
+                log.info("%s/%s: %s was being written as batch %s was frozen: put off",
+                         pipeline, pe, rel, info["batch"])  # fmt: skip
+                shutil.rmtree(staging, ignore_errors=True)
+                return None
             if problem is not None:
                 # Frozen, it would be pulled to the central store, and every restore from
                 # there would fail as the PE's next start here will: the snapshots stay at
@@ -227,6 +234,19 @@ def take_snapshot(
         if old.name not in held:
             shutil.rmtree(old, ignore_errors=True)
     return manifest
+
+
+def _in_flux(live: Path, staged: Path, rel: str) -> bool:
+    """Whether the live file whose link ``staged`` does not match its checksums was being
+    written when it was linked: after :data:`~spark_dir.SETTLE_S`, the live file is another
+    one, or matches its checksums (its checksum file was renamed into place since)."""
+    time.sleep(SETTLE_S)
+    try:
+        if not os.path.samefile(live, staged):
+            return True
+    except OSError:
+        return True  # (replaced or gone since: of a later history than the batch frozen)
+    return checksum_problem(live, rel) is None
 
 
 class SnapshotPins:

@@ -302,12 +302,13 @@ def _checksummed(path: Path, per: int = 512) -> None:
 
 
 def test_a_file_that_does_not_match_the_checksums_spark_wrote_is_not_frozen(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A node killed between a batch's commit and its snapshot came back with that batch's
     # state file emptied (its disk never got it): the snapshot taken then digested it as it
     # was, the central store pulled it, and every restore from there failed as the PE's
     # start on the node did. Spark's checksums, written with the file, tell.
+    monkeypatch.setattr(store_module, "SETTLE_S", 0.0)
     live, store = tmp_path / "live", tmp_path / "store"
     _checkpoint(live, 2)
     for path in live.rglob("*"):
@@ -336,3 +337,23 @@ def test_a_file_that_does_not_match_the_checksums_spark_wrote_is_not_frozen(
     _batch(live, 3)
     (live / "state" / "0" / "0" / ".4.changelog.crc").write_bytes(b"")
     assert take_snapshot(live, store, "p", "agg")["batch"] == 3  # type: ignore[index]
+
+
+def test_a_file_linked_between_hadoops_two_renames_is_taken_a_round_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hadoop renames a file into place, then its checksums: one written again under its
+    # name (a stopped query's late state upload) meets its old checksums in between, and
+    # is no torn file for that.
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 3)
+    changelog = live / "state" / "0" / "0" / "3.changelog"
+    _checksummed(changelog, per=4)
+    fresh = changelog.with_name(".3.changelog.tmp")
+    fresh.write_text("changes of batch 2, written again")
+    fresh.replace(changelog)
+    monkeypatch.setattr(store_module.time, "sleep", lambda s: _checksummed(changelog, per=4))
+    assert take_snapshot(live, store, "p", "agg") is None  # (the second rename came)
+    assert not list(store.iterdir())  # (no staging left)
+    taken = take_snapshot(live, store, "p", "agg")
+    assert taken is not None and taken["batch"] == 2

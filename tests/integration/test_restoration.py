@@ -265,6 +265,7 @@ def test_a_node_back_with_torn_logs_or_a_torn_state_file_gets_its_pes_from_centr
     # that did, pulled when the node's snapshot of its batch came after the kill, failed
     # every restore on every node.)
     central = cluster.home / "central" / "checkpoints" / "tornstate" / "aggregate"
+    assert list(central.glob("*.json")), f"no central checkpoint in {central}"
     for kept in central.glob("*.json"):
         files = json.loads(kept.read_text())["files"]
         assert all(files[rel]["size"] > 0 for rel in torn["tornstate"] if rel in files), (
