@@ -99,6 +99,12 @@ def fence_and_locate(
     stored output (what the fenced instance had emitted) and where its inputs stand (the sum
     of their last sequences: the input the new instance must reach to have caught up)."""
     broker.run(lambda js: fence(js, pipeline, element.id, epoch))
+    return locate(broker, pipeline, element)
+
+
+def locate(broker: SyncJetStream, pipeline: str, element: ElementSpec) -> tuple[int, int]:
+    """The input position of the PE's last stored output, and the sum of its inputs' last
+    sequences (see :func:`fence_and_locate`)."""
     _, (emitted, _), _ = broker.run(lambda js: last_position(js, stream_name(pipeline, element.id)))
     upstream = sum(
         int(broker.run(partial(last_seq, stream=stream_name(pipeline, name))))
@@ -242,6 +248,35 @@ def _install_newest(
     return None
 
 
+def _catch_up(
+    agent: ServiceClient, here: str, element: ElementSpec, report: RestoreReport,
+    positions: tuple[int, int, int], t0: float | None, cap: Offset | None, timeout_s: float,
+    started: float,
+) -> None:  # fmt: skip
+    """Wait until the PE started behind ``cap`` re-derived what the old instance emitted,
+    then (the cap raised to where its inputs stood) what arrived since; the report's times.
+    ``positions``: the input position of the old instance's last output, the checkpoint's,
+    and the sum of the inputs' last sequences. Raises as :func:`_wait`."""
+    emitted, start_at, upstream = positions
+    if cap is not None:
+        report.reprocess_ms = _wait(agent, here, max(emitted, start_at), timeout_s)
+    else:
+        # Nothing to re-derive behind a cap (several inputs, or nothing emitted since the
+        # checkpoint): still, only a query that runs is restored.
+        _wait(agent, here, 0, timeout_s)
+    if element.role != "source" and upstream > max(emitted, start_at):
+        report.intermediate_events = upstream - max(emitted, start_at)
+        limit = _cap(element, upstream, t0)
+        if limit is not None:
+            raised = Gate(mode=GateMode.CAP, limit=limit)
+            agent.put(here + "/gate", json={"gate": raised.model_dump(mode="json")})
+        else:
+            agent.put(here + "/gate", json={"gate": None})
+        # Beyond what the old instance emitted: from here on it emits new output.
+        report.live_ms = round((time.perf_counter() - started) * 1000, 1)
+        report.intermediate_ms = _wait(agent, here, upstream, timeout_s)
+
+
 def restore(
     pipeline: str,
     element: ElementSpec,
@@ -300,12 +335,8 @@ def restore(
             try:
                 agent.put(here, json={"element": placed, "fresh": False, "gate": gate,
                                       "epoch": epoch})  # fmt: skip
-                if cap is not None:
-                    report.reprocess_ms = _wait(agent, here, max(emitted, start_at), timeout_s)
-                else:
-                    # Nothing to re-derive behind a cap (several inputs, or nothing emitted
-                    # since the checkpoint): still, only a query that runs is restored.
-                    _wait(agent, here, 0, timeout_s)
+                _catch_up(agent, here, element, report, (emitted, start_at, upstream), t0, cap,
+                          timeout_s, started)  # fmt: skip
                 break
             except (CheckpointUnreadable, TornCheckpoint) as exc:
                 if manifest is None:
@@ -313,27 +344,21 @@ def restore(
                 # Torn alike in every copy (a file torn before its node's first snapshot
                 # of it, pulled as it was): restored from it again at every attempt, the
                 # PE never ran. An older one, or its input from the start, under the same
-                # epoch: the instance that could not read it (or that the target would not
-                # start from it: its files do not match Spark's checksums) emitted nothing.
+                # epoch: the instance could not load its state (Spark loads it at the first
+                # batch, which may come only once the cap is raised) or was not started
+                # from it (its files do not match Spark's checksums). Its output, if it
+                # wrote any, is looked up again: the next cap covers it.
                 unreadable.append(manifest.id)
                 report.skipped_checkpoints.append(f"{manifest.id}: {exc.message}")
                 # (The next install says its own; none at all, the input from its start.)
                 report.checkpoint = report.checkpoint_source = report.checkpoint_age_ms = None
-                report.state_bytes = 0
+                report.state_bytes, report.live_ms = 0, None
                 log.warning("restore of %s/%s on %s: %s; trying an older checkpoint", pipeline,
                             element.id, target_name, exc.message)  # fmt: skip
                 agent.delete(here, params={"discard": True})
-        if element.role != "source" and upstream > max(emitted, start_at):
-            report.intermediate_events = upstream - max(emitted, start_at)
-            limit = _cap(element, upstream, t0)
-            if limit is not None:
-                raised = Gate(mode=GateMode.CAP, limit=limit)
-                agent.put(here + "/gate", json={"gate": raised.model_dump(mode="json")})
-            else:
-                agent.put(here + "/gate", json={"gate": None})
-            # Beyond what the old instance emitted: from here on it emits new output.
-            report.live_ms = round((time.perf_counter() - started) * 1000, 1)
-            report.intermediate_ms = _wait(agent, here, upstream, timeout_s)
+                emitted, upstream = locate(broker, pipeline, element)
+                if element.shifts_origins:
+                    emitted = 0
         steps.phase(RestorePhase.LIVE)
         agent.put(here + "/gate", json={"gate": None})
         if report.live_ms is None:

@@ -248,6 +248,12 @@ def test_a_node_back_with_torn_logs_or_a_torn_state_file_gets_its_pes_from_centr
             changelog.write_bytes(b"")
             if pipeline == "unchecked":
                 changelog.with_name(f".{changelog.name}.crc").unlink()
+        if pipeline == "unchecked":
+            # Killed before its snapshot of that batch, as may be: the one taken as it came
+            # back freezes the emptied file (no checksum tells), and the central store may
+            # pull it, which every restore then finds unreadable, and passes over.
+            shutil.rmtree(home / "node-checkpoints" / pipeline / "aggregate" /
+                          f"b{committed:012d}", ignore_errors=True)  # fmt: skip
         for snapshot in (checkpoint / "state").rglob(f"{version}.zip"):
             snapshot.unlink()
 

@@ -180,12 +180,15 @@ TORN = "state/0/0/10.changelog has 0 bytes, its checksums are of 1 to 512 bytes"
 
 
 class Unreadable:
-    """The target's agent: a PE started from a checkpoint in ``unreadable`` fails at every
-    start as Spark cannot load its state, and is reported so; from any other, it runs."""
+    """The target's agent: a PE started from a checkpoint in ``unreadable`` fails as Spark
+    cannot load its state at its first batch — which comes only once its gate's cap is
+    raised past the checkpoint's position (30) — and is reported so; from any other, it
+    runs up to its cap, or to the inputs' end (40) with its gate open."""
 
     def __init__(self, unreadable: set[str], refused: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         self.unreadable, self.refused, self.installed = unreadable, refused, None
-        self.done: list[tuple[str, str | None]] = []
+        self.limit: int | None = None  # (None: open)
+        self.done: list[tuple[str, str | int | None]] = []
 
     def call(self, model: Any, method: str, path: str, **kwargs: Any) -> Any:
         if method == "POST":
@@ -193,26 +196,25 @@ class Unreadable:
             self.done.append(("installed", self.installed))
             return InstallResult(fetched_bytes=1, source="central")
         assert (method, path) == ("GET", HERE + "/progress")
-        if self.installed in self.unreadable:
+        if self.installed in self.unreadable and (self.limit is None or self.limit > 30):
             return ElementProgress(
                 pipeline="p", element="agg", state=PEState.FAILED, retry_in_s=1.0, epoch=3,
                 unreadable="Spark cannot load its state: CANNOT_LOAD_STATE_STORE.UNCATEGORIZED",
             )  # fmt: skip
         return ElementProgress(pipeline="p", element="agg", state=PEState.RUNNING, epoch=3,
-                               committed_batch=9, progress=40)  # fmt: skip
+                               committed_batch=9, progress=min(self.limit or 40, 40))  # fmt: skip
 
     def post(self, path: str, json: dict[str, Any]) -> None:
         self.installed = None
         self.done.append(("cleared", None))
 
     def put(self, path: str, json: dict[str, Any]) -> None:
+        gate = json["gate"]
         if path == HERE and self.installed in self.refused:
             self.done.append(("refused", self.installed))
             raise TornCheckpoint(f"the checkpoint of p/agg on node 'fog-c' is torn: {TORN}")
-        if path == HERE:
-            self.done.append(("started", None if json["gate"] is None else "capped"))
-        else:
-            self.done.append(("gate", json["gate"] and json["gate"]["mode"]))
+        self.limit = None if gate is None else int(gate["limit"]["positions"]["source"])
+        self.done.append(("started" if path == HERE else "gate", self.limit))
 
     def delete(self, path: str, params: dict[str, Any]) -> None:
         assert (path, params) == (HERE, {"discard": True})
@@ -221,7 +223,8 @@ class Unreadable:
 
 def _restored(agent: Unreadable, monkeypatch: pytest.MonkeyPatch) -> RestoreReport:
     """A Case 1 aggregate restored on fog-c through ``agent``, the central store keeping b9
-    and b8, its last output at input position 30."""
+    and b8: its last output at input position 30, its input at 40 (31 and 40 once an
+    instance was discarded: as if it had written one more)."""
     from fogshift.restoration import procedure
     from fogshift.spec import parse_spec
 
@@ -230,7 +233,8 @@ def _restored(agent: Unreadable, monkeypatch: pytest.MonkeyPatch) -> RestoreRepo
         {"id": "agg", "kind": "window-aggregate", "node": "fog-b", "inputs": ["source"],
          "options": {"field": "v", "window": 2}},
     ]})  # fmt: skip
-    monkeypatch.setattr(procedure, "fence_and_locate", lambda *args: (30, 30))
+    monkeypatch.setattr(procedure, "fence_and_locate", lambda *args: (30, 40))
+    monkeypatch.setattr(procedure, "locate", lambda *args: (31, 40))
     return procedure.restore("p", spec.element("agg"), 3, ("fog-c", agent),  # type: ignore[arg-type]
                              Central(["b9", "b8"], set()), None, timeout_s=5)  # type: ignore[arg-type]  # fmt: skip
 
@@ -240,8 +244,10 @@ def test_a_checkpoint_the_pes_query_cannot_read_gives_way_to_an_older_one(
     unreadable: set[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A node's state file torn before its first snapshot of it was pulled as it was: whole
-    # by its digest, every restore from it failed (on every node in turn), the PE never
-    # running again. The restore takes the next older one, or the input from its start.
+    # by its digest, every restore from it failed (on every node in turn: the first batch,
+    # which loads the state, ran once the cap was raised), the PE never running again. The
+    # restore takes the next older one, or the input from its start, capped at what was
+    # written meanwhile.
     agent = Unreadable(unreadable)
     report = _restored(agent, monkeypatch)
     assert report.status == "restored"
@@ -250,8 +256,8 @@ def test_a_checkpoint_the_pes_query_cannot_read_gives_way_to_an_older_one(
     if unreadable == {"b9"}:
         assert report.checkpoint == "b8" and report.skipped_checkpoints == [f"b9: {why}"]
         assert agent.done == [
-            ("installed", "b9"), ("started", "capped"), ("discarded", "b9"),
-            ("installed", "b8"), ("started", "capped"), ("gate", None),
+            ("installed", "b9"), ("started", 30), ("gate", 40), ("discarded", "b9"),
+            ("installed", "b8"), ("started", 31), ("gate", 40), ("gate", None),
         ]  # fmt: skip
     else:
         assert report.checkpoint is None
@@ -260,8 +266,9 @@ def test_a_checkpoint_the_pes_query_cannot_read_gives_way_to_an_older_one(
             f"b8: {why}",
             "none usable: the input is replayed from its start",
         ]
-        assert agent.done[-4:] == [("discarded", "b8"), ("cleared", None), ("started", "capped"),
-                                   ("gate", None)]  # fmt: skip
+        assert agent.done[-5:] == [("discarded", "b8"), ("cleared", None), ("started", 31),
+                                   ("gate", 40), ("gate", None)]  # fmt: skip
+    assert (report.reprocessed_events, report.intermediate_events) == (31, 9)
 
 
 def test_a_checkpoint_the_target_refuses_as_torn_gives_way_to_an_older_one(
@@ -276,4 +283,5 @@ def test_a_checkpoint_the_target_refuses_as_torn_gives_way_to_an_older_one(
         f"b9: the checkpoint of p/agg on node 'fog-c' is torn: {TORN}"
     ]
     assert agent.done == [("installed", "b9"), ("refused", "b9"), ("discarded", "b9"),
-                          ("installed", "b8"), ("started", "capped"), ("gate", None)]  # fmt: skip
+                          ("installed", "b8"), ("started", 31), ("gate", 40),
+                          ("gate", None)]  # fmt: skip
