@@ -249,11 +249,16 @@ def test_a_node_back_with_torn_logs_or_a_torn_state_file_gets_its_pes_from_centr
             if pipeline == "unchecked":
                 changelog.with_name(f".{changelog.name}.crc").unlink()
         if pipeline == "unchecked":
-            # Killed before its snapshot of that batch, as may be: the one taken as it came
-            # back freezes the emptied file (no checksum tells), and the central store may
-            # pull it, which every restore then finds unreadable, and passes over.
+            # Killed before its snapshot of that batch, and so before the central store's
+            # pull of it, as may be: the snapshot taken as it came back freezes the emptied
+            # file (no checksum tells), the central store pulls it, and a restore finds it
+            # unreadable and passes over it to the one before.
             shutil.rmtree(home / "node-checkpoints" / pipeline / "aggregate" /
                           f"b{committed:012d}", ignore_errors=True)  # fmt: skip
+            central = home.parents[1] / "central" / "checkpoints" / pipeline / "aggregate"
+            for kept in central.glob("b*.json"):
+                if int(kept.stem[1:]) >= committed:
+                    kept.unlink()
         for snapshot in (checkpoint / "state").rglob(f"{version}.zip"):
             snapshot.unlink()
 
