@@ -87,6 +87,12 @@ def torn_checkpoint(checkpoint: Path) -> str | None:
     return _unchecked_file(checkpoint) if checkpoint.is_dir() else None
 
 
+def _leading_batch(name: str) -> int | None:
+    """``N`` of ``N`` and ``N_<uuid>`` (an operator's metadata and schema files)."""
+    head = name.split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
 def _unchecked_file(checkpoint: Path) -> str | None:
     """The first file a start from ``checkpoint`` reads that does not match its checksums
     (:func:`checksum_problem`), or ``None``."""
@@ -98,6 +104,12 @@ def _unchecked_file(checkpoint: Path) -> str | None:
         if len(parts) == 3 and parts[0] == "state":
             skipped = set(_state_outside(names, version)[0])
             folders[:] = [f for f in folders if f != "SSTs"]
+        elif len(parts) >= 3 and parts[0] == "state" and parts[2] in ("_metadata", "_stateSchema"):
+            # An operator's metadata and schema files are written at each run's first batch,
+            # named by it: one of a batch never committed (a power loss right after) is of a
+            # run the start does again. (Should Spark read it all the same, a torn one fails
+            # the start, which the agent reports: a slower way to the same restore.)
+            skipped = {n for n in names if (b := _leading_batch(n)) is not None and b >= version}
         for name in sorted(names):
             if name.endswith(".crc") or _being_written(name) or name in skipped:
                 continue

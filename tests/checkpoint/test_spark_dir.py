@@ -113,6 +113,9 @@ def test_a_file_a_start_reads_that_does_not_match_its_checksums_is_told(
         _write(partition / f"{v}.changelog", f"changes of version {v}")
     _write(partition / "2.zip", "snapshot of version 2")
     _write(partition / "SSTs" / "a.sst", "table")
+    operator = tmp_path / "state" / "0" / "_metadata" / "v2"
+    _write(operator / "0", "operator metadata of the first run")
+    _write(operator / "3", "of a run whose first batch never committed")
     for path in [p for p in tmp_path.rglob("*") if p.is_file()]:
         _checksummed(path)
     assert torn_checkpoint(tmp_path) is None
@@ -120,8 +123,10 @@ def test_a_file_a_start_reads_that_does_not_match_its_checksums_is_told(
     # Not the changelogs before the snapshot nor after the version, not RocksDB's SSTs.
     for unread in ("1.changelog", "2.changelog", "4.changelog", "SSTs/a.sst"):
         (partition / unread).write_bytes(b"")
+    (operator / "3").write_bytes(b"")  # (the start runs batch 3 again, and writes it anew)
     assert torn_checkpoint(tmp_path) is None
     for read, said in [
+        ("state/0/_metadata/v2/0", "state/0/_metadata/v2/0 has 0 bytes, its checksums are of "),
         ("state/0/0/3.changelog", "state/0/0/3.changelog has 0 bytes, its checksums are of "),
         ("state/0/0/2.zip", "state/0/0/2.zip has 0 bytes, its checksums are of "),
     ]:
