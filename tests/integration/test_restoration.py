@@ -205,32 +205,23 @@ def test_a_node_back_without_its_disk_gets_its_pe_from_the_central_checkpoint(
     _back_damaged(cluster, tmp_path, {"wiped": wipe}, history_s=1)
 
 
-def test_a_node_back_with_torn_logs_or_a_torn_state_file_gets_its_pes_from_central(
+def test_a_node_back_with_a_torn_state_file_gets_its_pes_from_central(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    # Three pipelines' aggregates on the node; it comes back (its machine never down: its
+    # Two pipelines' aggregates on the node; it comes back (its machine never down: its
     # agent trusts its checkpoints) with
-    # - powerloss's newest log entries empty, as a power loss leaves files Spark wrote and
-    #   never synced: every start from them failed, its agent retrying for good. Its agent
-    #   refuses them as torn now, and the reconciler restores the PE in place from central;
-    # - tornstate's state file emptied (a disk's fault): every start failed at its first
-    #   batch (CANNOT_LOAD_STATE_STORE). Its agent refuses it as torn, the file not matching
-    #   the checksums Spark wrote beside it, and it is restored in place likewise;
+    # - tornstate's state file emptied (a disk's fault, or a power loss: Spark syncs none of
+    #   its files): every start failed at its first batch (CANNOT_LOAD_STATE_STORE), the
+    #   agent retrying for good. Its agent refuses it as torn, the file not matching the
+    #   checksums Spark wrote beside it, and the reconciler restores the PE in place from
+    #   central. (Torn log entries, which the agent refuses alike by their content or their
+    #   checksums, take the same way: tests/checkpoint/test_spark_dir.py.)
     # - unchecked's state file emptied with its checksums gone: nothing tells before the
     #   query loads it. Its agent reports it after failures in a row, and the reconciler
     #   restores the PE in place from central (from an older central checkpoint if the
     #   node's snapshot of the torn batch, taken as it came back, reached the central store:
     #   no checksum stopped it).
-    newest: list[int] = []
     torn: dict[str, list[str]] = {}
-
-    def tear_logs(home: Path) -> None:
-        checkpoint = home / "checkpoints" / "powerloss" / "aggregate"
-        commits = [int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()]
-        assert commits, f"no commit in {checkpoint}"
-        newest.append(max(commits))
-        for log_name in ("commits", "offsets"):
-            (checkpoint / log_name / str(newest[0])).write_bytes(b"")
 
     def tear_state(pipeline: str, home: Path) -> None:
         checkpoint = home / "checkpoints" / pipeline / "aggregate"
@@ -263,12 +254,10 @@ def test_a_node_back_with_torn_logs_or_a_torn_state_file_gets_its_pes_from_centr
             snapshot.unlink()
 
     _back_damaged(cluster, tmp_path, {
-        "powerloss": tear_logs,
         "tornstate": partial(tear_state, "tornstate"),
         "unchecked": partial(tear_state, "unchecked"),
     })  # fmt: skip
     said = (cluster.home / "logs" / "orchestrator.log").read_text(errors="replace")
-    assert f"holds a torn checkpoint (offsets/{newest[0]} is empty)" in said
     assert f"holds a torn checkpoint ({torn['tornstate'][0]} has 0 bytes, its checksums " in said
     assert "fog-b holds a checkpoint its query cannot read (Spark cannot load its state: " in said
     # The node's snapshots never froze tornstate's emptied file (it does not match the
