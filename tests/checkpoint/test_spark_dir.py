@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import binascii
 import hashlib
 import io
 import json
 import os
 import random
-import struct
 import tarfile
 import zipfile
 from pathlib import Path
@@ -31,6 +29,7 @@ from fogshift.checkpoint.spark_dir import (
     unpack,
     unreadable_checkpoint,
 )
+from tests.checkpoint.hadoop_checksums import checksummed
 
 
 def _write(path: Path, text: str = "x") -> None:
@@ -89,15 +88,6 @@ def test_logs_a_power_loss_tore_are_told(tmp_path: Path) -> None:
     assert torn_checkpoint(tmp_path) is None
 
 
-def _checksummed(path: Path, per: int = 4) -> None:
-    """The checksum file Hadoop's local file system writes beside a file Spark writes."""
-    data = path.read_bytes()
-    sums = b"".join(
-        struct.pack(">I", binascii.crc32(data[at : at + per])) for at in range(0, len(data), per)
-    )
-    path.with_name(f".{path.name}.crc").write_bytes(b"crc\0" + struct.pack(">i", per) + sums)
-
-
 def test_a_file_a_start_reads_that_does_not_match_its_checksums_is_told(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -117,7 +107,7 @@ def test_a_file_a_start_reads_that_does_not_match_its_checksums_is_told(
     _write(operator / "0", "operator metadata of the first run")
     _write(operator / "3", "of a run whose first batch never committed")
     for path in [p for p in tmp_path.rglob("*") if p.is_file()]:
-        _checksummed(path)
+        checksummed(path)
     assert torn_checkpoint(tmp_path) is None
     # Read by a start after commit 2 (state version 3): the snapshot 2.zip and 3.changelog.
     # Not the changelogs before the snapshot nor after the version, not RocksDB's SSTs.
@@ -143,7 +133,7 @@ def test_a_file_a_start_reads_that_does_not_match_its_checksums_is_told(
         f"offsets/1's bytes {run} to {min(len(text), run + 4) - 1} do not match their checksum"
     )
     # Met between Hadoop's two renames (a file, then its checksums), it is judged after.
-    monkeypatch.setattr(spark_dir.time, "sleep", lambda s: _checksummed(offsets))
+    monkeypatch.setattr(spark_dir.time, "sleep", lambda s: checksummed(offsets))
     assert torn_checkpoint(tmp_path) is None
 
 

@@ -4,12 +4,10 @@ synthetic checkpoint laid out as Spark writes one."""
 
 from __future__ import annotations
 
-import binascii
 import errno
 import hashlib
 import os
 import shutil
-import struct
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from fogshift.checkpoint import spark_dir
 from fogshift.checkpoint import store as store_module
 from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.store import KEEP, SnapshotPins, known_digests, take_snapshot
+from tests.checkpoint.hadoop_checksums import checksummed
 
 
 def _write(path: Path, text: str) -> None:
@@ -291,16 +290,6 @@ def test_a_manifest_that_cannot_be_read_is_no_snapshot(tmp_path: Path) -> None:
     assert third is not None and third["batch"] == 3 and latest_manifest(store) == third
 
 
-def _checksummed(path: Path, per: int = 512) -> None:
-    """Write the checksum file Hadoop's local file system writes beside a file Spark writes:
-    ``crc\\0``, the bytes a checksum covers, a big-endian CRC-32 of each run of them."""
-    data = path.read_bytes()
-    sums = b"".join(
-        struct.pack(">I", binascii.crc32(data[at : at + per])) for at in range(0, len(data), per)
-    )
-    path.with_name(f".{path.name}.crc").write_bytes(b"crc\0" + struct.pack(">i", per) + sums)
-
-
 def test_a_file_that_does_not_match_the_checksums_spark_wrote_is_not_frozen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -313,12 +302,12 @@ def test_a_file_that_does_not_match_the_checksums_spark_wrote_is_not_frozen(
     _checkpoint(live, 2)
     for path in live.rglob("*"):
         if path.is_file():
-            _checksummed(path, per=4)
+            checksummed(path, per=4)
     first = take_snapshot(live, store, "p", "agg")  # (each file matches its checksums)
     assert first is not None and first["batch"] == 1
     _batch(live, 2)
     changelog = live / "state" / "0" / "0" / "3.changelog"
-    _checksummed(changelog, per=4)
+    checksummed(changelog, per=4)
     whole = changelog.read_bytes()
     changelog.write_bytes(b"")
     with pytest.raises(TornCheckpoint) as refused:
@@ -348,11 +337,11 @@ def test_a_file_linked_between_hadoops_two_renames_is_taken_a_round_later(
     live, store = tmp_path / "live", tmp_path / "store"
     _checkpoint(live, 3)
     changelog = live / "state" / "0" / "0" / "3.changelog"
-    _checksummed(changelog, per=4)
+    checksummed(changelog, per=4)
     fresh = changelog.with_name(".3.changelog.tmp")
     fresh.write_text("changes of batch 2, written again")
     fresh.replace(changelog)
-    monkeypatch.setattr(store_module.time, "sleep", lambda s: _checksummed(changelog, per=4))
+    monkeypatch.setattr(store_module.time, "sleep", lambda s: checksummed(changelog, per=4))
     assert take_snapshot(live, store, "p", "agg") is None  # (the second rename came)
     assert not list(store.iterdir())  # (no staging left)
     taken = take_snapshot(live, store, "p", "agg")
