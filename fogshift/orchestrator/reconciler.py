@@ -955,11 +955,13 @@ class Reconciler(Coordination):
         """Bring back a PE whose node (``element.node``, its placement) came back without
         its checkpoints (a wiped or new disk): started from nothing, it would read its
         input from the start, past records trimmed since (recovery.history_s), or all
-        again; or with a checkpoint whose logs are torn (``why`` says which), which its
-        agent refuses to start from. Its hot standby, if one stands, is promoted; else (or
-        if that fails) it is restored there as on any node: fenced, from the newest central
-        checkpoint, reprocessing without emitting; if that fails, on the best other node.
-        Inside the PE's exclusive section.
+        again; or with a checkpoint its agent refuses to start from (its logs torn, or a
+        file not matching Spark's checksums) or its query cannot read; or with no instance
+        since its last restore there failed (``why`` says which). Its hot standby, if one
+        stands, is promoted; else (or if that fails) it is restored there as on any node:
+        fenced, from the newest central checkpoint its query can read, reprocessing without
+        emitting; if that fails, on the best other node. Inside the PE's exclusive section;
+        a failure notes the node (``_in_place_failed``) for the next round's ``why``.
 
         Raises:
             FogshiftError: The restore failed (the caller backs off).
