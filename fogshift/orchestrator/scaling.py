@@ -147,7 +147,7 @@ class Scaling(KeyMoves):
                 received=", ".join(nodes),
                 hint=f"`fogshift scale {pipeline} {element_id} --partitions {partitions}`",
             )
-        self._refuse_moved_readers(record, parts, partitions, what)
+        self._refuse_plain_readers(record, parts, partitions, what)
         adding = max(partitions - len(parts), 0)
         placed = self._nodes_for(record.placement, parts, adding, nodes, what) if adding else []
         old = [p.id for p in parts]
@@ -178,7 +178,7 @@ class Scaling(KeyMoves):
             sections = held.enter_context(contextlib.ExitStack())
             sections.enter_context(self._sections(pipeline, [*old, *new, *readers]))
             self._unchanged(pipeline, element_id, parts, f"cannot {what}")
-            self._refuse_moved_readers(self.pipeline(pipeline), parts, partitions, what)
+            self._refuse_plain_readers(self.pipeline(pipeline), parts, partitions, what)
             self._moves_completed(pipeline, element_id, parts[0].inputs)
             if resume is None:
                 entry = self.registry.begin_scale(pipeline, element_id, partitions, nodes,
@@ -215,14 +215,19 @@ class Scaling(KeyMoves):
             shared = shared_node_warnings(self.pipeline(pipeline), element_id)
             return report.model_copy(update={"warnings": shared}) if shared else report
 
-    def _refuse_moved_readers(
+    def _refuse_plain_readers(
         self, record: PipelineRecord, parts: list[ElementSpec], partitions: int, what: str
     ) -> None:
-        """Refuse to scale out of one partition an element whose readers (not partitioned)
-        read that partition as a plain input (deployed with one partition), or whose
-        partitioned readers moved keys (a move stored in their first input, where every
-        move is stored first): they would read two partitions merged, where keys cannot
-        move, and keys moved before would go back to their CRC-32 partitions, which hold
+        """Refuse to scale out of one partition an element whose readers read that partition
+        as a plain input (it was deployed with one partition), partitioned readers or not.
+
+        A reader numbers a plain input's records by their stream sequence (a partition
+        whose keys move too: see ``JetStreamReader._partition_rows`` in
+        :mod:`fogshift.broker.datasource`), and a merged group's densely: after the scale a
+        batch run again (the one in flight at its restart, or any from a checkpoint of
+        before) would number the same records lower, and its writer skip those at or below
+        what it stored: output lost. A partitioned reader's keys could no longer move
+        either, and those moved before would go back to their CRC-32 partitions, which hold
         no state for them.
 
         Raises:
@@ -231,17 +236,14 @@ class Scaling(KeyMoves):
         if not len(parts) == 1 < partitions:
             return
         only = parts[0].id
-        plain = sorted(
-            e.id for e in record.spec.elements
-            if only in e.inputs and e.partition is None
-            and not any(only in group for group in e.merged)
-        )  # fmt: skip
+        plain = sorted({
+            e.partition.of if e.partition is not None else e.id for e in record.spec.elements
+            if only in e.inputs and not any(only in group for group in e.merged)
+        })  # fmt: skip
         if plain:
-            # (A reader numbers a plain input's records by their stream sequence, and a
-            # merged group's densely: a batch of it run again after the scale, or from a
-            # checkpoint of before, would number the same records anew, lower, and its
-            # writer skip those at or below what it stored: output lost. Found by a review.
-            # A partitioned reader numbers every input's records by sequence.)
+            # (Found by reviews: first for readers that are not partitioned, then for
+            # partitioned ones, which were let through as "numbering every input by
+            # sequence" — until the scale makes them read a merged group.)
             raise InvalidInput(
                 f"cannot {what} out of one partition: {', '.join(plain)} read"
                 f"{'s' if len(plain) == 1 else ''} {only} as a plain input, whose records "
@@ -252,27 +254,6 @@ class Scaling(KeyMoves):
                 received=f"{only} (one partition) read by " + ", ".join(plain),
                 hint="deploy the pipeline afresh with `partitions: [NODE, NODE, ...]` of two "
                 "or more (it may scale in and out between 1 and more from then on)",
-            )
-        ids = {p.id for p in parts}
-        firsts = {
-            e.partition.of: e.inputs[0] for e in record.spec.elements
-            if ids & set(e.inputs) and e.partition is not None and e.moves_keys
-        }  # fmt: skip
-        movers = [
-            of for of, first in sorted(firsts.items())
-            if self._ownership(record.name, first, of).applied
-        ]  # fmt: skip
-        if movers:
-            raise InvalidInput(
-                f"cannot {what} out of one partition: the partitions of "
-                f"{', '.join(movers)} read it, and keys of theirs moved by places in its "
-                "stream",
-                expected="an element that no partitioned element reads, or has two "
-                "partitions or more already",
-                received=f"{parts[0].id} (one partition) read by " + ", ".join(movers),
-                hint="deploy the pipeline afresh with the partitions it should have (a "
-                "partitioned element reading several partitions reads them merged, and its "
-                "keys stay where CRC-32 puts them)",
             )
 
     def _scale(
