@@ -391,7 +391,10 @@ def reset_sink(path: str | Path, epoch: int = 0, owner: str = "") -> None:
     to their origins were then skipped as written.
 
     A marker of a higher epoch is replaced too: a fresh deploy starts the file over, also
-    one left by another cluster (whose epochs are not this one's).
+    one left by another cluster (whose epochs are not this one's). The marker names its
+    ``owner`` (``pipeline/sink``), since epochs are counted per PE: an instance of another
+    pipeline's sink, or of a sink renamed since, that missed its stop is fenced whatever
+    its epoch (:func:`_append`).
 
     Raises:
         SinkBusy: Another writer held the file's lock for :data:`LOCK_WAIT_S`.
@@ -400,7 +403,7 @@ def reset_sink(path: str | Path, epoch: int = 0, owner: str = "") -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target, owner):
         target.write_bytes(b"")
-        _write_marker(target, {**_fresh_marker(), "epoch": epoch})
+        _write_marker(target, {**_fresh_marker(), "epoch": epoch, "owner": owner})
 
 
 def _cell(value: Any) -> str:
@@ -477,7 +480,8 @@ def _append(
             reason) before anything is appended, so they are dead-lettered before the marker
             moves past them.
         epoch: The writing instance's epoch; the marker keeps the highest seen.
-        owner: Names the writer in a fencing error.
+        owner: The writer, ``pipeline/sink``: one the file was not reset for (the marker's
+            ``owner``, if it names one) is fenced; named in a fencing error.
         not_events: The origins of rows that are no events (refused whatever their body:
             one that is a JSON object would have been written, and as the first row made
             the file's header).
@@ -486,9 +490,20 @@ def _append(
         The number of lines appended.
 
     Raises:
-        Fenced: A newer epoch has written to this file: this instance must not.
+        Fenced: A newer epoch has written to this file, or it was reset for another sink:
+            this instance must not.
     """
     marker = read_marker(target)
+    claimed = str(marker.get("owner") or "")
+    if owner and claimed and claimed != owner:
+        # Epochs are counted per PE: another pipeline's sink (or one renamed since) that
+        # missed its stop on a frozen node may hold as high a one as the sink the file was
+        # reset for, and appended its rows there, or fenced that sink for good. (A
+        # review's finding.)
+        raise Fenced(
+            f"{FENCED_TOKEN}: sink {owner} (epoch {epoch}) writes {target}, which was reset "
+            f"for sink {claimed}: this instance must not write",
+        )
     if int(marker.get("epoch", 0)) > epoch:
         raise Fenced(
             f"{FENCED_TOKEN}: sink {owner or target} runs under epoch {epoch}, but epoch "
@@ -568,6 +583,7 @@ def _append(
             "lines": marker["lines"] + written,
             "fields": fields,
             "epoch": max(epoch, int(marker.get("epoch", 0))),
+            "owner": claimed or owner,
         },
     )
     return written

@@ -79,7 +79,7 @@ def test_a_truncated_output_is_an_error_and_reset_starts_over(tmp_path: Path) ->
     with pytest.raises(InvariantViolation, match="truncated"):
         append_exactly_once(out, rows((2, 2.0)))
     reset_sink(out)
-    assert read_marker(out) == {**read_marker(tmp_path / "none.csv"), "epoch": 0}
+    assert read_marker(out) == {**read_marker(tmp_path / "none.csv"), "epoch": 0, "owner": ""}
     assert append_exactly_once(out, rows((1, 1.0))) == 1
 
 
@@ -203,6 +203,31 @@ def test_a_fresh_deploy_fences_the_earlier_deployments_instance(tmp_path: Path) 
     # A fresh deploy starts the file over whatever epoch wrote it (another cluster's).
     reset_sink(out, epoch=1)
     assert append_exactly_once(out, rows((1, 7.0)), epoch=1) == 1
+
+
+def test_a_fresh_deploy_fences_another_sinks_instance_whatever_its_epoch(tmp_path: Path) -> None:
+    # Epochs are counted per PE: pipeline a's sink, on a node its stop did not reach, held
+    # epoch 7; pipeline b's sink deployed on the file under epoch 1. It appended its rows
+    # there (and fenced b's for good), or with an equal epoch b's rows up to its origins
+    # were skipped as written (a review's finding).
+    out = tmp_path / "o.csv"
+    append_exactly_once(out, rows((1, 1.0)), epoch=7, owner="a/sink")
+    reset_sink(out, epoch=1, owner="b/sink")
+    for epoch in (7, 1):
+        with pytest.raises(Fenced, match="which was reset for sink b/sink"):
+            append_exactly_once(out, rows((4001, 1.0)), epoch=epoch, owner="a/sink")
+    assert append_exactly_once(out, rows((1, 5.0), (2, 6.0)), epoch=1, owner="b/sink") == 2
+    assert out.read_text() == "seq,v\n1,5.0\n2,6.0\n"
+    assert read_marker(out)["owner"] == "b/sink"
+    # A renamed sink of the same pipeline is another sink.
+    with pytest.raises(Fenced):
+        append_exactly_once(out, rows((3, 1.0)), epoch=9, owner="b/old-sink")
+    # A marker written before markers named their owner: the first writer claims it.
+    legacy = tmp_path / "l.csv"
+    append_exactly_once(legacy, rows((1, 1.0)), epoch=2)
+    assert "owner" not in read_marker(legacy) or not read_marker(legacy)["owner"]
+    assert append_exactly_once(legacy, rows((2, 2.0)), epoch=2, owner="c/sink") == 1
+    assert read_marker(legacy)["owner"] == "c/sink"
 
 
 def test_a_restored_sink_replaying_what_was_written_fences_the_instance_it_replaces(
