@@ -55,6 +55,7 @@ target of a key takes its state only from the partition that owned the key befor
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -594,7 +595,7 @@ def event_fields(data: bytes) -> tuple[int, float, str, str]:
     PE dead-letters it with the reason, instead of the query failing on it again and again.
     So is one that names a creator no PE has (``fogshift:...``): only the reader makes the
     control rows of key moves, and one taken from a data message could stop a partition or
-    hand a key's state away.
+    hand a key's state away; and one whose timestamp is not finite (``NaN``).
     """
     try:
         payload = json.loads(data)
@@ -607,7 +608,12 @@ def event_fields(data: bytes) -> tuple[int, float, str, str]:
         # A lone surrogate (a JSON escape no writer of ours makes) has no UTF-8: Arrow
         # refused the row, and the batch failed at every retry.
         creator.encode(), body.encode()
-        return (seq, float(payload["timestamp"]), creator, body)
+        timestamp = float(payload["timestamp"])
+        if not math.isfinite(timestamp):
+            # (pandas made NaN a null on the way out: the dead letter's writer failed on it
+            # at every retry, and the PE for good. A review's finding.)
+            raise ValueError(f"timestamp {timestamp} is not finite")
+        return (seq, timestamp, creator, body)
     except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
         # (1e999 as an int, a number too large for a float, JSON nested too deep)
         return (0, 0.0, NOT_AN_EVENT, data.decode("utf-8", errors="replace"))
