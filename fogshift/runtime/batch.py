@@ -4,13 +4,16 @@ Input rows are ``(origin, seq, timestamp, creator, body)`` (see
 ``fogshift.broker.datasource.EVENT_SCHEMA``); output rows follow ``RECORD_SCHEMA``.
 
 **Per-event isolation.** Whatever one event does — its body is not JSON, ``process()`` raises
-any :class:`Exception`, an output JSON cannot hold (a non-finite number, a set), an output
-over the record size limit — that event becomes a dead letter with the reason, the batch goes
-on, and the processor's state is as if the event had never arrived. ``SystemExit`` and
-``GeneratorExit`` raised by ``process()`` count as its exceptions too (user or library code
-calling ``sys.exit()`` on a bad input failed the batch at every retry). Only
+any exception, an output JSON cannot hold (a non-finite number, a set), an output over the
+record size limit — that event becomes a dead letter with the reason, the batch goes on, and
+the processor's state is as if the event had never arrived. Any exception means any
+``BaseException`` but ``KeyboardInterrupt``: ``SystemExit`` (user or library code calling
+``sys.exit()`` on a bad input failed the batch at every retry), ``GeneratorExit``,
+``asyncio.CancelledError``, a ``BaseExceptionGroup``, a class of the processor's own. Only
 ``KeyboardInterrupt`` and a processor that cannot be built at all
 (:class:`~fogshift.runtime.exceptions.ElementError`: nothing an event did) end the batch.
+A ``DeadLetter`` with no reason (``""``, ``None``) is dead-lettered with one that says so
+and where it was raised.
 
 **An event that kills its worker** (``os._exit()``, a crash in native code, the OOM
 killer) cannot be caught here: the worker's mark names it while ``process()`` runs, the
@@ -57,7 +60,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import partial
 from operator import itemgetter
 from pathlib import Path
@@ -106,7 +109,9 @@ def _describe(exc: BaseException) -> str:
     """``Type: message`` of an exception, even one whose ``__str__`` raises."""
     try:
         text = str(exc)
-    except _EVENT_FAILURES:  # a user exception class whose __str__ raises (or exits)
+    except BaseException as failure:  # a user exception class whose __str__ raises (or exits)
+        if _ends_batch(failure):
+            raise
         text = "<unprintable>"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -141,14 +146,33 @@ def _library(filename: str) -> bool:
     return str(path).startswith(_NOT_USER_CODE) or "site-packages" in path.parts
 
 
-#: What ``process()`` (or iterating its outputs) may raise for one event, which makes it a
-#: dead letter: every :class:`Exception`, and ``sys.exit()`` or a generator closed inside it.
-_EVENT_FAILURES = (Exception, SystemExit, GeneratorExit)
-
-
 class _EventTimedOut(BaseException):
     """Raised into ``process()`` when its event is over its time (a ``BaseException``: a
     processor's ``except Exception`` must not swallow it)."""
+
+
+#: The attribute that marks what a caller's own alarm handler raised inside a batch.
+_CALLERS = "_fogshift_ends_batch"
+
+
+def _ends_batch(exc: BaseException) -> bool:
+    """Whether ``exc`` ends the batch instead of being one event's failure: the event's own
+    time limit (made its dead letter by its own clause, around the event),
+    ``KeyboardInterrupt`` (an interrupt from whoever runs the worker), and whatever the
+    caller's own alarm handler raised (pytest-timeout's, say: see :class:`_Deadline`).
+
+    Whatever else user code raises for one event — any :class:`Exception`, ``sys.exit()``, a
+    generator closed inside it, ``asyncio.CancelledError``, a ``BaseExceptionGroup``, a
+    ``BaseException`` of its own — makes that event a dead letter: every handler of an
+    event's failure catches ``BaseException`` and raises again what this says. (Only
+    ``Exception``, ``SystemExit`` and ``GeneratorExit`` were caught: a ``CancelledError``
+    from one event failed its PE for good, a review found.)"""
+    if isinstance(exc, (KeyboardInterrupt, _EventTimedOut)):
+        return True
+    try:  # (an exception class of the processor's own may make any attribute raise)
+        return bool(vars(exc).get(_CALLERS, False))
+    except Exception:
+        return False
 
 
 #: Once the first alarm went unheeded (a processor caught it), it is raised again this often.
@@ -204,7 +228,15 @@ class _Deadline:
             self._caller_due = time.monotonic() + every if every > 0 else None
             self._arm(self.seconds if self.timing else None)
             if callable(self._previous):
-                self._previous(signum, frame)
+                try:
+                    self._previous(signum, frame)
+                except BaseException as exc:
+                    # (The caller's, not the event's: it must end the batch, whatever
+                    # its type. An exception that takes no attribute is only caught as an
+                    # event's failure if it is neither KeyboardInterrupt nor the alarm's.)
+                    with suppress(AttributeError, TypeError):
+                        setattr(exc, _CALLERS, True)
+                    raise
             return
         if self.timing:
             raise _EventTimedOut
@@ -269,7 +301,9 @@ def _as_reason(reason: object) -> str:
     else:
         try:
             text = str(reason)
-        except _EVENT_FAILURES:  # a user object whose __str__ raises (or exits)
+        except BaseException as failure:  # a user object whose __str__ raises (or exits)
+            if _ends_batch(failure):
+                raise
             text = f"<unprintable {type(reason).__name__}>"
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
@@ -293,7 +327,9 @@ def _outputs(pe: str, result: Any) -> list[Any]:
     except (DeadLetter, _Rejected):  # a generator's own DeadLetter: as if process()
         # had raised it (see _call); too many outputs: this event's
         raise
-    except _EVENT_FAILURES as exc:  # not iterable, or a generator that raised part-way
+    except BaseException as exc:  # not iterable, or a generator that raised part-way
+        if _ends_batch(exc):
+            raise
         if isinstance(result, Iterator):
             # The processor's own code raised, as a generator runs it here: not a wrong
             # return type (it read "expected None, a dict, ..." of the user's exception).
@@ -322,23 +358,26 @@ def _encode(
     body: Mapping[str, Any]
     total = 0
     for n, out in enumerate(outputs):
-        if isinstance(out, Event):
-            seq, timestamp, body = out.seq, out.timestamp, out.body
-        elif isinstance(out, Mapping):
-            seq, timestamp, body = event.seq, event.timestamp, out
-        else:
+        if not isinstance(out, (Event, Mapping)):
             raise _Rejected(
                 f"processor {pe!r} returned output {n} of type {type(out).__name__}; "
                 "expected a dict (a body) or an Event",
                 touched=True,
             )
         try:
+            # (An Event of the processor's own runs its code as its fields are read.)
+            if isinstance(out, Event):
+                seq, timestamp, body = out.seq, out.timestamp, out.body
+            else:
+                seq, timestamp, body = event.seq, event.timestamp, out
             seq, timestamp = int(seq), float(timestamp)
             # (0 up: a reader takes a negative seq for a stranger's message, not an event)
             if not (0 <= seq <= _LONG_MAX and math.isfinite(timestamp)):
                 raise ValueError(f"seq {seq!r} or timestamp {timestamp!r} is out of range")
             text = dump_body(dict(body))
-        except _EVENT_FAILURES as exc:  # what the encoding refuses, whatever the type (a
+        except BaseException as exc:  # what the encoding refuses, whatever the type (a
+            if _ends_batch(exc):
+                raise
             # mapping or number of the processor's own runs its code here: its sys.exit()
             # is its event's failure, as in process())
             raise _Rejected(
@@ -412,11 +451,18 @@ def _call(
                 # AttributeError that failed the batch at every retry.)
                 try:
                     reason = getattr(exc, "reason", exc)
-                except _EVENT_FAILURES:  # (a subclass's property that raises)
+                except BaseException as failure:  # (a subclass's property that raises)
+                    if _ends_batch(failure):
+                        raise
                     reason = exc
                 touched = not processor.dead_letters_change_nothing
+                if reason is None or not _as_reason(reason).strip():
+                    # (A dead letter read "" or "None": no reason at all.)
+                    reason = f"processor {pe!r} raised {raised_at(exc)} and gave no reason"
                 raise _Rejected(reason, touched=touched) from exc
-            except _EVENT_FAILURES as exc:
+            except BaseException as exc:
+                if _ends_batch(exc):
+                    raise
                 raise _Rejected(f"processor {pe!r} raised {raised_at(exc)}", True) from exc
             return outputs if limit is None else _encode(pe, event, outputs, limit)
         finally:
@@ -474,16 +520,27 @@ def unkeyed_dead_letters(
     out = []
     for row in rows:
         try:
-            _event(pe, row)
+            event = _event(pe, row)
         except _Rejected as rejected:
             out.append(dead_letter(row, pe, rejected.reason, limit))
             continue
-        reason = (
-            f"field {key_by!r} (key_by of {pe!r}) is missing or null, or a value Spark does "
-            "not read (NaN, a lone surrogate): the event has no key"
-        )
-        out.append(dead_letter(row, pe, reason, limit))
+        out.append(dead_letter(row, pe, no_key_reason(pe, key_by, event.body), limit))
     return out
+
+
+def no_key_reason(pe: str, key_by: str, body: Mapping[str, Any]) -> str:
+    """Why an event whose body is ``body`` has no key to Spark (which found none): its field
+    is missing or null, or Spark's JSON reader, which finds the keys, did not read the body
+    as JSON does (with Jackson's limits: an event it read otherwise was said to have no
+    ``key_by`` field, a review found). The JVM engine says the same (``noKeyReason``)."""
+    if body.get(key_by) is None:
+        return f"field {key_by!r} (key_by of {pe!r}) is missing or null: the event has no key"
+    return (
+        f"field {key_by!r} (key_by of {pe!r}) is in the event, but Spark's JSON reader, which "
+        "finds the keys, does not read its body as JSON does (NaN, a lone surrogate, a number "
+        "of over 1,000 digits or a name of over 50,000 characters in it, or the field "
+        "repeated): the event has no key"
+    )
 
 
 def input_rows(frames: Iterable[Any]) -> list[InputRow]:
@@ -762,7 +819,9 @@ def _state_text(processor: Processor) -> str:
     """
     try:
         state = processor.snapshot()
-    except _EVENT_FAILURES as exc:
+    except BaseException as exc:
+        if _ends_batch(exc):
+            raise
         # Said as its own (it read as a state that "cannot be encoded").
         raise ValueError(f"its snapshot() raised {raised_at(exc)}") from exc
     text = encode_state(state)
@@ -770,7 +829,9 @@ def _state_text(processor: Processor) -> str:
         try:
             processor.restore(json.loads(text))
             again = encode_state(processor.snapshot())
-        except _EVENT_FAILURES as exc:
+        except BaseException as exc:
+            if _ends_batch(exc):
+                raise
             raise ValueError(
                 f"its restore() refuses what its snapshot() returned ({raised_at(exc)})"
             ) from exc
@@ -783,7 +844,9 @@ def _unencodable(processor: Processor) -> str | None:
     """Why the processor's state cannot be stored (:func:`_state_text`), or ``None``."""
     try:
         _state_text(processor)
-    except _EVENT_FAILURES as exc:  # snapshot() itself may raise, like the encoding
+    except BaseException as exc:  # snapshot() itself may raise, like the encoding
+        if _ends_batch(exc):
+            raise
         return _describe(exc)
     return None
 

@@ -3,6 +3,7 @@ its reason, the others are processed, and the state is as if it had never arrive
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import signal
@@ -640,6 +641,10 @@ class NoReason(DeadLetter):
         Exception.__init__(self, what)
 
 
+class OwnBase(BaseException):
+    """A processor's own ``BaseException``."""
+
+
 class ExitsInStr(Exception):
     def __str__(self) -> str:
         raise SystemExit("a library exception whose text exits")
@@ -670,6 +675,10 @@ ODD_REASONS: dict[str, Callable[[], BaseException]] = {
     "no reason": lambda: NoReason("missing v"),
     "sys.exit": lambda: SystemExit(3),
     "generator closed": lambda: GeneratorExit(),
+    # BaseExceptions user code raises too: they failed the PE for good (a review's finding).
+    "cancelled": lambda: asyncio.CancelledError("cancelled inside a library call"),
+    "group": lambda: BaseExceptionGroup("two", [asyncio.CancelledError(), ValueError("v")]),
+    "own base": lambda: OwnBase("a class of the processor's own"),
     # Two that escaped while their reason was written (the batch failed at every retry).
     "exits in str": lambda: ExitsInStr(),
     "reason raises": lambda: ReasonRaises("x"),
@@ -752,6 +761,60 @@ def test_any_reason_a_processor_gives_is_a_dead_letter_arrow_carries(
     assert [body for _, _, body in events] == ['{"v":1}', '{"v":3}']
     assert list(dead) == [2] and isinstance(dead[2], str) and dead[2], dead
     pa.Table.from_pandas(pd.DataFrame(records, columns=RECORD_COLUMNS))  # what Spark does
+
+
+@pytest.mark.parametrize("given", ["", "   ", None])
+def test_a_dead_letter_without_a_reason_says_so_and_where(given: str | None) -> None:
+    # Its dead letter's reason was "" (or "None"): nothing said why.
+    class Mute(Processor):
+        def process(self, event: Event) -> Any:
+            if event.body.get("odd"):
+                raise DeadLetter(given)  # type: ignore[arg-type]
+            return {"v": event.body["v"]}
+
+    rows = [row(1, v=1), row(2, v=2, odd=True)]
+    _, dead = split(list(run_events(Mute.build({}, "m", None), rows)))
+    assert dead[2].startswith("processor 'm' raised DeadLetter"), dead
+    assert "(at test_batch.py:" in dead[2] and dead[2].endswith("and gave no reason"), dead
+
+
+def test_an_event_of_the_processors_own_whose_fields_raise_is_a_dead_letter() -> None:
+    # Its fields were read outside the encoding's guard: the error escaped the batch.
+    class Broken(Event):
+        def __getattribute__(self, name: str) -> Any:
+            if name == "body":
+                raise RuntimeError("no body")
+            return super().__getattribute__(name)
+
+    class Emits(Processor):
+        def process(self, event: Event) -> Any:
+            if event.body.get("odd"):
+                return Broken(seq=1, timestamp=0.0, creator="x", body={})
+            return {"v": event.body["v"]}
+
+    rows = [row(1, v=1), row(2, v=2, odd=True), row(3, v=3)]
+    events, dead = split(list(run_events(Emits.build({}, "e", None), rows)))
+    assert [body for _, _, body in events] == ['{"v":1}', '{"v":3}']
+    assert "cannot be encoded (RuntimeError: no body)" in dead[2], dead
+
+
+def test_an_event_spark_finds_no_key_in_says_whether_it_has_the_field() -> None:
+    # Spark's JSON reader (Jackson's limits) finds no key in a body with a number of 1,200
+    # digits: it was said to have no field "k", which it has.
+    from fogshift.runtime.batch import unkeyed_dead_letters
+
+    long = (5, 2, 1002.0, "src", '{"k": "a", "w": ' + "9" * 1200 + "}")
+    rows = [row(1, v=1), long, (6, 3, 1003.0, "src", '{"k": null}')]
+    reasons = [r[6] for r in unkeyed_dead_letters(rows, "agg", "k")]
+    assert (
+        reasons[0]
+        == reasons[2]
+        == ("field 'k' (key_by of 'agg') is missing or null: the event has no key")
+    )
+    assert reasons[1].startswith(
+        "field 'k' (key_by of 'agg') is in the event, but Spark's JSON reader, which finds the "
+        "keys, does not read its body"
+    )
 
 
 def test_a_reason_found_by_bisection_quoting_a_lone_surrogate_is_carried() -> None:

@@ -297,9 +297,8 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
       for (Row row : input) {
         String reason;
         try {
-          eventNode(row.getString(3), read(row.getString(4)));
-          reason = "field " + keyByRepr + " (key_by of " + peRepr + ") is missing or null, or "
-              + "a value Spark does not read (NaN, a lone surrogate): the event has no key";
+          JsonNode value = eventNode(row.getString(3), read(row.getString(4))).get(keyBy);
+          reason = noKeyReason(value == null || value.isNull());
         } catch (Refused refused) {
           reason = refused.getMessage();
         }
@@ -546,6 +545,18 @@ public final class WindowAggregate extends StatefulProcessor<String, Row, Row> {
    * The event's body, a JSON object, or {@link Refused} with the reason the input row is no
    * event (batch._event: a foreign message, a body that is not JSON or not an object).
    */
+  /** batch.no_key_reason's text, to the character: the field missing or null, or not. */
+  String noKeyReason(boolean missing) {
+    String field = "field " + keyByRepr + " (key_by of " + peRepr + ") ";
+    if (missing) {
+      return field + "is missing or null: the event has no key";
+    }
+    return field + "is in the event, but Spark's JSON reader, which finds the keys, does not "
+        + "read its body as JSON does (NaN, a lone surrogate, a number of over 1,000 digits "
+        + "or a name of over 50,000 characters in it, or the field repeated): the event has "
+        + "no key";
+  }
+
   JsonNode eventNode(String creator, Read read) throws Refused {
     if (notAnEvent.equals(creator)) {
       throw new Refused("input of '" + pe + "' is not an event: " + notAnEventWhy);
