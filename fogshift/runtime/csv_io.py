@@ -428,12 +428,13 @@ def append_exactly_once(
     epoch: int = 0,
     owner: str = "",
     not_events: Collection[int] = (),
+    fields: Sequence[str] | None = None,
 ) -> int:
     """Append under the file's lock; see :func:`_append`."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target, owner):
-        return _append(target, rows, on_refused, epoch, owner, frozenset(not_events))
+        return _append(target, rows, on_refused, epoch, owner, frozenset(not_events), fields)
 
 
 @contextmanager
@@ -470,6 +471,7 @@ def _append(
     epoch: int,
     owner: str,
     not_events: frozenset[int] = frozenset(),
+    declared: Sequence[str] | None = None,
 ) -> int:
     """Append rows ``(origin, seq, timestamp, body_json)`` not yet in the file.
 
@@ -485,6 +487,8 @@ def _append(
         not_events: The origins of rows that are no events (refused whatever their body:
             one that is a JSON object would have been written, and as the first row made
             the file's header).
+        declared: The sink's ``fields`` option: the header of a file that has none yet
+            (``None``: the first written row's fields; a file's header stays as written).
 
     Returns:
         The number of lines appended.
@@ -550,9 +554,9 @@ def _append(
         if not body:  # (as the first row, it made a header of no field, refusing all else)
             refused.append((row, "an event with no fields has no CSV row to write"))
             continue
-        names = list(body) if fields is None else fields
+        names = (list(declared) if declared else list(body)) if fields is None else fields
         if len(body) != len(names) or set(body) != set(names):  # (in any order)
-            refused.append((row, f"fields {list(body)} do not match the output header {fields}"))
+            refused.append((row, f"fields {list(body)} do not match the output header {names}"))
             continue
         try:
             header = _csv_line([seq_column(names), *names]) if fields is None else b""
@@ -610,6 +614,9 @@ class CsvSinkWriter(DataSourceStreamWriter):
         self.broker = options["broker"]
         self.epoch = int(options.get("epoch", "0"))
         self.max_record_bytes = int(options.get("max_record_bytes", DEFAULT_MAX_RECORD_BYTES))
+        self.fields: list[str] | None = (
+            json.loads(options["fields"]) if "fields" in options else None
+        )
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         rows: list[SinkRow] = []
@@ -629,6 +636,7 @@ class CsvSinkWriter(DataSourceStreamWriter):
             self.epoch,
             f"{self.pipeline}/{self.pe}",
             {origin for m in sent for origin in m.not_events},
+            self.fields,
         )
 
     def _dead_letter(self, refused: list[tuple[SinkRow, str]]) -> None:

@@ -1023,6 +1023,8 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
             .option("path", options["path"])
             .option("max_record_bytes", str(plan.max_record_bytes))
         )
+        if options.get("fields") is not None:
+            writer = writer.option("fields", json.dumps(list(options["fields"])))
     return (
         writer.option("broker", plan.broker_file)
         .option("pipeline", plan.pipeline)

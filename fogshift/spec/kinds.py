@@ -165,9 +165,37 @@ class CsvSinkOptions(KindOptions):
 
     Attributes:
         path: The output CSV file. Relative to the spec file; its folder is created.
+        fields: The events' fields, in the columns' order: the file's header from the
+            start, so an event with other fields is a dead letter whichever comes first.
+            ``None``: the first event's fields make the header (one event of other fields
+            first, a stranger's message in fogshift's form say, made every later event a
+            dead letter).
     """
 
     path: Text
+    fields: tuple[Text, ...] | None = None
+
+    @field_validator("fields")
+    @classmethod
+    def _fields(cls, fields: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if fields is None:
+            return None
+        if not fields:
+            raise Refusal(
+                "fields is empty: a CSV row needs at least one",
+                expected="the events' field names, e.g. [sensor, value]",
+                received="[]",
+                hint="list the fields, or leave fields out (the first event's make the header)",
+            )
+        repeated = sorted({f for f in fields if fields.count(f) > 1})
+        if repeated:
+            raise Refusal(
+                f"fields names {', '.join(map(repr, repeated))} more than once",
+                expected="each field once",
+                received=repr(list(fields))[:200],
+                hint="remove the repeated names",
+            )
+        return fields
 
 
 class WindowAggregateOptions(KindOptions):

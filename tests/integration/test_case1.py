@@ -180,8 +180,9 @@ def test_stateless_and_custom_processors(cluster: Cluster, tmp_path: Path) -> No
                 "inputs": ["src"],
                 "options": {"class": "procs:RunningStats", "path": str(procs)},
             },
+            # (Its header declared, in an order of its own: the events' is count, total.)
             {"id": "out-stats", "kind": "csv-sink", "node": "cloud", "inputs": ["stats"],
-             "options": {"path": "out/stats.csv"}},
+             "options": {"path": "out/stats.csv", "fields": ["total", "count"]}},
         ],
     )  # fmt: skip
     cluster.cli("deploy", str(spec))
@@ -200,6 +201,7 @@ def test_stateless_and_custom_processors(cluster: Cluster, tmp_path: Path) -> No
     assert doubled["value2"].tolist() == pytest.approx((hot * 2).tolist(), rel=1e-12)
     cluster.wait_for("ops", "out-stats", len(finite))
     stats = pd.read_csv(tmp_path / "out" / "stats.csv")
+    assert stats.columns.tolist() == ["seq", "total", "count"]
     assert stats["seq"].tolist() == finite.index.tolist()
     assert stats["count"].tolist() == list(range(1, len(finite) + 1))
     assert stats["total"].tolist() == pytest.approx(finite.cumsum().tolist(), rel=1e-9)

@@ -230,6 +230,24 @@ def test_a_fresh_deploy_fences_another_sinks_instance_whatever_its_epoch(tmp_pat
     assert read_marker(legacy)["owner"] == "c/sink"
 
 
+def test_declared_fields_make_the_header_whatever_event_comes_first(tmp_path: Path) -> None:
+    # Without them a stranger's message in fogshift's form, first, made the header `seq,zzz`
+    # and every event after it a dead letter (a review's finding).
+    out = tmp_path / "o.csv"
+    refused: list = []
+    batch = [(1, 1, 0.0, '{"zzz": 1}'), (2, 2, 0.0, '{"a": 1, "b": 2}'),
+             (3, 3, 0.0, '{"b": 4, "a": 3}')]  # fmt: skip
+    assert append_exactly_once(out, batch, refused.extend, fields=["b", "a"]) == 2
+    assert out.read_text() == "seq,b,a\n2,2,1\n3,4,3\n"
+    assert [(r[0][0], why) for r in refused for why in [r[1]]] == [
+        (1, "fields ['zzz'] do not match the output header ['b', 'a']")
+    ]
+    # Without them, as before: the first event's fields.
+    other = tmp_path / "p.csv"
+    append_exactly_once(other, batch[1:])
+    assert other.read_text() == "seq,a,b\n2,1,2\n3,3,4\n"
+
+
 def test_a_restored_sink_replaying_what_was_written_fences_the_instance_it_replaces(
     tmp_path: Path,
 ) -> None:

@@ -177,6 +177,21 @@ def test_the_jvm_engine_runs_windows_on_one_node_keyed_or_not() -> None:
         parse_spec(data)
 
 
+def test_a_csv_sink_may_declare_its_fields() -> None:
+    data = spec_data()
+    data["elements"][2]["options"]["fields"] = ["value", "sensor"]
+    spec = parse_spec(data)
+    assert spec.element("sink").options["fields"] == ("value", "sensor")
+    assert parse_spec(spec.model_dump(mode="json")) == spec  # round-trips
+    assert parse_spec(spec_data()).element("sink").options["fields"] is None
+    for fields, said in (([], "fields is empty"), (["a", "b", "a"], "fields names 'a' more "
+                                                                     "than once")):  # fmt: skip
+        data["elements"][2]["options"]["fields"] = fields
+        with pytest.raises(InvalidSpec) as err:
+            parse_spec(data)
+        assert said in str(err.value) and err.value.hint, err.value
+
+
 def test_event_timeout_s_bounds_a_processors_events_only() -> None:
     spec = parse_spec(spec_data())
     assert spec.element("own").event_timeout_s is None
