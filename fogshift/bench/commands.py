@@ -32,6 +32,7 @@ from fogshift.bench import e1, e2, e3, ecg, pam, report, seamless, soak
 from fogshift.bench.base import Reporter, record_command, write_machine
 from fogshift.bench.cluster import Clusters, delay_of
 from fogshift.bench.exceptions import BadBenchOption, refuse_options_with_report_only
+from fogshift.common.options import ranged
 
 console = Console()
 
@@ -39,7 +40,7 @@ Out = Annotated[
     Path, typer.Option("--out", help="Folder of the CSVs, PNGs and results.md.", show_default=False)
 ]
 Quick = Annotated[
-    bool, typer.Option("--quick", help="Few runs: all experiments in under 20 min on 2 cores.")
+    bool, typer.Option("--quick", help="Few runs, short series: minutes instead of hours.")
 ]
 Work = Annotated[
     Path | None,
@@ -157,7 +158,7 @@ def register(bench_app: typer.Typer) -> None:
         quick: Quick = False,
         work: Work = None,
         runs: Annotated[
-            int | None, typer.Option(help="Runs per series (default 10).", min=1, max=100_000)
+            int | None, ranged("--runs", "Runs per series (default 10).", 1, 100_000)
         ] = None,
         sizes: Annotated[
             str | None, typer.Option(help="Added state in MiB, e.g. 0,1,5,50.")
@@ -197,7 +198,7 @@ def register(bench_app: typer.Typer) -> None:
         quick: Quick = False,
         work: Work = None,
         runs: Annotated[
-            int | None, typer.Option(help="Restorations (default 100).", min=1, max=100_000)
+            int | None, ranged("--runs", "Restorations (default 100).", 1, 100_000)
         ] = None,
         methods: Annotated[
             str | None,
@@ -231,7 +232,7 @@ def register(bench_app: typer.Typer) -> None:
         work: Work = None,
         sizes: Annotated[str | None, typer.Option(help="Added state in MiB.")] = None,
         duration: Annotated[
-            float | None, typer.Option(help="Seconds per size.", min=1, max=86_400)
+            float | None, ranged("--duration", "Seconds per size.", 1, 86_400)
         ] = None,
     ) -> None:
         """E3: node-level checkpoint cost and central shipping by state size (thesis Fig. 24)."""
@@ -254,10 +255,11 @@ def register(bench_app: typer.Typer) -> None:
         work: Work = None,
         rate: Annotated[
             float | None,
-            typer.Option(
-                help="Events/s (default: the highest rate the probes find sustained).",
-                min=1,
-                max=10_000_000,
+            ranged(
+                "--rate",
+                "Events/s (default: the highest rate the probes find sustained).",
+                1,
+                10_000_000,
             ),
         ] = None,
     ) -> None:
@@ -296,7 +298,7 @@ def register(bench_app: typer.Typer) -> None:
         ] = None,
         runs: Annotated[
             int | None,
-            typer.Option(help="Repetitions of each combination.", min=1, max=100_000),
+            ranged("--runs", "Repetitions of each combination.", 1, 100_000),
         ] = None,
         methods: Annotated[
             str | None,
@@ -326,11 +328,12 @@ def register(bench_app: typer.Typer) -> None:
         ] = False,
         inputs: Annotated[
             int,
-            typer.Option(
-                help="Inputs of the partitioned PE: 1 (a window aggregate) or 2 (a tally of "
+            ranged(
+                "--inputs",
+                "Inputs of the partitioned PE: 1 (a window aggregate) or 2 (a tally of "
                 "two sources at half the rate each, the same keys in both).",
-                min=1,
-                max=2,
+                1,
+                2,
             ),
         ] = 1,
     ) -> None:
@@ -393,18 +396,19 @@ def register(bench_app: typer.Typer) -> None:
         ctx: typer.Context,
         out: Out,
         migrations: Annotated[
-            int, typer.Option(help="Migrations in the schedule.", min=0, max=1_000_000)
+            int, ranged("--migrations", "Migrations in the schedule.", 0, 1_000_000)
         ] = 200,
         kills: Annotated[
             int,
-            typer.Option(
-                help="Node kills (SIGKILL of a node's process group).", min=0, max=1_000_000
-            ),
+            ranged("--kills", "Node kills (SIGKILL of a node's process group).", 0, 1_000_000),
         ] = 50,
         orchestrator_kills: Annotated[
             int,
-            typer.Option(
-                help="Orchestrator kills (SIGKILL), then started again.", min=0, max=1_000_000
+            ranged(
+                "--orchestrator-kills",
+                "Orchestrator kills (SIGKILL), then started again.",
+                0,
+                1_000_000,
             ),
         ] = 1,
         modes: Annotated[
@@ -413,25 +417,27 @@ def register(bench_app: typer.Typer) -> None:
         ] = ",".join(soak.MODES),
         mid_migration: Annotated[
             float,
-            typer.Option(
-                help="Probability that an orchestrator kill lands during a migration.",
-                min=0,
-                max=1,
+            ranged(
+                "--mid-migration",
+                "Probability that an orchestrator kill lands during a migration.",
+                0,
+                1,
             ),
         ] = 0.5,
         mid_operation: Annotated[
             float,
-            typer.Option(
-                help="Probability that a node kill lands during a migration, key move or scale "
+            ranged(
+                "--mid-operation",
+                "Probability that a node kill lands during a migration, key move or scale "
                 "(then on a node it involves).",
-                min=0,
-                max=1,
+                0,
+                1,
             ),
         ] = soak.SoakConfig.mid_operation,
         duration: Annotated[
             float | None,
-            typer.Option(
-                help="Start no operation after this many seconds (a cap).", min=1, max=10_000_000
+            ranged(
+                "--duration", "Start no operation after this many seconds (a cap).", 1, 10_000_000
             ),
         ] = None,
         seed: Annotated[int, typer.Option(help="Seed of the schedule, choices and inputs.")] = 0,
@@ -439,7 +445,7 @@ def register(bench_app: typer.Typer) -> None:
             str, typer.Option(help="Comma-separated node names (at least two).")
         ] = "cloud,fog-a,fog-b,fog-c",
         rate: Annotated[
-            float, typer.Option(help="Events/s of each source.", min=0.001, max=1_000_000)
+            float, ranged("--rate", "Events/s of each source.", 0.001, 1_000_000)
         ] = 10.0,
         standby: Annotated[
             str | None,
@@ -449,11 +455,12 @@ def register(bench_app: typer.Typer) -> None:
         ] = None,
         trigger_ms: Annotated[
             int,
-            typer.Option(
-                help="Micro-batch trigger of every query (ms): on two cores, the default's "
+            ranged(
+                "--trigger-ms",
+                "Micro-batch trigger of every query (ms): on two cores, the default's "
                 "batches of two pipelines keep the CPU busy, and every operation waits for it.",
-                min=0,
-                max=3_600_000,
+                0,
+                3_600_000,
             ),
         ] = AgentConfig.default("trigger_ms"),
         pipelines: Annotated[
@@ -473,22 +480,24 @@ def register(bench_app: typer.Typer) -> None:
         ] = False,
         key_moves: Annotated[
             int,
-            typer.Option(
-                help="Key moves of the keyed pipeline (1-3 random keys each).",
-                min=0,
-                max=1_000_000,
+            ranged(
+                "--key-moves",
+                "Key moves of the keyed pipeline (1-3 random keys each).",
+                0,
+                1_000_000,
             ),
         ] = soak.SoakConfig.key_moves,
         scales: Annotated[
             int,
-            typer.Option(
-                help="Scales of the keyed pipeline's element, between 2 and 3 partitions.",
-                min=0,
-                max=1_000_000,
+            ranged(
+                "--scales",
+                "Scales of the keyed pipeline's element, between 2 and 3 partitions.",
+                0,
+                1_000_000,
             ),
         ] = soak.SoakConfig.scales,
         keys: Annotated[
-            int, typer.Option(help="Keys (sensors) of the keyed pipeline's input.", min=1, max=1000)
+            int, ranged("--keys", "Keys (sensors) of the keyed pipeline's input.", 1, 1000)
         ] = soak.SoakConfig.keys,
         work: Work = None,
         report_only: Annotated[

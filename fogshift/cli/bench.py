@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fogshift.cli.options import ranged
 from fogshift.cli.output import make_console
+from fogshift.common.options import ranged
 
 if TYPE_CHECKING:
     from fogshift.bench.planner import RunRow, Sweep

@@ -20,7 +20,7 @@ from rich.console import Console
 from fogshift.cli.demo import checkpointed, redeploy
 from fogshift.common.http import ServiceClient
 from fogshift.ecg.simulate import Patient, layout, patients
-from fogshift.exceptions import InvalidInput
+from fogshift.exceptions import InvalidInput, Unavailable
 from fogshift.spec.models import ElementSpec, PipelineSpec, partition_of_key
 from fogshift.supervisor import cluster as cluster_ops
 from fogshift.verify.case2 import (
@@ -379,7 +379,14 @@ def _spare(client: ServiceClient, pipeline: str, placed: set[str]) -> str:
     spare = sorted(n["name"] for n in client.get("/nodes") if n["healthy"])
     free = [n for n in spare if n not in busy]
     if not free:
-        raise SystemExit(f"no healthy node without a PE of {pipeline} to move to: {spare}")
+        # (A bare SystemExit printed the message alone: no code, nothing expected, no hint.)
+        raise Unavailable(
+            f"the demo has no healthy node without a PE of {pipeline} to move its processing to",
+            expected="a healthy node that hosts none of the pipeline's PEs",
+            received="healthy nodes " + (", ".join(spare) or "none") + ", each hosting one",
+            hint="`fogshift nodes --home HOME` shows which node is not healthy; run the demo "
+            "again once every node of its cluster is",
+        )
     return free[0]
 
 

@@ -27,7 +27,6 @@ from fogshift.broker.server import DEFAULT_SYNC
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
-from fogshift.cli.options import ranged
 from fogshift.cli.output import make_console, progress_to
 from fogshift.cli.topology import topology_app
 from fogshift.common.exceptions import InvalidName, NoAnswer
@@ -35,6 +34,7 @@ from fogshift.common.files import make_private_dir
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.locks import AGENT_LOCK, ORCHESTRATOR_LOCK, claim
 from fogshift.common.names import EXPECTED, NAME_PATTERN, NAME_RE
+from fogshift.common.options import ranged
 from fogshift.common.settings import check_environment, check_value
 from fogshift.common.text import counted, one_line
 from fogshift.common.validation import message_of
@@ -457,12 +457,13 @@ def remove_node(
         ),
     ] = False,
 ) -> None:
-    """Take nodes out of the running cluster; each must host no PE.
+    """Take nodes out of the running cluster once they host no PE.
 
-    Move a node's PEs first (`migrate`, or `--drain`). Standbys the orchestrator placed
-    there start again on other nodes; a spec naming it as the standby node
-    (`recovery.standby: NODE`) keeps it. Its agent stops, its broker user and token stop
-    working; its folder stays. `up --nodes` naming every node and it adds it again."""
+    Move a node's PEs first (`migrate`), or let `--drain` move them. Standbys the
+    orchestrator placed there start again on other nodes; a spec naming it as the standby
+    node (`recovery.standby: NODE`) keeps it. Its agent stops, its broker user and token
+    stop working; its folder stays. To add it again, run `up --nodes` with every node of
+    the cluster and it."""
     if dry_run:
         for name, holds in cluster_ops.node_holds(home.resolve(), nodes).items():
             if not holds:
@@ -537,7 +538,7 @@ def validate(
     ] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Check a spec offline with the checks `deploy` makes first; exit 1 if refused."""
+    """Check a spec offline with the checks `deploy` makes first; exit 2 if refused."""
     names = [n.strip() for n in nodes.split(",") if n.strip()] if nodes is not None else None
     bad = [n for n in names or [] if not NAME_PATTERN.fullmatch(n)]
     if names == [] or bad:

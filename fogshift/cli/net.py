@@ -15,8 +15,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from fogshift.cli.options import ranged
 from fogshift.cli.output import make_console
+from fogshift.common.options import ranged
 from fogshift.exceptions import InvalidInput
 from fogshift.supervisor import cluster as cluster_ops
 

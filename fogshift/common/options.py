@@ -1,5 +1,6 @@
-"""Checks of the commands' options that refuse as fogshift refuses (what was expected, what
-was received, a hint), not in the words of the library that parses them."""
+"""Checks of the command line's options that refuse as fogshift refuses (what was expected, what
+was received, a hint), not in the words of the library that parses them. In ``common``
+because the CLI's commands and the benchmarks' (``bench``, below the CLI) both use them."""
 
 from __future__ import annotations
 
