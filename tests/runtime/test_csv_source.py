@@ -89,6 +89,18 @@ def test_a_header_that_cannot_be_read_makes_dead_letters_not_failed_batches(
     assert [json.loads(r[5]) for r in rows] == [{"line": "1,2"}, {"line": "3,4"}]
 
 
+def test_a_header_naming_a_column_twice_makes_dead_letters_not_rows_short_of_a_cell(
+    tmp_path: Path,
+) -> None:
+    # An event is a mapping: each row lost the first `a` cell, silently.
+    rows = rows_of(tmp_path, b"a,a,b\n1,2,3\n")
+    assert [r[0] for r in rows] == [1] and rows[0][6] == (
+        "row 1 has no column names: the header (line 1) names 'a' more than once: a row's "
+        "cells would not each have a field of their own"
+    )
+    assert json.loads(rows[0][5]) == {"line": "1,2,3"}
+
+
 def test_a_quote_not_closed_or_followed_by_text_is_a_dead_letter_not_another_event(
     tmp_path: Path,
 ) -> None:
