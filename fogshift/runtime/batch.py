@@ -7,11 +7,13 @@ Input rows are ``(origin, seq, timestamp, creator, body)`` (see
 any exception, an output JSON cannot hold (a non-finite number, a set), an output over the
 record size limit — that event becomes a dead letter with the reason, the batch goes on, and
 the processor's state is as if the event had never arrived. Any exception means any
-``BaseException`` but ``KeyboardInterrupt``: ``SystemExit`` (user or library code calling
-``sys.exit()`` on a bad input failed the batch at every retry), ``GeneratorExit``,
-``asyncio.CancelledError``, a ``BaseExceptionGroup``, a class of the processor's own. Only
-``KeyboardInterrupt`` and a processor that cannot be built at all
-(:class:`~fogshift.runtime.exceptions.ElementError`: nothing an event did) end the batch.
+``BaseException``: ``SystemExit`` (user or library code calling ``sys.exit()`` on a bad input
+failed the batch at every retry), ``GeneratorExit``, ``KeyboardInterrupt``,
+``asyncio.CancelledError``, a ``BaseExceptionGroup``, a class of the processor's own (a
+Spark Python worker runs in its node's own session, where no terminal's ^C reaches: such an
+exception is the processor's). Only a processor that cannot be built at all
+(:class:`~fogshift.runtime.exceptions.ElementError`: nothing an event did), and whatever the
+caller's own ``SIGALRM`` handler raises (see :class:`_Deadline`), end the batch.
 A ``DeadLetter`` with no reason (``""``, ``None``) is dead-lettered with one that says so
 and where it was raised.
 
@@ -157,17 +159,17 @@ _CALLERS = "_fogshift_ends_batch"
 
 def _ends_batch(exc: BaseException) -> bool:
     """Whether ``exc`` ends the batch instead of being one event's failure: the event's own
-    time limit (made its dead letter by its own clause, around the event),
-    ``KeyboardInterrupt`` (an interrupt from whoever runs the worker), and whatever the
+    time limit (made its dead letter by its own clause, around the event), and whatever the
     caller's own alarm handler raised (pytest-timeout's, say: see :class:`_Deadline`).
 
     Whatever else user code raises for one event — any :class:`Exception`, ``sys.exit()``, a
-    generator closed inside it, ``asyncio.CancelledError``, a ``BaseExceptionGroup``, a
-    ``BaseException`` of its own — makes that event a dead letter: every handler of an
-    event's failure catches ``BaseException`` and raises again what this says. (Only
-    ``Exception``, ``SystemExit`` and ``GeneratorExit`` were caught: a ``CancelledError``
-    from one event failed its PE for good, a review found.)"""
-    if isinstance(exc, (KeyboardInterrupt, _EventTimedOut)):
+    generator closed inside it, ``KeyboardInterrupt``, ``asyncio.CancelledError``, a
+    ``BaseExceptionGroup``, a ``BaseException`` of its own — makes that event a dead letter:
+    every handler of an event's failure catches ``BaseException`` and raises again what
+    this says. (Only ``Exception``, ``SystemExit`` and ``GeneratorExit`` were caught: a
+    ``CancelledError`` or ``KeyboardInterrupt`` from one event failed its PE for good, a
+    review found.)"""
+    if isinstance(exc, _EventTimedOut):
         return True
     try:  # (an exception class of the processor's own may make any attribute raise)
         return bool(vars(exc).get(_CALLERS, False))
@@ -232,8 +234,7 @@ class _Deadline:
                     self._previous(signum, frame)
                 except BaseException as exc:
                     # (The caller's, not the event's: it must end the batch, whatever
-                    # its type. An exception that takes no attribute is only caught as an
-                    # event's failure if it is neither KeyboardInterrupt nor the alarm's.)
+                    # its type. One that takes no attribute is caught as the event's.)
                     with suppress(AttributeError, TypeError):
                         setattr(exc, _CALLERS, True)
                     raise

@@ -155,16 +155,22 @@ def test_any_exception_is_a_dead_letter_and_its_changes_are_undone(name: str) ->
     assert (letter[0], letter[1], letter[5]) == (6, 0, rows[2][4])
 
 
-@pytest.mark.parametrize("exc", [KeyboardInterrupt])
-def test_base_exceptions_that_are_not_errors_end_the_batch(exc: type[BaseException]) -> None:
+def test_a_keyboard_interrupt_from_process_is_the_events_dead_letter() -> None:
+    # It ended the batch, which failed at every retry, the PE for good: a Spark worker runs in
+    # its node's session, where no terminal's ^C reaches, so it is the processor's own.
     class Quits(Processor):
         n: int = state(0)
 
         def process(self, event: Event) -> Any:
-            raise exc()
+            if event.body.get("odd"):
+                raise KeyboardInterrupt
+            self.n += 1
+            return {"n": self.n}
 
-    with pytest.raises(exc):
-        run_events(Quits.build({}, "q", None), [row(1)]).__next__()
+    rows = [row(1), row(2, odd=True), row(3)]
+    events, dead = split(list(run_events(Quits.build({}, "q", None), rows)))
+    assert [body for _, _, body in events] == ['{"n":1}', '{"n":2}']
+    assert list(dead) == [2] and dead[2].startswith("processor 'q' raised KeyboardInterrupt")
 
 
 @pytest.mark.parametrize(
