@@ -112,7 +112,7 @@ def _describe(exc: BaseException) -> str:
     try:
         text = str(exc)
     except BaseException as failure:  # a user exception class whose __str__ raises (or exits)
-        if _ends_batch(failure):
+        if ends_batch(failure):
             raise
         text = "<unprintable>"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -157,7 +157,7 @@ class _EventTimedOut(BaseException):
 _CALLERS = "_fogshift_ends_batch"
 
 
-def _ends_batch(exc: BaseException) -> bool:
+def ends_batch(exc: BaseException) -> bool:
     """Whether ``exc`` ends the batch instead of being one event's failure: the event's own
     time limit (made its dead letter by its own clause, around the event), and whatever the
     caller's own alarm handler raised (pytest-timeout's, say: see :class:`_Deadline`).
@@ -303,7 +303,7 @@ def _as_reason(reason: object) -> str:
         try:
             text = str(reason)
         except BaseException as failure:  # a user object whose __str__ raises (or exits)
-            if _ends_batch(failure):
+            if ends_batch(failure):
                 raise
             text = f"<unprintable {type(reason).__name__}>"
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -329,7 +329,7 @@ def _outputs(pe: str, result: Any) -> list[Any]:
         # had raised it (see _call); too many outputs: this event's
         raise
     except BaseException as exc:  # not iterable, or a generator that raised part-way
-        if _ends_batch(exc):
+        if ends_batch(exc):
             raise
         if isinstance(result, Iterator):
             # The processor's own code raised, as a generator runs it here: not a wrong
@@ -377,7 +377,7 @@ def _encode(
                 raise ValueError(f"seq {seq!r} or timestamp {timestamp!r} is out of range")
             text = dump_body(dict(body))
         except BaseException as exc:  # what the encoding refuses, whatever the type (a
-            if _ends_batch(exc):
+            if ends_batch(exc):
                 raise
             # mapping or number of the processor's own runs its code here: its sys.exit()
             # is its event's failure, as in process())
@@ -453,7 +453,7 @@ def _call(
                 try:
                     reason = getattr(exc, "reason", exc)
                 except BaseException as failure:  # (a subclass's property that raises)
-                    if _ends_batch(failure):
+                    if ends_batch(failure):
                         raise
                     reason = exc
                 touched = not processor.dead_letters_change_nothing
@@ -462,7 +462,7 @@ def _call(
                     reason = f"processor {pe!r} raised {raised_at(exc)} and gave no reason"
                 raise _Rejected(reason, touched=touched) from exc
             except BaseException as exc:
-                if _ends_batch(exc):
+                if ends_batch(exc):
                     raise
                 raise _Rejected(f"processor {pe!r} raised {raised_at(exc)}", True) from exc
             return outputs if limit is None else _encode(pe, event, outputs, limit)
@@ -821,7 +821,7 @@ def _state_text(processor: Processor) -> str:
     try:
         state = processor.snapshot()
     except BaseException as exc:
-        if _ends_batch(exc):
+        if ends_batch(exc):
             raise
         # Said as its own (it read as a state that "cannot be encoded").
         raise ValueError(f"its snapshot() raised {raised_at(exc)}") from exc
@@ -831,7 +831,7 @@ def _state_text(processor: Processor) -> str:
             processor.restore(json.loads(text))
             again = encode_state(processor.snapshot())
         except BaseException as exc:
-            if _ends_batch(exc):
+            if ends_batch(exc):
                 raise
             raise ValueError(
                 f"its restore() refuses what its snapshot() returned ({raised_at(exc)})"
@@ -846,7 +846,7 @@ def _unencodable(processor: Processor) -> str | None:
     try:
         _state_text(processor)
     except BaseException as exc:  # snapshot() itself may raise, like the encoding
-        if _ends_batch(exc):
+        if ends_batch(exc):
             raise
         return _describe(exc)
     return None

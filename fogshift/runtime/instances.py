@@ -40,6 +40,7 @@ from typing import Any
 
 from fogshift.common.gate import gate_mode
 from fogshift.runtime.api import Processor
+from fogshift.runtime.batch import ends_batch
 from fogshift.runtime.gate import current_run
 
 log = logging.getLogger("fogshift.runtime.instances")
@@ -87,8 +88,10 @@ def call_hook(processor: Processor, hook: str, who: object) -> bool:
     """Call one lifecycle hook; log what it raises. ``True`` if it returned normally."""
     try:
         getattr(processor, hook)()
-    except (Exception, SystemExit, GeneratorExit):  # a hook manages resources; its failure
-        # (a sys.exit() in it too) must not stop the query
+    except BaseException as exc:  # a hook manages resources; its failure (a sys.exit(),
+        # an asyncio.CancelledError in it too) must not stop the query
+        if ends_batch(exc):  # (the caller's own alarm, as in a batch)
+            raise
         log.warning("%s: %s() raised", who, hook, exc_info=True)
         return False
     return True

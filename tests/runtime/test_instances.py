@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -432,4 +433,8 @@ def test_a_hook_that_calls_sys_exit_fails_alone() -> None:
         def close(self) -> None:
             raise SystemExit(2)
 
+        def on_pause(self) -> None:  # (an async client's task cancelled: it escaped)
+            raise asyncio.CancelledError
+
     assert call_hook(Quits.build({}, "q", None), "close", "q") is False
+    assert call_hook(Quits.build({}, "q", None), "on_pause", "q") is False
