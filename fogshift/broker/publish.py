@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 import uuid
@@ -81,6 +82,10 @@ FENCE_PAUSE_S = 0.001
 DUPLICATE_IN_BATCH = 10201
 #: JetStream's error code for an atomic batch sent to a stream without ``allow_atomic``.
 ATOMIC_DISABLED = 10174
+#: "atomic publish too many inflight": the stream has as many atomic batches open as it
+#: takes (50), none of them ours. Another writer allowed on the stream holds them (a
+#: partition's key states share its input's stream): nothing of the batch was stored.
+ATOMIC_TOO_MANY_INFLIGHT = 10210
 #: "atomic publish batch is incomplete": a message of the batch never reached the stream
 #: (a node's imports rebuilt by a broker reload while it sent them, see
 #: ``broker.permissions``); nothing of the batch was stored.
@@ -397,8 +402,21 @@ def _chunks(messages: list[_Message]) -> Iterator[list[_Message]]:
         yield chunk
 
 
+log = logging.getLogger(__name__)
+
+#: The streams whose atomic batches were found all taken, by this process (said once each).
+_busy_streams: set[str] = set()
+
+
 class _AtomicDisabled(Exception):
     """The stream was created without ``allow_atomic``."""
+
+
+class _AtomicBusy(_AtomicDisabled):
+    """The stream takes no more atomic batches now (:data:`ATOMIC_TOO_MANY_INFLIGHT`): this
+    append goes one record at a time, as to a stream without them. (A partition's node that
+    opened batches on its input's stream and never committed them failed the upstream PE's
+    every batch, on another node: a review's finding.)"""
 
 
 def _api_error(reply: bytes) -> APIError | None:
@@ -426,6 +444,10 @@ async def _commit_chunk(js: JetStreamContext, chunk: list[_Message], tail: Strea
     Raises:
         APIError: The broker refused the batch (a wrong last sequence among others).
         _AtomicDisabled: The stream does not take atomic batches.
+        _AtomicBusy: It takes no more now: too many open (:data:`ATOMIC_TOO_MANY_INFLIGHT`),
+            or found incomplete at every quick try — what a stream whose atomic batches
+            another writer holds answers a batch of several messages, whose first one it
+            dropped (a plain publish) — so the append goes one by one.
     """
     loop = asyncio.get_running_loop()
     for tries in range(INCOMPLETE_RETRIES):
@@ -436,8 +458,10 @@ async def _commit_chunk(js: JetStreamContext, chunk: list[_Message], tail: Strea
             # (A batch that took long may have outlived the broker's wait between its
             # messages, also "incomplete": sent again it would be again.)
             quick = loop.time() - started < INCOMPLETE_QUICK_S
-            if exc.err_code != BATCH_INCOMPLETE or not quick or tries == INCOMPLETE_RETRIES - 1:
+            if exc.err_code != BATCH_INCOMPLETE or not quick:
                 raise
+            if tries == INCOMPLETE_RETRIES - 1:
+                raise _AtomicBusy from exc
             await asyncio.sleep(0.05 * 2**tries)
     raise AssertionError("unreachable")
 
@@ -475,6 +499,8 @@ async def _send_chunk(js: JetStreamContext, chunk: list[_Message], tail: StreamT
             if error is not None:
                 if error.err_code == ATOMIC_DISABLED:
                     raise _AtomicDisabled
+                if error.err_code == ATOMIC_TOO_MANY_INFLIGHT:
+                    raise _AtomicBusy
                 raise error
         else:
             await nc.publish(message.subject, message.payload, headers=headers)
@@ -641,10 +667,19 @@ async def _append_after(
                     appended += len(chunk)
                     remembered = False  # stored: the tail is this chunk's
                     continue
-                except _AtomicDisabled:
+                except _AtomicDisabled as refused:
                     if remembered:
                         raise _StaleTail from None  # read the tail, as the first time
-                    atomic = False  # a stream created without allow_atomic: one by one
+                    # A stream created without allow_atomic, or one whose atomic batches
+                    # are all taken: one by one (each still after the tail it expects).
+                    atomic = False
+                    if isinstance(refused, _AtomicBusy) and stream not in _busy_streams:
+                        _busy_streams.add(stream)
+                        log.warning(
+                            "%s/%s: its stream %s takes no more atomic batches now (another "
+                            "writer's are open): appending one record at a time",
+                            pipeline, pe, stream,
+                        )  # fmt: skip
             for message in chunk:
                 tail = await _append(
                     js, stream, message.subject, message.payload, dict(message.headers), tail,

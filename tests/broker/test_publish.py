@@ -6,6 +6,7 @@ import itertools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -455,6 +456,33 @@ def test_streams_made_without_atomic_batches_or_direct_gets_are_still_written_an
     got = js_client.run(lambda js: get_range(js, stream, data_subject("t", pe), 0, 4))
     assert [m.seq for m in got] == [1, 3, 4]
     assert [json.loads(m.data)["seq"] for m in got] == [1, 3, 4]
+
+
+def test_a_stream_whose_atomic_batches_another_writer_holds_is_written_one_by_one(
+    js_client: SyncJetStream,
+) -> None:
+    # A partition's node may append key states to its input's stream: it opened the 50
+    # atomic batches a stream takes and never committed them, and the upstream PE's writer
+    # failed every batch ("atomic publish too many inflight"), on another node.
+    from fogshift.broker.client import connection_of
+
+    pe = fresh_pe(js_client)
+    stream = stream_name("t", pe)
+
+    async def hold(js: Any) -> None:
+        nc = connection_of(js)
+        for n in range(60):
+            await nc.publish(data_subject("t", pe), b"{}", headers={
+                publish.BATCH_ID_HEADER: f"held{n}", publish.BATCH_SEQUENCE_HEADER: "1",
+            })  # fmt: skip
+        await nc.flush()
+
+    js_client.run(hold)
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2, 3], {2}))) == 3
+    assert js_client.run(lambda js: publish_records(js, "t", pe, records([3, 4]))) == 1
+    stored = js_client.run(lambda js: get_range(js, stream, data_subject("t", pe), 0, 10))
+    assert [json.loads(m.data)["seq"] for m in stored] == [1, 3, 4]
+    assert js_client.run(lambda js: last_seq(js, stream)) == 4  # the dead letter between
 
 
 def test_a_stream_made_before_the_state_subject_gets_it_and_keeps_its_messages(
