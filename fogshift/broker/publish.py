@@ -64,6 +64,11 @@ from fogshift.events import (
 )
 from fogshift.exceptions import InvariantViolation
 
+log = logging.getLogger(__name__)
+
+#: The streams whose atomic batches were found all taken, by this process (said once each).
+_busy_streams: set[str] = set()
+
 #: The headers of an atomic batch (ADR-50).
 BATCH_ID_HEADER = "Nats-Batch-Id"
 BATCH_SEQUENCE_HEADER = "Nats-Batch-Sequence"
@@ -400,12 +405,6 @@ def _chunks(messages: list[_Message]) -> Iterator[list[_Message]]:
         size += len(message.payload)
     if chunk:
         yield chunk
-
-
-log = logging.getLogger(__name__)
-
-#: The streams whose atomic batches were found all taken, by this process (said once each).
-_busy_streams: set[str] = set()
 
 
 class _AtomicDisabled(Exception):
