@@ -31,6 +31,8 @@ def log_files(home: Path) -> dict[str, Path]:
     if not files:
         raise NotFound(
             f"no logs under {str(folder)!r}",
+            expected="the logs `fogshift up` writes in its home's logs folder",
+            received=f"{str(folder)!r}, " + ("with no log" if folder.is_dir() else "not a folder"),
             hint="`fogshift up` writes them there (pass the --home it was started with)",
         )
     named: dict[str, Path] = {}

@@ -225,6 +225,8 @@ def load_cluster(home: Path) -> tuple[ClusterFile, str]:
     if not path.exists():
         raise NotUp(
             f"no fogshift cluster is up under {str(home)!r}",
+            expected=f"the file {path.name}, which `fogshift up` writes in its home",
+            received=f"{str(path)!r}, which does not exist",
             hint="run `fogshift up` (or pass the --home it was started with)",
         )
     cluster = read_cluster(path)

@@ -557,6 +557,7 @@ def test_logs_of_an_unknown_node_names_the_ones_that_exist(home: Path, tmp_path:
     assert result.exception.hint == "did you mean 'fog-a'?"
     result = runner.invoke(cli.app, ["logs", "--home", str(tmp_path / "nowhere")])
     assert isinstance(result.exception, NotFound)
+    assert result.exception.received is not None and "not a folder" in result.exception.received
 
 
 def test_logs_follow_prints_appended_lines_until_ctrl_c(home: Path) -> None:

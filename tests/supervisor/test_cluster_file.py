@@ -94,8 +94,11 @@ def test_an_unreadable_file_is_the_same_clear_error(home: Path) -> None:
 
 
 def test_no_file_still_means_no_cluster(home: Path) -> None:
-    with pytest.raises(NotUp):
+    with pytest.raises(NotUp) as caught:
         load_cluster(home)
+    # What was expected and received, as every refusal says (a review found only a hint).
+    assert caught.value.expected == "the file cluster.json, which `fogshift up` writes in its home"
+    assert caught.value.received == f"{str(home / 'cluster.json')!r}, which does not exist"
 
 
 def test_a_token_this_user_cannot_read_is_a_refusal_not_a_traceback(home: Path) -> None:
