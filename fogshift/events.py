@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,15 +122,49 @@ def dump_body(body: dict[str, Any]) -> str:
     """The canonical JSON text of a body (strict: NaN/inf are refused).
 
     Raises:
-        ValueError: A value is not finite, or two fields have one name as JSON names them
-            (``1`` and ``"1"``, ``None`` and ``"null"``: a reader keeps only the last).
+        ValueError: A value is not finite, or two fields of one object, the body's or one
+            nested in it, have one name as JSON names them (``1`` and ``"1"``, ``None`` and
+            ``"null"``: a reader keeps only the last).
     """
     text = json.dumps(body, allow_nan=False, separators=(",", ":"))
-    if not all(isinstance(name, str) for name in body) and len(json.loads(text)) != len(body):
-        names = [json.dumps({name: 0})[1:-4] for name in body]
-        twice = sorted({name for name in names if names.count(name) > 1})
-        raise ValueError(f"fields named {', '.join(twice)} twice as JSON names them")
+    # Only an object (the body, or one nested in it) with a name that is not a text can
+    # name two fields alike; flat bodies of text names, nearly all, are not walked.
+    if not all(isinstance(name, str) for name in body) or text.find("{", 1) != -1:
+        twice = _named_twice(body)
+        if twice is not None:
+            where, names = twice
+            inside = f" (in the object at {where})" if where else ""
+            raise ValueError(f"fields named {', '.join(names)} twice as JSON names them{inside}")
     return text
+
+
+def _named_twice(body: dict[Any, Any]) -> tuple[str, list[str]] | None:
+    """The first object in ``body`` (itself included) with two fields JSON names alike:
+    where it is (``/name/0/...``, empty for the body) and those names as JSON writes them;
+    ``None`` if there is none.
+
+    Walked without recursion: ``json.dumps`` took the body, so it is at most as deep as the
+    interpreter's recursion limit, which a recursive walk beside the caller's stack is not.
+    """
+    stack: list[tuple[Any, tuple[str, ...]]] = [(body, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict):
+            if not all(isinstance(name, str) for name in value):
+                counts = Counter(json.dumps({name: 0})[1:-4] for name in value)
+                twice = sorted(name for name, count in counts.items() if count > 1)
+                if twice:
+                    return "".join(f"/{part}" for part in path), twice
+            children: Any = value.items()
+        elif isinstance(value, (list, tuple)):
+            children = enumerate(value)
+        else:
+            continue
+        for name, child in children:
+            if isinstance(child, (dict, list, tuple)):
+                part = name if isinstance(name, str) else json.dumps({name: 0})[2:-5]
+                stack.append((child, (*path, part)))
+    return None
 
 
 def load_body(text: str) -> dict[str, Any]:

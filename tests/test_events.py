@@ -80,16 +80,52 @@ def test_fields_that_json_names_alike_are_refused(body: dict) -> None:
     assert dump_body({1: "a", 2: "b"}) == '{"1":"a","2":"b"}'  # (distinct: written)
 
 
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"a": {1: "x", "1": "y"}}, "/a"),
+        ({"a": [{"b": {None: 1, "null": 2}}]}, "/a/0/b"),
+        ({"a": ({"ok": 1}, {True: 1, "true": 2})}, "/a/1"),
+        ({7: {2.5: 0, "2.5": 1}}, "/7"),
+    ],
+)
+def test_nested_fields_that_json_names_alike_are_refused_and_located(
+    body: dict, where: str
+) -> None:
+    # Nested objects are read back the same way: the last of two alike names wins.
+    with pytest.raises(ValueError, match="twice as JSON names them") as refused:
+        dump_body(body)
+    assert str(refused.value).endswith(f"(in the object at {where})")
+    assert json.loads(dump_body({"a": {1: "x", 2: "y"}, "s": "{1}"})) == {
+        "a": {"1": "x", "2": "y"},
+        "s": "{1}",
+    }
+
+
+def test_a_deeply_nested_body_is_checked_without_recursion() -> None:
+    deep: dict = {}
+    inner = deep
+    for _ in range(600):
+        inner["k"] = {}
+        inner = inner["k"]
+    inner.update({1: 0, "1": 1})
+    with pytest.raises(ValueError, match='fields named "1" twice'):
+        dump_body(deep)
+
+
 def test_an_output_with_fields_named_alike_is_a_dead_letter() -> None:
     from fogshift.runtime.api import Processor
     from fogshift.runtime.batch import run_events
 
     class Twice(Processor):
         def process(self, event: Event) -> dict:
+            if event.seq == 4:
+                return {"v": [{1: "a", "1": "b"}]}
             return {1: "a", "1": "b"} if event.seq == 2 else {"v": event.seq}
 
-    rows = [(k, k, 0.0, "src", json.dumps({"v": k})) for k in (1, 2, 3)]
+    rows = [(k, k, 0.0, "src", json.dumps({"v": k})) for k in (1, 2, 3, 4)]
     records = list(run_events(Twice.build({}, "t", None), rows))
     reasons = {r[2]: r[6] for r in records}
     assert reasons[1] is None and reasons[3] is None
     assert 'cannot be encoded (ValueError: fields named "1" twice' in (reasons[2] or "")
+    assert 'named "1" twice as JSON names them (in the object at /v/0)' in (reasons[4] or "")
