@@ -251,7 +251,12 @@ def up(
     nats_url: Annotated[
         str | None, typer.Option(envvar="FOGSHIFT_NATS_URL", help="Use this NATS server.")
     ] = None,
-    nats_user: Annotated[str | None, typer.Option(envvar="FOGSHIFT_NATS_USER")] = None,
+    nats_user: Annotated[
+        str | None,
+        typer.Option(
+            envvar="FOGSHIFT_NATS_USER", help="The user fogshift connects as (with --nats-url)."
+        ),
+    ] = None,
     nats_password: Annotated[
         str | None,
         typer.Option(
