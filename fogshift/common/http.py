@@ -386,7 +386,10 @@ class ServiceClient:
             if reason is not None:
                 raise NoAnswer(
                     f"{self.name} at {self.url} stopped answering {method} {path}: {reason}",
-                    hint="it may still carry the request out if it resumes; `fogshift nodes` "
+                    hint="it may still carry the request out once it is continued; or "
+                    "`fogshift down` stops the cluster and `fogshift up` starts it again"
+                    if self.name == "the orchestrator"
+                    else "it may still carry the request out if it resumes; `fogshift nodes` "
                     "shows the node agents",
                 )
         if isinstance(outcome[0], BaseException):

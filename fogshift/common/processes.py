@@ -7,6 +7,7 @@ nothing and holds no port.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -68,6 +69,43 @@ def foreign(pid: int, pgid: int, started: float | None) -> bool:
     if started is None or not _in_group(pid, pgid):
         return False
     return started_at(pid) not in (None, started)
+
+
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, SIGTSTP, a debugger): it keeps its sockets, so
+    the kernel still takes connections to it, which nobody answers until it is continued."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
+class StoppedWatch:
+    """Why a service's process is to be taken as not answering: stopped for ``for_s`` in a
+    row (a :class:`~fogshift.common.http.ServiceClient`'s ``silent``); ``None`` otherwise.
+
+    A request to a stopped service waits its client's whole timeout (two minutes for the
+    CLI's reads, half an hour for its operations); one stopped only for a moment (a debugger's
+    step) is waited for.
+    """
+
+    def __init__(self, pid: int, pgid: int, started: float | None, for_s: float = 2.0) -> None:
+        self.pid, self.pgid, self.started, self.for_s = pid, pgid, started, for_s
+        self._since: float | None = None
+
+    def __call__(self) -> str | None:
+        if not (stopped(self.pid) and leads(self.pid, self.pgid, self.started)):
+            self._since = None
+            return None
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        if now - self._since < self.for_s:
+            return None
+        return (
+            f"its process (pid {self.pid}) is stopped (SIGSTOP or a debugger; "
+            f"`kill -CONT -- -{self.pgid}` continues its group)"
+        )
 
 
 def _in_group(pid: int, pgid: int) -> bool:

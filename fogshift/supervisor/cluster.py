@@ -48,7 +48,7 @@ from fogshift.common.files import PRIVATE_MODE, make_private_dir, write_atomic, 
 from fogshift.common.http import ServiceClient, is_loopback, node_token
 from fogshift.common.locks import CLUSTER_LOCK, exclusive
 from fogshift.common.names import NAME_PATTERN
-from fogshift.common.processes import foreign, group_alive, leads, started_at
+from fogshift.common.processes import StoppedWatch, foreign, group_alive, leads, started_at
 from fogshift.common.validation import message_of
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
@@ -296,10 +296,14 @@ OPERATION_TIMEOUT_S = 1800.0
 
 
 def orchestrator_client(home: Path, timeout_s: float = 120) -> ServiceClient:
-    """A client for the orchestrator of the cluster under ``home``."""
+    """A client for the orchestrator of the cluster under ``home``: a request is given up
+    (:class:`~fogshift.common.http.NoAnswer`) once the orchestrator's process is seen
+    stopped, instead of after ``timeout_s``."""
     cluster, token = load_cluster(home)
-    assert cluster.orchestrator.url is not None
-    return ServiceClient(cluster.orchestrator.url, token, "the orchestrator", timeout_s)
+    process = cluster.orchestrator
+    assert process.url is not None
+    watch = StoppedWatch(process.pid, process.pgid, process.started)
+    return ServiceClient(process.url, token, "the orchestrator", timeout_s, silent=watch)
 
 
 #: Every process :func:`_spawn` started in this interpreter, in order: what an `up` ended by

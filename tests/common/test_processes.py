@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import psutil
 
-from fogshift.common.processes import alive, group_alive, leads
+from fogshift.common.processes import StoppedWatch, alive, group_alive, leads, started_at
 from fogshift.common.waiting import wait_until
 
 
@@ -54,3 +56,31 @@ def test_a_running_child_group_is_alive() -> None:
         proc.kill()
         proc.wait()
     assert not leads(proc.pid, proc.pid)
+
+
+def test_a_stopped_process_is_called_silent_only_once_stopped_for_a_while() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)  # fmt: skip
+    try:
+        watch = StoppedWatch(proc.pid, proc.pid, started_at(proc.pid), for_s=0.5)
+        assert watch() is None  # running
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, 30,
+                   describe="the child to stop")  # fmt: skip
+        assert watch() is None  # stopped, not yet for long
+        time.sleep(0.6)
+        assert f"(pid {proc.pid}) is stopped" in (watch() or "")
+        os.kill(proc.pid, signal.SIGCONT)
+        wait_until(lambda: psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED, 30,
+                   describe="the child to continue")  # fmt: skip
+        assert watch() is None  # continued: the count starts again
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, 30,
+                   describe="the child to stop again")  # fmt: skip
+        assert watch() is None
+        # Another process that took the recorded pid's place is not the service.
+        other = StoppedWatch(proc.pid, proc.pid, (started_at(proc.pid) or 0) - 60, for_s=0)
+        assert other() is None
+    finally:
+        proc.kill()
+        proc.wait()

@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from fogshift.common.exceptions import AlreadyRunning
+from fogshift.common.exceptions import AlreadyRunning, NoAnswer
 from fogshift.common.http import node_token
 from fogshift.common.locks import CLUSTER_LOCK
 from fogshift.common.processes import alive
@@ -58,12 +58,15 @@ def two_node_cluster(home: Path, sleeper: subprocess.Popen[bytes], **info: Any) 
     return cluster
 
 
-def write_cluster(home: Path, orchestrator: ProcessInfo, broker: ProcessInfo | None) -> None:
+def write_cluster(
+    home: Path, orchestrator: ProcessInfo, broker: ProcessInfo | None,
+    url: str = "http://127.0.0.1:9",
+) -> None:  # fmt: skip
     token_file(home).write_text("secret\n")
     save_cluster(
         home,
         ClusterFile(
-            orchestrator=orchestrator.model_copy(update={"url": "http://127.0.0.1:9"}),
+            orchestrator=orchestrator.model_copy(update={"url": url}),
             broker=broker,
             nodes={"fog-a": gone_process()},
             broker_url="nats://127.0.0.1:9",
@@ -889,3 +892,35 @@ def test_a_removal_the_orchestrator_does_not_answer_is_left_for_a_later_up(
     kept = cluster_ops._finish_removals(tmp_path, cluster, said.append, 7)
     assert asked == [7] and kept.removing == ("fog-b",)  # (marked still: the next `up`'s)
     assert said[-1].startswith("the removal of node fog-b is finished by a later `up`")
+
+
+def test_a_request_to_a_stopped_orchestrator_is_given_up_before_its_timeout(
+    tmp_path: Path,
+) -> None:
+    # A stopped orchestrator's socket still takes connections (the kernel's backlog): the
+    # CLI's reads waited their whole two minutes, its operations half an hour.
+    listener = subprocess.Popen(
+        [sys.executable, "-c", "import socket, time; s = socket.socket(); "
+         "s.bind(('127.0.0.1', 0)); s.listen(8); print(s.getsockname()[1], flush=True); "
+         "time.sleep(120)"],
+        start_new_session=True, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert listener.stdout is not None
+        port = int(listener.stdout.readline())
+        write_cluster(tmp_path, ProcessInfo.of(listener.pid), broker=None,
+                      url=f"http://127.0.0.1:{port}")  # fmt: skip
+        os.kill(listener.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with (
+            cluster_ops.orchestrator_client(tmp_path, timeout_s=90) as client,
+            pytest.raises(NoAnswer) as given_up,
+        ):
+            client.get("/pipelines")
+        assert time.monotonic() - started < 45
+        assert f"its process (pid {listener.pid}) is stopped" in given_up.value.message
+        assert f"kill -CONT -- -{listener.pid}" in given_up.value.message
+        assert "once it is continued" in (given_up.value.hint or "")
+    finally:
+        listener.kill()
+        listener.wait()
