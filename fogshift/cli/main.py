@@ -982,6 +982,8 @@ def _run_operation(
                 raise typer.Exit(1) from exc
             raise
         except NoAnswer as exc:
+            if exc.service != "the orchestrator":
+                raise  # (its answer: a node it asked did not answer it)
             # (The orchestrator died, or its connection broke, mid-operation: "cannot be
             # reached: RemoteProtocolError" said nothing of what became of the operation.)
             raise NoAnswer(
@@ -1231,6 +1233,8 @@ def _post(
         try:
             report = answer.model_validate(client.post(path, json=body))
         except NoAnswer as exc:
+            if exc.service != "the orchestrator":
+                raise  # (its answer: a node it asked did not answer it)
             # (A group migration an orchestrator died in was carried on by the next one,
             # and "cannot be reached: RemoteProtocolError; is the cluster up?" said nothing
             # of it.)

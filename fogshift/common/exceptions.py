@@ -7,7 +7,15 @@ from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailab
 
 class NoAnswer(Unavailable):
     """A request sent that got no answer (the connection broke or timed out after it was
-    sent): the service may still carry it out."""
+    sent): the service may still carry it out.
+
+    A code of its own: a client (the dashboard, a script) tells "may still be under way"
+    from a refusal of a service that cannot be reached, before anything was started."""
+
+    code = "no_answer"
+    #: The service that did not answer, as the client that sent the request names it ("the
+    #: orchestrator"); ``None`` for one passed on by a service in its own answer.
+    service: str | None = None
 
 
 class InvalidName(InvalidInput):

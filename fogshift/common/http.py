@@ -213,6 +213,7 @@ def raise_for_error(response: httpx.Response, what: str) -> None:
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
+E = TypeVar("E", bound=FogshiftError)
 
 #: How long a client keeps an idle connection for reuse. Not httpx's 5 s: a new connection
 #: costs a round trip before the request, a whole second over a link of 1 s RTT, and the
@@ -327,7 +328,7 @@ class ServiceClient:
                 # (Connected, and no answer: "cannot be reached ... is the cluster up?" of
                 # a frozen orchestrator, whose process runs, sent `fogshift up` looking for
                 # what was not running.)
-                raise NoAnswer(
+                raise self._no_answer(NoAnswer(
                     f"{self.name} at {self.url} took the request and did not answer in time "
                     f"({type(exc).__name__})",
                     hint="its process may run but be frozen (SIGSTOP, a hung machine) or "
@@ -335,17 +336,24 @@ class ServiceClient:
                     "starts it again"
                     if self.name == "the orchestrator"
                     else "its agent may be frozen or overloaded: `fogshift nodes` shows its health",
-                ) from exc
-            raise (Unavailable if unsent else NoAnswer)(
+                )) from exc  # fmt: skip
+            raise self._no_answer((Unavailable if unsent else NoAnswer)(
                 f"{self.name} at {self.url} cannot be reached: {type(exc).__name__}",
                 # (`fogshift nodes` asks the orchestrator: no help when it is the one away.)
                 hint="is the cluster up? `fogshift up` starts what is not running, and "
                 "`fogshift logs orchestrator` tells why it stopped"
                 if self.name == "the orchestrator"
                 else "is it running? `fogshift nodes` shows the node agents",
-            ) from exc
+            )) from exc  # fmt: skip
         raise_for_error(response, self.name)
         return response
+
+    def _no_answer(self, error: E) -> E:
+        """``error``, a :class:`NoAnswer` marked as this client's service's own (not one a
+        service passed on in its answer)."""
+        if isinstance(error, NoAnswer):
+            error.service = self.name
+        return error
 
     def _send(self, method: str, path: str, kwargs: dict[str, Any]) -> httpx.Response:
         """The request, sent once more if it is repeatable and its connection broke."""
@@ -384,14 +392,14 @@ class ServiceClient:
                 log.debug("the silence check of %s failed", self.name, exc_info=True)
                 reason = None
             if reason is not None:
-                raise NoAnswer(
+                raise self._no_answer(NoAnswer(
                     f"{self.name} at {self.url} stopped answering {method} {path}: {reason}",
                     hint="it may still carry the request out once it is continued; or "
                     "`fogshift down` stops the cluster and `fogshift up` starts it again"
                     if self.name == "the orchestrator"
                     else "it may still carry the request out if it resumes; `fogshift nodes` "
                     "shows the node agents",
-                )
+                ))  # fmt: skip
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
         return outcome[0]

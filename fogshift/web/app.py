@@ -37,6 +37,7 @@ from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from fogshift.common.exceptions import NoAnswer
 from fogshift.common.http import ServiceClient
 from fogshift.common.service import NameParam, StateKeyQuery
 from fogshift.common.text import one_line
@@ -991,10 +992,17 @@ def _outcome(err: FogshiftError, title: str) -> dict[str, Any]:
         context["outcome"] = "The restore failed" + (
             f": {report.fallback}." if report.fallback else "; see its report and the PE's page."
         )
-    elif isinstance(err, Unavailable):
+    elif isinstance(err, NoAnswer):
+        # (Only an unanswered request may still be under way: a node the orchestrator has
+        # not heard from, say, is refused before the operation starts.)
         context["outcome"] = (
             "No answer in time: the operation may still be running. The PE's page shows its "
             "last migration or restore and the operations journal."
+        )
+    elif isinstance(err, Unavailable):
+        context["outcome"] = (
+            "Refused: a node, the broker or the orchestrator it needs cannot be reached now "
+            "(below); the pipelines run on."
         )
     else:
         context["outcome"] = "Refused: nothing was changed, the pipelines run on."

@@ -64,6 +64,13 @@ def real_cli(*args: str, cwd: str | Path = "/tmp") -> subprocess.CompletedProces
 # -- --version ------------------------------------------------------------------------------
 
 
+def silent_orchestrator(error: Any) -> Any:
+    """``error``, a NoAnswer, as the CLI's client of the orchestrator raises it: the
+    orchestrator's own silence (not one it passed on from a node in its answer)."""
+    error.service = "the orchestrator"
+    return error
+
+
 def test_version_is_the_installed_packages() -> None:
     result = real_cli("--version")
     assert result.returncode == 0, result.stderr
@@ -305,8 +312,10 @@ def test_a_group_migration_that_failed_says_each_move_and_what_to_do(
     # The orchestrator gone mid-group: said as for one PE, not "is the cluster up?".
     class Gone(StandInClient):
         def post(self, path: str, **kwargs: Any) -> Any:
-            raise NoAnswer("the orchestrator at http://127.0.0.1:9 cannot be reached: "
-                           "RemoteProtocolError", hint="is the cluster up?")  # fmt: skip
+            raise silent_orchestrator(NoAnswer(
+                "the orchestrator at http://127.0.0.1:9 cannot be reached: RemoteProtocolError",
+                hint="is the cluster up?",
+            ))  # fmt: skip
 
     use(monkeypatch, Gone({}))
     result = runner.invoke(cli.app, ["migrate", "p", "--elements", "aggregate,sink",
@@ -866,8 +875,9 @@ def test_an_orchestrator_lost_mid_operation_is_said_with_what_becomes_of_it(
     from fogshift.common.exceptions import NoAnswer
 
     def broke() -> Any:
-        raise NoAnswer("the orchestrator at http://127.0.0.1:1 cannot be reached: "
-                       "RemoteProtocolError")  # fmt: skip
+        raise silent_orchestrator(NoAnswer(
+            "the orchestrator at http://127.0.0.1:1 cannot be reached: RemoteProtocolError"
+        ))  # fmt: skip
 
     use(monkeypatch, StandInClient({}, broke))
     result = runner.invoke(cli.app, ["migrate", "p", "aggregate", "--to", "fog-b", "--json"])
@@ -876,6 +886,18 @@ def test_an_orchestrator_lost_mid_operation_is_said_with_what_becomes_of_it(
     assert "stopped answering during the migration of p/aggregate" in said, said
     assert "RemoteProtocolError" in said and "`fogshift logs orchestrator` how it ended" in said
     assert "a migration before its switch is rolled back" in said
+
+    # A node that did not answer the orchestrator, in the orchestrator's answer: said as it
+    # was, not as the orchestrator's own silence.
+    def passed_on() -> Any:
+        raise NoAnswer("node agent 'fog-b' at http://127.0.0.1:2 took the request and did "
+                       "not answer in time (ReadTimeout)")  # fmt: skip
+
+    use(monkeypatch, StandInClient({}, passed_on))
+    result = runner.invoke(cli.app, ["migrate", "p", "aggregate", "--to", "fog-b", "--json"])
+    assert isinstance(result.exception, NoAnswer), result.output
+    said = flat(str(result.exception))
+    assert said.startswith("node agent 'fog-b' at") and "stopped answering" not in said, said
 
 
 def test_a_pe_named_as_the_cli_prints_it_is_told_to_be_two_arguments(

@@ -22,7 +22,9 @@ from fogshift.common.http import (
     blob_reader,
     blob_token,
     client_limits,
+    error_body,
     node_token,
+    raise_for_error,
     tls_context,
     token_node,
 )
@@ -177,6 +179,7 @@ def test_a_request_to_a_service_gone_silent_is_given_up_before_its_timeout() -> 
         (error,) = outcome
         assert isinstance(error, NoAnswer)
         assert "stopped answering POST /pipelines/p/elements/e/pause" in error.message
+        assert error.service == "node agent 'fog-a'"
         assert reason in error.message
     finally:
         client.close()
@@ -225,3 +228,18 @@ def test_a_service_that_takes_a_request_and_never_answers_is_said_to_be_frozen()
     assert "frozen" in (silent.value.hint or "") and "is the cluster up" not in (
         silent.value.hint or ""
     )
+
+
+def test_no_answer_travels_as_its_own_code_apart_from_a_refusal() -> None:
+    # A client tells "may still be under way" from "cannot be reached, nothing started".
+    for sent, kind in ((NoAnswer("agent took it, no answer"), NoAnswer),
+                       (Unavailable("node 'fog-b' is not healthy"), Unavailable)):  # fmt: skip
+        body = error_body(sent)
+        response = httpx.Response(sent.http_status, json=body)
+        with pytest.raises(Unavailable) as got:
+            raise_for_error(response, "the orchestrator")
+        assert type(got.value) is kind and got.value.code == body["code"]
+        # Passed on in an answer: not the answering service's own silence.
+        assert getattr(got.value, "service", None) is None
+    assert error_body(NoAnswer("x"))["code"] == "no_answer"
+    assert error_body(Unavailable("x"))["code"] == "unavailable"

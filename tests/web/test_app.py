@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from fogshift.common.exceptions import NoAnswer
 from fogshift.common.waiting import wait_until
 from fogshift.contracts import (
     DeadLetter,
@@ -36,7 +37,7 @@ from fogshift.contracts import (
     TwinEntry,
     TwinState,
 )
-from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.web.app import MAX_BODY_BYTES, MAX_SPEC_BYTES, DashboardConfig, create_app
 from fogshift.web.auth import COOKIE, Sessions
@@ -621,6 +622,33 @@ def test_a_refusal_shows_what_was_expected_received_and_a_hint(
         assert text in answer.text.replace("&#39;", "'"), text
     bad_mode = web.post(url, data={"target": "fog-b", "mode": "teleport"})
     assert bad_mode.status_code == 422 and "precopy or literal" in bad_mode.text
+
+
+def test_an_unhealthy_target_is_a_refusal_and_only_no_answer_may_still_be_running(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    # The orchestrator refuses a node it has not heard from as `unavailable`, before it
+    # starts anything: the page said "the operation may still be running".
+    logged_in(web, sessions)
+    url = "/pipelines/p/elements/pick/migrate"
+    form = {"target": "fog-b", "mode": "precopy", "confirmed": "true"}
+    stand_in.refuse = Unavailable(
+        "cannot migrate p/pick to node 'fog-b': it is not healthy",
+        expected="a node heard within 5 s", received="'fog-b' last heard 8 s ago",
+        hint="choose another node",
+    )  # fmt: skip
+    refused = web.post(url, data=form)
+    assert refused.status_code == 503
+    text = refused.text.replace("&#39;", "'")
+    assert "Refused: a node, the broker or the orchestrator it needs cannot be reached" in text
+    assert "may still be running" not in text
+    assert "it is not healthy" in text and "last heard 8 s ago" in text
+    stand_in.refuse = NoAnswer("the orchestrator at http://127.0.0.1:1 took the request and "
+                               "did not answer in time (ReadTimeout)")  # fmt: skip
+    unanswered = web.post(url, data=form)
+    assert unanswered.status_code == 503
+    assert "No answer in time: the operation may still be running" in unanswered.text
+    assert "nothing was changed" not in unanswered.text
 
 
 def test_a_post_from_another_site_is_refused(
