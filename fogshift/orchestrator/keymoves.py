@@ -1489,12 +1489,17 @@ def _target_partition(
 
 
 def _check_keys(what: str, keys: list[str]) -> None:
-    """Refuse an empty, too long or doubled key list, or a key no PE could hold."""
-    bad = [k for k in keys if not k or len(k) > MAX_KEY_CHARS or not k.isprintable()]
+    """Refuse an empty, too long or doubled key list, or a key no PE could hold.
+
+    A PE holds any key of at most :data:`MAX_KEY_CHARS` characters (a longer one's event is
+    a dead letter): an empty one (an empty CSV cell) or one with a tab or another control
+    character too, which was held, read and moved by a scale but refused here by name.
+    """
+    bad = [k for k in keys if len(k) > MAX_KEY_CHARS]
     if not keys or len(keys) > MAX_KEYS or bad or len(set(keys)) != len(keys):
         raise InvalidInput(
             f"cannot move {what}: bad key list",
-            expected=f"1 to {MAX_KEYS} distinct keys, each 1 to {MAX_KEY_CHARS} printable "
+            expected=f"1 to {MAX_KEYS} distinct keys, each of at most {MAX_KEY_CHARS} "
             "characters (a key is the key_by field's value as text)",
             received=_bad_keys(keys, bad),
             hint="e.g. --keys p01,p02",
