@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fogshift.exceptions import InvalidInput, NotFound
+from fogshift.exceptions import NotFound
 from fogshift.spec.loader import did_you_mean
 
 #: How much of a file is read at a time when looking for its last lines from the end.
@@ -47,15 +47,15 @@ def select_logs(home: Path, name: str | None) -> dict[str, Path]:
     """The log of ``name`` (a node, ``orchestrator``, ...), or every log if ``None``.
 
     Raises:
-        NotFound: No logs under ``home``.
-        InvalidInput: No log has that name; names the ones that exist.
+        NotFound: No logs under ``home``, or none of that name (the refusal names the
+            ones that exist).
     """
     files = log_files(home)
     if name is None:
         return files
     if name not in files:
         guess = did_you_mean(name, files)
-        raise InvalidInput(
+        raise NotFound(  # (a node or service that is not there: exit 1, not a bad request)
             f"no log named {name!r} under {str(home / 'logs')!r}",
             expected="one of " + ", ".join(files),
             received=repr(name),

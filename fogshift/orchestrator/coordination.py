@@ -546,7 +546,7 @@ class Coordination(Scaling):
             record = self.pipeline(pipeline)
             element = self._element(record, element_id)
             if record.status != PipelineState.RUNNING:
-                raise InvalidInput(
+                raise Conflict(  # (a state that forbids it: exit 1, as a stop's or delete's)
                     f"pipeline {pipeline!r} is {record.status}, not running",
                     expected="a running pipeline",
                     received=f"pipeline {pipeline!r} {record.status}",
@@ -779,10 +779,10 @@ def _refuse_stopped(record: PipelineRecord) -> None:
     """Refuse to migrate a PE of a pipeline that is not running.
 
     Raises:
-        InvalidInput: It is not.
+        Conflict: It is not (a state that forbids it, not a bad request).
     """
     if record.status != PipelineState.RUNNING:
-        raise InvalidInput(
+        raise Conflict(
             f"pipeline {record.name!r} is {record.status}, not running",
             expected="a running pipeline",
             received=f"pipeline {record.name!r} {record.status}",

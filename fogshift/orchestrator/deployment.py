@@ -295,10 +295,10 @@ class Deployment(Journal):
         what it starts or stores would be nobody's.
 
         Raises:
-            InvalidInput: ``record`` is not running.
+            Conflict: ``record`` is not running (a state that forbids it: exit 1).
         """
         if record.status != PipelineState.RUNNING:
-            raise InvalidInput(
+            raise Conflict(
                 f"{refusal}: pipeline {record.name!r} is {record.status}, not running",
                 expected="a running pipeline",
                 received=str(record.status),

@@ -85,6 +85,7 @@ from fogshift.network.relay import (
     spawn_relay,
 )
 from fogshift.network.rtt import RttReport, measure_rtt
+from fogshift.orchestrator.exceptions import UnknownNode
 from fogshift.orchestrator.planning import FogTopology
 from fogshift.orchestrator.registry import Registry, node_in_use
 from fogshift.supervisor.exceptions import AlreadyUp, NotUp
@@ -1870,7 +1871,7 @@ def _check_removable(home: Path, cluster: ClusterFile, names: list[str]) -> None
     have = ", ".join(cluster.nodes)
     unknown = [n for n in names if n not in cluster.nodes]
     if unknown:
-        raise InvalidInput(
+        raise UnknownNode(  # (as `migrate --to` and `scale --on` name a node not there: exit 1)
             f"cannot remove {', '.join(unknown)} from the cluster under {str(home)!r}: not "
             "one of its nodes",
             expected=f"one or more of {have}",

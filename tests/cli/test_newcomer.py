@@ -561,7 +561,8 @@ def test_a_line_appended_between_the_tail_and_the_follow_is_followed(tmp_path: P
 
 def test_logs_of_an_unknown_node_names_the_ones_that_exist(home: Path, tmp_path: Path) -> None:
     result = runner.invoke(cli.app, ["logs", "fog-b", "--home", str(home)])
-    assert isinstance(result.exception, InvalidInput)
+    # Not there, as a node `migrate --to` names: exit 1, not a bad request's 2.
+    assert isinstance(result.exception, NotFound) and result.exception.code == "not_found"
     assert result.exception.expected == "one of orchestrator, cloud, fog-a"
     assert result.exception.hint == "did you mean 'fog-a'?"
     result = runner.invoke(cli.app, ["logs", "--home", str(tmp_path / "nowhere")])

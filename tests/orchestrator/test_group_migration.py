@@ -15,7 +15,7 @@ from fogshift.contracts import (
     MigrationReport,
     PipelineState,
 )
-from fogshift.exceptions import InvalidInput
+from fogshift.exceptions import Conflict, InvalidInput
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.orchestrator.coordination import Coordination
 from fogshift.orchestrator.deployment import Deployment
@@ -119,7 +119,7 @@ def test_all_move_or_none_is_tried() -> None:
     # A stopped pipeline is refused as such (it was "rolled back", the refusal's hint lost).
     fake = Fake(fail=set())
     fake.status = PipelineState.STOPPED
-    with pytest.raises(InvalidInput) as refused:
+    with pytest.raises(Conflict) as refused:
         fake.group(["a", "b"])
     assert "is stopped, not running" in refused.value.message and fake.calls == []
 

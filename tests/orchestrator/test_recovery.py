@@ -29,7 +29,7 @@ from fogshift.contracts import (
     PipelineState,
     ScaleReport,
 )
-from fogshift.exceptions import InvalidInput, Unavailable
+from fogshift.exceptions import Conflict, InvalidInput, Unavailable
 from fogshift.migration.exceptions import MigrationInProgress
 from fogshift.orchestrator import reconciler
 from fogshift.orchestrator.locks import element_lock
@@ -595,7 +595,7 @@ def test_a_stopped_pipelines_pe_is_not_restored(
     orch: Orchestrator, agents: dict[str, StandIn]
 ) -> None:
     orch.registry.set_status("p", "stopped")
-    with pytest.raises(InvalidInput, match="'p' is stopped, not running"):
+    with pytest.raises(Conflict, match="'p' is stopped, not running"):
         orch.restore("p", "aggregate")
     assert calls(agents) == []
 

@@ -19,7 +19,7 @@ import pytest
 from fogshift.broker.keys import KeyMove, KeyState, Ownership
 from fogshift.common.text import one_line
 from fogshift.contracts import Heartbeat, KeyMoveStatus, KeyWave, ScaleReport, StoppedCounts
-from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
+from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, Unavailable
 from fogshift.orchestrator.keymoves import Listing, Settled
 from fogshift.orchestrator.reports import KeptReports
 from fogshift.orchestrator.scaling import Scaling
@@ -209,11 +209,10 @@ def test_a_key_move_or_scale_of_a_stopped_pipeline_is_refused_before_anything_ru
     # A scale stored a third partition and started it (and restarted the sink) on a stopped
     # pipeline before failing; a key move appended its records and waited a minute for
     # partitions nobody ran.
-    from fogshift.exceptions import InvalidInput
 
     _beat(orch, agents)
     orch.registry.set_status("p", "stopped")  # type: ignore[arg-type]
-    with pytest.raises(InvalidInput) as refused:
+    with pytest.raises(Conflict) as refused:
         if request_kind == "key move":
             orch.migrate_keys("p", "aggregate", ["s1"], "fog-b", timeout_s=0.1)
         else:

@@ -457,13 +457,14 @@ def test_removing_nodes_is_refused_before_anything_changes(
     tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
     from fogshift.exceptions import Unavailable
+    from fogshift.orchestrator.exceptions import UnknownNode
 
     cluster = two_node_cluster(tmp_path, sleeper)
     before = cluster_ops.cluster_file(tmp_path).read_text()
-    with pytest.raises(InvalidInput) as refused:
+    with pytest.raises(UnknownNode) as unknown:  # (exit 1, as `migrate --to` one not there)
         cluster_ops.remove_nodes(tmp_path, ["fog-a"], lambda _: None)
-    assert refused.value.message.startswith("cannot remove fog-a from the cluster under")
-    assert refused.value.expected == "one or more of cloud, fog-b"
+    assert unknown.value.message.startswith("cannot remove fog-a from the cluster under")
+    assert unknown.value.expected == "one or more of cloud, fog-b"
     with pytest.raises(InvalidInput) as refused:
         cluster_ops.remove_nodes(tmp_path, ["fog-b", "cloud"], lambda _: None)
     assert "`fogshift down` stops the whole cluster" in (refused.value.hint or "")
