@@ -997,6 +997,14 @@ def _run_operation(
     return report
 
 
+def _line_given(element: str | None, *options: tuple[str, object]) -> str:
+    """What a command line gave, for a refusal's ``received``: the element, or that none was
+    named, and the options given (those left out are not listed as ``None``)."""
+    parts = [f"element {element!r}" if element is not None else "no ELEMENT"]
+    parts += [f"{name} {value!r}" for name, value in options if value is not None]
+    return ", ".join(parts)
+
+
 @app.command()
 def migrate(
     pipeline: Pipeline,
@@ -1142,8 +1150,13 @@ def migrate(
                 "--keys or --key-group moves keys of one partitioned element",
                 expected="`fogshift migrate P ELEMENT --keys K1,K2 --to N` or `... "
                 "--key-group G/N --to N`",
-                received=f"element {element!r}, --elements {elements!r}, --keys {keys!r}, "
-                f"--key-group {key_group!r}",
+                received=_line_given(
+                    element,
+                    ("--elements", elements),
+                    ("--keys", keys),
+                    ("--key", key or None),
+                    ("--key-group", key_group),
+                ),
                 hint="name the partitioned element (not a partition, not --elements) and "
                 "either --keys or --key-group",
             )
@@ -1163,7 +1176,7 @@ def migrate(
             "migrate takes one PE or --elements, not both and not neither",
             expected="`fogshift migrate P ELEMENT --to N` or `fogshift migrate P --elements "
             "A,B --to N`",
-            received=f"element {element!r}, --elements {elements!r}",
+            received=_line_given(element, ("--elements", elements)),
             hint="name the PE, or give --elements, but not both",
         )
     if elements is not None:

@@ -109,6 +109,10 @@ def load_class(reference: str, path: str | None = None) -> type[Processor]:
     except Exception as exc:  # not found, or the module itself raises (SyntaxError...)
         raise ElementError(
             f"cannot import processor class {reference!r}: {type(exc).__name__}: {exc}",
+            expected=f"a module {module_name!r} importable on the node, from `path` or the "
+            "node's Python path",
+            received=f"{type(exc).__name__} importing {module_name!r}"
+            + (f" (path {path!r})" if path else " (no `path` in the options)"),
             hint="the module must be importable on the node (set `path` in the options)",
         ) from exc
     try:

@@ -50,9 +50,21 @@ def _where(loc: tuple[Any, ...], data: Any) -> str:
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
     """The candidate closest to a misspelt ``word`` (``difflib``), or ``None`` if none is
-    close enough to be worth suggesting."""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return close[0] if close else None
+    close enough to be worth suggesting.
+
+    Case aside first: ``fog-A`` is ``fog-a`` (difflib, which tells cases apart, offered
+    ``fog-b``, and nothing for ``FOG-B``).
+    """
+    pool = list(candidates)
+    folded = word.casefold()
+    same = [c for c in pool if c.casefold() == folded]
+    if same:
+        return same[0]
+    by_folded: dict[str, str] = {}
+    for candidate in pool:
+        by_folded.setdefault(candidate.casefold(), candidate)
+    close = difflib.get_close_matches(folded, list(by_folded), n=1, cutoff=0.6)
+    return by_folded[close[0]] if close else None
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

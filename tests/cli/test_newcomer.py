@@ -439,6 +439,23 @@ def test_key_move_options_without_keys_are_refused_not_ignored(
     assert refusal in said and received in said, said
 
 
+@pytest.mark.parametrize(
+    ("args", "received"),
+    [
+        (["aggregate", "--keys", "s1", "--key-group", "1/2"],
+         "received: element 'aggregate', --keys 's1', --key-group '1/2'"),
+        (["--keys", "s1"], "received: no ELEMENT, --keys 's1'"),
+        (["aggregate", "--elements", "a,b"], "received: element 'aggregate', --elements 'a,b'"),
+    ],
+)  # fmt: skip
+def test_a_refused_migrate_says_what_it_was_given_and_nothing_else(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], received: str
+) -> None:
+    # It said "--elements None, ..." of what was not given.
+    said = refused_before_any_request(monkeypatch, ["migrate", "p", *args, "--to", "fog-b"])
+    assert received in said and "None" not in said, said
+
+
 def refused_before_any_request(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> str:
     """What the CLI's refusal of ``args`` says; it must have sent no request."""
     client = StandInClient({})

@@ -151,3 +151,15 @@ def test_a_missing_process_method_or_class_is_refused_with_what_to_name(tmp_path
         check_processor(plan(tmp_path, {"class": "tests.runtime.test_engine_checks:Explode"}))
     assert missing.value.hint == "did you mean 'Explodes'?"
     assert missing.value.expected is not None and "Explodes, Hangs" in missing.value.expected
+
+
+def test_a_class_that_cannot_be_imported_says_what_was_expected_and_received(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ElementError) as err:
+        check_processor(plan(tmp_path, {"class": "no_such_module_here:Missing"}))
+    assert err.value.expected is not None and "'no_such_module_here'" in err.value.expected
+    assert err.value.received == (
+        "ModuleNotFoundError importing 'no_such_module_here' (no `path` in the options)"
+    )
+    assert err.value.hint is not None

@@ -463,6 +463,14 @@ def test_a_misspelt_input_or_node_gets_a_did_you_mean() -> None:
     with pytest.raises(InvalidSpec) as err:
         validate_spec(spec, nodes=["cloud", "fog-b"])
     assert (err.value.hint or "").startswith("did you mean 'fog-b'?")
+    # Case aside: `fog-A` is `fog-a`, not the `fog-b` difflib found closer, and `FOG-B`
+    # (no suggestion at all) is `fog-b`.
+    for placed, meant in (("fog-A", "fog-a"), ("FOG-B", "fog-b")):
+        data = case1()
+        data["elements"][1]["node"] = placed
+        with pytest.raises(InvalidSpec) as err:
+            validate_spec(parse_spec(data), nodes=["cloud", "fog-a", "fog-b"])
+        assert (err.value.hint or "").startswith(f"did you mean {meant!r}?"), err.value.hint
 
 
 def test_a_longer_cycle_is_named_in_the_direction_events_flow() -> None:
