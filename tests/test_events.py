@@ -102,7 +102,7 @@ def test_nested_fields_that_json_names_alike_are_refused_and_located(
     }
 
 
-def test_a_deeply_nested_body_is_checked_without_recursion() -> None:
+def test_a_deeply_nested_body_is_checked_at_every_depth() -> None:
     deep: dict = {}
     inner = deep
     for _ in range(600):

@@ -288,15 +288,20 @@ class ServiceClient:
             the request is given up at once as :class:`NoAnswer` (it may still be carried
             out), instead of after ``timeout_s``: a stopped process (SIGSTOP, a frozen VM)
             keeps its connections open, and its requests would wait the whole timeout.
+        unsent_when_silent: Ask ``silent`` before sending, too: a request to a service
+            already taken as gone is not sent (:class:`Unavailable`), instead of one more
+            request (a thread, a connection) left to wait out ``timeout_s`` at every call
+            of a client that polls (the dashboard's sampler, every second).
     """
 
     def __init__(
         self, url: str, token: str, name: str, timeout_s: float = 30.0,
-        silent: Callable[[], str | None] | None = None,
+        silent: Callable[[], str | None] | None = None, unsent_when_silent: bool = False,
     ) -> None:  # fmt: skip
         self.url = url.rstrip("/")
         self.name = name
         self._silent = silent
+        self._unsent_when_silent = unsent_when_silent
         self._client = httpx.Client(
             base_url=self.url,
             headers={"Authorization": f"Bearer {token}"},
@@ -364,6 +369,15 @@ class ServiceClient:
                 raise
             return self._client.request(method, path, **kwargs)
 
+    def _why_silent(self, silent: Callable[[], str | None]) -> str | None:
+        """``silent()``; ``None`` if it fails (the check only informs: the request's own
+        outcome decides)."""
+        try:
+            return silent()
+        except Exception:
+            log.debug("the silence check of %s failed", self.name, exc_info=True)
+            return None
+
     def _watched(
         self, method: str, path: str, kwargs: dict[str, Any], silent: Callable[[], str | None]
     ) -> httpx.Response:
@@ -371,7 +385,18 @@ class ServiceClient:
 
         Raises:
             NoAnswer: The service went silent while the request waited.
+            Unavailable: It was silent already (with ``unsent_when_silent``): not sent.
         """
+        if self._unsent_when_silent:
+            reason = self._why_silent(silent)
+            if reason is not None:
+                raise Unavailable(
+                    f"{self.name} at {self.url} was not sent {method} {path}: {reason}",
+                    hint="nothing was asked of it; once it is continued it answers again (or "
+                    "`fogshift down` stops the cluster and `fogshift up` starts it again)"
+                    if self.name == "the orchestrator"
+                    else "nothing was asked of it; `fogshift nodes` shows the node agents",
+                )
         done = threading.Event()
         outcome: list[Any] = []
 
@@ -386,11 +411,7 @@ class ServiceClient:
         # A daemon: one given up waits out its timeout without holding up an exit.
         threading.Thread(target=send, name=f"{method} {self.name}", daemon=True).start()
         while not done.wait(WATCH_S):
-            try:
-                reason = silent()
-            except Exception:  # (the check only informs: the request's own outcome decides)
-                log.debug("the silence check of %s failed", self.name, exc_info=True)
-                reason = None
+            reason = self._why_silent(silent)
             if reason is not None:
                 raise self._no_answer(NoAnswer(
                     f"{self.name} at {self.url} stopped answering {method} {path}: {reason}",

@@ -85,19 +85,25 @@ class StoppedWatch:
     row (a :class:`~fogshift.common.http.ServiceClient`'s ``silent``); ``None`` otherwise.
 
     A request to a stopped service waits its client's whole timeout (two minutes for the
-    CLI's reads, half an hour for its operations); one stopped only for a moment (a debugger's
-    step) is waited for.
+    CLI's reads, 15 or 30 for its operations); one stopped only for a moment (a debugger's
+    step) is waited for. A client asks every half second while a request waits: after a
+    longer pause between two asks (between two requests) the process may have been continued
+    meanwhile, so its stop is counted from then.
     """
 
     def __init__(self, pid: int, pgid: int, started: float | None, for_s: float = 2.0) -> None:
         self.pid, self.pgid, self.started, self.for_s = pid, pgid, started, for_s
         self._since: float | None = None
+        self._asked: float | None = None
 
     def __call__(self) -> str | None:
+        now = time.monotonic()
+        if self._asked is None or now - self._asked > self.for_s + 1:
+            self._since = None  # (unwatched meanwhile: it may have run)
+        self._asked = now
         if not (stopped(self.pid) and leads(self.pid, self.pgid, self.started)):
             self._since = None
             return None
-        now = time.monotonic()
         if self._since is None:
             self._since = now
         if now - self._since < self.for_s:

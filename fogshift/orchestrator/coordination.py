@@ -91,7 +91,8 @@ class Coordination(Scaling):
 
         Raises:
             UnknownPipeline / UnknownElement / UnknownNode: A name does not exist.
-            InvalidInput: The PE already runs on ``target``, or the pipeline is not running.
+            InvalidInput: The PE already runs on ``target``.
+            Conflict: The pipeline is not running.
             MigrationInProgress: Another migration of this PE is under way.
             Unavailable: ``target`` is not healthy.
             MigrationFailed: The procedure failed before its routing change and was rolled
@@ -201,6 +202,7 @@ class Coordination(Scaling):
 
         Raises:
             InvalidInput / UnknownElement / Unavailable: Refused before anything moved.
+            Conflict: The pipeline is not running; nothing moved.
         """
         record = self.pipeline(pipeline)
         self.refuse_unless_running(

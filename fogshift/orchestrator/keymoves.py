@@ -1493,14 +1493,16 @@ def _check_keys(what: str, keys: list[str]) -> None:
 
     A PE holds any key of at most :data:`MAX_KEY_CHARS` characters (a longer one's event is
     a dead letter): an empty one (an empty CSV cell) or one with a tab or another control
-    character too, which was held, read and moved by a scale but refused here by name.
+    character too, which was held, read and moved by a scale but refused here by name. Not
+    one with a lone surrogate: its event is a dead letter (``broker.keys.key_refusal``), and
+    it has no UTF-8 form to be routed by.
     """
-    bad = [k for k in keys if len(k) > MAX_KEY_CHARS]
+    bad = [k for k in keys if len(k) > MAX_KEY_CHARS or not _encodes(k)]
     if not keys or len(keys) > MAX_KEYS or bad or len(set(keys)) != len(keys):
         raise InvalidInput(
             f"cannot move {what}: bad key list",
             expected=f"1 to {MAX_KEYS} distinct keys, each of at most {MAX_KEY_CHARS} "
-            "characters (a key is the key_by field's value as text)",
+            "characters, no lone surrogate (a key is the key_by field's value as text)",
             received=_bad_keys(keys, bad),
             hint="e.g. --keys p01,p02",
         )
@@ -1512,6 +1514,15 @@ def _check_keys(what: str, keys: list[str]) -> None:
             received=f"{len(keys)} keys, {listed:,} bytes",
             hint="move them in two or more commands",
         )
+
+
+def _encodes(key: str) -> bool:
+    """Whether ``key`` has a UTF-8 form (no lone surrogate)."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _bad_keys(keys: list[str], bad: list[str]) -> str:

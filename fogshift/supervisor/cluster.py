@@ -299,12 +299,14 @@ OPERATION_TIMEOUT_S = 1800.0
 def orchestrator_client(home: Path, timeout_s: float = 120) -> ServiceClient:
     """A client for the orchestrator of the cluster under ``home``: a request is given up
     (:class:`~fogshift.common.http.NoAnswer`) once the orchestrator's process is seen
-    stopped, instead of after ``timeout_s``."""
+    stopped, instead of after ``timeout_s``, and while it stays stopped, the next are not
+    sent."""
     cluster, token = load_cluster(home)
     process = cluster.orchestrator
     assert process.url is not None
     watch = StoppedWatch(process.pid, process.pgid, process.started)
-    return ServiceClient(process.url, token, "the orchestrator", timeout_s, silent=watch)
+    return ServiceClient(process.url, token, "the orchestrator", timeout_s, silent=watch,
+                         unsent_when_silent=True)  # fmt: skip
 
 
 #: Every process :func:`_spawn` started in this interpreter, in order: what an `up` ended by

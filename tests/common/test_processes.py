@@ -78,6 +78,16 @@ def test_a_stopped_process_is_called_silent_only_once_stopped_for_a_while() -> N
         wait_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, 30,
                    describe="the child to stop again")  # fmt: skip
         assert watch() is None
+        time.sleep(0.6)
+        assert watch() is not None
+        # Unwatched for longer than its time and a second (between two requests), it may
+        # have run meanwhile: a stop seen then is counted from then, not from the last one.
+        os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(1.6)
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, 30,
+                   describe="the child to stop a third time")  # fmt: skip
+        assert watch() is None
         # Another process that took the recorded pid's place is not the service.
         other = StoppedWatch(proc.pid, proc.pid, (started_at(proc.pid) or 0) - 60, for_s=0)
         assert other() is None

@@ -21,7 +21,7 @@ from fogshift.common.exceptions import AlreadyRunning, NoAnswer
 from fogshift.common.http import node_token
 from fogshift.common.locks import CLUSTER_LOCK
 from fogshift.common.processes import alive
-from fogshift.exceptions import FogshiftError, InvalidInput
+from fogshift.exceptions import FogshiftError, InvalidInput, Unavailable
 from fogshift.supervisor import cluster as cluster_ops
 from fogshift.supervisor.cluster import ClusterFile, ProcessInfo, save_cluster, token_file
 from tests.common.test_locks import holder
@@ -922,6 +922,17 @@ def test_a_request_to_a_stopped_orchestrator_is_given_up_before_its_timeout(
         assert f"its process (pid {listener.pid}) is stopped" in given_up.value.message
         assert f"kill -CONT -- -{listener.pid}" in given_up.value.message
         assert "once it is continued" in (given_up.value.hint or "")
+        # While it stays stopped, a client that polls (the dashboard's) sends nothing more:
+        # each request had left a thread and a connection waiting out the timeout.
+        with (
+            cluster_ops.orchestrator_client(tmp_path, timeout_s=90) as client,
+            pytest.raises(Unavailable) as unsent,
+        ):
+            with contextlib.suppress(NoAnswer):
+                client.get("/pipelines")  # (its first: sent, given up)
+            client.get("/pipelines")
+        assert type(unsent.value) is Unavailable  # (not NoAnswer: nothing was asked of it)
+        assert "was not sent GET /pipelines: its process" in unsent.value.message
     finally:
         listener.kill()
         listener.wait()
