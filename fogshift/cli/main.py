@@ -17,7 +17,6 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel, ValidationError
-from rich.markup import escape
 from rich.status import Status
 from rich.table import Table
 from rich.text import Text
@@ -27,7 +26,7 @@ from fogshift.broker.server import DEFAULT_SYNC
 from fogshift.cli import net as net_cli
 from fogshift.cli.bench import bench_app
 from fogshift.cli.net import Home, usable_home
-from fogshift.cli.output import make_console, progress_to
+from fogshift.cli.output import escape, make_console, progress_to, visible
 from fogshift.cli.topology import topology_app
 from fogshift.common.exceptions import InvalidName, NoAnswer
 from fogshift.common.files import make_private_dir
@@ -675,8 +674,9 @@ def _disk(node: NodeView) -> str:
 
 def _plain(*cells: str) -> list[Text]:
     """Table cells shown as they are: data (a dead letter's reason, an event, a key) is never
-    read as Rich markup, which dropped ``[patient]`` from a reason and failed on ``[/tmp]``."""
-    return [Text(cell) for cell in cells]
+    read as Rich markup, which dropped ``[patient]`` from a reason and failed on ``[/tmp]``,
+    and its control characters are shown, not acted on by the terminal (:func:`visible`)."""
+    return [Text(visible(cell)) for cell in cells]
 
 
 @app.command()
@@ -881,7 +881,8 @@ def logs(
     ends = sizes(files)
 
     def write(line: str) -> None:
-        sys.stdout.write(line + "\n")
+        # (A log line may quote data, an event's or a key's text: shown, not acted on.)
+        sys.stdout.write(visible(line) + "\n")
         sys.stdout.flush()  # a pipe (`| grep`) sees each line as it comes
 
     for name, path in files.items():

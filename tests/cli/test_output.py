@@ -218,3 +218,32 @@ def test_a_silent_nodes_disk_is_said_as_last_heard() -> None:
     assert _disk(up) == "2.0 of 32 GiB free"
     assert _disk(up.model_copy(update={"healthy": False})) == "2.0 of 32 GiB free (when last heard)"
     assert _disk(node("fog-b")) == "-"  # (it did not say)
+
+
+def test_control_characters_in_data_are_shown_not_acted_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A key holding ESC [ 2 J (read from an event: data) cleared the operator's screen as
+    # `fogshift state` listed it; ESC ] 0 ; ... retitled the window. Rich passes ESC on.
+    from fogshift.cli import main as cli
+    from fogshift.contracts import TwinEntry, TwinState
+
+    hostile = "s1\x1b[2J\x1b]0;owned\x07\x9b31m"
+    monkeypatch.setattr(cli, "_element_read", lambda *args: TwinState(
+        pipeline="p", element="agg", node="fog-a", batch=7, key_by="sensor", keys=1,
+        entries=[TwinEntry(key=hostile, state={"last": hostile})],
+    ))  # fmt: skip
+    out = fogshift_in_process("state", "p", "agg").stdout
+    assert "\x1b" not in out and "\x07" not in out and "\x9b" not in out, repr(out)
+    assert "s1\\x1b[2J\\x1b]0;owned\\x07\\x9b31m" in out.replace("\n", ""), out
+    # An error quoting what it was given, the same.
+    result = fogshift_in_process("state", "p", "agg\x1b[2J", check=False)
+    assert "\x1b" not in result.stderr and "\\x1b" in result.stderr, repr(result.stderr)
+
+
+def test_visible_keeps_tabs_line_feeds_and_text_and_escapes_markup() -> None:
+    from fogshift.cli.output import escape, visible
+
+    assert visible("a\tb\nc é ✓") == "a\tb\nc é ✓"
+    assert visible("\x00\x1f\x7f\x85") == "\\x00\\x1f\\x7f\\x85"
+    assert escape("[red]x\x1b[/]") == "\\[red]x\\x1b\\[/]"
