@@ -536,12 +536,14 @@ def key_text(body: Any, key_by: str) -> str | None:
     if isinstance(value, str):
         # A lone surrogate (JSON's "\\ud800") has no UTF-8 bytes to route by, and Spark
         # reads no key in it either.
-        return value if value.isascii() or _utf8(value) else None
+        return value if value.isascii() or has_utf8(value) else None
     # (bool is an int: true / false, as Spark writes them)
     return json.dumps(value) if isinstance(value, int) else None
 
 
-def _utf8(text: str) -> bool:
+def has_utf8(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (no lone surrogate): a key without one cannot be
+    routed (:func:`~fogshift.spec.models.partition_of_key` hashes its bytes)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

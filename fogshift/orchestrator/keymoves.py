@@ -42,6 +42,7 @@ from fogshift.broker.keys import (
     Ownership,
     body_key,
     event_fields,
+    has_utf8,
     in_group,
     listed_unions,
     parse,
@@ -1497,7 +1498,7 @@ def _check_keys(what: str, keys: list[str]) -> None:
     one with a lone surrogate: its event is a dead letter (``broker.keys.key_refusal``), and
     it has no UTF-8 form to be routed by.
     """
-    bad = [k for k in keys if len(k) > MAX_KEY_CHARS or not _encodes(k)]
+    bad = [k for k in keys if len(k) > MAX_KEY_CHARS or not has_utf8(k)]
     if not keys or len(keys) > MAX_KEYS or bad or len(set(keys)) != len(keys):
         raise InvalidInput(
             f"cannot move {what}: bad key list",
@@ -1514,15 +1515,6 @@ def _check_keys(what: str, keys: list[str]) -> None:
             received=f"{len(keys)} keys, {listed:,} bytes",
             hint="move them in two or more commands",
         )
-
-
-def _encodes(key: str) -> bool:
-    """Whether ``key`` has a UTF-8 form (no lone surrogate)."""
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _bad_keys(keys: list[str], bad: list[str]) -> str:
