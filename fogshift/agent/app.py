@@ -244,6 +244,8 @@ def agent_access(config: AgentConfig, removed: RemovedNodes) -> Access:
                 return Forbidden(
                     f"node {reader!r} was removed from the cluster: its blob token opens "
                     f"nothing on node {config.name!r} any more",
+                    expected="the orchestrator's token, or the blob token of a node in the cluster",
+                    received=f"the blob token of removed node {reader!r}",
                     hint=f"an operator's `fogshift up --nodes` naming every node and "
                     f"{reader} adds it again",
                 )
@@ -263,6 +265,8 @@ def agent_access(config: AgentConfig, removed: RemovedNodes) -> Access:
             return Forbidden(
                 f"the blob token of node {reader!r} for node {config.name!r} only reads checkpoint "
                 f"blobs, not {method} {path}",
+                expected="GET of a checkpoint blob, or the orchestrator's token",
+                received=f"{method} {path} with node {reader!r}'s blob token",
                 hint="control requests to a node come from the orchestrator",
             )
         return wrong_token(f"node agent {config.name!r}", given)

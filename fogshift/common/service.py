@@ -423,7 +423,8 @@ def install_error_handlers(
         err: FogshiftError
         status = exc.status_code
         if status == 404:
-            err = NotFound(f"no endpoint {what}", hint=f"{schema} lists the endpoints")
+            err = NotFound(f"no endpoint {what}", expected="a path and method of the API",
+                           received=what, hint=f"{schema} lists the endpoints")  # fmt: skip
         elif status == 400:
             # A body FastAPI could not parse although it is JSON by its syntax (an integer
             # of more than 4300 digits, nesting deeper than Python recurses): refused as any

@@ -105,6 +105,8 @@ def orchestrator_access(
             return NodeRemoved(
                 f"node {node!r} was removed from the cluster: its token opens nothing on the "
                 "orchestrator",
+                expected="the operator token, or the token of a node in the cluster",
+                received=f"the token of removed node {node!r}",
                 hint=f"`fogshift up --nodes` naming every node and {node} adds it again",
             )
         now = generation(node)
@@ -116,6 +118,8 @@ def orchestrator_access(
         return Forbidden(
             f"the token of node {node!r} cannot call {method} {path} on the orchestrator: it opens "
             "only that node's heartbeat and directory and the central checkpoint blobs",
+            expected="the operator token",
+            received=f"node {node!r}'s token",
             hint="operator commands need the operator token in <home>/token",
         )
 

@@ -252,6 +252,9 @@ def test_the_blob_token_reads_blobs_and_nothing_else(home: Path) -> None:
     assert blobs.get(f"/checkpoints/blobs/{sha}/chunks").json()["size"] == len(data)
     assert blobs.get(f"/checkpoints/blobs/{sha}?offset=8&length=5").content == b"bytes"
     assert blobs.get("/elements").status_code == 403
+    assert blobs.get("/elements").json()["received"] == (
+        "GET /elements with node 'fog-b''s blob token"
+    )
     assert blobs.delete("/pipelines/p/elements/agg?discard=true").status_code == 403
     assert (home / "nodes" / "fog-a" / "checkpoints" / "p" / "agg" / "metadata").exists()
     # A blob token made with another node's token, or naming another reader, opens nothing.
@@ -292,6 +295,8 @@ def test_a_removed_nodes_blob_token_is_refused_once_a_heartbeat_says_so(home: Pa
     refused = fog_b.get(f"/checkpoints/blobs/{sha}")
     assert refused.status_code == 403, refused.text
     assert "node 'fog-b' was removed from the cluster" in refused.json()["message"]
+    assert refused.json()["received"] == "the blob token of removed node 'fog-b'"
+    assert refused.json()["expected"]
     assert fog_c.get(f"/checkpoints/blobs/{sha}").content == data  # the others read on
     # A token naming the removed reader but not made with this node's token: not its own.
     forged = blob_token(node_token(OPERATOR, "fog-c"), "fog-b")
@@ -603,6 +608,7 @@ def test_a_request_no_route_takes_is_answered_in_fogshifts_form(home: Path) -> N
     missing = client(app, OPERATOR).get("/no/such/route")
     assert missing.status_code == 404 and missing.json()["code"] == "not_found", missing.text
     assert "GET /no/such/route" in missing.json()["message"] and missing.json()["hint"]
+    assert missing.json()["received"] == "GET /no/such/route" and missing.json()["expected"]
     wrong = client(app, OPERATOR).delete("/health")
     assert wrong.status_code == 405 and "DELETE /health" in wrong.json()["message"], wrong.text
     assert "GET" in wrong.headers["allow"]

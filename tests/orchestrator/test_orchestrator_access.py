@@ -64,6 +64,9 @@ def test_a_node_token_opens_its_heartbeat_and_nothing_of_the_operator(app: FastA
     for response in refused:
         assert response.status_code == 403, (response.request.url, response.text)
         assert response.json()["code"] == "forbidden"
+        # (What was expected and what was received, as every refusal says.)
+        assert response.json()["expected"] == "the operator token", response.text
+        assert response.json()["received"] == "node 'fog-a''s token", response.text
     assert orchestrator.registry.pipelines() == []
     assert orchestrator.registry.node("fog-b") is None
     # The same requests with the operator token pass the token check.
