@@ -62,6 +62,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from fogshift.broker.naming import key_state_origin, keys_subject
+from fogshift.common.text import has_utf8
 from fogshift.events import CONTROL_PREFIX, MAX_KEY_CHARS, NOT_AN_EVENT
 from fogshift.spec.models import RESERVED_FIELD_PREFIX, partition_of_key
 
@@ -539,16 +540,6 @@ def key_text(body: Any, key_by: str) -> str | None:
         return value if value.isascii() or has_utf8(value) else None
     # (bool is an int: true / false, as Spark writes them)
     return json.dumps(value) if isinstance(value, int) else None
-
-
-def has_utf8(text: str) -> bool:
-    """Whether ``text`` has a UTF-8 form (no lone surrogate): a key without one cannot be
-    routed (:func:`~fogshift.spec.models.partition_of_key` hashes its bytes)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def key_refusal(body: str, key_by: str, grouped: str, pe: str) -> str | None:

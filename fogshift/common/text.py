@@ -12,3 +12,13 @@ def one_line(text: str | None, limit: int = 200) -> str:
 def counted(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural unless one ("1 key", "3 keys", "0 keys")."""
     return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def has_utf8(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (no lone surrogate): JSON's ``"\\ud800"`` reads as
+    one, which no UTF-8 writer, and no key's routing (its bytes are hashed), takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -42,7 +42,6 @@ from fogshift.broker.keys import (
     Ownership,
     body_key,
     event_fields,
-    has_utf8,
     in_group,
     listed_unions,
     parse,
@@ -58,7 +57,7 @@ from fogshift.broker.naming import (
 )
 from fogshift.broker.publish import WRONG_LAST_SEQUENCE
 from fogshift.common.progress import PositionWatch
-from fogshift.common.text import counted, one_line
+from fogshift.common.text import counted, has_utf8, one_line
 from fogshift.contracts import (
     KeyMoveReport,
     KeyMoveStatus,

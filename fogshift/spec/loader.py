@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from fogshift.common.text import has_utf8
 from fogshift.common.validation import expected_of, message_of, refusal_of
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.spec.exceptions import InvalidSpec
@@ -271,14 +272,6 @@ MAX_SPEC_DEPTH = 32
 _JSON_VALUES = (type(None), bool, int, float, str, dict, list, tuple)
 
 
-def _utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _check_values(data: Any) -> None:
     """Refuse a value no spec field can hold and that would only fail later, as a
     traceback or a stopped query: a number that is not finite (YAML's ``.inf``, ``.nan``;
@@ -319,7 +312,7 @@ def _check_values(data: Any) -> None:
                 received=repr(value[:40]),
                 hint="no path, name or expression holds one; was the file written as text?",
             )
-        if isinstance(value, str) and not _utf8(value):
+        if isinstance(value, str) and not has_utf8(value):
             raise InvalidSpec(
                 f"{place} holds a lone surrogate (a \\ud800-style escape)",
                 expected="text that UTF-8 can encode",
@@ -337,7 +330,7 @@ def _check_values(data: Any) -> None:
             )
         if isinstance(value, dict):
             for k in value:
-                if not isinstance(k, str) or not _utf8(k):
+                if not isinstance(k, str) or not has_utf8(k):
                     raise InvalidSpec(
                         f"{place} has key {k!r}, which is not text",
                         expected="mapping keys that are text",
