@@ -179,9 +179,21 @@ class SyncJetStream:
     def _submit(self, call: Callable[[], Awaitable[T]], timeout: float) -> T:
         # Not portal.call: that has no timeout. On a timeout the call keeps running, as
         # before; close() cancels whatever is left.
+        future = self._portal.start_task_soon(call)
         try:
-            return self._portal.start_task_soon(call).result(timeout)
+            return future.result(timeout)
         except TimeoutError as exc:
+            if future.done() and not future.cancelled() and future.exception() is exc:
+                # The call's own timeout (nats-py's TimeoutError is a TimeoutError): a
+                # request the broker took and never completed, such as a store its full
+                # disk refused. Said as "did not answer within 300 s", it sent operators
+                # to the network.
+                raise BrokerUnavailable(
+                    f"the broker at {self.address.url} did not complete a request in time "
+                    f"({type(exc).__module__}.{type(exc).__name__}: {exc})",
+                    hint="it is reachable but did not acknowledge: see its log (`fogshift "
+                    "up`'s: <home>/broker/nats.log) and the free space of its store's disk",
+                ) from exc
             # (A broker that cannot be reached at all, too: the first connect retries.)
             raise BrokerUnavailable(
                 f"the broker at {self.address.url} did not answer within {timeout:g} s",

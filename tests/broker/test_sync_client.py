@@ -66,6 +66,22 @@ def test_close_cancels_a_call_that_timed_out(nats_server: BrokerProcess) -> None
     assert len(ours) == 1 and not next(iter(ours)).is_alive()
 
 
+def test_a_request_the_broker_never_completed_is_not_said_to_be_the_calls_wait(
+    nats_server: BrokerProcess,
+) -> None:
+    # nats-py's own timeout (a store the broker took and never acknowledged: its disk full)
+    # is a TimeoutError too: it was reported as the whole call's 300 s wait, seconds in.
+    async def unacknowledged(_js: object) -> None:
+        raise nats_errors.TimeoutError
+
+    with SyncJetStream(nats_server.address) as client, pytest.raises(BrokerUnavailable) as caught:
+        client.run(unacknowledged, timeout=300)
+    said = str(caught.value)
+    assert "did not complete a request in time (nats.errors.TimeoutError" in said, said
+    assert "300" not in said, said
+    assert "nats.log" in (caught.value.hint or ""), caught.value.hint
+
+
 def test_a_broker_nobody_answers_at_is_unavailable_not_a_timeout() -> None:
     nowhere = BrokerAddress(dead_url().replace("http", "nats"))
     with (
