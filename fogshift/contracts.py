@@ -1021,10 +1021,24 @@ class NodeView(BaseModel):
 
     @property
     def disk_text(self) -> str | None:
-        """``12.3 of 50 GiB free``, or ``None`` when the node did not say."""
+        """``12.3 of 50 GiB free`` (``370 of 400 MiB free`` on a small disk), or ``None``
+        when the node did not say."""
         if self.disk_free_bytes is None or not self.disk_total_bytes:
             return None
-        return f"{self.disk_free_bytes / 2**30:.1f} of {self.disk_total_bytes / 2**30:.0f} GiB free"
+        free, total, unit = disk_sizes(self.disk_free_bytes, self.disk_total_bytes)
+        return f"{free} of {total} {unit} free"
+
+
+#: Disks smaller than this are told in MiB: a fog node's small disk read "0.4 of 0 GiB free".
+SMALL_DISK_BYTES = 2 << 30
+
+
+def disk_sizes(free: int, total: int) -> tuple[str, str, str]:
+    """``free`` and ``total`` bytes of a disk as numbers in one unit, and the unit: GiB
+    (``free`` to one decimal), or whole MiB for a disk under :data:`SMALL_DISK_BYTES`."""
+    if total < SMALL_DISK_BYTES:
+        return f"{free / 2**20:.0f}", f"{total / 2**20:.0f}", "MiB"
+    return f"{free / 2**30:.1f}", f"{total / 2**30:.0f}", "GiB"
 
 
 class StandbyStatus(BaseModel):

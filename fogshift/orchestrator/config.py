@@ -45,8 +45,9 @@ class OrchestratorConfig(BaseSettings):
             primaries have committed (what a promotion has left to re-derive).
         duplicate_window_s: The broker's de-duplication window of new streams (the broker
             client's default, :data:`fogshift.broker.client.DUPLICATE_WINDOW_S`).
-        low_disk_bytes: A node with less free space than this on its home's file system,
-            or less than ``low_disk_share`` of it, is warned of in ``GET /nodes`` (its
+        low_disk_bytes: A node with less free space than this (at most a quarter of a
+            small disk) on its home's file system, or less than ``low_disk_share`` of
+            it, is warned of in ``GET /nodes`` (its
             checkpoints, and its PEs with them, fail once it is full); so is the
             orchestrator's own, in ``GET /health``.
         low_disk_share: See ``low_disk_bytes`` (for a large disk, where 1 GiB is little).

@@ -32,6 +32,7 @@ from fogshift.broker.publish import fence
 from fogshift.common.progress import PositionWatch, progress_params
 from fogshift.common.service import PROGRESS_WAIT_MAX_S
 from fogshift.contracts import (
+    SMALL_DISK_BYTES,
     AgedNodeCheckpoint,
     CheckpointsView,
     DeadLetter,
@@ -56,6 +57,7 @@ from fogshift.contracts import (
     StreamEvent,
     TwinEntry,
     TwinState,
+    disk_sizes,
 )
 from fogshift.events import EPOCH_HEADER, ORIGIN_HEADER
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
@@ -100,12 +102,19 @@ def _aged(snapshot: NodeCheckpoint | None) -> AgedNodeCheckpoint | None:
 
 
 def disk_warning(free: int | None, total: int | None, limits: WarningLimits) -> str | None:
-    """``disk nearly full: ...`` when ``free`` is below ``limits.low_disk_bytes`` or
-    ``limits.low_disk_share`` of ``total``; ``None`` otherwise, or when unknown."""
+    """``disk nearly full: ...`` when ``free`` is below ``limits.low_disk_bytes`` (at most a
+    quarter of ``total``) or ``limits.low_disk_share`` of ``total``; ``None`` otherwise, or
+    when unknown."""
     if free is None or not total:
         return None
-    if free >= limits.low_disk_bytes and free >= limits.low_disk_share * total:
+    # (On a disk of under 4 GiB, 1 GiB free is no alarm: a node on a 400 MiB card was
+    # "nearly full" from its start, and full it looked the same.)
+    floor = min(limits.low_disk_bytes, total // 4)
+    if free >= floor and free >= limits.low_disk_share * total:
         return None
+    if total < SMALL_DISK_BYTES:
+        free_text, total_text, unit = disk_sizes(free, total)
+        return f"disk nearly full: {free_text} {unit} free of {total_text} {unit}"
     return f"disk nearly full: {free / 2**30:.2f} GiB free of {total / 2**30:.1f} GiB"
 
 

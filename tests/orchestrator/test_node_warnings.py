@@ -91,6 +91,26 @@ def test_a_nearly_full_disk_is_told_before_checkpoints_fail() -> None:
     assert node_warnings(_beat(1.0), heard_s=0.0, now=NOW, limits=low) == []  # unknown
 
 
+def test_a_small_disk_is_warned_of_when_it_fills_not_from_its_start() -> None:
+    # A fog node on a 400 MiB disk was "nearly full" from its start (under 1 GiB free), and
+    # full it looked the same: on a disk under 4 GiB the bytes' limit is a quarter of it.
+    mib = 1 << 20
+    low = WarningLimits(low_disk_bytes=1 << 30, low_disk_share=0.05)
+
+    def disk(free: int, total: int) -> list[str]:
+        beat = _beat(1.0).model_copy(update={"disk_free_bytes": free, "disk_total_bytes": total})
+        return node_warnings(beat, heard_s=0.0, now=NOW, limits=low)
+
+    assert disk(370 * mib, 400 * mib) == []
+    assert disk(101 * mib, 400 * mib) == []
+    (warning,) = disk(99 * mib, 400 * mib)
+    assert warning.startswith("disk nearly full: 99 MiB free of 400 MiB ("), warning
+    (warning,) = disk(0, 400 * mib)
+    assert warning.startswith("disk nearly full: 0 MiB free of 400 MiB ("), warning
+    (warning,) = disk(900 * mib, 8 * 1024 * mib)  # 1 GiB is under a quarter of 8 GiB
+    assert warning.startswith("disk nearly full: 0.88 GiB free of 8.0 GiB")
+
+
 def test_the_limits_are_the_orchestrators_settings() -> None:
     assert WarningLimits() == WarningLimits(
         **{f: OrchestratorConfig.default(f) for f in WarningLimits.model_fields}

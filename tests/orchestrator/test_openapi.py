@@ -188,6 +188,10 @@ def test_a_node_whose_checkpoints_fail_or_stopped_is_flagged_in_the_node_view(
     assert view.healthy  # it works: flagged, not taken for lost (that would restore its PEs)
     assert (view.disk_free_bytes, view.disk_total_bytes) == (7 * 2**30, 2**36)
     assert view.disk_text == "7.0 of 64 GiB free"
+    small = view.model_copy(
+        update={"disk_free_bytes": 370 * 2**20, "disk_total_bytes": 400 * 2**20}
+    )
+    assert small.disk_text == "370 of 400 MiB free"  # (it read "0.4 of 0 GiB free")
     assert len(view.warnings) == 2
     assert view.warnings[0].startswith("node-level checkpoints stopped: the last round ended 6")
     assert view.warnings[1] == "node-level checkpoint of p/agg failed: CheckpointError: no room"
