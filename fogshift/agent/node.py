@@ -52,6 +52,7 @@ from fogshift.checkpoint.store import (
     snapshot_file,
     take_snapshot,
 )
+from fogshift.common.files import DISK_FULL
 from fogshift.common.gate import acknowledged, open_gate, write_gate
 from fogshift.common.names import NAME_PATTERN, pe_folder, pipeline_folder
 from fogshift.common.text import one_line
@@ -663,6 +664,14 @@ class NodeRuntime:
         hosted.failures += 1
         hosted.element_failures = hosted.element_failures + 1 if element_error else 0
         hosted.state, hosted.error = PEState.FAILED, error[:2000]
+        if DISK_FULL in error:
+            # (The errno alone named neither the node nor where: a probe's operator looked
+            # at the network.)
+            hosted.error += (
+                f"\nthe disk of node {self.config.name!r} is full (its home: "
+                f"{self.config.home}): free space there; the PE is retried until it runs, "
+                "or restore it elsewhere (`fogshift restore`)"
+            )
         if element_error and hosted.element_failures > ELEMENT_ERROR_RESTARTS:
             hosted.retry_at = math.inf
             hosted.error = (

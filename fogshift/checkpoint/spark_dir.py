@@ -31,6 +31,7 @@ from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.checkpoint.key_index import FOLDER as KEY_INDEX_FOLDER
 from fogshift.checkpoint.key_index import batch_of as index_batch
 from fogshift.common.exceptions import InvalidName
+from fogshift.common.files import DISK_FULL
 from fogshift.common.names import check_relative_path
 from fogshift.exceptions import FogshiftError
 
@@ -147,6 +148,10 @@ def unreadable_checkpoint(text: str) -> str | None:
     loads it, at its first batch, and fails it at every start: the caller, seeing it fail
     so in a row, has the PE restored from another checkpoint.
     """
+    if DISK_FULL in text:
+        # A state load that failed for a full disk says nothing of the checkpoint: taken
+        # for unreadable, the node's checkpoint would be set aside for an older central one.
+        return None
     if found := _UNREADABLE_CONDITIONS.search(text):
         return f"Spark cannot load its state: {found.group(1)}"
     if found := _UNREADABLE_LOG.search(text):

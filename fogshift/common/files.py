@@ -18,6 +18,10 @@ PRIVATE_MODE = 0o600
 #: The mode of a fogshift home: only its owner enters it.
 PRIVATE_DIR_MODE = 0o700
 
+#: What an error of a full disk says, in Python (errno 28) and in the JVM (an IOException)
+#: alike: how a failure's text tells it.
+DISK_FULL = "No space left on device"
+
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> Path:
     """Write ``text`` to ``path`` (created or replaced) so that a reader sees either the

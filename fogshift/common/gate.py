@@ -42,8 +42,13 @@ def write_gate(gate: str | Path, mode: str, limit: dict[str, Any] | None = None)
     # that timed out, then ran when its node thawed) shared one, the shorter text landing
     # over the longer, and the torn gate read as open.
     tmp = target.with_name(f".{target.name}.{nonce}.tmp")
-    tmp.write_text(json.dumps({"mode": mode, "limit": limit, "nonce": nonce}))
-    tmp.replace(target)
+    try:
+        tmp.write_text(json.dumps({"mode": mode, "limit": limit, "nonce": nonce}))
+        tmp.replace(target)
+    except BaseException:
+        # (A full disk left an empty temporary file per refused pause.)
+        tmp.unlink(missing_ok=True)
+        raise
     return nonce
 
 

@@ -334,6 +334,17 @@ def install_error_handlers(
             return JSONResponse(refused[0].to_dict(), status_code=refused[1])
         try:
             return await call_next(request)
+        except OSError as exc:  # the machine's: a full or failing disk, not a bug
+            # (A probe's full node logged a 95-line traceback "a bug in the service" every
+            # 4 s, for each replica the orchestrator pushed to it.)
+            log.error("%s %s failed: %s: %s", request.method, request.url.path,
+                      type(exc).__name__, exc)  # fmt: skip
+            failed = FogshiftError(
+                f"{request.method} {request.url.path} failed: {type(exc).__name__}: {exc}",
+                hint="the service's machine refused a file or system operation: a full disk "
+                "(errno 28), a read-only or failing file system; free space or mend it there",
+            )
+            return JSONResponse(failed.to_dict(), status_code=failed.http_status)
         except Exception as exc:  # a bug: answered here, so the server keeps the connection
             # Left to the server, an unhandled exception closes the connection after its
             # 500, and the client's next request on it fails as "cannot be reached" — which

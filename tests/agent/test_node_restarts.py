@@ -811,6 +811,27 @@ def test_one_element_error_after_broker_failures_is_restarted_not_given_up(
     assert h.retry_at == math.inf and said in (h.error or "")
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        "OSError: [Errno 28] No space left on device: '/h/nodes/n1/checkpoints/x/p/tmp'",
+        "StreamingQueryException: java.io.IOException: No space left on device",
+    ],
+)
+def test_a_full_disk_is_said_to_be_the_nodes_and_the_pe_retried(
+    runtime: NodeRuntime, tmp_path: Path, error: str
+) -> None:
+    h = hosted(tmp_path)
+    runtime._failed(h, error)
+    said = h.error or ""
+    assert said.startswith(error), said
+    assert f"the disk of node {runtime.config.name!r} is full" in said, said
+    assert str(runtime.config.home) in said and "`fogshift restore`" in said, said
+    assert h.state == PEState.FAILED and math.isfinite(h.retry_at)
+    runtime._failed(h, "broker gone")  # another failure says only what it is
+    assert h.error == "broker gone"
+
+
 @pytest.mark.parametrize("state", [PEState.FENCED, PEState.STOPPED, PEState.FAILED])
 def test_a_pause_of_a_query_that_will_never_pause_ends_at_once(
     runtime: NodeRuntime, tmp_path: Path, state: PEState

@@ -159,6 +159,10 @@ def test_a_file_a_start_reads_that_does_not_match_its_checksums_is_told(
         # Raised writing a snapshot ("please retry"), not reading one.
         ("[STATE_STORE_UNEXPECTED_EMPTY_FILE_IN_ROCKSDB_ZIP] Detected an empty file", None),
         ("fogshift.broker.exceptions.BrokerUnavailable: nats: no servers available", None),
+        # A state load cut short by a full disk: the checkpoint is whole.
+        ("org.apache.spark.SparkException: [CANNOT_LOAD_STATE_STORE.UNCATEGORIZED] An error "
+         "occurred during loading state.\nCaused by: java.io.IOException: No space left on "
+         "device", None),
     ],
 )  # fmt: skip
 def test_a_failure_that_says_the_checkpoint_cannot_be_read_is_told(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from fogshift.common.gate import read_gate, write_gate
 
 
@@ -42,3 +44,22 @@ def test_gates_written_at_once_are_each_whole_and_never_read_as_open(tmp_path: P
     assert errors == []
     assert seen and all(g is not None for g in seen)
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_gate_a_full_disk_refused_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A probe's full node left an empty `.pe.json.<nonce>.tmp` per refused pause.
+    gate = tmp_path / "gates" / "pe.json"
+    real = Path.write_text
+
+    def full(self: Path, text: str, *args: object, **kwargs: object) -> int:
+        real(self, "")
+        raise OSError(28, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match="No space left"):
+        write_gate(gate, "hold")
+    monkeypatch.undo()
+    assert list(gate.parent.iterdir()) == []
+    assert read_gate(str(gate)) is None  # (still open)

@@ -43,6 +43,29 @@ def test_a_bug_in_an_endpoint_is_answered_as_a_json_error() -> None:
     assert client.get("/fine").json() == {"ok": True}
 
 
+def test_a_full_disk_under_an_endpoint_is_said_so_not_called_a_bug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = FastAPI()
+    install_error_handlers(app, TOKEN)
+
+    @app.put("/blobs/x")
+    def store() -> None:
+        raise OSError(28, "No space left on device", "/nodes/fog-a/replicas/blobs/x")
+
+    client = TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
+    with caplog.at_level("INFO", logger="fogshift"):
+        answer = client.put("/blobs/x")
+    assert answer.status_code == 500
+    body = answer.json()
+    assert "PUT /blobs/x failed: OSError: [Errno 28] No space left on device" in body["message"]
+    assert "/nodes/fog-a/replicas/blobs/x" in body["message"]
+    assert "full disk" in body["hint"] and "bug" not in body["hint"]
+    # One line in the log, naming the file, not a traceback.
+    (record,) = [r for r in caplog.records if "PUT /blobs/x failed" in r.getMessage()]
+    assert record.exc_info is None and "replicas/blobs/x" in record.getMessage()
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
