@@ -252,6 +252,34 @@ def node_address(url: str, node: str, seed: str) -> BrokerAddress:
     return BrokerAddress(url=url, seed=seed, inbox=node_inbox_prefix(node), api=NODE_API)
 
 
+#: The log of a broker `fogshift up` started, in its folder (``start_nats_server``).
+LOG_NAME = "nats.log"
+#: What nats-server logs when writing its store failed (a full disk): a stream's file store
+#: then keeps refusing every store, or JetStream is turned off, the process running on,
+#: until the server starts again (a probe freed the disk: stores were still refused).
+STORE_FAILED = ("Critical write error", "will be DISABLED")
+#: What it logs as it starts: a failure logged before it is of an earlier run.
+SERVER_STARTING = "Starting nats-server"
+#: How much of the log's end is read for the above.
+LOG_TAIL_BYTES = 1 << 20
+
+
+def store_failed(log: Path) -> str | None:
+    """The line of ``log`` (a broker's log) telling that writing its store failed since the
+    server last started, or ``None``: none did, or the log cannot be read."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, handle.seek(0, 2) - LOG_TAIL_BYTES))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    since = text[text.rfind(SERVER_STARTING) :] if SERVER_STARTING in text else text
+    for line in since.splitlines():
+        if any(said in line for said in STORE_FAILED):
+            return line.strip()
+    return None
+
+
 def start_nats_server(
     home: Path,
     host: str = "127.0.0.1",
@@ -295,7 +323,7 @@ def start_nats_server(
         f'jetstream {{ store_dir: "{store}", sync_interval: "{sync}" }}\n'
     )
     write_config(config, head, users, {})
-    log_path = log_file or home / "nats.log"
+    log_path = log_file or home / LOG_NAME
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [nats_server_binary(), "-c", str(config), "--ports_file_dir", str(home)],

@@ -29,6 +29,8 @@ from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.keys import Ownership, key_text
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import fence
+from fogshift.broker.server import LOG_NAME as BROKER_LOG
+from fogshift.broker.server import store_failed
 from fogshift.common.progress import PositionWatch, progress_params
 from fogshift.common.service import PROGRESS_WAIT_MAX_S
 from fogshift.contracts import (
@@ -191,13 +193,25 @@ class Deployment(Journal):
     """Deploy, stop, status, dead letters and the node view."""
 
     def health_warnings(self) -> list[str]:
-        """What is wrong with this orchestrator while it works (``GET /health``)."""
+        """What is wrong with this orchestrator while it works (``GET /health``), and with
+        the broker `fogshift up` started for it (its store failed to be written)."""
+        warnings = []
+        if self.config.broker_config is not None:  # (its log is beside its config)
+            failed = store_failed(self.config.broker_config.with_name(BROKER_LOG))
+            if failed is not None:
+                warnings.append(
+                    f"the broker failed to write its store and refuses every store until it "
+                    f"starts again (its log: {failed!r}): free space on its disk, then "
+                    "`fogshift up` starts the cluster again whole"
+                )
         try:
             usage = shutil.disk_usage(self.config.home)
         except OSError:
-            return []
+            return warnings
         disk = disk_warning(usage.free, usage.total, self.config.warning_limits)
-        return [] if disk is None else [disk + " (central checkpoints fail once it is full)"]
+        if disk is not None:
+            warnings.append(disk + " (central checkpoints fail once it is full)")
+        return warnings
 
     def nodes(self) -> list[NodeView]:
         """Every node as last heard from, with the checkpoints of the PEs it runs.

@@ -42,7 +42,9 @@ from fogshift.broker.server import (
     free_port,
     node_address,
     start_nats_server,
+    store_failed,
 )
+from fogshift.broker.server import LOG_NAME as BROKER_LOG
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.files import PRIVATE_MODE, make_private_dir, write_atomic, write_private
 from fogshift.common.http import ServiceClient, is_loopback, node_token
@@ -958,7 +960,9 @@ def _up_claimed(
 
 def _broker_died(home: Path, nodes: list[str], isolate: bool, say: Callable[[str], None]) -> bool:
     """Whether the broker `up` started for the cluster under ``home`` died while some of
-    the rest runs; if so, the rest is stopped as `down` stops it.
+    the rest runs, or runs with a store it failed to write (:func:`store_failed`: it refuses
+    every store until it starts again); if so, the rest (and that broker) is stopped as
+    `down` stops it.
 
     Every agent's and the orchestrator's connections are to that broker, and its users and
     the rights the orchestrator gave are in its config: the cluster is started again whole,
@@ -972,21 +976,32 @@ def _broker_died(home: Path, nodes: list[str], isolate: bool, say: Callable[[str
     """
     cluster, _ = load_cluster(home)
     services = [cluster.orchestrator, *cluster.nodes.values()]
-    if cluster.broker is None or cluster.broker.runs() or not any(p.runs() for p in services):
+    if cluster.broker is None or not any(p.runs() for p in services):
         return False  # (an external broker is not ours to judge; all dead: a fresh start)
+    # A broker whose store failed (its disk full) runs on refusing every store until it
+    # starts again: taken as dead (a probe's only way out was `down`, then `up`).
+    failed = store_failed(home / "broker" / BROKER_LOG) if cluster.broker.runs() else None
+    if cluster.broker.runs() and failed is None:
+        return False
     had = sorted(cluster.nodes)
     if sorted(nodes) != had or isolate != bool(cluster.network):
         again = f"--nodes {','.join(had)}" + (" --isolate" if cluster.network else "")
         raise InvalidInput(
-            f"the broker of the cluster under {str(home)!r} is not running, and `up` starts "
-            "the cluster again whole: with its own nodes",
+            f"the broker of the cluster under {str(home)!r} "
+            + ("failed to write its store" if failed else "is not running")
+            + ", and `up` starts the cluster again whole: with its own nodes",
             expected=again,
             received=f"--nodes {','.join(nodes)}" + (" --isolate" if isolate else ""),
             hint=f"fogshift up {again} --home {home} (or `fogshift down` first for another "
             "cluster)",
         )
-    say("the cluster's broker (nats-server) is not running: stopping the cluster to start "
-        "it again whole")  # fmt: skip
+    if failed is not None:
+        say(f"the cluster's broker (nats-server) failed to write its store and refuses "
+            f"every store until it starts again (its log: {failed!r}; is its disk, under "
+            f"{home / 'broker'}, full?): stopping the cluster to start it again whole")  # fmt: skip
+    else:
+        say("the cluster's broker (nats-server) is not running: stopping the cluster to "
+            "start it again whole")  # fmt: skip
     try:
         _down_claimed(home, DOWN_GRACE_S)
     except NetworkCommandFailed as exc:  # the isolated start's clean-up removes them

@@ -210,6 +210,29 @@ def test_the_orchestrator_tells_its_own_disk_nearly_full(
     )
 
 
+def test_the_orchestrator_tells_a_broker_store_that_failed(tmp_path: Path) -> None:
+    # A probe filled the broker's disk: every PE failed at each restart, and nothing said
+    # why but the broker's log.
+    from fogshift.orchestrator.app import create_app
+    from tests.orchestrator.standin import offline_config
+
+    folder = tmp_path / "broker"
+    folder.mkdir()
+    (folder / "nats.conf").write_text("")
+    log = folder / "nats.log"
+    log.write_text("[1] [INF] Starting nats-server\n")
+    app = create_app(offline_config(tmp_path, token=OPERATOR, broker_config=folder / "nats.conf"))
+    try:
+        assert as_(app, OPERATOR).get("/health").json()["warnings"] == []
+        failed = "[1] [ERR] JetStream out of File resources, will be DISABLED"
+        log.write_text(log.read_text() + failed + "\n")
+        (warning,) = as_(app, OPERATOR).get("/health").json()["warnings"]
+        assert warning.startswith("the broker failed to write its store and refuses every")
+        assert failed in warning and "free space on its disk, then `fogshift up`" in warning
+    finally:
+        app.state.orchestrator.close()
+
+
 def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
     app: FastAPI, agents: dict[str, StandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -261,6 +261,60 @@ def test_up_with_the_broker_dead_stops_the_rest_and_starts_the_cluster_anew(
         agent.wait()
 
 
+def test_up_with_a_broker_whose_store_failed_starts_the_cluster_anew(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A probe filled the broker's disk: nats-server ran on refusing every store after the
+    # disk was freed, each PE failing at every restart, and `up` said "already up".
+    class Started(Exception):
+        pass
+
+    def start_nats_server(*args: object, **kwargs: object) -> None:
+        raise Started
+
+    monkeypatch.setattr(cluster_ops, "start_nats_server", start_nats_server)
+    broker = subprocess.Popen(SLEEPER, start_new_session=True)
+    agent = subprocess.Popen(SLEEPER, start_new_session=True)
+    try:
+        token_file(tmp_path).write_text("secret\n")
+        (tmp_path / "broker").mkdir()
+        (tmp_path / "broker" / "nats.log").write_text(
+            "[1] [INF] Starting nats-server\n[1] [INF] Server is ready\n"
+            "[1] [ERR] Filestore [FS_p_agg] Critical write error: write /s/1.blk: no space "
+            "left on device\n"
+        )
+        save_cluster(tmp_path, ClusterFile(
+            orchestrator=ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"}),
+            broker=ProcessInfo.of(broker.pid),
+            nodes={"fog-a": ProcessInfo.of(agent.pid)},
+            broker_url="nats://127.0.0.1:9",
+        ))  # fmt: skip
+        said: list[str] = []
+        with pytest.raises(Started):  # the fresh start's first step: a broker
+            cluster_ops.up(tmp_path, ["fog-a"], on_progress=said.append)
+        for stopped in (broker, sleeper, agent):
+            stopped.wait(timeout=30)
+        told = " ".join(said)
+        assert "failed to write its store and refuses every store until it starts" in told
+        assert "Critical write error" in told and "full?" in told, said
+    finally:
+        for proc in (broker, agent):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_store_failure_is_of_the_brokers_run_since_its_last_start(tmp_path: Path) -> None:
+    from fogshift.broker.server import store_failed
+
+    log = tmp_path / "nats.log"
+    assert store_failed(log) is None  # (none yet)
+    failed = "[1] [ERR] JetStream out of File resources, will be DISABLED"
+    log.write_text(f"[1] [INF] Starting nats-server\n{failed}\n[1] [INF] JetStream Shutdown\n")
+    assert store_failed(log) == failed
+    log.write_text(log.read_text() + "[2] [INF] Starting nats-server\n[2] [INF] ready\n")
+    assert store_failed(log) is None  # an earlier run's
+
+
 def test_an_agent_that_exits_while_starting_ends_the_wait_at_once(tmp_path: Path) -> None:
     # `up` waited out its whole timeout (240 s) for an agent that had exited at once (its
     # node folder held by another agent), then said it had "no Spark session".
