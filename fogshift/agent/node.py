@@ -655,16 +655,21 @@ class NodeRuntime:
             return hosted.unreadable
         return None
 
-    def _failed(self, hosted: HostedElement, error: str, element_error: bool = False) -> None:
+    def _failed(
+        self, hosted: HostedElement, error: str, element_error: bool = False, text: str = ""
+    ) -> None:
         """Mark the PE failed; schedule its restart, or give up on one that cannot be built.
 
         Restarts back off exponentially with the failures in a row (never a hot loop); an
-        :class:`ElementError` is restarted :data:`ELEMENT_ERROR_RESTARTS` times at most.
+        :class:`ElementError` is restarted :data:`ELEMENT_ERROR_RESTARTS` times at most, but
+        for a full disk's (in ``error`` or in Spark's whole ``text``), which passes.
         """
+        full = DISK_FULL in error or DISK_FULL in text
+        element_error = element_error and not full
         hosted.failures += 1
         hosted.element_failures = hosted.element_failures + 1 if element_error else 0
         hosted.state, hosted.error = PEState.FAILED, error[:2000]
-        if DISK_FULL in error:
+        if full:
             # (The errno alone named neither the node nor where: a probe's operator looked
             # at the network.)
             hosted.error += (
@@ -1483,13 +1488,15 @@ class NodeRuntime:
                 summary = spark_failure(text, in_event=blamed is not None)
                 self._log_failure(hosted, summary, text)
                 # (Its 2,000 characters in the status were mostly Spark's plan and stack.)
-                self._failed(hosted, f"{summary}\n{spark_head(text)}\n{SPARK_TEXT_LOGGED}")
+                self._failed(hosted, f"{summary}\n{spark_head(text)}\n{SPARK_TEXT_LOGGED}",
+                             text=text)  # fmt: skip
                 return
             # Spark's text around a Python worker's exception is a plan and a JVM stack:
             # the status says what the PE raised; the log keeps the rest.
             kind, message = cause
             self._log_failure(hosted, f"{kind}: {message}", text)
-            self._failed(hosted, f"{kind}: {message}", element_error=kind == ElementError.__name__)
+            self._failed(hosted, f"{kind}: {message}", element_error=kind == ElementError.__name__,
+                         text=text)  # fmt: skip
 
     def _log_failure(self, hosted: HostedElement, summary: str, text: str) -> None:
         """Log that the PE's query failed: ``summary`` with Spark's ``text`` (its first 4,000

@@ -34,7 +34,13 @@ from nats.js.api import DeliverPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import NotFoundError
 
 from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
-from fogshift.broker.naming import data_subject, legacy_stream_name, stream_name, stream_subjects
+from fogshift.broker.naming import (
+    LOG_NAME,
+    data_subject,
+    legacy_stream_name,
+    stream_name,
+    stream_subjects,
+)
 from fogshift.common.files import write_private
 from fogshift.common.names import NAME_PATTERN
 from fogshift.common.text import one_line
@@ -184,15 +190,21 @@ class SyncJetStream:
             return future.result(timeout)
         except TimeoutError as exc:
             if future.done() and not future.cancelled() and future.exception() is exc:
-                # The call's own timeout (nats-py's TimeoutError is a TimeoutError): a
-                # request the broker took and never completed, such as a store its full
-                # disk refused. Said as "did not answer within 300 s", it sent operators
-                # to the network.
+                # The call's own timeout (nats-py's TimeoutError is a TimeoutError). Said as
+                # "did not answer within 300 s", a store the broker took and never
+                # acknowledged (its disk full) sent operators to the network; a request
+                # buffered while the connection was down is the network's, though.
+                down = self._nc is None or not self._nc.is_connected
                 raise BrokerUnavailable(
                     f"the broker at {self.address.url} did not complete a request in time "
-                    f"({type(exc).__module__}.{type(exc).__name__}: {exc})",
-                    hint="it is reachable but did not acknowledge: see its log (`fogshift "
-                    "up`'s: <home>/broker/nats.log) and the free space of its store's disk",
+                    f"({type(exc).__module__}.{type(exc).__name__}: {exc})"
+                    + ("; the connection to it is down" if down else ""),
+                    hint=(
+                        "is the broker reachable from here? (the client reconnects)"
+                        if down
+                        else "it is connected but did not acknowledge: see its log (`fogshift "
+                        f"up`'s: <home>/broker/{LOG_NAME}) and the free space of its store"
+                    ),
                 ) from exc
             # (A broker that cannot be reached at all, too: the first connect retries.)
             raise BrokerUnavailable(

@@ -141,3 +141,8 @@ def stream_subjects(pipeline: str, pe: str) -> list[str]:
         state_subjects(pipeline, pe),
         state_subjects(pipeline, pe, "*"),
     ]
+
+
+#: The log of a nats-server `fogshift up` started, in its folder
+#: (``fogshift.broker.server.start_nats_server``).
+LOG_NAME = "nats.log"

@@ -637,7 +637,8 @@ def nodes(home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     """Per node: name, url, pid, pgid, healthy, free disk and its PEs; then what is wrong.
 
     What is wrong is told of a node, or of the orchestrator, even while it answers: checkpoints
-    failing or stopped, disk nearly full."""
+    failing or stopped, disk nearly full; the orchestrator's: its own disk, a broker
+    `fogshift up` started whose store failed."""
     with cluster_ops.orchestrator_client(home.resolve()) as client:
         data = [NodeView.model_validate(n) for n in client.get("/nodes")]
         health = OrchestratorHealth.model_validate(client.get("/health"))

@@ -22,6 +22,7 @@ are the runtime's (:mod:`fogshift.runtime.gate`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
@@ -47,7 +48,8 @@ def write_gate(gate: str | Path, mode: str, limit: dict[str, Any] | None = None)
         tmp.replace(target)
     except BaseException:
         # (A full disk left an empty temporary file per refused pause.)
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # (the write's error is the one to tell)
+            tmp.unlink(missing_ok=True)
         raise
     return nonce
 

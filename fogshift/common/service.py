@@ -7,6 +7,7 @@ which does not import FastAPI, so that a CLI command starts in a fraction of the
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 from collections.abc import Callable
@@ -305,6 +306,31 @@ def body_refusal(request: Request, most: int) -> tuple[FogshiftError, int] | Non
     ), 413
 
 
+#: The errors of a machine's storage (full, over quota, read-only, failing): not a bug.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+    """The answer to an exception an endpoint let through: answered here, so the server
+    keeps the connection (left to the server, an unhandled exception closes it after its
+    500, and the client's next request on it fails as "cannot be reached", which a
+    migration would report as its target or origin being gone)."""
+    said = f"{request.method} {request.url.path} failed: {type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+        # The machine's, not a bug: one line (a probe's full node logged a 95-line
+        # traceback "a bug in the service" every 4 s, for each replica pushed to it).
+        log.error("%s", said)
+        hint = (
+            "the service's machine refused to store it: a full disk (errno 28), a quota, a "
+            "read-only or failing file system; free space or mend it there"
+        )
+    else:
+        log.exception("%s %s failed", request.method, request.url.path)
+        hint = "a bug in the service: its log has the traceback"
+    failed = FogshiftError(said, hint=hint)
+    return JSONResponse(failed.to_dict(), status_code=failed.http_status)
+
+
 def install_error_handlers(
     app: FastAPI, access: str | Access, max_body_bytes: int | None = None
 ) -> None:
@@ -334,27 +360,8 @@ def install_error_handlers(
             return JSONResponse(refused[0].to_dict(), status_code=refused[1])
         try:
             return await call_next(request)
-        except OSError as exc:  # the machine's: a full or failing disk, not a bug
-            # (A probe's full node logged a 95-line traceback "a bug in the service" every
-            # 4 s, for each replica the orchestrator pushed to it.)
-            log.error("%s %s failed: %s: %s", request.method, request.url.path,
-                      type(exc).__name__, exc)  # fmt: skip
-            failed = FogshiftError(
-                f"{request.method} {request.url.path} failed: {type(exc).__name__}: {exc}",
-                hint="the service's machine refused a file or system operation: a full disk "
-                "(errno 28), a read-only or failing file system; free space or mend it there",
-            )
-            return JSONResponse(failed.to_dict(), status_code=failed.http_status)
-        except Exception as exc:  # a bug: answered here, so the server keeps the connection
-            # Left to the server, an unhandled exception closes the connection after its
-            # 500, and the client's next request on it fails as "cannot be reached" — which
-            # a migration would report as its target or origin being gone.
-            log.exception("%s %s failed", request.method, request.url.path)
-            bug = FogshiftError(
-                f"{request.method} {request.url.path} failed: {type(exc).__name__}: {exc}",
-                hint="a bug in the service: its log has the traceback",
-            )
-            return JSONResponse(bug.to_dict(), status_code=bug.http_status)
+        except Exception as exc:
+            return _unhandled(request, exc)
 
     @app.exception_handler(FogshiftError)
     async def fogshift_error(request: Request, exc: FogshiftError) -> JSONResponse:

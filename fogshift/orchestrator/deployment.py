@@ -27,14 +27,13 @@ from fogshift.broker.client import (
 )
 from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.keys import Ownership, key_text
+from fogshift.broker.naming import LOG_NAME as BROKER_LOG
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import fence
-from fogshift.broker.server import LOG_NAME as BROKER_LOG
 from fogshift.broker.server import store_failed
 from fogshift.common.progress import PositionWatch, progress_params
 from fogshift.common.service import PROGRESS_WAIT_MAX_S
 from fogshift.contracts import (
-    SMALL_DISK_BYTES,
     AgedNodeCheckpoint,
     CheckpointsView,
     DeadLetter,
@@ -114,10 +113,8 @@ def disk_warning(free: int | None, total: int | None, limits: WarningLimits) -> 
     floor = min(limits.low_disk_bytes, total // 4)
     if free >= floor and free >= limits.low_disk_share * total:
         return None
-    if total < SMALL_DISK_BYTES:
-        free_text, total_text, unit = disk_sizes(free, total)
-        return f"disk nearly full: {free_text} {unit} free of {total_text} {unit}"
-    return f"disk nearly full: {free / 2**30:.2f} GiB free of {total / 2**30:.1f} GiB"
+    free_text, total_text, unit = disk_sizes(free, total)
+    return f"disk nearly full: {free_text} {unit} free of {total_text} {unit}"
 
 
 def node_warnings(
@@ -197,11 +194,12 @@ class Deployment(Journal):
         the broker `fogshift up` started for it (its store failed to be written)."""
         warnings = []
         if self.config.broker_config is not None:  # (its log is beside its config)
-            failed = store_failed(self.config.broker_config.with_name(BROKER_LOG))
+            log = self.config.broker_config.with_name(BROKER_LOG)
+            failed = store_failed(log)
             if failed is not None:
                 warnings.append(
                     f"the broker failed to write its store and refuses every store until it "
-                    f"starts again (its log: {failed!r}): free space on its disk, then "
+                    f"starts again ({log}: {failed!r}): free space on its disk, then "
                     "`fogshift up` starts the cluster again whole"
                 )
         try:

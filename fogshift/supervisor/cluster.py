@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +35,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fogshift.broker.client import BrokerAddress
+from fogshift.broker.naming import LOG_NAME as BROKER_LOG
 from fogshift.broker.permissions import add_node_users, remove_node_users
 from fogshift.broker.server import (
     DEFAULT_SYNC,
@@ -44,7 +46,6 @@ from fogshift.broker.server import (
     start_nats_server,
     store_failed,
 )
-from fogshift.broker.server import LOG_NAME as BROKER_LOG
 from fogshift.common.exceptions import WaitTimedOut
 from fogshift.common.files import PRIVATE_MODE, make_private_dir, write_atomic, write_private
 from fogshift.common.http import ServiceClient, is_loopback, node_token
@@ -958,6 +959,11 @@ def _up_claimed(
         stack.close()
 
 
+#: The free space under a broker whose store failed (:func:`_broker_died`) below which `up`
+#: does not start it again: on a disk still full it would fail at once again.
+BROKER_MIN_FREE_BYTES = 64 << 20
+
+
 def _broker_died(home: Path, nodes: list[str], isolate: bool, say: Callable[[str], None]) -> bool:
     """Whether the broker `up` started for the cluster under ``home`` died while some of
     the rest runs, or runs with a store it failed to write (:func:`store_failed`: it refuses
@@ -973,6 +979,8 @@ def _broker_died(home: Path, nodes: list[str], isolate: bool, say: Callable[[str
     Raises:
         InvalidInput: ``nodes`` or ``isolate`` are not the cluster's (nothing was stopped:
             a plain `fogshift up`, with its default nodes, would have started another).
+        Unavailable: The broker's store failed and its disk is still full (nothing was
+            stopped).
     """
     cluster, _ = load_cluster(home)
     services = [cluster.orchestrator, *cluster.nodes.values()]
@@ -996,9 +1004,22 @@ def _broker_died(home: Path, nodes: list[str], isolate: bool, say: Callable[[str
             "cluster)",
         )
     if failed is not None:
+        folder = home / "broker"
+        free = shutil.disk_usage(folder).free
+        if free < BROKER_MIN_FREE_BYTES:
+            # (Started again on a full disk, it fails again: each `up` would stop the
+            # cluster for nothing.)
+            raise Unavailable(
+                f"the broker of the cluster under {str(home)!r} failed to write its store "
+                f"(its log: {failed!r}), and its disk is still full",
+                expected=f"at least {BROKER_MIN_FREE_BYTES >> 20} MiB free under {folder}",
+                received=f"{free >> 20} MiB free",
+                hint="free space there, then `fogshift up` again: it starts the cluster "
+                "again whole (pipelines, streams and checkpoints are kept)",
+            )
         say(f"the cluster's broker (nats-server) failed to write its store and refuses "
-            f"every store until it starts again (its log: {failed!r}; is its disk, under "
-            f"{home / 'broker'}, full?): stopping the cluster to start it again whole")  # fmt: skip
+            f"every store until it starts again (its log: {failed!r}; its disk, under "
+            f"{folder}, full?): stopping the cluster to start it again whole")  # fmt: skip
     else:
         say("the cluster's broker (nats-server) is not running: stopping the cluster to "
             "start it again whole")  # fmt: skip

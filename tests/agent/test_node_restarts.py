@@ -832,6 +832,22 @@ def test_a_full_disk_is_said_to_be_the_nodes_and_the_pe_retried(
     assert h.error == "broker gone"
 
 
+def test_a_full_disk_under_an_element_error_never_gives_the_pe_up(
+    runtime: NodeRuntime, tmp_path: Path
+) -> None:
+    # A restore() that wrote a file on a full disk raised an ElementError: counted as a PE
+    # that cannot be built, it was given up for good after three, the disk freed or not.
+    h = hosted(tmp_path)
+    for _ in range(ELEMENT_ERROR_RESTARTS + 2):
+        runtime._failed(h, "ElementError: its restore() raised OSError: [Errno 28] No space "
+                        "left on device", element_error=True)  # fmt: skip
+    assert math.isfinite(h.retry_at) and "gave up" not in (h.error or "")
+    # Said only in Spark's whole text (its head cut before it): the same.
+    runtime._failed(h, "query failed: IOException", text="...\nCaused by: java.io.IOException: "
+                    "No space left on device\n\tat ...")  # fmt: skip
+    assert f"the disk of node {runtime.config.name!r} is full" in (h.error or "")
+
+
 @pytest.mark.parametrize("state", [PEState.FENCED, PEState.STOPPED, PEState.FAILED])
 def test_a_pause_of_a_query_that_will_never_pause_ends_at_once(
     runtime: NodeRuntime, tmp_path: Path, state: PEState

@@ -65,6 +65,14 @@ def test_a_full_disk_under_an_endpoint_is_said_so_not_called_a_bug(
     (record,) = [r for r in caplog.records if "PUT /blobs/x failed" in r.getMessage()]
     assert record.exc_info is None and "replicas/blobs/x" in record.getMessage()
 
+    # Other OSErrors (a file a bug looked for, a timeout) are bugs still, with a traceback.
+    @app.get("/lost")
+    def lost() -> None:
+        raise FileNotFoundError(2, "No such file or directory", "/nodes/fog-a/x.json")
+
+    answer = client.get("/lost")
+    assert answer.status_code == 500 and "a bug in the service" in answer.json()["hint"]
+
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -111,7 +111,9 @@ def test_partitioned_node_is_restored_and_its_zombie_never_writes(
         for pipeline, standby in STANDBYS.items():
             element = wait_until(
                 lambda pipeline=pipeline: (
-                    (e := cluster.element(pipeline, "aggregate"))["node"] != "fog-b" and e
+                    (e := cluster.element(pipeline, "aggregate"))["node"] not in (None, "fog-b")
+                    and e["last_restore"]
+                    and e
                 ),
                 180,
                 interval_s=1,

@@ -303,13 +303,57 @@ def test_up_with_a_broker_whose_store_failed_starts_the_cluster_anew(
             proc.wait()
 
 
+def test_up_leaves_a_broker_whose_store_failed_alone_while_its_disk_is_full(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Started again on a disk still full, it fails again: every `up` stopped the cluster.
+    from collections import namedtuple
+
+    from fogshift.exceptions import Unavailable
+
+    usage = namedtuple("usage", "total used free")
+    full = usage(200 << 20, 197 << 20, 3 << 20)
+    monkeypatch.setattr(cluster_ops.shutil, "disk_usage", lambda path: full)
+    broker = subprocess.Popen(SLEEPER, start_new_session=True)
+    agent = subprocess.Popen(SLEEPER, start_new_session=True)
+    try:
+        token_file(tmp_path).write_text("secret\n")
+        (tmp_path / "broker").mkdir()
+        (tmp_path / "broker" / "nats.log").write_text(
+            "[1] [INF] Starting nats-server\n[1] [ERR] JetStream out of File resources, will "
+            "be DISABLED\n"
+        )
+        save_cluster(tmp_path, ClusterFile(
+            orchestrator=ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"}),
+            broker=ProcessInfo.of(broker.pid),
+            nodes={"fog-a": ProcessInfo.of(agent.pid)},
+            broker_url="nats://127.0.0.1:9",
+        ))  # fmt: skip
+        with pytest.raises(Unavailable) as refused:
+            cluster_ops.up(tmp_path, ["fog-a"])
+        assert "its disk is still full" in refused.value.message
+        assert refused.value.received == "3 MiB free"
+        assert refused.value.expected == f"at least 64 MiB free under {tmp_path / 'broker'}"
+        assert all(p.poll() is None for p in (broker, sleeper, agent))  # nothing stopped
+    finally:
+        for proc in (broker, agent):
+            proc.kill()
+            proc.wait()
+
+
 def test_a_store_failure_is_of_the_brokers_run_since_its_last_start(tmp_path: Path) -> None:
     from fogshift.broker.server import store_failed
 
     log = tmp_path / "nats.log"
     assert store_failed(log) is None  # (none yet)
+    log.write_text("")
+    assert store_failed(log) is None  # (an empty log cannot be mapped)
     failed = "[1] [ERR] JetStream out of File resources, will be DISABLED"
     log.write_text(f"[1] [INF] Starting nats-server\n{failed}\n[1] [INF] JetStream Shutdown\n")
+    assert store_failed(log) == failed
+    # Lines after it (a zombie's refused writes log one each) do not hide it.
+    spam = '[1] [ERR] Publish Violation - User "fog-a", Subject "fs.p.x.data"\n'
+    log.write_text(log.read_text() + spam * 40_000)
     assert store_failed(log) == failed
     log.write_text(log.read_text() + "[2] [INF] Starting nats-server\n[2] [INF] ready\n")
     assert store_failed(log) is None  # an earlier run's
