@@ -112,19 +112,22 @@ def test_down_says_which_process_it_had_to_kill(
                                           ["orchestrator"])  # fmt: skip
 
 
+class BrokerStarted(Exception):
+    """Raised by :func:`_start_nats_server`: `up` came to start a broker."""
+
+
+def _start_nats_server(*args: object, **kwargs: object) -> None:
+    """In place of ``start_nats_server``: the fresh start's first step, stopped there."""
+    raise BrokerStarted
+
+
 def test_up_over_a_dead_cluster_stops_its_broker_that_still_runs(
     tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_cluster(tmp_path, gone_process(), broker=ProcessInfo.of(sleeper.pid))
 
-    class Started(Exception):
-        pass
-
-    def start_nats_server(*args: object, **kwargs: object) -> None:
-        raise Started
-
-    monkeypatch.setattr(cluster_ops, "start_nats_server", start_nats_server)
-    with pytest.raises(Started):
+    monkeypatch.setattr(cluster_ops, "start_nats_server", _start_nats_server)
+    with pytest.raises(BrokerStarted):
         cluster_ops.up(tmp_path, ["fog-a"])
     sleeper.wait(timeout=10)  # a broker left running would hold the store the next one opens
 
@@ -229,13 +232,7 @@ def test_up_with_the_broker_dead_stops_the_rest_and_starts_the_cluster_anew(
 ) -> None:
     # The orchestrator and an agent ran on without their broker: `up` said the cluster
     # was up, and nothing ran until a `down`.
-    class Started(Exception):
-        pass
-
-    def start_nats_server(*args: object, **kwargs: object) -> None:
-        raise Started
-
-    monkeypatch.setattr(cluster_ops, "start_nats_server", start_nats_server)
+    monkeypatch.setattr(cluster_ops, "start_nats_server", _start_nats_server)
     agent = subprocess.Popen(SLEEPER, start_new_session=True)
     try:
         token_file(tmp_path).write_text("secret\n")
@@ -251,7 +248,7 @@ def test_up_with_the_broker_dead_stops_the_rest_and_starts_the_cluster_anew(
             cluster_ops.up(tmp_path, ["cloud", "fog-a"], on_progress=said.append)
         assert refused.value.expected == "--nodes fog-a" and said == []
         assert sleeper.poll() is None and agent.poll() is None
-        with pytest.raises(Started):  # the fresh start's first step: a broker
+        with pytest.raises(BrokerStarted):  # the fresh start's first step: a broker
             cluster_ops.up(tmp_path, ["fog-a"], on_progress=said.append)
         sleeper.wait(timeout=30)
         agent.wait(timeout=30)
@@ -261,18 +258,12 @@ def test_up_with_the_broker_dead_stops_the_rest_and_starts_the_cluster_anew(
         agent.wait()
 
 
-def test_up_with_a_broker_whose_store_failed_starts_the_cluster_anew(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A probe filled the broker's disk: nats-server ran on refusing every store after the
-    # disk was freed, each PE failing at every restart, and `up` said "already up".
-    class Started(Exception):
-        pass
-
-    def start_nats_server(*args: object, **kwargs: object) -> None:
-        raise Started
-
-    monkeypatch.setattr(cluster_ops, "start_nats_server", start_nats_server)
+@pytest.fixture
+def failed_store(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A cluster file under ``tmp_path`` whose broker (a sleeper) runs and whose log says its
+    store failed since it started, with an orchestrator and an agent (sleepers): the three."""
     broker = subprocess.Popen(SLEEPER, start_new_session=True)
     agent = subprocess.Popen(SLEEPER, start_new_session=True)
     try:
@@ -289,22 +280,31 @@ def test_up_with_a_broker_whose_store_failed_starts_the_cluster_anew(
             nodes={"fog-a": ProcessInfo.of(agent.pid)},
             broker_url="nats://127.0.0.1:9",
         ))  # fmt: skip
-        said: list[str] = []
-        with pytest.raises(Started):  # the fresh start's first step: a broker
-            cluster_ops.up(tmp_path, ["fog-a"], on_progress=said.append)
-        for stopped in (broker, sleeper, agent):
-            stopped.wait(timeout=30)
-        told = " ".join(said)
-        assert "failed to write its store and refuses every store until it starts" in told
-        assert "Critical write error" in told and "full?" in told, said
+        yield [broker, sleeper, agent]
     finally:
         for proc in (broker, agent):
             proc.kill()
             proc.wait()
 
 
+def test_up_with_a_broker_whose_store_failed_starts_the_cluster_anew(
+    tmp_path: Path, failed_store: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A probe filled the broker's disk: nats-server ran on refusing every store after the
+    # disk was freed, each PE failing at every restart, and `up` said "already up".
+    monkeypatch.setattr(cluster_ops, "start_nats_server", _start_nats_server)
+    said: list[str] = []
+    with pytest.raises(BrokerStarted):  # the fresh start's first step: a broker
+        cluster_ops.up(tmp_path, ["fog-a"], on_progress=said.append)
+    for stopped in failed_store:
+        stopped.wait(timeout=30)
+    told = " ".join(said)
+    assert "failed to write its store and refuses every store until it starts" in told
+    assert "Critical write error" in told and "full?" in told, said
+
+
 def test_up_leaves_a_broker_whose_store_failed_alone_while_its_disk_is_full(
-    tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, failed_store: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Started again on a disk still full, it fails again: every `up` stopped the cluster.
     from collections import namedtuple
@@ -314,31 +314,12 @@ def test_up_leaves_a_broker_whose_store_failed_alone_while_its_disk_is_full(
     usage = namedtuple("usage", "total used free")
     full = usage(200 << 20, 197 << 20, 3 << 20)
     monkeypatch.setattr(cluster_ops.shutil, "disk_usage", lambda path: full)
-    broker = subprocess.Popen(SLEEPER, start_new_session=True)
-    agent = subprocess.Popen(SLEEPER, start_new_session=True)
-    try:
-        token_file(tmp_path).write_text("secret\n")
-        (tmp_path / "broker").mkdir()
-        (tmp_path / "broker" / "nats.log").write_text(
-            "[1] [INF] Starting nats-server\n[1] [ERR] JetStream out of File resources, will "
-            "be DISABLED\n"
-        )
-        save_cluster(tmp_path, ClusterFile(
-            orchestrator=ProcessInfo.of(sleeper.pid).model_copy(update={"url": "http://127.0.0.1:9"}),
-            broker=ProcessInfo.of(broker.pid),
-            nodes={"fog-a": ProcessInfo.of(agent.pid)},
-            broker_url="nats://127.0.0.1:9",
-        ))  # fmt: skip
-        with pytest.raises(Unavailable) as refused:
-            cluster_ops.up(tmp_path, ["fog-a"])
-        assert "its disk is still full" in refused.value.message
-        assert refused.value.received == "3 MiB free"
-        assert refused.value.expected == f"at least 64 MiB free under {tmp_path / 'broker'}"
-        assert all(p.poll() is None for p in (broker, sleeper, agent))  # nothing stopped
-    finally:
-        for proc in (broker, agent):
-            proc.kill()
-            proc.wait()
+    with pytest.raises(Unavailable) as refused:
+        cluster_ops.up(tmp_path, ["fog-a"])
+    assert "its disk is still full" in refused.value.message
+    assert refused.value.received == "3 MiB free"
+    assert refused.value.expected == f"at least 64 MiB free under {tmp_path / 'broker'}"
+    assert all(p.poll() is None for p in failed_store)  # nothing stopped
 
 
 def test_a_store_failure_is_of_the_brokers_run_since_its_last_start(tmp_path: Path) -> None:
