@@ -7,7 +7,6 @@ which does not import FastAPI, so that a CLI command starts in a fraction of the
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fogshift.common.exceptions import InvalidName
+from fogshift.common.files import STORAGE_ERRNOS
 from fogshift.common.http import error_body, same_token
 from fogshift.common.names import (
     EXPECTED,
@@ -304,10 +304,6 @@ def body_refusal(request: Request, most: int) -> tuple[FogshiftError, int] | Non
         received=f"{size:,} bytes",
         hint="a spec, a command or a heartbeat is far smaller: check what sent it",
     ), 413
-
-
-#: The errors of a machine's storage (full, over quota, read-only, failing): not a bug.
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 
 
 def _unhandled(request: Request, exc: Exception) -> JSONResponse:
