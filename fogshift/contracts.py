@@ -1376,6 +1376,9 @@ class PlanView(BaseModel):
         unlinked_nodes: Nodes of the cluster that a fog topology listing links gives none:
             no copy reaches them and none leaves them (their PEs' backups come only from
             the central node, if it is theirs), so the plan takes them for nothing.
+        low_disk_nodes: Nodes whose disk is nearly full (``fogshift nodes`` says how full):
+            the plan takes them for nothing, as nodes leaving, while two nodes or more have
+            disk to spare.
         unplanned: PEs (``pipeline/element``) the latest round found no backup for, each
             with why: each keeps its previous assignment (none, if it had none, or if that
             named the node it runs on now), and the others were planned without it.
@@ -1393,6 +1396,7 @@ class PlanView(BaseModel):
     computed_at: float | None = None
     unknown_nodes: list[str] = []
     unlinked_nodes: list[str] = []
+    low_disk_nodes: list[str] = []
     unplanned: dict[str, str] = {}
 
 

@@ -40,6 +40,11 @@ def _show(plan: PlanView, as_json: bool) -> None:
             f"[yellow]topology[/]: its links name no link of {', '.join(plan.unlinked_nodes)}"
             ": no backup reaches it and no PE is redeployed there (add its links)"
         )
+    if plan.low_disk_nodes:
+        console.print(
+            f"[yellow]planner[/]: the disk of {', '.join(plan.low_disk_nodes)} is nearly full "
+            "(`fogshift nodes` says how full): no backup is kept and no PE is redeployed there"
+        )
     for key, why in sorted(plan.unplanned.items()):
         # (It said "keeps its previous plan" of a PE that had none.)
         kept = "keeps its previous plan" if key in plan.assignments else "has no plan"

@@ -62,6 +62,7 @@ from fogshift.checkpoint.central import KnownBlobs
 from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.spark_dir import fill_omitted, lean_archive, progress_of
 from fogshift.common.exceptions import NoAnswer, WaitTimedOut
+from fogshift.common.files import DISK_FULL
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
 from fogshift.common.progress import progress_params, wait_for_progress
@@ -315,6 +316,15 @@ def migrate(
         elif report.rolled_back:
             outcome = "was rolled back"
             hint = f"{element.id} runs on {origin_name} again (epoch {report.epoch})"
+            if DISK_FULL in message:
+                # (The origin's full disk refused the pause's gate: a migration needs the
+                # origin to write, a restore does not.)
+                hint += (
+                    f"; a disk is full ({origin_name}'s or {target_name}'s: `fogshift nodes` "
+                    f"warns of it): free space there, or `fogshift restore {pipeline} "
+                    f"{element.id} --to NODE` moves it off a full node from its checkpoints, "
+                    "writing nothing there"
+                )
         else:
             outcome = "could not be rolled back"
             hint = (

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fogshift.broker.client import DUPLICATE_WINDOW_S
 from fogshift.common.settings import MAX_SECONDS, Seconds
+from fogshift.contracts import disk_sizes
 
 
 class OrchestratorConfig(BaseSettings):
@@ -147,3 +148,17 @@ class WarningLimits(BaseModel):
     low_disk_share: float = Field(default=OrchestratorConfig.default("low_disk_share"), ge=0, le=1)
     stall_intervals: float = Field(default=OrchestratorConfig.default("stall_intervals"), gt=0)
     stall_slack_s: float = Field(default=OrchestratorConfig.default("stall_slack_s"), ge=0)
+
+    def disk_warning(self, free: int | None, total: int | None) -> str | None:
+        """``disk nearly full: ...`` when ``free`` is below ``low_disk_bytes`` (at most a
+        quarter of ``total``) or ``low_disk_share`` of ``total``; ``None`` otherwise, or
+        when unknown."""
+        if free is None or not total:
+            return None
+        # (On a disk of under 4 GiB, 1 GiB free is no alarm: a node on a 400 MiB card was
+        # "nearly full" from its start, and full it looked the same.)
+        floor = min(self.low_disk_bytes, total // 4)
+        if free >= floor and free >= self.low_disk_share * total:
+            return None
+        free_text, total_text, unit = disk_sizes(free, total)
+        return f"disk nearly full: {free_text} {unit} free of {total_text} {unit}"

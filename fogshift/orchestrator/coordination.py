@@ -408,7 +408,8 @@ class Coordination(Scaling):
     def restore_candidates(self, pipeline: str, element_id: str, exclude: set[str]) -> list[str]:
         """Healthy, ready nodes outside ``exclude`` and not being removed, none silent for
         longer than the pipeline declares a node lost after: the PE's planned redeploy node
-        first, then the least busy (fewest PEs).
+        first, then the least busy (fewest PEs); nodes whose disk is nearly full last
+        (:meth:`short_of_disk`).
 
         (A pipeline may declare nodes lost sooner than the orchestrator calls them
         unhealthy: ``recovery.detect_after_s`` from 2 s, ``node_timeout_s`` 5 s. A node
@@ -430,8 +431,10 @@ class Coordination(Scaling):
             and now - n.last_seen <= lost_after
         ]
         planned = self.planned(pipeline, element_id).redeploy
-        busy = self.load()
-        ranked = sorted(candidates, key=lambda n: (n.name != planned, busy[n.name], n.name))
+        busy, short = self.load(), self.short_of_disk()
+        ranked = sorted(
+            candidates, key=lambda n: (n.name in short, n.name != planned, busy[n.name], n.name)
+        )
         return [n.name for n in ranked]
 
     @contextmanager

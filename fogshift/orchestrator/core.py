@@ -386,6 +386,25 @@ class OrchestratorCore:
             removing = {n for n, count in self._leaving.items() if count > 0}
             return removing | {n for n, end in self._draining.items() if end > now}
 
+    def short_of_disk(self) -> set[str]:
+        """The healthy, ready nodes whose disk is nearly full by their last heartbeat (what
+        ``fogshift nodes`` warns of): no PE's backup or redeploy node in the plan, and the
+        last a PE is restored or a standby started on — a restore there failed at its first
+        checkpoint, and a replica pushed there at its first write.
+
+        None while fewer than two healthy nodes have disk to spare: nodes sharing one full
+        disk, or all of them full, would only leave every PE unplanned, not placed better.
+        """
+        limits = self.config.warning_limits
+        live = [n for n in self.registry.nodes() if self.healthy(n) and n.report.ready]
+        short = {
+            n.name
+            for n in live
+            if limits.disk_warning(n.report.disk_free_bytes, n.report.disk_total_bytes)
+        }
+        spare = {n.name for n in live} - short - self.leaving_nodes()
+        return short if len(spare) >= 2 else set()
+
     def drain_lease(self, name: str, seconds: float | None) -> None:
         """Mark node ``name`` leaving for ``seconds`` from now (a drain of it, before its
         removal: ``fogshift remove-node --drain``); ``None`` ends the lease.

@@ -58,7 +58,6 @@ from fogshift.contracts import (
     StreamEvent,
     TwinEntry,
     TwinState,
-    disk_sizes,
 )
 from fogshift.events import EPOCH_HEADER, ORIGIN_HEADER
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
@@ -102,21 +101,6 @@ def _aged(snapshot: NodeCheckpoint | None) -> AgedNodeCheckpoint | None:
     return AgedNodeCheckpoint(**snapshot.model_dump(), age_ms=age_ms)
 
 
-def disk_warning(free: int | None, total: int | None, limits: WarningLimits) -> str | None:
-    """``disk nearly full: ...`` when ``free`` is below ``limits.low_disk_bytes`` (at most a
-    quarter of ``total``) or ``limits.low_disk_share`` of ``total``; ``None`` otherwise, or
-    when unknown."""
-    if free is None or not total:
-        return None
-    # (On a disk of under 4 GiB, 1 GiB free is no alarm: a node on a 400 MiB card was
-    # "nearly full" from its start, and full it looked the same.)
-    floor = min(limits.low_disk_bytes, total // 4)
-    if free >= floor and free >= limits.low_disk_share * total:
-        return None
-    free_text, total_text, unit = disk_sizes(free, total)
-    return f"disk nearly full: {free_text} {unit} free of {total_text} {unit}"
-
-
 def node_warnings(
     report: Heartbeat, heard_s: float, now: float, limits: WarningLimits
 ) -> list[str]:
@@ -138,7 +122,7 @@ def node_warnings(
             ``stall_intervals`` of the node's intervals plus ``stall_slack_s`` old).
     """
     warnings = []
-    disk = disk_warning(report.disk_free_bytes, report.disk_total_bytes, limits)
+    disk = limits.disk_warning(report.disk_free_bytes, report.disk_total_bytes)
     if disk is not None:
         warnings.append(disk + " (checkpoints fail, and the PEs with them, once it is full)")
     interval = report.checkpoint_interval_s
@@ -206,7 +190,7 @@ class Deployment(Journal):
             usage = shutil.disk_usage(self.config.home)
         except OSError:
             return warnings
-        disk = disk_warning(usage.free, usage.total, self.config.warning_limits)
+        disk = self.config.warning_limits.disk_warning(usage.free, usage.total)
         if disk is not None:
             warnings.append(disk + " (central checkpoints fail once it is full)")
         return warnings

@@ -63,7 +63,8 @@ class Replanning(OrchestratorCore):
 
         PEs whose node is not healthy keep their previous assignment: that is the plan for
         the failure at hand. A node leaving (:meth:`leaving_nodes`) keeps its PEs in the
-        plan but is no PE's backup or redeploy node. A PE the planner finds no backup for
+        plan but is no PE's backup or redeploy node, and so is a node whose disk is nearly
+        full (:meth:`short_of_disk`). A PE the planner finds no backup for
         (it names the task) keeps its previous assignment, said in ``unplanned``, and the
         others are planned without it; an instance the planner cannot satisfy otherwise
         keeps the previous plan and reports the reason in ``error``.
@@ -103,7 +104,10 @@ class Replanning(OrchestratorCore):
                     )
                 )
         previous = self.plan.assignments
-        servers = [LiveNode(n.name, self._cpu_of(n), n.name in leaving) for n in live]
+        # (A node whose disk is nearly full takes no backup and no redeployed PE, as a node
+        # leaving: both would fail there at their first write.)
+        short = self.short_of_disk()
+        servers = [LiveNode(n.name, self._cpu_of(n), n.name in leaving | short) for n in live]
         #: PEs this round cannot plan, each with why (a latency no route meets, say).
         unplanned: dict[str, str] = {}
         try:
@@ -129,7 +133,8 @@ class Replanning(OrchestratorCore):
             self.plan = self.plan.model_copy(
                 update={"error": exc.render(), "computed_at": time.time(),
                         "unknown_nodes": unknown, "unlinked_nodes": unlinked,
-                        "unplanned": {}, "assignments": _sound(previous, pes)}
+                        "low_disk_nodes": sorted(short), "unplanned": {},
+                        "assignments": _sound(previous, pes)}
             )  # fmt: skip
             return self.plan
         self._topology = topology
@@ -152,6 +157,7 @@ class Replanning(OrchestratorCore):
                 "computed_at": time.time(),
                 "unknown_nodes": unknown,
                 "unlinked_nodes": unlinked,
+                "low_disk_nodes": sorted(short),
                 "unplanned": unplanned,
             }
         )

@@ -106,7 +106,8 @@ class Scaling(KeyMoves):
 
         Args:
             nodes: The nodes of the added partitions, one each (default: the healthy nodes
-                hosting fewest partitions of the element, in turn).
+                hosting fewest partitions of the element, in turn; one whose disk is
+                nearly full last).
             waves: Move the keys in the state stores whose partition changes ahead of the
                 rescale, in waves (:meth:`_ahead`); else all at the rescale record. Waves
                 stop a key less and take longer, disturbing the partitions longer
@@ -574,9 +575,10 @@ class Scaling(KeyMoves):
                               hint="`fogshift nodes` shows node health")  # fmt: skip
         hosting = {n: sum(1 for p in parts if placement.get(p.id) == n) for n in healthy}
         load = {n: sum(1 for v in placement.values() if v == n) for n in healthy}
+        short = self.short_of_disk()  # (last: a partition there fails at its first commit)
         chosen = []
         for _ in range(adding):
-            node = min(healthy, key=lambda n: (hosting[n], load[n], n))
+            node = min(healthy, key=lambda n: (n in short, hosting[n], load[n], n))
             chosen.append(node)
             hosting[node] += 1
             load[node] += 1

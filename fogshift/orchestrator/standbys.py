@@ -103,8 +103,8 @@ class Standbys(Deployment):
     def standby_node(self, record: PipelineRecord, element: ElementSpec) -> str | None:
         """Where the PE's standby should be started now (``None``: none wanted, or no node
         can take it): the spec's node, or with ``planned`` the planner's redeploy node, else
-        the healthy node the registry places the fewest PEs and standbys on — never the
-        PE's own node. While the PE runs
+        the healthy node the registry places the fewest PEs and standbys on (one whose disk is
+        nearly full last: :meth:`short_of_disk`) — never the PE's own node. While the PE runs
         on the spec's node (its standby there was promoted), as with ``planned``: it had no
         standby at all after its first promotion."""
         wanted = record.spec.recovery.standby
@@ -116,7 +116,10 @@ class Standbys(Deployment):
         candidates = [n for n in self.registry.nodes() if n.name != current and self._may_keep(n)]
         planned = self.planned(record.name, element.id).redeploy
         busy = self.load()  # (the registry's count, not each node's own: see load)
-        ranked = sorted(candidates, key=lambda n: (n.name != planned, busy[n.name], n.name))
+        short = self.short_of_disk()
+        ranked = sorted(
+            candidates, key=lambda n: (n.name in short, n.name != planned, busy[n.name], n.name)
+        )
         return ranked[0].name if ranked else None
 
     def standby_missing(self, record: PipelineRecord, element: ElementSpec) -> str | None:

@@ -124,7 +124,12 @@ def explain_task(net: Network, task: int) -> InfeasiblePlan | None:
             constraint="no_other_server",
             task_id=t.id,
             server_id=work_id,
-            hint="add a server" + (": a server being removed takes neither" if leaving else ""),
+            hint="add a server"
+            + (
+                ": one leaving (being removed, or its disk nearly full) takes neither"
+                if leaving
+                else ""
+            ),
         )
     backups = backup_candidates(net, task)
     if not backups:

@@ -178,6 +178,29 @@ def test_a_migration_of_a_pe_whose_query_failed_does_not_say_it_runs_again(
         assert hint == "aggregate runs on fog-a again (epoch 1)", hint
 
 
+def test_a_migration_a_full_disk_refused_points_to_a_restore() -> None:
+    # The origin's full disk refused the pause's gate file: rolled back, the hint said only
+    # that the PE ran there again, where a restore (which writes nothing there) moves it.
+    with standins("fog-a", "fog-b") as agents:
+        said = ("POST /pipelines/p/elements/aggregate/pause failed: OSError: [Errno 28] No "
+                "space left on device: '/home/fog-a/gates/aggregate.tmp'")  # fmt: skip
+        agents["fog-a"].answer("POST", HERE + "/pause", 500, {"code": "error", "message": said})
+        agents["fog-a"].answer(
+            "POST",
+            HERE + "/resume",
+            body={"pipeline": "p", "element": "aggregate", "state": "running", "error": None},
+        )
+        clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
+        with pytest.raises(MigrationFailed) as failed:
+            migrate("p", ELEMENT, ("fog-a", clients["fog-a"]), ("fog-b", clients["fog-b"]),
+                    MigrationMode.LITERAL, timeout_s=5, steps=MigrationSteps())  # fmt: skip
+    assert failed.value.report.rolled_back  # type: ignore[attr-defined]
+    assert "No space left on device" in failed.value.message
+    hint = failed.value.hint or ""
+    assert hint.startswith("aggregate runs on fog-a again (epoch 1); a disk is full (fog-a's or")
+    assert "`fogshift restore p aggregate --to NODE`" in hint, hint
+
+
 def test_a_literal_start_that_got_no_answer_is_fenced_out_not_trusted_discarded() -> None:
     # The target's start request timed out; the rollback's discard then found nothing (the
     # agent took it first) and the origin was resumed under the same epoch: the start,

@@ -311,6 +311,48 @@ def test_a_node_marked_leaving_is_no_pes_backup_or_redeploy_node_at_once(
     assert {k: a.redeploy for k, a in after.items()} == {k: a.redeploy for k, a in before.items()}
 
 
+def test_a_node_whose_disk_is_nearly_full_is_no_backup_or_redeploy_node_while_two_have_room(
+    app: FastAPI, agents: dict[str, StandIn], tmp_path: Path
+) -> None:
+    # A full-disk probe: the planner kept a node with 0 bytes free as a backup and redeploy
+    # node, where a replica failed at its first write and a restore at its first checkpoint.
+    from fogshift.spec import parse_spec
+
+    orchestrator = app.state.orchestrator
+    orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+    placed = {"cloud": ["source", "sink"], "fog-a": ["aggregate"]}
+
+    def beat(full: set[str]) -> PlanView:
+        for name, agent in agents.items():
+            elements = [{"pipeline": "p", "element": e, "state": "running", "epoch": 1}
+                        for e in placed.get(name, [])]  # fmt: skip
+            free = 100 * 2**20 if name in full else 40 * 2**30  # (of 100 GiB)
+            orchestrator.heartbeat(name, Heartbeat.model_validate({
+                "url": agent.url, "ready": True, "elements": elements,
+                "disk_free_bytes": free, "disk_total_bytes": 100 * 2**30}))  # fmt: skip
+        return orchestrator.replan()
+
+    before = beat(set())
+    target = before.assignments["p/aggregate"].redeploy
+    assert target in ("cloud", "fog-b") and before.low_disk_nodes == [], before
+    during = beat({target})
+    assert during.low_disk_nodes == [target] and during.error is None, during
+    assert set(during.assignments) == set(before.assignments) and not during.unplanned, during
+    for key, chosen in during.assignments.items():
+        assert target not in (chosen.backup, chosen.redeploy), (key, during)
+    # Said where the plan is shown.
+    page = TestClient(app, headers={"Authorization": f"Bearer {OPERATOR}"}).get("/plan")
+    assert PlanView.model_validate(page.json()).low_disk_nodes == [target]
+    # With one node of room left (or none: nodes sharing one full disk), the disk ranks
+    # nothing: every PE planned as before, none left without a backup.
+    for full in ({target, "fog-a"}, set(agents)):
+        shared = beat(full)
+        assert shared.low_disk_nodes == [] and not shared.unplanned, shared
+        assert {k: a.redeploy for k, a in shared.assignments.items()} == {
+            k: a.redeploy for k, a in before.assignments.items()
+        }
+
+
 def test_the_first_plan_comes_as_soon_as_the_nodes_were_heard(
     app: FastAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -776,6 +776,39 @@ def test_restore_candidates_are_ranked_by_what_the_registry_places_not_what_node
     assert orch.restore_candidates("p", "aggregate", {"fog-a"}) == ["cloud", "fog-b"]
 
 
+def test_a_node_whose_disk_is_nearly_full_is_the_last_restore_and_standby_candidate(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    # fog-b hosts nothing and ranked first; its disk nearly full, a restore there failed
+    # at its first checkpoint.
+    with orchestrator_of(tmp_path, agents, {**SPEC, "recovery": {"standby": "planned"}}) as orch:
+
+        def beat_with(full: set[str]) -> None:
+            for name, agent in agents.items():
+                elements = {"cloud": [hosted("source"), hosted("sink")],
+                            "fog-a": [hosted("aggregate")]}.get(name, [])  # fmt: skip
+                orch.heartbeat(name, Heartbeat.model_validate({
+                    "url": agent.url, "ready": True, "elements": elements,
+                    "disk_free_bytes": 2**29 if name in full else 2**35,
+                    "disk_total_bytes": 2**36}))  # fmt: skip
+
+        beat_with(set())
+        assert orch.restore_candidates("p", "aggregate", {"fog-a"}) == ["fog-b", "cloud"]
+        beat_with({"fog-b"})
+        assert orch.short_of_disk() == {"fog-b"}
+        assert orch.restore_candidates("p", "aggregate", {"fog-a"}) == ["cloud", "fog-b"]
+        record = orch.pipeline("p")
+        assert orch.standby_node(record, record.spec.element("aggregate")) == "cloud"
+        # And the node of a partition a scale adds (fog-b hosts fewest PEs).
+        assert orch._nodes_for(record.placement, [], 1, None, "scale") == ["fog-a"]
+        # Every node's disk nearly full (one disk they share): ranked as before.
+        beat_with(set(agents))
+        assert orch.short_of_disk() == set()
+        assert orch.restore_candidates("p", "aggregate", {"fog-a"}) == ["fog-b", "cloud"]
+        assert orch.standby_node(record, record.spec.element("aggregate")) == "fog-b"
+        assert orch._nodes_for(record.placement, [], 1, None, "scale") == ["fog-b"]
+
+
 def test_an_automatic_restore_of_a_pe_moved_meanwhile_changes_nothing(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:

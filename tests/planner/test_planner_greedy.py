@@ -186,7 +186,9 @@ def test_every_other_server_leaving_is_refused_by_name() -> None:
             solve(t)
         assert refused.value.constraint == "no_other_server"
         assert "other than its primary s1 (leaving: s2)" in refused.value.message
-        assert "a server being removed takes neither" in (refused.value.hint or "")
+        assert "one leaving (being removed, or its disk nearly full) takes neither" in (
+            refused.value.hint or ""
+        )
 
 
 def test_a_task_on_a_server_without_links_is_co_located_where_its_backups_come_from() -> None:
