@@ -204,8 +204,9 @@ def _checked(
 #: `fogshift` as a process is tested on its own (tests/cli). A command that starts processes
 #: (`up`, `net`, `bench`, `demo`, `dashboard`) stays a subprocess: its children must not be
 #: this process's, which would have to reap them (a killed node would linger as a zombie).
-IN_PROCESS = frozenset({"deploy", "stop", "migrate", "restore", "status", "nodes", "errors",
-                        "plan", "topology", "validate", "down", "state", "events"})  # fmt: skip
+IN_PROCESS = frozenset({"deploy", "stop", "start", "migrate", "restore", "status", "nodes",
+                        "errors", "plan", "topology", "validate", "down", "state",
+                        "events"})  # fmt: skip
 _in_process = threading.Lock()
 
 

@@ -1588,6 +1588,18 @@ def stop(pipeline: Pipeline, home: Home = Path(".fogshift")) -> None:
 
 
 @app.command()
+def start(pipeline: Pipeline, home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
+    """Start a stopped pipeline again where it stopped (its PEs from their checkpoints)."""
+    with cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client:
+        result = client.call(PipelineStatus, "POST", f"/pipelines/{pipeline}/start")
+    if as_json:
+        _print_json(result)
+    else:
+        console.print(f"[green]started[/] {pipeline} again where it stopped")
+        _status_table([result])
+
+
+@app.command()
 def delete(pipeline: Pipeline, home: Home = Path(".fogshift"), as_json: AsJson = False) -> None:
     """Delete a stopped pipeline: its streams, checkpoints and entry go (its output stays)."""
     with cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client:

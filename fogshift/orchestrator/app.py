@@ -484,6 +484,11 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
     def stop(name: NameParam) -> StopResult:
         return orchestrator.stop(name)
 
+    @app.post("/pipelines/{name}/start")
+    def start(name: NameParam) -> PipelineStatus:
+        # (A stopped pipeline went on only by a deploy, which starts it afresh.)
+        return orchestrator.start(name)
+
     @app.delete("/pipelines/{name}")
     def delete(name: NameParam) -> DeleteResult:
         # (Stopped first: a running pipeline's delete is refused, 409.)

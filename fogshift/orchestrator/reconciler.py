@@ -14,8 +14,9 @@ from typing import Any
 from nats.js.errors import NotFoundError
 
 from fogshift.agent.exceptions import UnknownElement
-from fogshift.broker.client import ensure_subjects
+from fogshift.broker.client import ensure_subjects, pipeline_streams
 from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
+from fogshift.broker.naming import stream_name
 from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.common.text import one_line
 from fogshift.contracts import (
@@ -27,6 +28,7 @@ from fogshift.contracts import (
     OperationKind,
     PEState,
     PipelineState,
+    PipelineStatus,
     RestoreAttempt,
     RestoreReport,
 )
@@ -1221,6 +1223,64 @@ class Reconciler(Coordination):
                              node.name, exc.message)  # fmt: skip
                 except Exception:
                     log.exception("discarding %s/%s left on %s failed", *key, node.name)
+
+    def start(self, name: str) -> PipelineStatus:
+        """Start stopped pipeline ``name`` again where it stopped: its streams as they are
+        (what was appended to its inputs meanwhile is read, once), each PE as the reconciler
+        starts a PE missing from its node — there, from its own checkpoint, under a new epoch
+        fenced first; from its central checkpoint if its node lost its own; a PE of a node
+        not heard is restored elsewhere once its pipeline counts the node lost
+        (``recovery``), as any. Downstream first, as a deploy.
+
+        A PE whose start fails here is started again by the reconciler's rounds, as one
+        whose node restarted (``status`` says how it stands).
+
+        Raises:
+            UnknownPipeline: No pipeline of that name.
+            Conflict: It is not stopped (running, deploying, stopping, or failed at its
+                deploy); or its streams are gone; nothing changed.
+        """
+        with self.pipeline_lock(name):
+            record = self.pipeline(name)
+            if record.status != PipelineState.STOPPED:
+                hint = {
+                    PipelineState.RUNNING: f"it runs already: `fogshift status {name}`",
+                    PipelineState.FAILED: "its deploy failed, so there is nothing to go on "
+                    "from: `fogshift deploy SPEC` starts it afresh",
+                }.get(record.status, "wait until that has ended, then see `fogshift status`")
+                raise Conflict(
+                    f"cannot start pipeline {name!r}: it is {record.status}",
+                    expected="a stopped pipeline (`fogshift stop`)",
+                    received=str(record.status),
+                    hint=hint,
+                )
+            wanted = {stream_name(name, e.id) for e in record.spec.elements}
+            held = set(self.broker.run(partial(pipeline_streams, pipeline=name)))
+            if not wanted <= held:
+                # (Started on streams made anew, a PE would read from its checkpoint's
+                # positions in streams that no longer hold them.)
+                raise Conflict(
+                    f"cannot start pipeline {name!r}: the broker no longer holds its streams "
+                    f"{', '.join(sorted(wanted - held))}",
+                    expected="every stream of its PEs, as the stop left them",
+                    received=", ".join(sorted(held)) or "none of them",
+                    hint=f"`fogshift delete {name}`, then `fogshift deploy SPEC` starts it afresh",
+                )
+            self.registry.set_status(name, PipelineState.RUNNING)
+            try:
+                self.permissions.sync(self.registry)  # (the stop took its nodes' rights)
+            except Exception:
+                self.registry.set_status(name, PipelineState.STOPPED)
+                raise
+            log.info("starting pipeline %s again where it stopped", name)
+            for element in reversed(record.spec.topological_order()):
+                # (A back-off of the run before the stop would put its first start off.)
+                self._restart_backoff.pop((name, element.id), None)
+                try:
+                    self._reconcile_element(name, element.id)
+                except Exception:  # (the reconciler's rounds try it again)
+                    log.exception("starting %s/%s again failed", name, element.id)
+        return self.status(name)[0]
 
     def run_reconciler(self) -> None:
         """Loop :meth:`reconcile_once` until :meth:`close`."""

@@ -215,6 +215,9 @@ class Orchestrator:
     def stop(self, name: str) -> StopResult:
         return self._act(StopResult, f"/pipelines/{name}/stop")
 
+    def start(self, name: str) -> PipelineStatus:
+        return self._act(PipelineStatus, f"/pipelines/{name}/start")
+
     def delete(self, name: str) -> DeleteResult:
         return self.client.call(
             DeleteResult, "DELETE", f"/pipelines/{name}", timeout=OPERATION_TIMEOUT_S
@@ -873,6 +876,12 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
                 "action": f"/pipelines/{name}/stop", "fields": {}, "back": f"/pipelines/{name}",
             })  # fmt: skip
         return done(f"stop {name}", lambda: {"stopped": orchestrator.stop(name)}, "/pipelines")
+
+    @app.post("/pipelines/{name}/start", response_class=HTMLResponse)
+    def start(name: NameParam) -> Response:
+        # (Not confirmed first: a start changes nothing the stop kept, and undoes nothing.)
+        return done(f"start {name}", lambda: {"started": orchestrator.start(name)},
+                    f"/pipelines/{name}")  # fmt: skip
 
     @app.post("/pipelines/{name}/delete", response_class=HTMLResponse)
     def delete(

@@ -281,14 +281,20 @@ def test_nodes_are_separate_process_groups_behind_a_token(cluster: Cluster) -> N
     assert httpx.get(nodes["cloud"]["url"] + "/health", headers=wrong).status_code == 401
 
 
-def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
-    write_case1_csv(tmp_path / "in.csv", 50, seed=3)
+def test_stop_keeps_the_output_and_start_goes_on_where_it_stopped(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    whole = write_case1_csv(tmp_path / "whole.csv", 90, seed=3).read_text().splitlines(True)
+    source = tmp_path / "in.csv"
+    source.write_text("".join(whole[:51]))  # (the header and 50 rows; 40 come while stopped)
     spec = write_spec(
         tmp_path / "s.yaml",
         "short",
         [
             {"id": "s", "kind": "csv-source", "node": "cloud", "options": {"path": "in.csv"}},
-            {"id": "k", "kind": "csv-sink", "node": "fog-b", "inputs": ["s"],
+            {"id": "a", "kind": "window-aggregate", "node": "fog-a", "inputs": ["s"],
+             "options": {"field": "value", "window": 3, "function": "avg", "engine": "jvm"}},
+            {"id": "k", "kind": "csv-sink", "node": "fog-b", "inputs": ["a"],
              "options": {"path": "out.csv"}},
         ],
     )  # fmt: skip
@@ -296,7 +302,10 @@ def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
     done = cluster.wait_for("short", "k", 1)
     refused = cluster.cli("delete", "short", check=False)  # running: its streams in use
     assert refused.returncode == 1 and "fogshift stop short" in refused.stderr, refused.stderr
+    running = cluster.cli("start", "short", check=False)
+    assert running.returncode == 1 and "it runs already" in running.stderr, running.stderr
     assert cluster.status("short")["status"] == "running"
+    epochs = {e["element"]: e["epoch"] for e in cluster.json("status", "short")["elements"]}
     cluster.cli("stop", "short")
     status = cluster.status("short")
     assert status["status"] == "stopped"
@@ -310,14 +319,30 @@ def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
         time.sleep(0.5)
     assert not any(e.startswith("short/") for e in hosted), hosted
 
+    # Started again where it stopped: the rows appended meanwhile are read, each output
+    # once, and the aggregate's windows span the stop (its state came from its checkpoint).
+    with source.open("a") as more:
+        more.write("".join(whole[51:]))
+    started = cluster.cli("start", "short")
+    assert "started short again where it stopped" in started.stdout, started.stdout
+    ref = case1_reference(source, "value", 3, "avg")
+    cluster.wait_for("short", "k", len(ref.rows))
+    verdict = compare(ref.rows, read_sink(tmp_path / "out.csv", "value"))
+    assert verdict.consistent, verdict.summary()
+    after = {e["element"]: e["epoch"] for e in cluster.json("status", "short")["elements"]}
+    assert all(after[pe] > epochs[pe] for pe in epochs), (epochs, after)  # (fenced anew)
+    cluster.cli("stop", "short")
+
     # Deleted: its streams and what the nodes hold of it go, its output stays; deployed
     # again, it starts over (its PEs fenced above the deleted run's).
-    held = [cluster.home / "nodes" / n / "checkpoints" / "short" for n in ("cloud", "fog-b")]
+    held = [
+        cluster.home / "nodes" / n / "checkpoints" / "short" for n in ("cloud", "fog-a", "fog-b")
+    ]
     assert all(folder.is_dir() for folder in held)
-    assert len(pipeline_stream_names(cluster, "short")) == 2
+    assert len(pipeline_stream_names(cluster, "short")) == 3
     output = (tmp_path / "out.csv").read_text()
     deleted = cluster.cli("delete", "short")
-    assert "deleted short (2 streams; checkpoints on " in deleted.stdout, deleted.stdout
+    assert "deleted short (3 streams; checkpoints on " in deleted.stdout, deleted.stdout
     assert "short" not in [p["pipeline"] for p in cluster.json("status")]
     assert pipeline_stream_names(cluster, "short") == []
     assert not any(folder.exists() for folder in held)
@@ -328,6 +353,7 @@ def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
     # The nodes' logs say what ran there, and went (they said nothing of it).
     log = (cluster.home / "logs" / "node-fog-b.log").read_text()
     assert "started short.k under epoch 1, fresh" in log and "removed short.k" in log
+    assert f"started short.k under epoch {after['k']}, from its checkpoint at batch" in log
     assert "node agent fog-b started: pid" in log
     # ... and not Spark's notes of its own start, nor a keyed query runner's.
     for noise in ("default log4j profile", "NativeCodeLoader", "TransformWithStateInPandas"):
@@ -337,11 +363,12 @@ def test_stop_keeps_the_output(cluster: Cluster, tmp_path: Path) -> None:
     assert "deployed pipeline short: " in orchestrator_log  # (it said only broker rights)
     assert (
         "stopped pipeline short" in orchestrator_log
+        and "starting pipeline short again where it stopped" in orchestrator_log
         and "deleted pipeline short" in orchestrator_log
     )
     assert cluster.cli("status", "short", check=False).returncode == 1
     cluster.cli("deploy", str(spec))
-    assert cluster.wait_for("short", "k", 50)["events_out"] == 50
+    assert cluster.wait_for("short", "k", len(ref.rows))["events_out"] == len(ref.rows)
     cluster.cli("stop", "short")
     again = cluster.json("delete", "short")
-    assert len(again["streams"]) == 2 and again["unreachable_nodes"] == [], again
+    assert len(again["streams"]) == 3 and again["unreachable_nodes"] == [], again

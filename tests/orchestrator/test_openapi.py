@@ -49,6 +49,7 @@ ANSWERS = {
     ("get", "/plan"): "PlanView",
     ("put", "/topology"): "PlanView",
     ("post", "/pipelines/{name}/stop"): "StopResult",
+    ("post", "/pipelines/{name}/start"): "PipelineStatus",
     ("delete", "/pipelines/{name}"): "DeleteResult",
 }
 

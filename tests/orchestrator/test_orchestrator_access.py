@@ -53,6 +53,7 @@ def test_a_node_token_opens_its_heartbeat_and_nothing_of_the_operator(app: FastA
         node.post("/pipelines/p/elements/s/migrate", json={"target": "fog-a"}),
         node.post("/pipelines/p/elements/s/restore", json={}),
         node.post("/pipelines/p/stop"),
+        node.post("/pipelines/p/start"),
         node.put("/topology", content="nodes: {}", headers={"Content-Type": "text/plain"}),
         node.get("/nodes"),
         node.get("/pipelines"),

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from fogshift.broker.naming import stream_name
 from fogshift.broker.server import BrokerProcess
 from fogshift.contracts import Heartbeat
+from fogshift.exceptions import Conflict
 from fogshift.orchestrator import reconciler
 from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.service import Orchestrator
@@ -443,3 +445,25 @@ def test_a_restore_in_place_that_fails_is_tried_on_another_node(
         finally:
             orch.close()
     assert tried == [["fog-a", "fog-a"], ["fog-a", "fog-b"]] * 2, tried
+
+
+def test_start_is_refused_unless_the_pipeline_is_stopped_and_its_streams_stand(
+    orchestrator: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for status, hint in (("running", "it runs already"), ("failed", "`fogshift deploy SPEC`"),
+                         ("stopping", "wait until that has ended")):  # fmt: skip
+        orchestrator.registry.set_status("p", status)
+        with pytest.raises(Conflict, match=f"cannot start pipeline 'p': it is {status}") as no:
+            orchestrator.start("p")
+        assert hint in (no.value.hint or ""), no.value
+        assert no.value.expected == "a stopped pipeline (`fogshift stop`)"
+    # Stopped, but the broker lost a stream (its store wiped): started on streams made
+    # anew, a PE would read from positions they do not hold.
+    orchestrator.registry.set_status("p", "stopped")
+    held = [stream_name("p", "source"), stream_name("p", "sink")]
+    monkeypatch.setattr(orchestrator.broker, "run", lambda _call: held)
+    with pytest.raises(Conflict, match="no longer holds its streams") as gone:
+        orchestrator.start("p")
+    assert stream_name("p", "aggregate") in gone.value.message
+    assert "`fogshift delete p`" in (gone.value.hint or "")
+    assert orchestrator.registry.get_pipeline("p").status == "stopped"  # type: ignore[union-attr]

@@ -216,6 +216,12 @@ class StandIn:
         self.actions.append(("stop", name))
         raise AssertionError("not used")
 
+    def start(self, name: str) -> PipelineStatus:
+        if self.refuse is not None:
+            raise self.refuse
+        self.actions.append(("start", name))
+        return self.pipeline(name).model_copy(update={"status": PipelineState.RUNNING})
+
     def delete(self, name: str) -> DeleteResult:
         if self.refuse is not None:
             raise self.refuse
@@ -536,6 +542,31 @@ def test_a_running_pipelines_page_shows_its_warnings(
     stand_in.pipeline = lambda name: warned  # type: ignore[method-assign]
     page = web.get("/pipelines/p").text
     assert '<p class="errtext warning">fog-a runs 2 &lt;parts&gt;</p>' in page
+
+
+def test_a_stopped_pipeline_is_started_again_from_its_page(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    logged_in(web, sessions)
+    stopped = stand_in.pipeline("p").model_copy(update={"status": PipelineState.STOPPED})
+    stand_in.pipeline = lambda name: stopped  # type: ignore[method-assign]
+    page = web.get("/pipelines/p").text
+    assert "Start again where it stopped" in page and "Delete pipeline…" in page
+    done = web.post("/pipelines/p/start")
+    assert stand_in.actions == [("start", "p")]
+    assert "Started p again where it stopped: its PEs running." in done.text, done.text
+    stand_in.refuse = Conflict(
+        "cannot start pipeline 'p': it is running",
+        expected="a stopped pipeline (`fogshift stop`)",
+        received="running",
+        hint="it runs already: `fogshift status p`",
+    )
+    refused = html.unescape(web.post("/pipelines/p/start").text)
+    assert "it is running" in refused and "it runs already" in refused
+    # A failed one is not offered it (nothing to go on from: deployed again instead).
+    failed = stopped.model_copy(update={"status": PipelineState.FAILED})
+    stand_in.pipeline = lambda name: failed  # type: ignore[method-assign]
+    assert "Start again" not in web.get("/pipelines/p").text
 
 
 def test_a_failed_pipelines_page_says_why(

@@ -182,8 +182,13 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
         page.get_by_role("button", name="Confirm").click()
         expect(page.locator(".outcome")).to_contain_text(f"Stopped {PIPELINE}.")
         assert cluster.status(PIPELINE)["status"] == "stopped"
-        # A stopped pipeline's page offers its delete instead: its streams and checkpoints
-        # go, its output stays.
+        # A stopped pipeline's page offers to start it again where it stopped ...
+        page.goto(dashboard.split("/login")[0] + f"/pipelines/{PIPELINE}")
+        page.get_by_role("button", name="Start again where it stopped").click()
+        expect(page.locator(".outcome")).to_contain_text(f"Started {PIPELINE} again where")
+        assert cluster.status(PIPELINE)["status"] == "running"
+        cluster.cli("stop", PIPELINE)
+        # ... and its delete: its streams and checkpoints go, its output stays.
         page.goto(dashboard.split("/login")[0] + f"/pipelines/{PIPELINE}")
         expect(page.get_by_role("button", name="Stop pipeline…")).to_have_count(0)
         page.get_by_role("button", name="Delete pipeline…").click()
