@@ -43,7 +43,7 @@ def _show(plan: PlanView, as_json: bool) -> None:
     if plan.low_disk_nodes:
         console.print(
             f"[yellow]planner[/]: the disk of {', '.join(plan.low_disk_nodes)} is nearly full "
-            "(`fogshift nodes` says how full): no backup is kept and no PE is redeployed there"
+            "(`fogshift nodes` says how full): the plan puts no backup and no redeployed PE there"
         )
     for key, why in sorted(plan.unplanned.items()):
         # (It said "keeps its previous plan" of a PE that had none.)

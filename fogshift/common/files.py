@@ -21,6 +21,8 @@ PRIVATE_DIR_MODE = 0o700
 #: What an error of a full disk says, in Python (errno 28) and in the JVM (an IOException)
 #: alike: how a failure's text tells it.
 DISK_FULL = "No space left on device"
+#: ... and of a quota reached (errno 122).
+QUOTA_EXCEEDED = "Disk quota exceeded"
 #: The errors of a machine's storage (full, over quota, read-only, failing): how an
 #: ``OSError`` tells it (not a bug of the code that met it).
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})

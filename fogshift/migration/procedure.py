@@ -62,7 +62,7 @@ from fogshift.checkpoint.central import KnownBlobs
 from fogshift.checkpoint.exceptions import TornCheckpoint
 from fogshift.checkpoint.spark_dir import fill_omitted, lean_archive, progress_of
 from fogshift.common.exceptions import NoAnswer, WaitTimedOut
-from fogshift.common.files import DISK_FULL
+from fogshift.common.files import DISK_FULL, QUOTA_EXCEEDED
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
 from fogshift.common.http import ServiceClient
 from fogshift.common.progress import progress_params, wait_for_progress
@@ -316,7 +316,7 @@ def migrate(
         elif report.rolled_back:
             outcome = "was rolled back"
             hint = f"{element.id} runs on {origin_name} again (epoch {report.epoch})"
-            if DISK_FULL in message:
+            if DISK_FULL in message or QUOTA_EXCEEDED in message:
                 # (The origin's full disk refused the pause's gate: a migration needs the
                 # origin to write, a restore does not.)
                 hint += (

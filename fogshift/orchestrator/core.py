@@ -44,6 +44,9 @@ from fogshift.spec.loader import did_you_mean
 log = logging.getLogger("fogshift.orchestrator")
 
 
+#: How much more than the nearly-full threshold a node counted short of disk needs free to
+#: count as having room again (:meth:`OrchestratorCore.short_of_disk`).
+SHORT_OF_DISK_MARGIN = 1.25
 #: How often :meth:`OrchestratorCore.run_pause_watch` looks at the clock.
 PAUSE_TICK_S = 0.5
 
@@ -208,6 +211,8 @@ class OrchestratorCore:
         #: each other's mark): no standby is started or kept there meanwhile, nor a PE
         #: migrated, restored or promoted there (``Standbys.remove_node``).
         self._leaving: Counter[str] = Counter()
+        #: The nodes :meth:`short_of_disk` counted short at its last call.
+        self._short_of_disk: set[str] = set()
         #: The nodes a drain is emptying before their removal (``PUT
         #: /nodes/{name}/leaving``), each with the monotonic time its lease ends (under
         #: ``_lock``): a lease, not a mark, so a drain whose caller died ends by itself.
@@ -397,11 +402,22 @@ class OrchestratorCore:
         """
         limits = self.config.warning_limits
         live = [n for n in self.registry.nodes() if self.healthy(n) and n.report.ready]
-        short = {
-            n.name
-            for n in live
-            if limits.disk_warning(n.report.disk_free_bytes, n.report.disk_total_bytes)
-        }
+        with self._lock:
+            before = self._short_of_disk
+            # A node counted short stays so until a quarter more than the threshold is free:
+            # free space hovering about it changed the plan (and the backups pushed) every
+            # round.
+            short = {
+                n.name
+                for n in live
+                if n.report.disk_free_bytes is not None
+                and limits.disk_warning(
+                    int(n.report.disk_free_bytes / (SHORT_OF_DISK_MARGIN if n.name in before
+                                                    else 1.0)),
+                    n.report.disk_total_bytes,
+                )
+            }  # fmt: skip
+            self._short_of_disk = short
         spare = {n.name for n in live} - short - self.leaving_nodes()
         return short if len(spare) >= 2 else set()
 

@@ -256,16 +256,24 @@ def _group(row: tuple[Any, ...]) -> GroupEntry:
 
 
 def _end_unfinished(
-    db: sqlite3.Connection, pipeline: str, outcome: str, now: float, element: str | None = None
+    db: sqlite3.Connection,
+    pipeline: str,
+    outcome: str,
+    now: float,
+    element: str | None = None,
+    groups_only: bool = False,
 ) -> None:
     """Inside a transaction: end ``pipeline``'s unfinished scales (of ``element`` only, if
-    given) with ``outcome``, and (for the whole pipeline) its unfinished group migrations:
-    what a dead orchestrator left is not carried on in a pipeline stopped or deployed anew."""
+    given; none with ``groups_only``) with ``outcome``, and (for the whole pipeline) its
+    unfinished group migrations: what a dead orchestrator left is not carried on in a
+    pipeline deployed anew (see :meth:`Registry.set_status` for a stopped one)."""
     if element is None:
         db.execute(
             "UPDATE groups SET outcome = ?, updated = ? WHERE pipeline = ? AND outcome IS NULL",
             (outcome, now, pipeline),
         )
+    if groups_only:
+        return
     db.execute(
         "UPDATE scales SET outcome = ?, updated = ? WHERE pipeline = ? "
         "AND (? IS NULL OR element = ?) AND outcome IS NULL",
@@ -537,23 +545,34 @@ class Registry:
         )
 
     def set_status(self, name: str, status: PipelineState, reason: str | None = None) -> None:
-        """Set a pipeline's status; one that no longer runs ends its scales and group
-        migrations left unfinished (nothing is to be carried on in a pipeline stopped, or
-        deployed anew after). ``reason``: why it failed (kept with a ``failed`` status, for
-        :meth:`failure`; any other status forgets it)."""
+        """Set a pipeline's status. ``reason``: why it failed (kept with a ``failed``
+        status, for :meth:`failure`, and through a stop after it: a failed deploy's PEs
+        hold no checkpoint of its streams, and ``start`` refuses it; running or deploying
+        forgets it).
+
+        A failed pipeline ends its scales and group migrations left unfinished (nothing is
+        carried on in one deployed anew after); a stopped one its group migrations (its
+        PEs run where they are placed when it starts again), not its scales: a scale whose
+        rescale record stands is carried on once it runs again, or its partitions would
+        not match the record."""
         now = time.time()
         with self._tx() as db:
             db.execute(
                 "UPDATE pipelines SET status = ?, updated = ? WHERE name = ?", (status, now, name)
             )
-            db.execute("DELETE FROM pipeline_failures WHERE pipeline = ?", (name,))
             if status == PipelineState.FAILED and reason:
                 db.execute(
-                    "INSERT INTO pipeline_failures SELECT name, ?, ? FROM pipelines WHERE name = ?",
+                    "INSERT OR REPLACE INTO pipeline_failures SELECT name, ?, ? FROM pipelines "
+                    "WHERE name = ?",
                     (reason, now, name),
                 )
-            if status not in (PipelineState.RUNNING, PipelineState.DEPLOYING):
+            elif status in (PipelineState.RUNNING, PipelineState.DEPLOYING, PipelineState.FAILED):
+                db.execute("DELETE FROM pipeline_failures WHERE pipeline = ?", (name,))
+            if status == PipelineState.FAILED:
                 _end_unfinished(db, name, f"abandoned: the pipeline is {status}", now)
+            elif status in (PipelineState.STOPPING, PipelineState.STOPPED):
+                _end_unfinished(db, name, f"abandoned: the pipeline is {status}", now,
+                                groups_only=True)  # fmt: skip
 
     def put_report(self, pipeline: str, element: str, kind: str, report: str) -> bool:
         """Keep ``report`` (JSON) as PE ``pipeline/element``'s last of ``kind`` (dropped

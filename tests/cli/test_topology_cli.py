@@ -50,7 +50,7 @@ def test_names_no_node_has_are_told(capsys: pytest.CaptureFixture[str]) -> None:
     assert "its links name no link of fog-c" in " ".join(capsys.readouterr().out.split())
     _show(PLAN.model_copy(update={"low_disk_nodes": ["fog-b"]}), as_json=False)
     out = " ".join(capsys.readouterr().out.split())
-    assert "the disk of fog-b is nearly full" in out and "no PE is redeployed there" in out
+    assert "the disk of fog-b is nearly full" in out and "no redeployed PE there" in out
 
 
 def test_json_is_the_plan_as_the_orchestrator_sent_it(capsys: pytest.CaptureFixture[str]) -> None:

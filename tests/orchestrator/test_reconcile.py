@@ -448,7 +448,7 @@ def test_a_restore_in_place_that_fails_is_tried_on_another_node(
 
 
 def test_start_is_refused_unless_the_pipeline_is_stopped_and_its_streams_stand(
-    orchestrator: Orchestrator, monkeypatch: pytest.MonkeyPatch
+    orchestrator: Orchestrator, agent: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for status, hint in (("running", "it runs already"), ("failed", "`fogshift deploy SPEC`"),
                          ("stopping", "wait until that has ended")):  # fmt: skip
@@ -456,10 +456,39 @@ def test_start_is_refused_unless_the_pipeline_is_stopped_and_its_streams_stand(
         with pytest.raises(Conflict, match=f"cannot start pipeline 'p': it is {status}") as no:
             orchestrator.start("p")
         assert hint in (no.value.hint or ""), no.value
-        assert no.value.expected == "a stopped pipeline (`fogshift stop`)"
-    # Stopped, but the broker lost a stream (its store wiped): started on streams made
-    # anew, a PE would read from positions they do not hold.
+        assert no.value.expected == (
+            "a stopped pipeline (`fogshift stop`) whose deploy had succeeded"
+        )
+    # Stopped after a deploy that failed: its PEs hold checkpoints of no stream of this run
+    # (the deploy made them anew), and started so, they read from positions of the last.
+    orchestrator.registry.set_status("p", "failed", "a PE could not be started")
+    orchestrator.registry.set_status("p", "stopping")
     orchestrator.registry.set_status("p", "stopped")
+    with pytest.raises(
+        Conflict, match=r"after a deploy that failed \(a PE could not be started\)"
+    ) as no:
+        orchestrator.start("p")
+    assert "`fogshift deploy SPEC` starts it afresh" in (no.value.hint or "")
+    orchestrator.registry.set_status("p", "running")  # (a deploy that succeeded forgets it)
+    orchestrator.registry.set_status("p", "stopped")
+    # A node its PEs are placed on left the cluster while it was stopped.
+    with pytest.raises(Conflict, match="placed on cloud, fog-a, which left the cluster") as no:
+        orchestrator.start("p")
+    assert "aggregate on fog-a" in (no.value.received or "") and "up --nodes" in (
+        no.value.hint or ""
+    )
+    url, _ = agent
+    for node in ("cloud", "fog-a"):
+        orchestrator.heartbeat(node, Heartbeat.model_validate({"url": url, "ready": True}))
+    # An operation a dead orchestrator left on a PE of it: the next round ends it first.
+    op = orchestrator.registry.begin_operation(
+        "migration", "p", "aggregate", "fog-a", "fog-c", "dead0rchestr", "preparing"
+    )
+    with pytest.raises(Conflict, match="left unfinished holds aggregate"):
+        orchestrator.start("p")
+    orchestrator.registry.finish(op.id, "rolled back")
+    # The broker lost a stream (its store wiped): started on streams made anew, a PE would
+    # read from positions they do not hold.
     held = [stream_name("p", "source"), stream_name("p", "sink")]
     monkeypatch.setattr(orchestrator.broker, "run", lambda _call: held)
     with pytest.raises(Conflict, match="no longer holds its streams") as gone:

@@ -809,6 +809,30 @@ def test_a_node_whose_disk_is_nearly_full_is_the_last_restore_and_standby_candid
         assert orch._nodes_for(record.placement, [], 1, None, "scale") == ["fog-b"]
 
 
+def test_a_node_short_of_disk_counts_as_having_room_again_only_with_a_margin(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # Free space hovering about the threshold changed the plan every round (and pushed the
+    # backups anew to each node it named).
+    floor = orch.config.warning_limits.low_disk_bytes
+
+    def free_on_fog_b(free: int) -> set[str]:
+        for name, agent in agents.items():
+            orch.heartbeat(name, Heartbeat.model_validate({
+                "url": agent.url, "ready": True, "elements": [],
+                "disk_free_bytes": free if name == "fog-b" else total // 2,
+                "disk_total_bytes": total}))  # fmt: skip
+        return orch.short_of_disk()
+
+    total = 2**32  # (4 GiB: the bytes' bound, not the 5 % share, is the threshold)
+    assert free_on_fog_b(floor + 1) == set()
+    assert free_on_fog_b(floor - 1) == {"fog-b"}
+    assert free_on_fog_b(floor + 1) == {"fog-b"}  # (not yet: within the margin)
+    assert free_on_fog_b(int(floor * 1.2)) == {"fog-b"}
+    assert free_on_fog_b(int(floor * 1.3)) == set()
+    assert free_on_fog_b(floor + 1) == set()  # (from above: the threshold itself)
+
+
 def test_an_automatic_restore_of_a_pe_moved_meanwhile_changes_nothing(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1014,13 +1038,21 @@ def test_a_scale_this_orchestrator_runs_is_left_to_it(
     assert asked == [] and len(orch.registry.unfinished_scales()) == 1
 
 
-def test_a_scale_of_a_pipeline_stopped_or_deployed_anew_is_abandoned(
+def test_a_scale_of_a_pipeline_stopped_waits_and_one_deployed_anew_is_abandoned(
     scaled: tuple[Orchestrator, list[dict[str, Any]]],
 ) -> None:
     orch, asked = scaled
+    # Stopped: kept for `fogshift start` (its rescale record may stand: the partitions must
+    # come to match it), not carried on meanwhile.
     left = dead_scale(orch)
-    orch.registry.set_status("p", PipelineState.STOPPING)
-    assert orch.registry.scale(left).outcome == "abandoned: the pipeline is stopping"  # type: ignore[union-attr]
+    for status in (PipelineState.STOPPING, PipelineState.STOPPED):
+        orch.registry.set_status("p", status)
+        assert orch.recover_scales() == [] and asked == []
+        assert orch.registry.scale(left).outcome is None  # type: ignore[union-attr]
+    # Failed (a deploy's end): abandoned.
+    orch.registry.set_status("p", PipelineState.FAILED, "a PE could not be started")
+    assert orch.registry.scale(left).outcome == "abandoned: the pipeline is failed"  # type: ignore[union-attr]
+    orch.registry.set_status("p", PipelineState.RUNNING)
     # Deployed anew (same name, two partitions again) before a round carried it on: the
     # old request is not the new deployment's.
     left = dead_scale(orch)

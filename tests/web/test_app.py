@@ -444,7 +444,7 @@ def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
     assert "The fog topology names fog_a, which no node of the cluster is" in nodes.text
     assert "Planner: p/pick has no plan: no backup server" in nodes.text  # (it had none)
     assert "links name no link of fog-c" in nodes.text
-    assert "The disk of fog-b is nearly full: no backup is kept" in nodes.text
+    assert "The disk of fog-b is nearly full: the plan puts no backup" in nodes.text
     assert (
         '<td class="num">\N{EN DASH}</td>'
         in nodes.text.split('data-node="cloud"')[1].split("</tr>")[0]
