@@ -317,7 +317,11 @@ class Reconciler(Coordination):
         for gone in set(self._scale_retries) - {e.id for e in unfinished}:
             # Ended by someone else meanwhile (its carry-on thread may drop it too).
             self._scale_retries.pop(gone, None)
+        stopped = {r.name for r in self.registry.pipelines()
+                   if r.status in (PipelineState.STOPPING, PipelineState.STOPPED)}  # fmt: skip
         for entry in unfinished:
+            if entry.pipeline in stopped:
+                continue  # carried on once it runs again (`fogshift start`)
             retry = self._scale_retries.get(entry.id)
             if retry is not None and time.monotonic() < retry[0]:
                 continue  # held or away at the last try
@@ -785,8 +789,13 @@ class Reconciler(Coordination):
         reported = node.report.element(pipeline, element_id)
         if live and reported is not None:
             placed = record.spec.element(element_id).model_copy(update={"node": node.name})
-            if not self._hosts(placed, pipeline):
-                reported = None
+            try:
+                if not self._hosts(placed, pipeline):
+                    reported = None
+            except FogshiftError as exc:  # (not answering: the next round looks again)
+                log.warning("%s/%s on %s not asked: %s", pipeline, element_id, node.name,
+                            exc.message)  # fmt: skip
+                return
         newest = self.registry.epoch(pipeline, element_id)
         stale = stale_inputs(reported, record.spec.element(element_id))
         halted = reported is not None and reported.state in HALTED
@@ -1262,9 +1271,12 @@ class Reconciler(Coordination):
         """
         with self.pipeline_lock(name):
             record = self.pipeline(name)
-            failed = self.registry.failure(name)
             refusal = f"cannot start pipeline {name!r}"
-            if record.status != PipelineState.STOPPED or failed is not None:
+            # (Stopped after a deploy that failed, or was left half-way, its PEs hold the
+            # checkpoints of the run before, whose streams the deploy made anew: started,
+            # they would read from positions those streams do not hold.)
+            never = record.status == PipelineState.STOPPED and not self.registry.ran(name)
+            if record.status != PipelineState.STOPPED or never:
                 hint = {
                     PipelineState.RUNNING: f"it runs already: `fogshift status {name}`",
                     PipelineState.STOPPED: "nothing to go on from: `fogshift deploy SPEC` "
@@ -1272,11 +1284,11 @@ class Reconciler(Coordination):
                     PipelineState.FAILED: "its deploy failed, so there is nothing to go on "
                     "from: `fogshift deploy SPEC` starts it afresh",
                 }.get(record.status, "wait until that has ended, then see `fogshift status`")
+                said = "stopped, and its deploy never completed" if never else record.status
                 raise Conflict(
-                    f"{refusal}: it is {record.status}"
-                    + (f" after a deploy that failed ({failed})" if failed is not None else ""),
-                    expected="a stopped pipeline (`fogshift stop`) whose deploy had succeeded",
-                    received=str(record.status) + (" after a failed deploy" if failed else ""),
+                    f"{refusal}: it is {said}",
+                    expected="a stopped pipeline (`fogshift stop`) whose deploy had completed",
+                    received=str(said),
                     hint=hint,
                 )
             gone = sorted({node for node in record.placement.values()
@@ -1323,9 +1335,15 @@ class Reconciler(Coordination):
                 raise
             log.info("starting pipeline %s again where it stopped", name)
             self._streams_current([self.pipeline(name)])  # (as the rounds do: before any PE)
+            # (A back-off of the run before the stop would put its first start off, or its
+            # scale's carry-on.)
+            for entry in self.registry.unfinished_scales():
+                if entry.pipeline == name:
+                    self._scale_retries.pop(entry.id, None)
             for element in reversed(record.spec.topological_order()):
-                # (A back-off of the run before the stop would put its first start off.)
                 self._restart_backoff.pop((name, element.id), None)
+                if element.id not in self.pipeline(name).placement:
+                    continue  # (retired meanwhile by a scale a round carried on)
                 try:
                     self._reconcile_element(name, element.id, live=True)
                 except Exception:  # (the reconciler's rounds try it again)

@@ -65,6 +65,9 @@ CREATE TABLE IF NOT EXISTS pipelines (
     status TEXT NOT NULL,
     updated REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pipelines_ran (
+    pipeline TEXT PRIMARY KEY REFERENCES pipelines(name) ON DELETE CASCADE
+);
 CREATE TABLE IF NOT EXISTS pipeline_failures (
     pipeline TEXT PRIMARY KEY REFERENCES pipelines(name) ON DELETE CASCADE,
     reason TEXT NOT NULL,
@@ -315,8 +318,12 @@ def _hosted(
     groups = db.execute(
         "SELECT pipeline FROM groups WHERE outcome IS NULL AND target = ?", (node,)
     ).fetchall()
+    # (A stopped pipeline's scale waits for `fogshift start`: it holds no node, as its PEs
+    # do not; started on a node since removed, the start is refused.)
     scales = db.execute(
-        "SELECT pipeline, element, nodes FROM scales WHERE outcome IS NULL ORDER BY started"
+        "SELECT s.pipeline, s.element, s.nodes FROM scales s "
+        "JOIN pipelines q ON q.name = s.pipeline "
+        f"WHERE s.outcome IS NULL AND q.status IN ({deployed}) ORDER BY s.started"
     ).fetchall()
     return [
         *(NodeHold(kind="pe", text=f"PE {p}/{e}") for p, e, status in placed
@@ -546,9 +553,8 @@ class Registry:
 
     def set_status(self, name: str, status: PipelineState, reason: str | None = None) -> None:
         """Set a pipeline's status. ``reason``: why it failed (kept with a ``failed``
-        status, for :meth:`failure`, and through a stop after it: a failed deploy's PEs
-        hold no checkpoint of its streams, and ``start`` refuses it; running or deploying
-        forgets it).
+        status, for :meth:`failure`; any other status forgets it). Running marks that this
+        deployment ran (:meth:`ran`), until it fails or is deployed again.
 
         A failed pipeline ends its scales and group migrations left unfinished (nothing is
         carried on in one deployed anew after); a stopped one its group migrations (its
@@ -560,14 +566,19 @@ class Registry:
             db.execute(
                 "UPDATE pipelines SET status = ?, updated = ? WHERE name = ?", (status, now, name)
             )
+            db.execute("DELETE FROM pipeline_failures WHERE pipeline = ?", (name,))
             if status == PipelineState.FAILED and reason:
                 db.execute(
-                    "INSERT OR REPLACE INTO pipeline_failures SELECT name, ?, ? FROM pipelines "
-                    "WHERE name = ?",
+                    "INSERT INTO pipeline_failures SELECT name, ?, ? FROM pipelines WHERE name = ?",
                     (reason, now, name),
                 )
-            elif status in (PipelineState.RUNNING, PipelineState.DEPLOYING, PipelineState.FAILED):
-                db.execute("DELETE FROM pipeline_failures WHERE pipeline = ?", (name,))
+            if status == PipelineState.RUNNING:
+                db.execute(
+                    "INSERT OR IGNORE INTO pipelines_ran SELECT name FROM pipelines WHERE name = ?",
+                    (name,),
+                )
+            elif status in (PipelineState.DEPLOYING, PipelineState.FAILED):
+                db.execute("DELETE FROM pipelines_ran WHERE pipeline = ?", (name,))
             if status == PipelineState.FAILED:
                 _end_unfinished(db, name, f"abandoned: the pipeline is {status}", now)
             elif status in (PipelineState.STOPPING, PipelineState.STOPPED):
@@ -615,6 +626,7 @@ class Registry:
             gone = db.execute("DELETE FROM pipelines WHERE name = ?", (name,)).rowcount
             if not gone:
                 raise NotFound(f"pipeline {name!r} is not deployed: it cannot be deleted")
+            _end_unfinished(db, name, "abandoned: the pipeline was deleted", time.time())
             # (Forgotten, their epochs kept reserved, as a stop does: deleted, a standby's
             # epoch was given again to the next deploy's PE, which then did not fence it.)
             db.execute(
@@ -633,6 +645,19 @@ class Registry:
                 "SELECT deleted FROM deleted_pipelines WHERE name = ?", (name,)
             ).fetchone()
         return None if row is None else float(row[0])
+
+    def ran(self, name: str) -> bool:
+        """Whether pipeline ``name``'s deployment ran: its deploy completed (or it was
+        started again since), so its PEs' checkpoints are of its streams. Not of one whose
+        deploy failed, nor of one deployed before 2026-12-07's fourth session (deploy it
+        afresh)."""
+        with self._lock:
+            return (
+                self._db.execute(
+                    "SELECT 1 FROM pipelines_ran WHERE pipeline = ?", (name,)
+                ).fetchone()
+                is not None
+            )
 
     def failure(self, name: str) -> str | None:
         """Why pipeline ``name`` failed (see :meth:`set_status`), if it did and was told."""

@@ -1045,10 +1045,19 @@ def test_a_scale_of_a_pipeline_stopped_waits_and_one_deployed_anew_is_abandoned(
     # Stopped: kept for `fogshift start` (its rescale record may stand: the partitions must
     # come to match it), not carried on meanwhile.
     left = dead_scale(orch)
-    for status in (PipelineState.STOPPING, PipelineState.STOPPED):
-        orch.registry.set_status("p", status)
-        assert orch.recover_scales() == [] and asked == []
-        assert orch.registry.scale(left).outcome is None  # type: ignore[union-attr]
+    assert [h.kind for h in orch.holds("fog-b")] == ["scale"]  # (no nodes named: every one)
+    orch.registry.set_status("p", PipelineState.STOPPING)
+    assert orch.recover_scales() == [] and asked == []
+    orch.registry.set_status("p", PipelineState.STOPPED)
+    assert orch.recover_scales() == [] and asked == []
+    assert orch.registry.scale(left).outcome is None  # type: ignore[union-attr]
+    # ... holding no node meanwhile, as its PEs do not (a removal was refused until then).
+    assert orch.holds("fog-b") == []
+    # Deleted: ended, not left to hold nodes should the name be deployed again.
+    orch.registry.delete_pipeline("p")
+    assert orch.registry.scale(left).outcome == "abandoned: the pipeline was deleted"  # type: ignore[union-attr]
+    orch.registry.put_pipeline(parse_spec(PARTITIONED, orch.config.home), PipelineState.RUNNING)
+    left = dead_scale(orch)
     # Failed (a deploy's end): abandoned.
     orch.registry.set_status("p", PipelineState.FAILED, "a PE could not be started")
     assert orch.registry.scale(left).outcome == "abandoned: the pipeline is failed"  # type: ignore[union-attr]
