@@ -1264,10 +1264,11 @@ class Reconciler(Coordination):
         Raises:
             UnknownPipeline: No pipeline of that name.
             Conflict: Nothing changed: it is not stopped (running, deploying, stopping, or
-                failed), or it was stopped after a deploy that failed (its PEs hold no
-                checkpoint of its streams); the broker no longer holds its streams; a PE's
-                node has left the cluster; an operation an orchestrator left unfinished
-                still holds a PE (the next round resolves it).
+                failed), or its deploy never completed before it was stopped
+                (:meth:`Registry.ran`: its PEs hold no checkpoint of its streams); the
+                broker no longer holds its streams; a PE's node has left the cluster; an
+                operation an orchestrator left unfinished still holds a PE (the next round
+                resolves it).
         """
         with self.pipeline_lock(name):
             record = self.pipeline(name)

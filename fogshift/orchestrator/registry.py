@@ -446,6 +446,12 @@ class Registry:
             "INSERT INTO epochs SELECT pipeline, element, epoch FROM placements WHERE true "
             "ON CONFLICT(pipeline, element) DO UPDATE SET epoch = max(epoch, excluded.epoch)"
         )
+        # ... and before the mark of a run that ran (:meth:`ran`): a pipeline running now
+        # ran (its status is set so once its deploy completed), one stopped is not known to.
+        self._db.execute(
+            "INSERT OR IGNORE INTO pipelines_ran SELECT name FROM pipelines WHERE status = ?",
+            (PipelineState.RUNNING,),
+        )
         self._lock = threading.Lock()
 
     @contextmanager
@@ -649,8 +655,8 @@ class Registry:
     def ran(self, name: str) -> bool:
         """Whether pipeline ``name``'s deployment ran: its deploy completed (or it was
         started again since), so its PEs' checkpoints are of its streams. Not of one whose
-        deploy failed, nor of one deployed before 2026-12-07's fourth session (deploy it
-        afresh)."""
+        deploy failed, nor of one an older fogshift stopped (running when this registry
+        was opened, it is marked)."""
         with self._lock:
             return (
                 self._db.execute(

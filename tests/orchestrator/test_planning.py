@@ -4,6 +4,7 @@ what the orchestrator's app tells of a topology it plans with."""
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from fogshift.orchestrator.planning import (
     nearest_first,
     route_bandwidth,
 )
+from fogshift.orchestrator.service import Orchestrator
 from fogshift.planner import plan
 from tests.orchestrator.conftest import OPERATOR
 from tests.orchestrator.standin import SPEC, StandIn
@@ -282,21 +284,33 @@ def test_a_refused_topology_file_shows_one_that_is_valid() -> None:
         assert topology.links[0].bandwidth == 10
 
 
+def running_case1(
+    orchestrator: Orchestrator, agents: dict[str, StandIn], home: Path, full: Collection[str] = ()
+) -> None:
+    """Case 1 running as placed (source and sink on cloud, the aggregate on fog-a), and a
+    heartbeat from each stand-in saying so; the nodes in ``full`` have 100 MiB of 100 GiB
+    free, the others 40 GiB."""
+    from fogshift.spec import parse_spec
+
+    if orchestrator.registry.get_pipeline("p") is None:
+        orchestrator.registry.put_pipeline(parse_spec(SPEC, home), "running")
+    placed = {"cloud": ["source", "sink"], "fog-a": ["aggregate"]}
+    for name, agent in agents.items():
+        elements = [{"pipeline": "p", "element": e, "state": "running", "epoch": 1}
+                    for e in placed.get(name, [])]  # fmt: skip
+        orchestrator.heartbeat(name, Heartbeat.model_validate({
+            "url": agent.url, "ready": True, "elements": elements,
+            "disk_free_bytes": 100 * 2**20 if name in full else 40 * 2**30,
+            "disk_total_bytes": 100 * 2**30}))  # fmt: skip
+
+
 def test_a_node_marked_leaving_is_no_pes_backup_or_redeploy_node_at_once(
     app: FastAPI, agents: dict[str, StandIn], tmp_path: Path
 ) -> None:
     # A drain moves each PE to its planned redeploy node: the plan of the last round named
     # the node being drained (it still counted as live) until the next round, 10 s later.
-    from fogshift.spec import parse_spec
-
     orchestrator = app.state.orchestrator
-    orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
-    placed = {"cloud": ["source", "sink"], "fog-a": ["aggregate"]}
-    for name, agent in agents.items():
-        elements = [{"pipeline": "p", "element": e, "state": "running", "epoch": 1}
-                    for e in placed.get(name, [])]  # fmt: skip
-        orchestrator.heartbeat(name, Heartbeat.model_validate(
-            {"url": agent.url, "ready": True, "elements": elements}))  # fmt: skip
+    running_case1(orchestrator, agents, tmp_path)
     before = orchestrator.replan().assignments
     target = before["p/aggregate"].redeploy
     assert target in ("cloud", "fog-b"), before
@@ -316,20 +330,10 @@ def test_a_node_whose_disk_is_nearly_full_is_no_backup_or_redeploy_node_while_tw
 ) -> None:
     # A full-disk probe: the planner kept a node with 0 bytes free as a backup and redeploy
     # node, where a replica failed at its first write and a restore at its first checkpoint.
-    from fogshift.spec import parse_spec
-
     orchestrator = app.state.orchestrator
-    orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
-    placed = {"cloud": ["source", "sink"], "fog-a": ["aggregate"]}
 
     def beat(full: set[str]) -> PlanView:
-        for name, agent in agents.items():
-            elements = [{"pipeline": "p", "element": e, "state": "running", "epoch": 1}
-                        for e in placed.get(name, [])]  # fmt: skip
-            free = 100 * 2**20 if name in full else 40 * 2**30  # (of 100 GiB)
-            orchestrator.heartbeat(name, Heartbeat.model_validate({
-                "url": agent.url, "ready": True, "elements": elements,
-                "disk_free_bytes": free, "disk_total_bytes": 100 * 2**30}))  # fmt: skip
+        running_case1(orchestrator, agents, tmp_path, full)
         return orchestrator.replan()
 
     before = beat(set())

@@ -21,6 +21,7 @@ from fogshift.contracts import Heartbeat
 from fogshift.exceptions import Conflict
 from fogshift.orchestrator import reconciler
 from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.registry import Registry
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration.exceptions import RestoreFailed
 from fogshift.spec import parse_spec
@@ -450,6 +451,10 @@ def test_a_restore_in_place_that_fails_is_tried_on_another_node(
 def test_start_is_refused_unless_the_pipeline_is_stopped_and_its_streams_stand(
     orchestrator: Orchestrator, agent: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Put in the registry as running, as a fogshift before the mark of a run that ran left
+    # it: a registry opened again marks it (it ran, or it would not be running).
+    assert not orchestrator.registry.ran("p")
+    assert Registry(orchestrator.config.home / "orchestrator.db").ran("p")
     for status, hint in (("running", "it runs already"), ("failed", "`fogshift deploy SPEC`"),
                          ("stopping", "wait until that has ended")):  # fmt: skip
         orchestrator.registry.set_status("p", status)
@@ -461,8 +466,6 @@ def test_start_is_refused_unless_the_pipeline_is_stopped_and_its_streams_stand(
         )
     # Stopped after a deploy that failed: its PEs hold checkpoints of no stream of this run
     # (the deploy made them anew), and started so, they read from positions of the last.
-    # (The fixture put it in the registry as running, as a deploy before the mark did.)
-    assert not orchestrator.registry.ran("p")
     orchestrator.registry.set_status("p", "failed", "a PE could not be started")
     orchestrator.registry.set_status("p", "stopping")
     orchestrator.registry.set_status("p", "stopped")
