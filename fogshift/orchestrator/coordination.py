@@ -407,17 +407,13 @@ class Coordination(Scaling):
 
     def restore_candidates(self, pipeline: str, element_id: str, exclude: set[str]) -> list[str]:
         """Healthy, ready nodes outside ``exclude`` and not being removed, none silent for
-        longer than the pipeline declares a node lost after: the PE's planned redeploy node
-        first, then the least busy (fewest PEs); nodes whose disk is nearly full last
-        (:meth:`short_of_disk`).
+        longer than the pipeline declares a node lost after, best first
+        (:meth:`best_nodes`: room on disk, the PE's planned redeploy node, fewest instances).
 
         (A pipeline may declare nodes lost sooner than the orchestrator calls them
         unhealthy: ``recovery.detect_after_s`` from 2 s, ``node_timeout_s`` 5 s. A node
         lost to the pipeline but still "healthy" was a candidate: a PE restored there was
-        restored away from it the next round, fenced at every move.)
-
-        How busy a node is counts from the registry (:meth:`load`), not from its own
-        heartbeat."""
+        restored away from it the next round, fenced at every move.)"""
         record = self.registry.get_pipeline(pipeline)
         lost_after = record.spec.recovery.detect_after_s if record is not None else math.inf
         now = time.time()
@@ -430,12 +426,7 @@ class Coordination(Scaling):
             and n.report.ready
             and now - n.last_seen <= lost_after
         ]
-        planned = self.planned(pipeline, element_id).redeploy
-        busy, short = self.load(), self.short_of_disk()
-        ranked = sorted(
-            candidates, key=lambda n: (n.name in short, n.name != planned, busy[n.name], n.name)
-        )
-        return [n.name for n in ranked]
+        return self.best_nodes(candidates, pipeline, element_id)
 
     @contextmanager
     def _choosing(

@@ -37,6 +37,18 @@ class Replanning(OrchestratorCore):
         """The PE's planned ``backup`` and ``redeploy`` nodes (``None`` before a plan exists)."""
         return self.plan.assignments.get(f"{pipeline}/{element_id}", Assignment())
 
+    def best_nodes(self, nodes: list[NodeRecord], pipeline: str, element_id: str) -> list[str]:
+        """``nodes`` best first to place PE ``pipeline/element_id`` on (a restore, a
+        standby): those with disk to spare (:meth:`short_of_disk`), then its planned
+        redeploy node, then those the registry places the fewest instances on
+        (:meth:`load`: not each node's own count), then by name."""
+        planned = self.planned(pipeline, element_id).redeploy
+        busy, short = self.load(), self.short_of_disk()
+        ranked = sorted(
+            nodes, key=lambda n: (n.name in short, n.name != planned, busy[n.name], n.name)
+        )
+        return [n.name for n in ranked]
+
     def drain_lease(self, name: str, seconds: float | None) -> None:
         """:meth:`OrchestratorCore.drain_lease`, and a mark taken or ended plans again at
         once: the drain moves each PE to its planned redeploy node, which is then not this

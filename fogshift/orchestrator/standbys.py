@@ -114,13 +114,8 @@ class Standbys(Deployment):
         if wanted not in (PLANNED_STANDBY, current):
             return wanted if self._may_keep(self.registry.node(wanted)) else None
         candidates = [n for n in self.registry.nodes() if n.name != current and self._may_keep(n)]
-        planned = self.planned(record.name, element.id).redeploy
-        busy = self.load()  # (the registry's count, not each node's own: see load)
-        short = self.short_of_disk()
-        ranked = sorted(
-            candidates, key=lambda n: (n.name in short, n.name != planned, busy[n.name], n.name)
-        )
-        return ranked[0].name if ranked else None
+        ranked = self.best_nodes(candidates, record.name, element.id)
+        return ranked[0] if ranked else None
 
     def standby_missing(self, record: PipelineRecord, element: ElementSpec) -> str | None:
         """Why the PE has no standby though its spec asks for one (``status``: its
