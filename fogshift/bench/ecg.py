@@ -188,7 +188,7 @@ def _run(
     window_rows: list[dict[str, Any]] = []
     alarm_rows: list[dict[str, Any]] = []
     try:
-        cluster.cli("deploy", str(spec))
+        cluster.cli("deploy", str(spec), "--fresh")  # (a run is anew, its name too)
         deadline = time.monotonic() + config.timeout_s
         if mode == "moving":
             due = int(config.move_at_s / source.window_s) * source.patients

@@ -320,7 +320,7 @@ def _one(
     try:
         for feeder in feeders:
             feeder.start()
-        cluster.cli("deploy", str(spec))
+        cluster.cli("deploy", str(spec), "--fresh")  # (a run is anew, its name too)
         if wait_rows(cluster, name, 1, config.timeout_s) < 1:
             raise FogshiftError(f"{name}: no output in {config.timeout_s:.0f} s")
         time.sleep(config.before_s)

@@ -464,7 +464,8 @@ class SoakRun:
         return self
 
     def deploy(self) -> None:
-        self.cluster.cli("deploy", str(self.spec))
+        # (A run's name may be an earlier bench's on a kept cluster: each run is anew.)
+        self.cluster.cli("deploy", str(self.spec), "--fresh")
 
     def finish_input(self) -> int:
         """Stop the inputs growing; returns their data rows together."""

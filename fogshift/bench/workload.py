@@ -254,7 +254,8 @@ class Case1Run:
 
     def deploy(self) -> None:
         """Deploy the pipeline (its source starts reading the growing input)."""
-        self.cluster.cli("deploy", str(self.spec))
+        # (A run's name may be an earlier bench's on a kept cluster: each run is anew.)
+        self.cluster.cli("deploy", str(self.spec), "--fresh")
 
     def finish_input(self) -> int:
         """Stop the input growing (the experiment's action is over); records ``events``."""
@@ -292,7 +293,7 @@ def warm_up(cluster: BenchCluster, nodes: list[str], work: Path, timeout_s: floa
         feeder.prefill(30)
         specs.append((name, write_case1(work / name, name, rate=0, agg_node=node)))
     for _, spec in specs:
-        cluster.cli("deploy", str(spec))
+        cluster.cli("deploy", str(spec), "--fresh")  # (a run is anew, its name too)
     try:
         for name, _ in specs:
             wait_rows(cluster, name, 30, timeout_s)

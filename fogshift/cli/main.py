@@ -504,14 +504,27 @@ _HOLD_WAYS = {
 def deploy(
     spec: Annotated[Path, typer.Argument(help="The pipeline spec (YAML).")],
     home: Home = Path(".fogshift"),
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Start over a stopped pipeline of the spec's name: its streams, checkpoints "
+            "and sinks' files begin empty (without it, refused: `fogshift start` goes on "
+            "where it stopped).",
+        ),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
-    """Validate a pipeline spec and start it on its nodes."""
+    """Validate a pipeline spec and start it on its nodes, fresh."""
     with cluster_ops.orchestrator_client(home.resolve(), cluster_ops.OPERATION_TIMEOUT_S) as client:
         nodes = [NodeView.model_validate(n).name for n in client.get("/nodes")]
         pipeline = load_spec(spec, nodes)
         result = PipelineStatus.model_validate(
-            client.post("/pipelines", json=pipeline.model_dump(mode="json"))
+            client.post(
+                "/pipelines",
+                json=pipeline.model_dump(mode="json"),
+                params={"fresh": "true"} if fresh else None,
+            )
         )
     if as_json:
         _print_json(result)

@@ -38,6 +38,7 @@ from fogshift.common.service import (
     EventsAfterQuery,
     EventsLimitQuery,
     EventsTailQuery,
+    FreshQuery,
     NameParam,
     StateKeyQuery,
     StateLimitQuery,
@@ -342,10 +343,12 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         return NodeAdmission(name=name, generation=orchestrator.admit_node(name))
 
     @app.post("/pipelines")
-    def deploy(spec: dict[str, Any] = Body(...)) -> PipelineStatus:
+    def deploy(spec: dict[str, Any] = Body(...), fresh: FreshQuery = False) -> PipelineStatus:
+        """Start the spec's pipeline, fresh; a stopped one of its name that ran is started
+        over only with ``fresh`` (else refused, 409: `start` goes on with it)."""
         # The spec is taken as it comes: ``spec.loader`` refuses a bad one with "did you
         # mean", which a model's validation error would not say.
-        return orchestrator.deploy(spec)
+        return orchestrator.deploy(spec, fresh=fresh)
 
     @app.get("/pipelines")
     def status_all() -> list[PipelineStatus]:

@@ -313,7 +313,7 @@ class Deployment(Journal):
                 "(copy what you keep of them first)",
             )
 
-    def deploy(self, data: dict[str, Any]) -> PipelineStatus:
+    def deploy(self, data: dict[str, Any], fresh: bool = False) -> PipelineStatus:
         """Validate a spec (paths already absolute) and start all of its PEs, fresh.
 
         Each PE gets a new epoch, above any it had in an earlier deployment of the same name,
@@ -321,9 +321,15 @@ class Deployment(Journal):
         from an earlier deployment (on a node that missed the stop) is fenced at its first
         write.
 
+        Args:
+            data: The spec.
+            fresh: Start over a stopped pipeline of the name that ran (one :meth:`start`
+                would go on with): its streams, checkpoints and sinks' files begin empty.
+
         Raises:
             InvalidSpec: The spec is invalid or names an unknown node.
-            PipelineExists: A pipeline of that name is running.
+            PipelineExists: A pipeline of that name is running, or stopped with what it
+                ran kept and ``fresh`` not asked.
             Unavailable: A node agent refused or could not be reached; the PEs already
                 started are stopped again.
         """
@@ -334,10 +340,10 @@ class Deployment(Journal):
         # A stop meanwhile waits for the deploy, then stops what it started (run one after
         # the other, the deploy's last step marked a stopped pipeline running again).
         with self.pipeline_lock(spec.pipeline):
-            self._refuse_taken_name(spec)
+            self._refuse_taken_name(spec, fresh)
             self._check_on_nodes(spec)
             with self._admission:
-                epochs = self._admit(spec)
+                epochs = self._admit(spec, fresh)
             return self._start(spec, epochs)
 
     def _check_on_nodes(self, spec: PipelineSpec) -> None:
@@ -364,28 +370,48 @@ class Deployment(Journal):
                 json={"elements": [e.model_dump(mode="json") for e in elements]},
             )
 
-    def _refuse_taken_name(self, spec: PipelineSpec) -> None:
-        """Refuse ``spec`` if a pipeline of its name runs or is being deployed.
+    def _refuse_taken_name(self, spec: PipelineSpec, fresh: bool) -> None:
+        """Refuse ``spec`` if a pipeline of its name runs or is being deployed — or, unless
+        ``fresh``, is stopped with what it ran kept: a deploy empties its streams and its
+        sinks' files, which a user who stopped it for a while (and would go on with
+        `start`) may not expect of a command that reads as "run this spec".
 
         Raises:
             PipelineExists: It does; nothing was changed.
         """
-        existing = self.registry.get_pipeline(spec.pipeline)
+        name = spec.pipeline
+        existing = self.registry.get_pipeline(name)
         if existing is not None and existing.status in (
             PipelineState.RUNNING,
             PipelineState.DEPLOYING,
         ):
             raise PipelineExists(
-                f"pipeline {spec.pipeline!r} is already {existing.status}",
+                f"pipeline {name!r} is already {existing.status}",
                 expected="a pipeline name no running or deploying pipeline has",
-                received=f"{spec.pipeline!r}, {existing.status}",
-                hint=f"`fogshift stop {spec.pipeline}` first, or deploy under another name",
+                received=f"{name!r}, {existing.status}",
+                hint=f"`fogshift stop {name}` first, or deploy under another name",
+            )
+        if (
+            not fresh
+            and existing is not None
+            and existing.status == PipelineState.STOPPED
+            and self.registry.ran(name)
+        ):
+            raise PipelineExists(
+                f"pipeline {name!r} is stopped, its streams, checkpoints and output kept: "
+                "deployed again, it would start over with them emptied",
+                expected=f"a name no kept pipeline has, or a deploy asked to start {name!r} "
+                "over (`--fresh`)",
+                received=f"{name!r}, stopped",
+                hint=f"`fogshift start {name}` goes on where it stopped; `fogshift deploy "
+                f"SPEC --fresh` starts it over (its sinks' files begin empty: copy what you "
+                f"keep of them first); `fogshift delete {name}` removes it",
             )
 
-    def _admit(self, spec: PipelineSpec) -> dict[str, int]:
+    def _admit(self, spec: PipelineSpec, fresh: bool) -> dict[str, int]:
         """Refuse ``spec`` if its name or an output file is taken or one of its nodes is not
         healthy; else store it as deploying. Its PEs' epochs."""
-        self._refuse_taken_name(spec)
+        self._refuse_taken_name(spec, fresh)
         self._refuse_shared_outputs(spec)
         leaving = self.leaving_nodes()
         for node in {e.node for e in spec.elements}:

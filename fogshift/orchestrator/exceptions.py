@@ -47,7 +47,7 @@ def stale_generation(node: str, of: int, now: int) -> NodeRemoved:
 
 
 class PipelineExists(Conflict):
-    """A pipeline of that name is already running."""
+    """A pipeline of that name is already running, or stopped with what it ran kept."""
 
     code = "pipeline_exists"
 

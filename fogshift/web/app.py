@@ -53,6 +53,7 @@ from fogshift.contracts import (
     MigrationReport,
     NodeView,
     OperationView,
+    PipelineState,
     PipelineStatus,
     PlanView,
     RestoreReport,
@@ -223,8 +224,9 @@ class Orchestrator:
             DeleteResult, "DELETE", f"/pipelines/{name}", timeout=OPERATION_TIMEOUT_S
         )
 
-    def deploy(self, spec: dict[str, Any]) -> PipelineStatus:
-        return self._act(PipelineStatus, "/pipelines", json=spec)
+    def deploy(self, spec: dict[str, Any], fresh: bool = False) -> PipelineStatus:
+        params = {"fresh": "true"} if fresh else None
+        return self._act(PipelineStatus, "/pipelines", json=spec, params=params)
 
 
 @dataclass(frozen=True)
@@ -909,6 +911,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         spec_file: Annotated[UploadFile | None, File()] = None,
         spec_text: Annotated[str, Form()] = "",
         confirmed: Annotated[bool, Form()] = False,
+        fresh: Annotated[bool, Form()] = False,
     ) -> Response:
         if spec_file is not None and spec_file.filename:
             raw = await spec_file.read(MAX_SPEC_BYTES + 1)
@@ -927,16 +930,26 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         nodes = [n.name for n in orchestrator.nodes()]
         spec = load_spec_text(spec_text, config.spec_dir, nodes, "the uploaded spec")
         if not confirmed:
+            question = f"Deploy pipeline {spec.pipeline}: " + ", ".join(
+                f"{e.id} ({e.kind}) on {e.node}" for e in spec.topological_order()
+            ) + "?"  # fmt: skip
+            fields: dict[str, Any] = {"spec_text": spec_text}
+            kept = [p for p in orchestrator.pipelines() if p.pipeline == spec.pipeline]
+            if kept and kept[0].status == PipelineState.STOPPED:
+                # Confirmed, the deploy starts it over (the orchestrator refuses it unasked).
+                fields["fresh"] = "true"
+                question += (
+                    f" Pipeline {spec.pipeline} is stopped, its output kept: deployed again, "
+                    "it starts over, its streams and its sinks' files emptied (Start, on its "
+                    "page, goes on where it stopped)."
+                )
             return page(request, "confirm.html", {
-                "title": f"Deploy {spec.pipeline}?",
-                "question": f"Deploy pipeline {spec.pipeline}: "
-                            + ", ".join(f"{e.id} ({e.kind}) on {e.node}"
-                                        for e in spec.topological_order()) + "?",
-                "action": "/deploy", "fields": {"spec_text": spec_text}, "back": "/deploy",
+                "title": f"Deploy {spec.pipeline}?", "question": question,
+                "action": "/deploy", "fields": fields, "back": "/deploy",
             })  # fmt: skip
         return done(
             f"deploy {spec.pipeline}",
-            lambda: {"deployed": orchestrator.deploy(spec.model_dump(mode="json"))},
+            lambda: {"deployed": orchestrator.deploy(spec.model_dump(mode="json"), fresh)},
             f"/pipelines/{spec.pipeline}",
         )
 

@@ -94,8 +94,8 @@ class _Cluster:
                      "checkpoints": []} for n in self.nodes]  # fmt: skip
         return [{"pipeline": "case1", "status": "running"}]
 
-    def post(self, path: str, json: object = None) -> object:
-        self.posts.append(path)
+    def post(self, path: str, json: object = None, params: dict | None = None) -> object:
+        self.posts.append(path + "".join(f"?{k}={v}" for k, v in (params or {}).items()))
         return {}
 
 
@@ -114,4 +114,5 @@ def test_a_demo_spec_the_cluster_cannot_run_stops_nothing() -> None:
     assert short.posts == []
     whole = _Cluster(placed)
     demo.redeploy(whole, spec)  # type: ignore[arg-type]
-    assert whole.posts == ["/pipelines/case1/stop", "/pipelines"]
+    # Started over: the run of before, stopped, is the demo's own.
+    assert whole.posts == ["/pipelines/case1/stop", "/pipelines?fresh=true"]

@@ -337,6 +337,14 @@ def test_stop_keeps_the_output_and_start_goes_on_where_it_stopped(
             break
         time.sleep(0.5)
     assert not any(e.startswith("short/") for e in hosted), hosted
+    # Its spec deployed again unasked would empty what `start` goes on with: refused.
+    output = (tmp_path / "out.csv").read_text()
+    unasked = cluster.cli("deploy", str(spec), check=False)
+    said = " ".join(unasked.stderr.split())
+    assert unasked.returncode == 1 and "pipeline 'short' is stopped" in said, said
+    assert "`fogshift start short`" in said and "`fogshift deploy SPEC --fresh`" in said, said
+    assert cluster.status("short")["status"] == "stopped"
+    assert len(pipeline_stream_names(cluster, "short")) == 3
 
     # Deleted: its streams and what the nodes hold of it go, its output stays; deployed
     # again, it starts over (its PEs fenced above the deleted run's).
@@ -344,8 +352,6 @@ def test_stop_keeps_the_output_and_start_goes_on_where_it_stopped(
         cluster.home / "nodes" / n / "checkpoints" / "short" for n in ("cloud", "fog-a", "fog-b")
     ]
     assert all(folder.is_dir() for folder in held)
-    assert len(pipeline_stream_names(cluster, "short")) == 3
-    output = (tmp_path / "out.csv").read_text()
     deleted = cluster.cli("delete", "short")
     assert "deleted short (3 streams; checkpoints on " in deleted.stdout, deleted.stdout
     assert "short" not in [p["pipeline"] for p in cluster.json("status")]

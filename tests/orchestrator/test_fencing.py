@@ -25,6 +25,7 @@ from fogshift.contracts import Heartbeat
 from fogshift.exceptions import Conflict
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.orchestrator.config import OrchestratorConfig
+from fogshift.orchestrator.exceptions import PipelineExists
 from fogshift.orchestrator.permissions import hosted_by_node
 from fogshift.orchestrator.service import Orchestrator
 from fogshift.restoration.exceptions import RestoreFailed
@@ -112,7 +113,24 @@ def test_a_redeployment_fences_instances_of_the_earlier_one(
     name = f"fence{next(_names)}"
     orch.deploy(spec(tmp_path, name))
     orch.stop(name)
-    orch.deploy(spec(tmp_path, name))
+    kept = tail(js_client, name, "aggregate")
+    # Not unasked: it ran, and `start` would go on with what a deploy empties.
+    with pytest.raises(PipelineExists) as refused:
+        orch.deploy(spec(tmp_path, name))
+    assert refused.value.to_dict() == {
+        "code": "pipeline_exists",
+        "message": f"pipeline {name!r} is stopped, its streams, checkpoints and output kept: "
+        "deployed again, it would start over with them emptied",
+        "expected": f"a name no kept pipeline has, or a deploy asked to start {name!r} over "
+        "(`--fresh`)",
+        "received": f"{name!r}, stopped",
+        "hint": f"`fogshift start {name}` goes on where it stopped; `fogshift deploy SPEC "
+        "--fresh` starts it over (its sinks' files begin empty: copy what you keep of them "
+        f"first); `fogshift delete {name}` removes it",
+    }
+    assert tail(js_client, name, "aggregate") == kept  # nothing changed
+    assert len(agents["fog-a"].received("PUT", f"/pipelines/{name}/elements/aggregate")) == 1
+    orch.deploy(spec(tmp_path, name), fresh=True)
     puts = [
         c.body for c in agents["fog-a"].received("PUT", f"/pipelines/{name}/elements/aggregate")
     ]
@@ -147,7 +165,7 @@ def test_a_deploy_a_node_refuses_the_files_of_changes_nothing(
     for again in (name, f"fence{next(_names)}"):  # a stopped pipeline's name, and a new one
         agents["cloud"].answer("POST", f"/pipelines/{again}/check", 422, missing)
         with pytest.raises(InvalidSpec, match="does not exist on node 'cloud'"):
-            orch.deploy(spec(tmp_path, again))
+            orch.deploy(spec(tmp_path, again), fresh=True)
     assert [c.method for a in agents.values() for c in a.calls] == ["POST"] * 2  # cloud's
     checked = agents["cloud"].received("POST", f"/pipelines/{name}/check")
     assert [e["id"] for e in checked[0].body["elements"]] == ["source", "sink"]
@@ -157,7 +175,7 @@ def test_a_deploy_a_node_refuses_the_files_of_changes_nothing(
     assert tail(js_client, name, "aggregate") == before  # its streams as the stop left them
     # Files fine again: deployed, fog-a asked of its aggregate's too.
     del agents["cloud"].answers[("POST", f"/pipelines/{name}/check")]
-    orch.deploy(spec(tmp_path, name))
+    orch.deploy(spec(tmp_path, name), fresh=True)
     assert len(agents["fog-a"].received("POST", f"/pipelines/{name}/check")) == 1
 
 

@@ -786,13 +786,42 @@ def test_a_large_spec_is_confirmed_as_multipart_and_deployed(
     assert asked.status_code == 200 and "Deploy big?" in asked.text
     assert 'enctype="multipart/form-data"' in asked.text
     deployed: list[str] = []
-    stand_in.deploy = lambda body: deployed.append(body["pipeline"]) or {}  # type: ignore[attr-defined]
+    stand_in.deploy = lambda body, fresh: deployed.append(body["pipeline"]) or {}  # type: ignore[attr-defined]
     as_sent = {"spec_text": spec.replace("\n", "\r\n"), "confirmed": "true"}  # a browser's
     urlencoded = web.post("/deploy", data=as_sent)
     assert urlencoded.status_code == 413  # what the form sent before
     multipart = web.post("/deploy", files={k: (None, v) for k, v in as_sent.items()},
                          follow_redirects=False)  # fmt: skip
     assert multipart.status_code == 303 and deployed == ["big"], multipart.text
+
+
+def test_deploying_the_name_of_a_stopped_pipeline_says_it_starts_over(
+    web: TestClient, sessions: Sessions, stand_in: StandIn, tmp_path: Path
+) -> None:
+    """The orchestrator refuses to start a kept run over unasked; the confirmation says
+    what a deploy empties and asks it (``fresh``), and only of a stopped pipeline."""
+    logged_in(web, sessions)
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    spec = (
+        "pipeline: p\nelements:\n"
+        "  - {id: s, kind: csv-source, node: cloud, options: {path: in.csv}}\n"
+        "  - {id: o, kind: csv-sink, node: cloud, inputs: [s], options: {path: out/o.csv}}\n"
+    )
+    calls: list[tuple[str, bool]] = []
+    stand_in.deploy = lambda body, fresh: calls.append((body["pipeline"], fresh)) or {}  # type: ignore[attr-defined]
+
+    def confirmation() -> str:
+        return html.unescape(web.post("/deploy", data={"spec_text": spec}).text)
+
+    assert "starts over" not in confirmation()  # p runs: the orchestrator refuses it
+    stopped = stand_in.pipeline("p").model_copy(update={"status": PipelineState.STOPPED})
+    stand_in.pipelines = lambda: [stopped]  # type: ignore[method-assign]
+    asked = confirmation()
+    assert "Pipeline p is stopped, its output kept: deployed again, it starts over" in asked
+    assert '<input type="hidden" name="fresh" value="true">' in asked
+    web.post("/deploy", data={"spec_text": spec, "fresh": "true", "confirmed": "true"})
+    web.post("/deploy", data={"spec_text": spec, "confirmed": "true"})
+    assert calls == [("p", True), ("p", False)]
 
 
 def test_several_pes_migrate_as_one_operation_after_one_confirmation(
