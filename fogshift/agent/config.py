@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fogshift.common.logfile import LOG_MAX_BYTES
 from fogshift.common.names import NAME_RE
 from fogshift.common.settings import Seconds
 from fogshift.runtime.session import JAVA_OPTIONS
@@ -66,6 +67,9 @@ class AgentConfig(BaseSettings):
             node's uplink ahead of its PEs' output; ``None``: as fast as the link goes.
             ``fogshift up --link`` sets half of an isolated node's bandwidth. Migrations and
             restores are not paced: they are what the pipeline waits for.
+        log_max_bytes: The node's log (the agent's standard output when it appends to a
+            file, as ``up`` starts it: its JVM's and Python workers' too) is copied aside
+            and emptied once larger (:mod:`fogshift.common.logfile`); 0: never.
     """
 
     model_config = SettingsConfigDict(
@@ -87,6 +91,7 @@ class AgentConfig(BaseSettings):
     java_options: str = JAVA_OPTIONS
     warm_up: bool = True
     pull_rate_bps: int | None = Field(default=None, ge=8000)
+    log_max_bytes: int = Field(default=LOG_MAX_BYTES, ge=0)
 
     @classmethod
     def default(cls, field: str) -> Any:

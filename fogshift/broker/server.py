@@ -30,6 +30,7 @@ from fogshift.broker.permissions import (
     users_file,
     write_config,
 )
+from fogshift.common.logfile import copy_name
 from fogshift.common.waiting import wait_until
 from fogshift.events import BROKER_MAX_PAYLOAD, DEFAULT_MAX_RECORD_BYTES
 from fogshift.exceptions import FogshiftError, InvalidInput
@@ -271,24 +272,34 @@ def store_failed(log: Path) -> str | None:
 
     The whole run's part of the log is searched, not its tail (a zombie's refused writes
     log a line each, and would push the failure out of any tail), memory-mapped: at the
-    speed of a byte search, without reading it into memory.
+    speed of a byte search, without reading it into memory. A log rotated since the server
+    started (:mod:`fogshift.common.logfile`) has the run's start in its copy, searched too.
     """
+    line, started = _store_failed_in(log)
+    if line is None and not started:
+        line, _ = _store_failed_in(copy_name(log, 1))
+    return line
+
+
+def _store_failed_in(log: Path) -> tuple[str | None, bool]:
+    """:func:`store_failed` of one file; and whether it holds a server's start."""
     try:
         with (
             log.open("rb") as handle,
             mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data,
         ):
-            start = max(0, data.rfind(SERVER_STARTING))
+            began = data.rfind(SERVER_STARTING)
+            start = max(0, began)
             found = [at for said in STORE_FAILED if (at := data.find(said, start)) >= 0]
             if not found:
-                return None
+                return None, began >= 0
             at = min(found)
             begin = max(start, data.rfind(b"\n", start, at) + 1)
             end = data.find(b"\n", at)
             line = data[begin : min(end if end >= 0 else len(data), at + FAILED_LINE_CHARS)]
     except (OSError, ValueError):  # (an empty file cannot be mapped: nothing logged)
-        return None
-    return line.decode("utf-8", "replace").strip()[:FAILED_LINE_CHARS]
+        return None, False
+    return line.decode("utf-8", "replace").strip()[:FAILED_LINE_CHARS], True
 
 
 def start_nats_server(

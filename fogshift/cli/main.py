@@ -32,6 +32,7 @@ from fogshift.common.exceptions import InvalidName, NoAnswer
 from fogshift.common.files import make_private_dir
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.locks import AGENT_LOCK, ORCHESTRATOR_LOCK, claim
+from fogshift.common.logfile import LogKeeper, output_file
 from fogshift.common.names import EXPECTED, NAME_PATTERN, NAME_RE
 from fogshift.common.options import ranged
 from fogshift.common.settings import check_environment, check_value
@@ -1807,6 +1808,7 @@ def serve_agent(
     )
     make_private_dir(config.home)
     _log_setup()
+    _keep_logs(config.log_max_bytes)
     claim(
         config.home / AGENT_LOCK,
         f"node agent {name!r} under {str(config.home)!r}",
@@ -1862,6 +1864,8 @@ def serve_orchestrator(
         ),
     )
     _log_setup()
+    # (No process of the broker `up` started keeps its log.)
+    _keep_logs(config.log_max_bytes, *([config.broker_log] if config.broker_log else []))
     claim(
         config.home / ORCHESTRATOR_LOCK,
         f"an orchestrator of the cluster under {str(config.home)!r}",
@@ -1878,6 +1882,15 @@ def _serve(service: Any, host: str, port: int) -> None:
     uvicorn.run(
         service, host=host, port=port, log_level="warning", timeout_keep_alive=SERVER_KEEP_ALIVE_S
     )
+
+
+def _keep_logs(max_bytes: int, *more: Path) -> None:
+    """Keep this service's log — its standard output, when that appends to a file (as `up`
+    starts it) — and ``more`` under ``max_bytes`` from a daemon thread (:mod:`fogshift.common.
+    logfile`): nothing else rotates them."""
+    own = output_file()
+    kept = [*([own] if own is not None else []), *more]
+    LogKeeper(lambda: kept, max_bytes).start()
 
 
 def _log_setup() -> None:

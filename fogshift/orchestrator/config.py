@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fogshift.broker.client import DUPLICATE_WINDOW_S
+from fogshift.broker.naming import LOG_NAME as BROKER_LOG
+from fogshift.common.logfile import LOG_MAX_BYTES
 from fogshift.common.settings import MAX_SECONDS, Seconds
 from fogshift.contracts import disk_sizes
 
@@ -75,6 +77,10 @@ class OrchestratorConfig(BaseSettings):
             it exists (absent: no stop), so that a test tells a running orchestrator where
             to stop instead of starting one for it; ``test_pause_at``, if given, wins.
             ``None`` (always, outside tests): none.
+        log_max_bytes: The orchestrator's log (its standard output when it appends to a
+            file, as ``up`` starts it) and the log of the broker ``up`` started (beside
+            ``broker_config``) are copied aside and emptied once larger
+            (:mod:`fogshift.common.logfile`); 0: never.
     """
 
     model_config = SettingsConfigDict(
@@ -104,6 +110,12 @@ class OrchestratorConfig(BaseSettings):
     broker_config: Path | None = None
     broker_pid: int | None = Field(default=None, ge=1)
     broker_started: float | None = Field(default=None, ge=0)
+    log_max_bytes: int = Field(default=LOG_MAX_BYTES, ge=0)
+
+    @property
+    def broker_log(self) -> Path | None:
+        """The log of the broker ``fogshift up`` started (beside its config), if it did."""
+        return self.broker_config.with_name(BROKER_LOG) if self.broker_config else None
 
     @model_validator(mode="after")
     def _calls_outlast_health(self) -> OrchestratorConfig:

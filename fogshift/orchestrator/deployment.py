@@ -27,7 +27,6 @@ from fogshift.broker.client import (
 )
 from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.keys import Ownership, key_text
-from fogshift.broker.naming import LOG_NAME as BROKER_LOG
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import fence
 from fogshift.broker.server import store_failed
@@ -177,8 +176,8 @@ class Deployment(Journal):
         """What is wrong with this orchestrator while it works (``GET /health``), and with
         the broker `fogshift up` started for it (its store failed to be written)."""
         warnings = []
-        if self.config.broker_config is not None:  # (its log is beside its config)
-            log = self.config.broker_config.with_name(BROKER_LOG)
+        log = self.config.broker_log
+        if log is not None:
             failed = store_failed(log)
             if failed is not None:
                 warnings.append(

@@ -324,6 +324,7 @@ def test_up_leaves_a_broker_whose_store_failed_alone_while_its_disk_is_full(
 
 def test_a_store_failure_is_of_the_brokers_run_since_its_last_start(tmp_path: Path) -> None:
     from fogshift.broker.server import store_failed
+    from fogshift.common.logfile import rotate
 
     log = tmp_path / "nats.log"
     assert store_failed(log) is None  # (none yet)
@@ -338,6 +339,14 @@ def test_a_store_failure_is_of_the_brokers_run_since_its_last_start(tmp_path: Pa
     assert store_failed(log) == failed
     log.write_text(log.read_text() + "[2] [INF] Starting nats-server\n[2] [INF] ready\n")
     assert store_failed(log) is None  # an earlier run's
+    # Rotated since (fogshift.common.logfile): the run's start and failure are in the copy.
+    log.write_text(f"[3] [INF] Starting nats-server\n{failed}\n")
+    rotate(log)
+    assert log.read_text() == "" and store_failed(log) == failed
+    log.write_text(spam)  # its refusals after the rotation
+    assert store_failed(log) == failed
+    log.write_text(spam + "[4] [INF] Starting nats-server\n")  # a run since: its own
+    assert store_failed(log) is None
 
 
 def test_an_agent_that_exits_while_starting_ends_the_wait_at_once(tmp_path: Path) -> None:
