@@ -446,7 +446,8 @@ async def ensure_pe_stream(
                 received=holder,
                 hint=(
                     f"{holder} is this PE's stream as an older fogshift named it: `fogshift "
-                    f"stop {pipeline}`, then deploy it again (its output starts afresh)"
+                    f"stop {pipeline}`, then deploy it again with `--fresh` (its output "
+                    "starts afresh)"
                     if holder == legacy_stream_name(pipeline, pe)
                     else f"remove or rename stream {holder}, which is not fogshift's"
                 ),

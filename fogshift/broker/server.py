@@ -6,7 +6,6 @@ import contextlib
 import errno
 import json
 import logging
-import mmap
 import random
 import re
 import shutil
@@ -30,7 +29,7 @@ from fogshift.broker.permissions import (
     users_file,
     write_config,
 )
-from fogshift.common.logfile import copy_name
+from fogshift.common.logfile import LOG_KEEP, copy_name
 from fogshift.common.waiting import wait_until
 from fogshift.events import BROKER_MAX_PAYLOAD, DEFAULT_MAX_RECORD_BYTES
 from fogshift.exceptions import FogshiftError, InvalidInput
@@ -264,6 +263,8 @@ STORE_FAILED = (b"Critical write error", b"will be DISABLED")
 SERVER_STARTING = b"Starting nats-server"
 #: The longest part of a failure's line told.
 FAILED_LINE_CHARS = 300
+#: How much of a broker's log :func:`store_failed` reads at a time.
+SCAN_BYTES = 1 << 20
 
 
 def store_failed(log: Path) -> str | None:
@@ -271,34 +272,51 @@ def store_failed(log: Path) -> str | None:
     server last started, or ``None``: none did, or the log cannot be read.
 
     The whole run's part of the log is searched, not its tail (a zombie's refused writes
-    log a line each, and would push the failure out of any tail), memory-mapped: at the
-    speed of a byte search, without reading it into memory. A log rotated since the server
-    started (:mod:`fogshift.common.logfile`) has the run's start in its copy, searched too.
+    log a line each, and would push the failure out of any tail), a block at a time. A log
+    rotated since the server started (:mod:`fogshift.common.logfile`) has the run's start in
+    a copy: the copies are searched too, newest first, down to the one holding the start.
     """
-    line, started = _store_failed_in(log)
-    if line is None and not started:
-        line, _ = _store_failed_in(copy_name(log, 1))
-    return line
+    for number in range(LOG_KEEP + 1):
+        line, started = _store_failed_in(copy_name(log, number) if number else log)
+        if line is not None or started:
+            return line
+    return None
 
 
 def _store_failed_in(log: Path) -> tuple[str | None, bool]:
-    """:func:`store_failed` of one file; and whether it holds a server's start."""
+    """:func:`store_failed` of one file; and whether it holds a server's start.
+
+    Read in blocks, not memory-mapped: the orchestrator empties the log when it rotates it,
+    and a mapped page past a file's new end kills its reader (SIGBUS).
+    """
+    overlap = max(len(said) for said in (SERVER_STARTING, *STORE_FAILED)) - 1
+    began = failed = -1  # offsets in the file
     try:
-        with (
-            log.open("rb") as handle,
-            mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data,
-        ):
-            began = data.rfind(SERVER_STARTING)
-            start = max(0, began)
-            found = [at for said in STORE_FAILED if (at := data.find(said, start)) >= 0]
-            if not found:
+        with log.open("rb") as handle:
+            read, tail = 0, b""
+            while chunk := handle.read(SCAN_BYTES):
+                # (With the block before's last bytes: a marker may straddle the two.)
+                data, base = tail + chunk, read - len(tail)
+                read += len(chunk)
+                tail = data[-overlap:]
+                start = data.rfind(SERVER_STARTING)
+                if start >= 0 and base + start > began:
+                    began, failed = base + start, -1  # what came before is an earlier run's
+                if failed < 0:
+                    since = max(0, began - base)
+                    found = [at for said in STORE_FAILED if (at := data.find(said, since)) >= 0]
+                    failed = base + min(found) if found else -1
+            if failed < 0:
                 return None, began >= 0
-            at = min(found)
-            begin = max(start, data.rfind(b"\n", start, at) + 1)
-            end = data.find(b"\n", at)
-            line = data[begin : min(end if end >= 0 else len(data), at + FAILED_LINE_CHARS)]
-    except (OSError, ValueError):  # (an empty file cannot be mapped: nothing logged)
+            first = max(0, began, failed - SCAN_BYTES)
+            handle.seek(first)
+            window = handle.read(failed - first + FAILED_LINE_CHARS)
+    except OSError:
         return None, False
+    at = failed - first
+    begin = window.rfind(b"\n", 0, at) + 1
+    end = window.find(b"\n", at)
+    line = window[begin : end if end >= 0 else len(window)]
     return line.decode("utf-8", "replace").strip()[:FAILED_LINE_CHARS], True
 
 

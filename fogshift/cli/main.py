@@ -32,7 +32,7 @@ from fogshift.common.exceptions import InvalidName, NoAnswer
 from fogshift.common.files import make_private_dir
 from fogshift.common.http import SERVER_KEEP_ALIVE_S
 from fogshift.common.locks import AGENT_LOCK, ORCHESTRATOR_LOCK, claim
-from fogshift.common.logfile import LogKeeper, output_file
+from fogshift.common.logfile import keep_logs
 from fogshift.common.names import EXPECTED, NAME_PATTERN, NAME_RE
 from fogshift.common.options import ranged
 from fogshift.common.settings import check_environment, check_value
@@ -1808,7 +1808,6 @@ def serve_agent(
     )
     make_private_dir(config.home)
     _log_setup()
-    _keep_logs(config.log_max_bytes)
     claim(
         config.home / AGENT_LOCK,
         f"node agent {name!r} under {str(config.home)!r}",
@@ -1816,6 +1815,7 @@ def serve_agent(
         "under another --home",
         wait_s=SERVICE_CLAIM_WAIT_S,
     )  # (a second agent would run the node's PEs again into the same checkpoints)
+    keep_logs(config.log_max_bytes)  # (once it is the node's one agent: one keeper per log)
     _serve(create_app(config), config.host, port)
 
 
@@ -1864,14 +1864,15 @@ def serve_orchestrator(
         ),
     )
     _log_setup()
-    # (No process of the broker `up` started keeps its log.)
-    _keep_logs(config.log_max_bytes, *([config.broker_log] if config.broker_log else []))
     claim(
         config.home / ORCHESTRATOR_LOCK,
         f"an orchestrator of the cluster under {str(config.home)!r}",
         hint="one orchestrator per cluster home: `fogshift up` starts it only if it is gone",
         wait_s=SERVICE_CLAIM_WAIT_S,
     )  # (a second one would write the same registry: two PEs given one epoch)
+    # Once it is the cluster's one orchestrator (one keeper per log); no process of the
+    # broker `up` started keeps the broker's log.
+    keep_logs(config.log_max_bytes, *([config.broker_log] if config.broker_log else []))
     _serve(create_app(config), config.host, port)
 
 
@@ -1882,15 +1883,6 @@ def _serve(service: Any, host: str, port: int) -> None:
     uvicorn.run(
         service, host=host, port=port, log_level="warning", timeout_keep_alive=SERVER_KEEP_ALIVE_S
     )
-
-
-def _keep_logs(max_bytes: int, *more: Path) -> None:
-    """Keep this service's log — its standard output, when that appends to a file (as `up`
-    starts it) — and ``more`` under ``max_bytes`` from a daemon thread (:mod:`fogshift.common.
-    logfile`): nothing else rotates them."""
-    own = output_file()
-    kept = [*([own] if own is not None else []), *more]
-    LogKeeper(lambda: kept, max_bytes).start()
 
 
 def _log_setup() -> None:

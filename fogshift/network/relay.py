@@ -38,6 +38,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from fogshift.common.exceptions import WaitTimedOut
+from fogshift.common.logfile import LOG_MAX_BYTES, keep_logs
 from fogshift.common.waiting import wait_until
 from fogshift.network.exceptions import RelayFailed
 from fogshift.network.links import LinkProfile
@@ -118,6 +119,8 @@ class RelayConfig(BaseModel):
         seed: Seed of the delay draws (``None``: from the OS).
         buffer_bytes: See :data:`BUFFER_BYTES`.
         connect_timeout_s: How long to try to reach a route's target per connection.
+        log_max_bytes: Its log is copied aside and emptied once larger
+            (:func:`fogshift.common.logfile.keep_logs`); 0: never.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -130,6 +133,7 @@ class RelayConfig(BaseModel):
     seed: int | None = None
     buffer_bytes: int = Field(default=BUFFER_BYTES, ge=CHUNK_BYTES)
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    log_max_bytes: int = Field(default=LOG_MAX_BYTES, ge=0)
 
 
 class RelayReady(BaseModel):
@@ -495,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = RelayConfig.model_validate_json(Path(args[0]).read_text())
+    keep_logs(config.log_max_bytes)  # (`spawn_relay` appends its output to the node's relay log)
     asyncio.run(serve(config))
     return 0
 

@@ -546,8 +546,8 @@ class Coordination(Scaling):
                     f"pipeline {pipeline!r} is {record.status}, not running",
                     expected="a running pipeline",
                     received=f"pipeline {pipeline!r} {record.status}",
-                    hint="only a running pipeline's PEs are restored; `fogshift deploy` "
-                    "starts a stopped one",
+                    hint="only a running pipeline's PEs are restored; `fogshift start "
+                    f"{pipeline}` starts a stopped one again where it stopped",
                 )
             current = record.placement[element_id]
             if lost is not None and current != lost:
@@ -782,6 +782,7 @@ def _refuse_stopped(record: PipelineRecord) -> None:
             f"pipeline {record.name!r} is {record.status}, not running",
             expected="a running pipeline",
             received=f"pipeline {record.name!r} {record.status}",
-            hint="only running pipelines can be migrated; `fogshift deploy SPEC` starts a "
-            "stopped one over, fresh: its state and its sinks' files begin empty",
+            hint=f"only running pipelines can be migrated; `fogshift start {record.name}` "
+            "starts a stopped one again where it stopped (`fogshift deploy SPEC --fresh`: "
+            "over, its state and its sinks' files empty)",
         )

@@ -307,9 +307,10 @@ class Deployment(Journal):
                 expected="a running pipeline",
                 received=str(record.status),
                 # (It read as "resume": a deploy starts over, and a sink's file is emptied.)
-                hint=f"`fogshift status {record.name}` shows its state; `fogshift deploy "
-                "SPEC` starts it over, fresh: its state and its sinks' files begin empty "
-                "(copy what you keep of them first)",
+                hint=f"`fogshift status {record.name}` shows its state; `fogshift start "
+                f"{record.name}` starts a stopped one again where it stopped; `fogshift "
+                "deploy SPEC --fresh` starts it over: its state and its sinks' files begin "
+                "empty (copy what you keep of them first)",
             )
 
     def deploy(self, data: dict[str, Any], fresh: bool = False) -> PipelineStatus:
@@ -390,18 +391,19 @@ class Deployment(Journal):
                 received=f"{name!r}, {existing.status}",
                 hint=f"`fogshift stop {name}` first, or deploy under another name",
             )
+        # (Stopping too: a stop a dead orchestrator left is ended by the next round.)
         if (
             not fresh
             and existing is not None
-            and existing.status == PipelineState.STOPPED
+            and existing.status in (PipelineState.STOPPED, PipelineState.STOPPING)
             and self.registry.ran(name)
         ):
             raise PipelineExists(
-                f"pipeline {name!r} is stopped, its streams, checkpoints and output kept: "
-                "deployed again, it would start over with them emptied",
+                f"pipeline {name!r} is {existing.status}, its streams, checkpoints and "
+                "output kept: deployed again, it would start over with them emptied",
                 expected=f"a name no kept pipeline has, or a deploy asked to start {name!r} "
                 "over (`--fresh`)",
-                received=f"{name!r}, stopped",
+                received=f"{name!r}, {existing.status}",
                 hint=f"`fogshift start {name}` goes on where it stopped; `fogshift deploy "
                 f"SPEC --fresh` starts it over (its sinks' files begin empty: copy what you "
                 f"keep of them first); `fogshift delete {name}` removes it",
@@ -1174,8 +1176,8 @@ class Deployment(Journal):
                 f"{record.status} (a PE's state is read from its running query)",
                 expected="a running pipeline",
                 received=str(record.status),
-                hint=f"`fogshift status {name}` shows it; `fogshift deploy SPEC` starts it "
-                "over, fresh: its state begins empty",
+                hint=f"`fogshift status {name}` shows it; `fogshift start {name}` starts a "
+                "stopped one again where it stopped, its state kept",
             )
         params: dict[str, Any] = {"limit": limit}
         if key is not None:

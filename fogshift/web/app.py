@@ -934,8 +934,11 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
                 f"{e.id} ({e.kind}) on {e.node}" for e in spec.topological_order()
             ) + "?"  # fmt: skip
             fields: dict[str, Any] = {"spec_text": spec_text}
-            kept = [p for p in orchestrator.pipelines() if p.pipeline == spec.pipeline]
-            if kept and kept[0].status == PipelineState.STOPPED:
+            try:
+                kept: PipelineState | None = orchestrator.pipeline(spec.pipeline).status
+            except NotFound:
+                kept = None  # a new name
+            if kept == PipelineState.STOPPED:
                 # Confirmed, the deploy starts it over (the orchestrator refuses it unasked).
                 fields["fresh"] = "true"
                 question += (

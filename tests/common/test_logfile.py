@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fogshift.broker.server import BrokerProcess, free_port
+from fogshift.common import logfile
 from fogshift.common.http import ServiceClient
 from fogshift.common.logfile import LogKeeper, copy_name, rotate_if_large
 from fogshift.common.waiting import wait_until
@@ -33,16 +34,15 @@ for n in range(int(sys.argv[1])):
 
 def test_a_large_file_is_copied_aside_and_emptied_and_old_copies_dropped(tmp_path: Path) -> None:
     log = tmp_path / "node-fog-a.log"
-    assert not rotate_if_large(log, 10)  # not there: nothing to do
-    log.write_text("a" * 10)
+    assert rotate_if_large(log, 10) is None  # not there: nothing to do
+    log.write_text("a\n" * 5)
     os.chmod(log, 0o600)
-    assert not rotate_if_large(log, 10)  # not over the limit
-    assert not rotate_if_large(log.with_name("x"), 0)
-    log.write_text("a" * 11)
-    assert not rotate_if_large(log, 0)  # 0: never
-    for text in ("b" * 11, "c" * 11, "d" * 11):
+    assert rotate_if_large(log, 10) is None  # not over the limit
+    log.write_text("a\n" * 6)
+    assert rotate_if_large(log, 0) is None  # 0: never
+    for text in ("b\n" * 6, "c\n" * 6, "d\n" * 6):
         log.write_text(text)
-        assert rotate_if_large(log, 10)
+        assert rotate_if_large(log, 10) is True
         assert log.read_text() == "" and copy_name(log, 1).read_text() == text
     # Two copies kept (FILE.1 the newest), the oldest dropped; their modes the file's.
     assert sorted(p.name for p in tmp_path.iterdir()) == [
@@ -50,8 +50,39 @@ def test_a_large_file_is_copied_aside_and_emptied_and_old_copies_dropped(tmp_pat
         "node-fog-a.log.1",
         "node-fog-a.log.2",
     ]
-    assert copy_name(log, 2).read_text() == "c" * 11
+    assert copy_name(log, 2).read_text() == "c\n" * 6
     assert {os.stat(p).st_mode & 0o777 for p in tmp_path.iterdir()} == {0o600}
+    # Found far past the limit (an upgrade's log): its newest whole lines within it only.
+    log.write_text("".join(f"{n:03d}\n" for n in range(100)))
+    assert rotate_if_large(log, 10) is True
+    assert copy_name(log, 1).read_text() == "098\n099\n"
+
+
+def test_a_copy_the_disk_has_no_room_for_is_not_made_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "orchestrator.log"
+    log.write_text("x\n" * 100)
+    copy_name(log, 1).write_text("older\n")
+    usage = logfile.shutil.disk_usage(tmp_path)
+    # A full disk: emptied without a copy (the older copy stays), and told.
+    monkeypatch.setattr(logfile.shutil, "disk_usage", lambda path: usage._replace(free=0))
+    keeper = LogKeeper(lambda: [log], max_bytes=10)
+    assert keeper.check() == [log]
+    assert log.read_text() == "" and copy_name(log, 1).read_text() == "older\n"
+    monkeypatch.undo()
+    # A copy that fails midway (its disk filled meanwhile) leaves no partial copy; the
+    # file is kept whole for the next look, and the keeper goes on.
+    log.write_text("y\n" * 100)
+
+    def full(source: object, copy: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(logfile, "_copy_to_end", full)
+    assert keeper.check() == []
+    assert log.read_text() == "y\n" * 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["orchestrator.log", "orchestrator.log.1"]
+    assert copy_name(log, 1).read_text() == "older\n"  # the copies as they were
 
 
 def test_a_file_rotated_under_its_writer_has_no_hole_and_no_line_out_of_order(
@@ -115,12 +146,12 @@ def test_the_orchestrator_keeps_its_log_and_its_brokers(
     logs = tmp_path / "logs"
     logs.mkdir()
     own = logs / "orchestrator.log"
-    own.write_text("an earlier run's line\n" * 200)
+    own.write_text("an earlier run's line\n" * 150)  # (past the limit, not twice: all copied)
     broker = tmp_path / "broker"
     broker.mkdir()
     failed = "[1] [ERR] JetStream out of File resources, will be DISABLED"
     broker_log = broker / "nats.log"
-    broker_log.write_text(f"[1] [INF] Starting nats-server\n{failed}\n" + "[1] [ERR] x\n" * 400)
+    broker_log.write_text(f"[1] [INF] Starting nats-server\n{failed}\n" + "[1] [ERR] x\n" * 250)
     before = {path: path.read_text() for path in (own, broker_log)}
     token = tmp_path / "token"
     token.write_text("o" * 32)

@@ -21,7 +21,7 @@ from fogshift.broker.naming import fence_subject, stream_name
 from fogshift.broker.publish import Record, last_position, publish_records
 from fogshift.broker.server import BrokerProcess
 from fogshift.common.headers import INFO_HEADER, SHA_HEADER
-from fogshift.contracts import Heartbeat
+from fogshift.contracts import Heartbeat, PipelineState
 from fogshift.exceptions import Conflict
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.orchestrator.config import OrchestratorConfig
@@ -129,6 +129,10 @@ def test_a_redeployment_fences_instances_of_the_earlier_one(
         f"first); `fogshift delete {name}` removes it",
     }
     assert tail(js_client, name, "aggregate") == kept  # nothing changed
+    orch.registry.set_status(name, PipelineState.STOPPING)  # (a stop a dead one left)
+    with pytest.raises(PipelineExists, match=f"pipeline {name!r} is stopping, its streams"):
+        orch.deploy(spec(tmp_path, name))
+    orch.registry.set_status(name, PipelineState.STOPPED)
     assert len(agents["fog-a"].received("PUT", f"/pipelines/{name}/elements/aggregate")) == 1
     orch.deploy(spec(tmp_path, name), fresh=True)
     puts = [

@@ -219,7 +219,10 @@ def test_a_key_move_or_scale_of_a_stopped_pipeline_is_refused_before_anything_ru
             orch.scale("p", "aggregate", 3, ["fog-c"], timeout_s=0.1)
     assert "pipeline 'p' is stopped, not running" in refused.value.message
     # (Not "deploy starts a stopped pipeline": it read as a resume, and emptied a sink.)
-    assert refused.value.hint and "starts it over, fresh" in refused.value.hint
+    assert refused.value.hint and "`fogshift start p` starts a stopped one again" in (
+        refused.value.hint
+    )
+    assert "`fogshift deploy SPEC --fresh` starts it over" in refused.value.hint
     assert "sinks' files begin empty" in refused.value.hint
     assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
     assert all(agent.calls == [] for agent in agents.values())
@@ -253,7 +256,7 @@ def test_a_state_that_cannot_be_read_now_is_unavailable_with_the_reason(
         orch.twin_state("p", "aggregate", "s1")
     assert "pipeline 'p' is stopped" in unread.value.message
     assert (unread.value.expected, unread.value.received) == ("a running pipeline", "stopped")
-    assert unread.value.hint and "starts it over, fresh" in unread.value.hint
+    assert unread.value.hint and "`fogshift start p` starts a stopped one" in unread.value.hint
     assert len(agents["fog-a"].calls) == asked  # no node asked
 
 

@@ -323,7 +323,7 @@ def test_up_leaves_a_broker_whose_store_failed_alone_while_its_disk_is_full(
 
 
 def test_a_store_failure_is_of_the_brokers_run_since_its_last_start(tmp_path: Path) -> None:
-    from fogshift.broker.server import store_failed
+    from fogshift.broker.server import SCAN_BYTES, store_failed
     from fogshift.common.logfile import rotate
 
     log = tmp_path / "nats.log"
@@ -347,6 +347,20 @@ def test_a_store_failure_is_of_the_brokers_run_since_its_last_start(tmp_path: Pa
     assert store_failed(log) == failed
     log.write_text(spam + "[4] [INF] Starting nats-server\n")  # a run since: its own
     assert store_failed(log) is None
+    # Rotated twice since its start: the start and the failure in the older copy.
+    log.write_text(f"[5] [INF] Starting nats-server\n{failed}\n")
+    rotate(log)
+    log.write_text(spam)
+    rotate(log)
+    log.write_text(spam)
+    assert store_failed(log) == failed
+    # Read a block at a time: a marker across two blocks is found, as is an earlier
+    # failure's line cut off by a later start across them.
+    for at in (SCAN_BYTES - 5, SCAN_BYTES - 40):
+        log.write_text(f"{failed}\n" + "x" * (at - len(failed) - 1) + "Starting nats-server\n")
+        assert store_failed(log) is None  # (the failure was an earlier run's)
+        log.write_text(log.read_text() + spam + failed + "\n")
+        assert store_failed(log) == failed
 
 
 def test_an_agent_that_exits_while_starting_ends_the_wait_at_once(tmp_path: Path) -> None:

@@ -815,7 +815,7 @@ def test_deploying_the_name_of_a_stopped_pipeline_says_it_starts_over(
 
     assert "starts over" not in confirmation()  # p runs: the orchestrator refuses it
     stopped = stand_in.pipeline("p").model_copy(update={"status": PipelineState.STOPPED})
-    stand_in.pipelines = lambda: [stopped]  # type: ignore[method-assign]
+    stand_in.pipeline = lambda name: stopped  # type: ignore[method-assign]
     asked = confirmation()
     assert "Pipeline p is stopped, its output kept: deployed again, it starts over" in asked
     assert '<input type="hidden" name="fresh" value="true">' in asked
