@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fogshift.common.logfile import copy_name
 from fogshift.exceptions import NotFound
 from fogshift.spec.loader import did_you_mean
 
@@ -64,9 +65,10 @@ def select_logs(home: Path, name: str | None) -> dict[str, Path]:
     return {name: files[name]}
 
 
-def tail(path: Path, lines: int, end: int | None = None) -> list[str]:
+def tail(path: Path, lines: int, end: int | None = None, copies: bool = True) -> list[str]:
     """The last ``lines`` lines of ``path`` (without their line ends), reading it from the end
-    so that a large log costs no more than its tail.
+    so that a large log costs no more than its tail; with ``copies``, those of a log just
+    rotated (:mod:`fogshift.common.logfile`) go on into its newest copy.
 
     Args:
         end: Read the file only up to this offset (default: its end now). ``logs -f`` passes
@@ -75,6 +77,15 @@ def tail(path: Path, lines: int, end: int | None = None) -> list[str]:
     """
     if lines <= 0:
         return []
+    found = _tail(path, lines, end)
+    older = copy_name(path, 1)
+    if copies and len(found) < lines and older.is_file():
+        return tail(older, lines - len(found), copies=False) + found
+    return found
+
+
+def _tail(path: Path, lines: int, end: int | None) -> list[str]:
+    """:func:`tail` of one file."""
     with open(path, "rb") as handle:
         size = handle.seek(0, os.SEEK_END)
         end = size if end is None else min(end, size)

@@ -559,6 +559,18 @@ def test_tail_reads_from_the_end_across_blocks(
     assert cli_logs.tail(log, 0) == []
 
 
+def test_the_tail_of_a_log_just_rotated_goes_on_into_its_copy(tmp_path: Path) -> None:
+    from fogshift.common.logfile import rotate
+
+    log = tmp_path / "node-fog-a.log"
+    log.write_text("".join(f"line {i}\n" for i in range(10)))
+    rotate(log)
+    log.write_text("line 10\n")
+    assert cli_logs.tail(log, 3) == ["line 8", "line 9", "line 10"]
+    assert cli_logs.tail(log, 1) == ["line 10"]
+    assert len(cli_logs.tail(log, 50)) == 11  # not into the copies before
+
+
 def test_a_line_appended_between_the_tail_and_the_follow_is_followed(tmp_path: Path) -> None:
     # `logs -f` takes the offsets first, prints the tails up to them, then follows from them:
     # whatever is appended in between (a loaded node: the follow starts late) still shows.
