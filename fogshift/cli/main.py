@@ -466,9 +466,10 @@ def remove_node(
 
     Move a node's PEs first (`migrate`), or let `--drain` move them. Standbys the
     orchestrator placed there start again on other nodes; a spec naming it as the standby
-    node (`recovery.standby: NODE`) keeps it. Its agent stops, its broker user and token
-    stop working; its folder stays. To add it again, run `up --nodes` with every node of
-    the cluster and it."""
+    node (`recovery.standby: NODE`) keeps it; a stopped pipeline's PEs there do not
+    (`start` restores them on other nodes). Its agent stops, its broker user and token stop
+    working; its folder stays. To add it again, run `up --nodes` with every node of the
+    cluster and it."""
     if dry_run:
         for name, holds in cluster_ops.node_holds(home.resolve(), nodes).items():
             if not holds:

@@ -590,7 +590,9 @@ class Reconciler(Coordination):
 
         * a PE missing from its healthy node is started there (from its local checkpoint);
         * a PE whose node has been silent longer than the pipeline's ``detect_after_s`` is
-          restored on a healthy node, if its recovery is automatic;
+          restored on a healthy node, if its recovery is automatic; one placed on a node
+          removed from the cluster (a stopped pipeline's, started again), whatever its
+          recovery;
         * an instance on a node that is not the PE's placement (a fenced zombie, a leftover)
           is removed;
         * a PE on its node under an epoch older than its newest (fenced, or about to be) is
@@ -692,42 +694,50 @@ class Reconciler(Coordination):
             or (pipeline, element_id) in self._migrating
         ):
             return  # a migration or restore owns the PE's instances until it ends
-        node = self.registry.node(record.placement[element_id])
-        if node is None:
-            return
-        # Silence counts from this process's start: after a restart of the whole cluster,
-        # nodes that have not re-registered yet are not lost.
-        silent = time.time() - max(node.last_seen, self.started_at)
+        placed = record.placement[element_id]
+        node = self.registry.node(placed)
         key = (pipeline, element_id)
-        if record.spec.recovery.auto and silent > record.spec.recovery.detect_after_s:
-            with self._lock:
-                if key in self._auto_restoring:
-                    return  # a thread of this process restores it
-            newest = self.registry.epoch(pipeline, element_id)
-            failed = self._backed_off(key, newest, node.name, away=True)
-            if failed is None:
-                return  # its last restore failed: not every round either
-            log.warning("node %s silent for %.1f s: restoring %s/%s",
-                        node.name, silent, pipeline, element_id)  # fmt: skip
-            if not background:
-                self._auto_restore(pipeline, element_id, node.name, failed, newest)
+        if node is None:
+            if not self.removed(placed):
+                return  # (added again, not heard yet: started there once it is)
+            # Placed on a node taken out of the cluster (a stopped pipeline's PE, which a
+            # removal does not refuse, started again): it can never run there, nor write
+            # (a removed node's tokens open nothing), so it is restored elsewhere whatever
+            # ``recovery.auto`` says — which waits for a user's word on a silence that may
+            # be a partition; the removal is that word.
+            lost = f"node {placed} was removed from the cluster"
+        else:
+            # Silence counts from this process's start: after a restart of the whole
+            # cluster, nodes that have not re-registered yet are not lost.
+            silent = time.time() - max(node.last_seen, self.started_at)
+            if not record.spec.recovery.auto or silent <= record.spec.recovery.detect_after_s:
+                if self.healthy(node) and node.report.ready:
+                    self._keep_running(record, pipeline, element_id, node, key, background, live)
                 return
+            lost = f"node {placed} silent for {silent:.1f} s"
+        with self._lock:
+            if key in self._auto_restoring:
+                return  # a thread of this process restores it
+        newest = self.registry.epoch(pipeline, element_id)
+        failed = self._backed_off(key, newest, placed, away=True)
+        if failed is None:
+            return  # its last restore failed: not every round either
+        log.warning("%s: restoring %s/%s", lost, pipeline, element_id)
+        if not background:
+            self._auto_restore(pipeline, element_id, placed, failed, newest)
+            return
+        with self._lock:
+            self._auto_restoring.add(key)
+        try:
+            threading.Thread(
+                target=self._auto_restore,
+                args=(pipeline, element_id, placed, failed, newest, True),
+                name=f"restore {pipeline}/{element_id}", daemon=True,
+            ).start()  # fmt: skip
+        except BaseException:  # (no thread: the next round must try again)
             with self._lock:
-                self._auto_restoring.add(key)
-            try:
-                threading.Thread(
-                    target=self._auto_restore,
-                    args=(pipeline, element_id, node.name, failed, newest, True),
-                    name=f"restore {pipeline}/{element_id}", daemon=True,
-                ).start()  # fmt: skip
-            except BaseException:  # (no thread: the next round must try again)
-                with self._lock:
-                    self._auto_restoring.discard(key)
-                raise
-            return
-        if not self.healthy(node) or not node.report.ready:
-            return
-        self._keep_running(record, pipeline, element_id, node, key, background, live)
+                self._auto_restoring.discard(key)
+            raise
 
     def _auto_restore(
         self, pipeline: str, element_id: str, lost: str, failed: int, newest: int,
@@ -1254,9 +1264,10 @@ class Reconciler(Coordination):
         starts a PE missing from its node — there, from its own checkpoint, under a new epoch
         fenced first; from its central checkpoint if its node lost its own; a PE of a node
         not heard is restored elsewhere once its pipeline counts the node lost, if its
-        recovery is automatic (``recovery``), as any. Downstream first, as a deploy. A scale
-        a dead orchestrator left unfinished is carried on by the next round, as in a running
-        pipeline.
+        recovery is automatic (``recovery``), as any; a PE of a node removed from the
+        cluster meanwhile is restored on the best other node (:meth:`restore`), whatever
+        its recovery. Downstream first, as a deploy. A scale a dead orchestrator left
+        unfinished is carried on by the next round, as in a running pipeline.
 
         A PE whose start fails here is started again by the reconciler's rounds, as one
         whose node restarted (``status`` says how it stands).
@@ -1266,9 +1277,9 @@ class Reconciler(Coordination):
             Conflict: Nothing changed: it is not stopped (running, deploying, stopping, or
                 failed), or its deploy never completed before it was stopped
                 (:meth:`Registry.ran`: its PEs hold no checkpoint of its streams); the
-                broker no longer holds its streams; a PE's node has left the cluster; an
-                operation an orchestrator left unfinished still holds a PE (the next round
-                resolves it).
+                broker no longer holds its streams; a PE's node was removed from the
+                cluster and no healthy node can take the PE; an operation an orchestrator
+                left unfinished still holds a PE (the next round resolves it).
         """
         with self.pipeline_lock(name):
             record = self.pipeline(name)
@@ -1292,17 +1303,27 @@ class Reconciler(Coordination):
                     received=str(said),
                     hint=hint,
                 )
-            gone = sorted({node for node in record.placement.values()
-                           if self.registry.node(node) is None})  # fmt: skip
-            if gone:
+            # A PE placed on a node taken out of the cluster while the pipeline was stopped
+            # is restored on another (below, as a lost node's: from its newest central
+            # checkpoint, fenced, reprocessing without emitting): refused if none can take
+            # it now, rather than left running without it.
+            homeless = [
+                pe
+                for pe, node in sorted(record.placement.items())
+                if self.removed(node) and not self.restore_candidates(name, pe, set())
+            ]
+            if homeless:
+                healthy = [n.name for n in self.registry.nodes() if self.healthy(n)]
                 raise Conflict(
-                    f"{refusal}: its PEs are placed on {', '.join(gone)}, which left the "
-                    "cluster while it was stopped",
-                    expected="the nodes its PEs are placed on, in the cluster",
-                    received=", ".join(f"{pe} on {node}" for pe, node in
-                                       sorted(record.placement.items()) if node in gone),
-                    hint="add the node back (`fogshift up --nodes ...`: its folder holds the "
-                    f"checkpoints), or `fogshift delete {name}` and deploy it afresh",
+                    f"{refusal}: no healthy node can take {', '.join(homeless)}, placed on a "
+                    "node removed from the cluster while it was stopped",
+                    expected="a healthy, ready node, not being removed or drained, to restore "
+                    "them on from their central checkpoints",
+                    received=", ".join(f"{pe} on removed {record.placement[pe]}"
+                                       for pe in homeless)
+                    + f"; healthy nodes: {', '.join(healthy) or 'none'}",
+                    hint="start a node (`fogshift up --nodes ...`) or wait until one is healthy "
+                    "(`fogshift nodes`), then start it again",
                 )  # fmt: skip
             held = sorted({op.element for op in self.registry.unfinished()
                            if op.pipeline == name})  # fmt: skip

@@ -22,7 +22,7 @@ from fogshift.common.processes import group_alive
 from fogshift.supervisor.cluster import node_broker_file, node_token_file, token_file
 from tests.broker.test_permissions import logs_in, until
 from tests.conftest import SHARED_NODES, Cluster
-from tests.integration.helpers import case1_spec, finish_and_compare
+from tests.integration.helpers import case1_spec, finish_and_compare, wait_central
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +54,14 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
     assert "fogshift migrate" in said  # the way round
     assert not json.loads((cluster.home / "cluster.json").read_text())["removing"]
     assert cluster.node(name)["alive"]
+
+    # A stopped pipeline's PE placed there does not keep it (see `start` below).
+    parked = tmp_path / "parked"
+    parked.mkdir()
+    cluster.cli("deploy", str(case1_spec(parked, "parked", agg_node=name, first=20)))
+    cluster.wait_for("parked", "sink", 1)
+    wait_central(cluster, "parked", "aggregate")
+    cluster.cli("stop", "parked")
 
     # With --drain its PE is moved away first (a migration), then it is removed; the
     # pipeline's output stays exact across the move.
@@ -98,6 +106,14 @@ def test_a_node_taken_out_is_stopped_forgotten_and_locked_out_then_added_again(
     # Its peers refuse its blob tokens (told by their heartbeats' answers).
     assert until(lambda: peer_blob().status_code == 403), peer_blob().text
     assert f"node '{name}' was removed from the cluster" in peer_blob().json()["message"]
+    # The stopped pipeline, started again, has its PE of the removed node restored on
+    # another from its central checkpoint (fenced, reprocessing without emitting); its
+    # output, with what its input got while it was stopped, stays exact.
+    cluster.cli("start", "parked")
+    aggregate = cluster.element("parked", "aggregate")
+    assert aggregate["node"] in SHARED_NODES[:-1], aggregate
+    assert aggregate["last_restore"]["checkpoint"] is not None, aggregate["last_restore"]
+    finish_and_compare(cluster, parked, "parked")
     # Added again as any new node: a fresh user, agent and token (its next generation), a
     # member like the others; what the machine taken out holds stays refused everywhere.
     assert cluster.up(SHARED_NODES) == {name}
