@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from fogshift.common.logfile import copy_name
@@ -19,6 +20,8 @@ from fogshift.spec.loader import did_you_mean
 
 #: How much of a file is read at a time when looking for its last lines from the end.
 _BLOCK = 64 * 1024
+#: How many bytes before a followed offset are compared to tell a rotated file.
+_MARK = 256
 
 
 def log_files(home: Path) -> dict[str, Path]:
@@ -101,9 +104,28 @@ def _tail(path: Path, lines: int, end: int | None) -> list[str]:
     return text.splitlines()[-lines:]
 
 
-def sizes(files: dict[str, Path]) -> dict[str, int]:
-    """Each file's size now: where a follow that starts now begins."""
-    return {name: _size(path) for name, path in files.items()}
+@dataclass(frozen=True)
+class Position:
+    """Where a follow of a log file stands: its ``offset``, and the (up to :data:`_MARK`)
+    bytes ``before`` it, by which a rotation since is told (they change)."""
+
+    offset: int
+    before: bytes = b""
+
+
+def positions(files: dict[str, Path]) -> dict[str, Position]:
+    """Each file's end now: where a follow that starts now begins."""
+    return {name: _end(path) for name, path in files.items()}
+
+
+def _end(path: Path) -> Position:
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - _MARK))
+            return Position(size, handle.read(min(size, _MARK)))
+    except FileNotFoundError:  # between a rotation's removal and its new file
+        return Position(0)
 
 
 def follow(
@@ -113,41 +135,63 @@ def follow(
     prefix: bool,
     interval_s: float = 0.2,
     keep_going: Callable[[], bool] = lambda: True,
-    start: dict[str, int] | None = None,
+    start: dict[str, Position] | None = None,
 ) -> None:
     """Write every line appended to ``files`` after ``start`` (default: now), as ``tail -f``
     does, while ``keep_going()`` (the CLI stops on Ctrl-C).
 
-    A partly written last line waits for its line end. A file that shrinks (truncated or
-    replaced) is read again from its start.
+    A partly written last line waits for its line end. A file rotated since the last look
+    (:mod:`fogshift.common.logfile`: copied to ``FILE.1``, then emptied in place; told by
+    the bytes before the followed offset, which changed, or by the file shrinking) is read
+    on in its copy from that offset — the lines written between the last look and the
+    rotation — and then from its start; one replaced otherwise is read from its start.
 
     Args:
         prefix: Start each line with its log's name (when following several).
-        start: Each file's offset to follow from (:func:`sizes`, taken before its tail was
+        start: Where to follow each file from (:func:`positions`, taken before its tail was
             printed).
     """
-    positions = dict(start) if start is not None else sizes(files)
+    begun = start if start is not None else positions(files)
+    offsets = {name: begun[name].offset for name in files}
+    seen = {name: begun[name].before for name in files}
     pending = dict.fromkeys(files, b"")
+
+    def emit(name: str, chunk: bytes) -> None:
+        *complete, pending[name] = (pending[name] + chunk).split(b"\n")
+        for raw in complete:
+            line = raw.decode("utf-8", errors="replace")
+            write(f"{name} | {line}" if prefix else line)
+        seen[name] = (seen[name] + chunk)[-_MARK:]
+
     while keep_going():
         for name, path in files.items():
-            size = _size(path)
-            if size < positions[name]:
-                positions[name], pending[name] = 0, b""
-            if size == positions[name]:
-                continue
-            with open(path, "rb") as handle:
-                handle.seek(positions[name])
-                chunk = handle.read(size - positions[name])
-            positions[name] += len(chunk)
-            *complete, pending[name] = (pending[name] + chunk).split(b"\n")
-            for raw in complete:
-                line = raw.decode("utf-8", errors="replace")
-                write(f"{name} | {line}" if prefix else line)
+            at = offsets[name]
+            chunk = _read_after(path, at, seen[name])
+            if chunk is None:  # rotated or replaced since the last look
+                rest = _read_after(copy_name(path, 1), at, seen[name])
+                if rest is None:
+                    pending[name] = b""  # (no copy of what was followed: from the start)
+                else:
+                    emit(name, rest)  # (a line it ends unfinished goes on in the file)
+                offsets[name], seen[name] = 0, b""
+                chunk = _read_after(path, 0, b"") or b""
+            offsets[name] += len(chunk)
+            if chunk:
+                emit(name, chunk)
         time.sleep(interval_s)
 
 
-def _size(path: Path) -> int:
+def _read_after(path: Path, at: int, before: bytes) -> bytes | None:
+    """What ``path`` holds from offset ``at`` on, if the bytes before ``at`` are ``before``
+    (the ones read last); ``None`` if they are not (or the file is shorter than ``at``): it
+    is not the file that was read. A file not there holds nothing yet (between a
+    rotation's removal and its new file)."""
     try:
-        return path.stat().st_size
-    except FileNotFoundError:  # between a rotation's removal and its new file
-        return 0
+        with open(path, "rb") as handle:
+            handle.seek(at - len(before))
+            data = handle.read()
+    except FileNotFoundError:
+        return b"" if at == 0 else None
+    if len(data) < len(before) or data[: len(before)] != before:
+        return None
+    return data[len(before) :]

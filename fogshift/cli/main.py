@@ -888,13 +888,13 @@ def logs(
 ) -> None:
     """The tail of a node's log (<home>/logs/node-NODE.log), the orchestrator's, or all."""
     from fogshift.cli.logs import follow as follow_logs
-    from fogshift.cli.logs import select_logs, sizes, tail
+    from fogshift.cli.logs import positions, select_logs, tail
 
     files = select_logs(home.resolve(), node)
     several = len(files) > 1
     # Where the tails end and the follow starts: taken first, so that a line appended while
     # the tails are printed is followed rather than lost between the two.
-    ends = sizes(files)
+    ends = positions(files)
 
     def write(line: str) -> None:
         # (A log line may quote data, an event's or a key's text: shown, not acted on.)
@@ -904,7 +904,7 @@ def logs(
     for name, path in files.items():
         if several:
             write(f"==> {name} ({path}) <==")
-        for line in tail(path, lines, end=ends[name]):
+        for line in tail(path, lines, end=ends[name].offset):
             write(line)
     if not follow:
         return

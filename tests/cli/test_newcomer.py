@@ -577,15 +577,62 @@ def test_a_line_appended_between_the_tail_and_the_follow_is_followed(tmp_path: P
     log = tmp_path / "node-fog-a.log"
     log.write_text("old 1\nold 2\n")
     files = {"fog-a": log}
-    ends = cli_logs.sizes(files)
+    ends = cli_logs.positions(files)
     with open(log, "a") as handle:
         handle.write("meanwhile\n")
-    assert cli_logs.tail(log, 5, end=ends["fog-a"]) == ["old 1", "old 2"]
+    assert cli_logs.tail(log, 5, end=ends["fog-a"].offset) == ["old 1", "old 2"]
     seen: list[str] = []
     rounds = iter(range(2))
     cli_logs.follow(files, seen.append, prefix=False, interval_s=0.01, start=ends,
                     keep_going=lambda: next(rounds, None) is not None)  # fmt: skip
     assert seen == ["meanwhile"]
+
+
+def append(path: Path, text: str) -> None:
+    with open(path, "a") as handle:
+        handle.write(text)
+
+
+def test_a_follow_reads_on_in_the_copy_of_a_log_rotated_between_its_looks(
+    tmp_path: Path,
+) -> None:
+    # The service copies its log to FILE.1 and empties it in place: the lines written
+    # between the follow's last look and the rotation are in the copy only.
+    from fogshift.common.logfile import rotate
+
+    log = tmp_path / "node-fog-a.log"
+    log.write_text("".join(f"old {i}\n" for i in range(5)))
+    files = {"fog-a": log}
+    seen: list[str] = []
+    looks = 0
+
+    def keep_going() -> bool:
+        nonlocal looks
+        looks += 1
+        if looks == 1:
+            append(log, "seen\nsplit ")
+        elif looks == 2:  # the line's end and one more, unseen, then rotated away
+            append(log, "across it\nunseen\n")
+            rotate(log)
+            append(log, "after it\n")
+        elif looks == 3:  # emptied, and grown past the offset before the next look
+            append(log, "gone\n")
+            rotate(log)
+            append(log, "x" * 200 + "\nlast\n")
+        return looks <= 4
+
+    cli_logs.follow(files, seen.append, prefix=False, interval_s=0.0, keep_going=keep_going)
+    assert seen == ["seen", "split across it", "unseen", "after it", "gone", "x" * 200, "last"]
+    # A file replaced by another (not a rotation's copy): read from its start, nothing of
+    # the copy.
+    log.write_text("a\nb\n")
+    start = cli_logs.positions(files)
+    log.write_text("other\n")
+    seen.clear()
+    rounds = iter(range(2))
+    cli_logs.follow(files, seen.append, prefix=False, interval_s=0.0, start=start,
+                    keep_going=lambda: next(rounds, None) is not None)  # fmt: skip
+    assert seen == ["other"]
 
 
 def test_logs_of_an_unknown_node_names_the_ones_that_exist(home: Path, tmp_path: Path) -> None:
