@@ -6,15 +6,18 @@ import contextlib
 import errno
 import json
 import logging
+import os
 import random
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlsplit
 
 from fogshift.broker.client import BrokerAddress, SyncJetStream
@@ -275,49 +278,110 @@ def store_failed(log: Path) -> str | None:
     log a line each, and would push the failure out of any tail), a block at a time. A log
     rotated since the server started (:mod:`fogshift.common.logfile`) has the run's start in
     a copy: the copies are searched too, newest first, down to the one holding the start.
+    A caller that asks again and again keeps a :class:`StoreFailures`.
     """
-    for number in range(LOG_KEEP + 1):
-        line, started = _store_failed_in(copy_name(log, number) if number else log)
-        if line is not None or started:
-            return line
-    return None
+    return StoreFailures()(log)
 
 
-def _store_failed_in(log: Path) -> tuple[str | None, bool]:
-    """:func:`store_failed` of one file; and whether it holds a server's start.
+@dataclass(frozen=True)
+class _Scan:
+    """How far one file was searched, and what was found: the offsets of the last server
+    start in it (``began``) and of the first failure after it (``failed``; -1: none)."""
+
+    ident: tuple[int, int]  # (st_dev, st_ino): the file searched
+    read: int = 0
+    mark: bytes = b""  # the (up to SCAN_MARK) bytes before ``read``: a rotation changes them
+    began: int = -1
+    failed: int = -1
+
+
+#: How many bytes before where a search stopped tell that the file is still the one searched.
+SCAN_MARK = 256
+
+
+class StoreFailures:
+    """:func:`store_failed` for a caller that asks again and again (``GET /health``): each
+    file is searched on from where the last search stopped, not again from its start — the
+    broker's log and its copies are up to ~200 MiB at the default limit, read whole at each
+    call. A file that is not the one searched (another inode; emptied by a rotation, or
+    rewritten, so that the bytes before that offset changed) is searched again whole.
+    Thread-safe."""
+
+    def __init__(self) -> None:
+        self._scans: dict[Path, _Scan] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, log: Path) -> str | None:
+        with self._lock:
+            for number in range(LOG_KEEP + 1):
+                path = copy_name(log, number) if number else log
+                line, started, scan = _store_failed_in(path, self._scans.get(path))
+                if scan is None:
+                    self._scans.pop(path, None)
+                else:
+                    self._scans[path] = scan
+                if line is not None or started:
+                    return line
+            return None
+
+
+def _store_failed_in(log: Path, known: _Scan | None) -> tuple[str | None, bool, _Scan | None]:
+    """:func:`store_failed` of one file, searched on from ``known`` if it is still that
+    file; whether it holds a server's start; how far it was searched (``None``: it could
+    not be read).
 
     Read in blocks, not memory-mapped: the orchestrator empties the log when it rotates it,
     and a mapped page past a file's new end kills its reader (SIGBUS).
     """
-    overlap = max(len(said) for said in (SERVER_STARTING, *STORE_FAILED)) - 1
-    began = failed = -1  # offsets in the file
     try:
         with log.open("rb") as handle:
-            read, tail = 0, b""
-            while chunk := handle.read(SCAN_BYTES):
-                # (With the block before's last bytes: a marker may straddle the two.)
-                data, base = tail + chunk, read - len(tail)
-                read += len(chunk)
-                tail = data[-overlap:]
-                start = data.rfind(SERVER_STARTING)
-                if start >= 0 and base + start > began:
-                    began, failed = base + start, -1  # what came before is an earlier run's
-                if failed < 0:
-                    since = max(0, began - base)
-                    found = [at for said in STORE_FAILED if (at := data.find(said, since)) >= 0]
-                    failed = base + min(found) if found else -1
-            if failed < 0:
-                return None, began >= 0
-            first = max(0, began, failed - SCAN_BYTES)
+            info = os.fstat(handle.fileno())
+            ident = (info.st_dev, info.st_ino)
+            if known is None or known.ident != ident or not _still(handle, known):
+                known = _Scan(ident)
+            scan = _search_on(handle, known)
+            if scan.failed < 0:
+                return None, scan.began >= 0, scan
+            first = max(0, scan.began, scan.failed - SCAN_BYTES)
             handle.seek(first)
-            window = handle.read(failed - first + FAILED_LINE_CHARS)
+            window = handle.read(scan.failed - first + FAILED_LINE_CHARS)
     except OSError:
-        return None, False
-    at = failed - first
+        return None, False, None
+    at = scan.failed - first
     begin = window.rfind(b"\n", 0, at) + 1
     end = window.find(b"\n", at)
     line = window[begin : end if end >= 0 else len(window)]
-    return line.decode("utf-8", "replace").strip()[:FAILED_LINE_CHARS], True
+    return line.decode("utf-8", "replace").strip()[:FAILED_LINE_CHARS], True, scan
+
+
+def _still(handle: BinaryIO, known: _Scan) -> bool:
+    """Whether the open file still holds, before where ``known`` stopped, the bytes it did
+    (a file emptied since is shorter, or holds other bytes there once grown again)."""
+    handle.seek(known.read - len(known.mark))
+    return handle.read(len(known.mark)) == known.mark
+
+
+def _search_on(handle: BinaryIO, known: _Scan) -> _Scan:
+    """Search the open file from where ``known`` stopped to its end."""
+    overlap = max(len(said) for said in (SERVER_STARTING, *STORE_FAILED)) - 1
+    began, failed, read = known.began, known.failed, known.read
+    tail = known.mark[-overlap:] if overlap else b""
+    handle.seek(read)
+    mark = known.mark
+    while chunk := handle.read(SCAN_BYTES):
+        # (With the block before's last bytes: a marker may straddle the two.)
+        data, base = tail + chunk, read - len(tail)
+        read += len(chunk)
+        tail = data[-overlap:]
+        mark = (mark + chunk)[-SCAN_MARK:]
+        start = data.rfind(SERVER_STARTING)
+        if start >= 0 and base + start > began:
+            began, failed = base + start, -1  # what came before is an earlier run's
+        if failed < 0:
+            since = max(0, began - base)
+            found = [at for said in STORE_FAILED if (at := data.find(said, since)) >= 0]
+            failed = base + min(found) if found else -1
+    return _Scan(known.ident, read, mark, began, failed)
 
 
 def start_nats_server(

@@ -17,6 +17,7 @@ from fogshift.broker.client import (
     BrokerAddress,
     SyncJetStream,
 )
+from fogshift.broker.server import StoreFailures
 from fogshift.checkpoint.central import CentralStore
 from fogshift.common.http import ServiceClient, node_token
 from fogshift.common.names import NAME_PATTERN
@@ -123,6 +124,8 @@ class OrchestratorCore:
         self.permissions = BrokerPermissions(
             config.broker_config, config.broker_pid, config.broker_started
         )
+        #: Whether the broker's store failed, searched on at each `GET /health`.
+        self.store_failures = StoreFailures()
         #: Per node: a client of its agent, and the agent process it was made for.
         self._agents: dict[str, tuple[ServiceClient, int | None]] = {}
         self._lock = threading.RLock()

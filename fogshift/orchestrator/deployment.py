@@ -29,7 +29,6 @@ from fogshift.broker.exceptions import BrokerError
 from fogshift.broker.keys import Ownership, key_text
 from fogshift.broker.naming import data_subject, dead_subject, stream_name
 from fogshift.broker.publish import fence
-from fogshift.broker.server import store_failed
 from fogshift.common.progress import PositionWatch, progress_params
 from fogshift.common.service import PROGRESS_WAIT_MAX_S
 from fogshift.contracts import (
@@ -178,7 +177,7 @@ class Deployment(Journal):
         warnings = []
         log = self.config.broker_log
         if log is not None:
-            failed = store_failed(log)
+            failed = self.store_failures(log)
             if failed is not None:
                 warnings.append(
                     f"the broker failed to write its store and refuses every store until it "

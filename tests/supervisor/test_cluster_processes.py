@@ -322,10 +322,17 @@ def test_up_leaves_a_broker_whose_store_failed_alone_while_its_disk_is_full(
     assert all(p.poll() is None for p in failed_store)  # nothing stopped
 
 
-def test_a_store_failure_is_of_the_brokers_run_since_its_last_start(tmp_path: Path) -> None:
-    from fogshift.broker.server import SCAN_BYTES, store_failed
+@pytest.mark.parametrize("kept", [False, True], ids=["once", "kept"])
+def test_a_store_failure_is_of_the_brokers_run_since_its_last_start(
+    tmp_path: Path, kept: bool
+) -> None:
+    # ``kept``: each question to one StoreFailures (`GET /health`'s), which searches each
+    # file on from where it stopped: every answer must be the same as a search afresh.
+    from fogshift.broker.server import SCAN_BYTES, StoreFailures
+    from fogshift.broker.server import store_failed as afresh
     from fogshift.common.logfile import rotate
 
+    store_failed = StoreFailures() if kept else afresh
     log = tmp_path / "nats.log"
     assert store_failed(log) is None  # (none yet)
     log.write_text("")
@@ -361,6 +368,34 @@ def test_a_store_failure_is_of_the_brokers_run_since_its_last_start(tmp_path: Pa
         assert store_failed(log) is None  # (the failure was an earlier run's)
         log.write_text(log.read_text() + spam + failed + "\n")
         assert store_failed(log) == failed
+
+
+def test_store_failures_search_a_log_on_from_where_they_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fogshift.broker import server
+    from fogshift.common.logfile import rotate
+
+    searched: list[int] = []
+    search_on = server._search_on
+    monkeypatch.setattr(server, "_search_on", lambda handle, known: (
+        searched.append(known.read), search_on(handle, known))[1])  # fmt: skip
+    log = tmp_path / "nats.log"
+    started = "[1] [INF] Starting nats-server\n"
+    log.write_text(started)
+    failures = server.StoreFailures()
+    assert failures(log) is None and searched == [0]
+    failed = "[1] [ERR] JetStream out of File resources, will be DISABLED"
+    with open(log, "a") as handle:
+        handle.write(f"{failed}\n")
+    assert failures(log) == failed and searched == [0, len(started)]
+    assert failures(log) == failed and searched[-1] == log.stat().st_size  # nothing new
+    # Emptied by a rotation and grown past where it stopped: the log is searched whole
+    # again (its bytes there changed), the copy afresh (another file).
+    rotate(log)
+    log.write_text("[2] [INF] Starting nats-server\n" + "[2] [INF] ready\n" * 10)
+    searched.clear()
+    assert failures(log) is None and searched == [0]
 
 
 def test_an_agent_that_exits_while_starting_ends_the_wait_at_once(tmp_path: Path) -> None:
