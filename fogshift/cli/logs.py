@@ -168,7 +168,7 @@ def follow(
             at = offsets[name]
             chunk = _read_after(path, at, seen[name])
             if chunk is None:  # rotated or replaced since the last look
-                rest = _read_after(copy_name(path, 1), at, seen[name])
+                rest = _read_after(copy_name(path, 1), at, seen[name], search=True)
                 if rest is None:
                     pending[name] = b""  # (no copy of what was followed: from the start)
                 else:
@@ -181,17 +181,23 @@ def follow(
         time.sleep(interval_s)
 
 
-def _read_after(path: Path, at: int, before: bytes) -> bytes | None:
+def _read_after(path: Path, at: int, before: bytes, *, search: bool = False) -> bytes | None:
     """What ``path`` holds from offset ``at`` on, if the bytes before ``at`` are ``before``
     (the ones read last); ``None`` if they are not (or the file is shorter than ``at``): it
-    is not the file that was read. A file not there holds nothing yet (between a
+    is not the file that was read. With ``search``, a file holding ``before`` elsewhere is
+    read on after its last occurrence (a rotation's copy of an oversized log holds only its
+    newest part, at other offsets). A file not there holds nothing yet (between a
     rotation's removal and its new file)."""
     try:
         with open(path, "rb") as handle:
             handle.seek(at - len(before))
+            if handle.read(len(before)) == before:
+                return handle.read()
+            if not search or not before:
+                return None
+            handle.seek(0)
             data = handle.read()
     except FileNotFoundError:
         return b"" if at == 0 else None
-    if len(data) < len(before) or data[: len(before)] != before:
-        return None
-    return data[len(before) :]
+    found = data.rfind(before)
+    return None if found < 0 else data[found + len(before) :]

@@ -690,6 +690,8 @@ class Deployment(Journal):
         for standby in standbys:
             self.registry.drop_standby(standby.pipeline, standby.element, standby.epoch)
         for node in sorted({*record.placement.values(), *(s.node for s in standbys)}):
+            if self.removed(node):
+                continue  # (nothing of it runs there: a PE a restore could not move yet)
             if heard_only and not self._heard(node):
                 unreachable.append(node)
                 continue
@@ -888,13 +890,22 @@ class Deployment(Journal):
         """What is done about PE ``element_id``, whose node is lost (short: a cell of
         `status`): an operator saw only "node-lost" until the PE showed up elsewhere."""
         silent = None if node is None else time.time() - node.last_seen
-        lost = f"node {node_name} " + ("gone" if silent is None else f"silent {silent:.0f} s")
+        removed = node is None and self.removed(node_name)
+        lost = f"node {node_name} " + (
+            "removed" if removed else "gone" if silent is None else f"silent {silent:.0f} s"
+        )
         doing = self._migrating.get((record.name, element_id))
         recovery = record.spec.recovery
+        if record.status == PipelineState.STOPPED and removed:
+            return f"{lost}; `fogshift start {record.name}` restores it elsewhere"
         if record.status != PipelineState.RUNNING:
             return lost  # (nothing restores a PE of a pipeline that does not run)
         if doing is not None:
             return f"{lost}; {doing} under way"
+        if removed:
+            return f"{lost}; restore due (automatic: whatever the recovery)"
+        if node is None:  # (added again, not heard yet: started there once it is)
+            return f"node {node_name} not heard yet since it was added again"
         if not recovery.auto:
             return f"{lost}; recovery is manual: `fogshift restore {record.name} {element_id}`"
         if silent is not None and silent < recovery.detect_after_s:

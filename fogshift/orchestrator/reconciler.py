@@ -207,7 +207,8 @@ class Reconciler(Coordination):
         the PE stayed on its dead node unless its recovery is automatic. One is owed no more
         once its PE is placed elsewhere (someone restored or moved it), its node is heard
         from again (the reconciler starts it there if it does not run), its pipeline no
-        longer runs, or its recovery is automatic (the reconciler restores it)."""
+        longer runs, or its recovery is automatic or its node was removed (the reconciler
+        restores it)."""
         for key, (due, pause, stranded) in list(self._restores_owed.items()):
             if time.monotonic() < due:
                 continue
@@ -220,6 +221,7 @@ class Reconciler(Coordination):
                 or record.status != PipelineState.RUNNING
                 or record.spec.recovery.auto
                 or node != stranded
+                or self.removed(node)  # (the reconciler restores it, as an automatic one)
                 or (here is not None and self.healthy(here))
             ):
                 del self._restores_owed[key]

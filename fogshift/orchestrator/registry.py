@@ -319,7 +319,8 @@ def _hosted(
         "SELECT pipeline FROM groups WHERE outcome IS NULL AND target = ?", (node,)
     ).fetchall()
     # (A stopped pipeline's scale waits for `fogshift start`: it holds no node, as its PEs
-    # do not; started on a node since removed, the start is refused.)
+    # do not; carried on once started, its placing a partition on a node since removed is
+    # refused, and the scale ends so.)
     scales = db.execute(
         "SELECT s.pipeline, s.element, s.nodes FROM scales s "
         "JOIN pipelines q ON q.name = s.pipeline "

@@ -598,7 +598,7 @@ def test_a_follow_reads_on_in_the_copy_of_a_log_rotated_between_its_looks(
 ) -> None:
     # The service copies its log to FILE.1 and empties it in place: the lines written
     # between the follow's last look and the rotation are in the copy only.
-    from fogshift.common.logfile import rotate
+    from fogshift.common.logfile import copy_name, rotate
 
     log = tmp_path / "node-fog-a.log"
     log.write_text("".join(f"old {i}\n" for i in range(5)))
@@ -623,6 +623,18 @@ def test_a_follow_reads_on_in_the_copy_of_a_log_rotated_between_its_looks(
 
     cli_logs.follow(files, seen.append, prefix=False, interval_s=0.0, keep_going=keep_going)
     assert seen == ["seen", "split across it", "unseen", "after it", "gone", "x" * 200, "last"]
+    # A log more than twice the limit has only its newest part copied, at other offsets:
+    # the copy is read on after the bytes last read.
+    log.write_text("".join(f"early {i}\n" for i in range(100)))
+    start = cli_logs.positions(files)
+    append(log, "".join(f"late {i}\n" for i in range(3)))
+    rotate(log, max_bytes=300)
+    assert copy_name(log, 1).stat().st_size < start["fog-a"].offset  # (not all of it)
+    seen.clear()
+    rounds = iter(range(2))
+    cli_logs.follow(files, seen.append, prefix=False, interval_s=0.0, start=start,
+                    keep_going=lambda: next(rounds, None) is not None)  # fmt: skip
+    assert seen == ["late 0", "late 1", "late 2"]
     # A file replaced by another (not a rotation's copy): read from its start, nothing of
     # the copy.
     log.write_text("a\nb\n")

@@ -523,6 +523,10 @@ def test_a_pe_placed_on_a_removed_node_is_restored_elsewhere_whatever_its_recove
     orchestrator.registry.set_status("p", "running")
     orchestrator._reconcile_element("p", "aggregate")
     assert restores == [("p", "aggregate", "fog-a")]
+    # Stopped before it could be restored: nothing of it runs on the removed node, which
+    # is not asked (nor told as a node not reached).
+    assert "fog-a" not in orchestrator.stop("p").unreachable_nodes
+    orchestrator.registry.set_status("p", "running")
     # A node added again (`fogshift up`) but not heard yet: its PEs wait to start there.
     orchestrator.admit_node("fog-a")
     orchestrator._reconcile_element("p", "aggregate")

@@ -743,6 +743,15 @@ def test_a_lost_pe_says_what_is_done_about_it(orch: Orchestrator) -> None:
     manual = {**SPEC, "recovery": {"auto": False}}
     orch.registry.put_pipeline(parse_spec(manual, orch.config.home), "running")
     assert lost() == "node fog-a silent N s; recovery is manual: `fogshift restore p aggregate`"
+    # Its node removed while it was stopped: `start` restores it elsewhere, and once it
+    # runs, the reconciler does, whatever its recovery says.
+    orch.registry.set_status("p", "stopped")
+    orch.remove_node("fog-a")
+    assert lost() == "node fog-a removed; `fogshift start p` restores it elsewhere"
+    orch.registry.set_status("p", "running")
+    assert lost() == "node fog-a removed; restore due (automatic: whatever the recovery)"
+    orch.admit_node("fog-a")  # (added again: started there once heard)
+    assert lost() == "node fog-a not heard yet since it was added again"
 
 
 def test_a_node_the_pipeline_counts_lost_is_no_restore_candidate(
