@@ -39,14 +39,23 @@ class Replanning(OrchestratorCore):
 
     def best_nodes(self, nodes: list[NodeRecord], pipeline: str, element_id: str) -> list[str]:
         """``nodes`` best first to place PE ``pipeline/element_id`` on (a restore, a
-        standby): those with disk to spare (:meth:`short_of_disk`), then its planned
-        redeploy node, then those the registry places the fewest instances on
-        (:meth:`load`: not each node's own count), then by name."""
+        standby): those with disk to spare (:meth:`short_of_disk`), then, for a partition,
+        those placed no other partition of its element (two on one node split no work, and
+        a key move `--to` that node is refused as ambiguous: the nodes of a lost node's
+        partitions were all restored onto one), then its planned redeploy node, then those
+        the registry places the fewest instances on (:meth:`load`: not each node's own
+        count), then by name."""
         planned = self.planned(pipeline, element_id).redeploy
         busy, short = self.load(), self.short_of_disk()
-        ranked = sorted(
-            nodes, key=lambda n: (n.name in short, n.name != planned, busy[n.name], n.name)
-        )
+        record = self.registry.get_pipeline(pipeline)
+        siblings: set[str] = set()
+        if record is not None:
+            part = next((e.partition for e in record.spec.elements if e.id == element_id), None)
+            if part is not None:
+                siblings = {record.placement.get(e.id, "") for e in
+                            record.spec.partitions_of(part.of) if e.id != element_id}  # fmt: skip
+        ranked = sorted(nodes, key=lambda n: (n.name in short, n.name in siblings,
+                                              n.name != planned, busy[n.name], n.name))  # fmt: skip
         return [n.name for n in ranked]
 
     def drain_lease(self, name: str, seconds: float | None) -> None:

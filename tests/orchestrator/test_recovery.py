@@ -785,6 +785,28 @@ def test_restore_candidates_are_ranked_by_what_the_registry_places_not_what_node
     assert orch.restore_candidates("p", "aggregate", {"fog-a"}) == ["cloud", "fog-b"]
 
 
+def test_a_partition_is_restored_away_from_the_other_partitions_of_its_element(
+    tmp_path: Path, agents: dict[str, StandIn]
+) -> None:
+    # A lost node's partitions went, each, to the node placed the fewest instances: the
+    # node of another partition (one, against cloud's source and sink), where two
+    # partitions split no work and a key move `--to` it is refused as ambiguous.
+    partitioned = {**SPEC, "elements": [
+        SPEC["elements"][0],
+        {**{k: v for k, v in SPEC["elements"][1].items() if k != "node"},
+         "partitions": ["fog-a", "fog-b"], "key_by": "sensor"},
+        SPEC["elements"][2],
+    ]}  # fmt: skip
+    with orchestrator_of(tmp_path, agents, partitioned) as orch:
+        record = orch.pipeline("p")
+        (first, second) = record.spec.partitions_of("aggregate")
+        assert orch.restore_candidates("p", first.id, {"fog-a"}) == ["cloud", "fog-b"]
+        assert orch.restore_candidates("p", "source", {"fog-a"}) == ["fog-b", "cloud"]
+        # Once every other node runs one too, the least placed first, as any PE.
+        orch.registry.set_placement("p", second.id, "cloud")
+        assert orch.restore_candidates("p", first.id, {"fog-a"}) == ["fog-b", "cloud"]
+
+
 def test_a_node_whose_disk_is_nearly_full_is_the_last_restore_and_standby_candidate(
     tmp_path: Path, agents: dict[str, StandIn]
 ) -> None:
