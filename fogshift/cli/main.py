@@ -471,14 +471,17 @@ def remove_node(
     working; its folder stays. To add it again, run `up --nodes` with every node of the
     cluster and it."""
     if dry_run:
-        for name, holds in cluster_ops.node_holds(home.resolve(), nodes).items():
+        held = cluster_ops.node_holds(home.resolve(), nodes)
+        stopped = _stopped_on(home, nodes)
+        for name, holds in held.items():
             if not holds:
                 console.print(f"{name}: nothing keeps it; `fogshift remove-node {name}` "
                               "removes it")  # fmt: skip
-                continue
-            console.print(f"{name} is kept by:")
-            for hold in holds:
-                console.print(Text(f"  {hold.text}{_HOLD_WAYS.get(hold.kind, '')}"))
+            else:
+                console.print(f"{name} is kept by:")
+                for hold in holds:
+                    console.print(Text(f"  {hold.text}{_HOLD_WAYS.get(hold.kind, '')}"))
+            _say_stopped(name, stopped.get(name, []))
         return
     with console.status("removing nodes") as status:
 
@@ -489,6 +492,29 @@ def remove_node(
 
         cluster = cluster_ops.remove_nodes(home.resolve(), nodes, say, drain=drain)
     console.print(f"[green]removed[/] {', '.join(nodes)}: nodes {', '.join(cluster.nodes)} remain")
+    stopped = _stopped_on(home, nodes)
+    for name in nodes:
+        _say_stopped(name, stopped.get(name, []))
+
+
+def _stopped_on(home: Path, nodes: list[str]) -> dict[str, list[str]]:
+    """:func:`cluster_ops.stopped_on`, or nothing if the orchestrator cannot tell now (it is
+    only said, the removal's outcome is not)."""
+    try:
+        return cluster_ops.stopped_on(home.resolve(), nodes)
+    except FogshiftError:
+        return {}
+
+
+def _say_stopped(node: str, pes: list[str]) -> None:
+    """Say the stopped pipelines' PEs placed on ``node`` (removed, or to be): its removal
+    leaves them there, and `start` restores them elsewhere."""
+    for pipeline in dict.fromkeys(pe.split("/")[0] for pe in pes):
+        mine = [pe for pe in pes if pe.split("/")[0] == pipeline]
+        console.print(Text(f"  {', '.join(mine)} of stopped pipeline {pipeline} "
+                           f"{'is' if len(mine) == 1 else 'are'} placed on {node}: `fogshift "
+                           f"start {pipeline}` restores {'it' if len(mine) == 1 else 'them'} "
+                           "on other nodes from the central checkpoints"))  # fmt: skip
 
 
 #: How `remove-node --dry-run` says each kind of hold is ended (``NodeHold.kind``).

@@ -1730,6 +1730,23 @@ def node_holds(home: Path, names: list[str]) -> dict[str, list[NodeHold]]:
         return {name: _holds(client, name) for name in names}
 
 
+def stopped_on(home: Path, names: list[str]) -> dict[str, list[str]]:
+    """The PEs of stopped pipelines placed on each of ``names`` (``pipeline/element``): they
+    keep no node (its removal is not refused for them), and `fogshift start` restores them
+    on other nodes. Said by ``remove-node``, which would otherwise leave them unmentioned.
+
+    Raises:
+        Unavailable: The orchestrator does not answer.
+    """
+    with orchestrator_client(home, timeout_s=30) as client:
+        statuses = [PipelineStatus.model_validate(s) for s in client.get("/pipelines")]
+    return {
+        name: [f"{s.pipeline}/{e.element}" for s in statuses
+               if s.status == PipelineState.STOPPED for e in s.elements if e.node == name]
+        for name in names
+    }  # fmt: skip
+
+
 def _holds(client: ServiceClient, name: str) -> list[NodeHold]:
     """What the orchestrator (``client``) says keeps node ``name`` in the cluster."""
     return [NodeHold.model_validate(h) for h in client.get(f"/nodes/{name}/holds")]
