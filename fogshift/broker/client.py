@@ -160,6 +160,16 @@ class SyncJetStream:
         with self._lock:
             if self._portal_cm is None:
                 raise BrokerUnavailable(f"the client of the broker at {self.address.url} is closed")
+            if self._js is not None and self._nc is not None and self._nc.is_closed:
+                # Closed by the broker, not by close(): nats-py reconnects a lost connection
+                # but closes one for good on the server's "Authorization Violation" — which
+                # nats-server sent a connected client during a config reload (each placement
+                # change reloads the nodes' rights): every later call of the client (the
+                # orchestrator's, a node's) failed as "connection closed" until its process
+                # restarted. The call that met the close failed; this one connects anew.
+                log.warning("broker %s: the broker closed this connection (%s); connecting "
+                            "again", self.address.url, self._nc.last_error)  # fmt: skip
+                self._js = None
             if self._js is None:
                 self._js = self._submit(self._connect, self._timeout + 1)
         js = self._js

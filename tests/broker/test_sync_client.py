@@ -119,6 +119,32 @@ def test_a_broker_that_does_not_serve_is_unavailable_not_nats_pys_error(
             client.run(missing)
 
 
+def test_a_connection_the_broker_closed_for_good_is_made_again(
+    nats_server: BrokerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    # nats-server refused a connected client during a config reload (placement changes
+    # reload the nodes' rights) with "Authorization Violation", on which nats-py closes
+    # the connection for good instead of reconnecting: the orchestrator's every broker
+    # call then failed ("connection closed") until it was restarted. nats-py's own
+    # handling of the server's -ERR line, as it came.
+    async def names(js: Any) -> list[str]:
+        return [info.config.name for info in await js.streams_info()]
+
+    async def refused(_js: Any) -> None:
+        await client.connection._process_err("'Authorization Violation'")
+        while not client.connection.is_closed:
+            await asyncio.sleep(0.01)
+
+    with SyncJetStream(nats_server.address) as client:
+        client.run(names)
+        first = client.connection
+        client.run(refused)  # (a call under way then failed: "connection closed")
+        with caplog.at_level(logging.WARNING, logger="fogshift.broker.client"):
+            assert isinstance(client.run(names), list)  # connected anew
+        assert client.connection is not first and client.connection.is_connected
+        assert "the broker closed this connection" in caplog.text
+
+
 #: A process that uses a client (a shared one and one of its own) and never closes either.
 NEVER_CLOSES = """
 import sys
