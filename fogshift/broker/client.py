@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -160,7 +161,8 @@ class SyncJetStream:
         with self._lock:
             if self._portal_cm is None:
                 raise BrokerUnavailable(f"the client of the broker at {self.address.url} is closed")
-            if self._js is not None and self._nc is not None and self._nc.is_closed:
+            gone = None if self._js is None else connection_of(self._js)
+            if gone is not None and gone.is_closed:
                 # Closed by the broker, not by close(): nats-py reconnects a lost connection
                 # but closes one for good on the server's "Authorization Violation" — which
                 # nats-server sent a connected client during a config reload (each placement
@@ -168,7 +170,7 @@ class SyncJetStream:
                 # orchestrator's, a node's) failed as "connection closed" until its process
                 # restarted. The call that met the close failed; this one connects anew.
                 log.warning("broker %s: the broker closed this connection (%s); connecting "
-                            "again", self.address.url, self._nc.last_error)  # fmt: skip
+                            "again", self.address.url, gone.last_error)  # fmt: skip
                 self._js = None
             if self._js is None:
                 self._js = self._submit(self._connect, self._timeout + 1)
@@ -231,6 +233,15 @@ class SyncJetStream:
             ) from exc
 
     async def _connect(self) -> JetStreamContext:
+        """A new connection, tried for at most the connect timeout.
+
+        nats-py's own connect retries without end (``max_reconnect_attempts=-1``: the
+        reconnects this client wants once connected): a connect given up on by its caller
+        ran on, each call started another, and a refusal that stayed (credentials no
+        longer valid) left one more client retrying every 0.5 s per call. Given up on, the
+        client is closed.
+        """
+        nc = _Client()
         # (nats-py types its timeouts int; it takes seconds as float as nats.connect does.)
         options: dict[str, Any] = {
             "user": self.address.user,
@@ -242,18 +253,24 @@ class SyncJetStream:
             "reconnect_time_wait": 0.5,
             "allow_reconnect": True,
             "error_cb": self._on_error,
-            "disconnected_cb": self._on_disconnected,
+            # (Bound to this client: a connection closed for good is replaced, and its late
+            # callback would otherwise speak of the new one.)
+            "disconnected_cb": partial(self._on_disconnected, nc),
             "reconnected_cb": self._on_reconnected,
         }
-        self._nc = _Client()
+        self._nc = nc
         try:
-            await self._nc.connect(self.address.url, **options)
+            await asyncio.wait_for(nc.connect(self.address.url, **options), self._timeout)
         except Exception as exc:  # nats raises several unrelated types here
+            with contextlib.suppress(Exception):
+                await nc.close()
+            said = (f"no connection within {self._timeout:g} s"
+                    if isinstance(exc, TimeoutError) else repr(exc))  # fmt: skip
             raise BrokerUnavailable(
-                f"cannot connect to the broker at {self.address.url}: {exc!r}",
+                f"cannot connect to the broker at {self.address.url}: {said}",
                 hint="is `fogshift up` running, and are the credentials in the home dir current?",
             ) from exc
-        return self._nc.jetstream(prefix=self.address.api or DEFAULT_API)
+        return nc.jetstream(prefix=self.address.api or DEFAULT_API)
 
     # nats-py's default callbacks print a traceback to stderr for every failed reconnect
     # attempt (every 0.5 s while the broker is down): one logged line each instead.
@@ -278,9 +295,10 @@ class SyncJetStream:
                     "a PE's old node, once the PE was moved or restored elsewhere)",
                     self.address.url, text, again)  # fmt: skip
 
-    async def _on_disconnected(self) -> None:
-        # nats-py also calls this when the client is closed; close() drops _nc first.
-        if self._nc is not None and not self._nc.is_closed:
+    async def _on_disconnected(self, nc: Client) -> None:
+        # nats-py also calls this when the client is closed (by close(), or for good by the
+        # broker: replaced at the next call, said then).
+        if nc is self._nc and not nc.is_closed:
             log.warning("broker %s: disconnected; reconnecting", self.address.url)
 
     async def _on_reconnected(self) -> None:

@@ -61,6 +61,7 @@ from fogshift.broker.client import (
     BrokerAddress,
     StoredMessage,
     SyncJetStream,
+    connection_of,
     get_range,
     get_ranges,
     last_seq,
@@ -387,14 +388,20 @@ class InputArrivals:
     def __init__(self, client: SyncJetStream, subjects: Sequence[str]) -> None:
         self._event = threading.Event()
         self._client = client
+        self._subjects = list(subjects)
+        self._subscribed_on: Any = None  # the connection the subscriptions are on
+        self._subscriptions: list[Any] = []
+        self._subscribe()
 
+    def _subscribe(self) -> None:
         async def on_message(msg: Any) -> None:
             self._event.set()
 
-        async def subscribe(js: Any) -> list[Any]:
-            return [await client.connection.subscribe(s, cb=on_message) for s in subjects]
+        async def subscribe(js: Any) -> tuple[Any, list[Any]]:
+            nc = connection_of(js)
+            return nc, [await nc.subscribe(s, cb=on_message) for s in self._subjects]
 
-        self._subscriptions = client.run(subscribe)
+        self._subscribed_on, self._subscriptions = self._client.run(subscribe)
 
     def close(self) -> None:
         """Unsubscribe (the client is the process's, shared: it outlives the reader)."""
@@ -411,6 +418,13 @@ class InputArrivals:
 
     def wait(self, timeout_s: float) -> bool:
         """Whether a message arrived since the last call, waiting up to ``timeout_s``."""
+        if self._subscribed_on is not None and self._subscribed_on.is_closed:
+            # Closed for good by the broker (the client connects anew at its next call):
+            # the subscriptions went with it, and no arrival would wake this again — each
+            # idle poll of the reader waited its whole time, for the worker's life.
+            with contextlib.suppress(FogshiftError):  # (the broker away: next time)
+                self._subscribe()
+                self._event.set()  # (what came meanwhile was not seen: look at the stream)
         arrived = self._event.wait(max(0.0, timeout_s))
         self._event.clear()
         return arrived

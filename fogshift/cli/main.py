@@ -494,27 +494,33 @@ def remove_node(
     console.print(f"[green]removed[/] {', '.join(nodes)}: nodes {', '.join(cluster.nodes)} remain")
     stopped = _stopped_on(home, nodes)
     for name in nodes:
-        _say_stopped(name, stopped.get(name, []))
+        _say_stopped(name, stopped.get(name, []), removed=True)
 
 
 def _stopped_on(home: Path, nodes: list[str]) -> dict[str, list[str]]:
-    """:func:`cluster_ops.stopped_on`, or nothing if the orchestrator cannot tell now (it is
-    only said, the removal's outcome is not)."""
+    """:func:`cluster_ops.stopped_on`; if the orchestrator cannot tell now, said so and
+    nothing listed (it is only said: the removal's outcome is not)."""
     try:
         return cluster_ops.stopped_on(home.resolve(), nodes)
-    except FogshiftError:
+    except (FogshiftError, ValueError) as exc:  # (ValueError: an answer not understood)
+        console.print(Text(f"  (the stopped pipelines' PEs on {', '.join(nodes)} cannot be "
+                           f"listed now: {one_line(str(exc))[:200]}; `fogshift status` "
+                           "shows where each is placed)"))  # fmt: skip
         return {}
 
 
-def _say_stopped(node: str, pes: list[str]) -> None:
-    """Say the stopped pipelines' PEs placed on ``node`` (removed, or to be): its removal
-    leaves them there, and `start` restores them elsewhere."""
+def _say_stopped(node: str, pes: list[str], removed: bool = False) -> None:
+    """Say the stopped pipelines' PEs placed on ``node`` (``removed``, or to be): its
+    removal leaves them there, and `start` restores them elsewhere."""
     for pipeline in dict.fromkeys(pe.split("/")[0] for pe in pes):
         mine = [pe for pe in pes if pe.split("/")[0] == pipeline]
-        console.print(Text(f"  {', '.join(mine)} of stopped pipeline {pipeline} "
-                           f"{'is' if len(mine) == 1 else 'are'} placed on {node}: `fogshift "
-                           f"start {pipeline}` restores {'it' if len(mine) == 1 else 'them'} "
-                           "on other nodes from the central checkpoints"))  # fmt: skip
+        one = len(mine) == 1
+        placed = ("was" if one else "were") if removed else ("is" if one else "are")
+        console.print(Text(f"  {', '.join(mine)} of stopped pipeline {pipeline} {placed} "
+                           f"placed on {node}: `fogshift start {pipeline}` restores "
+                           f"{'it' if one else 'them'} on other nodes from the central "
+                           "checkpoints (one whose deploy never completed is deployed "
+                           "again instead)"))  # fmt: skip
 
 
 #: How `remove-node --dry-run` says each kind of hold is ended (``NodeHold.kind``).
