@@ -136,13 +136,42 @@ class SyncJetStream:
         self._refusals: dict[str, tuple[float, int]] = {}
         _open_clients.add(self)
 
-    def run(self, make: Callable[[JetStreamContext], Awaitable[T]], timeout: float = 30.0) -> T:
+    def run(
+        self,
+        make: Callable[[JetStreamContext], Awaitable[T]],
+        timeout: float = 30.0,
+        *,
+        again_if_closed: bool = False,
+    ) -> T:
         """Run ``make(js)`` on the private loop and return its result.
+
+        Args:
+            again_if_closed: ``make`` may run twice (it makes the same state whatever it
+                did before, as a deploy's fresh streams): if the broker closed the
+                connection under it for good (see :meth:`_call`), it runs again, once, on
+                a new connection. Others fail: what a write did before the close is not
+                known.
 
         Raises:
             BrokerUnavailable: The broker cannot be reached.
         """
-        return self._submit(self._call(make), timeout)
+        try:
+            return self._submit(self._call(make), timeout)
+        except BrokerUnavailable as exc:
+            if not again_if_closed or not self._closed_by_broker():
+                raise
+            log.warning("broker %s: the broker closed the connection under a call (%s); "
+                        "running it again on a new one", self.address.url, exc.message)  # fmt: skip
+            return self._submit(self._call(make), timeout)
+
+    def _closed_by_broker(self) -> bool:
+        """Whether the connection in use was closed, and not by :meth:`close`."""
+        with self._lock:
+            return (
+                self._portal_cm is not None
+                and self._js is not None
+                and connection_of(self._js).is_closed
+            )
 
     def submit(self, make: Callable[[JetStreamContext], Awaitable[T]]) -> Future[T]:
         """Start ``make(js)`` on the private loop and return at once (see :meth:`run`).

@@ -454,7 +454,9 @@ class Deployment(Journal):
             return fresh_streams(js, spec, epochs, self.config.duplicate_window_s)
 
         try:
-            self.broker.run(reset_streams)
+            # (Again if the broker closed the connection under it: it refused a connected
+            # client at the rights' reload just made, once in a test run.)
+            self.broker.run(reset_streams, again_if_closed=True)
         except Exception as exc:
             # Failed, not left deploying (which a deploy again would be refused for).
             reason = f"the broker refused its streams: {_said(exc)}"

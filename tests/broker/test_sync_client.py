@@ -151,6 +151,32 @@ def test_a_connection_the_broker_closed_for_good_is_made_again(
         assert "the broker closed this connection" in caplog.text
 
 
+def test_a_call_that_may_run_twice_runs_again_on_a_new_connection(
+    nats_server: BrokerProcess,
+) -> None:
+    # A deploy's fresh streams met a connection the broker closed under them (at the
+    # rights' reload the deploy had just made): the deploy failed. A call that makes the
+    # same state whatever it did before may run again; others fail, as before.
+    from fogshift.broker.client import connection_of
+
+    runs: list[Any] = []
+
+    async def closed_under(js: Any) -> list[str]:
+        runs.append(connection_of(js))
+        if len(runs) == 1:
+            await client.connection._process_err("'Authorization Violation'")
+            while not client.connection.is_closed:
+                await asyncio.sleep(0.01)
+        return [info.config.name for info in await js.streams_info()]
+
+    with SyncJetStream(nats_server.address) as client:
+        with pytest.raises(BrokerUnavailable, match="ConnectionClosedError"):
+            client.run(closed_under)
+        runs.clear()
+        assert isinstance(client.run(closed_under, again_if_closed=True), list)
+        assert len(runs) == 2 and runs[0] is not runs[1]
+
+
 def test_a_readers_arrivals_are_subscribed_again_on_the_new_connection(
     nats_server: BrokerProcess,
 ) -> None:

@@ -262,7 +262,7 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
                      files.__getitem__)  # fmt: skip
     assert orch.central.newest("p", "aggregate") is not None
 
-    def refused(make: object, timeout: float = 30) -> None:
+    def refused(make: object, timeout: float = 30, **_: object) -> None:
         raise RuntimeError("stream limits exceeded")  # anything the broker may say
 
     # The run before's last migration, remembered: a fresh deploy forgets it (it showed as

@@ -670,7 +670,7 @@ def test_a_deploy_whose_counts_cannot_be_read_is_still_reported_deployed(
 
     _beat(orch, agents)
 
-    def run(make: Any, timeout: float = 30) -> Any:
+    def run(make: Any, timeout: float = 30, **_: Any) -> Any:
         if getattr(make, "func", None) is subject_counts:
             raise Unavailable("the broker did not answer in time")
         return 0
