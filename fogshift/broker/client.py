@@ -167,11 +167,13 @@ class SyncJetStream:
     def _closed_by_broker(self) -> bool:
         """Whether the connection in use was closed, and not by :meth:`close`."""
         with self._lock:
-            return (
-                self._portal_cm is not None
-                and self._js is not None
-                and connection_of(self._js).is_closed
-            )
+            return self._portal_cm is not None and self._closed() is not None
+
+    def _closed(self) -> Client | None:
+        """The connection in use if it is closed (the caller holds ``_lock``): by the broker
+        unless :meth:`close` ran (it drops the portal first)."""
+        nc = None if self._js is None else connection_of(self._js)
+        return nc if nc is not None and nc.is_closed else None
 
     def submit(self, make: Callable[[JetStreamContext], Awaitable[T]]) -> Future[T]:
         """Start ``make(js)`` on the private loop and return at once (see :meth:`run`).
@@ -190,8 +192,8 @@ class SyncJetStream:
         with self._lock:
             if self._portal_cm is None:
                 raise BrokerUnavailable(f"the client of the broker at {self.address.url} is closed")
-            gone = None if self._js is None else connection_of(self._js)
-            if gone is not None and gone.is_closed:
+            gone = self._closed()
+            if gone is not None:
                 # Closed by the broker, not by close(): nats-py reconnects a lost connection
                 # but closes one for good on the server's "Authorization Violation" — which
                 # nats-server sent a connected client during a config reload (each placement
