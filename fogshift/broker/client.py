@@ -146,11 +146,11 @@ class SyncJetStream:
         """Run ``make(js)`` on the private loop and return its result.
 
         Args:
-            again_if_closed: ``make`` may run twice (it makes the same state whatever it
-                did before, as a deploy's fresh streams): if the broker closed the
-                connection under it for good (see :meth:`_call`), it runs again, once, on
-                a new connection. Others fail: what a write did before the close is not
-                known.
+            again_if_closed: ``make`` may run twice (it only reads, as a status's counts,
+                or it makes the same state whatever it did before, as a deploy's fresh
+                streams): if the broker closed the connection under it for good (see
+                :meth:`_call`), it runs again, once, on a new connection. Others fail: what
+                a write did before the close is not known.
 
         Raises:
             BrokerUnavailable: The broker cannot be reached.

@@ -68,7 +68,7 @@ class Coordination(Scaling):
             return {name: await last_seq(js, stream_name(pipeline, name)) for name in positions}
 
         try:
-            last = self.broker.run(ends, timeout=10)
+            last = self.broker.run(ends, timeout=10, again_if_closed=True)
         except Exception:  # (after the switch: unknown is waited for, never raised)
             return True
         return any(last[name] > int(at) for name, at in positions.items())

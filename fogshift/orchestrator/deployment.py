@@ -812,7 +812,11 @@ class Deployment(Journal):
                 # A stopped PE's counts, as its node gave them at the stop (none reports it).
                 counted = report or stopped.get((record.name, element.id)) or StoppedCounts()
                 stream = stream_name(record.name, element.id)
-                stored = self.broker.run(partial(subject_counts, stream=stream)) if counts else {}
+                stored = (
+                    self.broker.run(partial(subject_counts, stream=stream), again_if_closed=True)
+                    if counts
+                    else {}
+                )
                 role = element.role
                 state: PEState | PlacementState | PipelineState
                 if node is None or not self.healthy(node):
@@ -965,7 +969,7 @@ class Deployment(Journal):
                         return got[-limit:]
                     span *= 8
 
-            for msg in self.broker.run(dead, timeout=60)[-limit:]:
+            for msg in self.broker.run(dead, timeout=60, again_if_closed=True)[-limit:]:
                 # The dead letter's own format (``broker.publish``), read where it is stored.
                 try:
                     payload = json.loads(msg.data)
@@ -1094,7 +1098,7 @@ class Deployment(Journal):
             messages = await fetch_range(js, stream, data_subject(name, element_id), start, stop)
             return start, stop, end, messages
 
-        start, stop, end, messages = self.broker.run(read, timeout=60)
+        start, stop, end, messages = self.broker.run(read, timeout=60, again_if_closed=True)
         events: list[StreamEvent] = []
         single = len(element.inputs) == 1  # a multi-input PE's events come from a cut
         for msg in messages:
@@ -1168,7 +1172,7 @@ class Deployment(Journal):
                 )  # fmt: skip
             return out
 
-        return list(self.broker.run(read, timeout=30))
+        return list(self.broker.run(read, timeout=30, again_if_closed=True))
 
     def twin_state(
         self, name: str, element_id: str, key: str | None = None, limit: int = 1000

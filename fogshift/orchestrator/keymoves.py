@@ -805,7 +805,12 @@ class KeyMoves(Standbys):
         fails only makes the next request wait for the copies (it raised a 503 that said
         nothing of the waves stored)."""
         try:
-            return int(self.broker.run(partial(subject_count, stream=parts[0], subject=parts[1])))
+            return int(
+                self.broker.run(
+                    partial(subject_count, stream=parts[0], subject=parts[1]),
+                    again_if_closed=True,
+                )
+            )
         except BrokerUnavailable as exc:
             log.warning("counting the parts on %s: %s", parts[1], exc.message)
             return None
@@ -930,7 +935,11 @@ class KeyMoves(Standbys):
         """Wait until the partitions ``indexes`` have committed their input ``source`` up to
         its last message now (a move an earlier call stored: its states are in there), or
         ``deadline``: why not, if not."""
-        tail = int(self.broker.run(partial(last_seq, stream=stream_name(pipeline, source))))
+        tail = int(
+            self.broker.run(
+                partial(last_seq, stream=stream_name(pipeline, source)), again_if_closed=True
+            )
+        )
         return self._await_commits(
             pipeline, element_id, source, dict.fromkeys(indexes, tail), deadline
         )

@@ -1342,7 +1342,9 @@ class Reconciler(Coordination):
             # positions its checkpoint names that the stream does not hold.
             wanted = {stream_name(name, pe) for e in record.spec.elements
                       for pe in (e.id, *e.inputs)}  # fmt: skip
-            streams = set(self.broker.run(partial(pipeline_streams, pipeline=name)))
+            streams = set(
+                self.broker.run(partial(pipeline_streams, pipeline=name), again_if_closed=True)
+            )
             if not wanted <= streams:
                 raise Conflict(
                     f"{refusal}: the broker no longer holds its streams "

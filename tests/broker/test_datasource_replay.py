@@ -259,7 +259,7 @@ class _Tails:
     def __init__(self, grow: bool) -> None:
         self.grow, self.looks, self.trips = grow, 0, 0
 
-    def run(self, make: Any, timeout: float = 30) -> Any:
+    def run(self, make: Any, timeout: float = 30, **_: Any) -> Any:
         self.trips += 1
 
         async def stream_info(stream: str) -> Any:

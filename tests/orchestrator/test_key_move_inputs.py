@@ -90,7 +90,7 @@ class LateAcks:
     def __init__(self, client: SyncJetStream) -> None:
         self.client, self.late = client, 1
 
-    def run(self, make: Any, timeout: float = 30.0) -> Any:
+    def run(self, make: Any, timeout: float = 30.0, **_: Any) -> Any:
         outer = self
 
         class Late:

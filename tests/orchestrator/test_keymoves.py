@@ -44,7 +44,7 @@ class Waves(KeyMoves):
         self.sizes, self.lost, self.sending = sizes, lost, sending
         self.moves: list[KeyMove] = []
         self.log: list[tuple[str, list[str]]] = []
-        self.broker: Any = SimpleNamespace(run=lambda make, timeout=30: 0)  # parts counted
+        self.broker: Any = SimpleNamespace(run=lambda make, timeout=30, **_: 0)  # parts counted
 
     def _append_key_record(self, pipeline: str, source: str, payload: bytes, msg_id: str) -> int:
         move = parse(0, payload)
@@ -238,7 +238,7 @@ class Copies(KeyMoves):
     ) -> None:
         self.sizes, self.sending, self.unknown = sizes, sending, unknown
         self.log: list[tuple[str, list[str]]] = []
-        self.broker: Any = SimpleNamespace(run=lambda make, timeout=30: 0)  # parts counted
+        self.broker: Any = SimpleNamespace(run=lambda make, timeout=30, **_: 0)  # parts counted
 
     def _append_key_record(self, pipeline: str, source: str, payload: bytes, msg_id: str) -> int:
         request = parse(0, payload)
@@ -301,7 +301,7 @@ def test_a_precopy_request_waits_for_its_own_keys_copies_not_a_later_requests() 
     # be stored first, and must not count for this one (they did: "precopied 2 keys").
     stored = [state_payload("c1", "agg", key, 1, {"v": "x"}) for key in ("k1", "k2", "k0")]
     broker = SimpleNamespace(
-        run=lambda make, timeout=30: [
+        run=lambda make, timeout=30, **_: [
             SimpleNamespace(seq=11 + i, data=d, stored_at=1.0, subject="fs.p.in.keys.agg-p0")
             for i, d in enumerate(stored)
         ]
@@ -331,7 +331,7 @@ def test_a_forged_state_does_not_end_the_wait_for_a_keys_state() -> None:
         data=state_payload("c1", "agg", "k3", 1, {"v": "y"}, copy=True),
     )
     stored = [forged]
-    broker = SimpleNamespace(run=lambda make, timeout=30: list(stored))
+    broker = SimpleNamespace(run=lambda make, timeout=30, **_: list(stored))
     owners = Ownership(1)
     owners.request(KeyCopy(10, "c1", "agg", ("k3",), 1))
     moves: Any = SimpleNamespace(broker=broker, _ownership=lambda *args: owners)
@@ -353,7 +353,7 @@ def test_a_moved_key_whose_origin_held_no_state_is_told_apart() -> None:
     owners = Ownership(1)
     owners.apply(KeyMove(10, "m1", "agg", ("k1", "ghost", "k2"), 1))
     moves: Any = SimpleNamespace(
-        broker=SimpleNamespace(run=lambda make, timeout=30: list(stored)),
+        broker=SimpleNamespace(run=lambda make, timeout=30, **_: list(stored)),
         _ownership=lambda *args: owners,
     )
     empty: set[str] = set()
@@ -397,7 +397,7 @@ def test_a_listed_move_replays_the_moves_once_not_at_every_try() -> None:
             self.replays += 1
             return Ownership(count)
 
-        def run(self, make: Any, timeout: float = 30) -> Any:
+        def run(self, make: Any, timeout: float = 30, **_: Any) -> Any:
             if make.func.__name__ == "_look":  # the input grew since the last look: one more
                 return {"in": 10 + self.appends}, [], []
             self.appends += 1
@@ -435,7 +435,7 @@ def test_a_listed_move_whose_look_was_trimmed_lists_the_state_stores_again() -> 
             self.listings += 1  # as of commits past the trim: "lost" is in a state store
             return Listing({"a", "lost"}, {"in": 500})
 
-        def run(self, make: Any, timeout: float = 30) -> Any:
+        def run(self, make: Any, timeout: float = 30, **_: Any) -> Any:
             if make.func.__name__ == "_look":
                 self.looks.append(dict(make.keywords["since"]))
                 return {"in": 600}, [], ["in"] if len(self.looks) == 1 else []
@@ -462,7 +462,7 @@ def test_a_broker_away_for_a_moment_ends_no_wait_for_states_before_its_deadline(
                            data=state_payload("m1", "agg", "k3", 1, {"v": "y"}))  # fmt: skip
     answers: list[Any] = [BrokerUnavailable("the broker did not answer"), [real]]
 
-    def run(make: Any, timeout: float = 30) -> Any:
+    def run(make: Any, timeout: float = 30, **_: Any) -> Any:
         answer = answers.pop(0) if len(answers) > 1 else answers[0]
         if isinstance(answer, BaseException):
             raise answer
@@ -497,7 +497,7 @@ def test_a_broker_away_for_a_moment_while_copies_are_awaited_raises_nothing() ->
 
     answers: list[Any] = [BrokerUnavailable("the broker did not answer"), 3]
 
-    def run(make: Any, timeout: float = 30) -> Any:
+    def run(make: Any, timeout: float = 30, **_: Any) -> Any:
         answer = answers.pop(0) if len(answers) > 1 else answers[0]
         if isinstance(answer, BaseException):
             raise answer

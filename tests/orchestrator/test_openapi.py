@@ -17,9 +17,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from fogshift.broker.exceptions import BrokerError
+from fogshift.broker.exceptions import BrokerError, BrokerUnavailable
 from fogshift.common.http import node_token
-from fogshift.contracts import Heartbeat, MigrationReport, NodeView, PipelineState
+from fogshift.contracts import Heartbeat, MigrationReport, NodeView, PipelineState, PipelineStatus
 from fogshift.orchestrator import deployment
 from fogshift.spec import parse_spec
 from tests.orchestrator.conftest import OPERATOR
@@ -165,7 +165,7 @@ def test_dead_letters_are_asked_for_by_a_bounded_count_of_each_pes_newest(
     orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
     stored = {"source": 1500, "aggregate": 3, "sink": 0}
 
-    def dead(make: Any, timeout: float) -> list[Any]:
+    def dead(make: Any, timeout: float, **_: Any) -> list[Any]:
         pe = make.__defaults__[1]  # (Deployment.errors' read: dead(js, stream, pe))
         return [SimpleNamespace(data=json.dumps({"seq": n, "reason": "r", "body": "{}"}).encode())
                 for n in range(stored[pe])]  # fmt: skip
@@ -437,3 +437,31 @@ def test_a_request_value_out_of_bounds_says_what_was_expected_in_words(app: Fast
     )
     assert answer.status_code == 422, answer.text
     assert answer.json()["expected"] == "a number of at least 1"
+
+
+def test_reads_run_again_on_a_new_connection_when_the_broker_closed_theirs(
+    app: FastAPI, tmp_path: Path
+) -> None:
+    # nats-py closes a connection for good on the broker's "Authorization Violation" (sent
+    # to a connected client at a rights reload): a read met by it runs again on a new
+    # connection (`SyncJetStream.run(again_if_closed=True)`), so the status and the dead
+    # letters answer rather than fail once with a 503. (The broker stood in for: a call not
+    # allowed to run again fails as the real one's did.)
+    orch = app.state.orchestrator
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    orch.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
+    refused: list[Any] = []
+
+    def closed_once(make: Any, timeout: float = 30, again_if_closed: bool = False) -> Any:
+        if not again_if_closed:
+            refused.append(make)
+            raise BrokerUnavailable("nats: connection closed")
+        return [] if getattr(make, "__name__", "") == "dead" else {}
+
+    orch.broker.run = closed_once
+    status = as_(app, OPERATOR).get("/pipelines/p")
+    assert status.status_code == 200, status.text
+    assert PipelineStatus.model_validate(status.json()).pipeline == "p"
+    letters = as_(app, OPERATOR).get("/pipelines/p/errors")
+    assert letters.status_code == 200 and letters.json() == [], letters.text
+    assert refused == []

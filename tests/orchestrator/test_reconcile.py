@@ -497,7 +497,7 @@ def test_start_is_refused_unless_the_pipeline_is_stopped_and_its_streams_stand(
     # The broker lost a stream (its store wiped): started on streams made anew, a PE would
     # read from positions they do not hold.
     held = [stream_name("p", "source"), stream_name("p", "sink")]
-    monkeypatch.setattr(orchestrator.broker, "run", lambda _call: held)
+    monkeypatch.setattr(orchestrator.broker, "run", lambda _call, **_: held)
     with pytest.raises(Conflict, match="no longer holds its streams") as gone:
         orchestrator.start("p")
     assert stream_name("p", "aggregate") in gone.value.message

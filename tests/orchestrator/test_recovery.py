@@ -497,7 +497,7 @@ def test_a_pe_behind_its_newest_epoch_is_started_again_under_a_new_one_fenced(
     # step and discard got no answer: it may still write under 2. Started under 2 again,
     # fog-a's instance shared it with that one.
     fenced: list[object] = []
-    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30: fenced.append(make) or 9)
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30, **_: fenced.append(make) or 9)
     orch.registry.next_epoch("p", "aggregate")
     if back_with == "nothing":
         beat(orch, agents, {"cloud": [hosted("source"), hosted("sink")], "fog-a": []})
@@ -525,7 +525,7 @@ def test_a_pe_halted_under_its_newest_epoch_is_started_again_under_a_new_one_fen
     # hosted and STOPPED under the newest epoch; the reconciler took it for current, and
     # nobody wrote for good. (Fenced: a promotion that fenced, then failed.)
     fenced: list[object] = []
-    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30: fenced.append(make) or 9)
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30, **_: fenced.append(make) or 9)
     beat(orch, agents, {"cloud": [hosted("source"), hosted("sink")],
                         "fog-a": [{**hosted("aggregate"), "state": state}]})  # fmt: skip
     agents["fog-a"].answer("GET", AGG + "/progress", body={**PE, "state": state, "epoch": 1})
@@ -565,7 +565,7 @@ def test_a_pe_reading_other_inputs_than_its_element_is_restarted_fenced(
     starting the sink with it: the reconciler starts it again, under a new epoch fenced
     first (its output would reach nobody otherwise)."""
     fenced: list[object] = []
-    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30: fenced.append(make) or 9)
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30, **_: fenced.append(make) or 9)
     sink = "/pipelines/p/elements/sink"
     stale = {**hosted("sink"), "inputs": ["aggregate-p0"]}  # not the spec's ["aggregate"]
     beat(orch, agents, {"cloud": [hosted("source"), stale],
@@ -608,7 +608,7 @@ def test_a_restart_a_node_refuses_is_tried_again_after_a_growing_back_off(
     from fogshift.orchestrator import reconciler
 
     fenced: list[object] = []
-    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30: fenced.append(make) or 9)
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30, **_: fenced.append(make) or 9)
     import time
     from types import SimpleNamespace
 

@@ -54,7 +54,7 @@ def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
     config = offline_config(tmp_path)
     orchestrator = Orchestrator(config)
     orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
-    orchestrator.broker = SimpleNamespace(run=lambda make, timeout=30: 0, close=lambda: None)  # type: ignore[assignment]
+    orchestrator.broker = SimpleNamespace(run=lambda make, timeout=30, **_: 0, close=lambda: None)  # type: ignore[assignment]
     orchestrator.permissions = SimpleNamespace(  # type: ignore[assignment]
         sync=lambda registry: None, sync_quietly=lambda registry: None
     )
@@ -384,7 +384,7 @@ def _keys_to_p1(
     _beat(orch, agents)
     monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(count=2))
     monkeypatch.setattr(orch, "_key_subjects", lambda *args: None)
-    orch.broker = SimpleNamespace(run=lambda make, timeout=30: 7, close=lambda: None)  # type: ignore[assignment]
+    orch.broker = SimpleNamespace(run=lambda make, timeout=30, **_: 7, close=lambda: None)  # type: ignore[assignment]
     _p1_committed(agents, committed)
 
 
@@ -718,7 +718,7 @@ def test_a_scale_in_whose_fence_fails_discards_nothing_still_placed(
         orch._retire("p", _parts(orch), 1, "source", 5, time.monotonic() + 5)
     assert agents["fog-b"].received("DELETE", retiring) == []
     assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
-    orch.broker = SimpleNamespace(run=lambda make, timeout=30: 0, close=lambda: None)  # type: ignore[assignment]
+    orch.broker = SimpleNamespace(run=lambda make, timeout=30, **_: 0, close=lambda: None)  # type: ignore[assignment]
     retired, why = orch._retire("p", _parts(orch), 1, "source", 5, time.monotonic() + 5)
     assert retired == {"aggregate-p1": "fog-b"} and why is None
     (discarded,) = agents["fog-b"].received("DELETE", retiring)
