@@ -490,10 +490,25 @@ def remove_node(
             if message.startswith("moving "):  # (a drain's moves stay on the screen)
                 console.print(Text(message))
 
-        cluster = cluster_ops.remove_nodes(home.resolve(), nodes, say, drain=drain)
+        gone: list[str] = []
+        try:
+            cluster = cluster_ops.remove_nodes(home.resolve(), nodes, say, drain=drain,
+                                               removed=gone.append)  # fmt: skip
+        except FogshiftError:
+            # The nodes removed before the one refused stay removed: what they leave of
+            # stopped pipelines is said as after a whole removal, then the refusal.
+            _say_left(home, gone)
+            raise
     console.print(f"[green]removed[/] {', '.join(nodes)}: nodes {', '.join(cluster.nodes)} remain")
-    stopped = _stopped_on(home, nodes)
-    for name in nodes:
+    _say_left(home, nodes)
+
+
+def _say_left(home: Path, removed: list[str]) -> None:
+    """Say the stopped pipelines' PEs the ``removed`` nodes leave placed on them."""
+    if not removed:
+        return
+    stopped = _stopped_on(home, removed)
+    for name in removed:
         _say_stopped(name, stopped.get(name, []), removed=True)
 
 

@@ -1659,6 +1659,7 @@ def remove_nodes(
     say: Callable[[str], None],
     grace_s: float = DOWN_GRACE_S,
     drain: bool = False,
+    removed: Callable[[str], None] | None = None,
 ) -> ClusterFile:
     """Take ``names`` out of the running cluster, one after the other: the orchestrator
     forgets each (refused while it hosts something: nothing changes for it, nor for the
@@ -1670,6 +1671,8 @@ def remove_nodes(
         drain: Move each node's PEs of running pipelines away first (:func:`drain_node`);
             without it a node that runs one is refused. A node that something a drain
             does not move would keep anyway is refused before any of its PEs moves.
+        removed: Told each node's name once it is out (before a later one is refused,
+            the caller can still say what the removed ones left).
 
     Returns:
         The cluster as it is now.
@@ -1708,6 +1711,8 @@ def remove_nodes(
                         drain_node(home, name, set(names), say)
                     say(f"removing node {name}")
                     cluster = _remove_node(home, cluster, name, grace_s)
+                if removed is not None:
+                    removed(name)
             except FogshiftError as exc:
                 if k:  # (said, or the user would take the error for the whole command's)
                     exc.message += f" ({', '.join(names[:k])} removed before it)"

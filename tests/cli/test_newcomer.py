@@ -39,7 +39,7 @@ from fogshift.contracts import (
     RestoreReport,
     ScaleReport,
 )
-from fogshift.exceptions import InvalidInput, NotFound
+from fogshift.exceptions import Conflict, InvalidInput, NotFound
 from fogshift.spec import load_spec
 from fogshift.verify.case2 import case2_parts
 from tests.conftest import fogshift_in_process
@@ -177,6 +177,33 @@ def test_status_with_no_pipelines_says_so(monkeypatch: pytest.MonkeyPatch) -> No
     )
     result = runner.invoke(cli.app, ["status", "--json"])
     assert json.loads(result.stdout) == []
+
+
+def test_a_removal_refused_at_a_later_node_says_what_the_removed_ones_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `remove-node fog-a fog-b`: fog-a went, fog-b was refused. fog-a stays removed, so the
+    # stopped pipeline's PE it leaves is said (as after a whole removal), then the refusal.
+    def remove_nodes(home: Path, names: list[str], say: Any, drain: bool, removed: Any) -> Any:
+        removed(names[0])
+        raise Conflict(f"node {names[1]!r} hosts PE p/source (fog-a removed before it)")
+
+    asked: list[list[str]] = []
+
+    def stopped_on(home: Path, names: list[str]) -> dict[str, list[str]]:
+        asked.append(names)
+        return {"fog-a": ["q/aggregate"], "fog-b": ["q/sink"]}
+
+    monkeypatch.setattr(cli.cluster_ops, "remove_nodes", remove_nodes)
+    monkeypatch.setattr(cli.cluster_ops, "stopped_on", stopped_on)
+    result = runner.invoke(cli.app, ["remove-node", "fog-a", "fog-b"])
+    said = " ".join(result.stdout.split())
+    assert asked == [["fog-a"]]
+    assert "q/aggregate of stopped pipeline q was placed on fog-a: `fogshift start q`" in said
+    assert "q/sink" not in said
+    # (The refusal itself is `main`'s to print, as for every command.)
+    assert isinstance(result.exception, Conflict), result.output
+    assert "(fog-a removed before it)" in str(result.exception)
 
 
 # -- migrate / restore phases ---------------------------------------------------------------
