@@ -543,12 +543,22 @@ class Deployment(Journal):
                         "by its keys' hash", pipeline, element_id, exc)  # fmt: skip
             return None
 
-    def _refuse_shared_outputs(self, spec: PipelineSpec) -> None:
-        """Refuse a sink writing a file a sink of a running pipeline writes (their
+    def _refuse_shared_outputs(self, spec: PipelineSpec, stopped: bool = True) -> None:
+        """Refuse a sink writing a file a sink of another pipeline writes (their
         exactly-once markers would be one, and the deploy would empty the other's output), or
-        reads (the deploy would empty a running source's input), and a source reading a file
-        a running pipeline's sink writes (torn lines): within one spec the loader refuses
-        all three."""
+        reads (the deploy would empty the other's input), and a source reading a file
+        another pipeline's sink writes (torn lines): within one spec the loader refuses
+        all three. The others are those running, deploying or stopping, and, if
+        ``stopped``, those stopped that `fogshift start` would go on with
+        (:meth:`Registry.ran`): a deploy that took such a one's file emptied its output or
+        input, and its start then found its sink's file another's (refused for good) or
+        its source's file rewritten under its position. ``start`` asks without them (two
+        stopped pipelines cannot both have been admitted so; a registry older than this
+        check may hold them).
+
+        Raises:
+            InvalidSpec: Such a file, with the other pipeline and what it does with it.
+        """
         # (Compared as files, not names: a hard link is one file under two names.)
         mine = {same_file(p): (e.id, p) for e in spec.elements if (p := output_file(e)) is not None}
         reads = {same_file(p): (e.id, p) for e in spec.elements if (p := input_file(e)) is not None}
@@ -568,28 +578,39 @@ class Deployment(Journal):
                         hint="give the sink a `path` elsewhere (the deploy empties that "
                         "file), e.g. under the home's runs/",
                     )
+        active = (PipelineState.RUNNING, PipelineState.DEPLOYING, PipelineState.STOPPING)
         for other in self.registry.pipelines():
-            if other.name == spec.pipeline or other.status not in (
-                PipelineState.RUNNING, PipelineState.DEPLOYING,
-            ):  # fmt: skip
+            resumable = (
+                stopped and other.status == PipelineState.STOPPED and self.registry.ran(other.name)
+            )
+            if other.name == spec.pipeline or (other.status not in active and not resumable):
                 continue
+            # How the other is made to let go of the file: a stopped one would take it up
+            # again at its start, so only its delete does.
+            away = (
+                f"`fogshift delete {other.name}` first (`fogshift start {other.name}` would "
+                "go on with that file)"
+                if resumable
+                else f"`fogshift stop {other.name}` first"
+            )
             for element in other.spec.elements:
                 # (their path, ours by path, our role and verb, theirs, expected, hint)
                 clashes = (
                     (input_file(element), mine, "sink writes", "source", "reads",
-                     "an output file no running pipeline reads",
-                     "give the sink another `path` (the deploy would empty that file), or "
-                     f"`fogshift stop {other.name}` first"),
+                     "an output file no other pipeline reads",
+                     f"give the sink another `path` (the deploy would empty that file), or "
+                     f"{away}"),
                     # A sink cuts a line it had not finished and writes it again when it is
                     # restored: a source tailing its file took the torn line for a row.
                     (output_file(element), reads, "source reads", "sink", "writes",
-                     "an input file no running pipeline writes",
+                     "an input file no other pipeline writes",
                      "join the pipelines into one (a PE's output is read exactly once "
-                     "through its stream), or read a finished copy of the file"),
+                     "through its stream), or read a finished copy of the file"
+                     + (f"; or {away}" if resumable else "")),
                     (output_file(element), mine, "sink writes", "sink", "writes",
-                     "an output file no running pipeline writes",
-                     f"give the sink another `path`, or `fogshift stop {other.name}` first "
-                     "(its output is then replaced)"),
+                     "an output file no other pipeline writes",
+                     f"give the sink another `path`, or {away}"
+                     + ("" if resumable else " (its output is then replaced)")),
                 )  # fmt: skip
                 for path, ours, doing, role, does, expected, hint in clashes:
                     if path is not None and (clash := ours.get(same_file(path))) is not None:
@@ -598,8 +619,8 @@ class Deployment(Journal):
                         named = f"{own!r}" if own == path else f"{own!r}, one file with {path!r}"
                         raise InvalidSpec(
                             f"{what} {pe!r} of pipeline {spec.pipeline!r} {verb} {named}, "
-                            f"which {role} {element.id!r} of running pipeline {other.name!r} "
-                            f"{does}",
+                            f"which {role} {element.id!r} of {other.status} pipeline "
+                            f"{other.name!r} {does}",
                             expected=expected,
                             received=path,
                             hint=hint,

@@ -46,6 +46,7 @@ from fogshift.orchestrator.registry import (
 )
 from fogshift.orchestrator.scaling import stale_inputs
 from fogshift.restoration.exceptions import RestoreFailed
+from fogshift.spec.exceptions import InvalidSpec
 from fogshift.spec.models import ElementSpec
 
 log = logging.getLogger("fogshift.orchestrator")
@@ -1353,6 +1354,18 @@ class Reconciler(Coordination):
                     received=", ".join(sorted(streams)) or "none of them",
                     hint=f"`fogshift delete {name}`, then `fogshift deploy SPEC` starts it afresh",
                 )
+            try:
+                # Another pipeline deployed meanwhile that writes or reads one of its files
+                # (a registry older than the deploy's refusal of stopped pipelines' files):
+                # its sink's file is the other's now, refused at every write.
+                self._refuse_shared_outputs(record.spec, stopped=False)
+            except InvalidSpec as exc:
+                raise Conflict(
+                    f"{refusal}: {exc.message}",
+                    expected=exc.expected,
+                    received=exc.received,
+                    hint=exc.hint,
+                ) from exc
             self.registry.set_status(name, PipelineState.RUNNING)
             try:
                 self.permissions.sync(self.registry)  # (the stop took its nodes' rights)

@@ -365,7 +365,17 @@ def test_a_sink_writing_a_running_pipelines_output_is_refused(
     assert answer.status_code == 422, answer.text
     assert "which sink 'sink' of running pipeline 'p' writes" in answer.json()["message"]
     assert "linked.csv', one file with '" in answer.json()["message"]  # (its own name too)
-    # Once it is stopped, the file may be taken over.
+    # Nor once it is stopped: `fogshift start p` would go on with the file the deploy
+    # emptied, its sink then refused as not the file's writer, for good.
+    orch.registry.set_status("p", "running")  # (its deploy completed)
+    orch.registry.set_status("p", "stopped")
+    answer = as_(app, OPERATOR).post("/pipelines", json={**spec, "pipeline": "b"})
+    assert answer.status_code == 422, answer.text
+    assert "which sink 'sink' of stopped pipeline 'p' writes" in answer.json()["message"]
+    assert "`fogshift delete p` first" in answer.json()["hint"]
+    # A stopped one whose deploy never completed has nothing to go on from: its file may
+    # be taken over.
+    orch.registry.set_status("p", "deploying")
     orch.registry.set_status("p", "stopped")
     orch.broker.close()  # (the deploy then fails at the broker, past the check)
     answer = as_(app, OPERATOR).post("/pipelines", json={**spec, "pipeline": "b"})

@@ -503,6 +503,23 @@ def test_start_is_refused_unless_the_pipeline_is_stopped_and_its_streams_stand(
     assert stream_name("p", "aggregate") in gone.value.message
     assert "`fogshift delete p`" in (gone.value.hint or "")
     assert orchestrator.registry.get_pipeline("p").status == "stopped"  # type: ignore[union-attr]
+    # Another pipeline took its files meanwhile (a registry older than the deploy's refusal
+    # of a stopped pipeline's files): started, its sink would find its file another's.
+    record = orchestrator.registry.get_pipeline("p")
+    assert record is not None
+    everything = [stream_name("p", e.id) for e in record.spec.elements]
+    monkeypatch.setattr(orchestrator.broker, "run", lambda _call, **_: everything)
+    on_c = [e.model_copy(update={"node": "fog-c"}) for e in record.spec.elements]
+    orchestrator.registry.put_pipeline(
+        record.spec.model_copy(update={"pipeline": "q", "elements": on_c}), "running"
+    )
+    with pytest.raises(Conflict) as taken:
+        orchestrator.start("p")
+    said = taken.value.message
+    assert said.startswith("cannot start pipeline 'p': sink 'sink' of pipeline 'p' writes")
+    assert "which sink 'sink' of running pipeline 'q' writes" in said, said
+    assert "`fogshift stop q` first" in (taken.value.hint or "")
+    assert orchestrator.registry.get_pipeline("p").status == "stopped"  # type: ignore[union-attr]
 
 
 def test_a_pe_placed_on_a_removed_node_is_restored_elsewhere_whatever_its_recovery(
