@@ -191,7 +191,7 @@ async def _last_marked(
     newest of them is the stream's last marked message: the key moves and states that
     follow it (a source's stream after every key move) are not stepped over one by one.
     """
-    marked = [s for s in subjects if s.endswith(MARKED_SUBJECTS)]
+    marked = _writers_subjects(subjects)
 
     async def last_on(subject: str) -> Any:
         try:
@@ -210,6 +210,15 @@ async def _last_marked(
     return newest
 
 
+def _writers_subjects(subjects: Iterable[str]) -> set[str]:
+    """Of a stream's configured ``subjects``, those its writer appends marked messages to:
+    named whole, not matched by their last token — a partition's node may publish on its
+    input's ``.state.<element>.*``, whose ``*`` may be ``data``."""
+    return {
+        s for s in subjects if s.endswith(MARKED_SUBJECTS) and not {"*", ">"} & set(s.split("."))
+    }
+
+
 async def read_tail(js: JetStreamContext, stream: str) -> StreamTail:
     """The tail of ``stream``: its last sequence and its last fogshift message.
 
@@ -224,12 +233,13 @@ async def read_tail(js: JetStreamContext, stream: str) -> StreamTail:
     first = int(info.state.first_seq or 0)
     if last == 0 or not info.state.messages:
         return StreamTail(last, 0, (0, -1), 0)
+    writers_subjects = _writers_subjects(info.config.subjects or [])
     seq = last
     while seq >= max(first, 1):
         if seq == last - 1:
             # The last message is not a writer's (a key move or state, usually): ask each
             # marked subject's last instead of stepping back (one round trip).
-            marked = await _last_marked(js, stream, info.config.subjects or [])
+            marked = await _last_marked(js, stream, writers_subjects)
             if marked is not None:
                 at, (position, epoch) = marked
                 return StreamTail(last, at, position, epoch)
@@ -247,9 +257,10 @@ async def read_tail(js: JetStreamContext, stream: str) -> StreamTail:
             continue
         # Only a writer's subject holds a writer's message: a partition's node may publish
         # on its input's `.keys.<id>` and `.state.<element>.*`, and one message there with a
-        # writer's headers (a position far ahead, an epoch far ahead) silenced or fenced the input's
-        # writer for good.
-        writers = msg.subject is not None and msg.subject.endswith(MARKED_SUBJECTS)
+        # writer's headers (a position far ahead, an epoch far ahead) silenced or fenced the
+        # input's writer for good — on `.state.<element>.data` too, which a match of the
+        # last token took for the writer's.
+        writers = msg.subject in writers_subjects
         found = _fogshift_headers(msg.headers) if writers else None
         if found is not None:
             return StreamTail(last, seq, found[0], found[1])

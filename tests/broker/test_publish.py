@@ -209,12 +209,19 @@ def test_a_writers_headers_on_a_partitions_subject_are_not_the_writers_tail(
     stream = stream_name("t", pe)
     js_client.run(lambda js: publish_records(js, "t", pe, records([1, 2, 3]), epoch=2))
     forged = {ORIGIN_HEADER: "999999999", INDEX_HEADER: "0", EPOCH_HEADER: str(forged_epoch)}
-    for subject in (key_state_subject("t", pe, "agg-p0"), state_subject("t", pe, 0)):
+    # (`.state.agg.data`: a partition of element agg may publish on `.state.agg.*`.)
+    subjects = (
+        key_state_subject("t", pe, "agg-p0"),
+        state_subject("t", pe, 0),
+        f"{state_subject('t', pe)}.agg.data",
+        f"{state_subject('t', pe)}.agg.fence",
+    )
+    for subject in subjects:
         js_client.run(lambda js, subject=subject: js.publish(subject, b"{}", headers=forged))
     tail = js_client.run(lambda js: publish.read_tail(js, stream))
     assert (tail.mark_seq, tail.position, tail.epoch) == (3, (3, 0), 2)
     assert js_client.run(lambda js: publish_records(js, "t", pe, records([3, 4]), epoch=2)) == 1
-    assert js_client.run(lambda js: publish.fence(js, "t", pe, 3)) == 7  # its marker, stored
+    assert js_client.run(lambda js: publish.fence(js, "t", pe, 3)) == 9  # its marker, stored
 
 
 def test_a_tail_behind_key_records_is_found_without_stepping_over_them(
