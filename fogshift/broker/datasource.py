@@ -654,6 +654,8 @@ class JetStreamReader(DataSourceStreamReader):
                 return ahead
             self._idle = True
         latest = self._available(client, begin, limit, cap)
+        if latest is None:
+            return start  # (no snapshot of merged inputs' tails now: the next look tries)
         if len(self.inputs) > 1:
             latest = self._clamped(client, begin, latest)
         if latest == begin:
@@ -941,10 +943,13 @@ class JetStreamReader(DataSourceStreamReader):
         begin: dict[str, int],
         limit: ReadLimit,
         cap: dict[str, int] | None,
-    ) -> dict[str, int]:
-        """Every input's end for the next batch: what is stored, within the limit and cap."""
+    ) -> dict[str, int] | None:
+        """Every input's end for the next batch: what is stored, within the limit and cap
+        (``None``: merged inputs' tails that never stood still, see :meth:`_tails`)."""
         latest: dict[str, int] = {}
         tails = self._tails(client)
+        if tails is None:
+            return None
         for name in self.inputs:
             stream = stream_name(self.pipeline, name)
             last = tails[name]
@@ -963,13 +968,18 @@ class JetStreamReader(DataSourceStreamReader):
             latest[name] = last
         return latest
 
-    def _tails(self, client: SyncJetStream) -> dict[str, int]:
+    def _tails(self, client: SyncJetStream) -> dict[str, int] | None:
         """Every input's last sequence. With merged partitions (see :meth:`read`), a
         snapshot: collected again until two collects agree, so the tails were all as read
         at one moment. A key moved between partitions has its last records on the origin
         stored before its state, and its first on the target after the target read that
         state; a cut that holds the latter then holds the former, and the merge puts them in
         order. (Which is also why a partition's range is never cut short by the read limit.)
+        ``None`` when :data:`SNAPSHOT_TRIES` collects never agreed: no batch is cut from
+        them (one that held a moved key's first record on the target but not its last on
+        the origin would merge them out of order, and every replay of its logged cut
+        would too); the next look tries again (the partitions write in batches, so their
+        tails stand still between them).
         """
 
         async def last_seqs(js: Any) -> list[int]:
@@ -993,9 +1003,11 @@ class JetStreamReader(DataSourceStreamReader):
             if self.merged:
                 # Not a snapshot: a key moving now could reach this PE out of order.
                 log.warning(
-                    "%s/%s: its merged inputs' tails never stood still over %d reads; the "
-                    "last read is used", self.pipeline, self.pe, SNAPSHOT_TRIES,
+                    "%s/%s: its merged inputs' tails never stood still over %d reads; no "
+                    "batch is cut from them, the next look tries again",
+                    self.pipeline, self.pe, SNAPSHOT_TRIES,
                 )  # fmt: skip
+                return None
         return tails
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:

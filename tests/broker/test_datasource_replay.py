@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from fogshift.broker import datasource, publish
 from fogshift.broker.client import (
@@ -270,8 +270,12 @@ class _Tails:
         return asyncio.run(make(SimpleNamespace(stream_info=stream_info)))
 
 
+async def _no_cut(js: Any, **_: Any) -> None:
+    return None
+
+
 def test_merged_partitions_tails_are_read_in_one_round_trip_and_a_moving_read_is_told(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reader = JetStreamReader.__new__(JetStreamReader)
     reader.pipeline, reader.pe = "p", "sink"
@@ -280,8 +284,17 @@ def test_merged_partitions_tails_are_read_in_one_round_trip_and_a_moving_read_is
     still = _Tails(grow=False)
     assert reader._tails(still) == {"agg-p0": 7, "agg-p1": 7}
     assert still.trips == 2  # two collects that agree, each one round trip for both tails
+    # Tails that never stood still are no snapshot: no batch is cut from them (it could
+    # hold a moved key's first record on its target, not its last on its origin).
     busy = _Tails(grow=True)
     with caplog.at_level("WARNING"):
-        reader._tails(busy)
+        assert reader._tails(busy) is None
     assert busy.trips == datasource.SNAPSHOT_TRIES + 1
     assert "never stood still" in caplog.text
+    reader.gate, reader.partition, reader._parts_ahead = None, None, None
+    reader._reads_ahead, reader._idle = False, True
+    monkeypatch.setattr(datasource, "shared_client", lambda _broker: _Tails(grow=True))
+    monkeypatch.setattr(datasource, "next_cut", _no_cut)
+    reader.broker = None
+    start = datasource.offset({"agg-p0": 0, "agg-p1": 0}, cut=0)
+    assert reader._latest_cut(start, ReadAllAvailable()) == start
