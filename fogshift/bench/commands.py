@@ -12,6 +12,7 @@ Run a command on its own with ``python -m fogshift.bench.commands e1 --quick --o
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shlex
 import shutil
@@ -19,7 +20,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -123,15 +124,14 @@ def _session(
     )
     reporter = Reporter(console)
     started = time.monotonic()
-    completed = False
-    # SIGTERM (e.g. `timeout`) must still stop the clusters and render what was measured.
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    completed = interrupted = False
     try:
-        with reporter.session():
+        with terminable(), reporter.session():
             body(Clusters(root), reporter)
         completed = True
+    except KeyboardInterrupt:
+        interrupted = True  # (what was measured is rendered below, then exit 130)
     finally:
-        signal.signal(signal.SIGTERM, previous)
         record_command(
             out, command, experiments, at_start, time.monotonic() - started, completed, append
         )
@@ -143,10 +143,25 @@ def _session(
             + ("" if completed else ", incomplete")
             + ")"
         )
+    if interrupted:
+        # As a shell reports a ^C (the README's exit codes); click said "Aborted!", exit 1.
+        raise typer.Exit(130)
 
 
 def _terminate(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def terminable() -> Iterator[None]:
+    """SIGTERM (e.g. `timeout`) ends the block as an exception does, exit 143: its clean-up
+    runs (the clusters or broker it started stopped, what was measured rendered), where the
+    signal's default action left them behind."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def register(bench_app: typer.Typer) -> None:

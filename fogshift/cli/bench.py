@@ -227,5 +227,17 @@ def dataplane(
         settings = dataclasses.replace(settings, runs=runs)
         if broker_sync is not None:
             settings = dataclasses.replace(settings, broker_sync=broker_sync)
-        path = bench.run(out, settings, log=console.log)
+        from fogshift.bench.commands import terminable
+
+        try:
+            # (Its broker runs in a session of its own: SIGTERM's default action left it
+            # running, and the bench's folder behind.)
+            with terminable():
+                path = bench.run(out, settings, log=console.log)
+        except KeyboardInterrupt:
+            console.print(
+                f"[yellow]interrupted[/]: {out / 'dataplane.csv'} keeps the runs measured; "
+                f"`fogshift bench dataplane --out {out} --report-only` reports them"
+            )
+            raise typer.Exit(130) from None
     console.print(f"results: {path}")

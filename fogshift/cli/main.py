@@ -1172,7 +1172,7 @@ def migrate(
         raise InvalidInput(
             "migrate needs the node to move to",
             expected="--to NODE",
-            received="no --to" if to is None else f"--to {to!r}",
+            received="no node (--to missing or empty)",  # (its default is "": one or other)
             hint="`fogshift nodes` lists the nodes, `fogshift status PIPELINE` where each PE runs",
         )
     # (Split and stripped, a key such as " s1" or "a,b" was sent as another that does not

@@ -493,6 +493,8 @@ class OrchestratorCore:
             raise UnknownNode(
                 f"node {name!r} has never registered",
                 expected="one of " + (", ".join(self.node_names()) or "(none)"),
+                received=repr(name),
+                hint="`fogshift nodes` lists the nodes",
             )
         with self._lock:
             client, pid = self._agents.get(name, (None, None))

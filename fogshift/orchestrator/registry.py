@@ -378,6 +378,8 @@ def _placeable(db: sqlite3.Connection, pipeline: str, placed: list[tuple[str, st
             raise UnknownNode(
                 f"node {node!r} was removed from the cluster: {pipeline}/{element} cannot be "
                 "placed there",
+                expected="a node of the cluster",
+                received=f"{node!r}, removed",
                 hint="choose another node (`fogshift nodes` lists them), or add it again "
                 f"with `fogshift up --nodes` naming every node and {node}",
             )

@@ -190,6 +190,8 @@ class Scaling(KeyMoves):
                     raise Conflict(
                         f"cannot carry on scale {resume.id} of {pipeline}/{element_id}: it "
                         f"ended meanwhile ({entry.outcome})",
+                        expected="a scale left unfinished",
+                        received=f"scale {resume.id}, {entry.outcome}",
                         hint="nothing to do: a newer scale or a round before this one saw to it",
                     )
             progress = _Progress()
@@ -518,6 +520,8 @@ class Scaling(KeyMoves):
                 raise Conflict(
                     f"cannot retire {', '.join(sorted(retired))} of {pipeline}: the pipeline "
                     "was deployed afresh meanwhile",
+                    expected=f"partitions {', '.join(sorted(retired))} of the scale's run",
+                    received="a spec without them (the pipeline deployed afresh)",
                     hint="scale it again if it should have fewer partitions",
                 )
             return _respec(spec, [
@@ -657,6 +661,8 @@ class Scaling(KeyMoves):
                     f"cannot scale {pipeline}/{of}: its partitions changed while the scale "
                     f"placed them ({', '.join(sorted(old))} before, now "
                     f"{', '.join(sorted(i for i in present if i in ids or i in old))})",
+                    expected=f"partitions {', '.join(sorted(old))} and none of the new",
+                    received=", ".join(sorted(present)),
                     hint="the pipeline was stopped or deployed afresh meanwhile: scale it again",
                 )
             elements: list[ElementSpec] = []

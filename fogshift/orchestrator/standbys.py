@@ -457,6 +457,8 @@ class Standbys(Deployment):
                     raise MigrationInProgress(
                         f"node {name!r} is not removed: its standby of {key[0]}/{key[1]} "
                         f"cannot be moved now ({exc.message}); {done}",
+                        expected="no other operation holding the PE",
+                        received=exc.message,
                         hint="wait for that operation to end, then remove the node again",
                     ) from exc
             held = self.holds(name)

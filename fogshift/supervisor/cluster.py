@@ -2007,7 +2007,8 @@ def isolated_node(home: Path, node: str) -> IsolatedNode:
 
     Raises:
         NotUp: No cluster runs there.
-        NotIsolated: The cluster was not started with ``--isolate``, or has no such node.
+        NotIsolated: The cluster was not started with ``--isolate``.
+        UnknownNode: It has no node ``node``.
     """
     cluster, _ = load_cluster(home)
     if not cluster.network:
@@ -2019,7 +2020,9 @@ def isolated_node(home: Path, node: str) -> IsolatedNode:
             hint="`fogshift down`, then `fogshift up --isolate`",
         )
     if node not in cluster.network:
-        raise NotIsolated(
+        # (A name not there is the user's typo, not the cluster's lack of isolation: exit
+        # 1 and `unknown_node`, as `remove-node` and `migrate --to` say it.)
+        raise UnknownNode(
             f"no isolated node {node!r} in the cluster under {str(home)!r}",
             expected="one of " + ", ".join(cluster.network),
             received=repr(node),
@@ -2051,7 +2054,7 @@ def node_rtt(home: Path, node: str, samples: int = 5, timeout_s: float = 5.0) ->
 
     Raises:
         LinkDown: The link is partitioned or its relay is gone.
-        NotUp / NotIsolated: See :func:`isolated_node`.
+        NotUp / NotIsolated / UnknownNode: See :func:`isolated_node`.
     """
     isolated = isolated_node(home, node)
     host, port = isolated.routes["echo"]

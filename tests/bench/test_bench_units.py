@@ -763,3 +763,35 @@ def test_dataplane_runs_alternate_the_cases_and_report_medians_and_ranges(tmp_pa
     text = dataplane.render(tmp_path).read_text()
     assert "Medians of" not in text
     assert "| per-hop p50 (ms) | 250 | 200 | 1.25x |" in text
+
+
+@pytest.mark.parametrize("stop", ["interrupt", "sigterm"])
+def test_a_bench_stopped_renders_what_it_measured_and_exits_as_a_shell_says(
+    tmp_path: Path, stop: str
+) -> None:
+    # ^C exits 130 and SIGTERM (`timeout`) 143, as the README's exit codes say: the first
+    # left click's "Aborted!" and exit 1, the second (outside a cluster session) its
+    # broker running. Either way the session's clean-up runs: what was measured rendered.
+    import os
+    import signal
+
+    rendered: list[Path] = []
+
+    def body(clusters: Any, reporter: Any) -> None:
+        if stop == "interrupt":
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def render(out: Path) -> Path:
+        rendered.append(out)
+        return out / "results.md"
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises((typer.Exit, SystemExit)) as ended:
+        commands._session(tmp_path / "out", tmp_path / "work", ("e1",), body, render)
+    code = getattr(ended.value, "exit_code", None) or getattr(ended.value, "code", None)
+    assert code == (130 if stop == "interrupt" else 143)
+    assert rendered == [tmp_path / "out"]
+    assert signal.getsignal(signal.SIGTERM) == before
+    machine = json.loads((tmp_path / "out" / "machine.json").read_text())
+    assert machine["commands"][-1]["completed"] is False

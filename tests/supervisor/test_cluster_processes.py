@@ -1073,3 +1073,26 @@ def test_a_request_to_a_stopped_orchestrator_is_given_up_before_its_timeout(
     finally:
         listener.kill()
         listener.wait()
+
+
+def test_a_link_of_a_node_not_there_is_an_unknown_node_not_a_cluster_without_isolation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `net partition fog-z` on an isolated cluster: a typo (exit 1, `unknown_node`, as
+    # `remove-node` says it), where it said `not_isolated` (exit 2) as if the cluster had
+    # no links at all.
+    from types import SimpleNamespace
+
+    from fogshift.network.exceptions import NotIsolated
+    from fogshift.orchestrator.exceptions import UnknownNode
+
+    isolated = SimpleNamespace(network={"fog-a": "its link"})
+    monkeypatch.setattr(cluster_ops, "load_cluster", lambda home: (isolated, None))
+    with pytest.raises(UnknownNode, match="no isolated node 'fog-z'") as typo:
+        cluster_ops.isolated_node(tmp_path, "fog-z")
+    assert (typo.value.expected, typo.value.received) == ("one of fog-a", "'fog-z'")
+    assert cluster_ops.isolated_node(tmp_path, "fog-a") == "its link"
+    plain = SimpleNamespace(network={})
+    monkeypatch.setattr(cluster_ops, "load_cluster", lambda home: (plain, None))
+    with pytest.raises(NotIsolated, match="without isolation"):
+        cluster_ops.isolated_node(tmp_path, "fog-a")
