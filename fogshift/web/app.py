@@ -508,6 +508,9 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         except FogshiftError as err:
             return page(request, "login.html", {"error": err, "poll_error": None},
                         err.http_status)  # fmt: skip
+        # The session this browser had ends: a login again (a cookie thought leaked) left
+        # the old one valid for its 12 hours.
+        sessions.logout(request.cookies.get(cookie_name(request.url.port)))
         response = page(request, "welcome.html", {"poll_error": None})
         # Secure when reached over TLS (a proxy in front that says so: uvicorn takes its
         # X-Forwarded-Proto from a local one; one elsewhere: --tls-proxy), so the browser

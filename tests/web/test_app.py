@@ -40,7 +40,7 @@ from fogshift.contracts import (
 from fogshift.exceptions import Conflict, FogshiftError, InvalidInput, NotFound, Unavailable
 from fogshift.migration.exceptions import MigrationFailed
 from fogshift.web.app import MAX_BODY_BYTES, MAX_SPEC_BYTES, DashboardConfig, create_app
-from fogshift.web.auth import COOKIE, Sessions
+from fogshift.web.auth import COOKIE, Sessions, cookie_name
 from fogshift.web.history import History, Sampler
 from tests.web.test_graph import element
 from tests.web.test_history import node
@@ -1067,3 +1067,17 @@ def test_dashboards_on_two_ports_keep_a_cookie_each(
         assert sorted(both) == ["fogshift_session_8765", "fogshift_session_8766"]
         first.cookies.update(both)  # what a browser sends to 127.0.0.1, whatever the port
         assert first.get("/pipelines", follow_redirects=False).status_code == 200
+
+
+def test_a_login_again_ends_the_session_the_browser_had(
+    web: TestClient, sessions: Sessions
+) -> None:
+    # Logging in again (a cookie thought leaked) left the old session valid for 12 h.
+    logged_in(web, sessions)
+    old = web.cookies.get(cookie_name(8765))
+    assert old and sessions.valid(old)
+    again = web.post("/login", data={"token": TOKEN}, follow_redirects=False)
+    assert again.status_code == 200
+    new = web.cookies.get(cookie_name(8765))
+    assert new and new != old and sessions.valid(new)
+    assert not sessions.valid(old)

@@ -23,6 +23,15 @@ def test_the_login_link_works_once_and_the_operator_token_always() -> None:
         sessions.login("operator-token-" + "x" * 19 + "y")
 
 
+def test_an_empty_operator_token_logs_nobody_in() -> None:
+    # (A token file emptied by hand or damage: an empty form field logged in.)
+    sessions = Sessions(operator_token="")
+    for token in ("", " "):
+        with pytest.raises(BadLogin):
+            sessions.login(token)
+    assert sessions.valid(sessions.login(sessions.login_token))  # the link still works
+
+
 def test_sessions_end_at_logout_and_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     sessions = Sessions(operator_token="t" * 32, idle_s=60)
     clock = [1000.0]
