@@ -169,11 +169,13 @@ def ends_batch(exc: BaseException) -> bool:
     this says. (Only ``Exception``, ``SystemExit`` and ``GeneratorExit`` were caught: a
     ``CancelledError`` or ``KeyboardInterrupt`` from one event failed its PE for good, a
     review found.)"""
-    if isinstance(exc, _EventTimedOut):
+    # (By its real type: isinstance reads `__class__`, which an exception class of the
+    # processor's own may make raise — as any attribute, vars() included.)
+    if issubclass(type(exc), _EventTimedOut):
         return True
-    try:  # (an exception class of the processor's own may make any attribute raise)
+    try:
         return bool(vars(exc).get(_CALLERS, False))
-    except Exception:
+    except BaseException:
         return False
 
 
@@ -295,10 +297,11 @@ def _as_reason(reason: object) -> str:
     raise ``DeadLetter`` with anything (an exception, ``None``), and a message may hold a
     lone surrogate (an input's text quoted), which no UTF-8 encoder takes (a batch that
     failed at every retry)."""
-    if isinstance(reason, str):
-        text = reason
-    elif isinstance(reason, BaseException):
-        text = _describe(reason)
+    # (By its real type: isinstance reads `__class__`, a user object's own code.)
+    if issubclass(type(reason), str):
+        text = str.__str__(reason)  # type: ignore[arg-type]
+    elif issubclass(type(reason), BaseException):
+        text = _describe(reason)  # type: ignore[arg-type]
     else:
         try:
             text = str(reason)
@@ -359,7 +362,15 @@ def _encode(
     body: Mapping[str, Any]
     total = 0
     for n, out in enumerate(outputs):
-        if not isinstance(out, (Event, Mapping)):
+        try:
+            # (isinstance reads `__class__` of an object not exactly a dict or an Event:
+            # the processor's own code, which may raise anything.)
+            accepted = isinstance(out, (Event, Mapping))
+        except BaseException as exc:
+            if ends_batch(exc):
+                raise
+            accepted = False
+        if not accepted:
             raise _Rejected(
                 f"processor {pe!r} returned output {n} of type {type(out).__name__}; "
                 "expected a dict (a body) or an Event",

@@ -651,6 +651,22 @@ class OwnBase(BaseException):
     """A processor's own ``BaseException``."""
 
 
+class ClassRaises(Exception):
+    """An exception whose ``__class__`` (read by isinstance) runs code that quits."""
+
+    @property  # type: ignore[override]
+    def __class__(self) -> type:
+        raise KeyboardInterrupt("asked for its class")
+
+
+class ReasonClassRaises:
+    """A dead letter's reason whose ``__class__`` raises."""
+
+    @property  # type: ignore[override]
+    def __class__(self) -> type:
+        raise ValueError("asked for its class")
+
+
 class ExitsInStr(Exception):
     def __str__(self) -> str:
         raise SystemExit("a library exception whose text exits")
@@ -688,6 +704,10 @@ ODD_REASONS: dict[str, Callable[[], BaseException]] = {
     # Two that escaped while their reason was written (the batch failed at every retry).
     "exits in str": lambda: ExitsInStr(),
     "reason raises": lambda: ReasonRaises("x"),
+    # Three that escaped where isinstance read their `__class__` (a review's finding).
+    "class raises": lambda: ClassRaises("x"),
+    "reason's class raises": lambda: DeadLetter(ReasonClassRaises()),  # type: ignore[arg-type]
+    "dead letter's class raises": lambda: DeadLetterClassRaises("x"),
 }
 
 
@@ -705,13 +725,27 @@ class ExitingBody(Mapping[str, Any]):
         return 1
 
 
+class DeadLetterClassRaises(DeadLetter):
+    @property  # type: ignore[override]
+    def __class__(self) -> type:
+        raise SystemExit("asked for its class")
+
+
+class ClassRaisingBody(dict):  # type: ignore[type-arg]
+    """An output, a dict of the processor's own, whose ``__class__`` quits."""
+
+    @property  # type: ignore[override]
+    def __class__(self) -> type:
+        raise KeyboardInterrupt("asked for its class")
+
+
 class ExitingSeq:
     def __int__(self) -> int:
         raise SystemExit(3)
 
 
 @pytest.mark.parametrize("stateful", [True, False])
-@pytest.mark.parametrize("output", ["mapping", "event seq"])
+@pytest.mark.parametrize("output", ["mapping", "event seq", "class"])
 def test_an_output_whose_encoding_exits_is_a_dead_letter(output: str, stateful: bool) -> None:
     # Only Exception was caught there: the SystemExit escaped the batch, which failed at
     # every retry, the event never dead-lettered.
@@ -721,6 +755,8 @@ def test_an_output_whose_encoding_exits_is_a_dead_letter(output: str, stateful: 
                 return {"v": event.body["v"]}
             if output == "mapping":
                 return ExitingBody()
+            if output == "class":
+                return [ClassRaisingBody(v=0)]  # (one output alone is asked for its type first)
             return Event(seq=ExitingSeq(), timestamp=0.0, creator="x", body={"v": 0})  # type: ignore[arg-type]
 
     class ExitsKept(Exits):
@@ -734,7 +770,11 @@ def test_an_output_whose_encoding_exits_is_a_dead_letter(output: str, stateful: 
         records = list(run_events(Exits.build({}, "x", None), rows))
     events, dead = split(records)
     assert [body for _, _, body in events] == ['{"v":1}', '{"v":3}']
-    assert list(dead) == [2] and "cannot be encoded (SystemExit" in dead[2], dead
+    assert list(dead) == [2], dead
+    if output == "class":
+        assert "returned output 0 of type ClassRaisingBody; expected a dict" in dead[2], dead
+    else:
+        assert "cannot be encoded (SystemExit" in dead[2], dead
 
 
 @pytest.mark.parametrize("stateful", [True, False])
