@@ -80,6 +80,16 @@ def _rows(value: dict[str, Any]) -> int:
     return int(value["row"])
 
 
+#: The most bytes :meth:`LineIndex.refresh` reads at once.
+SCAN_BYTES = 8 * 2**20
+
+#: A data row longer than this many times ``max_record_bytes`` is a dead letter unread: no
+#: event of it could fit (its cells' JSON is longer than the row but for numbers written
+#: with many leading zeros), and reading it as CSV costs several times its size (a line of
+#: commas ~9x: a worker's OOM at a few hundred MB).
+ROW_READ_FACTOR = 8
+
+
 class LineIndex:
     r"""Byte offsets of the lines of an append-only file, scanned on from where it stopped.
 
@@ -110,16 +120,23 @@ class LineIndex:
                 f"source file {self.path} shrank from {self.size} to {stat.st_size} bytes",
                 hint="a csv-source reads a file that is only appended to",
             )
+        # In pieces of at most SCAN_BYTES: a file appended by gigabytes at once (a backlog
+        # copied in) was read whole into the reader's memory to find its line ends.
+        line_start, at = self.end, self.end
         with open(self.path, "rb") as handle:
             handle.seek(self.end)
-            data = handle.read(stat.st_size - self.end)
-        pieces = data.split(b"\n")  # the last piece is the new tail (maybe empty)
-        pos = self.end
-        for piece in pieces[:-1]:
-            self.starts.append(pos)
-            pos += len(piece) + 1
-        self.end = pos
-        self.size = stat.st_size
+            while at < stat.st_size:
+                data = handle.read(min(SCAN_BYTES, stat.st_size - at))
+                if not data:
+                    break  # (cannot happen to a file only appended to; what was read counts)
+                newline = data.find(b"\n")
+                while newline != -1:
+                    self.starts.append(line_start)
+                    line_start = at + newline + 1
+                    newline = data.find(b"\n", newline + 1)
+                at += len(data)
+        self.end = line_start
+        self.size = at
 
     @property
     def tail_ready(self) -> bool:
@@ -293,6 +310,13 @@ class CsvSourceReader(DataSourceStreamReader):
 
     def _row(self, k: int, raw: bytes, header: list[str], now: float) -> tuple:
         """The record of data row ``k`` (``raw``: its bytes without the line end)."""
+        if len(raw) > ROW_READ_FACTOR * self.max_record_bytes:
+            reason = (
+                f"row {k} is {len(raw)} bytes, over {ROW_READ_FACTOR} times the record limit "
+                f"of {self.max_record_bytes} bytes (max_record_bytes): not read as CSV"
+            )
+            kept = raw[: self.max_record_bytes].decode("utf-8", errors="backslashreplace")
+            return self._dead(k, kept, reason, now, total=len(raw))
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -328,13 +352,16 @@ class CsvSourceReader(DataSourceStreamReader):
             return self._dead(k, line, reason, now)
         return (k, 0, k, now, self.pe, body, None)
 
-    def _dead(self, k: int, line: str, reason: str, now: float) -> tuple:
+    def _dead(self, k: int, line: str, reason: str, now: float, total: int | None = None) -> tuple:
+        """A dead letter of row ``k`` (``line``; ``total``: its whole length, if ``line`` is
+        a part of it)."""
         # Cut first to what could fit (a character is a byte at least in the record): the
         # whole of a huge line escaped, measured and cut cost ~9x its size (a worker's OOM).
         kept = line[: self.max_record_bytes]
         body, reason = fit_dead_letter(
-            k, now, self.pe, json.dumps({"line": kept}), reason, self.max_record_bytes, len(line)
-        )
+            k, now, self.pe, json.dumps({"line": kept}), reason, self.max_record_bytes,
+            len(line) if total is None else total,
+        )  # fmt: skip
         return (k, 0, k, now, self.pe, body, reason)
 
 

@@ -161,6 +161,59 @@ def test_a_huge_line_costs_a_dead_letters_size_not_many_times_its_own(tmp_path: 
     assert peak < 4 * size + 16 * 2**20, peak / size
 
 
+def test_a_row_many_times_the_record_limit_is_a_dead_letter_unread(tmp_path: Path) -> None:
+    # A line of commas read as CSV cost ~9x its size (a cell object each): a few hundred
+    # MB of it ran a worker out of memory at every retry, with no dead letter. One over
+    # ROW_READ_FACTOR times the record limit could never be an event: it is not parsed.
+    import tracemalloc
+
+    from fogshift.runtime.csv_io import ROW_READ_FACTOR
+
+    limit = 2**13  # (the bound under csv's own field limit: the row below is parsed)
+    size = ROW_READ_FACTOR * limit * 4
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\na,1\n" + b"," * size + b"\nc,3\n")
+    source = reader(data, max_record_bytes=limit)
+    end = source.latestOffset(source.initialOffset(), source.getDefaultReadLimit())
+    (partition,) = source.partitions(source.initialOffset(), end)
+    tracemalloc.start()
+    try:
+        rows = list(source.read(partition))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(r[0], r[6] is None) for r in rows] == [(1, True), (2, False), (3, True)]
+    assert rows[1][6].startswith(f"row 2 is {size} bytes, over {ROW_READ_FACTOR} times")
+    assert fits(rows[1], limit) and f"[cut: {size} characters in all]" in rows[1][5]
+    assert peak < 3 * size, peak / size  # (the file's bytes and the line's: no parse)
+    # Just under the bound, a row is read as CSV as ever: its cells counted.
+    under = tmp_path / "under.csv"
+    under.write_bytes(b"name,value\n" + b"x" * (ROW_READ_FACTOR * limit - 2) + b",1\n")
+    (row,) = read_all(under, max_record_bytes=limit)
+    assert "over the limit of" in row[6], row[6]  # (encoded: over the limit, not unread)
+
+
+def test_the_index_scans_a_large_append_in_pieces_to_the_same_line_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file appended by gigabytes at once was read whole to find its line ends.
+    from fogshift.runtime import csv_io
+
+    monkeypatch.setattr(csv_io, "SCAN_BYTES", 7)
+    data = tmp_path / "in.csv"
+    text = b"name,value\n" + b"".join(b"k%d,%d\n" % (i, i * 37) for i in range(50)) + b"tail,9"
+    data.write_bytes(text[:40])
+    index = LineIndex(str(data), settle_s=60)
+    index.refresh()
+    with data.open("ab") as out:
+        out.write(text[40:])
+    index.refresh()
+    ends = [n + 1 for n, byte in enumerate(text) if byte == ord("\n")]
+    expected = [0, *ends[:-1]]
+    assert index.starts == expected
+    assert (index.end, index.size) == (text.rindex(b"\n") + 1, len(text))
+
+
 def test_a_row_over_the_record_limit_is_a_dead_letter(tmp_path: Path) -> None:
     data = tmp_path / "in.csv"
     data.write_text(f"name,value\na,1\n{'é' * 500},2\nc,3\n")
