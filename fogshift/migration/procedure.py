@@ -605,16 +605,22 @@ def _restart_fenced(
 ) -> None:
     """Fence the PE under a new epoch and start the origin again under it, from its own
     checkpoint (a running or paused query keeps its epoch: it is stopped first; unknown
-    there, its agent restarted and forgot it, and it is started afresh)."""
+    there, its agent restarted and forgot it, and it is started afresh). A start the agent
+    took but whose query failed (its answer's state) is ``result.halted``, as a resume's
+    is: the report said "runs on the origin again" of a PE that had failed there."""
     origin_name, origin_agent = origin
     result.epoch = fence()
     with contextlib.suppress(UnknownElement):
         origin_agent.delete(path)
     placed = element.model_copy(update={"node": origin_name}).model_dump(mode="json")
-    origin_agent.put(path, json={"element": placed, "fresh": False, "epoch": result.epoch})
+    said = origin_agent.put(path, json={"element": placed, "fresh": False, "epoch": result.epoch})
     result.notes.append(
         f"the PE was fenced under epoch {result.epoch} and the origin restarted under it"
     )
+    state = said.get("state") if isinstance(said, dict) else None
+    if state in (PEState.FAILED, PEState.FENCED, PEState.STOPPED):
+        result.halted = f"{state} ({said.get('error')})"
+        result.notes.append(f"the origin on {origin_name} is {result.halted}")
 
 
 class _NoInput(Exception):

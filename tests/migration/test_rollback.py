@@ -50,6 +50,31 @@ def test_a_fence_that_raises_anything_is_reported_not_raised(fence: Callable[[],
     assert agents["fog-a"].received("POST", HERE + "/resume") == []
 
 
+@pytest.mark.parametrize("origin_state", ["failed", "running"])
+def test_a_rollback_that_restarts_the_origin_says_whether_its_query_runs(
+    origin_state: str,
+) -> None:
+    # The target could not be discarded, so the origin was fenced and restarted: the agent
+    # takes a start whose query fails (its answer's state), and the rollback said "runs on
+    # fog-a again" of a PE that had failed there.
+    with standins("fog-a", "fog-b") as agents:
+        agents["fog-b"].fail("DELETE", HERE)
+        error = "ValueError: no field 'value'"
+        agents["fog-a"].answer("PUT", HERE, body={
+            "pipeline": "p", "element": "aggregate", "state": origin_state,
+            "error": error if origin_state == "failed" else None})  # fmt: skip
+        clients = {n: ServiceClient(a.url, "t" * 32, n) for n, a in agents.items()}
+        undone = roll_back("p", ELEMENT, ("fog-a", clients["fog-a"]),
+                           ("fog-b", clients["fog-b"]), 1, lambda: 2)  # fmt: skip
+    assert undone.resumed and undone.epoch == 2, undone
+    assert len(agents["fog-a"].received("PUT", HERE)) == 1
+    if origin_state == "failed":
+        assert undone.halted == f"failed ({error})", undone
+        assert f"the origin on fog-a is failed ({error})" in undone.notes, undone
+    else:
+        assert undone.halted is None, undone
+
+
 class _DiesOnceTheTargetIsLive(ServiceClient):
     """The origin's agent, whose node goes down once the target's gate has opened."""
 
