@@ -199,6 +199,8 @@ class Scaling(KeyMoves):
                 report = self._scale(pipeline, element_id, parts, partitions, placed, started,
                                      timeout_s, waves, sections, progress)  # fmt: skip
             except (Unavailable, BrokerError, Conflict) as exc:
+                if progress.unsure and resume is None:
+                    raise _carried_on(exc, pipeline, element_id, partitions, unsure=True) from exc
                 if resume is None and progress.rescaled and not isinstance(exc, Conflict):
                     # The rescale stands (keys moved by it): ended here, the partitions it
                     # retires would stay placed, running, owning nothing (one fenced and
@@ -329,8 +331,16 @@ class Scaling(KeyMoves):
                     pipeline, element_id, parts, partial(_rescale, element_id, partitions),
                     f"scale {pipeline}/{element_id}", listed,
                 )  # fmt: skip
-            except (InvalidInput, Unavailable) as exc:  # (refusals; a broker away too)
+            except InvalidInput as exc:  # (refusals: nothing stored)
                 raise self._unfinished_scale(exc, pipeline, element_id, owners.count) from exc
+            except Unavailable:
+                # Maybe stored: in the first of several inputs before the others stood
+                # still, or acknowledged too late. Ended as failed, a rescale that stood
+                # left the partitions it retires placed, running, owning nothing; left
+                # open, the reconciler's rounds carry the scale on (appending the record
+                # where it is not, by the moves stored).
+                progress.unsure = True
+                raise
             progress.rescaled = True
             log.info("rescaled %s/%s to %d partitions at %d: %d keys move (%d ahead)",
                      pipeline, element_id, partitions, at, len(move.keys), len(ahead))  # fmt: skip
@@ -805,14 +815,20 @@ class _Progress:
     """How far a scale got: whether its rescale record stands (stored by it or before)."""
 
     rescaled: bool = False
+    #: Its append of the rescale record met a broker away: it may stand.
+    unsure: bool = False
 
 
-def _carried_on(exc: FogshiftError, pipeline: str, element_id: str, count: int) -> FogshiftError:
-    """``exc``, a step after the rescale record stood, saying that the scale's entry stays
-    open for the reconciler's rounds to carry it on."""
+def _carried_on(
+    exc: FogshiftError, pipeline: str, element_id: str, count: int, unsure: bool = False
+) -> FogshiftError:
+    """``exc``, a step after the rescale record stood (``unsure``: its append met a broker
+    away, and it may), saying that the scale's entry stays open for the reconciler's rounds
+    to carry it on."""
+    stored = "may be stored (its append met the broker away)" if unsure else "is stored"
     return _saying(
         exc,
-        f"the rescale of {pipeline}/{element_id} to {count} partitions is stored: the "
+        f"the rescale of {pipeline}/{element_id} to {count} partitions {stored}: the "
         "orchestrator carries the scale on by itself once that clears",
         f"{exc.hint or 'nothing to do'}; `fogshift status {pipeline}` shows the partitions "
         "(or ask the same scale again)",

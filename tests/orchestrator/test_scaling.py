@@ -476,6 +476,32 @@ def test_a_refused_rescale_record_says_which_added_partitions_run(
     assert orch.registry.unfinished_scales() == []
 
 
+def test_a_rescale_record_whose_append_met_the_broker_away_is_carried_on(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stored in the first of several inputs, or acknowledged too late, the record may
+    stand: ended as failed, the partitions its rescale retires stayed placed, running and
+    owning nothing (a review's finding). Left open, the reconciler carries it on."""
+    from fogshift.broker.exceptions import BrokerUnavailable
+    from fogshift.broker.keys import Ownership
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(2))
+    monkeypatch.setattr(orch, "_listed_keys", lambda *args: Listing(set(), {}))
+
+    def away(*args: Any) -> None:
+        raise BrokerUnavailable("the broker cannot be reached")
+
+    monkeypatch.setattr(orch, "_append_listed", away)
+    with pytest.raises(BrokerUnavailable) as failed:
+        orch.scale("p", "aggregate", 3, ["fog-c"])
+    message = failed.value.message
+    assert "to 3 partitions may be stored (its append met the broker away)" in message
+    assert "carries the scale on by itself" in message
+    (entry,) = orch.registry.unfinished_scales()  # left open, not ended as failed
+    assert (entry.partitions, entry.outcome) == (3, None)
+
+
 def test_a_scale_carried_on_while_keys_wait_for_their_states_is_tried_again(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
