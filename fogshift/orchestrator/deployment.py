@@ -437,14 +437,6 @@ class Deployment(Journal):
         # its migrations and restores read as this run's outcomes): first, as the registry
         # dropped its kept reports with the run's entry.
         self._forget_runs(spec.pipeline)
-        try:
-            self.permissions.sync(self.registry)  # the nodes may use their PEs' streams
-        except Exception as exc:
-            # Failed, not left deploying: every deploy again was refused as "already
-            # deploying" until a stop.
-            reason = f"its nodes' broker rights could not be set: {_said(exc)}"
-            self.registry.set_status(spec.pipeline, PipelineState.FAILED, reason)
-            raise
         # Afresh: the central checkpoints of a run before under this name hold positions of
         # streams deleted below (restored, a PE would wait for input that never comes, or
         # skip what the new streams hold up to there).
@@ -455,7 +447,7 @@ class Deployment(Journal):
 
         try:
             # (Again if the broker closed the connection under it: it refused a connected
-            # client at the rights' reload just made, once in a test run.)
+            # client at a rights reload, once in a test run.)
             self.broker.run(reset_streams, again_if_closed=True)
         except Exception as exc:
             # Failed, not left deploying (which a deploy again would be refused for).
@@ -468,6 +460,18 @@ class Deployment(Journal):
                 f"{exc!r}",
                 hint="`fogshift nodes` and the orchestrator's log say more; deploy again",
             ) from exc
+        try:
+            # The nodes may use their PEs' streams from here on: only once each stream is
+            # made and fenced (given before, a node that missed the last stop could append
+            # its old instance's records to a stream made anew before its fence marker,
+            # which then carried their position: the new run's skipped as written).
+            self.permissions.sync(self.registry)
+        except Exception as exc:
+            # Failed, not left deploying: every deploy again was refused as "already
+            # deploying" until a stop.
+            reason = f"its nodes' broker rights could not be set: {_said(exc)}"
+            self.registry.set_status(spec.pipeline, PipelineState.FAILED, reason)
+            raise
         started: list[ElementSpec] = []
         try:
             # Downstream first, so nothing is produced before its consumer exists.

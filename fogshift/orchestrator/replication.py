@@ -113,7 +113,10 @@ class Replication(Replanning):
         unless the pipeline's record changed since ``since`` (its ``status_since`` when the
         round read it): stopped and deployed afresh meanwhile, the node still held the run
         before's snapshots, and one stored after the deploy forgot them would be restored
-        at positions of streams that are gone."""
+        at positions of streams that are gone. Nor once the PE is placed elsewhere: a pull
+        from a node frozen through the PE's restore (or migration) that answered when it
+        woke stored the superseded instance's checkpoint as the newest, which the next
+        restore went back to."""
         agent = self.agent(node)
         here = f"/pipelines/{pipeline}/elements/{pe}/snapshots"
         latest = agent.call(CheckpointManifest, "GET", here + "/latest")
@@ -137,6 +140,7 @@ class Replication(Replanning):
                 now is not None
                 and now.status == PipelineState.RUNNING
                 and now.status_since == since
+                and now.placement.get(pe) == node
             )
 
         shipped = self.central.put(manifest, files.file, files, wanted)

@@ -220,6 +220,25 @@ def test_a_pull_that_outlives_a_stop_and_a_fresh_deploy_stores_nothing_of_the_ru
         assert (orchestrator.central.newest("p", "aggregate") or {}).get("id") == old["id"]
 
 
+def test_a_pull_from_a_node_the_pe_left_meanwhile_stores_nothing(
+    orchestrator: Orchestrator,
+) -> None:
+    # A pull from a node frozen through the PE's restore, answered when the node woke,
+    # stored the superseded instance's checkpoint as the newest (a review's finding): the
+    # next restore went back to it.
+    zombie = _manifest("p", "aggregate", 5000, b"the superseded instance's state")
+    with _serving(orchestrator, zombie, b"the superseded instance's state"):
+        seen = orchestrator.registry.get_pipeline("p")
+        assert seen is not None and seen.placement["aggregate"] == "fog-a"
+        orchestrator.registry.set_placement("p", "aggregate", "fog-b")  # restored there
+        key = ("p", "aggregate")
+        orchestrator._pull_one("p", "aggregate", "fog-a", key, seen.status_since)
+        assert orchestrator.central.newest("p", "aggregate") is None
+        orchestrator.registry.set_placement("p", "aggregate", "fog-a")  # (and back)
+        orchestrator._pull_one("p", "aggregate", "fog-a", key, seen.status_since)
+        assert (orchestrator.central.newest("p", "aggregate") or {}).get("id") == zombie["id"]
+
+
 def test_replicas_of_pes_no_running_pipeline_has_here_elsewhere_are_dropped(
     orchestrator: Orchestrator, tmp_path: Path
 ) -> None:

@@ -271,6 +271,10 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
         pipeline="p", element="aggregate", origin="fog-a", target="fog-b", mode="precopy"
     )
     monkeypatch.setattr(orch.broker, "run", refused)
+    # The nodes get their rights only once the streams are made and fenced (before, a node
+    # that missed the last stop could append to a stream made anew ahead of its fence).
+    synced: list[object] = []
+    monkeypatch.setattr(orch.permissions, "sync", synced.append)
     for _ in range(2):  # and again: not "already deploying"
         answer = as_(app, OPERATOR).post("/pipelines", json=spec)
         assert answer.status_code >= 500 and answer.json()["code"] == "broker_error", answer.text
@@ -282,6 +286,7 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
     assert "stream limits exceeded" in why
     assert orch.central.newest("p", "aggregate") is None
     assert ("p", "aggregate") not in orch.last_migration
+    assert synced == []
 
     # The nodes' broker rights that cannot be set: failed too, not left deploying (every
     # deploy again was refused as "already deploying" until a stop).
@@ -289,6 +294,7 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
         raise BrokerError("cannot rewrite the broker's config")
 
     monkeypatch.setattr(orch.permissions, "sync", unsettable)
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30, **_: None)  # (made)
     for _ in range(2):
         answer = as_(app, OPERATOR).post("/pipelines", json=spec)
         assert answer.status_code >= 500 and answer.json()["code"] == "broker_error", answer.text
