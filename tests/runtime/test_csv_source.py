@@ -136,15 +136,10 @@ def test_a_field_over_the_csv_limit_is_a_dead_letter_that_fits(tmp_path: Path) -
     assert "[cut: " in rows[1][5]
 
 
-def test_a_huge_line_costs_a_dead_letters_size_not_many_times_its_own(tmp_path: Path) -> None:
-    # The whole line was escaped as JSON, measured by escaping it again and cut by escaping
-    # prefixes of it: ~9x a line of control characters (a 2 GiB line: a worker's OOM).
+def read_measured(source: CsvSourceReader) -> tuple[list[tuple], int]:
+    """Every row the source has now, and the peak of memory its read allocated."""
     import tracemalloc
 
-    size = 8 * 2**20
-    data = tmp_path / "in.csv"
-    data.write_bytes(b"name,value\na,1\n" + b"\x01" * size + b",2\nc,3\n")
-    source = reader(data, max_record_bytes=2**20)
     end = source.latestOffset(source.initialOffset(), source.getDefaultReadLimit())
     (partition,) = source.partitions(source.initialOffset(), end)
     tracemalloc.start()
@@ -153,6 +148,16 @@ def test_a_huge_line_costs_a_dead_letters_size_not_many_times_its_own(tmp_path: 
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    return rows, peak
+
+
+def test_a_huge_line_costs_a_dead_letters_size_not_many_times_its_own(tmp_path: Path) -> None:
+    # The whole line was escaped as JSON, measured by escaping it again and cut by escaping
+    # prefixes of it: ~9x a line of control characters (a 2 GiB line: a worker's OOM).
+    size = 8 * 2**20
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\na,1\n" + b"\x01" * size + b",2\nc,3\n")
+    rows, peak = read_measured(reader(data, max_record_bytes=2**20))
     assert [(r[0], r[6] is None) for r in rows] == [(1, True), (2, False), (3, True)]
     assert fits(rows[1], 2**20) and rows[1][5].startswith('{"line": "\\u0001')
     assert f"[cut: {size + 2} characters in all]" in rows[1][5]
@@ -165,23 +170,13 @@ def test_a_row_many_times_the_record_limit_is_a_dead_letter_unread(tmp_path: Pat
     # A line of commas read as CSV cost ~9x its size (a cell object each): a few hundred
     # MB of it ran a worker out of memory at every retry, with no dead letter. One over
     # ROW_READ_FACTOR times the record limit could never be an event: it is not parsed.
-    import tracemalloc
-
     from fogshift.runtime.csv_io import ROW_READ_FACTOR
 
     limit = 2**13  # (the bound under csv's own field limit: the row below is parsed)
     size = ROW_READ_FACTOR * limit * 4
     data = tmp_path / "in.csv"
     data.write_bytes(b"name,value\na,1\n" + b"," * size + b"\nc,3\n")
-    source = reader(data, max_record_bytes=limit)
-    end = source.latestOffset(source.initialOffset(), source.getDefaultReadLimit())
-    (partition,) = source.partitions(source.initialOffset(), end)
-    tracemalloc.start()
-    try:
-        rows = list(source.read(partition))
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    rows, peak = read_measured(reader(data, max_record_bytes=limit))
     assert [(r[0], r[6] is None) for r in rows] == [(1, True), (2, False), (3, True)]
     assert rows[1][6].startswith(f"row 2 is {size} bytes, over {ROW_READ_FACTOR} times")
     assert fits(rows[1], limit) and f"[cut: {size} characters in all]" in rows[1][5]
