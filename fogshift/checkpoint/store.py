@@ -14,6 +14,7 @@ without one is incomplete and ignored.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -155,7 +156,19 @@ def take_snapshot(
     # Links, not copies: a snapshot's file is the live file itself (Spark never rewrites one
     # in place), so a snapshot writes no data at all.
     placed: dict[str, int | None] = {}
-    info = copy_checkpoint(live, staging, link_from=old_dir, link=True, placed=placed)
+    try:
+        info = copy_checkpoint(live, staging, link_from=old_dir, link=True, placed=placed)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if info["batch"] is None or (previous is not None and previous["batch"] >= info["batch"]):
+        # The live checkpoint went away under the copy (the PE discarded meanwhile: no
+        # lock is shared with it) or back: nothing to freeze. The staging folder made its
+        # store again after the discard, reported as left until discarded once more.
+        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            store.rmdir()  # (only if empty: a store with snapshots stays)
+        return None
     if complete is not None and not complete(staging, info["batch"]):
         shutil.rmtree(staging, ignore_errors=True)
         return None

@@ -346,3 +346,23 @@ def test_a_file_linked_between_hadoops_two_renames_is_taken_a_round_later(
     assert not list(store.iterdir())  # (no staging left)
     taken = take_snapshot(live, store, "p", "agg")
     assert taken is not None and taken["batch"] == 2
+
+
+def test_a_pe_discarded_while_its_snapshot_is_taken_leaves_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agent's discard deletes the live checkpoint and the snapshot store, sharing no
+    # lock with the snapshot thread: its copy found no commit, made the store's folder
+    # again (reported as left until discarded once more) and failed on a batch `None`.
+    live, store = tmp_path / "live", tmp_path / "store"
+    _checkpoint(live, 3)
+    copy = spark_dir.copy_checkpoint
+
+    def discarded_first(source: Path, target: Path, **options: object) -> dict[str, object]:
+        shutil.rmtree(live)
+        shutil.rmtree(store, ignore_errors=True)
+        return copy(source, target, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module, "copy_checkpoint", discarded_first)
+    assert take_snapshot(live, store, "p", "agg") is None
+    assert not store.exists()
