@@ -22,3 +22,18 @@ def has_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def shown(value: object, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for a refusal's "received"; never raises.
+
+    Python writes no integer of over 4300 digits as text (``ValueError``), nor a container
+    holding one: a refusal that quoted such a value (a topology's ``cpu: 0xfff…``, a spec's
+    mapping key) failed itself, a 500 or a traceback instead of the refusal."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4096:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:  # (ValueError: a huge integer inside; a user object's own __repr__)
+        return f"a {type(value).__name__} that cannot be written as text"
+    return text[:limit]

@@ -37,6 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fogshift.common.names import NAME_RE
+from fogshift.common.text import shown
 from fogshift.common.validation import Refusal, expected_of, message_of, refusal_of
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.contracts import Assignment, PlannedServer, PlanView
@@ -268,7 +269,7 @@ class FogTopology(BaseModel):
                 or (", ".join(known) if unknown and len(first["loc"]) > 1 else None)
                 or "central, default_cpu, default_bandwidth, pe_cpu, "
                 "nodes: {NAME: {cpu}}, links: [{a, b, bandwidth}]",
-                received=received or repr(first.get("input"))[:200],
+                received=received or shown(first.get("input")),
                 hint=(f"{said}{' ' if said.endswith('?') else '; '}" if said else "")
                 + "a valid one reads: "
                 + _EXAMPLE

@@ -42,6 +42,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fogshift.common.text import shown
 from fogshift.common.validation import message_of
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.planner.exceptions import InvalidTopology
@@ -236,7 +237,7 @@ class Topology(BaseModel):
             raise InvalidTopology(
                 f"invalid {source}: " + "; ".join(lines),
                 expected=message_of(first) if first["loc"] else None,
-                received=repr(first.get("input"))[:200] if first["loc"] else None,
+                received=shown(first.get("input")) if first["loc"] else None,
                 hint=_EXAMPLE,
             ) from exc
 

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from fogshift.common.text import has_utf8
+from fogshift.common.text import has_utf8, shown
 from fogshift.common.validation import expected_of, message_of, refusal_of
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.spec.exceptions import InvalidSpec
@@ -325,16 +325,16 @@ def _check_values(data: Any) -> None:
             raise InvalidSpec(
                 f"{place} is a {type(value).__name__}, which a spec cannot hold",
                 expected="text, a number, true/false, null, a list or a mapping",
-                received=repr(value)[:60],
+                received=shown(value, 60),
                 hint="quote it to make it text (a YAML date or !!binary is not)",
             )
         if isinstance(value, dict):
             for k in value:
                 if not isinstance(k, str) or not has_utf8(k):
                     raise InvalidSpec(
-                        f"{place} has key {k!r}, which is not text",
+                        f"{place} has key {shown(k, 60)}, which is not text",
                         expected="mapping keys that are text",
-                        received=repr(k)[:60],
+                        received=shown(k, 60),
                         hint="quote the key",
                     )
             stack.extend((v, f"{where}.{k}" if where else str(k), depth + 1)
@@ -529,6 +529,15 @@ def check_element_files(
             there, is_file = Path(value).exists(), Path(value).is_file()
         except OSError as exc:  # a name too long, a folder that may not be listed
             raise _unusable_path(element, option, value, exc) from None
+        if node is not None and there and wanted and not os.access(value, os.R_OK):
+            # (Only on the node: the node's user reads it, not the CLI's. Accepted, the PE
+            # failed at its first look at the file, after "deployed".)
+            raise InvalidSpec(
+                f"element {element.id!r}: file {value!r} (option `{option}`) cannot be read" + on,
+                expected="a file the node's user may read",
+                received="no read permission",
+                hint=f"give the node's user read access to it on node {node!r}",
+            )
         if not there or (wanted and not is_file):
             raise InvalidSpec(
                 f"element {element.id!r}: file {value!r} (option `{option}`) "
@@ -542,7 +551,7 @@ def check_element_files(
                 else "relative paths are relative to "
                 + ("the spec file" if base_dir is None else os.path.join(base_dir, "")),
             )
-    _check_output_path(element)
+    _check_output_path(element, node)
 
 
 #: The kinds a window passes through with its sampling rate (``fs``) as it came.
@@ -598,9 +607,12 @@ def _unusable_path(element: ElementSpec, option: str, value: str, exc: OSError) 
     )
 
 
-def _check_output_path(element: ElementSpec) -> None:
+def _check_output_path(element: ElementSpec, node: str | None = None) -> None:
     """Refuse a sink whose ``path`` cannot be a file: it names a directory, or a folder on
-    its way is a file (the deploy, which empties the file, failed on the node)."""
+    its way is a file (the deploy, which empties the file, failed on the node); on a node
+    (``node``), one its user may not write either (the file, or the nearest folder there is
+    on its way): a deploy's check passed it, and its refusal came once the run before's
+    streams and checkpoints were gone and another sink's file emptied."""
     path = output_file(element)
     if path is None:
         return
@@ -620,6 +632,18 @@ def _check_output_path(element: ElementSpec) -> None:
             received=f"{path} is a FIFO, socket or device",
             hint="name a file, e.g. out/results.csv",
         )
+    if node is not None and not is_dir and blocking is None:
+        existing = target if target.exists() else next(p for p in target.parents if p.exists())
+        mode = os.W_OK if existing == target else os.W_OK | os.X_OK
+        if not os.access(existing, mode):
+            raise InvalidSpec(
+                f"sink {element.id!r}: path {element.options['path']!r} cannot be written on "
+                f"node {node!r}",
+                expected="a file (or a folder to make it in) the node's user may write",
+                received=f"no write permission on {existing}",
+                hint=f"give the node's user write access there on node {node!r}, or name "
+                "another path",
+            )
     if is_dir or blocking is not None:
         raise InvalidSpec(
             f"sink {element.id!r}: path {element.options['path']!r} cannot be written as a file",

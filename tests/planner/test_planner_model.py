@@ -109,6 +109,16 @@ def test_validation_errors_name_the_field(data: dict[str, object], where: str) -
     assert info.value.to_dict()["code"] == "invalid_topology"
 
 
+def test_a_number_too_long_to_write_is_refused_not_a_crash() -> None:
+    # Python writes no integer of over 4300 digits as text: the refusal quoting it raised
+    # ValueError (`fogshift plan` printed a traceback; `PUT /topology` answered 500).
+    huge = 16**3600 - 1
+    with pytest.raises(InvalidTopology) as info:
+        Topology.from_dict({"servers": [{"id": "s1", "cpu": huge, "load": 0}]})
+    assert "servers[0].cpu" in info.value.message
+    assert info.value.received == "an integer of 14400 bits"
+
+
 def test_from_yaml_reports_unreadable_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(InvalidTopology, match="cannot read topology file"):
         Topology.from_yaml(tmp_path / "missing.yaml")

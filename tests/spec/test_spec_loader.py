@@ -704,3 +704,41 @@ def test_an_element_that_is_no_mapping_says_what_an_element_is() -> None:
         parse_spec(data)
     assert "elements[0]" in err.value.message
     assert (err.value.expected, err.value.received) == ("a mapping (e.g. {key: value})", "'source'")
+
+
+def test_a_node_refuses_a_sink_it_cannot_write_and_a_source_it_cannot_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Passed by a node's check, a sink the node's user may not write was refused at its
+    # start, after the deploy had made the streams anew and emptied other sinks' files; a
+    # source it may not read failed at its first look, after "deployed". (The tests run as
+    # root, whom no permission stops: the node's user is stood in for by `os.access`.)
+    from fogshift.spec import loader
+    from fogshift.spec.loader import check_element_files
+
+    (tmp_path / "in.csv").write_text("timestamp,sensor,value\n")
+    (tmp_path / "locked").mkdir()
+    spec = parse_spec(case1(), tmp_path)
+    source = next(e for e in spec.elements if e.role == "source")
+    sink = next(e for e in spec.elements if e.role == "sink")
+    locked = {**sink.options, "path": str(tmp_path / "locked" / "o.csv")}
+    sink = sink.model_copy(update={"options": locked})
+    denied = {str(tmp_path / "locked"), str(tmp_path / "in.csv")}
+    monkeypatch.setattr(loader.os, "access", lambda path, mode: str(path) not in denied)
+    with pytest.raises(InvalidSpec, match="cannot be written on node 'fog-a'") as refused:
+        check_element_files(sink, node="fog-a")
+    assert refused.value.received == f"no write permission on {tmp_path / 'locked'}"
+    with pytest.raises(InvalidSpec, match=r"in\.csv' \(option `path`\) cannot be read on node"):
+        check_element_files(source, node="fog-a")
+    # Where the spec is loaded (the CLI's host, another user), permissions are not judged.
+    check_element_files(sink)
+    check_element_files(source)
+
+
+def test_a_number_too_long_to_write_is_refused_not_a_crash(tmp_path: Path) -> None:
+    # Python writes no integer of over 4300 digits as text: the refusal quoting it failed
+    # itself (a traceback from `validate`, a 500 from the dashboard's deploy).
+    huge = "0x" + "f" * 3600
+    text = f"pipeline: x\n? {huge}\n: 1\n"
+    with pytest.raises(InvalidSpec, match="has key an integer of 14400 bits, which is not text"):
+        load_spec_text(text, tmp_path)
