@@ -18,6 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from fogshift.ecg.exceptions import BadSignal
+from fogshift.spec.kinds import patient_name
 
 #: The rhythm a patient's heart changes to at the onset.
 RHYTHMS = ("tachycardia", "irregular")
@@ -60,8 +61,8 @@ def patients(count: int, seed: int, abnormal_every: int, onset_s: float) -> list
         sick = abnormal_every > 0 and n % abnormal_every == 0
         out.append(
             Patient(
-                name=f"p{n:02d}",
-                device=f"wearable-p{n:02d}",
+                name=patient_name(n),
+                device=f"wearable-{patient_name(n)}",
                 heart_rate=heart_rate,
                 onset_s=round(onset_s * jitter, 2) if sick else None,
                 rhythm=RHYTHMS[(n // max(abnormal_every, 1)) % len(RHYTHMS)] if sick else None,

@@ -270,6 +270,13 @@ class CustomOptions(KindOptions):
 # -- Case 2: ECG digital twins ------------------------------------------------------------
 
 
+def patient_name(n: int) -> str:
+    """The name an ``ecg-source`` gives its ``n``-th patient (1-based): ``p01``, ``p02``…
+    Here, below the simulator, so that a spec can be checked against it (an ``amplify``'s
+    ``calibration``)."""
+    return f"p{n:02d}"
+
+
 class EcgSourceOptions(KindOptions):
     """Options of ``ecg-source``: simulated wearables (neurokit2), one per patient.
 

@@ -21,6 +21,7 @@ from fogshift.common.text import has_utf8, shown
 from fogshift.common.validation import expected_of, message_of, refusal_of
 from fogshift.common.yamltext import load_yaml, read_utf8
 from fogshift.spec.exceptions import InvalidSpec
+from fogshift.spec.kinds import EcgSourceOptions, patient_name
 from fogshift.spec.models import (
     KINDS,
     PLANNED_STANDBY,
@@ -502,6 +503,7 @@ def validate_spec(
             "inputs",
         ) from None
     _check_bands(spec)
+    _check_calibrations(spec)
 
 
 def check_element_files(
@@ -592,6 +594,48 @@ def _check_bands(spec: PipelineSpec) -> None:
                     received=f"high_hz: {high:g}",
                     hint=f"lower high_hz, or raise {name!r}'s sampling_rate above {2 * high:g}",
                 )
+
+
+def _check_calibrations(spec: PipelineSpec) -> None:
+    """Refuse an ``amplify`` whose ``calibration`` names a patient no ``ecg-source``
+    upstream of it has (``p1`` for ``p01``): that wearable's gain was silently not undone,
+    every window. Judged only when everything upstream (through kinds that keep a window's
+    patient: ``_KEEP_FS``) is an ``ecg-source``: any other source or processor may name
+    patients its own way."""
+    for element in spec.elements:
+        if element.kind != "amplify" or not element.options.get("calibration"):
+            continue
+        names: set[str] = set()
+        seen: set[str] = set()
+        todo = list(element.inputs)
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            upstream = next((e for e in spec.elements if e.id == name), None)
+            if upstream is None:  # (a partitioned element's name: its partitions follow)
+                todo.extend(p.id for p in spec.partitions_of(name))
+            elif upstream.kind in _KEEP_FS:
+                todo.extend(upstream.inputs)
+            elif upstream.kind == "ecg-source":
+                count = int(upstream.options.get("patients", EcgSourceOptions().patients))
+                names.update(patient_name(n) for n in range(1, count + 1))
+            else:
+                names.clear()
+                break
+        unknown = sorted(set(element.options["calibration"]) - names) if names else []
+        if unknown:
+            guess = did_you_mean(unknown[0], names)
+            raise InvalidSpec(
+                f"element {element.id!r} of pipeline {spec.pipeline!r} calibrates "
+                f"{', '.join(map(repr, unknown[:5]))}, which no ecg-source upstream sends",
+                expected=f"patients of its ecg-sources: {', '.join(sorted(names)[:10])}"
+                + (" …" if len(names) > 10 else ""),
+                received=", ".join(unknown[:10]),
+                hint=(f"did you mean {guess!r}? " if guess else "")
+                + "an ecg-source names its patients p01, p02, …",
+            )
 
 
 def _unusable_path(element: ElementSpec, option: str, value: str, exc: OSError) -> InvalidSpec:

@@ -649,6 +649,32 @@ def test_a_band_above_half_the_sources_sampling_rate_is_refused_at_load(example:
     parse_spec(data)
 
 
+@pytest.mark.parametrize("example", ["case2.yaml", "case2-twins.yaml"])
+def test_a_calibration_of_a_patient_no_source_sends_is_refused_at_load(example: str) -> None:
+    # `p1` for `p01`: that wearable's gain was silently never undone, every window.
+    data = yaml.safe_load((ROOT / "examples" / "case2" / example).read_text())
+    amplify = next(e for e in data["elements"] if e["kind"] == "amplify")
+    parse_spec(data)  # p01-p06 of its six patients
+    amplify["options"]["calibration"] = {"p1": 1.4, "p02": 1.1}
+    with pytest.raises(InvalidSpec, match="calibrates 'p1', which no ecg-source") as refused:
+        parse_spec(data)
+    assert refused.value.received == "p1"
+    assert (refused.value.hint or "").startswith("did you mean 'p01'?")
+    source = next(e for e in data["elements"] if e["kind"] == "ecg-source")
+    source["options"]["patients"] = 1  # p02 is none of its patients now either
+    amplify["options"]["calibration"] = {"p01": 1.4, "p02": 1.1}
+    with pytest.raises(InvalidSpec, match="calibrates 'p02'"):
+        parse_spec(data)
+    # Behind another kind (a map may name patients its own way), nothing is judged.
+    source["options"]["patients"] = 6
+    amplify["options"]["calibration"] = {"anyone": 1.0}
+    data["elements"].insert(1, {"id": "rename", "kind": "map", "node": source["node"],
+                                "inputs": [source["id"]],
+                                "options": {"set": {"patient": "\"x\" + patient"}}})  # fmt: skip
+    amplify["inputs"] = ["rename"]
+    parse_spec(data)
+
+
 @pytest.mark.parametrize(
     ("option", "value", "expected", "hint"),
     [
