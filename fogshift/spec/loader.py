@@ -8,7 +8,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from graphlib import CycleError
 from pathlib import Path
 from typing import Any
@@ -570,21 +570,10 @@ def _check_bands(spec: PipelineSpec) -> None:
         if element.kind != "bandpass":
             continue
         high = float(element.options["high_hz"])
-        seen: set[str] = set()
-        todo = list(element.inputs)
-        while todo:
-            name = todo.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            upstream = next((e for e in spec.elements if e.id == name), None)
-            if upstream is None:  # (a partitioned element's name: its partitions follow)
-                todo.extend(p.id for p in spec.partitions_of(name))
-                continue
-            if upstream.kind in _KEEP_FS:
-                todo.extend(upstream.inputs)
+        for upstream in _upstream(spec, element):
             if upstream.kind != "ecg-source":
                 continue
+            name = upstream.id
             rate = float(upstream.options["sampling_rate"])
             if high >= rate / 2:
                 raise InvalidSpec(
@@ -594,6 +583,26 @@ def _check_bands(spec: PipelineSpec) -> None:
                     received=f"high_hz: {high:g}",
                     hint=f"lower high_hz, or raise {name!r}'s sampling_rate above {2 * high:g}",
                 )
+
+
+def _upstream(spec: PipelineSpec, element: ElementSpec) -> Iterator[ElementSpec]:
+    """The elements upstream of ``element`` through kinds that keep a window as it came
+    (``_KEEP_FS``: its rate and its patient): each one met, once; a kept kind's inputs are
+    followed, another's are not (it may resample or rename)."""
+    seen: set[str] = set()
+    todo = list(element.inputs)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        upstream = next((e for e in spec.elements if e.id == name), None)
+        if upstream is None:  # (a partitioned element's name: its partitions follow)
+            todo.extend(p.id for p in spec.partitions_of(name))
+            continue
+        yield upstream
+        if upstream.kind in _KEEP_FS:
+            todo.extend(upstream.inputs)
 
 
 def _check_calibrations(spec: PipelineSpec) -> None:
@@ -606,19 +615,10 @@ def _check_calibrations(spec: PipelineSpec) -> None:
         if element.kind != "amplify" or not element.options.get("calibration"):
             continue
         names: set[str] = set()
-        seen: set[str] = set()
-        todo = list(element.inputs)
-        while todo:
-            name = todo.pop()
-            if name in seen:
+        for upstream in _upstream(spec, element):
+            if upstream.kind in _KEEP_FS:
                 continue
-            seen.add(name)
-            upstream = next((e for e in spec.elements if e.id == name), None)
-            if upstream is None:  # (a partitioned element's name: its partitions follow)
-                todo.extend(p.id for p in spec.partitions_of(name))
-            elif upstream.kind in _KEEP_FS:
-                todo.extend(upstream.inputs)
-            elif upstream.kind == "ecg-source":
+            if upstream.kind == "ecg-source":
                 count = int(upstream.options.get("patients", EcgSourceOptions().patients))
                 names.update(patient_name(n) for n in range(1, count + 1))
             else:
