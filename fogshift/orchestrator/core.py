@@ -256,6 +256,9 @@ class OrchestratorCore:
         #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
         self.plan = last_plan(config.plan_file)
         self._topology: Topology | None = None
+        #: The nodes the latest planning round counted full (their PEs need more CPU than
+        #: their capacity): warned of once, when one is newly so.
+        self._full_nodes: set[str] = set()
         #: The central node of the fog topology ``_topology`` was built from.
         self._central: str | None = None
 

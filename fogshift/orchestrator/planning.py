@@ -304,7 +304,11 @@ class LivePE:
 
 
 def build_topology(
-    fog: FogTopology, nodes: list[LiveNode], pes: list[LivePE], central: str | None = None
+    fog: FogTopology,
+    nodes: list[LiveNode],
+    pes: list[LivePE],
+    central: str | None = None,
+    full: set[str] | None = None,
 ) -> Topology:
     """The planner's instance for the current cluster.
 
@@ -316,11 +320,14 @@ def build_topology(
 
     A node's load is its measured CPU use minus what its PEs are assumed to need, kept
     within ``[0, capacity - PE needs]`` (the planner refuses an overloaded server; a node
-    running hotter than its capacity simply has no spare CPU). PEs whose node is not among
-    ``nodes`` are left out: they are being restored, not planned for.
+    running hotter than its capacity simply has no spare CPU). A node whose PEs alone need
+    more than its capacity (restores brought them there) is full: planned as a leaving
+    node, taking no backup and no redeployed PE, its own PEs planned elsewhere; its name is
+    added to ``full``. (It was refused, and with it every round's plan, for good: every PE
+    kept the plan naming the node that failed.)
 
     Raises:
-        InvalidInput: A link names a node twice or a node's PEs alone exceed its capacity.
+        InvalidInput: A link names a node twice.
     """
     names = [n.name for n in nodes]
     placed = [pe for pe in pes if pe.node in names]
@@ -329,13 +336,10 @@ def build_topology(
         capacity = fog.nodes[node.name].cpu if node.name in fog.nodes else fog.default_cpu
         needs = fog.pe_cpu * sum(1 for pe in placed if pe.node == node.name)
         if needs > capacity:
-            raise InvalidInput(
-                f"node {node.name!r} runs PEs needing {needs:g} % CPU, more than its "
-                f"capacity {capacity:g} %",
-                expected=f"at most {capacity:g} % of CPU for the PEs of node {node.name!r}",
-                received=f"{needs:g} % ({needs / fog.pe_cpu:g} PEs of pe_cpu {fog.pe_cpu:g} %)",
-                hint="raise its cpu in the fog topology or lower pe_cpu",
-            )
+            if full is not None:
+                full.add(node.name)
+            servers.append(Server(id=node.name, cpu=needs, load=0.0, leaving=True))
+            continue
         load = min(max(node.cpu_percent - needs, 0.0), capacity - needs)
         servers.append(Server(id=node.name, cpu=capacity, load=load, leaving=node.leaving))
     if fog.links:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 
 from fogshift.common.files import write_atomic
 from fogshift.common.text import one_line
@@ -131,11 +132,12 @@ class Replanning(OrchestratorCore):
         servers = [LiveNode(n.name, self._cpu_of(n), n.name in leaving | short) for n in live]
         #: PEs this round cannot plan, each with why (a latency no route meets, say).
         unplanned: dict[str, str] = {}
+        full: set[str] = set()
         try:
             while True:
                 topology = build_topology(
                     fog, servers, [pe for pe in pes if pe.key not in unplanned],
-                    fog.central_node(self.node_names()),
+                    fog.central_node(self.node_names()), full,
                 )  # fmt: skip
                 try:
                     result = (
@@ -155,14 +157,21 @@ class Replanning(OrchestratorCore):
                 update={"error": exc.render(), "computed_at": time.time(),
                         "unknown_nodes": unknown, "unlinked_nodes": unlinked,
                         "low_disk_nodes": sorted(short), "unplanned": {},
-                        "assignments": _sound(previous, pes)}
+                        "assignments": _sound(previous, pes, leaving | short)}
             )  # fmt: skip
             return self.plan
+        if full - self._full_nodes:  # (said once, not every round)
+            log.warning("planner: node(s) %s run PEs needing more CPU than their capacity "
+                        "(fog topology: cpu, pe_cpu): planned as full, taking no backup and "
+                        "no redeployed PE", ", ".join(sorted(full)))  # fmt: skip
+        self._full_nodes = full
         self._topology = topology
         self._central = fog.central_node(self.node_names())
         fresh = describe_plan(result, topology) if result else PlanView()
         planned_now = {t.id for t in topology.tasks}
-        kept = {k: v for k, v in _sound(previous, pes).items() if k not in planned_now}
+        kept = {
+            k: v for k, v in _sound(previous, pes, leaving | short).items() if k not in planned_now
+        }
         for task, why in unplanned.items():
             # (Said once, not every round: its reason's figures change from round to round.)
             if task not in self.plan.unplanned:
@@ -223,10 +232,15 @@ def _nodes_of(assignments: dict[str, Assignment]) -> dict[str, tuple[str | None,
     return {k: (a.backup, a.redeploy) for k, a in assignments.items()}
 
 
-def _sound(assignments: dict[str, Assignment], pes: list[LivePE]) -> dict[str, Assignment]:
+def _sound(
+    assignments: dict[str, Assignment], pes: list[LivePE], unfit: Collection[str] = ()
+) -> dict[str, Assignment]:
     """The ``assignments`` of running PEs that name neither as backup nor as redeploy node
     the node the PE runs on now (restored there since they were made: a plan redeploying a
-    PE onto its own node was shown, and is none)."""
+    PE onto its own node was shown, and is none), nor a node ``unfit`` now (leaving, short
+    of disk: a kept plan went on pushing backups to a node being drained, or to a nearly
+    full disk, whenever a round could not plan anew)."""
     where = {pe.key: pe.node for pe in pes}
     return {k: v for k, v in assignments.items()
-            if k in where and where[k] not in (v.backup, v.redeploy)}  # fmt: skip
+            if k in where and where[k] not in (v.backup, v.redeploy)
+            and not {v.backup, v.redeploy} & set(unfit)}  # fmt: skip

@@ -163,6 +163,9 @@ class Replication(Replanning):
         """
         self.drop_stale_replicas()
         nodes = {n.name: n for n in self.registry.nodes()}
+        # (A node being drained or short of disk takes no copy, whatever a plan kept from
+        # before says: the copy would go with the node, or fail at its first write.)
+        unfit = self.leaving_nodes() | self.short_of_disk()
         for record in self.registry.pipelines():
             if record.status != PipelineState.RUNNING:
                 continue
@@ -171,7 +174,7 @@ class Replication(Replanning):
                 node = nodes.get(backup or "")
                 if node is None or backup == record.placement[element.id]:
                     continue
-                if not self.healthy(node):
+                if not self.healthy(node) or node.name in unfit:
                     continue
                 newest = self.central.newest(record.name, element.id)
                 if newest is None:

@@ -217,6 +217,7 @@ class Scaling(KeyMoves):
                 self.registry.end_scale(entry.id, "failed")
                 raise
             self.registry.end_scale(entry.id, str(report.status))
+            self.plan_soon.set()  # (its added partitions have no backup until planned)
             shared = shared_node_warnings(self.pipeline(pipeline), element_id)
             return report.model_copy(update={"warnings": shared}) if shared else report
 

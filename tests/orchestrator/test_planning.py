@@ -19,6 +19,7 @@ from fogshift.orchestrator.planning import (
     LivePE,
     Recent,
     build_topology,
+    describe_plan,
     nearest_first,
     route_bandwidth,
 )
@@ -165,12 +166,20 @@ def test_bad_fog_topologies_are_refused_with_the_field(text: str, needle: str) -
     assert err.value.expected and err.value.received and err.value.hint, err.value.to_dict()
 
 
-def test_a_node_whose_pes_exceed_its_capacity_is_named() -> None:
-    fog = FogTopology.parse("pe_cpu: 60\nnodes: {fog-a: {cpu: 100}}")
-    with pytest.raises(InvalidInput, match="fog-a") as err:
-        build_topology(fog, [LiveNode("fog-a", 0)], [pe("p/x", "fog-a"), pe("p/y", "fog-a")])
-    assert err.value.expected == "at most 100 % of CPU for the PEs of node 'fog-a'"
-    assert err.value.received == "120 % (2 PEs of pe_cpu 60 %)"
+def test_a_node_whose_pes_exceed_its_capacity_is_planned_as_full() -> None:
+    # Restores brought more PEs to a node than its capacity holds: it was refused, and
+    # with it every round's plan, for good (every PE kept the plan naming the failed node).
+    fog = FogTopology.parse("pe_cpu: 40\nnodes: {fog-a: {cpu: 60}}")
+    full: set[str] = set()
+    live = [LiveNode("fog-a", 0), LiveNode("fog-b", 0), LiveNode("fog-c", 0)]
+    pes = [pe("p/x", "fog-a"), pe("p/y", "fog-a"), pe("p/z", "fog-b")]
+    topo = build_topology(fog, live, pes, full=full)
+    assert full == {"fog-a"}
+    (a,) = [s for s in topo.servers if s.id == "fog-a"]
+    assert (a.cpu, a.load, a.leaving) == (80, 0, True)  # no room, takes nothing
+    view = describe_plan(plan(topo, "exact", time_limit_s=10), topo)
+    assert sorted(view.assignments) == ["p/x", "p/y", "p/z"]  # its own PEs planned too
+    assert all("fog-a" not in (v.backup, v.redeploy) for v in view.assignments.values())
 
 
 def test_a_stored_topology_that_no_longer_validates_is_told_as_the_plans_error(
@@ -548,3 +557,20 @@ def test_a_kept_assignment_naming_the_node_a_pe_runs_on_now_is_dropped() -> None
                "q/gone": Assignment(backup="cloud", redeploy="cloud")}  # fmt: skip
     now = [pe("p/a", "fog-b"), pe("p/b", "fog-a")]
     assert _sound(planned, now) == {"p/b": planned["p/b"]}
+
+
+def test_a_kept_plan_naming_a_leaving_or_nearly_full_node_is_dropped() -> None:
+    # A round that could not plan anew kept every PE's plan: one naming a node being
+    # drained (or short of disk) went on sending backups there.
+    from fogshift.contracts import Assignment
+    from fogshift.orchestrator.replanning import _sound
+
+    kept = {
+        "p/a": Assignment(backup="fog-b", redeploy="fog-c"),
+        "p/b": Assignment(backup="fog-c", redeploy="cloud"),
+        "p/c": Assignment(backup="cloud", redeploy="fog-a"),  # its own node now
+    }
+    pes = [pe("p/a", "fog-a"), pe("p/b", "fog-a"), pe("p/c", "fog-a")]
+    assert sorted(_sound(kept, pes)) == ["p/a", "p/b"]
+    assert sorted(_sound(kept, pes, {"fog-b"})) == ["p/b"]
+    assert sorted(_sound(kept, pes, {"fog-b", "cloud"})) == []
