@@ -604,6 +604,15 @@ def up(
                 received=repr(name),
                 hint="rename the node",
             )
+        if name == "orchestrator" or name.startswith("relay-"):
+            # (`logs NAME` names a node's log by the node: a node `orchestrator` took the
+            # orchestrator's log's name, `relay-X` an isolated node's relay's.)
+            raise InvalidInput(
+                f"node name {name!r} is the name of the cluster's own log",
+                expected="a node name other than 'orchestrator' and not starting 'relay-'",
+                received=repr(name),
+                hint="rename the node",
+            )
     if not nodes:
         raise InvalidInput(
             "no nodes to start",

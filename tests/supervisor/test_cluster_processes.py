@@ -141,6 +141,11 @@ def test_up_refuses_a_node_named_twice(tmp_path: Path, monkeypatch: pytest.Monke
         cluster_ops.up(tmp_path, ["cloud", "fog-a", "cloud"])
     assert caught.value.received == "cloud,fog-a,cloud"
     assert "cloud" in (caught.value.hint or "")
+    # A node named as one of the cluster's own logs: `logs orchestrator` showed the node's.
+    for taken in ("orchestrator", "relay-fog-a"):
+        with pytest.raises(InvalidInput, match="the name of the cluster's own log") as caught:
+            cluster_ops.up(tmp_path, ["cloud", taken])
+        assert caught.value.received == repr(taken)
 
 
 @pytest.mark.parametrize(
