@@ -341,6 +341,14 @@ def _spawn(args: list[str], log: Path) -> ProcessInfo:
     # it waits for the child's exec) or before its caller kept it, it left the child running
     # with nothing to stop it (seen under load: an agent ran on after `up` ended).
     _deferred["active"] = True
+    # A ^C waits too (its KeyboardInterrupt raised inside Popen left the child, in a session
+    # of its own the terminal's ^C never reaches, running unrecorded, holding its node's
+    # folder): the child it met is stopped, then the interrupt goes on.
+    interrupted: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, lambda s, _f: interrupted.append(s)) if main else None
+    # (None: a handler not set from Python; Python's own is what ^C meant then.)
+    info: ProcessInfo | None = None
     try:
         with open(log, "ab") as out:
             proc = subprocess.Popen(
@@ -356,7 +364,14 @@ def _spawn(args: list[str], log: Path) -> ProcessInfo:
         del proc
     finally:
         _deferred["active"] = False
+        if main:
+            signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)
+    if interrupted:
+        if info is not None:
+            kill_group(info.pgid, signal.SIGKILL)
+        raise KeyboardInterrupt
     _check_ended()  # (a signal that came meanwhile)
+    assert info is not None
     return info
 
 

@@ -918,6 +918,37 @@ def test_a_signal_as_a_started_process_is_let_go_ends_up_at_once(
             os.kill(pids[0], signal.SIGKILL)
 
 
+def test_a_ctrl_c_as_a_process_starts_stops_it_then_interrupts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A ^C raised inside Popen (as it waits for the child's exec) left the child running in
+    # its own session, unrecorded, holding its node's folder: the next `up` waited it out.
+    import os
+    import signal
+
+    pids: list[int] = []
+    real = subprocess.Popen
+
+    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        child = real(*args, **kwargs)
+        pids.append(child.pid)
+        os.kill(os.getpid(), signal.SIGINT)  # the ^C, as the child starts
+        return child
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cluster_ops._spawn(SLEEPER, tmp_path / "log")
+        deadline = time.monotonic() + 10
+        while alive(pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pids[0])
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[0], signal.SIGKILL)
+
+
 def test_restarting_nodes_waits_for_the_restarted_ones_only(
     tmp_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
