@@ -423,12 +423,21 @@ def _handover(
         report.rolled_back, report.epoch = undone.resumed, undone.epoch
         if undone.notes:
             report.error = "; ".join([report.error, *undone.notes])
+        if report.rolled_back and undone.halted:
+            # (Restarted fenced, its query failed there: not "runs again", as the pause
+            # path says it.)
+            hint = (
+                f"{element.id} is on {origin_name} as before, {undone.halted}: `fogshift "
+                "restore` it if its node is at fault, else mend it and `fogshift deploy` again"
+            )
+        elif report.rolled_back:
+            hint = f"{element.id} runs on {origin_name} again (epoch {report.epoch})"
+        else:
+            hint = "see the error; the reconciler restarts the PE under its newest epoch"
         failure = MigrationFailed(
             f"handover of {pipeline}/{element.id} from {origin_name} to {target_name} failed "
             f"and {'was' if report.rolled_back else 'could not be'} rolled back: {message}",
-            hint=f"{element.id} runs on {origin_name} again (epoch {report.epoch})"
-            if report.rolled_back
-            else "see the error; the reconciler restarts the PE under its newest epoch",
+            hint=hint,
         )
         failure.report = report
         raise failure from exc

@@ -341,8 +341,13 @@ class Deployment(Journal):
         with self.pipeline_lock(spec.pipeline):
             self._refuse_taken_name(spec, fresh)
             self._check_on_nodes(spec)
-            with self._admission:
-                epochs = self._admit(spec, fresh)
+            # No node gets rights to its streams until each is made and fenced (a round's
+            # sync in between, too, let a node that missed the last stop append its old
+            # instance's records ahead of a fence marker, which then carried their position).
+            with self.permissions.withholding(spec.pipeline):
+                with self._admission:
+                    epochs = self._admit(spec, fresh)
+                self._make_streams(spec, epochs)
             return self._start(spec, epochs)
 
     def _check_on_nodes(self, spec: PipelineSpec) -> None:
@@ -431,8 +436,13 @@ class Deployment(Journal):
                 )
         return self.registry.put_pipeline(spec, PipelineState.DEPLOYING)
 
-    def _start(self, spec: PipelineSpec, epochs: dict[str, int]) -> PipelineStatus:
-        """Give ``spec``'s PEs fresh streams, fenced under ``epochs``, and start them."""
+    def _make_streams(self, spec: PipelineSpec, epochs: dict[str, int]) -> None:
+        """Give ``spec``'s PEs fresh streams, fenced under ``epochs``; forget the runs
+        before under its name.
+
+        Raises:
+            FogshiftError: The broker refused (the pipeline is then failed, not deploying).
+        """
         # What the orchestrator remembers of the run before goes (shown as the new run's,
         # its migrations and restores read as this run's outcomes): first, as the registry
         # dropped its kept reports with the run's entry.
@@ -460,6 +470,9 @@ class Deployment(Journal):
                 f"{exc!r}",
                 hint="`fogshift nodes` and the orchestrator's log say more; deploy again",
             ) from exc
+
+    def _start(self, spec: PipelineSpec, epochs: dict[str, int]) -> PipelineStatus:
+        """Start ``spec``'s PEs, their streams made (:meth:`_make_streams`)."""
         try:
             # The nodes may use their PEs' streams from here on: only once each stream is
             # made and fenced (given before, a node that missed the last stop could append

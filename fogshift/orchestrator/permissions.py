@@ -9,9 +9,11 @@ round); it rewrites the server's config and makes it reload only when the rights
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Collection, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,17 +34,17 @@ def _hosted(pipeline: str, element: ElementSpec) -> Hosted:
     return Hosted(pipeline, element.id, tuple(element.inputs), moves_keys=movable)
 
 
-def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:
+def hosted_by_node(registry: Registry, withheld: Collection[str] = ()) -> dict[str, list[Hosted]]:
     """Node → the PEs it may serve: placed there, or standing by for them there, or the
     target of an unfinished migration or restore, or the origin of an unfinished migration
     (it runs until the handover); the node a restore moves a PE away from loses its rights
-    to it at once."""
+    to it at once. None of the pipelines ``withheld`` (a deploy making their streams)."""
     hosted: dict[str, set[Hosted]] = defaultdict(set)
     specs = {}
     standbys = {(s.pipeline, s.element): s.node for s in registry.standbys()}
     for record in registry.pipelines():
         specs[record.name] = record.spec
-        if record.status not in ACTIVE:
+        if record.status not in ACTIVE or record.name in withheld:
             continue
         for element in record.spec.elements:
             node = record.placement.get(element.id, element.node)
@@ -52,7 +54,7 @@ def hosted_by_node(registry: Registry) -> dict[str, list[Hosted]]:
                 hosted[standbys[(record.name, element.id)]].add(replace(pe, standby=True))
     for op in registry.unfinished():
         spec = specs.get(op.pipeline)
-        if spec is None:
+        if spec is None or op.pipeline in withheld:
             continue
         try:
             pe = _hosted(op.pipeline, spec.element(op.element))
@@ -93,6 +95,8 @@ class BrokerPermissions:
         self.started = started
         self._applied: dict[str, list[Hosted]] | None = None
         self._lock = threading.Lock()
+        #: Pipelines no node gets rights to yet (see :meth:`withholding`).
+        self._withheld: set[str] = set()
 
     @property
     def managed(self) -> bool:
@@ -108,7 +112,7 @@ class BrokerPermissions:
             return False
         assert self.config_file is not None and self.pid is not None
         with self._lock:
-            wanted = hosted_by_node(registry)
+            wanted = hosted_by_node(registry, self._withheld)
             if wanted == self._applied:
                 return False
             if self.started is None:
@@ -123,6 +127,19 @@ class BrokerPermissions:
                 {n: [f"{h.pipeline}/{h.element}" for h in pes] for n, pes in wanted.items()},
             )
             return True
+
+    @contextlib.contextmanager
+    def withholding(self, pipeline: str) -> Iterator[None]:
+        """No sync gives a node rights to ``pipeline`` while the block runs (a deploy making
+        its streams and their fence markers: a round's sync meanwhile let a node that missed
+        the last stop append its old instance's records ahead of a marker)."""
+        with self._lock:
+            self._withheld.add(pipeline)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._withheld.discard(pipeline)
 
     def sync_quietly(self, registry: Registry) -> None:
         """:meth:`sync` for loops that must go on: a failure is logged and retried later."""

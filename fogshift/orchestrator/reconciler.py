@@ -1360,11 +1360,15 @@ class Reconciler(Coordination):
                 # its sink's file is the other's now, refused at every write.
                 self._refuse_shared_outputs(record.spec, stopped=False)
             except InvalidSpec as exc:
+                # (Not the deploy's hint: a start changes no path, and a stop of the other
+                # only lets this start, its sink then refused as not the file's writer.)
                 raise Conflict(
                     f"{refusal}: {exc.message}",
                     expected=exc.expected,
                     received=exc.received,
-                    hint=exc.hint,
+                    hint=f"the file is the other pipeline's now: `fogshift delete {name}` and "
+                    "deploy its spec with other paths, or delete the other pipeline and "
+                    f"`fogshift deploy SPEC --fresh` for {name!r}",
                 ) from exc
             self.registry.set_status(name, PipelineState.RUNNING)
             try:

@@ -157,7 +157,7 @@ class Replanning(OrchestratorCore):
                 update={"error": exc.render(), "computed_at": time.time(),
                         "unknown_nodes": unknown, "unlinked_nodes": unlinked,
                         "low_disk_nodes": sorted(short), "unplanned": {},
-                        "assignments": _sound(previous, pes, leaving | short)}
+                        "assignments": _sound(previous, pes, leaving | short | full)}
             )  # fmt: skip
             return self.plan
         if full - self._full_nodes:  # (said once, not every round)
@@ -170,7 +170,9 @@ class Replanning(OrchestratorCore):
         fresh = describe_plan(result, topology) if result else PlanView()
         planned_now = {t.id for t in topology.tasks}
         kept = {
-            k: v for k, v in _sound(previous, pes, leaving | short).items() if k not in planned_now
+            k: v
+            for k, v in _sound(previous, pes, leaving | short | full).items()
+            if k not in planned_now
         }
         for task, why in unplanned.items():
             # (Said once, not every round: its reason's figures change from round to round.)

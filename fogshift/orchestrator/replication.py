@@ -163,9 +163,9 @@ class Replication(Replanning):
         """
         self.drop_stale_replicas()
         nodes = {n.name: n for n in self.registry.nodes()}
-        # (A node being drained or short of disk takes no copy, whatever a plan kept from
+        # (A node being drained, short of disk or full takes no copy, whatever a plan kept from
         # before says: the copy would go with the node, or fail at its first write.)
-        unfit = self.leaving_nodes() | self.short_of_disk()
+        unfit = self.leaving_nodes() | self.short_of_disk() | self._full_nodes
         for record in self.registry.pipelines():
             if record.status != PipelineState.RUNNING:
                 continue

@@ -677,9 +677,16 @@ def _check_output_path(element: ElementSpec, node: str | None = None) -> None:
             hint="name a file, e.g. out/results.csv",
         )
     if node is not None and not is_dir and blocking is None:
-        existing = target if target.exists() else next(p for p in target.parents if p.exists())
-        mode = os.W_OK if existing == target else os.W_OK | os.X_OK
-        if not os.access(existing, mode):
+        # The file, and its folder (or the nearest one on its way there is): the sink makes
+        # its marker, its lock and their temporary files beside it.
+        folder = next(p for p in target.parents if p.exists())
+        denied = [
+            where
+            for where, mode in ((target, os.W_OK), (folder, os.W_OK | os.X_OK))
+            if where.exists() and not os.access(where, mode)
+        ]
+        if denied:
+            existing = denied[0]
             raise InvalidSpec(
                 f"sink {element.id!r}: path {element.options['path']!r} cannot be written on "
                 f"node {node!r}",

@@ -49,6 +49,21 @@ def test_rights_follow_placement_operations_and_status(tmp_path: Path) -> None:
     registry.close()
 
 
+def test_a_pipeline_whose_streams_are_being_made_gives_no_node_rights(tmp_path: Path) -> None:
+    # A deploy withholds them until each stream and its fence marker is made: a round's
+    # sync meanwhile let a node that missed the last stop append ahead of a marker.
+    registry = Registry(tmp_path / "o.db")
+    registry.put_pipeline(parse_spec(spec(), tmp_path), "deploying")
+    registry.begin_operation("restore", "p", "agg", "fog-a", "fog-b", "me", "fencing", True)
+    assert names(hosted_by_node(registry)) == {"cloud": ["src"], "fog-b": ["agg"]}
+    assert names(hosted_by_node(registry, {"p"})) == {}
+    permissions = BrokerPermissions(None, None)
+    with permissions.withholding("p"):
+        assert permissions._withheld == {"p"}
+    assert permissions._withheld == set()
+    registry.close()
+
+
 def test_a_standby_node_holds_the_rights_of_the_pe_it_stands_by_for(tmp_path: Path) -> None:
     registry = Registry(tmp_path / "o.db")
     registry.put_pipeline(parse_spec(spec(), tmp_path), "running")

@@ -262,7 +262,12 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
                      files.__getitem__)  # fmt: skip
     assert orch.central.newest("p", "aggregate") is not None
 
+    withheld: list[set[str]] = []
+
     def refused(make: object, timeout: float = 30, **_: object) -> None:
+        # (No sync, a round's included, gives a node rights to it while its streams are
+        # made: the deploy withholds them.)
+        withheld.append(set(orch.permissions._withheld))
         raise RuntimeError("stream limits exceeded")  # anything the broker may say
 
     # The run before's last migration, remembered: a fresh deploy forgets it (it showed as
@@ -286,7 +291,8 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
     assert "stream limits exceeded" in why
     assert orch.central.newest("p", "aggregate") is None
     assert ("p", "aggregate") not in orch.last_migration
-    assert synced == []
+    assert synced == [] and withheld == [{"p"}, {"p"}]
+    assert orch.permissions._withheld == set()
 
     # The nodes' broker rights that cannot be set: failed too, not left deploying (every
     # deploy again was refused as "already deploying" until a stop).

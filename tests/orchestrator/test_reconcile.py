@@ -518,7 +518,8 @@ def test_start_is_refused_unless_the_pipeline_is_stopped_and_its_streams_stand(
     said = taken.value.message
     assert said.startswith("cannot start pipeline 'p': sink 'sink' of pipeline 'p' writes")
     assert "which sink 'sink' of running pipeline 'q' writes" in said, said
-    assert "`fogshift stop q` first" in (taken.value.hint or "")
+    assert "`fogshift delete p` and deploy its spec with other paths" in (taken.value.hint or "")
+    assert "stop" not in (taken.value.hint or "")
     assert orchestrator.registry.get_pipeline("p").status == "stopped"  # type: ignore[union-attr]
 
 

@@ -8,6 +8,7 @@ A real orchestrator object and registry; real HTTP servers stand in for the node
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +57,9 @@ def orch(tmp_path: Path, agents: dict[str, StandIn]) -> Iterator[Orchestrator]:
     orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "running")
     orchestrator.broker = SimpleNamespace(run=lambda make, timeout=30, **_: 0, close=lambda: None)  # type: ignore[assignment]
     orchestrator.permissions = SimpleNamespace(  # type: ignore[assignment]
-        sync=lambda registry: None, sync_quietly=lambda registry: None
+        sync=lambda registry: None,
+        sync_quietly=lambda registry: None,
+        withholding=lambda pipeline: contextlib.nullcontext(),
     )
     try:
         yield orchestrator
@@ -1003,7 +1006,9 @@ def test_two_scales_of_different_elements_keep_each_others_change_of_the_spec(
     try:
         orch.registry.put_pipeline(parse_spec(spec, tmp_path), "running")
         orch.permissions = SimpleNamespace(  # type: ignore[assignment]
-            sync=lambda registry: None, sync_quietly=lambda registry: None
+            sync=lambda registry: None,
+            sync_quietly=lambda registry: None,
+            withholding=lambda pipeline: contextlib.nullcontext(),
         )
         record = orch.registry.get_pipeline("p")
         assert record is not None

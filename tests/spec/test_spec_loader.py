@@ -754,6 +754,14 @@ def test_a_node_refuses_a_sink_it_cannot_write_and_a_source_it_cannot_read(
     with pytest.raises(InvalidSpec, match="cannot be written on node 'fog-a'") as refused:
         check_element_files(sink, node="fog-a")
     assert refused.value.received == f"no write permission on {tmp_path / 'locked'}"
+    # A file it may write, in a folder it may not: the sink's marker and lock go beside it.
+    (tmp_path / "locked" / "kept.csv").write_text("")
+    kept = sink.model_copy(
+        update={"options": {**sink.options, "path": str(tmp_path / "locked" / "kept.csv")}}
+    )
+    with pytest.raises(InvalidSpec, match="cannot be written on node 'fog-a'") as refused:
+        check_element_files(kept, node="fog-a")
+    assert refused.value.received == f"no write permission on {tmp_path / 'locked'}"
     with pytest.raises(InvalidSpec, match=r"in\.csv' \(option `path`\) cannot be read on node"):
         check_element_files(source, node="fog-a")
     # Where the spec is loaded (the CLI's host, another user), permissions are not judged.
