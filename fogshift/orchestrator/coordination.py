@@ -445,6 +445,7 @@ class Coordination(Scaling):
                 held[:] = [name]
                 self._restoring_to.update(held)
                 self._restoring_to += Counter()  # (drops the nodes at 0)
+                self._restoring_pe[(pipeline, element_id)] = name
 
         with self._lock:  # (ranked and reserved at once: the next one sees it)
             candidates = self.restore_candidates(pipeline, element_id, exclude)
@@ -456,6 +457,8 @@ class Coordination(Scaling):
             with self._lock:
                 self._restoring_to.subtract(held)
                 self._restoring_to += Counter()
+                if held:
+                    self._restoring_pe.pop((pipeline, element_id), None)
 
     def checkpoint_copies(
         self, pipeline: str, element_id: str, target: str

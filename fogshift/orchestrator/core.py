@@ -169,6 +169,11 @@ class OrchestratorCore:
         #: by :meth:`load` until each one's placement is written (restores running at once
         #: saw the same counts and all chose the least busy node).
         self._restoring_to: Counter[str] = Counter()
+        #: Per PE being restored, the node its restore tries now (under ``_lock``): a
+        #: partition's siblings' targets count as its siblings' nodes (:meth:`best_nodes`)
+        #: before their placements are written (a lost node's partitions restored at once
+        #: all went to one planned node).
+        self._restoring_pe: dict[tuple[str, str], str] = {}
         #: Why a restore of each PE on each node failed, as last logged (said in full once;
         #: the PE's entries go when a restore of it succeeds).
         self._attempts_said: dict[tuple[str, str, str], str] = {}

@@ -43,7 +43,8 @@ class Replanning(OrchestratorCore):
         standby): those with disk to spare (:meth:`short_of_disk`), then, for a partition,
         those placed no other partition of its element (two on one node split no work, and
         a key move `--to` that node is refused as ambiguous: the nodes of a lost node's
-        partitions were all restored onto one), then its planned redeploy node, then those
+        partitions were all restored onto one; a sibling's node is where it is placed, or
+        where its restore running now tries), then its planned redeploy node, then those
         the registry places the fewest instances on (:meth:`load`: not each node's own
         count), then by name."""
         planned = self.planned(pipeline, element_id).redeploy
@@ -53,8 +54,13 @@ class Replanning(OrchestratorCore):
         if record is not None:
             part = next((e.partition for e in record.spec.elements if e.id == element_id), None)
             if part is not None:
-                siblings = {record.placement.get(e.id, "") for e in
-                            record.spec.partitions_of(part.of) if e.id != element_id}  # fmt: skip
+                others = [e.id for e in record.spec.partitions_of(part.of) if e.id != element_id]
+                with self._lock:  # (restores running at once: see Coordination._choosing)
+                    siblings = {record.placement.get(o, "") for o in others} | {
+                        self._restoring_pe[(pipeline, o)]
+                        for o in others
+                        if (pipeline, o) in self._restoring_pe
+                    }
         ranked = sorted(nodes, key=lambda n: (n.name in short, n.name in siblings,
                                               n.name != planned, busy[n.name], n.name))  # fmt: skip
         return [n.name for n in ranked]

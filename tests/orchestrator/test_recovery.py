@@ -807,6 +807,24 @@ def test_a_partition_is_restored_away_from_the_other_partitions_of_its_element(
         assert orch.restore_candidates("p", first.id, {"fog-a"}) == ["fog-b", "cloud"]
 
 
+def test_partitions_restored_at_once_go_apart(tmp_path: Path, agents: dict[str, StandIn]) -> None:
+    # Two partitions of one element on a lost node, restored at once (one thread each):
+    # a sibling's node was read from the placement, written only once its restore ended,
+    # so both went to the same node (a planner review's finding).
+    partitioned = {**SPEC, "elements": [
+        SPEC["elements"][0],
+        {**{k: v for k, v in SPEC["elements"][1].items() if k != "node"},
+         "partitions": ["fog-a", "fog-a"], "key_by": "sensor"},
+        SPEC["elements"][2],
+    ]}  # fmt: skip
+    with orchestrator_of(tmp_path, agents, partitioned) as orch:
+        (first, second) = orch.pipeline("p").spec.partitions_of("aggregate")
+        with orch._choosing("p", first.id, {"fog-a"}) as (candidates, _trying):
+            assert candidates[0] == "fog-b"  # (it runs nothing)
+            assert orch.restore_candidates("p", second.id, {"fog-a"})[0] == "cloud"
+        assert orch.restore_candidates("p", second.id, {"fog-a"})[0] == "fog-b"
+
+
 def test_a_node_whose_disk_is_nearly_full_is_the_last_restore_and_standby_candidate(
     tmp_path: Path, agents: dict[str, StandIn]
 ) -> None:
