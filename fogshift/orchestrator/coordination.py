@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -437,14 +436,9 @@ class Coordination(Scaling):
         running at once (the reconciler's, one thread each) are spread as one after the
         other were. The first candidate is counted from the start; the block's function
         moves the count to the candidate it tries next."""
-        held: list[str] = []
 
         def trying(name: str) -> None:
             with self._lock:
-                self._restoring_to.subtract(held)
-                held[:] = [name]
-                self._restoring_to.update(held)
-                self._restoring_to += Counter()  # (drops the nodes at 0)
                 self._restoring_pe[(pipeline, element_id)] = name
 
         with self._lock:  # (ranked and reserved at once: the next one sees it)
@@ -454,10 +448,8 @@ class Coordination(Scaling):
         try:
             yield candidates, trying
         finally:
-            with self._lock:
-                self._restoring_to.subtract(held)
-                self._restoring_to += Counter()
-                if held:
+            if candidates:  # (tried one, its own entry: none else of this PE runs at once)
+                with self._lock:
                     self._restoring_pe.pop((pipeline, element_id), None)
 
     def checkpoint_copies(

@@ -165,14 +165,11 @@ class OrchestratorCore:
         self._in_place_failed: dict[tuple[str, str], str] = {}
         #: PEs a reconcile round's thread is restoring now (under ``_lock``).
         self._auto_restoring: set[tuple[str, str]] = set()
-        #: Per node, the restores in flight that chose it first (under ``_lock``): counted
-        #: by :meth:`load` until each one's placement is written (restores running at once
-        #: saw the same counts and all chose the least busy node).
-        self._restoring_to: Counter[str] = Counter()
-        #: Per PE being restored, the node its restore tries now (under ``_lock``): a
-        #: partition's siblings' targets count as its siblings' nodes (:meth:`best_nodes`)
-        #: before their placements are written (a lost node's partitions restored at once
-        #: all went to one planned node).
+        #: Per PE being restored, the node its restore tries now (under ``_lock``), until
+        #: its placement is written: counted by :meth:`load` (restores running at once saw
+        #: the same counts and all chose the least busy node), and a partition's siblings'
+        #: targets as its siblings' nodes (:meth:`best_nodes`: a lost node's partitions
+        #: restored at once all went to one planned node).
         self._restoring_pe: dict[tuple[str, str], str] = {}
         #: Why a restore of each PE on each node failed, as last logged (said in full once;
         #: the PE's entries go when a restore of it succeeds).
@@ -327,9 +324,14 @@ class OrchestratorCore:
         for record in self.registry.pipelines():
             if record.status == PipelineState.RUNNING:
                 busy.update(record.placement.values())
-        with self._lock:
-            busy.update(self._restoring_to)
+        busy.update(self._restoring_to)
         return busy
+
+    @property
+    def _restoring_to(self) -> Counter[str]:
+        """Per node, the restores in flight trying it now (see ``_restoring_pe``)."""
+        with self._lock:
+            return Counter(self._restoring_pe.values())
 
     def run_pause_watch(self) -> None:
         """Until :meth:`close`, every :data:`PAUSE_TICK_S`: notice this process not

@@ -785,19 +785,23 @@ def test_restore_candidates_are_ranked_by_what_the_registry_places_not_what_node
     assert orch.restore_candidates("p", "aggregate", {"fog-a"}) == ["cloud", "fog-b"]
 
 
+def _partitioned(*nodes: str) -> dict:
+    """SPEC with its aggregate partitioned by sensor over ``nodes``."""
+    return {**SPEC, "elements": [
+        SPEC["elements"][0],
+        {**{k: v for k, v in SPEC["elements"][1].items() if k != "node"},
+         "partitions": list(nodes), "key_by": "sensor"},
+        SPEC["elements"][2],
+    ]}  # fmt: skip
+
+
 def test_a_partition_is_restored_away_from_the_other_partitions_of_its_element(
     tmp_path: Path, agents: dict[str, StandIn]
 ) -> None:
     # A lost node's partitions went, each, to the node placed the fewest instances: the
     # node of another partition (one, against cloud's source and sink), where two
     # partitions split no work and a key move `--to` it is refused as ambiguous.
-    partitioned = {**SPEC, "elements": [
-        SPEC["elements"][0],
-        {**{k: v for k, v in SPEC["elements"][1].items() if k != "node"},
-         "partitions": ["fog-a", "fog-b"], "key_by": "sensor"},
-        SPEC["elements"][2],
-    ]}  # fmt: skip
-    with orchestrator_of(tmp_path, agents, partitioned) as orch:
+    with orchestrator_of(tmp_path, agents, _partitioned("fog-a", "fog-b")) as orch:
         record = orch.pipeline("p")
         (first, second) = record.spec.partitions_of("aggregate")
         assert orch.restore_candidates("p", first.id, {"fog-a"}) == ["cloud", "fog-b"]
@@ -811,13 +815,7 @@ def test_partitions_restored_at_once_go_apart(tmp_path: Path, agents: dict[str, 
     # Two partitions of one element on a lost node, restored at once (one thread each):
     # a sibling's node was read from the placement, written only once its restore ended,
     # so both went to the same node (a planner review's finding).
-    partitioned = {**SPEC, "elements": [
-        SPEC["elements"][0],
-        {**{k: v for k, v in SPEC["elements"][1].items() if k != "node"},
-         "partitions": ["fog-a", "fog-a"], "key_by": "sensor"},
-        SPEC["elements"][2],
-    ]}  # fmt: skip
-    with orchestrator_of(tmp_path, agents, partitioned) as orch:
+    with orchestrator_of(tmp_path, agents, _partitioned("fog-a", "fog-a")) as orch:
         (first, second) = orch.pipeline("p").spec.partitions_of("aggregate")
         with orch._choosing("p", first.id, {"fog-a"}) as (candidates, _trying):
             assert candidates[0] == "fog-b"  # (it runs nothing)
