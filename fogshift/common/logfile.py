@@ -152,6 +152,9 @@ class LogKeeper:
         self._max_bytes = max_bytes
         self._interval_s = interval_s
         self._stop = threading.Event()
+        # One look at a time: two at once would both copy a file to the same partial copy
+        # and one of them fail (a caller's own look beside the thread's).
+        self._checking = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="log-keeper", daemon=True)
 
     def start(self) -> LogKeeper:
@@ -162,7 +165,11 @@ class LogKeeper:
     def check(self) -> list[Path]:
         """One look at every file: the ones rotated, each told in the log it starts anew.
         A file that cannot be rotated (its folder gone) is logged and tried again at the
-        next look; nothing ends the thread."""
+        next look; nothing ends the thread. Looks from two threads take turns."""
+        with self._checking:
+            return self._check()
+
+    def _check(self) -> list[Path]:
         rotated = []
         for path in self._paths():
             try:
