@@ -37,7 +37,7 @@ from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import UnknownNode, stale_generation
 from fogshift.orchestrator.permissions import BrokerPermissions
 from fogshift.orchestrator.planning import RATE_WINDOW_PULLS, Recent
-from fogshift.orchestrator.registry import NodeRecord, Registry
+from fogshift.orchestrator.registry import NodeRecord, Registry, StandbyRecord
 from fogshift.orchestrator.reports import KeptReports
 from fogshift.planner.model import Topology
 from fogshift.spec.loader import did_you_mean
@@ -310,6 +310,17 @@ class OrchestratorCore:
 
     def healthy(self, node: NodeRecord) -> bool:
         return time.time() - node.last_seen <= self.config.node_timeout_s
+
+    def followed_of(self, standby: StandbyRecord) -> Followed | None:
+        """What the standby follower last saw of ``standby``: ``None`` if nothing, or only
+        of an earlier standby of its PE (one an epoch's bump dropped — a handover, a
+        restore, a fenced restart — keeps its entry: taken for the next one's, it showed
+        that one's lag in ``status`` and left its cap unraised while the pipeline was idle).
+        """
+        seen = self.followed.get((standby.pipeline, standby.element))
+        if seen is None or seen.standby is None or seen.standby.epoch != standby.epoch:
+            return None
+        return seen
 
     def node_names(self) -> list[str]:
         return [n.name for n in self.registry.nodes()]

@@ -974,7 +974,7 @@ class Deployment(Journal):
             state = PlacementState.NODE_LOST
         else:
             state = reported.state if reported is not None else PlacementState.PENDING
-        seen = self.followed.get((pipeline, element_id))
+        seen = self.followed_of(standby)
         lag = None
         if seen is not None and seen.standby is not None:
             lag = max(0, seen.primary.progress - seen.standby.progress)

@@ -154,11 +154,10 @@ class History(Reconciler):
             offsets[reader] = [m.get("resume_floor") for m in kept]
             standby = self.registry.standby(pipeline, reader)
             if standby is not None:
-                followed = self.followed.get((pipeline, reader))
-                seen = followed.standby if followed is not None else None
                 # (Only this standby's: an entry of one dropped since says nothing of it.)
-                ours = seen is not None and seen.epoch == standby.epoch
-                offsets[reader].append(seen.offset if ours and seen is not None else None)
+                followed = self.followed_of(standby)
+                seen = followed.standby if followed is not None else None
+                offsets[reader].append(seen.offset if seen is not None else None)
         # No element reads it: its records are the pipeline's result, read from outside if
         # at all, and kept history_s like the rest (kept for good, they filled the broker's
         # disk, and then every append of the pipeline was refused).

@@ -229,6 +229,11 @@ class Standbys(Deployment):
             with self._standby_turn(key):
                 if not still():
                     return  # promoted, dropped or replaced while it warmed up
+                if self._unresolved(*key):
+                    # A promotion that failed unforeseen while it warmed up may have made
+                    # it the PE: capped at the fenced primary, it stalled until resolved
+                    # (the follower raises the cap once the entry is).
+                    return
                 first_follow(pipeline, element, (wanted.primary, self.agent(wanted.primary)),
                              target)  # fmt: skip
                 self.standby_ready_ms[key] = took_ms
@@ -532,7 +537,7 @@ class Standbys(Deployment):
     def _follow_one(self, standby: StandbyRecord, primary: str) -> None:
         key = (standby.pipeline, standby.element)
         here = _here(*key)
-        last = self.followed.get(key)
+        last = self.followed_of(standby)
         try:
             now, answer = follow(
                 here, self.agent(primary), self.agent(standby.node), last.primary if last else None

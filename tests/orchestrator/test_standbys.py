@@ -203,6 +203,21 @@ def test_a_warm_standby_waits_for_the_follower_round_holding_its_pe_then_follows
     assert ("p", "aggregate") in orch.standby_ready_ms
 
 
+def test_a_warm_standby_a_promotion_left_unresolved_meanwhile_is_not_capped(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """A promotion that failed unforeseen while the standby warmed up may have opened its
+    gate (it is the PE): the keeper, back, capped it at the fenced primary's position."""
+    agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(2, 40))
+    with keeper_held(orch, agents, "fog-b", AGG + "/progress", 2) as release:
+        orch.registry.begin_operation(
+            "restore", "p", "aggregate", "fog-a", "fog-b", orch.run_id, "live", epoch=2
+        )
+        release.set()
+    assert agents["fog-b"].received("PUT", AGG + "/gate") == []
+    assert ("p", "aggregate") not in orch.standby_ready_ms
+
+
 def test_a_standby_that_never_gets_warm_is_dropped(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,6 +265,31 @@ def test_the_follower_raises_the_cap_only_when_the_primary_committed(
     agents["fog-a"].answer("GET", AGG + "/progress", body=progress(1, 50))
     orch.follow_standbys()
     assert len(agents["fog-b"].received("PUT", AGG + "/gate")) == 2
+
+
+def test_a_new_standby_is_followed_anew_not_as_the_one_an_epoch_dropped(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """An epoch's bump (a fenced restart, a handover) drops the PE's standby but not what the
+    follower saw of it: the next standby showed that one's lag, and, the primary idle, its
+    cap stayed where its start put it."""
+    followed_standby(orch, agents)
+    orch.follow_standbys()
+    agents["fog-b"].answer("GET", AGG + "/progress", body=progress(2, 45))
+    orch.follow_standbys()  # the first standby caught up: lag 0
+    assert len(agents["fog-b"].received("PUT", AGG + "/gate")) == 1
+    orch.registry.next_epoch("p", "aggregate")  # (epoch 3: the standby dropped)
+    assert orch.registry.standby("p", "aggregate") is None
+    epoch = orch.registry.add_standby("p", "aggregate", "fog-b")
+    status = orch.standby_status("p", "aggregate")
+    assert status is not None and status.epoch == epoch == 4
+    assert status.lag_events is None  # nothing seen of this one yet, not the first one's 0
+    agents["fog-b"].answer("PUT", AGG + "/gate", body=progress(epoch, 41))
+    orch.follow_standbys()  # the primary committed nothing since: capped all the same
+    gates = agents["fog-b"].received("PUT", AGG + "/gate")
+    assert len(gates) == 2 and gates[1].body["gate"]["limit"]["positions"] == {"source": 45}
+    status = orch.standby_status("p", "aggregate")
+    assert status is not None and status.lag_events == 4
 
 
 def test_a_standby_promoted_while_the_follower_waited_for_its_pe_is_not_capped(
