@@ -178,6 +178,8 @@ class OrchestratorCore:
         #: failed there (no healthy node yet, say): when (monotonic) it is tried again, the
         #: pause before that, and the node it was stranded on (``Reconciler.restores_owed``).
         self._restores_owed: dict[tuple[str, str], tuple[float, float, str]] = {}
+        #: Whether the restores the journal owes were read into ``_restores_owed`` (once).
+        self._owed_read = False
         #: Per scale carried on for a dead orchestrator that a node or the broker was away
         #: for: when (monotonic) it may be tried again, and the pause before that
         #: (``Reconciler.recover_scales``).

@@ -70,6 +70,9 @@ HALTED = (PEState.FENCED, PEState.STOPPED)
 #: stream), and a node that refuses the start every round grew the stream and the epochs
 #: by one every round, for as long as it refused.
 RESTART_BACKOFF_MAX_S = 60.0
+#: The decision a restore's journal entry ends with when the recovery restarts it (the
+#: restart's own entry follows it, unless the restart failed or this process died first).
+RESTARTED = "restarted: the attempt's leftovers on the target were discarded"
 
 
 def _carry(
@@ -209,7 +212,14 @@ class Reconciler(Coordination):
         once its PE is placed elsewhere (someone restored or moved it), its node is heard
         from again (the reconciler starts it there if it does not run), its pipeline no
         longer runs, or its recovery is automatic or its node was removed (the reconciler
-        restores it)."""
+        restores it).
+
+        The debt is this process's memory: at its first call, each restore the journal
+        says was restarted with no operation of its PE after it is owed again
+        (:meth:`_owed_by_journal`)."""
+        if not self._owed_read:
+            self._owed_read = True
+            self._owed_by_journal()
         for key, (due, pause, stranded) in list(self._restores_owed.items()):
             if time.monotonic() < due:
                 continue
@@ -228,6 +238,24 @@ class Reconciler(Coordination):
                 del self._restores_owed[key]
                 continue
             self._restart_restore(pipeline, element_id, pause, stranded)
+
+    def _owed_by_journal(self) -> None:
+        """Owe each restore whose PE's newest journal entry says the recovery restarted it:
+        its restart never began (an orchestrator that died between deciding it and its
+        entry, or while it was owed), and the PE stayed on its dead node for good if its
+        recovery is not automatic. Due once a node's silence can be judged (a node that
+        came back is heard by then: owed nothing)."""
+        newest = {(op.pipeline, op.element): op for op in self.registry.operations()}
+        due = time.monotonic() + self.config.node_timeout_s
+        for key, op in newest.items():
+            if op.kind != OperationKind.RESTORE or op.outcome != f"recovered: {RESTARTED}":
+                continue
+            record = self.registry.get_pipeline(op.pipeline)
+            node = None if record is None else record.placement.get(op.element)
+            if node is not None and key not in self._restores_owed:
+                log.info("recovery: the restore of %s/%s restarted by an earlier orchestrator "
+                         "did not begin: owed (its node %s)", *key, node)  # fmt: skip
+                self._restores_owed[key] = (due, 0.0, node)
 
     def recover_pipelines(self) -> list[str]:
         """Finish what an orchestrator that died left of a deploy or a stop.
@@ -548,7 +576,7 @@ class Reconciler(Coordination):
                 self.registry.route(op.id, op.target)
                 return f"carried on: {op.target} runs it under epoch {op.epoch}, now live", False
         self._discard_quietly(op.target, here, record, op)
-        return "restarted: the attempt's leftovers on the target were discarded", True
+        return RESTARTED, True
 
     def _taken_over(self, op: Operation, here: str) -> str | None:
         """Complete an unfinished migration on its target when that is the one instance

@@ -321,6 +321,36 @@ def test_an_owed_restore_outlasts_a_busy_pe_and_the_unforeseen_and_ends_once_mov
     assert orch._restores_owed == {}
 
 
+def test_a_restart_decided_that_never_began_is_owed_by_the_next_orchestrator(
+    tmp_path: Path, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An orchestrator that died between deciding a restore's restart and the restart's own
+    entry (or while the restart was owed) left the debt in no one's memory: with recovery
+    not automatic, the PE stayed on its dead node for good."""
+    manual = {**SPEC, "recovery": {"auto": False}}
+    with orchestrator_of(tmp_path, agents, manual) as orch:
+        op = left_by_dead_orchestrator(orch, "restore", "installing")
+        orch.registry.finish(op, f"recovered: {reconciler.RESTARTED}")
+        # The sink's restart did begin (an entry after it): owed nothing.
+        for outcome_of in (f"recovered: {reconciler.RESTARTED}", "restored"):
+            sink = orch.registry.begin_operation(
+                "restore", "p", "sink", "cloud", "fog-b", "dead0rchestr", "fencing"
+            )
+            orch.registry.finish(sink.id, outcome_of)
+        asked: list[tuple[str, str]] = []
+        monkeypatch.setattr(orch, "restore", lambda pipeline, element, target=None:
+                            asked.append((pipeline, element)))  # fmt: skip
+        monkeypatch.setattr(orch, "healthy", lambda node: node.name != "fog-a")
+        orch.restores_owed()
+        assert list(orch._restores_owed) == [("p", "aggregate")]
+        due, _, stranded = orch._restores_owed[("p", "aggregate")]
+        # Not before a node's silence can be judged (a node that came back is heard first).
+        assert stranded == "fog-a" and due > time.monotonic() and asked == []
+        _pause_over(orch)
+        orch.restores_owed()
+        assert asked == [("p", "aggregate")] and orch._restores_owed == {}
+
+
 def test_an_owed_restore_is_left_to_an_automatic_recovery(
     orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
