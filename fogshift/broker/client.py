@@ -783,6 +783,36 @@ async def message_since(
     return found[0] if found else None
 
 
+def stamp_nanos(stamp: str) -> int:
+    """A message's ``Nats-Time-Stamp`` (RFC 3339, UTC, up to nanoseconds) in nanoseconds
+    since the epoch: exact, where :attr:`StoredMessage.stored_at` is a float."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    moment = datetime.datetime.fromisoformat(whole).replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp()) * 10**9 + int((fraction or "0")[:9].ljust(9, "0"))
+
+
+def nanos_stamp(nanos: int) -> str:
+    """:func:`stamp_nanos`' inverse: the RFC 3339 time a direct get's ``start_time`` takes."""
+    seconds, rest = divmod(nanos, 10**9)
+    whole = datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{whole}.{rest:09d}Z"
+
+
+async def stored_stamp(js: JetStreamContext, stream: str, seq: int) -> str | None:
+    """When the message of ``stream`` at sequence ``seq`` (or the first after it: one
+    deleted) was stored, its ``Nats-Time-Stamp`` (``None``: nothing stored from there)."""
+    found = await _direct_request(js, stream, {"seq": max(1, seq), "batch": 1})
+    return found[0].stored if found else None
+
+
+async def last_stored_by(js: JetStreamContext, stream: str, stamp: str) -> int:
+    """The sequence of the last message of ``stream`` stored at ``stamp`` or before (0:
+    none): the one before the first stored after it, or the stream's last."""
+    after = nanos_stamp(stamp_nanos(stamp) + 1)
+    found = await _direct_request(js, stream, {"start_time": after, "batch": 1})
+    return found[0].seq - 1 if found else await last_seq(js, stream)
+
+
 async def _direct_request(
     js: JetStreamContext, stream: str, request: dict[str, Any], subject: str = ""
 ) -> list[StoredMessage]:

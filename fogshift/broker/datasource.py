@@ -65,8 +65,11 @@ from fogshift.broker.client import (
     get_range,
     get_ranges,
     last_seq,
+    last_stored_by,
     read_ahead,
     shared_client,
+    stamp_nanos,
+    stored_stamp,
 )
 from fogshift.broker.exceptions import BrokerError, BrokerUnavailable, Fenced, WriterConflict
 from fogshift.broker.history import trimmed_below
@@ -950,6 +953,8 @@ class JetStreamReader(DataSourceStreamReader):
         tails = self._tails(client)
         if tails is None:
             return None
+        if isinstance(limit, ReadMaxRows) and self.merged:
+            tails = self._merged_within(client, begin, tails, limit.max_rows)
         for name in self.inputs:
             stream = stream_name(self.pipeline, name)
             last = tails[name]
@@ -961,12 +966,59 @@ class JetStreamReader(DataSourceStreamReader):
                     hint="the stream was deleted or purged under a running query",
                 )
             if isinstance(limit, ReadMaxRows) and name not in self._group:
-                # (A partition's records are never cut short: see _tails.)
+                # (A partition's records are cut short only at a moment: _merged_within.)
                 last = min(last, position + limit.max_rows)
             if cap is not None:
                 last = max(position, min(last, cap.get(name, position)))
             latest[name] = last
         return latest
+
+    def _merged_within(
+        self, client: SyncJetStream, begin: dict[str, int], tails: dict[str, int], budget: int
+    ) -> dict[str, int]:
+        """``tails`` (a snapshot, see :meth:`_tails`) with the merged partitions' ends
+        brought back to what each had stored by one moment, when together they are more
+        than ``budget`` records behind: a consumer of a scaled element stopped for an hour
+        read the hour in one batch (the read limit was never applied to partitions), and
+        every replay of its logged cut did again — a worker out of memory at every retry,
+        on every node it was restored to.
+
+        The moment is the earliest among each behind partition's record an even share of
+        ``budget`` ahead, as the broker stamped them when it stored them: one clock, so a
+        moved key's first record on its target, stored after the target read the key's
+        state and so after its last record on the origin, is within the moment only if
+        that one is too (the snapshot's reason). At least the record that set the moment
+        is read: the next batch goes on. (A broker's clock set back meanwhile is the one
+        thing this takes on trust, as the broker's own searches by time do.)
+        """
+        behind = {name: tails[name] - begin.get(name, 0) for name in self._group}
+        if min(behind.values()) < 0 or sum(behind.values()) <= budget:
+            return tails  # (a stream gone backwards is told by the caller)
+        moving = [name for name, count in behind.items() if count > 0]
+        share = max(1, budget // len(moving))
+
+        async def stamps(js: Any) -> list[str | None]:
+            return list(await asyncio.gather(*(
+                stored_stamp(js, stream_name(self.pipeline, name),
+                             begin.get(name, 0) + min(share, behind[name]))
+                for name in moving
+            )))  # fmt: skip
+
+        found = [stamp for stamp in client.run(stamps) if stamp]
+        if not found:
+            return tails  # (trimmed or deleted meanwhile: told when read)
+        moment = min(found, key=stamp_nanos)
+
+        async def ends(js: Any) -> list[int]:
+            return list(await asyncio.gather(*(
+                last_stored_by(js, stream_name(self.pipeline, name), moment)
+                for name in self._group
+            )))  # fmt: skip
+
+        bounded = dict(tails)
+        for name, end in zip(self._group, client.run(ends), strict=True):
+            bounded[name] = max(begin.get(name, 0), min(tails[name], end))
+        return bounded
 
     def _tails(self, client: SyncJetStream) -> dict[str, int] | None:
         """Every input's last sequence. With merged partitions (see :meth:`read`), a
@@ -974,7 +1026,8 @@ class JetStreamReader(DataSourceStreamReader):
         at one moment. A key moved between partitions has its last records on the origin
         stored before its state, and its first on the target after the target read that
         state; a cut that holds the latter then holds the former, and the merge puts them in
-        order. (Which is also why a partition's range is never cut short by the read limit.)
+        order. (Which is also why a partition's range is cut short only at a moment of the
+        broker's clock: :meth:`_merged_within`.)
         ``None`` when :data:`SNAPSHOT_TRIES` collects never agreed: no batch is cut from
         them (one that held a moved key's first record on the target but not its last on
         the origin would merge them out of order, and every replay of its logged cut

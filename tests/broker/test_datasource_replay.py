@@ -23,10 +23,12 @@ from fogshift.broker.client import (
     delete_pe_stream,
     ensure_pe_stream,
     shared_client,
+    stamp_nanos,
+    stored_stamp,
 )
 from fogshift.broker.datasource import JetStreamReader, cut_of, positions_of
 from fogshift.broker.keys import KeyMove
-from fogshift.broker.naming import data_subject, keys_subject
+from fogshift.broker.naming import data_subject, keys_subject, stream_name
 from fogshift.broker.publish import Record, publish_records
 from fogshift.broker.server import BrokerProcess
 from fogshift.common.gate import write_gate
@@ -166,8 +168,8 @@ def test_the_partitions_of_one_element_meet_a_reader_merged_by_input_position(
                "inputs": "p0,p1,x", "merged": "p0|p1", "gate": str(tmp_path / "gate")}  # fmt: skip
     reader = JetStreamReader(options)
     start = reader.initialOffset()
-    # The read limit never cuts a partition short (the merge needs whole snapshots).
-    end = reader.latestOffset(start, ReadMaxRows(2))
+    # (Within the read limit: each input whole. Beyond it, see the test after.)
+    end = reader.latestOffset(start, ReadMaxRows(8))
     assert positions_of(end) == {"p0": 3, "p1": 3, "x": 2}
     rows = _rows(reader, start, end)
     assert [v for _, v in rows] == ["p0@1", "p1@2", "p1@3", "p0@4", "p0@5", "p1@6", "x@1", "x@2"]
@@ -175,6 +177,53 @@ def test_the_partitions_of_one_element_meet_a_reader_merged_by_input_position(
     assert origins == sorted(set(origins)) and origins[-1] == 3 + 3 + 2
     # A re-execution in another process: the same rows, the same origins.
     assert _rows(JetStreamReader(options), start, end) == rows
+
+
+def test_merged_partitions_far_behind_are_read_to_one_moment_within_the_limit(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    """A consumer of a scaled element far behind read its whole backlog in one batch (the
+    read limit never applied to partitions): now each batch ends where every partition
+    stood at one moment of the broker's clock — a snapshot still — within the limit."""
+    # p0's records, then p1's, then p0's again: a partition's later records stored after
+    # the other's.
+    for name, count in (("p0", 6), ("p1", 6), ("p0", 6)):
+        js_client.run(lambda js, n=name: ensure_pe_stream(js, "behind", n))
+
+        async def append(js: Any, n: str = name, c: int = count) -> None:
+            for _ in range(c):
+                await js.publish(data_subject("behind", n), b"{}", stream=stream_name("behind", n))
+
+        js_client.run(append)
+
+    def stamp(name: str, seq: int) -> str | None:
+        return js_client.run(lambda js: stored_stamp(js, stream_name("behind", name), seq))
+
+    stamps = {name: [stamp(name, seq) or "" for seq in range(1, last + 1)]
+              for name, last in (("p0", 12), ("p1", 6))}  # fmt: skip
+    broker = nats_server.address.save(tmp_path / "broker.json")
+    options = {"broker": str(broker), "pipeline": "behind", "pe": "sink", "epoch": "1",
+               "inputs": "p0,p1", "merged": "p0|p1", "gate": str(tmp_path / "gate")}  # fmt: skip
+    reader = JetStreamReader(options)
+    # Within the limit, or no limit: the tails as they are.
+    assert reader._available(js_client, {}, ReadMaxRows(18), None) == {"p0": 12, "p1": 6}
+    assert reader._available(js_client, {}, ReadAllAvailable(), None) == {"p0": 12, "p1": 6}
+    begin: dict[str, int] = {"p0": 0, "p1": 0}
+    batches = []
+    while begin != {"p0": 12, "p1": 6}:
+        end = reader._available(js_client, begin, ReadMaxRows(8), None)
+        assert end is not None
+        size = sum(end[n] - begin[n] for n in end)
+        assert 0 < size <= 8, (begin, end)
+        # One moment: every record within it stored before every record after it.
+        inside = [stamp_nanos(s) for n in end for s in stamps[n][: end[n]]]
+        outside = [stamp_nanos(s) for n in end for s in stamps[n][end[n] :]]
+        assert max(inside) < min(outside, default=max(inside) + 1), (begin, end)
+        batches.append(end)
+        begin = end
+    # p0's first four (an even share of 8), then up to p1's fourth (p0's first six were
+    # stored before it), then the rest.
+    assert batches[:2] == [{"p0": 4, "p1": 0}, {"p0": 6, "p1": 4}], batches
 
 
 def test_a_cut_an_older_instance_logs_while_the_newer_plans_is_followed_not_forked(
