@@ -710,8 +710,17 @@ class Scaling(KeyMoves):
             self.broker.run(
                 partial(_ensure_streams, pipeline=pipeline, ids=new, window_s=window_s), timeout=60
             )
-            for part in added:  # (checkpoints of an earlier partition of the same id)
-                self.central.forget(pipeline, part.id)
+            for part in added:
+                # What an earlier partition of the same id left on the node: its retirement
+                # discards it, but not on a node away then, and once this one is placed the
+                # reconciler's clean-ups spare it — a start that is not this scale's first
+                # (carried on after a crash, the reconciler's restart) resumed that
+                # partition's checkpoint, and a central pull took its snapshot as this one's
+                # newest. A node that does not answer fails the scale, nothing changed.
+                self.agent(part.node).delete(
+                    f"/pipelines/{pipeline}/elements/{part.id}", params={"discard": True}
+                )
+                self.central.forget(pipeline, part.id)  # (its checkpoints there too)
             self.registry.add_elements(pipeline, change, added)
             self.permissions.sync(self.registry)  # the nodes may use the added streams
         # From here on idempotent: a call after one that failed midway (a node or the broker

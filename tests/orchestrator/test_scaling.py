@@ -127,6 +127,9 @@ def test_a_scale_out_that_failed_midway_is_finished_by_the_same_request_again(
         orch._place(record.spec, _parts(orch), 3, ["fog-c"], "source")
     assert agents["cloud"].received("PUT", SINK) == []  # the sink still reads p0 and p1
     assert orch.central.newest("p", "aggregate-p2") is None
+    # And what it left on the node, before the spec named the partition there.
+    (discard,) = agents["fog-c"].received("DELETE", ADDED)
+    assert discard.query == {"discard": "true"}
     # The spec has the partition and the sink reads it, yet neither runs so: again.
     record = orch.registry.get_pipeline("p")
     assert record is not None
@@ -598,6 +601,22 @@ def test_a_broker_away_fails_a_scale_out_before_the_spec_changes(
     after = orch.registry.get_pipeline("p")
     assert after is not None and [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
     assert "aggregate-p2" not in after.spec.element("sink").inputs
+    assert agents["fog-c"].received("PUT", ADDED) == []
+
+
+def test_a_node_that_cannot_discard_an_earlier_partition_of_the_id_fails_the_scale_first(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    """A partition retired while its node was away left its checkpoint there: placed again
+    under its id, every start but the scale's first (carried on after a crash, restarted
+    by the reconciler) resumed the retired one's state and offsets."""
+    _beat(orch, agents)
+    agents["fog-c"].fail("DELETE", ADDED)
+    record = orch.registry.get_pipeline("p")
+    assert record is not None
+    with pytest.raises(FogshiftError):
+        orch._place(record.spec, _parts(orch), 3, ["fog-c"], "source")
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0", "aggregate-p1"]
     assert agents["fog-c"].received("PUT", ADDED) == []
 
 
