@@ -1274,9 +1274,12 @@ class Deployment(Journal):
             # and a lost node elsewhere does not fail it.)
             answers: list[TwinState] = []
             for part in [parts[first], *(p for p in parts if p is not parts[first])]:
-                answers.append(answer := ask(part.id))
+                answer = ask(part.id)
                 if any(e.waiting is None for e in answer.entries):
-                    return _with_partition(answer)
+                    if part is parts[first] or not _left_behind(owners, key):
+                        return _with_partition(answer)
+                    continue  # (an older copy: its owner's answer, or the wait, is the one)
+                answers.append(answer)
             waits = next((a for a in answers if a.entries), None)
             if waits is None and owners is not None and owners.last_move(key):
                 waits = self._in_flight(name, element_id, parts, key, ask)
@@ -1285,7 +1288,10 @@ class Deployment(Journal):
                 return _with_partition(waits)
             return answers[0].model_copy(update={"element": element_id})
         # The whole partitioned element: every partition's keys, each read as of its own
-        # newest committed batch (the answer's batch is the oldest of those).
+        # newest committed batch (the answer's batch is the oldest of those). Where each
+        # stood first: a key moving whose origin has sent its state and whose target has
+        # not taken it in is held by neither (each commits the move in its own batch).
+        before = self._positions(name, parts) if owners is not None and owners.last else {}
         answers = [ask(p.id) for p in parts]
         batches = [a.batch for a in answers]
         held = {  # (a key's state at its owner: a copy elsewhere is an older one's, restored)
@@ -1296,15 +1302,17 @@ class Deployment(Journal):
             and parts[min(owners.owner(e.key), len(parts) - 1)].id == a.element
         }  # fmt: skip
         owned = {k for k, _ in held}
-        entries = sorted(
-            (
-                e.model_copy(update={"partition": a.element})
-                for a in answers
-                for e in a.entries
-                if e.waiting is not None or e.key not in owned or (e.key, a.element) in held
-            ),
-            key=lambda e: e.key or "",
-        )
+        kept = [
+            e.model_copy(update={"partition": a.element})
+            for a in answers
+            for e in a.entries
+            if e.waiting is not None
+            or (e.key, a.element) in held
+            or (e.key not in owned and not _left_behind(owners, e.key))
+        ]
+        listed = {e.key for e in kept}
+        moving = self._moving(name, element_id, parts, before, listed) if before else []
+        entries = sorted([*kept, *moving], key=lambda e: e.key or "")
         return TwinState(
             pipeline=name,
             element=element_id,
@@ -1312,9 +1320,47 @@ class Deployment(Journal):
             batch=None if None in batches else min(b for b in batches if b is not None),
             key_by=answers[0].key_by,
             keys=sum(a.keys for a in answers),
-            waiting=sum(a.waiting for a in answers),
+            waiting=sum(a.waiting for a in answers) + len(moving),
             entries=entries[:limit],
         )
+
+    def _positions(self, name: str, parts: list[ElementSpec]) -> dict[str, int | None]:
+        """How far each partition had committed its first input (``None``: not known: its
+        node lost, or not answering)."""
+        placement = self.pipeline(name).placement
+        found: dict[str, int | None] = {}
+        for part in parts:
+            node = placement.get(part.id)
+            known = self.registry.node(node) if node else None
+            healthy = known is not None and self.healthy(known)
+            found[part.id] = (self._position(name, part.id, parts[0].inputs[0], known.name)
+                              if healthy and known is not None else None)  # fmt: skip
+        return found
+
+    def _moving(
+        self, name: str, element_id: str, parts: list[ElementSpec],
+        before: dict[str, int | None], listed: set[str | None],
+    ) -> list[TwinEntry]:  # fmt: skip
+        """The keys no partition listed whose newest move's state is stored at an input
+        position their target had not reached ``before`` the partitions were asked: in
+        flight (as :meth:`_in_flight` says of one key), each a waiting entry at its target.
+        Taken in since, the target's answer lists the key; a key listed nowhere whose target
+        had passed its state has none (the PE dropped it)."""
+        owners = self._read_owners(name, parts[0], element_id)  # (states stored since)
+        if owners is None:
+            return []
+        moving = []
+        for key, (move, seq) in owners.carried.items():
+            if key in listed or owners.last_move(key) != move:
+                continue
+            owner = owners.owner(key)
+            target = parts[owner if owner < len(parts) else 0]
+            position = before.get(target.id)
+            if position is None or position < seq:
+                waiting = KeyWaiting(move=move, events=0)
+                moving.append(TwinEntry(key=key, state=None, partition=target.id,
+                                        waiting=waiting))  # fmt: skip
+        return moving
 
     def _in_flight(
         self, name: str, element_id: str, parts: list[ElementSpec], key: str,
@@ -1341,6 +1387,17 @@ class Deployment(Journal):
         entry = TwinEntry(key=key, state=None, waiting=KeyWaiting(move=move, events=0))
         return TwinState(pipeline=name, element=target.id, node=node or "", batch=None,
                          key_by=target.key_by, keys=0, waiting=1, entries=[entry])  # fmt: skip
+
+
+def _left_behind(owners: Ownership | None, key: str | None) -> bool:
+    """Whether a state of ``key`` at a partition that does not own it is an older copy: its
+    newest move's state was sent (the origin holds none after), so a partition holding
+    one was restored from a checkpoint before the move and holds it until it replays the
+    move. While that state is not sent, the origin's is the key's."""
+    if owners is None or key is None:
+        return False
+    move = owners.last_move(key)
+    return move is not None and owners.pending.get(key) != move
 
 
 def _with_partition(answer: TwinState) -> TwinState:

@@ -315,6 +315,21 @@ def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never
     assert entry.key == "s1" and entry.state is None and entry.partition == "aggregate-p1"
     assert entry.waiting is not None and entry.waiting.move == "m1"
     assert (moving.element, moving.node, moving.waiting) == ("aggregate-p1", "fog-b", 1)
+    # So does the whole element's listing (the key was in neither partition's answer: gone
+    # from the listing while it moved), s8 not (it carried no state).
+    every = orch.twin_state("p", "aggregate")
+    assert [(e.key, e.partition, e.waiting and e.waiting.move) for e in every.entries] == [
+        ("s1", "aggregate-p1", "m1")
+    ]
+    assert every.waiting == 1 and every.keys == 0
+    # A move stored after the listing's look at the owners is seen all the same.
+    owners.apply(KeyMove(50, "m2", "aggregate", ("s2",), 1))
+    owners.settle(KeyState(51, "m2", "aggregate", "s2", 0, {"n": "4"}))
+    assert [e.key for e in orch.twin_state("p", "aggregate").entries] == ["s1", "s2"]
+    owners = Ownership(2)
+    owners.apply(KeyMove(30, "m1", "aggregate", ("s1", "s8"), 1))
+    owners.settle(KeyState(40, "m1", "aggregate", "s1", 1, {"n": "9"}))
+    owners.settle(KeyState(41, "m1", "aggregate", "s8", 1, {}))
     # A key moved without state waits for nothing: it has had no event yet (it was "waiting
     # for key move m1" until one came), and its owner's node says so.
     unseen = orch.twin_state("p", "aggregate", "s8")
@@ -322,6 +337,12 @@ def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never
     # Taken in (committed past 40), its state dropped by the PE since: no state, not waiting.
     agents["fog-b"].answer("GET", progress, body={**at, "offset": {"positions": {"source": 40}}})
     assert orch.twin_state("p", "aggregate", "s1").entries == []
+    # Its origin, restored from before the move, holds its older state again until it
+    # replays the move: that was the answer, and listed, though the move's state was sent.
+    agents["fog-a"].answer("GET", p0, body=_twins("aggregate-p0", "fog-a", {"s1": {"n": 1}}))
+    assert orch.twin_state("p", "aggregate", "s1").entries == []
+    assert orch.twin_state("p", "aggregate").entries == []
+    agents["fog-a"].answer("GET", p0, body=_twins("aggregate-p0", "fog-a", {}))
     # A key that never moved and is held nowhere has had no event yet, says its owner.
     assert partition_of_key("s3", 2) == 0
     never = orch.twin_state("p", "aggregate", "s3")
