@@ -687,7 +687,9 @@ class NodeRuntime:
             )
             log.error("%s: %s", hosted.plan.query_name, hosted.error)
             return
-        delay = min(RESTART_BACKOFF_MAX_S, 2.0 ** (hosted.failures - 1))
+        # (The exponent capped: 2.0 ** 1024 overflows — after ~8.5 h of failures in a row
+        # — and the monitor then restarted the PE every round, the node's lock held.)
+        delay = min(RESTART_BACKOFF_MAX_S, 2.0 ** min(hosted.failures - 1, 16))
         hosted.retry_at = time.monotonic() + delay  # (a clock stepped back delays nothing)
 
     def _stop_counted(self, hosted: HostedElement) -> None:

@@ -245,6 +245,12 @@ def test_other_failures_are_retried_with_capped_backoff_and_reset_by_progress(
     h.query = FakeQuery("broker gone again")  # type: ignore[assignment]
     runtime._check(h)
     assert round(h.retry_at - time.monotonic()) == 1
+    # Failing for hours (a broker cut off): still 30 s (2 ** 1024 raised OverflowError, its
+    # restart time left in the past: restarted every monitor round).
+    h.failures, h.retry_at = 2000, 0.0
+    runtime._check(h)  # restart
+    runtime._check(h)  # it fails
+    assert round(h.retry_at - time.monotonic()) == RESTART_BACKOFF_MAX_S
 
 
 def test_a_pe_failing_in_a_row_on_a_checkpoint_spark_cannot_read_is_reported_so(
