@@ -53,7 +53,7 @@ from fogshift.checkpoint.store import (
     take_snapshot,
 )
 from fogshift.common.files import DISK_FULL
-from fogshift.common.gate import acknowledged, open_gate, write_gate
+from fogshift.common.gate import acknowledged, gate_nonce, open_gate, write_gate
 from fogshift.common.names import NAME_PATTERN, pe_folder, pipeline_folder
 from fogshift.common.text import one_line
 from fogshift.contracts import (
@@ -833,6 +833,8 @@ class NodeRuntime:
             # migration's pause, inside the PE's exclusive section, for the whole timeout.)
             if hosted.state in (PEState.FAILED, PEState.FENCED, PEState.STOPPED):
                 break
+            if gate_nonce(gate) != nonce:
+                break  # opened (the orchestrator gave up and resumed it) or held anew since
             if acknowledged(gate, nonce):
                 batch = committed_batch(checkpoint)
                 query = hosted.query
@@ -841,13 +843,18 @@ class NodeRuntime:
                     planned_batch(checkpoint) == batch
                     and not busy
                     and self._turn(
-                        hosted, (PEState.STARTING, PEState.RUNNING, PEState.PAUSED), PEState.PAUSED
+                        hosted,
+                        (PEState.STARTING, PEState.RUNNING, PEState.PAUSED),
+                        PEState.PAUSED,
+                        # (Its gate still this pause's: a resume that came while this waited
+                        # for the lock opened it, and PAUSED then hid a running PE.)
+                        still=lambda: acknowledged(gate, nonce),
                     )
                 ):
                     log.info("paused %s at batch %s", hosted.plan.query_name, batch)
                     return self._position(hosted)
             time.sleep(0.01)
-        self._open(hosted)
+        self._open(hosted, nonce)
         if hosted.state in (PEState.FAILED, PEState.FENCED, PEState.STOPPED):
             raise NodeNotReady(
                 f"{pipeline}/{pe} on node {self.config.name!r} cannot pause: its query is "
@@ -867,18 +874,25 @@ class NodeRuntime:
         log.info("resumed %s", hosted.plan.query_name)
         return self._position(hosted)
 
-    def _open(self, hosted: HostedElement) -> None:
+    def _open(self, hosted: HostedElement, nonce: str | None = None) -> None:
         """Open the gate of ``hosted`` if it is still the instance hosted under its name (a
         pause that ended after its PE was removed and deployed anew must not open the new
-        one's gate: another operation may be pausing it)."""
+        one's gate: another operation may be pausing it) and, given its ``nonce``, the gate
+        is still that one's (a pause that timed out must not open a hold or cap written
+        since)."""
         with self._lock:
             if self._elements.get(hosted.key) is not hosted:
+                return
+            if nonce is not None and gate_nonce(self.gate_file(*hosted.key)) not in (None, nonce):
                 return
             open_gate(self.gate_file(*hosted.key))
             hosted.gated = False
         self._turn(hosted, (PEState.PAUSED,), PEState.RUNNING)
 
-    def _turn(self, hosted: HostedElement, was: tuple[PEState, ...], now: PEState) -> bool:
+    def _turn(
+        self, hosted: HostedElement, was: tuple[PEState, ...], now: PEState,
+        still: Callable[[], bool] | None = None,
+    ) -> bool:  # fmt: skip
         """Set ``hosted``'s state to ``now`` if it is one of ``was`` and ``hosted`` is still the
         instance hosted under its name; whether it did. Under the lock the monitor changes
         states under: a pause that saw its query at a boundary, then wrote PAUSED over the
@@ -886,6 +900,8 @@ class NodeRuntime:
         reconciler, and the resume after made it RUNNING with no query, for good."""
         with self._lock:
             if hosted.state not in was or self._elements.get(hosted.key) is not hosted:
+                return False
+            if still is not None and not still():
                 return False
             hosted.state = now
             return True

@@ -68,6 +68,14 @@ def acknowledged(gate: str | Path, nonce: str) -> bool:
         return False
 
 
+def gate_nonce(gate: str | Path) -> str | None:
+    """The nonce of the gate in force (``None``: open), without acknowledging it."""
+    try:
+        return str(json.loads(Path(gate).read_text())["nonce"])
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
 def read_gate(gate: str | None) -> dict[str, Any] | None:
     """The gate in force (``None``: open). Called by readers, once per batch plan."""
     if not gate:

@@ -70,6 +70,7 @@ class FakeQuery:
         self.error = error
         self.runId = "run-1"
         self.lastProgress: dict[str, Any] | None = None
+        self.status = {"isTriggerActive": False}
 
     def exception(self) -> Any:
         return RuntimeError(self.error) if self.error else None
@@ -921,6 +922,43 @@ def test_a_pause_that_ends_after_its_pe_was_deployed_anew_leaves_the_new_gate_al
     with pytest.raises(NodeNotReady):
         runtime.pause("x", "p", timeout_s=5)
     assert gate_mode(runtime.gate_file("x", "p")) == "hold" and new.gated
+
+
+def test_a_pause_whose_gate_a_resume_opened_meanwhile_leaves_it_running(
+    runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pause saw its boundary, then waited for the node's lock (a query start holds it
+    # for seconds); the orchestrator, answered too late, resumed the PE: its gate open, the
+    # pause then wrote PAUSED — a running PE reported paused, its stuck-batch watchdog off.
+    from fogshift.agent.exceptions import NodeNotReady
+
+    h = hosted(tmp_path)
+    h.state, h.query = PEState.RUNNING, FakeQuery()  # type: ignore[assignment]
+    runtime._elements[("x", "p")] = h
+    seen = node.acknowledged
+    looks: list[bool] = []
+
+    def resumed_meanwhile(gate: Any, nonce: Any) -> bool:
+        if not looks:
+            runtime.resume("x", "p")
+        looks.append(seen(gate, nonce))
+        return len(looks) == 1 or looks[-1]
+
+    monkeypatch.setattr(node, "acknowledged", resumed_meanwhile)
+    with pytest.raises(NodeNotReady):
+        runtime.pause("x", "p", timeout_s=5)
+    assert h.state == PEState.RUNNING and not h.gated
+    # A pause that gave up does not open a hold written since (another operation's).
+    from fogshift.common.gate import gate_mode, write_gate
+
+    def held_anew(gate: Any, nonce: Any) -> bool:
+        write_gate(gate, "hold")
+        return False
+
+    monkeypatch.setattr(node, "acknowledged", held_anew)
+    with pytest.raises(NodeNotReady):
+        runtime.pause("x", "p", timeout_s=5)
+    assert gate_mode(runtime.gate_file("x", "p")) == "hold" and h.gated
 
 
 def keyed(runtime: NodeRuntime) -> HostedElement:
