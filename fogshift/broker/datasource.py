@@ -501,6 +501,8 @@ class JetStreamReader(DataSourceStreamReader):
         self.slow_link_s = float(options.get("slow_link_ms", SLOW_LINK_S * 1000)) / 1000
         #: Whether the first batch's start was checked against the inputs' trimmed records.
         self._history_checked = False
+        #: Whether the last :meth:`_available` brought merged partitions back to a moment.
+        self._at_moment = False
 
     def initialOffset(self) -> dict:  # noqa: N802
         return offset(dict(self.since))
@@ -661,6 +663,15 @@ class JetStreamReader(DataSourceStreamReader):
             return start  # (no snapshot of merged inputs' tails now: the next look tries)
         if len(self.inputs) > 1:
             latest = self._clamped(client, begin, latest)
+            if self._at_moment and all(latest[n] == begin.get(n, 0) for n in self._group):
+                # The merged partitions brought back to a moment (_merged_within) before a
+                # listed move's place in one of them, the clamp holding another at its
+                # place: the next look would find the same moment, for good. The whole
+                # snapshot then, as before there was a bound (it holds every place stored).
+                whole = self._available(client, begin, limit, cap, bounded=False)
+                if whole is None:
+                    return start
+                latest = self._clamped(client, begin, whole)
         if latest == begin:
             return start
         self._idle = False
@@ -946,15 +957,19 @@ class JetStreamReader(DataSourceStreamReader):
         begin: dict[str, int],
         limit: ReadLimit,
         cap: dict[str, int] | None,
+        bounded: bool = True,
     ) -> dict[str, int] | None:
         """Every input's end for the next batch: what is stored, within the limit and cap
-        (``None``: merged inputs' tails that never stood still, see :meth:`_tails`)."""
+        (``None``: merged inputs' tails that never stood still, see :meth:`_tails`); merged
+        partitions within the limit at one moment if ``bounded`` (:meth:`_merged_within`)."""
         latest: dict[str, int] = {}
         tails = self._tails(client)
         if tails is None:
             return None
-        if isinstance(limit, ReadMaxRows) and self.merged:
-            tails = self._merged_within(client, begin, tails, limit.max_rows)
+        self._at_moment = False
+        if bounded and isinstance(limit, ReadMaxRows) and self.merged:
+            within = self._merged_within(client, begin, tails, limit.max_rows)
+            self._at_moment, tails = within != tails, within
         for name in self.inputs:
             stream = stream_name(self.pipeline, name)
             last = tails[name]

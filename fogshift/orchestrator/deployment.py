@@ -1319,7 +1319,10 @@ class Deployment(Journal):
             node=", ".join(dict.fromkeys(a.node for a in answers)),
             batch=None if None in batches else min(b for b in batches if b is not None),
             key_by=answers[0].key_by,
-            keys=sum(a.keys for a in answers),
+            # (Older copies left out are no keys of the element.)
+            keys=sum(a.keys for a in answers)
+            - sum(1 for a in answers for e in a.entries if e.waiting is None)
+            + sum(1 for e in kept if e.waiting is None),
             waiting=sum(a.waiting for a in answers) + len(moving),
             entries=entries[:limit],
         )

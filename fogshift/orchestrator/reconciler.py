@@ -4,6 +4,7 @@ restarting missing PEs, restoring those of lost nodes, removing strays."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -240,22 +241,44 @@ class Reconciler(Coordination):
             self._restart_restore(pipeline, element_id, pause, stranded)
 
     def _owed_by_journal(self) -> None:
-        """Owe each restore whose PE's newest journal entry says the recovery restarted it:
-        its restart never began (an orchestrator that died between deciding it and its
-        entry, or while it was owed), and the PE stayed on its dead node for good if its
-        recovery is not automatic. Due once a node's silence can be judged (a node that
-        came back is heard by then: owed nothing)."""
-        newest = {(op.pipeline, op.element): op for op in self.registry.operations()}
+        """Owe each restore the recovery restarted whose restart never succeeded: the PE's
+        newest journal entries are that restart, then only failed restores (its tries
+        while it was owed), and nothing moved it since — it is placed where that restore
+        began, under the newest entry's epoch, its pipeline's status unchanged since (a
+        stop, a start or a deploy adds no entry). An orchestrator that died between deciding
+        the restart and its entry, or while it was owed, left the PE on its dead node for
+        good if its recovery is not automatic. Due once a node's silence can be judged (a
+        node that came back is heard by then: owed nothing)."""
+        journal: dict[tuple[str, str], list[Operation]] = {}
+        for op in self.registry.operations():
+            journal.setdefault((op.pipeline, op.element), []).append(op)
         due = time.monotonic() + self.config.node_timeout_s
-        for key, op in newest.items():
-            if op.kind != OperationKind.RESTORE or op.outcome != f"recovered: {RESTARTED}":
+        for key, ops in journal.items():
+            if key in self._restores_owed:
                 continue
-            record = self.registry.get_pipeline(op.pipeline)
-            node = None if record is None else record.placement.get(op.element)
-            if node is not None and key not in self._restores_owed:
-                log.info("recovery: the restore of %s/%s restarted by an earlier orchestrator "
-                         "did not begin: owed (its node %s)", *key, node)  # fmt: skip
-                self._restores_owed[key] = (due, 0.0, node)
+            newest = ops[-1]
+            tries = list(itertools.takewhile(
+                lambda op: op.kind == OperationKind.RESTORE and op.outcome == "failed",
+                reversed(ops),
+            ))  # fmt: skip
+            restarted = ops[-1 - len(tries)] if len(tries) < len(ops) else None
+            if (
+                restarted is None
+                or restarted.kind != OperationKind.RESTORE
+                or restarted.outcome != f"recovered: {RESTARTED}"
+            ):
+                continue
+            record = self.registry.get_pipeline(newest.pipeline)
+            if (
+                record is None
+                or record.placement.get(newest.element) != restarted.origin
+                or self.registry.epoch(*key) != newest.epoch
+                or record.status_since > newest.updated
+            ):
+                continue
+            log.info("recovery: the restore of %s/%s an earlier orchestrator restarted did "
+                     "not succeed: owed (its node %s)", *key, restarted.origin)  # fmt: skip
+            self._restores_owed[key] = (due, 0.0, restarted.origin)
 
     def recover_pipelines(self) -> list[str]:
         """Finish what an orchestrator that died left of a deploy or a stop.

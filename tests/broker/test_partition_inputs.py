@@ -293,3 +293,43 @@ def test_a_key_group_move_is_read_only_once_stored_in_every_input_and_as_their_u
     whole = {"type": "jetstream", "positions": {"a": on_a, "b": b13}}
     assert target._shift_after(start, whole) == xa + xb + 1 - on_a > 0
     assert b1 < xb
+
+
+def test_merged_inputs_far_behind_go_on_past_a_listed_move_stored_in_one_of_them(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    """Inputs a and b, an upstream element's partitions merged, far behind the read limit:
+    the batch ends where both stood at one moment, and a listed move stored in a only holds
+    a at its place. The moment, a's records ahead, fell before b's every record once b had
+    read up to it: every look found the same empty batch, for good."""
+    inputs = Inputs(js_client)
+    js_client.run(lambda j: ensure_pe_stream(j, inputs.pipeline, "pe-p0"))  # (its cut log)
+    group = (partition_of_key(KEY, 4), 4)
+
+    def listed(name: str) -> int:
+        payload = KeyMove(0, "g1", "pe", (KEY,), 1, group=group).payload()
+        return inputs.publish(name, keys_subject(inputs.pipeline, name), payload)
+
+    for n in range(1, 7):
+        inputs.event("a", KEY, n)
+    xa = listed("a")
+    for n in range(7, 13):
+        inputs.event("a", KEY, n)
+    for n in range(21, 27):  # (all stored after a's records and a's place of the move)
+        inputs.event("b", OTHER, n)
+    planner = JetStreamReader({
+        "broker": str(nats_server.address.save(tmp_path / "broker.json")),
+        "pipeline": inputs.pipeline, "pe": "pe-p0", "inputs": "a,b", "merged": "a|b",
+        "epoch": "1", "partition": "pe:0:2", "key_by": "k",
+    })  # fmt: skip
+    limit = ReadMaxRows(4)
+    seen = [planner.initialOffset()]
+    while len(seen) < 12 and (end := planner.latestOffset(seen[-1], limit)) != seen[-1]:
+        seen.append(end)
+    ends = [positions_of(o) for o in seen[1:]]
+    # a up to its place (held there: b lacks the move), b on past the moment.
+    assert ends[-1] == {"a": xa - 1, "b": 6}, ends
+    assert all(e["a"] < xa for e in ends)
+    xb = listed("b")
+    end = planner.latestOffset(seen[-1], limit)
+    assert positions_of(end)["a"] >= xa and positions_of(end)["b"] == xb, end

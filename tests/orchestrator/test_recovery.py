@@ -321,7 +321,7 @@ def test_an_owed_restore_outlasts_a_busy_pe_and_the_unforeseen_and_ends_once_mov
     assert orch._restores_owed == {}
 
 
-def test_a_restart_decided_that_never_began_is_owed_by_the_next_orchestrator(
+def test_a_restart_decided_that_never_succeeded_is_owed_by_the_next_orchestrator(
     tmp_path: Path, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An orchestrator that died between deciding a restore's restart and the restart's own
@@ -331,7 +331,13 @@ def test_a_restart_decided_that_never_began_is_owed_by_the_next_orchestrator(
     with orchestrator_of(tmp_path, agents, manual) as orch:
         op = left_by_dead_orchestrator(orch, "restore", "installing")
         orch.registry.finish(op, f"recovered: {reconciler.RESTARTED}")
-        # The sink's restart did begin (an entry after it): owed nothing.
+        # Tried once while it was owed (no healthy node then), before that one died too.
+        tried = orch.registry.begin_operation(
+            "restore", "p", "aggregate", "fog-a", "fog-c", "dead0rchestr", "fencing",
+            new_epoch=True,
+        )  # fmt: skip
+        orch.registry.finish(tried.id, "failed")
+        # The sink's restart did begin and succeed (an entry after it): owed nothing.
         for outcome_of in (f"recovered: {reconciler.RESTARTED}", "restored"):
             sink = orch.registry.begin_operation(
                 "restore", "p", "sink", "cloud", "fog-b", "dead0rchestr", "fencing"
@@ -349,6 +355,12 @@ def test_a_restart_decided_that_never_began_is_owed_by_the_next_orchestrator(
         _pause_over(orch)
         orch.restores_owed()
         assert asked == [("p", "aggregate")] and orch._restores_owed == {}
+        # Stopped and started since (no journal entry): what the journal owed is stale.
+        orch.registry.set_status("p", "stopped")  # type: ignore[arg-type]
+        orch.registry.set_status("p", "running")  # type: ignore[arg-type]
+        orch._owed_read = False
+        orch.restores_owed()
+        assert orch._restores_owed == {}
 
 
 def test_an_owed_restore_is_left_to_an_automatic_recovery(

@@ -301,6 +301,7 @@ def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never
         ("s1", "aggregate-p1", {"n": 9}),
         ("s2", "aggregate-p0", {"n": 4}),
     ]
+    assert every.keys == 2  # (not p0's older copy of s1)
     # In flight: its origin sent the state it held (stored at 40), its target has not taken
     # it in yet (committed up to 35). It was "no state (it has had no valid event yet)".
     owners.settle(KeyState(40, "m1", "aggregate", "s1", 1, {"n": "9"}))
@@ -322,10 +323,20 @@ def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never
         ("s1", "aggregate-p1", "m1")
     ]
     assert every.waiting == 1 and every.keys == 0
-    # A move stored after the listing's look at the owners is seen all the same.
-    owners.apply(KeyMove(50, "m2", "aggregate", ("s2",), 1))
-    owners.settle(KeyState(51, "m2", "aggregate", "s2", 0, {"n": "4"}))
+    # A move stored after the listing's look at the owners (while it asked the partitions)
+    # is seen all the same.
+    looks: list[object] = []
+
+    def stored_meanwhile(*args: object) -> Ownership:
+        looks.append(args)
+        if len(looks) == 2:
+            owners.apply(KeyMove(50, "m2", "aggregate", ("s2",), 1))
+            owners.settle(KeyState(51, "m2", "aggregate", "s2", 0, {"n": "4"}))
+        return owners
+
+    monkeypatch.setattr(orch, "_ownership", stored_meanwhile)
     assert [e.key for e in orch.twin_state("p", "aggregate").entries] == ["s1", "s2"]
+    monkeypatch.setattr(orch, "_ownership", lambda *args: owners)
     owners = Ownership(2)
     owners.apply(KeyMove(30, "m1", "aggregate", ("s1", "s8"), 1))
     owners.settle(KeyState(40, "m1", "aggregate", "s1", 1, {"n": "9"}))
