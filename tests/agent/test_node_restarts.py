@@ -872,6 +872,14 @@ def test_a_pause_of_a_query_that_will_never_pause_ends_at_once(
     assert time.monotonic() - started < 5
 
 
+def running(runtime: NodeRuntime, tmp_path: Path) -> HostedElement:
+    """PE ``x/p`` running on ``runtime`` (a stand-in query)."""
+    h = hosted(tmp_path)
+    h.state, h.query = PEState.RUNNING, FakeQuery()  # type: ignore[assignment]
+    runtime._elements[("x", "p")] = h
+    return h
+
+
 def test_a_pause_that_meets_its_query_fenced_at_the_boundary_leaves_it_fenced(
     runtime: NodeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -880,9 +888,7 @@ def test_a_pause_that_meets_its_query_fenced_at_the_boundary_leaves_it_fenced(
     # resume after made it RUNNING with no query, for good.
     from fogshift.agent.exceptions import NodeNotReady
 
-    h = hosted(tmp_path)
-    h.state, h.query = PEState.RUNNING, FakeQuery()  # type: ignore[assignment]
-    runtime._elements[("x", "p")] = h
+    h = running(runtime, tmp_path)
 
     def fenced_meanwhile(gate: Any, nonce: Any) -> bool:
         with runtime._lock:  # (the monitor's round)
@@ -932,9 +938,7 @@ def test_a_pause_whose_gate_a_resume_opened_meanwhile_leaves_it_running(
     # pause then wrote PAUSED — a running PE reported paused, its stuck-batch watchdog off.
     from fogshift.agent.exceptions import NodeNotReady
 
-    h = hosted(tmp_path)
-    h.state, h.query = PEState.RUNNING, FakeQuery()  # type: ignore[assignment]
-    runtime._elements[("x", "p")] = h
+    h = running(runtime, tmp_path)
     seen = node.acknowledged
     looks: list[bool] = []
 
