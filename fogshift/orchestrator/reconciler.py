@@ -216,7 +216,7 @@ class Reconciler(Coordination):
         restores it).
 
         The debt is this process's memory: at its first call, each restore the journal
-        says was restarted with no operation of its PE after it is owed again
+        says the recovery restarted, and that has not succeeded since, is owed again
         (:meth:`_owed_by_journal`)."""
         if not self._owed_read:
             self._owed_read = True
