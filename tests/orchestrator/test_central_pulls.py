@@ -64,6 +64,12 @@ def _manifest(pipeline: str, element: str, batch: int, data: bytes) -> dict[str,
                                   "sha256": hashlib.sha256(data).hexdigest()}}}  # fmt: skip
 
 
+def _pull(orch: Orchestrator, since: float) -> None:
+    """One central pull of p/aggregate from fog-a, as a round that read the pipeline's
+    record at status time ``since`` makes it."""
+    orch._pull_one("p", "aggregate", "fog-a", ("p", "aggregate"), since)
+
+
 @contextmanager
 def _serving(orch: Orchestrator, manifest: dict[str, Any], data: bytes) -> Iterator[None]:
     """fog-a's agent answering p/aggregate's newest snapshot with ``manifest`` (and its
@@ -210,13 +216,12 @@ def test_a_pull_that_outlives_a_stop_and_a_fresh_deploy_stores_nothing_of_the_ru
         orchestrator.registry.put_pipeline(parse_spec(SPEC, tmp_path), "deploying")
         orchestrator.central.forget("p")
         orchestrator.registry.set_status("p", "running")
-        key = ("p", "aggregate")
-        orchestrator._pull_one("p", "aggregate", "fog-a", key, seen.status_since)
+        _pull(orchestrator, seen.status_since)
         assert orchestrator.central.newest("p", "aggregate") is None
         # A round that read the record after the deploy stores what the node holds.
         now = orchestrator.registry.get_pipeline("p")
         assert now is not None and now.status_since != seen.status_since
-        orchestrator._pull_one("p", "aggregate", "fog-a", key, now.status_since)
+        _pull(orchestrator, now.status_since)
         assert (orchestrator.central.newest("p", "aggregate") or {}).get("id") == old["id"]
 
 
@@ -231,11 +236,10 @@ def test_a_pull_from_a_node_the_pe_left_meanwhile_stores_nothing(
         seen = orchestrator.registry.get_pipeline("p")
         assert seen is not None and seen.placement["aggregate"] == "fog-a"
         orchestrator.registry.set_placement("p", "aggregate", "fog-b")  # restored there
-        key = ("p", "aggregate")
-        orchestrator._pull_one("p", "aggregate", "fog-a", key, seen.status_since)
+        _pull(orchestrator, seen.status_since)
         assert orchestrator.central.newest("p", "aggregate") is None
         orchestrator.registry.set_placement("p", "aggregate", "fog-a")  # (and back)
-        orchestrator._pull_one("p", "aggregate", "fog-a", key, seen.status_since)
+        _pull(orchestrator, seen.status_since)
         assert (orchestrator.central.newest("p", "aggregate") or {}).get("id") == zombie["id"]
 
 
@@ -288,8 +292,7 @@ def test_a_node_cannot_plant_another_pes_checkpoint_in_the_central_store(
         record = orchestrator.registry.get_pipeline("p")
         assert record is not None
         with pytest.raises(InvalidInput, match="belongs to another PE") as refused:
-            orchestrator._pull_one("p", "aggregate", "fog-a", ("p", "aggregate"),
-                                   record.status_since)  # fmt: skip
+            _pull(orchestrator, record.status_since)
         assert refused.value.received == "q/y"
     assert orchestrator.central.newest("q", "y") is None
     assert orchestrator.central.newest("p", "aggregate") is None
