@@ -1221,8 +1221,10 @@ class TwinState(BaseModel):
         key_by: The PE's key field, ``None`` for an unkeyed PE.
         keys: How many keys hold state (all of them, also when ``entries`` is cut).
         waiting: How many keys moving in wait for their state (all of them).
-        entries: The keys asked for, sorted by key, at most ``limit`` of them: those
-            holding state, and those waiting for it (see :attr:`TwinEntry.waiting`).
+        entries: The keys asked for, sorted by key, at most ``limit`` of them (the first
+            ones: fewer when their stored state passes the node's page size,
+            ``agent.node.TWIN_PAGE_BYTES``): those holding state, and those waiting for it
+            (see :attr:`TwinEntry.waiting`).
     """
 
     model_config = _WIRE

@@ -203,6 +203,11 @@ UNCOUNTED_LIMIT_S = 30.0
 
 #: The agent's exit code when its Spark JVM is gone.
 JVM_GONE_EXIT = 70
+#: The most stored state text (the key index's lengths) a page of twins without a key
+#: collects to the agent's driver: fewer keys than asked when theirs is longer (at least
+#: one). 1000 keys of 1 MiB each, all collected, passed Spark's ``maxResultSize``; as Python
+#: objects a page takes a few times its text.
+TWIN_PAGE_BYTES = 64 * 1024 * 1024
 
 
 def jvm_exit_code() -> int | None:
@@ -1231,8 +1236,9 @@ class NodeRuntime:
         batch: int | None
         states: dict[str | None, Any]
         # A page of a large keyed state: its first ``limit`` keys by the key index (when it
-        # covers the newest commit: no Spark job), the others never collected (1000 keys of
-        # 1 MiB each, all read, passed Spark's maxResultSize). A small one: one job, as is.
+        # covers the newest commit: no Spark job), fewer if their state is longer than
+        # ``TWIN_PAGE_BYTES``, the others never collected (1000 keys of 1 MiB each, all
+        # read, passed Spark's maxResultSize). A small one: one job, as is.
         at, indexed = self._indexed_keys(pipeline, pe) if keyed and key is None else (None, None)
         if keyed and key is None and indexed is None and at is not None:
             # The index does not cover the newest commit (a PE resumed from a copy): its
@@ -1240,7 +1246,7 @@ class NodeRuntime:
             # the page is read by its keys. All the state was read for one page before.
             self.state_keys(pipeline, pe)
             at, indexed = self._indexed_keys(pipeline, pe)
-        only = sorted(indexed)[:limit] if indexed is not None and len(indexed) > limit else None
+        only = _page(indexed, limit) if indexed is not None else None
         at = at if only is not None else None  # (the page read at the batch it was listed at)
         if runs_on_jvm(element):
             batch, states = read_jvm_window(
@@ -1268,6 +1274,8 @@ class NodeRuntime:
         entries += [
             TwinEntry(key=k, state=None, waiting=KeyWaiting(move=move, events=events))
             for k, (move, events) in waiting.items()
+            # (A page is a prefix of the keys: not one waiting past the page's last.)
+            if only is None or k <= only[-1]
         ]
         entries.sort(key=lambda e: e.key or "")
         return TwinState(
@@ -1281,10 +1289,10 @@ class NodeRuntime:
             entries=entries[:limit],
         )
 
-    def _indexed_keys(self, pipeline: str, pe: str) -> tuple[int | None, list[str] | None]:
-        """The newest committed batch of a keyed PE and the keys holding state as of it, by
-        its key index alone (keys ``None``: the index does not cover that batch; no Spark
-        job is run)."""
+    def _indexed_keys(self, pipeline: str, pe: str) -> tuple[int | None, dict[str, int] | None]:
+        """The newest committed batch of a keyed PE and the keys holding state as of it with
+        their stored state's length, by its key index alone (keys ``None``: the index does
+        not cover that batch; no Spark job is run)."""
         checkpoint = self.checkpoint_dir(pipeline, pe)
         with self._key_index_lock(pipeline, pe):
             batch = committed_batch(checkpoint)
@@ -1292,7 +1300,11 @@ class NodeRuntime:
         if variables is None:
             return batch, None
         # (A key that only waits for its move's state holds ``held`` alone: no state yet.)
-        return batch, [k for k, names in variables.items() if any(n != "held" for n in names)]
+        return batch, {
+            k: sum(v for v in names.values())
+            for k, names in variables.items()
+            if any(n != "held" for n in names)
+        }
 
     def state_keys(self, pipeline: str, pe: str) -> StateKeys:
         """The keys a keyed PE holds anything for, as of its newest committed batch (see
@@ -1785,6 +1797,20 @@ class NodeRuntime:
 
 
 _SPARK_TRAILERS = re.compile(r" SQLSTATE: |\n=== Streaming Query ===|\n\tat |\n\s*at org\.apache")
+
+
+def _page(sizes: dict[str, int], limit: int) -> list[str] | None:
+    """The keys of a page of twins: the first ``limit`` keys of ``sizes`` (each key's
+    stored state length), sorted, fewer once their lengths pass :data:`TWIN_PAGE_BYTES` (at
+    least one); ``None`` when that is every key (the whole state is read as is)."""
+    page: list[str] = []
+    total = 0
+    for key in sorted(sizes):
+        if len(page) == limit or (page and total + sizes[key] > TWIN_PAGE_BYTES):
+            return page
+        page.append(key)
+        total += sizes[key]
+    return None
 
 
 def _pe_names(root: Path) -> set[str]:

@@ -840,8 +840,9 @@ def state(
         return
     batch = "no batch committed yet" if data.batch is None else f"batch {data.batch}"
     keys = f"{data.keys} key" + ("" if data.keys == 1 else "s")
-    if key is None and len(data.entries) >= limit and data.keys + data.waiting > limit:
-        keys += f", the first {len(data.entries)} shown (--limit)"
+    if key is None and len(data.entries) < data.keys + data.waiting:
+        # (Fewer than --limit when their state passes the agent's page size.)
+        keys += f", the first {len(data.entries)} shown (--limit, or their state's size)"
     keyed = f"keyed by {data.key_by}, {keys}" if data.key_by else "not keyed"
     if data.waiting:
         keyed += f", {data.waiting} waiting for a key move's state"

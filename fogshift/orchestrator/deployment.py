@@ -1313,6 +1313,12 @@ class Deployment(Journal):
         listed = {e.key for e in kept}
         moving = self._moving(name, element_id, parts, before, listed) if before else []
         entries = sorted([*kept, *moving], key=lambda e: e.key or "")
+        # A partition's page cut short (by ``limit``, or its node's page size) ends at its
+        # last key: the others' keys past it would leave a hole before them.
+        ends = [a.entries[-1].key or "" for a in answers
+                if a.entries and len(a.entries) < a.keys + a.waiting]  # fmt: skip
+        if ends:
+            entries = [e for e in entries if (e.key or "") <= min(ends)]
         return TwinState(
             pipeline=name,
             element=element_id,

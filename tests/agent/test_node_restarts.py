@@ -1063,6 +1063,35 @@ def test_a_page_of_twins_without_a_key_index_reads_only_the_pages_keys(
     assert jobs == ["state of ['a', 'b', 'c'] at 3"]
 
 
+def test_a_page_of_twins_holds_fewer_keys_once_their_state_passes_the_page_size(
+    runtime: NodeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1000 keys of 1 MiB each in one page passed Spark's maxResultSize: a page is cut at
+    # TWIN_PAGE_BYTES of stored state by the key index's lengths (its first key always).
+    from fogshift.checkpoint import key_index
+
+    _, checkpoint = hosted_at_batch_3(runtime)
+    key_index.write_base(key_index.folder_of(checkpoint), 3, {
+        "a": {"f_sum": 3, "f_count": 1}, "b": {"f_sum": 6}, "c": {"f_sum": 2},
+        "d": {"held": 9},  # (waiting for its move's state: no state, no key)
+    })  # fmt: skip
+    reads: list[Any] = []
+
+    def read_state(spark: Any, cp: Any, parts: Any, keyed: bool, key: Any, only: Any,
+                   at: Any) -> Any:  # fmt: skip
+        reads.append(only)
+        return 3, {k: {"sum": 9} for k in (only if only is not None else ["a", "b", "c"])}
+
+    monkeypatch.setattr(node, "read_state", read_state)
+    monkeypatch.setattr(node, "TWIN_PAGE_BYTES", 10)
+    page = runtime.twin_state("x", "agg")
+    assert (reads, page.keys, [e.key for e in page.entries]) == ([["a", "b"]], 3, ["a", "b"])
+    monkeypatch.setattr(node, "TWIN_PAGE_BYTES", 3)  # (less than the first key's)
+    assert [e.key for e in runtime.twin_state("x", "agg").entries] == ["a"]
+    monkeypatch.setattr(node, "TWIN_PAGE_BYTES", 12)  # (every key: the state read as is)
+    assert runtime.twin_state("x", "agg").keys == 3 and reads[-1] is None
+
+
 def test_a_key_listing_across_a_fresh_deploy_gives_the_new_history_no_base(
     runtime: NodeRuntime, monkeypatch: pytest.MonkeyPatch
 ) -> None:

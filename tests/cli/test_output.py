@@ -56,11 +56,13 @@ def test_a_state_read_says_when_it_shows_part_of_the_keys_or_none_for_a_key(
         ))  # fmt: skip
         return " ".join(fogshift_in_process("state", "p", "agg", *args).stdout.split())
 
-    assert "keyed by sensor, 4 keys, the first 2 shown (--limit)" in read(
+    assert "keyed by sensor, 4 keys, the first 2 shown (--limit, or their state's size)" in read(
         4, ["s1", "s2"], "--limit", "2"
     )
-    # Fewer entries than keys without a cut (a restored partition's duplicate dropped).
-    assert "keyed by sensor, 3 keys)" in read(3, ["s1", "s2"])
+    # Fewer than --limit, cut by the agent's page size (their state long): said too.
+    assert "keyed by sensor, 3 keys, the first 2 shown (--limit, or their state's size)" in read(
+        3, ["s1", "s2"]
+    )
     assert "keyed by sensor, 1 key)" in read(1, ["s1"])
     assert "keyed by sensor, 2 keys)" in read(2, ["s1", "s2"])
     missing = read(2, [], "s9")

@@ -273,6 +273,25 @@ def _twins(part: str, node: str, entries: dict[str, Any]) -> dict[str, Any]:
                                               for k, v in entries.items()]}  # fmt: skip
 
 
+def test_a_listing_of_partitions_ends_where_a_partitions_page_was_cut(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Partition 0's page ends at s8 (its node's page size: its keys' state is long), one of
+    # its keys past it; partition 1's s9 after s8 would have shown a listing with a hole.
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_read_owners", lambda *args: None)
+    cut = _twins("aggregate-p0", "fog-a", {"s1": {"n": 1}, "s8": {"n": 8}})
+    agents["fog-a"].answer("GET", "/pipelines/p/elements/aggregate-p0/state",
+                           body={**cut, "keys": 3})  # fmt: skip
+    agents["fog-b"].answer(
+        "GET",
+        "/pipelines/p/elements/aggregate-p1/state",
+        body=_twins("aggregate-p1", "fog-b", {"s2": {"n": 2}, "s9": {}}),
+    )
+    every = orch.twin_state("p", "aggregate")
+    assert ([e.key for e in every.entries], every.keys) == (["s1", "s2", "s8"], 5)
+
+
 def test_a_key_is_read_where_its_moves_put_it_not_from_an_older_copy_or_as_never_seen(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
