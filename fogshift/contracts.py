@@ -262,7 +262,13 @@ class CentralCheckpoint(BaseModel):
 
 
 class ReplicaInfo(BaseModel):
-    """The newest whole-looking checkpoint copy a node holds of one PE."""
+    """The newest whole-looking checkpoint copy a node holds of one PE.
+
+    Its ``id`` is its batch's (``checkpoint.store.snapshot_id``): a PE restored from an
+    older checkpoint, or a partition added again under a retired one's id, numbers its
+    batches again from below, so a copy is one checkpoint only by its ``id`` and its
+    ``created`` together (:attr:`checkpoint`).
+    """
 
     model_config = _WIRE
 
@@ -271,6 +277,11 @@ class ReplicaInfo(BaseModel):
     id: str
     batch: int | None
     created: float
+
+    @property
+    def checkpoint(self) -> tuple[str, float]:
+        """What names the checkpoint copied: its id and when it was taken."""
+        return self.id, self.created
 
 
 class LeftCheckpoint(BaseModel):

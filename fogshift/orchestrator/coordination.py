@@ -462,13 +462,14 @@ class Coordination(Scaling):
             holders: dict[str, str] = {}
             for n in self.registry.nodes():
                 held = {
-                    r.id
+                    r.checkpoint
                     for r in n.report.replicas
                     if (r.pipeline, r.element) == (pipeline, element_id)
                 }
                 # Another node helps only with this very checkpoint; the target's own copy,
                 # even an older one, saves every file the two have in common.
-                if self.healthy(n) and (manifest.id in held or (held and n.name == target)):
+                this = (manifest.id, manifest.created) in held
+                if self.healthy(n) and (this or (held and n.name == target)):
                     holders[n.name] = n.url
             if self._topology is None:
                 order = [*sorted(holders, key=lambda n: n != target), "central"]

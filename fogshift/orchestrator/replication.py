@@ -180,11 +180,13 @@ class Replication(Replanning):
                 if newest is None:
                     continue
                 held = {
-                    r.id
+                    r.checkpoint
                     for r in node.report.replicas
                     if (r.pipeline, r.element) == (record.name, element.id)
                 }
-                if newest["id"] in held:
+                # (By its id alone, the new history's checkpoint of a PE restored from an
+                # older one was "held" where the old one's of that batch was: not pushed.)
+                if (newest["id"], newest["created"]) in held:
                     continue
                 started = time.perf_counter()
                 try:
@@ -246,8 +248,12 @@ class Replication(Replanning):
         record = self.registry.node(node)
         if record is None:
             return None
-        ids = {r.id for r in record.report.replicas if (r.pipeline, r.element) == (pipeline, pe)}
-        held = [m for m in self.central.manifests(pipeline, pe) if m["id"] in ids]
+        ids = {
+            r.checkpoint
+            for r in record.report.replicas
+            if (r.pipeline, r.element) == (pipeline, pe)
+        }
+        held = [m for m in self.central.manifests(pipeline, pe) if (m["id"], m["created"]) in ids]
         return self.central.blobs_of(held) if held else None
 
     def heartbeat(self, name: str, report: Heartbeat, generation: int | None = None) -> None:

@@ -279,6 +279,35 @@ def test_replicas_of_pes_no_running_pipeline_has_here_elsewhere_are_dropped(
     }
 
 
+def test_a_backup_holding_an_older_historys_checkpoint_of_the_same_id_gets_the_new_one(
+    orchestrator: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The PE was restored from an older checkpoint (or its partition id added again): its
+    # batches count again from below, and its new b4 was "held" by fog-b, its backup,
+    # which held the old history's b4 — never pushed, its restore's nearest copy wrong.
+    from types import SimpleNamespace
+
+    from tests.orchestrator.standin import standins
+
+    monkeypatch.setattr(orchestrator, "planned", lambda *args: SimpleNamespace(backup="fog-b"))
+    orchestrator.central.put({**_manifest("p", "aggregate", 4, b""), "created": 2.0},
+                             lambda rel: b"")  # fmt: skip
+    with standins("fog-b") as agents:
+        agents["fog-b"].answer("POST", "/replicas/p/aggregate", body={"fetched_bytes": 0})
+        for created, pushes in ((1.0, 1), (2.0, 0)):
+            copy = {"pipeline": "p", "element": "aggregate", "id": "b000000000004",
+                    "batch": 4, "created": created}  # fmt: skip
+            orchestrator.heartbeat("fog-b", Heartbeat.model_validate(
+                {"url": agents["fog-b"].url, "ready": True, "replicas": [copy]}))  # fmt: skip
+            agents["fog-b"].calls.clear()
+            orchestrator.push_replicas()
+            assert [c.path for c in agents["fog-b"].calls if c.method == "POST"] == [
+                "/replicas/p/aggregate"
+            ] * pushes
+            held = orchestrator.held_by("fog-b", "p", "aggregate")
+            assert (held is not None) == (pushes == 0)
+
+
 def test_a_node_cannot_plant_another_pes_checkpoint_in_the_central_store(
     orchestrator: Orchestrator,
 ) -> None:
