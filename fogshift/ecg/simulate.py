@@ -143,9 +143,16 @@ def piece(patient: Patient, duration_s: float, fs: int, seed: int, n: int) -> np
         if onset <= begin_s:
             signal = segment(end_s - begin_s, fs, rate, std, _piece_seed(base, n, 1))
         else:
-            before = segment(onset - begin_s, fs, patient.heart_rate, 1.0, _piece_seed(base, n, 0))
-            after = segment(end_s - onset, fs, rate, std, _piece_seed(base, n, 1))
-            signal = np.concatenate([before[: round(onset * fs) - first], after])
+            # Each part by its count of samples: ``end_s - onset`` rounded on its own lost
+            # a sample to the two roundings' at some onsets (598.97 s at 250 Hz), the
+            # piece one short and every later window of the recording one sample off.
+            k = round(onset * fs) - first
+            before = segment(k / fs, fs, patient.heart_rate, 1.0, _piece_seed(base, n, 0))
+            after = segment((length - k) / fs, fs, rate, std, _piece_seed(base, n, 1))
+            signal = np.concatenate([before[:k], after])
+    if signal.size < length:
+        raise BadSignal(f"piece {n} of {patient.name}'s recording has {signal.size} samples, "
+                        f"not {length}")  # fmt: skip
     return np.round(signal[:length] * patient.gain, 5)
 
 

@@ -122,7 +122,46 @@ def encode_state(value: Any) -> str:
             "it would not read back as it is: JSON has no tuples (they read back as lists) "
             "and its object keys are text (an int key reads back as a str)"
         )
+    _check_plain(value)
     return text
+
+
+#: The types a state reads back as from its JSON text, exactly.
+_PLAIN = (dict, list, str, int, float, bool, type(None))
+
+
+def _check_plain(value: Any) -> None:
+    """Refuse a value that reads back equal but not the same: a ``defaultdict``, a
+    ``Counter``, numpy's scalars, an enum or a list held twice compare equal to what their
+    text reads back as, but the instance holding them and one rebuilt from the text (after
+    a dead letter, a restart, a move) go on differently: a ``defaultdict``'s missing key
+    raised ``KeyError`` once rebuilt (every event after a dead letter dead-lettered), and
+    ``round(np.float64(2.675), 2)`` is not ``round(2.675, 2)``.
+
+    Raises:
+        ValueError: Such a value, with where it is and what it is.
+    """
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        kind = type(item)
+        if kind not in _PLAIN:
+            plain = next((t.__name__ for t in _PLAIN if isinstance(item, t)), None)
+            raise ValueError(
+                f"its value{' at ' + where if where else ''} is of type {kind.__name__}"
+                + (f", which reads back as a plain {plain}" if plain else "")
+                + ": keep state in dict, list, str, int, float, bool and None"
+            )
+        if kind is dict or kind is list:
+            if id(item) in seen:
+                raise ValueError(
+                    f"its value{' at ' + where if where else ''} is held twice in it: it "
+                    "reads back as two copies (a change to one would no longer change both)"
+                )
+            seen.add(id(item))
+            pairs = item.items() if kind is dict else enumerate(item)
+            stack.extend((v, f"{where}[{k!r}]") for k, v in pairs)
 
 
 class ProcessingElement:

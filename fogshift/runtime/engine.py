@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
+import reprlib
 import sys
 import threading
 import uuid
@@ -204,7 +205,7 @@ def _build(
     """``cls.build``; whatever it raises is an ElementError (nothing an event did)."""
     try:
         return cls.build(options, pe, resume)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # (sys.exit() there ended the agent's monitor)
         what = "from its stored state" if resume is not None else "with its options"
         raise ElementError(
             f"processor {pe!r} ({cls.__name__}) of pipeline {pipeline!r} cannot be built "
@@ -218,7 +219,7 @@ def _assign(pipeline: str, pe: str, processor: Processor) -> Processor:
     """``on_assign()`` of a new instance; what it raises is an ElementError (set-up failed)."""
     try:
         processor.on_assign()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         call_hook(processor, "close", f"processor {pe!r} of pipeline {pipeline!r}")
         raise ElementError(
             f"processor {pe!r} ({type(processor).__name__}) of pipeline {pipeline!r} cannot be "
@@ -288,7 +289,10 @@ def _probe(plan: QueryPlan) -> type[Processor]:
     element = plan.element
     cls, opts = _processor_class(plan.pipeline, element.id, element.kind, dict(element.options))
     probe = _build(plan.pipeline, element.id, cls, opts, None)
-    call_hook(probe, "close", plan.query_name)
+    try:
+        _check_defaults(plan, cls, probe)
+    finally:
+        call_hook(probe, "close", plan.query_name)
     if element.key_by is not None and not cls.is_stateful():
         raise ElementError(
             f"PE {element.id!r} of pipeline {plan.pipeline!r} has key_by: {element.key_by} but "
@@ -298,6 +302,32 @@ def _probe(plan: QueryPlan) -> type[Processor]:
             hint="remove key_by, or declare the state to keep per key",
         )
     return cls
+
+
+def _check_defaults(plan: QueryPlan, cls: type[Processor], probe: Processor) -> None:
+    """Refuse a processor whose declared state fields' fresh values cannot be stored as they
+    are (a ``defaultdict``, a ``Counter``, numpy's numbers): every event would otherwise be
+    a dead letter for it (:func:`encode_state`). A class with its own ``snapshot()`` is
+    checked at its first batch (its snapshot may need ``on_assign()``).
+
+    Raises:
+        ElementError: Such a field, what it holds and what would do.
+    """
+    if cls.state_parts() is None:
+        return
+    for name in cls.state_fields:
+        value = getattr(probe, name)
+        try:
+            encode_state(value)
+        except (TypeError, ValueError) as exc:
+            raise ElementError(
+                f"processor {plan.element.id!r} ({cls.__name__}) of pipeline "
+                f"{plan.pipeline!r}: its state field {name!r} cannot be stored as it is: {exc}",
+                expected="state fields of JSON's types: dict, list, str, int, float, bool, None",
+                received=f"{name} = {type(value).__name__} ({reprlib.repr(value)})",
+                hint="e.g. state(default_factory=dict) and counts.get(key, 0) + 1 for a "
+                "defaultdict(int); float(x) for numpy's numbers",
+            ) from None
 
 
 def _partition() -> str:
@@ -518,9 +548,16 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             used: list[Processor] = [live] if live is not None else []
 
             def build(resume: Any) -> Processor:
-                processor = _build(pipeline, pe, self.cls, self.opts, resume)
-                used.append(processor)
-                return _assign(pipeline, pe, processor)
+                # The instance before it is never used again (an event undone is rebuilt
+                # from the known-good state): closed first, not at the batch's end — K
+                # dead letters held K + 1 instances and what their on_assign() loaded at
+                # once, and one holding a lock failed its successor's on_assign().
+                _drop(used, None, instance)
+                used.clear()
+                processor = _assign(pipeline, pe, _build(pipeline, pe, self.cls, self.opts,
+                                                         resume))  # fmt: skip
+                used.append(processor)  # (not before: _assign closes one that fails)
+                return processor
 
             def finish(processor: Processor) -> tuple[dict[str, str], Processor]:
                 return self._texts(processor, encoded), processor
@@ -538,10 +575,10 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     event_timeout_s=event_timeout_s,
                     watch=watch_for(gate),
                 )
+                marks = self._store_marks(before, self._store(stored, fresh), fresh)
             except BaseException:
                 _drop(used, None, instance)
                 raise
-            marks = self._store_marks(before, self._store(stored, fresh), fresh)
             _drop(used, final, instance)
             # Kept with the texts just stored: the next batch reuses it only if its stored
             # texts are these (not if this batch is retried, or an older checkpoint restored).

@@ -106,7 +106,7 @@ def load_class(reference: str, path: str | None = None) -> type[Processor]:
             # the PE failed the same way until the agent was restarted.
             module = importlib.reload(module)
         _IMPORTED[module_name] = _stamp(module)
-    except Exception as exc:  # not found, or the module itself raises (SyntaxError...)
+    except (Exception, SystemExit) as exc:  # not found, or its module raises (SyntaxError...)
         raise ElementError(
             f"cannot import processor class {reference!r}: {type(exc).__name__}: {exc}",
             expected=f"a module {module_name!r} importable on the node, from `path` or the "

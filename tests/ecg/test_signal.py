@@ -195,6 +195,23 @@ def test_pieces_before_the_onset_are_normal_and_after_it_abnormal(
     simulate.piece.cache_clear()
 
 
+def test_a_piece_with_an_onset_has_every_sample_whatever_the_roundings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Onset 598.97 s of 900 s at 250 Hz: its piece (480-600 s) was 29,999 samples, every
+    # later window one sample off the reference's recording.
+    _counting_segments(monkeypatch)
+    (p,) = patients(1, seed=3, abnormal_every=1, onset_s=30.0)
+    for onset in (598.97, 598.5, 510.01, 599.99):
+        sick = simulate.Patient(p.name, p.device, p.heart_rate, onset, p.rhythm, p.gain)
+        x = recording(sick, 900.0, 250, 3)
+        assert x.shape == (900 * 250,), onset
+        # The onset's sample is the abnormal part's first (its ramp restarts there).
+        at = round(onset * 250)
+        assert x[at] < x[at - 1], onset
+        simulate.piece.cache_clear()
+
+
 def test_a_window_outside_the_recording_is_refused() -> None:
     (p,) = patients(1, seed=2, abnormal_every=0, onset_s=30.0)
     with pytest.raises(BadSignal, match="not within"):

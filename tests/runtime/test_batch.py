@@ -465,6 +465,33 @@ def test_a_state_that_would_not_read_back_as_it_is_makes_its_event_a_dead_letter
     assert final == {"counts": {"7": 3}}
 
 
+def test_a_state_that_reads_back_equal_but_not_the_same_makes_its_event_a_dead_letter() -> None:
+    """numpy's float compares equal to the float its text reads back as, but does not round
+    alike (``round(np.float64(2.675), 2)`` is 2.68, ``round(2.675, 2)`` 2.67): the instance
+    holding it and one rebuilt from the text would emit different values."""
+    import numpy as np
+
+    class Mean(Processor):
+        total: float = state(0.0)
+
+        def process(self, event: Event) -> Any:
+            value = event.body["x"]
+            self.total = self.total + (np.float64(value) if event.body.get("np") else value)
+            return {"total": round(self.total, 2)}
+
+    rows = [row(1, x=1.0), row(2, x=1.675, np=True), row(3, x=1.675)]
+    records, final = run_batch(
+        lambda resume: Mean.build({}, "m", resume), lambda: None, rows,
+        finish=lambda p: json.loads(encode_state(p.snapshot())), pe="m",
+    )  # fmt: skip
+    events, dead = split(records)
+    assert (
+        list(dead) == [2] and "is of type float64, which reads back as a plain float" in (dead[2])
+    )
+    assert [json.loads(body)["total"] for _, _, body in events] == [1.0, 2.67]
+    assert final == {"total": 2.675} and type(final["total"]) is float
+
+
 class Ids(Processor):
     """Counts by id, ids ints: its own snapshot() writes them as text, and its restore()
     turns them back into ints."""

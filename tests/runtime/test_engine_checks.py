@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict
 
 from fogshift.events import DEFAULT_MAX_RECORD_BYTES, Event
-from fogshift.runtime.api import Processor
+from fogshift.runtime.api import Processor, state
 from fogshift.runtime.engine import QueryPlan, check_processor
 from fogshift.runtime.exceptions import ElementError
 from fogshift.spec.models import ElementSpec
@@ -44,6 +45,27 @@ class Hangs(Processor):
 class Explodes(Processor):
     def __init__(self, options: dict, element_id: str = "") -> None:
         raise RuntimeError("no constructor today")
+
+    def process(self, event: Event) -> None:
+        return None
+
+
+class Exits(Processor):
+    """sys.exit() in a constructor: it escaped the check (``except Exception``) and ended
+    the agent's monitor thread where a restart built it."""
+
+    def __init__(self, options: dict, element_id: str = "") -> None:
+        raise SystemExit(3)
+
+    def process(self, event: Event) -> None:
+        return None
+
+
+class Tally(Processor):
+    """A defaultdict for state compares equal to its text read back, a plain dict: once
+    rebuilt (after a dead letter) its first new key raised KeyError."""
+
+    counts: dict = state(default_factory=lambda: defaultdict(int))
 
     def process(self, event: Event) -> None:
         return None
@@ -91,6 +113,16 @@ def test_the_record_limit_has_one_default(tmp_path: Path) -> None:
         (
             {"class": "tests.runtime.test_engine_checks:Missing"},
             "module 'tests.runtime.test_engine_checks' has no class 'Missing'",
+        ),
+        (
+            {"class": "tests.runtime.test_engine_checks:Exits"},
+            "processor 'pe1' (Exits) of pipeline 'pl' cannot be built with its options: SystemExit",
+        ),
+        (
+            {"class": "tests.runtime.test_engine_checks:Tally"},
+            "processor 'pe1' (Tally) of pipeline 'pl': its state field 'counts' cannot be "
+            "stored as it is: its value is of type defaultdict, which reads back as a plain "
+            "dict",
         ),
         (
             {"class": "tests.runtime.test_engine_checks:Explodes"},
