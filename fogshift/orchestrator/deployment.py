@@ -443,6 +443,18 @@ class Deployment(Journal):
         Raises:
             FogshiftError: The broker refused (the pipeline is then failed, not deploying).
         """
+        try:
+            # Rights a node holds now go first: withheld, no sync grants them, but one
+            # applied before stays until the config is rewritten — a run stopping (a deploy
+            # afresh may take over a stop an orchestrator left), a stop's sync that failed,
+            # the last config of an orchestrator restarted. A leftover instance could then
+            # append to a stream made anew ahead of its fence marker, which carried their
+            # position (the new run's records skipped as written).
+            self.permissions.sync(self.registry)
+        except Exception as exc:
+            reason = f"its nodes' broker rights could not be withdrawn first: {_said(exc)}"
+            self.registry.set_status(spec.pipeline, PipelineState.FAILED, reason)
+            raise
         # What the orchestrator remembers of the run before goes (shown as the new run's,
         # its migrations and restores read as this run's outcomes): first, as the registry
         # dropped its kept reports with the run's entry.

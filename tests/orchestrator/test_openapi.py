@@ -278,8 +278,10 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
     monkeypatch.setattr(orch.broker, "run", refused)
     # The nodes get their rights only once the streams are made and fenced (before, a node
     # that missed the last stop could append to a stream made anew ahead of its fence).
-    synced: list[object] = []
-    monkeypatch.setattr(orch.permissions, "sync", synced.append)
+    synced: list[set[str]] = []
+    monkeypatch.setattr(
+        orch.permissions, "sync", lambda registry: synced.append(set(orch.permissions._withheld))
+    )
     for _ in range(2):  # and again: not "already deploying"
         answer = as_(app, OPERATOR).post("/pipelines", json=spec)
         assert answer.status_code >= 500 and answer.json()["code"] == "broker_error", answer.text
@@ -291,13 +293,19 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
     assert "stream limits exceeded" in why
     assert orch.central.newest("p", "aggregate") is None
     assert ("p", "aggregate") not in orch.last_migration
-    assert synced == [] and withheld == [{"p"}, {"p"}]
+    # Synced before the streams are made, the pipeline withheld: rights a node held of a
+    # run before (stopping, a stop's sync that failed) are withdrawn, none given.
+    assert synced == [{"p"}, {"p"}] and withheld == [{"p"}, {"p"}]
     assert orch.permissions._withheld == set()
 
     # The nodes' broker rights that cannot be set: failed too, not left deploying (every
     # deploy again was refused as "already deploying" until a stop).
+    syncs: list[bool] = []
+
     def unsettable(registry: object) -> None:
-        raise BrokerError("cannot rewrite the broker's config")
+        syncs.append(True)
+        if len(syncs) % 2 == 0:  # (withdrawn first; given once the streams are made: not)
+            raise BrokerError("cannot rewrite the broker's config")
 
     monkeypatch.setattr(orch.permissions, "sync", unsettable)
     monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30, **_: None)  # (made)
@@ -308,6 +316,20 @@ def test_a_deploy_the_broker_fails_is_refused_and_left_failed_not_deploying(
     assert orch.registry.failure("p") == (
         "its nodes' broker rights could not be set: cannot rewrite the broker's config"
     )
+    # Rights that cannot be withdrawn first: no stream is made under them.
+    made: list[object] = []
+
+    def never(registry: object) -> None:
+        raise BrokerError("cannot rewrite the broker's config")
+
+    monkeypatch.setattr(orch.permissions, "sync", never)
+    monkeypatch.setattr(orch.broker, "run", lambda make, timeout=30, **_: made.append(make))
+    answer = as_(app, OPERATOR).post("/pipelines", json=spec)
+    assert answer.status_code >= 500 and answer.json()["code"] == "broker_error", answer.text
+    assert orch.registry.failure("p") == (
+        "its nodes' broker rights could not be withdrawn first: cannot rewrite the broker's config"
+    )
+    assert made == []
     # A stop forgets it (a stopped pipeline did not fail).
     orch.registry.set_status("p", PipelineState.STOPPED)
     assert orch.registry.failure("p") is None
