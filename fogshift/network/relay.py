@@ -50,20 +50,25 @@ CHUNK_BYTES = 64 * 1024
 #: Bytes a direction may hold before it stops reading from its source: the "link" can
 #: carry at most this much in flight, i.e. at most BUFFER_BYTES / delay bytes per second.
 BUFFER_BYTES = 16 * 1024 * 1024
+#: The least a direction holds: a few full Ethernet frames. (Four chunks, 256 KiB, were
+#: 2.1 s of queue in front of a 1 Mbit/s link, 4.1 s at 512 kbit/s: every message on the
+#: connection waited behind a bulk transfer's backlog.)
+MIN_BUFFER_BYTES = 4 * 1514
 
 
 def buffer_bytes_for(profile: LinkProfile) -> int:
     """What a direction of a relay in front of a link of ``profile`` may hold: the link's
-    bandwidth times its longest delay (mean + 3 sd) and 0.1 s, between four chunks and
-    :data:`BUFFER_BYTES`. Behind a limited link, 16 MiB queued in front of ``tbf`` hid the
-    bottleneck from the sender (no backpressure for 134 s at 1 Mbit/s: uploads "sent" long
-    before the link carried them, replies waiting behind the backlog); without a limit, the
-    delay alone is the link, and :data:`BUFFER_BYTES` of it are in flight at most."""
+    bandwidth times its longest delay (mean + 3 sd) and 0.1 s, between
+    :data:`MIN_BUFFER_BYTES` and :data:`BUFFER_BYTES`. Behind a limited link, 16 MiB queued
+    in front of ``tbf`` hid the bottleneck from the sender (no backpressure for 134 s at
+    1 Mbit/s: uploads "sent" long before the link carried them, replies waiting behind the
+    backlog); without a limit, the delay alone is the link, and :data:`BUFFER_BYTES` of it
+    are in flight at most."""
     bps = profile.bandwidth_bps
     if bps is None:
         return BUFFER_BYTES
     longest_s = (profile.mean_ms + 3 * profile.sd_ms) / 1000 + 0.1
-    return max(4 * CHUNK_BYTES, min(BUFFER_BYTES, int(bps / 8 * longest_s)))
+    return max(MIN_BUFFER_BYTES, min(BUFFER_BYTES, int(bps / 8 * longest_s)))
 
 
 CLONE_NEWNET = 0x40000000
@@ -131,7 +136,7 @@ class RelayConfig(BaseModel):
     ready_file: Path | None = None
     watch_interface: str | None = None
     seed: int | None = None
-    buffer_bytes: int = Field(default=BUFFER_BYTES, ge=CHUNK_BYTES)
+    buffer_bytes: int = Field(default=BUFFER_BYTES, ge=MIN_BUFFER_BYTES)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     log_max_bytes: int = Field(default=LOG_MAX_BYTES, ge=0)
 
@@ -232,6 +237,11 @@ class Relay:
                      route.target_port, exc)  # fmt: skip
             _reset(client_writer)
             return
+        except BaseException:
+            # Cancelled (the relay closing) while it connects: the client's connection is
+            # closed too — left open, Python 3.12's wait_closed() waited for it for good.
+            _reset(client_writer)
+            raise
         clean = False
         try:
             async with asyncio.TaskGroup() as group:
@@ -259,7 +269,8 @@ class Relay:
             nonlocal buffered
             last_release = 0.0
             while True:
-                data = await source.read(CHUNK_BYTES)
+                # (Not more than the direction holds: a chunk read whole overshot it.)
+                data = await source.read(min(CHUNK_BYTES, self.buffer_bytes))
                 release = max(loop.time() + self.profile.sample_delay_s(self._rng), last_release)
                 last_release = release
                 queue.put_nowait((release, data))

@@ -203,6 +203,35 @@ def test_closing_the_relay_frees_its_port_and_drops_connections(echo_server: Ser
         socket.create_connection(relay.addresses["test"], timeout=5)
 
 
+def test_closing_the_relay_drops_a_connection_still_reaching_its_target() -> None:
+    # Cancelled while it connected (a SYN the far end dropped), the client's connection was
+    # left open: Python 3.12's Server.wait_closed() waited for it for good (a relay's
+    # SIGTERM never ended). The target here accepts nothing: its backlog is full.
+    with contextlib.ExitStack() as stack:
+        full = stack.enter_context(socket.socket())
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        for _ in range(4):  # (SYNs beyond the backlog are dropped: connects hang)
+            waiting = stack.enter_context(socket.socket())
+            waiting.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                waiting.connect(full.getsockname())
+        relay = relay_to(int(full.getsockname()[1]), parse_link_profile("n0")).start()
+        sock = stack.enter_context(connect(relay))
+        sock.sendall(b"ping")
+        deadline = time.monotonic() + 10
+        while not relay._relay._connections and time.monotonic() < deadline:
+            time.sleep(0.01)  # (accepted, and connecting on)
+        assert relay._relay._connections
+        relay.close()
+        sock.settimeout(5)
+        try:
+            gone = sock.recv(10) == b""
+        except ConnectionResetError:
+            gone = True
+        assert gone
+
+
 def test_a_limited_links_relay_holds_about_what_the_link_carries_in_its_delay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -212,11 +241,13 @@ def test_a_limited_links_relay_holds_about_what_the_link_carries_in_its_delay(
     from fogshift.broker.client import BrokerAddress
     from fogshift.network.links import LinkProfile
     from fogshift.network.links import parse_link_profile as parse_profile
-    from fogshift.network.relay import BUFFER_BYTES, CHUNK_BYTES, buffer_bytes_for
+    from fogshift.network.relay import BUFFER_BYTES, MIN_BUFFER_BYTES, buffer_bytes_for
     from fogshift.supervisor import cluster as cluster_ops
 
     assert buffer_bytes_for(LinkProfile()) == BUFFER_BYTES  # the delay alone is the link
-    assert buffer_bytes_for(parse_profile("1mbit")) == 4 * CHUNK_BYTES
+    # 1 Mbit/s for 0.1 s; below a few frames, those (256 KiB before: 2.1 s of queue).
+    assert buffer_bytes_for(parse_profile("1mbit")) == int(1_000_000 / 8 * 0.1)
+    assert buffer_bytes_for(parse_profile("8kbit")) == MIN_BUFFER_BYTES
     n500 = parse_profile("10mbit,n500")  # 500 ± 50 ms: 1.25 MB/s for 0.75 s
     assert buffer_bytes_for(n500) == int(10_000_000 / 8 * 0.75)
     made: list[object] = []
@@ -234,4 +265,4 @@ def test_a_limited_links_relay_holds_about_what_the_link_carries_in_its_delay(
     broker = BrokerAddress("nats://127.0.0.1:4222")
     with pytest.raises(Spawned):
         cluster_ops.start_isolated_node(tmp_path, link, "http://127.0.0.1:1", broker)  # type: ignore[arg-type]
-    assert [c.buffer_bytes for c in made] == [4 * CHUNK_BYTES]  # type: ignore[attr-defined]
+    assert [c.buffer_bytes for c in made] == [int(1_000_000 / 8 * 0.1)]  # type: ignore[attr-defined]
