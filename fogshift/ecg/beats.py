@@ -4,7 +4,8 @@ R-peaks are found in the band-passed signal (``scipy.signal.find_peaks``) over t
 plus a short tail of the one before, so a beat cut by a window boundary is still seen once;
 a peak counts only once the signal after it is in hand (:data:`SETTLE_S`) and it is later
 than the last beat by more than a refractory period, and by more than half the recent
-intervals (so a tall T wave is not a beat). From the last beats come three features
+intervals (so a tall T wave is not a beat), and no lower than :data:`MIN_R` (a flat
+line's noise is not a beat). From the last beats come three features
 of the rhythm — heart rate, and two robust measures of irregularity — that the classifier
 reads.
 The state is plain JSON (lists and numbers), kept per patient by the ``classify`` PE.
@@ -29,6 +30,18 @@ MIN_BEATS = 6
 #: Beats in a recording's first second are not counted: the filter and the threshold are
 #: still settling (a first beat cut in half, a baseline step).
 WARMUP_S = 1.0
+#: The least height of an R wave (the band-passed signal's units: millivolts times the
+#: wearable's gain; the simulated patients' lowest R wave is 0.07). With a threshold
+#: relative to the tallest sample alone, a flat line's rounding noise (1e-14) was beats
+#: every 2 s — a lost electrode read as a normal rhythm of 28 bpm.
+MIN_R = 0.02
+#: The longest interval the T-wave rule (half the recent intervals) goes by: one across a
+#: pause in the signal made the rule skip every other beat after it.
+MAX_RR_S = 2.0
+#: No beat for this long is no rhythm at all (asystole, or the electrodes off): the
+#: classifier then takes the window as abnormal (:func:`silent`). The simulated rhythms'
+#: longest interval is 1.2 s.
+SILENT_S = 3.0
 
 
 def fresh() -> dict[str, Any]:
@@ -45,7 +58,7 @@ def step(state: dict[str, Any], samples: np.ndarray, fs: float) -> dict[str, Any
     start = int(state["tail_start"])
     beats = [int(b) for b in state["beats"]]
     top = float(segment.max()) if segment.size else 0.0
-    if top > 0:
+    if top >= MIN_R:
         found, _ = find_peaks(segment, height=0.45 * top, distance=max(int(REFRACTORY_S * fs), 1))
         settled = segment.size - int(SETTLE_S * fs)
         for peak in found:
@@ -54,7 +67,8 @@ def step(state: dict[str, Any], samples: np.ndarray, fs: float) -> dict[str, Any
             # not a beat (even the most irregular rhythms simulated stay above that).
             gap = REFRACTORY_S * fs
             if len(beats) >= 4:
-                gap = max(gap, 0.5 * float(np.median(np.diff(beats[-4:]))))
+                recent = min(float(np.median(np.diff(beats[-4:]))), MAX_RR_S * fs)
+                gap = max(gap, 0.5 * recent)
             fresh_beat = not beats or at - beats[-1] > gap
             if peak <= settled and at >= WARMUP_S * fs and fresh_beat:
                 beats.append(at)
@@ -65,6 +79,15 @@ def step(state: dict[str, Any], samples: np.ndarray, fs: float) -> dict[str, Any
         "tail_start": start + cut,
         "beats": beats[-BEATS:],
     }
+
+
+def silent(state: dict[str, Any], fs: float) -> bool:
+    """Whether no beat came in the last :data:`SILENT_S` of the signal seen (its first
+    second, :data:`WARMUP_S`, aside): no rhythm, whatever the beats before said."""
+    seen = int(state["tail_start"]) + len(state["tail"])
+    last = max([int(b) for b in state["beats"][-1:]] + [int(WARMUP_S * fs)])
+    # (A beat counts once SETTLE_S of signal after it is in hand: not seen before that.)
+    return seen - last > (SILENT_S + SETTLE_S) * fs
 
 
 def features(state: dict[str, Any], fs: float) -> list[float] | None:

@@ -179,9 +179,12 @@ def reference_alarms(
             part = filtered[p.name][w * window : (w + 1) * window]
             rhythm[p.name] = beats.step(rhythm[p.name], part, fs)
             found = beats.features(rhythm[p.name], fs)
-            if found is None:
+            if beats.silent(rhythm[p.name], fs):
+                abnormal = True  # (no beat for seconds)
+            elif found is None:
                 continue
-            abnormal = model.abnormal(found) >= classify.threshold
+            else:
+                abnormal = model.abnormal(found) >= classify.threshold
             before = streak[p.name]
             streak[p.name] = (max(before, 0) + 1) if abnormal else (min(before, 0) - 1)
             if abs(streak[p.name]) >= classify.confirm and abnormal != alarm[p.name]:

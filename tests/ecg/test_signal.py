@@ -83,6 +83,37 @@ def test_beats_are_found_once_whatever_the_windows() -> None:
     assert found[0] == found[1] == found[2] and 20 <= len(found[0]) <= 25, found
 
 
+def _stepped(x: np.ndarray, fs: int = 250, window: int = 125) -> list[dict[str, Any]]:
+    """The beat state after each window of ``x`` band-passed as the pipeline does."""
+    sos = dsp.design(float(fs), *BAND)
+    filtered = sosfilt(sos, x, zi=dsp.initial_state(sos, float(x[0])))[0]
+    state, after = beats.fresh(), []
+    for at in range(0, filtered.size, window):
+        state = beats.step(state, filtered[at : at + window], fs)
+        after.append(state)
+    return after
+
+
+def test_a_flat_line_is_no_rhythm_and_the_rhythm_after_it_is_read_again() -> None:
+    # A lost electrode (the signal held flat): its rounding noise was beats every 2 s, a
+    # normal rhythm of 28 bpm, and no alarm; once the signal came back, those intervals
+    # made the T-wave rule skip every other beat (37.5 bpm for seconds).
+    fs, rate = 250, 72.0
+    x = segment(20.0, fs, rate, 1.0, 11)
+    flat = np.full(10 * fs, x[-1])
+    states = _stepped(np.concatenate([x, flat, segment(20.0, fs, rate, 1.0, 12)]))
+    quiet = [beats.silent(s, fs) for s in states]  # (after each 0.5 s window)
+    seen = {b for s in states for b in s["beats"]}
+    assert not any(20 * fs + fs <= b < 30 * fs for b in seen)  # none in the flat line
+    assert not any(quiet[:40]) and all(quiet[48:60]) and not any(quiet[65:])
+    found = beats.features(states[-1], fs)
+    assert found is not None and found[0] == pytest.approx(rate / 100, rel=0.1), found
+    # Flat from the start: no beat, no rhythm once the first second and SILENT_S are over.
+    still = _stepped(np.full(10 * fs, 0.7))
+    assert not any(s["beats"] for s in still)
+    assert [beats.silent(s, fs) for s in still].index(True) == 8  # (4.5 s seen)
+
+
 def test_the_shipped_network_tells_the_rhythms_apart_on_recordings_it_never_saw() -> None:
     model = load()
     right, total = 0, 0

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from fogshift.ecg import beats
 from fogshift.ecg.simulate import patients
 from fogshift.events import Event
 from fogshift.runtime.api import Processor
@@ -58,6 +59,24 @@ def test_amplify_bandpass_and_classify_equal_the_reference() -> None:
     reference = reference_alarms(SOURCE, amplify_options, BandpassOptions(), ClassifyOptions())
     assert [(a["patient"], a["t"], a["class"]) for a in alarms] == reference
     assert reference and reference[0][2] == "abnormal" and reference[0][1] > SOURCE.onset_s
+
+
+def test_a_patient_whose_signal_went_flat_raises_an_alarm() -> None:
+    # A lost electrode or a heart stopped: the last beats' rhythm read as normal, no alarm.
+    stream = Stream(EcgSourceOptions(patients=1, duration_s=30.0, seed=4, abnormal_every=0))
+    bodies = [stream.event(k)[1] for k in range(1, stream.total + 1)]
+    flat_from = 16.0
+    for body in bodies:
+        if body["t"] >= flat_from:
+            body["samples"] = [0.0] * len(body["samples"])
+    filtered, dead = through(Bandpass.build({}, "band", None), bodies)
+    assert not dead
+    classify = Classify.build({"confirm": 2}, "classify", None)
+    classify.on_assign()
+    alarms, dead = through(classify, filtered)
+    assert not dead
+    assert [(a["class"], a["confidence"]) for a in alarms] == [("abnormal", 1.0)], alarms
+    assert flat_from + beats.SILENT_S < alarms[0]["t"] <= flat_from + beats.SILENT_S + 1.5
 
 
 def test_a_window_that_is_not_one_is_a_dead_letter_and_changes_nothing() -> None:

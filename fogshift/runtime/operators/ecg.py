@@ -127,8 +127,12 @@ class Classify(Processor):
         if p is not None and not math.isfinite(p):
             # (Checked before the state changes: a NaN counted as a normal window.)
             raise DeadLetter(f"the rhythm's features {found} give no probability ({p})")
+        if beats.silent(rhythm, fs):
+            # No beat for seconds (asystole, or the electrodes off): the last beats' rhythm
+            # read as normal, a flat line raised no alarm.
+            p = 1.0
         self.rhythm = rhythm
-        if found is None or p is None:
+        if p is None:
             return None
         abnormal = bool(p >= opts.threshold)  # state holds JSON values, not numpy's
         if abnormal:
