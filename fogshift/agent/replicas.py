@@ -33,7 +33,13 @@ from fogshift.checkpoint.central import CentralStore, check_manifest
 from fogshift.checkpoint.chunks import Chunk
 from fogshift.checkpoint.exceptions import CheckpointError, TornCheckpoint
 from fogshift.checkpoint.spark_dir import fill_omitted
-from fogshift.common.http import NodeDirectory, client_limits, raise_for_error, tls_context
+from fogshift.common.http import (
+    NodeDirectory,
+    client_limits,
+    is_loopback,
+    raise_for_error,
+    tls_context,
+)
 from fogshift.common.names import NAME_PATTERN, pipeline_folder
 from fogshift.common.validation import message_of
 from fogshift.contracts import (
@@ -138,6 +144,7 @@ class Replicas:
         nodes = self.directory().nodes
         for node in nodes:
             if _same_url(source, node.url):
+                self._reachable(node.name, node.url)
                 return node.url, node.blob_token
         raise UnknownSource(
             f"node {self.config.name!r} will not fetch checkpoint files from {source!r}: "
@@ -146,6 +153,25 @@ class Replicas:
             received=repr(source)[:200],
             hint="a checkpoint source is chosen by the orchestrator among the nodes' replicas",
         )
+
+    def _reachable(self, node: str, url: str) -> None:
+        """Refuse a node's URL on the host's loopback when this node listens elsewhere (a
+        namespace of its own under ``up --isolate``, another machine): its loopback is not
+        that host's — the fetch failed after a connect, and the peer's blob token went to
+        whatever listens on that port here (the node's Spark binds to it).
+
+        Raises:
+            Unavailable: Such a URL; nothing was sent to it.
+        """
+        own = self.config.host
+        host = httpx.URL(url).host
+        if is_loopback(host) and not (is_loopback(own) or own in ("0.0.0.0", "::", "")):
+            raise Unavailable(
+                f"node {self.config.name!r} cannot fetch checkpoint files from node {node!r} "
+                f"at {url}: that is the host's loopback, and this node listens on {own} (a "
+                "loopback of its own, or none of that host's)",
+                hint="the central store serves them instead",
+            )
 
     def _source(self, manifest: CheckpointManifest, source: str | None) -> _BlobSource:
         base, token = self.credentials(source)

@@ -55,9 +55,12 @@ def home(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def config(home: Path, orchestrator_url: str = "http://127.0.0.1:9") -> AgentConfig:
+def config(
+    home: Path, orchestrator_url: str = "http://127.0.0.1:9", host: str = "127.0.0.1"
+) -> AgentConfig:
     return AgentConfig(
         name="fog-a",
+        host=host,
         port=1,
         home=home / "nodes" / "fog-a",
         token=node_token(OPERATOR, "fog-a"),
@@ -426,6 +429,33 @@ def test_an_unknown_source_gets_no_request_and_no_token(home: Path) -> None:
             assert response.json() == {"fetched_bytes": len(data)}
             assert [a for _, a in peer.seen] == ["Bearer fsblob.peer"]
     assert attacker.seen == []
+
+
+def test_a_peer_on_the_hosts_loopback_gets_nothing_from_a_node_in_a_namespace(
+    home: Path,
+) -> None:
+    # Under `up --isolate` a node listens on its namespace's address, and its peers
+    # advertise the host's loopback (their relays' ports): asked for one's copy, it
+    # connected to its own loopback — the fetch failed, and the peer's blob token went to
+    # whatever listened on that port in its namespace.
+    data = b"offset zero"
+    m = manifest({"offsets/0": data})
+    with recorder() as peer:
+        peer.answers[f"/checkpoints/blobs/{hashlib.sha256(data).hexdigest()}"] = (200, data)
+        directory = {"nodes": [{"name": "fog-b", "url": peer.url, "blob_token": "fsblob.peer"}]}
+        answers = {"/nodes/fog-a/directory": (200, json.dumps(directory).encode())}
+        with recorder(answers) as orchestrator:
+            app = create_app(config(home, orchestrator.url, host="10.197.0.2"))
+            c = client(app, node_token(OPERATOR, "fog-a"))
+            response = c.post("/replicas/p/agg", json={"manifest": m, "source": peer.url})
+            assert response.status_code == 503, response.text
+            assert "that is the host's loopback" in response.json()["message"]
+            assert peer.seen == []
+            # From the central store, as ever.
+            orchestrator.answers[f"/checkpoints/blobs/{hashlib.sha256(data).hexdigest()}"] = (
+                200, data)  # fmt: skip
+            response = c.post("/replicas/p/agg", json={"manifest": m})
+            assert response.status_code == 200, response.text
 
 
 def test_a_source_that_is_not_a_url_is_refused(home: Path) -> None:
