@@ -264,7 +264,10 @@ def _one_run(
                 **{f"{p}_ms": v for p, v in phases.items()},
                 **{f"prepare_{s}_ms": (report.get("prepare_ms") or {}).get(s)
                    for s in PREPARE_STEPS},
-                phases123_ms=_sum(phases["pause"], phases["state"], phases["invoke"]),
+                # (All three or none: a handover has no pause or state phase, and its invoke
+                # alone stood beside the thesis's pause + state + invoke.)
+                phases123_ms=None if None in (phases["pause"], phases["state"], phases["invoke"])
+                else _sum(phases["pause"], phases["state"], phases["invoke"]),
                 total_ms=phases_total(report),
                 downtime_ms=report.get("downtime_ms"),
                 caught_up_events=report.get("caught_up_events"),
@@ -317,6 +320,14 @@ def phases_total(report: dict[str, Any]) -> float | None:
     """A migration's every phase, summed: a handover's ``follow`` and ``fence`` too, which
     :data:`PHASES` leaves out (its total was short by them, ~2 s over a 1 s-RTT link)."""
     return _sum(*(report.get("phases_ms") or {}).values())
+
+
+def phases123(row: dict[str, str]) -> float | None:
+    """A run's pause + state + invoke (what the thesis reports as downtime), from its three
+    phases: ``None`` without one of them (a handover's: rows written before 2026-12-07 held
+    its invoke alone as ``phases123_ms``)."""
+    parts = [num(row.get(f"{p}_ms")) for p in ("pause", "state", "invoke")]
+    return None if None in parts else _sum(*parts)
 
 
 def _sum(*values: float | None) -> float | None:
@@ -413,7 +424,7 @@ def section(folder: Path) -> str | None:
                 f"{mib} MiB", mode, f"{len(good)} / {len(group)}",
                 *(fmt_mean_std((num(r[f"{p}_ms"]) for r in good), 0) for p in PHASES[1:]),
                 fmt_mean_std(_kilo(prepare), 1) if mode != "literal" else "-",
-                fmt_mean_std((num(r["phases123_ms"]) for r in good), 0),
+                fmt_mean_std((phases123(r) for r in good), 0),
                 fmt_mean_std((num(r["downtime_ms"]) for r in good), 0),
                 anchor.cite() if anchor else "-",
                 # Runs from before these columns existed have none: "-".
@@ -518,7 +529,7 @@ def plot(folder: Path) -> list[Path]:
                 ax.bar(x, value, bottom=bottom, color=COLOURS[phase], label=once(phase))
                 bottom += value
             drawn.append(bottom)
-            _, std, _ = mean_std(num(r["phases123_ms"]) for r in good)
+            _, std, _ = mean_std(phases123(r) for r in good)
             if std is not None:
                 ax.errorbar(x, bottom, yerr=std, color="black", capsize=3)
             down = mean_std(num(r["downtime_ms"]) for r in good)[0]

@@ -795,3 +795,12 @@ def test_a_bench_stopped_renders_what_it_measured_and_exits_as_a_shell_says(
     assert signal.getsignal(signal.SIGTERM) == before
     machine = json.loads((tmp_path / "out" / "machine.json").read_text())
     assert machine["commands"][-1]["completed"] is False
+
+
+def test_phases_1_to_3_are_the_three_phases_or_none() -> None:
+    # A handover has no pause or state phase: its invoke alone stood as "phases 1-3" beside
+    # the thesis's pause + state + invoke (7 ms against 308 ms).
+    handover = {"pause_ms": "", "state_ms": "", "invoke_ms": "7.5", "phases123_ms": "7.5"}
+    assert e1.phases123(handover) is None
+    precopy = {"pause_ms": "43.8", "state_ms": "0.6", "invoke_ms": "312.3"}
+    assert e1.phases123(precopy) == pytest.approx(356.7)
