@@ -458,6 +458,11 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             self.marks = handle.getValueState("marks", "json string") if unkeyed else None
             # A keyed PE's: the digests of each key's large parts (runtime.key_parts).
             self.part_marks = None if unkeyed else handle.getValueState("part_marks", "json string")
+            #: A keyed PE's instance for this batch's keys: taken from the registry at its
+            #: first key, put back at its end (:meth:`close`) — put back after each key, it
+            #: sat in the registry between keys, where a gate written meanwhile had its
+            #: on_pause() and on_resume() called in the middle of the batch.
+            self.shared: Processor | None = None
 
         def _stored(self) -> dict[str, str]:
             """The current grouping key's stored state texts, by part (one call to the
@@ -609,11 +614,12 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             # Holds no state between keys (each key's is restored into it): any instance
             # of this run will do, like a stateless processor's.
             instance = InstanceKey(pipeline, pe, run, "keyed")
-            shared = registry().checkout(instance, None)
+            shared = self.shared or registry().checkout(instance, None)
             if shared is None:
                 shared = _build(pipeline, pe, self.cls, self.opts, None)
                 shared.key_by = key_by
                 shared = _assign(pipeline, pe, shared)
+            self.shared = shared
 
             parts = KeyParts(self.values, self.part_marks, (pipeline, pe, run), value,
                              f"PE {pe!r} of pipeline {pipeline!r}")  # fmt: skip
@@ -677,10 +683,10 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                 else:
                     out = self._moving(value, list(tuples), process, refusal, parts)
             except BaseException:
+                self.shared = None
                 _drop([shared], None, instance)
                 raise
             shared.key = None
-            registry().keep(instance, shared, None, gate)
             out = [*refused, *out]
             if self.written:
                 # What the key's stored state is now, for the key listing: never appended.
@@ -855,7 +861,11 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             return {n: t for n, t in whole.items() if n in self.values}
 
         def close(self) -> None:
-            pass
+            # (Spark calls it once the partition's keys are done: a keyed PE's instance goes
+            # back to the registry for the next batch, and its hooks.)
+            shared, self.shared = getattr(self, "shared", None), None
+            if shared is not None:
+                registry().keep(InstanceKey(pipeline, pe, run, "keyed"), shared, None, gate)
 
     return SnapshotProcessor()
 

@@ -545,15 +545,20 @@ def test_a_stateless_processor_is_built_once_over_many_batches(make_run: Any) ->
     assert run.lines("assign") == run.lines("build")
 
 
-def test_hooks_follow_the_gate_and_the_end_of_the_run(make_run: Any) -> None:
-    run = make_run("CountingStats")
+@pytest.mark.parametrize("key_by", [None, "patient"])
+def test_hooks_follow_the_gate_and_the_end_of_the_run(make_run: Any, key_by: str | None) -> None:
+    # A keyed PE's one instance goes back to the worker's registry once the batch's keys
+    # are done (Spark's close() of the partition), not after each key, where its hooks ran
+    # between two keys of a batch: it must get there all the same for its hooks.
+    run = make_run("CountingStats", key_by=key_by)
     run.start()
-    run.send([{"value": 1.0}, {"value": 2.0}])
+    key = {"patient": "p01"} if key_by else {}
+    run.send([{"value": 1.0, **key}, {"value": 2.0, **key}])
     write_gate(run.gate, "hold")
     wait_until(lambda: run.lines("pause"), 30, describe="on_pause in the worker")
     open_gate(run.gate)
     wait_until(lambda: run.lines("resume"), 30, describe="on_resume in the worker")
-    run.send([{"value": 3.0}])
+    run.send([{"value": 3.0, **key}])
     run.stop()
     wait_until(lambda: run.lines("close"), 30, describe="close in the worker")
     worker = run.lines("build")
