@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -50,6 +51,30 @@ from fogshift.contracts import (
     ReplicaInfo,
 )
 from fogshift.exceptions import InvalidInput, Unavailable
+
+
+def _unspecified(host: str) -> bool:
+    """Whether ``host`` is "every address" (``0.0.0.0``, ``::``)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return host == ""
+
+
+def _local_only(host: str) -> bool:
+    """Whether a URL's ``host`` reaches only the machine it is used on: its loopback
+    (``localhost``, ``127.0.0.0/8``, ``::1``, IPv4-mapped ``::ffff:127.0.0.1``) or every
+    address (a node listening on ``0.0.0.0`` without an advertised URL)."""
+    host = host.strip("[]").rstrip(".").lower()
+    if is_loopback(host) or _unspecified(host):
+        return True
+    try:
+        mapped = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return isinstance(mapped, ipaddress.IPv6Address) and bool(
+        mapped.ipv4_mapped and mapped.ipv4_mapped.is_loopback
+    )
 
 
 def _same_url(a: str, b: str) -> bool:
@@ -155,21 +180,25 @@ class Replicas:
         )
 
     def _reachable(self, node: str, url: str) -> None:
-        """Refuse a node's URL on the host's loopback when this node listens elsewhere (a
-        namespace of its own under ``up --isolate``, another machine): its loopback is not
-        that host's — the fetch failed after a connect, and the peer's blob token went to
-        whatever listens on that port here (the node's Spark binds to it).
+        """Refuse a node's URL that names this machine only (its loopback, or every
+        address) unless this node is on the host's loopback itself: advertised there and
+        listening there (or on every address). Under ``up --isolate`` a node listens in a
+        namespace of its own, and on another machine a node's loopback is not the peer's:
+        the fetch failed after a connect, and the peer's blob token went to whatever
+        listened on that port here (an isolated node's Spark binds to its loopback).
 
         Raises:
             Unavailable: Such a URL; nothing was sent to it.
         """
         own = self.config.host
-        host = httpx.URL(url).host
-        if is_loopback(host) and not (is_loopback(own) or own in ("0.0.0.0", "::", "")):
+        here = _local_only(httpx.URL(self.config.url).host) and (
+            is_loopback(own) or _unspecified(own)
+        )
+        if _local_only(httpx.URL(url).host) and not here:
             raise Unavailable(
                 f"node {self.config.name!r} cannot fetch checkpoint files from node {node!r} "
-                f"at {url}: that is the host's loopback, and this node listens on {own} (a "
-                "loopback of its own, or none of that host's)",
+                f"at {url}: that names the host's loopback, and this node is not on it (it "
+                f"listens on {own}, at {self.config.url})",
                 hint="the central store serves them instead",
             )
 

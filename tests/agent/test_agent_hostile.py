@@ -56,11 +56,15 @@ def home(tmp_path: Path) -> Path:
 
 
 def config(
-    home: Path, orchestrator_url: str = "http://127.0.0.1:9", host: str = "127.0.0.1"
+    home: Path,
+    orchestrator_url: str = "http://127.0.0.1:9",
+    host: str = "127.0.0.1",
+    advertise_url: str | None = None,
 ) -> AgentConfig:
     return AgentConfig(
         name="fog-a",
         host=host,
+        advertise_url=advertise_url,
         port=1,
         home=home / "nodes" / "fog-a",
         token=node_token(OPERATOR, "fog-a"),
@@ -431,8 +435,12 @@ def test_an_unknown_source_gets_no_request_and_no_token(home: Path) -> None:
     assert attacker.seen == []
 
 
+@pytest.mark.parametrize(
+    ("host", "advertised"),
+    [("10.197.0.2", "http://127.0.0.1:41000"), ("0.0.0.0", "http://192.0.2.7:8101")],
+)
 def test_a_peer_on_the_hosts_loopback_gets_nothing_from_a_node_in_a_namespace(
-    home: Path,
+    home: Path, host: str, advertised: str
 ) -> None:
     # Under `up --isolate` a node listens on its namespace's address, and its peers
     # advertise the host's loopback (their relays' ports): asked for one's copy, it
@@ -445,11 +453,13 @@ def test_a_peer_on_the_hosts_loopback_gets_nothing_from_a_node_in_a_namespace(
         directory = {"nodes": [{"name": "fog-b", "url": peer.url, "blob_token": "fsblob.peer"}]}
         answers = {"/nodes/fog-a/directory": (200, json.dumps(directory).encode())}
         with recorder(answers) as orchestrator:
-            app = create_app(config(home, orchestrator.url, host="10.197.0.2"))
+            # (As `up --isolate` starts a node: on its namespace's address, advertised at
+            # its relay's port on the host's loopback; or on another machine.)
+            app = create_app(config(home, orchestrator.url, host=host, advertise_url=advertised))
             c = client(app, node_token(OPERATOR, "fog-a"))
             response = c.post("/replicas/p/agg", json={"manifest": m, "source": peer.url})
             assert response.status_code == 503, response.text
-            assert "that is the host's loopback" in response.json()["message"]
+            assert "that names the host's loopback" in response.json()["message"]
             assert peer.seen == []
             # From the central store, as ever.
             orchestrator.answers[f"/checkpoints/blobs/{hashlib.sha256(data).hexdigest()}"] = (

@@ -108,6 +108,10 @@ def test_a_flat_line_is_no_rhythm_and_the_rhythm_after_it_is_read_again() -> Non
     assert not any(quiet[:40]) and all(quiet[48:60]) and not any(quiet[65:])
     found = beats.features(states[-1], fs)
     assert found is not None and found[0] == pytest.approx(rate / 100, rel=0.1), found
+    # In volts, not millivolts: the same beats, no silence (the floor is the patient's own).
+    volts = _stepped(x * 1e-3)
+    assert [s["beats"] for s in volts] == [s["beats"] for s in states[:40]]
+    assert not any(beats.silent(s, fs) for s in volts)
     # Flat from the start: no beat, no rhythm once the first second and SILENT_S are over.
     still = _stepped(np.full(10 * fs, 0.7))
     assert not any(s["beats"] for s in still)
