@@ -440,18 +440,29 @@ async def serve(config: RelayConfig) -> None:
         tmp.write_text(ready.model_dump_json())
         tmp.replace(config.ready_file)
     log.info("relay up: %s; profile %s", addresses, config.profile.label())
+    iface = config.watch_interface
+    # Watched by its index, not its name alone: a relay orphaned by a killed `up` outlived
+    # its namespace when the next `up` of the home made the same name again within a poll.
+    index = _ifindex(iface) if iface is not None else None
     try:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-            iface = config.watch_interface
-            if iface is not None and not Path(f"/sys/class/net/{iface}").exists():
+            if iface is not None and _ifindex(iface) != index:
                 log.warning("interface %s is gone: the relay exits", iface)
                 break
     finally:
         if echo_server is not None:
             echo_server.close()
         await relay.close()
+
+
+def _ifindex(iface: str) -> int | None:
+    """The kernel's index of host interface ``iface`` (``None``: there is none)."""
+    try:
+        return int(Path(f"/sys/class/net/{iface}/ifindex").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def spawn_relay(

@@ -269,6 +269,25 @@ def test_leftovers_of_a_killed_run_are_removed_before_the_next(tmp_path: Path) -
 
 
 @needs_root
+def test_a_relay_exits_when_its_interface_is_made_anew_under_its_name(tmp_path: Path) -> None:
+    # An orphaned relay (its `up` killed) watched its interface by name: the next `up` of
+    # the home, making the same name again within the relay's poll, kept it for good.
+    home = tmp_path / "home"
+    link = plan_links(home, {"fog-a": parse_link_profile("n0")})["fog-a"]
+    create_link(link)
+    ready = start_relay(link, tmp_path / "relay", host_echo_port=9)
+    try:
+        destroy_link(link)
+        create_link(link)  # (the same names, as the next run of the home makes them)
+        assert pid_gone(ready.pid, 30), "the relay outlived its interface"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ready.pid, signal.SIGKILL)
+        destroy_link(link)
+    assert_all_gone(link, ready.pid)
+
+
+@needs_root
 def test_orphans_of_other_homes_go_but_live_clusters_stay(tmp_path: Path) -> None:
     other = tmp_path / "other"
     # Created by a process that is gone by now, as by a `fogshift up` that was killed.
