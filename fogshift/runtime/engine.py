@@ -614,7 +614,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
             # Holds no state between keys (each key's is restored into it): any instance
             # of this run will do, like a stateless processor's.
             instance = InstanceKey(pipeline, pe, run, "keyed")
-            shared = self.shared or registry().checkout(instance, None)
+            shared = self.shared if self.shared is not None else registry().checkout(instance, None)
             if shared is None:
                 shared = _build(pipeline, pe, self.cls, self.opts, None)
                 shared.key_by = key_by
