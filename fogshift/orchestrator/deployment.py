@@ -443,18 +443,13 @@ class Deployment(Journal):
         Raises:
             FogshiftError: The broker refused (the pipeline is then failed, not deploying).
         """
-        try:
-            # Rights a node holds now go first: withheld, no sync grants them, but one
-            # applied before stays until the config is rewritten — a run stopping (a deploy
-            # afresh may take over a stop an orchestrator left), a stop's sync that failed,
-            # the last config of an orchestrator restarted. A leftover instance could then
-            # append to a stream made anew ahead of its fence marker, which carried their
-            # position (the new run's records skipped as written).
-            self.permissions.sync(self.registry)
-        except Exception as exc:
-            reason = f"its nodes' broker rights could not be withdrawn first: {_said(exc)}"
-            self.registry.set_status(spec.pipeline, PipelineState.FAILED, reason)
-            raise
+        # Rights a node holds now go first: withheld, no sync grants them, but one applied
+        # before stays until the config is rewritten — a run stopping (a deploy afresh may
+        # take over a stop an orchestrator left), a stop's sync that failed, the last config
+        # of an orchestrator restarted. A leftover instance could then append to a stream
+        # made anew ahead of its fence marker, which carried their position (the new run's
+        # records skipped as written).
+        self._sync_rights(spec.pipeline, "withdrawn first")
         # What the orchestrator remembers of the run before goes (shown as the new run's,
         # its migrations and restores read as this run's outcomes): first, as the registry
         # dropped its kept reports with the run's entry.
@@ -483,20 +478,25 @@ class Deployment(Journal):
                 hint="`fogshift nodes` and the orchestrator's log say more; deploy again",
             ) from exc
 
-    def _start(self, spec: PipelineSpec, epochs: dict[str, int]) -> PipelineStatus:
-        """Start ``spec``'s PEs, their streams made (:meth:`_make_streams`)."""
+    def _sync_rights(self, pipeline: str, done: str) -> None:
+        """Apply the nodes' broker rights as placements say now; if they cannot be written,
+        the pipeline is failed (not left deploying: every deploy again was refused as
+        "already deploying" until a stop), its reason "its nodes' broker rights could not
+        be ``done``"."""
         try:
-            # The nodes may use their PEs' streams from here on: only once each stream is
-            # made and fenced (given before, a node that missed the last stop could append
-            # its old instance's records to a stream made anew before its fence marker,
-            # which then carried their position: the new run's skipped as written).
             self.permissions.sync(self.registry)
         except Exception as exc:
-            # Failed, not left deploying: every deploy again was refused as "already
-            # deploying" until a stop.
-            reason = f"its nodes' broker rights could not be set: {_said(exc)}"
-            self.registry.set_status(spec.pipeline, PipelineState.FAILED, reason)
+            reason = f"its nodes' broker rights could not be {done}: {_said(exc)}"
+            self.registry.set_status(pipeline, PipelineState.FAILED, reason)
             raise
+
+    def _start(self, spec: PipelineSpec, epochs: dict[str, int]) -> PipelineStatus:
+        """Start ``spec``'s PEs, their streams made (:meth:`_make_streams`)."""
+        # The nodes may use their PEs' streams from here on: only once each stream is made
+        # and fenced (given before, a node that missed the last stop could append its old
+        # instance's records to a stream made anew before its fence marker, which then
+        # carried their position: the new run's skipped as written).
+        self._sync_rights(spec.pipeline, "set")
         started: list[ElementSpec] = []
         try:
             # Downstream first, so nothing is produced before its consumer exists.
