@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 
 from fogshift.ecg import beats
 from fogshift.ecg.simulate import patients
@@ -118,6 +119,33 @@ def test_a_window_at_another_rate_or_without_a_probability_changes_no_twin() -> 
     outputs, reasons = through(classify, [same])
     assert outputs == [] and "give no probability" in reasons[0]
     assert classify.snapshot() == before
+
+
+def test_a_repeated_window_is_a_dead_letter_and_a_hole_starts_the_rhythm_over() -> None:
+    # Beats are counted in samples: a window sent again was read as more signal, and the
+    # beats across windows lost (a dead letter upstream, a wearable off) as one interval
+    # as short as the rest of the hole's samples made it.
+    classify = Classify.build({"confirm": 1}, "classify", None)
+    classify.on_assign()
+    pulse = np.zeros(40 * 125)
+    pulse[::200] = 1.0  # a beat every 0.8 s at 250 Hz: 75 bpm
+
+    def window(w: int) -> dict[str, Any]:
+        return {"patient": "p01", "t": w * 0.5, "fs": 250,
+                "samples": pulse[w * 125 : (w + 1) * 125].tolist()}  # fmt: skip
+
+    outputs, reasons = through(classify, [window(w) for w in range(20)])
+    assert outputs == reasons == [] and classify.rhythm["beats"]
+    before = classify.snapshot()
+    outputs, reasons = through(classify, [window(19), window(5)])
+    assert len(reasons) == 2 and all("repeated, or out of order" in r for r in reasons), reasons
+    assert classify.snapshot() == before
+    # Windows 20-23 lost: the rhythm starts over (its first second unread), the alarm stands.
+    outputs, reasons = through(classify, [window(24)])
+    assert reasons == [] and classify.rhythm["beats"] == []
+    through(classify, [window(w) for w in range(25, 40)])
+    found = beats.features(classify.rhythm, 250)
+    assert found is not None and found[0] == pytest.approx(0.75, rel=0.02), found
 
 
 def test_the_reference_places_an_alarm_where_the_classifier_does() -> None:

@@ -121,7 +121,20 @@ class Classify(Processor):
             raise DeadLetter(
                 f"the windows of patient {patient!r} come at {known:g} Hz; this one at {fs:g} Hz"
             )
-        rhythm = {**beats.step(self.rhythm, samples, fs), "fs": fs}
+        base = self.rhythm
+        expected = base.get("t_next")
+        half = 0.5 / fs  # (windows meet when they are within half a sample)
+        if expected is not None and t < expected - half:
+            raise DeadLetter(
+                f"the window of patient {patient!r} at t={t:g} s begins before the end of its "
+                f"last one (t={expected:g} s): repeated, or out of order"
+            )
+        if expected is not None and t > expected + half:
+            # Windows missing (dead letters upstream, a wearable off): beats counted in
+            # samples across the hole would read it as one short interval. The rhythm starts
+            # over (its first second, the filter's settling, unread); the alarm stands.
+            base = beats.fresh()
+        rhythm = {**beats.step(base, samples, fs), "fs": fs, "t_next": t + samples.size / fs}
         found = beats.features(rhythm, fs)
         p = self.model.abnormal(found) if found is not None else None
         if p is not None and not math.isfinite(p):
