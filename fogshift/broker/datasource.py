@@ -454,6 +454,10 @@ class JetStreamDataSource(DataSource):
         return JetStreamWriter(dict(self.options))
 
 
+#: The merged partitions' name among the inputs sharing a batch's read limit.
+MERGED_SHARE = "|merged|"
+
+
 class JetStreamReader(DataSourceStreamReader):
     """Reads the data subjects of an element's inputs. Created by Spark, once per query."""
 
@@ -967,8 +971,11 @@ class JetStreamReader(DataSourceStreamReader):
         if tails is None:
             return None
         self._at_moment = False
+        shares = (
+            self._shares(begin, tails, limit.max_rows) if isinstance(limit, ReadMaxRows) else {}
+        )
         if bounded and isinstance(limit, ReadMaxRows) and self.merged:
-            within = self._merged_within(client, begin, tails, limit.max_rows)
+            within = self._merged_within(client, begin, tails, shares[MERGED_SHARE])
             self._at_moment, tails = within != tails, within
         for name in self.inputs:
             stream = stream_name(self.pipeline, name)
@@ -982,11 +989,31 @@ class JetStreamReader(DataSourceStreamReader):
                 )
             if isinstance(limit, ReadMaxRows) and name not in self._group:
                 # (A partition's records are cut short only at a moment: _merged_within.)
-                last = min(last, position + limit.max_rows)
+                last = min(last, position + shares[name])
             if cap is not None:
                 last = max(position, min(last, cap.get(name, position)))
             latest[name] = last
         return latest
+
+    def _shares(self, begin: dict[str, int], tails: dict[str, int], budget: int) -> dict[str, int]:
+        """The read limit shared by the inputs (the merged partitions together, under
+        :data:`MERGED_SHARE`): each takes what it is behind, up to an even share of what
+        the others left, the least behind first; at least one record each. Each input took
+        the whole limit before: a PE of N inputs all far behind read N times it in a batch.
+        """
+        behind = {
+            name: max(tails[name] - begin.get(name, 0), 0)
+            for name in self.inputs
+            if name not in self._group
+        }
+        if self._group:
+            behind[MERGED_SHARE] = sum(max(tails[n] - begin.get(n, 0), 0) for n in self._group)
+        shares: dict[str, int] = {}
+        left = budget
+        for i, name in enumerate(sorted(behind, key=lambda n: (behind[n], n))):
+            shares[name] = max(1, min(behind[name], left // (len(behind) - i)))
+            left = max(left - shares[name], 0)
+        return shares
 
     def _merged_within(
         self, client: SyncJetStream, begin: dict[str, int], tails: dict[str, int], budget: int

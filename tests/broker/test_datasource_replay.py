@@ -226,6 +226,29 @@ def test_merged_partitions_far_behind_are_read_to_one_moment_within_the_limit(
     assert batches[:2] == [{"p0": 4, "p1": 0}, {"p0": 6, "p1": 4}], batches
 
 
+def test_inputs_far_behind_share_the_read_limit(
+    js_client: SyncJetStream, nats_server: BrokerProcess, tmp_path: Path
+) -> None:
+    """Each input of a PE took the whole read limit: one of three inputs all far behind read
+    three times the limit in a batch. Now they share it, the least behind first."""
+    pipeline = f"share{uuid.uuid4().hex[:6]}"
+    for name, count in (("a", 10), ("b", 10), ("c", 2)):
+        js_client.run(lambda js, n=name: ensure_pe_stream(js, pipeline, n))
+        rows = [Record(k, 0, k, 1000.0 + k, name, "{}", None) for k in range(1, count + 1)]
+        js_client.run(lambda js, n=name, r=rows: publish_records(js, pipeline, n, r, epoch=1))
+    options = {"broker": str(nats_server.address.save(tmp_path / "broker.json")),
+               "pipeline": pipeline, "pe": "m", "inputs": "a,b,c", "epoch": "1",
+               "gate": str(tmp_path / "gate")}  # fmt: skip
+    reader = JetStreamReader(options)
+    begin = {"a": 0, "b": 0, "c": 0}
+    # c's two, then a and b an even share of the other eight.
+    assert reader._available(js_client, begin, ReadMaxRows(10), None) == {"a": 4, "b": 4, "c": 2}
+    assert reader._available(js_client, begin, ReadMaxRows(100), None) == {"a": 10, "b": 10,
+                                                                           "c": 2}  # fmt: skip
+    # Below one record each: one each all the same (no input waits for the others).
+    assert reader._available(js_client, begin, ReadMaxRows(2), None) == {"a": 1, "b": 1, "c": 1}
+
+
 def test_a_cut_an_older_instance_logs_while_the_newer_plans_is_followed_not_forked(
     js_client: SyncJetStream,
     nats_server: BrokerProcess,
