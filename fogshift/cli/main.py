@@ -375,6 +375,9 @@ def up(
         if value is not None:
             check_value(settings, field, value, f"option {option}", "leave it out (the default)")
     nats_password = _nats_password(ctx, nats_password, nats_password_file)
+    # Read: not handed down to the services `up` starts (the nodes take it from their 0600
+    # broker file), their JVMs and every Python worker — a processor's code read it there.
+    os.environ.pop(NATS_PASSWORD_VARIABLE, None)
     names = [n.strip() for n in nodes.split(",") if n.strip()]
     profiles = parse_link_assignments(link, names) if link else None
     before = _cluster_nodes(home.resolve())

@@ -52,6 +52,8 @@ found again the same way).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import mmap
 import os
@@ -316,7 +318,14 @@ def stop_overrunning(
             # Through a pidfd, checked once it is held: the signal reaches that worker or
             # no one (never a process given its pid since, nor a thread: no pidfd for one).
             handle = os.pidfd_open(pid)
-        except OSError:
+        except OSError as exc:
+            if exc.errno in (errno.ENOSYS, errno.EPERM) and _alive(pid, mark[3]):
+                # No pidfds here (a kernel before 5.3, a container's filter): by its pid,
+                # checked just before — skipped, the worker stuck in native code was never
+                # stopped, and its event held the PE for good.
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed[pid] = mark[1]
             continue
         try:
             if _alive(pid, mark[3]):

@@ -21,8 +21,10 @@ The zygote imports all of that once per node, then forks a child for each such p
 
 Nothing depends on the zygote being there: without its socket, or when anything in the
 hand-over fails before the child runs, the client becomes the interpreter Spark asked for
-(``exec``), as before. A child is in the node's process group (a killed node takes it
-along); the zygote exits when the process that started it does.
+(``exec``), as before. A child starts in the node's process group, but Spark's daemon
+puts itself and its workers in a group of their own: a killed node's group signal misses
+them, and they end when the dead JVM closes the daemon's input (its workers then get
+SIGHUP); the zygote exits when the process that started it does.
 
 The socket is in a folder only the node's user can open (0700; the socket itself 0600),
 and the zygote runs only the modules in :data:`SERVED`.

@@ -9,6 +9,7 @@ Standard library only, and run without ``site`` (``-S``): it must start in a few
 milliseconds, which is the whole point.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -52,7 +53,8 @@ def _hand_over(path: str, args: list[str]) -> None:
     status = json.loads(reply)
     if "signal" in status:
         number = int(status["signal"])
-        signal.signal(number, signal.SIG_DFL)
+        with contextlib.suppress(OSError):  # (SIGKILL's handler cannot be set: it needs none)
+            signal.signal(number, signal.SIG_DFL)
         os.kill(os.getpid(), number)
     sys.exit(int(status.get("exit", 1)))
 

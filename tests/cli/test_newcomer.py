@@ -855,14 +855,27 @@ def test_a_home_the_os_will_not_look_up_is_refused_not_a_traceback(command: list
     assert err.value.expected and err.value.hint
 
 
-def test_broker_credentials_without_the_broker_are_refused(tmp_path: Path) -> None:
+def test_broker_credentials_without_the_broker_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # They were silently unused: the cluster started a broker of its own.
+    seen: list[str | None] = []
+    cluster_nodes = cli._cluster_nodes
+
+    def looked(home: Path) -> Any:
+        # (What the services `up` starts inherit: the password read is not handed down to
+        # the agents, their JVMs and every Python worker, a processor's code included.)
+        seen.append(os.environ.get("FOGSHIFT_NATS_PASSWORD"))
+        return cluster_nodes(home)
+
+    monkeypatch.setattr(cli, "_cluster_nodes", looked)
     with pytest.raises(InvalidInput, match="broker credentials need the broker") as err:
         runner.invoke(cli.app, ["up", "--nodes", "a", "--nats-user", "u", "--home",
                                 str(tmp_path / "home")],
                       env={"FOGSHIFT_NATS_PASSWORD": "p"}, catch_exceptions=False)  # fmt: skip
     assert err.value.expected and "--nats-url" in err.value.expected
     assert not (tmp_path / "home").exists()
+    assert seen == [None]
 
 
 def test_the_broker_password_is_never_taken_from_the_command_line(tmp_path: Path) -> None:
