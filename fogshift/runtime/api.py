@@ -106,24 +106,25 @@ def encode_state(value: Any) -> str:
         ValueError: The value cannot be encoded, or would not read back equal.
     """
     text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    # Its types say whether it reads back as it is (no second parse of the text for it).
+    _check_plain(value)
     if text.count("[") + text.count("{") > sys.getrecursionlimit() // 2:
         # (Fewer brackets cannot nest that deep: most states skip the margin's frames.)
         try:
-            same = _deeper(STATE_DEPTH_MARGIN, lambda: json.loads(text) == value)
+            _deeper(STATE_DEPTH_MARGIN, lambda: json.loads(text))
         except RecursionError:
             raise ValueError(
                 "it is nested too deep to be read back where an event is undone (keep state "
                 "within a few hundred levels of lists and dicts)"
             ) from None
-    else:
-        same = json.loads(text) == value
-    if not same:
-        raise ValueError(
-            "it would not read back as it is: JSON has no tuples (they read back as lists) "
-            "and its object keys are text (an int key reads back as a str)"
-        )
-    _check_plain(value)
     return text
+
+
+#: Why a tuple, or an object key that is not text, is refused.
+_NOT_AS_IT_IS = (
+    "it would not read back as it is: JSON has no tuples (they read back as lists) and its "
+    "object keys are text (an int key reads back as a str)"
+)
 
 
 #: The types a state reads back as from its JSON text, exactly.
@@ -132,7 +133,8 @@ _SCALARS = frozenset(_PLAIN[2:])
 
 
 def _check_plain(value: Any) -> None:
-    """Refuse a value that reads back equal but not the same: a ``defaultdict``, a
+    """Refuse a value that would not read back from its JSON text as it is: a tuple, an
+    object key that is not text, and what reads back equal but not the same: a ``defaultdict``, a
     ``Counter``, numpy's scalars, an enum, or a list held twice within the value compare
     equal to what their text reads back as, but the instance holding them and one rebuilt
     from the text (after a dead letter, a restart, a move) go on differently: a
@@ -151,6 +153,8 @@ def _check_plain(value: Any) -> None:
     while stack:
         item, where = stack.pop()
         kind = type(item)
+        if kind is tuple or (kind is dict and not set(map(type, item)) <= {str}):
+            raise ValueError(_NOT_AS_IT_IS)
         if kind not in _PLAIN:
             plain = next((t.__name__ for t in _PLAIN if isinstance(item, t)), None)
             raise ValueError(
