@@ -28,14 +28,16 @@ stop the PE for good. This module finds that event and has it dead-lettered inst
   therefore looks at the marks every second (:func:`stop_overrunning`): a worker whose mark
   is set for longer than :func:`kill_after` of the element's ``event_timeout_s`` is killed
   (SIGKILL through a pidfd, after checking its start time: never a process the pid was
-  given to since), which Spark reports as a crashed worker, and the event is blamed as
-  above.
+  given to since, and its mark again: never a worker back from that event), which Spark
+  reports as a crashed worker, and the event is blamed as above.
 
 Why twice: a worker can die in an innocent event (the OOM killer chose it for another
 process's memory; a kill from outside). Once is bad luck, the same event twice is not. A
 worker Spark kills itself (a stopped query) is not blamed: only a query that failed with a
 crashed worker is looked at, and every mark is dropped at each start of the query
-(:func:`prepare`; a worker Spark reuses makes its mark anew at its next batch).
+(:func:`prepare`; a worker Spark reuses makes its mark anew at its next batch of the new
+run, never one still finishing a batch of the stopped run). A gone worker's clear mark is
+removed by the agent's next look.
 
 Not covered: a crash outside one event (the state's ``snapshot()`` or ``restore()``,
 Arrow's conversion, the broker writer) names no event and restarts the PE with backoff as
@@ -64,6 +66,8 @@ import time
 import zlib
 from pathlib import Path
 from typing import Any
+
+from fogshift.runtime.gate import current_run
 
 __all__ = [
     "CRASHED",
@@ -150,8 +154,11 @@ class Watch:
     condemns nothing.
     """
 
-    def __init__(self, folder: Path | None) -> None:
+    def __init__(self, folder: Path | None, gate: str = "") -> None:
         self.folder = folder
+        self.gate = gate
+        #: The run of the query this worker last ran a batch of (``""``: not known).
+        self.run = ""
         self._map: mmap.mmap | None = None
         self._inode: int | None = None
         self._seen: int | None = None
@@ -171,6 +178,8 @@ class Watch:
                 os.ftruncate(fd, _MARK.size)
                 self._map = mmap.mmap(fd, _MARK.size)
                 self._inode = os.fstat(fd).st_ino
+                # Clear, with the start time: the agent removes it once this worker is gone.
+                _MARK.pack_into(self._map, 0, _CLEAR, 0, 0, 0, 0.0, self._start)
             finally:
                 os.close(fd)
         except OSError:  # a full or read-only disk: no marks, the batch still runs
@@ -211,7 +220,13 @@ class Watch:
         except OSError:
             inode = None
         if inode is None or inode != self._inode:
-            self._open()
+            if self.run and self.gate and current_run(self.gate) != self.run:
+                # A worker still running a batch of a run stopped since (Spark kills it
+                # soon): marks of the current run's start (:func:`prepare`) were dropped,
+                # and one made again now would blame its event for a crash of the next run.
+                self._map, self._inode = None, None
+            else:
+                self._open()
         try:
             seen = (self.folder / _CONDEMNED).stat().st_mtime_ns
         except OSError:
@@ -227,14 +242,17 @@ NO_WATCH = Watch(None)
 _watches: dict[tuple[int, str], Watch] = {}
 
 
-def watch_for(gate: str) -> Watch:
-    """This worker's watch for the PE behind ``gate`` (one per process and PE, kept)."""
+def watch_for(gate: str, run: str = "") -> Watch:
+    """This worker's watch for the PE behind ``gate`` (one per process and PE, kept), in
+    the query's run ``run`` (its token, :func:`~fogshift.runtime.gate.start_run`; ``""``:
+    any): a worker of a run no longer the current one makes no mark anew."""
     if not gate:
         return NO_WATCH
     key = (os.getpid(), gate)  # a forked child makes its own mark
     watch = _watches.get(key)
     if watch is None:
-        watch = _watches[key] = Watch(folder_of(gate))
+        watch = _watches[key] = Watch(folder_of(gate), gate)
+    watch.run = run
     return watch
 
 
@@ -295,6 +313,13 @@ def _load(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _still(path: Path, pid: int, mark: tuple[int, str, float, int]) -> bool:
+    """Whether worker ``pid`` still runs and is still in the event of ``mark``, read just
+    now: the mark as read first can be a moment old, and the worker may have returned
+    from that event meanwhile (its next one is not to be blamed)."""
+    return _alive(pid, mark[3]) and _read_mark(path) == mark
+
+
 def stop_overrunning(
     folder: Path, event_timeout_s: float, now: float | None = None
 ) -> dict[int, str]:
@@ -312,14 +337,20 @@ def stop_overrunning(
     killed: dict[int, str] = {}
     for path, pid in _marks(folder):
         mark = _read_mark(path)
-        if mark is None or mark[0] == _CLEAR or now - mark[2] <= limit:
+        if mark is not None and mark[0] == _CLEAR:
+            if mark[3] and not _alive(pid, mark[3]):
+                # A worker gone between events (Spark ended it): its mark would be read
+                # every second for the PE's life, and names no event to blame.
+                path.unlink(missing_ok=True)
+            continue
+        if mark is None or now - mark[2] <= limit:
             continue
         try:
             # Through a pidfd, checked once it is held: the signal reaches that worker or
             # no one (never a process given its pid since, nor a thread: no pidfd for one).
             handle = os.pidfd_open(pid)
         except OSError as exc:
-            if exc.errno in (errno.ENOSYS, errno.EPERM) and _alive(pid, mark[3]):
+            if exc.errno in (errno.ENOSYS, errno.EPERM) and _still(path, pid, mark):
                 # No pidfds here (a kernel before 5.3, a container's filter): by its pid,
                 # checked just before — skipped, the worker stuck in native code was never
                 # stopped, and its event held the PE for good.
@@ -328,7 +359,7 @@ def stop_overrunning(
                     killed[pid] = mark[1]
             continue
         try:
-            if _alive(pid, mark[3]):
+            if _still(path, pid, mark):
                 signal.pidfd_send_signal(handle, signal.SIGKILL)
                 killed[pid] = mark[1]
         except OSError:  # gone meanwhile: nothing to stop

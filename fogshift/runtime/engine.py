@@ -369,7 +369,7 @@ def _stateless(  # type: ignore[no-untyped-def]
                     run_events(
                         processor, rows,
                         max_record_bytes=limit, event_timeout_s=event_timeout_s,
-                        watch=watch_for(gate),
+                        watch=watch_for(gate, run),
                     )
                 )  # fmt: skip
                 if out:
@@ -578,7 +578,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     max_record_bytes=limit,
                     live=live,
                     event_timeout_s=event_timeout_s,
-                    watch=watch_for(gate),
+                    watch=watch_for(gate, run),
                 )
                 marks = self._store_marks(before, self._store(stored, fresh), fresh)
             except BaseException:
@@ -650,7 +650,7 @@ def _stateful_processor(  # type: ignore[no-untyped-def]
                     build, lambda: self._decoded(before, parts),
                     rows, finish=finish, pe=pe,
                     pipeline=pipeline, max_record_bytes=limit, event_timeout_s=event_timeout_s,
-                    watch=watch_for(gate),
+                    watch=watch_for(gate, run),
                 )  # fmt: skip
                 if not before and sum(r[6] is not None for r in got) == len(rows):
                     # Every event was a dead letter: the key is as before them, which is no

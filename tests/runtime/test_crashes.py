@@ -25,6 +25,7 @@ from fogshift.runtime import crashes
 from fogshift.runtime.api import Processor
 from fogshift.runtime.batch import run_batch, run_events
 from fogshift.runtime.crashes import Watch, blame, condemned_events, prepare, watch_for
+from fogshift.runtime.gate import start_run
 from tests.runtime.test_batch import Acc, reference, row, split
 
 SPARK_SAYS = (
@@ -126,6 +127,79 @@ def test_a_worker_spark_reuses_marks_again_after_a_start_or_a_fresh_deploy(gate:
         watch.enter(row(4))
         assert (folder / str(os.getpid())).read_bytes()[0] == 1
         watch.leave()
+
+
+def test_a_worker_of_a_stopped_run_makes_no_mark_anew(gate: str) -> None:
+    """A worker still in a batch of a run stopped since (Spark kills it soon) made its mark
+    again at its next batch after the new run's start dropped it: killed mid-event, a crash
+    of the new run blamed its event."""
+    folder = crashes.folder_of(gate)
+    old = start_run(gate)
+    watch_for(gate, old).refresh()
+    assert (folder / str(os.getpid())).exists()
+    new = start_run(gate)
+    prepare(folder)
+    watch = watch_for(gate, old)
+    watch.refresh()
+    watch.enter(row(4))
+    assert not (folder / str(os.getpid())).exists()
+    assert blame(folder, SPARK_SAYS, "pe") == {}
+    watch_for(gate, new).refresh()  # the same worker, reused by the new run
+    watch.enter(row(5))
+    assert (folder / str(os.getpid())).read_bytes()[0] == 1
+    watch.leave()
+
+
+def test_a_gone_worker_s_cleared_mark_is_removed(gate: str) -> None:
+    # Read every second for the PE's life otherwise, one more per worker Spark ended.
+    folder = crashes.folder_of(gate)
+    pid = die_in(gate, row(1), exit_7, leave=True)
+    assert (folder / str(pid)).exists()
+    watch = watch_for(gate)
+    watch.refresh()  # (a live worker between events: kept)
+    assert crashes.stop_overrunning(folder, 1.0) == {}
+    assert not (folder / str(pid)).exists()
+    assert (folder / str(os.getpid())).exists()
+
+
+def test_a_worker_that_moved_on_to_its_next_event_is_not_killed(
+    gate: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mark read first can be a moment old: the worker back from that event meanwhile
+    was killed in its next one, which was then blamed."""
+    folder = crashes.folder_of(gate)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a worker in one event, then (as the agent looks) in the next
+        try:
+            os.close(ready_r)
+            watch_for(gate).enter(row(7))
+            os.write(ready_w, b"x")
+            while True:
+                time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"x"
+    os.close(ready_r)
+    real_open = os.pidfd_open
+
+    def moved_on(target: int, *args: Any) -> int:
+        handle = real_open(target, *args)
+        # (What the worker's mmap write does: the same file, the next event, since now.)
+        mark = folder / str(pid)
+        flag, _, _, _, _, start = crashes._MARK.unpack(mark.read_bytes())
+        mark.write_bytes(crashes._MARK.pack(flag, 16, 8, 0, time.monotonic(), start))
+        return handle
+
+    monkeypatch.setattr(crashes.os, "pidfd_open", moved_on)
+    try:
+        later = time.monotonic() + crashes.kill_after(1.0) + 0.1
+        assert crashes.stop_overrunning(folder, 1.0, now=later) == {}
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def test_a_mark_of_a_pid_given_to_another_process_is_never_its(gate: str) -> None:
