@@ -256,6 +256,9 @@ class OrchestratorCore:
         self._beats_since = time.monotonic()
         #: When :meth:`run_pause_watch` last ran (monotonic; ``None``: it does not run).
         self._ticked_at: float | None = None
+        #: The wall clock's time then: a step of it, or a suspend (which the monotonic
+        #: clock does not count), shows as the two clocks' advances differing.
+        self._ticked_wall = time.time()
         self._tick_lock = threading.Lock()
         #: The latest plan (``planning.describe_plan``), ``computed_at`` and ``error``.
         self.plan = last_plan(config.plan_file)
@@ -313,6 +316,14 @@ class OrchestratorCore:
     def healthy(self, node: NodeRecord) -> bool:
         return time.time() - node.last_seen <= self.config.node_timeout_s
 
+    def broken(self, node: NodeRecord) -> str | None:
+        """Why ``node``, though it heartbeats, can run no PE (its Spark session failed to
+        start: its agent does not try again), or ``None`` (ready, or still starting)."""
+        report = node.report
+        if report.ready or not report.error:
+            return None
+        return f"its Spark session did not start ({report.error})"
+
     def followed_of(self, standby: StandbyRecord) -> Followed | None:
         """What the standby follower last saw of ``standby``: ``None`` if nothing, or only
         of an earlier standby of its PE (one an epoch's bump dropped — a handover, a
@@ -349,7 +360,7 @@ class OrchestratorCore:
     def run_pause_watch(self) -> None:
         """Until :meth:`close`, every :data:`PAUSE_TICK_S`: notice this process not
         running for longer than a node takes to be counted silent (:meth:`check_paused`)."""
-        self._ticked_at = time.monotonic()
+        self._ticked_at, self._ticked_wall = time.monotonic(), time.time()
         while not self._stop.wait(PAUSE_TICK_S):
             self.check_paused()
 
@@ -360,21 +371,37 @@ class OrchestratorCore:
         restored a healthy node's PEs as soon as it ran again, before reading their
         heartbeats. Told by :meth:`run_pause_watch`'s ticks (not the reconciler's rounds,
         which may be long); the reconciler asks too before it judges a silence (both wake
-        together after a pause). Nothing while the watch does not run (tests)."""
+        together after a pause). Nothing while the watch does not run (tests).
+
+        The same when the wall clock (what the registry's ``last_seen`` is on) moved that
+        much more or less than the monotonic one: a suspend (Linux's monotonic clock stands
+        still meanwhile: the pause went unseen, and every node was silent for as long), or
+        a step of the clock (forward: every node silent at once; back: ``last_seen`` in the
+        future, a node lost then noticed only that much later, so it is brought back to
+        now)."""
         # (A lock of its own: waiting for the orchestrator's would count as a pause.)
         with self._tick_lock:
             if self._ticked_at is None:
                 return
-            now = time.monotonic()
+            now, wall = time.monotonic(), time.time()
             away, self._ticked_at = now - self._ticked_at, now
-            if away <= self.config.node_timeout_s:
+            stepped, self._ticked_wall = (wall - self._ticked_wall) - away, wall
+            limit = self.config.node_timeout_s
+            if away <= limit and abs(stepped) <= limit:
                 return
+        if stepped < -limit:
+            self.registry.seen_no_later_than(wall)
         with self._lock:
-            self.started_at = max(self.started_at, time.time())
+            self.started_at = max(self.started_at, wall) if stepped >= -limit else wall
             self._beats = dict.fromkeys(self._beats, now)
             self._beats_since = now
-        log.warning("this orchestrator did not run for %.1f s (paused, or its machine "
-                    "suspended): node silences count from now", away)  # fmt: skip
+        if abs(stepped) > limit:
+            log.warning("the wall clock moved %+.1f s beside %.1f s of this orchestrator's "
+                        "run (a suspend, or the clock set): node silences count from now",
+                        stepped + away, away)  # fmt: skip
+        else:
+            log.warning("this orchestrator did not run for %.1f s (paused, or its machine "
+                        "suspended): node silences count from now", away)  # fmt: skip
 
     def _silence(self, name: str) -> str | None:
         """Why a request to node ``name`` is to be given up: it has sent this process no

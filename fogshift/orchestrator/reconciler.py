@@ -101,7 +101,7 @@ def _try_again_later(
 class Reconciler(Coordination):
     """Recovery of unfinished operations and the reconcile loop."""
 
-    def recover_operations(self) -> list[str]:
+    def recover_operations(self, background: bool = False) -> list[str]:
         """Resolve every migration and restore left unfinished by an orchestrator that died.
 
         An entry is unfinished and nobody runs it when its PE's exclusive section is free
@@ -122,6 +122,12 @@ class Reconciler(Coordination):
           (:meth:`restores_owed`).
 
         Each decision is logged. An entry whose resolution fails is retried next round.
+
+        Args:
+            background: Restart each restore in a thread of its own (as
+                :meth:`reconcile_once`'s lost PEs): a restore waits minutes for a target to
+                catch up, and the round, done one after the other, noticed no lost node
+                meanwhile.
 
         Returns:
             The decisions taken, one line each.
@@ -168,24 +174,50 @@ class Reconciler(Coordination):
             log.warning("recovery: %s", line)
             decisions.append(line)
             if restart:
-                self._restart_restore(op.pipeline, op.element)
+                self._restart_restore(op.pipeline, op.element, background=background)
         return decisions
 
     def _restart_restore(
-        self, pipeline: str, element_id: str, pause: float = 0.0, stranded: str | None = None
+        self,
+        pipeline: str,
+        element_id: str,
+        pause: float = 0.0,
+        stranded: str | None = None,
+        background: bool = False,
     ) -> None:
         """Restart the restore of ``pipeline/element_id`` a dead orchestrator left; if it
         fails, owe it (:meth:`restores_owed`): tried again after twice ``pause``, or next
         round if another operation held the PE (a round's hold is brief), as long as the PE
-        stays placed on ``stranded`` (default: where it is placed now)."""
+        stays placed on ``stranded`` (default: where it is placed now). Only away from
+        there: an operation that placed it elsewhere since the restart was decided (a
+        user's, waiting for the PE's section) is not undone. ``background``: in a thread
+        of its own, as one of the orchestrator's rounds."""
         key = (pipeline, element_id)
+        if stranded is None:
+            record = self.registry.get_pipeline(pipeline)
+            stranded = None if record is None else record.placement.get(element_id)
+        if background:
+            with self._lock:
+                if key in self._auto_restoring:
+                    return  # a thread of this process restores it
+                self._auto_restoring.add(key)
+            try:
+                threading.Thread(
+                    target=self._restart_restore_threaded,
+                    args=(pipeline, element_id, pause, stranded),
+                    name=f"restore {pipeline}/{element_id}", daemon=True,
+                ).start()  # fmt: skip
+            except BaseException:
+                with self._lock:
+                    self._auto_restoring.discard(key)
+                raise
+            return
         try:
-            self.restore(pipeline, element_id)
+            self.restore(pipeline, element_id, lost=stranded)
         except Exception as exc:
             record = self.registry.get_pipeline(pipeline)
-            stranded = stranded or (None if record is None else record.placement.get(element_id))
-            if stranded is None:
-                self._restores_owed.pop(key, None)
+            if stranded is None or record is None or record.placement.get(element_id) != stranded:
+                self._restores_owed.pop(key, None)  # (placed elsewhere since: nothing owed)
                 return
             if isinstance(exc, MigrationInProgress):
                 self._restores_owed[key] = (time.monotonic(), pause, stranded)
@@ -203,7 +235,21 @@ class Reconciler(Coordination):
         else:
             self._restores_owed.pop(key, None)
 
-    def restores_owed(self) -> None:
+    def _restart_restore_threaded(
+        self, pipeline: str, element_id: str, pause: float, stranded: str | None
+    ) -> None:
+        """:meth:`_restart_restore` in a thread of its own (what it raises is logged)."""
+        try:
+            with self._as_round():
+                self._restart_restore(pipeline, element_id, pause, stranded)
+        except Exception:
+            log.exception("recovery: restarting the restore of %s/%s failed", pipeline,
+                          element_id)  # fmt: skip
+        finally:
+            with self._lock:
+                self._auto_restoring.discard((pipeline, element_id))
+
+    def restores_owed(self, background: bool = False) -> None:
         """Restart again each restore a dead orchestrator left whose restart failed
         (:meth:`_restart_restore`), once its pause is over.
 
@@ -217,7 +263,7 @@ class Reconciler(Coordination):
 
         The debt is this process's memory: at its first call, each restore the journal
         says the recovery restarted, and that has not succeeded since, is owed again
-        (:meth:`_owed_by_journal`)."""
+        (:meth:`_owed_by_journal`). ``background``: as :meth:`recover_operations`'."""
         if not self._owed_read:
             self._owed_read = True
             self._owed_by_journal()
@@ -234,11 +280,11 @@ class Reconciler(Coordination):
                 or record.spec.recovery.auto
                 or node != stranded
                 or self.removed(node)  # (the reconciler restores it, as an automatic one)
-                or (here is not None and self.healthy(here))
+                or (here is not None and self.healthy(here) and self.broken(here) is None)
             ):
                 del self._restores_owed[key]
                 continue
-            self._restart_restore(pipeline, element_id, pause, stranded)
+            self._restart_restore(pipeline, element_id, pause, stranded, background)
 
     def _owed_by_journal(self) -> None:
         """Owe each restore the recovery restarted whose restart never succeeded: the PE's
@@ -670,9 +716,9 @@ class Reconciler(Coordination):
         """
         self.check_paused()  # (before any silence is judged: see Core.check_paused)
         with self._as_round():
-            self.recover_operations()
+            self.recover_operations(background)
             try:
-                self.restores_owed()
+                self.restores_owed(background)
             except Exception:  # (the round goes on: PEs to restore, strays to remove)
                 log.exception("restarting the restores owed failed")
             self.recover_pipelines()
@@ -764,11 +810,16 @@ class Reconciler(Coordination):
             # Silence counts from this process's start: after a restart of the whole
             # cluster, nodes that have not re-registered yet are not lost.
             silent = time.time() - max(node.last_seen, self.started_at)
-            if not record.spec.recovery.auto or silent <= record.spec.recovery.detect_after_s:
+            broken = self.broken(node)
+            detect = record.spec.recovery.detect_after_s
+            if not record.spec.recovery.auto or (silent <= detect and broken is None):
                 if self.healthy(node) and node.report.ready:
                     self._keep_running(record, pipeline, element_id, node, key, background, live)
                 return
-            lost = f"node {placed} silent for {silent:.1f} s"
+            # A node whose Spark session failed to start heartbeats on (to say why) but can
+            # run nothing: its PEs ran nowhere for good, automatic recovery or not.
+            lost = (f"node {placed} silent for {silent:.1f} s" if silent > detect
+                    else f"node {placed} cannot run PEs: {broken}")  # fmt: skip
         with self._lock:
             if key in self._auto_restoring:
                 return  # a thread of this process restores it

@@ -1133,6 +1133,12 @@ class Registry:
                  report.model_dump_json()),
             )  # fmt: skip
 
+    def seen_no_later_than(self, when: float) -> None:
+        """Bring every node's ``last_seen`` later than ``when`` (wall clock) back to it: the
+        clock was set back, and a node's silence would count only from a time to come."""
+        with self._tx() as db:
+            db.execute("UPDATE nodes SET last_seen = ? WHERE last_seen > ?", (when, when))
+
     def remove_node(self, name: str) -> None:
         """Forget node ``name`` and refuse it from now on: its heartbeats, and every write
         that would place something there (a deploy, a route, a standby, an operation's

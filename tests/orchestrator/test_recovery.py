@@ -191,7 +191,9 @@ def test_a_restore_whose_target_runs_under_its_epoch_is_carried_on(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     restarted: list[tuple[str, str]] = []
-    monkeypatch.setattr(orch, "restore", lambda p, e, target=None: restarted.append((p, e)))
+    monkeypatch.setattr(
+        orch, "restore", lambda p, e, target=None, lost=None: restarted.append((p, e))
+    )
     op = left_by_dead_orchestrator(orch, "restore", "live")  # epoch 2; the gate was capped
     agents["fog-b"].answer("GET", AGG + "/progress", body={**PE, "state": "running", "epoch": 2})
     orch.recover_operations()
@@ -218,8 +220,10 @@ def test_a_restore_left_before_its_target_ran_is_restarted(
     phase: str,
     target_says: dict[str, Any] | None,
 ) -> None:
-    restarted: list[tuple[str, str]] = []
-    monkeypatch.setattr(orch, "restore", lambda p, e, target=None: restarted.append((p, e)))
+    restarted: list[tuple[str, str, str | None]] = []
+    monkeypatch.setattr(
+        orch, "restore", lambda p, e, target=None, lost=None: restarted.append((p, e, lost))
+    )
     op = left_by_dead_orchestrator(orch, "restore", phase)
     if target_says is not None:
         agents["fog-b"].answer("GET", AGG + "/progress", body=target_says)
@@ -227,11 +231,36 @@ def test_a_restore_left_before_its_target_ran_is_restarted(
     assert agents["fog-b"].received("DELETE", AGG)[0].query == {"discard": "true"}
     assert agents["fog-b"].received("PUT", AGG + "/gate") == []
     assert agents["fog-a"].calls == []  # the placed instance is the restart's business
-    assert restarted == [("p", "aggregate")]
+    # Only away from where it is placed now (a user's operation waiting for the PE's
+    # section moved it elsewhere before the restart: it was moved again).
+    assert restarted == [("p", "aggregate", "fog-a")]
     assert orch.registry.get_pipeline("p").placement["aggregate"] == "fog-a"  # type: ignore[union-attr]
     entry = orch.registry.operation(op)
     assert entry is not None and entry.outcome is not None
     assert entry.outcome.startswith("recovered: restarted"), entry
+
+
+def test_a_restarted_restore_does_not_hold_up_the_reconcilers_round(
+    orch: Orchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Done in the round, restore after restore (minutes each, waiting for catch-up): no
+    # lost node was noticed meanwhile.
+    import threading
+
+    release, restarted = threading.Event(), []
+
+    def restore(p: str, e: str, target: str | None = None, lost: str | None = None) -> None:
+        assert release.wait(30)
+        restarted.append((p, e, lost))
+
+    monkeypatch.setattr(orch, "restore", restore)
+    left_by_dead_orchestrator(orch, "restore", "installing")
+    orch.reconcile_once(background=True)  # (returns while the restore waits)
+    assert orch._auto_restoring == {("p", "aggregate")} and restarted == []
+    orch.reconcile_once(background=True)  # (no second restore of it meanwhile)
+    release.set()
+    wait_until(lambda: not orch._auto_restoring or None, 30, describe="the restart ended")
+    assert restarted == [("p", "aggregate", "fog-a")]
 
 
 @pytest.fixture
@@ -254,7 +283,9 @@ def _owed(
     answers: list[BaseException | None] = [Unavailable("no healthy node for p/aggregate")]
     away = {"fog-a"}
 
-    def restore(pipeline: str, element: str, target: str | None = None) -> None:
+    def restore(
+        pipeline: str, element: str, target: str | None = None, lost: str | None = None
+    ) -> None:
         answer = answers.pop(0)
         if answer is not None:
             raise answer
@@ -344,7 +375,7 @@ def test_a_restart_decided_that_never_succeeded_is_owed_by_the_next_orchestrator
             )
             orch.registry.finish(sink.id, outcome_of)
         asked: list[tuple[str, str]] = []
-        monkeypatch.setattr(orch, "restore", lambda pipeline, element, target=None:
+        monkeypatch.setattr(orch, "restore", lambda pipeline, element, target=None, lost=None:
                             asked.append((pipeline, element)))  # fmt: skip
         monkeypatch.setattr(orch, "healthy", lambda node: node.name != "fog-a")
         orch.restores_owed()
@@ -479,7 +510,7 @@ def test_a_reconcile_round_resolves_the_journal_first(
 def test_a_pe_whose_entry_cannot_be_resolved_yet_is_left_to_it(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(orch, "restore", lambda p, e, target=None: None)
+    monkeypatch.setattr(orch, "restore", lambda p, e, target=None, lost=None: None)
     op = left_by_dead_orchestrator(orch, "restore", "live")  # epoch 2, on fog-b
     agents["fog-b"].answer("GET", AGG + "/progress", body={**PE, "state": "running", "epoch": 2})
     agents["fog-b"].fail("PUT", AGG + "/gate")
@@ -920,6 +951,23 @@ def test_a_node_short_of_disk_counts_as_having_room_again_only_with_a_margin(
     assert free_on_fog_b(int(floor * 1.2)) == {"fog-b"}
     assert free_on_fog_b(int(floor * 1.3)) == set()
     assert free_on_fog_b(floor + 1) == set()  # (from above: the threshold itself)
+
+
+def test_a_node_whose_spark_failed_to_start_has_its_pes_restored(
+    orch: Orchestrator, agents: dict[str, StandIn]
+) -> None:
+    # It heartbeats on (to say why) and was never silent: its PEs ran nowhere for good.
+    def beat_of_fog_a(**how: Any) -> None:
+        report = {"url": agents["fog-a"].url, "elements": [], **how}
+        orch.heartbeat("fog-a", Heartbeat.model_validate(report))
+
+    beat_of_fog_a(ready=False)  # (still starting: left alone)
+    orch.reconcile_once()
+    assert orch.registry.operations() == []
+    beat_of_fog_a(ready=False, error="RuntimeError: Java gateway process exited")
+    orch.reconcile_once()
+    [op] = orch.registry.operations()
+    assert (op.element, op.origin) == ("aggregate", "fog-a") and op.target != "fog-a"
 
 
 def test_an_automatic_restore_of_a_pe_moved_meanwhile_changes_nothing(
@@ -1565,7 +1613,8 @@ def test_an_orchestrator_that_did_not_run_counts_silences_from_its_resumption(
     # reading the heartbeats that node had sent meanwhile.
     orch.started_at -= 60
     orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 50 WHERE name = 'fog-a'")
-    orch._ticked_at = time.monotonic() - 50  # its pause watch did not run for 50 s
+    # Its pause watch did not run for 50 s (by both clocks: a stop, not a suspend).
+    orch._ticked_at, orch._ticked_wall = time.monotonic() - 50, time.time() - 50
     with caplog.at_level("WARNING", logger="fogshift.orchestrator"):
         orch.reconcile_once()
     assert calls(agents) == [] and orch.registry.operations() == []  # nothing restored
@@ -1573,5 +1622,30 @@ def test_an_orchestrator_that_did_not_run_counts_silences_from_its_resumption(
     assert orch._silence("fog-a") is None  # (nor its calls given up)
     # Still silent once a node's silence has counted from then: restored as ever.
     orch.started_at -= 60
+    orch.reconcile_once()
+    assert [op.element for op in orch.registry.operations()] == ["aggregate"]
+
+
+def test_a_suspend_or_a_clock_step_is_no_silence_of_every_node(
+    orch: Orchestrator, agents: dict[str, StandIn], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Suspended 60 s: the monotonic clock stood still, the wall clock (last_seen's) did
+    # not; the pause went unseen and every node was silent for 60 s as it resumed.
+    orch.started_at -= 120
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60")
+    orch._ticked_at, orch._ticked_wall = time.monotonic(), time.time() - 60
+    with caplog.at_level("WARNING", logger="fogshift.orchestrator"):
+        orch.reconcile_once()
+    assert calls(agents) == [] and orch.registry.operations() == []  # nothing restored
+    assert any("wall clock moved +60" in r.getMessage() for r in caplog.records)
+    # The clock set back 60 s: a node's last_seen, a minute ahead, is brought back to now
+    # (else a node lost then was noticed a minute late).
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen + 120")
+    orch._ticked_wall = time.time() + 60
+    orch.check_paused()
+    now = time.time()
+    assert all(n.last_seen <= now for n in orch.registry.nodes())
+    orch.started_at -= 60
+    orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
     orch.reconcile_once()
     assert [op.element for op in orch.registry.operations()] == ["aggregate"]
