@@ -557,6 +557,19 @@ def _append(
             "back at its path (the PE's query is restarted and tries the batch again)",
         )
     size = target.stat().st_size if target.exists() else 0
+    if size and not marker_path(target).exists():
+        # Every deploy writes the marker (reset_sink): none beside a file with rows is a
+        # file this sink did not write, or whose marker was deleted. Taken as fresh, it
+        # was cut to nothing at the next append, rows of batches committed long ago lost.
+        raise InvariantViolation(
+            f"sink {owner or target}: its output {target} holds {size} bytes but its "
+            f"marker {marker_path(target).name} is gone: it cannot tell what of it was "
+            "written, and writes nothing rather than cut the file",
+            expected=f"the marker {marker_path(target)} beside the file",
+            received="no marker",
+            hint="put the marker back (the PE's query is restarted and tries the batch "
+            "again), or move the file away and `fogshift deploy SPEC --fresh`",
+        )
     if size < marker["bytes"]:
         raise InvariantViolation(
             f"sink file {target} is {size} bytes but {marker['bytes']} were committed to it",

@@ -83,6 +83,21 @@ def test_a_truncated_output_is_an_error_and_reset_starts_over(tmp_path: Path) ->
     assert append_exactly_once(out, rows((1, 1.0))) == 1
 
 
+def test_an_output_whose_marker_is_gone_is_left_as_it_is(tmp_path: Path) -> None:
+    # Read as a fresh marker, the file was cut to nothing at the next append: the rows of
+    # batches committed long ago lost, and the fencing with them.
+    out = tmp_path / "o.csv"
+    append_exactly_once(out, rows((1, 1.0), (2, 2.0)), epoch=3, owner="p/sink")
+    before = out.read_bytes()
+    marker_path(out).unlink()
+    with pytest.raises(InvariantViolation, match=r"marker .* is gone") as err:
+        append_exactly_once(out, rows((3, 3.0)), epoch=3, owner="p/sink")
+    assert out.read_bytes() == before
+    assert err.value.received == "no marker" and "--fresh" in err.value.render()
+    reset_sink(out, 4, "p/sink")  # (a fresh deploy starts it over)
+    assert append_exactly_once(out, rows((1, 1.0)), epoch=4, owner="p/sink") == 1
+
+
 def test_an_output_replaced_by_a_directory_is_said_so(tmp_path: Path) -> None:
     # (Its size was the directory's: "is 4096 bytes but 12 were committed to it".)
     out = tmp_path / "o.csv"
