@@ -29,6 +29,7 @@ import io
 import json
 import os
 import time
+from array import array
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -97,6 +98,11 @@ class LineIndex:
     the file has not changed for ``settle_s`` seconds (its writer finished without a final
     newline); until then they may be half a line.
 
+    Bounded: it holds the lines from :attr:`keep_from` (the reader's read position) up to
+    what a batch can ask for, 8 bytes each — every line's start from byte 0 on, kept as
+    Python ints, grew ~40 bytes a line for the query's life (a file appended at 1,000 rows/s
+    cost GBs a day), and a new reader scanned the whole file again (:meth:`resume_at`).
+
     Args:
         path: The file.
         settle_s: Quiet time after which the tail counts.
@@ -106,20 +112,47 @@ class LineIndex:
         self.path = path
         self.settle_s = settle_s
         self.size = 0  # bytes scanned
-        self.starts: list[int] = []  # starts[i] = byte offset of whole line i (0 = header)
-        self.end = 0  # where the tail begins: just after the last b"\n"
+        self.base = 0  # the line starts[0] is the start of (0 = header)
+        self.starts = array("q")  # starts[i] = byte offset of whole line base + i
+        self.end = 0  # where the tail (or the first line not scanned) begins
         self.mtime = 0.0
+        #: Lines before this one are never asked for again (read and planned past).
+        self.keep_from = 0
 
-    def refresh(self) -> None:
+    def resume_at(self, line: int, byte: int) -> None:
+        """Start a new index at line ``line``, which begins at ``byte`` (an offset's
+        ``bytes``: where the rows read end): the lines before are never asked for. Left
+        as it is (scanned from the start) if anything was scanned yet, or if ``byte``
+        does not follow a newline (the rows read ended with a settled tail, whose
+        continuation is found by a scan)."""
+        if self.size or self.base or line <= 0 or byte <= 0:
+            return
+        with open(self.path, "rb") as handle:
+            handle.seek(byte - 1)
+            if handle.read(1) != b"\n":
+                return
+        self.base = self.keep_from = line
+        self.end = self.size = byte
+
+    def forget(self) -> None:
+        """Drop the starts of the lines before :attr:`keep_from`."""
+        drop = min(self.keep_from - self.base, len(self.starts))
+        if drop > 0:
+            del self.starts[:drop]
+            self.base += drop
+
+    def refresh(self, upto: int | None = None) -> None:
+        """Scan what was appended, up to line ``upto``'s end (``None``: the file's end):
+        a backlog of millions of rows is not indexed past what a batch can take."""
         stat = os.stat(self.path)
         self.mtime = stat.st_mtime
-        if stat.st_size == self.size:
-            return
         if stat.st_size < self.size:
             raise InvariantViolation(
                 f"source file {self.path} shrank from {self.size} to {stat.st_size} bytes",
                 hint="a csv-source reads a file that is only appended to",
             )
+        if stat.st_size == self.size or (upto is not None and self._known(upto)):
+            return
         # In pieces of at most SCAN_BYTES: a file appended by gigabytes at once (a backlog
         # copied in) was read whole into the reader's memory to find its line ends.
         line_start, at = self.end, self.end
@@ -133,10 +166,18 @@ class LineIndex:
                 while newline != -1:
                     self.starts.append(line_start)
                     line_start = at + newline + 1
+                    if upto is not None and self._known(upto):
+                        self.end = self.size = line_start
+                        return
                     newline = data.find(b"\n", newline + 1)
                 at += len(data)
+                self.forget()
         self.end = line_start
         self.size = at
+
+    def _known(self, line: int) -> bool:
+        """Whether line ``line`` and where it ends were scanned."""
+        return self.base + len(self.starts) > line
 
     @property
     def tail_ready(self) -> bool:
@@ -145,12 +186,21 @@ class LineIndex:
 
     @property
     def lines(self) -> int:
-        """Lines, the header included (and the tail if it counts)."""
-        return len(self.starts) + (1 if self.tail_ready else 0)
+        """Lines scanned, the header included (and the tail if it counts)."""
+        return self.base + len(self.starts) + (1 if self.tail_ready else 0)
 
     @property
     def data_rows(self) -> int:
         return max(0, self.lines - 1)
+
+    def _at(self, line: int) -> int:
+        at = line - self.base
+        if at < 0:
+            raise InvariantViolation(
+                f"source file {self.path}: line {line} was asked for, before line "
+                f"{self.base}, the first one the reader still knows (it read past it)"
+            )
+        return at
 
     def line_end(self, line: int) -> int:
         """Where line ``line`` (0 = header) ends, its newline included; the tail ends at the
@@ -159,11 +209,12 @@ class LineIndex:
         Raises:
             InvariantViolation: The file has no such line.
         """
-        if line + 1 < len(self.starts):
-            return self.starts[line + 1]
-        if line + 1 == len(self.starts):
+        at = self._at(line)
+        if at + 1 < len(self.starts):
+            return self.starts[at + 1]
+        if at + 1 == len(self.starts):
             return self.end
-        if line == len(self.starts) and self.size > self.end:
+        if at == len(self.starts) and self.size > self.end:
             return self.size
         raise InvariantViolation(f"source file {self.path} has no line {line}")
 
@@ -173,11 +224,29 @@ class LineIndex:
         Raises:
             InvariantViolation: The file has no such line.
         """
-        if line < len(self.starts):
-            return self.starts[line]
-        if line == len(self.starts) and self.size > self.end:
+        at = self._at(line)
+        if at < len(self.starts):
+            return self.starts[at]
+        if at == len(self.starts) and self.size > self.end:
             return self.end
         raise InvariantViolation(f"source file {self.path} has no line {line}")
+
+
+def _skip_line(handle: Any, left: int) -> tuple[int, bool]:
+    """Read on to the end of the line ``handle`` is in, at most ``left`` bytes, in pieces
+    of :data:`SCAN_BYTES`: the bytes passed (its newline included), and whether a newline
+    ended them."""
+    passed = 0
+    while passed < left:
+        data = handle.read(min(SCAN_BYTES, left - passed))
+        if not data:
+            break
+        newline = data.find(b"\n")
+        if newline != -1:
+            handle.seek(newline + 1 - len(data), os.SEEK_CUR)
+            return passed + newline + 1, True
+        passed += len(data)
+    return passed, False
 
 
 class CsvRowsPartition(InputPartition):
@@ -235,7 +304,11 @@ class CsvSourceReader(DataSourceStreamReader):
         gate = read_gate(self.gate)
         if gate is not None and gate["mode"] == "hold":
             return start
-        self.index.refresh()
+        self._resume(start)
+        self.index.keep_from = max(self.index.keep_from, begin)
+        self.index.forget()
+        bounded = isinstance(limit, ReadMaxRows) and not isinstance(limit, ReadAllAvailable)
+        self.index.refresh(begin + limit.max_rows if bounded else None)  # type: ignore[attr-defined]
         latest = self.index.data_rows
         if latest == begin - 1 and self.index.size > self.index.end:
             latest = begin  # the tail was read as the last row already (it had settled)
@@ -248,8 +321,8 @@ class CsvSourceReader(DataSourceStreamReader):
         t0 = float(start.get("t0", time.time()))
         if self.rate > 0:
             latest = min(latest, int((time.time() - t0) * self.rate))
-        if isinstance(limit, ReadMaxRows) and not isinstance(limit, ReadAllAvailable):
-            latest = min(latest, begin + limit.max_rows)
+        if bounded:
+            latest = min(latest, begin + limit.max_rows)  # type: ignore[attr-defined]
         if gate is not None and gate["limit"]:
             latest = min(latest, _rows(gate["limit"]))
         if latest <= begin:
@@ -260,7 +333,8 @@ class CsvSourceReader(DataSourceStreamReader):
         first, last = _rows(start), _rows(end)
         if last <= first:
             return []
-        self.index.refresh()
+        self._resume(start)
+        self.index.refresh(last)
         # Rows before ``first`` were whole lines or the settled tail, whose continuation (if
         # its writer carried on) is skipped with it: the index says where row first+1 begins.
         # The end comes from the offset where there is one, so that a batch re-executed after
@@ -269,15 +343,43 @@ class CsvSourceReader(DataSourceStreamReader):
         finish = int(end["bytes"]) if "bytes" in end else self.index.line_end(last)
         return [CsvRowsPartition(first, last, begin, finish)]
 
+    def _resume(self, start: dict) -> None:
+        """A new reader (the query restarted, the PE moved) indexes the file from where the
+        rows read end (``start``'s ``bytes``), not from its first byte."""
+        if "bytes" in start:
+            self.index.resume_at(_rows(start) + 1, int(start["bytes"]))
+
+    def commit(self, end: dict) -> None:
+        """Spark committed the rows up to ``end``: their lines are never asked for again."""
+        self.index.keep_from = max(self.index.keep_from, _rows(end))
+        self.index.forget()
+
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         assert isinstance(partition, CsvRowsPartition)
+        # Line by line, none read past ROW_READ_FACTOR x max_record_bytes: a huge line (a
+        # file whose lines end in \r alone is one) was read whole, then copied by the split,
+        # before its length made it a dead letter: the worker's OOM on every retry.
+        cap = ROW_READ_FACTOR * self.max_record_bytes
         with open(self.path, "rb") as handle:
             # A header that is not UTF-8 still names its columns (with replacement
             # characters): failing on it would fail every batch of the query.
-            header_line = handle.readline().decode("utf-8-sig", errors="replace")
+            first = handle.readline(cap + 1)
+            header_line = first.decode("utf-8-sig", errors="replace")
+            unreadable: str | None = None
+            if len(first) > cap and not first.endswith(b"\n"):
+                header_line, unreadable = "", f"the header (line 1) is over {cap} bytes"
             handle.seek(partition.byte_begin)
-            chunk = handle.read(partition.byte_end - partition.byte_begin)
-        unreadable: str | None = None
+            yield from self._rows_of(handle, partition, header_line, unreadable, cap)
+
+    def _rows_of(
+        self,
+        handle: Any,
+        partition: CsvRowsPartition,
+        header_line: str,
+        unreadable: str | None,
+        cap: int,
+    ) -> Iterator[tuple]:
+        """The records of ``partition``'s rows, read from ``handle`` (at its first byte)."""
         try:
             header = next(csv.reader([header_line.rstrip("\r\n")], strict=True), [])
         except csv.Error as exc:  # (a lone \r, a field over csv.field_size_limit)
@@ -290,33 +392,50 @@ class CsvSourceReader(DataSourceStreamReader):
                 f"the header (line 1) names {', '.join(map(repr, repeated))} more than once: "
                 "a row's cells would not each have a field of their own"
             )
-        lines = chunk.split(b"\n")
-        if chunk.endswith(b"\n"):
-            lines.pop()  # the empty piece after the last newline
-        if len(lines) != partition.end - partition.start:
+        now = time.time() * 1000.0
+        at, k = partition.byte_begin, partition.start
+        while at < partition.byte_end:
+            line = handle.readline(min(cap + 1, partition.byte_end - at))
+            at += len(line)
+            raw = line.removesuffix(b"\n")
+            total = len(raw)
+            if line and raw is line and at < partition.byte_end:  # its first cap + 1 bytes
+                skipped, ended = _skip_line(handle, partition.byte_end - at)
+                at, total = at + skipped, total + skipped - ended
+            k += 1
+            if not line or k > partition.end:
+                raise InvariantViolation(
+                    f"source {self.pe!r}: bytes {partition.byte_begin}-{partition.byte_end} "
+                    f"of {self.path} do not hold rows {partition.start + 1}-{partition.end} "
+                    f"(line {k} ends at byte {at})",
+                    hint="a csv-source reads a file that is only appended to",
+                )
+            if unreadable is not None:  # every row: none has columns to be named by
+                text = raw.removesuffix(b"\r").decode("utf-8", errors="backslashreplace")
+                yield self._dead(k, text, f"row {k} has no column names: {unreadable}", now)
+                continue
+            yield self._row(k, raw.removesuffix(b"\r"), header, now, total)
+        if k != partition.end:
             raise InvariantViolation(
                 f"source {self.pe!r}: bytes {partition.byte_begin}-{partition.byte_end} of "
-                f"{self.path} hold {len(lines)} lines, not rows "
+                f"{self.path} hold {k - partition.start} lines, not rows "
                 f"{partition.start + 1}-{partition.end}",
                 hint="a csv-source reads a file that is only appended to",
             )
-        now = time.time() * 1000.0
-        for k, line in enumerate(lines, start=partition.start + 1):
-            if unreadable is not None:  # every row: none has columns to be named by
-                text = line.removesuffix(b"\r").decode("utf-8", errors="backslashreplace")
-                yield self._dead(k, text, f"row {k} has no column names: {unreadable}", now)
-                continue
-            yield self._row(k, line.removesuffix(b"\r"), header, now)
 
-    def _row(self, k: int, raw: bytes, header: list[str], now: float) -> tuple:
-        """The record of data row ``k`` (``raw``: its bytes without the line end)."""
-        if len(raw) > ROW_READ_FACTOR * self.max_record_bytes:
+    def _row(
+        self, k: int, raw: bytes, header: list[str], now: float, total: int | None = None
+    ) -> tuple:
+        """The record of data row ``k`` (``raw``: its bytes without the line end, or their
+        first part if the row is ``total`` bytes long)."""
+        total = len(raw) if total is None else total
+        if total > ROW_READ_FACTOR * self.max_record_bytes:
             reason = (
-                f"row {k} is {len(raw)} bytes, over {ROW_READ_FACTOR} times the record limit "
+                f"row {k} is {total} bytes, over {ROW_READ_FACTOR} times the record limit "
                 f"of {self.max_record_bytes} bytes (max_record_bytes): not read as CSV"
             )
             kept = raw[: self.max_record_bytes].decode("utf-8", errors="backslashreplace")
-            return self._dead(k, kept, reason, now, total=len(raw))
+            return self._dead(k, kept, reason, now, total=total)
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:

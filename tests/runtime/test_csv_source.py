@@ -188,6 +188,50 @@ def test_a_row_many_times_the_record_limit_is_a_dead_letter_unread(tmp_path: Pat
     assert "over the limit of" in row[6], row[6]  # (encoded: over the limit, not unread)
 
 
+def test_a_line_far_over_the_bound_is_passed_over_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It was read whole (then copied by a split) before its length made it a dead letter:
+    # a file whose lines end in a lone \r is one line, a worker's OOM at every retry. Now
+    # its rest is passed over in pieces of SCAN_BYTES (8 MiB; here 64 KiB).
+    from fogshift.runtime import csv_io
+    from fogshift.runtime.csv_io import ROW_READ_FACTOR
+
+    monkeypatch.setattr(csv_io, "SCAN_BYTES", 2**16)
+    limit = 2**12
+    size = 64 * ROW_READ_FACTOR * limit
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\na,1\n" + b"x,1\r" * (size // 4) + b"\nc,3\n")
+    rows, peak = read_measured(reader(data, max_record_bytes=limit))
+    assert [(r[0], r[6] is None) for r in rows] == [(1, True), (2, False), (3, True)]
+    assert rows[1][6].startswith(f"row 2 is {size} bytes, over {ROW_READ_FACTOR} times")
+    assert fits(rows[1], limit) and rows[1][5].startswith('{"line": "x,1\\rx,1\\r')
+    assert peak < size / 8, peak / size
+
+
+def test_a_reader_indexes_only_the_lines_it_may_still_read(tmp_path: Path) -> None:
+    # Every line's start from byte 0 was kept for the query's life (~40 bytes a line),
+    # and each new reader (a restart, a move) scanned the file from its first byte.
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"k,v\n" + b"".join(b"%d,%d\n" % (i, i % 7) for i in range(1, 2001)))
+    source = reader(data, max_events_per_batch=100)
+    start, read = source.initialOffset(), []
+    for _ in range(7):
+        end, rows = next_batch(source, start)
+        source.commit(end)
+        read += rows
+        start = end
+        assert len(source.index.starts) <= 101
+    # A new reader from the offset reached reads on as the first would have.
+    again = reader(data, max_events_per_batch=100)
+    end, rows = next_batch(again, start)
+    assert again.index.base == start["row"] + 1
+    _, expected = next_batch(source, start)
+    assert [r[5] for r in rows] == [r[5] for r in expected]
+    assert [r[0] for r in read + rows] == list(range(1, 801))
+    assert [json.loads(r[5]) for r in read + rows] == [{"k": i, "v": i % 7} for i in range(1, 801)]
+
+
 def test_the_index_scans_a_large_append_in_pieces_to_the_same_line_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -205,7 +249,7 @@ def test_the_index_scans_a_large_append_in_pieces_to_the_same_line_starts(
     index.refresh()
     ends = [n + 1 for n, byte in enumerate(text) if byte == ord("\n")]
     expected = [0, *ends[:-1]]
-    assert index.starts == expected
+    assert list(index.starts) == expected
     assert (index.end, index.size) == (text.rindex(b"\n") + 1, len(text))
 
 
@@ -303,11 +347,11 @@ def test_the_index_scans_on_from_where_it_stopped(tmp_path: Path) -> None:
     data.write_bytes(b"h\n1\n2")
     index = LineIndex(str(data), settle_s=60)
     index.refresh()
-    assert (index.starts, index.end, index.data_rows) == ([0, 2], 4, 1)
+    assert (list(index.starts), index.end, index.data_rows) == ([0, 2], 4, 1)
     with open(data, "ab") as handle:
         handle.write(b"2\n3\n")
     index.refresh()
-    assert (index.starts, index.end, index.data_rows) == ([0, 2, 4, 7], 9, 3)
+    assert (list(index.starts), index.end, index.data_rows) == ([0, 2, 4, 7], 9, 3)
     data.write_bytes(b"h\n")
     with pytest.raises(Exception, match="shrank"):
         index.refresh()
