@@ -50,6 +50,7 @@ from fogshift.broker.client import BrokerAddress, shared_client
 from fogshift.broker.datasource import RECORD_SCHEMA
 from fogshift.broker.exceptions import FENCED_TOKEN, Fenced
 from fogshift.broker.publish import Record, publish_records
+from fogshift.common.files import sync_folder
 from fogshift.common.gate import read_gate
 from fogshift.events import (
     DEFAULT_MAX_RECORD_BYTES,
@@ -118,6 +119,8 @@ class LineIndex:
         self.mtime = 0.0
         #: Lines before this one are never asked for again (read and planned past).
         self.keep_from = 0
+        #: The file's (device, inode) when first scanned: another file put at its path.
+        self.identity: tuple[int, int] | None = None
 
     def resume_at(self, line: int, byte: int) -> None:
         """Start a new index at line ``line``, which begins at ``byte`` (an offset's
@@ -146,6 +149,17 @@ class LineIndex:
         a backlog of millions of rows is not indexed past what a batch can take."""
         stat = os.stat(self.path)
         self.mtime = stat.st_mtime
+        identity = (stat.st_dev, stat.st_ino)
+        if self.identity is not None and identity != self.identity:
+            # (`mv new.csv in.csv`, a rotation: the new file read on from the old one's
+            # position, its rows before that skipped and the first one a piece of a line.)
+            raise InvariantViolation(
+                f"source file {self.path} was replaced by another file while it was read "
+                f"(its inode {self.identity[1]} is now {identity[1]})",
+                hint="a csv-source reads one file that is only appended to: put the file it "
+                "read back, or deploy a pipeline reading the new one",
+            )
+        self.identity = identity
         if stat.st_size < self.size:
             raise InvariantViolation(
                 f"source file {self.path} shrank from {self.size} to {stat.st_size} bytes",
@@ -535,6 +549,10 @@ def _write_marker(path: str | Path, marker: dict[str, Any]) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     tmp.replace(target)
+    # The rename made durable too: after a power loss the marker could be back at its
+    # previous version while Spark's commit (elsewhere) survived, and the next batch cut
+    # the file to the old length — a committed batch's rows lost, never replayed.
+    sync_folder(target.parent)
 
 
 def reset_sink(path: str | Path, epoch: int = 0, owner: str = "") -> None:

@@ -342,6 +342,23 @@ def test_blank_and_short_rows_keep_their_reasons(tmp_path: Path) -> None:
     assert json.loads(rows[1][5]) == {"line": "a"}
 
 
+def test_a_file_put_in_the_place_of_the_one_read_is_an_error_not_read_on(
+    tmp_path: Path,
+) -> None:
+    # `mv new.csv in.csv` (a rotation): the new file was read on from the old one's position,
+    # its first rows skipped and the next one a piece of a line, with nothing said.
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"name,value\na,1\nb,2\n")
+    source = reader(data)
+    end, rows = next_batch(source, source.initialOffset())
+    assert len(rows) == 2
+    new = tmp_path / "new.csv"
+    new.write_bytes(b"name,value\nx,10\ny,20\nz,30\nw,40\n")
+    new.replace(data)
+    with pytest.raises(Exception, match="was replaced by another file while it was read"):
+        next_batch(source, end)
+
+
 def test_the_index_scans_on_from_where_it_stopped(tmp_path: Path) -> None:
     data = tmp_path / "in.csv"
     data.write_bytes(b"h\n1\n2")
