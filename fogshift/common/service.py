@@ -91,6 +91,8 @@ EventsTailQuery = Annotated[int | None, Query(ge=1, le=20_000)]
 EventsLimitQuery = Annotated[int, Query(ge=1, le=5_000)]
 #: The most dead letters ``GET /pipelines/{name}/errors`` gives of each PE (its newest).
 ErrorsLimitQuery = Annotated[int, Query(ge=1, le=10_000)]
+#: ``GET /pipelines/{name}/errors?element=``: one PE's dead letters only.
+ElementQuery = Annotated[str | None, Query(pattern=NAME_RE)]
 #: ``POST /pipelines?fresh=true``: start over a stopped pipeline of the name, its streams,
 #: checkpoints and sinks' files emptied (without it such a deploy is refused).
 FreshQuery = Annotated[bool, Query()]

@@ -34,6 +34,7 @@ from fogshift.common.names import KEY_GROUP_RE, NAME_RE
 from fogshift.common.service import (
     ERROR_RESPONSES,
     Access,
+    ElementQuery,
     ErrorsLimitQuery,
     EventsAfterQuery,
     EventsLimitQuery,
@@ -359,10 +360,12 @@ def create_app(config: OrchestratorConfig) -> FastAPI:
         return orchestrator.status(name)[0]
 
     @app.get("/pipelines/{name}/errors")
-    def errors(name: NameParam, limit: ErrorsLimitQuery = 1000) -> list[DeadLetter]:
+    def errors(
+        name: NameParam, limit: ErrorsLimitQuery = 1000, element: ElementQuery = None
+    ) -> list[DeadLetter]:
         """The pipeline's dead letters with their reasons: each PE's newest ``limit``, PE by
-        PE, oldest first."""
-        return orchestrator.errors(name, limit)
+        PE, oldest first (``element``: that PE's only)."""
+        return orchestrator.errors(name, limit, element)
 
     @app.get("/pipelines/{name}/latency")
     def latency(name: NameParam) -> list[HopLatency]:

@@ -998,12 +998,28 @@ class Deployment(Journal):
             ready_ms=self.standby_ready_ms.get((pipeline, element_id)),
         )
 
-    def errors(self, name: str, limit: int = 1000) -> list[DeadLetter]:
+    def errors(
+        self, name: str, limit: int = 1000, element_id: str | None = None
+    ) -> list[DeadLetter]:
         """The pipeline's dead letters with their reasons: each PE's newest ``limit``, PE by
-        PE, oldest first (a PE with many never hides another's)."""
+        PE, oldest first (a PE with many never hides another's); ``element_id``: only that
+        PE's (the dashboard's PE page read every PE's stream to show one's).
+
+        Raises:
+            NotFound: The pipeline has no element ``element_id``.
+        """
         record = self.pipeline(name)
+        elements = list(record.spec.elements)
+        if element_id is not None:
+            elements = [e for e in elements if e.id == element_id]
+            if not elements:
+                raise NotFound(
+                    f"pipeline {name!r} has no element {element_id!r}",
+                    expected="one of " + ", ".join(e.id for e in record.spec.elements),
+                    received=element_id,
+                )
         letters: list[DeadLetter] = []
-        for element in record.spec.elements:
+        for element in elements:
             stream = stream_name(name, element.id)
 
             async def dead(js: Any, stream: str = stream, pe: str = element.id) -> list[Any]:

@@ -10,7 +10,9 @@ and a hint, as the CLI prints them.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import json
 import logging
 import math
 import secrets
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
-from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi import FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import (
     HTMLResponse,
@@ -152,10 +154,15 @@ class Orchestrator:
         path = f"/pipelines/{name}/latency"
         return _listed(HopLatency, self.client.get(path), f"GET {path}")
 
-    def errors(self, name: str, limit: int = 1000) -> list[DeadLetter]:
-        """Each PE's newest ``limit`` dead letters."""
+    def element_errors(self, name: str, element: str, limit: int) -> list[DeadLetter] | str:
+        """PE ``element``'s newest ``limit`` dead letters (only its stream is read), or why
+        they cannot be read now (the broker away: its page shows the rest)."""
         path = f"/pipelines/{name}/errors"
-        return _listed(DeadLetter, self.client.get(path, params={"limit": limit}), f"GET {path}")
+        try:
+            answer = self.client.get(path, params={"limit": limit, "element": element})
+        except (Unavailable, InvariantViolation) as exc:
+            return exc.message
+        return _listed(DeadLetter, answer, f"GET {path}")
 
     def twin_state(
         self, name: str, element: str, kind: str, limit: int = 50
@@ -561,6 +568,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         rates = _rates(history, status)
         return {
             "status": status,
+            "shape": _shape(status),
             "targets": sorted(healthy),
             "modes": [m.value for m in MigrationMode],
             "drawing": layout(status, rates, healthy),
@@ -575,10 +583,19 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
         return page(request, "pipeline.html", pipeline_context(name))
 
     @app.get("/fragments/pipelines/{name}", response_class=HTMLResponse)
-    def pipeline_fragment(request: Request, name: NameParam) -> HTMLResponse:
+    def pipeline_fragment(
+        request: Request, name: NameParam, shape: ShapeQuery = None
+    ) -> HTMLResponse:
         # (oob: the move form's "on NODE" too, out of band: it said "on fog-a" after a
         # migration to fog-b, while the table beside it had moved on.)
-        return page(request, "_pipeline.html", {**pipeline_context(name), "oob": True})
+        context = pipeline_context(name)
+        answer = page(request, "_pipeline.html", {**context, "oob": True})
+        if shape is not None and shape != context["shape"]:
+            # What the page around the live part shows (its state, why it failed, the
+            # actions it offers, the PEs the move form lists) is no longer so: a pipeline
+            # stopped or failed went on saying "running" and offering "Stop".
+            answer.headers["HX-Refresh"] = "true"
+        return answer
 
     @app.get("/api/pipelines/{name}/series")
     def series(name: NameParam) -> dict[str, object]:
@@ -614,9 +631,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
             "lag": lag(mine, by_id),
             "checkpoints": reports[0] if reports else None,
             "operation": orchestrator.operation(name, element),
-            "letters": [d for d in orchestrator.errors(name, 50) if d.element == element]
-            if more
-            else [],
+            "letters": orchestrator.element_errors(name, element, 50) if more else [],
             "twins": orchestrator.twin_state(name, element, mine.kind) if more else None,
             "targets": sorted(n.name for n in nodes if n.healthy and n.name != mine.node),
             "modes": [m.value for m in MigrationMode],
@@ -1091,6 +1106,18 @@ def _allowed(name: str, allowed: tuple[str, ...]) -> bool:
 def _hostname(request: Request) -> str:
     host = request.headers.get("host", "")
     return host.rsplit(":", 1)[0] if not host.endswith("]") else host
+
+
+#: ``?shape=`` of a pipeline page's polls: what the page was drawn for (:func:`_shape`).
+ShapeQuery = Annotated[str | None, Query(max_length=64, pattern=r"^[0-9a-f]+$")]
+
+
+def _shape(status: PipelineStatus) -> str:
+    """A short digest of what a pipeline's page shows outside its live part: its state, its
+    error and warnings, and its PEs (a scale adds or retires partitions)."""
+    text = json.dumps([status.status, status.error, status.warnings,
+                       sorted(e.element for e in status.elements)])  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _page(

@@ -121,8 +121,10 @@ class History:
             for hop in hops:
                 key = (pipeline, hop.element)
                 # (The newest seq apart from the points: once the window pruned them, an old
-                # output came back as a new point every window.)
-                if self._seen_seq.get(key, -1) >= hop.seq:
+                # output came back as a new point every window. One below it is a stream made
+                # anew — a fresh deploy, a partition added again — whose seqs start over:
+                # taken as old, the PE showed no latency until it passed its old count.)
+                if self._seen_seq.get(key, -1) == hop.seq:
                     continue
                 self._seen_seq[key] = hop.seq
                 self._latency.setdefault(key, deque()).append((t, hop.seq, hop.latency_ms))

@@ -174,6 +174,18 @@ def test_dead_letters_are_asked_for_by_a_bounded_count_of_each_pes_newest(
     letters = as_(app, OPERATOR).get("/pipelines/p/errors", params={"limit": 1000}).json()
     assert [d["seq"] for d in letters if d["element"] == "source"] == list(range(500, 1500))
     assert [d["seq"] for d in letters if d["element"] == "aggregate"] == [0, 1, 2]
+    # One PE's only: its stream alone read (the dashboard's PE page read them all).
+    read: list[str] = []
+    orch.broker.run = lambda make, timeout, **kw: (
+        read.append(make.__defaults__[1]) or dead(make, timeout)
+    )
+    mine = as_(app, OPERATOR).get("/pipelines/p/errors", params={"element": "aggregate"})
+    assert [(d["element"], d["seq"]) for d in mine.json()] == [("aggregate", n) for n in (0, 1, 2)]
+    assert read == ["aggregate"]
+    none = as_(app, OPERATOR).get("/pipelines/p/errors", params={"element": "nope"})
+    assert none.status_code == 404 and "one of source, aggregate, sink" in none.text
+    bad = as_(app, OPERATOR).get("/pipelines/p/errors", params={"element": "../x"})
+    assert bad.status_code == 422
 
 
 def test_a_node_whose_checkpoints_fail_or_stopped_is_flagged_in_the_node_view(

@@ -5,6 +5,7 @@ cross-site posts refused. The real thing, in a real browser: test_dashboard_brow
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ class StandIn:
 
     def __init__(self) -> None:
         self.actions: list[tuple[Any, ...]] = []
+        self.letters_read = []
         self.refuse: FogshiftError | None = None
         #: A group migration whose last PE fails (and is rolled back); "no report": it
         #: failed before its migration had one.
@@ -115,8 +117,17 @@ class StandIn:
         return [HopLatency(element="pick", input="src", seq=6, input_seq=8, stored=0.0,
                            latency_ms=345.6)]  # fmt: skip
 
-    def errors(self, name: str, limit: int = 1000) -> list[DeadLetter]:
-        return [DeadLetter(element="pick", seq=4, reason=self.reason, event='{"seq": 4}')]
+    #: Why the dead letters cannot be read now (the broker away), if they cannot.
+    letters_away: str | None = None
+    #: Whose dead letters were read: (pipeline, element).
+    letters_read: list[tuple[str, str]]
+
+    def element_errors(self, name: str, element: str, limit: int) -> list[DeadLetter] | str:
+        self.letters_read.append((name, element))
+        if self.letters_away is not None:
+            return self.letters_away
+        letters = [DeadLetter(element="pick", seq=4, reason=self.reason, event='{"seq": 4}')]
+        return [d for d in letters if d.element == element]
 
     def operation(self, name: str, element: str) -> OperationView | None:
         return None
@@ -412,7 +423,7 @@ def test_the_link_logs_in_once_and_the_form_takes_the_operator_token(
 
 
 def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
-    web: TestClient, sessions: Sessions
+    web: TestClient, sessions: Sessions, stand_in: StandIn
 ) -> None:
     logged_in(web, sessions)
     overview = web.get("/pipelines").text
@@ -435,6 +446,13 @@ def test_pages_show_the_pipeline_its_pes_and_their_dead_letters(
     )
     assert web.get("/pipelines/p/elements/nope").status_code == 404
     assert web.get("/pipelines/..%2Fx").status_code in (404, 422)
+    # Its own dead letters read (not every PE's, then filtered); the broker away fails
+    # that part only, not the page with its restore form.
+    assert stand_in.letters_read == [("p", "pick")]
+    stand_in.letters_away = "the broker does not answer"
+    away = web.get("/pipelines/p/elements/pick")
+    assert away.status_code == 200
+    assert "Cannot be read now: the broker does not answer" in away.text
     nodes = web.get("/nodes")
     assert nodes.status_code == 200
     row = nodes.text.split('data-node="fog-b"')[1].split("</tr>")[0]
@@ -468,6 +486,17 @@ def test_the_pages_live_parts_follow_what_changes_and_leave_the_forms_alone(
     live = web.get("/fragments/pipelines/p", headers={"hx-request": "true"}).text
     assert '<span id="on-pick" class="muted" hx-swap-oob="true">on fog-b</span>' in live
     assert "<form" not in live  # the form as the user filled it
+    # What the page shows around its live part (its state, its actions, the PEs the move
+    # form lists) is drawn again once it changed, not before: a stopped pipeline's page
+    # said "running" and offered "Stop" for good.
+    shape = re.search(r'hx-get="/fragments/pipelines/p\?shape=([0-9a-f]+)"', pipeline)
+    assert shape is not None
+    asked = f"/fragments/pipelines/p?shape={shape.group(1)}"
+    assert "hx-refresh" not in web.get(asked, headers={"hx-request": "true"}).headers
+    stopped = moved.model_copy(update={"status": PipelineState.STOPPED})
+    stand_in.pipeline = lambda name: stopped  # type: ignore[method-assign]
+    assert web.get(asked, headers={"hx-request": "true"}).headers["hx-refresh"] == "true"
+    assert web.get("/fragments/pipelines/p?shape=x%3Cb").status_code == 422
     # The PE's page: its facts and operations in a live part; its state and dead letters
     # (read from its node and the broker) in another, polled slowly.
     detail = web.get("/pipelines/p/elements/pick").text

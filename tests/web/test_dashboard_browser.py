@@ -187,14 +187,28 @@ def test_a_user_deploys_watches_migrates_and_stops_a_pipeline_from_the_browser(
         page.get_by_role("button", name="Start again where it stopped").click()
         expect(page.locator(".outcome")).to_contain_text(f"Started {PIPELINE} again where")
         assert cluster.status(PIPELINE)["status"] == "running"
-        cluster.cli("stop", PIPELINE)
-        # ... and its delete: its streams and checkpoints go, its output stays.
+        # A page left open follows a stop from elsewhere (the CLI): its state and what it
+        # offers (it said "running" and offered "Stop" for good).
         page.goto(dashboard.split("/login")[0] + f"/pipelines/{PIPELINE}")
+        expect(page.locator("h1 .badge")).to_have_text("running")
+        cluster.cli("stop", PIPELINE)
+        expect(page.locator("h1 .badge")).to_have_text("stopped", timeout=60_000)
         expect(page.get_by_role("button", name="Stop pipeline…")).to_have_count(0)
+        tabs = browser.new_context(  # type: ignore[attr-defined]
+            storage_state=page.context.storage_state(), viewport={"width": 1280, "height": 900}
+        )
+        watching = tabs.new_page()
+        watching.set_default_timeout(60_000)
+        watching.goto(page.url)
+        expect(watching.locator("h1 .badge")).to_have_text("stopped")
+        # ... and its delete: its streams and checkpoints go, its output stays.
         page.get_by_role("button", name="Delete pipeline…").click()
         expect(page.locator("#question")).to_contain_text("go for good")
         page.get_by_role("button", name="Confirm").click()
         expect(page.locator(".outcome")).to_contain_text(f"Deleted {PIPELINE}: ")
+        # The tab left open says its figures are no longer updated, and why.
+        expect(watching.locator("#poll-failed")).to_contain_text("no longer there", timeout=60_000)
+        tabs.close()
         assert PIPELINE not in [p["pipeline"] for p in cluster.json("status")]
         assert pipeline_stream_names(cluster, PIPELINE) == []
         page.get_by_role("link", name="Continue").click()

@@ -127,6 +127,20 @@ def test_an_old_latency_does_not_come_back_once_the_window_pruned_it() -> None:
     assert points == []
 
 
+def test_a_stream_made_anew_shows_its_latencies_from_its_first_output() -> None:
+    # A fresh deploy makes the streams anew: seqs start over, and each new output, below
+    # the old newest, was taken as old: no latency until the PE passed its old count.
+    history = History(window_s=60)
+    history.record(snap(100.0, out=1_000_000))
+    history.record_latency(100.0, "p", [hop(1_000_000, 200.0)])
+    history.record(snap(101.0, out=3))
+    history.record_latency(101.0, "p", [hop(3, 120.0)])
+    assert history.latency("p", "pe") == 120.0
+    history.record(snap(102.0, out=3))
+    history.record_latency(102.0, "p", [hop(3, 120.0)])  # (the same output: no new point)
+    assert history.series("p")["latency"] == {"pe": [200.0, 120.0, None]}
+
+
 def test_a_poll_after_the_clock_went_back_is_taken_and_a_gone_pe_leaves_the_legend() -> None:
     history = History(window_s=60)
     history.record(snap(1000.0, out=5))

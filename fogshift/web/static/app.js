@@ -38,13 +38,22 @@ async function liveChart(figure, url, build) {
   let plot = null;
   let key = null;
   const width = () => Math.max(figure.clientWidth - 16, 280);
+  let busy = false;
   async function refresh() {
+    // One request at a time, given up after 10 s: a slow orchestrator made one more every
+    // 2 s, filling the browser's connections (and the polls and clicks behind them).
+    if (busy) return;
+    busy = true;
     let data;
     try {
-      const response = await fetch(url, { credentials: "same-origin" });
+      const response = await fetch(url, { credentials: "same-origin", signal: AbortSignal.timeout(10000) });
       if (!response.ok) return;
       data = await response.json();
-    } catch (e) { return; }
+    } catch (e) {
+      return;
+    } finally {
+      busy = false;
+    }
     marks = data.marks;
     const made = build(data);
     if (plot === null || made.key !== key) {
@@ -100,6 +109,34 @@ document.addEventListener("htmx:beforeRequest", (event) => {
   if (live && live.contains(document.activeElement) && document.activeElement !== live) {
     event.preventDefault();
   }
+});
+
+// A live part whose poll fails keeps its last figures: say so until one succeeds (htmx
+// swaps no error answer: a page went on showing a deleted pipeline, or figures of minutes
+// ago while the orchestrator was away, with nothing said).
+function pollFailed(text) {
+  let note = document.getElementById("poll-failed");
+  if (note === null) {
+    note = document.createElement("p");
+    note.id = "poll-failed";
+    note.className = "banner";
+    note.setAttribute("role", "status");
+    document.getElementById("main").prepend(note);
+  }
+  note.textContent = `Not updated since ${new Date().toLocaleTimeString()}: ${text} (what is shown below may be old)`;
+}
+document.addEventListener("htmx:responseError", (event) => {
+  const status = event.detail.xhr.status;
+  pollFailed(status === 404 ? "it is no longer there (deleted?)" : `the dashboard answered ${status}`);
+});
+document.addEventListener("htmx:sendError", () => pollFailed("the dashboard does not answer"));
+document.addEventListener("htmx:timeout", () => pollFailed("the dashboard does not answer"));
+document.addEventListener("htmx:afterRequest", (event) => {
+  if (!event.detail.successful) return;
+  document.getElementById("poll-failed")?.remove();
+  // (The page's own banner says how things were when it was loaded: a live part says now.)
+  const banner = document.getElementById("page-banner");
+  if (banner) banner.replaceChildren();
 });
 
 // Back to a page whose button said "working…" (the browser's page cache): usable again.
