@@ -8,7 +8,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -525,11 +525,20 @@ class Deployment(Journal):
 
     def _forget_runs(self, pipeline: str) -> None:
         """Drop what this process remembers of ``pipeline``'s runs: its PEs' last central
-        pulls and their errors, migrations and restores."""
-        for memory in (self.central_stats, self.pull_errors, self._early_pulls,
-                       self.last_migration, self.last_restore, self.stopped_counts):  # fmt: skip
+        pulls and their errors, migrations and restores, replica pushes, standbys followed,
+        restore and restart failures (each pipeline name ever deployed kept its entries for
+        the process's life)."""
+        memories: tuple[MutableMapping[Any, Any], ...] = (
+            self.central_stats, self.pull_errors, self._early_pulls, self.last_migration,
+            self.last_restore, self.stopped_counts, self.replica_stats, self.followed,
+            self._restart_backoff, self._restore_failures, self._in_place_failed,
+            self._attempts_said,
+        )  # fmt: skip
+        for memory in memories:
             for key in [k for k in list(memory) if k[0] == pipeline]:
                 memory.pop(key, None)
+        self._streams_checked.discard(pipeline)
+        self._trimmed_at.pop(pipeline, None)
         self.shipped.forget(lambda key: key[0] == pipeline)
         self.forget_plan(pipeline)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -836,7 +837,7 @@ class Reconciler(Coordination):
         try:
             threading.Thread(
                 target=self._auto_restore,
-                args=(pipeline, element_id, placed, failed, newest, True),
+                args=(pipeline, element_id, placed, failed, newest, True, time.monotonic()),
                 name=f"restore {pipeline}/{element_id}", daemon=True,
             ).start()  # fmt: skip
         except BaseException:  # (no thread: the next round must try again)
@@ -846,17 +847,23 @@ class Reconciler(Coordination):
 
     def _auto_restore(
         self, pipeline: str, element_id: str, lost: str, failed: int, newest: int,
-        threaded: bool = False,
+        threaded: bool = False, decided: float | None = None,
     ) -> None:  # fmt: skip
         """The automatic restore of PE ``pipeline/element_id``, whose node ``lost`` is
         silent (its ``failed`` tries before, at epoch ``newest``): a failure is logged (in
         full once while it stays the same) and puts the next try off. ``threaded``: in a
         thread of its own, which logs what else it raises (tried again next round), and
         runs as one of the orchestrator's rounds: a PE someone holds is refused at once,
-        not waited for (a wait of up to a minute acted on a silence seen before it)."""
+        not waited for (a wait of up to a minute acted on a silence seen before it).
+        ``decided``: when the silence was judged (monotonic): a node heard since, its PEs
+        runnable, is not restored away from (fenced and moved for nothing)."""
         key = (pipeline, element_id)
         try:
             with self._as_round() if threaded else contextlib.nullcontext():
+                if decided is not None and self._back_since(lost, decided):
+                    log.warning("node %s was heard again since its silence was judged: "
+                                "%s/%s is not restored", lost, pipeline, element_id)  # fmt: skip
+                    return
                 self._try_restore(pipeline, element_id, lost, failed, newest)
         except Exception:
             if not threaded:
@@ -865,6 +872,16 @@ class Reconciler(Coordination):
         finally:
             with self._lock:
                 self._auto_restoring.discard(key)
+
+    def _back_since(self, name: str, decided: float) -> bool:
+        """Whether node ``name`` sent a heartbeat after ``decided`` (monotonic) and can run
+        PEs (its Spark session up)."""
+        node = self.registry.node(name)
+        return (
+            node is not None
+            and self._beats.get(name, -math.inf) > decided
+            and self.broken(node) is None
+        )
 
     def _try_restore(
         self, pipeline: str, element_id: str, lost: str, failed: int, newest: int

@@ -970,6 +970,23 @@ def test_a_node_whose_spark_failed_to_start_has_its_pes_restored(
     assert (op.element, op.origin) == ("aggregate", "fog-a") and op.target != "fog-a"
 
 
+def test_a_node_heard_again_before_its_restore_began_keeps_its_pe(
+    orch: Orchestrator, agents: dict[str, StandIn], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The round judged fog-a silent; its heartbeat came before the restore's thread ran:
+    # the PE was fenced and moved away from a node running it, for nothing.
+    judged = time.monotonic()
+    beat(orch, agents, {"fog-a": [hosted("aggregate")]})
+    with caplog.at_level("WARNING", logger="fogshift.orchestrator"):
+        orch._auto_restore("p", "aggregate", "fog-a", 0, 1, True, judged)
+    assert orch.registry.operations() == [] and orch.registry.epoch("p", "aggregate") == 1
+    assert any("fog-a was heard again" in r.getMessage() for r in caplog.records)
+    # Still silent since: restored.
+    orch._auto_restore("p", "aggregate", "fog-a", 0, 1, True, time.monotonic())
+    [op] = orch.registry.operations()
+    assert (op.element, op.origin) == ("aggregate", "fog-a")
+
+
 def test_an_automatic_restore_of_a_pe_moved_meanwhile_changes_nothing(
     orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1649,3 +1666,22 @@ def test_a_suspend_or_a_clock_step_is_no_silence_of_every_node(
     orch.registry._db.execute("UPDATE nodes SET last_seen = last_seen - 60 WHERE name = 'fog-a'")
     orch.reconcile_once()
     assert [op.element for op in orch.registry.operations()] == ["aggregate"]
+
+
+def test_a_deleted_or_fresh_pipeline_leaves_nothing_in_the_orchestrators_memory(
+    orch: Orchestrator,
+) -> None:
+    # Each pipeline name ever deployed kept its failures, back-offs, streams checked and
+    # trim times for the process's life (and a stale reason was logged for a later run).
+    for name in ("p", "q"):
+        orch._restart_backoff[(name, "aggregate")] = (1, 0.0, 1, "fog-a", True)
+        orch._restore_failures[(name, "aggregate")] = "no node"
+        orch._in_place_failed[(name, "aggregate")] = "fog-a"
+        orch._attempts_said[(name, "aggregate", "fog-b")] = "busy"
+        orch._streams_checked.add(name)
+        orch._trimmed_at[name] = 1.0
+    orch._forget_runs("p")
+    for memory in (orch._restart_backoff, orch._restore_failures, orch._in_place_failed,
+                   orch._attempts_said):  # fmt: skip
+        assert [k[0] for k in memory] == ["q"]
+    assert orch._streams_checked == {"q"} and list(orch._trimmed_at) == ["q"]
