@@ -3,6 +3,7 @@ ones: ``fogshift up``, the CLI and the benchmarks take theirs from here."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,6 +29,26 @@ def _continuous_or_at_least_min(value: int) -> int:
 #: A query trigger in ms (the type carries the rule, so the CLI checks it in the environment).
 TriggerMs = Annotated[int, Field(ge=0), AfterValidator(_continuous_or_at_least_min)]
 
+#: The Spark masters a node runs: its own local session, in the agent's process.
+LOCAL_MASTER_RE = r"local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?"
+
+
+def _local_master(value: str) -> str:
+    # A cluster master's executors got neither fogshift's JVM classes (only the driver's
+    # class path is set) nor its local file system (every file:// checkpoint access failed
+    # there), its Python workers marked no crash on the node, and the node's checkpoints
+    # are its own folders: refused rather than half working.
+    if re.fullmatch(LOCAL_MASTER_RE, value) is None:
+        raise ValueError(
+            f"local, local[N], local[*] or local[N,F] (each node runs its own local Spark "
+            f"session; a cluster master is not supported), not {value!r}"
+        )
+    return value
+
+
+#: A node's Spark master (the type carries the rule, as :data:`TriggerMs`).
+SparkMaster = Annotated[str, AfterValidator(_local_master)]
+
 
 class AgentConfig(BaseSettings):
     """Everything a node agent needs to run.
@@ -48,7 +69,8 @@ class AgentConfig(BaseSettings):
             with. The operator token itself is accepted too, but never stored here.
         orchestrator_url: Where to send heartbeats.
         broker_file: The broker address file (0600).
-        spark_master: ``local[*]`` or a Spark cluster URL.
+        spark_master: ``local[*]``, ``local[N]`` (N threads) or ``local[N,F]`` (F task
+            failures allowed): each node runs its own local Spark session.
         trigger_ms: Micro-batch trigger interval of every query; 0: the next batch as soon as
             the previous one ended and input is there (lowest latency; a busy PE then runs
             batches back to back).
@@ -83,7 +105,7 @@ class AgentConfig(BaseSettings):
     token: str = Field(min_length=16)
     orchestrator_url: str
     broker_file: Path
-    spark_master: str = "local[*]"
+    spark_master: SparkMaster = "local[*]"
     trigger_ms: TriggerMs = 200
     heartbeat_s: Seconds = 1.0
     advertise_url: str | None = None

@@ -367,6 +367,7 @@ def up(
     # And the options, which reach the services as their command lines.
     for settings, field, option, value in (
         (AgentConfig, "trigger_ms", "--trigger-ms", trigger_ms),
+        (AgentConfig, "spark_master", "--spark-master", spark_master),
         (AgentConfig, "checkpoint_interval_s", "--checkpoint-interval", checkpoint_interval),
         (OrchestratorConfig, "central_interval_s", "--central-interval", central_interval),
         (OrchestratorConfig, "duplicate_window_s", "--duplicate-window", duplicate_window),

@@ -214,9 +214,9 @@ class ElementSpec(BaseModel):
         """Whether this is a partition whose keys can move: its reader places the moves
         stored in its inputs (see :mod:`fogshift.broker.keys`). A partition reading the
         partitions of another element (``merged``, whose records meet in an order of their
-        own) keeps the keys CRC-32 gives it. Such an element can be rescaled and its key
-        groups moved too, on several inputs as on one (see
-        :func:`~fogshift.broker.keys.listed_unions`)."""
+        own) keeps the keys CRC-32 gives it: its keys do not move, nor is it rescaled. One
+        reading elements of a single partition each moves keys on several inputs as on one
+        (see :func:`~fogshift.broker.keys.listed_unions`)."""
         return self.partition is not None and not self.merged
 
     @property

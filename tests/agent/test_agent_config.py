@@ -174,3 +174,21 @@ def test_up_refuses_a_bad_option_before_starting_anything(
     assert result.exception.received is not None and value in result.exception.received
     # (Not pydantic's "Input should be greater than or equal to 0".)
     assert result.exception.expected and "should" not in result.exception.expected
+
+
+def test_a_node_runs_a_local_spark_session_only(tmp_path: Path) -> None:
+    # A cluster master's executors got neither fogshift's JVM classes nor its file system
+    # (every file:// checkpoint access failed there): refused, with what a node runs.
+    from fogshift.common.settings import check_value
+    from fogshift.exceptions import InvalidInput
+
+    for master in ("local", "local[*]", "local[4]", "local[2,3]"):
+        assert AgentConfig(**required(tmp_path), spark_master=master).spark_master == master
+    for master in ("spark://head:7077", "yarn", "local[0]", "local[*", "local-cluster[2,1,1024]"):
+        with pytest.raises(ValidationError, match="a cluster master is not supported"):
+            AgentConfig(**required(tmp_path), spark_master=master)
+    with pytest.raises(InvalidInput) as refused:
+        check_value(AgentConfig, "spark_master", "spark://head:7077", "option --spark-master",
+                    "leave it out (the default)")  # fmt: skip
+    assert "local[*]" in (refused.value.expected or "")
+    assert refused.value.received == "'spark://head:7077'"
