@@ -55,9 +55,12 @@ _MISSING: Any = object()
 class StateField:
     """A declared state field; see :func:`state`."""
 
-    def __init__(self, default: Any, default_factory: Callable[[], Any] | None) -> None:
+    def __init__(
+        self, default: Any, default_factory: Callable[[], Any] | None, added: bool = False
+    ) -> None:
         self.default = default
         self.default_factory = default_factory
+        self.added = added
         self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -70,16 +73,24 @@ class StateField:
         return copy.deepcopy(self.default)
 
 
-def state(default: Any = _MISSING, *, default_factory: Callable[[], Any] | None = None) -> Any:
+def state(
+    default: Any = _MISSING,
+    *,
+    default_factory: Callable[[], Any] | None = None,
+    added: bool = False,
+) -> Any:
     """Declare a processing-state field of a PE class.
 
     Args:
         default: The initial value (deep-copied per instance).
         default_factory: Called for the initial value instead, e.g. ``list``.
+        added: The field was added to the class after it had run: a snapshot taken before
+            (a checkpoint, a key's stored state) lacks it and takes its initial value,
+            rather than being refused (a running pipeline restored after an upgrade).
     """
     if default is _MISSING and default_factory is None:
         raise TypeError("state() needs a default or a default_factory")
-    return StateField(None if default is _MISSING else default, default_factory)
+    return StateField(None if default is _MISSING else default, default_factory, added)
 
 
 #: How many Python frames deeper than its check a state must still read back at: an
@@ -257,14 +268,16 @@ class ProcessingElement:
         """Set the processing state from ``snapshot`` (``None``: fresh defaults).
 
         Raises:
-            BadState: The snapshot lacks a declared field or has unknown ones.
+            BadState: The snapshot lacks a declared field (but one declared ``added``) or
+                has unknown ones.
         """
         if snapshot is None:
             for name, declared in self.state_fields.items():
                 setattr(self, name, declared.fresh())
             return
         expected, received = set(self.state_fields), set(snapshot)
-        if expected != received:
+        added = {n for n in expected - received if self.state_fields[n].added}
+        if expected - added != received:
             raise BadState(
                 f"state for PE {self.element_id!r} ({type(self).__name__}) does not match "
                 "its declared fields",
@@ -272,8 +285,8 @@ class ProcessingElement:
                 received=", ".join(sorted(received)) or "no fields",
                 hint="was the snapshot taken from another version of this PE class?",
             )
-        for name in self.state_fields:
-            setattr(self, name, snapshot[name])
+        for name, declared in self.state_fields.items():
+            setattr(self, name, declared.fresh() if name in added else snapshot[name])
 
     def dump_state(self) -> str:
         """The snapshot as JSON text (strict: NaN and infinities are refused)."""

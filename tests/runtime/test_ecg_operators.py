@@ -148,6 +148,30 @@ def test_a_repeated_window_is_a_dead_letter_and_a_hole_starts_the_rhythm_over() 
     assert found is not None and found[0] == pytest.approx(0.75, rel=0.02), found
 
 
+def test_the_band_pass_keeps_a_patients_rate_and_its_windows_in_order() -> None:
+    # A window at another rate went through the filter (of the other rate's design) and
+    # changed its state before the classifier refused it; a window sent again or late was
+    # filtered as more signal, and a hole as if the signal went on.
+    band = Bandpass.build({}, "band", None)
+
+    def window(w: int, fs: int = 250) -> dict[str, Any]:
+        return {"patient": "p01", "t": w * 0.5, "fs": fs,
+                "samples": np.sin(np.arange(w * 125, (w + 1) * 125) / 9.0).tolist()}  # fmt: skip
+
+    outputs, reasons = through(band, [window(w) for w in range(6)])
+    assert len(outputs) == 6 and reasons == []
+    before = band.snapshot()
+    outputs, reasons = through(band, [window(6, fs=500), window(5), window(2)])
+    assert outputs == [] and "come at 250 Hz; this one at 500 Hz" in reasons[0]
+    assert all("repeated, or out of order" in r for r in reasons[1:]), reasons
+    assert band.snapshot() == before
+    # A hole (windows 6-9 lost): the filter starts over, as a fresh patient's does.
+    outputs, _ = through(band, [window(10)])
+    fresh = Bandpass.build({}, "band", None)
+    assert outputs == through(fresh, [window(10)])[0]
+    assert band.t_next == pytest.approx(5.5)
+
+
 def test_the_reference_places_an_alarm_where_the_classifier_does() -> None:
     from fogshift.verify.case2 import alarm_time
 

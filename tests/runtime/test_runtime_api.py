@@ -54,6 +54,23 @@ def test_restore_refuses_a_snapshot_of_another_shape() -> None:
     assert err.value.received == "count"
 
 
+def test_a_field_added_to_a_class_since_takes_its_initial_value_from_an_older_snapshot() -> None:
+    # A running pipeline restored after an upgrade that added a field to its PE: every
+    # checkpoint and key's stored state lacked it, and each restore was refused.
+    class Later(Counter):
+        last: int | None = state(None, added=True)
+        marks: list[int] = state(default_factory=list, added=True)
+
+    restored = Later.build({}, "c", {"count": 2, "seen": [1, 2]})
+    assert (restored.count, restored.seen, restored.last, restored.marks) == (2, [1, 2], None, [])
+    assert Later.build({}, "c", {"count": 2, "seen": [], "last": 7, "marks": [1]}).last == 7
+    # A field not declared added, lacking, or an unknown one: refused as ever.
+    with pytest.raises(BadState, match="does not match"):
+        Later.build({}, "c", {"count": 2, "last": 7})
+    with pytest.raises(BadState, match="does not match"):
+        Later.build({}, "c", {"count": 2, "seen": [], "other": 1})
+
+
 def test_state_needs_a_default() -> None:
     with pytest.raises(TypeError):
         state()

@@ -66,21 +66,42 @@ class Bandpass(Processor):
     dead_letters_change_nothing = True  # _window() checks before the state is touched
     #: The filter's state after the patient's last window (``None``: no window yet).
     zi: list[list[float]] | None = state(None)
+    #: The patient's sampling rate (Hz), and where its next window begins (s), as of its
+    #: last window (``None``: no window yet, or a twin kept before they were).
+    fs: float | None = state(None, added=True)
+    t_next: float | None = state(None, added=True)
 
     def process(self, event: Event) -> dict[str, Any]:
         opts: BandpassOptions = self.config
-        _, _, fs, samples = _window(event)
+        patient, t, fs, samples = _window(event)
         if not opts.low_hz < opts.high_hz < fs / 2:
             raise DeadLetter(
                 f"the band {opts.low_hz}-{opts.high_hz} Hz does not fit under half the "
                 f"sampling rate ({fs} Hz)"
             )
+        if self.fs is not None and self.fs != fs:
+            # (The filter's state is of the other rate's design: it went on with it, and the
+            # classifier, refusing the window, met a filter already changed by it.)
+            raise DeadLetter(
+                f"the windows of patient {patient!r} come at {self.fs:g} Hz; this one at {fs:g} Hz"
+            )
         sos = dsp.design(fs, opts.low_hz, opts.high_hz, opts.order)
         zi = None if self.zi is None else np.asarray(self.zi, dtype=float)
         if zi is not None and zi.shape != (sos.shape[0], 2):
             raise DeadLetter(f"the filter's state does not fit a {opts.order}-order filter")
+        half = 0.5 / fs  # (windows meet when they are within half a sample)
+        if self.t_next is not None and t < self.t_next - half:
+            raise DeadLetter(
+                f"the window of patient {patient!r} at t={t:g} s begins before the end of its "
+                f"last one (t={self.t_next:g} s): repeated, or out of order"
+            )
+        if self.t_next is not None and t > self.t_next + half:
+            # Windows missing: filtered as if it went on from the last one, the jump between
+            # them rang through the filter as a step (read as beats). It starts over, as at
+            # the patient's first window.
+            zi = None
         out, zf = dsp.filter_window(sos, samples, zi)
-        self.zi = zf.tolist()
+        self.zi, self.fs, self.t_next = zf.tolist(), fs, t + samples.size / fs
         return {**event.body, "samples": out.tolist()}
 
 
