@@ -17,7 +17,6 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 	@scripts/check-java.sh
-	@scripts/check-test-tools.sh
 	@# fogshift's JVM classes (a local file system that forks no chmod per file written,
 	@# fogshift/runtime/jvm_classes.py), then the Spark driver JVM's class archive (once per
 	@# venv, ~30 s): every node's session then starts in about two thirds of the time
@@ -41,11 +40,14 @@ demo: setup
 # Three workers on two cores, a module whole on one: with the tests' 2 s micro-batches a
 # worker waits on its cluster about a quarter of the time, which the third fills (README,
 # "How long the suite takes").
+# (The tools only the tests drive: `make demo` as an ordinary user needs none of them.)
 test: setup
+	@scripts/check-test-tools.sh
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 
 # Unit and in-process tests: no cluster, no Spark session.
 test-fast: setup
+	@scripts/check-test-tools.sh
 	$(PY) -m pytest -q -m "not integration"
 
 test-unit: test-fast

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian tools the tests drive: chromium (the dashboard's browser tests, through Playwright,
-# whose own browser download does not work offline) and strace (the broker's durability
-# test watches its fsyncs). Use each if present; install it with apt-get if we are root;
+# whose own browser download does not work offline), strace (the broker's durability
+# test watches its fsyncs) and iproute2 (the isolated nodes' namespaces and links). Use each if present; install it with apt-get if we are root;
 # otherwise say exactly what to do.
 set -euo pipefail
 missing=0
@@ -24,4 +24,7 @@ MSG
 }
 check chromium chromium "the dashboard's browser tests"
 check strace strace "the broker's durability test"
+# (Without them the tests of isolated nodes skipped themselves: not every test ran.)
+check ip iproute2 "the isolated nodes' network namespaces"
+check tc iproute2 "the isolated nodes' bandwidth limits"
 exit "$missing"

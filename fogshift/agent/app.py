@@ -300,6 +300,7 @@ def heartbeat_loop(
         headers={"Authorization": f"Bearer {config.token}"},
         timeout=5,
         verify=tls_context(),
+        trust_env=False,
         limits=client_limits(),
     ) as client:
         while not stop.is_set():

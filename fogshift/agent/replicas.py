@@ -145,6 +145,7 @@ class Replicas:
                 headers={"Authorization": f"Bearer {self.config.token}"},
                 timeout=30,
                 verify=tls_context(),
+                trust_env=False,
             )
         except httpx.HTTPError as exc:
             raise Unavailable(
@@ -209,6 +210,7 @@ class Replicas:
             headers={"Authorization": f"Bearer {token}"},
             timeout=120,
             verify=tls_context(),
+            trust_env=False,
             limits=client_limits(),
         )
         return _BlobSource(client, manifest, base, self.config.name)

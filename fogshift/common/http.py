@@ -307,6 +307,9 @@ class ServiceClient:
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout_s,
             verify=tls_context(),
+            # The cluster's own services only: $HTTP_PROXY or $ALL_PROXY (a machine that
+            # reaches PyPI through one) sent every call to the proxy. As every client here.
+            trust_env=False,
             limits=client_limits(),
         )
 

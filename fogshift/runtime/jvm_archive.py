@@ -53,7 +53,7 @@ def with_archive(java_options: str, archive: Path | None = None) -> str:
     archive = archive_path() if archive is None else archive
     if not archive.is_file() or any(word in java_options for word in _SHARING_OPTIONS):
         return java_options
-    return f"{java_options} -XX:SharedArchiveFile={archive}".strip()
+    return f"{java_options} {jvm_classes.jvm_option('-XX:SharedArchiveFile=', archive)}".strip()
 
 
 def ensure(archive: Path | None = None, timeout_s: float = 600) -> bool:
@@ -101,7 +101,7 @@ def _dump(target: str) -> None:
         folder = Path(work)
         spark = build_session(
             "jvm-archive", "local[*]", str(folder / "local"),
-            f"{JAVA_OPTIONS} -XX:ArchiveClassesAtExit={target}",
+            f"{JAVA_OPTIONS} {jvm_classes.jvm_option('-XX:ArchiveClassesAtExit=', target)}",
         )  # fmt: skip
         try:
             warm_up(spark, folder / "warm-up")

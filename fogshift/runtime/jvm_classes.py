@@ -35,6 +35,18 @@ from pathlib import Path
 
 from filelock import FileLock
 
+
+def jvm_option(flag: str, value: str | Path) -> str:
+    """``flag`` and ``value`` as one word of ``spark.driver.extraJavaOptions``, which Spark's
+    launcher splits at spaces and reads double quotes and backslashes in (a path holding a
+    space, quoted not, gave the JVM a stray word it took for its main class: no session,
+    ``make demo`` failed in a folder named so)."""
+    text = str(value)
+    if not any(c.isspace() or c in "\"'\\" for c in text):
+        return f"{flag}{text}"
+    return '"' + flag + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 #: The Java sources, compiled into one jar.
 SOURCES = tuple(
     Path(__file__).with_name("java") / name

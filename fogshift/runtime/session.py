@@ -84,7 +84,7 @@ def build_session(
     from fogshift.runtime.csv_io import CsvSinkDataSource, CsvSourceDataSource
     from fogshift.runtime.ecg_source import EcgSourceDataSource
     from fogshift.runtime.jvm_archive import with_archive
-    from fogshift.runtime.jvm_classes import session_configs
+    from fogshift.runtime.jvm_classes import jvm_option, session_configs
 
     builder = (
         SparkSession.builder.master(master)
@@ -129,7 +129,7 @@ def build_session(
             sweep_scratch(Path(local_dir))
         builder = builder.config("spark.local.dir", local_dir)
         temp = _jvm_temp_dir(Path(local_dir), sweep=first)
-        java_options = f"{java_options} -Djava.io.tmpdir={temp}"
+        java_options = f"{java_options} {jvm_option('-Djava.io.tmpdir=', temp)}"
     # Read when the driver JVM is launched, which the first session of a process does.
     # The environment's class archive, if made, saves ~a quarter of the JVM's start; its
     # local file system, if compiled, saves a chmod process per file written.

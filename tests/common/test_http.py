@@ -243,3 +243,21 @@ def test_no_answer_travels_as_its_own_code_apart_from_a_refusal() -> None:
         assert getattr(got.value, "service", None) is None
     assert error_body(NoAnswer("x"))["code"] == "no_answer"
     assert error_body(Unavailable("x"))["code"] == "unavailable"
+
+
+def test_a_proxy_in_the_environment_is_not_taken_for_the_clusters_services(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Set where the machine reaches PyPI through a proxy: every call to a node, the
+    # orchestrator or the broker's peers went to the proxy (a socks5:// one raised at once).
+    from fogshift.common.http import ServiceClient
+    from tests.orchestrator.standin import standins
+
+    for variable in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(variable, "http://127.0.0.1:9")  # (nothing listens there)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with standins("fog-b") as agents:
+        agents["fog-b"].answer("GET", "/health", body={"node": "fog-b"})
+        with ServiceClient(agents["fog-b"].url, "t" * 32, "fog-b", 10) as client:
+            assert client.get("/health") == {"node": "fog-b"}

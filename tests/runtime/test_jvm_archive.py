@@ -37,3 +37,20 @@ def test_options_that_decide_class_sharing_themselves_are_left_alone(tmp_path: P
     for options in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa",
                     "-XX:ArchiveClassesAtExit=/new.jsa"):  # fmt: skip
         assert with_archive(options, archive) == options
+
+
+def test_a_path_with_a_space_stays_one_word_of_the_java_options(tmp_path: Path) -> None:
+    # Spark's launcher splits extraJavaOptions at spaces (reading double quotes and
+    # backslashes as a shell does): the path's second half was a stray word the JVM took
+    # for its main class, and `make demo` in a folder named "my work" started no session.
+    import shlex
+
+    from fogshift.runtime.jvm_classes import jvm_option
+
+    folder = tmp_path / 'my work "x" \\ it\'s'
+    folder.mkdir()
+    archive = folder / "spark.jsa"
+    archive.write_bytes(b"made by the setup")
+    options = with_archive("-XX:+UseSerialGC", archive)
+    assert shlex.split(options) == ["-XX:+UseSerialGC", f"-XX:SharedArchiveFile={archive}"]
+    assert jvm_option("-Djava.io.tmpdir=", "/plain/path") == "-Djava.io.tmpdir=/plain/path"
