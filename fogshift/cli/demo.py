@@ -6,7 +6,8 @@ from __future__ import annotations
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -46,6 +47,10 @@ def demo_copy(home: Path, case: str = "case1") -> Path:
     return target / spec
 
 
+#: In a demo's home while the cluster there is one the demo started (see :func:`run_demo`).
+DEMO_MARK = "demo-started"
+
+
 def run_demo(
     home: Path,
     spec_path: Path,
@@ -77,7 +82,43 @@ def run_demo(
 
         (check_twins if case == "twins" else check_ecg)(spec)
     nodes = sorted({e.node for e in spec.elements} | set(CASES[case][2]))
-    started = False
+    # A demo that started the home's cluster and was killed before it stopped it (its
+    # mark left): that cluster is the demo's, stopped at the end — taken for the user's, it
+    # was left running by every later demo.
+    with _ended_by_signals():
+        return _run_case(home, spec, case, nodes, timeout_s, keep, console, migrate_to)
+
+
+@contextmanager
+def _ended_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a CI's timeout, a terminal closed) end the demo as Ctrl-C does:
+    its ``finally`` runs (Python's default ended the process there, the cluster it started
+    left running)."""
+
+    def end(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    before = {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _run_case(
+    home: Path,
+    spec: PipelineSpec,
+    case: str,
+    nodes: list[str],
+    timeout_s: float,
+    keep: bool,
+    console: Console,
+    migrate_to: tuple[str, ...] | None,
+) -> bool:
+    """:func:`run_demo`'s run, once its spec is checked."""
+    mark = home / DEMO_MARK
+    started = mark.exists()
     if not cluster_ops.cluster_running(home):
         # None, or one that died (its file left, as after a reboot): `up` starts it (what
         # still ran of it stopped first, or what died of it started again). One of the
@@ -85,7 +126,9 @@ def run_demo(
         existed = cluster_ops.cluster_file(home).exists()
         with console.status("starting fogshift") as status:
             cluster_ops.up(home, nodes, on_progress=progress_to(status, console))
-        started = not existed
+        started = started or not existed
+    if started:
+        mark.touch()
     try:
         if case == "ecg":
             from fogshift.cli.demo_ecg import run_ecg  # scipy and the model: only for Case 2
@@ -99,6 +142,7 @@ def run_demo(
     finally:
         if started and not keep:
             cluster_ops.down(home)
+            mark.unlink(missing_ok=True)
             console.print("cluster stopped (fogshift down)")
 
 

@@ -116,3 +116,54 @@ def test_a_demo_spec_the_cluster_cannot_run_stops_nothing() -> None:
     demo.redeploy(whole, spec)  # type: ignore[arg-type]
     # Started over: the run of before, stopped, is the demo's own.
     assert whole.posts == ["/pipelines/case1/stop", "/pipelines?fresh=true"]
+
+
+def test_a_demo_killed_before_it_stopped_its_cluster_has_the_next_stop_it(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Killed (SIGTERM: a CI's timeout, a terminal closed) its `finally` never ran, and every
+    # later demo took the cluster it had left for a user's: left running.
+    import os
+    import signal
+    from pathlib import Path
+
+    from fogshift.spec.examples import example_path
+    from fogshift.supervisor import cluster as cluster_ops
+
+    home = Path(str(tmp_path))
+    running = [False]
+    calls: list[str] = []
+
+    def up(*args: object, **kwargs: object) -> None:
+        calls.append("up")
+        cluster_ops.cluster_file(home).write_text("{}")
+        running[0] = True
+
+    def down(*args: object, **kwargs: object) -> None:
+        calls.append("down")
+        running[0] = False
+
+    def killed(*args: object, **kwargs: object) -> bool:
+        os.kill(os.getpid(), signal.SIGTERM)  # (as a CI's timeout sends it mid-run)
+        return True
+
+    monkeypatch.setattr(cluster_ops, "up", up)
+    monkeypatch.setattr(cluster_ops, "down", down)
+    monkeypatch.setattr(cluster_ops, "cluster_running", lambda h: running[0])
+    monkeypatch.setattr(demo, "_run", killed)
+    spec = example_path("case1") / "case1.yaml"
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as ended:
+        demo.run_demo(home, spec, 60, False, demo.Console())
+    assert ended.value.code == 128 + signal.SIGTERM and calls == ["up", "down"]
+    assert signal.getsignal(signal.SIGTERM) == before  # (put back)
+    # SIGKILLed instead: the cluster runs on, its mark left; the next demo stops it.
+    running[0] = True
+    (home / demo.DEMO_MARK).touch()
+    monkeypatch.setattr(demo, "_run", lambda *a, **k: True)
+    assert demo.run_demo(home, spec, 60, False, demo.Console())
+    assert calls == ["up", "down", "down"] and not (home / demo.DEMO_MARK).exists()
+    # A user's cluster (no mark) is left running, as ever.
+    running[0] = True
+    assert demo.run_demo(home, spec, 60, False, demo.Console())
+    assert calls == ["up", "down", "down"] and running[0]
