@@ -400,10 +400,11 @@ class Reconciler(Coordination):
         (``start``); one of a pipeline that no longer runs otherwise, or of an element no
         longer partitioned, is abandoned (a failed or fresh deploy ends the pipeline's
         entries as well). One refused, or ``pending`` after its wait, ends with
-        that outcome (logged; `fogshift scale` again sees to it). One a node or the broker
-        was away for, or whose element or PEs something else held (a key move, a standby's
-        start, an operation not yet resolved), stays, and is tried again after a pause
-        that grows.
+        that outcome (logged; `fogshift scale` again sees to it) — but a scale-in whose
+        rescale stands and whose partitions are not retired yet, which stays open. One a
+        node or the broker was away for, or whose element or PEs something else held (a key
+        move, a standby's start, an operation not yet resolved), stays, and is tried again
+        after a pause that grows.
 
         Args:
             background: Carry each on in a thread of its own (the reconciler's rounds: a
@@ -542,6 +543,13 @@ class Reconciler(Coordination):
                 decision = f"carried on: {report.status}" + (
                     f" ({report.error})" if report.error else ""
                 )
+                left = self.registry.scale(entry.id)
+                if left is not None and left.outcome is None:
+                    # Still open (its rescale stands, a partition to retire has not
+                    # processed it yet): tried again after a pause, as one held up.
+                    _try_again_later(self._scale_retries, entry.id, what,
+                                     Unavailable(report.error or decision))  # fmt: skip
+                    return []
         except SCALE_HELD_UP as exc:
             _try_again_later(self._scale_retries, entry.id, what, exc)
             return []

@@ -181,7 +181,13 @@ class Scaling(KeyMoves):
             self._unchanged(pipeline, element_id, parts, f"cannot {what}")
             self._refuse_plain_readers(self.pipeline(pipeline), parts, partitions, what)
             self._moves_completed(pipeline, element_id, parts[0].inputs)
+            taken_over: list[str] = []
             if resume is None:
+                # (An earlier scale left open — its rescale stored, carried on by the
+                # reconciler — is superseded by this one: which must then stay open as it
+                # did, or the partitions it retires stayed placed, owning nothing.)
+                taken_over = [e.id for e in self.registry.unfinished_scales()
+                              if (e.pipeline, e.element) == (pipeline, element_id)]  # fmt: skip
                 entry = self.registry.begin_scale(pipeline, element_id, partitions, nodes,
                                                   waves, self.run_id)  # fmt: skip
             else:
@@ -207,6 +213,11 @@ class Scaling(KeyMoves):
                     # restarted), until someone asked the same scale again. Left open, the
                     # reconciler's rounds carry it on as that.
                     raise _carried_on(exc, pipeline, element_id, partitions) from exc
+                if resume is None and taken_over:
+                    # (The hints say "ask the same scale again": doing so ended the open
+                    # one as superseded, then this one as failed — a key still waiting —
+                    # and nothing carried the rescale on.)
+                    raise _taken_over(exc, pipeline, element_id, partitions, taken_over) from exc
                 if resume is None:
                     self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
                 raise  # (carried on: a later round tries again)
@@ -216,6 +227,20 @@ class Scaling(KeyMoves):
             except BaseException:
                 self.registry.end_scale(entry.id, "failed")
                 raise
+            if (
+                report.status == KeyMoveStatus.PENDING
+                and progress.rescaled
+                and partitions < len(parts)
+            ):
+                # The rescale stands but a state or a commit did not come in time (a node
+                # lost, its partition restored meanwhile): ended "pending", the partitions
+                # it retires stayed placed, running, owning nothing, for good. Left open,
+                # the reconciler's rounds carry it on.
+                return report.model_copy(update={"error": (
+                    f"{report.error or 'a phase took longer than its time'}; the orchestrator "
+                    "carries the scale on by itself (retiring the partitions once they have "
+                    "processed the rescale)"
+                )})  # fmt: skip
             self.registry.end_scale(entry.id, str(report.status))
             self.plan_soon.set()  # (its added partitions have no backup until planned)
             shared = shared_node_warnings(self.pipeline(pipeline), element_id)
@@ -842,6 +867,20 @@ def _carried_on(
         "orchestrator carries the scale on by itself once that clears",
         f"{exc.hint or 'nothing to do'}; `fogshift status {pipeline}` shows the partitions "
         "(or ask the same scale again)",
+    )
+
+
+def _taken_over(
+    exc: FogshiftError, pipeline: str, element_id: str, count: int, earlier: list[str]
+) -> FogshiftError:
+    """``exc``, a scale that superseded the open scale(s) ``earlier``, left open as they
+    were for the reconciler's rounds to carry it on."""
+    return _saying(
+        exc,
+        f"this scale of {pipeline}/{element_id} to {count} partitions takes the place of "
+        f"scale {', '.join(earlier)}, left open: the orchestrator carries it on by itself "
+        "once that clears",
+        f"{exc.hint or 'nothing to do'}; `fogshift status {pipeline}` shows the partitions",
     )
 
 

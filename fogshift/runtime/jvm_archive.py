@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,13 +40,34 @@ _SHARING_OPTIONS = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit")
 
 def archive_path() -> Path:
     """Where this environment's archive lives: beside its interpreter, named by the pyspark
-    version and fogshift's own jar, if made (the classpath the archive depends on: a JVM
-    started with another one ignores it)."""
+    version, fogshift's own jar, if made (the classpath the archive depends on: a JVM
+    started with another one ignores it), and the JDK's build (an archive of another build
+    is ignored too: a JDK updated under the venv lost the faster start for good, silently,
+    its archive never made again)."""
     from importlib.metadata import version
 
     jar = jvm_classes.jar_path()
     extra = f"-{jar.stem.rsplit('-', 1)[-1]}" if jar.is_file() else ""
+    jdk = _jdk_build()
+    extra += f"-{jdk}" if jdk else ""
     return Path(sys.prefix) / "share" / "fogshift" / f"spark-{version('pyspark')}{extra}.jsa"
+
+
+def _jdk_build() -> str:
+    """A short digest of the build of the JDK Spark starts (``$JAVA_HOME``'s, else the
+    ``java`` on the PATH): its ``release`` file's runtime version, read without starting
+    it; ``""`` if it cannot be told."""
+    home = os.environ.get("JAVA_HOME")
+    java = Path(home) / "bin" / "java" if home else shutil.which("java")
+    if java is None:
+        return ""
+    release = Path(os.path.realpath(java)).parent.parent / "release"
+    try:
+        text = release.read_text(errors="replace")
+    except OSError:
+        return ""
+    found = [line for line in text.splitlines() if line.startswith("JAVA_RUNTIME_VERSION=")]
+    return hashlib.sha256(found[0].encode()).hexdigest()[:8] if found else ""
 
 
 def with_archive(java_options: str, archive: Path | None = None) -> str:
@@ -83,6 +106,12 @@ def ensure(archive: Path | None = None, timeout_s: float = 600) -> bool:
                       file=sys.stderr)  # fmt: skip
                 return False
             os.replace(tmp, archive)
+            # Another build's or classpath's (~180 MB each: a JDK update or fogshift's jar
+            # changed made this one): no JVM here takes it any more (one running keeps its
+            # mapping).
+            for old in archive.parent.glob("spark-*.jsa"):
+                if old != archive:
+                    old.unlink(missing_ok=True)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

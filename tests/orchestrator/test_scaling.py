@@ -582,6 +582,11 @@ def test_a_scale_carried_on_while_keys_wait_for_their_states_is_tried_again(
     assert "still wait for the state of an earlier key move" in refused.value.message
     assert refused.value.received == "1 keys waiting" and refused.value.http_status == 409
     assert refused.value.hint is not None and "scale again" in refused.value.hint
+    # ... and the scale it superseded is not lost: this one stays open in its place (ended
+    # as failed, nothing carried the rescale on, its partitions never retired).
+    assert f"takes the place of scale {left.id}, left open" in refused.value.message
+    (open_now,) = orch.registry.unfinished_scales()
+    assert open_now.id != left.id and open_now.partitions == 3
 
 
 def test_a_scale_whose_listing_or_start_fails_says_which_partitions_it_added(
@@ -859,6 +864,36 @@ def test_a_scale_that_fails_once_its_rescale_stands_is_carried_on_by_the_reconci
     assert [p.id for p in _parts(orch)] == ["aggregate-p0"]
     (discarded,) = agents["fog-b"].received("DELETE", "/pipelines/p/elements/aggregate-p1")
     assert discarded.query == {"discard": "true"}, discarded
+
+
+def test_a_scale_in_whose_partition_is_slow_to_process_the_rescale_is_carried_on(
+    orch: Orchestrator, agents: dict[str, StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its partition's node lost (restored meanwhile), the retirement's wait ran out: the
+    scale ended `pending`, and the partition stayed placed, running, owning nothing, for
+    good (the reconciler ended a carried-on one the same way)."""
+    from fogshift.broker.keys import Ownership
+
+    _beat(orch, agents)
+    monkeypatch.setattr(orch, "_owners", lambda *args: Ownership(1))  # rescaled to 1
+    monkeypatch.setattr(orch, "_committed_now", lambda *args: None)
+    processed = [False]
+    monkeypatch.setattr(orch, "_committed_past", lambda *args: processed[0])
+    orch.broker = SimpleNamespace(run=lambda make, timeout=30: 0,  # type: ignore[assignment]
+                                  close=lambda: None)  # fmt: skip
+    report = orch.scale("p", "aggregate", 1, timeout_s=0.1)
+    assert report.status == KeyMoveStatus.PENDING
+    assert report.error is not None and "carries the scale on by itself" in report.error
+    (entry,) = orch.registry.unfinished_scales()  # left open, not ended as pending
+    orch.recover_scales()  # (still not processed: open, tried again after a pause)
+    assert orch.registry.scale(entry.id).outcome is None  # type: ignore[union-attr]
+    assert entry.id in orch._scale_retries
+    processed[0] = True
+    orch._scale_retries.clear()  # (its pause over)
+    orch.recover_scales()
+    done = orch.registry.scale(entry.id)
+    assert done is not None and done.outcome == "moved", done
+    assert [p.id for p in _parts(orch)] == ["aggregate-p0"]
 
 
 def test_a_scale_that_fails_before_anything_changed_is_ended_as_failed(

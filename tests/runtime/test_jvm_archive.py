@@ -7,6 +7,8 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
+
 from fogshift.runtime.jvm_archive import archive_path, with_archive
 from fogshift.runtime.jvm_classes import jar_path
 
@@ -18,7 +20,28 @@ def test_the_archive_belongs_to_the_environment_its_pyspark_and_fogshifts_jar() 
     # The jar is on the classpath the archive is made for (`make setup` makes both).
     assert jar.is_file(), f"no {jar}: `make setup` compiles it"
     digest = jar.stem.rsplit("-", 1)[-1]
-    assert path.name == f"spark-{version('pyspark')}-{digest}.jsa"
+    assert path.name.startswith(f"spark-{version('pyspark')}-{digest}-")
+    # And the JDK's build: one updated under the venv has its archive made anew (another
+    # build's is ignored by the JVM: the faster start was lost for good).
+    assert path.suffix == ".jsa" and len(path.stem.rsplit("-", 1)[-1]) == 8
+
+
+def test_the_archive_is_named_by_the_jdk_spark_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fogshift.runtime import jvm_archive
+
+    names = []
+    for build in ("17.0.15+6-1-deb12u1", "17.0.21.1+2-1-deb12u1"):
+        jdk = tmp_path / build
+        (jdk / "bin").mkdir(parents=True)
+        (jdk / "bin" / "java").write_text("")
+        (jdk / "release").write_text(f'IMPLEMENTOR="x"\nJAVA_RUNTIME_VERSION="{build}"\n')
+        monkeypatch.setenv("JAVA_HOME", str(jdk))
+        names.append(jvm_archive.archive_path().name)
+    assert names[0] != names[1]
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "none"))  # (no release file: as before)
+    assert jvm_archive.archive_path().name.count("-") == names[0].count("-") - 1
 
 
 def test_sessions_use_the_archive_only_if_it_exists(tmp_path: Path) -> None:
