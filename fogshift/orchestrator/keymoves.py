@@ -944,6 +944,12 @@ class KeyMoves(Standbys):
             pipeline, element_id, source, dict.fromkeys(indexes, tail), deadline
         )
 
+    def _placed_on(self, pipeline: str, pe: str) -> str:
+        """Where ``pipeline/pe`` is placed now, for a message (``"no node"``: nowhere)."""
+        record = self.registry.get_pipeline(pipeline)
+        node = None if record is None else record.placement.get(pe)
+        return f"node {node}" if node else "no node"
+
     def _await_commits(
         self, pipeline: str, element_id: str, source: str, last: dict[int, int],
         deadline: float,
@@ -953,7 +959,8 @@ class KeyMoves(Standbys):
         for index, seq in sorted(last.items()):
             pe = partition_id(element_id, index)
             if not self._committed_past(pipeline, pe, source, seq, deadline):
-                return f"{pe} has not committed the moved states yet (it holds the keys)"
+                return (f"{pipeline}/{pe} on {self._placed_on(pipeline, pe)} has not committed "
+                        "the moved states yet (it holds the keys)")  # fmt: skip
         return None
 
     def _await_states(

@@ -492,12 +492,13 @@ class Scaling(KeyMoves):
         assert first is not None
         owners = self._owners(pipeline, source, first.of, first.first_count)
         if not _rescaled_to(owners, count):  # a partition retired must own nothing
-            return {}, (f"a key move gives keys to a partition from {count} on: not retired "
-                        "(the same command again rescales first)")  # fmt: skip
+            return {}, (f"a key move gives keys to a partition of {pipeline}/{first.of} "
+                        f"from {count} on: not retired (the same command again rescales "
+                        "first)")  # fmt: skip
         for part in retiring:
             if not self._committed_past(pipeline, part.id, source, at, deadline):
-                return {}, (f"{part.id} has not processed the rescale yet: it is retired once "
-                            "it has (the same command again retires it)")  # fmt: skip
+                return {}, (f"{pipeline}/{part.id} on {self._placed_on(pipeline, part.id)} has "
+                            "not processed the rescale yet: it is retired once it has")  # fmt: skip
         # The element's consumers too, as while the scale placed: their spec is rewritten
         # with the element's, and none of them is restarted or moved meanwhile (the
         # registry applies the change to the spec it stores then: another element's scale
