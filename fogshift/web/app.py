@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
@@ -36,6 +37,7 @@ from fastapi.responses import (
 )
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -372,7 +374,7 @@ def create_app(orchestrator: Orchestrator, sessions: Sessions, config: Dashboard
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.globals["fmt_rate"] = _fmt_rate
-    templates.env.globals["fmt_time"] = lambda t: time.strftime("%H:%M:%S", time.localtime(t))
+    templates.env.globals["fmt_time"] = _time_tag
     templates.env.tests["finite"] = _finite
 
     def page(
@@ -1110,6 +1112,16 @@ def _hostname(request: Request) -> str:
 
 #: ``?shape=`` of a pipeline page's polls: what the page was drawn for (:func:`_shape`).
 ShapeQuery = Annotated[str | None, Query(max_length=64, pattern=r"^[0-9a-f]+$")]
+
+
+def _time_tag(t: float) -> Markup:
+    """A ``<time>`` of ``t`` (epoch seconds): UTC here, the browser's own time once its
+    script runs (the charts' axes are in it: the timeline beside them said the dashboard
+    server's local time, with no zone)."""
+    when = datetime.fromtimestamp(t, tz=UTC)
+    return Markup('<time datetime="{}">{} UTC</time>').format(
+        when.isoformat(timespec="seconds").replace("+00:00", "Z"), when.strftime("%H:%M:%S")
+    )
 
 
 def _shape(status: PipelineStatus) -> str:

@@ -1110,3 +1110,21 @@ def test_a_login_again_ends_the_session_the_browser_had(
     new = web.cookies.get(cookie_name(8765))
     assert new and new != old and sessions.valid(new)
     assert not sessions.valid(old)
+
+
+def test_times_are_written_in_utc_for_the_browser_to_show_in_its_own_zone(
+    web: TestClient, sessions: Sessions, stand_in: StandIn
+) -> None:
+    # The timeline and the journal said the dashboard server's local time, with no zone,
+    # beside charts drawn in the browser's.
+    from fogshift.contracts import OperationKind
+
+    logged_in(web, sessions)
+    started = 1_796_684_400.0  # 2026-12-07 23:00:00 UTC
+    entry = OperationView(id="op1", kind=OperationKind.MIGRATION, pipeline="p", element="pick",
+                          origin="fog-a", target="fog-b", epoch=3, phase="done",
+                          started=started, updated=started, outcome="migrated",
+                          running=False)  # fmt: skip
+    stand_in.operation = lambda name, element: entry  # type: ignore[method-assign]
+    page = web.get("/pipelines/p/elements/pick").text
+    assert '<time datetime="2026-12-07T23:00:00Z">23:00:00 UTC</time>' in page

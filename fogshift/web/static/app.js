@@ -139,6 +139,18 @@ document.addEventListener("htmx:afterRequest", (event) => {
   if (banner) banner.replaceChildren();
 });
 
+// Times in the browser's own zone, as the charts' axes are (the server writes UTC).
+function localTimes(root) {
+  root.querySelectorAll("time[datetime]").forEach((t) => {
+    const when = new Date(t.getAttribute("datetime"));
+    if (!Number.isNaN(when.getTime())) {
+      t.title = t.getAttribute("datetime");
+      t.textContent = when.toLocaleTimeString();
+    }
+  });
+}
+document.addEventListener("htmx:afterSwap", (event) => localTimes(event.detail.target));
+
 // Back to a page whose button said "working…" (the browser's page cache): usable again.
 window.addEventListener("pageshow", () => {
   document.querySelectorAll("button[data-busy]").forEach((button) => {
@@ -148,6 +160,7 @@ window.addEventListener("pageshow", () => {
 });
 
 document.addEventListener("DOMContentLoaded", () => {
+  localTimes(document);
   document.querySelectorAll("figure.chart[data-series]").forEach(startChart);
   document.querySelectorAll("figure.chart[data-ecg]").forEach(startEcg);
   // A migration or restore answers when it is done: say so while the browser waits.
