@@ -37,7 +37,7 @@ from fogshift.orchestrator.config import OrchestratorConfig
 from fogshift.orchestrator.exceptions import UnknownNode, stale_generation
 from fogshift.orchestrator.permissions import BrokerPermissions
 from fogshift.orchestrator.planning import RATE_WINDOW_PULLS, Recent
-from fogshift.orchestrator.registry import NodeRecord, Registry, StandbyRecord
+from fogshift.orchestrator.registry import NodeRecord, PipelineRecord, Registry, StandbyRecord
 from fogshift.orchestrator.reports import KeptReports
 from fogshift.planner.model import Topology
 from fogshift.spec.loader import did_you_mean
@@ -202,6 +202,9 @@ class OrchestratorCore:
         #: When (monotonic) each pipeline's streams were last looked at for records to trim
         #: (``History.trim_streams``).
         self._trimmed_at: dict[str, float] = {}
+        #: Per PE's stream held from trimming (``History._trim_one``): since when (wall
+        #: clock) in a row, and why: :meth:`trim_warnings`.
+        self._trim_held: dict[tuple[str, str], tuple[float, str]] = {}
         #: PEs whose standby's copy is being taken or started, outside their section (under
         #: ``_lock``): their inputs are not trimmed meanwhile (``History._copying``).
         self._standby_copies: set[tuple[str, str]] = set()
@@ -323,6 +326,24 @@ class OrchestratorCore:
         if report.ready or not report.error:
             return None
         return f"its Spark session did not start ({report.error})"
+
+    def trim_warnings(self, record: PipelineRecord) -> list[str]:
+        """The streams of ``record`` held from trimming for longer than its
+        ``recovery.history_s`` and half again: the broker keeps their records, and nothing
+        else bounds its disk (appends are refused once it is full, the pipeline stops)."""
+        keep = record.spec.recovery.history_s
+        if keep is None:
+            return []
+        now = time.time()
+        with self._lock:
+            ids = {e.id for e in record.spec.elements}
+            held = [(pe, since, why) for (p, pe), (since, why) in self._trim_held.items()
+                    if p == record.name and pe in ids and now - since > 1.5 * keep]  # fmt: skip
+        return [
+            f"the stream of {record.name}/{pe} has not been trimmed for {(now - since) / 3600:.1f} "
+            f"h (recovery.history_s {keep:g} s): {why}; the broker keeps its records meanwhile"
+            for pe, since, why in sorted(held)
+        ]
 
     def followed_of(self, standby: StandbyRecord) -> Followed | None:
         """What the standby follower last saw of ``standby``: ``None`` if nothing, or only

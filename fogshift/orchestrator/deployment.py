@@ -532,7 +532,7 @@ class Deployment(Journal):
             self.central_stats, self.pull_errors, self._early_pulls, self.last_migration,
             self.last_restore, self.stopped_counts, self.replica_stats, self.followed,
             self._restart_backoff, self._restore_failures, self._in_place_failed,
-            self._attempts_said,
+            self._attempts_said, self._trim_held,
         )  # fmt: skip
         for memory in memories:
             for key in [k for k in list(memory) if k[0] == pipeline]:
@@ -943,6 +943,7 @@ class Deployment(Journal):
                         )
                         for warning in shared_node_warnings(record, element_id)
                     ]
+                    + self.trim_warnings(record)
                     if record.status == PipelineState.RUNNING
                     else [],
                 )

@@ -136,10 +136,12 @@ class History(Reconciler):
         if dead:
             self.registry.add_trimmed(pipeline, pe, 0, dead)
             log.info("trimmed %d dead letters of %s/%s", dead, pipeline, pe)
-        if readers is None or any(
-            self._in_section(pipeline, r) or self._copying(pipeline, r) for r in readers
-        ):
-            return
+        if readers is None:
+            return self._held(pipeline, pe, "an operation on a reader of it is under way, "
+                              "or no element reads it yet")  # fmt: skip
+        if any(self._in_section(pipeline, r) or self._copying(pipeline, r) for r in readers):
+            return self._held(pipeline, pe, "a reader of it is being moved, restored or "
+                              "copied for a standby")  # fmt: skip
         offsets: dict[str, list[Mapping[str, Any] | None]] = {}
         for reader in readers:
             kept = self.central.manifests(pipeline, reader)
@@ -148,7 +150,8 @@ class History(Reconciler):
                 # Its instance now (promoted, restored, migrated, restarted under a new
                 # epoch) may stand behind every checkpoint its predecessors left: once one
                 # of its own is stored, its position is covered (it only goes forward).
-                return
+                return self._held(pipeline, pe, f"its reader {reader} has no central "
+                                  f"checkpoint of its instance now (epoch {current})")  # fmt: skip
             # Where each may be resumed from, at the lowest: a warm copy re-runs the last
             # batch that read input (a standby's start, a precopy or handover target).
             offsets[reader] = [m.get("resume_floor") for m in kept]
@@ -163,7 +166,10 @@ class History(Reconciler):
         # disk, and then every append of the pipeline was refused).
         bound = horizon(pe, offsets) if readers else math.inf
         if bound is None:
-            return
+            return self._held(pipeline, pe, "a reader of it may read it from its start (a "
+                              "checkpoint or standby not naming its position)")  # fmt: skip
+        with self._lock:
+            self._trim_held.pop((pipeline, pe), None)
         done = self.broker.run(
             partial(trim_data, pipeline=pipeline, pe=pe, horizon=bound, cutoff=cutoff),
             timeout=60,
@@ -173,6 +179,13 @@ class History(Reconciler):
             log.info("trimmed %d data records of %s/%s (below sequence %d; its readers' "
                      "checkpoints start at %d or later)", done.purged, pipeline, pe,
                      done.below, bound)  # fmt: skip
+
+    def _held(self, pipeline: str, pe: str, why: str) -> None:
+        """Note that ``pe``'s stream was not trimmed now, and why (since when: the first
+        such round in a row): see :meth:`trim_warnings`."""
+        with self._lock:
+            since, _ = self._trim_held.get((pipeline, pe), (time.time(), why))
+            self._trim_held[(pipeline, pe)] = (since, why)
 
     def _copying(self, pipeline: str, element: str) -> bool:
         """Whether a copy of the PE's checkpoint for a standby is being taken or started

@@ -170,6 +170,32 @@ def test_records_below_every_readers_checkpoints_go_once_old(
     assert orch.registry.trimmed("p") == {}
 
 
+def test_a_stream_held_from_trimming_past_its_history_is_a_warning_of_the_status(
+    orch: Orchestrator, js_client: SyncJetStream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing bounds the broker's disk but trimming, which a reader with no central
+    # checkpoint of its instance (pulls failing over a slow link) held for good, silently:
+    # the disk filled, and every append of the pipeline was refused.
+    seqs = _deploy(orch, js_client, tmp_path, "held", {"history_s": 30})
+    _checkpoints(orch, monkeypatch, {"aggregate": [seqs["source"][3]]}, epoch=7)
+    _trim(orch)
+    assert _data_seqs(js_client, "held", "source") == seqs["source"]  # held
+    (status,) = orch.status("held")
+    assert status.warnings == []  # (not yet: held for less than its history)
+    since, why = orch._trim_held[("held", "source")]
+    orch._trim_held[("held", "source")] = (since - 46, why)  # held 46 s of a 30 s history
+    (status,) = orch.status("held")
+    (warning,) = [w for w in status.warnings if "held/source" in w]
+    assert "has not been trimmed for" in warning and "recovery.history_s 30 s" in warning
+    assert "its reader aggregate has no central checkpoint of its instance now" in warning
+    # Its reader's checkpoint stored: trimmed, and the warning gone.
+    _checkpoints(orch, monkeypatch, {"aggregate": [seqs["source"][3]]})
+    _trim(orch)
+    assert _data_seqs(js_client, "held", "source") == seqs["source"][3:]
+    (status,) = orch.status("held")
+    assert not [w for w in status.warnings if "held/source" in w]
+
+
 def test_a_pipeline_keeping_its_history_for_good_is_never_trimmed(
     orch: Orchestrator, js_client: SyncJetStream, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
