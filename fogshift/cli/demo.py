@@ -124,11 +124,12 @@ def _run_case(
         # still ran of it stopped first, or what died of it started again). One of the
         # user's, brought back, is left running.
         existed = cluster_ops.cluster_file(home).exists()
+        if not existed:
+            home.mkdir(parents=True, exist_ok=True)
+            mark.touch()  # (before `up`: a demo killed while it starts is the next's too)
         with console.status("starting fogshift") as status:
             cluster_ops.up(home, nodes, on_progress=progress_to(status, console))
         started = started or not existed
-    if started:
-        mark.touch()
     try:
         if case == "ecg":
             from fogshift.cli.demo_ecg import run_ecg  # scipy and the model: only for Case 2
@@ -142,8 +143,9 @@ def _run_case(
     finally:
         if started and not keep:
             cluster_ops.down(home)
-            mark.unlink(missing_ok=True)
             console.print("cluster stopped (fogshift down)")
+        # (Stopped; or kept, the user's from now on. A `down` that failed leaves it.)
+        mark.unlink(missing_ok=True)
 
 
 def redeploy(client: ServiceClient, spec: PipelineSpec) -> None:

@@ -283,7 +283,8 @@ class Reconciler(Coordination):
                 or self.removed(node)  # (the reconciler restores it, as an automatic one)
                 or (here is not None and self.healthy(here) and self.broken(here) is None)
             ):
-                del self._restores_owed[key]
+                # (pop: a restart in a thread may have dropped it meanwhile)
+                self._restores_owed.pop(key, None)
                 continue
             self._restart_restore(pipeline, element_id, pause, stranded, background)
 
@@ -826,7 +827,8 @@ class Reconciler(Coordination):
                     self._keep_running(record, pipeline, element_id, node, key, background, live)
                 return
             # A node whose Spark session failed to start heartbeats on (to say why) but can
-            # run nothing: its PEs ran nowhere for good, automatic recovery or not.
+            # run nothing: its PEs ran nowhere for good. Restored elsewhere as a silent
+            # node's are (automatic recovery; else `fogshift restore`, and `status` says so).
             lost = (f"node {placed} silent for {silent:.1f} s" if silent > detect
                     else f"node {placed} cannot run PEs: {broken}")  # fmt: skip
         with self._lock:

@@ -222,6 +222,8 @@ class Scaling(KeyMoves):
                     self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
                 raise  # (carried on: a later round tries again)
             except FogshiftError as exc:
+                if resume is None and taken_over:
+                    raise _taken_over(exc, pipeline, element_id, partitions, taken_over) from exc
                 self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
                 raise
             except BaseException:

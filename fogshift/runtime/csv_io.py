@@ -348,6 +348,9 @@ class CsvSourceReader(DataSourceStreamReader):
         if last <= first:
             return []
         self._resume(start)
+        # (Only from row first + 1 on is asked for: a new reader whose resume was declined
+        # indexes no more than a batch either.)
+        self.index.keep_from = max(self.index.keep_from, first)
         self.index.refresh(last)
         # Rows before ``first`` were whole lines or the settled tail, whose continuation (if
         # its writer carried on) is skipped with it: the index says where row first+1 begins.

@@ -56,6 +56,7 @@ from fogshift.events import (
     NOT_AN_EVENT_WHY,
 )
 from fogshift.exceptions import InvariantViolation
+from fogshift.runtime import crashes
 from fogshift.runtime.api import Processor, encode_state
 from fogshift.runtime.batch import (
     RECORD_COLUMNS,
@@ -1012,6 +1013,11 @@ def start_query(spark: SparkSession, plan: QueryPlan) -> StreamingQuery:
         events = _read_inputs(spark, plan)
         # A new run: processors kept by the workers for an earlier start are closed.
         run = start_run(plan.gate_file) if plan.gate_file else uuid.uuid4().hex
+        if plan.gate_file:
+            # Again, now that the run is this one's: a worker still in a batch of the run
+            # before made its mark anew between the node's drop of them and the new token
+            # (it checks the token; the old one stood until here), blamed later.
+            crashes.prepare(crashes.folder_of(plan.gate_file))
         args = (
             element.kind,
             options,

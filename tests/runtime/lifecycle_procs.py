@@ -100,3 +100,15 @@ class Ballasted(CountingStats):
         if event.body.get("grow"):
             self.ballast += "g"
         return super().process(event)
+
+
+class CountingLater(CountingStats):
+    """:class:`CountingStats` as a later version of it: ``last`` (the key's previous
+    ``value``) added since, declared so (a state stored before lacks it)."""
+
+    last: float | None = state(None, added=True)
+
+    def process(self, event: Event) -> dict[str, float]:
+        out: dict[str, Any] = {**super().process(event), "before": self.last}
+        self.last = event.body["value"]
+        return out

@@ -420,6 +420,47 @@ def test_a_keyed_processor_keeps_a_state_per_key_in_one_instance(make_run: Any) 
     assert run.lines("close") == []
 
 
+def test_a_field_added_to_a_keyed_processor_since_its_checkpoint_starts_as_declared(
+    make_run: Any,
+) -> None:
+    # An upgrade adding a state field (bandpass's rate and next window): every key's stored
+    # state lacked it, and a restart on the checkpoint refused them all. Declared `added`,
+    # an old key takes its initial value, and the twins read as the class has them.
+    from dataclasses import replace
+
+    run = make_run("CountingStats", key_by="patient")
+    run.start()
+    run.send([{"patient": "a", "value": 1.0}, {"patient": "b", "value": 2.0}])
+    run.wait_committed()
+    run.stop()
+    fields = ["count", "total", "last"]
+    # Read by the later class before it ran a batch (its twins shown, its keys listed for a
+    # move): the checkpoint's state has no `last` at all yet.
+    _, before = read_state(run.spark, Path(run.plan.checkpoint_dir), fields, True)
+    assert before == {"a": {"count": 1, "total": 1.0}, "b": {"count": 1, "total": 2.0}}
+    _, _, sizes = read_keys(run.spark, Path(run.plan.checkpoint_dir), fields, False)
+    assert set(sizes) == {"a", "b"}
+    element = run.plan.element
+    later = {**element.options, "class": "lifecycle_procs:CountingLater"}
+    run.plan = replace(run.plan, element=element.model_copy(update={"options": later}))
+    run.start()
+    run.send([{"patient": "a", "value": 3.0}, {"patient": "c", "value": 5.0},
+              {"patient": "a", "value": 4.0}])  # fmt: skip
+    assert [json.loads(o["body"]) for o in run.outputs()][2:] == [
+        {"count": 2, "total": 4.0, "before": None},  # a: stored before, `last` as declared
+        {"count": 1, "total": 5.0, "before": None},
+        {"count": 3, "total": 8.0, "before": 3.0},
+    ]
+    assert run.outputs("dead") == []
+    run.wait_committed()
+    _, states = read_state(run.spark, Path(run.plan.checkpoint_dir), fields, True)
+    assert states["a"] == {"count": 3, "total": 8.0, "last": 4.0}
+    assert states["c"] == {"count": 1, "total": 5.0, "last": 5.0}
+    assert states["b"]["count"] == 1 and states["b"].get("last") is None  # (never since)
+    listed, _, sizes = read_keys(run.spark, Path(run.plan.checkpoint_dir), fields, False)
+    assert listed is not None and set(sizes) == {"a", "b", "c"}
+
+
 def test_a_key_without_one_text_is_a_dead_letter_and_keeps_no_state(make_run: Any) -> None:
     # Spark groups by get_json_object's text, a partition's reader routes by Python's
     # (broker.keys.key_text): a key the two write otherwise must never be processed.
