@@ -61,6 +61,26 @@ def die_in(
     return pid
 
 
+def stuck_worker(gate: str, event: tuple[Any, ...]) -> int:
+    """Fork a worker that marks ``event`` and then sleeps in it for good; its pid once its
+    mark is set (the caller kills it)."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            watch_for(gate).enter(event)
+            os.write(ready_w, b"x")
+            while True:
+                time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"x"
+    os.close(ready_r)
+    return pid
+
+
 def exit_7() -> None:
     os._exit(7)
 
@@ -179,20 +199,7 @@ def test_a_worker_that_moved_on_to_its_next_event_is_not_killed(
     """The mark read first can be a moment old: the worker back from that event meanwhile
     was killed in its next one, which was then blamed."""
     folder = crashes.folder_of(gate)
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a worker in one event, then (as the agent looks) in the next
-        try:
-            os.close(ready_r)
-            watch_for(gate).enter(row(7))
-            os.write(ready_w, b"x")
-            while True:
-                time.sleep(60)
-        finally:
-            os._exit(0)
-    os.close(ready_w)
-    assert os.read(ready_r, 1) == b"x"
-    os.close(ready_r)
+    pid = stuck_worker(gate, row(7))  # in one event, then (as the agent looks) in the next
     real_open = os.pidfd_open
 
     def moved_on(target: int, *args: Any) -> int:
@@ -362,20 +369,7 @@ def test_a_worker_stuck_in_one_event_past_the_limit_is_killed_and_its_event_blam
         monkeypatch.setattr(crashes.os, "pidfd_open", no_pidfd)
     folder = crashes.folder_of(gate)
     event = row(7, v=1)
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a worker stuck in native code: here, a sleep that ignores the alarm
-        try:
-            os.close(ready_r)
-            watch_for(gate).enter(event)
-            os.write(ready_w, b"x")
-            while True:
-                time.sleep(60)
-        finally:
-            os._exit(0)
-    os.close(ready_w)
-    assert os.read(ready_r, 1) == b"x"
-    os.close(ready_r)
+    pid = stuck_worker(gate, event)  # stuck in native code: here, a sleep that ignores alarms
     try:
         # Within its time (2 x 1 s + 2 s), it is left alone.
         assert crashes.stop_overrunning(folder, 1.0) == {}
