@@ -582,7 +582,16 @@ def reset_sink(path: str | Path, epoch: int = 0, owner: str = "") -> None:
 
 
 def _cell(value: Any) -> str:
-    return repr(value) if isinstance(value, float) else str(value)
+    """A body's value as a CSV cell: a float as Python writes it back exactly, text as it
+    is, anything else as its JSON (``true``, ``null``, ``[1, 2]``: written as Python's
+    ``True``, ``None`` and ``{'a': 1}`` before 2026-12-07, which no other reader reads)."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _csv_line(cells: list[Any]) -> bytes:

@@ -189,6 +189,16 @@ def test_events_with_a_field_named_seq_keep_it_beside_the_sinks_own(tmp_path: Pa
     assert other.read_text() == "_seq,seq\n1,7\n"
 
 
+def test_values_that_are_not_text_or_numbers_are_written_as_their_json(tmp_path: Path) -> None:
+    # Written as Python's True, None and {'a': 1}: no other reader reads them back.
+    out = tmp_path / "o.csv"
+    body = {"ok": True, "gone": None, "tags": ["a", "é"], "at": {"x": 1}, "n": 7, "v": 0.1}
+    assert append_exactly_once(out, [(1, 1, 0.0, json.dumps(body))]) == 1
+    header, line = out.read_text().splitlines()
+    assert header == "seq,ok,gone,tags,at,n,v"
+    assert line == '1,true,null,"[""a"",""é""]","{""x"":1}",7,0.1'
+
+
 def test_a_carriage_return_in_a_cell_is_quoted_so_the_row_stays_one(tmp_path: Path) -> None:
     import csv
 
