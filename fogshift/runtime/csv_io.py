@@ -547,7 +547,10 @@ def _fresh_marker() -> dict[str, Any]:
 def _write_marker(path: str | Path, marker: dict[str, Any]) -> None:
     target = marker_path(path)
     tmp = target.with_suffix(".tmp")
-    with open(tmp, "w") as handle:
+    # Never through a link: a name of fogshift's own, which a link put there (a folder
+    # others write to) turned into a write of the marker over any file it named.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as handle:
         json.dump(marker, handle)
         handle.flush()
         os.fsync(handle.fileno())
