@@ -10,7 +10,8 @@ PYTHON ?= python3
 $(STAMP): pyproject.toml constraints.txt
 	@rm -f $(COMPILED)  # (what is installed now is compiled anew, see setup)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	@# (pip itself pinned too: unpinned, it is whatever is newest on the day it runs.)
+	$(PY) -m pip install -q "pip==26.3"
 	@# The versions the suite passed with (constraints.txt, written by `make lock`).
 	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[dev,bench]'
 	touch $(STAMP)
