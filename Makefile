@@ -4,14 +4,15 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 COMPILED := $(VENV)/.compiled
 PYTHON ?= python3
+# pip itself, pinned as every package (unpinned, it is whatever is newest on the day it runs).
+PIP_VERSION := 26.3
 
 .PHONY: setup demo test test-fast test-unit lint format clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@rm -f $(COMPILED)  # (what is installed now is compiled anew, see setup)
 	$(PYTHON) -m venv $(VENV)
-	@# (pip itself pinned too: unpinned, it is whatever is newest on the day it runs.)
-	$(PY) -m pip install -q "pip==26.3"
+	$(PY) -m pip install -q "pip==$(PIP_VERSION)"
 	@# The versions the suite passed with (constraints.txt, written by `make lock`).
 	$(PY) -m pip install -q --no-compile -c constraints.txt -e '.[dev,bench]'
 	touch $(STAMP)
@@ -66,7 +67,7 @@ format: setup
 lock:
 	rm -rf .lock-venv
 	$(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/python -m pip install -q --upgrade pip
+	.lock-venv/bin/python -m pip install -q "pip==$(PIP_VERSION)"
 	.lock-venv/bin/python -m pip install -q --no-compile '.[dev,bench]'
 	{ sed -n '/^#/p' constraints.txt; .lock-venv/bin/python -m pip freeze --exclude-editable \
 	  | grep -v '^fogshift'; } > constraints.txt.new

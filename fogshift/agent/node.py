@@ -1262,6 +1262,7 @@ class NodeRuntime:
                 key if keyed else None,
                 only,
                 at,
+                cls.added_parts(),
             )
         waiting = (
             read_waiting(
@@ -1334,8 +1335,9 @@ class NodeRuntime:
                     batch, end, variables = read_jvm_key_variables(self.spark, checkpoint)
                 else:
                     batch, end, variables = read_key_variables(
-                        self.spark, checkpoint, cls.state_parts(), element.moves_keys
-                    )
+                        self.spark, checkpoint, cls.state_parts(), element.moves_keys,
+                        cls.added_parts(),
+                    )  # fmt: skip
                 with self._lock:
                     # Not if the PE was deployed afresh (or installed) while the state
                     # store was read: the old history's base would stand for the new

@@ -203,8 +203,8 @@ class OrchestratorCore:
         #: (``History.trim_streams``).
         self._trimmed_at: dict[str, float] = {}
         #: Per PE's stream held from trimming (``History._trim_one``): since when (wall
-        #: clock) in a row, and why: :meth:`trim_warnings`.
-        self._trim_held: dict[tuple[str, str], tuple[float, str]] = {}
+        #: clock) in a row, why, and when last noted: :meth:`trim_warnings`.
+        self._trim_held: dict[tuple[str, str], tuple[float, str, float]] = {}
         #: PEs whose standby's copy is being taken or started, outside their section (under
         #: ``_lock``): their inputs are not trimmed meanwhile (``History._copying``).
         self._standby_copies: set[tuple[str, str]] = set()
@@ -337,11 +337,11 @@ class OrchestratorCore:
         now = time.time()
         with self._lock:
             ids = {e.id for e in record.spec.elements}
-            held = [(pe, since, why) for (p, pe), (since, why) in self._trim_held.items()
+            held = [(pe, since, why) for (p, pe), (since, why, _) in self._trim_held.items()
                     if p == record.name and pe in ids and now - since > 1.5 * keep]  # fmt: skip
         return [
-            f"the stream of {record.name}/{pe} has not been trimmed for {(now - since) / 3600:.1f} "
-            f"h (recovery.history_s {keep:g} s): {why}; the broker keeps its records meanwhile"
+            f"the stream of {record.name}/{pe} has not been trimmed for {_span(now - since)} "
+            f"(recovery.history_s {keep:g} s): {why}; the broker keeps its records meanwhile"
             for pe, since, why in sorted(held)
         ]
 
@@ -614,3 +614,12 @@ class OrchestratorCore:
             client.close()
         self.broker.close()
         self.registry.close()
+
+
+def _span(seconds: float) -> str:
+    """``seconds`` in words a status line reads: seconds, minutes or hours."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

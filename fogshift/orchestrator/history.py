@@ -46,6 +46,8 @@ log = logging.getLogger("fogshift.orchestrator")
 #: How often, at most, a pipeline's streams are looked at for records to trim (and at least
 #: twice per ``history_s``).
 TRIM_EVERY_S = 60.0
+#: A stream's holds from trimming count as one in a row while noted at least this often.
+HELD_GAP_S = 3 * TRIM_EVERY_S
 
 
 def horizon(pe: str, offsets: Mapping[str, Sequence[Mapping[str, Any] | None]]) -> int | None:
@@ -168,12 +170,12 @@ class History(Reconciler):
         if bound is None:
             return self._held(pipeline, pe, "a reader of it may read it from its start (a "
                               "checkpoint or standby not naming its position)")  # fmt: skip
-        with self._lock:
-            self._trim_held.pop((pipeline, pe), None)
         done = self.broker.run(
             partial(trim_data, pipeline=pipeline, pe=pe, horizon=bound, cutoff=cutoff),
             timeout=60,
         )  # fmt: skip
+        with self._lock:
+            self._trim_held.pop((pipeline, pe), None)
         if done.purged:
             self.registry.add_trimmed(pipeline, pe, done.purged)
             log.info("trimmed %d data records of %s/%s (below sequence %d; its readers' "
@@ -183,9 +185,14 @@ class History(Reconciler):
     def _held(self, pipeline: str, pe: str, why: str) -> None:
         """Note that ``pe``'s stream was not trimmed now, and why (since when: the first
         such round in a row): see :meth:`trim_warnings`."""
+        now = time.time()
         with self._lock:
-            since, _ = self._trim_held.get((pipeline, pe), (time.time(), why))
-            self._trim_held[(pipeline, pe)] = (since, why)
+            since, _, noted = self._trim_held.get((pipeline, pe), (now, why, now))
+            if now - noted > HELD_GAP_S:
+                # (Not held in a row: the pipeline stopped, or trimmed by nobody meanwhile.
+                # Counted from then, a pipeline started again after hours warned at once.)
+                since = now
+            self._trim_held[(pipeline, pe)] = (since, why, now)
 
     def _copying(self, pipeline: str, element: str) -> bool:
         """Whether a copy of the PE's checkpoint for a standby is being taken or started

@@ -260,6 +260,12 @@ class ProcessingElement:
             return None
         return list(cls.state_fields)
 
+    @classmethod
+    def added_parts(cls) -> frozenset[str]:
+        """The declared fields added to the class since it ran (``state(added=True)``): a
+        checkpoint written before lacks them."""
+        return frozenset(n for n, f in cls.state_fields.items() if f.added)
+
     def snapshot(self) -> dict[str, Any]:
         """The processing state as a JSON-serialisable dict. Called once per batch."""
         return {name: getattr(self, name) for name in self.state_fields}

@@ -185,6 +185,10 @@ class Watch:
         except OSError:  # a full or read-only disk: no marks, the batch still runs
             self._map = None
 
+    def _stale(self) -> bool:
+        """Whether this worker's run is no longer the query's current one."""
+        return bool(self.run and self.gate and current_run(self.gate) != self.run)
+
     def enter(self, row: tuple[Any, ...], undoing: bool = False) -> None:
         """Mark the event of input row ``row`` (``(origin, seq, timestamp, creator, body)``)
         as run now (``undoing``: the worker replays earlier events to undo its changes)."""
@@ -220,13 +224,18 @@ class Watch:
         except OSError:
             inode = None
         if inode is None or inode != self._inode:
-            if self.run and self.gate and current_run(self.gate) != self.run:
+            if self._stale():
                 # A worker still running a batch of a run stopped since (Spark kills it
                 # soon): marks of the current run's start (:func:`prepare`) were dropped,
                 # and one made again now would blame its event for a crash of the next run.
                 self._map, self._inode = None, None
             else:
                 self._open()
+                if self._map is not None and self._stale():
+                    # (The new run's token written, and its marks dropped, between the
+                    # check and the file made: this one's is dropped as they were.)
+                    (self.folder / str(os.getpid())).unlink(missing_ok=True)
+                    self._map, self._inode = None, None
         try:
             seen = (self.folder / _CONDEMNED).stat().st_mtime_ns
         except OSError:

@@ -28,6 +28,7 @@ import fcntl
 import io
 import json
 import os
+import tempfile
 import time
 from array import array
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -546,15 +547,21 @@ def _fresh_marker() -> dict[str, Any]:
 
 def _write_marker(path: str | Path, marker: dict[str, Any]) -> None:
     target = marker_path(path)
-    tmp = target.with_suffix(".tmp")
-    # Never through a link: a name of fogshift's own, which a link put there (a folder
-    # others write to) turned into a write of the marker over any file it named.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(marker, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(target)
+    # A file of its own, made new: the fixed name it had, opened to write, followed a link
+    # put there (a folder others write to) over any file it named, or took a file someone
+    # else made there, whose owner could then rewrite the marker before its rename.
+    fd, name = tempfile.mkstemp(prefix=f"{target.name}.", suffix=".tmp", dir=target.parent)
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(marker, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     # The rename made durable too: after a power loss the marker could be back at its
     # previous version while Spark's commit (elsewhere) survived, and the next batch cut
     # the file to the old length — a committed batch's rows lost, never replayed.

@@ -35,6 +35,7 @@ def read_state(
     key: str | None = None,
     only: Collection[str] | None = None,
     at: int | None = None,
+    added: Collection[str] = (),
 ) -> tuple[int | None, dict[str | None, Any]]:
     """Each key's snapshot as of the newest committed batch.
 
@@ -60,7 +61,9 @@ def read_state(
     if batch is None:
         return None, {}
     names = parts if parts is not None else [OPAQUE_PART]
-    frame = _variables(spark, checkpoint, batch, [f"f_{n}" for n in names], F.col("value.json"))
+    frame = _variables(
+        spark, checkpoint, batch, [f"f_{n}" for n in names], F.col("value.json"), added
+    )
     rows = [] if frame is None else _selected(frame, keyed, key, only).collect()
     values: dict[str, dict[str, Any]] = {}
     for group, name, text in rows:
@@ -181,7 +184,11 @@ def read_jvm_key_variables(
 
 
 def read_keys(
-    spark: SparkSession, checkpoint: Path, parts: list[str] | None, movable: bool
+    spark: SparkSession,
+    checkpoint: Path,
+    parts: list[str] | None,
+    movable: bool,
+    added: Collection[str] = (),
 ) -> tuple[int | None, dict[str, Any] | None, dict[str, int]]:
     """The keys a keyed PE holds anything for (a state field, or events held for a key
     moving in), as of its newest committed batch, each with the size of what it holds
@@ -193,7 +200,7 @@ def read_keys(
         stored JSON texts (its state fields, about what its state weighs when it moves;
         a key moving in whose state has not come: its move's few bytes).
     """
-    batch, end, variables = read_key_variables(spark, checkpoint, parts, movable)
+    batch, end, variables = read_key_variables(spark, checkpoint, parts, movable, added)
     return batch, end, key_sizes(variables)
 
 
@@ -203,7 +210,11 @@ def key_sizes(variables: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
 
 
 def read_key_variables(
-    spark: SparkSession, checkpoint: Path, parts: list[str] | None, movable: bool
+    spark: SparkSession,
+    checkpoint: Path,
+    parts: list[str] | None,
+    movable: bool,
+    added: Collection[str] = (),
 ) -> tuple[int | None, dict[str, Any] | None, dict[str, dict[str, int]]]:
     """:func:`read_keys`, each key with the length of each variable it holds
     (``{key: {"f_<field>" or "held": length}}``, what ``checkpoint.key_index`` keeps)."""
@@ -219,7 +230,7 @@ def read_key_variables(
     # variables: its shuffle stage took a third of an idle read, 0.30 s against 0.20 s).
     lengths = F.coalesce(F.length("value.json"), F.lit(0))
     variables: dict[str, dict[str, int]] = {}
-    frame = _variables(spark, checkpoint, batch, names, lengths)
+    frame = _variables(spark, checkpoint, batch, names, lengths, added)
     for group, name, size in [] if frame is None else frame.collect():
         if group is not None and group.startswith(KEY_PREFIX):
             variables.setdefault(group.removeprefix(KEY_PREFIX), {})[name] = int(size)
@@ -227,14 +238,20 @@ def read_key_variables(
 
 
 def _variables(
-    spark: SparkSession, checkpoint: Path, batch: int, names: list[str], value: Column
+    spark: SparkSession,
+    checkpoint: Path,
+    batch: int,
+    names: list[str],
+    value: Column,
+    added: Collection[str] = (),
 ) -> DataFrame | None:
     """Rows ``(k, v, value)`` of every state variable in ``names`` as of ``batch``: the
     grouping key, the variable's name and ``value`` of its stored row. One Spark job reads
-    them all (a job per variable took ~0.15 s each, idle). A variable the batch's operator
-    does not have is left out: a field added to the PE's class (``state(added=True)``)
-    since that batch was written (asked for, the read failed: no twin shown, no key
-    listed for a move) — ``None`` if none of them is there."""
+    them all (a job per variable took ~0.15 s each, idle). The variable of a field
+    ``added`` to the PE's class (``state(added=True)``) since that batch was written is
+    left out if the batch's operator does not have it (asked for, the read failed: no
+    twin shown, no key listed for a move); any other one missing fails the read, as
+    ever. ``None`` if none of them is there."""
     from pyspark.sql import functions as F  # noqa: N812
 
     frames = []
@@ -242,7 +259,7 @@ def _variables(
         try:
             frame = _state_var(spark, checkpoint, batch, name)
         except Exception as exc:
-            if _NOT_DEFINED not in str(exc):
+            if _NOT_DEFINED not in str(exc) or name.removeprefix("f_") not in added:
                 raise
             continue
         frames.append(frame.select(
