@@ -198,20 +198,9 @@ class Reconciler(Coordination):
             record = self.registry.get_pipeline(pipeline)
             stranded = None if record is None else record.placement.get(element_id)
         if background:
-            with self._lock:
-                if key in self._auto_restoring:
-                    return  # a thread of this process restores it
-                self._auto_restoring.add(key)
-            try:
-                threading.Thread(
-                    target=self._restart_restore_threaded,
-                    args=(pipeline, element_id, pause, stranded),
-                    name=f"restore {pipeline}/{element_id}", daemon=True,
-                ).start()  # fmt: skip
-            except BaseException:
-                with self._lock:
-                    self._auto_restoring.discard(key)
-                raise
+            self._restoring_in_thread(key, f"restore {pipeline}/{element_id}",
+                                      self._restart_restore_threaded, pipeline, element_id,
+                                      pause, stranded)  # fmt: skip
             return
         try:
             self.restore(pipeline, element_id, lost=stranded)
@@ -842,18 +831,28 @@ class Reconciler(Coordination):
         if not background:
             self._auto_restore(pipeline, element_id, placed, failed, newest)
             return
+        self._restoring_in_thread(key, f"restore {pipeline}/{element_id}", self._auto_restore,
+                                  pipeline, element_id, placed, failed, newest, True,
+                                  time.monotonic())  # fmt: skip
+
+    def _restoring_in_thread(
+        self, key: tuple[str, str], name: str, target: Callable[..., None], *args: Any
+    ) -> bool:
+        """Run ``target(*args)``, a restore of PE ``key`` that ends by dropping ``key`` from
+        ``_auto_restoring``, in a thread of its own; False if one of this process's runs
+        (the PE is not restored twice at once). No thread started: ``key`` is dropped and
+        the next round tries again."""
         with self._lock:
+            if key in self._auto_restoring:
+                return False
             self._auto_restoring.add(key)
         try:
-            threading.Thread(
-                target=self._auto_restore,
-                args=(pipeline, element_id, placed, failed, newest, True, time.monotonic()),
-                name=f"restore {pipeline}/{element_id}", daemon=True,
-            ).start()  # fmt: skip
-        except BaseException:  # (no thread: the next round must try again)
+            threading.Thread(target=target, args=args, name=name, daemon=True).start()
+        except BaseException:
             with self._lock:
                 self._auto_restoring.discard(key)
             raise
+        return True
 
     def _auto_restore(
         self, pipeline: str, element_id: str, lost: str, failed: int, newest: int,
@@ -1044,15 +1043,7 @@ class Reconciler(Coordination):
                 with self._lock:
                     self._auto_restoring.discard(key)
 
-        with self._lock:
-            self._auto_restoring.add(key)
-        try:
-            threading.Thread(target=run, name=f"restore {pipeline}/{element_id} in place",
-                             daemon=True).start()  # fmt: skip
-        except BaseException:  # (no thread: the next round must try again)
-            with self._lock:
-                self._auto_restoring.discard(key)
-            raise
+        self._restoring_in_thread(key, f"restore {pipeline}/{element_id} in place", run)
 
     def _restore_unreadable(self, pipeline: str, element: ElementSpec) -> None:
         """The PE's instance on its node (``element.node``) failed in a row on a checkpoint

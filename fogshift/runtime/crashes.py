@@ -224,18 +224,15 @@ class Watch:
         except OSError:
             inode = None
         if inode is None or inode != self._inode:
-            if self._stale():
+            self._open()
+            if self._map is not None and self._stale():
                 # A worker still running a batch of a run stopped since (Spark kills it
                 # soon): marks of the current run's start (:func:`prepare`) were dropped,
-                # and one made again now would blame its event for a crash of the next run.
+                # and one made again would blame its event for a crash of the next run.
+                # (Checked once the file is made: checked before, the new token and its
+                # drop of the marks could come in between.)
+                (self.folder / str(os.getpid())).unlink(missing_ok=True)
                 self._map, self._inode = None, None
-            else:
-                self._open()
-                if self._map is not None and self._stale():
-                    # (The new run's token written, and its marks dropped, between the
-                    # check and the file made: this one's is dropped as they were.)
-                    (self.folder / str(os.getpid())).unlink(missing_ok=True)
-                    self._map, self._inode = None, None
         try:
             seen = (self.folder / _CONDEMNED).stat().st_mtime_ns
         except OSError:
