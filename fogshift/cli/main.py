@@ -36,7 +36,7 @@ from fogshift.common.logfile import keep_logs
 from fogshift.common.names import EXPECTED, NAME_PATTERN, NAME_RE
 from fogshift.common.options import ranged
 from fogshift.common.settings import check_environment, check_value
-from fogshift.common.text import counted, one_line
+from fogshift.common.text import counted, one_line, span
 from fogshift.common.validation import message_of
 from fogshift.contracts import (
     DOWNTIME_FAILED,
@@ -1611,7 +1611,7 @@ def restore(
         # state, not a stale one.
         idle = report.reprocessed_events == 0 and report.intermediate_events == 0
         source = (
-            f"checkpoint {report.checkpoint} ({_took(report.checkpoint_age_ms)} old"
+            f"checkpoint {report.checkpoint} ({span(report.checkpoint_age_ms / 1000)} old"
             + ("; its input had nothing newer" if idle else "")
             + ")"
         )
@@ -1633,15 +1633,6 @@ def _running_on(home: Path, pipeline: str, element: str) -> str | None:
         return None
     found = next((e for e in status.elements if e.element == element), None)
     return found.node if found is not None and found.state == PEState.RUNNING else None
-
-
-def _took(ms: float) -> str:
-    """``ms`` in the unit a reader takes in: ms below a second, s below two minutes, min."""
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    if ms < 120_000:
-        return f"{ms / 1000:.1f} s"
-    return f"{ms / 60_000:.0f} min"
 
 
 @app.command()

@@ -37,3 +37,15 @@ def shown(value: object, limit: int = 200) -> str:
     except Exception:  # (ValueError: a huge integer inside; a user object's own __repr__)
         return f"a {type(value).__name__} that cannot be written as text"
     return text[:limit]
+
+
+def span(seconds: float) -> str:
+    """``seconds`` in the unit a reader takes in: ms below a second, s below two minutes,
+    min below two hours, h."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -21,6 +21,7 @@ from fogshift.broker.server import StoreFailures
 from fogshift.checkpoint.central import CentralStore
 from fogshift.common.http import ServiceClient, node_token
 from fogshift.common.names import NAME_PATTERN
+from fogshift.common.text import span
 from fogshift.contracts import (
     ElementInfo,
     ElementProgress,
@@ -340,7 +341,7 @@ class OrchestratorCore:
             held = [(pe, since, why) for (p, pe), (since, why, _) in self._trim_held.items()
                     if p == record.name and pe in ids and now - since > 1.5 * keep]  # fmt: skip
         return [
-            f"the stream of {record.name}/{pe} has not been trimmed for {_span(now - since)} "
+            f"the stream of {record.name}/{pe} has not been trimmed for {span(now - since)} "
             f"(recovery.history_s {keep:g} s): {why}; the broker keeps its records meanwhile"
             for pe, since, why in sorted(held)
         ]
@@ -614,12 +615,3 @@ class OrchestratorCore:
             client.close()
         self.broker.close()
         self.registry.close()
-
-
-def _span(seconds: float) -> str:
-    """``seconds`` in words a status line reads: seconds, minutes or hours."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

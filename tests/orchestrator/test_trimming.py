@@ -186,7 +186,7 @@ def test_a_stream_held_from_trimming_past_its_history_is_a_warning_of_the_status
     orch._trim_held[("held", "source")] = (since - 46, why, noted)  # 46 s of a 30 s history
     (status,) = orch.status("held")
     (warning,) = [w for w in status.warnings if "held/source" in w]
-    assert "has not been trimmed for 46 s (recovery.history_s 30 s)" in warning
+    assert "has not been trimmed for 46.0 s (recovery.history_s 30 s)" in warning
     assert "its reader aggregate has no central checkpoint of its instance now" in warning
     # Held again after a while without rounds (the pipeline stopped, then started): counted
     # from then, not from the first hold (a pipeline started after hours warned at once).
