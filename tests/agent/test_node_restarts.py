@@ -1007,7 +1007,7 @@ def test_a_key_listing_reads_the_state_store_once_then_the_key_index(
     key_index.write_batch(index, 3, {"a": {"f_sum": 1}})  # (no base below it: unusable)
     jobs: list[int | None] = []
 
-    def read_key_variables(spark: Any, cp: Path, parts: Any, movable: bool) -> Any:
+    def read_key_variables(spark: Any, cp: Path, parts: Any, movable: bool, added: Any = ()) -> Any:
         jobs.append(node.committed_batch(cp))
         return 3, node.end_offset(cp, 3), {"a": {"f_sum": 3, "f_count": 1}, "b": {"f_sum": 2}}
 
@@ -1042,12 +1042,12 @@ def test_a_page_of_twins_without_a_key_index_reads_only_the_pages_keys(
     hosted_at_batch_3(runtime)
     jobs: list[str] = []
 
-    def read_key_variables(spark: Any, cp: Path, parts: Any, movable: bool) -> Any:
+    def read_key_variables(spark: Any, cp: Path, parts: Any, movable: bool, added: Any = ()) -> Any:
         jobs.append("keys")
         return 3, node.end_offset(cp, 3), {k: {"f_sum": 9} for k in ("d", "a", "c", "b")}
 
     def read_state(spark: Any, cp: Any, parts: Any, keyed: bool, key: Any, only: Any,
-                   at: Any) -> Any:  # fmt: skip
+                   at: Any, added: Any = ()) -> Any:  # fmt: skip
         jobs.append(f"state of {only} at {at}")
         keys = only if only is not None else ["a", "b", "c", "d"]
         return 3, {k: {"sum": 9} for k in keys}
@@ -1078,7 +1078,7 @@ def test_a_page_of_twins_holds_fewer_keys_once_their_state_passes_the_page_size(
     reads: list[Any] = []
 
     def read_state(spark: Any, cp: Any, parts: Any, keyed: bool, key: Any, only: Any,
-                   at: Any) -> Any:  # fmt: skip
+                   at: Any, added: Any = ()) -> Any:  # fmt: skip
         reads.append(only)
         return 3, {k: {"sum": 9} for k in (only if only is not None else ["a", "b", "c"])}
 
@@ -1101,7 +1101,7 @@ def test_a_key_listing_across_a_fresh_deploy_gives_the_new_history_no_base(
 
     h, checkpoint = hosted_at_batch_3(runtime)
 
-    def read_key_variables(spark: Any, cp: Path, parts: Any, movable: bool) -> Any:
+    def read_key_variables(spark: Any, cp: Path, parts: Any, movable: bool, added: Any = ()) -> Any:
         runtime._elements[h.key] = keyed(runtime)  # (the fresh deploy's new instance)
         return 3, node.end_offset(cp, 3), {"a": {"f_sum": 3}}
 
