@@ -204,26 +204,26 @@ class Scaling(KeyMoves):
             try:
                 report = self._scale(pipeline, element_id, parts, partitions, placed, started,
                                      timeout_s, waves, sections, progress)  # fmt: skip
-            except (Unavailable, BrokerError, Conflict) as exc:
-                if progress.unsure and resume is None:
-                    raise _carried_on(exc, pipeline, element_id, partitions, unsure=True) from exc
-                if resume is None and progress.rescaled and not isinstance(exc, Conflict):
-                    # The rescale stands (keys moved by it): ended here, the partitions it
-                    # retires would stay placed, running, owning nothing (one fenced and
-                    # restarted), until someone asked the same scale again. Left open, the
-                    # reconciler's rounds carry it on as that.
-                    raise _carried_on(exc, pipeline, element_id, partitions) from exc
-                if resume is None and taken_over:
-                    # (The hints say "ask the same scale again": doing so ended the open
-                    # one as superseded, then this one as failed — a key still waiting —
-                    # and nothing carried the rescale on.)
-                    raise _taken_over(exc, pipeline, element_id, partitions, taken_over) from exc
-                if resume is None:
-                    self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
-                raise  # (carried on: a later round tries again)
             except FogshiftError as exc:
-                if resume is None and taken_over:
-                    raise _taken_over(exc, pipeline, element_id, partitions, taken_over) from exc
+                held_up = isinstance(exc, (Unavailable, BrokerError, Conflict))
+                if resume is None:
+                    if held_up and progress.unsure:
+                        raise _carried_on(exc, pipeline, element_id, partitions,
+                                          unsure=True) from exc  # fmt: skip
+                    if held_up and progress.rescaled and not isinstance(exc, Conflict):
+                        # The rescale stands (keys moved by it): ended here, the partitions
+                        # it retires would stay placed, running, owning nothing (one fenced
+                        # and restarted), until someone asked the same scale again. Left
+                        # open, the reconciler's rounds carry it on as that.
+                        raise _carried_on(exc, pipeline, element_id, partitions) from exc
+                    if taken_over:
+                        # (The hints say "ask the same scale again": doing so ended the open
+                        # one as superseded, then this one as failed — a key still waiting —
+                        # and nothing carried the rescale on.)
+                        raise _taken_over(exc, pipeline, element_id, partitions,
+                                          taken_over) from exc  # fmt: skip
+                elif held_up:
+                    raise  # (carried on: a later round tries again)
                 self.registry.end_scale(entry.id, f"failed: {one_line(exc.message)}")
                 raise
             except BaseException:

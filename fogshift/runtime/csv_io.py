@@ -138,6 +138,11 @@ class LineIndex:
         self.base = self.keep_from = line
         self.end = self.size = byte
 
+    def read_past(self, line: int) -> None:
+        """Lines before ``line`` are never asked for again: their starts go."""
+        self.keep_from = max(self.keep_from, line)
+        self.forget()
+
     def forget(self) -> None:
         """Drop the starts of the lines before :attr:`keep_from`."""
         drop = min(self.keep_from - self.base, len(self.starts))
@@ -320,8 +325,7 @@ class CsvSourceReader(DataSourceStreamReader):
         if gate is not None and gate["mode"] == "hold":
             return start
         self._resume(start)
-        self.index.keep_from = max(self.index.keep_from, begin)
-        self.index.forget()
+        self.index.read_past(begin)
         bounded = isinstance(limit, ReadMaxRows) and not isinstance(limit, ReadAllAvailable)
         self.index.refresh(begin + limit.max_rows if bounded else None)  # type: ignore[attr-defined]
         latest = self.index.data_rows
@@ -351,7 +355,7 @@ class CsvSourceReader(DataSourceStreamReader):
         self._resume(start)
         # (Only from row first + 1 on is asked for: a new reader whose resume was declined
         # indexes no more than a batch either.)
-        self.index.keep_from = max(self.index.keep_from, first)
+        self.index.read_past(first)
         self.index.refresh(last)
         # Rows before ``first`` were whole lines or the settled tail, whose continuation (if
         # its writer carried on) is skipped with it: the index says where row first+1 begins.
@@ -369,8 +373,7 @@ class CsvSourceReader(DataSourceStreamReader):
 
     def commit(self, end: dict) -> None:
         """Spark committed the rows up to ``end``: their lines are never asked for again."""
-        self.index.keep_from = max(self.index.keep_from, _rows(end))
-        self.index.forget()
+        self.index.read_past(_rows(end))
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         assert isinstance(partition, CsvRowsPartition)
